@@ -1,0 +1,176 @@
+//! The backend interface: one method per op family, nothing more.
+//!
+//! Buffers are flat and typed; shapes are passed with each call and written in comments as
+//! `[rows, cols]`, outermost first. Activations are f32. Weights keep the dtype they were stored
+//! in (bf16, f16 or f32); each backend converts on the fly. Ops may run asynchronously: results
+//! are only guaranteed visible to the host after [`Backend::read_f32`] / [`Backend::read_u32`].
+//!
+//! Weight layout follows `torch.nn.Linear`: a projection is `[out_features, in_features]`, and
+//! `matmul` computes `y = x · Wᵀ`.
+//!
+//! The paged KV cache: one K and one V buffer per layer, each `[num_blocks, block_size,
+//! num_kv_heads, head_dim]`, in a dtype the backend chooses. A token's *slot* is
+//! `block_id * block_size + offset_in_block`.
+
+use half::{bf16, f16};
+
+use crate::error::Result;
+use crate::weights::TensorView;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DType {
+    F32,
+    BF16,
+    F16,
+}
+
+impl DType {
+    pub fn size(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::BF16 | DType::F16 => 2,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::BF16 => "bf16",
+            DType::F16 => "f16",
+        }
+    }
+    /// Little-endian bytes of this dtype to f32 values.
+    pub fn to_f32(self, bytes: &[u8]) -> Vec<f32> {
+        match self {
+            DType::F32 => bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+            DType::BF16 => bytes.chunks_exact(2).map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+            DType::F16 => bytes.chunks_exact(2).map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+        }
+    }
+    /// f32 values to little-endian bytes of this dtype (round to nearest even).
+    pub fn from_f32(self, values: &[f32]) -> Vec<u8> {
+        match self {
+            DType::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            DType::BF16 => values.iter().flat_map(|v| bf16::from_f32(*v).to_le_bytes()).collect(),
+            DType::F16 => values.iter().flat_map(|v| f16::from_f32(*v).to_le_bytes()).collect(),
+        }
+    }
+}
+
+/// Geometry of the paged KV cache, fixed when the model is loaded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvGeometry {
+    pub num_blocks: usize,
+    pub block_size: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl KvGeometry {
+    pub fn slots(&self) -> usize {
+        self.num_blocks * self.block_size
+    }
+    /// Elements in one layer's K (or V) buffer.
+    pub fn layer_elems(&self) -> usize {
+        self.slots() * self.num_kv_heads * self.head_dim
+    }
+}
+
+/// Attention over the paged cache for a flattened batch of query tokens.
+///
+/// Query token `t` belongs to sequence `token_seq[t]` and sits at position `positions[t]`; it
+/// attends to that sequence's keys at positions `0..=positions[t]`, found through row
+/// `token_seq[t]` of `block_tables` (`[num_seqs, max_blocks]`). Decode tokens and prefill
+/// chunks (with or without a cached prefix) are the same thing here.
+pub struct AttnArgs<'a, B: Backend + ?Sized> {
+    /// `[T, num_heads, head_dim]`
+    pub q: &'a B::Buf,
+    pub k_cache: &'a B::Buf,
+    pub v_cache: &'a B::Buf,
+    /// u32 `[T]`
+    pub positions: &'a B::Buf,
+    /// u32 `[T]`
+    pub token_seq: &'a B::Buf,
+    /// u32 `[num_seqs, max_blocks]`
+    pub block_tables: &'a B::Buf,
+    pub num_tokens: usize,
+    pub num_seqs: usize,
+    pub max_blocks: usize,
+    /// Largest position in the batch + 1 (lets a backend size its work without a read-back).
+    pub max_context: usize,
+    pub num_heads: usize,
+    pub geometry: KvGeometry,
+    pub scale: f32,
+}
+
+/// A compute backend. Every method that can fail returns an error instead of panicking.
+pub trait Backend: Send + 'static {
+    /// A device buffer. Its dtype and length are fixed at creation.
+    type Buf: Send + 'static;
+
+    fn name(&self) -> &'static str;
+
+    /// Bytes of device memory free for the KV cache after the weights were loaded, if known.
+    fn free_memory(&self) -> Option<u64> {
+        None
+    }
+
+    /// Makes a weight tensor available to the backend (keeps its dtype).
+    fn upload_weight(&self, t: &TensorView) -> Result<Self::Buf>;
+    /// A weight-like buffer from host f32 values stored as `dtype` (tests and generated tables).
+    fn weight_from_f32(&self, dtype: DType, values: &[f32]) -> Result<Self::Buf>;
+    /// An f32 activation buffer of `len` elements (contents unspecified).
+    fn alloc_f32(&self, len: usize) -> Result<Self::Buf>;
+    /// A u32 buffer of `len` elements (contents unspecified).
+    fn alloc_u32(&self, len: usize) -> Result<Self::Buf>;
+    /// One layer's K or V cache buffer for `geometry` (contents unspecified).
+    fn alloc_kv(&self, geometry: KvGeometry) -> Result<Self::Buf>;
+
+    /// Host to device; `data.len()` may be shorter than the buffer.
+    fn write_f32(&self, buf: &mut Self::Buf, data: &[f32]) -> Result<()>;
+    fn write_u32(&self, buf: &mut Self::Buf, data: &[u32]) -> Result<()>;
+    /// Device to host: waits for all queued work, returns the first `len` elements.
+    fn read_f32(&self, buf: &Self::Buf, len: usize) -> Result<Vec<f32>>;
+    fn read_u32(&self, buf: &Self::Buf, len: usize) -> Result<Vec<u32>>;
+    /// Reads a KV buffer back as f32 (tests compare caches across backends).
+    fn read_kv(&self, buf: &Self::Buf, geometry: KvGeometry) -> Result<Vec<f32>>;
+
+    /// `out[t, :] = table[ids[t], :]`; table `[vocab, hidden]` (weight dtype), ids u32 `[T]`.
+    fn embedding(&self, table: &Self::Buf, ids: &Self::Buf, out: &mut Self::Buf, num_tokens: usize, hidden: usize) -> Result<()>;
+    /// `out[i, :] = src[rows[i], :]`; f32 `[_, dim]`, rows u32 `[n]`.
+    fn gather_rows(&self, src: &Self::Buf, rows: &Self::Buf, out: &mut Self::Buf, n: usize, dim: usize) -> Result<()>;
+    /// `out[r, :] = x[r, :] / sqrt(mean(x[r, :]²) + eps) * w`; x, out f32 `[rows, dim]`, w weight `[dim]`.
+    fn rms_norm(&self, x: &Self::Buf, w: &Self::Buf, out: &mut Self::Buf, rows: usize, dim: usize, eps: f32) -> Result<()>;
+    /// `acc += x`, elementwise over `len` f32 values (the residual add).
+    fn add(&self, acc: &mut Self::Buf, x: &Self::Buf, len: usize) -> Result<()>;
+    /// `out[m, n] = Σ_k x[m, k] · w[n, k] (+ bias[n])`; x f32 `[m, k]`, w weight `[n, k]`, bias weight `[n]`.
+    #[allow(clippy::too_many_arguments)]
+    fn matmul(&self, x: &Self::Buf, w: &Self::Buf, bias: Option<&Self::Buf>, out: &mut Self::Buf, m: usize, n: usize, k: usize) -> Result<()>;
+    /// Rotary embedding in place, HF "rotate half" layout: dimension `i` pairs with `i + head_dim/2`.
+    /// q f32 `[T, q_heads, head_dim]`, k f32 `[T, kv_heads, head_dim]`, positions u32 `[T]`,
+    /// inv_freq f32 `[head_dim/2]`; angle = position · inv_freq[i].
+    #[allow(clippy::too_many_arguments)]
+    fn rope(&self, q: &mut Self::Buf, k: &mut Self::Buf, positions: &Self::Buf, inv_freq: &Self::Buf, num_tokens: usize, q_heads: usize, kv_heads: usize, head_dim: usize) -> Result<()>;
+    /// `out = silu(gate) * up`, elementwise over `len` values.
+    fn silu_mul(&self, gate: &Self::Buf, up: &Self::Buf, out: &mut Self::Buf, len: usize) -> Result<()>;
+    /// Writes k, v f32 `[T, kv_heads, head_dim]` into the caches at `slots` u32 `[T]`.
+    #[allow(clippy::too_many_arguments)]
+    fn kv_write(&self, k: &Self::Buf, v: &Self::Buf, k_cache: &mut Self::Buf, v_cache: &mut Self::Buf, slots: &Self::Buf, num_tokens: usize, geometry: KvGeometry) -> Result<()>;
+    /// Paged attention; out f32 `[T, num_heads, head_dim]`. See [`AttnArgs`].
+    fn paged_attention(&self, args: &AttnArgs<'_, Self>, out: &mut Self::Buf) -> Result<()>;
+    /// Index of the largest value in each row of logits f32 `[rows, vocab]` (lowest index on ties).
+    fn argmax(&self, logits: &Self::Buf, rows: usize, vocab: usize) -> Result<Vec<u32>> {
+        let v = self.read_f32(logits, rows * vocab)?;
+        Ok(v.chunks_exact(vocab).map(argmax_row).collect())
+    }
+}
+
+/// Index of the largest value (lowest index on ties; NaN never wins).
+pub fn argmax_row(row: &[f32]) -> u32 {
+    let mut best = 0usize;
+    for (i, &x) in row.iter().enumerate() {
+        if x > row[best] || row[best].is_nan() {
+            best = i;
+        }
+    }
+    best as u32
+}

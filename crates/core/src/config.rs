@@ -1,0 +1,262 @@
+//! `config.json` of a Llama-family model (Llama, Mistral, Qwen2, SmolLM).
+
+use std::path::Path;
+
+use serde::Deserialize;
+
+use crate::error::{Error, Result};
+
+/// Rotary embedding frequency adjustment (`rope_scaling` / `rope_parameters`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum RopeScaling {
+    None,
+    /// Positions divided by `factor`.
+    Linear { factor: f32 },
+    /// Llama 3.1's piecewise frequency rescaling.
+    Llama3 { factor: f32, low_freq_factor: f32, high_freq_factor: f32, original_max_position_embeddings: usize },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelConfig {
+    pub architecture: String,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    pub num_key_value_heads: usize,
+    pub head_dim: usize,
+    pub rms_norm_eps: f32,
+    pub rope_theta: f32,
+    pub rope_scaling: RopeScaling,
+    pub max_position_embeddings: usize,
+    pub tie_word_embeddings: bool,
+    /// Q, K and V projections carry a bias (Qwen2).
+    pub attention_bias: bool,
+    /// `torch_dtype` / `dtype`, as written ("bfloat16", "float16", "float32").
+    pub dtype: Option<String>,
+    pub bos_token_id: Option<u32>,
+    pub eos_token_ids: Vec<u32>,
+}
+
+#[derive(Deserialize)]
+struct Raw {
+    architectures: Option<Vec<String>>,
+    model_type: Option<String>,
+    vocab_size: Option<usize>,
+    hidden_size: Option<usize>,
+    intermediate_size: Option<usize>,
+    num_hidden_layers: Option<usize>,
+    num_attention_heads: Option<usize>,
+    num_key_value_heads: Option<usize>,
+    head_dim: Option<usize>,
+    rms_norm_eps: Option<f64>,
+    rope_theta: Option<f64>,
+    rope_scaling: Option<serde_json::Value>,
+    rope_parameters: Option<serde_json::Value>,
+    max_position_embeddings: Option<usize>,
+    tie_word_embeddings: Option<bool>,
+    attention_bias: Option<bool>,
+    torch_dtype: Option<String>,
+    dtype: Option<String>,
+    bos_token_id: Option<serde_json::Value>,
+    eos_token_id: Option<serde_json::Value>,
+}
+
+const SUPPORTED: &[&str] = &["LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"];
+
+impl ModelConfig {
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        Self::from_json(&text).map_err(|msg| Error::config(path, msg))
+    }
+
+    pub fn from_json(text: &str) -> std::result::Result<Self, String> {
+        let raw: Raw = serde_json::from_str(text).map_err(|e| format!("not a valid config.json: {e}"))?;
+        let architecture = match (&raw.architectures, &raw.model_type) {
+            (Some(a), _) if !a.is_empty() => a[0].clone(),
+            (_, Some(t)) => match t.as_str() {
+                "llama" => "LlamaForCausalLM".into(),
+                "mistral" => "MistralForCausalLM".into(),
+                "qwen2" => "Qwen2ForCausalLM".into(),
+                other => other.to_string(),
+            },
+            _ => return Err("neither `architectures` nor `model_type` is given".into()),
+        };
+        if !SUPPORTED.contains(&architecture.as_str()) {
+            return Err(format!("unsupported architecture `{architecture}` (supported: {})", SUPPORTED.join(", ")));
+        }
+        fn req(v: Option<usize>, name: &str) -> std::result::Result<usize, String> {
+            match v {
+                Some(0) => Err(format!("`{name}` must be positive")),
+                Some(x) => Ok(x),
+                None => Err(format!("missing field `{name}`")),
+            }
+        }
+        let hidden_size = req(raw.hidden_size, "hidden_size")?;
+        let num_attention_heads = req(raw.num_attention_heads, "num_attention_heads")?;
+        let num_key_value_heads = raw.num_key_value_heads.unwrap_or(num_attention_heads);
+        if num_key_value_heads == 0 || num_attention_heads % num_key_value_heads != 0 {
+            return Err(format!(
+                "num_attention_heads ({num_attention_heads}) must be a multiple of num_key_value_heads ({num_key_value_heads})"
+            ));
+        }
+        let head_dim = match raw.head_dim {
+            Some(h) if h > 0 => h,
+            _ => {
+                if hidden_size % num_attention_heads != 0 {
+                    return Err(format!("hidden_size ({hidden_size}) is not a multiple of num_attention_heads ({num_attention_heads}) and no head_dim is given"));
+                }
+                hidden_size / num_attention_heads
+            }
+        };
+        if head_dim % 2 != 0 {
+            return Err(format!("head_dim ({head_dim}) must be even for rotary embeddings"));
+        }
+        // transformers 5 moves rope settings into `rope_parameters`; older files use the top level.
+        let params = raw.rope_parameters.as_ref();
+        let rope_theta = raw
+            .rope_theta
+            .or_else(|| params.and_then(|p| p.get("rope_theta")).and_then(|v| v.as_f64()))
+            .unwrap_or(10000.0) as f32;
+        let scaling_json = raw.rope_scaling.as_ref().filter(|v| !v.is_null()).or(params);
+        let rope_scaling = parse_rope_scaling(scaling_json)?;
+        let architecture_is_qwen2 = architecture == "Qwen2ForCausalLM";
+        Ok(ModelConfig {
+            vocab_size: req(raw.vocab_size, "vocab_size")?,
+            intermediate_size: req(raw.intermediate_size, "intermediate_size")?,
+            num_hidden_layers: req(raw.num_hidden_layers, "num_hidden_layers")?,
+            hidden_size,
+            num_attention_heads,
+            num_key_value_heads,
+            head_dim,
+            rms_norm_eps: raw.rms_norm_eps.unwrap_or(1e-6) as f32,
+            rope_theta,
+            rope_scaling,
+            max_position_embeddings: raw.max_position_embeddings.unwrap_or(4096),
+            tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(false),
+            attention_bias: raw.attention_bias.unwrap_or(architecture_is_qwen2),
+            dtype: raw.dtype.or(raw.torch_dtype),
+            bos_token_id: ids(raw.bos_token_id.as_ref()).first().copied(),
+            eos_token_ids: ids(raw.eos_token_id.as_ref()),
+            architecture,
+        })
+    }
+
+    /// Rotary inverse frequencies, one per pair of dimensions (head_dim / 2), scaling applied.
+    /// Computed in f64 and rounded once, so every backend receives the same table.
+    pub fn rope_inv_freq(&self) -> Vec<f32> {
+        let half = self.head_dim / 2;
+        (0..half)
+            .map(|i| {
+                let base = 1.0 / (self.rope_theta as f64).powf((2 * i) as f64 / self.head_dim as f64);
+                let f = match &self.rope_scaling {
+                    RopeScaling::None => base,
+                    RopeScaling::Linear { factor } => base / *factor as f64,
+                    RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings } => {
+                        let (factor, lo, hi) = (*factor as f64, *low_freq_factor as f64, *high_freq_factor as f64);
+                        let old = *original_max_position_embeddings as f64;
+                        let wavelen = 2.0 * std::f64::consts::PI / base;
+                        if wavelen < old / hi {
+                            base
+                        } else if wavelen > old / lo {
+                            base / factor
+                        } else {
+                            let smooth = (old / wavelen - lo) / (hi - lo);
+                            (1.0 - smooth) * base / factor + smooth * base
+                        }
+                    }
+                };
+                f as f32
+            })
+            .collect()
+    }
+
+    pub fn q_dim(&self) -> usize {
+        self.num_attention_heads * self.head_dim
+    }
+    pub fn kv_dim(&self) -> usize {
+        self.num_key_value_heads * self.head_dim
+    }
+}
+
+fn ids(v: Option<&serde_json::Value>) -> Vec<u32> {
+    match v {
+        Some(serde_json::Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
+        Some(serde_json::Value::Array(a)) => a.iter().filter_map(|x| x.as_u64()).map(|x| x as u32).collect(),
+        _ => vec![],
+    }
+}
+
+fn parse_rope_scaling(v: Option<&serde_json::Value>) -> std::result::Result<RopeScaling, String> {
+    let Some(v) = v else { return Ok(RopeScaling::None) };
+    let kind = v.get("rope_type").or_else(|| v.get("type")).and_then(|t| t.as_str()).unwrap_or("default");
+    let num = |k: &str| v.get(k).and_then(|x| x.as_f64());
+    match kind {
+        "default" => Ok(RopeScaling::None),
+        "linear" => Ok(RopeScaling::Linear {
+            factor: num("factor").ok_or("rope_scaling of type linear needs `factor`")? as f32,
+        }),
+        "llama3" => Ok(RopeScaling::Llama3 {
+            factor: num("factor").ok_or("rope_scaling of type llama3 needs `factor`")? as f32,
+            low_freq_factor: num("low_freq_factor").unwrap_or(1.0) as f32,
+            high_freq_factor: num("high_freq_factor").unwrap_or(4.0) as f32,
+            original_max_position_embeddings: num("original_max_position_embeddings").unwrap_or(8192.0) as usize,
+        }),
+        other => Err(format!("unsupported rope_scaling type `{other}` (supported: linear, llama3)")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SMOL: &str = r#"{"architectures":["LlamaForCausalLM"],"hidden_size":576,"intermediate_size":1536,
+        "num_hidden_layers":30,"num_attention_heads":9,"num_key_value_heads":3,"vocab_size":49152,
+        "rms_norm_eps":1e-5,"rope_theta":100000,"tie_word_embeddings":true,"torch_dtype":"bfloat16"}"#;
+
+    #[test]
+    fn parses_smollm_shape() {
+        let c = ModelConfig::from_json(SMOL).unwrap();
+        assert_eq!((c.head_dim, c.kv_dim(), c.q_dim()), (64, 192, 576));
+        assert_eq!(c.rope_theta, 100000.0);
+        assert!(c.tie_word_embeddings && !c.attention_bias);
+        assert_eq!(c.dtype.as_deref(), Some("bfloat16"));
+    }
+
+    #[test]
+    fn transformers5_rope_parameters() {
+        let j = r#"{"architectures":["LlamaForCausalLM"],"hidden_size":64,"intermediate_size":128,"num_hidden_layers":2,
+            "num_attention_heads":4,"vocab_size":100,"dtype":"float32",
+            "rope_parameters":{"rope_theta":500000.0,"rope_type":"llama3","factor":32.0,"low_freq_factor":1.0,
+            "high_freq_factor":4.0,"original_max_position_embeddings":8192}}"#;
+        let c = ModelConfig::from_json(j).unwrap();
+        assert_eq!(c.rope_theta, 500000.0);
+        assert!(matches!(c.rope_scaling, RopeScaling::Llama3 { factor, .. } if factor == 32.0));
+        let f = c.rope_inv_freq();
+        assert_eq!(f.len(), 8);
+        assert_eq!(f[0], 1.0); // highest frequency untouched
+        assert_eq!(c.dtype.as_deref(), Some("float32"));
+    }
+
+    #[test]
+    fn rejects_bad_configs() {
+        assert!(ModelConfig::from_json("{").unwrap_err().contains("valid"));
+        let e = ModelConfig::from_json(r#"{"architectures":["GPT2LMHeadModel"]}"#).unwrap_err();
+        assert!(e.contains("GPT2LMHeadModel"), "{e}");
+        let e = ModelConfig::from_json(r#"{"architectures":["LlamaForCausalLM"],"hidden_size":64}"#).unwrap_err();
+        assert!(e.contains("num_attention_heads"), "{e}");
+        let e = ModelConfig::from_json(
+            r#"{"model_type":"llama","hidden_size":64,"intermediate_size":1,"num_hidden_layers":1,"num_attention_heads":4,"num_key_value_heads":3,"vocab_size":5}"#,
+        )
+        .unwrap_err();
+        assert!(e.contains("multiple"), "{e}");
+    }
+
+    #[test]
+    fn qwen2_has_bias_by_default() {
+        let j = r#"{"architectures":["Qwen2ForCausalLM"],"hidden_size":64,"intermediate_size":128,"num_hidden_layers":1,
+            "num_attention_heads":4,"num_key_value_heads":2,"vocab_size":100,"rope_scaling":null}"#;
+        assert!(ModelConfig::from_json(j).unwrap().attention_bias);
+    }
+}

@@ -1,0 +1,26 @@
+//! tandem-core: what every other crate shares.
+//!
+//! - [`config`]: a Hugging Face `config.json`, parsed and validated.
+//! - [`weights`]: safetensors files mapped with memmap2; tensors are views, never copies.
+//! - [`backend`]: the narrow interface every compute backend implements (one method per op).
+//! - [`batch`]: the flattened batch the engine hands to a model (tokens, positions, slots, block tables).
+//! - [`model`]: the Llama-family forward pass, written once against [`backend::Backend`].
+//! - [`tokenizer`], [`chat`], [`detokenizer`]: text in and out.
+//!
+//! Architecture invariant: this crate knows no GPU API, no HTTP and no scheduler.
+
+pub mod backend;
+pub mod batch;
+pub mod chat;
+pub mod config;
+pub mod detokenizer;
+pub mod error;
+pub mod model;
+pub mod tokenizer;
+pub mod weights;
+
+pub use backend::{Backend, DType};
+pub use batch::ForwardBatch;
+pub use config::ModelConfig;
+pub use error::{Error, Result};
+pub use model::{LlamaModel, ModelRunner};

@@ -1,0 +1,289 @@
+//! The Llama-family forward pass (Llama, Mistral, Qwen2, SmolLM), written once against
+//! [`Backend`]. One call runs a flattened batch: prefill chunks and decode tokens of many
+//! sequences, each with its own positions and block table.
+
+use std::path::Path;
+
+use crate::backend::{AttnArgs, Backend, KvGeometry};
+use crate::batch::ForwardBatch;
+use crate::config::ModelConfig;
+use crate::error::{Error, Result};
+use crate::weights::Weights;
+
+/// What the engine needs from a loaded model, whatever the backend. Object-safe.
+pub trait ModelRunner: Send {
+    fn config(&self) -> &ModelConfig;
+    fn backend_name(&self) -> &'static str;
+    fn kv_geometry(&self) -> KvGeometry;
+    /// Most tokens one [`ModelRunner::forward`] accepts.
+    fn max_batch_tokens(&self) -> usize;
+    /// Most sequences (and logit rows) one forward accepts.
+    fn max_seqs(&self) -> usize;
+    /// Runs the batch, writing K/V into the cache; returns f32 logits `[logit_rows.len(), vocab]`.
+    fn forward(&mut self, batch: &ForwardBatch) -> Result<Vec<f32>>;
+}
+
+/// Sizes fixed at load time.
+#[derive(Debug, Clone, Copy)]
+pub struct LoadOptions {
+    pub max_batch_tokens: usize,
+    pub max_seqs: usize,
+    pub num_kv_blocks: usize,
+    pub block_size: usize,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions { max_batch_tokens: 512, max_seqs: 64, num_kv_blocks: 256, block_size: 16 }
+    }
+}
+
+struct Layer<B: Backend> {
+    input_norm: B::Buf,
+    q: B::Buf,
+    k: B::Buf,
+    v: B::Buf,
+    q_bias: Option<B::Buf>,
+    k_bias: Option<B::Buf>,
+    v_bias: Option<B::Buf>,
+    o: B::Buf,
+    post_norm: B::Buf,
+    gate: B::Buf,
+    up: B::Buf,
+    down: B::Buf,
+    k_cache: B::Buf,
+    v_cache: B::Buf,
+}
+
+/// Activation and metadata buffers, allocated once for the largest batch.
+struct Scratch<B: Backend> {
+    h: B::Buf,    // [T, hidden] residual stream
+    x: B::Buf,    // [T, hidden] normed
+    q: B::Buf,    // [T, q_dim]
+    k: B::Buf,    // [T, kv_dim]
+    v: B::Buf,    // [T, kv_dim]
+    attn: B::Buf, // [T, q_dim]
+    o: B::Buf,    // [T, hidden]
+    gate: B::Buf, // [T, intermediate]
+    up: B::Buf,   // [T, intermediate]
+    act: B::Buf,  // [T, intermediate]
+    last: B::Buf, // [S, hidden] rows that need logits
+    last_normed: B::Buf,
+    logits: B::Buf, // [S, vocab]
+    ids: B::Buf,
+    positions: B::Buf,
+    slots: B::Buf,
+    token_seq: B::Buf,
+    block_tables: B::Buf, // [S, max_blocks_cap]
+    logit_rows: B::Buf,
+}
+
+pub struct LlamaModel<B: Backend> {
+    backend: B,
+    cfg: ModelConfig,
+    opts: LoadOptions,
+    geometry: KvGeometry,
+    max_blocks_cap: usize,
+    embed: B::Buf,
+    lm_head: Option<B::Buf>,
+    final_norm: B::Buf,
+    inv_freq: B::Buf,
+    layers: Vec<Layer<B>>,
+    s: Scratch<B>,
+}
+
+impl<B: Backend> LlamaModel<B> {
+    /// Loads `dir` (config.json + safetensors) onto `backend`.
+    pub fn load(backend: B, dir: &Path, opts: LoadOptions) -> Result<Self> {
+        let cfg = ModelConfig::from_file(&dir.join("config.json"))?;
+        let weights = Weights::open(dir)?;
+        Self::from_weights(backend, cfg, &weights, opts)
+    }
+
+    pub fn from_weights(backend: B, cfg: ModelConfig, w: &Weights, opts: LoadOptions) -> Result<Self> {
+        if opts.max_batch_tokens == 0 || opts.max_seqs == 0 || opts.num_kv_blocks == 0 || opts.block_size == 0 {
+            return Err(Error::Batch(format!("load options must be positive: {opts:?}")));
+        }
+        let (d, qd, kvd, inter, vocab) = (cfg.hidden_size, cfg.q_dim(), cfg.kv_dim(), cfg.intermediate_size, cfg.vocab_size);
+        let b = &backend;
+        let up = |name: &str, shape: &[usize]| -> Result<B::Buf> { b.upload_weight(&w.get(name, shape)?) };
+        let geometry = KvGeometry { num_blocks: opts.num_kv_blocks, block_size: opts.block_size, num_kv_heads: cfg.num_key_value_heads, head_dim: cfg.head_dim };
+        let embed = up("model.embed_tokens.weight", &[vocab, d])?;
+        let lm_head = if w.contains("lm_head.weight") && !cfg.tie_word_embeddings {
+            Some(up("lm_head.weight", &[vocab, d])?)
+        } else if cfg.tie_word_embeddings {
+            None
+        } else {
+            Some(up("lm_head.weight", &[vocab, d])?) // fails with a clear "missing" error
+        };
+        let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
+        for i in 0..cfg.num_hidden_layers {
+            let p = format!("model.layers.{i}");
+            let bias = |n: &str, len: usize| -> Result<Option<B::Buf>> {
+                if cfg.attention_bias { Ok(Some(up(&format!("{p}.self_attn.{n}_proj.bias"), &[len])?)) } else { Ok(None) }
+            };
+            layers.push(Layer {
+                input_norm: up(&format!("{p}.input_layernorm.weight"), &[d])?,
+                q: up(&format!("{p}.self_attn.q_proj.weight"), &[qd, d])?,
+                k: up(&format!("{p}.self_attn.k_proj.weight"), &[kvd, d])?,
+                v: up(&format!("{p}.self_attn.v_proj.weight"), &[kvd, d])?,
+                q_bias: bias("q", qd)?,
+                k_bias: bias("k", kvd)?,
+                v_bias: bias("v", kvd)?,
+                o: up(&format!("{p}.self_attn.o_proj.weight"), &[d, qd])?,
+                post_norm: up(&format!("{p}.post_attention_layernorm.weight"), &[d])?,
+                gate: up(&format!("{p}.mlp.gate_proj.weight"), &[inter, d])?,
+                up: up(&format!("{p}.mlp.up_proj.weight"), &[inter, d])?,
+                down: up(&format!("{p}.mlp.down_proj.weight"), &[d, inter])?,
+                k_cache: b.alloc_kv(geometry)?,
+                v_cache: b.alloc_kv(geometry)?,
+            });
+        }
+        let final_norm = up("model.norm.weight", &[d])?;
+        let mut inv_freq = b.alloc_f32(cfg.head_dim / 2)?;
+        b.write_f32(&mut inv_freq, &cfg.rope_inv_freq())?;
+        let t = opts.max_batch_tokens;
+        let sq = opts.max_seqs;
+        let max_blocks_cap = cfg.max_position_embeddings.min(geometry.slots()).div_ceil(opts.block_size).max(1);
+        let s = Scratch {
+            h: b.alloc_f32(t * d)?,
+            x: b.alloc_f32(t * d)?,
+            q: b.alloc_f32(t * qd)?,
+            k: b.alloc_f32(t * kvd)?,
+            v: b.alloc_f32(t * kvd)?,
+            attn: b.alloc_f32(t * qd)?,
+            o: b.alloc_f32(t * d)?,
+            gate: b.alloc_f32(t * inter)?,
+            up: b.alloc_f32(t * inter)?,
+            act: b.alloc_f32(t * inter)?,
+            last: b.alloc_f32(sq * d)?,
+            last_normed: b.alloc_f32(sq * d)?,
+            logits: b.alloc_f32(sq * vocab)?,
+            ids: b.alloc_u32(t)?,
+            positions: b.alloc_u32(t)?,
+            slots: b.alloc_u32(t)?,
+            token_seq: b.alloc_u32(t)?,
+            block_tables: b.alloc_u32(sq * max_blocks_cap)?,
+            logit_rows: b.alloc_u32(sq)?,
+        };
+        Ok(LlamaModel { backend, cfg, opts, geometry, max_blocks_cap, embed, lm_head, final_norm, inv_freq, layers, s })
+    }
+
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// Longest sequence (in tokens) one block-table row can describe.
+    pub fn max_context(&self) -> usize {
+        self.max_blocks_cap * self.opts.block_size
+    }
+
+    /// Queues the whole forward pass on the backend; logits are left in `self.s.logits`.
+    fn record(&mut self, batch: &ForwardBatch) -> Result<()> {
+        let (b, c, s) = (&self.backend, &self.cfg, &mut self.s);
+        let t = batch.num_tokens();
+        let (d, qd, kvd, inter) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
+        let n_out = batch.logit_rows.len();
+        let seqs = batch.num_seqs();
+        // Re-pack block tables to the capacity's row width only if they are narrower.
+        b.write_u32(&mut s.ids, &batch.tokens)?;
+        b.write_u32(&mut s.positions, &batch.positions)?;
+        b.write_u32(&mut s.slots, &batch.slots)?;
+        b.write_u32(&mut s.token_seq, &batch.token_seq)?;
+        b.write_u32(&mut s.block_tables, &batch.block_tables)?;
+        b.write_u32(&mut s.logit_rows, &batch.logit_rows)?;
+        let max_context = batch.positions.iter().copied().max().unwrap_or(0) as usize + 1;
+
+        b.embedding(&self.embed, &s.ids, &mut s.h, t, d)?;
+        for l in &mut self.layers {
+            b.rms_norm(&s.h, &l.input_norm, &mut s.x, t, d, c.rms_norm_eps)?;
+            b.matmul(&s.x, &l.q, l.q_bias.as_ref(), &mut s.q, t, qd, d)?;
+            b.matmul(&s.x, &l.k, l.k_bias.as_ref(), &mut s.k, t, kvd, d)?;
+            b.matmul(&s.x, &l.v, l.v_bias.as_ref(), &mut s.v, t, kvd, d)?;
+            b.rope(&mut s.q, &mut s.k, &s.positions, &self.inv_freq, t, c.num_attention_heads, c.num_key_value_heads, c.head_dim)?;
+            b.kv_write(&s.k, &s.v, &mut l.k_cache, &mut l.v_cache, &s.slots, t, self.geometry)?;
+            let args = AttnArgs {
+                q: &s.q,
+                k_cache: &l.k_cache,
+                v_cache: &l.v_cache,
+                positions: &s.positions,
+                token_seq: &s.token_seq,
+                block_tables: &s.block_tables,
+                num_tokens: t,
+                num_seqs: seqs,
+                max_blocks: batch.max_blocks,
+                max_context,
+                num_heads: c.num_attention_heads,
+                geometry: self.geometry,
+                scale: 1.0 / (c.head_dim as f32).sqrt(),
+            };
+            b.paged_attention(&args, &mut s.attn)?;
+            b.matmul(&s.attn, &l.o, None, &mut s.o, t, d, qd)?;
+            b.add(&mut s.h, &s.o, t * d)?;
+            b.rms_norm(&s.h, &l.post_norm, &mut s.x, t, d, c.rms_norm_eps)?;
+            b.matmul(&s.x, &l.gate, None, &mut s.gate, t, inter, d)?;
+            b.matmul(&s.x, &l.up, None, &mut s.up, t, inter, d)?;
+            b.silu_mul(&s.gate, &s.up, &mut s.act, t * inter)?;
+            b.matmul(&s.act, &l.down, None, &mut s.o, t, d, inter)?;
+            b.add(&mut s.h, &s.o, t * d)?;
+        }
+        if n_out > 0 {
+            b.gather_rows(&s.h, &s.logit_rows, &mut s.last, n_out, d)?;
+            b.rms_norm(&s.last, &self.final_norm, &mut s.last_normed, n_out, d, c.rms_norm_eps)?;
+            let head = self.lm_head.as_ref().unwrap_or(&self.embed);
+            b.matmul(&s.last_normed, head, None, &mut s.logits, n_out, c.vocab_size, d)?;
+        }
+        Ok(())
+    }
+
+    fn check(&self, batch: &ForwardBatch) -> Result<()> {
+        let o = &self.opts;
+        if batch.num_tokens() == 0 {
+            return Err(Error::Batch("empty batch".into()));
+        }
+        if batch.num_tokens() > o.max_batch_tokens {
+            return Err(Error::Batch(format!("{} tokens, at most {} per forward", batch.num_tokens(), o.max_batch_tokens)));
+        }
+        if batch.num_seqs() > o.max_seqs || batch.logit_rows.len() > o.max_seqs {
+            return Err(Error::Batch(format!("{} sequences, at most {} per forward", batch.num_seqs(), o.max_seqs)));
+        }
+        if batch.max_blocks > self.max_blocks_cap {
+            return Err(Error::Batch(format!("{} blocks per sequence, at most {}", batch.max_blocks, self.max_blocks_cap)));
+        }
+        batch.validate(self.cfg.vocab_size, self.geometry.slots(), self.geometry.block_size)
+    }
+
+    /// Greedy ids for the logit rows, computed where the logits are (only ids leave the device).
+    pub fn forward_argmax(&mut self, batch: &ForwardBatch) -> Result<Vec<u32>> {
+        self.check(batch)?;
+        self.record(batch)?;
+        self.backend.argmax(&self.s.logits, batch.logit_rows.len(), self.cfg.vocab_size)
+    }
+}
+
+impl<B: Backend> ModelRunner for LlamaModel<B> {
+    fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+    fn backend_name(&self) -> &'static str {
+        self.backend.name()
+    }
+    fn kv_geometry(&self) -> KvGeometry {
+        self.geometry
+    }
+    fn max_batch_tokens(&self) -> usize {
+        self.opts.max_batch_tokens
+    }
+    fn max_seqs(&self) -> usize {
+        self.opts.max_seqs
+    }
+    fn forward(&mut self, batch: &ForwardBatch) -> Result<Vec<f32>> {
+        self.check(batch)?;
+        self.record(batch)?;
+        let n = batch.logit_rows.len() * self.cfg.vocab_size;
+        if n == 0 {
+            return Ok(vec![]);
+        }
+        self.backend.read_f32(&self.s.logits, n)
+    }
+}

@@ -1,0 +1,1 @@
+//! The CUDA backend: kernels/*.cu compiled with NVRTC, launched through cudarc.

@@ -1,0 +1,1 @@
+//! The wgpu backend: every op in WGSL (shaders/), paged KV cache and attention.
