@@ -15,6 +15,7 @@ pub mod chat;
 pub mod config;
 pub mod detokenizer;
 pub mod error;
+pub mod greedy;
 pub mod model;
 pub mod tokenizer;
 pub mod weights;

@@ -185,7 +185,6 @@ impl<B: Backend> LlamaModel<B> {
         let (d, qd, kvd, inter) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
         let n_out = batch.logit_rows.len();
         let seqs = batch.num_seqs();
-        // Re-pack block tables to the capacity's row width only if they are narrower.
         b.write_u32(&mut s.ids, &batch.tokens)?;
         b.write_u32(&mut s.positions, &batch.positions)?;
         b.write_u32(&mut s.slots, &batch.slots)?;

@@ -1,1 +1,383 @@
-//! The reference backend: plain f32 Rust, written to be read; the oracle every other backend is checked against.
+//! The reference backend: plain Rust, f32 activations, f64 where a sum is long, written to be
+//! read. It is the oracle the op conformance suite holds every other backend to, and it can
+//! serve (slowly). Weights stay where the safetensors mapping put them and are widened to f32
+//! as they are read.
+//!
+//! Architecture invariant: no `unsafe`, no SIMD intrinsics, no cleverness beyond splitting a
+//! matmul's output rows across threads.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use half::{bf16, f16};
+use memmap2::Mmap;
+use tandem_core::backend::{AttnArgs, Backend, DType, KvGeometry};
+use tandem_core::error::{Error, Result};
+use tandem_core::weights::TensorView;
+
+/// A buffer of the reference backend.
+pub enum RefBuf {
+    F32(Vec<f32>),
+    U32(Vec<u32>),
+    /// A weight in its stored dtype, either still in the file mapping or owned.
+    Weight { dtype: DType, bytes: WeightBytes },
+}
+
+pub enum WeightBytes {
+    Mapped(Arc<Mmap>, Range<usize>),
+    Owned(Vec<u8>),
+}
+
+impl RefBuf {
+    fn weight_bytes(&self) -> Result<(DType, &[u8])> {
+        match self {
+            RefBuf::Weight { dtype, bytes: WeightBytes::Mapped(m, r) } => Ok((*dtype, &m[r.clone()])),
+            RefBuf::Weight { dtype, bytes: WeightBytes::Owned(v) } => Ok((*dtype, v)),
+            RefBuf::F32(v) => Ok((DType::F32, bytemuck::cast_slice(v))),
+            RefBuf::U32(_) => Err(err("a u32 buffer was passed where a weight is expected")),
+        }
+    }
+}
+
+fn err(msg: impl Into<String>) -> Error {
+    Error::backend("reference", msg)
+}
+
+fn f32s(b: &RefBuf) -> Result<&[f32]> {
+    match b {
+        RefBuf::F32(v) => Ok(v),
+        _ => Err(err("expected an f32 buffer")),
+    }
+}
+fn f32s_mut(b: &mut RefBuf) -> Result<&mut [f32]> {
+    match b {
+        RefBuf::F32(v) => Ok(v),
+        _ => Err(err("expected an f32 buffer")),
+    }
+}
+fn u32s(b: &RefBuf) -> Result<&[u32]> {
+    match b {
+        RefBuf::U32(v) => Ok(v),
+        _ => Err(err("expected a u32 buffer")),
+    }
+}
+fn need(what: &str, have: usize, want: usize) -> Result<()> {
+    if have < want {
+        return Err(err(format!("{what}: buffer has {have} elements, op needs {want}")));
+    }
+    Ok(())
+}
+
+/// A weight matrix's row `[k]` widened to f32 into `dst`.
+fn widen_row(dtype: DType, bytes: &[u8], row: usize, k: usize, dst: &mut [f32]) {
+    let sz = dtype.size();
+    let src = &bytes[row * k * sz..(row + 1) * k * sz];
+    match dtype {
+        DType::F32 => {
+            for (d, c) in dst.iter_mut().zip(src.chunks_exact(4)) {
+                *d = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
+        }
+        DType::BF16 => {
+            for (d, c) in dst.iter_mut().zip(src.chunks_exact(2)) {
+                *d = bf16::from_le_bytes([c[0], c[1]]).to_f32();
+            }
+        }
+        DType::F16 => {
+            for (d, c) in dst.iter_mut().zip(src.chunks_exact(2)) {
+                *d = f16::from_le_bytes([c[0], c[1]]).to_f32();
+            }
+        }
+    }
+}
+
+/// Dot product: eight f32 lanes (so the compiler can vectorise), summed in f64 at the end.
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for i in 0..8 {
+            lanes[i] += x[i] * y[i];
+        }
+    }
+    let mut s: f64 = lanes.iter().map(|&l| l as f64).sum();
+    for (x, y) in ra.iter().zip(rb) {
+        s += (*x as f64) * (*y as f64);
+    }
+    s as f32
+}
+
+pub struct RefBackend {
+    threads: usize,
+}
+
+impl RefBackend {
+    pub fn new() -> Self {
+        let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        RefBackend { threads }
+    }
+}
+
+impl Default for RefBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Backend for RefBackend {
+    type Buf = RefBuf;
+
+    fn name(&self) -> &'static str {
+        "reference"
+    }
+
+    fn upload_weight(&self, t: &TensorView) -> Result<RefBuf> {
+        let (map, range) = t.mapping();
+        Ok(RefBuf::Weight { dtype: t.dtype, bytes: WeightBytes::Mapped(map, range) })
+    }
+    fn weight_from_f32(&self, dtype: DType, values: &[f32]) -> Result<RefBuf> {
+        Ok(RefBuf::Weight { dtype, bytes: WeightBytes::Owned(dtype.from_f32(values)) })
+    }
+    fn alloc_f32(&self, len: usize) -> Result<RefBuf> {
+        Ok(RefBuf::F32(vec![0.0; len]))
+    }
+    fn alloc_u32(&self, len: usize) -> Result<RefBuf> {
+        Ok(RefBuf::U32(vec![0; len]))
+    }
+    fn alloc_kv(&self, g: KvGeometry) -> Result<RefBuf> {
+        Ok(RefBuf::F32(vec![0.0; g.layer_elems()]))
+    }
+    fn write_f32(&self, buf: &mut RefBuf, data: &[f32]) -> Result<()> {
+        let dst = f32s_mut(buf)?;
+        need("write_f32", dst.len(), data.len())?;
+        dst[..data.len()].copy_from_slice(data);
+        Ok(())
+    }
+    fn write_u32(&self, buf: &mut RefBuf, data: &[u32]) -> Result<()> {
+        let RefBuf::U32(dst) = buf else { return Err(err("write_u32 into a non-u32 buffer")) };
+        need("write_u32", dst.len(), data.len())?;
+        dst[..data.len()].copy_from_slice(data);
+        Ok(())
+    }
+    fn read_f32(&self, buf: &RefBuf, len: usize) -> Result<Vec<f32>> {
+        let v = f32s(buf)?;
+        need("read_f32", v.len(), len)?;
+        Ok(v[..len].to_vec())
+    }
+    fn read_u32(&self, buf: &RefBuf, len: usize) -> Result<Vec<u32>> {
+        let v = u32s(buf)?;
+        need("read_u32", v.len(), len)?;
+        Ok(v[..len].to_vec())
+    }
+    fn read_kv(&self, buf: &RefBuf, g: KvGeometry) -> Result<Vec<f32>> {
+        self.read_f32(buf, g.layer_elems())
+    }
+
+    fn embedding(&self, table: &RefBuf, ids: &RefBuf, out: &mut RefBuf, t: usize, hidden: usize) -> Result<()> {
+        let (dtype, bytes) = table.weight_bytes()?;
+        let rows = bytes.len() / (dtype.size() * hidden);
+        let ids = u32s(ids)?;
+        let out = f32s_mut(out)?;
+        need("embedding ids", ids.len(), t)?;
+        need("embedding out", out.len(), t * hidden)?;
+        for (i, &id) in ids[..t].iter().enumerate() {
+            if id as usize >= rows {
+                return Err(err(format!("embedding: token id {id} >= {rows} rows")));
+            }
+            widen_row(dtype, bytes, id as usize, hidden, &mut out[i * hidden..(i + 1) * hidden]);
+        }
+        Ok(())
+    }
+
+    fn gather_rows(&self, src: &RefBuf, rows: &RefBuf, out: &mut RefBuf, n: usize, dim: usize) -> Result<()> {
+        let (src, rows, out) = (f32s(src)?, u32s(rows)?, f32s_mut(out)?);
+        need("gather_rows out", out.len(), n * dim)?;
+        for (i, &r) in rows[..n].iter().enumerate() {
+            let r = r as usize;
+            need("gather_rows src", src.len(), (r + 1) * dim)?;
+            out[i * dim..(i + 1) * dim].copy_from_slice(&src[r * dim..(r + 1) * dim]);
+        }
+        Ok(())
+    }
+
+    fn rms_norm(&self, x: &RefBuf, w: &RefBuf, out: &mut RefBuf, rows: usize, dim: usize, eps: f32) -> Result<()> {
+        let (dtype, wb) = w.weight_bytes()?;
+        let mut wf = vec![0f32; dim];
+        widen_row(dtype, wb, 0, dim, &mut wf);
+        let (x, out) = (f32s(x)?, f32s_mut(out)?);
+        need("rms_norm x", x.len(), rows * dim)?;
+        need("rms_norm out", out.len(), rows * dim)?;
+        for r in 0..rows {
+            let xr = &x[r * dim..(r + 1) * dim];
+            let ms = xr.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>() / dim as f64;
+            let inv = (1.0 / (ms + eps as f64).sqrt()) as f32;
+            for (o, (&v, &g)) in out[r * dim..(r + 1) * dim].iter_mut().zip(xr.iter().zip(&wf)) {
+                *o = g * (v * inv);
+            }
+        }
+        Ok(())
+    }
+
+    fn add(&self, acc: &mut RefBuf, x: &RefBuf, len: usize) -> Result<()> {
+        let (acc, x) = (f32s_mut(acc)?, f32s(x)?);
+        need("add", acc.len().min(x.len()), len)?;
+        for (a, b) in acc[..len].iter_mut().zip(&x[..len]) {
+            *a += *b;
+        }
+        Ok(())
+    }
+
+    fn matmul(&self, x: &RefBuf, w: &RefBuf, bias: Option<&RefBuf>, out: &mut RefBuf, m: usize, n: usize, k: usize) -> Result<()> {
+        let (dtype, wb) = w.weight_bytes()?;
+        need("matmul w", wb.len() / dtype.size(), n * k)?;
+        let bias = match bias {
+            Some(b) => {
+                let (bd, bb) = b.weight_bytes()?;
+                need("matmul bias", bb.len() / bd.size(), n)?;
+                let mut v = vec![0f32; n];
+                widen_row(bd, bb, 0, n, &mut v);
+                Some(v)
+            }
+            None => None,
+        };
+        let (x, out) = (f32s(x)?, f32s_mut(out)?);
+        need("matmul x", x.len(), m * k)?;
+        need("matmul out", out.len(), m * n)?;
+        // Split the output columns (weight rows) across threads; each thread widens one weight
+        // row at a time and dots it with every input row.
+        let chunk = n.div_ceil(self.threads).max(1);
+        let mut cols: Vec<Vec<f32>> = Vec::new();
+        std::thread::scope(|s| {
+            let handles: Vec<_> = (0..n)
+                .step_by(chunk)
+                .map(|start| {
+                    let end = (start + chunk).min(n);
+                    let bias = bias.as_deref();
+                    s.spawn(move || {
+                        let mut row = vec![0f32; k];
+                        let mut res = vec![0f32; m * (end - start)]; // [m, end-start]
+                        for j in start..end {
+                            widen_row(dtype, wb, j, k, &mut row);
+                            let b = bias.map_or(0.0, |b| b[j]);
+                            for i in 0..m {
+                                res[i * (end - start) + (j - start)] = dot(&x[i * k..(i + 1) * k], &row) + b;
+                            }
+                        }
+                        res
+                    })
+                })
+                .collect();
+            cols = handles.into_iter().map(|h| h.join().expect("matmul worker panicked")).collect();
+        });
+        for (ci, res) in cols.iter().enumerate() {
+            let start = ci * chunk;
+            let width = res.len() / m.max(1);
+            for i in 0..m {
+                out[i * n + start..i * n + start + width].copy_from_slice(&res[i * width..(i + 1) * width]);
+            }
+        }
+        Ok(())
+    }
+
+    fn rope(&self, q: &mut RefBuf, k: &mut RefBuf, positions: &RefBuf, inv_freq: &RefBuf, t: usize, qh: usize, kvh: usize, hd: usize) -> Result<()> {
+        let (pos, freq) = (u32s(positions)?, f32s(inv_freq)?);
+        let half = hd / 2;
+        need("rope inv_freq", freq.len(), half)?;
+        need("rope positions", pos.len(), t)?;
+        for (buf, heads) in [(f32s_mut(q)?, qh), (f32s_mut(k)?, kvh)] {
+            need("rope x", buf.len(), t * heads * hd)?;
+            for ti in 0..t {
+                for h in 0..heads {
+                    let x = &mut buf[(ti * heads + h) * hd..(ti * heads + h + 1) * hd];
+                    for i in 0..half {
+                        // As HF: the angle is an f32 product, its cos/sin taken from there.
+                        let angle = (pos[ti] as f32 * freq[i]) as f64;
+                        let (sin, cos) = (angle.sin() as f32, angle.cos() as f32);
+                        let (a, b) = (x[i], x[i + half]);
+                        x[i] = a * cos - b * sin;
+                        x[i + half] = b * cos + a * sin;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn silu_mul(&self, gate: &RefBuf, up: &RefBuf, out: &mut RefBuf, len: usize) -> Result<()> {
+        let (g, u, o) = (f32s(gate)?, f32s(up)?, f32s_mut(out)?);
+        need("silu_mul", g.len().min(u.len()).min(o.len()), len)?;
+        for i in 0..len {
+            let x = g[i];
+            o[i] = x / (1.0 + (-x).exp()) * u[i];
+        }
+        Ok(())
+    }
+
+    fn kv_write(&self, k: &RefBuf, v: &RefBuf, kc: &mut RefBuf, vc: &mut RefBuf, slots: &RefBuf, t: usize, g: KvGeometry) -> Result<()> {
+        let w = g.num_kv_heads * g.head_dim;
+        let slots = u32s(slots)?;
+        need("kv_write slots", slots.len(), t)?;
+        for (src, dst) in [(f32s(k)?, f32s_mut(kc)?), (f32s(v)?, f32s_mut(vc)?)] {
+            need("kv_write src", src.len(), t * w)?;
+            for (i, &s) in slots[..t].iter().enumerate() {
+                let s = s as usize;
+                if s >= g.slots() {
+                    return Err(err(format!("kv_write: slot {s} >= {} slots", g.slots())));
+                }
+                dst[s * w..(s + 1) * w].copy_from_slice(&src[i * w..(i + 1) * w]);
+            }
+        }
+        Ok(())
+    }
+
+    fn paged_attention(&self, a: &AttnArgs<'_, Self>, out: &mut RefBuf) -> Result<()> {
+        let g = a.geometry;
+        let (hd, heads, kvh, bs) = (g.head_dim, a.num_heads, g.num_kv_heads, g.block_size);
+        let group = heads / kvh;
+        let (q, kc, vc) = (f32s(a.q)?, f32s(a.k_cache)?, f32s(a.v_cache)?);
+        let (pos, tseq, tables) = (u32s(a.positions)?, u32s(a.token_seq)?, u32s(a.block_tables)?);
+        let out = f32s_mut(out)?;
+        need("attention q", q.len(), a.num_tokens * heads * hd)?;
+        need("attention out", out.len(), a.num_tokens * heads * hd)?;
+        let mut scores = Vec::new();
+        for t in 0..a.num_tokens {
+            let (p, s) = (pos[t] as usize, tseq[t] as usize);
+            if s >= a.num_seqs || p / bs >= a.max_blocks {
+                return Err(err(format!("attention: token {t} (seq {s}, position {p}) outside the block tables")));
+            }
+            let table = &tables[s * a.max_blocks..(s + 1) * a.max_blocks];
+            for h in 0..heads {
+                let kh = h / group;
+                let qv = &q[(t * heads + h) * hd..(t * heads + h + 1) * hd];
+                let key = |j: usize| {
+                    let slot = table[j / bs] as usize * bs + j % bs;
+                    (slot * kvh + kh) * hd
+                };
+                scores.clear();
+                for j in 0..=p {
+                    let o = key(j);
+                    scores.push(dot(qv, &kc[o..o + hd]) as f64 * a.scale as f64);
+                }
+                let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let mut denom = 0.0;
+                for sc in scores.iter_mut() {
+                    *sc = (*sc - max).exp();
+                    denom += *sc;
+                }
+                let o = &mut out[(t * heads + h) * hd..(t * heads + h + 1) * hd];
+                let mut acc = vec![0f64; hd];
+                for (j, w) in scores.iter().enumerate() {
+                    let off = key(j);
+                    for (d, av) in acc.iter_mut().enumerate() {
+                        *av += w * vc[off + d] as f64;
+                    }
+                }
+                for (d, av) in acc.iter().enumerate() {
+                    o[d] = (av / denom) as f32;
+                }
+            }
+        }
+        Ok(())
+    }
+}

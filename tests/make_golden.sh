@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Regenerates tests/golden/*.json with HF transformers (float32, CPU). Needs about 3 GB for
+# torch; run once by hand when the models or prompts change, then commit the JSON. CI never
+# runs this: it compares against the committed files.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${HF_VENV:-/tmp/hfvenv}
+[ -x "$VENV/bin/python" ] || { python3 -m venv "$VENV"; "$VENV/bin/pip" install -q torch transformers safetensors gguf sentencepiece; }
+cargo xtask gen-model --shape tiny --seed 1 --out target/golden/tiny --dtype f32
+cargo xtask gen-model --shape tiny-tied --seed 2 --out target/golden/tiny-tied --dtype bf16
+"$VENV/bin/python" tests/hf_golden.py --model target/golden/tiny --out tests/golden/tiny.json --raw-ids
+"$VENV/bin/python" tests/hf_golden.py --model target/golden/tiny-tied --out tests/golden/tiny-tied.json --raw-ids
+MODEL=$(cargo xtask fetch-model | tail -n 1)
+GGUF=$(find "${TANDEM_CACHE:-$HOME/.cache/tandem}" -name 'SmolLM2-135M-Instruct.Q4_1.gguf' | head -n 1)
+"$VENV/bin/python" tests/hf_golden.py --model "$MODEL" --out tests/golden/smollm2-135m.json ${GGUF:+--gguf "$GGUF"}
