@@ -1,0 +1,141 @@
+//! NVRTC: one `.cu` (header already pasted in) to PTX text for one virtual architecture,
+//! with an on-disk cache keyed by the source, the architecture, the options and the NVRTC
+//! version (`~/.cache/tandem/ptx`, or `TANDEM_PTX_CACHE`; `TANDEM_PTX_CACHE=off` disables it).
+
+use std::path::PathBuf;
+
+use sha2::{Digest, Sha256};
+use tandem_core::{Error, Result};
+
+use crate::sources::KernelSource;
+use crate::toolchain::Toolchain;
+
+/// Options every kernel is compiled with. No fast math: the kernels are checked against an
+/// exact f32 reference. `-lineinfo` lets Nsight Compute map stalls to source lines.
+const OPTIONS: &[&str] = &["-std=c++17", "-lineinfo"];
+
+/// `"90"`, `"sm_90"`, `"compute_90"` -> `"90"`.
+pub fn arch_number(arch: &str) -> Result<String> {
+    let n = arch.trim_start_matches("compute_").trim_start_matches("sm_");
+    if n.len() >= 2 && n.chars().all(|c| c.is_ascii_alphanumeric()) && n.chars().next().is_some_and(|c| c.is_ascii_digit()) {
+        Ok(n.to_string())
+    } else {
+        Err(Error::backend("cuda", format!("architecture `{arch}` is not like sm_90, compute_80 or 90")))
+    }
+}
+
+/// NVRTC's version, e.g. (13, 0).
+pub fn nvrtc_version() -> Result<(i32, i32)> {
+    ensure_nvrtc()?;
+    let (mut maj, mut min) = (0, 0);
+    // SAFETY: two out-parameters, written by the library.
+    let r = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut maj, &mut min) };
+    r.result().map_err(|e| Error::backend("cuda", format!("nvrtcVersion: {e:?}")))?;
+    Ok((maj, min))
+}
+
+fn ensure_nvrtc() -> Result<()> {
+    if Toolchain::nvrtc_loadable() {
+        Ok(())
+    } else {
+        Err(Error::backend("cuda", Toolchain::discover().nvrtc_missing_message()))
+    }
+}
+
+/// Compiles `src` to PTX for `compute_<arch>`.
+pub fn compile_ptx(src: &KernelSource, arch: &str, include_dir: Option<&PathBuf>) -> Result<String> {
+    ensure_nvrtc()?;
+    let arch = arch_number(arch)?;
+    let mut options: Vec<String> = OPTIONS.iter().map(|s| s.to_string()).collect();
+    options.push(format!("--gpu-architecture=compute_{arch}"));
+    if let Some(inc) = include_dir {
+        options.push(format!("--include-path={}", inc.display()));
+    }
+    if src.text.contains('\0') {
+        return Err(Error::backend("cuda", format!("{}.cu: contains a NUL byte", src.name)));
+    }
+    let opts = cudarc::nvrtc::CompileOptions { options: options.clone(), name: Some(format!("{}.cu", src.name)), ..Default::default() };
+    // cudarc unwraps inside its error path; keep any such panic from reaching the caller.
+    let res = std::panic::catch_unwind(|| cudarc::nvrtc::compile_ptx_with_opts(&src.text, opts))
+        .map_err(|_| Error::backend("cuda", format!("{}.cu: NVRTC panicked (see stderr)", src.name)))?;
+    match res {
+        Ok(ptx) => Ok(ptx.to_src()),
+        Err(cudarc::nvrtc::CompileError::CompileError { log, .. }) => Err(Error::backend(
+            "cuda",
+            format!("{}.cu for compute_{arch} does not compile:\n{}", src.name, log.to_string_lossy()),
+        )),
+        Err(e) => Err(Error::backend("cuda", format!("{}.cu for compute_{arch}: NVRTC failed: {e}", src.name))),
+    }
+}
+
+/// Like [`compile_ptx`], but returns the cached PTX when source, arch, options and NVRTC
+/// version are unchanged. A cache that cannot be read or written is skipped with a warning.
+pub fn compile_ptx_cached(src: &KernelSource, arch: &str, include_dir: Option<&PathBuf>) -> Result<String> {
+    let Some(dir) = cache_dir() else { return compile_ptx(src, arch, include_dir) };
+    let (maj, min) = nvrtc_version()?;
+    let mut h = Sha256::new();
+    for part in [src.text.as_str(), arch_number(arch)?.as_str(), &OPTIONS.join(" "), &format!("nvrtc {maj}.{min}")] {
+        h.update(part.as_bytes());
+        h.update([0u8]);
+    }
+    let hash: String = h.finalize().iter().take(12).map(|b| format!("{b:02x}")).collect();
+    let path = dir.join(format!("{}-{}-{hash}.ptx", src.name, arch_number(arch)?));
+    if let Ok(ptx) = std::fs::read_to_string(&path) {
+        if ptx.contains(".entry") {
+            return Ok(ptx);
+        }
+    }
+    let ptx = compile_ptx(src, arch, include_dir)?;
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    let written = std::fs::create_dir_all(&dir).and_then(|_| std::fs::write(&tmp, &ptx)).and_then(|_| std::fs::rename(&tmp, &path));
+    if let Err(e) = written {
+        tracing::warn!("PTX cache {}: {e}", dir.display());
+    }
+    Ok(ptx)
+}
+
+fn cache_dir() -> Option<PathBuf> {
+    match std::env::var_os("TANDEM_PTX_CACHE") {
+        Some(v) if v == "off" => None,
+        Some(v) if !v.is_empty() => Some(PathBuf::from(v)),
+        _ => {
+            let base = std::env::var_os("XDG_CACHE_HOME")
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+                .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+            Some(base.join("tandem/ptx"))
+        }
+    }
+}
+
+/// Names of the `.entry` functions in PTX text.
+pub fn ptx_entries(ptx: &str) -> Vec<String> {
+    ptx.lines()
+        .filter_map(|l| {
+            let l = l.trim_start();
+            let rest = l.strip_prefix(".visible .entry ").or_else(|| l.strip_prefix(".entry "))?;
+            Some(rest.split(['(', ' ']).next()?.to_string())
+        })
+        .filter(|n| !n.is_empty())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arch_numbers() {
+        assert_eq!(arch_number("sm_90").unwrap(), "90");
+        assert_eq!(arch_number("compute_80").unwrap(), "80");
+        assert_eq!(arch_number("90a").unwrap(), "90a");
+        assert!(arch_number("sm_").is_err());
+        assert!(arch_number("x9").is_err());
+    }
+
+    #[test]
+    fn entries_from_ptx() {
+        let ptx = ".version 9.0\n.visible .entry add(\n\t.param .u64 add_param_0\n)\n.visible .entry rope(\n";
+        assert_eq!(ptx_entries(ptx), vec!["add", "rope"]);
+    }
+}

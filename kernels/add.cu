@@ -1,0 +1,13 @@
+// add.cu — the residual add.
+//
+//   acc[i] += x[i]                    acc, x f32 [len]
+//
+// Launch: grid (ceil(len / 256)), block 256; one element per thread.
+// Check: tandem-kernels-check --only add; op suite op `add`.
+#include "common.cuh"
+
+extern "C" __global__ void __launch_bounds__(256)
+add(float* __restrict__ acc, const float* __restrict__ x, unsigned long long len) {
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < len) acc[i] += x[i];
+}

@@ -1,0 +1,48 @@
+// argmax.cu — greedy sampling on the device: only the ids travel back to the host.
+//
+//   out[r] = index of the largest value in logits[r, :]     logits f32 [rows, vocab], out u32 [rows]
+//
+// Ties go to the lowest index. NaN never wins against a number; a row that is all NaN gives
+// its last index, which is what the reference's sequential scan (`tandem_core::backend::
+// argmax_row`) returns. The combine rule below is associative, so the tree gives exactly
+// the sequential answer.
+// Launch: grid (rows), block 512; threads stride over the row, then a shared-memory tree.
+// Check: tandem-kernels-check --only argmax; op suite op `argmax` (with planted ties and NaNs).
+#include "common.cuh"
+
+// (value, index) with index -1 meaning "no element seen".
+__device__ __forceinline__ void argmax_combine(float& v, int& i, float v2, int i2) {
+    if (i2 < 0) return;
+    if (i < 0) { v = v2; i = i2; return; }
+    const bool nan1 = v != v, nan2 = v2 != v2;
+    if (nan1 && nan2) { if (i2 > i) i = i2; return; }
+    if (nan1) { v = v2; i = i2; return; }
+    if (nan2) return;
+    if (v2 > v || (v2 == v && i2 < i)) { v = v2; i = i2; }
+}
+
+extern "C" __global__ void __launch_bounds__(512)
+argmax(const float* __restrict__ logits, u32* __restrict__ out, int rows, int vocab) {
+    __shared__ float sv[512];
+    __shared__ int si[512];
+    const int r = blockIdx.x;
+    if (r >= rows) return;
+    const float* row = logits + (size_t)r * vocab;
+    float v = 0.0f;
+    int idx = -1;
+    for (int j = threadIdx.x; j < vocab; j += blockDim.x) argmax_combine(v, idx, row[j], j);
+    sv[threadIdx.x] = v;
+    si[threadIdx.x] = idx;
+    __syncthreads();
+    for (int s = blockDim.x >> 1; s > 0; s >>= 1) {
+        if (threadIdx.x < s) {
+            float a = sv[threadIdx.x];
+            int ai = si[threadIdx.x];
+            argmax_combine(a, ai, sv[threadIdx.x + s], si[threadIdx.x + s]);
+            sv[threadIdx.x] = a;
+            si[threadIdx.x] = ai;
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) out[r] = si[0] < 0 ? 0u : (u32)si[0];
+}

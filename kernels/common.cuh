@@ -1,0 +1,108 @@
+// common.cuh — helpers shared by every kernel in kernels/*.cu.
+//
+// Kept free of CUDA headers on purpose: NVRTC then needs no include path at run time (the GPU
+// machine may lack cuda_bf16.h where we look), and bf16/f16 are plain 16-bit patterns that we
+// widen ourselves. The Rust side pastes this file in place of `#include "common.cuh"`, so
+// embedded sources compile without a kernels directory on disk.
+//
+// Conventions every kernel follows:
+//   - activations, KV cache, scores: f32; ids, positions, slots, block tables: u32;
+//   - weights: f32, bf16 or f16, widened to f32 on load; all sums accumulate in f32;
+//   - element offsets are size_t (a KV cache layer can exceed 2^31 elements);
+//   - an index that would fall outside a buffer writes NaN instead of reading out of bounds,
+//     so a bad batch shows up in the output rather than as a memory fault.
+#pragma once
+
+typedef unsigned int u32;
+typedef unsigned short u16;
+
+// Storage types: distinct structs so templates can tell bf16 from f16.
+struct bf16_t { u16 bits; };
+struct f16_t { u16 bits; };
+
+__device__ __forceinline__ float nan_f32() { return __int_as_float(0x7fc00000); }
+__device__ __forceinline__ float neg_inf_f32() { return __int_as_float(0xff800000); }
+
+__device__ __forceinline__ float bf16_bits_to_f32(u32 b) { return __uint_as_float(b << 16); }
+__device__ __forceinline__ float f16_bits_to_f32(u16 h) {
+    float f;
+    asm("{ .reg .f16 t; mov.b16 t, %1; cvt.f32.f16 %0, t; }" : "=f"(f) : "h"(h));
+    return f;
+}
+
+__device__ __forceinline__ float to_f32(float v) { return v; }
+__device__ __forceinline__ float to_f32(bf16_t v) { return bf16_bits_to_f32(v.bits); }
+__device__ __forceinline__ float to_f32(f16_t v) { return f16_bits_to_f32(v.bits); }
+
+// Two 16-bit values packed in a u32 (low half first in memory) to two floats.
+__device__ __forceinline__ void unpack2(bf16_t, u32 w, float& lo, float& hi) {
+    lo = __uint_as_float(w << 16);
+    hi = __uint_as_float(w & 0xffff0000u);
+}
+__device__ __forceinline__ void unpack2(f16_t, u32 w, float& lo, float& hi) {
+    asm("{ .reg .f16 l, h; mov.b32 {l, h}, %2; cvt.f32.f16 %0, l; cvt.f32.f16 %1, h; }"
+        : "=f"(lo), "=f"(hi) : "r"(w));
+}
+
+// Eight consecutive weights starting at p (16-byte aligned for bf16/f16, 32-byte for f32).
+__device__ __forceinline__ void load8(const float* p, float* o) {
+    const float4 a = __ldg(reinterpret_cast<const float4*>(p));
+    const float4 b = __ldg(reinterpret_cast<const float4*>(p) + 1);
+    o[0] = a.x; o[1] = a.y; o[2] = a.z; o[3] = a.w;
+    o[4] = b.x; o[5] = b.y; o[6] = b.z; o[7] = b.w;
+}
+template <typename T>
+__device__ __forceinline__ void load8(const T* p, float* o) {
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
+    unpack2(T{}, v.x, o[0], o[1]);
+    unpack2(T{}, v.y, o[2], o[3]);
+    unpack2(T{}, v.z, o[4], o[5]);
+    unpack2(T{}, v.w, o[6], o[7]);
+}
+
+// Butterfly sums: every lane ends with the same value, in an order fixed by the warp shape, so
+// results never depend on timing.
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Block-wide sum/max for blockDim.x a multiple of 32 (at most 1024). `scratch` holds 32 floats.
+// Every thread gets the result. Ends with a barrier so scratch can be reused at once.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    v = warp_sum(v);
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < nwarps ? scratch[lane] : 0.0f;
+    v = warp_sum(v);
+    __syncthreads();
+    return v;
+}
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    v = warp_max(v);
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < nwarps ? scratch[lane] : neg_inf_f32();
+    v = warp_max(v);
+    __syncthreads();
+    return v;
+}
+
+// A bias of any weight dtype, chosen at run time (uniform branch, only in epilogues).
+// bias_dtype: 0 = none, 1 = f32, 2 = bf16, 3 = f16.
+__device__ __forceinline__ float load_bias(const void* bias, int bias_dtype, int i) {
+    switch (bias_dtype) {
+        case 1: return static_cast<const float*>(bias)[i];
+        case 2: return to_f32(static_cast<const bf16_t*>(bias)[i]);
+        case 3: return to_f32(static_cast<const f16_t*>(bias)[i]);
+        default: return 0.0f;
+    }
+}

@@ -1,0 +1,178 @@
+// paged_attention.cu — attention of a flattened batch of query tokens over the paged KV cache.
+//
+//   For query token t (sequence s = token_seq[t], position p = positions[t]) and head h
+//   (kv head kh = h / (num_heads / num_kv_heads), the GQA grouping of HF's repeat_kv):
+//     score[j] = scale * dot(q[t, h, :], K[slot(s, j), kh, :])      for j in 0..=p
+//     out[t, h, :] = sum_j softmax(score)[j] * V[slot(s, j), kh, :]
+//   slot(s, j) = block_tables[s, j / block_size] * block_size + j % block_size
+//   q, out f32 [T, H, D]; caches f32 [num_blocks, block_size, KVH, D]; positions, token_seq u32 [T];
+//   block_tables u32 [num_seqs, max_blocks]. D <= 256.
+//
+// Decode tokens and prefill chunks (with or without a cached prefix) are the same thing: each
+// token sees its own causal context, whose K/V kv_write has already stored.
+//
+// Split along the context (flash-decoding): the context is cut into partitions of a FIXED
+// size PART (never derived from the batch), so a token's arithmetic depends only on its own
+// context length and its result is the same alone or in any batch.
+//   paged_attention_partial: grid (T, H, max_parts), block 128. Block (t, h, part) scores keys
+//     [part*PART, min((part+1)*PART, p+1)), keeps the scores in shared memory, softmaxes them
+//     against the partition's max m, and accumulates o = sum exp(s - m) V. With max_parts == 1
+//     it writes o / l to out directly; otherwise o, m and l = sum exp(s - m) go to scratch.
+//   paged_attention_combine: grid (T, H), block 128. out = sum_i w_i o_i / sum_i w_i l_i with
+//     w_i = exp(m_i - max m). With one partition this is exactly o / l (w = 1), so a short
+//     context gives bit-identical output on either path.
+// Scratch: part_out f32 [T, H, max_parts, D], part_ml f32 [T, H, max_parts, 2].
+// A bad index (sequence, block id, a context longer than max_parts * PART) yields NaN output.
+// Check: tandem-kernels-check --only paged_attention; op suite ops `paged_attention_decode`
+// and `paged_attention_prefill` (GQA 1/3/4, head_dim 64/128, block 16/32, contexts mid-block,
+// longer than PART).
+#include "common.cuh"
+
+#define PA_THREADS 128
+#define PA_PART 512
+#define PA_MAX_D 256
+
+extern "C" __global__ void __launch_bounds__(PA_THREADS)
+paged_attention_partial(const float* __restrict__ q, const float* __restrict__ k_cache,
+                        const float* __restrict__ v_cache, const u32* __restrict__ positions,
+                        const u32* __restrict__ token_seq, const u32* __restrict__ block_tables,
+                        float* __restrict__ out, float* __restrict__ part_out, float* __restrict__ part_ml,
+                        int num_tokens, int num_heads, int num_kv_heads, int head_dim, int block_size,
+                        int num_blocks, int num_seqs, int max_blocks, int max_parts, float scale) {
+    __shared__ float q_s[PA_MAX_D];
+    __shared__ float p_s[PA_PART];   // scores, then exp(score - m)
+    __shared__ int slot_s[PA_PART];  // cache slot of each key, -1 if its block id is bad
+    __shared__ float red[32];
+    __shared__ float o_s[PA_THREADS];
+
+    const int t = blockIdx.x, h = blockIdx.y, part = blockIdx.z;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    if (t >= num_tokens || h >= num_heads) return;
+    const int D = head_dim;
+    const u32 seq = token_seq[t];
+    const int ctx = (int)min(positions[t], 0x7ffffffeu) + 1;
+    const bool bad = seq >= (u32)num_seqs || D > PA_MAX_D || D < 1 || num_kv_heads < 1 ||
+                     num_heads % num_kv_heads != 0 || ctx > max_blocks * block_size ||
+                     (ctx + PA_PART - 1) / PA_PART > max_parts;
+    const size_t row = (size_t)t * num_heads + h;  // (t, h) in [T, H]
+    if (bad) {
+        // The combine kernel reports bad tokens itself; only the direct path writes here.
+        if (max_parts == 1)
+            for (int d = tid; d < D && d < PA_MAX_D; d += PA_THREADS) out[row * D + d] = nan_f32();
+        return;
+    }
+    const int start = part * PA_PART;
+    if (start >= ctx) return;  // this token's context ends before this partition
+    const int n = min(PA_PART, ctx - start);
+    const int kh = h / (num_heads / num_kv_heads);
+    const size_t head_off = (size_t)kh * D;
+    const size_t slot_stride = (size_t)num_kv_heads * D;
+
+    for (int d = tid; d < D; d += PA_THREADS) q_s[d] = q[row * D + d];
+    __syncthreads();
+
+    // Scores: one warp per key, lanes split the head dimension.
+    const u32* table = block_tables + (size_t)seq * max_blocks;
+    for (int j = warp; j < n; j += PA_THREADS / 32) {
+        const int pos = start + j;
+        const u32 blk = table[pos / block_size];
+        float s;
+        int slot;
+        if (blk < (u32)num_blocks) {
+            slot = (int)blk * block_size + pos % block_size;
+            const float* kp = k_cache + (size_t)slot * slot_stride + head_off;
+            float dot = 0.0f;
+            for (int d = lane; d < D; d += 32) dot = fmaf(q_s[d], kp[d], dot);
+            s = warp_sum(dot) * scale;
+        } else {
+            slot = -1;
+            s = nan_f32();
+        }
+        if (lane == 0) {
+            p_s[j] = s;
+            slot_s[j] = slot;
+        }
+    }
+    __syncthreads();
+
+    float m = neg_inf_f32();
+    for (int j = tid; j < n; j += PA_THREADS) m = fmaxf(m, p_s[j]);
+    m = block_max(m, red);
+    float l = 0.0f;
+    for (int j = tid; j < n; j += PA_THREADS) {
+        const float e = expf(p_s[j] - m);
+        p_s[j] = e;
+        l += e;
+    }
+    l = block_sum(l, red);  // its barriers also publish p_s
+
+    // o = sum_j p_j V_j. For D <= 128, ng groups of D threads take every ng-th key and the
+    // groups are summed in a fixed order; for D > 128 each thread owns D / 128 dimensions.
+    const bool direct = max_parts == 1;
+    float* dst = direct ? out + row * D : part_out + (row * max_parts + part) * D;
+    if (D <= PA_THREADS) {
+        const int ng = PA_THREADS / D, g = tid / D, d = tid - g * D;
+        float acc = 0.0f;
+        if (g < ng) {
+            for (int j = g; j < n; j += ng) {
+                const int slot = slot_s[j];
+                const float vv = slot >= 0 ? v_cache[(size_t)slot * slot_stride + head_off + d] : nan_f32();
+                acc = fmaf(p_s[j], vv, acc);
+            }
+        }
+        if (ng > 1) {
+            o_s[tid] = acc;
+            __syncthreads();
+            if (tid < D) {
+                acc = 0.0f;
+                for (int gg = 0; gg < ng; ++gg) acc += o_s[gg * D + tid];
+            }
+        }
+        if (tid < D) dst[tid] = direct ? acc / l : acc;
+    } else {
+        for (int d = tid; d < D; d += PA_THREADS) {
+            float acc = 0.0f;
+            for (int j = 0; j < n; ++j) {
+                const int slot = slot_s[j];
+                const float vv = slot >= 0 ? v_cache[(size_t)slot * slot_stride + head_off + d] : nan_f32();
+                acc = fmaf(p_s[j], vv, acc);
+            }
+            dst[d] = direct ? acc / l : acc;
+        }
+    }
+    if (!direct && tid == 0) {
+        part_ml[(row * max_parts + part) * 2 + 0] = m;
+        part_ml[(row * max_parts + part) * 2 + 1] = l;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(PA_THREADS)
+paged_attention_combine(const float* __restrict__ part_out, const float* __restrict__ part_ml,
+                        const u32* __restrict__ positions, const u32* __restrict__ token_seq,
+                        float* __restrict__ out, int num_tokens, int num_heads, int num_kv_heads,
+                        int head_dim, int block_size, int num_seqs, int max_blocks, int max_parts) {
+    const int t = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
+    if (t >= num_tokens || h >= num_heads) return;
+    const int D = head_dim;
+    const u32 seq = token_seq[t];
+    const int ctx = (int)min(positions[t], 0x7ffffffeu) + 1;
+    const int parts = (ctx + PA_PART - 1) / PA_PART;
+    const bool bad = seq >= (u32)num_seqs || D > PA_MAX_D || D < 1 || num_kv_heads < 1 ||
+                     num_heads % num_kv_heads != 0 || ctx > max_blocks * block_size || parts > max_parts;
+    const size_t row = (size_t)t * num_heads + h;
+    if (bad) {
+        for (int d = tid; d < D && d < PA_MAX_D; d += PA_THREADS) out[row * D + d] = nan_f32();
+        return;
+    }
+    const float* ml = part_ml + row * max_parts * 2;
+    float mx = neg_inf_f32();
+    for (int i = 0; i < parts; ++i) mx = fmaxf(mx, ml[2 * i]);
+    float den = 0.0f;
+    for (int i = 0; i < parts; ++i) den = fmaf(expf(ml[2 * i] - mx), ml[2 * i + 1], den);
+    const float* po = part_out + row * max_parts * D;
+    for (int d = tid; d < D; d += PA_THREADS) {
+        float num = 0.0f;
+        for (int i = 0; i < parts; ++i) num = fmaf(expf(ml[2 * i] - mx), po[(size_t)i * D + d], num);
+        out[row * D + d] = num / den;
+    }
+}
