@@ -1,1 +1,107 @@
-//! The op conformance suite: every op of a backend against the reference backend, by normalized mean squared error.
+//! The op conformance suite: every op of a backend against the reference backend, by
+//! normalized mean squared error (llama.cpp's test-backend-ops, for the [`Backend`] trait).
+//!
+//! Each [`Case`] makes fresh random inputs from a seed (splitmix64; the run's seed is printed
+//! and each case's inputs depend only on it and the case's label, so `--op` reproduces a
+//! case exactly), uploads the same inputs to the tested backend and to the reference, poisons
+//! every output with NaN (plus a guard after it that must stay NaN), runs the op, reads back
+//! and compares: NMSE = Σ(a-b)²/Σb² under a per-case limit, and no NaN/Inf.
+//!
+//! ```text
+//! let report = tandem_conformance::run(&backend, Some("matmul"), seed, &mut std::io::stdout());
+//! assert!(report.ok(), "{}", report.summary());
+//! ```
+//!
+//! Perf mode ([`run_perf`]) times each case's op alone on one backend (median of a few runs).
+//!
+//! Architecture invariant: the suite knows only the [`Backend`] trait; it is written once and
+//! every backend answers to the same cases.
+
+use std::io::Write;
+
+use tandem_core::backend::Backend;
+use tandem_reference::RefBackend;
+
+mod case;
+pub mod compare;
+pub mod ops;
+mod report;
+pub mod rng;
+
+pub use case::{cases, Case, CaseResult, PerfResult};
+pub use report::{PerfReport, Report};
+
+/// A seed for runs that were not given one (time-based; it is printed, so a failure can be rerun).
+pub fn fresh_seed() -> u64 {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    rng::mix(nanos ^ std::process::id() as u64)
+}
+
+fn selected(filter: Option<&str>) -> Vec<Case> {
+    cases().into_iter().filter(|c| filter.is_none_or(|f| c.matches(f))).collect()
+}
+
+/// Runs the suite (or the cases `filter` selects) on `backend` against [`RefBackend`].
+pub fn run<B: Backend>(backend: &B, filter: Option<&str>, seed: u64, out: &mut dyn Write) -> Report {
+    run_against(backend, &RefBackend::new(), filter, seed, out)
+}
+
+/// Runs the suite on `backend` against any `reference` backend.
+pub fn run_against<B: Backend, R: Backend>(
+    backend: &B,
+    reference: &R,
+    filter: Option<&str>,
+    seed: u64,
+    out: &mut dyn Write,
+) -> Report {
+    let cases = selected(filter);
+    report::say(
+        out,
+        &format!(
+            "op conformance: backend {} against {}, seed {seed}, {} cases{}",
+            backend.name(),
+            reference.name(),
+            cases.len(),
+            filter.map_or(String::new(), |f| format!(" matching {f:?}"))
+        ),
+    );
+    let mut rep = Report {
+        backend: backend.name().to_string(),
+        seed,
+        filter: filter.map(String::from),
+        results: vec![],
+        passed: 0,
+        failed: 0,
+    };
+    for c in &cases {
+        let r = c.check(backend, reference, seed);
+        report::say(out, &report::case_line(&r));
+        if r.passed() {
+            rep.passed += 1;
+        } else {
+            rep.failed += 1;
+        }
+        rep.results.push(r);
+    }
+    report::say(out, &rep.summary());
+    if rep.failed > 0 {
+        report::say(out, &format!("rerun one failing case with --seed {seed} --op \"<op and params as printed>\""));
+    }
+    rep
+}
+
+/// Times each selected case's op on `backend`: two warm-up runs, then `reps` runs, each
+/// followed by a one-element read-back (so a time includes one submit-and-wait).
+pub fn run_perf<B: Backend>(backend: &B, filter: Option<&str>, seed: u64, reps: usize, out: &mut dyn Write) -> PerfReport {
+    let cases = selected(filter);
+    report::say(out, &format!("op perf: backend {}, {} cases, {} runs each, seed {seed}", backend.name(), cases.len(), reps.max(1)));
+    let results: Vec<PerfResult> = cases
+        .iter()
+        .map(|c| {
+            let r = c.time(backend, seed, 2, reps);
+            report::say(out, &report::perf_line(&r));
+            r
+        })
+        .collect();
+    PerfReport { backend: backend.name().to_string(), results }
+}

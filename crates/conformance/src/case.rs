@@ -1,0 +1,288 @@
+//! A case is one op with one set of parameters; [`cases`] is the whole suite.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::time::Duration;
+
+use tandem_core::backend::{Backend, KvGeometry};
+use tandem_core::DType;
+
+use crate::compare::compare;
+use crate::ops::{
+    Add, Argmax, Embedding, GatherRows, KvWrite, Launch, Matmul, Op, PagedAttention, RmsNorm, Rope, SeqChunk, SiluMul,
+};
+use crate::rng::{hash_str, mix, Rng};
+
+enum Spec {
+    Embedding(Embedding),
+    GatherRows(GatherRows),
+    RmsNorm(RmsNorm),
+    Add(Add),
+    Matmul(Matmul),
+    Rope(Rope),
+    SiluMul(SiluMul),
+    KvWrite(KvWrite),
+    PagedAttention(PagedAttention),
+    Argmax(Argmax),
+}
+
+/// Calls `$body` with `$o` bound to the op inside whichever variant `$spec` is.
+macro_rules! dispatch {
+    ($spec:expr, $o:ident => $body:expr) => {
+        match $spec {
+            Spec::Embedding($o) => $body,
+            Spec::GatherRows($o) => $body,
+            Spec::RmsNorm($o) => $body,
+            Spec::Add($o) => $body,
+            Spec::Matmul($o) => $body,
+            Spec::Rope($o) => $body,
+            Spec::SiluMul($o) => $body,
+            Spec::KvWrite($o) => $body,
+            Spec::PagedAttention($o) => $body,
+            Spec::Argmax($o) => $body,
+        }
+    };
+}
+
+/// One op case: its name, its printed parameters, its NMSE limit, and (inside) the op that
+/// generates inputs and runs on any backend.
+pub struct Case {
+    pub op: &'static str,
+    pub params: String,
+    pub limit: f64,
+    spec: Spec,
+}
+
+/// What one case gave on the tested backend.
+#[derive(Debug, Clone)]
+pub struct CaseResult {
+    pub op: &'static str,
+    pub params: String,
+    /// Seed of this case's inputs (derived from the run's seed and the case's label).
+    pub seed: u64,
+    pub limit: f64,
+    /// Largest NMSE over the case's outputs, where it could be computed.
+    pub nmse: Option<f64>,
+    /// Why the case failed: a mismatch, a backend error or a panic.
+    pub failure: Option<String>,
+}
+
+impl CaseResult {
+    pub fn passed(&self) -> bool {
+        self.failure.is_none()
+    }
+}
+
+/// Timings of one case on one backend (perf mode).
+#[derive(Debug, Clone)]
+pub struct PerfResult {
+    pub op: &'static str,
+    pub params: String,
+    pub times: Vec<Duration>,
+    /// Estimated bytes moved and floating-point operations per launch.
+    pub bytes: f64,
+    pub flops: f64,
+    pub failure: Option<String>,
+}
+
+impl PerfResult {
+    pub fn median(&self) -> Option<Duration> {
+        let mut t = self.times.clone();
+        t.sort();
+        t.get(t.len() / 2).copied()
+    }
+    pub fn min(&self) -> Option<Duration> {
+        self.times.iter().min().copied()
+    }
+}
+
+fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        format!("panicked: {s}")
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        format!("panicked: {s}")
+    } else {
+        "panicked".into()
+    }
+}
+
+fn check_op<O: Op, B: Backend, R: Backend>(o: &O, b: &B, r: &R, seed: u64) -> (Option<f64>, Option<String>) {
+    // A panicking backend fails its case; the rest of the suite still runs.
+    let res = catch_unwind(AssertUnwindSafe(|| {
+        let inputs = o.generate(&mut Rng::new(seed));
+        let want = o.exec(r, &inputs, &mut Launch::once()).map_err(|e| format!("reference failed: {e}"))?;
+        let got = o.exec(b, &inputs, &mut Launch::once()).map_err(|e| e.to_string())?;
+        Ok::<_, String>((got, want))
+    }));
+    let (got, want) = match res {
+        Ok(Ok(pair)) => pair,
+        Ok(Err(e)) => return (None, Some(e)),
+        Err(p) => return (None, Some(panic_message(p))),
+    };
+    if got.len() != want.len() {
+        return (None, Some(format!("{} outputs, want {}", got.len(), want.len())));
+    }
+    let mut worst: Option<f64> = Some(0.0);
+    for (g, w) in got.iter().zip(&want) {
+        match compare(g, w, o.limit()) {
+            Ok(e) => worst = worst.map(|x| x.max(e)),
+            Err(m) => {
+                let nmse = match m {
+                    crate::compare::Mismatch::Error { nmse, .. } => Some(nmse),
+                    _ => None,
+                };
+                return (nmse, Some(format!("{}: {m}", w.name)));
+            }
+        }
+    }
+    (worst, None)
+}
+
+fn time_op<O: Op, B: Backend>(o: &O, b: &B, seed: u64, warmup: usize, reps: usize) -> Result<Vec<Duration>, String> {
+    let res = catch_unwind(AssertUnwindSafe(|| {
+        let inputs = o.generate(&mut Rng::new(seed));
+        let mut launch = Launch::timed(warmup, reps);
+        o.exec(b, &inputs, &mut launch).map_err(|e| e.to_string())?;
+        Ok(launch.times)
+    }));
+    res.unwrap_or_else(|p| Err(panic_message(p)))
+}
+
+impl Case {
+    fn new<O: Op>(o: O, wrap: fn(O) -> Spec) -> Case {
+        Case { op: O::NAME, params: o.params(), limit: o.limit(), spec: wrap(o) }
+    }
+
+    /// `op params`, as printed.
+    pub fn label(&self) -> String {
+        format!("{} {}", self.op, self.params)
+    }
+
+    /// This case's input seed in a run seeded with `run_seed`.
+    pub fn seed(&self, run_seed: u64) -> u64 {
+        mix(run_seed ^ hash_str(&self.label()))
+    }
+
+    /// A filter selects a case by its op name, or by any part of its label
+    /// (`"matmul"`, `"w=bf16 m=1 "`).
+    pub fn matches(&self, filter: &str) -> bool {
+        self.op == filter || self.label().contains(filter)
+    }
+
+    /// Runs the case on `backend` and on `reference` with the same inputs and compares.
+    pub fn check<B: Backend, R: Backend>(&self, backend: &B, reference: &R, run_seed: u64) -> CaseResult {
+        let seed = self.seed(run_seed);
+        let (nmse, failure) = dispatch!(&self.spec, o => check_op(o, backend, reference, seed));
+        CaseResult { op: self.op, params: self.params.clone(), seed, limit: self.limit, nmse, failure }
+    }
+
+    /// Times the op alone on `backend`: `warmup` untimed runs, then `reps` runs, each waited for.
+    pub fn time<B: Backend>(&self, backend: &B, run_seed: u64, warmup: usize, reps: usize) -> PerfResult {
+        let seed = self.seed(run_seed);
+        let (res, cost) = dispatch!(&self.spec, o => (time_op(o, backend, seed, warmup, reps), o.cost()));
+        let (times, failure) = match res {
+            Ok(t) => (t, None),
+            Err(e) => (vec![], Some(e)),
+        };
+        PerfResult { op: self.op, params: self.params.clone(), times, bytes: cost.bytes, flops: cost.flops, failure }
+    }
+}
+
+fn geometry(num_blocks: usize, block_size: usize, num_kv_heads: usize, head_dim: usize) -> KvGeometry {
+    KvGeometry { num_blocks, block_size, num_kv_heads, head_dim }
+}
+
+/// Every case of the suite. Sizes are chosen to be awkward: not multiples of any tile or
+/// workgroup (k = 100, 1000; n = 1, 77), contexts ending mid-block, scattered blocks.
+pub fn cases() -> Vec<Case> {
+    use DType::{BF16, F16, F32};
+    let mut v = vec![];
+
+    for dtype in [F32, BF16, F16] {
+        v.push(Case::new(Embedding { dtype, vocab: 1000, hidden: 576, tokens: 7 }, Spec::Embedding));
+    }
+    v.push(Case::new(Embedding { dtype: F32, vocab: 77, hidden: 100, tokens: 1 }, Spec::Embedding));
+    v.push(Case::new(Embedding { dtype: BF16, vocab: 49152, hidden: 64, tokens: 37 }, Spec::Embedding));
+
+    for (src_rows, dim, n) in [(40, 576, 5), (3, 77, 1), (130, 1000, 37)] {
+        v.push(Case::new(GatherRows { src_rows, dim, n }, Spec::GatherRows));
+    }
+
+    for (dtype, rows, dim, eps, x_scale) in [
+        (F32, 1, 576, 1e-5, 1.0),
+        (BF16, 7, 576, 1e-5, 1.0),
+        (F16, 37, 100, 1e-6, 1.0),
+        (BF16, 3, 1000, 1e-6, 100.0),
+        (F32, 2, 4096, 1e-5, 1e-3),
+        (F32, 5, 1, 1e-6, 1.0),
+    ] {
+        v.push(Case::new(RmsNorm { dtype, rows, dim, eps, x_scale }, Spec::RmsNorm));
+    }
+
+    for len in [1, 77, 576 * 37, 100_003] {
+        v.push(Case::new(Add { len }, Spec::Add));
+    }
+    for (len, gate_scale) in [(1, 1.0), (3 * 1536, 1.0), (100_003, 12.0)] {
+        v.push(Case::new(SiluMul { len, gate_scale }, Spec::SiluMul));
+    }
+
+    for (tokens, q_heads, kv_heads, head_dim, theta, max_pos) in [
+        (1, 9, 3, 64, 10_000.0, 2048),
+        (5, 8, 2, 128, 500_000.0, 8192),
+        (37, 4, 4, 64, 10_000.0, 4096),
+        (3, 12, 4, 128, 100_000.0, 16384),
+        (16, 15, 5, 64, 10_000.0, 100),
+    ] {
+        v.push(Case::new(Rope { tokens, q_heads, kv_heads, head_dim, theta, max_pos }, Spec::Rope));
+    }
+
+    // Decode (m = 1, 3, 16) and prefill (m = 37, 128); (k, n) as a projection, an odd small
+    // shape, and a single output column.
+    for dtype in [F32, BF16, F16] {
+        for m in [1, 3, 16, 37, 128] {
+            v.push(Case::new(Matmul { dtype, m, n: 1536, k: 576, bias: m == 3 || m == 37 }, Spec::Matmul));
+            v.push(Case::new(Matmul { dtype, m, n: 77, k: 100, bias: true }, Spec::Matmul));
+            v.push(Case::new(Matmul { dtype, m, n: 1, k: 1000, bias: m == 16 }, Spec::Matmul));
+        }
+    }
+    // The LM head: a wide n.
+    for (dtype, m) in [(BF16, 1), (F32, 3)] {
+        v.push(Case::new(Matmul { dtype, m, n: 49152, k: 576, bias: false }, Spec::Matmul));
+    }
+
+    for (g, tokens) in [
+        (geometry(10, 16, 2, 64), 1),
+        (geometry(12, 16, 3, 128), 37),
+        (geometry(8, 32, 1, 64), 5),
+        (geometry(6, 32, 4, 128), 100),
+        (geometry(3, 16, 1, 64), 48), // every slot of the cache
+    ] {
+        v.push(Case::new(KvWrite { geometry: g, tokens }, Spec::KvWrite));
+    }
+
+    let d = SeqChunk::decode;
+    let p = |cached, query| SeqChunk { cached, query };
+    // (block_size, kv_heads, gqa, head_dim, sequences)
+    let attention: Vec<(usize, usize, usize, usize, Vec<SeqChunk>)> = vec![
+        // Decode: several sequences, contexts ending mid-block and on a block's end.
+        (16, 2, 1, 64, vec![d(1), d(15), d(17), d(33), d(100)]),
+        (16, 1, 3, 64, vec![d(16), d(47), d(5)]),
+        (32, 2, 4, 128, vec![d(31), d(33), d(65), d(200)]),
+        (32, 4, 3, 128, vec![d(1), d(64), d(97)]),
+        (16, 3, 4, 128, vec![d(129)]),
+        (32, 1, 1, 64, vec![d(7)]),
+        // Prefill: a fresh prompt, chunks over a cached prefix, and chunks mixed with decodes.
+        (16, 2, 1, 64, vec![p(0, 37)]),
+        (16, 2, 3, 64, vec![p(20, 13), p(5, 40)]),
+        (32, 1, 4, 128, vec![p(33, 31), p(64, 1), p(0, 5)]),
+        (32, 2, 3, 128, vec![p(100, 28)]),
+        (16, 4, 4, 128, vec![p(16, 16), p(3, 1), p(47, 50)]),
+    ];
+    for (block_size, kv_heads, gqa, head_dim, seqs) in attention {
+        v.push(Case::new(PagedAttention { block_size, kv_heads, gqa, head_dim, seqs, spare_blocks: 3 }, Spec::PagedAttention));
+    }
+
+    for (rows, vocab, ties) in [(1, 49152, false), (3, 77, true), (16, 1000, false), (5, 1, false), (4, 49152, true)] {
+        v.push(Case::new(Argmax { rows, vocab, ties }, Spec::Argmax));
+    }
+    v
+}

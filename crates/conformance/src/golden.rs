@@ -1,0 +1,109 @@
+//! Whole-model checks against golden data from HF transformers (tests/golden/*.json, written
+//! by tests/hf_golden.py).
+//!
+//! The rule is vLLM's `check_logprobs_close`: greedy ids must be equal up to the first position
+//! where they differ; there, each side's token must be in the other's top-5. On top of that,
+//! while the ids agree, our log-probability of each of HF's top-5 tokens must be within
+//! `logprob_tol` of HF's: a slightly wrong model (a norm off by a little) fails here even when
+//! its argmax survives.
+
+use serde::Deserialize;
+use tandem_core::model::ModelRunner;
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct GoldenFile {
+    pub model: String,
+    pub cases: Vec<GoldenCase>,
+    #[serde(default)]
+    pub tokenize: Vec<TokenizeCase>,
+    #[serde(default)]
+    pub chat_render: Vec<ChatRenderCase>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct GoldenCase {
+    pub kind: String,
+    #[serde(default)]
+    pub prompt: Option<String>,
+    #[serde(default)]
+    pub messages: Option<Vec<serde_json::Value>>,
+    pub prompt_ids: Vec<u32>,
+    pub greedy: Vec<u32>,
+    /// Per step: HF's five best `[id, logprob]`.
+    pub top5: Vec<Vec<(u32, f64)>>,
+    /// Per step: HF's best logit minus its second best.
+    pub gap: Vec<f64>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct TokenizeCase {
+    pub text: String,
+    pub ids: Vec<u32>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct ChatRenderCase {
+    pub messages: Vec<serde_json::Value>,
+    pub text: String,
+}
+
+impl GoldenFile {
+    pub fn load(path: &std::path::Path) -> Result<Self, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
+    }
+}
+
+/// How one case went.
+#[derive(Debug)]
+pub struct CaseOutcome {
+    pub ours: Vec<u32>,
+    /// First position where the greedy ids differ, if any.
+    pub diverged_at: Option<usize>,
+    /// Largest |our logprob − HF logprob| over HF's top-5 while the ids agreed.
+    pub max_logprob_err: f64,
+}
+
+fn log_softmax(logits: &[f32]) -> Vec<f64> {
+    let max = logits.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
+    let lse = logits.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln() + max;
+    logits.iter().map(|&x| x as f64 - lse).collect()
+}
+
+fn top5(lp: &[f64]) -> Vec<u32> {
+    let mut idx: Vec<u32> = (0..lp.len() as u32).collect();
+    idx.sort_by(|&a, &b| lp[b as usize].total_cmp(&lp[a as usize]).then(a.cmp(&b)));
+    idx.truncate(5);
+    idx
+}
+
+/// Runs one golden case on `runner` and applies the rule. Err says what failed and where.
+pub fn check_case(runner: &mut dyn ModelRunner, case: &GoldenCase, logprob_tol: f64) -> Result<CaseOutcome, String> {
+    let steps = tandem_core::greedy::generate(runner, &case.prompt_ids, case.greedy.len(), &[], true, |_| {}).map_err(|e| e.to_string())?;
+    let ours: Vec<u32> = steps.iter().map(|s| s.id).collect();
+    let mut max_err: f64 = 0.0;
+    let mut diverged_at = None;
+    for (i, step) in steps.iter().enumerate() {
+        let lp = log_softmax(&step.logits);
+        let theirs_top: Vec<u32> = case.top5[i].iter().map(|p| p.0).collect();
+        if ours[i] != case.greedy[i] {
+            let our_top = top5(&lp);
+            if !theirs_top.contains(&ours[i]) || !our_top.contains(&case.greedy[i]) {
+                return Err(format!(
+                    "step {i}: we chose {} (HF top-5 {theirs_top:?}), HF chose {} (our top-5 {our_top:?}); HF gap {:.2e}",
+                    ours[i], case.greedy[i], case.gap[i]
+                ));
+            }
+            diverged_at = Some(i);
+            break;
+        }
+        for &(id, hf_lp) in &case.top5[i] {
+            let err = (lp[id as usize] - hf_lp).abs();
+            max_err = max_err.max(err);
+            if err > logprob_tol {
+                return Err(format!("step {i}: token {id}: our logprob {:.6}, HF {hf_lp:.6} (|diff| {err:.2e} > {logprob_tol:.0e})", lp[id as usize]));
+            }
+        }
+    }
+    Ok(CaseOutcome { ours, diverged_at, max_logprob_err: max_err })
+}

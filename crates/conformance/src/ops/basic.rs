@@ -1,0 +1,235 @@
+//! The small ops: embedding, gather_rows, rms_norm, add, silu_mul, argmax.
+
+use tandem_core::backend::Backend;
+use tandem_core::{DType, Result};
+
+use super::{limits, poisoned, read_guarded, round_to, upload_f32, upload_guarded, upload_u32, Cost, Launch, Op};
+use crate::compare::Output;
+use crate::rng::Rng;
+
+/// Ids that always include the first and last rows (off-by-one at the table's ends) and a
+/// repeat (two tokens reading one row).
+fn ids_with_edges(rng: &mut Rng, n: usize, rows: usize) -> Vec<u32> {
+    let mut ids: Vec<u32> = (0..n).map(|_| rng.below(rows) as u32).collect();
+    if n >= 1 {
+        ids[0] = rows as u32 - 1;
+    }
+    if n >= 2 {
+        ids[n - 1] = 0;
+    }
+    if n >= 4 {
+        ids[2] = ids[1];
+    }
+    ids
+}
+
+/// `out[t, :] = table[ids[t], :]`.
+pub struct Embedding {
+    pub dtype: DType,
+    pub vocab: usize,
+    pub hidden: usize,
+    pub tokens: usize,
+}
+
+impl Op for Embedding {
+    type Inputs = (Vec<f32>, Vec<u32>); // table [vocab, hidden], ids [T]
+    const NAME: &'static str = "embedding";
+    fn params(&self) -> String {
+        format!("table={} vocab={} hidden={} T={}", self.dtype.name(), self.vocab, self.hidden, self.tokens)
+    }
+    fn limit(&self) -> f64 {
+        limits::EXACT
+    }
+    fn cost(&self) -> Cost {
+        let row = self.hidden as f64 * self.tokens as f64;
+        Cost { bytes: row * (self.dtype.size() as f64 + 4.0), flops: 0.0 }
+    }
+    fn generate(&self, rng: &mut Rng) -> Self::Inputs {
+        let table = round_to(self.dtype, rng.normals(self.vocab * self.hidden, 1.0));
+        (table, ids_with_edges(rng, self.tokens, self.vocab))
+    }
+    fn exec<B: Backend>(&self, b: &B, (table, ids): &Self::Inputs, launch: &mut Launch) -> Result<Vec<Output>> {
+        let n = self.tokens * self.hidden;
+        let table = b.weight_from_f32(self.dtype, table)?;
+        let ids = upload_u32(b, ids)?;
+        let mut out = poisoned(b, n)?;
+        launch.run(b, || b.embedding(&table, &ids, &mut out, self.tokens, self.hidden))?;
+        Ok(vec![Output::f32("out", read_guarded(b, &out, n, "out")?)])
+    }
+}
+
+/// `out[i, :] = src[rows[i], :]`.
+pub struct GatherRows {
+    pub src_rows: usize,
+    pub dim: usize,
+    pub n: usize,
+}
+
+impl Op for GatherRows {
+    type Inputs = (Vec<f32>, Vec<u32>); // src [src_rows, dim], rows [n]
+    const NAME: &'static str = "gather_rows";
+    fn params(&self) -> String {
+        format!("src_rows={} dim={} n={}", self.src_rows, self.dim, self.n)
+    }
+    fn limit(&self) -> f64 {
+        limits::EXACT
+    }
+    fn cost(&self) -> Cost {
+        Cost { bytes: 8.0 * (self.n * self.dim) as f64, flops: 0.0 }
+    }
+    fn generate(&self, rng: &mut Rng) -> Self::Inputs {
+        (rng.normals(self.src_rows * self.dim, 1.0), ids_with_edges(rng, self.n, self.src_rows))
+    }
+    fn exec<B: Backend>(&self, b: &B, (src, rows): &Self::Inputs, launch: &mut Launch) -> Result<Vec<Output>> {
+        let len = self.n * self.dim;
+        let src = upload_f32(b, src)?;
+        let rows = upload_u32(b, rows)?;
+        let mut out = poisoned(b, len)?;
+        launch.run(b, || b.gather_rows(&src, &rows, &mut out, self.n, self.dim))?;
+        Ok(vec![Output::f32("out", read_guarded(b, &out, len, "out")?)])
+    }
+}
+
+/// `out[r, :] = x[r, :] / sqrt(mean(x[r, :]²) + eps) * w`.
+pub struct RmsNorm {
+    pub dtype: DType,
+    pub rows: usize,
+    pub dim: usize,
+    pub eps: f32,
+    /// Scale of x: large values check that the sum of squares does not overflow or lose
+    /// precision, small ones that eps is added where it should be.
+    pub x_scale: f32,
+}
+
+impl Op for RmsNorm {
+    type Inputs = (Vec<f32>, Vec<f32>); // x [rows, dim], w [dim]
+    const NAME: &'static str = "rms_norm";
+    fn params(&self) -> String {
+        format!("w={} rows={} dim={} eps={:e} x_scale={}", self.dtype.name(), self.rows, self.dim, self.eps, self.x_scale)
+    }
+    fn limit(&self) -> f64 {
+        limits::weight(self.dtype).min(limits::F32)
+    }
+    fn cost(&self) -> Cost {
+        let n = (self.rows * self.dim) as f64;
+        Cost { bytes: 8.0 * n + (self.dim * self.dtype.size()) as f64, flops: 4.0 * n }
+    }
+    fn generate(&self, rng: &mut Rng) -> Self::Inputs {
+        let x = rng.normals(self.rows * self.dim, self.x_scale);
+        let w = round_to(self.dtype, (0..self.dim).map(|_| 1.0 + 0.3 * rng.normal()).collect());
+        (x, w)
+    }
+    fn exec<B: Backend>(&self, b: &B, (x, w): &Self::Inputs, launch: &mut Launch) -> Result<Vec<Output>> {
+        let n = self.rows * self.dim;
+        let x = upload_f32(b, x)?;
+        let w = b.weight_from_f32(self.dtype, w)?;
+        let mut out = poisoned(b, n)?;
+        launch.run(b, || b.rms_norm(&x, &w, &mut out, self.rows, self.dim, self.eps))?;
+        Ok(vec![Output::f32("out", read_guarded(b, &out, n, "out")?)])
+    }
+}
+
+/// `acc += x` (in place: the accumulator is the output).
+pub struct Add {
+    pub len: usize,
+}
+
+impl Op for Add {
+    type Inputs = (Vec<f32>, Vec<f32>); // acc [len], x [len]
+    const NAME: &'static str = "add";
+    fn params(&self) -> String {
+        format!("len={}", self.len)
+    }
+    fn limit(&self) -> f64 {
+        limits::EXACT
+    }
+    fn cost(&self) -> Cost {
+        Cost { bytes: 12.0 * self.len as f64, flops: self.len as f64 }
+    }
+    fn generate(&self, rng: &mut Rng) -> Self::Inputs {
+        (rng.normals(self.len, 1.0), rng.normals(self.len, 1.0))
+    }
+    fn exec<B: Backend>(&self, b: &B, (acc, x): &Self::Inputs, launch: &mut Launch) -> Result<Vec<Output>> {
+        let mut acc = upload_guarded(b, acc)?;
+        let x = upload_f32(b, x)?;
+        launch.run(b, || b.add(&mut acc, &x, self.len))?;
+        Ok(vec![Output::f32("acc", read_guarded(b, &acc, self.len, "acc")?)])
+    }
+}
+
+/// `out = silu(gate) * up`.
+pub struct SiluMul {
+    pub len: usize,
+    /// Scale of gate: large values reach the tails of the sigmoid, where a naive
+    /// `exp(-x)` overflows.
+    pub gate_scale: f32,
+}
+
+impl Op for SiluMul {
+    type Inputs = (Vec<f32>, Vec<f32>); // gate [len], up [len]
+    const NAME: &'static str = "silu_mul";
+    fn params(&self) -> String {
+        format!("len={} gate_scale={}", self.len, self.gate_scale)
+    }
+    fn limit(&self) -> f64 {
+        limits::F32
+    }
+    fn cost(&self) -> Cost {
+        Cost { bytes: 12.0 * self.len as f64, flops: 5.0 * self.len as f64 }
+    }
+    fn generate(&self, rng: &mut Rng) -> Self::Inputs {
+        (rng.normals(self.len, self.gate_scale), rng.normals(self.len, 1.0))
+    }
+    fn exec<B: Backend>(&self, b: &B, (gate, up): &Self::Inputs, launch: &mut Launch) -> Result<Vec<Output>> {
+        let gate = upload_f32(b, gate)?;
+        let up = upload_f32(b, up)?;
+        let mut out = poisoned(b, self.len)?;
+        launch.run(b, || b.silu_mul(&gate, &up, &mut out, self.len))?;
+        Ok(vec![Output::f32("out", read_guarded(b, &out, self.len, "out")?)])
+    }
+}
+
+/// Index of the largest logit per row (lowest index on ties).
+pub struct Argmax {
+    pub rows: usize,
+    pub vocab: usize,
+    /// Copy each row's maximum to other places, so that the lowest-index rule decides.
+    pub ties: bool,
+}
+
+impl Op for Argmax {
+    type Inputs = Vec<f32>; // logits [rows, vocab]
+    const NAME: &'static str = "argmax";
+    fn params(&self) -> String {
+        format!("rows={} vocab={} ties={}", self.rows, self.vocab, if self.ties { "yes" } else { "no" })
+    }
+    fn limit(&self) -> f64 {
+        0.0
+    }
+    fn cost(&self) -> Cost {
+        Cost { bytes: 4.0 * (self.rows * self.vocab) as f64, flops: (self.rows * self.vocab) as f64 }
+    }
+    fn generate(&self, rng: &mut Rng) -> Self::Inputs {
+        let mut logits = rng.normals(self.rows * self.vocab, 4.0);
+        if self.ties && self.vocab >= 2 {
+            for row in logits.chunks_exact_mut(self.vocab) {
+                let max = row.iter().copied().fold(f32::MIN, f32::max);
+                // Ties before and after the original maximum and at the row's end, but not at
+                // index 0, so that "always answer 0" cannot pass.
+                for j in [self.vocab / 2, self.vocab - 1, 1 + rng.below(self.vocab.max(2) - 1)] {
+                    row[j] = max;
+                }
+            }
+        }
+        logits
+    }
+    fn exec<B: Backend>(&self, b: &B, logits: &Self::Inputs, launch: &mut Launch) -> Result<Vec<Output>> {
+        let logits = upload_f32(b, logits)?;
+        let mut ids = vec![];
+        launch.run(b, || {
+            ids = b.argmax(&logits, self.rows, self.vocab)?;
+            Ok(())
+        })?;
+        Ok(vec![Output::u32("ids", ids)])
+    }
+}

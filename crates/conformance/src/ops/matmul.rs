@@ -1,0 +1,59 @@
+//! `out[m, n] = Σ_k x[m, k] · w[n, k] (+ bias[n])` at decode (m small) and prefill shapes.
+
+use tandem_core::backend::Backend;
+use tandem_core::{DType, Result};
+
+use super::{limits, poisoned, read_guarded, round_to, upload_f32, Cost, Launch, Op};
+use crate::compare::Output;
+use crate::rng::Rng;
+
+pub struct Matmul {
+    pub dtype: DType,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub bias: bool,
+}
+
+pub struct MatmulInputs {
+    x: Vec<f32>,          // [m, k]
+    w: Vec<f32>,          // [n, k]
+    bias: Option<Vec<f32>>, // [n]
+}
+
+impl Op for Matmul {
+    type Inputs = MatmulInputs;
+    const NAME: &'static str = "matmul";
+    fn params(&self) -> String {
+        format!(
+            "w={} m={} n={} k={} bias={}",
+            self.dtype.name(),
+            self.m,
+            self.n,
+            self.k,
+            if self.bias { "yes" } else { "no" }
+        )
+    }
+    fn limit(&self) -> f64 {
+        limits::weight(self.dtype)
+    }
+    fn cost(&self) -> Cost {
+        let (m, n, k) = (self.m as f64, self.n as f64, self.k as f64);
+        Cost { bytes: n * k * self.dtype.size() as f64 + 4.0 * (m * k + m * n), flops: 2.0 * m * n * k }
+    }
+    fn generate(&self, rng: &mut Rng) -> Self::Inputs {
+        // Weights scaled by 1/√k keep outputs O(1) whatever k is, like a trained projection.
+        let w = round_to(self.dtype, rng.normals(self.n * self.k, 1.0 / (self.k as f32).sqrt()));
+        let bias = self.bias.then(|| round_to(self.dtype, rng.normals(self.n, 0.5)));
+        MatmulInputs { x: rng.normals(self.m * self.k, 1.0), w, bias }
+    }
+    fn exec<B: Backend>(&self, b: &B, x: &Self::Inputs, launch: &mut Launch) -> Result<Vec<Output>> {
+        let len = self.m * self.n;
+        let xb = upload_f32(b, &x.x)?;
+        let w = b.weight_from_f32(self.dtype, &x.w)?;
+        let bias = x.bias.as_ref().map(|v| b.weight_from_f32(self.dtype, v)).transpose()?;
+        let mut out = poisoned(b, len)?;
+        launch.run(b, || b.matmul(&xb, &w, bias.as_ref(), &mut out, self.m, self.n, self.k))?;
+        Ok(vec![Output::f32("out", read_guarded(b, &out, len, "out")?)])
+    }
+}

@@ -1,0 +1,154 @@
+//! One module per op family. Each op case is parameters plus two functions: `generate` makes
+//! the host inputs from a seeded PRNG, and `exec` uploads them to a backend, poisons the
+//! outputs, runs the op (once, or timed in perf mode) and reads the outputs back. The suite
+//! calls `exec` on the tested backend and on the reference with the same inputs.
+
+use std::time::{Duration, Instant};
+
+use tandem_core::backend::Backend;
+use tandem_core::{Error, Result};
+
+use crate::compare::Output;
+use crate::rng::Rng;
+
+mod attention;
+mod basic;
+mod kv;
+mod matmul;
+mod rope;
+
+pub use attention::{PagedAttention, SeqChunk};
+pub use basic::{Add, Argmax, Embedding, GatherRows, RmsNorm, SiluMul};
+pub use kv::KvWrite;
+pub use matmul::Matmul;
+pub use rope::Rope;
+
+/// Extra elements after every output: poisoned like the output, and required to stay poisoned,
+/// so that a kernel writing past the length it was given fails instead of passing silently.
+pub const GUARD: usize = 37;
+
+/// Limits on NMSE. Ops that only move or add f32 values must agree to rounding; where a backend
+/// may legitimately keep less precision (bf16 weights, a bf16/f16 KV cache, GPU sin/cos at large
+/// angles) the limit says how much.
+pub mod limits {
+    use tandem_core::DType;
+
+    /// Data movement and single adds: both sides should be bit-identical.
+    pub const EXACT: f64 = 1e-10;
+    /// f32 arithmetic with reductions or transcendental functions.
+    pub const F32: f64 = 1e-7;
+    /// Rope angles reach thousands of radians; an f32 angle is off by ~1e-4 rad there.
+    pub const ROPE: f64 = 1e-6;
+    /// The KV cache dtype is the backend's choice; a bf16 cache rounds each value by ≤2⁻⁹.
+    pub const KV: f64 = 1e-5;
+
+    /// Ops whose error is set by the weight dtype (a backend may round activations to it).
+    pub fn weight(dtype: DType) -> f64 {
+        match dtype {
+            DType::F32 => F32,
+            DType::F16 => 1e-6,
+            DType::BF16 => 1e-5,
+        }
+    }
+}
+
+/// Estimated bytes moved and floating-point operations of one launch (perf mode's napkin math).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Cost {
+    pub bytes: f64,
+    pub flops: f64,
+}
+
+/// One op case: parameters, inputs and how to run it on any backend.
+pub trait Op {
+    type Inputs;
+    const NAME: &'static str;
+    /// Parameters as printed, `key=value` separated by spaces.
+    fn params(&self) -> String;
+    fn limit(&self) -> f64;
+    fn cost(&self) -> Cost;
+    fn generate(&self, rng: &mut Rng) -> Self::Inputs;
+    fn exec<B: Backend>(&self, b: &B, x: &Self::Inputs, launch: &mut Launch) -> Result<Vec<Output>>;
+}
+
+/// How `exec` runs the op: once (conformance), or repeatedly with a wait after each (perf).
+pub struct Launch {
+    warmup: usize,
+    reps: usize,
+    pub times: Vec<Duration>,
+}
+
+impl Launch {
+    pub fn once() -> Self {
+        Launch { warmup: 0, reps: 0, times: vec![] }
+    }
+    pub fn timed(warmup: usize, reps: usize) -> Self {
+        Launch { warmup, reps: reps.max(1), times: vec![] }
+    }
+
+    /// Runs `op` once, or `warmup + reps` times timing each. In-place ops (add, rope) thus
+    /// change their data between timed runs; perf mode discards outputs.
+    pub fn run<B: Backend>(&mut self, b: &B, mut op: impl FnMut() -> Result<()>) -> Result<()> {
+        if self.reps == 0 {
+            return op();
+        }
+        // Reading any buffer waits for all queued work, so a one-element read is the fence.
+        let mut fence = b.alloc_f32(1)?;
+        b.write_f32(&mut fence, &[0.0])?;
+        b.read_f32(&fence, 1)?;
+        for _ in 0..self.warmup {
+            op()?;
+            b.read_f32(&fence, 1)?;
+        }
+        for _ in 0..self.reps {
+            let t = Instant::now();
+            op()?;
+            b.read_f32(&fence, 1)?;
+            self.times.push(t.elapsed());
+        }
+        Ok(())
+    }
+}
+
+pub(crate) fn upload_f32<B: Backend>(b: &B, data: &[f32]) -> Result<B::Buf> {
+    let mut buf = b.alloc_f32(data.len().max(1))?;
+    b.write_f32(&mut buf, data)?;
+    Ok(buf)
+}
+
+pub(crate) fn upload_u32<B: Backend>(b: &B, data: &[u32]) -> Result<B::Buf> {
+    let mut buf = b.alloc_u32(data.len().max(1))?;
+    b.write_u32(&mut buf, data)?;
+    Ok(buf)
+}
+
+/// `data` followed by [`GUARD`] NaNs (for in-place ops, whose input is their output).
+pub(crate) fn upload_guarded<B: Backend>(b: &B, data: &[f32]) -> Result<B::Buf> {
+    let mut v = data.to_vec();
+    v.extend(std::iter::repeat_n(f32::NAN, GUARD));
+    upload_f32(b, &v)
+}
+
+/// An output buffer of `len` elements plus the guard, all NaN: an element the op does not
+/// write stays NaN and fails the non-finite check.
+pub(crate) fn poisoned<B: Backend>(b: &B, len: usize) -> Result<B::Buf> {
+    upload_f32(b, &vec![f32::NAN; len + GUARD])
+}
+
+/// Reads `len` elements and checks that the guard after them is still NaN.
+pub(crate) fn read_guarded<B: Backend>(b: &B, buf: &B::Buf, len: usize, what: &str) -> Result<Vec<f32>> {
+    let mut v = b.read_f32(buf, len + GUARD)?;
+    if let Some(i) = v[len..].iter().position(|x| !x.is_nan()) {
+        return Err(Error::backend(
+            b.name(),
+            format!("{what}: wrote past its {len} elements (element {} is {})", len + i, v[len + i]),
+        ));
+    }
+    v.truncate(len);
+    Ok(v)
+}
+
+/// Values rounded to `dtype` and back, so the host copy is exactly what both backends hold.
+pub(crate) fn round_to(dtype: tandem_core::DType, v: Vec<f32>) -> Vec<f32> {
+    dtype.to_f32(&dtype.from_f32(&v))
+}

@@ -1,0 +1,85 @@
+//! What a run found, and how it is printed: one line per case, then `name: N passed, N failed`.
+
+use std::io::Write;
+
+use crate::case::{CaseResult, PerfResult};
+
+/// Results of one conformance run on one backend.
+#[derive(Debug, Clone)]
+pub struct Report {
+    pub backend: String,
+    pub seed: u64,
+    /// The filter the run was given, if any.
+    pub filter: Option<String>,
+    pub results: Vec<CaseResult>,
+    pub passed: usize,
+    pub failed: usize,
+}
+
+impl Report {
+    /// True when at least one case ran and none failed: a filter that selects nothing is not
+    /// a pass (a misspelt op name must not print "ok").
+    pub fn ok(&self) -> bool {
+        self.failed == 0 && self.passed > 0
+    }
+
+    /// `wgpu: 57 passed, 0 failed`.
+    pub fn summary(&self) -> String {
+        let mut s = format!("{}: {} passed, {} failed", self.backend, self.passed, self.failed);
+        if self.passed + self.failed == 0 {
+            s += &format!(" (no case matches {:?})", self.filter.as_deref().unwrap_or(""));
+        }
+        s
+    }
+
+    /// The results of the cases that failed.
+    pub fn failures(&self) -> impl Iterator<Item = &CaseResult> {
+        self.results.iter().filter(|r| !r.passed())
+    }
+}
+
+pub(crate) fn case_line(r: &CaseResult) -> String {
+    let nmse = r.nmse.map_or("-".to_string(), |e| format!("{e:.2e}"));
+    let status = match &r.failure {
+        None => "ok".to_string(),
+        Some(why) => format!("FAIL  {why}  (case seed {})", r.seed),
+    };
+    let limit = if r.limit == 0.0 { "exact".to_string() } else { format!("{:.0e}", r.limit) };
+    format!("{:<16} {:<64} nmse={:<9} limit={limit:<6} {status}", r.op, r.params, nmse)
+}
+
+/// Results of a perf run on one backend.
+#[derive(Debug, Clone)]
+pub struct PerfReport {
+    pub backend: String,
+    pub results: Vec<PerfResult>,
+}
+
+pub(crate) fn perf_line(r: &PerfResult) -> String {
+    let head = format!("{:<16} {:<64}", r.op, r.params);
+    match (&r.failure, r.median(), r.min()) {
+        (Some(why), _, _) => format!("{head} FAIL  {why}"),
+        (None, Some(med), Some(min)) => {
+            let s = med.as_secs_f64();
+            let mut line = format!(
+                "{head} median {:>10.1} us  min {:>10.1} us  ({} runs)",
+                s * 1e6,
+                min.as_secs_f64() * 1e6,
+                r.times.len()
+            );
+            if r.bytes > 0.0 {
+                line += &format!("  {:>8.2} GB/s", r.bytes / s / 1e9);
+            }
+            if r.flops > 0.0 {
+                line += &format!("  {:>8.2} GFLOP/s", r.flops / s / 1e9);
+            }
+            line
+        }
+        _ => format!("{head} no timings"),
+    }
+}
+
+pub(crate) fn say(out: &mut dyn Write, line: &str) {
+    // The report is also returned, so a closed output stream loses nothing that matters.
+    let _ = writeln!(out, "{line}");
+}
