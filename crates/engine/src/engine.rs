@@ -1,0 +1,655 @@
+//! The engine: requests in, streamed outputs out. Each [`Engine::step`] is three calls:
+//! schedule, forward (one `ModelRunner::forward` for the whole flattened batch), postprocess
+//! (sample, append, check stops, emit outputs, free blocks).
+//!
+//! [`Engine::spawn`] runs it on its own thread behind an [`EngineHandle`]; `submit` checks a
+//! request at once (a request that can never fit is refused with an error, not queued) and
+//! returns a [`RequestStream`]. The stream is a tokio unbounded channel: it can be awaited from
+//! the server and read with `blocking_recv` from plain threads. Dropping a stream aborts its
+//! request and frees its blocks.
+//!
+//! Invariant: every accepted request gets exactly one output with `finished == true`, whatever
+//! happens (stop, length, abort, forward error, engine shutdown).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use tandem_core::ModelRunner;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+
+use crate::detokenize::DecodeFn;
+use crate::metrics::{RequestMetrics, Stats};
+use crate::sampler::{apply_penalties, logprobs, sample, Rng, TokenLogprobs};
+use crate::sampling_params::SamplingParams;
+use crate::scheduler::{BatchMode, Policy, Scheduler, SchedulerConfig, SchedulerOutput};
+use crate::sequence::{FinishReason, RequestId, SeqId, Sequence};
+
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Token budget per step; None: the runner's `max_batch_tokens`.
+    pub max_num_batched_tokens: Option<usize>,
+    /// Sequences per step; None: the runner's `max_seqs`.
+    pub max_num_seqs: Option<usize>,
+    pub policy: Policy,
+    pub mode: BatchMode,
+    pub enable_prefix_caching: bool,
+    pub resume_protect_steps: u64,
+    /// Requests accepted but not finished before `submit` answers `Overloaded`; None: no bound.
+    pub max_pending_requests: Option<usize>,
+    /// Seeds the streams of requests that bring no seed of their own.
+    pub seed: u64,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            max_num_batched_tokens: None,
+            max_num_seqs: None,
+            policy: Policy::Fcfs,
+            mode: BatchMode::Continuous,
+            enable_prefix_caching: true,
+            resume_protect_steps: 8,
+            max_pending_requests: None,
+            seed: 0,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum EngineError {
+    #[error("engine config: {0}")]
+    Config(String),
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SubmitError {
+    #[error("invalid sampling parameter: {0}")]
+    InvalidParams(String),
+    #[error("prompt is empty")]
+    EmptyPrompt,
+    #[error("prompt token {index} is id {id}, outside the vocabulary of {vocab}")]
+    TokenOutOfVocab { index: usize, id: u32, vocab: usize },
+    #[error("prompt ({prompt} tokens) + max_tokens ({max_tokens}) exceeds the maximum context of {max_model_len} tokens")]
+    TooLong { prompt: usize, max_tokens: usize, max_model_len: usize },
+    #[error("request needs {needed} KV blocks ({copies} completion(s) of {tokens} tokens) but the pool has {pool}")]
+    NeverFits { needed: usize, copies: usize, tokens: usize, pool: usize },
+    #[error("overloaded: {pending} requests pending (limit {limit}); retry later")]
+    Overloaded { pending: usize, limit: usize },
+    #[error("the engine has stopped")]
+    Stopped,
+}
+
+/// What a caller submits.
+#[derive(Debug, Clone, Default)]
+pub struct Request {
+    pub prompt: Vec<u32>,
+    pub params: SamplingParams,
+    /// Lower is served first under the `priority` policy.
+    pub priority: i32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+}
+
+/// One message of a request's stream: what completion `index` produced since the last one.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestOutput {
+    pub request_id: RequestId,
+    pub index: usize,
+    pub token_ids: Vec<u32>,
+    pub text: String,
+    /// One entry per token in `token_ids` when logprobs were asked for.
+    pub logprobs: Vec<TokenLogprobs>,
+    /// Set when completion `index` ended.
+    pub finish_reason: Option<FinishReason>,
+    /// The last message of the request: every completion has ended.
+    pub finished: bool,
+    pub usage: Option<Usage>,
+    pub metrics: Option<RequestMetrics>,
+}
+
+impl RequestOutput {
+    fn new(request_id: RequestId, index: usize) -> Self {
+        RequestOutput { request_id, index, token_ids: vec![], text: String::new(), logprobs: vec![], finish_reason: None, finished: false, usage: None, metrics: None }
+    }
+}
+
+/// Limits a request is checked against before it is queued.
+#[derive(Debug, Clone)]
+struct Limits {
+    vocab: usize,
+    max_model_len: usize,
+    num_blocks: usize,
+    block_size: usize,
+    static_mode: bool,
+    max_pending: Option<usize>,
+}
+
+impl Limits {
+    /// Checks a request; returns the resolved `max_tokens`.
+    fn check(&self, req: &Request) -> Result<usize, SubmitError> {
+        req.params.validate().map_err(SubmitError::InvalidParams)?;
+        let p = req.prompt.len();
+        if p == 0 {
+            return Err(SubmitError::EmptyPrompt);
+        }
+        if let Some((index, &id)) = req.prompt.iter().enumerate().find(|(_, &t)| t as usize >= self.vocab) {
+            return Err(SubmitError::TokenOutOfVocab { index, id, vocab: self.vocab });
+        }
+        let max_tokens = req.params.max_tokens.unwrap_or(self.max_model_len.saturating_sub(p));
+        if max_tokens == 0 || p + max_tokens > self.max_model_len {
+            return Err(SubmitError::TooLong { prompt: p, max_tokens, max_model_len: self.max_model_len });
+        }
+        // Each completion alone must fit the pool (preemption frees the rest); a static batch
+        // reserves all completions at once.
+        let copies = if self.static_mode { req.params.n } else { 1 };
+        let needed = (p + max_tokens).div_ceil(self.block_size) * copies;
+        if needed > self.num_blocks {
+            return Err(SubmitError::NeverFits { needed, copies, tokens: p + max_tokens, pool: self.num_blocks });
+        }
+        Ok(max_tokens)
+    }
+
+    /// Counts one more pending request, unless the bound is reached.
+    fn reserve(&self, pending: &AtomicUsize) -> Result<(), SubmitError> {
+        let before = pending.fetch_add(1, Ordering::AcqRel);
+        match self.max_pending {
+            Some(limit) if before >= limit => {
+                pending.fetch_sub(1, Ordering::AcqRel);
+                Err(SubmitError::Overloaded { pending: before, limit })
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+struct RequestState {
+    tx: UnboundedSender<RequestOutput>,
+    /// Completions not yet ended.
+    live: Vec<SeqId>,
+    prompt_tokens: usize,
+    completion_tokens: usize,
+    metrics: Option<RequestMetrics>,
+}
+
+pub struct Engine {
+    runner: Box<dyn ModelRunner>,
+    scheduler: Scheduler,
+    decode: DecodeFn,
+    eos: Vec<u32>,
+    vocab: usize,
+    limits: Limits,
+    requests: HashMap<RequestId, RequestState>,
+    stats: Arc<Mutex<Stats>>,
+    /// Requests accepted and not finished (shared with handles for the overload check).
+    pending: Arc<AtomicUsize>,
+    next_request: Arc<AtomicU64>,
+    next_seq: SeqId,
+    next_arrival: u64,
+    seed: u64,
+}
+
+impl Engine {
+    pub fn new(runner: Box<dyn ModelRunner>, decode: DecodeFn, cfg: EngineConfig) -> Result<Self, EngineError> {
+        let geo = runner.kv_geometry();
+        let pick = |v: Option<usize>, cap: usize, name: &str| -> Result<usize, EngineError> {
+            match v {
+                None => Ok(cap),
+                Some(0) => Err(EngineError::Config(format!("{name} must be positive"))),
+                Some(x) if x > cap => Err(EngineError::Config(format!("{name} = {x} exceeds the model runner's limit of {cap}"))),
+                Some(x) => Ok(x),
+            }
+        };
+        let max_num_batched_tokens = pick(cfg.max_num_batched_tokens, runner.max_batch_tokens(), "max_num_batched_tokens")?;
+        let max_num_seqs = pick(cfg.max_num_seqs, runner.max_seqs(), "max_num_seqs")?;
+        if geo.num_blocks == 0 || !(geo.block_size == 16 || geo.block_size == 32) {
+            return Err(EngineError::Config(format!("KV pool of {} blocks of {} tokens: need >= 1 block of 16 or 32 tokens", geo.num_blocks, geo.block_size)));
+        }
+        if let BatchMode::Static { batch_size, .. } = cfg.mode {
+            if batch_size == 0 || batch_size > max_num_seqs {
+                return Err(EngineError::Config(format!("static batch_size {batch_size} must be in 1..={max_num_seqs} (max_num_seqs)")));
+            }
+        }
+        let model = runner.config();
+        let limits = Limits {
+            vocab: model.vocab_size,
+            max_model_len: model.max_position_embeddings.min(geo.slots()),
+            num_blocks: geo.num_blocks,
+            block_size: geo.block_size,
+            static_mode: matches!(cfg.mode, BatchMode::Static { .. }),
+            max_pending: cfg.max_pending_requests,
+        };
+        let scheduler = Scheduler::new(SchedulerConfig {
+            max_num_batched_tokens,
+            max_num_seqs,
+            policy: cfg.policy,
+            mode: cfg.mode,
+            num_blocks: geo.num_blocks,
+            block_size: geo.block_size,
+            enable_prefix_caching: cfg.enable_prefix_caching,
+            resume_protect_steps: cfg.resume_protect_steps,
+        });
+        Ok(Engine {
+            eos: model.eos_token_ids.clone(),
+            vocab: model.vocab_size,
+            runner,
+            scheduler,
+            decode,
+            limits,
+            requests: HashMap::new(),
+            stats: Arc::new(Mutex::new(Stats::default())),
+            pending: Arc::new(AtomicUsize::new(0)),
+            next_request: Arc::new(AtomicU64::new(1)),
+            next_seq: 1,
+            next_arrival: 0,
+            seed: cfg.seed,
+        })
+    }
+
+    pub fn scheduler(&self) -> &Scheduler {
+        &self.scheduler
+    }
+    pub fn stats(&self) -> Stats {
+        self.stats.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+    pub fn has_work(&self) -> bool {
+        self.scheduler.has_work()
+    }
+    pub fn num_requests(&self) -> usize {
+        self.requests.len()
+    }
+
+    /// Checks and queues a request (synchronous use; threads go through [`EngineHandle`]).
+    pub fn add_request(&mut self, req: Request) -> Result<RequestStream, SubmitError> {
+        let max_tokens = self.limits.check(&req)?;
+        self.limits.reserve(&self.pending)?;
+        let id = self.next_request.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = unbounded_channel();
+        self.enqueue(id, req, max_tokens, tx, Instant::now());
+        Ok(RequestStream { id, rx, abort: None, finished: false })
+    }
+
+    fn enqueue(&mut self, id: RequestId, req: Request, max_tokens: usize, tx: UnboundedSender<RequestOutput>, arrival: Instant) {
+        let seed = req.params.seed.unwrap_or_else(|| self.seed ^ id.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let params = Arc::new(req.params);
+        let seq = Sequence::new(self.next_seq, id, 0, req.prompt, params, max_tokens, req.priority, self.next_arrival, Rng::for_completion(seed, 0), arrival);
+        let state = RequestState { tx, live: vec![seq.id], prompt_tokens: seq.num_prompt_tokens, completion_tokens: 0, metrics: None };
+        self.next_seq += 1;
+        self.next_arrival += 1;
+        self.requests.insert(id, state);
+        self.scheduler.add(seq);
+    }
+
+    /// Ends a request at once, wherever its sequences are, and frees their blocks.
+    pub fn abort(&mut self, id: RequestId) {
+        self.end_request(id, FinishReason::Abort);
+    }
+
+    /// One engine step. Returns the number of sequences that ran.
+    pub fn step(&mut self) -> usize {
+        let out = self.scheduler.schedule(Instant::now());
+        if !out.is_empty() {
+            let logits = self.forward(&out);
+            self.postprocess(&out, logits);
+        }
+        self.update_stats();
+        out.seqs.len()
+    }
+
+    fn forward(&mut self, out: &SchedulerOutput) -> Result<Vec<f32>, String> {
+        let batch = self.scheduler.forward_batch(out);
+        let rows = batch.logit_rows.len();
+        let logits = self.runner.forward(&batch).map_err(|e| e.to_string())?;
+        if logits.len() != rows * self.vocab {
+            return Err(format!("model returned {} logits for {rows} rows of vocabulary {}", logits.len(), self.vocab));
+        }
+        Ok(logits)
+    }
+
+    fn postprocess(&mut self, out: &SchedulerOutput, logits: Result<Vec<f32>, String>) {
+        let mut logits = match logits {
+            Ok(l) => l,
+            Err(e) => return self.fail_batch(out, &e),
+        };
+        self.scheduler.complete_step(out);
+        let now = Instant::now();
+        let mut rows = logits.chunks_exact_mut(self.vocab.max(1));
+        for s in out.seqs.iter().filter(|s| s.sample) {
+            let row = rows.next().expect("forward checked the logits' length");
+            self.sample_and_emit(s.seq, row, now);
+        }
+    }
+
+    /// A failed forward fails every request that had a sequence in the batch; the engine goes on.
+    fn fail_batch(&mut self, out: &SchedulerOutput, err: &str) {
+        tracing::error!("forward failed for {} sequences: {err}", out.seqs.len());
+        if let Ok(mut s) = self.stats.lock() {
+            s.forward_errors_total += 1;
+        }
+        let reqs: Vec<RequestId> = out.seqs.iter().filter_map(|s| self.scheduler.seq(s.seq)).map(|s| s.request_id).collect();
+        for r in reqs {
+            self.end_request(r, FinishReason::Error(format!("model forward failed: {err}")));
+        }
+    }
+
+    fn sample_and_emit(&mut self, id: SeqId, row: &mut [f32], now: Instant) {
+        let (eos, decode, max_model_len) = (&self.eos, &self.decode, self.limits.max_model_len);
+        let Some(seq) = self.scheduler.seq_mut(id) else { return };
+        let p = seq.params.clone();
+        let under_min = seq.num_output_tokens() < p.min_tokens;
+        let raw = p.logprobs.map(|_| row.to_vec());
+        let banned: Vec<u32> = if under_min { eos.iter().filter(|_| !p.ignore_eos).chain(&p.stop_token_ids).copied().collect() } else { vec![] };
+        apply_penalties(row, &p, seq.prompt(), seq.output(), &banned);
+        let token = sample(row, &p, &mut seq.rng);
+        seq.append_token(token, now);
+
+        let stops: &[String] = if under_min { &[] } else { &p.stop };
+        let stop_token = !under_min && ((!p.ignore_eos && eos.contains(&token)) || p.stop_token_ids.contains(&token));
+        let mut reason = None;
+        if stop_token {
+            reason = Some(FinishReason::Stop { stop_string: None, stop_token: Some(token) });
+        } else if let Some(s) = seq.text.push(decode, token, stops) {
+            reason = Some(FinishReason::Stop { stop_string: Some(s), stop_token: None });
+        } else if seq.num_output_tokens() >= seq.max_tokens || seq.num_tokens() >= max_model_len {
+            reason = Some(FinishReason::Length);
+        }
+        if reason.is_some() {
+            seq.text.finish(decode);
+        }
+        let mut o = RequestOutput::new(seq.request_id, seq.index);
+        o.token_ids.push(token);
+        o.text = seq.text.take_new(stops, reason.is_some());
+        if let (Some(n), Some(raw)) = (p.logprobs, raw) {
+            o.logprobs.push(logprobs(&raw, token, n));
+        }
+        let (rid, fork) = (seq.request_id, !seq.forked && p.n > 1);
+        if fork {
+            seq.forked = true;
+        }
+        if let Ok(mut s) = self.stats.lock() {
+            s.generation_tokens_total += 1;
+        }
+        if let Some(r) = self.requests.get_mut(&rid) {
+            r.completion_tokens += 1;
+        }
+        if fork {
+            self.fork_completions(id, rid, p.n);
+        }
+        match reason {
+            Some(reason) => self.end_seq(id, reason, o),
+            None => {
+                // The receiver is gone: nobody wants this request any more.
+                if self.requests.get(&rid).is_some_and(|r| r.tx.send(o).is_err()) {
+                    self.abort(rid);
+                }
+            }
+        }
+    }
+
+    /// Starts completions 1..n of a request off its first sequence's computed prompt.
+    fn fork_completions(&mut self, parent: SeqId, rid: RequestId, n: usize) {
+        let Some(p) = self.scheduler.seq(parent) else { return };
+        let (prompt, params, max_tokens, priority, arrival) = (p.prompt().to_vec(), p.params.clone(), p.max_tokens, p.priority, p.times.arrival);
+        let seed = params.seed.unwrap_or_else(|| self.seed ^ rid.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        for index in 1..n {
+            let child = Sequence::new(self.next_seq, rid, index, prompt.clone(), params.clone(), max_tokens, priority, self.next_arrival, Rng::for_completion(seed, index), arrival);
+            self.next_seq += 1;
+            self.next_arrival += 1;
+            if let Some(r) = self.requests.get_mut(&rid) {
+                r.live.push(child.id);
+            }
+            self.scheduler.fork(parent, child);
+        }
+    }
+
+    /// Ends one completion: frees its blocks, and sends `o` (the request's last message when
+    /// this was its last live completion).
+    fn end_seq(&mut self, id: SeqId, reason: FinishReason, mut o: RequestOutput) {
+        let now = Instant::now();
+        let Some(seq) = self.scheduler.remove(id) else { return };
+        let Some(r) = self.requests.get_mut(&seq.request_id) else { return };
+        r.live.retain(|&s| s != id);
+        if seq.index == 0 {
+            r.metrics = Some(RequestMetrics::from_times(&seq.times, now, seq.num_preemptions));
+        }
+        if let Ok(mut s) = self.stats.lock() {
+            s.count_finish(&reason);
+        }
+        o.finish_reason = Some(reason);
+        if r.live.is_empty() {
+            o.finished = true;
+            o.usage = Some(Usage { prompt_tokens: r.prompt_tokens, completion_tokens: r.completion_tokens });
+            o.metrics = r.metrics.take();
+            let r = self.requests.remove(&seq.request_id).expect("looked up above");
+            self.pending.fetch_sub(1, Ordering::AcqRel);
+            let _ = r.tx.send(o); // a caller that left does not need its last message
+        } else {
+            let _ = r.tx.send(o);
+        }
+    }
+
+    /// Ends every live completion of a request with `reason`.
+    fn end_request(&mut self, rid: RequestId, reason: FinishReason) {
+        let Some(r) = self.requests.get(&rid) else { return };
+        for id in r.live.clone() {
+            let index = self.scheduler.seq(id).map_or(0, |s| s.index);
+            self.end_seq(id, reason.clone(), RequestOutput::new(rid, index));
+        }
+    }
+
+    fn update_stats(&mut self) {
+        let s = &self.scheduler;
+        if let Ok(mut st) = self.stats.lock() {
+            st.num_running = s.num_running();
+            st.num_waiting = s.num_waiting();
+            st.kv_usage = s.bm.usage();
+            st.prefix_cache_queries_total = s.bm.prefix_queries_tokens;
+            st.prefix_cache_hits_total = s.bm.prefix_hits_tokens;
+            st.preemptions_total = s.num_preemptions;
+            st.prompt_tokens_total = s.num_prompt_tokens;
+            st.steps_total += 1;
+        }
+    }
+}
+
+impl Drop for Engine {
+    /// Whatever stops the engine (shutdown, or a bug unwinding the thread), every request still
+    /// open gets its final output.
+    fn drop(&mut self) {
+        for (rid, r) in self.requests.drain() {
+            let mut o = RequestOutput::new(rid, 0);
+            o.finish_reason = Some(FinishReason::Error("the engine stopped".into()));
+            o.finished = true;
+            o.usage = Some(Usage { prompt_tokens: r.prompt_tokens, completion_tokens: r.completion_tokens });
+            let _ = r.tx.send(o);
+        }
+    }
+}
+
+enum Command {
+    Submit { id: RequestId, req: Request, max_tokens: usize, tx: UnboundedSender<RequestOutput>, arrival: Instant },
+    Abort(RequestId),
+    Shutdown,
+}
+
+impl Engine {
+    /// Runs the engine on its own thread.
+    pub fn spawn(runner: Box<dyn ModelRunner>, decode: DecodeFn, cfg: EngineConfig) -> Result<EngineHandle, EngineError> {
+        let engine = Engine::new(runner, decode, cfg)?;
+        let (tx, rx) = mpsc::channel();
+        let inner = HandleInner {
+            cmd: tx,
+            limits: engine.limits.clone(),
+            stats: engine.stats.clone(),
+            pending: engine.pending.clone(),
+            next_request: engine.next_request.clone(),
+            thread: Mutex::new(None),
+        };
+        let thread = std::thread::Builder::new()
+            .name("tandem-engine".into())
+            .spawn(move || engine.run(rx))
+            .map_err(|e| EngineError::Config(format!("cannot start the engine thread: {e}")))?;
+        *inner.thread.lock().expect("fresh mutex") = Some(thread);
+        Ok(EngineHandle { inner: Arc::new(inner) })
+    }
+
+    fn run(mut self, rx: mpsc::Receiver<Command>) {
+        loop {
+            // Take every command waiting; block only when there is nothing to do.
+            loop {
+                let cmd = if self.has_work() {
+                    match rx.try_recv() {
+                        Ok(c) => c,
+                        Err(_) => break,
+                    }
+                } else {
+                    match rx.recv() {
+                        Ok(c) => c,
+                        Err(_) => return,
+                    }
+                };
+                if !self.handle(cmd) {
+                    return;
+                }
+            }
+            if self.step() == 0 && self.has_work() {
+                // Nothing could run: a static batch is gathering, or every candidate is
+                // protected from preemption for a few more steps.
+                let wait = self.scheduler.next_deadline().map_or(Duration::from_millis(1), |d| d.saturating_duration_since(Instant::now()));
+                if let Ok(cmd) = rx.recv_timeout(wait.max(Duration::from_micros(50))) {
+                    if !self.handle(cmd) {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// False on shutdown.
+    fn handle(&mut self, cmd: Command) -> bool {
+        match cmd {
+            Command::Submit { id, req, max_tokens, tx, arrival } => self.enqueue(id, req, max_tokens, tx, arrival),
+            Command::Abort(id) => self.abort(id),
+            Command::Shutdown => {
+                let open: Vec<RequestId> = self.requests.keys().copied().collect();
+                for rid in open {
+                    self.abort(rid);
+                }
+                self.update_stats();
+                return false;
+            }
+        }
+        true
+    }
+}
+
+struct HandleInner {
+    cmd: mpsc::Sender<Command>,
+    limits: Limits,
+    stats: Arc<Mutex<Stats>>,
+    pending: Arc<AtomicUsize>,
+    next_request: Arc<AtomicU64>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// A cheap, cloneable handle to an engine thread.
+#[derive(Clone)]
+pub struct EngineHandle {
+    inner: Arc<HandleInner>,
+}
+
+impl EngineHandle {
+    /// Checks the request now and queues it; its outputs arrive on the returned stream.
+    pub fn submit(&self, req: Request) -> Result<RequestStream, SubmitError> {
+        let h = &self.inner;
+        let max_tokens = h.limits.check(&req)?;
+        h.limits.reserve(&h.pending)?;
+        let id = h.next_request.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = unbounded_channel();
+        if h.cmd.send(Command::Submit { id, req, max_tokens, tx, arrival: Instant::now() }).is_err() {
+            h.pending.fetch_sub(1, Ordering::AcqRel);
+            return Err(SubmitError::Stopped);
+        }
+        Ok(RequestStream { id, rx, abort: Some(h.cmd.clone()), finished: false })
+    }
+
+    /// Aborts a request wherever it is; its blocks are freed at the engine's next look at its
+    /// commands (before its next step). Unknown or finished ids are ignored.
+    pub fn abort(&self, id: RequestId) {
+        let _ = self.inner.cmd.send(Command::Abort(id));
+    }
+
+    pub fn stats(&self) -> Stats {
+        self.inner.stats.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    /// Longest prompt + output the engine accepts.
+    pub fn max_model_len(&self) -> usize {
+        self.inner.limits.max_model_len
+    }
+
+    /// Aborts every open request, stops the thread and waits for it.
+    pub fn shutdown(&self) {
+        let _ = self.inner.cmd.send(Command::Shutdown);
+        let thread = self.inner.thread.lock().ok().and_then(|mut t| t.take());
+        if let Some(t) = thread {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The outputs of one request. Dropping it before the final output aborts the request.
+pub struct RequestStream {
+    id: RequestId,
+    rx: UnboundedReceiver<RequestOutput>,
+    abort: Option<mpsc::Sender<Command>>,
+    finished: bool,
+}
+
+impl RequestStream {
+    pub fn id(&self) -> RequestId {
+        self.id
+    }
+
+    fn note(&mut self, o: Option<RequestOutput>) -> Option<RequestOutput> {
+        if o.as_ref().is_none_or(|o| o.finished) {
+            self.finished = true;
+        }
+        o
+    }
+
+    /// The next output; None after the final one.
+    pub async fn recv(&mut self) -> Option<RequestOutput> {
+        let o = self.rx.recv().await;
+        self.note(o)
+    }
+
+    /// The next output, blocking this thread (not for use inside an async runtime).
+    pub fn blocking_recv(&mut self) -> Option<RequestOutput> {
+        let o = self.rx.blocking_recv();
+        self.note(o)
+    }
+
+    /// The next output if one is ready.
+    pub fn try_recv(&mut self) -> Option<RequestOutput> {
+        let o = self.rx.try_recv().ok();
+        if o.as_ref().is_some_and(|o| o.finished) {
+            self.finished = true;
+        }
+        o
+    }
+}
+
+impl Drop for RequestStream {
+    fn drop(&mut self) {
+        if let (false, Some(tx)) = (self.finished, &self.abort) {
+            let _ = tx.send(Command::Abort(self.id));
+        }
+    }
+}

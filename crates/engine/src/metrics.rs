@@ -1,0 +1,66 @@
+//! What the engine reports: a snapshot of counters and gauges updated every step (the server
+//! exports them, named like vLLM's), and per-request timings delivered with each request's
+//! final output so the server can fill latency histograms.
+
+use std::time::{Duration, Instant};
+
+use crate::sequence::{FinishReason, SeqTimes};
+
+/// Engine-wide counters (monotonic, `_total`) and gauges (current values).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Stats {
+    pub num_running: usize,
+    pub num_waiting: usize,
+    /// Fraction of KV blocks held by sequences, in [0, 1].
+    pub kv_usage: f32,
+    /// Prompt tokens looked up in the prefix cache (counted in tokens, like vLLM).
+    pub prefix_cache_queries_total: u64,
+    /// Of those, tokens whose KV was found cached.
+    pub prefix_cache_hits_total: u64,
+    pub preemptions_total: u64,
+    pub prompt_tokens_total: u64,
+    pub generation_tokens_total: u64,
+    pub steps_total: u64,
+    pub forward_errors_total: u64,
+    pub requests_stop_total: u64,
+    pub requests_length_total: u64,
+    pub requests_abort_total: u64,
+    pub requests_error_total: u64,
+}
+
+impl Stats {
+    pub fn count_finish(&mut self, reason: &FinishReason) {
+        match reason {
+            FinishReason::Stop { .. } => self.requests_stop_total += 1,
+            FinishReason::Length => self.requests_length_total += 1,
+            FinishReason::Abort => self.requests_abort_total += 1,
+            FinishReason::Error(_) => self.requests_error_total += 1,
+        }
+    }
+}
+
+/// Timings of one request (of its first completion when `n > 1`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestMetrics {
+    /// Arrival to first scheduled; None if it never left the queue.
+    pub queue_time: Option<Duration>,
+    /// Arrival to first output token.
+    pub time_to_first_token: Option<Duration>,
+    /// Seconds between consecutive output tokens.
+    pub inter_token_seconds: Vec<f32>,
+    /// Arrival to the final output.
+    pub e2e: Duration,
+    pub num_preemptions: u32,
+}
+
+impl RequestMetrics {
+    pub fn from_times(t: &SeqTimes, now: Instant, num_preemptions: u32) -> Self {
+        RequestMetrics {
+            queue_time: t.first_scheduled.map(|s| s - t.arrival),
+            time_to_first_token: t.first_token.map(|s| s - t.arrival),
+            inter_token_seconds: t.inter_token.clone(),
+            e2e: now - t.arrival,
+            num_preemptions,
+        }
+    }
+}

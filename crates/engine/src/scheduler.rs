@@ -1,0 +1,409 @@
+//! Decides, each step, which sequences compute how many tokens.
+//!
+//! There is no prefill phase and no decode phase (vLLM v1): each sequence's
+//! `num_computed_tokens` catches up with its token count under one token budget per step
+//! (`max_num_batched_tokens`) and a cap on sequences (`max_num_seqs`). Running decodes are
+//! served first, then running prefill chunks, then waiting sequences are admitted, so a long
+//! prompt is cut into chunks and never stalls the decodes around it.
+//!
+//! Order: `fcfs` (arrival) or `priority` (lower value first, ties by arrival).
+//!
+//! Preemption is by recompute: when a running sequence needs a block and none is free, the
+//! least important (highest key: lowest priority, latest arrival) running sequence that was not
+//! scheduled yet this step goes back to waiting, keeps its generated tokens, and drops its
+//! blocks (its full blocks stay in the prefix cache, so resuming is usually cheap).
+//! Anti-thrashing rule: a sequence that resumed within the last `resume_protect_steps` steps is
+//! never chosen as a victim; if the only candidates are protected or more important than the
+//! one asking, the one asking is preempted itself, or, when it is protected too, just skipped
+//! this step (protection expires with steps, so this cannot stall for ever). No sequence is
+//! admitted in a step that preempted.
+//!
+//! Static mode: gather up to `batch_size` waiting sequences, waiting at most `max_wait` for them,
+//! admit them only if their whole reservation (prompt + max_tokens) fits so that none is ever
+//! preempted, run them to completion, and admit nobody meanwhile.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+use tandem_core::ForwardBatch;
+
+use crate::block_manager::BlockManager;
+use crate::sequence::{SeqId, SeqStatus, Sequence};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Policy {
+    Fcfs,
+    Priority,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BatchMode {
+    Continuous,
+    Static { batch_size: usize, max_wait: Duration },
+}
+
+#[derive(Debug, Clone)]
+pub struct SchedulerConfig {
+    pub max_num_batched_tokens: usize,
+    pub max_num_seqs: usize,
+    pub policy: Policy,
+    pub mode: BatchMode,
+    pub num_blocks: usize,
+    /// 16 by default; 32 allowed.
+    pub block_size: usize,
+    pub enable_prefix_caching: bool,
+    /// Steps after a resume during which a sequence cannot be preempted again.
+    pub resume_protect_steps: u64,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        SchedulerConfig {
+            max_num_batched_tokens: 512,
+            max_num_seqs: 64,
+            policy: Policy::Fcfs,
+            mode: BatchMode::Continuous,
+            num_blocks: 256,
+            block_size: 16,
+            enable_prefix_caching: true,
+            resume_protect_steps: 8,
+        }
+    }
+}
+
+/// One sequence's share of a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScheduledSeq {
+    pub seq: SeqId,
+    /// Tokens computed this step, starting at the sequence's `num_computed_tokens`.
+    pub num_tokens: usize,
+    /// The chunk reaches the last token, so a new token is sampled from its logits.
+    pub sample: bool,
+}
+
+#[derive(Debug, Default, Clone)]
+pub struct SchedulerOutput {
+    pub seqs: Vec<ScheduledSeq>,
+    pub preempted: Vec<SeqId>,
+    pub num_tokens: usize,
+}
+
+impl SchedulerOutput {
+    pub fn is_empty(&self) -> bool {
+        self.seqs.is_empty()
+    }
+}
+
+pub struct Scheduler {
+    cfg: SchedulerConfig,
+    pub bm: BlockManager,
+    seqs: HashMap<SeqId, Sequence>,
+    /// (priority, arrival) -> sequence; priority is 0 under fcfs.
+    waiting: BTreeMap<(i32, u64), SeqId>,
+    /// Sorted by key, most important first.
+    running: Vec<SeqId>,
+    step: u64,
+    pub num_preemptions: u64,
+    pub num_prompt_tokens: u64,
+}
+
+impl Scheduler {
+    pub fn new(cfg: SchedulerConfig) -> Self {
+        let bm = BlockManager::new(cfg.num_blocks, cfg.block_size, cfg.enable_prefix_caching);
+        Scheduler { cfg, bm, seqs: HashMap::new(), waiting: BTreeMap::new(), running: Vec::new(), step: 0, num_preemptions: 0, num_prompt_tokens: 0 }
+    }
+
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.cfg
+    }
+    pub fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+    pub fn num_running(&self) -> usize {
+        self.running.len()
+    }
+    pub fn has_work(&self) -> bool {
+        !self.seqs.is_empty()
+    }
+    pub fn seq(&self, id: SeqId) -> Option<&Sequence> {
+        self.seqs.get(&id)
+    }
+    pub fn seq_mut(&mut self, id: SeqId) -> Option<&mut Sequence> {
+        self.seqs.get_mut(&id)
+    }
+    pub fn seq_ids(&self) -> impl Iterator<Item = SeqId> + '_ {
+        self.seqs.keys().copied()
+    }
+    /// Running sequences, most important first.
+    pub fn running(&self) -> &[SeqId] {
+        &self.running
+    }
+    /// Waiting sequences in the order they would be admitted.
+    pub fn waiting(&self) -> impl Iterator<Item = SeqId> + '_ {
+        self.waiting.values().copied()
+    }
+
+    fn waiting_key(&self, s: &Sequence) -> (i32, u64) {
+        match self.cfg.policy {
+            Policy::Fcfs => (0, s.arrival_order),
+            Policy::Priority => s.key(),
+        }
+    }
+    fn running_key(&self, id: SeqId) -> (i32, u64) {
+        self.waiting_key(&self.seqs[&id])
+    }
+
+    pub fn add(&mut self, mut seq: Sequence) {
+        seq.status = SeqStatus::Waiting;
+        let key = self.waiting_key(&seq);
+        self.waiting.insert(key, seq.id);
+        self.seqs.insert(seq.id, seq);
+    }
+
+    /// Removes a sequence wherever it is and frees its blocks at once.
+    pub fn remove(&mut self, id: SeqId) -> Option<Sequence> {
+        let mut seq = self.seqs.remove(&id)?;
+        match seq.status {
+            SeqStatus::Waiting => {
+                let key = self.waiting_key(&seq);
+                self.waiting.remove(&key);
+            }
+            SeqStatus::Running => self.running.retain(|&r| r != id),
+            SeqStatus::Finished => {}
+        }
+        self.bm.free(&mut seq.block_table, &mut seq.block_hashes);
+        seq.status = SeqStatus::Finished;
+        Some(seq)
+    }
+
+    /// Starts `child` (a completion of the same prompt) as a running sequence that shares the
+    /// parent's full prompt blocks. It recomputes only the tail of the prompt (at least one
+    /// token, to have logits of its own).
+    pub fn fork(&mut self, parent: SeqId, mut child: Sequence) {
+        let p = &self.seqs[&parent];
+        let shared = (p.num_prompt_tokens - 1) / self.cfg.block_size;
+        let (table, hashes) = self.bm.fork(&p.block_table, &p.block_hashes, shared);
+        child.block_table = table;
+        child.block_hashes = hashes;
+        child.num_computed_tokens = shared * self.cfg.block_size;
+        child.status = SeqStatus::Running;
+        child.times.first_scheduled = p.times.first_scheduled;
+        let id = child.id;
+        self.seqs.insert(id, child);
+        self.insert_running(id);
+    }
+
+    fn insert_running(&mut self, id: SeqId) {
+        let key = self.running_key(id);
+        let at = self.running.partition_point(|&r| self.running_key(r) < key);
+        self.running.insert(at, id);
+    }
+
+    /// The earliest moment a static batch could start, when one is pending.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        match self.cfg.mode {
+            BatchMode::Static { max_wait, .. } if self.running.is_empty() => self.oldest_waiting_arrival().map(|t| t + max_wait),
+            _ => None,
+        }
+    }
+
+    fn oldest_waiting_arrival(&self) -> Option<Instant> {
+        self.waiting.values().map(|id| self.seqs[id].times.arrival).min()
+    }
+
+    pub fn schedule(&mut self, now: Instant) -> SchedulerOutput {
+        self.step += 1;
+        let mut out = SchedulerOutput::default();
+        self.schedule_running(&mut out, true);
+        self.schedule_running(&mut out, false);
+        if out.preempted.is_empty() && self.admission_open(now) {
+            self.schedule_waiting(&mut out, now);
+        }
+        out
+    }
+
+    fn budget_left(&self, out: &SchedulerOutput) -> usize {
+        self.cfg.max_num_batched_tokens - out.num_tokens
+    }
+
+    /// One pass over the running sequences: decodes (one token left) or prefill chunks.
+    fn schedule_running(&mut self, out: &mut SchedulerOutput, decodes: bool) {
+        let ids = self.running.clone();
+        for id in ids {
+            let Some(seq) = self.seqs.get(&id) else { continue };
+            let left = seq.num_uncomputed();
+            if seq.status != SeqStatus::Running || seq.scheduled_at_step == self.step || left == 0 || (left == 1) != decodes {
+                continue;
+            }
+            let n = left.min(self.budget_left(out));
+            if n == 0 || out.seqs.len() >= self.cfg.max_num_seqs {
+                return;
+            }
+            if self.make_room(id, seq.num_computed_tokens + n, out) {
+                self.push(out, id, n);
+            }
+        }
+    }
+
+    /// Grows `id`'s block table to `total` tokens, preempting others if needed. False if `id`
+    /// was preempted or skipped instead.
+    fn make_room(&mut self, id: SeqId, total: usize, out: &mut SchedulerOutput) -> bool {
+        loop {
+            let seq = self.seqs.get_mut(&id).expect("running sequence exists");
+            if self.bm.append_slots(&mut seq.block_table, total) {
+                return true;
+            }
+            match self.pick_victim(id) {
+                Some(v) if self.running_key(v) > self.running_key(id) => self.preempt(v, out),
+                _ => {
+                    if !self.is_protected(id) {
+                        self.preempt(id, out);
+                    }
+                    return false;
+                }
+            }
+        }
+    }
+
+    fn is_protected(&self, id: SeqId) -> bool {
+        self.seqs[&id].resumed_at_step.is_some_and(|s| self.step < s + self.cfg.resume_protect_steps)
+    }
+
+    /// The least important running sequence other than `asking` that is neither scheduled this
+    /// step nor protected.
+    fn pick_victim(&self, asking: SeqId) -> Option<SeqId> {
+        self.running
+            .iter()
+            .rev()
+            .copied()
+            .find(|&r| r != asking && self.seqs[&r].scheduled_at_step != self.step && !self.is_protected(r))
+    }
+
+    fn preempt(&mut self, id: SeqId, out: &mut SchedulerOutput) {
+        self.running.retain(|&r| r != id);
+        let key = self.waiting_key(&self.seqs[&id]);
+        let seq = self.seqs.get_mut(&id).expect("preempted sequence exists");
+        self.bm.free(&mut seq.block_table, &mut seq.block_hashes);
+        seq.num_computed_tokens = 0;
+        seq.num_preemptions += 1;
+        seq.status = SeqStatus::Waiting;
+        self.waiting.insert(key, id);
+        self.num_preemptions += 1;
+        out.preempted.push(id);
+    }
+
+    fn admission_open(&self, now: Instant) -> bool {
+        match self.cfg.mode {
+            BatchMode::Continuous => true,
+            BatchMode::Static { batch_size, max_wait } => {
+                self.running.is_empty()
+                    && (self.waiting.len() >= batch_size || self.oldest_waiting_arrival().is_some_and(|t| now >= t + max_wait))
+            }
+        }
+    }
+
+    /// Admits waiting sequences in order while blocks, budget and the sequence cap allow
+    /// (head-of-line: the first that does not fit stops admission, so nobody jumps the queue).
+    fn schedule_waiting(&mut self, out: &mut SchedulerOutput, now: Instant) {
+        let (max_seqs, static_mode) = match self.cfg.mode {
+            BatchMode::Continuous => (self.cfg.max_num_seqs, false),
+            BatchMode::Static { batch_size, .. } => (batch_size.min(self.cfg.max_num_seqs), true),
+        };
+        let mut reserved = 0;
+        while self.running.len() < max_seqs && out.seqs.len() < self.cfg.max_num_seqs {
+            let Some((&key, &id)) = self.waiting.first_key_value() else { break };
+            let seq = self.seqs.get_mut(&id).expect("waiting sequence exists");
+            let hits = self.bm.find_cached_prefix(&seq.tokens);
+            let cached = hits.len() * self.cfg.block_size;
+            let n = (seq.num_tokens() - cached).min(self.cfg.max_num_batched_tokens - out.num_tokens);
+            if static_mode {
+                // Reserve the whole sequence so that the batch can never preempt itself.
+                let copies = if seq.forked { 1 } else { seq.params.n };
+                let reserve = self.bm.blocks_for(seq.num_tokens() + seq.max_tokens - seq.num_output_tokens()) * copies;
+                if reserved + reserve > self.bm.num_free() {
+                    break;
+                }
+                reserved += reserve;
+            } else if n == 0 {
+                break;
+            }
+            let total = seq.num_tokens();
+            if !self.bm.allocate(&mut seq.block_table, &mut seq.block_hashes, &hits, cached + n, total) {
+                break;
+            }
+            self.waiting.remove(&key);
+            seq.num_computed_tokens = cached;
+            seq.status = SeqStatus::Running;
+            seq.times.first_scheduled.get_or_insert(now);
+            if seq.num_preemptions > 0 {
+                seq.resumed_at_step = Some(self.step);
+            } else if seq.index == 0 {
+                self.num_prompt_tokens += seq.num_prompt_tokens as u64;
+            }
+            self.insert_running(id);
+            if n > 0 {
+                self.push(out, id, n);
+            }
+        }
+    }
+
+    fn push(&mut self, out: &mut SchedulerOutput, id: SeqId, n: usize) {
+        let seq = self.seqs.get_mut(&id).expect("scheduled sequence exists");
+        seq.scheduled_at_step = self.step;
+        let sample = seq.num_computed_tokens + n == seq.num_tokens();
+        out.seqs.push(ScheduledSeq { seq: id, num_tokens: n, sample });
+        out.num_tokens += n;
+    }
+
+    /// The flattened batch for the model: each scheduled chunk with its positions and table.
+    pub fn forward_batch(&self, out: &SchedulerOutput) -> ForwardBatch {
+        let max_blocks = out.seqs.iter().map(|s| self.seqs[&s.seq].block_table.len()).max().unwrap_or(1).max(1);
+        let mut b = ForwardBatch { max_blocks, ..Default::default() };
+        b.tokens.reserve(out.num_tokens);
+        b.positions.reserve(out.num_tokens);
+        b.slots.reserve(out.num_tokens);
+        b.token_seq.reserve(out.num_tokens);
+        b.block_tables.reserve(out.seqs.len() * max_blocks);
+        for s in &out.seqs {
+            let seq = &self.seqs[&s.seq];
+            let start = seq.num_computed_tokens;
+            b.push_seq(&seq.tokens[start..start + s.num_tokens], start, &seq.block_table, self.cfg.block_size, s.sample);
+        }
+        b
+    }
+
+    /// After the forward: the scheduled tokens are in the cache now; full blocks join the
+    /// prefix cache.
+    pub fn complete_step(&mut self, out: &SchedulerOutput) {
+        for s in &out.seqs {
+            let Some(seq) = self.seqs.get_mut(&s.seq) else { continue };
+            seq.num_computed_tokens += s.num_tokens;
+            self.bm.cache_full_blocks(&seq.block_table, &mut seq.block_hashes, &seq.tokens, seq.num_computed_tokens);
+        }
+    }
+
+    /// Pool and queue invariants (tests call this after every step).
+    pub fn check_invariants(&self) -> Result<(), String> {
+        self.bm.check_invariants(self.seqs.values().map(|s| s.block_table.as_slice()))?;
+        for (id, s) in &self.seqs {
+            let in_waiting = self.waiting.values().filter(|&&w| w == *id).count();
+            let in_running = self.running.iter().filter(|&&r| r == *id).count();
+            match s.status {
+                SeqStatus::Waiting if in_waiting == 1 && in_running == 0 && s.block_table.is_empty() && s.num_computed_tokens == 0 => {}
+                SeqStatus::Running if in_running == 1 && in_waiting == 0 => {
+                    if s.num_computed_tokens > s.num_tokens() || self.bm.blocks_for(s.num_computed_tokens) > s.block_table.len() {
+                        return Err(format!("seq {id}: {} computed of {} tokens with {} blocks", s.num_computed_tokens, s.num_tokens(), s.block_table.len()));
+                    }
+                }
+                st => return Err(format!("seq {id}: status {st:?}, in waiting {in_waiting}x, in running {in_running}x, {} blocks", s.block_table.len())),
+            }
+        }
+        if self.waiting.len() + self.running.len() != self.seqs.len() {
+            return Err("queues and sequence table disagree".into());
+        }
+        if !self.running.windows(2).all(|w| self.running_key(w[0]) < self.running_key(w[1])) {
+            return Err("running queue out of order".into());
+        }
+        Ok(())
+    }
+}

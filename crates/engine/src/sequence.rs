@@ -1,0 +1,151 @@
+//! One sequence: a prompt and the tokens generated after it, how far its KV cache is computed,
+//! its block table, its sampling state and its timings. A request with `n > 1` owns `n`
+//! sequences (completion `index` 0..n).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::detokenize::OutputText;
+use crate::sampler::{Rng, TokenLogprobs};
+use crate::sampling_params::SamplingParams;
+
+pub type RequestId = u64;
+pub type SeqId = u64;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SeqStatus {
+    Waiting,
+    Running,
+    Finished,
+}
+
+/// Why a completion ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FinishReason {
+    /// EOS, a stop token id, or the stop string given.
+    Stop { stop_string: Option<String>, stop_token: Option<u32> },
+    /// `max_tokens`, or the context or pool limit.
+    Length,
+    Abort,
+    Error(String),
+}
+
+impl FinishReason {
+    /// The OpenAI name of the reason.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            FinishReason::Stop { .. } => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Abort => "abort",
+            FinishReason::Error(_) => "error",
+        }
+    }
+}
+
+/// Wall-clock marks of one sequence.
+#[derive(Debug, Clone)]
+pub struct SeqTimes {
+    pub arrival: Instant,
+    pub first_scheduled: Option<Instant>,
+    pub first_token: Option<Instant>,
+    pub last_token: Option<Instant>,
+    /// Seconds between consecutive output tokens.
+    pub inter_token: Vec<f32>,
+}
+
+#[derive(Debug)]
+pub struct Sequence {
+    pub id: SeqId,
+    pub request_id: RequestId,
+    /// Completion index within the request.
+    pub index: usize,
+    /// Prompt then output ids.
+    pub tokens: Vec<u32>,
+    pub num_prompt_tokens: usize,
+    /// Tokens whose K and V are in the cache. Catches up with `tokens.len()` step by step.
+    pub num_computed_tokens: usize,
+    pub block_table: Vec<u32>,
+    /// Chained prefix hashes of the leading full blocks (see `BlockManager::cache_full_blocks`).
+    pub block_hashes: Vec<u64>,
+    pub status: SeqStatus,
+    pub params: Arc<SamplingParams>,
+    /// Output tokens allowed (the request's `max_tokens`, or what the context leaves).
+    pub max_tokens: usize,
+    /// Lower is served first (vLLM's convention).
+    pub priority: i32,
+    /// Order of arrival, unique per sequence; breaks priority ties.
+    pub arrival_order: u64,
+    pub rng: Rng,
+    pub text: OutputText,
+    pub times: SeqTimes,
+    /// Scheduler step at which the sequence last resumed after a preemption.
+    pub resumed_at_step: Option<u64>,
+    pub num_preemptions: u32,
+    /// Scheduler step that last gave this sequence tokens to compute (0: never).
+    pub scheduled_at_step: u64,
+    /// Whether the `n - 1` siblings were forked off this sequence already.
+    pub forked: bool,
+    /// Logprobs of the newest token, waiting to be streamed.
+    pub pending_logprobs: Vec<TokenLogprobs>,
+}
+
+impl Sequence {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(id: SeqId, request_id: RequestId, index: usize, prompt: Vec<u32>, params: Arc<SamplingParams>, max_tokens: usize, priority: i32, arrival_order: u64, rng: Rng, arrival: Instant) -> Self {
+        Sequence {
+            id,
+            request_id,
+            index,
+            num_prompt_tokens: prompt.len(),
+            text: OutputText::new(&prompt),
+            tokens: prompt,
+            num_computed_tokens: 0,
+            block_table: Vec::new(),
+            block_hashes: Vec::new(),
+            status: SeqStatus::Waiting,
+            params,
+            max_tokens,
+            priority,
+            arrival_order,
+            rng,
+            times: SeqTimes { arrival, first_scheduled: None, first_token: None, last_token: None, inter_token: Vec::new() },
+            resumed_at_step: None,
+            num_preemptions: 0,
+            scheduled_at_step: 0,
+            forked: index > 0,
+            pending_logprobs: Vec::new(),
+        }
+    }
+
+    pub fn num_tokens(&self) -> usize {
+        self.tokens.len()
+    }
+    pub fn prompt(&self) -> &[u32] {
+        &self.tokens[..self.num_prompt_tokens]
+    }
+    pub fn output(&self) -> &[u32] {
+        &self.tokens[self.num_prompt_tokens..]
+    }
+    pub fn num_output_tokens(&self) -> usize {
+        self.tokens.len() - self.num_prompt_tokens
+    }
+    /// Tokens still to run through the model before the next sample.
+    pub fn num_uncomputed(&self) -> usize {
+        self.tokens.len() - self.num_computed_tokens
+    }
+    /// Scheduling order: lower key first (priority, then arrival).
+    pub fn key(&self) -> (i32, u64) {
+        (self.priority, self.arrival_order)
+    }
+
+    /// Records one new output token and its time.
+    pub fn append_token(&mut self, id: u32, now: Instant) {
+        self.tokens.push(id);
+        if let Some(prev) = self.times.last_token {
+            self.times.inter_token.push((now - prev).as_secs_f32());
+        } else {
+            self.times.first_token = Some(now);
+        }
+        self.times.last_token = Some(now);
+    }
+}
