@@ -1,1 +1,25 @@
-//! The model catalog, GGUF reading and conversion to a Hugging Face directory, the default-model fetch, and seeded random models.
+//! tandem-models: where model directories come from.
+//!
+//! - [`gguf`]: GGUF files (llama.cpp's format), mapped and parsed; [`quant`]: ggml types to f32.
+//! - [`convert`]: a Llama GGUF to a Hugging Face directory (bf16 safetensors, config, tokenizer);
+//!   [`gguf_tokenizer`] and [`tokenizer_json`] build the `tokenizer.json`.
+//! - [`catalog`]: `models/catalog.toml`, the models the tool knows; [`fetch`]: download, verify,
+//!   convert and install the default model, once.
+//! - [`random_model`]: seeded random models of real shapes, for tests and benchmarks.
+//!
+//! Architecture invariant: this crate writes model directories and knows nothing of backends,
+//! the engine or HTTP. What it writes is read back with `tandem_core`'s own loaders.
+
+pub mod catalog;
+pub mod convert;
+pub mod fetch;
+pub mod gguf;
+pub mod gguf_tokenizer;
+pub mod quant;
+pub mod random_model;
+pub mod safetensors_writer;
+pub mod tokenizer_json;
+
+pub use convert::convert_gguf;
+
+
