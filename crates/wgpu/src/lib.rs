@@ -1,1 +1,26 @@
-//! The wgpu backend: every op in WGSL (shaders/), paged KV cache and attention.
+//! The wgpu backend: every `tandem_core::Backend` op as a WGSL kernel (in `shaders/` at the
+//! repository root), on Vulkan by default (Mesa's lavapipe in CI; any Vulkan GPU), or on the
+//! wgpu backends `TANDEM_WGPU_BACKENDS` names.
+//!
+//! Code map:
+//! - [`adapter`]: which wgpu backends, the adapter, the device with the adapter's own limits.
+//! - [`shaders`]: WGSL sources (compiled in, or from `TANDEM_SHADER_DIR`), the per-dtype
+//!   prelude, the pipeline cache.
+//! - [`recorder`]: one pending command encoder, the per-submit parameter arena, reads and writes.
+//! - [`buffer`]: [`WgpuBuf`], the backend's buffer type.
+//! - [`backend`]: [`WgpuBackend`] and its ops.
+//!
+//! Architecture invariant: ops only record; the device runs them when something is read
+//! (`read_*`, `argmax`), or when a write must not be seen by work recorded before it.
+
+pub mod adapter;
+pub mod backend;
+pub mod buffer;
+pub mod recorder;
+pub mod shaders;
+
+pub use adapter::{AdapterSummary, BACKENDS_ENV};
+pub use backend::{WgpuBackend, WgpuOptions};
+pub use buffer::{BufKind, WgpuBuf};
+pub use recorder::Stats;
+pub use shaders::SHADER_DIR_ENV;

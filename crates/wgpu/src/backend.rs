@@ -1,0 +1,495 @@
+//! `WgpuBackend`: the `tandem_core::Backend` ops, each a WGSL kernel from `shaders/`.
+//! Every op checks its buffers' kinds and lengths on the host first, so a bad call is an error
+//! naming the op and buffer, never an out-of-bounds access on the device.
+
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use tandem_core::backend::{AttnArgs, KvGeometry};
+use tandem_core::weights::TensorView;
+use tandem_core::{Backend, DType, Error, Result};
+
+use crate::adapter::{self, AdapterSummary, NAME};
+use crate::buffer::{BufKind, WgpuBuf};
+use crate::recorder::{Bind, Grid, Recorder, Stats};
+use crate::shaders::{self, Pipelines, Prelude};
+
+/// Construction options beyond the defaults.
+#[derive(Debug, Clone, Default)]
+pub struct WgpuOptions {
+    /// Read `*.wgsl` from here instead of the compiled-in sources (else `TANDEM_SHADER_DIR`).
+    pub shader_dir: Option<PathBuf>,
+    /// Use a storage binding limit below the adapter's (tests of the chunked weight paths).
+    pub max_storage_binding: Option<u64>,
+}
+
+pub struct WgpuBackend {
+    rec: Recorder,
+    /// Largest storage binding this backend uses (the adapter's, or smaller if asked).
+    max_binding: u64,
+    argmax_out: Mutex<Option<WgpuBuf>>,
+}
+
+/// Rows `[row0, row0 + rows)` of a weight and the bytes of its buffer that hold them.
+struct Chunk {
+    row0: usize,
+    rows: usize,
+    range: Option<(u64, u64)>,
+}
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 { a } else { gcd(b, a % b) }
+}
+
+fn err(msg: impl Into<String>) -> Error {
+    Error::backend(NAME, msg)
+}
+
+fn to_u32(op: &str, what: &str, v: usize) -> Result<u32> {
+    u32::try_from(v).map_err(|_| err(format!("{op}: {what} = {v} does not fit the kernels' 32-bit indices")))
+}
+
+impl WgpuBackend {
+    /// Opens the Vulkan adapter (or those `TANDEM_WGPU_BACKENDS` names); shaders from
+    /// `TANDEM_SHADER_DIR` if set, else compiled in.
+    pub fn new() -> Result<Self> {
+        Self::with_options(WgpuOptions::default())
+    }
+
+    /// Like [`WgpuBackend::new`], with shaders read from `dir` at run time.
+    pub fn with_shader_dir(dir: impl Into<PathBuf>) -> Result<Self> {
+        Self::with_options(WgpuOptions { shader_dir: Some(dir.into()), ..Default::default() })
+    }
+
+    pub fn with_options(opts: WgpuOptions) -> Result<Self> {
+        let dir = opts.shader_dir.or_else(|| std::env::var_os(shaders::SHADER_DIR_ENV).map(PathBuf::from));
+        if let Some(d) = &dir {
+            if !d.is_dir() {
+                return Err(Error::config(d, "shader directory does not exist"));
+            }
+        }
+        let gpu = adapter::open()?;
+        let adapter_max = gpu.limits.max_storage_buffer_binding_size;
+        let max_binding = opts.max_storage_binding.map_or(adapter_max, |m| m.min(adapter_max)) / 4 * 4;
+        Ok(WgpuBackend { rec: Recorder::new(gpu, Pipelines::new(dir)), max_binding, argmax_out: Mutex::new(None) })
+    }
+
+    /// The adapter in use: name, wgpu backend, device type, driver.
+    pub fn adapter(&self) -> &AdapterSummary {
+        &self.rec.gpu.summary
+    }
+
+    pub fn limits(&self) -> &wgpu::Limits {
+        &self.rec.gpu.limits
+    }
+
+    pub fn shader_dir(&self) -> Option<&PathBuf> {
+        self.rec.pipelines.shader_dir()
+    }
+
+    /// Dispatch counts per kernel, submits and time spent waiting, since the last reset.
+    pub fn stats(&self) -> Stats {
+        self.rec.stats()
+    }
+
+    pub fn reset_stats(&self) {
+        self.rec.reset_stats()
+    }
+
+    /// Submits recorded work and waits for it (benchmarks time ops with this).
+    pub fn sync(&self) -> Result<()> {
+        self.argmax_scratch(1)?;
+        let guard = self.argmax_out.lock().map_err(|_| err("argmax scratch lock poisoned"))?;
+        let b = guard.as_ref().ok_or_else(|| err("argmax scratch missing"))?;
+        self.rec.read(&b.buf, 4).map(|_| ())
+    }
+
+    fn create(&self, kind: BufKind, len: usize, bytes: u64, what: &str) -> Result<WgpuBuf> {
+        let limits = &self.rec.gpu.limits;
+        let size = bytes.next_multiple_of(4).max(4);
+        if size > limits.max_buffer_size {
+            return Err(err(format!("{what}: {size} bytes exceed the adapter's max_buffer_size of {}", limits.max_buffer_size)));
+        }
+        // Weights may be bound in row chunks; everything else is bound whole.
+        if !matches!(kind, BufKind::Weight(_)) && size > self.max_binding {
+            return Err(err(format!("{what}: {size} bytes exceed the largest storage binding ({} bytes)", self.max_binding)));
+        }
+        let buf = self.rec.gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: None,
+            size,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        Ok(WgpuBuf { buf, kind, len, name: None })
+    }
+
+    fn weight_from_bytes(&self, dtype: DType, len: usize, bytes: &[u8], name: Option<&str>) -> Result<WgpuBuf> {
+        let what = name.map_or_else(|| format!("a {} weight of {len} elements", dtype.name()), |n| format!("tensor `{n}`"));
+        let limits = &self.rec.gpu.limits;
+        let size = (bytes.len() as u64).next_multiple_of(4).max(4);
+        if size > limits.max_buffer_size {
+            return Err(err(format!("{what}: {size} bytes exceed the adapter's max_buffer_size of {}", limits.max_buffer_size)));
+        }
+        // Mapped at creation: the bytes go straight in, no staging copy on the queue.
+        let buf = self.rec.gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: name,
+            size,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: true,
+        });
+        {
+            let mut view = buf.get_mapped_range_mut(..).map_err(|e| err(format!("{what}: mapping for upload: {e}")))?;
+            if bytes.len() as u64 == size {
+                view.copy_from_slice(bytes);
+            } else {
+                let mut padded = bytes.to_vec();
+                padded.resize(size as usize, 0);
+                view.copy_from_slice(&padded);
+            }
+        }
+        buf.unmap();
+        Ok(WgpuBuf { buf, kind: BufKind::Weight(dtype), len, name: name.map(String::from) })
+    }
+
+    fn argmax_scratch(&self, rows: usize) -> Result<()> {
+        let mut g = self.argmax_out.lock().map_err(|_| err("argmax scratch lock poisoned"))?;
+        if g.as_ref().is_none_or(|b| b.len < rows) {
+            *g = Some(self.create(BufKind::U32, rows.max(64), rows.max(64) as u64 * 4, "argmax output")?);
+        }
+        Ok(())
+    }
+
+    /// How a weight of `rows` rows of `row_elems` elements is bound: whole if it fits one
+    /// storage binding, else in row chunks whose byte offsets meet the adapter's alignment.
+    fn chunks(&self, op: &str, w: &WgpuBuf, rows: usize, row_elems: usize) -> Result<Vec<Chunk>> {
+        let BufKind::Weight(dtype) = w.kind else { return Err(err(format!("{op}: {} is not a weight", w.label()))) };
+        if w.buf.size() <= self.max_binding {
+            return Ok(vec![Chunk { row0: 0, rows, range: None }]);
+        }
+        let row_bytes = (row_elems * dtype.size()) as u64;
+        let align = self.rec.gpu.limits.min_storage_buffer_offset_alignment.max(4) as u64;
+        let step = align / gcd(align, row_bytes.max(1));
+        let per = (self.max_binding / row_bytes.max(1)) / step * step;
+        if per == 0 {
+            return Err(err(format!(
+                "{op}: weight {}: one row is {row_bytes} bytes; with offset alignment {align} no chunk fits the largest storage binding ({} bytes)",
+                w.label(),
+                self.max_binding
+            )));
+        }
+        let mut out = Vec::new();
+        let mut r = 0usize;
+        while r < rows {
+            let n = (per as usize).min(rows - r);
+            let off = r as u64 * row_bytes;
+            let len = (n as u64 * row_bytes).next_multiple_of(4).min(w.buf.size() - off);
+            out.push(Chunk { row0: r, rows: n, range: Some((off, len)) });
+            r += n;
+        }
+        Ok(out)
+    }
+}
+
+fn want_f32<'a>(op: &str, what: &str, b: &'a WgpuBuf, need: usize) -> Result<&'a wgpu::Buffer> {
+    if b.kind != BufKind::F32 {
+        return Err(err(format!("{op}: {what} must be an f32 buffer, got {}", b.label())));
+    }
+    if b.len < need {
+        return Err(err(format!("{op}: {what} needs {need} elements, {} has {}", b.label(), b.len)));
+    }
+    Ok(&b.buf)
+}
+
+fn want_u32<'a>(op: &str, what: &str, b: &'a WgpuBuf, need: usize) -> Result<&'a wgpu::Buffer> {
+    if b.kind != BufKind::U32 {
+        return Err(err(format!("{op}: {what} must be a u32 buffer, got {}", b.label())));
+    }
+    if b.len < need {
+        return Err(err(format!("{op}: {what} needs {need} elements, {} has {}", b.label(), b.len)));
+    }
+    Ok(&b.buf)
+}
+
+fn want_weight(op: &str, what: &str, b: &WgpuBuf, need: usize) -> Result<DType> {
+    let BufKind::Weight(d) = b.kind else {
+        return Err(err(format!("{op}: {what} must be a weight buffer, got {}", b.label())));
+    };
+    if b.len < need {
+        return Err(err(format!("{op}: {what} needs {need} elements, {} has {}", b.label(), b.len)));
+    }
+    Ok(d)
+}
+
+fn groups(items: usize, per: usize) -> u64 {
+    items.div_ceil(per) as u64
+}
+
+impl Backend for WgpuBackend {
+    type Buf = WgpuBuf;
+
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    /// wgpu has no portable query for free device memory, so this says nothing rather than guess.
+    fn free_memory(&self) -> Option<u64> {
+        None
+    }
+
+    fn upload_weight(&self, t: &TensorView) -> Result<WgpuBuf> {
+        let numel = t.numel();
+        if t.bytes().len() != numel * t.dtype.size() {
+            return Err(Error::tensor(&t.path, &t.name, format!("{} bytes for {numel} {} values", t.bytes().len(), t.dtype.name())));
+        }
+        self.weight_from_bytes(t.dtype, numel, t.bytes(), Some(&t.name)).map_err(|e| match e {
+            Error::Backend { msg, .. } => Error::tensor(&t.path, &t.name, msg),
+            other => other,
+        })
+    }
+
+    fn weight_from_f32(&self, dtype: DType, values: &[f32]) -> Result<WgpuBuf> {
+        self.weight_from_bytes(dtype, values.len(), &dtype.from_f32(values), None)
+    }
+
+    fn alloc_f32(&self, len: usize) -> Result<WgpuBuf> {
+        self.create(BufKind::F32, len, len as u64 * 4, &format!("f32 buffer of {len} elements"))
+    }
+
+    fn alloc_u32(&self, len: usize) -> Result<WgpuBuf> {
+        self.create(BufKind::U32, len, len as u64 * 4, &format!("u32 buffer of {len} elements"))
+    }
+
+    fn alloc_kv(&self, g: KvGeometry) -> Result<WgpuBuf> {
+        let len = g.layer_elems();
+        self.create(BufKind::F32, len, len as u64 * 4, &format!("KV cache {g:?}"))
+    }
+
+    fn write_f32(&self, buf: &mut WgpuBuf, data: &[f32]) -> Result<()> {
+        let b = want_f32("write_f32", "destination", buf, data.len())?;
+        self.rec.write(b, bytemuck::cast_slice(data))
+    }
+
+    fn write_u32(&self, buf: &mut WgpuBuf, data: &[u32]) -> Result<()> {
+        let b = want_u32("write_u32", "destination", buf, data.len())?;
+        self.rec.write(b, bytemuck::cast_slice(data))
+    }
+
+    fn read_f32(&self, buf: &WgpuBuf, len: usize) -> Result<Vec<f32>> {
+        if buf.len < len {
+            return Err(err(format!("read_f32: {len} elements asked of {}", buf.label())));
+        }
+        match buf.kind {
+            BufKind::F32 | BufKind::Weight(DType::F32) => {
+                let bytes = self.rec.read(&buf.buf, len as u64 * 4)?;
+                Ok(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+            }
+            BufKind::Weight(d) => {
+                let bytes = self.rec.read(&buf.buf, (len * d.size()) as u64)?;
+                Ok(d.to_f32(&bytes))
+            }
+            BufKind::U32 => Err(err(format!("read_f32: {} holds u32 values", buf.label()))),
+        }
+    }
+
+    fn read_u32(&self, buf: &WgpuBuf, len: usize) -> Result<Vec<u32>> {
+        want_u32("read_u32", "source", buf, len)?;
+        let bytes = self.rec.read(&buf.buf, len as u64 * 4)?;
+        Ok(bytes.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+    }
+
+    fn read_kv(&self, buf: &WgpuBuf, g: KvGeometry) -> Result<Vec<f32>> {
+        want_f32("read_kv", "cache", buf, g.layer_elems())?;
+        self.read_f32(buf, g.layer_elems())
+    }
+
+    fn embedding(&self, table: &WgpuBuf, ids: &WgpuBuf, out: &mut WgpuBuf, num_tokens: usize, hidden: usize) -> Result<()> {
+        let op = "embedding";
+        if hidden == 0 {
+            return Err(err("embedding: hidden size 0"));
+        }
+        let dtype = want_weight(op, "table", table, hidden)?;
+        let ids_b = want_u32(op, "ids", ids, num_tokens)?;
+        let out_b = want_f32(op, "out", out, num_tokens * hidden)?;
+        let vocab = table.len / hidden;
+        to_u32(op, "num_tokens * hidden", num_tokens * hidden)?;
+        let prelude = Prelude::new().weight("w", dtype);
+        for c in self.chunks(op, table, vocab, hidden)? {
+            let params = [num_tokens as u32, hidden as u32, c.row0 as u32, c.rows as u32];
+            let binds = [Bind { buf: &table.buf, range: c.range }, Bind::all(ids_b), Bind::all(out_b)];
+            self.rec.dispatch(shaders::EMBEDDING, &prelude, &params, &binds, Grid::Linear(groups(num_tokens * hidden, 64)))?;
+        }
+        Ok(())
+    }
+
+    fn gather_rows(&self, src: &WgpuBuf, rows: &WgpuBuf, out: &mut WgpuBuf, n: usize, dim: usize) -> Result<()> {
+        let op = "gather_rows";
+        if dim == 0 {
+            return Ok(());
+        }
+        let src_b = want_f32(op, "src", src, dim)?;
+        let rows_b = want_u32(op, "rows", rows, n)?;
+        let out_b = want_f32(op, "out", out, n * dim)?;
+        to_u32(op, "n * dim", n * dim)?;
+        let params = [n as u32, dim as u32, (src.len / dim) as u32];
+        let binds = [Bind::all(src_b), Bind::all(rows_b), Bind::all(out_b)];
+        self.rec.dispatch(shaders::GATHER_ROWS, &Prelude::new(), &params, &binds, Grid::Linear(groups(n * dim, 64)))
+    }
+
+    fn rms_norm(&self, x: &WgpuBuf, w: &WgpuBuf, out: &mut WgpuBuf, rows: usize, dim: usize, eps: f32) -> Result<()> {
+        let op = "rms_norm";
+        let x_b = want_f32(op, "x", x, rows * dim)?;
+        let dtype = want_weight(op, "weight", w, dim)?;
+        let out_b = want_f32(op, "out", out, rows * dim)?;
+        to_u32(op, "rows * dim", rows * dim)?;
+        if w.buf.size() > self.max_binding {
+            return Err(err(format!("rms_norm: weight {} exceeds one storage binding", w.label())));
+        }
+        let params = [rows as u32, dim as u32, eps.to_bits()];
+        let binds = [Bind::all(x_b), Bind::all(&w.buf), Bind::all(out_b)];
+        self.rec.dispatch(shaders::RMS_NORM, &Prelude::new().weight("w", dtype), &params, &binds, Grid::Linear(rows as u64))
+    }
+
+    fn add(&self, acc: &mut WgpuBuf, x: &WgpuBuf, len: usize) -> Result<()> {
+        let op = "add";
+        let acc_b = want_f32(op, "acc", acc, len)?;
+        let x_b = want_f32(op, "x", x, len)?;
+        to_u32(op, "len", len)?;
+        let binds = [Bind::all(acc_b), Bind::all(x_b)];
+        self.rec.dispatch(shaders::ADD, &Prelude::new(), &[len as u32], &binds, Grid::Linear(groups(len, 64)))
+    }
+
+    fn matmul(&self, x: &WgpuBuf, w: &WgpuBuf, bias: Option<&WgpuBuf>, out: &mut WgpuBuf, m: usize, n: usize, k: usize) -> Result<()> {
+        let op = "matmul";
+        if m == 0 || n == 0 {
+            return Ok(());
+        }
+        if k == 0 {
+            return Err(err("matmul: k = 0"));
+        }
+        let x_b = want_f32(op, "x", x, m * k)?;
+        let dtype = want_weight(op, "weight", w, n * k)?;
+        let out_b = want_f32(op, "out", out, m * n)?;
+        to_u32(op, "m * n", m * n)?;
+        to_u32(op, "m * k", m * k)?;
+        let bias_dtype = match bias {
+            Some(b) => Some(want_weight(op, "bias", b, n)?),
+            None => None,
+        };
+        // Rows of x per invocation: enough to reuse each weight load, few enough for registers.
+        let mt = match m {
+            1 => 1,
+            2 => 2,
+            3..=4 => 4,
+            _ => 8,
+        };
+        let prelude = Prelude::new().constant("MT", mt).weight("w", dtype).optional_weight("bias", 4, bias_dtype);
+        let kernel = if bias.is_some() { shaders::MATMUL_BIAS } else { shaders::MATMUL };
+        for c in self.chunks(op, w, n, k)? {
+            let params = [m as u32, n as u32, k as u32, c.row0 as u32, c.rows as u32];
+            let wb = Bind { buf: &w.buf, range: c.range };
+            let grid = Grid::XY(groups(c.rows, 64), groups(m, mt as usize));
+            match bias {
+                Some(b) => self.rec.dispatch(kernel, &prelude, &params, &[Bind::all(x_b), wb, Bind::all(out_b), Bind::all(&b.buf)], grid)?,
+                None => self.rec.dispatch(kernel, &prelude, &params, &[Bind::all(x_b), wb, Bind::all(out_b)], grid)?,
+            }
+        }
+        Ok(())
+    }
+
+    fn rope(&self, q: &mut WgpuBuf, k: &mut WgpuBuf, positions: &WgpuBuf, inv_freq: &WgpuBuf, num_tokens: usize, q_heads: usize, kv_heads: usize, head_dim: usize) -> Result<()> {
+        let op = "rope";
+        if head_dim % 2 != 0 {
+            return Err(err(format!("rope: head_dim {head_dim} is odd")));
+        }
+        let half = head_dim / 2;
+        let q_b = want_f32(op, "q", q, num_tokens * q_heads * head_dim)?;
+        let k_b = want_f32(op, "k", k, num_tokens * kv_heads * head_dim)?;
+        let p_b = want_u32(op, "positions", positions, num_tokens)?;
+        let f_b = want_f32(op, "inv_freq", inv_freq, half)?;
+        let items = num_tokens * (q_heads + kv_heads) * half;
+        to_u32(op, "tokens * heads * head_dim", num_tokens * (q_heads + kv_heads) * head_dim)?;
+        let params = [num_tokens as u32, q_heads as u32, kv_heads as u32, head_dim as u32];
+        let binds = [Bind::all(q_b), Bind::all(k_b), Bind::all(p_b), Bind::all(f_b)];
+        self.rec.dispatch(shaders::ROPE, &Prelude::new(), &params, &binds, Grid::Linear(groups(items, 64)))
+    }
+
+    fn silu_mul(&self, gate: &WgpuBuf, up: &WgpuBuf, out: &mut WgpuBuf, len: usize) -> Result<()> {
+        let op = "silu_mul";
+        let g_b = want_f32(op, "gate", gate, len)?;
+        let u_b = want_f32(op, "up", up, len)?;
+        let o_b = want_f32(op, "out", out, len)?;
+        to_u32(op, "len", len)?;
+        let binds = [Bind::all(g_b), Bind::all(u_b), Bind::all(o_b)];
+        self.rec.dispatch(shaders::SILU_MUL, &Prelude::new(), &[len as u32], &binds, Grid::Linear(groups(len, 64)))
+    }
+
+    fn kv_write(&self, k: &WgpuBuf, v: &WgpuBuf, k_cache: &mut WgpuBuf, v_cache: &mut WgpuBuf, slots: &WgpuBuf, num_tokens: usize, g: KvGeometry) -> Result<()> {
+        let op = "kv_write";
+        let kv_dim = g.num_kv_heads * g.head_dim;
+        let k_b = want_f32(op, "k", k, num_tokens * kv_dim)?;
+        let v_b = want_f32(op, "v", v, num_tokens * kv_dim)?;
+        let kc = want_f32(op, "k_cache", k_cache, g.layer_elems())?;
+        let vc = want_f32(op, "v_cache", v_cache, g.layer_elems())?;
+        let s_b = want_u32(op, "slots", slots, num_tokens)?;
+        to_u32(op, "cache elements", g.layer_elems())?;
+        let params = [num_tokens as u32, kv_dim as u32, g.slots() as u32];
+        let binds = [Bind::all(k_b), Bind::all(v_b), Bind::all(kc), Bind::all(vc), Bind::all(s_b)];
+        self.rec.dispatch(shaders::KV_WRITE, &Prelude::new(), &params, &binds, Grid::Linear(groups(num_tokens * kv_dim, 64)))
+    }
+
+    fn paged_attention(&self, a: &AttnArgs<'_, Self>, out: &mut WgpuBuf) -> Result<()> {
+        let op = "paged_attention";
+        let g = a.geometry;
+        let (t, nh, hd) = (a.num_tokens, a.num_heads, g.head_dim);
+        if g.num_kv_heads == 0 || nh % g.num_kv_heads != 0 {
+            return Err(err(format!("{op}: {nh} heads are not a multiple of {} kv heads", g.num_kv_heads)));
+        }
+        if hd == 0 || hd > 256 {
+            return Err(err(format!("{op}: head_dim {hd} outside 1..=256")));
+        }
+        if t > 0 && (a.num_seqs == 0 || a.max_blocks == 0) {
+            return Err(err(format!("{op}: {t} tokens but {} sequences of {} blocks", a.num_seqs, a.max_blocks)));
+        }
+        let q_b = want_f32(op, "q", a.q, t * nh * hd)?;
+        let kc = want_f32(op, "k_cache", a.k_cache, g.layer_elems())?;
+        let vc = want_f32(op, "v_cache", a.v_cache, g.layer_elems())?;
+        let p_b = want_u32(op, "positions", a.positions, t)?;
+        let s_b = want_u32(op, "token_seq", a.token_seq, t)?;
+        let bt = want_u32(op, "block_tables", a.block_tables, a.num_seqs * a.max_blocks)?;
+        let o_b = want_f32(op, "out", out, t * nh * hd)?;
+        to_u32(op, "cache elements", g.layer_elems())?;
+        to_u32(op, "q elements", t * nh * hd)?;
+        let params = [
+            t as u32,
+            nh as u32,
+            g.num_kv_heads as u32,
+            hd as u32,
+            g.block_size as u32,
+            a.max_blocks as u32,
+            a.num_seqs as u32,
+            g.slots() as u32,
+            a.scale.to_bits(),
+        ];
+        let binds = [Bind::all(q_b), Bind::all(kc), Bind::all(vc), Bind::all(p_b), Bind::all(s_b), Bind::all(bt), Bind::all(o_b)];
+        self.rec.dispatch(shaders::PAGED_ATTENTION, &Prelude::new(), &params, &binds, Grid::Linear((t * nh) as u64))
+    }
+
+    fn argmax(&self, logits: &WgpuBuf, rows: usize, vocab: usize) -> Result<Vec<u32>> {
+        let op = "argmax";
+        if rows == 0 {
+            return Ok(vec![]);
+        }
+        if vocab == 0 {
+            return Err(err("argmax: vocab 0"));
+        }
+        let l_b = want_f32(op, "logits", logits, rows * vocab)?;
+        to_u32(op, "rows * vocab", rows * vocab)?;
+        self.argmax_scratch(rows)?;
+        let g = self.argmax_out.lock().map_err(|_| err("argmax scratch lock poisoned"))?;
+        let out = g.as_ref().ok_or_else(|| err("argmax scratch missing"))?;
+        let binds = [Bind::all(l_b), Bind::all(&out.buf)];
+        self.rec.dispatch(shaders::ARGMAX, &Prelude::new(), &[rows as u32, vocab as u32], &binds, Grid::Linear(rows as u64))?;
+        let bytes = self.rec.read(&out.buf, rows as u64 * 4)?;
+        Ok(bytes.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+    }
+}

@@ -1,0 +1,279 @@
+//! Recording work: ops append dispatches to one pending command encoder; a read (or a write
+//! that must not be seen by work already recorded) submits it. Each dispatch's parameters go
+//! into a per-submit arena that is uploaded just before the submit and bound with a dynamic
+//! offset, so a parameter block is never rewritten while recorded work still needs it.
+
+use std::collections::BTreeMap;
+use std::num::NonZeroU64;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use tandem_core::{Error, Result};
+
+use crate::adapter::{Gpu, NAME};
+use crate::shaders::{Kernel, Pipeline, Pipelines, Prelude, PARAMS_BYTES};
+
+/// Arena bytes per submit; a forward pass that needs more submits mid-way (correct, a little slower).
+const ARENA_BYTES: u64 = 1 << 20;
+
+/// One storage binding: a buffer and the byte range a kernel sees (`None`: all of it).
+pub(crate) struct Bind<'a> {
+    pub buf: &'a wgpu::Buffer,
+    pub range: Option<(u64, u64)>,
+}
+
+impl<'a> Bind<'a> {
+    pub fn all(buf: &'a wgpu::Buffer) -> Self {
+        Bind { buf, range: None }
+    }
+}
+
+/// Dispatch counts and host-side times, per kernel, since the last reset.
+#[derive(Debug, Default, Clone)]
+pub struct Stats {
+    /// Dispatches per kernel name.
+    pub dispatches: BTreeMap<&'static str, u64>,
+    pub submits: u64,
+    /// Wall time spent waiting for the device in reads (includes the device's work).
+    pub wait_secs: f64,
+}
+
+struct Pending {
+    encoder: Option<wgpu::CommandEncoder>,
+    params: Vec<u8>,
+}
+
+pub(crate) struct Recorder {
+    pub gpu: Gpu,
+    pub pipelines: Pipelines,
+    params_buf: wgpu::Buffer,
+    param_align: u64,
+    pending: Mutex<Pending>,
+    staging: Mutex<Option<wgpu::Buffer>>,
+    stats: Mutex<Stats>,
+}
+
+fn lock<'a, T>(m: &'a Mutex<T>, what: &str) -> Result<MutexGuard<'a, T>> {
+    m.lock().map_err(|_| Error::backend(NAME, format!("{what} lock poisoned by an earlier panic")))
+}
+
+impl Recorder {
+    pub fn new(gpu: Gpu, pipelines: Pipelines) -> Self {
+        let arena = ARENA_BYTES.min(gpu.limits.max_buffer_size);
+        let params_buf = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("tandem params arena"),
+            size: arena,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let param_align = (gpu.limits.min_uniform_buffer_offset_alignment as u64).max(PARAMS_BYTES);
+        Recorder {
+            gpu,
+            pipelines,
+            params_buf,
+            param_align,
+            pending: Mutex::new(Pending { encoder: None, params: Vec::new() }),
+            staging: Mutex::new(None),
+            stats: Mutex::new(Stats::default()),
+        }
+    }
+
+    pub fn stats(&self) -> Stats {
+        self.stats.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    pub fn reset_stats(&self) {
+        if let Ok(mut s) = self.stats.lock() {
+            *s = Stats::default();
+        }
+    }
+
+    /// Records one dispatch of `kernel` over `groups` workgroups (folded into 2-D when it
+    /// exceeds the per-dimension limit; kernels compute `wg.y * nwg.x + wg.x`), or over an
+    /// explicit `[x, y]` grid.
+    pub fn dispatch(&self, kernel: Kernel, prelude: &Prelude, params: &[u32], binds: &[Bind<'_>], grid: Grid) -> Result<()> {
+        let [gx, gy] = match grid {
+            Grid::Linear(0) | Grid::XY(0, _) | Grid::XY(_, 0) => return Ok(()),
+            Grid::Linear(n) => self.fold(kernel, n)?,
+            Grid::XY(x, y) => {
+                let max = self.gpu.limits.max_compute_workgroups_per_dimension as u64;
+                if x > max || y > max {
+                    return Err(Error::backend(NAME, format!("{}: grid {x}x{y} exceeds {max} workgroups per dimension", kernel.name)));
+                }
+                [x as u32, y as u32]
+            }
+        };
+        debug_assert_eq!(binds.len(), kernel.bindings.len());
+        if params.len() * 4 > PARAMS_BYTES as usize {
+            return Err(Error::backend(NAME, format!("{}: {} parameter words exceed the block", kernel.name, params.len())));
+        }
+        let pipeline: Arc<Pipeline> = self.pipelines.get(&self.gpu.device, kernel, prelude)?;
+        let max_binding = self.gpu.limits.max_storage_buffer_binding_size;
+        let mut entries = Vec::with_capacity(binds.len() + 1);
+        entries.push(wgpu::BindGroupEntry {
+            binding: 0,
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: &self.params_buf,
+                offset: 0,
+                size: NonZeroU64::new(PARAMS_BYTES),
+            }),
+        });
+        for (i, b) in binds.iter().enumerate() {
+            let (offset, size) = b.range.unwrap_or((0, b.buf.size()));
+            if size > max_binding {
+                return Err(Error::backend(NAME, format!(
+                    "{}: binding {} is {size} bytes, over the adapter's max_storage_buffer_binding_size of {max_binding}",
+                    kernel.name,
+                    i + 1
+                )));
+            }
+            entries.push(wgpu::BindGroupEntry {
+                binding: i as u32 + 1,
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer: b.buf, offset, size: NonZeroU64::new(size) }),
+            });
+        }
+        let bind_group = self.gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(kernel.name),
+            layout: &pipeline.layout,
+            entries: &entries,
+        });
+
+        let mut p = lock(&self.pending, "recorder")?;
+        let offset = (p.params.len() as u64).next_multiple_of(self.param_align);
+        if offset + PARAMS_BYTES > self.params_buf.size() {
+            self.submit_locked(&mut p)?;
+        }
+        let offset = (p.params.len() as u64).next_multiple_of(self.param_align);
+        p.params.resize(offset as usize, 0);
+        p.params.extend(params.iter().flat_map(|w| w.to_le_bytes()));
+        p.params.resize((offset + PARAMS_BYTES) as usize, 0);
+        let device = &self.gpu.device;
+        let encoder = p.encoder.get_or_insert_with(|| device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("tandem") }));
+        {
+            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(kernel.name), timestamp_writes: None });
+            pass.set_pipeline(&pipeline.pipeline);
+            pass.set_bind_group(0, &bind_group, &[offset as u32]);
+            pass.dispatch_workgroups(gx, gy, 1);
+        }
+        drop(p);
+        if let Ok(mut s) = self.stats.lock() {
+            *s.dispatches.entry(kernel.name).or_default() += 1;
+        }
+        Ok(())
+    }
+
+    fn fold(&self, kernel: Kernel, n: u64) -> Result<[u32; 2]> {
+        let max = self.gpu.limits.max_compute_workgroups_per_dimension as u64;
+        let x = n.min(max);
+        let y = n.div_ceil(x);
+        if y > max {
+            return Err(Error::backend(NAME, format!("{}: {n} workgroups exceed a {max}x{max} grid", kernel.name)));
+        }
+        Ok([x as u32, y as u32])
+    }
+
+    /// Submits what is recorded (after uploading its parameter arena). Does not wait.
+    fn submit_locked(&self, p: &mut Pending) -> Result<()> {
+        if let Some(encoder) = p.encoder.take() {
+            if !p.params.is_empty() {
+                self.gpu.queue.write_buffer(&self.params_buf, 0, &p.params);
+                p.params.clear();
+            }
+            self.gpu.queue.submit([encoder.finish()]);
+            if let Ok(mut s) = self.stats.lock() {
+                s.submits += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Host data into `buf` at byte 0. Work recorded earlier must not see it (queue writes land
+    /// before the next submit), so that work is submitted first.
+    pub fn write(&self, buf: &wgpu::Buffer, bytes: &[u8]) -> Result<()> {
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        let mut p = lock(&self.pending, "recorder")?;
+        if p.encoder.is_some() {
+            self.submit_locked(&mut p)?;
+        }
+        if bytes.len() % 4 == 0 {
+            self.gpu.queue.write_buffer(buf, 0, bytes);
+        } else {
+            let mut padded = bytes.to_vec();
+            padded.resize(bytes.len().next_multiple_of(4), 0);
+            self.gpu.queue.write_buffer(buf, 0, &padded);
+        }
+        Ok(())
+    }
+
+    /// Runs everything recorded and returns the first `len` bytes of `buf`.
+    pub fn read(&self, buf: &wgpu::Buffer, len: u64) -> Result<Vec<u8>> {
+        let size = len.next_multiple_of(4).min(buf.size());
+        if size < len {
+            return Err(Error::backend(NAME, format!("read of {len} bytes from a buffer of {}", buf.size())));
+        }
+        let t0 = Instant::now();
+        let mut p = lock(&self.pending, "recorder")?;
+        let mut staging = lock(&self.staging, "staging")?;
+        if staging.as_ref().is_none_or(|s| s.size() < size.max(4)) {
+            *staging = Some(self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("tandem staging"),
+                size: size.max(4).next_power_of_two(),
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }));
+        }
+        let st = staging.as_ref().expect("staging buffer was just created");
+        let device = &self.gpu.device;
+        let encoder = p.encoder.get_or_insert_with(|| device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("tandem") }));
+        if size > 0 {
+            encoder.copy_buffer_to_buffer(buf, 0, st, 0, size);
+        }
+        self.submit_locked(&mut p)?;
+        drop(p);
+        let mut out = Vec::new();
+        if size > 0 {
+            let (tx, rx) = std::sync::mpsc::channel();
+            st.map_async(wgpu::MapMode::Read, 0..size, move |r| {
+                let _ = tx.send(r);
+            });
+            self.gpu.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| Error::backend(NAME, format!("waiting for the device: {e}")))?;
+            self.take_errors()?;
+            let mapped = rx.recv().map_err(|_| Error::backend(NAME, "buffer mapping was dropped"))?;
+            mapped.map_err(|e| Error::backend(NAME, format!("mapping the staging buffer: {e}")))?;
+            {
+                let view = st.get_mapped_range(0..size).map_err(|e| Error::backend(NAME, format!("reading the staging buffer: {e}")))?;
+                out.extend_from_slice(&view[..len as usize]);
+            }
+            st.unmap();
+        } else {
+            self.gpu.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| Error::backend(NAME, format!("waiting for the device: {e}")))?;
+            self.take_errors()?;
+        }
+        if let Ok(mut s) = self.stats.lock() {
+            s.wait_secs += t0.elapsed().as_secs_f64();
+        }
+        Ok(out)
+    }
+
+    /// Errors wgpu reported outside any scope since the last check (validation of recorded work).
+    pub fn take_errors(&self) -> Result<()> {
+        let mut v = lock(&self.gpu.uncaptured, "error list")?;
+        if v.is_empty() {
+            return Ok(());
+        }
+        let msg = v.join("; ");
+        v.clear();
+        Err(Error::backend(NAME, format!("device reported: {msg}")))
+    }
+}
+
+/// The workgroup grid of a dispatch.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Grid {
+    /// This many workgroups, folded into 2-D as needed.
+    Linear(u64),
+    /// An explicit grid (the kernel reads both coordinates itself).
+    XY(u64, u64),
+}

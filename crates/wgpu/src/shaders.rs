@@ -1,0 +1,209 @@
+//! WGSL sources (compiled in, or read from a directory at run time), the generated prelude
+//! that specialises a kernel for a weight dtype, and the cache of compute pipelines.
+
+use std::collections::HashMap;
+use std::num::NonZeroU64;
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use tandem_core::{DType, Error, Result};
+
+use crate::adapter::NAME;
+
+/// Environment variable naming a directory of `*.wgsl` files that replace the compiled-in ones.
+pub const SHADER_DIR_ENV: &str = "TANDEM_SHADER_DIR";
+
+/// Bytes of the parameter block every kernel gets at binding 0.
+pub(crate) const PARAMS_BYTES: u64 = 64;
+
+/// The shader files, by op family; `file` names both `shaders/<file>.wgsl` and its entry point.
+const EMBEDDED: &[(&str, &str)] = &[
+    ("embedding", include_str!("../../../shaders/embedding.wgsl")),
+    ("gather_rows", include_str!("../../../shaders/gather_rows.wgsl")),
+    ("rms_norm", include_str!("../../../shaders/rms_norm.wgsl")),
+    ("add", include_str!("../../../shaders/add.wgsl")),
+    ("matmul", include_str!("../../../shaders/matmul.wgsl")),
+    ("rope", include_str!("../../../shaders/rope.wgsl")),
+    ("silu_mul", include_str!("../../../shaders/silu_mul.wgsl")),
+    ("kv_write", include_str!("../../../shaders/kv_write.wgsl")),
+    ("paged_attention", include_str!("../../../shaders/paged_attention.wgsl")),
+    ("argmax", include_str!("../../../shaders/argmax.wgsl")),
+];
+
+/// How a kernel uses one storage binding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Access {
+    Read,
+    ReadWrite,
+}
+use Access::{Read as R, ReadWrite as RW};
+
+/// A kernel: its file (also its entry point) and its storage bindings from 1 on, in order.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Kernel {
+    pub name: &'static str,
+    pub bindings: &'static [Access],
+}
+
+pub(crate) const EMBEDDING: Kernel = Kernel { name: "embedding", bindings: &[R, R, RW] };
+pub(crate) const GATHER_ROWS: Kernel = Kernel { name: "gather_rows", bindings: &[R, R, RW] };
+pub(crate) const RMS_NORM: Kernel = Kernel { name: "rms_norm", bindings: &[R, R, RW] };
+pub(crate) const ADD: Kernel = Kernel { name: "add", bindings: &[RW, R] };
+pub(crate) const MATMUL: Kernel = Kernel { name: "matmul", bindings: &[R, R, RW] };
+pub(crate) const MATMUL_BIAS: Kernel = Kernel { name: "matmul", bindings: &[R, R, RW, R] };
+pub(crate) const ROPE: Kernel = Kernel { name: "rope", bindings: &[RW, RW, R, R] };
+pub(crate) const SILU_MUL: Kernel = Kernel { name: "silu_mul", bindings: &[R, R, RW] };
+pub(crate) const KV_WRITE: Kernel = Kernel { name: "kv_write", bindings: &[R, R, RW, RW, R] };
+pub(crate) const PAGED_ATTENTION: Kernel = Kernel { name: "paged_attention", bindings: &[R, R, R, R, R, R, RW] };
+pub(crate) const ARGMAX: Kernel = Kernel { name: "argmax", bindings: &[R, RW] };
+
+/// Declarations prepended to a kernel's source; equal preludes share a pipeline.
+#[derive(Debug, Default, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct Prelude(String);
+
+impl Prelude {
+    pub fn new() -> Self {
+        Prelude(String::new())
+    }
+
+    /// Accessors for a weight the kernel binds as `name`: `name_t`, `name_at(i)`, `name_pair(i)`.
+    pub fn weight(mut self, name: &str, dtype: DType) -> Self {
+        let n = name;
+        let text = match dtype {
+            // bf16 is the top half of an f32: shift the low element up, mask the high one.
+            DType::BF16 => format!(
+                "alias {n}_t = u32;\n\
+                 fn {n}_at(i: u32) -> f32 {{ let word = {n}[i >> 1u]; return bitcast<f32>(select(word << 16u, word & 0xffff0000u, (i & 1u) == 1u)); }}\n\
+                 fn {n}_pair(i: u32) -> vec2<f32> {{ let word = {n}[i >> 1u]; return vec2<f32>(bitcast<f32>(word << 16u), bitcast<f32>(word & 0xffff0000u)); }}\n"
+            ),
+            DType::F16 => format!(
+                "alias {n}_t = u32;\n\
+                 fn {n}_at(i: u32) -> f32 {{ return unpack2x16float({n}[i >> 1u])[i & 1u]; }}\n\
+                 fn {n}_pair(i: u32) -> vec2<f32> {{ return unpack2x16float({n}[i >> 1u]); }}\n"
+            ),
+            DType::F32 => format!(
+                "alias {n}_t = f32;\n\
+                 fn {n}_at(i: u32) -> f32 {{ return {n}[i]; }}\n\
+                 fn {n}_pair(i: u32) -> vec2<f32> {{ return vec2<f32>({n}[i], {n}[i + 1u]); }}\n"
+            ),
+        };
+        self.0.push_str(&text);
+        self
+    }
+
+    /// An optional weight at `binding`: declared with accessors, or `name_at` returning 0.
+    pub fn optional_weight(mut self, name: &str, binding: u32, dtype: Option<DType>) -> Self {
+        match dtype {
+            Some(d) => {
+                self.0.push_str(&format!("@group(0) @binding({binding}) var<storage, read> {name}: array<{name}_t>;\n"));
+                self.weight(name, d)
+            }
+            None => {
+                self.0.push_str(&format!("fn {name}_at(i: u32) -> f32 {{ return 0.0; }}\n"));
+                self
+            }
+        }
+    }
+
+    pub fn constant(mut self, name: &str, value: u32) -> Self {
+        self.0.push_str(&format!("const {name}: u32 = {value}u;\n"));
+        self
+    }
+}
+
+pub(crate) struct Pipeline {
+    pub pipeline: wgpu::ComputePipeline,
+    pub layout: wgpu::BindGroupLayout,
+}
+
+/// Compiled pipelines, one per (kernel, bindings, prelude), and their bind group layouts.
+pub(crate) struct Pipelines {
+    dir: Option<PathBuf>,
+    cache: Mutex<HashMap<(&'static str, &'static [Access], Prelude), std::sync::Arc<Pipeline>>>,
+}
+
+impl Pipelines {
+    pub fn new(dir: Option<PathBuf>) -> Self {
+        Pipelines { dir, cache: Mutex::new(HashMap::new()) }
+    }
+
+    pub fn shader_dir(&self) -> Option<&PathBuf> {
+        self.dir.as_ref()
+    }
+
+    fn source(&self, name: &str) -> Result<String> {
+        if let Some(dir) = &self.dir {
+            let path = dir.join(format!("{name}.wgsl"));
+            return std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e));
+        }
+        EMBEDDED
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, s)| s.to_string())
+            .ok_or_else(|| Error::backend(NAME, format!("no compiled-in shader named {name}")))
+    }
+
+    pub fn get(&self, device: &wgpu::Device, kernel: Kernel, prelude: &Prelude) -> Result<std::sync::Arc<Pipeline>> {
+        let key = (kernel.name, kernel.bindings, prelude.clone());
+        let mut cache = self.cache.lock().map_err(|_| Error::backend(NAME, "pipeline cache lock poisoned"))?;
+        if let Some(p) = cache.get(&key) {
+            return Ok(p.clone());
+        }
+        let source = format!("{}\n{}", prelude.0, self.source(kernel.name)?);
+        let where_ = match &self.dir {
+            Some(d) => d.join(format!("{}.wgsl", kernel.name)).display().to_string(),
+            None => format!("shaders/{}.wgsl (compiled in)", kernel.name),
+        };
+        let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some(kernel.name),
+            source: wgpu::ShaderSource::Wgsl(source.into()),
+        });
+        let mut entries = vec![wgpu::BindGroupLayoutEntry {
+            binding: 0,
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty: wgpu::BindingType::Buffer {
+                ty: wgpu::BufferBindingType::Uniform,
+                has_dynamic_offset: true,
+                min_binding_size: NonZeroU64::new(PARAMS_BYTES),
+            },
+            count: None,
+        }];
+        for (i, a) in kernel.bindings.iter().enumerate() {
+            entries.push(wgpu::BindGroupLayoutEntry {
+                binding: i as u32 + 1,
+                visibility: wgpu::ShaderStages::COMPUTE,
+                ty: wgpu::BindingType::Buffer {
+                    ty: wgpu::BufferBindingType::Storage { read_only: *a == Access::Read },
+                    has_dynamic_offset: false,
+                    min_binding_size: None,
+                },
+                count: None,
+            });
+        }
+        let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: Some(kernel.name), entries: &entries });
+        let pl = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+            label: Some(kernel.name),
+            bind_group_layouts: &[Some(&layout)],
+            immediate_size: 0,
+        });
+        let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(kernel.name),
+            layout: Some(&pl),
+            module: &module,
+            entry_point: Some(kernel.name),
+            compilation_options: wgpu::PipelineCompilationOptions {
+                constants: &[],
+                // Every kernel writes its workgroup memory before reading it.
+                zero_initialize_workgroup_memory: false,
+            },
+            cache: None,
+        });
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(Error::backend(NAME, format!("{where_}: {e}")));
+        }
+        let p = std::sync::Arc::new(Pipeline { pipeline, layout });
+        cache.insert(key, p.clone());
+        Ok(p)
+    }
+}

@@ -1,0 +1,383 @@
+//! Every op of the wgpu backend against a plain CPU computation (f64) over fresh random
+//! inputs, at sizes that are not multiples of any workgroup, with outputs poisoned first.
+//! Run one op: `cargo test -p tandem-wgpu --test ops -- <op>`.
+
+mod common;
+
+use common::{assert_close, backend, round_to, Rng, POISON};
+use tandem_core::backend::{AttnArgs, KvGeometry};
+use tandem_core::{Backend, DType};
+use tandem_wgpu::{WgpuBackend, WgpuBuf, WgpuOptions};
+
+const DTYPES: [DType; 3] = [DType::BF16, DType::F16, DType::F32];
+
+fn f32_buf(b: &WgpuBackend, data: &[f32]) -> WgpuBuf {
+    let mut buf = b.alloc_f32(data.len()).unwrap();
+    b.write_f32(&mut buf, data).unwrap();
+    buf
+}
+
+fn u32_buf(b: &WgpuBackend, data: &[u32]) -> WgpuBuf {
+    let mut buf = b.alloc_u32(data.len().max(1)).unwrap();
+    b.write_u32(&mut buf, data).unwrap();
+    buf
+}
+
+fn poisoned(b: &WgpuBackend, len: usize) -> WgpuBuf {
+    f32_buf(b, &vec![POISON; len])
+}
+
+fn f64s(v: &[f32]) -> Vec<f64> {
+    v.iter().map(|&x| x as f64).collect()
+}
+
+#[test]
+fn embedding() {
+    let Some(b) = backend() else { return };
+    let mut rng = Rng::new("embedding");
+    let (vocab, hidden, t) = (1003, 77, 13);
+    for dtype in DTYPES {
+        let table = rng.vec(vocab * hidden, 1.0);
+        let ids: Vec<u32> = (0..t).map(|_| rng.below(vocab) as u32).collect();
+        let w = b.weight_from_f32(dtype, &table).unwrap();
+        let mut out = poisoned(b, t * hidden);
+        b.embedding(&w, &u32_buf(b, &ids), &mut out, t, hidden).unwrap();
+        let got = b.read_f32(&out, t * hidden).unwrap();
+        let r = round_to(dtype, &table);
+        let want: Vec<f64> = ids.iter().flat_map(|&i| r[i as usize * hidden..][..hidden].iter().map(|&x| x as f64)).collect();
+        assert_close(&format!("embedding {}", dtype.name()), &got, &want, 0.0);
+    }
+}
+
+#[test]
+fn gather_rows() {
+    let Some(b) = backend() else { return };
+    let mut rng = Rng::new("gather_rows");
+    let (src_rows, dim, n) = (19, 131, 7);
+    let src = rng.vec(src_rows * dim, 1.0);
+    let rows: Vec<u32> = (0..n).map(|_| rng.below(src_rows) as u32).collect();
+    let mut out = poisoned(b, n * dim);
+    b.gather_rows(&f32_buf(b, &src), &u32_buf(b, &rows), &mut out, n, dim).unwrap();
+    let want: Vec<f64> = rows.iter().flat_map(|&r| src[r as usize * dim..][..dim].iter().map(|&x| x as f64)).collect();
+    assert_close("gather_rows", &b.read_f32(&out, n * dim).unwrap(), &want, 0.0);
+}
+
+#[test]
+fn rms_norm() {
+    let Some(b) = backend() else { return };
+    let mut rng = Rng::new("rms_norm");
+    for (rows, dim) in [(1, 576), (5, 77), (3, 2049)] {
+        for dtype in DTYPES {
+            let x = rng.vec(rows * dim, 3.0);
+            let w = rng.vec(dim, 1.0);
+            let eps = 1e-5;
+            let mut out = poisoned(b, rows * dim);
+            b.rms_norm(&f32_buf(b, &x), &b.weight_from_f32(dtype, &w).unwrap(), &mut out, rows, dim, eps).unwrap();
+            let wr = round_to(dtype, &w);
+            let mut want = vec![0.0f64; rows * dim];
+            for r in 0..rows {
+                let row = &x[r * dim..][..dim];
+                let ms = row.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / dim as f64;
+                let inv = 1.0 / (ms + eps as f64).sqrt();
+                for i in 0..dim {
+                    want[r * dim + i] = row[i] as f64 * inv * wr[i] as f64;
+                }
+            }
+            assert_close(&format!("rms_norm {rows}x{dim} {}", dtype.name()), &b.read_f32(&out, rows * dim).unwrap(), &want, 1e-12);
+        }
+    }
+}
+
+#[test]
+fn add() {
+    let Some(b) = backend() else { return };
+    let mut rng = Rng::new("add");
+    let n = 1003;
+    let (a0, x) = (rng.vec(n, 1.0), rng.vec(n, 1.0));
+    let mut acc = f32_buf(b, &a0);
+    b.add(&mut acc, &f32_buf(b, &x), n).unwrap();
+    let want: Vec<f64> = a0.iter().zip(&x).map(|(a, x)| (a + x) as f64).collect();
+    assert_close("add", &b.read_f32(&acc, n).unwrap(), &want, 0.0);
+}
+
+#[test]
+fn silu_mul() {
+    let Some(b) = backend() else { return };
+    let mut rng = Rng::new("silu_mul");
+    let n = 1537;
+    let (g, u) = (rng.vec(n, 8.0), rng.vec(n, 2.0));
+    let mut out = poisoned(b, n);
+    b.silu_mul(&f32_buf(b, &g), &f32_buf(b, &u), &mut out, n).unwrap();
+    let want: Vec<f64> = g.iter().zip(&u).map(|(&g, &u)| (g as f64) / (1.0 + (-g as f64).exp()) * u as f64).collect();
+    assert_close("silu_mul", &b.read_f32(&out, n).unwrap(), &want, 1e-12);
+}
+
+fn check_matmul(b: &WgpuBackend, rng: &mut Rng, m: usize, n: usize, k: usize, dtype: DType, bias_dtype: Option<DType>) {
+    let x = rng.vec(m * k, 1.0);
+    let w = rng.vec(n * k, 1.0);
+    let bias = rng.vec(n, 1.0);
+    let wb = b.weight_from_f32(dtype, &w).unwrap();
+    let bb = bias_dtype.map(|d| b.weight_from_f32(d, &bias).unwrap());
+    let mut out = poisoned(b, m * n);
+    b.matmul(&f32_buf(b, &x), &wb, bb.as_ref(), &mut out, m, n, k).unwrap();
+    let wr = round_to(dtype, &w);
+    let br = bias_dtype.map(|d| round_to(d, &bias));
+    let mut want = vec![0.0f64; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            let mut s: f64 = (0..k).map(|l| x[i * k + l] as f64 * wr[j * k + l] as f64).sum();
+            if let Some(br) = &br {
+                s += br[j] as f64;
+            }
+            want[i * n + j] = s;
+        }
+    }
+    let what = format!("matmul m{m} n{n} k{k} {} bias {:?}", dtype.name(), bias_dtype.map(|d| d.name()));
+    assert_close(&what, &b.read_f32(&out, m * n).unwrap(), &want, 1e-10);
+}
+
+#[test]
+fn matmul_decode_shapes() {
+    let Some(b) = backend() else { return };
+    let mut rng = Rng::new("matmul_decode_shapes");
+    for m in [1, 2, 3, 5, 16] {
+        for (n, k) in [(67, 64), (130, 75), (193, 130)] {
+            for dtype in DTYPES {
+                check_matmul(b, &mut rng, m, n, k, dtype, None);
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_prefill_shapes_and_bias() {
+    let Some(b) = backend() else { return };
+    let mut rng = Rng::new("matmul_prefill_shapes_and_bias");
+    check_matmul(b, &mut rng, 77, 300, 576, DType::BF16, None);
+    check_matmul(b, &mut rng, 33, 129, 63, DType::F32, None);
+    check_matmul(b, &mut rng, 9, 97, 96, DType::BF16, Some(DType::BF16));
+    check_matmul(b, &mut rng, 1, 97, 96, DType::F16, Some(DType::F32));
+}
+
+/// Weights larger than one storage binding are bound in row chunks.
+#[test]
+fn matmul_and_embedding_chunked_weights() {
+    let Some(b) = common::open(WgpuOptions { max_storage_binding: Some(4096), ..Default::default() }) else { return };
+    let mut rng = Rng::new("matmul_chunked");
+    // 300 rows x 96 bf16 = 57600 bytes: about 15 chunks of 4096 bytes.
+    check_matmul(&b, &mut rng, 3, 300, 96, DType::BF16, None);
+    check_matmul(&b, &mut rng, 1, 70, 75, DType::F32, None);
+    let (vocab, hidden, t) = (500, 40, 9);
+    let table = rng.vec(vocab * hidden, 1.0);
+    let mut ids: Vec<u32> = (0..t).map(|_| rng.below(vocab) as u32).collect();
+    ids[0] = vocab as u32 - 1;
+    let mut out = poisoned(&b, t * hidden);
+    b.embedding(&b.weight_from_f32(DType::BF16, &table).unwrap(), &u32_buf(&b, &ids), &mut out, t, hidden).unwrap();
+    let r = round_to(DType::BF16, &table);
+    let want: Vec<f64> = ids.iter().flat_map(|&i| f64s(&r[i as usize * hidden..][..hidden])).collect();
+    assert_close("embedding chunked", &b.read_f32(&out, t * hidden).unwrap(), &want, 0.0);
+}
+
+#[test]
+fn rope() {
+    let Some(b) = backend() else { return };
+    let mut rng = Rng::new("rope");
+    for (head_dim, qh, kvh) in [(64, 9, 3), (128, 8, 2)] {
+        let t = 7;
+        let half = head_dim / 2;
+        let theta = 10000.0f64;
+        let inv_freq: Vec<f32> = (0..half).map(|i| (1.0 / theta.powf(2.0 * i as f64 / head_dim as f64)) as f32).collect();
+        let mut positions: Vec<u32> = (0..t).map(|_| rng.below(8192) as u32).collect();
+        positions[0] = 0;
+        let q0 = rng.vec(t * qh * head_dim, 1.0);
+        let k0 = rng.vec(t * kvh * head_dim, 1.0);
+        let (mut q, mut k) = (f32_buf(b, &q0), f32_buf(b, &k0));
+        b.rope(&mut q, &mut k, &u32_buf(b, &positions), &f32_buf(b, &inv_freq), t, qh, kvh, head_dim).unwrap();
+        let rot = |v: &[f32], heads: usize| -> Vec<f64> {
+            let mut out = f64s(v);
+            for tt in 0..t {
+                for h in 0..heads {
+                    let base = (tt * heads + h) * head_dim;
+                    for i in 0..half {
+                        // The angle is the f32 product, as in the HF implementation.
+                        let a = (positions[tt] as f32 * inv_freq[i]) as f64;
+                        let (x1, x2) = (v[base + i] as f64, v[base + i + half] as f64);
+                        out[base + i] = x1 * a.cos() - x2 * a.sin();
+                        out[base + i + half] = x2 * a.cos() + x1 * a.sin();
+                    }
+                }
+            }
+            out
+        };
+        assert_close(&format!("rope q hd{head_dim}"), &b.read_f32(&q, q0.len()).unwrap(), &rot(&q0, qh), 1e-11);
+        assert_close(&format!("rope k hd{head_dim}"), &b.read_f32(&k, k0.len()).unwrap(), &rot(&k0, kvh), 1e-11);
+    }
+}
+
+#[test]
+fn kv_write() {
+    let Some(b) = backend() else { return };
+    let mut rng = Rng::new("kv_write");
+    let g = KvGeometry { num_blocks: 7, block_size: 16, num_kv_heads: 3, head_dim: 64 };
+    let kvd = g.num_kv_heads * g.head_dim;
+    let t = 11;
+    let mut all: Vec<u32> = (0..g.slots() as u32).collect();
+    rng.shuffle(&mut all);
+    let slots = &all[..t];
+    let (k, v) = (rng.vec(t * kvd, 1.0), rng.vec(t * kvd, 1.0));
+    let (kc0, vc0) = (rng.vec(g.layer_elems(), 1.0), rng.vec(g.layer_elems(), 1.0));
+    let mut kc = b.alloc_kv(g).unwrap();
+    let mut vc = b.alloc_kv(g).unwrap();
+    b.write_f32(&mut kc, &kc0).unwrap();
+    b.write_f32(&mut vc, &vc0).unwrap();
+    b.kv_write(&f32_buf(b, &k), &f32_buf(b, &v), &mut kc, &mut vc, &u32_buf(b, slots), t, g).unwrap();
+    let (mut wk, mut wv) = (f64s(&kc0), f64s(&vc0));
+    for (i, &s) in slots.iter().enumerate() {
+        for e in 0..kvd {
+            wk[s as usize * kvd + e] = k[i * kvd + e] as f64;
+            wv[s as usize * kvd + e] = v[i * kvd + e] as f64;
+        }
+    }
+    assert_close("kv_write k", &b.read_kv(&kc, g).unwrap(), &wk, 0.0);
+    assert_close("kv_write v", &b.read_kv(&vc, g).unwrap(), &wv, 0.0);
+}
+
+/// One attention case: `seqs` = (context length, tokens of it in this batch), so a sequence
+/// with n tokens in the batch has queries at positions len-n..len (a decode token when n = 1,
+/// a prefill chunk over a cached prefix when n < len, a fresh prefill when n = len).
+fn check_attention(b: &WgpuBackend, rng: &mut Rng, head_dim: usize, block_size: usize, kv_heads: usize, gqa: usize, seqs: &[(usize, usize)]) {
+    let heads = kv_heads * gqa;
+    let max_blocks = seqs.iter().map(|s| s.0.div_ceil(block_size)).max().unwrap() + 1;
+    let num_blocks = seqs.iter().map(|s| s.0.div_ceil(block_size)).sum::<usize>() + 3;
+    let g = KvGeometry { num_blocks, block_size, num_kv_heads: kv_heads, head_dim };
+    let mut free: Vec<u32> = (0..num_blocks as u32).collect();
+    rng.shuffle(&mut free);
+    let mut tables = vec![0u32; seqs.len() * max_blocks];
+    let (mut positions, mut token_seq) = (vec![], vec![]);
+    for (s, &(len, n)) in seqs.iter().enumerate() {
+        for j in 0..len.div_ceil(block_size) {
+            tables[s * max_blocks + j] = free.pop().unwrap();
+        }
+        for p in len - n..len {
+            positions.push(p as u32);
+            token_seq.push(s as u32);
+        }
+    }
+    let t = positions.len();
+    let kvd = kv_heads * head_dim;
+    let kc0 = rng.vec(g.layer_elems(), 1.0);
+    let vc0 = rng.vec(g.layer_elems(), 1.0);
+    let q = rng.vec(t * heads * head_dim, 1.0);
+    let (mut kc, mut vc) = (b.alloc_kv(g).unwrap(), b.alloc_kv(g).unwrap());
+    b.write_f32(&mut kc, &kc0).unwrap();
+    b.write_f32(&mut vc, &vc0).unwrap();
+    let (qb, pb, sb, tb) = (f32_buf(b, &q), u32_buf(b, &positions), u32_buf(b, &token_seq), u32_buf(b, &tables));
+    let scale = 1.0 / (head_dim as f32).sqrt();
+    let max_context = *positions.iter().max().unwrap() as usize + 1;
+    let args = AttnArgs::<WgpuBackend> {
+        q: &qb,
+        k_cache: &kc,
+        v_cache: &vc,
+        positions: &pb,
+        token_seq: &sb,
+        block_tables: &tb,
+        num_tokens: t,
+        num_seqs: seqs.len(),
+        max_blocks,
+        max_context,
+        num_heads: heads,
+        geometry: g,
+        scale,
+    };
+    let mut out = poisoned(b, t * heads * head_dim);
+    b.paged_attention(&args, &mut out).unwrap();
+
+    let mut want = vec![0.0f64; t * heads * head_dim];
+    for tt in 0..t {
+        let s = token_seq[tt] as usize;
+        let n_keys = positions[tt] as usize + 1;
+        for h in 0..heads {
+            let kvh = h / gqa;
+            let qv = &q[(tt * heads + h) * head_dim..][..head_dim];
+            let slot = |j: usize| tables[s * max_blocks + j / block_size] as usize * block_size + j % block_size;
+            let scores: Vec<f64> = (0..n_keys)
+                .map(|j| {
+                    let kv = &kc0[slot(j) * kvd + kvh * head_dim..][..head_dim];
+                    qv.iter().zip(kv).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() * scale as f64
+                })
+                .collect();
+            let mx = scores.iter().cloned().fold(f64::MIN, f64::max);
+            let ps: Vec<f64> = scores.iter().map(|s| (s - mx).exp()).collect();
+            let sum: f64 = ps.iter().sum();
+            for d in 0..head_dim {
+                let acc: f64 = (0..n_keys).map(|j| ps[j] * vc0[slot(j) * kvd + kvh * head_dim + d] as f64).sum();
+                want[(tt * heads + h) * head_dim + d] = acc / sum;
+            }
+        }
+    }
+    let what = format!("paged_attention hd{head_dim} bs{block_size} kvh{kv_heads} gqa{gqa} seqs{seqs:?}");
+    assert_close(&what, &b.read_f32(&out, want.len()).unwrap(), &want, 1e-10);
+}
+
+#[test]
+fn paged_attention_decode() {
+    let Some(b) = backend() else { return };
+    let mut rng = Rng::new("paged_attention_decode");
+    check_attention(b, &mut rng, 64, 16, 3, 3, &[(1, 1), (37, 1), (200, 1)]);
+    check_attention(b, &mut rng, 128, 32, 2, 4, &[(65, 1), (33, 1)]);
+    check_attention(b, &mut rng, 64, 32, 4, 1, &[(129, 1)]);
+}
+
+#[test]
+fn paged_attention_prefill_chunks() {
+    let Some(b) = backend() else { return };
+    let mut rng = Rng::new("paged_attention_prefill_chunks");
+    // A fresh prefill, a chunk over a cached prefix ending mid-block, and a decode token together.
+    check_attention(b, &mut rng, 64, 16, 3, 3, &[(45, 45), (83, 19), (30, 1)]);
+    check_attention(b, &mut rng, 128, 32, 1, 4, &[(70, 70), (100, 37)]);
+    check_attention(b, &mut rng, 128, 16, 2, 1, &[(17, 5), (3, 3)]);
+}
+
+#[test]
+fn argmax() {
+    let Some(b) = backend() else { return };
+    let mut rng = Rng::new("argmax");
+    let (rows, vocab) = (4, 49157);
+    let mut logits = rng.vec(rows * vocab, 10.0);
+    // Row 1: a tie between two maxima, the lower index must win. Row 2: the max at the end.
+    logits[vocab + 40000] = 50.0;
+    logits[vocab + 777] = 50.0;
+    logits[2 * vocab + vocab - 1] = 60.0;
+    logits[3 * vocab] = 70.0;
+    let got = b.argmax(&f32_buf(b, &logits), rows, vocab).unwrap();
+    let want: Vec<u32> = logits.chunks_exact(vocab).map(tandem_core::backend::argmax_row).collect();
+    assert_eq!(got, want);
+    assert_eq!(got[1], 777);
+}
+
+/// A write issued after some ops were recorded must not be seen by those ops.
+#[test]
+fn write_after_record_is_not_seen_by_earlier_ops() {
+    let Some(b) = backend() else { return };
+    let mut acc = f32_buf(b, &[1.0, 2.0, 3.0]);
+    let mut x = f32_buf(b, &[10.0, 20.0, 30.0]);
+    b.add(&mut acc, &x, 3).unwrap();
+    b.write_f32(&mut x, &[100.0, 200.0, 300.0]).unwrap();
+    b.add(&mut acc, &x, 3).unwrap();
+    assert_eq!(b.read_f32(&acc, 3).unwrap(), vec![111.0, 222.0, 333.0]);
+}
+
+#[test]
+fn bad_calls_are_errors() {
+    let Some(b) = backend() else { return };
+    let x = f32_buf(b, &[1.0; 8]);
+    let w = b.weight_from_f32(DType::BF16, &[1.0; 8]).unwrap();
+    let mut small = b.alloc_f32(3).unwrap();
+    let e = b.matmul(&x, &w, None, &mut small, 2, 2, 4).unwrap_err().to_string();
+    assert!(e.contains("matmul") && e.contains("out"), "{e}");
+    let ids = b.alloc_u32(2).unwrap();
+    let e = b.embedding(&x, &ids, &mut small, 1, 3).unwrap_err().to_string();
+    assert!(e.contains("must be a weight"), "{e}");
+    assert!(b.read_f32(&small, 4).is_err());
+    assert!(b.read_u32(&x, 1).is_err());
+}

@@ -1,0 +1,65 @@
+// matmul: out[m, n] = sum_k x[m, k] * w[n, k] (+ bias[n])    (y = x W^T, torch.nn.Linear)
+//   x f32 [m, k]; w weight [n, k] (via the prelude's `w_at`/`w_pair`); out f32 [m, n];
+//   bias weight [n] (the prelude declares it and `bias_at`, or makes `bias_at` return 0).
+// A weight larger than one storage binding is bound in row chunks: this dispatch sees rows
+// [n0, n0 + rows) of w and writes those columns of out.
+//
+// One invocation per (output column r, block of MT rows of x): it walks its weight row once
+// and keeps MT accumulators, so each weight element loaded serves MT tokens (MT comes from the
+// prelude: 1 for decode at batch 1, up to 8 for prefill). Lanes of a workgroup share the same
+// x rows, so the x loads are uniform; no workgroup memory and no barriers, which is what a
+// CPU-side Vulkan (lavapipe) runs fastest. Grid: x = ceil(rows / 64), y = ceil(m / MT).
+// Check: cargo test -p tandem-wgpu --test ops -- matmul
+
+struct Params {
+    m: u32,
+    n: u32,
+    k: u32,
+    n0: u32,
+    rows: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> x: array<f32>;         // [m, k]
+@group(0) @binding(2) var<storage, read> w: array<w_t>;         // [rows, k] (this chunk)
+@group(0) @binding(3) var<storage, read_write> out: array<f32>; // [m, n]
+
+@compute @workgroup_size(64)
+fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let r = wg.x * 64u + li;
+    let m0 = wg.y * MT;
+    if (r >= p.rows) {
+        return;
+    }
+    var acc: array<f32, MT>;
+    var xrow: array<u32, MT>;
+    for (var mi = 0u; mi < MT; mi++) {
+        acc[mi] = 0.0;
+        // Rows past m repeat the last row; their results are not written.
+        xrow[mi] = min(m0 + mi, p.m - 1u) * p.k;
+    }
+    let wrow = r * p.k;
+    if ((p.k & 3u) == 0u) {
+        for (var j = 0u; j < p.k; j += 4u) {
+            let w01 = w_pair(wrow + j);
+            let w23 = w_pair(wrow + j + 2u);
+            for (var mi = 0u; mi < MT; mi++) {
+                let o = xrow[mi] + j;
+                acc[mi] += x[o] * w01.x + x[o + 1u] * w01.y + x[o + 2u] * w23.x + x[o + 3u] * w23.y;
+            }
+        }
+    } else {
+        for (var j = 0u; j < p.k; j++) {
+            let wv = w_at(wrow + j);
+            for (var mi = 0u; mi < MT; mi++) {
+                acc[mi] += x[xrow[mi] + j] * wv;
+            }
+        }
+    }
+    let b = bias_at(p.n0 + r);
+    for (var mi = 0u; mi < MT; mi++) {
+        if (m0 + mi < p.m) {
+            out[(m0 + mi) * p.n + p.n0 + r] = acc[mi] + b;
+        }
+    }
+}

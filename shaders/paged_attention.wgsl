@@ -1,0 +1,130 @@
+// paged_attention: causal attention over the paged KV cache, for a flattened batch of query
+// tokens from many sequences (decode tokens and prefill chunks alike).
+//   q f32 [T, num_heads, head_dim]; k_cache, v_cache f32 [num_blocks * block_size, kv_heads,
+//   head_dim]; positions, token_seq u32 [T]; block_tables u32 [num_seqs, max_blocks];
+//   out f32 [T, num_heads, head_dim].
+// Query token t (sequence s = token_seq[t], position P = positions[t]) with head h attends to
+// the keys of s at positions 0..=P with kv head h / (num_heads / kv_heads); the key at
+// position j lives in slot block_tables[s, j / block_size] * block_size + j % block_size.
+//
+// One workgroup of 64 per (token, head). Keys go in tiles of 64: lane j scores key
+// tile + j (a dot product over head_dim) into workgroup memory; then each lane, owning output
+// dimensions li, li + 64, ..., folds the tile into its running (max, sum, acc) with the online
+// softmax. Two barriers per tile of 64 keys. head_dim <= 256.
+// Check: cargo test -p tandem-wgpu --test ops -- paged_attention
+
+struct Params {
+    num_tokens: u32,
+    num_heads: u32,
+    kv_heads: u32,
+    head_dim: u32,
+    block_size: u32,
+    max_blocks: u32,
+    num_seqs: u32,
+    num_slots: u32,
+    scale: f32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> q: array<f32>;             // [T, num_heads, head_dim]
+@group(0) @binding(2) var<storage, read> k_cache: array<f32>;       // [slots, kv_heads, head_dim]
+@group(0) @binding(3) var<storage, read> v_cache: array<f32>;       // [slots, kv_heads, head_dim]
+@group(0) @binding(4) var<storage, read> positions: array<u32>;     // [T]
+@group(0) @binding(5) var<storage, read> token_seq: array<u32>;     // [T]
+@group(0) @binding(6) var<storage, read> block_tables: array<u32>;  // [num_seqs, max_blocks]
+@group(0) @binding(7) var<storage, read_write> out: array<f32>;     // [T, num_heads, head_dim]
+
+const TILE: u32 = 64u;
+const MAX_DIMS_PER_LANE: u32 = 4u; // head_dim <= 4 * 64
+const NEG_BIG: f32 = -3.4028235e38;
+
+var<workgroup> scores: array<f32, TILE>;
+
+// Slot of key position j of sequence s, or num_slots when the table does not reach it.
+fn key_slot(s: u32, j: u32) -> u32 {
+    let b = j / p.block_size;
+    if (b >= p.max_blocks) {
+        return p.num_slots;
+    }
+    return block_tables[s * p.max_blocks + b] * p.block_size + j % p.block_size;
+}
+
+@compute @workgroup_size(64)
+fn paged_attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                   @builtin(local_invocation_index) li: u32) {
+    let wid = wg.y * nwg.x + wg.x;
+    // Everything below up to the barriers is uniform over the workgroup.
+    if (wid >= p.num_tokens * p.num_heads) {
+        return;
+    }
+    let t = wid / p.num_heads;
+    let h = wid - t * p.num_heads;
+    let kvh = h / (p.num_heads / p.kv_heads);
+    let s = min(token_seq[t], p.num_seqs - 1u);
+    let n_keys = positions[t] + 1u;
+    let hd = p.head_dim;
+    let kv_row = p.kv_heads * hd;
+    let qo = wid * hd;
+
+    var m = NEG_BIG;
+    var l = 0.0;
+    var acc: array<f32, MAX_DIMS_PER_LANE>;
+    for (var c = 0u; c < MAX_DIMS_PER_LANE; c++) {
+        acc[c] = 0.0;
+    }
+
+    for (var base = 0u; base < n_keys; base += TILE) {
+        let j = base + li;
+        var sc = NEG_BIG;
+        if (j < n_keys) {
+            let slot = key_slot(s, j);
+            if (slot < p.num_slots) {
+                let ko = slot * kv_row + kvh * hd;
+                var dot = 0.0;
+                for (var d = 0u; d < hd; d++) {
+                    dot += q[qo + d] * k_cache[ko + d];
+                }
+                sc = dot * p.scale;
+            }
+        }
+        scores[li] = sc;
+        workgroupBarrier();
+
+        let cnt = min(TILE, n_keys - base);
+        var tmax = m;
+        for (var i = 0u; i < cnt; i++) {
+            tmax = max(tmax, scores[i]);
+        }
+        // On the first tile m is NEG_BIG and l, acc are 0, so the rescale is harmless.
+        let corr = exp(m - tmax);
+        l *= corr;
+        for (var c = 0u; c < MAX_DIMS_PER_LANE; c++) {
+            acc[c] *= corr;
+        }
+        for (var i = 0u; i < cnt; i++) {
+            let slot = key_slot(s, base + i);
+            if (slot >= p.num_slots) {
+                continue;
+            }
+            let pr = exp(scores[i] - tmax);
+            l += pr;
+            let vo = slot * kv_row + kvh * hd;
+            for (var c = 0u; c < MAX_DIMS_PER_LANE; c++) {
+                let d = li + c * 64u;
+                if (d < hd) {
+                    acc[c] += pr * v_cache[vo + d];
+                }
+            }
+        }
+        m = tmax;
+        workgroupBarrier();
+    }
+
+    let inv = select(0.0, 1.0 / l, l > 0.0);
+    for (var c = 0u; c < MAX_DIMS_PER_LANE; c++) {
+        let d = li + c * 64u;
+        if (d < hd) {
+            out[qo + d] = acc[c] * inv;
+        }
+    }
+}
