@@ -13,10 +13,11 @@
 //! scheduled yet this step goes back to waiting, keeps its generated tokens, and drops its
 //! blocks (its full blocks stay in the prefix cache, so resuming is usually cheap).
 //! Anti-thrashing rule: a sequence that resumed within the last `resume_protect_steps` steps is
-//! never chosen as a victim; if the only candidates are protected or more important than the
-//! one asking, the one asking is preempted itself, or, when it is protected too, just skipped
-//! this step (protection expires with steps, so this cannot stall for ever). No sequence is
-//! admitted in a step that preempted.
+//! never chosen as a victim. If every less important candidate is protected, the one asking
+//! waits (is skipped this step) instead of evicting anyone; if no less important candidate
+//! exists at all, the one asking gives way itself, unless it is protected, in which case it
+//! waits too. Protection lapses with steps, so waiting always ends. No sequence is admitted in
+//! a step that preempted.
 //!
 //! Static mode: gather up to `batch_size` waiting sequences, waiting at most `max_wait` for them,
 //! admit them only if their whole reservation (prompt + max_tokens) fits so that none is ever
@@ -248,35 +249,31 @@ impl Scheduler {
     /// Grows `id`'s block table to `total` tokens, preempting others if needed. False if `id`
     /// was preempted or skipped instead.
     fn make_room(&mut self, id: SeqId, total: usize, out: &mut SchedulerOutput) -> bool {
+        let key = self.running_key(id);
         loop {
             let seq = self.seqs.get_mut(&id).expect("running sequence exists");
             if self.bm.append_slots(&mut seq.block_table, total) {
                 return true;
             }
-            match self.pick_victim(id) {
-                Some(v) if self.running_key(v) > self.running_key(id) => self.preempt(v, out),
-                _ => {
-                    if !self.is_protected(id) {
-                        self.preempt(id, out);
-                    }
-                    return false;
-                }
+            // Candidates: running, not `id`, not already given tokens this step.
+            let less_important = |r: &SeqId| *r != id && self.seqs[r].scheduled_at_step != self.step && self.running_key(*r) > key;
+            let victim = self.running.iter().rev().copied().find(|r| less_important(r) && !self.is_protected(*r));
+            if let Some(v) = victim {
+                self.preempt(v, out);
+                continue;
             }
+            // Only protected sequences could give way: wait for their protection to lapse
+            // rather than evict someone more important. Otherwise `id` gives way itself.
+            let protected_below = self.running.iter().any(less_important);
+            if !protected_below && !self.is_protected(id) {
+                self.preempt(id, out);
+            }
+            return false;
         }
     }
 
     fn is_protected(&self, id: SeqId) -> bool {
         self.seqs[&id].resumed_at_step.is_some_and(|s| self.step < s + self.cfg.resume_protect_steps)
-    }
-
-    /// The least important running sequence other than `asking` that is neither scheduled this
-    /// step nor protected.
-    fn pick_victim(&self, asking: SeqId) -> Option<SeqId> {
-        self.running
-            .iter()
-            .rev()
-            .copied()
-            .find(|&r| r != asking && self.seqs[&r].scheduled_at_step != self.step && !self.is_protected(r))
     }
 
     fn preempt(&mut self, id: SeqId, out: &mut SchedulerOutput) {
@@ -309,7 +306,7 @@ impl Scheduler {
             BatchMode::Continuous => (self.cfg.max_num_seqs, false),
             BatchMode::Static { batch_size, .. } => (batch_size.min(self.cfg.max_num_seqs), true),
         };
-        let mut reserved = 0;
+        let (mut reserved, free_at_start) = (0, self.bm.num_free());
         while self.running.len() < max_seqs && out.seqs.len() < self.cfg.max_num_seqs {
             let Some((&key, &id)) = self.waiting.first_key_value() else { break };
             let seq = self.seqs.get_mut(&id).expect("waiting sequence exists");
@@ -320,7 +317,7 @@ impl Scheduler {
                 // Reserve the whole sequence so that the batch can never preempt itself.
                 let copies = if seq.forked { 1 } else { seq.params.n };
                 let reserve = self.bm.blocks_for(seq.num_tokens() + seq.max_tokens - seq.num_output_tokens()) * copies;
-                if reserved + reserve > self.bm.num_free() {
+                if reserved + reserve > free_at_start {
                     break;
                 }
                 reserved += reserve;
