@@ -1,0 +1,156 @@
+//! What the server needs from an engine, and nothing more: submit a tokenized request and get
+//! a tokio stream of per-completion deltas, abort it, read counters, ask whether it is ready.
+//!
+//! The server is written against [`EngineClient`] so that HTTP concerns never reach the engine
+//! crate; `engine_adapter.rs` implements it for `tandem_engine`, and tests may plug in their
+//! own. Architecture invariant: no HTTP or JSON type crosses this boundary.
+
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+pub type RequestId = u64;
+
+/// Sampling and stopping, already validated by the server (ranges are checked in `params.rs`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestParams {
+    /// Completions of this prompt; they share its KV blocks.
+    pub n: usize,
+    /// 0 is greedy.
+    pub temperature: f32,
+    /// 0 is no limit.
+    pub top_k: usize,
+    pub top_p: f32,
+    pub min_p: f32,
+    pub repetition_penalty: f32,
+    pub presence_penalty: f32,
+    pub frequency_penalty: f32,
+    pub seed: Option<u64>,
+    pub stop: Vec<String>,
+    pub stop_token_ids: Vec<u32>,
+    pub ignore_eos: bool,
+    /// Resolved by the server: the request's value, or what the context leaves.
+    pub max_tokens: usize,
+    pub min_tokens: usize,
+    /// Top-N log-probabilities per generated token; `Some(0)` is the sampled token's only.
+    pub logprobs: Option<usize>,
+}
+
+impl Default for RequestParams {
+    fn default() -> Self {
+        RequestParams {
+            n: 1,
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            seed: None,
+            stop: Vec::new(),
+            stop_token_ids: Vec::new(),
+            ignore_eos: false,
+            max_tokens: 16,
+            min_tokens: 0,
+            logprobs: None,
+        }
+    }
+}
+
+/// One prompt, tokenized, with its parameters.
+#[derive(Debug, Clone)]
+pub struct GenerateRequest {
+    pub prompt: Vec<u32>,
+    pub params: RequestParams,
+    /// Lower is served first (vLLM's convention); 0 by default.
+    pub priority: i32,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    pub token: u32,
+    pub logprob: f32,
+    /// Most likely tokens, best first.
+    pub top: Vec<(u32, f32)>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum FinishReason {
+    Stop,
+    Length,
+    /// Aborted (client gone, shutdown).
+    Abort,
+    /// The engine failed this request; the message says why.
+    Error(String),
+}
+
+impl FinishReason {
+    /// The OpenAI name.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Abort => "abort",
+            FinishReason::Error(_) => "error",
+        }
+    }
+}
+
+/// New output of one completion since its previous delta.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CompletionDelta {
+    /// Completion index within the request, `0..n`.
+    pub index: usize,
+    /// New text (never a broken UTF-8 character; stop strings already cut).
+    pub text: String,
+    pub token_ids: Vec<u32>,
+    /// One entry per token in `token_ids` when logprobs were asked for.
+    pub logprobs: Vec<TokenLogprob>,
+    /// Set on the completion's last delta.
+    pub finish: Option<FinishReason>,
+}
+
+/// What one engine step produced for one request.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EngineUpdate {
+    pub deltas: Vec<CompletionDelta>,
+    /// Time from arrival to first scheduling, sent once (with the first update) when known.
+    pub queue_time: Option<Duration>,
+}
+
+/// A submitted request: its id (for abort) and its stream of updates. The stream ends after
+/// every completion's finishing delta; a stream that ends earlier means the engine died.
+#[derive(Debug)]
+pub struct Submission {
+    pub id: RequestId,
+    pub updates: mpsc::UnboundedReceiver<EngineUpdate>,
+}
+
+/// Gauges and counters the engine keeps (the server keeps the token counters and latencies).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EngineStats {
+    pub num_running: usize,
+    pub num_waiting: usize,
+    /// Fraction of KV blocks in use, 0..=1.
+    pub kv_cache_usage: f64,
+    pub num_free_blocks: usize,
+    pub num_total_blocks: usize,
+    /// Prompt tokens looked up in the prefix cache, and of those found (cumulative).
+    pub prefix_cache_queries: u64,
+    pub prefix_cache_hits: u64,
+    pub num_preemptions: u64,
+    /// Sequences in the most recent step.
+    pub batch_size: usize,
+}
+
+/// The engine, as the server sees it. Every method returns at once (no blocking on a step).
+pub trait EngineClient: Send + Sync + 'static {
+    /// Queues a request. An error means it was refused outright (the engine is gone).
+    fn submit(&self, req: GenerateRequest) -> Result<Submission, String>;
+    /// Stops a request and frees its KV blocks; unknown or finished ids are ignored.
+    fn abort(&self, id: RequestId);
+    fn stats(&self) -> EngineStats;
+    /// True once the model is loaded and the engine loop runs.
+    fn is_ready(&self) -> bool;
+}

@@ -1,0 +1,165 @@
+//! Prometheus metrics under vLLM's names, rendered in the text exposition format (0.0.4).
+//!
+//! Written by hand rather than through prometheus-client: vLLM's names contain ':', which that
+//! crate's registry does not let us keep verbatim, and the format is small. Counters the server
+//! sees itself (tokens, latencies) live here; gauges of the engine's state are read from
+//! [`EngineStats`] at scrape time.
+
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use crate::engine_client::EngineStats;
+
+/// vLLM's bucket bounds, extended downwards for small models on a CPU.
+const TTFT_BUCKETS: &[f64] = &[0.0005, 0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0];
+const ITL_BUCKETS: &[f64] = &[0.0001, 0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0];
+const REQUEST_BUCKETS: &[f64] = &[0.001, 0.01, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0];
+
+#[derive(Debug)]
+pub struct Histogram {
+    bounds: &'static [f64],
+    inner: Mutex<HistogramState>,
+}
+
+#[derive(Debug, Default, Clone)]
+struct HistogramState {
+    /// Per bucket, not cumulative: `counts[i]` holds observations in `(bounds[i-1], bounds[i]]`;
+    /// the last entry is the `+Inf` overflow.
+    counts: Vec<u64>,
+    sum: f64,
+    count: u64,
+}
+
+impl Histogram {
+    fn new(bounds: &'static [f64]) -> Self {
+        Histogram { bounds, inner: Mutex::new(HistogramState { counts: vec![0; bounds.len() + 1], ..Default::default() }) }
+    }
+
+    pub fn observe(&self, v: f64) {
+        let i = self.bounds.iter().position(|&b| v <= b).unwrap_or(self.bounds.len());
+        let mut s = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        s.counts[i] += 1;
+        s.sum += v;
+        s.count += 1;
+    }
+
+    pub fn count(&self) -> u64 {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner()).count
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str, labels: &str) {
+        let s = self.inner.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        let mut cum = 0;
+        for (i, c) in s.counts.iter().enumerate() {
+            cum += c;
+            let le = self.bounds.get(i).map_or("+Inf".to_string(), |b| format_float(*b));
+            let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {cum}");
+        }
+        let _ = writeln!(out, "{name}_sum{{{labels}}} {}\n{name}_count{{{labels}}} {}", format_float(s.sum), s.count);
+    }
+}
+
+/// Prometheus floats: Go's shortest form, with `+Inf`/`-Inf`/`NaN` spelled out.
+fn format_float(v: f64) -> String {
+    if v.is_nan() {
+        "NaN".into()
+    } else if v.is_infinite() {
+        if v > 0.0 { "+Inf".into() } else { "-Inf".into() }
+    } else {
+        format!("{v}")
+    }
+}
+
+/// Label values escape backslash, double quote and newline.
+fn escape_label(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+#[derive(Debug)]
+pub struct Metrics {
+    model_label: String,
+    pub prompt_tokens: AtomicU64,
+    pub generation_tokens: AtomicU64,
+    /// Finished requests by reason: stop, length, abort, error.
+    pub finished: [AtomicU64; 4],
+    pub ttft: Histogram,
+    pub itl: Histogram,
+    pub e2e: Histogram,
+    pub queue: Histogram,
+}
+
+pub const FINISH_REASONS: [&str; 4] = ["stop", "length", "abort", "error"];
+
+impl Metrics {
+    pub fn new(model_name: &str) -> Self {
+        Metrics {
+            model_label: format!("model_name=\"{}\"", escape_label(model_name)),
+            prompt_tokens: AtomicU64::new(0),
+            generation_tokens: AtomicU64::new(0),
+            finished: Default::default(),
+            ttft: Histogram::new(TTFT_BUCKETS),
+            itl: Histogram::new(ITL_BUCKETS),
+            e2e: Histogram::new(REQUEST_BUCKETS),
+            queue: Histogram::new(REQUEST_BUCKETS),
+        }
+    }
+
+    pub fn count_finished(&self, reason: &str) {
+        if let Some(i) = FINISH_REASONS.iter().position(|r| *r == reason) {
+            self.finished[i].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The whole exposition, engine gauges included.
+    pub fn render(&self, stats: &EngineStats) -> String {
+        let l = &self.model_label;
+        let mut out = String::with_capacity(8192);
+        let mut gauge = |name: &str, help: &str, v: f64| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{{l}}} {}", format_float(v));
+        };
+        gauge("vllm:num_requests_running", "Number of requests in model execution batches.", stats.num_running as f64);
+        gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", stats.num_waiting as f64);
+        gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", stats.kv_cache_usage);
+        gauge("tandem:batch_size", "Sequences in the most recent engine step.", stats.batch_size as f64);
+        gauge("tandem:kv_cache_free_blocks", "KV-cache blocks free (clean or evictable).", stats.num_free_blocks as f64);
+        gauge("tandem:kv_cache_total_blocks", "KV-cache blocks in the pool.", stats.num_total_blocks as f64);
+        let mut counter = |name: &str, help: &str, v: u64| {
+            let _ = writeln!(out, "# HELP {name}_total {help}\n# TYPE {name}_total counter\n{name}_total{{{l}}} {v}");
+        };
+        counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", stats.prefix_cache_queries);
+        counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", stats.prefix_cache_hits);
+        counter("vllm:num_preemptions", "Cumulative number of preemptions from the engine.", stats.num_preemptions);
+        counter("vllm:prompt_tokens", "Number of prefill tokens processed.", self.prompt_tokens.load(Ordering::Relaxed));
+        counter("vllm:generation_tokens", "Number of generation tokens processed.", self.generation_tokens.load(Ordering::Relaxed));
+        let _ = writeln!(out, "# HELP vllm:request_success_total Count of finished requests by finish reason.\n# TYPE vllm:request_success_total counter");
+        for (i, r) in FINISH_REASONS.iter().enumerate() {
+            let _ = writeln!(out, "vllm:request_success_total{{{l},finished_reason=\"{r}\"}} {}", self.finished[i].load(Ordering::Relaxed));
+        }
+        self.ttft.render(&mut out, "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", l);
+        self.itl.render(&mut out, "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", l);
+        self.e2e.render(&mut out, "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", l);
+        self.queue.render(&mut out, "vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", l);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_buckets_are_cumulative_and_end_in_inf() {
+        let m = Metrics::new("m\"x");
+        for v in [0.0002, 0.003, 0.003, 5000.0] {
+            m.ttft.observe(v);
+        }
+        let text = m.render(&EngineStats::default());
+        assert!(text.contains("vllm:time_to_first_token_seconds_bucket{model_name=\"m\\\"x\",le=\"0.0005\"} 1\n"), "{text}");
+        assert!(text.contains("vllm:time_to_first_token_seconds_bucket{model_name=\"m\\\"x\",le=\"0.005\"} 3\n"));
+        assert!(text.contains("vllm:time_to_first_token_seconds_bucket{model_name=\"m\\\"x\",le=\"2560\"} 3\n"));
+        assert!(text.contains("vllm:time_to_first_token_seconds_bucket{model_name=\"m\\\"x\",le=\"+Inf\"} 4\n"));
+        assert!(text.contains("vllm:time_to_first_token_seconds_count{model_name=\"m\\\"x\"} 4\n"));
+    }
+}

@@ -1,0 +1,425 @@
+//! The wire formats: OpenAI's `/v1/completions` and `/v1/chat/completions` (requests, whole
+//! responses and stream chunks) and the plain `/generate`.
+//!
+//! `/generate` takes `{"prompt": "..."}` or `{"prompts": [...]}` plus the same sampling fields
+//! and answers `{"text": ...}` or `{"texts": [...]}`; streamed, each event is
+//! `{"index": i, "text": delta}` (plus `finish_reason` on a prompt's last), then `[DONE]`.
+
+use std::fmt::Write;
+use std::sync::Arc;
+
+use serde_json::{json, Map, Value};
+use tandem_core::tokenizer::Tokenizer;
+
+use crate::engine_client::{EngineUpdate, FinishReason, GenerateRequest, TokenLogprob};
+use crate::error::ApiError;
+use crate::params::{parse_params, Api, Fields, ParsedParams};
+use crate::run::Run;
+use crate::server::AppState;
+
+/// A parsed, tokenized request, ready to submit.
+#[derive(Debug)]
+pub struct Job {
+    pub api: Api,
+    pub prompts: Vec<Vec<u32>>,
+    pub p: ParsedParams,
+    /// `/generate` with `prompts`: answer `texts`.
+    pub multi: bool,
+}
+
+fn parse_json(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(o)) => Ok(o),
+        Ok(_) => Err(ApiError::bad_request("the request body must be a JSON object")),
+        Err(e) => Err(ApiError::bad_request(format!("the request body is not valid JSON: {e}"))),
+    }
+}
+
+fn check_model(f: &Fields, served: &str) -> Result<(), ApiError> {
+    match f.str("model")? {
+        Some(m) if m != served => Err(ApiError::unknown_model(m, served)),
+        _ => Ok(()),
+    }
+}
+
+fn check_ids(ids: Vec<u32>, vocab: usize, param: &str) -> Result<Vec<u32>, ApiError> {
+    if ids.is_empty() {
+        return Err(ApiError::invalid(param, format!("`{param}` must not be empty")));
+    }
+    if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab) {
+        return Err(ApiError::invalid(param, format!("`{param}` holds token id {bad}, outside the vocabulary [0, {vocab})")));
+    }
+    Ok(ids)
+}
+
+fn token_ids(v: &Value) -> Option<Vec<u32>> {
+    v.as_array()?.iter().map(|t| t.as_u64().filter(|&t| t <= u32::MAX as u64).map(|t| t as u32)).collect()
+}
+
+/// A completions prompt: a string, a list of strings, token ids, or a list of token-id lists.
+fn parse_prompts(v: Option<&Value>, param: &str, tok: &Tokenizer, vocab: usize) -> Result<Vec<Vec<u32>>, ApiError> {
+    let shape = || ApiError::invalid(param, format!("`{param}` must be a string, a list of strings, a list of token ids, or a list of lists of token ids"));
+    let encode = |s: &str| tok.encode(s, true).map_err(|e| ApiError::invalid(param, format!("cannot tokenize `{param}`: {e}")));
+    let prompts = match v {
+        None => return Err(ApiError::invalid(param, format!("`{param}` is required"))),
+        Some(Value::String(s)) => vec![encode(s)?],
+        Some(Value::Array(a)) if a.is_empty() => return Err(ApiError::invalid(param, format!("`{param}` must not be an empty list"))),
+        Some(Value::Array(a)) if a.iter().all(Value::is_string) => a.iter().map(|s| encode(s.as_str().unwrap_or_default())).collect::<Result<_, _>>()?,
+        Some(Value::Array(a)) if a.iter().all(Value::is_number) => vec![token_ids(v.unwrap_or(&Value::Null)).ok_or_else(shape)?],
+        Some(Value::Array(a)) if a.iter().all(Value::is_array) => a.iter().map(|p| token_ids(p).ok_or_else(shape)).collect::<Result<_, _>>()?,
+        Some(_) => return Err(shape()),
+    };
+    prompts.into_iter().map(|p| check_ids(p, vocab, param)).collect()
+}
+
+/// Message contents as plain strings (a list of text parts is joined) for the template.
+fn normalize_messages(v: Option<&Value>) -> Result<Vec<Value>, ApiError> {
+    let msgs = match v {
+        Some(Value::Array(a)) if !a.is_empty() => a,
+        Some(Value::Array(_)) => return Err(ApiError::invalid("messages", "`messages` must not be empty")),
+        None => return Err(ApiError::invalid("messages", "`messages` is required")),
+        Some(_) => return Err(ApiError::invalid("messages", "`messages` must be a list of message objects")),
+    };
+    let mut out = Vec::with_capacity(msgs.len());
+    for (i, m) in msgs.iter().enumerate() {
+        let Some(obj) = m.as_object() else {
+            return Err(ApiError::invalid(&format!("messages[{i}]"), format!("`messages[{i}]` must be an object")));
+        };
+        if !obj.get("role").is_some_and(Value::is_string) {
+            return Err(ApiError::invalid(&format!("messages[{i}].role"), format!("`messages[{i}].role` must be a string")));
+        }
+        let mut obj = obj.clone();
+        let content = match obj.get("content") {
+            None | Some(Value::Null) => Value::String(String::new()),
+            Some(Value::String(s)) => Value::String(s.clone()),
+            Some(Value::Array(parts)) => {
+                let mut text = String::new();
+                for p in parts {
+                    match (p.get("type").and_then(Value::as_str), p.get("text").and_then(Value::as_str)) {
+                        (Some("text"), Some(t)) => text.push_str(t),
+                        _ => return Err(ApiError::invalid(&format!("messages[{i}].content"), "only text content parts (`{\"type\": \"text\", \"text\": ...}`) are supported")),
+                    }
+                }
+                Value::String(text)
+            }
+            Some(_) => return Err(ApiError::invalid(&format!("messages[{i}].content"), format!("`messages[{i}].content` must be a string or a list of text parts"))),
+        };
+        obj.insert("content".into(), content);
+        out.push(Value::Object(obj));
+    }
+    Ok(out)
+}
+
+impl Job {
+    pub fn completions(state: &AppState, body: &[u8]) -> Result<Job, ApiError> {
+        let o = parse_json(body)?;
+        let f = Fields(&o);
+        check_model(&f, &state.model_name)?;
+        if f.bool("echo")? == Some(true) {
+            return Err(ApiError::invalid("echo", "`echo` is not supported"));
+        }
+        let vocab = state.config.vocab_size;
+        let p = parse_params(&f, Api::Completions, vocab)?;
+        let prompts = parse_prompts(f.get("prompt"), "prompt", &state.tokenizer, vocab)?;
+        Ok(Job { api: Api::Completions, prompts, p, multi: false })
+    }
+
+    pub fn chat(state: &AppState, body: &[u8]) -> Result<Job, ApiError> {
+        let o = parse_json(body)?;
+        let f = Fields(&o);
+        check_model(&f, &state.model_name)?;
+        let vocab = state.config.vocab_size;
+        let p = parse_params(&f, Api::Chat, vocab)?;
+        let msgs = normalize_messages(f.get("messages"))?;
+        let add_gen = f.bool("add_generation_prompt")?.unwrap_or(true);
+        let text = state.tokenizer.apply_chat_template(&msgs, add_gen).map_err(|e| ApiError::invalid("messages", format!("cannot apply the chat template: {e}")))?;
+        // The template writes the BOS itself.
+        let ids = state.tokenizer.encode(&text, false).map_err(|e| ApiError::invalid("messages", format!("cannot tokenize the rendered chat: {e}")))?;
+        Ok(Job { api: Api::Chat, prompts: vec![check_ids(ids, vocab, "messages")?], p, multi: false })
+    }
+
+    pub fn generate(state: &AppState, body: &[u8]) -> Result<Job, ApiError> {
+        let o = parse_json(body)?;
+        let f = Fields(&o);
+        let vocab = state.config.vocab_size;
+        let p = parse_params(&f, Api::Generate, vocab)?;
+        if p.params.n != 1 {
+            return Err(ApiError::invalid("n", "`/generate` answers one text per prompt; use /v1/completions for n > 1"));
+        }
+        let (prompts, multi) = match (f.get("prompt"), f.get("prompts")) {
+            (Some(_), Some(_)) => return Err(ApiError::invalid("prompts", "give `prompt` or `prompts`, not both")),
+            (Some(v @ Value::String(_)), None) => (parse_prompts(Some(v), "prompt", &state.tokenizer, vocab)?, false),
+            (Some(v), None) if token_ids(v).is_some() => (parse_prompts(Some(v), "prompt", &state.tokenizer, vocab)?, false),
+            (Some(_), None) => return Err(ApiError::invalid("prompt", "`prompt` must be a string or a list of token ids; use `prompts` for several")),
+            (None, Some(v @ Value::Array(_))) => (parse_prompts(Some(v), "prompts", &state.tokenizer, vocab)?, true),
+            (None, Some(_)) => return Err(ApiError::invalid("prompts", "`prompts` must be a list of strings or of token-id lists")),
+            (None, None) => return Err(ApiError::invalid("prompt", "`prompt` (or `prompts`) is required")),
+        };
+        Ok(Job { api: Api::Generate, prompts, p, multi })
+    }
+
+    /// One engine request per prompt, with `max_tokens` fitted to the context.
+    pub fn requests(&self, state: &AppState) -> Result<Vec<GenerateRequest>, ApiError> {
+        let ctx = state.config.max_model_len;
+        let param = match self.api {
+            Api::Chat => "messages",
+            Api::Completions | Api::Generate if self.multi => "prompts",
+            _ => "prompt",
+        };
+        let max_name = if self.api == Api::Chat { "max_completion_tokens" } else { "max_tokens" };
+        self.prompts
+            .iter()
+            .map(|prompt| {
+                let len = prompt.len();
+                if len >= ctx {
+                    return Err(ApiError::invalid(param, format!("the prompt has {len} tokens, but this model's context length is {ctx} tokens (room is needed for at least one output token)")));
+                }
+                let room = ctx - len;
+                let max_tokens = match self.p.max_tokens {
+                    Some(m) if m > room => {
+                        return Err(ApiError::invalid(max_name, format!("this model's context length is {ctx} tokens; the prompt has {len} tokens and {m} output tokens were asked for ({} in all)", len + m)));
+                    }
+                    Some(m) => m,
+                    None if self.api == Api::Chat => room,
+                    None => state.config.default_max_tokens.min(room),
+                };
+                if self.p.params.min_tokens > max_tokens {
+                    return Err(ApiError::invalid("min_tokens", format!("`min_tokens` ({}) exceeds the {max_tokens} output tokens the context leaves", self.p.params.min_tokens)));
+                }
+                let mut params = self.p.params.clone();
+                params.max_tokens = max_tokens;
+                Ok(GenerateRequest { prompt: prompt.clone(), params, priority: self.p.priority })
+            })
+            .collect()
+    }
+}
+
+/// What identifies a response: its id, creation time and model.
+#[derive(Debug, Clone)]
+pub struct ResponseMeta {
+    pub id: String,
+    pub created: u64,
+    pub model: String,
+}
+
+fn token_text(tok: &Tokenizer, id: u32) -> String {
+    tok.decode(&[id], false).unwrap_or_default()
+}
+
+/// Completions' logprobs object for some tokens; `offset` is the text offset of the first.
+fn completion_logprobs(tok: &Tokenizer, lps: &[TokenLogprob], offset: &mut usize) -> Value {
+    let mut tokens = Vec::with_capacity(lps.len());
+    let mut token_logprobs = Vec::with_capacity(lps.len());
+    let mut top = Vec::with_capacity(lps.len());
+    let mut offsets = Vec::with_capacity(lps.len());
+    for lp in lps {
+        let t = token_text(tok, lp.token);
+        offsets.push(*offset);
+        *offset += t.len();
+        let mut m = Map::new();
+        for &(id, l) in &lp.top {
+            m.insert(token_text(tok, id), json!(l));
+        }
+        // vLLM's convention: the sampled token is always among the top entries.
+        m.entry(t.clone()).or_insert(json!(lp.logprob));
+        tokens.push(Value::String(t));
+        token_logprobs.push(json!(lp.logprob));
+        top.push(Value::Object(m));
+    }
+    json!({"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets})
+}
+
+fn chat_logprob_entries(tok: &Tokenizer, lps: &[TokenLogprob]) -> Vec<Value> {
+    let entry = |id: u32, l: f32| {
+        let t = token_text(tok, id);
+        let bytes: Vec<u8> = t.as_bytes().to_vec();
+        (t, bytes, l)
+    };
+    lps.iter()
+        .map(|lp| {
+            let (t, bytes, l) = entry(lp.token, lp.logprob);
+            let top: Vec<Value> = lp
+                .top
+                .iter()
+                .map(|&(id, l)| {
+                    let (t, b, l) = entry(id, l);
+                    json!({"token": t, "logprob": l, "bytes": b})
+                })
+                .collect();
+            json!({"token": t, "logprob": l, "bytes": bytes, "top_logprobs": top})
+        })
+        .collect()
+}
+
+fn usage(run: &Run) -> Value {
+    json!({"prompt_tokens": run.prompt_tokens, "completion_tokens": run.completion_tokens, "total_tokens": run.prompt_tokens + run.completion_tokens})
+}
+
+/// One choice of a whole (non-streamed) response.
+#[derive(Debug, Default, Clone)]
+pub struct ChoiceAcc {
+    pub text: String,
+    pub logprobs: Vec<TokenLogprob>,
+    pub finish: Option<FinishReason>,
+}
+
+/// Waits for the whole run and gathers each choice's text. Engine failures become 500.
+pub async fn collect(run: &mut Run) -> Result<Vec<ChoiceAcc>, ApiError> {
+    let mut acc = vec![ChoiceAcc::default(); run.finishes.len()];
+    while let Some((p, upd)) = run.next_update().await {
+        for d in upd.deltas {
+            let Some(c) = acc.get_mut(p * run.n + d.index) else { continue };
+            c.text.push_str(&d.text);
+            c.logprobs.extend(d.logprobs);
+            if d.finish.is_some() {
+                c.finish = d.finish;
+            }
+        }
+    }
+    if let Some(e) = run.error() {
+        return Err(ApiError::internal(format!("the engine failed this request: {e}")));
+    }
+    if run.aborted() {
+        return Err(ApiError::unavailable("the request was aborted: the server is shutting down"));
+    }
+    Ok(acc)
+}
+
+/// The whole JSON response of a finished run.
+pub fn response(job: &Job, meta: &ResponseMeta, run: &Run, choices: Vec<ChoiceAcc>, tok: &Tokenizer) -> Value {
+    let want_lp = job.p.params.logprobs.is_some();
+    let finish = |c: &ChoiceAcc| c.finish.as_ref().map_or("stop", FinishReason::as_str);
+    match job.api {
+        Api::Completions => {
+            let choices: Vec<Value> = choices
+                .iter()
+                .enumerate()
+                .map(|(i, c)| {
+                    let lp = if want_lp { completion_logprobs(tok, &c.logprobs, &mut 0) } else { Value::Null };
+                    json!({"index": i, "text": c.text, "logprobs": lp, "finish_reason": finish(c)})
+                })
+                .collect();
+            json!({"id": meta.id, "object": "text_completion", "created": meta.created, "model": meta.model, "choices": choices, "usage": usage(run)})
+        }
+        Api::Chat => {
+            let choices: Vec<Value> = choices
+                .iter()
+                .enumerate()
+                .map(|(i, c)| {
+                    let lp = if want_lp { json!({"content": chat_logprob_entries(tok, &c.logprobs)}) } else { Value::Null };
+                    json!({"index": i, "message": {"role": "assistant", "content": c.text}, "logprobs": lp, "finish_reason": finish(c)})
+                })
+                .collect();
+            json!({"id": meta.id, "object": "chat.completion", "created": meta.created, "model": meta.model, "choices": choices, "usage": usage(run)})
+        }
+        Api::Generate if job.multi => json!({"texts": choices.iter().map(|c| c.text.clone()).collect::<Vec<_>>(), "usage": usage(run)}),
+        Api::Generate => json!({"text": choices.first().map(|c| c.text.clone()).unwrap_or_default(), "usage": usage(run)}),
+    }
+}
+
+/// Turns engine updates into server-sent events of one API's chunk format.
+pub struct StreamFormatter {
+    api: Api,
+    meta: ResponseMeta,
+    tok: Arc<Tokenizer>,
+    num_choices: usize,
+    include_usage: bool,
+    want_logprobs: bool,
+    /// Completions: text offset of each choice's next token.
+    offsets: Vec<usize>,
+}
+
+fn push_event(out: &mut String, v: &Value) {
+    out.push_str("data: ");
+    // Writing a Value into a String cannot fail.
+    let _ = write!(out, "{v}");
+    out.push_str("\n\n");
+}
+
+impl StreamFormatter {
+    pub fn new(job: &Job, meta: ResponseMeta, tok: Arc<Tokenizer>) -> Self {
+        let num_choices = job.prompts.len() * job.p.params.n;
+        StreamFormatter {
+            api: job.api,
+            meta,
+            tok,
+            num_choices,
+            include_usage: job.p.include_usage,
+            want_logprobs: job.p.params.logprobs.is_some(),
+            offsets: vec![0; num_choices],
+        }
+    }
+
+    fn chunk(&self, choices: Vec<Value>) -> Value {
+        let object = if self.api == Api::Chat { "chat.completion.chunk" } else { "text_completion" };
+        let mut v = json!({"id": self.meta.id, "object": object, "created": self.meta.created, "model": self.meta.model, "choices": choices});
+        if self.include_usage {
+            v["usage"] = Value::Null;
+        }
+        v
+    }
+
+    /// Events sent before any token: chat announces the assistant role of every choice.
+    pub fn head(&mut self) -> String {
+        let mut out = String::new();
+        if self.api == Api::Chat {
+            let choices = (0..self.num_choices).map(|i| json!({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null})).collect();
+            push_event(&mut out, &self.chunk(choices));
+        }
+        out
+    }
+
+    pub fn update(&mut self, out: &mut String, run: &Run, prompt: usize, upd: &EngineUpdate) {
+        let mut choices = Vec::new();
+        for d in &upd.deltas {
+            let index = prompt * run.n + d.index;
+            if index >= self.num_choices {
+                continue;
+            }
+            if let Some(FinishReason::Error(e)) = &d.finish {
+                push_event(out, &ApiError::internal(format!("the engine failed this request: {e}")).body());
+            }
+            let has_lp = self.want_logprobs && !d.logprobs.is_empty();
+            if d.text.is_empty() && d.finish.is_none() && !has_lp {
+                continue; // text held back (a possible stop string): nothing to say yet
+            }
+            let finish = d.finish.as_ref().map(|f| f.as_str());
+            choices.push(match self.api {
+                Api::Completions => {
+                    let lp = if self.want_logprobs { completion_logprobs(&self.tok, &d.logprobs, &mut self.offsets[index]) } else { Value::Null };
+                    json!({"index": index, "text": d.text, "logprobs": lp, "finish_reason": finish})
+                }
+                Api::Chat => {
+                    let lp = if self.want_logprobs { json!({"content": chat_logprob_entries(&self.tok, &d.logprobs)}) } else { Value::Null };
+                    let delta = if d.text.is_empty() { json!({}) } else { json!({"content": d.text}) };
+                    json!({"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish})
+                }
+                Api::Generate => {
+                    let mut v = json!({"index": index, "text": d.text});
+                    if let Some(f) = finish {
+                        v["finish_reason"] = json!(f);
+                    }
+                    v
+                }
+            });
+        }
+        if choices.is_empty() {
+            return;
+        }
+        if self.api == Api::Generate {
+            for c in &choices {
+                push_event(out, c);
+            }
+        } else {
+            push_event(out, &self.chunk(choices));
+        }
+    }
+
+    pub fn tail(&mut self, out: &mut String, run: &Run) {
+        if self.include_usage && self.api != Api::Generate {
+            let object = if self.api == Api::Chat { "chat.completion.chunk" } else { "text_completion" };
+            push_event(out, &json!({"id": self.meta.id, "object": object, "created": self.meta.created, "model": self.meta.model, "choices": [], "usage": usage(run)}));
+        }
+        out.push_str("data: [DONE]\n\n");
+    }
+}

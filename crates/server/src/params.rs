@@ -1,0 +1,274 @@
+//! Sampling fields of a JSON request body, type- and range-checked, each error naming its field.
+//!
+//! `null` counts as absent (clients send it for "default"). Unknown fields are ignored, as
+//! OpenAI's own server does for fields it has dropped.
+
+use serde_json::{Map, Value};
+
+use crate::engine_client::RequestParams;
+use crate::error::ApiError;
+
+/// Most completions one request may ask for.
+pub const MAX_N: usize = 128;
+/// Most top logprobs per token (vLLM's default cap).
+pub const MAX_LOGPROBS: usize = 20;
+
+/// A JSON object read field by field.
+pub struct Fields<'a>(pub &'a Map<String, Value>);
+
+fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+impl<'a> Fields<'a> {
+    pub fn get(&self, name: &str) -> Option<&'a Value> {
+        self.0.get(name).filter(|v| !v.is_null())
+    }
+
+    pub fn f32(&self, name: &str) -> Result<Option<f32>, ApiError> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(Value::Number(n)) => {
+                let x = n.as_f64().unwrap_or(f64::NAN) as f32;
+                if x.is_finite() { Ok(Some(x)) } else { Err(ApiError::invalid(name, format!("`{name}` must be a finite number"))) }
+            }
+            Some(v) => Err(ApiError::invalid(name, format!("`{name}` must be a number, got {}", type_name(v)))),
+        }
+    }
+
+    pub fn i64(&self, name: &str) -> Result<Option<i64>, ApiError> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(Value::Number(n)) => match n.as_i64() {
+                Some(i) => Ok(Some(i)),
+                None if n.as_u64().is_some() => Err(ApiError::invalid(name, format!("`{name}` is too large, got {n}"))),
+                None => Err(ApiError::invalid(name, format!("`{name}` must be an integer, got {n}"))),
+            },
+            Some(v) => Err(ApiError::invalid(name, format!("`{name}` must be an integer, got {}", type_name(v)))),
+        }
+    }
+
+    /// An integer in `lo..=hi`.
+    pub fn int_in(&self, name: &str, lo: i64, hi: i64) -> Result<Option<i64>, ApiError> {
+        match self.i64(name)? {
+            Some(i) if i < lo || i > hi => Err(ApiError::invalid(name, format!("`{name}` must be in [{lo}, {hi}], got {i}"))),
+            other => Ok(other),
+        }
+    }
+
+    pub fn bool(&self, name: &str) -> Result<Option<bool>, ApiError> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(v) => Err(ApiError::invalid(name, format!("`{name}` must be a boolean, got {}", type_name(v)))),
+        }
+    }
+
+    pub fn str(&self, name: &str) -> Result<Option<&'a str>, ApiError> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s)),
+            Some(v) => Err(ApiError::invalid(name, format!("`{name}` must be a string, got {}", type_name(v)))),
+        }
+    }
+
+    pub fn object(&self, name: &str) -> Result<Option<Fields<'a>>, ApiError> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(Value::Object(o)) => Ok(Some(Fields(o))),
+            Some(v) => Err(ApiError::invalid(name, format!("`{name}` must be an object, got {}", type_name(v)))),
+        }
+    }
+
+    /// A number checked by `ok`, which describes the range it accepts.
+    fn ranged(&self, name: &str, ok: impl Fn(f32) -> bool, range: &str) -> Result<Option<f32>, ApiError> {
+        match self.f32(name)? {
+            Some(x) if !ok(x) => Err(ApiError::invalid(name, format!("`{name}` must be in {range}, got {x}"))),
+            other => Ok(other),
+        }
+    }
+}
+
+/// Which API's conventions the body follows (they differ in `max_tokens` and `logprobs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Api {
+    Completions,
+    Chat,
+    Generate,
+}
+
+/// Everything about a request but its prompt.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParsedParams {
+    pub params: RequestParams,
+    /// As asked; the server fills in what the context leaves when absent.
+    pub max_tokens: Option<usize>,
+    pub priority: i32,
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+/// Reads the sampling fields shared by every endpoint. `vocab` bounds `stop_token_ids`.
+pub fn parse_params(f: &Fields, api: Api, vocab: usize) -> Result<ParsedParams, ApiError> {
+    let mut p = RequestParams::default();
+    if let Some(n) = f.int_in("n", 1, MAX_N as i64)? {
+        p.n = n as usize;
+    }
+    if let Some(t) = f.ranged("temperature", |x| (0.0..=2.0).contains(&x), "[0, 2]")? {
+        p.temperature = t;
+    }
+    if let Some(t) = f.ranged("top_p", |x| x > 0.0 && x <= 1.0, "(0, 1]")? {
+        p.top_p = t;
+    }
+    // vLLM's convention: -1 (or 0) disables top-k.
+    if let Some(k) = f.int_in("top_k", -1, i32::MAX as i64)? {
+        p.top_k = k.max(0) as usize;
+    }
+    if let Some(m) = f.ranged("min_p", |x| (0.0..=1.0).contains(&x), "[0, 1]")? {
+        p.min_p = m;
+    }
+    if let Some(r) = f.ranged("repetition_penalty", |x| x > 0.0 && x <= 10.0, "(0, 10]")? {
+        p.repetition_penalty = r;
+    }
+    if let Some(x) = f.ranged("presence_penalty", |x| (-2.0..=2.0).contains(&x), "[-2, 2]")? {
+        p.presence_penalty = x;
+    }
+    if let Some(x) = f.ranged("frequency_penalty", |x| (-2.0..=2.0).contains(&x), "[-2, 2]")? {
+        p.frequency_penalty = x;
+    }
+    p.seed = match f.get("seed") {
+        None => None,
+        // Negative seeds are accepted as their two's-complement bits, like numpy's.
+        Some(Value::Number(n)) if n.as_u64().is_some() || n.as_i64().is_some() => Some(n.as_u64().unwrap_or_else(|| n.as_i64().unwrap_or(0) as u64)),
+        Some(_) => return Err(ApiError::invalid("seed", "`seed` must be an integer")),
+    };
+    p.stop = match f.get("stop") {
+        None => Vec::new(),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|v| v.as_str().map(String::from).ok_or_else(|| ApiError::invalid("stop", format!("`stop` must be a string or a list of strings, found {}", type_name(v)))))
+            .collect::<Result<_, _>>()?,
+        Some(v) => return Err(ApiError::invalid("stop", format!("`stop` must be a string or a list of strings, got {}", type_name(v)))),
+    };
+    if p.stop.iter().any(|s| s.is_empty()) {
+        return Err(ApiError::invalid("stop", "`stop` strings must not be empty"));
+    }
+    p.stop_token_ids = match f.get("stop_token_ids") {
+        None => Vec::new(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|v| match v.as_u64() {
+                Some(id) if (id as usize) < vocab => Ok(id as u32),
+                _ => Err(ApiError::invalid("stop_token_ids", format!("`stop_token_ids` must hold token ids in [0, {vocab}), found {v}"))),
+            })
+            .collect::<Result<_, _>>()?,
+        Some(v) => return Err(ApiError::invalid("stop_token_ids", format!("`stop_token_ids` must be a list of integers, got {}", type_name(v)))),
+    };
+    p.ignore_eos = f.bool("ignore_eos")?.unwrap_or(false);
+
+    // Chat's newer name wins over the deprecated one.
+    let max_name = if api == Api::Chat && f.get("max_completion_tokens").is_some() { "max_completion_tokens" } else { "max_tokens" };
+    let max_tokens = f.int_in(max_name, 1, i64::MAX)?.map(|m| m as usize);
+    if let Some(m) = f.int_in("min_tokens", 0, i64::MAX)? {
+        p.min_tokens = m as usize;
+        if let Some(max) = max_tokens.filter(|&max| max < p.min_tokens) {
+            return Err(ApiError::invalid("min_tokens", format!("`min_tokens` ({m}) must not exceed `{max_name}` ({max})")));
+        }
+    }
+    p.logprobs = match api {
+        Api::Completions | Api::Generate => f.int_in("logprobs", 0, MAX_LOGPROBS as i64)?.map(|k| k as usize),
+        Api::Chat => {
+            let top = f.int_in("top_logprobs", 0, MAX_LOGPROBS as i64)?;
+            match (f.bool("logprobs")?.unwrap_or(false), top) {
+                (true, top) => Some(top.unwrap_or(0) as usize),
+                (false, Some(_)) => return Err(ApiError::invalid("top_logprobs", "`top_logprobs` needs `logprobs: true`")),
+                (false, None) => None,
+            }
+        }
+    };
+    let priority = f.int_in("priority", i32::MIN as i64, i32::MAX as i64)?.unwrap_or(0) as i32;
+    let stream = f.bool("stream")?.unwrap_or(false);
+    let include_usage = match f.object("stream_options")? {
+        Some(o) => o.bool("include_usage").map_err(|e| ApiError { param: Some("stream_options.include_usage".into()), ..e })?.unwrap_or(false),
+        None => false,
+    };
+    Ok(ParsedParams { params: p, max_tokens, priority, stream, include_usage })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn parse(v: Value, api: Api) -> Result<ParsedParams, ApiError> {
+        parse_params(&Fields(v.as_object().unwrap()), api, 100)
+    }
+
+    #[test]
+    fn defaults_and_values() {
+        let p = parse(json!({}), Api::Completions).unwrap();
+        assert_eq!(p.params, RequestParams::default());
+        assert_eq!(p.max_tokens, None);
+        let p = parse(
+            json!({"n": 3, "temperature": 0, "top_k": -1, "seed": -1, "stop": "x", "stop_token_ids": [5], "max_tokens": 7,
+                   "min_tokens": 2, "logprobs": 4, "priority": -5, "stream": true, "stream_options": {"include_usage": true}, "top_p": null}),
+            Api::Completions,
+        )
+        .unwrap();
+        assert_eq!((p.params.n, p.params.temperature, p.params.top_k, p.params.seed), (3, 0.0, 0, Some(u64::MAX)));
+        assert_eq!((p.params.stop.clone(), p.params.stop_token_ids.clone()), (vec!["x".to_string()], vec![5]));
+        assert_eq!((p.max_tokens, p.params.min_tokens, p.params.logprobs, p.priority), (Some(7), 2, Some(4), -5));
+        assert!(p.stream && p.include_usage);
+    }
+
+    #[test]
+    fn chat_names() {
+        let p = parse(json!({"max_tokens": 3, "max_completion_tokens": 9, "logprobs": true, "top_logprobs": 2}), Api::Chat).unwrap();
+        assert_eq!((p.max_tokens, p.params.logprobs), (Some(9), Some(2)));
+        let p = parse(json!({"logprobs": true}), Api::Chat).unwrap();
+        assert_eq!(p.params.logprobs, Some(0));
+        assert_eq!(parse(json!({"top_logprobs": 2}), Api::Chat).unwrap_err().param.as_deref(), Some("top_logprobs"));
+        assert_eq!(parse(json!({"logprobs": 2}), Api::Chat).unwrap_err().param.as_deref(), Some("logprobs"));
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let cases = [
+            (json!({"temperature": "hot"}), "temperature", "must be a number"),
+            (json!({"temperature": 2.5}), "temperature", "[0, 2]"),
+            (json!({"top_p": 0}), "top_p", "(0, 1]"),
+            (json!({"top_k": -2}), "top_k", "[-1"),
+            (json!({"min_p": 1.5}), "min_p", "[0, 1]"),
+            (json!({"repetition_penalty": 0}), "repetition_penalty", "(0, 10]"),
+            (json!({"presence_penalty": 3}), "presence_penalty", "[-2, 2]"),
+            (json!({"frequency_penalty": -3}), "frequency_penalty", "[-2, 2]"),
+            (json!({"n": 0}), "n", "[1, 128]"),
+            (json!({"n": 1.5}), "n", "must be an integer"),
+            (json!({"max_tokens": 0}), "max_tokens", "[1,"),
+            (json!({"max_tokens": 2, "min_tokens": 3}), "min_tokens", "must not exceed"),
+            (json!({"stop": [1]}), "stop", "list of strings"),
+            (json!({"stop": ""}), "stop", "must not be empty"),
+            (json!({"stop_token_ids": [100]}), "stop_token_ids", "[0, 100)"),
+            (json!({"logprobs": 21}), "logprobs", "[0, 20]"),
+            (json!({"ignore_eos": 1}), "ignore_eos", "boolean"),
+            (json!({"priority": 1e10}), "priority", "integer"),
+            (json!({"seed": "x"}), "seed", "integer"),
+            (json!({"stream": "yes"}), "stream", "boolean"),
+            (json!({"stream_options": {"include_usage": 1}}), "stream_options.include_usage", "boolean"),
+        ];
+        for (body, field, msg) in cases {
+            let e = parse(body.clone(), Api::Completions).unwrap_err();
+            assert_eq!(e.status, 400, "{body}");
+            assert_eq!(e.param.as_deref(), Some(field), "{body}: {}", e.message);
+            assert!(e.message.contains(msg), "{body}: {}", e.message);
+        }
+    }
+}

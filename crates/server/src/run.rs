@@ -1,0 +1,234 @@
+//! One HTTP request's generation: its engine submissions (one per prompt), the merged stream of
+//! their updates, and the bookkeeping done as updates pass (token counters, TTFT and
+//! inter-token latency, the bounded queue).
+//!
+//! A [`Run`] is a drop guard: dropping it before every completion finished (the client went
+//! away, the handler future was cancelled) aborts the unfinished engine requests at once, so
+//! their KV blocks are freed. Its drop also writes the request's one log line.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use crate::engine_client::{CompletionDelta, EngineUpdate, FinishReason, GenerateRequest, RequestId};
+use crate::error::ApiError;
+use crate::server::AppState;
+
+struct Sub {
+    id: RequestId,
+    rx: tokio::sync::mpsc::UnboundedReceiver<EngineUpdate>,
+    /// Completions of this prompt not finished yet.
+    unfinished: usize,
+    /// Counted in the server's queue until its first update.
+    queued: bool,
+    closed: bool,
+}
+
+impl Sub {
+    fn done(&self) -> bool {
+        self.closed || self.unfinished == 0
+    }
+}
+
+pub struct Run {
+    state: Arc<AppState>,
+    subs: Vec<Sub>,
+    /// Completions per prompt; choice `p * n + i` is completion `i` of prompt `p`.
+    pub n: usize,
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    /// Per choice: how it finished, once it has.
+    pub finishes: Vec<Option<FinishReason>>,
+    last_token: Vec<Option<Instant>>,
+    start: Instant,
+    first_token: Option<Instant>,
+    queue_time: Option<Duration>,
+    /// For the log line: "cmpl-…", "chatcmpl-…".
+    pub label: String,
+}
+
+impl Run {
+    /// Submits one engine request per prompt. Fails with 429 when the queue is full (nothing
+    /// submitted then) and 500 when the engine refuses.
+    pub fn start(state: Arc<AppState>, reqs: Vec<GenerateRequest>, label: String, start: Instant) -> Result<Run, ApiError> {
+        let k = reqs.len();
+        let max = state.config.max_queued_requests;
+        let before = state.queued.fetch_add(k, Ordering::SeqCst);
+        if before + k > max {
+            state.queued.fetch_sub(k, Ordering::SeqCst);
+            return Err(ApiError::overloaded(before, 1));
+        }
+        let n = reqs.first().map_or(1, |r| r.params.n);
+        let mut run = Run {
+            state: state.clone(),
+            subs: Vec::with_capacity(k),
+            n,
+            prompt_tokens: reqs.iter().map(|r| r.prompt.len()).sum(),
+            completion_tokens: 0,
+            finishes: vec![None; k * n],
+            last_token: vec![None; k * n],
+            start,
+            first_token: None,
+            queue_time: None,
+            label,
+        };
+        for (i, req) in reqs.into_iter().enumerate() {
+            match state.engine.submit(req) {
+                Ok(s) => {
+                    state.live.lock().unwrap_or_else(|e| e.into_inner()).insert(s.id);
+                    run.subs.push(Sub { id: s.id, rx: s.updates, unfinished: n, queued: true, closed: false });
+                }
+                Err(e) => {
+                    // Release the queue slots of the prompts never submitted; `run`'s drop
+                    // aborts those that were.
+                    state.queued.fetch_sub(k - i, Ordering::SeqCst);
+                    return Err(ApiError::internal(format!("the engine refused the request: {e}")));
+                }
+            }
+        }
+        state.metrics.prompt_tokens.fetch_add(run.prompt_tokens as u64, Ordering::Relaxed);
+        Ok(run)
+    }
+
+    /// The next update of any prompt, tagged with the prompt's index; `None` once every
+    /// completion has finished. A prompt whose stream ends early gets an `Error` finish.
+    pub fn poll_update(&mut self, cx: &mut Context<'_>) -> Poll<Option<(usize, EngineUpdate)>> {
+        let mut all_done = true;
+        for p in 0..self.subs.len() {
+            if self.subs[p].done() {
+                continue;
+            }
+            all_done = false;
+            match self.subs[p].rx.poll_recv(cx) {
+                Poll::Ready(Some(upd)) => {
+                    self.account(p, &upd);
+                    return Poll::Ready(Some((p, upd)));
+                }
+                Poll::Ready(None) => {
+                    let sub = &mut self.subs[p];
+                    sub.closed = true;
+                    let deltas: Vec<CompletionDelta> = (0..self.n)
+                        .filter(|&i| self.finishes[p * self.n + i].is_none())
+                        .map(|index| CompletionDelta {
+                            index,
+                            text: String::new(),
+                            token_ids: vec![],
+                            logprobs: vec![],
+                            finish: Some(FinishReason::Error("the engine stopped before finishing this request".into())),
+                        })
+                        .collect();
+                    if deltas.is_empty() {
+                        continue;
+                    }
+                    let upd = EngineUpdate { deltas, queue_time: None };
+                    self.account(p, &upd);
+                    return Poll::Ready(Some((p, upd)));
+                }
+                Poll::Pending => {}
+            }
+        }
+        if all_done { Poll::Ready(None) } else { Poll::Pending }
+    }
+
+    pub async fn next_update(&mut self) -> Option<(usize, EngineUpdate)> {
+        std::future::poll_fn(|cx| self.poll_update(cx)).await
+    }
+
+    fn account(&mut self, p: usize, upd: &EngineUpdate) {
+        let now = Instant::now();
+        let m = &self.state.metrics;
+        let sub = &mut self.subs[p];
+        if sub.queued {
+            sub.queued = false;
+            self.state.queued.fetch_sub(1, Ordering::SeqCst);
+        }
+        if let Some(q) = upd.queue_time {
+            m.queue.observe(q.as_secs_f64());
+            self.queue_time.get_or_insert(q);
+        }
+        for d in &upd.deltas {
+            let c = p * self.n + d.index;
+            if c >= self.finishes.len() || self.finishes[c].is_some() {
+                continue; // an engine bug; never index out of bounds on it
+            }
+            if !d.token_ids.is_empty() {
+                self.completion_tokens += d.token_ids.len();
+                m.generation_tokens.fetch_add(d.token_ids.len() as u64, Ordering::Relaxed);
+                match self.last_token[c] {
+                    Some(prev) => m.itl.observe((now - prev).as_secs_f64()),
+                    None if self.first_token.is_none() => {
+                        self.first_token = Some(now);
+                        m.ttft.observe((now - self.start).as_secs_f64());
+                    }
+                    None => {}
+                }
+                self.last_token[c] = Some(now);
+            }
+            if let Some(f) = &d.finish {
+                m.count_finished(f.as_str());
+                self.finishes[c] = Some(f.clone());
+                self.subs[p].unfinished -= 1;
+            }
+        }
+    }
+
+    /// The first engine error among the choices, if any.
+    pub fn error(&self) -> Option<&str> {
+        self.finishes.iter().find_map(|f| match f {
+            Some(FinishReason::Error(e)) => Some(e.as_str()),
+            _ => None,
+        })
+    }
+
+    pub fn aborted(&self) -> bool {
+        self.finishes.iter().any(|f| matches!(f, Some(FinishReason::Abort)))
+    }
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        let mut cancelled = false;
+        {
+            let mut live = self.state.live.lock().unwrap_or_else(|e| e.into_inner());
+            for s in &self.subs {
+                live.remove(&s.id);
+                if !s.done() {
+                    cancelled = true;
+                    self.state.engine.abort(s.id);
+                }
+                if s.queued {
+                    self.state.queued.fetch_sub(1, Ordering::SeqCst);
+                }
+            }
+        }
+        if cancelled {
+            for _ in self.finishes.iter().filter(|f| f.is_none()) {
+                self.state.metrics.count_finished("abort");
+            }
+        }
+        let total = self.start.elapsed();
+        self.state.metrics.e2e.observe(total.as_secs_f64());
+        // 499: nginx's "client closed request".
+        let status = if cancelled {
+            499
+        } else if self.error().is_some() {
+            500
+        } else if self.aborted() {
+            503
+        } else {
+            200
+        };
+        let ms = |d: Option<Duration>| d.map_or(-1.0, |d| d.as_secs_f64() * 1e3);
+        tracing::info!(
+            id = %self.label,
+            status,
+            prompt_tokens = self.prompt_tokens,
+            completion_tokens = self.completion_tokens,
+            queue_ms = ms(self.queue_time),
+            ttft_ms = ms(self.first_token.map(|t| t - self.start)),
+            total_ms = total.as_secs_f64() * 1e3,
+            "request finished"
+        );
+    }
+}

@@ -1,0 +1,141 @@
+//! The listener: accepts HTTP/1.1 connections on tokio, serves each with hyper, and shuts down
+//! gracefully (stop accepting, let running requests finish within a deadline, abort the rest).
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use tandem_core::tokenizer::Tokenizer;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::config::ServerConfig;
+use crate::engine_client::{EngineClient, RequestId};
+use crate::metrics::Metrics;
+
+/// What every request handler shares.
+pub struct AppState {
+    pub config: ServerConfig,
+    pub engine: Arc<dyn EngineClient>,
+    pub tokenizer: Arc<Tokenizer>,
+    pub model_name: String,
+    pub metrics: Metrics,
+    /// Engine requests submitted that have produced no output yet (the bounded queue).
+    pub queued: AtomicUsize,
+    /// Engine requests in flight, so that shutdown can abort what outlives its deadline.
+    pub live: Mutex<HashSet<RequestId>>,
+    /// Source of response ids.
+    pub next_id: AtomicU64,
+}
+
+/// A bound server, not yet serving: lets tests bind port 0 and learn the address first.
+pub struct Server {
+    listener: TcpListener,
+    state: Arc<AppState>,
+}
+
+impl Server {
+    pub async fn bind(config: ServerConfig, engine: Arc<dyn EngineClient>, tokenizer: Arc<Tokenizer>, model_name: String) -> std::io::Result<Server> {
+        let listener = TcpListener::bind(config.addr)
+            .await
+            .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {}: {e}", config.addr)))?;
+        // Response ids only need to differ between restarts, not be secret.
+        let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+        let state = Arc::new(AppState {
+            metrics: Metrics::new(&model_name),
+            config,
+            engine,
+            tokenizer,
+            model_name,
+            queued: AtomicUsize::new(0),
+            live: Mutex::new(HashSet::new()),
+            next_id: AtomicU64::new(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
+        });
+        Ok(Server { listener, state })
+    }
+
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    pub fn state(&self) -> Arc<AppState> {
+        self.state.clone()
+    }
+
+    /// Serves until `shutdown` resolves, then drains (see the module comment).
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> std::io::Result<()> {
+        let Server { listener, state } = self;
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let mut conns = JoinSet::new();
+        let mut builder = http1::Builder::new();
+        builder.keep_alive(true);
+        let builder = Arc::new(builder);
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => break,
+                accepted = listener.accept() => {
+                    let (stream, _peer) = match accepted {
+                        Ok(a) => a,
+                        Err(e) => {
+                            // Out of file descriptors and the like: back off instead of spinning.
+                            tracing::warn!("accept failed: {e}");
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            continue;
+                        }
+                    };
+                    // Each SSE event must leave at once, not wait for Nagle.
+                    let _ = stream.set_nodelay(true);
+                    while conns.try_join_next().is_some() {}
+                    let state = state.clone();
+                    let builder = builder.clone();
+                    let mut stop = stop_rx.clone();
+                    conns.spawn(async move {
+                        let svc = service_fn(move |req| crate::router::handle(state.clone(), req));
+                        let conn = builder.serve_connection(TokioIo::new(stream), svc);
+                        tokio::pin!(conn);
+                        if !*stop.borrow_and_update() {
+                            tokio::select! {
+                                _ = conn.as_mut() => return,
+                                _ = stop.changed() => {}
+                            }
+                        }
+                        conn.as_mut().graceful_shutdown();
+                        let _ = conn.await;
+                    });
+                }
+            }
+        }
+        drop(listener);
+        let _ = stop_tx.send(true);
+        let grace = state.config.shutdown_grace;
+        tracing::info!("shutting down: {} connections open, {}s for running requests", conns.len(), grace.as_secs_f32());
+        let drained = tokio::time::timeout(grace, async { while conns.join_next().await.is_some() {} }).await;
+        if drained.is_err() {
+            let ids: Vec<RequestId> = state.live.lock().unwrap_or_else(|e| e.into_inner()).iter().copied().collect();
+            tracing::warn!("shutdown deadline passed: aborting {} requests", ids.len());
+            for id in ids {
+                state.engine.abort(id);
+            }
+            // Aborted streams end promptly; a client that stopped reading does not hold us.
+            if tokio::time::timeout(Duration::from_secs(2), async { while conns.join_next().await.is_some() {} }).await.is_err() {
+                conns.abort_all();
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Binds `config.addr` and serves until `shutdown` resolves.
+pub async fn serve(config: ServerConfig, engine: Arc<dyn EngineClient>, tokenizer: Arc<Tokenizer>, model_name: String, shutdown: impl Future<Output = ()>) -> std::io::Result<()> {
+    let server = Server::bind(config, engine, tokenizer, model_name).await?;
+    tracing::info!("listening on http://{}", server.local_addr()?);
+    server.run(shutdown).await
+}
