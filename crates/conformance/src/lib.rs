@@ -83,10 +83,11 @@ pub fn run_against<B: Backend, R: Backend>(
         }
         rep.results.push(r);
     }
-    report::say(out, &rep.summary());
     if rep.failed > 0 {
-        report::say(out, &format!("rerun one failing case with --seed {seed} --op \"<op and params as printed>\""));
+        report::say(out, &format!("rerun one failing case with: --seed {seed} --op \"<op> <params as printed>\""));
     }
+    // The summary is always the last line; tools read it.
+    report::say(out, &rep.summary());
     rep
 }
 

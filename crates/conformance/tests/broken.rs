@@ -1,0 +1,321 @@
+//! The suite must be able to fail. A wrapper around the reference backend injects one fault at
+//! a time (the bugs GPU kernels really have: a dropped K tail, an off-by-one causal mask, a
+//! skipped token, an unwritten element, a write past the end) and the suite must report every
+//! case of the faulty op as FAIL, and every case of the other ops as ok.
+
+use tandem_conformance::{cases, run, CaseResult};
+use tandem_core::backend::{AttnArgs, Backend, DType, KvGeometry};
+use tandem_core::weights::TensorView;
+use tandem_core::{Error, Result};
+use tandem_reference::RefBackend;
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Fault {
+    /// rms_norm output scaled by (1 + 1e-3), as with a wrong eps or a half-precision sum.
+    RmsNormScaled,
+    /// rms_norm leaves the last element of its output unwritten.
+    RmsNormSkipsLast,
+    /// matmul ignores the last column of k (a tile loop that drops the remainder).
+    MatmulDropsKTail,
+    /// matmul writes one row too few.
+    MatmulSkipsLastRow,
+    /// paged attention masks with `<` instead of `<=`: a token does not see itself.
+    AttentionExcludesSelf,
+    /// paged attention reads the cache as if blocks were contiguous (ignores the block table).
+    AttentionIgnoresBlockTable,
+    /// kv_write drops the last token.
+    KvWriteSkipsLastToken,
+    /// kv_write stores K into the V cache too.
+    KvWriteVFromK,
+    /// silu_mul writes one element past its length.
+    SiluMulWritesPastEnd,
+    /// add returns an error.
+    AddErrors,
+    /// argmax returns the highest index on ties.
+    ArgmaxLastOnTie,
+    /// rope panics.
+    RopePanics,
+}
+
+struct Faulty<B: Backend> {
+    inner: B,
+    fault: Fault,
+}
+
+impl<B: Backend> Faulty<B> {
+    /// Reads `len` f32 values, lets `f` change them, writes them back.
+    fn patch(&self, buf: &mut B::Buf, len: usize, f: impl FnOnce(&mut Vec<f32>)) -> Result<()> {
+        let mut v = self.inner.read_f32(buf, len)?;
+        f(&mut v);
+        self.inner.write_f32(buf, &v)
+    }
+    fn f32_buf(&self, v: &[f32]) -> Result<B::Buf> {
+        let mut b = self.inner.alloc_f32(v.len())?;
+        self.inner.write_f32(&mut b, v)?;
+        Ok(b)
+    }
+    fn u32_buf(&self, v: &[u32]) -> Result<B::Buf> {
+        let mut b = self.inner.alloc_u32(v.len())?;
+        self.inner.write_u32(&mut b, v)?;
+        Ok(b)
+    }
+}
+
+impl<B: Backend> Backend for Faulty<B> {
+    type Buf = B::Buf;
+    fn name(&self) -> &'static str {
+        "faulty"
+    }
+    fn upload_weight(&self, t: &TensorView) -> Result<B::Buf> {
+        self.inner.upload_weight(t)
+    }
+    fn weight_from_f32(&self, dtype: DType, values: &[f32]) -> Result<B::Buf> {
+        self.inner.weight_from_f32(dtype, values)
+    }
+    fn alloc_f32(&self, len: usize) -> Result<B::Buf> {
+        self.inner.alloc_f32(len)
+    }
+    fn alloc_u32(&self, len: usize) -> Result<B::Buf> {
+        self.inner.alloc_u32(len)
+    }
+    fn alloc_kv(&self, g: KvGeometry) -> Result<B::Buf> {
+        self.inner.alloc_kv(g)
+    }
+    fn write_f32(&self, buf: &mut B::Buf, data: &[f32]) -> Result<()> {
+        self.inner.write_f32(buf, data)
+    }
+    fn write_u32(&self, buf: &mut B::Buf, data: &[u32]) -> Result<()> {
+        self.inner.write_u32(buf, data)
+    }
+    fn read_f32(&self, buf: &B::Buf, len: usize) -> Result<Vec<f32>> {
+        self.inner.read_f32(buf, len)
+    }
+    fn read_u32(&self, buf: &B::Buf, len: usize) -> Result<Vec<u32>> {
+        self.inner.read_u32(buf, len)
+    }
+    fn read_kv(&self, buf: &B::Buf, g: KvGeometry) -> Result<Vec<f32>> {
+        self.inner.read_kv(buf, g)
+    }
+    fn embedding(&self, table: &B::Buf, ids: &B::Buf, out: &mut B::Buf, t: usize, hidden: usize) -> Result<()> {
+        self.inner.embedding(table, ids, out, t, hidden)
+    }
+    fn gather_rows(&self, src: &B::Buf, rows: &B::Buf, out: &mut B::Buf, n: usize, dim: usize) -> Result<()> {
+        self.inner.gather_rows(src, rows, out, n, dim)
+    }
+    fn rms_norm(&self, x: &B::Buf, w: &B::Buf, out: &mut B::Buf, rows: usize, dim: usize, eps: f32) -> Result<()> {
+        let len = rows * dim;
+        match self.fault {
+            Fault::RmsNormScaled => {
+                self.inner.rms_norm(x, w, out, rows, dim, eps)?;
+                self.patch(out, len, |v| v.iter_mut().for_each(|x| *x *= 1.001))
+            }
+            Fault::RmsNormSkipsLast => {
+                let before = self.inner.read_f32(out, len)?;
+                self.inner.rms_norm(x, w, out, rows, dim, eps)?;
+                self.patch(out, len, |v| v[len - 1] = before[len - 1])
+            }
+            _ => self.inner.rms_norm(x, w, out, rows, dim, eps),
+        }
+    }
+    fn add(&self, acc: &mut B::Buf, x: &B::Buf, len: usize) -> Result<()> {
+        if self.fault == Fault::AddErrors {
+            return Err(Error::backend("faulty", "add: injected error"));
+        }
+        self.inner.add(acc, x, len)
+    }
+    fn matmul(&self, x: &B::Buf, w: &B::Buf, bias: Option<&B::Buf>, out: &mut B::Buf, m: usize, n: usize, k: usize) -> Result<()> {
+        match self.fault {
+            Fault::MatmulDropsKTail => {
+                let mut xs = self.inner.read_f32(x, m * k)?;
+                for row in xs.chunks_exact_mut(k) {
+                    row[k - 1] = 0.0;
+                }
+                let x2 = self.f32_buf(&xs)?;
+                self.inner.matmul(&x2, w, bias, out, m, n, k)
+            }
+            Fault::MatmulSkipsLastRow => {
+                let before = self.inner.read_f32(out, m * n)?;
+                self.inner.matmul(x, w, bias, out, m, n, k)?;
+                self.patch(out, m * n, |v| v[(m - 1) * n..].copy_from_slice(&before[(m - 1) * n..]))
+            }
+            _ => self.inner.matmul(x, w, bias, out, m, n, k),
+        }
+    }
+    fn rope(&self, q: &mut B::Buf, k: &mut B::Buf, pos: &B::Buf, inv_freq: &B::Buf, t: usize, qh: usize, kh: usize, hd: usize) -> Result<()> {
+        if self.fault == Fault::RopePanics {
+            panic!("rope: injected panic");
+        }
+        self.inner.rope(q, k, pos, inv_freq, t, qh, kh, hd)
+    }
+    fn silu_mul(&self, gate: &B::Buf, up: &B::Buf, out: &mut B::Buf, len: usize) -> Result<()> {
+        self.inner.silu_mul(gate, up, out, len)?;
+        if self.fault == Fault::SiluMulWritesPastEnd {
+            self.patch(out, len + 1, |v| v[len] = 0.0)?;
+        }
+        Ok(())
+    }
+    fn kv_write(&self, k: &B::Buf, v: &B::Buf, kc: &mut B::Buf, vc: &mut B::Buf, slots: &B::Buf, t: usize, g: KvGeometry) -> Result<()> {
+        match self.fault {
+            Fault::KvWriteSkipsLastToken => self.inner.kv_write(k, v, kc, vc, slots, t - 1, g),
+            Fault::KvWriteVFromK => self.inner.kv_write(k, k, kc, vc, slots, t, g),
+            _ => self.inner.kv_write(k, v, kc, vc, slots, t, g),
+        }
+    }
+    fn paged_attention(&self, a: &AttnArgs<'_, Self>, out: &mut B::Buf) -> Result<()> {
+        let mut positions = self.inner.read_u32(a.positions, a.num_tokens)?;
+        let mut tables = self.inner.read_u32(a.block_tables, a.num_seqs * a.max_blocks)?;
+        match self.fault {
+            Fault::AttentionExcludesSelf => positions.iter_mut().for_each(|p| *p = p.saturating_sub(1)),
+            Fault::AttentionIgnoresBlockTable => {
+                // Sequence s is assumed to own blocks s*max_blocks.., wrapped into the cache.
+                let nb = a.geometry.num_blocks as u32;
+                for (i, b) in tables.iter_mut().enumerate() {
+                    *b = i as u32 % nb;
+                }
+            }
+            _ => {}
+        }
+        let (positions, tables) = (self.u32_buf(&positions)?, self.u32_buf(&tables)?);
+        let args = AttnArgs::<B> {
+            q: a.q,
+            k_cache: a.k_cache,
+            v_cache: a.v_cache,
+            positions: &positions,
+            token_seq: a.token_seq,
+            block_tables: &tables,
+            num_tokens: a.num_tokens,
+            num_seqs: a.num_seqs,
+            max_blocks: a.max_blocks,
+            max_context: a.max_context,
+            num_heads: a.num_heads,
+            geometry: a.geometry,
+            scale: a.scale,
+        };
+        self.inner.paged_attention(&args, out)
+    }
+    fn argmax(&self, logits: &B::Buf, rows: usize, vocab: usize) -> Result<Vec<u32>> {
+        let ids = self.inner.argmax(logits, rows, vocab)?;
+        if self.fault != Fault::ArgmaxLastOnTie {
+            return Ok(ids);
+        }
+        let v = self.inner.read_f32(logits, rows * vocab)?;
+        Ok(v.chunks_exact(vocab)
+            .zip(ids)
+            .map(|(row, id)| (0..vocab).rev().find(|&j| row[j] == row[id as usize]).unwrap_or(0) as u32)
+            .collect())
+    }
+}
+
+/// Runs the whole suite with `fault` and returns the results of the faulty op's cases and of
+/// all others, after checking the counts in the report agree with them.
+fn run_with(fault: Fault) -> (Vec<CaseResult>, Vec<CaseResult>, String, &'static str) {
+    let op = match fault {
+        Fault::RmsNormScaled | Fault::RmsNormSkipsLast => "rms_norm",
+        Fault::MatmulDropsKTail | Fault::MatmulSkipsLastRow => "matmul",
+        Fault::AttentionExcludesSelf | Fault::AttentionIgnoresBlockTable => "paged_attention",
+        Fault::KvWriteSkipsLastToken | Fault::KvWriteVFromK => "kv_write",
+        Fault::SiluMulWritesPastEnd => "silu_mul",
+        Fault::AddErrors => "add",
+        Fault::ArgmaxLastOnTie => "argmax",
+        Fault::RopePanics => "rope",
+    };
+    let b = Faulty { inner: RefBackend::new(), fault };
+    let mut out = Vec::new();
+    let rep = run(&b, None, 99, &mut out);
+    let text = String::from_utf8(out).unwrap();
+    assert_eq!(rep.passed + rep.failed, cases().len());
+    assert!(!rep.ok());
+    assert_eq!(text.lines().last().unwrap(), format!("faulty: {} passed, {} failed", rep.passed, rep.failed));
+    let (hit, rest): (Vec<_>, Vec<_>) = rep.results.into_iter().partition(|r| r.op == op);
+    (hit, rest, text, op)
+}
+
+/// Every case of the faulty op fails (with `why` in its message), every other case passes.
+fn assert_caught(fault: Fault, why: &str) {
+    assert_caught_with(fault, why, &[]);
+}
+
+/// As [`assert_caught`], where the ops in `downstream` may fail too: their cases reach the op
+/// under test (attention fills its cache through kv_write).
+fn assert_caught_with(fault: Fault, why: &str, downstream: &[&str]) {
+    let (hit, rest, text, op) = run_with(fault);
+    assert!(!hit.is_empty());
+    for r in &hit {
+        let msg = r.failure.as_deref().unwrap_or_else(|| panic!("{fault:?}: case `{op} {}` passed\n{text}", r.params));
+        assert!(msg.contains(why), "{fault:?}: `{op} {}` failed for another reason: {msg}", r.params);
+        let line = text.lines().find(|l| l.starts_with(op) && l.contains(&r.params)).unwrap();
+        assert!(line.contains("FAIL"), "{line}");
+    }
+    for r in rest.iter().filter(|r| !downstream.contains(&r.op)) {
+        assert!(r.passed(), "{fault:?} broke `{} {}` too: {:?}", r.op, r.params, r.failure);
+    }
+}
+
+#[test]
+fn rms_norm_slightly_off_is_caught_by_nmse() {
+    assert_caught(Fault::RmsNormScaled, "nmse");
+}
+
+#[test]
+fn rms_norm_unwritten_element_is_caught_by_the_poison() {
+    assert_caught(Fault::RmsNormSkipsLast, "non-finite");
+}
+
+#[test]
+fn matmul_dropping_the_k_tail_is_caught() {
+    assert_caught(Fault::MatmulDropsKTail, "nmse");
+}
+
+#[test]
+fn matmul_skipping_a_row_is_caught_by_the_poison() {
+    assert_caught(Fault::MatmulSkipsLastRow, "non-finite");
+}
+
+#[test]
+fn attention_off_by_one_causal_mask_is_caught() {
+    assert_caught(Fault::AttentionExcludesSelf, "nmse");
+}
+
+#[test]
+fn attention_ignoring_the_block_table_is_caught() {
+    assert_caught(Fault::AttentionIgnoresBlockTable, "nmse");
+}
+
+#[test]
+fn kv_write_dropping_a_token_is_caught_by_the_poison() {
+    assert_caught_with(Fault::KvWriteSkipsLastToken, "k_cache[slots]: ", &["paged_attention"]);
+}
+
+#[test]
+fn kv_write_storing_k_as_v_is_caught() {
+    assert_caught_with(Fault::KvWriteVFromK, "v_cache[slots]: nmse", &["paged_attention"]);
+}
+
+#[test]
+fn writing_past_the_end_is_caught_by_the_guard() {
+    assert_caught(Fault::SiluMulWritesPastEnd, "wrote past");
+}
+
+#[test]
+fn a_backend_error_fails_its_case() {
+    assert_caught(Fault::AddErrors, "injected error");
+}
+
+#[test]
+fn a_backend_panic_fails_its_case_and_the_suite_goes_on() {
+    assert_caught(Fault::RopePanics, "panicked: rope: injected panic");
+}
+
+#[test]
+fn argmax_breaking_ties_wrongly_is_caught_only_where_there_are_ties() {
+    let (hit, rest, text, _) = run_with(Fault::ArgmaxLastOnTie);
+    for r in &hit {
+        let tied = r.params.contains("ties=yes");
+        assert_eq!(r.passed(), !tied, "argmax {}: {:?}\n{text}", r.params, r.failure);
+        if tied {
+            assert!(r.failure.as_deref().unwrap().contains("indices differ"));
+        }
+    }
+    assert!(hit.iter().any(|r| !r.passed()));
+    assert!(rest.iter().all(|r| r.passed()));
+}
