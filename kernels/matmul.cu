@@ -34,7 +34,7 @@ __device__ void matmul_vec_impl(const float* __restrict__ x, const T* __restrict
 #pragma unroll
     for (int r = 0; r < MT; ++r) acc[r] = 0.0f;
     if ((k & 7) == 0) {
-#pragma unroll 2
+#pragma unroll 4
         for (int k0 = lane * 8; k0 < k; k0 += 256) {
             float wv[8];
             load8(wr + k0, wv);

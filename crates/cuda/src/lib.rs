@@ -10,11 +10,11 @@
 //! loads libcuda and libnvrtc at run time); without a driver, [`CudaBackend::new`] returns an
 //! error that says so, never a panic.
 
-
+pub mod backend;
 pub mod check;
 pub mod compile;
 pub mod sources;
 pub mod toolchain;
 
-
+pub use backend::{CudaBackend, CudaBuf};
 pub use check::{check_kernels, KernelReport};

@@ -1,0 +1,595 @@
+//! [`CudaBackend`]: `tandem_core::Backend` on one NVIDIA GPU through cudarc.
+//!
+//! Start-up: is libcuda there (else a clear error, never a panic), is libnvrtc there, create
+//! the context, compile every kernel file with NVRTC for the device's compute capability
+//! (PTX cached on disk), load the modules. Each op checks its buffers' kinds and lengths on the
+//! host, then enqueues kernels on one stream; nothing waits until a read. With
+//! `TANDEM_CUDA_SYNC=1` every launch is followed by a synchronize, so an asynchronous fault is
+//! reported against the kernel that caused it.
+//!
+//! The KV cache is f32 (see kernels/kv_write.cu). Buffers are untyped device bytes with a
+//! recorded element kind, so one buffer type serves activations, ids and weights of any dtype.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DriverError, LaunchConfig, PushKernelArg};
+use tandem_core::backend::{AttnArgs, Backend, DType, KvGeometry};
+use tandem_core::weights::TensorView;
+use tandem_core::{Error, Result};
+
+use crate::compile::{compile_ptx_cached, ptx_entries};
+use crate::sources::{self, KernelSource};
+use crate::toolchain::Toolchain;
+
+/// The message when no driver is present; tests assert it.
+pub const NO_DRIVER: &str = "no CUDA driver found (libcuda.so); use --backend wgpu or --backend reference";
+
+/// Context length handled by one block of `paged_attention_partial` (PA_PART in the kernel).
+const PA_PART: usize = 512;
+/// Largest head_dim the attention kernel holds in shared memory (PA_MAX_D).
+const PA_MAX_D: usize = 256;
+
+fn err(msg: impl Into<String>) -> Error {
+    Error::backend("cuda", msg)
+}
+
+fn drv(what: &str) -> impl Fn(DriverError) -> Error + '_ {
+    move |e| err(format!("{what}: {e:?}"))
+}
+
+/// What a buffer holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Elem {
+    F32,
+    U32,
+    BF16,
+    F16,
+}
+
+impl Elem {
+    fn size(self) -> usize {
+        match self {
+            Elem::F32 | Elem::U32 => 4,
+            Elem::BF16 | Elem::F16 => 2,
+        }
+    }
+    fn of(d: DType) -> Elem {
+        match d {
+            DType::F32 => Elem::F32,
+            DType::BF16 => Elem::BF16,
+            DType::F16 => Elem::F16,
+        }
+    }
+    /// Kernel-name suffix for a weight buffer.
+    fn weight_suffix(self) -> Option<&'static str> {
+        match self {
+            Elem::F32 => Some("f32"),
+            Elem::BF16 => Some("bf16"),
+            Elem::F16 => Some("f16"),
+            Elem::U32 => None,
+        }
+    }
+    /// The `bias_dtype` code of kernels/common.cuh `load_bias`.
+    fn bias_code(self) -> i32 {
+        match self {
+            Elem::F32 => 1,
+            Elem::BF16 => 2,
+            Elem::F16 => 3,
+            Elem::U32 => 0,
+        }
+    }
+}
+
+/// A device buffer: `len` elements of `elem`.
+pub struct CudaBuf {
+    mem: CudaSlice<u8>,
+    elem: Elem,
+    len: usize,
+}
+
+impl CudaBuf {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    pub fn elem(&self) -> Elem {
+        self.elem
+    }
+}
+
+/// Checks that `b` holds `elem` and at least `need` elements; `what` names the argument.
+fn need(b: &CudaBuf, elem: Elem, need: usize, op: &str, what: &str) -> Result<()> {
+    if b.elem != elem {
+        return Err(err(format!("{op}: `{what}` holds {:?}, expected {elem:?}", b.elem)));
+    }
+    if b.len < need {
+        return Err(err(format!("{op}: `{what}` has {} elements, needs {need}", b.len)));
+    }
+    Ok(())
+}
+
+/// A weight buffer (f32, bf16 or f16) with at least `need` elements; returns its kernel suffix.
+fn need_weight(b: &CudaBuf, need: usize, op: &str, what: &str) -> Result<&'static str> {
+    let Some(sfx) = b.elem.weight_suffix() else {
+        return Err(err(format!("{op}: `{what}` holds u32, expected a weight (f32, bf16 or f16)")));
+    };
+    if b.len < need {
+        return Err(err(format!("{op}: `{what}` has {} elements, needs {need}", b.len)));
+    }
+    Ok(sfx)
+}
+
+fn i32_of(v: usize, op: &str, what: &str) -> Result<i32> {
+    i32::try_from(v).map_err(|_| err(format!("{op}: {what} = {v} exceeds the kernels' 32-bit index range")))
+}
+
+fn u32_of(v: usize, op: &str, what: &str) -> Result<u32> {
+    u32::try_from(v).map_err(|_| err(format!("{op}: {what} = {v} exceeds a launch dimension")))
+}
+
+fn cfg(grid: (u32, u32, u32), block: u32) -> LaunchConfig {
+    LaunchConfig { grid_dim: grid, block_dim: (block, 1, 1), shared_mem_bytes: 0 }
+}
+
+/// Scratch of the split attention: partial outputs and (max, sum) pairs, grown on demand.
+#[derive(Default)]
+struct AttnScratch {
+    part_out: Option<CudaSlice<u8>>,
+    part_ml: Option<CudaSlice<u8>>,
+}
+
+pub struct CudaBackend {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    funcs: HashMap<String, CudaFunction>,
+    scratch: Mutex<AttnScratch>,
+    sync_each: bool,
+    arch: String,
+    device_name: String,
+}
+
+impl CudaBackend {
+    /// Opens GPU `device_ordinal` and compiles the kernels for it. Kernel sources come from
+    /// `TANDEM_KERNEL_DIR` when set, else from the copies built into this binary.
+    pub fn new(device_ordinal: usize) -> Result<Self> {
+        // SAFETY: only tries to dlopen the driver library and drops it again.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return Err(err(NO_DRIVER));
+        }
+        if !Toolchain::nvrtc_loadable() {
+            return Err(err(format!("the CUDA backend compiles its kernels at start-up, but {}", Toolchain::discover().nvrtc_missing_message())));
+        }
+        let srcs = match std::env::var_os("TANDEM_KERNEL_DIR").filter(|v| !v.is_empty()) {
+            Some(dir) => sources::from_dir(std::path::Path::new(&dir))?,
+            None => sources::embedded(),
+        };
+        // cudarc panics when a driver symbol it expects is missing (a driver older than CUDA 13).
+        let ctx = std::panic::catch_unwind(|| CudaContext::new(device_ordinal))
+            .map_err(|_| err("creating the CUDA context panicked: is the driver older than CUDA 13.0? (see stderr)"))?
+            .map_err(drv(&format!("opening GPU {device_ordinal}")))?;
+        // One stream orders everything; per-buffer events would only add cost.
+        // SAFETY: all work of this backend goes to the one stream below.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.default_stream();
+        let (maj, min) = ctx.compute_capability().map_err(drv("compute capability"))?;
+        let arch = format!("{maj}{min}");
+        let device_name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
+        let include = Toolchain::discover().include_dir;
+        let mut funcs = HashMap::new();
+        for src in &srcs {
+            let ptx = compile_ptx_cached(src, &arch, include.as_ref())?;
+            load_module(&ctx, src, &ptx, &mut funcs)?;
+        }
+        let sync_each = std::env::var("TANDEM_CUDA_SYNC").is_ok_and(|v| v == "1");
+        tracing::info!("cuda: {device_name} (sm_{arch}), {} kernels from {} files", funcs.len(), srcs.len());
+        Ok(CudaBackend { ctx, stream, funcs, scratch: Mutex::new(AttnScratch::default()), sync_each, arch, device_name })
+    }
+
+    /// `"90"` for an H100/H200.
+    pub fn arch(&self) -> &str {
+        &self.arch
+    }
+    pub fn device_name(&self) -> &str {
+        &self.device_name
+    }
+
+    /// Waits for all queued work and reports any fault it raised.
+    pub fn synchronize(&self) -> Result<()> {
+        self.stream.synchronize().map_err(drv("synchronize"))
+    }
+
+    fn func(&self, name: &str) -> Result<&CudaFunction> {
+        self.funcs.get(name).ok_or_else(|| err(format!("kernel `{name}` is not in the loaded modules (edited kernels/*.cu?)")))
+    }
+
+    /// Turns a launch result into ours and, in sync mode, waits for the kernel.
+    fn launched<T>(&self, name: &str, r: std::result::Result<T, DriverError>) -> Result<()> {
+        r.map_err(drv(&format!("launching {name}")))?;
+        if self.sync_each {
+            self.stream.synchronize().map_err(drv(&format!("{name} (TANDEM_CUDA_SYNC=1)")))?;
+        }
+        Ok(())
+    }
+
+    fn alloc(&self, elem: Elem, len: usize) -> Result<CudaBuf> {
+        // Zero-length device allocations are not portable; keep a few bytes behind every buffer.
+        let bytes = (len * elem.size()).max(4);
+        // SAFETY: contents are unspecified by the Backend contract.
+        let mem = unsafe { self.stream.alloc::<u8>(bytes) }.map_err(drv(&format!("allocating {bytes} bytes")))?;
+        Ok(CudaBuf { mem, elem, len })
+    }
+
+    fn upload_bytes(&self, elem: Elem, bytes: &[u8]) -> Result<CudaBuf> {
+        let len = bytes.len() / elem.size();
+        let mut b = self.alloc(elem, len)?;
+        if !bytes.is_empty() {
+            let mut dst = b.mem.slice_mut(0..bytes.len());
+            self.stream.memcpy_htod(bytes, &mut dst).map_err(drv("copy to device"))?;
+        }
+        Ok(b)
+    }
+
+    fn write<T: cudarc::driver::DeviceRepr>(&self, buf: &mut CudaBuf, elem: Elem, data: &[T]) -> Result<()> {
+        need(buf, elem, data.len(), "write", "buffer")?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: `buf` holds at least data.len() elements of T (checked above; T is 4 bytes).
+        let mut dst = unsafe { buf.mem.transmute_mut::<T>(data.len()) }.ok_or_else(|| err("write: buffer too small"))?;
+        self.stream.memcpy_htod(data, &mut dst).map_err(drv("copy to device"))
+    }
+
+    fn read<T: cudarc::driver::DeviceRepr + Default + Clone>(&self, buf: &CudaBuf, elem: Elem, len: usize) -> Result<Vec<T>> {
+        need(buf, elem, len, "read", "buffer")?;
+        let mut out = vec![T::default(); len];
+        if len > 0 {
+            // SAFETY: `buf` holds at least len elements of T (checked above).
+            let src = unsafe { buf.mem.transmute::<T>(len) }.ok_or_else(|| err("read: buffer too small"))?;
+            self.stream.memcpy_dtoh(&src, &mut out).map_err(drv("copy to host"))?;
+        }
+        self.stream.synchronize().map_err(drv("synchronize after copy to host"))?;
+        Ok(out)
+    }
+
+    /// Elementwise kernels over `len` values: grid ceil(len / 256), block 256.
+    fn elementwise_cfg(len: usize, op: &str) -> Result<LaunchConfig> {
+        Ok(cfg((u32_of(len.div_ceil(256), op, "blocks")?, 1, 1), 256))
+    }
+}
+
+fn load_module(ctx: &Arc<CudaContext>, src: &KernelSource, ptx: &str, funcs: &mut HashMap<String, CudaFunction>) -> Result<()> {
+    let module = ctx
+        .load_module(cudarc::nvrtc::Ptx::from_src(ptx.to_string()))
+        .map_err(drv(&format!("loading the PTX of {}.cu (driver older than the NVRTC that made it?)", src.name)))?;
+    for name in ptx_entries(ptx) {
+        let f = module.load_function(&name).map_err(drv(&format!("{}.cu: kernel {name}", src.name)))?;
+        funcs.insert(name, f);
+    }
+    Ok(())
+}
+
+impl Backend for CudaBackend {
+    type Buf = CudaBuf;
+
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn free_memory(&self) -> Option<u64> {
+        self.ctx.mem_get_info().ok().map(|(free, _total)| free as u64)
+    }
+
+    fn upload_weight(&self, t: &TensorView) -> Result<CudaBuf> {
+        self.upload_bytes(Elem::of(t.dtype), t.bytes())
+    }
+
+    fn weight_from_f32(&self, dtype: DType, values: &[f32]) -> Result<CudaBuf> {
+        self.upload_bytes(Elem::of(dtype), &dtype.from_f32(values))
+    }
+
+    fn alloc_f32(&self, len: usize) -> Result<CudaBuf> {
+        self.alloc(Elem::F32, len)
+    }
+
+    fn alloc_u32(&self, len: usize) -> Result<CudaBuf> {
+        self.alloc(Elem::U32, len)
+    }
+
+    fn alloc_kv(&self, geometry: KvGeometry) -> Result<CudaBuf> {
+        self.alloc(Elem::F32, geometry.layer_elems())
+    }
+
+    fn write_f32(&self, buf: &mut CudaBuf, data: &[f32]) -> Result<()> {
+        self.write(buf, Elem::F32, data)
+    }
+
+    fn write_u32(&self, buf: &mut CudaBuf, data: &[u32]) -> Result<()> {
+        self.write(buf, Elem::U32, data)
+    }
+
+    fn read_f32(&self, buf: &CudaBuf, len: usize) -> Result<Vec<f32>> {
+        self.read(buf, Elem::F32, len)
+    }
+
+    fn read_u32(&self, buf: &CudaBuf, len: usize) -> Result<Vec<u32>> {
+        self.read(buf, Elem::U32, len)
+    }
+
+    fn read_kv(&self, buf: &CudaBuf, geometry: KvGeometry) -> Result<Vec<f32>> {
+        self.read(buf, Elem::F32, geometry.layer_elems())
+    }
+
+    fn embedding(&self, table: &CudaBuf, ids: &CudaBuf, out: &mut CudaBuf, num_tokens: usize, hidden: usize) -> Result<()> {
+        const OP: &str = "embedding";
+        if num_tokens == 0 || hidden == 0 {
+            return Ok(());
+        }
+        let sfx = need_weight(table, hidden, OP, "table")?;
+        if !table.len.is_multiple_of(hidden) {
+            return Err(err(format!("{OP}: table has {} elements, not a multiple of hidden = {hidden}", table.len)));
+        }
+        need(ids, Elem::U32, num_tokens, OP, "ids")?;
+        need(out, Elem::F32, num_tokens * hidden, OP, "out")?;
+        let name = format!("embedding_{sfx}");
+        let f = self.func(&name)?;
+        let (t, h, v) = (i32_of(num_tokens, OP, "num_tokens")?, i32_of(hidden, OP, "hidden")?, i32_of(table.len / hidden, OP, "vocab")?);
+        let mut l = self.stream.launch_builder(f);
+        l.arg(&table.mem).arg(&ids.mem).arg(&mut out.mem).arg(&t).arg(&h).arg(&v);
+        // SAFETY: argument list matches the kernel signature; lengths checked above.
+        let r = unsafe { l.launch(cfg((t as u32, 1, 1), 256)) };
+        self.launched(&name, r)
+    }
+
+    fn gather_rows(&self, src: &CudaBuf, rows: &CudaBuf, out: &mut CudaBuf, n: usize, dim: usize) -> Result<()> {
+        const OP: &str = "gather_rows";
+        if n == 0 || dim == 0 {
+            return Ok(());
+        }
+        need(src, Elem::F32, 0, OP, "src")?;
+        need(rows, Elem::U32, n, OP, "rows")?;
+        need(out, Elem::F32, n * dim, OP, "out")?;
+        let f = self.func(OP)?;
+        let (ni, di, sr) = (i32_of(n, OP, "n")?, i32_of(dim, OP, "dim")?, i32_of(src.len / dim, OP, "src rows")?);
+        let mut l = self.stream.launch_builder(f);
+        l.arg(&src.mem).arg(&rows.mem).arg(&mut out.mem).arg(&ni).arg(&di).arg(&sr);
+        // SAFETY: as in embedding.
+        let r = unsafe { l.launch(cfg((ni as u32, 1, 1), 256)) };
+        self.launched(OP, r)
+    }
+
+    fn rms_norm(&self, x: &CudaBuf, w: &CudaBuf, out: &mut CudaBuf, rows: usize, dim: usize, eps: f32) -> Result<()> {
+        const OP: &str = "rms_norm";
+        if rows == 0 || dim == 0 {
+            return Ok(());
+        }
+        need(x, Elem::F32, rows * dim, OP, "x")?;
+        let sfx = need_weight(w, dim, OP, "w")?;
+        need(out, Elem::F32, rows * dim, OP, "out")?;
+        let name = format!("rms_norm_{sfx}");
+        let f = self.func(&name)?;
+        let (ri, di) = (i32_of(rows, OP, "rows")?, i32_of(dim, OP, "dim")?);
+        let mut l = self.stream.launch_builder(f);
+        l.arg(&x.mem).arg(&w.mem).arg(&mut out.mem).arg(&ri).arg(&di).arg(&eps);
+        // SAFETY: as in embedding.
+        let r = unsafe { l.launch(cfg((ri as u32, 1, 1), 256)) };
+        self.launched(&name, r)
+    }
+
+    fn add(&self, acc: &mut CudaBuf, x: &CudaBuf, len: usize) -> Result<()> {
+        const OP: &str = "add";
+        if len == 0 {
+            return Ok(());
+        }
+        need(acc, Elem::F32, len, OP, "acc")?;
+        need(x, Elem::F32, len, OP, "x")?;
+        let f = self.func(OP)?;
+        let n = len as u64;
+        let mut l = self.stream.launch_builder(f);
+        l.arg(&mut acc.mem).arg(&x.mem).arg(&n);
+        // SAFETY: as in embedding.
+        let r = unsafe { l.launch(Self::elementwise_cfg(len, OP)?) };
+        self.launched(OP, r)
+    }
+
+    fn matmul(&self, x: &CudaBuf, w: &CudaBuf, bias: Option<&CudaBuf>, out: &mut CudaBuf, m: usize, n: usize, k: usize) -> Result<()> {
+        const OP: &str = "matmul";
+        if m == 0 || n == 0 {
+            return Ok(());
+        }
+        need(x, Elem::F32, m * k, OP, "x")?;
+        let sfx = need_weight(w, n * k, OP, "w")?;
+        need(out, Elem::F32, m * n, OP, "out")?;
+        let bias_code = match bias {
+            Some(b) => {
+                need_weight(b, n, OP, "bias")?;
+                b.elem.bias_code()
+            }
+            None => 0,
+        };
+        let (mi, ni, ki) = (i32_of(m, OP, "m")?, i32_of(n, OP, "n")?, i32_of(k, OP, "k")?);
+        i32_of(m * k, OP, "m*k")?;
+        i32_of(n * k, OP, "n*k")?;
+        let (name, launch) = if m <= 16 {
+            let mt = m.next_power_of_two();
+            (format!("matmul_vec_{sfx}_m{mt}"), cfg((u32_of(n.div_ceil(8), OP, "blocks")?, 1, 1), 256))
+        } else {
+            (format!("matmul_tiled_{sfx}"), cfg((u32_of(n.div_ceil(64), OP, "blocks")?, u32_of(m.div_ceil(64), OP, "blocks")?, 1), 256))
+        };
+        if launch.grid_dim.1 > 65535 {
+            return Err(err(format!("{OP}: m = {m} needs more than 65535 row tiles")));
+        }
+        let f = self.func(&name)?;
+        // Without a bias the kernel never reads the pointer; pass w to have a valid one.
+        let bias_mem = bias.map(|b| &b.mem).unwrap_or(&w.mem);
+        let mut l = self.stream.launch_builder(f);
+        l.arg(&x.mem).arg(&w.mem).arg(bias_mem).arg(&bias_code).arg(&mut out.mem).arg(&mi).arg(&ni).arg(&ki);
+        // SAFETY: as in embedding.
+        let r = unsafe { l.launch(launch) };
+        self.launched(&name, r)
+    }
+
+    fn rope(&self, q: &mut CudaBuf, k: &mut CudaBuf, positions: &CudaBuf, inv_freq: &CudaBuf, num_tokens: usize, q_heads: usize, kv_heads: usize, head_dim: usize) -> Result<()> {
+        const OP: &str = "rope";
+        if num_tokens == 0 || head_dim == 0 {
+            return Ok(());
+        }
+        if !head_dim.is_multiple_of(2) {
+            return Err(err(format!("{OP}: head_dim = {head_dim} is odd")));
+        }
+        need(q, Elem::F32, num_tokens * q_heads * head_dim, OP, "q")?;
+        need(k, Elem::F32, num_tokens * kv_heads * head_dim, OP, "k")?;
+        need(positions, Elem::U32, num_tokens, OP, "positions")?;
+        need(inv_freq, Elem::F32, head_dim / 2, OP, "inv_freq")?;
+        i32_of(num_tokens * (q_heads + kv_heads) * head_dim, OP, "elements")?;
+        let f = self.func(OP)?;
+        let (t, qh, kh, d) = (i32_of(num_tokens, OP, "T")?, i32_of(q_heads, OP, "q_heads")?, i32_of(kv_heads, OP, "kv_heads")?, i32_of(head_dim, OP, "head_dim")?);
+        let mut l = self.stream.launch_builder(f);
+        l.arg(&mut q.mem).arg(&mut k.mem).arg(&positions.mem).arg(&inv_freq.mem).arg(&t).arg(&qh).arg(&kh).arg(&d);
+        // SAFETY: as in embedding.
+        let r = unsafe { l.launch(cfg((t as u32, 1, 1), 128)) };
+        self.launched(OP, r)
+    }
+
+    fn silu_mul(&self, gate: &CudaBuf, up: &CudaBuf, out: &mut CudaBuf, len: usize) -> Result<()> {
+        const OP: &str = "silu_mul";
+        if len == 0 {
+            return Ok(());
+        }
+        need(gate, Elem::F32, len, OP, "gate")?;
+        need(up, Elem::F32, len, OP, "up")?;
+        need(out, Elem::F32, len, OP, "out")?;
+        let f = self.func(OP)?;
+        let n = len as u64;
+        let mut l = self.stream.launch_builder(f);
+        l.arg(&gate.mem).arg(&up.mem).arg(&mut out.mem).arg(&n);
+        // SAFETY: as in embedding.
+        let r = unsafe { l.launch(Self::elementwise_cfg(len, OP)?) };
+        self.launched(OP, r)
+    }
+
+    fn kv_write(&self, k: &CudaBuf, v: &CudaBuf, k_cache: &mut CudaBuf, v_cache: &mut CudaBuf, slots: &CudaBuf, num_tokens: usize, g: KvGeometry) -> Result<()> {
+        const OP: &str = "kv_write";
+        let row = g.num_kv_heads * g.head_dim;
+        if num_tokens == 0 || row == 0 {
+            return Ok(());
+        }
+        need(k, Elem::F32, num_tokens * row, OP, "k")?;
+        need(v, Elem::F32, num_tokens * row, OP, "v")?;
+        need(k_cache, Elem::F32, g.layer_elems(), OP, "k_cache")?;
+        need(v_cache, Elem::F32, g.layer_elems(), OP, "v_cache")?;
+        need(slots, Elem::U32, num_tokens, OP, "slots")?;
+        let f = self.func(OP)?;
+        let (t, rl, ns) = (i32_of(num_tokens, OP, "T")?, i32_of(row, OP, "kv_heads*head_dim")?, g.slots() as u64);
+        let mut l = self.stream.launch_builder(f);
+        l.arg(&k.mem).arg(&v.mem).arg(&mut k_cache.mem).arg(&mut v_cache.mem).arg(&slots.mem).arg(&t).arg(&rl).arg(&ns);
+        // SAFETY: as in embedding.
+        let r = unsafe { l.launch(cfg((t as u32, 1, 1), 128)) };
+        self.launched(OP, r)
+    }
+
+    fn paged_attention(&self, a: &AttnArgs<'_, Self>, out: &mut CudaBuf) -> Result<()> {
+        const OP: &str = "paged_attention";
+        let g = a.geometry;
+        let (t, h, kvh, d) = (a.num_tokens, a.num_heads, g.num_kv_heads, g.head_dim);
+        if t == 0 || h == 0 || d == 0 {
+            return Ok(());
+        }
+        if kvh == 0 || h % kvh != 0 {
+            return Err(err(format!("{OP}: {h} query heads do not group evenly over {kvh} kv heads")));
+        }
+        if d > PA_MAX_D {
+            return Err(err(format!("{OP}: head_dim = {d}, the kernel holds at most {PA_MAX_D}")));
+        }
+        if a.max_blocks == 0 || a.num_seqs == 0 {
+            return Err(err(format!("{OP}: no block table (num_seqs = {}, max_blocks = {})", a.num_seqs, a.max_blocks)));
+        }
+        need(a.q, Elem::F32, t * h * d, OP, "q")?;
+        need(a.k_cache, Elem::F32, g.layer_elems(), OP, "k_cache")?;
+        need(a.v_cache, Elem::F32, g.layer_elems(), OP, "v_cache")?;
+        need(a.positions, Elem::U32, t, OP, "positions")?;
+        need(a.token_seq, Elem::U32, t, OP, "token_seq")?;
+        need(a.block_tables, Elem::U32, a.num_seqs * a.max_blocks, OP, "block_tables")?;
+        need(out, Elem::F32, t * h * d, OP, "out")?;
+        i32_of(g.slots(), OP, "num_blocks*block_size")?;
+        i32_of(a.max_blocks * g.block_size, OP, "max_blocks*block_size")?;
+        let parts = a.max_context.max(1).div_ceil(PA_PART);
+        if parts > 65535 {
+            return Err(err(format!("{OP}: max_context = {} is beyond {} tokens", a.max_context, 65535 * PA_PART)));
+        }
+        let ints = [t, h, kvh, d, g.block_size, g.num_blocks, a.num_seqs, a.max_blocks, parts];
+        let names = ["T", "num_heads", "kv_heads", "head_dim", "block_size", "num_blocks", "num_seqs", "max_blocks", "parts"];
+        let mut v = [0i32; 9];
+        for i in 0..9 {
+            v[i] = i32_of(ints[i], OP, names[i])?;
+        }
+        let [ti, hi, kvi, di, bsi, nbi, nsi, mbi, pi] = v;
+        let grid = (u32_of(t, OP, "T")?, u32_of(h, OP, "num_heads")?, parts as u32);
+        if grid.1 > 65535 {
+            return Err(err(format!("{OP}: {h} heads exceed a launch dimension")));
+        }
+        let partial = self.func("paged_attention_partial")?;
+        if parts == 1 {
+            // Direct path: the scratch pointers are never touched; q stands in for them.
+            let mut l = self.stream.launch_builder(partial);
+            l.arg(&a.q.mem).arg(&a.k_cache.mem).arg(&a.v_cache.mem).arg(&a.positions.mem).arg(&a.token_seq.mem).arg(&a.block_tables.mem);
+            l.arg(&mut out.mem).arg(&a.q.mem).arg(&a.q.mem);
+            l.arg(&ti).arg(&hi).arg(&kvi).arg(&di).arg(&bsi).arg(&nbi).arg(&nsi).arg(&mbi).arg(&pi).arg(&a.scale);
+            // SAFETY: as in embedding.
+            let r = unsafe { l.launch(cfg(grid, 128)) };
+            return self.launched("paged_attention_partial", r);
+        }
+        let mut s = self.scratch.lock().map_err(|_| err(format!("{OP}: scratch lock poisoned by an earlier panic")))?;
+        let out_bytes = t * h * parts * d * 4;
+        let ml_bytes = t * h * parts * 2 * 4;
+        let grow = |slot: &mut Option<CudaSlice<u8>>, bytes: usize| -> Result<()> {
+            if slot.as_ref().is_none_or(|b| b.len() < bytes) {
+                // SAFETY: every element read by the combine kernel is written first by the partial kernel.
+                *slot = Some(unsafe { self.stream.alloc::<u8>(bytes) }.map_err(drv(&format!("{OP}: scratch of {bytes} bytes")))?);
+            }
+            Ok(())
+        };
+        grow(&mut s.part_out, out_bytes)?;
+        grow(&mut s.part_ml, ml_bytes)?;
+        let AttnScratch { part_out: Some(po), part_ml: Some(pm) } = &mut *s else {
+            return Err(err(format!("{OP}: scratch missing after allocation")));
+        };
+        let mut l = self.stream.launch_builder(partial);
+        l.arg(&a.q.mem).arg(&a.k_cache.mem).arg(&a.v_cache.mem).arg(&a.positions.mem).arg(&a.token_seq.mem).arg(&a.block_tables.mem);
+        l.arg(&a.q.mem).arg(&mut *po).arg(&mut *pm);
+        l.arg(&ti).arg(&hi).arg(&kvi).arg(&di).arg(&bsi).arg(&nbi).arg(&nsi).arg(&mbi).arg(&pi).arg(&a.scale);
+        // SAFETY: as in embedding; scratch sized for [T, H, parts, D] and [T, H, parts, 2].
+        let r = unsafe { l.launch(cfg(grid, 128)) };
+        self.launched("paged_attention_partial", r)?;
+        let combine = self.func("paged_attention_combine")?;
+        let mut l = self.stream.launch_builder(combine);
+        l.arg(&*po).arg(&*pm).arg(&a.positions.mem).arg(&a.token_seq.mem).arg(&mut out.mem);
+        l.arg(&ti).arg(&hi).arg(&kvi).arg(&di).arg(&bsi).arg(&nsi).arg(&mbi).arg(&pi);
+        // SAFETY: as above.
+        let r = unsafe { l.launch(cfg((grid.0, grid.1, 1), 128)) };
+        self.launched("paged_attention_combine", r)
+    }
+
+    fn argmax(&self, logits: &CudaBuf, rows: usize, vocab: usize) -> Result<Vec<u32>> {
+        const OP: &str = "argmax";
+        if rows == 0 {
+            return Ok(vec![]);
+        }
+        if vocab == 0 {
+            return Err(err(format!("{OP}: vocab = 0")));
+        }
+        need(logits, Elem::F32, rows * vocab, OP, "logits")?;
+        let mut ids = self.alloc(Elem::U32, rows)?;
+        let f = self.func(OP)?;
+        let (ri, vi) = (i32_of(rows, OP, "rows")?, i32_of(vocab, OP, "vocab")?);
+        i32_of(rows * vocab, OP, "rows*vocab")?;
+        let mut l = self.stream.launch_builder(f);
+        l.arg(&logits.mem).arg(&mut ids.mem).arg(&ri).arg(&vi);
+        // SAFETY: as in embedding.
+        let r = unsafe { l.launch(cfg((ri as u32, 1, 1), 512)) };
+        self.launched(OP, r)?;
+        self.read_u32(&ids, rows)
+    }
+}

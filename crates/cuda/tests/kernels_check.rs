@@ -1,0 +1,27 @@
+//! Runs `tandem-kernels-check` (NVRTC + ptxas over every kernels/*.cu for sm_80 and sm_90) when
+//! the toolchain is installed (kernels/install-toolchain.sh). Without it the test says it is
+//! skipped and why; with TANDEM_REQUIRE_CUDA_TOOLCHAIN=1 a missing toolchain fails.
+
+use std::process::Command;
+
+use tandem_cuda::toolchain::Toolchain;
+
+#[test]
+fn every_kernel_compiles_and_assembles_without_spills() {
+    let tc = Toolchain::discover();
+    let required = std::env::var("TANDEM_REQUIRE_CUDA_TOOLCHAIN").is_ok_and(|v| v == "1");
+    if (tc.lib_dir.is_none() && !Toolchain::nvrtc_loadable()) || tc.ptxas.is_none() {
+        let msg = format!("CUDA toolchain not found ({tc:?}); run kernels/install-toolchain.sh");
+        assert!(!required, "{msg}");
+        println!("SKIPPED (1 test): {msg}");
+        return;
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_tandem-kernels-check")).args(["--arch", "sm_80,sm_90", "--no-spills"]).output().unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    println!("{text}");
+    assert!(out.status.success(), "kernel check failed:\n{text}");
+    for kernel in ["matmul_vec_bf16_m1", "matmul_tiled_f16", "paged_attention_partial", "paged_attention_combine", "argmax", "rope", "kv_write"] {
+        assert!(text.contains(kernel), "report lacks {kernel}");
+    }
+    assert!(text.contains("sm_80") && text.contains("sm_90"));
+}
