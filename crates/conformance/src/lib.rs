@@ -37,8 +37,15 @@ pub fn fresh_seed() -> u64 {
     rng::mix(nanos ^ std::process::id() as u64)
 }
 
-fn selected(filter: Option<&str>) -> Vec<Case> {
-    cases().into_iter().filter(|c| filter.is_none_or(|f| c.matches(f))).collect()
+/// The cases a filter selects. A filter equal to one case's full label selects that case
+/// alone (`add len=1` is also part of `add len=100003`).
+pub fn selected(filter: Option<&str>) -> Vec<Case> {
+    let all = cases();
+    match filter {
+        None => all,
+        Some(f) if all.iter().any(|c| c.label() == f) => all.into_iter().filter(|c| c.label() == f).collect(),
+        Some(f) => all.into_iter().filter(|c| c.matches(f)).collect(),
+    }
 }
 
 /// Runs the suite (or the cases `filter` selects) on `backend` against [`RefBackend`].

@@ -206,10 +206,8 @@ impl<B: Backend> Backend for Faulty<B> {
     }
 }
 
-/// Runs the whole suite with `fault` and returns the results of the faulty op's cases and of
-/// all others, after checking the counts in the report agree with them.
-fn run_with(fault: Fault) -> (Vec<CaseResult>, Vec<CaseResult>, String, &'static str) {
-    let op = match fault {
+fn faulty_op(fault: Fault) -> &'static str {
+    match fault {
         Fault::RmsNormScaled | Fault::RmsNormSkipsLast => "rms_norm",
         Fault::MatmulDropsKTail | Fault::MatmulSkipsLastRow => "matmul",
         Fault::AttentionExcludesSelf | Fault::AttentionIgnoresBlockTable => "paged_attention",
@@ -218,36 +216,52 @@ fn run_with(fault: Fault) -> (Vec<CaseResult>, Vec<CaseResult>, String, &'static
         Fault::AddErrors => "add",
         Fault::ArgmaxLastOnTie => "argmax",
         Fault::RopePanics => "rope",
-    };
+    }
+}
+
+/// Runs the suite (the cases `filter` selects) with `fault`; checks the report's counts and
+/// last line, and returns the results and the printed text.
+fn run_with(fault: Fault, filter: Option<&str>) -> (Vec<CaseResult>, String) {
     let b = Faulty { inner: RefBackend::new(), fault };
     let mut out = Vec::new();
-    let rep = run(&b, None, 99, &mut out);
+    let rep = run(&b, filter, 99, &mut out);
     let text = String::from_utf8(out).unwrap();
-    assert_eq!(rep.passed + rep.failed, cases().len());
+    let selected = tandem_conformance::selected(filter).len();
+    assert!(selected > 0);
+    assert_eq!(rep.passed + rep.failed, selected);
+    assert_eq!(rep.results.len(), selected);
     assert!(!rep.ok());
     assert_eq!(text.lines().last().unwrap(), format!("faulty: {} passed, {} failed", rep.passed, rep.failed));
-    let (hit, rest): (Vec<_>, Vec<_>) = rep.results.into_iter().partition(|r| r.op == op);
-    (hit, rest, text, op)
+    (rep.results, text)
 }
 
-/// Every case of the faulty op fails (with `why` in its message), every other case passes.
+/// Every case of the faulty op fails, with `why` in its message and FAIL on its line.
 fn assert_caught(fault: Fault, why: &str) {
-    assert_caught_with(fault, why, &[]);
-}
-
-/// As [`assert_caught`], where the ops in `downstream` may fail too: their cases reach the op
-/// under test (attention fills its cache through kv_write).
-fn assert_caught_with(fault: Fault, why: &str, downstream: &[&str]) {
-    let (hit, rest, text, op) = run_with(fault);
-    assert!(!hit.is_empty());
-    for r in &hit {
+    let op = faulty_op(fault);
+    let (results, text) = run_with(fault, Some(op));
+    for r in &results {
         let msg = r.failure.as_deref().unwrap_or_else(|| panic!("{fault:?}: case `{op} {}` passed\n{text}", r.params));
         assert!(msg.contains(why), "{fault:?}: `{op} {}` failed for another reason: {msg}", r.params);
         let line = text.lines().find(|l| l.starts_with(op) && l.contains(&r.params)).unwrap();
-        assert!(line.contains("FAIL"), "{line}");
+        assert!(line.contains("FAIL") && line.contains(&format!("case seed {}", r.seed)), "{line}");
     }
-    for r in rest.iter().filter(|r| !downstream.contains(&r.op)) {
-        assert!(r.passed(), "{fault:?} broke `{} {}` too: {:?}", r.op, r.params, r.failure);
+}
+
+#[test]
+fn a_fault_in_one_op_fails_that_op_only() {
+    // Attention fills its cache through kv_write, so a kv_write fault reaches it too; every
+    // other op is independent of every other.
+    for (fault, downstream) in [(Fault::RmsNormScaled, &[][..]), (Fault::KvWriteVFromK, &["paged_attention"][..])] {
+        let op = faulty_op(fault);
+        let (results, _) = run_with(fault, None);
+        assert_eq!(results.len(), cases().len());
+        for r in &results {
+            if r.op == op {
+                assert!(!r.passed(), "{fault:?}: `{} {}` passed", r.op, r.params);
+            } else if !downstream.contains(&r.op) {
+                assert!(r.passed(), "{fault:?} broke `{} {}` too: {:?}", r.op, r.params, r.failure);
+            }
+        }
     }
 }
 
@@ -283,12 +297,12 @@ fn attention_ignoring_the_block_table_is_caught() {
 
 #[test]
 fn kv_write_dropping_a_token_is_caught_by_the_poison() {
-    assert_caught_with(Fault::KvWriteSkipsLastToken, "k_cache[slots]: ", &["paged_attention"]);
+    assert_caught(Fault::KvWriteSkipsLastToken, "k_cache[slots]: ");
 }
 
 #[test]
 fn kv_write_storing_k_as_v_is_caught() {
-    assert_caught_with(Fault::KvWriteVFromK, "v_cache[slots]: nmse", &["paged_attention"]);
+    assert_caught(Fault::KvWriteVFromK, "v_cache[slots]: nmse");
 }
 
 #[test]
@@ -308,14 +322,12 @@ fn a_backend_panic_fails_its_case_and_the_suite_goes_on() {
 
 #[test]
 fn argmax_breaking_ties_wrongly_is_caught_only_where_there_are_ties() {
-    let (hit, rest, text, _) = run_with(Fault::ArgmaxLastOnTie);
-    for r in &hit {
+    let (results, text) = run_with(Fault::ArgmaxLastOnTie, Some("argmax"));
+    for r in &results {
         let tied = r.params.contains("ties=yes");
         assert_eq!(r.passed(), !tied, "argmax {}: {:?}\n{text}", r.params, r.failure);
         if tied {
             assert!(r.failure.as_deref().unwrap().contains("indices differ"));
         }
     }
-    assert!(hit.iter().any(|r| !r.passed()));
-    assert!(rest.iter().all(|r| r.passed()));
 }

@@ -76,6 +76,10 @@ fn a_case_seed_depends_on_the_run_seed_and_label_only() {
     let rep = run(&RefBackend::new(), Some(&c.label()), 5, &mut out);
     assert_eq!(rep.results.len(), 1);
     assert_eq!(rep.results[0].seed, c.seed(5));
+    // A label that is a prefix of another still selects one case.
+    let mut out = Vec::new();
+    let rep = run(&RefBackend::new(), Some("add len=1"), 5, &mut out);
+    assert_eq!(rep.results.len(), 1, "{}", String::from_utf8(out).unwrap());
 }
 
 #[test]
