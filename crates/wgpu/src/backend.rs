@@ -96,6 +96,12 @@ impl WgpuBackend {
         self.rec.reset_stats()
     }
 
+    /// Times every dispatch on the device (timestamp queries, read back at each submit; slows
+    /// the run down). Returns false, and does nothing, when the adapter has no timestamps.
+    pub fn set_profiling(&self, on: bool) -> bool {
+        self.rec.set_profiling(on)
+    }
+
     /// Submits recorded work and waits for it (benchmarks time ops with this).
     pub fn sync(&self) -> Result<()> {
         self.argmax_scratch(1)?;

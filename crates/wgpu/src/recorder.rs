@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::num::NonZeroU64;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -28,7 +29,7 @@ impl<'a> Bind<'a> {
     }
 }
 
-/// Dispatch counts and host-side times, per kernel, since the last reset.
+/// Dispatch counts and times, per kernel, since the last reset.
 #[derive(Debug, Default, Clone)]
 pub struct Stats {
     /// Dispatches per kernel name.
@@ -36,11 +37,27 @@ pub struct Stats {
     pub submits: u64,
     /// Wall time spent waiting for the device in reads (includes the device's work).
     pub wait_secs: f64,
+    /// Device time per kernel from timestamp queries; filled only while profiling.
+    pub device_secs: BTreeMap<&'static str, f64>,
+}
+
+/// Dispatches timed per submit (two timestamps each).
+const PROFILE_CAP: u32 = 2048;
+
+/// Timestamp queries around every dispatch, read back at each submit. Synchronous and so
+/// slower: for finding where time goes, not for serving.
+struct Profiler {
+    queries: wgpu::QuerySet,
+    resolve: wgpu::Buffer,
+    readback: wgpu::Buffer,
+    period_ns: f64,
 }
 
 struct Pending {
     encoder: Option<wgpu::CommandEncoder>,
     params: Vec<u8>,
+    /// Kernel of each timed dispatch in this submit, in order (profiling only).
+    timed: Vec<&'static str>,
 }
 
 pub(crate) struct Recorder {
@@ -51,6 +68,8 @@ pub(crate) struct Recorder {
     pending: Mutex<Pending>,
     staging: Mutex<Option<wgpu::Buffer>>,
     stats: Mutex<Stats>,
+    profiler: Option<Profiler>,
+    profiling: AtomicBool,
 }
 
 fn lock<'a, T>(m: &'a Mutex<T>, what: &str) -> Result<MutexGuard<'a, T>> {
@@ -67,15 +86,43 @@ impl Recorder {
             mapped_at_creation: false,
         });
         let param_align = (gpu.limits.min_uniform_buffer_offset_alignment as u64).max(PARAMS_BYTES);
+        let profiler = gpu.device.features().contains(wgpu::Features::TIMESTAMP_QUERY).then(|| {
+            let bytes = PROFILE_CAP as u64 * 8;
+            Profiler {
+                queries: gpu.device.create_query_set(&wgpu::QuerySetDescriptor { label: Some("tandem profile"), ty: wgpu::QueryType::Timestamp, count: PROFILE_CAP }),
+                resolve: gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("tandem profile resolve"),
+                    size: bytes,
+                    usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+                    mapped_at_creation: false,
+                }),
+                readback: gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("tandem profile readback"),
+                    size: bytes,
+                    usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                }),
+                period_ns: gpu.queue.get_timestamp_period() as f64,
+            }
+        });
         Recorder {
             gpu,
             pipelines,
             params_buf,
             param_align,
-            pending: Mutex::new(Pending { encoder: None, params: Vec::new() }),
+            pending: Mutex::new(Pending { encoder: None, params: Vec::new(), timed: Vec::new() }),
             staging: Mutex::new(None),
             stats: Mutex::new(Stats::default()),
+            profiler,
+            profiling: AtomicBool::new(false),
         }
+    }
+
+    /// Times every dispatch with timestamp queries from now on (false when the adapter has none).
+    pub fn set_profiling(&self, on: bool) -> bool {
+        let ok = self.profiler.is_some();
+        self.profiling.store(on && ok, Ordering::Relaxed);
+        ok
     }
 
     pub fn stats(&self) -> Stats {
@@ -140,9 +187,18 @@ impl Recorder {
 
         let mut p = lock(&self.pending, "recorder")?;
         let offset = (p.params.len() as u64).next_multiple_of(self.param_align);
-        if offset + PARAMS_BYTES > self.params_buf.size() {
+        let profiling = self.profiling.load(Ordering::Relaxed);
+        if offset + PARAMS_BYTES > self.params_buf.size() || (profiling && (p.timed.len() as u32 + 1) * 2 > PROFILE_CAP) {
             self.submit_locked(&mut p)?;
         }
+        let timestamps = match (&self.profiler, profiling) {
+            (Some(pr), true) => {
+                let i = p.timed.len() as u32 * 2;
+                p.timed.push(kernel.name);
+                Some(wgpu::ComputePassTimestampWrites { query_set: &pr.queries, beginning_of_pass_write_index: Some(i), end_of_pass_write_index: Some(i + 1) })
+            }
+            _ => None,
+        };
         let offset = (p.params.len() as u64).next_multiple_of(self.param_align);
         p.params.resize(offset as usize, 0);
         p.params.extend(params.iter().flat_map(|w| w.to_le_bytes()));
@@ -150,7 +206,7 @@ impl Recorder {
         let device = &self.gpu.device;
         let encoder = p.encoder.get_or_insert_with(|| device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("tandem") }));
         {
-            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(kernel.name), timestamp_writes: None });
+            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(kernel.name), timestamp_writes: timestamps });
             pass.set_pipeline(&pipeline.pipeline);
             pass.set_bind_group(0, &bind_group, &[offset as u32]);
             pass.dispatch_workgroups(gx, gy, 1);
@@ -174,16 +230,49 @@ impl Recorder {
 
     /// Submits what is recorded (after uploading its parameter arena). Does not wait.
     fn submit_locked(&self, p: &mut Pending) -> Result<()> {
-        if let Some(encoder) = p.encoder.take() {
+        if let Some(mut encoder) = p.encoder.take() {
             if !p.params.is_empty() {
                 self.gpu.queue.write_buffer(&self.params_buf, 0, &p.params);
                 p.params.clear();
+            }
+            let timed = std::mem::take(&mut p.timed);
+            let n = timed.len() as u32 * 2;
+            if let (Some(pr), true) = (&self.profiler, n > 0) {
+                encoder.resolve_query_set(&pr.queries, 0..n, &pr.resolve, 0);
+                encoder.copy_buffer_to_buffer(&pr.resolve, 0, &pr.readback, 0, n as u64 * 8);
             }
             self.gpu.queue.submit([encoder.finish()]);
             if let Ok(mut s) = self.stats.lock() {
                 s.submits += 1;
             }
+            if let (Some(pr), true) = (&self.profiler, n > 0) {
+                self.collect_timestamps(pr, &timed)?;
+            }
         }
+        Ok(())
+    }
+
+    fn collect_timestamps(&self, pr: &Profiler, timed: &[&'static str]) -> Result<()> {
+        let bytes = timed.len() as u64 * 16;
+        let (tx, rx) = std::sync::mpsc::channel();
+        pr.readback.map_async(wgpu::MapMode::Read, 0..bytes, move |r| {
+            let _ = tx.send(r);
+        });
+        self.gpu.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| Error::backend(NAME, format!("waiting for the device: {e}")))?;
+        rx.recv()
+            .map_err(|_| Error::backend(NAME, "profile mapping was dropped"))?
+            .map_err(|e| Error::backend(NAME, format!("mapping the profile: {e}")))?;
+        {
+            let view = pr.readback.get_mapped_range(0..bytes).map_err(|e| Error::backend(NAME, format!("reading the profile: {e}")))?;
+            let ts: &[u64] = bytemuck::cast_slice(&view);
+            if let Ok(mut s) = self.stats.lock() {
+                for (i, name) in timed.iter().enumerate() {
+                    let d = ts[2 * i + 1].saturating_sub(ts[2 * i]) as f64 * pr.period_ns * 1e-9;
+                    *s.device_secs.entry(name).or_default() += d;
+                }
+            }
+        }
+        pr.readback.unmap();
         Ok(())
     }
 

@@ -1,0 +1,110 @@
+//! Batch-1 greedy decode speed of a model on the wgpu backend, and where the time goes.
+//!
+//!     cargo run -p tandem-wgpu --example decode_bench -- [--model DIR] [--prompt N] [--steps N] [--profile]
+//!
+//! Without --model it uses models/SmolLM2-135M-Instruct when present, else writes a seeded
+//! random model of the SmolLM2-135M shape (bf16) to a temp directory: same sizes, same work.
+//! --profile then times every dispatch with device timestamps and prints a per-kernel table.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use tandem_core::model::LoadOptions;
+use tandem_core::{DType, ForwardBatch, LlamaModel, ModelRunner};
+use tandem_wgpu::WgpuBackend;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let mut model: Option<PathBuf> = None;
+    let (mut prompt, mut steps, mut profile) = (32usize, 64usize, false);
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--model" => model = args.next().map(PathBuf::from),
+            "--prompt" => prompt = args.next().and_then(|v| v.parse().ok()).ok_or("--prompt N")?,
+            "--steps" => steps = args.next().and_then(|v| v.parse().ok()).ok_or("--steps N")?,
+            "--profile" => profile = true,
+            other => return Err(format!("unknown argument {other}").into()),
+        }
+    }
+    let dir = match model {
+        Some(d) => d,
+        None => {
+            let real = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct");
+            if real.join("config.json").exists() {
+                real
+            } else {
+                let d = std::env::temp_dir().join("tandem-bench-smollm2-135m-random");
+                if !d.join("model.safetensors").exists() {
+                    eprintln!("no converted SmolLM2-135M; writing a random model of its shape to {}", d.display());
+                    tandem_models::random_model::write_random_model(&d, tandem_models::random_model::Shape::Smollm2_135m, 7, DType::BF16)?;
+                }
+                d
+            }
+        }
+    };
+    let backend = WgpuBackend::new()?;
+    println!("adapter: {}", backend.adapter());
+    println!("model:   {}", dir.display());
+    let block_size = 16;
+    let opts = LoadOptions { max_batch_tokens: prompt.max(16), max_seqs: 1, num_kv_blocks: (prompt + steps * 2).div_ceil(block_size) + 1, block_size };
+    let t0 = Instant::now();
+    let mut m = LlamaModel::<WgpuBackend>::load(backend, &dir, opts)?;
+    println!("load:    {:.2} s", t0.elapsed().as_secs_f64());
+    let vocab = m.config().vocab_size as u32;
+    let blocks: Vec<u32> = (0..opts.num_kv_blocks as u32).collect();
+
+    let tokens: Vec<u32> = (0..prompt as u32).map(|i| (i * 7919 + 13) % vocab).collect();
+    let mut b = ForwardBatch { max_blocks: blocks.len(), ..Default::default() };
+    b.push_seq(&tokens, 0, &blocks, block_size, true);
+    let t0 = Instant::now();
+    let mut next = m.forward_argmax(&b)?[0];
+    println!("prefill: {prompt} tokens in {:.3} s (first call compiles the pipelines)", t0.elapsed().as_secs_f64());
+
+    let mut pos = prompt;
+    let mut step = |m: &mut LlamaModel<WgpuBackend>, pos: &mut usize, next: &mut u32| -> Result<(), Box<dyn std::error::Error>> {
+        let mut b = ForwardBatch { max_blocks: blocks.len(), ..Default::default() };
+        b.push_seq(&[*next], *pos, &blocks, block_size, true);
+        *next = m.forward_argmax(&b)?[0];
+        *pos += 1;
+        Ok(())
+    };
+    for _ in 0..2 {
+        step(&mut m, &mut pos, &mut next)?; // warm-up
+    }
+    m.backend().reset_stats();
+    let t0 = Instant::now();
+    for _ in 0..steps {
+        step(&mut m, &mut pos, &mut next)?;
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    let st = m.backend().stats();
+    println!("decode:  {steps} tokens in {secs:.3} s = {:.2} tok/s ({:.2} ms/token), batch 1, context {}..{}", steps as f64 / secs, secs * 1e3 / steps as f64, prompt, pos);
+    let total: u64 = st.dispatches.values().sum();
+    println!("per token: {:.0} dispatches, {:.1} submits", total as f64 / steps as f64, st.submits as f64 / steps as f64);
+    for (k, n) in &st.dispatches {
+        println!("  {k:<16} {:>6.1} dispatches/token", *n as f64 / steps as f64);
+    }
+
+    if profile {
+        if !m.backend().set_profiling(true) {
+            println!("profile: the adapter has no timestamp queries");
+            return Ok(());
+        }
+        m.backend().reset_stats();
+        let t0 = Instant::now();
+        for _ in 0..steps {
+            step(&mut m, &mut pos, &mut next)?;
+        }
+        let wall = t0.elapsed().as_secs_f64();
+        let st = m.backend().stats();
+        let dev: f64 = st.device_secs.values().sum();
+        println!("profile over {steps} tokens: wall {:.2} ms/token, inside dispatches {:.2} ms/token", wall * 1e3 / steps as f64, dev * 1e3 / steps as f64);
+        let mut rows: Vec<_> = st.device_secs.iter().collect();
+        rows.sort_by(|a, b| b.1.total_cmp(a.1));
+        for (k, s) in rows {
+            let n = st.dispatches.get(k).copied().unwrap_or(0);
+            println!("  {k:<16} {:>7.3} ms/token {:>5.1}%  {:>7.1} us/dispatch", s * 1e3 / steps as f64, 100.0 * s / dev, s * 1e6 / n.max(1) as f64);
+        }
+    }
+    Ok(())
+}
