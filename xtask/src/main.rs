@@ -1,1 +1,47 @@
-fn main() {}
+//! `cargo xtask <task>`: all project tooling, one file per task.
+//!
+//! Add a task by adding a file `src/<task>.rs` with an `Args` struct and a `run` function, then
+//! one variant in [`Task`] and one arm in `main`.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+mod convert_gguf;
+mod fetch_model;
+mod gen_model;
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "Tandem project tooling")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Download, verify and convert the default model into models/ (nothing to do if it is there).
+    FetchModel(fetch_model::Args),
+    /// Write a seeded random model (config, safetensors, tokenizer) of a known shape.
+    GenModel(gen_model::Args),
+    /// Convert a local Llama GGUF file into a Hugging Face directory.
+    ConvertGguf(convert_gguf::Args),
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .init();
+    match Cli::parse().task {
+        Task::FetchModel(a) => fetch_model::run(a),
+        Task::GenModel(a) => gen_model::run(a),
+        Task::ConvertGguf(a) => convert_gguf::run(a),
+    }
+}
+
+/// The workspace root (xtask lives one level below it).
+pub fn workspace_root() -> PathBuf {
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    manifest.parent().map(PathBuf::from).unwrap_or(manifest)
+}

@@ -21,5 +21,5 @@ pub mod safetensors_writer;
 pub mod tokenizer_json;
 
 pub use convert::convert_gguf;
-
-
+pub use fetch::fetch_default;
+pub use random_model::{write_random_model, Shape};
