@@ -54,17 +54,9 @@ impl FakeModel {
         tokens.fold(0x1234_5678, |h, (t, p)| mix(h, ((t as u64) << 32) | p as u64))
     }
 
-    /// The token after `history`: never an EOS id unless `vocab` leaves no other choice.
+    /// The token after a history (may be an EOS id: tests see stops too).
     pub fn next_token(history_hash: u64, cfg: &ModelConfig) -> u32 {
-        let v = cfg.vocab_size as u64;
-        let mut h = history_hash;
-        loop {
-            let t = (h % v) as u32;
-            if !cfg.eos_token_ids.contains(&t) {
-                return t;
-            }
-            h = mix(h, 1);
-        }
+        (history_hash % cfg.vocab_size as u64) as u32
     }
 
     /// Logits of a row: a clear winner (the next token) over small deterministic noise, so
@@ -77,12 +69,17 @@ impl FakeModel {
         row[next as usize] = 4.0;
     }
 
-    /// What greedy decoding of `prompt` must produce: `n` tokens.
-    pub fn greedy(cfg: &ModelConfig, prompt: &[u32], n: usize) -> Vec<u32> {
+    /// What greedy decoding of `prompt` must produce: up to `n` tokens, ending early after an
+    /// EOS id unless `ignore_eos`.
+    pub fn greedy(cfg: &ModelConfig, prompt: &[u32], n: usize, ignore_eos: bool) -> Vec<u32> {
         let mut toks = prompt.to_vec();
         for _ in 0..n {
             let h = Self::history_hash(toks.iter().enumerate().map(|(p, &t)| (t, p as u32)));
-            toks.push(Self::next_token(h, cfg));
+            let t = Self::next_token(h, cfg);
+            toks.push(t);
+            if !ignore_eos && cfg.eos_token_ids.contains(&t) {
+                break;
+            }
         }
         toks.split_off(prompt.len())
     }
