@@ -134,8 +134,6 @@ pub struct EngineStats {
     pub num_waiting: usize,
     /// Fraction of KV blocks in use, 0..=1.
     pub kv_cache_usage: f64,
-    pub num_free_blocks: usize,
-    pub num_total_blocks: usize,
     /// Prompt tokens looked up in the prefix cache, and of those found (cumulative).
     pub prefix_cache_queries: u64,
     pub prefix_cache_hits: u64,
@@ -144,10 +142,21 @@ pub struct EngineStats {
     pub batch_size: usize,
 }
 
+/// Why the engine refused a request outright.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SubmitRefusal {
+    /// The request can never run (bad parameters, too long for the pool): answered 400.
+    Invalid(String),
+    /// The engine's own queue is full: answered 429.
+    Overloaded(String),
+    /// The engine is gone or not loaded: answered 500.
+    Stopped(String),
+}
+
 /// The engine, as the server sees it. Every method returns at once (no blocking on a step).
 pub trait EngineClient: Send + Sync + 'static {
-    /// Queues a request. An error means it was refused outright (the engine is gone).
-    fn submit(&self, req: GenerateRequest) -> Result<Submission, String>;
+    /// Queues a request, or refuses it outright.
+    fn submit(&self, req: GenerateRequest) -> Result<Submission, SubmitRefusal>;
     /// Stops a request and frees its KV blocks; unknown or finished ids are ignored.
     fn abort(&self, id: RequestId);
     fn stats(&self) -> EngineStats;

@@ -10,14 +10,15 @@
 //! - [`run`]: one request's engine submissions, merged; aborts them when dropped.
 //! - [`body`]: the response body, whole or streamed.
 //! - [`metrics`]: vLLM-named metrics in the Prometheus text format.
-//! - [`engine_client`]: the narrow interface to the engine; `engine_adapter` implements it for
-//!   `tandem_engine` (once its handle lands).
+//! - [`engine_client`]: the narrow interface to the engine; [`engine_adapter`] implements it for
+//!   `tandem_engine`.
 //!
 //! Architecture invariant: this is the only crate that knows HTTP and JSON; nothing of either
 //! crosses [`engine_client::EngineClient`].
 
 pub mod body;
 pub mod config;
+pub mod engine_adapter;
 pub mod engine_client;
 pub mod error;
 pub mod metrics;

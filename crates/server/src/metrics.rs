@@ -123,8 +123,6 @@ impl Metrics {
         gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", stats.num_waiting as f64);
         gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", stats.kv_cache_usage);
         gauge("tandem:batch_size", "Sequences in the most recent engine step.", stats.batch_size as f64);
-        gauge("tandem:kv_cache_free_blocks", "KV-cache blocks free (clean or evictable).", stats.num_free_blocks as f64);
-        gauge("tandem:kv_cache_total_blocks", "KV-cache blocks in the pool.", stats.num_total_blocks as f64);
         let mut counter = |name: &str, help: &str, v: u64| {
             let _ = writeln!(out, "# HELP {name}_total {help}\n# TYPE {name}_total counter\n{name}_total{{{l}}} {v}");
         };

@@ -158,14 +158,19 @@ impl Job {
         Ok(Job { api: Api::Generate, prompts, p, multi })
     }
 
+    /// The request field that holds the prompt.
+    pub fn prompt_param(&self) -> &'static str {
+        match self.api {
+            Api::Chat => "messages",
+            _ if self.multi => "prompts",
+            _ => "prompt",
+        }
+    }
+
     /// One engine request per prompt, with `max_tokens` fitted to the context.
     pub fn requests(&self, state: &AppState) -> Result<Vec<GenerateRequest>, ApiError> {
         let ctx = state.config.max_model_len;
-        let param = match self.api {
-            Api::Chat => "messages",
-            Api::Completions | Api::Generate if self.multi => "prompts",
-            _ => "prompt",
-        };
+        let param = self.prompt_param();
         let max_name = if self.api == Api::Chat { "max_completion_tokens" } else { "max_tokens" };
         self.prompts
             .iter()

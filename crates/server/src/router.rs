@@ -165,7 +165,7 @@ async fn generate(state: &Arc<AppState>, api: Api, req: Request<Incoming>, start
         created: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
         model: state.model_name.clone(),
     };
-    let mut run = Run::start(state.clone(), reqs, meta.id.clone(), start)?;
+    let mut run = Run::start(state.clone(), reqs, job.prompt_param(), meta.id.clone(), start)?;
     if job.p.stream {
         let fmt = StreamFormatter::new(&job, meta, state.tokenizer.clone());
         let mut r = Response::new(ResponseBody::Sse(Box::new(SseStream::new(run, fmt))));

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use crate::engine_client::{CompletionDelta, EngineUpdate, FinishReason, GenerateRequest, RequestId};
+use crate::engine_client::{CompletionDelta, EngineUpdate, FinishReason, GenerateRequest, RequestId, SubmitRefusal};
 use crate::error::ApiError;
 use crate::server::AppState;
 
@@ -50,8 +50,9 @@ pub struct Run {
 
 impl Run {
     /// Submits one engine request per prompt. Fails with 429 when the queue is full (nothing
-    /// submitted then) and 500 when the engine refuses.
-    pub fn start(state: Arc<AppState>, reqs: Vec<GenerateRequest>, label: String, start: Instant) -> Result<Run, ApiError> {
+    /// submitted then), and with 400, 429 or 500 when the engine refuses (see
+    /// [`SubmitRefusal`]); `prompt_param` names the prompt's field in such errors.
+    pub fn start(state: Arc<AppState>, reqs: Vec<GenerateRequest>, prompt_param: &str, label: String, start: Instant) -> Result<Run, ApiError> {
         let k = reqs.len();
         let max = state.config.max_queued_requests;
         let before = state.queued.fetch_add(k, Ordering::SeqCst);
@@ -83,7 +84,12 @@ impl Run {
                     // Release the queue slots of the prompts never submitted; `run`'s drop
                     // aborts those that were.
                     state.queued.fetch_sub(k - i, Ordering::SeqCst);
-                    return Err(ApiError::internal(format!("the engine refused the request: {e}")));
+                    let param = if k > 1 { format!("{prompt_param}[{i}]") } else { prompt_param.to_string() };
+                    return Err(match e {
+                        SubmitRefusal::Invalid(m) => ApiError::invalid(&param, m),
+                        SubmitRefusal::Overloaded(m) => ApiError { message: m, ..ApiError::overloaded(0, 1) },
+                        SubmitRefusal::Stopped(m) => ApiError::internal(format!("the engine refused the request: {m}")),
+                    });
                 }
             }
         }

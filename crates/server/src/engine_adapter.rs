@@ -1,0 +1,131 @@
+//! [`EngineClient`] for `tandem_engine`'s [`EngineHandle`].
+//!
+//! The engine's [`RequestStream`] can only be awaited through `recv()`, so each request gets a
+//! small tokio task that forwards its outputs into the server's channel. Cancellation does not
+//! wait on that task: the server calls [`EngineClient::abort`] directly, and the task ends at
+//! the final output the engine always sends.
+//!
+//! The handle may be set after the server starts (`/health` answers 503 until then), so a
+//! binary can listen while the model loads.
+
+use std::sync::{Arc, OnceLock};
+
+use tandem_core::tokenizer::Tokenizer;
+use tandem_engine::{DecodeFn, EngineHandle, Request, RequestOutput, SamplingParams, SubmitError};
+use tokio::sync::mpsc;
+
+use crate::engine_client::{CompletionDelta, EngineClient, EngineStats, EngineUpdate, FinishReason, GenerateRequest, RequestId, Submission, SubmitRefusal, TokenLogprob};
+
+#[derive(Default)]
+pub struct TandemEngine {
+    handle: OnceLock<EngineHandle>,
+}
+
+impl TandemEngine {
+    /// Not ready yet; call [`TandemEngine::set`] once the model is loaded.
+    pub fn loading() -> Arc<Self> {
+        Arc::new(TandemEngine { handle: OnceLock::new() })
+    }
+
+    pub fn ready(handle: EngineHandle) -> Arc<Self> {
+        let e = Self::loading();
+        e.set(handle);
+        e
+    }
+
+    /// Installs the engine; later calls are ignored.
+    pub fn set(&self, handle: EngineHandle) {
+        let _ = self.handle.set(handle);
+    }
+
+    pub fn handle(&self) -> Option<&EngineHandle> {
+        self.handle.get()
+    }
+}
+
+/// The engine's text decoder over our tokenizer. Special tokens are left out of the text, as
+/// vLLM does by default.
+pub fn decode_fn(tok: Arc<Tokenizer>) -> DecodeFn {
+    Arc::new(move |ids: &[u32]| tok.decode(ids, true).unwrap_or_default())
+}
+
+fn to_engine_params(p: &crate::engine_client::RequestParams) -> SamplingParams {
+    SamplingParams {
+        n: p.n,
+        temperature: p.temperature,
+        top_k: p.top_k,
+        top_p: p.top_p,
+        min_p: p.min_p,
+        repetition_penalty: p.repetition_penalty,
+        presence_penalty: p.presence_penalty,
+        frequency_penalty: p.frequency_penalty,
+        seed: p.seed,
+        stop: p.stop.clone(),
+        stop_token_ids: p.stop_token_ids.clone(),
+        ignore_eos: p.ignore_eos,
+        max_tokens: Some(p.max_tokens),
+        min_tokens: p.min_tokens,
+        logprobs: p.logprobs,
+    }
+}
+
+fn to_update(o: RequestOutput) -> EngineUpdate {
+    let finish = o.finish_reason.map(|f| match f {
+        tandem_engine::FinishReason::Stop { .. } => FinishReason::Stop,
+        tandem_engine::FinishReason::Length => FinishReason::Length,
+        tandem_engine::FinishReason::Abort => FinishReason::Abort,
+        tandem_engine::FinishReason::Error(e) => FinishReason::Error(e),
+    });
+    let logprobs = o.logprobs.into_iter().map(|l| TokenLogprob { token: l.token, logprob: l.logprob, top: l.top }).collect();
+    EngineUpdate {
+        deltas: vec![CompletionDelta { index: o.index, text: o.text, token_ids: o.token_ids, logprobs, finish }],
+        queue_time: o.metrics.and_then(|m| m.queue_time),
+    }
+}
+
+impl EngineClient for TandemEngine {
+    fn submit(&self, req: GenerateRequest) -> Result<Submission, SubmitRefusal> {
+        let Some(h) = self.handle.get() else { return Err(SubmitRefusal::Stopped("the model is still loading".into())) };
+        let mut stream = h.submit(Request { prompt: req.prompt, params: to_engine_params(&req.params), priority: req.priority }).map_err(|e| match e {
+            SubmitError::Overloaded { .. } => SubmitRefusal::Overloaded(e.to_string()),
+            SubmitError::Stopped => SubmitRefusal::Stopped(e.to_string()),
+            _ => SubmitRefusal::Invalid(e.to_string()),
+        })?;
+        let id = stream.id();
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Some(o) = stream.recv().await {
+                if tx.send(to_update(o)).is_err() {
+                    break; // the server let go; dropping `stream` aborts what is left
+                }
+            }
+        });
+        Ok(Submission { id, updates: rx })
+    }
+
+    fn abort(&self, id: RequestId) {
+        if let Some(h) = self.handle.get() {
+            h.abort(id);
+        }
+    }
+
+    fn stats(&self) -> EngineStats {
+        let Some(h) = self.handle.get() else { return EngineStats::default() };
+        let s = h.stats();
+        EngineStats {
+            num_running: s.num_running,
+            num_waiting: s.num_waiting,
+            kv_cache_usage: s.kv_usage as f64,
+            prefix_cache_queries: s.prefix_cache_queries_total,
+            prefix_cache_hits: s.prefix_cache_hits_total,
+            num_preemptions: s.preemptions_total,
+            // The engine reports no per-step batch size yet; between steps the running set
+            // is the batch in continuous mode.
+            batch_size: s.num_running,
+        }
+    }
+
+    fn is_ready(&self) -> bool {
+        self.handle.get().is_some()
+    }
+}
