@@ -173,6 +173,8 @@ struct RequestState {
     tx: UnboundedSender<RequestOutput>,
     /// Completions not yet ended.
     live: Vec<SeqId>,
+    /// Completion indices not forked yet (1..n until the prompt is computed).
+    unforked: std::ops::Range<usize>,
     prompt_tokens: usize,
     completion_tokens: usize,
     metrics: Option<RequestMetrics>,
@@ -279,7 +281,7 @@ impl Engine {
         let seed = req.params.seed.unwrap_or_else(|| self.seed ^ id.wrapping_mul(0x9E37_79B9_7F4A_7C15));
         let params = Arc::new(req.params);
         let seq = Sequence::new(self.next_seq, id, 0, req.prompt, params, max_tokens, req.priority, self.next_arrival, Rng::for_completion(seed, 0), arrival);
-        let state = RequestState { tx, live: vec![seq.id], prompt_tokens: seq.num_prompt_tokens, completion_tokens: 0, metrics: None };
+        let state = RequestState { tx, live: vec![seq.id], unforked: 1..seq.params.n, prompt_tokens: seq.num_prompt_tokens, completion_tokens: 0, metrics: None };
         self.next_seq += 1;
         self.next_arrival += 1;
         self.requests.insert(id, state);
@@ -403,6 +405,7 @@ impl Engine {
             self.next_arrival += 1;
             if let Some(r) = self.requests.get_mut(&rid) {
                 r.live.push(child.id);
+                r.unforked = 0..0;
             }
             self.scheduler.fork(parent, child);
         }
@@ -436,7 +439,13 @@ impl Engine {
 
     /// Ends every live completion of a request with `reason`.
     fn end_request(&mut self, rid: RequestId, reason: FinishReason) {
-        let Some(r) = self.requests.get(&rid) else { return };
+        let Some(r) = self.requests.get_mut(&rid) else { return };
+        // Completions that never started still get their finish reason.
+        for index in std::mem::replace(&mut r.unforked, 0..0) {
+            let mut o = RequestOutput::new(rid, index);
+            o.finish_reason = Some(reason.clone());
+            let _ = r.tx.send(o);
+        }
         for id in r.live.clone() {
             let index = self.scheduler.seq(id).map_or(0, |s| s.index);
             self.end_seq(id, reason.clone(), RequestOutput::new(rid, index));
