@@ -107,3 +107,58 @@ pub fn check_case(runner: &mut dyn ModelRunner, case: &GoldenCase, logprob_tol: 
     }
     Ok(CaseOutcome { ours, diverged_at, max_logprob_err: max_err })
 }
+
+/// The golden files shipped in the repository (`tests/golden`).
+pub fn golden_dir() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/golden")
+}
+
+/// A seeded random model written by our own tool (the same call `cargo xtask gen-model`
+/// makes, so it matches what `tests/make_golden.sh` gave HF transformers). One per process.
+pub fn random_model(shape: &str, seed: u64, dtype: tandem_core::DType) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("tandem-golden-{}-{shape}-{seed}-{}", std::process::id(), dtype.name()));
+    if !dir.join("config.json").exists() {
+        let s = tandem_models::random_model::Shape::parse(shape).unwrap_or_else(|| panic!("unknown shape {shape}"));
+        tandem_models::random_model::write_random_model(&dir, s, seed, dtype).expect("writing the random model");
+    }
+    dir
+}
+
+/// The converted default model: `$TANDEM_SMOLLM2_DIR`, else `models/SmolLM2-135M-Instruct`.
+/// None (and a printed, counted `SKIPPED:` line) when absent, unless `TANDEM_REQUIRE_MODEL`
+/// is set, in which case absence is a failure.
+pub fn smollm2_dir() -> Option<std::path::PathBuf> {
+    let dir = std::env::var_os("TANDEM_SMOLLM2_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct"));
+    if dir.join("config.json").exists() {
+        return Some(dir);
+    }
+    if std::env::var_os("TANDEM_REQUIRE_MODEL").is_some() {
+        panic!("TANDEM_REQUIRE_MODEL is set but {} holds no model (run `cargo xtask fetch-model`)", dir.display());
+    }
+    println!("SKIPPED: SmolLM2 golden test: no model at {} (run `cargo xtask fetch-model`)", dir.display());
+    None
+}
+
+/// Loads `model_dir` on a backend and checks every case of `golden` against it.
+/// Returns one line per case for the test log.
+pub fn check_model<B: tandem_core::Backend>(backend: B, model_dir: &std::path::Path, golden: &GoldenFile, logprob_tol: f64) -> Result<Vec<String>, String> {
+    let longest = golden.cases.iter().map(|c| c.prompt_ids.len() + c.greedy.len()).max().unwrap_or(1);
+    // 16-token chunks: longer prompts are prefilled in pieces over their own cached prefix.
+    let opts = tandem_core::model::LoadOptions { max_batch_tokens: 16, max_seqs: 4, num_kv_blocks: longest.div_ceil(16) + 1, block_size: 16 };
+    let mut model = tandem_core::LlamaModel::load(backend, model_dir, opts).map_err(|e| e.to_string())?;
+    let mut lines = vec![];
+    for (i, case) in golden.cases.iter().enumerate() {
+        let o = check_case(&mut model, case, logprob_tol).map_err(|e| format!("{} case {i} ({} prompt tokens): {e}", golden.model, case.prompt_ids.len()))?;
+        lines.push(format!(
+            "{} case {i}: {} prompt tokens, {} steps, diverged at {:?}, max |Δlogprob| {:.2e}",
+            golden.model,
+            case.prompt_ids.len(),
+            o.ours.len(),
+            o.diverged_at,
+            o.max_logprob_err
+        ));
+    }
+    Ok(lines)
+}

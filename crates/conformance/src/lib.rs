@@ -24,6 +24,7 @@ use tandem_reference::RefBackend;
 
 mod case;
 pub mod compare;
+pub mod golden;
 pub mod ops;
 mod report;
 pub mod rng;
