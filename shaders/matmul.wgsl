@@ -1,5 +1,6 @@
 // matmul: out[m, n] = sum_k x[m, k] * w[n, k] (+ bias[n])    (y = x W^T, torch.nn.Linear)
-//   x f32 [m, k]; w weight [n, k] (via the prelude's `w_at`/`w_pair`); out f32 [m, n];
+//   x f32 [m, k] (bound as vec4s); w weight [n, k] (bound as vec4s, read through the
+//   prelude's `w_at` / `w_oct`); out f32 [m, n];
 //   bias weight [n] (the prelude declares it and `bias_at`, or makes `bias_at` return 0).
 // A weight larger than one storage binding is bound in row chunks: this dispatch sees rows
 // [n0, n0 + rows) of w and writes those columns of out.
@@ -8,7 +9,9 @@
 // and keeps MT accumulators, so each weight element loaded serves MT tokens (MT comes from the
 // prelude: 1 for decode at batch 1, up to 8 for prefill). Lanes of a workgroup share the same
 // x rows, so the x loads are uniform; no workgroup memory and no barriers, which is what a
-// CPU-side Vulkan (lavapipe) runs fastest. Grid: x = ceil(rows / 64), y = ceil(m / MT).
+// CPU-side Vulkan (lavapipe) runs fastest. When k is a multiple of 8 every load brings 16
+// bytes (eight bf16 weights, four x values): lavapipe pays per load instruction and lane.
+// Grid: x = ceil(rows / 64), y = ceil(m / MT).
 // Check: cargo test -p tandem-wgpu --test ops -- matmul
 
 struct Params {
@@ -20,7 +23,7 @@ struct Params {
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> x: array<f32>;         // [m, k]
+@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;   // [m, k / 4]
 @group(0) @binding(2) var<storage, read> w: array<w_t>;         // [rows, k] (this chunk)
 @group(0) @binding(3) var<storage, read_write> out: array<f32>; // [m, n]
 
@@ -39,20 +42,20 @@ fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
         xrow[mi] = min(m0 + mi, p.m - 1u) * p.k;
     }
     let wrow = r * p.k;
-    if ((p.k & 3u) == 0u) {
-        for (var j = 0u; j < p.k; j += 4u) {
-            let w01 = w_pair(wrow + j);
-            let w23 = w_pair(wrow + j + 2u);
+    if ((p.k & 7u) == 0u) {
+        for (var j = 0u; j < p.k; j += 8u) {
+            let wv = w_oct(wrow + j);
             for (var mi = 0u; mi < MT; mi++) {
-                let o = xrow[mi] + j;
-                acc[mi] += x[o] * w01.x + x[o + 1u] * w01.y + x[o + 2u] * w23.x + x[o + 3u] * w23.y;
+                let o = (xrow[mi] + j) >> 2u;
+                acc[mi] += dot(x[o], wv[0]) + dot(x[o + 1u], wv[1]);
             }
         }
     } else {
         for (var j = 0u; j < p.k; j++) {
             let wv = w_at(wrow + j);
             for (var mi = 0u; mi < MT; mi++) {
-                acc[mi] += x[xrow[mi] + j] * wv;
+                let o = xrow[mi] + j;
+                acc[mi] += x[o >> 2u][o & 3u] * wv;
             }
         }
     }

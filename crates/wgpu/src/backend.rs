@@ -71,7 +71,7 @@ impl WgpuBackend {
         let gpu = adapter::open()?;
         let adapter_max = gpu.limits.max_storage_buffer_binding_size;
         let max_binding = opts.max_storage_binding.map_or(adapter_max, |m| m.min(adapter_max)) / 4 * 4;
-        Ok(WgpuBackend { rec: Recorder::new(gpu, Pipelines::new(dir)), max_binding, argmax_out: Mutex::new(None) })
+        Ok(WgpuBackend { rec: Recorder::new(gpu, Pipelines::new(dir, std::env::var_os("TANDEM_WGPU_CHECKED").is_some())), max_binding, argmax_out: Mutex::new(None) })
     }
 
     /// The adapter in use: name, wgpu backend, device type, driver.
@@ -112,7 +112,7 @@ impl WgpuBackend {
 
     fn create(&self, kind: BufKind, len: usize, bytes: u64, what: &str) -> Result<WgpuBuf> {
         let limits = &self.rec.gpu.limits;
-        let size = bytes.next_multiple_of(4).max(4);
+        let size = bytes.next_multiple_of(16).max(16);
         if size > limits.max_buffer_size {
             return Err(err(format!("{what}: {size} bytes exceed the adapter's max_buffer_size of {}", limits.max_buffer_size)));
         }
@@ -132,7 +132,7 @@ impl WgpuBackend {
     fn weight_from_bytes(&self, dtype: DType, len: usize, bytes: &[u8], name: Option<&str>) -> Result<WgpuBuf> {
         let what = name.map_or_else(|| format!("a {} weight of {len} elements", dtype.name()), |n| format!("tensor `{n}`"));
         let limits = &self.rec.gpu.limits;
-        let size = (bytes.len() as u64).next_multiple_of(4).max(4);
+        let size = (bytes.len() as u64).next_multiple_of(16).max(16);
         if size > limits.max_buffer_size {
             return Err(err(format!("{what}: {size} bytes exceed the adapter's max_buffer_size of {}", limits.max_buffer_size)));
         }
@@ -173,7 +173,7 @@ impl WgpuBackend {
             return Ok(vec![Chunk { row0: 0, rows, range: None }]);
         }
         let row_bytes = (row_elems * dtype.size()) as u64;
-        let align = self.rec.gpu.limits.min_storage_buffer_offset_alignment.max(4) as u64;
+        let align = self.rec.gpu.limits.min_storage_buffer_offset_alignment.max(16) as u64;
         let step = align / gcd(align, row_bytes.max(1));
         let per = (self.max_binding / row_bytes.max(1)) / step * step;
         if per == 0 {
@@ -188,7 +188,7 @@ impl WgpuBackend {
         while r < rows {
             let n = (per as usize).min(rows - r);
             let off = r as u64 * row_bytes;
-            let len = (n as u64 * row_bytes).next_multiple_of(4).min(w.buf.size() - off);
+            let len = (n as u64 * row_bytes).next_multiple_of(16).min(w.buf.size() - off);
             out.push(Chunk { row0: r, rows: n, range: Some((off, len)) });
             r += n;
         }
@@ -388,7 +388,7 @@ impl Backend for WgpuBackend {
             3..=4 => 4,
             _ => 8,
         };
-        let prelude = Prelude::new().constant("MT", mt).weight("w", dtype).optional_weight("bias", 4, bias_dtype);
+        let prelude = Prelude::new().constant("MT", mt).weight4("w", dtype).optional_weight("bias", 4, bias_dtype);
         let kernel = if bias.is_some() { shaders::MATMUL_BIAS } else { shaders::MATMUL };
         for c in self.chunks(op, w, n, k)? {
             let params = [m as u32, n as u32, k as u32, c.row0 as u32, c.rows as u32];

@@ -91,6 +91,33 @@ impl Prelude {
         self
     }
 
+    /// Like [`Prelude::weight`], with the weight bound as 16-byte vectors (`name_t` is
+    /// `vec4<u32>` or `vec4<f32>`), adding `name_oct(i) -> mat2x4<f32>`: elements i..i+8, i a
+    /// multiple of 8. A software rasteriser pays per load instruction, not per byte, so one
+    /// load of eight bf16 values is what makes the decode matmul fast there.
+    pub fn weight4(mut self, name: &str, dtype: DType) -> Self {
+        let n = name;
+        let text = match dtype {
+            DType::BF16 => format!(
+                "alias {n}_t = vec4<u32>;\n\
+                 fn {n}_at(i: u32) -> f32 {{ let word = {n}[i >> 3u][(i >> 1u) & 3u]; return bitcast<f32>(select(word << 16u, word & 0xffff0000u, (i & 1u) == 1u)); }}\n\
+                 fn {n}_oct(i: u32) -> mat2x4<f32> {{ let v = {n}[i >> 3u]; let lo = vec4<u32>(v.x << 16u, v.x & 0xffff0000u, v.y << 16u, v.y & 0xffff0000u); let hi = vec4<u32>(v.z << 16u, v.z & 0xffff0000u, v.w << 16u, v.w & 0xffff0000u); return mat2x4<f32>(bitcast<vec4<f32>>(lo), bitcast<vec4<f32>>(hi)); }}\n"
+            ),
+            DType::F16 => format!(
+                "alias {n}_t = vec4<u32>;\n\
+                 fn {n}_at(i: u32) -> f32 {{ return unpack2x16float({n}[i >> 3u][(i >> 1u) & 3u])[i & 1u]; }}\n\
+                 fn {n}_oct(i: u32) -> mat2x4<f32> {{ let v = {n}[i >> 3u]; return mat2x4<f32>(vec4<f32>(unpack2x16float(v.x), unpack2x16float(v.y)), vec4<f32>(unpack2x16float(v.z), unpack2x16float(v.w))); }}\n"
+            ),
+            DType::F32 => format!(
+                "alias {n}_t = vec4<f32>;\n\
+                 fn {n}_at(i: u32) -> f32 {{ return {n}[i >> 2u][i & 3u]; }}\n\
+                 fn {n}_oct(i: u32) -> mat2x4<f32> {{ return mat2x4<f32>({n}[i >> 2u], {n}[(i >> 2u) + 1u]); }}\n"
+            ),
+        };
+        self.0.push_str(&text);
+        self
+    }
+
     /// An optional weight at `binding`: declared with accessors, or `name_at` returning 0.
     pub fn optional_weight(mut self, name: &str, binding: u32, dtype: Option<DType>) -> Self {
         match dtype {
@@ -119,12 +146,14 @@ pub(crate) struct Pipeline {
 /// Compiled pipelines, one per (kernel, bindings, prelude), and their bind group layouts.
 pub(crate) struct Pipelines {
     dir: Option<PathBuf>,
+    /// Keep wgpu's bounds checks in the shaders.
+    checked: bool,
     cache: Mutex<HashMap<(&'static str, &'static [Access], Prelude), std::sync::Arc<Pipeline>>>,
 }
 
 impl Pipelines {
-    pub fn new(dir: Option<PathBuf>) -> Self {
-        Pipelines { dir, cache: Mutex::new(HashMap::new()) }
+    pub fn new(dir: Option<PathBuf>, checked: bool) -> Self {
+        Pipelines { dir, checked, cache: Mutex::new(HashMap::new()) }
     }
 
     pub fn shader_dir(&self) -> Option<&PathBuf> {
@@ -155,10 +184,14 @@ impl Pipelines {
             None => format!("shaders/{}.wgsl (compiled in)", kernel.name),
         };
         let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
-            label: Some(kernel.name),
-            source: wgpu::ShaderSource::Wgsl(source.into()),
-        });
+        let desc = wgpu::ShaderModuleDescriptor { label: Some(kernel.name), source: wgpu::ShaderSource::Wgsl(source.into()) };
+        let module = if self.checked {
+            device.create_shader_module(desc)
+        } else {
+            // SAFETY: every kernel bounds its own indices (see each shader) and the host checks
+            // every buffer's length before recording, so wgpu's clamping adds only cost.
+            unsafe { device.create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked()) }
+        };
         let mut entries = vec![wgpu::BindGroupLayoutEntry {
             binding: 0,
             visibility: wgpu::ShaderStages::COMPUTE,
