@@ -202,6 +202,10 @@ pub fn cases() -> Vec<Case> {
     }
     v.push(Case::new(Embedding { dtype: F32, vocab: 77, hidden: 100, tokens: 1 }, Spec::Embedding));
     v.push(Case::new(Embedding { dtype: BF16, vocab: 49152, hidden: 64, tokens: 37 }, Spec::Embedding));
+    // An odd row length: half-precision rows start in the middle of a 32-bit word.
+    for dtype in [BF16, F16] {
+        v.push(Case::new(Embedding { dtype, vocab: 300, hidden: 77, tokens: 5 }, Spec::Embedding));
+    }
 
     for (src_rows, dim, n) in [(40, 576, 5), (3, 77, 1), (130, 1000, 37)] {
         v.push(Case::new(GatherRows { src_rows, dim, n }, Spec::GatherRows));
@@ -214,6 +218,7 @@ pub fn cases() -> Vec<Case> {
         (BF16, 3, 1000, 1e-6, 100.0),
         (F32, 2, 4096, 1e-5, 1e-3),
         (F32, 5, 1, 1e-6, 1.0),
+        (BF16, 3, 77, 1e-5, 1.0),
     ] {
         v.push(Case::new(RmsNorm { dtype, rows, dim, eps, x_scale }, Spec::RmsNorm));
     }
@@ -244,6 +249,9 @@ pub fn cases() -> Vec<Case> {
             v.push(Case::new(Matmul { dtype, m, n: 1, k: 1000, bias: m == 16 }, Spec::Matmul));
         }
     }
+    // An odd k: half-precision weight rows start in the middle of a 32-bit word.
+    v.push(Case::new(Matmul { dtype: BF16, m: 3, n: 77, k: 99, bias: true }, Spec::Matmul));
+    v.push(Case::new(Matmul { dtype: F16, m: 16, n: 33, k: 99, bias: false }, Spec::Matmul));
     // The LM head: a wide n.
     for (dtype, m) in [(BF16, 1), (F32, 3)] {
         v.push(Case::new(Matmul { dtype, m, n: 49152, k: 576, bias: false }, Spec::Matmul));

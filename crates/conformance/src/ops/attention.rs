@@ -79,7 +79,7 @@ impl Op for PagedAttention {
         )
     }
     fn limit(&self) -> f64 {
-        limits::KV
+        limits::ATTENTION
     }
     fn cost(&self) -> Cost {
         let row = (self.kv_heads * self.head_dim) as f64;

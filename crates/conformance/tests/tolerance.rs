@@ -1,0 +1,180 @@
+//! The limits must not be tighter than honest implementations. A wrapper around the reference
+//! recomputes ops the way a GPU kernel legitimately might (f32 accumulation in another order,
+//! f32 sin/cos, activations rounded to the weight dtype as tensor cores do, a bf16 KV cache),
+//! and the whole suite must still pass. The NMSE each variant reaches is printed, so the
+//! headroom under each limit can be read off.
+
+use tandem_conformance::run;
+use tandem_core::backend::{AttnArgs, Backend, DType, KvGeometry};
+use tandem_core::weights::TensorView;
+use tandem_core::Result;
+use tandem_reference::RefBackend;
+
+/// A buffer of the variant backend: the inner buffer, plus the host values of a weight.
+struct VBuf<T> {
+    inner: T,
+    weight: Option<(DType, Vec<f32>)>,
+}
+
+struct Variant<B: Backend> {
+    inner: B,
+}
+
+impl<B: Backend> Variant<B> {
+    fn wrap(&self, inner: B::Buf) -> VBuf<B::Buf> {
+        VBuf { inner, weight: None }
+    }
+    fn weight<'a>(&self, b: &'a VBuf<B::Buf>) -> &'a (DType, Vec<f32>) {
+        b.weight.as_ref().expect("the suite passes weights where weights are due")
+    }
+}
+
+fn round(dtype: DType, v: &[f32]) -> Vec<f32> {
+    dtype.to_f32(&dtype.from_f32(v))
+}
+
+impl<B: Backend> Backend for Variant<B> {
+    type Buf = VBuf<B::Buf>;
+    fn name(&self) -> &'static str {
+        "variant"
+    }
+    fn upload_weight(&self, t: &TensorView) -> Result<Self::Buf> {
+        Ok(VBuf { inner: self.inner.upload_weight(t)?, weight: Some((t.dtype, t.to_f32())) })
+    }
+    fn weight_from_f32(&self, dtype: DType, values: &[f32]) -> Result<Self::Buf> {
+        Ok(VBuf { inner: self.inner.weight_from_f32(dtype, values)?, weight: Some((dtype, round(dtype, values))) })
+    }
+    fn alloc_f32(&self, len: usize) -> Result<Self::Buf> {
+        Ok(self.wrap(self.inner.alloc_f32(len)?))
+    }
+    fn alloc_u32(&self, len: usize) -> Result<Self::Buf> {
+        Ok(self.wrap(self.inner.alloc_u32(len)?))
+    }
+    fn alloc_kv(&self, g: KvGeometry) -> Result<Self::Buf> {
+        Ok(self.wrap(self.inner.alloc_kv(g)?))
+    }
+    fn write_f32(&self, buf: &mut Self::Buf, data: &[f32]) -> Result<()> {
+        self.inner.write_f32(&mut buf.inner, data)
+    }
+    fn write_u32(&self, buf: &mut Self::Buf, data: &[u32]) -> Result<()> {
+        self.inner.write_u32(&mut buf.inner, data)
+    }
+    fn read_f32(&self, buf: &Self::Buf, len: usize) -> Result<Vec<f32>> {
+        self.inner.read_f32(&buf.inner, len)
+    }
+    fn read_u32(&self, buf: &Self::Buf, len: usize) -> Result<Vec<u32>> {
+        self.inner.read_u32(&buf.inner, len)
+    }
+    fn read_kv(&self, buf: &Self::Buf, g: KvGeometry) -> Result<Vec<f32>> {
+        self.inner.read_kv(&buf.inner, g)
+    }
+    fn embedding(&self, table: &Self::Buf, ids: &Self::Buf, out: &mut Self::Buf, t: usize, hidden: usize) -> Result<()> {
+        self.inner.embedding(&table.inner, &ids.inner, &mut out.inner, t, hidden)
+    }
+    fn gather_rows(&self, src: &Self::Buf, rows: &Self::Buf, out: &mut Self::Buf, n: usize, dim: usize) -> Result<()> {
+        self.inner.gather_rows(&src.inner, &rows.inner, &mut out.inner, n, dim)
+    }
+    /// f32 sum of squares, in order; f32 reciprocal square root.
+    fn rms_norm(&self, x: &Self::Buf, w: &Self::Buf, out: &mut Self::Buf, rows: usize, dim: usize, eps: f32) -> Result<()> {
+        let xs = self.read_f32(x, rows * dim)?;
+        let (_, wv) = self.weight(w);
+        let mut o = vec![0f32; rows * dim];
+        for r in 0..rows {
+            let row = &xs[r * dim..][..dim];
+            let ms = row.iter().fold(0f32, |s, v| s + v * v) / dim as f32;
+            let inv = 1.0 / (ms + eps).sqrt();
+            for i in 0..dim {
+                o[r * dim + i] = row[i] * wv[i] * inv;
+            }
+        }
+        self.write_f32(out, &o)
+    }
+    fn add(&self, acc: &mut Self::Buf, x: &Self::Buf, len: usize) -> Result<()> {
+        self.inner.add(&mut acc.inner, &x.inner, len)
+    }
+    /// Activations rounded to the weight dtype (as bf16/f16 tensor cores take them), f32
+    /// accumulation in plain order, bias added last.
+    fn matmul(&self, x: &Self::Buf, w: &Self::Buf, bias: Option<&Self::Buf>, out: &mut Self::Buf, m: usize, n: usize, k: usize) -> Result<()> {
+        let (dtype, wv) = self.weight(w);
+        let xs = round(*dtype, &self.read_f32(x, m * k)?);
+        let bv = bias.map(|b| &self.weight(b).1);
+        let mut o = vec![0f32; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                let s = (0..k).fold(0f32, |s, l| s + xs[i * k + l] * wv[j * k + l]);
+                o[i * n + j] = s + bv.map_or(0.0, |b| b[j]);
+            }
+        }
+        self.write_f32(out, &o)
+    }
+    /// Angles, sin and cos all in f32.
+    fn rope(&self, q: &mut Self::Buf, k: &mut Self::Buf, pos: &Self::Buf, inv_freq: &Self::Buf, t: usize, qh: usize, kh: usize, hd: usize) -> Result<()> {
+        let pos = self.read_u32(pos, t)?;
+        let freq = self.read_f32(inv_freq, hd / 2)?;
+        for (buf, heads) in [(q, qh), (k, kh)] {
+            let mut v = self.read_f32(buf, t * heads * hd)?;
+            for (i, head) in v.chunks_exact_mut(hd).enumerate() {
+                let p = pos[i / heads] as f32;
+                for d in 0..hd / 2 {
+                    let (s, c) = (p * freq[d]).sin_cos();
+                    let (a, b) = (head[d], head[d + hd / 2]);
+                    head[d] = a * c - b * s;
+                    head[d + hd / 2] = b * c + a * s;
+                }
+            }
+            self.write_f32(buf, &v)?;
+        }
+        Ok(())
+    }
+    fn silu_mul(&self, gate: &Self::Buf, up: &Self::Buf, out: &mut Self::Buf, len: usize) -> Result<()> {
+        let (g, u) = (self.read_f32(gate, len)?, self.read_f32(up, len)?);
+        let o: Vec<f32> = g.iter().zip(&u).map(|(&x, &y)| x * (1.0 / (1.0 + (-x).exp())) * y).collect();
+        self.write_f32(out, &o)
+    }
+    /// A bf16 cache: values are rounded on the way in.
+    fn kv_write(&self, k: &Self::Buf, v: &Self::Buf, kc: &mut Self::Buf, vc: &mut Self::Buf, slots: &Self::Buf, t: usize, g: KvGeometry) -> Result<()> {
+        let row = g.num_kv_heads * g.head_dim;
+        let mut kb = self.inner.alloc_f32(t * row)?;
+        let mut vb = self.inner.alloc_f32(t * row)?;
+        self.inner.write_f32(&mut kb, &round(DType::BF16, &self.read_f32(k, t * row)?))?;
+        self.inner.write_f32(&mut vb, &round(DType::BF16, &self.read_f32(v, t * row)?))?;
+        self.inner.kv_write(&kb, &vb, &mut kc.inner, &mut vc.inner, &slots.inner, t, g)
+    }
+    fn paged_attention(&self, a: &AttnArgs<'_, Self>, out: &mut Self::Buf) -> Result<()> {
+        let args = AttnArgs::<B> {
+            q: &a.q.inner,
+            k_cache: &a.k_cache.inner,
+            v_cache: &a.v_cache.inner,
+            positions: &a.positions.inner,
+            token_seq: &a.token_seq.inner,
+            block_tables: &a.block_tables.inner,
+            num_tokens: a.num_tokens,
+            num_seqs: a.num_seqs,
+            max_blocks: a.max_blocks,
+            max_context: a.max_context,
+            num_heads: a.num_heads,
+            geometry: a.geometry,
+            scale: a.scale,
+        };
+        self.inner.paged_attention(&args, &mut out.inner)
+    }
+}
+
+#[test]
+fn honest_variants_pass_every_limit() {
+    let mut out = Vec::new();
+    let rep = run(&Variant { inner: RefBackend::new() }, None, 2024, &mut out);
+    let text = String::from_utf8(out).unwrap();
+    print!("{text}");
+    assert!(rep.ok(), "{}", rep.failures().map(|r| format!("{} {}: {:?}\n", r.op, r.params, r.failure)).collect::<String>());
+    // The variants really differ from the reference where they should (else this test proves
+    // nothing about the limits): f32 matmul order, bf16 activations, bf16 cache, f32 rope.
+    let nmse_of = |op: &str, part: &str| {
+        rep.results.iter().filter(|r| r.op == op && r.params.contains(part)).map(|r| r.nmse.unwrap()).fold(0.0, f64::max)
+    };
+    assert!(nmse_of("matmul", "w=f32") > 0.0);
+    assert!(nmse_of("matmul", "w=bf16") > 1e-7, "bf16 activations should cost ~1e-6");
+    assert!(nmse_of("kv_write", "") > 1e-7, "a bf16 cache should cost ~1e-6");
+    assert!(nmse_of("paged_attention", "") > 1e-7);
+    assert!(nmse_of("rope", "") > 0.0);
+}
