@@ -167,7 +167,7 @@ pub fn parse_params(f: &Fields, api: Api, vocab: usize) -> Result<ParsedParams, 
             .iter()
             .map(|v| match v.as_u64() {
                 Some(id) if (id as usize) < vocab => Ok(id as u32),
-                _ => Err(ApiError::invalid("stop_token_ids", format!("`stop_token_ids` must hold token ids in [0, {vocab}), found {v}"))),
+                _ => Err(ApiError::invalid("stop_token_ids", format!("`stop_token_ids` holds {v}, not a token id of the vocabulary [0, {vocab})"))),
             })
             .collect::<Result<_, _>>()?,
         Some(v) => return Err(ApiError::invalid("stop_token_ids", format!("`stop_token_ids` must be a list of integers, got {}", type_name(v)))),
