@@ -192,6 +192,16 @@ pub fn convert_gguf(gguf_path: &Path, out_dir: &Path, progress: &mut dyn FnMut(u
         return Err(Error::tensor(&g.path, "token_embd.weight", format!("has shape {:?}, expected [{vocab}, {}] (vocab from the token list, hidden)", embed.torch_shape(), p.hidden)));
     }
     let tied = g.tensor("output.weight").is_none();
+    // Catch a missing tensor here, with its GGUF name, rather than when a backend loads the result.
+    let mut required = vec!["output_norm.weight".to_string()];
+    for i in 0..p.layers {
+        for part in ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"] {
+            required.push(format!("blk.{i}.{part}.weight"));
+        }
+    }
+    if let Some(missing) = required.iter().find(|n| g.tensor(n).is_none()) {
+        return Err(Error::tensor(&g.path, missing, format!("missing (llama.block_count is {})", p.layers)));
+    }
 
     std::fs::create_dir_all(out_dir).map_err(|e| Error::io(out_dir, e))?;
     let st_path = out_dir.join("model.safetensors");
@@ -318,7 +328,7 @@ mod tests {
     /// A 1-layer llama GGUF: hidden 32, 2 heads of 16, 1 KV head, ffn 64, tokenizer of 261 tokens.
     /// Q and K are stored permuted, as llama.cpp's exporter does; everything else is F32 except
     /// the embedding (Q8_0) and gate (Q4_1).
-    fn tiny_llama_gguf(path: &Path, tied: bool) -> (Vec<f32>, Vec<f32>) {
+    fn tiny_llama_gguf(path: &Path, tied: bool, skip: Option<&str>) -> (Vec<f32>, Vec<f32>) {
         let (hidden, heads, kv, hd, ffn, vocab) = (32usize, 2usize, 1usize, 16usize, 64usize, 261usize);
         let f32b = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
         let vals = |n: usize, salt: f32| (0..n).map(|i| (i as f32 * 0.37 + salt).sin() * 0.5).collect::<Vec<f32>>();
@@ -366,6 +376,7 @@ mod tests {
         if !tied {
             tensors.push(("output.weight", d(vocab, hidden), 0, f32b(&vals(vocab * hidden, 10.0))));
         }
+        tensors.retain(|t| Some(t.0) != skip);
         std::fs::write(path, writer::file(&meta, &tensors, 32)).unwrap();
         (q, k)
     }
@@ -379,7 +390,7 @@ mod tests {
         let root = std::env::temp_dir().join(format!("tandem-convert-{}", std::process::id()));
         std::fs::create_dir_all(&root).unwrap();
         let gguf = root.join("tiny.gguf");
-        let (q, k) = tiny_llama_gguf(&gguf, true);
+        let (q, k) = tiny_llama_gguf(&gguf, true, None);
         let out = root.join("out");
         let mut seen = 0;
         let s = convert_gguf(&gguf, &out, &mut |done, total, _| {
@@ -419,7 +430,7 @@ mod tests {
         }
 
         let gguf_untied = root.join("untied.gguf");
-        tiny_llama_gguf(&gguf_untied, false);
+        tiny_llama_gguf(&gguf_untied, false, None);
         let out3 = root.join("out3");
         assert!(!convert_gguf(&gguf_untied, &out3, &mut |_, _, _| {}).unwrap().tied);
         assert!(Weights::open(&out3).unwrap().get("lm_head.weight", &[261, 32]).is_ok());
@@ -434,6 +445,10 @@ mod tests {
         std::fs::write(&p, writer::file(&[("general.architecture", Value::String("gpt2".into()))], &[], 32)).unwrap();
         let e = convert_gguf(&p, &root.join("o"), &mut |_, _, _| {}).unwrap_err().to_string();
         assert!(e.contains("`gpt2`") && e.contains("gpt.gguf"), "{e}");
+        let p2 = root.join("no-up.gguf");
+        tiny_llama_gguf(&p2, true, Some("blk.0.ffn_up.weight"));
+        let e = convert_gguf(&p2, &root.join("o2"), &mut |_, _, _| {}).unwrap_err().to_string();
+        assert!(e.contains("`blk.0.ffn_up.weight`") && e.contains("missing"), "{e}");
         assert!(hf_name("blk.0.attn_qkv.weight", &LlamaParams {
             layers: 1, hidden: 8, intermediate: 8, heads: 2, kv_heads: 1, head_dim: 4, rms_eps: 1e-5, rope_theta: 1e4, context: 8
         }).is_none());

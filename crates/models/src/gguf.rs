@@ -585,6 +585,34 @@ mod tests {
     }
 
     #[test]
+    fn corrupted_bytes_never_panic() {
+        let full = sample();
+        let mut state = 0x1234_5678_u64;
+        let mut next = || {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (state >> 33) as usize
+        };
+        let (mut opened, mut rejected) = (0, 0);
+        for round in 0..400 {
+            let mut bad = full.clone();
+            for _ in 0..1 + round % 4 {
+                let i = next() % bad.len();
+                bad[i] = next() as u8;
+            }
+            match GgufFile::open(&tmp("fuzz.gguf", &bad)) {
+                Ok(g) => {
+                    opened += 1;
+                    for t in &g.tensors {
+                        let _ = g.tensor_f32(t);
+                    }
+                }
+                Err(_) => rejected += 1,
+            }
+        }
+        assert!(opened > 0 && rejected > 0, "opened {opened}, rejected {rejected}");
+    }
+
+    #[test]
     fn rejects_bad_magic_version_and_counts() {
         let mut bad = sample();
         bad[0] = b'X';

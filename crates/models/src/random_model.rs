@@ -149,10 +149,13 @@ fn tensor_plan(d: &Dims, dtype: DType) -> Vec<(TensorSpec, Fill)> {
     let norm = Fill { mean: 1.0, std: 0.1 };
     let bias = Fill { mean: 0.0, std: 0.1 };
     let t = |name: String, shape: &[usize], fill: Fill| (TensorSpec::new(name, dtype, shape), fill);
-    let mut plan = vec![t("model.embed_tokens.weight".into(), &[d.vocab, h], Fill { mean: 0.0, std: 1.0 }), t("model.norm.weight".into(), &[h], norm)];
+    // Logits of std ~2 after the final norm: a clear argmax most of the time, not always. The
+    // embedding gets the same scale because tied models use it as the lm_head; at std 1 their
+    // logits reach std sqrt(hidden) and greedy decoding repeats one token for ever.
+    let head = Fill { mean: 0.0, std: 2.0 / (h as f32).sqrt() };
+    let mut plan = vec![t("model.embed_tokens.weight".into(), &[d.vocab, h], head), t("model.norm.weight".into(), &[h], norm)];
     if !d.tied {
-        // Logits of std ~2 after the final norm: a clear argmax most of the time, not always.
-        plan.push(t("lm_head.weight".into(), &[d.vocab, h], Fill { mean: 0.0, std: 2.0 / (h as f32).sqrt() }));
+        plan.push(t("lm_head.weight".into(), &[d.vocab, h], head));
     }
     for i in 0..d.layers {
         let p = format!("model.layers.{i}");
@@ -458,6 +461,9 @@ mod tests {
         assert_eq!(tok.decode(enc.get_ids(), false).unwrap(), text);
         let tc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(d.join("tokenizer_config.json")).unwrap()).unwrap();
         assert!(tc["chat_template"].as_str().unwrap().contains("<|im_start|>"));
+        let core_tok = tandem_core::tokenizer::Tokenizer::from_dir(&d).unwrap();
+        let msgs = [json!({"role": "user", "content": "Hi"})];
+        assert_eq!(core_tok.apply_chat_template(&msgs, true).unwrap(), "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
     }
 
     #[test]
