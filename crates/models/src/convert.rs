@@ -298,7 +298,7 @@ pub(crate) fn write_json(path: &Path, v: &serde_json::Value) -> Result<()> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::gguf::{writer, Value};
     use crate::gguf_tokenizer::tests::tiny_gguf_tokenizer_meta;
@@ -328,7 +328,7 @@ mod tests {
     /// A 1-layer llama GGUF: hidden 32, 2 heads of 16, 1 KV head, ffn 64, tokenizer of 261 tokens.
     /// Q and K are stored permuted, as llama.cpp's exporter does; everything else is F32 except
     /// the embedding (Q8_0) and gate (Q4_1).
-    fn tiny_llama_gguf(path: &Path, tied: bool, skip: Option<&str>) -> (Vec<f32>, Vec<f32>) {
+    pub(crate) fn tiny_llama_gguf(path: &Path, tied: bool, skip: Option<&str>) -> (Vec<f32>, Vec<f32>) {
         let (hidden, heads, kv, hd, ffn, vocab) = (32usize, 2usize, 1usize, 16usize, 64usize, 261usize);
         let f32b = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
         let vals = |n: usize, salt: f32| (0..n).map(|i| (i as f32 * 0.37 + salt).sin() * 0.5).collect::<Vec<f32>>();

