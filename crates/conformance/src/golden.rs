@@ -144,10 +144,23 @@ pub fn smollm2_dir() -> Option<std::path::PathBuf> {
 /// Loads `model_dir` on a backend and checks every case of `golden` against it.
 /// Returns one line per case for the test log.
 pub fn check_model<B: tandem_core::Backend>(backend: B, model_dir: &std::path::Path, golden: &GoldenFile, logprob_tol: f64) -> Result<Vec<String>, String> {
+    let cfg = tandem_core::ModelConfig::from_file(&model_dir.join("config.json")).map_err(|e| e.to_string())?;
+    let weights = tandem_core::weights::Weights::open(model_dir).map_err(|e| e.to_string())?;
+    check_weights(backend, cfg, &weights, golden, logprob_tol)
+}
+
+/// [`check_model`] for weights already opened (and perhaps altered by a test).
+pub fn check_weights<B: tandem_core::Backend>(
+    backend: B,
+    cfg: tandem_core::ModelConfig,
+    weights: &tandem_core::weights::Weights,
+    golden: &GoldenFile,
+    logprob_tol: f64,
+) -> Result<Vec<String>, String> {
     let longest = golden.cases.iter().map(|c| c.prompt_ids.len() + c.greedy.len()).max().unwrap_or(1);
     // 16-token chunks: longer prompts are prefilled in pieces over their own cached prefix.
     let opts = tandem_core::model::LoadOptions { max_batch_tokens: 16, max_seqs: 4, num_kv_blocks: longest.div_ceil(16) + 1, block_size: 16 };
-    let mut model = tandem_core::LlamaModel::load(backend, model_dir, opts).map_err(|e| e.to_string())?;
+    let mut model = tandem_core::LlamaModel::from_weights(backend, cfg, weights, opts).map_err(|e| e.to_string())?;
     let mut lines = vec![];
     for (i, case) in golden.cases.iter().enumerate() {
         let o = check_case(&mut model, case, logprob_tol).map_err(|e| format!("{} case {i} ({} prompt tokens): {e}", golden.model, case.prompt_ids.len()))?;

@@ -121,6 +121,22 @@ impl Weights {
         Ok(())
     }
 
+    /// Puts `values` (stored as `dtype`) in place of tensor `name`, or adds it. The bytes live
+    /// in an anonymous mapping, so the tensor is a view like any other. For tools and tests
+    /// that need to alter a model (e.g. proving that a broken weight is caught).
+    pub fn replace(&mut self, name: &str, dtype: DType, shape: &[usize], values: &[f32]) -> Result<()> {
+        let bytes = dtype.from_f32(values);
+        if shape.iter().product::<usize>() != values.len() {
+            return Err(Error::tensor("<memory>", name, format!("shape {shape:?} does not hold {} values", values.len())));
+        }
+        let mut anon = memmap2::MmapMut::map_anon(bytes.len().max(1)).map_err(|e| Error::io("<anonymous mapping>", e))?;
+        anon[..bytes.len()].copy_from_slice(&bytes);
+        let mmap = anon.make_read_only().map_err(|e| Error::io("<anonymous mapping>", e))?;
+        self.tensors.insert(name.to_string(), Entry { file: self.files.len(), dtype, shape: shape.to_vec(), range: 0..bytes.len() });
+        self.files.push((PathBuf::from(format!("<memory:{name}>")), Arc::new(mmap)));
+        Ok(())
+    }
+
     pub fn contains(&self, name: &str) -> bool {
         self.tensors.contains_key(name)
     }
