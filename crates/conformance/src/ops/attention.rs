@@ -9,7 +9,7 @@ use tandem_core::backend::{AttnArgs, Backend, KvGeometry};
 use tandem_core::Result;
 
 use super::kv::filled_cache;
-use super::{limits, poisoned, read_guarded, upload_f32, upload_u32, Cost, Launch, Op};
+use super::{limits, poisoned, read_guarded, untouched_f32, untouched_u32, upload_f32, upload_u32, Cost, Launch, Op};
 use crate::compare::Output;
 use crate::rng::Rng;
 
@@ -151,6 +151,10 @@ impl Op for PagedAttention {
         };
         let mut out = poisoned(b, len)?;
         launch.run(b, || b.paged_attention(&args, &mut out))?;
+        untouched_f32(b, &q, &x.q, "q")?;
+        untouched_u32(b, &positions, &x.positions, "positions")?;
+        untouched_u32(b, &token_seq, &x.token_seq, "token_seq")?;
+        untouched_u32(b, &block_tables, &x.block_tables, "block_tables")?;
         Ok(vec![Output::f32("out", read_guarded(b, &out, len, "out")?)])
     }
 }

@@ -3,7 +3,10 @@
 use tandem_core::backend::Backend;
 use tandem_core::{DType, Result};
 
-use super::{limits, poisoned, read_guarded, round_to, upload_f32, upload_guarded, upload_u32, Cost, Launch, Op};
+use super::{
+    limits, poisoned, read_guarded, round_to, untouched_f32, untouched_u32, upload_f32, upload_guarded, upload_u32, Cost, Launch,
+    Op,
+};
 use crate::compare::Output;
 use crate::rng::Rng;
 
@@ -48,12 +51,13 @@ impl Op for Embedding {
         let table = round_to(self.dtype, rng.normals(self.vocab * self.hidden, 1.0));
         (table, ids_with_edges(rng, self.tokens, self.vocab))
     }
-    fn exec<B: Backend>(&self, b: &B, (table, ids): &Self::Inputs, launch: &mut Launch) -> Result<Vec<Output>> {
+    fn exec<B: Backend>(&self, b: &B, (table, host_ids): &Self::Inputs, launch: &mut Launch) -> Result<Vec<Output>> {
         let n = self.tokens * self.hidden;
         let table = b.weight_from_f32(self.dtype, table)?;
-        let ids = upload_u32(b, ids)?;
+        let ids = upload_u32(b, host_ids)?;
         let mut out = poisoned(b, n)?;
         launch.run(b, || b.embedding(&table, &ids, &mut out, self.tokens, self.hidden))?;
+        untouched_u32(b, &ids, host_ids, "ids")?;
         Ok(vec![Output::f32("out", read_guarded(b, &out, n, "out")?)])
     }
 }
@@ -80,12 +84,14 @@ impl Op for GatherRows {
     fn generate(&self, rng: &mut Rng) -> Self::Inputs {
         (rng.normals(self.src_rows * self.dim, 1.0), ids_with_edges(rng, self.n, self.src_rows))
     }
-    fn exec<B: Backend>(&self, b: &B, (src, rows): &Self::Inputs, launch: &mut Launch) -> Result<Vec<Output>> {
+    fn exec<B: Backend>(&self, b: &B, (host_src, host_rows): &Self::Inputs, launch: &mut Launch) -> Result<Vec<Output>> {
         let len = self.n * self.dim;
-        let src = upload_f32(b, src)?;
-        let rows = upload_u32(b, rows)?;
+        let src = upload_f32(b, host_src)?;
+        let rows = upload_u32(b, host_rows)?;
         let mut out = poisoned(b, len)?;
         launch.run(b, || b.gather_rows(&src, &rows, &mut out, self.n, self.dim))?;
+        untouched_f32(b, &src, host_src, "src")?;
+        untouched_u32(b, &rows, host_rows, "rows")?;
         Ok(vec![Output::f32("out", read_guarded(b, &out, len, "out")?)])
     }
 }
@@ -119,12 +125,13 @@ impl Op for RmsNorm {
         let w = round_to(self.dtype, (0..self.dim).map(|_| 1.0 + 0.3 * rng.normal()).collect());
         (x, w)
     }
-    fn exec<B: Backend>(&self, b: &B, (x, w): &Self::Inputs, launch: &mut Launch) -> Result<Vec<Output>> {
+    fn exec<B: Backend>(&self, b: &B, (host_x, w): &Self::Inputs, launch: &mut Launch) -> Result<Vec<Output>> {
         let n = self.rows * self.dim;
-        let x = upload_f32(b, x)?;
+        let x = upload_f32(b, host_x)?;
         let w = b.weight_from_f32(self.dtype, w)?;
         let mut out = poisoned(b, n)?;
         launch.run(b, || b.rms_norm(&x, &w, &mut out, self.rows, self.dim, self.eps))?;
+        untouched_f32(b, &x, host_x, "x")?;
         Ok(vec![Output::f32("out", read_guarded(b, &out, n, "out")?)])
     }
 }
@@ -149,10 +156,11 @@ impl Op for Add {
     fn generate(&self, rng: &mut Rng) -> Self::Inputs {
         (rng.normals(self.len, 1.0), rng.normals(self.len, 1.0))
     }
-    fn exec<B: Backend>(&self, b: &B, (acc, x): &Self::Inputs, launch: &mut Launch) -> Result<Vec<Output>> {
+    fn exec<B: Backend>(&self, b: &B, (acc, host_x): &Self::Inputs, launch: &mut Launch) -> Result<Vec<Output>> {
         let mut acc = upload_guarded(b, acc)?;
-        let x = upload_f32(b, x)?;
+        let x = upload_f32(b, host_x)?;
         launch.run(b, || b.add(&mut acc, &x, self.len))?;
+        untouched_f32(b, &x, host_x, "x")?;
         Ok(vec![Output::f32("acc", read_guarded(b, &acc, self.len, "acc")?)])
     }
 }
@@ -180,11 +188,13 @@ impl Op for SiluMul {
     fn generate(&self, rng: &mut Rng) -> Self::Inputs {
         (rng.normals(self.len, self.gate_scale), rng.normals(self.len, 1.0))
     }
-    fn exec<B: Backend>(&self, b: &B, (gate, up): &Self::Inputs, launch: &mut Launch) -> Result<Vec<Output>> {
-        let gate = upload_f32(b, gate)?;
-        let up = upload_f32(b, up)?;
+    fn exec<B: Backend>(&self, b: &B, (host_gate, host_up): &Self::Inputs, launch: &mut Launch) -> Result<Vec<Output>> {
+        let gate = upload_f32(b, host_gate)?;
+        let up = upload_f32(b, host_up)?;
         let mut out = poisoned(b, self.len)?;
         launch.run(b, || b.silu_mul(&gate, &up, &mut out, self.len))?;
+        untouched_f32(b, &gate, host_gate, "gate")?;
+        untouched_f32(b, &up, host_up, "up")?;
         Ok(vec![Output::f32("out", read_guarded(b, &out, self.len, "out")?)])
     }
 }
@@ -224,12 +234,14 @@ impl Op for Argmax {
         logits
     }
     fn exec<B: Backend>(&self, b: &B, logits: &Self::Inputs, launch: &mut Launch) -> Result<Vec<Output>> {
-        let logits = upload_f32(b, logits)?;
+        let host_logits = logits;
+        let logits = upload_f32(b, host_logits)?;
         let mut ids = vec![];
         launch.run(b, || {
             ids = b.argmax(&logits, self.rows, self.vocab)?;
             Ok(())
         })?;
+        untouched_f32(b, &logits, host_logits, "logits")?;
         Ok(vec![Output::u32("ids", ids)])
     }
 }

@@ -7,7 +7,7 @@
 use tandem_core::backend::{Backend, KvGeometry};
 use tandem_core::{Error, Result};
 
-use super::{limits, upload_f32, upload_u32, Cost, Launch, Op};
+use super::{limits, untouched_f32, untouched_u32, upload_f32, upload_u32, Cost, Launch, Op};
 use crate::compare::Output;
 use crate::rng::Rng;
 
@@ -82,6 +82,9 @@ impl Op for KvWrite {
         b.kv_write(&nan, &nan, &mut kc, &mut vc, &slots, t, g)?;
         let (k, v) = (upload_f32(b, &x.k)?, upload_f32(b, &x.v)?);
         launch.run(b, || b.kv_write(&k, &v, &mut kc, &mut vc, &slots, t, g))?;
+        untouched_f32(b, &k, &x.k, "k")?;
+        untouched_f32(b, &v, &x.v, "v")?;
+        untouched_u32(b, &slots, &x.slots, "slots")?;
 
         let mut written = vec![false; g.slots()];
         for &s in &x.slots {

@@ -3,7 +3,7 @@
 use tandem_core::backend::Backend;
 use tandem_core::{DType, Result};
 
-use super::{limits, poisoned, read_guarded, round_to, upload_f32, Cost, Launch, Op};
+use super::{limits, poisoned, read_guarded, round_to, untouched_f32, upload_f32, Cost, Launch, Op};
 use crate::compare::Output;
 use crate::rng::Rng;
 
@@ -54,6 +54,7 @@ impl Op for Matmul {
         let bias = x.bias.as_ref().map(|v| b.weight_from_f32(self.dtype, v)).transpose()?;
         let mut out = poisoned(b, len)?;
         launch.run(b, || b.matmul(&xb, &w, bias.as_ref(), &mut out, self.m, self.n, self.k))?;
+        untouched_f32(b, &xb, &x.x, "x")?;
         Ok(vec![Output::f32("out", read_guarded(b, &out, len, "out")?)])
     }
 }

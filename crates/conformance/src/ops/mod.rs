@@ -158,3 +158,72 @@ pub(crate) fn read_guarded<B: Backend>(b: &B, buf: &B::Buf, len: usize, what: &s
 pub(crate) fn round_to(dtype: tandem_core::DType, v: Vec<f32>) -> Vec<f32> {
     dtype.to_f32(&dtype.from_f32(&v))
 }
+
+/// Fails when the op changed an f32 input (a kernel using its input as scratch breaks the
+/// model, which reads activations again after the op).
+pub(crate) fn untouched_f32<B: Backend>(b: &B, buf: &B::Buf, host: &[f32], what: &str) -> Result<()> {
+    let now = b.read_f32(buf, host.len())?;
+    match (0..host.len()).find(|&i| now[i].to_bits() != host[i].to_bits()) {
+        None => Ok(()),
+        Some(i) => Err(Error::backend(b.name(), format!("input {what} was modified at [{i}]: {} became {}", host[i], now[i]))),
+    }
+}
+
+/// As [`untouched_f32`], for index inputs (ids, positions, slots, block tables).
+pub(crate) fn untouched_u32<B: Backend>(b: &B, buf: &B::Buf, host: &[u32], what: &str) -> Result<()> {
+    let now = b.read_u32(buf, host.len())?;
+    match (0..host.len()).find(|&i| now[i] != host[i]) {
+        None => Ok(()),
+        Some(i) => Err(Error::backend(b.name(), format!("input {what} was modified at [{i}]: {} became {}", host[i], now[i]))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tandem_reference::RefBackend;
+
+    #[test]
+    fn a_changed_input_is_reported_with_its_index() {
+        let b = RefBackend::new();
+        let host = [1.0f32, 2.0, 3.0];
+        let mut buf = upload_f32(&b, &host).unwrap();
+        untouched_f32(&b, &buf, &host, "x").unwrap();
+        b.write_f32(&mut buf, &[1.0, 2.5]).unwrap();
+        let e = untouched_f32(&b, &buf, &host, "x").unwrap_err().to_string();
+        assert!(e.contains("input x was modified at [1]"), "{e}");
+
+        let ids = [4u32, 5];
+        let mut ib = upload_u32(&b, &ids).unwrap();
+        untouched_u32(&b, &ib, &ids, "slots").unwrap();
+        b.write_u32(&mut ib, &[4, 6]).unwrap();
+        assert!(untouched_u32(&b, &ib, &ids, "slots").is_err());
+    }
+
+    #[test]
+    fn the_guard_catches_a_write_past_the_end() {
+        let b = RefBackend::new();
+        let mut out = poisoned(&b, 4).unwrap();
+        b.write_f32(&mut out, &[1.0, 2.0, 3.0, 4.0]).unwrap();
+        assert_eq!(read_guarded(&b, &out, 4, "out").unwrap(), vec![1.0, 2.0, 3.0, 4.0]);
+        b.write_f32(&mut out, &[1.0, 2.0, 3.0, 4.0, 0.0]).unwrap();
+        let e = read_guarded(&b, &out, 4, "out").unwrap_err().to_string();
+        assert!(e.contains("wrote past its 4 elements (element 4 is 0)"), "{e}");
+    }
+
+    #[test]
+    fn timed_launch_runs_warmup_plus_reps() {
+        let b = RefBackend::new();
+        let mut calls = 0;
+        let mut l = Launch::timed(2, 5);
+        l.run(&b, || {
+            calls += 1;
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!((calls, l.times.len()), (7, 5));
+        let mut once = Launch::once();
+        once.run(&b, || Ok(())).unwrap();
+        assert!(once.times.is_empty());
+    }
+}

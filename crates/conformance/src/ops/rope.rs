@@ -3,7 +3,7 @@
 use tandem_core::backend::Backend;
 use tandem_core::Result;
 
-use super::{limits, read_guarded, upload_f32, upload_guarded, upload_u32, Cost, Launch, Op};
+use super::{limits, read_guarded, untouched_f32, untouched_u32, upload_f32, upload_guarded, upload_u32, Cost, Launch, Op};
 use crate::compare::Output;
 use crate::rng::Rng;
 
@@ -70,6 +70,8 @@ impl Op for Rope {
         let inv_freq = upload_f32(b, &x.inv_freq)?;
         let (t, qh, kh, hd) = (self.tokens, self.q_heads, self.kv_heads, self.head_dim);
         launch.run(b, || b.rope(&mut q, &mut k, &positions, &inv_freq, t, qh, kh, hd))?;
+        untouched_u32(b, &positions, &x.positions, "positions")?;
+        untouched_f32(b, &inv_freq, &x.inv_freq, "inv_freq")?;
         Ok(vec![
             Output::f32("q", read_guarded(b, &q, x.q.len(), "q")?),
             Output::f32("k", read_guarded(b, &k, x.k.len(), "k")?),
