@@ -35,7 +35,7 @@ argmax(const float* __restrict__ logits, u32* __restrict__ out, int rows, int vo
     si[threadIdx.x] = idx;
     __syncthreads();
     for (int s = blockDim.x >> 1; s > 0; s >>= 1) {
-        if (threadIdx.x < s) {
+        if ((int)threadIdx.x < s) {
             float a = sv[threadIdx.x];
             int ai = si[threadIdx.x];
             argmax_combine(a, ai, sv[threadIdx.x + s], si[threadIdx.x + s]);

@@ -24,11 +24,21 @@ __device__ __forceinline__ float nan_f32() { return __int_as_float(0x7fc00000); 
 __device__ __forceinline__ float neg_inf_f32() { return __int_as_float(0xff800000); }
 
 __device__ __forceinline__ float bf16_bits_to_f32(u32 b) { return __uint_as_float(b << 16); }
+#ifdef TANDEM_HOST_EMU
+// The host emulation (kernels/emu) has no PTX: widen f16 in software (exact, incl. subnormals).
+__device__ __forceinline__ float f16_bits_to_f32(u16 h) {
+    const u32 sign = (u32)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+    if (exp == 0) return __uint_as_float(sign) + (sign ? -1.0f : 1.0f) * (float)man * 5.9604644775390625e-8f;
+    if (exp == 31) return __uint_as_float(sign | 0x7f800000u | (man << 13));
+    return __uint_as_float(sign | ((exp + 112) << 23) | (man << 13));
+}
+#else
 __device__ __forceinline__ float f16_bits_to_f32(u16 h) {
     float f;
     asm("{ .reg .f16 t; mov.b16 t, %1; cvt.f32.f16 %0, t; }" : "=f"(f) : "h"(h));
     return f;
 }
+#endif
 
 __device__ __forceinline__ float to_f32(float v) { return v; }
 __device__ __forceinline__ float to_f32(bf16_t v) { return bf16_bits_to_f32(v.bits); }
@@ -40,8 +50,13 @@ __device__ __forceinline__ void unpack2(bf16_t, u32 w, float& lo, float& hi) {
     hi = __uint_as_float(w & 0xffff0000u);
 }
 __device__ __forceinline__ void unpack2(f16_t, u32 w, float& lo, float& hi) {
+#ifdef TANDEM_HOST_EMU
+    lo = f16_bits_to_f32((u16)(w & 0xffffu));
+    hi = f16_bits_to_f32((u16)(w >> 16));
+#else
     asm("{ .reg .f16 l, h; mov.b32 {l, h}, %2; cvt.f32.f16 %0, l; cvt.f32.f16 %1, h; }"
         : "=f"(lo), "=f"(hi) : "r"(w));
+#endif
 }
 
 // Eight consecutive weights starting at p (16-byte aligned for bf16/f16, 32-byte for f32).
