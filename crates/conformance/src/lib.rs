@@ -80,6 +80,7 @@ pub fn run_against<B: Backend, R: Backend>(
         results: vec![],
         passed: 0,
         failed: 0,
+        skipped: None,
     };
     for c in &cases {
         let r = c.check(backend, reference, seed);

@@ -14,9 +14,28 @@ pub struct Report {
     pub results: Vec<CaseResult>,
     pub passed: usize,
     pub failed: usize,
+    /// Why nothing ran, when the backend could not be started (see [`Report::skipped`]).
+    pub skipped: Option<String>,
 }
 
 impl Report {
+    /// The report for a backend that is absent (no driver, no device): nothing ran. Prints
+    /// `cuda: 0 passed, 0 failed (skipped: <reason>)`. It is not ok; a caller that did not
+    /// require the backend may treat it as a skip, one that did must fail.
+    pub fn skipped(backend: &str, reason: &str, out: &mut dyn Write) -> Report {
+        let rep = Report {
+            backend: backend.to_string(),
+            seed: 0,
+            filter: None,
+            results: vec![],
+            passed: 0,
+            failed: 0,
+            skipped: Some(reason.to_string()),
+        };
+        say(out, &rep.summary());
+        rep
+    }
+
     /// True when at least one case ran and none failed: a filter that selects nothing is not
     /// a pass (a misspelt op name must not print "ok").
     pub fn ok(&self) -> bool {
@@ -26,7 +45,9 @@ impl Report {
     /// `wgpu: 57 passed, 0 failed`.
     pub fn summary(&self) -> String {
         let mut s = format!("{}: {} passed, {} failed", self.backend, self.passed, self.failed);
-        if self.passed + self.failed == 0 {
+        if let Some(why) = &self.skipped {
+            s += &format!(" (skipped: {why})");
+        } else if self.passed + self.failed == 0 {
             s += &format!(" (no case matches {:?})", self.filter.as_deref().unwrap_or(""));
         }
         s

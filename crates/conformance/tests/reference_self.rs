@@ -3,7 +3,7 @@
 
 use std::collections::HashSet;
 
-use tandem_conformance::{cases, run, run_perf};
+use tandem_conformance::{cases, run, run_perf, Report};
 use tandem_reference::RefBackend;
 
 #[test]
@@ -95,4 +95,12 @@ fn perf_mode_times_each_selected_case() {
     }
     let text = String::from_utf8(out).unwrap();
     assert_eq!(text.lines().filter(|l| l.contains("median")).count(), n, "{text}");
+}
+
+#[test]
+fn an_absent_backend_is_reported_as_skipped_and_not_ok() {
+    let mut out = Vec::new();
+    let rep = Report::skipped("cuda", "libcuda.so not found", &mut out);
+    assert!(!rep.ok());
+    assert_eq!(String::from_utf8(out).unwrap(), "cuda: 0 passed, 0 failed (skipped: libcuda.so not found)\n");
 }
