@@ -11,7 +11,6 @@
 //! Invariant: every accepted request gets exactly one output with `finished == true`, whatever
 //! happens (stop, length, abort, forward error, engine shutdown).
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
@@ -25,7 +24,7 @@ use crate::metrics::{RequestMetrics, Stats};
 use crate::sampler::{apply_penalties, logprobs, sample, Rng, TokenLogprobs};
 use crate::sampling_params::SamplingParams;
 use crate::scheduler::{BatchMode, Policy, Scheduler, SchedulerConfig, SchedulerOutput};
-use crate::sequence::{FinishReason, RequestId, SeqId, Sequence};
+use crate::sequence::{FinishReason, IdMap, RequestId, SeqId, Sequence};
 
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
@@ -187,7 +186,7 @@ pub struct Engine {
     eos: Vec<u32>,
     vocab: usize,
     limits: Limits,
-    requests: HashMap<RequestId, RequestState>,
+    requests: IdMap<RequestState>,
     stats: Arc<Mutex<Stats>>,
     /// Requests accepted and not finished (shared with handles for the overload check).
     pending: Arc<AtomicUsize>,
@@ -195,6 +194,7 @@ pub struct Engine {
     next_seq: SeqId,
     next_arrival: u64,
     seed: u64,
+    generation_tokens: u64,
 }
 
 impl Engine {
@@ -244,13 +244,14 @@ impl Engine {
             scheduler,
             decode,
             limits,
-            requests: HashMap::new(),
+            requests: IdMap::default(),
             stats: Arc::new(Mutex::new(Stats::default())),
             pending: Arc::new(AtomicUsize::new(0)),
             next_request: Arc::new(AtomicU64::new(1)),
             next_seq: 1,
             next_arrival: 0,
             seed: cfg.seed,
+            generation_tokens: 0,
         })
     }
 
@@ -374,9 +375,7 @@ impl Engine {
         if fork {
             seq.forked = true;
         }
-        if let Ok(mut s) = self.stats.lock() {
-            s.generation_tokens_total += 1;
-        }
+        self.generation_tokens += 1;
         if let Some(r) = self.requests.get_mut(&rid) {
             r.completion_tokens += 1;
         }
@@ -462,6 +461,7 @@ impl Engine {
             st.prefix_cache_hits_total = s.bm.prefix_hits_tokens;
             st.preemptions_total = s.num_preemptions;
             st.prompt_tokens_total = s.num_prompt_tokens;
+            st.generation_tokens_total = self.generation_tokens;
             st.steps_total += 1;
         }
     }

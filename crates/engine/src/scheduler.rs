@@ -23,13 +23,13 @@
 //! admit them only if their whole reservation (prompt + max_tokens) fits so that none is ever
 //! preempted, run them to completion, and admit nobody meanwhile.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use tandem_core::ForwardBatch;
 
 use crate::block_manager::BlockManager;
-use crate::sequence::{SeqId, SeqStatus, Sequence};
+use crate::sequence::{IdMap, SeqId, SeqStatus, Sequence};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Policy {
@@ -98,7 +98,7 @@ impl SchedulerOutput {
 pub struct Scheduler {
     cfg: SchedulerConfig,
     pub bm: BlockManager,
-    seqs: HashMap<SeqId, Sequence>,
+    seqs: IdMap<Sequence>,
     /// (priority, arrival) -> sequence; priority is 0 under fcfs.
     waiting: BTreeMap<(i32, u64), SeqId>,
     /// Sorted by key, most important first.
@@ -111,7 +111,7 @@ pub struct Scheduler {
 impl Scheduler {
     pub fn new(cfg: SchedulerConfig) -> Self {
         let bm = BlockManager::new(cfg.num_blocks, cfg.block_size, cfg.enable_prefix_caching);
-        Scheduler { cfg, bm, seqs: HashMap::new(), waiting: BTreeMap::new(), running: Vec::new(), step: 0, num_preemptions: 0, num_prompt_tokens: 0 }
+        Scheduler { cfg, bm, seqs: IdMap::default(), waiting: BTreeMap::new(), running: Vec::new(), step: 0, num_preemptions: 0, num_prompt_tokens: 0 }
     }
 
     pub fn config(&self) -> &SchedulerConfig {
@@ -249,12 +249,12 @@ impl Scheduler {
     /// Grows `id`'s block table to `total` tokens, preempting others if needed. False if `id`
     /// was preempted or skipped instead.
     fn make_room(&mut self, id: SeqId, total: usize, out: &mut SchedulerOutput) -> bool {
-        let key = self.running_key(id);
         loop {
             let seq = self.seqs.get_mut(&id).expect("running sequence exists");
             if self.bm.append_slots(&mut seq.block_table, total) {
                 return true;
             }
+            let key = self.running_key(id);
             // Candidates: running, not `id`, not already given tokens this step.
             let less_important = |r: &SeqId| *r != id && self.seqs[r].scheduled_at_step != self.step && self.running_key(*r) > key;
             let victim = self.running.iter().rev().copied().find(|r| less_important(r) && !self.is_protected(*r));
@@ -353,18 +353,35 @@ impl Scheduler {
     }
 
     /// The flattened batch for the model: each scheduled chunk with its positions and table.
+    /// (Same layout as `ForwardBatch::push_seq`, written in place: that one allocates a row per
+    /// sequence, which is most of this function's time at 256 sequences.)
     pub fn forward_batch(&self, out: &SchedulerOutput) -> ForwardBatch {
+        let bs = self.cfg.block_size;
         let max_blocks = out.seqs.iter().map(|s| self.seqs[&s.seq].block_table.len()).max().unwrap_or(1).max(1);
-        let mut b = ForwardBatch { max_blocks, ..Default::default() };
-        b.tokens.reserve(out.num_tokens);
-        b.positions.reserve(out.num_tokens);
-        b.slots.reserve(out.num_tokens);
-        b.token_seq.reserve(out.num_tokens);
-        b.block_tables.reserve(out.seqs.len() * max_blocks);
-        for s in &out.seqs {
+        let t = out.num_tokens;
+        let mut b = ForwardBatch {
+            tokens: Vec::with_capacity(t),
+            positions: Vec::with_capacity(t),
+            slots: Vec::with_capacity(t),
+            token_seq: Vec::with_capacity(t),
+            block_tables: vec![0; out.seqs.len() * max_blocks], // [num_seqs, max_blocks]
+            max_blocks,
+            logit_rows: Vec::with_capacity(out.seqs.len()),
+        };
+        for (row, s) in out.seqs.iter().enumerate() {
             let seq = &self.seqs[&s.seq];
+            let table = &seq.block_table;
+            b.block_tables[row * max_blocks..row * max_blocks + table.len()].copy_from_slice(table);
             let start = seq.num_computed_tokens;
-            b.push_seq(&seq.tokens[start..start + s.num_tokens], start, &seq.block_table, self.cfg.block_size, s.sample);
+            for pos in start..start + s.num_tokens {
+                b.tokens.push(seq.tokens[pos]);
+                b.positions.push(pos as u32);
+                b.slots.push(table[pos / bs] * bs as u32 + (pos % bs) as u32);
+                b.token_seq.push(row as u32);
+            }
+            if s.sample {
+                b.logit_rows.push(b.tokens.len() as u32 - 1);
+            }
         }
         b
     }

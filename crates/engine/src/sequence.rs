@@ -12,6 +12,28 @@ use crate::sampling_params::SamplingParams;
 pub type RequestId = u64;
 pub type SeqId = u64;
 
+/// Ids are handed out in sequence, so they hash to themselves: the engine looks sequences up
+/// a few times per step each, and SipHash would be most of the scheduler's time.
+#[derive(Default, Clone, Copy)]
+pub struct IdHasher(u64);
+
+impl std::hash::Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8) | b as u64;
+        }
+    }
+    fn write_u64(&mut self, x: u64) {
+        self.0 = x;
+    }
+}
+
+/// A map keyed by sequence or request id.
+pub type IdMap<V> = std::collections::HashMap<u64, V, std::hash::BuildHasherDefault<IdHasher>>;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SeqStatus {
     Waiting,
