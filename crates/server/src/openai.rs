@@ -323,6 +323,9 @@ pub fn response(job: &Job, meta: &ResponseMeta, run: &Run, choices: Vec<ChoiceAc
 }
 
 /// Turns engine updates into server-sent events of one API's chunk format.
+///
+/// Per-token work is kept small: the envelope of a chunk (id, object, created, model) is
+/// rendered once, and a choice without logprobs is written straight into the output.
 pub struct StreamFormatter {
     api: Api,
     meta: ResponseMeta,
@@ -332,6 +335,8 @@ pub struct StreamFormatter {
     want_logprobs: bool,
     /// Completions: text offset of each choice's next token.
     offsets: Vec<usize>,
+    /// `data: {"id":…,"model":…,"choices":[`
+    envelope: String,
 }
 
 fn push_event(out: &mut String, v: &Value) {
@@ -341,9 +346,18 @@ fn push_event(out: &mut String, v: &Value) {
     out.push_str("\n\n");
 }
 
+/// A JSON string literal.
+fn push_json_str(out: &mut String, s: &str) {
+    let _ = write!(out, "{}", Value::from(s));
+}
+
 impl StreamFormatter {
     pub fn new(job: &Job, meta: ResponseMeta, tok: Arc<Tokenizer>) -> Self {
         let num_choices = job.prompts.len() * job.p.params.n;
+        let object = if job.api == Api::Chat { "chat.completion.chunk" } else { "text_completion" };
+        let mut envelope = format!("data: {{\"id\":{},\"object\":\"{object}\",\"created\":{},\"model\":", Value::from(meta.id.as_str()), meta.created);
+        push_json_str(&mut envelope, &meta.model);
+        envelope.push_str(",\"choices\":[");
         StreamFormatter {
             api: job.api,
             meta,
@@ -352,36 +366,46 @@ impl StreamFormatter {
             include_usage: job.p.include_usage,
             want_logprobs: job.p.params.logprobs.is_some(),
             offsets: vec![0; num_choices],
+            envelope,
         }
-    }
-
-    fn chunk(&self, choices: Vec<Value>) -> Value {
-        let object = if self.api == Api::Chat { "chat.completion.chunk" } else { "text_completion" };
-        let mut v = json!({"id": self.meta.id, "object": object, "created": self.meta.created, "model": self.meta.model, "choices": choices});
-        if self.include_usage {
-            v["usage"] = Value::Null;
-        }
-        v
     }
 
     /// Events sent before any token: chat announces the assistant role of every choice.
     pub fn head(&mut self) -> String {
         let mut out = String::new();
         if self.api == Api::Chat {
-            let choices = (0..self.num_choices).map(|i| json!({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null})).collect();
-            push_event(&mut out, &self.chunk(choices));
+            out.push_str(&self.envelope);
+            for i in 0..self.num_choices {
+                if i > 0 {
+                    out.push(',');
+                }
+                let _ = write!(out, "{{\"index\":{i},\"delta\":{{\"role\":\"assistant\",\"content\":\"\"}},\"logprobs\":null,\"finish_reason\":null}}");
+            }
+            self.close_chunk(&mut out);
         }
         out
     }
 
+    fn close_chunk(&self, out: &mut String) {
+        out.push(']');
+        if self.include_usage {
+            out.push_str(",\"usage\":null");
+        }
+        out.push_str("}\n\n");
+    }
+
     pub fn update(&mut self, out: &mut String, run: &Run, prompt: usize, upd: &EngineUpdate) {
-        let mut choices = Vec::new();
+        let mut opened = false;
         for d in &upd.deltas {
             let index = prompt * run.n + d.index;
             if index >= self.num_choices {
                 continue;
             }
             if let Some(FinishReason::Error(e)) = &d.finish {
+                if opened {
+                    self.close_chunk(out);
+                    opened = false;
+                }
                 push_event(out, &ApiError::internal(format!("the engine failed this request: {e}")).body());
             }
             let has_lp = self.want_logprobs && !d.logprobs.is_empty();
@@ -389,34 +413,53 @@ impl StreamFormatter {
                 continue; // text held back (a possible stop string): nothing to say yet
             }
             let finish = d.finish.as_ref().map(|f| f.as_str());
-            choices.push(match self.api {
-                Api::Completions => {
-                    let lp = if self.want_logprobs { completion_logprobs(&self.tok, &d.logprobs, &mut self.offsets[index]) } else { Value::Null };
-                    json!({"index": index, "text": d.text, "logprobs": lp, "finish_reason": finish})
+            if self.api == Api::Generate {
+                let _ = write!(out, "data: {{\"index\":{index},\"text\":");
+                push_json_str(out, &d.text);
+                if let Some(f) = finish {
+                    let _ = write!(out, ",\"finish_reason\":\"{f}\"");
                 }
-                Api::Chat => {
-                    let lp = if self.want_logprobs { json!({"content": chat_logprob_entries(&self.tok, &d.logprobs)}) } else { Value::Null };
-                    let delta = if d.text.is_empty() { json!({}) } else { json!({"content": d.text}) };
-                    json!({"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish})
-                }
-                Api::Generate => {
-                    let mut v = json!({"index": index, "text": d.text});
-                    if let Some(f) = finish {
-                        v["finish_reason"] = json!(f);
-                    }
-                    v
-                }
-            });
-        }
-        if choices.is_empty() {
-            return;
-        }
-        if self.api == Api::Generate {
-            for c in &choices {
-                push_event(out, c);
+                out.push_str("}\n\n");
+                continue;
             }
-        } else {
-            push_event(out, &self.chunk(choices));
+            if opened {
+                out.push(',');
+            } else {
+                out.push_str(&self.envelope);
+                opened = true;
+            }
+            let _ = write!(out, "{{\"index\":{index},");
+            match self.api {
+                Api::Chat if d.text.is_empty() => out.push_str("\"delta\":{}"),
+                Api::Chat => {
+                    out.push_str("\"delta\":{\"content\":");
+                    push_json_str(out, &d.text);
+                    out.push('}');
+                }
+                _ => {
+                    out.push_str("\"text\":");
+                    push_json_str(out, &d.text);
+                }
+            }
+            out.push_str(",\"logprobs\":");
+            if self.want_logprobs {
+                let lp = match self.api {
+                    Api::Chat => json!({"content": chat_logprob_entries(&self.tok, &d.logprobs)}),
+                    _ => completion_logprobs(&self.tok, &d.logprobs, &mut self.offsets[index]),
+                };
+                let _ = write!(out, "{lp}");
+            } else {
+                out.push_str("null");
+            }
+            match finish {
+                Some(f) => {
+                    let _ = write!(out, ",\"finish_reason\":\"{f}\"}}");
+                }
+                None => out.push_str(",\"finish_reason\":null}"),
+            }
+        }
+        if opened {
+            self.close_chunk(out);
         }
     }
 
