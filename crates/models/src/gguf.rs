@@ -394,7 +394,7 @@ fn read_value(c: &mut Cursor, ty: u32, key: &str, depth: usize) -> std::result::
             let min = match elem_ty {
                 0 | 1 | 7 => 1,
                 2 | 3 => 2,
-                4 | 5 | 6 => 4,
+                4..=6 => 4,
                 8 | 10 | 11 | 12 => 8,
                 9 => 12,
                 t => return Err(format!("metadata `{key}` is an array of unknown type {t}")),

@@ -4,6 +4,7 @@
 //! - Q8_0 (34 bytes): f16 scale `d`, 32 x i8 `q`;           x[i] = d * q[i]
 //! - Q4_1 (20 bytes): f16 scale `d`, f16 min `m`, 16 bytes;  byte j holds element j in its low
 //!   nibble and element j + 16 in its high nibble;          x[i] = d * q[i] + m
+//!
 //! Other types are known by name and size (so a file using them still opens and is listed), but
 //! asking for their values is an error naming the type.
 
