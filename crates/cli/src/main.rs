@@ -1,1 +1,54 @@
-fn main() {}
+//! `tandem`: the command-line entry point.
+//!
+//! - `tandem generate`: one prompt, completion text on stdout (logs on stderr).
+//! - `tandem serve`: the HTTP server.
+//! - `tandem test-ops`: the op conformance suite against one backend (like llama.cpp's
+//!   test-backend-ops), for machines that have no Rust toolchain.
+
+mod backends;
+mod generate;
+mod test_ops;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "tandem", version, about = "A serving engine for large language models")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Generate a completion for one prompt and print it.
+    Generate(generate::Args),
+    /// Check every op of a backend against the reference backend.
+    TestOps(test_ops::Args),
+}
+
+/// Where models live: `$TANDEM_MODELS_DIR`, else `./models`.
+pub fn models_dir() -> PathBuf {
+    std::env::var_os("TANDEM_MODELS_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("models"))
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .init();
+    let cli = Cli::parse();
+    let res = match cli.cmd {
+        Cmd::Generate(a) => generate::run(a),
+        Cmd::TestOps(a) => test_ops::run(a),
+    };
+    match res {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
