@@ -5,13 +5,14 @@
 // A weight larger than one storage binding is bound in row chunks: this dispatch sees rows
 // [n0, n0 + rows) of w and writes those columns of out.
 //
-// One invocation per (output column r, block of MT rows of x): it walks its weight row once
-// and keeps MT accumulators, so each weight element loaded serves MT tokens (MT comes from the
-// prelude: 1 for decode at batch 1, up to 8 for prefill). Lanes of a workgroup share the same
+// One invocation per (RT output columns, block of MT rows of x): it walks its RT weight rows
+// once and keeps MT x RT accumulators, so each weight element loaded serves MT tokens and each
+// x element loaded serves RT columns (MT, RT come from the prelude: MT = 1, RT = 4 for decode
+// at batch 1; MT = 8, RT = 1 for prefill). Lanes of a workgroup share the same
 // x rows, so the x loads are uniform; no workgroup memory and no barriers, which is what a
 // CPU-side Vulkan (lavapipe) runs fastest. When k is a multiple of 8 every load brings 16
 // bytes (eight bf16 weights, four x values): lavapipe pays per load instruction and lane.
-// Grid: x = ceil(rows / 64), y = ceil(m / MT).
+// Grid: x = ceil(rows / (64 RT)), y = ceil(m / MT).
 // Check: cargo test -p tandem-wgpu --test ops -- matmul
 
 struct Params {
@@ -29,40 +30,61 @@ struct Params {
 
 @compute @workgroup_size(64)
 fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    let r = wg.x * 64u + li;
+    // This invocation's rows of w: RT of them, 64 apart, so each x load serves RT rows.
+    let r0 = wg.x * 64u * RT + li;
     let m0 = wg.y * MT;
-    if (r >= p.rows) {
+    if (r0 >= p.rows) {
         return;
     }
-    var acc: array<f32, MT>;
+    var acc: array<f32, MT * RT>;
     var xrow: array<u32, MT>;
+    var wrow: array<u32, RT>;
     for (var mi = 0u; mi < MT; mi++) {
-        acc[mi] = 0.0;
         // Rows past m repeat the last row; their results are not written.
         xrow[mi] = min(m0 + mi, p.m - 1u) * p.k;
     }
-    let wrow = r * p.k;
+    for (var t = 0u; t < RT; t++) {
+        // Rows past the chunk repeat its last row; their results are not written.
+        wrow[t] = min(r0 + t * 64u, p.rows - 1u) * p.k;
+    }
+    for (var i = 0u; i < MT * RT; i++) {
+        acc[i] = 0.0;
+    }
     if ((p.k & 7u) == 0u) {
         for (var j = 0u; j < p.k; j += 8u) {
-            let wv = w_oct(wrow + j);
+            var wv: array<mat2x4<f32>, RT>;
+            for (var t = 0u; t < RT; t++) {
+                wv[t] = w_oct(wrow[t] + j);
+            }
             for (var mi = 0u; mi < MT; mi++) {
                 let o = (xrow[mi] + j) >> 2u;
-                acc[mi] += dot(x[o], wv[0]) + dot(x[o + 1u], wv[1]);
+                let x0 = x[o];
+                let x1 = x[o + 1u];
+                for (var t = 0u; t < RT; t++) {
+                    acc[mi * RT + t] += dot(x0, wv[t][0]) + dot(x1, wv[t][1]);
+                }
             }
         }
     } else {
         for (var j = 0u; j < p.k; j++) {
-            let wv = w_at(wrow + j);
             for (var mi = 0u; mi < MT; mi++) {
                 let o = xrow[mi] + j;
-                acc[mi] += x[o >> 2u][o & 3u] * wv;
+                let xv = x[o >> 2u][o & 3u];
+                for (var t = 0u; t < RT; t++) {
+                    acc[mi * RT + t] += xv * w_at(wrow[t] + j);
+                }
             }
         }
     }
-    let b = bias_at(p.n0 + r);
-    for (var mi = 0u; mi < MT; mi++) {
-        if (m0 + mi < p.m) {
-            out[(m0 + mi) * p.n + p.n0 + r] = acc[mi] + b;
+    for (var t = 0u; t < RT; t++) {
+        let r = r0 + t * 64u;
+        if (r < p.rows) {
+            let b = bias_at(p.n0 + r);
+            for (var mi = 0u; mi < MT; mi++) {
+                if (m0 + mi < p.m) {
+                    out[(m0 + mi) * p.n + p.n0 + r] = acc[mi * RT + t] + b;
+                }
+            }
         }
     }
 }

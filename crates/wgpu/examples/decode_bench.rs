@@ -46,7 +46,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("adapter: {}", backend.adapter());
     println!("model:   {}", dir.display());
     let block_size = 16;
-    let opts = LoadOptions { max_batch_tokens: prompt.max(16), max_seqs: 1, num_kv_blocks: (prompt + steps * 2).div_ceil(block_size) + 1, block_size };
+    let opts = LoadOptions { max_batch_tokens: prompt.max(16), max_seqs: 1, num_kv_blocks: (prompt + steps * 2).div_ceil(block_size) + 1, block_size, ..Default::default() };
     let t0 = Instant::now();
     let mut m = LlamaModel::<WgpuBackend>::load(backend, &dir, opts)?;
     println!("load:    {:.2} s", t0.elapsed().as_secs_f64());

@@ -11,15 +11,28 @@ use tandem_core::backend::{AttnArgs, KvGeometry};
 use tandem_core::{Backend, DType};
 use tandem_wgpu::WgpuBackend;
 
-fn time(b: &WgpuBackend, reps: usize, mut f: impl FnMut() -> tandem_core::Result<()>) -> tandem_core::Result<f64> {
+/// CPU time of every thread of this process so far (Linux; 0 elsewhere). On a software
+/// Vulkan the device is this process's own threads, so CPU time measures the kernels even on a
+/// machine busy with other work, where wall time does not.
+fn cpu_secs() -> f64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return 0.0 };
+    tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<f64>().ok())
+        .sum::<f64>()
+        * 1e-9
+}
+
+/// (wall, cpu) seconds per call.
+fn time(b: &WgpuBackend, reps: usize, mut f: impl FnMut() -> tandem_core::Result<()>) -> tandem_core::Result<(f64, f64)> {
     f()?;
     b.sync()?; // compile and warm
-    let t0 = Instant::now();
+    let (t0, c0) = (Instant::now(), cpu_secs());
     for _ in 0..reps {
         f()?;
     }
     b.sync()?;
-    Ok(t0.elapsed().as_secs_f64() / reps as f64)
+    Ok((t0.elapsed().as_secs_f64() / reps as f64, (cpu_secs() - c0) / reps as f64))
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -44,10 +57,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let mut x = b.alloc_f32(m * k)?;
             b.write_f32(&mut x, &fill(m * k))?;
             let mut out = b.alloc_f32(m * n)?;
-            let s = time(&b, reps, || b.matmul(&x, &w, None, &mut out, m, n, k))?;
+            let (s, c) = time(&b, reps, || b.matmul(&x, &w, None, &mut out, m, n, k))?;
             println!(
-                "matmul {n:>5}x{k:<5} bf16: {:>8.1} us  {:>6.2} GB/s weights  {:>6.2} GFLOP/s",
+                "matmul {n:>5}x{k:<5} bf16: {:>8.1} us wall {:>8.1} us cpu  {:>6.2} GB/s weights  {:>6.2} GFLOP/s (wall)",
                 s * 1e6,
+                c * 1e6,
                 (n * k * 2) as f64 / s / 1e9,
                 (2 * m * n * k) as f64 / s / 1e9
             );
@@ -87,7 +101,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 };
                 b.paged_attention(&a, &mut out)
             })?;
-            println!("paged_attention ctx {ctx:>4} 9x64 heads: {:>8.1} us", s * 1e6);
+            println!("paged_attention ctx {ctx:>4} 9x64 heads: {:>8.1} us wall {:>8.1} us cpu", s.0 * 1e6, s.1 * 1e6);
         }
     }
     if want("rms_norm") || want("add") {
@@ -96,9 +110,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let w = b.weight_from_f32(DType::BF16, &fill(576))?;
         let mut out = b.alloc_f32(m * 576)?;
         let s = time(&b, reps, || b.rms_norm(&x, &w, &mut out, m, 576, 1e-5))?;
-        println!("rms_norm {m}x576: {:>8.1} us", s * 1e6);
+        println!("rms_norm {m}x576: {:>8.1} us wall {:>8.1} us cpu", s.0 * 1e6, s.1 * 1e6);
         let s = time(&b, reps, || b.add(&mut out, &x, m * 576))?;
-        println!("add {}: {:>8.1} us", m * 576, s * 1e6);
+        println!("add {}: {:>8.1} us wall {:>8.1} us cpu", m * 576, s.0 * 1e6, s.1 * 1e6);
     }
     Ok(())
 }

@@ -388,12 +388,18 @@ impl Backend for WgpuBackend {
             3..=4 => 4,
             _ => 8,
         };
-        let prelude = Prelude::new().constant("MT", mt).weight4("w", dtype).optional_weight("bias", 4, bias_dtype);
+        // Weight rows per invocation: shares each x load; fewer when MT already holds registers.
+        let rt = match mt {
+            1 | 2 => 4,
+            4 => 2,
+            _ => 1,
+        };
+        let prelude = Prelude::new().constant("MT", mt).constant("RT", rt).weight4("w", dtype).optional_weight("bias", 4, bias_dtype);
         let kernel = if bias.is_some() { shaders::MATMUL_BIAS } else { shaders::MATMUL };
         for c in self.chunks(op, w, n, k)? {
             let params = [m as u32, n as u32, k as u32, c.row0 as u32, c.rows as u32];
             let wb = Bind { buf: &w.buf, range: c.range };
-            let grid = Grid::XY(groups(c.rows, 64), groups(m, mt as usize));
+            let grid = Grid::XY(groups(c.rows, 64 * rt as usize), groups(m, mt as usize));
             match bias {
                 Some(b) => self.rec.dispatch(kernel, &prelude, &params, &[Bind::all(x_b), wb, Bind::all(out_b), Bind::all(&b.buf)], grid)?,
                 None => self.rec.dispatch(kernel, &prelude, &params, &[Bind::all(x_b), wb, Bind::all(out_b)], grid)?,

@@ -29,7 +29,7 @@ fn run_case(shape: Shape, dtype: DType, block_size: usize) {
     let mut rng = Rng::new(&format!("model {} {} bs{block_size}", shape.name(), dtype.name()));
     let dir = temp_dir(&format!("{}-{}-{block_size}", shape.name(), dtype.name()));
     write_random_model(&dir, shape, rng.next_u64(), dtype).unwrap();
-    let opts = LoadOptions { max_batch_tokens: 128, max_seqs: 4, num_kv_blocks: 24, block_size };
+    let opts = LoadOptions { max_batch_tokens: 128, max_seqs: 4, num_kv_blocks: 24, block_size, ..Default::default() };
     let Some(gpu) = common::open(Default::default()) else { return };
     let mut wgpu_model = LlamaModel::<WgpuBackend>::load(gpu, &dir, opts).unwrap();
     let mut ref_model = LlamaModel::<RefBackend>::load(RefBackend::new(), &dir, opts).unwrap();
