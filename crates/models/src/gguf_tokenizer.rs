@@ -176,6 +176,21 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn unknown_pre_falls_back_to_plain_byte_level() {
+        let mut meta = tiny_gguf_tokenizer_meta();
+        meta[1].1 = s("llama-bpe");
+        let t = GgufTokenizer::from_gguf(&open(&meta, "pre.gguf").unwrap()).unwrap();
+        assert_eq!(t.pre, PreTokenizer::ByteLevel);
+        let tok = tokenizers::Tokenizer::from_bytes(t.tokenizer_json().to_string().as_bytes()).unwrap();
+        // Without the digit split, GPT-2's regex keeps "12" together (then BPE has no merge for it).
+        let pieces = tok.get_pre_tokenizer().unwrap();
+        use tokenizers::PreTokenizer as _;
+        let mut pre = tokenizers::PreTokenizedString::from(" 12");
+        pieces.pre_tokenize(&mut pre).unwrap();
+        assert_eq!(pre.get_splits(tokenizers::OffsetReferential::Original, tokenizers::OffsetType::Byte).len(), 1);
+    }
+
+    #[test]
     fn rejects_other_models_and_bad_merges() {
         let mut meta = tiny_gguf_tokenizer_meta();
         meta[0].1 = s("llama");

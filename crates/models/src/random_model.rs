@@ -438,6 +438,19 @@ mod tests {
         assert_ne!(std::fs::read(a.join("model.safetensors")).unwrap(), std::fs::read(c.join("model.safetensors")).unwrap());
     }
 
+    /// Golden data (HF logits for the tiny model) is computed once and committed; it stays valid
+    /// only while these bytes do. Changing the generator on purpose means regenerating that data
+    /// and updating these digests.
+    #[test]
+    fn tiny_seed_1_bytes_are_pinned() {
+        let d = tmp("pinned");
+        write_random_model(&d, Shape::Tiny, 1, DType::BF16).unwrap();
+        let digest = |f: &str| crate::fetch::sha256_file(&d.join(f)).unwrap();
+        assert_eq!(digest("model.safetensors"), "4c11d44245368865ec5fe095425e043dbb9c32526f403864745d8bb54940639b");
+        assert_eq!(digest("config.json"), "b9afe4b523b927f24a46c3d83e611d9c72a0f1b9bfd0419e3dcc902b9b098155");
+        assert_eq!(digest("tokenizer.json"), "4b7bf1d9ffdf1c709a6f97b6521a7354ba8feb4334de1bb9462e08dfa1b1ba12");
+    }
+
     #[test]
     fn tiny_tied_f32_and_tokenizer() {
         let d = tmp("tied");
