@@ -43,7 +43,7 @@ pub fn run(a: Args) -> Result<()> {
     }
     let total = ids.len() + a.max_tokens;
     let block_size = 16;
-    let opts = LoadOptions { max_batch_tokens: 512, max_seqs: 1, num_kv_blocks: total.div_ceil(block_size), block_size };
+    let opts = LoadOptions { max_batch_tokens: 512, max_seqs: 1, num_kv_blocks: total.div_ceil(block_size), block_size, ..Default::default() };
     let t0 = std::time::Instant::now();
     let mut runner = backends::load(a.backend, &dir, opts)?;
     tok.add_eos_ids(&runner.config().eos_token_ids.clone());

@@ -159,7 +159,7 @@ pub fn check_weights<B: tandem_core::Backend>(
 ) -> Result<Vec<String>, String> {
     let longest = golden.cases.iter().map(|c| c.prompt_ids.len() + c.greedy.len()).max().unwrap_or(1);
     // 16-token chunks: longer prompts are prefilled in pieces over their own cached prefix.
-    let opts = tandem_core::model::LoadOptions { max_batch_tokens: 16, max_seqs: 4, num_kv_blocks: longest.div_ceil(16) + 1, block_size: 16 };
+    let opts = tandem_core::model::LoadOptions { max_batch_tokens: 16, max_seqs: 4, num_kv_blocks: longest.div_ceil(16) + 1, block_size: 16, ..Default::default() };
     let mut model = tandem_core::LlamaModel::from_weights(backend, cfg, weights, opts).map_err(|e| e.to_string())?;
     let mut lines = vec![];
     for (i, case) in golden.cases.iter().enumerate() {

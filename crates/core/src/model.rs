@@ -28,13 +28,21 @@ pub trait ModelRunner: Send {
 pub struct LoadOptions {
     pub max_batch_tokens: usize,
     pub max_seqs: usize,
+    /// KV blocks in the pool; 0 sizes the pool from the backend's free memory (see
+    /// `gpu_memory_utilization`), or, where the backend cannot tell, to [`AUTO_KV_BYTES`].
     pub num_kv_blocks: usize,
     pub block_size: usize,
+    /// Fraction of the memory free after weights and activations that the KV pool takes
+    /// when `num_kv_blocks` is 0.
+    pub gpu_memory_utilization: f32,
 }
+
+/// KV pool size for backends that cannot report free memory (reference, wgpu).
+pub const AUTO_KV_BYTES: u64 = 1 << 30;
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        LoadOptions { max_batch_tokens: 512, max_seqs: 64, num_kv_blocks: 256, block_size: 16 }
+        LoadOptions { max_batch_tokens: 512, max_seqs: 64, num_kv_blocks: 256, block_size: 16, gpu_memory_utilization: 0.9 }
     }
 }
 
@@ -51,8 +59,6 @@ struct Layer<B: Backend> {
     gate: B::Buf,
     up: B::Buf,
     down: B::Buf,
-    k_cache: B::Buf,
-    v_cache: B::Buf,
 }
 
 /// Activation and metadata buffers, allocated once for the largest batch.
@@ -89,6 +95,8 @@ pub struct LlamaModel<B: Backend> {
     final_norm: B::Buf,
     inv_freq: B::Buf,
     layers: Vec<Layer<B>>,
+    /// (K, V) per layer.
+    caches: Vec<(B::Buf, B::Buf)>,
     s: Scratch<B>,
 }
 
@@ -101,13 +109,12 @@ impl<B: Backend> LlamaModel<B> {
     }
 
     pub fn from_weights(backend: B, cfg: ModelConfig, w: &Weights, opts: LoadOptions) -> Result<Self> {
-        if opts.max_batch_tokens == 0 || opts.max_seqs == 0 || opts.num_kv_blocks == 0 || opts.block_size == 0 {
+        if opts.max_batch_tokens == 0 || opts.max_seqs == 0 || opts.block_size == 0 {
             return Err(Error::Batch(format!("load options must be positive: {opts:?}")));
         }
         let (d, qd, kvd, inter, vocab) = (cfg.hidden_size, cfg.q_dim(), cfg.kv_dim(), cfg.intermediate_size, cfg.vocab_size);
         let b = &backend;
         let up = |name: &str, shape: &[usize]| -> Result<B::Buf> { b.upload_weight(&w.get(name, shape)?) };
-        let geometry = KvGeometry { num_blocks: opts.num_kv_blocks, block_size: opts.block_size, num_kv_heads: cfg.num_key_value_heads, head_dim: cfg.head_dim };
         let embed = up("model.embed_tokens.weight", &[vocab, d])?;
         let lm_head = if w.contains("lm_head.weight") && !cfg.tie_word_embeddings {
             Some(up("lm_head.weight", &[vocab, d])?)
@@ -135,8 +142,6 @@ impl<B: Backend> LlamaModel<B> {
                 gate: up(&format!("{p}.mlp.gate_proj.weight"), &[inter, d])?,
                 up: up(&format!("{p}.mlp.up_proj.weight"), &[inter, d])?,
                 down: up(&format!("{p}.mlp.down_proj.weight"), &[d, inter])?,
-                k_cache: b.alloc_kv(geometry)?,
-                v_cache: b.alloc_kv(geometry)?,
             });
         }
         let final_norm = up("model.norm.weight", &[d])?;
@@ -144,7 +149,7 @@ impl<B: Backend> LlamaModel<B> {
         b.write_f32(&mut inv_freq, &cfg.rope_inv_freq())?;
         let t = opts.max_batch_tokens;
         let sq = opts.max_seqs;
-        let max_blocks_cap = cfg.max_position_embeddings.min(geometry.slots()).div_ceil(opts.block_size).max(1);
+        let max_blocks_cap = cfg.max_position_embeddings.div_ceil(opts.block_size).max(1);
         let s = Scratch {
             h: b.alloc_f32(t * d)?,
             x: b.alloc_f32(t * d)?,
@@ -166,7 +171,27 @@ impl<B: Backend> LlamaModel<B> {
             block_tables: b.alloc_u32(sq * max_blocks_cap)?,
             logit_rows: b.alloc_u32(sq)?,
         };
-        Ok(LlamaModel { backend, cfg, opts, geometry, max_blocks_cap, embed, lm_head, final_norm, inv_freq, layers, s })
+        let mut geometry = KvGeometry { num_blocks: opts.num_kv_blocks, block_size: opts.block_size, num_kv_heads: cfg.num_key_value_heads, head_dim: cfg.head_dim };
+        if geometry.num_blocks == 0 {
+            // Both K and V, every layer, f32.
+            let block_bytes = (2 * cfg.num_hidden_layers * opts.block_size * cfg.kv_dim() * 4) as u64;
+            let budget = match b.free_memory() {
+                Some(free) => (free as f64 * opts.gpu_memory_utilization.clamp(0.0, 1.0) as f64) as u64,
+                None => AUTO_KV_BYTES,
+            };
+            // Never more than every sequence at full context needs.
+            let useful = (sq * max_blocks_cap) as u64;
+            geometry.num_blocks = (budget / block_bytes).min(useful) as usize;
+            if geometry.num_blocks == 0 {
+                return Err(Error::backend(b.name(), format!("no memory left for a single KV block ({block_bytes} bytes) after the weights")));
+            }
+            tracing::info!(blocks = geometry.num_blocks, block_size = opts.block_size, mib = geometry.num_blocks as u64 * block_bytes >> 20, "KV cache sized");
+        }
+        let mut caches = Vec::with_capacity(cfg.num_hidden_layers);
+        for _ in 0..cfg.num_hidden_layers {
+            caches.push((b.alloc_kv(geometry)?, b.alloc_kv(geometry)?));
+        }
+        Ok(LlamaModel { backend, cfg, opts, geometry, max_blocks_cap, embed, lm_head, final_norm, inv_freq, layers, caches, s })
     }
 
     pub fn backend(&self) -> &B {
@@ -194,17 +219,17 @@ impl<B: Backend> LlamaModel<B> {
         let max_context = batch.positions.iter().copied().max().unwrap_or(0) as usize + 1;
 
         b.embedding(&self.embed, &s.ids, &mut s.h, t, d)?;
-        for l in &mut self.layers {
+        for (l, (k_cache, v_cache)) in self.layers.iter().zip(self.caches.iter_mut()) {
             b.rms_norm(&s.h, &l.input_norm, &mut s.x, t, d, c.rms_norm_eps)?;
             b.matmul(&s.x, &l.q, l.q_bias.as_ref(), &mut s.q, t, qd, d)?;
             b.matmul(&s.x, &l.k, l.k_bias.as_ref(), &mut s.k, t, kvd, d)?;
             b.matmul(&s.x, &l.v, l.v_bias.as_ref(), &mut s.v, t, kvd, d)?;
             b.rope(&mut s.q, &mut s.k, &s.positions, &self.inv_freq, t, c.num_attention_heads, c.num_key_value_heads, c.head_dim)?;
-            b.kv_write(&s.k, &s.v, &mut l.k_cache, &mut l.v_cache, &s.slots, t, self.geometry)?;
+            b.kv_write(&s.k, &s.v, k_cache, v_cache, &s.slots, t, self.geometry)?;
             let args = AttnArgs {
                 q: &s.q,
-                k_cache: &l.k_cache,
-                v_cache: &l.v_cache,
+                k_cache,
+                v_cache,
                 positions: &s.positions,
                 token_seq: &s.token_seq,
                 block_tables: &s.block_tables,

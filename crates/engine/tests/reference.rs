@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use common::*;
 use tandem_core::model::LoadOptions;
@@ -21,8 +21,8 @@ fn model_dir() -> PathBuf {
     d
 }
 
-fn runner(dir: &PathBuf, num_kv_blocks: usize, max_batch_tokens: usize) -> Box<dyn ModelRunner> {
-    let opts = LoadOptions { max_batch_tokens, max_seqs: 16, num_kv_blocks, block_size: 16 };
+fn runner(dir: &Path, num_kv_blocks: usize, max_batch_tokens: usize) -> Box<dyn ModelRunner> {
+    let opts = LoadOptions { max_batch_tokens, max_seqs: 16, num_kv_blocks, block_size: 16, ..Default::default() };
     Box::new(LlamaModel::load(RefBackend::new(), dir, opts).unwrap())
 }
 
