@@ -279,7 +279,7 @@ impl Engine {
     }
 
     fn enqueue(&mut self, id: RequestId, req: Request, max_tokens: usize, tx: UnboundedSender<RequestOutput>, arrival: Instant) {
-        let seed = req.params.seed.unwrap_or_else(|| self.seed ^ id.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let seed = self.request_seed(&req.params, id);
         let params = Arc::new(req.params);
         let seq = Sequence::new(self.next_seq, id, 0, req.prompt, params, max_tokens, req.priority, self.next_arrival, Rng::for_completion(seed, 0), arrival);
         let state = RequestState { tx, live: vec![seq.id], unforked: 1..seq.params.n, prompt_tokens: seq.num_prompt_tokens, completion_tokens: 0, metrics: None };
@@ -287,6 +287,11 @@ impl Engine {
         self.next_arrival += 1;
         self.requests.insert(id, state);
         self.scheduler.add(seq);
+    }
+
+    /// The request's own seed, or one derived from the engine's seed and the request id.
+    fn request_seed(&self, params: &SamplingParams, rid: RequestId) -> u64 {
+        params.seed.unwrap_or_else(|| self.seed ^ rid.wrapping_mul(0x9E37_79B9_7F4A_7C15))
     }
 
     /// Ends a request at once, wherever its sequences are, and frees their blocks.
@@ -397,7 +402,7 @@ impl Engine {
     fn fork_completions(&mut self, parent: SeqId, rid: RequestId, n: usize) {
         let Some(p) = self.scheduler.seq(parent) else { return };
         let (prompt, params, max_tokens, priority, arrival) = (p.prompt().to_vec(), p.params.clone(), p.max_tokens, p.priority, p.times.arrival);
-        let seed = params.seed.unwrap_or_else(|| self.seed ^ rid.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let seed = self.request_seed(&params, rid);
         for index in 1..n {
             let child = Sequence::new(self.next_seq, rid, index, prompt.clone(), params.clone(), max_tokens, priority, self.next_arrival, Rng::for_completion(seed, index), arrival);
             self.next_seq += 1;
@@ -482,7 +487,7 @@ impl Drop for Engine {
 }
 
 enum Command {
-    Submit { id: RequestId, req: Request, max_tokens: usize, tx: UnboundedSender<RequestOutput>, arrival: Instant },
+    Submit { id: RequestId, req: Box<Request>, max_tokens: usize, tx: UnboundedSender<RequestOutput>, arrival: Instant },
     Abort(RequestId),
     Shutdown,
 }
@@ -543,7 +548,7 @@ impl Engine {
     /// False on shutdown.
     fn handle(&mut self, cmd: Command) -> bool {
         match cmd {
-            Command::Submit { id, req, max_tokens, tx, arrival } => self.enqueue(id, req, max_tokens, tx, arrival),
+            Command::Submit { id, req, max_tokens, tx, arrival } => self.enqueue(id, *req, max_tokens, tx, arrival),
             Command::Abort(id) => self.abort(id),
             Command::Shutdown => {
                 let open: Vec<RequestId> = self.requests.keys().copied().collect();
@@ -581,7 +586,7 @@ impl EngineHandle {
         h.limits.reserve(&h.pending)?;
         let id = h.next_request.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = unbounded_channel();
-        if h.cmd.send(Command::Submit { id, req, max_tokens, tx, arrival: Instant::now() }).is_err() {
+        if h.cmd.send(Command::Submit { id, req: Box::new(req), max_tokens, tx, arrival: Instant::now() }).is_err() {
             h.pending.fetch_sub(1, Ordering::AcqRel);
             return Err(SubmitError::Stopped);
         }

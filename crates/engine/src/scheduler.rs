@@ -277,6 +277,8 @@ impl Scheduler {
     }
 
     fn preempt(&mut self, id: SeqId, out: &mut SchedulerOutput) {
+        // The anti-thrashing rule; the randomized tests run with debug assertions on.
+        debug_assert!(!self.is_protected(id), "seq {id} preempted {} steps after resuming", self.step - self.seqs[&id].resumed_at_step.unwrap_or(0));
         self.running.retain(|&r| r != id);
         let key = self.waiting_key(&self.seqs[&id]);
         let seq = self.seqs.get_mut(&id).expect("preempted sequence exists");
