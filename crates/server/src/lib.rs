@@ -10,6 +10,7 @@
 //! - [`run`]: one request's engine submissions, merged; aborts them when dropped.
 //! - [`body`]: the response body, whole or streamed.
 //! - [`metrics`]: vLLM-named metrics in the Prometheus text format.
+//! - [`test_support`]: a tiny tokenizer for tests, examples and benchmarks.
 //! - [`engine_client`]: the narrow interface to the engine; [`engine_adapter`] implements it for
 //!   `tandem_engine`.
 //!
@@ -27,8 +28,9 @@ pub mod params;
 pub mod router;
 pub mod run;
 pub mod server;
+pub mod test_support;
 
 pub use config::ServerConfig;
 pub use engine_client::EngineClient;
 pub use error::ApiError;
-pub use server::{serve, AppState, Server};
+pub use server::{serve, shutdown_signal, AppState, Server};

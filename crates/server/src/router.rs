@@ -114,7 +114,7 @@ impl WithAllow for Response<ResponseBody> {
 }
 
 fn log_plain(method: &Method, path: &str, status: StatusCode, start: Instant) {
-    tracing::info!(%method, path, status = status.as_u16(), total_ms = start.elapsed().as_secs_f64() * 1e3, "request");
+    tracing::info!(%method, path, status = status.as_u16(), total_ms = %format!("{:.3}", start.elapsed().as_secs_f64() * 1e3), "request");
 }
 
 fn health(state: &AppState) -> Response<ResponseBody> {

@@ -225,15 +225,16 @@ impl Drop for Run {
         } else {
             200
         };
-        let ms = |d: Option<Duration>| d.map_or(-1.0, |d| d.as_secs_f64() * 1e3);
+        // Milliseconds to the microsecond; "-" when the request never got that far.
+        let ms = |d: Option<Duration>| d.map_or("-".to_string(), |d| format!("{:.3}", d.as_secs_f64() * 1e3));
         tracing::info!(
             id = %self.label,
             status,
             prompt_tokens = self.prompt_tokens,
             completion_tokens = self.completion_tokens,
-            queue_ms = ms(self.queue_time),
-            ttft_ms = ms(self.first_token.map(|t| t - self.start)),
-            total_ms = total.as_secs_f64() * 1e3,
+            queue_ms = %ms(self.queue_time),
+            ttft_ms = %ms(self.first_token.map(|t| t - self.start)),
+            total_ms = %ms(Some(total)),
             "request finished"
         );
     }

@@ -129,6 +129,7 @@ impl Server {
                 conns.abort_all();
             }
         }
+        tracing::info!("server stopped");
         Ok(())
     }
 }
@@ -138,4 +139,28 @@ pub async fn serve(config: ServerConfig, engine: Arc<dyn EngineClient>, tokenize
     let server = Server::bind(config, engine, tokenizer, model_name).await?;
     tracing::info!("listening on http://{}", server.local_addr()?);
     server.run(shutdown).await
+}
+
+/// Resolves on Ctrl-C or SIGTERM: pass it to [`serve`] as the shutdown future.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => tracing::info!("Ctrl-C: shutting down"),
+        _ = term => tracing::info!("SIGTERM: shutting down"),
+    }
 }

@@ -1,4 +1,4 @@
-//! Test support: a tiny word-level tokenizer written to a temp dir, the real engine over the
+//! Test support: the tiny word-level tokenizer of `tandem_server::test_support`, the real engine over the
 //! engine crate's deterministic `FakeModel` (optionally slowed down), a server on 127.0.0.1
 //! port 0, and a small hyper HTTP/1.1 client.
 #![allow(dead_code)]
@@ -14,7 +14,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
-use serde_json::{json, Value};
+use serde_json::Value;
 use tandem_core::backend::KvGeometry;
 use tandem_core::tokenizer::Tokenizer;
 use tandem_core::{ForwardBatch, ModelConfig, ModelRunner};
@@ -25,50 +25,16 @@ use tandem_server::{EngineClient, Server, ServerConfig};
 use tokio::net::TcpStream;
 use tokio::sync::oneshot;
 
-pub const SPECIALS: [&str; 5] = ["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"];
 pub const VOCAB: usize = 64;
 pub const MAX_LEN: usize = 256;
 pub const MODEL: &str = "tiny-test";
 
-/// Ordinary words after the special tokens, so that prompts and outputs read as text.
-pub fn words() -> Vec<String> {
-    let mut w: Vec<String> = ["hello", "world", "user", "assistant", "system", "the", "cat", "sat", "on", "mat"].iter().map(|s| s.to_string()).collect();
-    let mut i = 0;
-    while SPECIALS.len() + w.len() < VOCAB {
-        w.push(format!("w{i}"));
-        i += 1;
-    }
-    w
-}
-
 static DIRS: AtomicUsize = AtomicUsize::new(0);
 
-/// A WordLevel tokenizer.json (whitespace pre-tokenizer; decoding joins words with spaces)
-/// and a tokenizer_config.json with a ChatML template, in a fresh temp dir.
+/// The tiny word-level tokenizer with a ChatML template, in a fresh temp dir.
 pub fn tokenizer_dir() -> PathBuf {
     let dir = std::env::temp_dir().join(format!("tandem-server-test-{}-{}", std::process::id(), DIRS.fetch_add(1, Ordering::SeqCst)));
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut vocab = serde_json::Map::new();
-    let added: Vec<Value> = SPECIALS
-        .iter()
-        .enumerate()
-        .map(|(i, s)| {
-            vocab.insert(s.to_string(), json!(i));
-            json!({"id": i, "content": s, "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true})
-        })
-        .collect();
-    for (i, w) in words().iter().enumerate() {
-        vocab.insert(w.clone(), json!(SPECIALS.len() + i));
-    }
-    let tok = json!({
-        "version": "1.0", "truncation": null, "padding": null, "added_tokens": added,
-        "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null, "decoder": null,
-        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"}
-    });
-    std::fs::write(dir.join("tokenizer.json"), tok.to_string()).unwrap();
-    let template = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
-    let cfg = json!({"bos_token": "<s>", "eos_token": "</s>", "chat_template": template});
-    std::fs::write(dir.join("tokenizer_config.json"), cfg.to_string()).unwrap();
+    tandem_server::test_support::write_tiny_tokenizer(&dir, VOCAB).unwrap();
     dir
 }
 

@@ -1,0 +1,80 @@
+"""Drives a running tandem server with the official `openai` Python client.
+
+Run through tests/openai_client.sh (which starts the fake-model server), or by hand:
+    python tests/openai_client.py http://127.0.0.1:8123/v1 <model>
+Exits non-zero on the first failed check; prints one line per check.
+"""
+import sys
+
+import openai
+
+base, model = sys.argv[1], sys.argv[2]
+client = openai.OpenAI(base_url=base, api_key="unused", max_retries=0, timeout=30)
+checks = 0
+
+
+def check(cond, what):
+    global checks
+    if not cond:
+        print(f"FAIL: {what}")
+        sys.exit(1)
+    checks += 1
+    print(f"ok: {what}")
+
+
+models = client.models.list()
+check([m.id for m in models.data] == [model], "models.list names the served model")
+
+c = client.completions.create(model=model, prompt="hello world the cat", max_tokens=8, temperature=0)
+check(c.object == "text_completion" and len(c.choices) == 1, "completion object and one choice")
+check(c.usage.completion_tokens <= 8 and c.usage.prompt_tokens == 4, f"completion usage {c.usage}")
+check(c.choices[0].finish_reason in ("stop", "length"), "completion finish_reason")
+
+again = client.completions.create(model=model, prompt="hello world the cat", max_tokens=8, temperature=0)
+check(again.choices[0].text == c.choices[0].text, "greedy completions are reproducible")
+
+parts = []
+finish = None
+for chunk in client.completions.create(model=model, prompt="hello world the cat", max_tokens=8, temperature=0, stream=True):
+    for ch in chunk.choices:
+        parts.append(ch.text)
+        finish = ch.finish_reason or finish
+check("".join(parts) == c.choices[0].text, "streamed completion equals the whole one")
+check(finish == c.choices[0].finish_reason, "streamed finish_reason")
+
+lp = client.completions.create(model=model, prompt="hello", max_tokens=3, temperature=0, logprobs=2)
+check(lp.choices[0].logprobs is not None and len(lp.choices[0].logprobs.token_logprobs) == lp.usage.completion_tokens, "completion logprobs per token")
+
+msgs = [{"role": "system", "content": "the cat"}, {"role": "user", "content": "hello"}]
+r = client.chat.completions.create(model=model, messages=msgs, max_completion_tokens=10, temperature=0, n=2, seed=3)
+check(r.object == "chat.completion" and len(r.choices) == 2, "chat object with n=2")
+check(r.choices[0].message.role == "assistant" and r.choices[0].message.content == r.choices[1].message.content, "greedy chat choices agree")
+
+text, usage, roles = "", None, 0
+stream = client.chat.completions.create(model=model, messages=msgs, max_tokens=10, temperature=0, stream=True, stream_options={"include_usage": True})
+for chunk in stream:
+    if chunk.usage is not None:
+        usage = chunk.usage
+    for ch in chunk.choices:
+        roles += ch.delta.role == "assistant"
+        text += ch.delta.content or ""
+check(roles == 1, "the stream announces the assistant role once")
+check(text == r.choices[0].message.content, "streamed chat equals the whole one")
+check(usage is not None and usage.prompt_tokens == r.usage.prompt_tokens and usage.completion_tokens == r.usage.completion_tokens / 2, f"stream usage {usage}")
+
+r = client.chat.completions.create(model=model, messages=msgs, max_tokens=3, logprobs=True, top_logprobs=2)
+check(len(r.choices[0].logprobs.content) == r.usage.completion_tokens and all(len(t.top_logprobs) == 2 for t in r.choices[0].logprobs.content), "chat logprobs")
+
+try:
+    client.completions.create(model=model, prompt="hi", temperature=7)
+    check(False, "temperature 7 refused")
+except openai.BadRequestError as e:
+    check(e.status_code == 400 and e.body["param"] == "temperature", f"temperature 7 refused: {e.body['message']}")
+
+try:
+    client.chat.completions.create(model="not-" + model, messages=msgs)
+    check(False, "unknown model refused")
+except openai.BadRequestError as e:
+    check(e.body["code"] == "model_not_found", "unknown model refused")
+
+print(f"all {checks} checks passed")
