@@ -252,6 +252,11 @@ pub fn cases() -> Vec<Case> {
     // An odd k: half-precision weight rows start in the middle of a 32-bit word.
     v.push(Case::new(Matmul { dtype: BF16, m: 3, n: 77, k: 99, bias: true }, Spec::Matmul));
     v.push(Case::new(Matmul { dtype: F16, m: 16, n: 33, k: 99, bias: false }, Spec::Matmul));
+    // SmolLM2-135M's own projections: k/v (n = 3·64), and down (k = 1536).
+    for m in [1, 37] {
+        v.push(Case::new(Matmul { dtype: BF16, m, n: 192, k: 576, bias: false }, Spec::Matmul));
+        v.push(Case::new(Matmul { dtype: BF16, m, n: 576, k: 1536, bias: false }, Spec::Matmul));
+    }
     // The LM head: a wide n.
     for (dtype, m) in [(BF16, 1), (F32, 3)] {
         v.push(Case::new(Matmul { dtype, m, n: 49152, k: 576, bias: false }, Spec::Matmul));
@@ -278,6 +283,8 @@ pub fn cases() -> Vec<Case> {
         (32, 4, 3, 128, vec![d(1), d(64), d(97)]),
         (16, 3, 4, 128, vec![d(129)]),
         (32, 1, 1, 64, vec![d(7)]),
+        // SmolLM2-135M's heads (9 query, 3 KV, 64 wide) over a full decode batch of 32.
+        (16, 3, 3, 64, (0..32).map(|i| d(1 + (i * 37) % 300)).collect()),
         // Prefill: a fresh prompt, chunks over a cached prefix, and chunks mixed with decodes.
         (16, 2, 1, 64, vec![p(0, 37)]),
         (16, 2, 3, 64, vec![p(20, 13), p(5, 40)]),

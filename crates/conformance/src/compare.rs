@@ -104,8 +104,8 @@ fn compare_f32(g: &[f32], w: &[f32], limit: f64) -> Result<f64, Mismatch> {
         return Err(Mismatch::NonFinite { count: bad, first, got: g[first] });
     }
     let e = nmse(g, w);
-    // `!(e <= limit)` so that a NaN NMSE can never pass.
-    if !(e <= limit) {
+    // A NaN NMSE must never pass.
+    if e.is_nan() || e > limit {
         let worst = (0..g.len())
             .max_by(|&a, &b| (g[a] - w[a]).abs().total_cmp(&(g[b] - w[b]).abs()))
             .unwrap_or(0);
