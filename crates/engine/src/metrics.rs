@@ -22,6 +22,7 @@ pub struct Stats {
     pub generation_tokens_total: u64,
     pub steps_total: u64,
     pub forward_errors_total: u64,
+    /// Completions ended, by reason (a request with `n > 1` counts `n`).
     pub requests_stop_total: u64,
     pub requests_length_total: u64,
     pub requests_abort_total: u64,

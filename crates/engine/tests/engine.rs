@@ -315,3 +315,22 @@ fn threaded_handle_streams_and_aborts_on_drop() {
     assert_eq!(rest.last().unwrap().finish_reason, Some(FinishReason::Abort));
     assert!(matches!(h.submit(greedy_req(vec![1], 1)), Err(SubmitError::Stopped)));
 }
+
+#[test]
+fn threaded_static_batch_waits_for_max_wait_then_runs() {
+    let cfg = EngineConfig { mode: BatchMode::Static { batch_size: 4, max_wait: Duration::from_millis(40) }, ..Default::default() };
+    let h = tandem_engine::Engine::spawn(Box::new(fake(64, 64, 8)), letters(), cfg).unwrap();
+    let mut s = h.submit(greedy_req(prompt(8, 1), 4)).unwrap();
+    let outs: Vec<_> = std::iter::from_fn(|| s.blocking_recv()).collect();
+    let c = collect(&outs, 1);
+    assert_eq!(c.tokens[0], FakeModel::greedy(&model_config(), &prompt(8, 1), 4, false));
+    let q = c.finals[0].metrics.as_ref().unwrap().queue_time.unwrap();
+    assert!(q >= Duration::from_millis(40), "a lone request waits for the batch to fill: {q:?}");
+    // A full batch does not wait.
+    let mut streams: Vec<_> = (0..4).map(|i| h.submit(greedy_req(prompt(8, i), 2)).unwrap()).collect();
+    for s in streams.iter_mut() {
+        let outs: Vec<_> = std::iter::from_fn(|| s.blocking_recv()).collect();
+        assert_eq!(collect(&outs, 1).finals.len(), 1);
+    }
+    h.shutdown();
+}

@@ -29,7 +29,8 @@ fn run_case(seed: u64) -> Case {
     let num_blocks = 6 + below(&mut r, 20) as usize;
     let budget = 16 + below(&mut r, 80) as usize;
     let max_seqs = 2 + below(&mut r, 7) as usize;
-    let slots = num_blocks * 16;
+    let block_size = if below(&mut r, 3) == 0 { 32 } else { 16 };
+    let slots = num_blocks * block_size;
     let mode = if below(&mut r, 5) == 0 {
         BatchMode::Static { batch_size: 1 + below(&mut r, max_seqs as u64) as usize, max_wait: Duration::ZERO }
     } else {
@@ -43,7 +44,7 @@ fn run_case(seed: u64) -> Case {
         seed,
         ..Default::default()
     };
-    let mut e = engine(fake(num_blocks, budget, max_seqs), cfg);
+    let mut e = engine(FakeModel::new(model_config(), num_blocks, block_size, budget, max_seqs), cfg);
     let prefixes: Vec<Vec<u32>> = (0..3).map(|_| (0..16 + below(&mut r, 24)).map(|_| below(&mut r, 60) as u32).collect()).collect();
     let mut live = vec![];
     let mut done = vec![];
@@ -53,6 +54,7 @@ fn run_case(seed: u64) -> Case {
                 let mut prompt = if below(&mut r, 2) == 0 { prefixes[below(&mut r, 3) as usize].clone() } else { vec![] };
                 prompt.extend((0..1 + below(&mut r, 40)).map(|_| below(&mut r, 64) as u32));
                 prompt.truncate(slots / 2);
+                prompt.truncate(200);
                 let max_tokens = 1 + below(&mut r, (slots - prompt.len()).min(40) as u64) as usize;
                 let n = if below(&mut r, 4) == 0 { 1 + below(&mut r, 3) as usize } else { 1 };
                 let greedy = below(&mut r, 2) == 0;
