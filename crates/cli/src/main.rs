@@ -7,6 +7,7 @@
 
 mod backends;
 mod generate;
+mod serve;
 mod test_ops;
 
 use std::path::PathBuf;
@@ -25,6 +26,8 @@ struct Cli {
 enum Cmd {
     /// Generate a completion for one prompt and print it.
     Generate(generate::Args),
+    /// Serve the OpenAI-compatible HTTP API.
+    Serve(serve::Args),
     /// Check every op of a backend against the reference backend.
     TestOps(test_ops::Args),
 }
@@ -43,6 +46,7 @@ fn main() -> ExitCode {
     let res = match cli.cmd {
         Cmd::Generate(a) => generate::run(a),
         Cmd::TestOps(a) => test_ops::run(a),
+        Cmd::Serve(a) => serve::run(a),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,
