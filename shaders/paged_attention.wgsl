@@ -128,3 +128,64 @@ fn paged_attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups
         }
     }
 }
+
+// paged_attention_lane: the same result with one invocation per (token, head), each walking
+// its keys alone with the online softmax and 16-byte loads; no workgroup memory, no barriers.
+// Chosen on CPU adapters (lavapipe), where barriers are coroutine switches and every load is
+// paid per lane, so the tiled kernel above is several times slower. Needs head_dim % 4 == 0.
+const MAX_VEC4: u32 = 64u; // head_dim <= 256
+
+@group(0) @binding(1) var<storage, read> q4: array<vec4<f32>>;       // [T, num_heads, head_dim / 4]
+@group(0) @binding(2) var<storage, read> k4: array<vec4<f32>>;       // [slots, kv_heads, head_dim / 4]
+@group(0) @binding(3) var<storage, read> v4: array<vec4<f32>>;       // [slots, kv_heads, head_dim / 4]
+@group(0) @binding(7) var<storage, read_write> out4: array<vec4<f32>>; // [T, num_heads, head_dim / 4]
+
+@compute @workgroup_size(64)
+fn paged_attention_lane(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                        @builtin(local_invocation_index) li: u32) {
+    let wid = (wg.y * nwg.x + wg.x) * 64u + li;
+    if (wid >= p.num_tokens * p.num_heads) {
+        return;
+    }
+    let t = wid / p.num_heads;
+    let h = wid - t * p.num_heads;
+    let kvh = h / (p.num_heads / p.kv_heads);
+    let s = min(token_seq[t], p.num_seqs - 1u);
+    let n_keys = positions[t] + 1u;
+    let hv = p.head_dim / 4u;
+    let kv_row = p.kv_heads * hv;
+    let qo = wid * hv;
+
+    var qv: array<vec4<f32>, MAX_VEC4>;
+    var acc: array<vec4<f32>, MAX_VEC4>;
+    for (var d = 0u; d < hv; d++) {
+        qv[d] = q4[qo + d] * p.scale;
+        acc[d] = vec4<f32>(0.0);
+    }
+    var m = NEG_BIG;
+    var l = 0.0;
+    for (var j = 0u; j < n_keys; j++) {
+        let slot = key_slot(s, j);
+        if (slot >= p.num_slots) {
+            continue;
+        }
+        let ko = slot * kv_row + kvh * hv;
+        var dot4 = vec4<f32>(0.0);
+        for (var d = 0u; d < hv; d++) {
+            dot4 += qv[d] * k4[ko + d];
+        }
+        let sc = dot4.x + dot4.y + dot4.z + dot4.w;
+        let m_new = max(m, sc);
+        let corr = exp(m - m_new);
+        let pr = exp(sc - m_new);
+        l = l * corr + pr;
+        for (var d = 0u; d < hv; d++) {
+            acc[d] = acc[d] * corr + pr * v4[ko + d];
+        }
+        m = m_new;
+    }
+    let inv = select(0.0, 1.0 / l, l > 0.0);
+    for (var d = 0u; d < hv; d++) {
+        out4[qo + d] = acc[d] * inv;
+    }
+}

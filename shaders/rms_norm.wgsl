@@ -1,5 +1,5 @@
 // rms_norm: out[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * w
-//   x, out f32 [rows, dim]; w weight [dim] (via the prelude's `w_at`).
+//   x, out f32 [rows, dim]; w weight [dim] (bound as vec4s; the prelude's `w_at`, `w_oct`).
 // One workgroup of 64 per row: each lane sums the squares of a strided slice, then every lane
 // adds the 64 partial sums itself (one barrier; cheaper than a tree on software Vulkan).
 // Check: cargo test -p tandem-wgpu --test ops -- rms_norm
@@ -12,7 +12,7 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> x: array<f32>;         // [rows, dim]
-@group(0) @binding(2) var<storage, read> w: array<w_t>;         // [dim]
+@group(0) @binding(2) var<storage, read> w: array<w_t>;         // [dim] (16-byte words)
 @group(0) @binding(3) var<storage, read_write> out: array<f32>; // [rows, dim]
 
 var<workgroup> partial: array<f32, 64>;
@@ -40,5 +40,32 @@ fn rms_norm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
     let inv = 1.0 / sqrt(total / f32(p.dim) + p.eps);
     for (var i = li; i < p.dim; i += 64u) {
         out[base + i] = x[base + i] * inv * w_at(i);
+    }
+}
+
+// rms_norm_lane: the same with one invocation per row and 16-byte loads (dim % 8 == 0); no
+// workgroup memory and no barrier. Chosen on CPU adapters, where those cost most.
+@group(0) @binding(1) var<storage, read> x4: array<vec4<f32>>;         // [rows, dim / 4]
+@group(0) @binding(3) var<storage, read_write> out4: array<vec4<f32>>; // [rows, dim / 4]
+
+@compute @workgroup_size(64)
+fn rms_norm_lane(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) li: u32) {
+    let row = (wg.y * nwg.x + wg.x) * 64u + li;
+    if (row >= p.rows) {
+        return;
+    }
+    let dv = p.dim / 4u;
+    let base = row * dv;
+    var s4 = vec4<f32>(0.0);
+    for (var i = 0u; i < dv; i++) {
+        let v = x4[base + i];
+        s4 += v * v;
+    }
+    let inv = 1.0 / sqrt((s4.x + s4.y + s4.z + s4.w) / f32(p.dim) + p.eps);
+    for (var i = 0u; i < dv; i += 2u) {
+        let wv = w_oct(i * 4u);
+        out4[base + i] = x4[base + i] * inv * wv[0];
+        out4[base + i + 1u] = x4[base + i + 1u] * inv * wv[1];
     }
 }

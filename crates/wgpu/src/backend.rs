@@ -21,6 +21,10 @@ pub struct WgpuOptions {
     pub shader_dir: Option<PathBuf>,
     /// Use a storage binding limit below the adapter's (tests of the chunked weight paths).
     pub max_storage_binding: Option<u64>,
+    /// Attention and rms_norm with one invocation per (token, head) / row (`Some(true)`), or one
+    /// workgroup (`Some(false)`); by default `TANDEM_WGPU_KERNELS=lane|workgroup`, else lanes on
+    /// CPU adapters and workgroups on GPUs.
+    pub lane_kernels: Option<bool>,
 }
 
 pub struct WgpuBackend {
@@ -28,6 +32,9 @@ pub struct WgpuBackend {
     /// Largest storage binding this backend uses (the adapter's, or smaller if asked).
     max_binding: u64,
     argmax_out: Mutex<Option<WgpuBuf>>,
+    /// One invocation per (token, head) / row in attention and rms_norm instead of a workgroup:
+    /// faster on CPU adapters (no barriers, no workgroup memory).
+    lane_kernels: bool,
 }
 
 /// Rows `[row0, row0 + rows)` of a weight and the bytes of its buffer that hold them.
@@ -71,7 +78,14 @@ impl WgpuBackend {
         let gpu = adapter::open()?;
         let adapter_max = gpu.limits.max_storage_buffer_binding_size;
         let max_binding = opts.max_storage_binding.map_or(adapter_max, |m| m.min(adapter_max)) / 4 * 4;
-        Ok(WgpuBackend { rec: Recorder::new(gpu, Pipelines::new(dir, std::env::var_os("TANDEM_WGPU_CHECKED").is_some())), max_binding, argmax_out: Mutex::new(None) })
+        let lane_kernels = match (opts.lane_kernels, std::env::var("TANDEM_WGPU_KERNELS").as_deref()) {
+            (Some(v), _) => v,
+            (None, Ok("lane")) => true,
+            (None, Ok("workgroup")) => false,
+            _ => gpu.summary.device_type == wgpu::DeviceType::Cpu,
+        };
+        let pipelines = Pipelines::new(dir, std::env::var_os("TANDEM_WGPU_CHECKED").is_some());
+        Ok(WgpuBackend { rec: Recorder::new(gpu, pipelines), max_binding, argmax_out: Mutex::new(None), lane_kernels })
     }
 
     /// The adapter in use: name, wgpu backend, device type, driver.
@@ -352,7 +366,12 @@ impl Backend for WgpuBackend {
         }
         let params = [rows as u32, dim as u32, eps.to_bits()];
         let binds = [Bind::all(x_b), Bind::all(&w.buf), Bind::all(out_b)];
-        self.rec.dispatch(shaders::RMS_NORM, &Prelude::new().weight("w", dtype), &params, &binds, Grid::Linear(rows as u64))
+        let prelude = Prelude::new().weight4("w", dtype);
+        if self.lane_kernels && dim % 8 == 0 {
+            self.rec.dispatch(shaders::RMS_NORM_LANE, &prelude, &params, &binds, Grid::Linear(groups(rows, 64)))
+        } else {
+            self.rec.dispatch(shaders::RMS_NORM, &prelude, &params, &binds, Grid::Linear(rows as u64))
+        }
     }
 
     fn add(&self, acc: &mut WgpuBuf, x: &WgpuBuf, len: usize) -> Result<()> {
@@ -361,7 +380,11 @@ impl Backend for WgpuBackend {
         let x_b = want_f32(op, "x", x, len)?;
         to_u32(op, "len", len)?;
         let binds = [Bind::all(acc_b), Bind::all(x_b)];
-        self.rec.dispatch(shaders::ADD, &Prelude::new(), &[len as u32], &binds, Grid::Linear(groups(len, 64)))
+        if len % 4 == 0 {
+            self.rec.dispatch(shaders::ADD4, &Prelude::new(), &[len as u32], &binds, Grid::Linear(groups(len / 4, 64)))
+        } else {
+            self.rec.dispatch(shaders::ADD, &Prelude::new(), &[len as u32], &binds, Grid::Linear(groups(len, 64)))
+        }
     }
 
     fn matmul(&self, x: &WgpuBuf, w: &WgpuBuf, bias: Option<&WgpuBuf>, out: &mut WgpuBuf, m: usize, n: usize, k: usize) -> Result<()> {
@@ -432,7 +455,11 @@ impl Backend for WgpuBackend {
         let o_b = want_f32(op, "out", out, len)?;
         to_u32(op, "len", len)?;
         let binds = [Bind::all(g_b), Bind::all(u_b), Bind::all(o_b)];
-        self.rec.dispatch(shaders::SILU_MUL, &Prelude::new(), &[len as u32], &binds, Grid::Linear(groups(len, 64)))
+        if len % 4 == 0 {
+            self.rec.dispatch(shaders::SILU_MUL4, &Prelude::new(), &[len as u32], &binds, Grid::Linear(groups(len / 4, 64)))
+        } else {
+            self.rec.dispatch(shaders::SILU_MUL, &Prelude::new(), &[len as u32], &binds, Grid::Linear(groups(len, 64)))
+        }
     }
 
     fn kv_write(&self, k: &WgpuBuf, v: &WgpuBuf, k_cache: &mut WgpuBuf, v_cache: &mut WgpuBuf, slots: &WgpuBuf, num_tokens: usize, g: KvGeometry) -> Result<()> {
@@ -483,7 +510,11 @@ impl Backend for WgpuBackend {
             a.scale.to_bits(),
         ];
         let binds = [Bind::all(q_b), Bind::all(kc), Bind::all(vc), Bind::all(p_b), Bind::all(s_b), Bind::all(bt), Bind::all(o_b)];
-        self.rec.dispatch(shaders::PAGED_ATTENTION, &Prelude::new(), &params, &binds, Grid::Linear((t * nh) as u64))
+        if self.lane_kernels && hd % 4 == 0 {
+            self.rec.dispatch(shaders::PAGED_ATTENTION_LANE, &Prelude::new(), &params, &binds, Grid::Linear(groups(t * nh, 64)))
+        } else {
+            self.rec.dispatch(shaders::PAGED_ATTENTION, &Prelude::new(), &params, &binds, Grid::Linear((t * nh) as u64))
+        }
     }
 
     fn argmax(&self, logits: &WgpuBuf, rows: usize, vocab: usize) -> Result<Vec<u32>> {

@@ -38,24 +38,34 @@ pub(crate) enum Access {
 }
 use Access::{Read as R, ReadWrite as RW};
 
-/// A kernel: its file (also its entry point) and its storage bindings from 1 on, in order.
+/// A kernel: its file `shaders/<name>.wgsl`, its entry point, and its storage bindings from 1
+/// on, in order.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Kernel {
     pub name: &'static str,
+    pub entry: &'static str,
     pub bindings: &'static [Access],
 }
 
-pub(crate) const EMBEDDING: Kernel = Kernel { name: "embedding", bindings: &[R, R, RW] };
-pub(crate) const GATHER_ROWS: Kernel = Kernel { name: "gather_rows", bindings: &[R, R, RW] };
-pub(crate) const RMS_NORM: Kernel = Kernel { name: "rms_norm", bindings: &[R, R, RW] };
-pub(crate) const ADD: Kernel = Kernel { name: "add", bindings: &[RW, R] };
-pub(crate) const MATMUL: Kernel = Kernel { name: "matmul", bindings: &[R, R, RW] };
-pub(crate) const MATMUL_BIAS: Kernel = Kernel { name: "matmul", bindings: &[R, R, RW, R] };
-pub(crate) const ROPE: Kernel = Kernel { name: "rope", bindings: &[RW, RW, R, R] };
-pub(crate) const SILU_MUL: Kernel = Kernel { name: "silu_mul", bindings: &[R, R, RW] };
-pub(crate) const KV_WRITE: Kernel = Kernel { name: "kv_write", bindings: &[R, R, RW, RW, R] };
-pub(crate) const PAGED_ATTENTION: Kernel = Kernel { name: "paged_attention", bindings: &[R, R, R, R, R, R, RW] };
-pub(crate) const ARGMAX: Kernel = Kernel { name: "argmax", bindings: &[R, RW] };
+const fn k(name: &'static str, bindings: &'static [Access]) -> Kernel {
+    Kernel { name, entry: name, bindings }
+}
+
+pub(crate) const EMBEDDING: Kernel = k("embedding", &[R, R, RW]);
+pub(crate) const GATHER_ROWS: Kernel = k("gather_rows", &[R, R, RW]);
+pub(crate) const RMS_NORM: Kernel = k("rms_norm", &[R, R, RW]);
+pub(crate) const ADD: Kernel = k("add", &[RW, R]);
+pub(crate) const MATMUL: Kernel = k("matmul", &[R, R, RW]);
+pub(crate) const MATMUL_BIAS: Kernel = k("matmul", &[R, R, RW, R]);
+pub(crate) const ROPE: Kernel = k("rope", &[RW, RW, R, R]);
+pub(crate) const SILU_MUL: Kernel = k("silu_mul", &[R, R, RW]);
+pub(crate) const KV_WRITE: Kernel = k("kv_write", &[R, R, RW, RW, R]);
+pub(crate) const PAGED_ATTENTION: Kernel = k("paged_attention", &[R, R, R, R, R, R, RW]);
+pub(crate) const PAGED_ATTENTION_LANE: Kernel = Kernel { name: "paged_attention", entry: "paged_attention_lane", bindings: &[R, R, R, R, R, R, RW] };
+pub(crate) const ADD4: Kernel = Kernel { name: "add", entry: "add4", bindings: &[RW, R] };
+pub(crate) const SILU_MUL4: Kernel = Kernel { name: "silu_mul", entry: "silu_mul4", bindings: &[R, R, RW] };
+pub(crate) const RMS_NORM_LANE: Kernel = Kernel { name: "rms_norm", entry: "rms_norm_lane", bindings: &[R, R, RW] };
+pub(crate) const ARGMAX: Kernel = k("argmax", &[R, RW]);
 
 /// Declarations prepended to a kernel's source; equal preludes share a pipeline.
 #[derive(Debug, Default, Clone, PartialEq, Eq, Hash)]
@@ -173,7 +183,7 @@ impl Pipelines {
     }
 
     pub fn get(&self, device: &wgpu::Device, kernel: Kernel, prelude: &Prelude) -> Result<std::sync::Arc<Pipeline>> {
-        let key = (kernel.name, kernel.bindings, prelude.clone());
+        let key = (kernel.entry, kernel.bindings, prelude.clone());
         let mut cache = self.cache.lock().map_err(|_| Error::backend(NAME, "pipeline cache lock poisoned"))?;
         if let Some(p) = cache.get(&key) {
             return Ok(p.clone());
@@ -224,7 +234,7 @@ impl Pipelines {
             label: Some(kernel.name),
             layout: Some(&pl),
             module: &module,
-            entry_point: Some(kernel.name),
+            entry_point: Some(kernel.entry),
             compilation_options: wgpu::PipelineCompilationOptions {
                 constants: &[],
                 // Every kernel writes its workgroup memory before reading it.

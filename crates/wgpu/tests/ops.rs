@@ -63,10 +63,21 @@ fn gather_rows() {
 }
 
 #[test]
-fn rms_norm() {
-    let Some(b) = backend() else { return };
-    let mut rng = Rng::new("rms_norm");
-    for (rows, dim) in [(1, 576), (5, 77), (3, 2049)] {
+fn rms_norm_lane() {
+    rms_norm_cases(true);
+}
+
+#[test]
+fn rms_norm_workgroup() {
+    rms_norm_cases(false);
+}
+
+fn rms_norm_cases(lane: bool) {
+    let Some(b) = common::open(WgpuOptions { lane_kernels: Some(lane), ..Default::default() }) else { return };
+    let b = &b;
+    let mut rng = Rng::new(&format!("rms_norm lane={lane}"));
+    // dim % 8 == 0 takes the vector path; the others the scalar one.
+    for (rows, dim) in [(1, 576), (5, 77), (3, 2049), (70, 64), (2, 1540)] {
         for dtype in DTYPES {
             let x = rng.vec(rows * dim, 3.0);
             let w = rng.vec(dim, 1.0);
@@ -92,24 +103,28 @@ fn rms_norm() {
 fn add() {
     let Some(b) = backend() else { return };
     let mut rng = Rng::new("add");
-    let n = 1003;
-    let (a0, x) = (rng.vec(n, 1.0), rng.vec(n, 1.0));
-    let mut acc = f32_buf(b, &a0);
-    b.add(&mut acc, &f32_buf(b, &x), n).unwrap();
-    let want: Vec<f64> = a0.iter().zip(&x).map(|(a, x)| (a + x) as f64).collect();
-    assert_close("add", &b.read_f32(&acc, n).unwrap(), &want, 0.0);
+    // 1003: the scalar kernel; 1004: the vec4 one, on a buffer longer than len.
+    for n in [1003, 1004] {
+        let (a0, x) = (rng.vec(n + 8, 1.0), rng.vec(n, 1.0));
+        let mut acc = f32_buf(b, &a0);
+        b.add(&mut acc, &f32_buf(b, &x), n).unwrap();
+        let mut want: Vec<f64> = a0.iter().zip(&x).map(|(a, x)| (a + x) as f64).collect();
+        want.extend(f64s(&a0[n..]));
+        assert_close(&format!("add {n}"), &b.read_f32(&acc, n + 8).unwrap(), &want, 0.0);
+    }
 }
 
 #[test]
 fn silu_mul() {
     let Some(b) = backend() else { return };
     let mut rng = Rng::new("silu_mul");
-    let n = 1537;
-    let (g, u) = (rng.vec(n, 8.0), rng.vec(n, 2.0));
-    let mut out = poisoned(b, n);
-    b.silu_mul(&f32_buf(b, &g), &f32_buf(b, &u), &mut out, n).unwrap();
-    let want: Vec<f64> = g.iter().zip(&u).map(|(&g, &u)| (g as f64) / (1.0 + (-g as f64).exp()) * u as f64).collect();
-    assert_close("silu_mul", &b.read_f32(&out, n).unwrap(), &want, 1e-12);
+    for n in [1537, 1536] {
+        let (g, u) = (rng.vec(n, 8.0), rng.vec(n, 2.0));
+        let mut out = poisoned(b, n);
+        b.silu_mul(&f32_buf(b, &g), &f32_buf(b, &u), &mut out, n).unwrap();
+        let want: Vec<f64> = g.iter().zip(&u).map(|(&g, &u)| (g as f64) / (1.0 + (-g as f64).exp()) * u as f64).collect();
+        assert_close(&format!("silu_mul {n}"), &b.read_f32(&out, n).unwrap(), &want, 1e-12);
+    }
 }
 
 fn check_matmul(b: &WgpuBackend, rng: &mut Rng, m: usize, n: usize, k: usize, dtype: DType, bias_dtype: Option<DType>) {
@@ -319,23 +334,29 @@ fn check_attention(b: &WgpuBackend, rng: &mut Rng, head_dim: usize, block_size: 
     assert_close(&what, &b.read_f32(&out, want.len()).unwrap(), &want, 1e-10);
 }
 
-#[test]
-fn paged_attention_decode() {
-    let Some(b) = backend() else { return };
-    let mut rng = Rng::new("paged_attention_decode");
-    check_attention(b, &mut rng, 64, 16, 3, 3, &[(1, 1), (37, 1), (200, 1)]);
-    check_attention(b, &mut rng, 128, 32, 2, 4, &[(65, 1), (33, 1)]);
-    check_attention(b, &mut rng, 64, 32, 4, 1, &[(129, 1)]);
+fn attention_cases(lane: bool) {
+    let Some(b) = common::open(WgpuOptions { lane_kernels: Some(lane), ..Default::default() }) else { return };
+    let mut rng = Rng::new(&format!("paged_attention lane={lane}"));
+    // Decode tokens.
+    check_attention(&b, &mut rng, 64, 16, 3, 3, &[(1, 1), (37, 1), (200, 1)]);
+    check_attention(&b, &mut rng, 128, 32, 2, 4, &[(65, 1), (33, 1)]);
+    check_attention(&b, &mut rng, 64, 32, 4, 1, &[(129, 1)]);
+    // A fresh prefill, a chunk over a cached prefix ending mid-block, and a decode token together.
+    check_attention(&b, &mut rng, 64, 16, 3, 3, &[(45, 45), (83, 19), (30, 1)]);
+    check_attention(&b, &mut rng, 128, 32, 1, 4, &[(70, 70), (100, 37)]);
+    check_attention(&b, &mut rng, 128, 16, 2, 1, &[(17, 5), (3, 3)]);
 }
 
+/// The kernel GPUs use: a workgroup per (token, head), keys in tiles through workgroup memory.
 #[test]
-fn paged_attention_prefill_chunks() {
-    let Some(b) = backend() else { return };
-    let mut rng = Rng::new("paged_attention_prefill_chunks");
-    // A fresh prefill, a chunk over a cached prefix ending mid-block, and a decode token together.
-    check_attention(b, &mut rng, 64, 16, 3, 3, &[(45, 45), (83, 19), (30, 1)]);
-    check_attention(b, &mut rng, 128, 32, 1, 4, &[(70, 70), (100, 37)]);
-    check_attention(b, &mut rng, 128, 16, 2, 1, &[(17, 5), (3, 3)]);
+fn paged_attention_workgroup() {
+    attention_cases(false);
+}
+
+/// The kernel CPU adapters use: one invocation per (token, head).
+#[test]
+fn paged_attention_lane() {
+    attention_cases(true);
 }
 
 #[test]
