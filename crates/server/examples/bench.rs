@@ -20,12 +20,15 @@ use tandem_server::{Server, ServerConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+/// Per request: the instant each token was sent.
+type SendLog = Arc<Mutex<Vec<(RequestId, Vec<Instant>)>>>;
+
 /// A stand-in engine: one thread that, every `interval` (a "step"), sends one token to each
 /// open request, like a real engine's step, and stamps each send.
 struct EmitEngine {
     next: AtomicU64,
     incoming: Arc<Mutex<Vec<Open>>>,
-    sent: Arc<Mutex<Vec<(RequestId, Vec<Instant>)>>>,
+    sent: SendLog,
 }
 
 struct Open {

@@ -42,6 +42,34 @@ fn check_model(f: &Fields, served: &str) -> Result<(), ApiError> {
     }
 }
 
+/// Fields whose meaning we do not implement: refusing them beats silently ignoring them.
+fn refuse_unsupported(f: &Fields) -> Result<(), ApiError> {
+    let nonempty = |name: &str| match f.get(name) {
+        Some(Value::Array(a)) => !a.is_empty(),
+        Some(Value::Object(o)) => !o.is_empty(),
+        Some(Value::String(s)) => !s.is_empty(),
+        Some(_) => true,
+        None => false,
+    };
+    for name in ["logit_bias", "tools", "functions", "suffix"] {
+        if nonempty(name) {
+            return Err(ApiError::invalid(name, format!("`{name}` is not supported by this server")));
+        }
+    }
+    if f.bool("echo")? == Some(true) {
+        return Err(ApiError::invalid("echo", "`echo` is not supported by this server"));
+    }
+    if f.i64("best_of")?.is_some_and(|b| b > 1) {
+        return Err(ApiError::invalid("best_of", "`best_of` > 1 is not supported by this server; use `n`"));
+    }
+    if let Some(rf) = f.object("response_format")? {
+        if rf.str("type")?.is_some_and(|t| t != "text") {
+            return Err(ApiError::invalid("response_format", "only `{\"type\": \"text\"}` is supported"));
+        }
+    }
+    Ok(())
+}
+
 fn check_ids(ids: Vec<u32>, vocab: usize, param: &str) -> Result<Vec<u32>, ApiError> {
     if ids.is_empty() {
         return Err(ApiError::invalid(param, format!("`{param}` must not be empty")));
@@ -115,9 +143,7 @@ impl Job {
         let o = parse_json(body)?;
         let f = Fields(&o);
         check_model(&f, &state.model_name)?;
-        if f.bool("echo")? == Some(true) {
-            return Err(ApiError::invalid("echo", "`echo` is not supported"));
-        }
+        refuse_unsupported(&f)?;
         let vocab = state.config.vocab_size;
         let p = parse_params(&f, Api::Completions, vocab)?;
         let prompts = parse_prompts(f.get("prompt"), "prompt", &state.tokenizer, vocab)?;
@@ -128,6 +154,7 @@ impl Job {
         let o = parse_json(body)?;
         let f = Fields(&o);
         check_model(&f, &state.model_name)?;
+        refuse_unsupported(&f)?;
         let vocab = state.config.vocab_size;
         let p = parse_params(&f, Api::Chat, vocab)?;
         let msgs = normalize_messages(f.get("messages"))?;
@@ -141,6 +168,7 @@ impl Job {
     pub fn generate(state: &AppState, body: &[u8]) -> Result<Job, ApiError> {
         let o = parse_json(body)?;
         let f = Fields(&o);
+        refuse_unsupported(&f)?;
         let vocab = state.config.vocab_size;
         let p = parse_params(&f, Api::Generate, vocab)?;
         if p.params.n != 1 {
