@@ -186,7 +186,7 @@ mod tests {
             for _ in 0..50 {
                 // Few distinct values, so ties are common.
                 let mut row: Vec<f32> = (0..len).map(|_| (r.next_u64() % 5) as f32 - 2.0).collect();
-                if r.next_u64() % 3 == 0 {
+                if r.next_u64().is_multiple_of(3) {
                     row[(r.next_u64() % len as u64) as usize] = f32::NAN;
                 }
                 if row.iter().all(|x| x.is_nan()) {
