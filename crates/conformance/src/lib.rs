@@ -100,11 +100,12 @@ pub fn run_against<B: Backend, R: Backend>(
     rep
 }
 
-/// Times each selected case's op on `backend`: two warm-up runs, then `reps` runs, each
-/// followed by a one-element read-back (so a time includes one submit-and-wait).
+/// Times each selected case's op on `backend`: two warm-up samples, then `reps` samples of
+/// [`ops::LAUNCHES_PER_SAMPLE`] launches and one wait; prints the median time per launch and
+/// napkin-math GB/s and GFLOP/s.
 pub fn run_perf<B: Backend>(backend: &B, filter: Option<&str>, seed: u64, reps: usize, out: &mut dyn Write) -> PerfReport {
     let cases = selected(filter);
-    report::say(out, &format!("op perf: backend {}, {} cases, {} runs each, seed {seed}", backend.name(), cases.len(), reps.max(1)));
+    report::say(out, &format!("op perf: backend {}, {} cases, {} samples each, seed {seed}", backend.name(), cases.len(), reps.max(1)));
     let results: Vec<PerfResult> = cases
         .iter()
         .map(|c| {

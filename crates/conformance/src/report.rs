@@ -76,6 +76,13 @@ pub struct PerfReport {
     pub results: Vec<PerfResult>,
 }
 
+impl PerfReport {
+    /// Cases that could not be timed (the backend failed or panicked).
+    pub fn failed(&self) -> usize {
+        self.results.iter().filter(|r| r.failure.is_some()).count()
+    }
+}
+
 pub(crate) fn perf_line(r: &PerfResult) -> String {
     let head = format!("{:<16} {:<64}", r.op, r.params);
     match (&r.failure, r.median(), r.min()) {
@@ -83,10 +90,11 @@ pub(crate) fn perf_line(r: &PerfResult) -> String {
         (None, Some(med), Some(min)) => {
             let s = med.as_secs_f64();
             let mut line = format!(
-                "{head} median {:>10.1} us  min {:>10.1} us  ({} runs)",
+                "{head} median {:>10.1} us  min {:>10.1} us  ({} samples of {} launches)",
                 s * 1e6,
                 min.as_secs_f64() * 1e6,
-                r.times.len()
+                r.times.len(),
+                crate::ops::LAUNCHES_PER_SAMPLE
             );
             if r.bytes > 0.0 {
                 line += &format!("  {:>8.2} GB/s", r.bytes / s / 1e9);

@@ -77,6 +77,9 @@ pub trait Op {
     fn exec<B: Backend>(&self, b: &B, x: &Self::Inputs, launch: &mut Launch) -> Result<Vec<Output>>;
 }
 
+/// Launches per timed sample in perf mode.
+pub const LAUNCHES_PER_SAMPLE: usize = 8;
+
 /// How `exec` runs the op: once (conformance), or repeatedly with a wait after each (perf).
 pub struct Launch {
     warmup: usize,
@@ -92,8 +95,10 @@ impl Launch {
         Launch { warmup, reps: reps.max(1), times: vec![] }
     }
 
-    /// Runs `op` once, or `warmup + reps` times timing each. In-place ops (add, rope) thus
-    /// change their data between timed runs; perf mode discards outputs.
+    /// Runs `op` once; or, timed, `warmup` untimed samples then `reps` timed ones, a sample
+    /// being [`LAUNCHES_PER_SAMPLE`] launches and one wait, its time divided by the launches
+    /// (so a backend that queues work is timed by its throughput, not by one round trip).
+    /// In-place ops (add, rope) change their data between launches; perf mode discards outputs.
     pub fn run<B: Backend>(&mut self, b: &B, mut op: impl FnMut() -> Result<()>) -> Result<()> {
         if self.reps == 0 {
             return op();
@@ -102,15 +107,15 @@ impl Launch {
         let mut fence = b.alloc_f32(1)?;
         b.write_f32(&mut fence, &[0.0])?;
         b.read_f32(&fence, 1)?;
-        for _ in 0..self.warmup {
-            op()?;
-            b.read_f32(&fence, 1)?;
-        }
-        for _ in 0..self.reps {
+        for i in 0..self.warmup + self.reps {
             let t = Instant::now();
-            op()?;
+            for _ in 0..LAUNCHES_PER_SAMPLE {
+                op()?;
+            }
             b.read_f32(&fence, 1)?;
-            self.times.push(t.elapsed());
+            if i >= self.warmup {
+                self.times.push(t.elapsed() / LAUNCHES_PER_SAMPLE as u32);
+            }
         }
         Ok(())
     }
@@ -221,7 +226,7 @@ mod tests {
             Ok(())
         })
         .unwrap();
-        assert_eq!((calls, l.times.len()), (7, 5));
+        assert_eq!((calls, l.times.len()), (7 * LAUNCHES_PER_SAMPLE, 5));
         let mut once = Launch::once();
         once.run(&b, || Ok(())).unwrap();
         assert!(once.times.is_empty());
