@@ -10,6 +10,9 @@ use clap::{Parser, Subcommand};
 mod convert_gguf;
 mod fetch_model;
 mod gen_model;
+mod kernels;
+mod serve;
+mod test;
 
 #[derive(Parser)]
 #[command(name = "cargo xtask", about = "Tandem project tooling")]
@@ -26,6 +29,12 @@ enum Task {
     GenModel(gen_model::Args),
     /// Convert a local Llama GGUF file into a Hugging Face directory.
     ConvertGguf(convert_gguf::Args),
+    /// Every test, as CI runs them (fetches the default model first).
+    Test(test::Args),
+    /// Serve the default (or a given) model over HTTP: `tandem serve` in a release build.
+    Serve(serve::Args),
+    /// The CUDA kernels' compile check (NVRTC + ptxas; no GPU needed).
+    Kernels(kernels::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -37,6 +46,9 @@ fn main() -> anyhow::Result<()> {
         Task::FetchModel(a) => fetch_model::run(a),
         Task::GenModel(a) => gen_model::run(a),
         Task::ConvertGguf(a) => convert_gguf::run(a),
+        Task::Test(a) => test::run(a),
+        Task::Serve(a) => serve::run(a),
+        Task::Kernels(a) => kernels::run(a),
     }
 }
 

@@ -1,0 +1,48 @@
+//! `cargo xtask kernels --check`: compiles every `kernels/*.cu` with NVRTC to PTX for sm_80 and
+//! sm_90 and assembles it with ptxas, printing registers, shared memory and spills per kernel.
+//! Needs no GPU: NVRTC and ptxas come from pinned Python wheels (`kernels/install-toolchain.sh`,
+//! run here when the venv is missing).
+
+use std::process::Command;
+
+use anyhow::{bail, Result};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Compile and assemble every kernel (the only mode so far).
+    #[arg(long)]
+    check: bool,
+    /// Only kernels whose file name contains this.
+    #[arg(long)]
+    only: Option<String>,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    if !a.check {
+        bail!("nothing to do: pass --check");
+    }
+    check_only(a.only.as_deref())
+}
+
+pub fn check() -> Result<()> {
+    check_only(None)
+}
+
+fn check_only(only: Option<&str>) -> Result<()> {
+    let root = crate::workspace_root();
+    if !root.join(".venv-cuda/bin/python").exists() {
+        let st = Command::new("bash").arg(root.join("kernels/install-toolchain.sh")).status()?;
+        if !st.success() {
+            bail!("kernels/install-toolchain.sh failed");
+        }
+    }
+    let mut cmd = Command::new(env!("CARGO"));
+    cmd.current_dir(&root).args(["run", "--quiet", "-p", "tandem-cuda", "--bin", "tandem-kernels-check", "--", "--no-spills"]);
+    if let Some(o) = only {
+        cmd.args(["--only", o]);
+    }
+    if !cmd.status()?.success() {
+        bail!("kernel check failed");
+    }
+    Ok(())
+}
