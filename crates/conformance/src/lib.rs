@@ -14,6 +14,23 @@
 //!
 //! Perf mode ([`run_perf`]) times each case's op alone on one backend (median of a few runs).
 //!
+//! Besides the NMSE, a case fails when the backend returns an error or panics, writes past
+//! the length it was given (the guard), or changes one of its inputs. Limits live in
+//! [`ops::limits`]; `tests/tolerance.rs` measures how close honest variants (f32 sums in
+//! another order, bf16 activations, a bf16 KV cache) come to them.
+//!
+//! Map:
+//! - `case.rs`: [`Case`] and [`cases`], the list of every case with its parameters.
+//! - `ops/`: one module per op family; each op is [`ops::Op`]: `generate` (host inputs from
+//!   the seed) and `exec` (upload, poison, run, read back), shared by both backends.
+//! - `compare.rs`: NMSE, NaN/Inf and exact index comparison. `report.rs`: printing.
+//! - `golden.rs`: layer 2 (whole model against HF transformers), separate from the op suite.
+//!
+//! To add a case, add a line to [`cases`]; to add an op, write an [`ops::Op`] and a `Spec`
+//! variant in `case.rs`. To check one op on one backend: `tandem test-ops --backend wgpu
+//! --op rms_norm [--seed N] [--perf]`, or `cargo run -p tandem-conformance --example
+//! reference -- --op rms_norm` for the reference against itself.
+//!
 //! Architecture invariant: the suite knows only the [`Backend`] trait; it is written once and
 //! every backend answers to the same cases.
 
