@@ -90,26 +90,7 @@ pub fn apply_penalties(logits: &mut [f32], p: &SamplingParams, prompt: &[u32], o
     }
 }
 
-/// Index of the largest logit, lowest index on ties, NaN never wins (as
-/// `tandem_core::backend::argmax_row`, whose element-by-element loop does not vectorize and was
-/// half of a whole engine step at 256 sequences). Max over 8 lanes, then the first index
-/// holding it.
-pub fn argmax(row: &[f32]) -> u32 {
-    let mut lanes = [f32::NEG_INFINITY; 8];
-    let chunks = row.chunks_exact(8);
-    let tail = chunks.remainder();
-    for c in chunks {
-        for i in 0..8 {
-            lanes[i] = if c[i] > lanes[i] { c[i] } else { lanes[i] };
-        }
-    }
-    let max = tail.iter().chain(&lanes).fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m });
-    if max == f32::NEG_INFINITY {
-        // Every logit is -inf or NaN: the first that is not NaN, else 0.
-        return row.iter().position(|x| !x.is_nan()).unwrap_or(0) as u32;
-    }
-    row.iter().position(|&x| x == max).unwrap_or(0) as u32
-}
+pub use tandem_core::backend::argmax_row as argmax;
 
 /// Picks the next token from penalised logits. Greedy when temperature is 0 (no draw from the
 /// PRNG); otherwise exactly one draw, so a seeded stream advances one step per token.
@@ -176,26 +157,6 @@ mod tests {
         let mut p = SamplingParams::default();
         f(&mut p);
         p
-    }
-
-    #[test]
-    fn argmax_matches_the_core_definition() {
-        use tandem_core::backend::argmax_row;
-        let mut r = Rng::new(3);
-        for len in [1usize, 7, 8, 9, 64, 1000] {
-            for _ in 0..50 {
-                // Few distinct values, so ties are common.
-                let mut row: Vec<f32> = (0..len).map(|_| (r.next_u64() % 5) as f32 - 2.0).collect();
-                if r.next_u64().is_multiple_of(3) {
-                    row[(r.next_u64() % len as u64) as usize] = f32::NAN;
-                }
-                if row.iter().all(|x| x.is_nan()) {
-                    continue;
-                }
-                assert_eq!(argmax(&row), argmax_row(&row), "{row:?}");
-            }
-        }
-        assert_eq!(argmax(&[f32::NAN, f32::NEG_INFINITY, f32::NEG_INFINITY]), 1);
     }
 
     #[test]
