@@ -6,6 +6,10 @@
 //!    is everything between the engine's channel and the client's socket (Run, SSE formatting,
 //!    hyper, the kernel). Measured with 1 stream and with 64 concurrent streams.
 //!
+//! 3. The same through the real engine (`tandem_engine` over its `FakeModel`, paced at one step
+//!    per millisecond): from the end of each forward pass to the client. This includes the
+//!    engine's own sampling and detokenizing, so it bounds the server's share from above.
+//!
 //! Run: `cargo run -p tandem-server --example bench [health_secs] [connections]`
 //! (the dev profile is optimised). Client and server share the machine's cores.
 
@@ -73,7 +77,7 @@ impl EngineClient for EmitEngine {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         self.incoming.lock().unwrap().push(Open { id, tx, left: req.params.max_tokens, stamps: vec![] });
-        Ok(Submission { id, updates: rx })
+        Ok(Submission::channel(id, rx))
     }
     fn abort(&self, _id: RequestId) {}
     fn stats(&self) -> EngineStats {
@@ -84,13 +88,15 @@ impl EngineClient for EmitEngine {
     }
 }
 
+/// A WordLevel tokenizer of 64 plain words `w0`..`w63` (no special tokens, so every token
+/// has text and makes one event).
 fn tokenizer() -> Arc<tandem_core::tokenizer::Tokenizer> {
-    // The smallest tokenizer that loads: a WordLevel vocabulary of two words.
     let dir = std::env::temp_dir().join(format!("tandem-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
+    let vocab: serde_json::Map<String, serde_json::Value> = (0..64).map(|i| (format!("w{i}"), json!(i))).collect();
     let tok = json!({"version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null,
         "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null, "decoder": null,
-        "model": {"type": "WordLevel", "vocab": {"<unk>": 0, "hello": 1, "tok": 7}, "unk_token": "<unk>"}});
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "w0"}});
     std::fs::write(dir.join("tokenizer.json"), tok.to_string()).unwrap();
     Arc::new(tandem_core::tokenizer::Tokenizer::from_dir(&dir).unwrap())
 }
@@ -121,7 +127,7 @@ async fn health_client(addr: SocketAddr, until: Instant) -> u64 {
 async fn stream_client(addr: SocketAddr, tokens: usize) -> (RequestId, Vec<Instant>) {
     let mut s = TcpStream::connect(addr).await.unwrap();
     s.set_nodelay(true).unwrap();
-    let body = json!({"prompt": "hello", "max_tokens": tokens, "stream": true}).to_string();
+    let body = json!({"prompt": "w1 w2", "max_tokens": tokens, "stream": true}).to_string();
     let req = format!("POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}", body.len());
     s.write_all(req.as_bytes()).await.unwrap();
     let mut got = Vec::with_capacity(tokens);
@@ -136,12 +142,13 @@ async fn stream_client(addr: SocketAddr, tokens: usize) -> (RequestId, Vec<Insta
         let now = Instant::now();
         // Count `"text":" r<id>"` occurrences (one per token), across read boundaries.
         tail.extend_from_slice(&buf[..r]);
-        let pat = b"\"text\":\" r";
+        let pat = b"\"text\":\" ";
         let mut i = 0;
         while let Some(p) = tail[i..].windows(pat.len()).position(|w| w == pat) {
             let at = i + p + pat.len();
             let Some(end) = tail[at..].iter().position(|&b| b == b'"') else { break };
-            id = std::str::from_utf8(&tail[at..at + end]).ok().and_then(|x| x.parse().ok());
+            // The stand-in engine's tokens read ` r<id>`; the real engine's ` w<n>`.
+            id = id.or_else(|| std::str::from_utf8(&tail[at..at + end]).ok().and_then(|x| x.strip_prefix('r')?.parse().ok())).or(Some(u64::MAX));
             got.push(now);
             i = at + end;
         }
@@ -153,6 +160,37 @@ async fn stream_client(addr: SocketAddr, tokens: usize) -> (RequestId, Vec<Insta
         }
     }
     (id.expect("tokens arrived"), got)
+}
+
+/// `FakeModel` paced at one step per `delay`, recording when each forward pass ends.
+struct StampModel {
+    inner: tandem_engine::fake_model::FakeModel,
+    delay: Duration,
+    ends: Arc<Mutex<Vec<Instant>>>,
+}
+
+impl tandem_core::ModelRunner for StampModel {
+    fn config(&self) -> &tandem_core::ModelConfig {
+        self.inner.config()
+    }
+    fn backend_name(&self) -> &'static str {
+        "fake-stamped"
+    }
+    fn kv_geometry(&self) -> tandem_core::backend::KvGeometry {
+        self.inner.kv_geometry()
+    }
+    fn max_batch_tokens(&self) -> usize {
+        self.inner.max_batch_tokens()
+    }
+    fn max_seqs(&self) -> usize {
+        self.inner.max_seqs()
+    }
+    fn forward(&mut self, b: &tandem_core::ForwardBatch) -> tandem_core::Result<Vec<f32>> {
+        std::thread::sleep(self.delay);
+        let r = self.inner.forward(b);
+        self.ends.lock().unwrap().push(Instant::now());
+        r
+    }
 }
 
 fn summary(mut v: Vec<f64>) -> String {
@@ -203,4 +241,24 @@ async fn main() {
         }
         println!("engine send -> client receive, {streams} stream(s) x {tokens} tokens (one engine step per ms): {}", summary(lat));
     }
+
+    // 3. the real engine
+    let tok = tokenizer();
+    let ends = Arc::new(Mutex::new(Vec::new()));
+    let fake = tandem_engine::fake_model::FakeModel::new(tandem_engine::fake_model::fake_config(64, &[], 4096), 512, 16, 512, 64);
+    let model = StampModel { inner: fake, delay: Duration::from_millis(1), ends: ends.clone() };
+    let handle = tandem_engine::Engine::spawn(Box::new(model), tandem_server::engine_adapter::decode_fn(tok.clone()), Default::default()).unwrap();
+    let config = ServerConfig { addr: ([127, 0, 0, 1], 0).into(), vocab_size: 64, max_model_len: handle.max_model_len(), ..Default::default() };
+    let server = Server::bind(config, tandem_server::engine_adapter::TandemEngine::ready(handle.clone()), tok, "bench".into()).await.unwrap();
+    let addr = server.local_addr().unwrap();
+    tokio::spawn(server.run(std::future::pending()));
+    let tokens = 300;
+    let (_, arrivals) = stream_client(addr, tokens).await;
+    let ends = ends.lock().unwrap().clone();
+    // One request: forward call k (the prefill is call 0) yields output token k.
+    assert_eq!(arrivals.len(), tokens, "one event per token");
+    assert_eq!(ends.len(), tokens);
+    let lat: Vec<f64> = arrivals.iter().zip(&ends).map(|(a, e)| (*a - *e).as_secs_f64() * 1e6).collect();
+    println!("real engine: forward end -> client receive, 1 stream x {tokens} tokens (1 ms steps): {}", summary(lat));
+    handle.shutdown();
 }

@@ -1,9 +1,9 @@
 //! [`EngineClient`] for `tandem_engine`'s [`EngineHandle`].
 //!
-//! The engine's [`RequestStream`] can only be awaited through `recv()`, so each request gets a
-//! small tokio task that forwards its outputs into the server's channel. Cancellation does not
-//! wait on that task: the server calls [`EngineClient::abort`] directly, and the task ends at
-//! the final output the engine always sends.
+//! The engine's [`RequestStream`] can only be awaited through `recv()`, so [`StreamSource`]
+//! keeps one boxed `recv()` future (which owns the stream) and polls it from the response
+//! body: no task and no extra wake-up per token. Dropping it drops the stream, which aborts
+//! an unfinished request; the server also calls [`EngineClient::abort`] directly.
 //!
 //! The handle may be set after the server starts (`/health` answers 503 until then), so a
 //! binary can listen while the model loads.
@@ -11,10 +11,12 @@
 use std::sync::{Arc, OnceLock};
 
 use tandem_core::tokenizer::Tokenizer;
-use tandem_engine::{DecodeFn, EngineHandle, Request, RequestOutput, SamplingParams, SubmitError};
-use tokio::sync::mpsc;
+use tandem_engine::{DecodeFn, EngineHandle, Request, RequestOutput, RequestStream, SamplingParams, SubmitError};
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 
-use crate::engine_client::{CompletionDelta, EngineClient, EngineStats, EngineUpdate, FinishReason, GenerateRequest, RequestId, Submission, SubmitRefusal, TokenLogprob};
+use crate::engine_client::{CompletionDelta, EngineClient, EngineStats, EngineUpdate, FinishReason, GenerateRequest, RequestId, Submission, SubmitRefusal, TokenLogprob, UpdateSource};
 
 #[derive(Default)]
 pub struct TandemEngine {
@@ -83,24 +85,53 @@ fn to_update(o: RequestOutput) -> EngineUpdate {
     }
 }
 
+type Recv = Pin<Box<dyn Future<Output = (RequestStream, Option<RequestOutput>)> + Send>>;
+
+/// One pending `recv()` of the engine's stream; it hands the stream back with each output.
+pub struct StreamSource {
+    recv: Option<Recv>,
+}
+
+impl StreamSource {
+    fn new(stream: RequestStream) -> Self {
+        StreamSource { recv: Some(Self::next(stream)) }
+    }
+
+    fn next(mut stream: RequestStream) -> Recv {
+        Box::pin(async move {
+            let o = stream.recv().await;
+            (stream, o)
+        })
+    }
+}
+
+impl UpdateSource for StreamSource {
+    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<EngineUpdate>> {
+        let Some(f) = self.recv.as_mut() else { return Poll::Ready(None) };
+        match f.as_mut().poll(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready((_, None)) => {
+                self.recv = None;
+                Poll::Ready(None)
+            }
+            Poll::Ready((stream, Some(o))) => {
+                self.recv = Some(Self::next(stream));
+                Poll::Ready(Some(to_update(o)))
+            }
+        }
+    }
+}
+
 impl EngineClient for TandemEngine {
     fn submit(&self, req: GenerateRequest) -> Result<Submission, SubmitRefusal> {
         let Some(h) = self.handle.get() else { return Err(SubmitRefusal::Stopped("the model is still loading".into())) };
-        let mut stream = h.submit(Request { prompt: req.prompt, params: to_engine_params(&req.params), priority: req.priority }).map_err(|e| match e {
+        let stream = h.submit(Request { prompt: req.prompt, params: to_engine_params(&req.params), priority: req.priority }).map_err(|e| match e {
             SubmitError::Overloaded { .. } => SubmitRefusal::Overloaded(e.to_string()),
             SubmitError::Stopped => SubmitRefusal::Stopped(e.to_string()),
             _ => SubmitRefusal::Invalid(e.to_string()),
         })?;
         let id = stream.id();
-        let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(async move {
-            while let Some(o) = stream.recv().await {
-                if tx.send(to_update(o)).is_err() {
-                    break; // the server let go; dropping `stream` aborts what is left
-                }
-            }
-        });
-        Ok(Submission { id, updates: rx })
+        Ok(Submission { id, updates: Box::new(StreamSource::new(stream)) })
     }
 
     fn abort(&self, id: RequestId) {

@@ -5,6 +5,7 @@
 //! crate; `engine_adapter.rs` implements it for `tandem_engine`, and tests may plug in their
 //! own. Architecture invariant: no HTTP or JSON type crosses this boundary.
 
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::sync::mpsc;
@@ -119,12 +120,31 @@ pub struct EngineUpdate {
     pub queue_time: Option<Duration>,
 }
 
+/// Where a request's updates come from: polled by the response body itself, so that a token
+/// reaches the socket without a hop through another task.
+pub trait UpdateSource: Send {
+    /// The next update; `Ready(None)` once the engine has nothing more for this request.
+    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<EngineUpdate>>;
+}
+
+impl UpdateSource for mpsc::UnboundedReceiver<EngineUpdate> {
+    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<EngineUpdate>> {
+        self.poll_recv(cx)
+    }
+}
+
 /// A submitted request: its id (for abort) and its stream of updates. The stream ends after
 /// every completion's finishing delta; a stream that ends earlier means the engine died.
-#[derive(Debug)]
 pub struct Submission {
     pub id: RequestId,
-    pub updates: mpsc::UnboundedReceiver<EngineUpdate>,
+    pub updates: Box<dyn UpdateSource>,
+}
+
+impl Submission {
+    /// A submission fed through a tokio channel.
+    pub fn channel(id: RequestId, rx: mpsc::UnboundedReceiver<EngineUpdate>) -> Self {
+        Submission { id, updates: Box::new(rx) }
+    }
 }
 
 /// Gauges and counters the engine keeps (the server keeps the token counters and latencies).

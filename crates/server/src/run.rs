@@ -11,13 +11,13 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use crate::engine_client::{CompletionDelta, EngineUpdate, FinishReason, GenerateRequest, RequestId, SubmitRefusal};
+use crate::engine_client::{CompletionDelta, EngineUpdate, FinishReason, GenerateRequest, RequestId, SubmitRefusal, UpdateSource};
 use crate::error::ApiError;
 use crate::server::AppState;
 
 struct Sub {
     id: RequestId,
-    rx: tokio::sync::mpsc::UnboundedReceiver<EngineUpdate>,
+    rx: Box<dyn UpdateSource>,
     /// Completions of this prompt not finished yet.
     unfinished: usize,
     /// Counted in the server's queue until its first update.
@@ -106,7 +106,7 @@ impl Run {
                 continue;
             }
             all_done = false;
-            match self.subs[p].rx.poll_recv(cx) {
+            match self.subs[p].rx.poll_next(cx) {
                 Poll::Ready(Some(upd)) => {
                     self.account(p, &upd);
                     return Poll::Ready(Some((p, upd)));

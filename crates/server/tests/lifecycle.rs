@@ -29,7 +29,7 @@ impl EngineClient for StallEngine {
         let id = self.next.fetch_add(1, Ordering::SeqCst);
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         self.open.lock().unwrap().insert(id, tx);
-        Ok(Submission { id, updates: rx })
+        Ok(Submission::channel(id, rx))
     }
     fn abort(&self, id: RequestId) {
         // Like the real engine: the request ends with an abort, and its channel closes.
