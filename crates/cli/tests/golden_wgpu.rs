@@ -1,0 +1,41 @@
+//! The wgpu backend against HF transformers: the same golden files and rule as the reference
+//! backend (crates/conformance/tests/golden_reference.rs), on software or real Vulkan.
+
+use tandem_conformance::golden::{self, GoldenFile};
+use tandem_core::DType;
+
+fn wgpu() -> Option<tandem_wgpu::WgpuBackend> {
+    match tandem_wgpu::WgpuBackend::new() {
+        Ok(b) => Some(b),
+        Err(e) if std::env::var_os("TANDEM_REQUIRE_WGPU").is_none() => {
+            println!("SKIPPED: wgpu golden test: no adapter ({e})");
+            None
+        }
+        Err(e) => panic!("TANDEM_REQUIRE_WGPU is set but wgpu cannot start: {e}"),
+    }
+}
+
+fn check(name: &str, dir: &std::path::Path, tol: f64) {
+    let Some(b) = wgpu() else { return };
+    let g = GoldenFile::load(&golden::golden_dir().join(format!("{name}.json"))).unwrap();
+    match golden::check_model(b, dir, &g, tol) {
+        Ok(lines) => lines.iter().for_each(|l| println!("{l}")),
+        Err(e) => panic!("{e}"),
+    }
+}
+
+#[test]
+fn tiny_untied_gqa2_f32() {
+    check("tiny", &golden::random_model("tiny", 1, DType::F32), 1e-3);
+}
+
+#[test]
+fn tiny_tied_bf16() {
+    check("tiny-tied", &golden::random_model("tiny-tied", 2, DType::BF16), 1e-3);
+}
+
+#[test]
+fn smollm2_135m() {
+    let Some(dir) = golden::smollm2_dir() else { return };
+    check("smollm2-135m", &dir, 1e-3);
+}
