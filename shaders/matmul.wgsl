@@ -12,7 +12,7 @@
 // x rows, so the x loads are uniform; no workgroup memory and no barriers, which is what a
 // CPU-side Vulkan (lavapipe) runs fastest. When k is a multiple of 8 every load brings 16
 // bytes (eight bf16 weights, four x values): lavapipe pays per load instruction and lane.
-// Grid: x = ceil(rows / (64 RT)), y = ceil(m / MT).
+// Workgroups of WG lanes (prelude). Grid: x = ceil(rows / (WG RT)), y = ceil(m / MT).
 // Check: cargo test -p tandem-wgpu --test ops -- matmul
 
 struct Params {
@@ -28,10 +28,10 @@ struct Params {
 @group(0) @binding(2) var<storage, read> w: array<w_t>;         // [rows, k] (this chunk)
 @group(0) @binding(3) var<storage, read_write> out: array<f32>; // [m, n]
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(WG)
 fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    // This invocation's rows of w: RT of them, 64 apart, so each x load serves RT rows.
-    let r0 = wg.x * 64u * RT + li;
+    // This invocation's rows of w: RT of them, WG apart, so each x load serves RT rows.
+    let r0 = wg.x * WG * RT + li;
     let m0 = wg.y * MT;
     if (r0 >= p.rows) {
         return;
@@ -45,7 +45,7 @@ fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     }
     for (var t = 0u; t < RT; t++) {
         // Rows past the chunk repeat its last row; their results are not written.
-        wrow[t] = min(r0 + t * 64u, p.rows - 1u) * p.k;
+        wrow[t] = min(r0 + t * WG, p.rows - 1u) * p.k;
     }
     for (var i = 0u; i < MT * RT; i++) {
         acc[i] = 0.0;
@@ -77,7 +77,7 @@ fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
         }
     }
     for (var t = 0u; t < RT; t++) {
-        let r = r0 + t * 64u;
+        let r = r0 + t * WG;
         if (r < p.rows) {
             let b = bias_at(p.n0 + r);
             for (var mi = 0u; mi < MT; mi++) {

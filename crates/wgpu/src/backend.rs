@@ -35,6 +35,8 @@ pub struct WgpuBackend {
     /// One invocation per (token, head) / row in attention and rms_norm instead of a workgroup:
     /// faster on CPU adapters (no barriers, no workgroup memory).
     lane_kernels: bool,
+    /// Lanes per matmul workgroup.
+    matmul_wg: u32,
 }
 
 /// Rows `[row0, row0 + rows)` of a weight and the bytes of its buffer that hold them.
@@ -85,7 +87,8 @@ impl WgpuBackend {
             _ => gpu.summary.device_type == wgpu::DeviceType::Cpu,
         };
         let pipelines = Pipelines::new(dir, std::env::var_os("TANDEM_WGPU_CHECKED").is_some());
-        Ok(WgpuBackend { rec: Recorder::new(gpu, pipelines), max_binding, argmax_out: Mutex::new(None), lane_kernels })
+        let matmul_wg = std::env::var("TANDEM_WGPU_MATMUL_WG").ok().and_then(|v| v.parse().ok()).unwrap_or(64);
+        Ok(WgpuBackend { rec: Recorder::new(gpu, pipelines), max_binding, argmax_out: Mutex::new(None), lane_kernels, matmul_wg })
     }
 
     /// The adapter in use: name, wgpu backend, device type, driver.
@@ -417,12 +420,13 @@ impl Backend for WgpuBackend {
             4 => 2,
             _ => 1,
         };
-        let prelude = Prelude::new().constant("MT", mt).constant("RT", rt).weight4("w", dtype).optional_weight("bias", 4, bias_dtype);
+        let wg = self.matmul_wg;
+        let prelude = Prelude::new().constant("MT", mt).constant("RT", rt).constant("WG", wg).weight4("w", dtype).optional_weight("bias", 4, bias_dtype);
         let kernel = if bias.is_some() { shaders::MATMUL_BIAS } else { shaders::MATMUL };
         for c in self.chunks(op, w, n, k)? {
             let params = [m as u32, n as u32, k as u32, c.row0 as u32, c.rows as u32];
             let wb = Bind { buf: &w.buf, range: c.range };
-            let grid = Grid::XY(groups(c.rows, 64 * rt as usize), groups(m, mt as usize));
+            let grid = Grid::XY(groups(c.rows, (wg * rt) as usize), groups(m, mt as usize));
             match bias {
                 Some(b) => self.rec.dispatch(kernel, &prelude, &params, &[Bind::all(x_b), wb, Bind::all(out_b), Bind::all(&b.buf)], grid)?,
                 None => self.rec.dispatch(kernel, &prelude, &params, &[Bind::all(x_b), wb, Bind::all(out_b)], grid)?,

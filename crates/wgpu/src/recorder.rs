@@ -70,6 +70,8 @@ pub(crate) struct Recorder {
     stats: Mutex<Stats>,
     profiler: Option<Profiler>,
     profiling: AtomicBool,
+    /// Poll and sleep rather than block while waiting (CPU adapters).
+    sleepy_wait: bool,
 }
 
 fn lock<'a, T>(m: &'a Mutex<T>, what: &str) -> Result<MutexGuard<'a, T>> {
@@ -105,14 +107,16 @@ impl Recorder {
                 period_ns: gpu.queue.get_timestamp_period() as f64,
             }
         });
+        let sleepy_wait = gpu.summary.device_type == wgpu::DeviceType::Cpu && std::env::var_os("TANDEM_WGPU_BLOCKING_WAIT").is_none();
         Recorder {
-            gpu,
             pipelines,
             params_buf,
             param_align,
             pending: Mutex::new(Pending { encoder: None, params: Vec::new(), timed: Vec::new() }),
             staging: Mutex::new(None),
             stats: Mutex::new(Stats::default()),
+            gpu,
+            sleepy_wait,
             profiler,
             profiling: AtomicBool::new(false),
         }
@@ -258,7 +262,7 @@ impl Recorder {
         pr.readback.map_async(wgpu::MapMode::Read, 0..bytes, move |r| {
             let _ = tx.send(r);
         });
-        self.gpu.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| Error::backend(NAME, format!("waiting for the device: {e}")))?;
+        self.wait()?;
         rx.recv()
             .map_err(|_| Error::backend(NAME, "profile mapping was dropped"))?
             .map_err(|e| Error::backend(NAME, format!("mapping the profile: {e}")))?;
@@ -327,7 +331,7 @@ impl Recorder {
             st.map_async(wgpu::MapMode::Read, 0..size, move |r| {
                 let _ = tx.send(r);
             });
-            self.gpu.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| Error::backend(NAME, format!("waiting for the device: {e}")))?;
+            self.wait()?;
             self.take_errors()?;
             let mapped = rx.recv().map_err(|_| Error::backend(NAME, "buffer mapping was dropped"))?;
             mapped.map_err(|e| Error::backend(NAME, format!("mapping the staging buffer: {e}")))?;
@@ -337,13 +341,32 @@ impl Recorder {
             }
             st.unmap();
         } else {
-            self.gpu.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| Error::backend(NAME, format!("waiting for the device: {e}")))?;
+            self.wait()?;
             self.take_errors()?;
         }
         if let Ok(mut s) = self.stats.lock() {
             s.wait_secs += t0.elapsed().as_secs_f64();
         }
         Ok(out)
+    }
+
+    /// Waits for all submitted work. On a CPU adapter the blocking wait spins on the calling
+    /// thread, taking a core from the driver's own worker threads (half of a 2-core machine),
+    /// so there it polls and sleeps instead.
+    fn wait(&self) -> Result<()> {
+        let fail = |e: wgpu::PollError| Error::backend(NAME, format!("waiting for the device: {e}"));
+        if !self.sleepy_wait {
+            self.gpu.device.poll(wgpu::PollType::wait_indefinitely()).map_err(fail)?;
+            return Ok(());
+        }
+        let mut nap = std::time::Duration::from_micros(20);
+        loop {
+            if self.gpu.device.poll(wgpu::PollType::Poll).map_err(fail)?.is_queue_empty() {
+                return Ok(());
+            }
+            std::thread::sleep(nap);
+            nap = (nap * 2).min(std::time::Duration::from_micros(500));
+        }
     }
 
     /// Errors wgpu reported outside any scope since the last check (validation of recorded work).
