@@ -365,6 +365,8 @@ pub struct StreamFormatter {
     offsets: Vec<usize>,
     /// `data: {"id":…,"model":…,"choices":[`
     envelope: String,
+    /// One error event per request, however many choices the failure ends.
+    error_sent: bool,
 }
 
 fn push_event(out: &mut String, v: &Value) {
@@ -395,6 +397,7 @@ impl StreamFormatter {
             want_logprobs: job.p.params.logprobs.is_some(),
             offsets: vec![0; num_choices],
             envelope,
+            error_sent: false,
         }
     }
 
@@ -429,7 +432,8 @@ impl StreamFormatter {
             if index >= self.num_choices {
                 continue;
             }
-            if let Some(FinishReason::Error(e)) = &d.finish {
+            if let (Some(FinishReason::Error(e)), false) = (&d.finish, self.error_sent) {
+                self.error_sent = true;
                 if opened {
                     self.close_chunk(out);
                     opened = false;

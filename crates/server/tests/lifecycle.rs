@@ -241,3 +241,40 @@ async fn shutdown_aborts_what_outlives_the_deadline() {
     assert!(took < Duration::from_secs(3), "{took:?}");
     eprintln!("shutdown with a 100 ms grace took {took:?}");
 }
+
+/// Sends one token, then drops its end of the channel without finishing: an engine that died.
+struct DyingEngine;
+
+impl EngineClient for DyingEngine {
+    fn submit(&self, req: GenerateRequest) -> Result<Submission, SubmitRefusal> {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let d = tandem_server::engine_client::CompletionDelta { index: 0, text: " hello".into(), token_ids: vec![5], logprobs: vec![], finish: None };
+        tx.send(EngineUpdate { deltas: vec![d], queue_time: None }).unwrap();
+        assert_eq!(req.params.n, 2);
+        Ok(Submission::channel(1, rx))
+    }
+    fn abort(&self, _id: RequestId) {}
+    fn stats(&self) -> EngineStats {
+        EngineStats::default()
+    }
+    fn is_ready(&self) -> bool {
+        true
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_stream_that_ends_early_fails_its_choices() {
+    let config = ServerConfig { addr: ([127, 0, 0, 1], 0).into(), max_model_len: MAX_LEN, vocab_size: VOCAB, ..Default::default() };
+    let s = TestServer::with_client(config, Arc::new(DyingEngine), tokenizer()).await;
+    let r = post(s.addr, "/v1/completions", &json!({"prompt": "hi", "n": 2})).await;
+    assert_eq!(r.status, 500, "{}", r.text());
+    assert!(r.json()["error"]["message"].as_str().unwrap().contains("engine stopped"));
+    let r = post(s.addr, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "hi"}], "n": 2, "stream": true})).await;
+    assert_eq!(r.status, 200);
+    let ev = sse_json(&r.text());
+    assert_eq!(ev[1]["choices"][0]["delta"]["content"], " hello");
+    let errors = ev.iter().filter(|e| e.get("error").is_some()).count();
+    let finishes: Vec<&Value> = ev.iter().flat_map(|e| e["choices"].as_array().into_iter().flatten()).filter_map(|c| c.get("finish_reason").filter(|f| !f.is_null())).collect();
+    assert_eq!(errors, 1, "one error event for the request");
+    assert_eq!(finishes, vec!["error", "error"], "both choices end");
+}
