@@ -14,6 +14,22 @@
 //! - [`engine_client`]: the narrow interface to the engine; [`engine_adapter`] implements it for
 //!   `tandem_engine`.
 //!
+//! Wiring it in a binary (what `examples/fake_server.rs` does with a fake model):
+//!
+//! ```text
+//! let tok = Arc::new(Tokenizer::from_dir(dir)?);
+//! let engine = TandemEngine::loading();            // /health answers 503 ...
+//! let config = ServerConfig { addr, max_model_len, vocab_size, ..Default::default() };
+//! let server = tokio::spawn(serve(config, engine.clone(), tok.clone(), name, shutdown_signal()));
+//! let handle = Engine::spawn(runner, decode_fn(tok), EngineConfig::default())?;
+//! engine.set(handle.clone());                      // ... and 200 from here on
+//! server.await??;                                  // Ctrl-C / SIGTERM: drain, then abort
+//! handle.shutdown();
+//! ```
+//!
+//! `max_model_len` should be the engine's (`EngineHandle::max_model_len`, which the KV pool may
+//! make smaller than the model's `max_position_embeddings`); `vocab_size` the model's.
+//!
 //! Architecture invariant: this is the only crate that knows HTTP and JSON; nothing of either
 //! crosses [`engine_client::EngineClient`].
 
