@@ -198,13 +198,17 @@ pub fn cases() -> Vec<Case> {
     let mut v = vec![];
 
     for dtype in [F32, BF16, F16] {
-        v.push(Case::new(Embedding { dtype, vocab: 1000, hidden: 576, tokens: 7 }, Spec::Embedding));
+        v.push(Case::new(Embedding { dtype, vocab: 1000, hidden: 576, tokens: 7, from_file: false }, Spec::Embedding));
     }
-    v.push(Case::new(Embedding { dtype: F32, vocab: 77, hidden: 100, tokens: 1 }, Spec::Embedding));
-    v.push(Case::new(Embedding { dtype: BF16, vocab: 49152, hidden: 64, tokens: 37 }, Spec::Embedding));
+    v.push(Case::new(Embedding { dtype: F32, vocab: 77, hidden: 100, tokens: 1, from_file: false }, Spec::Embedding));
+    v.push(Case::new(Embedding { dtype: BF16, vocab: 49152, hidden: 64, tokens: 37, from_file: false }, Spec::Embedding));
     // An odd row length: half-precision rows start in the middle of a 32-bit word.
     for dtype in [BF16, F16] {
-        v.push(Case::new(Embedding { dtype, vocab: 300, hidden: 77, tokens: 5 }, Spec::Embedding));
+        v.push(Case::new(Embedding { dtype, vocab: 300, hidden: 77, tokens: 5, from_file: false }, Spec::Embedding));
+    }
+
+    for (dtype, vocab, hidden) in [(BF16, 1000, 576), (F16, 300, 77)] {
+        v.push(Case::new(Embedding { dtype, vocab, hidden, tokens: 7, from_file: true }, Spec::Embedding));
     }
 
     for (src_rows, dim, n) in [(40, 576, 5), (3, 77, 1), (130, 1000, 37)] {
@@ -220,7 +224,10 @@ pub fn cases() -> Vec<Case> {
         (F32, 5, 1, 1e-6, 1.0),
         (BF16, 3, 77, 1e-5, 1.0),
     ] {
-        v.push(Case::new(RmsNorm { dtype, rows, dim, eps, x_scale }, Spec::RmsNorm));
+        v.push(Case::new(RmsNorm { dtype, rows, dim, eps, x_scale, from_file: false }, Spec::RmsNorm));
+    }
+    for dtype in [BF16, F32] {
+        v.push(Case::new(RmsNorm { dtype, rows: 7, dim: 576, eps: 1e-5, x_scale: 1.0, from_file: true }, Spec::RmsNorm));
     }
 
     for len in [1, 77, 576 * 37, 100_003] {
@@ -244,22 +251,26 @@ pub fn cases() -> Vec<Case> {
     // shape, and a single output column.
     for dtype in [F32, BF16, F16] {
         for m in [1, 3, 16, 37, 128] {
-            v.push(Case::new(Matmul { dtype, m, n: 1536, k: 576, bias: m == 3 || m == 37 }, Spec::Matmul));
-            v.push(Case::new(Matmul { dtype, m, n: 77, k: 100, bias: true }, Spec::Matmul));
-            v.push(Case::new(Matmul { dtype, m, n: 1, k: 1000, bias: m == 16 }, Spec::Matmul));
+            v.push(Case::new(Matmul { dtype, m, n: 1536, k: 576, bias: m == 3 || m == 37, from_file: false }, Spec::Matmul));
+            v.push(Case::new(Matmul { dtype, m, n: 77, k: 100, bias: true, from_file: false }, Spec::Matmul));
+            v.push(Case::new(Matmul { dtype, m, n: 1, k: 1000, bias: m == 16, from_file: false }, Spec::Matmul));
         }
     }
     // An odd k: half-precision weight rows start in the middle of a 32-bit word.
-    v.push(Case::new(Matmul { dtype: BF16, m: 3, n: 77, k: 99, bias: true }, Spec::Matmul));
-    v.push(Case::new(Matmul { dtype: F16, m: 16, n: 33, k: 99, bias: false }, Spec::Matmul));
+    v.push(Case::new(Matmul { dtype: BF16, m: 3, n: 77, k: 99, bias: true, from_file: false }, Spec::Matmul));
+    v.push(Case::new(Matmul { dtype: F16, m: 16, n: 33, k: 99, bias: false, from_file: false }, Spec::Matmul));
     // SmolLM2-135M's own projections: k/v (n = 3·64), and down (k = 1536).
     for m in [1, 37] {
-        v.push(Case::new(Matmul { dtype: BF16, m, n: 192, k: 576, bias: false }, Spec::Matmul));
-        v.push(Case::new(Matmul { dtype: BF16, m, n: 576, k: 1536, bias: false }, Spec::Matmul));
+        v.push(Case::new(Matmul { dtype: BF16, m, n: 192, k: 576, bias: false, from_file: false }, Spec::Matmul));
+        v.push(Case::new(Matmul { dtype: BF16, m, n: 576, k: 1536, bias: false, from_file: false }, Spec::Matmul));
+    }
+    // Through upload_weight from a real safetensors file, as the model loads them.
+    for (dtype, m, n, k, bias) in [(BF16, 3, 77, 100, true), (F16, 1, 1536, 576, false), (F32, 37, 77, 100, true)] {
+        v.push(Case::new(Matmul { dtype, m, n, k, bias, from_file: true }, Spec::Matmul));
     }
     // The LM head: a wide n.
     for (dtype, m) in [(BF16, 1), (F32, 3)] {
-        v.push(Case::new(Matmul { dtype, m, n: 49152, k: 576, bias: false }, Spec::Matmul));
+        v.push(Case::new(Matmul { dtype, m, n: 49152, k: 576, bias: false, from_file: false }, Spec::Matmul));
     }
 
     for (g, tokens) in [

@@ -4,8 +4,8 @@ use tandem_core::backend::Backend;
 use tandem_core::{DType, Result};
 
 use super::{
-    limits, poisoned, read_guarded, round_to, untouched_f32, untouched_u32, upload_f32, upload_guarded, upload_u32, Cost, Launch,
-    Op,
+    limits, poisoned, read_guarded, round_to, untouched_f32, untouched_u32, upload_f32, upload_guarded, upload_u32, weight, Cost,
+    Launch, Op,
 };
 use crate::compare::Output;
 use crate::rng::Rng;
@@ -32,6 +32,8 @@ pub struct Embedding {
     pub vocab: usize,
     pub hidden: usize,
     pub tokens: usize,
+    /// Upload the table from a safetensors file (`upload_weight`).
+    pub from_file: bool,
 }
 
 impl Op for Embedding {
@@ -39,6 +41,7 @@ impl Op for Embedding {
     const NAME: &'static str = "embedding";
     fn params(&self) -> String {
         format!("table={} vocab={} hidden={} T={}", self.dtype.name(), self.vocab, self.hidden, self.tokens)
+            + if self.from_file { " upload=file" } else { "" }
     }
     fn limit(&self) -> f64 {
         limits::EXACT
@@ -53,7 +56,7 @@ impl Op for Embedding {
     }
     fn exec<B: Backend>(&self, b: &B, (table, host_ids): &Self::Inputs, launch: &mut Launch) -> Result<Vec<Output>> {
         let n = self.tokens * self.hidden;
-        let table = b.weight_from_f32(self.dtype, table)?;
+        let table = weight(b, self.dtype, &[self.vocab, self.hidden], table, self.from_file)?;
         let ids = upload_u32(b, host_ids)?;
         let mut out = poisoned(b, n)?;
         launch.run(b, || b.embedding(&table, &ids, &mut out, self.tokens, self.hidden))?;
@@ -105,6 +108,8 @@ pub struct RmsNorm {
     /// Scale of x: large values check that the sum of squares does not overflow or lose
     /// precision, small ones that eps is added where it should be.
     pub x_scale: f32,
+    /// Upload the weight from a safetensors file (`upload_weight`).
+    pub from_file: bool,
 }
 
 impl Op for RmsNorm {
@@ -112,6 +117,7 @@ impl Op for RmsNorm {
     const NAME: &'static str = "rms_norm";
     fn params(&self) -> String {
         format!("w={} rows={} dim={} eps={:e} x_scale={}", self.dtype.name(), self.rows, self.dim, self.eps, self.x_scale)
+            + if self.from_file { " upload=file" } else { "" }
     }
     fn limit(&self) -> f64 {
         limits::weight(self.dtype).min(limits::F32)
@@ -128,7 +134,7 @@ impl Op for RmsNorm {
     fn exec<B: Backend>(&self, b: &B, (host_x, w): &Self::Inputs, launch: &mut Launch) -> Result<Vec<Output>> {
         let n = self.rows * self.dim;
         let x = upload_f32(b, host_x)?;
-        let w = b.weight_from_f32(self.dtype, w)?;
+        let w = weight(b, self.dtype, &[self.dim], w, self.from_file)?;
         let mut out = poisoned(b, n)?;
         launch.run(b, || b.rms_norm(&x, &w, &mut out, self.rows, self.dim, self.eps))?;
         untouched_f32(b, &x, host_x, "x")?;

@@ -3,7 +3,7 @@
 use tandem_core::backend::Backend;
 use tandem_core::{DType, Result};
 
-use super::{limits, poisoned, read_guarded, round_to, untouched_f32, upload_f32, Cost, Launch, Op};
+use super::{limits, poisoned, read_guarded, round_to, untouched_f32, upload_f32, weight, Cost, Launch, Op};
 use crate::compare::Output;
 use crate::rng::Rng;
 
@@ -13,6 +13,8 @@ pub struct Matmul {
     pub n: usize,
     pub k: usize,
     pub bias: bool,
+    /// Upload the weights from a safetensors file (`upload_weight`), not `weight_from_f32`.
+    pub from_file: bool,
 }
 
 pub struct MatmulInputs {
@@ -32,7 +34,7 @@ impl Op for Matmul {
             self.n,
             self.k,
             if self.bias { "yes" } else { "no" }
-        )
+        ) + if self.from_file { " upload=file" } else { "" }
     }
     fn limit(&self) -> f64 {
         limits::weight(self.dtype)
@@ -50,8 +52,8 @@ impl Op for Matmul {
     fn exec<B: Backend>(&self, b: &B, x: &Self::Inputs, launch: &mut Launch) -> Result<Vec<Output>> {
         let len = self.m * self.n;
         let xb = upload_f32(b, &x.x)?;
-        let w = b.weight_from_f32(self.dtype, &x.w)?;
-        let bias = x.bias.as_ref().map(|v| b.weight_from_f32(self.dtype, v)).transpose()?;
+        let w = weight(b, self.dtype, &[self.n, self.k], &x.w, self.from_file)?;
+        let bias = x.bias.as_ref().map(|v| weight(b, self.dtype, &[self.n], v, self.from_file)).transpose()?;
         let mut out = poisoned(b, len)?;
         launch.run(b, || b.matmul(&xb, &w, bias.as_ref(), &mut out, self.m, self.n, self.k))?;
         untouched_f32(b, &xb, &x.x, "x")?;

@@ -3,10 +3,12 @@
 //! outputs, runs the op (once, or timed in perf mode) and reads the outputs back. The suite
 //! calls `exec` on the tested backend and on the reference with the same inputs.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use tandem_core::backend::Backend;
-use tandem_core::{Error, Result};
+use tandem_core::weights::Weights;
+use tandem_core::{DType, Error, Result};
 
 use crate::compare::Output;
 use crate::rng::Rng;
@@ -159,8 +161,54 @@ pub(crate) fn read_guarded<B: Backend>(b: &B, buf: &B::Buf, len: usize, what: &s
     Ok(v)
 }
 
+/// A weight on `b`: through `upload_weight` from a real safetensors file (the path the model
+/// takes) when `from_file`, else through `weight_from_f32`.
+pub(crate) fn weight<B: Backend>(b: &B, dtype: DType, shape: &[usize], values: &[f32], from_file: bool) -> Result<B::Buf> {
+    if from_file {
+        upload_from_file(b, dtype, shape, values)
+    } else {
+        b.weight_from_f32(dtype, values)
+    }
+}
+
+/// Writes `values` as tensor `w` of a safetensors file, maps it with [`Weights`] and uploads
+/// the view. For half precision an odd-length tensor comes first, so the weight's bytes start
+/// at 2 mod 4 in the mapping, as they can in real checkpoints.
+fn upload_from_file<B: Backend>(b: &B, dtype: DType, shape: &[usize], values: &[f32]) -> Result<B::Buf> {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let dir = std::env::temp_dir().join(format!("tandem-conformance-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)));
+    std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+    let name = match dtype {
+        DType::F32 => "F32",
+        DType::BF16 => "BF16",
+        DType::F16 => "F16",
+    };
+    let pad = if dtype.size() == 2 { 3 } else { 0 };
+    let data = dtype.from_f32(values);
+    let (p, end) = (pad * dtype.size(), pad * dtype.size() + data.len());
+    let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+    let mut header = format!(r#"{{"w":{{"dtype":"{name}","shape":[{}],"data_offsets":[{p},{end}]}}"#, dims.join(","));
+    if pad > 0 {
+        header += &format!(r#","pad":{{"dtype":"{name}","shape":[{pad}],"data_offsets":[0,{p}]}}"#);
+    }
+    header += "}";
+    while header.len() % 8 != 0 {
+        header.push(' ');
+    }
+    let mut file = (header.len() as u64).to_le_bytes().to_vec();
+    file.extend_from_slice(header.as_bytes());
+    file.extend(std::iter::repeat_n(0x3Fu8, p)); // any finite half values
+    file.extend_from_slice(&data);
+    let path = dir.join("model.safetensors");
+    std::fs::write(&path, &file).map_err(|e| Error::io(&path, e))?;
+    let res = Weights::open(&dir).and_then(|w| w.get("w", shape)).and_then(|t| b.upload_weight(&t));
+    // The mapping outlives the file on Unix; elsewhere the directory may stay behind.
+    let _ = std::fs::remove_dir_all(&dir);
+    res
+}
+
 /// Values rounded to `dtype` and back, so the host copy is exactly what both backends hold.
-pub(crate) fn round_to(dtype: tandem_core::DType, v: Vec<f32>) -> Vec<f32> {
+pub(crate) fn round_to(dtype: DType, v: Vec<f32>) -> Vec<f32> {
     dtype.to_f32(&dtype.from_f32(&v))
 }
 
@@ -214,6 +262,19 @@ mod tests {
         b.write_f32(&mut out, &[1.0, 2.0, 3.0, 4.0, 0.0]).unwrap();
         let e = read_guarded(&b, &out, 4, "out").unwrap_err().to_string();
         assert!(e.contains("wrote past its 4 elements (element 4 is 0)"), "{e}");
+    }
+
+    #[test]
+    fn a_weight_from_a_file_holds_the_same_values() {
+        let b = RefBackend::new();
+        for dtype in [DType::F32, DType::BF16, DType::F16] {
+            let v = round_to(dtype, (0..15).map(|i| i as f32 * 0.37 - 2.0).collect());
+            let w = weight(&b, dtype, &[3, 5], &v, true).unwrap();
+            // rms_norm of ones by w reads w back: out = 1 * w (rms of ones is 1, eps 0).
+            let (x, mut out) = (upload_f32(&b, &[1.0; 15]).unwrap(), b.alloc_f32(15).unwrap());
+            b.rms_norm(&x, &w, &mut out, 1, 15, 0.0).unwrap();
+            assert_eq!(b.read_f32(&out, 15).unwrap(), v, "{dtype:?}");
+        }
     }
 
     #[test]
