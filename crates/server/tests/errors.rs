@@ -154,3 +154,30 @@ async fn health_is_503_until_the_engine_is_set() {
     error_of(&post(s.addr, "/v1/completions", &json!({"prompt": "hi", "max_tokens": 2})).await, 500);
     assert_eq!(get(s.addr, "/v1/models").await.status, 200);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chunked_body_over_the_limit_is_413_and_keep_alive_survives_errors() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut setup = Setup::default();
+    setup.config.max_body_bytes = 1000;
+    let s = TestServer::start(setup).await;
+    // No Content-Length: the limit is enforced while the chunked body is read.
+    let mut sock = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+    let chunk = "x".repeat(600);
+    let req = format!("POST /v1/completions HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n258\r\n{chunk}\r\n258\r\n{chunk}\r\n0\r\n\r\n");
+    sock.write_all(req.as_bytes()).await.unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(5), sock.read(&mut buf)).await.unwrap().unwrap();
+    let head = String::from_utf8_lossy(&buf[..n]);
+    assert!(head.starts_with("HTTP/1.1 413"), "{head}");
+
+    // One keep-alive connection: an error does not end it.
+    let mut c = Client::connect(s.addr).await;
+    for (body, want) in [("{bad", 400u16), ("{\"prompt\": \"hi\", \"max_tokens\": 2}", 200), ("{\"prompt\": \"hi\", \"n\": 0}", 400), ("{\"prompt\": \"hi\", \"max_tokens\": 1}", 200)] {
+        let r = c.send("POST", "/v1/completions", &[], body.to_string()).await;
+        assert_eq!(r.status(), want, "{body}");
+        http_body_util::BodyExt::collect(r.into_body()).await.unwrap();
+    }
+    let r = c.send("HEAD", "/health", &[], "").await;
+    assert_eq!(r.status(), 200);
+}
