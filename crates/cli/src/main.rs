@@ -6,6 +6,7 @@
 //!   test-backend-ops), for machines that have no Rust toolchain.
 
 mod backends;
+mod bench;
 mod generate;
 mod serve;
 mod test_ops;
@@ -30,6 +31,8 @@ enum Cmd {
     Serve(serve::Args),
     /// Check every op of a backend against the reference backend.
     TestOps(test_ops::Args),
+    /// Benchmarks: throughput, serve, compare, sweep, load, decode (JSON + Markdown + PNG).
+    Bench(bench::Args),
 }
 
 /// Where models live: `$TANDEM_MODELS_DIR`, else `./models`.
@@ -47,6 +50,7 @@ fn main() -> ExitCode {
         Cmd::Generate(a) => generate::run(a),
         Cmd::TestOps(a) => test_ops::run(a),
         Cmd::Serve(a) => serve::run(a),
+        Cmd::Bench(a) => bench::run(a),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""HF transformers baseline for `tandem bench throughput --hf-baseline`.
+
+Runs `model.generate` in static batches over the same model directory and the same prompts
+(token ids), greedy, with min_new_tokens = max_new_tokens so EOS cannot end an output early,
+and prints one JSON line with output tokens/s.
+
+    python bench/hf_baseline.py --model DIR --prompts-file prompts.json --batch-size 64
+    python bench/hf_baseline.py --model DIR --num-prompts 64 --input-len 128 --output-len 128
+
+The prompts file is `{"prompts": [{"ids": [...], "output_len": N}, ...]}` (what the Rust side
+writes). Prompts in a batch are left-padded to the longest one; with the `random` workload
+they all have the same length, so no padding is needed. Runs on CUDA when available, else CPU.
+"""
+
+import argparse
+import json
+import sys
+import time
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True, help="a Hugging Face model directory")
+    ap.add_argument("--prompts-file", help="JSON prompts written by `tandem bench`")
+    ap.add_argument("--num-prompts", type=int, default=64)
+    ap.add_argument("--input-len", type=int, default=128)
+    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    ap.add_argument("--dtype", default="auto", help="auto (bf16 on cuda, f32 on cpu), bfloat16, float16, float32")
+    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    a = ap.parse_args()
+
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    device = a.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype_name = a.dtype
+    if dtype_name == "auto":
+        dtype_name = "bfloat16" if device == "cuda" else "float32"
+    dtype = getattr(torch, dtype_name)
+    if a.threads > 0:
+        torch.set_num_threads(a.threads)
+
+    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=dtype).to(device).eval()
+    cfg = model.config
+
+    if a.prompts_file:
+        with open(a.prompts_file) as f:
+            prompts = [(p["ids"], int(p["output_len"])) for p in json.load(f)["prompts"]]
+    else:
+        g = torch.Generator().manual_seed(a.seed)
+        prompts = [(torch.randint(0, cfg.vocab_size, (a.input_len,), generator=g).tolist(), a.output_len) for _ in range(a.num_prompts)]
+    if not prompts:
+        sys.exit("no prompts")
+
+    pad = cfg.pad_token_id if cfg.pad_token_id is not None else 0
+
+    def batches():
+        for i in range(0, len(prompts), a.batch_size):
+            yield prompts[i : i + a.batch_size]
+
+    def run_batch(batch, max_new=None):
+        width = max(len(ids) for ids, _ in batch)
+        ids = torch.full((len(batch), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for r, (p, _) in enumerate(batch):
+            ids[r, width - len(p) :] = torch.tensor(p)
+            mask[r, width - len(p) :] = 1
+        # A static batch runs until its longest output: HF cannot retire rows early.
+        new = max_new or max(n for _, n in batch)
+        with torch.no_grad():
+            out = model.generate(
+                input_ids=ids.to(device),
+                attention_mask=mask.to(device),
+                do_sample=False,
+                max_new_tokens=new,
+                min_new_tokens=new,
+                pad_token_id=pad,
+            )
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return out.shape[1] - width
+
+    # Warm-up: one short batch (kernel selection, allocator).
+    run_batch(prompts[: min(len(prompts), a.batch_size)], max_new=2)
+
+    start = time.perf_counter()
+    generated = 0
+    for b in batches():
+        n = run_batch(b)
+        # Count what each request asked for (what tandem counts), not the padding rows.
+        generated += sum(min(n, want) for _, want in b)
+    wall = time.perf_counter() - start
+    prompt_tokens = sum(len(p) for p, _ in prompts)
+    print(
+        json.dumps(
+            {
+                "engine": "hf-transformers",
+                "transformers": transformers.__version__,
+                "torch": torch.__version__,
+                "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
+                "dtype": dtype_name,
+                "threads": torch.get_num_threads(),
+                "batch_size": a.batch_size,
+                "num_prompts": len(prompts),
+                "prompt_tokens": prompt_tokens,
+                "output_tokens": generated,
+                "wall_s": wall,
+                "requests_per_s": len(prompts) / wall,
+                "output_tokens_per_s": generated / wall,
+                "total_tokens_per_s": (prompt_tokens + generated) / wall,
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+//! `tandem bench sweep`: `max_num_seqs` over 16, 32, 64, 128, 256 with continuous batching and
+//! every prompt submitted at once; throughput against per-token latency (TPOT), one point per
+//! setting. A larger batch buys throughput with latency until the device is saturated.
+
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+use serde_json::json;
+
+use super::latency::cell;
+use super::model_source::{self, RandomModelArgs};
+use super::offline::{self, RunResult};
+use super::plot::{self, Panel, Series};
+use super::report::{self, markdown_table};
+use super::workload::WorkloadArgs;
+use super::OutputArgs;
+use crate::serve::EngineArgs;
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    engine: EngineArgs,
+    #[command(flatten)]
+    random: RandomModelArgs,
+    #[command(flatten)]
+    workload: WorkloadArgs,
+    #[command(flatten)]
+    out: OutputArgs,
+    /// The `max_num_seqs` values, one run each.
+    #[arg(long, value_delimiter = ',', default_value = "16,32,64,128,256")]
+    max_num_seqs_values: Vec<usize>,
+    #[arg(long, default_value_t = 2)]
+    warmup: usize,
+    /// Give up on one run after this many seconds.
+    #[arg(long, default_value_t = 3600)]
+    timeout_s: u64,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    if a.max_num_seqs_values.is_empty() || a.max_num_seqs_values.contains(&0) {
+        bail!("--max-num-seqs-values needs positive values");
+    }
+    let model = model_source::resolve(a.engine.model.as_deref(), &a.random)?;
+    let prompts = a.workload.prompts(model.config.vocab_size, model.config.max_position_embeddings)?;
+    let mut runs: Vec<(usize, RunResult)> = vec![];
+    let mut backend = serde_json::Value::Null;
+    for &m in &a.max_num_seqs_values {
+        let ea = EngineArgs { max_num_seqs: m, max_num_batched_tokens: a.engine.max_num_batched_tokens.max(m), scheduler: "continuous".into(), ..a.engine.clone() };
+        let started = model_source::start_engine(&model, &ea)?;
+        backend = started.backend_json(ea.backend);
+        offline::warm_up(&started.handle, &prompts, a.warmup)?;
+        runs.push((m, offline::run(&started.handle, &prompts, usize::MAX, &format!("max_num_seqs={m}"), Duration::from_secs(a.timeout_s))?));
+    }
+
+    let rows: Vec<Vec<String>> = runs
+        .iter()
+        .map(|(m, r)| {
+            let f = r.figures();
+            vec![
+                m.to_string(),
+                format!("{:.1}", f.output_tokens_per_s),
+                format!("{:.2}", f.requests_per_s),
+                cell(f.tpot, |s| s.median),
+                cell(f.tpot, |s| s.p99),
+                cell(f.ttft, |s| s.median),
+                cell(f.e2e, |s| s.median),
+                r.kv_usage_peak.map_or("-".into(), |k| format!("{:.1}%", k * 100.0)),
+                r.preemptions.map_or("-".into(), |p| p.to_string()),
+            ]
+        })
+        .collect();
+    let results = json!({"runs": runs.iter().map(|(m, r)| json!({"max_num_seqs": m, "result": r.to_json()})).collect::<Vec<_>>()});
+    let settings = json!({"engine": model_source::engine_json(&a.engine), "workload": a.workload.to_json(), "max_num_seqs_values": a.max_num_seqs_values, "warmup": a.warmup, "scheduler": "continuous"});
+    let rep = report::build("sweep", backend, model.to_json(&a.random), settings, results);
+    let stem = format!("sweep-{}-{}", a.engine.backend.name(), model.label);
+    report::write_json(&a.out, &stem, &rep)?;
+
+    let point = |pick: &dyn Fn(&offline::Figures) -> f64| Series {
+        name: "continuous".into(),
+        points: runs.iter().map(|(_, r)| r.figures()).map(|f| (f.tpot.map_or(f64::NAN, |s| s.median), pick(&f))).collect(),
+        point_labels: runs.iter().map(|(m, _)| format!(" {m}")).collect(),
+    };
+    let panel = Panel {
+        title: format!("{} on {}: max_num_seqs sweep", model.label, a.engine.backend.name()),
+        x_label: "median time per output token (ms)".into(),
+        y_label: "output tokens/s".into(),
+        series: vec![point(&|f| f.output_tokens_per_s)],
+    };
+    if let Err(e) = plot::draw(&report::out_path(&a.out, &stem, "png")?, &[panel]) {
+        eprintln!("no plot: {e:#}");
+    }
+
+    println!("### max_num_seqs sweep: {} on {} ({})\n", model.label, a.engine.backend.name(), a.workload.describe());
+    let header = ["max_num_seqs", "output tok/s", "req/s", "TPOT p50 (ms)", "TPOT p99 (ms)", "TTFT p50 (ms)", "E2E p50 (ms)", "KV peak", "preemptions"];
+    println!("{}", markdown_table(&header, &rows));
+    let errors: usize = runs.iter().map(|(_, r)| r.figures().errors).sum();
+    if errors > 0 {
+        bail!("{errors} requests failed across the runs (see first_error in the JSON)");
+    }
+    Ok(())
+}

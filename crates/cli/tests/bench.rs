@@ -1,0 +1,131 @@
+//! `tandem bench` through the built binary at tiny sizes, so the benchmarks cannot rot: each
+//! test runs one subcommand on the reference backend with a tiny random model and checks the
+//! JSON report it writes (and the PNG, where there is one).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+fn dir(name: &str) -> PathBuf {
+    let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join("bench-tests").join(name);
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Runs `tandem bench <args> --output-dir <out>`; panics with its output on failure.
+fn bench(out: &Path, args: &[&str]) -> String {
+    let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("bench-models");
+    let o = Command::new(env!("CARGO_BIN_EXE_tandem"))
+        .arg("bench")
+        .args(args)
+        .args(["--output-dir", out.to_str().unwrap(), "--model-cache", cache.to_str().unwrap()])
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run tandem");
+    let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(o.status.success(), "tandem bench {args:?} failed\nstdout:\n{stdout}\nstderr:\n{}", String::from_utf8_lossy(&o.stderr));
+    stdout
+}
+
+fn report(out: &Path, stem: &str) -> Value {
+    let path = out.join(format!("{stem}.json"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert!(v["machine"]["cores"].as_u64().unwrap() >= 1);
+    assert!(v["git_commit"].as_str().is_some_and(|c| !c.is_empty()));
+    v
+}
+
+fn assert_png(path: &Path) {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n") && bytes.len() > 1000, "{} is not a PNG plot", path.display());
+}
+
+const TINY: &[&str] = &["--random-shape", "tiny", "--backend", "reference"];
+
+#[test]
+fn throughput_reports_positive_throughput_and_every_token() {
+    let out = dir("throughput");
+    let md = bench(&out, &[&["throughput"], TINY, &["--num-prompts", "8", "--input-len", "16", "--output-len", "8"]].concat());
+    let v = report(&out, "throughput-reference-tiny");
+    let r = &v["results"];
+    assert_eq!(r["completed"], 8);
+    assert_eq!(r["errors"], 0);
+    assert_eq!(r["prompt_tokens"], 8 * 16);
+    assert_eq!(r["output_tokens"], 8 * 8);
+    assert!(r["output_tokens_per_s"].as_f64().unwrap() > 0.0);
+    assert!(r["requests_per_s"].as_f64().unwrap() > 0.0);
+    assert!(r["total_tokens_per_s"].as_f64().unwrap() > r["output_tokens_per_s"].as_f64().unwrap());
+    assert!(r["kv_usage_peak"].as_f64().unwrap() > 0.0);
+    assert_eq!(r["tpot_ms"]["n"], 8);
+    assert_eq!(v["backend"]["name"], "reference");
+    assert_eq!(v["model"]["random_shape"], "tiny");
+    assert!(md.contains("| tandem (reference) | 8/8 |"), "{md}");
+}
+
+#[test]
+fn compare_and_sweep_write_tables_and_plots() {
+    let out = dir("compare");
+    let small = ["--num-prompts", "8", "--min-len", "4", "--max-len", "40", "--warmup", "1"];
+    let md = bench(&out, &[&["compare"], TINY, &small, &["--concurrency", "2,4"]].concat());
+    let v = report(&out, "compare-reference-tiny");
+    let runs = v["results"]["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 4, "two concurrencies x two schedulers");
+    for r in runs {
+        assert_eq!(r["result"]["completed"], 8, "{r}");
+        assert!(r["result"]["output_tokens_per_s"].as_f64().unwrap() > 0.0);
+    }
+    assert_eq!(v["settings"]["workload"]["workload"], "mixed");
+    assert!(md.contains("static tok/s"), "{md}");
+    assert_png(&out.join("compare-reference-tiny.png"));
+
+    let md = bench(&out, &[&["sweep"], TINY, &["--num-prompts", "8", "--input-len", "8", "--output-len", "6", "--max-num-seqs-values", "2,8"]].concat());
+    let v = report(&out, "sweep-reference-tiny");
+    let runs = v["results"]["runs"].as_array().unwrap();
+    assert_eq!(runs.iter().map(|r| r["max_num_seqs"].as_u64().unwrap()).collect::<Vec<_>>(), [2, 8]);
+    assert!(runs.iter().all(|r| r["result"]["output_tokens"] == 48));
+    assert!(md.contains("| 8 |"), "{md}");
+    assert_png(&out.join("sweep-reference-tiny.png"));
+}
+
+#[test]
+fn serve_streams_from_a_spawned_server() {
+    let out = dir("serve");
+    let md = bench(&out, &[&["serve", "--spawn"], TINY, &["--num-prompts", "6", "--input-len", "12", "--output-len", "5", "--max-concurrency", "3", "--request-rate", "50"]].concat());
+    let v = report(&out, "serve-tiny");
+    let r = &v["results"];
+    assert_eq!(r["completed"], 6, "{r}");
+    assert_eq!(r["output_tokens"], 30);
+    assert!(r["output_tokens_per_s"].as_f64().unwrap() > 0.0);
+    assert!(r["ttft_ms"]["median"].as_f64().unwrap() > 0.0);
+    assert_eq!(v["settings"]["max_concurrency"], 3);
+    assert!(md.contains("TTFT (ms)"), "{md}");
+}
+
+#[test]
+fn serve_refuses_hosts_that_are_not_loopback() {
+    let o = Command::new(env!("CARGO_BIN_EXE_tandem"))
+        .args(["bench", "serve", "--host", "10.1.2.3", "--vocab-size", "100", "--num-prompts", "1"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("loopback"), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+#[test]
+fn load_and_decode_report_their_figures() {
+    let out = dir("load");
+    bench(&out, &["load", "--random-shape", "tiny", "--runs", "3"]);
+    let v = report(&out, "load-tiny");
+    assert!(v["results"]["total"]["median_ms"].as_f64().unwrap() > 0.0);
+    assert_eq!(v["results"]["runs_total_ms"].as_array().unwrap().len(), 3);
+    assert!(v["results"]["tensors"].as_u64().unwrap() > 10);
+
+    bench(&out, &[&["decode"], TINY, &["--prompt-len", "20", "--max-tokens", "10", "--runs", "2"]].concat());
+    let v = report(&out, "decode-reference-tiny");
+    assert!(v["results"]["decode_tokens_per_s"]["median"].as_f64().unwrap() > 0.0);
+    assert!(v["results"]["prefill_tokens_per_s"]["median"].as_f64().unwrap() > 0.0);
+    assert!(v["results"]["runs"].as_array().unwrap().iter().all(|r| r["tokens"] == 10));
+}
