@@ -13,6 +13,13 @@ use tandem_core::model::LoadOptions;
 use tandem_core::{DType, ForwardBatch, LlamaModel, ModelRunner};
 use tandem_wgpu::WgpuBackend;
 
+/// CPU time of every thread of this process (Linux). On a software Vulkan the device is this
+/// process's threads, so this is the work done, whatever else the machine is running.
+fn cpu_secs() -> f64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return 0.0 };
+    tasks.filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("schedstat")).ok()).filter_map(|s| s.split_whitespace().next()?.parse::<f64>().ok()).sum::<f64>() * 1e-9
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut model: Option<PathBuf> = None;
     let (mut prompt, mut steps, mut profile) = (32usize, 64usize, false);
@@ -72,13 +79,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         step(&mut m, &mut pos, &mut next)?; // warm-up
     }
     m.backend().reset_stats();
-    let t0 = Instant::now();
+    let (t0, c0) = (Instant::now(), cpu_secs());
     for _ in 0..steps {
         step(&mut m, &mut pos, &mut next)?;
     }
     let secs = t0.elapsed().as_secs_f64();
+    let cpu = cpu_secs() - c0;
     let st = m.backend().stats();
     println!("decode:  {steps} tokens in {secs:.3} s = {:.2} tok/s ({:.2} ms/token), batch 1, context {}..{}", steps as f64 / secs, secs * 1e3 / steps as f64, prompt, pos);
+    println!("cpu:     {:.2} ms/token over all threads ({:.2} cores busy on average)", cpu * 1e3 / steps as f64, cpu / secs);
     let total: u64 = st.dispatches.values().sum();
     println!("per token: {:.0} dispatches, {:.1} submits", total as f64 / steps as f64, st.submits as f64 / steps as f64);
     for (k, n) in &st.dispatches {

@@ -35,8 +35,9 @@ pub struct WgpuBackend {
     /// One invocation per (token, head) / row in attention and rms_norm instead of a workgroup:
     /// faster on CPU adapters (no barriers, no workgroup memory).
     lane_kernels: bool,
-    /// Lanes per matmul workgroup.
+    /// Lanes per matmul workgroup, and weight rows per lane at decode shapes (m <= 2).
     matmul_wg: u32,
+    matmul_rt: u32,
 }
 
 /// Rows `[row0, row0 + rows)` of a weight and the bytes of its buffer that hold them.
@@ -87,8 +88,13 @@ impl WgpuBackend {
             _ => gpu.summary.device_type == wgpu::DeviceType::Cpu,
         };
         let pipelines = Pipelines::new(dir, std::env::var_os("TANDEM_WGPU_CHECKED").is_some());
-        let matmul_wg = std::env::var("TANDEM_WGPU_MATMUL_WG").ok().and_then(|v| v.parse().ok()).unwrap_or(64);
-        Ok(WgpuBackend { rec: Recorder::new(gpu, pipelines), max_binding, argmax_out: Mutex::new(None), lane_kernels, matmul_wg })
+        // Tuning knobs; the defaults were measured on lavapipe (op_bench, SmolLM2 shapes): 8 rows
+        // per lane cut CPU time by about a third against 4, and 16-lane workgroups still give
+        // two or more workgroups for the smallest projection (192 rows).
+        let knob = |name: &str, default: u32| std::env::var(name).ok().and_then(|v| v.parse().ok()).filter(|v| (1..=256).contains(v)).unwrap_or(default);
+        let matmul_wg = knob("TANDEM_WGPU_MATMUL_WG", 16);
+        let matmul_rt = knob("TANDEM_WGPU_MATMUL_RT", 8);
+        Ok(WgpuBackend { rec: Recorder::new(gpu, pipelines), max_binding, argmax_out: Mutex::new(None), lane_kernels, matmul_wg, matmul_rt })
     }
 
     /// The adapter in use: name, wgpu backend, device type, driver.
@@ -416,9 +422,9 @@ impl Backend for WgpuBackend {
         };
         // Weight rows per invocation: shares each x load; fewer when MT already holds registers.
         let rt = match mt {
-            1 | 2 => 4,
-            4 => 2,
-            _ => 1,
+            1 | 2 => self.matmul_rt,
+            4 => 4,
+            _ => 2,
         };
         let wg = self.matmul_wg;
         let prelude = Prelude::new().constant("MT", mt).constant("RT", rt).constant("WG", wg).weight4("w", dtype).optional_weight("bias", 4, bias_dtype);

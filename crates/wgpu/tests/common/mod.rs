@@ -23,7 +23,7 @@ pub fn open(opts: WgpuOptions) -> Option<WgpuBackend> {
             if std::env::var("TANDEM_REQUIRE_WGPU").as_deref() == Ok("1") {
                 panic!("TANDEM_REQUIRE_WGPU=1 but the wgpu backend is unavailable: {e}");
             }
-            eprintln!("SKIPPED: no wgpu adapter ({e}); set TANDEM_REQUIRE_WGPU=1 to make this a failure");
+            tandem_core::skip::note(format!("no wgpu adapter ({e}); set TANDEM_REQUIRE_WGPU=1 to make this a failure"));
             None
         }
     }
