@@ -151,6 +151,7 @@ pub(crate) fn poisoned<B: Backend>(b: &B, len: usize) -> Result<B::Buf> {
 /// Reads `len` elements and checks that the guard after them is still NaN.
 pub(crate) fn read_guarded<B: Backend>(b: &B, buf: &B::Buf, len: usize, what: &str) -> Result<Vec<f32>> {
     let mut v = b.read_f32(buf, len + GUARD)?;
+    short_read(b, v.len(), len + GUARD, what)?;
     if let Some(i) = v[len..].iter().position(|x| !x.is_nan()) {
         return Err(Error::backend(
             b.name(),
@@ -212,10 +213,19 @@ pub(crate) fn round_to(dtype: DType, v: Vec<f32>) -> Vec<f32> {
     dtype.to_f32(&dtype.from_f32(&v))
 }
 
+/// A read that returned fewer values than asked for is the backend's error, not a panic here.
+fn short_read<B: Backend>(b: &B, got: usize, want: usize, what: &str) -> Result<()> {
+    if got < want {
+        return Err(Error::backend(b.name(), format!("reading {what}: got {got} values, asked for {want}")));
+    }
+    Ok(())
+}
+
 /// Fails when the op changed an f32 input (a kernel using its input as scratch breaks the
 /// model, which reads activations again after the op).
 pub(crate) fn untouched_f32<B: Backend>(b: &B, buf: &B::Buf, host: &[f32], what: &str) -> Result<()> {
     let now = b.read_f32(buf, host.len())?;
+    short_read(b, now.len(), host.len(), what)?;
     match (0..host.len()).find(|&i| now[i].to_bits() != host[i].to_bits()) {
         None => Ok(()),
         Some(i) => Err(Error::backend(b.name(), format!("input {what} was modified at [{i}]: {} became {}", host[i], now[i]))),
@@ -225,6 +235,7 @@ pub(crate) fn untouched_f32<B: Backend>(b: &B, buf: &B::Buf, host: &[f32], what:
 /// As [`untouched_f32`], for index inputs (ids, positions, slots, block tables).
 pub(crate) fn untouched_u32<B: Backend>(b: &B, buf: &B::Buf, host: &[u32], what: &str) -> Result<()> {
     let now = b.read_u32(buf, host.len())?;
+    short_read(b, now.len(), host.len(), what)?;
     match (0..host.len()).find(|&i| now[i] != host[i]) {
         None => Ok(()),
         Some(i) => Err(Error::backend(b.name(), format!("input {what} was modified at [{i}]: {} became {}", host[i], now[i]))),
