@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
+mod bench;
 mod convert_gguf;
 mod fetch_model;
 mod gen_model;
@@ -35,6 +36,9 @@ enum Task {
     Serve(serve::Args),
     /// The CUDA kernels' compile check (NVRTC + ptxas; no GPU needed).
     Kernels(kernels::Args),
+    /// Benchmarks from a release build: `tandem bench <kind> ...` (throughput, serve, compare,
+    /// sweep, load, decode).
+    Bench(bench::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -49,6 +53,7 @@ fn main() -> anyhow::Result<()> {
         Task::Test(a) => test::run(a),
         Task::Serve(a) => serve::run(a),
         Task::Kernels(a) => kernels::run(a),
+        Task::Bench(a) => bench::run(a),
     }
 }
 
