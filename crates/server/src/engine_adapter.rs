@@ -160,3 +160,69 @@ impl EngineClient for TandemEngine {
         self.handle.get().is_some()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine_client::RequestParams;
+
+    #[test]
+    fn every_sampling_field_reaches_the_engine() {
+        let p = RequestParams {
+            n: 3,
+            temperature: 0.5,
+            top_k: 7,
+            top_p: 0.9,
+            min_p: 0.1,
+            repetition_penalty: 1.2,
+            presence_penalty: 0.3,
+            frequency_penalty: -0.4,
+            seed: Some(42),
+            stop: vec!["x".into()],
+            stop_token_ids: vec![9],
+            ignore_eos: true,
+            max_tokens: 11,
+            min_tokens: 2,
+            logprobs: Some(4),
+        };
+        let want = SamplingParams {
+            n: 3,
+            temperature: 0.5,
+            top_k: 7,
+            top_p: 0.9,
+            min_p: 0.1,
+            repetition_penalty: 1.2,
+            presence_penalty: 0.3,
+            frequency_penalty: -0.4,
+            seed: Some(42),
+            stop: vec!["x".into()],
+            stop_token_ids: vec![9],
+            ignore_eos: true,
+            max_tokens: Some(11),
+            min_tokens: 2,
+            logprobs: Some(4),
+        };
+        assert_eq!(to_engine_params(&p), want);
+        assert!(want.validate().is_ok(), "what the server accepts, the engine accepts");
+    }
+
+    #[test]
+    fn outputs_map_to_updates() {
+        let o = RequestOutput {
+            request_id: 5,
+            index: 1,
+            token_ids: vec![3],
+            text: " a".into(),
+            logprobs: vec![tandem_engine::sampler::TokenLogprobs { token: 3, logprob: -0.5, top: vec![(3, -0.5), (4, -1.0)] }],
+            finish_reason: Some(tandem_engine::FinishReason::Stop { stop_string: Some("b".into()), stop_token: None }),
+            finished: true,
+            usage: None,
+            metrics: None,
+        };
+        let u = to_update(o);
+        assert_eq!(u.deltas.len(), 1);
+        let d = &u.deltas[0];
+        assert_eq!((d.index, d.text.as_str(), d.token_ids.as_slice(), d.finish.clone()), (1, " a", &[3u32][..], Some(FinishReason::Stop)));
+        assert_eq!(d.logprobs, vec![TokenLogprob { token: 3, logprob: -0.5, top: vec![(3, -0.5), (4, -1.0)] }]);
+    }
+}
