@@ -6,6 +6,8 @@
 //!   test-backend-ops), for machines that have no Rust toolchain.
 
 mod backends;
+mod compare;
+mod gen_model;
 mod bench;
 mod generate;
 mod serve;
@@ -31,6 +33,10 @@ enum Cmd {
     Serve(serve::Args),
     /// Check every op of a backend against the reference backend.
     TestOps(test_ops::Args),
+    /// A whole model on one backend against another, and batch invariance through the engine.
+    Compare(compare::Args),
+    /// Write a seeded random model (the same bytes as `cargo xtask gen-model`).
+    GenModel(gen_model::Args),
     /// Benchmarks: throughput, serve, compare, sweep, load, decode (JSON + Markdown + PNG).
     Bench(bench::Args),
 }
@@ -50,6 +56,8 @@ fn main() -> ExitCode {
         Cmd::Generate(a) => generate::run(a),
         Cmd::TestOps(a) => test_ops::run(a),
         Cmd::Serve(a) => serve::run(a),
+        Cmd::Compare(a) => compare::run(a),
+        Cmd::GenModel(a) => gen_model::run(a),
         Cmd::Bench(a) => bench::run(a),
     };
     match res {
