@@ -4,7 +4,7 @@
 //! 2. The CUDA kernels' compile check (NVRTC + ptxas from pinned wheels), when the toolchain is
 //!    installed (`bash kernels/install-toolchain.sh`; `.ci/run` does it). Required under CI.
 //! 3. `cargo test --workspace`, with the environment the wgpu tests need.
-//! 4. A count of the tests that skipped themselves (they print `SKIPPED: <reason>`).
+//! 4. A count of the tests that skipped themselves (`tandem_core::skip::note` logs them).
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -25,15 +25,18 @@ pub fn run(a: Args) -> Result<()> {
     let t0 = std::time::Instant::now();
     let ci = std::env::var_os("CI").is_some();
 
+    let mut own_skips = Vec::new();
     let venv = root.join(".venv-cuda");
     if venv.exists() {
         crate::kernels::check()?;
     } else if ci {
         bail!("CI: the CUDA compile-check toolchain is missing; run `bash kernels/install-toolchain.sh`");
     } else {
-        println!("SKIPPED: CUDA kernel compile check (no .venv-cuda; run `bash kernels/install-toolchain.sh`)");
+        own_skips.push("SKIPPED: CUDA kernel compile check (no .venv-cuda; run `bash kernels/install-toolchain.sh`)".to_string());
     }
 
+    let skip_log = std::env::temp_dir().join(format!("tandem-skips-{}.log", std::process::id()));
+    let _ = std::fs::remove_file(&skip_log);
     let runtime_dir = std::env::temp_dir().join(format!("tandem-xdg-{}", std::process::id()));
     std::fs::create_dir_all(&runtime_dir)?;
     let mut child = Command::new(env!("CARGO"))
@@ -44,18 +47,16 @@ pub fn run(a: Args) -> Result<()> {
         .env("TANDEM_REQUIRE_MODEL", "1")
         .env("XDG_RUNTIME_DIR", &runtime_dir)
         .env("WGPU_BACKEND", "vulkan")
+        .env("TANDEM_SKIP_LOG", &skip_log)
         .stdout(Stdio::piped())
         .spawn()
         .context("running cargo test")?;
-    let mut skipped = Vec::new();
     for line in BufReader::new(child.stdout.take().expect("piped")).lines() {
-        let line = line?;
-        println!("{line}");
-        if let Some(i) = line.find("SKIPPED:") {
-            skipped.push(line[i..].to_string());
-        }
+        println!("{}", line?);
     }
     let status = child.wait()?;
+    let mut skipped = own_skips;
+    skipped.extend(std::fs::read_to_string(&skip_log).unwrap_or_default().lines().map(String::from));
     println!("\n{} test(s) skipped themselves:", skipped.len());
     for s in &skipped {
         println!("  {s}");

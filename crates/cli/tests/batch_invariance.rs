@@ -16,7 +16,7 @@ fn wgpu() -> Option<tandem_wgpu::WgpuBackend> {
     match tandem_wgpu::WgpuBackend::new() {
         Ok(b) => Some(b),
         Err(e) if std::env::var_os("TANDEM_REQUIRE_WGPU").is_none() => {
-            println!("SKIPPED: wgpu batch invariance: no adapter ({e})");
+            tandem_core::skip::note(format!("wgpu batch invariance: no adapter ({e})"));
             None
         }
         Err(e) => panic!("TANDEM_REQUIRE_WGPU is set but wgpu cannot start: {e}"),

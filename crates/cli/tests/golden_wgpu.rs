@@ -8,7 +8,7 @@ fn wgpu() -> Option<tandem_wgpu::WgpuBackend> {
     match tandem_wgpu::WgpuBackend::new() {
         Ok(b) => Some(b),
         Err(e) if std::env::var_os("TANDEM_REQUIRE_WGPU").is_none() => {
-            println!("SKIPPED: wgpu golden test: no adapter ({e})");
+            tandem_core::skip::note(format!("wgpu golden test: no adapter ({e})"));
             None
         }
         Err(e) => panic!("TANDEM_REQUIRE_WGPU is set but wgpu cannot start: {e}"),

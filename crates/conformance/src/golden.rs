@@ -137,7 +137,7 @@ pub fn smollm2_dir() -> Option<std::path::PathBuf> {
     if std::env::var_os("TANDEM_REQUIRE_MODEL").is_some() {
         panic!("TANDEM_REQUIRE_MODEL is set but {} holds no model (run `cargo xtask fetch-model`)", dir.display());
     }
-    println!("SKIPPED: SmolLM2 golden test: no model at {} (run `cargo xtask fetch-model`)", dir.display());
+    tandem_core::skip::note(format!("SmolLM2 golden test: no model at {} (run `cargo xtask fetch-model`)", dir.display()));
     None
 }
 

@@ -16,6 +16,7 @@ pub mod config;
 pub mod detokenizer;
 pub mod error;
 pub mod greedy;
+pub mod skip;
 pub mod model;
 pub mod tokenizer;
 pub mod weights;

@@ -14,7 +14,7 @@ fn kernels_match_reference_in_host_emulation() {
     let have = Command::new(&cxx).arg("--version").output().is_ok_and(|o| o.status.success());
     if !have {
         assert!(!std::env::var("TANDEM_REQUIRE_EMU").is_ok_and(|v| v == "1"), "TANDEM_REQUIRE_EMU=1 but no C++ compiler `{cxx}`");
-        println!("SKIPPED (kernel emulation): no C++ compiler `{cxx}`");
+        tandem_core::skip::note(format!("kernel emulation: no C++ compiler `{cxx}`"));
         return;
     }
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../kernels/emu/run.sh");

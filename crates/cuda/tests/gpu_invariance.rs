@@ -14,7 +14,7 @@ fn backend(test: &str) -> Option<CudaBackend> {
         Ok(b) => Some(b),
         Err(e) => {
             assert!(!std::env::var("TANDEM_REQUIRE_CUDA").is_ok_and(|v| v == "1"), "TANDEM_REQUIRE_CUDA=1 but: {e}");
-            println!("SKIPPED ({test}): {e}");
+            tandem_core::skip::note(format!("{test}: {e}"));
             None
         }
     }

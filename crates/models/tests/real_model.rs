@@ -19,7 +19,7 @@ fn installed() -> Option<PathBuf> {
     if tandem_models::fetch::is_installed(&dir, entry) {
         Some(dir)
     } else {
-        eprintln!("SKIPPED: {} is not installed (run `cargo xtask fetch-model`)", dir.display());
+        tandem_core::skip::note(format!("{} is not installed (run `cargo xtask fetch-model`)", dir.display()));
         None
     }
 }
