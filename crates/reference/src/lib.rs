@@ -339,6 +339,9 @@ impl Backend for RefBackend {
         let (pos, tseq, tables) = (u32s(a.positions)?, u32s(a.token_seq)?, u32s(a.block_tables)?);
         let out = f32s_mut(out)?;
         need("attention q", q.len(), a.num_tokens * heads * hd)?;
+        need("attention k_cache", kc.len().min(vc.len()), g.layer_elems())?;
+        need("attention tables", tables.len(), a.num_seqs * a.max_blocks)?;
+        need("attention positions", pos.len().min(tseq.len()), a.num_tokens)?;
         need("attention out", out.len(), a.num_tokens * heads * hd)?;
         let mut scores = Vec::new();
         for t in 0..a.num_tokens {
@@ -347,6 +350,9 @@ impl Backend for RefBackend {
                 return Err(err(format!("attention: token {t} (seq {s}, position {p}) outside the block tables")));
             }
             let table = &tables[s * a.max_blocks..(s + 1) * a.max_blocks];
+            if let Some(b) = table[..=p / bs].iter().find(|&&b| b as usize >= g.num_blocks) {
+                return Err(err(format!("attention: token {t} uses block {b} of {} blocks", g.num_blocks)));
+            }
             for h in 0..heads {
                 let kh = h / group;
                 let qv = &q[(t * heads + h) * hd..(t * heads + h + 1) * hd];
@@ -379,5 +385,26 @@ impl Backend for RefBackend {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attention_with_a_block_outside_the_pool_is_an_error() {
+        let b = RefBackend::new();
+        let g = KvGeometry { num_blocks: 2, block_size: 4, num_kv_heads: 1, head_dim: 2 };
+        let (q, kc, vc) = (b.alloc_f32(2).unwrap(), b.alloc_kv(g).unwrap(), b.alloc_kv(g).unwrap());
+        let mut pos = b.alloc_u32(1).unwrap();
+        b.write_u32(&mut pos, &[5]).unwrap();
+        let seq = b.alloc_u32(1).unwrap();
+        let mut tables = b.alloc_u32(2).unwrap();
+        b.write_u32(&mut tables, &[0, 7]).unwrap(); // block 7 of 2
+        let args = AttnArgs { q: &q, k_cache: &kc, v_cache: &vc, positions: &pos, token_seq: &seq, block_tables: &tables, num_tokens: 1, num_seqs: 1, max_blocks: 2, max_context: 6, num_heads: 1, geometry: g, scale: 1.0 };
+        let mut out = b.alloc_f32(2).unwrap();
+        let e = b.paged_attention(&args, &mut out).unwrap_err();
+        assert!(e.to_string().contains("block 7"), "{e}");
     }
 }
