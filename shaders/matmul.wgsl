@@ -1,6 +1,8 @@
 // matmul: out[m, n] = sum_k x[m, k] * w[n, k] (+ bias[n])    (y = x W^T, torch.nn.Linear)
-//   x f32 [m, k] (bound as vec4s); w weight [n, k] (bound as vec4s, read through the
-//   prelude's `w_at` / `w_oct`); out f32 [m, n];
+//   x f32 [m, k] (bound as vec4s by the prelude, which defines `x4(i)`: a storage buffer, or
+//   for small decode batches a uniform buffer, whose same-address loads a CPU-side Vulkan
+//   serves with one scalar load instead of one per lane); w weight [n, k] (bound as vec4s, read
+//   through the prelude's `w_at` / `w_oct`); out f32 [m, n];
 //   bias weight [n] (the prelude declares it and `bias_at`, or makes `bias_at` return 0).
 // A weight larger than one storage binding is bound in row chunks: this dispatch sees rows
 // [n0, n0 + rows) of w and writes those columns of out.
@@ -24,7 +26,7 @@ struct Params {
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;   // [m, k / 4]
+// binding 1: x [m, k / 4], declared by the prelude
 @group(0) @binding(2) var<storage, read> w: array<w_t>;         // [rows, k] (this chunk)
 @group(0) @binding(3) var<storage, read_write> out: array<f32>; // [m, n]
 
@@ -58,8 +60,8 @@ fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
             }
             for (var mi = 0u; mi < MT; mi++) {
                 let o = (xrow[mi] + j) >> 2u;
-                let x0 = x[o];
-                let x1 = x[o + 1u];
+                let x0 = x4(o);
+                let x1 = x4(o + 1u);
                 for (var t = 0u; t < RT; t++) {
                     acc[mi * RT + t] += dot(x0, wv[t][0]) + dot(x1, wv[t][1]);
                 }
@@ -69,7 +71,7 @@ fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
         for (var j = 0u; j < p.k; j++) {
             for (var mi = 0u; mi < MT; mi++) {
                 let o = xrow[mi] + j;
-                let xv = x[o >> 2u][o & 3u];
+                let xv = x4(o >> 2u)[o & 3u];
                 for (var t = 0u; t < RT; t++) {
                     acc[mi * RT + t] += xv * w_at(wrow[t] + j);
                 }

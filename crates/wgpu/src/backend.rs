@@ -38,6 +38,8 @@ pub struct WgpuBackend {
     /// Lanes per matmul workgroup, and weight rows per lane at decode shapes (m <= 2).
     matmul_wg: u32,
     matmul_rt: u32,
+    /// Matmul may read x through a uniform buffer (`TANDEM_WGPU_UNIFORM_X=0` turns it off).
+    uniform_x: bool,
 }
 
 /// Rows `[row0, row0 + rows)` of a weight and the bytes of its buffer that hold them.
@@ -91,10 +93,10 @@ impl WgpuBackend {
         // Tuning knobs; the defaults were measured on lavapipe (op_bench, SmolLM2 shapes): 8 rows
         // per lane cut CPU time by about a third against 4, and 16-lane workgroups still give
         // two or more workgroups for the smallest projection (192 rows).
-        let knob = |name: &str, default: u32| std::env::var(name).ok().and_then(|v| v.parse().ok()).filter(|v| (1..=256).contains(v)).unwrap_or(default);
+        let knob = |name: &str, default: u32| std::env::var(name).ok().and_then(|v| v.parse().ok()).filter(|v| (0..=256).contains(v)).unwrap_or(default);
         let matmul_wg = knob("TANDEM_WGPU_MATMUL_WG", 16);
         let matmul_rt = knob("TANDEM_WGPU_MATMUL_RT", 8);
-        Ok(WgpuBackend { rec: Recorder::new(gpu, pipelines), max_binding, argmax_out: Mutex::new(None), lane_kernels, matmul_wg, matmul_rt })
+        Ok(WgpuBackend { rec: Recorder::new(gpu, pipelines), max_binding, argmax_out: Mutex::new(None), lane_kernels, matmul_wg, matmul_rt, uniform_x: knob("TANDEM_WGPU_UNIFORM_X", 1) == 1 })
     }
 
     /// The adapter in use: name, wgpu backend, device type, driver.
@@ -146,7 +148,8 @@ impl WgpuBackend {
         let buf = self.rec.gpu.device.create_buffer(&wgpu::BufferDescriptor {
             label: None,
             size,
-            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+            // Uniform too: matmul reads small activations through the uniform path.
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
         Ok(WgpuBuf { buf, kind, len, name: None })
@@ -427,15 +430,32 @@ impl Backend for WgpuBackend {
             _ => 2,
         };
         let wg = self.matmul_wg;
-        let prelude = Prelude::new().constant("MT", mt).constant("RT", rt).constant("WG", wg).weight4("w", dtype).optional_weight("bias", 4, bias_dtype);
-        let kernel = if bias.is_some() { shaders::MATMUL_BIAS } else { shaders::MATMUL };
+        // Small decode batches read x through a uniform buffer of exactly m * k values (one
+        // pipeline per such shape); everything else through storage.
+        let x_bytes = (m * k * 4) as u64;
+        let uniform_x = (self.uniform_x && k % 8 == 0 && m <= 16 && x_bytes <= self.rec.gpu.limits.max_uniform_buffer_binding_size.min(65536)).then_some((m * k / 4) as u32);
+        let prelude = Prelude::new()
+            .constant("MT", mt)
+            .constant("RT", rt)
+            .constant("WG", wg)
+            .x_vec4("x", 1, uniform_x)
+            .weight4("w", dtype)
+            .optional_weight("bias", 4, bias_dtype);
+        let kernel = match (uniform_x.is_some(), bias.is_some()) {
+            (false, false) => shaders::MATMUL,
+            (false, true) => shaders::MATMUL_BIAS,
+            (true, false) => shaders::MATMUL_UX,
+            (true, true) => shaders::MATMUL_UX_BIAS,
+        };
+        let xb = Bind { buf: x_b, range: uniform_x.map(|_| (0, x_bytes)) };
         for c in self.chunks(op, w, n, k)? {
             let params = [m as u32, n as u32, k as u32, c.row0 as u32, c.rows as u32];
             let wb = Bind { buf: &w.buf, range: c.range };
             let grid = Grid::XY(groups(c.rows, (wg * rt) as usize), groups(m, mt as usize));
+            let xb = Bind { buf: xb.buf, range: xb.range };
             match bias {
-                Some(b) => self.rec.dispatch(kernel, &prelude, &params, &[Bind::all(x_b), wb, Bind::all(out_b), Bind::all(&b.buf)], grid)?,
-                None => self.rec.dispatch(kernel, &prelude, &params, &[Bind::all(x_b), wb, Bind::all(out_b)], grid)?,
+                Some(b) => self.rec.dispatch(kernel, &prelude, &params, &[xb, wb, Bind::all(out_b), Bind::all(&b.buf)], grid)?,
+                None => self.rec.dispatch(kernel, &prelude, &params, &[xb, wb, Bind::all(out_b)], grid)?,
             }
         }
         Ok(())

@@ -35,8 +35,10 @@ const EMBEDDED: &[(&str, &str)] = &[
 pub(crate) enum Access {
     Read,
     ReadWrite,
+    /// A uniform buffer (read only, small).
+    Uniform,
 }
-use Access::{Read as R, ReadWrite as RW};
+use Access::{Read as R, ReadWrite as RW, Uniform as U};
 
 /// A kernel: its file `shaders/<name>.wgsl`, its entry point, and its storage bindings from 1
 /// on, in order.
@@ -57,6 +59,9 @@ pub(crate) const RMS_NORM: Kernel = k("rms_norm", &[R, R, RW]);
 pub(crate) const ADD: Kernel = k("add", &[RW, R]);
 pub(crate) const MATMUL: Kernel = k("matmul", &[R, R, RW]);
 pub(crate) const MATMUL_BIAS: Kernel = k("matmul", &[R, R, RW, R]);
+/// x through a uniform buffer (see [`Prelude::x_vec4`]).
+pub(crate) const MATMUL_UX: Kernel = k("matmul", &[U, R, RW]);
+pub(crate) const MATMUL_UX_BIAS: Kernel = k("matmul", &[U, R, RW, R]);
 pub(crate) const ROPE: Kernel = k("rope", &[RW, RW, R, R]);
 pub(crate) const SILU_MUL: Kernel = k("silu_mul", &[R, R, RW]);
 pub(crate) const KV_WRITE: Kernel = k("kv_write", &[R, R, RW, RW, R]);
@@ -142,6 +147,18 @@ impl Prelude {
         }
     }
 
+    /// An f32 activation bound at `binding` as vec4s, read by `name4(i)`: from a storage
+    /// buffer, or from a uniform buffer of exactly `uniform_vec4s` vec4s.
+    pub fn x_vec4(mut self, name: &str, binding: u32, uniform_vec4s: Option<u32>) -> Self {
+        let decl = match uniform_vec4s {
+            Some(n) => format!("@group(0) @binding({binding}) var<uniform> {name}: array<vec4<f32>, {n}>;\n"),
+            None => format!("@group(0) @binding({binding}) var<storage, read> {name}: array<vec4<f32>>;\n"),
+        };
+        self.0.push_str(&decl);
+        self.0.push_str(&format!("fn {name}4(i: u32) -> vec4<f32> {{ return {name}[i]; }}\n"));
+        self
+    }
+
     pub fn constant(mut self, name: &str, value: u32) -> Self {
         self.0.push_str(&format!("const {name}: u32 = {value}u;\n"));
         self
@@ -217,7 +234,10 @@ impl Pipelines {
                 binding: i as u32 + 1,
                 visibility: wgpu::ShaderStages::COMPUTE,
                 ty: wgpu::BindingType::Buffer {
-                    ty: wgpu::BufferBindingType::Storage { read_only: *a == Access::Read },
+                    ty: match a {
+                        Access::Uniform => wgpu::BufferBindingType::Uniform,
+                        a => wgpu::BufferBindingType::Storage { read_only: *a == Access::Read },
+                    },
                     has_dynamic_offset: false,
                     min_binding_size: None,
                 },
