@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 
 use super::OutputArgs;
 
-/// The machine: logical cores, CPU model (from /proc/cpuinfo where it exists) and OS.
+/// The machine: logical cores, CPU model (from /proc/cpuinfo where it exists), OS, load.
 pub fn machine() -> Value {
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
@@ -25,7 +25,9 @@ pub fn machine() -> Value {
         .ok()
         .and_then(|s| s.lines().find_map(|l| l.strip_prefix("MemTotal:").and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())))
         .map(|kb| (kb / (1024.0 * 1024.0) * 10.0).round() / 10.0);
-    json!({"cores": cores, "cpu": cpu, "memory_gib": mem_gib, "os": os, "arch": std::env::consts::ARCH})
+    // Other work on a shared box skews every figure: record how busy it was.
+    let loadavg = std::fs::read_to_string("/proc/loadavg").ok().map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "));
+    json!({"cores": cores, "cpu": cpu, "memory_gib": mem_gib, "os": os, "arch": std::env::consts::ARCH, "loadavg_1_5_15m": loadavg})
 }
 
 /// `TANDEM_GIT_COMMIT`, else `git rev-parse HEAD`, else "unknown" (a copied binary has no repo).
