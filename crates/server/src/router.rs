@@ -20,6 +20,8 @@ use crate::run::Run;
 use crate::server::AppState;
 
 const JSON: &str = "application/json";
+/// Bodies larger than this are parsed and tokenized on the blocking pool.
+const BLOCKING_PARSE_BYTES: usize = 16 << 10;
 
 fn json_response(status: StatusCode, v: &serde_json::Value) -> Response<ResponseBody> {
     let mut r = Response::new(ResponseBody::full(v.to_string()));
@@ -148,10 +150,18 @@ async fn generate(state: &Arc<AppState>, api: Api, req: Request<Incoming>, start
         return Err(ApiError::unavailable("the model is still loading"));
     }
     let body = read_body(state, req).await?;
-    let job = match api {
-        Api::Completions => Job::completions(state, &body)?,
-        Api::Chat => Job::chat(state, &body)?,
-        Api::Generate => Job::generate(state, &body)?,
+    let parse = move |state: &AppState, body: &[u8]| match api {
+        Api::Completions => Job::completions(state, body),
+        Api::Chat => Job::chat(state, body),
+        Api::Generate => Job::generate(state, body),
+    };
+    // Tokenizing a long prompt takes milliseconds: off the runtime, so that the tokens other
+    // requests are streaming on this worker do not wait behind it.
+    let job = if body.len() > BLOCKING_PARSE_BYTES {
+        let st = state.clone();
+        tokio::task::spawn_blocking(move || parse(&st, &body)).await.map_err(|e| ApiError::internal(format!("the tokenizer task failed: {e}")))??
+    } else {
+        parse(state, &body)?
     };
     let reqs = job.requests(state)?;
     let n = state.next_id.fetch_add(1, Ordering::Relaxed);

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tandem_core::tokenizer::Tokenizer;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -75,7 +75,8 @@ impl Server {
         let (stop_tx, stop_rx) = watch::channel(false);
         let mut conns = JoinSet::new();
         let mut builder = http1::Builder::new();
-        builder.keep_alive(true);
+        // A client that trickles its headers (slowloris) is cut off instead of holding a task.
+        builder.keep_alive(true).timer(TokioTimer::new()).header_read_timeout(Duration::from_secs(30));
         let builder = Arc::new(builder);
         tokio::pin!(shutdown);
         loop {

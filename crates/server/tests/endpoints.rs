@@ -346,3 +346,17 @@ async fn metrics_count_tokens_and_parse() {
     assert_eq!(metric(&text, &format!("vllm:num_requests_running{l}")), 0.0);
     assert_eq!(metric(&text, &format!("vllm:kv_cache_usage_perc{l}")), 0.0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_over_the_blocking_parse_threshold_answer_the_same() {
+    let s = TestServer::start(Setup::default()).await;
+    // Over the 16 KiB threshold in bytes, under the context in tokens: padding spaces.
+    let prompt = format!("{}hello world the cat", " ".repeat(20_000));
+    let r = post(s.addr, "/v1/completions", &json!({"prompt": prompt, "max_tokens": 4, "temperature": 0})).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let ids = prompt_ids(&s.tokenizer, &prompt);
+    assert_eq!(ids.len(), 4);
+    assert_eq!(r.json()["choices"][0]["text"], expected_text(&s.tokenizer, &ids, &greedy_ids(&ids, 4)).as_str());
+    let bad = post(s.addr, "/v1/completions", &json!({"prompt": prompt, "max_tokens": 0})).await;
+    assert_eq!(bad.status, 400);
+}
