@@ -430,10 +430,13 @@ impl Backend for WgpuBackend {
             _ => 2,
         };
         let wg = self.matmul_wg;
-        // Small decode batches read x through a uniform buffer of exactly m * k values (one
-        // pipeline per such shape); everything else through storage.
-        let x_bytes = (m * k * 4) as u64;
-        let uniform_x = (self.uniform_x && k % 8 == 0 && m <= 16 && x_bytes <= self.rec.gpu.limits.max_uniform_buffer_binding_size.min(65536)).then_some((m * k / 4) as u32);
+        // Small decode batches read x through a uniform buffer of m' * k values, m' = m rounded
+        // up to a power of two when x is that long (fewer pipelines: one per (m', k)); rows past
+        // m are never read. Everything else goes through storage.
+        let m_pad = if x.len >= m.next_power_of_two() * k { m.next_power_of_two() } else { m };
+        let x_bytes = (m_pad * k * 4) as u64;
+        let uniform_x = (self.uniform_x && k % 8 == 0 && m <= 16 && x_bytes <= self.rec.gpu.limits.max_uniform_buffer_binding_size.min(65536))
+            .then_some((m_pad * k / 4) as u32);
         let prelude = Prelude::new()
             .constant("MT", mt)
             .constant("RT", rt)

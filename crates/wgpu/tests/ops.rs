@@ -134,7 +134,10 @@ fn check_matmul(b: &WgpuBackend, rng: &mut Rng, m: usize, n: usize, k: usize, dt
     let wb = b.weight_from_f32(dtype, &w).unwrap();
     let bb = bias_dtype.map(|d| b.weight_from_f32(d, &bias).unwrap());
     let mut out = poisoned(b, m * n);
-    b.matmul(&f32_buf(b, &x), &wb, bb.as_ref(), &mut out, m, n, k).unwrap();
+    // x lives in a longer buffer (as the model's scratch does): rows past m must not matter.
+    let mut x_long = x.clone();
+    x_long.extend(rng.vec(5 * k, 100.0));
+    b.matmul(&f32_buf(b, &x_long), &wb, bb.as_ref(), &mut out, m, n, k).unwrap();
     let wr = round_to(dtype, &w);
     let br = bias_dtype.map(|d| round_to(d, &bias));
     let mut want = vec![0.0f64; m * n];
