@@ -113,7 +113,7 @@ impl Metrics {
     }
 
     /// The whole exposition, engine gauges included.
-    pub fn render(&self, stats: &EngineStats) -> String {
+    pub fn render(&self, stats: &EngineStats, server_queued: usize) -> String {
         let l = &self.model_label;
         let mut out = String::with_capacity(8192);
         let mut gauge = |name: &str, help: &str, v: f64| {
@@ -123,6 +123,7 @@ impl Metrics {
         gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", stats.num_waiting as f64);
         gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", stats.kv_cache_usage);
         gauge("tandem:batch_size", "Sequences in the most recent engine step.", stats.batch_size as f64);
+        gauge("tandem:server_queued_requests", "Requests submitted by the server without output yet (bounded by max_queued_requests).", server_queued as f64);
         let mut counter = |name: &str, help: &str, v: u64| {
             let _ = writeln!(out, "# HELP {name}_total {help}\n# TYPE {name}_total counter\n{name}_total{{{l}}} {v}");
         };
@@ -153,7 +154,7 @@ mod tests {
         for v in [0.0002, 0.003, 0.003, 5000.0] {
             m.ttft.observe(v);
         }
-        let text = m.render(&EngineStats::default());
+        let text = m.render(&EngineStats::default(), 0);
         assert!(text.contains("vllm:time_to_first_token_seconds_bucket{model_name=\"m\\\"x\",le=\"0.0005\"} 1\n"), "{text}");
         assert!(text.contains("vllm:time_to_first_token_seconds_bucket{model_name=\"m\\\"x\",le=\"0.005\"} 3\n"));
         assert!(text.contains("vllm:time_to_first_token_seconds_bucket{model_name=\"m\\\"x\",le=\"2560\"} 3\n"));

@@ -139,7 +139,7 @@ fn models(state: &AppState) -> Response<ResponseBody> {
 }
 
 fn metrics(state: &AppState) -> Response<ResponseBody> {
-    let text = state.metrics.render(&state.engine.stats());
+    let text = state.metrics.render(&state.engine.stats(), state.queued.load(Ordering::Relaxed));
     let mut r = Response::new(ResponseBody::full(text));
     r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));
     r
@@ -176,15 +176,20 @@ async fn generate(state: &Arc<AppState>, api: Api, req: Request<Incoming>, start
         model: state.model_name.clone(),
     };
     let mut run = Run::start(state.clone(), reqs, job.prompt_param(), meta.id.clone(), start)?;
-    if job.p.stream {
+    // The id of the log line, for clients to quote.
+    let request_id = HeaderValue::from_str(&meta.id).map_err(|e| ApiError::internal(format!("bad response id: {e}")))?;
+    let mut r = if job.p.stream {
         let fmt = StreamFormatter::new(&job, meta, state.tokenizer.clone());
         let mut r = Response::new(ResponseBody::Sse(Box::new(SseStream::new(run, fmt))));
         let h = r.headers_mut();
         h.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
         h.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-        return Ok(r);
-    }
-    // If the client leaves, hyper drops this future, and with it `run`, which aborts.
-    let choices = collect(&mut run).await?;
-    Ok(json_response(StatusCode::OK, &response(&job, &meta, &run, choices, &state.tokenizer)))
+        r
+    } else {
+        // If the client leaves, hyper drops this future, and with it `run`, which aborts.
+        let choices = collect(&mut run).await?;
+        json_response(StatusCode::OK, &response(&job, &meta, &run, choices, &state.tokenizer))
+    };
+    r.headers_mut().insert("x-request-id", request_id);
+    Ok(r)
 }

@@ -29,7 +29,7 @@ async fn health_models_and_metrics() {
         "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "vllm:prefix_cache_queries_total",
         "vllm:prefix_cache_hits_total", "vllm:num_preemptions_total", "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
         "vllm:time_to_first_token_seconds_count", "vllm:inter_token_latency_seconds_count", "vllm:e2e_request_latency_seconds_count",
-        "vllm:request_queue_time_seconds_count", "tandem:batch_size",
+        "vllm:request_queue_time_seconds_count", "tandem:batch_size", "tandem:server_queued_requests",
     ] {
         metric(&text, &format!("{name}{{model_name=\"{MODEL}\"}}"));
     }
@@ -44,6 +44,7 @@ async fn completion_is_the_models_greedy_text() {
     assert_eq!(r.headers["content-type"], "application/json");
     let v = r.json();
     assert!(v["id"].as_str().unwrap().starts_with("cmpl-"));
+    assert_eq!(r.headers["x-request-id"], v["id"].as_str().unwrap());
     assert_eq!(v["object"], "text_completion");
     assert_eq!(v["model"], MODEL);
     let ids = prompt_ids(&s.tokenizer, prompt);

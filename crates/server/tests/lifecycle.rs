@@ -145,6 +145,7 @@ async fn full_queue_answers_429_at_once() {
         assert_eq!(r.json()["error"]["code"], "rate_limit_exceeded");
     }
     assert!(t.elapsed() < Duration::from_millis(500), "429 must not wait");
+    assert_eq!(metric(&get(s.addr, "/metrics").await.text(), &format!("tandem:server_queued_requests{}", l())), 2.0);
     assert_eq!(engine.open.lock().unwrap().len(), 2);
     for w in waiting {
         w.abort();
