@@ -14,6 +14,13 @@ use tandem_core::{Error, Result};
 use crate::adapter::{Gpu, NAME};
 use crate::shaders::{Kernel, Pipeline, Pipelines, Prelude, PARAMS_BYTES};
 
+/// Bind groups kept for reuse.
+const BIND_CACHE_CAP: usize = 4096;
+
+/// A bind group's identity: the pipeline (its cache entry's address, stable while cached in
+/// [`Pipelines`]) and each storage binding's buffer and range.
+type BindKey = (usize, Vec<(wgpu::Buffer, Option<(u64, u64)>)>);
+
 /// Arena bytes per submit; a forward pass that needs more submits mid-way (correct, a little slower).
 const ARENA_BYTES: u64 = 1 << 20;
 
@@ -54,6 +61,8 @@ struct Profiler {
 }
 
 struct Pending {
+    /// Declared before the encoder: the pass must end (drop) before the encoder is used again.
+    pass: Option<wgpu::ComputePass<'static>>,
     encoder: Option<wgpu::CommandEncoder>,
     params: Vec<u8>,
     /// Kernel of each timed dispatch in this submit, in order (profiling only).
@@ -68,6 +77,7 @@ pub(crate) struct Recorder {
     pending: Mutex<Pending>,
     staging: Mutex<Option<wgpu::Buffer>>,
     stats: Mutex<Stats>,
+    bind_groups: Mutex<std::collections::HashMap<BindKey, wgpu::BindGroup>>,
     profiler: Option<Profiler>,
     profiling: AtomicBool,
     /// Poll and sleep rather than block while waiting (CPU adapters).
@@ -112,9 +122,10 @@ impl Recorder {
             pipelines,
             params_buf,
             param_align,
-            pending: Mutex::new(Pending { encoder: None, params: Vec::new(), timed: Vec::new() }),
+            pending: Mutex::new(Pending { pass: None, encoder: None, params: Vec::new(), timed: Vec::new() }),
             staging: Mutex::new(None),
             stats: Mutex::new(Stats::default()),
+            bind_groups: Mutex::new(std::collections::HashMap::new()),
             gpu,
             sleepy_wait,
             profiler,
@@ -183,17 +194,35 @@ impl Recorder {
                 resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer: b.buf, offset, size: NonZeroU64::new(size) }),
             });
         }
-        let bind_group = self.gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some(kernel.name),
-            layout: &pipeline.layout,
-            entries: &entries,
-        });
+        // The model binds the same buffers every step: reuse bind groups (a bounded cache; a
+        // cached group keeps its buffers alive, so it is emptied when it grows large).
+        let key: BindKey = (Arc::as_ptr(&pipeline) as usize, binds.iter().map(|b| (b.buf.clone(), b.range)).collect());
+        let cached = lock(&self.bind_groups, "bind group cache")?.get(&key).cloned();
+        let bind_group = match cached {
+            Some(g) => g,
+            None => {
+                let g = self.gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                    label: Some(kernel.name),
+                    layout: &pipeline.layout,
+                    entries: &entries,
+                });
+                let mut cache = lock(&self.bind_groups, "bind group cache")?;
+                if cache.len() >= BIND_CACHE_CAP {
+                    cache.clear();
+                }
+                cache.insert(key, g.clone());
+                g
+            }
+        };
 
         let mut p = lock(&self.pending, "recorder")?;
         let offset = (p.params.len() as u64).next_multiple_of(self.param_align);
         let profiling = self.profiling.load(Ordering::Relaxed);
         if offset + PARAMS_BYTES > self.params_buf.size() || (profiling && (p.timed.len() as u32 + 1) * 2 > PROFILE_CAP) {
             self.submit_locked(&mut p)?;
+        }
+        if profiling {
+            p.pass = None;
         }
         let timestamps = match (&self.profiler, profiling) {
             (Some(pr), true) => {
@@ -209,8 +238,19 @@ impl Recorder {
         p.params.resize((offset + PARAMS_BYTES) as usize, 0);
         let device = &self.gpu.device;
         let encoder = p.encoder.get_or_insert_with(|| device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("tandem") }));
-        {
+        if timestamps.is_some() {
+            // Timed: a pass of its own, with timestamps at its start and end.
             let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(kernel.name), timestamp_writes: timestamps });
+            pass.set_pipeline(&pipeline.pipeline);
+            pass.set_bind_group(0, &bind_group, &[offset as u32]);
+            pass.dispatch_workgroups(gx, gy, 1);
+        } else {
+            // Consecutive dispatches share one pass (wgpu orders their buffer accesses inside it).
+            if p.pass.is_none() {
+                let encoder = p.encoder.as_mut().expect("encoder was just created");
+                p.pass = Some(encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("tandem"), timestamp_writes: None }).forget_lifetime());
+            }
+            let pass = p.pass.as_mut().expect("pass was just begun");
             pass.set_pipeline(&pipeline.pipeline);
             pass.set_bind_group(0, &bind_group, &[offset as u32]);
             pass.dispatch_workgroups(gx, gy, 1);
@@ -234,6 +274,7 @@ impl Recorder {
 
     /// Submits what is recorded (after uploading its parameter arena). Does not wait.
     fn submit_locked(&self, p: &mut Pending) -> Result<()> {
+        p.pass = None; // ends the open pass, releasing the encoder
         if let Some(mut encoder) = p.encoder.take() {
             if !p.params.is_empty() {
                 self.gpu.queue.write_buffer(&self.params_buf, 0, &p.params);
@@ -319,6 +360,7 @@ impl Recorder {
         }
         let st = staging.as_ref().expect("staging buffer was just created");
         let device = &self.gpu.device;
+        p.pass = None; // the copy is recorded on the encoder, outside any pass
         let encoder = p.encoder.get_or_insert_with(|| device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("tandem") }));
         if size > 0 {
             encoder.copy_buffer_to_buffer(buf, 0, st, 0, size);
