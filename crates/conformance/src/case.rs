@@ -302,6 +302,12 @@ pub fn cases() -> Vec<Case> {
         (32, 1, 4, 128, vec![p(33, 31), p(64, 1), p(0, 5)]),
         (32, 2, 3, 128, vec![p(100, 28)]),
         (16, 4, 4, 128, vec![p(16, 16), p(3, 1), p(47, 50)]),
+        // Long contexts: past one 512-token partition of a split-context decode kernel (the
+        // CUDA backend's), and a prefill chunk at the end of a long cached prefix.
+        (16, 2, 3, 64, vec![d(600), d(1100), d(3)]),
+        (32, 1, 4, 128, vec![p(1000, 24), d(513)]),
+        (32, 1, 4, 128, vec![d(1024)]),
+        (16, 2, 3, 128, vec![d(512), d(5)]),
     ];
     for (block_size, kv_heads, gqa, head_dim, seqs) in attention {
         v.push(Case::new(PagedAttention { block_size, kv_heads, gqa, head_dim, seqs, spare_blocks: 3 }, Spec::PagedAttention));
