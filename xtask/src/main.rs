@@ -11,6 +11,7 @@ mod bench;
 mod convert_gguf;
 mod fetch_model;
 mod gen_model;
+mod gpu_bundle;
 mod kernels;
 mod serve;
 mod test;
@@ -36,6 +37,8 @@ enum Task {
     Serve(serve::Args),
     /// The CUDA kernels' compile check (NVRTC + ptxas; no GPU needed).
     Kernels(kernels::Args),
+    /// Build the release binary and put it, the GPU check scripts and the kernels in bundle/.
+    GpuBundle(gpu_bundle::Args),
     /// Benchmarks from a release build: `tandem bench <kind> ...` (throughput, serve, compare,
     /// sweep, load, decode).
     Bench(bench::Args),
@@ -53,6 +56,7 @@ fn main() -> anyhow::Result<()> {
         Task::Test(a) => test::run(a),
         Task::Serve(a) => serve::run(a),
         Task::Kernels(a) => kernels::run(a),
+        Task::GpuBundle(a) => gpu_bundle::run(a),
         Task::Bench(a) => bench::run(a),
     }
 }

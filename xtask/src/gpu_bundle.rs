@@ -1,0 +1,130 @@
+//! `cargo xtask gpu-bundle`: everything the GPU machine needs in `bundle/` (git-ignored): the
+//! stripped release `tandem`, gpu/check.sh and gpu/*.py, the kernel sources (for
+//! `TANDEM_KERNEL_DIR`) and a COMMIT file. That machine has no Rust toolchain and no network,
+//! and at most 64 MiB travels with the working tree, so the bundle must be small and whole.
+//! Prints its size and the exact device `run` call (docs/gpu-check.md).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+
+/// What may travel to the device machine: the working tree and the carried paths together.
+const TRAVEL_LIMIT: u64 = 64 << 20;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Bundle the release binary already built instead of building it first.
+    #[arg(long)]
+    no_build: bool,
+    /// Output folder, relative to the workspace root.
+    #[arg(long, default_value = "bundle")]
+    out: PathBuf,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let root = crate::workspace_root();
+    if !a.no_build {
+        let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+            .args(["build", "--release", "-p", "tandem-cli"])
+            .current_dir(&root)
+            .status()
+            .context("running cargo build --release -p tandem-cli")?;
+        if !status.success() {
+            bail!("cargo build --release -p tandem-cli failed ({status})");
+        }
+    }
+    let bin = root.join("target/release/tandem");
+    if !bin.is_file() {
+        bail!("{}: no release binary (run without --no-build)", bin.display());
+    }
+    let out = root.join(&a.out);
+    if out.exists() {
+        std::fs::remove_dir_all(&out).with_context(|| format!("removing the old {}", out.display()))?;
+    }
+    std::fs::create_dir_all(out.join("kernels")).with_context(|| format!("creating {}", out.display()))?;
+
+    copy(&bin, &out.join("tandem"))?;
+    // The release profile strips already; `strip` again is a no-op then, and a guard if the
+    // profile ever changes (an unstripped binary with debug info is ~200 MB).
+    match Command::new("strip").arg(out.join("tandem")).status() {
+        Ok(s) if s.success() => {}
+        Ok(s) => eprintln!("warning: strip exited with {s}; bundling the binary as built"),
+        Err(e) => eprintln!("warning: no strip ({e}); bundling the binary as built"),
+    }
+    let gpu = root.join("gpu");
+    let mut scripts = 0;
+    for e in std::fs::read_dir(&gpu).with_context(|| format!("reading {}", gpu.display()))? {
+        let p = e?.path();
+        let ext = p.extension().and_then(|x| x.to_str()).unwrap_or("");
+        if ext == "py" || ext == "sh" {
+            copy(&p, &out.join(p.file_name().unwrap_or_default()))?;
+            scripts += 1;
+        }
+    }
+    if !out.join("check.sh").is_file() {
+        bail!("gpu/check.sh is missing: the bundle would have nothing to run");
+    }
+    let kernels = root.join("kernels");
+    let mut cu = 0;
+    for e in std::fs::read_dir(&kernels).with_context(|| format!("reading {}", kernels.display()))? {
+        let p = e?.path();
+        if matches!(p.extension().and_then(|x| x.to_str()), Some("cu" | "cuh")) {
+            copy(&p, &out.join("kernels").join(p.file_name().unwrap_or_default()))?;
+            cu += 1;
+        }
+    }
+    let commit = git(&root, &["rev-parse", "HEAD"]).unwrap_or_else(|| "unknown".into());
+    // Uncommitted changes in tracked files mean the binary is not exactly that commit.
+    let dirty = git(&root, &["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
+    let built = Command::new("date").args(["-u", "+%Y-%m-%dT%H:%M:%SZ"]).output().ok().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    let line = format!("{commit}{} built {}", if dirty { " (with uncommitted changes)" } else { "" }, built.unwrap_or_default());
+    std::fs::write(out.join("COMMIT"), line.clone() + "\n").context("writing COMMIT")?;
+
+    let bundle = dir_size(&out)?;
+    let tree = travelling_tree_size(&root);
+    println!("bundle: {} ({:.1} MiB: tandem {:.1} MiB, {scripts} scripts, {cu} kernel files), commit {line}", out.display(), mib(bundle), mib(std::fs::metadata(out.join("tandem"))?.len()));
+    match tree {
+        Some(t) => println!("working tree that travels with it: {:.1} MiB; together {:.1} of {:.0} MiB", mib(t), mib(t + bundle), mib(TRAVEL_LIMIT)),
+        None => println!("working tree size unknown (git ls-files failed); the limit is {:.0} MiB together", mib(TRAVEL_LIMIT)),
+    }
+    if bundle + tree.unwrap_or(0) > TRAVEL_LIMIT {
+        bail!("bundle and working tree exceed the {:.0} MiB that may travel", mib(TRAVEL_LIMIT));
+    }
+    println!();
+    println!("device call (one H200, about 4-6 minutes; timeout leaves room for the summary):");
+    println!(r#"  run(command="bash {}/check.sh $OUT", carry=["{}"], timeout_s=480)"#, a.out.display(), a.out.display());
+    println!("dry run here:  XDG_RUNTIME_DIR=/tmp/xdg TANDEM_CHECK_BACKEND=wgpu TANDEM_CHECK_BENCH_SHAPE=tiny TANDEM_CHECK_SMALL=1 bash {}/check.sh /tmp/check-out", a.out.display());
+    Ok(())
+}
+
+fn copy(from: &Path, to: &Path) -> Result<()> {
+    std::fs::copy(from, to).with_context(|| format!("copying {} to {}", from.display(), to.display()))?;
+    Ok(())
+}
+
+fn git(root: &Path, args: &[&str]) -> Option<String> {
+    let o = Command::new("git").args(args).current_dir(root).output().ok()?;
+    o.status.success().then(|| String::from_utf8_lossy(&o.stdout).trim().to_string())
+}
+
+fn dir_size(dir: &Path) -> Result<u64> {
+    let mut total = 0;
+    for e in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let e = e?;
+        let md = e.metadata()?;
+        total += if md.is_dir() { dir_size(&e.path())? } else { md.len() };
+    }
+    Ok(total)
+}
+
+/// Tracked and untracked-but-not-ignored files: what the device machine receives besides
+/// the carried paths.
+fn travelling_tree_size(root: &Path) -> Option<u64> {
+    let list = git(root, &["ls-files", "-co", "--exclude-standard", "-z"])?;
+    Some(list.split('\0').filter(|p| !p.is_empty()).filter_map(|p| std::fs::metadata(root.join(p)).ok()).map(|m| m.len()).sum())
+}
+
+fn mib(b: u64) -> f64 {
+    b as f64 / (1 << 20) as f64
+}
