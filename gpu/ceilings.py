@@ -114,6 +114,10 @@ def main():
     res["matmul_f32_n"] = n
     res["matmul_f32_tflops"] = 2 * n**3 / statistics.median(t) / 1e12
     print(json.dumps(res))
+    print(
+        f"ceilings: copy {res['copy_gbps']:.1f} GB/s, bf16 matmul {res['matmul_tflops']:.1f} TFLOP/s, "
+        f"f32 matmul {res['matmul_f32_tflops']:.1f} TFLOP/s on {res['gpu'] or res['device']}"
+    )
     return 0 if rel < 2e-2 else 1
 
 

@@ -53,12 +53,13 @@ say() { echo "$*" | tee -a "$LOG"; }
 elapsed() { echo $(( $(date +%s) - T0 )); }
 
 # step NAME TIMEOUT_S CMD...: runs CMD under `timeout`, logs its whole output, records
-# (name, rc, seconds, last line) in steps.tsv, prints one status line. rc 124 = timed out,
-# 125 = skipped for lack of time.
+# (name, rc, seconds, verdict line) in steps.tsv, prints one status line. rc 124 = timed out,
+# 125 = skipped for lack of time. The verdict line is the last line matching PICK (a regex;
+# default: a pass/fail count or an error), else the last line.
 step() {
     local name=$1 limit=$2; shift 2
     local left=$(( BUDGET - $(elapsed) ))
-    local slog="$WORK/logs/$(echo "$name" | tr -c 'A-Za-z0-9_.-' '_').log"
+    local slog="$WORK/logs/$(printf '%s' "$name" | tr -c 'A-Za-z0-9_.-' '_').log"
     if [ "$left" -lt 15 ]; then
         printf '%s\t125\t0\tskipped: out of the %s s budget\n' "$name" "$BUDGET" >>"$STEPS"
         say "[$(elapsed) s] $name: SKIPPED (out of time budget)"
@@ -75,7 +76,7 @@ step() {
     echo "----- $name: rc=$rc in ${secs}s" >>"$LOG"
     # The last line that looks like a verdict, else the last line.
     local last
-    last=$(grep -E '(passed|failed|error|Error|FAIL|skipped|wrote)' "$slog" | grep -v '^\s*$' | tail -n 1)
+    last=$(grep -E "${PICK:-(passed|failed|error|Error|FAIL|skipped)}" "$slog" | tail -n 1)
     [ -z "$last" ] && last=$(grep -v '^\s*$' "$slog" | tail -n 1)
     last=$(echo "$last" | sed -e 's/\x1b\[[0-9;]*m//g' | tr '\t' ' ' | cut -c1-160)
     [ $rc -eq 124 ] && last="TIMED OUT after ${limit}s; $last"
@@ -132,19 +133,23 @@ step "binary starts" 20 "$BIN" --version
 # ---------------------------------------------------------------- random models
 # Made here by our binary (no weights travel). The bench model is the slow one (about 20 s
 # single-threaded for llama-3.2-1b): it is made in the background while the checks run.
-gen() { # gen SHAPE DTYPE DIR: reuses a finished model (config.json is written last)
-    [ -e "$3/config.json" ] && { echo "reusing $3"; return 0; }
-    rm -rf "$3" && "$BIN" gen-model --shape "$1" --seed 1 --dtype "$2" --out "$3"
+gen() { # gen SHAPE DTYPE DIR TIMEOUT: a model left by an earlier run is reused (config.json is written last)
+    if [ -e "$3/config.json" ]; then
+        printf 'gen-model %s\t0\t0\treused %s\n' "$(basename "$3")" "$3" >>"$STEPS"
+        return 0
+    fi
+    rm -rf "$3"
+    step "gen-model $(basename "$3")" "$4" "$BIN" gen-model --shape "$1" --seed 1 --dtype "$2" --out "$3"
 }
-BENCH_DIR=$WORK/models/$BENCH_SHAPE-bf16
-( step "gen-model $BENCH_SHAPE bf16" 150 gen "$BENCH_SHAPE" bf16 "$BENCH_DIR" ) &
+BENCH_DIR=$WORK/models/bench-$BENCH_SHAPE-bf16
+gen "$BENCH_SHAPE" bf16 "$BENCH_DIR" 150 &
 GEN_PID=$!
 TINY=$WORK/models/tiny-bf16
 TINY32=$WORK/models/tiny-f32
 SMOL=$WORK/models/smollm2-135m-bf16
-step "gen-model tiny bf16" 30 gen tiny bf16 "$TINY"
-step "gen-model tiny f32" 30 gen tiny f32 "$TINY32"
-step "gen-model smollm2-135m bf16" 60 gen smollm2-135m bf16 "$SMOL"
+gen tiny bf16 "$TINY" 30
+gen tiny f32 "$TINY32" 30
+gen smollm2-135m bf16 "$SMOL" 60
 
 # ---------------------------------------------------------------- correctness
 if ! step "test-ops $BACKEND" 150 "$BIN" test-ops --backend "$BACKEND"; then
@@ -160,11 +165,12 @@ if ! step "test-ops $BACKEND" 150 "$BIN" test-ops --backend "$BACKEND"; then
     [ -z "$OPS" ] && step "test-ops $BACKEND SYNC=1" 120 env TANDEM_CUDA_SYNC=1 "$BIN" test-ops --backend "$BACKEND" ${SEED:+--seed "$SEED"}
 fi
 
-STEPS_SMALL=16
-[ "$SMALL" = 1 ] && STEPS_SMALL=8
+# Dry runs on a CPU adapter: the 135M model's compare shrinks to fit a few minutes.
+SMOL_ARGS=(--steps 16)
+[ "$SMALL" = 1 ] && SMOL_ARGS=(--steps 8 --prompts 3 --batch 8)
 step "compare $BACKEND tiny bf16" 90 "$BIN" compare --backend "$BACKEND" --model "$TINY" --json "$OUT/compare-tiny.json"
 step "compare $BACKEND tiny f32" 90 "$BIN" compare --backend "$BACKEND" --model "$TINY32"
-step "compare $BACKEND smollm2-135m" 200 "$BIN" compare --backend "$BACKEND" --model "$SMOL" --steps "$STEPS_SMALL" --json "$OUT/compare-smollm2.json"
+step "compare $BACKEND smollm2-135m" 200 "$BIN" compare --backend "$BACKEND" --model "$SMOL" "${SMOL_ARGS[@]}" --json "$OUT/compare-smollm2.json"
 if [ -s "$OUT/compare-tiny.json" ]; then
     step "hf_compare tiny" 150 "$PY" "$HERE/hf_compare.py" --model "$TINY" --ids-json "$OUT/compare-tiny.json" --out "$OUT/hf-tiny.json"
 else
@@ -189,8 +195,8 @@ else
     THR=(--max-num-seqs 64 --num-prompts 64 --input-len 128 --output-len 128 --num-kv-blocks 1280 --max-num-batched-tokens 2048 --warmup 2)
 fi
 if "$BIN" bench --help >/dev/null 2>&1; then
-    step "bench decode $BENCH_SHAPE" 180 "$BIN" bench decode --backend "$BACKEND" --model "$BENCH_DIR" "${DEC[@]}" --output-dir "$BENCH_OUT" --name decode
-    step "bench throughput $BENCH_SHAPE" 180 "$BIN" bench throughput --backend "$BACKEND" --model "$BENCH_DIR" "${THR[@]}" --timeout-s 150 --output-dir "$BENCH_OUT" --name throughput
+    PICK='decode tok/s' step "bench decode $BENCH_SHAPE" 180 "$BIN" bench decode --backend "$BACKEND" --model "$BENCH_DIR" "${DEC[@]}" --output-dir "$BENCH_OUT" --name decode
+    PICK='^\| tandem' step "bench throughput $BENCH_SHAPE" 180 "$BIN" bench throughput --backend "$BACKEND" --model "$BENCH_DIR" "${THR[@]}" --timeout-s 150 --output-dir "$BENCH_OUT" --name throughput
 else
     printf 'bench\t125\t0\tskipped: this tandem binary has no bench subcommand\n' >>"$STEPS"
 fi
