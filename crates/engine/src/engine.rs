@@ -307,6 +307,10 @@ impl Engine {
             self.postprocess(&out, logits);
         }
         self.update_stats();
+        if let Ok(mut st) = self.stats.lock() {
+            st.steps_total += 1;
+            st.batch_size = out.seqs.len();
+        }
         out.seqs.len()
     }
 
@@ -467,7 +471,6 @@ impl Engine {
             st.preemptions_total = s.num_preemptions;
             st.prompt_tokens_total = s.num_prompt_tokens;
             st.generation_tokens_total = self.generation_tokens;
-            st.steps_total += 1;
         }
     }
 }
@@ -549,7 +552,11 @@ impl Engine {
     fn handle(&mut self, cmd: Command) -> bool {
         match cmd {
             Command::Submit { id, req, max_tokens, tx, arrival } => self.enqueue(id, *req, max_tokens, tx, arrival),
-            Command::Abort(id) => self.abort(id),
+            Command::Abort(id) => {
+                self.abort(id);
+                // The engine may go idle now; the gauges must not keep showing the aborted request.
+                self.update_stats();
+            }
             Command::Shutdown => {
                 let open: Vec<RequestId> = self.requests.keys().copied().collect();
                 for rid in open {

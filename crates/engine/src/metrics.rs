@@ -21,6 +21,8 @@ pub struct Stats {
     pub prompt_tokens_total: u64,
     pub generation_tokens_total: u64,
     pub steps_total: u64,
+    /// Sequences in the last step's batch.
+    pub batch_size: usize,
     pub forward_errors_total: u64,
     /// Completions ended, by reason (a request with `n > 1` counts `n`).
     pub requests_stop_total: u64,

@@ -150,9 +150,7 @@ impl EngineClient for TandemEngine {
             prefix_cache_queries: s.prefix_cache_queries_total,
             prefix_cache_hits: s.prefix_cache_hits_total,
             num_preemptions: s.preemptions_total,
-            // The engine reports no per-step batch size yet; between steps the running set
-            // is the batch in continuous mode.
-            batch_size: s.num_running,
+            batch_size: s.batch_size,
         }
     }
 
