@@ -42,6 +42,9 @@ struct Parts {
     tensors: usize,
 }
 
+/// A part's name and how to read its time from a run.
+type Part = (&'static str, fn(&Parts) -> f64);
+
 fn open_once(dir: &std::path::Path) -> Result<Parts> {
     let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
     let t0 = Instant::now();
@@ -75,7 +78,7 @@ pub fn run(a: Args) -> Result<()> {
         v.sort_by(|a, b| a.total_cmp(b));
         (v[0], percentile(&v, 50.0))
     };
-    let parts: [(&str, fn(&Parts) -> f64); 4] = [("config.json", |p| p.config), ("tokenizer.json", |p| p.tokenizer), ("safetensors headers + mmap", |p| p.weights), ("total", |p| p.total)];
+    let parts: [Part; 4] = [("config.json", |p| p.config), ("tokenizer.json", |p| p.tokenizer), ("safetensors headers + mmap", |p| p.weights), ("total", |p| p.total)];
     let mut rows = vec![];
     let mut results = serde_json::Map::new();
     for (name, f) in parts {

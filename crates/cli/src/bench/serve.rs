@@ -79,7 +79,7 @@ fn free_port() -> Result<u16> {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    if !(a.request_rate > 0.0) {
+    if a.request_rate.is_nan() || a.request_rate <= 0.0 {
         bail!("--request-rate must be positive (or inf)");
     }
     if a.max_concurrency == Some(0) {

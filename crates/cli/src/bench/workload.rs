@@ -87,7 +87,7 @@ impl WorkloadArgs {
         if hi_in + hi_out > max_model_len {
             bail!("prompts of up to {hi_in} tokens plus outputs of up to {hi_out} exceed the model's context of {max_model_len} tokens");
         }
-        let mut rng = SplitMix64(self.seed ^ 0x5EED_0F_B3_0C4);
+        let mut rng = SplitMix64(self.seed ^ 0x05EE_D0FB_30C4);
         Ok((0..n)
             .map(|_| {
                 let input = rng.range(lo_in, hi_in);
