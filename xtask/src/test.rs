@@ -4,7 +4,8 @@
 //! 2. The CUDA kernels' compile check (NVRTC + ptxas from pinned wheels), when the toolchain is
 //!    installed (`bash kernels/install-toolchain.sh`; `.ci/run` does it). Required under CI.
 //! 3. `cargo test --workspace`, with the environment the wgpu tests need.
-//! 4. A count of the tests that skipped themselves (`tandem_core::skip::note` logs them).
+//! 4. The official `openai` Python client against our server (crates/server/tests/openai_client.sh).
+//! 5. A count of the tests that skipped themselves (`tandem_core::skip::note` logs them).
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -51,8 +52,16 @@ pub fn run(a: Args) -> Result<()> {
         .stdout(Stdio::piped())
         .spawn()
         .context("running cargo test")?;
+    let (mut passed, mut failed) = (0u64, 0u64);
     for line in BufReader::new(child.stdout.take().expect("piped")).lines() {
-        println!("{}", line?);
+        let line = line?;
+        println!("{line}");
+        // "test result: ok. 14 passed; 0 failed; 0 ignored; ..."
+        if let Some(rest) = line.strip_prefix("test result: ") {
+            let count = |word: &str| rest.split(';').find_map(|p| p.trim().strip_suffix(word)?.trim().rsplit(' ').next()?.parse::<u64>().ok()).unwrap_or(0);
+            passed += count(" passed");
+            failed += count(" failed");
+        }
     }
     let status = child.wait()?;
     let mut skipped = own_skips;
@@ -64,6 +73,28 @@ pub fn run(a: Args) -> Result<()> {
     println!("cargo test took {:.0} s", t0.elapsed().as_secs_f64());
     if !status.success() {
         bail!("cargo test failed");
+    }
+    openai_client(&root)?;
+    // The one closing line a CI reader looks for.
+    println!("tandem: {passed} passed, {failed} failed, {} skipped", skipped.len());
+    Ok(())
+}
+
+/// The official `openai` Python client (a client we did not write) against our server:
+/// completions, chat and streaming. The package goes into `.venv-openai` (git-ignored).
+fn openai_client(root: &std::path::Path) -> Result<()> {
+    let venv = root.join(".venv-openai");
+    let py = venv.join("bin/python");
+    if !py.exists() || !Command::new(&py).args(["-c", "import openai"]).status()?.success() {
+        let ok = Command::new("python3").arg("-m").arg("venv").arg(&venv).status()?.success()
+            && Command::new(&py).args(["-m", "pip", "install", "-q", "openai"]).status()?.success();
+        if !ok {
+            bail!("could not install the openai package into {}", venv.display());
+        }
+    }
+    let st = Command::new("bash").current_dir(root).arg("crates/server/tests/openai_client.sh").arg(&py).status()?;
+    if !st.success() {
+        bail!("the openai client check failed");
     }
     Ok(())
 }
