@@ -16,12 +16,17 @@ fn dir(name: &str) -> PathBuf {
 
 /// Runs `tandem bench <args> --output-dir <out>`; panics with its output on failure.
 fn bench(out: &Path, args: &[&str]) -> String {
+    bench_env(out, args, &[])
+}
+
+fn bench_env(out: &Path, args: &[&str], env: &[(&str, &str)]) -> String {
     let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("bench-models");
     let o = Command::new(env!("CARGO_BIN_EXE_tandem"))
         .arg("bench")
         .args(args)
         .args(["--output-dir", out.to_str().unwrap(), "--model-cache", cache.to_str().unwrap()])
         .env("RUST_LOG", "warn")
+        .envs(env.iter().copied())
         .output()
         .expect("run tandem");
     let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
@@ -88,6 +93,10 @@ fn compare_and_sweep_write_tables_and_plots() {
     assert!(runs.iter().all(|r| r["result"]["output_tokens"] == 48));
     assert!(md.contains("| 8 |"), "{md}");
     assert_png(&out.join("sweep-reference-tiny.png"));
+
+    // Where no font can be found the plot is still drawn, without text.
+    bench_env(&out, &[&["sweep"], TINY, &["--num-prompts", "4", "--input-len", "8", "--output-len", "4", "--max-num-seqs-values", "2,4", "--name", "no-font"]].concat(), &[("TANDEM_PLOT_FONT", "none")]);
+    assert_png(&out.join("no-font.png"));
 }
 
 #[test]

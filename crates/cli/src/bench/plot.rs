@@ -1,6 +1,7 @@
 //! PNG line plots (plotters, bitmap backend only). Text needs a font: one is looked for on the
 //! system at run time (`TANDEM_PLOT_FONT`, then common DejaVu/Liberation paths) and registered
-//! with plotters' ab_glyph renderer; with none found the plot is drawn without any text.
+//! with plotters' ab_glyph renderer; with none found (or `TANDEM_PLOT_FONT=none`) the plot is
+//! drawn without any text.
 
 use std::path::Path;
 use std::sync::OnceLock;
@@ -23,6 +24,9 @@ fn font_ready() -> bool {
     static READY: OnceLock<bool> = OnceLock::new();
     *READY.get_or_init(|| {
         let env = std::env::var("TANDEM_PLOT_FONT").ok();
+        if env.as_deref() == Some("none") {
+            return false;
+        }
         for p in env.iter().map(String::as_str).chain(FONT_PATHS.iter().copied()) {
             if let Ok(bytes) = std::fs::read(p) {
                 // plotters keeps fonts for the life of the process: leaking one file is that.
