@@ -230,11 +230,11 @@ def main():
         res = "ok" if s["rc"] == 0 else ("TIMEOUT" if s["rc"] == 124 else ("SKIPPED" if s["rc"] == 125 else f"FAIL {s['rc']}"))
         out.append(f"{s['step'][:34]:<34} {res:<8} {s['seconds']:>6.1f}  {s['detail'][:110]}")
     out.append("")
-    out.append(f"{'figure':<44} {'measured':>16} {'floor':>14} {'of floor':>9}  bound")
+    out.append(f"{'figure':<44} {'measured':>20} {'floor':>14} {'of floor':>9}  bound")
     for f_ in figures:
         fl = "-" if f_["floor"] is None else f"{f_['floor']:.1f}"
         fr = "-" if f_["fraction_of_floor"] is None else f"{f_['fraction_of_floor']:.1%}"
-        out.append(f"{f_['figure'][:44]:<44} {f_['measured']:>10.1f} {f_['unit']:<5} {fl:>14} {fr:>9}  {f_['bound'] or ''}")
+        out.append(f"{f_['figure'][:44]:<44} {f_['measured']:>10.1f} {f_['unit']:<9} {fl:>14} {fr:>9}  {f_['bound'] or ''}")
     if model:
         out.append(
             f"bench model {label}: {model['weight_bytes'] / 1e9:.2f} GB of weights, {model['decode_weight_bytes'] / 1e9:.2f} GB read per decode step, "
