@@ -68,7 +68,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("prefill: {prompt} tokens in {:.3} s (first call compiles the pipelines)", t0.elapsed().as_secs_f64());
 
     let mut pos = prompt;
-    let mut step = |m: &mut LlamaModel<WgpuBackend>, pos: &mut usize, next: &mut u32| -> Result<(), Box<dyn std::error::Error>> {
+    let step = |m: &mut LlamaModel<WgpuBackend>, pos: &mut usize, next: &mut u32| -> Result<(), Box<dyn std::error::Error>> {
         let mut b = ForwardBatch { max_blocks: blocks.len(), ..Default::default() };
         b.push_seq(&[*next], *pos, &blocks, block_size, true);
         *next = m.forward_argmax(&b)?[0];

@@ -22,7 +22,6 @@ fn unpack(v: vec4<u32>) -> mat2x4<f32> {
 
 /// w: 0 storage, 1 texture, 2 a 64 KiB uniform window (rows wrap inside it: same access cost).
 fn kernel(w_kind: u32, x_uniform: bool) -> String {
-    let w_tex = w_kind == 1;
     let wdecl = match w_kind {
         0 => "@group(0) @binding(0) var<storage, read> ws: array<vec4<u32>>;",
         1 => "@group(0) @binding(0) var wt: texture_2d<u32>;",
@@ -87,7 +86,6 @@ fn main() {
     let xb = device.create_buffer_init(&wgpu::util::BufferInitDescriptor { label: None, contents: bytemuck::cast_slice(&xs), usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::UNIFORM });
     let out = device.create_buffer(&wgpu::BufferDescriptor { label: None, size: N as u64 * 4, usage: wgpu::BufferUsages::STORAGE, mapped_at_creation: false });
     for (w_kind, x_uniform) in [(0, false), (0, true), (1, true), (2, true), (0, true), (2, true)] {
-        let w_tex = w_kind == 1;
         let desc = wgpu::ShaderModuleDescriptor { label: None, source: wgpu::ShaderSource::Wgsl(kernel(w_kind, x_uniform).into()) };
         // SAFETY: the probe's indices stay inside the buffers and the texture by construction.
         let module = unsafe { device.create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked()) };

@@ -40,7 +40,15 @@ pub struct WgpuBackend {
     matmul_rt: u32,
     /// Matmul may read x through a uniform buffer (`TANDEM_WGPU_UNIFORM_X=0` turns it off).
     uniform_x: bool,
+    /// Most loop iterations one invocation may run, where the driver has such a limit.
+    loop_limit: Option<usize>,
 }
+
+/// llvmpipe/lavapipe ends every loop of a shader once the invocation has run 65535 loop
+/// iterations in total, all loops together (gallivm's LP_MAX_TGSI_LOOP_ITERATIONS): results
+/// past that are silently wrong. On CPU adapters the ops size their loops against this (with
+/// a margin) and refuse, with an error, work that would exceed it.
+const LAVAPIPE_LOOP_LIMIT: usize = 65535 - 1024;
 
 /// Rows `[row0, row0 + rows)` of a weight and the bytes of its buffer that hold them.
 struct Chunk {
@@ -89,6 +97,7 @@ impl WgpuBackend {
             (None, Ok("workgroup")) => false,
             _ => gpu.summary.device_type == wgpu::DeviceType::Cpu,
         };
+        let loop_limit = (gpu.summary.device_type == wgpu::DeviceType::Cpu).then_some(LAVAPIPE_LOOP_LIMIT);
         let pipelines = Pipelines::new(dir, std::env::var_os("TANDEM_WGPU_CHECKED").is_some());
         // Tuning knobs; the defaults were measured on lavapipe (op_bench, SmolLM2 shapes): 8 rows
         // per lane cut CPU time by about a third against 4, and 16-lane workgroups still give
@@ -96,7 +105,7 @@ impl WgpuBackend {
         let knob = |name: &str, default: u32| std::env::var(name).ok().and_then(|v| v.parse().ok()).filter(|v| (0..=256).contains(v)).unwrap_or(default);
         let matmul_wg = knob("TANDEM_WGPU_MATMUL_WG", 16);
         let matmul_rt = knob("TANDEM_WGPU_MATMUL_RT", 8);
-        Ok(WgpuBackend { rec: Recorder::new(gpu, pipelines), max_binding, argmax_out: Mutex::new(None), lane_kernels, matmul_wg, matmul_rt, uniform_x: knob("TANDEM_WGPU_UNIFORM_X", 1) == 1 })
+        Ok(WgpuBackend { rec: Recorder::new(gpu, pipelines), max_binding, argmax_out: Mutex::new(None), lane_kernels, matmul_wg, matmul_rt, uniform_x: knob("TANDEM_WGPU_UNIFORM_X", 1) == 1, loop_limit })
     }
 
     /// The adapter in use: name, wgpu backend, device type, driver.
@@ -181,6 +190,17 @@ impl WgpuBackend {
         }
         buf.unmap();
         Ok(WgpuBuf { buf, kind: BufKind::Weight(dtype), len, name: name.map(String::from) })
+    }
+
+    fn check_loops(&self, op: &str, shape: &str, iterations: usize) -> Result<()> {
+        match self.loop_limit {
+            Some(l) if iterations > l => Err(err(format!(
+                "{op}: {shape} needs {iterations} loop iterations in one invocation; adapter {} stops loops after 65535 \
+                 (llvmpipe's limit), so the result would be wrong",
+                self.adapter()
+            ))),
+            _ => Ok(()),
+        }
     }
 
     fn argmax_scratch(&self, rows: usize) -> Result<()> {
@@ -424,11 +444,22 @@ impl Backend for WgpuBackend {
             _ => 8,
         };
         // Weight rows per invocation: shares each x load; fewer when MT already holds registers.
-        let rt = match mt {
+        let mut rt = match mt {
             1 | 2 => self.matmul_rt,
             4 => 4,
             _ => 2,
         };
+        // Loop iterations one invocation runs (every loop counts; see LOOP_LIMIT).
+        let iterations = |mt: u32, rt: u32| -> usize {
+            let (mt, rt) = (mt as usize, rt as usize);
+            let setup = mt + rt + mt * rt + rt * (1 + mt);
+            if k % 8 == 0 { k / 8 * (1 + rt + mt + mt * rt) + setup } else { k * (1 + mt + mt * rt) + setup }
+        };
+        let mut mt = mt;
+        if self.loop_limit.is_some_and(|l| iterations(mt, rt) > l) {
+            (mt, rt) = (1, 1);
+        }
+        self.check_loops(op, &format!("k = {k}"), iterations(mt, rt))?;
         let wg = self.matmul_wg;
         // Small decode batches read x through a uniform buffer of m' * k values, m' = m rounded
         // up to a power of two when x is that long (fewer pipelines: one per (m', k)); rows past
@@ -543,12 +574,18 @@ impl Backend for WgpuBackend {
             a.scale.to_bits(),
         ];
         let binds = [Bind::all(q_b), Bind::all(kc), Bind::all(vc), Bind::all(p_b), Bind::all(s_b), Bind::all(bt), Bind::all(o_b)];
-        // The lane kernel gave NaN on lavapipe once one invocation walked more than 64Ki
-        // key-dims (e.g. context 1024 at head_dim 128; 512 x 128 and 1024 x 64 pass); cause
-        // not found. Long contexts take the workgroup kernel, which the suite checks too.
-        if self.lane_kernels && hd % 4 == 0 && a.max_context * hd <= 64 * 1024 {
+        // Loop iterations per invocation (see LOOP_LIMIT): the lane kernel runs 2 hd/4 + 1 per
+        // key, the workgroup kernel hd + 5 * 64 + 1 per tile of 64 keys. The lane kernel once
+        // gave NaN at context 1024, head_dim 128 on lavapipe: 1024 x 65 iterations, just past
+        // the limit.
+        let keys = a.max_context.max(1);
+        let lane_iters = keys * (2 * hd / 4 + 1) + 2 * hd / 4;
+        let group_iters = keys.div_ceil(64) * (hd + 5 * 64 + 1) + 4;
+        let lane_fits = self.loop_limit.is_none_or(|l| lane_iters <= l);
+        if self.lane_kernels && hd % 4 == 0 && lane_fits {
             self.rec.dispatch(shaders::PAGED_ATTENTION_LANE, &Prelude::new(), &params, &binds, Grid::Linear(groups(t * nh, 64)))
         } else {
+            self.check_loops(op, &format!("context {keys}, head_dim {hd}"), group_iters)?;
             self.rec.dispatch(shaders::PAGED_ATTENTION, &Prelude::new(), &params, &binds, Grid::Linear((t * nh) as u64))
         }
     }

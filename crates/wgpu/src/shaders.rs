@@ -171,11 +171,13 @@ pub(crate) struct Pipeline {
 }
 
 /// Compiled pipelines, one per (kernel, bindings, prelude), and their bind group layouts.
+type PipelineKey = (&'static str, &'static [Access], Prelude);
+
 pub(crate) struct Pipelines {
     dir: Option<PathBuf>,
     /// Keep wgpu's bounds checks in the shaders.
     checked: bool,
-    cache: Mutex<HashMap<(&'static str, &'static [Access], Prelude), std::sync::Arc<Pipeline>>>,
+    cache: Mutex<HashMap<PipelineKey, std::sync::Arc<Pipeline>>>,
 }
 
 impl Pipelines {

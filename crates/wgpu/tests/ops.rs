@@ -167,6 +167,15 @@ fn matmul_decode_shapes() {
     }
 }
 
+/// A long k that is not a multiple of 8: the scalar path, with fewer rows per invocation on
+/// lavapipe so its loops stay under the driver's iteration limit.
+#[test]
+fn matmul_long_odd_k() {
+    let Some(b) = backend() else { return };
+    let mut rng = Rng::new("matmul_long_odd_k");
+    check_matmul(b, &mut rng, 2, 37, 20001, DType::BF16, None);
+}
+
 #[test]
 fn matmul_prefill_shapes_and_bias() {
     let Some(b) = backend() else { return };
@@ -348,6 +357,15 @@ fn attention_cases(lane: bool) {
     check_attention(&b, &mut rng, 64, 16, 3, 3, &[(45, 45), (83, 19), (30, 1)]);
     check_attention(&b, &mut rng, 128, 32, 1, 4, &[(70, 70), (100, 37)]);
     check_attention(&b, &mut rng, 128, 16, 2, 1, &[(17, 5), (3, 3)]);
+}
+
+/// Long contexts: on lavapipe, whose loops stop after 65535 iterations per invocation, the
+/// backend must pick kernels that stay under that (the lane kernel does not at 1024 x 128).
+#[test]
+fn paged_attention_long_context() {
+    let Some(b) = backend() else { return };
+    let mut rng = Rng::new("paged_attention_long_context");
+    check_attention(b, &mut rng, 128, 16, 1, 2, &[(1024, 1), (700, 3)]);
 }
 
 /// The kernel GPUs use: a workgroup per (token, head), keys in tiles through workgroup memory.
