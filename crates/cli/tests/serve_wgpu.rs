@@ -1,0 +1,146 @@
+//! The real server: `tandem serve --backend wgpu` on a tiny random model, over loopback.
+//! The server crate's own tests use a fake model; this one runs the whole stack (binary, flags,
+//! model loading, engine, wgpu) and checks what a client sees: /health turning 200, a greedy
+//! completion equal whether streamed or not, a chat completion, /metrics after the requests,
+//! a 400 that names its field, and a clean exit on SIGTERM.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One HTTP/1.1 request on a fresh connection; (status, body).
+fn request(port: u16, method: &str, path: &str, body: Option<&Value>) -> (u16, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    let payload = body.map(|b| b.to_string()).unwrap_or_default();
+    write!(s, "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{payload}", payload.len()).unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let status = text[9..12].parse().unwrap();
+    let (head, rest) = text.split_once("\r\n\r\n").unwrap();
+    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") { unchunk(rest) } else { rest.to_string() };
+    (status, body)
+}
+
+fn unchunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((len, rest)) = s.split_once("\r\n") {
+        let n = usize::from_str_radix(len.trim(), 16).unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = &rest[n + 2..];
+    }
+    out
+}
+
+fn start(model: &std::path::Path) -> Option<Server> {
+    if tandem_wgpu::WgpuBackend::new().is_err() {
+        assert!(std::env::var_os("TANDEM_REQUIRE_WGPU").is_none(), "TANDEM_REQUIRE_WGPU is set but wgpu cannot start");
+        tandem_core::skip::note("serve on wgpu: no adapter");
+        return None;
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tandem"))
+        .args(["serve", "--backend", "wgpu", "--port", &port.to_string(), "--model"])
+        .arg(model)
+        .args(["--num-kv-blocks", "64", "--max-num-seqs", "8", "--served-model-name", "tiny"])
+        .env("RUST_LOG", "info")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Keep draining the log so the server never blocks on a full pipe.
+    let log = child.stderr.take().unwrap();
+    std::thread::spawn(move || for _ in BufReader::new(log).lines() {});
+    let server = Server { child, port };
+    let t0 = Instant::now();
+    loop {
+        if let Ok(s) = TcpStream::connect(("127.0.0.1", port)) {
+            drop(s);
+            if request(port, "GET", "/health", None).0 == 200 {
+                return Some(server);
+            }
+        }
+        assert!(t0.elapsed() < Duration::from_secs(60), "server not healthy after 60 s");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn wgpu_server_answers_like_a_client_expects() {
+    let model = std::env::temp_dir().join(format!("tandem-serve-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&model);
+    tandem_models::random_model::write_random_model(&model, tandem_models::random_model::Shape::Tiny, 1, tandem_core::DType::F32).unwrap();
+    let Some(mut server) = start(&model) else { return };
+    let port = server.port;
+
+    let req = json!({"model": "tiny", "prompt": "hello world", "max_tokens": 8, "temperature": 0, "ignore_eos": true});
+    let (status, body) = request(port, "POST", "/v1/completions", Some(&req));
+    assert_eq!(status, 200, "{body}");
+    let whole: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(whole["usage"]["completion_tokens"], 8);
+    let text = whole["choices"][0]["text"].as_str().unwrap().to_string();
+
+    let mut streamed_req = req.clone();
+    streamed_req["stream"] = json!(true);
+    let (status, body) = request(port, "POST", "/v1/completions", Some(&streamed_req));
+    assert_eq!(status, 200);
+    assert!(body.trim_end().ends_with("data: [DONE]"), "{body}");
+    let streamed: String = body
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str::<Value>(d).unwrap()["choices"][0]["text"].as_str().unwrap_or("").to_string())
+        .collect();
+    assert_eq!(streamed, text, "streamed text differs from the whole response");
+
+    let chat = json!({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0});
+    let (status, body) = request(port, "POST", "/v1/chat/completions", Some(&chat));
+    assert_eq!(status, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["choices"][0]["message"]["role"], "assistant");
+
+    let (status, body) = request(port, "POST", "/v1/completions", Some(&json!({"model": "tiny", "prompt": "x", "top_p": 3})));
+    assert_eq!(status, 400);
+    assert!(body.contains("top_p"), "{body}");
+
+    let (status, metrics) = request(port, "GET", "/metrics", None);
+    assert_eq!(status, 200);
+    let gauge = |name: &str| -> f64 {
+        metrics.lines().find(|l| l.starts_with(name)).and_then(|l| l.rsplit(' ').next()).and_then(|v| v.parse().ok()).unwrap_or(f64::NAN)
+    };
+    assert_eq!(gauge("vllm:num_requests_running"), 0.0, "{metrics}");
+    assert_eq!(gauge("vllm:kv_cache_usage_perc"), 0.0, "{metrics}");
+    assert!(gauge("vllm:generation_tokens") >= 20.0, "{metrics}");
+
+    // SIGTERM: a clean exit.
+    let pid = server.child.id().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(st) = server.child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "no exit 20 s after SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "exit status {status}");
+    let _ = std::fs::remove_dir_all(&model);
+}
