@@ -78,7 +78,13 @@ pub fn run(a: Args) -> Result<()> {
     // Uncommitted changes in tracked files mean the binary is not exactly that commit.
     let dirty = git(&root, &["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
     let built = Command::new("date").args(["-u", "+%Y-%m-%dT%H:%M:%SZ"]).output().ok().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
-    let line = format!("{commit}{} built {}", if dirty { " (with uncommitted changes)" } else { "" }, built.unwrap_or_default());
+    // With --no-build the binary may predate this commit: say so rather than vouch for it.
+    let line = format!(
+        "{commit}{}{} bundled {}",
+        if dirty { " (with uncommitted changes)" } else { "" },
+        if a.no_build { " (--no-build: binary built earlier, maybe from another commit)" } else { "" },
+        built.unwrap_or_default()
+    );
     std::fs::write(out.join("COMMIT"), line.clone() + "\n").context("writing COMMIT")?;
 
     let bundle = dir_size(&out)?;
