@@ -129,21 +129,29 @@ fn paged_attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups
     }
 }
 
-// paged_attention_lane: the same result with one invocation per (token, head), each walking
-// its keys alone with the online softmax and 16-byte loads; no workgroup memory, no barriers.
-// Chosen on CPU adapters (lavapipe), where barriers are coroutine switches and every load is
-// paid per lane, so the tiled kernel above is several times slower. Needs head_dim % 4 == 0.
+// paged_attention_lane: the same result with a workgroup of 8 lanes (one SIMD vector on
+// lavapipe) per (token, head): lane s walks keys s, s + 8, ... alone with the online softmax
+// and 16-byte loads, then the 8 partial results are merged through workgroup memory (one
+// barrier). Chosen on CPU adapters, where barriers are coroutine switches and every load is
+// paid per lane, so the tiled kernel above is slower; splitting keys fills every lane even when
+// a decode step has fewer heads than a vector has lanes. Needs head_dim % 4 == 0.
 const MAX_VEC4: u32 = 64u; // head_dim <= 256
+const SPLITS: u32 = 8u;
 
 @group(0) @binding(1) var<storage, read> q4: array<vec4<f32>>;       // [T, num_heads, head_dim / 4]
 @group(0) @binding(2) var<storage, read> k4: array<vec4<f32>>;       // [slots, kv_heads, head_dim / 4]
 @group(0) @binding(3) var<storage, read> v4: array<vec4<f32>>;       // [slots, kv_heads, head_dim / 4]
 @group(0) @binding(7) var<storage, read_write> out4: array<vec4<f32>>; // [T, num_heads, head_dim / 4]
 
-@compute @workgroup_size(64)
+var<workgroup> part_acc: array<vec4<f32>, 512>; // [SPLITS, MAX_VEC4]
+var<workgroup> part_m: array<f32, 8>;           // [SPLITS]
+var<workgroup> part_l: array<f32, 8>;           // [SPLITS]
+
+@compute @workgroup_size(8)
 fn paged_attention_lane(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                         @builtin(local_invocation_index) li: u32) {
-    let wid = (wg.y * nwg.x + wg.x) * 64u + li;
+    let wid = wg.y * nwg.x + wg.x;
+    // Uniform over the workgroup, so the barrier below is reached by all or none.
     if (wid >= p.num_tokens * p.num_heads) {
         return;
     }
@@ -164,7 +172,7 @@ fn paged_attention_lane(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workg
     }
     var m = NEG_BIG;
     var l = 0.0;
-    for (var j = 0u; j < n_keys; j++) {
+    for (var j = li; j < n_keys; j += SPLITS) {
         let slot = key_slot(s, j);
         if (slot >= p.num_slots) {
             continue;
@@ -184,8 +192,27 @@ fn paged_attention_lane(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workg
         }
         m = m_new;
     }
-    let inv = select(0.0, 1.0 / l, l > 0.0);
+    part_m[li] = m;
+    part_l[li] = l;
     for (var d = 0u; d < hv; d++) {
-        out4[qo + d] = acc[d] * inv;
+        part_acc[li * MAX_VEC4 + d] = acc[d];
+    }
+    workgroupBarrier();
+    // A split without keys has m = NEG_BIG, l = 0, acc = 0: its weight below is 0.
+    var gm = NEG_BIG;
+    for (var i = 0u; i < SPLITS; i++) {
+        gm = max(gm, part_m[i]);
+    }
+    var gl = 0.0;
+    for (var i = 0u; i < SPLITS; i++) {
+        gl += part_l[i] * exp(part_m[i] - gm);
+    }
+    let inv = select(0.0, 1.0 / gl, gl > 0.0);
+    for (var d = li; d < hv; d += SPLITS) {
+        var o = vec4<f32>(0.0);
+        for (var i = 0u; i < SPLITS; i++) {
+            o += part_acc[i * MAX_VEC4 + d] * exp(part_m[i] - gm);
+        }
+        out4[qo + d] = o * inv;
     }
 }

@@ -574,16 +574,16 @@ impl Backend for WgpuBackend {
             a.scale.to_bits(),
         ];
         let binds = [Bind::all(q_b), Bind::all(kc), Bind::all(vc), Bind::all(p_b), Bind::all(s_b), Bind::all(bt), Bind::all(o_b)];
-        // Loop iterations per invocation (see LOOP_LIMIT): the lane kernel runs 2 hd/4 + 1 per
-        // key, the workgroup kernel hd + 5 * 64 + 1 per tile of 64 keys. The lane kernel once
-        // gave NaN at context 1024, head_dim 128 on lavapipe: 1024 x 65 iterations, just past
-        // the limit.
+        // Loop iterations per invocation (see LAVAPIPE_LOOP_LIMIT): the lane kernel runs
+        // 2 hd/4 + 1 per key of its eighth of the keys, the workgroup kernel hd + 5 * 64 + 1 per
+        // tile of 64 keys. (A lane kernel that walked all keys in one lane gave NaN at context
+        // 1024, head_dim 128 on lavapipe: 1024 x 65 iterations, just past the limit.)
         let keys = a.max_context.max(1);
-        let lane_iters = keys * (2 * hd / 4 + 1) + 2 * hd / 4;
+        let lane_iters = keys.div_ceil(8) * (2 * hd / 4 + 1) + 4 * hd / 4 + 8 * 8 + 32;
         let group_iters = keys.div_ceil(64) * (hd + 5 * 64 + 1) + 4;
         let lane_fits = self.loop_limit.is_none_or(|l| lane_iters <= l);
         if self.lane_kernels && hd % 4 == 0 && lane_fits {
-            self.rec.dispatch(shaders::PAGED_ATTENTION_LANE, &Prelude::new(), &params, &binds, Grid::Linear(groups(t * nh, 64)))
+            self.rec.dispatch(shaders::PAGED_ATTENTION_LANE, &Prelude::new(), &params, &binds, Grid::Linear((t * nh) as u64))
         } else {
             self.check_loops(op, &format!("context {keys}, head_dim {hd}"), group_iters)?;
             self.rec.dispatch(shaders::PAGED_ATTENTION, &Prelude::new(), &params, &binds, Grid::Linear((t * nh) as u64))
