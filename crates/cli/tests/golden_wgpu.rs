@@ -1,7 +1,7 @@
 //! The wgpu backend against HF transformers: the same golden files and rule as the reference
 //! backend (crates/conformance/tests/golden_reference.rs), on software or real Vulkan.
 
-use tandem_conformance::golden::{self, GoldenFile};
+use tandem_conformance::golden;
 use tandem_core::DType;
 
 fn wgpu() -> Option<tandem_wgpu::WgpuBackend> {
@@ -16,11 +16,8 @@ fn wgpu() -> Option<tandem_wgpu::WgpuBackend> {
 }
 
 fn check(name: &str, dir: &std::path::Path, tol: f64) {
-    let Some(b) = wgpu() else { return };
-    let g = GoldenFile::load(&golden::golden_dir().join(format!("{name}.json"))).unwrap();
-    match golden::check_model(b, dir, &g, tol) {
-        Ok(lines) => lines.iter().for_each(|l| println!("{l}")),
-        Err(e) => panic!("{e}"),
+    if let Some(b) = wgpu() {
+        golden::assert_golden(b, name, dir, tol);
     }
 }
 

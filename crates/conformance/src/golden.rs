@@ -175,3 +175,13 @@ pub fn check_weights<B: tandem_core::Backend>(
     }
     Ok(lines)
 }
+
+/// A test body: checks `tests/golden/<name>.json` against `dir` on `backend`, prints one line
+/// per case, panics with the first failure.
+pub fn assert_golden<B: tandem_core::Backend>(backend: B, name: &str, dir: &std::path::Path, logprob_tol: f64) {
+    let g = GoldenFile::load(&golden_dir().join(format!("{name}.json"))).unwrap_or_else(|e| panic!("{e}"));
+    match check_model(backend, dir, &g, logprob_tol) {
+        Ok(lines) => lines.iter().for_each(|l| println!("{l}")),
+        Err(e) => panic!("{e}"),
+    }
+}

@@ -5,11 +5,7 @@ use tandem_core::DType;
 use tandem_reference::RefBackend;
 
 fn check(name: &str, dir: &std::path::Path, tol: f64) {
-    let g = GoldenFile::load(&golden::golden_dir().join(format!("{name}.json"))).unwrap();
-    match golden::check_model(RefBackend::new(), dir, &g, tol) {
-        Ok(lines) => lines.iter().for_each(|l| println!("{l}")),
-        Err(e) => panic!("{e}"),
-    }
+    golden::assert_golden(RefBackend::new(), name, dir, tol);
 }
 
 #[test]
