@@ -1,7 +1,7 @@
 // matmul: out[m, n] = sum_k x[m, k] * w[n, k] (+ bias[n])    (y = x W^T, torch.nn.Linear)
 //   x f32 [m, k] (bound as vec4s by the prelude, which defines `x4(i)`: a storage buffer, or
-//   for small decode batches a uniform buffer, whose same-address loads a CPU-side Vulkan
-//   serves with one scalar load instead of one per lane); w weight [n, k] (bound as vec4s, read
+//   a 64 KiB uniform window holding the dispatch's block of rows, whose same-address loads a
+//   CPU-side Vulkan serves with one scalar load instead of one per lane); w weight [n, k] (bound as vec4s, read
 //   through the prelude's `w_at` / `w_oct`); out f32 [m, n];
 //   bias weight [n] (the prelude declares it and `bias_at`, or makes `bias_at` return 0).
 // A weight larger than one storage binding is bound in row chunks: this dispatch sees rows
@@ -18,11 +18,12 @@
 // Check: cargo test -p tandem-wgpu --test ops -- matmul
 
 struct Params {
-    m: u32,
+    m: u32,      // rows of x in this dispatch (x is bound from its first one)
     n: u32,
     k: u32,
     n0: u32,
     rows: u32,
+    out_row0: u32, // row of out that x's first bound row writes
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -84,7 +85,7 @@ fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
             let b = bias_at(p.n0 + r);
             for (var mi = 0u; mi < MT; mi++) {
                 if (m0 + mi < p.m) {
-                    out[(m0 + mi) * p.n + p.n0 + r] = acc[mi * RT + t] + b;
+                    out[(p.out_row0 + m0 + mi) * p.n + p.n0 + r] = acc[mi * RT + t] + b;
                 }
             }
         }

@@ -50,6 +50,10 @@ pub struct WgpuBackend {
 /// a margin) and refuse, with an error, work that would exceed it.
 const LAVAPIPE_LOOP_LIMIT: usize = 65535 - 1024;
 
+/// Bytes of the uniform window matmul reads x through (the smallest maximum uniform binding
+/// Vulkan allows is 16 KiB; lavapipe and common GPUs allow 64 KiB, checked at start-up).
+const UNIFORM_WINDOW: u64 = 65536;
+
 /// Rows `[row0, row0 + rows)` of a weight and the bytes of its buffer that hold them.
 struct Chunk {
     row0: usize,
@@ -97,6 +101,7 @@ impl WgpuBackend {
             (None, Ok("workgroup")) => false,
             _ => gpu.summary.device_type == wgpu::DeviceType::Cpu,
         };
+        let gpu_limits_uniform = gpu.limits.max_uniform_buffer_binding_size;
         let loop_limit = (gpu.summary.device_type == wgpu::DeviceType::Cpu).then_some(LAVAPIPE_LOOP_LIMIT);
         let pipelines = Pipelines::new(dir, std::env::var_os("TANDEM_WGPU_CHECKED").is_some());
         // Tuning knobs; the defaults were measured on lavapipe (op_bench, SmolLM2 shapes): 8 rows
@@ -105,7 +110,8 @@ impl WgpuBackend {
         let knob = |name: &str, default: u32| std::env::var(name).ok().and_then(|v| v.parse().ok()).filter(|v| (0..=256).contains(v)).unwrap_or(default);
         let matmul_wg = knob("TANDEM_WGPU_MATMUL_WG", 16);
         let matmul_rt = knob("TANDEM_WGPU_MATMUL_RT", 8);
-        Ok(WgpuBackend { rec: Recorder::new(gpu, pipelines), max_binding, argmax_out: Mutex::new(None), lane_kernels, matmul_wg, matmul_rt, uniform_x: knob("TANDEM_WGPU_UNIFORM_X", 1) == 1, loop_limit })
+        let uniform_x = knob("TANDEM_WGPU_UNIFORM_X", 1) == 1 && gpu_limits_uniform >= UNIFORM_WINDOW;
+        Ok(WgpuBackend { rec: Recorder::new(gpu, pipelines), max_binding, argmax_out: Mutex::new(None), lane_kernels, matmul_wg, matmul_rt, uniform_x, loop_limit })
     }
 
     /// The adapter in use: name, wgpu backend, device type, driver.
@@ -146,12 +152,14 @@ impl WgpuBackend {
 
     fn create(&self, kind: BufKind, len: usize, bytes: u64, what: &str) -> Result<WgpuBuf> {
         let limits = &self.rec.gpu.limits;
-        let size = bytes.next_multiple_of(16).max(16);
+        // f32 buffers carry one uniform window past their end (see matmul).
+        let pad = if kind == BufKind::F32 && self.uniform_x { UNIFORM_WINDOW } else { 0 };
+        let size = bytes.next_multiple_of(16).max(16) + pad;
         if size > limits.max_buffer_size {
             return Err(err(format!("{what}: {size} bytes exceed the adapter's max_buffer_size of {}", limits.max_buffer_size)));
         }
         // Weights may be bound in row chunks; everything else is bound whole.
-        if !matches!(kind, BufKind::Weight(_)) && size > self.max_binding {
+        if !matches!(kind, BufKind::Weight(_)) && size - pad > self.max_binding {
             return Err(err(format!("{what}: {size} bytes exceed the largest storage binding ({} bytes)", self.max_binding)));
         }
         let buf = self.rec.gpu.device.create_buffer(&wgpu::BufferDescriptor {
@@ -461,35 +469,47 @@ impl Backend for WgpuBackend {
         }
         self.check_loops(op, &format!("k = {k}"), iterations(mt, rt))?;
         let wg = self.matmul_wg;
-        // Small decode batches read x through a uniform buffer of m' * k values, m' = m rounded
-        // up to a power of two when x is that long (fewer pipelines: one per (m', k)); rows past
-        // m are never read. Everything else goes through storage.
-        let m_pad = if x.len >= m.next_power_of_two() * k { m.next_power_of_two() } else { m };
-        let x_bytes = (m_pad * k * 4) as u64;
-        let uniform_x = (self.uniform_x && k % 8 == 0 && m <= 16 && x_bytes <= self.rec.gpu.limits.max_uniform_buffer_binding_size.min(65536))
-            .then_some((m_pad * k / 4) as u32);
+        // x goes through a uniform buffer when k % 8 == 0: a 64 KiB window (every f32 buffer
+        // is padded to hold one past its end), one dispatch per block of rows that fits, so
+        // a prefill takes a few dispatches per matmul. Otherwise through storage, whole.
+        let window_rows = if self.uniform_x && k % 8 == 0 { (UNIFORM_WINDOW as usize / (k * 4)) / mt as usize * mt as usize } else { 0 };
+        let uniform_x = window_rows > 0;
         let prelude = Prelude::new()
             .constant("MT", mt)
             .constant("RT", rt)
             .constant("WG", wg)
-            .x_vec4("x", 1, uniform_x)
+            .x_vec4("x", 1, uniform_x.then_some((UNIFORM_WINDOW / 16) as u32))
             .weight4("w", dtype)
             .optional_weight("bias", 4, bias_dtype);
-        let kernel = match (uniform_x.is_some(), bias.is_some()) {
+        let kernel = match (uniform_x, bias.is_some()) {
             (false, false) => shaders::MATMUL,
             (false, true) => shaders::MATMUL_BIAS,
             (true, false) => shaders::MATMUL_UX,
             (true, true) => shaders::MATMUL_UX_BIAS,
         };
-        let xb = Bind { buf: x_b, range: uniform_x.map(|_| (0, x_bytes)) };
-        for c in self.chunks(op, w, n, k)? {
-            let params = [m as u32, n as u32, k as u32, c.row0 as u32, c.rows as u32];
-            let wb = Bind { buf: &w.buf, range: c.range };
-            let grid = Grid::XY(groups(c.rows, (wg * rt) as usize), groups(m, mt as usize));
-            let xb = Bind { buf: xb.buf, range: xb.range };
-            match bias {
-                Some(b) => self.rec.dispatch(kernel, &prelude, &params, &[xb, wb, Bind::all(out_b), Bind::all(&b.buf)], grid)?,
-                None => self.rec.dispatch(kernel, &prelude, &params, &[xb, wb, Bind::all(out_b)], grid)?,
+        let block = if uniform_x { window_rows } else { m };
+        let chunks = self.chunks(op, w, n, k)?;
+        for b0 in (0..m).step_by(block) {
+            let rows_here = block.min(m - b0);
+            let xb = match uniform_x {
+                true => {
+                    let off = (b0 * k * 4) as u64;
+                    if off + UNIFORM_WINDOW > x_b.size() {
+                        return Err(err(format!("matmul: x {} lacks the uniform window padding", x.label())));
+                    }
+                    Bind { buf: x_b, range: Some((off, UNIFORM_WINDOW)) }
+                }
+                false => Bind::all(x_b),
+            };
+            for c in &chunks {
+                let params = [rows_here as u32, n as u32, k as u32, c.row0 as u32, c.rows as u32, b0 as u32];
+                let wb = Bind { buf: &w.buf, range: c.range };
+                let grid = Grid::XY(groups(c.rows, (wg * rt) as usize), groups(rows_here, mt as usize));
+                let xb = Bind { buf: xb.buf, range: xb.range };
+                match bias {
+                    Some(b) => self.rec.dispatch(kernel, &prelude, &params, &[xb, wb, Bind::all(out_b), Bind::all(&b.buf)], grid)?,
+                    None => self.rec.dispatch(kernel, &prelude, &params, &[xb, wb, Bind::all(out_b)], grid)?,
+                }
             }
         }
         Ok(())
