@@ -10,7 +10,7 @@
 // One invocation per (RT output columns, block of MT rows of x): it walks its RT weight rows
 // once and keeps MT x RT accumulators, so each weight element loaded serves MT tokens and each
 // x element loaded serves RT columns (MT, RT come from the prelude: MT = 1, RT = 4 for decode
-// at batch 1; MT = 8, RT = 1 for prefill). Lanes of a workgroup share the same
+// at batch 1; MT = 4, RT = 4 from three rows up). Lanes of a workgroup share the same
 // x rows, so the x loads are uniform; no workgroup memory and no barriers, which is what a
 // CPU-side Vulkan (lavapipe) runs fastest. When k is a multiple of 8 every load brings 16
 // bytes (eight bf16 weights, four x values): lavapipe pays per load instruction and lane.
