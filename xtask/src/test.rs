@@ -74,6 +74,15 @@ pub fn run(a: Args) -> Result<()> {
     if !status.success() {
         bail!("cargo test failed");
     }
+    // The op suite once more through the binary, for its per-case log and count in CI's output.
+    let st = Command::new(env!("CARGO"))
+        .current_dir(&root)
+        .args(["run", "--quiet", "-p", "tandem-cli", "--bin", "tandem", "--", "test-ops", "--backend", "wgpu"])
+        .env("XDG_RUNTIME_DIR", &runtime_dir)
+        .status()?;
+    if !st.success() {
+        bail!("tandem test-ops --backend wgpu failed");
+    }
     openai_client(&root)?;
     // The one closing line a CI reader looks for.
     println!("tandem: {passed} passed, {failed} failed, {} skipped", skipped.len());
