@@ -305,8 +305,10 @@ pub fn cases() -> Vec<Case> {
         // Long contexts: past one 512-token partition of a split-context decode kernel (the
         // CUDA backend's), and a prefill chunk at the end of a long cached prefix.
         (16, 2, 3, 64, vec![d(600), d(1100), d(3)]),
-        (32, 1, 4, 128, vec![p(1000, 24), d(513)]),
-        (32, 1, 4, 128, vec![d(1024)]),
+        // Each also holds a short sequence: over 1000 keys, dropping or adding one key moves
+        // the output by ~1e-3, under the NMSE limit; a short context makes such a bug loud.
+        (32, 1, 4, 128, vec![p(1000, 24), d(513), d(2)]),
+        (32, 1, 4, 128, vec![d(1024), d(3)]),
         (16, 2, 3, 128, vec![d(512), d(5)]),
     ];
     for (block_size, kv_heads, gqa, head_dim, seqs) in attention {
