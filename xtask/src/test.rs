@@ -42,7 +42,7 @@ pub fn run(a: Args) -> Result<()> {
     std::fs::create_dir_all(&runtime_dir)?;
     let mut child = Command::new(env!("CARGO"))
         .current_dir(&root)
-        .args(["test", "--workspace"])
+        .args(["test", "--workspace", "--no-fail-fast"])
         .args(extra)
         .env("TANDEM_SMOLLM2_DIR", &model)
         .env("TANDEM_REQUIRE_MODEL", "1")
