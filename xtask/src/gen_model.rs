@@ -2,11 +2,7 @@
 //! model. The same arguments give the same bytes on every machine.
 
 use std::path::PathBuf;
-use std::time::Instant;
 
-use anyhow::{anyhow, Context};
-use tandem_core::DType;
-use tandem_models::Shape;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -24,27 +20,8 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let shape = Shape::parse(&args.shape).ok_or_else(|| {
-        let known: Vec<&str> = Shape::ALL.iter().map(|s| s.name()).collect();
-        anyhow!("unknown shape `{}` (known: {})", args.shape, known.join(", "))
-    })?;
-    let dtype = match args.dtype.as_str() {
-        "bf16" => DType::BF16,
-        "f32" => DType::F32,
-        other => return Err(anyhow!("unknown dtype `{other}` (bf16 or f32)")),
-    };
-    let start = Instant::now();
-    let s = tandem_models::write_random_model(&args.out, shape, args.seed, dtype)
-        .with_context(|| format!("writing a random {} model to {}", shape.name(), args.out.display()))?;
-    eprintln!(
-        "{} seed {} {}: {} parameters, {:.1} MB, {:.1} s",
-        shape.name(),
-        args.seed,
-        args.dtype,
-        s.parameters,
-        s.bytes as f64 / 1e6,
-        start.elapsed().as_secs_f64()
-    );
+    let line = tandem_models::random_model::gen_model(&args.shape, args.seed, &args.dtype, &args.out).map_err(anyhow::Error::msg)?;
+    eprintln!("{line}");
     println!("{}", args.out.display());
     Ok(())
 }

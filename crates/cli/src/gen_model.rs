@@ -3,11 +3,7 @@
 //! machine without a Rust toolchain makes its own weights (none have to travel there).
 
 use std::path::PathBuf;
-use std::time::Instant;
 
-use anyhow::{anyhow, Context, Result};
-use tandem_core::DType;
-use tandem_models::Shape;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -24,28 +20,9 @@ pub struct Args {
     dtype: String,
 }
 
-pub fn run(a: Args) -> Result<()> {
-    let shape = Shape::parse(&a.shape).ok_or_else(|| {
-        let known: Vec<&str> = Shape::ALL.iter().map(|s| s.name()).collect();
-        anyhow!("unknown shape `{}` (known: {})", a.shape, known.join(", "))
-    })?;
-    let dtype = match a.dtype.as_str() {
-        "bf16" => DType::BF16,
-        "f32" => DType::F32,
-        other => return Err(anyhow!("unknown dtype `{other}` (bf16 or f32)")),
-    };
-    let start = Instant::now();
-    let s = tandem_models::write_random_model(&a.out, shape, a.seed, dtype)
-        .with_context(|| format!("writing a random {} model to {}", shape.name(), a.out.display()))?;
-    eprintln!(
-        "{} seed {} {}: {} parameters, {:.1} MB, {:.1} s",
-        shape.name(),
-        a.seed,
-        a.dtype,
-        s.parameters,
-        s.bytes as f64 / 1e6,
-        start.elapsed().as_secs_f64()
-    );
+pub fn run(a: Args) -> anyhow::Result<()> {
+    let line = tandem_models::random_model::gen_model(&a.shape, a.seed, &a.dtype, &a.out).map_err(anyhow::Error::msg)?;
+    eprintln!("{line}");
     println!("{}", a.out.display());
     Ok(())
 }

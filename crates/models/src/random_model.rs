@@ -184,6 +184,23 @@ pub struct RandomModelSummary {
     pub bytes: u64,
 }
 
+/// `gen-model` as both `cargo xtask gen-model` and `tandem gen-model` run it: names parsed
+/// (errors list what is known), the model written, and a one-line summary returned.
+pub fn gen_model(shape: &str, seed: u64, dtype: &str, out: &Path) -> std::result::Result<String, String> {
+    let s = Shape::parse(shape).ok_or_else(|| {
+        let known: Vec<&str> = Shape::ALL.iter().map(|s| s.name()).collect();
+        format!("unknown shape `{shape}` (known: {})", known.join(", "))
+    })?;
+    let dt = match dtype {
+        "bf16" => DType::BF16,
+        "f32" => DType::F32,
+        other => return Err(format!("unknown dtype `{other}` (bf16 or f32)")),
+    };
+    let start = std::time::Instant::now();
+    let sum = write_random_model(out, s, seed, dt).map_err(|e| format!("writing a random {shape} model to {}: {e}", out.display()))?;
+    Ok(format!("{shape} seed {seed} {dtype}: {} parameters, {:.1} MB, {:.1} s", sum.parameters, sum.bytes as f64 / 1e6, start.elapsed().as_secs_f64()))
+}
+
 /// Writes a random model of `shape` into `dir` (created if needed).
 pub fn write_random_model(dir: &Path, shape: Shape, seed: u64, dtype: DType) -> Result<RandomModelSummary> {
     let d = shape.dims();
