@@ -302,6 +302,10 @@ impl Engine {
     /// One engine step. Returns the number of sequences that ran.
     pub fn step(&mut self) -> usize {
         let out = self.scheduler.schedule(Instant::now());
+        let scheduled_usage = self.scheduler.bm.usage();
+        if let Ok(mut st) = self.stats.lock() {
+            st.kv_usage_peak = st.kv_usage_peak.max(scheduled_usage);
+        }
         if !out.is_empty() {
             let logits = self.forward(&out);
             self.postprocess(&out, logits);

@@ -13,6 +13,9 @@ pub struct Stats {
     pub num_waiting: usize,
     /// Fraction of KV blocks held by sequences, in [0, 1].
     pub kv_usage: f32,
+    /// Highest `kv_usage` seen right after scheduling a step (the step's high-water mark, before
+    /// finished sequences free their blocks), since the engine started.
+    pub kv_usage_peak: f32,
     /// Prompt tokens looked up in the prefix cache (counted in tokens, like vLLM).
     pub prefix_cache_queries_total: u64,
     /// Of those, tokens whose KV was found cached.

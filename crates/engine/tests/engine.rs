@@ -183,6 +183,11 @@ fn abort_while_waiting_and_while_running_frees_blocks_at_once() {
     }
     e.abort(a.id()); // twice is harmless
     assert_eq!(e.stats().requests_abort_total, 2);
+    // The high-water mark outlives the blocks it counted.
+    e.step();
+    let st = e.stats();
+    assert_eq!(st.kv_usage, 0.0);
+    assert!(st.kv_usage_peak >= 0.5, "one 40-token prompt held at least 2 of 4 blocks: {st:?}");
 }
 
 #[test]

@@ -187,7 +187,9 @@ pub fn run(handle: &EngineHandle, prompts: &[Prompt], concurrency: usize, label:
     let wall_s = start.elapsed().as_secs_f64();
     let (records, kv_peak) = records?;
     let after = handle.stats();
-    let kv_peak = kv_peak.max(after.kv_usage);
+    // The engine's own high-water mark catches steps between two samples (a short run can
+    // finish inside one tick); the warm-up's requests are smaller than the run's.
+    let kv_peak = kv_peak.max(after.kv_usage).max(after.kv_usage_peak);
     progress.finish(done.load(Ordering::Relaxed), &format!("{:.0} tok/s", tokens.load(Ordering::Relaxed) as f64 / wall_s));
     Ok(RunResult { records, wall_s, kv_usage_peak: Some(kv_peak), preemptions: Some(after.preemptions_total - before.preemptions_total) })
 }
