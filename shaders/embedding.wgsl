@@ -1,5 +1,6 @@
 // embedding: out[t, :] = table[ids[t], :]
-//   table [vocab, hidden] weight (bf16/f16/f32, via the prelude's `w_at`), ids u32 [T],
+//   table [vocab, hidden] weight (bf16/f16/f32, row-major or tiled, via the prelude's
+//   `w_at_rc(row, col, hidden)`), ids u32 [T],
 //   out f32 [T, hidden].
 // A table larger than one storage binding is bound in row chunks: this dispatch sees rows
 // [row0, row0 + rows) of the table and writes only the tokens whose id falls there.
@@ -32,5 +33,5 @@ fn embedding(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
     if (id < p.row0 || id >= p.row0 + p.rows) {
         return;
     }
-    out[i] = w_at((id - p.row0) * p.hidden + d);
+    out[i] = w_at_rc(id - p.row0, d, p.hidden);
 }

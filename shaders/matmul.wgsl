@@ -2,7 +2,8 @@
 //   x f32 [m, k] (bound as vec4s by the prelude, which defines `x4(i)`: a storage buffer, or
 //   a 64 KiB uniform window holding the dispatch's block of rows, whose same-address loads a
 //   CPU-side Vulkan serves with one scalar load instead of one per lane); w weight [n, k] (bound as vec4s, read
-//   through the prelude's `w_at` / `w_oct`); out f32 [m, n];
+//   by (row, column) through the prelude's `w_at_rc` / `w_oct_rc`, which hide whether it is
+//   row-major or tiled: tiled, the lanes' rows of one step lie side by side); out f32 [m, n];
 //   bias weight [n] (the prelude declares it and `bias_at`, or makes `bias_at` return 0).
 // A weight larger than one storage binding is bound in row chunks: this dispatch sees rows
 // [n0, n0 + rows) of w and writes those columns of out.
@@ -48,7 +49,7 @@ fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     }
     for (var t = 0u; t < RT; t++) {
         // Rows past the chunk repeat its last row; their results are not written.
-        wrow[t] = min(r0 + t * WG, p.rows - 1u) * p.k;
+        wrow[t] = min(r0 + t * WG, p.rows - 1u);
     }
     for (var i = 0u; i < MT * RT; i++) {
         acc[i] = 0.0;
@@ -57,7 +58,7 @@ fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
         for (var j = 0u; j < p.k; j += 8u) {
             var wv: array<mat2x4<f32>, RT>;
             for (var t = 0u; t < RT; t++) {
-                wv[t] = w_oct(wrow[t] + j);
+                wv[t] = w_oct_rc(wrow[t], j, p.k);
             }
             for (var mi = 0u; mi < MT; mi++) {
                 let o = (xrow[mi] + j) >> 2u;
@@ -74,7 +75,7 @@ fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
                 let o = xrow[mi] + j;
                 let xv = x4(o >> 2u)[o & 3u];
                 for (var t = 0u; t < RT; t++) {
-                    acc[mi * RT + t] += xv * w_at(wrow[t] + j);
+                    acc[mi * RT + t] += xv * w_at_rc(wrow[t], j, p.k);
                 }
             }
         }

@@ -114,12 +114,25 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let st = m.backend().stats();
         let dev: f64 = st.device_secs.values().sum();
         println!("profile over {steps} tokens: wall {:.2} ms/token, inside dispatches {:.2} ms/token", wall * 1e3 / steps as f64, dev * 1e3 / steps as f64);
-        let mut rows: Vec<_> = st.device_secs.iter().collect();
-        rows.sort_by(|a, b| b.1.total_cmp(a.1));
-        for (k, s) in rows {
-            let n = st.dispatches.get(k).copied().unwrap_or(0);
-            println!("  {k:<16} {:>7.3} ms/token {:>5.1}%  {:>7.1} us/dispatch", s * 1e3 / steps as f64, 100.0 * s / dev, s * 1e6 / n.max(1) as f64);
-        }
+        print_profile(&st, steps);
+        m.backend().reset_stats();
+        let t0 = Instant::now();
+        m.forward_argmax(&b)?;
+        let wall = t0.elapsed().as_secs_f64();
+        let st = m.backend().stats();
+        let dev: f64 = st.device_secs.values().sum();
+        println!("profile of one {prompt}-token prefill: wall {:.2} ms/token, inside dispatches {:.2} ms/token", wall * 1e3 / prompt as f64, dev * 1e3 / prompt as f64);
+        print_profile(&st, prompt);
     }
     Ok(())
+}
+
+fn print_profile(st: &tandem_wgpu::Stats, per: usize) {
+    let dev: f64 = st.device_secs.values().sum();
+    let mut rows: Vec<_> = st.device_secs.iter().collect();
+    rows.sort_by(|a, b| b.1.total_cmp(a.1));
+    for (k, s) in rows {
+        let n = st.dispatches.get(k).copied().unwrap_or(0);
+        println!("  {k:<16} {:>7.3} ms/token {:>5.1}%  {:>7.1} us/dispatch", s * 1e3 / per as f64, 100.0 * s / dev, s * 1e6 / n.max(1) as f64);
+    }
 }

@@ -10,7 +10,7 @@ use tandem_core::weights::TensorView;
 use tandem_core::{Backend, DType, Error, Result};
 
 use crate::adapter::{self, AdapterSummary, NAME};
-use crate::buffer::{BufKind, WgpuBuf};
+use crate::buffer::{BufKind, Tiled, WgpuBuf, TILE_ROWS};
 use crate::recorder::{Bind, Grid, Recorder, Stats};
 use crate::shaders::{self, Pipelines, Prelude};
 
@@ -42,6 +42,8 @@ pub struct WgpuBackend {
     uniform_x: bool,
     /// Most loop iterations one invocation may run, where the driver has such a limit.
     loop_limit: Option<usize>,
+    /// Store weight matrices tiled (`TANDEM_WGPU_TILED=0` keeps them row-major, to compare).
+    tiled_weights: bool,
 }
 
 /// llvmpipe/lavapipe ends every loop of a shader once the invocation has run 65535 loop
@@ -111,7 +113,8 @@ impl WgpuBackend {
         let matmul_wg = knob("TANDEM_WGPU_MATMUL_WG", 16);
         let matmul_rt = knob("TANDEM_WGPU_MATMUL_RT", 8);
         let uniform_x = knob("TANDEM_WGPU_UNIFORM_X", 1) == 1 && gpu_limits_uniform >= UNIFORM_WINDOW;
-        Ok(WgpuBackend { rec: Recorder::new(gpu, pipelines), max_binding, argmax_out: Mutex::new(None), lane_kernels, matmul_wg, matmul_rt, uniform_x, loop_limit })
+        let tiled_weights = knob("TANDEM_WGPU_TILED", 1) == 1;
+        Ok(WgpuBackend { rec: Recorder::new(gpu, pipelines), max_binding, argmax_out: Mutex::new(None), lane_kernels, matmul_wg, matmul_rt, uniform_x, loop_limit, tiled_weights })
     }
 
     /// The adapter in use: name, wgpu backend, device type, driver.
@@ -125,6 +128,21 @@ impl WgpuBackend {
 
     pub fn shader_dir(&self) -> Option<&PathBuf> {
         self.rec.pipelines.shader_dir()
+    }
+
+    /// A `[rows, cols]` weight matrix from host values, laid out as `upload_weight` lays out
+    /// a matrix from a file (tiled when its rows are whole 16-byte units); `weight_from_f32`
+    /// knows no shape and stays row-major. Tests cover both layouts through this.
+    pub fn weight_matrix_from_f32(&self, dtype: DType, values: &[f32], rows: usize, cols: usize) -> Result<WgpuBuf> {
+        if rows * cols != values.len() {
+            return Err(err(format!("weight_matrix_from_f32: {} values for a [{rows}, {cols}] matrix", values.len())));
+        }
+        self.weight_from_bytes(dtype, values.len(), &dtype.from_f32(values), None, Some(&[rows, cols]))
+    }
+
+    /// Whether a weight is stored tiled (see `buffer::Tiled`).
+    pub fn is_tiled(&self, w: &WgpuBuf) -> bool {
+        w.tiled.is_some()
     }
 
     /// Dispatch counts per kernel, submits and time spent waiting, since the last reset.
@@ -169,13 +187,21 @@ impl WgpuBackend {
             usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        Ok(WgpuBuf { buf, kind, len, name: None })
+        Ok(WgpuBuf { buf, kind, len, name: None, tiled: None })
     }
 
-    fn weight_from_bytes(&self, dtype: DType, len: usize, bytes: &[u8], name: Option<&str>) -> Result<WgpuBuf> {
+    /// A weight from its bytes; a matrix (`shape` of two dims with whole 16-byte rows) is
+    /// stored tiled (see [`Tiled`]), anything else as it comes.
+    fn weight_from_bytes(&self, dtype: DType, len: usize, bytes: &[u8], name: Option<&str>, shape: Option<&[usize]>) -> Result<WgpuBuf> {
         let what = name.map_or_else(|| format!("a {} weight of {len} elements", dtype.name()), |n| format!("tensor `{n}`"));
         let limits = &self.rec.gpu.limits;
-        let size = (bytes.len() as u64).next_multiple_of(16).max(16);
+        // A matrix whose tile would not fit one binding (or align) stays row-major, so that it
+        // can still be bound in row chunks.
+        let align = limits.min_storage_buffer_offset_alignment as u64;
+        let tiled = shape
+            .and_then(|s| Tiled::for_matrix(s, dtype))
+            .filter(|t| self.tiled_weights && t.rows * t.cols == len && t.tile_bytes(dtype) <= self.max_binding && t.tile_bytes(dtype) % align == 0);
+        let size = tiled.map_or(bytes.len() as u64, |t| t.bytes(dtype)).next_multiple_of(16).max(16);
         if size > limits.max_buffer_size {
             return Err(err(format!("{what}: {size} bytes exceed the adapter's max_buffer_size of {}", limits.max_buffer_size)));
         }
@@ -188,7 +214,12 @@ impl WgpuBackend {
         });
         {
             let mut view = buf.get_mapped_range_mut(..).map_err(|e| err(format!("{what}: mapping for upload: {e}")))?;
-            if bytes.len() as u64 == size {
+            if let Some(t) = tiled {
+                // The mapped view is write-only: tile on the host, then copy once.
+                let mut tiled = vec![0u8; size as usize];
+                t.tile(dtype, bytes, &mut tiled[..t.bytes(dtype) as usize]);
+                view.copy_from_slice(&tiled);
+            } else if bytes.len() as u64 == size {
                 view.copy_from_slice(bytes);
             } else {
                 let mut padded = bytes.to_vec();
@@ -197,7 +228,7 @@ impl WgpuBackend {
             }
         }
         buf.unmap();
-        Ok(WgpuBuf { buf, kind: BufKind::Weight(dtype), len, name: name.map(String::from) })
+        Ok(WgpuBuf { buf, kind: BufKind::Weight(dtype), len, name: name.map(String::from), tiled })
     }
 
     fn check_loops(&self, op: &str, shape: &str, iterations: usize) -> Result<()> {
@@ -223,8 +254,30 @@ impl WgpuBackend {
     /// storage binding, else in row chunks whose byte offsets meet the adapter's alignment.
     fn chunks(&self, op: &str, w: &WgpuBuf, rows: usize, row_elems: usize) -> Result<Vec<Chunk>> {
         let BufKind::Weight(dtype) = w.kind else { return Err(err(format!("{op}: {} is not a weight", w.label()))) };
+        if let Some(t) = w.tiled {
+            if (t.rows, t.cols) != (rows, row_elems) {
+                return Err(err(format!("{op}: weight {} is a [{}, {}] matrix; the op asked for [{rows}, {row_elems}]", w.label(), t.rows, t.cols)));
+            }
+        }
         if w.buf.size() <= self.max_binding {
             return Ok(vec![Chunk { row0: 0, rows, range: None }]);
+        }
+        if let Some(t) = w.tiled {
+            // Whole tiles per chunk: a chunk starts on a tile, so the kernel's tile arithmetic
+            // on chunk-relative rows holds; a tile is a multiple of 1 KiB, so offsets align.
+            let tile = t.tile_bytes(dtype);
+            let per = self.max_binding / tile;
+            if per == 0 || tile % self.rec.gpu.limits.min_storage_buffer_offset_alignment as u64 != 0 {
+                return Err(err(format!("{op}: weight {}: a tile of {TILE_ROWS} rows is {tile} bytes, more than the largest storage binding ({} bytes)", w.label(), self.max_binding)));
+            }
+            let per_rows = per as usize * TILE_ROWS;
+            let mut out = Vec::new();
+            for r in (0..rows).step_by(per_rows) {
+                let n = per_rows.min(rows - r);
+                let off = (r / TILE_ROWS) as u64 * tile;
+                out.push(Chunk { row0: r, rows: n, range: Some((off, n.div_ceil(TILE_ROWS) as u64 * tile)) });
+            }
+            return Ok(out);
         }
         let row_bytes = (row_elems * dtype.size()) as u64;
         let align = self.rec.gpu.limits.min_storage_buffer_offset_alignment.max(16) as u64;
@@ -301,14 +354,14 @@ impl Backend for WgpuBackend {
         if t.bytes().len() != numel * t.dtype.size() {
             return Err(Error::tensor(&t.path, &t.name, format!("{} bytes for {numel} {} values", t.bytes().len(), t.dtype.name())));
         }
-        self.weight_from_bytes(t.dtype, numel, t.bytes(), Some(&t.name)).map_err(|e| match e {
+        self.weight_from_bytes(t.dtype, numel, t.bytes(), Some(&t.name), Some(&t.shape)).map_err(|e| match e {
             Error::Backend { msg, .. } => Error::tensor(&t.path, &t.name, msg),
             other => other,
         })
     }
 
     fn weight_from_f32(&self, dtype: DType, values: &[f32]) -> Result<WgpuBuf> {
-        self.weight_from_bytes(dtype, values.len(), &dtype.from_f32(values), None)
+        self.weight_from_bytes(dtype, values.len(), &dtype.from_f32(values), None, None)
     }
 
     fn alloc_f32(&self, len: usize) -> Result<WgpuBuf> {
@@ -339,6 +392,11 @@ impl Backend for WgpuBackend {
             return Err(err(format!("read_f32: {len} elements asked of {}", buf.label())));
         }
         match buf.kind {
+            BufKind::Weight(d) if buf.tiled.is_some() => {
+                let t = buf.tiled.expect("checked");
+                let bytes = t.untile(d, &self.rec.read(&buf.buf, t.bytes(d))?);
+                Ok(d.to_f32(&bytes[..len * d.size()]))
+            }
             BufKind::F32 | BufKind::Weight(DType::F32) => {
                 let bytes = self.rec.read(&buf.buf, len as u64 * 4)?;
                 Ok(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
@@ -372,7 +430,7 @@ impl Backend for WgpuBackend {
         let out_b = want_f32(op, "out", out, num_tokens * hidden)?;
         let vocab = table.len / hidden;
         to_u32(op, "num_tokens * hidden", num_tokens * hidden)?;
-        let prelude = Prelude::new().weight("w", dtype);
+        let prelude = Prelude::new().weight_matrix("w", dtype, table.tiled.is_some());
         for c in self.chunks(op, table, vocab, hidden)? {
             let params = [num_tokens as u32, hidden as u32, c.row0 as u32, c.rows as u32];
             let binds = [Bind { buf: &table.buf, range: c.range }, Bind::all(ids_b), Bind::all(out_b)];
@@ -403,6 +461,9 @@ impl Backend for WgpuBackend {
         to_u32(op, "rows * dim", rows * dim)?;
         if w.buf.size() > self.max_binding {
             return Err(err(format!("rms_norm: weight {} exceeds one storage binding", w.label())));
+        }
+        if w.tiled.is_some() {
+            return Err(err(format!("rms_norm: weight {} is a matrix, not a vector", w.label())));
         }
         let params = [rows as u32, dim as u32, eps.to_bits()];
         let binds = [Bind::all(x_b), Bind::all(&w.buf), Bind::all(out_b)];
@@ -478,7 +539,7 @@ impl Backend for WgpuBackend {
             .constant("RT", rt)
             .constant("WG", wg)
             .x_vec4("x", 1, uniform_x.then_some((UNIFORM_WINDOW / 16) as u32))
-            .weight4("w", dtype)
+            .weight_matrix("w", dtype, w.tiled.is_some())
             .optional_weight("bias", 4, bias_dtype);
         let kernel = match (uniform_x, bias.is_some()) {
             (false, false) => shaders::MATMUL,

@@ -133,6 +133,51 @@ impl Prelude {
         self
     }
 
+    /// [`Prelude::weight4`] for a weight matrix with `cols` elements per row, adding accessors
+    /// by (row, column) that hide its layout: `name_at_rc(row, col, cols) -> f32` and
+    /// `name_oct_rc(row, col, cols) -> mat2x4<f32>` (elements col..col+8 of the row, col a
+    /// multiple of 8). Row-major, or tiled as `crate::buffer::Tiled` describes: unit `u`
+    /// (16 bytes) of row `r` at unit `((r >> log2 T) * units + u) << log2 T | (r & (T - 1))`.
+    pub fn weight_matrix(self, name: &str, dtype: DType, tiled: bool) -> Self {
+        let mut me = self.weight4(name, dtype);
+        let n = name;
+        let text = if !tiled {
+            format!(
+                "fn {n}_at_rc(r: u32, c: u32, cols: u32) -> f32 {{ return {n}_at(r * cols + c); }}\n\
+                 fn {n}_oct_rc(r: u32, c: u32, cols: u32) -> mat2x4<f32> {{ return {n}_oct(r * cols + c); }}\n"
+            )
+        } else {
+            let shift = crate::buffer::TILE_ROWS.trailing_zeros();
+            let mask = crate::buffer::TILE_ROWS - 1;
+            // Elements per 16-byte unit: 8 halves or 4 floats.
+            let (per, unit_of) = match dtype {
+                DType::F32 => (4, "c >> 2u"),
+                _ => (8, "c >> 3u"),
+            };
+            let unit = format!(
+                "fn {n}_unit(r: u32, u: u32, cols: u32) -> u32 {{ return ((((r >> {shift}u) * (cols / {per}u)) + u) << {shift}u) | (r & {mask}u); }}\n"
+            );
+            let rest = match dtype {
+                DType::BF16 => format!(
+                    "fn {n}_at_rc(r: u32, c: u32, cols: u32) -> f32 {{ let word = {n}[{n}_unit(r, {unit_of}, cols)][(c >> 1u) & 3u]; return bitcast<f32>(select(word << 16u, word & 0xffff0000u, (c & 1u) == 1u)); }}\n\
+                     fn {n}_oct_rc(r: u32, c: u32, cols: u32) -> mat2x4<f32> {{ let v = {n}[{n}_unit(r, {unit_of}, cols)]; let lo = vec4<u32>(v.x << 16u, v.x & 0xffff0000u, v.y << 16u, v.y & 0xffff0000u); let hi = vec4<u32>(v.z << 16u, v.z & 0xffff0000u, v.w << 16u, v.w & 0xffff0000u); return mat2x4<f32>(bitcast<vec4<f32>>(lo), bitcast<vec4<f32>>(hi)); }}\n"
+                ),
+                DType::F16 => format!(
+                    "fn {n}_at_rc(r: u32, c: u32, cols: u32) -> f32 {{ return unpack2x16float({n}[{n}_unit(r, {unit_of}, cols)][(c >> 1u) & 3u])[c & 1u]; }}\n\
+                     fn {n}_oct_rc(r: u32, c: u32, cols: u32) -> mat2x4<f32> {{ let v = {n}[{n}_unit(r, {unit_of}, cols)]; return mat2x4<f32>(vec4<f32>(unpack2x16float(v.x), unpack2x16float(v.y)), vec4<f32>(unpack2x16float(v.z), unpack2x16float(v.w))); }}\n"
+                ),
+                DType::F32 => format!(
+                    "fn {n}_at_rc(r: u32, c: u32, cols: u32) -> f32 {{ return {n}[{n}_unit(r, {unit_of}, cols)][c & 3u]; }}\n\
+                     fn {n}_oct_rc(r: u32, c: u32, cols: u32) -> mat2x4<f32> {{ let u = {n}_unit(r, {unit_of}, cols); return mat2x4<f32>({n}[u], {n}[u + {}u]); }}\n",
+                    crate::buffer::TILE_ROWS
+                ),
+            };
+            unit + &rest
+        };
+        me.0.push_str(&text);
+        me
+    }
+
     /// An optional weight at `binding`: declared with accessors, or `name_at` returning 0.
     pub fn optional_weight(mut self, name: &str, binding: u32, dtype: Option<DType>) -> Self {
         match dtype {

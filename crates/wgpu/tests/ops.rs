@@ -39,14 +39,29 @@ fn embedding() {
     for dtype in DTYPES {
         let table = rng.vec(vocab * hidden, 1.0);
         let ids: Vec<u32> = (0..t).map(|_| rng.below(vocab) as u32).collect();
-        let w = b.weight_from_f32(dtype, &table).unwrap();
-        let mut out = poisoned(b, t * hidden);
-        b.embedding(&w, &u32_buf(b, &ids), &mut out, t, hidden).unwrap();
-        let got = b.read_f32(&out, t * hidden).unwrap();
         let r = round_to(dtype, &table);
         let want: Vec<f64> = ids.iter().flat_map(|&i| r[i as usize * hidden..][..hidden].iter().map(|&x| x as f64)).collect();
-        assert_close(&format!("embedding {}", dtype.name()), &got, &want, 0.0);
+        for w in weight_layouts(b, dtype, &table, vocab, hidden) {
+            let mut out = poisoned(b, t * hidden);
+            b.embedding(&w, &u32_buf(b, &ids), &mut out, t, hidden).unwrap();
+            let got = b.read_f32(&out, t * hidden).unwrap();
+            assert_close(&format!("embedding {} tiled {}", dtype.name(), b.is_tiled(&w)), &got, &want, 0.0);
+        }
     }
+}
+
+/// A `[rows, cols]` weight row-major, and tiled too when its rows are whole 16-byte units.
+fn weight_layouts(b: &WgpuBackend, dtype: DType, values: &[f32], rows: usize, cols: usize) -> Vec<WgpuBuf> {
+    let mut v = vec![b.weight_from_f32(dtype, values).unwrap()];
+    let m = b.weight_matrix_from_f32(dtype, values, rows, cols).unwrap();
+    // Tiled when rows are whole 16-byte units (and a tile of 64 rows fits one binding).
+    assert!(!b.is_tiled(&m) || (cols * dtype.size()) % 16 == 0, "[{rows}, {cols}] {}", dtype.name());
+    if b.is_tiled(&m) {
+        // Reading a tiled weight back gives the row-major values.
+        assert_eq!(b.read_f32(&m, values.len()).unwrap(), round_to(dtype, values));
+        v.push(m);
+    }
+    v
 }
 
 #[test]
@@ -131,13 +146,11 @@ fn check_matmul(b: &WgpuBackend, rng: &mut Rng, m: usize, n: usize, k: usize, dt
     let x = rng.vec(m * k, 1.0);
     let w = rng.vec(n * k, 1.0);
     let bias = rng.vec(n, 1.0);
-    let wb = b.weight_from_f32(dtype, &w).unwrap();
     let bb = bias_dtype.map(|d| b.weight_from_f32(d, &bias).unwrap());
-    let mut out = poisoned(b, m * n);
     // x lives in a longer buffer (as the model's scratch does): rows past m must not matter.
     let mut x_long = x.clone();
     x_long.extend(rng.vec(5 * k, 100.0));
-    b.matmul(&f32_buf(b, &x_long), &wb, bb.as_ref(), &mut out, m, n, k).unwrap();
+    let x_buf = f32_buf(b, &x_long);
     let wr = round_to(dtype, &w);
     let br = bias_dtype.map(|d| round_to(d, &bias));
     let mut want = vec![0.0f64; m * n];
@@ -150,8 +163,12 @@ fn check_matmul(b: &WgpuBackend, rng: &mut Rng, m: usize, n: usize, k: usize, dt
             want[i * n + j] = s;
         }
     }
-    let what = format!("matmul m{m} n{n} k{k} {} bias {:?}", dtype.name(), bias_dtype.map(|d| d.name()));
-    assert_close(&what, &b.read_f32(&out, m * n).unwrap(), &want, 1e-10);
+    for wb in weight_layouts(b, dtype, &w, n, k) {
+        let mut out = poisoned(b, m * n);
+        b.matmul(&x_buf, &wb, bb.as_ref(), &mut out, m, n, k).unwrap();
+        let what = format!("matmul m{m} n{n} k{k} {} bias {:?} tiled {}", dtype.name(), bias_dtype.map(|d| d.name()), b.is_tiled(&wb));
+        assert_close(&what, &b.read_f32(&out, m * n).unwrap(), &want, 1e-10);
+    }
 }
 
 #[test]
@@ -191,18 +208,36 @@ fn matmul_prefill_shapes_and_bias() {
 fn matmul_and_embedding_chunked_weights() {
     let Some(b) = common::open(WgpuOptions { max_storage_binding: Some(4096), ..Default::default() }) else { return };
     let mut rng = Rng::new("matmul_chunked");
-    // 300 rows x 96 bf16 = 57600 bytes: about 15 chunks of 4096 bytes.
+    // 300 rows x 96 bf16 = 57600 bytes: about 15 chunks of 4096 bytes. A tile of 64 such rows
+    // is 12 KiB, more than a binding, so that matrix stays row-major.
     check_matmul(&b, &mut rng, 3, 300, 96, DType::BF16, None);
     check_matmul(&b, &mut rng, 1, 70, 75, DType::F32, None);
+    // 300 rows of 32 bytes: tiles of 2 KiB, two per chunk; the last chunk and tile are partial.
+    check_matmul(&b, &mut rng, 2, 300, 16, DType::BF16, None);
+    check_matmul(&b, &mut rng, 3, 300, 8, DType::F32, None);
+    assert!(b.is_tiled(&b.weight_matrix_from_f32(DType::BF16, &[0.5; 300 * 16], 300, 16).unwrap()), "the tiled chunk path ran");
     let (vocab, hidden, t) = (500, 40, 9);
     let table = rng.vec(vocab * hidden, 1.0);
     let mut ids: Vec<u32> = (0..t).map(|_| rng.below(vocab) as u32).collect();
     ids[0] = vocab as u32 - 1;
-    let mut out = poisoned(&b, t * hidden);
-    b.embedding(&b.weight_from_f32(DType::BF16, &table).unwrap(), &u32_buf(&b, &ids), &mut out, t, hidden).unwrap();
     let r = round_to(DType::BF16, &table);
     let want: Vec<f64> = ids.iter().flat_map(|&i| f64s(&r[i as usize * hidden..][..hidden])).collect();
+    // 40 bf16 = 80 bytes a row: a tile of 5 KiB exceeds the 4 KiB binding, so the matrix
+    // stays row-major and is bound in chunks.
+    let mut out = poisoned(&b, t * hidden);
+    b.embedding(&b.weight_from_f32(DType::BF16, &table).unwrap(), &u32_buf(&b, &ids), &mut out, t, hidden).unwrap();
     assert_close("embedding chunked", &b.read_f32(&out, t * hidden).unwrap(), &want, 0.0);
+    assert!(!b.is_tiled(&b.weight_matrix_from_f32(DType::BF16, &table, vocab, hidden).unwrap()));
+    // 8 bf16 a row: tiles of 1 KiB, chunks of four tiles.
+    let (vocab, hidden) = (1000, 8);
+    let table = rng.vec(vocab * hidden, 1.0);
+    let r = round_to(DType::BF16, &table);
+    let want: Vec<f64> = ids.iter().flat_map(|&i| f64s(&r[i as usize * hidden..][..hidden])).collect();
+    let tiled = b.weight_matrix_from_f32(DType::BF16, &table, vocab, hidden).unwrap();
+    assert!(b.is_tiled(&tiled));
+    let mut out = poisoned(&b, t * hidden);
+    b.embedding(&tiled, &u32_buf(&b, &ids), &mut out, t, hidden).unwrap();
+    assert_close("embedding chunked tiled", &b.read_f32(&out, t * hidden).unwrap(), &want, 0.0);
 }
 
 #[test]
