@@ -132,9 +132,31 @@ fn load_and_decode_report_their_figures() {
     assert_eq!(v["results"]["runs_total_ms"].as_array().unwrap().len(), 3);
     assert!(v["results"]["tensors"].as_u64().unwrap() > 10);
 
-    bench(&out, &[&["decode"], TINY, &["--prompt-len", "20", "--max-tokens", "10", "--runs", "2"]].concat());
+    // A 20-token prompt in chunks of 8: the prefill packs and splits prompts across forwards.
+    let md = bench(&out, &[&["decode"], TINY, &["--prompt-len", "20", "--max-tokens", "10", "--runs", "2", "--batch-sizes", "1,4", "--max-num-batched-tokens", "8"]].concat());
     let v = report(&out, "decode-reference-tiny");
-    assert!(v["results"]["decode_tokens_per_s"]["median"].as_f64().unwrap() > 0.0);
-    assert!(v["results"]["prefill_tokens_per_s"]["median"].as_f64().unwrap() > 0.0);
-    assert!(v["results"]["runs"].as_array().unwrap().iter().all(|r| r["tokens"] == 10));
+    let r = &v["results"];
+    assert!(r["prefill_tokens_per_s"]["median"].as_f64().unwrap() > 0.0);
+    for b in ["1", "4"] {
+        assert!(r["decode_by_batch"][b]["median"].as_f64().unwrap() > 0.0, "batch {b}: {r}");
+        assert!(r["runs"].as_array().unwrap().iter().all(|run| run["decode_s"][b].as_f64().unwrap() > 0.0));
+    }
+    // The smallest batch size stays where earlier reports kept batch 1.
+    assert_eq!(r["decode_tokens_per_s"]["batch_size"], 1);
+    assert!(r["decode_tokens_per_s"]["median"].as_f64().unwrap() > 0.0);
+    assert_eq!(r["decode_steps"], 9);
+    assert_eq!(r["runs"].as_array().unwrap().len(), 2);
+    assert!(r.get("hf_baseline").is_none());
+    assert!(md.contains("| decode tok/s batch 4 |") && md.contains("| - | - |"), "{md}");
+}
+
+#[test]
+fn decode_reports_its_figures_when_the_hf_baseline_fails() {
+    let out = dir("decode-hf");
+    let md = bench(&out, &[&["decode"], TINY, &["--prompt-len", "8", "--max-tokens", "3", "--runs", "1", "--hf-baseline", "--hf-script", "no/such/hf_decode.py"]].concat());
+    let v = report(&out, "decode-reference-tiny");
+    let r = &v["results"];
+    assert!(r["hf_baseline"]["error"].as_str().is_some_and(|e| e.contains("no/such/hf_decode.py")), "{r}");
+    assert!(r["decode_by_batch"]["1"]["median"].as_f64().unwrap() > 0.0);
+    assert!(md.contains("| prefill tok/s |"), "{md}");
 }

@@ -1,6 +1,6 @@
 //! The smallest possible driver of a [`ModelRunner`]: one sequence, contiguous blocks, greedy.
-//! Used by the golden tests, `tandem generate`, `tandem compare` and `tandem bench decode`;
-//! the engine crate is the real driver.
+//! Used by the golden tests, `tandem generate`, `tandem compare`, and as the oracle in
+//! `tandem bench decode`'s test; the engine crate is the real driver.
 
 use crate::backend::argmax_row;
 use crate::batch::ForwardBatch;

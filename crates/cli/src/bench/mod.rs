@@ -6,7 +6,8 @@
 //! - [`serve`]: a streaming HTTP load generator against a running (or spawned) `tandem serve`.
 //! - [`compare`]: static against continuous batching at a few concurrencies.
 //! - [`sweep`]: `max_num_seqs` against throughput and latency.
-//! - [`load`]: time to open and map a model; [`decode`]: one sequence, greedy, tokens/s.
+//! - [`load`]: time to open and map a model; [`decode`]: the model runner alone, prefill
+//!   tokens/s and decode tokens/s at several batch sizes, optionally beside HF transformers.
 
 mod compare;
 mod decode;
@@ -47,7 +48,7 @@ enum Kind {
     Sweep(sweep::Args),
     /// Time to open and map a model (config, tokenizer, safetensors headers + mmap).
     Load(load::Args),
-    /// One sequence, greedy: prefill and decode tokens/s.
+    /// The model runner alone, greedy: prefill tokens/s and decode tokens/s per batch size.
     Decode(decode::Args),
 }
 
