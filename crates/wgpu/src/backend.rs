@@ -215,10 +215,14 @@ impl WgpuBackend {
         {
             let mut view = buf.get_mapped_range_mut(..).map_err(|e| err(format!("{what}: mapping for upload: {e}")))?;
             if let Some(t) = tiled {
-                // The mapped view is write-only: tile on the host, then copy once.
-                let mut tiled = vec![0u8; size as usize];
-                t.tile(dtype, bytes, &mut tiled[..t.bytes(dtype) as usize]);
-                view.copy_from_slice(&tiled);
+                // The mapped view is write-only: each tile is gathered from the mapping into
+                // one tile-sized staging buffer, then copied to its place.
+                let tb = t.tile_bytes(dtype) as usize;
+                let mut tile = vec![0u8; tb];
+                for i in 0..t.num_tiles() {
+                    t.fill_tile(dtype, bytes, i, &mut tile);
+                    view.slice(i * tb..(i + 1) * tb).copy_from_slice(&tile);
+                }
             } else if bytes.len() as u64 == size {
                 view.copy_from_slice(bytes);
             } else {

@@ -59,16 +59,26 @@ impl Tiled {
     fn unit_offset(self, dtype: DType, r: usize, u: usize) -> usize {
         (((r / TILE_ROWS) * self.units_per_row(dtype) + u) * TILE_ROWS + r % TILE_ROWS) * 16
     }
-    /// Row-major bytes into the tiled layout (`dst` is [`Tiled::bytes`] long).
-    pub fn tile(self, dtype: DType, src: &[u8], dst: &mut [u8]) {
+    pub fn num_tiles(self) -> usize {
+        self.rows.div_ceil(TILE_ROWS)
+    }
+    /// Tile `t` of the row-major bytes `src` into `dst` ([`Tiled::tile_bytes`] long).
+    pub fn fill_tile(self, dtype: DType, src: &[u8], t: usize, dst: &mut [u8]) {
         let units = self.units_per_row(dtype);
         dst.fill(0);
-        for r in 0..self.rows {
-            for u in 0..units {
-                let s = (r * units + u) * 16;
-                let d = self.unit_offset(dtype, r, u);
-                dst[d..d + 16].copy_from_slice(&src[s..s + 16]);
+        for q in 0..TILE_ROWS.min(self.rows - t * TILE_ROWS) {
+            let row = &src[(t * TILE_ROWS + q) * units * 16..][..units * 16];
+            for (u, unit) in row.chunks_exact(16).enumerate() {
+                let d = (u * TILE_ROWS + q) * 16;
+                dst[d..d + 16].copy_from_slice(unit);
             }
+        }
+    }
+    /// Row-major bytes into the tiled layout (`dst` is [`Tiled::bytes`] long).
+    pub fn tile(self, dtype: DType, src: &[u8], dst: &mut [u8]) {
+        let tb = self.tile_bytes(dtype) as usize;
+        for (t, d) in dst.chunks_exact_mut(tb).enumerate() {
+            self.fill_tile(dtype, src, t, d);
         }
     }
     /// The tiled layout back into row-major bytes.
