@@ -119,6 +119,34 @@ fn main(@builtin(workgroup_id) g: vec3<u32>, @builtin(local_invocation_index) li
 }
 "#;
 
+const RT_FMA: &str = r#"
+@group(0) @binding(3) var<storage, read> w: array<vec4<u32>>;
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) g: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    var acc: array<f32, 8>;
+    for (var t = 0u; t < 8u; t++) { acc[t] = 0.0; }
+    let kt = p.k / 8u;
+    for (var j = 0u; j < kt; j++) {
+        let a = x[2u * j];
+        let b = x[2u * j + 1u];
+        for (var t = 0u; t < 8u; t++) {
+            let q = w[ADDR];
+            var s = acc[t];
+            s = fma(a.x, lo(q.x), s);
+            s = fma(a.y, hi(q.x), s);
+            s = fma(a.z, lo(q.y), s);
+            s = fma(a.w, hi(q.y), s);
+            s = fma(b.x, lo(q.z), s);
+            s = fma(b.y, hi(q.z), s);
+            s = fma(b.z, lo(q.w), s);
+            s = fma(b.w, hi(q.w), s);
+            acc[t] = s;
+        }
+    }
+    for (var t = 0u; t < 8u; t++) { out[g.x * WG * 8u + t * WG + li] = acc[t]; }
+}
+"#;
+
 const RT_TEX: &str = r#"
 @group(0) @binding(3) var w: texture_2d<u32>;
 fn up(q: vec4<u32>) -> mat2x4<f32> {
@@ -310,10 +338,11 @@ fn main() {
         for (name, addr, res) in [
             ("rowmajor", "(g.x * WG * 8u + t * WG + li) * kt + j", wgpu::BindingResource::Buffer(wbuf.as_entire_buffer_binding())),
             ("tiled", "(g.x * kt + j) * WG * 8u + t * WG + li", wgpu::BindingResource::Buffer(tbuf.as_entire_buffer_binding())),
+            ("tiledfma", "(g.x * kt + j) * WG * 8u + t * WG + li", wgpu::BindingResource::Buffer(tbuf.as_entire_buffer_binding())),
             ("tex-rowm", "(g.x * WG * 8u + t * WG + li) * kt + j", wgpu::BindingResource::TextureView(&view)),
             ("tex-tile", "(g.x * kt + j) * WG * 8u + t * WG + li", wgpu::BindingResource::TextureView(&tview)),
         ] {
-            let body = if name.starts_with("tex") { RT_TEX } else { RT_COMMON };
+            let body = if name.starts_with("tex") { RT_TEX } else if name == "tiledfma" { RT_FMA } else { RT_COMMON };
             let src = format!("{COMMON}{body}").replace("ADDR", addr).replace("WG", &format!("{wg}u"));
             let module = device.create_shader_module(wgpu::ShaderModuleDescriptor { label: None, source: wgpu::ShaderSource::Wgsl(src.into()) });
             let pipe = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor { label: None, layout: None, module: &module, entry_point: Some("main"), compilation_options: Default::default(), cache: None });

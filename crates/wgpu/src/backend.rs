@@ -38,6 +38,9 @@ pub struct WgpuBackend {
     /// Lanes per matmul workgroup, and weight rows per lane at decode shapes (m <= 2).
     matmul_wg: u32,
     matmul_rt: u32,
+    /// Rows of x and of w per invocation from three rows of x up (prefill, batched decode).
+    prefill_mt: u32,
+    prefill_rt: u32,
     /// Matmul may read x through a uniform buffer (`TANDEM_WGPU_UNIFORM_X=0` turns it off).
     uniform_x: bool,
     /// Most loop iterations one invocation may run, where the driver has such a limit.
@@ -110,11 +113,13 @@ impl WgpuBackend {
         // per lane cut CPU time by about a third against 4, and 16-lane workgroups still give
         // two or more workgroups for the smallest projection (192 rows).
         let knob = |name: &str, default: u32| std::env::var(name).ok().and_then(|v| v.parse().ok()).filter(|v| (0..=256).contains(v)).unwrap_or(default);
-        let matmul_wg = knob("TANDEM_WGPU_MATMUL_WG", 16);
-        let matmul_rt = knob("TANDEM_WGPU_MATMUL_RT", 8);
+        let matmul_wg = knob("TANDEM_WGPU_MATMUL_WG", 16).max(1);
+        let matmul_rt = knob("TANDEM_WGPU_MATMUL_RT", 8).max(1);
+        let prefill_mt = knob("TANDEM_WGPU_PREFILL_MT", 4).max(1);
+        let prefill_rt = knob("TANDEM_WGPU_PREFILL_RT", 4).max(1);
         let uniform_x = knob("TANDEM_WGPU_UNIFORM_X", 1) == 1 && gpu_limits_uniform >= UNIFORM_WINDOW;
         let tiled_weights = knob("TANDEM_WGPU_TILED", 1) == 1;
-        Ok(WgpuBackend { rec: Recorder::new(gpu, pipelines), max_binding, argmax_out: Mutex::new(None), lane_kernels, matmul_wg, matmul_rt, uniform_x, loop_limit, tiled_weights })
+        Ok(WgpuBackend { rec: Recorder::new(gpu, pipelines), max_binding, argmax_out: Mutex::new(None), lane_kernels, matmul_wg, matmul_rt, prefill_mt, prefill_rt, uniform_x, loop_limit, tiled_weights })
     }
 
     /// The adapter in use: name, wgpu backend, device type, driver.
@@ -515,11 +520,11 @@ impl Backend for WgpuBackend {
         let mt = match m {
             1 => 1,
             2 => 2,
-            _ => 4,
+            _ => self.prefill_mt,
         };
-        let mut rt = match mt {
+        let mut rt = match m {
             1 | 2 => self.matmul_rt,
-            _ => 4,
+            _ => self.prefill_rt,
         };
         // Loop iterations one invocation runs (every loop counts; see LOOP_LIMIT).
         let iterations = |mt: u32, rt: u32| -> usize {
