@@ -160,12 +160,15 @@ fn paged_attention_lane(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workg
     let kvh = h / (p.num_heads / p.kv_heads);
     let s = min(token_seq[t], p.num_seqs - 1u);
     let n_keys = positions[t] + 1u;
-    let hv = p.head_dim / 4u;
+    // HV = head_dim / 4, a constant of the pipeline (the prelude's): the loops over it have a
+    // known trip count, so the compiler can keep q and acc in registers instead of indexing
+    // private arrays (which a CPU-side Vulkan does one lane at a time).
+    let hv = HV;
     let kv_row = p.kv_heads * hv;
     let qo = wid * hv;
 
-    var qv: array<vec4<f32>, MAX_VEC4>;
-    var acc: array<vec4<f32>, MAX_VEC4>;
+    var qv: array<vec4<f32>, HV>;
+    var acc: array<vec4<f32>, HV>;
     for (var d = 0u; d < hv; d++) {
         qv[d] = q4[qo + d] * p.scale;
         acc[d] = vec4<f32>(0.0);

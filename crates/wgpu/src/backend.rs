@@ -675,11 +675,13 @@ impl Backend for WgpuBackend {
         let lane_iters = keys.div_ceil(8) * (2 * hd / 4 + 1) + 4 * hd / 4 + 8 * 8 + 32;
         let group_iters = keys.div_ceil(64) * (hd + 5 * 64 + 1) + 4;
         let lane_fits = self.loop_limit.is_none_or(|l| lane_iters <= l);
+        // The lane kernel's head_dim / 4 is a pipeline constant (one pipeline per head size).
+        let prelude = Prelude::new().constant("HV", (hd / 4).max(1) as u32);
         if self.lane_kernels && hd % 4 == 0 && lane_fits {
-            self.rec.dispatch(shaders::PAGED_ATTENTION_LANE, &Prelude::new(), &params, &binds, Grid::Linear((t * nh) as u64))
+            self.rec.dispatch(shaders::PAGED_ATTENTION_LANE, &prelude, &params, &binds, Grid::Linear((t * nh) as u64))
         } else {
             self.check_loops(op, &format!("context {keys}, head_dim {hd}"), group_iters)?;
-            self.rec.dispatch(shaders::PAGED_ATTENTION, &Prelude::new(), &params, &binds, Grid::Linear((t * nh) as u64))
+            self.rec.dispatch(shaders::PAGED_ATTENTION, &prelude, &params, &binds, Grid::Linear((t * nh) as u64))
         }
     }
 
