@@ -6,8 +6,11 @@
 //!
 //! On Mesa's lavapipe a storage-buffer load whose address differs across lanes runs as a loop
 //! over the lanes with a branch per lane, while a texel fetch is a branch-free gather; this
-//! probe is how that was measured (see shaders/README.md).
+//! probe is how that was measured (see shaders/README.md and docs/bench-cpu.md). It replaces
+//! the first session's tex_probe (storage against texture at one decode shape).
 
+
+use wgpu::util::DeviceExt;
 
 const N: u32 = 49152;
 const K: u32 = 576;
@@ -211,119 +214,71 @@ fn cpu_secs() -> f64 {
     tasks.filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("schedstat")).ok()).filter_map(|s| s.split_whitespace().next()?.parse::<f64>().ok()).sum::<f64>() * 1e-9
 }
 
-fn main() {
-    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
-    desc.backends = wgpu::Backends::VULKAN;
-    let instance = wgpu::Instance::new(desc);
-    let adapter = pollster::block_on(instance.request_adapter(&wgpu::RequestAdapterOptions::default())).expect("adapter");
-    println!("adapter: {:?}", adapter.get_info().name);
-    let limits = adapter.limits();
-    println!("max_texture_dimension_2d {} max_uniform_buffer_binding_size {} max_uniform_buffers_per_shader_stage {}", limits.max_texture_dimension_2d, limits.max_uniform_buffer_binding_size, limits.max_uniform_buffers_per_shader_stage);
-    let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor { required_limits: limits, ..Default::default() })).expect("device");
+/// The device, the shared buffers and the expected result; runs and times one variant.
+struct Probe {
+    device: wgpu::Device,
+    queue: wgpu::Queue,
+    params: wgpu::Buffer,
+    xbuf: wgpu::Buffer,
+    out: wgpu::Buffer,
+    read: wgpu::Buffer,
+    want: Vec<f32>,
+}
 
-    // Weights: bf16 of a small deterministic pattern; x = 1/(j+1).
-    let words = (N * K / 2) as usize;
-    let w: Vec<u32> = (0..words as u32).map(|i| {
-        let a = half::bf16::from_f32(((i % 13) as f32 - 6.0) / 8.0).to_bits() as u32;
-        let b = half::bf16::from_f32(((i % 7) as f32 - 3.0) / 4.0).to_bits() as u32;
-        a | (b << 16)
-    }).collect();
-    let x: Vec<f32> = (0..K).map(|j| 1.0 / (j as f32 + 1.0)).collect();
-    let want: Vec<f32> = (0..N as usize).map(|r| {
-        (0..K as usize).map(|j| {
-            let e = r * K as usize + j;
-            let word = w[e / 2];
-            let bits = if e % 2 == 0 { word << 16 } else { word & 0xffff0000 };
-            f32::from_bits(bits) * x[j]
-        }).sum()
-    }).collect();
+impl Probe {
+    fn pipeline(&self, src: &str) -> wgpu::ComputePipeline {
+        let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor { label: None, source: wgpu::ShaderSource::Wgsl(src.into()) });
+        self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor { label: None, layout: None, module: &module, entry_point: Some("main"), compilation_options: Default::default(), cache: None })
+    }
 
-    use wgpu::util::DeviceExt;
-    let params = device.create_buffer_init(&wgpu::util::BufferInitDescriptor { label: None, contents: bytemuck::cast_slice(&[N, K, 0, 0]), usage: wgpu::BufferUsages::UNIFORM });
-    let xbuf = device.create_buffer_init(&wgpu::util::BufferInitDescriptor { label: None, contents: bytemuck::cast_slice(&x), usage: wgpu::BufferUsages::UNIFORM });
-    let out = device.create_buffer(&wgpu::BufferDescriptor { label: None, size: N as u64 * 4, usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC, mapped_at_creation: false });
-    let read = device.create_buffer(&wgpu::BufferDescriptor { label: None, size: N as u64 * 4, usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST, mapped_at_creation: false });
-    let wbuf = device.create_buffer_init(&wgpu::util::BufferInitDescriptor { label: None, contents: bytemuck::cast_slice(&w), usage: wgpu::BufferUsages::STORAGE });
-    let texels = words / 4;
-    let h = (texels as u32).div_ceil(TEX_W);
-    let mut padded = w.clone();
-    padded.resize((TEX_W * h * 4) as usize, 0);
-    let tex = device.create_texture_with_data(&queue, &wgpu::TextureDescriptor {
-        label: None,
-        size: wgpu::Extent3d { width: TEX_W, height: h, depth_or_array_layers: 1 },
-        mip_level_count: 1,
-        sample_count: 1,
-        dimension: wgpu::TextureDimension::D2,
-        format: wgpu::TextureFormat::Rgba32Uint,
-        usage: wgpu::TextureUsages::TEXTURE_BINDING | wgpu::TextureUsages::COPY_DST,
-        view_formats: &[],
-    }, wgpu::util::TextureDataOrder::LayerMajor, bytemuck::cast_slice(&padded));
-    let view = tex.create_view(&Default::default());
+    /// Params, x, out, and the weights at binding 3.
+    fn bind(&self, pipe: &wgpu::ComputePipeline, w: wgpu::BindingResource) -> wgpu::BindGroup {
+        self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &pipe.get_bind_group_layout(0),
+            entries: &[
+                wgpu::BindGroupEntry { binding: 0, resource: self.params.as_entire_binding() },
+                wgpu::BindGroupEntry { binding: 1, resource: self.xbuf.as_entire_binding() },
+                wgpu::BindGroupEntry { binding: 2, resource: self.out.as_entire_binding() },
+                wgpu::BindGroupEntry { binding: 3, resource: w },
+            ],
+        })
+    }
 
-    // Uniform windows: dispatch d covers rows [d * WINS * WIN_ROWS, ...), WINS windows of WIN_ROWS rows.
-    let per = WINS * WIN_ROWS;
-    let dispatches = N / per;
-    for wg in [8u32, 16] {
-        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor { label: None, source: wgpu::ShaderSource::Wgsl(ubo_shader(wg).into()) });
-        let pipe = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor { label: None, layout: None, module: &module, entry_point: Some("main"), compilation_options: Default::default(), cache: None });
-        let win_bytes = (WIN_ROWS * K * 2) as u64;
-        let pbufs: Vec<wgpu::Buffer> = (0..dispatches).map(|d| device.create_buffer_init(&wgpu::util::BufferInitDescriptor { label: None, contents: bytemuck::cast_slice(&[d * per, K, 0, 0]), usage: wgpu::BufferUsages::UNIFORM })).collect();
-        let ubo = device.create_buffer_init(&wgpu::util::BufferInitDescriptor { label: None, contents: bytemuck::cast_slice(&w), usage: wgpu::BufferUsages::UNIFORM });
-        let bgs: Vec<wgpu::BindGroup> = (0..dispatches).map(|d| {
-            let mut entries = vec![
-                wgpu::BindGroupEntry { binding: 0, resource: pbufs[d as usize].as_entire_binding() },
-                wgpu::BindGroupEntry { binding: 1, resource: xbuf.as_entire_binding() },
-                wgpu::BindGroupEntry { binding: 2, resource: out.as_entire_binding() },
-            ];
-            for b in 0..WINS {
-                let off = (d * WINS + b) as u64 * win_bytes;
-                entries.push(wgpu::BindGroupEntry { binding: b + 3, resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer: &ubo, offset: off, size: std::num::NonZeroU64::new(win_bytes) }) });
-            }
-            device.create_bind_group(&wgpu::BindGroupDescriptor { label: None, layout: &pipe.get_bind_group_layout(0), entries: &entries })
-        }).collect();
+    /// Best of four runs of `dispatches` (bind group, workgroups in x and y), in CPU-seconds;
+    /// checks the first `check_rows` outputs against the host result.
+    fn time(&self, name: &str, pipe: &wgpu::ComputePipeline, dispatches: &[(&wgpu::BindGroup, u32, u32)], check_rows: usize) -> f64 {
         let mut best = f64::MAX;
         for _ in 0..4 {
             let t = cpu_secs();
-            let mut enc = device.create_command_encoder(&Default::default());
+            let mut enc = self.device.create_command_encoder(&Default::default());
             {
                 let mut pass = enc.begin_compute_pass(&Default::default());
-                pass.set_pipeline(&pipe);
-                for bg in &bgs {
-                    pass.set_bind_group(0, bg, &[]);
-                    pass.dispatch_workgroups(WIN_ROWS.div_ceil(wg), WINS, 1);
+                pass.set_pipeline(pipe);
+                for (bg, x, y) in dispatches {
+                    pass.set_bind_group(0, *bg, &[]);
+                    pass.dispatch_workgroups(*x, *y, 1);
                 }
             }
-            enc.copy_buffer_to_buffer(&out, 0, &read, 0, N as u64 * 4);
-            queue.submit([enc.finish()]);
-            read.slice(..).map_async(wgpu::MapMode::Read, |_| {});
-            device.poll(wgpu::PollType::wait_indefinitely()).unwrap();
-            let got: Vec<f32> = bytemuck::cast_slice(&read.slice(..).get_mapped_range().expect("mapped")).to_vec();
-            read.unmap();
+            enc.copy_buffer_to_buffer(&self.out, 0, &self.read, 0, N as u64 * 4);
+            self.queue.submit([enc.finish()]);
+            self.read.slice(..).map_async(wgpu::MapMode::Read, |_| {});
+            self.device.poll(wgpu::PollType::wait_indefinitely()).unwrap();
+            let got: Vec<f32> = bytemuck::cast_slice(&self.read.slice(..).get_mapped_range().expect("mapped")).to_vec();
+            self.read.unmap();
             best = best.min(cpu_secs() - t);
-            let rows = (dispatches * per) as usize;
-            let err = got[..rows].iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-            assert!(err < 1e-3, "ubo: max error {err}");
+            let err = got[..check_rows].iter().zip(&self.want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            assert!(err < 1e-3, "{name}: max error {err}");
         }
-        let gb = (dispatches * per * K * 2) as f64 / 1e9;
-        println!("WG {wg:3} uniform : {:7.2} ms  {:5.2} GB/s of bf16 weights per CPU-second ({dispatches} dispatches)", best * 1e3, gb / best);
+        best
     }
 
-    // Tiled copy of w: tile of T = wg * 8 rows, [tile][j][row in tile].
-    for wg in [8u32, 16, 32] {
-        let t = (wg * 8) as usize;
-        let kt = (K / 8) as usize;
-        let mut tiled = vec![0u32; words];
-        for r in 0..N as usize {
-            let (tile, q) = (r / t, r % t);
-            for j in 0..kt {
-                let src = (r * kt + j) * 4;
-                let dst = ((tile * kt + j) * t + q) * 4;
-                tiled[dst..dst + 4].copy_from_slice(&w[src..src + 4]);
-            }
-        }
-        let mut tpad = tiled.clone();
-        tpad.resize((TEX_W * h * 4) as usize, 0);
-        let ttex = device.create_texture_with_data(&queue, &wgpu::TextureDescriptor {
+    /// `words` as an rgba32uint texture TEX_W texels wide, zero-padded to whole rows.
+    fn texture(&self, words: &[u32]) -> wgpu::TextureView {
+        let h = (words.len() as u32 / 4).div_ceil(TEX_W);
+        let mut padded = words.to_vec();
+        padded.resize((TEX_W * h * 4) as usize, 0);
+        let desc = wgpu::TextureDescriptor {
             label: None,
             size: wgpu::Extent3d { width: TEX_W, height: h, depth_or_array_layers: 1 },
             mip_level_count: 1,
@@ -332,92 +287,128 @@ fn main() {
             format: wgpu::TextureFormat::Rgba32Uint,
             usage: wgpu::TextureUsages::TEXTURE_BINDING | wgpu::TextureUsages::COPY_DST,
             view_formats: &[],
-        }, wgpu::util::TextureDataOrder::LayerMajor, bytemuck::cast_slice(&tpad));
-        let tview = ttex.create_view(&Default::default());
-        let tbuf = device.create_buffer_init(&wgpu::util::BufferInitDescriptor { label: None, contents: bytemuck::cast_slice(&tiled), usage: wgpu::BufferUsages::STORAGE });
-        for (name, addr, res) in [
-            ("rowmajor", "(g.x * WG * 8u + t * WG + li) * kt + j", wgpu::BindingResource::Buffer(wbuf.as_entire_buffer_binding())),
-            ("tiled", "(g.x * kt + j) * WG * 8u + t * WG + li", wgpu::BindingResource::Buffer(tbuf.as_entire_buffer_binding())),
-            ("tiledfma", "(g.x * kt + j) * WG * 8u + t * WG + li", wgpu::BindingResource::Buffer(tbuf.as_entire_buffer_binding())),
-            ("tex-rowm", "(g.x * WG * 8u + t * WG + li) * kt + j", wgpu::BindingResource::TextureView(&view)),
-            ("tex-tile", "(g.x * kt + j) * WG * 8u + t * WG + li", wgpu::BindingResource::TextureView(&tview)),
-        ] {
-            let body = if name.starts_with("tex") { RT_TEX } else if name == "tiledfma" { RT_FMA } else { RT_COMMON };
-            let src = format!("{COMMON}{body}").replace("ADDR", addr).replace("WG", &format!("{wg}u"));
-            let module = device.create_shader_module(wgpu::ShaderModuleDescriptor { label: None, source: wgpu::ShaderSource::Wgsl(src.into()) });
-            let pipe = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor { label: None, layout: None, module: &module, entry_point: Some("main"), compilation_options: Default::default(), cache: None });
-            let bg = device.create_bind_group(&wgpu::BindGroupDescriptor {
-                label: None,
-                layout: &pipe.get_bind_group_layout(0),
-                entries: &[
-                    wgpu::BindGroupEntry { binding: 0, resource: params.as_entire_binding() },
-                    wgpu::BindGroupEntry { binding: 1, resource: xbuf.as_entire_binding() },
-                    wgpu::BindGroupEntry { binding: 2, resource: out.as_entire_binding() },
-                    wgpu::BindGroupEntry { binding: 3, resource: res.clone() },
-                ],
-            });
-            let mut best = f64::MAX;
-            for _ in 0..4 {
-                let t0 = cpu_secs();
-                let mut enc = device.create_command_encoder(&Default::default());
-                {
-                    let mut pass = enc.begin_compute_pass(&Default::default());
-                    pass.set_pipeline(&pipe);
-                    pass.set_bind_group(0, &bg, &[]);
-                    pass.dispatch_workgroups(N / (wg * 8), 1, 1);
+        };
+        let tex = self.device.create_texture_with_data(&self.queue, &desc, wgpu::util::TextureDataOrder::LayerMajor, bytemuck::cast_slice(&padded));
+        tex.create_view(&Default::default())
+    }
+
+    fn buffer(&self, contents: &[u8], usage: wgpu::BufferUsages) -> wgpu::Buffer {
+        self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor { label: None, contents, usage })
+    }
+}
+
+fn report(label: &str, secs: f64, weight_bytes: usize) {
+    println!("{label:<28}: {:7.2} ms  {:5.2} GB/s of bf16 weights per CPU-second", secs * 1e3, weight_bytes as f64 / 1e9 / secs);
+}
+
+fn main() {
+    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+    desc.backends = wgpu::Backends::VULKAN;
+    let instance = wgpu::Instance::new(desc);
+    let adapter = pollster::block_on(instance.request_adapter(&wgpu::RequestAdapterOptions::default())).expect("adapter");
+    println!("adapter: {:?}", adapter.get_info().name);
+    let limits = adapter.limits();
+    let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor { required_limits: limits, ..Default::default() })).expect("device");
+
+    // Weights: bf16 of a small deterministic pattern; x = 1/(j+1).
+    let words = (N * K / 2) as usize;
+    let w: Vec<u32> = (0..words as u32)
+        .map(|i| {
+            let a = half::bf16::from_f32(((i % 13) as f32 - 6.0) / 8.0).to_bits() as u32;
+            let b = half::bf16::from_f32(((i % 7) as f32 - 3.0) / 4.0).to_bits() as u32;
+            a | (b << 16)
+        })
+        .collect();
+    let x: Vec<f32> = (0..K).map(|j| 1.0 / (j as f32 + 1.0)).collect();
+    let want: Vec<f32> = (0..N as usize)
+        .map(|r| {
+            (0..K as usize)
+                .map(|j| {
+                    let e = r * K as usize + j;
+                    let word = w[e / 2];
+                    f32::from_bits(if e % 2 == 0 { word << 16 } else { word & 0xffff0000 }) * x[j]
+                })
+                .sum()
+        })
+        .collect();
+    let new_buf = |size: u64, u: wgpu::BufferUsages| device.create_buffer(&wgpu::BufferDescriptor { label: None, size, usage: u, mapped_at_creation: false });
+    let out = new_buf(N as u64 * 4, wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC);
+    let read = new_buf(N as u64 * 4, wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST);
+    let params = device.create_buffer_init(&wgpu::util::BufferInitDescriptor { label: None, contents: bytemuck::cast_slice(&[N, K, 0, 0]), usage: wgpu::BufferUsages::UNIFORM });
+    let xbuf = device.create_buffer_init(&wgpu::util::BufferInitDescriptor { label: None, contents: bytemuck::cast_slice(&x), usage: wgpu::BufferUsages::UNIFORM });
+    let pr = Probe { device, queue, params, xbuf, out, read, want };
+    let wbuf = pr.buffer(bytemuck::cast_slice(&w), wgpu::BufferUsages::STORAGE);
+    let view = pr.texture(&w);
+    let whole = words * 4;
+
+    // Uniform windows: dispatch d covers rows [d * WINS * WIN_ROWS, ...), WINS windows of WIN_ROWS rows.
+    let per = WINS * WIN_ROWS;
+    let dispatches = N / per;
+    let ubo = pr.buffer(bytemuck::cast_slice(&w), wgpu::BufferUsages::UNIFORM);
+    let win_bytes = (WIN_ROWS * K * 2) as u64;
+    let pbufs: Vec<wgpu::Buffer> = (0..dispatches).map(|d| pr.buffer(bytemuck::cast_slice(&[d * per, K, 0, 0]), wgpu::BufferUsages::UNIFORM)).collect();
+    for wg in [8u32, 16] {
+        let pipe = pr.pipeline(&ubo_shader(wg));
+        let bgs: Vec<wgpu::BindGroup> = (0..dispatches)
+            .map(|d| {
+                let mut entries = vec![
+                    wgpu::BindGroupEntry { binding: 0, resource: pbufs[d as usize].as_entire_binding() },
+                    wgpu::BindGroupEntry { binding: 1, resource: pr.xbuf.as_entire_binding() },
+                    wgpu::BindGroupEntry { binding: 2, resource: pr.out.as_entire_binding() },
+                ];
+                for b in 0..WINS {
+                    let off = (d * WINS + b) as u64 * win_bytes;
+                    entries.push(wgpu::BindGroupEntry { binding: b + 3, resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer: &ubo, offset: off, size: std::num::NonZeroU64::new(win_bytes) }) });
                 }
-                enc.copy_buffer_to_buffer(&out, 0, &read, 0, N as u64 * 4);
-                queue.submit([enc.finish()]);
-                read.slice(..).map_async(wgpu::MapMode::Read, |_| {});
-                device.poll(wgpu::PollType::wait_indefinitely()).unwrap();
-                let got: Vec<f32> = bytemuck::cast_slice(&read.slice(..).get_mapped_range().expect("mapped")).to_vec();
-                read.unmap();
-                best = best.min(cpu_secs() - t0);
-                let err = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-                assert!(err < 1e-3, "{name}: max error {err}");
+                pr.device.create_bind_group(&wgpu::BindGroupDescriptor { label: None, layout: &pipe.get_bind_group_layout(0), entries: &entries })
+            })
+            .collect();
+        let list: Vec<_> = bgs.iter().map(|bg| (bg, WIN_ROWS.div_ceil(wg), WINS)).collect();
+        let rows = (dispatches * per) as usize;
+        report(&format!("WG {wg:3} uniform windows"), pr.time("uniform", &pipe, &list, rows), rows * K as usize * 2);
+    }
+
+    // The decode kernel's shape, row-major and tiled (tile of T = wg * 8 rows, [tile][j][row in tile]).
+    for wg in [8u32, 16, 32] {
+        let t = (wg * 8) as usize;
+        let kt = (K / 8) as usize;
+        let mut tiled = vec![0u32; words];
+        for r in 0..N as usize {
+            let (tile, q) = (r / t, r % t);
+            for j in 0..kt {
+                let (src, dst) = ((r * kt + j) * 4, ((tile * kt + j) * t + q) * 4);
+                tiled[dst..dst + 4].copy_from_slice(&w[src..src + 4]);
             }
-            let gb = (words * 4) as f64 / 1e9;
-            println!("WG {wg:3} RT 8 {name:8}: {:7.2} ms  {:5.2} GB/s of bf16 weights per CPU-second", best * 1e3, gb / best);
+        }
+        let tview = pr.texture(&tiled);
+        let tbuf = pr.buffer(bytemuck::cast_slice(&tiled), wgpu::BufferUsages::STORAGE);
+        let (rowmajor, tiled_addr) = ("(g.x * WG * 8u + t * WG + li) * kt + j", "(g.x * kt + j) * WG * 8u + t * WG + li");
+        for (name, body, addr, res) in [
+            ("rowmajor", RT_COMMON, rowmajor, wgpu::BindingResource::Buffer(wbuf.as_entire_buffer_binding())),
+            ("tiled", RT_COMMON, tiled_addr, wgpu::BindingResource::Buffer(tbuf.as_entire_buffer_binding())),
+            ("tiled fma", RT_FMA, tiled_addr, wgpu::BindingResource::Buffer(tbuf.as_entire_buffer_binding())),
+            ("texture rowmajor", RT_TEX, rowmajor, wgpu::BindingResource::TextureView(&view)),
+            ("texture tiled", RT_TEX, tiled_addr, wgpu::BindingResource::TextureView(&tview)),
+        ] {
+            let pipe = pr.pipeline(&format!("{COMMON}{body}").replace("ADDR", addr).replace("WG", &format!("{wg}u")));
+            let bg = pr.bind(&pipe, res);
+            report(&format!("WG {wg:3} RT 8 {name}"), pr.time(name, &pipe, &[(&bg, N / (wg * 8), 1)], N as usize), whole);
         }
     }
 
+    // One row per lane; `no-load`, `alu` and `same-row` compute something else (no check).
     for wg in [8u32, 16, 64] {
-        for (name, body, res) in [("storage", STORAGE, wgpu::BindingResource::Buffer(wbuf.as_entire_buffer_binding())), ("texture", TEXTURE, wgpu::BindingResource::TextureView(&view)), ("no-load", NOLOAD, wgpu::BindingResource::Buffer(wbuf.as_entire_buffer_binding())), ("alu", ALU, wgpu::BindingResource::Buffer(wbuf.as_entire_buffer_binding())), ("same-row", SAME_ROW, wgpu::BindingResource::Buffer(wbuf.as_entire_buffer_binding()))] {
-            let src = format!("{COMMON}{body}").replace("TEXW", &format!("{TEX_W}u")).replace("WG", &format!("{wg}u"));
-            let module = device.create_shader_module(wgpu::ShaderModuleDescriptor { label: None, source: wgpu::ShaderSource::Wgsl(src.into()) });
-            let pipe = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor { label: None, layout: None, module: &module, entry_point: Some("main"), compilation_options: Default::default(), cache: None });
-            let bg = device.create_bind_group(&wgpu::BindGroupDescriptor {
-                label: None,
-                layout: &pipe.get_bind_group_layout(0),
-                entries: &[
-                    wgpu::BindGroupEntry { binding: 0, resource: params.as_entire_binding() },
-                    wgpu::BindGroupEntry { binding: 1, resource: xbuf.as_entire_binding() },
-                    wgpu::BindGroupEntry { binding: 2, resource: out.as_entire_binding() },
-                    wgpu::BindGroupEntry { binding: 3, resource: res.clone() },
-                ],
-            });
-            let mut best = f64::MAX;
-            for _ in 0..4 {
-                let t = cpu_secs();
-                let mut enc = device.create_command_encoder(&Default::default());
-                {
-                    let mut pass = enc.begin_compute_pass(&Default::default());
-                    pass.set_pipeline(&pipe);
-                    pass.set_bind_group(0, &bg, &[]);
-                    pass.dispatch_workgroups(if name == "same-row" { N } else { N.div_ceil(wg) }, 1, 1);
-                }
-                enc.copy_buffer_to_buffer(&out, 0, &read, 0, N as u64 * 4);
-                queue.submit([enc.finish()]);
-                read.slice(..).map_async(wgpu::MapMode::Read, |_| {});
-                device.poll(wgpu::PollType::wait_indefinitely()).unwrap();
-                let got: Vec<f32> = bytemuck::cast_slice(&read.slice(..).get_mapped_range().expect("mapped")).to_vec();
-                read.unmap();
-                best = best.min(cpu_secs() - t);
-                let err = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-                assert!(err < 1e-3 || name == "no-load" || name == "alu" || name == "same-row", "{name}: max error {err}");
-            }
-            let gb = (words * 4) as f64 / 1e9;
-            println!("WG {wg:3} {name:8}: {:7.2} ms  {:5.2} GB/s of bf16 weights per CPU-second", best * 1e3, gb / best);
+        for (name, body, res, check) in [
+            ("storage", STORAGE, wgpu::BindingResource::Buffer(wbuf.as_entire_buffer_binding()), true),
+            ("texture", TEXTURE, wgpu::BindingResource::TextureView(&view), true),
+            ("no-load", NOLOAD, wgpu::BindingResource::Buffer(wbuf.as_entire_buffer_binding()), false),
+            ("alu", ALU, wgpu::BindingResource::Buffer(wbuf.as_entire_buffer_binding()), false),
+            ("same-row", SAME_ROW, wgpu::BindingResource::Buffer(wbuf.as_entire_buffer_binding()), false),
+        ] {
+            let pipe = pr.pipeline(&format!("{COMMON}{body}").replace("TEXW", &format!("{TEX_W}u")).replace("WG", &format!("{wg}u")));
+            let bg = pr.bind(&pipe, res);
+            let groups = if name == "same-row" { N } else { N.div_ceil(wg) };
+            report(&format!("WG {wg:3} {name}"), pr.time(name, &pipe, &[(&bg, groups, 1)], if check { N as usize } else { 0 }), whole);
         }
     }
 }
