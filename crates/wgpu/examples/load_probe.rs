@@ -30,39 +30,11 @@ fn dot8(q: vec4<u32>, j: u32) -> f32 {
 }
 "#;
 
-const STORAGE: &str = r#"
-@group(0) @binding(3) var<storage, read> w: array<vec4<u32>>;
-@compute @workgroup_size(WG)
-fn main(@builtin(global_invocation_id) g: vec3<u32>) {
-    let r = g.x + g.y * 65535u * WG;
-    if (r >= p.n) { return; }
-    let row = r * (p.k / 8u);
-    var acc = 0.0;
-    for (var j = 0u; j < p.k / 8u; j++) {
-        acc += dot8(w[row + j], j);
-    }
-    out[r] = acc;
-}
-"#;
-
-const NOLOAD: &str = r#"
-@group(0) @binding(3) var<storage, read> w: array<vec4<u32>>;
-@compute @workgroup_size(WG)
-fn main(@builtin(global_invocation_id) g: vec3<u32>) {
-    let r = g.x + g.y * 65535u * WG;
-    if (r >= p.n) { return; }
-    let row = r * (p.k / 8u);
-    var acc = 0.0;
-    for (var j = 0u; j < p.k / 8u; j++) {
-        let i = row + j;
-        acc += dot8(vec4<u32>(0x3f803f80u ^ (i & 0xffu), 0x3f803f80u ^ j, 0x3f803f80u + j, 0x3f803f80u), j);
-    }
-    out[r] = acc + f32(w[0].x);
-}
-"#;
-
-const ALU: &str = r#"
-@group(0) @binding(3) var<storage, read> w: array<vec4<u32>>;
+// One row per lane: WDECL declares the weights, TERM is what unit i (row + j) adds to acc.
+// `no-load` and `alu` replace the weights by values made from the indices (normal floats, no
+// denormals); `alu` also reads x once, outside the loop.
+const ROW_KERNEL: &str = r#"
+WDECL
 @compute @workgroup_size(WG)
 fn main(@builtin(global_invocation_id) g: vec3<u32>) {
     let r = g.x + g.y * 65535u * WG;
@@ -72,12 +44,18 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>) {
     let a = x[0];
     let b = x[1];
     for (var j = 0u; j < p.k / 8u; j++) {
-        let q = vec4<u32>(0x3f803f80u ^ (row & 0xffu), 0x3f803f80u ^ j, 0x3f803f80u + j, 0x3f803f80u ^ (row & j));
-        acc += dot(vec4<f32>(lo(q.x), hi(q.x), lo(q.y), hi(q.y)), a) + dot(vec4<f32>(lo(q.z), hi(q.z), lo(q.w), hi(q.w)), b);
+        let i = row + j;
+        acc += TERM;
     }
-    out[r] = acc + f32(w[0].x);
+    out[r] = acc + EXTRA;
 }
 "#;
+
+fn row_kernel(decl: &str, term: &str, extra: &str, wg: u32) -> String {
+    format!("{COMMON}{ROW_KERNEL}").replace("WDECL", decl).replace("TERM", term).replace("EXTRA", extra).replace("TEXW", &format!("{TEX_W}u")).replace("WG", &format!("{wg}u"))
+}
+
+const MADE_UP: &str = "vec4<u32>(0x3f803f80u ^ (i & 0xffu), 0x3f803f80u ^ j, 0x3f803f80u + j, 0x3f803f80u)";
 
 // Every lane of a workgroup reads the same row (the address depends on the workgroup id only),
 // each with its own x; N workgroups, so N * 8 (lane, row) pairs, like `storage` at WG 8.
@@ -98,63 +76,11 @@ fn main(@builtin(workgroup_id) g: vec3<u32>, @builtin(local_invocation_index) li
 }
 "#;
 
-// The decode kernel's shape: WG lanes x RT rows each; row-major weights (ROWMAJOR) or tiled so
-// that one step of a workgroup reads one contiguous run of WG * RT vec4s (TILED).
-const RT_COMMON: &str = r#"
-@group(0) @binding(3) var<storage, read> w: array<vec4<u32>>;
-fn up(q: vec4<u32>) -> mat2x4<f32> {
-    return mat2x4<f32>(vec4<f32>(lo(q.x), hi(q.x), lo(q.y), hi(q.y)), vec4<f32>(lo(q.z), hi(q.z), lo(q.w), hi(q.w)));
-}
-@compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) g: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    var acc: array<f32, 8>;
-    for (var t = 0u; t < 8u; t++) { acc[t] = 0.0; }
-    let kt = p.k / 8u;
-    for (var j = 0u; j < kt; j++) {
-        let a = x[2u * j];
-        let b = x[2u * j + 1u];
-        for (var t = 0u; t < 8u; t++) {
-            let m = up(w[ADDR]);
-            acc[t] += dot(m[0], a) + dot(m[1], b);
-        }
-    }
-    for (var t = 0u; t < 8u; t++) { out[g.x * WG * 8u + t * WG + li] = acc[t]; }
-}
-"#;
-
-const RT_FMA: &str = r#"
-@group(0) @binding(3) var<storage, read> w: array<vec4<u32>>;
-@compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) g: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    var acc: array<f32, 8>;
-    for (var t = 0u; t < 8u; t++) { acc[t] = 0.0; }
-    let kt = p.k / 8u;
-    for (var j = 0u; j < kt; j++) {
-        let a = x[2u * j];
-        let b = x[2u * j + 1u];
-        for (var t = 0u; t < 8u; t++) {
-            let q = w[ADDR];
-            var s = acc[t];
-            s = fma(a.x, lo(q.x), s);
-            s = fma(a.y, hi(q.x), s);
-            s = fma(a.z, lo(q.y), s);
-            s = fma(a.w, hi(q.y), s);
-            s = fma(b.x, lo(q.z), s);
-            s = fma(b.y, hi(q.z), s);
-            s = fma(b.z, lo(q.w), s);
-            s = fma(b.w, hi(q.w), s);
-            acc[t] = s;
-        }
-    }
-    for (var t = 0u; t < 8u; t++) { out[g.x * WG * 8u + t * WG + li] = acc[t]; }
-}
-"#;
-
-const RT_TEX: &str = r#"
-@group(0) @binding(3) var w: texture_2d<u32>;
-fn up(q: vec4<u32>) -> mat2x4<f32> {
-    return mat2x4<f32>(vec4<f32>(lo(q.x), hi(q.x), lo(q.y), hi(q.y)), vec4<f32>(lo(q.z), hi(q.z), lo(q.w), hi(q.w)));
-}
+// The decode kernel's shape: WG lanes x 8 rows each; row-major weights or tiled so that one
+// step of a workgroup reads one contiguous run of WG * 8 vec4s (the ADDR given). WDECL declares
+// the weights, LOAD(i) reads unit i, STEP folds the unit q into acc[t] (dot, or fma).
+const RT_KERNEL: &str = r#"
+WDECL
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) g: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     var acc: array<f32, 8>;
@@ -165,29 +91,25 @@ fn main(@builtin(workgroup_id) g: vec3<u32>, @builtin(local_invocation_index) li
         let b = x[2u * j + 1u];
         for (var t = 0u; t < 8u; t++) {
             let i = ADDR;
-            let m = up(textureLoad(w, vec2<u32>(i & 4095u, i >> 12u), 0));
-            acc[t] += dot(m[0], a) + dot(m[1], b);
+            let q = LOAD;
+            STEP
         }
     }
     for (var t = 0u; t < 8u; t++) { out[g.x * WG * 8u + t * WG + li] = acc[t]; }
 }
 "#;
 
-const TEXTURE: &str = r#"
-@group(0) @binding(3) var w: texture_2d<u32>;
-@compute @workgroup_size(WG)
-fn main(@builtin(global_invocation_id) g: vec3<u32>) {
-    let r = g.x + g.y * 65535u * WG;
-    if (r >= p.n) { return; }
-    let row = r * (p.k / 8u);
-    var acc = 0.0;
-    for (var j = 0u; j < p.k / 8u; j++) {
-        let i = row + j;
-        acc += dot8(textureLoad(w, vec2<u32>(i % TEXW, i / TEXW), 0), j);
-    }
-    out[r] = acc;
+const STORAGE_DECL: &str = "@group(0) @binding(3) var<storage, read> w: array<vec4<u32>>;";
+const TEXTURE_DECL: &str = "@group(0) @binding(3) var w: texture_2d<u32>;";
+const STORAGE_LOAD: &str = "w[i]";
+const TEXTURE_LOAD: &str = "textureLoad(w, vec2<u32>(i & 4095u, i >> 12u), 0)";
+const DOT_STEP: &str = "acc[t] += dot(vec4<f32>(lo(q.x), hi(q.x), lo(q.y), hi(q.y)), a) + dot(vec4<f32>(lo(q.z), hi(q.z), lo(q.w), hi(q.w)), b);";
+const FMA_STEP: &str = "var s = acc[t]; s = fma(a.x, lo(q.x), s); s = fma(a.y, hi(q.x), s); s = fma(a.z, lo(q.y), s); s = fma(a.w, hi(q.y), s); \
+    s = fma(b.x, lo(q.z), s); s = fma(b.y, hi(q.z), s); s = fma(b.z, lo(q.w), s); s = fma(b.w, hi(q.w), s); acc[t] = s;";
+
+fn rt_kernel(decl: &str, load: &str, step: &str, addr: &str, wg: u32) -> String {
+    format!("{COMMON}{RT_KERNEL}").replace("WDECL", decl).replace("LOAD", load).replace("STEP", step).replace("ADDR", addr).replace("WG", &format!("{wg}u"))
 }
-"#;
 
 /// Rows of 576 bf16 (72 texels) in one 64 KiB uniform window, and windows per dispatch.
 const WIN_ROWS: u32 = 56;
@@ -383,29 +305,32 @@ fn main() {
         let tview = pr.texture(&tiled);
         let tbuf = pr.buffer(bytemuck::cast_slice(&tiled), wgpu::BufferUsages::STORAGE);
         let (rowmajor, tiled_addr) = ("(g.x * WG * 8u + t * WG + li) * kt + j", "(g.x * kt + j) * WG * 8u + t * WG + li");
-        for (name, body, addr, res) in [
-            ("rowmajor", RT_COMMON, rowmajor, wgpu::BindingResource::Buffer(wbuf.as_entire_buffer_binding())),
-            ("tiled", RT_COMMON, tiled_addr, wgpu::BindingResource::Buffer(tbuf.as_entire_buffer_binding())),
-            ("tiled fma", RT_FMA, tiled_addr, wgpu::BindingResource::Buffer(tbuf.as_entire_buffer_binding())),
-            ("texture rowmajor", RT_TEX, rowmajor, wgpu::BindingResource::TextureView(&view)),
-            ("texture tiled", RT_TEX, tiled_addr, wgpu::BindingResource::TextureView(&tview)),
+        let (stor, texd) = ((STORAGE_DECL, STORAGE_LOAD), (TEXTURE_DECL, TEXTURE_LOAD));
+        for (name, (decl, load), step, addr, res) in [
+            ("rowmajor", stor, DOT_STEP, rowmajor, wgpu::BindingResource::Buffer(wbuf.as_entire_buffer_binding())),
+            ("tiled", stor, DOT_STEP, tiled_addr, wgpu::BindingResource::Buffer(tbuf.as_entire_buffer_binding())),
+            ("tiled fma", stor, FMA_STEP, tiled_addr, wgpu::BindingResource::Buffer(tbuf.as_entire_buffer_binding())),
+            ("texture rowmajor", texd, DOT_STEP, rowmajor, wgpu::BindingResource::TextureView(&view)),
+            ("texture tiled", texd, DOT_STEP, tiled_addr, wgpu::BindingResource::TextureView(&tview)),
         ] {
-            let pipe = pr.pipeline(&format!("{COMMON}{body}").replace("ADDR", addr).replace("WG", &format!("{wg}u")));
+            let pipe = pr.pipeline(&rt_kernel(decl, load, step, addr, wg));
             let bg = pr.bind(&pipe, res);
             report(&format!("WG {wg:3} RT 8 {name}"), pr.time(name, &pipe, &[(&bg, N / (wg * 8), 1)], N as usize), whole);
         }
     }
 
     // One row per lane; `no-load`, `alu` and `same-row` compute something else (no check).
+    let alu_term = format!("dot(vec4<f32>(lo({MADE_UP}.x), hi({MADE_UP}.x), lo({MADE_UP}.y), hi({MADE_UP}.y)), a) + dot(vec4<f32>(lo({MADE_UP}.z), hi({MADE_UP}.z), lo({MADE_UP}.w), hi({MADE_UP}.w)), b)");
     for wg in [8u32, 16, 64] {
-        for (name, body, res, check) in [
-            ("storage", STORAGE, wgpu::BindingResource::Buffer(wbuf.as_entire_buffer_binding()), true),
-            ("texture", TEXTURE, wgpu::BindingResource::TextureView(&view), true),
-            ("no-load", NOLOAD, wgpu::BindingResource::Buffer(wbuf.as_entire_buffer_binding()), false),
-            ("alu", ALU, wgpu::BindingResource::Buffer(wbuf.as_entire_buffer_binding()), false),
-            ("same-row", SAME_ROW, wgpu::BindingResource::Buffer(wbuf.as_entire_buffer_binding()), false),
+        let storage = wgpu::BindingResource::Buffer(wbuf.as_entire_buffer_binding());
+        for (name, src, res, check) in [
+            ("storage", row_kernel(STORAGE_DECL, "dot8(w[i], j)", "0.0", wg), storage.clone(), true),
+            ("texture", row_kernel(TEXTURE_DECL, "dot8(textureLoad(w, vec2<u32>(i % TEXW, i / TEXW), 0), j)", "0.0", wg), wgpu::BindingResource::TextureView(&view), true),
+            ("no-load", row_kernel(STORAGE_DECL, &format!("dot8({MADE_UP}, j)"), "f32(w[0].x)", wg), storage.clone(), false),
+            ("alu", row_kernel(STORAGE_DECL, &alu_term, "f32(w[0].x)", wg), storage.clone(), false),
+            ("same-row", format!("{COMMON}{SAME_ROW}"), storage, false),
         ] {
-            let pipe = pr.pipeline(&format!("{COMMON}{body}").replace("TEXW", &format!("{TEX_W}u")).replace("WG", &format!("{wg}u")));
+            let pipe = pr.pipeline(&src);
             let bg = pr.bind(&pipe, res);
             let groups = if name == "same-row" { N } else { N.div_ceil(wg) };
             report(&format!("WG {wg:3} {name}"), pr.time(name, &pipe, &[(&bg, groups, 1)], if check { N as usize } else { 0 }), whole);
