@@ -18,6 +18,8 @@ import json
 import sys
 import time
 
+import hf_common
+
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -28,26 +30,10 @@ def main():
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    ap.add_argument("--dtype", default="auto", help="auto (bf16 on cuda, f32 on cpu), bfloat16, float16, float32")
-    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    hf_common.add_model_args(ap)
     a = ap.parse_args()
 
-    import torch
-    import transformers
-    from transformers import AutoModelForCausalLM
-
-    device = a.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype_name = a.dtype
-    if dtype_name == "auto":
-        dtype_name = "bfloat16" if device == "cuda" else "float32"
-    dtype = getattr(torch, dtype_name)
-    if a.threads > 0:
-        torch.set_num_threads(a.threads)
-
-    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=dtype).to(device).eval()
+    torch, model, device, fields = hf_common.load_model(a)
     cfg = model.config
 
     if a.prompts_file:
@@ -101,12 +87,7 @@ def main():
     print(
         json.dumps(
             {
-                "engine": "hf-transformers",
-                "transformers": transformers.__version__,
-                "torch": torch.__version__,
-                "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
-                "dtype": dtype_name,
-                "threads": torch.get_num_threads(),
+                **fields,
                 "batch_size": a.batch_size,
                 "num_prompts": len(prompts),
                 "prompt_tokens": prompt_tokens,

@@ -24,6 +24,8 @@ import statistics
 import sys
 import time
 
+import hf_common
+
 
 def parse_batch_sizes(text):
     sizes = sorted({int(x) for x in text.split(",") if x.strip()})
@@ -40,28 +42,13 @@ def main():
     ap.add_argument("--batch-sizes", default="1", help="comma list, e.g. 1,16")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    ap.add_argument("--dtype", default="auto", help="auto (bf16 on cuda, f32 on cpu), bfloat16, float16, float32")
-    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    hf_common.add_model_args(ap)
     a = ap.parse_args()
     if a.prompt_len < 1 or a.max_tokens < 2 or a.runs < 1:
         sys.exit("need --prompt-len >= 1, --max-tokens >= 2 and --runs >= 1")
     batch_sizes = parse_batch_sizes(a.batch_sizes)
 
-    import torch
-    import transformers
-    from transformers import AutoModelForCausalLM
-
-    device = a.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype_name = a.dtype
-    if dtype_name == "auto":
-        dtype_name = "bfloat16" if device == "cuda" else "float32"
-    if a.threads > 0:
-        torch.set_num_threads(a.threads)
-
-    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=getattr(torch, dtype_name)).to(device).eval()
+    torch, model, device, fields = hf_common.load_model(a)
     # transformers 5.24 renamed `past_key_values` to `cache` (argument and output; the old
     # names still work with a warning); earlier 5.x and 4.x only know `past_key_values`.
     cache_name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
@@ -112,12 +99,7 @@ def main():
     print(
         json.dumps(
             {
-                "engine": "hf-transformers",
-                "transformers": transformers.__version__,
-                "torch": torch.__version__,
-                "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
-                "dtype": dtype_name,
-                "threads": torch.get_num_threads(),
+                **fields,
                 "cache_argument": cache_name,
                 "prompt_len": a.prompt_len,
                 "max_tokens": a.max_tokens,
