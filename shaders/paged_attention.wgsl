@@ -130,12 +130,15 @@ fn paged_attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups
 }
 
 // paged_attention_lane: the same result with a workgroup of 8 lanes (one SIMD vector on
-// lavapipe) per (token, head): lane s walks keys s, s + 8, ... alone with the online softmax
-// and 16-byte loads, then the 8 partial results are merged through workgroup memory (one
-// barrier). Chosen on CPU adapters, where barriers are coroutine switches and every load is
-// paid per lane, so the tiled kernel above is slower; splitting keys fills every lane even when
-// a decode step has fewer heads than a vector has lanes. Needs head_dim % 4 == 0.
-const MAX_VEC4: u32 = 64u; // head_dim <= 256
+// lavapipe) per (token, group of GQ query heads that share one kv head): lane s walks keys
+// s, s + 8, ... alone with the online softmax and 16-byte loads, each K and V load serving the
+// GQ heads, then the 8 partial results are merged through workgroup memory (one barrier).
+// Chosen on CPU adapters, where barriers are coroutine switches and every load is paid per
+// lane, so the tiled kernel above is slower; splitting keys fills every lane even when a
+// decode step has fewer heads than a vector has lanes. Needs head_dim % 4 == 0.
+// Prelude constants: HV = head_dim / 4 and GQ (query heads per workgroup, dividing
+// num_heads / kv_heads), so every loop over them has a known trip count and q, acc stay out of
+// lane-by-lane private-array indexing.
 const SPLITS: u32 = 8u;
 
 @group(0) @binding(1) var<storage, read> q4: array<vec4<f32>>;       // [T, num_heads, head_dim / 4]
@@ -143,79 +146,96 @@ const SPLITS: u32 = 8u;
 @group(0) @binding(3) var<storage, read> v4: array<vec4<f32>>;       // [slots, kv_heads, head_dim / 4]
 @group(0) @binding(7) var<storage, read_write> out4: array<vec4<f32>>; // [T, num_heads, head_dim / 4]
 
-var<workgroup> part_acc: array<vec4<f32>, 512>; // [SPLITS, MAX_VEC4]
-var<workgroup> part_m: array<f32, 8>;           // [SPLITS]
-var<workgroup> part_l: array<f32, 8>;           // [SPLITS]
+var<workgroup> part_acc: array<vec4<f32>, SPLITS * GQ * HV>; // [SPLITS, GQ, HV]
+var<workgroup> part_m: array<f32, SPLITS * GQ>;             // [SPLITS, GQ]
+var<workgroup> part_l: array<f32, SPLITS * GQ>;             // [SPLITS, GQ]
 
 @compute @workgroup_size(8)
 fn paged_attention_lane(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                         @builtin(local_invocation_index) li: u32) {
     let wid = wg.y * nwg.x + wg.x;
+    let groups = p.num_heads / GQ;
     // Uniform over the workgroup, so the barrier below is reached by all or none.
-    if (wid >= p.num_tokens * p.num_heads) {
+    if (wid >= p.num_tokens * groups) {
         return;
     }
-    let t = wid / p.num_heads;
-    let h = wid - t * p.num_heads;
-    let kvh = h / (p.num_heads / p.kv_heads);
+    let t = wid / groups;
+    let h0 = (wid - t * groups) * GQ;
+    let kvh = h0 / (p.num_heads / p.kv_heads);
     let s = min(token_seq[t], p.num_seqs - 1u);
     let n_keys = positions[t] + 1u;
-    // HV = head_dim / 4, a constant of the pipeline (the prelude's): the loops over it have a
-    // known trip count, so the compiler can keep q and acc in registers instead of indexing
-    // private arrays (which a CPU-side Vulkan does one lane at a time).
-    let hv = HV;
-    let kv_row = p.kv_heads * hv;
-    let qo = wid * hv;
+    let kv_row = p.kv_heads * HV;
+    // The group's heads are consecutive in q and out: [GQ, HV] vec4s from qo.
+    let qo = (t * p.num_heads + h0) * HV;
 
-    var qv: array<vec4<f32>, HV>;
-    var acc: array<vec4<f32>, HV>;
-    for (var d = 0u; d < hv; d++) {
-        qv[d] = q4[qo + d] * p.scale;
-        acc[d] = vec4<f32>(0.0);
+    var qv: array<vec4<f32>, GQ * HV>;
+    var acc: array<vec4<f32>, GQ * HV>;
+    for (var i = 0u; i < GQ * HV; i++) {
+        qv[i] = q4[qo + i] * p.scale;
+        acc[i] = vec4<f32>(0.0);
     }
-    var m = NEG_BIG;
-    var l = 0.0;
+    var m: array<f32, GQ>;
+    var l: array<f32, GQ>;
+    for (var g = 0u; g < GQ; g++) {
+        m[g] = NEG_BIG;
+        l[g] = 0.0;
+    }
     for (var j = li; j < n_keys; j += SPLITS) {
         let slot = key_slot(s, j);
         if (slot >= p.num_slots) {
             continue;
         }
-        let ko = slot * kv_row + kvh * hv;
-        var dot4 = vec4<f32>(0.0);
-        for (var d = 0u; d < hv; d++) {
-            dot4 += qv[d] * k4[ko + d];
+        let ko = slot * kv_row + kvh * HV;
+        var dot4: array<vec4<f32>, GQ>;
+        for (var g = 0u; g < GQ; g++) {
+            dot4[g] = vec4<f32>(0.0);
         }
-        let sc = dot4.x + dot4.y + dot4.z + dot4.w;
-        let m_new = max(m, sc);
-        let corr = exp(m - m_new);
-        let pr = exp(sc - m_new);
-        l = l * corr + pr;
-        for (var d = 0u; d < hv; d++) {
-            acc[d] = acc[d] * corr + pr * v4[ko + d];
+        for (var d = 0u; d < HV; d++) {
+            let kk = k4[ko + d];
+            for (var g = 0u; g < GQ; g++) {
+                dot4[g] += qv[g * HV + d] * kk;
+            }
         }
-        m = m_new;
+        var corr: array<f32, GQ>;
+        var pr: array<f32, GQ>;
+        for (var g = 0u; g < GQ; g++) {
+            let sc = dot4[g].x + dot4[g].y + dot4[g].z + dot4[g].w;
+            let m_new = max(m[g], sc);
+            corr[g] = exp(m[g] - m_new);
+            pr[g] = exp(sc - m_new);
+            l[g] = l[g] * corr[g] + pr[g];
+            m[g] = m_new;
+        }
+        for (var d = 0u; d < HV; d++) {
+            let vv = v4[ko + d];
+            for (var g = 0u; g < GQ; g++) {
+                acc[g * HV + d] = acc[g * HV + d] * corr[g] + pr[g] * vv;
+            }
+        }
     }
-    part_m[li] = m;
-    part_l[li] = l;
-    for (var d = 0u; d < hv; d++) {
-        part_acc[li * MAX_VEC4 + d] = acc[d];
+    for (var g = 0u; g < GQ; g++) {
+        part_m[li * GQ + g] = m[g];
+        part_l[li * GQ + g] = l[g];
+    }
+    for (var i = 0u; i < GQ * HV; i++) {
+        part_acc[li * GQ * HV + i] = acc[i];
     }
     workgroupBarrier();
-    // A split without keys has m = NEG_BIG, l = 0, acc = 0: its weight below is 0.
-    var gm = NEG_BIG;
-    for (var i = 0u; i < SPLITS; i++) {
-        gm = max(gm, part_m[i]);
-    }
-    var gl = 0.0;
-    for (var i = 0u; i < SPLITS; i++) {
-        gl += part_l[i] * exp(part_m[i] - gm);
-    }
-    let inv = select(0.0, 1.0 / gl, gl > 0.0);
-    for (var d = li; d < hv; d += SPLITS) {
-        var o = vec4<f32>(0.0);
-        for (var i = 0u; i < SPLITS; i++) {
-            o += part_acc[i * MAX_VEC4 + d] * exp(part_m[i] - gm);
+    // A split without keys has m = NEG_BIG, l = 0, acc = 0: its weight below is 0. Lane li
+    // writes vec4s li, li + 8, ... of the group's [GQ, HV] output.
+    for (var i = li; i < GQ * HV; i += SPLITS) {
+        let g = i / HV;
+        var gm = NEG_BIG;
+        for (var k = 0u; k < SPLITS; k++) {
+            gm = max(gm, part_m[k * GQ + g]);
         }
-        out4[qo + d] = o * inv;
+        var gl = 0.0;
+        var o = vec4<f32>(0.0);
+        for (var k = 0u; k < SPLITS; k++) {
+            let wk = exp(part_m[k * GQ + g] - gm);
+            gl += part_l[k * GQ + g] * wk;
+            o += part_acc[k * GQ * HV + i] * wk;
+        }
+        out4[qo + i] = o * select(0.0, 1.0 / gl, gl > 0.0);
     }
 }

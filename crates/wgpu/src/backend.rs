@@ -667,21 +667,33 @@ impl Backend for WgpuBackend {
             a.scale.to_bits(),
         ];
         let binds = [Bind::all(q_b), Bind::all(kc), Bind::all(vc), Bind::all(p_b), Bind::all(s_b), Bind::all(bt), Bind::all(o_b)];
-        // Loop iterations per invocation (see LAVAPIPE_LOOP_LIMIT): the lane kernel runs
-        // 2 hd/4 + 1 per key of its eighth of the keys, the workgroup kernel hd + 5 * 64 + 1 per
-        // tile of 64 keys. (A lane kernel that walked all keys in one lane gave NaN at context
-        // 1024, head_dim 128 on lavapipe: 1024 x 65 iterations, just past the limit.)
+        // Loop iterations per invocation (see LAVAPIPE_LOOP_LIMIT), counted as if nothing were
+        // unrolled: the lane kernel runs hd/4 (1 + gq) twice and 3 gq + 1 more per key of its
+        // eighth of the keys, the workgroup kernel hd + 5 * 64 + 1 per tile of 64 keys. (A lane
+        // kernel that walked all keys in one lane gave NaN at context 1024, head_dim 128 on
+        // lavapipe: 1024 x 65 iterations, just past the limit.)
         let keys = a.max_context.max(1);
-        let lane_iters = keys.div_ceil(8) * (2 * hd / 4 + 1) + 4 * hd / 4 + 8 * 8 + 32;
+        let hv = hd / 4;
+        let lane_iters = |gq: usize| keys.div_ceil(8) * (2 * hv * (1 + gq) + 3 * gq + 1) + 3 * gq * hv + 8 * 2 * gq + 32;
         let group_iters = keys.div_ceil(64) * (hd + 5 * 64 + 1) + 4;
-        let lane_fits = self.loop_limit.is_none_or(|l| lane_iters <= l);
-        // The lane kernel's head_dim / 4 is a pipeline constant (one pipeline per head size).
-        let prelude = Prelude::new().constant("HV", (hd / 4).max(1) as u32);
-        if self.lane_kernels && hd % 4 == 0 && lane_fits {
-            self.rec.dispatch(shaders::PAGED_ATTENTION_LANE, &prelude, &params, &binds, Grid::Linear((t * nh) as u64))
-        } else {
-            self.check_loops(op, &format!("context {keys}, head_dim {hd}"), group_iters)?;
-            self.rec.dispatch(shaders::PAGED_ATTENTION, &prelude, &params, &binds, Grid::Linear((t * nh) as u64))
+        let fits = |gq: usize| self.loop_limit.is_none_or(|l| lane_iters(gq) <= l);
+        // The lane kernel serves all the query heads of a kv head in one workgroup, so each K
+        // and V load serves them all, when its workgroup memory allows; else one head each.
+        let group = nh / g.num_kv_heads;
+        let wg_bytes = |gq: usize| (8 * gq * hv * 16 + 2 * 8 * gq * 4) as u64;
+        let max_wg = self.rec.gpu.limits.max_compute_workgroup_storage_size as u64;
+        let gq = [group, 1].into_iter().find(|&gq| wg_bytes(gq) <= max_wg && fits(gq));
+        match gq {
+            Some(gq) if self.lane_kernels && hd % 4 == 0 => {
+                let prelude = Prelude::new().constant("HV", hv as u32).constant("GQ", gq as u32);
+                self.rec.dispatch(shaders::PAGED_ATTENTION_LANE, &prelude, &params, &binds, Grid::Linear((t * nh / gq) as u64))
+            }
+            _ => {
+                self.check_loops(op, &format!("context {keys}, head_dim {hd}"), group_iters)?;
+                // The lane kernel's declarations in the same file need HV and GQ to compile.
+                let prelude = Prelude::new().constant("HV", hv.max(1) as u32).constant("GQ", 1);
+                self.rec.dispatch(shaders::PAGED_ATTENTION, &prelude, &params, &binds, Grid::Linear((t * nh) as u64))
+            }
         }
     }
 

@@ -392,6 +392,9 @@ fn attention_cases(lane: bool) {
     check_attention(&b, &mut rng, 64, 16, 3, 3, &[(45, 45), (83, 19), (30, 1)]);
     check_attention(&b, &mut rng, 128, 32, 1, 4, &[(70, 70), (100, 37)]);
     check_attention(&b, &mut rng, 128, 16, 2, 1, &[(17, 5), (3, 3)]);
+    // Eight query heads of 256 dims on one kv head: the lane kernel's grouped workgroup memory
+    // (8 splits x 8 heads x 1 KiB) exceeds the adapter's, so it serves one head a workgroup.
+    check_attention(&b, &mut rng, 256, 16, 1, 8, &[(40, 1), (21, 21)]);
 }
 
 /// Long contexts: on lavapipe, whose loops stop after 65535 iterations per invocation, the
