@@ -168,11 +168,16 @@ fn paged_attention_lane(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workg
     // The group's heads are consecutive in q and out: [GQ, HV] vec4s from qo.
     let qo = (t * p.num_heads + h0) * HV;
 
+    // Loops over the private arrays are nested GQ x HV, never one loop of GQ * HV: each has a
+    // trip count small enough for the compiler to unroll, and an unrolled access keeps the
+    // array in registers (a CPU-side Vulkan otherwise spills it to memory it reaches lane by lane).
     var qv: array<vec4<f32>, GQ * HV>;
     var acc: array<vec4<f32>, GQ * HV>;
-    for (var i = 0u; i < GQ * HV; i++) {
-        qv[i] = q4[qo + i] * p.scale;
-        acc[i] = vec4<f32>(0.0);
+    for (var g = 0u; g < GQ; g++) {
+        for (var d = 0u; d < HV; d++) {
+            qv[g * HV + d] = q4[qo + g * HV + d] * p.scale;
+            acc[g * HV + d] = vec4<f32>(0.0);
+        }
     }
     var m: array<f32, GQ>;
     var l: array<f32, GQ>;
@@ -217,8 +222,10 @@ fn paged_attention_lane(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workg
         part_m[li * GQ + g] = m[g];
         part_l[li * GQ + g] = l[g];
     }
-    for (var i = 0u; i < GQ * HV; i++) {
-        part_acc[li * GQ * HV + i] = acc[i];
+    for (var g = 0u; g < GQ; g++) {
+        for (var d = 0u; d < HV; d++) {
+            part_acc[(li * GQ + g) * HV + d] = acc[g * HV + d];
+        }
     }
     workgroupBarrier();
     // A split without keys has m = NEG_BIG, l = 0, acc = 0: its weight below is 0. Lane li
