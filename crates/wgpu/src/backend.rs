@@ -677,12 +677,20 @@ impl Backend for WgpuBackend {
         let lane_iters = |gq: usize| keys.div_ceil(8) * (2 * hv * (1 + gq) + 3 * gq + 1) + 3 * gq * hv + 8 * 2 * gq + 32;
         let group_iters = keys.div_ceil(64) * (hd + 5 * 64 + 1) + 4;
         let fits = |gq: usize| self.loop_limit.is_none_or(|l| lane_iters(gq) <= l);
-        // The lane kernel serves all the query heads of a kv head in one workgroup, so each K
-        // and V load serves them all, when its workgroup memory allows; else one head each.
+        // The lane kernel serves GQ query heads of one kv head per workgroup, so each K and V
+        // load serves them all: the largest divisor of the group whose GQ x head_dim/4 private
+        // vec4s stay within UNROLL_VEC4S (the compiler unrolls the loops over them, which keeps
+        // them in registers but costs compile time: without a shader cache, lavapipe built the
+        // op suite's 16 attention cases in 88 s with groups up to 128 vec4s, in 4 s with this
+        // cap; SmolLM2's 3 heads x 16 fit it) and whose merge buffer fits workgroup memory.
+        const UNROLL_VEC4S: usize = 48;
         let group = nh / g.num_kv_heads;
         let wg_bytes = |gq: usize| (8 * gq * hv * 16 + 2 * 8 * gq * 4) as u64;
         let max_wg = self.rec.gpu.limits.max_compute_workgroup_storage_size as u64;
-        let gq = [group, 1].into_iter().find(|&gq| wg_bytes(gq) <= max_wg && fits(gq));
+        let gq = (1..=group)
+            .rev()
+            .filter(|&d| group % d == 0 && (d == 1 || d * hv <= UNROLL_VEC4S))
+            .find(|&d| wg_bytes(d) <= max_wg && fits(d));
         match gq {
             Some(gq) if self.lane_kernels && hd % 4 == 0 => {
                 let prelude = Prelude::new().constant("HV", hv as u32).constant("GQ", gq as u32);
