@@ -69,3 +69,32 @@ fn rms_norm_lane(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
         out4[base + i + 1u] = x4[base + i + 1u] * inv * wv[1];
     }
 }
+
+// add_rms_norm_lane: the residual add and the norm after it in one pass, one invocation per
+// row (dim % 8 == 0): acc[r, :] += x[r, :], then out[r, :] = rms_norm(acc[r, :]) * w. The
+// model calls it after attention and after the MLP, so a layer launches two kernels fewer.
+@group(0) @binding(1) var<storage, read_write> acc4: array<vec4<f32>>; // [rows, dim / 4], updated
+@group(0) @binding(4) var<storage, read> add4: array<vec4<f32>>;       // [rows, dim / 4]
+
+@compute @workgroup_size(64)
+fn add_rms_norm_lane(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                     @builtin(local_invocation_index) li: u32) {
+    let row = (wg.y * nwg.x + wg.x) * 64u + li;
+    if (row >= p.rows) {
+        return;
+    }
+    let dv = p.dim / 4u;
+    let base = row * dv;
+    var s4 = vec4<f32>(0.0);
+    for (var i = 0u; i < dv; i++) {
+        let v = acc4[base + i] + add4[base + i];
+        acc4[base + i] = v;
+        s4 += v * v;
+    }
+    let inv = 1.0 / sqrt((s4.x + s4.y + s4.z + s4.w) / f32(p.dim) + p.eps);
+    for (var i = 0u; i < dv; i += 2u) {
+        let wv = w_oct(i * 4u);
+        out4[base + i] = acc4[base + i] * inv * wv[0];
+        out4[base + i + 1u] = acc4[base + i + 1u] * inv * wv[1];
+    }
+}

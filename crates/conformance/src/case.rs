@@ -8,7 +8,8 @@ use tandem_core::DType;
 
 use crate::compare::compare;
 use crate::ops::{
-    Add, Argmax, Embedding, GatherRows, KvWrite, Launch, Matmul, Op, PagedAttention, RmsNorm, Rope, SeqChunk, SiluMul,
+    Add, AddRmsNorm, Argmax, Embedding, GatherRows, KvWrite, Launch, Matmul, Op, PagedAttention, RmsNorm, Rope, SeqChunk,
+    SiluMul,
 };
 use crate::rng::{hash_str, mix, Rng};
 
@@ -17,6 +18,7 @@ enum Spec {
     GatherRows(GatherRows),
     RmsNorm(RmsNorm),
     Add(Add),
+    AddRmsNorm(AddRmsNorm),
     Matmul(Matmul),
     Rope(Rope),
     SiluMul(SiluMul),
@@ -33,6 +35,7 @@ macro_rules! dispatch {
             Spec::GatherRows($o) => $body,
             Spec::RmsNorm($o) => $body,
             Spec::Add($o) => $body,
+            Spec::AddRmsNorm($o) => $body,
             Spec::Matmul($o) => $body,
             Spec::Rope($o) => $body,
             Spec::SiluMul($o) => $body,
@@ -232,6 +235,11 @@ pub fn cases() -> Vec<Case> {
 
     for len in [1, 77, 576 * 37, 100_003] {
         v.push(Case::new(Add { len }, Spec::Add));
+    }
+    // Decode and prefill rows at SmolLM2's width, a width that is not a multiple of 8 (the
+    // unfused path on wgpu), and each weight dtype.
+    for (dtype, rows, dim) in [(BF16, 1, 576), (BF16, 37, 576), (F16, 5, 64), (F32, 3, 100), (F32, 70, 2048)] {
+        v.push(Case::new(AddRmsNorm { dtype, rows, dim, eps: 1e-5 }, Spec::AddRmsNorm));
     }
     for (len, gate_scale) in [(1, 1.0), (3 * 1536, 1.0), (100_003, 12.0)] {
         v.push(Case::new(SiluMul { len, gate_scale }, Spec::SiluMul));

@@ -62,6 +62,8 @@ pub fn selected(filter: Option<&str>) -> Vec<Case> {
     match filter {
         None => all,
         Some(f) if all.iter().any(|c| c.label() == f) => all.into_iter().filter(|c| c.label() == f).collect(),
+        // An op's name selects that op alone (`rms_norm` is not `add_rms_norm`).
+        Some(f) if all.iter().any(|c| c.op == f) => all.into_iter().filter(|c| c.op == f).collect(),
         Some(f) => all.into_iter().filter(|c| c.matches(f)).collect(),
     }
 }

@@ -26,7 +26,7 @@ fn suite_covers_every_op_with_enough_cases() {
     let all = cases();
     assert!(all.len() >= 60, "only {} cases", all.len());
     let ops: HashSet<&str> = all.iter().map(|c| c.op).collect();
-    for op in ["embedding", "gather_rows", "rms_norm", "add", "matmul", "rope", "silu_mul", "kv_write", "paged_attention", "argmax"] {
+    for op in ["embedding", "gather_rows", "rms_norm", "add", "add_rms_norm", "matmul", "rope", "silu_mul", "kv_write", "paged_attention", "argmax"] {
         assert!(ops.contains(op), "no case for {op}");
     }
     // Labels must be unique: a case's seed and the filter both go by its label.

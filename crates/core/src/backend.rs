@@ -142,6 +142,15 @@ pub trait Backend: Send + 'static {
     fn rms_norm(&self, x: &Self::Buf, w: &Self::Buf, out: &mut Self::Buf, rows: usize, dim: usize, eps: f32) -> Result<()>;
     /// `acc += x`, elementwise over `len` f32 values (the residual add).
     fn add(&self, acc: &mut Self::Buf, x: &Self::Buf, len: usize) -> Result<()>;
+    /// The residual add and the norm after it in one op: `acc += x`, then
+    /// `out = rms_norm(acc) * w`; acc, x, out f32 `[rows, dim]`, w weight `[dim]`. The default
+    /// calls [`Backend::add`] then [`Backend::rms_norm`]; a backend may fuse them (one pass,
+    /// one launch fewer per residual).
+    #[allow(clippy::too_many_arguments)]
+    fn add_rms_norm(&self, acc: &mut Self::Buf, x: &Self::Buf, w: &Self::Buf, out: &mut Self::Buf, rows: usize, dim: usize, eps: f32) -> Result<()> {
+        self.add(acc, x, rows * dim)?;
+        self.rms_norm(acc, w, out, rows, dim, eps)
+    }
     /// `out[m, n] = Σ_k x[m, k] · w[n, k] (+ bias[n])`; x f32 `[m, k]`, w weight `[n, k]`, bias weight `[n]`.
     #[allow(clippy::too_many_arguments)]
     fn matmul(&self, x: &Self::Buf, w: &Self::Buf, bias: Option<&Self::Buf>, out: &mut Self::Buf, m: usize, n: usize, k: usize) -> Result<()>;

@@ -219,8 +219,16 @@ impl<B: Backend> LlamaModel<B> {
         let max_context = batch.positions.iter().copied().max().unwrap_or(0) as usize + 1;
 
         b.embedding(&self.embed, &s.ids, &mut s.h, t, d)?;
+        // Each residual add is fused with the norm that follows it (`add_rms_norm`): after
+        // attention with the post-attention norm, after the MLP with the next layer's input
+        // norm; the last layer's MLP residual is added alone.
+        let mut mlp_pending = false;
         for (l, (k_cache, v_cache)) in self.layers.iter().zip(self.caches.iter_mut()) {
-            b.rms_norm(&s.h, &l.input_norm, &mut s.x, t, d, c.rms_norm_eps)?;
+            if mlp_pending {
+                b.add_rms_norm(&mut s.h, &s.o, &l.input_norm, &mut s.x, t, d, c.rms_norm_eps)?;
+            } else {
+                b.rms_norm(&s.h, &l.input_norm, &mut s.x, t, d, c.rms_norm_eps)?;
+            }
             b.matmul(&s.x, &l.q, l.q_bias.as_ref(), &mut s.q, t, qd, d)?;
             b.matmul(&s.x, &l.k, l.k_bias.as_ref(), &mut s.k, t, kvd, d)?;
             b.matmul(&s.x, &l.v, l.v_bias.as_ref(), &mut s.v, t, kvd, d)?;
@@ -243,12 +251,14 @@ impl<B: Backend> LlamaModel<B> {
             };
             b.paged_attention(&args, &mut s.attn)?;
             b.matmul(&s.attn, &l.o, None, &mut s.o, t, d, qd)?;
-            b.add(&mut s.h, &s.o, t * d)?;
-            b.rms_norm(&s.h, &l.post_norm, &mut s.x, t, d, c.rms_norm_eps)?;
+            b.add_rms_norm(&mut s.h, &s.o, &l.post_norm, &mut s.x, t, d, c.rms_norm_eps)?;
             b.matmul(&s.x, &l.gate, None, &mut s.gate, t, inter, d)?;
             b.matmul(&s.x, &l.up, None, &mut s.up, t, inter, d)?;
             b.silu_mul(&s.gate, &s.up, &mut s.act, t * inter)?;
             b.matmul(&s.act, &l.down, None, &mut s.o, t, d, inter)?;
+            mlp_pending = true;
+        }
+        if mlp_pending {
             b.add(&mut s.h, &s.o, t * d)?;
         }
         if n_out > 0 {

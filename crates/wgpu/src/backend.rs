@@ -486,6 +486,28 @@ impl Backend for WgpuBackend {
         }
     }
 
+    /// One pass per row on CPU adapters (the lane kernel); elsewhere, or when dim % 8 != 0,
+    /// the add and the norm as two ops.
+    fn add_rms_norm(&self, acc: &mut WgpuBuf, x: &WgpuBuf, w: &WgpuBuf, out: &mut WgpuBuf, rows: usize, dim: usize, eps: f32) -> Result<()> {
+        if !(self.lane_kernels && dim % 8 == 0) {
+            self.add(acc, x, rows * dim)?;
+            return self.rms_norm(acc, w, out, rows, dim, eps);
+        }
+        let op = "add_rms_norm";
+        let acc_b = want_f32(op, "acc", acc, rows * dim)?;
+        let x_b = want_f32(op, "x", x, rows * dim)?;
+        let dtype = want_weight(op, "weight", w, dim)?;
+        let out_b = want_f32(op, "out", out, rows * dim)?;
+        to_u32(op, "rows * dim", rows * dim)?;
+        if w.buf.size() > self.max_binding || w.tiled.is_some() {
+            return Err(err(format!("{op}: weight {} must be a vector within one storage binding", w.label())));
+        }
+        let params = [rows as u32, dim as u32, eps.to_bits()];
+        let binds = [Bind::all(acc_b), Bind::all(&w.buf), Bind::all(out_b), Bind::all(x_b)];
+        let prelude = Prelude::new().weight4("w", dtype);
+        self.rec.dispatch(shaders::ADD_RMS_NORM_LANE, &prelude, &params, &binds, Grid::Linear(groups(rows, 64)))
+    }
+
     fn add(&self, acc: &mut WgpuBuf, x: &WgpuBuf, len: usize) -> Result<()> {
         let op = "add";
         let acc_b = want_f32(op, "acc", acc, len)?;

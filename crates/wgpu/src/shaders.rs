@@ -70,6 +70,8 @@ pub(crate) const PAGED_ATTENTION_LANE: Kernel = Kernel { name: "paged_attention"
 pub(crate) const ADD4: Kernel = Kernel { name: "add", entry: "add4", bindings: &[RW, R] };
 pub(crate) const SILU_MUL4: Kernel = Kernel { name: "silu_mul", entry: "silu_mul4", bindings: &[R, R, RW] };
 pub(crate) const RMS_NORM_LANE: Kernel = Kernel { name: "rms_norm", entry: "rms_norm_lane", bindings: &[R, R, RW] };
+/// Bindings: acc (updated), w, out, x.
+pub(crate) const ADD_RMS_NORM_LANE: Kernel = Kernel { name: "rms_norm", entry: "add_rms_norm_lane", bindings: &[RW, R, RW, R] };
 pub(crate) const ARGMAX: Kernel = k("argmax", &[R, RW]);
 
 /// Declarations prepended to a kernel's source; equal preludes share a pipeline.

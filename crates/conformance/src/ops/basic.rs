@@ -171,6 +171,45 @@ impl Op for Add {
     }
 }
 
+/// The residual add fused with the norm after it: `acc += x`, then `out = rms_norm(acc) * w`.
+/// Both the updated accumulator and the normed output are compared.
+pub struct AddRmsNorm {
+    pub dtype: DType,
+    pub rows: usize,
+    pub dim: usize,
+    pub eps: f32,
+}
+
+impl Op for AddRmsNorm {
+    type Inputs = (Vec<f32>, Vec<f32>, Vec<f32>); // acc [rows, dim], x [rows, dim], w [dim]
+    const NAME: &'static str = "add_rms_norm";
+    fn params(&self) -> String {
+        format!("w={} rows={} dim={} eps={:e}", self.dtype.name(), self.rows, self.dim, self.eps)
+    }
+    fn limit(&self) -> f64 {
+        limits::weight(self.dtype).min(limits::F32)
+    }
+    fn cost(&self) -> Cost {
+        let n = (self.rows * self.dim) as f64;
+        Cost { bytes: 16.0 * n + (self.dim * self.dtype.size()) as f64, flops: 5.0 * n }
+    }
+    fn generate(&self, rng: &mut Rng) -> Self::Inputs {
+        let n = self.rows * self.dim;
+        let w = round_to(self.dtype, (0..self.dim).map(|_| 1.0 + 0.3 * rng.normal()).collect());
+        (rng.normals(n, 1.0), rng.normals(n, 1.0), w)
+    }
+    fn exec<B: Backend>(&self, b: &B, (acc, host_x, w): &Self::Inputs, launch: &mut Launch) -> Result<Vec<Output>> {
+        let n = self.rows * self.dim;
+        let mut acc = upload_guarded(b, acc)?;
+        let x = upload_f32(b, host_x)?;
+        let w = weight(b, self.dtype, &[self.dim], w, false)?;
+        let mut out = poisoned(b, n)?;
+        launch.run(b, || b.add_rms_norm(&mut acc, &x, &w, &mut out, self.rows, self.dim, self.eps))?;
+        untouched_f32(b, &x, host_x, "x")?;
+        Ok(vec![Output::f32("acc", read_guarded(b, &acc, n, "acc")?), Output::f32("out", read_guarded(b, &out, n, "out")?)])
+    }
+}
+
 /// `out = silu(gate) * up`.
 pub struct SiluMul {
     pub len: usize,

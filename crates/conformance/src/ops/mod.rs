@@ -20,7 +20,7 @@ mod matmul;
 mod rope;
 
 pub use attention::{PagedAttention, SeqChunk};
-pub use basic::{Add, Argmax, Embedding, GatherRows, RmsNorm, SiluMul};
+pub use basic::{Add, AddRmsNorm, Argmax, Embedding, GatherRows, RmsNorm, SiluMul};
 pub use kv::KvWrite;
 pub use matmul::Matmul;
 pub use rope::Rope;
