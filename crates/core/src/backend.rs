@@ -148,8 +148,7 @@ pub trait Backend: Send + 'static {
     /// one launch fewer per residual).
     #[allow(clippy::too_many_arguments)]
     fn add_rms_norm(&self, acc: &mut Self::Buf, x: &Self::Buf, w: &Self::Buf, out: &mut Self::Buf, rows: usize, dim: usize, eps: f32) -> Result<()> {
-        self.add(acc, x, rows * dim)?;
-        self.rms_norm(acc, w, out, rows, dim, eps)
+        add_then_rms_norm(self, acc, x, w, out, rows, dim, eps)
     }
     /// `out[m, n] = Σ_k x[m, k] · w[n, k] (+ bias[n])`; x f32 `[m, k]`, w weight `[n, k]`, bias weight `[n]`.
     #[allow(clippy::too_many_arguments)]
@@ -191,6 +190,15 @@ pub fn argmax_row(row: &[f32]) -> u32 {
         return row.iter().position(|x| !x.is_nan()).unwrap_or(row.len().saturating_sub(1)) as u32;
     }
     row.iter().position(|&x| x == max).unwrap_or(0) as u32
+}
+
+
+/// [`Backend::add_rms_norm`] as two ops: the trait's default, and the path a backend that fuses
+/// it takes for shapes its fused kernel does not cover.
+#[allow(clippy::too_many_arguments)]
+pub fn add_then_rms_norm<B: Backend + ?Sized>(b: &B, acc: &mut B::Buf, x: &B::Buf, w: &B::Buf, out: &mut B::Buf, rows: usize, dim: usize, eps: f32) -> Result<()> {
+    b.add(acc, x, rows * dim)?;
+    b.rms_norm(acc, w, out, rows, dim, eps)
 }
 
 #[cfg(test)]

@@ -302,10 +302,8 @@ impl Engine {
     /// One engine step. Returns the number of sequences that ran.
     pub fn step(&mut self) -> usize {
         let out = self.scheduler.schedule(Instant::now());
+        // The step's KV high-water mark: taken now, before finished sequences free blocks.
         let scheduled_usage = self.scheduler.bm.usage();
-        if let Ok(mut st) = self.stats.lock() {
-            st.kv_usage_peak = st.kv_usage_peak.max(scheduled_usage);
-        }
         if !out.is_empty() {
             let logits = self.forward(&out);
             self.postprocess(&out, logits);
@@ -314,6 +312,7 @@ impl Engine {
         if let Ok(mut st) = self.stats.lock() {
             st.steps_total += 1;
             st.batch_size = out.seqs.len();
+            st.kv_usage_peak = st.kv_usage_peak.max(scheduled_usage);
         }
         out.seqs.len()
     }

@@ -490,8 +490,7 @@ impl Backend for WgpuBackend {
     /// the add and the norm as two ops.
     fn add_rms_norm(&self, acc: &mut WgpuBuf, x: &WgpuBuf, w: &WgpuBuf, out: &mut WgpuBuf, rows: usize, dim: usize, eps: f32) -> Result<()> {
         if !(self.lane_kernels && dim % 8 == 0) {
-            self.add(acc, x, rows * dim)?;
-            return self.rms_norm(acc, w, out, rows, dim, eps);
+            return tandem_core::backend::add_then_rms_norm(self, acc, x, w, out, rows, dim, eps);
         }
         let op = "add_rms_norm";
         let acc_b = want_f32(op, "acc", acc, rows * dim)?;
