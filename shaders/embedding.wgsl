@@ -15,7 +15,7 @@ struct Params {
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> w: array<w_t>;       // [rows, hidden] (this chunk)
+// binding 1: w [rows, hidden] (this chunk), declared by the prelude (a buffer or a texture)
 @group(0) @binding(2) var<storage, read> ids: array<u32>;     // [T]
 @group(0) @binding(3) var<storage, read_write> out: array<f32>; // [T, hidden]
 

@@ -29,7 +29,7 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> p: Params;
 // binding 1: x [m, k / 4], declared by the prelude
-@group(0) @binding(2) var<storage, read> w: array<w_t>;         // [rows, k] (this chunk)
+// binding 2: w [rows, k] (this chunk), declared by the prelude (a buffer or a texture)
 @group(0) @binding(3) var<storage, read_write> out: array<f32>; // [m, n]
 
 @compute @workgroup_size(WG)

@@ -35,6 +35,8 @@ pub(crate) struct Gpu {
     pub queue: wgpu::Queue,
     pub limits: wgpu::Limits,
     pub summary: AdapterSummary,
+    /// The adapter can read rgba32uint storage textures (weights stored as texels).
+    pub texel_weights: bool,
     /// Errors wgpu could not hand back through a scope (they surface at the next read).
     pub uncaptured: Arc<Mutex<Vec<String>>>,
 }
@@ -97,6 +99,10 @@ pub(crate) fn open() -> Result<Gpu> {
     }
     let summary = AdapterSummary { name: info.name.clone(), backend: info.backend, device_type: info.device_type, driver: info.driver.clone() };
     let limits = adapter.limits();
+    let texel_weights = adapter
+        .get_texture_format_features(wgpu::TextureFormat::Rgba32Uint)
+        .flags
+        .contains(wgpu::TextureFormatFeatureFlags::STORAGE_READ_ONLY);
     // Timestamps only feed the optional profile; ask for them when they are free to have.
     let features = adapter.features() & wgpu::Features::TIMESTAMP_QUERY;
     let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
@@ -116,5 +122,5 @@ pub(crate) fn open() -> Result<Gpu> {
         }
     }));
     tracing::info!(adapter = %summary, "wgpu device opened");
-    Ok(Gpu { device, queue, limits, summary, uncaptured })
+    Ok(Gpu { device, queue, limits, summary, texel_weights, uncaptured })
 }

@@ -10,9 +10,9 @@ use tandem_core::weights::TensorView;
 use tandem_core::{Backend, DType, Error, Result};
 
 use crate::adapter::{self, AdapterSummary, NAME};
-use crate::buffer::{BufKind, Tiled, WgpuBuf, TILE_ROWS};
+use crate::buffer::{BufKind, Texels, Tiled, WgpuBuf, TEXEL_ROW, TILE_ROWS};
 use crate::recorder::{Bind, Grid, Recorder, Stats};
-use crate::shaders::{self, Pipelines, Prelude};
+use crate::shaders::{self, MatrixLayout, Pipelines, Prelude};
 
 /// Construction options beyond the defaults.
 #[derive(Debug, Clone, Default)]
@@ -25,6 +25,9 @@ pub struct WgpuOptions {
     /// workgroup (`Some(false)`); by default `TANDEM_WGPU_KERNELS=lane|workgroup`, else lanes on
     /// CPU adapters and workgroups on GPUs.
     pub lane_kernels: Option<bool>,
+    /// Hold tiled weight matrices in textures (`Some(true)` where the adapter can), or in
+    /// buffers; by default `TANDEM_WGPU_TEXELS=0|1`, else textures on CPU adapters.
+    pub texel_weights: Option<bool>,
 }
 
 pub struct WgpuBackend {
@@ -47,6 +50,9 @@ pub struct WgpuBackend {
     loop_limit: Option<usize>,
     /// Store weight matrices tiled (`TANDEM_WGPU_TILED=0` keeps them row-major, to compare).
     tiled_weights: bool,
+    /// Hold tiled weight matrices in textures (see `buffer::Texels`): by default on CPU
+    /// adapters that can read rgba32uint storage textures; `TANDEM_WGPU_TEXELS=0|1` decides.
+    texel_weights: bool,
 }
 
 /// llvmpipe/lavapipe ends every loop of a shader once the invocation has run 65535 loop
@@ -121,7 +127,24 @@ impl WgpuBackend {
         let prefill_rt = knob("TANDEM_WGPU_PREFILL_RT", 4).max(1);
         let uniform_x = knob("TANDEM_WGPU_UNIFORM_X", 1) == 1 && gpu_limits_uniform >= UNIFORM_WINDOW;
         let tiled_weights = knob("TANDEM_WGPU_TILED", 1) == 1;
-        Ok(WgpuBackend { rec: Recorder::new(gpu, pipelines), max_binding, argmax_out: Mutex::new(None), lane_kernels, matmul_wg, matmul_rt, prefill_mt, prefill_rt, uniform_x, loop_limit, tiled_weights })
+        // Measured on lavapipe (SmolLM2 decode, batch 1): see buffer::Texels. Not measured on
+        // a GPU, where buffers stay the default.
+        let texel_default = u32::from(gpu.summary.device_type == wgpu::DeviceType::Cpu);
+        let texel_weights = tiled_weights && gpu.texel_weights && opts.texel_weights.unwrap_or(knob("TANDEM_WGPU_TEXELS", texel_default) == 1);
+        Ok(WgpuBackend {
+            rec: Recorder::new(gpu, pipelines),
+            max_binding,
+            argmax_out: Mutex::new(None),
+            lane_kernels,
+            matmul_wg,
+            matmul_rt,
+            prefill_mt,
+            prefill_rt,
+            uniform_x,
+            loop_limit,
+            tiled_weights,
+            texel_weights,
+        })
     }
 
     /// The adapter in use: name, wgpu backend, device type, driver.
@@ -144,12 +167,39 @@ impl WgpuBackend {
         if rows * cols != values.len() {
             return Err(err(format!("weight_matrix_from_f32: {} values for a [{rows}, {cols}] matrix", values.len())));
         }
-        self.weight_from_bytes(dtype, values.len(), &dtype.from_f32(values), None, Some(&[rows, cols]))
+        self.weight_from_bytes(dtype, values.len(), &dtype.from_f32(values), None, Some(&[rows, cols]), self.texel_weights)
     }
 
-    /// Whether a weight is stored tiled (see `buffer::Tiled`).
+    /// Like [`WgpuBackend::weight_matrix_from_f32`], in a texture (`texels`, where the adapter
+    /// can) or a buffer whatever this backend's default (tests cover every layout).
+    pub fn weight_matrix_from_f32_in(&self, dtype: DType, values: &[f32], rows: usize, cols: usize, texels: bool) -> Result<WgpuBuf> {
+        if rows * cols != values.len() {
+            return Err(err(format!("weight_matrix_from_f32_in: {} values for a [{rows}, {cols}] matrix", values.len())));
+        }
+        if texels && !(self.tiled_weights && self.rec.gpu.texel_weights) {
+            return Err(err(format!("adapter {} cannot hold weights in rgba32uint storage textures (or TANDEM_WGPU_TILED=0)", self.adapter())));
+        }
+        self.weight_from_bytes(dtype, values.len(), &dtype.from_f32(values), None, Some(&[rows, cols]), texels)
+    }
+
+    /// Whether the adapter can hold weight matrices in textures at all.
+    pub fn can_hold_texels(&self) -> bool {
+        self.tiled_weights && self.rec.gpu.texel_weights
+    }
+
+    /// Whether a weight is stored tiled (see `buffer::Tiled`), in a buffer or a texture.
     pub fn is_tiled(&self, w: &WgpuBuf) -> bool {
         w.tiled.is_some()
+    }
+
+    /// Whether a weight is held in a texture (see `buffer::Texels`).
+    pub fn is_texels(&self, w: &WgpuBuf) -> bool {
+        w.texels.is_some()
+    }
+
+    /// Whether this backend puts tiled weight matrices in textures.
+    pub fn texel_weights(&self) -> bool {
+        self.texel_weights
     }
 
     /// Dispatch counts per kernel, submits and time spent waiting, since the last reset.
@@ -194,12 +244,12 @@ impl WgpuBackend {
             usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        Ok(WgpuBuf { buf, kind, len, name: None, tiled: None })
+        Ok(WgpuBuf { buf, kind, len, name: None, tiled: None, texels: None })
     }
 
     /// A weight from its bytes; a matrix (`shape` of two dims with whole 16-byte rows) is
     /// stored tiled (see [`Tiled`]), anything else as it comes.
-    fn weight_from_bytes(&self, dtype: DType, len: usize, bytes: &[u8], name: Option<&str>, shape: Option<&[usize]>) -> Result<WgpuBuf> {
+    fn weight_from_bytes(&self, dtype: DType, len: usize, bytes: &[u8], name: Option<&str>, shape: Option<&[usize]>, texels: bool) -> Result<WgpuBuf> {
         let what = name.map_or_else(|| format!("a {} weight of {len} elements", dtype.name()), |n| format!("tensor `{n}`"));
         let limits = &self.rec.gpu.limits;
         // A matrix whose tile would not fit one binding (or align) stays row-major, so that it
@@ -208,6 +258,9 @@ impl WgpuBackend {
         let tiled = shape
             .and_then(|s| Tiled::for_matrix(s, dtype))
             .filter(|t| self.tiled_weights && t.rows * t.cols == len && t.tile_bytes(dtype) <= self.max_binding && t.tile_bytes(dtype) % align == 0);
+        if let Some(t) = tiled.filter(|t| texels && Texels::rows_for(t.bytes(dtype) as usize / 16) <= limits.max_texture_dimension_2d as usize) {
+            return self.texel_weight(dtype, len, bytes, name, t);
+        }
         let size = tiled.map_or(bytes.len() as u64, |t| t.bytes(dtype)).next_multiple_of(16).max(16);
         if size > limits.max_buffer_size {
             return Err(err(format!("{what}: {size} bytes exceed the adapter's max_buffer_size of {}", limits.max_buffer_size)));
@@ -239,7 +292,81 @@ impl WgpuBackend {
             }
         }
         buf.unmap();
-        Ok(WgpuBuf { buf, kind: BufKind::Weight(dtype), len, name: name.map(String::from), tiled })
+        Ok(WgpuBuf { buf, kind: BufKind::Weight(dtype), len, name: name.map(String::from), tiled, texels: None })
+    }
+
+    /// A tiled weight matrix into a texture of TEXEL_ROW texels per row, written a band of
+    /// texture rows at a time (each band gathered from the row-major bytes; the queue's
+    /// staging memory is flushed after each band, so the host holds one band, not the tensor).
+    fn texel_weight(&self, dtype: DType, len: usize, bytes: &[u8], name: Option<&str>, t: Tiled) -> Result<WgpuBuf> {
+        const BAND_ROWS: usize = 64; // 4 MiB of texels
+        let units = t.bytes(dtype) as usize / 16;
+        let height = Texels::rows_for(units);
+        let gpu = &self.rec.gpu;
+        let texture = gpu.device.create_texture(&wgpu::TextureDescriptor {
+            label: name,
+            size: wgpu::Extent3d { width: TEXEL_ROW as u32, height: height as u32, depth_or_array_layers: 1 },
+            mip_level_count: 1,
+            sample_count: 1,
+            dimension: wgpu::TextureDimension::D2,
+            format: wgpu::TextureFormat::Rgba32Uint,
+            usage: wgpu::TextureUsages::STORAGE_BINDING | wgpu::TextureUsages::COPY_DST | wgpu::TextureUsages::COPY_SRC,
+            view_formats: &[],
+        });
+        let mut band = vec![0u8; BAND_ROWS * TEXEL_ROW * 16];
+        for y0 in (0..height).step_by(BAND_ROWS) {
+            let rows = BAND_ROWS.min(height - y0);
+            let band = &mut band[..rows * TEXEL_ROW * 16];
+            t.fill_units(dtype, bytes, y0 * TEXEL_ROW, band);
+            gpu.queue.write_texture(
+                wgpu::TexelCopyTextureInfo { texture: &texture, mip_level: 0, origin: wgpu::Origin3d { x: 0, y: y0 as u32, z: 0 }, aspect: wgpu::TextureAspect::All },
+                band,
+                wgpu::TexelCopyBufferLayout { offset: 0, bytes_per_row: Some((TEXEL_ROW * 16) as u32), rows_per_image: Some(rows as u32) },
+                wgpu::Extent3d { width: TEXEL_ROW as u32, height: rows as u32, depth_or_array_layers: 1 },
+            );
+            gpu.queue.submit([]);
+        }
+        let view = texture.create_view(&wgpu::TextureViewDescriptor::default());
+        let buf = self.rec.gpu.device.create_buffer(&wgpu::BufferDescriptor { label: name, size: 16, usage: wgpu::BufferUsages::STORAGE, mapped_at_creation: false });
+        Ok(WgpuBuf { buf, kind: BufKind::Weight(dtype), len, name: name.map(String::from), tiled: Some(t), texels: Some(Texels { texture, view }) })
+    }
+
+    /// The first `bytes` of a weight texture, in unit order (a copy through a buffer).
+    fn read_texels(&self, tx: &Texels, bytes: u64) -> Result<Vec<u8>> {
+        let gpu = &self.rec.gpu;
+        let size = tx.texture.size();
+        let row_bytes = size.width * 16;
+        let tmp = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("tandem texel read-back"),
+            size: row_bytes as u64 * size.height as u64,
+            usage: wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        let mut enc = gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("tandem texel read-back") });
+        enc.copy_texture_to_buffer(
+            tx.texture.as_image_copy(),
+            wgpu::TexelCopyBufferInfo { buffer: &tmp, layout: wgpu::TexelCopyBufferLayout { offset: 0, bytes_per_row: Some(row_bytes), rows_per_image: Some(size.height) } },
+            size,
+        );
+        gpu.queue.submit([enc.finish()]);
+        self.rec.read(&tmp, bytes)
+    }
+
+    /// How a weight matrix is laid out, for the prelude.
+    fn layout(w: &WgpuBuf) -> MatrixLayout {
+        match (w.tiled, &w.texels) {
+            (_, Some(_)) => MatrixLayout::Texels,
+            (Some(_), None) => MatrixLayout::Tiled,
+            (None, None) => MatrixLayout::RowMajor,
+        }
+    }
+
+    /// The binding of chunk `c` of weight `w`.
+    fn weight_bind<'a>(w: &'a WgpuBuf, c: &Chunk) -> Bind<'a> {
+        match &w.texels {
+            Some(t) => Bind::Texels(&t.view),
+            None => Bind::range(&w.buf, c.range),
+        }
     }
 
     fn check_loops(&self, op: &str, shape: &str, iterations: usize) -> Result<()> {
@@ -270,7 +397,7 @@ impl WgpuBackend {
                 return Err(err(format!("{op}: weight {} is a [{}, {}] matrix; the op asked for [{rows}, {row_elems}]", w.label(), t.rows, t.cols)));
             }
         }
-        if w.buf.size() <= self.max_binding {
+        if w.texels.is_some() || w.buf.size() <= self.max_binding {
             return Ok(vec![Chunk { row0: 0, rows, range: None }]);
         }
         if let Some(t) = w.tiled {
@@ -365,14 +492,14 @@ impl Backend for WgpuBackend {
         if t.bytes().len() != numel * t.dtype.size() {
             return Err(Error::tensor(&t.path, &t.name, format!("{} bytes for {numel} {} values", t.bytes().len(), t.dtype.name())));
         }
-        self.weight_from_bytes(t.dtype, numel, t.bytes(), Some(&t.name), Some(&t.shape)).map_err(|e| match e {
+        self.weight_from_bytes(t.dtype, numel, t.bytes(), Some(&t.name), Some(&t.shape), self.texel_weights).map_err(|e| match e {
             Error::Backend { msg, .. } => Error::tensor(&t.path, &t.name, msg),
             other => other,
         })
     }
 
     fn weight_from_f32(&self, dtype: DType, values: &[f32]) -> Result<WgpuBuf> {
-        self.weight_from_bytes(dtype, values.len(), &dtype.from_f32(values), None, None)
+        self.weight_from_bytes(dtype, values.len(), &dtype.from_f32(values), None, None, false)
     }
 
     fn alloc_f32(&self, len: usize) -> Result<WgpuBuf> {
@@ -405,7 +532,11 @@ impl Backend for WgpuBackend {
         match buf.kind {
             BufKind::Weight(d) if buf.tiled.is_some() => {
                 let t = buf.tiled.expect("checked");
-                let bytes = t.untile(d, &self.rec.read(&buf.buf, t.bytes(d))?);
+                let raw = match &buf.texels {
+                    Some(tx) => self.read_texels(tx, t.bytes(d))?,
+                    None => self.rec.read(&buf.buf, t.bytes(d))?,
+                };
+                let bytes = t.untile(d, &raw);
                 Ok(d.to_f32(&bytes[..len * d.size()]))
             }
             BufKind::F32 | BufKind::Weight(DType::F32) => {
@@ -441,11 +572,12 @@ impl Backend for WgpuBackend {
         let out_b = want_f32(op, "out", out, num_tokens * hidden)?;
         let vocab = table.len / hidden;
         to_u32(op, "num_tokens * hidden", num_tokens * hidden)?;
-        let prelude = Prelude::new().weight_matrix("w", dtype, table.tiled.is_some());
+        let prelude = Prelude::new().weight_matrix("w", dtype, Self::layout(table), 1);
+        let kernel = if table.texels.is_some() { shaders::EMBEDDING_T } else { shaders::EMBEDDING };
         for c in self.chunks(op, table, vocab, hidden)? {
             let params = [num_tokens as u32, hidden as u32, c.row0 as u32, c.rows as u32];
-            let binds = [Bind { buf: &table.buf, range: c.range }, Bind::all(ids_b), Bind::all(out_b)];
-            self.rec.dispatch(shaders::EMBEDDING, &prelude, &params, &binds, Grid::Linear(groups(num_tokens * hidden, 64)))?;
+            let binds = [Self::weight_bind(table, &c), Bind::all(ids_b), Bind::all(out_b)];
+            self.rec.dispatch(kernel, &prelude, &params, &binds, Grid::Linear(groups(num_tokens * hidden, 64)))?;
         }
         Ok(())
     }
@@ -573,13 +705,17 @@ impl Backend for WgpuBackend {
             .constant("RT", rt)
             .constant("WG", wg)
             .x_vec4("x", 1, uniform_x.then_some((UNIFORM_WINDOW / 16) as u32))
-            .weight_matrix("w", dtype, w.tiled.is_some())
+            .weight_matrix("w", dtype, Self::layout(w), 2)
             .optional_weight("bias", 4, bias_dtype);
-        let kernel = match (uniform_x, bias.is_some()) {
-            (false, false) => shaders::MATMUL,
-            (false, true) => shaders::MATMUL_BIAS,
-            (true, false) => shaders::MATMUL_UX,
-            (true, true) => shaders::MATMUL_UX_BIAS,
+        let kernel = match (uniform_x, w.texels.is_some(), bias.is_some()) {
+            (false, false, false) => shaders::MATMUL,
+            (false, false, true) => shaders::MATMUL_BIAS,
+            (true, false, false) => shaders::MATMUL_UX,
+            (true, false, true) => shaders::MATMUL_UX_BIAS,
+            (false, true, false) => shaders::MATMUL_T,
+            (false, true, true) => shaders::MATMUL_T_BIAS,
+            (true, true, false) => shaders::MATMUL_UX_T,
+            (true, true, true) => shaders::MATMUL_UX_T_BIAS,
         };
         let block = if uniform_x { window_rows } else { m };
         let chunks = self.chunks(op, w, n, k)?;
@@ -591,15 +727,14 @@ impl Backend for WgpuBackend {
                     if off + UNIFORM_WINDOW > x_b.size() {
                         return Err(err(format!("matmul: x {} lacks the uniform window padding", x.label())));
                     }
-                    Bind { buf: x_b, range: Some((off, UNIFORM_WINDOW)) }
+                    Bind::range(x_b, Some((off, UNIFORM_WINDOW)))
                 }
                 false => Bind::all(x_b),
             };
             for c in &chunks {
                 let params = [rows_here as u32, n as u32, k as u32, c.row0 as u32, c.rows as u32, b0 as u32];
-                let wb = Bind { buf: &w.buf, range: c.range };
+                let wb = Self::weight_bind(w, c);
                 let grid = Grid::XY(groups(c.rows, (wg * rt) as usize), groups(rows_here, mt as usize));
-                let xb = Bind { buf: xb.buf, range: xb.range };
                 match bias {
                     Some(b) => self.rec.dispatch(kernel, &prelude, &params, &[xb, wb, Bind::all(out_b), Bind::all(&b.buf)], grid)?,
                     None => self.rec.dispatch(kernel, &prelude, &params, &[xb, wb, Bind::all(out_b)], grid)?,

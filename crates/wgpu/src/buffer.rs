@@ -74,6 +74,23 @@ impl Tiled {
             }
         }
     }
+    /// Units `first..first + dst.len() / 16` of the tiled layout, gathered from the row-major
+    /// bytes `src` (units past the matrix, and padding rows, are zero).
+    pub fn fill_units(self, dtype: DType, src: &[u8], first: usize, dst: &mut [u8]) {
+        let units = self.units_per_row(dtype);
+        let per_tile = units * TILE_ROWS;
+        for (k, d) in dst.chunks_exact_mut(16).enumerate() {
+            let i = first + k;
+            let (tile, rem) = (i / per_tile, i % per_tile);
+            let r = tile * TILE_ROWS + rem % TILE_ROWS;
+            if r < self.rows {
+                let s = (r * units + rem / TILE_ROWS) * 16;
+                d.copy_from_slice(&src[s..s + 16]);
+            } else {
+                d.fill(0);
+            }
+        }
+    }
     /// Row-major bytes into the tiled layout (`dst` is [`Tiled::bytes`] long).
     pub fn tile(self, dtype: DType, src: &[u8], dst: &mut [u8]) {
         let tb = self.tile_bytes(dtype) as usize;
@@ -96,6 +113,29 @@ impl Tiled {
     }
 }
 
+/// Texels per row of a weight texture (log2): a tiled matrix's 16-byte unit `i` is texel
+/// `(i % TEXEL_ROW, i / TEXEL_ROW)` of an rgba32uint texture.
+pub const TEXEL_ROW_LOG2: u32 = 12;
+pub const TEXEL_ROW: usize = 1 << TEXEL_ROW_LOG2;
+
+/// A tiled weight matrix held in an rgba32uint storage texture instead of a buffer, unit `i`
+/// of the [`Tiled`] layout at texel `(i % TEXEL_ROW, i / TEXEL_ROW)`. Why: on Mesa's lavapipe
+/// (Mesa 22.3) a storage-buffer load whose address differs across lanes runs as a loop over the
+/// lanes with two branches per lane and 32-bit component, while an image load is one
+/// branch-free gather per lane; the decode matmul reads its weights about twice as fast this way
+/// (`load_probe`, `decode_bench`).
+pub struct Texels {
+    pub(crate) texture: wgpu::Texture,
+    pub(crate) view: wgpu::TextureView,
+}
+
+impl Texels {
+    /// Texture rows for `units` 16-byte units.
+    pub fn rows_for(units: usize) -> usize {
+        units.div_ceil(TEXEL_ROW)
+    }
+}
+
 /// A device buffer; its kind and element count are fixed at creation. The wgpu buffer may be a
 /// little longer than `len` elements (sizes are padded to whole 4-byte words).
 pub struct WgpuBuf {
@@ -106,6 +146,8 @@ pub struct WgpuBuf {
     pub(crate) name: Option<String>,
     /// Set for a weight matrix stored tiled (see [`Tiled`]); row-major otherwise.
     pub(crate) tiled: Option<Tiled>,
+    /// Set for a tiled matrix held in a texture; `buf` is then an unused 16-byte placeholder.
+    pub(crate) texels: Option<Texels>,
 }
 
 impl WgpuBuf {
@@ -128,7 +170,7 @@ impl WgpuBuf {
 
 impl std::fmt::Debug for WgpuBuf {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WgpuBuf").field("kind", &self.kind).field("len", &self.len).field("name", &self.name).field("tiled", &self.tiled).finish()
+        f.debug_struct("WgpuBuf").field("kind", &self.kind).field("len", &self.len).field("name", &self.name).field("tiled", &self.tiled).field("texels", &self.texels.is_some()).finish()
     }
 }
 

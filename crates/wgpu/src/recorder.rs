@@ -17,22 +17,34 @@ use crate::shaders::{Kernel, Pipeline, Pipelines, Prelude, PARAMS_BYTES};
 /// Bind groups kept for reuse.
 const BIND_CACHE_CAP: usize = 4096;
 
+/// One binding's identity: a buffer and range, or a texture view.
+#[derive(PartialEq, Eq, Hash)]
+enum BoundRes {
+    Buf(wgpu::Buffer, Option<(u64, u64)>),
+    Texels(wgpu::TextureView),
+}
+
 /// A bind group's identity: the pipeline (its cache entry's address, stable while cached in
-/// [`Pipelines`]) and each storage binding's buffer and range.
-type BindKey = (usize, Vec<(wgpu::Buffer, Option<(u64, u64)>)>);
+/// [`Pipelines`]) and each binding's resource.
+type BindKey = (usize, Vec<BoundRes>);
 
 /// Arena bytes per submit; a forward pass that needs more submits mid-way (correct, a little slower).
 const ARENA_BYTES: u64 = 1 << 20;
 
-/// One storage binding: a buffer and the byte range a kernel sees (`None`: all of it).
-pub(crate) struct Bind<'a> {
-    pub buf: &'a wgpu::Buffer,
-    pub range: Option<(u64, u64)>,
+/// One binding: a buffer and the byte range a kernel sees (`None`: all of it), or a weight
+/// texture (see `buffer::Texels`).
+#[derive(Clone, Copy)]
+pub(crate) enum Bind<'a> {
+    Buf { buf: &'a wgpu::Buffer, range: Option<(u64, u64)> },
+    Texels(&'a wgpu::TextureView),
 }
 
 impl<'a> Bind<'a> {
     pub fn all(buf: &'a wgpu::Buffer) -> Self {
-        Bind { buf, range: None }
+        Bind::Buf { buf, range: None }
+    }
+    pub fn range(buf: &'a wgpu::Buffer, range: Option<(u64, u64)>) -> Self {
+        Bind::Buf { buf, range }
     }
 }
 
@@ -181,9 +193,16 @@ impl Recorder {
             }),
         });
         for (i, b) in binds.iter().enumerate() {
+            let (buf, range) = match *b {
+                Bind::Buf { buf, range } => (buf, range),
+                Bind::Texels(view) => {
+                    entries.push(wgpu::BindGroupEntry { binding: i as u32 + 1, resource: wgpu::BindingResource::TextureView(view) });
+                    continue;
+                }
+            };
             // A whole buffer may end in padding past the binding limit (f32 buffers carry a
             // uniform window); its data never does, so the binding stops at the limit.
-            let (offset, size) = b.range.unwrap_or((0, b.buf.size().min(max_binding / 16 * 16)));
+            let (offset, size) = range.unwrap_or((0, buf.size().min(max_binding / 16 * 16)));
             if size > max_binding {
                 return Err(Error::backend(NAME, format!(
                     "{}: binding {} is {size} bytes, over the adapter's max_storage_buffer_binding_size of {max_binding}",
@@ -193,12 +212,21 @@ impl Recorder {
             }
             entries.push(wgpu::BindGroupEntry {
                 binding: i as u32 + 1,
-                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer: b.buf, offset, size: NonZeroU64::new(size) }),
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer: buf, offset, size: NonZeroU64::new(size) }),
             });
         }
         // The model binds the same buffers every step: reuse bind groups (a bounded cache; a
         // cached group keeps its buffers alive, so it is emptied when it grows large).
-        let key: BindKey = (Arc::as_ptr(&pipeline) as usize, binds.iter().map(|b| (b.buf.clone(), b.range)).collect());
+        let key: BindKey = (
+            Arc::as_ptr(&pipeline) as usize,
+            binds
+                .iter()
+                .map(|b| match *b {
+                    Bind::Buf { buf, range } => BoundRes::Buf(buf.clone(), range),
+                    Bind::Texels(view) => BoundRes::Texels(view.clone()),
+                })
+                .collect(),
+        );
         let cached = lock(&self.bind_groups, "bind group cache")?.get(&key).cloned();
         let bind_group = match cached {
             Some(g) => g,

@@ -37,8 +37,10 @@ pub(crate) enum Access {
     ReadWrite,
     /// A uniform buffer (read only, small).
     Uniform,
+    /// A weight matrix in a read-only rgba32uint storage texture (see `buffer::Texels`).
+    Texels,
 }
-use Access::{Read as R, ReadWrite as RW, Uniform as U};
+use Access::{Read as R, ReadWrite as RW, Texels as T, Uniform as U};
 
 /// A kernel: its file `shaders/<name>.wgsl`, its entry point, and its storage bindings from 1
 /// on, in order.
@@ -54,6 +56,7 @@ const fn k(name: &'static str, bindings: &'static [Access]) -> Kernel {
 }
 
 pub(crate) const EMBEDDING: Kernel = k("embedding", &[R, R, RW]);
+pub(crate) const EMBEDDING_T: Kernel = k("embedding", &[T, R, RW]);
 pub(crate) const GATHER_ROWS: Kernel = k("gather_rows", &[R, R, RW]);
 pub(crate) const RMS_NORM: Kernel = k("rms_norm", &[R, R, RW]);
 pub(crate) const ADD: Kernel = k("add", &[RW, R]);
@@ -62,6 +65,11 @@ pub(crate) const MATMUL_BIAS: Kernel = k("matmul", &[R, R, RW, R]);
 /// x through a uniform buffer (see [`Prelude::x_vec4`]).
 pub(crate) const MATMUL_UX: Kernel = k("matmul", &[U, R, RW]);
 pub(crate) const MATMUL_UX_BIAS: Kernel = k("matmul", &[U, R, RW, R]);
+/// The weight in a texture.
+pub(crate) const MATMUL_T: Kernel = k("matmul", &[R, T, RW]);
+pub(crate) const MATMUL_T_BIAS: Kernel = k("matmul", &[R, T, RW, R]);
+pub(crate) const MATMUL_UX_T: Kernel = k("matmul", &[U, T, RW]);
+pub(crate) const MATMUL_UX_T_BIAS: Kernel = k("matmul", &[U, T, RW, R]);
 pub(crate) const ROPE: Kernel = k("rope", &[RW, RW, R, R]);
 pub(crate) const SILU_MUL: Kernel = k("silu_mul", &[R, R, RW]);
 pub(crate) const KV_WRITE: Kernel = k("kv_write", &[R, R, RW, RW, R]);
@@ -73,6 +81,16 @@ pub(crate) const RMS_NORM_LANE: Kernel = Kernel { name: "rms_norm", entry: "rms_
 /// Bindings: acc (updated), w, out, x.
 pub(crate) const ADD_RMS_NORM_LANE: Kernel = Kernel { name: "rms_norm", entry: "add_rms_norm_lane", bindings: &[RW, R, RW, R] };
 pub(crate) const ARGMAX: Kernel = k("argmax", &[R, RW]);
+
+/// How a weight matrix is laid out on the device (see `crate::buffer`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MatrixLayout {
+    RowMajor,
+    /// [`crate::buffer::Tiled`] in a storage buffer.
+    Tiled,
+    /// [`crate::buffer::Tiled`] in a texture ([`crate::buffer::Texels`]).
+    Texels,
+}
 
 /// Declarations prepended to a kernel's source; equal preludes share a pipeline.
 #[derive(Debug, Default, Clone, PartialEq, Eq, Hash)]
@@ -135,15 +153,32 @@ impl Prelude {
         self
     }
 
-    /// [`Prelude::weight4`] for a weight matrix with `cols` elements per row, adding accessors
-    /// by (row, column) that hide its layout: `name_at_rc(row, col, cols) -> f32` and
-    /// `name_oct_rc(row, col, cols) -> mat2x4<f32>` (elements col..col+8 of the row, col a
-    /// multiple of 8). Row-major, or tiled as `crate::buffer::Tiled` describes: unit `u`
-    /// (16 bytes) of row `r` at unit `((r >> log2 T) * units + u) << log2 T | (r & (T - 1))`.
-    pub fn weight_matrix(self, name: &str, dtype: DType, tiled: bool) -> Self {
-        let mut me = self.weight4(name, dtype);
+    /// A weight matrix with `cols` elements per row, bound at `binding` (the prelude declares
+    /// it), with accessors by (row, column) that hide its layout: `name_at_rc(row, col, cols)
+    /// -> f32` and `name_oct_rc(row, col, cols) -> mat2x4<f32>` (elements col..col+8 of the
+    /// row, col a multiple of 8). Row-major (with [`Prelude::weight4`]'s flat accessors too),
+    /// or tiled as `crate::buffer::Tiled` describes: unit `u` (16 bytes) of row `r` at unit
+    /// `((r >> log2 T) * units + u) << log2 T | (r & (T - 1))`, in a storage buffer or in a
+    /// texture (unit `i` at texel `(i % TEXEL_ROW, i / TEXEL_ROW)`).
+    pub fn weight_matrix(mut self, name: &str, dtype: DType, layout: MatrixLayout, binding: u32) -> Self {
         let n = name;
-        let text = if !tiled {
+        if layout == MatrixLayout::Texels {
+            let (alias, load) = match dtype {
+                DType::F32 => ("vec4<f32>", "bitcast<vec4<f32>>(q)"),
+                _ => ("vec4<u32>", "q"),
+            };
+            let (log, mask) = (crate::buffer::TEXEL_ROW_LOG2, crate::buffer::TEXEL_ROW - 1);
+            self.0.push_str(&format!(
+                "@group(0) @binding({binding}) var {n}: texture_storage_2d<rgba32uint, read>;\n\
+                 alias {n}_t = {alias};\n\
+                 fn {n}_unitv(i: u32) -> {n}_t {{ let q = textureLoad({n}, vec2<u32>(i & {mask}u, i >> {log}u)); return {load}; }}\n"
+            ));
+        } else {
+            self.0.push_str(&format!("@group(0) @binding({binding}) var<storage, read> {n}: array<{n}_t>;\n"));
+            self = self.weight4(name, dtype);
+            self.0.push_str(&format!("fn {n}_unitv(i: u32) -> {n}_t {{ return {n}[i]; }}\n"));
+        }
+        let text = if layout == MatrixLayout::RowMajor {
             format!(
                 "fn {n}_at_rc(r: u32, c: u32, cols: u32) -> f32 {{ return {n}_at(r * cols + c); }}\n\
                  fn {n}_oct_rc(r: u32, c: u32, cols: u32) -> mat2x4<f32> {{ return {n}_oct(r * cols + c); }}\n"
@@ -161,23 +196,23 @@ impl Prelude {
             );
             let rest = match dtype {
                 DType::BF16 => format!(
-                    "fn {n}_at_rc(r: u32, c: u32, cols: u32) -> f32 {{ let word = {n}[{n}_unit(r, {unit_of}, cols)][(c >> 1u) & 3u]; return bitcast<f32>(select(word << 16u, word & 0xffff0000u, (c & 1u) == 1u)); }}\n\
-                     fn {n}_oct_rc(r: u32, c: u32, cols: u32) -> mat2x4<f32> {{ let v = {n}[{n}_unit(r, {unit_of}, cols)]; let lo = vec4<u32>(v.x << 16u, v.x & 0xffff0000u, v.y << 16u, v.y & 0xffff0000u); let hi = vec4<u32>(v.z << 16u, v.z & 0xffff0000u, v.w << 16u, v.w & 0xffff0000u); return mat2x4<f32>(bitcast<vec4<f32>>(lo), bitcast<vec4<f32>>(hi)); }}\n"
+                    "fn {n}_at_rc(r: u32, c: u32, cols: u32) -> f32 {{ let word = {n}_unitv({n}_unit(r, {unit_of}, cols))[(c >> 1u) & 3u]; return bitcast<f32>(select(word << 16u, word & 0xffff0000u, (c & 1u) == 1u)); }}\n\
+                     fn {n}_oct_rc(r: u32, c: u32, cols: u32) -> mat2x4<f32> {{ let v = {n}_unitv({n}_unit(r, {unit_of}, cols)); let lo = vec4<u32>(v.x << 16u, v.x & 0xffff0000u, v.y << 16u, v.y & 0xffff0000u); let hi = vec4<u32>(v.z << 16u, v.z & 0xffff0000u, v.w << 16u, v.w & 0xffff0000u); return mat2x4<f32>(bitcast<vec4<f32>>(lo), bitcast<vec4<f32>>(hi)); }}\n"
                 ),
                 DType::F16 => format!(
-                    "fn {n}_at_rc(r: u32, c: u32, cols: u32) -> f32 {{ return unpack2x16float({n}[{n}_unit(r, {unit_of}, cols)][(c >> 1u) & 3u])[c & 1u]; }}\n\
-                     fn {n}_oct_rc(r: u32, c: u32, cols: u32) -> mat2x4<f32> {{ let v = {n}[{n}_unit(r, {unit_of}, cols)]; return mat2x4<f32>(vec4<f32>(unpack2x16float(v.x), unpack2x16float(v.y)), vec4<f32>(unpack2x16float(v.z), unpack2x16float(v.w))); }}\n"
+                    "fn {n}_at_rc(r: u32, c: u32, cols: u32) -> f32 {{ return unpack2x16float({n}_unitv({n}_unit(r, {unit_of}, cols))[(c >> 1u) & 3u])[c & 1u]; }}\n\
+                     fn {n}_oct_rc(r: u32, c: u32, cols: u32) -> mat2x4<f32> {{ let v = {n}_unitv({n}_unit(r, {unit_of}, cols)); return mat2x4<f32>(vec4<f32>(unpack2x16float(v.x), unpack2x16float(v.y)), vec4<f32>(unpack2x16float(v.z), unpack2x16float(v.w))); }}\n"
                 ),
                 DType::F32 => format!(
-                    "fn {n}_at_rc(r: u32, c: u32, cols: u32) -> f32 {{ return {n}[{n}_unit(r, {unit_of}, cols)][c & 3u]; }}\n\
-                     fn {n}_oct_rc(r: u32, c: u32, cols: u32) -> mat2x4<f32> {{ let u = {n}_unit(r, {unit_of}, cols); return mat2x4<f32>({n}[u], {n}[u + {}u]); }}\n",
+                    "fn {n}_at_rc(r: u32, c: u32, cols: u32) -> f32 {{ return {n}_unitv({n}_unit(r, {unit_of}, cols))[c & 3u]; }}\n\
+                     fn {n}_oct_rc(r: u32, c: u32, cols: u32) -> mat2x4<f32> {{ let u = {n}_unit(r, {unit_of}, cols); return mat2x4<f32>({n}_unitv(u), {n}_unitv(u + {}u)); }}\n",
                     crate::buffer::TILE_ROWS
                 ),
             };
             unit + &rest
         };
-        me.0.push_str(&text);
-        me
+        self.0.push_str(&text);
+        self
     }
 
     /// An optional weight at `binding`: declared with accessors, or `name_at` returning 0.
@@ -279,16 +314,19 @@ impl Pipelines {
             count: None,
         }];
         for (i, a) in kernel.bindings.iter().enumerate() {
+            let buffer = |ty| wgpu::BindingType::Buffer { ty, has_dynamic_offset: false, min_binding_size: None };
             entries.push(wgpu::BindGroupLayoutEntry {
                 binding: i as u32 + 1,
                 visibility: wgpu::ShaderStages::COMPUTE,
-                ty: wgpu::BindingType::Buffer {
-                    ty: match a {
-                        Access::Uniform => wgpu::BufferBindingType::Uniform,
-                        a => wgpu::BufferBindingType::Storage { read_only: *a == Access::Read },
+                ty: match a {
+                    Access::Uniform => buffer(wgpu::BufferBindingType::Uniform),
+                    Access::Read => buffer(wgpu::BufferBindingType::Storage { read_only: true }),
+                    Access::ReadWrite => buffer(wgpu::BufferBindingType::Storage { read_only: false }),
+                    Access::Texels => wgpu::BindingType::StorageTexture {
+                        access: wgpu::StorageTextureAccess::ReadOnly,
+                        format: wgpu::TextureFormat::Rgba32Uint,
+                        view_dimension: wgpu::TextureViewDimension::D2,
                     },
-                    has_dynamic_offset: false,
-                    min_binding_size: None,
                 },
                 count: None,
             });

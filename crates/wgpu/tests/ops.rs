@@ -45,23 +45,40 @@ fn embedding() {
             let mut out = poisoned(b, t * hidden);
             b.embedding(&w, &u32_buf(b, &ids), &mut out, t, hidden).unwrap();
             let got = b.read_f32(&out, t * hidden).unwrap();
-            assert_close(&format!("embedding {} tiled {}", dtype.name(), b.is_tiled(&w)), &got, &want, 0.0);
+            assert_close(&format!("embedding {} {}", dtype.name(), layout(b, &w)), &got, &want, 0.0);
         }
     }
 }
 
-/// A `[rows, cols]` weight row-major, and tiled too when its rows are whole 16-byte units.
+/// A `[rows, cols]` weight row-major, and when its rows are whole 16-byte units tiled too: in a
+/// buffer, and in a texture where the adapter can.
 fn weight_layouts(b: &WgpuBackend, dtype: DType, values: &[f32], rows: usize, cols: usize) -> Vec<WgpuBuf> {
     let mut v = vec![b.weight_from_f32(dtype, values).unwrap()];
-    let m = b.weight_matrix_from_f32(dtype, values, rows, cols).unwrap();
-    // Tiled when rows are whole 16-byte units (and a tile of 64 rows fits one binding).
-    assert!(!b.is_tiled(&m) || (cols * dtype.size()) % 16 == 0, "[{rows}, {cols}] {}", dtype.name());
-    if b.is_tiled(&m) {
-        // Reading a tiled weight back gives the row-major values.
-        assert_eq!(b.read_f32(&m, values.len()).unwrap(), round_to(dtype, values));
-        v.push(m);
+    let mut ways = vec![false];
+    if b.can_hold_texels() {
+        ways.push(true);
+    }
+    for texels in ways {
+        let m = b.weight_matrix_from_f32_in(dtype, values, rows, cols, texels).unwrap();
+        // Tiled when rows are whole 16-byte units (and a tile of 64 rows fits one binding).
+        assert!(!b.is_tiled(&m) || (cols * dtype.size()) % 16 == 0, "[{rows}, {cols}] {}", dtype.name());
+        if b.is_tiled(&m) {
+            assert_eq!(b.is_texels(&m), texels);
+            // Reading a tiled weight back gives the row-major values.
+            assert_eq!(b.read_f32(&m, values.len()).unwrap(), round_to(dtype, values));
+            v.push(m);
+        }
     }
     v
+}
+
+/// The layout of a weight, for messages.
+fn layout(b: &WgpuBackend, w: &WgpuBuf) -> &'static str {
+    match (b.is_tiled(w), b.is_texels(w)) {
+        (_, true) => "tiled texels",
+        (true, false) => "tiled buffer",
+        _ => "row-major",
+    }
 }
 
 #[test]
@@ -166,7 +183,7 @@ fn check_matmul(b: &WgpuBackend, rng: &mut Rng, m: usize, n: usize, k: usize, dt
     for wb in weight_layouts(b, dtype, &w, n, k) {
         let mut out = poisoned(b, m * n);
         b.matmul(&x_buf, &wb, bb.as_ref(), &mut out, m, n, k).unwrap();
-        let what = format!("matmul m{m} n{n} k{k} {} bias {:?} tiled {}", dtype.name(), bias_dtype.map(|d| d.name()), b.is_tiled(&wb));
+        let what = format!("matmul m{m} n{n} k{k} {} bias {:?} {}", dtype.name(), bias_dtype.map(|d| d.name()), layout(b, &wb));
         assert_close(&what, &b.read_f32(&out, m * n).unwrap(), &want, 1e-10);
     }
 }
@@ -182,6 +199,28 @@ fn matmul_decode_shapes() {
             }
         }
     }
+}
+
+/// A weight texture written in more than one band of texture rows (4100 x 576 bf16 is 299,520
+/// units, 74 texture rows; a band is 64), and its embedding rows read back exactly.
+#[test]
+fn matmul_and_embedding_texels_across_bands() {
+    let Some(b) = backend() else { return };
+    if !b.can_hold_texels() {
+        eprintln!("skipped: adapter {} cannot hold weights in textures", b.adapter());
+        return;
+    }
+    let mut rng = Rng::new("matmul_texels_across_bands");
+    check_matmul(b, &mut rng, 1, 4100, 576, DType::BF16, None);
+    let (vocab, hidden) = (4100, 576);
+    let table = rng.vec(vocab * hidden, 1.0);
+    let w = b.weight_matrix_from_f32_in(DType::BF16, &table, vocab, hidden, true).unwrap();
+    let ids: Vec<u32> = vec![0, 4099, 3641, 64, 63];
+    let r = round_to(DType::BF16, &table);
+    let want: Vec<f64> = ids.iter().flat_map(|&i| f64s(&r[i as usize * hidden..][..hidden])).collect();
+    let mut out = poisoned(b, ids.len() * hidden);
+    b.embedding(&w, &u32_buf(b, &ids), &mut out, ids.len(), hidden).unwrap();
+    assert_close("embedding texels across bands", &b.read_f32(&out, ids.len() * hidden).unwrap(), &want, 0.0);
 }
 
 /// A long k that is not a multiple of 8: the scalar path, with fewer rows per invocation on
@@ -206,7 +245,8 @@ fn matmul_prefill_shapes_and_bias() {
 /// Weights larger than one storage binding are bound in row chunks.
 #[test]
 fn matmul_and_embedding_chunked_weights() {
-    let Some(b) = common::open(WgpuOptions { max_storage_binding: Some(4096), ..Default::default() }) else { return };
+    // Textures are never chunked: buffers here.
+    let Some(b) = common::open(WgpuOptions { max_storage_binding: Some(4096), texel_weights: Some(false), ..Default::default() }) else { return };
     let mut rng = Rng::new("matmul_chunked");
     // 300 rows x 96 bf16 = 57600 bytes: about 15 chunks of 4096 bytes. A tile of 64 such rows
     // is 12 KiB, more than a binding, so that matrix stays row-major.
