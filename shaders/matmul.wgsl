@@ -16,6 +16,9 @@
 // CPU-side Vulkan (lavapipe) runs fastest. When k is a multiple of 8 every load brings 16
 // bytes (eight bf16 weights, four x values): lavapipe pays per load instruction and lane.
 // Workgroups of WG lanes (prelude). Grid: x = ceil(rows / (WG RT)), y = ceil(m / MT).
+// Results go through the prelude's `store_out(row, col, v)`: out[row, col], or for a fused
+// q/k/v weight the q, k or v output the column falls in; with `PAIRS` (a fused gate/up weight)
+// each output is silu(gate) * up of two of the lane's rows (see the end).
 // Check: cargo test -p tandem-wgpu --test ops -- matmul
 
 struct Params {
@@ -80,13 +83,31 @@ fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
             }
         }
     }
+    if (PAIRS) {
+        // A fused gate/up weight (MatmulOut::GateUp): each block of WG * RT rows holds WG * RT / 2
+        // gate rows then the up rows of the same outputs, so this lane's rows t and t + RT / 2
+        // are the gate and up rows of output column wg.x * WG * RT / 2 + t * WG + li (p.n
+        // columns; the weight's rows past them are zero padding).
+        for (var t = 0u; t < RT / 2u; t++) {
+            let col = wg.x * WG * (RT / 2u) + t * WG + li;
+            if (col < p.n) {
+                for (var mi = 0u; mi < MT; mi++) {
+                    if (m0 + mi < p.m) {
+                        let g = acc[mi * RT + t];
+                        store_out(p.out_row0 + m0 + mi, col, g / (1.0 + exp(-g)) * acc[mi * RT + t + RT / 2u]);
+                    }
+                }
+            }
+        }
+        return;
+    }
     for (var t = 0u; t < RT; t++) {
         let r = r0 + t * WG;
         if (r < p.rows) {
             let b = bias_at(p.n0 + r);
             for (var mi = 0u; mi < MT; mi++) {
                 if (m0 + mi < p.m) {
-                    out[(p.out_row0 + m0 + mi) * p.n + p.n0 + r] = acc[mi * RT + t] + b;
+                    store_out(p.out_row0 + m0 + mi, p.n0 + r, acc[mi * RT + t] + b);
                 }
             }
         }

@@ -14,7 +14,7 @@
 
 use half::{bf16, f16};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::weights::TensorView;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -153,6 +153,29 @@ pub trait Backend: Send + 'static {
     /// `out[m, n] = Σ_k x[m, k] · w[n, k] (+ bias[n])`; x f32 `[m, k]`, w weight `[n, k]`, bias weight `[n]`.
     #[allow(clippy::too_many_arguments)]
     fn matmul(&self, x: &Self::Buf, w: &Self::Buf, bias: Option<&Self::Buf>, out: &mut Self::Buf, m: usize, n: usize, k: usize) -> Result<()>;
+    /// The q, k and v projections (`[nq, hidden]`, `[nkv, hidden]` twice) as one weight for
+    /// [`Backend::qkv_proj`], and their biases (when given) as one bias; `None`, the default,
+    /// when this backend does not fuse them (the model then runs three matmuls). A backend fuses
+    /// to launch one kernel where there were three (vLLM's merged QKV projection).
+    fn fuse_qkv(&self, _q: &TensorView, _k: &TensorView, _v: &TensorView, _bias: Option<[&TensorView; 3]>) -> Result<Option<(Self::Buf, Option<Self::Buf>)>> {
+        Ok(None)
+    }
+    /// `q = x Wq^T (+ bq)`, `k = x Wk^T (+ bk)`, `v = x Wv^T (+ bv)` with the weight and bias
+    /// from [`Backend::fuse_qkv`]; x f32 `[m, hidden]`, q `[m, nq]`, k and v `[m, nkv]`.
+    #[allow(clippy::too_many_arguments)]
+    fn qkv_proj(&self, _x: &Self::Buf, _w: &Self::Buf, _bias: Option<&Self::Buf>, _q: &mut Self::Buf, _k: &mut Self::Buf, _v: &mut Self::Buf, _m: usize, _nq: usize, _nkv: usize, _hidden: usize) -> Result<()> {
+        Err(Error::backend(self.name(), "qkv_proj: this backend does not fuse the q, k, v projections (fuse_qkv gave none)"))
+    }
+    /// The gate and up projections (`[inter, hidden]` each) as one weight for
+    /// [`Backend::gate_up_silu`]; `None`, the default, when this backend does not fuse them.
+    fn fuse_gate_up(&self, _gate: &TensorView, _up: &TensorView) -> Result<Option<Self::Buf>> {
+        Ok(None)
+    }
+    /// `out = silu(x Wg^T) * (x Wu^T)` with the weight from [`Backend::fuse_gate_up`]: the two
+    /// projections and the activation in one op; x f32 `[m, hidden]`, out f32 `[m, inter]`.
+    fn gate_up_silu(&self, _x: &Self::Buf, _w: &Self::Buf, _out: &mut Self::Buf, _m: usize, _inter: usize, _hidden: usize) -> Result<()> {
+        Err(Error::backend(self.name(), "gate_up_silu: this backend does not fuse the gate and up projections (fuse_gate_up gave none)"))
+    }
     /// Rotary embedding in place, HF "rotate half" layout: dimension `i` pairs with `i + head_dim/2`.
     /// q f32 `[T, q_heads, head_dim]`, k f32 `[T, kv_heads, head_dim]`, positions u32 `[T]`,
     /// inv_freq f32 `[head_dim/2]`; angle = position · inv_freq[i].

@@ -48,17 +48,23 @@ impl Default for LoadOptions {
 
 struct Layer<B: Backend> {
     input_norm: B::Buf,
-    q: B::Buf,
-    k: B::Buf,
-    v: B::Buf,
-    q_bias: Option<B::Buf>,
-    k_bias: Option<B::Buf>,
-    v_bias: Option<B::Buf>,
+    qkv: Qkv<B>,
     o: B::Buf,
     post_norm: B::Buf,
-    gate: B::Buf,
-    up: B::Buf,
+    gate_up: GateUp<B>,
     down: B::Buf,
+}
+
+/// The attention projections: one weight when the backend fuses them (`Backend::fuse_qkv`).
+enum Qkv<B: Backend> {
+    Fused { w: B::Buf, bias: Option<B::Buf> },
+    Split { q: B::Buf, k: B::Buf, v: B::Buf, q_bias: Option<B::Buf>, k_bias: Option<B::Buf>, v_bias: Option<B::Buf> },
+}
+
+/// The MLP's gate and up projections: one weight when the backend fuses them.
+enum GateUp<B: Backend> {
+    Fused(B::Buf),
+    Split { gate: B::Buf, up: B::Buf },
 }
 
 /// Activation and metadata buffers, allocated once for the largest batch.
@@ -126,21 +132,30 @@ impl<B: Backend> LlamaModel<B> {
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for i in 0..cfg.num_hidden_layers {
             let p = format!("model.layers.{i}");
-            let bias = |n: &str, len: usize| -> Result<Option<B::Buf>> {
-                if cfg.attention_bias { Ok(Some(up(&format!("{p}.self_attn.{n}_proj.bias"), &[len])?)) } else { Ok(None) }
+            let view = |n: &str, shape: &[usize]| w.get(&format!("{p}.{n}"), shape);
+            let (qv, kv, vv) = (view("self_attn.q_proj.weight", &[qd, d])?, view("self_attn.k_proj.weight", &[kvd, d])?, view("self_attn.v_proj.weight", &[kvd, d])?);
+            let biases = match cfg.attention_bias {
+                true => Some([view("self_attn.q_proj.bias", &[qd])?, view("self_attn.k_proj.bias", &[kvd])?, view("self_attn.v_proj.bias", &[kvd])?]),
+                false => None,
+            };
+            let qkv = match b.fuse_qkv(&qv, &kv, &vv, biases.as_ref().map(|[x, y, z]| [x, y, z]))? {
+                Some((w, bias)) => Qkv::Fused { w, bias },
+                None => {
+                    let bias = |i: usize| biases.as_ref().map(|bs| b.upload_weight(&bs[i])).transpose();
+                    Qkv::Split { q: b.upload_weight(&qv)?, k: b.upload_weight(&kv)?, v: b.upload_weight(&vv)?, q_bias: bias(0)?, k_bias: bias(1)?, v_bias: bias(2)? }
+                }
+            };
+            let (gv, uv) = (view("mlp.gate_proj.weight", &[inter, d])?, view("mlp.up_proj.weight", &[inter, d])?);
+            let gate_up = match b.fuse_gate_up(&gv, &uv)? {
+                Some(w) => GateUp::Fused(w),
+                None => GateUp::Split { gate: b.upload_weight(&gv)?, up: b.upload_weight(&uv)? },
             };
             layers.push(Layer {
                 input_norm: up(&format!("{p}.input_layernorm.weight"), &[d])?,
-                q: up(&format!("{p}.self_attn.q_proj.weight"), &[qd, d])?,
-                k: up(&format!("{p}.self_attn.k_proj.weight"), &[kvd, d])?,
-                v: up(&format!("{p}.self_attn.v_proj.weight"), &[kvd, d])?,
-                q_bias: bias("q", qd)?,
-                k_bias: bias("k", kvd)?,
-                v_bias: bias("v", kvd)?,
+                qkv,
                 o: up(&format!("{p}.self_attn.o_proj.weight"), &[d, qd])?,
                 post_norm: up(&format!("{p}.post_attention_layernorm.weight"), &[d])?,
-                gate: up(&format!("{p}.mlp.gate_proj.weight"), &[inter, d])?,
-                up: up(&format!("{p}.mlp.up_proj.weight"), &[inter, d])?,
+                gate_up,
                 down: up(&format!("{p}.mlp.down_proj.weight"), &[d, inter])?,
             });
         }
@@ -229,9 +244,14 @@ impl<B: Backend> LlamaModel<B> {
             } else {
                 b.rms_norm(&s.h, &l.input_norm, &mut s.x, t, d, c.rms_norm_eps)?;
             }
-            b.matmul(&s.x, &l.q, l.q_bias.as_ref(), &mut s.q, t, qd, d)?;
-            b.matmul(&s.x, &l.k, l.k_bias.as_ref(), &mut s.k, t, kvd, d)?;
-            b.matmul(&s.x, &l.v, l.v_bias.as_ref(), &mut s.v, t, kvd, d)?;
+            match &l.qkv {
+                Qkv::Fused { w, bias } => b.qkv_proj(&s.x, w, bias.as_ref(), &mut s.q, &mut s.k, &mut s.v, t, qd, kvd, d)?,
+                Qkv::Split { q, k, v, q_bias, k_bias, v_bias } => {
+                    b.matmul(&s.x, q, q_bias.as_ref(), &mut s.q, t, qd, d)?;
+                    b.matmul(&s.x, k, k_bias.as_ref(), &mut s.k, t, kvd, d)?;
+                    b.matmul(&s.x, v, v_bias.as_ref(), &mut s.v, t, kvd, d)?;
+                }
+            }
             b.rope(&mut s.q, &mut s.k, &s.positions, &self.inv_freq, t, c.num_attention_heads, c.num_key_value_heads, c.head_dim)?;
             b.kv_write(&s.k, &s.v, k_cache, v_cache, &s.slots, t, self.geometry)?;
             let args = AttnArgs {
@@ -252,9 +272,14 @@ impl<B: Backend> LlamaModel<B> {
             b.paged_attention(&args, &mut s.attn)?;
             b.matmul(&s.attn, &l.o, None, &mut s.o, t, d, qd)?;
             b.add_rms_norm(&mut s.h, &s.o, &l.post_norm, &mut s.x, t, d, c.rms_norm_eps)?;
-            b.matmul(&s.x, &l.gate, None, &mut s.gate, t, inter, d)?;
-            b.matmul(&s.x, &l.up, None, &mut s.up, t, inter, d)?;
-            b.silu_mul(&s.gate, &s.up, &mut s.act, t * inter)?;
+            match &l.gate_up {
+                GateUp::Fused(w) => b.gate_up_silu(&s.x, w, &mut s.act, t, inter, d)?,
+                GateUp::Split { gate, up } => {
+                    b.matmul(&s.x, gate, None, &mut s.gate, t, inter, d)?;
+                    b.matmul(&s.x, up, None, &mut s.up, t, inter, d)?;
+                    b.silu_mul(&s.gate, &s.up, &mut s.act, t * inter)?;
+                }
+            }
             b.matmul(&s.act, &l.down, None, &mut s.o, t, d, inter)?;
             mlp_pending = true;
         }

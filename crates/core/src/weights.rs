@@ -57,6 +57,11 @@ impl TensorView {
 }
 
 impl Weights {
+    /// No tensors; [`Weights::replace`] adds them (tests and tools).
+    pub fn empty() -> Self {
+        Weights { files: vec![], tensors: BTreeMap::new() }
+    }
+
     /// Opens every safetensors file of a model directory.
     pub fn open(dir: &Path) -> Result<Self> {
         let index = dir.join("model.safetensors.index.json");

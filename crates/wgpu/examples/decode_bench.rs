@@ -88,6 +88,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let st = m.backend().stats();
     println!("decode:  {steps} tokens in {secs:.3} s = {:.2} tok/s ({:.2} ms/token), batch 1, context {}..{}", steps as f64 / secs, secs * 1e3 / steps as f64, prompt, pos);
     println!("cpu:     {:.2} ms/token over all threads ({:.2} cores busy on average)", cpu * 1e3 / steps as f64, cpu / secs);
+    // Recording (host side, before the submit) against waiting for the device.
+    println!("host:    {:.2} ms/token recording, {:.2} ms/token waiting for the device", (secs - st.wait_secs) * 1e3 / steps as f64, st.wait_secs * 1e3 / steps as f64);
     // Prefill again, pipelines warm: the same prompt over the same slots (the cache is rewritten
     // with the same values; the decode above is finished with it).
     let t0 = Instant::now();

@@ -10,9 +10,9 @@ use tandem_core::weights::TensorView;
 use tandem_core::{Backend, DType, Error, Result};
 
 use crate::adapter::{self, AdapterSummary, NAME};
-use crate::buffer::{BufKind, Texels, Tiled, WgpuBuf, TEXEL_ROW, TILE_ROWS};
+use crate::buffer::{BufKind, RowSource, Texels, Tiled, WgpuBuf, TEXEL_ROW, TILE_ROWS};
 use crate::recorder::{Bind, Grid, Recorder, Stats};
-use crate::shaders::{self, MatrixLayout, Pipelines, Prelude};
+use crate::shaders::{self, MatmulOut, MatrixLayout, Pipelines, Prelude};
 
 /// Construction options beyond the defaults.
 #[derive(Debug, Clone, Default)]
@@ -53,6 +53,8 @@ pub struct WgpuBackend {
     /// Hold tiled weight matrices in textures (see `buffer::Texels`): by default on CPU
     /// adapters that can read rgba32uint storage textures; `TANDEM_WGPU_TEXELS=0|1` decides.
     texel_weights: bool,
+    /// Fuse the q/k/v and the gate/up projections at load (`TANDEM_WGPU_FUSE=0` keeps them apart).
+    fuse: bool,
 }
 
 /// llvmpipe/lavapipe ends every loop of a shader once the invocation has run 65535 loop
@@ -64,6 +66,27 @@ const LAVAPIPE_LOOP_LIMIT: usize = 65535 - 1024;
 /// Bytes of the uniform window matmul reads x through (the smallest maximum uniform binding
 /// Vulkan allows is 16 KiB; lavapipe and common GPUs allow 64 KiB, checked at start-up).
 const UNIFORM_WINDOW: u64 = 65536;
+
+/// Where a matmul writes (see `shaders::MatmulOut`).
+#[derive(Clone, Copy)]
+enum Out<'a> {
+    Plain(&'a wgpu::Buffer),
+    Split { q: &'a wgpu::Buffer, k: &'a wgpu::Buffer, v: &'a wgpu::Buffer, nq: usize, nkv: usize },
+    GateUp(&'a wgpu::Buffer),
+}
+
+/// A fused gate/up weight pairs blocks of this many gate rows with the up rows of the same
+/// outputs; its kernel runs GATE_UP_WG lanes of GATE_UP_RT rows (WG * RT = 2 * HALF).
+const GATE_UP_HALF: usize = 64;
+const GATE_UP_WG: u32 = 16;
+const GATE_UP_RT: u32 = 8;
+
+/// `[rows of all, cols]` when the views are matrices of one dtype and one width.
+fn stack_shape(parts: &[&TensorView]) -> Option<Vec<usize>> {
+    let cols = *parts.first()?.shape.get(1)?;
+    let ok = parts.iter().all(|p| p.shape.len() == 2 && p.shape[1] == cols && p.dtype == parts[0].dtype);
+    ok.then(|| vec![parts.iter().map(|p| p.shape[0]).sum(), cols])
+}
 
 /// Rows `[row0, row0 + rows)` of a weight and the bytes of its buffer that hold them.
 struct Chunk {
@@ -144,6 +167,7 @@ impl WgpuBackend {
             loop_limit,
             tiled_weights,
             texel_weights,
+            fuse: knob("TANDEM_WGPU_FUSE", 1) == 1,
         })
     }
 
@@ -248,22 +272,15 @@ impl WgpuBackend {
     }
 
     /// A weight from its bytes; a matrix (`shape` of two dims with whole 16-byte rows) is
-    /// stored tiled (see [`Tiled`]), anything else as it comes.
+    /// stored tiled (see [`Tiled`]), in a texture when `texels`; anything else as it comes.
     fn weight_from_bytes(&self, dtype: DType, len: usize, bytes: &[u8], name: Option<&str>, shape: Option<&[usize]>, texels: bool) -> Result<WgpuBuf> {
-        let what = name.map_or_else(|| format!("a {} weight of {len} elements", dtype.name()), |n| format!("tensor `{n}`"));
-        let limits = &self.rec.gpu.limits;
-        // A matrix whose tile would not fit one binding (or align) stays row-major, so that it
-        // can still be bound in row chunks.
-        let align = limits.min_storage_buffer_offset_alignment as u64;
-        let tiled = shape
-            .and_then(|s| Tiled::for_matrix(s, dtype))
-            .filter(|t| self.tiled_weights && t.rows * t.cols == len && t.tile_bytes(dtype) <= self.max_binding && t.tile_bytes(dtype) % align == 0);
-        if let Some(t) = tiled.filter(|t| texels && Texels::rows_for(t.bytes(dtype) as usize / 16) <= limits.max_texture_dimension_2d as usize) {
-            return self.texel_weight(dtype, len, bytes, name, t);
+        if let Some(t) = shape.and_then(|s| self.tiling(s, dtype)).filter(|t| t.rows * t.cols == len) {
+            return self.tiled_weight(dtype, t, name, texels, &|r| t.row_of(dtype, bytes, r));
         }
-        let size = tiled.map_or(bytes.len() as u64, |t| t.bytes(dtype)).next_multiple_of(16).max(16);
-        if size > limits.max_buffer_size {
-            return Err(err(format!("{what}: {size} bytes exceed the adapter's max_buffer_size of {}", limits.max_buffer_size)));
+        let what = name.map_or_else(|| format!("a {} weight of {len} elements", dtype.name()), |n| format!("tensor `{n}`"));
+        let size = (bytes.len() as u64).next_multiple_of(16).max(16);
+        if size > self.rec.gpu.limits.max_buffer_size {
+            return Err(err(format!("{what}: {size} bytes exceed the adapter's max_buffer_size of {}", self.rec.gpu.limits.max_buffer_size)));
         }
         // Mapped at creation: the bytes go straight in, no staging copy on the queue.
         let buf = self.rec.gpu.device.create_buffer(&wgpu::BufferDescriptor {
@@ -274,16 +291,7 @@ impl WgpuBackend {
         });
         {
             let mut view = buf.get_mapped_range_mut(..).map_err(|e| err(format!("{what}: mapping for upload: {e}")))?;
-            if let Some(t) = tiled {
-                // The mapped view is write-only: each tile is gathered from the mapping into
-                // one tile-sized staging buffer, then copied to its place.
-                let tb = t.tile_bytes(dtype) as usize;
-                let mut tile = vec![0u8; tb];
-                for i in 0..t.num_tiles() {
-                    t.fill_tile(dtype, bytes, i, &mut tile);
-                    view.slice(i * tb..(i + 1) * tb).copy_from_slice(&tile);
-                }
-            } else if bytes.len() as u64 == size {
+            if bytes.len() as u64 == size {
                 view.copy_from_slice(bytes);
             } else {
                 let mut padded = bytes.to_vec();
@@ -292,13 +300,61 @@ impl WgpuBackend {
             }
         }
         buf.unmap();
-        Ok(WgpuBuf { buf, kind: BufKind::Weight(dtype), len, name: name.map(String::from), tiled, texels: None })
+        Ok(WgpuBuf { buf, kind: BufKind::Weight(dtype), len, name: name.map(String::from), tiled: None, texels: None })
+    }
+
+    /// The tiled layout for a matrix of `shape`, if it is one this backend tiles: rows of whole
+    /// 16-byte units, a tile that fits one binding and keeps chunk offsets aligned (a matrix
+    /// that fails this stays row-major, so that it can still be bound in row chunks).
+    fn tiling(&self, shape: &[usize], dtype: DType) -> Option<Tiled> {
+        let align = self.rec.gpu.limits.min_storage_buffer_offset_alignment as u64;
+        Tiled::for_matrix(shape, dtype).filter(|t| self.tiled_weights && t.tile_bytes(dtype) <= self.max_binding && t.tile_bytes(dtype) % align == 0)
+    }
+
+    /// Whether a tiled matrix will be bound whole (a texture, or a buffer within one binding):
+    /// fused weights must be, their kernels do not take chunks.
+    fn in_one_binding(&self, t: Tiled, dtype: DType) -> bool {
+        let texture = self.texel_weights && Texels::rows_for(t.bytes(dtype) as usize / 16) <= self.rec.gpu.limits.max_texture_dimension_2d as usize;
+        texture || t.bytes(dtype) <= self.max_binding
+    }
+
+    /// A tiled weight matrix whose row `r` holds `row(r)` (`None`: zeros): in a texture when
+    /// `texels` and it fits one, else in a buffer.
+    fn tiled_weight(&self, dtype: DType, t: Tiled, name: Option<&str>, texels: bool, row: &RowSource<'_>) -> Result<WgpuBuf> {
+        let limits = &self.rec.gpu.limits;
+        if texels && Texels::rows_for(t.bytes(dtype) as usize / 16) <= limits.max_texture_dimension_2d as usize {
+            return self.texel_weight(dtype, name, t, row);
+        }
+        let what = name.map_or_else(|| format!("a [{}, {}] {} matrix", t.rows, t.cols, dtype.name()), |n| format!("tensor `{n}`"));
+        let size = t.bytes(dtype);
+        if size > limits.max_buffer_size {
+            return Err(err(format!("{what}: {size} bytes exceed the adapter's max_buffer_size of {}", limits.max_buffer_size)));
+        }
+        let buf = self.rec.gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: name,
+            size,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: true,
+        });
+        {
+            let mut view = buf.get_mapped_range_mut(..).map_err(|e| err(format!("{what}: mapping for upload: {e}")))?;
+            // The mapped view is write-only: each tile is gathered into one tile-sized staging
+            // buffer, then copied to its place.
+            let tb = t.tile_bytes(dtype) as usize;
+            let mut tile = vec![0u8; tb];
+            for i in 0..t.num_tiles() {
+                t.fill_tile(row, i, &mut tile);
+                view.slice(i * tb..(i + 1) * tb).copy_from_slice(&tile);
+            }
+        }
+        buf.unmap();
+        Ok(WgpuBuf { buf, kind: BufKind::Weight(dtype), len: t.rows * t.cols, name: name.map(String::from), tiled: Some(t), texels: None })
     }
 
     /// A tiled weight matrix into a texture of TEXEL_ROW texels per row, written a band of
-    /// texture rows at a time (each band gathered from the row-major bytes; the queue's
-    /// staging memory is flushed after each band, so the host holds one band, not the tensor).
-    fn texel_weight(&self, dtype: DType, len: usize, bytes: &[u8], name: Option<&str>, t: Tiled) -> Result<WgpuBuf> {
+    /// texture rows at a time (each band gathered from the rows; the queue's staging memory is
+    /// flushed after each band, so the host holds one band, not the tensor).
+    fn texel_weight(&self, dtype: DType, name: Option<&str>, t: Tiled, row: &RowSource<'_>) -> Result<WgpuBuf> {
         const BAND_ROWS: usize = 64; // 4 MiB of texels
         let units = t.bytes(dtype) as usize / 16;
         let height = Texels::rows_for(units);
@@ -317,7 +373,7 @@ impl WgpuBackend {
         for y0 in (0..height).step_by(BAND_ROWS) {
             let rows = BAND_ROWS.min(height - y0);
             let band = &mut band[..rows * TEXEL_ROW * 16];
-            t.fill_units(dtype, bytes, y0 * TEXEL_ROW, band);
+            t.fill_units(dtype, row, y0 * TEXEL_ROW, band);
             gpu.queue.write_texture(
                 wgpu::TexelCopyTextureInfo { texture: &texture, mip_level: 0, origin: wgpu::Origin3d { x: 0, y: y0 as u32, z: 0 }, aspect: wgpu::TextureAspect::All },
                 band,
@@ -328,7 +384,116 @@ impl WgpuBackend {
         }
         let view = texture.create_view(&wgpu::TextureViewDescriptor::default());
         let buf = self.rec.gpu.device.create_buffer(&wgpu::BufferDescriptor { label: name, size: 16, usage: wgpu::BufferUsages::STORAGE, mapped_at_creation: false });
-        Ok(WgpuBuf { buf, kind: BufKind::Weight(dtype), len, name: name.map(String::from), tiled: Some(t), texels: Some(Texels { texture, view }) })
+        Ok(WgpuBuf { buf, kind: BufKind::Weight(dtype), len: t.rows * t.cols, name: name.map(String::from), tiled: Some(t), texels: Some(Texels { texture, view }) })
+    }
+
+    /// `x w^T (+ bias)` into `out`: n output columns, from w's rows (n of them, or for a fused
+    /// weight the stacked/paired rows `out` describes).
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_to(&self, op: &str, x: &WgpuBuf, w: &WgpuBuf, bias: Option<&WgpuBuf>, out: Out<'_>, m: usize, n: usize, k: usize) -> Result<()> {
+        if m == 0 || n == 0 {
+            return Ok(());
+        }
+        if k == 0 {
+            return Err(err("matmul: k = 0"));
+        }
+        // Weight rows: n, or the fused weight's (q, k, v stacked; gate/up paired and padded).
+        let w_rows = match out {
+            Out::GateUp(_) => n.div_ceil(GATE_UP_HALF) * 2 * GATE_UP_HALF,
+            _ => n,
+        };
+        let x_b = want_f32(op, "x", x, m * k)?;
+        let dtype = want_weight(op, "weight", w, w_rows * k)?;
+        to_u32(op, "m * n", m * n)?;
+        to_u32(op, "m * k", m * k)?;
+        let bias_dtype = match bias {
+            Some(b) => Some(want_weight(op, "bias", b, w_rows)?),
+            None => None,
+        };
+        // Rows of x (MT) and of w (RT) per invocation: MT x RT accumulators, each weight load
+        // serving MT tokens. Measured on lavapipe at m = 128, k = 576: 4 x 4 took half the time
+        // of 8 x 2 (weight loads are the cost), and with tiled weights 8 x 4 beats 4 x 4.
+        let mt = match m {
+            1 => 1,
+            2 => 2,
+            // Never more rows per lane than the batch has (rows past m are computed and dropped).
+            _ => self.prefill_mt.min(m.next_power_of_two() as u32),
+        };
+        let mut rt = match m {
+            1 | 2 => self.matmul_rt,
+            _ => self.prefill_rt,
+        };
+        let mut wg = self.matmul_wg;
+        let mut mt = mt;
+        if let Out::GateUp(_) = out {
+            // The pairing needs WG * RT / 2 = GATE_UP_HALF, whatever the knobs say.
+            (wg, rt, mt) = (GATE_UP_WG, GATE_UP_RT, mt.min(4));
+        }
+        // Loop iterations one invocation runs (every loop counts; see LOOP_LIMIT).
+        let iterations = |mt: u32, rt: u32| -> usize {
+            let (mt, rt) = (mt as usize, rt as usize);
+            let setup = mt + rt + mt * rt + rt * (1 + mt);
+            if k % 8 == 0 { k / 8 * (1 + rt + mt + mt * rt) + setup } else { k * (1 + mt + mt * rt) + setup }
+        };
+        // Under a loop limit, halve the block (x rows first) until the loops fit; a paired
+        // (gate/up) block keeps its rows.
+        let min_rt = if let Out::GateUp(_) = out { rt } else { 1 };
+        while self.loop_limit.is_some_and(|l| iterations(mt, rt) > l) && mt * rt > min_rt {
+            if mt >= rt || rt <= min_rt { mt = (mt / 2).max(1) } else { rt = (rt / 2).max(1) }
+        }
+        self.check_loops(op, &format!("k = {k}"), iterations(mt, rt))?;
+        // x goes through a uniform buffer when k % 8 == 0: a 64 KiB window (every f32 buffer
+        // is padded to hold one past its end), one dispatch per block of rows that fits, so
+        // a prefill takes a few dispatches per matmul. Otherwise through storage, whole.
+        let window_rows = if self.uniform_x && k % 8 == 0 { (UNIFORM_WINDOW as usize / (k * 4)) / mt as usize * mt as usize } else { 0 };
+        let uniform_x = window_rows > 0;
+        let prelude = Prelude::new()
+            .constant("MT", mt)
+            .constant("RT", rt)
+            .constant("WG", wg)
+            .x_vec4("x", 1, uniform_x.then_some((UNIFORM_WINDOW / 16) as u32))
+            .weight_matrix("w", dtype, Self::layout(w), 2)
+            .optional_weight("bias", 4, bias_dtype)
+            .matmul_out(match out {
+                Out::Plain(_) => MatmulOut::Plain,
+                Out::GateUp(_) => MatmulOut::GateUp,
+                Out::Split { nq, nkv, .. } => MatmulOut::Split { nq: nq as u32, nkv: nkv as u32, k_binding: if bias.is_some() { 5 } else { 4 } },
+            });
+        let kernel = shaders::matmul_kernel(uniform_x, w.texels.is_some(), bias.is_some(), matches!(out, Out::Split { .. }));
+        let out_b = match out {
+            Out::Plain(b) | Out::GateUp(b) | Out::Split { q: b, .. } => b,
+        };
+        let block = if uniform_x { window_rows } else { m };
+        let chunks = self.chunks(op, w, w_rows, k)?;
+        if !matches!(out, Out::Plain(_)) && chunks.len() > 1 {
+            return Err(err(format!("{op}: fused weight {} is bound in chunks; fuse_* never makes such a weight", w.label())));
+        }
+        for b0 in (0..m).step_by(block) {
+            let rows_here = block.min(m - b0);
+            let xb = match uniform_x {
+                true => {
+                    let off = (b0 * k * 4) as u64;
+                    if off + UNIFORM_WINDOW > x_b.size() {
+                        return Err(err(format!("matmul: x {} lacks the uniform window padding", x.label())));
+                    }
+                    Bind::range(x_b, Some((off, UNIFORM_WINDOW)))
+                }
+                false => Bind::all(x_b),
+            };
+            for c in &chunks {
+                let params = [rows_here as u32, n as u32, k as u32, c.row0 as u32, c.rows as u32, b0 as u32];
+                let mut binds = vec![xb, Self::weight_bind(w, c), Bind::all(out_b)];
+                if let Some(b) = bias {
+                    binds.push(Bind::all(&b.buf));
+                }
+                if let Out::Split { k: k_b, v: v_b, .. } = out {
+                    binds.extend([Bind::all(k_b), Bind::all(v_b)]);
+                }
+                let grid = Grid::XY(groups(c.rows, (wg * rt) as usize), groups(rows_here, mt as usize));
+                self.rec.dispatch(kernel, &prelude, &params, &binds, grid)?;
+            }
+        }
+        Ok(())
     }
 
     /// The first `bytes` of a weight texture, in unit order (a copy through a buffer).
@@ -653,95 +818,76 @@ impl Backend for WgpuBackend {
     }
 
     fn matmul(&self, x: &WgpuBuf, w: &WgpuBuf, bias: Option<&WgpuBuf>, out: &mut WgpuBuf, m: usize, n: usize, k: usize) -> Result<()> {
-        let op = "matmul";
-        if m == 0 || n == 0 {
-            return Ok(());
+        let out_b = want_f32("matmul", "out", out, m * n)?;
+        self.matmul_to("matmul", x, w, bias, Out::Plain(out_b), m, n, k)
+    }
+
+    fn fuse_qkv(&self, q: &TensorView, k: &TensorView, v: &TensorView, bias: Option<[&TensorView; 3]>) -> Result<Option<(WgpuBuf, Option<WgpuBuf>)>> {
+        if !self.fuse {
+            return Ok(None);
         }
-        if k == 0 {
-            return Err(err("matmul: k = 0"));
+        let Some(t) = stack_shape(&[q, k, v]).and_then(|shape| self.tiling(&shape, q.dtype)).filter(|t| self.in_one_binding(*t, q.dtype)) else { return Ok(None) };
+        let (nq, nkv) = (q.shape[0], k.shape[0]);
+        if v.shape[0] != nkv {
+            return Ok(None);
         }
-        let x_b = want_f32(op, "x", x, m * k)?;
-        let dtype = want_weight(op, "weight", w, n * k)?;
-        let out_b = want_f32(op, "out", out, m * n)?;
-        to_u32(op, "m * n", m * n)?;
-        to_u32(op, "m * k", m * k)?;
-        let bias_dtype = match bias {
-            Some(b) => Some(want_weight(op, "bias", b, n)?),
+        let name = q.name.replace("q_proj", "qkv_proj");
+        let row = |r: usize| {
+            let (src, i) = if r < nq { (q, r) } else if r < nq + nkv { (k, r - nq) } else { (v, r - nq - nkv) };
+            t.row_of(q.dtype, src.bytes(), i)
+        };
+        let w = self.tiled_weight(q.dtype, t, Some(&name), self.texel_weights, &row)?;
+        let b = match bias {
             None => None,
-        };
-        // Rows of x (MT) and of w (RT) per invocation: MT x RT accumulators, each weight load
-        // serving MT tokens. Measured on lavapipe at m = 128, k = 576: 4 x 4 took half the time
-        // of 8 x 2 (weight loads are the cost), and with tiled weights 8 x 4 beats 4 x 4.
-        let mt = match m {
-            1 => 1,
-            2 => 2,
-            // Never more rows per lane than the batch has (rows past m are computed and dropped).
-            _ => self.prefill_mt.min(m.next_power_of_two() as u32),
-        };
-        let mut rt = match m {
-            1 | 2 => self.matmul_rt,
-            _ => self.prefill_rt,
-        };
-        // Loop iterations one invocation runs (every loop counts; see LOOP_LIMIT).
-        let iterations = |mt: u32, rt: u32| -> usize {
-            let (mt, rt) = (mt as usize, rt as usize);
-            let setup = mt + rt + mt * rt + rt * (1 + mt);
-            if k % 8 == 0 { k / 8 * (1 + rt + mt + mt * rt) + setup } else { k * (1 + mt + mt * rt) + setup }
-        };
-        // Under a loop limit, halve the block (x rows first) until the loops fit.
-        let mut mt = mt;
-        while self.loop_limit.is_some_and(|l| iterations(mt, rt) > l) && mt * rt > 1 {
-            if mt >= rt { mt = (mt / 2).max(1) } else { rt = (rt / 2).max(1) }
-        }
-        self.check_loops(op, &format!("k = {k}"), iterations(mt, rt))?;
-        let wg = self.matmul_wg;
-        // x goes through a uniform buffer when k % 8 == 0: a 64 KiB window (every f32 buffer
-        // is padded to hold one past its end), one dispatch per block of rows that fits, so
-        // a prefill takes a few dispatches per matmul. Otherwise through storage, whole.
-        let window_rows = if self.uniform_x && k % 8 == 0 { (UNIFORM_WINDOW as usize / (k * 4)) / mt as usize * mt as usize } else { 0 };
-        let uniform_x = window_rows > 0;
-        let prelude = Prelude::new()
-            .constant("MT", mt)
-            .constant("RT", rt)
-            .constant("WG", wg)
-            .x_vec4("x", 1, uniform_x.then_some((UNIFORM_WINDOW / 16) as u32))
-            .weight_matrix("w", dtype, Self::layout(w), 2)
-            .optional_weight("bias", 4, bias_dtype);
-        let kernel = match (uniform_x, w.texels.is_some(), bias.is_some()) {
-            (false, false, false) => shaders::MATMUL,
-            (false, false, true) => shaders::MATMUL_BIAS,
-            (true, false, false) => shaders::MATMUL_UX,
-            (true, false, true) => shaders::MATMUL_UX_BIAS,
-            (false, true, false) => shaders::MATMUL_T,
-            (false, true, true) => shaders::MATMUL_T_BIAS,
-            (true, true, false) => shaders::MATMUL_UX_T,
-            (true, true, true) => shaders::MATMUL_UX_T_BIAS,
-        };
-        let block = if uniform_x { window_rows } else { m };
-        let chunks = self.chunks(op, w, n, k)?;
-        for b0 in (0..m).step_by(block) {
-            let rows_here = block.min(m - b0);
-            let xb = match uniform_x {
-                true => {
-                    let off = (b0 * k * 4) as u64;
-                    if off + UNIFORM_WINDOW > x_b.size() {
-                        return Err(err(format!("matmul: x {} lacks the uniform window padding", x.label())));
-                    }
-                    Bind::range(x_b, Some((off, UNIFORM_WINDOW)))
+            Some(bs) => {
+                if bs.iter().any(|b| b.dtype != bs[0].dtype) {
+                    return Ok(None);
                 }
-                false => Bind::all(x_b),
-            };
-            for c in &chunks {
-                let params = [rows_here as u32, n as u32, k as u32, c.row0 as u32, c.rows as u32, b0 as u32];
-                let wb = Self::weight_bind(w, c);
-                let grid = Grid::XY(groups(c.rows, (wg * rt) as usize), groups(rows_here, mt as usize));
-                match bias {
-                    Some(b) => self.rec.dispatch(kernel, &prelude, &params, &[xb, wb, Bind::all(out_b), Bind::all(&b.buf)], grid)?,
-                    None => self.rec.dispatch(kernel, &prelude, &params, &[xb, wb, Bind::all(out_b)], grid)?,
-                }
+                let bytes: Vec<u8> = bs.iter().flat_map(|b| b.bytes().iter().copied()).collect();
+                let len = bs.iter().map(|b| b.numel()).sum();
+                Some(self.weight_from_bytes(bs[0].dtype, len, &bytes, Some(&name.replace("weight", "bias")), None, false)?)
             }
+        };
+        Ok(Some((w, b)))
+    }
+
+    fn qkv_proj(&self, x: &WgpuBuf, w: &WgpuBuf, bias: Option<&WgpuBuf>, q: &mut WgpuBuf, k: &mut WgpuBuf, v: &mut WgpuBuf, m: usize, nq: usize, nkv: usize, hidden: usize) -> Result<()> {
+        let op = "qkv_proj";
+        let q_b = want_f32(op, "q", q, m * nq)?;
+        let k_b = want_f32(op, "k", k, m * nkv)?;
+        let v_b = want_f32(op, "v", v, m * nkv)?;
+        to_u32(op, "m * (nq + 2 nkv)", m * (nq + 2 * nkv))?;
+        self.matmul_to(op, x, w, bias, Out::Split { q: q_b, k: k_b, v: v_b, nq, nkv }, m, nq + 2 * nkv, hidden)
+    }
+
+    fn fuse_gate_up(&self, gate: &TensorView, up: &TensorView) -> Result<Option<WgpuBuf>> {
+        if !self.fuse || gate.shape != up.shape || gate.dtype != up.dtype {
+            return Ok(None);
         }
-        Ok(())
+        let [inter, cols] = gate.shape[..] else { return Ok(None) };
+        // Blocks of GATE_UP_HALF gate rows, then the up rows of the same outputs; the last
+        // block padded with zero rows (see matmul.wgsl, PAIRS).
+        let h = GATE_UP_HALF;
+        let rows = inter.div_ceil(h) * 2 * h;
+        let Some(t) = self.tiling(&[rows, cols], gate.dtype).filter(|t| self.in_one_binding(*t, gate.dtype)) else { return Ok(None) };
+        let row = |r: usize| {
+            let (block, i) = (r / (2 * h), r % (2 * h));
+            let (src, out) = if i < h { (gate, block * h + i) } else { (up, block * h + i - h) };
+            if out < inter { t.row_of(gate.dtype, src.bytes(), out) } else { None }
+        };
+        let name = gate.name.replace("gate_proj", "gate_up_proj");
+        self.tiled_weight(gate.dtype, t, Some(&name), self.texel_weights, &row).map(Some)
+    }
+
+    fn gate_up_silu(&self, x: &WgpuBuf, w: &WgpuBuf, out: &mut WgpuBuf, m: usize, inter: usize, hidden: usize) -> Result<()> {
+        let op = "gate_up_silu";
+        let out_b = want_f32(op, "out", out, m * inter)?;
+        let rows = inter.div_ceil(GATE_UP_HALF) * 2 * GATE_UP_HALF;
+        match w.tiled {
+            Some(t) if t.rows == rows && t.cols == hidden => {}
+            _ => return Err(err(format!("{op}: weight {} is not a fused [{inter}, {hidden}] gate/up pair from fuse_gate_up", w.label()))),
+        }
+        self.matmul_to(op, x, w, None, Out::GateUp(out_b), m, inter, hidden)
     }
 
     fn rope(&self, q: &mut WgpuBuf, k: &mut WgpuBuf, positions: &WgpuBuf, inv_freq: &WgpuBuf, num_tokens: usize, q_heads: usize, kv_heads: usize, head_dim: usize) -> Result<()> {

@@ -21,6 +21,9 @@ impl BufKind {
     }
 }
 
+/// Where a tiled matrix's rows come from: row `r`'s bytes, or `None` for a row of zeros.
+pub type RowSource<'a> = dyn Fn(usize) -> Option<&'a [u8]> + 'a;
+
 /// Rows per tile of a tiled weight matrix (a power of two; the shaders' prelude shifts by its log).
 pub const TILE_ROWS: usize = 64;
 
@@ -62,40 +65,47 @@ impl Tiled {
     pub fn num_tiles(self) -> usize {
         self.rows.div_ceil(TILE_ROWS)
     }
-    /// Tile `t` of the row-major bytes `src` into `dst` ([`Tiled::tile_bytes`] long).
-    pub fn fill_tile(self, dtype: DType, src: &[u8], t: usize, dst: &mut [u8]) {
-        let units = self.units_per_row(dtype);
+    /// Tile `t` into `dst` ([`Tiled::tile_bytes`] long), each row's bytes from `row(r)`
+    /// (`None`: a row of zeros).
+    pub fn fill_tile(self, row: &RowSource<'_>, t: usize, dst: &mut [u8]) {
         dst.fill(0);
         for q in 0..TILE_ROWS.min(self.rows - t * TILE_ROWS) {
-            let row = &src[(t * TILE_ROWS + q) * units * 16..][..units * 16];
+            let Some(row) = row(t * TILE_ROWS + q) else { continue };
             for (u, unit) in row.chunks_exact(16).enumerate() {
                 let d = (u * TILE_ROWS + q) * 16;
                 dst[d..d + 16].copy_from_slice(unit);
             }
         }
     }
-    /// Units `first..first + dst.len() / 16` of the tiled layout, gathered from the row-major
-    /// bytes `src` (units past the matrix, and padding rows, are zero).
-    pub fn fill_units(self, dtype: DType, src: &[u8], first: usize, dst: &mut [u8]) {
+    /// Units `first..first + dst.len() / 16` of the tiled layout, each row's bytes from
+    /// `row(r)` (`None`: zeros; units past the matrix and padding rows are zero too).
+    pub fn fill_units(self, dtype: DType, row: &RowSource<'_>, first: usize, dst: &mut [u8]) {
         let units = self.units_per_row(dtype);
         let per_tile = units * TILE_ROWS;
         for (k, d) in dst.chunks_exact_mut(16).enumerate() {
             let i = first + k;
             let (tile, rem) = (i / per_tile, i % per_tile);
             let r = tile * TILE_ROWS + rem % TILE_ROWS;
-            if r < self.rows {
-                let s = (r * units + rem / TILE_ROWS) * 16;
-                d.copy_from_slice(&src[s..s + 16]);
-            } else {
-                d.fill(0);
+            match (r < self.rows).then(|| row(r)).flatten() {
+                Some(src) => {
+                    let s = rem / TILE_ROWS * 16;
+                    d.copy_from_slice(&src[s..s + 16]);
+                }
+                None => d.fill(0),
             }
         }
+    }
+
+    /// Row `r` of row-major bytes `src` for [`Tiled::fill_tile`] / [`Tiled::fill_units`].
+    pub fn row_of(self, dtype: DType, src: &[u8], r: usize) -> Option<&[u8]> {
+        let n = self.cols * dtype.size();
+        src.get(r * n..(r + 1) * n)
     }
     /// Row-major bytes into the tiled layout (`dst` is [`Tiled::bytes`] long).
     pub fn tile(self, dtype: DType, src: &[u8], dst: &mut [u8]) {
         let tb = self.tile_bytes(dtype) as usize;
         for (t, d) in dst.chunks_exact_mut(tb).enumerate() {
-            self.fill_tile(dtype, src, t, d);
+            self.fill_tile(&|r| self.row_of(dtype, src, r), t, d);
         }
     }
     /// The tiled layout back into row-major bytes.

@@ -60,16 +60,42 @@ pub(crate) const EMBEDDING_T: Kernel = k("embedding", &[T, R, RW]);
 pub(crate) const GATHER_ROWS: Kernel = k("gather_rows", &[R, R, RW]);
 pub(crate) const RMS_NORM: Kernel = k("rms_norm", &[R, R, RW]);
 pub(crate) const ADD: Kernel = k("add", &[RW, R]);
-pub(crate) const MATMUL: Kernel = k("matmul", &[R, R, RW]);
-pub(crate) const MATMUL_BIAS: Kernel = k("matmul", &[R, R, RW, R]);
-/// x through a uniform buffer (see [`Prelude::x_vec4`]).
-pub(crate) const MATMUL_UX: Kernel = k("matmul", &[U, R, RW]);
-pub(crate) const MATMUL_UX_BIAS: Kernel = k("matmul", &[U, R, RW, R]);
-/// The weight in a texture.
-pub(crate) const MATMUL_T: Kernel = k("matmul", &[R, T, RW]);
-pub(crate) const MATMUL_T_BIAS: Kernel = k("matmul", &[R, T, RW, R]);
-pub(crate) const MATMUL_UX_T: Kernel = k("matmul", &[U, T, RW]);
-pub(crate) const MATMUL_UX_T_BIAS: Kernel = k("matmul", &[U, T, RW, R]);
+/// The matmul kernel for its bindings: x through a uniform window (see [`Prelude::x_vec4`]) or
+/// storage, w in a buffer or a texture, out, then the bias if any, then the k and v outputs of
+/// a fused q/k/v projection (see [`MatmulOut::Split`]).
+pub(crate) fn matmul_kernel(uniform_x: bool, texels: bool, bias: bool, split: bool) -> Kernel {
+    const TABLE: [&[Access]; 16] = [
+        &[R, R, RW],
+        &[U, R, RW],
+        &[R, T, RW],
+        &[U, T, RW],
+        &[R, R, RW, R],
+        &[U, R, RW, R],
+        &[R, T, RW, R],
+        &[U, T, RW, R],
+        &[R, R, RW, RW, RW],
+        &[U, R, RW, RW, RW],
+        &[R, T, RW, RW, RW],
+        &[U, T, RW, RW, RW],
+        &[R, R, RW, R, RW, RW],
+        &[U, R, RW, R, RW, RW],
+        &[R, T, RW, R, RW, RW],
+        &[U, T, RW, R, RW, RW],
+    ];
+    k("matmul", TABLE[usize::from(uniform_x) | usize::from(texels) << 1 | usize::from(bias) << 2 | usize::from(split) << 3])
+}
+
+/// Where matmul's results go (the prelude's `store_out(row, col, v)` and `PAIRS`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MatmulOut {
+    /// `out[row, col]`, `p.n` columns.
+    Plain,
+    /// A fused q/k/v projection: weight rows `[0, nq)` go to out (q), the next `nkv` to
+    /// `k_out`, the last `nkv` to `v_out` (bound at `k_binding` and the one after).
+    Split { nq: u32, nkv: u32, k_binding: u32 },
+    /// A fused gate/up projection with the activation: see matmul.wgsl (`PAIRS`).
+    GateUp,
+}
 pub(crate) const ROPE: Kernel = k("rope", &[RW, RW, R, R]);
 pub(crate) const SILU_MUL: Kernel = k("silu_mul", &[R, R, RW]);
 pub(crate) const KV_WRITE: Kernel = k("kv_write", &[R, R, RW, RW, R]);
@@ -238,6 +264,28 @@ impl Prelude {
         };
         self.0.push_str(&decl);
         self.0.push_str(&format!("fn {name}4(i: u32) -> vec4<f32> {{ return {name}[i]; }}\n"));
+        self
+    }
+
+    /// matmul's `store_out` and `PAIRS` for `to`.
+    pub fn matmul_out(mut self, to: MatmulOut) -> Self {
+        let plain = "fn store_out(row: u32, col: u32, v: f32) { out[row * p.n + col] = v; }\n";
+        let text = match to {
+            MatmulOut::Plain => format!("const PAIRS: bool = false;\n{plain}"),
+            MatmulOut::GateUp => format!("const PAIRS: bool = true;\n{plain}"),
+            MatmulOut::Split { nq, nkv, k_binding } => format!(
+                "const PAIRS: bool = false;\n\
+                 @group(0) @binding({k_binding}) var<storage, read_write> k_out: array<f32>;\n\
+                 @group(0) @binding({}) var<storage, read_write> v_out: array<f32>;\n\
+                 fn store_out(row: u32, col: u32, v: f32) {{\n\
+                 \x20   if (col < {nq}u) {{ out[row * {nq}u + col] = v; }}\n\
+                 \x20   else if (col < {nq}u + {nkv}u) {{ k_out[row * {nkv}u + col - {nq}u] = v; }}\n\
+                 \x20   else {{ v_out[row * {nkv}u + col - {nq}u - {nkv}u] = v; }}\n\
+                 }}\n",
+                k_binding + 1
+            ),
+        };
+        self.0.push_str(&text);
         self
     }
 

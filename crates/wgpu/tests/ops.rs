@@ -223,6 +223,85 @@ fn matmul_and_embedding_texels_across_bands() {
     assert_close("embedding texels across bands", &b.read_f32(&out, ids.len() * hidden).unwrap(), &want, 0.0);
 }
 
+/// The fused q/k/v projection (with and without biases) and the fused gate/up projection with
+/// its activation, against the CPU, in textures and in buffers, at batch sizes that take the
+/// decode and the prefill kernels, with row counts that are not multiples of a block.
+#[test]
+fn fused_qkv_and_gate_up() {
+    let mut backends: Vec<WgpuBackend> = Vec::new();
+    for texels in [true, false] {
+        if let Some(b) = common::open(WgpuOptions { texel_weights: Some(texels), ..Default::default() }) {
+            if texels && !b.can_hold_texels() {
+                eprintln!("fused ops in textures skipped: adapter {} cannot hold weights in textures", b.adapter());
+                continue;
+            }
+            backends.push(b);
+        }
+    }
+    let mut rng = Rng::new("fused_qkv_and_gate_up");
+    for b in &backends {
+        let where_ = if b.texel_weights() { "texels" } else { "buffer" };
+        for (dtype, nq, nkv, hidden, bias) in [(DType::BF16, 96, 32, 64, false), (DType::F16, 200, 40, 136, true), (DType::F32, 72, 24, 40, true)] {
+            let mut ws = tandem_core::weights::Weights::empty();
+            let parts: Vec<(String, usize)> = vec![("q".into(), nq), ("k".into(), nkv), ("v".into(), nkv)];
+            let mut vals = Vec::new();
+            for (n, rows) in &parts {
+                let w = rng.vec(rows * hidden, 0.5);
+                ws.replace(n, dtype, &[*rows, hidden], &w).unwrap();
+                let bv = rng.vec(*rows, 0.5);
+                ws.replace(&format!("{n}.bias"), DType::F32, &[*rows], &bv).unwrap();
+                vals.push((round_to(dtype, &w), bv));
+            }
+            let view = |n: &str, shape: &[usize]| ws.get(n, shape).unwrap();
+            let (qv, kv, vv) = (view("q", &[nq, hidden]), view("k", &[nkv, hidden]), view("v", &[nkv, hidden]));
+            let (qb, kb, vb) = (view("q.bias", &[nq]), view("k.bias", &[nkv]), view("v.bias", &[nkv]));
+            let (w, wb) = b.fuse_qkv(&qv, &kv, &vv, bias.then_some([&qb, &kb, &vb])).unwrap().expect("the wgpu backend fuses q/k/v");
+            assert_eq!(wb.is_some(), bias);
+            for m in [1, 2, 3, 33] {
+                let x = rng.vec(m * hidden, 1.0);
+                let (mut q, mut k, mut v) = (poisoned(b, m * nq), poisoned(b, m * nkv), poisoned(b, m * nkv));
+                b.qkv_proj(&f32_buf(b, &x), &w, wb.as_ref(), &mut q, &mut k, &mut v, m, nq, nkv, hidden).unwrap();
+                for ((got, rows), (wv, bv)) in [(&q, nq), (&k, nkv), (&v, nkv)].into_iter().zip(&vals) {
+                    let want: Vec<f64> = (0..m * rows)
+                        .map(|i| {
+                            let (t, r) = (i / rows, i % rows);
+                            let dot: f64 = (0..hidden).map(|c| x[t * hidden + c] as f64 * wv[r * hidden + c] as f64).sum();
+                            dot + if bias { bv[r] as f64 } else { 0.0 }
+                        })
+                        .collect();
+                    let what = format!("qkv_proj {where_} {} m{m} rows {rows} bias {bias}", dtype.name());
+                    assert_close(&what, &b.read_f32(got, m * rows).unwrap(), &want, 1e-10);
+                }
+            }
+        }
+        for (dtype, inter, hidden) in [(DType::BF16, 130, 64), (DType::F16, 64, 136), (DType::F32, 200, 40)] {
+            let mut ws = tandem_core::weights::Weights::empty();
+            let (g, u) = (rng.vec(inter * hidden, 0.5), rng.vec(inter * hidden, 0.5));
+            ws.replace("gate", dtype, &[inter, hidden], &g).unwrap();
+            ws.replace("up", dtype, &[inter, hidden], &u).unwrap();
+            let w = b.fuse_gate_up(&ws.get("gate", &[inter, hidden]).unwrap(), &ws.get("up", &[inter, hidden]).unwrap()).unwrap().expect("the wgpu backend fuses gate/up");
+            let (g, u) = (round_to(dtype, &g), round_to(dtype, &u));
+            for m in [1, 2, 5, 40] {
+                let x = rng.vec(m * hidden, 1.0);
+                let mut out = poisoned(b, m * inter);
+                b.gate_up_silu(&f32_buf(b, &x), &w, &mut out, m, inter, hidden).unwrap();
+                let want: Vec<f64> = (0..m * inter)
+                    .map(|i| {
+                        let (t, r) = (i / inter, i % inter);
+                        let dot = |w: &[f32]| -> f64 { (0..hidden).map(|c| x[t * hidden + c] as f64 * w[r * hidden + c] as f64).sum() };
+                        let gv = dot(&g);
+                        gv / (1.0 + (-gv).exp()) * dot(&u)
+                    })
+                    .collect();
+                assert_close(&format!("gate_up_silu {where_} {} m{m} inter {inter}", dtype.name()), &b.read_f32(&out, m * inter).unwrap(), &want, 1e-10);
+            }
+            // A plain weight is refused, not misread.
+            let plain = b.weight_matrix_from_f32(dtype, &g, inter, hidden).unwrap();
+            assert!(b.gate_up_silu(&f32_buf(b, &vec![0.0; hidden]), &plain, &mut poisoned(b, inter), 1, inter, hidden).is_err());
+        }
+    }
+}
+
 /// A long k that is not a multiple of 8: the scalar path, with fewer rows per invocation on
 /// lavapipe so its loops stay under the driver's iteration limit.
 #[test]
