@@ -1,11 +1,12 @@
 //! How fast can this adapter stream bf16 weights through a matrix-vector product, by the way the
 //! shader reads them? Times the same GEMV (49152 x 576 bf16, 57 MB: larger than any cache)
-//! with the weights read from a storage buffer and from an rgba32uint texture.
+//! with the weights read from a storage buffer, an rgba32uint sampled texture (texel fetch) and
+//! an rgba32uint read-only storage texture (image load, what the backend uses on CPU adapters).
 //!
 //!     cargo run --release -p tandem-wgpu --example load_probe
 //!
 //! On Mesa's lavapipe a storage-buffer load whose address differs across lanes runs as a loop
-//! over the lanes with a branch per lane, while a texel fetch is a branch-free gather; this
+//! over the lanes with a branch per lane, while texel fetches and image loads are branch-free; this
 //! probe is how that was measured (see shaders/README.md and docs/bench-cpu.md). It replaces
 //! the first session's tex_probe (storage against texture at one decode shape).
 
@@ -101,8 +102,10 @@ fn main(@builtin(workgroup_id) g: vec3<u32>, @builtin(local_invocation_index) li
 
 const STORAGE_DECL: &str = "@group(0) @binding(3) var<storage, read> w: array<vec4<u32>>;";
 const TEXTURE_DECL: &str = "@group(0) @binding(3) var w: texture_2d<u32>;";
+const STORAGE_TEXTURE_DECL: &str = "@group(0) @binding(3) var w: texture_storage_2d<rgba32uint, read>;";
 const STORAGE_LOAD: &str = "w[i]";
 const TEXTURE_LOAD: &str = "textureLoad(w, vec2<u32>(i & 4095u, i >> 12u), 0)";
+const STORAGE_TEXTURE_LOAD: &str = "textureLoad(w, vec2<u32>(i & 4095u, i >> 12u))";
 const DOT_STEP: &str = "acc[t] += dot(vec4<f32>(lo(q.x), hi(q.x), lo(q.y), hi(q.y)), a) + dot(vec4<f32>(lo(q.z), hi(q.z), lo(q.w), hi(q.w)), b);";
 const FMA_STEP: &str = "var s = acc[t]; s = fma(a.x, lo(q.x), s); s = fma(a.y, hi(q.x), s); s = fma(a.z, lo(q.y), s); s = fma(a.w, hi(q.y), s); \
     s = fma(b.x, lo(q.z), s); s = fma(b.y, hi(q.z), s); s = fma(b.z, lo(q.w), s); s = fma(b.w, hi(q.w), s); acc[t] = s;";
@@ -207,7 +210,7 @@ impl Probe {
             sample_count: 1,
             dimension: wgpu::TextureDimension::D2,
             format: wgpu::TextureFormat::Rgba32Uint,
-            usage: wgpu::TextureUsages::TEXTURE_BINDING | wgpu::TextureUsages::COPY_DST,
+            usage: wgpu::TextureUsages::TEXTURE_BINDING | wgpu::TextureUsages::STORAGE_BINDING | wgpu::TextureUsages::COPY_DST,
             view_formats: &[],
         };
         let tex = self.device.create_texture_with_data(&self.queue, &desc, wgpu::util::TextureDataOrder::LayerMajor, bytemuck::cast_slice(&padded));
@@ -220,7 +223,7 @@ impl Probe {
 }
 
 fn report(label: &str, secs: f64, weight_bytes: usize) {
-    println!("{label:<28}: {:7.2} ms  {:5.2} GB/s of bf16 weights per CPU-second", secs * 1e3, weight_bytes as f64 / 1e9 / secs);
+    println!("{label:<34}: {:7.2} ms  {:5.2} GB/s of bf16 weights per CPU-second", secs * 1e3, weight_bytes as f64 / 1e9 / secs);
 }
 
 fn main() {
@@ -305,13 +308,15 @@ fn main() {
         let tview = pr.texture(&tiled);
         let tbuf = pr.buffer(bytemuck::cast_slice(&tiled), wgpu::BufferUsages::STORAGE);
         let (rowmajor, tiled_addr) = ("(g.x * WG * 8u + t * WG + li) * kt + j", "(g.x * kt + j) * WG * 8u + t * WG + li");
-        let (stor, texd) = ((STORAGE_DECL, STORAGE_LOAD), (TEXTURE_DECL, TEXTURE_LOAD));
+        let (stor, texd, stexd) = ((STORAGE_DECL, STORAGE_LOAD), (TEXTURE_DECL, TEXTURE_LOAD), (STORAGE_TEXTURE_DECL, STORAGE_TEXTURE_LOAD));
         for (name, (decl, load), step, addr, res) in [
             ("rowmajor", stor, DOT_STEP, rowmajor, wgpu::BindingResource::Buffer(wbuf.as_entire_buffer_binding())),
             ("tiled", stor, DOT_STEP, tiled_addr, wgpu::BindingResource::Buffer(tbuf.as_entire_buffer_binding())),
             ("tiled fma", stor, FMA_STEP, tiled_addr, wgpu::BindingResource::Buffer(tbuf.as_entire_buffer_binding())),
             ("texture rowmajor", texd, DOT_STEP, rowmajor, wgpu::BindingResource::TextureView(&view)),
             ("texture tiled", texd, DOT_STEP, tiled_addr, wgpu::BindingResource::TextureView(&tview)),
+            // What the backend does on CPU adapters (buffer::Texels): an image load, not a texel fetch.
+            ("storage texture tiled", stexd, DOT_STEP, tiled_addr, wgpu::BindingResource::TextureView(&tview)),
         ] {
             let pipe = pr.pipeline(&rt_kernel(decl, load, step, addr, wg));
             let bg = pr.bind(&pipe, res);

@@ -52,8 +52,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let fill = |n: usize| -> Vec<f32> { (0..n).map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5).collect() };
 
     if want("matmul") {
-        for (n, k) in [(576, 576), (192, 576), (1536, 576), (576, 1536), (49152, 576)] {
-            let w = b.weight_from_f32(DType::BF16, &fill(n * k))?;
+        // Laid out as the model's weights are (tiled; in a texture on CPU adapters); the fused
+        // shapes are q/k/v (960) and gate/up (3072).
+        for (n, k) in [(576, 576), (192, 576), (960, 576), (1536, 576), (3072, 576), (576, 1536), (49152, 576)] {
+            let w = b.weight_matrix_from_f32(DType::BF16, &fill(n * k), n, k)?;
             let mut x = b.alloc_f32(m * k)?;
             b.write_f32(&mut x, &fill(m * k))?;
             let mut out = b.alloc_f32(m * n)?;

@@ -507,13 +507,7 @@ impl WgpuBackend {
             usage: wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
             mapped_at_creation: false,
         });
-        let mut enc = gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("tandem texel read-back") });
-        enc.copy_texture_to_buffer(
-            tx.texture.as_image_copy(),
-            wgpu::TexelCopyBufferInfo { buffer: &tmp, layout: wgpu::TexelCopyBufferLayout { offset: 0, bytes_per_row: Some(row_bytes), rows_per_image: Some(size.height) } },
-            size,
-        );
-        gpu.queue.submit([enc.finish()]);
+        self.rec.copy_texture(&tx.texture, &tmp)?;
         self.rec.read(&tmp, bytes)
     }
 

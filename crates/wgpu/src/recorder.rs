@@ -371,6 +371,22 @@ impl Recorder {
         Ok(())
     }
 
+    /// Records a copy of a whole texture of 16-byte texels into `buf` (row after row), after
+    /// the work recorded so far: a read of `buf` then sees everything recorded before it.
+    pub fn copy_texture(&self, texture: &wgpu::Texture, buf: &wgpu::Buffer) -> Result<()> {
+        let size = texture.size();
+        let mut p = lock(&self.pending, "recorder")?;
+        p.pass = None; // the copy is recorded on the encoder, outside any pass
+        let device = &self.gpu.device;
+        let encoder = p.encoder.get_or_insert_with(|| device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("tandem") }));
+        encoder.copy_texture_to_buffer(
+            texture.as_image_copy(),
+            wgpu::TexelCopyBufferInfo { buffer: buf, layout: wgpu::TexelCopyBufferLayout { offset: 0, bytes_per_row: Some(size.width * 16), rows_per_image: Some(size.height) } },
+            size,
+        );
+        Ok(())
+    }
+
     /// Runs everything recorded and returns the first `len` bytes of `buf`.
     pub fn read(&self, buf: &wgpu::Buffer, len: u64) -> Result<Vec<u8>> {
         let size = len.next_multiple_of(4).min(buf.size());
