@@ -55,6 +55,8 @@ pub struct WgpuBackend {
     texel_weights: bool,
     /// Fuse the q/k/v and the gate/up projections at load (`TANDEM_WGPU_FUSE=0` keeps them apart).
     fuse: bool,
+    /// Where matmul copies a batch's x on texture-holding adapters (see `matmul_to`).
+    x_scratch: Mutex<Option<Texels>>,
 }
 
 /// llvmpipe/lavapipe ends every loop of a shader once the invocation has run 65535 loop
@@ -168,6 +170,7 @@ impl WgpuBackend {
             tiled_weights,
             texel_weights,
             fuse: knob("TANDEM_WGPU_FUSE", 1) == 1,
+            x_scratch: Mutex::new(None),
         })
     }
 
@@ -445,13 +448,26 @@ impl WgpuBackend {
         // x goes through a uniform buffer when k % 8 == 0: a 64 KiB window (every f32 buffer
         // is padded to hold one past its end), one dispatch per block of rows that fits, so
         // a prefill takes a few dispatches per matmul. Otherwise through storage, whole.
-        let window_rows = if self.uniform_x && k % 8 == 0 { (UNIFORM_WINDOW as usize / (k * 4)) / mt as usize * mt as usize } else { 0 };
+        // For a batch (m > 2) on an adapter that holds weights in textures, x is copied into a
+        // texture instead: its loads are then image loads too (a uniform window's index comes
+        // from the loop counter, which lavapipe does not see as uniform: every lane gathers),
+        // and all m rows go in one dispatch. Measured on SmolLM2 prefill: see docs/bench-cpu.md.
+        let x_rows = (m * k * 4).div_ceil(TEXEL_ROW * 16);
+        // The scratch is shared: held locked from the copy to the last dispatch that reads it,
+        // so a matmul recorded from another thread cannot copy its x in between.
+        let mut scratch = self.x_scratch.lock().map_err(|_| err("x scratch lock poisoned"))?;
+        let x_tex = match self.texel_weights && m > 2 && x_b.size() >= (x_rows * TEXEL_ROW * 16) as u64 {
+            true => self.x_scratch(&mut scratch, x_rows),
+            false => None,
+        };
+        let window_rows = if x_tex.is_none() && self.uniform_x && k % 8 == 0 { (UNIFORM_WINDOW as usize / (k * 4)) / mt as usize * mt as usize } else { 0 };
         let uniform_x = window_rows > 0;
-        let prelude = Prelude::new()
-            .constant("MT", mt)
-            .constant("RT", rt)
-            .constant("WG", wg)
-            .x_vec4("x", 1, uniform_x.then_some((UNIFORM_WINDOW / 16) as u32))
+        let prelude = Prelude::new().constant("MT", mt).constant("RT", rt).constant("WG", wg);
+        let prelude = match &x_tex {
+            Some(_) => prelude.x_texels("x", 1),
+            None => prelude.x_vec4("x", 1, uniform_x.then_some((UNIFORM_WINDOW / 16) as u32)),
+        };
+        let prelude = prelude
             .weight_matrix("w", dtype, Self::layout(w), 2)
             .optional_weight("bias", 4, bias_dtype)
             .matmul_out(match out {
@@ -459,7 +475,15 @@ impl WgpuBackend {
                 Out::GateUp(_) => MatmulOut::GateUp,
                 Out::Split { nq, nkv, .. } => MatmulOut::Split { nq: nq as u32, nkv: nkv as u32, k_binding: if bias.is_some() { 5 } else { 4 } },
             });
-        let kernel = shaders::matmul_kernel(uniform_x, w.texels.is_some(), bias.is_some(), matches!(out, Out::Split { .. }));
+        let x_access = match (&x_tex, uniform_x) {
+            (Some(_), _) => shaders::Access::Texels,
+            (None, true) => shaders::Access::Uniform,
+            (None, false) => shaders::Access::Read,
+        };
+        let kernel = shaders::matmul_kernel(x_access, w.texels.is_some(), bias.is_some(), matches!(out, Out::Split { .. }));
+        if let Some(t) = &x_tex {
+            self.rec.copy_to_texture(x_b, &t.texture, x_rows as u32)?;
+        }
         let out_b = match out {
             Out::Plain(b) | Out::GateUp(b) | Out::Split { q: b, .. } => b,
         };
@@ -470,15 +494,16 @@ impl WgpuBackend {
         }
         for b0 in (0..m).step_by(block) {
             let rows_here = block.min(m - b0);
-            let xb = match uniform_x {
-                true => {
+            let xb = match (&x_tex, uniform_x) {
+                (Some(t), _) => Bind::Texels(&t.view),
+                (None, true) => {
                     let off = (b0 * k * 4) as u64;
                     if off + UNIFORM_WINDOW > x_b.size() {
                         return Err(err(format!("matmul: x {} lacks the uniform window padding", x.label())));
                     }
                     Bind::range(x_b, Some((off, UNIFORM_WINDOW)))
                 }
-                false => Bind::all(x_b),
+                (None, false) => Bind::all(x_b),
             };
             for c in &chunks {
                 let params = [rows_here as u32, n as u32, k as u32, c.row0 as u32, c.rows as u32, b0 as u32];
@@ -494,6 +519,29 @@ impl WgpuBackend {
             }
         }
         Ok(())
+    }
+
+    /// The texture matmul copies a batch's x into, at least `rows` texture rows (grown as
+    /// needed, kept; the caller holds the lock); `None` past the adapter's texture height.
+    fn x_scratch<'a>(&self, g: &'a mut Option<Texels>, rows: usize) -> Option<&'a Texels> {
+        if rows > self.rec.gpu.limits.max_texture_dimension_2d as usize {
+            return None;
+        }
+        if g.as_ref().is_none_or(|t| (t.texture.size().height as usize) < rows) {
+            let texture = self.rec.gpu.device.create_texture(&wgpu::TextureDescriptor {
+                label: Some("tandem matmul x"),
+                size: wgpu::Extent3d { width: TEXEL_ROW as u32, height: rows.next_power_of_two().min(self.rec.gpu.limits.max_texture_dimension_2d as usize) as u32, depth_or_array_layers: 1 },
+                mip_level_count: 1,
+                sample_count: 1,
+                dimension: wgpu::TextureDimension::D2,
+                format: wgpu::TextureFormat::Rgba32Uint,
+                usage: wgpu::TextureUsages::STORAGE_BINDING | wgpu::TextureUsages::COPY_DST,
+                view_formats: &[],
+            });
+            let view = texture.create_view(&wgpu::TextureViewDescriptor::default());
+            *g = Some(Texels { texture, view });
+        }
+        g.as_ref()
     }
 
     /// The first `bytes` of a weight texture, in unit order (a copy through a buffer).

@@ -387,6 +387,22 @@ impl Recorder {
         Ok(())
     }
 
+    /// Records a copy of the first `rows` texture rows' worth of `buf` (16-byte texels, row
+    /// after row) into `texture`, after the work recorded so far.
+    pub fn copy_to_texture(&self, buf: &wgpu::Buffer, texture: &wgpu::Texture, rows: u32) -> Result<()> {
+        let width = texture.size().width;
+        let mut p = lock(&self.pending, "recorder")?;
+        p.pass = None; // the copy is recorded on the encoder, outside any pass
+        let device = &self.gpu.device;
+        let encoder = p.encoder.get_or_insert_with(|| device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("tandem") }));
+        encoder.copy_buffer_to_texture(
+            wgpu::TexelCopyBufferInfo { buffer: buf, layout: wgpu::TexelCopyBufferLayout { offset: 0, bytes_per_row: Some(width * 16), rows_per_image: Some(rows) } },
+            texture.as_image_copy(),
+            wgpu::Extent3d { width, height: rows, depth_or_array_layers: 1 },
+        );
+        Ok(())
+    }
+
     /// Runs everything recorded and returns the first `len` bytes of `buf`.
     pub fn read(&self, buf: &wgpu::Buffer, len: u64) -> Result<Vec<u8>> {
         let size = len.next_multiple_of(4).min(buf.size());

@@ -60,29 +60,49 @@ pub(crate) const EMBEDDING_T: Kernel = k("embedding", &[T, R, RW]);
 pub(crate) const GATHER_ROWS: Kernel = k("gather_rows", &[R, R, RW]);
 pub(crate) const RMS_NORM: Kernel = k("rms_norm", &[R, R, RW]);
 pub(crate) const ADD: Kernel = k("add", &[RW, R]);
-/// The matmul kernel for its bindings: x through a uniform window (see [`Prelude::x_vec4`]) or
-/// storage, w in a buffer or a texture, out, then the bias if any, then the k and v outputs of
-/// a fused q/k/v projection (see [`MatmulOut::Split`]).
-pub(crate) fn matmul_kernel(uniform_x: bool, texels: bool, bias: bool, split: bool) -> Kernel {
-    const TABLE: [&[Access]; 16] = [
-        &[R, R, RW],
-        &[U, R, RW],
-        &[R, T, RW],
-        &[U, T, RW],
-        &[R, R, RW, R],
-        &[U, R, RW, R],
-        &[R, T, RW, R],
-        &[U, T, RW, R],
-        &[R, R, RW, RW, RW],
-        &[U, R, RW, RW, RW],
-        &[R, T, RW, RW, RW],
-        &[U, T, RW, RW, RW],
-        &[R, R, RW, R, RW, RW],
-        &[U, R, RW, R, RW, RW],
-        &[R, T, RW, R, RW, RW],
-        &[U, T, RW, R, RW, RW],
+/// The matmul kernel for its bindings: x (`Read`: a storage buffer; `Uniform`: a uniform window,
+/// see [`Prelude::x_vec4`]; `Texels`: a texture, see [`Prelude::x_texels`]), w in a buffer or a
+/// texture, out, then the bias if any, then the k and v outputs of a fused q/k/v projection
+/// (see [`MatmulOut::Split`]).
+pub(crate) fn matmul_kernel(x: Access, texels: bool, bias: bool, split: bool) -> Kernel {
+    const TABLE: [[&[Access]; 8]; 3] = [
+        [
+            &[R, R, RW],
+            &[R, T, RW],
+            &[R, R, RW, R],
+            &[R, T, RW, R],
+            &[R, R, RW, RW, RW],
+            &[R, T, RW, RW, RW],
+            &[R, R, RW, R, RW, RW],
+            &[R, T, RW, R, RW, RW],
+        ],
+        [
+            &[U, R, RW],
+            &[U, T, RW],
+            &[U, R, RW, R],
+            &[U, T, RW, R],
+            &[U, R, RW, RW, RW],
+            &[U, T, RW, RW, RW],
+            &[U, R, RW, R, RW, RW],
+            &[U, T, RW, R, RW, RW],
+        ],
+        [
+            &[T, R, RW],
+            &[T, T, RW],
+            &[T, R, RW, R],
+            &[T, T, RW, R],
+            &[T, R, RW, RW, RW],
+            &[T, T, RW, RW, RW],
+            &[T, R, RW, R, RW, RW],
+            &[T, T, RW, R, RW, RW],
+        ],
     ];
-    k("matmul", TABLE[usize::from(uniform_x) | usize::from(texels) << 1 | usize::from(bias) << 2 | usize::from(split) << 3])
+    let xi = match x {
+        Access::Uniform => 1,
+        Access::Texels => 2,
+        _ => 0,
+    };
+    k("matmul", TABLE[xi][usize::from(texels) | usize::from(bias) << 1 | usize::from(split) << 2])
 }
 
 /// Where matmul's results go (the prelude's `store_out(row, col, v)` and `PAIRS`).
@@ -264,6 +284,17 @@ impl Prelude {
         };
         self.0.push_str(&decl);
         self.0.push_str(&format!("fn {name}4(i: u32) -> vec4<f32> {{ return {name}[i]; }}\n"));
+        self
+    }
+
+    /// An f32 activation bound at `binding` as a texture of rgba32uint texels (vec4 `i` of the
+    /// activation at texel `(i % TEXEL_ROW, i / TEXEL_ROW)`, f32 bits), read by `name4(i)`.
+    pub fn x_texels(mut self, name: &str, binding: u32) -> Self {
+        let (log, mask) = (crate::buffer::TEXEL_ROW_LOG2, crate::buffer::TEXEL_ROW - 1);
+        self.0.push_str(&format!(
+            "@group(0) @binding({binding}) var {name}_tex: texture_storage_2d<rgba32uint, read>;\n\
+             fn {name}4(i: u32) -> vec4<f32> {{ return bitcast<vec4<f32>>(textureLoad({name}_tex, vec2<u32>(i & {mask}u, i >> {log}u))); }}\n"
+        ));
         self
     }
 

@@ -302,6 +302,33 @@ fn fused_qkv_and_gate_up() {
     }
 }
 
+/// Batched matmuls recorded from several threads at once on one backend: each must read its
+/// own x (a batch's x goes through a scratch texture on CPU adapters, shared by all matmuls).
+#[test]
+fn matmul_batches_from_threads() {
+    let Some(b) = backend() else { return };
+    let (m, n, k) = (9, 70, 64);
+    let mut rng = Rng::new("matmul_batches_from_threads");
+    let w = rng.vec(n * k, 0.5);
+    let wb = b.weight_matrix_from_f32(DType::BF16, &w, n, k).unwrap();
+    let wr = round_to(DType::BF16, &w);
+    let xs: Vec<Vec<f32>> = (0..4).map(|_| rng.vec(m * k, 1.0)).collect();
+    std::thread::scope(|s| {
+        for x in &xs {
+            let (wb, wr) = (&wb, &wr);
+            s.spawn(move || {
+                let want: Vec<f64> = (0..m * n).map(|i| (0..k).map(|l| x[i / n * k + l] as f64 * wr[i % n * k + l] as f64).sum()).collect();
+                let xb = f32_buf(b, x);
+                for _ in 0..25 {
+                    let mut out = poisoned(b, m * n);
+                    b.matmul(&xb, wb, None, &mut out, m, n, k).unwrap();
+                    assert_close("matmul from a thread", &b.read_f32(&out, m * n).unwrap(), &want, 1e-10);
+                }
+            });
+        }
+    });
+}
+
 /// A long k that is not a multiple of 8: the scalar path, with fewer rows per invocation on
 /// lavapipe so its loops stay under the driver's iteration limit.
 #[test]
