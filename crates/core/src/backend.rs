@@ -102,6 +102,9 @@ pub struct AttnArgs<'a, B: Backend + ?Sized> {
     pub scale: f32,
 }
 
+/// A fused weight and its fused bias, if the parts had biases (see [`Backend::fuse_qkv`]).
+pub type WeightAndBias<T> = (T, Option<T>);
+
 /// A compute backend. Every method that can fail returns an error instead of panicking.
 pub trait Backend: Send + 'static {
     /// A device buffer. Its dtype and length are fixed at creation.
@@ -157,7 +160,7 @@ pub trait Backend: Send + 'static {
     /// [`Backend::qkv_proj`], and their biases (when given) as one bias; `None`, the default,
     /// when this backend does not fuse them (the model then runs three matmuls). A backend fuses
     /// to launch one kernel where there were three (vLLM's merged QKV projection).
-    fn fuse_qkv(&self, _q: &TensorView, _k: &TensorView, _v: &TensorView, _bias: Option<[&TensorView; 3]>) -> Result<Option<(Self::Buf, Option<Self::Buf>)>> {
+    fn fuse_qkv(&self, _q: &TensorView, _k: &TensorView, _v: &TensorView, _bias: Option<[&TensorView; 3]>) -> Result<Option<WeightAndBias<Self::Buf>>> {
         Ok(None)
     }
     /// `q = x Wq^T (+ bq)`, `k = x Wk^T (+ bk)`, `v = x Wv^T (+ bv)` with the weight and bias

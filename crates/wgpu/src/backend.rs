@@ -864,7 +864,7 @@ impl Backend for WgpuBackend {
         self.matmul_to("matmul", x, w, bias, Out::Plain(out_b), m, n, k)
     }
 
-    fn fuse_qkv(&self, q: &TensorView, k: &TensorView, v: &TensorView, bias: Option<[&TensorView; 3]>) -> Result<Option<(WgpuBuf, Option<WgpuBuf>)>> {
+    fn fuse_qkv(&self, q: &TensorView, k: &TensorView, v: &TensorView, bias: Option<[&TensorView; 3]>) -> Result<Option<tandem_core::backend::WeightAndBias<WgpuBuf>>> {
         if !self.fuse {
             return Ok(None);
         }
