@@ -160,3 +160,35 @@ fn decode_reports_its_figures_when_the_hf_baseline_fails() {
     assert!(r["decode_by_batch"]["1"]["median"].as_f64().unwrap() > 0.0);
     assert!(md.contains("| prefill tok/s |"), "{md}");
 }
+
+/// The baseline runs once after each of our runs (one round each) and its figure is the median
+/// of its rounds: a stand-in script reports decode rates 10, 30, 20 in turn, so the table's HF
+/// column must say 20.0, and the report keeps the three rounds.
+#[test]
+fn decode_interleaves_the_hf_rounds_and_takes_their_median() {
+    let out = dir("decode-hf-rounds");
+    let script = out.join("fake_hf.py");
+    let counter = out.join("calls");
+    std::fs::write(
+        &script,
+        format!(
+            "import json, os, sys\n\
+             p = {counter:?}\n\
+             n = int(open(p).read()) if os.path.exists(p) else 0\n\
+             open(p, 'w').write(str(n + 1))\n\
+             assert '--runs' in sys.argv and sys.argv[sys.argv.index('--runs') + 1] == '1'\n\
+             rate = [10.0, 30.0, 20.0][n]\n\
+             print(json.dumps({{'prefill_tokens_per_s': 100.0 + n, 'decode_tokens_per_s': {{'1': rate}}, 'transformers': 'stand-in', 'torch': '-', 'dtype': 'float32', 'device': 'cpu', 'threads': 1}}))\n"
+        ),
+    )
+    .unwrap();
+    let md = bench(&out, &[&["decode"], TINY, &["--prompt-len", "8", "--max-tokens", "3", "--runs", "3", "--hf-baseline", "--python", "python3", "--hf-script", script.to_str().unwrap()]].concat());
+    let r = &report(&out, "decode-reference-tiny")["results"];
+    assert_eq!(std::fs::read_to_string(&counter).unwrap(), "3", "one HF round per run");
+    assert_eq!(r["hf_baseline"]["decode_tokens_per_s"]["1"].as_f64(), Some(20.0), "{r}");
+    assert_eq!(r["hf_baseline"]["prefill_tokens_per_s"].as_f64(), Some(101.0), "{r}");
+    assert_eq!(r["hf_baseline"]["rounds"].as_array().map(|v| v.len()), Some(3), "{r}");
+    let ours = r["decode_by_batch"]["1"]["median"].as_f64().unwrap();
+    assert!((r["ratio_vs_hf"]["decode"]["1"].as_f64().unwrap() - ours / 20.0).abs() < 1e-9, "{r}");
+    assert!(md.contains("| 20.0 |"), "{md}");
+}

@@ -144,6 +144,11 @@ pub fn run(mut a: Args) -> Result<()> {
     }
     eprintln!("warm-up: {max_batch} prompts prefilled, a few steps at each batch size, in {:.1} s", t.elapsed().as_secs_f64());
 
+    // With the baseline, one HF run follows each of ours (a fresh process with the cores to
+    // itself while it runs): this VM's speed drifts by 20-35% over minutes, and alternating
+    // puts both sides under the same drift instead of ours in one stretch and HF's in the next.
+    let mut hf_rounds: Vec<Value> = Vec::new();
+    let mut hf_error: Option<String> = None;
     let mut runs = Vec::with_capacity(a.runs);
     for i in 0..a.runs {
         let t = Instant::now();
@@ -153,8 +158,16 @@ pub fn run(mut a: Args) -> Result<()> {
         let per_batch: Vec<String> = a.batch_sizes.iter().zip(&decode_s).map(|(b, s)| format!("batch {b} {:.1} tok/s", (b * steps) as f64 / s)).collect();
         eprintln!("run {}/{}: prefill {:.1} ms; decode {}", i + 1, a.runs, prefill_s * 1e3, per_batch.join(", "));
         runs.push(Run { prefill_s, decode_s });
+        if a.hf_baseline && hf_error.is_none() {
+            match hf_round(&a, &model.dir) {
+                Ok(v) => hf_rounds.push(v),
+                Err(e) => {
+                    eprintln!("HF baseline failed: {e:#}");
+                    hf_error = Some(format!("{e:#}"));
+                }
+            }
+        }
     }
-    // The baseline gets the cores to itself.
     drop(runner);
 
     let prefill_rate = Rate::of(runs.iter().map(|r| a.prompt_len as f64 / r.prefill_s).collect());
@@ -170,7 +183,7 @@ pub fn run(mut a: Args) -> Result<()> {
         "load_s": load_s,
     });
 
-    let hf = if a.hf_baseline { hf_figures(&a, &model.dir, &mut results) } else { None };
+    let hf = if a.hf_baseline { hf_figures(&a, hf_rounds, hf_error, &mut results) } else { None };
     let settings = json!({"prompt_len": a.prompt_len, "max_tokens": a.max_tokens, "batch_sizes": a.batch_sizes, "runs": a.runs, "max_num_batched_tokens": a.max_num_batched_tokens, "seed": a.seed, "hf_baseline": a.hf_baseline});
     let rep = report::build("decode", json!({"name": a.backend.name(), "device": device}), model.to_json(&a.random), settings, results);
     report::write_json(&a.out, &format!("decode-{}-{}", a.backend.name(), model.label), &rep)?;
@@ -265,30 +278,46 @@ fn row(name: String, ours: Rate, hf: Option<f64>) -> Vec<String> {
     vec![name, format!("{:.1}", ours.median), format!("{:.1}", ours.best), hf_cell, ratio]
 }
 
-/// Runs the HF baseline and records its figures and our ratios (median over median) in
-/// `results`; a failure is reported there and on stderr, and our figures still stand.
-fn hf_figures(a: &Args, model_dir: &std::path::Path, results: &mut Value) -> Option<Value> {
+/// One run of the HF baseline (its own warm-up, then one timed run).
+fn hf_round(a: &Args, model_dir: &std::path::Path) -> Result<Value> {
     let threads = a.hf_threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let spec = DecodeSpec { prompt_len: a.prompt_len, max_tokens: a.max_tokens, batch_sizes: &a.batch_sizes, runs: a.runs, seed: a.seed, threads };
-    match hf_baseline::run_decode(&a.python, &a.hf_script, model_dir, &spec, &a.hf_args) {
-        Ok(hf) => {
-            let ratio = |ours: &Value, theirs: &Value| json!(ours["median"].as_f64().zip(theirs.as_f64()).map(|(o, t)| o / t));
-            results["ratio_vs_hf"] = json!({
-                "prefill": ratio(&results["prefill_tokens_per_s"], &hf["prefill_tokens_per_s"]),
-                "decode": by_batch(&a.batch_sizes, |i| {
-                    let b = a.batch_sizes[i].to_string();
-                    ratio(&results["decode_by_batch"][&b], &hf["decode_tokens_per_s"][&b])
-                }),
-            });
-            results["hf_baseline"] = hf.clone();
-            Some(hf)
-        }
-        Err(e) => {
-            eprintln!("HF baseline failed: {e:#}");
-            results["hf_baseline"] = json!({"error": format!("{e:#}")});
-            None
-        }
+    let spec = DecodeSpec { prompt_len: a.prompt_len, max_tokens: a.max_tokens, batch_sizes: &a.batch_sizes, runs: 1, seed: a.seed, threads };
+    hf_baseline::run_decode(&a.python, &a.hf_script, model_dir, &spec, &a.hf_args)
+}
+
+/// Records the HF baseline's figures (medians over its rounds, one round after each of our
+/// runs) and our ratios (median over median) in `results`; a failure is reported there, and
+/// our figures still stand.
+fn hf_figures(a: &Args, rounds: Vec<Value>, error: Option<String>, results: &mut Value) -> Option<Value> {
+    if let Some(e) = error {
+        results["hf_baseline"] = json!({"error": e, "rounds_done": rounds.len()});
+        return None;
     }
+    let first = rounds.first()?.clone();
+    let median = |get: &dyn Fn(&Value) -> Option<f64>| -> Value {
+        let mut v: Vec<f64> = rounds.iter().filter_map(get).collect();
+        v.sort_by(|x, y| x.total_cmp(y));
+        if v.is_empty() { Value::Null } else { json!(percentile(&v, 50.0)) }
+    };
+    let mut hf = first;
+    hf["prefill_tokens_per_s"] = median(&|r| r["prefill_tokens_per_s"].as_f64());
+    hf["decode_tokens_per_s"] = by_batch(&a.batch_sizes, |i| {
+        let b = a.batch_sizes[i].to_string();
+        median(&|r| r["decode_tokens_per_s"][&b].as_f64())
+    });
+    hf["runs"] = json!(rounds.len());
+    hf["interleaved"] = json!(true);
+    hf["rounds"] = json!(rounds.iter().map(|r| json!({"prefill_tokens_per_s": r["prefill_tokens_per_s"], "decode_tokens_per_s": r["decode_tokens_per_s"]})).collect::<Vec<_>>());
+    let ratio = |ours: &Value, theirs: &Value| json!(ours["median"].as_f64().zip(theirs.as_f64()).map(|(o, t)| o / t));
+    results["ratio_vs_hf"] = json!({
+        "prefill": ratio(&results["prefill_tokens_per_s"], &hf["prefill_tokens_per_s"]),
+        "decode": by_batch(&a.batch_sizes, |i| {
+            let b = a.batch_sizes[i].to_string();
+            ratio(&results["decode_by_batch"][&b], &hf["decode_tokens_per_s"][&b])
+        }),
+    });
+    results["hf_baseline"] = hf.clone();
+    Some(hf)
 }
 
 #[cfg(test)]
