@@ -282,16 +282,7 @@ impl WgpuBackend {
         }
         let what = name.map_or_else(|| format!("a {} weight of {len} elements", dtype.name()), |n| format!("tensor `{n}`"));
         let size = (bytes.len() as u64).next_multiple_of(16).max(16);
-        if size > self.rec.gpu.limits.max_buffer_size {
-            return Err(err(format!("{what}: {size} bytes exceed the adapter's max_buffer_size of {}", self.rec.gpu.limits.max_buffer_size)));
-        }
-        // Mapped at creation: the bytes go straight in, no staging copy on the queue.
-        let buf = self.rec.gpu.device.create_buffer(&wgpu::BufferDescriptor {
-            label: name,
-            size,
-            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: true,
-        });
+        let buf = self.mapped_weight_buffer(&what, name, size)?;
         {
             let mut view = buf.get_mapped_range_mut(..).map_err(|e| err(format!("{what}: mapping for upload: {e}")))?;
             if bytes.len() as u64 == size {
@@ -304,6 +295,21 @@ impl WgpuBackend {
         }
         buf.unmap();
         Ok(WgpuBuf { buf, kind: BufKind::Weight(dtype), len, name: name.map(String::from), tiled: None, texels: None })
+    }
+
+    /// A weight buffer of `size` bytes, mapped at creation (the bytes go straight in, no
+    /// staging copy on the queue); `what` names it in the error when it is too large.
+    fn mapped_weight_buffer(&self, what: &str, name: Option<&str>, size: u64) -> Result<wgpu::Buffer> {
+        let max = self.rec.gpu.limits.max_buffer_size;
+        if size > max {
+            return Err(err(format!("{what}: {size} bytes exceed the adapter's max_buffer_size of {max}")));
+        }
+        Ok(self.rec.gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: name,
+            size,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: true,
+        }))
     }
 
     /// The tiled layout for a matrix of `shape`, if it is one this backend tiles: rows of whole
@@ -330,15 +336,7 @@ impl WgpuBackend {
         }
         let what = name.map_or_else(|| format!("a [{}, {}] {} matrix", t.rows, t.cols, dtype.name()), |n| format!("tensor `{n}`"));
         let size = t.bytes(dtype);
-        if size > limits.max_buffer_size {
-            return Err(err(format!("{what}: {size} bytes exceed the adapter's max_buffer_size of {}", limits.max_buffer_size)));
-        }
-        let buf = self.rec.gpu.device.create_buffer(&wgpu::BufferDescriptor {
-            label: name,
-            size,
-            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: true,
-        });
+        let buf = self.mapped_weight_buffer(&what, name, size)?;
         {
             let mut view = buf.get_mapped_range_mut(..).map_err(|e| err(format!("{what}: mapping for upload: {e}")))?;
             // The mapped view is write-only: each tile is gathered into one tile-sized staging
