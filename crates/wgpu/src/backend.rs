@@ -323,15 +323,18 @@ impl WgpuBackend {
     /// Whether a tiled matrix will be bound whole (a texture, or a buffer within one binding):
     /// fused weights must be, their kernels do not take chunks.
     fn in_one_binding(&self, t: Tiled, dtype: DType) -> bool {
-        let texture = self.texel_weights && Texels::rows_for(t.bytes(dtype) as usize / 16) <= self.rec.gpu.limits.max_texture_dimension_2d as usize;
-        texture || t.bytes(dtype) <= self.max_binding
+        (self.texel_weights && self.fits_texture(t, dtype)) || t.bytes(dtype) <= self.max_binding
+    }
+
+    /// Whether a tiled matrix fits one weight texture (the adapter's texture height).
+    fn fits_texture(&self, t: Tiled, dtype: DType) -> bool {
+        Texels::rows_for(t.bytes(dtype) as usize / 16) <= self.rec.gpu.limits.max_texture_dimension_2d as usize
     }
 
     /// A tiled weight matrix whose row `r` holds `row(r)` (`None`: zeros): in a texture when
     /// `texels` and it fits one, else in a buffer.
     fn tiled_weight(&self, dtype: DType, t: Tiled, name: Option<&str>, texels: bool, row: &RowSource<'_>) -> Result<WgpuBuf> {
-        let limits = &self.rec.gpu.limits;
-        if texels && Texels::rows_for(t.bytes(dtype) as usize / 16) <= limits.max_texture_dimension_2d as usize {
+        if texels && self.fits_texture(t, dtype) {
             return self.texel_weight(dtype, name, t, row);
         }
         let what = name.map_or_else(|| format!("a [{}, {}] {} matrix", t.rows, t.cols, dtype.name()), |n| format!("tensor `{n}`"));
@@ -360,32 +363,23 @@ impl WgpuBackend {
         let units = t.bytes(dtype) as usize / 16;
         let height = Texels::rows_for(units);
         let gpu = &self.rec.gpu;
-        let texture = gpu.device.create_texture(&wgpu::TextureDescriptor {
-            label: name,
-            size: wgpu::Extent3d { width: TEXEL_ROW as u32, height: height as u32, depth_or_array_layers: 1 },
-            mip_level_count: 1,
-            sample_count: 1,
-            dimension: wgpu::TextureDimension::D2,
-            format: wgpu::TextureFormat::Rgba32Uint,
-            usage: wgpu::TextureUsages::STORAGE_BINDING | wgpu::TextureUsages::COPY_DST | wgpu::TextureUsages::COPY_SRC,
-            view_formats: &[],
-        });
+        let texels = Texels::new(&gpu.device, name, height, wgpu::TextureUsages::COPY_DST | wgpu::TextureUsages::COPY_SRC);
+        let texture = &texels.texture;
         let mut band = vec![0u8; BAND_ROWS * TEXEL_ROW * 16];
         for y0 in (0..height).step_by(BAND_ROWS) {
             let rows = BAND_ROWS.min(height - y0);
             let band = &mut band[..rows * TEXEL_ROW * 16];
             t.fill_units(dtype, row, y0 * TEXEL_ROW, band);
             gpu.queue.write_texture(
-                wgpu::TexelCopyTextureInfo { texture: &texture, mip_level: 0, origin: wgpu::Origin3d { x: 0, y: y0 as u32, z: 0 }, aspect: wgpu::TextureAspect::All },
+                wgpu::TexelCopyTextureInfo { texture, mip_level: 0, origin: wgpu::Origin3d { x: 0, y: y0 as u32, z: 0 }, aspect: wgpu::TextureAspect::All },
                 band,
                 wgpu::TexelCopyBufferLayout { offset: 0, bytes_per_row: Some((TEXEL_ROW * 16) as u32), rows_per_image: Some(rows as u32) },
                 wgpu::Extent3d { width: TEXEL_ROW as u32, height: rows as u32, depth_or_array_layers: 1 },
             );
             gpu.queue.submit([]);
         }
-        let view = texture.create_view(&wgpu::TextureViewDescriptor::default());
         let buf = self.rec.gpu.device.create_buffer(&wgpu::BufferDescriptor { label: name, size: 16, usage: wgpu::BufferUsages::STORAGE, mapped_at_creation: false });
-        Ok(WgpuBuf { buf, kind: BufKind::Weight(dtype), len: t.rows * t.cols, name: name.map(String::from), tiled: Some(t), texels: Some(Texels { texture, view }) })
+        Ok(WgpuBuf { buf, kind: BufKind::Weight(dtype), len: t.rows * t.cols, name: name.map(String::from), tiled: Some(t), texels: Some(texels) })
     }
 
     /// `x w^T (+ bias)` into `out`: n output columns, from w's rows (n of them, or for a fused
@@ -453,11 +447,12 @@ impl WgpuBackend {
         let x_rows = (m * k * 4).div_ceil(TEXEL_ROW * 16);
         // The scratch is shared: held locked from the copy to the last dispatch that reads it,
         // so a matmul recorded from another thread cannot copy its x in between.
-        let mut scratch = self.x_scratch.lock().map_err(|_| err("x scratch lock poisoned"))?;
-        let x_tex = match self.texel_weights && m > 2 && x_b.size() >= (x_rows * TEXEL_ROW * 16) as u64 {
-            true => self.x_scratch(&mut scratch, x_rows),
+        // Decode (m <= 2) never takes the lock.
+        let mut scratch = match self.texel_weights && m > 2 && x_b.size() >= (x_rows * TEXEL_ROW * 16) as u64 {
+            true => Some(self.x_scratch.lock().map_err(|_| err("x scratch lock poisoned"))?),
             false => None,
         };
+        let x_tex = scratch.as_deref_mut().and_then(|g| self.x_scratch(g, x_rows));
         let window_rows = if x_tex.is_none() && self.uniform_x && k % 8 == 0 { (UNIFORM_WINDOW as usize / (k * 4)) / mt as usize * mt as usize } else { 0 };
         let uniform_x = window_rows > 0;
         let prelude = Prelude::new().constant("MT", mt).constant("RT", rt).constant("WG", wg);
@@ -526,18 +521,8 @@ impl WgpuBackend {
             return None;
         }
         if g.as_ref().is_none_or(|t| (t.texture.size().height as usize) < rows) {
-            let texture = self.rec.gpu.device.create_texture(&wgpu::TextureDescriptor {
-                label: Some("tandem matmul x"),
-                size: wgpu::Extent3d { width: TEXEL_ROW as u32, height: rows.next_power_of_two().min(self.rec.gpu.limits.max_texture_dimension_2d as usize) as u32, depth_or_array_layers: 1 },
-                mip_level_count: 1,
-                sample_count: 1,
-                dimension: wgpu::TextureDimension::D2,
-                format: wgpu::TextureFormat::Rgba32Uint,
-                usage: wgpu::TextureUsages::STORAGE_BINDING | wgpu::TextureUsages::COPY_DST,
-                view_formats: &[],
-            });
-            let view = texture.create_view(&wgpu::TextureViewDescriptor::default());
-            *g = Some(Texels { texture, view });
+            let max = self.rec.gpu.limits.max_texture_dimension_2d as usize;
+            *g = Some(Texels::new(&self.rec.gpu.device, Some("tandem matmul x"), rows.next_power_of_two().min(max), wgpu::TextureUsages::COPY_DST));
         }
         g.as_ref()
     }

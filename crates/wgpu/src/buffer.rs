@@ -140,6 +140,23 @@ pub struct Texels {
 }
 
 impl Texels {
+    /// A texture of `rows` rows of TEXEL_ROW rgba32uint texels, bindable as a storage texture,
+    /// with `usage` besides, and its view.
+    pub(crate) fn new(device: &wgpu::Device, label: Option<&str>, rows: usize, usage: wgpu::TextureUsages) -> Texels {
+        let texture = device.create_texture(&wgpu::TextureDescriptor {
+            label,
+            size: wgpu::Extent3d { width: TEXEL_ROW as u32, height: rows as u32, depth_or_array_layers: 1 },
+            mip_level_count: 1,
+            sample_count: 1,
+            dimension: wgpu::TextureDimension::D2,
+            format: wgpu::TextureFormat::Rgba32Uint,
+            usage: wgpu::TextureUsages::STORAGE_BINDING | usage,
+            view_formats: &[],
+        });
+        let view = texture.create_view(&wgpu::TextureViewDescriptor::default());
+        Texels { texture, view }
+    }
+
     /// Texture rows for `units` 16-byte units.
     pub fn rows_for(units: usize) -> usize {
         units.div_ceil(TEXEL_ROW)

@@ -371,14 +371,18 @@ impl Recorder {
         Ok(())
     }
 
+    /// The pending encoder with no pass open (a copy is recorded outside any pass).
+    fn encoder_outside_pass<'p>(&self, p: &'p mut Pending) -> &'p mut wgpu::CommandEncoder {
+        p.pass = None; // ends the open pass, releasing the encoder
+        p.encoder.get_or_insert_with(|| self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("tandem") }))
+    }
+
     /// Records a copy of a whole texture of 16-byte texels into `buf` (row after row), after
     /// the work recorded so far: a read of `buf` then sees everything recorded before it.
     pub fn copy_texture(&self, texture: &wgpu::Texture, buf: &wgpu::Buffer) -> Result<()> {
         let size = texture.size();
         let mut p = lock(&self.pending, "recorder")?;
-        p.pass = None; // the copy is recorded on the encoder, outside any pass
-        let device = &self.gpu.device;
-        let encoder = p.encoder.get_or_insert_with(|| device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("tandem") }));
+        let encoder = self.encoder_outside_pass(&mut p);
         encoder.copy_texture_to_buffer(
             texture.as_image_copy(),
             wgpu::TexelCopyBufferInfo { buffer: buf, layout: wgpu::TexelCopyBufferLayout { offset: 0, bytes_per_row: Some(size.width * 16), rows_per_image: Some(size.height) } },
@@ -392,9 +396,7 @@ impl Recorder {
     pub fn copy_to_texture(&self, buf: &wgpu::Buffer, texture: &wgpu::Texture, rows: u32) -> Result<()> {
         let width = texture.size().width;
         let mut p = lock(&self.pending, "recorder")?;
-        p.pass = None; // the copy is recorded on the encoder, outside any pass
-        let device = &self.gpu.device;
-        let encoder = p.encoder.get_or_insert_with(|| device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("tandem") }));
+        let encoder = self.encoder_outside_pass(&mut p);
         encoder.copy_buffer_to_texture(
             wgpu::TexelCopyBufferInfo { buffer: buf, layout: wgpu::TexelCopyBufferLayout { offset: 0, bytes_per_row: Some(width * 16), rows_per_image: Some(rows) } },
             texture.as_image_copy(),
@@ -421,9 +423,7 @@ impl Recorder {
             }));
         }
         let st = staging.as_ref().expect("staging buffer was just created");
-        let device = &self.gpu.device;
-        p.pass = None; // the copy is recorded on the encoder, outside any pass
-        let encoder = p.encoder.get_or_insert_with(|| device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("tandem") }));
+        let encoder = self.encoder_outside_pass(&mut p);
         if size > 0 {
             encoder.copy_buffer_to_buffer(buf, 0, st, 0, size);
         }
