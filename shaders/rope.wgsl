@@ -6,6 +6,9 @@
 // Angles reach thousands of radians, where a GPU's sin/cos is allowed to be inaccurate (Vulkan
 // only bounds the error on [-pi, pi]); so the angle is reduced by pi/2 in three exact-ish steps
 // (Cody-Waite) and sin/cos are short polynomials on [-pi/4, pi/4] (Cephes sinf/cosf).
+// rope_kv_write (entry point of the same name): the same rotation fused with kv_write. q is
+// rotated in place; k is rotated straight into k_cache[slots[t]] (k itself is left as it was)
+// and v is copied into v_cache[slots[t]]. One dispatch per layer instead of two.
 // Check: cargo test -p tandem-wgpu --test ops -- rope
 
 struct Params {
@@ -13,6 +16,7 @@ struct Params {
     q_heads: u32,
     kv_heads: u32,
     head_dim: u32,
+    num_slots: u32, // rope_kv_write only
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -20,6 +24,11 @@ struct Params {
 @group(0) @binding(2) var<storage, read_write> k: array<f32>;   // [T, kv_heads, head_dim]
 @group(0) @binding(3) var<storage, read> positions: array<u32>; // [T]
 @group(0) @binding(4) var<storage, read> inv_freq: array<f32>;  // [head_dim / 2]
+// rope_kv_write only:
+@group(0) @binding(5) var<storage, read> v: array<f32>;              // [T, kv_heads, head_dim]
+@group(0) @binding(6) var<storage, read_write> k_cache: array<f32>;  // [num_slots, kv_heads, head_dim]
+@group(0) @binding(7) var<storage, read_write> v_cache: array<f32>;  // [num_slots, kv_heads, head_dim]
+@group(0) @binding(8) var<storage, read> slots: array<u32>;          // [T]
 
 // (sin a, cos a) for any a up to ~1e5 rad, to a few ulps.
 fn sincos(a: f32) -> vec2<f32> {
@@ -67,4 +76,42 @@ fn rope(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         k[base + i] = x1 * sc.y - x2 * sc.x;
         k[base + i + half] = x2 * sc.y + x1 * sc.x;
     }
+}
+
+@compute @workgroup_size(64)
+fn rope_kv_write(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) li: u32) {
+    let half = p.head_dim / 2u;
+    let heads = p.q_heads + p.kv_heads;
+    let idx = (wg.y * nwg.x + wg.x) * 64u + li;
+    if (idx >= p.num_tokens * heads * half) {
+        return;
+    }
+    let i = idx % half;
+    let th = idx / half;
+    let h = th % heads;
+    let t = th / heads;
+    let sc = sincos(f32(positions[t]) * inv_freq[i]);
+    if (h < p.q_heads) {
+        let base = (t * p.q_heads + h) * p.head_dim;
+        let x1 = q[base + i];
+        let x2 = q[base + i + half];
+        q[base + i] = x1 * sc.y - x2 * sc.x;
+        q[base + i + half] = x2 * sc.y + x1 * sc.x;
+        return;
+    }
+    let slot = slots[t];
+    // A slot past the cache is skipped (validated on the host), as in kv_write.
+    if (slot >= p.num_slots) {
+        return;
+    }
+    let kv_dim = p.kv_heads * p.head_dim;
+    let src = t * kv_dim + (h - p.q_heads) * p.head_dim + i;
+    let dst = slot * kv_dim + (h - p.q_heads) * p.head_dim + i;
+    let x1 = k[src];
+    let x2 = k[src + half];
+    k_cache[dst] = x1 * sc.y - x2 * sc.x;
+    k_cache[dst + half] = x2 * sc.y + x1 * sc.x;
+    v_cache[dst] = v[src];
+    v_cache[dst + half] = v[src + half];
 }

@@ -189,6 +189,16 @@ pub trait Backend: Send + 'static {
     /// Writes k, v f32 `[T, kv_heads, head_dim]` into the caches at `slots` u32 `[T]`.
     #[allow(clippy::too_many_arguments)]
     fn kv_write(&self, k: &Self::Buf, v: &Self::Buf, k_cache: &mut Self::Buf, v_cache: &mut Self::Buf, slots: &Self::Buf, num_tokens: usize, geometry: KvGeometry) -> Result<()>;
+    /// [`rope`](Backend::rope) then [`kv_write`](Backend::kv_write) in one step: q rotated in
+    /// place, k rotated and written with v into the caches at `slots`. Afterwards k holds either
+    /// the rotated or the original values (a fused kernel need not write it back), so read K
+    /// from the cache. The default runs the two ops; a backend that fuses them saves a launch
+    /// per layer (wgpu: one dispatch instead of two).
+    #[allow(clippy::too_many_arguments)]
+    fn rope_kv_write(&self, q: &mut Self::Buf, k: &mut Self::Buf, v: &Self::Buf, k_cache: &mut Self::Buf, v_cache: &mut Self::Buf, positions: &Self::Buf, inv_freq: &Self::Buf, slots: &Self::Buf, num_tokens: usize, q_heads: usize, geometry: KvGeometry) -> Result<()> {
+        self.rope(q, k, positions, inv_freq, num_tokens, q_heads, geometry.num_kv_heads, geometry.head_dim)?;
+        self.kv_write(k, v, k_cache, v_cache, slots, num_tokens, geometry)
+    }
     /// Paged attention; out f32 `[T, num_heads, head_dim]`. See [`AttnArgs`].
     fn paged_attention(&self, args: &AttnArgs<'_, Self>, out: &mut Self::Buf) -> Result<()>;
     /// Index of the largest value in each row of logits f32 `[rows, vocab]` (lowest index on ties).

@@ -252,8 +252,7 @@ impl<B: Backend> LlamaModel<B> {
                     b.matmul(&s.x, v, v_bias.as_ref(), &mut s.v, t, kvd, d)?;
                 }
             }
-            b.rope(&mut s.q, &mut s.k, &s.positions, &self.inv_freq, t, c.num_attention_heads, c.num_key_value_heads, c.head_dim)?;
-            b.kv_write(&s.k, &s.v, k_cache, v_cache, &s.slots, t, self.geometry)?;
+            b.rope_kv_write(&mut s.q, &mut s.k, &s.v, k_cache, v_cache, &s.positions, &self.inv_freq, &s.slots, t, c.num_attention_heads, self.geometry)?;
             let args = AttnArgs {
                 q: &s.q,
                 k_cache,

@@ -932,6 +932,30 @@ impl Backend for WgpuBackend {
         self.rec.dispatch(shaders::ROPE, &Prelude::new(), &params, &binds, Grid::Linear(groups(items, 64)))
     }
 
+    fn rope_kv_write(&self, q: &mut WgpuBuf, k: &mut WgpuBuf, v: &WgpuBuf, k_cache: &mut WgpuBuf, v_cache: &mut WgpuBuf, positions: &WgpuBuf, inv_freq: &WgpuBuf, slots: &WgpuBuf, num_tokens: usize, q_heads: usize, g: KvGeometry) -> Result<()> {
+        let op = "rope_kv_write";
+        let (kv_heads, head_dim) = (g.num_kv_heads, g.head_dim);
+        if head_dim % 2 != 0 {
+            return Err(err(format!("{op}: head_dim {head_dim} is odd")));
+        }
+        let half = head_dim / 2;
+        let kv_dim = kv_heads * head_dim;
+        let q_b = want_f32(op, "q", q, num_tokens * q_heads * head_dim)?;
+        let k_b = want_f32(op, "k", k, num_tokens * kv_dim)?;
+        let v_b = want_f32(op, "v", v, num_tokens * kv_dim)?;
+        let kc = want_f32(op, "k_cache", k_cache, g.layer_elems())?;
+        let vc = want_f32(op, "v_cache", v_cache, g.layer_elems())?;
+        let p_b = want_u32(op, "positions", positions, num_tokens)?;
+        let f_b = want_f32(op, "inv_freq", inv_freq, half)?;
+        let s_b = want_u32(op, "slots", slots, num_tokens)?;
+        to_u32(op, "tokens * heads * head_dim", num_tokens * (q_heads + kv_heads) * head_dim)?;
+        to_u32(op, "cache elements", g.layer_elems())?;
+        let items = num_tokens * (q_heads + kv_heads) * half;
+        let params = [num_tokens as u32, q_heads as u32, kv_heads as u32, head_dim as u32, g.slots() as u32];
+        let binds = [Bind::all(q_b), Bind::all(k_b), Bind::all(p_b), Bind::all(f_b), Bind::all(v_b), Bind::all(kc), Bind::all(vc), Bind::all(s_b)];
+        self.rec.dispatch(shaders::ROPE_KV_WRITE, &Prelude::new(), &params, &binds, Grid::Linear(groups(items, 64)))
+    }
+
     fn silu_mul(&self, gate: &WgpuBuf, up: &WgpuBuf, out: &mut WgpuBuf, len: usize) -> Result<()> {
         let op = "silu_mul";
         let g_b = want_f32(op, "gate", gate, len)?;

@@ -117,6 +117,8 @@ pub(crate) enum MatmulOut {
     GateUp,
 }
 pub(crate) const ROPE: Kernel = k("rope", &[RW, RW, R, R]);
+/// rope fused with kv_write: q, k, positions, inv_freq, v, k_cache, v_cache, slots.
+pub(crate) const ROPE_KV_WRITE: Kernel = Kernel { name: "rope", entry: "rope_kv_write", bindings: &[RW, RW, R, R, R, RW, RW, R] };
 pub(crate) const SILU_MUL: Kernel = k("silu_mul", &[R, R, RW]);
 pub(crate) const KV_WRITE: Kernel = k("kv_write", &[R, R, RW, RW, R]);
 pub(crate) const PAGED_ATTENTION: Kernel = k("paged_attention", &[R, R, R, R, R, R, RW]);

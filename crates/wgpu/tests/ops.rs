@@ -450,6 +450,48 @@ fn kv_write() {
     assert_close("kv_write v", &b.read_kv(&vc, g).unwrap(), &wv, 0.0);
 }
 
+#[test]
+fn rope_kv_write_equals_rope_then_kv_write() {
+    // The fused kernel against the two ops it replaces (each checked against the CPU above):
+    // the same rotation, so q and both caches must match exactly, untouched slots included.
+    let Some(b) = backend() else { return };
+    let mut rng = Rng::new("rope_kv_write");
+    for (g, qh, t) in [
+        (KvGeometry { num_blocks: 7, block_size: 16, num_kv_heads: 3, head_dim: 64 }, 9, 11),
+        (KvGeometry { num_blocks: 4, block_size: 32, num_kv_heads: 2, head_dim: 128 }, 8, 1),
+    ] {
+        let (kvd, hd) = (g.num_kv_heads * g.head_dim, g.head_dim);
+        let mut all: Vec<u32> = (0..g.slots() as u32).collect();
+        rng.shuffle(&mut all);
+        let slots = u32_buf(b, &all[..t]);
+        let positions: Vec<u32> = (0..t).map(|_| rng.below(4096) as u32).collect();
+        let positions = u32_buf(b, &positions);
+        let inv_freq: Vec<f32> = (0..hd / 2).map(|i| 10_000f32.powf(-2.0 * i as f32 / hd as f32)).collect();
+        let inv_freq = f32_buf(b, &inv_freq);
+        let (q0, k0, v0) = (rng.vec(t * qh * hd, 1.0), rng.vec(t * kvd, 1.0), rng.vec(t * kvd, 1.0));
+        let (kc0, vc0) = (rng.vec(g.layer_elems(), 1.0), rng.vec(g.layer_elems(), 1.0));
+        let run = |fused: bool| {
+            let (mut q, mut k, v) = (f32_buf(b, &q0), f32_buf(b, &k0), f32_buf(b, &v0));
+            let (mut kc, mut vc) = (b.alloc_kv(g).unwrap(), b.alloc_kv(g).unwrap());
+            b.write_f32(&mut kc, &kc0).unwrap();
+            b.write_f32(&mut vc, &vc0).unwrap();
+            if fused {
+                b.rope_kv_write(&mut q, &mut k, &v, &mut kc, &mut vc, &positions, &inv_freq, &slots, t, qh, g).unwrap();
+            } else {
+                b.rope(&mut q, &mut k, &positions, &inv_freq, t, qh, g.num_kv_heads, hd).unwrap();
+                b.kv_write(&k, &v, &mut kc, &mut vc, &slots, t, g).unwrap();
+            }
+            (b.read_f32(&q, q0.len()).unwrap(), b.read_kv(&kc, g).unwrap(), b.read_kv(&vc, g).unwrap())
+        };
+        let (want, got) = (run(false), run(true));
+        assert_close("rope_kv_write q", &got.0, &f64s(&want.0), 0.0);
+        assert_close("rope_kv_write k_cache", &got.1, &f64s(&want.1), 0.0);
+        assert_close("rope_kv_write v_cache", &got.2, &f64s(&want.2), 0.0);
+        // And the rotation did happen: some cached K differs from the raw k rows.
+        assert_ne!(got.1, kc0, "k_cache unchanged");
+    }
+}
+
 /// One attention case: `seqs` = (context length, tokens of it in this batch), so a sequence
 /// with n tokens in the batch has queries at positions len-n..len (a decode token when n = 1,
 /// a prefill chunk over a cached prefix when n < len, a fresh prefill when n = len).
