@@ -19,6 +19,9 @@
 // Results go through the prelude's `store_out(row, col, v)`: out[row, col], or for a fused
 // q/k/v weight the q, k or v output the column falls in; with `PAIRS` (a fused gate/up weight)
 // each output is silu(gate) * up of two of the lane's rows (see the end).
+// With `NORM` (the prelude's `norm_in`), x is h * gamma and each row's results are scaled by
+// 1 / rms of h's row (`norm_prologue`, before anything returns: it has a barrier) before the
+// bias: the projection of rms_norm(h) * gamma.
 // Check: cargo test -p tandem-wgpu --test ops -- matmul
 
 struct Params {
@@ -28,6 +31,7 @@ struct Params {
     n0: u32,
     rows: u32,
     out_row0: u32, // row of out that x's first bound row writes
+    eps: f32,      // the input norm's (NORM)
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -40,6 +44,10 @@ fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     // This invocation's rows of w: RT of them, WG apart, so each x load serves RT rows.
     let r0 = wg.x * WG * RT + li;
     let m0 = wg.y * MT;
+    var norm_inv: array<f32, MT>;
+    if (NORM) {
+        norm_inv = norm_prologue(li, p.out_row0 + m0, p.out_row0 + p.m - 1u);
+    }
     if (r0 >= p.rows) {
         return;
     }
@@ -80,6 +88,13 @@ fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
                 for (var t = 0u; t < RT; t++) {
                     acc[mi * RT + t] += xv * w_at_rc(wrow[t], j, p.k);
                 }
+            }
+        }
+    }
+    if (NORM) {
+        for (var mi = 0u; mi < MT; mi++) {
+            for (var t = 0u; t < RT; t++) {
+                acc[mi * RT + t] *= norm_inv[mi];
             }
         }
     }

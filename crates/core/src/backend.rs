@@ -105,6 +105,17 @@ pub struct AttnArgs<'a, B: Backend + ?Sized> {
 /// A fused weight and its fused bias, if the parts had biases (see [`Backend::fuse_qkv`]).
 pub type WeightAndBias<T> = (T, Option<T>);
 
+/// The RMS norm a fused projection applies to its input ([`Backend::fuses_norm`]): the
+/// projection's x is `h ∘ gamma` (as [`Backend::matmul_residual`] writes it) and each row's
+/// result is scaled by `1 / sqrt(mean(h_row²) + eps)`, which makes it the projection of
+/// `rms_norm(h) · gamma` without a norm op in between.
+#[derive(Debug, Clone, Copy)]
+pub struct NormIn<'a, Buf> {
+    /// f32 `[m, hidden]`: the residual stream the norm is taken of.
+    pub h: &'a Buf,
+    pub eps: f32,
+}
+
 /// A compute backend. Every method that can fail returns an error instead of panicking.
 pub trait Backend: Send + 'static {
     /// A device buffer. Its dtype and length are fixed at creation.
@@ -165,8 +176,9 @@ pub trait Backend: Send + 'static {
     }
     /// `q = x Wq^T (+ bq)`, `k = x Wk^T (+ bk)`, `v = x Wv^T (+ bv)` with the weight and bias
     /// from [`Backend::fuse_qkv`]; x f32 `[m, hidden]`, q `[m, nq]`, k and v `[m, nkv]`.
+    /// With `norm` (only where [`Backend::fuses_norm`]), x is `h ∘ gamma`: see [`NormIn`].
     #[allow(clippy::too_many_arguments)]
-    fn qkv_proj(&self, _x: &Self::Buf, _w: &Self::Buf, _bias: Option<&Self::Buf>, _q: &mut Self::Buf, _k: &mut Self::Buf, _v: &mut Self::Buf, _m: usize, _nq: usize, _nkv: usize, _hidden: usize) -> Result<()> {
+    fn qkv_proj(&self, _x: &Self::Buf, _w: &Self::Buf, _bias: Option<&Self::Buf>, _q: &mut Self::Buf, _k: &mut Self::Buf, _v: &mut Self::Buf, _m: usize, _nq: usize, _nkv: usize, _hidden: usize, _norm: Option<NormIn<'_, Self::Buf>>) -> Result<()> {
         Err(Error::backend(self.name(), "qkv_proj: this backend does not fuse the q, k, v projections (fuse_qkv gave none)"))
     }
     /// The gate and up projections (`[inter, hidden]` each) as one weight for
@@ -176,8 +188,25 @@ pub trait Backend: Send + 'static {
     }
     /// `out = silu(x Wg^T) * (x Wu^T)` with the weight from [`Backend::fuse_gate_up`]: the two
     /// projections and the activation in one op; x f32 `[m, hidden]`, out f32 `[m, inter]`.
-    fn gate_up_silu(&self, _x: &Self::Buf, _w: &Self::Buf, _out: &mut Self::Buf, _m: usize, _inter: usize, _hidden: usize) -> Result<()> {
+    /// With `norm` (only where [`Backend::fuses_norm`]), x is `h ∘ gamma`: see [`NormIn`].
+    #[allow(clippy::too_many_arguments)]
+    fn gate_up_silu(&self, _x: &Self::Buf, _w: &Self::Buf, _out: &mut Self::Buf, _m: usize, _inter: usize, _hidden: usize, _norm: Option<NormIn<'_, Self::Buf>>) -> Result<()> {
         Err(Error::backend(self.name(), "gate_up_silu: this backend does not fuse the gate and up projections (fuse_gate_up gave none)"))
+    }
+    /// Whether this backend fuses the residual adds and RMS norms into the projections
+    /// ([`Backend::matmul_residual`], and the `norm` of [`Backend::qkv_proj`] and
+    /// [`Backend::gate_up_silu`]) at this hidden size. The default is no: the model then runs
+    /// `add_rms_norm` between them. Fused, a layer launches two ops fewer.
+    fn fuses_norm(&self, _hidden: usize) -> bool {
+        false
+    }
+    /// The residual add fused into a projection: `h[m, n] += Σ_k x[m, k] · w[n, k]`; with
+    /// `next_norm = Some((gamma, hg))` also `hg = h ∘ gamma` (the next norm's input, see
+    /// [`NormIn`]). x f32 `[m, k]`, w weight `[n, k]`, h and hg f32 `[m, n]`, gamma weight `[n]`.
+    /// Only where [`Backend::fuses_norm`].
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_residual(&self, _x: &Self::Buf, _w: &Self::Buf, _h: &mut Self::Buf, _next_norm: Option<(&Self::Buf, &mut Self::Buf)>, _m: usize, _n: usize, _k: usize) -> Result<()> {
+        Err(Error::backend(self.name(), "matmul_residual: this backend does not fuse residual adds (fuses_norm is false)"))
     }
     /// Rotary embedding in place, HF "rotate half" layout: dimension `i` pairs with `i + head_dim/2`.
     /// q f32 `[T, q_heads, head_dim]`, k f32 `[T, kv_heads, head_dim]`, positions u32 `[T]`,

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use crate::backend::{AttnArgs, Backend, KvGeometry};
+use crate::backend::{AttnArgs, Backend, KvGeometry, NormIn};
 use crate::batch::ForwardBatch;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
@@ -234,18 +234,28 @@ impl<B: Backend> LlamaModel<B> {
         let max_context = batch.positions.iter().copied().max().unwrap_or(0) as usize + 1;
 
         b.embedding(&self.embed, &s.ids, &mut s.h, t, d)?;
-        // Each residual add is fused with the norm that follows it (`add_rms_norm`): after
-        // attention with the post-attention norm, after the MLP with the next layer's input
-        // norm; the last layer's MLP residual is added alone.
+        // Where the backend fuses norms into the fused projections (`Backend::fuses_norm`),
+        // each residual add happens in the projection that produces it (`matmul_residual`,
+        // which also writes h ∘ gamma of the next norm into x) and each norm in the projection
+        // that consumes it (`NormIn`): per layer, o and down, then qkv and gate/up, with no
+        // norm op between. Otherwise each residual add is fused with the norm that follows it
+        // (`add_rms_norm`): after attention with the post-attention norm, after the MLP with
+        // the next layer's input norm; the last layer's MLP residual is added alone.
+        let fused_norm = b.fuses_norm(d) && self.layers.iter().all(|l| matches!(l.qkv, Qkv::Fused { .. }) && matches!(l.gate_up, GateUp::Fused(_)));
         let mut mlp_pending = false;
-        for (l, (k_cache, v_cache)) in self.layers.iter().zip(self.caches.iter_mut()) {
-            if mlp_pending {
-                b.add_rms_norm(&mut s.h, &s.o, &l.input_norm, &mut s.x, t, d, c.rms_norm_eps)?;
+        let n_layers = self.layers.len();
+        for (l, (layer, (k_cache, v_cache))) in self.layers.iter().zip(self.caches.iter_mut()).enumerate() {
+            // The input norm: already folded into x by the previous layer's down projection
+            // (fused), or run here.
+            let fused_in = fused_norm && l > 0;
+            if fused_in {
+            } else if mlp_pending {
+                b.add_rms_norm(&mut s.h, &s.o, &layer.input_norm, &mut s.x, t, d, c.rms_norm_eps)?;
             } else {
-                b.rms_norm(&s.h, &l.input_norm, &mut s.x, t, d, c.rms_norm_eps)?;
+                b.rms_norm(&s.h, &layer.input_norm, &mut s.x, t, d, c.rms_norm_eps)?;
             }
-            match &l.qkv {
-                Qkv::Fused { w, bias } => b.qkv_proj(&s.x, w, bias.as_ref(), &mut s.q, &mut s.k, &mut s.v, t, qd, kvd, d)?,
+            match &layer.qkv {
+                Qkv::Fused { w, bias } => b.qkv_proj(&s.x, w, bias.as_ref(), &mut s.q, &mut s.k, &mut s.v, t, qd, kvd, d, fused_in.then_some(NormIn { h: &s.h, eps: c.rms_norm_eps }))?,
                 Qkv::Split { q, k, v, q_bias, k_bias, v_bias } => {
                     b.matmul(&s.x, q, q_bias.as_ref(), &mut s.q, t, qd, d)?;
                     b.matmul(&s.x, k, k_bias.as_ref(), &mut s.k, t, kvd, d)?;
@@ -269,18 +279,27 @@ impl<B: Backend> LlamaModel<B> {
                 scale: 1.0 / (c.head_dim as f32).sqrt(),
             };
             b.paged_attention(&args, &mut s.attn)?;
-            b.matmul(&s.attn, &l.o, None, &mut s.o, t, d, qd)?;
-            b.add_rms_norm(&mut s.h, &s.o, &l.post_norm, &mut s.x, t, d, c.rms_norm_eps)?;
-            match &l.gate_up {
-                GateUp::Fused(w) => b.gate_up_silu(&s.x, w, &mut s.act, t, inter, d)?,
+            if fused_norm {
+                b.matmul_residual(&s.attn, &layer.o, &mut s.h, Some((&layer.post_norm, &mut s.x)), t, d, qd)?;
+            } else {
+                b.matmul(&s.attn, &layer.o, None, &mut s.o, t, d, qd)?;
+                b.add_rms_norm(&mut s.h, &s.o, &layer.post_norm, &mut s.x, t, d, c.rms_norm_eps)?;
+            }
+            match &layer.gate_up {
+                GateUp::Fused(w) => b.gate_up_silu(&s.x, w, &mut s.act, t, inter, d, fused_norm.then_some(NormIn { h: &s.h, eps: c.rms_norm_eps }))?,
                 GateUp::Split { gate, up } => {
                     b.matmul(&s.x, gate, None, &mut s.gate, t, inter, d)?;
                     b.matmul(&s.x, up, None, &mut s.up, t, inter, d)?;
                     b.silu_mul(&s.gate, &s.up, &mut s.act, t * inter)?;
                 }
             }
-            b.matmul(&s.act, &l.down, None, &mut s.o, t, d, inter)?;
-            mlp_pending = true;
+            if fused_norm {
+                let next = (l + 1 < n_layers).then(|| (&self.layers[l + 1].input_norm, &mut s.x));
+                b.matmul_residual(&s.act, &layer.down, &mut s.h, next, t, d, inter)?;
+            } else {
+                b.matmul(&s.act, &layer.down, None, &mut s.o, t, d, inter)?;
+                mlp_pending = true;
+            }
         }
         if mlp_pending {
             b.add(&mut s.h, &s.o, t * d)?;

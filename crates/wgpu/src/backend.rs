@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::sync::Mutex;
 
-use tandem_core::backend::{AttnArgs, KvGeometry};
+use tandem_core::backend::{AttnArgs, KvGeometry, NormIn};
 use tandem_core::weights::TensorView;
 use tandem_core::{Backend, DType, Error, Result};
 
@@ -55,6 +55,9 @@ pub struct WgpuBackend {
     texel_weights: bool,
     /// Fuse the q/k/v and the gate/up projections at load (`TANDEM_WGPU_FUSE=0` keeps them apart).
     fuse: bool,
+    /// Fuse the residual adds and norms into the projections (`Backend::fuses_norm`;
+    /// `TANDEM_WGPU_FUSE_NORM=0` runs add_rms_norm between them).
+    fuse_norm: bool,
     /// Where matmul copies a batch's x on texture-holding adapters (see `matmul_to`).
     x_scratch: Mutex<Option<Texels>>,
 }
@@ -75,6 +78,8 @@ enum Out<'a> {
     Plain(&'a wgpu::Buffer),
     Split { q: &'a wgpu::Buffer, k: &'a wgpu::Buffer, v: &'a wgpu::Buffer, nq: usize, nkv: usize },
     GateUp(&'a wgpu::Buffer),
+    /// `h += x w^T`, and `hg = h * gamma` with the next norm's gamma (`MatmulOut::Residual`).
+    Residual { h: &'a wgpu::Buffer, next_norm: Option<(&'a WgpuBuf, &'a wgpu::Buffer)> },
 }
 
 /// A fused gate/up weight pairs blocks of this many gate rows with the up rows of the same
@@ -170,6 +175,7 @@ impl WgpuBackend {
             tiled_weights,
             texel_weights,
             fuse: knob("TANDEM_WGPU_FUSE", 1) == 1,
+            fuse_norm: knob("TANDEM_WGPU_FUSE_NORM", 1) == 1,
             x_scratch: Mutex::new(None),
         })
     }
@@ -385,7 +391,8 @@ impl WgpuBackend {
     /// `x w^T (+ bias)` into `out`: n output columns, from w's rows (n of them, or for a fused
     /// weight the stacked/paired rows `out` describes).
     #[allow(clippy::too_many_arguments)]
-    fn matmul_to(&self, op: &str, x: &WgpuBuf, w: &WgpuBuf, bias: Option<&WgpuBuf>, out: Out<'_>, m: usize, n: usize, k: usize) -> Result<()> {
+    /// With `norm` = (h, eps), x is h * gamma and the results are scaled by 1 / rms(h) (`NormIn`).
+    fn matmul_to(&self, op: &str, x: &WgpuBuf, w: &WgpuBuf, bias: Option<&WgpuBuf>, out: Out<'_>, norm: Option<(&WgpuBuf, f32)>, m: usize, n: usize, k: usize) -> Result<()> {
         if m == 0 || n == 0 {
             return Ok(());
         }
@@ -404,6 +411,15 @@ impl WgpuBackend {
         let bias_dtype = match bias {
             Some(b) => Some(want_weight(op, "bias", b, w_rows)?),
             None => None,
+        };
+        let norm_h = match norm {
+            Some(_) if k % 4 != 0 => return Err(err(format!("{op}: a fused norm needs k % 4 == 0 (k = {k}; fuses_norm says so)"))),
+            Some((h, _)) => Some(want_f32(op, "norm h", h, m * k)?),
+            None => None,
+        };
+        let gamma_dtype = match out {
+            Out::Residual { next_norm: Some((g, _)), .. } => Some(want_weight(op, "norm weight", g, n)?),
+            _ => None,
         };
         // Rows of x (MT) and of w (RT) per invocation: MT x RT accumulators, each weight load
         // serving MT tokens. Measured on lavapipe at m = 128, k = 576: 4 x 4 took half the time
@@ -427,7 +443,7 @@ impl WgpuBackend {
         // Loop iterations one invocation runs (every loop counts; see LOOP_LIMIT).
         let iterations = |mt: u32, rt: u32| -> usize {
             let (mt, rt) = (mt as usize, rt as usize);
-            let setup = mt + rt + mt * rt + rt * (1 + mt);
+            let setup = mt + rt + mt * rt + rt * (1 + mt) + if norm.is_some() { mt * (k / 4 / wg as usize + wg as usize + rt + 2) } else { 0 };
             if k % 8 == 0 { k / 8 * (1 + rt + mt + mt * rt) + setup } else { k * (1 + mt + mt * rt) + setup }
         };
         // Under a loop limit, halve the block (x rows first) until the loops fit; a paired
@@ -460,25 +476,43 @@ impl WgpuBackend {
             Some(_) => prelude.x_texels("x", 1),
             None => prelude.x_vec4("x", 1, uniform_x.then_some((UNIFORM_WINDOW / 16) as u32)),
         };
-        let prelude = prelude
-            .weight_matrix("w", dtype, Self::layout(w), 2)
-            .optional_weight("bias", 4, bias_dtype)
-            .matmul_out(match out {
-                Out::Plain(_) => MatmulOut::Plain,
-                Out::GateUp(_) => MatmulOut::GateUp,
-                Out::Split { nq, nkv, .. } => MatmulOut::Split { nq: nq as u32, nkv: nkv as u32, k_binding: if bias.is_some() { 5 } else { 4 } },
-            });
+        // Bindings from 4 on, in order: the bias, the outputs past `out`, the norm's h.
+        use shaders::Access::{Read as R, ReadWrite as RW};
+        let mut extra = vec![];
+        if bias.is_some() {
+            extra.push(R);
+        }
+        let first_out = 4 + extra.len() as u32;
+        let to = match out {
+            Out::Plain(_) => MatmulOut::Plain,
+            Out::GateUp(_) => MatmulOut::GateUp,
+            Out::Split { nq, nkv, .. } => {
+                extra.extend([RW, RW]);
+                MatmulOut::Split { nq: nq as u32, nkv: nkv as u32, k_binding: first_out }
+            }
+            Out::Residual { .. } => MatmulOut::Residual {
+                next_norm: gamma_dtype.map(|d| {
+                    extra.extend([R, RW]);
+                    (first_out, d)
+                }),
+            },
+        };
+        let norm_binding = norm_h.map(|_| {
+            extra.push(R);
+            3 + extra.len() as u32
+        });
+        let prelude = prelude.weight_matrix("w", dtype, Self::layout(w), 2).optional_weight("bias", 4, bias_dtype).matmul_out(to).norm_in(norm_binding);
         let x_access = match (&x_tex, uniform_x) {
             (Some(_), _) => shaders::Access::Texels,
             (None, true) => shaders::Access::Uniform,
             (None, false) => shaders::Access::Read,
         };
-        let kernel = shaders::matmul_kernel(x_access, w.texels.is_some(), bias.is_some(), matches!(out, Out::Split { .. }));
+        let kernel = shaders::matmul_kernel(x_access, w.texels.is_some(), &extra);
         if let Some(t) = &x_tex {
             self.rec.copy_to_texture(x_b, &t.texture, x_rows as u32)?;
         }
         let out_b = match out {
-            Out::Plain(b) | Out::GateUp(b) | Out::Split { q: b, .. } => b,
+            Out::Plain(b) | Out::GateUp(b) | Out::Split { q: b, .. } | Out::Residual { h: b, .. } => b,
         };
         let block = if uniform_x { window_rows } else { m };
         let chunks = self.chunks(op, w, w_rows, k)?;
@@ -499,13 +533,20 @@ impl WgpuBackend {
                 (None, false) => Bind::all(x_b),
             };
             for c in &chunks {
-                let params = [rows_here as u32, n as u32, k as u32, c.row0 as u32, c.rows as u32, b0 as u32];
+                let eps = norm.map_or(0.0, |(_, e)| e);
+                let params = [rows_here as u32, n as u32, k as u32, c.row0 as u32, c.rows as u32, b0 as u32, eps.to_bits()];
                 let mut binds = vec![xb, Self::weight_bind(w, c), Bind::all(out_b)];
                 if let Some(b) = bias {
                     binds.push(Bind::all(&b.buf));
                 }
                 if let Out::Split { k: k_b, v: v_b, .. } = out {
                     binds.extend([Bind::all(k_b), Bind::all(v_b)]);
+                }
+                if let Out::Residual { next_norm: Some((g, hg)), .. } = out {
+                    binds.extend([Bind::all(&g.buf), Bind::all(hg)]);
+                }
+                if let Some(h) = norm_h {
+                    binds.push(Bind::all(h));
                 }
                 let grid = Grid::XY(groups(c.rows, (wg * rt) as usize), groups(rows_here, mt as usize));
                 self.rec.dispatch(kernel, &prelude, &params, &binds, grid)?;
@@ -844,7 +885,7 @@ impl Backend for WgpuBackend {
 
     fn matmul(&self, x: &WgpuBuf, w: &WgpuBuf, bias: Option<&WgpuBuf>, out: &mut WgpuBuf, m: usize, n: usize, k: usize) -> Result<()> {
         let out_b = want_f32("matmul", "out", out, m * n)?;
-        self.matmul_to("matmul", x, w, bias, Out::Plain(out_b), m, n, k)
+        self.matmul_to("matmul", x, w, bias, Out::Plain(out_b), None, m, n, k)
     }
 
     fn fuse_qkv(&self, q: &TensorView, k: &TensorView, v: &TensorView, bias: Option<[&TensorView; 3]>) -> Result<Option<tandem_core::backend::WeightAndBias<WgpuBuf>>> {
@@ -876,13 +917,13 @@ impl Backend for WgpuBackend {
         Ok(Some((w, b)))
     }
 
-    fn qkv_proj(&self, x: &WgpuBuf, w: &WgpuBuf, bias: Option<&WgpuBuf>, q: &mut WgpuBuf, k: &mut WgpuBuf, v: &mut WgpuBuf, m: usize, nq: usize, nkv: usize, hidden: usize) -> Result<()> {
+    fn qkv_proj(&self, x: &WgpuBuf, w: &WgpuBuf, bias: Option<&WgpuBuf>, q: &mut WgpuBuf, k: &mut WgpuBuf, v: &mut WgpuBuf, m: usize, nq: usize, nkv: usize, hidden: usize, norm: Option<NormIn<'_, WgpuBuf>>) -> Result<()> {
         let op = "qkv_proj";
         let q_b = want_f32(op, "q", q, m * nq)?;
         let k_b = want_f32(op, "k", k, m * nkv)?;
         let v_b = want_f32(op, "v", v, m * nkv)?;
         to_u32(op, "m * (nq + 2 nkv)", m * (nq + 2 * nkv))?;
-        self.matmul_to(op, x, w, bias, Out::Split { q: q_b, k: k_b, v: v_b, nq, nkv }, m, nq + 2 * nkv, hidden)
+        self.matmul_to(op, x, w, bias, Out::Split { q: q_b, k: k_b, v: v_b, nq, nkv }, norm.map(|n| (n.h, n.eps)), m, nq + 2 * nkv, hidden)
     }
 
     fn fuse_gate_up(&self, gate: &TensorView, up: &TensorView) -> Result<Option<WgpuBuf>> {
@@ -904,7 +945,7 @@ impl Backend for WgpuBackend {
         self.tiled_weight(gate.dtype, t, Some(&name), self.texel_weights, &row).map(Some)
     }
 
-    fn gate_up_silu(&self, x: &WgpuBuf, w: &WgpuBuf, out: &mut WgpuBuf, m: usize, inter: usize, hidden: usize) -> Result<()> {
+    fn gate_up_silu(&self, x: &WgpuBuf, w: &WgpuBuf, out: &mut WgpuBuf, m: usize, inter: usize, hidden: usize, norm: Option<NormIn<'_, WgpuBuf>>) -> Result<()> {
         let op = "gate_up_silu";
         let out_b = want_f32(op, "out", out, m * inter)?;
         let rows = inter.div_ceil(GATE_UP_HALF) * 2 * GATE_UP_HALF;
@@ -912,7 +953,29 @@ impl Backend for WgpuBackend {
             Some(t) if t.rows == rows && t.cols == hidden => {}
             _ => return Err(err(format!("{op}: weight {} is not a fused [{inter}, {hidden}] gate/up pair from fuse_gate_up", w.label()))),
         }
-        self.matmul_to(op, x, w, None, Out::GateUp(out_b), m, inter, hidden)
+        self.matmul_to(op, x, w, None, Out::GateUp(out_b), norm.map(|n| (n.h, n.eps)), m, inter, hidden)
+    }
+
+    fn fuses_norm(&self, hidden: usize) -> bool {
+        self.fuse_norm && hidden % 4 == 0
+    }
+
+    fn matmul_residual(&self, x: &WgpuBuf, w: &WgpuBuf, h: &mut WgpuBuf, next_norm: Option<(&WgpuBuf, &mut WgpuBuf)>, m: usize, n: usize, k: usize) -> Result<()> {
+        let op = "matmul_residual";
+        if !self.fuse_norm {
+            return Err(err(format!("{op}: residual fusion is off (TANDEM_WGPU_FUSE_NORM=0)")));
+        }
+        let h_b = want_f32(op, "h", h, m * n)?;
+        let next_norm = match next_norm {
+            Some((g, hg)) => {
+                if g.buf.size() > self.max_binding || g.tiled.is_some() {
+                    return Err(err(format!("{op}: norm weight {} must be a vector within one storage binding", g.label())));
+                }
+                Some((&*g, want_f32(op, "hg", hg, m * n)?))
+            }
+            None => None,
+        };
+        self.matmul_to(op, x, w, None, Out::Residual { h: h_b, next_norm }, None, m, n, k)
     }
 
     fn rope(&self, q: &mut WgpuBuf, k: &mut WgpuBuf, positions: &WgpuBuf, inv_freq: &WgpuBuf, num_tokens: usize, q_heads: usize, kv_heads: usize, head_dim: usize) -> Result<()> {

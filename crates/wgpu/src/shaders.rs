@@ -40,7 +40,7 @@ pub(crate) enum Access {
     /// A weight matrix in a read-only rgba32uint storage texture (see `buffer::Texels`).
     Texels,
 }
-use Access::{Read as R, ReadWrite as RW, Texels as T, Uniform as U};
+use Access::{Read as R, ReadWrite as RW, Texels as T};
 
 /// A kernel: its file `shaders/<name>.wgsl`, its entry point, and its storage bindings from 1
 /// on, in order.
@@ -62,47 +62,25 @@ pub(crate) const RMS_NORM: Kernel = k("rms_norm", &[R, R, RW]);
 pub(crate) const ADD: Kernel = k("add", &[RW, R]);
 /// The matmul kernel for its bindings: x (`Read`: a storage buffer; `Uniform`: a uniform window,
 /// see [`Prelude::x_vec4`]; `Texels`: a texture, see [`Prelude::x_texels`]), w in a buffer or a
-/// texture, out, then the bias if any, then the k and v outputs of a fused q/k/v projection
-/// (see [`MatmulOut::Split`]).
-pub(crate) fn matmul_kernel(x: Access, texels: bool, bias: bool, split: bool) -> Kernel {
-    const TABLE: [[&[Access]; 8]; 3] = [
-        [
-            &[R, R, RW],
-            &[R, T, RW],
-            &[R, R, RW, R],
-            &[R, T, RW, R],
-            &[R, R, RW, RW, RW],
-            &[R, T, RW, RW, RW],
-            &[R, R, RW, R, RW, RW],
-            &[R, T, RW, R, RW, RW],
-        ],
-        [
-            &[U, R, RW],
-            &[U, T, RW],
-            &[U, R, RW, R],
-            &[U, T, RW, R],
-            &[U, R, RW, RW, RW],
-            &[U, T, RW, RW, RW],
-            &[U, R, RW, R, RW, RW],
-            &[U, T, RW, R, RW, RW],
-        ],
-        [
-            &[T, R, RW],
-            &[T, T, RW],
-            &[T, R, RW, R],
-            &[T, T, RW, R],
-            &[T, R, RW, RW, RW],
-            &[T, T, RW, RW, RW],
-            &[T, R, RW, R, RW, RW],
-            &[T, T, RW, R, RW, RW],
-        ],
-    ];
-    let xi = match x {
-        Access::Uniform => 1,
-        Access::Texels => 2,
-        _ => 0,
-    };
-    k("matmul", TABLE[xi][usize::from(texels) | usize::from(bias) << 1 | usize::from(split) << 2])
+/// texture, out, then `extra` in binding order (the bias, the outputs of [`MatmulOut`], the
+/// norm input of [`Prelude::norm_in`]: whichever the dispatch has).
+pub(crate) fn matmul_kernel(x: Access, texels: bool, extra: &[Access]) -> Kernel {
+    let mut bindings = vec![x, if texels { T } else { R }, RW];
+    bindings.extend_from_slice(extra);
+    k("matmul", intern(bindings))
+}
+
+/// A binding list made at run time, kept for the life of the process (the handful of matmul
+/// variants), so that a [`Kernel`] stays `Copy` and keys the pipeline cache by its bindings.
+fn intern(bindings: Vec<Access>) -> &'static [Access] {
+    static LISTS: Mutex<Vec<&'static [Access]>> = Mutex::new(Vec::new());
+    let mut lists = LISTS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(l) = lists.iter().find(|l| **l == bindings.as_slice()) {
+        return l;
+    }
+    let l: &'static [Access] = Box::leak(bindings.into_boxed_slice());
+    lists.push(l);
+    l
 }
 
 /// Where matmul's results go (the prelude's `store_out(row, col, v)` and `PAIRS`).
@@ -115,6 +93,10 @@ pub(crate) enum MatmulOut {
     Split { nq: u32, nkv: u32, k_binding: u32 },
     /// A fused gate/up projection with the activation: see matmul.wgsl (`PAIRS`).
     GateUp,
+    /// The residual add: `out[row, col] += v`; with `next_norm = Some((binding, dtype))` also
+    /// `hg[row, col] = out[row, col] * gamma[col]`, gamma (a weight vector) bound at `binding`
+    /// and hg (f32) at the one after.
+    Residual { next_norm: Option<(u32, DType)> },
 }
 pub(crate) const ROPE: Kernel = k("rope", &[RW, RW, R, R]);
 /// rope fused with kv_write: q, k, positions, inv_freq, v, k_cache, v_cache, slots.
@@ -277,6 +259,43 @@ impl Prelude {
         }
     }
 
+    /// matmul's input norm (see `tandem_core::backend::NormIn`): with `Some(binding)`, the
+    /// residual stream h f32 `[rows, p.k]` (p.k a multiple of 4) bound there, `NORM` true and
+    /// `norm_prologue(li, row0, last)`: 1 / sqrt(mean(h[row]²) + p.eps) of the MT rows from
+    /// row0 (rows past `last` repeat it), which scale the rows' results. The workgroup's lanes
+    /// share the rows, so each sums a strided part and one barrier joins the parts: every lane
+    /// reading the whole row cost more than the norm dispatch it replaces (on lavapipe, a
+    /// storage load whose address comes from a loop is a loop over the lanes). Call it in
+    /// uniform control flow. With `None`, `NORM` false.
+    pub fn norm_in(mut self, binding: Option<u32>) -> Self {
+        self.0.push_str(&match binding {
+            Some(b) => format!(
+                "const NORM: bool = true;\n\
+                 @group(0) @binding({b}) var<storage, read> norm_h: array<vec4<f32>>;\n\
+                 var<workgroup> norm_part: array<f32, WG * MT>;\n\
+                 fn norm_prologue(li: u32, row0: u32, last: u32) -> array<f32, MT> {{\n\
+                 \x20   let k4 = p.k / 4u;\n\
+                 \x20   for (var mi = 0u; mi < MT; mi++) {{\n\
+                 \x20       let base = min(row0 + mi, last) * k4;\n\
+                 \x20       var s = 0.0;\n\
+                 \x20       for (var i = li; i < k4; i += WG) {{ let v = norm_h[base + i]; s += dot(v, v); }}\n\
+                 \x20       norm_part[mi * WG + li] = s;\n\
+                 \x20   }}\n\
+                 \x20   workgroupBarrier();\n\
+                 \x20   var inv: array<f32, MT>;\n\
+                 \x20   for (var mi = 0u; mi < MT; mi++) {{\n\
+                 \x20       var s = 0.0;\n\
+                 \x20       for (var j = 0u; j < WG; j++) {{ s += norm_part[mi * WG + j]; }}\n\
+                 \x20       inv[mi] = 1.0 / sqrt(s / f32(p.k) + p.eps);\n\
+                 \x20   }}\n\
+                 \x20   return inv;\n\
+                 }}\n"
+            ),
+            None => "const NORM: bool = false;\nfn norm_prologue(li: u32, row0: u32, last: u32) -> array<f32, MT> { var inv: array<f32, MT>; return inv; }\n".to_string(),
+        });
+        self
+    }
+
     /// An f32 activation bound at `binding` as vec4s, read by `name4(i)`: from a storage
     /// buffer, or from a uniform buffer of exactly `uniform_vec4s` vec4s.
     pub fn x_vec4(mut self, name: &str, binding: u32, uniform_vec4s: Option<u32>) -> Self {
@@ -317,6 +336,18 @@ impl Prelude {
                  }}\n",
                 k_binding + 1
             ),
+            MatmulOut::Residual { next_norm: None } => {
+                "const PAIRS: bool = false;\nfn store_out(row: u32, col: u32, v: f32) { out[row * p.n + col] += v; }\n".to_string()
+            }
+            MatmulOut::Residual { next_norm: Some((binding, dtype)) } => {
+                self = self.optional_weight("gamma", binding, Some(dtype));
+                format!(
+                    "const PAIRS: bool = false;\n\
+                     @group(0) @binding({}) var<storage, read_write> hg: array<f32>;\n\
+                     fn store_out(row: u32, col: u32, v: f32) {{ let i = row * p.n + col; let h = out[i] + v; out[i] = h; hg[i] = h * gamma_at(col); }}\n",
+                    binding + 1
+                )
+            }
         };
         self.0.push_str(&text);
         self

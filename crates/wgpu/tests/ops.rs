@@ -5,7 +5,7 @@
 mod common;
 
 use common::{assert_close, backend, round_to, Rng, POISON};
-use tandem_core::backend::{AttnArgs, KvGeometry};
+use tandem_core::backend::{AttnArgs, KvGeometry, NormIn};
 use tandem_core::{Backend, DType};
 use tandem_wgpu::{WgpuBackend, WgpuBuf, WgpuOptions};
 
@@ -260,7 +260,7 @@ fn fused_qkv_and_gate_up() {
             for m in [1, 2, 3, 33] {
                 let x = rng.vec(m * hidden, 1.0);
                 let (mut q, mut k, mut v) = (poisoned(b, m * nq), poisoned(b, m * nkv), poisoned(b, m * nkv));
-                b.qkv_proj(&f32_buf(b, &x), &w, wb.as_ref(), &mut q, &mut k, &mut v, m, nq, nkv, hidden).unwrap();
+                b.qkv_proj(&f32_buf(b, &x), &w, wb.as_ref(), &mut q, &mut k, &mut v, m, nq, nkv, hidden, None).unwrap();
                 for ((got, rows), (wv, bv)) in [(&q, nq), (&k, nkv), (&v, nkv)].into_iter().zip(&vals) {
                     let want: Vec<f64> = (0..m * rows)
                         .map(|i| {
@@ -284,7 +284,7 @@ fn fused_qkv_and_gate_up() {
             for m in [1, 2, 5, 40] {
                 let x = rng.vec(m * hidden, 1.0);
                 let mut out = poisoned(b, m * inter);
-                b.gate_up_silu(&f32_buf(b, &x), &w, &mut out, m, inter, hidden).unwrap();
+                b.gate_up_silu(&f32_buf(b, &x), &w, &mut out, m, inter, hidden, None).unwrap();
                 let want: Vec<f64> = (0..m * inter)
                     .map(|i| {
                         let (t, r) = (i / inter, i % inter);
@@ -297,7 +297,98 @@ fn fused_qkv_and_gate_up() {
             }
             // A plain weight is refused, not misread.
             let plain = b.weight_matrix_from_f32(dtype, &g, inter, hidden).unwrap();
-            assert!(b.gate_up_silu(&f32_buf(b, &vec![0.0; hidden]), &plain, &mut poisoned(b, inter), 1, inter, hidden).is_err());
+            assert!(b.gate_up_silu(&f32_buf(b, &vec![0.0; hidden]), &plain, &mut poisoned(b, inter), 1, inter, hidden, None).is_err());
+        }
+    }
+}
+
+/// The MLP half of a layer and the next layer's q/k/v as the model runs them when the backend
+/// fuses norms (`fuses_norm`): `matmul_residual` writes h and h * gamma, the fused projections
+/// apply 1 / rms(h). Against the same chain computed on the host in f64 (add, rms_norm, matmul,
+/// silu): h, h * gamma, the activation and q/k/v; prefill shapes go through the batch paths.
+#[test]
+fn fused_residual_and_norm_chain() {
+    let mut backends: Vec<WgpuBackend> = Vec::new();
+    for texels in [true, false] {
+        if let Some(b) = common::open(WgpuOptions { texel_weights: Some(texels), ..Default::default() }) {
+            if texels && !b.can_hold_texels() {
+                eprintln!("fused norm chain in textures skipped: adapter {} cannot hold weights in textures", b.adapter());
+                continue;
+            }
+            backends.push(b);
+        }
+    }
+    let mut rng = Rng::new("fused_residual_and_norm_chain");
+    let (d, qd, nq, nkv, inter, eps) = (64, 96, 96, 32, 130, 1e-5f32);
+    let dtype = DType::BF16;
+    let mut ws = tandem_core::weights::Weights::empty();
+    let mut put = |name: &str, shape: &[usize], scale: f32| -> Vec<f32> {
+        let v = rng.vec(shape.iter().product(), scale);
+        ws.replace(name, dtype, shape, &v).unwrap();
+        round_to(dtype, &v)
+    };
+    let wo = put("o", &[d, qd], 0.3);
+    let wg = put("gate", &[inter, d], 0.3);
+    let wu = put("up", &[inter, d], 0.3);
+    let wd = put("down", &[d, inter], 0.3);
+    let wq = put("q", &[nq, d], 0.3);
+    let wk = put("k", &[nkv, d], 0.3);
+    let wv = put("v", &[nkv, d], 0.3);
+    let g_post: Vec<f32> = round_to(dtype, &rng.vec(d, 1.0).iter().map(|v| 1.0 + 0.5 * v).collect::<Vec<_>>());
+    let g_in: Vec<f32> = round_to(dtype, &rng.vec(d, 1.0).iter().map(|v| 1.0 + 0.5 * v).collect::<Vec<_>>());
+    // Host f64 helpers: y[t, r] = sum_c x[t, c] w[r, c]; the norm of each row times gamma.
+    let mm = |x: &[f64], w: &[f32], rows: usize, k: usize| -> Vec<f64> {
+        let m = x.len() / k;
+        (0..m * rows).map(|i| (0..k).map(|c| x[i / rows * k + c] * w[(i % rows) * k + c] as f64).sum()).collect()
+    };
+    let norm = |h: &[f64], g: &[f32]| -> Vec<f64> {
+        h.chunks(d)
+            .flat_map(|row| {
+                let inv = 1.0 / (row.iter().map(|v| v * v).sum::<f64>() / d as f64 + eps as f64).sqrt();
+                row.iter().zip(g).map(move |(v, g)| v * inv * *g as f64).collect::<Vec<_>>()
+            })
+            .collect()
+    };
+    for b in &backends {
+        assert!(b.fuses_norm(d), "the wgpu backend fuses norms at hidden {d}");
+        let where_ = if b.texel_weights() { "texels" } else { "buffer" };
+        let view = |n: &str, shape: &[usize]| ws.get(n, shape).unwrap();
+        let upload = |name: &str, rows, cols| {
+            let w = view(name, &[rows, cols]);
+            b.upload_weight(&w).unwrap()
+        };
+        let (w_o, w_d) = (upload("o", d, qd), upload("down", d, inter));
+        let w_gu = b.fuse_gate_up(&view("gate", &[inter, d]), &view("up", &[inter, d])).unwrap().expect("fused gate/up");
+        let (w_qkv, _) = b.fuse_qkv(&view("q", &[nq, d]), &view("k", &[nkv, d]), &view("v", &[nkv, d]), None).unwrap().expect("fused qkv");
+        let (gp, gi) = (b.weight_from_f32(dtype, &g_post).unwrap(), b.weight_from_f32(dtype, &g_in).unwrap());
+        for m in [1, 2, 3, 37] {
+            let what = |x: &str| format!("{x} {where_} m{m}");
+            let (h0, attn) = (rng.vec(m * d, 1.0), rng.vec(m * qd, 1.0));
+            // Host.
+            let h1: Vec<f64> = f64s(&h0).iter().zip(mm(&f64s(&attn), &wo, d, qd)).map(|(a, b)| a + b).collect();
+            let x1 = norm(&h1, &g_post);
+            let act: Vec<f64> = mm(&x1, &wg, inter, d).iter().zip(mm(&x1, &wu, inter, d)).map(|(g, u)| g / (1.0 + (-g).exp()) * u).collect();
+            let h2: Vec<f64> = h1.iter().zip(mm(&act, &wd, d, inter)).map(|(a, b)| a + b).collect();
+            let x2 = norm(&h2, &g_in);
+            let hg2: Vec<f64> = h2.iter().enumerate().map(|(i, v)| v * g_in[i % d] as f64).collect();
+            // Device, as the model runs it.
+            let (mut h, mut hg) = (f32_buf(b, &h0), poisoned(b, m * d));
+            let mut act_d = poisoned(b, m * inter);
+            b.matmul_residual(&f32_buf(b, &attn), &w_o, &mut h, Some((&gp, &mut hg)), m, d, qd).unwrap();
+            b.gate_up_silu(&hg, &w_gu, &mut act_d, m, inter, d, Some(NormIn { h: &h, eps })).unwrap();
+            assert_close(&what("act"), &b.read_f32(&act_d, m * inter).unwrap(), &act, 1e-10);
+            b.matmul_residual(&act_d, &w_d, &mut h, Some((&gi, &mut hg)), m, d, inter).unwrap();
+            assert_close(&what("h"), &b.read_f32(&h, m * d).unwrap(), &h2, 1e-10);
+            assert_close(&what("h * gamma"), &b.read_f32(&hg, m * d).unwrap(), &hg2, 1e-10);
+            let (mut q, mut k, mut v) = (poisoned(b, m * nq), poisoned(b, m * nkv), poisoned(b, m * nkv));
+            b.qkv_proj(&hg, &w_qkv, None, &mut q, &mut k, &mut v, m, nq, nkv, d, Some(NormIn { h: &h, eps })).unwrap();
+            for (got, w, rows, name) in [(&q, &wq, nq, "q"), (&k, &wk, nkv, "k"), (&v, &wv, nkv, "v")] {
+                assert_close(&what(name), &b.read_f32(got, m * rows).unwrap(), &mm(&x2, w, rows, d), 1e-10);
+            }
+            // The last layer's down projection: the residual alone.
+            b.matmul_residual(&act_d, &w_d, &mut h, None, m, d, inter).unwrap();
+            let h3: Vec<f64> = h2.iter().zip(mm(&act, &wd, d, inter)).map(|(a, b)| a + b).collect();
+            assert_close(&what("h, no next norm"), &b.read_f32(&h, m * d).unwrap(), &h3, 1e-10);
         }
     }
 }
