@@ -971,7 +971,7 @@ impl Backend for WgpuBackend {
                 if g.buf.size() > self.max_binding || g.tiled.is_some() {
                     return Err(err(format!("{op}: norm weight {} must be a vector within one storage binding", g.label())));
                 }
-                Some((&*g, want_f32(op, "hg", hg, m * n)?))
+                Some((g, want_f32(op, "hg", hg, m * n)?))
             }
             None => None,
         };
