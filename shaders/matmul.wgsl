@@ -32,6 +32,7 @@ struct Params {
     rows: u32,
     out_row0: u32, // row of out that x's first bound row writes
     eps: f32,      // the input norm's (NORM)
+    num_slots: u32, // the KV cache's (ROPE)
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -110,6 +111,26 @@ fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
                     if (m0 + mi < p.m) {
                         let g = acc[mi * RT + t];
                         store_out(p.out_row0 + m0 + mi, col, g / (1.0 + exp(-g)) * acc[mi * RT + t + RT / 2u]);
+                    }
+                }
+            }
+        }
+        return;
+    }
+    if (ROPE) {
+        // A fused q/k/v weight with rope and the KV write (MatmulOut::SplitRope): every head's
+        // rows lie in one lane (head_dim divides WG * RT, and HALF is a multiple of WG), so
+        // the rope partner of row r (element i < HALF of its head) is this lane's row
+        // t + HALF / WG. Each pair is stored once, from its first row.
+        for (var t = 0u; t < RT; t++) {
+            let r = r0 + t * WG;
+            let i = (t * WG) % (2u * HALF) + li;
+            if (i < HALF && r < p.rows) {
+                let b1 = bias_at(r);
+                let b2 = bias_at(r + HALF);
+                for (var mi = 0u; mi < MT; mi++) {
+                    if (m0 + mi < p.m) {
+                        store_rope(p.out_row0 + m0 + mi, r, i, acc[mi * RT + t] + b1, acc[mi * RT + t + HALF / WG] + b2);
                     }
                 }
             }

@@ -4,8 +4,8 @@
 //   (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin).
 // One invocation per (token, head of q then k, i < half).
 // Angles reach thousands of radians, where a GPU's sin/cos is allowed to be inaccurate (Vulkan
-// only bounds the error on [-pi, pi]); so the angle is reduced by pi/2 in three exact-ish steps
-// (Cody-Waite) and sin/cos are short polynomials on [-pi/4, pi/4] (Cephes sinf/cosf).
+// only bounds the error on [-pi, pi]); so the prelude's sincos reduces the angle by pi/2 in
+// three exact-ish steps (Cody-Waite) and uses short polynomials on [-pi/4, pi/4] (Cephes).
 // rope_kv_write (entry point of the same name): the same rotation fused with kv_write. q is
 // rotated in place; k is rotated straight into k_cache[slots[t]] (k itself is left as it was)
 // and v is copied into v_cache[slots[t]]. One dispatch per layer instead of two.
@@ -30,24 +30,8 @@ struct Params {
 @group(0) @binding(7) var<storage, read_write> v_cache: array<f32>;  // [num_slots, kv_heads, head_dim]
 @group(0) @binding(8) var<storage, read> slots: array<u32>;          // [T]
 
-// (sin a, cos a) for any a up to ~1e5 rad, to a few ulps.
-fn sincos(a: f32) -> vec2<f32> {
-    let kf = round(a * 0.63661977236758134); // a / (pi/2)
-    // pi/2 = DP1 + DP2 + DP3; DP1 has 8 significant bits, so kf * DP1 is exact for kf < 2^16.
-    var r = a - kf * 1.5703125;
-    r = r - kf * 4.837512969970703125e-4;
-    r = r - kf * 7.549789948768648e-8;
-    let z = r * r;
-    let s = r + r * z * (-1.6666654611e-1 + z * (8.3321608736e-3 + z * -1.9515295891e-4));
-    let c = 1.0 - 0.5 * z + z * z * (4.166664568298827e-2 + z * (-1.388731625493765e-3 + z * 2.443315711809948e-5));
-    let quadrant = i32(kf) & 3;
-    switch quadrant {
-        case 0: { return vec2<f32>(s, c); }
-        case 1: { return vec2<f32>(c, -s); }
-        case 2: { return vec2<f32>(-s, -c); }
-        default: { return vec2<f32>(-c, s); }
-    }
-}
+// sincos(a) -> (sin a, cos a) comes from the prelude (Prelude::sincos; matmul's rope epilogue
+// shares it).
 
 @compute @workgroup_size(64)
 fn rope(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,

@@ -105,16 +105,39 @@ pub struct AttnArgs<'a, B: Backend + ?Sized> {
 /// A fused weight and its fused bias, if the parts had biases (see [`Backend::fuse_qkv`]).
 pub type WeightAndBias<T> = (T, Option<T>);
 
+/// Where [`Backend::qkv_rope_kv_write`] sends k and v: rotated (k) and written into the paged
+/// KV cache of one layer at `slots`, as [`Backend::rope_kv_write`] does.
+#[derive(Debug)]
+pub struct KvDest<'a, Buf> {
+    pub k_cache: &'a mut Buf,
+    pub v_cache: &'a mut Buf,
+    /// u32 `[T]`, the tokens' positions (rope angles).
+    pub positions: &'a Buf,
+    /// f32 `[head_dim / 2]`.
+    pub inv_freq: &'a Buf,
+    /// u32 `[T]`, the cache slot of each token.
+    pub slots: &'a Buf,
+    pub geometry: KvGeometry,
+}
+
 /// The RMS norm a fused projection applies to its input ([`Backend::fuses_norm`]): the
 /// projection's x is `h ∘ gamma` (as [`Backend::matmul_residual`] writes it) and each row's
 /// result is scaled by `1 / sqrt(mean(h_row²) + eps)`, which makes it the projection of
 /// `rms_norm(h) · gamma` without a norm op in between.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 pub struct NormIn<'a, Buf> {
     /// f32 `[m, hidden]`: the residual stream the norm is taken of.
     pub h: &'a Buf,
     pub eps: f32,
 }
+
+// By hand: derived, they would require `Buf: Copy`.
+impl<Buf> Clone for NormIn<'_, Buf> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<Buf> Copy for NormIn<'_, Buf> {}
 
 /// A compute backend. Every method that can fail returns an error instead of panicking.
 pub trait Backend: Send + 'static {
@@ -195,9 +218,11 @@ pub trait Backend: Send + 'static {
     }
     /// Whether this backend fuses the residual adds and RMS norms into the projections
     /// ([`Backend::matmul_residual`], and the `norm` of [`Backend::qkv_proj`] and
-    /// [`Backend::gate_up_silu`]) at this hidden size. The default is no: the model then runs
-    /// `add_rms_norm` between them. Fused, a layer launches two ops fewer.
-    fn fuses_norm(&self, _hidden: usize) -> bool {
+    /// [`Backend::gate_up_silu`]) for a forward pass of `tokens` tokens at this hidden size. The
+    /// default is no: the model then runs `add_rms_norm` between them. Fused, a layer launches
+    /// two ops fewer, but each projection block recomputes its rows' norm, which pays only for
+    /// few rows (wgpu: decode steps of one or two tokens).
+    fn fuses_norm(&self, _hidden: usize, _tokens: usize) -> bool {
         false
     }
     /// The residual add fused into a projection: `h[m, n] += Σ_k x[m, k] · w[n, k]`; with
@@ -218,6 +243,20 @@ pub trait Backend: Send + 'static {
     /// Writes k, v f32 `[T, kv_heads, head_dim]` into the caches at `slots` u32 `[T]`.
     #[allow(clippy::too_many_arguments)]
     fn kv_write(&self, k: &Self::Buf, v: &Self::Buf, k_cache: &mut Self::Buf, v_cache: &mut Self::Buf, slots: &Self::Buf, num_tokens: usize, geometry: KvGeometry) -> Result<()>;
+    /// [`qkv_proj`](Backend::qkv_proj) then [`rope_kv_write`](Backend::rope_kv_write): the
+    /// attention's input projection, rope, and the KV-cache write. Afterwards q holds the
+    /// rotated queries; k and v are scratch (a backend that fuses all of it into the projection's
+    /// epilogue, as wgpu does where each head's rows fit one lane, never writes them). The
+    /// default runs the two ops.
+    #[allow(clippy::too_many_arguments)]
+    fn qkv_rope_kv_write(&self, x: &Self::Buf, w: &Self::Buf, bias: Option<&Self::Buf>, q: &mut Self::Buf, k: &mut Self::Buf, v: &mut Self::Buf, m: usize, nq: usize, hidden: usize, norm: Option<NormIn<'_, Self::Buf>>, kv: KvDest<'_, Self::Buf>) -> Result<()> {
+        let g = kv.geometry;
+        if g.head_dim == 0 || nq % g.head_dim != 0 {
+            return Err(Error::backend(self.name(), format!("qkv_rope_kv_write: nq {nq} is not a multiple of head_dim {}", g.head_dim)));
+        }
+        self.qkv_proj(x, w, bias, q, k, v, m, nq, g.num_kv_heads * g.head_dim, hidden, norm)?;
+        self.rope_kv_write(q, k, v, kv.k_cache, kv.v_cache, kv.positions, kv.inv_freq, kv.slots, m, nq / g.head_dim, g)
+    }
     /// [`rope`](Backend::rope) then [`kv_write`](Backend::kv_write) in one step: q rotated in
     /// place, k rotated and written with v into the caches at `slots`. Afterwards k holds either
     /// the rotated or the original values (a fused kernel need not write it back), so read K

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use crate::backend::{AttnArgs, Backend, KvGeometry, NormIn};
+use crate::backend::{AttnArgs, Backend, KvDest, KvGeometry, NormIn};
 use crate::batch::ForwardBatch;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
@@ -241,7 +241,7 @@ impl<B: Backend> LlamaModel<B> {
         // norm op between. Otherwise each residual add is fused with the norm that follows it
         // (`add_rms_norm`): after attention with the post-attention norm, after the MLP with
         // the next layer's input norm; the last layer's MLP residual is added alone.
-        let fused_norm = b.fuses_norm(d) && self.layers.iter().all(|l| matches!(l.qkv, Qkv::Fused { .. }) && matches!(l.gate_up, GateUp::Fused(_)));
+        let fused_norm = b.fuses_norm(d, t) && self.layers.iter().all(|l| matches!(l.qkv, Qkv::Fused { .. }) && matches!(l.gate_up, GateUp::Fused(_)));
         let mut mlp_pending = false;
         let n_layers = self.layers.len();
         for (l, (layer, (k_cache, v_cache))) in self.layers.iter().zip(self.caches.iter_mut()).enumerate() {
@@ -255,14 +255,18 @@ impl<B: Backend> LlamaModel<B> {
                 b.rms_norm(&s.h, &layer.input_norm, &mut s.x, t, d, c.rms_norm_eps)?;
             }
             match &layer.qkv {
-                Qkv::Fused { w, bias } => b.qkv_proj(&s.x, w, bias.as_ref(), &mut s.q, &mut s.k, &mut s.v, t, qd, kvd, d, fused_in.then_some(NormIn { h: &s.h, eps: c.rms_norm_eps }))?,
+                Qkv::Fused { w, bias } => {
+                    let norm = fused_in.then_some(NormIn { h: &s.h, eps: c.rms_norm_eps });
+                    let kv = KvDest { k_cache: &mut *k_cache, v_cache: &mut *v_cache, positions: &s.positions, inv_freq: &self.inv_freq, slots: &s.slots, geometry: self.geometry };
+                    b.qkv_rope_kv_write(&s.x, w, bias.as_ref(), &mut s.q, &mut s.k, &mut s.v, t, qd, d, norm, kv)?;
+                }
                 Qkv::Split { q, k, v, q_bias, k_bias, v_bias } => {
                     b.matmul(&s.x, q, q_bias.as_ref(), &mut s.q, t, qd, d)?;
                     b.matmul(&s.x, k, k_bias.as_ref(), &mut s.k, t, kvd, d)?;
                     b.matmul(&s.x, v, v_bias.as_ref(), &mut s.v, t, kvd, d)?;
+                    b.rope_kv_write(&mut s.q, &mut s.k, &s.v, k_cache, v_cache, &s.positions, &self.inv_freq, &s.slots, t, c.num_attention_heads, self.geometry)?;
                 }
             }
-            b.rope_kv_write(&mut s.q, &mut s.k, &s.v, k_cache, v_cache, &s.positions, &self.inv_freq, &s.slots, t, c.num_attention_heads, self.geometry)?;
             let args = AttnArgs {
                 q: &s.q,
                 k_cache,

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::sync::Mutex;
 
-use tandem_core::backend::{AttnArgs, KvGeometry, NormIn};
+use tandem_core::backend::{AttnArgs, KvDest, KvGeometry, NormIn};
 use tandem_core::weights::TensorView;
 use tandem_core::{Backend, DType, Error, Result};
 
@@ -58,6 +58,11 @@ pub struct WgpuBackend {
     /// Fuse the residual adds and norms into the projections (`Backend::fuses_norm`;
     /// `TANDEM_WGPU_FUSE_NORM=0` runs add_rms_norm between them).
     fuse_norm: bool,
+    /// Forward passes of at most this many tokens fuse norms (`TANDEM_WGPU_FUSE_NORM_ROWS`, 2).
+    fuse_norm_rows: usize,
+    /// Apply rope and write the KV cache in the q/k/v projection's epilogue where the shapes
+    /// allow (`TANDEM_WGPU_FUSE_ROPE=0` runs rope_kv_write after it).
+    fuse_rope: bool,
     /// Where matmul copies a batch's x on texture-holding adapters (see `matmul_to`).
     x_scratch: Mutex<Option<Texels>>,
 }
@@ -78,6 +83,8 @@ enum Out<'a> {
     Plain(&'a wgpu::Buffer),
     Split { q: &'a wgpu::Buffer, k: &'a wgpu::Buffer, v: &'a wgpu::Buffer, nq: usize, nkv: usize },
     GateUp(&'a wgpu::Buffer),
+    /// A fused q/k/v projection with rope and the KV write in its epilogue (`MatmulOut::SplitRope`).
+    SplitRope { q: &'a wgpu::Buffer, nq: usize, nkv: usize, head_dim: usize, kv: [&'a wgpu::Buffer; 5], num_slots: usize },
     /// `h += x w^T`, and `hg = h * gamma` with the next norm's gamma (`MatmulOut::Residual`).
     Residual { h: &'a wgpu::Buffer, next_norm: Option<(&'a WgpuBuf, &'a wgpu::Buffer)> },
 }
@@ -176,6 +183,8 @@ impl WgpuBackend {
             texel_weights,
             fuse: knob("TANDEM_WGPU_FUSE", 1) == 1,
             fuse_norm: knob("TANDEM_WGPU_FUSE_NORM", 1) == 1,
+            fuse_norm_rows: knob("TANDEM_WGPU_FUSE_NORM_ROWS", 2) as usize,
+            fuse_rope: knob("TANDEM_WGPU_FUSE_ROPE", 1) == 1,
             x_scratch: Mutex::new(None),
         })
     }
@@ -388,6 +397,44 @@ impl WgpuBackend {
         Ok(WgpuBuf { buf, kind: BufKind::Weight(dtype), len: t.rows * t.cols, name: name.map(String::from), tiled: Some(t), texels: Some(texels) })
     }
 
+    /// The matmul's block for m rows of x and depth k: (WG lanes, RT weight rows and MT x rows
+    /// per lane); `paired` for a fused gate/up weight, `norm` with an input norm prologue.
+    fn matmul_block(&self, op: &str, paired: bool, m: usize, k: usize, norm: bool) -> Result<(u32, u32, u32)> {
+        // Rows of x (MT) and of w (RT) per invocation: MT x RT accumulators, each weight load
+        // serving MT tokens. Measured on lavapipe at m = 128, k = 576: 4 x 4 took half the time
+        // of 8 x 2 (weight loads are the cost), and with tiled weights 8 x 4 beats 4 x 4.
+        let mt = match m {
+            1 => 1,
+            2 => 2,
+            // Never more rows per lane than the batch has (rows past m are computed and dropped).
+            _ => self.prefill_mt.min(m.next_power_of_two() as u32),
+        };
+        let mut rt = match m {
+            1 | 2 => self.matmul_rt,
+            _ => self.prefill_rt,
+        };
+        let mut wg = self.matmul_wg;
+        let mut mt = mt;
+        if paired {
+            // The pairing needs WG * RT / 2 = GATE_UP_HALF, whatever the knobs say.
+            (wg, rt, mt) = (GATE_UP_WG, GATE_UP_RT, mt.min(4));
+        }
+        // Loop iterations one invocation runs (every loop counts; see LOOP_LIMIT).
+        let iterations = |mt: u32, rt: u32| -> usize {
+            let (mt, rt) = (mt as usize, rt as usize);
+            let setup = mt + rt + mt * rt + rt * (1 + mt) + if norm { mt * (k / 4 / wg as usize + wg as usize + rt + 2) } else { 0 };
+            if k % 8 == 0 { k / 8 * (1 + rt + mt + mt * rt) + setup } else { k * (1 + mt + mt * rt) + setup }
+        };
+        // Under a loop limit, halve the block (x rows first) until the loops fit; a paired
+        // (gate/up) block keeps its rows.
+        let min_rt = if paired { rt } else { 1 };
+        while self.loop_limit.is_some_and(|l| iterations(mt, rt) > l) && mt * rt > min_rt {
+            if mt >= rt || rt <= min_rt { mt = (mt / 2).max(1) } else { rt = (rt / 2).max(1) }
+        }
+        self.check_loops(op, &format!("k = {k}"), iterations(mt, rt))?;
+        Ok((wg, rt, mt))
+    }
+
     /// `x w^T (+ bias)` into `out`: n output columns, from w's rows (n of them, or for a fused
     /// weight the stacked/paired rows `out` describes).
     #[allow(clippy::too_many_arguments)]
@@ -421,38 +468,7 @@ impl WgpuBackend {
             Out::Residual { next_norm: Some((g, _)), .. } => Some(want_weight(op, "norm weight", g, n)?),
             _ => None,
         };
-        // Rows of x (MT) and of w (RT) per invocation: MT x RT accumulators, each weight load
-        // serving MT tokens. Measured on lavapipe at m = 128, k = 576: 4 x 4 took half the time
-        // of 8 x 2 (weight loads are the cost), and with tiled weights 8 x 4 beats 4 x 4.
-        let mt = match m {
-            1 => 1,
-            2 => 2,
-            // Never more rows per lane than the batch has (rows past m are computed and dropped).
-            _ => self.prefill_mt.min(m.next_power_of_two() as u32),
-        };
-        let mut rt = match m {
-            1 | 2 => self.matmul_rt,
-            _ => self.prefill_rt,
-        };
-        let mut wg = self.matmul_wg;
-        let mut mt = mt;
-        if let Out::GateUp(_) = out {
-            // The pairing needs WG * RT / 2 = GATE_UP_HALF, whatever the knobs say.
-            (wg, rt, mt) = (GATE_UP_WG, GATE_UP_RT, mt.min(4));
-        }
-        // Loop iterations one invocation runs (every loop counts; see LOOP_LIMIT).
-        let iterations = |mt: u32, rt: u32| -> usize {
-            let (mt, rt) = (mt as usize, rt as usize);
-            let setup = mt + rt + mt * rt + rt * (1 + mt) + if norm.is_some() { mt * (k / 4 / wg as usize + wg as usize + rt + 2) } else { 0 };
-            if k % 8 == 0 { k / 8 * (1 + rt + mt + mt * rt) + setup } else { k * (1 + mt + mt * rt) + setup }
-        };
-        // Under a loop limit, halve the block (x rows first) until the loops fit; a paired
-        // (gate/up) block keeps its rows.
-        let min_rt = if let Out::GateUp(_) = out { rt } else { 1 };
-        while self.loop_limit.is_some_and(|l| iterations(mt, rt) > l) && mt * rt > min_rt {
-            if mt >= rt || rt <= min_rt { mt = (mt / 2).max(1) } else { rt = (rt / 2).max(1) }
-        }
-        self.check_loops(op, &format!("k = {k}"), iterations(mt, rt))?;
+        let (wg, rt, mt) = self.matmul_block(op, matches!(out, Out::GateUp(_)), m, k, norm.is_some())?;
         // x goes through a uniform buffer when k % 8 == 0: a 64 KiB window (every f32 buffer
         // is padded to hold one past its end), one dispatch per block of rows that fits, so
         // a prefill takes a few dispatches per matmul. Otherwise through storage, whole.
@@ -490,6 +506,10 @@ impl WgpuBackend {
                 extra.extend([RW, RW]);
                 MatmulOut::Split { nq: nq as u32, nkv: nkv as u32, k_binding: first_out }
             }
+            Out::SplitRope { nq, nkv, head_dim, .. } => {
+                extra.extend([RW, RW, R, R, R]);
+                MatmulOut::SplitRope { nq: nq as u32, nkv: nkv as u32, head_dim: head_dim as u32, first: first_out }
+            }
             Out::Residual { .. } => MatmulOut::Residual {
                 next_norm: gamma_dtype.map(|d| {
                     extra.extend([R, RW]);
@@ -512,7 +532,7 @@ impl WgpuBackend {
             self.rec.copy_to_texture(x_b, &t.texture, x_rows as u32)?;
         }
         let out_b = match out {
-            Out::Plain(b) | Out::GateUp(b) | Out::Split { q: b, .. } | Out::Residual { h: b, .. } => b,
+            Out::Plain(b) | Out::GateUp(b) | Out::Split { q: b, .. } | Out::SplitRope { q: b, .. } | Out::Residual { h: b, .. } => b,
         };
         let block = if uniform_x { window_rows } else { m };
         let chunks = self.chunks(op, w, w_rows, k)?;
@@ -534,13 +554,17 @@ impl WgpuBackend {
             };
             for c in &chunks {
                 let eps = norm.map_or(0.0, |(_, e)| e);
-                let params = [rows_here as u32, n as u32, k as u32, c.row0 as u32, c.rows as u32, b0 as u32, eps.to_bits()];
+                let num_slots = if let Out::SplitRope { num_slots, .. } = out { num_slots as u32 } else { 0 };
+                let params = [rows_here as u32, n as u32, k as u32, c.row0 as u32, c.rows as u32, b0 as u32, eps.to_bits(), num_slots];
                 let mut binds = vec![xb, Self::weight_bind(w, c), Bind::all(out_b)];
                 if let Some(b) = bias {
                     binds.push(Bind::all(&b.buf));
                 }
                 if let Out::Split { k: k_b, v: v_b, .. } = out {
                     binds.extend([Bind::all(k_b), Bind::all(v_b)]);
+                }
+                if let Out::SplitRope { kv, .. } = out {
+                    binds.extend(kv.map(Bind::all));
                 }
                 if let Out::Residual { next_norm: Some((g, hg)), .. } = out {
                     binds.extend([Bind::all(&g.buf), Bind::all(hg)]);
@@ -956,8 +980,37 @@ impl Backend for WgpuBackend {
         self.matmul_to(op, x, w, None, Out::GateUp(out_b), norm.map(|n| (n.h, n.eps)), m, inter, hidden)
     }
 
-    fn fuses_norm(&self, hidden: usize) -> bool {
-        self.fuse_norm && hidden % 4 == 0
+    fn qkv_rope_kv_write(&self, x: &WgpuBuf, w: &WgpuBuf, bias: Option<&WgpuBuf>, q: &mut WgpuBuf, k: &mut WgpuBuf, v: &mut WgpuBuf, m: usize, nq: usize, hidden: usize, norm: Option<NormIn<'_, WgpuBuf>>, kv: KvDest<'_, WgpuBuf>) -> Result<()> {
+        let op = "qkv_rope_kv_write";
+        let g = kv.geometry;
+        let (hd, nkv) = (g.head_dim, g.num_kv_heads * g.head_dim);
+        if hd == 0 || hd % 2 != 0 || nq % hd != 0 {
+            return Err(err(format!("{op}: head_dim {hd} must be even and divide nq {nq}")));
+        }
+        // The epilogue needs each head's rows in one lane (see matmul.wgsl's ROPE); otherwise
+        // (or with TANDEM_WGPU_FUSE_ROPE=0) the projection and rope_kv_write run apart.
+        let (wg, rt, _) = self.matmul_block(op, false, m, hidden, norm.is_some())?;
+        if !(self.fuse_rope && (wg * rt) as usize % hd == 0 && (hd / 2) % wg as usize == 0) {
+            self.qkv_proj(x, w, bias, q, k, v, m, nq, nkv, hidden, norm)?;
+            return self.rope_kv_write(q, k, v, kv.k_cache, kv.v_cache, kv.positions, kv.inv_freq, kv.slots, m, nq / hd, g);
+        }
+        let q_b = want_f32(op, "q", q, m * nq)?;
+        let kc = want_f32(op, "k_cache", kv.k_cache, g.layer_elems())?;
+        let vc = want_f32(op, "v_cache", kv.v_cache, g.layer_elems())?;
+        let p_b = want_u32(op, "positions", kv.positions, m)?;
+        let f_b = want_f32(op, "inv_freq", kv.inv_freq, hd / 2)?;
+        let s_b = want_u32(op, "slots", kv.slots, m)?;
+        to_u32(op, "cache elements", g.layer_elems())?;
+        to_u32(op, "m * (nq + 2 nkv)", m * (nq + 2 * nkv))?;
+        let out = Out::SplitRope { q: q_b, nq, nkv, head_dim: hd, kv: [kc, vc, p_b, f_b, s_b], num_slots: g.slots() };
+        self.matmul_to(op, x, w, bias, out, norm.map(|n| (n.h, n.eps)), m, nq + 2 * nkv, hidden)
+    }
+
+    fn fuses_norm(&self, hidden: usize, tokens: usize) -> bool {
+        // Every block of a projection's columns recomputes the norm of its rows (a workgroup
+        // prologue): at one or two tokens that costs less than the add_rms_norm dispatches it
+        // saves; at a 128-token prefill it made the prefill about 10% slower (docs/bench-cpu.md).
+        self.fuse_norm && hidden % 4 == 0 && tokens <= self.fuse_norm_rows
     }
 
     fn matmul_residual(&self, x: &WgpuBuf, w: &WgpuBuf, h: &mut WgpuBuf, next_norm: Option<(&WgpuBuf, &mut WgpuBuf)>, m: usize, n: usize, k: usize) -> Result<()> {
@@ -992,7 +1045,7 @@ impl Backend for WgpuBackend {
         to_u32(op, "tokens * heads * head_dim", num_tokens * (q_heads + kv_heads) * head_dim)?;
         let params = [num_tokens as u32, q_heads as u32, kv_heads as u32, head_dim as u32];
         let binds = [Bind::all(q_b), Bind::all(k_b), Bind::all(p_b), Bind::all(f_b)];
-        self.rec.dispatch(shaders::ROPE, &Prelude::new(), &params, &binds, Grid::Linear(groups(items, 64)))
+        self.rec.dispatch(shaders::ROPE, &Prelude::new().sincos(), &params, &binds, Grid::Linear(groups(items, 64)))
     }
 
     fn rope_kv_write(&self, q: &mut WgpuBuf, k: &mut WgpuBuf, v: &WgpuBuf, k_cache: &mut WgpuBuf, v_cache: &mut WgpuBuf, positions: &WgpuBuf, inv_freq: &WgpuBuf, slots: &WgpuBuf, num_tokens: usize, q_heads: usize, g: KvGeometry) -> Result<()> {
@@ -1016,7 +1069,7 @@ impl Backend for WgpuBackend {
         let items = num_tokens * (q_heads + kv_heads) * half;
         let params = [num_tokens as u32, q_heads as u32, kv_heads as u32, head_dim as u32, g.slots() as u32];
         let binds = [Bind::all(q_b), Bind::all(k_b), Bind::all(p_b), Bind::all(f_b), Bind::all(v_b), Bind::all(kc), Bind::all(vc), Bind::all(s_b)];
-        self.rec.dispatch(shaders::ROPE_KV_WRITE, &Prelude::new(), &params, &binds, Grid::Linear(groups(items, 64)))
+        self.rec.dispatch(shaders::ROPE_KV_WRITE, &Prelude::new().sincos(), &params, &binds, Grid::Linear(groups(items, 64)))
     }
 
     fn silu_mul(&self, gate: &WgpuBuf, up: &WgpuBuf, out: &mut WgpuBuf, len: usize) -> Result<()> {

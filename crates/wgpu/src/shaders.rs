@@ -93,6 +93,12 @@ pub(crate) enum MatmulOut {
     Split { nq: u32, nkv: u32, k_binding: u32 },
     /// A fused gate/up projection with the activation: see matmul.wgsl (`PAIRS`).
     GateUp,
+    /// A fused q/k/v projection with rope and the KV-cache write in its epilogue: q (rows
+    /// `[0, nq)`) rotated into out; k rotated and v copied into the caches at the token's slot.
+    /// Bindings from `first`: k_cache, v_cache, positions, inv_freq, slots. Needs each head's
+    /// rows in one lane (see matmul.wgsl's `ROPE`): head_dim divides WG * RT and head_dim / 2
+    /// is a multiple of WG.
+    SplitRope { nq: u32, nkv: u32, head_dim: u32, first: u32 },
     /// The residual add: `out[row, col] += v`; with `next_norm = Some((binding, dtype))` also
     /// `hg[row, col] = out[row, col] * gamma[col]`, gamma (a weight vector) bound at `binding`
     /// and hg (f32) at the one after.
@@ -322,6 +328,11 @@ impl Prelude {
     /// matmul's `store_out` and `PAIRS` for `to`.
     pub fn matmul_out(mut self, to: MatmulOut) -> Self {
         let plain = "fn store_out(row: u32, col: u32, v: f32) { out[row * p.n + col] = v; }\n";
+        // matmul.wgsl's rope epilogue: ROPE false leaves it out.
+        let no_rope = "const ROPE: bool = false;\nconst HALF: u32 = 1u;\nfn store_rope(tok: u32, col: u32, i: u32, x1: f32, x2: f32) {}\n";
+        if !matches!(to, MatmulOut::SplitRope { .. }) {
+            self.0.push_str(no_rope);
+        }
         let text = match to {
             MatmulOut::Plain => format!("const PAIRS: bool = false;\n{plain}"),
             MatmulOut::GateUp => format!("const PAIRS: bool = true;\n{plain}"),
@@ -336,6 +347,38 @@ impl Prelude {
                  }}\n",
                 k_binding + 1
             ),
+            MatmulOut::SplitRope { nq, nkv, head_dim, first } => {
+                self = self.sincos();
+                let half = head_dim / 2;
+                format!(
+                    "const PAIRS: bool = false;\n\
+                     const ROPE: bool = true;\n\
+                     const HALF: u32 = {half}u;\n\
+                     @group(0) @binding({first}) var<storage, read_write> k_cache: array<f32>;\n\
+                     @group(0) @binding({}) var<storage, read_write> v_cache: array<f32>;\n\
+                     @group(0) @binding({}) var<storage, read> rope_pos: array<u32>;\n\
+                     @group(0) @binding({}) var<storage, read> rope_freq: array<f32>;\n\
+                     @group(0) @binding({}) var<storage, read> rope_slots: array<u32>;\n\
+                     {plain}\
+                     // Column col (< HALF within its head, element i) and its partner col + HALF of token tok.\n\
+                     fn store_rope(tok: u32, col: u32, i: u32, x1: f32, x2: f32) {{\n\
+                     \x20   var y = vec2<f32>(x1, x2);\n\
+                     \x20   if (col < {nq}u + {nkv}u) {{\n\
+                     \x20       let sc = sincos(f32(rope_pos[tok]) * rope_freq[i]);\n\
+                     \x20       y = vec2<f32>(x1 * sc.y - x2 * sc.x, x2 * sc.y + x1 * sc.x);\n\
+                     \x20   }}\n\
+                     \x20   if (col < {nq}u) {{ out[tok * {nq}u + col] = y.x; out[tok * {nq}u + col + {half}u] = y.y; return; }}\n\
+                     \x20   let slot = rope_slots[tok];\n\
+                     \x20   if (slot >= p.num_slots) {{ return; }}\n\
+                     \x20   if (col < {nq}u + {nkv}u) {{ let o = slot * {nkv}u + col - {nq}u; k_cache[o] = y.x; k_cache[o + {half}u] = y.y; }}\n\
+                     \x20   else {{ let o = slot * {nkv}u + col - {nq}u - {nkv}u; v_cache[o] = y.x; v_cache[o + {half}u] = y.y; }}\n\
+                     }}\n",
+                    first + 1,
+                    first + 2,
+                    first + 3,
+                    first + 4
+                )
+            }
             MatmulOut::Residual { next_norm: None } => {
                 "const PAIRS: bool = false;\nfn store_out(row: u32, col: u32, v: f32) { out[row * p.n + col] += v; }\n".to_string()
             }
@@ -350,6 +393,32 @@ impl Prelude {
             }
         };
         self.0.push_str(&text);
+        self
+    }
+
+    /// `sincos(a) -> vec2<f32>(sin a, cos a)` for angles up to ~1e5 rad, to a few ulps: a GPU's
+    /// own sin/cos is only bounded on [-pi, pi], and rope angles reach thousands of radians. The
+    /// angle is reduced by pi/2 in three exact-ish steps (Cody-Waite: the first constant has 8
+    /// significant bits, so kf * DP1 is exact for kf < 2^16), then short polynomials on
+    /// [-pi/4, pi/4] (Cephes sinf/cosf). Used by rope.wgsl and matmul's rope epilogue.
+    pub fn sincos(mut self) -> Self {
+        self.0.push_str(
+            "fn sincos(a: f32) -> vec2<f32> {\n\
+             \x20   let kf = round(a * 0.63661977236758134);\n\
+             \x20   var r = a - kf * 1.5703125;\n\
+             \x20   r = r - kf * 4.837512969970703125e-4;\n\
+             \x20   r = r - kf * 7.549789948768648e-8;\n\
+             \x20   let z = r * r;\n\
+             \x20   let s = r + r * z * (-1.6666654611e-1 + z * (8.3321608736e-3 + z * -1.9515295891e-4));\n\
+             \x20   let c = 1.0 - 0.5 * z + z * z * (4.166664568298827e-2 + z * (-1.388731625493765e-3 + z * 2.443315711809948e-5));\n\
+             \x20   switch i32(kf) & 3 {\n\
+             \x20       case 0: { return vec2<f32>(s, c); }\n\
+             \x20       case 1: { return vec2<f32>(c, -s); }\n\
+             \x20       case 2: { return vec2<f32>(-s, -c); }\n\
+             \x20       default: { return vec2<f32>(-c, s); }\n\
+             \x20   }\n\
+             }\n",
+        );
         self
     }
 

@@ -5,7 +5,7 @@
 mod common;
 
 use common::{assert_close, backend, round_to, Rng, POISON};
-use tandem_core::backend::{AttnArgs, KvGeometry, NormIn};
+use tandem_core::backend::{AttnArgs, KvDest, KvGeometry, NormIn};
 use tandem_core::{Backend, DType};
 use tandem_wgpu::{WgpuBackend, WgpuBuf, WgpuOptions};
 
@@ -350,7 +350,7 @@ fn fused_residual_and_norm_chain() {
             .collect()
     };
     for b in &backends {
-        assert!(b.fuses_norm(d), "the wgpu backend fuses norms at hidden {d}");
+        assert!(b.fuses_norm(d, 1), "the wgpu backend fuses norms at hidden {d} for a decode step");
         let where_ = if b.texel_weights() { "texels" } else { "buffer" };
         let view = |n: &str, shape: &[usize]| ws.get(n, shape).unwrap();
         let upload = |name: &str, rows, cols| {
@@ -389,6 +389,77 @@ fn fused_residual_and_norm_chain() {
             b.matmul_residual(&act_d, &w_d, &mut h, None, m, d, inter).unwrap();
             let h3: Vec<f64> = h2.iter().zip(mm(&act, &wd, d, inter)).map(|(a, b)| a + b).collect();
             assert_close(&what("h, no next norm"), &b.read_f32(&h, m * d).unwrap(), &h3, 1e-10);
+        }
+    }
+}
+
+/// The q/k/v projection with rope and the KV write in its epilogue against the two ops it
+/// replaces (qkv_proj, rope_kv_write; each checked against the host above): the same sums and
+/// the same rotation, so q and both caches must match exactly, untouched slots included. With
+/// and without bias and input norm, decode and prefill shapes (head_dim 128 at prefill takes
+/// the unfused path: its rows do not fit one lane's block), texels and buffers.
+#[test]
+fn qkv_rope_kv_write_equals_the_ops_it_fuses() {
+    let mut backends: Vec<WgpuBackend> = Vec::new();
+    for texels in [true, false] {
+        if let Some(b) = common::open(WgpuOptions { texel_weights: Some(texels), ..Default::default() }) {
+            if texels && !b.can_hold_texels() {
+                eprintln!("qkv rope in textures skipped: adapter {} cannot hold weights in textures", b.adapter());
+                continue;
+            }
+            backends.push(b);
+        }
+    }
+    let mut rng = Rng::new("qkv_rope_kv_write");
+    for b in &backends {
+        let where_ = if b.texel_weights() { "texels" } else { "buffer" };
+        for (qh, kvh, hd, hidden, bias) in [(9, 3, 64, 96, false), (4, 2, 64, 64, true), (4, 1, 128, 64, true)] {
+            let (nq, nkv) = (qh * hd, kvh * hd);
+            let g = KvGeometry { num_blocks: 6, block_size: 16, num_kv_heads: kvh, head_dim: hd };
+            let mut ws = tandem_core::weights::Weights::empty();
+            for (n, rows) in [("q", nq), ("k", nkv), ("v", nkv)] {
+                ws.replace(n, DType::BF16, &[rows, hidden], &rng.vec(rows * hidden, 0.5)).unwrap();
+                ws.replace(&format!("{n}.bias"), DType::F32, &[rows], &rng.vec(rows, 0.5)).unwrap();
+            }
+            let view = |n: &str, shape: &[usize]| ws.get(n, shape).unwrap();
+            let biases = [view("q.bias", &[nq]), view("k.bias", &[nkv]), view("v.bias", &[nkv])];
+            let (w, wb) = b.fuse_qkv(&view("q", &[nq, hidden]), &view("k", &[nkv, hidden]), &view("v", &[nkv, hidden]), bias.then_some([&biases[0], &biases[1], &biases[2]])).unwrap().expect("fused qkv");
+            let inv_freq = f32_buf(b, &(0..hd / 2).map(|i| 10_000f32.powf(-2.0 * i as f32 / hd as f32)).collect::<Vec<_>>());
+            for (m, with_norm) in [(1, false), (2, true), (37, true)] {
+                let x = rng.vec(m * hidden, 1.0);
+                let h = f32_buf(b, &rng.vec(m * hidden, 1.0));
+                let norm = with_norm.then_some(NormIn { h: &h, eps: 1e-5 });
+                let mut all: Vec<u32> = (0..g.slots() as u32).collect();
+                rng.shuffle(&mut all);
+                let slots = u32_buf(b, &all[..m]);
+                let positions = u32_buf(b, &(0..m).map(|_| rng.below(4096) as u32).collect::<Vec<_>>());
+                let (kc0, vc0) = (rng.vec(g.layer_elems(), 1.0), rng.vec(g.layer_elems(), 1.0));
+                let run = |fused: bool| {
+                    let (mut q, mut k, mut v) = (poisoned(b, m * nq), poisoned(b, m * nkv), poisoned(b, m * nkv));
+                    let (mut kc, mut vc) = (b.alloc_kv(g).unwrap(), b.alloc_kv(g).unwrap());
+                    b.write_f32(&mut kc, &kc0).unwrap();
+                    b.write_f32(&mut vc, &vc0).unwrap();
+                    let xb = f32_buf(b, &x);
+                    if fused {
+                        let kv = KvDest { k_cache: &mut kc, v_cache: &mut vc, positions: &positions, inv_freq: &inv_freq, slots: &slots, geometry: g };
+                        b.qkv_rope_kv_write(&xb, &w, wb.as_ref(), &mut q, &mut k, &mut v, m, nq, hidden, norm, kv).unwrap();
+                    } else {
+                        b.qkv_proj(&xb, &w, wb.as_ref(), &mut q, &mut k, &mut v, m, nq, nkv, hidden, norm).unwrap();
+                        b.rope_kv_write(&mut q, &mut k, &v, &mut kc, &mut vc, &positions, &inv_freq, &slots, m, qh, g).unwrap();
+                    }
+                    let k_written = b.read_f32(&k, m * nkv).unwrap().iter().any(|v| v.to_bits() != POISON.to_bits());
+                    (b.read_f32(&q, m * nq).unwrap(), b.read_kv(&kc, g).unwrap(), b.read_kv(&vc, g).unwrap(), k_written)
+                };
+                let (want, got) = (run(false), run(true));
+                // The epilogue never writes the k scratch: proof that the fused path ran where it
+                // should (decode blocks hold 128 rows per lane group, prefill blocks 64).
+                let fused_expected = hd == 64 || m <= 2;
+                assert_eq!(!got.3, fused_expected, "hd{hd} m{m}: fused path taken = {}", !got.3);
+                let what = |x: &str| format!("qkv_rope_kv_write {x} {where_} hd{hd} m{m} bias {bias} norm {with_norm}");
+                assert_close(&what("q"), &got.0, &f64s(&want.0), 0.0);
+                assert_close(&what("k_cache"), &got.1, &f64s(&want.1), 0.0);
+                assert_close(&what("v_cache"), &got.2, &f64s(&want.2), 0.0);
+            }
         }
     }
 }
