@@ -8,8 +8,8 @@ use tandem_core::DType;
 
 use crate::compare::compare;
 use crate::ops::{
-    Add, AddRmsNorm, Argmax, Embedding, GatherRows, KvWrite, Launch, Matmul, Op, PagedAttention, RmsNorm, Rope, SeqChunk,
-    SiluMul,
+    Add, AddRmsNorm, Argmax, Embedding, GatherRows, KvWrite, Launch, Matmul, Op, PagedAttention, QkvRopeKvWrite, RmsNorm, Rope,
+    RopeKvWrite, SeqChunk, SiluMul,
 };
 use crate::rng::{hash_str, mix, Rng};
 
@@ -23,6 +23,8 @@ enum Spec {
     Rope(Rope),
     SiluMul(SiluMul),
     KvWrite(KvWrite),
+    RopeKvWrite(RopeKvWrite),
+    QkvRopeKvWrite(QkvRopeKvWrite),
     PagedAttention(PagedAttention),
     Argmax(Argmax),
 }
@@ -40,6 +42,8 @@ macro_rules! dispatch {
             Spec::Rope($o) => $body,
             Spec::SiluMul($o) => $body,
             Spec::KvWrite($o) => $body,
+            Spec::RopeKvWrite($o) => $body,
+            Spec::QkvRopeKvWrite($o) => $body,
             Spec::PagedAttention($o) => $body,
             Spec::Argmax($o) => $body,
         }
@@ -289,6 +293,21 @@ pub fn cases() -> Vec<Case> {
         (geometry(3, 16, 1, 64), 48), // every slot of the cache
     ] {
         v.push(Case::new(KvWrite { geometry: g, tokens }, Spec::KvWrite));
+    }
+
+    // The fused attention-input ops (wgpu: one dispatch, or the q/k/v projection's epilogue,
+    // which takes decode and head_dim-64 prefill shapes; head_dim 128 at T = 37 takes its
+    // unfused path), against the plain ops on the reference.
+    for (g, q_heads, tokens) in [(geometry(10, 16, 3, 64), 9, 1), (geometry(12, 16, 2, 128), 8, 37), (geometry(8, 32, 1, 64), 4, 5)] {
+        v.push(Case::new(RopeKvWrite { geometry: g, q_heads, tokens, max_pos: 4096 }, Spec::RopeKvWrite));
+    }
+    for (dtype, g, q_heads, hidden, tokens, bias) in [
+        (BF16, geometry(10, 16, 3, 64), 9, 576, 1, false),
+        (BF16, geometry(10, 16, 3, 64), 9, 576, 37, true),
+        (F16, geometry(8, 16, 1, 128), 4, 256, 2, true),
+        (F32, geometry(8, 16, 1, 128), 4, 256, 37, false),
+    ] {
+        v.push(Case::new(QkvRopeKvWrite { dtype, geometry: g, q_heads, hidden, tokens, bias }, Spec::QkvRopeKvWrite));
     }
 
     let d = SeqChunk::decode;

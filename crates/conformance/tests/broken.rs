@@ -250,10 +250,12 @@ fn assert_caught(fault: Fault, why: &str) {
 
 #[test]
 fn a_fault_in_one_op_fails_that_op_only() {
-    // Attention fills its cache through kv_write, so a kv_write fault reaches it too, and this
-    // wrapper's add_rms_norm is the trait's default (add, then rms_norm); every other op is
-    // independent of every other.
-    for (fault, downstream) in [(Fault::RmsNormScaled, &["add_rms_norm"][..]), (Fault::KvWriteVFromK, &["paged_attention"][..])] {
+    // Attention and the fused attention-input ops fill their cache through kv_write, and this
+    // wrapper's fused ops are the trait's defaults (add_rms_norm: add, then rms_norm;
+    // rope_kv_write and qkv_rope_kv_write end in kv_write), so those faults reach them too;
+    // every other op is independent of every other.
+    let kv_downstream = &["paged_attention", "rope_kv_write", "qkv_rope_kv_write"][..];
+    for (fault, downstream) in [(Fault::RmsNormScaled, &["add_rms_norm"][..]), (Fault::KvWriteVFromK, kv_downstream)] {
         let op = faulty_op(fault);
         let (results, _) = run_with(fault, None);
         assert_eq!(results.len(), cases().len());

@@ -5,6 +5,9 @@
 //! Without --model it uses models/SmolLM2-135M-Instruct when present, else writes a seeded
 //! random model of the SmolLM2-135M shape (bf16) to a temp directory: same sizes, same work.
 //! --profile then times every dispatch with device timestamps and prints a per-kernel table.
+//! --ab "VAR=VAL ..." loads a second copy of the model on a backend opened with those
+//! environment knobs (e.g. TANDEM_WGPU_FUSE_NORM=0) and times the two alternately, step by
+//! step, in this one process: on a machine whose speed drifts, that compares like with like.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -22,7 +25,7 @@ fn cpu_secs() -> f64 {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut model: Option<PathBuf> = None;
-    let (mut prompt, mut steps, mut profile) = (32usize, 64usize, false);
+    let (mut prompt, mut steps, mut profile, mut ab) = (32usize, 64usize, false, None::<String>);
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -30,6 +33,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "--prompt" => prompt = args.next().and_then(|v| v.parse().ok()).ok_or("--prompt N")?,
             "--steps" => steps = args.next().and_then(|v| v.parse().ok()).ok_or("--steps N")?,
             "--profile" => profile = true,
+            "--ab" => ab = Some(args.next().ok_or("--ab \"VAR=VAL ...\"")?),
             other => return Err(format!("unknown argument {other}").into()),
         }
     }
@@ -100,6 +104,69 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("per token: {:.0} dispatches, {:.1} submits", total as f64 / steps as f64, st.submits as f64 / steps as f64);
     for (k, n) in &st.dispatches {
         println!("  {k:<16} {:>6.1} dispatches/token", *n as f64 / steps as f64);
+    }
+
+    if let Some(knobs) = ab {
+        // The same model on a backend opened under the other knobs (set only while it opens).
+        let pairs: Vec<(String, String)> = knobs.split_whitespace().filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let saved: Vec<_> = pairs.iter().map(|(k, _)| (k.clone(), std::env::var_os(k))).collect();
+        for (k, v) in &pairs {
+            // SAFETY: single-threaded here; the backend reads its knobs while it opens.
+            unsafe { std::env::set_var(k, v) };
+        }
+        let other = WgpuBackend::new();
+        for (k, v) in saved {
+            match v {
+                // SAFETY: as above.
+                Some(v) => unsafe { std::env::set_var(&k, v) },
+                None => unsafe { std::env::remove_var(&k) },
+            }
+        }
+        let mut m2 = LlamaModel::<WgpuBackend>::load(other?, &dir, opts)?;
+        let mut next2 = m2.forward_argmax(&b)?[0];
+        let mut pos2 = prompt;
+        for _ in 0..2 {
+            step(&mut m2, &mut pos2, &mut next2)?;
+        }
+        // A fresh default model, opened after the other: the first device opened in a process
+        // measured ~5% slower in an A/A run (same knobs both sides), whichever it was.
+        drop(m);
+        let mut m = LlamaModel::<WgpuBackend>::load(WgpuBackend::new()?, &dir, opts)?;
+        let mut next1 = m.forward_argmax(&b)?[0];
+        let mut pos1 = prompt;
+        for _ in 0..2 {
+            step(&mut m, &mut pos1, &mut next1)?;
+        }
+        let (mut ta, mut tb) = (vec![], vec![]);
+        // CPU time of the process during each side's steps: only one side runs at a time.
+        let (mut ca, mut cb) = (0.0, 0.0);
+        for i in 0..2 * steps {
+            // ABBA order, so that neither side always runs right after the other.
+            let first_a = (i / 2) % 2 == 0;
+            let a_turn = (i % 2 == 0) == first_a;
+            let (t0, c0) = (Instant::now(), cpu_secs());
+            if a_turn {
+                step(&mut m, &mut pos1, &mut next1)?;
+                ta.push(t0.elapsed().as_secs_f64() * 1e3);
+                ca += cpu_secs() - c0;
+            } else {
+                step(&mut m2, &mut pos2, &mut next2)?;
+                tb.push(t0.elapsed().as_secs_f64() * 1e3);
+                cb += cpu_secs() - c0;
+            }
+        }
+        let med = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            (v[v.len() / 2], v[0], v.iter().sum::<f64>() / v.len() as f64)
+        };
+        let ((ma, mina, meana), (mb, minb, meanb)) = (med(&mut ta), med(&mut tb));
+        let (ca, cb) = (ca * 1e3 / steps as f64, cb * 1e3 / steps as f64);
+        println!(
+            "a/b over {steps} alternating steps each (ms/token): default median {ma:.2} min {mina:.2} mean {meana:.2} cpu {ca:.2} | {knobs}: median {mb:.2} min {minb:.2} mean {meanb:.2} cpu {cb:.2} | default/other median {:.3} cpu {:.3}",
+            ma / mb,
+            ca / cb
+        );
+        return Ok(());
     }
 
     if profile {

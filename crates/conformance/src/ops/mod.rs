@@ -15,12 +15,14 @@ use crate::rng::Rng;
 
 mod attention;
 mod basic;
+mod fused;
 mod kv;
 mod matmul;
 mod rope;
 
 pub use attention::{PagedAttention, SeqChunk};
 pub use basic::{Add, AddRmsNorm, Argmax, Embedding, GatherRows, RmsNorm, SiluMul};
+pub use fused::{QkvRopeKvWrite, RopeKvWrite};
 pub use kv::KvWrite;
 pub use matmul::Matmul;
 pub use rope::Rope;
