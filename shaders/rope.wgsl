@@ -33,69 +33,78 @@ struct Params {
 // sincos(a) -> (sin a, cos a) comes from the prelude (Prelude::sincos; matmul's rope epilogue
 // shares it).
 
+// One (token t, head h of q then k, element i < half) per invocation, and its rotation.
+struct Item {
+    t: u32,
+    h: u32,
+    i: u32,
+    sc: vec2<f32>, // (sin, cos) of the angle
+}
+
+fn item(idx: u32) -> Item {
+    let half = p.head_dim / 2u;
+    let heads = p.q_heads + p.kv_heads;
+    let th = idx / half;
+    let t = th / heads;
+    let i = idx % half;
+    return Item(t, th % heads, i, sincos(f32(positions[t]) * inv_freq[i]));
+}
+
+// (x1, x2) rotated by the item's angle.
+fn rotate(x1: f32, x2: f32, sc: vec2<f32>) -> vec2<f32> {
+    return vec2<f32>(x1 * sc.y - x2 * sc.x, x2 * sc.y + x1 * sc.x);
+}
+
+// Rotates the item's pair of q in place (h < q_heads).
+fn rotate_q(it: Item) {
+    let base = (it.t * p.q_heads + it.h) * p.head_dim + it.i;
+    let y = rotate(q[base], q[base + p.head_dim / 2u], it.sc);
+    q[base] = y.x;
+    q[base + p.head_dim / 2u] = y.y;
+}
+
 @compute @workgroup_size(64)
 fn rope(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) li: u32) {
-    let half = p.head_dim / 2u;
-    let heads = p.q_heads + p.kv_heads;
     let idx = (wg.y * nwg.x + wg.x) * 64u + li;
-    if (idx >= p.num_tokens * heads * half) {
+    if (idx >= p.num_tokens * (p.q_heads + p.kv_heads) * (p.head_dim / 2u)) {
         return;
     }
-    let i = idx % half;
-    let th = idx / half;
-    let h = th % heads;
-    let t = th / heads;
-    let sc = sincos(f32(positions[t]) * inv_freq[i]);
-    if (h < p.q_heads) {
-        let base = (t * p.q_heads + h) * p.head_dim;
-        let x1 = q[base + i];
-        let x2 = q[base + i + half];
-        q[base + i] = x1 * sc.y - x2 * sc.x;
-        q[base + i + half] = x2 * sc.y + x1 * sc.x;
-    } else {
-        let base = (t * p.kv_heads + (h - p.q_heads)) * p.head_dim;
-        let x1 = k[base + i];
-        let x2 = k[base + i + half];
-        k[base + i] = x1 * sc.y - x2 * sc.x;
-        k[base + i + half] = x2 * sc.y + x1 * sc.x;
+    let it = item(idx);
+    if (it.h < p.q_heads) {
+        rotate_q(it);
+        return;
     }
+    let base = (it.t * p.kv_heads + (it.h - p.q_heads)) * p.head_dim + it.i;
+    let y = rotate(k[base], k[base + p.head_dim / 2u], it.sc);
+    k[base] = y.x;
+    k[base + p.head_dim / 2u] = y.y;
 }
 
 @compute @workgroup_size(64)
 fn rope_kv_write(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                  @builtin(local_invocation_index) li: u32) {
-    let half = p.head_dim / 2u;
-    let heads = p.q_heads + p.kv_heads;
     let idx = (wg.y * nwg.x + wg.x) * 64u + li;
-    if (idx >= p.num_tokens * heads * half) {
+    if (idx >= p.num_tokens * (p.q_heads + p.kv_heads) * (p.head_dim / 2u)) {
         return;
     }
-    let i = idx % half;
-    let th = idx / half;
-    let h = th % heads;
-    let t = th / heads;
-    let sc = sincos(f32(positions[t]) * inv_freq[i]);
-    if (h < p.q_heads) {
-        let base = (t * p.q_heads + h) * p.head_dim;
-        let x1 = q[base + i];
-        let x2 = q[base + i + half];
-        q[base + i] = x1 * sc.y - x2 * sc.x;
-        q[base + i + half] = x2 * sc.y + x1 * sc.x;
+    let it = item(idx);
+    if (it.h < p.q_heads) {
+        rotate_q(it);
         return;
     }
-    let slot = slots[t];
+    let slot = slots[it.t];
     // A slot past the cache is skipped (validated on the host), as in kv_write.
     if (slot >= p.num_slots) {
         return;
     }
+    let half = p.head_dim / 2u;
     let kv_dim = p.kv_heads * p.head_dim;
-    let src = t * kv_dim + (h - p.q_heads) * p.head_dim + i;
-    let dst = slot * kv_dim + (h - p.q_heads) * p.head_dim + i;
-    let x1 = k[src];
-    let x2 = k[src + half];
-    k_cache[dst] = x1 * sc.y - x2 * sc.x;
-    k_cache[dst + half] = x2 * sc.y + x1 * sc.x;
+    let src = it.t * kv_dim + (it.h - p.q_heads) * p.head_dim + it.i;
+    let dst = slot * kv_dim + (it.h - p.q_heads) * p.head_dim + it.i;
+    let y = rotate(k[src], k[src + half], it.sc);
+    k_cache[dst] = y.x;
+    k_cache[dst + half] = y.y;
     v_cache[dst] = v[src];
     v_cache[dst + half] = v[src + half];
 }

@@ -251,7 +251,7 @@ pub trait Backend: Send + 'static {
     #[allow(clippy::too_many_arguments)]
     fn qkv_rope_kv_write(&self, x: &Self::Buf, w: &Self::Buf, bias: Option<&Self::Buf>, q: &mut Self::Buf, k: &mut Self::Buf, v: &mut Self::Buf, m: usize, nq: usize, hidden: usize, norm: Option<NormIn<'_, Self::Buf>>, kv: KvDest<'_, Self::Buf>) -> Result<()> {
         let g = kv.geometry;
-        if g.head_dim == 0 || nq % g.head_dim != 0 {
+        if g.head_dim == 0 || !nq.is_multiple_of(g.head_dim) {
             return Err(Error::backend(self.name(), format!("qkv_rope_kv_write: nq {nq} is not a multiple of head_dim {}", g.head_dim)));
         }
         self.qkv_proj(x, w, bias, q, k, v, m, nq, g.num_kv_heads * g.head_dim, hidden, norm)?;

@@ -460,7 +460,7 @@ impl WgpuBackend {
             None => None,
         };
         let norm_h = match norm {
-            Some(_) if k % 4 != 0 => return Err(err(format!("{op}: a fused norm needs k % 4 == 0 (k = {k}; fuses_norm says so)"))),
+            Some(_) if !k.is_multiple_of(4) => return Err(err(format!("{op}: a fused norm needs k % 4 == 0 (k = {k}; fuses_norm says so)"))),
             Some((h, _)) => Some(want_f32(op, "norm h", h, m * k)?),
             None => None,
         };
@@ -984,13 +984,13 @@ impl Backend for WgpuBackend {
         let op = "qkv_rope_kv_write";
         let g = kv.geometry;
         let (hd, nkv) = (g.head_dim, g.num_kv_heads * g.head_dim);
-        if hd == 0 || hd % 2 != 0 || nq % hd != 0 {
+        if hd == 0 || !hd.is_multiple_of(2) || !nq.is_multiple_of(hd) {
             return Err(err(format!("{op}: head_dim {hd} must be even and divide nq {nq}")));
         }
         // The epilogue needs each head's rows in one lane (see matmul.wgsl's ROPE); otherwise
         // (or with TANDEM_WGPU_FUSE_ROPE=0) the projection and rope_kv_write run apart.
         let (wg, rt, _) = self.matmul_block(op, false, m, hidden, norm.is_some())?;
-        if !(self.fuse_rope && (wg * rt) as usize % hd == 0 && (hd / 2) % wg as usize == 0) {
+        if !(self.fuse_rope && ((wg * rt) as usize).is_multiple_of(hd) && (hd / 2).is_multiple_of(wg as usize)) {
             self.qkv_proj(x, w, bias, q, k, v, m, nq, nkv, hidden, norm)?;
             return self.rope_kv_write(q, k, v, kv.k_cache, kv.v_cache, kv.positions, kv.inv_freq, kv.slots, m, nq / hd, g);
         }
@@ -1010,7 +1010,7 @@ impl Backend for WgpuBackend {
         // Every block of a projection's columns recomputes the norm of its rows (a workgroup
         // prologue): at one or two tokens that costs less than the add_rms_norm dispatches it
         // saves; at a 128-token prefill it made the prefill about 10% slower (docs/bench-cpu.md).
-        self.fuse_norm && hidden % 4 == 0 && tokens <= self.fuse_norm_rows
+        self.fuse_norm && hidden.is_multiple_of(4) && tokens <= self.fuse_norm_rows
     }
 
     fn matmul_residual(&self, x: &WgpuBuf, w: &WgpuBuf, h: &mut WgpuBuf, next_norm: Option<(&WgpuBuf, &mut WgpuBuf)>, m: usize, n: usize, k: usize) -> Result<()> {

@@ -226,18 +226,25 @@ fn matmul_and_embedding_texels_across_bands() {
 /// The fused q/k/v projection (with and without biases) and the fused gate/up projection with
 /// its activation, against the CPU, in textures and in buffers, at batch sizes that take the
 /// decode and the prefill kernels, with row counts that are not multiples of a block.
-#[test]
-fn fused_qkv_and_gate_up() {
-    let mut backends: Vec<WgpuBackend> = Vec::new();
+/// A backend holding weight matrices in textures (where the adapter can) and one holding them
+/// in buffers; `what` names the test in the line that says a texture backend was skipped.
+fn texel_and_buffer_backends(what: &str) -> Vec<WgpuBackend> {
+    let mut backends = Vec::new();
     for texels in [true, false] {
         if let Some(b) = common::open(WgpuOptions { texel_weights: Some(texels), ..Default::default() }) {
             if texels && !b.can_hold_texels() {
-                eprintln!("fused ops in textures skipped: adapter {} cannot hold weights in textures", b.adapter());
+                eprintln!("{what} in textures skipped: adapter {} cannot hold weights in textures", b.adapter());
                 continue;
             }
             backends.push(b);
         }
     }
+    backends
+}
+
+#[test]
+fn fused_qkv_and_gate_up() {
+    let backends = texel_and_buffer_backends("fused ops");
     let mut rng = Rng::new("fused_qkv_and_gate_up");
     for b in &backends {
         let where_ = if b.texel_weights() { "texels" } else { "buffer" };
@@ -308,16 +315,7 @@ fn fused_qkv_and_gate_up() {
 /// silu): h, h * gamma, the activation and q/k/v; prefill shapes go through the batch paths.
 #[test]
 fn fused_residual_and_norm_chain() {
-    let mut backends: Vec<WgpuBackend> = Vec::new();
-    for texels in [true, false] {
-        if let Some(b) = common::open(WgpuOptions { texel_weights: Some(texels), ..Default::default() }) {
-            if texels && !b.can_hold_texels() {
-                eprintln!("fused norm chain in textures skipped: adapter {} cannot hold weights in textures", b.adapter());
-                continue;
-            }
-            backends.push(b);
-        }
-    }
+    let backends = texel_and_buffer_backends("fused norm chain");
     let mut rng = Rng::new("fused_residual_and_norm_chain");
     let (d, qd, nq, nkv, inter, eps) = (64, 96, 96, 32, 130, 1e-5f32);
     let dtype = DType::BF16;
@@ -400,16 +398,7 @@ fn fused_residual_and_norm_chain() {
 /// the unfused path: its rows do not fit one lane's block), texels and buffers.
 #[test]
 fn qkv_rope_kv_write_equals_the_ops_it_fuses() {
-    let mut backends: Vec<WgpuBackend> = Vec::new();
-    for texels in [true, false] {
-        if let Some(b) = common::open(WgpuOptions { texel_weights: Some(texels), ..Default::default() }) {
-            if texels && !b.can_hold_texels() {
-                eprintln!("qkv rope in textures skipped: adapter {} cannot hold weights in textures", b.adapter());
-                continue;
-            }
-            backends.push(b);
-        }
-    }
+    let backends = texel_and_buffer_backends("qkv rope");
     let mut rng = Rng::new("qkv_rope_kv_write");
     for b in &backends {
         let where_ = if b.texel_weights() { "texels" } else { "buffer" };
