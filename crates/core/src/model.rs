@@ -248,11 +248,12 @@ impl<B: Backend> LlamaModel<B> {
             // The input norm: already folded into x by the previous layer's down projection
             // (fused), or run here.
             let fused_in = fused_norm && l > 0;
-            if fused_in {
-            } else if mlp_pending {
-                b.add_rms_norm(&mut s.h, &s.o, &layer.input_norm, &mut s.x, t, d, c.rms_norm_eps)?;
-            } else {
-                b.rms_norm(&s.h, &layer.input_norm, &mut s.x, t, d, c.rms_norm_eps)?;
+            if !fused_in {
+                if mlp_pending {
+                    b.add_rms_norm(&mut s.h, &s.o, &layer.input_norm, &mut s.x, t, d, c.rms_norm_eps)?;
+                } else {
+                    b.rms_norm(&s.h, &layer.input_norm, &mut s.x, t, d, c.rms_norm_eps)?;
+                }
             }
             match &layer.qkv {
                 Qkv::Fused { w, bias } => {
