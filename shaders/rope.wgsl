@@ -30,8 +30,8 @@ struct Params {
 @group(0) @binding(7) var<storage, read_write> v_cache: array<f32>;  // [num_slots, kv_heads, head_dim]
 @group(0) @binding(8) var<storage, read> slots: array<u32>;          // [T]
 
-// sincos(a) -> (sin a, cos a) comes from the prelude (Prelude::sincos; matmul's rope epilogue
-// shares it).
+// sincos(a) -> (sin a, cos a) and rotate(x1, x2, sc) come from the prelude (Prelude::sincos;
+// matmul's rope epilogue shares them).
 
 // One (token t, head h of q then k, element i < half) per invocation, and its rotation.
 struct Item {
@@ -48,11 +48,6 @@ fn item(idx: u32) -> Item {
     let t = th / heads;
     let i = idx % half;
     return Item(t, th % heads, i, sincos(f32(positions[t]) * inv_freq[i]));
-}
-
-// (x1, x2) rotated by the item's angle.
-fn rotate(x1: f32, x2: f32, sc: vec2<f32>) -> vec2<f32> {
-    return vec2<f32>(x1 * sc.y - x2 * sc.x, x2 * sc.y + x1 * sc.x);
 }
 
 // Rotates the item's pair of q in place (h < q_heads).

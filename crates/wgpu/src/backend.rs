@@ -436,9 +436,9 @@ impl WgpuBackend {
     }
 
     /// `x w^T (+ bias)` into `out`: n output columns, from w's rows (n of them, or for a fused
-    /// weight the stacked/paired rows `out` describes).
+    /// weight the stacked/paired rows `out` describes). With `norm` = (h, eps), x is h * gamma
+    /// and the results are scaled by 1 / rms(h) (`NormIn`).
     #[allow(clippy::too_many_arguments)]
-    /// With `norm` = (h, eps), x is h * gamma and the results are scaled by 1 / rms(h) (`NormIn`).
     fn matmul_to(&self, op: &str, x: &WgpuBuf, w: &WgpuBuf, bias: Option<&WgpuBuf>, out: Out<'_>, norm: Option<(&WgpuBuf, f32)>, m: usize, n: usize, k: usize) -> Result<()> {
         if m == 0 || n == 0 {
             return Ok(());
@@ -492,42 +492,44 @@ impl WgpuBackend {
             Some(_) => prelude.x_texels("x", 1),
             None => prelude.x_vec4("x", 1, uniform_x.then_some((UNIFORM_WINDOW / 16) as u32)),
         };
-        // Bindings from 4 on, in order: the bias, the outputs past `out`, the norm's h.
+        // Bindings from 4 on, in order: the bias, the outputs past `out`, the norm's h; their
+        // access (the kernel's layout) and buffers are listed together so they cannot disagree.
         use shaders::Access::{Read as R, ReadWrite as RW};
-        let mut extra = vec![];
-        if bias.is_some() {
-            extra.push(R);
+        let mut extra: Vec<(shaders::Access, Bind)> = vec![];
+        if let Some(b) = bias {
+            extra.push((R, Bind::all(&b.buf)));
         }
         let first_out = 4 + extra.len() as u32;
         let to = match out {
             Out::Plain(_) => MatmulOut::Plain,
             Out::GateUp(_) => MatmulOut::GateUp,
-            Out::Split { nq, nkv, .. } => {
-                extra.extend([RW, RW]);
+            Out::Split { k: k_b, v: v_b, nq, nkv, .. } => {
+                extra.extend([(RW, Bind::all(k_b)), (RW, Bind::all(v_b))]);
                 MatmulOut::Split { nq: nq as u32, nkv: nkv as u32, k_binding: first_out }
             }
-            Out::SplitRope { nq, nkv, head_dim, .. } => {
-                extra.extend([RW, RW, R, R, R]);
+            Out::SplitRope { nq, nkv, head_dim, kv, .. } => {
+                extra.extend([RW, RW, R, R, R].into_iter().zip(kv.map(Bind::all)));
                 MatmulOut::SplitRope { nq: nq as u32, nkv: nkv as u32, head_dim: head_dim as u32, first: first_out }
             }
-            Out::Residual { .. } => MatmulOut::Residual {
-                next_norm: gamma_dtype.map(|d| {
-                    extra.extend([R, RW]);
+            Out::Residual { next_norm, .. } => MatmulOut::Residual {
+                next_norm: next_norm.zip(gamma_dtype).map(|((g, hg), d)| {
+                    extra.extend([(R, Bind::all(&g.buf)), (RW, Bind::all(hg))]);
                     (first_out, d)
                 }),
             },
         };
-        let norm_binding = norm_h.map(|_| {
-            extra.push(R);
+        let norm_binding = norm_h.map(|h| {
+            extra.push((R, Bind::all(h)));
             3 + extra.len() as u32
         });
+        let extra_access: Vec<shaders::Access> = extra.iter().map(|(a, _)| *a).collect();
         let prelude = prelude.weight_matrix("w", dtype, Self::layout(w), 2).optional_weight("bias", 4, bias_dtype).matmul_out(to).norm_in(norm_binding);
         let x_access = match (&x_tex, uniform_x) {
             (Some(_), _) => shaders::Access::Texels,
             (None, true) => shaders::Access::Uniform,
             (None, false) => shaders::Access::Read,
         };
-        let kernel = shaders::matmul_kernel(x_access, w.texels.is_some(), &extra);
+        let kernel = shaders::matmul_kernel(x_access, w.texels.is_some(), &extra_access);
         if let Some(t) = &x_tex {
             self.rec.copy_to_texture(x_b, &t.texture, x_rows as u32)?;
         }
@@ -535,6 +537,8 @@ impl WgpuBackend {
             Out::Plain(b) | Out::GateUp(b) | Out::Split { q: b, .. } | Out::SplitRope { q: b, .. } | Out::Residual { h: b, .. } => b,
         };
         let block = if uniform_x { window_rows } else { m };
+        let eps = norm.map_or(0.0, |(_, e)| e);
+        let num_slots = if let Out::SplitRope { num_slots, .. } = out { num_slots as u32 } else { 0 };
         let chunks = self.chunks(op, w, w_rows, k)?;
         if !matches!(out, Out::Plain(_)) && chunks.len() > 1 {
             return Err(err(format!("{op}: fused weight {} is bound in chunks; fuse_* never makes such a weight", w.label())));
@@ -553,25 +557,9 @@ impl WgpuBackend {
                 (None, false) => Bind::all(x_b),
             };
             for c in &chunks {
-                let eps = norm.map_or(0.0, |(_, e)| e);
-                let num_slots = if let Out::SplitRope { num_slots, .. } = out { num_slots as u32 } else { 0 };
                 let params = [rows_here as u32, n as u32, k as u32, c.row0 as u32, c.rows as u32, b0 as u32, eps.to_bits(), num_slots];
                 let mut binds = vec![xb, Self::weight_bind(w, c), Bind::all(out_b)];
-                if let Some(b) = bias {
-                    binds.push(Bind::all(&b.buf));
-                }
-                if let Out::Split { k: k_b, v: v_b, .. } = out {
-                    binds.extend([Bind::all(k_b), Bind::all(v_b)]);
-                }
-                if let Out::SplitRope { kv, .. } = out {
-                    binds.extend(kv.map(Bind::all));
-                }
-                if let Out::Residual { next_norm: Some((g, hg)), .. } = out {
-                    binds.extend([Bind::all(&g.buf), Bind::all(hg)]);
-                }
-                if let Some(h) = norm_h {
-                    binds.push(Bind::all(h));
-                }
+                binds.extend(extra.iter().map(|(_, b)| *b));
                 let grid = Grid::XY(groups(c.rows, (wg * rt) as usize), groups(rows_here, mt as usize));
                 self.rec.dispatch(kernel, &prelude, &params, &binds, grid)?;
             }

@@ -364,8 +364,7 @@ impl Prelude {
                      fn store_rope(tok: u32, col: u32, i: u32, x1: f32, x2: f32) {{\n\
                      \x20   var y = vec2<f32>(x1, x2);\n\
                      \x20   if (col < {nq}u + {nkv}u) {{\n\
-                     \x20       let sc = sincos(f32(rope_pos[tok]) * rope_freq[i]);\n\
-                     \x20       y = vec2<f32>(x1 * sc.y - x2 * sc.x, x2 * sc.y + x1 * sc.x);\n\
+                     \x20       y = rotate(x1, x2, sincos(f32(rope_pos[tok]) * rope_freq[i]));\n\
                      \x20   }}\n\
                      \x20   if (col < {nq}u) {{ out[tok * {nq}u + col] = y.x; out[tok * {nq}u + col + {half}u] = y.y; return; }}\n\
                      \x20   let slot = rope_slots[tok];\n\
@@ -400,7 +399,8 @@ impl Prelude {
     /// own sin/cos is only bounded on [-pi, pi], and rope angles reach thousands of radians. The
     /// angle is reduced by pi/2 in three exact-ish steps (Cody-Waite: the first constant has 8
     /// significant bits, so kf * DP1 is exact for kf < 2^16), then short polynomials on
-    /// [-pi/4, pi/4] (Cephes sinf/cosf). Used by rope.wgsl and matmul's rope epilogue.
+    /// [-pi/4, pi/4] (Cephes sinf/cosf). Also `rotate(x1, x2, sc)`, rope's rotation of a pair.
+    /// Used by rope.wgsl and matmul's rope epilogue.
     pub fn sincos(mut self) -> Self {
         self.0.push_str(
             "fn sincos(a: f32) -> vec2<f32> {\n\
@@ -417,7 +417,9 @@ impl Prelude {
              \x20       case 2: { return vec2<f32>(-s, -c); }\n\
              \x20       default: { return vec2<f32>(-c, s); }\n\
              \x20   }\n\
-             }\n",
+             }\n\
+             // The pair (x1, x2) (elements i and i + head_dim / 2) rotated by the angle whose (sin, cos) is sc.\n\
+             fn rotate(x1: f32, x2: f32, sc: vec2<f32>) -> vec2<f32> { return vec2<f32>(x1 * sc.y - x2 * sc.x, x2 * sc.y + x1 * sc.x); }\n",
         );
         self
     }
