@@ -2,6 +2,8 @@
 //   k, v f32 [T, kv_heads, head_dim]; caches f32 [num_slots, kv_heads, head_dim]
 //   (= [num_blocks, block_size, kv_heads, head_dim]); slots u32 [T].
 // One invocation per element of k; a slot past the cache is skipped (validated on the host).
+// kv_write_t (entry point): the same into caches kept in textures, one invocation per vec4 of
+// k (the prelude's k4_store / v4_store, Prelude::kv_cache; kv_dim % 4 == 0).
 // Check: cargo test -p tandem-wgpu --test ops -- kv_write
 
 struct Params {
@@ -16,6 +18,11 @@ struct Params {
 @group(0) @binding(3) var<storage, read_write> k_cache: array<f32>;  // [num_slots, kv_dim]
 @group(0) @binding(4) var<storage, read_write> v_cache: array<f32>;  // [num_slots, kv_dim]
 @group(0) @binding(5) var<storage, read> slots: array<u32>;          // [T]
+// The same bindings as vec4s (kv_write_t, and the prelude's k4_store for buffer caches).
+@group(0) @binding(1) var<storage, read> k_in4: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> v_in4: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> k4: array<vec4<f32>>;
+@group(0) @binding(4) var<storage, read_write> v4: array<vec4<f32>>;
 
 @compute @workgroup_size(64)
 fn kv_write(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -32,4 +39,22 @@ fn kv_write(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
     }
     k_cache[slot * p.kv_dim + e] = k[i];
     v_cache[slot * p.kv_dim + e] = v[i];
+}
+
+@compute @workgroup_size(64)
+fn kv_write_t(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+              @builtin(local_invocation_index) li: u32) {
+    let i = (wg.y * nwg.x + wg.x) * 64u + li;
+    let kv4 = p.kv_dim / 4u;
+    if (i >= p.num_tokens * kv4) {
+        return;
+    }
+    let t = i / kv4;
+    let slot = slots[t];
+    if (slot >= p.num_slots) {
+        return;
+    }
+    let dst = slot * kv4 + (i - t * kv4);
+    k4_store(dst, k_in4[i]);
+    v4_store(dst, v_in4[i]);
 }

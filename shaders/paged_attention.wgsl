@@ -11,6 +11,8 @@
 // tile + j (a dot product over head_dim) into workgroup memory; then each lane, owning output
 // dimensions li, li + 64, ..., folds the tile into its running (max, sum, acc) with the online
 // softmax. Two barriers per tile of 64 keys. head_dim <= 256.
+// Both kernels read the caches through the prelude's k_at / v_at / k4_at / v4_at
+// (Prelude::kv_cache): the storage buffers declared here, or textures the prelude declares.
 // Check: cargo test -p tandem-wgpu --test ops -- paged_attention
 
 struct Params {
@@ -82,7 +84,7 @@ fn paged_attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups
                 let ko = slot * kv_row + kvh * hd;
                 var dot = 0.0;
                 for (var d = 0u; d < hd; d++) {
-                    dot += q[qo + d] * k_cache[ko + d];
+                    dot += q[qo + d] * k_at(ko + d);
                 }
                 sc = dot * p.scale;
             }
@@ -112,7 +114,7 @@ fn paged_attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups
             for (var c = 0u; c < MAX_DIMS_PER_LANE; c++) {
                 let d = li + c * 64u;
                 if (d < hd) {
-                    acc[c] += pr * v_cache[vo + d];
+                    acc[c] += pr * v_at(vo + d);
                 }
             }
         }
@@ -191,32 +193,20 @@ fn paged_attention_lane(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workg
             continue;
         }
         let ko = slot * kv_row + kvh * HV;
-        var dot4: array<vec4<f32>, GQ>;
-        for (var g = 0u; g < GQ; g++) {
-            dot4[g] = vec4<f32>(0.0);
-        }
-        for (var d = 0u; d < HV; d++) {
-            let kk = k4[ko + d];
-            for (var g = 0u; g < GQ; g++) {
-                dot4[g] += qv[g * HV + d] * kk;
-            }
-        }
+        // The prelude's lane_scores / lane_accumulate (Prelude::lane_attention) are the loops
+        // over HV and GQ written out.
+        let dots = lane_scores(ko, &qv);
         var corr: array<f32, GQ>;
         var pr: array<f32, GQ>;
         for (var g = 0u; g < GQ; g++) {
-            let sc = dot4[g].x + dot4[g].y + dot4[g].z + dot4[g].w;
+            let sc = dots[g];
             let m_new = max(m[g], sc);
             corr[g] = exp(m[g] - m_new);
             pr[g] = exp(sc - m_new);
             l[g] = l[g] * corr[g] + pr[g];
             m[g] = m_new;
         }
-        for (var d = 0u; d < HV; d++) {
-            let vv = v4[ko + d];
-            for (var g = 0u; g < GQ; g++) {
-                acc[g * HV + d] = acc[g * HV + d] * corr[g] + pr[g] * vv;
-            }
-        }
+        lane_accumulate(ko, &acc, corr, pr);
     }
     for (var g = 0u; g < GQ; g++) {
         part_m[li * GQ + g] = m[g];

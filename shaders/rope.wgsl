@@ -9,6 +9,10 @@
 // rope_kv_write (entry point of the same name): the same rotation fused with kv_write. q is
 // rotated in place; k is rotated straight into k_cache[slots[t]] (k itself is left as it was)
 // and v is copied into v_cache[slots[t]]. One dispatch per layer instead of two.
+// rope_kv_write_t (entry point): the same into caches kept in textures (the prelude's
+// k4_store / v4_store, Prelude::kv_cache): q's pairs as in rope_kv_write, then one invocation
+// per vec4 of k and v (head_dim % 4 == 0), each element rotated with its partner half a head
+// away; the same arithmetic, so the same values as rope_kv_write.
 // Check: cargo test -p tandem-wgpu --test ops -- rope
 
 struct Params {
@@ -29,6 +33,10 @@ struct Params {
 @group(0) @binding(6) var<storage, read_write> k_cache: array<f32>;  // [num_slots, kv_heads, head_dim]
 @group(0) @binding(7) var<storage, read_write> v_cache: array<f32>;  // [num_slots, kv_heads, head_dim]
 @group(0) @binding(8) var<storage, read> slots: array<u32>;          // [T]
+// The same bindings as vec4s (rope_kv_write_t, and the prelude's k4_store for buffer caches).
+@group(0) @binding(5) var<storage, read> v_in4: array<vec4<f32>>;
+@group(0) @binding(6) var<storage, read_write> k4: array<vec4<f32>>;
+@group(0) @binding(7) var<storage, read_write> v4: array<vec4<f32>>;
 
 // sincos(a) -> (sin a, cos a) and rotate(x1, x2, sc) come from the prelude (Prelude::sincos;
 // matmul's rope epilogue shares them).
@@ -102,4 +110,46 @@ fn rope_kv_write(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
     k_cache[dst + half] = y.y;
     v_cache[dst] = v[src];
     v_cache[dst + half] = v[src + half];
+}
+
+// Element d of k's head starting at element `head` of token t's row, rotated.
+fn k_rotated(t: u32, head: u32, d: u32) -> f32 {
+    let half = p.head_dim / 2u;
+    let lo = d < half;
+    let i = select(d - half, d, lo);
+    let y = rotate(k[head + i], k[head + i + half], sincos(f32(positions[t]) * inv_freq[i]));
+    return select(y.y, y.x, lo);
+}
+
+@compute @workgroup_size(64)
+fn rope_kv_write_t(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                   @builtin(local_invocation_index) li: u32) {
+    let idx = (wg.y * nwg.x + wg.x) * 64u + li;
+    let half = p.head_dim / 2u;
+    let q_items = p.num_tokens * p.q_heads * half;
+    if (idx < q_items) {
+        let th = idx / half;
+        let i = idx % half;
+        let t = th / p.q_heads;
+        rotate_q(Item(t, th % p.q_heads, i, sincos(f32(positions[t]) * inv_freq[i])));
+        return;
+    }
+    let hv = p.head_dim / 4u;
+    let kv4 = p.kv_heads * hv;
+    let j = idx - q_items; // vec4 j of k and v: [T, kv_heads, head_dim / 4]
+    if (j >= p.num_tokens * kv4) {
+        return;
+    }
+    let t = j / kv4;
+    let slot = slots[t];
+    // A slot past the cache is skipped (validated on the host), as in kv_write.
+    if (slot >= p.num_slots) {
+        return;
+    }
+    let e = j - t * kv4;
+    let head = t * kv4 * 4u + (e / hv) * p.head_dim;
+    let d = (e % hv) * 4u;
+    let y = vec4<f32>(k_rotated(t, head, d), k_rotated(t, head, d + 1u), k_rotated(t, head, d + 2u), k_rotated(t, head, d + 3u));
+    k4_store(slot * kv4 + e, y);
+    v4_store(slot * kv4 + e, v_in4[j]);
 }

@@ -26,7 +26,8 @@ pub struct WgpuOptions {
     /// CPU adapters and workgroups on GPUs.
     pub lane_kernels: Option<bool>,
     /// Hold tiled weight matrices in textures (`Some(true)` where the adapter can), or in
-    /// buffers; by default `TANDEM_WGPU_TEXELS=0|1`, else textures on CPU adapters.
+    /// buffers; by default `TANDEM_WGPU_TEXELS=0|1`, else textures on CPU adapters. With
+    /// texel weights the KV caches are textures too, unless `TANDEM_WGPU_KV_TEXELS=0`.
     pub texel_weights: Option<bool>,
 }
 
@@ -65,6 +66,9 @@ pub struct WgpuBackend {
     fuse_rope: bool,
     /// Where matmul copies a batch's x on texture-holding adapters (see `matmul_to`).
     x_scratch: Mutex<Option<Texels>>,
+    /// KV caches in textures ([`Texels`], 4 f32 per texel) rather than storage buffers: on a
+    /// CPU-side Vulkan attention's K and V loads become gathers instead of lane-by-lane loops.
+    kv_texels: bool,
 }
 
 /// llvmpipe/lavapipe ends every loop of a shader once the invocation has run 65535 loop
@@ -185,6 +189,8 @@ impl WgpuBackend {
             fuse_norm: knob("TANDEM_WGPU_FUSE_NORM", 1) == 1,
             fuse_norm_rows: knob("TANDEM_WGPU_FUSE_NORM_ROWS", 2) as usize,
             fuse_rope: knob("TANDEM_WGPU_FUSE_ROPE", 1) == 1,
+            // Measured on lavapipe (SmolLM2 decode): see docs/bench-cpu.md, "fifth session".
+            kv_texels: texel_weights && knob("TANDEM_WGPU_KV_TEXELS", 1) == 1,
             x_scratch: Mutex::new(None),
         })
     }
@@ -688,10 +694,46 @@ fn want_f32<'a>(op: &str, what: &str, b: &'a WgpuBuf, need: usize) -> Result<&'a
     if b.kind != BufKind::F32 {
         return Err(err(format!("{op}: {what} must be an f32 buffer, got {}", b.label())));
     }
+    if b.texels.is_some() {
+        return Err(err(format!("{op}: {what} is {}, kept in a texture: only kv_write, rope_kv_write, paged_attention and read_kv take it", b.label())));
+    }
     if b.len < need {
         return Err(err(format!("{op}: {what} needs {need} elements, {} has {}", b.label(), b.len)));
     }
     Ok(&b.buf)
+}
+
+/// A pair of KV caches as the kernels bind them: storage buffers, or textures (`Prelude::kv_cache`).
+#[derive(Clone, Copy)]
+enum KvPair<'a> {
+    Bufs(&'a wgpu::Buffer, &'a wgpu::Buffer),
+    Texels(&'a wgpu::TextureView, &'a wgpu::TextureView),
+}
+
+impl<'a> KvPair<'a> {
+    fn texels(self) -> bool {
+        matches!(self, KvPair::Texels(..))
+    }
+    fn binds(self) -> [Bind<'a>; 2] {
+        match self {
+            KvPair::Bufs(k, v) => [Bind::all(k), Bind::all(v)],
+            KvPair::Texels(k, v) => [Bind::Texels(k), Bind::Texels(v)],
+        }
+    }
+}
+
+/// The k and v caches of one layer, both of `g`'s size and both buffers or both textures.
+fn want_kv<'a>(op: &str, k: &'a WgpuBuf, v: &'a WgpuBuf, g: KvGeometry) -> Result<KvPair<'a>> {
+    for (what, b) in [("k_cache", k), ("v_cache", v)] {
+        if b.kind != BufKind::F32 || b.len < g.layer_elems() {
+            return Err(err(format!("{op}: {what} must be a KV cache of {} f32 (from alloc_kv), got {}", g.layer_elems(), b.label())));
+        }
+    }
+    match (&k.texels, &v.texels) {
+        (None, None) => Ok(KvPair::Bufs(&k.buf, &v.buf)),
+        (Some(kt), Some(vt)) => Ok(KvPair::Texels(&kt.view, &vt.view)),
+        _ => Err(err(format!("{op}: k_cache and v_cache differ in kind ({} and {})", k.label(), v.label()))),
+    }
 }
 
 fn want_u32<'a>(op: &str, what: &str, b: &'a WgpuBuf, need: usize) -> Result<&'a wgpu::Buffer> {
@@ -755,10 +797,27 @@ impl Backend for WgpuBackend {
 
     fn alloc_kv(&self, g: KvGeometry) -> Result<WgpuBuf> {
         let len = g.layer_elems();
-        self.create(BufKind::F32, len, len as u64 * 4, &format!("KV cache {g:?}"))
+        let what = format!("KV cache {g:?}");
+        // In texels when asked and each head is whole vec4s (a texel never spans two heads);
+        // a cache taller than the adapter's largest texture stays a buffer.
+        let rows = Texels::rows_for(len.div_ceil(4));
+        if self.kv_texels && g.head_dim.is_multiple_of(4) && rows <= self.rec.gpu.limits.max_texture_dimension_2d as usize {
+            // Textures start zeroed, like buffers.
+            let texels = Texels::new(&self.rec.gpu.device, Some(&what), rows.max(1), wgpu::TextureUsages::COPY_SRC | wgpu::TextureUsages::COPY_DST);
+            let buf = self.rec.gpu.device.create_buffer(&wgpu::BufferDescriptor { label: Some(&what), size: 16, usage: wgpu::BufferUsages::STORAGE, mapped_at_creation: false });
+            return Ok(WgpuBuf { buf, kind: BufKind::F32, len, name: None, tiled: None, texels: Some(texels) });
+        }
+        self.create(BufKind::F32, len, len as u64 * 4, &what)
     }
 
     fn write_f32(&self, buf: &mut WgpuBuf, data: &[f32]) -> Result<()> {
+        if let (BufKind::F32, Some(tx)) = (buf.kind, &buf.texels) {
+            // A KV cache in texels: whole texels only.
+            if data.len() > buf.len || !data.len().is_multiple_of(4) {
+                return Err(err(format!("write_f32: {} values into a KV cache of {} kept in texels (a multiple of 4 up to its size)", data.len(), buf.len)));
+            }
+            return self.rec.write_texels(&tx.texture, bytemuck::cast_slice(data));
+        }
         let b = want_f32("write_f32", "destination", buf, data.len())?;
         self.rec.write(b, bytemuck::cast_slice(data))
     }
@@ -782,6 +841,11 @@ impl Backend for WgpuBackend {
                 let bytes = t.untile(d, &raw);
                 Ok(d.to_f32(&bytes[..len * d.size()]))
             }
+            BufKind::F32 if buf.texels.is_some() => {
+                let tx = buf.texels.as_ref().expect("checked");
+                let bytes = self.read_texels(tx, len as u64 * 4)?;
+                Ok(bytemuck::pod_collect_to_vec(&bytes))
+            }
             BufKind::F32 | BufKind::Weight(DType::F32) => {
                 let bytes = self.rec.read(&buf.buf, len as u64 * 4)?;
                 Ok(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
@@ -801,7 +865,7 @@ impl Backend for WgpuBackend {
     }
 
     fn read_kv(&self, buf: &WgpuBuf, g: KvGeometry) -> Result<Vec<f32>> {
-        want_f32("read_kv", "cache", buf, g.layer_elems())?;
+        want_kv("read_kv", buf, buf, g)?;
         self.read_f32(buf, g.layer_elems())
     }
 
@@ -978,7 +1042,9 @@ impl Backend for WgpuBackend {
         // The epilogue needs each head's rows in one lane (see matmul.wgsl's ROPE); otherwise
         // (or with TANDEM_WGPU_FUSE_ROPE=0) the projection and rope_kv_write run apart.
         let (wg, rt, _) = self.matmul_block(op, false, m, hidden, norm.is_some())?;
-        if !(self.fuse_rope && ((wg * rt) as usize).is_multiple_of(hd) && (hd / 2).is_multiple_of(wg as usize)) {
+        // A cache in texels too: the epilogue writes single elements, a texel holds four.
+        let texel_cache = kv.k_cache.texels.is_some() || kv.v_cache.texels.is_some();
+        if texel_cache || !(self.fuse_rope && ((wg * rt) as usize).is_multiple_of(hd) && (hd / 2).is_multiple_of(wg as usize)) {
             self.qkv_proj(x, w, bias, q, k, v, m, nq, nkv, hidden, norm)?;
             return self.rope_kv_write(q, k, v, kv.k_cache, kv.v_cache, kv.positions, kv.inv_freq, kv.slots, m, nq / hd, g);
         }
@@ -1033,7 +1099,9 @@ impl Backend for WgpuBackend {
         to_u32(op, "tokens * heads * head_dim", num_tokens * (q_heads + kv_heads) * head_dim)?;
         let params = [num_tokens as u32, q_heads as u32, kv_heads as u32, head_dim as u32];
         let binds = [Bind::all(q_b), Bind::all(k_b), Bind::all(p_b), Bind::all(f_b)];
-        self.rec.dispatch(shaders::ROPE, &Prelude::new().sincos(), &params, &binds, Grid::Linear(groups(items, 64)))
+        // rope.wgsl's other entry points need the cache accessors to compile.
+        let prelude = Prelude::new().sincos().kv_cache(6, false, true);
+        self.rec.dispatch(shaders::ROPE, &prelude, &params, &binds, Grid::Linear(groups(items, 64)))
     }
 
     fn rope_kv_write(&self, q: &mut WgpuBuf, k: &mut WgpuBuf, v: &WgpuBuf, k_cache: &mut WgpuBuf, v_cache: &mut WgpuBuf, positions: &WgpuBuf, inv_freq: &WgpuBuf, slots: &WgpuBuf, num_tokens: usize, q_heads: usize, g: KvGeometry) -> Result<()> {
@@ -1047,17 +1115,27 @@ impl Backend for WgpuBackend {
         let q_b = want_f32(op, "q", q, num_tokens * q_heads * head_dim)?;
         let k_b = want_f32(op, "k", k, num_tokens * kv_dim)?;
         let v_b = want_f32(op, "v", v, num_tokens * kv_dim)?;
-        let kc = want_f32(op, "k_cache", k_cache, g.layer_elems())?;
-        let vc = want_f32(op, "v_cache", v_cache, g.layer_elems())?;
+        let kv = want_kv(op, k_cache, v_cache, g)?;
         let p_b = want_u32(op, "positions", positions, num_tokens)?;
         let f_b = want_f32(op, "inv_freq", inv_freq, half)?;
         let s_b = want_u32(op, "slots", slots, num_tokens)?;
         to_u32(op, "tokens * heads * head_dim", num_tokens * (q_heads + kv_heads) * head_dim)?;
         to_u32(op, "cache elements", g.layer_elems())?;
-        let items = num_tokens * (q_heads + kv_heads) * half;
         let params = [num_tokens as u32, q_heads as u32, kv_heads as u32, head_dim as u32, g.slots() as u32];
-        let binds = [Bind::all(q_b), Bind::all(k_b), Bind::all(p_b), Bind::all(f_b), Bind::all(v_b), Bind::all(kc), Bind::all(vc), Bind::all(s_b)];
-        self.rec.dispatch(shaders::ROPE_KV_WRITE, &Prelude::new().sincos(), &params, &binds, Grid::Linear(groups(items, 64)))
+        let [kc, vc] = kv.binds();
+        let binds = [Bind::all(q_b), Bind::all(k_b), Bind::all(p_b), Bind::all(f_b), Bind::all(v_b), kc, vc, Bind::all(s_b)];
+        let prelude = Prelude::new().sincos().kv_cache(6, kv.texels(), true);
+        match kv.texels() {
+            // q's pairs, then k and v a vec4 at a time (see rope.wgsl).
+            true => {
+                let items = num_tokens * q_heads * half + num_tokens * kv_dim / 4;
+                self.rec.dispatch(shaders::ROPE_KV_WRITE_T, &prelude, &params, &binds, Grid::Linear(groups(items, 64)))
+            }
+            false => {
+                let items = num_tokens * (q_heads + kv_heads) * half;
+                self.rec.dispatch(shaders::ROPE_KV_WRITE, &prelude, &params, &binds, Grid::Linear(groups(items, 64)))
+            }
+        }
     }
 
     fn silu_mul(&self, gate: &WgpuBuf, up: &WgpuBuf, out: &mut WgpuBuf, len: usize) -> Result<()> {
@@ -1079,13 +1157,18 @@ impl Backend for WgpuBackend {
         let kv_dim = g.num_kv_heads * g.head_dim;
         let k_b = want_f32(op, "k", k, num_tokens * kv_dim)?;
         let v_b = want_f32(op, "v", v, num_tokens * kv_dim)?;
-        let kc = want_f32(op, "k_cache", k_cache, g.layer_elems())?;
-        let vc = want_f32(op, "v_cache", v_cache, g.layer_elems())?;
+        let kv = want_kv(op, k_cache, v_cache, g)?;
         let s_b = want_u32(op, "slots", slots, num_tokens)?;
         to_u32(op, "cache elements", g.layer_elems())?;
         let params = [num_tokens as u32, kv_dim as u32, g.slots() as u32];
-        let binds = [Bind::all(k_b), Bind::all(v_b), Bind::all(kc), Bind::all(vc), Bind::all(s_b)];
-        self.rec.dispatch(shaders::KV_WRITE, &Prelude::new(), &params, &binds, Grid::Linear(groups(num_tokens * kv_dim, 64)))
+        let [kc, vc] = kv.binds();
+        let binds = [Bind::all(k_b), Bind::all(v_b), kc, vc, Bind::all(s_b)];
+        let prelude = Prelude::new().kv_cache(3, kv.texels(), true);
+        match kv.texels() {
+            // A texel cache is written a vec4 at a time (alloc_kv made head_dim a multiple of 4).
+            true => self.rec.dispatch(shaders::KV_WRITE_T, &prelude, &params, &binds, Grid::Linear(groups(num_tokens * kv_dim / 4, 64))),
+            false => self.rec.dispatch(shaders::KV_WRITE, &prelude, &params, &binds, Grid::Linear(groups(num_tokens * kv_dim, 64))),
+        }
     }
 
     fn paged_attention(&self, a: &AttnArgs<'_, Self>, out: &mut WgpuBuf) -> Result<()> {
@@ -1102,8 +1185,7 @@ impl Backend for WgpuBackend {
             return Err(err(format!("{op}: {t} tokens but {} sequences of {} blocks", a.num_seqs, a.max_blocks)));
         }
         let q_b = want_f32(op, "q", a.q, t * nh * hd)?;
-        let kc = want_f32(op, "k_cache", a.k_cache, g.layer_elems())?;
-        let vc = want_f32(op, "v_cache", a.v_cache, g.layer_elems())?;
+        let kv = want_kv(op, a.k_cache, a.v_cache, g)?;
         let p_b = want_u32(op, "positions", a.positions, t)?;
         let s_b = want_u32(op, "token_seq", a.token_seq, t)?;
         let bt = want_u32(op, "block_tables", a.block_tables, a.num_seqs * a.max_blocks)?;
@@ -1121,7 +1203,12 @@ impl Backend for WgpuBackend {
             g.slots() as u32,
             a.scale.to_bits(),
         ];
-        let binds = [Bind::all(q_b), Bind::all(kc), Bind::all(vc), Bind::all(p_b), Bind::all(s_b), Bind::all(bt), Bind::all(o_b)];
+        let [kc, vc] = kv.binds();
+        let binds = [Bind::all(q_b), kc, vc, Bind::all(p_b), Bind::all(s_b), Bind::all(bt), Bind::all(o_b)];
+        let (lane_kernel, group_kernel) = match kv.texels() {
+            true => (shaders::PAGED_ATTENTION_LANE_T, shaders::PAGED_ATTENTION_T),
+            false => (shaders::PAGED_ATTENTION_LANE, shaders::PAGED_ATTENTION),
+        };
         // Loop iterations per invocation (see LAVAPIPE_LOOP_LIMIT), counted as if nothing were
         // unrolled: the lane kernel runs hd/4 (1 + gq) twice and 3 gq + 1 more per key of its
         // eighth of the keys, the workgroup kernel hd + 5 * 64 + 1 per tile of 64 keys. (A lane
@@ -1148,14 +1235,14 @@ impl Backend for WgpuBackend {
             .find(|&d| wg_bytes(d) <= max_wg && fits(d));
         match gq {
             Some(gq) if self.lane_kernels && hd % 4 == 0 => {
-                let prelude = Prelude::new().constant("HV", hv as u32).constant("GQ", gq as u32);
-                self.rec.dispatch(shaders::PAGED_ATTENTION_LANE, &prelude, &params, &binds, Grid::Linear((t * nh / gq) as u64))
+                let prelude = Prelude::new().constant("HV", hv as u32).constant("GQ", gq as u32).kv_cache(2, kv.texels(), false).lane_attention(hv, gq);
+                self.rec.dispatch(lane_kernel, &prelude, &params, &binds, Grid::Linear((t * nh / gq) as u64))
             }
             _ => {
                 self.check_loops(op, &format!("context {keys}, head_dim {hd}"), group_iters)?;
                 // The lane kernel's declarations in the same file need HV and GQ to compile.
-                let prelude = Prelude::new().constant("HV", hv.max(1) as u32).constant("GQ", 1);
-                self.rec.dispatch(shaders::PAGED_ATTENTION, &prelude, &params, &binds, Grid::Linear((t * nh) as u64))
+                let prelude = Prelude::new().constant("HV", hv.max(1) as u32).constant("GQ", 1).kv_cache(2, kv.texels(), false).lane_attention(hv.max(1), 1);
+                self.rec.dispatch(group_kernel, &prelude, &params, &binds, Grid::Linear((t * nh) as u64))
             }
         }
     }

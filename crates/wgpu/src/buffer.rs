@@ -187,6 +187,10 @@ impl WgpuBuf {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+    /// Whether this buffer lives in a texture (weights and KV caches on CPU adapters).
+    pub fn in_texture(&self) -> bool {
+        self.texels.is_some()
+    }
     pub(crate) fn label(&self) -> String {
         match &self.name {
             Some(n) => format!("`{n}`"),

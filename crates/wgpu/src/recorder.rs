@@ -371,6 +371,36 @@ impl Recorder {
         Ok(())
     }
 
+    /// Host data into a texture of 16-byte texels from texel 0, row after row (whole texels;
+    /// a last partial row leaves the rest of that row as it was). Ordered like [`Recorder::write`].
+    pub fn write_texels(&self, texture: &wgpu::Texture, bytes: &[u8]) -> Result<()> {
+        let width = texture.size().width as usize;
+        let texels = bytes.len() / 16;
+        if !bytes.len().is_multiple_of(16) || texels.div_ceil(width) > texture.size().height as usize {
+            return Err(Error::backend(NAME, format!("write of {} bytes into a texture of {}x{} 16-byte texels", bytes.len(), width, texture.size().height)));
+        }
+        let mut p = lock(&self.pending, "recorder")?;
+        if p.encoder.is_some() {
+            self.submit_locked(&mut p)?;
+        }
+        let (full, rest) = (texels / width, texels % width);
+        let put = |y: usize, w: usize, h: usize, data: &[u8]| {
+            self.gpu.queue.write_texture(
+                wgpu::TexelCopyTextureInfo { texture, mip_level: 0, origin: wgpu::Origin3d { x: 0, y: y as u32, z: 0 }, aspect: wgpu::TextureAspect::All },
+                data,
+                wgpu::TexelCopyBufferLayout { offset: 0, bytes_per_row: Some((w * 16) as u32), rows_per_image: Some(h as u32) },
+                wgpu::Extent3d { width: w as u32, height: h as u32, depth_or_array_layers: 1 },
+            )
+        };
+        if full > 0 {
+            put(0, width, full, &bytes[..full * width * 16]);
+        }
+        if rest > 0 {
+            put(full, rest, 1, &bytes[full * width * 16..]);
+        }
+        Ok(())
+    }
+
     /// The pending encoder with no pass open (a copy is recorded outside any pass).
     fn encoder_outside_pass<'p>(&self, p: &'p mut Pending) -> &'p mut wgpu::CommandEncoder {
         p.pass = None; // ends the open pass, releasing the encoder

@@ -39,8 +39,10 @@ pub(crate) enum Access {
     Uniform,
     /// A weight matrix in a read-only rgba32uint storage texture (see `buffer::Texels`).
     Texels,
+    /// A write-only rgba32uint storage texture (a KV cache in texels, written by kv_write).
+    TexelsWrite,
 }
-use Access::{Read as R, ReadWrite as RW, Texels as T};
+use Access::{Read as R, ReadWrite as RW, Texels as T, TexelsWrite as TW};
 
 /// A kernel: its file `shaders/<name>.wgsl`, its entry point, and its storage bindings from 1
 /// on, in order.
@@ -111,6 +113,11 @@ pub(crate) const SILU_MUL: Kernel = k("silu_mul", &[R, R, RW]);
 pub(crate) const KV_WRITE: Kernel = k("kv_write", &[R, R, RW, RW, R]);
 pub(crate) const PAGED_ATTENTION: Kernel = k("paged_attention", &[R, R, R, R, R, R, RW]);
 pub(crate) const PAGED_ATTENTION_LANE: Kernel = Kernel { name: "paged_attention", entry: "paged_attention_lane", bindings: &[R, R, R, R, R, R, RW] };
+/// The KV cache in texels (see [`Prelude::kv_cache`]): the caches are textures.
+pub(crate) const KV_WRITE_T: Kernel = Kernel { name: "kv_write", entry: "kv_write_t", bindings: &[R, R, TW, TW, R] };
+pub(crate) const ROPE_KV_WRITE_T: Kernel = Kernel { name: "rope", entry: "rope_kv_write_t", bindings: &[RW, RW, R, R, R, TW, TW, R] };
+pub(crate) const PAGED_ATTENTION_T: Kernel = k("paged_attention", &[R, T, T, R, R, R, RW]);
+pub(crate) const PAGED_ATTENTION_LANE_T: Kernel = Kernel { name: "paged_attention", entry: "paged_attention_lane", bindings: &[R, T, T, R, R, R, RW] };
 pub(crate) const ADD4: Kernel = Kernel { name: "add", entry: "add4", bindings: &[RW, R] };
 pub(crate) const SILU_MUL4: Kernel = Kernel { name: "silu_mul", entry: "silu_mul4", bindings: &[R, R, RW] };
 pub(crate) const RMS_NORM_LANE: Kernel = Kernel { name: "rms_norm", entry: "rms_norm_lane", bindings: &[R, R, RW] };
@@ -325,6 +332,80 @@ impl Prelude {
         self
     }
 
+    /// How a kernel reaches the KV caches bound at `k_binding` and `k_binding + 1`: through
+    /// `k_at(i)` / `v_at(i)` (element `i`) and `k4_at(i)` / `v4_at(i)` (vec4 `i`) when reading,
+    /// `k4_store(i, x)` / `v4_store(i, x)` when writing. In storage buffers (the kernel file
+    /// declares them as `k_cache`/`k4`, `v_cache`/`v4`), or with `texels` in rgba32uint
+    /// textures (`buffer::Texels`: vec4 `i` of the cache at texel `(i % TEXEL_ROW, i /
+    /// TEXEL_ROW)`, f32 bits) declared here, read-only or (`write`) write-only. lavapipe reads
+    /// a storage buffer at addresses that differ across lanes one lane and one component at a
+    /// time, a texel with one gather: attention's K and V loads are what that is for.
+    pub fn kv_cache(mut self, k_binding: u32, texels: bool, write: bool) -> Self {
+        let (log, mask) = (crate::buffer::TEXEL_ROW_LOG2, crate::buffer::TEXEL_ROW - 1);
+        let text = match (texels, write) {
+            (false, false) => "fn k_at(i: u32) -> f32 { return k_cache[i]; }\n\
+                 fn v_at(i: u32) -> f32 { return v_cache[i]; }\n\
+                 fn k4_at(i: u32) -> vec4<f32> { return k4[i]; }\n\
+                 fn v4_at(i: u32) -> vec4<f32> { return v4[i]; }\n"
+                .to_string(),
+            (false, true) => "fn k4_store(i: u32, x: vec4<f32>) { k4[i] = x; }\n\
+                 fn v4_store(i: u32, x: vec4<f32>) { v4[i] = x; }\n"
+                .to_string(),
+            (true, false) => format!(
+                "@group(0) @binding({k_binding}) var k_tex: texture_storage_2d<rgba32uint, read>;\n\
+                 @group(0) @binding({}) var v_tex: texture_storage_2d<rgba32uint, read>;\n\
+                 fn k4_at(i: u32) -> vec4<f32> {{ return bitcast<vec4<f32>>(textureLoad(k_tex, vec2<u32>(i & {mask}u, i >> {log}u))); }}\n\
+                 fn v4_at(i: u32) -> vec4<f32> {{ return bitcast<vec4<f32>>(textureLoad(v_tex, vec2<u32>(i & {mask}u, i >> {log}u))); }}\n\
+                 fn k_at(i: u32) -> f32 {{ return k4_at(i >> 2u)[i & 3u]; }}\n\
+                 fn v_at(i: u32) -> f32 {{ return v4_at(i >> 2u)[i & 3u]; }}\n",
+                k_binding + 1
+            ),
+            (true, true) => format!(
+                "@group(0) @binding({k_binding}) var k_tex: texture_storage_2d<rgba32uint, write>;\n\
+                 @group(0) @binding({}) var v_tex: texture_storage_2d<rgba32uint, write>;\n\
+                 fn k4_store(i: u32, x: vec4<f32>) {{ textureStore(k_tex, vec2<u32>(i & {mask}u, i >> {log}u), bitcast<vec4<u32>>(x)); }}\n\
+                 fn v4_store(i: u32, x: vec4<f32>) {{ textureStore(v_tex, vec2<u32>(i & {mask}u, i >> {log}u), bitcast<vec4<u32>>(x)); }}\n",
+                k_binding + 1
+            ),
+        };
+        self.0.push_str(&text);
+        self
+    }
+
+    /// paged_attention.wgsl's lane kernel per key, written out for `hv` = head_dim / 4 and `gq`
+    /// query heads (the prelude constants HV and GQ): `lane_scores(ko, &qv) -> array<f32, GQ>`,
+    /// the GQ dot products of the key's vec4s from `ko` with qv, and `lane_accumulate(ko, &acc,
+    /// corr, pr)`, acc = acc * corr + pr * the value's vec4s. Every private-array index is a
+    /// constant here: lavapipe did not unroll these loops (HV x GQ long) and served each
+    /// run-time index of qv and acc with a load per lane, which was most of attention's time.
+    pub fn lane_attention(mut self, hv: usize, gq: usize) -> Self {
+        let mut t = String::from("fn lane_scores(ko: u32, qv: ptr<function, array<vec4<f32>, GQ * HV>>) -> array<f32, GQ> {\n    var s: array<vec4<f32>, GQ>;\n");
+        for g in 0..gq {
+            t += &format!("    s[{g}] = vec4<f32>(0.0);\n");
+        }
+        for d in 0..hv {
+            t += &format!("    {{ let kk = k4_at(ko + {d}u);");
+            for g in 0..gq {
+                t += &format!(" s[{g}] += (*qv)[{}] * kk;", g * hv + d);
+            }
+            t += " }\n";
+        }
+        let sums: Vec<String> = (0..gq).map(|g| format!("s[{g}].x + s[{g}].y + s[{g}].z + s[{g}].w")).collect();
+        t += &format!("    return array<f32, GQ>({});\n}}\n", sums.join(", "));
+        t += "fn lane_accumulate(ko: u32, acc: ptr<function, array<vec4<f32>, GQ * HV>>, corr: array<f32, GQ>, pr: array<f32, GQ>) {\n";
+        for d in 0..hv {
+            t += &format!("    {{ let vv = v4_at(ko + {d}u);");
+            for g in 0..gq {
+                let i = g * hv + d;
+                t += &format!(" (*acc)[{i}] = (*acc)[{i}] * corr[{g}] + pr[{g}] * vv;");
+            }
+            t += " }\n";
+        }
+        t += "}\n";
+        self.0.push_str(&t);
+        self
+    }
+
     /// matmul's `store_out` and `PAIRS` for `to`.
     pub fn matmul_out(mut self, to: MatmulOut) -> Self {
         let plain = "fn store_out(row: u32, col: u32, v: f32) { out[row * p.n + col] = v; }\n";
@@ -507,6 +588,11 @@ impl Pipelines {
                     Access::ReadWrite => buffer(wgpu::BufferBindingType::Storage { read_only: false }),
                     Access::Texels => wgpu::BindingType::StorageTexture {
                         access: wgpu::StorageTextureAccess::ReadOnly,
+                        format: wgpu::TextureFormat::Rgba32Uint,
+                        view_dimension: wgpu::TextureViewDimension::D2,
+                    },
+                    Access::TexelsWrite => wgpu::BindingType::StorageTexture {
+                        access: wgpu::StorageTextureAccess::WriteOnly,
                         format: wgpu::TextureFormat::Rgba32Uint,
                         view_dimension: wgpu::TextureViewDimension::D2,
                     },

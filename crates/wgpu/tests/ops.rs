@@ -441,8 +441,9 @@ fn qkv_rope_kv_write_equals_the_ops_it_fuses() {
                 };
                 let (want, got) = (run(false), run(true));
                 // The epilogue never writes the k scratch: proof that the fused path ran where it
-                // should (decode blocks hold 128 rows per lane group, prefill blocks 64).
-                let fused_expected = hd == 64 || m <= 2;
+                // should (decode blocks hold 128 rows per lane group, prefill blocks 64; a
+                // cache in a texture takes the unfused path, a texel holding four elements).
+                let fused_expected = (hd == 64 || m <= 2) && !b.alloc_kv(g).unwrap().in_texture();
                 assert_eq!(!got.3, fused_expected, "hd{hd} m{m}: fused path taken = {}", !got.3);
                 let what = |x: &str| format!("qkv_rope_kv_write {x} {where_} hd{hd} m{m} bias {bias} norm {with_norm}");
                 assert_close(&what("q"), &got.0, &f64s(&want.0), 0.0);
@@ -575,7 +576,13 @@ fn rope() {
 
 #[test]
 fn kv_write() {
-    let Some(b) = backend() else { return };
+    // Caches in textures (CPU adapters) and in buffers.
+    for b in &texel_and_buffer_backends("kv_write") {
+        kv_write_on(b);
+    }
+}
+
+fn kv_write_on(b: &WgpuBackend) {
     let mut rng = Rng::new("kv_write");
     let g = KvGeometry { num_blocks: 7, block_size: 16, num_kv_heads: 3, head_dim: 64 };
     let kvd = g.num_kv_heads * g.head_dim;
@@ -605,7 +612,12 @@ fn kv_write() {
 fn rope_kv_write_equals_rope_then_kv_write() {
     // The fused kernel against the two ops it replaces (each checked against the CPU above):
     // the same rotation, so q and both caches must match exactly, untouched slots included.
-    let Some(b) = backend() else { return };
+    for b in &texel_and_buffer_backends("rope_kv_write") {
+        rope_kv_write_on(b);
+    }
+}
+
+fn rope_kv_write_on(b: &WgpuBackend) {
     let mut rng = Rng::new("rope_kv_write");
     for (g, qh, t) in [
         (KvGeometry { num_blocks: 7, block_size: 16, num_kv_heads: 3, head_dim: 64 }, 9, 11),
@@ -721,19 +733,34 @@ fn check_attention(b: &WgpuBackend, rng: &mut Rng, head_dim: usize, block_size: 
 }
 
 fn attention_cases(lane: bool) {
-    let Some(b) = common::open(WgpuOptions { lane_kernels: Some(lane), ..Default::default() }) else { return };
-    let mut rng = Rng::new(&format!("paged_attention lane={lane}"));
+    // KV caches in textures (where the adapter can hold them: CPU adapters) and in buffers.
+    for texels in [true, false] {
+        let Some(b) = common::open(WgpuOptions { lane_kernels: Some(lane), texel_weights: Some(texels), ..Default::default() }) else { return };
+        if texels && !b.can_hold_texels() {
+            eprintln!("paged_attention with caches in textures skipped: adapter {} cannot hold them", b.adapter());
+            continue;
+        }
+        if std::env::var_os("TANDEM_WGPU_KV_TEXELS").is_none() {
+            let in_texture = b.alloc_kv(KvGeometry { num_blocks: 1, block_size: 16, num_kv_heads: 1, head_dim: 64 }).unwrap().in_texture();
+            assert_eq!(in_texture, texels, "KV cache in a texture");
+        }
+        attention_cases_on(&b, lane, texels);
+    }
+}
+
+fn attention_cases_on(b: &WgpuBackend, lane: bool, texels: bool) {
+    let mut rng = Rng::new(&format!("paged_attention lane={lane} texels={texels}"));
     // Decode tokens.
-    check_attention(&b, &mut rng, 64, 16, 3, 3, &[(1, 1), (37, 1), (200, 1)]);
-    check_attention(&b, &mut rng, 128, 32, 2, 4, &[(65, 1), (33, 1)]);
-    check_attention(&b, &mut rng, 64, 32, 4, 1, &[(129, 1)]);
+    check_attention(b, &mut rng, 64, 16, 3, 3, &[(1, 1), (37, 1), (200, 1)]);
+    check_attention(b, &mut rng, 128, 32, 2, 4, &[(65, 1), (33, 1)]);
+    check_attention(b, &mut rng, 64, 32, 4, 1, &[(129, 1)]);
     // A fresh prefill, a chunk over a cached prefix ending mid-block, and a decode token together.
-    check_attention(&b, &mut rng, 64, 16, 3, 3, &[(45, 45), (83, 19), (30, 1)]);
-    check_attention(&b, &mut rng, 128, 32, 1, 4, &[(70, 70), (100, 37)]);
-    check_attention(&b, &mut rng, 128, 16, 2, 1, &[(17, 5), (3, 3)]);
+    check_attention(b, &mut rng, 64, 16, 3, 3, &[(45, 45), (83, 19), (30, 1)]);
+    check_attention(b, &mut rng, 128, 32, 1, 4, &[(70, 70), (100, 37)]);
+    check_attention(b, &mut rng, 128, 16, 2, 1, &[(17, 5), (3, 3)]);
     // Eight query heads of 256 dims on one kv head: the lane kernel's grouped workgroup memory
     // (8 splits x 8 heads x 1 KiB) exceeds the adapter's, so it serves one head a workgroup.
-    check_attention(&b, &mut rng, 256, 16, 1, 8, &[(40, 1), (21, 21)]);
+    check_attention(b, &mut rng, 256, 16, 1, 8, &[(40, 1), (21, 21)]);
 }
 
 /// Long contexts: on lavapipe, whose loops stop after 65535 iterations per invocation, the
