@@ -39,6 +39,8 @@ pub(crate) struct Gpu {
     pub texel_weights: bool,
     /// Errors wgpu could not hand back through a scope (they surface at the next read).
     pub uncaptured: Arc<Mutex<Vec<String>>>,
+    /// A CPU adapter's worker threads, to pin once they have run (see `affinity`).
+    pub worker_pin: Option<crate::affinity::WorkerPin>,
 }
 
 /// The backends to request: `TANDEM_WGPU_BACKENDS`, else Vulkan alone.
@@ -73,6 +75,8 @@ fn ensure_xdg_runtime_dir() {
 pub(crate) fn open() -> Result<Gpu> {
     let (backends, spec) = requested_backends()?;
     ensure_xdg_runtime_dir();
+    // The driver's threads are those that appear from here to the open device (affinity.rs).
+    let threads_before = crate::affinity::threads();
     let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
     desc.backends = backends;
     // No validation layers or debug labels unless WGPU_DEBUG / WGPU_VALIDATION ask for them.
@@ -122,5 +126,6 @@ pub(crate) fn open() -> Result<Gpu> {
         }
     }));
     tracing::info!(adapter = %summary, "wgpu device opened");
-    Ok(Gpu { device, queue, limits, summary, texel_weights, uncaptured })
+    let worker_pin = (summary.device_type == wgpu::DeviceType::Cpu).then(|| crate::affinity::WorkerPin::new(&threads_before)).flatten();
+    Ok(Gpu { device, queue, limits, summary, texel_weights, uncaptured, worker_pin })
 }

@@ -9,11 +9,13 @@
 //! - [`recorder`]: one pending command encoder, the per-submit parameter arena, reads and writes.
 //! - [`buffer`]: [`WgpuBuf`], the backend's buffer type.
 //! - [`backend`]: [`WgpuBackend`] and its ops.
+//! - `affinity`: lavapipe's compute workers pinned one per CPU (CPU adapters on Linux).
 //!
 //! Architecture invariant: ops only record; the device runs them when something is read
 //! (`read_*`, `argmax`), or when a write must not be seen by work recorded before it.
 
 pub mod adapter;
+mod affinity;
 pub mod backend;
 pub mod buffer;
 pub mod recorder;

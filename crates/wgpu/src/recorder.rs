@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::num::NonZeroU64;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -94,6 +94,8 @@ pub(crate) struct Recorder {
     profiling: AtomicBool,
     /// Poll and sleep rather than block while waiting (CPU adapters).
     sleepy_wait: bool,
+    /// Dispatches recorded since the device opened.
+    dispatched: AtomicU64,
 }
 
 fn lock<'a, T>(m: &'a Mutex<T>, what: &str) -> Result<MutexGuard<'a, T>> {
@@ -140,6 +142,7 @@ impl Recorder {
             bind_groups: Mutex::new(std::collections::HashMap::new()),
             gpu,
             sleepy_wait,
+            dispatched: AtomicU64::new(0),
             profiler,
             profiling: AtomicBool::new(false),
         }
@@ -286,6 +289,7 @@ impl Recorder {
             pass.dispatch_workgroups(gx, gy, 1);
         }
         drop(p);
+        self.dispatched.fetch_add(1, Ordering::Relaxed);
         if let Ok(mut s) = self.stats.lock() {
             *s.dispatches.entry(kernel.name).or_default() += 1;
         }
@@ -488,6 +492,9 @@ impl Recorder {
     /// thread, taking a core from the driver's own worker threads (half of a 2-core machine),
     /// so there it polls and sleeps instead.
     fn wait(&self) -> Result<()> {
+        if let Some(pin) = &self.gpu.worker_pin {
+            pin.maybe_pin(self.dispatched.load(Ordering::Relaxed));
+        }
         let fail = |e: wgpu::PollError| Error::backend(NAME, format!("waiting for the device: {e}"));
         if !self.sleepy_wait {
             self.gpu.device.poll(wgpu::PollType::wait_indefinitely()).map_err(fail)?;
