@@ -19,6 +19,8 @@
 // Results go through the prelude's `store_out(row, col, v)`: out[row, col], or for a fused
 // q/k/v weight the q, k or v output the column falls in; with `PAIRS` (a fused gate/up weight)
 // each output is silu(gate) * up of two of the lane's rows (see the end).
+// With `KV_STAGE` (ROPE into caches kept in textures) the K and V rows go through workgroup
+// memory, one barrier, and `kv_stage_flush` stores them a texel (four rows) at a time.
 // With `NORM` (the prelude's `norm_in`), x is h * gamma and each row's results are scaled by
 // 1 / rms of h's row (`norm_prologue`, before anything returns: it has a barrier) before the
 // bias: the projection of rms_norm(h) * gamma.
@@ -49,7 +51,9 @@ fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     if (NORM) {
         norm_inv = norm_prologue(li, p.out_row0 + m0, p.out_row0 + p.m - 1u);
     }
-    if (r0 >= p.rows) {
+    // With KV_STAGE the epilogue has a barrier: every lane goes on (rows past the end are
+    // clamped below and never stored).
+    if (r0 >= p.rows && !KV_STAGE) {
         return;
     }
     var acc: array<f32, MT * RT>;
@@ -130,10 +134,15 @@ fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
                 let b2 = bias_at(r + HALF);
                 for (var mi = 0u; mi < MT; mi++) {
                     if (m0 + mi < p.m) {
-                        store_rope(p.out_row0 + m0 + mi, r, i, acc[mi * RT + t] + b1, acc[mi * RT + t + HALF / WG] + b2);
+                        store_rope(p.out_row0 + m0 + mi, r, i, acc[mi * RT + t] + b1, acc[mi * RT + t + HALF / WG] + b2, mi * WG * RT + t * WG + li);
                     }
                 }
             }
+        }
+        if (KV_STAGE) {
+            // Caches in textures (a texel is four rows, in four lanes): staged, then stored.
+            workgroupBarrier();
+            kv_stage_flush(wg.x * WG * RT, m0, li);
         }
         return;
     }

@@ -11,8 +11,10 @@
 //! - the driver's threads are the ones that appear while the device opens (a snapshot of
 //!   `/proc/self/task` before and after), less lavapipe's render threads (`llvmpipe-N`) and
 //!   its shader-cache thread;
-//! - of those, the workers are the busy ones (each has run a share of every dispatch; the
-//!   queue thread that hands out dispatches has run a small fraction of that);
+//! - of those, the workers are the busy ones over a window of a few hundred dispatches (each
+//!   runs a share of every dispatch; the queue thread that hands dispatches out runs a small
+//!   fraction of that, except while it JIT-compiles new shader variants, so a window without a
+//!   clear split is followed by another);
 //! - worker `i` is pinned to the `i`-th CPU this process may use, when there are at least
 //!   as many CPUs as workers. Anything unexpected (another OS, fewer CPUs, a failed call)
 //!   leaves the threads as they were.
@@ -20,7 +22,7 @@
 //! `TANDEM_WGPU_PIN=0` turns it off.
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
 
 /// Threads of this process, by id.
 pub(crate) fn threads() -> BTreeSet<i32> {
@@ -37,13 +39,25 @@ fn cpu_ns(tid: i32) -> Option<u64> {
     read_task(tid, "schedstat")?.split_whitespace().next()?.parse().ok()
 }
 
-/// Dispatches recorded before the workers are picked: enough that each has run many.
-const PIN_AFTER_DISPATCHES: u64 = 500;
+/// Dispatches recorded before the workers are first looked at, and the window over which
+/// their CPU time is compared.
+const PIN_AFTER_DISPATCHES: u64 = 300;
+const WINDOW_DISPATCHES: u64 = 300;
+/// Windows tried before giving up (a window where the queue thread compiles shaders shows no
+/// clear split; a later one does).
+const MAX_WINDOWS: u32 = 8;
+
+enum State {
+    Waiting,
+    /// CPU time of each candidate when the window opened, at `at` dispatches.
+    Measuring { at: u64, cpu: Vec<(i32, u64)>, windows: u32 },
+    Done,
+}
 
 pub(crate) struct WorkerPin {
     /// Threads that appeared while the device opened, render and cache threads left out.
     candidates: Vec<i32>,
-    done: AtomicBool,
+    state: Mutex<State>,
 }
 
 impl WorkerPin {
@@ -57,32 +71,66 @@ impl WorkerPin {
             .copied()
             .filter(|&t| read_task(t, "comm").is_some_and(|c| !c.starts_with("llvmpipe-") && !c.contains("disk$")))
             .collect();
-        (candidates.len() >= 2).then(|| WorkerPin { candidates, done: AtomicBool::new(false) })
+        (candidates.len() >= 2).then(|| WorkerPin { candidates, state: Mutex::new(State::Waiting) })
     }
 
-    /// Called after waits with the dispatches recorded so far; pins once, past the threshold.
-    pub fn maybe_pin(&self, dispatches: u64) {
-        if dispatches < PIN_AFTER_DISPATCHES || self.done.swap(true, Ordering::Relaxed) {
-            return;
-        }
-        let mut busy: Vec<(u64, i32)> = self.candidates.iter().filter_map(|&t| Some((cpu_ns(t)?, t))).collect();
-        busy.sort_unstable_by(|a, b| b.cmp(a));
-        let Some(&(top, _)) = busy.first() else { return };
-        // Workers each ran a share of every dispatch; the queue thread a small fraction of one.
-        let workers: Vec<i32> = busy.iter().filter(|(ns, _)| *ns * 4 >= top).map(|&(_, t)| t).collect();
-        let cpus = allowed_cpus();
-        if workers.len() < 2 || cpus.len() < workers.len() {
-            tracing::debug!(workers = workers.len(), cpus = cpus.len(), "lavapipe workers left unpinned");
-            return;
-        }
-        for (&t, &cpu) in workers.iter().zip(&cpus) {
-            if !pin(t, cpu) {
-                tracing::debug!(thread = t, cpu, "pinning a lavapipe worker failed");
-                return;
-            }
-        }
-        tracing::debug!(?workers, ?cpus, "lavapipe workers pinned, one per CPU");
+    fn snapshot(&self) -> Vec<(i32, u64)> {
+        self.candidates.iter().filter_map(|&t| Some((t, cpu_ns(t)?))).collect()
     }
+
+    /// Called before waits with the dispatches recorded so far. Past the threshold it opens a
+    /// window; at the window's end it compares each candidate's CPU time over the window and
+    /// pins the workers when they stand clearly apart (see `workers`), else opens another.
+    pub fn maybe_pin(&self, dispatches: u64) {
+        let Ok(mut state) = self.state.try_lock() else { return };
+        match &*state {
+            State::Done => {}
+            State::Waiting if dispatches >= PIN_AFTER_DISPATCHES => *state = State::Measuring { at: dispatches, cpu: self.snapshot(), windows: 1 },
+            State::Waiting => {}
+            State::Measuring { at, cpu, windows } if dispatches >= at + WINDOW_DISPATCHES => {
+                let now = self.snapshot();
+                let deltas: Vec<(i32, u64)> = now.iter().filter_map(|&(t, ns)| Some((t, ns.saturating_sub(cpu.iter().find(|(u, _)| *u == t)?.1)))).collect();
+                match workers(deltas) {
+                    Some(w) => {
+                        pin_all(&w);
+                        *state = State::Done;
+                    }
+                    None if *windows >= MAX_WINDOWS => {
+                        tracing::debug!("lavapipe workers not told apart; left unpinned");
+                        *state = State::Done;
+                    }
+                    None => *state = State::Measuring { at: dispatches, cpu: now, windows: windows + 1 },
+                }
+            }
+            State::Measuring { .. } => {}
+        }
+    }
+}
+
+/// The workers among the candidates, from their CPU time over a window: the busiest ones,
+/// each at least 4x any other (workers run a share of every dispatch; the queue thread only
+/// hands dispatches out, unless it is compiling shaders), at least 2 of them.
+fn workers(mut deltas: Vec<(i32, u64)>) -> Option<Vec<i32>> {
+    deltas.sort_unstable_by_key(|&(_, ns)| std::cmp::Reverse(ns));
+    let split = (1..deltas.len()).find(|&i| deltas[i].1.saturating_mul(4) <= deltas[i - 1].1)?;
+    let w: Vec<i32> = deltas[..split].iter().map(|&(t, _)| t).collect();
+    // Workers share dispatches evenly: the least busy has at least half the busiest's time.
+    (w.len() >= 2 && deltas[split - 1].1 * 2 >= deltas[0].1).then_some(w)
+}
+
+fn pin_all(workers: &[i32]) {
+    let cpus = allowed_cpus();
+    if cpus.len() < workers.len() {
+        tracing::debug!(workers = workers.len(), cpus = cpus.len(), "more lavapipe workers than CPUs; left unpinned");
+        return;
+    }
+    for (&t, &cpu) in workers.iter().zip(&cpus) {
+        if !pin(t, cpu) {
+            tracing::debug!(thread = t, cpu, "pinning a lavapipe worker failed");
+            return;
+        }
+    }
+    tracing::debug!(?workers, ?cpus, "lavapipe workers pinned, one per CPU");
 }
 
 #[cfg(target_os = "linux")]
@@ -117,10 +165,28 @@ fn pin(_tid: i32, _cpu: usize) -> bool {
     false
 }
 
+#[cfg(test)]
+mod split_tests {
+    use super::workers;
+
+    #[test]
+    fn workers_are_the_busy_threads_standing_clearly_apart() {
+        // Two workers and a queue thread handing out dispatches.
+        assert_eq!(workers(vec![(3, 10), (1, 100), (2, 95)]), Some(vec![1, 2]));
+        // The queue thread compiling shaders: no clear split, look again later.
+        assert_eq!(workers(vec![(1, 100), (2, 98), (3, 90)]), None);
+        assert_eq!(workers(vec![(1, 100), (2, 60), (3, 20)]), None);
+        // One busy thread is not a pool of workers.
+        assert_eq!(workers(vec![(1, 100), (2, 10)]), None);
+        // Four workers, two idle threads.
+        assert_eq!(workers(vec![(1, 90), (2, 100), (3, 80), (4, 95), (5, 3), (6, 0)]), Some(vec![2, 4, 1, 3]));
+    }
+}
+
 #[cfg(all(test, target_os = "linux"))]
 mod tests {
     use super::*;
-    use std::sync::atomic::AtomicBool;
+    use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
 
     fn affinity_of(tid: i32) -> Vec<usize> {
@@ -132,8 +198,9 @@ mod tests {
         }
     }
 
-    /// Two busy "workers", a busy render thread and an idle thread appear after the snapshot:
-    /// the two workers get a CPU each, the others keep the process's CPUs.
+    /// Two busy "workers", a busy render thread, a mostly idle "queue" thread and an idle
+    /// thread appear after the snapshot: the two workers get a CPU each, the others keep the
+    /// process's CPUs.
     #[test]
     fn busy_new_threads_are_pinned_one_per_cpu() {
         let cpus = allowed_cpus();
@@ -144,29 +211,32 @@ mod tests {
         let before = threads();
         let stop = Arc::new(AtomicBool::new(false));
         let (tx, rx) = std::sync::mpsc::channel();
-        let spawn = |name: &'static str, busy: bool| {
+        // `duty`: spin this many ms out of every 10.
+        let spawn = |name: &'static str, duty: u64| {
             let (stop, tx) = (stop.clone(), tx.clone());
             std::thread::Builder::new()
                 .name(name.into())
                 .spawn(move || {
                     // SAFETY: gettid has no preconditions.
                     tx.send((name, unsafe { libc::gettid() })).unwrap();
-                    let t0 = std::time::Instant::now();
                     while !stop.load(Ordering::Relaxed) {
-                        if !busy || t0.elapsed().as_millis() > 300 {
-                            std::thread::sleep(std::time::Duration::from_millis(5));
+                        let t0 = std::time::Instant::now();
+                        while t0.elapsed().as_millis() < duty as u128 {
+                            std::hint::spin_loop();
                         }
+                        std::thread::sleep(std::time::Duration::from_millis(10 - duty));
                     }
                 })
                 .unwrap()
         };
-        let handles = [spawn("worker-a", true), spawn("worker-b", true), spawn("llvmpipe-0", true), spawn("idle", false)];
-        let tids: std::collections::HashMap<&str, i32> = (0..4).map(|_| rx.recv().unwrap()).collect();
-        std::thread::sleep(std::time::Duration::from_millis(350));
+        let handles = [spawn("worker-a", 9), spawn("worker-b", 9), spawn("llvmpipe-0", 9), spawn("queue", 0), spawn("idle", 0)];
+        let tids: std::collections::HashMap<&str, i32> = (0..5).map(|_| rx.recv().unwrap()).collect();
         let pin = WorkerPin::new(&before).expect("new threads seen");
         pin.maybe_pin(PIN_AFTER_DISPATCHES - 1);
-        assert!(tids.values().all(|&t| affinity_of(t) == cpus), "pinned before the threshold");
         pin.maybe_pin(PIN_AFTER_DISPATCHES);
+        std::thread::sleep(std::time::Duration::from_millis(400));
+        assert!(tids.values().all(|&t| affinity_of(t) == cpus), "pinned before the window closed");
+        pin.maybe_pin(PIN_AFTER_DISPATCHES + WINDOW_DISPATCHES);
         let by_name: std::collections::HashMap<&str, Vec<usize>> = tids.iter().map(|(&n, &t)| (n, affinity_of(t))).collect();
         stop.store(true, Ordering::Relaxed);
         for h in handles {
@@ -176,7 +246,8 @@ mod tests {
         assert_eq!(a.len(), 1, "worker-a pinned to one CPU: {a:?}");
         assert_eq!(b.len(), 1, "worker-b pinned to one CPU: {b:?}");
         assert_ne!(a, b, "the workers share a CPU");
-        assert_eq!(by_name["llvmpipe-0"], cpus, "a render thread was pinned");
-        assert_eq!(by_name["idle"], cpus, "an idle thread was pinned");
+        for other in ["llvmpipe-0", "queue", "idle"] {
+            assert_eq!(by_name[other], cpus, "{other} was pinned");
+        }
     }
 }

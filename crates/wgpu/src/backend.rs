@@ -88,7 +88,7 @@ enum Out<'a> {
     Split { q: &'a wgpu::Buffer, k: &'a wgpu::Buffer, v: &'a wgpu::Buffer, nq: usize, nkv: usize },
     GateUp(&'a wgpu::Buffer),
     /// A fused q/k/v projection with rope and the KV write in its epilogue (`MatmulOut::SplitRope`).
-    SplitRope { q: &'a wgpu::Buffer, nq: usize, nkv: usize, head_dim: usize, kv: [&'a wgpu::Buffer; 5], num_slots: usize },
+    SplitRope { q: &'a wgpu::Buffer, nq: usize, nkv: usize, head_dim: usize, caches: KvPair<'a>, kv: [&'a wgpu::Buffer; 3], num_slots: usize },
     /// `h += x w^T`, and `hg = h * gamma` with the next norm's gamma (`MatmulOut::Residual`).
     Residual { h: &'a wgpu::Buffer, next_norm: Option<(&'a WgpuBuf, &'a wgpu::Buffer)> },
 }
@@ -513,9 +513,11 @@ impl WgpuBackend {
                 extra.extend([(RW, Bind::all(k_b)), (RW, Bind::all(v_b))]);
                 MatmulOut::Split { nq: nq as u32, nkv: nkv as u32, k_binding: first_out }
             }
-            Out::SplitRope { nq, nkv, head_dim, kv, .. } => {
-                extra.extend([RW, RW, R, R, R].into_iter().zip(kv.map(Bind::all)));
-                MatmulOut::SplitRope { nq: nq as u32, nkv: nkv as u32, head_dim: head_dim as u32, first: first_out }
+            Out::SplitRope { nq, nkv, head_dim, caches, kv, .. } => {
+                let cache_access = if caches.texels() { shaders::Access::TexelsWrite } else { RW };
+                extra.extend([cache_access; 2].into_iter().zip(caches.binds()));
+                extra.extend([R, R, R].into_iter().zip(kv.map(Bind::all)));
+                MatmulOut::SplitRope { nq: nq as u32, nkv: nkv as u32, head_dim: head_dim as u32, first: first_out, texels: caches.texels() }
             }
             Out::Residual { next_norm, .. } => MatmulOut::Residual {
                 next_norm: next_norm.zip(gamma_dtype).map(|((g, hg), d)| {
@@ -1042,21 +1044,21 @@ impl Backend for WgpuBackend {
         // The epilogue needs each head's rows in one lane (see matmul.wgsl's ROPE); otherwise
         // (or with TANDEM_WGPU_FUSE_ROPE=0) the projection and rope_kv_write run apart.
         let (wg, rt, _) = self.matmul_block(op, false, m, hidden, norm.is_some())?;
-        // A cache in texels too: the epilogue writes single elements, a texel holds four.
-        let texel_cache = kv.k_cache.texels.is_some() || kv.v_cache.texels.is_some();
-        if texel_cache || !(self.fuse_rope && ((wg * rt) as usize).is_multiple_of(hd) && (hd / 2).is_multiple_of(wg as usize)) {
+        if !(self.fuse_rope && ((wg * rt) as usize).is_multiple_of(hd) && (hd / 2).is_multiple_of(wg as usize)) {
             self.qkv_proj(x, w, bias, q, k, v, m, nq, nkv, hidden, norm)?;
             return self.rope_kv_write(q, k, v, kv.k_cache, kv.v_cache, kv.positions, kv.inv_freq, kv.slots, m, nq / hd, g);
         }
         let q_b = want_f32(op, "q", q, m * nq)?;
-        let kc = want_f32(op, "k_cache", kv.k_cache, g.layer_elems())?;
-        let vc = want_f32(op, "v_cache", kv.v_cache, g.layer_elems())?;
+        let caches = want_kv(op, kv.k_cache, kv.v_cache, g)?;
+        if caches.texels() && !hd.is_multiple_of(4) {
+            return Err(err(format!("{op}: caches in textures need head_dim % 4 == 0 (head_dim {hd}; alloc_kv says so)")));
+        }
         let p_b = want_u32(op, "positions", kv.positions, m)?;
         let f_b = want_f32(op, "inv_freq", kv.inv_freq, hd / 2)?;
         let s_b = want_u32(op, "slots", kv.slots, m)?;
         to_u32(op, "cache elements", g.layer_elems())?;
         to_u32(op, "m * (nq + 2 nkv)", m * (nq + 2 * nkv))?;
-        let out = Out::SplitRope { q: q_b, nq, nkv, head_dim: hd, kv: [kc, vc, p_b, f_b, s_b], num_slots: g.slots() };
+        let out = Out::SplitRope { q: q_b, nq, nkv, head_dim: hd, caches, kv: [p_b, f_b, s_b], num_slots: g.slots() };
         self.matmul_to(op, x, w, bias, out, norm.map(|n| (n.h, n.eps)), m, nq + 2 * nkv, hidden)
     }
 

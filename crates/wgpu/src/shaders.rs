@@ -100,7 +100,10 @@ pub(crate) enum MatmulOut {
     /// Bindings from `first`: k_cache, v_cache, positions, inv_freq, slots. Needs each head's
     /// rows in one lane (see matmul.wgsl's `ROPE`): head_dim divides WG * RT and head_dim / 2
     /// is a multiple of WG.
-    SplitRope { nq: u32, nkv: u32, head_dim: u32, first: u32 },
+    /// With `texels` the caches are write-only rgba32uint textures (`Prelude::kv_cache`): a
+    /// texel holds four elements of one lane's neighbours, so K and V go through workgroup
+    /// memory (`KV_STAGE`, one barrier) and each lane then stores whole texels.
+    SplitRope { nq: u32, nkv: u32, head_dim: u32, first: u32, texels: bool },
     /// The residual add: `out[row, col] += v`; with `next_norm = Some((binding, dtype))` also
     /// `hg[row, col] = out[row, col] * gamma[col]`, gamma (a weight vector) bound at `binding`
     /// and hg (f32) at the one after.
@@ -410,7 +413,11 @@ impl Prelude {
     pub fn matmul_out(mut self, to: MatmulOut) -> Self {
         let plain = "fn store_out(row: u32, col: u32, v: f32) { out[row * p.n + col] = v; }\n";
         // matmul.wgsl's rope epilogue: ROPE false leaves it out.
-        let no_rope = "const ROPE: bool = false;\nconst HALF: u32 = 1u;\nfn store_rope(tok: u32, col: u32, i: u32, x1: f32, x2: f32) {}\n";
+        let no_rope = "const ROPE: bool = false;\nconst HALF: u32 = 1u;\nfn store_rope(tok: u32, col: u32, i: u32, x1: f32, x2: f32, stage: u32) {}\n";
+        let no_stage = "const KV_STAGE: bool = false;\nfn kv_stage_flush(base: u32, m0: u32, li: u32) {}\n";
+        if !matches!(to, MatmulOut::SplitRope { texels: true, .. }) {
+            self.0.push_str(no_stage);
+        }
         if !matches!(to, MatmulOut::SplitRope { .. }) {
             self.0.push_str(no_rope);
         }
@@ -428,7 +435,55 @@ impl Prelude {
                  }}\n",
                 k_binding + 1
             ),
-            MatmulOut::SplitRope { nq, nkv, head_dim, first } => {
+            MatmulOut::SplitRope { nq, nkv, head_dim, first, texels: true } => {
+                self = self.sincos().kv_cache(first, true, true);
+                let half = head_dim / 2;
+                let kv4 = nkv / 4;
+                format!(
+                    "const PAIRS: bool = false;\n\
+                     const ROPE: bool = true;\n\
+                     const HALF: u32 = {half}u;\n\
+                     const KV_STAGE: bool = true;\n\
+                     @group(0) @binding({}) var<storage, read> rope_pos: array<u32>;\n\
+                     @group(0) @binding({}) var<storage, read> rope_freq: array<f32>;\n\
+                     @group(0) @binding({}) var<storage, read> rope_slots: array<u32>;\n\
+                     {plain}\
+                     // The block's rows for each of its tokens: K and V rows wait here for kv_stage_flush.\n\
+                     var<workgroup> kv_stage: array<f32, MT * WG * RT>;\n\
+                     // Column col (< HALF within its head, element i) and its partner col + HALF of token tok;\n\
+                     // `stage` is col's place in kv_stage.\n\
+                     fn store_rope(tok: u32, col: u32, i: u32, x1: f32, x2: f32, stage: u32) {{\n\
+                     \x20   var y = vec2<f32>(x1, x2);\n\
+                     \x20   if (col < {nq}u + {nkv}u) {{\n\
+                     \x20       y = rotate(x1, x2, sincos(f32(rope_pos[tok]) * rope_freq[i]));\n\
+                     \x20   }}\n\
+                     \x20   if (col < {nq}u) {{ out[tok * {nq}u + col] = y.x; out[tok * {nq}u + col + {half}u] = y.y; return; }}\n\
+                     \x20   kv_stage[stage] = y.x;\n\
+                     \x20   kv_stage[stage + {half}u] = y.y;\n\
+                     }}\n\
+                     // After the barrier: the K and V rows of the block (from row `base`) into the caches, a\n\
+                     // texel of four rows at a time (a head never splits a texel: head_dim % 4 == 0).\n\
+                     fn kv_stage_flush(base: u32, m0: u32, li: u32) {{\n\
+                     \x20   for (var mi = 0u; mi < MT; mi++) {{\n\
+                     \x20       if (m0 + mi >= p.m) {{ break; }}\n\
+                     \x20       let slot = rope_slots[p.out_row0 + m0 + mi];\n\
+                     \x20       if (slot >= p.num_slots) {{ continue; }}\n\
+                     \x20       for (var u = li; u < WG * RT / 4u; u += WG) {{\n\
+                     \x20           let row = base + 4u * u;\n\
+                     \x20           if (row < {nq}u || row >= p.rows) {{ continue; }}\n\
+                     \x20           let s = mi * WG * RT + 4u * u;\n\
+                     \x20           let x = vec4<f32>(kv_stage[s], kv_stage[s + 1u], kv_stage[s + 2u], kv_stage[s + 3u]);\n\
+                     \x20           if (row < {nq}u + {nkv}u) {{ k4_store(slot * {kv4}u + (row - {nq}u) / 4u, x); }}\n\
+                     \x20           else {{ v4_store(slot * {kv4}u + (row - {nq}u - {nkv}u) / 4u, x); }}\n\
+                     \x20       }}\n\
+                     \x20   }}\n\
+                     }}\n",
+                    first + 2,
+                    first + 3,
+                    first + 4
+                )
+            }
+            MatmulOut::SplitRope { nq, nkv, head_dim, first, texels: false } => {
                 self = self.sincos();
                 let half = head_dim / 2;
                 format!(
@@ -442,7 +497,7 @@ impl Prelude {
                      @group(0) @binding({}) var<storage, read> rope_slots: array<u32>;\n\
                      {plain}\
                      // Column col (< HALF within its head, element i) and its partner col + HALF of token tok.\n\
-                     fn store_rope(tok: u32, col: u32, i: u32, x1: f32, x2: f32) {{\n\
+                     fn store_rope(tok: u32, col: u32, i: u32, x1: f32, x2: f32, stage: u32) {{\n\
                      \x20   var y = vec2<f32>(x1, x2);\n\
                      \x20   if (col < {nq}u + {nkv}u) {{\n\
                      \x20       y = rotate(x1, x2, sincos(f32(rope_pos[tok]) * rope_freq[i]));\n\
