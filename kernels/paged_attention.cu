@@ -11,9 +11,12 @@
 // Decode tokens and prefill chunks (with or without a cached prefix) are the same thing: each
 // token sees its own causal context, whose K/V kv_write has already stored.
 //
-// Split along the context (flash-decoding): the context is cut into partitions of a FIXED
-// size PART (never derived from the batch), so a token's arithmetic depends only on its own
-// context length and its result is the same alone or in any batch.
+// Split along the context (flash-decoding): the context is cut into partitions whose length
+// is a function of the token's own context alone (pa_part_len: at most 16 partitions of at
+// least 64 keys, at most PA_PART keys; never derived from the batch), so a token's arithmetic
+// depends only on its own context length and its result is the same alone or in any batch.
+// Short partitions are what fill the GPU at decode: one 512-key partition per head left 64
+// blocks for 132 SMs and took two thirds of a decode step on the H200 (docs/gpu-check.md).
 //   paged_attention_partial: grid (T, H, max_parts), block 128. Block (t, h, part) scores keys
 //     [part*PART, min((part+1)*PART, p+1)), keeps the scores in shared memory, softmaxes them
 //     against the partition's max m, and accumulates o = sum exp(s - m) V. With max_parts == 1
@@ -29,8 +32,18 @@
 #include "common.cuh"
 
 #define PA_THREADS 128
-#define PA_PART 512
+#define PA_PART 512       // the longest partition (the shared score arrays)
+#define PA_MIN_PART 64    // the shortest
+#define PA_MAX_SPLITS 16  // partitions of a context up to PA_MAX_SPLITS * PA_PART keys
 #define PA_MAX_D 256
+
+// Keys per partition for a token whose context is ctx keys (the host bounds the partition
+// count with the same constants: crates/cuda/src/backend.rs, pa_max_parts).
+__device__ inline int pa_part_len(int ctx) {
+    int len = (ctx + PA_MAX_SPLITS - 1) / PA_MAX_SPLITS;
+    len = (len + PA_MIN_PART - 1) / PA_MIN_PART * PA_MIN_PART;
+    return min(len < PA_MIN_PART ? PA_MIN_PART : len, PA_PART);
+}
 
 extern "C" __global__ void __launch_bounds__(PA_THREADS)
 paged_attention_partial(const float* __restrict__ q, const float* __restrict__ k_cache,
@@ -51,9 +64,10 @@ paged_attention_partial(const float* __restrict__ q, const float* __restrict__ k
     const int D = head_dim;
     const u32 seq = token_seq[t];
     const int ctx = (int)min(positions[t], 0x7ffffffeu) + 1;
+    const int plen = pa_part_len(ctx);
     const bool bad = seq >= (u32)num_seqs || D > PA_MAX_D || D < 1 || num_kv_heads < 1 ||
                      num_heads % num_kv_heads != 0 || ctx > max_blocks * block_size ||
-                     (ctx + PA_PART - 1) / PA_PART > max_parts;
+                     (ctx + plen - 1) / plen > max_parts;
     const size_t row = (size_t)t * num_heads + h;  // (t, h) in [T, H]
     if (bad) {
         // The combine kernel reports bad tokens itself; only the direct path writes here.
@@ -61,9 +75,9 @@ paged_attention_partial(const float* __restrict__ q, const float* __restrict__ k
             for (int d = tid; d < D && d < PA_MAX_D; d += PA_THREADS) out[row * D + d] = nan_f32();
         return;
     }
-    const int start = part * PA_PART;
+    const int start = part * plen;
     if (start >= ctx) return;  // this token's context ends before this partition
-    const int n = min(PA_PART, ctx - start);
+    const int n = min(plen, ctx - start);
     const int kh = h / (num_heads / num_kv_heads);
     const size_t head_off = (size_t)kh * D;
     const size_t slot_stride = (size_t)num_kv_heads * D;
@@ -156,7 +170,8 @@ paged_attention_combine(const float* __restrict__ part_out, const float* __restr
     const int D = head_dim;
     const u32 seq = token_seq[t];
     const int ctx = (int)min(positions[t], 0x7ffffffeu) + 1;
-    const int parts = (ctx + PA_PART - 1) / PA_PART;
+    const int plen = pa_part_len(ctx);
+    const int parts = (ctx + plen - 1) / plen;
     const bool bad = seq >= (u32)num_seqs || D > PA_MAX_D || D < 1 || num_kv_heads < 1 ||
                      num_heads % num_kv_heads != 0 || ctx > max_blocks * block_size || parts > max_parts;
     const size_t row = (size_t)t * num_heads + h;

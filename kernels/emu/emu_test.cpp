@@ -293,7 +293,9 @@ static std::vector<float> run_attention(const AttnCase& c, std::vector<double>* 
     const int T = (int)pos.size();
     int max_ctx = 0;
     for (unsigned p : pos) max_ctx = std::max(max_ctx, (int)p + 1);
-    const int parts = (max_ctx + PA_PART - 1) / PA_PART;
+    // The host's bound on partitions (crates/cuda/src/backend.rs, pa_max_parts).
+    const int parts = max_ctx <= PA_MAX_SPLITS * PA_PART ? std::min(PA_MAX_SPLITS, (max_ctx + PA_MIN_PART - 1) / PA_MIN_PART)
+                                                         : (max_ctx + PA_PART - 1) / PA_PART;
     auto out = nans((size_t)T * H * D);
     std::vector<float> po((size_t)T * H * parts * D, NAN), pm((size_t)T * H * parts * 2, NAN);
     const float scale = 1.0f / std::sqrt((float)D);

@@ -25,8 +25,23 @@ use crate::toolchain::Toolchain;
 /// The message when no driver is present; tests assert it.
 pub const NO_DRIVER: &str = "no CUDA driver found (libcuda.so); use --backend wgpu or --backend reference";
 
-/// Context length handled by one block of `paged_attention_partial` (PA_PART in the kernel).
+/// `paged_attention_partial`'s partitions (kernels/paged_attention.cu): the longest (PA_PART),
+/// the shortest (PA_MIN_PART), and how many a context up to PA_MAX_SPLITS * PA_PART keys is
+/// cut into at most (PA_MAX_SPLITS); a token's partition length depends on its context alone.
 const PA_PART: usize = 512;
+const PA_MIN_PART: usize = 64;
+const PA_MAX_SPLITS: usize = 16;
+
+/// Partitions enough for every token whose context is at most `ctx` keys (the kernel's
+/// `pa_part_len` makes at most PA_MAX_SPLITS, and at most ctx / PA_MIN_PART, up to
+/// PA_MAX_SPLITS * PA_PART keys; beyond that partitions are PA_PART long).
+fn pa_max_parts(ctx: usize) -> usize {
+    if ctx <= PA_MAX_SPLITS * PA_PART {
+        PA_MAX_SPLITS.min(ctx.div_ceil(PA_MIN_PART))
+    } else {
+        ctx.div_ceil(PA_PART)
+    }
+}
 /// Largest head_dim the attention kernel holds in shared memory (PA_MAX_D).
 const PA_MAX_D: usize = 256;
 
@@ -515,7 +530,7 @@ impl Backend for CudaBackend {
         need(out, Elem::F32, t * h * d, OP, "out")?;
         i32_of(g.slots(), OP, "num_blocks*block_size")?;
         i32_of(a.max_blocks * g.block_size, OP, "max_blocks*block_size")?;
-        let parts = a.max_context.max(1).div_ceil(PA_PART);
+        let parts = pa_max_parts(a.max_context.max(1));
         if parts > 65535 {
             return Err(err(format!("{OP}: max_context = {} is beyond {} tokens", a.max_context, 65535 * PA_PART)));
         }
@@ -591,5 +606,32 @@ impl Backend for CudaBackend {
         let r = unsafe { l.launch(cfg((ri as u32, 1, 1), 512)) };
         self.launched(OP, r)?;
         self.read_u32(&ids, rows)
+    }
+}
+
+#[cfg(test)]
+mod partition_tests {
+    use super::*;
+
+    /// The kernel's `pa_part_len` (kernels/paged_attention.cu), mirrored.
+    fn part_len(ctx: usize) -> usize {
+        ctx.div_ceil(PA_MAX_SPLITS).div_ceil(PA_MIN_PART).max(1) * PA_MIN_PART
+    }
+
+    /// Every token with a context up to `ctx` fits the partitions the host launches and sizes
+    /// its scratch for; and a decode context of a few hundred keys gets several partitions.
+    #[test]
+    fn max_parts_bounds_every_shorter_context() {
+        let mut most = 0;
+        for ctx in 1..=20_000usize {
+            let len = part_len(ctx).min(PA_PART);
+            assert!((PA_MIN_PART..=PA_PART).contains(&len), "ctx {ctx}: partition of {len}");
+            most = most.max(ctx.div_ceil(len));
+            assert!(most <= pa_max_parts(ctx), "ctx {ctx}: {most} partitions, host allows {}", pa_max_parts(ctx));
+        }
+        assert_eq!(pa_max_parts(64), 1, "a short context takes the direct path");
+        assert_eq!(pa_max_parts(600), 10);
+        assert_eq!(pa_max_parts(8192), 16);
+        assert_eq!(pa_max_parts(8193), 17);
     }
 }
