@@ -435,84 +435,81 @@ impl Prelude {
                  }}\n",
                 k_binding + 1
             ),
-            MatmulOut::SplitRope { nq, nkv, head_dim, first, texels: true } => {
-                self = self.sincos().kv_cache(first, true, true);
+            MatmulOut::SplitRope { nq, nkv, head_dim, first, texels } => {
                 let half = head_dim / 2;
-                let kv4 = nkv / 4;
-                format!(
+                // Both cache kinds: the bindings after the caches, and the rotation (q and k
+                // columns; v passes through) with q's store.
+                let head = format!(
                     "const PAIRS: bool = false;\n\
                      const ROPE: bool = true;\n\
                      const HALF: u32 = {half}u;\n\
-                     const KV_STAGE: bool = true;\n\
                      @group(0) @binding({}) var<storage, read> rope_pos: array<u32>;\n\
                      @group(0) @binding({}) var<storage, read> rope_freq: array<f32>;\n\
                      @group(0) @binding({}) var<storage, read> rope_slots: array<u32>;\n\
                      {plain}\
-                     // The block's rows for each of its tokens: K and V rows wait here for kv_stage_flush.\n\
-                     var<workgroup> kv_stage: array<f32, MT * WG * RT>;\n\
-                     // Column col (< HALF within its head, element i) and its partner col + HALF of token tok;\n\
-                     // `stage` is col's place in kv_stage.\n\
-                     fn store_rope(tok: u32, col: u32, i: u32, x1: f32, x2: f32, stage: u32) {{\n\
-                     \x20   var y = vec2<f32>(x1, x2);\n\
+                     // Column col (< HALF within its head, element i) and its partner col + HALF of token tok,\n\
+                     // rotated unless they are v's; q's are stored (true returned).\n\
+                     fn rope_q(tok: u32, col: u32, i: u32, y: ptr<function, vec2<f32>>) -> bool {{\n\
                      \x20   if (col < {nq}u + {nkv}u) {{\n\
-                     \x20       y = rotate(x1, x2, sincos(f32(rope_pos[tok]) * rope_freq[i]));\n\
+                     \x20       *y = rotate((*y).x, (*y).y, sincos(f32(rope_pos[tok]) * rope_freq[i]));\n\
                      \x20   }}\n\
-                     \x20   if (col < {nq}u) {{ out[tok * {nq}u + col] = y.x; out[tok * {nq}u + col + {half}u] = y.y; return; }}\n\
-                     \x20   kv_stage[stage] = y.x;\n\
-                     \x20   kv_stage[stage + {half}u] = y.y;\n\
-                     }}\n\
-                     // After the barrier: the K and V rows of the block (from row `base`) into the caches, a\n\
-                     // texel of four rows at a time (a head never splits a texel: head_dim % 4 == 0).\n\
-                     fn kv_stage_flush(base: u32, m0: u32, li: u32) {{\n\
-                     \x20   for (var mi = 0u; mi < MT; mi++) {{\n\
-                     \x20       if (m0 + mi >= p.m) {{ break; }}\n\
-                     \x20       let slot = rope_slots[p.out_row0 + m0 + mi];\n\
-                     \x20       if (slot >= p.num_slots) {{ continue; }}\n\
-                     \x20       for (var u = li; u < WG * RT / 4u; u += WG) {{\n\
-                     \x20           let row = base + 4u * u;\n\
-                     \x20           if (row < {nq}u || row >= p.rows) {{ continue; }}\n\
-                     \x20           let s = mi * WG * RT + 4u * u;\n\
-                     \x20           let x = vec4<f32>(kv_stage[s], kv_stage[s + 1u], kv_stage[s + 2u], kv_stage[s + 3u]);\n\
-                     \x20           if (row < {nq}u + {nkv}u) {{ k4_store(slot * {kv4}u + (row - {nq}u) / 4u, x); }}\n\
-                     \x20           else {{ v4_store(slot * {kv4}u + (row - {nq}u - {nkv}u) / 4u, x); }}\n\
-                     \x20       }}\n\
-                     \x20   }}\n\
+                     \x20   if (col < {nq}u) {{ out[tok * {nq}u + col] = (*y).x; out[tok * {nq}u + col + {half}u] = (*y).y; return true; }}\n\
+                     \x20   return false;\n\
                      }}\n",
                     first + 2,
                     first + 3,
                     first + 4
-                )
-            }
-            MatmulOut::SplitRope { nq, nkv, head_dim, first, texels: false } => {
+                );
                 self = self.sincos();
-                let half = head_dim / 2;
-                format!(
-                    "const PAIRS: bool = false;\n\
-                     const ROPE: bool = true;\n\
-                     const HALF: u32 = {half}u;\n\
-                     @group(0) @binding({first}) var<storage, read_write> k_cache: array<f32>;\n\
-                     @group(0) @binding({}) var<storage, read_write> v_cache: array<f32>;\n\
-                     @group(0) @binding({}) var<storage, read> rope_pos: array<u32>;\n\
-                     @group(0) @binding({}) var<storage, read> rope_freq: array<f32>;\n\
-                     @group(0) @binding({}) var<storage, read> rope_slots: array<u32>;\n\
-                     {plain}\
-                     // Column col (< HALF within its head, element i) and its partner col + HALF of token tok.\n\
-                     fn store_rope(tok: u32, col: u32, i: u32, x1: f32, x2: f32, stage: u32) {{\n\
-                     \x20   var y = vec2<f32>(x1, x2);\n\
-                     \x20   if (col < {nq}u + {nkv}u) {{\n\
-                     \x20       y = rotate(x1, x2, sincos(f32(rope_pos[tok]) * rope_freq[i]));\n\
-                     \x20   }}\n\
-                     \x20   if (col < {nq}u) {{ out[tok * {nq}u + col] = y.x; out[tok * {nq}u + col + {half}u] = y.y; return; }}\n\
-                     \x20   let slot = rope_slots[tok];\n\
-                     \x20   if (slot >= p.num_slots) {{ return; }}\n\
-                     \x20   if (col < {nq}u + {nkv}u) {{ let o = slot * {nkv}u + col - {nq}u; k_cache[o] = y.x; k_cache[o + {half}u] = y.y; }}\n\
-                     \x20   else {{ let o = slot * {nkv}u + col - {nq}u - {nkv}u; v_cache[o] = y.x; v_cache[o + {half}u] = y.y; }}\n\
-                     }}\n",
-                    first + 1,
-                    first + 2,
-                    first + 3,
-                    first + 4
-                )
+                if texels {
+                    let kv4 = nkv / 4;
+                    self = self.kv_cache(first, true, true);
+                    format!(
+                        "{head}\
+                         const KV_STAGE: bool = true;\n\
+                         // The block's rows for each of its tokens: K and V rows wait here for kv_stage_flush.\n\
+                         var<workgroup> kv_stage: array<f32, MT * WG * RT>;\n\
+                         // `stage` is col's place in kv_stage.\n\
+                         fn store_rope(tok: u32, col: u32, i: u32, x1: f32, x2: f32, stage: u32) {{\n\
+                         \x20   var y = vec2<f32>(x1, x2);\n\
+                         \x20   if (rope_q(tok, col, i, &y)) {{ return; }}\n\
+                         \x20   kv_stage[stage] = y.x;\n\
+                         \x20   kv_stage[stage + {half}u] = y.y;\n\
+                         }}\n\
+                         // After the barrier: the K and V rows of the block (from row `base`) into the caches, a\n\
+                         // texel of four rows at a time (a head never splits a texel: head_dim % 4 == 0).\n\
+                         fn kv_stage_flush(base: u32, m0: u32, li: u32) {{\n\
+                         \x20   for (var mi = 0u; mi < MT; mi++) {{\n\
+                         \x20       if (m0 + mi >= p.m) {{ break; }}\n\
+                         \x20       let slot = rope_slots[p.out_row0 + m0 + mi];\n\
+                         \x20       if (slot >= p.num_slots) {{ continue; }}\n\
+                         \x20       for (var u = li; u < WG * RT / 4u; u += WG) {{\n\
+                         \x20           let row = base + 4u * u;\n\
+                         \x20           if (row < {nq}u || row >= p.rows) {{ continue; }}\n\
+                         \x20           let s = mi * WG * RT + 4u * u;\n\
+                         \x20           let x = vec4<f32>(kv_stage[s], kv_stage[s + 1u], kv_stage[s + 2u], kv_stage[s + 3u]);\n\
+                         \x20           if (row < {nq}u + {nkv}u) {{ k4_store(slot * {kv4}u + (row - {nq}u) / 4u, x); }}\n\
+                         \x20           else {{ v4_store(slot * {kv4}u + (row - {nq}u - {nkv}u) / 4u, x); }}\n\
+                         \x20       }}\n\
+                         \x20   }}\n\
+                         }}\n"
+                    )
+                } else {
+                    format!(
+                        "{head}\
+                         @group(0) @binding({first}) var<storage, read_write> k_cache: array<f32>;\n\
+                         @group(0) @binding({}) var<storage, read_write> v_cache: array<f32>;\n\
+                         fn store_rope(tok: u32, col: u32, i: u32, x1: f32, x2: f32, stage: u32) {{\n\
+                         \x20   var y = vec2<f32>(x1, x2);\n\
+                         \x20   if (rope_q(tok, col, i, &y)) {{ return; }}\n\
+                         \x20   let slot = rope_slots[tok];\n\
+                         \x20   if (slot >= p.num_slots) {{ return; }}\n\
+                         \x20   if (col < {nq}u + {nkv}u) {{ let o = slot * {nkv}u + col - {nq}u; k_cache[o] = y.x; k_cache[o + {half}u] = y.y; }}\n\
+                         \x20   else {{ let o = slot * {nkv}u + col - {nq}u - {nkv}u; v_cache[o] = y.x; v_cache[o + {half}u] = y.y; }}\n\
+                         }}\n",
+                        first + 1
+                    )
+                }
             }
             MatmulOut::Residual { next_norm: None } => {
                 "const PAIRS: bool = false;\nfn store_out(row: u32, col: u32, v: f32) { out[row * p.n + col] += v; }\n".to_string()
