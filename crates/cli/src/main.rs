@@ -51,6 +51,13 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .init();
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).is_some_and(|c| c == "serve") {
+        if let Err(e) = serve::refuse_vllm_only_flags(&args[2..]) {
+            eprintln!("error: {e:#}");
+            return ExitCode::from(2);
+        }
+    }
     let cli = Cli::parse();
     let res = match cli.cmd {
         Cmd::Generate(a) => generate::run(a),

@@ -45,11 +45,18 @@ pub struct EngineArgs {
     /// Static mode: how long to wait for a batch to fill.
     #[arg(long, default_value_t = 50)]
     pub max_wait_ms: u64,
-    /// `fcfs` or `priority` (lower value first, ties by arrival).
-    #[arg(long, default_value = "fcfs")]
+    /// `fcfs` or `priority` (lower value first, ties by arrival); vLLM's `--scheduling-policy`.
+    #[arg(long, visible_alias = "scheduling-policy", default_value = "fcfs")]
     pub policy: String,
-    #[arg(long)]
+    /// Turn prefix caching off (vLLM: `--no-enable-prefix-caching`).
+    #[arg(long, visible_alias = "no-enable-prefix-caching")]
     pub no_prefix_caching: bool,
+    /// Longest prompt + output (default: the model's context, capped by what the KV pool holds).
+    #[arg(long)]
+    pub max_model_len: Option<usize>,
+    /// Seeds the sampling of requests that bring no seed of their own.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
 }
 
 impl EngineArgs {
@@ -60,6 +67,7 @@ impl EngineArgs {
             num_kv_blocks: self.num_kv_blocks.unwrap_or(0),
             block_size: self.block_size,
             gpu_memory_utilization: self.gpu_memory_utilization,
+            ..Default::default()
         }
     }
 
@@ -81,6 +89,8 @@ impl EngineArgs {
             mode,
             enable_prefix_caching: !self.no_prefix_caching,
             max_pending_requests: max_pending,
+            max_model_len: self.max_model_len,
+            seed: self.seed,
             ..Default::default()
         })
     }
@@ -88,6 +98,9 @@ impl EngineArgs {
 
 #[derive(clap::Args)]
 pub struct Args {
+    /// The model directory, as `vllm serve MODEL` takes it (or `--model DIR`).
+    #[arg(value_name = "MODEL_DIR", conflicts_with = "model")]
+    model_dir: Option<PathBuf>,
     #[command(flatten)]
     engine: EngineArgs,
     #[arg(long, default_value = "127.0.0.1")]
@@ -97,7 +110,8 @@ pub struct Args {
     /// Clients must send `Authorization: Bearer <key>` (all endpoints but /health).
     #[arg(long, env = "TANDEM_API_KEY")]
     api_key: Option<String>,
-    /// Requests waiting for their first token beyond this are answered 429 at once.
+    /// Sequences that may wait for admission beyond the `--max-num-seqs` running; beyond
+    /// that a request is answered 429 at once.
     #[arg(long, default_value_t = 256)]
     max_queued_requests: usize,
     /// The model name clients use (default: the model directory's name).
@@ -106,12 +120,110 @@ pub struct Args {
     /// Seconds running requests get to finish after SIGTERM / Ctrl-C.
     #[arg(long, default_value_t = 30)]
     shutdown_grace_s: u64,
+    /// `auto`: the model's generation_config.json gives the sampling defaults under each
+    /// request's values (vLLM's default); `vllm`: ignore it; or a folder holding one.
+    #[arg(long, default_value = "auto")]
+    generation_config: String,
+    /// vLLM's: `auto` (the checkpoint's), or the checkpoint's own dtype. Weights run in the
+    /// dtype they are stored in; a conversion at load is refused, not faked.
+    #[arg(long, default_value = "auto")]
+    dtype: String,
+    /// vLLM's: `auto` or `float32`/`fp32`: the KV cache is f32 on every backend today.
+    #[arg(long, default_value = "auto")]
+    kv_cache_dtype: String,
+    /// vLLM's; only 1 (one device) is supported.
+    #[arg(long, visible_alias = "tp", default_value_t = 1)]
+    tensor_parallel_size: usize,
+    /// vLLM's: prefix caching is on by default (`--no-enable-prefix-caching` turns it off).
+    #[arg(long, conflicts_with = "no_prefix_caching")]
+    enable_prefix_caching: bool,
+    /// vLLM's: prefill is always chunked here (`--no-enable-chunked-prefill` is refused).
+    #[arg(long)]
+    enable_chunked_prefill: bool,
+    /// vLLM's: run without CUDA graphs. Tandem has no CUDA graphs yet, so every step is eager.
+    #[arg(long)]
+    enforce_eager: bool,
 }
 
-pub fn run(a: Args) -> Result<()> {
+/// vLLM `serve` flags that tandem does not implement: refused by name, never ignored.
+const VLLM_UNSUPPORTED: &[&str] = &[
+    "--quantization", "-q", "--pipeline-parallel-size", "-pp", "--data-parallel-size", "-dp", "--enable-lora", "--lora-modules",
+    "--speculative-config", "--tokenizer", "--tokenizer-mode", "--trust-remote-code", "--revision", "--download-dir",
+    "--load-format", "--max-logprobs", "--swap-space", "--cpu-offload-gb", "--cuda-graph-sizes", "--max-seq-len-to-capture",
+    "--enable-auto-tool-choice", "--tool-call-parser", "--reasoning-parser", "--guided-decoding-backend", "--chat-template",
+    "--response-role", "--ssl-keyfile", "--ssl-certfile", "--root-path", "--middleware", "--enable-sleep-mode",
+    "--kv-transfer-config", "--num-scheduler-steps", "--preemption-mode", "--no-enable-chunked-prefill", "--hf-overrides",
+    "--override-generation-config", "--limit-mm-per-prompt", "--mm-processor-kwargs", "--distributed-executor-backend",
+    "--enable-expert-parallel", "--rope-scaling", "--rope-theta", "--max-num-partial-prefills", "--async-scheduling",
+];
+
+/// A vLLM flag tandem does not have: an error naming it (clap's own error would say only
+/// "unexpected argument").
+pub fn refuse_vllm_only_flags(args: &[String]) -> Result<()> {
+    for a in args {
+        let name = a.split('=').next().unwrap_or(a);
+        if VLLM_UNSUPPORTED.contains(&name) {
+            anyhow::bail!("`{name}` is a vLLM flag that tandem does not support (see docs/openai-compat.md for the flags it has)");
+        }
+    }
+    Ok(())
+}
+
+impl Args {
+    /// The vLLM-compatibility flags that tandem accepts only with values it implements.
+    fn check_vllm_values(&self, cfg: &tandem_core::ModelConfig, dir: &std::path::Path) -> Result<()> {
+        if self.tensor_parallel_size != 1 {
+            anyhow::bail!("--tensor-parallel-size {}: tandem runs on one device; only 1 is supported", self.tensor_parallel_size);
+        }
+        let stored = cfg.dtype.as_deref().unwrap_or("unknown");
+        let canon = |d: &str| match d {
+            "bfloat16" | "bf16" => "bfloat16",
+            "float16" | "half" | "fp16" => "float16",
+            "float32" | "float" | "fp32" => "float32",
+            other => if other == "auto" { "auto" } else { "?" },
+        };
+        match canon(&self.dtype) {
+            "auto" => {}
+            "?" => anyhow::bail!("--dtype {}: expected auto, bfloat16, float16 or float32", self.dtype),
+            want if want == canon(stored) => {}
+            want => anyhow::bail!("--dtype {want}: {} stores its weights as {stored}, and tandem runs weights in the dtype they are stored in (use --dtype auto)", dir.display()),
+        }
+        match self.kv_cache_dtype.as_str() {
+            "auto" | "float32" | "fp32" | "f32" => Ok(()),
+            other => anyhow::bail!("--kv-cache-dtype {other}: the KV cache is f32 on every backend for now; use auto"),
+        }
+    }
+
+    fn sampling_defaults(&self, dir: &std::path::Path) -> Result<tandem_server::config::SamplingDefaults> {
+        let from = match self.generation_config.as_str() {
+            "vllm" => return Ok(Default::default()),
+            "auto" => dir.to_path_buf(),
+            folder => PathBuf::from(folder),
+        };
+        if self.generation_config != "auto" && !from.join("generation_config.json").exists() {
+            anyhow::bail!("--generation-config {}: no generation_config.json there (use auto, vllm or a folder holding one)", from.display());
+        }
+        let Some(g) = tandem_core::GenerationConfig::from_dir(&from)? else { return Ok(Default::default()) };
+        let d = tandem_server::config::SamplingDefaults::from_generation_config(&g);
+        if !d.is_empty() {
+            tracing::info!("sampling defaults from {}: {d:?} (under each request's own values; --generation-config vllm ignores them)", from.join("generation_config.json").display());
+        }
+        Ok(d)
+    }
+}
+
+pub fn run(mut a: Args) -> Result<()> {
+    if a.model_dir.is_some() {
+        a.engine.model = a.model_dir.take();
+    }
     let dir = backends::resolve_model(a.engine.model.as_deref())?;
     let mut tok = Tokenizer::from_dir(&dir)?;
     let cfg = tandem_core::ModelConfig::from_file(&dir.join("config.json"))?;
+    a.check_vllm_values(&cfg, &dir)?;
+    if a.enforce_eager {
+        tracing::info!("--enforce-eager: every step is eager already (no CUDA graphs yet)");
+    }
+    let sampling_defaults = a.sampling_defaults(&dir)?;
     tok.add_eos_ids(&cfg.eos_token_ids);
     let tok = Arc::new(tok);
     let name = a.served_model_name.clone().unwrap_or_else(|| dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into()));
@@ -120,7 +232,9 @@ pub fn run(a: Args) -> Result<()> {
         addr,
         api_key: a.api_key.clone(),
         max_queued_requests: a.max_queued_requests,
-        max_model_len: cfg.max_position_embeddings,
+        max_num_seqs: a.engine.max_num_seqs,
+        max_model_len: a.engine.max_model_len.unwrap_or(usize::MAX).min(cfg.max_position_embeddings),
+        sampling_defaults,
         vocab_size: cfg.vocab_size,
         shutdown_grace: Duration::from_secs(a.shutdown_grace_s),
         ..Default::default()
@@ -135,8 +249,9 @@ pub fn run(a: Args) -> Result<()> {
         let loader = tokio::task::spawn_blocking(move || -> Result<()> {
             let runner = backends::load(backend, &dir, load_opts)?;
             let handle = Engine::spawn(runner, decode_fn(tok2), engine_cfg).map_err(|e| anyhow::anyhow!("{e}"))?;
+            let max_model_len = handle.max_model_len();
             engine.set(handle);
-            tracing::info!("model loaded; ready");
+            tracing::info!(max_model_len, "model loaded; ready");
             Ok(())
         });
         let serve = server.run(tandem_server::server::shutdown_signal());

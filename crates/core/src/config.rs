@@ -260,3 +260,56 @@ mod tests {
         assert!(ModelConfig::from_json(j).unwrap().attention_bias);
     }
 }
+
+/// The sampling defaults a model ships in `generation_config.json` (vLLM's
+/// `--generation-config auto` applies them under each request's own values). Absent fields,
+/// and `do_sample: false` (greedy), are kept as HF writes them.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+pub struct GenerationConfig {
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    pub max_new_tokens: Option<usize>,
+    pub do_sample: Option<bool>,
+}
+
+impl GenerationConfig {
+    /// `dir/generation_config.json`; None when the file is absent. A file that is not valid
+    /// JSON of this shape is an error naming it.
+    pub fn from_dir(dir: &Path) -> Result<Option<Self>> {
+        let path = dir.join("generation_config.json");
+        if !path.exists() {
+            return Ok(None);
+        }
+        let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+        let mut g: GenerationConfig = serde_json::from_str(&text).map_err(|e| Error::config(&path, e.to_string()))?;
+        // HF ignores the sampling fields when do_sample is false: the model's default is greedy.
+        if g.do_sample == Some(false) {
+            g.temperature = Some(0.0);
+        }
+        Ok(Some(g))
+    }
+}
+
+#[cfg(test)]
+mod generation_config_tests {
+    use super::*;
+
+    #[test]
+    fn reads_the_sampling_fields_and_greedy_when_do_sample_is_false() {
+        let d = std::env::temp_dir().join(format!("tandem-gencfg-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        assert_eq!(GenerationConfig::from_dir(&d).unwrap(), None);
+        std::fs::write(d.join("generation_config.json"), r#"{"temperature": 0.6, "top_p": 0.9, "top_k": 20, "max_new_tokens": 64, "bos_token_id": 1, "do_sample": true}"#).unwrap();
+        let g = GenerationConfig::from_dir(&d).unwrap().unwrap();
+        assert_eq!((g.temperature, g.top_p, g.top_k, g.max_new_tokens), (Some(0.6), Some(0.9), Some(20), Some(64)));
+        std::fs::write(d.join("generation_config.json"), r#"{"temperature": 0.6, "do_sample": false}"#).unwrap();
+        assert_eq!(GenerationConfig::from_dir(&d).unwrap().unwrap().temperature, Some(0.0));
+        std::fs::write(d.join("generation_config.json"), r#"{"temperature": "hot"}"#).unwrap();
+        let e = GenerationConfig::from_dir(&d).unwrap_err().to_string();
+        assert!(e.contains("generation_config.json"), "{e}");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+}

@@ -23,6 +23,6 @@ pub mod weights;
 
 pub use backend::{Backend, DType};
 pub use batch::ForwardBatch;
-pub use config::ModelConfig;
+pub use config::{GenerationConfig, ModelConfig};
 pub use error::{Error, Result};
 pub use model::{LlamaModel, ModelRunner};

@@ -17,8 +17,12 @@ pub trait ModelRunner: Send {
     fn kv_geometry(&self) -> KvGeometry;
     /// Most tokens one [`ModelRunner::forward`] accepts.
     fn max_batch_tokens(&self) -> usize;
-    /// Most sequences (and logit rows) one forward accepts.
+    /// Most sequences one forward accepts.
     fn max_seqs(&self) -> usize;
+    /// Most logit rows one forward returns (at least `max_seqs`; the rest serve prompt logprobs).
+    fn max_logit_rows(&self) -> usize {
+        self.max_seqs()
+    }
     /// Runs the batch, writing K/V into the cache; returns f32 logits `[logit_rows.len(), vocab]`.
     fn forward(&mut self, batch: &ForwardBatch) -> Result<Vec<f32>>;
 }
@@ -35,14 +39,20 @@ pub struct LoadOptions {
     /// Fraction of the memory free after weights and activations that the KV pool takes
     /// when `num_kv_blocks` is 0.
     pub gpu_memory_utilization: f32,
+    /// Logit rows beyond `max_seqs` one forward can return, for requests that score their
+    /// prompt (prompt logprobs): `[max_seqs + prompt_logit_rows, vocab]` f32 of scratch.
+    pub prompt_logit_rows: usize,
 }
+
+/// Extra logit rows by default: a 128-token slice of a scored prompt per step.
+pub const DEFAULT_PROMPT_LOGIT_ROWS: usize = 128;
 
 /// KV pool size for backends that cannot report free memory (reference, wgpu).
 pub const AUTO_KV_BYTES: u64 = 1 << 30;
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        LoadOptions { max_batch_tokens: 512, max_seqs: 64, num_kv_blocks: 256, block_size: 16, gpu_memory_utilization: 0.9 }
+        LoadOptions { max_batch_tokens: 512, max_seqs: 64, num_kv_blocks: 256, block_size: 16, gpu_memory_utilization: 0.9, prompt_logit_rows: DEFAULT_PROMPT_LOGIT_ROWS }
     }
 }
 
@@ -164,6 +174,7 @@ impl<B: Backend> LlamaModel<B> {
         b.write_f32(&mut inv_freq, &cfg.rope_inv_freq())?;
         let t = opts.max_batch_tokens;
         let sq = opts.max_seqs;
+        let rows = sq + opts.prompt_logit_rows;
         let max_blocks_cap = cfg.max_position_embeddings.div_ceil(opts.block_size).max(1);
         let s = Scratch {
             h: b.alloc_f32(t * d)?,
@@ -176,15 +187,15 @@ impl<B: Backend> LlamaModel<B> {
             gate: b.alloc_f32(t * inter)?,
             up: b.alloc_f32(t * inter)?,
             act: b.alloc_f32(t * inter)?,
-            last: b.alloc_f32(sq * d)?,
-            last_normed: b.alloc_f32(sq * d)?,
-            logits: b.alloc_f32(sq * vocab)?,
+            last: b.alloc_f32(rows * d)?,
+            last_normed: b.alloc_f32(rows * d)?,
+            logits: b.alloc_f32(rows * vocab)?,
             ids: b.alloc_u32(t)?,
             positions: b.alloc_u32(t)?,
             slots: b.alloc_u32(t)?,
             token_seq: b.alloc_u32(t)?,
             block_tables: b.alloc_u32(sq * max_blocks_cap)?,
-            logit_rows: b.alloc_u32(sq)?,
+            logit_rows: b.alloc_u32(rows)?,
         };
         let mut geometry = KvGeometry { num_blocks: opts.num_kv_blocks, block_size: opts.block_size, num_kv_heads: cfg.num_key_value_heads, head_dim: cfg.head_dim };
         if geometry.num_blocks == 0 {
@@ -326,8 +337,11 @@ impl<B: Backend> LlamaModel<B> {
         if batch.num_tokens() > o.max_batch_tokens {
             return Err(Error::Batch(format!("{} tokens, at most {} per forward", batch.num_tokens(), o.max_batch_tokens)));
         }
-        if batch.num_seqs() > o.max_seqs || batch.logit_rows.len() > o.max_seqs {
+        if batch.num_seqs() > o.max_seqs {
             return Err(Error::Batch(format!("{} sequences, at most {} per forward", batch.num_seqs(), o.max_seqs)));
+        }
+        if batch.logit_rows.len() > o.max_seqs + o.prompt_logit_rows {
+            return Err(Error::Batch(format!("{} logit rows, at most {} per forward", batch.logit_rows.len(), o.max_seqs + o.prompt_logit_rows)));
         }
         if batch.max_blocks > self.max_blocks_cap {
             return Err(Error::Batch(format!("{} blocks per sequence, at most {}", batch.max_blocks, self.max_blocks_cap)));
@@ -358,6 +372,9 @@ impl<B: Backend> ModelRunner for LlamaModel<B> {
     }
     fn max_seqs(&self) -> usize {
         self.opts.max_seqs
+    }
+    fn max_logit_rows(&self) -> usize {
+        self.opts.max_seqs + self.opts.prompt_logit_rows
     }
     fn forward(&mut self, batch: &ForwardBatch) -> Result<Vec<f32>> {
         self.check(batch)?;

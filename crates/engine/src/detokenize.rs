@@ -41,10 +41,15 @@ impl OutputText {
     /// Feeds one output token. Returns the stop string now contained in the text, if any; the
     /// text is then cut where the stop string begins.
     pub fn push(&mut self, decode: &DecodeFn, id: u32, stops: &[String]) -> Option<String> {
+        self.push_keeping(decode, id, stops, false)
+    }
+
+    /// As [`OutputText::push`]; with `keep_stop` the text is cut after the stop string instead.
+    pub fn push_keeping(&mut self, decode: &DecodeFn, id: u32, stops: &[String], keep_stop: bool) -> Option<String> {
         self.ids.push(id);
         let old_len = self.text.len();
         self.decode_pending(decode, false);
-        self.find_stop(stops, old_len)
+        self.find_stop(stops, old_len, keep_stop)
     }
 
     /// At the end, whatever is pending (even a lone partial character) is flushed.
@@ -65,7 +70,7 @@ impl OutputText {
         }
     }
 
-    fn find_stop(&mut self, stops: &[String], old_len: usize) -> Option<String> {
+    fn find_stop(&mut self, stops: &[String], old_len: usize, keep_stop: bool) -> Option<String> {
         let mut best: Option<(usize, &String)> = None;
         for s in stops {
             // A new match must end in the new text, so it starts at most len(s)-1 bytes before.
@@ -81,6 +86,7 @@ impl OutputText {
             }
         }
         let (at, s) = best?;
+        let at = if keep_stop { at + s.len() } else { at };
         self.text.truncate(at);
         self.sent = self.sent.min(at);
         Some(s.clone())
@@ -157,6 +163,24 @@ mod tests {
         assert_eq!(t.push(&d, 4, &stops), Some("cde".into()));
         assert_eq!(t.take_new(&stops, true), "");
         assert_eq!(t.text(), "ab");
+    }
+
+    #[test]
+    fn a_kept_stop_string_stays_and_what_follows_it_goes() {
+        let d = letters();
+        let stops = vec!["cd".to_string()];
+        let mut t = OutputText::new(&[]);
+        for id in [0, 1, 2] {
+            assert_eq!(t.push_keeping(&d, id, &stops, true), None);
+        }
+        assert_eq!(t.push_keeping(&d, 3, &stops, true), Some("cd".into()));
+        assert_eq!(t.take_new(&stops, true), "abcd");
+        // A token that completes the stop string and runs past it: cut right after the stop.
+        let both: DecodeFn = Arc::new(|ids: &[u32]| ids.iter().map(|&i| if i == 9 { "dxy".to_string() } else { ((b'a' + i as u8) as char).to_string() }).collect());
+        let mut t = OutputText::new(&[]);
+        t.push_keeping(&both, 2, &stops, true);
+        assert_eq!(t.push_keeping(&both, 9, &stops, true), Some("cd".into()));
+        assert_eq!(t.text(), "cd");
     }
 
     #[test]

@@ -40,6 +40,9 @@ pub struct EngineConfig {
     pub max_pending_requests: Option<usize>,
     /// Seeds the streams of requests that bring no seed of their own.
     pub seed: u64,
+    /// Longest prompt + output accepted; None: the model's `max_position_embeddings`. The
+    /// engine takes the least of this, the model's and what the KV pool holds.
+    pub max_model_len: Option<usize>,
 }
 
 impl Default for EngineConfig {
@@ -53,6 +56,7 @@ impl Default for EngineConfig {
             resume_protect_steps: 8,
             max_pending_requests: None,
             seed: 0,
+            max_model_len: None,
         }
     }
 }
@@ -105,6 +109,9 @@ pub struct RequestOutput {
     pub text: String,
     /// One entry per token in `token_ids` when logprobs were asked for.
     pub logprobs: Vec<TokenLogprobs>,
+    /// With completion 0's first message, when prompt logprobs were asked for: one entry per
+    /// prompt token, the first None.
+    pub prompt_logprobs: Option<Vec<Option<TokenLogprobs>>>,
     /// Set when completion `index` ended.
     pub finish_reason: Option<FinishReason>,
     /// The last message of the request: every completion has ended.
@@ -115,7 +122,7 @@ pub struct RequestOutput {
 
 impl RequestOutput {
     fn new(request_id: RequestId, index: usize) -> Self {
-        RequestOutput { request_id, index, token_ids: vec![], text: String::new(), logprobs: vec![], finish_reason: None, finished: false, usage: None, metrics: None }
+        RequestOutput { request_id, index, token_ids: vec![], text: String::new(), logprobs: vec![], prompt_logprobs: None, finish_reason: None, finished: false, usage: None, metrics: None }
     }
 }
 
@@ -142,7 +149,8 @@ impl Limits {
             return Err(SubmitError::TokenOutOfVocab { index, id, vocab: self.vocab });
         }
         let max_tokens = req.params.max_tokens.unwrap_or(self.max_model_len.saturating_sub(p));
-        if max_tokens == 0 || p + max_tokens > self.max_model_len {
+        let scoring = req.params.prompt_logprobs.is_some();
+        if (max_tokens == 0 && !scoring) || p + max_tokens > self.max_model_len || p > self.max_model_len {
             return Err(SubmitError::TooLong { prompt: p, max_tokens, max_model_len: self.max_model_len });
         }
         // Each completion alone must fit the pool (preemption frees the rest); a static batch
@@ -219,9 +227,18 @@ impl Engine {
             }
         }
         let model = runner.config();
+        let pool_len = geo.slots();
+        let max_model_len = cfg.max_model_len.unwrap_or(usize::MAX).min(model.max_position_embeddings).min(pool_len);
+        if max_model_len == 0 {
+            return Err(EngineError::Config("max_model_len must be positive".into()));
+        }
+        if pool_len < model.max_position_embeddings.min(cfg.max_model_len.unwrap_or(usize::MAX)) {
+            tracing::info!(max_model_len, model = model.max_position_embeddings, "the KV pool holds {pool_len} tokens: max_model_len capped to {max_model_len}");
+        }
+        let prompt_logit_rows = runner.max_logit_rows().saturating_sub(max_num_seqs);
         let limits = Limits {
             vocab: model.vocab_size,
-            max_model_len: model.max_position_embeddings.min(geo.slots()),
+            max_model_len,
             num_blocks: geo.num_blocks,
             block_size: geo.block_size,
             static_mode: matches!(cfg.mode, BatchMode::Static { .. }),
@@ -236,6 +253,7 @@ impl Engine {
             block_size: geo.block_size,
             enable_prefix_caching: cfg.enable_prefix_caching,
             resume_protect_steps: cfg.resume_protect_steps,
+            prompt_logit_rows,
         });
         Ok(Engine {
             eos: model.eos_token_ids.clone(),
@@ -335,10 +353,38 @@ impl Engine {
         self.scheduler.complete_step(out);
         let now = Instant::now();
         let mut rows = logits.chunks_exact_mut(self.vocab.max(1));
-        for s in out.seqs.iter().filter(|s| s.sample) {
-            let row = rows.next().expect("forward checked the logits' length");
-            self.sample_and_emit(s.seq, row, now);
+        for s in out.seqs.iter().filter(|s| s.sample || s.all_logits) {
+            if s.all_logits {
+                let chunk: Vec<&mut [f32]> = rows.by_ref().take(s.num_tokens).collect();
+                if let Some(row) = self.score_prompt(s.seq, s.num_tokens, chunk) {
+                    self.sample_and_emit(s.seq, row, now);
+                }
+            } else {
+                let row = rows.next().expect("forward checked the logits' length");
+                self.sample_and_emit(s.seq, row, now);
+            }
         }
+    }
+
+    /// Records prompt logprobs from the rows of a chunk that computed every position (row `j`
+    /// is position `start + j`, whose logits score token `start + j + 1`); returns the last row
+    /// when the chunk also samples. Rows of positions scored before (a recompute after
+    /// preemption) are skipped.
+    fn score_prompt<'a>(&mut self, id: SeqId, n: usize, mut rows: Vec<&'a mut [f32]>) -> Option<&'a mut [f32]> {
+        let seq = self.scheduler.seq_mut(id)?;
+        let start = seq.num_computed_tokens - n;
+        let k = seq.params.prompt_logprobs.unwrap_or(0);
+        let sample = seq.num_computed_tokens == seq.num_tokens();
+        let (tokens, p) = (&seq.tokens, seq.num_prompt_tokens);
+        if let Some(lps) = seq.prompt_logprobs.as_mut() {
+            for (j, row) in rows.iter().enumerate() {
+                let next = start + j + 1;
+                if next < p && lps.len() == next {
+                    lps.push(Some(logprobs(row, tokens[next], k)));
+                }
+            }
+        }
+        if sample { rows.pop() } else { None }
     }
 
     /// A failed forward fails every request that had a sequence in the batch; the engine goes on.
@@ -357,6 +403,13 @@ impl Engine {
         let (eos, decode, max_model_len) = (&self.eos, &self.decode, self.limits.max_model_len);
         let Some(seq) = self.scheduler.seq_mut(id) else { return };
         let p = seq.params.clone();
+        let prompt_logprobs = seq.prompt_logprobs.take();
+        if seq.max_tokens == 0 {
+            // Scoring only (echo with max_tokens 0): the prompt's logprobs are the answer.
+            let mut o = RequestOutput::new(seq.request_id, seq.index);
+            o.prompt_logprobs = prompt_logprobs;
+            return self.end_seq(id, FinishReason::Length, o);
+        }
         let under_min = seq.num_output_tokens() < p.min_tokens;
         let raw = p.logprobs.map(|_| row.to_vec());
         let banned: Vec<u32> = if under_min { eos.iter().filter(|_| !p.ignore_eos).chain(&p.stop_token_ids).copied().collect() } else { vec![] };
@@ -369,7 +422,7 @@ impl Engine {
         let mut reason = None;
         if stop_token {
             reason = Some(FinishReason::Stop { stop_string: None, stop_token: Some(token) });
-        } else if let Some(s) = seq.text.push(decode, token, stops) {
+        } else if let Some(s) = seq.text.push_keeping(decode, token, stops, p.include_stop_str_in_output) {
             reason = Some(FinishReason::Stop { stop_string: Some(s), stop_token: None });
         } else if seq.num_output_tokens() >= seq.max_tokens || seq.num_tokens() >= max_model_len {
             reason = Some(FinishReason::Length);
@@ -380,6 +433,7 @@ impl Engine {
         let mut o = RequestOutput::new(seq.request_id, seq.index);
         o.token_ids.push(token);
         o.text = seq.text.take_new(stops, reason.is_some());
+        o.prompt_logprobs = prompt_logprobs;
         if let (Some(n), Some(raw)) = (p.logprobs, raw) {
             o.logprobs.push(logprobs(&raw, token, n));
         }

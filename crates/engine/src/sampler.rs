@@ -63,7 +63,7 @@ pub fn logprobs(logits: &[f32], token: u32, n: usize) -> TokenLogprobs {
     TokenLogprobs { token, logprob: lp(logits[token as usize]), top }
 }
 
-/// Penalties and token bans, applied in place (vLLM's order and formulas).
+/// Penalties, `logit_bias` and token bans, applied in place (vLLM's order and formulas).
 pub fn apply_penalties(logits: &mut [f32], p: &SamplingParams, prompt: &[u32], output: &[u32], banned: &[u32]) {
     if p.repetition_penalty != 1.0 {
         let mut seen: Vec<u32> = prompt.iter().chain(output).copied().filter(|&t| (t as usize) < logits.len()).collect();
@@ -81,6 +81,11 @@ pub fn apply_penalties(logits: &mut [f32], p: &SamplingParams, prompt: &[u32], o
         }
         for (t, c) in counts {
             logits[t as usize] -= p.frequency_penalty * c as f32 + p.presence_penalty;
+        }
+    }
+    for &(t, b) in &p.logit_bias {
+        if let Some(x) = logits.get_mut(t as usize) {
+            *x += b;
         }
     }
     for &t in banned {

@@ -31,6 +31,15 @@ pub struct SamplingParams {
     pub min_tokens: usize,
     /// Top-N log-probabilities per generated token (of the raw logits' log-softmax).
     pub logprobs: Option<usize>,
+    /// Log-probabilities of the prompt's tokens (each given the ones before it), with the top N
+    /// at each position: vLLM's `prompt_logprobs`, and completions' `echo` with `logprobs`.
+    /// Such a request computes its whole prompt (no prefix-cache hit), as vLLM does.
+    pub prompt_logprobs: Option<usize>,
+    /// Added to the logits of these tokens before sampling (OpenAI's `logit_bias`); logprobs
+    /// stay those of the raw logits.
+    pub logit_bias: Vec<(u32, f32)>,
+    /// A stop string that ends the text stays in it (vLLM's `include_stop_str_in_output`).
+    pub include_stop_str_in_output: bool,
 }
 
 impl Default for SamplingParams {
@@ -51,6 +60,9 @@ impl Default for SamplingParams {
             max_tokens: Some(16),
             min_tokens: 0,
             logprobs: None,
+            prompt_logprobs: None,
+            logit_bias: Vec::new(),
+            include_stop_str_in_output: false,
         }
     }
 }
@@ -97,8 +109,9 @@ impl SamplingParams {
         if !(-2.0..=2.0).contains(&self.frequency_penalty) {
             return Err(format!("frequency_penalty must be in [-2, 2], got {}", self.frequency_penalty));
         }
-        if self.max_tokens == Some(0) {
-            return Err("max_tokens must be at least 1, got 0".into());
+        // Scoring a prompt (echo with logprobs) may generate nothing.
+        if self.max_tokens == Some(0) && self.prompt_logprobs.is_none() {
+            return Err("max_tokens must be at least 1 unless prompt logprobs are asked for, got 0".into());
         }
         if let Some(m) = self.max_tokens {
             if self.min_tokens > m {
@@ -109,6 +122,14 @@ impl SamplingParams {
             if k > MAX_LOGPROBS {
                 return Err(format!("logprobs must be at most {MAX_LOGPROBS}, got {k}"));
             }
+        }
+        if let Some(k) = self.prompt_logprobs {
+            if k > MAX_LOGPROBS {
+                return Err(format!("prompt_logprobs must be at most {MAX_LOGPROBS}, got {k}"));
+            }
+        }
+        if let Some((t, b)) = self.logit_bias.iter().find(|(_, b)| !b.is_finite() || !(-100.0..=100.0).contains(b)) {
+            return Err(format!("logit_bias of token {t} must be in [-100, 100], got {b}"));
         }
         if let Some(s) = self.stop.iter().find(|s| s.is_empty()) {
             return Err(format!("stop strings must not be empty, got {s:?}"));
@@ -143,5 +164,9 @@ mod tests {
         bad(|p| p.min_tokens = 100, "min_tokens");
         bad(|p| p.logprobs = Some(50), "logprobs");
         bad(|p| p.stop = vec![String::new()], "stop");
+        bad(|p| p.prompt_logprobs = Some(21), "prompt_logprobs");
+        bad(|p| p.logit_bias = vec![(3, 101.0)], "logit_bias");
+        let score_only = SamplingParams { max_tokens: Some(0), prompt_logprobs: Some(0), ..Default::default() };
+        assert!(score_only.validate().is_ok(), "max_tokens 0 scores the prompt");
     }
 }

@@ -55,6 +55,9 @@ pub struct SchedulerConfig {
     pub enable_prefix_caching: bool,
     /// Steps after a resume during which a sequence cannot be preempted again.
     pub resume_protect_steps: u64,
+    /// Logit rows one step may use beyond one per sequence (the runner's `max_logit_rows` less
+    /// `max_num_seqs`): the chunks of sequences that score their prompt take them.
+    pub prompt_logit_rows: usize,
 }
 
 impl Default for SchedulerConfig {
@@ -68,6 +71,7 @@ impl Default for SchedulerConfig {
             block_size: 16,
             enable_prefix_caching: true,
             resume_protect_steps: 8,
+            prompt_logit_rows: 0,
         }
     }
 }
@@ -80,6 +84,8 @@ pub struct ScheduledSeq {
     pub num_tokens: usize,
     /// The chunk reaches the last token, so a new token is sampled from its logits.
     pub sample: bool,
+    /// Every token of the chunk gets a logit row (prompt logprobs), not only a sampled last.
+    pub all_logits: bool,
 }
 
 #[derive(Debug, Default, Clone)]
@@ -87,6 +93,9 @@ pub struct SchedulerOutput {
     pub seqs: Vec<ScheduledSeq>,
     pub preempted: Vec<SeqId>,
     pub num_tokens: usize,
+    pub num_logit_rows: usize,
+    /// Logit rows beyond one per sequence (bounded by `prompt_logit_rows`).
+    pub extra_logit_rows: usize,
 }
 
 impl SchedulerOutput {
@@ -227,6 +236,16 @@ impl Scheduler {
         self.cfg.max_num_batched_tokens - out.num_tokens
     }
 
+    /// Most tokens `seq` may compute this step: the token budget left, and, when each of its
+    /// tokens needs a logit row (prompt logprobs), one row of its own plus the extra rows left.
+    fn chunk_cap(&self, seq: &Sequence, out: &SchedulerOutput) -> usize {
+        let budget = self.budget_left(out);
+        if !seq.wants_prompt_logits() {
+            return budget;
+        }
+        budget.min(1 + self.cfg.prompt_logit_rows - out.extra_logit_rows)
+    }
+
     /// One pass over the running sequences: decodes (one token left) or prefill chunks.
     fn schedule_running(&mut self, out: &mut SchedulerOutput, decodes: bool) {
         let ids = self.running.clone();
@@ -236,7 +255,7 @@ impl Scheduler {
             if seq.status != SeqStatus::Running || seq.scheduled_at_step == self.step || left == 0 || (left == 1) != decodes {
                 continue;
             }
-            let n = left.min(self.budget_left(out));
+            let n = left.min(self.chunk_cap(seq, out));
             if n == 0 || out.seqs.len() >= self.cfg.max_num_seqs {
                 return;
             }
@@ -311,10 +330,12 @@ impl Scheduler {
         let (mut reserved, free_at_start) = (0, self.bm.num_free());
         while self.running.len() < max_seqs && out.seqs.len() < self.cfg.max_num_seqs {
             let Some((&key, &id)) = self.waiting.first_key_value() else { break };
+            let cap = self.chunk_cap(&self.seqs[&id], out);
             let seq = self.seqs.get_mut(&id).expect("waiting sequence exists");
-            let hits = self.bm.find_cached_prefix(&seq.tokens);
+            // Prompt scoring needs the logits of every position: nothing may come from the cache.
+            let hits = if seq.wants_prompt_logits() { Vec::new() } else { self.bm.find_cached_prefix(&seq.tokens) };
             let cached = hits.len() * self.cfg.block_size;
-            let n = (seq.num_tokens() - cached).min(self.cfg.max_num_batched_tokens - out.num_tokens);
+            let n = (seq.num_tokens() - cached).min(cap);
             if static_mode {
                 // Reserve the whole sequence so that the batch can never preempt itself.
                 let copies = if seq.forked { 1 } else { seq.params.n };
@@ -350,8 +371,13 @@ impl Scheduler {
         let seq = self.seqs.get_mut(&id).expect("scheduled sequence exists");
         seq.scheduled_at_step = self.step;
         let sample = seq.num_computed_tokens + n == seq.num_tokens();
-        out.seqs.push(ScheduledSeq { seq: id, num_tokens: n, sample });
+        let all_logits = seq.wants_prompt_logits();
+        out.seqs.push(ScheduledSeq { seq: id, num_tokens: n, sample, all_logits });
         out.num_tokens += n;
+        out.num_logit_rows += if all_logits { n } else { usize::from(sample) };
+        if all_logits {
+            out.extra_logit_rows += n - 1;
+        }
     }
 
     /// The flattened batch for the model: each scheduled chunk with its positions and table.
@@ -368,7 +394,7 @@ impl Scheduler {
             token_seq: Vec::with_capacity(t),
             block_tables: vec![0; out.seqs.len() * max_blocks], // [num_seqs, max_blocks]
             max_blocks,
-            logit_rows: Vec::with_capacity(out.seqs.len()),
+            logit_rows: Vec::with_capacity(out.num_logit_rows),
         };
         for (row, s) in out.seqs.iter().enumerate() {
             let seq = &self.seqs[&s.seq];
@@ -376,12 +402,15 @@ impl Scheduler {
             b.block_tables[row * max_blocks..row * max_blocks + table.len()].copy_from_slice(table);
             let start = seq.num_computed_tokens;
             for pos in start..start + s.num_tokens {
+                if s.all_logits {
+                    b.logit_rows.push(b.tokens.len() as u32);
+                }
                 b.tokens.push(seq.tokens[pos]);
                 b.positions.push(pos as u32);
                 b.slots.push(table[pos / bs] * bs as u32 + (pos % bs) as u32);
                 b.token_seq.push(row as u32);
             }
-            if s.sample {
+            if s.sample && !s.all_logits {
                 b.logit_rows.push(b.tokens.len() as u32 - 1);
             }
         }

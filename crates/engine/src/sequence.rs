@@ -109,6 +109,10 @@ pub struct Sequence {
     pub forked: bool,
     /// Logprobs of the newest token, waiting to be streamed.
     pub pending_logprobs: Vec<TokenLogprobs>,
+    /// Prompt logprobs gathered so far (completion 0 of a request that asks): entry `p` is
+    /// token `p` given tokens `0..p`; entry 0 is None (nothing comes before it). Taken when the
+    /// first output is sent.
+    pub prompt_logprobs: Option<Vec<Option<TokenLogprobs>>>,
 }
 
 impl Sequence {
@@ -125,7 +129,6 @@ impl Sequence {
             block_table: Vec::new(),
             block_hashes: Vec::new(),
             status: SeqStatus::Waiting,
-            params,
             max_tokens,
             priority,
             arrival_order,
@@ -136,6 +139,8 @@ impl Sequence {
             scheduled_at_step: 0,
             forked: index > 0,
             pending_logprobs: Vec::new(),
+            prompt_logprobs: (index == 0 && params.prompt_logprobs.is_some()).then(|| vec![None]),
+            params,
         }
     }
 
@@ -154,6 +159,11 @@ impl Sequence {
     /// Tokens still to run through the model before the next sample.
     pub fn num_uncomputed(&self) -> usize {
         self.tokens.len() - self.num_computed_tokens
+    }
+    /// Every computed position of this sequence needs its logits until the prompt's logprobs
+    /// are gathered; its chunks then count one logit row per token.
+    pub fn wants_prompt_logits(&self) -> bool {
+        self.prompt_logprobs.as_ref().is_some_and(|l| l.len() < self.num_prompt_tokens)
     }
     /// Scheduling order: lower key first (priority, then arrival).
     pub fn key(&self) -> (i32, u64) {

@@ -9,13 +9,14 @@ use std::path::{Path, PathBuf};
 
 use common::*;
 use tandem_core::model::LoadOptions;
-use tandem_core::{DType, LlamaModel, ModelRunner};
+use tandem_core::{DType, ForwardBatch, LlamaModel, ModelRunner};
 use tandem_engine::{Engine, EngineConfig, Request, SamplingParams};
 use tandem_models::random_model::{write_random_model, Shape};
 use tandem_reference::RefBackend;
 
-fn model_dir() -> PathBuf {
-    let d = std::env::temp_dir().join(format!("tandem-engine-ref-{}", std::process::id()));
+/// A model of its own per test (tests run in parallel and each removes its directory).
+fn model_dir(test: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("tandem-engine-ref-{test}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     write_random_model(&d, Shape::Tiny, 11, DType::F32).unwrap();
     d
@@ -36,7 +37,7 @@ fn run(e: &mut Engine, reqs: &[Request]) -> (Vec<Vec<u32>>, u64, u64) {
 
 #[test]
 fn greedy_tokens_are_the_same_alone_and_in_a_batch() {
-    let dir = model_dir();
+    let dir = model_dir("batch");
     let vocab = runner(&dir, 4, 16).config().vocab_size as u32;
     let shared: Vec<u32> = (0..35).map(|i| (i * 37 + 5) % vocab).collect();
     let reqs: Vec<Request> = (0..10u32)
@@ -66,5 +67,65 @@ fn greedy_tokens_are_the_same_alone_and_in_a_batch() {
     assert!(preemptions > 0, "the pool should force preemption");
     assert!(hits > 0, "the shared prefix should hit the cache");
     assert_eq!(got, want);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// log_softmax of one row, in f64 (the oracle for prompt logprobs).
+fn log_softmax_at(row: &[f32], token: u32) -> f64 {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let lse = max + row.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln();
+    row[token as usize] as f64 - lse
+}
+
+#[test]
+fn prompt_logprobs_match_one_whole_forward_when_chunked_among_others() {
+    let dir = model_dir("scoring");
+    let mut whole = runner(&dir, 16, 64);
+    let vocab = whole.config().vocab_size;
+    let prompt: Vec<u32> = (0..45u32).map(|i| (i * 53 + 3) % vocab as u32).collect();
+    // The oracle: every position's logits from one forward of the whole prompt.
+    let mut b = ForwardBatch { max_blocks: 3, ..Default::default() };
+    b.push_seq(&prompt, 0, &[0, 1, 2], 16, false);
+    b.logit_rows = (0..prompt.len() as u32).collect();
+    let rows = {
+        let opts = LoadOptions { max_batch_tokens: 64, max_seqs: 16, num_kv_blocks: 16, block_size: 16, prompt_logit_rows: 64, ..Default::default() };
+        whole = Box::new(LlamaModel::load(RefBackend::new(), &dir, opts).unwrap());
+        whole.forward(&b).unwrap()
+    };
+    let want: Vec<f64> = (1..prompt.len()).map(|i| log_softmax_at(&rows[(i - 1) * vocab..i * vocab], prompt[i])).collect();
+
+    // Scored in chunks of at most 1 + 4 rows, beside greedy requests that share its prefix (a
+    // cache hit it must not take) under a 12-token budget.
+    let opts = LoadOptions { max_batch_tokens: 12, max_seqs: 4, num_kv_blocks: 40, block_size: 16, prompt_logit_rows: 4, ..Default::default() };
+    let mut e = Engine::new(Box::new(LlamaModel::load(RefBackend::new(), &dir, opts).unwrap()), letters(), EngineConfig::default()).unwrap();
+    let greedy = Request { prompt: prompt[..40].to_vec(), params: SamplingParams { ignore_eos: true, ..SamplingParams::greedy(6) }, priority: 0 };
+    let mut first = e.add_request(greedy.clone()).unwrap();
+    run_to_idle(&mut e);
+    let alone = collect(&drain(&mut first), 1).tokens[0].clone();
+    let scored = |max_tokens| Request { prompt: prompt.clone(), params: SamplingParams { prompt_logprobs: Some(2), ignore_eos: true, ..SamplingParams::greedy(max_tokens) }, priority: 0 };
+    let mut s0 = e.add_request(scored(0)).unwrap();
+    let mut s1 = e.add_request(scored(3)).unwrap();
+    let mut g = e.add_request(greedy).unwrap();
+    run_to_idle(&mut e);
+    assert_eq!(collect(&drain(&mut g), 1).tokens[0], alone, "a scored neighbour changed a greedy request");
+    for (s, max_tokens) in [(&mut s0, 0), (&mut s1, 3)] {
+        let outs = drain(s);
+        let c = collect(&outs, 1);
+        assert_eq!(c.tokens[0].len(), max_tokens);
+        assert_eq!(c.finals[0].finish_reason, Some(tandem_engine::FinishReason::Length));
+        let with: Vec<_> = outs.iter().filter(|o| o.prompt_logprobs.is_some()).collect();
+        assert_eq!(with.len(), 1, "prompt logprobs come once");
+        let lps = with[0].prompt_logprobs.as_ref().unwrap();
+        assert_eq!(lps.len(), prompt.len());
+        assert!(lps[0].is_none());
+        for (i, lp) in lps.iter().enumerate().skip(1) {
+            let lp = lp.as_ref().unwrap();
+            assert_eq!(lp.token, prompt[i]);
+            assert!((lp.logprob as f64 - want[i - 1]).abs() < 1e-4, "position {i}: {} vs {}", lp.logprob, want[i - 1]);
+            assert_eq!(lp.top.len(), 2);
+            assert!(lp.top[0].1 >= lp.top[1].1 && lp.top[0].1 >= lp.logprob);
+        }
+    }
+    assert_eq!(e.scheduler().bm.num_free(), 40, "every block is back");
     let _ = std::fs::remove_dir_all(&dir);
 }

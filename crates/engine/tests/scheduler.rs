@@ -35,7 +35,7 @@ fn step(s: &mut Scheduler, now: Instant) -> SchedulerOutput {
 }
 
 fn sched(seq: SeqId, num_tokens: usize, sample: bool) -> ScheduledSeq {
-    ScheduledSeq { seq, num_tokens, sample }
+    ScheduledSeq { seq, num_tokens, sample, all_logits: false }
 }
 
 fn table(s: &Scheduler, id: SeqId) -> Vec<u32> {

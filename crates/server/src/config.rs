@@ -11,9 +11,13 @@ pub struct ServerConfig {
     pub api_key: Option<String>,
     /// Larger request bodies are answered 413.
     pub max_body_bytes: usize,
-    /// Requests submitted but without output yet (waiting or in prefill); beyond this, 429.
+    /// Sequences that may wait for admission beyond the `max_num_seqs` the engine runs; a
+    /// request beyond that is answered 429, one larger than both together 400.
     pub max_queued_requests: usize,
-    /// Context length: prompt plus output tokens (the model's `max_position_embeddings`).
+    /// Sequences the engine runs at once (its `max_num_seqs`).
+    pub max_num_seqs: usize,
+    /// Context length (prompt plus output tokens) until the engine is loaded; then the
+    /// engine's own limit applies (see `AppState::max_model_len`).
     pub max_model_len: usize,
     /// Token ids in prompts and `stop_token_ids` must be below this.
     pub vocab_size: usize,
@@ -22,6 +26,48 @@ pub struct ServerConfig {
     /// `max_tokens` when a completions or /generate request gives none (OpenAI's legacy 16);
     /// chat requests default to what the context leaves.
     pub default_max_tokens: usize,
+    /// Sampling defaults under each request's own values (the model's generation config).
+    pub sampling_defaults: SamplingDefaults,
+}
+
+/// What a request that leaves a field out gets instead of the API's default: vLLM's
+/// `--generation-config auto` takes these from the model's `generation_config.json`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SamplingDefaults {
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    /// 0 is no limit.
+    pub top_k: Option<usize>,
+    pub min_p: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    /// Output tokens when a request gives no `max_tokens` (still capped by the context).
+    pub max_tokens: Option<usize>,
+}
+
+impl SamplingDefaults {
+    /// The fields of a generation config that are in the ranges requests accept; others are
+    /// dropped with a warning rather than served.
+    pub fn from_generation_config(g: &tandem_core::GenerationConfig) -> Self {
+        let keep = |name: &str, v: Option<f32>, ok: fn(f32) -> bool| match v {
+            Some(x) if !ok(x) => {
+                tracing::warn!("generation_config.json: {name} = {x} is outside what requests accept; ignored");
+                None
+            }
+            v => v,
+        };
+        SamplingDefaults {
+            temperature: keep("temperature", g.temperature, |x| (0.0..=2.0).contains(&x)),
+            top_p: keep("top_p", g.top_p, |x| x > 0.0 && x <= 1.0),
+            top_k: g.top_k.map(|k| k.max(0) as usize),
+            min_p: keep("min_p", g.min_p, |x| (0.0..=1.0).contains(&x)),
+            repetition_penalty: keep("repetition_penalty", g.repetition_penalty, |x| x > 0.0 && x <= 10.0),
+            max_tokens: g.max_new_tokens.filter(|&m| m > 0),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        *self == SamplingDefaults::default()
+    }
 }
 
 impl Default for ServerConfig {
@@ -31,10 +77,12 @@ impl Default for ServerConfig {
             api_key: None,
             max_body_bytes: 8 << 20,
             max_queued_requests: 1024,
+            max_num_seqs: 256,
             max_model_len: 2048,
             vocab_size: 32000,
             shutdown_grace: Duration::from_secs(30),
             default_max_tokens: 16,
+            sampling_defaults: SamplingDefaults::default(),
         }
     }
 }

@@ -68,7 +68,14 @@ fn to_engine_params(p: &crate::engine_client::RequestParams) -> SamplingParams {
         max_tokens: Some(p.max_tokens),
         min_tokens: p.min_tokens,
         logprobs: p.logprobs,
+        prompt_logprobs: p.prompt_logprobs,
+        logit_bias: p.logit_bias.clone(),
+        include_stop_str_in_output: p.include_stop_str_in_output,
     }
+}
+
+fn to_logprob(l: tandem_engine::sampler::TokenLogprobs) -> TokenLogprob {
+    TokenLogprob { token: l.token, logprob: l.logprob, top: l.top }
 }
 
 fn to_update(o: RequestOutput) -> EngineUpdate {
@@ -78,9 +85,10 @@ fn to_update(o: RequestOutput) -> EngineUpdate {
         tandem_engine::FinishReason::Abort => FinishReason::Abort,
         tandem_engine::FinishReason::Error(e) => FinishReason::Error(e),
     });
-    let logprobs = o.logprobs.into_iter().map(|l| TokenLogprob { token: l.token, logprob: l.logprob, top: l.top }).collect();
+    let logprobs = o.logprobs.into_iter().map(to_logprob).collect();
+    let prompt_logprobs = o.prompt_logprobs.map(|v| v.into_iter().map(|l| l.map(to_logprob)).collect());
     EngineUpdate {
-        deltas: vec![CompletionDelta { index: o.index, text: o.text, token_ids: o.token_ids, logprobs, finish }],
+        deltas: vec![CompletionDelta { index: o.index, text: o.text, token_ids: o.token_ids, logprobs, prompt_logprobs, finish }],
         queue_time: o.metrics.and_then(|m| m.queue_time),
     }
 }
@@ -157,6 +165,10 @@ impl EngineClient for TandemEngine {
     fn is_ready(&self) -> bool {
         self.handle.get().is_some()
     }
+
+    fn max_model_len(&self) -> Option<usize> {
+        self.handle.get().map(EngineHandle::max_model_len)
+    }
 }
 
 #[cfg(test)]
@@ -182,6 +194,9 @@ mod tests {
             max_tokens: 11,
             min_tokens: 2,
             logprobs: Some(4),
+            prompt_logprobs: Some(1),
+            logit_bias: vec![(5, -2.0)],
+            include_stop_str_in_output: true,
         };
         let want = SamplingParams {
             n: 3,
@@ -199,6 +214,9 @@ mod tests {
             max_tokens: Some(11),
             min_tokens: 2,
             logprobs: Some(4),
+            prompt_logprobs: Some(1),
+            logit_bias: vec![(5, -2.0)],
+            include_stop_str_in_output: true,
         };
         assert_eq!(to_engine_params(&p), want);
         assert!(want.validate().is_ok(), "what the server accepts, the engine accepts");
@@ -212,6 +230,7 @@ mod tests {
             token_ids: vec![3],
             text: " a".into(),
             logprobs: vec![tandem_engine::sampler::TokenLogprobs { token: 3, logprob: -0.5, top: vec![(3, -0.5), (4, -1.0)] }],
+            prompt_logprobs: None,
             finish_reason: Some(tandem_engine::FinishReason::Stop { stop_string: Some("b".into()), stop_token: None }),
             finished: true,
             usage: None,

@@ -35,6 +35,11 @@ pub struct RequestParams {
     pub min_tokens: usize,
     /// Top-N log-probabilities per generated token; `Some(0)` is the sampled token's only.
     pub logprobs: Option<usize>,
+    /// Top-N log-probabilities at each prompt position (the prompt token's own always).
+    pub prompt_logprobs: Option<usize>,
+    /// Added to these tokens' logits before sampling.
+    pub logit_bias: Vec<(u32, f32)>,
+    pub include_stop_str_in_output: bool,
 }
 
 impl Default for RequestParams {
@@ -55,6 +60,9 @@ impl Default for RequestParams {
             max_tokens: 16,
             min_tokens: 0,
             logprobs: None,
+            prompt_logprobs: None,
+            logit_bias: Vec::new(),
+            include_stop_str_in_output: false,
         }
     }
 }
@@ -108,6 +116,9 @@ pub struct CompletionDelta {
     pub token_ids: Vec<u32>,
     /// One entry per token in `token_ids` when logprobs were asked for.
     pub logprobs: Vec<TokenLogprob>,
+    /// With completion 0's first delta when prompt logprobs were asked for: one entry per
+    /// prompt token (the first None).
+    pub prompt_logprobs: Option<Vec<Option<TokenLogprob>>>,
     /// Set on the completion's last delta.
     pub finish: Option<FinishReason>,
 }
@@ -182,4 +193,9 @@ pub trait EngineClient: Send + Sync + 'static {
     fn stats(&self) -> EngineStats;
     /// True once the model is loaded and the engine loop runs.
     fn is_ready(&self) -> bool;
+    /// The longest prompt + output the engine accepts, once it is loaded (it may be less than
+    /// the model's context: the KV pool or `--max-model-len` can cap it).
+    fn max_model_len(&self) -> Option<usize> {
+        None
+    }
 }

@@ -25,6 +25,8 @@ pub struct Job {
     pub p: ParsedParams,
     /// `/generate` with `prompts`: answer `texts`.
     pub multi: bool,
+    /// Completions with `echo`: each prompt's text, as given (or decoded from its ids).
+    pub echo_texts: Vec<String>,
 }
 
 fn parse_json(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
@@ -51,13 +53,10 @@ fn refuse_unsupported(f: &Fields) -> Result<(), ApiError> {
         Some(_) => true,
         None => false,
     };
-    for name in ["logit_bias", "tools", "functions", "suffix"] {
+    for name in ["tools", "functions", "suffix"] {
         if nonempty(name) {
             return Err(ApiError::invalid(name, format!("`{name}` is not supported by this server")));
         }
-    }
-    if f.bool("echo")? == Some(true) {
-        return Err(ApiError::invalid("echo", "`echo` is not supported by this server"));
     }
     if f.i64("best_of")?.is_some_and(|b| b > 1) {
         return Err(ApiError::invalid("best_of", "`best_of` > 1 is not supported by this server; use `n`"));
@@ -98,6 +97,15 @@ fn parse_prompts(v: Option<&Value>, param: &str, tok: &Tokenizer, vocab: usize) 
         Some(_) => return Err(shape()),
     };
     prompts.into_iter().map(|p| check_ids(p, vocab, param)).collect()
+}
+
+/// The text `echo` repeats: a string prompt as given, token ids decoded (special tokens kept).
+fn echo_texts(v: Option<&Value>, prompts: &[Vec<u32>], tok: &Tokenizer) -> Vec<String> {
+    match v {
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(a)) if a.iter().all(Value::is_string) => a.iter().map(|s| s.as_str().unwrap_or_default().to_string()).collect(),
+        _ => prompts.iter().map(|p| tok.decode(p, false).unwrap_or_default()).collect(),
+    }
 }
 
 /// Message contents as plain strings (a list of text parts is joined) for the template.
@@ -145,9 +153,10 @@ impl Job {
         check_model(&f, &state.model_name)?;
         refuse_unsupported(&f)?;
         let vocab = state.config.vocab_size;
-        let p = parse_params(&f, Api::Completions, vocab)?;
+        let p = parse_params(&f, Api::Completions, vocab, &state.config.sampling_defaults)?;
         let prompts = parse_prompts(f.get("prompt"), "prompt", &state.tokenizer, vocab)?;
-        Ok(Job { api: Api::Completions, prompts, p, multi: false })
+        let echo_texts = if p.echo { echo_texts(f.get("prompt"), &prompts, &state.tokenizer) } else { Vec::new() };
+        Ok(Job { api: Api::Completions, prompts, p, multi: false, echo_texts })
     }
 
     pub fn chat(state: &AppState, body: &[u8]) -> Result<Job, ApiError> {
@@ -155,22 +164,28 @@ impl Job {
         let f = Fields(&o);
         check_model(&f, &state.model_name)?;
         refuse_unsupported(&f)?;
+        if f.bool("echo")? == Some(true) {
+            return Err(ApiError::invalid("echo", "`echo` is not supported on chat completions"));
+        }
         let vocab = state.config.vocab_size;
-        let p = parse_params(&f, Api::Chat, vocab)?;
+        let p = parse_params(&f, Api::Chat, vocab, &state.config.sampling_defaults)?;
         let msgs = normalize_messages(f.get("messages"))?;
         let add_gen = f.bool("add_generation_prompt")?.unwrap_or(true);
         let text = state.tokenizer.apply_chat_template(&msgs, add_gen).map_err(|e| ApiError::invalid("messages", format!("cannot apply the chat template: {e}")))?;
         // The template writes the BOS itself.
         let ids = state.tokenizer.encode(&text, false).map_err(|e| ApiError::invalid("messages", format!("cannot tokenize the rendered chat: {e}")))?;
-        Ok(Job { api: Api::Chat, prompts: vec![check_ids(ids, vocab, "messages")?], p, multi: false })
+        Ok(Job { api: Api::Chat, prompts: vec![check_ids(ids, vocab, "messages")?], p, multi: false, echo_texts: Vec::new() })
     }
 
     pub fn generate(state: &AppState, body: &[u8]) -> Result<Job, ApiError> {
         let o = parse_json(body)?;
         let f = Fields(&o);
         refuse_unsupported(&f)?;
+        if f.bool("echo")? == Some(true) {
+            return Err(ApiError::invalid("echo", "`echo` is not supported on /generate; use /v1/completions"));
+        }
         let vocab = state.config.vocab_size;
-        let p = parse_params(&f, Api::Generate, vocab)?;
+        let p = parse_params(&f, Api::Generate, vocab, &state.config.sampling_defaults)?;
         if p.params.n != 1 {
             return Err(ApiError::invalid("n", "`/generate` answers one text per prompt; use /v1/completions for n > 1"));
         }
@@ -183,7 +198,7 @@ impl Job {
             (None, Some(_)) => return Err(ApiError::invalid("prompts", "`prompts` must be a list of strings or of token-id lists")),
             (None, None) => return Err(ApiError::invalid("prompt", "`prompt` (or `prompts`) is required")),
         };
-        Ok(Job { api: Api::Generate, prompts, p, multi })
+        Ok(Job { api: Api::Generate, prompts, p, multi, echo_texts: Vec::new() })
     }
 
     /// The request field that holds the prompt.
@@ -197,7 +212,7 @@ impl Job {
 
     /// One engine request per prompt, with `max_tokens` fitted to the context.
     pub fn requests(&self, state: &AppState) -> Result<Vec<GenerateRequest>, ApiError> {
-        let ctx = state.config.max_model_len;
+        let ctx = state.max_model_len();
         let param = self.prompt_param();
         let max_name = if self.api == Api::Chat { "max_completion_tokens" } else { "max_tokens" };
         self.prompts
@@ -213,8 +228,11 @@ impl Job {
                         return Err(ApiError::invalid(max_name, format!("this model's context length is {ctx} tokens; the prompt has {len} tokens and {m} output tokens were asked for ({} in all)", len + m)));
                     }
                     Some(m) => m,
-                    None if self.api == Api::Chat => room,
-                    None => state.config.default_max_tokens.min(room),
+                    None => match state.config.sampling_defaults.max_tokens {
+                        Some(m) => m.min(room),
+                        None if self.api == Api::Chat => room,
+                        None => state.config.default_max_tokens.min(room),
+                    },
                 };
                 if self.p.params.min_tokens > max_tokens {
                     return Err(ApiError::invalid("min_tokens", format!("`min_tokens` ({}) exceeds the {max_tokens} output tokens the context leaves", self.p.params.min_tokens)));
@@ -262,6 +280,69 @@ fn completion_logprobs(tok: &Tokenizer, lps: &[TokenLogprob], offset: &mut usize
     json!({"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets})
 }
 
+/// Completions' logprobs for an echoed prompt followed by the generated tokens: the prompt's
+/// first token has no logprob (null), as in OpenAI's legacy API that lm-evaluation-harness reads.
+fn echo_logprobs(tok: &Tokenizer, prompt: &[u32], prompt_lps: Option<&[Option<TokenLogprob>]>, lps: &[TokenLogprob], offset: &mut usize) -> Value {
+    let mut tokens = Vec::new();
+    let mut token_logprobs = Vec::new();
+    let mut top = Vec::new();
+    let mut offsets = Vec::new();
+    for (i, &id) in prompt.iter().enumerate() {
+        let t = token_text(tok, id);
+        offsets.push(json!(*offset));
+        *offset += t.len();
+        match prompt_lps.and_then(|l| l.get(i)).and_then(Option::as_ref) {
+            Some(lp) => {
+                token_logprobs.push(json!(lp.logprob));
+                top.push(top_map(tok, lp, &t));
+            }
+            None => {
+                token_logprobs.push(Value::Null);
+                top.push(Value::Null);
+            }
+        }
+        tokens.push(Value::String(t));
+    }
+    let gen = completion_logprobs(tok, lps, offset);
+    for (key, list) in [("tokens", &mut tokens), ("token_logprobs", &mut token_logprobs), ("top_logprobs", &mut top), ("text_offset", &mut offsets)] {
+        if let Some(a) = gen.get(key).and_then(Value::as_array) {
+            list.extend(a.iter().cloned());
+        }
+    }
+    json!({"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets})
+}
+
+/// `{token text: logprob}` of the top entries, the token itself always among them.
+fn top_map(tok: &Tokenizer, lp: &TokenLogprob, text: &str) -> Value {
+    let mut m = Map::new();
+    for &(id, l) in &lp.top {
+        m.insert(token_text(tok, id), json!(l));
+    }
+    m.entry(text.to_string()).or_insert(json!(lp.logprob));
+    Value::Object(m)
+}
+
+/// vLLM's `prompt_logprobs`: per prompt position null (the first) or `{token id: {logprob,
+/// decoded_token}}` holding the prompt's own token and the top N.
+fn vllm_prompt_logprobs(tok: &Tokenizer, lps: &[Option<TokenLogprob>]) -> Value {
+    let entry = |id: u32, l: f32| json!({"logprob": l, "decoded_token": token_text(tok, id)});
+    Value::Array(
+        lps.iter()
+            .map(|lp| match lp {
+                None => Value::Null,
+                Some(lp) => {
+                    let mut m = Map::new();
+                    m.insert(lp.token.to_string(), entry(lp.token, lp.logprob));
+                    for &(id, l) in &lp.top {
+                        m.entry(id.to_string()).or_insert_with(|| entry(id, l));
+                    }
+                    Value::Object(m)
+                }
+            })
+            .collect(),
+    )
+}
+
 fn chat_logprob_entries(tok: &Tokenizer, lps: &[TokenLogprob]) -> Vec<Value> {
     let entry = |id: u32, l: f32| {
         let t = token_text(tok, id);
@@ -293,6 +374,8 @@ fn usage(run: &Run) -> Value {
 pub struct ChoiceAcc {
     pub text: String,
     pub logprobs: Vec<TokenLogprob>,
+    /// Its prompt's logprobs (shared by the prompt's completions).
+    pub prompt_logprobs: Option<Vec<Option<TokenLogprob>>>,
     pub finish: Option<FinishReason>,
 }
 
@@ -301,6 +384,11 @@ pub async fn collect(run: &mut Run) -> Result<Vec<ChoiceAcc>, ApiError> {
     let mut acc = vec![ChoiceAcc::default(); run.finishes.len()];
     while let Some((p, upd)) = run.next_update().await {
         for d in upd.deltas {
+            if let Some(pl) = &d.prompt_logprobs {
+                for c in acc.iter_mut().skip(p * run.n).take(run.n) {
+                    c.prompt_logprobs = Some(pl.clone());
+                }
+            }
             let Some(c) = acc.get_mut(p * run.n + d.index) else { continue };
             c.text.push_str(&d.text);
             c.logprobs.extend(d.logprobs);
@@ -328,13 +416,25 @@ pub fn response(job: &Job, meta: &ResponseMeta, run: &Run, choices: Vec<ChoiceAc
                 .iter()
                 .enumerate()
                 .map(|(i, c)| {
-                    let lp = if want_lp { completion_logprobs(tok, &c.logprobs, &mut 0) } else { Value::Null };
-                    json!({"index": i, "text": c.text, "logprobs": lp, "finish_reason": finish(c)})
+                    let p = i / run.n.max(1);
+                    let (text, lp) = match job.echo_texts.get(p) {
+                        Some(echo) => {
+                            let lp = if want_lp { echo_logprobs(tok, &job.prompts[p], c.prompt_logprobs.as_deref(), &c.logprobs, &mut 0) } else { Value::Null };
+                            (format!("{echo}{}", c.text), lp)
+                        }
+                        None => (c.text.clone(), if want_lp { completion_logprobs(tok, &c.logprobs, &mut 0) } else { Value::Null }),
+                    };
+                    let mut choice = json!({"index": i, "text": text, "logprobs": lp, "finish_reason": finish(c)});
+                    if job.p.explicit_prompt_logprobs {
+                        choice["prompt_logprobs"] = c.prompt_logprobs.as_deref().map_or(Value::Null, |l| vllm_prompt_logprobs(tok, l));
+                    }
+                    choice
                 })
                 .collect();
             json!({"id": meta.id, "object": "text_completion", "created": meta.created, "model": meta.model, "choices": choices, "usage": usage(run)})
         }
         Api::Chat => {
+            let prompt_lps = choices.first().and_then(|c| c.prompt_logprobs.clone());
             let choices: Vec<Value> = choices
                 .iter()
                 .enumerate()
@@ -343,7 +443,11 @@ pub fn response(job: &Job, meta: &ResponseMeta, run: &Run, choices: Vec<ChoiceAc
                     json!({"index": i, "message": {"role": "assistant", "content": c.text}, "logprobs": lp, "finish_reason": finish(c)})
                 })
                 .collect();
-            json!({"id": meta.id, "object": "chat.completion", "created": meta.created, "model": meta.model, "choices": choices, "usage": usage(run)})
+            let mut v = json!({"id": meta.id, "object": "chat.completion", "created": meta.created, "model": meta.model, "choices": choices, "usage": usage(run)});
+            if job.p.explicit_prompt_logprobs {
+                v["prompt_logprobs"] = prompt_lps.as_deref().map_or(Value::Null, |l| vllm_prompt_logprobs(tok, l));
+            }
+            v
         }
         Api::Generate if job.multi => json!({"texts": choices.iter().map(|c| c.text.clone()).collect::<Vec<_>>(), "usage": usage(run)}),
         Api::Generate => json!({"text": choices.first().map(|c| c.text.clone()).unwrap_or_default(), "usage": usage(run)}),
@@ -367,6 +471,13 @@ pub struct StreamFormatter {
     envelope: String,
     /// One error event per request, however many choices the failure ends.
     error_sent: bool,
+    /// Completions with `echo`: per prompt its text and ids; per choice whether it was sent.
+    echo_texts: Vec<String>,
+    prompts: Vec<Vec<u32>>,
+    echoed: Vec<bool>,
+    /// Per prompt, its logprobs once completion 0 brought them.
+    prompt_lps: Vec<Option<Vec<Option<TokenLogprob>>>>,
+    explicit_prompt_lps: bool,
 }
 
 fn push_event(out: &mut String, v: &Value) {
@@ -398,6 +509,11 @@ impl StreamFormatter {
             offsets: vec![0; num_choices],
             envelope,
             error_sent: false,
+            echo_texts: job.echo_texts.clone(),
+            prompts: if job.echo_texts.is_empty() { Vec::new() } else { job.prompts.clone() },
+            echoed: vec![false; num_choices],
+            prompt_lps: vec![None; job.prompts.len()],
+            explicit_prompt_lps: job.p.explicit_prompt_logprobs,
         }
     }
 
@@ -440,14 +556,22 @@ impl StreamFormatter {
                 }
                 push_event(out, &ApiError::internal(format!("the engine failed this request: {e}")).body());
             }
+            if let Some(pl) = &d.prompt_logprobs {
+                self.prompt_lps[prompt] = Some(pl.clone());
+            }
+            // A choice's first event repeats its prompt (`echo`), or carries `prompt_logprobs`.
+            let first = !self.echoed[index];
+            let echo = first && !self.echo_texts.is_empty();
             let has_lp = self.want_logprobs && !d.logprobs.is_empty();
-            if d.text.is_empty() && d.finish.is_none() && !has_lp {
+            if d.text.is_empty() && d.finish.is_none() && !has_lp && !echo {
                 continue; // text held back (a possible stop string): nothing to say yet
             }
+            self.echoed[index] = true;
+            let text: std::borrow::Cow<str> = if echo { format!("{}{}", self.echo_texts[prompt], d.text).into() } else { d.text.as_str().into() };
             let finish = d.finish.as_ref().map(|f| f.as_str());
             if self.api == Api::Generate {
                 let _ = write!(out, "data: {{\"index\":{index},\"text\":");
-                push_json_str(out, &d.text);
+                push_json_str(out, &text);
                 if let Some(f) = finish {
                     let _ = write!(out, ",\"finish_reason\":\"{f}\"");
                 }
@@ -462,26 +586,31 @@ impl StreamFormatter {
             }
             let _ = write!(out, "{{\"index\":{index},");
             match self.api {
-                Api::Chat if d.text.is_empty() => out.push_str("\"delta\":{}"),
+                Api::Chat if text.is_empty() => out.push_str("\"delta\":{}"),
                 Api::Chat => {
                     out.push_str("\"delta\":{\"content\":");
-                    push_json_str(out, &d.text);
+                    push_json_str(out, &text);
                     out.push('}');
                 }
                 _ => {
                     out.push_str("\"text\":");
-                    push_json_str(out, &d.text);
+                    push_json_str(out, &text);
                 }
             }
             out.push_str(",\"logprobs\":");
             if self.want_logprobs {
                 let lp = match self.api {
                     Api::Chat => json!({"content": chat_logprob_entries(&self.tok, &d.logprobs)}),
+                    _ if echo => echo_logprobs(&self.tok, &self.prompts[prompt], self.prompt_lps[prompt].as_deref(), &d.logprobs, &mut self.offsets[index]),
                     _ => completion_logprobs(&self.tok, &d.logprobs, &mut self.offsets[index]),
                 };
                 let _ = write!(out, "{lp}");
             } else {
                 out.push_str("null");
+            }
+            if first && self.explicit_prompt_lps {
+                let pl = self.prompt_lps[prompt].as_deref().map_or(Value::Null, |l| vllm_prompt_logprobs(&self.tok, l));
+                let _ = write!(out, ",\"prompt_logprobs\":{pl}");
             }
             match finish {
                 Some(f) => {

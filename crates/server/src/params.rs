@@ -5,6 +5,7 @@
 
 use serde_json::{Map, Value};
 
+use crate::config::SamplingDefaults;
 use crate::engine_client::RequestParams;
 use crate::error::ApiError;
 
@@ -113,11 +114,24 @@ pub struct ParsedParams {
     pub priority: i32,
     pub stream: bool,
     pub include_usage: bool,
+    /// Completions: the prompt is repeated before each choice's text (and its logprobs before
+    /// the choice's, when logprobs are asked for).
+    pub echo: bool,
+    /// The client sent vLLM's `prompt_logprobs` (answered in that field), as opposed to
+    /// prompt logprobs implied by `echo` with `logprobs`.
+    pub explicit_prompt_logprobs: bool,
 }
 
-/// Reads the sampling fields shared by every endpoint. `vocab` bounds `stop_token_ids`.
-pub fn parse_params(f: &Fields, api: Api, vocab: usize) -> Result<ParsedParams, ApiError> {
+/// Reads the sampling fields shared by every endpoint. `vocab` bounds `stop_token_ids`;
+/// `defaults` fill what the request leaves out.
+pub fn parse_params(f: &Fields, api: Api, vocab: usize, defaults: &SamplingDefaults) -> Result<ParsedParams, ApiError> {
     let mut p = RequestParams::default();
+    let d = defaults;
+    p.temperature = d.temperature.unwrap_or(p.temperature);
+    p.top_p = d.top_p.unwrap_or(p.top_p);
+    p.top_k = d.top_k.unwrap_or(p.top_k);
+    p.min_p = d.min_p.unwrap_or(p.min_p);
+    p.repetition_penalty = d.repetition_penalty.unwrap_or(p.repetition_penalty);
     if let Some(n) = f.int_in("n", 1, MAX_N as i64)? {
         p.n = n as usize;
     }
@@ -176,7 +190,12 @@ pub fn parse_params(f: &Fields, api: Api, vocab: usize) -> Result<ParsedParams, 
 
     // Chat's newer name wins over the deprecated one.
     let max_name = if api == Api::Chat && f.get("max_completion_tokens").is_some() { "max_completion_tokens" } else { "max_tokens" };
-    let max_tokens = f.int_in(max_name, 1, i64::MAX)?.map(|m| m as usize);
+    // 0 is allowed where the prompt alone is the answer: completions with `echo` (scoring).
+    let echo = api == Api::Completions && f.bool("echo")?.unwrap_or(false);
+    let max_tokens = f.int_in(max_name, 0, i64::MAX)?.map(|m| m as usize);
+    if max_tokens == Some(0) && !echo {
+        return Err(ApiError::invalid(max_name, format!("`{max_name}` must be at least 1 (0 is allowed only with `echo`), got 0")));
+    }
     if let Some(m) = f.int_in("min_tokens", 0, i64::MAX)? {
         p.min_tokens = m as usize;
         if let Some(max) = max_tokens.filter(|&max| max < p.min_tokens) {
@@ -194,13 +213,38 @@ pub fn parse_params(f: &Fields, api: Api, vocab: usize) -> Result<ParsedParams, 
             }
         }
     };
+    // vLLM's field; with `echo`, completions' `logprobs` asks the same of the prompt.
+    p.prompt_logprobs = f.int_in("prompt_logprobs", 0, MAX_LOGPROBS as i64)?.map(|k| k as usize);
+    let explicit_prompt_logprobs = p.prompt_logprobs.is_some();
+    if echo && p.logprobs.is_some() && p.prompt_logprobs.is_none() {
+        p.prompt_logprobs = p.logprobs;
+    }
+    if echo && max_tokens == Some(0) && p.prompt_logprobs.is_none() {
+        // Nothing is generated and nothing is scored: the prompt alone, as text.
+        p.prompt_logprobs = Some(0);
+    }
+    p.logit_bias = match f.object("logit_bias")? {
+        None => Vec::new(),
+        Some(o) => o
+            .0
+            .iter()
+            .map(|(k, v)| {
+                let id = k.parse::<u32>().ok().filter(|&id| (id as usize) < vocab).ok_or_else(|| ApiError::invalid("logit_bias", format!("`logit_bias` key {k:?} is not a token id of the vocabulary [0, {vocab})")))?;
+                match v.as_f64() {
+                    Some(b) if (-100.0..=100.0).contains(&b) => Ok((id, b as f32)),
+                    _ => Err(ApiError::invalid("logit_bias", format!("`logit_bias` of token {id} must be a number in [-100, 100], got {v}"))),
+                }
+            })
+            .collect::<Result<_, _>>()?,
+    };
+    p.include_stop_str_in_output = f.bool("include_stop_str_in_output")?.unwrap_or(false);
     let priority = f.int_in("priority", i32::MIN as i64, i32::MAX as i64)?.unwrap_or(0) as i32;
     let stream = f.bool("stream")?.unwrap_or(false);
     let include_usage = match f.object("stream_options")? {
         Some(o) => o.bool("include_usage").map_err(|e| ApiError { param: Some("stream_options.include_usage".into()), ..e })?.unwrap_or(false),
         None => false,
     };
-    Ok(ParsedParams { params: p, max_tokens, priority, stream, include_usage })
+    Ok(ParsedParams { params: p, max_tokens, priority, stream, include_usage, echo, explicit_prompt_logprobs })
 }
 
 #[cfg(test)]
@@ -209,7 +253,17 @@ mod tests {
     use serde_json::json;
 
     fn parse(v: Value, api: Api) -> Result<ParsedParams, ApiError> {
-        parse_params(&Fields(v.as_object().unwrap()), api, 100)
+        parse_params(&Fields(v.as_object().unwrap()), api, 100, &SamplingDefaults::default())
+    }
+
+    #[test]
+    fn generation_config_defaults_sit_under_the_request() {
+        let d = SamplingDefaults { temperature: Some(0.6), top_p: Some(0.9), top_k: Some(20), min_p: None, repetition_penalty: Some(1.1), max_tokens: Some(64) };
+        let f = |v: Value| parse_params(&Fields(v.as_object().unwrap()), Api::Chat, 100, &d).unwrap();
+        let p = f(json!({}));
+        assert_eq!((p.params.temperature, p.params.top_p, p.params.top_k, p.params.min_p, p.params.repetition_penalty), (0.6, 0.9, 20, 0.0, 1.1));
+        let p = f(json!({"temperature": 0, "top_k": -1, "top_p": null}));
+        assert_eq!((p.params.temperature, p.params.top_k, p.params.top_p), (0.0, 0, 0.9), "the request's own values win; null is absent");
     }
 
     #[test]
@@ -240,6 +294,21 @@ mod tests {
     }
 
     #[test]
+    fn echo_scoring_and_logit_bias() {
+        let p = parse(json!({"echo": true, "max_tokens": 0, "logprobs": 3}), Api::Completions).unwrap();
+        assert_eq!((p.echo, p.max_tokens, p.params.logprobs, p.params.prompt_logprobs), (true, Some(0), Some(3), Some(3)));
+        let p = parse(json!({"echo": true, "max_tokens": 0}), Api::Completions).unwrap();
+        assert_eq!(p.params.prompt_logprobs, Some(0));
+        let p = parse(json!({"echo": true, "max_tokens": 2}), Api::Completions).unwrap();
+        assert_eq!(p.params.prompt_logprobs, None, "echo without logprobs needs no scoring");
+        let p = parse(json!({"prompt_logprobs": 2, "logit_bias": {"7": -100, "3": 2.5}, "include_stop_str_in_output": true}), Api::Chat).unwrap();
+        let mut bias = p.params.logit_bias.clone();
+        bias.sort_by_key(|b| b.0);
+        assert_eq!((p.params.prompt_logprobs, bias, p.params.include_stop_str_in_output), (Some(2), vec![(3, 2.5), (7, -100.0)], true));
+        assert_eq!(parse(json!({"echo": true, "max_tokens": 0}), Api::Chat).unwrap_err().param.as_deref(), Some("max_tokens"), "chat has no echo");
+    }
+
+    #[test]
     fn errors_name_the_field() {
         let cases = [
             (json!({"temperature": "hot"}), "temperature", "must be a number"),
@@ -252,7 +321,13 @@ mod tests {
             (json!({"frequency_penalty": -3}), "frequency_penalty", "[-2, 2]"),
             (json!({"n": 0}), "n", "[1, 128]"),
             (json!({"n": 1.5}), "n", "must be an integer"),
-            (json!({"max_tokens": 0}), "max_tokens", "[1,"),
+            (json!({"max_tokens": 0}), "max_tokens", "only with `echo`"),
+            (json!({"prompt_logprobs": 21}), "prompt_logprobs", "[0, 20]"),
+            (json!({"logit_bias": {"x": 1}}), "logit_bias", "not a token id"),
+            (json!({"logit_bias": {"100": 1}}), "logit_bias", "[0, 100)"),
+            (json!({"logit_bias": {"5": 101}}), "logit_bias", "[-100, 100]"),
+            (json!({"logit_bias": [1]}), "logit_bias", "must be an object"),
+            (json!({"include_stop_str_in_output": 1}), "include_stop_str_in_output", "boolean"),
             (json!({"max_tokens": 2, "min_tokens": 3}), "min_tokens", "must not exceed"),
             (json!({"stop": [1]}), "stop", "list of strings"),
             (json!({"stop": ""}), "stop", "must not be empty"),

@@ -134,7 +134,7 @@ fn models(state: &AppState) -> Response<ResponseBody> {
     let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     json_response(
         StatusCode::OK,
-        &json!({"object": "list", "data": [{"id": state.model_name, "object": "model", "created": created, "owned_by": "tandem", "root": state.model_name, "max_model_len": state.config.max_model_len}]}),
+        &json!({"object": "list", "data": [{"id": state.model_name, "object": "model", "created": created, "owned_by": "tandem", "root": state.model_name, "max_model_len": state.max_model_len()}]}),
     )
 }
 

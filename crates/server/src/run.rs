@@ -31,6 +31,41 @@ impl Sub {
     }
 }
 
+/// The bound on what the server lets into the engine: `max_num_seqs` sequences may run and
+/// `max_queued_requests` more may wait for admission beyond them (as vLLM and TGI users read
+/// the flag). A request counts one sequence per prompt and completion (`prompts * n`).
+struct Admission {
+    running: usize,
+    queued: usize,
+}
+
+impl Admission {
+    fn of(c: &crate::ServerConfig) -> Self {
+        Admission { running: c.max_num_seqs, queued: c.max_queued_requests }
+    }
+
+    fn cap(&self) -> usize {
+        self.running + self.queued
+    }
+
+    /// A request larger than the whole bound could never be admitted: 400, not 429.
+    fn check_size(&self, seqs: usize, prompts: usize, prompt_param: &str) -> Result<(), ApiError> {
+        if seqs <= self.cap() {
+            return Ok(());
+        }
+        let param = if prompts > 1 { prompt_param } else { "n" };
+        Err(ApiError::invalid(
+            param,
+            format!(
+                "this request needs {seqs} sequences ({prompts} prompt(s) x n = {}), more than this server ever admits at once ({} running + {} queued); send fewer prompts or completions per request",
+                seqs / prompts.max(1),
+                self.running,
+                self.queued
+            ),
+        ))
+    }
+}
+
 pub struct Run {
     state: Arc<AppState>,
     subs: Vec<Sub>,
@@ -54,12 +89,15 @@ impl Run {
     /// [`SubmitRefusal`]); `prompt_param` names the prompt's field in such errors.
     pub fn start(state: Arc<AppState>, reqs: Vec<GenerateRequest>, prompt_param: &str, label: String, start: Instant) -> Result<Run, ApiError> {
         let k = reqs.len();
-        let max = state.config.max_queued_requests;
-        let before = state.queued.fetch_add(k, Ordering::SeqCst);
-        if before + k > max {
-            state.queued.fetch_sub(k, Ordering::SeqCst);
-            return Err(ApiError::overloaded(before, 1));
+        let seqs = k * reqs.first().map_or(1, |r| r.params.n);
+        let admit = Admission::of(&state.config);
+        admit.check_size(seqs, k, prompt_param)?;
+        let before = state.in_flight.fetch_add(seqs, Ordering::SeqCst);
+        if before + seqs > admit.cap() {
+            state.in_flight.fetch_sub(seqs, Ordering::SeqCst);
+            return Err(ApiError::overloaded(before.saturating_sub(admit.running), 1));
         }
+        state.queued.fetch_add(k, Ordering::SeqCst);
         let n = reqs.first().map_or(1, |r| r.params.n);
         let mut run = Run {
             state: state.clone(),
@@ -81,9 +119,10 @@ impl Run {
                     run.subs.push(Sub { id: s.id, rx: s.updates, unfinished: n, queued: true, closed: false });
                 }
                 Err(e) => {
-                    // Release the queue slots of the prompts never submitted; `run`'s drop
-                    // aborts those that were.
+                    // Release the slots of the prompts never submitted; `run`'s drop aborts
+                    // those that were.
                     state.queued.fetch_sub(k - i, Ordering::SeqCst);
+                    state.in_flight.fetch_sub((k - i) * n, Ordering::SeqCst);
                     let param = if k > 1 { format!("{prompt_param}[{i}]") } else { prompt_param.to_string() };
                     return Err(match e {
                         SubmitRefusal::Invalid(m) => ApiError::invalid(&param, m),
@@ -121,6 +160,7 @@ impl Run {
                             text: String::new(),
                             token_ids: vec![],
                             logprobs: vec![],
+                            prompt_logprobs: None,
                             finish: Some(FinishReason::Error("the engine stopped before finishing this request".into())),
                         })
                         .collect();
@@ -175,6 +215,7 @@ impl Run {
                 m.count_finished(f.as_str());
                 self.finishes[c] = Some(f.clone());
                 self.subs[p].unfinished -= 1;
+                self.state.in_flight.fetch_sub(1, Ordering::SeqCst);
             }
         }
     }
@@ -203,6 +244,7 @@ impl Drop for Run {
                     cancelled = true;
                     self.state.engine.abort(s.id);
                 }
+                self.state.in_flight.fetch_sub(s.unfinished, Ordering::SeqCst);
                 if s.queued {
                     self.state.queued.fetch_sub(1, Ordering::SeqCst);
                 }

@@ -27,12 +27,23 @@ pub struct AppState {
     pub tokenizer: Arc<Tokenizer>,
     pub model_name: String,
     pub metrics: Metrics,
-    /// Engine requests submitted that have produced no output yet (the bounded queue).
+    /// Engine requests submitted that have produced no output yet (a gauge).
     pub queued: AtomicUsize,
+    /// Sequences (prompts x completions) submitted and not finished: bounded by
+    /// `max_num_seqs + max_queued_requests` (see `run.rs`).
+    pub in_flight: AtomicUsize,
     /// Engine requests in flight, so that shutdown can abort what outlives its deadline.
     pub live: Mutex<HashSet<RequestId>>,
     /// Source of response ids.
     pub next_id: AtomicU64,
+}
+
+impl AppState {
+    /// The context limit in force: the engine's once it is loaded (the KV pool or
+    /// `--max-model-len` may cap the model's), else the configured one.
+    pub fn max_model_len(&self) -> usize {
+        self.engine.max_model_len().unwrap_or(self.config.max_model_len)
+    }
 }
 
 /// A bound server, not yet serving: lets tests bind port 0 and learn the address first.
@@ -55,6 +66,7 @@ impl Server {
             tokenizer,
             model_name,
             queued: AtomicUsize::new(0),
+            in_flight: AtomicUsize::new(0),
             live: Mutex::new(HashSet::new()),
             next_id: AtomicU64::new(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
         });

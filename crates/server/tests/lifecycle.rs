@@ -127,7 +127,8 @@ async fn non_streaming_client_that_leaves_aborts_its_request() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn full_queue_answers_429_at_once() {
     let engine = Arc::new(StallEngine::default());
-    let config = ServerConfig { addr: ([127, 0, 0, 1], 0).into(), max_model_len: MAX_LEN, vocab_size: VOCAB, max_queued_requests: 2, ..Default::default() };
+    // One may run and one may wait: two in all.
+    let config = ServerConfig { addr: ([127, 0, 0, 1], 0).into(), max_model_len: MAX_LEN, vocab_size: VOCAB, max_num_seqs: 1, max_queued_requests: 1, ..Default::default() };
     let s = TestServer::with_client(config, engine.clone(), tokenizer()).await;
     let addr = s.addr;
     let waiting: Vec<_> = (0..2).map(|_| tokio::spawn(async move { post(addr, "/v1/completions", &json!({"prompt": "hi"})).await })).collect();
@@ -159,6 +160,37 @@ async fn full_queue_answers_429_at_once() {
     let mut c = Client::connect(s.addr).await;
     let r = tokio::time::timeout(Duration::from_millis(200), c.send("POST", "/v1/completions", &[], json!({"prompt": "hi"}).to_string())).await;
     assert!(r.is_err(), "accepted into the queue, so no answer yet");
+}
+
+/// Issue 15, findings 2 and 3: `--max-num-seqs 8 --max-queued-requests 4` refused four of eight
+/// concurrent requests (the bound counted requests until their first token), and a request
+/// with more prompts than the bound got 429 forever instead of a 400.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_queue_bound_counts_only_what_waits_beyond_the_running_set() {
+    let engine = Arc::new(StallEngine::default());
+    let config = ServerConfig { addr: ([127, 0, 0, 1], 0).into(), max_model_len: MAX_LEN, vocab_size: VOCAB, max_num_seqs: 8, max_queued_requests: 4, ..Default::default() };
+    let s = TestServer::with_client(config, engine.clone(), tokenizer()).await;
+    let addr = s.addr;
+    let open: Vec<_> = (0..12).map(|_| tokio::spawn(async move { post(addr, "/v1/completions", &json!({"prompt": "hi"})).await })).collect();
+    let t = Instant::now();
+    while engine.open.lock().unwrap().len() < 12 {
+        assert!(t.elapsed() < Duration::from_secs(5), "8 running + 4 waiting must all be accepted, got {}", engine.open.lock().unwrap().len());
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let r = post(s.addr, "/v1/completions", &json!({"prompt": "hi"})).await;
+    assert_eq!(r.status, 429, "the 13th waits beyond the bound: {}", r.text());
+    // 13 sequences can never be admitted at once: 400, whatever else is waiting.
+    let prompts: Vec<&str> = vec!["hi"; 13];
+    let r = post(s.addr, "/v1/completions", &json!({"prompt": prompts})).await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.json()["error"]["param"], "prompt");
+    assert!(r.json()["error"]["message"].as_str().unwrap().contains("8 running + 4 queued"), "{}", r.text());
+    let r = post(s.addr, "/v1/completions", &json!({"prompt": "hi", "n": 13})).await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.json()["error"]["param"], "n");
+    for o in open {
+        o.abort();
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -249,7 +281,7 @@ struct DyingEngine;
 impl EngineClient for DyingEngine {
     fn submit(&self, req: GenerateRequest) -> Result<Submission, SubmitRefusal> {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let d = tandem_server::engine_client::CompletionDelta { index: 0, text: " hello".into(), token_ids: vec![5], logprobs: vec![], finish: None };
+        let d = tandem_server::engine_client::CompletionDelta { index: 0, text: " hello".into(), token_ids: vec![5], logprobs: vec![], prompt_logprobs: None, finish: None };
         tx.send(EngineUpdate { deltas: vec![d], queue_time: None }).unwrap();
         assert_eq!(req.params.n, 2);
         Ok(Submission::channel(1, rx))
