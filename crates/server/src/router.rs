@@ -109,15 +109,18 @@ async fn route(state: Arc<AppState>, req: Request<Incoming>) -> Response<Respons
     let path = req.uri().path().to_string();
     let route = match path.as_str() {
         // Open to all, as in vLLM: load balancers and version probes carry no key.
-        "/health" | "/version" => {
+        "/health" => {
+            return match method {
+                Method::GET | Method::HEAD => health(&state),
+                _ => error_response(&ApiError::method_not_allowed(method.as_str(), &path, "GET")).with_allow("GET, HEAD"),
+            };
+        }
+        "/version" => {
             let r = match method {
-                Method::GET | Method::HEAD if path == "/health" => health(&state),
                 Method::GET | Method::HEAD => json_response(StatusCode::OK, &json!({"version": env!("CARGO_PKG_VERSION")})),
                 _ => error_response(&ApiError::method_not_allowed(method.as_str(), &path, "GET")).with_allow("GET, HEAD"),
             };
-            if path == "/version" {
-                log_plain(&method, &path, r.status(), start);
-            }
+            log_plain(&method, &path, r.status(), start);
             return r;
         }
         "/v1/completions" => Route::Generate(Api::Completions),
