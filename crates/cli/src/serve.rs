@@ -117,6 +117,13 @@ pub struct Args {
     /// The model name clients use (default: the model directory's name).
     #[arg(long)]
     served_model_name: Option<String>,
+    /// A generation request running longer than this many seconds is aborted (its choices end
+    /// with finish_reason "abort", or 408 when nothing was produced yet). Default: no bound.
+    #[arg(long)]
+    request_timeout_s: Option<f64>,
+    /// Browser origins answered with CORS headers (`*` for any; repeat or comma-separate).
+    #[arg(long, value_delimiter = ',')]
+    allowed_origins: Vec<String>,
     /// Seconds running requests get to finish after SIGTERM / Ctrl-C.
     #[arg(long, default_value_t = 30)]
     shutdown_grace_s: u64,
@@ -224,6 +231,10 @@ pub fn run(mut a: Args) -> Result<()> {
         tracing::info!("--enforce-eager: every step is eager already (no CUDA graphs yet)");
     }
     let sampling_defaults = a.sampling_defaults(&dir)?;
+    let timeout = match a.request_timeout_s {
+        Some(t) if !(t.is_finite() && t > 0.0) => anyhow::bail!("--request-timeout-s {t}: expected a positive number of seconds"),
+        t => t.map(Duration::from_secs_f64),
+    };
     tok.add_eos_ids(&cfg.eos_token_ids);
     let tok = Arc::new(tok);
     let name = a.served_model_name.clone().unwrap_or_else(|| dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into()));
@@ -235,6 +246,8 @@ pub fn run(mut a: Args) -> Result<()> {
         max_num_seqs: a.engine.max_num_seqs,
         max_model_len: a.engine.max_model_len.unwrap_or(usize::MAX).min(cfg.max_position_embeddings),
         sampling_defaults,
+        request_timeout: timeout,
+        allowed_origins: a.allowed_origins.clone(),
         vocab_size: cfg.vocab_size,
         shutdown_grace: Duration::from_secs(a.shutdown_grace_s),
         ..Default::default()

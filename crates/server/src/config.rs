@@ -28,6 +28,17 @@ pub struct ServerConfig {
     pub default_max_tokens: usize,
     /// Sampling defaults under each request's own values (the model's generation config).
     pub sampling_defaults: SamplingDefaults,
+    /// A request body must arrive whole within this long of the handler asking for it; a
+    /// client that stalls mid-body is answered 408 and its connection closed. (hyper bounds
+    /// the headers alone, at 30 s.)
+    pub body_read_timeout: Duration,
+    /// A generation request past this long since it arrived is aborted (its KV freed): its
+    /// choices end with finish_reason "abort", or it is answered 408 when no output token
+    /// exists yet and nothing has been sent (see `run.rs`). `None`: no bound.
+    pub request_timeout: Option<Duration>,
+    /// Browser origins answered with CORS headers: empty for none, `"*"` for any, else exact
+    /// origins (`https://app.example`). Preflight `OPTIONS` requests are answered for these.
+    pub allowed_origins: Vec<String>,
 }
 
 /// What a request that leaves a field out gets instead of the API's default: vLLM's
@@ -83,6 +94,9 @@ impl Default for ServerConfig {
             shutdown_grace: Duration::from_secs(30),
             default_max_tokens: 16,
             sampling_defaults: SamplingDefaults::default(),
+            body_read_timeout: Duration::from_secs(30),
+            request_timeout: None,
+            allowed_origins: Vec::new(),
         }
     }
 }

@@ -12,13 +12,16 @@ pub struct ApiError {
     /// The request field at fault, when one is.
     pub param: Option<String>,
     pub code: Option<&'static str>,
+    /// vLLM's errors carry the HTTP status as an integer `code` (where OpenAI's carry a string):
+    /// set for the errors answered as vLLM does, so that clients written for it read them.
+    pub status_code: bool,
     /// Seconds for a `Retry-After` header (429).
     pub retry_after: Option<u32>,
 }
 
 impl ApiError {
     fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
-        ApiError { status, message: message.into(), kind, param: None, code: None, retry_after: None }
+        ApiError { status, message: message.into(), kind, param: None, code: None, status_code: false, retry_after: None }
     }
 
     /// 400 naming the field at fault.
@@ -29,11 +32,12 @@ impl ApiError {
     pub fn bad_request(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
     }
+    /// 404 in vLLM's shape (`"type": "NotFoundError"`, `"code": 404`), as vLLM answers it.
     pub fn unknown_model(requested: &str, served: &str) -> Self {
         ApiError {
             param: Some("model".into()),
-            code: Some("model_not_found"),
-            ..Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", format!("the model `{requested}` does not exist; this server serves `{served}`"))
+            status_code: true,
+            ..Self::new(StatusCode::NOT_FOUND, "NotFoundError", format!("The model `{requested}` does not exist; this server serves `{served}`."))
         }
     }
     pub fn unauthorized() -> Self {
@@ -51,6 +55,10 @@ impl ApiError {
     pub fn too_large(limit: usize) -> Self {
         Self::new(StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", format!("request body exceeds the limit of {limit} bytes"))
     }
+    /// 408: the client did not send its request in time, or the request ran past its bound.
+    pub fn timeout(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::REQUEST_TIMEOUT, "timeout_error", message)
+    }
     pub fn overloaded(queued: usize, retry_after: u32) -> Self {
         ApiError {
             code: Some("rate_limit_exceeded"),
@@ -66,7 +74,8 @@ impl ApiError {
     }
 
     pub fn body(&self) -> serde_json::Value {
-        json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}})
+        let code = if self.status_code { json!(self.status.as_u16()) } else { json!(self.code) };
+        json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": code}})
     }
 }
 

@@ -1,13 +1,17 @@
 //! tandem-server: the HTTP server (hyper 1, HTTP/1.1 on tokio). OpenAI-compatible
 //! `/v1/completions` and `/v1/chat/completions` (whole or streamed as server-sent events),
-//! `/generate`, `/v1/models`, `/health` and Prometheus `/metrics`.
+//! `/generate`, `/v1/models`, vLLM's `/tokenize`, `/detokenize` and `/version`, `/health` and
+//! Prometheus `/metrics`.
 //!
 //! Code map:
 //! - [`server`]: the listener, connections, graceful shutdown; [`serve`] and [`Server`].
-//! - [`router`]: routes, API key, body limits.
+//! - [`router`]: routes, API key, body limits and read timeout, `X-Request-Id`.
+//! - [`cors`]: CORS headers and preflights, behind `ServerConfig::allowed_origins`.
+//! - [`tokenization`]: `/tokenize` and `/detokenize`.
 //! - [`openai`]: request parsing and the response and chunk formats.
 //! - [`params`]: sampling fields, type- and range-checked.
-//! - [`run`]: one request's engine submissions, merged; aborts them when dropped.
+//! - [`run`]: one request's engine submissions, merged; aborts them when dropped or past the
+//!   request's time bound.
 //! - [`body`]: the response body, whole or streamed.
 //! - [`metrics`]: vLLM-named metrics in the Prometheus text format.
 //! - [`test_support`]: a tiny tokenizer for tests, examples and benchmarks.
@@ -35,6 +39,7 @@
 
 pub mod body;
 pub mod config;
+pub mod cors;
 pub mod engine_adapter;
 pub mod engine_client;
 pub mod error;
@@ -45,6 +50,7 @@ pub mod router;
 pub mod run;
 pub mod server;
 pub mod test_support;
+pub mod tokenization;
 
 pub use config::ServerConfig;
 pub use engine_client::EngineClient;

@@ -4,10 +4,17 @@
 //! crate's registry does not let us keep verbatim, and the format is small. Counters the server
 //! sees itself (tokens, latencies) live here; gauges of the engine's state are read from
 //! [`EngineStats`] at scrape time.
+//!
+//! vLLM's throughput gauges (`vllm:avg_prompt_throughput_toks_per_s`,
+//! `vllm:avg_generation_throughput_toks_per_s`) are rates of the token counters over a recent
+//! window: from a sample of the counters taken at least [`THROUGHPUT_WINDOW`] before the scrape
+//! (or the oldest there is: start-up, or the previous scrape when scrapes are rarer) to now.
 
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::VecDeque;
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use crate::engine_client::EngineStats;
 
@@ -77,6 +84,19 @@ fn escape_label(v: &str) -> String {
     v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
+/// The span the throughput gauges average over, when scrapes come at least this often.
+pub const THROUGHPUT_WINDOW: Duration = Duration::from_secs(10);
+/// Samples of the counters are kept at most this often, so that fast scrapers keep few.
+const SAMPLE_EVERY: Duration = Duration::from_secs(1);
+
+/// The token counters at one instant.
+#[derive(Debug, Clone, Copy)]
+struct TokenSample {
+    at: Instant,
+    prompt: u64,
+    generation: u64,
+}
+
 #[derive(Debug)]
 pub struct Metrics {
     model_label: String,
@@ -88,6 +108,8 @@ pub struct Metrics {
     pub itl: Histogram,
     pub e2e: Histogram,
     pub queue: Histogram,
+    /// Oldest first; never empty (the first is taken at start-up).
+    samples: Mutex<VecDeque<TokenSample>>,
 }
 
 pub const FINISH_REASONS: [&str; 4] = ["stop", "length", "abort", "error"];
@@ -103,7 +125,30 @@ impl Metrics {
             itl: Histogram::new(ITL_BUCKETS),
             e2e: Histogram::new(REQUEST_BUCKETS),
             queue: Histogram::new(REQUEST_BUCKETS),
+            samples: Mutex::new(VecDeque::from([TokenSample { at: Instant::now(), prompt: 0, generation: 0 }])),
         }
+    }
+
+    /// Prompt and generation tokens per second over the recent window ending at `now`
+    /// (see the module comment); records a sample of the counters when the newest is old.
+    pub fn throughput(&self, now: Instant) -> (f64, f64) {
+        let cur = TokenSample { at: now, prompt: self.prompt_tokens.load(Ordering::Relaxed), generation: self.generation_tokens.load(Ordering::Relaxed) };
+        let mut q = self.samples.lock().unwrap_or_else(|e| e.into_inner());
+        // Keep the newest sample at least a window old as the base, and none older.
+        while q.len() > 1 && q[1].at + THROUGHPUT_WINDOW <= now {
+            q.pop_front();
+        }
+        let base = q[0];
+        if q.back().is_some_and(|b| b.at + SAMPLE_EVERY <= now) {
+            q.push_back(cur);
+        }
+        drop(q);
+        let secs = now.saturating_duration_since(base.at).as_secs_f64();
+        if secs <= 0.0 {
+            return (0.0, 0.0);
+        }
+        // Counters only grow; saturate anyway so a sample taken out of order reads 0, not huge.
+        ((cur.prompt.saturating_sub(base.prompt)) as f64 / secs, (cur.generation.saturating_sub(base.generation)) as f64 / secs)
     }
 
     pub fn count_finished(&self, reason: &str) {
@@ -123,6 +168,9 @@ impl Metrics {
         gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", stats.num_waiting as f64);
         gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", stats.kv_cache_usage);
         gauge("tandem:batch_size", "Sequences in the most recent engine step.", stats.batch_size as f64);
+        let (prompt_rate, generation_rate) = self.throughput(Instant::now());
+        gauge("vllm:avg_prompt_throughput_toks_per_s", "Average prefill throughput in tokens/s.", prompt_rate);
+        gauge("vllm:avg_generation_throughput_toks_per_s", "Average generation throughput in tokens/s.", generation_rate);
         gauge("tandem:server_queued_requests", "Requests submitted by the server without output yet (bounded by max_queued_requests).", server_queued as f64);
         let mut counter = |name: &str, help: &str, v: u64| {
             let _ = writeln!(out, "# HELP {name}_total {help}\n# TYPE {name}_total counter\n{name}_total{{{l}}} {v}");
@@ -160,5 +208,31 @@ mod tests {
         assert!(text.contains("vllm:time_to_first_token_seconds_bucket{model_name=\"m\\\"x\",le=\"2560\"} 3\n"));
         assert!(text.contains("vllm:time_to_first_token_seconds_bucket{model_name=\"m\\\"x\",le=\"+Inf\"} 4\n"));
         assert!(text.contains("vllm:time_to_first_token_seconds_count{model_name=\"m\\\"x\"} 4\n"));
+    }
+
+    #[test]
+    fn throughput_is_the_counters_rate_over_the_recent_window() {
+        let m = Metrics::new("m");
+        let t0 = m.samples.lock().unwrap()[0].at;
+        let s = Duration::from_secs;
+        m.prompt_tokens.store(100, Ordering::Relaxed);
+        m.generation_tokens.store(50, Ordering::Relaxed);
+        // Since start-up: 100 and 50 tokens in 2 s; this scrape keeps a sample at +2 s.
+        assert_eq!(m.throughput(t0 + s(2)), (50.0, 25.0));
+        // Scrapes every second from +3 s to +12 s, with 10 generation tokens each second.
+        for k in 3..=12u64 {
+            m.generation_tokens.store(50 + 10 * (k - 2), Ordering::Relaxed);
+            m.throughput(t0 + s(k));
+        }
+        // At +13 s the base is the sample of +3 s (the newest at least 10 s old): the 100 prompt
+        // tokens of the first 2 s no longer count.
+        m.generation_tokens.store(160, Ordering::Relaxed);
+        assert_eq!(m.throughput(t0 + s(13)), (0.0, 10.0));
+        assert!(m.samples.lock().unwrap().len() <= 12, "few samples kept");
+        // A scraper that comes back after a minute gets the rate since its previous scrape.
+        m.generation_tokens.store(760, Ordering::Relaxed);
+        assert_eq!(m.throughput(t0 + s(73)), (0.0, 10.0));
+        // Nothing new since: 0, not the old rate.
+        assert_eq!(m.throughput(t0 + s(90)).1, 0.0);
     }
 }

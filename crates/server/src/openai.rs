@@ -29,7 +29,7 @@ pub struct Job {
     pub echo_texts: Vec<String>,
 }
 
-fn parse_json(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
+pub(crate) fn parse_json(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
     match serde_json::from_slice::<Value>(body) {
         Ok(Value::Object(o)) => Ok(o),
         Ok(_) => Err(ApiError::bad_request("the request body must be a JSON object")),
@@ -37,7 +37,7 @@ fn parse_json(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
     }
 }
 
-fn check_model(f: &Fields, served: &str) -> Result<(), ApiError> {
+pub(crate) fn check_model(f: &Fields, served: &str) -> Result<(), ApiError> {
     match f.str("model")? {
         Some(m) if m != served => Err(ApiError::unknown_model(m, served)),
         _ => Ok(()),
@@ -109,7 +109,7 @@ fn echo_texts(v: Option<&Value>, prompts: &[Vec<u32>], tok: &Tokenizer) -> Vec<S
 }
 
 /// Message contents as plain strings (a list of text parts is joined) for the template.
-fn normalize_messages(v: Option<&Value>) -> Result<Vec<Value>, ApiError> {
+pub(crate) fn normalize_messages(v: Option<&Value>) -> Result<Vec<Value>, ApiError> {
     let msgs = match v {
         Some(Value::Array(a)) if !a.is_empty() => a,
         Some(Value::Array(_)) => return Err(ApiError::invalid("messages", "`messages` must not be empty")),
@@ -379,7 +379,8 @@ pub struct ChoiceAcc {
     pub finish: Option<FinishReason>,
 }
 
-/// Waits for the whole run and gathers each choice's text. Engine failures become 500.
+/// Waits for the whole run and gathers each choice's text. Engine failures become 500, a
+/// shutdown's aborts 503, and a time bound that passed before any token 408.
 pub async fn collect(run: &mut Run) -> Result<Vec<ChoiceAcc>, ApiError> {
     let mut acc = vec![ChoiceAcc::default(); run.finishes.len()];
     while let Some((p, upd)) = run.next_update().await {
@@ -400,7 +401,12 @@ pub async fn collect(run: &mut Run) -> Result<Vec<ChoiceAcc>, ApiError> {
     if let Some(e) = run.error() {
         return Err(ApiError::internal(format!("the engine failed this request: {e}")));
     }
-    if run.aborted() {
+    // Past its time bound a request answers what it has, as vLLM answers an aborted one; with
+    // nothing to show, 408 says why.
+    if run.timed_out() && run.completion_tokens == 0 {
+        return Err(ApiError::timeout("the request ran past the server's request timeout before producing any token"));
+    }
+    if run.aborted() && !run.timed_out() {
         return Err(ApiError::unavailable("the request was aborted: the server is shutting down"));
     }
     Ok(acc)

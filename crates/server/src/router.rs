@@ -1,4 +1,8 @@
 //! Routes, authentication and request bodies: from a hyper request to a response.
+//!
+//! Every response carries the client's `X-Request-Id` back when it sent one (a generation
+//! response carries its own id otherwise), and CORS headers when `allowed_origins` lets the
+//! request's origin in (see [`crate::cors`]).
 
 use std::convert::Infallible;
 use std::sync::atomic::Ordering;
@@ -8,7 +12,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::Incoming;
-use hyper::header::{HeaderValue, ALLOW, AUTHORIZATION, CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
+use hyper::header::{HeaderName, HeaderValue, ALLOW, AUTHORIZATION, CACHE_CONTROL, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, ORIGIN, RETRY_AFTER};
 use hyper::{Method, Request, Response, StatusCode};
 use serde_json::json;
 
@@ -20,6 +24,7 @@ use crate::run::Run;
 use crate::server::AppState;
 
 const JSON: &str = "application/json";
+const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 /// Bodies larger than this are parsed and tokenized on the blocking pool.
 const BLOCKING_PARSE_BYTES: usize = 16 << 10;
 
@@ -34,6 +39,11 @@ fn error_response(e: &ApiError) -> Response<ResponseBody> {
     let mut r = json_response(e.status, &e.body());
     if let Some(s) = e.retry_after {
         r.headers_mut().insert(RETRY_AFTER, HeaderValue::from(s));
+    }
+    // RFC 9110: a 408 means the server closes the connection rather than keep waiting (for a
+    // stalled body, the rest of it is never read).
+    if e.status == StatusCode::REQUEST_TIMEOUT {
+        r.headers_mut().insert(CONNECTION, HeaderValue::from_static("close"));
     }
     r
 }
@@ -55,7 +65,11 @@ async fn read_body(state: &AppState, req: Request<Incoming>) -> Result<Bytes, Ap
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(ApiError::too_large(limit));
     }
-    match Limited::new(req.into_body(), limit).collect().await {
+    let timeout = state.config.body_read_timeout;
+    let Ok(read) = tokio::time::timeout(timeout, Limited::new(req.into_body(), limit).collect()).await else {
+        return Err(ApiError::timeout(format!("the request body did not arrive within {} s", timeout.as_secs_f32())));
+    };
+    match read {
         Ok(b) => Ok(b.to_bytes()),
         Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => Err(ApiError::too_large(limit)),
         Err(e) => Err(ApiError::bad_request(format!("cannot read the request body: {e}"))),
@@ -64,44 +78,101 @@ async fn read_body(state: &AppState, req: Request<Incoming>) -> Result<Bytes, Ap
 
 /// The one entry point hyper calls. Never fails: every error is a response.
 pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Result<Response<ResponseBody>, Infallible> {
+    let client_id = req.headers().get(X_REQUEST_ID).cloned();
+    let origin = req.headers().get(ORIGIN).cloned();
+    let mut r = match crate::cors::preflight(&state.config.allowed_origins, req.method(), req.headers()) {
+        Some(r) => r,
+        None => route(state.clone(), req).await,
+    };
+    if let Some(id) = client_id {
+        r.headers_mut().insert(X_REQUEST_ID, id);
+    }
+    crate::cors::apply(&state.config.allowed_origins, origin.as_ref(), &mut r);
+    Ok(r)
+}
+
+/// Where a path leads.
+enum Route {
+    /// A generation endpoint: POST, logged by its run.
+    Generate(Api),
+    /// Tokenizer endpoints: POST.
+    Tokenize,
+    Detokenize,
+    /// GET endpoints behind the API key.
+    Models,
+    Metrics,
+}
+
+async fn route(state: Arc<AppState>, req: Request<Incoming>) -> Response<ResponseBody> {
     let start = Instant::now();
     let method = req.method().clone();
     let path = req.uri().path().to_string();
-    let api = match path.as_str() {
+    let route = match path.as_str() {
+        // Open to all, as in vLLM: load balancers and version probes carry no key.
         "/health" => {
-            return Ok(match method {
+            return match method {
                 Method::GET | Method::HEAD => health(&state),
                 _ => error_response(&ApiError::method_not_allowed(method.as_str(), &path, "GET")).with_allow("GET, HEAD"),
-            });
+            };
         }
-        "/v1/completions" => Some(Api::Completions),
-        "/v1/chat/completions" => Some(Api::Chat),
-        "/generate" => Some(Api::Generate),
-        "/v1/models" | "/metrics" => None,
+        "/version" => {
+            let r = match method {
+                Method::GET | Method::HEAD => json_response(StatusCode::OK, &json!({"version": env!("CARGO_PKG_VERSION")})),
+                _ => error_response(&ApiError::method_not_allowed(method.as_str(), &path, "GET")).with_allow("GET, HEAD"),
+            };
+            log_plain(&method, &path, r.status(), start);
+            return r;
+        }
+        "/v1/completions" => Route::Generate(Api::Completions),
+        "/v1/chat/completions" => Route::Generate(Api::Chat),
+        "/generate" => Route::Generate(Api::Generate),
+        "/tokenize" => Route::Tokenize,
+        "/detokenize" => Route::Detokenize,
+        "/v1/models" => Route::Models,
+        "/metrics" => Route::Metrics,
         _ => {
             let r = error_response(&ApiError::not_found(&path));
             log_plain(&method, &path, r.status(), start);
-            return Ok(r);
+            return r;
         }
     };
     if !authorized(&state, &req) {
         let r = error_response(&ApiError::unauthorized());
         log_plain(&method, &path, r.status(), start);
-        return Ok(r);
+        return r;
     }
-    let r = match api {
-        None if method != Method::GET => error_response(&ApiError::method_not_allowed(method.as_str(), &path, "GET")).with_allow("GET"),
-        None if path == "/metrics" => metrics(&state),
-        None => models(&state),
-        Some(_) if method != Method::POST => error_response(&ApiError::method_not_allowed(method.as_str(), &path, "POST")).with_allow("POST"),
-        Some(api) => match generate(&state, api, req, start).await {
+    let r = match route {
+        Route::Models | Route::Metrics if method != Method::GET => error_response(&ApiError::method_not_allowed(method.as_str(), &path, "GET")).with_allow("GET"),
+        Route::Metrics => metrics(&state),
+        Route::Models => models(&state),
+        _ if method != Method::POST => error_response(&ApiError::method_not_allowed(method.as_str(), &path, "POST")).with_allow("POST"),
+        Route::Tokenize | Route::Detokenize => {
+            let f = if matches!(route, Route::Tokenize) { crate::tokenization::tokenize } else { crate::tokenization::detokenize };
+            match tokenizer_call(&state, req, f).await {
+                Ok(v) => json_response(StatusCode::OK, &v),
+                Err(e) => error_response(&e),
+            }
+        }
+        Route::Generate(api) => match generate(&state, api, req, start).await {
             // The run logs itself when it ends.
-            Ok(r) => return Ok(r),
+            Ok(r) => return r,
             Err(e) => error_response(&e),
         },
     };
     log_plain(&method, &path, r.status(), start);
-    Ok(r)
+    r
+}
+
+/// Reads the body and runs `f` on it: on the blocking pool when the body is large, since
+/// tokenizing a long text takes milliseconds that other requests' streams would wait behind.
+async fn tokenizer_call<T: Send + 'static>(state: &Arc<AppState>, req: Request<Incoming>, f: fn(&AppState, &[u8]) -> Result<T, ApiError>) -> Result<T, ApiError> {
+    let body = read_body(state, req).await?;
+    if body.len() > BLOCKING_PARSE_BYTES {
+        let st = state.clone();
+        tokio::task::spawn_blocking(move || f(&st, &body)).await.map_err(|e| ApiError::internal(format!("the tokenizer task failed: {e}")))?
+    } else {
+        f(state, &body)
+    }
 }
 
 trait WithAllow {
@@ -149,20 +220,12 @@ async fn generate(state: &Arc<AppState>, api: Api, req: Request<Incoming>, start
     if !state.engine.is_ready() {
         return Err(ApiError::unavailable("the model is still loading"));
     }
-    let body = read_body(state, req).await?;
-    let parse = move |state: &AppState, body: &[u8]| match api {
-        Api::Completions => Job::completions(state, body),
-        Api::Chat => Job::chat(state, body),
-        Api::Generate => Job::generate(state, body),
+    let parse = match api {
+        Api::Completions => Job::completions,
+        Api::Chat => Job::chat,
+        Api::Generate => Job::generate,
     };
-    // Tokenizing a long prompt takes milliseconds: off the runtime, so that the tokens other
-    // requests are streaming on this worker do not wait behind it.
-    let job = if body.len() > BLOCKING_PARSE_BYTES {
-        let st = state.clone();
-        tokio::task::spawn_blocking(move || parse(&st, &body)).await.map_err(|e| ApiError::internal(format!("the tokenizer task failed: {e}")))??
-    } else {
-        parse(state, &body)?
-    };
+    let job = tokenizer_call(state, req, parse).await?;
     let reqs = job.requests(state)?;
     let n = state.next_id.fetch_add(1, Ordering::Relaxed);
     let prefix = match api {
@@ -190,6 +253,6 @@ async fn generate(state: &Arc<AppState>, api: Api, req: Request<Incoming>, start
         let choices = collect(&mut run).await?;
         json_response(StatusCode::OK, &response(&job, &meta, &run, choices, &state.tokenizer))
     };
-    r.headers_mut().insert("x-request-id", request_id);
+    r.headers_mut().insert(X_REQUEST_ID, request_id);
     Ok(r)
 }

@@ -5,7 +5,16 @@
 //! A [`Run`] is a drop guard: dropping it before every completion finished (the client went
 //! away, the handler future was cancelled) aborts the unfinished engine requests at once, so
 //! their KV blocks are freed. Its drop also writes the request's one log line.
+//!
+//! A run also keeps the request's time bound (`ServerConfig::request_timeout`, counted from
+//! the request's arrival): once it passes, the next poll aborts every unfinished engine request
+//! (their KV is freed then) and ends their choices with finish_reason "abort". What the client
+//! sees: a stream gets those finishes and then `[DONE]` as usual (its headers left at once);
+//! a whole response is 200 with the text produced so far when any token was produced, else
+//! 408 (nothing was sent yet, so the status can still say it), see [`crate::openai::collect`].
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -66,8 +75,16 @@ impl Admission {
     }
 }
 
+/// The request's time bound; its timer is armed on the first poll (it needs the runtime).
+#[derive(Default)]
+struct Deadline {
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    passed: bool,
+}
+
 pub struct Run {
     state: Arc<AppState>,
+    deadline: Deadline,
     subs: Vec<Sub>,
     /// Completions per prompt; choice `p * n + i` is completion `i` of prompt `p`.
     pub n: usize,
@@ -101,6 +118,7 @@ impl Run {
         let n = reqs.first().map_or(1, |r| r.params.n);
         let mut run = Run {
             state: state.clone(),
+            deadline: Deadline::default(),
             subs: Vec::with_capacity(k),
             n,
             prompt_tokens: reqs.iter().map(|r| r.prompt.len()).sum(),
@@ -137,44 +155,71 @@ impl Run {
     }
 
     /// The next update of any prompt, tagged with the prompt's index; `None` once every
-    /// completion has finished. A prompt whose stream ends early gets an `Error` finish.
+    /// completion has finished. A prompt whose stream ends early gets an `Error` finish; once
+    /// the request's time bound passes, every unfinished prompt is aborted and gets `Abort`.
     pub fn poll_update(&mut self, cx: &mut Context<'_>) -> Poll<Option<(usize, EngineUpdate)>> {
+        self.poll_deadline(cx);
         let mut all_done = true;
         for p in 0..self.subs.len() {
             if self.subs[p].done() {
                 continue;
             }
             all_done = false;
+            if self.deadline.passed {
+                self.state.engine.abort(self.subs[p].id);
+                match self.end_early(p, FinishReason::Abort) {
+                    Some(upd) => return Poll::Ready(Some((p, upd))),
+                    None => continue,
+                }
+            }
             match self.subs[p].rx.poll_next(cx) {
                 Poll::Ready(Some(upd)) => {
                     self.account(p, &upd);
                     return Poll::Ready(Some((p, upd)));
                 }
-                Poll::Ready(None) => {
-                    let sub = &mut self.subs[p];
-                    sub.closed = true;
-                    let deltas: Vec<CompletionDelta> = (0..self.n)
-                        .filter(|&i| self.finishes[p * self.n + i].is_none())
-                        .map(|index| CompletionDelta {
-                            index,
-                            text: String::new(),
-                            token_ids: vec![],
-                            logprobs: vec![],
-                            prompt_logprobs: None,
-                            finish: Some(FinishReason::Error("the engine stopped before finishing this request".into())),
-                        })
-                        .collect();
-                    if deltas.is_empty() {
-                        continue;
-                    }
-                    let upd = EngineUpdate { deltas, queue_time: None };
-                    self.account(p, &upd);
-                    return Poll::Ready(Some((p, upd)));
-                }
+                Poll::Ready(None) => match self.end_early(p, FinishReason::Error("the engine stopped before finishing this request".into())) {
+                    Some(upd) => return Poll::Ready(Some((p, upd))),
+                    None => continue,
+                },
                 Poll::Pending => {}
             }
         }
         if all_done { Poll::Ready(None) } else { Poll::Pending }
+    }
+
+    /// Arms the time bound's timer, or notes that it has passed (the timer wakes `cx` then).
+    fn poll_deadline(&mut self, cx: &mut Context<'_>) {
+        if self.deadline.passed {
+            return;
+        }
+        // A bound too far to represent is no bound.
+        let Some(at) = self.state.config.request_timeout.and_then(|t| self.start.checked_add(t)) else { return };
+        let timer = self.deadline.timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at.into())));
+        if timer.as_mut().poll(cx).is_ready() {
+            self.deadline.passed = true;
+            self.deadline.timer = None;
+        }
+    }
+
+    /// Closes prompt `p`'s stream and finishes its unfinished choices with `reason`; `None`
+    /// when none was unfinished.
+    fn end_early(&mut self, p: usize, reason: FinishReason) -> Option<EngineUpdate> {
+        self.subs[p].closed = true;
+        let deltas: Vec<CompletionDelta> = (0..self.n)
+            .filter(|&i| self.finishes[p * self.n + i].is_none())
+            .map(|index| CompletionDelta { index, text: String::new(), token_ids: vec![], logprobs: vec![], prompt_logprobs: None, finish: Some(reason.clone()) })
+            .collect();
+        if deltas.is_empty() {
+            return None;
+        }
+        let upd = EngineUpdate { deltas, queue_time: None };
+        self.account(p, &upd);
+        Some(upd)
+    }
+
+    /// True once the request's time bound has passed (its unfinished choices were aborted).
+    pub fn timed_out(&self) -> bool {
+        self.deadline.passed
     }
 
     pub async fn next_update(&mut self) -> Option<(usize, EngineUpdate)> {
@@ -262,6 +307,8 @@ impl Drop for Run {
             499
         } else if self.error().is_some() {
             500
+        } else if self.timed_out() {
+            408
         } else if self.aborted() {
             503
         } else {

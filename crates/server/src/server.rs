@@ -1,12 +1,24 @@
 //! The listener: accepts HTTP/1.1 connections on tokio, serves each with hyper, and shuts down
 //! gracefully (stop accepting, let running requests finish within a deadline, abort the rest).
+//!
+//! On shutdown a connection with no request in progress (idle keep-alive, or headers still
+//! arriving) is closed at once, so the process exits as soon as the last response ends; one
+//! whose request is in progress (its body being read, or its response being sent) drains
+//! within the grace period. "In progress" is counted here, from the moment hyper hands a
+//! request to the service until its response body is dropped, because hyper's own idle test
+//! counts a fresh connection as busy until its first request ends.
 
 use std::collections::HashSet;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
+
+use bytes::Bytes;
+use hyper::body::{Body, Frame, SizeHint};
 
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
@@ -16,6 +28,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
+use crate::body::ResponseBody;
 use crate::config::ServerConfig;
 use crate::engine_client::{EngineClient, RequestId};
 use crate::metrics::Metrics;
@@ -111,7 +124,16 @@ impl Server {
                     let builder = builder.clone();
                     let mut stop = stop_rx.clone();
                     conns.spawn(async move {
-                        let svc = service_fn(move |req| crate::router::handle(state.clone(), req));
+                        let busy = Arc::new(AtomicUsize::new(0));
+                        let counter = busy.clone();
+                        let svc = service_fn(move |req| {
+                            let guard = Busy::enter(&counter);
+                            let state = state.clone();
+                            async move {
+                                let r = crate::router::handle(state, req).await?;
+                                Ok::<_, std::convert::Infallible>(r.map(|inner| TrackedBody { inner, _busy: guard }))
+                            }
+                        });
                         let conn = builder.serve_connection(TokioIo::new(stream), svc);
                         tokio::pin!(conn);
                         if !*stop.borrow_and_update() {
@@ -119,6 +141,10 @@ impl Server {
                                 _ = conn.as_mut() => return,
                                 _ = stop.changed() => {}
                             }
+                        }
+                        // Nothing to drain: dropping the connection closes the socket.
+                        if busy.load(Ordering::SeqCst) == 0 {
+                            return;
                         }
                         conn.as_mut().graceful_shutdown();
                         let _ = conn.await;
@@ -144,6 +170,44 @@ impl Server {
         }
         tracing::info!("server stopped");
         Ok(())
+    }
+}
+
+/// One request in progress on a connection, from the service call until its response body is
+/// dropped (sent whole, or the connection gone).
+struct Busy(Arc<AtomicUsize>);
+
+impl Busy {
+    fn enter(count: &Arc<AtomicUsize>) -> Busy {
+        count.fetch_add(1, Ordering::SeqCst);
+        Busy(count.clone())
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A response body that keeps its request counted as in progress.
+struct TrackedBody {
+    inner: ResponseBody,
+    _busy: Busy,
+}
+
+impl Body for TrackedBody {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
     }
 }
 

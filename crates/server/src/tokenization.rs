@@ -1,0 +1,74 @@
+//! vLLM's `POST /tokenize` and `POST /detokenize`, in its request and response shapes.
+//!
+//! - `/tokenize` takes `{"prompt": "..."}` (`add_special_tokens`, default true) or
+//!   `{"messages": [...]}` (rendered with the chat template as `/v1/chat/completions` renders
+//!   them; `add_generation_prompt`, default true; `add_special_tokens`, default false, since
+//!   the template writes the BOS itself), plus `return_token_strs`; answers
+//!   `{"count", "max_model_len", "tokens", "token_strs"}` (`token_strs` null unless asked).
+//! - `/detokenize` takes `{"tokens": [...]}` and answers `{"prompt": text}` (special tokens
+//!   kept, as vLLM's decode keeps them).
+//!
+//! A `model` other than the served one is 404, as on the generation endpoints.
+
+use serde_json::{json, Value};
+
+use crate::error::ApiError;
+use crate::openai::{check_model, normalize_messages, parse_json};
+use crate::params::Fields;
+use crate::server::AppState;
+
+pub fn tokenize(state: &AppState, body: &[u8]) -> Result<Value, ApiError> {
+    let o = parse_json(body)?;
+    let f = Fields(&o);
+    check_model(&f, &state.model_name)?;
+    let tok = &state.tokenizer;
+    let tokens = match (f.get("prompt"), f.get("messages")) {
+        (Some(_), Some(_)) => return Err(ApiError::invalid("messages", "give `prompt` or `messages`, not both")),
+        (None, None) => return Err(ApiError::invalid("prompt", "`prompt` (or `messages`) is required")),
+        (Some(p), None) => {
+            let Some(text) = p.as_str() else {
+                return Err(ApiError::invalid("prompt", "`prompt` must be a string"));
+            };
+            let special = f.bool("add_special_tokens")?.unwrap_or(true);
+            tok.encode(text, special).map_err(|e| ApiError::invalid("prompt", format!("cannot tokenize `prompt`: {e}")))?
+        }
+        (None, Some(m)) => {
+            // What we cannot honour is refused, not ignored: the count would be wrong.
+            if f.bool("continue_final_message")? == Some(true) {
+                return Err(ApiError::invalid("continue_final_message", "`continue_final_message` is not supported by this server"));
+            }
+            if f.get("tools").and_then(Value::as_array).is_some_and(|a| !a.is_empty()) {
+                return Err(ApiError::invalid("tools", "`tools` is not supported by this server"));
+            }
+            let msgs = normalize_messages(Some(m))?;
+            let add_gen = f.bool("add_generation_prompt")?.unwrap_or(true);
+            let text = tok.apply_chat_template(&msgs, add_gen).map_err(|e| ApiError::invalid("messages", format!("cannot apply the chat template: {e}")))?;
+            let special = f.bool("add_special_tokens")?.unwrap_or(false);
+            tok.encode(&text, special).map_err(|e| ApiError::invalid("messages", format!("cannot tokenize the rendered chat: {e}")))?
+        }
+    };
+    let token_strs = if f.bool("return_token_strs")? == Some(true) {
+        Value::from(tokens.iter().map(|&t| tok.id_to_token(t).unwrap_or_default()).collect::<Vec<_>>())
+    } else {
+        Value::Null
+    };
+    Ok(json!({"count": tokens.len(), "max_model_len": state.config.max_model_len, "tokens": tokens, "token_strs": token_strs}))
+}
+
+pub fn detokenize(state: &AppState, body: &[u8]) -> Result<Value, ApiError> {
+    let o = parse_json(body)?;
+    let f = Fields(&o);
+    check_model(&f, &state.model_name)?;
+    let vocab = state.config.vocab_size;
+    let shape = || ApiError::invalid("tokens", "`tokens` must be a list of token ids");
+    let ids: Vec<u32> = match f.get("tokens") {
+        None => return Err(ApiError::invalid("tokens", "`tokens` is required")),
+        Some(Value::Array(a)) => a.iter().map(|t| t.as_u64().filter(|&t| t <= u32::MAX as u64).map(|t| t as u32).ok_or_else(shape)).collect::<Result<_, _>>()?,
+        Some(_) => return Err(shape()),
+    };
+    if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab) {
+        return Err(ApiError::invalid("tokens", format!("`tokens` holds token id {bad}, outside the vocabulary [0, {vocab})")));
+    }
+    let text = state.tokenizer.decode(&ids, false).map_err(|e| ApiError::invalid("tokens", format!("cannot decode `tokens`: {e}")))?;
+    Ok(json!({"prompt": text}))
+}
