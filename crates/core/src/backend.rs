@@ -151,6 +151,14 @@ pub trait Backend: Send + 'static {
         None
     }
 
+    /// Returns once every op queued so far has run (a backend that runs ops as they are called
+    /// has nothing to wait for). The model calls it after a forward that reads nothing back, so
+    /// that at most one step of work is ever ahead of the host and an abort frees the device
+    /// within one step.
+    fn sync(&self) -> Result<()> {
+        Ok(())
+    }
+
     /// Makes a weight tensor available to the backend (keeps its dtype).
     fn upload_weight(&self, t: &TensorView) -> Result<Self::Buf>;
     /// A weight-like buffer from host f32 values stored as `dtype` (tests and generated tables).

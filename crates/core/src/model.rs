@@ -381,6 +381,9 @@ impl<B: Backend> ModelRunner for LlamaModel<B> {
         self.record(batch)?;
         let n = batch.logit_rows.len() * self.cfg.vocab_size;
         if n == 0 {
+            // A prefill chunk that samples nothing: wait for it anyway, so that aborted work
+            // never piles up on the device behind the host (issue 15, finding 5).
+            self.backend.sync()?;
             return Ok(vec![]);
         }
         self.backend.read_f32(&self.s.logits, n)

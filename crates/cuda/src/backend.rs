@@ -293,6 +293,10 @@ impl Backend for CudaBackend {
         "cuda"
     }
 
+    fn sync(&self) -> Result<()> {
+        self.synchronize()
+    }
+
     fn free_memory(&self) -> Option<u64> {
         self.ctx.mem_get_info().ok().map(|(free, _total)| free as u64)
     }

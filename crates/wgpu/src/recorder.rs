@@ -510,6 +510,22 @@ impl Recorder {
         }
     }
 
+    /// Submits what is recorded and waits until the device has run all of it.
+    pub fn finish(&self) -> Result<()> {
+        {
+            let mut p = lock(&self.pending, "recorder")?;
+            self.submit_locked(&mut p)?;
+        }
+        self.wait()
+    }
+
+    /// Nothing recorded and unsubmitted, and nothing submitted still running.
+    pub fn is_idle(&self) -> Result<bool> {
+        let recorded = lock(&self.pending, "recorder")?.encoder.is_some();
+        let fail = |e: wgpu::PollError| Error::backend(NAME, format!("polling the device: {e}"));
+        Ok(!recorded && self.gpu.device.poll(wgpu::PollType::Poll).map_err(fail)?.is_queue_empty())
+    }
+
     /// Errors wgpu reported outside any scope since the last check (validation of recorded work).
     pub fn take_errors(&self) -> Result<()> {
         let mut v = lock(&self.gpu.uncaptured, "error list")?;

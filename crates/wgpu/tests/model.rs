@@ -97,3 +97,23 @@ fn tiny_tied_f32_block32() {
 fn tiny_f16_block16() {
     run_case(Shape::Tiny, DType::F16, 16);
 }
+
+/// Issue 15, finding 5: a prefill chunk that samples nothing returned as soon as it was
+/// recorded, so an aborted prompt's chunks stayed queued on the device ahead of the next
+/// request. A forward returns only once its work has run.
+#[test]
+fn a_forward_that_reads_nothing_back_leaves_the_device_idle() {
+    let dir = temp_dir("idle");
+    write_random_model(&dir, Shape::Tiny, 5, DType::F32).unwrap();
+    let opts = LoadOptions { max_batch_tokens: 64, max_seqs: 2, num_kv_blocks: 8, block_size: 16, ..Default::default() };
+    let Some(gpu) = common::open(Default::default()) else { return };
+    let mut model = LlamaModel::<WgpuBackend>::load(gpu, &dir, opts).unwrap();
+    for chunk in 0..3usize {
+        let mut batch = ForwardBatch { max_blocks: 4, ..Default::default() };
+        let tokens: Vec<u32> = (0..16).map(|i| (i * 7 + chunk as u32) % 50).collect();
+        batch.push_seq(&tokens, chunk * 16, &[0, 1, 2, 3], 16, false);
+        assert!(model.forward(&batch).unwrap().is_empty());
+        assert!(model.backend().is_idle().unwrap(), "chunk {chunk}: work still queued on the device after forward returned");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
