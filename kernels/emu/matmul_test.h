@@ -178,10 +178,25 @@ inline void slices_table(const Check& check) {
         if (s.count != r.count || s.len != r.len) std::printf("  k_slices(%d, %d) = (%d, %d), table says (%d, %d)\n", r.n, r.k, s.count, s.len, r.count, r.len);
     }
     check("matmul k_slices matches the table shared with backend.rs", ok);
+    // backend.rs GEMM_M16 / GEMM_M64 / GEMM_M128 launch with these threads and dynamic smem.
+    check("matmul tile kernels' threads and shared memory match backend.rs GEMM_M*",
+          GemmM16::THREADS == 128 && GemmM16::SMEM_BYTES == 25600 && GemmM64::THREADS == 128 && GemmM64::SMEM_BYTES == 40960 &&
+              GemmM128::THREADS == 256 && GemmM128::SMEM_BYTES == 46080);
+}
+
+// k = 0: no k tile at all; out must be exactly the bias (or zero).
+inline void empty_k(const Check& check) {
+    Problem p = problem(1, 3, 72, 0, true);
+    const auto got = run(1, p.x.data(), p.w.data(), p.b.data(), 3, 72, 0);
+    bool ok = true;
+    for (int r = 0; r < 3; ++r)
+        for (int c = 0; c < 72; ++c) ok = ok && got[(size_t)r * 72 + c] == bf16_bits_to_f32(p.b[c]);
+    check("matmul k=0 gives exactly the bias", ok);
 }
 
 inline void run_all(const Check& check) {
     slices_table(check);
+    empty_k(check);
     // m = 1, 7, 16, 17, 64, 200, 777 over awkward n and k (none a multiple of the 64-column
     // tile; k = 1001 and 999 break 16-byte alignment; k = 1000 and 999 split into 3 slices).
     against_f64(check, problem(1, 1, 72, 40, false));

@@ -77,7 +77,8 @@ fn k_slices(n: usize, k: usize) -> (usize, usize) {
 
 /// One tensor-core tile kernel: `matmul_tc_<dt>_m<rows>`, its threads and dynamic shared
 /// memory (kernels/matmul.cu `GemmShape<BM, WM, WN, STAGES>::SMEM_BYTES`:
-/// STAGES * (BM + 64) * 40 elements * 2 bytes).
+/// STAGES * (BM + 64) * 40 elements * 2 bytes; kernels/emu/matmul_test.h checks these
+/// numbers against the kernels' own).
 struct GemmKernel {
     rows: usize,
     threads: u32,

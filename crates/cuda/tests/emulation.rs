@@ -1,6 +1,6 @@
 //! Runs every kernel on the CPU through kernels/emu (a C++20 emulation of CUDA threads, block
 //! barriers, warp shuffles, ldmatrix, mma.sync and cp.async) against naive double-precision
-//! references: 65 checks covering the emulated primitives against the PTX ISA, the tensor-core
+//! references: 67 checks covering the emulated primitives against the PTX ISA, the tensor-core
 //! matmul at awkward shapes with derived bf16/f16 bounds and bitwise row equality across m,
 //! each other op, split attention and its batch invariance; then two deliberately broken matmul
 //! builds (a wrong fragment index, a missing cp.async wait) that must fail. This is how the
