@@ -105,7 +105,7 @@ def main():
     del xs, out
 
     # The same product in float32 with TF32 off: the CUDA-core rate, the ceiling of kernels
-    # that multiply in f32 without tensor cores (our matmul.cu today). Informative only.
+    # that multiply in f32 without tensor cores (matmul.cu for f32 weights). Informative only.
     torch.backends.cuda.matmul.allow_tf32 = False
     x32 = torch.randn(n, n, device=dev)
     y32 = torch.randn(n, n, device=dev)

@@ -121,3 +121,153 @@ __device__ __forceinline__ float load_bias(const void* bias, int bias_dtype, int
         default: return 0.0f;
     }
 }
+
+// ---- Tensor cores and asynchronous copies (sm_80+) -------------------------------------------
+// Inline PTX behind small wrappers; the TANDEM_HOST_EMU branch runs kernels/emu's emulation of
+// the same instruction (fragment layouts of the PTX ISA; see kernels/emu/cuda_emu.h).
+
+// f32 -> bf16 bits, round to nearest even; NaN stays a (quiet) NaN, overflow rounds to inf.
+// Plain integer code, so the host emulation and the GPU round identically.
+__device__ __forceinline__ u16 f32_to_bf16_bits(float v) {
+    u32 u = __float_as_uint(v);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (u16)((u >> 16) | 0x0040u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (u16)(u >> 16);
+}
+// f32 -> f16 bits, round to nearest even (subnormals kept, overflow to inf).
+#ifdef TANDEM_HOST_EMU
+__device__ __forceinline__ u16 f32_to_f16_bits(float v) {
+    const u32 u = __float_as_uint(v), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (u16)(sign | 0x7e00u);
+    if (a >= 0x477ff000u) return (u16)(sign | 0x7c00u);  // >= 65520 rounds to inf
+    if (a < 0x38800000u) {                               // below 2^-14: subnormal or zero
+        const float s = __uint_as_float(a) * 16777216.0f; // in units of 2^-24, exact
+        return (u16)(sign | (u32)std::nearbyint(s));      // default rounding: nearest even
+    }
+    u32 h = ((a >> 13) - (112u << 10));
+    const u32 rest = a & 0x1fffu;
+    if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) ++h;
+    return (u16)(sign | h);
+}
+#else
+__device__ __forceinline__ u16 f32_to_f16_bits(float v) {
+    u16 h;
+    asm("{ .reg .f16 t; cvt.rn.f16.f32 t, %1; mov.b16 %0, t; }" : "=h"(h) : "f"(v));
+    return h;
+}
+#endif
+__device__ __forceinline__ u16 f32_to_bits(bf16_t, float v) { return f32_to_bf16_bits(v); }
+__device__ __forceinline__ u16 f32_to_bits(f16_t, float v) { return f32_to_f16_bits(v); }
+
+#ifdef TANDEM_HOST_EMU
+#define TANDEM_DYNAMIC_SMEM(name) unsigned char* name = emu::dynamic_smem()
+#else
+// Dynamic shared memory: one extern array per translation unit, sized by the launch.
+#define TANDEM_DYNAMIC_SMEM(name) extern __shared__ __align__(128) unsigned char name[]
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+#endif
+
+// ldmatrix .m8n8 .b16: lanes 8j..8j+7 point at the 8 rows (16 bytes each) of matrix j.
+__device__ __forceinline__ void ldmatrix_x4(u32 (&r)[4], const void* row) {
+#ifdef TANDEM_HOST_EMU
+    emu::ldmatrix(r, 4, false, row);
+#else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(row)));
+#endif
+}
+__device__ __forceinline__ void ldmatrix_x2(u32 (&r)[2], const void* row) {
+#ifdef TANDEM_HOST_EMU
+    emu::ldmatrix(r, 2, false, row);
+#else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(smem_addr(row)));
+#endif
+}
+__device__ __forceinline__ void ldmatrix_x1(u32& r, const void* row) {
+#ifdef TANDEM_HOST_EMU
+    emu::ldmatrix(&r, 1, false, row);
+#else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x1.shared.b16 {%0}, [%1];" : "=r"(r) : "r"(smem_addr(row)));
+#endif
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(u32 (&r)[4], const void* row) {
+#ifdef TANDEM_HOST_EMU
+    emu::ldmatrix(r, 4, true, row);
+#else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(row)));
+#endif
+}
+__device__ __forceinline__ void ldmatrix_x2_trans(u32 (&r)[2], const void* row) {
+#ifdef TANDEM_HOST_EMU
+    emu::ldmatrix(r, 2, true, row);
+#else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(smem_addr(row)));
+#endif
+}
+__device__ __forceinline__ void ldmatrix_x1_trans(u32& r, const void* row) {
+#ifdef TANDEM_HOST_EMU
+    emu::ldmatrix(&r, 1, true, row);
+#else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x1.trans.shared.b16 {%0}, [%1];" : "=r"(r) : "r"(smem_addr(row)));
+#endif
+}
+
+// d += a * b on one m16n8k16 tile (A row-major 16x16, B column-major 16x8, f32 accumulators).
+__device__ __forceinline__ void mma_16816(bf16_t, float (&d)[4], const u32 (&a)[4], const u32 (&b)[2]) {
+#ifdef TANDEM_HOST_EMU
+    emu::mma_m16n8k16(d, a, b, d, false);
+#else
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+__device__ __forceinline__ void mma_16816(f16_t, float (&d)[4], const u32 (&a)[4], const u32 (&b)[2]) {
+#ifdef TANDEM_HOST_EMU
+    emu::mma_m16n8k16(d, a, b, d, true);
+#else
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+
+// 16 bytes global -> shared without passing through registers; the first src_bytes (0 or 16
+// here) are read, the rest of the 16 written as zeros. `.cg` caches in L2 only (streamed
+// weights), `.ca` in L1 too (activations read by several blocks). Complete only after the
+// cp_async_wait that covers its commit group.
+__device__ __forceinline__ void cp_async_cg16(void* dst, const void* src, int src_bytes) {
+#ifdef TANDEM_HOST_EMU
+    emu::cp_async16(dst, src, src_bytes);
+#else
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
+#endif
+}
+__device__ __forceinline__ void cp_async_ca16(void* dst, const void* src, int src_bytes) {
+#ifdef TANDEM_HOST_EMU
+    emu::cp_async16(dst, src, src_bytes);
+#else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#ifdef TANDEM_HOST_EMU
+    emu::cp_async_commit();
+#else
+    asm volatile("cp.async.commit_group;");
+#endif
+}
+// Waits until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#ifdef TANDEM_HOST_EMU
+    emu::cp_async_wait(N);
+#else
+    asm volatile("cp.async.wait_group %0;" ::"n"(N));
+#endif
+}

@@ -2,15 +2,45 @@
 //
 // Every CUDA thread of a block is a std::thread; blocks run one after another, so a
 // `__shared__` variable can be a plain function-local static. __syncthreads is a std::barrier
-// over the block; warp shuffles exchange through a per-warp slot array between two barriers
-// over the warp's 32 threads. That is slow (fine for test shapes) but runs the real kernel
-// code, including its barriers and reductions, in the same order as on a GPU.
-// Limits: blockDim.x a multiple of 32, every lane of a warp reaches each shuffle, a block
-// returns early only as a whole (all true of our kernels); no atomics, no dynamic smem.
+// over the block. Warp-collective operations (shuffles, ldmatrix, mma) exchange through a
+// per-warp slot array: each lane writes its words, one barrier over the warp's 32 threads,
+// each lane reads what it needs. The slots are double-buffered (operation i uses set i & 1),
+// so one barrier per operation is enough: a lane can only overwrite set i & 1 again at
+// operation i + 2, after every lane has passed operation i + 1's barrier, i.e. finished
+// reading operation i. That is slow (fine for test shapes) but runs the real kernel code,
+// including its barriers and reductions, in the same order as on a GPU.
+//
+// Tensor-core and async-copy emulation (the kernels reach these through common.cuh):
+//   - ldmatrix .x1/.x2/.x4 (.trans): lanes 8j..8j+7 give the row addresses of matrix j; lane l
+//     gets, per matrix, the 2 elements at row l/4, columns 2(l%4), 2(l%4)+1 (transposed:
+//     rows 2(l%4), 2(l%4)+1 of column l/4) — PTX ISA, "Warp-level matrix load instruction:
+//     ldmatrix". Addresses must be 16-byte aligned and inside the block's dynamic shared
+//     memory or a static __shared__ object (only alignment is checked).
+//   - mma.sync m16n8k16 .row.col f32 += bf16|f16 x bf16|f16, with the fragment layouts of the PTX
+//     ISA ("Matrix Fragments for mma.m16n8k16 with floating point type"): groupID g = lane>>2,
+//     t = lane%4; A a0..a7: row g (a0,a1,a4,a5) or g+8, col 2t+(i&1) (+8 for i>=4); B b0..b3:
+//     row (k) 2t+(i&1) (+8 for i>=2), col (n) g; C/D c0..c3: row g (c0,c1) or g+8, col 2t+(i&1).
+//     Each product of two 16-bit floats is exact in f32; ASSUMPTION: the 16 products of one
+//     element are added to the accumulator one after another in ascending k, each add rounded
+//     to f32 (round to nearest). The hardware's internal order is not documented; the GPU op
+//     suite must confirm the kernels' contract (row bits independent of m), which relies only on
+//     the hardware computing every element of every mma the same way, not on this order.
+//   - cp.async (16 bytes, .ca/.cg, src-size zero fill) with commit_group / wait_group: the copy
+//     is deferred to the wait that covers its group, and the destination holds 0xFF bytes (NaN
+//     as f32, bf16 and f16) until then, so a missing or too-weak wait reads NaN and fails a test.
+//   - dynamic shared memory: launch(grid, block, f, shared_bytes) gives each block an arena of
+//     that many bytes (128-byte aligned), filled with 0xFF before the block starts, so reading
+//     shared memory nobody wrote also shows up as NaN.
+//   - atomicAdd on float / unsigned (std::atomic_ref).
+// Limits: blockDim.x a multiple of 32, every lane of a warp reaches each warp-collective call
+// (full masks only), a block returns early only as a whole (all true of our kernels).
 #pragma once
+#include <atomic>
 #include <barrier>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <thread>
@@ -19,6 +49,7 @@
 #define TANDEM_HOST_EMU 1
 #define __global__
 #define __device__
+#define __host__
 #define __forceinline__ inline
 #define __restrict__ __restrict
 #define __shared__ static
@@ -34,63 +65,225 @@ struct uint4 {
     unsigned x, y, z, w;
 };
 
+inline dim3 gridDim, blockDim;
+inline thread_local dim3 threadIdx, blockIdx;
+
 namespace emu {
+[[noreturn]] inline void die(const char* what) {
+    std::fprintf(stderr, "cuda_emu: %s (block %u,%u,%u thread %u)\n", what, blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x);
+    std::abort();
+}
+
+constexpr int SLOT_WORDS = 10;  // the most any collective writes per lane (mma: a[4], b[2], c[4])
 struct Warp {
-    float vals[32];
+    uint32_t slots[2][32][SLOT_WORDS];
     std::barrier<> bar{32};
 };
 struct Block {
     std::barrier<> bar;
     std::vector<std::unique_ptr<Warp>> warps;
+    unsigned char* smem = nullptr;
+    size_t smem_bytes = 0;
     explicit Block(unsigned n) : bar((std::ptrdiff_t)n) {
         for (unsigned i = 0; i < n / 32; ++i) warps.emplace_back(new Warp());
     }
 };
 inline thread_local Block* block = nullptr;
-}  // namespace emu
+inline thread_local unsigned phase = 0;  // collective operations this thread has done, for double buffering
 
-inline dim3 gridDim, blockDim;
-inline thread_local dim3 threadIdx, blockIdx;
+inline unsigned lane() { return threadIdx.x & 31; }
+
+// Publishes this lane's words; returns the slot set of this operation, valid until the next one.
+inline const uint32_t (*exchange(const uint32_t* mine, int n))[SLOT_WORDS] {
+    if (blockDim.x % 32 != 0) die("warp-collective operation with blockDim.x not a multiple of 32");
+    Warp& w = *block->warps[threadIdx.x / 32];
+    auto& set = w.slots[phase++ & 1];
+    std::memcpy(set[lane()], mine, sizeof(uint32_t) * (size_t)n);
+    w.bar.arrive_and_wait();
+    return set;
+}
+
+template <typename T>
+inline uint32_t bits_of(T v) {
+    static_assert(sizeof(T) == 4, "32-bit shuffles only");
+    uint32_t u;
+    std::memcpy(&u, &v, 4);
+    return u;
+}
+template <typename T>
+inline T of_bits(uint32_t u) {
+    T v;
+    std::memcpy(&v, &u, 4);
+    return v;
+}
+template <typename T>
+inline T shfl(T v, unsigned src) {
+    const uint32_t mine = bits_of(v);
+    auto set = exchange(&mine, 1);
+    return of_bits<T>(set[src & 31][0]);
+}
+
+inline void ldmatrix(uint32_t* regs, int num, bool trans, const void* row_addr) {
+    const uintptr_t a = (uintptr_t)row_addr;
+    if (a & 15) die("ldmatrix: row address not 16-byte aligned");
+    const uint32_t mine[2] = {(uint32_t)a, (uint32_t)(a >> 32)};
+    auto set = exchange(mine, 2);
+    auto row = [&](unsigned l) { return (const uint16_t*)((uintptr_t)set[l][0] | ((uintptr_t)set[l][1] << 32)); };
+    const unsigned g = lane() >> 2, t = lane() & 3;
+    for (int j = 0; j < num; ++j) {
+        uint16_t lo, hi;
+        if (!trans) {
+            lo = row(8 * j + g)[2 * t];
+            hi = row(8 * j + g)[2 * t + 1];
+        } else {
+            lo = row(8 * j + 2 * t)[g];
+            hi = row(8 * j + 2 * t + 1)[g];
+        }
+        regs[j] = (uint32_t)lo | ((uint32_t)hi << 16);
+    }
+}
+
+// The two 16-bit float formats the tensor cores take, widened exactly.
+inline float bf16_to_f32(uint16_t h) { return of_bits<float>((uint32_t)h << 16); }
+inline float f16_to_f32(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+    if (exp == 0) return of_bits<float>(sign) + (sign ? -1.0f : 1.0f) * (float)man * 5.9604644775390625e-8f;
+    if (exp == 31) return of_bits<float>(sign | 0x7f800000u | (man << 13));
+    return of_bits<float>(sign | ((exp + 112) << 23) | (man << 13));
+}
+
+// d = a * b + c for one m16n8k16 tile; `is_f16` picks the operand format.
+inline void mma_m16n8k16(float* d, const uint32_t* a, const uint32_t* b, const float* c, bool is_f16) {
+    uint32_t mine[SLOT_WORDS];
+    std::memcpy(mine, a, 16);
+    std::memcpy(mine + 4, b, 8);
+    std::memcpy(mine + 6, c, 16);
+    auto set = exchange(mine, SLOT_WORDS);
+    auto elem = [&](uint32_t word, int half) {
+        const uint16_t h = (uint16_t)(half ? word >> 16 : word & 0xffffu);
+        return is_f16 ? f16_to_f32(h) : bf16_to_f32(h);
+    };
+    // A[r][kk] lives in lane 4(r%8) + (kk%8)/2, register (r>=8) + 2(kk>=8), half kk&1.
+    auto A = [&](int r, int kk) { return elem(set[4 * (r & 7) + ((kk & 7) >> 1)][(r >> 3) + 2 * (kk >> 3)], kk & 1); };
+    // B[kk][col] lives in lane 4 col + (kk%8)/2, register 4 + (kk>=8), half kk&1.
+    auto B = [&](int kk, int col) { return elem(set[4 * col + ((kk & 7) >> 1)][4 + (kk >> 3)], kk & 1); };
+    const int g = (int)lane() >> 2, t = (int)lane() & 3;
+    for (int i = 0; i < 4; ++i) {
+        const int r = g + 8 * (i >> 1), col = 2 * t + (i & 1);
+        float acc = c[i];
+        for (int kk = 0; kk < 16; ++kk) {
+            const float p = A(r, kk) * B(kk, col);  // exact: 8- or 11-bit significands
+            acc = acc + p;
+        }
+        d[i] = acc;
+    }
+}
+
+// cp.async: deferred 16-byte copies grouped by commit; the destination is poisoned meanwhile.
+struct Copy {
+    void* dst;
+    const void* src;
+    int src_bytes;
+    long group;  // -1 until committed
+};
+inline thread_local std::vector<Copy> pending;
+inline thread_local long committed = 0;
+inline void cp_async16(void* dst, const void* src, int src_bytes) {
+    if (((uintptr_t)dst & 15) || (src_bytes > 0 && ((uintptr_t)src & 15))) die("cp.async: address not 16-byte aligned");
+    if (src_bytes < 0 || src_bytes > 16) die("cp.async: src-size outside 0..16");
+    std::memset(dst, 0xff, 16);
+    pending.push_back({dst, src, src_bytes, -1});
+}
+inline void cp_async_commit() {
+    for (auto& c : pending)
+        if (c.group < 0) c.group = committed;
+    ++committed;
+}
+// Completes every committed group but the newest `n`.
+inline void cp_async_wait(int n) {
+    const long done_below = committed - n;
+    std::vector<Copy> keep;
+    for (auto& c : pending) {
+        if (c.group >= 0 && c.group < done_below) {
+            std::memcpy(c.dst, c.src, (size_t)c.src_bytes);
+            std::memset((char*)c.dst + c.src_bytes, 0, (size_t)(16 - c.src_bytes));
+        } else {
+            keep.push_back(c);
+        }
+    }
+    pending.swap(keep);
+}
+
+inline unsigned char* dynamic_smem() {
+    if (!block->smem) die("dynamic shared memory used but the launch gave none");
+    return block->smem;
+}
+}  // namespace emu
 
 template <typename T>
 inline T __ldg(const T* p) { return *p; }
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline float __uint_as_float(unsigned i) { float f; std::memcpy(&f, &i, 4); return f; }
+inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
 inline void __syncthreads() { emu::block->bar.arrive_and_wait(); }
-inline float __shfl_xor_sync(unsigned, float v, int o) {
-    emu::Warp& w = *emu::block->warps[threadIdx.x / 32];
-    const unsigned lane = threadIdx.x & 31;
-    w.vals[lane] = v;
-    w.bar.arrive_and_wait();
-    const float r = w.vals[lane ^ (unsigned)o];
-    w.bar.arrive_and_wait();
+inline void __syncwarp(unsigned = 0xffffffffu) {
+    const uint32_t none = 0;
+    emu::exchange(&none, 1);
+}
+template <typename T>
+inline T __shfl_xor_sync(unsigned, T v, int o) { return emu::shfl(v, emu::lane() ^ (unsigned)o); }
+template <typename T>
+inline T __shfl_sync(unsigned, T v, int src) { return emu::shfl(v, (unsigned)src); }
+template <typename T>
+inline T __shfl_down_sync(unsigned, T v, unsigned d) {
+    const unsigned l = emu::lane();
+    const T r = emu::shfl(v, l + d < 32 ? l + d : l);
     return r;
 }
+inline float atomicAdd(float* p, float v) { return std::atomic_ref<float>(*p).fetch_add(v); }
+inline unsigned atomicAdd(unsigned* p, unsigned v) { return std::atomic_ref<unsigned>(*p).fetch_add(v); }
 template <typename A, typename B>
 inline auto min(A a, B b) { return a < b ? a : b; }
+template <typename A, typename B>
+inline auto max(A a, B b) { return a < b ? b : a; }
 inline void sincosf(float a, float* s, float* c) { *s = std::sin(a); *c = std::cos(a); }
 
 // Runs f() as every thread of every block of the grid. One OS thread per CUDA thread of a
 // block, reused for every block in turn; a barrier between blocks keeps the `static` shared
-// memory of one block from being touched by the next.
+// memory of one block from being touched by the next. `shared_bytes` of dynamic shared
+// memory are poisoned (0xFF) before each block.
 template <typename F>
-void launch(dim3 grid, dim3 block, F f) {
+void launch(dim3 grid, dim3 block, F f, size_t shared_bytes = 0) {
     gridDim = grid;
     blockDim = block;
     const unsigned n = block.x * block.y * block.z;
     emu::Block b(n);
+    std::unique_ptr<unsigned char, decltype(&std::free)> arena(nullptr, &std::free);
+    if (shared_bytes > 0) {
+        arena.reset((unsigned char*)std::aligned_alloc(128, (shared_bytes + 127) / 128 * 128));
+        b.smem = arena.get();
+        b.smem_bytes = shared_bytes;
+    }
     std::barrier<> between((std::ptrdiff_t)n);
     std::vector<std::thread> ts;
     ts.reserve(n);
     for (unsigned t = 0; t < n; ++t)
         ts.emplace_back([&, t] {
             emu::block = &b;
+            emu::phase = 0;
+            emu::pending.clear();
+            emu::committed = 0;
             threadIdx = dim3{t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
             for (unsigned bz = 0; bz < grid.z; ++bz)
                 for (unsigned by = 0; by < grid.y; ++by)
                     for (unsigned bx = 0; bx < grid.x; ++bx) {
                         blockIdx = dim3{bx, by, bz};
+                        if (b.smem) {
+                            if (t == 0) std::memset(b.smem, 0xff, b.smem_bytes);
+                            between.arrive_and_wait();
+                        }
                         f();
+                        emu::pending.clear();  // copies never waited for never land
                         between.arrive_and_wait();
                     }
         });

@@ -45,6 +45,58 @@ fn pa_max_parts(ctx: usize) -> usize {
 /// Largest head_dim the attention kernel holds in shared memory (PA_MAX_D).
 const PA_MAX_D: usize = 256;
 
+/// The tensor-core matmul (kernels/matmul.cu): output columns per block, k per pipeline tile.
+const GEMM_BN: usize = 64;
+const GEMM_BK: usize = 32;
+/// Blocks a decode matmul aims for (two per SM on the H200's 132) and the shortest K slice
+/// worth a block; see [`k_slices`].
+const K_SLICE_TARGET_BLOCKS: usize = 264;
+const K_SLICE_MIN: usize = 256;
+/// Up to this many rows a split K runs one block per slice and folds through the workspace;
+/// above it each block folds its slices in registers (same bits, no workspace).
+const SPLIT_MAX_ROWS: usize = 128;
+/// Floats of the split-K workspace, from known limits: a split needs ceil(n / 64) <
+/// K_SLICE_TARGET_BLOCKS, and slices <= ceil(TARGET / n_tiles), so slices * n_tiles <=
+/// 2 TARGET - 2 and slices * m * n <= SPLIT_MAX_ROWS * (2 TARGET - 2) * 64 (17.2 MB).
+const GEMM_PART_FLOATS: usize = SPLIT_MAX_ROWS * (2 * K_SLICE_TARGET_BLOCKS - 2) * GEMM_BN;
+
+/// How the tensor-core matmul cuts K: (slices, slice length), a function of (n, k) ONLY —
+/// never of m or of the rest of the step — so a row's reduction order, and bits, do not
+/// depend on the batch (the contract at the top of kernels/matmul.cu). Enough slices that
+/// ceil(n / 64) * slices reaches about K_SLICE_TARGET_BLOCKS blocks, none shorter than
+/// K_SLICE_MIN (except a k below it), the length a multiple of the 32-wide k tile.
+/// Mirrored by `k_slices` in kernels/emu/matmul_test.h (both test the same table).
+fn k_slices(n: usize, k: usize) -> (usize, usize) {
+    let n_tiles = n.div_ceil(GEMM_BN).max(1);
+    let want = K_SLICE_TARGET_BLOCKS.div_ceil(n_tiles);
+    let by_k = (k / K_SLICE_MIN).max(1);
+    let s = want.min(by_k);
+    let len = k.div_ceil(s).div_ceil(GEMM_BK).max(1) * GEMM_BK;
+    (k.div_ceil(len).max(1), len)
+}
+
+/// One tensor-core tile kernel: `matmul_tc_<dt>_m<rows>`, its threads and dynamic shared
+/// memory (kernels/matmul.cu `GemmShape<BM, WM, WN, STAGES>::SMEM_BYTES`:
+/// STAGES * (BM + 64) * 40 elements * 2 bytes; kernels/emu/matmul_test.h checks these
+/// numbers against the kernels' own).
+struct GemmKernel {
+    rows: usize,
+    threads: u32,
+    smem: u32,
+}
+const GEMM_M16: GemmKernel = GemmKernel { rows: 16, threads: 128, smem: 4 * (16 + 64) * 40 * 2 };
+const GEMM_M64: GemmKernel = GemmKernel { rows: 64, threads: 128, smem: 4 * (64 + 64) * 40 * 2 };
+const GEMM_M128: GemmKernel = GemmKernel { rows: 128, threads: 256, smem: 3 * (128 + 64) * 40 * 2 };
+
+/// Tile shapes may follow m (the reduction order does not).
+fn gemm_kernel(m: usize) -> &'static GemmKernel {
+    match m {
+        0..=16 => &GEMM_M16,
+        17..=SPLIT_MAX_ROWS => &GEMM_M64,
+        _ => &GEMM_M128,
+    }
+}
+
 fn err(msg: impl Into<String>) -> Error {
     Error::backend("cuda", msg)
 }
@@ -156,11 +208,21 @@ struct AttnScratch {
     part_ml: Option<CudaSlice<u8>>,
 }
 
+/// Scratch of the tensor-core matmul: x rounded to the weights' 16-bit format (grown on
+/// demand: the one allocation that follows the step's shape, until activations are bf16
+/// themselves) and the split-K workspace (allocated once, GEMM_PART_FLOATS, at first use).
+#[derive(Default)]
+struct MatmulScratch {
+    xa: Option<CudaSlice<u8>>,
+    part: Option<CudaSlice<u8>>,
+}
+
 pub struct CudaBackend {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     funcs: HashMap<String, CudaFunction>,
     scratch: Mutex<AttnScratch>,
+    mm_scratch: Mutex<MatmulScratch>,
     sync_each: bool,
     arch: String,
     device_name: String,
@@ -190,6 +252,9 @@ impl CudaBackend {
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.default_stream();
         let (maj, min) = ctx.compute_capability().map_err(drv("compute capability"))?;
+        if maj < 8 {
+            return Err(err(format!("GPU {device_ordinal} is sm_{maj}{min}; the kernels need sm_80 or newer (bf16 mma.sync, cp.async)")));
+        }
         let arch = format!("{maj}{min}");
         let device_name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
         let include = Toolchain::discover().include_dir;
@@ -200,7 +265,16 @@ impl CudaBackend {
         }
         let sync_each = std::env::var("TANDEM_CUDA_SYNC").is_ok_and(|v| v == "1");
         tracing::info!("cuda: {device_name} (sm_{arch}), {} kernels from {} files", funcs.len(), srcs.len());
-        Ok(CudaBackend { ctx, stream, funcs, scratch: Mutex::new(AttnScratch::default()), sync_each, arch, device_name })
+        Ok(CudaBackend {
+            ctx,
+            stream,
+            funcs,
+            scratch: Mutex::new(AttnScratch::default()),
+            mm_scratch: Mutex::new(MatmulScratch::default()),
+            sync_each,
+            arch,
+            device_name,
+        })
     }
 
     /// `"90"` for an H100/H200.
@@ -431,23 +505,84 @@ impl Backend for CudaBackend {
         let (mi, ni, ki) = (i32_of(m, OP, "m")?, i32_of(n, OP, "n")?, i32_of(k, OP, "k")?);
         i32_of(m * k, OP, "m*k")?;
         i32_of(n * k, OP, "n*k")?;
-        let (name, launch) = if m <= 16 {
-            let mt = m.next_power_of_two();
-            (format!("matmul_vec_{sfx}_m{mt}"), cfg((u32_of(n.div_ceil(8), OP, "blocks")?, 1, 1), 256))
-        } else {
-            (format!("matmul_tiled_{sfx}"), cfg((u32_of(n.div_ceil(64), OP, "blocks")?, u32_of(m.div_ceil(64), OP, "blocks")?, 1), 256))
-        };
-        if launch.grid_dim.1 > 65535 {
-            return Err(err(format!("{OP}: m = {m} needs more than 65535 row tiles")));
-        }
-        let f = self.func(&name)?;
-        // Without a bias the kernel never reads the pointer; pass w to have a valid one.
+        i32_of(m * n, OP, "m*n")?;
+        // Without a bias the kernels never read the pointer; pass w to have a valid one.
         let bias_mem = bias.map(|b| &b.mem).unwrap_or(&w.mem);
+        if w.elem == Elem::F32 {
+            // f32 weights: the SIMT kernel for every m (exact f32, see kernels/matmul.cu).
+            let grid = (u32_of(n.div_ceil(64), OP, "blocks")?, u32_of(m.div_ceil(64), OP, "blocks")?, 1);
+            if grid.1 > 65535 {
+                return Err(err(format!("{OP}: m = {m} needs more than 65535 row tiles")));
+            }
+            let name = "matmul_tiled_f32";
+            let f = self.func(name)?;
+            let mut l = self.stream.launch_builder(f);
+            l.arg(&x.mem).arg(&w.mem).arg(bias_mem).arg(&bias_code).arg(&mut out.mem).arg(&mi).arg(&ni).arg(&ki);
+            // SAFETY: as in embedding.
+            let r = unsafe { l.launch(cfg(grid, 256)) };
+            return self.launched(name, r);
+        }
+        let kp = k.div_ceil(8) * 8;
+        let kpi = i32_of(m * kp, OP, "m*kp").and(i32_of(kp, OP, "kp"))?;
+        let (slices, slice_len) = k_slices(n, k);
+        let g = gemm_kernel(m);
+        let split = m <= SPLIT_MAX_ROWS && slices > 1;
+        let grid = (u32_of(n.div_ceil(GEMM_BN), OP, "blocks")?, u32_of(m.div_ceil(g.rows), OP, "blocks")?, if split { slices as u32 } else { 1 });
+        if grid.1 > 65535 || grid.2 > 65535 {
+            return Err(err(format!("{OP}: m = {m}, k = {k} exceed the launch grid")));
+        }
+        let mut s = self.mm_scratch.lock().map_err(|_| err(format!("{OP}: scratch lock poisoned by an earlier panic")))?;
+        let xa_bytes = (m * kp * 2).max(16);
+        if s.xa.as_ref().is_none_or(|b| b.len() < xa_bytes) {
+            // SAFETY: matmul_x writes every element the tile kernel reads (kp columns of m rows).
+            s.xa = Some(unsafe { self.stream.alloc::<u8>(xa_bytes) }.map_err(drv(&format!("{OP}: x scratch of {xa_bytes} bytes")))?);
+        }
+        if split && s.part.is_none() {
+            let bytes = GEMM_PART_FLOATS * 4;
+            // SAFETY: each split launch writes every partial its fold reads.
+            s.part = Some(unsafe { self.stream.alloc::<u8>(bytes) }.map_err(drv(&format!("{OP}: split-K workspace of {bytes} bytes")))?);
+        }
+        if split && slices * m * n > GEMM_PART_FLOATS {
+            return Err(err(format!("{OP}: {slices} slices of {m}x{n} exceed the split-K workspace (k_slices broke its bound)")));
+        }
+        let MatmulScratch { xa: Some(xa), part } = &mut *s else {
+            return Err(err(format!("{OP}: scratch missing after allocation")));
+        };
+        let name = format!("matmul_x_{sfx}");
+        let f = self.func(&name)?;
         let mut l = self.stream.launch_builder(f);
-        l.arg(&x.mem).arg(&w.mem).arg(bias_mem).arg(&bias_code).arg(&mut out.mem).arg(&mi).arg(&ni).arg(&ki);
-        // SAFETY: as in embedding.
+        l.arg(&x.mem).arg(&mut *xa).arg(&mi).arg(&ki).arg(&kpi);
+        // SAFETY: as in embedding; xa holds m * kp 16-bit values.
+        let r = unsafe { l.launch(cfg((mi as u32, 1, 1), 256)) };
+        self.launched(&name, r)?;
+
+        let name = format!("matmul_tc_{sfx}_m{}", g.rows);
+        let f = self.func(&name)?;
+        let (li, si) = (i32_of(slice_len, OP, "slice_len")?, i32_of(slices, OP, "slices")?);
+        let mut l = self.stream.launch_builder(f);
+        l.arg(&*xa).arg(&w.mem).arg(bias_mem).arg(&bias_code).arg(&mut out.mem);
+        match part.as_mut().filter(|_| split) {
+            Some(p) => l.arg(p),
+            // Not split: the kernel never touches `part`; any valid pointer does.
+            None => l.arg(&*xa),
+        };
+        l.arg(&mi).arg(&ni).arg(&ki).arg(&kpi).arg(&li).arg(&si);
+        let launch = LaunchConfig { grid_dim: grid, block_dim: (g.threads, 1, 1), shared_mem_bytes: g.smem };
+        // SAFETY: as in embedding; dynamic shared memory as the kernel's GemmShape expects,
+        // part (when split) holds slices * m * n floats (checked above).
         let r = unsafe { l.launch(launch) };
-        self.launched(&name, r)
+        self.launched(&name, r)?;
+        if !split {
+            return Ok(());
+        }
+        let Some(p) = part.as_ref() else { return Err(err(format!("{OP}: split-K workspace missing"))) };
+        let name = "matmul_fold";
+        let f = self.func(name)?;
+        let mut l = self.stream.launch_builder(f);
+        l.arg(p).arg(bias_mem).arg(&bias_code).arg(&mut out.mem).arg(&mi).arg(&ni).arg(&si);
+        // SAFETY: as in embedding.
+        let r = unsafe { l.launch(cfg((u32_of((m * n).div_ceil(256), OP, "blocks")?, 1, 1), 256)) };
+        self.launched(name, r)
     }
 
     fn rope(&self, q: &mut CudaBuf, k: &mut CudaBuf, positions: &CudaBuf, inv_freq: &CudaBuf, num_tokens: usize, q_heads: usize, kv_heads: usize, head_dim: usize) -> Result<()> {
@@ -610,6 +745,49 @@ impl Backend for CudaBackend {
         let r = unsafe { l.launch(cfg((ri as u32, 1, 1), 512)) };
         self.launched(OP, r)?;
         self.read_u32(&ids, rows)
+    }
+}
+
+#[cfg(test)]
+mod matmul_tests {
+    use super::*;
+
+    /// The same table is asserted on the emulator (kernels/emu/matmul_test.h `slices_table`).
+    #[test]
+    fn k_slices_depend_on_n_and_k_only() {
+        let table = [
+            ((72, 40), (1, 64)),
+            ((72, 1000), (3, 352)),
+            ((200, 1000), (3, 352)),
+            ((2048, 2048), (8, 256)),
+            ((128256, 2048), (1, 2048)),
+            ((4096, 14336), (5, 2880)),
+            ((72, 0), (1, 32)),
+        ];
+        for ((n, k), want) in table {
+            assert_eq!(k_slices(n, k), want, "k_slices({n}, {k})");
+        }
+    }
+
+    /// Every slice is non-empty, lengths are whole k tiles, and the split-K workspace bound
+    /// holds for every n and k the split path can see.
+    #[test]
+    fn split_workspace_bound_holds() {
+        for n in (1..40_000).step_by(37) {
+            for k in [1, 31, 255, 256, 1000, 4096, 14336, 65536] {
+                let (s, len) = k_slices(n, k);
+                assert!(len.is_multiple_of(GEMM_BK) && len >= GEMM_BK);
+                assert!((s - 1) * len < k.max(1) && s * len >= k, "n {n} k {k}: {s} x {len}");
+                if s > 1 {
+                    assert!(s * SPLIT_MAX_ROWS * n <= GEMM_PART_FLOATS, "n {n} k {k}: {s} slices overflow the workspace");
+                }
+            }
+        }
+        assert_eq!(gemm_kernel(1).rows, 16);
+        assert_eq!(gemm_kernel(16).rows, 16);
+        assert_eq!(gemm_kernel(17).rows, 64);
+        assert_eq!(gemm_kernel(128).rows, 64);
+        assert_eq!(gemm_kernel(129).rows, 128);
     }
 }
 

@@ -20,6 +20,8 @@ pub struct KernelReport {
     pub kernel: String,
     /// `sm_90`
     pub arch: String,
+    /// `mma.sync` instructions in the kernel's PTX (tensor-core work; 0 for SIMT kernels).
+    pub mma: u32,
     pub registers: u32,
     pub shared_bytes: u32,
     pub stack_bytes: u32,
@@ -85,7 +87,11 @@ fn assemble(ptxas: &Path, work: &Path, src: &KernelSource, arch: &str, ptx: &str
         return Err(Error::backend("cuda", format!("ptxas -arch=sm_{arch} rejected {}.cu:\n{text}", src.name)));
     }
     let file = format!("{}.cu", src.name);
-    let reports = parse_ptxas(&text, &file, &format!("sm_{arch}"));
+    let mut reports = parse_ptxas(&text, &file, &format!("sm_{arch}"));
+    let mma = count_mma(ptx);
+    for r in &mut reports {
+        r.mma = mma.iter().find(|(k, _)| *k == r.kernel).map_or(0, |(_, n)| *n);
+    }
     if reports.is_empty() {
         return Err(Error::backend("cuda", format!("ptxas -v printed no kernel for {file} (sm_{arch}):\n{text}")));
     }
@@ -124,17 +130,34 @@ pub fn parse_ptxas(text: &str, file: &str, arch: &str) -> Vec<KernelReport> {
     out
 }
 
+/// `mma.sync` lines per `.entry` of a PTX text (the body of an entry runs to the next one;
+/// the kernels inline their device functions, so nothing hides in a `.func`).
+pub fn count_mma(ptx: &str) -> Vec<(String, u32)> {
+    let mut out: Vec<(String, u32)> = vec![];
+    for line in ptx.lines() {
+        if let Some(rest) = line.split(".entry ").nth(1) {
+            let name = rest.split(['(', ' ']).next().unwrap_or_default().trim().to_string();
+            out.push((name, 0));
+        } else if line.trim_start().starts_with("mma.sync") {
+            if let Some(last) = out.last_mut() {
+                last.1 += 1;
+            }
+        }
+    }
+    out
+}
+
 /// The report as an aligned text table, one row per kernel and architecture.
 pub fn format_table(reports: &[KernelReport]) -> String {
     let w = reports.iter().map(|r| r.kernel.len()).max().unwrap_or(6).max(6);
     let fw = reports.iter().map(|r| r.file.len()).max().unwrap_or(4).max(4);
     let mut s = String::new();
-    let _ = writeln!(s, "{:<fw$}  {:<w$}  {:<6}  {:>4}  {:>6}  {:>5}  {:>6}  {:>6}", "file", "kernel", "arch", "regs", "smem", "stack", "spill>", "spill<");
+    let _ = writeln!(s, "{:<fw$}  {:<w$}  {:<6}  {:>4}  {:>4}  {:>6}  {:>5}  {:>6}  {:>6}", "file", "kernel", "arch", "mma", "regs", "smem", "stack", "spill>", "spill<");
     for r in reports {
         let _ = writeln!(
             s,
-            "{:<fw$}  {:<w$}  {:<6}  {:>4}  {:>6}  {:>5}  {:>6}  {:>6}",
-            r.file, r.kernel, r.arch, r.registers, r.shared_bytes, r.stack_bytes, r.spill_stores, r.spill_loads
+            "{:<fw$}  {:<w$}  {:<6}  {:>4}  {:>4}  {:>6}  {:>5}  {:>6}  {:>6}",
+            r.file, r.kernel, r.arch, r.mma, r.registers, r.shared_bytes, r.stack_bytes, r.spill_stores, r.spill_loads
         );
     }
     s
@@ -159,8 +182,14 @@ ptxas info    : Used 10 registers, used 0 barriers, 372 bytes cmem[0]\n";
         assert_eq!(r.len(), 2);
         assert_eq!(
             r[0],
-            KernelReport { file: "x.cu".into(), kernel: "rms_norm_bf16".into(), arch: "sm_90".into(), registers: 20, shared_bytes: 128, stack_bytes: 8, spill_stores: 4, spill_loads: 12 }
+            KernelReport { file: "x.cu".into(), kernel: "rms_norm_bf16".into(), arch: "sm_90".into(), mma: 0, registers: 20, shared_bytes: 128, stack_bytes: 8, spill_stores: 4, spill_loads: 12 }
         );
         assert_eq!((r[1].kernel.as_str(), r[1].registers, r[1].shared_bytes, r[1].spill_loads), ("add", 10, 0, 0));
+    }
+
+    #[test]
+    fn counts_mma_per_entry() {
+        let ptx = ".visible .entry a(\n\t.param .u64 p\n)\n{\n\tmma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%f1}, {%r1}, {%r2}, {%f1};\n\tmma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%f2}, {%r1}, {%r2}, {%f2};\n}\n.visible .entry b()\n{\n\tret;\n}\n";
+        assert_eq!(count_mma(ptx), vec![("a".to_string(), 2), ("b".to_string(), 0)]);
     }
 }

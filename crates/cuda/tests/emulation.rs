@@ -1,9 +1,12 @@
 //! Runs every kernel on the CPU through kernels/emu (a C++20 emulation of CUDA threads, block
-//! barriers and warp shuffles) against naive double-precision references: 115 checks covering
-//! each op, both matmul paths and dtypes, split attention and bitwise batch invariance. This is
-//! how the kernels' indexing and reductions are executed on a machine without a GPU. It needs
-//! g++ (or $CXX); without one it prints SKIPPED, and TANDEM_REQUIRE_EMU=1 makes that a failure.
-//! Takes about 1.5 minutes on 2 cores (barrier-heavy).
+//! barriers, warp shuffles, ldmatrix, mma.sync and cp.async) against naive double-precision
+//! references: 67 checks covering the emulated primitives against the PTX ISA, the tensor-core
+//! matmul at awkward shapes with derived bf16/f16 bounds and bitwise row equality across m,
+//! each other op, split attention and its batch invariance; then two deliberately broken matmul
+//! builds (a wrong fragment index, a missing cp.async wait) that must fail. This is how the
+//! kernels' indexing and reductions are executed on a machine without a GPU. It needs g++ (or
+//! $CXX); without one it prints SKIPPED, and TANDEM_REQUIRE_EMU=1 makes that a failure.
+//! Takes 1-2 minutes on 2 idle cores (barrier-heavy; several times that on a loaded machine).
 
 use std::path::Path;
 use std::process::Command;

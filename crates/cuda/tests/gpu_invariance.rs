@@ -1,7 +1,8 @@
 //! GPU-only checks the shared op suite does not make: attention over contexts longer than one
 //! partition (the split path: partial + combine), compared with the reference; and batch
 //! invariance, bit for bit: a token's attention output is the same alone and in a batch with
-//! longer contexts, and a matmul row is the same whatever the other rows (within one path).
+//! longer contexts, and a matmul row is the same whatever the other rows, across every tile kernel (m16 / m64 /
+//! m128), the split-K workspace fold and the in-register fold (kernels/matmul.cu's contract).
 //! Without a driver each test prints SKIPPED; TANDEM_REQUIRE_CUDA=1 turns that into a failure.
 
 use tandem_core::backend::{AttnArgs, Backend, KvGeometry};
@@ -161,20 +162,29 @@ fn attention_is_batch_invariant() {
 fn matmul_rows_do_not_depend_on_the_batch() {
     let Some(cuda) = backend("matmul_rows_do_not_depend_on_the_batch") else { return };
     let mut rng = Rng(3);
-    let (n, k) = (300, 576);
-    for dtype in [DType::BF16, DType::F32] {
-        let w = cuda.weight_from_f32(dtype, &rng.vec(n * k, 0.05)).unwrap();
-        let x = rng.vec(128 * k, 1.0);
-        let run = |m: usize| {
-            let mut xb = cuda.alloc_f32(m * k).unwrap();
-            cuda.write_f32(&mut xb, &x[..m * k]).unwrap();
-            let mut out = cuda.alloc_f32(m * n).unwrap();
-            cuda.matmul(&xb, &w, None, &mut out, m, n, k).unwrap();
-            cuda.read_f32(&out, m * n).unwrap()
-        };
-        // Decode path: row 0 alone and among 16; prefill path: rows of m = 17 within m = 128.
-        let (m1, m16, m17, m128) = (run(1), run(16), run(17), run(128));
-        assert_eq!(m1[..], m16[..n], "{dtype:?}: decode path row 0 changed with m");
-        assert_eq!(m17[..], m128[..17 * n], "{dtype:?}: tiled path rows changed with m");
+    // k = 2000 splits into several K slices (kernels/matmul.cu); k = 576 into one.
+    for (n, k) in [(300, 576), (300, 2000), (2048, 2048)] {
+        for dtype in [DType::BF16, DType::F16, DType::F32] {
+            let w = cuda.weight_from_f32(dtype, &rng.vec(n * k, 0.05)).unwrap();
+            let x = rng.vec(300 * k, 1.0);
+            let run = |m: usize, first: usize| {
+                let mut xb = cuda.alloc_f32(m * k).unwrap();
+                cuda.write_f32(&mut xb, &x[first * k..(first + m) * k]).unwrap();
+                let mut out = cuda.alloc_f32(m * n).unwrap();
+                cuda.matmul(&xb, &w, None, &mut out, m, n, k).unwrap();
+                cuda.read_f32(&out, m * n).unwrap()
+            };
+            // m = 1 and 16 take the m16 kernel, 17 and 128 the m64 one (both split K across
+            // blocks), 300 the m128 one (slices folded in registers): every row must agree.
+            let batches: Vec<(usize, Vec<f32>)> = [16, 17, 128, 300].iter().map(|&m| (m, run(m, 0))).collect();
+            for r in [0, 5, 16, 100, 299] {
+                let alone = run(1, r);
+                for (m, out) in &batches {
+                    if r < *m {
+                        assert_eq!(alone[..], out[r * n..(r + 1) * n], "{dtype:?} n {n} k {k}: row {r} alone != row {r} of m = {m}");
+                    }
+                }
+            }
+        }
     }
 }

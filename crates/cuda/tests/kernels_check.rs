@@ -20,8 +20,20 @@ fn every_kernel_compiles_and_assembles_without_spills() {
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     println!("{text}");
     assert!(out.status.success(), "kernel check failed:\n{text}");
-    for kernel in ["matmul_vec_bf16_m1", "matmul_tiled_f16", "paged_attention_partial", "paged_attention_combine", "argmax", "rope", "kv_write"] {
+    for kernel in ["matmul_tc_bf16_m16", "matmul_tc_f16_m128", "matmul_fold", "matmul_tiled_f32", "paged_attention_partial", "paged_attention_combine", "argmax", "rope", "kv_write"] {
         assert!(text.contains(kernel), "report lacks {kernel}");
     }
     assert!(text.contains("sm_80") && text.contains("sm_90"));
+    // The tensor-core kernels really hold mma instructions (the `mma` column of the table).
+    let mma_of = |kernel: &str| -> Vec<u32> {
+        text.lines()
+            .filter(|l| l.split_whitespace().nth(1) == Some(kernel))
+            .filter_map(|l| l.split_whitespace().nth(3)?.parse().ok())
+            .collect()
+    };
+    for kernel in ["matmul_tc_bf16_m16", "matmul_tc_bf16_m64", "matmul_tc_f16_m128"] {
+        let counts = mma_of(kernel);
+        assert!(!counts.is_empty() && counts.iter().all(|&c| c > 0), "{kernel}: mma counts {counts:?}");
+    }
+    assert!(mma_of("matmul_tiled_f32").iter().all(|&c| c == 0));
 }

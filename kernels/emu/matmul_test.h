@@ -1,0 +1,215 @@
+// matmul_test.h — the matmul kernels of kernels/matmul.cu on the emulator, launched the way
+// crates/cuda/src/backend.rs launches them (`run` mirrors its `matmul`; `k_slices` mirrors its
+// `k_slices`, and both sides test the same table of values).
+//
+// Bounds, per output element, with p_k = xr_k * w_k the products of the ROUNDED operands
+// (xr = x rounded to the weight format exactly as matmul_x does), P = sum |p_k| + |bias|:
+//   tight:  |got - sum p_k - bias| <= (k + slices + 2) * 2^-24 * P * 1.01
+//     every product is exact in f32 (16-bit significands), so only the f32 adds round: at most
+//     k adds inside the mmas (zero-padded steps add exact zeros), slices - 1 folds, one bias
+//     add; each add errs by at most 2^-24 of a partial sum, and every partial sum is <= P.
+//   loose:  |got - sum x_k w_k - bias| <= tight + u * sum |x_k w_k| + 2^-25 * sum |w_k|  (f16)
+//     x rounds with relative error u = 2^-9 (bf16) or 2^-11 (f16, normal range), plus an
+//     absolute 2^-25 for f16 subnormals; the weights are stored values, not rounded here.
+// Bitwise: the contract says a row's bits never depend on the other rows; row r is compared
+// byte for byte across batch sizes that take different kernels (m16 / m64 / m128) and the
+// split (workspace fold) and in-block (register fold) paths.
+#pragma once
+#include <algorithm>
+#include <functional>
+#include <string>
+
+namespace mmtest {
+using Check = std::function<void(const std::string&, bool)>;
+
+struct Slices {
+    int count, len;
+};
+// backend.rs `k_slices`: a function of (n, k) only.
+inline Slices k_slices(int n, int k) {
+    const int target_blocks = 264, min_slice = 256;
+    const int n_tiles = (n + 63) / 64;
+    const int want = (target_blocks + n_tiles - 1) / n_tiles;
+    const int by_k = std::max(1, k / min_slice);
+    int s = std::min(want, by_k);
+    const int per = (k + s - 1) / s;
+    const int len = std::max(32, (per + 31) / 32 * 32);
+    s = std::max(1, (k + len - 1) / len);
+    return {s, len};
+}
+
+inline uint64_t rng = 99;
+inline float rnd() {  // splitmix64 -> [-1, 1)
+    uint64_t z = (rng += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return (float)(z >> 40) / (float)(1u << 24) * 2.0f - 1.0f;
+}
+
+// dt: 1 bf16, 2 f16. Returns out [m, n]; `kernel` names the tile kernel it took.
+inline std::vector<float> run(int dt, const float* x, const uint16_t* w, const uint16_t* bias, int m, int n, int k, std::string* kernel = nullptr) {
+    const int kp = (k + 7) / 8 * 8;
+    std::vector<uint16_t> xa((size_t)m * kp + 8, 0xffff);
+    launch(dim3{(unsigned)m, 1, 1}, dim3{256, 1, 1}, [&] {
+        if (dt == 1) matmul_x_bf16(x, xa.data(), m, k, kp);
+        else matmul_x_f16(x, xa.data(), m, k, kp);
+    });
+    const Slices sl = k_slices(n, k);
+    const int bm = m <= 16 ? 16 : m <= 128 ? 64 : 128;
+    const bool split = bm <= 64 && sl.count > 1;
+    const unsigned z = split ? (unsigned)sl.count : 1;
+    std::vector<float> out((size_t)m * n, NAN), part(split ? (size_t)sl.count * m * n : 1, NAN);
+    const dim3 grid{(unsigned)((n + 63) / 64), (unsigned)((m + bm - 1) / bm), z};
+    const int bias_code = bias ? dt + 1 : 0;  // load_bias: 2 bf16, 3 f16
+    const void* bp = bias ? (const void*)bias : (const void*)w;
+    float *op = out.data(), *pp = part.data();
+    const u16* xp = xa.data();
+    const std::string name = std::string("matmul_tc_") + (dt == 1 ? "bf16" : "f16") + "_m" + std::to_string(bm);
+    if (kernel) *kernel = name + (split ? " split " + std::to_string(sl.count) : " slices " + std::to_string(sl.count));
+#define MM_CALL(DT, NAME, SHAPE)                                                                                              \
+    launch(grid, dim3{SHAPE::THREADS, 1, 1}, [&] { matmul_tc_##DT##_##NAME(xp, w, bp, bias_code, op, pp, m, n, k, kp, sl.len, sl.count); }, \
+           SHAPE::SMEM_BYTES)
+    if (dt == 1 && bm == 16) MM_CALL(bf16, m16, GemmM16);
+    if (dt == 1 && bm == 64) MM_CALL(bf16, m64, GemmM64);
+    if (dt == 1 && bm == 128) MM_CALL(bf16, m128, GemmM128);
+    if (dt == 2 && bm == 16) MM_CALL(f16, m16, GemmM16);
+    if (dt == 2 && bm == 64) MM_CALL(f16, m64, GemmM64);
+    if (dt == 2 && bm == 128) MM_CALL(f16, m128, GemmM128);
+#undef MM_CALL
+    if (split)
+        launch(dim3{(unsigned)(((size_t)m * n + 255) / 256), 1, 1}, dim3{256, 1, 1},
+               [&] { matmul_fold(pp, bp, bias_code, op, m, n, sl.count); });
+    return out;
+}
+
+struct Problem {
+    int dt, m, n, k;
+    bool bias;
+    std::vector<float> x;
+    std::vector<uint16_t> w, b;
+};
+inline Problem problem(int dt, int m, int n, int k, bool bias) {
+    Problem p{dt, m, n, k, bias, {}, {}, {}};
+    const float ws = 1.0f / std::sqrt((float)k);
+    for (size_t i = 0; i < (size_t)n * k; ++i) p.w.push_back((dt == 1 ? f32_to_bf16_bits(rnd() * ws) : f32_to_f16_bits(rnd() * ws)));
+    if (bias)
+        for (int i = 0; i < n; ++i) p.b.push_back(dt == 1 ? f32_to_bf16_bits(rnd() * 0.5f) : f32_to_f16_bits(rnd() * 0.5f));
+    p.x.resize((size_t)m * k);
+    for (auto& v : p.x) v = rnd();
+    return p;
+}
+inline float wval(int dt, uint16_t h) { return dt == 1 ? bf16_bits_to_f32(h) : f16_bits_to_f32(h); }
+inline float xround(int dt, float v) { return wval(dt, dt == 1 ? f32_to_bf16_bits(v) : f32_to_f16_bits(v)); }
+
+inline void against_f64(const Check& check, const Problem& p) {
+    std::string kernel;
+    auto got = run(p.dt, p.x.data(), p.w.data(), p.bias ? p.b.data() : nullptr, p.m, p.n, p.k, &kernel);
+    const int slices = k_slices(p.n, p.k).count;
+    const double u = p.dt == 1 ? 0x1p-9 : 0x1p-11;
+    double worst_tight = 0, worst_loose = 0, num = 0, den = 0;
+    bool finite = true;
+    for (int r = 0; r < p.m; ++r)
+        for (int c = 0; c < p.n; ++c) {
+            const double b = p.bias ? wval(p.dt, p.b[c]) : 0.0;
+            double sr = b, su = b, mag_r = std::fabs(b), mag_u = 0, mag_w = 0;
+            for (int kk = 0; kk < p.k; ++kk) {
+                const double w = wval(p.dt, p.w[(size_t)c * p.k + kk]), xv = p.x[(size_t)r * p.k + kk];
+                const double xr = xround(p.dt, (float)xv);
+                sr += xr * w;
+                su += xv * w;
+                mag_r += std::fabs(xr * w);
+                mag_u += std::fabs(xv * w);
+                mag_w += std::fabs(w);
+            }
+            const double g = got[(size_t)r * p.n + c];
+            finite = finite && std::isfinite(g);
+            const double tight = (p.k + slices + 2) * 0x1p-24 * mag_r * 1.01;
+            const double loose = tight + u * mag_u + (p.dt == 2 ? 0x1p-25 * mag_w : 0.0);
+            worst_tight = std::max(worst_tight, std::fabs(g - sr) / tight);
+            worst_loose = std::max(worst_loose, std::fabs(g - su) / loose);
+            num += (g - su) * (g - su);
+            den += su * su;
+        }
+    char buf[256];
+    std::snprintf(buf, sizeof buf, "%s m=%d n=%d k=%d%s: |err|/bound rounded %.3f, unrounded %.3f, NMSE vs f32 inputs %.2e", kernel.c_str(), p.m,
+                  p.n, p.k, p.bias ? " bias" : "", worst_tight, worst_loose, num / (den > 0 ? den : 1));
+    check(buf, finite && worst_tight <= 1.0 && worst_loose <= 1.0);
+}
+
+// Row r of every batch (and alone, m = 1) has the same bytes.
+inline void rows_bitwise(const Check& check, int dt, int n, int k) {
+    Problem p = problem(dt, 777, n, k, true);
+    const float* x = p.x.data();
+    const uint16_t *w = p.w.data(), *b = p.b.data();
+    std::vector<std::pair<int, std::vector<float>>> batches;
+    std::string kinds;
+    for (int m : {7, 17, 64, 200, 777}) {
+        std::string kernel;
+        batches.push_back({m, run(dt, x, w, b, m, n, k, &kernel)});
+        kinds += " " + std::to_string(m) + ":" + kernel.substr(kernel.rfind('_') + 1);
+    }
+    bool same = true;
+    int compared = 0;
+    for (int r : {0, 3, 6, 16, 63, 150, 199, 776}) {
+        std::string kernel;
+        const auto alone = run(dt, x + (size_t)r * k, w, b, 1, n, k, &kernel);
+        for (auto& [m, out] : batches)
+            if (r < m) {
+                same = same && std::memcmp(alone.data(), out.data() + (size_t)r * n, sizeof(float) * n) == 0;
+                ++compared;
+            }
+    }
+    check("matmul rows bitwise equal alone (m=1) and in batches of m=7..777 (" + std::to_string(compared) + " row pairs, n=" + std::to_string(n) +
+              " k=" + std::to_string(k) + ", slices " + std::to_string(k_slices(n, k).count) + "," + kinds + ")",
+          same);
+}
+
+inline void slices_table(const Check& check) {
+    // The same table is asserted by backend.rs `k_slices_depend_on_n_and_k_only`.
+    struct Row {
+        int n, k, count, len;
+    };
+    const Row rows[] = {{72, 40, 1, 64}, {72, 1000, 3, 352}, {200, 1000, 3, 352}, {2048, 2048, 8, 256}, {128256, 2048, 1, 2048}, {4096, 14336, 5, 2880}, {72, 0, 1, 32}};
+    bool ok = true;
+    for (auto r : rows) {
+        const Slices s = k_slices(r.n, r.k);
+        ok = ok && s.count == r.count && s.len == r.len;
+        if (s.count != r.count || s.len != r.len) std::printf("  k_slices(%d, %d) = (%d, %d), table says (%d, %d)\n", r.n, r.k, s.count, s.len, r.count, r.len);
+    }
+    check("matmul k_slices matches the table shared with backend.rs", ok);
+    // backend.rs GEMM_M16 / GEMM_M64 / GEMM_M128 launch with these threads and dynamic smem.
+    check("matmul tile kernels' threads and shared memory match backend.rs GEMM_M*",
+          GemmM16::THREADS == 128 && GemmM16::SMEM_BYTES == 25600 && GemmM64::THREADS == 128 && GemmM64::SMEM_BYTES == 40960 &&
+              GemmM128::THREADS == 256 && GemmM128::SMEM_BYTES == 46080);
+}
+
+// k = 0: no k tile at all; out must be exactly the bias (or zero).
+inline void empty_k(const Check& check) {
+    Problem p = problem(1, 3, 72, 0, true);
+    const auto got = run(1, p.x.data(), p.w.data(), p.b.data(), 3, 72, 0);
+    bool ok = true;
+    for (int r = 0; r < 3; ++r)
+        for (int c = 0; c < 72; ++c) ok = ok && got[(size_t)r * 72 + c] == bf16_bits_to_f32(p.b[c]);
+    check("matmul k=0 gives exactly the bias", ok);
+}
+
+inline void run_all(const Check& check) {
+    slices_table(check);
+    empty_k(check);
+    // m = 1, 7, 16, 17, 64, 200, 777 over awkward n and k (none a multiple of the 64-column
+    // tile; k = 1001 and 999 break 16-byte alignment; k = 1000 and 999 split into 3 slices).
+    against_f64(check, problem(1, 1, 72, 40, false));
+    against_f64(check, problem(1, 7, 200, 1001, true));
+    against_f64(check, problem(1, 16, 72, 1000, true));
+    against_f64(check, problem(1, 17, 200, 136, false));
+    against_f64(check, problem(1, 64, 72, 999, true));
+    against_f64(check, problem(1, 200, 200, 136, true));
+    against_f64(check, problem(1, 777, 72, 40, true));
+    against_f64(check, problem(2, 7, 72, 1000, true));
+    against_f64(check, problem(2, 17, 72, 37, false));
+    against_f64(check, problem(2, 200, 72, 1000, true));
+    rows_bitwise(check, 1, 72, 1000);
+    rows_bitwise(check, 2, 72, 136);
+}
+}  // namespace mmtest
