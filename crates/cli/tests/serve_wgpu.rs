@@ -59,9 +59,11 @@ fn start(model: &std::path::Path) -> Option<Server> {
     }
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let mut child = Command::new(env!("CARGO_BIN_EXE_tandem"))
-        .args(["serve", "--backend", "wgpu", "--port", &port.to_string(), "--model"])
+        // vLLM's spelling: the model directory positional, --max-model-len below the pool's.
+        .arg("serve")
         .arg(model)
-        .args(["--num-kv-blocks", "64", "--max-num-seqs", "8", "--served-model-name", "tiny"])
+        .args(["--backend", "wgpu", "--port", &port.to_string()])
+        .args(["--num-kv-blocks", "64", "--max-num-seqs", "8", "--served-model-name", "tiny", "--max-model-len", "300"])
         .env("RUST_LOG", "info")
         .stderr(Stdio::piped())
         .spawn()
@@ -90,6 +92,10 @@ fn wgpu_server_answers_like_a_client_expects() {
     tandem_models::random_model::write_random_model(&model, tandem_models::random_model::Shape::Tiny, 1, tandem_core::DType::F32).unwrap();
     let Some(mut server) = start(&model) else { return };
     let port = server.port;
+
+    let (status, body) = request(port, "GET", "/v1/models", None);
+    assert_eq!(status, 200);
+    assert_eq!(serde_json::from_str::<Value>(&body).unwrap()["data"][0]["max_model_len"], 300, "--max-model-len is the context limit: {body}");
 
     let req = json!({"model": "tiny", "prompt": "hello world", "max_tokens": 8, "temperature": 0, "ignore_eos": true});
     let (status, body) = request(port, "POST", "/v1/completions", Some(&req));

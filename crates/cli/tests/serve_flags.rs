@@ -1,0 +1,46 @@
+//! `tandem serve` with vLLM's command line: flags tandem lacks are refused by name, values it
+//! does not implement are refused with what to use instead; nothing starts serving then.
+
+use std::process::Command;
+
+fn serve(args: &[&str]) -> (i32, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_tandem")).arg("serve").args(args).output().unwrap();
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn vllm_flags_tandem_lacks_are_errors_that_name_them() {
+    for flag in ["--quantization", "--enable-lora", "--tokenizer=/x", "--trust-remote-code"] {
+        let (code, err) = serve(&["some/dir", flag]);
+        let name = flag.split('=').next().unwrap();
+        assert_eq!(code, 2, "{flag}: {err}");
+        assert!(err.contains(&format!("`{name}` is a vLLM flag that tandem does not support")), "{flag}: {err}");
+    }
+}
+
+#[test]
+fn values_tandem_does_not_implement_are_refused_before_loading() {
+    let dir = std::env::temp_dir().join(format!("tandem-serve-flags-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    tandem_models::random_model::write_random_model(&dir, tandem_models::random_model::Shape::Tiny, 3, tandem_core::DType::F32).unwrap();
+    let d = dir.to_str().unwrap();
+    let cases: [(&[&str], &str); 5] = [
+        (&["--dtype", "bfloat16"], "stores its weights as float32"),
+        (&["--dtype", "int8"], "expected auto, bfloat16, float16 or float32"),
+        (&["--tensor-parallel-size", "2"], "only 1 is supported"),
+        (&["--kv-cache-dtype", "fp8"], "the KV cache is f32"),
+        (&["--generation-config", "/nonexistent"], "no generation_config.json there"),
+    ];
+    for (extra, want) in cases {
+        let mut args = vec![d, "--backend", "reference", "--port", "0"];
+        args.extend_from_slice(extra);
+        let (code, err) = serve(&args);
+        assert_ne!(code, 0, "{extra:?}");
+        assert!(err.contains(want), "{extra:?}: {err}");
+    }
+    // The positional directory and --model together are ambiguous.
+    let (code, err) = serve(&[d, "--model", d]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("cannot be used with"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
