@@ -46,6 +46,7 @@ pub struct LlmBuilder {
     policy: Policy,
     prefix_caching: bool,
     seed: u64,
+    max_model_len: Option<usize>,
 }
 
 impl LlmBuilder {
@@ -63,6 +64,7 @@ impl LlmBuilder {
             policy: Policy::Fcfs,
             prefix_caching: true,
             seed: 0,
+            max_model_len: None,
         }
     }
 
@@ -121,6 +123,13 @@ impl LlmBuilder {
         self
     }
 
+    /// Longest prompt + output accepted (default: the least of the model's context and what
+    /// the KV pool holds).
+    pub fn max_model_len(mut self, n: usize) -> Self {
+        self.max_model_len = Some(n);
+        self
+    }
+
     /// The sizes fixed when the model is loaded.
     pub fn load_options(&self) -> Result<LoadOptions> {
         if self.max_num_seqs == 0 || self.max_num_batched_tokens == 0 {
@@ -135,7 +144,7 @@ impl LlmBuilder {
             KvMemory::Fraction(f) if !(f > 0.0 && f <= 1.0) => return Err(Error::Config(format!("gpu_memory_utilization must be in (0, 1], got {f}"))),
             KvMemory::Fraction(f) => (0, f),
         };
-        Ok(LoadOptions { max_batch_tokens: self.max_num_batched_tokens, max_seqs: self.max_num_seqs, num_kv_blocks, block_size: self.block_size, gpu_memory_utilization })
+        Ok(LoadOptions { max_batch_tokens: self.max_num_batched_tokens, max_seqs: self.max_num_seqs, num_kv_blocks, block_size: self.block_size, gpu_memory_utilization, ..LoadOptions::default() })
     }
 
     /// The engine's settings.
@@ -151,6 +160,7 @@ impl LlmBuilder {
             mode,
             enable_prefix_caching: self.prefix_caching,
             seed: self.seed,
+            max_model_len: self.max_model_len,
             ..Default::default()
         }
     }
