@@ -77,6 +77,8 @@ pub const REFERENCE_FALLBACK_WARNING: &str = "backend auto: no CUDA driver and n
 For a faster one, install a GPU driver (NVIDIA's for cuda, a Vulkan driver for wgpu), or on a machine without a GPU Mesa's software \
 Vulkan driver (Debian: apt-get install mesa-vulkan-drivers libvulkan1), then use --backend wgpu or auto";
 
+// Lives only until the model is loaded onto it: its size does not matter.
+#[allow(clippy::large_enum_variant)]
 enum Opened {
     Reference(tandem_reference::RefBackend),
     Wgpu(tandem_wgpu::WgpuBackend),
