@@ -1,38 +1,47 @@
-//! Backend choice: turns `--backend NAME` and a model directory into a loaded model.
+//! `--backend NAME` for the CLI. Loading itself is the library's (`tandem::load_model`), so the
+//! server, `generate`, `bench` and `compare` share one wiring with embedders.
 
 use std::path::Path;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::ValueEnum;
 use tandem_core::model::{LoadOptions, ModelRunner};
-use tandem_core::LlamaModel;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum BackendKind {
+    /// cuda where a CUDA driver is found, else wgpu where an adapter is found, else reference
+    /// (with a warning).
+    Auto,
     Reference,
     Wgpu,
     Cuda,
 }
 
-pub fn load(kind: BackendKind, dir: &Path, opts: LoadOptions) -> Result<Box<dyn ModelRunner>> {
-    if !dir.join("config.json").exists() {
-        bail!("{}: not a model directory (no config.json)", dir.display());
+impl From<BackendKind> for tandem::Backend {
+    fn from(k: BackendKind) -> tandem::Backend {
+        match k {
+            BackendKind::Auto => tandem::Backend::Auto,
+            BackendKind::Reference => tandem::Backend::Reference,
+            BackendKind::Wgpu => tandem::Backend::Wgpu,
+            BackendKind::Cuda => tandem::Backend::Cuda,
+        }
     }
-    let runner: Box<dyn ModelRunner> = match kind {
-        BackendKind::Reference => Box::new(LlamaModel::load(tandem_reference::RefBackend::new(), dir, opts)?),
-        BackendKind::Wgpu => Box::new(LlamaModel::load(tandem_wgpu::WgpuBackend::new()?, dir, opts)?),
-        BackendKind::Cuda => Box::new(LlamaModel::load(tandem_cuda::CudaBackend::new(0)?, dir, opts)?),
-    };
-    Ok(runner)
+}
+
+pub fn load(kind: BackendKind, dir: &Path, opts: LoadOptions) -> Result<Box<dyn ModelRunner>> {
+    Ok(load_model(kind, dir, opts)?.runner)
+}
+
+/// As [`load`], keeping which backend ran (what `auto` chose) and the device's name.
+pub fn load_model(kind: BackendKind, dir: &Path, opts: LoadOptions) -> Result<tandem::LoadedModel> {
+    let m = tandem::load_model(kind.into(), dir, opts)?;
+    tracing::debug!(backend = m.backend.name(), device = %m.device, "backend opened");
+    Ok(m)
 }
 
 impl BackendKind {
     pub fn name(self) -> &'static str {
-        match self {
-            BackendKind::Reference => "reference",
-            BackendKind::Wgpu => "wgpu",
-            BackendKind::Cuda => "cuda",
-        }
+        tandem::Backend::from(self).name()
     }
 }
 

@@ -1,12 +1,16 @@
-//! `tandem generate`: load, encode, decode greedily, print only the completion.
+//! `tandem generate`: prompts through the library's engine (`tandem::Llm`).
+//!
+//! One `--prompt` or `--chat` streams its completion's text to stdout. `--prompts-file FILE`
+//! (one prompt a line, or JSONL whose objects carry a `prompt` string or a `messages` list)
+//! submits every prompt at once, so the engine batches them, and writes one JSON line per
+//! prompt, in the file's order; `--jsonl` does the same for a single prompt.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Result};
-use tandem_core::detokenizer::IncrementalDetokenizer;
-use tandem_core::model::LoadOptions;
-use tandem_core::tokenizer::Tokenizer;
+use anyhow::{bail, Context, Result};
+use serde_json::{json, Value};
+use tandem::{FinishReason, LlmBuilder, Message, Output, Prompt, SamplingParams};
 
 use crate::backends::{self, BackendKind};
 
@@ -16,61 +20,236 @@ pub struct Args {
     #[arg(long)]
     model: Option<PathBuf>,
     /// Prompt text, sent as is.
-    #[arg(long, conflicts_with = "chat")]
+    #[arg(long, conflicts_with_all = ["chat", "prompts_file"])]
     prompt: Option<String>,
     /// One user message, rendered with the model's chat template.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "prompts_file")]
     chat: Option<String>,
+    /// Many prompts: one a line, or JSONL with a `prompt` or `messages` field per line.
+    #[arg(long)]
+    prompts_file: Option<PathBuf>,
+    /// Write JSON lines even for a single prompt.
+    #[arg(long)]
+    jsonl: bool,
     #[arg(long, default_value_t = 64)]
     max_tokens: usize,
+    /// 0 is greedy.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    /// 0 is no limit.
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    #[arg(long)]
+    seed: Option<u64>,
+    /// A stop string (repeat for several); it is not part of the output.
+    #[arg(long)]
+    stop: Vec<String>,
+    /// Completions per prompt.
+    #[arg(short = 'n', long = "n", default_value_t = 1)]
+    n: usize,
+    /// Top-N logprobs per generated token, in the JSON lines.
+    #[arg(long)]
+    logprobs: Option<usize>,
+    #[arg(long)]
+    ignore_eos: bool,
     #[arg(long, value_enum, default_value_t = BackendKind::Reference)]
     backend: BackendKind,
+    /// Most sequences in one engine step.
+    #[arg(long, default_value_t = 64)]
+    max_num_seqs: usize,
+    /// Token budget of one engine step.
+    #[arg(long, default_value_t = 512)]
+    max_num_batched_tokens: usize,
+    /// KV blocks in the pool (default: sized from free device memory).
+    #[arg(long)]
+    num_kv_blocks: Option<usize>,
+}
+
+impl Args {
+    fn params(&self) -> Result<SamplingParams> {
+        let p = SamplingParams {
+            n: self.n,
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            seed: self.seed,
+            stop: self.stop.clone(),
+            max_tokens: Some(self.max_tokens),
+            logprobs: self.logprobs,
+            ignore_eos: self.ignore_eos,
+            ..Default::default()
+        };
+        // Checked before the model loads: a typo should not cost a load.
+        p.validate().map_err(|e| anyhow::anyhow!("--{}: {}", e.field.replace('_', "-"), e.message))?;
+        Ok(p)
+    }
+}
+
+/// One entry of the prompts: what the engine gets, and what the JSON line echoes.
+struct Entry {
+    prompt: Prompt,
+    echo: (&'static str, Value),
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let dir = backends::resolve_model(a.model.as_deref())?;
-    let mut tok = Tokenizer::from_dir(&dir)?;
-    let ids = match (&a.prompt, &a.chat) {
-        (Some(p), None) => tok.encode(p, true)?,
-        (None, Some(c)) => {
-            let text = tok.apply_chat_template(&[serde_json::json!({"role": "user", "content": c})], true)?;
-            tok.encode(&text, false)?
-        }
-        _ => bail!("give exactly one of --prompt or --chat"),
+    let params = a.params()?;
+    let entries = match (&a.prompt, &a.chat, &a.prompts_file) {
+        (Some(p), None, None) => vec![Entry { prompt: Prompt::Text(p.clone()), echo: ("prompt", json!(p)) }],
+        (None, Some(c), None) => vec![Entry { prompt: Prompt::Chat(vec![Message::user(c.clone())]), echo: ("messages", json!([{"role": "user", "content": c}])) }],
+        (None, None, Some(f)) => read_prompts(f)?,
+        _ => bail!("give exactly one of --prompt, --chat or --prompts-file"),
     };
-    if a.max_tokens == 0 {
-        bail!("--max-tokens must be at least 1");
+    let jsonl = a.jsonl || a.prompts_file.is_some() || a.n > 1;
+    let dir = backends::resolve_model(a.model.as_deref())?;
+    let mut b = LlmBuilder::new(&dir).backend(a.backend.into()).max_num_seqs(a.max_num_seqs).max_num_batched_tokens(a.max_num_batched_tokens);
+    if let Some(n) = a.num_kv_blocks {
+        b = b.num_kv_blocks(n);
     }
-    let total = ids.len() + a.max_tokens;
-    let block_size = 16;
-    let opts = LoadOptions { max_batch_tokens: 512, max_seqs: 1, num_kv_blocks: total.div_ceil(block_size), block_size, ..Default::default() };
     let t0 = std::time::Instant::now();
-    let mut runner = backends::load(a.backend, &dir, opts)?;
-    tok.add_eos_ids(&runner.config().eos_token_ids.clone());
-    tracing::info!(backend = runner.backend_name(), prompt_tokens = ids.len(), load_ms = t0.elapsed().as_millis() as u64, "loaded {}", dir.display());
-    let mut detok = IncrementalDetokenizer::new(true);
+    let llm = b.build()?;
+    tracing::info!(prompts = entries.len(), load_ms = t0.elapsed().as_millis() as u64, "engine ready");
     let mut out = std::io::stdout().lock();
-    let eos = tok.eos_ids.clone();
-    let mut err = None;
     let t1 = std::time::Instant::now();
-    let steps = tandem_core::greedy::generate(runner.as_mut(), &ids, a.max_tokens, &eos, false, |id| {
-        if eos.contains(&id) {
-            return;
+    let tokens = if jsonl {
+        let (echoes, prompts): (Vec<_>, Vec<_>) = entries.into_iter().map(|e| (e.echo, e.prompt)).unzip();
+        let outputs = llm.generate(prompts, &params)?;
+        for (i, (echo, o)) in echoes.into_iter().zip(&outputs).enumerate() {
+            writeln!(out, "{}", result_json(i, echo, o))?;
         }
-        match detok.push(&tok, &[id]) {
-            Ok(s) => {
-                let _ = out.write_all(s.as_bytes());
-                let _ = out.flush();
+        outputs.iter().map(|o| o.usage.completion_tokens).sum()
+    } else {
+        let prompt = entries.into_iter().next().map(|e| e.prompt).context("no prompt")?;
+        let mut stream = llm.to_async().generate(prompt, &params)?;
+        let mut tokens = 0;
+        while let Some(o) = stream.blocking_next() {
+            tokens += o.token_ids.len();
+            out.write_all(o.text.as_bytes())?;
+            out.flush()?;
+            if let Some(FinishReason::Error(e)) = o.finish_reason {
+                bail!("generation failed: {e}");
             }
-            Err(e) => err = Some(e),
         }
-    })?;
-    if let Some(e) = err {
-        return Err(e.into());
-    }
-    write!(out, "{}", detok.flush(&tok)?)?;
-    writeln!(out)?;
+        writeln!(out)?;
+        tokens
+    };
     let secs = t1.elapsed().as_secs_f64();
-    tracing::info!(tokens = steps.len(), seconds = format!("{secs:.2}"), tok_per_s = format!("{:.1}", steps.len() as f64 / secs), "done");
+    tracing::info!(tokens, seconds = format!("{secs:.2}"), tok_per_s = format!("{:.1}", tokens as f64 / secs), "done");
     Ok(())
+}
+
+/// The prompts of a file. A file whose first non-empty line is a JSON object is JSONL (each
+/// line `{"prompt": "..."}` or `{"messages": [{"role": ..., "content": ...}, ...]}`); any other
+/// file is one prompt a line. Empty lines are skipped.
+fn read_prompts(path: &Path) -> Result<Vec<Entry>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let lines: Vec<(usize, &str)> = text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()).collect();
+    let is_jsonl = lines.first().is_some_and(|(_, l)| serde_json::from_str::<Value>(l).is_ok_and(|v| v.is_object()));
+    let entries = lines
+        .into_iter()
+        .map(|(i, line)| {
+            let at = || format!("{}:{}", path.display(), i + 1);
+            if !is_jsonl {
+                return Ok(Entry { prompt: Prompt::Text(line.to_string()), echo: ("prompt", json!(line)) });
+            }
+            let v: Value = serde_json::from_str(line).with_context(|| format!("{}: not JSON (the file's first line is, so every line must be)", at()))?;
+            parse_entry(&v).with_context(at)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    if entries.is_empty() {
+        bail!("{}: no prompts", path.display());
+    }
+    Ok(entries)
+}
+
+fn parse_entry(v: &Value) -> Result<Entry> {
+    match (v.get("prompt"), v.get("messages")) {
+        (Some(Value::String(p)), None) => Ok(Entry { prompt: Prompt::Text(p.clone()), echo: ("prompt", v["prompt"].clone()) }),
+        (None, Some(Value::Array(ms))) if !ms.is_empty() => {
+            let msgs = ms
+                .iter()
+                .enumerate()
+                .map(|(k, m)| match (m.get("role").and_then(Value::as_str), m.get("content").and_then(Value::as_str)) {
+                    (Some(r), Some(c)) => Ok(Message::new(r, c)),
+                    _ => bail!("messages[{k}] must be an object with string `role` and `content`"),
+                })
+                .collect::<Result<Vec<_>>>()?;
+            Ok(Entry { prompt: Prompt::Chat(msgs), echo: ("messages", v["messages"].clone()) })
+        }
+        (Some(_), Some(_)) => bail!("give `prompt` or `messages`, not both"),
+        (Some(_), None) => bail!("`prompt` must be a string"),
+        (None, Some(_)) => bail!("`messages` must be a non-empty list"),
+        (None, None) => bail!("each line needs a `prompt` string or a `messages` list"),
+    }
+}
+
+fn finish_json(f: &FinishReason) -> Value {
+    match f {
+        FinishReason::Stop { .. } => json!("stop"),
+        FinishReason::Length => json!("length"),
+        FinishReason::Abort => json!("abort"),
+        FinishReason::Error(_) => json!("error"),
+    }
+}
+
+/// One JSON line: the prompt as given, then each completion.
+fn result_json(index: usize, echo: (&str, Value), o: &Output) -> Value {
+    let completions: Vec<Value> = o
+        .completions
+        .iter()
+        .map(|c| {
+            let mut v = json!({"index": c.index, "text": c.text, "token_ids": c.token_ids, "finish_reason": finish_json(&c.finish_reason)});
+            if let FinishReason::Error(e) = &c.finish_reason {
+                v["error"] = json!(e);
+            }
+            if let Some(lp) = &c.logprobs {
+                v["logprobs"] = lp.iter().map(|l| json!({"token": l.token, "logprob": l.logprob, "top": l.top.iter().map(|(t, p)| json!([t, p])).collect::<Vec<_>>()})).collect();
+            }
+            v
+        })
+        .collect();
+    let mut v = json!({"index": index});
+    v[echo.0] = echo.1;
+    v["text"] = json!(o.text());
+    v["completions"] = json!(completions);
+    v["usage"] = json!({"prompt_tokens": o.usage.prompt_tokens, "completion_tokens": o.usage.completion_tokens});
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(name: &str, body: &str) -> PathBuf {
+        let p = std::env::temp_dir().join(format!("tandem-generate-{}-{name}", std::process::id()));
+        std::fs::write(&p, body).unwrap();
+        p
+    }
+
+    #[test]
+    fn plain_and_jsonl_prompt_files() {
+        let plain = read_prompts(&file("plain.txt", "first prompt\n\n{not json at the start? no: this file is plain}\nthird\n")).unwrap();
+        let texts: Vec<_> = plain.iter().map(|e| e.prompt.clone()).collect();
+        assert_eq!(texts, vec![Prompt::Text("first prompt".into()), Prompt::Text("{not json at the start? no: this file is plain}".into()), Prompt::Text("third".into())]);
+        let jsonl = read_prompts(&file("a.jsonl", "{\"prompt\": \"hi\"}\n{\"messages\": [{\"role\": \"user\", \"content\": \"yo\"}], \"id\": 3}\n")).unwrap();
+        assert_eq!(jsonl[0].prompt, Prompt::Text("hi".into()));
+        assert_eq!(jsonl[1].prompt, Prompt::Chat(vec![Message::user("yo")]));
+        assert_eq!(jsonl[1].echo.0, "messages");
+    }
+
+    #[test]
+    fn bad_prompt_files_say_where() {
+        for (body, msg) in [
+            ("{\"prompt\": \"ok\"}\nplain text\n", ":2: not JSON"),
+            ("{\"prompt\": 3}\n", ":1"),
+            ("{\"messages\": []}\n", "non-empty"),
+            ("{\"messages\": [{\"role\": \"user\"}]}\n", "messages[0]"),
+            ("{\"text\": \"x\"}\n", "`prompt` string"),
+            ("\n\n", "no prompts"),
+        ] {
+            let e = read_prompts(&file("bad.jsonl", body)).err().expect(body);
+            assert!(format!("{e:#}").contains(msg), "{body:?}: {e:#}");
+        }
+    }
 }

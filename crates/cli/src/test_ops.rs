@@ -29,6 +29,8 @@ pub fn run(a: Args) -> Result<()> {
         BackendKind::Reference => suite(&tandem_reference::RefBackend::new(), filter, seed, a.perf, &mut out),
         BackendKind::Wgpu => suite(&tandem_wgpu::WgpuBackend::new()?, filter, seed, a.perf, &mut out),
         BackendKind::Cuda => suite(&tandem_cuda::CudaBackend::new(0)?, filter, seed, a.perf, &mut out),
+        // The suite checks the backend it was told to; guessing one would hide an absent one.
+        BackendKind::Auto => bail!("test-ops needs a named backend (reference, wgpu or cuda), not auto"),
     }?;
     if failed > 0 {
         bail!("{failed} case(s) failed on {}", a.backend.name());

@@ -12,6 +12,12 @@ use std::sync::Arc;
 /// Token ids to text. Must be pure: the same ids always give the same text.
 pub type DecodeFn = Arc<dyn Fn(&[u32]) -> String + Send + Sync>;
 
+/// The decoder over a model's tokenizer that the server and the `tandem` library both use.
+/// Special tokens are left out of the text, as vLLM does by default.
+pub fn tokenizer_decode_fn(tok: Arc<tandem_core::tokenizer::Tokenizer>) -> DecodeFn {
+    Arc::new(move |ids: &[u32]| tok.decode(ids, true).unwrap_or_default())
+}
+
 /// Prompt tokens decoded before the output so that a leading space or merge renders as it
 /// would in context.
 const PROMPT_CONTEXT: usize = 5;

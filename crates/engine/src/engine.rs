@@ -70,7 +70,7 @@ pub enum EngineError {
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum SubmitError {
     #[error("invalid sampling parameter: {0}")]
-    InvalidParams(String),
+    InvalidParams(#[from] crate::sampling_params::InvalidParam),
     #[error("prompt is empty")]
     EmptyPrompt,
     #[error("prompt token {index} is id {id}, outside the vocabulary of {vocab}")]
@@ -712,6 +712,15 @@ impl RequestStream {
     pub fn blocking_recv(&mut self) -> Option<RequestOutput> {
         let o = self.rx.blocking_recv();
         self.note(o)
+    }
+
+    /// Polls for the next output (what a `Stream` implementation needs); `Ready(None)` after
+    /// the final one.
+    pub fn poll_recv(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<RequestOutput>> {
+        match self.rx.poll_recv(cx) {
+            std::task::Poll::Ready(o) => std::task::Poll::Ready(self.note(o)),
+            std::task::Poll::Pending => std::task::Poll::Pending,
+        }
     }
 
     /// The next output if one is ready.

@@ -23,9 +23,9 @@ pub mod sampling_params;
 pub mod scheduler;
 pub mod sequence;
 
-pub use detokenize::DecodeFn;
+pub use detokenize::{tokenizer_decode_fn, DecodeFn};
 pub use engine::{Engine, EngineConfig, EngineError, EngineHandle, Request, RequestOutput, RequestStream, SubmitError, Usage};
 pub use metrics::{RequestMetrics, Stats};
-pub use sampling_params::SamplingParams;
+pub use sampling_params::{InvalidParam, SamplingParams};
 pub use scheduler::{BatchMode, Policy};
 pub use sequence::{FinishReason, RequestId};

@@ -1,5 +1,6 @@
 //! What a request asks of sampling and stopping, with the defaults and ranges users know from
-//! vLLM and the OpenAI API. [`SamplingParams::validate`] names the offending field.
+//! vLLM and the OpenAI API. [`SamplingParams::validate`] is the one range check (the engine, the
+//! server and the `tandem` library all call it); its error names the offending field.
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplingParams {
@@ -69,6 +70,27 @@ impl Default for SamplingParams {
 
 /// Most top-N logprobs a request may ask for (vLLM's default cap is 20).
 pub const MAX_LOGPROBS: usize = 20;
+/// Most completions one request may ask for.
+pub const MAX_N: usize = 128;
+/// Highest temperature accepted (OpenAI's range).
+pub const MAX_TEMPERATURE: f32 = 2.0;
+/// Highest repetition penalty accepted.
+pub const MAX_REPETITION_PENALTY: f32 = 10.0;
+
+/// A sampling parameter out of range: `field` is its name as the server's JSON and
+/// [`SamplingParams`] spell it, `message` says what is accepted and what was given.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct InvalidParam {
+    pub field: &'static str,
+    pub message: String,
+}
+
+impl InvalidParam {
+    fn new(field: &'static str, message: String) -> Self {
+        InvalidParam { field, message }
+    }
+}
 
 impl SamplingParams {
     /// Greedy decoding of at most `max_tokens` tokens.
@@ -80,59 +102,60 @@ impl SamplingParams {
         self.temperature == 0.0
     }
 
-    pub fn validate(&self) -> Result<(), String> {
-        let finite = |v: f32, name: &str| if v.is_finite() { Ok(()) } else { Err(format!("{name} must be a finite number, got {v}")) };
-        finite(self.temperature, "temperature")?;
-        finite(self.top_p, "top_p")?;
-        finite(self.min_p, "min_p")?;
-        finite(self.repetition_penalty, "repetition_penalty")?;
-        finite(self.presence_penalty, "presence_penalty")?;
-        finite(self.frequency_penalty, "frequency_penalty")?;
-        if self.n < 1 {
-            return Err(format!("n must be at least 1, got {}", self.n));
+    /// Checks every range; the one check shared by the engine, the server and the `tandem`
+    /// library, so each accepts and refuses the same values.
+    pub fn validate(&self) -> Result<(), InvalidParam> {
+        let bad = |field: &'static str, message: String| Err(InvalidParam::new(field, message));
+        let floats = [
+            ("temperature", self.temperature),
+            ("top_p", self.top_p),
+            ("min_p", self.min_p),
+            ("repetition_penalty", self.repetition_penalty),
+            ("presence_penalty", self.presence_penalty),
+            ("frequency_penalty", self.frequency_penalty),
+        ];
+        if let Some((field, v)) = floats.into_iter().find(|(_, v)| !v.is_finite()) {
+            return bad(field, format!("`{field}` must be a finite number, got {v}"));
         }
-        if self.temperature < 0.0 {
-            return Err(format!("temperature must be >= 0, got {}", self.temperature));
+        if !(1..=MAX_N).contains(&self.n) {
+            return bad("n", format!("`n` must be in [1, {MAX_N}], got {}", self.n));
+        }
+        if !(0.0..=MAX_TEMPERATURE).contains(&self.temperature) {
+            return bad("temperature", format!("`temperature` must be in [0, {MAX_TEMPERATURE}], got {}", self.temperature));
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return Err(format!("top_p must be in (0, 1], got {}", self.top_p));
+            return bad("top_p", format!("`top_p` must be in (0, 1], got {}", self.top_p));
         }
         if !(0.0..=1.0).contains(&self.min_p) {
-            return Err(format!("min_p must be in [0, 1], got {}", self.min_p));
+            return bad("min_p", format!("`min_p` must be in [0, 1], got {}", self.min_p));
         }
-        if self.repetition_penalty <= 0.0 {
-            return Err(format!("repetition_penalty must be > 0, got {}", self.repetition_penalty));
+        if !(self.repetition_penalty > 0.0 && self.repetition_penalty <= MAX_REPETITION_PENALTY) {
+            return bad("repetition_penalty", format!("`repetition_penalty` must be in (0, {MAX_REPETITION_PENALTY}], got {}", self.repetition_penalty));
         }
         if !(-2.0..=2.0).contains(&self.presence_penalty) {
-            return Err(format!("presence_penalty must be in [-2, 2], got {}", self.presence_penalty));
+            return bad("presence_penalty", format!("`presence_penalty` must be in [-2, 2], got {}", self.presence_penalty));
         }
         if !(-2.0..=2.0).contains(&self.frequency_penalty) {
-            return Err(format!("frequency_penalty must be in [-2, 2], got {}", self.frequency_penalty));
+            return bad("frequency_penalty", format!("`frequency_penalty` must be in [-2, 2], got {}", self.frequency_penalty));
         }
         // Scoring a prompt (echo with logprobs) may generate nothing.
         if self.max_tokens == Some(0) && self.prompt_logprobs.is_none() {
-            return Err("max_tokens must be at least 1 unless prompt logprobs are asked for, got 0".into());
+            return bad("max_tokens", "`max_tokens` must be at least 1 unless prompt logprobs are asked for, got 0".into());
         }
-        if let Some(m) = self.max_tokens {
-            if self.min_tokens > m {
-                return Err(format!("min_tokens ({}) must not exceed max_tokens ({m})", self.min_tokens));
-            }
+        if let Some(m) = self.max_tokens.filter(|&m| self.min_tokens > m) {
+            return bad("min_tokens", format!("`min_tokens` ({}) must not exceed `max_tokens` ({m})", self.min_tokens));
         }
-        if let Some(k) = self.logprobs {
-            if k > MAX_LOGPROBS {
-                return Err(format!("logprobs must be at most {MAX_LOGPROBS}, got {k}"));
-            }
+        if let Some(k) = self.logprobs.filter(|&k| k > MAX_LOGPROBS) {
+            return bad("logprobs", format!("`logprobs` must be in [0, {MAX_LOGPROBS}], got {k}"));
         }
-        if let Some(k) = self.prompt_logprobs {
-            if k > MAX_LOGPROBS {
-                return Err(format!("prompt_logprobs must be at most {MAX_LOGPROBS}, got {k}"));
-            }
+        if let Some(k) = self.prompt_logprobs.filter(|&k| k > MAX_LOGPROBS) {
+            return bad("prompt_logprobs", format!("`prompt_logprobs` must be in [0, {MAX_LOGPROBS}], got {k}"));
         }
         if let Some((t, b)) = self.logit_bias.iter().find(|(_, b)| !b.is_finite() || !(-100.0..=100.0).contains(b)) {
-            return Err(format!("logit_bias of token {t} must be in [-100, 100], got {b}"));
+            return bad("logit_bias", format!("`logit_bias` of token {t} must be in [-100, 100], got {b}"));
         }
-        if let Some(s) = self.stop.iter().find(|s| s.is_empty()) {
-            return Err(format!("stop strings must not be empty, got {s:?}"));
+        if self.stop.iter().any(|s| s.is_empty()) {
+            return bad("stop", "`stop` strings must not be empty".into());
         }
         Ok(())
     }
@@ -145,27 +168,34 @@ mod tests {
     #[test]
     fn validate_names_the_field() {
         assert!(SamplingParams::default().validate().is_ok());
-        let bad = |f: fn(&mut SamplingParams), field: &str| {
+        let edges = SamplingParams { n: MAX_N, temperature: MAX_TEMPERATURE, repetition_penalty: MAX_REPETITION_PENALTY, logprobs: Some(MAX_LOGPROBS), ..Default::default() };
+        assert!(edges.validate().is_ok(), "the ends of each range are accepted");
+        let bad = |f: fn(&mut SamplingParams), field: &str, range: &str| {
             let mut p = SamplingParams::default();
             f(&mut p);
             let e = p.validate().unwrap_err();
-            assert!(e.starts_with(field), "{e}");
+            assert_eq!(e.field, field, "{e}");
+            assert!(e.message.starts_with(&format!("`{field}`")) && e.message.contains(range), "{e}");
         };
-        bad(|p| p.top_p = 0.0, "top_p");
-        bad(|p| p.top_p = 1.5, "top_p");
-        bad(|p| p.temperature = -0.1, "temperature");
-        bad(|p| p.temperature = f32::NAN, "temperature");
-        bad(|p| p.n = 0, "n must");
-        bad(|p| p.min_p = 2.0, "min_p");
-        bad(|p| p.repetition_penalty = 0.0, "repetition_penalty");
-        bad(|p| p.presence_penalty = 3.0, "presence_penalty");
-        bad(|p| p.frequency_penalty = -3.0, "frequency_penalty");
-        bad(|p| p.max_tokens = Some(0), "max_tokens");
-        bad(|p| p.min_tokens = 100, "min_tokens");
-        bad(|p| p.logprobs = Some(50), "logprobs");
-        bad(|p| p.stop = vec![String::new()], "stop");
-        bad(|p| p.prompt_logprobs = Some(21), "prompt_logprobs");
-        bad(|p| p.logit_bias = vec![(3, 101.0)], "logit_bias");
+        bad(|p| p.top_p = 0.0, "top_p", "(0, 1]");
+        bad(|p| p.top_p = 1.5, "top_p", "(0, 1]");
+        bad(|p| p.temperature = -0.1, "temperature", "[0, 2]");
+        bad(|p| p.temperature = 2.5, "temperature", "[0, 2]");
+        bad(|p| p.temperature = f32::NAN, "temperature", "finite");
+        bad(|p| p.top_p = f32::INFINITY, "top_p", "finite");
+        bad(|p| p.n = 0, "n", "[1, 128]");
+        bad(|p| p.n = 129, "n", "[1, 128]");
+        bad(|p| p.min_p = 2.0, "min_p", "[0, 1]");
+        bad(|p| p.repetition_penalty = 0.0, "repetition_penalty", "(0, 10]");
+        bad(|p| p.repetition_penalty = 11.0, "repetition_penalty", "(0, 10]");
+        bad(|p| p.presence_penalty = 3.0, "presence_penalty", "[-2, 2]");
+        bad(|p| p.frequency_penalty = -3.0, "frequency_penalty", "[-2, 2]");
+        bad(|p| p.max_tokens = Some(0), "max_tokens", "at least 1");
+        bad(|p| p.min_tokens = 100, "min_tokens", "must not exceed");
+        bad(|p| p.logprobs = Some(50), "logprobs", "[0, 20]");
+        bad(|p| p.stop = vec![String::new()], "stop", "must not be empty");
+        bad(|p| p.prompt_logprobs = Some(21), "prompt_logprobs", "[0, 20]");
+        bad(|p| p.logit_bias = vec![(3, 101.0)], "logit_bias", "[-100, 100]");
         let score_only = SamplingParams { max_tokens: Some(0), prompt_logprobs: Some(0), ..Default::default() };
         assert!(score_only.validate().is_ok(), "max_tokens 0 scores the prompt");
     }

@@ -199,7 +199,7 @@ fn requests_that_can_never_fit_are_refused_at_submission() {
     assert_eq!(err(&mut e, greedy_req(vec![], 4)), SubmitError::EmptyPrompt);
     assert_eq!(err(&mut e, greedy_req(vec![1, 64], 4)), SubmitError::TokenOutOfVocab { index: 1, id: 64, vocab: 64 });
     let bad = Request { prompt: vec![1], params: SamplingParams { top_p: 0.0, ..Default::default() }, priority: 0 };
-    assert!(matches!(err(&mut e, bad), SubmitError::InvalidParams(m) if m.contains("top_p")));
+    assert!(matches!(err(&mut e, bad), SubmitError::InvalidParams(m) if m.field == "top_p"));
     // max_tokens left out: whatever the context leaves.
     let mut s = e.add_request(Request { prompt: prompt(100, 1), params: SamplingParams { max_tokens: None, ignore_eos: true, temperature: 0.0, ..Default::default() }, priority: 0 }).unwrap();
     let _t = e.add_request(greedy_req(vec![1], 1)).unwrap();

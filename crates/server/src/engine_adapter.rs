@@ -10,8 +10,7 @@
 
 use std::sync::{Arc, OnceLock};
 
-use tandem_core::tokenizer::Tokenizer;
-use tandem_engine::{DecodeFn, EngineHandle, Request, RequestOutput, RequestStream, SamplingParams, SubmitError};
+use tandem_engine::{EngineHandle, Request, RequestOutput, RequestStream, SamplingParams, SubmitError};
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -45,13 +44,10 @@ impl TandemEngine {
     }
 }
 
-/// The engine's text decoder over our tokenizer. Special tokens are left out of the text, as
-/// vLLM does by default.
-pub fn decode_fn(tok: Arc<Tokenizer>) -> DecodeFn {
-    Arc::new(move |ids: &[u32]| tok.decode(ids, true).unwrap_or_default())
-}
+/// The engine's text decoder over our tokenizer (the engine's, shared with the `tandem` library).
+pub use tandem_engine::tokenizer_decode_fn as decode_fn;
 
-fn to_engine_params(p: &crate::engine_client::RequestParams) -> SamplingParams {
+pub(crate) fn to_engine_params(p: &crate::engine_client::RequestParams) -> SamplingParams {
     SamplingParams {
         n: p.n,
         temperature: p.temperature,

@@ -9,10 +9,8 @@ use crate::config::SamplingDefaults;
 use crate::engine_client::RequestParams;
 use crate::error::ApiError;
 
-/// Most completions one request may ask for.
-pub const MAX_N: usize = 128;
-/// Most top logprobs per token (vLLM's default cap).
-pub const MAX_LOGPROBS: usize = 20;
+/// The ranges are the engine's: [`tandem_engine::SamplingParams::validate`] checks them.
+pub use tandem_engine::sampling_params::{MAX_LOGPROBS, MAX_N};
 
 /// A JSON object read field by field.
 pub struct Fields<'a>(pub &'a Map<String, Value>);
@@ -87,14 +85,6 @@ impl<'a> Fields<'a> {
             Some(v) => Err(ApiError::invalid(name, format!("`{name}` must be an object, got {}", type_name(v)))),
         }
     }
-
-    /// A number checked by `ok`, which describes the range it accepts.
-    fn ranged(&self, name: &str, ok: impl Fn(f32) -> bool, range: &str) -> Result<Option<f32>, ApiError> {
-        match self.f32(name)? {
-            Some(x) if !ok(x) => Err(ApiError::invalid(name, format!("`{name}` must be in {range}, got {x}"))),
-            other => Ok(other),
-        }
-    }
 }
 
 /// Which API's conventions the body follows (they differ in `max_tokens` and `logprobs`).
@@ -135,26 +125,26 @@ pub fn parse_params(f: &Fields, api: Api, vocab: usize, defaults: &SamplingDefau
     if let Some(n) = f.int_in("n", 1, MAX_N as i64)? {
         p.n = n as usize;
     }
-    if let Some(t) = f.ranged("temperature", |x| (0.0..=2.0).contains(&x), "[0, 2]")? {
+    if let Some(t) = f.f32("temperature")? {
         p.temperature = t;
     }
-    if let Some(t) = f.ranged("top_p", |x| x > 0.0 && x <= 1.0, "(0, 1]")? {
+    if let Some(t) = f.f32("top_p")? {
         p.top_p = t;
     }
     // vLLM's convention: -1 (or 0) disables top-k.
     if let Some(k) = f.int_in("top_k", -1, i32::MAX as i64)? {
         p.top_k = k.max(0) as usize;
     }
-    if let Some(m) = f.ranged("min_p", |x| (0.0..=1.0).contains(&x), "[0, 1]")? {
+    if let Some(m) = f.f32("min_p")? {
         p.min_p = m;
     }
-    if let Some(r) = f.ranged("repetition_penalty", |x| x > 0.0 && x <= 10.0, "(0, 10]")? {
+    if let Some(r) = f.f32("repetition_penalty")? {
         p.repetition_penalty = r;
     }
-    if let Some(x) = f.ranged("presence_penalty", |x| (-2.0..=2.0).contains(&x), "[-2, 2]")? {
+    if let Some(x) = f.f32("presence_penalty")? {
         p.presence_penalty = x;
     }
-    if let Some(x) = f.ranged("frequency_penalty", |x| (-2.0..=2.0).contains(&x), "[-2, 2]")? {
+    if let Some(x) = f.f32("frequency_penalty")? {
         p.frequency_penalty = x;
     }
     p.seed = match f.get("seed") {
@@ -172,9 +162,6 @@ pub fn parse_params(f: &Fields, api: Api, vocab: usize, defaults: &SamplingDefau
             .collect::<Result<_, _>>()?,
         Some(v) => return Err(ApiError::invalid("stop", format!("`stop` must be a string or a list of strings, got {}", type_name(v)))),
     };
-    if p.stop.iter().any(|s| s.is_empty()) {
-        return Err(ApiError::invalid("stop", "`stop` strings must not be empty"));
-    }
     p.stop_token_ids = match f.get("stop_token_ids") {
         None => Vec::new(),
         Some(Value::Array(a)) => a
@@ -238,6 +225,11 @@ pub fn parse_params(f: &Fields, api: Api, vocab: usize, defaults: &SamplingDefau
             .collect::<Result<_, _>>()?,
     };
     p.include_stop_str_in_output = f.bool("include_stop_str_in_output")?.unwrap_or(false);
+    // The ranges: the engine's own check, so that what the server accepts the engine accepts.
+    // `max_tokens` is left out here: the context fills it in later.
+    let mut check = crate::engine_adapter::to_engine_params(&p);
+    check.max_tokens = None;
+    check.validate().map_err(|e| ApiError::invalid(e.field, e.message))?;
     let priority = f.int_in("priority", i32::MIN as i64, i32::MAX as i64)?.unwrap_or(0) as i32;
     let stream = f.bool("stream")?.unwrap_or(false);
     let include_usage = match f.object("stream_options")? {

@@ -10,7 +10,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use serde_json::{json, Value};
 use tandem_core::model::{LoadOptions, ModelRunner};
 use tandem_core::tokenizer::Tokenizer;
-use tandem_core::{DType, LlamaModel, ModelConfig};
+use tandem_core::{DType, ModelConfig};
 use tandem_engine::{Engine, EngineHandle};
 use tandem_models::Shape;
 
@@ -109,24 +109,15 @@ fn random_model_dir(name: &str, r: &RandomModelArgs) -> Result<PathBuf> {
     Ok(dir)
 }
 
-/// Loads a model on a backend; also returns the device's name (adapter or GPU) for the report.
+/// Loads a model on a backend (through the library's one wiring); also returns the device's
+/// name (adapter or GPU) for the report.
 pub fn load_runner(kind: BackendKind, dir: &Path, opts: LoadOptions) -> Result<(Box<dyn ModelRunner>, String)> {
-    Ok(match kind {
-        BackendKind::Reference => {
-            let cpu = super::report::machine()["cpu"].as_str().unwrap_or("unknown").to_string();
-            (Box::new(LlamaModel::load(tandem_reference::RefBackend::new(), dir, opts)?), format!("CPU reference ({cpu})"))
-        }
-        BackendKind::Wgpu => {
-            let b = tandem_wgpu::WgpuBackend::new()?;
-            let device = b.adapter().to_string();
-            (Box::new(LlamaModel::load(b, dir, opts)?), device)
-        }
-        BackendKind::Cuda => {
-            let b = tandem_cuda::CudaBackend::new(0)?;
-            let device = format!("{} ({})", b.device_name(), b.arch());
-            (Box::new(LlamaModel::load(b, dir, opts)?), device)
-        }
-    })
+    let m = backends::load_model(kind, dir, opts)?;
+    let device = match m.backend {
+        tandem::Backend::Reference => format!("CPU reference ({})", super::report::machine()["cpu"].as_str().unwrap_or("unknown")),
+        _ => m.device,
+    };
+    Ok((m.runner, device))
 }
 
 /// A running engine and what the report says about it.

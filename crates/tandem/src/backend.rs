@@ -1,0 +1,149 @@
+//! Backend choice and model loading: the one wiring from a model directory and a backend name
+//! to a loaded [`ModelRunner`]. The CLI (`tandem generate`, `serve`, `bench`, `compare`) loads
+//! through here too.
+//!
+//! [`Backend::Auto`] takes CUDA where a CUDA driver is found, else wgpu where an adapter is
+//! found, else the reference backend, with a warning saying how slow that is and how to get a
+//! faster one. Probing never panics: the CUDA backend checks for the driver library before it
+//! touches the driver API.
+
+use std::fmt;
+use std::path::Path;
+use std::str::FromStr;
+
+use tandem_core::model::{LoadOptions, ModelRunner};
+use tandem_core::LlamaModel;
+
+use crate::error::{Error, Result};
+
+/// Which backend runs the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Backend {
+    /// CUDA if a driver is found, else wgpu if an adapter is found, else reference.
+    #[default]
+    Auto,
+    /// Plain f32 Rust on the CPU: the oracle, written for clarity, not speed.
+    Reference,
+    /// Vulkan (or Metal, DX12) through wgpu; on a machine without a GPU, Mesa's lavapipe.
+    Wgpu,
+    /// NVIDIA GPUs; kernels compiled with NVRTC at start-up.
+    Cuda,
+}
+
+impl Backend {
+    pub const ALL: [Backend; 4] = [Backend::Auto, Backend::Reference, Backend::Wgpu, Backend::Cuda];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Auto => "auto",
+            Backend::Reference => "reference",
+            Backend::Wgpu => "wgpu",
+            Backend::Cuda => "cuda",
+        }
+    }
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Backend {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Backend> {
+        Backend::ALL.into_iter().find(|b| b.name() == s).ok_or_else(|| Error::Config(format!("unknown backend {s:?}: expected auto, reference, wgpu or cuda")))
+    }
+}
+
+/// A model loaded on a backend.
+pub struct LoadedModel {
+    pub runner: Box<dyn ModelRunner>,
+    /// The backend that runs it (never [`Backend::Auto`]).
+    pub backend: Backend,
+    /// The device, for logs and reports: the GPU's or adapter's name, or "CPU".
+    pub device: String,
+}
+
+impl fmt::Debug for LoadedModel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LoadedModel").field("backend", &self.backend).field("device", &self.device).finish_non_exhaustive()
+    }
+}
+
+/// What [`Backend::Auto`] says when it settles on the reference backend.
+pub const REFERENCE_FALLBACK_WARNING: &str = "backend auto: no CUDA driver and no wgpu adapter found, so the model runs on the reference backend \
+(plain f32 Rust on the CPU, written to be checked against, not for speed: expect tens of times fewer tokens per second than on a GPU). \
+For a faster one, install a GPU driver (NVIDIA's for cuda, a Vulkan driver for wgpu), or on a machine without a GPU Mesa's software \
+Vulkan driver (Debian: apt-get install mesa-vulkan-drivers libvulkan1), then use --backend wgpu or auto";
+
+// Lives only until the model is loaded onto it: its size does not matter.
+#[allow(clippy::large_enum_variant)]
+enum Opened {
+    Reference(tandem_reference::RefBackend),
+    Wgpu(tandem_wgpu::WgpuBackend),
+    Cuda(tandem_cuda::CudaBackend),
+}
+
+fn open(backend: Backend) -> Result<Opened> {
+    Ok(match backend {
+        Backend::Reference => Opened::Reference(tandem_reference::RefBackend::new()),
+        Backend::Wgpu => Opened::Wgpu(tandem_wgpu::WgpuBackend::new()?),
+        Backend::Cuda => Opened::Cuda(tandem_cuda::CudaBackend::new(0)?),
+        Backend::Auto => open_auto(),
+    })
+}
+
+fn open_auto() -> Opened {
+    match tandem_cuda::CudaBackend::new(0) {
+        Ok(b) => return Opened::Cuda(b),
+        // No driver is the ordinary case on a machine without an NVIDIA GPU; a driver that
+        // fails is worth a warning.
+        Err(e) if e.to_string().contains(tandem_cuda::backend::NO_DRIVER) => tracing::debug!("backend auto: {e}"),
+        Err(e) => tracing::warn!("backend auto: a CUDA driver is present but the CUDA backend did not start ({e}); trying wgpu"),
+    }
+    match tandem_wgpu::WgpuBackend::new() {
+        Ok(b) => return Opened::Wgpu(b),
+        Err(e) => tracing::info!("backend auto: no wgpu adapter ({e})"),
+    }
+    tracing::warn!("{REFERENCE_FALLBACK_WARNING}");
+    Opened::Reference(tandem_reference::RefBackend::new())
+}
+
+/// Loads the model in `dir` (config.json, safetensors, tokenizer) on `backend`.
+pub fn load_model(backend: Backend, dir: &Path, opts: LoadOptions) -> Result<LoadedModel> {
+    if !dir.join("config.json").exists() {
+        return Err(Error::Config(format!("{}: not a model directory (no config.json)", dir.display())));
+    }
+    Ok(match open(backend)? {
+        Opened::Reference(b) => LoadedModel { runner: Box::new(LlamaModel::load(b, dir, opts)?), backend: Backend::Reference, device: "CPU".into() },
+        Opened::Wgpu(b) => {
+            let device = b.adapter().to_string();
+            LoadedModel { runner: Box::new(LlamaModel::load(b, dir, opts)?), backend: Backend::Wgpu, device }
+        }
+        Opened::Cuda(b) => {
+            let device = format!("{} (sm_{})", b.device_name(), b.arch());
+            LoadedModel { runner: Box::new(LlamaModel::load(b, dir, opts)?), backend: Backend::Cuda, device }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_unknown_is_an_error() {
+        for b in Backend::ALL {
+            assert_eq!(b.name().parse::<Backend>().unwrap(), b);
+        }
+        let e = "tpu".parse::<Backend>().unwrap_err();
+        assert!(e.to_string().contains("unknown backend \"tpu\""), "{e}");
+    }
+
+    #[test]
+    fn missing_model_dir_is_an_error() {
+        let e = load_model(Backend::Reference, Path::new("/nonexistent/model"), LoadOptions::default()).unwrap_err();
+        assert!(e.to_string().contains("not a model directory"), "{e}");
+    }
+}

@@ -1,0 +1,190 @@
+//! [`LlmBuilder`]: a model directory, a backend and the engine's settings, to a loaded engine.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tandem_core::model::LoadOptions;
+use tandem_core::tokenizer::Tokenizer;
+use tandem_engine::{BatchMode, Engine, EngineConfig, Policy};
+
+use crate::backend::{load_model, Backend};
+use crate::error::{Error, Result};
+use crate::llm::{AsyncLlm, Core, Llm};
+
+/// How many KV blocks the pool holds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum KvMemory {
+    /// This many blocks of `block_size` tokens.
+    Blocks(usize),
+    /// This fraction of the device memory free after the weights (CUDA); the reference and
+    /// wgpu backends cannot tell free memory and take `tandem_core::model::AUTO_KV_BYTES`.
+    Fraction(f32),
+}
+
+/// Which batching the engine does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scheduler {
+    /// Continuous batching: sequences join and leave the batch at every step (vLLM's).
+    Continuous,
+    /// The baseline: fill a batch of up to `max_num_seqs` (waiting at most `max_wait` for it
+    /// to fill) and run it to the end before taking new requests.
+    Static { max_wait: Duration },
+}
+
+/// Settings for a loaded engine; [`LlmBuilder::build`] loads the model and starts the engine
+/// thread. The defaults are `tandem serve`'s.
+#[derive(Debug, Clone)]
+pub struct LlmBuilder {
+    model: PathBuf,
+    backend: Backend,
+    max_num_seqs: usize,
+    max_num_batched_tokens: usize,
+    block_size: usize,
+    kv_memory: KvMemory,
+    scheduler: Scheduler,
+    policy: Policy,
+    prefix_caching: bool,
+    seed: u64,
+    max_model_len: Option<usize>,
+}
+
+impl LlmBuilder {
+    /// A Hugging Face model directory: `config.json`, safetensors, `tokenizer.json` (convert a
+    /// GGUF file first with `tandem`'s `convert-gguf`, or fetch one with `fetch-model`).
+    pub fn new(model_dir: impl AsRef<Path>) -> Self {
+        LlmBuilder {
+            model: model_dir.as_ref().to_path_buf(),
+            backend: Backend::Auto,
+            max_num_seqs: 64,
+            max_num_batched_tokens: 512,
+            block_size: 16,
+            kv_memory: KvMemory::Fraction(0.9),
+            scheduler: Scheduler::Continuous,
+            policy: Policy::Fcfs,
+            prefix_caching: true,
+            seed: 0,
+            max_model_len: None,
+        }
+    }
+
+    /// Default [`Backend::Auto`].
+    pub fn backend(mut self, b: Backend) -> Self {
+        self.backend = b;
+        self
+    }
+    /// Most sequences in one step (default 64).
+    pub fn max_num_seqs(mut self, n: usize) -> Self {
+        self.max_num_seqs = n;
+        self
+    }
+    /// Token budget of one step, prefill chunks and decode tokens together (default 512).
+    pub fn max_num_batched_tokens(mut self, n: usize) -> Self {
+        self.max_num_batched_tokens = n;
+        self
+    }
+    /// Tokens per KV block: 16 (default) or 32.
+    pub fn block_size(mut self, n: usize) -> Self {
+        self.block_size = n;
+        self
+    }
+    /// A KV pool of exactly `n` blocks.
+    pub fn num_kv_blocks(mut self, n: usize) -> Self {
+        self.kv_memory = KvMemory::Blocks(n);
+        self
+    }
+    /// A KV pool sized from free device memory (default 0.9 of it).
+    pub fn gpu_memory_utilization(mut self, fraction: f32) -> Self {
+        self.kv_memory = KvMemory::Fraction(fraction);
+        self
+    }
+    pub fn kv_memory(mut self, m: KvMemory) -> Self {
+        self.kv_memory = m;
+        self
+    }
+    /// Default [`Scheduler::Continuous`].
+    pub fn scheduler(mut self, s: Scheduler) -> Self {
+        self.scheduler = s;
+        self
+    }
+    /// [`Policy::Fcfs`] (default) or [`Policy::Priority`] (lower value first, ties by arrival).
+    pub fn policy(mut self, p: Policy) -> Self {
+        self.policy = p;
+        self
+    }
+    /// Reuse the KV of shared prompt prefixes (default on).
+    pub fn prefix_caching(mut self, on: bool) -> Self {
+        self.prefix_caching = on;
+        self
+    }
+    /// Seeds the sampling of requests that bring no seed of their own (default 0).
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+
+    /// Longest prompt + output accepted (default: the least of the model's context and what
+    /// the KV pool holds).
+    pub fn max_model_len(mut self, n: usize) -> Self {
+        self.max_model_len = Some(n);
+        self
+    }
+
+    /// The sizes fixed when the model is loaded.
+    pub fn load_options(&self) -> Result<LoadOptions> {
+        if self.max_num_seqs == 0 || self.max_num_batched_tokens == 0 {
+            return Err(Error::Config(format!("max_num_seqs ({}) and max_num_batched_tokens ({}) must be positive", self.max_num_seqs, self.max_num_batched_tokens)));
+        }
+        if !(self.block_size == 16 || self.block_size == 32) {
+            return Err(Error::Config(format!("block_size must be 16 or 32, got {}", self.block_size)));
+        }
+        let (num_kv_blocks, gpu_memory_utilization) = match self.kv_memory {
+            KvMemory::Blocks(0) => return Err(Error::Config("num_kv_blocks must be positive".into())),
+            KvMemory::Blocks(n) => (n, 0.9),
+            KvMemory::Fraction(f) if !(f > 0.0 && f <= 1.0) => return Err(Error::Config(format!("gpu_memory_utilization must be in (0, 1], got {f}"))),
+            KvMemory::Fraction(f) => (0, f),
+        };
+        Ok(LoadOptions { max_batch_tokens: self.max_num_batched_tokens, max_seqs: self.max_num_seqs, num_kv_blocks, block_size: self.block_size, gpu_memory_utilization, ..LoadOptions::default() })
+    }
+
+    /// The engine's settings.
+    pub fn engine_config(&self) -> EngineConfig {
+        let mode = match self.scheduler {
+            Scheduler::Continuous => BatchMode::Continuous,
+            Scheduler::Static { max_wait } => BatchMode::Static { batch_size: self.max_num_seqs, max_wait },
+        };
+        EngineConfig {
+            max_num_batched_tokens: Some(self.max_num_batched_tokens),
+            max_num_seqs: Some(self.max_num_seqs),
+            policy: self.policy,
+            mode,
+            enable_prefix_caching: self.prefix_caching,
+            seed: self.seed,
+            max_model_len: self.max_model_len,
+            ..Default::default()
+        }
+    }
+
+    fn start(self) -> Result<Arc<Core>> {
+        let opts = self.load_options()?;
+        let mut tok = Tokenizer::from_dir(&self.model)?;
+        let t0 = Instant::now();
+        let loaded = load_model(self.backend, &self.model, opts)?;
+        tok.add_eos_ids(&loaded.runner.config().eos_token_ids.clone());
+        let tok = Arc::new(tok);
+        let geo = loaded.runner.kv_geometry();
+        tracing::info!(backend = loaded.backend.name(), device = %loaded.device, kv_blocks = geo.num_blocks, load_ms = t0.elapsed().as_millis() as u64, "loaded {}", self.model.display());
+        let handle = Engine::spawn(loaded.runner, tandem_engine::tokenizer_decode_fn(tok.clone()), self.engine_config()).map_err(|e| Error::Config(e.to_string()))?;
+        Ok(Arc::new(Core { handle, tok, backend: loaded.backend, device: loaded.device, kv_blocks: geo.num_blocks }))
+    }
+
+    /// Loads the model and starts the engine, for offline (blocking) use.
+    pub fn build(self) -> Result<Llm> {
+        Ok(Llm { core: self.start()? })
+    }
+
+    /// Loads the model and starts the engine, for streaming from async code.
+    pub fn build_async(self) -> Result<AsyncLlm> {
+        Ok(AsyncLlm { core: self.start()? })
+    }
+}

@@ -1,0 +1,220 @@
+//! [`Llm`] (offline: prompts in, outputs out, in order) and [`AsyncLlm`] (one request, a
+//! `Stream` of its incremental outputs). Both sit on the same engine thread: the prompts of a
+//! call are all submitted at once, so the engine batches them continuously.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use tandem_core::tokenizer::Tokenizer;
+use tandem_engine::{EngineHandle, Request, RequestOutput, RequestStream, SamplingParams, Stats};
+
+use crate::backend::Backend;
+use crate::error::{Error, Result};
+use crate::output::{Accumulator, Message, Output, Prompt};
+
+/// The loaded engine both faces share; dropping the last of them stops the engine thread.
+pub(crate) struct Core {
+    pub handle: EngineHandle,
+    pub tok: Arc<Tokenizer>,
+    pub backend: Backend,
+    pub device: String,
+    pub kv_blocks: usize,
+}
+
+impl Drop for Core {
+    fn drop(&mut self) {
+        self.handle.shutdown();
+    }
+}
+
+impl Core {
+    fn encode(&self, p: Prompt) -> Result<Vec<u32>> {
+        Ok(match p {
+            Prompt::Text(s) => self.tok.encode(&s, true)?,
+            Prompt::Tokens(ids) => ids,
+            Prompt::Chat(m) => self.encode_chat(&m)?,
+        })
+    }
+
+    fn encode_chat(&self, messages: &[Message]) -> Result<Vec<u32>> {
+        let msgs: Vec<serde_json::Value> = messages.iter().map(Message::to_json).collect();
+        let text = self.tok.apply_chat_template(&msgs, true)?;
+        // The template writes the BOS itself (as the server's chat endpoint does).
+        Ok(self.tok.encode(&text, false)?)
+    }
+
+    fn submit(&self, index: usize, prompt: Vec<u32>, params: &SamplingParams, priority: i32) -> Result<RequestStream> {
+        self.handle.submit(Request { prompt, params: params.clone(), priority }).map_err(|e| Error::refused(index, e))
+    }
+
+    /// Submits every prompt, then gathers each one's outputs in order.
+    fn run_all(&self, prompts: Vec<Vec<u32>>, params: &SamplingParams) -> Result<Vec<Output>> {
+        params.validate()?;
+        // All submitted before any is awaited, so that they share the engine's batches. Should
+        // one be refused, dropping the streams already open aborts those requests.
+        let streams = prompts.iter().enumerate().map(|(i, p)| self.submit(i, p.clone(), params, 0)).collect::<Result<Vec<_>>>()?;
+        Ok(prompts.into_iter().zip(streams).map(|(p, s)| Output::collect(p, params.n, params.logprobs.is_some(), s)).collect())
+    }
+}
+
+/// Offline generation: a batch of prompts in, one [`Output`] per prompt out, in order.
+///
+/// The calls block the calling thread until the whole batch is done; they may be made from
+/// several threads at once (their requests share the engine's batches). Made with
+/// [`crate::LlmBuilder::build`].
+pub struct Llm {
+    pub(crate) core: Arc<Core>,
+}
+
+impl Llm {
+    pub fn builder(model_dir: impl AsRef<std::path::Path>) -> crate::LlmBuilder {
+        crate::LlmBuilder::new(model_dir)
+    }
+
+    /// One output per prompt, in the order given; the prompts may mix the forms of [`Prompt`].
+    /// A bad parameter is [`Error::InvalidParam`] and nothing is submitted; a prompt the engine
+    /// refuses is [`Error::Refused`] with its index.
+    pub fn generate<P: Into<Prompt>>(&self, prompts: impl IntoIterator<Item = P>, params: &SamplingParams) -> Result<Vec<Output>> {
+        let ids = prompts.into_iter().map(|p| self.core.encode(p.into())).collect::<Result<Vec<_>>>()?;
+        self.core.run_all(ids, params)
+    }
+
+    /// One output per conversation, each rendered through the model's chat template with the
+    /// assistant's turn opened (as the server's `/v1/chat/completions` does).
+    pub fn chat<C: AsRef<[Message]>>(&self, conversations: impl IntoIterator<Item = C>, params: &SamplingParams) -> Result<Vec<Output>> {
+        self.generate(conversations.into_iter().map(|c| Prompt::Chat(c.as_ref().to_vec())), params)
+    }
+
+    /// The same engine, for streaming.
+    pub fn to_async(&self) -> AsyncLlm {
+        AsyncLlm { core: self.core.clone() }
+    }
+
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.core.tok
+    }
+    /// The engine's counters and gauges (KV usage, running and waiting requests, ...).
+    pub fn stats(&self) -> Stats {
+        self.core.handle.stats()
+    }
+    /// The backend that runs the model (what [`Backend::Auto`] chose).
+    pub fn backend(&self) -> Backend {
+        self.core.backend
+    }
+    /// The device's name: the GPU's or adapter's, or "CPU".
+    pub fn device(&self) -> &str {
+        &self.core.device
+    }
+    /// Blocks in the KV pool.
+    pub fn num_kv_blocks(&self) -> usize {
+        self.core.kv_blocks
+    }
+    /// The engine's handle, for what this API does not cover (token-id requests with a
+    /// priority, aborting by id).
+    pub fn engine(&self) -> &EngineHandle {
+        &self.core.handle
+    }
+}
+
+/// The streaming face: [`AsyncLlm::generate`] returns an [`OutputStream`] of incremental
+/// outputs. Cheap to clone; usable from tokio or any other executor (nothing here blocks).
+#[derive(Clone)]
+pub struct AsyncLlm {
+    pub(crate) core: Arc<Core>,
+}
+
+impl AsyncLlm {
+    /// Submits one request (checked at once: a bad parameter or a prompt that can never fit is
+    /// an error here, not on the stream).
+    pub fn generate(&self, prompt: impl Into<Prompt>, params: &SamplingParams) -> Result<OutputStream> {
+        self.generate_with_priority(prompt, params, 0)
+    }
+
+    /// As [`AsyncLlm::generate`]; under [`tandem_engine::Policy::Priority`] a lower value is
+    /// served first.
+    pub fn generate_with_priority(&self, prompt: impl Into<Prompt>, params: &SamplingParams, priority: i32) -> Result<OutputStream> {
+        let ids = self.core.encode(prompt.into())?;
+        self.stream(ids, params, priority)
+    }
+
+    /// One conversation through the chat template, streamed.
+    pub fn chat(&self, messages: &[Message], params: &SamplingParams) -> Result<OutputStream> {
+        self.generate(Prompt::Chat(messages.to_vec()), params)
+    }
+
+    fn stream(&self, ids: Vec<u32>, params: &SamplingParams, priority: i32) -> Result<OutputStream> {
+        params.validate()?;
+        let inner = self.core.submit(0, ids.clone(), params, priority)?;
+        Ok(OutputStream { inner, prompt_token_ids: ids, n: params.n, want_logprobs: params.logprobs.is_some(), _core: self.core.clone() })
+    }
+
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.core.tok
+    }
+    pub fn stats(&self) -> Stats {
+        self.core.handle.stats()
+    }
+    pub fn backend(&self) -> Backend {
+        self.core.backend
+    }
+    pub fn device(&self) -> &str {
+        &self.core.device
+    }
+    pub fn num_kv_blocks(&self) -> usize {
+        self.core.kv_blocks
+    }
+    pub fn engine(&self) -> &EngineHandle {
+        &self.core.handle
+    }
+}
+
+/// The incremental outputs of one request: each item is what completion `index` produced since
+/// the last item (new token ids, new text, their logprobs), with `finish_reason` set on a
+/// completion's last item and `finished` on the request's last. The stream ends after that.
+///
+/// Dropping the stream before its end aborts the request: the engine frees its KV blocks
+/// before its next step.
+pub struct OutputStream {
+    inner: RequestStream,
+    prompt_token_ids: Vec<u32>,
+    n: usize,
+    want_logprobs: bool,
+    /// The engine lives while a stream does, even if every `AsyncLlm` was dropped.
+    _core: Arc<Core>,
+}
+
+impl OutputStream {
+    /// The engine's id of this request (for [`EngineHandle::abort`]).
+    pub fn request_id(&self) -> tandem_engine::RequestId {
+        self.inner.id()
+    }
+    pub fn prompt_token_ids(&self) -> &[u32] {
+        &self.prompt_token_ids
+    }
+
+    /// The next item, blocking this thread (for code outside any async runtime; it does not
+    /// panic inside one, but blocks that runtime's thread).
+    pub fn blocking_next(&mut self) -> Option<RequestOutput> {
+        pollster::block_on(self.inner.recv())
+    }
+
+    /// Awaits the rest of the stream and returns the finished [`Output`] (what
+    /// [`Llm::generate`] gives for one prompt).
+    pub async fn collect_output(mut self) -> Output {
+        let mut acc = Accumulator::new(std::mem::take(&mut self.prompt_token_ids), self.n, self.want_logprobs);
+        while let Some(o) = self.inner.recv().await {
+            if acc.push(o) {
+                break;
+            }
+        }
+        acc.finish()
+    }
+}
+
+impl futures_core::Stream for OutputStream {
+    type Item = RequestOutput;
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<RequestOutput>> {
+        self.get_mut().inner.poll_recv(cx)
+    }
+}

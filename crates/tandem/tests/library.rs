@@ -1,0 +1,177 @@
+//! The library's promises on a tiny random model (reference backend): outputs in prompt order,
+//! chat through the template, streams equal to offline outputs, a dropped stream aborts its
+//! request and frees its KV blocks, a bad parameter is an error value naming the field.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use tandem::{Error, FinishReason, Message, Prompt, SamplingParams};
+
+const PROMPTS: [&str; 5] = ["The capital of France is", "1, 2, 3,", "def main():", "Once upon a time, in a land far away, there lived", "a"];
+
+fn sampled(max_tokens: usize) -> SamplingParams {
+    SamplingParams { temperature: 0.9, top_p: 0.95, top_k: 50, seed: Some(42), max_tokens: Some(max_tokens), ignore_eos: true, ..Default::default() }
+}
+
+#[test]
+fn generate_returns_one_output_per_prompt_in_order() {
+    let llm = common::builder().build().unwrap();
+    let params = sampled(12);
+    let batch = llm.generate(PROMPTS, &params).unwrap();
+    assert_eq!(batch.len(), PROMPTS.len());
+    for (p, out) in PROMPTS.iter().zip(&batch) {
+        assert_eq!(out.prompt_token_ids, llm.tokenizer().encode(p, true).unwrap(), "{p:?}");
+        // Alone, each prompt gives what it gave in the batch (a seed's stream is the request's
+        // own), so a batch in any other order would show here.
+        let alone = llm.generate([*p], &params).unwrap().remove(0);
+        assert_eq!(out.completions, alone.completions, "{p:?}");
+        let c = &out.completions[0];
+        assert_eq!((c.token_ids.len(), &c.finish_reason), (12, &FinishReason::Length));
+        assert_eq!(out.usage.completion_tokens, 12);
+        assert_eq!(out.usage.prompt_tokens, out.prompt_token_ids.len());
+        assert_eq!(c.text, llm.tokenizer().decode(&c.token_ids, true).unwrap(), "the streamed text pieces add up to the decoded whole");
+        assert!(c.logprobs.is_none(), "not asked for");
+    }
+    // Different prompts, different samples: the outputs are not all one.
+    assert!(batch.iter().any(|o| o.completions[0].token_ids != batch[0].completions[0].token_ids));
+}
+
+#[test]
+fn n_completions_and_logprobs() {
+    let llm = common::builder().build().unwrap();
+    let params = SamplingParams { n: 3, logprobs: Some(2), ..sampled(6) };
+    let out = llm.generate(["The capital of France is"], &params).unwrap().remove(0);
+    assert_eq!(out.completions.len(), 3);
+    for (i, c) in out.completions.iter().enumerate() {
+        assert_eq!(c.index, i);
+        let lp = c.logprobs.as_ref().expect("asked for");
+        assert_eq!(lp.len(), c.token_ids.len());
+        for (l, &t) in lp.iter().zip(&c.token_ids) {
+            assert_eq!(l.token, t);
+            assert!(l.logprob <= 0.0 && l.top.len() == 2, "{l:?}");
+        }
+    }
+    assert_eq!(out.usage.completion_tokens, 18);
+    assert!(out.completions[0].token_ids != out.completions[1].token_ids || out.completions[1].token_ids != out.completions[2].token_ids, "three streams of one seed differ");
+}
+
+#[test]
+fn chat_goes_through_the_template() {
+    let llm = common::builder().build().unwrap();
+    let convo = vec![Message::system("You are terse."), Message::user("What is the capital of France?")];
+    let params = SamplingParams::greedy(10);
+    let out = llm.chat([convo.clone()], &params).unwrap().remove(0);
+    let msgs: Vec<serde_json::Value> = convo.iter().map(|m| serde_json::json!({"role": m.role, "content": m.content})).collect();
+    let rendered = llm.tokenizer().apply_chat_template(&msgs, true).unwrap();
+    assert!(rendered.ends_with("<|im_start|>assistant\n"), "{rendered:?}");
+    let ids = llm.tokenizer().encode(&rendered, false).unwrap();
+    assert_eq!(out.prompt_token_ids, ids);
+    let direct = llm.generate([Prompt::Tokens(ids)], &params).unwrap().remove(0);
+    assert_eq!(out.completions, direct.completions);
+    assert!(!out.completions[0].token_ids.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_gives_what_generate_gives() {
+    let llm = common::builder().build().unwrap();
+    let params = SamplingParams { logprobs: Some(1), ..sampled(16) };
+    let want = llm.generate([PROMPTS[3]], &params).unwrap().remove(0);
+    let engine = llm.to_async();
+    let mut stream = engine.generate(PROMPTS[3], &params).unwrap();
+    let (mut text, mut ids, mut items, mut finish, mut last_finished) = (String::new(), vec![], 0, None, false);
+    while let Some(o) = stream.next().await {
+        assert!(!last_finished, "nothing after the final item");
+        items += 1;
+        text.push_str(&o.text);
+        ids.extend(o.token_ids);
+        finish = o.finish_reason.or(finish);
+        last_finished = o.finished;
+    }
+    assert!(last_finished);
+    assert_eq!(items, 16, "one item per token");
+    let c = &want.completions[0];
+    assert_eq!((text.as_str(), &ids, finish.as_ref()), (c.text.as_str(), &c.token_ids, Some(&c.finish_reason)));
+    // The same through collect_output.
+    let again = engine.generate(PROMPTS[3], &params).unwrap().collect_output().await;
+    assert_eq!(again, want);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_a_stream_aborts_the_request_and_frees_its_blocks() {
+    let llm = common::builder().build_async().unwrap();
+    // Long enough that it cannot end by itself before the drop reaches the engine.
+    let params = SamplingParams { max_tokens: Some(1800), ..sampled(0) };
+    let mut s = llm.generate("Once upon a time", &params).unwrap();
+    for _ in 0..3 {
+        assert!(s.next().await.unwrap().finish_reason.is_none());
+    }
+    let held = llm.stats();
+    assert_eq!(held.num_running, 1);
+    assert!(held.kv_usage > 0.0, "the running request holds blocks: {held:?}");
+    drop(s);
+    let t = Instant::now();
+    let stats = loop {
+        let st = llm.stats();
+        if st.requests_abort_total == 1 && st.num_running == 0 {
+            break st;
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "the abort never reached the engine: {st:?}");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    };
+    assert_eq!(stats.kv_usage, 0.0, "every block is free again: {stats:?}");
+    assert_eq!(stats.requests_length_total, 0);
+    assert!(stats.generation_tokens_total < 1800, "it stopped early: {stats:?}");
+    // The engine goes on serving.
+    let out = llm.generate("a", &sampled(4)).unwrap().collect_output().await;
+    assert_eq!(out.completions[0].token_ids.len(), 4);
+}
+
+#[test]
+fn a_bad_parameter_is_an_error_naming_the_field() {
+    let llm = common::builder().build().unwrap();
+    let cases: [(SamplingParams, &str); 8] = [
+        (SamplingParams { top_p: 0.0, ..Default::default() }, "top_p"),
+        (SamplingParams { temperature: -1.0, ..Default::default() }, "temperature"),
+        (SamplingParams { temperature: f32::NAN, ..Default::default() }, "temperature"),
+        (SamplingParams { n: 0, ..Default::default() }, "n"),
+        (SamplingParams { max_tokens: Some(0), ..Default::default() }, "max_tokens"),
+        (SamplingParams { logprobs: Some(21), ..Default::default() }, "logprobs"),
+        (SamplingParams { stop: vec![String::new()], ..Default::default() }, "stop"),
+        (SamplingParams { min_tokens: 9, max_tokens: Some(4), ..Default::default() }, "min_tokens"),
+    ];
+    let engine = llm.to_async();
+    for (p, field) in cases {
+        let e = llm.generate(["hello"], &p).unwrap_err();
+        assert!(matches!(e, Error::InvalidParam(_)), "{e:?}");
+        assert_eq!(e.field(), Some(field), "{e}");
+        assert!(e.to_string().contains(&format!("`{field}`")), "{e}");
+        assert_eq!(engine.generate("hello", &p).err().and_then(|e| e.field()), Some(field));
+        assert_eq!(llm.chat([[Message::user("hi")]], &p).unwrap_err().field(), Some(field));
+    }
+    // Prompts the engine refuses name their index; nothing was left running.
+    let vocab = llm.tokenizer().vocab_size() as u32;
+    let e = llm.generate([Prompt::from("fine"), Prompt::Tokens(vec![1, vocab + 5])], &SamplingParams::greedy(4)).unwrap_err();
+    assert!(matches!(e, Error::Refused { index: 1, source: tandem::SubmitError::TokenOutOfVocab { .. } }), "{e:?}");
+    let e = llm.generate([Prompt::Tokens(vec![])], &SamplingParams::greedy(4)).unwrap_err();
+    assert!(matches!(e, Error::Refused { index: 0, source: tandem::SubmitError::EmptyPrompt }), "{e:?}");
+    let e = llm.generate(["hi"], &SamplingParams::greedy(100_000)).unwrap_err();
+    assert!(matches!(e, Error::Refused { index: 0, source: tandem::SubmitError::TooLong { .. } }), "{e:?}");
+    assert_eq!(llm.stats().num_running + llm.stats().num_waiting, 0);
+}
+
+#[test]
+fn bad_builder_settings_are_errors() {
+    for (b, what) in [
+        (common::builder().block_size(8), "block_size"),
+        (common::builder().max_num_seqs(0), "max_num_seqs"),
+        (common::builder().num_kv_blocks(0), "num_kv_blocks"),
+        (common::builder().gpu_memory_utilization(1.5), "gpu_memory_utilization"),
+    ] {
+        let e = b.build().err().expect("refused");
+        assert!(matches!(e, Error::Config(_)) && e.to_string().contains(what), "{e}");
+    }
+    let e = tandem::LlmBuilder::new("/nonexistent/model").build().err().expect("refused");
+    assert!(e.to_string().contains("/nonexistent/model"), "{e}");
+}
