@@ -1,4 +1,4 @@
-//! `cargo xtask serve [--backend cuda|wgpu|reference] [--model DIR] [--host H --port P] ...`:
+//! `cargo xtask serve [MODEL_DIR] [--backend auto|cuda|wgpu|reference] [--host H --port P] ...`:
 //! fetches the default model when none is given and none is there, then runs `tandem serve`
 //! (release build) with the same arguments.
 
@@ -16,7 +16,9 @@ pub struct Args {
 pub fn run(a: Args) -> Result<()> {
     let root = crate::workspace_root();
     let mut args = a.args;
-    if !args.iter().any(|x| x == "--model" || x.starts_with("--model=")) {
+    // A model given as `--model DIR`, or positionally first as `vllm serve MODEL` takes it.
+    let positional = args.first().is_some_and(|a| !a.starts_with('-'));
+    if !positional && !args.iter().any(|x| x == "--model" || x.starts_with("--model=")) {
         let dir = tandem_models::fetch::fetch_default(&root.join("models"))?;
         args.extend(["--model".to_string(), dir.display().to_string()]);
     }

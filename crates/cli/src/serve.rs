@@ -23,7 +23,8 @@ pub struct EngineArgs {
     /// A Hugging Face model directory (default: the default model, fetched when absent).
     #[arg(long)]
     pub model: Option<PathBuf>,
-    #[arg(long, value_enum, default_value_t = BackendKind::Wgpu)]
+    /// `auto`: cuda where a driver is found, else wgpu where an adapter is, else reference.
+    #[arg(long, value_enum, default_value_t = BackendKind::Auto)]
     pub backend: BackendKind,
     /// Most sequences in one step.
     #[arg(long, default_value_t = 64)]
