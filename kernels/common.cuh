@@ -270,6 +270,7 @@ __device__ __forceinline__ void cp_async_wait() {
 #else
     asm volatile("cp.async.wait_group %0;" ::"n"(N));
 #endif
+}
 
 // argmax's combine rule (argmax.cu, sampling.cu): (value, index) with index -1 meaning "no
 // element seen"; lowest index on ties, NaN never wins against a number. Associative, so a

@@ -14,7 +14,8 @@
 // spec[r] = [inv_t, top_k, top_p, min_p, seed_lo, seed_hi, completion, token_index] (floats as
 // bits; inv_t 0 means greedy). The draw: Philox4x32-10 of counter [token_index, completion, 0,
 // 0] and key [seed_lo, seed_hi], top 24 bits of word 0 as a uniform in [0, 1).
-// Launch: grid (rows), block SMP_THREADS (256, the host's SAMPLE_LANES). Work per row: one pass
+// Launch: grid (rows), block SMP_THREADS (256, the host's SAMPLE_LANES); launch bounds ask for 4 blocks
+// an SM (without the hint ptxas capped it at 32 registers and spilled). Work per row: one pass
 // for the max, one for the draw; top-k and top-p add 32 passes each (bisection), recomputing
 // the weights. Penalties, bans and logprobs stay on the host (the engine sends such rows there).
 // Check: kernels/emu/run.sh (Philox answers, greedy rows) and crates/cuda/tests/sampling_emu.rs
@@ -35,20 +36,22 @@ __device__ __forceinline__ float smp_add(float a, float b) { return __fadd_rn(a,
 __device__ __forceinline__ u32 smp_bits(float x) { return __float_as_uint(x); }
 #endif
 
-// Philox4x32 with 10 rounds (Salmon et al., SC'11), in place on c.
-__device__ __forceinline__ void philox4x32_10(u32 c[4], u32 k0, u32 k1) {
+// Philox4x32 with 10 rounds (Salmon et al., SC'11), in place on (c0, c1, c2, c3). Scalars, not
+// an array: an array here went to local memory (ptxas reported a stack and spills).
+__device__ __forceinline__ void philox4x32_10(u32& c0, u32& c1, u32& c2, u32& c3, u32 k0, u32 k1) {
+#pragma unroll
     for (int r = 0; r < 10; ++r) {
         if (r > 0) {
             k0 += 0x9E3779B9u;
             k1 += 0xBB67AE85u;
         }
-        const unsigned long long p0 = (unsigned long long)0xD2511F53u * c[0];
-        const unsigned long long p1 = (unsigned long long)0xCD9E8D57u * c[2];
-        const u32 n0 = (u32)(p1 >> 32) ^ c[1] ^ k0, n2 = (u32)(p0 >> 32) ^ c[3] ^ k1;
-        c[0] = n0;
-        c[1] = (u32)p1;
-        c[2] = n2;
-        c[3] = (u32)p0;
+        const unsigned long long p0 = (unsigned long long)0xD2511F53u * c0;
+        const unsigned long long p1 = (unsigned long long)0xCD9E8D57u * c2;
+        const u32 n0 = (u32)(p1 >> 32) ^ c1 ^ k0, n2 = (u32)(p0 >> 32) ^ c3 ^ k1;
+        c0 = n0;
+        c1 = (u32)p1;
+        c2 = n2;
+        c3 = (u32)p0;
     }
 }
 
@@ -104,7 +107,7 @@ __device__ __forceinline__ u32 smp_tree_count(u32* sh, u32 v) {
     return r;
 }
 
-extern "C" __global__ void __launch_bounds__(SMP_THREADS)
+extern "C" __global__ void __launch_bounds__(SMP_THREADS, 4)
 sample(const float* __restrict__ logits, const u32* __restrict__ specs, u32* __restrict__ out, int rows, int vocab) {
     __shared__ float sf[SMP_THREADS];
     __shared__ float s_incl[SMP_THREADS];
@@ -201,9 +204,9 @@ sample(const float* __restrict__ logits, const u32* __restrict__ specs, u32* __r
             acc = smp_add(acc, sf[l]);
             s_incl[l] = acc;
         }
-        u32 c[4] = {sp[7], sp[6], 0u, 0u};
-        philox4x32_10(c, sp[4], sp[5]);
-        const float u = smp_mul((float)(c[0] >> 8), 1.0f / 16777216.0f);
+        u32 c0 = sp[7], c1 = sp[6], c2 = 0u, c3 = 0u;
+        philox4x32_10(c0, c1, c2, c3, sp[4], sp[5]);
+        const float u = smp_mul((float)(c0 >> 8), 1.0f / 16777216.0f);
         const float target = smp_mul(u, acc);
         int chosen = -1;
         for (int l = 0; l < SMP_THREADS && chosen < 0; ++l)

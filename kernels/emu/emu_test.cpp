@@ -371,7 +371,7 @@ static void test_sampling() {
     };
     for (const Kat& k : kats) {
         u32 c[4] = {k.ctr[0], k.ctr[1], k.ctr[2], k.ctr[3]};
-        philox4x32_10(c, k.key[0], k.key[1]);
+        philox4x32_10(c[0], c[1], c[2], c[3], k.key[0], k.key[1]);
         expect_true("philox4x32-10 known answer " + std::to_string(k.want[0]), std::memcmp(c, k.want, 16) == 0);
     }
     const int vocab = 700, rows = 4;

@@ -127,6 +127,8 @@ fn prompt_logprobs_match_one_whole_forward_when_chunked_among_others() {
         }
     }
     assert_eq!(e.scheduler().bm.num_free(), 40, "every block is back");
+    let _ = std::fs::remove_dir_all(&dir);
+}
 
 /// Seeded sampling on a real forward pass: each seeded request (temperature, top-k, top-p,
 /// min-p, `n = 2`, one with a repetition penalty so its steps take the host path) gives the same
