@@ -64,7 +64,7 @@ impl SampleSpec {
 
     pub fn is_greedy(&self) -> bool {
         // NaN is greedy too; validation refuses it before it gets here.
-        !(self.temperature >= GREEDY_BELOW)
+        self.temperature.is_nan() || self.temperature < GREEDY_BELOW
     }
 
     /// The f32 `1 / temperature`, or 0 for greedy: what the device kernel receives, so host
@@ -126,7 +126,7 @@ pub fn uniform(seed: u64, completion: u32, token_index: u32) -> f32 {
 /// sequence): round-to-nearest multiplies and adds, a Cody-Waite reduction by ln 2 and a
 /// degree-6 Taylor polynomial on |r| <= ln2/2 (relative error ~2e-7). Under e^-87 it is 0.
 pub fn exp_f32(z: f32) -> f32 {
-    if !(z > -87.0) {
+    if z.is_nan() || z <= -87.0 {
         return 0.0;
     }
     // The constants as bits, written the same way in kernels/sampling.cu.
@@ -238,7 +238,7 @@ pub fn sample_row(logits: &[f32], s: &SampleSpec) -> u32 {
     let target = s.uniform() * acc;
     let chosen = (0..SAMPLE_LANES).find(|&t| incl[t] > target);
     let lane_idx = |t: usize| (t..logits.len()).step_by(SAMPLE_LANES);
-    let last_positive = |t: usize| lane_idx(t).filter(|&i| kept(i) && w[i] > 0.0).last();
+    let last_positive = |t: usize| lane_idx(t).rev().find(|&i| kept(i) && w[i] > 0.0);
     let Some(c) = chosen else {
         // Rounding put the target at the very end: the last kept token of the last lane.
         let t = (0..SAMPLE_LANES).rev().find(|&t| lane[t] > 0.0).unwrap_or(0);

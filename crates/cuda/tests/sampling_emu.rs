@@ -32,7 +32,7 @@ impl SplitMix {
 fn case(r: &mut SplitMix, vocab: usize) -> (Vec<f32>, SampleSpec) {
     let scale = r.pick(&[0.5f32, 3.0, 12.0]);
     // Coarse values (multiples of 1/8) make ties, at the top and at top-k's k-th value.
-    let coarse = r.next() % 3 == 0;
+    let coarse = r.next().is_multiple_of(3);
     let mut l: Vec<f32> = (0..vocab)
         .map(|_| {
             let x = (r.unit() * 2.0 - 1.0) * scale;
@@ -42,8 +42,8 @@ fn case(r: &mut SplitMix, vocab: usize) -> (Vec<f32>, SampleSpec) {
     match r.next() % 10 {
         0 => (0..vocab / 7 + 1).for_each(|_| l[(r.next() % vocab as u64) as usize] = f32::NAN),
         1 => (0..vocab / 5 + 1).for_each(|_| l[(r.next() % vocab as u64) as usize] = f32::NEG_INFINITY),
-        2 if r.next() % 4 == 0 => l[(r.next() % vocab as u64) as usize] = f32::INFINITY,
-        3 if r.next() % 4 == 0 => l.iter_mut().for_each(|x| *x = f32::NAN),
+        2 if r.next().is_multiple_of(4) => l[(r.next() % vocab as u64) as usize] = f32::INFINITY,
+        3 if r.next().is_multiple_of(4) => l.iter_mut().for_each(|x| *x = f32::NAN),
         _ => {}
     }
     let spec = SampleSpec {
