@@ -4,22 +4,11 @@
 //
 // Ties go to the lowest index. NaN never wins against a number; a row that is all NaN gives
 // its last index, which is what the reference's sequential scan (`tandem_core::backend::
-// argmax_row`) returns. The combine rule below is associative, so the tree gives exactly
-// the sequential answer.
+// argmax_row`) returns. The combine rule (`argmax_combine`, common.cuh) is associative, so the
+// tree gives exactly the sequential answer.
 // Launch: grid (rows), block 512; threads stride over the row, then a shared-memory tree.
 // Check: tandem-kernels-check --only argmax; op suite op `argmax` (with planted ties and NaNs).
 #include "common.cuh"
-
-// (value, index) with index -1 meaning "no element seen".
-__device__ __forceinline__ void argmax_combine(float& v, int& i, float v2, int i2) {
-    if (i2 < 0) return;
-    if (i < 0) { v = v2; i = i2; return; }
-    const bool nan1 = v != v, nan2 = v2 != v2;
-    if (nan1 && nan2) { if (i2 > i) i = i2; return; }
-    if (nan1) { v = v2; i = i2; return; }
-    if (nan2) return;
-    if (v2 > v || (v2 == v && i2 < i)) { v = v2; i = i2; }
-}
 
 extern "C" __global__ void __launch_bounds__(512)
 argmax(const float* __restrict__ logits, u32* __restrict__ out, int rows, int vocab) {

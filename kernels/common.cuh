@@ -271,3 +271,16 @@ __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N));
 #endif
 }
+
+// argmax's combine rule (argmax.cu, sampling.cu): (value, index) with index -1 meaning "no
+// element seen"; lowest index on ties, NaN never wins against a number. Associative, so a
+// tree of it gives the sequential scan's answer.
+__device__ __forceinline__ void argmax_combine(float& v, int& i, float v2, int i2) {
+    if (i2 < 0) return;
+    if (i < 0) { v = v2; i = i2; return; }
+    const bool nan1 = v != v, nan2 = v2 != v2;
+    if (nan1 && nan2) { if (i2 > i) i = i2; return; }
+    if (nan1) { v = v2; i = i2; return; }
+    if (nan2) return;
+    if (v2 > v || (v2 == v && i2 < i)) { v = v2; i = i2; }
+}

@@ -14,6 +14,7 @@
 #include "../paged_attention.cu"
 #include "../rms_norm.cu"
 #include "../rope.cu"
+#include "../sampling.cu"
 #include "../silu_mul.cu"
 
 #include <cstdio>
@@ -357,12 +358,57 @@ static void test_kv_write() {
     expect("kv_write v", vc, wv, 0.0);
 }
 
+// sampling.cu: Philox against Random123's published answers; greedy and degenerate rows give
+// argmax's ids; a sampled row is a function of its spec alone (the same row alone and among
+// others, the same id). Bitwise agreement with the Rust host sampler on random rows is
+// crates/cuda/tests/sampling_emu.rs (through sample_io.cpp).
+static void test_sampling() {
+    struct Kat { u32 ctr[4], key[2], want[4]; };
+    const Kat kats[] = {
+        {{0, 0, 0, 0}, {0, 0}, {0x6627e8d5u, 0xe169c58du, 0xbc57ac4cu, 0x9b00dbd8u}},
+        {{~0u, ~0u, ~0u, ~0u}, {~0u, ~0u}, {0x408f276du, 0x41c83b0eu, 0xa20bc7c6u, 0x6d5451fdu}},
+        {{0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u}, {0xa4093822u, 0x299f31d0u}, {0xd16cfe09u, 0x94fdccebu, 0x5001e420u, 0x24126ea1u}},
+    };
+    for (const Kat& k : kats) {
+        u32 c[4] = {k.ctr[0], k.ctr[1], k.ctr[2], k.ctr[3]};
+        philox4x32_10(c[0], c[1], c[2], c[3], k.key[0], k.key[1]);
+        expect_true("philox4x32-10 known answer " + std::to_string(k.want[0]), std::memcmp(c, k.want, 16) == 0);
+    }
+    const int vocab = 700, rows = 4;
+    auto l = rvec((size_t)rows * vocab, 4.0f);
+    for (int j = 0; j < vocab; ++j) l[2 * vocab + j] = NAN;  // row 2: all NaN
+    l[3 * vocab + 5] = INFINITY;                              // row 3: +inf wins
+    auto spec = [](float inv_t, u32 top_k, float top_p, float min_p, u32 tok) {
+        float f[4] = {inv_t, 0, top_p, min_p};
+        u32 w[8];
+        std::memcpy(w, f, 16);
+        w[1] = top_k;
+        w[4] = 77; w[5] = 1; w[6] = 0; w[7] = tok;
+        return std::vector<u32>(w, w + 8);
+    };
+    std::vector<u32> specs;
+    for (auto s : {spec(0.0f, 0, 1.0f, 0.0f, 0), spec(1.0f, 40, 0.9f, 0.05f, 3), spec(1.0f, 0, 1.0f, 0.0f, 4), spec(2.0f, 0, 0.5f, 0.0f, 5)})
+        specs.insert(specs.end(), s.begin(), s.end());
+    std::vector<u32> ids(rows, 0xffffffffu), greedy(rows, 0xffffffffu);
+    launch(dim3{rows, 1, 1}, dim3{SMP_THREADS, 1, 1}, [&] { sample(l.data(), specs.data(), ids.data(), rows, vocab); });
+    launch(dim3{rows, 1, 1}, dim3{512, 1, 1}, [&] { argmax(l.data(), greedy.data(), rows, vocab); });
+    expect_true("sample greedy row == argmax", ids[0] == greedy[0]);
+    expect_true("sample all-NaN row == argmax (" + std::to_string(ids[2]) + ")", ids[2] == greedy[2]);
+    expect_true("sample +inf row == its index (" + std::to_string(ids[3]) + ")", ids[3] == 5);
+    expect_true("sample row 1 in range", ids[1] < (u32)vocab && l[vocab + ids[1]] == l[vocab + ids[1]]);
+    // Row 1 alone: the same id as among the others.
+    std::vector<u32> one(1, 0xffffffffu);
+    launch(dim3{1, 1, 1}, dim3{SMP_THREADS, 1, 1}, [&] { sample(l.data() + vocab, specs.data() + 8, one.data(), 1, vocab); });
+    expect_true("sample row alone == in batch", one[0] == ids[1]);
+}
+
 int main() {
     primtest::run_all(expect_true);
     test_small_ops();
     test_kv_write();
     test_attention();
     test_matmul();
+    test_sampling();
     std::printf("%d checks, %d failed\n", checks, failures);
     return failures == 0 ? 0 : 1;
 }

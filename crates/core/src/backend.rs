@@ -15,6 +15,7 @@
 use half::{bf16, f16};
 
 use crate::error::{Error, Result};
+use crate::sampling::{sample_row, SampleSpec};
 use crate::weights::TensorView;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -281,6 +282,21 @@ pub trait Backend: Send + 'static {
     fn argmax(&self, logits: &Self::Buf, rows: usize, vocab: usize) -> Result<Vec<u32>> {
         let v = self.read_f32(logits, rows * vocab)?;
         Ok(v.chunks_exact(vocab).map(argmax_row).collect())
+    }
+    /// One token id per row of logits f32 `[rows, vocab]`, row `r` turned into a token by
+    /// `specs[r]` exactly as [`crate::sampling::sample_row`] defines it (a backend's kernel
+    /// must give the same ids bit for bit). The default: [`Backend::argmax`] when every row is
+    /// greedy (the device argmax where a backend has one), else the logits read back and
+    /// sampled on the host.
+    fn sample(&self, logits: &Self::Buf, rows: usize, vocab: usize, specs: &[SampleSpec]) -> Result<Vec<u32>> {
+        if specs.len() != rows {
+            return Err(Error::backend(self.name(), format!("sample: {} specs for {rows} rows", specs.len())));
+        }
+        if specs.iter().all(SampleSpec::is_greedy) {
+            return self.argmax(logits, rows, vocab);
+        }
+        let v = self.read_f32(logits, rows * vocab)?;
+        Ok(v.chunks_exact(vocab.max(1)).zip(specs).map(|(row, s)| sample_row(row, s)).collect())
     }
 }
 

@@ -5,6 +5,7 @@
 //! - [`backend`]: the narrow interface every compute backend implements (one method per op).
 //! - [`batch`]: the flattened batch the engine hands to a model (tokens, positions, slots, block tables).
 //! - [`model`]: the Llama-family forward pass, written once against [`backend::Backend`].
+//! - [`sampling`]: logits to token ids (Philox draws, f32 arithmetic a device kernel repeats bit for bit).
 //! - [`tokenizer`], [`chat`], [`detokenizer`]: text in and out.
 //!
 //! Architecture invariant: this crate knows no GPU API, no HTTP and no scheduler.
@@ -18,6 +19,7 @@ pub mod error;
 pub mod greedy;
 pub mod skip;
 pub mod model;
+pub mod sampling;
 pub mod tokenizer;
 pub mod weights;
 

@@ -8,6 +8,7 @@ use crate::backend::{AttnArgs, Backend, KvDest, KvGeometry, NormIn};
 use crate::batch::ForwardBatch;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
+use crate::sampling::{sample_row, SampleSpec};
 use crate::weights::Weights;
 
 /// What the engine needs from a loaded model, whatever the backend. Object-safe.
@@ -25,6 +26,26 @@ pub trait ModelRunner: Send {
     }
     /// Runs the batch, writing K/V into the cache; returns f32 logits `[logit_rows.len(), vocab]`.
     fn forward(&mut self, batch: &ForwardBatch) -> Result<Vec<f32>>;
+    /// Runs the batch and turns logit row `r` into a token id by `specs[r]` (one spec per
+    /// logit row) where the logits are, so that only ids leave the device. The ids equal
+    /// [`sample_row`] of the rows [`ModelRunner::forward`] would return. The default is that:
+    /// `forward`, then the host.
+    fn forward_sampled(&mut self, batch: &ForwardBatch, specs: &[SampleSpec]) -> Result<Vec<u32>> {
+        check_specs(batch, specs)?;
+        let logits = self.forward(batch)?;
+        let vocab = self.config().vocab_size.max(1);
+        if logits.len() != specs.len() * vocab {
+            return Err(Error::Batch(format!("forward returned {} logits for {} rows of vocabulary {vocab}", logits.len(), specs.len())));
+        }
+        Ok(logits.chunks_exact(vocab).zip(specs).map(|(row, s)| sample_row(row, s)).collect())
+    }
+}
+
+fn check_specs(batch: &ForwardBatch, specs: &[SampleSpec]) -> Result<()> {
+    if specs.len() != batch.logit_rows.len() {
+        return Err(Error::Batch(format!("{} sampling specs for {} logit rows", specs.len(), batch.logit_rows.len())));
+    }
+    Ok(())
 }
 
 /// Sizes fixed at load time.
@@ -387,5 +408,16 @@ impl<B: Backend> ModelRunner for LlamaModel<B> {
             return Ok(vec![]);
         }
         self.backend.read_f32(&self.s.logits, n)
+    }
+    fn forward_sampled(&mut self, batch: &ForwardBatch, specs: &[SampleSpec]) -> Result<Vec<u32>> {
+        check_specs(batch, specs)?;
+        self.check(batch)?;
+        self.record(batch)?;
+        if specs.is_empty() {
+            // As in `forward`: a chunk that samples nothing still waits for its work.
+            self.backend.sync()?;
+            return Ok(vec![]);
+        }
+        self.backend.sample(&self.s.logits, specs.len(), self.cfg.vocab_size, specs)
     }
 }

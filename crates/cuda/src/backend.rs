@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DriverError, LaunchConfig, PushKernelArg};
 use tandem_core::backend::{AttnArgs, Backend, DType, KvGeometry};
+use tandem_core::sampling::{SampleSpec, SAMPLE_LANES, SPEC_WORDS};
 use tandem_core::weights::TensorView;
 use tandem_core::{Error, Result};
 
@@ -743,6 +744,36 @@ impl Backend for CudaBackend {
         l.arg(&logits.mem).arg(&mut ids.mem).arg(&ri).arg(&vi);
         // SAFETY: as in embedding.
         let r = unsafe { l.launch(cfg((ri as u32, 1, 1), 512)) };
+        self.launched(OP, r)?;
+        self.read_u32(&ids, rows)
+    }
+
+    /// kernels/sampling.cu: one block of 256 threads per row; only the specs (32 bytes a row)
+    /// go up and the ids come back. Greedy-only steps take the argmax kernel.
+    fn sample(&self, logits: &CudaBuf, rows: usize, vocab: usize, specs: &[SampleSpec]) -> Result<Vec<u32>> {
+        const OP: &str = "sample";
+        if specs.len() != rows {
+            return Err(err(format!("{OP}: {} specs for {rows} rows", specs.len())));
+        }
+        if specs.iter().all(SampleSpec::is_greedy) {
+            return self.argmax(logits, rows, vocab);
+        }
+        if vocab == 0 {
+            return Err(err(format!("{OP}: vocab = 0")));
+        }
+        need(logits, Elem::F32, rows * vocab, OP, "logits")?;
+        let (ri, vi) = (i32_of(rows, OP, "rows")?, i32_of(vocab, OP, "vocab")?);
+        i32_of(rows * vocab, OP, "rows*vocab")?;
+        let words: Vec<u32> = specs.iter().flat_map(SampleSpec::to_words).collect();
+        debug_assert_eq!(words.len(), rows * SPEC_WORDS);
+        let mut spec_buf = self.alloc(Elem::U32, words.len())?;
+        self.write_u32(&mut spec_buf, &words)?;
+        let mut ids = self.alloc(Elem::U32, rows)?;
+        let f = self.func(OP)?;
+        let mut l = self.stream.launch_builder(f);
+        l.arg(&logits.mem).arg(&spec_buf.mem).arg(&mut ids.mem).arg(&ri).arg(&vi);
+        // SAFETY: as in embedding; specs hold SPEC_WORDS words a row, ids one a row.
+        let r = unsafe { l.launch(cfg((ri as u32, 1, 1), SAMPLE_LANES as u32)) };
         self.launched(OP, r)?;
         self.read_u32(&ids, rows)
     }

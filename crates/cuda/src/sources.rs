@@ -39,6 +39,7 @@ pub const EMBEDDED: &[(&str, &str)] = embed!(
     "paged_attention",
     "rms_norm",
     "rope",
+    "sampling",
     "silu_mul",
 );
 pub const EMBEDDED_HEADER: &str = include_str!("../../../kernels/common.cuh");

@@ -9,7 +9,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use tandem_engine::fake_model::{fake_config, FakeModel};
-use tandem_engine::sampler::Rng;
 use tandem_engine::scheduler::{Scheduler, SchedulerConfig};
 use tandem_engine::sequence::Sequence;
 use tandem_engine::{Engine, EngineConfig, Request, SamplingParams};
@@ -26,7 +25,7 @@ fn main() {
     let mut s = Scheduler::new(SchedulerConfig { num_blocks: blocks, max_num_batched_tokens: 16384, max_num_seqs: SEQS, ..Default::default() });
     for i in 0..SEQS as u64 {
         let prompt: Vec<u32> = (0..64).map(|t| (t + i as u32 * 64) % 250).collect();
-        s.add(Sequence::new(i, i, 0, prompt, Arc::new(SamplingParams::greedy(100_000)), 100_000, 0, i, Rng::new(i), now));
+        s.add(Sequence::new(i, i, 0, prompt, Arc::new(SamplingParams::greedy(100_000)), 100_000, 0, i, i, now));
     }
     let mut parts = [0f64; 3];
     let mut step = |s: &mut Scheduler| {

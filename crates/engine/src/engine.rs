@@ -1,6 +1,8 @@
 //! The engine: requests in, streamed outputs out. Each [`Engine::step`] is three calls:
-//! schedule, forward (one `ModelRunner::forward` for the whole flattened batch), postprocess
-//! (sample, append, check stops, emit outputs, free blocks).
+//! schedule, forward (one `ModelRunner::forward_sampled` for the whole flattened batch, which
+//! returns token ids; `ModelRunner::forward` and host sampling instead when a row needs
+//! penalties, `logit_bias`, bans, logprobs or prompt logprobs), postprocess (append, check
+//! stops, emit outputs, free blocks).
 //!
 //! [`Engine::spawn`] runs it on its own thread behind an [`EngineHandle`]; `submit` checks a
 //! request at once (a request that can never fit is refused with an error, not queued) and
@@ -21,7 +23,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 use crate::detokenize::DecodeFn;
 use crate::metrics::{RequestMetrics, Stats};
-use crate::sampler::{apply_penalties, logprobs, sample, Rng, TokenLogprobs};
+use crate::sampler::{apply_penalties, logprobs, needs_host, sample, spec, SampleSpec, TokenLogprobs};
 use crate::sampling_params::SamplingParams;
 use crate::scheduler::{BatchMode, Policy, Scheduler, SchedulerConfig, SchedulerOutput};
 use crate::sequence::{FinishReason, IdMap, RequestId, SeqId, Sequence};
@@ -38,7 +40,7 @@ pub struct EngineConfig {
     pub resume_protect_steps: u64,
     /// Requests accepted but not finished before `submit` answers `Overloaded`; None: no bound.
     pub max_pending_requests: Option<usize>,
-    /// Seeds the streams of requests that bring no seed of their own.
+    /// Keys the draws of requests that bring no seed of their own.
     pub seed: u64,
     /// Longest prompt + output accepted; None: the model's `max_position_embeddings`. The
     /// engine takes the least of this, the model's and what the KV pool holds.
@@ -124,6 +126,28 @@ impl RequestOutput {
     fn new(request_id: RequestId, index: usize) -> Self {
         RequestOutput { request_id, index, token_ids: vec![], text: String::new(), logprobs: vec![], prompt_logprobs: None, finish_reason: None, finished: false, usage: None, metrics: None }
     }
+}
+
+/// What a step's forward brought back: token ids (sampled by the model) or logits.
+enum Sampled {
+    Ids(Vec<u32>),
+    Logits(Vec<f32>),
+}
+
+/// A row's token, or its logits to sample it from on the host.
+enum Pick<'a> {
+    Token(u32),
+    Row(&'a mut [f32]),
+}
+
+/// Tokens a sequence may not produce yet: EOS (unless ignored) and its stop tokens, while it
+/// has fewer than `min_tokens` outputs.
+fn banned(eos: &[u32], seq: &Sequence) -> Vec<u32> {
+    let p = &seq.params;
+    if seq.num_output_tokens() >= p.min_tokens {
+        return vec![];
+    }
+    eos.iter().filter(|_| !p.ignore_eos).chain(&p.stop_token_ids).copied().collect()
 }
 
 /// Limits a request is checked against before it is queued.
@@ -299,7 +323,7 @@ impl Engine {
     fn enqueue(&mut self, id: RequestId, req: Request, max_tokens: usize, tx: UnboundedSender<RequestOutput>, arrival: Instant) {
         let seed = self.request_seed(&req.params, id);
         let params = Arc::new(req.params);
-        let seq = Sequence::new(self.next_seq, id, 0, req.prompt, params, max_tokens, req.priority, self.next_arrival, Rng::for_completion(seed, 0), arrival);
+        let seq = Sequence::new(self.next_seq, id, 0, req.prompt, params, max_tokens, req.priority, self.next_arrival, seed, arrival);
         let state = RequestState { tx, live: vec![seq.id], unforked: 1..seq.params.n, prompt_tokens: seq.num_prompt_tokens, completion_tokens: 0, metrics: None };
         self.next_seq += 1;
         self.next_arrival += 1;
@@ -323,8 +347,8 @@ impl Engine {
         // The step's KV high-water mark: taken now, before finished sequences free blocks.
         let scheduled_usage = self.scheduler.bm.usage();
         if !out.is_empty() {
-            let logits = self.forward(&out);
-            self.postprocess(&out, logits);
+            let sampled = self.forward(&out);
+            self.postprocess(&out, sampled);
         }
         self.update_stats();
         if let Ok(mut st) = self.stats.lock() {
@@ -335,33 +359,70 @@ impl Engine {
         out.seqs.len()
     }
 
-    fn forward(&mut self, out: &SchedulerOutput) -> Result<Vec<f32>, String> {
+    /// Runs the step's batch. Token ids come back from the model when every row can be sampled
+    /// where the logits are; one row that needs the host (see [`needs_host`]) brings the whole
+    /// step's logits back instead. Both give the same ids for a row without penalties.
+    fn forward(&mut self, out: &SchedulerOutput) -> Result<Sampled, String> {
         let batch = self.scheduler.forward_batch(out);
         let rows = batch.logit_rows.len();
+        if let Some(specs) = self.device_specs(out) {
+            let ids = self.runner.forward_sampled(&batch, &specs).map_err(|e| e.to_string())?;
+            if ids.len() != rows {
+                return Err(format!("model returned {} token ids for {rows} rows", ids.len()));
+            }
+            return Ok(Sampled::Ids(ids));
+        }
         let logits = self.runner.forward(&batch).map_err(|e| e.to_string())?;
         if logits.len() != rows * self.vocab {
             return Err(format!("model returned {} logits for {rows} rows of vocabulary {}", logits.len(), self.vocab));
         }
-        Ok(logits)
+        Ok(Sampled::Logits(logits))
     }
 
-    fn postprocess(&mut self, out: &SchedulerOutput, logits: Result<Vec<f32>, String>) {
-        let mut logits = match logits {
-            Ok(l) => l,
+    /// One spec per sampled row, or None when some row must be sampled on the host.
+    fn device_specs(&self, out: &SchedulerOutput) -> Option<Vec<SampleSpec>> {
+        let mut specs = Vec::with_capacity(out.seqs.len());
+        for s in out.seqs.iter().filter(|s| s.sample || s.all_logits) {
+            // Prompt logprobs need every position's logits on the host.
+            if s.all_logits {
+                return None;
+            }
+            let seq = self.scheduler.seq(s.seq)?;
+            if needs_host(&seq.params, &banned(&self.eos, seq)) {
+                return None;
+            }
+            specs.push(spec(&seq.params, seq.seed, seq.index, seq.num_output_tokens()));
+        }
+        Some(specs)
+    }
+
+    fn postprocess(&mut self, out: &SchedulerOutput, sampled: Result<Sampled, String>) {
+        let sampled = match sampled {
+            Ok(s) => s,
             Err(e) => return self.fail_batch(out, &e),
         };
         self.scheduler.complete_step(out);
         let now = Instant::now();
-        let mut rows = logits.chunks_exact_mut(self.vocab.max(1));
-        for s in out.seqs.iter().filter(|s| s.sample || s.all_logits) {
-            if s.all_logits {
-                let chunk: Vec<&mut [f32]> = rows.by_ref().take(s.num_tokens).collect();
-                if let Some(row) = self.score_prompt(s.seq, s.num_tokens, chunk) {
-                    self.sample_and_emit(s.seq, row, now);
+        match sampled {
+            Sampled::Ids(ids) => {
+                let seqs = out.seqs.iter().filter(|s| s.sample).map(|s| s.seq);
+                for (id, token) in seqs.zip(ids) {
+                    self.sample_and_emit(id, Pick::Token(token), now);
                 }
-            } else {
-                let row = rows.next().expect("forward checked the logits' length");
-                self.sample_and_emit(s.seq, row, now);
+            }
+            Sampled::Logits(mut logits) => {
+                let mut rows = logits.chunks_exact_mut(self.vocab.max(1));
+                for s in out.seqs.iter().filter(|s| s.sample || s.all_logits) {
+                    if s.all_logits {
+                        let chunk: Vec<&mut [f32]> = rows.by_ref().take(s.num_tokens).collect();
+                        if let Some(row) = self.score_prompt(s.seq, s.num_tokens, chunk) {
+                            self.sample_and_emit(s.seq, Pick::Row(row), now);
+                        }
+                    } else {
+                        let row = rows.next().expect("forward checked the logits' length");
+                        self.sample_and_emit(s.seq, Pick::Row(row), now);
+                    }
+                }
             }
         }
     }
@@ -399,7 +460,7 @@ impl Engine {
         }
     }
 
-    fn sample_and_emit(&mut self, id: SeqId, row: &mut [f32], now: Instant) {
+    fn sample_and_emit(&mut self, id: SeqId, pick: Pick<'_>, now: Instant) {
         let (eos, decode, max_model_len) = (&self.eos, &self.decode, self.limits.max_model_len);
         let Some(seq) = self.scheduler.seq_mut(id) else { return };
         let p = seq.params.clone();
@@ -411,10 +472,14 @@ impl Engine {
             return self.end_seq(id, FinishReason::Length, o);
         }
         let under_min = seq.num_output_tokens() < p.min_tokens;
-        let raw = p.logprobs.map(|_| row.to_vec());
-        let banned: Vec<u32> = if under_min { eos.iter().filter(|_| !p.ignore_eos).chain(&p.stop_token_ids).copied().collect() } else { vec![] };
-        apply_penalties(row, &p, seq.prompt(), seq.output(), &banned);
-        let token = sample(row, &p, &mut seq.rng);
+        let (token, raw) = match pick {
+            Pick::Token(t) => (t, None),
+            Pick::Row(row) => {
+                let raw = p.logprobs.map(|_| row.to_vec());
+                apply_penalties(row, &p, seq.prompt(), seq.output(), &banned(eos, seq));
+                (sample(row, &spec(&p, seq.seed, seq.index, seq.num_output_tokens())), raw)
+            }
+        };
         seq.append_token(token, now);
 
         let stops: &[String] = if under_min { &[] } else { &p.stop };
@@ -465,7 +530,7 @@ impl Engine {
         let (prompt, params, max_tokens, priority, arrival) = (p.prompt().to_vec(), p.params.clone(), p.max_tokens, p.priority, p.times.arrival);
         let seed = self.request_seed(&params, rid);
         for index in 1..n {
-            let child = Sequence::new(self.next_seq, rid, index, prompt.clone(), params.clone(), max_tokens, priority, self.next_arrival, Rng::for_completion(seed, index), arrival);
+            let child = Sequence::new(self.next_seq, rid, index, prompt.clone(), params.clone(), max_tokens, priority, self.next_arrival, seed, arrival);
             self.next_seq += 1;
             self.next_arrival += 1;
             if let Some(r) = self.requests.get_mut(&rid) {

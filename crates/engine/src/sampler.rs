@@ -1,37 +1,15 @@
-//! Turns one row of logits into one token: penalties, then greedy or temperature sampling with
-//! top-k / top-p / min-p, from a per-sequence PRNG so a seed reproduces its text whatever else
-//! is in the batch. Also the top-N logprobs of the raw logits (vLLM's default).
+//! Turns one row of logits into one token: penalties and bans here, then
+//! `tandem_core::sampling::sample_row` (greedy, or temperature with top-k / min-p / top-p and
+//! one Philox draw keyed by (seed, completion, token index), the function the device kernels
+//! compute too). Also the top-N logprobs of the raw logits (vLLM's default).
+//!
+//! Which rows the model may sample where the logits are ([`needs_host`]): those without
+//! penalties, `logit_bias`, bans or logprobs (prompt logprobs too: the engine checks those). The engine decides per step: one such row sends the whole
+//! step's logits to the host, where the same function gives the same ids.
 
 use std::collections::HashMap;
 
 use crate::sampling_params::SamplingParams;
-
-/// splitmix64: tiny, fast, and good enough to draw one uniform number per sampled token.
-#[derive(Debug, Clone)]
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Rng(seed)
-    }
-    /// The stream of completion `index` of a request seeded with `seed`.
-    pub fn for_completion(seed: u64, index: usize) -> Self {
-        let mut r = Rng(seed ^ (index as u64).wrapping_mul(0xA24B_AED4_963E_E407));
-        r.next_u64(); // decorrelate neighbouring seeds
-        r
-    }
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in [0, 1).
-    pub fn next_f64(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
 
 /// Log-probabilities of one generated token.
 #[derive(Debug, Clone, PartialEq)]
@@ -96,62 +74,36 @@ pub fn apply_penalties(logits: &mut [f32], p: &SamplingParams, prompt: &[u32], o
 }
 
 pub use tandem_core::backend::argmax_row as argmax;
+pub use tandem_core::sampling::SampleSpec;
 
-/// Picks the next token from penalised logits. Greedy when temperature is 0 (no draw from the
-/// PRNG); otherwise exactly one draw, so a seeded stream advances one step per token.
-pub fn sample(logits: &mut [f32], p: &SamplingParams, rng: &mut Rng) -> u32 {
-    if p.is_greedy() {
-        return argmax(logits);
+/// The sampling spec of output token `token_index` of completion `completion` of a request
+/// whose draws are keyed by `seed`.
+pub fn spec(p: &SamplingParams, seed: u64, completion: usize, token_index: usize) -> SampleSpec {
+    SampleSpec {
+        temperature: p.temperature,
+        top_k: u32::try_from(p.top_k).unwrap_or(u32::MAX),
+        top_p: p.top_p,
+        min_p: p.min_p,
+        seed,
+        completion: completion as u32,
+        token_index: token_index as u32,
     }
-    let u = rng.next_f64();
-    let inv_t = 1.0 / p.temperature;
-    // [candidates] (id, scaled logit); NaN and -inf never win.
-    let mut cand: Vec<(u32, f32)> =
-        logits.iter().enumerate().filter(|(_, x)| x.is_finite()).map(|(i, &x)| (i as u32, x * inv_t)).collect();
-    if cand.is_empty() {
-        return argmax(logits);
-    }
-    let by_desc = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
-    if p.top_k > 0 && p.top_k < cand.len() {
-        cand.select_nth_unstable_by(p.top_k, by_desc);
-        cand.truncate(p.top_k);
-    }
-    let needs_order = p.top_p < 1.0 || p.min_p > 0.0 || p.top_k > 0;
-    if needs_order {
-        cand.sort_unstable_by(by_desc);
-    }
-    let max = cand.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
-    let mut probs: Vec<f64> = cand.iter().map(|c| ((c.1 - max) as f64).exp()).collect();
-    let total: f64 = probs.iter().sum();
-    let mut keep = probs.len();
-    if p.min_p > 0.0 {
-        // Sorted, so the best is first and the survivors are a prefix.
-        let floor = p.min_p as f64 * probs[0];
-        keep = probs.iter().take_while(|&&q| q >= floor).count().max(1);
-    }
-    if p.top_p < 1.0 {
-        let mut cum = 0.0;
-        let want = p.top_p as f64 * total;
-        let mut k = 0;
-        while k < keep {
-            cum += probs[k];
-            k += 1;
-            if cum >= want {
-                break;
-            }
-        }
-        keep = k.max(1);
-    }
-    probs.truncate(keep);
-    let kept: f64 = probs.iter().sum();
-    let mut target = u * kept;
-    for (i, q) in probs.iter().enumerate() {
-        if target < *q {
-            return cand[i].0;
-        }
-        target -= q;
-    }
-    cand[keep - 1].0 // rounding left a sliver past the end
+}
+
+/// Whether a row must be sampled on the host: the device samplers apply no penalties,
+/// `logit_bias` or token bans and return no logprobs.
+pub fn needs_host(p: &SamplingParams, banned: &[u32]) -> bool {
+    p.logprobs.is_some()
+        || p.repetition_penalty != 1.0
+        || p.presence_penalty != 0.0
+        || p.frequency_penalty != 0.0
+        || !p.logit_bias.is_empty()
+        || !banned.is_empty()
+}
+
+/// Picks the next token from (penalised) logits: [`tandem_core::sampling::sample_row`].
+pub fn sample(logits: &[f32], s: &SampleSpec) -> u32 {
+    tandem_core::sampling::sample_row(logits, s)
 }
 
 #[cfg(test)]
@@ -165,59 +117,71 @@ mod tests {
     }
 
     #[test]
-    fn greedy_takes_argmax_without_drawing() {
-        let mut rng = Rng::new(1);
-        let before = rng.clone().next_u64();
-        let mut l = vec![0.1, 3.0, 2.0];
-        assert_eq!(sample(&mut l, &SamplingParams::greedy(1), &mut rng), 1);
-        assert_eq!(rng.next_u64(), before);
+    fn greedy_takes_argmax_whatever_the_key() {
+        let l = vec![0.1, 3.0, 2.0];
+        for i in 0..20 {
+            assert_eq!(sample(&l, &spec(&SamplingParams::greedy(1), 9, 0, i)), 1);
+        }
     }
 
     #[test]
     fn top_k_one_and_tiny_top_p_are_greedy() {
         let l = vec![0.5, 1.0, 4.0, 3.9, -1.0];
-        for s in 0..50 {
-            let mut rng = Rng::new(s);
-            assert_eq!(sample(&mut l.clone(), &params(|p| p.top_k = 1), &mut rng), 2);
-            assert_eq!(sample(&mut l.clone(), &params(|p| p.top_p = 0.01), &mut rng), 2);
+        for i in 0..50 {
+            assert_eq!(sample(&l, &spec(&params(|p| p.top_k = 1), 3, 0, i)), 2);
+            assert_eq!(sample(&l, &spec(&params(|p| p.top_p = 0.01), 3, 0, i)), 2);
         }
-    }
-
-    #[test]
-    fn min_p_and_top_k_restrict_the_support() {
-        let l = vec![5.0, 4.9, 0.0, -3.0, 4.8];
-        let mut seen = [0u32; 5];
-        let mut rng = Rng::new(7);
-        for _ in 0..2000 {
-            seen[sample(&mut l.clone(), &params(|p| p.min_p = 0.5), &mut rng) as usize] += 1;
-        }
-        assert!(seen[0] > 0 && seen[1] > 0 && seen[4] > 0);
-        assert_eq!((seen[2], seen[3]), (0, 0), "below min_p * p_max");
-        let mut seen = [0u32; 5];
-        for _ in 0..2000 {
-            seen[sample(&mut l.clone(), &params(|p| p.top_k = 2), &mut rng) as usize] += 1;
-        }
-        assert!(seen[0] > 0 && seen[1] > 0);
-        assert_eq!(seen[2] + seen[3] + seen[4], 0);
     }
 
     #[test]
     fn temperature_sampling_follows_the_distribution() {
         // p = softmax([ln 1, ln 3]) = [0.25, 0.75]
         let l = vec![0.0f32, 3f32.ln()];
-        let mut rng = Rng::new(42);
         let n = 20000;
-        let ones = (0..n).filter(|_| sample(&mut l.clone(), &SamplingParams::default(), &mut rng) == 1).count();
+        let ones = (0..n).filter(|&i| sample(&l, &spec(&SamplingParams::default(), 42, 0, i)) == 1).count();
         let frac = ones as f64 / n as f64;
         assert!((frac - 0.75).abs() < 0.02, "{frac}");
     }
 
+    /// The draw is a function of (seed, completion, token index): a seed and index give one
+    /// token however often it is asked; completions and seeds differ.
     #[test]
-    fn same_seed_same_stream_and_completions_differ() {
-        let draw = |r: &mut Rng| (0..8).map(|_| r.next_u64()).collect::<Vec<_>>();
-        assert_eq!(draw(&mut Rng::for_completion(5, 0)), draw(&mut Rng::for_completion(5, 0)));
-        assert_ne!(draw(&mut Rng::for_completion(5, 0)), draw(&mut Rng::for_completion(5, 1)));
-        assert_ne!(draw(&mut Rng::for_completion(5, 0)), draw(&mut Rng::for_completion(6, 0)));
+    fn the_draw_is_keyed_by_seed_completion_and_token() {
+        let l: Vec<f32> = (0..50).map(|i| (i % 7) as f32 * 0.3).collect();
+        let text = |seed: u64, c: usize| (0..40).map(|i| sample(&l, &spec(&SamplingParams::default(), seed, c, i))).collect::<Vec<_>>();
+        assert_eq!(text(5, 0), text(5, 0));
+        assert_ne!(text(5, 0), text(5, 1));
+        assert_ne!(text(5, 0), text(6, 0));
+    }
+
+    /// Issue 15 finding 4: temperature 1e-38 or 1e-45 passes validation; the old sampler
+    /// divided the logits by it first (inf, then inf - inf = NaN) and returned garbage.
+    #[test]
+    fn tiny_temperatures_give_the_greedy_token() {
+        let l = vec![1.0f32, 5.0, -3.0, 4.9, 2.0];
+        for t in [1e-45f32, 1e-38, 1e-20, 1e-6] {
+            let p = params(|p| p.temperature = t);
+            assert!(p.validate().is_ok());
+            for i in 0..100 {
+                assert_eq!(sample(&l, &spec(&p, 1, 0, i)), 1, "temperature {t:e}");
+            }
+        }
+    }
+
+    #[test]
+    fn rows_with_penalties_bans_or_logprobs_need_the_host() {
+        assert!(!needs_host(&SamplingParams::default(), &[]));
+        assert!(!needs_host(&params(|p| {
+            p.top_k = 5;
+            p.top_p = 0.5;
+            p.min_p = 0.1;
+        }), &[]));
+        assert!(needs_host(&params(|p| p.logprobs = Some(0)), &[]));
+        assert!(needs_host(&params(|p| p.repetition_penalty = 1.1), &[]));
+        assert!(needs_host(&params(|p| p.presence_penalty = 0.5), &[]));
+        assert!(needs_host(&params(|p| p.frequency_penalty = -0.5), &[]));
+        assert!(needs_host(&params(|p| p.logit_bias = vec![(3, 1.0)]), &[]));
+        assert!(needs_host(&SamplingParams::default(), &[2]));
     }
 
     #[test]

@@ -6,7 +6,7 @@
 pub struct SamplingParams {
     /// Completions per prompt; they share the prompt's KV blocks.
     pub n: usize,
-    /// 0 means greedy.
+    /// 0 means greedy; so does anything below `tandem_core::sampling::GREEDY_BELOW` (1e-5).
     pub temperature: f32,
     /// 0 means no limit.
     pub top_k: usize,
@@ -20,7 +20,7 @@ pub struct SamplingParams {
     pub presence_penalty: f32,
     /// In [-2, 2]; applied to output tokens, per occurrence.
     pub frequency_penalty: f32,
-    /// Per-request seed; completion `i` of a request uses a stream derived from (seed, i).
+    /// Per-request seed; output token `j` of completion `i` draws Philox at (seed, i, j).
     pub seed: Option<u64>,
     /// Generation stops when the text contains one of these; it is not part of the output.
     pub stop: Vec<String>,
@@ -99,7 +99,7 @@ impl SamplingParams {
     }
 
     pub fn is_greedy(&self) -> bool {
-        self.temperature == 0.0
+        self.temperature < tandem_core::sampling::GREEDY_BELOW
     }
 
     /// Checks every range; the one check shared by the engine, the server and the `tandem`

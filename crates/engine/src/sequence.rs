@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::detokenize::OutputText;
-use crate::sampler::{Rng, TokenLogprobs};
+use crate::sampler::TokenLogprobs;
 use crate::sampling_params::SamplingParams;
 
 pub type RequestId = u64;
@@ -97,7 +97,8 @@ pub struct Sequence {
     pub priority: i32,
     /// Order of arrival, unique per sequence; breaks priority ties.
     pub arrival_order: u64,
-    pub rng: Rng,
+    /// Keys this completion's draws (with `index` and the output token's index).
+    pub seed: u64,
     pub text: OutputText,
     pub times: SeqTimes,
     /// Scheduler step at which the sequence last resumed after a preemption.
@@ -117,7 +118,7 @@ pub struct Sequence {
 
 impl Sequence {
     #[allow(clippy::too_many_arguments)]
-    pub fn new(id: SeqId, request_id: RequestId, index: usize, prompt: Vec<u32>, params: Arc<SamplingParams>, max_tokens: usize, priority: i32, arrival_order: u64, rng: Rng, arrival: Instant) -> Self {
+    pub fn new(id: SeqId, request_id: RequestId, index: usize, prompt: Vec<u32>, params: Arc<SamplingParams>, max_tokens: usize, priority: i32, arrival_order: u64, seed: u64, arrival: Instant) -> Self {
         Sequence {
             id,
             request_id,
@@ -132,7 +133,7 @@ impl Sequence {
             max_tokens,
             priority,
             arrival_order,
-            rng,
+            seed,
             times: SeqTimes { arrival, first_scheduled: None, first_token: None, last_token: None, inter_token: Vec::new() },
             resumed_at_step: None,
             num_preemptions: 0,

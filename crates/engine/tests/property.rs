@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use common::*;
 use tandem_engine::fake_model::FakeModel;
-use tandem_engine::sampler::Rng;
 use tandem_engine::{BatchMode, EngineConfig, FinishReason, Policy, Request, SamplingParams};
 
 fn below(r: &mut Rng, n: u64) -> u64 {

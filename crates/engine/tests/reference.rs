@@ -1,7 +1,7 @@
 //! Batch invariance on a real forward pass: the reference backend over a seeded random tiny
 //! model. Greedy tokens of each prompt run alone (no prefix cache, no chunking, ample pool)
 //! must equal the tokens of the same prompt among all the others with prefix-cache hits,
-//! chunked prefill and preemption.
+//! chunked prefill and preemption; seeded sampled tokens likewise.
 
 mod common;
 
@@ -127,5 +127,69 @@ fn prompt_logprobs_match_one_whole_forward_when_chunked_among_others() {
         }
     }
     assert_eq!(e.scheduler().bm.num_free(), 40, "every block is back");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Seeded sampling on a real forward pass: each seeded request (temperature, top-k, top-p,
+/// min-p, `n = 2`, one with a repetition penalty so its steps take the host path) gives the same
+/// tokens alone and among the others, with prefix-cache hits, chunked prefill and preemption
+/// (recompute draws again with the same (seed, completion, token index)). And a row sampled
+/// where the logits are gives the token the host gives: the same request asking for logprobs
+/// (which sends its steps' logits to the host) has the same tokens.
+#[test]
+fn seeded_tokens_are_the_same_alone_and_in_a_batch() {
+    let dir = model_dir("seeded");
+    let vocab = runner(&dir, 4, 16).config().vocab_size as u32;
+    let shared: Vec<u32> = (0..35).map(|i| (i * 37 + 5) % vocab).collect();
+    let reqs: Vec<Request> = (0..8u32)
+        .map(|i| {
+            let mut p = if i % 2 == 0 { shared.clone() } else { vec![] };
+            p.extend((0..3 + i * 5).map(|j| (j * 101 + i * 7 + 1) % vocab));
+            let mut params = SamplingParams { temperature: [1.0, 0.7, 1.3][i as usize % 3], seed: Some(1000 + i as u64), ignore_eos: true, max_tokens: Some(12), ..Default::default() };
+            match i {
+                1 => params.top_k = 5,
+                2 => params.top_p = 0.8,
+                3 => params.min_p = 0.1,
+                4 => params.n = 2,
+                5 => params.repetition_penalty = 1.2,
+                6 => (params.top_k, params.top_p) = (20, 0.9),
+                _ => {}
+            }
+            Request { prompt: p, params, priority: 0 }
+        })
+        .collect();
+    let run_all = |e: &mut Engine, reqs: &[Request]| -> Vec<Vec<Vec<u32>>> {
+        let mut streams: Vec<_> = reqs.iter().map(|r| e.add_request(r.clone()).unwrap()).collect();
+        run_to_idle(e);
+        streams.iter_mut().zip(reqs).map(|(s, r)| collect(&drain(s), r.params.n).tokens).collect()
+    };
+
+    let mut want = Vec::new();
+    for r in &reqs {
+        let cfg = EngineConfig { enable_prefix_caching: false, ..Default::default() };
+        let mut alone = Engine::new(runner(&dir, 64, 256), letters(), cfg).unwrap();
+        want.push(run_all(&mut alone, std::slice::from_ref(r)).remove(0));
+    }
+    let greedy: Vec<u32> = {
+        let r = Request { params: SamplingParams { ignore_eos: true, ..SamplingParams::greedy(12) }, ..reqs[0].clone() };
+        let mut e = Engine::new(runner(&dir, 64, 256), letters(), EngineConfig::default()).unwrap();
+        run_all(&mut e, &[r]).remove(0).remove(0)
+    };
+    assert_ne!(want[0][0], greedy, "temperature 1 should not reproduce the greedy text");
+    assert_ne!(want[4][0], want[4][1], "the two completions of a request draw differently");
+
+    let cfg = EngineConfig { max_num_batched_tokens: Some(24), ..Default::default() };
+    let mut crowd = Engine::new(runner(&dir, 14, 24), letters(), cfg).unwrap();
+    let got = run_all(&mut crowd, &reqs);
+    let st = crowd.stats();
+    assert!(st.preemptions_total > 0, "the pool should force preemption");
+    assert!(st.prefix_cache_hits_total > 0, "the shared prefix should hit the cache");
+    assert_eq!(got, want);
+
+    for (r, w) in reqs.iter().zip(&want).take(4) {
+        let r = Request { params: SamplingParams { logprobs: Some(2), ..r.params.clone() }, ..r.clone() };
+        let mut e = Engine::new(runner(&dir, 64, 256), letters(), EngineConfig::default()).unwrap();
+        assert_eq!(&run_all(&mut e, &[r]).remove(0), w, "host path (logprobs) and model path differ");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -5,7 +5,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tandem_engine::sampler::Rng;
 use tandem_engine::scheduler::{BatchMode, Policy, ScheduledSeq, Scheduler, SchedulerConfig, SchedulerOutput};
 use tandem_engine::sequence::{SeqId, Sequence};
 use tandem_engine::SamplingParams;
@@ -17,7 +16,7 @@ fn cfg(num_blocks: usize, budget: usize) -> SchedulerConfig {
 /// Sequence `id` with a prompt of `len` tokens `base, base+1, ...`.
 fn seq(id: SeqId, len: usize, base: u32, max_tokens: usize, priority: i32, now: Instant) -> Sequence {
     let prompt = (0..len as u32).map(|i| base + i).collect();
-    Sequence::new(id, id, 0, prompt, Arc::new(SamplingParams::greedy(max_tokens)), max_tokens, priority, id, Rng::new(0), now)
+    Sequence::new(id, id, 0, prompt, Arc::new(SamplingParams::greedy(max_tokens)), max_tokens, priority, id, 0, now)
 }
 
 fn step(s: &mut Scheduler, now: Instant) -> SchedulerOutput {

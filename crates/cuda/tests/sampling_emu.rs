@@ -1,0 +1,100 @@
+//! kernels/sampling.cu against the host sampler, bit for bit: the kernel runs under the host
+//! emulation (kernels/emu/sample_io.cpp, built here with g++) on random rows and specs, and each
+//! id must equal `tandem_core::sampling::sample_row` of the same row and spec. Rows cover
+//! greedy and tiny temperatures, top-k (ties at the k-th value, k past the vocabulary), top-p,
+//! min-p, their mixes, NaN and -inf logits, +inf and all-NaN rows, vocabularies from 1 to 5000
+//! (lanes left empty, lanes of unequal length). Needs g++ (or $CXX): SKIPPED without one,
+//! a failure under TANDEM_REQUIRE_EMU=1.
+
+use std::path::Path;
+use std::process::Command;
+
+use tandem_core::sampling::{sample_row, SampleSpec};
+
+struct SplitMix(u64);
+impl SplitMix {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32
+    }
+    fn pick<T: Copy>(&mut self, xs: &[T]) -> T {
+        xs[(self.next() % xs.len() as u64) as usize]
+    }
+}
+
+/// One row of logits and its spec.
+fn case(r: &mut SplitMix, vocab: usize) -> (Vec<f32>, SampleSpec) {
+    let scale = r.pick(&[0.5f32, 3.0, 12.0]);
+    // Coarse values (multiples of 1/8) make ties, at the top and at top-k's k-th value.
+    let coarse = r.next().is_multiple_of(3);
+    let mut l: Vec<f32> = (0..vocab)
+        .map(|_| {
+            let x = (r.unit() * 2.0 - 1.0) * scale;
+            if coarse { (x * 8.0).round() / 8.0 } else { x }
+        })
+        .collect();
+    match r.next() % 10 {
+        0 => (0..vocab / 7 + 1).for_each(|_| l[(r.next() % vocab as u64) as usize] = f32::NAN),
+        1 => (0..vocab / 5 + 1).for_each(|_| l[(r.next() % vocab as u64) as usize] = f32::NEG_INFINITY),
+        2 if r.next().is_multiple_of(4) => l[(r.next() % vocab as u64) as usize] = f32::INFINITY,
+        3 if r.next().is_multiple_of(4) => l.iter_mut().for_each(|x| *x = f32::NAN),
+        _ => {}
+    }
+    let spec = SampleSpec {
+        temperature: r.pick(&[0.0f32, 1e-38, 9e-6, 1e-5, 0.05, 0.3, 0.7, 1.0, 1.0, 1.5, 4.0]),
+        top_k: r.pick(&[0u32, 0, 1, 2, 5, 40, 10_000]),
+        top_p: r.pick(&[1.0f32, 1.0, 0.95, 0.8, 0.5, 0.01]),
+        min_p: r.pick(&[0.0f32, 0.0, 0.02, 0.3, 1.0]),
+        seed: r.next(),
+        completion: (r.next() % 4) as u32,
+        token_index: (r.next() % 5000) as u32,
+    };
+    (l, spec)
+}
+
+#[test]
+fn sampling_kernel_matches_the_host_sampler_bitwise() {
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
+    if !Command::new(&cxx).arg("--version").output().is_ok_and(|o| o.status.success()) {
+        assert!(!std::env::var("TANDEM_REQUIRE_EMU").is_ok_and(|v| v == "1"), "TANDEM_REQUIRE_EMU=1 but no C++ compiler `{cxx}`");
+        tandem_core::skip::note(format!("sampling kernel emulation: no C++ compiler `{cxx}`"));
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("tandem-sampling-emu-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../kernels/emu/sample_io.cpp");
+    let exe = dir.join("sample_io");
+    let out = Command::new(&cxx).args(["-std=c++20", "-O1", "-pthread", "-Wall", "-Wno-unused-function", "-o"]).arg(&exe).arg(&src).output().unwrap();
+    assert!(out.status.success(), "building {}:\n{}", src.display(), String::from_utf8_lossy(&out.stderr));
+
+    let mut r = SplitMix(std::env::var("TANDEM_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(20261201));
+    let mut total = 0;
+    for vocab in [1usize, 7, 255, 256, 257, 1000, 5000] {
+        let rows = if vocab >= 1000 { 24 } else { 40 };
+        let cases: Vec<_> = (0..rows).map(|_| case(&mut r, vocab)).collect();
+        let mut bytes = Vec::new();
+        bytes.extend((rows as u32).to_le_bytes());
+        bytes.extend((vocab as u32).to_le_bytes());
+        cases.iter().flat_map(|c| &c.0).for_each(|x| bytes.extend(x.to_le_bytes()));
+        cases.iter().flat_map(|c| c.1.to_words()).for_each(|w| bytes.extend(w.to_le_bytes()));
+        let (inp, outp) = (dir.join("in.bin"), dir.join("out.bin"));
+        std::fs::write(&inp, &bytes).unwrap();
+        let run = Command::new(&exe).arg(&inp).arg(&outp).output().unwrap();
+        assert!(run.status.success(), "sample_io failed: {}", String::from_utf8_lossy(&run.stderr));
+        let got: Vec<u32> = std::fs::read(&outp).unwrap().chunks_exact(4).map(|b| u32::from_le_bytes(b.try_into().unwrap())).collect();
+        assert_eq!(got.len(), rows);
+        for (i, ((l, s), g)) in cases.iter().zip(&got).enumerate() {
+            let want = sample_row(l, s);
+            assert_eq!(*g, want, "vocab {vocab} row {i}: kernel {g}, host {want}, spec {s:?}");
+        }
+        total += rows;
+    }
+    println!("sampling kernel == host sampler on {total} rows");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,32 @@
+// sample_io.cpp — kernels/sampling.cu under the host emulation, fed from a file, so that a Rust
+// test (crates/cuda/tests/sampling_emu.rs) can hold the kernel against the host sampler
+// (`tandem_core::sampling::sample_row`) bit for bit on inputs it generates.
+// Usage: sample_io IN OUT. IN: u32 rows, u32 vocab, f32 logits [rows, vocab], u32 specs
+// [rows, 8]; OUT: u32 ids [rows]. All little-endian.
+#include "cuda_emu.h"
+
+#include "../sampling.cu"
+
+#include <cstdio>
+
+int main(int argc, char** argv) {
+    if (argc != 3) {
+        std::fprintf(stderr, "usage: %s IN OUT\n", argv[0]);
+        return 2;
+    }
+    FILE* in = std::fopen(argv[1], "rb");
+    if (!in) return 2;
+    u32 dims[2];
+    if (std::fread(dims, 4, 2, in) != 2) return 2;
+    const size_t rows = dims[0], vocab = dims[1];
+    std::vector<float> logits(rows * vocab);
+    std::vector<u32> specs(rows * 8), ids(rows, 0xffffffffu);
+    if (std::fread(logits.data(), 4, logits.size(), in) != logits.size()) return 2;
+    if (std::fread(specs.data(), 4, specs.size(), in) != specs.size()) return 2;
+    std::fclose(in);
+    launch(dim3{(unsigned)rows, 1, 1}, dim3{SMP_THREADS, 1, 1}, [&] { sample(logits.data(), specs.data(), ids.data(), (int)rows, (int)vocab); });
+    FILE* out = std::fopen(argv[2], "wb");
+    if (!out || std::fwrite(ids.data(), 4, rows, out) != rows) return 2;
+    std::fclose(out);
+    return 0;
+}

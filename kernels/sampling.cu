@@ -1,0 +1,244 @@
+// sampling.cu — a token id per row of logits on the device: greedy, or temperature with top-k,
+// min-p and top-p and one Philox4x32-10 draw, so that only ids travel back to the host.
+//
+//   out[r] = sample_row(logits[r, :], spec[r])   logits f32 [rows, vocab], specs u32 [rows, 8],
+//                                                out u32 [rows]
+//
+// The result is defined by `tandem_core::sampling::sample_row` (crates/core/src/sampling.rs),
+// and this kernel computes it bit for bit: the same f32 operations in the same order. Hence:
+//   - no library expf (its last bits differ from the host's): `smp_exp`, the host's exp_f32;
+//   - every multiply and add through __fmul_rn / __fadd_rn, which NVRTC never contracts into
+//     an FMA (the host has none either);
+//   - no sort: thresholds by bisection over the logits' order-preserving u32 keys, masses as
+//     sums in a fixed order (thread t adds indices t, t+256, ... in order; then a fixed tree).
+// spec[r] = [inv_t, top_k, top_p, min_p, seed_lo, seed_hi, completion, token_index] (floats as
+// bits; inv_t 0 means greedy). The draw: Philox4x32-10 of counter [token_index, completion, 0,
+// 0] and key [seed_lo, seed_hi], top 24 bits of word 0 as a uniform in [0, 1).
+// Launch: grid (rows), block SMP_THREADS (256, the host's SAMPLE_LANES); launch bounds ask for 4 blocks
+// an SM (without the hint ptxas capped it at 32 registers and spilled). Work per row: one pass
+// for the max, one for the draw; top-k and top-p add 32 passes each (bisection), recomputing
+// the weights. Penalties, bans and logprobs stay on the host (the engine sends such rows there).
+// Check: kernels/emu/run.sh (Philox answers, greedy rows) and crates/cuda/tests/sampling_emu.rs
+// (the kernel against the host sampler, bitwise, on random rows and specs).
+#include "common.cuh"
+
+#define SMP_THREADS 256
+
+// Plain round-to-nearest f32 arithmetic (host emulation: plain C++, which g++ does not
+// contract without an FMA target).
+#ifdef TANDEM_HOST_EMU
+__device__ __forceinline__ float smp_mul(float a, float b) { return a * b; }
+__device__ __forceinline__ float smp_add(float a, float b) { return a + b; }
+__device__ __forceinline__ u32 smp_bits(float x) { u32 b; std::memcpy(&b, &x, 4); return b; }
+#else
+__device__ __forceinline__ float smp_mul(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ float smp_add(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ u32 smp_bits(float x) { return __float_as_uint(x); }
+#endif
+
+// Philox4x32 with 10 rounds (Salmon et al., SC'11), in place on (c0, c1, c2, c3). Scalars, not
+// an array: an array here went to local memory (ptxas reported a stack and spills).
+__device__ __forceinline__ void philox4x32_10(u32& c0, u32& c1, u32& c2, u32& c3, u32 k0, u32 k1) {
+#pragma unroll
+    for (int r = 0; r < 10; ++r) {
+        if (r > 0) {
+            k0 += 0x9E3779B9u;
+            k1 += 0xBB67AE85u;
+        }
+        const unsigned long long p0 = (unsigned long long)0xD2511F53u * c0;
+        const unsigned long long p1 = (unsigned long long)0xCD9E8D57u * c2;
+        const u32 n0 = (u32)(p1 >> 32) ^ c1 ^ k0, n2 = (u32)(p0 >> 32) ^ c3 ^ k1;
+        c0 = n0;
+        c1 = (u32)p1;
+        c2 = n2;
+        c3 = (u32)p0;
+    }
+}
+
+// e^z for z <= 0: Cody-Waite by ln 2, degree-6 Taylor, 2^k from exponent bits; 0 under e^-87.
+__device__ __forceinline__ float smp_exp(float z) {
+    if (!(z > -87.0f)) return 0.0f;
+    const float k = floorf(smp_add(smp_mul(z, __uint_as_float(0x3fb8aa3bu)), 0.5f));
+    const float r = smp_add(smp_add(z, -smp_mul(k, __uint_as_float(0x3f317200u))), -smp_mul(k, __uint_as_float(0x35bfbe8eu)));
+    float p = __uint_as_float(0x3ab60b61u);
+    p = smp_add(smp_mul(p, r), __uint_as_float(0x3c088889u));
+    p = smp_add(smp_mul(p, r), __uint_as_float(0x3d2aaaabu));
+    p = smp_add(smp_mul(p, r), __uint_as_float(0x3e2aaaabu));
+    p = smp_add(smp_mul(p, r), 0.5f);
+    p = smp_add(smp_mul(p, r), 1.0f);
+    p = smp_add(smp_mul(p, r), 1.0f);
+    return smp_mul(p, __uint_as_float((u32)((int)k + 127) << 23));
+}
+
+// Order-preserving key of a float (NaN excluded by the callers).
+__device__ __forceinline__ u32 smp_key(float x) {
+    const u32 b = smp_bits(x);
+    return (b >> 31) ? ~b : (b | 0x80000000u);
+}
+
+// The weight of logit x: e^((x - m) * inv_t), NaN weighs 0.
+__device__ __forceinline__ float smp_weight(float x, float m, float inv_t) {
+    return x != x ? 0.0f : smp_exp(smp_mul(smp_add(x, -m), inv_t));
+}
+
+// Block-wide sums in a fixed order (the host's `lanes`): every thread gets the total.
+__device__ __forceinline__ float smp_tree_sum(float* sh, float v) {
+    const int t = threadIdx.x;
+    sh[t] = v;
+    __syncthreads();
+    for (int s = SMP_THREADS / 2; s > 0; s >>= 1) {
+        if (t < s) sh[t] = smp_add(sh[t], sh[t + s]);
+        __syncthreads();
+    }
+    const float r = sh[0];
+    __syncthreads();
+    return r;
+}
+__device__ __forceinline__ u32 smp_tree_count(u32* sh, u32 v) {
+    const int t = threadIdx.x;
+    sh[t] = v;
+    __syncthreads();
+    for (int s = SMP_THREADS / 2; s > 0; s >>= 1) {
+        if (t < s) sh[t] += sh[t + s];
+        __syncthreads();
+    }
+    const u32 r = sh[0];
+    __syncthreads();
+    return r;
+}
+
+extern "C" __global__ void __launch_bounds__(SMP_THREADS, 4)
+sample(const float* __restrict__ logits, const u32* __restrict__ specs, u32* __restrict__ out, int rows, int vocab) {
+    __shared__ float sf[SMP_THREADS];
+    __shared__ float s_incl[SMP_THREADS];
+    __shared__ int si[SMP_THREADS];
+    __shared__ u32 su[SMP_THREADS];
+    __shared__ int s_lane, s_walk;
+    __shared__ float s_local;
+    const int r = blockIdx.x;
+    if (r >= rows) return;
+    const int t = threadIdx.x;
+    const float* row = logits + (size_t)r * vocab;
+    const u32* sp = specs + (size_t)r * 8;
+    const float inv_t = __uint_as_float(sp[0]), top_p = __uint_as_float(sp[2]), min_p = __uint_as_float(sp[3]);
+    const u32 top_k = sp[1];
+
+    // The argmax, whose value is the largest logit that is not NaN.
+    float v = 0.0f;
+    int idx = -1;
+    for (int j = t; j < vocab; j += SMP_THREADS) argmax_combine(v, idx, row[j], j);
+    sf[t] = v;
+    si[t] = idx;
+    __syncthreads();
+    for (int s = SMP_THREADS / 2; s > 0; s >>= 1) {
+        if (t < s) {
+            float a = sf[t];
+            int ai = si[t];
+            argmax_combine(a, ai, sf[t + s], si[t + s]);
+            sf[t] = a;
+            si[t] = ai;
+        }
+        __syncthreads();
+    }
+    const float m = sf[0];
+    const u32 greedy = si[0] < 0 ? 0u : (u32)si[0];
+    __syncthreads();
+    // Greedy, or nothing finite to scale against (all NaN / -inf, or +inf): the argmax.
+    if (inv_t == 0.0f || !(fabsf(m) <= 3.402823466e38f)) {
+        if (t == 0) out[r] = greedy;
+        return;
+    }
+
+    // top-k: the largest key with at least k valid logits at or above it (ties kept).
+    u32 tau_k = 0;
+    if (top_k > 0) {
+        u32 valid = 0;
+        for (int j = t; j < vocab; j += SMP_THREADS) valid += row[j] == row[j];
+        valid = smp_tree_count(su, valid);
+        if (top_k < valid) {
+            for (int b = 31; b >= 0; --b) {
+                const u32 c = tau_k | (1u << b);
+                u32 n = 0;
+                for (int j = t; j < vocab; j += SMP_THREADS) {
+                    const float x = row[j];
+                    n += x == x && smp_key(x) >= c;
+                }
+                if (smp_tree_count(su, n) >= top_k) tau_k = c;
+            }
+        }
+    }
+    // The survivors of top-k and min-p (the best token weighs 1, so min-p is w >= min_p).
+#define SMP_BASE(x, w) ((x) == (x) && smp_key(x) >= tau_k && (w) >= min_p)
+    // top-p: the largest key whose tokens keep at least top_p of the survivors' mass.
+    u32 tau_p = 0;
+    if (top_p < 1.0f) {
+        float acc = 0.0f;
+        for (int j = t; j < vocab; j += SMP_THREADS) {
+            const float x = row[j], w = smp_weight(x, m, inv_t);
+            if (SMP_BASE(x, w)) acc = smp_add(acc, w);
+        }
+        const float want = smp_mul(top_p, smp_tree_sum(sf, acc));
+        for (int b = 31; b >= 0; --b) {
+            const u32 c = tau_p | (1u << b);
+            float a = 0.0f;
+            for (int j = t; j < vocab; j += SMP_THREADS) {
+                const float x = row[j], w = smp_weight(x, m, inv_t);
+                if (SMP_BASE(x, w) && smp_key(x) >= c) a = smp_add(a, w);
+            }
+            if (smp_tree_sum(sf, a) >= want) tau_p = c;
+        }
+    }
+#define SMP_KEPT(x, w) (SMP_BASE(x, w) && smp_key(x) >= tau_p)
+
+    // The draw: lanes laid end to end, the first token whose running weight passes u * total.
+    float lane = 0.0f;
+    for (int j = t; j < vocab; j += SMP_THREADS) {
+        const float x = row[j], w = smp_weight(x, m, inv_t);
+        if (SMP_KEPT(x, w)) lane = smp_add(lane, w);
+    }
+    sf[t] = lane;
+    __syncthreads();
+    if (t == 0) {
+        float acc = 0.0f;
+        for (int l = 0; l < SMP_THREADS; ++l) {
+            acc = smp_add(acc, sf[l]);
+            s_incl[l] = acc;
+        }
+        u32 c0 = sp[7], c1 = sp[6], c2 = 0u, c3 = 0u;
+        philox4x32_10(c0, c1, c2, c3, sp[4], sp[5]);
+        const float u = smp_mul((float)(c0 >> 8), 1.0f / 16777216.0f);
+        const float target = smp_mul(u, acc);
+        int chosen = -1;
+        for (int l = 0; l < SMP_THREADS && chosen < 0; ++l)
+            if (s_incl[l] > target) chosen = l;
+        if (chosen >= 0) {
+            s_lane = chosen;
+            s_walk = 1;
+            s_local = smp_add(target, chosen > 0 ? -s_incl[chosen - 1] : -0.0f);
+        } else {  // rounding put the target at the very end: the last lane with weight
+            int last = 0;
+            for (int l = SMP_THREADS - 1; l >= 0; --l)
+                if (sf[l] > 0.0f) { last = l; break; }
+            s_lane = last;
+            s_walk = 0;
+            s_local = 0.0f;
+        }
+    }
+    __syncthreads();
+    if (t == s_lane) {
+        int pick = -1, last = -1;
+        float local = 0.0f;
+        for (int j = t; j < vocab; j += SMP_THREADS) {
+            const float x = row[j], w = smp_weight(x, m, inv_t);
+            if (!SMP_KEPT(x, w)) continue;
+            if (w > 0.0f) last = j;
+            if (s_walk) {
+                local = smp_add(local, w);
+                if (local > s_local) { pick = j; break; }
+            }
+        }
+        out[r] = pick >= 0 ? (u32)pick : last >= 0 ? (u32)last : greedy;
+    }
+#undef SMP_KEPT
+#undef SMP_BASE
+}
