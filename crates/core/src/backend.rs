@@ -140,6 +140,25 @@ impl<Buf> Clone for NormIn<'_, Buf> {
 }
 impl<Buf> Copy for NormIn<'_, Buf> {}
 
+/// The largest forward the model will run: what [`Backend::reserve_workspace`] sizes for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkspaceLimits {
+    /// Tokens per forward (`max_num_batched_tokens`).
+    pub max_tokens: usize,
+    /// Sequences per forward (`max_num_seqs`).
+    pub max_seqs: usize,
+    /// Logit rows per forward (max_seqs + prompt-logprob rows).
+    pub max_logit_rows: usize,
+    /// Longest context a token attends over (the context limit).
+    pub max_context: usize,
+    pub num_heads: usize,
+    pub head_dim: usize,
+    /// Largest reduction length of any matmul (hidden, q_dim or intermediate).
+    pub max_k: usize,
+    /// Widest matmul output (the vocabulary or the fused projections).
+    pub max_n: usize,
+}
+
 /// A compute backend. Every method that can fail returns an error instead of panicking.
 pub trait Backend: Send + 'static {
     /// A device buffer. Its dtype and length are fixed at creation.
@@ -147,9 +166,23 @@ pub trait Backend: Send + 'static {
 
     fn name(&self) -> &'static str;
 
-    /// Bytes of device memory free for the KV cache after the weights were loaded, if known.
+    /// Bytes of device memory free now, if known.
     fn free_memory(&self) -> Option<u64> {
         None
+    }
+
+    /// Bytes of device memory in all, if known; with [`Backend::free_memory`] it sizes the KV
+    /// pool as a fraction of the total (`crate::memory`).
+    fn total_memory(&self) -> Option<u64> {
+        None
+    }
+
+    /// Allocates, once, every scratch a forward within `limits` needs beyond the buffers the
+    /// model passes in (attention partials, matmul workspace...), so that no step allocates and
+    /// the KV pool is sized after them. A later op beyond the limits fails instead of growing.
+    /// Returns the bytes reserved; a backend without such scratch reserves nothing.
+    fn reserve_workspace(&self, _limits: &WorkspaceLimits) -> Result<u64> {
+        Ok(0)
     }
 
     /// Returns once every op queued so far has run (a backend that runs ops as they are called

@@ -6,6 +6,7 @@
 //! - [`batch`]: the flattened batch the engine hands to a model (tokens, positions, slots, block tables).
 //! - [`model`]: the Llama-family forward pass, written once against [`backend::Backend`].
 //! - [`sampling`]: logits to token ids (Philox draws, f32 arithmetic a device kernel repeats bit for bit).
+//! - [`memory`]: the KV pool's share of device memory (`--gpu-memory-utilization` of the total).
 //! - [`tokenizer`], [`chat`], [`detokenizer`]: text in and out.
 //!
 //! Architecture invariant: this crate knows no GPU API, no HTTP and no scheduler.
@@ -18,12 +19,13 @@ pub mod detokenizer;
 pub mod error;
 pub mod greedy;
 pub mod skip;
+pub mod memory;
 pub mod model;
 pub mod sampling;
 pub mod tokenizer;
 pub mod weights;
 
-pub use backend::{Backend, DType};
+pub use backend::{Backend, DType, WorkspaceLimits};
 pub use batch::ForwardBatch;
 pub use config::{GenerationConfig, ModelConfig};
 pub use error::{Error, Result};

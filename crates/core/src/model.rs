@@ -4,10 +4,11 @@
 
 use std::path::Path;
 
-use crate::backend::{AttnArgs, Backend, KvDest, KvGeometry, NormIn};
+use crate::backend::{AttnArgs, Backend, KvDest, KvGeometry, NormIn, WorkspaceLimits};
 use crate::batch::ForwardBatch;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
+use crate::memory::{plan_kv_blocks, DeviceMemory, KvNeed};
 use crate::sampling::{sample_row, SampleSpec};
 use crate::weights::Weights;
 
@@ -53,13 +54,17 @@ fn check_specs(batch: &ForwardBatch, specs: &[SampleSpec]) -> Result<()> {
 pub struct LoadOptions {
     pub max_batch_tokens: usize,
     pub max_seqs: usize,
-    /// KV blocks in the pool; 0 sizes the pool from the backend's free memory (see
+    /// KV blocks in the pool; 0 sizes the pool from the backend's memory (see
     /// `gpu_memory_utilization`), or, where the backend cannot tell, to [`AUTO_KV_BYTES`].
     pub num_kv_blocks: usize,
     pub block_size: usize,
-    /// Fraction of the memory free after weights and activations that the KV pool takes
-    /// when `num_kv_blocks` is 0.
+    /// Fraction of the device's TOTAL memory for weights, activations, step workspace and KV
+    /// together (vLLM's meaning) when `num_kv_blocks` is 0; see [`crate::memory`].
     pub gpu_memory_utilization: f32,
+    /// The context limit (prompt + output); None: the model's `max_position_embeddings`.
+    /// Sizes block tables and the attention workspace, and the KV pool must hold one sequence
+    /// this long.
+    pub max_model_len: Option<usize>,
     /// Logit rows beyond `max_seqs` one forward can return, for requests that score their
     /// prompt (prompt logprobs): `[max_seqs + prompt_logit_rows, vocab]` f32 of scratch.
     pub prompt_logit_rows: usize,
@@ -73,7 +78,7 @@ pub const AUTO_KV_BYTES: u64 = 1 << 30;
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        LoadOptions { max_batch_tokens: 512, max_seqs: 64, num_kv_blocks: 256, block_size: 16, gpu_memory_utilization: 0.9, prompt_logit_rows: DEFAULT_PROMPT_LOGIT_ROWS }
+        LoadOptions { max_batch_tokens: 512, max_seqs: 64, num_kv_blocks: 256, block_size: 16, gpu_memory_utilization: 0.9, max_model_len: None, prompt_logit_rows: DEFAULT_PROMPT_LOGIT_ROWS }
     }
 }
 
@@ -146,11 +151,12 @@ impl<B: Backend> LlamaModel<B> {
     }
 
     pub fn from_weights(backend: B, cfg: ModelConfig, w: &Weights, opts: LoadOptions) -> Result<Self> {
-        if opts.max_batch_tokens == 0 || opts.max_seqs == 0 || opts.block_size == 0 {
+        if opts.max_batch_tokens == 0 || opts.max_seqs == 0 || opts.block_size == 0 || opts.max_model_len == Some(0) {
             return Err(Error::Batch(format!("load options must be positive: {opts:?}")));
         }
         let (d, qd, kvd, inter, vocab) = (cfg.hidden_size, cfg.q_dim(), cfg.kv_dim(), cfg.intermediate_size, cfg.vocab_size);
         let b = &backend;
+        let free_before_weights = b.free_memory();
         let up = |name: &str, shape: &[usize]| -> Result<B::Buf> { b.upload_weight(&w.get(name, shape)?) };
         let embed = up("model.embed_tokens.weight", &[vocab, d])?;
         let lm_head = if w.contains("lm_head.weight") && !cfg.tie_word_embeddings {
@@ -193,10 +199,12 @@ impl<B: Backend> LlamaModel<B> {
         let final_norm = up("model.norm.weight", &[d])?;
         let mut inv_freq = b.alloc_f32(cfg.head_dim / 2)?;
         b.write_f32(&mut inv_freq, &cfg.rope_inv_freq())?;
+        let free_after_weights = b.free_memory();
         let t = opts.max_batch_tokens;
         let sq = opts.max_seqs;
         let rows = sq + opts.prompt_logit_rows;
-        let max_blocks_cap = cfg.max_position_embeddings.div_ceil(opts.block_size).max(1);
+        let max_context = opts.max_model_len.unwrap_or(usize::MAX).min(cfg.max_position_embeddings).max(1);
+        let max_blocks_cap = max_context.div_ceil(opts.block_size).max(1);
         let s = Scratch {
             h: b.alloc_f32(t * d)?,
             x: b.alloc_f32(t * d)?,
@@ -218,19 +226,37 @@ impl<B: Backend> LlamaModel<B> {
             block_tables: b.alloc_u32(sq * max_blocks_cap)?,
             logit_rows: b.alloc_u32(rows)?,
         };
+        let limits = WorkspaceLimits {
+            max_tokens: t,
+            max_seqs: sq,
+            max_logit_rows: rows,
+            max_context: max_blocks_cap * opts.block_size,
+            num_heads: cfg.num_attention_heads,
+            head_dim: cfg.head_dim,
+            max_k: d.max(qd).max(inter),
+            max_n: vocab.max(qd + 2 * kvd).max(2 * inter).max(d),
+        };
+        let workspace = b.reserve_workspace(&limits)?;
+        if workspace > 0 {
+            tracing::info!(mib = workspace >> 20, ?limits, "step workspace reserved");
+        }
         let mut geometry = KvGeometry { num_blocks: opts.num_kv_blocks, block_size: opts.block_size, num_kv_heads: cfg.num_key_value_heads, head_dim: cfg.head_dim };
         if geometry.num_blocks == 0 {
             // Both K and V, every layer, f32.
             let block_bytes = (2 * cfg.num_hidden_layers * opts.block_size * cfg.kv_dim() * 4) as u64;
-            let budget = match b.free_memory() {
-                Some(free) => (free as f64 * opts.gpu_memory_utilization.clamp(0.0, 1.0) as f64) as u64,
-                None => AUTO_KV_BYTES,
-            };
             // Never more than every sequence at full context needs.
-            let useful = (sq * max_blocks_cap) as u64;
-            geometry.num_blocks = (budget / block_bytes).min(useful) as usize;
+            let useful = sq * max_blocks_cap;
+            let need = KvNeed { block_bytes, min_blocks: max_blocks_cap, max_blocks: useful, max_context: limits.max_context };
+            let measured = match (b.total_memory(), free_before_weights, free_after_weights, b.free_memory()) {
+                (Some(total), Some(free_before_weights), Some(free_after_weights), Some(free_now)) => Some(DeviceMemory { total, free_before_weights, free_after_weights, free_now }),
+                _ => None,
+            };
+            geometry.num_blocks = match measured {
+                Some(m) => plan_kv_blocks(&m, opts.gpu_memory_utilization, &need).map_err(|e| Error::backend(b.name(), e))?,
+                None => ((AUTO_KV_BYTES / block_bytes) as usize).min(useful),
+            };
             if geometry.num_blocks == 0 {
-                return Err(Error::backend(b.name(), format!("no memory left for a single KV block ({block_bytes} bytes) after the weights")));
+                return Err(Error::backend(b.name(), format!("AUTO_KV_BYTES holds no KV block of {block_bytes} bytes; pass num_kv_blocks")));
             }
             tracing::info!(blocks = geometry.num_blocks, block_size = opts.block_size, mib = geometry.num_blocks as u64 * block_bytes >> 20, "KV cache sized");
         }

@@ -12,9 +12,14 @@
 //!
 //! Invariant: every accepted request gets exactly one output with `finished == true`, whatever
 //! happens (stop, length, abort, forward error, engine shutdown).
+//!
+//! A forward error fails its batch and the engine goes on, unless it is fatal
+//! (`tandem_core::Error::is_fatal`: the device is lost): then every request, running or
+//! waiting, fails with that error, and the engine refuses every later submission
+//! (`SubmitError::Stopped` with the reason; [`EngineHandle::failure`] reports it).
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -83,8 +88,8 @@ pub enum SubmitError {
     NeverFits { needed: usize, copies: usize, tokens: usize, pool: usize },
     #[error("overloaded: {pending} requests pending (limit {limit}); retry later")]
     Overloaded { pending: usize, limit: usize },
-    #[error("the engine has stopped")]
-    Stopped,
+    #[error("the engine has stopped: {0}")]
+    Stopped(String),
 }
 
 /// What a caller submits.
@@ -227,6 +232,8 @@ pub struct Engine {
     next_arrival: u64,
     seed: u64,
     generation_tokens: u64,
+    /// Set once by a fatal forward error; the engine serves nothing after it.
+    failure: Arc<OnceLock<String>>,
 }
 
 impl Engine {
@@ -294,6 +301,7 @@ impl Engine {
             next_arrival: 0,
             seed: cfg.seed,
             generation_tokens: 0,
+            failure: Arc::new(OnceLock::new()),
         })
     }
 
@@ -312,6 +320,9 @@ impl Engine {
 
     /// Checks and queues a request (synchronous use; threads go through [`EngineHandle`]).
     pub fn add_request(&mut self, req: Request) -> Result<RequestStream, SubmitError> {
+        if let Some(f) = self.failure.get() {
+            return Err(SubmitError::Stopped(f.clone()));
+        }
         let max_tokens = self.limits.check(&req)?;
         self.limits.reserve(&self.pending)?;
         let id = self.next_request.fetch_add(1, Ordering::Relaxed);
@@ -359,6 +370,19 @@ impl Engine {
         out.seqs.len()
     }
 
+    /// Why the engine stopped for good (a fatal forward error), if it did.
+    pub fn failure(&self) -> Option<&str> {
+        self.failure.get().map(String::as_str)
+    }
+
+    /// A forward error as the batch's failure message; a fatal one also stops the engine.
+    fn forward_error(&self, e: tandem_core::Error) -> String {
+        if e.is_fatal() {
+            let _ = self.failure.set(e.to_string());
+        }
+        e.to_string()
+    }
+
     /// Runs the step's batch. Token ids come back from the model when every row can be sampled
     /// where the logits are; one row that needs the host (see [`needs_host`]) brings the whole
     /// step's logits back instead. Both give the same ids for a row without penalties.
@@ -366,13 +390,13 @@ impl Engine {
         let batch = self.scheduler.forward_batch(out);
         let rows = batch.logit_rows.len();
         if let Some(specs) = self.device_specs(out) {
-            let ids = self.runner.forward_sampled(&batch, &specs).map_err(|e| e.to_string())?;
+            let ids = self.runner.forward_sampled(&batch, &specs).map_err(|e| self.forward_error(e))?;
             if ids.len() != rows {
                 return Err(format!("model returned {} token ids for {rows} rows", ids.len()));
             }
             return Ok(Sampled::Ids(ids));
         }
-        let logits = self.runner.forward(&batch).map_err(|e| e.to_string())?;
+        let logits = self.runner.forward(&batch).map_err(|e| self.forward_error(e))?;
         if logits.len() != rows * self.vocab {
             return Err(format!("model returned {} logits for {rows} rows of vocabulary {}", logits.len(), self.vocab));
         }
@@ -399,7 +423,13 @@ impl Engine {
     fn postprocess(&mut self, out: &SchedulerOutput, sampled: Result<Sampled, String>) {
         let sampled = match sampled {
             Ok(s) => s,
-            Err(e) => return self.fail_batch(out, &e),
+            Err(e) => {
+                self.fail_batch(out, &e);
+                if self.failure.get().is_some() {
+                    self.fail_all(&e);
+                }
+                return;
+            }
         };
         self.scheduler.complete_step(out);
         let now = Instant::now();
@@ -448,7 +478,18 @@ impl Engine {
         if sample { rows.pop() } else { None }
     }
 
-    /// A failed forward fails every request that had a sequence in the batch; the engine goes on.
+    /// After a fatal error: every request left (waiting, or running outside the failed batch)
+    /// fails too; nothing is ever scheduled on the lost device again.
+    fn fail_all(&mut self, err: &str) {
+        tracing::error!("the device is lost; the engine stops serving: {err}");
+        let open: Vec<RequestId> = self.requests.keys().copied().collect();
+        for r in open {
+            self.end_request(r, FinishReason::Error(format!("the engine stopped after a fatal device error: {err}")));
+        }
+    }
+
+    /// A failed forward fails every request that had a sequence in the batch; the engine goes
+    /// on unless the error is fatal.
     fn fail_batch(&mut self, out: &SchedulerOutput, err: &str) {
         tracing::error!("forward failed for {} sequences: {err}", out.seqs.len());
         if let Ok(mut s) = self.stats.lock() {
@@ -626,6 +667,7 @@ impl Engine {
             cmd: tx,
             limits: engine.limits.clone(),
             stats: engine.stats.clone(),
+            failure: engine.failure.clone(),
             pending: engine.pending.clone(),
             next_request: engine.next_request.clone(),
             thread: Mutex::new(None),
@@ -673,7 +715,14 @@ impl Engine {
     /// False on shutdown.
     fn handle(&mut self, cmd: Command) -> bool {
         match cmd {
-            Command::Submit { id, req, max_tokens, tx, arrival } => self.enqueue(id, *req, max_tokens, tx, arrival),
+            Command::Submit { id, req, max_tokens, tx, arrival } => {
+                self.enqueue(id, *req, max_tokens, tx, arrival);
+                // Submitted before the handle saw the failure: it still gets its one final output.
+                if let Some(f) = self.failure.get().cloned() {
+                    self.end_request(id, FinishReason::Error(format!("the engine stopped after a fatal device error: {f}")));
+                    self.update_stats();
+                }
+            }
             Command::Abort(id) => {
                 self.abort(id);
                 // The engine may go idle now; the gauges must not keep showing the aborted request.
@@ -696,6 +745,7 @@ struct HandleInner {
     cmd: mpsc::Sender<Command>,
     limits: Limits,
     stats: Arc<Mutex<Stats>>,
+    failure: Arc<OnceLock<String>>,
     pending: Arc<AtomicUsize>,
     next_request: Arc<AtomicU64>,
     thread: Mutex<Option<JoinHandle<()>>>,
@@ -711,13 +761,16 @@ impl EngineHandle {
     /// Checks the request now and queues it; its outputs arrive on the returned stream.
     pub fn submit(&self, req: Request) -> Result<RequestStream, SubmitError> {
         let h = &self.inner;
+        if let Some(f) = h.failure.get() {
+            return Err(SubmitError::Stopped(f.clone()));
+        }
         let max_tokens = h.limits.check(&req)?;
         h.limits.reserve(&h.pending)?;
         let id = h.next_request.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = unbounded_channel();
         if h.cmd.send(Command::Submit { id, req: Box::new(req), max_tokens, tx, arrival: Instant::now() }).is_err() {
             h.pending.fetch_sub(1, Ordering::AcqRel);
-            return Err(SubmitError::Stopped);
+            return Err(SubmitError::Stopped("the engine thread has exited".into()));
         }
         Ok(RequestStream { id, rx, abort: Some(h.cmd.clone()), finished: false })
     }
@@ -730,6 +783,12 @@ impl EngineHandle {
 
     pub fn stats(&self) -> Stats {
         self.inner.stats.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    /// Why the engine stopped serving for good (a fatal device error), if it did; the server's
+    /// /health answers 503 with it.
+    pub fn failure(&self) -> Option<String> {
+        self.inner.failure.get().cloned()
     }
 
     /// Longest prompt + output the engine accepts.

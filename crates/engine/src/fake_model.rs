@@ -23,6 +23,8 @@ pub struct FakeModel {
     pub calls: usize,
     /// Forward calls (0-based) that fail with an error.
     pub fail_calls: Vec<usize>,
+    /// Forward calls (0-based) that fail as a lost device would ([`Error::is_fatal`]).
+    pub fatal_calls: Vec<usize>,
     /// Tokens per forward, for tests of the token budget.
     pub batch_sizes: Vec<usize>,
 }
@@ -47,7 +49,7 @@ fn mix(h: u64, x: u64) -> u64 {
 impl FakeModel {
     pub fn new(cfg: ModelConfig, num_blocks: usize, block_size: usize, max_batch_tokens: usize, max_seqs: usize) -> Self {
         let geometry = KvGeometry { num_blocks, block_size, num_kv_heads: 1, head_dim: 4 };
-        FakeModel { cfg, geometry, max_batch_tokens, max_seqs, kv: vec![(u32::MAX, u32::MAX); num_blocks * block_size], null: false, calls: 0, fail_calls: vec![], batch_sizes: vec![] }
+        FakeModel { cfg, geometry, max_batch_tokens, max_seqs, kv: vec![(u32::MAX, u32::MAX); num_blocks * block_size], null: false, calls: 0, fail_calls: vec![], fatal_calls: vec![], batch_sizes: vec![] }
     }
 
     fn history_hash(tokens: impl Iterator<Item = (u32, u32)>) -> u64 {
@@ -107,6 +109,9 @@ impl ModelRunner for FakeModel {
         self.calls += 1;
         self.batch_sizes.push(b.num_tokens());
         let vocab = self.cfg.vocab_size;
+        if self.fatal_calls.contains(&call) {
+            return Err(Error::device_lost("fake", format!("injected illegal address on call {call}")));
+        }
         if self.fail_calls.contains(&call) {
             return Err(Error::backend("fake", format!("injected failure on call {call}")));
         }

@@ -318,7 +318,56 @@ fn threaded_handle_streams_and_aborts_on_drop() {
     h.shutdown();
     let rest: Vec<_> = std::iter::from_fn(|| s.blocking_recv()).collect();
     assert_eq!(rest.last().unwrap().finish_reason, Some(FinishReason::Abort));
-    assert!(matches!(h.submit(greedy_req(vec![1], 1)), Err(SubmitError::Stopped)));
+    assert!(matches!(h.submit(greedy_req(vec![1], 1)), Err(SubmitError::Stopped(_))));
+}
+
+#[test]
+fn a_fatal_forward_error_fails_every_request_and_stops_the_engine() {
+    let mut m = fake(64, 64, 2);
+    m.fatal_calls = vec![1];
+    let mut e = engine(m, EngineConfig::default());
+    // Two run (max_seqs 2); the third waits; the fourth (n = 2) waits with an unforked sibling.
+    let mut streams: Vec<_> = (0..3).map(|i| e.add_request(greedy_req(prompt(10, i), 5)).unwrap()).collect();
+    streams.push(e.add_request(Request { prompt: prompt(6, 7), params: SamplingParams { n: 2, ..SamplingParams::greedy(5) }, priority: 0 }).unwrap());
+    e.step(); // call 0: fine
+    assert!(e.failure().is_none());
+    e.step(); // call 1: the device is lost
+    let why = e.failure().expect("a fatal error stops the engine").to_string();
+    assert!(why.contains("device lost") && why.contains("illegal address"), "{why}");
+    assert!(!e.has_work(), "nothing is left to run on a lost device");
+    assert_eq!(e.num_requests(), 0);
+    for (i, s) in streams.iter_mut().enumerate() {
+        let outs = drain(s);
+        let n = if i == 3 { 2 } else { 1 };
+        let c = collect(&outs, n);
+        assert_eq!(c.finals.len(), 1, "request {i}: exactly one final output");
+        for f in &c.finish {
+            assert!(matches!(f, Some(FinishReason::Error(m)) if m.contains("illegal address")), "request {i}: {f:?}");
+        }
+    }
+    assert!(matches!(e.add_request(greedy_req(prompt(4, 1), 2)), Err(SubmitError::Stopped(m)) if m.contains("illegal address")));
+    assert_eq!(e.step(), 0, "no forward after the failure");
+    let st = e.stats();
+    // Completions ended: the two in the batch and one of each waiting request (an unforked
+    // sibling gets its finish reason but is not counted, as on any other end).
+    assert_eq!((st.forward_errors_total, st.requests_error_total), (1, 4));
+}
+
+#[test]
+fn threaded_engine_refuses_submissions_after_a_fatal_error() {
+    let mut m = fake(64, 64, 8);
+    m.fatal_calls = vec![0];
+    let h = tandem_engine::Engine::spawn(Box::new(m), letters(), EngineConfig::default()).unwrap();
+    assert!(h.failure().is_none());
+    let mut s = h.submit(greedy_req(prompt(8, 1), 4)).unwrap();
+    let outs: Vec<_> = std::iter::from_fn(|| s.blocking_recv()).collect();
+    let c = collect(&outs, 1);
+    assert_eq!(c.finals.len(), 1);
+    assert!(matches!(&c.finish[0], Some(FinishReason::Error(m)) if m.contains("illegal address")));
+    // The failure is set before the failed request's final output is sent.
+    assert!(h.failure().is_some_and(|f| f.contains("illegal address")));
+    assert!(matches!(h.submit(greedy_req(prompt(8, 2), 4)), Err(SubmitError::Stopped(m)) if m.contains("illegal address")));
+    h.shutdown();
 }
 
 #[test]

@@ -131,7 +131,7 @@ impl EngineClient for TandemEngine {
         let Some(h) = self.handle.get() else { return Err(SubmitRefusal::Stopped("the model is still loading".into())) };
         let stream = h.submit(Request { prompt: req.prompt, params: to_engine_params(&req.params), priority: req.priority }).map_err(|e| match e {
             SubmitError::Overloaded { .. } => SubmitRefusal::Overloaded(e.to_string()),
-            SubmitError::Stopped => SubmitRefusal::Stopped(e.to_string()),
+            SubmitError::Stopped(_) => SubmitRefusal::Stopped(e.to_string()),
             _ => SubmitRefusal::Invalid(e.to_string()),
         })?;
         let id = stream.id();
@@ -160,6 +160,10 @@ impl EngineClient for TandemEngine {
 
     fn is_ready(&self) -> bool {
         self.handle.get().is_some()
+    }
+
+    fn failure(&self) -> Option<String> {
+        self.handle.get().and_then(EngineHandle::failure)
     }
 
     fn max_model_len(&self) -> Option<usize> {

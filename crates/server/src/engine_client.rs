@@ -193,6 +193,11 @@ pub trait EngineClient: Send + Sync + 'static {
     fn stats(&self) -> EngineStats;
     /// True once the model is loaded and the engine loop runs.
     fn is_ready(&self) -> bool;
+    /// Why the engine stopped serving for good (a lost device), if it did: /health and every
+    /// generation request answer 503 with it from then on.
+    fn failure(&self) -> Option<String> {
+        None
+    }
     /// The longest prompt + output the engine accepts, once it is loaded (it may be less than
     /// the model's context: the KV pool or `--max-model-len` can cap it).
     fn max_model_len(&self) -> Option<usize> {

@@ -192,6 +192,9 @@ fn log_plain(method: &Method, path: &str, status: StatusCode, start: Instant) {
 
 fn health(state: &AppState) -> Response<ResponseBody> {
     // Kept allocation-light: load balancers poll this often.
+    if let Some(f) = state.engine.failure() {
+        return error_response(&ApiError::unavailable(format!("the engine stopped: {f}")));
+    }
     if state.engine.is_ready() {
         let mut r = Response::new(ResponseBody::Full(None));
         r.headers_mut().insert(CONTENT_LENGTH, HeaderValue::from_static("0"));
@@ -219,6 +222,9 @@ fn metrics(state: &AppState) -> Response<ResponseBody> {
 async fn generate(state: &Arc<AppState>, api: Api, req: Request<Incoming>, start: Instant) -> Result<Response<ResponseBody>, ApiError> {
     if !state.engine.is_ready() {
         return Err(ApiError::unavailable("the model is still loading"));
+    }
+    if let Some(f) = state.engine.failure() {
+        return Err(ApiError::unavailable(format!("the engine stopped: {f}")));
     }
     let parse = match api {
         Api::Completions => Job::completions,

@@ -144,6 +144,20 @@ async fn engine_failure_mid_stream_sends_an_error_event() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_device_fails_the_request_and_health_turns_503() {
+    let s = TestServer::start(Setup { fatal_calls: vec![0], ..Default::default() }).await;
+    assert_eq!(get(s.addr, "/health").await.status, 200);
+    let e = error_of(&post(s.addr, "/v1/completions", &json!({"prompt": "hi", "max_tokens": 3})).await, 500);
+    assert!(e["message"].as_str().unwrap().contains("illegal address"), "{e}");
+    let h = error_of(&get(s.addr, "/health").await, 503);
+    assert!(h["message"].as_str().unwrap().contains("illegal address"), "{h}");
+    // No new work reaches the dead device: refused before the engine sees it.
+    let r = error_of(&post(s.addr, "/v1/completions", &json!({"prompt": "hi", "max_tokens": 3})).await, 503);
+    assert!(r["message"].as_str().unwrap().contains("engine stopped"), "{r}");
+    assert_eq!(s.engine.as_ref().unwrap().stats().forward_errors_total, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_is_503_until_the_engine_is_set() {
     let engine = tandem_server::engine_adapter::TandemEngine::loading();
     let config = ServerConfig { addr: ([127, 0, 0, 1], 0).into(), max_model_len: MAX_LEN, vocab_size: VOCAB, ..Default::default() };

@@ -79,13 +79,15 @@ pub struct Setup {
     pub delay: Duration,
     pub num_blocks: usize,
     pub fail_calls: Vec<usize>,
+    /// Forward calls that fail as a lost device does (fatal: the engine stops).
+    pub fatal_calls: Vec<usize>,
     pub config: ServerConfig,
 }
 
 impl Default for Setup {
     fn default() -> Self {
         let config = ServerConfig { addr: SocketAddr::from(([127, 0, 0, 1], 0)), max_model_len: MAX_LEN, vocab_size: VOCAB, ..Default::default() };
-        Setup { delay: Duration::ZERO, num_blocks: 512, fail_calls: vec![], config }
+        Setup { delay: Duration::ZERO, num_blocks: 512, fail_calls: vec![], fatal_calls: vec![], config }
     }
 }
 
@@ -103,6 +105,7 @@ impl TestServer {
         let tok = tokenizer();
         let mut fake = FakeModel::new(model_config(), s.num_blocks, 16, 512, 128);
         fake.fail_calls = s.fail_calls.clone();
+        fake.fatal_calls = s.fatal_calls.clone();
         let runner: Box<dyn ModelRunner> = if s.delay.is_zero() { Box::new(fake) } else { Box::new(SlowModel { inner: fake, delay: s.delay }) };
         let handle = Engine::spawn(runner, decode_fn(tok.clone()), EngineConfig::default()).unwrap();
         let mut config = s.config;

@@ -1,0 +1,150 @@
+//! How much device memory the KV pool gets, as vLLM's `--gpu-memory-utilization` means it:
+//! the fraction of the device's TOTAL memory for weights, activations, per-step workspace and
+//! KV together. The model measures free memory before its weights, after them, and after every
+//! buffer a step uses was allocated ([`crate::backend::Backend::reserve_workspace`]); the KV pool
+//! gets what is left of `total * utilization` ([`plan_kv_blocks`]). Nothing a step uses is
+//! allocated later, so nothing runs out of memory mid-serving.
+
+/// Free-memory readings around a load, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceMemory {
+    pub total: u64,
+    /// Before the first weight: the CUDA context and other processes hold `total - this`.
+    pub free_before_weights: u64,
+    pub free_after_weights: u64,
+    /// After activations, logits and workspace for the engine's limits.
+    pub free_now: u64,
+}
+
+impl DeviceMemory {
+    pub fn weights(&self) -> u64 {
+        self.free_before_weights.saturating_sub(self.free_after_weights)
+    }
+    /// Activations, logits and per-step workspace.
+    pub fn activations(&self) -> u64 {
+        self.free_after_weights.saturating_sub(self.free_now)
+    }
+    /// The context and whatever else shares the device.
+    pub fn other(&self) -> u64 {
+        self.total.saturating_sub(self.free_before_weights)
+    }
+}
+
+/// What the KV pool must and may hold.
+#[derive(Debug, Clone, Copy)]
+pub struct KvNeed {
+    /// Bytes of one block, K and V of every layer.
+    pub block_bytes: u64,
+    /// Fewest blocks worth serving: one sequence at the context limit.
+    pub min_blocks: usize,
+    /// More than this is never used (every sequence at the context limit).
+    pub max_blocks: usize,
+    /// The context limit behind `min_blocks`, for the message.
+    pub max_context: usize,
+}
+
+fn gib(b: u64) -> String {
+    format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
+}
+
+/// KV blocks for `util` of `m.total`, or why start-up cannot fit and what to change.
+pub fn plan_kv_blocks(m: &DeviceMemory, util: f32, need: &KvNeed) -> Result<usize, String> {
+    if !(util > 0.0 && util <= 1.0) {
+        return Err(format!("gpu_memory_utilization = {util}: expected a fraction in (0, 1]"));
+    }
+    if need.block_bytes == 0 {
+        return Err("a KV block of 0 bytes".into());
+    }
+    // As the decimal the user wrote: 0.9f32 is 0.89999998, a block short on a round total.
+    let frac = (util as f64 * 1e6).round() / 1e6;
+    let limit = (m.total as f64 * frac) as u64;
+    let used = m.total.saturating_sub(m.free_now);
+    // Never more than is free now, whatever the fraction says (another process may hold some).
+    let budget = limit.saturating_sub(used).min(m.free_now);
+    let blocks = ((budget / need.block_bytes) as usize).min(need.max_blocks);
+    if blocks < need.min_blocks.max(1) {
+        let want = need.min_blocks.max(1) as u64 * need.block_bytes;
+        return Err(format!(
+            "not enough device memory for the KV cache: gpu_memory_utilization {util} of {} total is {}; the weights take {}, activations and step workspace {}, the context and other processes {}, leaving {} for KV, but one sequence of {} tokens needs {}. Lower max_num_seqs or max_num_batched_tokens (the workspace grows with them), lower max_model_len, or raise gpu_memory_utilization",
+            gib(m.total),
+            gib(limit),
+            gib(m.weights()),
+            gib(m.activations()),
+            gib(m.other()),
+            gib(budget),
+            need.max_context,
+            gib(want),
+        ));
+    }
+    Ok(blocks)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+
+    fn mem(total: u64, other: u64, weights: u64, act: u64) -> DeviceMemory {
+        let free_before_weights = total - other;
+        let free_after_weights = free_before_weights - weights;
+        DeviceMemory { total, free_before_weights, free_after_weights, free_now: free_after_weights - act }
+    }
+
+    fn need(block_bytes: u64, min_blocks: usize) -> KvNeed {
+        KvNeed { block_bytes, min_blocks, max_blocks: usize::MAX, max_context: min_blocks * 16 }
+    }
+
+    /// An H200-like device: 0.9 of 140 GiB less 1 GiB context, 2.5 GiB weights, 1.5 GiB
+    /// workspace leaves 121 GiB of KV, counted against TOTAL memory, not free memory.
+    #[test]
+    fn the_fraction_is_of_total_memory() {
+        let m = mem(140 * GIB, GIB, 5 * GIB / 2, 3 * GIB / 2);
+        let blocks = plan_kv_blocks(&m, 0.9, &need(GIB / 64, 1)).unwrap();
+        let want = ((140.0 * 0.9 - 5.0) * 64.0) as usize;
+        assert_eq!(blocks, want);
+        // At utilization 1.0 it takes all that is free, never more.
+        assert_eq!(plan_kv_blocks(&m, 1.0, &need(GIB / 64, 1)).unwrap(), 135 * 64);
+        assert_eq!(m.weights(), 5 * GIB / 2);
+        assert_eq!(m.activations(), 3 * GIB / 2);
+        assert_eq!(m.other(), GIB);
+    }
+
+    #[test]
+    fn a_pool_never_exceeds_what_can_be_used() {
+        let m = mem(80 * GIB, GIB, GIB, GIB);
+        let n = KvNeed { block_bytes: 1 << 20, min_blocks: 8, max_blocks: 100, max_context: 128 };
+        assert_eq!(plan_kv_blocks(&m, 0.9, &n).unwrap(), 100);
+    }
+
+    /// Weights and workspace beyond the fraction: refused, with the numbers and what to lower.
+    #[test]
+    fn start_up_that_cannot_fit_says_what_to_lower() {
+        let m = mem(24 * GIB, GIB, 16 * GIB, 5 * GIB);
+        let e = plan_kv_blocks(&m, 0.9, &need(1 << 20, 1)).unwrap_err();
+        for part in ["max_num_seqs", "max_num_batched_tokens", "max_model_len", "raise gpu_memory_utilization", "weights take 16.00 GiB", "workspace 5.00 GiB"] {
+            assert!(e.contains(part), "`{part}` missing from: {e}");
+        }
+        // Room for some blocks but not one sequence at the context limit: refused too.
+        let m = mem(24 * GIB, GIB, 16 * GIB, GIB);
+        let e = plan_kv_blocks(&m, 0.9, &KvNeed { block_bytes: GIB, min_blocks: 8, max_blocks: 1000, max_context: 131072 }).unwrap_err();
+        assert!(e.contains("131072 tokens needs 8.00 GiB"), "{e}");
+        assert!(plan_kv_blocks(&m, 0.9, &KvNeed { block_bytes: GIB, min_blocks: 3, max_blocks: 1000, max_context: 48 }).is_ok());
+    }
+
+    #[test]
+    fn another_process_holding_memory_caps_the_pool_at_free() {
+        // 60 GiB held elsewhere: 0.9 * 80 = 72 minus 60 + 2 used leaves 10 GiB, and 18 are free.
+        let m = mem(80 * GIB, 60 * GIB, GIB, GIB);
+        assert_eq!(plan_kv_blocks(&m, 0.9, &need(GIB, 1)).unwrap(), 10);
+        assert!(plan_kv_blocks(&m, 0.7, &need(GIB, 1)).is_err(), "0.7 of 80 is less than what is already used");
+    }
+
+    #[test]
+    fn utilization_outside_0_1_is_refused() {
+        let m = mem(80 * GIB, GIB, GIB, GIB);
+        for u in [0.0, -0.5, 1.5, f32::NAN] {
+            assert!(plan_kv_blocks(&m, u, &need(GIB, 1)).unwrap_err().contains("gpu_memory_utilization"), "{u}");
+        }
+    }
+}
