@@ -35,6 +35,8 @@ pub struct EngineArgs {
     /// KV blocks in the pool (default: sized from free device memory).
     #[arg(long)]
     pub num_kv_blocks: Option<usize>,
+    /// Fraction of the device's total memory for weights, activations, step workspace and the
+    /// KV pool together (as in vLLM), when --num-kv-blocks is not given.
     #[arg(long, default_value_t = 0.9)]
     pub gpu_memory_utilization: f32,
     /// Tokens per KV block (16 or 32).
@@ -68,6 +70,7 @@ impl EngineArgs {
             num_kv_blocks: self.num_kv_blocks.unwrap_or(0),
             block_size: self.block_size,
             gpu_memory_utilization: self.gpu_memory_utilization,
+            max_model_len: self.max_model_len,
             ..Default::default()
         }
     }

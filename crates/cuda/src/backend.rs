@@ -13,8 +13,9 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use cudarc::driver::sys::CUresult;
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DriverError, LaunchConfig, PushKernelArg};
-use tandem_core::backend::{AttnArgs, Backend, DType, KvGeometry};
+use tandem_core::backend::{AttnArgs, Backend, DType, KvGeometry, WorkspaceLimits};
 use tandem_core::sampling::{SampleSpec, SAMPLE_LANES, SPEC_WORDS};
 use tandem_core::weights::TensorView;
 use tandem_core::{Error, Result};
@@ -103,7 +104,47 @@ fn err(msg: impl Into<String>) -> Error {
 }
 
 fn drv(what: &str) -> impl Fn(DriverError) -> Error + '_ {
-    move |e| err(format!("{what}: {e:?}"))
+    move |e| driver_error(what, e.0, &format!("{e:?}"))
+}
+
+/// Driver results after which the context is unusable: every later call on it fails (or, for
+/// memory the fault corrupted, returns garbage) until the process exits. CUDA documents these
+/// as "the context cannot be used ... all existing device memory allocations are invalid";
+/// CUDA_ERROR_UNKNOWN is counted with them because after a kernel nothing proves the context
+/// sound, and serving from it would risk wrong tokens rather than an error.
+fn is_sticky(code: CUresult) -> bool {
+    use CUresult::*;
+    matches!(
+        code,
+        CUDA_ERROR_ILLEGAL_ADDRESS
+            | CUDA_ERROR_LAUNCH_FAILED
+            | CUDA_ERROR_LAUNCH_TIMEOUT
+            | CUDA_ERROR_ASSERT
+            | CUDA_ERROR_HARDWARE_STACK_ERROR
+            | CUDA_ERROR_ILLEGAL_INSTRUCTION
+            | CUDA_ERROR_MISALIGNED_ADDRESS
+            | CUDA_ERROR_INVALID_ADDRESS_SPACE
+            | CUDA_ERROR_INVALID_PC
+            | CUDA_ERROR_ECC_UNCORRECTABLE
+            | CUDA_ERROR_NVLINK_UNCORRECTABLE
+            | CUDA_ERROR_CONTEXT_IS_DESTROYED
+            | CUDA_ERROR_DEVICE_UNAVAILABLE
+            | CUDA_ERROR_DEINITIALIZED
+            | CUDA_ERROR_EXTERNAL_DEVICE
+            | CUDA_ERROR_UNKNOWN
+    )
+}
+
+/// Our error for a failed driver call `what` (the op and, for a launch, the kernel). A sticky
+/// code is [`Error::DeviceLost`], so the engine stops instead of serving from a dead context;
+/// without TANDEM_CUDA_SYNC=1 an asynchronous fault surfaces at a later call (often the copy
+/// to host), so the message says how to pin it to the kernel that raised it.
+fn driver_error(what: &str, code: CUresult, detail: &str) -> Error {
+    if is_sticky(code) {
+        Error::device_lost("cuda", format!("{what}: {detail} ({code:?}); the CUDA context is unusable, restart the server (TANDEM_CUDA_SYNC=1 reports a fault against the kernel that raised it)"))
+    } else {
+        err(format!("{what}: {detail}"))
+    }
 }
 
 /// What a buffer holds.
@@ -202,20 +243,37 @@ fn cfg(grid: (u32, u32, u32), block: u32) -> LaunchConfig {
     LaunchConfig { grid_dim: grid, block_dim: (block, 1, 1), shared_mem_bytes: 0 }
 }
 
-/// Scratch of the split attention: partial outputs and (max, sum) pairs, grown on demand.
+/// Scratch of the split attention: partial outputs and (max, sum) pairs. Sized once by
+/// [`Backend::reserve_workspace`] (the model does, before the KV pool); grown on demand only
+/// where nothing reserved it (ops called directly: tests, `tandem test-ops`).
 #[derive(Default)]
 struct AttnScratch {
     part_out: Option<CudaSlice<u8>>,
     part_ml: Option<CudaSlice<u8>>,
+    /// Reserved for limits: a step that needs more fails instead of allocating.
+    fixed: bool,
 }
 
-/// Scratch of the tensor-core matmul: x rounded to the weights' 16-bit format (grown on
-/// demand: the one allocation that follows the step's shape, until activations are bf16
-/// themselves) and the split-K workspace (allocated once, GEMM_PART_FLOATS, at first use).
+/// Scratch of the tensor-core matmul: x rounded to the weights' 16-bit format and the split-K
+/// workspace (GEMM_PART_FLOATS). Reserved like [`AttnScratch`], else allocated at first use.
 #[derive(Default)]
 struct MatmulScratch {
     xa: Option<CudaSlice<u8>>,
     part: Option<CudaSlice<u8>>,
+    fixed: bool,
+}
+
+/// Bytes of the step workspace for `l`: (attention partial outputs, attention (max, sum)
+/// pairs, matmul x in 16 bits, split-K partials). Every token may attend over the whole
+/// context limit in one step (a prefill chunk at the end of a long prompt), so the attention
+/// scratch is max_tokens x heads x partitions of the context limit.
+fn workspace_bytes(l: &WorkspaceLimits) -> (usize, usize, usize, usize) {
+    let parts = pa_max_parts(l.max_context.max(1));
+    let th = l.max_tokens * l.num_heads * parts;
+    let (out, ml) = if parts > 1 { (th * l.head_dim * 4, th * 2 * 4) } else { (0, 0) };
+    let m = l.max_tokens.max(l.max_logit_rows);
+    let xa = (m * l.max_k.div_ceil(8) * 8 * 2).max(16);
+    (out, ml, xa, GEMM_PART_FLOATS * 4)
 }
 
 pub struct CudaBackend {
@@ -376,6 +434,33 @@ impl Backend for CudaBackend {
         self.ctx.mem_get_info().ok().map(|(free, _total)| free as u64)
     }
 
+    fn total_memory(&self) -> Option<u64> {
+        self.ctx.mem_get_info().ok().map(|(_free, total)| total as u64)
+    }
+
+    fn reserve_workspace(&self, l: &WorkspaceLimits) -> Result<u64> {
+        const OP: &str = "reserve_workspace";
+        let (out, ml, xa, part) = workspace_bytes(l);
+        let alloc = |bytes: usize, what: &str| -> Result<Option<CudaSlice<u8>>> {
+            if bytes == 0 {
+                return Ok(None);
+            }
+            // SAFETY: scratch contents are unspecified; every kernel writes what it later reads.
+            let mem = unsafe { self.stream.alloc::<u8>(bytes) }.map_err(drv(&format!("{OP}: {what} of {bytes} bytes for {l:?}")))?;
+            Ok(Some(mem))
+        };
+        let mut a = self.scratch.lock().map_err(|_| err(format!("{OP}: scratch lock poisoned by an earlier panic")))?;
+        // Dropped first, so that a second reservation never holds both sizes at once.
+        *a = AttnScratch::default();
+        *a = AttnScratch { part_out: alloc(out, "attention partials")?, part_ml: alloc(ml, "attention (max, sum) pairs")?, fixed: true };
+        let mut m = self.mm_scratch.lock().map_err(|_| err(format!("{OP}: scratch lock poisoned by an earlier panic")))?;
+        *m = MatmulScratch::default();
+        *m = MatmulScratch { xa: alloc(xa, "matmul x in 16 bits")?, part: alloc(part, "split-K workspace")?, fixed: true };
+        // The allocations are stream-ordered: wait, so that free_memory sees them.
+        self.synchronize()?;
+        Ok((out + ml + xa + part) as u64)
+    }
+
     fn upload_weight(&self, t: &TensorView) -> Result<CudaBuf> {
         self.upload_bytes(Elem::of(t.dtype), t.bytes())
     }
@@ -534,6 +619,9 @@ impl Backend for CudaBackend {
         }
         let mut s = self.mm_scratch.lock().map_err(|_| err(format!("{OP}: scratch lock poisoned by an earlier panic")))?;
         let xa_bytes = (m * kp * 2).max(16);
+        if s.fixed && s.xa.as_ref().is_none_or(|b| b.len() < xa_bytes) {
+            return Err(err(format!("{OP}: m = {m}, k = {k} need {xa_bytes} bytes of x scratch, beyond the workspace reserved at load (max_num_batched_tokens?)")));
+        }
         if s.xa.as_ref().is_none_or(|b| b.len() < xa_bytes) {
             // SAFETY: matmul_x writes every element the tile kernel reads (kp columns of m rows).
             s.xa = Some(unsafe { self.stream.alloc::<u8>(xa_bytes) }.map_err(drv(&format!("{OP}: x scratch of {xa_bytes} bytes")))?);
@@ -546,7 +634,7 @@ impl Backend for CudaBackend {
         if split && slices * m * n > GEMM_PART_FLOATS {
             return Err(err(format!("{OP}: {slices} slices of {m}x{n} exceed the split-K workspace (k_slices broke its bound)")));
         }
-        let MatmulScratch { xa: Some(xa), part } = &mut *s else {
+        let MatmulScratch { xa: Some(xa), part, .. } = &mut *s else {
             return Err(err(format!("{OP}: scratch missing after allocation")));
         };
         let name = format!("matmul_x_{sfx}");
@@ -699,8 +787,12 @@ impl Backend for CudaBackend {
         let mut s = self.scratch.lock().map_err(|_| err(format!("{OP}: scratch lock poisoned by an earlier panic")))?;
         let out_bytes = t * h * parts * d * 4;
         let ml_bytes = t * h * parts * 2 * 4;
+        let fixed = s.fixed;
         let grow = |slot: &mut Option<CudaSlice<u8>>, bytes: usize| -> Result<()> {
             if slot.as_ref().is_none_or(|b| b.len() < bytes) {
+                if fixed {
+                    return Err(err(format!("{OP}: {t} tokens x {h} heads x {parts} partitions need {bytes} bytes of scratch, beyond the workspace reserved at load (context or token limit exceeded)")));
+                }
                 // SAFETY: every element read by the combine kernel is written first by the partial kernel.
                 *slot = Some(unsafe { self.stream.alloc::<u8>(bytes) }.map_err(drv(&format!("{OP}: scratch of {bytes} bytes")))?);
             }
@@ -708,7 +800,7 @@ impl Backend for CudaBackend {
         };
         grow(&mut s.part_out, out_bytes)?;
         grow(&mut s.part_ml, ml_bytes)?;
-        let AttnScratch { part_out: Some(po), part_ml: Some(pm) } = &mut *s else {
+        let AttnScratch { part_out: Some(po), part_ml: Some(pm), .. } = &mut *s else {
             return Err(err(format!("{OP}: scratch missing after allocation")));
         };
         let mut l = self.stream.launch_builder(partial);
@@ -776,6 +868,68 @@ impl Backend for CudaBackend {
         let r = unsafe { l.launch(cfg((ri as u32, 1, 1), SAMPLE_LANES as u32)) };
         self.launched(OP, r)?;
         self.read_u32(&ids, rows)
+    }
+}
+
+#[cfg(test)]
+mod workspace_tests {
+    use super::*;
+
+    fn limits(max_tokens: usize, max_context: usize) -> WorkspaceLimits {
+        WorkspaceLimits { max_tokens, max_seqs: 64, max_logit_rows: 192, max_context, num_heads: 32, head_dim: 64, max_k: 8192, max_n: 128256 }
+    }
+
+    /// The reservation covers what paged_attention and matmul ask for at the limits (the
+    /// formulas those ops use), and follows the limits: the fix for a workspace that grew with
+    /// the longest context is to bound the context, and the sizes say so.
+    #[test]
+    fn workspace_covers_the_largest_step_and_follows_the_limits() {
+        let l = limits(512, 8192);
+        let (out, ml, xa, part) = workspace_bytes(&l);
+        let parts = pa_max_parts(8192);
+        assert_eq!(parts, 16);
+        assert_eq!(out, 512 * 32 * parts * 64 * 4);
+        assert_eq!(ml, 512 * 32 * parts * 2 * 4);
+        assert_eq!(xa, 512 * 8192 * 2);
+        assert_eq!(part, GEMM_PART_FLOATS * 4);
+        // Any shorter context or fewer tokens fits what was reserved.
+        for (t, ctx) in [(1, 1), (1, 8192), (512, 600), (100, 8000)] {
+            let p = pa_max_parts(ctx);
+            assert!(t * 32 * p * 64 * 4 <= out && t * 32 * p * 2 * 4 <= ml, "t {t} ctx {ctx}");
+        }
+        // A short context limit takes the direct path: no attention scratch at all.
+        let (out, ml, ..) = workspace_bytes(&limits(512, 64));
+        assert_eq!((out, ml), (0, 0));
+        // The logit rows can exceed the tokens (prompt logprobs): x scratch covers them.
+        let (.., xa, _) = workspace_bytes(&WorkspaceLimits { max_logit_rows: 1000, ..limits(16, 64) });
+        assert_eq!(xa, 1000 * 8192 * 2);
+        // 2,048 tokens over a 131k context: about 4.3 GB of attention partials, now counted
+        // before the KV pool rather than allocated mid-serving.
+        let (out, ..) = workspace_bytes(&limits(2048, 131072));
+        assert_eq!(out, 2048 * 32 * 256 * 64 * 4);
+    }
+}
+
+#[cfg(test)]
+mod error_tests {
+    use super::*;
+
+    /// Sticky codes stop the engine; the others fail one call. Built from codes, not from a
+    /// live driver (formatting a DriverError asks libcuda for its text).
+    #[test]
+    fn sticky_codes_are_fatal_and_named_by_op() {
+        use CUresult::*;
+        for code in [CUDA_ERROR_ILLEGAL_ADDRESS, CUDA_ERROR_LAUNCH_FAILED, CUDA_ERROR_ECC_UNCORRECTABLE, CUDA_ERROR_MISALIGNED_ADDRESS, CUDA_ERROR_ILLEGAL_INSTRUCTION, CUDA_ERROR_ASSERT, CUDA_ERROR_HARDWARE_STACK_ERROR, CUDA_ERROR_CONTEXT_IS_DESTROYED] {
+            let e = driver_error("launching rms_norm_bf16", code, "an illegal memory access was encountered");
+            assert!(e.is_fatal(), "{code:?} must be fatal");
+            let m = e.to_string();
+            assert!(m.contains("launching rms_norm_bf16") && m.contains(&format!("{code:?}")) && m.contains("restart"), "{m}");
+        }
+        for code in [CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_FOUND, CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, CUDA_ERROR_INVALID_PTX, CUDA_ERROR_NO_BINARY_FOR_GPU] {
+            let e = driver_error("matmul: x scratch of 64 bytes", code, "detail");
+            assert!(!e.is_fatal(), "{code:?} must not stop the engine");
+            assert!(e.to_string().contains("matmul: x scratch of 64 bytes"), "{e}");
+        }
     }
 }
 

@@ -193,3 +193,155 @@ fn seeded_tokens_are_the_same_alone_and_in_a_batch() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The reference backend with device memory of `total` bytes: every allocation counts, and
+/// `reserve_workspace` takes `workspace` bytes, so the model's KV sizing sees what a GPU
+/// would (weights, then activations and workspace, then the pool).
+struct Metered {
+    inner: RefBackend,
+    total: u64,
+    /// The context and other processes.
+    other: u64,
+    workspace: u64,
+    used: std::sync::atomic::AtomicU64,
+    reserved: std::sync::Mutex<Option<tandem_core::WorkspaceLimits>>,
+}
+
+mod metered {
+    use super::Metered;
+    use std::sync::atomic::Ordering;
+    use tandem_core::backend::{AttnArgs, Backend, KvGeometry};
+    use tandem_core::weights::TensorView;
+    use tandem_core::{DType, Result, WorkspaceLimits};
+    use tandem_reference::RefBuf;
+
+    impl Metered {
+        fn take(&self, bytes: usize) {
+            self.used.fetch_add(bytes as u64, Ordering::Relaxed);
+        }
+    }
+
+    impl Backend for Metered {
+        type Buf = RefBuf;
+        fn name(&self) -> &'static str {
+            "metered"
+        }
+        fn total_memory(&self) -> Option<u64> {
+            Some(self.total)
+        }
+        fn free_memory(&self) -> Option<u64> {
+            Some(self.total.saturating_sub(self.other + self.used.load(Ordering::Relaxed)))
+        }
+        fn reserve_workspace(&self, l: &WorkspaceLimits) -> Result<u64> {
+            *self.reserved.lock().unwrap() = Some(*l);
+            self.take(self.workspace as usize);
+            Ok(self.workspace)
+        }
+        fn upload_weight(&self, t: &TensorView) -> Result<RefBuf> {
+            self.take(t.bytes().len());
+            self.inner.upload_weight(t)
+        }
+        fn weight_from_f32(&self, dtype: DType, values: &[f32]) -> Result<RefBuf> {
+            self.take(values.len() * dtype.size());
+            self.inner.weight_from_f32(dtype, values)
+        }
+        fn alloc_f32(&self, len: usize) -> Result<RefBuf> {
+            self.take(len * 4);
+            self.inner.alloc_f32(len)
+        }
+        fn alloc_u32(&self, len: usize) -> Result<RefBuf> {
+            self.take(len * 4);
+            self.inner.alloc_u32(len)
+        }
+        fn alloc_kv(&self, g: KvGeometry) -> Result<RefBuf> {
+            self.take(g.layer_elems() * 4);
+            self.inner.alloc_kv(g)
+        }
+        fn write_f32(&self, buf: &mut RefBuf, data: &[f32]) -> Result<()> {
+            self.inner.write_f32(buf, data)
+        }
+        fn write_u32(&self, buf: &mut RefBuf, data: &[u32]) -> Result<()> {
+            self.inner.write_u32(buf, data)
+        }
+        fn read_f32(&self, buf: &RefBuf, len: usize) -> Result<Vec<f32>> {
+            self.inner.read_f32(buf, len)
+        }
+        fn read_u32(&self, buf: &RefBuf, len: usize) -> Result<Vec<u32>> {
+            self.inner.read_u32(buf, len)
+        }
+        fn read_kv(&self, buf: &RefBuf, g: KvGeometry) -> Result<Vec<f32>> {
+            self.inner.read_kv(buf, g)
+        }
+        fn embedding(&self, table: &RefBuf, ids: &RefBuf, out: &mut RefBuf, t: usize, hidden: usize) -> Result<()> {
+            self.inner.embedding(table, ids, out, t, hidden)
+        }
+        fn gather_rows(&self, src: &RefBuf, rows: &RefBuf, out: &mut RefBuf, n: usize, dim: usize) -> Result<()> {
+            self.inner.gather_rows(src, rows, out, n, dim)
+        }
+        fn rms_norm(&self, x: &RefBuf, w: &RefBuf, out: &mut RefBuf, rows: usize, dim: usize, eps: f32) -> Result<()> {
+            self.inner.rms_norm(x, w, out, rows, dim, eps)
+        }
+        fn add(&self, acc: &mut RefBuf, x: &RefBuf, len: usize) -> Result<()> {
+            self.inner.add(acc, x, len)
+        }
+        fn matmul(&self, x: &RefBuf, w: &RefBuf, bias: Option<&RefBuf>, out: &mut RefBuf, m: usize, n: usize, k: usize) -> Result<()> {
+            self.inner.matmul(x, w, bias, out, m, n, k)
+        }
+        fn rope(&self, q: &mut RefBuf, k: &mut RefBuf, positions: &RefBuf, inv_freq: &RefBuf, t: usize, qh: usize, kh: usize, d: usize) -> Result<()> {
+            self.inner.rope(q, k, positions, inv_freq, t, qh, kh, d)
+        }
+        fn silu_mul(&self, gate: &RefBuf, up: &RefBuf, out: &mut RefBuf, len: usize) -> Result<()> {
+            self.inner.silu_mul(gate, up, out, len)
+        }
+        fn kv_write(&self, k: &RefBuf, v: &RefBuf, kc: &mut RefBuf, vc: &mut RefBuf, slots: &RefBuf, t: usize, g: KvGeometry) -> Result<()> {
+            self.inner.kv_write(k, v, kc, vc, slots, t, g)
+        }
+        fn paged_attention(&self, a: &AttnArgs<'_, Self>, out: &mut RefBuf) -> Result<()> {
+            let r = AttnArgs {
+                q: a.q,
+                k_cache: a.k_cache,
+                v_cache: a.v_cache,
+                positions: a.positions,
+                token_seq: a.token_seq,
+                block_tables: a.block_tables,
+                num_tokens: a.num_tokens,
+                num_seqs: a.num_seqs,
+                max_blocks: a.max_blocks,
+                max_context: a.max_context,
+                num_heads: a.num_heads,
+                geometry: a.geometry,
+                scale: a.scale,
+            };
+            self.inner.paged_attention(&r, out)
+        }
+    }
+}
+
+/// Start-up on a device of known size: the pool takes what `gpu_memory_utilization` of the
+/// total leaves after weights, activations and workspace (which are reserved first, for the
+/// engine's limits); a device too small is refused with what to lower, never a panic.
+#[test]
+fn the_kv_pool_is_what_the_utilization_of_total_memory_leaves() {
+    let dir = model_dir("memory");
+    let metered = |total: u64, workspace: u64| Metered { inner: RefBackend::new(), total, other: 1 << 20, workspace, used: 0.into(), reserved: Default::default() };
+    let opts = LoadOptions { max_batch_tokens: 64, max_seqs: 4, num_kv_blocks: 0, block_size: 16, gpu_memory_utilization: 0.5, max_model_len: Some(100), ..Default::default() };
+    // On a large device the pool is all any sequence could use: 4 sequences x 7 blocks.
+    let big = LlamaModel::load(metered(1 << 30, 3 << 20), &dir, opts).unwrap();
+    assert_eq!(big.kv_geometry().num_blocks, 4 * 7);
+    assert_eq!(big.max_context(), 112);
+    let l = big.backend().reserved.lock().unwrap().expect("the model reserves its workspace");
+    assert_eq!((l.max_tokens, l.max_seqs, l.max_context), (64, 4, 112), "limits from the load options (100 tokens in 16-token blocks)");
+    let cfg = big.config();
+    let block_bytes = (2 * cfg.num_hidden_layers * 16 * cfg.kv_dim() * 4) as u64;
+    let resident = big.backend().used.load(std::sync::atomic::Ordering::Relaxed) - 28 * block_bytes + (1 << 20);
+    // A device whose half holds everything else and 10.5 blocks: the pool gets 10. Sized from
+    // free memory instead, it would get half of what is free (far more than 10).
+    let total = 2 * (resident + 10 * block_bytes + block_bytes / 2);
+    let m = LlamaModel::load(metered(total, 3 << 20), &dir, opts).unwrap();
+    assert_eq!(m.kv_geometry().num_blocks, 10, "{resident} bytes resident of {total}");
+
+    // Workspace beyond the budget: refused, saying what to lower.
+    let err = LlamaModel::load(metered(64 << 20, 40 << 20), &dir, opts).err().expect("cannot fit").to_string();
+    assert!(err.contains("max_num_batched_tokens") && err.contains("max_model_len") && err.contains("gpu_memory_utilization"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -144,7 +144,7 @@ impl LlmBuilder {
             KvMemory::Fraction(f) if !(f > 0.0 && f <= 1.0) => return Err(Error::Config(format!("gpu_memory_utilization must be in (0, 1], got {f}"))),
             KvMemory::Fraction(f) => (0, f),
         };
-        Ok(LoadOptions { max_batch_tokens: self.max_num_batched_tokens, max_seqs: self.max_num_seqs, num_kv_blocks, block_size: self.block_size, gpu_memory_utilization, ..LoadOptions::default() })
+        Ok(LoadOptions { max_batch_tokens: self.max_num_batched_tokens, max_seqs: self.max_num_seqs, num_kv_blocks, block_size: self.block_size, gpu_memory_utilization, max_model_len: self.max_model_len, ..LoadOptions::default() })
     }
 
     /// The engine's settings.
