@@ -258,7 +258,7 @@ impl<B: Backend> LlamaModel<B> {
             if geometry.num_blocks == 0 {
                 return Err(Error::backend(b.name(), format!("AUTO_KV_BYTES holds no KV block of {block_bytes} bytes; pass num_kv_blocks")));
             }
-            tracing::info!(blocks = geometry.num_blocks, block_size = opts.block_size, mib = geometry.num_blocks as u64 * block_bytes >> 20, "KV cache sized");
+            tracing::info!(blocks = geometry.num_blocks, block_size = opts.block_size, mib = (geometry.num_blocks as u64 * block_bytes) >> 20, "KV cache sized");
         }
         let mut caches = Vec::with_capacity(cfg.num_hidden_layers);
         for _ in 0..cfg.num_hidden_layers {
