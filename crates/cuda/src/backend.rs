@@ -263,6 +263,15 @@ struct MatmulScratch {
     fixed: bool,
 }
 
+/// The ids argmax and sample write, and the specs sample reads: reserved for the logit rows
+/// like [`AttnScratch`], else grown at first use.
+#[derive(Default)]
+struct IoScratch {
+    ids: Option<CudaBuf>,
+    specs: Option<CudaBuf>,
+    fixed: bool,
+}
+
 /// Bytes of the step workspace for `l`: (attention partial outputs, attention (max, sum)
 /// pairs, matmul x in 16 bits, split-K partials). Every token may attend over the whole
 /// context limit in one step (a prefill chunk at the end of a long prompt), so the attention
@@ -282,6 +291,7 @@ pub struct CudaBackend {
     funcs: HashMap<String, CudaFunction>,
     scratch: Mutex<AttnScratch>,
     mm_scratch: Mutex<MatmulScratch>,
+    io_scratch: Mutex<IoScratch>,
     sync_each: bool,
     arch: String,
     device_name: String,
@@ -330,6 +340,7 @@ impl CudaBackend {
             funcs,
             scratch: Mutex::new(AttnScratch::default()),
             mm_scratch: Mutex::new(MatmulScratch::default()),
+            io_scratch: Mutex::new(IoScratch::default()),
             sync_each,
             arch,
             device_name,
@@ -403,6 +414,23 @@ impl CudaBackend {
     }
 
     /// Elementwise kernels over `len` values: grid ceil(len / 256), block 256.
+    /// The id buffer (at least `rows`) and spec buffer (at least `spec_words`), grown only
+    /// where nothing was reserved.
+    fn io_scratch(&self, rows: usize, spec_words: usize, op: &str) -> Result<std::sync::MutexGuard<'_, IoScratch>> {
+        let mut s = self.io_scratch.lock().map_err(|_| err(format!("{op}: scratch lock poisoned by an earlier panic")))?;
+        let short = |b: &Option<CudaBuf>, n: usize| n > 0 && b.as_ref().is_none_or(|b| b.len < n);
+        if s.fixed && (short(&s.ids, rows) || short(&s.specs, spec_words)) {
+            return Err(err(format!("{op}: {rows} logit rows exceed the workspace reserved at load")));
+        }
+        if short(&s.ids, rows) {
+            s.ids = Some(self.alloc(Elem::U32, rows)?);
+        }
+        if short(&s.specs, spec_words) {
+            s.specs = Some(self.alloc(Elem::U32, spec_words)?);
+        }
+        Ok(s)
+    }
+
     fn elementwise_cfg(len: usize, op: &str) -> Result<LaunchConfig> {
         Ok(cfg((u32_of(len.div_ceil(256), op, "blocks")?, 1, 1), 256))
     }
@@ -456,9 +484,13 @@ impl Backend for CudaBackend {
         let mut m = self.mm_scratch.lock().map_err(|_| err(format!("{OP}: scratch lock poisoned by an earlier panic")))?;
         *m = MatmulScratch::default();
         *m = MatmulScratch { xa: alloc(xa, "matmul x in 16 bits")?, part: alloc(part, "split-K workspace")?, fixed: true };
+        let rows = l.max_logit_rows.max(1);
+        let mut io = self.io_scratch.lock().map_err(|_| err(format!("{OP}: scratch lock poisoned by an earlier panic")))?;
+        *io = IoScratch { ids: Some(self.alloc(Elem::U32, rows)?), specs: Some(self.alloc(Elem::U32, rows * SPEC_WORDS)?), fixed: true };
+        let io_bytes = rows * (1 + SPEC_WORDS) * 4;
         // The allocations are stream-ordered: wait, so that free_memory sees them.
         self.synchronize()?;
-        Ok((out + ml + xa + part) as u64)
+        Ok((out + ml + xa + part + io_bytes) as u64)
     }
 
     fn upload_weight(&self, t: &TensorView) -> Result<CudaBuf> {
@@ -828,16 +860,17 @@ impl Backend for CudaBackend {
             return Err(err(format!("{OP}: vocab = 0")));
         }
         need(logits, Elem::F32, rows * vocab, OP, "logits")?;
-        let mut ids = self.alloc(Elem::U32, rows)?;
+        let mut io = self.io_scratch(rows, 0, OP)?;
+        let Some(ids) = io.ids.as_mut() else { return Err(err(format!("{OP}: id buffer missing after allocation"))) };
         let f = self.func(OP)?;
         let (ri, vi) = (i32_of(rows, OP, "rows")?, i32_of(vocab, OP, "vocab")?);
         i32_of(rows * vocab, OP, "rows*vocab")?;
         let mut l = self.stream.launch_builder(f);
         l.arg(&logits.mem).arg(&mut ids.mem).arg(&ri).arg(&vi);
-        // SAFETY: as in embedding.
+        // SAFETY: as in embedding; ids holds at least `rows` words.
         let r = unsafe { l.launch(cfg((ri as u32, 1, 1), 512)) };
         self.launched(OP, r)?;
-        self.read_u32(&ids, rows)
+        self.read_u32(ids, rows)
     }
 
     /// kernels/sampling.cu: one block of 256 threads per row; only the specs (32 bytes a row)
@@ -858,16 +891,18 @@ impl Backend for CudaBackend {
         i32_of(rows * vocab, OP, "rows*vocab")?;
         let words: Vec<u32> = specs.iter().flat_map(SampleSpec::to_words).collect();
         debug_assert_eq!(words.len(), rows * SPEC_WORDS);
-        let mut spec_buf = self.alloc(Elem::U32, words.len())?;
-        self.write_u32(&mut spec_buf, &words)?;
-        let mut ids = self.alloc(Elem::U32, rows)?;
+        let mut io = self.io_scratch(rows, words.len(), OP)?;
+        let IoScratch { ids: Some(ids), specs: Some(spec_buf), .. } = &mut *io else {
+            return Err(err(format!("{OP}: id or spec buffer missing after allocation")));
+        };
+        self.write_u32(spec_buf, &words)?;
         let f = self.func(OP)?;
         let mut l = self.stream.launch_builder(f);
         l.arg(&logits.mem).arg(&spec_buf.mem).arg(&mut ids.mem).arg(&ri).arg(&vi);
         // SAFETY: as in embedding; specs hold SPEC_WORDS words a row, ids one a row.
         let r = unsafe { l.launch(cfg((ri as u32, 1, 1), SAMPLE_LANES as u32)) };
         self.launched(OP, r)?;
-        self.read_u32(&ids, rows)
+        self.read_u32(ids, rows)
     }
 }
 
