@@ -19,17 +19,10 @@ if [ ! -x "$VENV/bin/guidellm" ]; then
   "$VENV/bin/pip" install -q "guidellm==0.8.1"
 fi
 rm -rf "$OUT" && mkdir -p "$OUT"
-cargo build --release -q -p tandem-cli
-PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-$(mktemp -d)} target/release/tandem serve "$MODEL" --backend "$BACKEND" --port "$PORT" \
-  --max-num-seqs 16 --max-model-len 2048 > "$OUT/server.log" 2>&1 &
-SERVER=$!
-trap 'kill $SERVER 2>/dev/null || true' EXIT
-for _ in $(seq 600); do
-  curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && break
-  kill -0 $SERVER 2>/dev/null || { cat "$OUT/server.log"; exit 1; }
-  sleep 0.2
-done
+TANDEM_BIN=${TANDEM_BIN:-target/release/tandem}
+[ "$TANDEM_BIN" = target/release/tandem ] && cargo build --release -q -p tandem-cli
+source tests/start_server.sh
+start_server --max-num-seqs 16 --max-model-len 2048
 "$VENV/bin/guidellm" run --backend "kind=openai_http,target=http://127.0.0.1:$PORT" \
   --profile kind=concurrent,streams=1 --override profile.streams 1,8 \
   --constraint kind=max_requests,count=16 \

@@ -30,18 +30,10 @@ if [ "${1:-}" = "--golden" ]; then
   exit 0
 fi
 
-cargo build --release -q -p tandem-cli
-PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-NAME=$(basename "$MODEL")
-XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-$(mktemp -d)} target/release/tandem serve "$MODEL" --backend "$BACKEND" --port "$PORT" \
-  --max-num-seqs 8 --max-model-len 2048 > "$OUT/server.log" 2>&1 &
-SERVER=$!
-trap 'kill $SERVER 2>/dev/null || true' EXIT
-for _ in $(seq 600); do
-  curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && break
-  kill -0 $SERVER 2>/dev/null || { cat "$OUT/server.log"; exit 1; }
-  sleep 0.2
-done
+TANDEM_BIN=${TANDEM_BIN:-target/release/tandem}
+[ "$TANDEM_BIN" = target/release/tandem ] && cargo build --release -q -p tandem-cli
+source tests/start_server.sh
+start_server --max-num-seqs 8 --max-model-len 2048
 "$VENV/bin/lm_eval" --model local-completions \
   --model_args "model=$NAME,base_url=http://127.0.0.1:$PORT/v1/completions,tokenizer_backend=huggingface,tokenizer=$MODEL,num_concurrent=4,max_retries=1,timeout=600" \
   --tasks $TASKS --include_path tests/lm_eval --log_samples --output_path "$OUT/tandem" --batch_size 1
