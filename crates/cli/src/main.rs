@@ -75,3 +75,14 @@ fn main() -> ExitCode {
         }
     }
 }
+
+#[cfg(test)]
+mod cli_tests {
+    /// clap checks its definitions only when a subcommand is parsed: a flag named twice (a
+    /// flattened `EngineArgs` next to a benchmark's own) would panic at run time.
+    #[test]
+    fn every_subcommand_is_well_formed() {
+        use clap::CommandFactory;
+        super::Cli::command().debug_assert();
+    }
+}

@@ -57,9 +57,6 @@ pub struct EngineArgs {
     /// Longest prompt + output (default: the model's context, capped by what the KV pool holds).
     #[arg(long)]
     pub max_model_len: Option<usize>,
-    /// Seeds the sampling of requests that bring no seed of their own.
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
 }
 
 impl EngineArgs {
@@ -94,7 +91,6 @@ impl EngineArgs {
             enable_prefix_caching: !self.no_prefix_caching,
             max_pending_requests: max_pending,
             max_model_len: self.max_model_len,
-            seed: self.seed,
             ..Default::default()
         })
     }
@@ -142,6 +138,10 @@ pub struct Args {
     /// vLLM's: `auto` or `float32`/`fp32`: the KV cache is f32 on every backend today.
     #[arg(long, default_value = "auto")]
     kv_cache_dtype: String,
+    /// Seeds the sampling of requests that bring no seed of their own (not in `EngineArgs`:
+    /// the benchmarks have a `--seed` of their own, for their workloads).
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
     /// vLLM's; only 1 (one device) is supported.
     #[arg(long, visible_alias = "tp", default_value_t = 1)]
     tensor_parallel_size: usize,
@@ -256,7 +256,8 @@ pub fn run(mut a: Args) -> Result<()> {
         shutdown_grace: Duration::from_secs(a.shutdown_grace_s),
         ..Default::default()
     };
-    let engine_cfg = a.engine.engine_config(None)?;
+    let mut engine_cfg = a.engine.engine_config(None)?;
+    engine_cfg.seed = a.seed;
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(async move {
         let engine = TandemEngine::loading();
