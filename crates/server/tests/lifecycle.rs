@@ -4,9 +4,7 @@
 
 mod common;
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -14,36 +12,6 @@ use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use tandem_server::engine_client::{EngineClient, EngineStats, EngineUpdate, GenerateRequest, RequestId, Submission, SubmitRefusal};
 use tandem_server::ServerConfig;
-use tokio::sync::mpsc::UnboundedSender;
-
-/// An engine that accepts requests and never answers; it records aborts.
-#[derive(Default)]
-struct StallEngine {
-    next: AtomicU64,
-    open: Mutex<HashMap<RequestId, UnboundedSender<EngineUpdate>>>,
-    aborted: Mutex<Vec<RequestId>>,
-}
-
-impl EngineClient for StallEngine {
-    fn submit(&self, _req: GenerateRequest) -> Result<Submission, SubmitRefusal> {
-        let id = self.next.fetch_add(1, Ordering::SeqCst);
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        self.open.lock().unwrap().insert(id, tx);
-        Ok(Submission::channel(id, rx))
-    }
-    fn abort(&self, id: RequestId) {
-        // Like the real engine: the request ends with an abort, and its channel closes.
-        if self.open.lock().unwrap().remove(&id).is_some() {
-            self.aborted.lock().unwrap().push(id);
-        }
-    }
-    fn stats(&self) -> EngineStats {
-        EngineStats { num_running: self.open.lock().unwrap().len(), ..Default::default() }
-    }
-    fn is_ready(&self) -> bool {
-        true
-    }
-}
 
 fn l() -> String {
     format!("{{model_name=\"{MODEL}\"}}")

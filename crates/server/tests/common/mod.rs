@@ -5,7 +5,9 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,6 +25,8 @@ use tandem_engine::{Engine, EngineConfig, EngineHandle};
 use tandem_server::engine_adapter::{decode_fn, TandemEngine};
 use tandem_server::{EngineClient, Server, ServerConfig};
 use tokio::net::TcpStream;
+use tandem_server::engine_client::{EngineStats, EngineUpdate, GenerateRequest, RequestId, Submission, SubmitRefusal};
+use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::oneshot;
 
 pub const VOCAB: usize = 64;
@@ -253,3 +257,33 @@ pub fn expected_text(tok: &Tokenizer, prompt: &[u32], ids: &[u32]) -> String {
 pub fn greedy_ids(prompt: &[u32], n: usize) -> Vec<u32> {
     FakeModel::greedy(&model_config(), prompt, n, true)
 }
+
+/// An engine that accepts requests and never answers; it records aborts.
+#[derive(Default)]
+pub struct StallEngine {
+    pub next: AtomicU64,
+    pub open: Mutex<HashMap<RequestId, UnboundedSender<EngineUpdate>>>,
+    pub aborted: Mutex<Vec<RequestId>>,
+}
+
+impl EngineClient for StallEngine {
+    fn submit(&self, _req: GenerateRequest) -> Result<Submission, SubmitRefusal> {
+        let id = self.next.fetch_add(1, Ordering::SeqCst);
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        self.open.lock().unwrap().insert(id, tx);
+        Ok(Submission::channel(id, rx))
+    }
+    fn abort(&self, id: RequestId) {
+        // Like the real engine: the request ends with an abort, and its channel closes.
+        if self.open.lock().unwrap().remove(&id).is_some() {
+            self.aborted.lock().unwrap().push(id);
+        }
+    }
+    fn stats(&self) -> EngineStats {
+        EngineStats { num_running: self.open.lock().unwrap().len(), ..Default::default() }
+    }
+    fn is_ready(&self) -> bool {
+        true
+    }
+}
+
