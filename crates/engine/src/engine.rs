@@ -31,7 +31,8 @@ use crate::metrics::{RequestMetrics, Stats};
 use crate::sampler::{apply_penalties, logprobs, needs_host, sample, spec, SampleSpec, TokenLogprobs};
 use crate::sampling_params::SamplingParams;
 use crate::scheduler::{BatchMode, Policy, Scheduler, SchedulerConfig, SchedulerOutput};
-use crate::sequence::{FinishReason, IdMap, RequestId, SeqId, Sequence};
+use crate::constraint::{apply_mask, mask_words};
+use crate::sequence::{FinishReason, GuideState, IdMap, RequestId, SeqId, Sequence};
 
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
@@ -153,6 +154,29 @@ fn banned(eos: &[u32], seq: &Sequence) -> Vec<u32> {
         return vec![];
     }
     eos.iter().filter(|_| !p.ignore_eos).chain(&p.stop_token_ids).copied().collect()
+}
+
+/// Starts a guided sequence's constraint (a no-op for the others).
+fn start_guide(seq: &mut Sequence) -> Result<(), String> {
+    if let Some(g) = &seq.params.guided {
+        seq.guide = Some(GuideState { constraint: g.0.start()?, mask: None });
+    }
+    Ok(())
+}
+
+/// Masks of the constrained rows of a step, computed on a helper thread while the forward
+/// runs: (sequence, its constraint, its mask, seconds the mask took).
+type MaskJob = (SeqId, Box<dyn crate::constraint::Constraint>);
+
+fn compute_masks(jobs: Vec<MaskJob>, vocab: usize) -> Vec<(SeqId, Box<dyn crate::constraint::Constraint>, Result<Vec<u32>, String>, f64)> {
+    jobs.into_iter()
+        .map(|(id, mut c)| {
+            let t0 = Instant::now();
+            let mut mask = vec![u32::MAX; mask_words(vocab)];
+            let r = c.fill_mask(&mut mask).map(|()| mask);
+            (id, c, r, t0.elapsed().as_secs_f64())
+        })
+        .collect()
 }
 
 /// Limits a request is checked against before it is queued.
@@ -334,12 +358,16 @@ impl Engine {
     fn enqueue(&mut self, id: RequestId, req: Request, max_tokens: usize, tx: UnboundedSender<RequestOutput>, arrival: Instant) {
         let seed = self.request_seed(&req.params, id);
         let params = Arc::new(req.params);
-        let seq = Sequence::new(self.next_seq, id, 0, req.prompt, params, max_tokens, req.priority, self.next_arrival, seed, arrival);
+        let mut seq = Sequence::new(self.next_seq, id, 0, req.prompt, params, max_tokens, req.priority, self.next_arrival, seed, arrival);
+        let guide = start_guide(&mut seq);
         let state = RequestState { tx, live: vec![seq.id], unforked: 1..seq.params.n, prompt_tokens: seq.num_prompt_tokens, completion_tokens: 0, metrics: None };
         self.next_seq += 1;
         self.next_arrival += 1;
         self.requests.insert(id, state);
         self.scheduler.add(seq);
+        if let Err(e) = guide {
+            self.end_request(id, FinishReason::Error(format!("cannot start the constraint: {e}")));
+        }
     }
 
     /// The request's own seed, or one derived from the engine's seed and the request id.
@@ -396,7 +424,40 @@ impl Engine {
             }
             return Ok(Sampled::Ids(ids));
         }
-        let logits = self.runner.forward(&batch).map_err(|e| self.forward_error(e))?;
+        // The constraints of the rows sampled this step give their masks while the model runs.
+        let jobs: Vec<MaskJob> = out
+            .seqs
+            .iter()
+            .filter(|s| s.sample)
+            .filter_map(|s| {
+                let seq = self.scheduler.seq_mut(s.seq)?;
+                let g = seq.guide.take()?;
+                Some((s.seq, g.constraint))
+            })
+            .collect();
+        let (logits, masks) = if jobs.is_empty() {
+            (self.runner.forward(&batch), vec![])
+        } else {
+            let (vocab, runner) = (self.vocab, &mut self.runner);
+            std::thread::scope(|sc| {
+                let masks = sc.spawn(move || compute_masks(jobs, vocab));
+                let logits = runner.forward(&batch);
+                (logits, masks.join().expect("computing a mask panicked"))
+            })
+        };
+        let mut mask_seconds = Vec::with_capacity(masks.len());
+        for (id, constraint, mask, secs) in masks {
+            mask_seconds.push(secs);
+            if let Some(seq) = self.scheduler.seq_mut(id) {
+                seq.guide = Some(GuideState { constraint, mask: Some(mask) });
+            }
+        }
+        if !mask_seconds.is_empty() {
+            if let Ok(mut st) = self.stats.lock() {
+                st.record_masks(&mask_seconds);
+            }
+        }
+        let logits = logits.map_err(|e| self.forward_error(e))?;
         if logits.len() != rows * self.vocab {
             return Err(format!("model returned {} logits for {rows} rows of vocabulary {}", logits.len(), self.vocab));
         }
@@ -518,10 +579,34 @@ impl Engine {
             Pick::Row(row) => {
                 let raw = p.logprobs.map(|_| row.to_vec());
                 apply_penalties(row, &p, seq.prompt(), seq.output(), &banned(eos, seq));
+                if let Some(g) = seq.guide.as_mut() {
+                    let allowed = match g.mask.take() {
+                        Some(Ok(mask)) => Ok(apply_mask(row, &mask)),
+                        Some(Err(e)) => Err(format!("the constraint failed: {e}")),
+                        None => Err("no mask was computed for a constrained row".to_string()),
+                    };
+                    // `row` is finite where allowed unless a ban took it too (EOS under min_tokens).
+                    let usable = allowed.and_then(|_| match row.iter().any(|x| *x > f32::NEG_INFINITY) {
+                        true => Ok(()),
+                        false => Err("the constraint admits no token here".to_string()),
+                    });
+                    if let Err(e) = usable {
+                        let o = RequestOutput::new(seq.request_id, seq.index);
+                        return self.end_seq(id, FinishReason::Error(e), o);
+                    }
+                }
                 (sample(row, &spec(&p, seq.seed, seq.index, seq.num_output_tokens())), raw)
             }
         };
         seq.append_token(token, now);
+        let mut guide_done = false;
+        if let Some(g) = seq.guide.as_mut() {
+            if let Err(e) = g.constraint.commit(token) {
+                let o = RequestOutput::new(seq.request_id, seq.index);
+                return self.end_seq(id, FinishReason::Error(format!("the constraint rejected token {token}: {e}")), o);
+            }
+            guide_done = g.constraint.is_finished();
+        }
 
         let stops: &[String] = if under_min { &[] } else { &p.stop };
         let stop_token = !under_min && ((!p.ignore_eos && eos.contains(&token)) || p.stop_token_ids.contains(&token));
@@ -530,6 +615,9 @@ impl Engine {
             reason = Some(FinishReason::Stop { stop_string: None, stop_token: Some(token) });
         } else if let Some(s) = seq.text.push_keeping(decode, token, stops, p.include_stop_str_in_output) {
             reason = Some(FinishReason::Stop { stop_string: Some(s), stop_token: None });
+        } else if guide_done {
+            // The grammar is complete: what it describes is whole (OpenAI's "stop").
+            reason = Some(FinishReason::Stop { stop_string: None, stop_token: None });
         } else if seq.num_output_tokens() >= seq.max_tokens || seq.num_tokens() >= max_model_len {
             reason = Some(FinishReason::Length);
         }
@@ -571,7 +659,11 @@ impl Engine {
         let (prompt, params, max_tokens, priority, arrival) = (p.prompt().to_vec(), p.params.clone(), p.max_tokens, p.priority, p.times.arrival);
         let seed = self.request_seed(&params, rid);
         for index in 1..n {
-            let child = Sequence::new(self.next_seq, rid, index, prompt.clone(), params.clone(), max_tokens, priority, self.next_arrival, seed, arrival);
+            let mut child = Sequence::new(self.next_seq, rid, index, prompt.clone(), params.clone(), max_tokens, priority, self.next_arrival, seed, arrival);
+            if let Err(e) = start_guide(&mut child) {
+                // Each completion starts its own constraint; one that cannot fails the request.
+                return self.end_request(rid, FinishReason::Error(format!("cannot start the constraint: {e}")));
+            }
             self.next_seq += 1;
             self.next_arrival += 1;
             if let Some(r) = self.requests.get_mut(&rid) {

@@ -6,6 +6,7 @@
 //! - [`block_manager`]: ref-counted KV blocks and the prefix cache.
 //! - [`sequence`]: one prompt and its output, with its block table and timings.
 //! - [`sampler`], [`sampling_params`]: logits to tokens.
+//! - [`constraint`]: structured output as the engine sees it (a mask per constrained row).
 //! - [`detokenize`]: streamed text and stop strings.
 //! - [`metrics`]: counters for the server and per-request timings.
 //! - [`fake_model`]: a deterministic `ModelRunner` for tests and benchmarks.
@@ -14,6 +15,7 @@
 //! only with a `ForwardBatch`; the scheduler's insides never leave this crate.
 
 pub mod block_manager;
+pub mod constraint;
 pub mod detokenize;
 pub mod engine;
 pub mod fake_model;
@@ -23,6 +25,7 @@ pub mod sampling_params;
 pub mod scheduler;
 pub mod sequence;
 
+pub use constraint::{Constraint, ConstraintFactory, Guided};
 pub use detokenize::{tokenizer_decode_fn, DecodeFn};
 pub use engine::{Engine, EngineConfig, EngineError, EngineHandle, Request, RequestOutput, RequestStream, SubmitError, Usage};
 pub use metrics::{RequestMetrics, Stats};

@@ -32,9 +32,29 @@ pub struct Stats {
     pub requests_length_total: u64,
     pub requests_abort_total: u64,
     pub requests_error_total: u64,
+    /// Constraint masks computed (one per constrained token) and the seconds they took.
+    pub guided_masks_total: u64,
+    pub guided_mask_seconds_total: f64,
+    /// The most recent mask times (at most [`MASK_SAMPLES`]), for percentiles.
+    pub guided_mask_seconds: std::collections::VecDeque<f64>,
 }
 
+/// Mask times kept for percentiles.
+pub const MASK_SAMPLES: usize = 8192;
+
 impl Stats {
+    /// Records the mask times of one step.
+    pub fn record_masks(&mut self, seconds: &[f64]) {
+        self.guided_masks_total += seconds.len() as u64;
+        for &t in seconds {
+            self.guided_mask_seconds_total += t;
+            if self.guided_mask_seconds.len() == MASK_SAMPLES {
+                self.guided_mask_seconds.pop_front();
+            }
+            self.guided_mask_seconds.push_back(t);
+        }
+    }
+
     pub fn count_finish(&mut self, reason: &FinishReason) {
         match reason {
             FinishReason::Stop { .. } => self.requests_stop_total += 1,

@@ -41,6 +41,8 @@ pub struct SamplingParams {
     pub logit_bias: Vec<(u32, f32)>,
     /// A stop string that ends the text stays in it (vLLM's `include_stop_str_in_output`).
     pub include_stop_str_in_output: bool,
+    /// Constrained decoding: only tokens the constraint allows are sampled (structured output).
+    pub guided: Option<crate::constraint::Guided>,
 }
 
 impl Default for SamplingParams {
@@ -64,6 +66,7 @@ impl Default for SamplingParams {
             prompt_logprobs: None,
             logit_bias: Vec::new(),
             include_stop_str_in_output: false,
+            guided: None,
         }
     }
 }

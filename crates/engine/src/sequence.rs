@@ -114,6 +114,21 @@ pub struct Sequence {
     /// token `p` given tokens `0..p`; entry 0 is None (nothing comes before it). Taken when the
     /// first output is sent.
     pub prompt_logprobs: Option<Vec<Option<TokenLogprobs>>>,
+    /// The constraint of a guided request, and the mask it gave for this step's sample.
+    pub guide: Option<GuideState>,
+}
+
+/// A sequence's constraint and its mask for the row being sampled.
+pub struct GuideState {
+    pub constraint: Box<dyn crate::constraint::Constraint>,
+    /// Computed while the step's forward runs; taken when the row is sampled.
+    pub mask: Option<Result<Vec<u32>, String>>,
+}
+
+impl std::fmt::Debug for GuideState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GuideState").field("mask", &self.mask.as_ref().map(|m| m.as_ref().map(|m| m.len()))).finish()
+    }
 }
 
 impl Sequence {
@@ -141,6 +156,7 @@ impl Sequence {
             forked: index > 0,
             pending_logprobs: Vec::new(),
             prompt_logprobs: (index == 0 && params.prompt_logprobs.is_some()).then(|| vec![None]),
+            guide: None,
             params,
         }
     }
