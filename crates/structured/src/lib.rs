@@ -47,12 +47,12 @@ impl GuideSpec {
 
     fn grammar(&self) -> Result<TopLevelGrammar, GuideError> {
         Ok(match self {
-            GuideSpec::JsonObject => TopLevelGrammar::from_json_schema(serde_json::json!({"type": "object"})),
+            GuideSpec::JsonObject => TopLevelGrammar::from_json_schema(bounded_whitespace(serde_json::json!({"type": "object"}))),
             GuideSpec::JsonSchema(schema) => {
                 if !(schema.is_object() || schema.is_boolean()) {
                     return Err(GuideError::new(self.kind(), "a JSON schema must be an object or a boolean".into()));
                 }
-                TopLevelGrammar::from_json_schema(schema.clone())
+                TopLevelGrammar::from_json_schema(bounded_whitespace(schema.clone()))
             }
             GuideSpec::Regex(rx) => TopLevelGrammar::from_regex(rx),
             GuideSpec::Choice(choices) => {
@@ -66,6 +66,20 @@ impl GuideSpec {
             GuideSpec::Lark(g) => TopLevelGrammar::from_lark(g.clone()),
         })
     }
+}
+
+/// Whitespace allowed between two JSON tokens: any mix of space, tab and newlines, at most
+/// [`MAX_JSON_WHITESPACE`] characters. Unbounded (llguidance's default) lets a model that likes
+/// whitespace fill `max_tokens` with it and never close the object, a failure vLLM users know;
+/// the bound still admits pretty-printed JSON nested several levels deep. A schema's own
+/// `x-guidance` options are kept as they are.
+pub const MAX_JSON_WHITESPACE: usize = 20;
+
+fn bounded_whitespace(mut schema: serde_json::Value) -> serde_json::Value {
+    if let Some(o) = schema.as_object_mut() {
+        o.entry("x-guidance").or_insert_with(|| serde_json::json!({"whitespace_pattern": format!("[\\x20\\x0A\\x0D\\x09]{{1,{MAX_JSON_WHITESPACE}}}")}));
+    }
+    schema
 }
 
 /// A spec that cannot be compiled: `kind` is the form ("json_schema", "regex", ...).
