@@ -59,6 +59,41 @@ impl PartialEq for Guided {
     }
 }
 
+/// The simplest constraint: only these token ids, at every position, never finished (vLLM's
+/// `allowed_token_ids`). Ids past the vocabulary are ignored.
+#[derive(Debug, Clone)]
+pub struct AllowedTokens(pub Vec<u32>);
+
+impl ConstraintFactory for AllowedTokens {
+    fn start(&self) -> Result<Box<dyn Constraint>, String> {
+        Ok(Box::new(self.clone()))
+    }
+    fn kind(&self) -> &str {
+        "allowed_token_ids"
+    }
+}
+
+impl Constraint for AllowedTokens {
+    fn fill_mask(&mut self, mask: &mut [u32]) -> Result<(), String> {
+        mask.fill(0);
+        for &t in &self.0 {
+            if let Some(w) = mask.get_mut(t as usize / 32) {
+                *w |= 1 << (t % 32);
+            }
+        }
+        Ok(())
+    }
+    fn commit(&mut self, token: u32) -> Result<(), String> {
+        match self.0.contains(&token) {
+            true => Ok(()),
+            false => Err(format!("token {token} is not among the allowed ids")),
+        }
+    }
+    fn is_finished(&self) -> bool {
+        false
+    }
+}
+
 /// Words in a mask for `vocab` tokens.
 pub fn mask_words(vocab: usize) -> usize {
     vocab.div_ceil(32)

@@ -2,7 +2,8 @@
 //! give the same tokens alone and together (prefix-cache hits, chunked prefill, preemption), and
 //! a request's tokens do not depend on the path its rows take: greedy steps through the device
 //! argmax (`ModelRunner::forward_sampled`) give the tokens the host gives when the request asks
-//! for logprobs (which brings its steps' logits back), and so do sampled steps.
+//! for logprobs (which brings its steps' logits back), and so do sampled steps; a constrained
+//! request (its rows masked and sampled on the host) leaves the ids of the others unchanged.
 //! Needs a Vulkan adapter: SKIPPED without one, a failure under TANDEM_REQUIRE_WGPU=1.
 
 mod common;
@@ -12,7 +13,8 @@ use std::sync::Arc;
 
 use tandem_core::model::LoadOptions;
 use tandem_core::{DType, LlamaModel, ModelRunner};
-use tandem_engine::{Engine, EngineConfig, FinishReason, Request, SamplingParams};
+use tandem_engine::constraint::AllowedTokens;
+use tandem_engine::{Engine, EngineConfig, FinishReason, Guided, Request, SamplingParams};
 use tandem_models::random_model::{write_random_model, Shape};
 
 fn runner(dir: &Path, num_kv_blocks: usize, max_batch_tokens: usize) -> Option<Box<dyn ModelRunner>> {
@@ -85,6 +87,22 @@ fn wgpu_seeded_tokens_are_the_same_alone_and_together_and_on_either_path() {
     assert!(st.preemptions_total > 0, "the pool should force preemption");
     assert!(st.prefix_cache_hits_total > 0, "the shared prefix should hit the cache");
     assert_eq!(got, want);
+
+    // Beside a constrained request every step's logits come to the host (a masked row is
+    // sampled there): the others still get the ids the device gave them alone.
+    let allowed: Vec<u32> = (0..vocab).filter(|t| t % 7 == 3).collect();
+    let guided = Request {
+        params: SamplingParams { seed: Some(1), ignore_eos: true, max_tokens: Some(10), guided: Some(Guided::new(AllowedTokens(allowed))), ..Default::default() },
+        ..reqs[1].clone()
+    };
+    let mut mixed = reqs.clone();
+    mixed.insert(3, guided);
+    let mut e = engine(runner(&dir, 64, 64).unwrap(), EngineConfig { max_num_batched_tokens: Some(64), ..Default::default() });
+    let mut got = run(&mut e, &mixed);
+    let constrained = got.remove(3);
+    assert_eq!(got, want, "a constrained neighbour changed the ids");
+    assert_eq!(constrained[0].len(), 10);
+    assert!(constrained[0].iter().all(|t| t % 7 == 3), "the mask was not applied: {constrained:?}");
 
     // The same requests asking for logprobs take the host path; greedy ones the device argmax.
     let greedy = Request { params: SamplingParams { ignore_eos: true, ..SamplingParams::greedy(8) }, ..reqs[0].clone() };
