@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
-use tandem_engine::{EngineHandle, FinishReason, Request, SamplingParams};
+use tandem_engine::{EngineHandle, FinishReason, Guided, Request, SamplingParams};
 
 use super::latency::{self, Summary};
 use super::progress::Progress;
@@ -131,6 +131,12 @@ pub fn warm_up(handle: &EngineHandle, prompts: &[Prompt], n: usize) -> Result<()
 
 /// Runs every prompt, at most `concurrency` at a time; gives up after `timeout`.
 pub fn run(handle: &EngineHandle, prompts: &[Prompt], concurrency: usize, label: &str, timeout: Duration) -> Result<RunResult> {
+    run_guided(handle, prompts, &[], concurrency, label, timeout)
+}
+
+/// As [`run`], prompt `i` constrained by `guides[i]` where that is given.
+pub fn run_guided(handle: &EngineHandle, prompts: &[Prompt], guides: &[Option<Guided>], concurrency: usize, label: &str, timeout: Duration) -> Result<RunResult> {
+    let guides: Arc<Vec<Option<Guided>>> = Arc::new((0..prompts.len()).map(|i| guides.get(i).cloned().flatten()).collect());
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let prompts: Arc<Vec<Prompt>> = Arc::new(prompts.to_vec());
     let n = prompts.len();
@@ -143,13 +149,13 @@ pub fn run(handle: &EngineHandle, prompts: &[Prompt], concurrency: usize, label:
     let records = rt.block_on(async {
         let mut set = tokio::task::JoinSet::new();
         for _ in 0..concurrency.clamp(1, n) {
-            let (h, prompts, next, done, tokens) = (handle.clone(), prompts.clone(), next.clone(), done.clone(), tokens.clone());
+            let (h, prompts, guides, next, done, tokens) = (handle.clone(), prompts.clone(), guides.clone(), next.clone(), done.clone(), tokens.clone());
             set.spawn(async move {
                 let mut out = Vec::new();
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let Some(p) = prompts.get(i) else { break };
-                    out.push((i, one_request(&h, p, &tokens).await));
+                    out.push((i, one_request(&h, p, guides[i].clone(), &tokens).await));
                     done.fetch_add(1, Ordering::Relaxed);
                 }
                 out
@@ -194,10 +200,11 @@ pub fn run(handle: &EngineHandle, prompts: &[Prompt], concurrency: usize, label:
     Ok(RunResult { records, wall_s, kv_usage_peak: Some(kv_peak), preemptions: Some(after.preemptions_total - before.preemptions_total) })
 }
 
-async fn one_request(h: &EngineHandle, p: &Prompt, tokens: &AtomicUsize) -> RequestRecord {
+async fn one_request(h: &EngineHandle, p: &Prompt, guided: Option<Guided>, tokens: &AtomicUsize) -> RequestRecord {
     let t0 = Instant::now();
     let mut rec = RequestRecord { prompt_tokens: p.ids.len(), ..Default::default() };
-    let mut stream = match h.submit(Request { prompt: p.ids.clone(), params: greedy_forced(p.output_len), priority: 0 }) {
+    let params = SamplingParams { guided, ..greedy_forced(p.output_len) };
+    let mut stream = match h.submit(Request { prompt: p.ids.clone(), params, priority: 0 }) {
         Ok(s) => s,
         Err(e) => {
             rec.error = Some(e.to_string());

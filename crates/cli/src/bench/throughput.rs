@@ -1,7 +1,8 @@
 //! `tandem bench throughput`: the offline benchmark. Every prompt goes to the engine at once
 //! (like vLLM's `benchmark_throughput`); reports requests/s, output and total tokens/s, the
 //! KV pool's peak usage and preemptions. `--hf-baseline` runs HF transformers' `generate`
-//! on the same model and prompts and prints the ratio.
+//! on the same model and prompts and prints the ratio. `--guided-fraction` constrains that
+//! share of the requests by a JSON schema and reports the mask's cost (p50, p99 per token).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -47,6 +48,47 @@ pub struct Args {
     /// Extra arguments for the baseline script, e.g. `--hf-args=--device=cpu`.
     #[arg(long, allow_hyphen_values = true)]
     pub hf_args: Vec<String>,
+    /// Fraction of the requests (spread evenly) constrained by a JSON schema (an open-ended
+    /// array of objects, so they still run to their output length): structured output's cost.
+    #[arg(long, default_value_t = 0.0)]
+    pub guided_fraction: f64,
+}
+
+/// The schema `--guided-fraction` constrains with: at least 256 objects (thousands of tokens)
+/// before it can complete, so a constrained request writes as many tokens as an unconstrained
+/// one and the two compare token for token.
+fn bench_schema() -> serde_json::Value {
+    json!({"type": "array", "minItems": 256, "items": {"type": "object", "properties": {"name": {"type": "string"}, "id": {"type": "integer"}, "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}}}, "required": ["name", "id", "tags"], "additionalProperties": false}})
+}
+
+/// One constraint per prompt for the chosen fraction (request `i` is constrained when the
+/// running count `floor((i + 1) * f)` steps up), all compiled from one spec.
+fn guides(model_dir: &std::path::Path, eos: &[u32], n: usize, fraction: f64) -> Result<Vec<Option<tandem_engine::Guided>>> {
+    if !(0.0..=1.0).contains(&fraction) {
+        anyhow::bail!("--guided-fraction must be in [0, 1], got {fraction}");
+    }
+    if fraction == 0.0 {
+        return Ok(vec![]);
+    }
+    let s = tandem_structured::Structured::from_model_dir(model_dir, eos)?;
+    let spec = tandem_structured::GuideSpec::JsonSchema(bench_schema());
+    (0..n)
+        .map(|i| {
+            let on = ((i + 1) as f64 * fraction).floor() > (i as f64 * fraction).floor();
+            on.then(|| s.compile(&spec).map_err(|e| anyhow::anyhow!("{e}"))).transpose()
+        })
+        .collect()
+}
+
+/// p50 and p99 of the newest `count` mask times, in microseconds.
+fn mask_percentiles(st: &tandem_engine::Stats, count: usize) -> Option<(f64, f64)> {
+    let mut v: Vec<f64> = st.guided_mask_seconds.iter().rev().take(count).copied().collect();
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize] * 1e6;
+    Some((at(0.5), at(0.99)))
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -55,9 +97,32 @@ pub fn run(a: Args) -> Result<()> {
     let started = model_source::start_engine(&model, &a.engine)?;
     eprintln!("loaded {} on {} ({}) in {:.2} s", model.label, a.engine.backend.name(), started.device, started.load_s);
     offline::warm_up(&started.handle, &prompts, a.warmup)?;
-    let res = offline::run(&started.handle, &prompts, usize::MAX, "throughput", Duration::from_secs(a.timeout_s))?;
+    let guides = guides(&model.dir, &model.config.eos_token_ids, prompts.len(), a.guided_fraction)?;
+    let before = started.handle.stats();
+    let res = offline::run_guided(&started.handle, &prompts, &guides, usize::MAX, "throughput", Duration::from_secs(a.timeout_s))?;
     let f = res.figures();
     let mut results = res.to_json();
+    let after = started.handle.stats();
+    let masks = (after.guided_masks_total - before.guided_masks_total) as usize;
+    if a.guided_fraction > 0.0 {
+        let constrained = guides.iter().filter(|g| g.is_some()).count();
+        let pct = mask_percentiles(&after, masks);
+        let secs = after.guided_mask_seconds_total - before.guided_mask_seconds_total;
+        results["guided"] = json!({
+            "fraction": a.guided_fraction,
+            "requests": constrained,
+            "schema": bench_schema(),
+            "masks": masks,
+            "mask_seconds_total": secs,
+            "mask_us_p50": pct.map(|p| p.0),
+            "mask_us_p99": pct.map(|p| p.1),
+            "mask_share_of_wall": secs / res.wall_s,
+        });
+        match pct {
+            Some((p50, p99)) => println!("guided: {constrained} of {} requests, {masks} masks, p50 {p50:.0} us, p99 {p99:.0} us, {:.1}% of the wall time on the mask thread", prompts.len(), 100.0 * secs / res.wall_s),
+            None => println!("guided: {constrained} of {} requests, no mask computed", prompts.len()),
+        }
+    }
 
     let mut rows = vec![vec![
         format!("tandem ({})", a.engine.backend.name()),
@@ -94,7 +159,7 @@ pub fn run(a: Args) -> Result<()> {
         }
     }
 
-    let settings = json!({"engine": model_source::engine_json(&a.engine), "workload": a.workload.to_json(), "warmup": a.warmup});
+    let settings = json!({"engine": model_source::engine_json(&a.engine), "workload": a.workload.to_json(), "warmup": a.warmup, "guided_fraction": a.guided_fraction});
     let rep = report::build("throughput", started.backend_json(a.engine.backend), model.to_json(&a.random), settings, results);
     let stem = format!("throughput-{}-{}", a.engine.backend.name(), model.label);
     report::write_json(&a.out, &stem, &rep)?;
