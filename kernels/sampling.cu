@@ -3,6 +3,8 @@
 //
 //   out[r] = sample_row(logits[r, :], spec[r])   logits f32 [rows, vocab], specs u32 [rows, 8],
 //                                                out u32 [rows]
+//   sample_masked: the same with row r's forbidden tokens read as -inf (structured output), its
+//   mask bits at mask_index[r] (-1: none), so only the constrained rows' masks are uploaded.
 //
 // The result is defined by `tandem_core::sampling::sample_row` (crates/core/src/sampling.rs),
 // and this kernel computes it bit for bit: the same f32 operations in the same order. Hence:
@@ -107,8 +109,13 @@ __device__ __forceinline__ u32 smp_tree_count(u32* sh, u32 v) {
     return r;
 }
 
-extern "C" __global__ void __launch_bounds__(SMP_THREADS, 4)
-sample(const float* __restrict__ logits, const u32* __restrict__ specs, u32* __restrict__ out, int rows, int vocab) {
+// Logit j of a row as the sampler sees it: -inf where the row's mask (one bit a token; null:
+// no mask) forbids it, which is what the host's `RowMasks::apply` writes before `sample_row`.
+__device__ __forceinline__ float smp_ld(const float* row, const u32* mask, int j) {
+    return (mask && !((mask[j >> 5] >> (j & 31)) & 1u)) ? neg_inf_f32() : row[j];
+}
+
+__device__ __forceinline__ void sample_row_dev(const float* __restrict__ logits, const u32* __restrict__ specs, u32* __restrict__ out, int rows, int vocab, const u32* __restrict__ mask_bits, const int* __restrict__ mask_index, int mask_words) {
     __shared__ float sf[SMP_THREADS];
     __shared__ float s_incl[SMP_THREADS];
     __shared__ int si[SMP_THREADS];
@@ -119,6 +126,7 @@ sample(const float* __restrict__ logits, const u32* __restrict__ specs, u32* __r
     if (r >= rows) return;
     const int t = threadIdx.x;
     const float* row = logits + (size_t)r * vocab;
+    const u32* mask = (mask_index && mask_index[r] >= 0) ? mask_bits + (size_t)mask_index[r] * mask_words : nullptr;
     const u32* sp = specs + (size_t)r * 8;
     const float inv_t = __uint_as_float(sp[0]), top_p = __uint_as_float(sp[2]), min_p = __uint_as_float(sp[3]);
     const u32 top_k = sp[1];
@@ -126,7 +134,7 @@ sample(const float* __restrict__ logits, const u32* __restrict__ specs, u32* __r
     // The argmax, whose value is the largest logit that is not NaN.
     float v = 0.0f;
     int idx = -1;
-    for (int j = t; j < vocab; j += SMP_THREADS) argmax_combine(v, idx, row[j], j);
+    for (int j = t; j < vocab; j += SMP_THREADS) argmax_combine(v, idx, smp_ld(row, mask, j), j);
     sf[t] = v;
     si[t] = idx;
     __syncthreads();
@@ -153,14 +161,14 @@ sample(const float* __restrict__ logits, const u32* __restrict__ specs, u32* __r
     u32 tau_k = 0;
     if (top_k > 0) {
         u32 valid = 0;
-        for (int j = t; j < vocab; j += SMP_THREADS) valid += row[j] == row[j];
+        for (int j = t; j < vocab; j += SMP_THREADS) valid += smp_ld(row, mask, j) == smp_ld(row, mask, j);
         valid = smp_tree_count(su, valid);
         if (top_k < valid) {
             for (int b = 31; b >= 0; --b) {
                 const u32 c = tau_k | (1u << b);
                 u32 n = 0;
                 for (int j = t; j < vocab; j += SMP_THREADS) {
-                    const float x = row[j];
+                    const float x = smp_ld(row, mask, j);
                     n += x == x && smp_key(x) >= c;
                 }
                 if (smp_tree_count(su, n) >= top_k) tau_k = c;
@@ -174,7 +182,7 @@ sample(const float* __restrict__ logits, const u32* __restrict__ specs, u32* __r
     if (top_p < 1.0f) {
         float acc = 0.0f;
         for (int j = t; j < vocab; j += SMP_THREADS) {
-            const float x = row[j], w = smp_weight(x, m, inv_t);
+            const float x = smp_ld(row, mask, j), w = smp_weight(x, m, inv_t);
             if (SMP_BASE(x, w)) acc = smp_add(acc, w);
         }
         const float want = smp_mul(top_p, smp_tree_sum(sf, acc));
@@ -182,7 +190,7 @@ sample(const float* __restrict__ logits, const u32* __restrict__ specs, u32* __r
             const u32 c = tau_p | (1u << b);
             float a = 0.0f;
             for (int j = t; j < vocab; j += SMP_THREADS) {
-                const float x = row[j], w = smp_weight(x, m, inv_t);
+                const float x = smp_ld(row, mask, j), w = smp_weight(x, m, inv_t);
                 if (SMP_BASE(x, w) && smp_key(x) >= c) a = smp_add(a, w);
             }
             if (smp_tree_sum(sf, a) >= want) tau_p = c;
@@ -193,7 +201,7 @@ sample(const float* __restrict__ logits, const u32* __restrict__ specs, u32* __r
     // The draw: lanes laid end to end, the first token whose running weight passes u * total.
     float lane = 0.0f;
     for (int j = t; j < vocab; j += SMP_THREADS) {
-        const float x = row[j], w = smp_weight(x, m, inv_t);
+        const float x = smp_ld(row, mask, j), w = smp_weight(x, m, inv_t);
         if (SMP_KEPT(x, w)) lane = smp_add(lane, w);
     }
     sf[t] = lane;
@@ -229,7 +237,7 @@ sample(const float* __restrict__ logits, const u32* __restrict__ specs, u32* __r
         int pick = -1, last = -1;
         float local = 0.0f;
         for (int j = t; j < vocab; j += SMP_THREADS) {
-            const float x = row[j], w = smp_weight(x, m, inv_t);
+            const float x = smp_ld(row, mask, j), w = smp_weight(x, m, inv_t);
             if (!SMP_KEPT(x, w)) continue;
             if (w > 0.0f) last = j;
             if (s_walk) {
@@ -241,4 +249,16 @@ sample(const float* __restrict__ logits, const u32* __restrict__ specs, u32* __r
     }
 #undef SMP_KEPT
 #undef SMP_BASE
+}
+
+extern "C" __global__ void __launch_bounds__(SMP_THREADS, 4)
+sample(const float* __restrict__ logits, const u32* __restrict__ specs, u32* __restrict__ out, int rows, int vocab) {
+    sample_row_dev(logits, specs, out, rows, vocab, nullptr, nullptr, 0);
+}
+
+// As `sample`, row r masked by mask_bits[mask_index[r] * mask_words ..] when mask_index[r] >= 0
+// (structured output: only the constrained rows carry a mask, ceil(vocab / 32) words each).
+extern "C" __global__ void __launch_bounds__(SMP_THREADS, 4)
+sample_masked(const float* __restrict__ logits, const u32* __restrict__ specs, u32* __restrict__ out, int rows, int vocab, const u32* __restrict__ mask_bits, const int* __restrict__ mask_index, int mask_words) {
+    sample_row_dev(logits, specs, out, rows, vocab, mask_bits, mask_index, mask_words);
 }

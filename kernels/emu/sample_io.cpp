@@ -2,7 +2,8 @@
 // test (crates/cuda/tests/sampling_emu.rs) can hold the kernel against the host sampler
 // (`tandem_core::sampling::sample_row`) bit for bit on inputs it generates.
 // Usage: sample_io IN OUT. IN: u32 rows, u32 vocab, f32 logits [rows, vocab], u32 specs
-// [rows, 8]; OUT: u32 ids [rows]. All little-endian.
+// [rows, 8], then optionally the masks (u32 words, u32 count, i32 index [rows], u32 bits
+// [count, words]: `sample_masked`); OUT: u32 ids [rows]. All little-endian.
 #include "cuda_emu.h"
 
 #include "../sampling.cu"
@@ -23,8 +24,17 @@ int main(int argc, char** argv) {
     std::vector<u32> specs(rows * 8), ids(rows, 0xffffffffu);
     if (std::fread(logits.data(), 4, logits.size(), in) != logits.size()) return 2;
     if (std::fread(specs.data(), 4, specs.size(), in) != specs.size()) return 2;
+    // Optional masks: u32 words, u32 count, i32 index [rows], u32 bits [count, words].
+    u32 mh[2];
+    const bool masked = std::fread(mh, 4, 2, in) == 2;
+    std::vector<int> index(masked ? rows : 0);
+    std::vector<u32> bits(masked ? (size_t)mh[0] * mh[1] : 0);
+    if (masked && (std::fread(index.data(), 4, rows, in) != rows || std::fread(bits.data(), 4, bits.size(), in) != bits.size())) return 2;
     std::fclose(in);
-    launch(dim3{(unsigned)rows, 1, 1}, dim3{SMP_THREADS, 1, 1}, [&] { sample(logits.data(), specs.data(), ids.data(), (int)rows, (int)vocab); });
+    if (masked)
+        launch(dim3{(unsigned)rows, 1, 1}, dim3{SMP_THREADS, 1, 1}, [&] { sample_masked(logits.data(), specs.data(), ids.data(), (int)rows, (int)vocab, bits.data(), index.data(), (int)mh[0]); });
+    else
+        launch(dim3{(unsigned)rows, 1, 1}, dim3{SMP_THREADS, 1, 1}, [&] { sample(logits.data(), specs.data(), ids.data(), (int)rows, (int)vocab); });
     FILE* out = std::fopen(argv[2], "wb");
     if (!out || std::fwrite(ids.data(), 4, rows, out) != rows) return 2;
     std::fclose(out);

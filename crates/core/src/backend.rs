@@ -15,7 +15,7 @@
 use half::{bf16, f16};
 
 use crate::error::{Error, Result};
-use crate::sampling::{sample_row, SampleSpec};
+use crate::sampling::{sample_row, sample_rows_masked, RowMasks, SampleSpec};
 use crate::weights::TensorView;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -330,6 +330,20 @@ pub trait Backend: Send + 'static {
         }
         let v = self.read_f32(logits, rows * vocab)?;
         Ok(v.chunks_exact(vocab.max(1)).zip(specs).map(|(row, s)| sample_row(row, s)).collect())
+    }
+    /// As [`Backend::sample`], row `r` read with the tokens its mask forbids at -inf (see
+    /// [`RowMasks`]): the ids of [`crate::sampling::sample_rows_masked`]. The default reads the
+    /// logits back and samples on the host; a backend with a sampling kernel uploads the masks.
+    fn sample_masked(&self, logits: &Self::Buf, rows: usize, vocab: usize, specs: &[SampleSpec], masks: &RowMasks) -> Result<Vec<u32>> {
+        if masks.is_empty() {
+            return self.sample(logits, rows, vocab, specs);
+        }
+        masks.check(rows, vocab).map_err(|m| Error::backend(self.name(), format!("sample_masked: {m}")))?;
+        if specs.len() != rows {
+            return Err(Error::backend(self.name(), format!("sample_masked: {} specs for {rows} rows", specs.len())));
+        }
+        let v = self.read_f32(logits, rows * vocab)?;
+        Ok(sample_rows_masked(&v, vocab, specs, masks))
     }
 }
 

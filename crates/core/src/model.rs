@@ -9,7 +9,7 @@ use crate::batch::ForwardBatch;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::memory::{plan_kv_blocks, DeviceMemory, KvNeed};
-use crate::sampling::{sample_row, SampleSpec};
+use crate::sampling::{sample_row, sample_rows_masked, RowMasks, SampleSpec};
 use crate::weights::Weights;
 
 /// What the engine needs from a loaded model, whatever the backend. Object-safe.
@@ -39,6 +39,22 @@ pub trait ModelRunner: Send {
             return Err(Error::Batch(format!("forward returned {} logits for {} rows of vocabulary {vocab}", logits.len(), specs.len())));
         }
         Ok(logits.chunks_exact(vocab).zip(specs).map(|(row, s)| sample_row(row, s)).collect())
+    }
+    /// As [`ModelRunner::forward_sampled`], some rows masked (structured output). `masks` is
+    /// called once, after the forward is on its way and before the sample needs it, so a caller
+    /// can compute the masks while the device runs; its error fails the step. The ids equal
+    /// [`crate::sampling::sample_rows_masked`] of what [`ModelRunner::forward`] would return.
+    /// The default: `forward`, then the host.
+    fn forward_sampled_masked(&mut self, batch: &ForwardBatch, specs: &[SampleSpec], masks: &mut dyn FnMut() -> Result<RowMasks>) -> Result<Vec<u32>> {
+        check_specs(batch, specs)?;
+        let logits = self.forward(batch)?;
+        let vocab = self.config().vocab_size.max(1);
+        if logits.len() != specs.len() * vocab {
+            return Err(Error::Batch(format!("forward returned {} logits for {} rows of vocabulary {vocab}", logits.len(), specs.len())));
+        }
+        let m = masks()?;
+        m.check(specs.len(), vocab).map_err(Error::Batch)?;
+        Ok(sample_rows_masked(&logits, vocab, specs, &m))
     }
 }
 
@@ -445,5 +461,19 @@ impl<B: Backend> ModelRunner for LlamaModel<B> {
             return Ok(vec![]);
         }
         self.backend.sample(&self.s.logits, specs.len(), self.cfg.vocab_size, specs)
+    }
+    fn forward_sampled_masked(&mut self, batch: &ForwardBatch, specs: &[SampleSpec], masks: &mut dyn FnMut() -> Result<RowMasks>) -> Result<Vec<u32>> {
+        check_specs(batch, specs)?;
+        self.check(batch)?;
+        // Recorded (on a device: launched) before the masks are asked for, so they are computed
+        // while the device runs.
+        self.record(batch)?;
+        let m = masks()?;
+        if specs.is_empty() {
+            self.backend.sync()?;
+            return Ok(vec![]);
+        }
+        m.check(specs.len(), self.cfg.vocab_size).map_err(Error::Batch)?;
+        self.backend.sample_masked(&self.s.logits, specs.len(), self.cfg.vocab_size, specs, &m)
     }
 }

@@ -198,6 +198,82 @@ fn bisect_key(ok: impl Fn(u32) -> bool) -> u32 {
     tau
 }
 
+/// Sets every logit the mask forbids to -inf (`mask`: one bit a token, token `t` at bit
+/// `t % 32` of word `t / 32`; words missing forbid); returns how many tokens stay allowed. What
+/// the device kernels read for a masked row.
+pub fn apply_mask(logits: &mut [f32], mask: &[u32]) -> usize {
+    let mut allowed = 0;
+    for (t, x) in logits.iter_mut().enumerate() {
+        if mask.get(t / 32).is_some_and(|w| w >> (t % 32) & 1 == 1) {
+            allowed += 1;
+        } else {
+            *x = f32::NEG_INFINITY;
+        }
+    }
+    allowed
+}
+
+/// The allowed-token masks of some rows of a step (structured output), packed so that only
+/// the constrained rows' bits travel: row `r`'s mask is `bits[index[r] * words..][..words]`
+/// when `index[r] >= 0`; rows at -1 are not masked.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RowMasks {
+    pub words: usize,
+    pub index: Vec<i32>,
+    pub bits: Vec<u32>,
+}
+
+impl RowMasks {
+    /// No row masked.
+    pub fn none(rows: usize, vocab: usize) -> Self {
+        RowMasks { words: vocab.div_ceil(32), index: vec![-1; rows], bits: vec![] }
+    }
+    /// Masks row `r` with `mask` (`words` words).
+    pub fn set(&mut self, r: usize, mask: &[u32]) {
+        debug_assert_eq!(mask.len(), self.words);
+        self.index[r] = (self.bits.len() / self.words.max(1)) as i32;
+        self.bits.extend_from_slice(mask);
+    }
+    /// Row `r`'s mask, if it has one.
+    pub fn row(&self, r: usize) -> Option<&[u32]> {
+        let i = usize::try_from(*self.index.get(r)?).ok()?;
+        self.bits.get(i * self.words..(i + 1) * self.words)
+    }
+    pub fn is_empty(&self) -> bool {
+        self.bits.is_empty()
+    }
+    /// Checks the packing against a step of `rows` rows of `vocab` logits.
+    pub fn check(&self, rows: usize, vocab: usize) -> Result<(), String> {
+        if self.index.len() != rows || self.words != vocab.div_ceil(32) {
+            return Err(format!("masks for {} rows of {} words, step has {rows} rows of vocabulary {vocab}", self.index.len(), self.words));
+        }
+        let count = self.bits.len() / self.words.max(1);
+        match self.index.iter().find(|&&i| i >= count as i32 || i < -1) {
+            Some(i) => Err(format!("mask index {i} outside the {count} masks given")),
+            None => Ok(()),
+        }
+    }
+}
+
+/// [`sample_row`] of each row of `logits` (`[rows, vocab]`), masked rows with their forbidden
+/// tokens at -inf: the host's answer for a masked step.
+pub fn sample_rows_masked(logits: &[f32], vocab: usize, specs: &[SampleSpec], masks: &RowMasks) -> Vec<u32> {
+    let vocab = vocab.max(1);
+    logits
+        .chunks_exact(vocab)
+        .zip(specs)
+        .enumerate()
+        .map(|(r, (row, s))| match masks.row(r) {
+            Some(m) => {
+                let mut row = row.to_vec();
+                apply_mask(&mut row, m);
+                sample_row(&row, s)
+            }
+            None => sample_row(row, s),
+        })
+        .collect()
+}
+
 /// The token for one row of logits (see the module docs for the exact definition).
 pub fn sample_row(logits: &[f32], s: &SampleSpec) -> u32 {
     if s.is_greedy() || logits.is_empty() {
@@ -259,6 +335,25 @@ pub fn sample_row(logits: &[f32], s: &SampleSpec) -> u32 {
 
 #[cfg(test)]
 mod tests {
+    /// Only the constrained rows' masks are packed; a masked row samples among its allowed
+    /// tokens only; a bad packing is refused.
+    #[test]
+    fn row_masks_pack_only_the_masked_rows() {
+        let vocab = 40;
+        let mut m = RowMasks::none(3, vocab);
+        let mut allow = vec![0u32; 2];
+        allow[1] |= 1 << (37 - 32);
+        m.set(1, &allow);
+        assert_eq!((m.words, m.index.clone(), m.bits.len()), (2, vec![-1, 0, -1], 2));
+        assert!(m.check(3, vocab).is_ok());
+        assert!(m.check(2, vocab).is_err() && m.check(3, 64 + 1).is_err());
+        let logits: Vec<f32> = (0..3 * vocab).map(|i| (i % vocab) as f32).collect();
+        let specs = [SampleSpec::greedy(); 3];
+        assert_eq!(sample_rows_masked(&logits, vocab, &specs, &m), vec![39, 37, 39]);
+        let bad = RowMasks { words: 2, index: vec![0, 1, -1], bits: vec![0; 2] };
+        assert!(bad.check(3, vocab).is_err(), "index 1 of a single mask");
+    }
+
     use super::*;
 
     /// Random123's published known answers for philox4x32 (its kat_vectors file).

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::sys::CUresult;
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DriverError, LaunchConfig, PushKernelArg};
 use tandem_core::backend::{AttnArgs, Backend, DType, KvGeometry, WorkspaceLimits};
-use tandem_core::sampling::{SampleSpec, SAMPLE_LANES, SPEC_WORDS};
+use tandem_core::sampling::{RowMasks, SampleSpec, SAMPLE_LANES, SPEC_WORDS};
 use tandem_core::weights::TensorView;
 use tandem_core::{Error, Result};
 
@@ -269,6 +269,9 @@ struct MatmulScratch {
 struct IoScratch {
     ids: Option<CudaBuf>,
     specs: Option<CudaBuf>,
+    /// Masked sampling: the constrained rows' mask bits, and each row's mask index (i32 as u32).
+    masks: Option<CudaBuf>,
+    mask_index: Option<CudaBuf>,
     fixed: bool,
 }
 
@@ -417,9 +420,16 @@ impl CudaBackend {
     /// The id buffer (at least `rows`) and spec buffer (at least `spec_words`), grown only
     /// where nothing was reserved.
     fn io_scratch(&self, rows: usize, spec_words: usize, op: &str) -> Result<std::sync::MutexGuard<'_, IoScratch>> {
+        self.io_scratch_masked(rows, spec_words, 0, op)
+    }
+
+    /// As [`Self::io_scratch`], with room for `mask_words` words of masks and `rows` indices
+    /// when `mask_words` > 0.
+    fn io_scratch_masked(&self, rows: usize, spec_words: usize, mask_words: usize, op: &str) -> Result<std::sync::MutexGuard<'_, IoScratch>> {
         let mut s = self.io_scratch.lock().map_err(|_| err(format!("{op}: scratch lock poisoned by an earlier panic")))?;
         let short = |b: &Option<CudaBuf>, n: usize| n > 0 && b.as_ref().is_none_or(|b| b.len < n);
-        if s.fixed && (short(&s.ids, rows) || short(&s.specs, spec_words)) {
+        let index_rows = if mask_words > 0 { rows } else { 0 };
+        if s.fixed && (short(&s.ids, rows) || short(&s.specs, spec_words) || short(&s.masks, mask_words) || short(&s.mask_index, index_rows)) {
             return Err(err(format!("{op}: {rows} logit rows exceed the workspace reserved at load")));
         }
         if short(&s.ids, rows) {
@@ -427,6 +437,12 @@ impl CudaBackend {
         }
         if short(&s.specs, spec_words) {
             s.specs = Some(self.alloc(Elem::U32, spec_words)?);
+        }
+        if short(&s.masks, mask_words) {
+            s.masks = Some(self.alloc(Elem::U32, mask_words)?);
+        }
+        if short(&s.mask_index, index_rows) {
+            s.mask_index = Some(self.alloc(Elem::U32, index_rows)?);
         }
         Ok(s)
     }
@@ -486,8 +502,16 @@ impl Backend for CudaBackend {
         *m = MatmulScratch { xa: alloc(xa, "matmul x in 16 bits")?, part: alloc(part, "split-K workspace")?, fixed: true };
         let rows = l.max_logit_rows.max(1);
         let mut io = self.io_scratch.lock().map_err(|_| err(format!("{OP}: scratch lock poisoned by an earlier panic")))?;
-        *io = IoScratch { ids: Some(self.alloc(Elem::U32, rows)?), specs: Some(self.alloc(Elem::U32, rows * SPEC_WORDS)?), fixed: true };
-        let io_bytes = rows * (1 + SPEC_WORDS) * 4;
+        // Every row may be constrained: a mask of the largest output width (the vocabulary) each.
+        let mask_words = rows * l.max_n.div_ceil(32);
+        *io = IoScratch {
+            ids: Some(self.alloc(Elem::U32, rows)?),
+            specs: Some(self.alloc(Elem::U32, rows * SPEC_WORDS)?),
+            masks: Some(self.alloc(Elem::U32, mask_words.max(1))?),
+            mask_index: Some(self.alloc(Elem::U32, rows)?),
+            fixed: true,
+        };
+        let io_bytes = (rows * (2 + SPEC_WORDS) + mask_words) * 4;
         // The allocations are stream-ordered: wait, so that free_memory sees them.
         self.synchronize()?;
         Ok((out + ml + xa + part + io_bytes) as u64)
@@ -900,6 +924,38 @@ impl Backend for CudaBackend {
         let mut l = self.stream.launch_builder(f);
         l.arg(&logits.mem).arg(&spec_buf.mem).arg(&mut ids.mem).arg(&ri).arg(&vi);
         // SAFETY: as in embedding; specs hold SPEC_WORDS words a row, ids one a row.
+        let r = unsafe { l.launch(cfg((ri as u32, 1, 1), SAMPLE_LANES as u32)) };
+        self.launched(OP, r)?;
+        self.read_u32(ids, rows)
+    }
+
+    fn sample_masked(&self, logits: &CudaBuf, rows: usize, vocab: usize, specs: &[SampleSpec], masks: &RowMasks) -> Result<Vec<u32>> {
+        const OP: &str = "sample_masked";
+        if masks.is_empty() {
+            return self.sample(logits, rows, vocab, specs);
+        }
+        masks.check(rows, vocab).map_err(|m| err(format!("{OP}: {m}")))?;
+        if specs.len() != rows || vocab == 0 {
+            return Err(err(format!("{OP}: {} specs for {rows} rows of vocabulary {vocab}", specs.len())));
+        }
+        need(logits, Elem::F32, rows * vocab, OP, "logits")?;
+        let (ri, vi, wi) = (i32_of(rows, OP, "rows")?, i32_of(vocab, OP, "vocab")?, i32_of(masks.words, OP, "mask words")?);
+        i32_of(rows * vocab, OP, "rows*vocab")?;
+        let words: Vec<u32> = specs.iter().flat_map(SampleSpec::to_words).collect();
+        let index: Vec<u32> = masks.index.iter().map(|&i| i as u32).collect();
+        let mut io = self.io_scratch_masked(rows, words.len(), masks.bits.len(), OP)?;
+        let IoScratch { ids: Some(ids), specs: Some(spec_buf), masks: Some(mask_buf), mask_index: Some(index_buf), .. } = &mut *io else {
+            return Err(err(format!("{OP}: id, spec or mask buffer missing after allocation")));
+        };
+        // Only the constrained rows' masks go up (`RowMasks` packs them).
+        self.write_u32(spec_buf, &words)?;
+        self.write_u32(mask_buf, &masks.bits)?;
+        self.write_u32(index_buf, &index)?;
+        let f = self.func(OP)?;
+        let mut l = self.stream.launch_builder(f);
+        l.arg(&logits.mem).arg(&spec_buf.mem).arg(&mut ids.mem).arg(&ri).arg(&vi).arg(&mask_buf.mem).arg(&index_buf.mem).arg(&wi);
+        // SAFETY: as in `sample`; masks hold `words` words per packed row, the index one i32 a
+        // row, each below the packed count (`RowMasks::check`).
         let r = unsafe { l.launch(cfg((ri as u32, 1, 1), SAMPLE_LANES as u32)) };
         self.launched(OP, r)?;
         self.read_u32(ids, rows)

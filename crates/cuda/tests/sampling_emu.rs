@@ -3,13 +3,15 @@
 //! id must equal `tandem_core::sampling::sample_row` of the same row and spec. Rows cover
 //! greedy and tiny temperatures, top-k (ties at the k-th value, k past the vocabulary), top-p,
 //! min-p, their mixes, NaN and -inf logits, +inf and all-NaN rows, vocabularies from 1 to 5000
-//! (lanes left empty, lanes of unequal length). Needs g++ (or $CXX): SKIPPED without one,
+//! (lanes left empty, lanes of unequal length); and `sample_masked` (structured output: rows
+//! with one to three allowed tokens, about half, or none masked) against the host's masked
+//! sampler. Needs g++ (or $CXX): SKIPPED without one,
 //! a failure under TANDEM_REQUIRE_EMU=1.
 
 use std::path::Path;
 use std::process::Command;
 
-use tandem_core::sampling::{sample_row, SampleSpec};
+use tandem_core::sampling::{sample_row, sample_rows_masked, RowMasks, SampleSpec};
 
 struct SplitMix(u64);
 impl SplitMix {
@@ -95,6 +97,47 @@ fn sampling_kernel_matches_the_host_sampler_bitwise() {
         }
         total += rows;
     }
-    println!("sampling kernel == host sampler on {total} rows");
+    // Masked rows (structured output): `sample_masked` against `sample_rows_masked`; rows
+    // unmasked, with one to three allowed tokens, or with about half of them allowed.
+    let mut changed = 0;
+    for vocab in [33usize, 300] {
+        let rows = 12;
+        let cases: Vec<_> = (0..rows).map(|_| case(&mut r, vocab)).collect();
+        let mut masks = RowMasks::none(rows, vocab);
+        for row in 0..rows {
+            let mut m = vec![0u32; masks.words];
+            match r.next() % 3 {
+                0 => continue,
+                1 => (0..1 + r.next() % 3).for_each(|_| {
+                    let t = (r.next() % vocab as u64) as usize;
+                    m[t / 32] |= 1 << (t % 32);
+                }),
+                _ => (0..vocab).filter(|_| r.next() % 2 == 0).for_each(|t| m[t / 32] |= 1 << (t % 32)),
+            }
+            masks.set(row, &m);
+        }
+        let mut bytes = Vec::new();
+        bytes.extend((rows as u32).to_le_bytes());
+        bytes.extend((vocab as u32).to_le_bytes());
+        cases.iter().flat_map(|c| &c.0).for_each(|x| bytes.extend(x.to_le_bytes()));
+        cases.iter().flat_map(|c| c.1.to_words()).for_each(|w| bytes.extend(w.to_le_bytes()));
+        bytes.extend((masks.words as u32).to_le_bytes());
+        bytes.extend(((masks.bits.len() / masks.words) as u32).to_le_bytes());
+        masks.index.iter().for_each(|i| bytes.extend(i.to_le_bytes()));
+        masks.bits.iter().for_each(|w| bytes.extend(w.to_le_bytes()));
+        let (inp, outp) = (dir.join("in.bin"), dir.join("out.bin"));
+        std::fs::write(&inp, &bytes).unwrap();
+        let run = Command::new(&exe).arg(&inp).arg(&outp).output().unwrap();
+        assert!(run.status.success(), "sample_io (masked) failed: {}", String::from_utf8_lossy(&run.stderr));
+        let got: Vec<u32> = std::fs::read(&outp).unwrap().chunks_exact(4).map(|b| u32::from_le_bytes(b.try_into().unwrap())).collect();
+        let logits: Vec<f32> = cases.iter().flat_map(|c| c.0.iter().copied()).collect();
+        let specs: Vec<SampleSpec> = cases.iter().map(|c| c.1).collect();
+        let want = sample_rows_masked(&logits, vocab, &specs, &masks);
+        assert_eq!(got, want, "masked rows, vocab {vocab}: index {:?}", masks.index);
+        changed += cases.iter().zip(&want).filter(|(c, w)| sample_row(&c.0, &c.1) != **w).count();
+        total += rows;
+    }
+    assert!(changed > 0, "no mask changed any id: the masked cases prove nothing");
+    println!("sampling kernel == host sampler on {total} rows ({changed} ids changed by their masks)");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -8,8 +8,9 @@
 //! Invariants the engine keeps:
 //! - the mask of step N is computed on a helper thread while the model runs step N (it depends
 //!   only on the tokens committed before), and is applied to the row before sampling;
-//! - a constrained row is sampled on the host (the device samplers take no mask), with the same
-//!   function the devices compute, so the other rows of the batch get the ids they get alone;
+//! - a constrained row is sampled where the others are: on the device with its mask uploaded
+//!   (only the constrained rows' masks travel, `RowMasks`), or on the host when some row of the
+//!   step needs the host; both give the same ids, so the other rows get the ids they get alone;
 //! - a constraint that is finished (the grammar accepts and admits no more tokens) ends its
 //!   completion with finish_reason "stop"; one that admits no token at all ends it with an error.
 
@@ -99,18 +100,7 @@ pub fn mask_words(vocab: usize) -> usize {
     vocab.div_ceil(32)
 }
 
-/// Sets every logit the mask forbids to -inf; returns how many tokens stay allowed.
-pub fn apply_mask(logits: &mut [f32], mask: &[u32]) -> usize {
-    let mut allowed = 0;
-    for (t, x) in logits.iter_mut().enumerate() {
-        if mask.get(t / 32).is_some_and(|w| w >> (t % 32) & 1 == 1) {
-            allowed += 1;
-        } else {
-            *x = f32::NEG_INFINITY;
-        }
-    }
-    allowed
-}
+pub use tandem_core::sampling::apply_mask;
 
 #[cfg(test)]
 mod tests {

@@ -32,6 +32,7 @@ use crate::sampler::{apply_penalties, logprobs, needs_host, sample, spec, Sample
 use crate::sampling_params::SamplingParams;
 use crate::scheduler::{BatchMode, Policy, Scheduler, SchedulerConfig, SchedulerOutput};
 use crate::constraint::{apply_mask, mask_words};
+use tandem_core::sampling::RowMasks;
 use crate::sequence::{FinishReason, GuideState, IdMap, RequestId, SeqId, Sequence};
 
 #[derive(Debug, Clone)]
@@ -164,19 +165,33 @@ fn start_guide(seq: &mut Sequence) -> Result<(), String> {
     Ok(())
 }
 
-/// Masks of the constrained rows of a step, computed on a helper thread while the forward
-/// runs: (sequence, its constraint, its mask, seconds the mask took).
-type MaskJob = (SeqId, Box<dyn crate::constraint::Constraint>);
+/// A constrained row of a step whose mask is to be computed on a helper thread while the
+/// forward runs: (its index among the sampled rows, its sequence, its constraint).
+type MaskJob = (usize, SeqId, Box<dyn crate::constraint::Constraint>);
 
-fn compute_masks(jobs: Vec<MaskJob>, vocab: usize) -> Vec<(SeqId, Box<dyn crate::constraint::Constraint>, Result<Vec<u32>, String>, f64)> {
+/// A computed mask, with the constraint that gave it (handed back to its sequence).
+struct MaskDone {
+    row: usize,
+    seq: SeqId,
+    constraint: Box<dyn crate::constraint::Constraint>,
+    mask: Result<Vec<u32>, String>,
+    seconds: f64,
+}
+
+fn compute_masks(jobs: Vec<MaskJob>, vocab: usize) -> Vec<MaskDone> {
     jobs.into_iter()
-        .map(|(id, mut c)| {
+        .map(|(row, seq, mut constraint)| {
             let t0 = Instant::now();
             let mut mask = vec![u32::MAX; mask_words(vocab)];
-            let r = c.fill_mask(&mut mask).map(|()| mask);
-            (id, c, r, t0.elapsed().as_secs_f64())
+            let mask = constraint.fill_mask(&mut mask).map(|()| mask);
+            MaskDone { row, seq, constraint, mask, seconds: t0.elapsed().as_secs_f64() }
         })
         .collect()
+}
+
+/// Whether a mask allows at least one token.
+fn admits_some(mask: &[u32]) -> bool {
+    mask.iter().any(|&w| w != 0)
 }
 
 /// Limits a request is checked against before it is queued.
@@ -417,39 +432,50 @@ impl Engine {
     fn forward(&mut self, out: &SchedulerOutput) -> Result<Sampled, String> {
         let batch = self.scheduler.forward_batch(out);
         let rows = batch.logit_rows.len();
-        if let Some(specs) = self.device_specs(out) {
-            let ids = self.runner.forward_sampled(&batch, &specs).map_err(|e| self.forward_error(e))?;
-            if ids.len() != rows {
-                return Err(format!("model returned {} token ids for {rows} rows", ids.len()));
-            }
-            return Ok(Sampled::Ids(ids));
-        }
-        // The constraints of the rows sampled this step give their masks while the model runs.
+        // The constraints of the rows sampled this step give their masks while the model runs
+        // (row: the index among the sampled rows, which is the spec's on the device path).
         let jobs: Vec<MaskJob> = out
             .seqs
             .iter()
             .filter(|s| s.sample)
-            .filter_map(|s| {
+            .enumerate()
+            .filter_map(|(row, s)| {
                 let seq = self.scheduler.seq_mut(s.seq)?;
                 let g = seq.guide.take()?;
-                Some((s.seq, g.constraint))
+                Some((row, s.seq, g.constraint))
             })
             .collect();
-        let (logits, masks) = if jobs.is_empty() {
-            (self.runner.forward(&batch), vec![])
-        } else {
-            let (vocab, runner) = (self.vocab, &mut self.runner);
-            std::thread::scope(|sc| {
-                let masks = sc.spawn(move || compute_masks(jobs, vocab));
-                let logits = runner.forward(&batch);
-                (logits, masks.join().expect("computing a mask panicked"))
-            })
-        };
+        let device = self.device_specs(out);
+        let (vocab, runner) = (self.vocab, &mut self.runner);
+        let (result, masks) = std::thread::scope(|sc| {
+            let mut handle = (!jobs.is_empty()).then(|| sc.spawn(move || compute_masks(jobs, vocab)));
+            let mut joined: Option<Vec<MaskDone>> = None;
+            let join = |h: &mut Option<std::thread::ScopedJoinHandle<'_, Vec<MaskDone>>>| h.take().map(|h| h.join().expect("computing a mask panicked")).unwrap_or_default();
+            let result = match &device {
+                Some(specs) if handle.is_some() => {
+                    // Masked rows sample on the device too: only their masks go up.
+                    let mut provide = || {
+                        let done = join(&mut handle);
+                        let mut m = RowMasks::none(specs.len(), vocab);
+                        for d in done.iter().filter(|d| d.mask.as_ref().is_ok_and(|m| admits_some(m))) {
+                            m.set(d.row, d.mask.as_ref().expect("filtered on Ok"));
+                        }
+                        joined = Some(done);
+                        Ok(m)
+                    };
+                    runner.forward_sampled_masked(&batch, specs, &mut provide).map(Sampled::Ids)
+                }
+                Some(specs) => runner.forward_sampled(&batch, specs).map(Sampled::Ids),
+                None => runner.forward(&batch).map(Sampled::Logits),
+            };
+            let masks = joined.take().unwrap_or_else(|| join(&mut handle));
+            (result, masks)
+        });
         let mut mask_seconds = Vec::with_capacity(masks.len());
-        for (id, constraint, mask, secs) in masks {
-            mask_seconds.push(secs);
-            if let Some(seq) = self.scheduler.seq_mut(id) {
-                seq.guide = Some(GuideState { constraint, mask: Some(mask) });
+        for d in masks {
+            mask_seconds.push(d.seconds);
+            if let Some(seq) = self.scheduler.seq_mut(d.seq) {
+                seq.guide = Some(GuideState { constraint: d.constraint, mask: Some(d.mask) });
             }
         }
         if !mask_seconds.is_empty() {
@@ -457,11 +483,11 @@ impl Engine {
                 st.record_masks(&mask_seconds);
             }
         }
-        let logits = logits.map_err(|e| self.forward_error(e))?;
-        if logits.len() != rows * self.vocab {
-            return Err(format!("model returned {} logits for {rows} rows of vocabulary {}", logits.len(), self.vocab));
+        match result.map_err(|e| self.forward_error(e))? {
+            Sampled::Ids(ids) if ids.len() != rows => Err(format!("model returned {} token ids for {rows} rows", ids.len())),
+            Sampled::Logits(l) if l.len() != rows * self.vocab => Err(format!("model returned {} logits for {rows} rows of vocabulary {}", l.len(), self.vocab)),
+            ok => Ok(ok),
         }
-        Ok(Sampled::Logits(logits))
     }
 
     /// One spec per sampled row, or None when some row must be sampled on the host.
@@ -575,7 +601,22 @@ impl Engine {
         }
         let under_min = seq.num_output_tokens() < p.min_tokens;
         let (token, raw) = match pick {
-            Pick::Token(t) => (t, None),
+            Pick::Token(t) => {
+                // Sampled on the device with the mask, when it was usable.
+                if let Some(g) = seq.guide.as_mut() {
+                    let usable = match g.mask.take() {
+                        Some(Ok(mask)) if admits_some(&mask) => Ok(()),
+                        Some(Ok(_)) => Err("the constraint admits no token here".to_string()),
+                        Some(Err(e)) => Err(format!("the constraint failed: {e}")),
+                        None => Err("no mask was computed for a constrained row".to_string()),
+                    };
+                    if let Err(e) = usable {
+                        let o = RequestOutput::new(seq.request_id, seq.index);
+                        return self.end_seq(id, FinishReason::Error(e), o);
+                    }
+                }
+                (t, None)
+            }
             Pick::Row(row) => {
                 let raw = p.logprobs.map(|_| row.to_vec());
                 apply_penalties(row, &p, seq.prompt(), seq.output(), &banned(eos, seq));

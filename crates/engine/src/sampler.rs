@@ -4,7 +4,7 @@
 //! compute too). Also the top-N logprobs of the raw logits (vLLM's default).
 //!
 //! Which rows the model may sample where the logits are ([`needs_host`]): those without
-//! penalties, `logit_bias`, bans, a constraint or logprobs (prompt logprobs too: the engine checks those). The engine decides per step: one such row sends the whole
+//! penalties, `logit_bias`, bans or logprobs (prompt logprobs too: the engine checks those). The engine decides per step: one such row sends the whole
 //! step's logits to the host, where the same function gives the same ids.
 
 use std::collections::HashMap;
@@ -91,7 +91,8 @@ pub fn spec(p: &SamplingParams, seed: u64, completion: usize, token_index: usize
 }
 
 /// Whether a row must be sampled on the host: the device samplers apply no penalties,
-/// `logit_bias`, token bans or constraint masks and return no logprobs.
+/// `logit_bias` or token bans and return no logprobs (a constraint's mask they do apply:
+/// `ModelRunner::forward_sampled_masked`).
 pub fn needs_host(p: &SamplingParams, banned: &[u32]) -> bool {
     p.logprobs.is_some()
         || p.repetition_penalty != 1.0
@@ -99,7 +100,6 @@ pub fn needs_host(p: &SamplingParams, banned: &[u32]) -> bool {
         || p.frequency_penalty != 0.0
         || !p.logit_bias.is_empty()
         || !banned.is_empty()
-        || p.guided.is_some()
 }
 
 /// Picks the next token from (penalised) logits: [`tandem_core::sampling::sample_row`].

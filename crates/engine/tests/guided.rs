@@ -116,6 +116,9 @@ fn a_constrained_request_changes_nothing_for_its_neighbours() {
                 ignore_eos: true,
                 max_tokens: Some(12),
                 guided: guided(Modular { modulus: 3, residue: 1, len: None, dead_at: None }),
+                // Logprobs bring a step's logits to the host: while this one runs, masked rows
+                // sample there; otherwise where the model samples (the mask passed down).
+                logprobs: (i == 3).then_some(1),
                 ..Default::default()
             },
             priority: 0,
