@@ -188,3 +188,24 @@ fn matmul_rows_do_not_depend_on_the_batch() {
         }
     }
 }
+
+/// Masked sampling on the GPU gives the host's ids (structured output), for greedy and sampled
+/// rows, masked or not, on a 49k vocabulary.
+#[test]
+fn masked_sampling_matches_the_host() {
+    use tandem_core::sampling::{sample_rows_masked, RowMasks, SampleSpec};
+    let Some(b) = backend("masked_sampling_matches_the_host") else { return };
+    let (rows, vocab) = (16, 49152);
+    let mut rng = Rng(7);
+    let logits = rng.vec(rows * vocab, 8.0);
+    let specs: Vec<SampleSpec> = (0..rows).map(|r| SampleSpec { temperature: [0.0, 0.7, 1.0, 1.5][r % 4], top_k: [0, 40][r % 2], top_p: [1.0, 0.9][r % 3 / 2], min_p: 0.0, seed: 11 + r as u64, completion: 0, token_index: r as u32 }).collect();
+    let mut masks = RowMasks::none(rows, vocab);
+    for r in (0..rows).filter(|r| r % 3 != 0) {
+        let m: Vec<u32> = (0..masks.words).map(|w| if (w + r) % 5 == 0 { 0x5555_5555 } else { 0 }).collect();
+        masks.set(r, &m);
+    }
+    let mut buf = b.alloc_f32(rows * vocab).unwrap();
+    b.write_f32(&mut buf, &logits).unwrap();
+    let got = b.sample_masked(&buf, rows, vocab, &specs, &masks).unwrap();
+    assert_eq!(got, sample_rows_masked(&logits, vocab, &specs, &masks));
+}
