@@ -175,7 +175,7 @@ impl LlmBuilder {
         let geo = loaded.runner.kv_geometry();
         tracing::info!(backend = loaded.backend.name(), device = %loaded.device, kv_blocks = geo.num_blocks, load_ms = t0.elapsed().as_millis() as u64, "loaded {}", self.model.display());
         let handle = Engine::spawn(loaded.runner, tandem_engine::tokenizer_decode_fn(tok.clone()), self.engine_config()).map_err(|e| Error::Config(e.to_string()))?;
-        Ok(Arc::new(Core { handle, tok, backend: loaded.backend, device: loaded.device, kv_blocks: geo.num_blocks }))
+        Ok(Arc::new(Core { handle, tok, backend: loaded.backend, device: loaded.device, kv_blocks: geo.num_blocks, model_dir: self.model.clone(), structured: Default::default() }))
     }
 
     /// Loads the model and starts the engine, for offline (blocking) use.

@@ -18,6 +18,10 @@ pub enum Error {
     /// the KV pool, out-of-vocabulary ids, engine stopped).
     #[error("prompt {index}: {source}")]
     Refused { index: usize, source: SubmitError },
+    /// A structured-output spec that does not compile (bad schema, regex or grammar), or a
+    /// tokenizer llguidance cannot read.
+    #[error(transparent)]
+    Guide(#[from] tandem_structured::GuideError),
 }
 
 impl Error {

@@ -3,11 +3,13 @@
 //! call are all submitted at once, so the engine batches them continuously.
 
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 
 use tandem_core::tokenizer::Tokenizer;
-use tandem_engine::{EngineHandle, Request, RequestOutput, RequestStream, SamplingParams, Stats};
+use tandem_engine::{EngineHandle, Guided, Request, RequestOutput, RequestStream, SamplingParams, Stats};
+
+use tandem_structured::{GuideSpec, Structured};
 
 use crate::backend::Backend;
 use crate::error::{Error, Result};
@@ -20,6 +22,9 @@ pub(crate) struct Core {
     pub backend: Backend,
     pub device: String,
     pub kv_blocks: usize,
+    pub model_dir: std::path::PathBuf,
+    /// Built at the first structured-output request (it reads tokenizer.json again).
+    pub structured: OnceLock<std::result::Result<Arc<Structured>, String>>,
 }
 
 impl Drop for Core {
@@ -29,6 +34,14 @@ impl Drop for Core {
 }
 
 impl Core {
+    fn guide(&self, spec: &GuideSpec) -> Result<Guided> {
+        let s = self.structured.get_or_init(|| Structured::from_model_dir(&self.model_dir, &self.tok.eos_ids).map(Arc::new).map_err(|e| e.to_string()));
+        match s {
+            Ok(s) => Ok(s.compile(spec)?),
+            Err(e) => Err(Error::Config(format!("structured output is unavailable for this model: {e}"))),
+        }
+    }
+
     fn encode(&self, p: Prompt) -> Result<Vec<u32>> {
         Ok(match p {
             Prompt::Text(s) => self.tok.encode(&s, true)?,
@@ -86,6 +99,13 @@ impl Llm {
         self.generate(conversations.into_iter().map(|c| Prompt::Chat(c.as_ref().to_vec())), params)
     }
 
+    /// Compiles a structured-output spec for [`SamplingParams::guided`]: the outputs of a request
+    /// carrying it are JSON valid against the schema, match the regex, ... (see
+    /// [`tandem_structured`]). A spec that does not compile is [`Error::Guide`] naming the problem.
+    pub fn guide(&self, spec: &GuideSpec) -> Result<Guided> {
+        self.core.guide(spec)
+    }
+
     /// The same engine, for streaming.
     pub fn to_async(&self) -> AsyncLlm {
         AsyncLlm { core: self.core.clone() }
@@ -139,6 +159,11 @@ impl AsyncLlm {
     }
 
     /// One conversation through the chat template, streamed.
+    /// As [`Llm::guide`].
+    pub fn guide(&self, spec: &GuideSpec) -> Result<Guided> {
+        self.core.guide(spec)
+    }
+
     pub fn chat(&self, messages: &[Message], params: &SamplingParams) -> Result<OutputStream> {
         self.generate(Prompt::Chat(messages.to_vec()), params)
     }

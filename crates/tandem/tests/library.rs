@@ -175,3 +175,26 @@ fn bad_builder_settings_are_errors() {
     let e = tandem::LlmBuilder::new("/nonexistent/model").build().err().expect("refused");
     assert!(e.to_string().contains("/nonexistent/model"), "{e}");
 }
+
+/// Structured output through the library: a JSON schema compiled by `Llm::guide` gives JSON
+/// that parses into the schema's shape, greedy and sampled; a bad spec is `Error::Guide`.
+#[test]
+fn guided_generation_through_the_library() {
+    let dir = std::env::temp_dir().join(format!("tandem-lib-guided-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    tandem_models::random_model::write_random_model(&dir, tandem_models::random_model::Shape::Tiny, 4, tandem_core::DType::F32).unwrap();
+    let llm = tandem::LlmBuilder::new(&dir).backend(tandem::Backend::Reference).max_num_seqs(8).num_kv_blocks(256).build().unwrap();
+    let schema = serde_json::json!({"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["ok", "n"], "additionalProperties": false});
+    let guided = llm.guide(&tandem::GuideSpec::JsonSchema(schema)).unwrap();
+    for (t, seed) in [(0.0, 0), (1.0, 1), (1.0, 2)] {
+        let params = tandem::SamplingParams { temperature: t, seed: Some(seed), max_tokens: Some(300), guided: Some(guided.clone()), ..Default::default() };
+        let out = llm.generate(["Reply in JSON:"], &params).unwrap();
+        let text = out[0].text();
+        let v: serde_json::Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+        assert!(v["ok"].is_boolean() && v["n"].as_u64().is_some_and(|n| n <= 9) && v.as_object().unwrap().len() == 2, "{v}");
+    }
+    let err = llm.guide(&tandem::GuideSpec::Regex("[a-".into())).unwrap_err();
+    assert!(matches!(err, tandem::Error::Guide(ref g) if g.kind == "regex"), "{err}");
+    drop(llm);
+    let _ = std::fs::remove_dir_all(&dir);
+}
