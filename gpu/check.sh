@@ -201,6 +201,24 @@ else
     printf 'bench\t125\t0\tskipped: this tandem binary has no bench subcommand\n' >>"$STEPS"
 fi
 
+# The kernel lab (issue 13): each GEMM and attention kernel at the Llama shapes, against the
+# ceilings just measured, then the same cases through torch (cuBLAS, SDPA) on this GPU.
+if "$BIN" bench kernels --help >/dev/null 2>&1; then
+    read -r BW PK < <(python3 -c 'import json, sys; c = json.load(open(sys.argv[1])); print(c.get("copy_gbps") or 0, c.get("matmul_tflops") or 0)' "$WORK/raw/ceilings.json" 2>/dev/null || echo "0 0")
+    CEIL=()
+    [ "${BW%.*}" -gt 0 ] 2>/dev/null && CEIL+=(--bandwidth-gbs "$BW")
+    [ "${PK%.*}" -gt 0 ] 2>/dev/null && CEIL+=(--peak-tflops "$PK")
+    if [ "$SMALL" = 1 ]; then
+        LABS=(tiny); LAB=(--m 1,64 --attn-batch 1,8 --attn-context 256 --attn-prefill 128 --min-ms 20)
+    else
+        LABS=(llama-3.2-1b llama-3.1-8b); LAB=(--min-ms 100)
+    fi
+    for KS in "${LABS[@]}"; do
+        PICK='attention prefill' step "kernel lab $KS" 150 "$BIN" bench kernels --backend "$BACKEND" --shape "$KS" "${LAB[@]}" "${CEIL[@]}" --output-dir "$BENCH_OUT" --name "kernels-$KS"
+        [ -f "$BENCH_OUT/kernels-$KS.json" ] && PICK='attention prefill' step "kernel lab torch $KS" 150 "$PY" "$HERE/kernel_lab.py" "$BENCH_OUT/kernels-$KS.json" --min-ms 50 --out "$WORK/raw/kernel-lab-$KS.json"
+    done
+fi
+
 # ---------------------------------------------------------------- the table, last
 python3 "$HERE/summarize.py" --work "$WORK" --out "$OUT" --bench-model "$BENCH_DIR" --backend "$BACKEND" >"$WORK/raw/summary.out" 2>&1
 SUM_RC=$?

@@ -192,3 +192,39 @@ fn decode_interleaves_the_hf_rounds_and_takes_their_median() {
     assert!((r["ratio_vs_hf"]["decode"]["1"].as_f64().unwrap() - ours / 20.0).abs() < 1e-9, "{r}");
     assert!(md.contains("| 20.0 |"), "{md}");
 }
+
+/// `--guided-fraction 0.5`: half the requests constrained by the benchmark's JSON schema still
+/// write every token, and the report counts one mask per constrained token with its times.
+#[test]
+fn throughput_with_half_the_requests_guided_reports_the_mask_cost() {
+    let out = dir("throughput-guided");
+    let md = bench(&out, &[&["throughput"], TINY, &["--num-prompts", "8", "--input-len", "16", "--output-len", "8", "--guided-fraction", "0.5"]].concat());
+    let v = report(&out, "throughput-reference-tiny");
+    let (r, g) = (&v["results"], &v["results"]["guided"]);
+    assert_eq!((r["completed"].as_u64(), r["errors"].as_u64(), r["output_tokens"].as_u64()), (Some(8), Some(0), Some(64)), "{r}");
+    assert_eq!(g["requests"], 4);
+    assert_eq!(g["masks"], 4 * 8, "one mask per constrained token: {g}");
+    assert!(g["mask_us_p99"].as_f64().unwrap() >= g["mask_us_p50"].as_f64().unwrap() && g["mask_us_p50"].as_f64().unwrap() > 0.0, "{g}");
+    assert!(md.contains("guided: 4 of 8 requests, 32 masks"), "{md}");
+}
+
+/// The kernel lab runs on any backend: the reference at the tiny shape, every GEMM at each m
+/// and both attention kinds, with floors and fractions when the ceilings are given.
+#[test]
+fn kernel_lab_times_every_case() {
+    let out = dir("kernels");
+    let args = ["bench", "kernels", "--backend", "reference", "--shape", "tiny", "--m", "1,7", "--attn-batch", "2", "--attn-context", "40", "--attn-prefill", "33", "--min-ms", "1", "--bandwidth-gbs", "10", "--peak-tflops", "0.1", "--output-dir", out.to_str().unwrap()];
+    let o = Command::new(env!("CARGO_BIN_EXE_tandem")).args(args).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v = report(&out, "kernels-reference-tiny");
+    let rows = v["results"].as_array().unwrap();
+    assert_eq!(rows.len(), 5 * 2 + 2, "{rows:?}");
+    for r in rows {
+        let (us, frac) = (r["us"].as_f64().unwrap(), r["frac_of_floor"].as_f64().unwrap());
+        assert!(us > 0.0 && frac > 0.0 && r["torch"]["kind"].is_string(), "{r}");
+    }
+    assert_eq!(rows[0]["torch"], serde_json::json!({"kind": "gemm", "m": 1, "n": 128, "k": 64}));
+    assert_eq!(rows[11]["op"], "attention prefill");
+    let bad = Command::new(env!("CARGO_BIN_EXE_tandem")).args(["bench", "kernels", "--backend", "reference", "--shape", "llama-9"]).output().unwrap();
+    assert!(!bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("known shapes"));
+}

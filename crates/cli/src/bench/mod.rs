@@ -8,11 +8,14 @@
 //! - [`sweep`]: `max_num_seqs` against throughput and latency.
 //! - [`load`]: time to open and map a model; [`decode`]: the model runner alone, prefill
 //!   tokens/s and decode tokens/s at several batch sizes, optionally beside HF transformers.
+//! - [`kernels`]: the kernel lab (GEMMs and attention at a model's shapes; gpu/kernel_lab.py
+//!   puts torch's figures beside them).
 
 mod compare;
 mod decode;
 mod hf_baseline;
 mod http_client;
+mod kernels;
 mod latency;
 mod load;
 mod model_source;
@@ -50,6 +53,8 @@ enum Kind {
     Load(load::Args),
     /// The model runner alone, greedy: prefill tokens/s and decode tokens/s per batch size.
     Decode(decode::Args),
+    /// The kernel lab: each GEMM and attention kernel at a model's shapes, timed alone.
+    Kernels(kernels::Args),
 }
 
 /// Where a report goes.
@@ -71,5 +76,6 @@ pub fn run(a: Args) -> Result<()> {
         Kind::Sweep(a) => sweep::run(a),
         Kind::Load(a) => load::run(a),
         Kind::Decode(a) => decode::run(a),
+        Kind::Kernels(a) => kernels::run(a),
     }
 }

@@ -1,0 +1,251 @@
+//! `tandem bench kernels --backend B --shape S`: the kernel lab. Times each GEMM of a layer
+//! (q/k/v, o, gate/up, down, lm_head) at decode and prefill widths m, and paged attention at
+//! decode (batch x context) and prefill (one sequence of T tokens over itself), straight
+//! through the backend's ops: no model, no engine. Each figure is the mean of back-to-back
+//! launches over at least `--min-ms` after one warm-up, the device synchronised before and
+//! after (so a sync's cost is spread over many launches, not hidden).
+//!
+//! With `--bandwidth-gbs` and `--peak-tflops` (the GPU check measures both, gpu/ceilings.py)
+//! each row also shows its floor — the larger of bytes moved over the bandwidth and flops over
+//! the peak — and our time as a fraction of it. gpu/kernel_lab.py times the same shapes
+//! through torch (cuBLAS GEMMs, SDPA) on the same GPU and prints the ratios.
+//!
+//! Shapes: `llama-3.2-1b`, `llama-3.1-8b` (the GPU's), `tiny` (for the CPU test of this harness).
+
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use serde_json::{json, Value};
+use tandem_core::backend::{AttnArgs, Backend, KvGeometry};
+use tandem_core::DType;
+
+use super::report::{self, markdown_table};
+use super::OutputArgs;
+use crate::backends::BackendKind;
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[arg(long, value_enum, default_value_t = BackendKind::Cuda)]
+    backend: BackendKind,
+    /// Model shape: llama-3.2-1b, llama-3.1-8b or tiny.
+    #[arg(long, default_value = "llama-3.2-1b")]
+    shape: String,
+    /// GEMM widths (tokens in the step).
+    #[arg(long, value_delimiter = ',', default_value = "1,8,64,256,512,2048")]
+    m: Vec<usize>,
+    /// Decode attention: sequences in the batch.
+    #[arg(long, value_delimiter = ',', default_value = "1,8,64")]
+    attn_batch: Vec<usize>,
+    /// Decode attention: each sequence's context.
+    #[arg(long, value_delimiter = ',', default_value = "1024,4096")]
+    attn_context: Vec<usize>,
+    /// Prefill attention: prompt lengths (one sequence, causal over itself).
+    #[arg(long, value_delimiter = ',', default_value = "512,2048")]
+    attn_prefill: Vec<usize>,
+    /// Weight dtype of the GEMMs.
+    #[arg(long, default_value = "bf16")]
+    dtype: String,
+    /// Time each case for at least this long.
+    #[arg(long, default_value_t = 200.0)]
+    min_ms: f64,
+    /// Measured copy bandwidth, GB/s: adds each row's floor and our fraction of it.
+    #[arg(long)]
+    bandwidth_gbs: Option<f64>,
+    /// Measured tensor-core peak, TFLOP/s.
+    #[arg(long)]
+    peak_tflops: Option<f64>,
+    #[command(flatten)]
+    out: OutputArgs,
+}
+
+/// The dimensions a layer's kernels see.
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    hidden: usize,
+    inter: usize,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    vocab: usize,
+}
+
+fn shape(name: &str) -> Result<Shape> {
+    Ok(match name {
+        "llama-3.2-1b" => Shape { hidden: 2048, inter: 8192, heads: 32, kv_heads: 8, head_dim: 64, vocab: 128256 },
+        "llama-3.1-8b" => Shape { hidden: 4096, inter: 14336, heads: 32, kv_heads: 8, head_dim: 128, vocab: 128256 },
+        "tiny" => Shape { hidden: 64, inter: 160, heads: 4, kv_heads: 2, head_dim: 16, vocab: 384 },
+        _ => bail!("--shape {name}: known shapes are llama-3.2-1b, llama-3.1-8b, tiny"),
+    })
+}
+
+/// One timed case.
+struct Row {
+    op: String,
+    case: String,
+    us: f64,
+    bytes: f64,
+    flops: f64,
+    /// What torch is asked to time (gpu/kernel_lab.py).
+    spec: Value,
+}
+
+/// Mean microseconds per call of `f`: one warm-up, then calls until `min_ms` have passed.
+fn time<B: Backend>(b: &B, min_ms: f64, mut f: impl FnMut() -> tandem_core::Result<()>) -> Result<f64> {
+    f()?;
+    b.sync()?;
+    let t0 = Instant::now();
+    let mut n = 0u32;
+    loop {
+        f()?;
+        n += 1;
+        if n % 8 == 0 || n == 1 {
+            b.sync()?;
+            if t0.elapsed().as_secs_f64() * 1e3 >= min_ms {
+                break;
+            }
+        }
+    }
+    b.sync()?;
+    Ok(t0.elapsed().as_secs_f64() * 1e6 / n as f64)
+}
+
+/// splitmix64 values in [-scale, scale).
+fn values(seed: u64, n: usize, scale: f32) -> Vec<f32> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = s;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            ((z ^ (z >> 31)) >> 40) as f32 / (1u64 << 24) as f32 * 2.0 * scale - scale
+        })
+        .collect()
+}
+
+fn gemms<B: Backend>(b: &B, s: Shape, a: &Args, dtype: DType, rows: &mut Vec<Row>) -> Result<()> {
+    let kv = s.kv_heads * s.head_dim;
+    let list = [("qkv", s.hidden + 2 * kv, s.hidden), ("o", s.hidden, s.hidden), ("gate_up", 2 * s.inter, s.hidden), ("down", s.hidden, s.inter), ("lm_head", s.vocab, s.hidden)];
+    let wbytes = match dtype {
+        DType::F32 => 4.0,
+        _ => 2.0,
+    };
+    for (name, n, k) in list {
+        let w = b.weight_from_f32(dtype, &values(n as u64, n * k, 0.05))?;
+        for &m in &a.m {
+            let mut x = b.alloc_f32(m * k)?;
+            b.write_f32(&mut x, &values(m as u64, m * k, 1.0))?;
+            let mut out = b.alloc_f32(m * n)?;
+            let us = time(b, a.min_ms, || b.matmul(&x, &w, None, &mut out, m, n, k)).with_context(|| format!("{name} m={m}"))?;
+            let bytes = n as f64 * k as f64 * wbytes + (m * k + m * n) as f64 * 4.0;
+            rows.push(Row { op: format!("gemm {name}"), case: format!("m={m} n={n} k={k}"), us, bytes, flops: 2.0 * (m * n * k) as f64, spec: json!({"kind": "gemm", "m": m, "n": n, "k": k}) });
+        }
+    }
+    Ok(())
+}
+
+/// Attention over `seqs` sequences of `ctx` tokens each, the last `q_len` of each in the step.
+fn attention<B: Backend>(b: &B, s: Shape, a: &Args, seqs: usize, ctx: usize, q_len: usize, rows: &mut Vec<Row>) -> Result<()> {
+    let block = 16;
+    let max_blocks = ctx.div_ceil(block);
+    let g = KvGeometry { num_blocks: seqs * max_blocks, block_size: block, num_kv_heads: s.kv_heads, head_dim: s.head_dim };
+    let kv_vals = values(7, g.layer_elems(), 1.0);
+    let mut k_cache = b.alloc_kv(g)?;
+    let mut v_cache = b.alloc_kv(g)?;
+    // Fill the caches through the backend's own write (its layout and element type).
+    let slots: Vec<u32> = (0..g.slots() as u32).collect();
+    let per = s.kv_heads * s.head_dim;
+    let chunk = 4096usize.min(g.slots());
+    for start in (0..g.slots()).step_by(chunk) {
+        let len = chunk.min(g.slots() - start);
+        let mut kb = b.alloc_f32(len * per)?;
+        b.write_f32(&mut kb, &kv_vals[start * per..(start + len) * per])?;
+        let mut sb = b.alloc_u32(len)?;
+        b.write_u32(&mut sb, &slots[start..start + len])?;
+        b.kv_write(&kb, &kb, &mut k_cache, &mut v_cache, &sb, len, g)?;
+    }
+    let t = seqs * q_len;
+    let mut q = b.alloc_f32(t * s.heads * s.head_dim)?;
+    b.write_f32(&mut q, &values(3, t * s.heads * s.head_dim, 1.0))?;
+    let pos: Vec<u32> = (0..seqs).flat_map(|_| (ctx - q_len..ctx).map(|p| p as u32)).collect();
+    let seq_of: Vec<u32> = (0..seqs).flat_map(|i| std::iter::repeat_n(i as u32, q_len)).collect();
+    let table: Vec<u32> = (0..(seqs * max_blocks) as u32).collect();
+    let (mut pb, mut tb, mut bt) = (b.alloc_u32(t)?, b.alloc_u32(t)?, b.alloc_u32(table.len())?);
+    b.write_u32(&mut pb, &pos)?;
+    b.write_u32(&mut tb, &seq_of)?;
+    b.write_u32(&mut bt, &table)?;
+    let mut out = b.alloc_f32(t * s.heads * s.head_dim)?;
+    let args = AttnArgs { q: &q, k_cache: &k_cache, v_cache: &v_cache, positions: &pb, token_seq: &tb, block_tables: &bt, num_tokens: t, num_seqs: seqs, max_blocks, max_context: ctx, num_heads: s.heads, geometry: g, scale: 1.0 / (s.head_dim as f32).sqrt() };
+    let us = time(b, a.min_ms, || b.paged_attention(&args, &mut out))?;
+    // Every backend stores K and V in f32 at this commit.
+    let kv_bytes = 2.0 * (seqs * ctx * per) as f64 * 4.0;
+    let io = 2.0 * (t * s.heads * s.head_dim) as f64 * 4.0;
+    // Causal prefill does half the square; decode one query row per sequence.
+    let pairs = if q_len == 1 { (seqs * ctx) as f64 } else { seqs as f64 * (q_len * (q_len + 1) / 2) as f64 };
+    let flops = 4.0 * pairs * (s.heads * s.head_dim) as f64;
+    let (op, case) = if q_len == 1 { ("attention decode", format!("batch={seqs} ctx={ctx}")) } else { ("attention prefill", format!("tokens={q_len}")) };
+    rows.push(Row { op: op.into(), case, us, bytes: kv_bytes + io, flops, spec: json!({"kind": "attention", "batch": seqs, "ctx": ctx, "q_len": q_len, "heads": s.heads, "kv_heads": s.kv_heads, "head_dim": s.head_dim}) });
+    Ok(())
+}
+
+fn lab<B: Backend>(b: &B, a: &Args) -> Result<Vec<Row>> {
+    let s = shape(&a.shape)?;
+    let dtype = match a.dtype.as_str() {
+        "bf16" => DType::BF16,
+        "f16" => DType::F16,
+        "f32" => DType::F32,
+        d => bail!("--dtype {d}: bf16, f16 or f32"),
+    };
+    let mut rows = vec![];
+    gemms(b, s, a, dtype, &mut rows)?;
+    for &bs in &a.attn_batch {
+        for &ctx in &a.attn_context {
+            attention(b, s, a, bs, ctx, 1, &mut rows)?;
+        }
+    }
+    for &t in &a.attn_prefill {
+        attention(b, s, a, 1, t, t, &mut rows)?;
+    }
+    Ok(rows)
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let (rows, device) = match a.backend {
+        BackendKind::Reference => (lab(&tandem_reference::RefBackend::new(), &a)?, "CPU".to_string()),
+        BackendKind::Wgpu => {
+            let b = tandem_wgpu::WgpuBackend::new().context("opening the wgpu backend")?;
+            let d = format!("{:?}", b.adapter());
+            (lab(&b, &a)?, d)
+        }
+        BackendKind::Cuda | BackendKind::Auto => {
+            let b = tandem_cuda::CudaBackend::new(0).context("opening the CUDA backend")?;
+            let d = b.device_name().to_string();
+            (lab(&b, &a)?, d)
+        }
+    };
+    let floor = |r: &Row| {
+        let bw = a.bandwidth_gbs.map(|g| r.bytes / (g * 1e9) * 1e6);
+        let pk = a.peak_tflops.map(|p| r.flops / (p * 1e12) * 1e6);
+        match (bw, pk) {
+            (None, None) => None,
+            (x, y) => Some(x.unwrap_or(0.0).max(y.unwrap_or(0.0))),
+        }
+    };
+    let table: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            let f = floor(r);
+            vec![r.op.clone(), r.case.clone(), format!("{:.1}", r.us), format!("{:.1}", r.bytes / r.us / 1e3), format!("{:.2}", r.flops / r.us / 1e6), f.map_or("-".into(), |f| format!("{:.0}%", 100.0 * f / r.us))]
+        })
+        .collect();
+    let results: Vec<Value> = rows
+        .iter()
+        .map(|r| json!({"op": r.op, "case": r.case, "us": r.us, "bytes": r.bytes, "flops": r.flops, "floor_us": floor(r), "frac_of_floor": floor(r).map(|f| f / r.us), "torch": r.spec}))
+        .collect();
+    let settings = json!({"shape": a.shape, "dtype": a.dtype, "min_ms": a.min_ms, "bandwidth_gbs": a.bandwidth_gbs, "peak_tflops": a.peak_tflops});
+    let rep = report::build("kernels", json!({"name": a.backend.name(), "device": device}), json!({"shape": a.shape}), settings, json!(results));
+    report::write_json(&a.out, &format!("kernels-{}-{}", a.backend.name(), a.shape), &rep)?;
+    println!("### kernel lab: {} on {} ({device})\n", a.shape, a.backend.name());
+    println!("{}", markdown_table(&["op", "case", "us", "GB/s", "TFLOP/s", "of floor"], &table));
+    Ok(())
+}
