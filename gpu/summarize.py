@@ -99,6 +99,34 @@ def env_facts(path):
     return facts
 
 
+def latest_fields(env, figures, labs):
+    """docs/gpu/latest.json: the run's identity and the figures it measured. A field this run
+    did not measure is absent, never guessed (docs/gpu-check.md defines each)."""
+    out = {k: env.get(k) for k in ("date", "gpu", "driver", "commit") if env.get(k)}
+    for f in figures:
+        if f["figure"].startswith("decode b=1 ") and f["measured"]:
+            out["decode_b1_tok_s"] = f["measured"]
+            if f["fraction_of_floor"] is not None:
+                out["decode_b1_frac"] = f["fraction_of_floor"]
+        if f["figure"].startswith("throughput b=64 ") and f["fraction_of_floor"] is not None:
+            out["decode_b64_frac"] = f["fraction_of_floor"]
+    lab = (labs.get("llama-3.2-1b") or {}).get("results") or []
+
+    def m_of(r):
+        return (r.get("torch") or {}).get("m", 0)
+
+    ratios = [r["torch_over_ours"] for r in lab if r["op"].startswith("gemm") and m_of(r) >= 512 and r.get("torch_over_ours")]
+    if ratios:
+        out["gemm_prefill_vs_torch"] = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+    dec = [r["frac_of_floor"] for r in lab if r["op"].startswith("gemm") and 0 < m_of(r) <= 64 and r.get("frac_of_floor") is not None]
+    if dec:
+        out["gemm_decode_frac_min"] = min(dec)
+    att = [r["frac_of_floor"] for r in lab if r["op"] == "attention decode" and (r.get("torch") or {}).get("ctx", 0) >= 1024 and r.get("frac_of_floor") is not None]
+    if att:
+        out["attn_decode_frac_min"] = min(att)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--work", required=True)
@@ -219,8 +247,17 @@ def main():
         "hf_compare": {"passed": hf.get("passed"), "failed": hf.get("failed"), "device": hf.get("device")} if hf else None,
         "bench_reports": {"decode": dec, "throughput": thr},
     }
+    labs = {}
+    for name in sorted(os.listdir(raw)):
+        if name.startswith("kernel-lab-") and name.endswith(".json"):
+            labs[name[len("kernel-lab-"):-len(".json")]] = load_json(os.path.join(raw, name))
+    doc["kernel_lab"] = labs
     with open(os.path.join(a.out, "results.json"), "w") as f:
         json.dump(doc, f, indent=1)
+        f.write("\n")
+    latest = latest_fields(env, figures, labs)
+    with open(os.path.join(a.out, "latest.json"), "w") as f:
+        json.dump(latest, f, indent=1)
         f.write("\n")
 
     out = []
