@@ -3,14 +3,16 @@
 //! One `--prompt` or `--chat` streams its completion's text to stdout. `--prompts-file FILE`
 //! (one prompt a line, or JSONL whose objects carry a `prompt` string or a `messages` list)
 //! submits every prompt at once, so the engine batches them, and writes one JSON line per
-//! prompt, in the file's order; `--jsonl` does the same for a single prompt.
+//! prompt, in the file's order; `--jsonl` does the same for a single prompt. `--json-schema`,
+//! `--json-object`, `--regex`, `--choice` or `--grammar` constrain every completion (structured
+//! output, as the server's `response_format` and `guided_*` do).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
-use tandem::{FinishReason, LlmBuilder, Message, Output, Prompt, SamplingParams};
+use tandem::{FinishReason, GuideSpec, LlmBuilder, Message, Output, Prompt, SamplingParams};
 
 use crate::backends::{self, BackendKind};
 
@@ -65,6 +67,21 @@ pub struct Args {
     /// KV blocks in the pool (default: sized from free device memory).
     #[arg(long)]
     num_kv_blocks: Option<usize>,
+    /// Structured output: JSON valid against this schema (inline JSON, or @FILE).
+    #[arg(long, group = "guide")]
+    json_schema: Option<String>,
+    /// Structured output: any JSON object.
+    #[arg(long, group = "guide")]
+    json_object: bool,
+    /// Structured output: text matching this regex.
+    #[arg(long, group = "guide")]
+    regex: Option<String>,
+    /// Structured output: exactly one of these strings (repeat the flag).
+    #[arg(long, group = "guide")]
+    choice: Vec<String>,
+    /// Structured output: a Lark grammar file (llguidance's dialect, as vLLM's guided_grammar).
+    #[arg(long, group = "guide")]
+    grammar: Option<PathBuf>,
 }
 
 impl Args {
@@ -87,6 +104,34 @@ impl Args {
     }
 }
 
+impl Args {
+    /// The structured-output flag given, read and parsed; errors name the flag or the file.
+    fn guide_spec(&self) -> Result<Option<GuideSpec>> {
+        if let Some(s) = &self.json_schema {
+            let (text, from) = match s.strip_prefix('@') {
+                Some(f) => (std::fs::read_to_string(f).with_context(|| format!("--json-schema: reading {f}"))?, f.to_string()),
+                None => (s.clone(), "--json-schema".to_string()),
+            };
+            let v: Value = serde_json::from_str(&text).with_context(|| format!("{from}: not valid JSON"))?;
+            return Ok(Some(GuideSpec::JsonSchema(v)));
+        }
+        if self.json_object {
+            return Ok(Some(GuideSpec::JsonObject));
+        }
+        if let Some(r) = &self.regex {
+            return Ok(Some(GuideSpec::Regex(r.clone())));
+        }
+        if !self.choice.is_empty() {
+            return Ok(Some(GuideSpec::Choice(self.choice.clone())));
+        }
+        if let Some(f) = &self.grammar {
+            let g = std::fs::read_to_string(f).with_context(|| format!("--grammar: reading {}", f.display()))?;
+            return Ok(Some(GuideSpec::Lark(g)));
+        }
+        Ok(None)
+    }
+}
+
 /// One entry of the prompts: what the engine gets, and what the JSON line echoes.
 struct Entry {
     prompt: Prompt,
@@ -94,7 +139,8 @@ struct Entry {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let params = a.params()?;
+    let mut params = a.params()?;
+    let spec = a.guide_spec()?;
     let entries = match (&a.prompt, &a.chat, &a.prompts_file) {
         (Some(p), None, None) => vec![Entry { prompt: Prompt::Text(p.clone()), echo: ("prompt", json!(p)) }],
         (None, Some(c), None) => vec![Entry { prompt: Prompt::Chat(vec![Message::user(c.clone())]), echo: ("messages", json!([{"role": "user", "content": c}])) }],
@@ -109,6 +155,9 @@ pub fn run(a: Args) -> Result<()> {
     }
     let t0 = std::time::Instant::now();
     let llm = b.build()?;
+    if let Some(spec) = &spec {
+        params.guided = Some(llm.guide(spec).map_err(|e| anyhow::anyhow!("--{}: {e}", flag_of(spec)))?);
+    }
     tracing::info!(prompts = entries.len(), load_ms = t0.elapsed().as_millis() as u64, "engine ready");
     let mut out = std::io::stdout().lock();
     let t1 = std::time::Instant::now();
@@ -137,6 +186,17 @@ pub fn run(a: Args) -> Result<()> {
     let secs = t1.elapsed().as_secs_f64();
     tracing::info!(tokens, seconds = format!("{secs:.2}"), tok_per_s = format!("{:.1}", tokens as f64 / secs), "done");
     Ok(())
+}
+
+/// The flag a spec came from, for its errors.
+fn flag_of(spec: &GuideSpec) -> &'static str {
+    match spec {
+        GuideSpec::JsonSchema(_) => "json-schema",
+        GuideSpec::JsonObject => "json-object",
+        GuideSpec::Regex(_) => "regex",
+        GuideSpec::Choice(_) => "choice",
+        GuideSpec::Lark(_) => "grammar",
+    }
 }
 
 /// The prompts of a file. A file whose first non-empty line is a JSON object is JSONL (each
