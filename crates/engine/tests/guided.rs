@@ -21,7 +21,7 @@ fn model_dir(test: &str) -> PathBuf {
     d
 }
 
-fn engine(dir: &PathBuf, num_kv_blocks: usize, max_batch_tokens: usize) -> Engine {
+fn engine(dir: &std::path::Path, num_kv_blocks: usize, max_batch_tokens: usize) -> Engine {
     let opts = LoadOptions { max_batch_tokens, max_seqs: 16, num_kv_blocks, block_size: 16, ..Default::default() };
     let runner: Box<dyn ModelRunner> = Box::new(LlamaModel::load(RefBackend::new(), dir, opts).unwrap());
     let cfg = EngineConfig { max_num_batched_tokens: Some(max_batch_tokens), ..Default::default() };
@@ -92,7 +92,7 @@ fn a_constrained_request_changes_nothing_for_its_neighbours() {
     let vocab = 384u32;
     let free = |i: u32| Request {
         prompt: prompt(i, vocab),
-        params: SamplingParams { seed: Some(7 + i as u64), temperature: if i % 2 == 0 { 0.0 } else { 0.9 }, ignore_eos: true, max_tokens: Some(10), ..Default::default() },
+        params: SamplingParams { seed: Some(7 + i as u64), temperature: if i.is_multiple_of(2) { 0.0 } else { 0.9 }, ignore_eos: true, max_tokens: Some(10), ..Default::default() },
         priority: 0,
     };
     // Each unconstrained request alone.
@@ -111,7 +111,7 @@ fn a_constrained_request_changes_nothing_for_its_neighbours() {
         let c = Request {
             prompt: prompt(i + 10, vocab),
             params: SamplingParams {
-                temperature: if i % 2 == 0 { 0.0 } else { 1.0 },
+                temperature: if i.is_multiple_of(2) { 0.0 } else { 1.0 },
                 seed: Some(i as u64),
                 ignore_eos: true,
                 max_tokens: Some(12),
