@@ -10,6 +10,7 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     bos_token: Option<String>,
     eos_token: Option<String>,
+    source: String,
 }
 
 fn raise_exception(msg: String) -> std::result::Result<Value, minijinja::Error> {
@@ -37,10 +38,23 @@ impl ChatTemplate {
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         env.add_template_owned("chat", source.to_string()).map_err(|e| Error::Template(format!("does not parse: {e}")))?;
-        Ok(ChatTemplate { env, bos_token, eos_token })
+        Ok(ChatTemplate { env, bos_token, eos_token, source: source.to_string() })
+    }
+
+    /// The Jinja source, as tokenizer_config.json gives it (the server looks in it for the
+    /// model's tool-call markup).
+    pub fn source(&self) -> &str {
+        &self.source
     }
 
     pub fn render(&self, messages: &[serde_json::Value], add_generation_prompt: bool) -> Result<String> {
+        self.render_with_tools(messages, None, add_generation_prompt)
+    }
+
+    /// With `tools` (OpenAI's tool objects) passed as transformers passes them: a `tools`
+    /// variable, left undefined when there are none, so that `{% if tools %}` and
+    /// `tools is defined` read as they do there. A template that never mentions it ignores it.
+    pub fn render_with_tools(&self, messages: &[serde_json::Value], tools: Option<&[serde_json::Value]>, add_generation_prompt: bool) -> Result<String> {
         for (i, m) in messages.iter().enumerate() {
             if m.get("role").and_then(|r| r.as_str()).is_none() {
                 return Err(Error::Template(format!("message {i} has no string `role`")));
@@ -52,6 +66,10 @@ impl ChatTemplate {
             bos_token => self.bos_token.clone().unwrap_or_default(),
             eos_token => self.eos_token.clone().unwrap_or_default(),
             add_generation_prompt => add_generation_prompt,
+        };
+        let ctx = match tools {
+            Some(t) => minijinja::context! { tools => Value::from(minijinja::value::Serde(t)), ..ctx },
+            None => ctx,
         };
         tmpl.render(ctx).map_err(|e| {
             let mut msg = e.to_string();
@@ -87,6 +105,17 @@ mod tests {
         assert_eq!(t.render(&[json!({"role": "user", "content": "  hi "})], false).unwrap(), "<s>HI");
         let e = t.render(&[json!({"role": "system", "content": "x"})], false).unwrap_err();
         assert!(e.to_string().contains("first must be user"), "{e}");
+    }
+
+    #[test]
+    fn tools_reach_the_template_only_when_given() {
+        let src = "{% if tools is defined %}{% for t in tools %}[{{ t.function.name }}]{% endfor %}{% endif %}{% for m in messages %}{{ m.role }}:{{ m.content }}{% if m.tool_calls %}{{ m.tool_calls[0].function.arguments.x }}{% endif %};{% endfor %}";
+        let t = ChatTemplate::new(src, None, None).unwrap();
+        let msgs = [json!({"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": {"x": 7}}}]}), json!({"role": "tool", "content": "42"})];
+        assert_eq!(t.render(&msgs, false).unwrap(), "assistant:7;tool:42;");
+        let tools = [json!({"type": "function", "function": {"name": "get"}}), json!({"type": "function", "function": {"name": "put"}})];
+        assert_eq!(t.render_with_tools(&msgs, Some(&tools), false).unwrap(), "[get][put]assistant:7;tool:42;");
+        assert_eq!(t.source(), src);
     }
 
     #[test]

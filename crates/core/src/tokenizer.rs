@@ -106,6 +106,12 @@ impl Tokenizer {
         let t = self.chat.as_ref().ok_or_else(|| Error::Template("this model's tokenizer_config.json has no chat_template".into()))?;
         t.render(messages, add_generation_prompt)
     }
+
+    /// The same, with OpenAI-style `tools` given to the template as transformers gives them.
+    pub fn apply_chat_template_with_tools(&self, messages: &[serde_json::Value], tools: Option<&[serde_json::Value]>, add_generation_prompt: bool) -> Result<String> {
+        let t = self.chat.as_ref().ok_or_else(|| Error::Template("this model's tokenizer_config.json has no chat_template".into()))?;
+        t.render_with_tools(messages, tools, add_generation_prompt)
+    }
 }
 
 /// A BPE `tokenizer.json` built the quick way. `tokenizers`' own parser reads the model through

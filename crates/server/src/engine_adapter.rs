@@ -67,7 +67,7 @@ pub(crate) fn to_engine_params(p: &crate::engine_client::RequestParams) -> Sampl
         prompt_logprobs: p.prompt_logprobs,
         logit_bias: p.logit_bias.clone(),
         include_stop_str_in_output: p.include_stop_str_in_output,
-        guided: None,
+        guided: p.guided.clone(),
     }
 }
 
@@ -198,6 +198,7 @@ mod tests {
             prompt_logprobs: Some(1),
             logit_bias: vec![(5, -2.0)],
             include_stop_str_in_output: true,
+            guided: None,
         };
         let want = SamplingParams {
             n: 3,

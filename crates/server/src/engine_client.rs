@@ -40,6 +40,9 @@ pub struct RequestParams {
     /// Added to these tokens' logits before sampling.
     pub logit_bias: Vec<(u32, f32)>,
     pub include_stop_str_in_output: bool,
+    /// Structured output: the compiled constraint (an opaque engine object; the server builds
+    /// it from the request's JSON form in `structured.rs`).
+    pub guided: Option<tandem_engine::Guided>,
 }
 
 impl Default for RequestParams {
@@ -63,6 +66,7 @@ impl Default for RequestParams {
             prompt_logprobs: None,
             logit_bias: Vec::new(),
             include_stop_str_in_output: false,
+            guided: None,
         }
     }
 }

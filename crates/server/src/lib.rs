@@ -49,6 +49,7 @@ pub mod params;
 pub mod router;
 pub mod run;
 pub mod server;
+pub mod structured;
 pub mod test_support;
 pub mod tokenization;
 

@@ -16,6 +16,7 @@ use crate::error::ApiError;
 use crate::params::{parse_params, Api, Fields, ParsedParams};
 use crate::run::Run;
 use crate::server::AppState;
+use crate::structured::{self, GuideRequest, ToolCall, ToolChoice};
 
 /// A parsed, tokenized request, ready to submit.
 #[derive(Debug)]
@@ -27,6 +28,42 @@ pub struct Job {
     pub multi: bool,
     /// Completions with `echo`: each prompt's text, as given (or decoded from its ids).
     pub echo_texts: Vec<String>,
+    /// The structured-output form asked for; [`Job::compile_guide`] turns it into
+    /// `p.params.guided`.
+    pub guide: Option<GuideRequest>,
+    /// Chat with tools: how the answer's text is read for tool calls.
+    pub tool_output: Option<ToolOutput>,
+}
+
+/// How a chat answer's text becomes tool calls.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ToolOutput {
+    /// `tool_choice: "required"`: a JSON array of `{"name", "parameters"}`.
+    Required,
+    /// A named function: the text is its arguments.
+    Named(String),
+    /// `tool_choice: "auto"` with a template that writes `<tool_call>` blocks.
+    Hermes,
+}
+
+/// A chat choice's message: content, tool calls, and the finish reason to report.
+pub fn tool_message(out: Option<&ToolOutput>, text: &str, finish: &str) -> (Option<String>, Vec<ToolCall>, String) {
+    let plain = (Some(text.to_string()), Vec::new(), finish.to_string());
+    match out {
+        None => plain,
+        // vLLM reports the engine's finish for a named function ("stop"), as OpenAI does for a
+        // forced call; the arguments are the text whatever it is (cut short by `length`, say).
+        Some(ToolOutput::Named(name)) => (None, vec![ToolCall { name: name.clone(), arguments: text.to_string() }], finish.to_string()),
+        Some(ToolOutput::Required) if finish == "stop" => match structured::parse_required(text) {
+            Some(calls) => (None, calls, "tool_calls".into()),
+            None => plain,
+        },
+        Some(ToolOutput::Required) => plain,
+        Some(ToolOutput::Hermes) => match structured::parse_hermes(text) {
+            Some((content, calls)) if !calls.is_empty() => (content, calls, if finish == "stop" { "tool_calls".into() } else { finish.to_string() }),
+            _ => plain,
+        },
+    }
 }
 
 pub(crate) fn parse_json(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
@@ -45,7 +82,8 @@ pub(crate) fn check_model(f: &Fields, served: &str) -> Result<(), ApiError> {
 }
 
 /// Fields whose meaning we do not implement: refusing them beats silently ignoring them.
-fn refuse_unsupported(f: &Fields) -> Result<(), ApiError> {
+/// `tools` are read on chat only.
+fn refuse_unsupported(f: &Fields, api: Api) -> Result<(), ApiError> {
     let nonempty = |name: &str| match f.get(name) {
         Some(Value::Array(a)) => !a.is_empty(),
         Some(Value::Object(o)) => !o.is_empty(),
@@ -53,18 +91,14 @@ fn refuse_unsupported(f: &Fields) -> Result<(), ApiError> {
         Some(_) => true,
         None => false,
     };
-    for name in ["tools", "functions", "suffix"] {
-        if nonempty(name) {
-            return Err(ApiError::invalid(name, format!("`{name}` is not supported by this server")));
+    for name in ["tools", "tool_choice", "functions", "suffix"] {
+        if nonempty(name) && !(api == Api::Chat && name.starts_with("tool")) {
+            let why = if name.starts_with("tool") { " (tools are read on chat completions only)" } else { "" };
+            return Err(ApiError::invalid(name, format!("`{name}` is not supported by this server{why}")));
         }
     }
     if f.i64("best_of")?.is_some_and(|b| b > 1) {
         return Err(ApiError::invalid("best_of", "`best_of` > 1 is not supported by this server; use `n`"));
-    }
-    if let Some(rf) = f.object("response_format")? {
-        if rf.str("type")?.is_some_and(|t| t != "text") {
-            return Err(ApiError::invalid("response_format", "only `{\"type\": \"text\"}` is supported"));
-        }
     }
     Ok(())
 }
@@ -141,6 +175,17 @@ pub(crate) fn normalize_messages(v: Option<&Value>) -> Result<Vec<Value>, ApiErr
             Some(_) => return Err(ApiError::invalid(&format!("messages[{i}].content"), format!("`messages[{i}].content` must be a string or a list of text parts"))),
         };
         obj.insert("content".into(), content);
+        // transformers' templates read a call's arguments as a mapping; OpenAI sends a JSON
+        // string (vLLM turns it into a dict for the template the same way).
+        if let Some(Value::Array(calls)) = obj.get_mut("tool_calls") {
+            for c in calls.iter_mut() {
+                if let Some(a) = c.get_mut("function").and_then(|f| f.get_mut("arguments")) {
+                    if let Some(v) = a.as_str().and_then(|s| serde_json::from_str::<Value>(s).ok()).filter(Value::is_object) {
+                        *a = v;
+                    }
+                }
+            }
+        }
         out.push(Value::Object(obj));
     }
     Ok(out)
@@ -151,41 +196,64 @@ impl Job {
         let o = parse_json(body)?;
         let f = Fields(&o);
         check_model(&f, &state.model_name)?;
-        refuse_unsupported(&f)?;
+        refuse_unsupported(&f, Api::Completions)?;
         let vocab = state.config.vocab_size;
         let p = parse_params(&f, Api::Completions, vocab, &state.config.sampling_defaults)?;
+        let guide = structured::parse_guide(&f)?;
         let prompts = parse_prompts(f.get("prompt"), "prompt", &state.tokenizer, vocab)?;
         let echo_texts = if p.echo { echo_texts(f.get("prompt"), &prompts, &state.tokenizer) } else { Vec::new() };
-        Ok(Job { api: Api::Completions, prompts, p, multi: false, echo_texts })
+        Ok(Job { api: Api::Completions, prompts, p, multi: false, echo_texts, guide, tool_output: None })
     }
 
     pub fn chat(state: &AppState, body: &[u8]) -> Result<Job, ApiError> {
         let o = parse_json(body)?;
         let f = Fields(&o);
         check_model(&f, &state.model_name)?;
-        refuse_unsupported(&f)?;
+        refuse_unsupported(&f, Api::Chat)?;
         if f.bool("echo")? == Some(true) {
             return Err(ApiError::invalid("echo", "`echo` is not supported on chat completions"));
         }
         let vocab = state.config.vocab_size;
         let p = parse_params(&f, Api::Chat, vocab, &state.config.sampling_defaults)?;
+        let mut guide = structured::parse_guide(&f)?;
+        let tools = structured::parse_tools(&f)?;
+        let mut tool_output = None;
+        if let Some(t) = &tools {
+            if let Some(g) = t.guide() {
+                if let Some(other) = &guide {
+                    return Err(ApiError::invalid(&other.param, format!("`tool_choice` {:?} constrains the answer already; `{}` cannot be given with it", t.choice, other.param)));
+                }
+                guide = Some(g);
+            }
+            let markup = state.tokenizer.chat_template().is_some_and(|c| structured::template_has_tool_calls(c.source()));
+            tool_output = match &t.choice {
+                ToolChoice::Required => Some(ToolOutput::Required),
+                ToolChoice::Named(n) => Some(ToolOutput::Named(n.clone())),
+                ToolChoice::Auto if markup => Some(ToolOutput::Hermes),
+                ToolChoice::Auto | ToolChoice::None => None,
+            };
+        }
         let msgs = normalize_messages(f.get("messages"))?;
         let add_gen = f.bool("add_generation_prompt")?.unwrap_or(true);
-        let text = state.tokenizer.apply_chat_template(&msgs, add_gen).map_err(|e| ApiError::invalid("messages", format!("cannot apply the chat template: {e}")))?;
+        let text = state
+            .tokenizer
+            .apply_chat_template_with_tools(&msgs, tools.as_ref().map(|t| t.list.as_slice()), add_gen)
+            .map_err(|e| ApiError::invalid("messages", format!("cannot apply the chat template: {e}")))?;
         // The template writes the BOS itself.
         let ids = state.tokenizer.encode(&text, false).map_err(|e| ApiError::invalid("messages", format!("cannot tokenize the rendered chat: {e}")))?;
-        Ok(Job { api: Api::Chat, prompts: vec![check_ids(ids, vocab, "messages")?], p, multi: false, echo_texts: Vec::new() })
+        Ok(Job { api: Api::Chat, prompts: vec![check_ids(ids, vocab, "messages")?], p, multi: false, echo_texts: Vec::new(), guide, tool_output })
     }
 
     pub fn generate(state: &AppState, body: &[u8]) -> Result<Job, ApiError> {
         let o = parse_json(body)?;
         let f = Fields(&o);
-        refuse_unsupported(&f)?;
+        refuse_unsupported(&f, Api::Generate)?;
         if f.bool("echo")? == Some(true) {
             return Err(ApiError::invalid("echo", "`echo` is not supported on /generate; use /v1/completions"));
         }
         let vocab = state.config.vocab_size;
         let p = parse_params(&f, Api::Generate, vocab, &state.config.sampling_defaults)?;
+        let guide = structured::parse_guide(&f)?;
         if p.params.n != 1 {
             return Err(ApiError::invalid("n", "`/generate` answers one text per prompt; use /v1/completions for n > 1"));
         }
@@ -198,7 +266,18 @@ impl Job {
             (None, Some(_)) => return Err(ApiError::invalid("prompts", "`prompts` must be a list of strings or of token-id lists")),
             (None, None) => return Err(ApiError::invalid("prompt", "`prompt` (or `prompts`) is required")),
         };
-        Ok(Job { api: Api::Generate, prompts, p, multi, echo_texts: Vec::new() })
+        Ok(Job { api: Api::Generate, prompts, p, multi, echo_texts: Vec::new(), guide, tool_output: None })
+    }
+
+    /// Compiles the structured-output form into the engine's constraint: a 400 naming its
+    /// field when it does not compile or when the server has no compiler for this model.
+    /// Compiling a large schema can take milliseconds: the router runs this on the blocking pool.
+    pub fn compile_guide(&mut self, state: &AppState) -> Result<(), ApiError> {
+        let Some(g) = &self.guide else { return Ok(()) };
+        let s = state.structured().map_err(|why| ApiError::invalid(&g.param, format!("structured output is not available: {why}")))?;
+        let guided = s.compile(&g.spec).map_err(|e| ApiError::invalid(&g.param, format!("`{}`: {e}", g.param)))?;
+        self.p.params.guided = Some(guided);
+        Ok(())
     }
 
     /// The request field that holds the prompt.
@@ -446,7 +525,12 @@ pub fn response(job: &Job, meta: &ResponseMeta, run: &Run, choices: Vec<ChoiceAc
                 .enumerate()
                 .map(|(i, c)| {
                     let lp = if want_lp { json!({"content": chat_logprob_entries(tok, &c.logprobs)}) } else { Value::Null };
-                    json!({"index": i, "message": {"role": "assistant", "content": c.text}, "logprobs": lp, "finish_reason": finish(c)})
+                    let (content, calls, finish) = tool_message(job.tool_output.as_ref(), &c.text, finish(c));
+                    let mut message = json!({"role": "assistant", "content": content});
+                    if !calls.is_empty() {
+                        message["tool_calls"] = calls.iter().map(|t| structured::tool_call_json(t, &structured::tool_call_id(), None)).collect();
+                    }
+                    json!({"index": i, "message": message, "logprobs": lp, "finish_reason": finish})
                 })
                 .collect();
             let mut v = json!({"id": meta.id, "object": "chat.completion", "created": meta.created, "model": meta.model, "choices": choices, "usage": usage(run)});
@@ -484,6 +568,10 @@ pub struct StreamFormatter {
     /// Per prompt, its logprobs once completion 0 brought them.
     prompt_lps: Vec<Option<Vec<Option<TokenLogprob>>>>,
     explicit_prompt_lps: bool,
+    /// Chat with tool calls to read: each choice's text and logprobs are held and sent whole
+    /// in its last chunk, as `tool_calls` (or content, when the text holds no call).
+    tool_output: Option<ToolOutput>,
+    held: Vec<(String, Vec<TokenLogprob>)>,
 }
 
 fn push_event(out: &mut String, v: &Value) {
@@ -520,6 +608,8 @@ impl StreamFormatter {
             echoed: vec![false; num_choices],
             prompt_lps: vec![None; job.prompts.len()],
             explicit_prompt_lps: job.p.explicit_prompt_logprobs,
+            tool_output: job.tool_output.clone(),
+            held: if job.tool_output.is_some() { vec![Default::default(); num_choices] } else { Vec::new() },
         }
     }
 
@@ -564,6 +654,24 @@ impl StreamFormatter {
             }
             if let Some(pl) = &d.prompt_logprobs {
                 self.prompt_lps[prompt] = Some(pl.clone());
+            }
+            if self.tool_output.is_some() && self.api == Api::Chat {
+                let held = &mut self.held[index];
+                held.0.push_str(&d.text);
+                held.1.extend(d.logprobs.iter().cloned());
+                let Some(f) = &d.finish else { continue };
+                let (text, lps) = std::mem::take(held);
+                if opened {
+                    out.push(',');
+                } else {
+                    out.push_str(&self.envelope);
+                    opened = true;
+                }
+                let first = !self.echoed[index];
+                self.echoed[index] = true;
+                let v = self.tool_choice_chunk(index, &text, &lps, f.as_str(), first.then(|| self.prompt_lps[prompt].as_deref()).flatten());
+                let _ = write!(out, "{v}");
+                continue;
             }
             // A choice's first event repeats its prompt (`echo`), or carries `prompt_logprobs`.
             let first = !self.echoed[index];
@@ -628,6 +736,27 @@ impl StreamFormatter {
         if opened {
             self.close_chunk(out);
         }
+    }
+
+    /// A held chat choice, whole: its content or tool calls (each call in one delta with its
+    /// `index`, `id`, `type` and whole `function`), logprobs, and finish reason.
+    fn tool_choice_chunk(&self, index: usize, text: &str, lps: &[TokenLogprob], finish: &str, prompt_lps: Option<&[Option<TokenLogprob>]>) -> Value {
+        let (content, calls, finish) = tool_message(self.tool_output.as_ref(), text, finish);
+        let mut delta = Map::new();
+        if let Some(c) = content.filter(|c| !c.is_empty()) {
+            delta.insert("content".into(), json!(c));
+        }
+        if !calls.is_empty() {
+            delta.insert("tool_calls".into(), calls.iter().enumerate().map(|(k, t)| structured::tool_call_json(t, &structured::tool_call_id(), Some(k))).collect());
+        }
+        let lp = if self.want_logprobs { json!({"content": chat_logprob_entries(&self.tok, lps)}) } else { Value::Null };
+        let mut v = json!({"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish});
+        if self.explicit_prompt_lps {
+            if let Some(pl) = prompt_lps {
+                v["prompt_logprobs"] = vllm_prompt_logprobs(&self.tok, pl);
+            }
+        }
+        v
     }
 
     pub fn tail(&mut self, out: &mut String, run: &Run) {

@@ -231,7 +231,14 @@ async fn generate(state: &Arc<AppState>, api: Api, req: Request<Incoming>, start
         Api::Chat => Job::chat,
         Api::Generate => Job::generate,
     };
-    let job = tokenizer_call(state, req, parse).await?;
+    let mut job = tokenizer_call(state, req, parse).await?;
+    if job.guide.is_some() {
+        // Compiling a grammar can take milliseconds: off the threads that stream tokens.
+        let st = state.clone();
+        job = tokio::task::spawn_blocking(move || job.compile_guide(&st).map(|()| job))
+            .await
+            .map_err(|e| ApiError::internal(format!("the structured-output compile task failed: {e}")))??;
+    }
     let reqs = job.requests(state)?;
     let n = state.next_id.fetch_add(1, Ordering::Relaxed);
     let prefix = match api {

@@ -13,7 +13,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -24,6 +24,7 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tandem_core::tokenizer::Tokenizer;
+use tandem_structured::Structured;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -49,6 +50,10 @@ pub struct AppState {
     pub live: Mutex<HashSet<RequestId>>,
     /// Source of response ids.
     pub next_id: AtomicU64,
+    /// What compiles structured-output specs for this model's tokenizer, once the binary gave
+    /// it (see [`Server::set_structured`]); `Err` says why there is none (a tokenizer
+    /// llguidance cannot read), and structured requests are answered 400 with it.
+    pub structured: OnceLock<Result<Arc<Structured>, String>>,
 }
 
 impl AppState {
@@ -56,6 +61,15 @@ impl AppState {
     /// `--max-model-len` may cap the model's), else the configured one.
     pub fn max_model_len(&self) -> usize {
         self.engine.max_model_len().unwrap_or(self.config.max_model_len)
+    }
+
+    /// The structured-output compiler, or why this server has none.
+    pub fn structured(&self) -> Result<&Arc<Structured>, &str> {
+        match self.structured.get() {
+            Some(Ok(s)) => Ok(s),
+            Some(Err(why)) => Err(why),
+            None => Err("this server was started without structured-output support (no tokenizer was given to it for that)"),
+        }
     }
 }
 
@@ -82,6 +96,7 @@ impl Server {
             in_flight: AtomicUsize::new(0),
             live: Mutex::new(HashSet::new()),
             next_id: AtomicU64::new(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
+            structured: OnceLock::new(),
         });
         Ok(Server { listener, state })
     }
@@ -92,6 +107,12 @@ impl Server {
 
     pub fn state(&self) -> Arc<AppState> {
         self.state.clone()
+    }
+
+    /// Gives the server structured output (`Ok`), or the reason it has none (`Err`: answered
+    /// with each structured request's 400). Later calls are ignored.
+    pub fn set_structured(&self, s: Result<Arc<Structured>, String>) {
+        let _ = self.state.structured.set(s);
     }
 
     /// Serves until `shutdown` resolves, then drains (see the module comment).

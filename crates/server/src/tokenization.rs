@@ -37,12 +37,11 @@ pub fn tokenize(state: &AppState, body: &[u8]) -> Result<Value, ApiError> {
             if f.bool("continue_final_message")? == Some(true) {
                 return Err(ApiError::invalid("continue_final_message", "`continue_final_message` is not supported by this server"));
             }
-            if f.get("tools").and_then(Value::as_array).is_some_and(|a| !a.is_empty()) {
-                return Err(ApiError::invalid("tools", "`tools` is not supported by this server"));
-            }
+            // Rendered as chat renders them, so that the count is the prompt's.
+            let tools = crate::structured::parse_tools(&f)?;
             let msgs = normalize_messages(Some(m))?;
             let add_gen = f.bool("add_generation_prompt")?.unwrap_or(true);
-            let text = tok.apply_chat_template(&msgs, add_gen).map_err(|e| ApiError::invalid("messages", format!("cannot apply the chat template: {e}")))?;
+            let text = tok.apply_chat_template_with_tools(&msgs, tools.as_ref().map(|t| t.list.as_slice()), add_gen).map_err(|e| ApiError::invalid("messages", format!("cannot apply the chat template: {e}")))?;
             let special = f.bool("add_special_tokens")?.unwrap_or(false);
             tok.encode(&text, special).map_err(|e| ApiError::invalid("messages", format!("cannot tokenize the rendered chat: {e}")))?
         }

@@ -1,7 +1,8 @@
 """Drives a running tandem server with the official `openai` Python client.
 
-Run through tests/openai_client.sh (which starts the fake-model server), or by hand:
-    python tests/openai_client.py http://127.0.0.1:8123/v1 <model>
+Run through tests/openai_client.sh (which starts the fake-model server, and the tiny-model
+server with structured output for the second part), or by hand:
+    python tests/openai_client.py http://127.0.0.1:8123/v1 <model> [http://127.0.0.1:8124/v1]
 Exits non-zero on the first failed check; prints one line per check.
 """
 import json
@@ -11,6 +12,7 @@ import urllib.request
 import openai
 
 base, model = sys.argv[1], sys.argv[2]
+structured_base = sys.argv[3] if len(sys.argv) > 3 else None
 client = openai.OpenAI(base_url=base, api_key="unused", max_retries=0, timeout=30)
 checks = 0
 
@@ -96,5 +98,55 @@ d = post("/detokenize", {"model": model, "tokens": tj["tokens"]})
 check("hello world the cat" in d["prompt"], f"/detokenize gives the text back: {d}")
 r = client.chat.completions.with_raw_response.create(model=model, messages=msgs, max_tokens=2, extra_headers={"X-Request-Id": "client-42"})
 check(r.headers.get("x-request-id") == "client-42", "the client's X-Request-Id is echoed")
+
+if structured_base is not None:
+    # Structured output through the client's own helpers, on the tiny random model (its text
+    # is random; the constraint makes it valid). The models are bounded so that it ends.
+    from typing import List, Literal
+
+    from pydantic import BaseModel, Field, conint, constr
+
+    tiny = openai.OpenAI(base_url=structured_base, api_key="unused", max_retries=0, timeout=60)
+    tiny_model = tiny.models.list().data[0].id
+
+    class Person(BaseModel):
+        name: constr(max_length=6)
+        age: conint(ge=0, le=99)
+        color: Literal["red", "green", "blue"]
+
+    parse = tiny.chat.completions.parse if hasattr(tiny.chat.completions, "parse") else tiny.beta.chat.completions.parse
+    ask = [{"role": "user", "content": "Describe a person."}]
+    for seed in (1, 2, 3):
+        r = parse(model=tiny_model, messages=ask, response_format=Person, temperature=1.0, seed=seed, max_tokens=200)
+        p = r.choices[0].message.parsed
+        check(isinstance(p, Person) and r.choices[0].finish_reason == "stop", f"chat.completions.parse gives a Person (seed {seed}): {p}")
+
+    class GetWeather(BaseModel):
+        city: Literal["Paris", "Oslo"]
+        days: conint(ge=1, le=7)
+
+    tools = [openai.pydantic_function_tool(GetWeather, name="get_weather", description="Weather in a city")]
+    r = tiny.chat.completions.create(model=tiny_model, messages=ask, tools=tools, tool_choice="required", max_tokens=300, seed=5, temperature=1.0)
+    msg = r.choices[0].message
+    check(r.choices[0].finish_reason == "tool_calls" and msg.content is None and len(msg.tool_calls) >= 1, f"tool_choice required answers tool calls: {msg}")
+    for call in msg.tool_calls:
+        args = GetWeather.model_validate_json(call.function.arguments)
+        check(call.function.name == "get_weather" and call.id.startswith("call_") and call.type == "function", f"a valid call: {call.function.name}({args})")
+    r = parse(model=tiny_model, messages=ask, tools=tools, tool_choice={"type": "function", "function": {"name": "get_weather"}}, max_tokens=100, seed=6)
+    parsed = r.choices[0].message.tool_calls[0].function.parsed_arguments
+    check(isinstance(parsed, GetWeather), f"a named tool parses into its model: {parsed}")
+
+    calls, finish = [], None
+    for chunk in tiny.chat.completions.create(model=tiny_model, messages=ask, tools=tools, tool_choice="required", max_tokens=300, seed=5, temperature=1.0, stream=True):
+        for ch in chunk.choices:
+            calls += ch.delta.tool_calls or []
+            finish = ch.finish_reason or finish
+    check(finish == "tool_calls" and [c.function.arguments for c in calls] == [c.function.arguments for c in msg.tool_calls], "streamed tool calls equal the whole answer's")
+
+    try:
+        tiny.chat.completions.create(model=tiny_model, messages=ask, extra_body={"guided_regex": "(unclosed"})
+        check(False, "a bad regex is refused")
+    except openai.BadRequestError as e:
+        check(e.status_code == 400 and e.body["param"] == "guided_regex", f"a bad regex is a 400 naming guided_regex: {e.body['message']}")
 
 print(f"all {checks} checks passed")
