@@ -7,6 +7,7 @@ Exits non-zero on the first failed check; prints one line per check.
 """
 import json
 import sys
+import urllib.error
 import urllib.request
 
 import openai
@@ -102,9 +103,9 @@ check(r.headers.get("x-request-id") == "client-42", "the client's X-Request-Id i
 if structured_base is not None:
     # Structured output through the client's own helpers, on the tiny random model (its text
     # is random; the constraint makes it valid). The models are bounded so that it ends.
-    from typing import List, Literal
+    from typing import Literal
 
-    from pydantic import BaseModel, Field, conint, constr
+    from pydantic import BaseModel, conint, constr
 
     tiny = openai.OpenAI(base_url=structured_base, api_key="unused", max_retries=0, timeout=60)
     tiny_model = tiny.models.list().data[0].id
@@ -114,10 +115,26 @@ if structured_base is not None:
         age: conint(ge=0, le=99)
         color: Literal["red", "green", "blue"]
 
+    # JSON allows whitespace anywhere, and a random model would write it forever: bias the
+    # whitespace-only tokens away (a trained model needs no such help).
+    tiny_root = structured_base.removesuffix("/v1")
+    bias, i = {}, 0
+    while True:  # every token id, until /detokenize says the vocabulary ended
+        req = urllib.request.Request(tiny_root + "/detokenize", data=json.dumps({"tokens": [i]}).encode(), headers={"content-type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                t = json.load(resp)["prompt"]
+        except urllib.error.HTTPError:
+            break
+        if t and t.isspace():
+            bias[str(i)] = -100
+        i += 1
+    check(len(bias) >= 3, f"the tiny tokenizer's whitespace tokens: {sorted(bias)}")
+
     parse = tiny.chat.completions.parse if hasattr(tiny.chat.completions, "parse") else tiny.beta.chat.completions.parse
     ask = [{"role": "user", "content": "Describe a person."}]
     for seed in (1, 2, 3):
-        r = parse(model=tiny_model, messages=ask, response_format=Person, temperature=1.0, seed=seed, max_tokens=200)
+        r = parse(model=tiny_model, messages=ask, response_format=Person, temperature=1.0, seed=seed, max_tokens=200, logit_bias=bias)
         p = r.choices[0].message.parsed
         check(isinstance(p, Person) and r.choices[0].finish_reason == "stop", f"chat.completions.parse gives a Person (seed {seed}): {p}")
 
@@ -126,18 +143,18 @@ if structured_base is not None:
         days: conint(ge=1, le=7)
 
     tools = [openai.pydantic_function_tool(GetWeather, name="get_weather", description="Weather in a city")]
-    r = tiny.chat.completions.create(model=tiny_model, messages=ask, tools=tools, tool_choice="required", max_tokens=300, seed=5, temperature=1.0)
+    r = tiny.chat.completions.create(model=tiny_model, messages=ask, tools=tools, tool_choice="required", max_tokens=300, seed=5, temperature=1.0, logit_bias=bias)
     msg = r.choices[0].message
     check(r.choices[0].finish_reason == "tool_calls" and msg.content is None and len(msg.tool_calls) >= 1, f"tool_choice required answers tool calls: {msg}")
     for call in msg.tool_calls:
         args = GetWeather.model_validate_json(call.function.arguments)
         check(call.function.name == "get_weather" and call.id.startswith("call_") and call.type == "function", f"a valid call: {call.function.name}({args})")
-    r = parse(model=tiny_model, messages=ask, tools=tools, tool_choice={"type": "function", "function": {"name": "get_weather"}}, max_tokens=100, seed=6)
+    r = parse(model=tiny_model, messages=ask, tools=tools, tool_choice={"type": "function", "function": {"name": "get_weather"}}, max_tokens=100, seed=6, logit_bias=bias)
     parsed = r.choices[0].message.tool_calls[0].function.parsed_arguments
     check(isinstance(parsed, GetWeather), f"a named tool parses into its model: {parsed}")
 
     calls, finish = [], None
-    for chunk in tiny.chat.completions.create(model=tiny_model, messages=ask, tools=tools, tool_choice="required", max_tokens=300, seed=5, temperature=1.0, stream=True):
+    for chunk in tiny.chat.completions.create(model=tiny_model, messages=ask, tools=tools, tool_choice="required", max_tokens=300, seed=5, temperature=1.0, logit_bias=bias, stream=True):
         for ch in chunk.choices:
             calls += ch.delta.tool_calls or []
             finish = ch.finish_reason or finish
