@@ -264,7 +264,18 @@ pub fn run(mut a: Args) -> Result<()> {
         let server = tandem_server::Server::bind(server_cfg, engine.clone(), tok.clone(), name).await?;
         tracing::info!("listening on http://{} (loading {} on {})", server.local_addr()?, dir.display(), a.engine.backend.name());
         let (load_opts, backend, tok2) = (a.engine.load_options(), a.engine.backend, tok.clone());
+        let state = server.state();
         let loader = tokio::task::spawn_blocking(move || -> Result<()> {
+            // Before the engine is set, so that no request sees a ready server without it.
+            // A tokenizer llguidance cannot read costs structured output, not the server.
+            let structured = match tandem_structured::Structured::from_model_dir(&dir, &tok2.eos_ids) {
+                Ok(s) => Ok(Arc::new(s)),
+                Err(e) => {
+                    tracing::warn!("structured output and tool_choice \"required\"/named are off for this model: {e}");
+                    Err(format!("this model's tokenizer cannot be used for it: {e}"))
+                }
+            };
+            let _ = state.structured.set(structured);
             let runner = backends::load(backend, &dir, load_opts)?;
             let handle = Engine::spawn(runner, decode_fn(tok2), engine_cfg).map_err(|e| anyhow::anyhow!("{e}"))?;
             let max_model_len = handle.max_model_len();

@@ -10,6 +10,7 @@
 //! - [`tokenization`]: `/tokenize` and `/detokenize`.
 //! - [`openai`]: request parsing and the response and chunk formats.
 //! - [`params`]: sampling fields, type- and range-checked.
+//! - [`structured`]: structured-output forms and tools to a `GuideSpec`; tool calls read back.
 //! - [`run`]: one request's engine submissions, merged; aborts them when dropped or past the
 //!   request's time bound.
 //! - [`body`]: the response body, whole or streamed.
@@ -24,7 +25,10 @@
 //! let tok = Arc::new(Tokenizer::from_dir(dir)?);
 //! let engine = TandemEngine::loading();            // /health answers 503 ...
 //! let config = ServerConfig { addr, max_model_len, vocab_size, ..Default::default() };
-//! let server = tokio::spawn(serve(config, engine.clone(), tok.clone(), name, shutdown_signal()));
+//! let server = Server::bind(config, engine.clone(), tok.clone(), name).await?;
+//! // Structured output: optional; without it such requests are 400s saying why.
+//! server.set_structured(Structured::from_model_dir(dir, &tok.eos_ids).map(Arc::new).map_err(|e| e.to_string()));
+//! let server = tokio::spawn(server.run(shutdown_signal()));
 //! let handle = Engine::spawn(runner, decode_fn(tok), EngineConfig::default())?;
 //! engine.set(handle.clone());                      // ... and 200 from here on
 //! server.await??;                                  // Ctrl-C / SIGTERM: drain, then abort

@@ -221,7 +221,11 @@ impl Job {
         if let Some(t) = &tools {
             if let Some(g) = t.guide() {
                 if let Some(other) = &guide {
-                    return Err(ApiError::invalid(&other.param, format!("`tool_choice` {:?} constrains the answer already; `{}` cannot be given with it", t.choice, other.param)));
+                    let choice = match &t.choice {
+                        ToolChoice::Named(n) => format!("naming {n:?}"),
+                        _ => "\"required\"".to_string(),
+                    };
+                    return Err(ApiError::invalid(&other.param, format!("`tool_choice` {choice} constrains the answer already; `{}` cannot be given with it", other.param)));
                 }
                 guide = Some(g);
             }
