@@ -154,6 +154,14 @@ pub struct Args {
     /// vLLM's: run without CUDA graphs. Tandem has no CUDA graphs yet, so every step is eager.
     #[arg(long)]
     enforce_eager: bool,
+    /// vLLM's switch for `tool_choice: "auto"`. Accepted: tandem parses "auto" answers whenever
+    /// the chat template writes `<tool_call>` blocks, with or without it.
+    #[arg(long)]
+    enable_auto_tool_choice: bool,
+    /// vLLM's tool-call parser for "auto": `hermes` (`<tool_call>{...}</tool_call>`, the format of
+    /// Qwen2.5, Hermes and SmolLM3 templates) is the one tandem has.
+    #[arg(long)]
+    tool_call_parser: Option<String>,
 }
 
 /// vLLM `serve` flags that tandem does not implement: refused by name, never ignored.
@@ -161,7 +169,7 @@ const VLLM_UNSUPPORTED: &[&str] = &[
     "--quantization", "-q", "--pipeline-parallel-size", "-pp", "--data-parallel-size", "-dp", "--enable-lora", "--lora-modules",
     "--speculative-config", "--tokenizer", "--tokenizer-mode", "--trust-remote-code", "--revision", "--download-dir",
     "--load-format", "--max-logprobs", "--swap-space", "--cpu-offload-gb", "--cuda-graph-sizes", "--max-seq-len-to-capture",
-    "--enable-auto-tool-choice", "--tool-call-parser", "--reasoning-parser", "--guided-decoding-backend", "--chat-template",
+    "--reasoning-parser", "--guided-decoding-backend", "--chat-template",
     "--response-role", "--ssl-keyfile", "--ssl-certfile", "--root-path", "--middleware", "--enable-sleep-mode",
     "--kv-transfer-config", "--num-scheduler-steps", "--preemption-mode", "--no-enable-chunked-prefill", "--hf-overrides",
     "--override-generation-config", "--limit-mm-per-prompt", "--mm-processor-kwargs", "--distributed-executor-backend",
@@ -231,6 +239,12 @@ pub fn run(mut a: Args) -> Result<()> {
     let mut tok = Tokenizer::from_dir(&dir)?;
     let cfg = tandem_core::ModelConfig::from_file(&dir.join("config.json"))?;
     a.check_vllm_values(&cfg, &dir)?;
+    if let Some(p) = a.tool_call_parser.as_deref().filter(|p| *p != "hermes") {
+        anyhow::bail!("--tool-call-parser {p}: tandem parses the `hermes` format only (<tool_call>{{...}}</tool_call>)");
+    }
+    if a.enable_auto_tool_choice {
+        tracing::info!("--enable-auto-tool-choice: \"auto\" answers are parsed for <tool_call> blocks when the chat template writes them");
+    }
     if a.enforce_eager {
         tracing::info!("--enforce-eager: every step is eager already (no CUDA graphs yet)");
     }

@@ -24,12 +24,13 @@ fn values_tandem_does_not_implement_are_refused_before_loading() {
     let _ = std::fs::remove_dir_all(&dir);
     tandem_models::random_model::write_random_model(&dir, tandem_models::random_model::Shape::Tiny, 3, tandem_core::DType::F32).unwrap();
     let d = dir.to_str().unwrap();
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 6] = [
         (&["--dtype", "bfloat16"], "stores its weights as float32"),
         (&["--dtype", "int8"], "expected auto, bfloat16, float16 or float32"),
         (&["--tensor-parallel-size", "2"], "only 1 is supported"),
         (&["--kv-cache-dtype", "fp8"], "the KV cache is f32"),
         (&["--generation-config", "/nonexistent"], "no generation_config.json there"),
+        (&["--enable-auto-tool-choice", "--tool-call-parser", "mistral"], "parses the `hermes` format only"),
     ];
     for (extra, want) in cases {
         let mut args = vec![d, "--backend", "reference", "--port", "0"];
