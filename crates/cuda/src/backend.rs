@@ -7,15 +7,17 @@
 //! `TANDEM_CUDA_SYNC=1` every launch is followed by a synchronize, so an asynchronous fault is
 //! reported against the kernel that caused it.
 //!
-//! The KV cache is f32 (see kernels/kv_write.cu). Buffers are untyped device bytes with a
-//! recorded element kind, so one buffer type serves activations, ids and weights of any dtype.
+//! The KV cache is bf16 by default, f32 on request (`LoadOptions::kv_dtype`; see
+//! kernels/kv_write.cu): a cache buffer records its element kind, and kv_write and attention
+//! pick their kernel by it. Buffers are untyped device bytes with a recorded element kind, so
+//! one buffer type serves activations, ids, weights of any dtype and KV caches.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::sys::CUresult;
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DriverError, LaunchConfig, PushKernelArg};
-use tandem_core::backend::{AttnArgs, Backend, DType, KvGeometry, WorkspaceLimits};
+use tandem_core::backend::{AttnArgs, Backend, DType, KvDtype, KvGeometry, WorkspaceLimits};
 use tandem_core::sampling::{RowMasks, SampleSpec, SAMPLE_LANES, SPEC_WORDS};
 use tandem_core::weights::TensorView;
 use tandem_core::{Error, Result};
@@ -228,6 +230,19 @@ fn need_weight(b: &CudaBuf, need: usize, op: &str, what: &str) -> Result<&'stati
     if b.len < need {
         return Err(err(format!("{op}: `{what}` has {} elements, needs {need}", b.len)));
     }
+    Ok(sfx)
+}
+
+/// Both caches of one layer: the same element kind (f32 or bf16), each a whole layer. Returns
+/// the kernel-name suffix of that kind.
+fn need_kv(k_cache: &CudaBuf, v_cache: &CudaBuf, g: KvGeometry, op: &str) -> Result<&'static str> {
+    let sfx = match k_cache.elem {
+        Elem::F32 => "f32",
+        Elem::BF16 => "bf16",
+        other => return Err(err(format!("{op}: `k_cache` holds {other:?}, expected a KV cache (f32 or bf16, from alloc_kv)"))),
+    };
+    need(k_cache, k_cache.elem, g.layer_elems(), op, "k_cache")?;
+    need(v_cache, k_cache.elem, g.layer_elems(), op, "v_cache")?;
     Ok(sfx)
 }
 
@@ -533,8 +548,22 @@ impl Backend for CudaBackend {
         self.alloc(Elem::U32, len)
     }
 
+    /// bf16 first: half the bytes a decode step reads per token of context, twice the blocks
+    /// in the same memory; f32 is kept for checks against the reference.
+    fn kv_dtypes(&self) -> &'static [KvDtype] {
+        &[KvDtype::Bf16, KvDtype::F32]
+    }
+
     fn alloc_kv(&self, geometry: KvGeometry) -> Result<CudaBuf> {
-        self.alloc(Elem::F32, geometry.layer_elems())
+        self.alloc_kv_as(geometry, KvDtype::Bf16)
+    }
+
+    fn alloc_kv_as(&self, geometry: KvGeometry, dtype: KvDtype) -> Result<CudaBuf> {
+        let elem = match dtype {
+            KvDtype::F32 => Elem::F32,
+            KvDtype::Bf16 => Elem::BF16,
+        };
+        self.alloc(elem, geometry.layer_elems())
     }
 
     fn write_f32(&self, buf: &mut CudaBuf, data: &[f32]) -> Result<()> {
@@ -554,7 +583,12 @@ impl Backend for CudaBackend {
     }
 
     fn read_kv(&self, buf: &CudaBuf, geometry: KvGeometry) -> Result<Vec<f32>> {
-        self.read(buf, Elem::F32, geometry.layer_elems())
+        let n = geometry.layer_elems();
+        match buf.elem {
+            // bf16 widens to f32 exactly: the top half of the f32 bits.
+            Elem::BF16 => Ok(self.read::<u16>(buf, Elem::BF16, n)?.into_iter().map(|b| f32::from_bits(u32::from(b) << 16)).collect()),
+            _ => self.read(buf, Elem::F32, n),
+        }
     }
 
     fn embedding(&self, table: &CudaBuf, ids: &CudaBuf, out: &mut CudaBuf, num_tokens: usize, hidden: usize) -> Result<()> {
@@ -777,16 +811,18 @@ impl Backend for CudaBackend {
         }
         need(k, Elem::F32, num_tokens * row, OP, "k")?;
         need(v, Elem::F32, num_tokens * row, OP, "v")?;
-        need(k_cache, Elem::F32, g.layer_elems(), OP, "k_cache")?;
-        need(v_cache, Elem::F32, g.layer_elems(), OP, "v_cache")?;
+        let name = match need_kv(k_cache, v_cache, g, OP)? {
+            "bf16" => "kv_write_bf16",
+            _ => "kv_write_f32",
+        };
         need(slots, Elem::U32, num_tokens, OP, "slots")?;
-        let f = self.func(OP)?;
+        let f = self.func(name)?;
         let (t, rl, ns) = (i32_of(num_tokens, OP, "T")?, i32_of(row, OP, "kv_heads*head_dim")?, g.slots() as u64);
         let mut l = self.stream.launch_builder(f);
         l.arg(&k.mem).arg(&v.mem).arg(&mut k_cache.mem).arg(&mut v_cache.mem).arg(&slots.mem).arg(&t).arg(&rl).arg(&ns);
         // SAFETY: as in embedding.
         let r = unsafe { l.launch(cfg((t as u32, 1, 1), 128)) };
-        self.launched(OP, r)
+        self.launched(name, r)
     }
 
     fn paged_attention(&self, a: &AttnArgs<'_, Self>, out: &mut CudaBuf) -> Result<()> {
@@ -806,8 +842,10 @@ impl Backend for CudaBackend {
             return Err(err(format!("{OP}: no block table (num_seqs = {}, max_blocks = {})", a.num_seqs, a.max_blocks)));
         }
         need(a.q, Elem::F32, t * h * d, OP, "q")?;
-        need(a.k_cache, Elem::F32, g.layer_elems(), OP, "k_cache")?;
-        need(a.v_cache, Elem::F32, g.layer_elems(), OP, "v_cache")?;
+        let partial_name = match need_kv(a.k_cache, a.v_cache, g, OP)? {
+            "bf16" => "paged_attention_partial_bf16",
+            _ => "paged_attention_partial_f32",
+        };
         need(a.positions, Elem::U32, t, OP, "positions")?;
         need(a.token_seq, Elem::U32, t, OP, "token_seq")?;
         need(a.block_tables, Elem::U32, a.num_seqs * a.max_blocks, OP, "block_tables")?;
@@ -829,7 +867,7 @@ impl Backend for CudaBackend {
         if grid.1 > 65535 {
             return Err(err(format!("{OP}: {h} heads exceed a launch dimension")));
         }
-        let partial = self.func("paged_attention_partial")?;
+        let partial = self.func(partial_name)?;
         if parts == 1 {
             // Direct path: the scratch pointers are never touched; q stands in for them.
             let mut l = self.stream.launch_builder(partial);
@@ -838,7 +876,7 @@ impl Backend for CudaBackend {
             l.arg(&ti).arg(&hi).arg(&kvi).arg(&di).arg(&bsi).arg(&nbi).arg(&nsi).arg(&mbi).arg(&pi).arg(&a.scale);
             // SAFETY: as in embedding.
             let r = unsafe { l.launch(cfg(grid, 128)) };
-            return self.launched("paged_attention_partial", r);
+            return self.launched(partial_name, r);
         }
         let mut s = self.scratch.lock().map_err(|_| err(format!("{OP}: scratch lock poisoned by an earlier panic")))?;
         let out_bytes = t * h * parts * d * 4;
@@ -865,7 +903,7 @@ impl Backend for CudaBackend {
         l.arg(&ti).arg(&hi).arg(&kvi).arg(&di).arg(&bsi).arg(&nbi).arg(&nsi).arg(&mbi).arg(&pi).arg(&a.scale);
         // SAFETY: as in embedding; scratch sized for [T, H, parts, D] and [T, H, parts, 2].
         let r = unsafe { l.launch(cfg(grid, 128)) };
-        self.launched("paged_attention_partial", r)?;
+        self.launched(partial_name, r)?;
         let combine = self.func("paged_attention_combine")?;
         let mut l = self.stream.launch_builder(combine);
         l.arg(&*po).arg(&*pm).arg(&a.positions.mem).arg(&a.token_seq.mem).arg(&mut out.mem);
