@@ -5,7 +5,7 @@
 # the backend, random models made here by our binary, whole-model compares against the reference
 # backend (and HF transformers), the two ceilings (copy bandwidth, bf16 matmul), and short
 # benchmarks held against their floors. Everything runs with the backend's default KV cache
-# (bf16 on cuda); one compare repeats the tiny bf16 model with an f32 cache, the exact path.
+# (bf16 on cuda); one compare repeats the tiny bf16 model with an f32 cache (the f32 kernels).
 # The benchmarks' reports say which element size they stored; summarize.py counts KV bytes by it. Every step has its own timeout, a failed step does not
 # stop the next, and the whole run keeps inside TANDEM_CHECK_BUDGET_S. Full logs go to OUT_DIR
 # (six files); a short table is printed last.

@@ -9,7 +9,8 @@
 //! `matmul` computes `y = x · Wᵀ`.
 //!
 //! The paged KV cache: one K and one V buffer per layer, each `[num_blocks, block_size,
-//! num_kv_heads, head_dim]`, in a dtype the backend chooses. A token's *slot* is
+//! num_kv_heads, head_dim]`, of the [`KvDtype`] chosen at load among those the backend
+//! stores ([`Backend::kv_dtypes`]); its layout is the backend's. A token's *slot* is
 //! `block_id * block_size + offset_in_block`.
 
 use half::{bf16, f16};
