@@ -4,7 +4,9 @@
 # Prints the machine (date, GPU, driver, glibc, commit), finds libnvrtc, then: the op suite on
 # the backend, random models made here by our binary, whole-model compares against the reference
 # backend (and HF transformers), the two ceilings (copy bandwidth, bf16 matmul), and short
-# benchmarks held against their floors. Every step has its own timeout, a failed step does not
+# benchmarks held against their floors. Everything runs with the backend's default KV cache
+# (bf16 on cuda); one compare repeats the tiny bf16 model with an f32 cache (the f32 kernels).
+# The benchmarks' reports say which element size they stored; summarize.py counts KV bytes by it. Every step has its own timeout, a failed step does not
 # stop the next, and the whole run keeps inside TANDEM_CHECK_BUDGET_S. Full logs go to OUT_DIR
 # (six files); a short table is printed last.
 #
@@ -169,6 +171,7 @@ fi
 SMOL_ARGS=(--steps 16)
 [ "$SMALL" = 1 ] && SMOL_ARGS=(--steps 8 --prompts 3 --batch 8)
 step "compare $BACKEND tiny bf16" 90 "$BIN" compare --backend "$BACKEND" --model "$TINY" --json "$OUT/compare-tiny.json"
+step "compare $BACKEND tiny bf16, f32 KV" 90 "$BIN" compare --backend "$BACKEND" --model "$TINY" --kv-cache-dtype f32 --json "$OUT/compare-tiny-f32kv.json"
 step "compare $BACKEND tiny f32" 90 "$BIN" compare --backend "$BACKEND" --model "$TINY32"
 step "compare $BACKEND smollm2-135m" 200 "$BIN" compare --backend "$BACKEND" --model "$SMOL" "${SMOL_ARGS[@]}" --json "$OUT/compare-smollm2.json"
 if [ -s "$OUT/compare-tiny.json" ]; then

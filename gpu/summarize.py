@@ -10,7 +10,9 @@ Floors (docs/gpu-check.md; GPU.md "Correct first, then fast"):
     layers per (query, key) pair) and one lm_head row; the floor is FLOPs / matmul rate, or the
     weight bytes / bandwidth when that is larger (short prompts).
   - a throughput run is its prefills plus its decode steps, each bounded the same way.
-The KV cache is f32 (kernels/kv_write.cu): 4 bytes per element.
+KV bytes count the element size the run actually stored, as its report says
+(backend.kv_elem_bytes: 2 for the bf16 cache CUDA keeps by default, 4 for f32); a report that
+does not say gets no floor, rather than a guess.
 
 Plain python3, no torch: it runs on any machine.
 """
@@ -20,8 +22,6 @@ import math
 import os
 import struct
 import sys
-
-KV_ELEM_BYTES = 4
 
 
 def load_json(path):
@@ -62,20 +62,28 @@ def model_facts(d):
         "decode_weight_bytes": weight_bytes - (0 if tied else embed),
         "linear_params": L * (h * q + 2 * h * kv + q * h + 3 * h * inter),
         "lm_head_params": vocab * h,
-        "kv_bytes_per_token": L * 2 * kv * KV_ELEM_BYTES,
+        # K and V of every layer; times the element size the run reports.
+        "kv_elems_per_token": L * 2 * kv,
     }
 
 
-def decode_step_floor(m, ctxs, bw, rate):
+def kv_elem_bytes(report):
+    """Bytes per KV element the benchmark stored (its backend section), or None."""
+    b = (report or {}).get("backend") or {}
+    v = b.get("kv_elem_bytes")
+    return v if isinstance(v, int) and v > 0 else None
+
+
+def decode_step_floor(m, ctxs, bw, rate, kv_bytes):
     """Floor of one forward that decodes one token for each context length in ctxs."""
-    nbytes = m["decode_weight_bytes"] + sum(c * m["kv_bytes_per_token"] for c in ctxs)
+    nbytes = m["decode_weight_bytes"] + sum(c * m["kv_elems_per_token"] * kv_bytes for c in ctxs)
     flops = sum(2 * m["linear_params"] + 4 * m["layers"] * m["q_dim"] * c + 2 * m["lm_head_params"] for c in ctxs)
     return max(nbytes / bw, flops / rate), nbytes / bw >= flops / rate
 
 
-def prefill_floor(m, p, n_seqs, forwards, bw, rate):
+def prefill_floor(m, p, n_seqs, forwards, bw, rate, kv_bytes):
     flops = n_seqs * (2 * m["linear_params"] * p + 4 * m["layers"] * m["q_dim"] * p * (p + 1) / 2 + 2 * m["lm_head_params"])
-    nbytes = forwards * m["weight_bytes"] + n_seqs * p * m["kv_bytes_per_token"]
+    nbytes = forwards * m["weight_bytes"] + n_seqs * p * m["kv_elems_per_token"] * kv_bytes
     return max(nbytes / bw, flops / rate), nbytes / bw >= flops / rate
 
 
@@ -170,28 +178,33 @@ def main():
         fig(f"f32 matmul {ceil.get('matmul_f32_n')}^3 (no TF32)", ceil["matmul_f32_tflops"], "TFLOP/s")
 
     label = (model or {}).get("shape") or os.path.basename(a.bench_model)
+    kv_stored = {}
     if dec and dec.get("results"):
         s, r = dec.get("settings", {}), dec["results"]
         p, g = s.get("prompt_len", 0), s.get("max_tokens", 0)
         d_tps = r.get("decode_tokens_per_s", {}).get("median")
         p_tps = r.get("prefill_tokens_per_s", {}).get("median")
+        kvb = kv_elem_bytes(dec)
+        kv_stored["decode"] = {"kv_cache_dtype": (dec.get("backend") or {}).get("kv_cache_dtype"), "kv_elem_bytes": kvb}
+        if kvb is None:
+            notes.append("the decode report does not say what its KV cache stored (backend.kv_elem_bytes): no decode or prefill floor")
         if d_tps:
             floor = bound = frac = None
-            if model and bw and rate and g > 1:
-                per = [decode_step_floor(model, [p + j], bw, rate) for j in range(1, g)]
+            if model and bw and rate and g > 1 and kvb:
+                per = [decode_step_floor(model, [p + j], bw, rate, kvb) for j in range(1, g)]
                 floor = (g - 1) / sum(t for t, _ in per)
                 frac = d_tps / floor
                 bound = "memory" if all(m for _, m in per) else "compute"
             fig(f"decode b=1 {label} ({p}+{g} tok)", d_tps, "tok/s", floor, frac, bound)
         if p_tps:
             floor = bound = frac = None
-            if model and bw and rate:
+            if model and bw and rate and kvb:
                 chunk = s.get("max_num_batched_tokens") or p
-                t, mem = prefill_floor(model, p, 1, math.ceil(p / chunk), bw, rate)
+                t, mem = prefill_floor(model, p, 1, math.ceil(p / chunk), bw, rate, kvb)
                 floor, frac, bound = p / t, p_tps / (p / t), "memory" if mem else "compute"
             fig(f"prefill {label} ({p} tok)", p_tps, "tok/s", floor, frac, bound)
-            if model and ceil.get("matmul_f32_tflops"):
-                t32, _ = prefill_floor(model, p, 1, 1, bw, ceil["matmul_f32_tflops"] * 1e12)
+            if model and kvb and ceil.get("matmul_f32_tflops"):
+                t32, _ = prefill_floor(model, p, 1, 1, bw, ceil["matmul_f32_tflops"] * 1e12, kvb)
                 notes.append(f"prefill against the f32 (CUDA-core) matmul rate instead: {p_tps / (p / t32):.1%} of that floor")
     elif dec is None:
         notes.append("no decode benchmark report")
@@ -203,17 +216,21 @@ def main():
         seqs = e.get("max_num_seqs") or n or 1
         budget = e.get("max_num_batched_tokens") or 512
         tps, wall = r.get("output_tokens_per_s"), r.get("wall_s")
+        kvb = kv_elem_bytes(thr)
+        kv_stored["throughput"] = {"kv_cache_dtype": (thr.get("backend") or {}).get("kv_cache_dtype"), "kv_elem_bytes": kvb}
+        if kvb is None:
+            notes.append("the throughput report does not say what its KV cache stored (backend.kv_elem_bytes): no throughput floor")
         floor = frac = bound = None
-        if model and bw and rate and n and wall:
+        if model and bw and rate and n and wall and kvb:
             total, mem_steps, all_steps = 0.0, 0, 0
             left = n
             while left > 0:
                 k = min(seqs, left)
                 left -= k
-                t, _ = prefill_floor(model, i_len, k, math.ceil(k * i_len / budget), bw, rate)
+                t, _ = prefill_floor(model, i_len, k, math.ceil(k * i_len / budget), bw, rate, kvb)
                 total += t
                 for j in range(1, o_len):
-                    t, mem = decode_step_floor(model, [i_len + j] * k, bw, rate)
+                    t, mem = decode_step_floor(model, [i_len + j] * k, bw, rate, kvb)
                     total += t
                     mem_steps += mem
                     all_steps += 1
@@ -232,7 +249,7 @@ def main():
         if name.startswith("compare-") and name.endswith(".json"):
             c = load_json(os.path.join(a.out, name)) or {}
             nm = [x for p in c.get("prompts", []) for x in (p.get("nmse") or [])]
-            compares[name] = {"passed": c.get("passed"), "failed": c.get("failed"), "max_nmse": max(nm) if nm else None, "batch": c.get("batch")}
+            compares[name] = {"passed": c.get("passed"), "failed": c.get("failed"), "max_nmse": max(nm) if nm else None, "batch": c.get("batch"), "kv_cache_dtype": c.get("kv_cache_dtype")}
     hf = load_json(os.path.join(a.out, "hf-tiny.json"))
 
     doc = {
@@ -241,6 +258,7 @@ def main():
         "steps": steps,
         "ceilings": ceil,
         "bench_model": model,
+        "kv_stored": kv_stored,
         "figures": figures,
         "notes": notes,
         "compares": compares,
@@ -273,9 +291,15 @@ def main():
         fr = "-" if f_["fraction_of_floor"] is None else f"{f_['fraction_of_floor']:.1%}"
         out.append(f"{f_['figure'][:44]:<44} {f_['measured']:>10.1f} {f_['unit']:<9} {fl:>14} {fr:>9}  {f_['bound'] or ''}")
     if model:
+        kv = ", ".join(
+            f"{run}: {k['kv_elems_per_token'] * v['kv_elem_bytes'] / 1024:.0f} KiB of {v['kv_cache_dtype'] or '?'} KV per token"
+            for run, v in kv_stored.items()
+            for k in [model]
+            if v["kv_elem_bytes"]
+        )
         out.append(
-            f"bench model {label}: {model['weight_bytes'] / 1e9:.2f} GB of weights, {model['decode_weight_bytes'] / 1e9:.2f} GB read per decode step, "
-            f"{model['kv_bytes_per_token'] / 1024:.0f} KiB of f32 KV per token"
+            f"bench model {label}: {model['weight_bytes'] / 1e9:.2f} GB of weights, {model['decode_weight_bytes'] / 1e9:.2f} GB read per decode step"
+            + (f"; {kv}" if kv else "; KV element size not reported")
         )
     for n_ in notes:
         out.append(f"note: {n_}")

@@ -6,7 +6,8 @@
 // embedded sources compile without a kernels directory on disk.
 //
 // Conventions every kernel follows:
-//   - activations, KV cache, scores: f32; ids, positions, slots, block tables: u32;
+//   - activations and scores: f32; the KV cache f32 or bf16 (store_kv / to_f32); ids,
+//     positions, slots, block tables: u32;
 //   - weights: f32, bf16 or f16, widened to f32 on load; all sums accumulate in f32;
 //   - element offsets are size_t (a KV cache layer can exceed 2^31 elements);
 //   - an index that would fall outside a buffer writes NaN instead of reading out of bounds,
@@ -158,6 +159,12 @@ __device__ __forceinline__ u16 f32_to_f16_bits(float v) {
 #endif
 __device__ __forceinline__ u16 f32_to_bits(bf16_t, float v) { return f32_to_bf16_bits(v); }
 __device__ __forceinline__ u16 f32_to_bits(f16_t, float v) { return f32_to_f16_bits(v); }
+
+// A KV cache element (kv_write.cu, paged_attention.cu): f32 as is, or bf16 rounded to nearest
+// even with the weights' helper above; loads widen to f32 (exact), so attention over a bf16
+// cache is f32 arithmetic over the rounded values.
+__device__ __forceinline__ void store_kv(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store_kv(bf16_t* p, float v) { p->bits = f32_to_bf16_bits(v); }
 
 #ifdef TANDEM_HOST_EMU
 #define TANDEM_DYNAMIC_SMEM(name) unsigned char* name = emu::dynamic_smem()

@@ -5,8 +5,13 @@
 //     score[j] = scale * dot(q[t, h, :], K[slot(s, j), kh, :])      for j in 0..=p
 //     out[t, h, :] = sum_j softmax(score)[j] * V[slot(s, j), kh, :]
 //   slot(s, j) = block_tables[s, j / block_size] * block_size + j % block_size
-//   q, out f32 [T, H, D]; caches f32 [num_blocks, block_size, KVH, D]; positions, token_seq u32 [T];
-//   block_tables u32 [num_seqs, max_blocks]. D <= 256.
+//   q, out f32 [T, H, D]; caches [num_blocks, block_size, KVH, D] of f32 or bf16 (kv_write.cu);
+//   positions, token_seq u32 [T]; block_tables u32 [num_seqs, max_blocks]. D <= 256.
+//
+// The cache's element type is a template parameter (paged_attention_partial_f32 / _bf16):
+// each K/V element is widened to f32 in registers as it is loaded (exact), so over a bf16 cache
+// the kernel does the same f32 arithmetic, in the same order, on the rounded values; the
+// combine kernel reads only f32 partials and serves both.
 //
 // Decode tokens and prefill chunks (with or without a cached prefix) are the same thing: each
 // token sees its own causal context, whose K/V kv_write has already stored.
@@ -17,7 +22,7 @@
 // depends only on its own context length and its result is the same alone or in any batch.
 // Short partitions are what fill the GPU at decode: one 512-key partition per head left 64
 // blocks for 132 SMs and took two thirds of a decode step on the H200 (docs/gpu-check.md).
-//   paged_attention_partial: grid (T, H, max_parts), block 128. Block (t, h, part) scores keys
+//   paged_attention_partial_{f32,bf16}: grid (T, H, max_parts), block 128. Block (t, h, part) scores keys
 //     [part*PART, min((part+1)*PART, p+1)), keeps the scores in shared memory, softmaxes them
 //     against the partition's max m, and accumulates o = sum exp(s - m) V. With max_parts == 1
 //     it writes o / l to out directly; otherwise o, m and l = sum exp(s - m) go to scratch.
@@ -45,13 +50,13 @@ __device__ inline int pa_part_len(int ctx) {
     return min(len < PA_MIN_PART ? PA_MIN_PART : len, PA_PART);
 }
 
-extern "C" __global__ void __launch_bounds__(PA_THREADS)
-paged_attention_partial(const float* __restrict__ q, const float* __restrict__ k_cache,
-                        const float* __restrict__ v_cache, const u32* __restrict__ positions,
-                        const u32* __restrict__ token_seq, const u32* __restrict__ block_tables,
-                        float* __restrict__ out, float* __restrict__ part_out, float* __restrict__ part_ml,
-                        int num_tokens, int num_heads, int num_kv_heads, int head_dim, int block_size,
-                        int num_blocks, int num_seqs, int max_blocks, int max_parts, float scale) {
+template <typename KV>
+__device__ __forceinline__ void paged_attention_partial_impl(
+    const float* __restrict__ q, const KV* __restrict__ k_cache, const KV* __restrict__ v_cache,
+    const u32* __restrict__ positions, const u32* __restrict__ token_seq, const u32* __restrict__ block_tables,
+    float* __restrict__ out, float* __restrict__ part_out, float* __restrict__ part_ml, int num_tokens, int num_heads,
+    int num_kv_heads, int head_dim, int block_size, int num_blocks, int num_seqs, int max_blocks, int max_parts,
+    float scale) {
     __shared__ float q_s[PA_MAX_D];
     __shared__ float p_s[PA_PART];   // scores, then exp(score - m)
     __shared__ int slot_s[PA_PART];  // cache slot of each key, -1 if its block id is bad
@@ -94,9 +99,9 @@ paged_attention_partial(const float* __restrict__ q, const float* __restrict__ k
         int slot;
         if (blk < (u32)num_blocks) {
             slot = (int)blk * block_size + pos % block_size;
-            const float* kp = k_cache + (size_t)slot * slot_stride + head_off;
+            const KV* kp = k_cache + (size_t)slot * slot_stride + head_off;
             float dot = 0.0f;
-            for (int d = lane; d < D; d += 32) dot = fmaf(q_s[d], kp[d], dot);
+            for (int d = lane; d < D; d += 32) dot = fmaf(q_s[d], to_f32(kp[d]), dot);
             s = warp_sum(dot) * scale;
         } else {
             slot = -1;
@@ -130,7 +135,7 @@ paged_attention_partial(const float* __restrict__ q, const float* __restrict__ k
         if (g < ng) {
             for (int j = g; j < n; j += ng) {
                 const int slot = slot_s[j];
-                const float vv = slot >= 0 ? v_cache[(size_t)slot * slot_stride + head_off + d] : nan_f32();
+                const float vv = slot >= 0 ? to_f32(v_cache[(size_t)slot * slot_stride + head_off + d]) : nan_f32();
                 acc = fmaf(p_s[j], vv, acc);
             }
         }
@@ -148,7 +153,7 @@ paged_attention_partial(const float* __restrict__ q, const float* __restrict__ k
             float acc = 0.0f;
             for (int j = 0; j < n; ++j) {
                 const int slot = slot_s[j];
-                const float vv = slot >= 0 ? v_cache[(size_t)slot * slot_stride + head_off + d] : nan_f32();
+                const float vv = slot >= 0 ? to_f32(v_cache[(size_t)slot * slot_stride + head_off + d]) : nan_f32();
                 acc = fmaf(p_s[j], vv, acc);
             }
             dst[d] = direct ? acc / l : acc;
@@ -159,6 +164,20 @@ paged_attention_partial(const float* __restrict__ q, const float* __restrict__ k
         part_ml[(row * max_parts + part) * 2 + 1] = l;
     }
 }
+
+#define PA_PARTIAL(NAME, KV)                                                                                         \
+    extern "C" __global__ void __launch_bounds__(PA_THREADS) paged_attention_partial_##NAME(                         \
+        const float* __restrict__ q, const KV* __restrict__ k_cache, const KV* __restrict__ v_cache,                 \
+        const u32* __restrict__ positions, const u32* __restrict__ token_seq, const u32* __restrict__ block_tables, \
+        float* __restrict__ out, float* __restrict__ part_out, float* __restrict__ part_ml, int num_tokens,          \
+        int num_heads, int num_kv_heads, int head_dim, int block_size, int num_blocks, int num_seqs, int max_blocks, \
+        int max_parts, float scale) {                                                                                \
+        paged_attention_partial_impl<KV>(q, k_cache, v_cache, positions, token_seq, block_tables, out, part_out,     \
+                                         part_ml, num_tokens, num_heads, num_kv_heads, head_dim, block_size,         \
+                                         num_blocks, num_seqs, max_blocks, max_parts, scale);                        \
+    }
+PA_PARTIAL(f32, float)
+PA_PARTIAL(bf16, bf16_t)
 
 extern "C" __global__ void __launch_bounds__(PA_THREADS)
 paged_attention_combine(const float* __restrict__ part_out, const float* __restrict__ part_ml,

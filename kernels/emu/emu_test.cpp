@@ -235,8 +235,28 @@ struct AttnCase {
     int bs, kvh, gqa, D;
     std::vector<std::pair<int, int>> seqs;  // (cached, query)
 };
-static std::vector<float> run_attention(const AttnCase& c, std::vector<double>* want, std::vector<unsigned>* tok_pos_out = nullptr,
-                                        int only_token = -1) {
+// What the f64 reference computes for a case (any of them may be null).
+struct AttnWant {
+    std::vector<double>* cached = nullptr;  // over the values the cache holds (bf16: rounded)
+    std::vector<double>* exact = nullptr;   // over the f32 values kv_write was given
+    std::vector<double>* bound = nullptr;   // |cached - exact| bound per element (derived below)
+};
+// The bf16 cache's bound, per output element (t, h, d), derived for a cache whose every element
+// x is stored as x(1 + e), |e| <= u = 2^-8 (bf16 keeps 8 significant bits, 7 stored and the
+// implicit one; rounding to nearest is off by at most half an ulp, 2^-8 relative; test_kv_write
+// measures it and shows that 2^-9 would be exceeded):
+//   score_j moves by |delta_j| <= D_th = scale * max_j sum_i |q_i k_ji| u;
+//   p'_j = p_j exp(delta_j) / sum_k p_k exp(delta_k), so |p'_j - p_j| <= p_j (exp(2 D_th) - 1);
+//   o'_d - o_d = sum_j (p'_j - p_j) v'_jd + sum_j p_j (v'_jd - v_jd), |v'| <= (1 + u)|v|, so
+//   |o'_d - o_d| <= A_d ((exp(2 D_th) - 1)(1 + u) + u),  A_d = sum_j p_j |v_jd|.
+// The kernel's own f32 rounding is held apart (against `cached`, NMSE 1e-11); the comparison
+// with `exact` allows it 2^-16 A_d on top (measured errors of f32 attention here are ~1e-7 A_d).
+static const double KV_BF16_U = 1.0 / 256.0;
+static const double KV_F32_SLACK = 1.0 / 65536.0;
+
+static uint16_t rne_bf16_oracle(float f);
+
+static std::vector<float> run_attention(const AttnCase& c, bool bf16, AttnWant want, int only_token = -1) {
     const int H = c.kvh * c.gqa, D = c.D, bs = c.bs;
     int max_blocks = 0, blocks = 0;
     for (auto [ca, qu] : c.seqs) {
@@ -259,9 +279,20 @@ static std::vector<float> run_attention(const AttnCase& c, std::vector<double>* 
         }
     }
     const size_t slots = (size_t)num_blocks * bs, row = (size_t)c.kvh * D;
-    auto kc = rvec(slots * row), vc = rvec(slots * row);
+    auto kx = rvec(slots * row), vx = rvec(slots * row);  // the f32 values kv_write is given
     auto q = rvec(pos.size() * H * D, 2.0f);
     rng_state = saved;
+    // What the cache holds: kx itself (f32) or its bf16 rounding, and those values widened.
+    std::vector<bf16_t> kb, vb;
+    std::vector<float> kc = kx, vc = vx;
+    if (bf16) {
+        for (size_t i = 0; i < kx.size(); ++i) {
+            kb.push_back(bf16_t{rne_bf16_oracle(kx[i])});
+            vb.push_back(bf16_t{rne_bf16_oracle(vx[i])});
+            kc[i] = bf16_bits_to_f32(kb[i].bits);
+            vc[i] = bf16_bits_to_f32(vb[i].bits);
+        }
+    }
     if (only_token >= 0) {  // the same token alone in its batch
         q = std::vector<float>(q.begin() + (size_t)only_token * H * D, q.begin() + (size_t)(only_token + 1) * H * D);
         pos = {pos[only_token]};
@@ -277,38 +308,96 @@ static std::vector<float> run_attention(const AttnCase& c, std::vector<double>* 
     std::vector<float> po((size_t)T * H * parts * D, NAN), pm((size_t)T * H * parts * 2, NAN);
     const float scale = 1.0f / std::sqrt((float)D);
     launch(dim3{(unsigned)T, (unsigned)H, (unsigned)parts}, dim3{128, 1, 1}, [&] {
-        paged_attention_partial(q.data(), kc.data(), vc.data(), pos.data(), tseq.data(), tables.data(), out.data(), po.data(),
-                                pm.data(), T, H, c.kvh, D, bs, num_blocks, S, max_blocks, parts, scale);
+        if (bf16)
+            paged_attention_partial_bf16(q.data(), kb.data(), vb.data(), pos.data(), tseq.data(), tables.data(), out.data(), po.data(),
+                                         pm.data(), T, H, c.kvh, D, bs, num_blocks, S, max_blocks, parts, scale);
+        else
+            paged_attention_partial_f32(q.data(), kc.data(), vc.data(), pos.data(), tseq.data(), tables.data(), out.data(), po.data(),
+                                        pm.data(), T, H, c.kvh, D, bs, num_blocks, S, max_blocks, parts, scale);
     });
     if (parts > 1)
         launch(dim3{(unsigned)T, (unsigned)H, 1}, dim3{128, 1, 1}, [&] {
             paged_attention_combine(po.data(), pm.data(), pos.data(), tseq.data(), out.data(), T, H, c.kvh, D, bs, S, max_blocks, parts);
         });
-    if (want) {
-        want->assign((size_t)T * H * D, 0.0);
-        for (int t = 0; t < T; ++t)
-            for (int h = 0; h < H; ++h) {
-                const int kh = h / c.gqa;
-                const unsigned* tab = &tables[tseq[t] * max_blocks];
-                std::vector<double> sc(pos[t] + 1);
-                double mx = -INFINITY;
-                for (unsigned j = 0; j <= pos[t]; ++j) {
-                    const size_t slot = (size_t)tab[j / bs] * bs + j % bs;
-                    double d = 0;
-                    for (int i = 0; i < D; ++i) d += (double)q[((size_t)t * H + h) * D + i] * kc[slot * row + kh * D + i];
-                    sc[j] = d * scale;
-                    mx = std::max(mx, sc[j]);
-                }
-                double den = 0;
-                for (auto& s : sc) den += (s = std::exp(s - mx));
-                for (unsigned j = 0; j <= pos[t]; ++j) {
-                    const size_t slot = (size_t)tab[j / bs] * bs + j % bs;
-                    for (int i = 0; i < D; ++i) (*want)[((size_t)t * H + h) * D + i] += sc[j] / den * vc[slot * row + kh * D + i];
+    // f64 attention of token t, head h over caches (ks, vs); also sum_j p_j |v_jd| and D_th.
+    auto reference = [&](const std::vector<float>& ks, const std::vector<float>& vs, int t, int h, double* o, double* abs_pv,
+                         double* dmax) {
+        const int kh = h / c.gqa;
+        const unsigned* tab = &tables[tseq[t] * max_blocks];
+        const float* qt = &q[((size_t)t * H + h) * D];
+        std::vector<double> sc(pos[t] + 1);
+        double mx = -INFINITY, dm = 0;
+        for (unsigned j = 0; j <= pos[t]; ++j) {
+            const size_t slot = (size_t)tab[j / bs] * bs + j % bs;
+            double d = 0, a = 0;
+            for (int i = 0; i < D; ++i) {
+                d += (double)qt[i] * ks[slot * row + kh * D + i];
+                a += std::fabs((double)qt[i] * ks[slot * row + kh * D + i]);
+            }
+            sc[j] = d * scale;
+            dm = std::max(dm, a * scale * KV_BF16_U);
+            mx = std::max(mx, sc[j]);
+        }
+        double den = 0;
+        for (auto& s : sc) den += (s = std::exp(s - mx));
+        for (int i = 0; i < D; ++i) o[i] = abs_pv[i] = 0;
+        for (unsigned j = 0; j <= pos[t]; ++j) {
+            const size_t slot = (size_t)tab[j / bs] * bs + j % bs;
+            for (int i = 0; i < D; ++i) {
+                o[i] += sc[j] / den * vs[slot * row + kh * D + i];
+                abs_pv[i] += sc[j] / den * std::fabs((double)vs[slot * row + kh * D + i]);
+            }
+        }
+        *dmax = dm;
+    };
+    for (auto* w : {want.cached, want.exact, want.bound})
+        if (w) w->assign((size_t)T * H * D, 0.0);
+    std::vector<double> o(D), apv(D);
+    for (int t = 0; t < T; ++t)
+        for (int h = 0; h < H; ++h) {
+            const size_t at = ((size_t)t * H + h) * D;
+            double dm;
+            if (want.cached) {
+                reference(kc, vc, t, h, o.data(), apv.data(), &dm);
+                std::copy(o.begin(), o.end(), want.cached->begin() + at);
+            }
+            if (want.exact || want.bound) {
+                reference(kx, vx, t, h, o.data(), apv.data(), &dm);
+                for (int i = 0; i < D; ++i) {
+                    if (want.exact) (*want.exact)[at + i] = o[i];
+                    if (want.bound) (*want.bound)[at + i] = apv[i] * ((std::exp(2 * dm) - 1) * (1 + KV_BF16_U) + KV_BF16_U + KV_F32_SLACK);
                 }
             }
-    }
-    if (tok_pos_out) *tok_pos_out = pos;
+        }
     return out;
+}
+
+// Every element within its bound; prints the largest error as a fraction of its bound.
+static void expect_within(const std::string& what, const std::vector<float>& got, const std::vector<double>& want,
+                          const std::vector<double>& bound) {
+    ++checks;
+    double worst = 0;
+    size_t at = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+        const double r = std::fabs(got[i] - want[i]) / bound[i];
+        if (!(r <= worst)) {  // NaN lands here and stays the worst
+            worst = r;
+            at = i;
+        }
+    }
+    if (!(worst <= 1.0)) {
+        std::printf("FAIL %s: element %zu off by %.3e, bound %.3e (%.2fx)\n", what.c_str(), at, std::fabs(got[at] - want[at]), bound[at], worst);
+        ++failures;
+    } else {
+        std::printf("ok   %s: largest error %.1f%% of its bound\n", what.c_str(), 100 * worst);
+    }
+}
+
+static std::string case_name(const AttnCase& c) {
+    std::string name = "bs=" + std::to_string(c.bs) + " kvh=" + std::to_string(c.kvh) + " gqa=" + std::to_string(c.gqa) +
+                       " D=" + std::to_string(c.D) + " seqs=";
+    for (auto [a, b] : c.seqs) name += std::to_string(a) + "+" + std::to_string(b) + ",";
+    return name;
 }
 
 static void test_attention() {
@@ -318,44 +407,148 @@ static void test_attention() {
         {16, 1, 3, 64, {{20, 13}, {5, 40}}},                            // prefill chunks over a prefix, GQA 3
         {16, 2, 1, 96, {{3, 2}}},                                       // head_dim not a power of two
         {16, 1, 2, 256, {{40, 2}}},                                     // head_dim > 128 path
+        {16, 2, 4, 64, {{0, 1}, {16, 1}, {300, 1}, {290, 17}}},         // contexts 1, 17, 301, a chunk to 307; GQA 4
         {16, 1, 2, 64, {{600, 1}, {1100, 1}, {500, 30}}},               // split path: contexts > 512
     };
+    std::vector<std::vector<float>> f32_out;
     for (auto& c : cases) {
         std::vector<double> want;
-        auto got = run_attention(c, &want);
-        std::string name = "paged_attention bs=" + std::to_string(c.bs) + " kvh=" + std::to_string(c.kvh) + " gqa=" + std::to_string(c.gqa) +
-                           " D=" + std::to_string(c.D) + " seqs=";
-        for (auto [a, b] : c.seqs) name += std::to_string(a) + "+" + std::to_string(b) + ",";
-        expect(name, got, want, 1e-11);
+        f32_out.push_back(run_attention(c, false, {&want, nullptr, nullptr}));
+        expect("paged_attention f32 cache " + case_name(c), f32_out.back(), want, 1e-11);
     }
-    // Batch invariance: each token of the split case alone gives bit-identical output.
-    AttnCase c = cases.back();
-    auto batch = run_attention(c, nullptr);
-    const int H = c.kvh * c.gqa, D = c.D;
-    for (int t : {0, 1, 2, 31}) {
-        auto alone = run_attention(c, nullptr, nullptr, t);
-        bool same = std::memcmp(alone.data(), batch.data() + (size_t)t * H * D, sizeof(float) * H * D) == 0;
-        expect_true("paged_attention token " + std::to_string(t) + " alone == in batch (bitwise)", same);
+    // A bf16 cache: the kernel's arithmetic against f64 over the values the cache holds (as
+    // tight as f32), and against f64 over the unrounded values within the derived bound.
+    for (size_t ci = 0; ci < cases.size(); ++ci) {
+        const AttnCase& c = cases[ci];
+        std::vector<double> cached, exact, bound;
+        auto got = run_attention(c, true, {&cached, &exact, &bound});
+        expect("paged_attention bf16 cache vs its values " + case_name(c), got, cached, 1e-11);
+        expect_within("paged_attention bf16 cache vs unrounded " + case_name(c), got, exact, bound);
+        expect("paged_attention bf16 cache vs unrounded, NMSE under the op suite's limit 5e-5", got, exact, 5e-5);
+        expect_true("paged_attention bf16 cache output != f32 cache output (the rounding is real) " + case_name(c),
+                    std::memcmp(got.data(), f32_out[ci].data(), sizeof(float) * got.size()) != 0);
     }
+    // Batch invariance: each token alone gives bit-identical output, for both caches: the split
+    // case, and the case of contexts 1, 17, 301 (one partition up to 64 keys, several above).
+    for (bool bf16 : {false, true}) {
+        for (size_t ci : {cases.size() - 2, cases.size() - 1}) {
+            const AttnCase& c = cases[ci];
+            auto batch = run_attention(c, bf16, {});
+            const int H = c.kvh * c.gqa, D = c.D;
+            int T = 0;
+            for (auto [a, b] : c.seqs) T += b;
+            for (int t : {0, 1, 2, T - 1}) {
+                auto alone = run_attention(c, bf16, {}, t);
+                bool same = std::memcmp(alone.data(), batch.data() + (size_t)t * H * D, sizeof(float) * H * D) == 0;
+                expect_true(std::string("paged_attention ") + (bf16 ? "bf16" : "f32") + " cache token " + std::to_string(t) + " of " +
+                                case_name(c) + " alone == in batch (bitwise)",
+                            same);
+            }
+        }
+    }
+}
+
+// Round to nearest even, found another way than common.cuh's integer trick: the two bf16
+// neighbours of f (truncation and the next one away from zero), the nearer in f64, the even one
+// on a tie; the neighbour past the largest finite bf16 is inf, worth 2^128 in the comparison
+// (where IEEE rounding puts the overflow threshold). NaN: quiet, sign kept.
+static uint16_t rne_bf16_oracle(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    if (std::isnan(f)) return (uint16_t)((u >> 16) | 0x0040u);
+    if (std::isinf(f)) return (uint16_t)(u >> 16);
+    const uint16_t lo = (uint16_t)(u >> 16), hi = (uint16_t)(lo + 1);  // same sign, one ulp further out
+    auto value = [](uint16_t b) {
+        if ((b & 0x7fffu) == 0x7f80u) return std::ldexp(b & 0x8000u ? -1.0 : 1.0, 128);
+        return (double)bf16_bits_to_f32(b);
+    };
+    const double dl = std::fabs((double)f - value(lo)), dh = std::fabs((double)f - value(hi));
+    if (dl < dh) return lo;
+    if (dh < dl) return hi;
+    return (lo & 1u) ? hi : lo;
 }
 
 static void test_kv_write() {
     const int nb = 5, bs = 16, kvh = 2, D = 64, T = 7;
     const size_t row = kvh * D, slots = (size_t)nb * bs;
-    auto kc = rvec(slots * row), vc = rvec(slots * row);
-    auto k0 = kc, v0 = vc;
-    auto k = rvec(T * row), v = rvec(T * row);
     std::vector<unsigned> sl = {0, 17, 79, 33, 34, 5, 1000};  // the last one is out of range: skipped
-    launch(dim3{T, 1, 1}, dim3{128, 1, 1}, [&] { kv_write(k.data(), v.data(), kc.data(), vc.data(), sl.data(), T, (int)row, slots); });
-    std::vector<double> wk(k0.begin(), k0.end()), wv(v0.begin(), v0.end());
-    for (int t = 0; t < T; ++t)
-        if (sl[t] < slots)
-            for (size_t i = 0; i < row; ++i) {
-                wk[sl[t] * row + i] = k[t * row + i];
-                wv[sl[t] * row + i] = v[t * row + i];
+    {
+        auto kc = rvec(slots * row), vc = rvec(slots * row);
+        auto k0 = kc, v0 = vc;
+        auto k = rvec(T * row), v = rvec(T * row);
+        launch(dim3{T, 1, 1}, dim3{128, 1, 1}, [&] { kv_write_f32(k.data(), v.data(), kc.data(), vc.data(), sl.data(), T, (int)row, slots); });
+        std::vector<double> wk(k0.begin(), k0.end()), wv(v0.begin(), v0.end());
+        for (int t = 0; t < T; ++t)
+            if (sl[t] < slots)
+                for (size_t i = 0; i < row; ++i) {
+                    wk[sl[t] * row + i] = k[t * row + i];
+                    wv[sl[t] * row + i] = v[t * row + i];
+                }
+        expect("kv_write f32 k (bad slot skipped, others untouched)", kc, wk, 0.0);
+        expect("kv_write f32 v", vc, wv, 0.0);
+    }
+    // bf16: values over 2^-140..2^100 (normals, subnormals) and the edge cases of rounding.
+    auto k = rvec(T * row), v = rvec(T * row);
+    for (size_t i = 0; i < k.size(); ++i) {
+        k[i] = std::ldexp(k[i], (int)(i * 37 % 241) - 140);
+        v[i] = std::ldexp(v[i], (int)(i * 53 % 31) - 15);
+    }
+    const uint32_t edge[] = {
+        0x3f808000u,  // a tie between 0x3f80 and 0x3f81: to even (0x3f80)
+        0x3f818000u,  // a tie between 0x3f81 and 0x3f82: to even (0x3f82)
+        0x3f808001u,  // just above the tie: up
+        0xbf818000u,  // negative tie: to even, magnitude up
+        0x7f7fffffu,  // the largest f32: past the largest bf16 + half an ulp, so inf
+        0x7f7f7fffu,  // just under that threshold: the largest finite bf16
+        0x00000001u,  // the smallest subnormal: to +0
+        0x00018000u,  // a subnormal tie
+        0x80000000u,  // -0
+        0x7f800000u, 0xff800000u,  // inf, -inf
+        0x7f800001u,  // a signalling NaN, whose truncation would read as inf: must stay NaN
+        0xffc00000u,  // a negative quiet NaN
+    };
+    for (size_t i = 0; i < sizeof(edge) / sizeof(edge[0]); ++i) {
+        std::memcpy(&k[i], &edge[i], 4);
+        std::memcpy(&v[row + i], &edge[i], 4);
+    }
+    std::vector<bf16_t> kc(slots * row, bf16_t{0x7fffu}), vc(slots * row, bf16_t{0x7fffu});  // NaN: never a result
+    launch(dim3{T, 1, 1}, dim3{128, 1, 1}, [&] { kv_write_bf16(k.data(), v.data(), kc.data(), vc.data(), sl.data(), T, (int)row, slots); });
+    size_t wrong = 0, untouched_wrong = 0, checked = 0;
+    double worst_rel = 0;
+    std::vector<bool> written(slots, false);
+    for (int t = 0; t < T; ++t) {
+        if (sl[t] >= slots) continue;
+        written[sl[t]] = true;
+        for (size_t i = 0; i < row; ++i)
+            for (auto [x, c] : {std::pair{k[t * row + i], kc[sl[t] * row + i]}, std::pair{v[t * row + i], vc[sl[t] * row + i]}}) {
+                wrong += c.bits != rne_bf16_oracle(x);
+                const float back = bf16_bits_to_f32(c.bits);
+                // Relative error of a normal value within range (not subnormal, not overflowing).
+                if (std::isfinite(back) && std::fabs(x) >= std::ldexp(1.0f, -126)) {
+                    worst_rel = std::max(worst_rel, std::fabs(((double)back - x) / x));
+                    ++checked;
+                }
             }
-    expect("kv_write k (bad slot skipped, others untouched)", kc, wk, 0.0);
-    expect("kv_write v", vc, wv, 0.0);
+    }
+    for (size_t s = 0; s < slots; ++s)
+        if (!written[s])
+            for (size_t i = 0; i < row; ++i) untouched_wrong += kc[s * row + i].bits != 0x7fffu || vc[s * row + i].bits != 0x7fffu;
+    expect_true("kv_write bf16: every stored element is round-to-nearest-even of its f32 value (" + std::to_string(wrong) + " wrong)",
+                wrong == 0);
+    expect_true("kv_write bf16: relative error <= 2^-8 over " + std::to_string(checked) + " normal values (worst " +
+                    std::to_string(worst_rel * 256) + " x 2^-8: above 2^-9, so 2^-8 is the bound)",
+                checked > 1000 && worst_rel <= KV_BF16_U && worst_rel > KV_BF16_U / 2);
+    expect_true("kv_write bf16: slots not written (and the bad slot) untouched (" + std::to_string(untouched_wrong) + " changed)",
+                untouched_wrong == 0);
+    // The oracle itself on the edge cases, by hand.
+    const uint16_t edge_want[] = {0x3f80, 0x3f82, 0x3f81, 0xbf82, 0x7f80, 0x7f7f, 0x0000, 0x0002, 0x8000, 0x7f80, 0xff80, 0x7fc0, 0xffc0};
+    bool oracle_ok = true;
+    for (size_t i = 0; i < sizeof(edge) / sizeof(edge[0]); ++i) {
+        float f;
+        std::memcpy(&f, &edge[i], 4);
+        oracle_ok &= rne_bf16_oracle(f) == edge_want[i] && kc[i].bits == edge_want[i];
+    }
+    expect_true("kv_write bf16: ties to even, overflow to inf, subnormals, signed zero, inf and NaN as written by hand", oracle_ok);
 }
 
 // sampling.cu: Philox against Random123's published answers; greedy and degenerate rows give

@@ -73,6 +73,10 @@ pub struct Args {
     /// Write prompts and results here (input of gpu/hf_compare.py).
     #[arg(long)]
     json: Option<PathBuf>,
+    /// What B's KV cache stores: auto (bf16 on cuda, f32 elsewhere), bf16 or f32 (as `serve`).
+    /// The side it is held against keeps its own default.
+    #[arg(long, default_value = "auto", value_parser = crate::serve::parse_kv_cache_dtype)]
+    kv_cache_dtype: crate::serve::KvCacheDtype,
 }
 
 /// One side's greedy run, reduced to what the comparison and the JSON need.
@@ -114,12 +118,15 @@ pub fn run(a: Args) -> Result<()> {
 
     let t = Instant::now();
     let opts = |max_seqs: usize, blocks: usize| LoadOptions { max_batch_tokens: a.chunk, max_seqs, num_kv_blocks: blocks, block_size: BLOCK, ..Default::default() };
-    let mut under = backends::load(a.backend, &a.model, opts(a.batch.max(1), kv_blocks)).with_context(|| format!("loading {} on {}", a.model.display(), a.backend.name()))?;
+    let under_opts = LoadOptions { kv_dtype: a.kv_cache_dtype.0, ..opts(a.batch.max(1), kv_blocks) };
+    let mut under = backends::load(a.backend, &a.model, under_opts).with_context(|| format!("loading {} on {}", a.model.display(), a.backend.name()))?;
     let mut refr = backends::load(a.against, &a.model, opts(1, single)).with_context(|| format!("loading {} on {}", a.model.display(), a.against.name()))?;
     let cfg = under.config().clone();
+    let kv_dtype = under.kv_dtype();
     println!(
-        "compare: {} against {} on {} ({} layers, hidden {}, vocab {}), {} prompts of {:?} tokens, {} steps, chunk {}, seed {}, loaded in {:.1} s",
+        "compare: {} ({} KV cache) against {} on {} ({} layers, hidden {}, vocab {}), {} prompts of {:?} tokens, {} steps, chunk {}, seed {}, loaded in {:.1} s",
         a.backend.name(),
+        kv_dtype.name(),
         a.against.name(),
         a.model.display(),
         cfg.num_hidden_layers,
@@ -180,6 +187,7 @@ pub fn run(a: Args) -> Result<()> {
             "model": a.model.display().to_string(),
             "backend": a.backend.name(),
             "against": a.against.name(),
+            "kv_cache_dtype": kv_dtype.name(),
             "seed": a.seed,
             "steps": a.steps,
             "chunk": a.chunk,
@@ -555,6 +563,7 @@ mod tests {
             nmse_limit: 1e-5,
             logprob_tol: 1e-3,
             json: None,
+            kv_cache_dtype: crate::serve::KvCacheDtype(None),
         }
     }
 

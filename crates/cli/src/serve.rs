@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use tandem_core::model::LoadOptions;
+use tandem_core::KvDtype;
 use tandem_core::tokenizer::Tokenizer;
 use tandem_engine::engine::{Engine, EngineConfig};
 use tandem_engine::scheduler::{BatchMode, Policy};
@@ -57,6 +58,33 @@ pub struct EngineArgs {
     /// Longest prompt + output (default: the model's context, capped by what the KV pool holds).
     #[arg(long)]
     pub max_model_len: Option<usize>,
+    /// What the KV cache stores: `auto` (bf16 on cuda, f32 elsewhere), `bf16`/`bfloat16`
+    /// (cuda only) or `f32`/`float32` (every backend; on cuda for checks). vLLM's fp8 values
+    /// are refused by name.
+    #[arg(long, default_value = "auto", value_parser = parse_kv_cache_dtype)]
+    pub kv_cache_dtype: KvCacheDtype,
+}
+
+/// `--kv-cache-dtype`: None is `auto` (the backend's default, `Backend::kv_dtypes()[0]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvCacheDtype(pub Option<KvDtype>);
+
+impl KvCacheDtype {
+    /// The flag's value as `tandem serve` takes it back.
+    pub fn flag(self) -> &'static str {
+        self.0.map_or("auto", KvDtype::name)
+    }
+}
+
+/// vLLM's spellings where they mean what ours do; its fp8 caches are named in the refusal.
+pub fn parse_kv_cache_dtype(v: &str) -> std::result::Result<KvCacheDtype, String> {
+    match v.to_ascii_lowercase().as_str() {
+        "auto" => Ok(KvCacheDtype(None)),
+        "bf16" | "bfloat16" => Ok(KvCacheDtype(Some(KvDtype::Bf16))),
+        "f32" | "fp32" | "float32" | "float" => Ok(KvCacheDtype(Some(KvDtype::F32))),
+        fp8 if fp8.starts_with("fp8") => Err(format!("{v}: an fp8 KV cache is not supported; tandem stores bf16 (cuda) or f32 (use auto, bf16 or f32)")),
+        _ => Err(format!("{v}: expected auto, bf16 (bfloat16) or f32 (float32)")),
+    }
 }
 
 impl EngineArgs {
@@ -68,6 +96,7 @@ impl EngineArgs {
             block_size: self.block_size,
             gpu_memory_utilization: self.gpu_memory_utilization,
             max_model_len: self.max_model_len,
+            kv_dtype: self.kv_cache_dtype.0,
             ..Default::default()
         }
     }
@@ -135,9 +164,6 @@ pub struct Args {
     /// dtype they are stored in; a conversion at load is refused, not faked.
     #[arg(long, default_value = "auto")]
     dtype: String,
-    /// vLLM's: `auto` or `float32`/`fp32`: the KV cache is f32 on every backend today.
-    #[arg(long, default_value = "auto")]
-    kv_cache_dtype: String,
     /// Seeds the sampling of requests that bring no seed of their own (not in `EngineArgs`:
     /// the benchmarks have a `--seed` of their own, for their workloads).
     #[arg(long, default_value_t = 0)]
@@ -202,14 +228,10 @@ impl Args {
             other => if other == "auto" { "auto" } else { "?" },
         };
         match canon(&self.dtype) {
-            "auto" => {}
+            "auto" => Ok(()),
             "?" => anyhow::bail!("--dtype {}: expected auto, bfloat16, float16 or float32", self.dtype),
-            want if want == canon(stored) => {}
+            want if want == canon(stored) => Ok(()),
             want => anyhow::bail!("--dtype {want}: {} stores its weights as {stored}, and tandem runs weights in the dtype they are stored in (use --dtype auto)", dir.display()),
-        }
-        match self.kv_cache_dtype.as_str() {
-            "auto" | "float32" | "fp32" | "f32" => Ok(()),
-            other => anyhow::bail!("--kv-cache-dtype {other}: the KV cache is f32 on every backend for now; use auto"),
         }
     }
 
@@ -291,6 +313,8 @@ pub fn run(mut a: Args) -> Result<()> {
             };
             let _ = state.structured.set(structured);
             let runner = backends::load(backend, &dir, load_opts)?;
+            let (kv, geo) = (runner.kv_dtype(), runner.kv_geometry());
+            tracing::info!(kv_cache_dtype = kv.name(), kv_blocks = geo.num_blocks, block_size = geo.block_size, "KV cache");
             let handle = Engine::spawn(runner, decode_fn(tok2), engine_cfg).map_err(|e| anyhow::anyhow!("{e}"))?;
             let max_model_len = handle.max_model_len();
             engine.set(handle);
@@ -307,4 +331,24 @@ pub fn run(mut a: Args) -> Result<()> {
             }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// vLLM's `auto` and our spellings of the two caches; fp8 is refused by name, anything else
+    /// lists what is accepted; `flag()` gives back a value the parser takes.
+    #[test]
+    fn kv_cache_dtype_spellings() {
+        for (v, want) in [("auto", None), ("bf16", Some(KvDtype::Bf16)), ("bfloat16", Some(KvDtype::Bf16)), ("BF16", Some(KvDtype::Bf16)), ("f32", Some(KvDtype::F32)), ("float32", Some(KvDtype::F32)), ("fp32", Some(KvDtype::F32))] {
+            let got = parse_kv_cache_dtype(v).unwrap();
+            assert_eq!(got, KvCacheDtype(want), "{v}");
+            assert_eq!(parse_kv_cache_dtype(got.flag()).unwrap(), got);
+        }
+        for v in ["fp8", "fp8_e4m3", "fp8_e5m2"] {
+            assert!(parse_kv_cache_dtype(v).unwrap_err().contains("an fp8 KV cache is not supported"), "{v}");
+        }
+        assert!(parse_kv_cache_dtype("half").unwrap_err().contains("expected auto, bf16"));
+    }
 }

@@ -66,6 +66,8 @@ fn throughput_reports_positive_throughput_and_every_token() {
     assert!(r["kv_usage_peak"].as_f64().unwrap() > 0.0);
     assert_eq!(r["tpot_ms"]["n"], 8);
     assert_eq!(v["backend"]["name"], "reference");
+    // What the cache stored, as the runner reports it (gpu/summarize.py counts KV bytes by it).
+    assert_eq!((v["backend"]["kv_cache_dtype"].as_str(), v["backend"]["kv_elem_bytes"].as_u64()), (Some("f32"), Some(4)));
     assert_eq!(v["model"]["random_shape"], "tiny");
     assert!(md.contains("| tandem (reference) | 8/8 |"), "{md}");
 }
@@ -145,6 +147,7 @@ fn load_and_decode_report_their_figures() {
     assert_eq!(r["decode_tokens_per_s"]["batch_size"], 1);
     assert!(r["decode_tokens_per_s"]["median"].as_f64().unwrap() > 0.0);
     assert_eq!(r["decode_steps"], 9);
+    assert_eq!((v["backend"]["kv_cache_dtype"].as_str(), v["backend"]["kv_elem_bytes"].as_u64()), (Some("f32"), Some(4)));
     assert_eq!(r["runs"].as_array().unwrap().len(), 2);
     assert!(r.get("hf_baseline").is_none());
     assert!(md.contains("| decode tok/s batch 4 |") && md.contains("| - | - |"), "{md}");

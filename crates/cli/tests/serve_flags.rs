@@ -24,11 +24,15 @@ fn values_tandem_does_not_implement_are_refused_before_loading() {
     let _ = std::fs::remove_dir_all(&dir);
     tandem_models::random_model::write_random_model(&dir, tandem_models::random_model::Shape::Tiny, 3, tandem_core::DType::F32).unwrap();
     let d = dir.to_str().unwrap();
-    let cases: [(&[&str], &str); 6] = [
+    let cases: [(&[&str], &str); 9] = [
         (&["--dtype", "bfloat16"], "stores its weights as float32"),
         (&["--dtype", "int8"], "expected auto, bfloat16, float16 or float32"),
         (&["--tensor-parallel-size", "2"], "only 1 is supported"),
-        (&["--kv-cache-dtype", "fp8"], "the KV cache is f32"),
+        (&["--kv-cache-dtype", "fp8"], "an fp8 KV cache is not supported"),
+        (&["--kv-cache-dtype", "fp8_e4m3"], "an fp8 KV cache is not supported"),
+        (&["--kv-cache-dtype", "int4"], "expected auto, bf16 (bfloat16) or f32 (float32)"),
+        // A bf16 cache is CUDA's: the reference refuses it at load, naming what it stores.
+        (&["--kv-cache-dtype", "bfloat16"], "a bf16 KV cache is not supported on reference (it stores f32"),
         (&["--generation-config", "/nonexistent"], "no generation_config.json there"),
         (&["--enable-auto-tool-choice", "--tool-call-parser", "mistral"], "parses the `hermes` format only"),
     ];

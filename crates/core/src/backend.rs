@@ -9,7 +9,8 @@
 //! `matmul` computes `y = x · Wᵀ`.
 //!
 //! The paged KV cache: one K and one V buffer per layer, each `[num_blocks, block_size,
-//! num_kv_heads, head_dim]`, in a dtype the backend chooses. A token's *slot* is
+//! num_kv_heads, head_dim]`, of the [`KvDtype`] chosen at load among those the backend
+//! stores ([`Backend::kv_dtypes`]); its layout is the backend's. A token's *slot* is
 //! `block_id * block_size + offset_in_block`.
 
 use half::{bf16, f16};
@@ -53,6 +54,34 @@ impl DType {
             DType::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
             DType::BF16 => values.iter().flat_map(|v| bf16::from_f32(*v).to_le_bytes()).collect(),
             DType::F16 => values.iter().flat_map(|v| f16::from_f32(*v).to_le_bytes()).collect(),
+        }
+    }
+}
+
+/// What one element of the KV cache is stored as. The cache's layout belongs to the backend;
+/// this is the one fact about it the rest of the engine needs (the pool's bytes per token).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KvDtype {
+    /// Bit for bit what kv_write was given (the reference's, and a check mode on CUDA).
+    F32,
+    /// Rounded to bf16, nearest even: half the bytes, a relative error of at most 2^-8 per
+    /// element (8 significant bits).
+    Bf16,
+}
+
+impl KvDtype {
+    /// Bytes of one element.
+    pub fn size(self) -> usize {
+        match self {
+            KvDtype::F32 => 4,
+            KvDtype::Bf16 => 2,
+        }
+    }
+    /// `f32` or `bf16` (what reports and messages print).
+    pub fn name(self) -> &'static str {
+        match self {
+            KvDtype::F32 => "f32",
+            KvDtype::Bf16 => "bf16",
         }
     }
 }
@@ -201,8 +230,21 @@ pub trait Backend: Send + 'static {
     fn alloc_f32(&self, len: usize) -> Result<Self::Buf>;
     /// A u32 buffer of `len` elements (contents unspecified).
     fn alloc_u32(&self, len: usize) -> Result<Self::Buf>;
-    /// One layer's K or V cache buffer for `geometry` (contents unspecified).
+    /// The KV element types this backend stores, its default first (what `auto` picks).
+    fn kv_dtypes(&self) -> &'static [KvDtype] {
+        &[KvDtype::F32]
+    }
+    /// One layer's K or V cache buffer for `geometry` in the backend's default KV element type,
+    /// `kv_dtypes()[0]` (contents unspecified).
     fn alloc_kv(&self, geometry: KvGeometry) -> Result<Self::Buf>;
+    /// As [`Backend::alloc_kv`], in `dtype`; a type not in [`Backend::kv_dtypes`] is an error.
+    /// The buffer knows its type: every op that touches the cache follows it.
+    fn alloc_kv_as(&self, geometry: KvGeometry, dtype: KvDtype) -> Result<Self::Buf> {
+        if self.kv_dtypes().first() == Some(&dtype) {
+            return self.alloc_kv(geometry);
+        }
+        Err(Error::backend(self.name(), format!("alloc_kv: a {} KV cache is not supported here (this backend stores {})", dtype.name(), kv_dtype_names(self.kv_dtypes()))))
+    }
 
     /// Host to device; `data.len()` may be shorter than the buffer.
     fn write_f32(&self, buf: &mut Self::Buf, data: &[f32]) -> Result<()>;
@@ -210,7 +252,7 @@ pub trait Backend: Send + 'static {
     /// Device to host: waits for all queued work, returns the first `len` elements.
     fn read_f32(&self, buf: &Self::Buf, len: usize) -> Result<Vec<f32>>;
     fn read_u32(&self, buf: &Self::Buf, len: usize) -> Result<Vec<u32>>;
-    /// Reads a KV buffer back as f32 (tests compare caches across backends).
+    /// Reads a KV buffer back as f32, whatever it stores (tests compare caches across backends).
     fn read_kv(&self, buf: &Self::Buf, geometry: KvGeometry) -> Result<Vec<f32>>;
 
     /// `out[t, :] = table[ids[t], :]`; table `[vocab, hidden]` (weight dtype), ids u32 `[T]`.
@@ -367,6 +409,10 @@ pub fn argmax_row(row: &[f32]) -> u32 {
     row.iter().position(|&x| x == max).unwrap_or(0) as u32
 }
 
+/// `f32` or `bf16, f32`: the KV element types a backend lists, for messages.
+pub fn kv_dtype_names(d: &[KvDtype]) -> String {
+    d.iter().map(|d| d.name()).collect::<Vec<_>>().join(", ")
+}
 
 /// [`Backend::add_rms_norm`] as two ops: the trait's default, and the path a backend that fuses
 /// it takes for shapes its fused kernel does not cover.

@@ -25,7 +25,7 @@ pub mod sampling;
 pub mod tokenizer;
 pub mod weights;
 
-pub use backend::{Backend, DType, WorkspaceLimits};
+pub use backend::{Backend, DType, KvDtype, WorkspaceLimits};
 pub use batch::ForwardBatch;
 pub use config::{GenerationConfig, ModelConfig};
 pub use error::{Error, Result};

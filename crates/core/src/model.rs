@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use crate::backend::{AttnArgs, Backend, KvDest, KvGeometry, NormIn, WorkspaceLimits};
+use crate::backend::{kv_dtype_names, AttnArgs, Backend, KvDest, KvDtype, KvGeometry, NormIn, WorkspaceLimits};
 use crate::batch::ForwardBatch;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
@@ -17,6 +17,11 @@ pub trait ModelRunner: Send {
     fn config(&self) -> &ModelConfig;
     fn backend_name(&self) -> &'static str;
     fn kv_geometry(&self) -> KvGeometry;
+    /// What the KV cache stores (its bytes per token follow it). The default is for runners
+    /// without a real cache (test doubles); a loaded model reports what it allocated.
+    fn kv_dtype(&self) -> KvDtype {
+        KvDtype::F32
+    }
     /// Most tokens one [`ModelRunner::forward`] accepts.
     fn max_batch_tokens(&self) -> usize;
     /// Most sequences one forward accepts.
@@ -84,6 +89,9 @@ pub struct LoadOptions {
     /// Logit rows beyond `max_seqs` one forward can return, for requests that score their
     /// prompt (prompt logprobs): `[max_seqs + prompt_logit_rows, vocab]` f32 of scratch.
     pub prompt_logit_rows: usize,
+    /// The KV cache's element type; None: the backend's default (`Backend::kv_dtypes()[0]`:
+    /// bf16 on CUDA, f32 elsewhere). A type the backend does not store fails the load.
+    pub kv_dtype: Option<KvDtype>,
 }
 
 /// Extra logit rows by default: a 128-token slice of a scored prompt per step.
@@ -92,9 +100,29 @@ pub const DEFAULT_PROMPT_LOGIT_ROWS: usize = 128;
 /// KV pool size for backends that cannot report free memory (reference, wgpu).
 pub const AUTO_KV_BYTES: u64 = 1 << 30;
 
+/// Bytes of one KV block: K and V, every layer, `block_size` tokens of `kv_heads * head_dim`
+/// elements of `dtype`. A bf16 cache's block is half an f32 one, so the same memory holds twice
+/// the blocks.
+pub fn kv_block_bytes(cfg: &ModelConfig, block_size: usize, dtype: KvDtype) -> u64 {
+    (2 * cfg.num_hidden_layers * block_size * cfg.kv_dim() * dtype.size()) as u64
+}
+
+/// The pool's block count: planned from the device's memory where it was measured
+/// ([`plan_kv_blocks`]), else [`AUTO_KV_BYTES`] worth, never more than `need.max_blocks`.
+pub fn kv_pool_blocks(measured: Option<&DeviceMemory>, gpu_memory_utilization: f32, need: &KvNeed) -> std::result::Result<usize, String> {
+    let blocks = match measured {
+        Some(m) => plan_kv_blocks(m, gpu_memory_utilization, need)?,
+        None => ((AUTO_KV_BYTES / need.block_bytes.max(1)) as usize).min(need.max_blocks),
+    };
+    if blocks == 0 {
+        return Err(format!("AUTO_KV_BYTES holds no KV block of {} bytes; pass num_kv_blocks", need.block_bytes));
+    }
+    Ok(blocks)
+}
+
 impl Default for LoadOptions {
     fn default() -> Self {
-        LoadOptions { max_batch_tokens: 512, max_seqs: 64, num_kv_blocks: 256, block_size: 16, gpu_memory_utilization: 0.9, max_model_len: None, prompt_logit_rows: DEFAULT_PROMPT_LOGIT_ROWS }
+        LoadOptions { max_batch_tokens: 512, max_seqs: 64, num_kv_blocks: 256, block_size: 16, gpu_memory_utilization: 0.9, max_model_len: None, prompt_logit_rows: DEFAULT_PROMPT_LOGIT_ROWS, kv_dtype: None }
     }
 }
 
@@ -147,6 +175,7 @@ pub struct LlamaModel<B: Backend> {
     cfg: ModelConfig,
     opts: LoadOptions,
     geometry: KvGeometry,
+    kv_dtype: KvDtype,
     max_blocks_cap: usize,
     embed: B::Buf,
     lm_head: Option<B::Buf>,
@@ -172,6 +201,10 @@ impl<B: Backend> LlamaModel<B> {
         }
         let (d, qd, kvd, inter, vocab) = (cfg.hidden_size, cfg.q_dim(), cfg.kv_dim(), cfg.intermediate_size, cfg.vocab_size);
         let b = &backend;
+        let kv_dtype = opts.kv_dtype.or_else(|| b.kv_dtypes().first().copied()).unwrap_or(KvDtype::F32);
+        if !b.kv_dtypes().contains(&kv_dtype) {
+            return Err(Error::backend(b.name(), format!("a {} KV cache is not supported on {} (it stores {}; a bf16 cache needs --backend cuda)", kv_dtype.name(), b.name(), kv_dtype_names(b.kv_dtypes()))));
+        }
         let free_before_weights = b.free_memory();
         let up = |name: &str, shape: &[usize]| -> Result<B::Buf> { b.upload_weight(&w.get(name, shape)?) };
         let embed = up("model.embed_tokens.weight", &[vocab, d])?;
@@ -258,29 +291,22 @@ impl<B: Backend> LlamaModel<B> {
         }
         let mut geometry = KvGeometry { num_blocks: opts.num_kv_blocks, block_size: opts.block_size, num_kv_heads: cfg.num_key_value_heads, head_dim: cfg.head_dim };
         if geometry.num_blocks == 0 {
-            // Both K and V, every layer, f32.
-            let block_bytes = (2 * cfg.num_hidden_layers * opts.block_size * cfg.kv_dim() * 4) as u64;
-            // Never more than every sequence at full context needs.
-            let useful = sq * max_blocks_cap;
-            let need = KvNeed { block_bytes, min_blocks: max_blocks_cap, max_blocks: useful, max_context: limits.max_context };
             let measured = match (b.total_memory(), free_before_weights, free_after_weights, b.free_memory()) {
                 (Some(total), Some(free_before_weights), Some(free_after_weights), Some(free_now)) => Some(DeviceMemory { total, free_before_weights, free_after_weights, free_now }),
                 _ => None,
             };
-            geometry.num_blocks = match measured {
-                Some(m) => plan_kv_blocks(&m, opts.gpu_memory_utilization, &need).map_err(|e| Error::backend(b.name(), e))?,
-                None => ((AUTO_KV_BYTES / block_bytes) as usize).min(useful),
-            };
-            if geometry.num_blocks == 0 {
-                return Err(Error::backend(b.name(), format!("AUTO_KV_BYTES holds no KV block of {block_bytes} bytes; pass num_kv_blocks")));
-            }
-            tracing::info!(blocks = geometry.num_blocks, block_size = opts.block_size, mib = (geometry.num_blocks as u64 * block_bytes) >> 20, "KV cache sized");
+            // Never more than every sequence at full context needs.
+            let useful = sq * max_blocks_cap;
+            let block_bytes = kv_block_bytes(&cfg, opts.block_size, kv_dtype);
+            let need = KvNeed { block_bytes, min_blocks: max_blocks_cap, max_blocks: useful, max_context: limits.max_context };
+            geometry.num_blocks = kv_pool_blocks(measured.as_ref(), opts.gpu_memory_utilization, &need).map_err(|e| Error::backend(b.name(), e))?;
+            tracing::info!(blocks = geometry.num_blocks, block_size = opts.block_size, kv_dtype = kv_dtype.name(), mib = (geometry.num_blocks as u64 * block_bytes) >> 20, "KV cache sized");
         }
         let mut caches = Vec::with_capacity(cfg.num_hidden_layers);
         for _ in 0..cfg.num_hidden_layers {
-            caches.push((b.alloc_kv(geometry)?, b.alloc_kv(geometry)?));
+            caches.push((b.alloc_kv_as(geometry, kv_dtype)?, b.alloc_kv_as(geometry, kv_dtype)?));
         }
-        Ok(LlamaModel { backend, cfg, opts, geometry, max_blocks_cap, embed, lm_head, final_norm, inv_freq, layers, caches, s })
+        Ok(LlamaModel { backend, cfg, opts, geometry, kv_dtype, max_blocks_cap, embed, lm_head, final_norm, inv_freq, layers, caches, s })
     }
 
     pub fn backend(&self) -> &B {
@@ -430,6 +456,9 @@ impl<B: Backend> ModelRunner for LlamaModel<B> {
     fn kv_geometry(&self) -> KvGeometry {
         self.geometry
     }
+    fn kv_dtype(&self) -> KvDtype {
+        self.kv_dtype
+    }
     fn max_batch_tokens(&self) -> usize {
         self.opts.max_batch_tokens
     }
@@ -475,5 +504,47 @@ impl<B: Backend> ModelRunner for LlamaModel<B> {
         }
         m.check(specs.len(), self.cfg.vocab_size).map_err(Error::Batch)?;
         self.backend.sample_masked(&self.s.logits, specs.len(), self.cfg.vocab_size, specs, &m)
+    }
+}
+
+#[cfg(test)]
+mod kv_pool_tests {
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+
+    /// Llama-3.2-1B's KV shape: 16 layers, 8 kv heads of 64.
+    fn llama_1b() -> ModelConfig {
+        ModelConfig::from_json(
+            r#"{"architectures":["LlamaForCausalLM"],"hidden_size":2048,"intermediate_size":8192,"num_hidden_layers":16,
+            "num_attention_heads":32,"num_key_value_heads":8,"head_dim":64,"vocab_size":128256,"max_position_embeddings":131072}"#,
+        )
+        .unwrap()
+    }
+
+    /// 2 x layers x kv_heads x head_dim x element size per token: 64 KiB (f32) and 32 KiB (bf16)
+    /// for this shape, so the same memory holds exactly twice the bf16 blocks, on a measured
+    /// device and where the backend cannot tell (AUTO_KV_BYTES).
+    #[test]
+    fn a_bf16_pool_has_twice_the_blocks_of_an_f32_one() {
+        let c = llama_1b();
+        assert_eq!(kv_block_bytes(&c, 16, KvDtype::F32), 16 * 2 * 16 * 512 * 4);
+        assert_eq!(kv_block_bytes(&c, 16, KvDtype::Bf16), 16 * 2 * 16 * 512 * 2);
+        // An H200-like device: 0.9 of 140 GiB less 1 GiB context, 2.5 GiB weights, 1.5 GiB workspace.
+        let m = DeviceMemory { total: 140 * GIB, free_before_weights: 139 * GIB, free_after_weights: 139 * GIB - 5 * GIB / 2, free_now: 135 * GIB };
+        let blocks = |dtype: KvDtype, measured: Option<&DeviceMemory>| {
+            let need = KvNeed { block_bytes: kv_block_bytes(&c, 16, dtype), min_blocks: 8, max_blocks: usize::MAX, max_context: 128 };
+            kv_pool_blocks(measured, 0.9, &need).unwrap()
+        };
+        let (f32_blocks, bf16_blocks) = (blocks(KvDtype::F32, Some(&m)), blocks(KvDtype::Bf16, Some(&m)));
+        assert_eq!(f32_blocks, ((140.0 * 0.9 - 5.0) * GIB as f64) as usize / (16 * 2 * 16 * 512 * 4));
+        assert_eq!(bf16_blocks, 2 * f32_blocks, "{bf16_blocks} bf16 blocks vs {f32_blocks} f32");
+        assert_eq!(blocks(KvDtype::F32, None), 1024);
+        assert_eq!(blocks(KvDtype::Bf16, None), 2048);
+        // A pool that could not hold one sequence in f32 can in bf16.
+        let need = |dtype| KvNeed { block_bytes: kv_block_bytes(&c, 16, dtype), min_blocks: 24000, max_blocks: usize::MAX, max_context: 384000 };
+        let small = DeviceMemory { total: 24 * GIB, free_before_weights: 23 * GIB, free_after_weights: 21 * GIB, free_now: 20 * GIB };
+        assert!(kv_pool_blocks(Some(&small), 0.9, &need(KvDtype::F32)).is_err());
+        assert!(kv_pool_blocks(Some(&small), 0.9, &need(KvDtype::Bf16)).is_ok());
     }
 }

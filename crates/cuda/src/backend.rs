@@ -2,20 +2,23 @@
 //!
 //! Start-up: is libcuda there (else a clear error, never a panic), is libnvrtc there, create
 //! the context, compile every kernel file with NVRTC for the device's compute capability
-//! (PTX cached on disk), load the modules. Each op checks its buffers' kinds and lengths on the
-//! host, then enqueues kernels on one stream; nothing waits until a read. With
+//! (PTX cached on disk), load the modules and resolve every kernel handle once (`Kernels`).
+//! Each op checks its buffers' kinds and lengths on the host, then enqueues kernels on one
+//! stream of our own (not the legacy NULL stream); nothing waits until a read. With
 //! `TANDEM_CUDA_SYNC=1` every launch is followed by a synchronize, so an asynchronous fault is
 //! reported against the kernel that caused it.
 //!
-//! The KV cache is f32 (see kernels/kv_write.cu). Buffers are untyped device bytes with a
-//! recorded element kind, so one buffer type serves activations, ids and weights of any dtype.
+//! The KV cache is bf16 by default, f32 on request (`LoadOptions::kv_dtype`; see
+//! kernels/kv_write.cu): a cache buffer records its element kind, and kv_write and attention
+//! pick their kernel by it. Buffers are untyped device bytes with a recorded element kind, so
+//! one buffer type serves activations, ids, weights of any dtype and KV caches.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::sys::CUresult;
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DriverError, LaunchConfig, PushKernelArg};
-use tandem_core::backend::{AttnArgs, Backend, DType, KvGeometry, WorkspaceLimits};
+use tandem_core::backend::{AttnArgs, Backend, DType, KvDtype, KvGeometry, WorkspaceLimits};
 use tandem_core::sampling::{RowMasks, SampleSpec, SAMPLE_LANES, SPEC_WORDS};
 use tandem_core::weights::TensorView;
 use tandem_core::{Error, Result};
@@ -85,10 +88,12 @@ struct GemmKernel {
     rows: usize,
     threads: u32,
     smem: u32,
+    /// Its place in [`Kernels`]' `matmul_tc` rows (m16, m64, m128).
+    index: usize,
 }
-const GEMM_M16: GemmKernel = GemmKernel { rows: 16, threads: 128, smem: 4 * (16 + 64) * 40 * 2 };
-const GEMM_M64: GemmKernel = GemmKernel { rows: 64, threads: 128, smem: 4 * (64 + 64) * 40 * 2 };
-const GEMM_M128: GemmKernel = GemmKernel { rows: 128, threads: 256, smem: 3 * (128 + 64) * 40 * 2 };
+const GEMM_M16: GemmKernel = GemmKernel { rows: 16, threads: 128, smem: 4 * (16 + 64) * 40 * 2, index: 0 };
+const GEMM_M64: GemmKernel = GemmKernel { rows: 64, threads: 128, smem: 4 * (64 + 64) * 40 * 2, index: 1 };
+const GEMM_M128: GemmKernel = GemmKernel { rows: 128, threads: 256, smem: 3 * (128 + 64) * 40 * 2, index: 2 };
 
 /// Tile shapes may follow m (the reduction order does not).
 fn gemm_kernel(m: usize) -> &'static GemmKernel {
@@ -170,15 +175,6 @@ impl Elem {
             DType::F16 => Elem::F16,
         }
     }
-    /// Kernel-name suffix for a weight buffer.
-    fn weight_suffix(self) -> Option<&'static str> {
-        match self {
-            Elem::F32 => Some("f32"),
-            Elem::BF16 => Some("bf16"),
-            Elem::F16 => Some("f16"),
-            Elem::U32 => None,
-        }
-    }
     /// The `bias_dtype` code of kernels/common.cuh `load_bias`.
     fn bias_code(self) -> i32 {
         match self {
@@ -220,15 +216,29 @@ fn need(b: &CudaBuf, elem: Elem, need: usize, op: &str, what: &str) -> Result<()
     Ok(())
 }
 
-/// A weight buffer (f32, bf16 or f16) with at least `need` elements; returns its kernel suffix.
-fn need_weight(b: &CudaBuf, need: usize, op: &str, what: &str) -> Result<&'static str> {
-    let Some(sfx) = b.elem.weight_suffix() else {
+/// A weight buffer (f32, bf16 or f16) with at least `need` elements; returns its
+/// [`weight_index`].
+fn need_weight(b: &CudaBuf, need: usize, op: &str, what: &str) -> Result<usize> {
+    if b.elem == Elem::U32 {
         return Err(err(format!("{op}: `{what}` holds u32, expected a weight (f32, bf16 or f16)")));
-    };
+    }
     if b.len < need {
         return Err(err(format!("{op}: `{what}` has {} elements, needs {need}", b.len)));
     }
-    Ok(sfx)
+    Ok(weight_index(b.elem))
+}
+
+/// Both caches of one layer: the same element kind (f32 or bf16), each a whole layer. Returns
+/// that kind's index in [`Kernels`]' per-cache arrays (f32, bf16).
+fn need_kv(k_cache: &CudaBuf, v_cache: &CudaBuf, g: KvGeometry, op: &str) -> Result<usize> {
+    let ci = match k_cache.elem {
+        Elem::F32 => 0,
+        Elem::BF16 => 1,
+        other => return Err(err(format!("{op}: `k_cache` holds {other:?}, expected a KV cache (f32 or bf16, from alloc_kv)"))),
+    };
+    need(k_cache, k_cache.elem, g.layer_elems(), op, "k_cache")?;
+    need(v_cache, k_cache.elem, g.layer_elems(), op, "v_cache")?;
+    Ok(ci)
 }
 
 fn i32_of(v: usize, op: &str, what: &str) -> Result<i32> {
@@ -288,10 +298,88 @@ fn workspace_bytes(l: &WorkspaceLimits) -> (usize, usize, usize, usize) {
     (out, ml, xa, GEMM_PART_FLOATS * 4)
 }
 
+/// A kernel resolved once at load, with its name for launch errors.
+struct Kernel<F> {
+    name: &'static str,
+    f: F,
+}
+
+/// Every kernel the ops launch, looked up once when the modules load (a kernel missing from
+/// them fails start-up, naming it), so a launch costs no string formatting or map lookup.
+/// Arrays are indexed by weight kind (f32, bf16, f16: [`weight_index`]), 16-bit weight kind
+/// (bf16, f16), tile kernel ([`GemmKernel::index`]) or KV cache kind (f32, bf16).
+struct Kernels<F> {
+    embedding: [Kernel<F>; 3],
+    rms_norm: [Kernel<F>; 3],
+    gather_rows: Kernel<F>,
+    add: Kernel<F>,
+    silu_mul: Kernel<F>,
+    rope: Kernel<F>,
+    matmul_tiled_f32: Kernel<F>,
+    matmul_x: [Kernel<F>; 2],
+    matmul_tc: [[Kernel<F>; 3]; 2],
+    matmul_fold: Kernel<F>,
+    kv_write: [Kernel<F>; 2],
+    attn_partial: [Kernel<F>; 2],
+    attn_combine: Kernel<F>,
+    argmax: Kernel<F>,
+    sample: Kernel<F>,
+    sample_masked: Kernel<F>,
+}
+
+impl<F> Kernels<F> {
+    /// The one list of kernel names: `take` finds each (the loaded modules, or a test that
+    /// only collects the names).
+    fn resolve(mut take: impl FnMut(&'static str) -> Result<F>) -> Result<Self> {
+        let mut k = |name: &'static str| -> Result<Kernel<F>> { Ok(Kernel { name, f: take(name)? }) };
+        Ok(Kernels {
+            embedding: [k("embedding_f32")?, k("embedding_bf16")?, k("embedding_f16")?],
+            rms_norm: [k("rms_norm_f32")?, k("rms_norm_bf16")?, k("rms_norm_f16")?],
+            gather_rows: k("gather_rows")?,
+            add: k("add")?,
+            silu_mul: k("silu_mul")?,
+            rope: k("rope")?,
+            matmul_tiled_f32: k("matmul_tiled_f32")?,
+            matmul_x: [k("matmul_x_bf16")?, k("matmul_x_f16")?],
+            matmul_tc: [
+                [k("matmul_tc_bf16_m16")?, k("matmul_tc_bf16_m64")?, k("matmul_tc_bf16_m128")?],
+                [k("matmul_tc_f16_m16")?, k("matmul_tc_f16_m64")?, k("matmul_tc_f16_m128")?],
+            ],
+            matmul_fold: k("matmul_fold")?,
+            kv_write: [k("kv_write_f32")?, k("kv_write_bf16")?],
+            attn_partial: [k("paged_attention_partial_f32")?, k("paged_attention_partial_bf16")?],
+            attn_combine: k("paged_attention_combine")?,
+            argmax: k("argmax")?,
+            sample: k("sample")?,
+            sample_masked: k("sample_masked")?,
+        })
+    }
+}
+
+/// Every kernel name the backend launches (what start-up resolves); tests/kernels_check.rs
+/// holds them against what NVRTC compiled, so a renamed kernel fails without a GPU.
+pub fn kernel_names() -> Vec<&'static str> {
+    let mut names = vec![];
+    let _ = Kernels::<()>::resolve(|n| {
+        names.push(n);
+        Ok(())
+    });
+    names
+}
+
+/// The index of a weight kind in [`Kernels`]' per-weight arrays (f32, bf16, f16).
+fn weight_index(e: Elem) -> usize {
+    match e {
+        Elem::F32 | Elem::U32 => 0,
+        Elem::BF16 => 1,
+        Elem::F16 => 2,
+    }
+}
+
 pub struct CudaBackend {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
-    funcs: HashMap<String, CudaFunction>,
+    kernels: Kernels<CudaFunction>,
     scratch: Mutex<AttnScratch>,
     mm_scratch: Mutex<MatmulScratch>,
     io_scratch: Mutex<IoScratch>,
@@ -322,7 +410,10 @@ impl CudaBackend {
         // One stream orders everything; per-buffer events would only add cost.
         // SAFETY: all work of this backend goes to the one stream below.
         unsafe { ctx.disable_event_tracking() };
-        let stream = ctx.default_stream();
+        // Our own stream, not the legacy NULL stream: the NULL stream synchronizes with every
+        // other stream of the context (a profiler's, a library's) and is what CUDA graph
+        // capture cannot use.
+        let stream = ctx.new_stream().map_err(drv("creating the stream"))?;
         let (maj, min) = ctx.compute_capability().map_err(drv("compute capability"))?;
         if maj < 8 {
             return Err(err(format!("GPU {device_ordinal} is sm_{maj}{min}; the kernels need sm_80 or newer (bf16 mma.sync, cp.async)")));
@@ -335,12 +426,14 @@ impl CudaBackend {
             let ptx = compile_ptx_cached(src, &arch, include.as_ref())?;
             load_module(&ctx, src, &ptx, &mut funcs)?;
         }
+        let loaded = funcs.len();
+        let kernels = Kernels::resolve(|name| funcs.remove(name).ok_or_else(|| err(format!("kernel `{name}` is not in the loaded modules (edited kernels/*.cu?)"))))?;
         let sync_each = std::env::var("TANDEM_CUDA_SYNC").is_ok_and(|v| v == "1");
-        tracing::info!("cuda: {device_name} (sm_{arch}), {} kernels from {} files", funcs.len(), srcs.len());
+        tracing::info!("cuda: {device_name} (sm_{arch}), {loaded} kernels from {} files", srcs.len());
         Ok(CudaBackend {
             ctx,
             stream,
-            funcs,
+            kernels,
             scratch: Mutex::new(AttnScratch::default()),
             mm_scratch: Mutex::new(MatmulScratch::default()),
             io_scratch: Mutex::new(IoScratch::default()),
@@ -363,9 +456,6 @@ impl CudaBackend {
         self.stream.synchronize().map_err(drv("synchronize"))
     }
 
-    fn func(&self, name: &str) -> Result<&CudaFunction> {
-        self.funcs.get(name).ok_or_else(|| err(format!("kernel `{name}` is not in the loaded modules (edited kernels/*.cu?)")))
-    }
 
     /// Turns a launch result into ours and, in sync mode, waits for the kernel.
     fn launched<T>(&self, name: &str, r: std::result::Result<T, DriverError>) -> Result<()> {
@@ -533,8 +623,22 @@ impl Backend for CudaBackend {
         self.alloc(Elem::U32, len)
     }
 
+    /// bf16 first: half the bytes a decode step reads per token of context, twice the blocks
+    /// in the same memory; f32 is kept for checks against the reference.
+    fn kv_dtypes(&self) -> &'static [KvDtype] {
+        &[KvDtype::Bf16, KvDtype::F32]
+    }
+
     fn alloc_kv(&self, geometry: KvGeometry) -> Result<CudaBuf> {
-        self.alloc(Elem::F32, geometry.layer_elems())
+        self.alloc_kv_as(geometry, KvDtype::Bf16)
+    }
+
+    fn alloc_kv_as(&self, geometry: KvGeometry, dtype: KvDtype) -> Result<CudaBuf> {
+        let elem = match dtype {
+            KvDtype::F32 => Elem::F32,
+            KvDtype::Bf16 => Elem::BF16,
+        };
+        self.alloc(elem, geometry.layer_elems())
     }
 
     fn write_f32(&self, buf: &mut CudaBuf, data: &[f32]) -> Result<()> {
@@ -554,7 +658,12 @@ impl Backend for CudaBackend {
     }
 
     fn read_kv(&self, buf: &CudaBuf, geometry: KvGeometry) -> Result<Vec<f32>> {
-        self.read(buf, Elem::F32, geometry.layer_elems())
+        let n = geometry.layer_elems();
+        match buf.elem {
+            // bf16 widens to f32 exactly: the top half of the f32 bits.
+            Elem::BF16 => Ok(self.read::<u16>(buf, Elem::BF16, n)?.into_iter().map(|b| f32::from_bits(u32::from(b) << 16)).collect()),
+            _ => self.read(buf, Elem::F32, n),
+        }
     }
 
     fn embedding(&self, table: &CudaBuf, ids: &CudaBuf, out: &mut CudaBuf, num_tokens: usize, hidden: usize) -> Result<()> {
@@ -562,20 +671,19 @@ impl Backend for CudaBackend {
         if num_tokens == 0 || hidden == 0 {
             return Ok(());
         }
-        let sfx = need_weight(table, hidden, OP, "table")?;
+        let wi = need_weight(table, hidden, OP, "table")?;
         if !table.len.is_multiple_of(hidden) {
             return Err(err(format!("{OP}: table has {} elements, not a multiple of hidden = {hidden}", table.len)));
         }
         need(ids, Elem::U32, num_tokens, OP, "ids")?;
         need(out, Elem::F32, num_tokens * hidden, OP, "out")?;
-        let name = format!("embedding_{sfx}");
-        let f = self.func(&name)?;
+        let k = &self.kernels.embedding[wi];
         let (t, h, v) = (i32_of(num_tokens, OP, "num_tokens")?, i32_of(hidden, OP, "hidden")?, i32_of(table.len / hidden, OP, "vocab")?);
-        let mut l = self.stream.launch_builder(f);
+        let mut l = self.stream.launch_builder(&k.f);
         l.arg(&table.mem).arg(&ids.mem).arg(&mut out.mem).arg(&t).arg(&h).arg(&v);
         // SAFETY: argument list matches the kernel signature; lengths checked above.
         let r = unsafe { l.launch(cfg((t as u32, 1, 1), 256)) };
-        self.launched(&name, r)
+        self.launched(k.name, r)
     }
 
     fn gather_rows(&self, src: &CudaBuf, rows: &CudaBuf, out: &mut CudaBuf, n: usize, dim: usize) -> Result<()> {
@@ -586,7 +694,7 @@ impl Backend for CudaBackend {
         need(src, Elem::F32, 0, OP, "src")?;
         need(rows, Elem::U32, n, OP, "rows")?;
         need(out, Elem::F32, n * dim, OP, "out")?;
-        let f = self.func(OP)?;
+        let f = &self.kernels.gather_rows.f;
         let (ni, di, sr) = (i32_of(n, OP, "n")?, i32_of(dim, OP, "dim")?, i32_of(src.len / dim, OP, "src rows")?);
         let mut l = self.stream.launch_builder(f);
         l.arg(&src.mem).arg(&rows.mem).arg(&mut out.mem).arg(&ni).arg(&di).arg(&sr);
@@ -601,16 +709,15 @@ impl Backend for CudaBackend {
             return Ok(());
         }
         need(x, Elem::F32, rows * dim, OP, "x")?;
-        let sfx = need_weight(w, dim, OP, "w")?;
+        let wi = need_weight(w, dim, OP, "w")?;
         need(out, Elem::F32, rows * dim, OP, "out")?;
-        let name = format!("rms_norm_{sfx}");
-        let f = self.func(&name)?;
+        let k = &self.kernels.rms_norm[wi];
         let (ri, di) = (i32_of(rows, OP, "rows")?, i32_of(dim, OP, "dim")?);
-        let mut l = self.stream.launch_builder(f);
+        let mut l = self.stream.launch_builder(&k.f);
         l.arg(&x.mem).arg(&w.mem).arg(&mut out.mem).arg(&ri).arg(&di).arg(&eps);
         // SAFETY: as in embedding.
         let r = unsafe { l.launch(cfg((ri as u32, 1, 1), 256)) };
-        self.launched(&name, r)
+        self.launched(k.name, r)
     }
 
     fn add(&self, acc: &mut CudaBuf, x: &CudaBuf, len: usize) -> Result<()> {
@@ -620,7 +727,7 @@ impl Backend for CudaBackend {
         }
         need(acc, Elem::F32, len, OP, "acc")?;
         need(x, Elem::F32, len, OP, "x")?;
-        let f = self.func(OP)?;
+        let f = &self.kernels.add.f;
         let n = len as u64;
         let mut l = self.stream.launch_builder(f);
         l.arg(&mut acc.mem).arg(&x.mem).arg(&n);
@@ -635,7 +742,7 @@ impl Backend for CudaBackend {
             return Ok(());
         }
         need(x, Elem::F32, m * k, OP, "x")?;
-        let sfx = need_weight(w, n * k, OP, "w")?;
+        let wi = need_weight(w, n * k, OP, "w")?;
         need(out, Elem::F32, m * n, OP, "out")?;
         let bias_code = match bias {
             Some(b) => {
@@ -656,13 +763,12 @@ impl Backend for CudaBackend {
             if grid.1 > 65535 {
                 return Err(err(format!("{OP}: m = {m} needs more than 65535 row tiles")));
             }
-            let name = "matmul_tiled_f32";
-            let f = self.func(name)?;
-            let mut l = self.stream.launch_builder(f);
+            let kern = &self.kernels.matmul_tiled_f32;
+            let mut l = self.stream.launch_builder(&kern.f);
             l.arg(&x.mem).arg(&w.mem).arg(bias_mem).arg(&bias_code).arg(&mut out.mem).arg(&mi).arg(&ni).arg(&ki);
             // SAFETY: as in embedding.
             let r = unsafe { l.launch(cfg(grid, 256)) };
-            return self.launched(name, r);
+            return self.launched(kern.name, r);
         }
         let kp = k.div_ceil(8) * 8;
         let kpi = i32_of(m * kp, OP, "m*kp").and(i32_of(kp, OP, "kp"))?;
@@ -693,18 +799,17 @@ impl Backend for CudaBackend {
         let MatmulScratch { xa: Some(xa), part, .. } = &mut *s else {
             return Err(err(format!("{OP}: scratch missing after allocation")));
         };
-        let name = format!("matmul_x_{sfx}");
-        let f = self.func(&name)?;
-        let mut l = self.stream.launch_builder(f);
+        // wi is 1 (bf16) or 2 (f16) here: f32 weights returned above.
+        let kern = &self.kernels.matmul_x[wi - 1];
+        let mut l = self.stream.launch_builder(&kern.f);
         l.arg(&x.mem).arg(&mut *xa).arg(&mi).arg(&ki).arg(&kpi);
         // SAFETY: as in embedding; xa holds m * kp 16-bit values.
         let r = unsafe { l.launch(cfg((mi as u32, 1, 1), 256)) };
-        self.launched(&name, r)?;
+        self.launched(kern.name, r)?;
 
-        let name = format!("matmul_tc_{sfx}_m{}", g.rows);
-        let f = self.func(&name)?;
+        let kern = &self.kernels.matmul_tc[wi - 1][g.index];
         let (li, si) = (i32_of(slice_len, OP, "slice_len")?, i32_of(slices, OP, "slices")?);
-        let mut l = self.stream.launch_builder(f);
+        let mut l = self.stream.launch_builder(&kern.f);
         l.arg(&*xa).arg(&w.mem).arg(bias_mem).arg(&bias_code).arg(&mut out.mem);
         match part.as_mut().filter(|_| split) {
             Some(p) => l.arg(p),
@@ -716,18 +821,17 @@ impl Backend for CudaBackend {
         // SAFETY: as in embedding; dynamic shared memory as the kernel's GemmShape expects,
         // part (when split) holds slices * m * n floats (checked above).
         let r = unsafe { l.launch(launch) };
-        self.launched(&name, r)?;
+        self.launched(kern.name, r)?;
         if !split {
             return Ok(());
         }
         let Some(p) = part.as_ref() else { return Err(err(format!("{OP}: split-K workspace missing"))) };
-        let name = "matmul_fold";
-        let f = self.func(name)?;
-        let mut l = self.stream.launch_builder(f);
+        let kern = &self.kernels.matmul_fold;
+        let mut l = self.stream.launch_builder(&kern.f);
         l.arg(p).arg(bias_mem).arg(&bias_code).arg(&mut out.mem).arg(&mi).arg(&ni).arg(&si);
         // SAFETY: as in embedding.
         let r = unsafe { l.launch(cfg((u32_of((m * n).div_ceil(256), OP, "blocks")?, 1, 1), 256)) };
-        self.launched(name, r)
+        self.launched(kern.name, r)
     }
 
     fn rope(&self, q: &mut CudaBuf, k: &mut CudaBuf, positions: &CudaBuf, inv_freq: &CudaBuf, num_tokens: usize, q_heads: usize, kv_heads: usize, head_dim: usize) -> Result<()> {
@@ -743,7 +847,7 @@ impl Backend for CudaBackend {
         need(positions, Elem::U32, num_tokens, OP, "positions")?;
         need(inv_freq, Elem::F32, head_dim / 2, OP, "inv_freq")?;
         i32_of(num_tokens * (q_heads + kv_heads) * head_dim, OP, "elements")?;
-        let f = self.func(OP)?;
+        let f = &self.kernels.rope.f;
         let (t, qh, kh, d) = (i32_of(num_tokens, OP, "T")?, i32_of(q_heads, OP, "q_heads")?, i32_of(kv_heads, OP, "kv_heads")?, i32_of(head_dim, OP, "head_dim")?);
         let mut l = self.stream.launch_builder(f);
         l.arg(&mut q.mem).arg(&mut k.mem).arg(&positions.mem).arg(&inv_freq.mem).arg(&t).arg(&qh).arg(&kh).arg(&d);
@@ -760,7 +864,7 @@ impl Backend for CudaBackend {
         need(gate, Elem::F32, len, OP, "gate")?;
         need(up, Elem::F32, len, OP, "up")?;
         need(out, Elem::F32, len, OP, "out")?;
-        let f = self.func(OP)?;
+        let f = &self.kernels.silu_mul.f;
         let n = len as u64;
         let mut l = self.stream.launch_builder(f);
         l.arg(&gate.mem).arg(&up.mem).arg(&mut out.mem).arg(&n);
@@ -777,16 +881,15 @@ impl Backend for CudaBackend {
         }
         need(k, Elem::F32, num_tokens * row, OP, "k")?;
         need(v, Elem::F32, num_tokens * row, OP, "v")?;
-        need(k_cache, Elem::F32, g.layer_elems(), OP, "k_cache")?;
-        need(v_cache, Elem::F32, g.layer_elems(), OP, "v_cache")?;
+        let kern = &self.kernels.kv_write[need_kv(k_cache, v_cache, g, OP)?];
         need(slots, Elem::U32, num_tokens, OP, "slots")?;
-        let f = self.func(OP)?;
+        let f = &kern.f;
         let (t, rl, ns) = (i32_of(num_tokens, OP, "T")?, i32_of(row, OP, "kv_heads*head_dim")?, g.slots() as u64);
         let mut l = self.stream.launch_builder(f);
         l.arg(&k.mem).arg(&v.mem).arg(&mut k_cache.mem).arg(&mut v_cache.mem).arg(&slots.mem).arg(&t).arg(&rl).arg(&ns);
         // SAFETY: as in embedding.
         let r = unsafe { l.launch(cfg((t as u32, 1, 1), 128)) };
-        self.launched(OP, r)
+        self.launched(kern.name, r)
     }
 
     fn paged_attention(&self, a: &AttnArgs<'_, Self>, out: &mut CudaBuf) -> Result<()> {
@@ -806,8 +909,7 @@ impl Backend for CudaBackend {
             return Err(err(format!("{OP}: no block table (num_seqs = {}, max_blocks = {})", a.num_seqs, a.max_blocks)));
         }
         need(a.q, Elem::F32, t * h * d, OP, "q")?;
-        need(a.k_cache, Elem::F32, g.layer_elems(), OP, "k_cache")?;
-        need(a.v_cache, Elem::F32, g.layer_elems(), OP, "v_cache")?;
+        let partial = &self.kernels.attn_partial[need_kv(a.k_cache, a.v_cache, g, OP)?];
         need(a.positions, Elem::U32, t, OP, "positions")?;
         need(a.token_seq, Elem::U32, t, OP, "token_seq")?;
         need(a.block_tables, Elem::U32, a.num_seqs * a.max_blocks, OP, "block_tables")?;
@@ -829,16 +931,15 @@ impl Backend for CudaBackend {
         if grid.1 > 65535 {
             return Err(err(format!("{OP}: {h} heads exceed a launch dimension")));
         }
-        let partial = self.func("paged_attention_partial")?;
         if parts == 1 {
             // Direct path: the scratch pointers are never touched; q stands in for them.
-            let mut l = self.stream.launch_builder(partial);
+            let mut l = self.stream.launch_builder(&partial.f);
             l.arg(&a.q.mem).arg(&a.k_cache.mem).arg(&a.v_cache.mem).arg(&a.positions.mem).arg(&a.token_seq.mem).arg(&a.block_tables.mem);
             l.arg(&mut out.mem).arg(&a.q.mem).arg(&a.q.mem);
             l.arg(&ti).arg(&hi).arg(&kvi).arg(&di).arg(&bsi).arg(&nbi).arg(&nsi).arg(&mbi).arg(&pi).arg(&a.scale);
             // SAFETY: as in embedding.
             let r = unsafe { l.launch(cfg(grid, 128)) };
-            return self.launched("paged_attention_partial", r);
+            return self.launched(partial.name, r);
         }
         let mut s = self.scratch.lock().map_err(|_| err(format!("{OP}: scratch lock poisoned by an earlier panic")))?;
         let out_bytes = t * h * parts * d * 4;
@@ -859,20 +960,20 @@ impl Backend for CudaBackend {
         let AttnScratch { part_out: Some(po), part_ml: Some(pm), .. } = &mut *s else {
             return Err(err(format!("{OP}: scratch missing after allocation")));
         };
-        let mut l = self.stream.launch_builder(partial);
+        let mut l = self.stream.launch_builder(&partial.f);
         l.arg(&a.q.mem).arg(&a.k_cache.mem).arg(&a.v_cache.mem).arg(&a.positions.mem).arg(&a.token_seq.mem).arg(&a.block_tables.mem);
         l.arg(&a.q.mem).arg(&mut *po).arg(&mut *pm);
         l.arg(&ti).arg(&hi).arg(&kvi).arg(&di).arg(&bsi).arg(&nbi).arg(&nsi).arg(&mbi).arg(&pi).arg(&a.scale);
         // SAFETY: as in embedding; scratch sized for [T, H, parts, D] and [T, H, parts, 2].
         let r = unsafe { l.launch(cfg(grid, 128)) };
-        self.launched("paged_attention_partial", r)?;
-        let combine = self.func("paged_attention_combine")?;
-        let mut l = self.stream.launch_builder(combine);
+        self.launched(partial.name, r)?;
+        let combine = &self.kernels.attn_combine;
+        let mut l = self.stream.launch_builder(&combine.f);
         l.arg(&*po).arg(&*pm).arg(&a.positions.mem).arg(&a.token_seq.mem).arg(&mut out.mem);
         l.arg(&ti).arg(&hi).arg(&kvi).arg(&di).arg(&bsi).arg(&nsi).arg(&mbi).arg(&pi);
         // SAFETY: as above.
         let r = unsafe { l.launch(cfg((grid.0, grid.1, 1), 128)) };
-        self.launched("paged_attention_combine", r)
+        self.launched(combine.name, r)
     }
 
     fn argmax(&self, logits: &CudaBuf, rows: usize, vocab: usize) -> Result<Vec<u32>> {
@@ -886,7 +987,7 @@ impl Backend for CudaBackend {
         need(logits, Elem::F32, rows * vocab, OP, "logits")?;
         let mut io = self.io_scratch(rows, 0, OP)?;
         let Some(ids) = io.ids.as_mut() else { return Err(err(format!("{OP}: id buffer missing after allocation"))) };
-        let f = self.func(OP)?;
+        let f = &self.kernels.argmax.f;
         let (ri, vi) = (i32_of(rows, OP, "rows")?, i32_of(vocab, OP, "vocab")?);
         i32_of(rows * vocab, OP, "rows*vocab")?;
         let mut l = self.stream.launch_builder(f);
@@ -920,7 +1021,7 @@ impl Backend for CudaBackend {
             return Err(err(format!("{OP}: id or spec buffer missing after allocation")));
         };
         self.write_u32(spec_buf, &words)?;
-        let f = self.func(OP)?;
+        let f = &self.kernels.sample.f;
         let mut l = self.stream.launch_builder(f);
         l.arg(&logits.mem).arg(&spec_buf.mem).arg(&mut ids.mem).arg(&ri).arg(&vi);
         // SAFETY: as in embedding; specs hold SPEC_WORDS words a row, ids one a row.
@@ -951,7 +1052,7 @@ impl Backend for CudaBackend {
         self.write_u32(spec_buf, &words)?;
         self.write_u32(mask_buf, &masks.bits)?;
         self.write_u32(index_buf, &index)?;
-        let f = self.func(OP)?;
+        let f = &self.kernels.sample_masked.f;
         let mut l = self.stream.launch_builder(f);
         l.arg(&logits.mem).arg(&spec_buf.mem).arg(&mut ids.mem).arg(&ri).arg(&vi).arg(&mask_buf.mem).arg(&index_buf.mem).arg(&wi);
         // SAFETY: as in `sample`; masks hold `words` words per packed row, the index one i32 a
@@ -959,6 +1060,29 @@ impl Backend for CudaBackend {
         let r = unsafe { l.launch(cfg((ri as u32, 1, 1), SAMPLE_LANES as u32)) };
         self.launched(OP, r)?;
         self.read_u32(ids, rows)
+    }
+}
+
+#[cfg(test)]
+mod kernel_table_tests {
+    use super::*;
+
+    /// One name per kernel, each once; the per-kind arrays line up with their index functions.
+    #[test]
+    fn every_kernel_is_named_once() {
+        let names = kernel_names();
+        let unique: std::collections::BTreeSet<_> = names.iter().collect();
+        assert_eq!(unique.len(), names.len(), "{names:?}");
+        assert_eq!(names.len(), 28);
+        let k = Kernels::<&'static str>::resolve(Ok).unwrap();
+        assert_eq!(k.embedding.map(|x| x.f), ["embedding_f32", "embedding_bf16", "embedding_f16"]);
+        assert_eq!([Elem::F32, Elem::BF16, Elem::F16].map(|e| k.rms_norm[weight_index(e)].f), ["rms_norm_f32", "rms_norm_bf16", "rms_norm_f16"]);
+        for (m, want) in [(1, "matmul_tc_f16_m16"), (17, "matmul_tc_f16_m64"), (129, "matmul_tc_f16_m128")] {
+            assert_eq!(k.matmul_tc[weight_index(Elem::F16) - 1][gemm_kernel(m).index].f, want);
+        }
+        assert_eq!(k.matmul_x[weight_index(Elem::BF16) - 1].f, "matmul_x_bf16");
+        assert_eq!((k.kv_write[0].f, k.kv_write[1].f), ("kv_write_f32", "kv_write_bf16"));
+        assert_eq!((k.attn_partial[0].f, k.attn_partial[1].f), ("paged_attention_partial_f32", "paged_attention_partial_bf16"));
     }
 }
 

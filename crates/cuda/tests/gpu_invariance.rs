@@ -1,11 +1,11 @@
 //! GPU-only checks the shared op suite does not make: attention over contexts longer than one
-//! partition (the split path: partial + combine), compared with the reference; and batch
-//! invariance, bit for bit: a token's attention output is the same alone and in a batch with
-//! longer contexts, and a matmul row is the same whatever the other rows, across every tile kernel (m16 / m64 /
+//! partition (the split path: partial + combine), compared with the reference, over an f32 and
+//! a bf16 cache; and batch invariance, bit for bit: a token's attention output is the same alone
+//! and in a batch with longer contexts (both caches), and a matmul row is the same whatever the other rows, across every tile kernel (m16 / m64 /
 //! m128), the split-K workspace fold and the in-register fold (kernels/matmul.cu's contract).
 //! Without a driver each test prints SKIPPED; TANDEM_REQUIRE_CUDA=1 turns that into a failure.
 
-use tandem_core::backend::{AttnArgs, Backend, KvGeometry};
+use tandem_core::backend::{AttnArgs, Backend, KvDtype, KvGeometry};
 use tandem_core::DType;
 use tandem_cuda::CudaBackend;
 use tandem_reference::RefBackend;
@@ -60,12 +60,13 @@ impl Attn {
         Attn { g, k: rng.vec(n, 1.0), v: rng.vec(n, 1.0), heads: 6 }
     }
 
-    /// Runs attention for query tokens given as (sequence, position). Returns out [T, heads, head_dim].
-    fn run<B: Backend>(&self, b: &B, q: &[f32], toks: &[(u32, u32)], num_seqs: usize) -> Vec<f32> {
+    /// Runs attention for query tokens given as (sequence, position) over a cache of `dtype`.
+    /// Returns out [T, heads, head_dim].
+    fn run<B: Backend>(&self, b: &B, dtype: KvDtype, q: &[f32], toks: &[(u32, u32)], num_seqs: usize) -> Vec<f32> {
         let g = self.g;
         let max_blocks = MAX_BLOCKS;
-        let mut kc = b.alloc_kv(g).unwrap();
-        let mut vc = b.alloc_kv(g).unwrap();
+        let mut kc = b.alloc_kv_as(g, dtype).unwrap();
+        let mut vc = b.alloc_kv_as(g, dtype).unwrap();
         let all: Vec<u32> = (0..g.slots() as u32).collect();
         let up = |d: &[f32]| {
             let mut x = b.alloc_f32(d.len()).unwrap();
@@ -115,8 +116,8 @@ fn harness_runs_on_the_reference() {
     let row = a.heads * a.g.head_dim;
     let toks = [(0u32, 512u32), (1, 1023), (2, 1099), (3, 1279)];
     let q = rng.vec(toks.len() * row, 2.0);
-    let all = a.run(&r, &q, &toks, 4);
-    let one = a.run(&r, &q[row..2 * row], &toks[1..2], 4);
+    let all = a.run(&r, KvDtype::F32, &q, &toks, 4);
+    let one = a.run(&r, KvDtype::F32, &q[row..2 * row], &toks[1..2], 4);
     assert!(all.iter().all(|x| x.is_finite()));
     assert_eq!(&all[row..2 * row], &one[..]);
 }
@@ -131,12 +132,16 @@ fn long_context_attention_matches_reference() {
     let mut toks = vec![(0u32, 512u32), (1, 1023), (2, 1099), (3, 639)];
     toks.extend((500..530).map(|p| (3u32, p)));
     let q = rng.vec(toks.len() * a.heads * a.g.head_dim, 2.0);
-    let got = a.run(&cuda, &q, &toks, 4);
-    let want = a.run(&RefBackend::new(), &q, &toks, 4);
-    assert!(got.iter().all(|x| x.is_finite()), "non-finite output");
-    let e = nmse(&got, &want);
-    println!("long-context attention: {} tokens, NMSE {e:.3e}", toks.len());
-    assert!(e < 1e-7, "NMSE {e:.3e}");
+    let want = a.run(&RefBackend::new(), KvDtype::F32, &q, &toks, 4);
+    // f32: the reference's arithmetic; bf16: each K/V element off by at most 2^-8 relative,
+    // the op suite's attention limit (the emulator holds it to a per-element bound).
+    for (dtype, limit) in [(KvDtype::F32, 1e-7), (KvDtype::Bf16, 5e-5)] {
+        let got = a.run(&cuda, dtype, &q, &toks, 4);
+        assert!(got.iter().all(|x| x.is_finite()), "{dtype:?}: non-finite output");
+        let e = nmse(&got, &want);
+        println!("long-context attention, {dtype:?} cache: {} tokens, NMSE {e:.3e}", toks.len());
+        assert!(e < limit, "{dtype:?} cache: NMSE {e:.3e}");
+    }
 }
 
 #[test]
@@ -150,12 +155,14 @@ fn attention_is_batch_invariant() {
     let qa = rng.vec(row, 2.0);
     let qb = rng.vec(row, 2.0);
     let qc = rng.vec(row, 2.0);
-    let alone_a = a.run(&cuda, &qa, &[(0, 299)], 3);
-    let alone_b = a.run(&cuda, &qb, &[(1, 899)], 3);
-    let q: Vec<f32> = [qc.clone(), qa, qb].concat();
-    let batch = a.run(&cuda, &q, &[(2, 620), (0, 299), (1, 899)], 3);
-    assert_eq!(&batch[row..2 * row], &alone_a[..], "short context differs alone vs in a batch");
-    assert_eq!(&batch[2 * row..], &alone_b[..], "long context differs alone vs in a batch");
+    let q: Vec<f32> = [qc.clone(), qa.clone(), qb.clone()].concat();
+    for dtype in [KvDtype::Bf16, KvDtype::F32] {
+        let alone_a = a.run(&cuda, dtype, &qa, &[(0, 299)], 3);
+        let alone_b = a.run(&cuda, dtype, &qb, &[(1, 899)], 3);
+        let batch = a.run(&cuda, dtype, &q, &[(2, 620), (0, 299), (1, 899)], 3);
+        assert_eq!(&batch[row..2 * row], &alone_a[..], "{dtype:?} cache: short context differs alone vs in a batch");
+        assert_eq!(&batch[2 * row..], &alone_b[..], "{dtype:?} cache: long context differs alone vs in a batch");
+    }
 }
 
 #[test]

@@ -20,10 +20,15 @@ fn every_kernel_compiles_and_assembles_without_spills() {
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     println!("{text}");
     assert!(out.status.success(), "kernel check failed:\n{text}");
-    for kernel in ["matmul_tc_bf16_m16", "matmul_tc_f16_m128", "matmul_fold", "matmul_tiled_f32", "paged_attention_partial", "paged_attention_combine", "argmax", "rope", "kv_write"] {
+    for kernel in ["matmul_tc_bf16_m16", "matmul_tc_f16_m128", "matmul_fold", "matmul_tiled_f32", "paged_attention_partial_f32", "paged_attention_partial_bf16", "paged_attention_combine", "argmax", "rope", "kv_write_f32", "kv_write_bf16"] {
         assert!(text.contains(kernel), "report lacks {kernel}");
     }
     assert!(text.contains("sm_80") && text.contains("sm_90"));
+    // The kernels the backend resolves at start-up are exactly those the sources define: a
+    // renamed or removed kernel fails here rather than at start-up on a GPU.
+    let compiled: std::collections::BTreeSet<&str> = text.lines().filter(|l| l.split_whitespace().nth(2) == Some("sm_90")).filter_map(|l| l.split_whitespace().nth(1)).collect();
+    let resolved: std::collections::BTreeSet<&str> = tandem_cuda::backend::kernel_names().into_iter().collect();
+    assert_eq!(resolved, compiled, "kernels resolved at start-up vs kernels compiled");
     // The tensor-core kernels really hold mma instructions (the `mma` column of the table).
     let mma_of = |kernel: &str| -> Vec<u32> {
         text.lines()

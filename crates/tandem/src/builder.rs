@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tandem_core::model::LoadOptions;
+use tandem_core::KvDtype;
 use tandem_core::tokenizer::Tokenizer;
 use tandem_engine::{BatchMode, Engine, EngineConfig, Policy};
 
@@ -47,6 +48,7 @@ pub struct LlmBuilder {
     prefix_caching: bool,
     seed: u64,
     max_model_len: Option<usize>,
+    kv_dtype: Option<KvDtype>,
 }
 
 impl LlmBuilder {
@@ -65,6 +67,7 @@ impl LlmBuilder {
             prefix_caching: true,
             seed: 0,
             max_model_len: None,
+            kv_dtype: None,
         }
     }
 
@@ -130,6 +133,13 @@ impl LlmBuilder {
         self
     }
 
+    /// What the KV cache stores (default: the backend's choice, bf16 on CUDA and f32 elsewhere,
+    /// as `--kv-cache-dtype auto`). A type the backend does not store fails `build`.
+    pub fn kv_cache_dtype(mut self, dtype: KvDtype) -> Self {
+        self.kv_dtype = Some(dtype);
+        self
+    }
+
     /// The sizes fixed when the model is loaded.
     pub fn load_options(&self) -> Result<LoadOptions> {
         if self.max_num_seqs == 0 || self.max_num_batched_tokens == 0 {
@@ -144,7 +154,7 @@ impl LlmBuilder {
             KvMemory::Fraction(f) if !(f > 0.0 && f <= 1.0) => return Err(Error::Config(format!("gpu_memory_utilization must be in (0, 1], got {f}"))),
             KvMemory::Fraction(f) => (0, f),
         };
-        Ok(LoadOptions { max_batch_tokens: self.max_num_batched_tokens, max_seqs: self.max_num_seqs, num_kv_blocks, block_size: self.block_size, gpu_memory_utilization, max_model_len: self.max_model_len, ..LoadOptions::default() })
+        Ok(LoadOptions { max_batch_tokens: self.max_num_batched_tokens, max_seqs: self.max_num_seqs, num_kv_blocks, block_size: self.block_size, gpu_memory_utilization, max_model_len: self.max_model_len, kv_dtype: self.kv_dtype, ..LoadOptions::default() })
     }
 
     /// The engine's settings.

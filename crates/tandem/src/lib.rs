@@ -65,6 +65,7 @@ pub use llm::{AsyncLlm, Llm, OutputStream};
 pub use output::{Completion, Message, Output, Prompt};
 
 pub use tandem_core::model::{LoadOptions, ModelRunner};
+pub use tandem_core::KvDtype;
 pub use tandem_engine::sampler::TokenLogprobs;
 pub use tandem_engine::{FinishReason, Guided, InvalidParam, Policy, RequestOutput, SamplingParams, Stats, SubmitError, Usage};
 

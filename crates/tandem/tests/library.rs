@@ -198,3 +198,14 @@ fn guided_generation_through_the_library() {
     drop(llm);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The KV element type reaches the load: f32 is the reference's and builds; bf16 is CUDA's and
+/// the reference refuses it, saying what it stores.
+#[test]
+fn the_kv_cache_dtype_reaches_the_load() {
+    assert_eq!(common::builder().load_options().unwrap().kv_dtype, None, "default: the backend's choice");
+    assert_eq!(common::builder().kv_cache_dtype(tandem::KvDtype::F32).load_options().unwrap().kv_dtype, Some(tandem::KvDtype::F32));
+    assert!(common::builder().kv_cache_dtype(tandem::KvDtype::F32).build().is_ok());
+    let e = common::builder().kv_cache_dtype(tandem::KvDtype::Bf16).build().err().expect("refused");
+    assert!(e.to_string().contains("a bf16 KV cache is not supported on reference (it stores f32"), "{e}");
+}

@@ -55,6 +55,9 @@ pub struct Args {
     max_num_batched_tokens: usize,
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// What the KV cache stores: auto (bf16 on cuda, f32 elsewhere), bf16 or f32 (as `serve`).
+    #[arg(long, default_value = "auto", value_parser = crate::serve::parse_kv_cache_dtype)]
+    kv_cache_dtype: crate::serve::KvCacheDtype,
     /// Also run bench/hf_decode.py (HF transformers, the same measurements) on the same model
     /// and report our figures over its.
     #[arg(long)]
@@ -125,12 +128,14 @@ pub fn run(mut a: Args) -> Result<()> {
         max_seqs: max_batch,
         num_kv_blocks: max_batch * blocks_per_seq,
         block_size,
+        kv_dtype: a.kv_cache_dtype.0,
         ..Default::default()
     };
     let t = Instant::now();
     let (mut runner, device) = model_source::load_runner(a.backend, &model.dir, opts)?;
     let load_s = t.elapsed().as_secs_f64();
-    eprintln!("loaded {} on {} ({device}) in {load_s:.2} s", model.label, a.backend.name());
+    let kv = runner.kv_dtype();
+    eprintln!("loaded {} on {} ({device}) in {load_s:.2} s, {} KV cache", model.label, a.backend.name(), kv.name());
     let seqs = sequences(a.seed, model.config.vocab_size, a.prompt_len, max_batch, blocks_per_seq);
     let steps = a.max_tokens - 1;
 
@@ -184,8 +189,10 @@ pub fn run(mut a: Args) -> Result<()> {
     });
 
     let hf = if a.hf_baseline { hf_figures(&a, hf_rounds, hf_error, &mut results) } else { None };
-    let settings = json!({"prompt_len": a.prompt_len, "max_tokens": a.max_tokens, "batch_sizes": a.batch_sizes, "runs": a.runs, "max_num_batched_tokens": a.max_num_batched_tokens, "seed": a.seed, "hf_baseline": a.hf_baseline});
-    let rep = report::build("decode", json!({"name": a.backend.name(), "device": device}), model.to_json(&a.random), settings, results);
+    let settings = json!({"prompt_len": a.prompt_len, "max_tokens": a.max_tokens, "batch_sizes": a.batch_sizes, "runs": a.runs, "max_num_batched_tokens": a.max_num_batched_tokens, "seed": a.seed, "hf_baseline": a.hf_baseline, "kv_cache_dtype": a.kv_cache_dtype.flag()});
+    // What the cache stores, as the runner reports it: gpu/summarize.py counts KV bytes by it.
+    let backend = json!({"name": a.backend.name(), "device": device, "kv_cache_dtype": kv.name(), "kv_elem_bytes": kv.size()});
+    let rep = report::build("decode", backend, model.to_json(&a.random), settings, results);
     report::write_json(&a.out, &format!("decode-{}-{}", a.backend.name(), model.label), &rep)?;
 
     println!("### decode: {} on {} ({device}), {} prompt + {} output tokens per sequence ({steps} timed decode steps), {} runs\n", model.label, a.backend.name(), a.prompt_len, a.max_tokens, a.runs);

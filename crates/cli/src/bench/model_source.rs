@@ -127,11 +127,13 @@ pub struct Started {
     pub load_s: f64,
     pub kv_blocks: usize,
     pub block_size: usize,
+    /// What the KV cache stores (as the runner reports it, `auto` resolved).
+    pub kv_dtype: tandem_core::KvDtype,
 }
 
 impl Started {
     pub fn backend_json(&self, kind: BackendKind) -> Value {
-        json!({"name": kind.name(), "device": self.device, "kv_blocks": self.kv_blocks, "block_size": self.block_size})
+        json!({"name": kind.name(), "device": self.device, "kv_blocks": self.kv_blocks, "block_size": self.block_size, "kv_cache_dtype": self.kv_dtype.name(), "kv_elem_bytes": self.kv_dtype.size()})
     }
 }
 
@@ -147,9 +149,9 @@ pub fn start_engine(model: &ModelInfo, ea: &EngineArgs) -> Result<Started> {
     let mut tok = Tokenizer::from_dir(&model.dir)?;
     tok.add_eos_ids(&model.config.eos_token_ids);
     let (runner, device) = load_runner(ea.backend, &model.dir, ea.load_options())?;
-    let geo = runner.kv_geometry();
+    let (geo, kv_dtype) = (runner.kv_geometry(), runner.kv_dtype());
     let handle = Engine::spawn(runner, tandem_server::engine_adapter::decode_fn(Arc::new(tok)), ea.engine_config(None)?).map_err(|e| anyhow!("{e}"))?;
-    Ok(Started { handle, device, load_s: t.elapsed().as_secs_f64(), kv_blocks: geo.num_blocks, block_size: geo.block_size })
+    Ok(Started { handle, device, load_s: t.elapsed().as_secs_f64(), kv_blocks: geo.num_blocks, block_size: geo.block_size, kv_dtype })
 }
 
 /// The engine settings as the report records them.
@@ -165,6 +167,7 @@ pub fn engine_json(ea: &EngineArgs) -> Value {
         "max_wait_ms": ea.max_wait_ms,
         "policy": ea.policy,
         "prefix_caching": !ea.no_prefix_caching,
+        "kv_cache_dtype": ea.kv_cache_dtype.flag(),
     })
 }
 
@@ -189,6 +192,8 @@ pub fn engine_flags(ea: &EngineArgs, dir: &Path) -> Vec<String> {
         ea.max_wait_ms.to_string(),
         "--policy".into(),
         ea.policy.clone(),
+        "--kv-cache-dtype".into(),
+        ea.kv_cache_dtype.flag().into(),
     ];
     if let Some(n) = ea.num_kv_blocks {
         f.extend(["--num-kv-blocks".into(), n.to_string()]);

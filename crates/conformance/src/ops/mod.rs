@@ -43,8 +43,8 @@ pub mod limits {
     pub const F32: f64 = 1e-7;
     /// Rope angles reach thousands of radians; an f32 angle is off by ~1e-4 rad there.
     pub const ROPE: f64 = 1e-6;
-    /// The KV cache dtype is the backend's choice; a bf16 cache rounds each value by ≤2⁻⁹,
-    /// which measures NMSE ≈ 2.8e-6 (tests/tolerance.rs).
+    /// The KV cache dtype is the backend's choice; a bf16 cache rounds each value by ≤2⁻⁸
+    /// relative (8 significant bits), which measures NMSE ≈ 2.8e-6 (tests/tolerance.rs).
     pub const KV: f64 = 1e-5;
     /// Attention over a bf16 cache: rounded keys move the scores, and a peaked softmax
     /// amplifies that; measured 4e-6 to 1.4e-5 at head_dim 128 (tests/tolerance.rs). Real
