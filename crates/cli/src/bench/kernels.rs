@@ -150,8 +150,10 @@ fn attention<B: Backend>(b: &B, s: Shape, a: &Args, seqs: usize, ctx: usize, q_l
     let max_blocks = ctx.div_ceil(block);
     let g = KvGeometry { num_blocks: seqs * max_blocks, block_size: block, num_kv_heads: s.kv_heads, head_dim: s.head_dim };
     let kv_vals = values(7, g.layer_elems(), 1.0);
-    let mut k_cache = b.alloc_kv(g)?;
-    let mut v_cache = b.alloc_kv(g)?;
+    // The backend's default KV element type (bf16 on CUDA), as serving uses it.
+    let kv_dtype = b.kv_dtypes()[0];
+    let mut k_cache = b.alloc_kv_as(g, kv_dtype)?;
+    let mut v_cache = b.alloc_kv_as(g, kv_dtype)?;
     // Fill the caches through the backend's own write (its layout and element type).
     let slots: Vec<u32> = (0..g.slots() as u32).collect();
     let per = s.kv_heads * s.head_dim;
@@ -177,13 +179,12 @@ fn attention<B: Backend>(b: &B, s: Shape, a: &Args, seqs: usize, ctx: usize, q_l
     let mut out = b.alloc_f32(t * s.heads * s.head_dim)?;
     let args = AttnArgs { q: &q, k_cache: &k_cache, v_cache: &v_cache, positions: &pb, token_seq: &tb, block_tables: &bt, num_tokens: t, num_seqs: seqs, max_blocks, max_context: ctx, num_heads: s.heads, geometry: g, scale: 1.0 / (s.head_dim as f32).sqrt() };
     let us = time(b, a.min_ms, || b.paged_attention(&args, &mut out))?;
-    // Every backend stores K and V in f32 at this commit.
-    let kv_bytes = 2.0 * (seqs * ctx * per) as f64 * 4.0;
+    let kv_bytes = 2.0 * (seqs * ctx * per) as f64 * kv_dtype.size() as f64;
     let io = 2.0 * (t * s.heads * s.head_dim) as f64 * 4.0;
     // Causal prefill does half the square; decode one query row per sequence.
     let pairs = if q_len == 1 { (seqs * ctx) as f64 } else { seqs as f64 * (q_len * (q_len + 1) / 2) as f64 };
     let flops = 4.0 * pairs * (s.heads * s.head_dim) as f64;
-    let (op, case) = if q_len == 1 { ("attention decode", format!("batch={seqs} ctx={ctx}")) } else { ("attention prefill", format!("tokens={q_len}")) };
+    let (op, case) = if q_len == 1 { ("attention decode", format!("batch={seqs} ctx={ctx} kv={}", kv_dtype.name())) } else { ("attention prefill", format!("tokens={q_len} kv={}", kv_dtype.name())) };
     rows.push(Row { op: op.into(), case, us, bytes: kv_bytes + io, flops, spec: json!({"kind": "attention", "batch": seqs, "ctx": ctx, "q_len": q_len, "heads": s.heads, "kv_heads": s.kv_heads, "head_dim": s.head_dim}) });
     Ok(())
 }
