@@ -43,6 +43,26 @@ fn marker_text(e: &CatalogEntry) -> String {
 }
 
 /// True when `dir` holds every converted file and a marker for exactly this source.
+/// For tests on the real default model: its directory under `models` (the checkout's
+/// models/ folder) when `cargo xtask fetch-model` installed it, else None with the skip noted
+/// (and counted) saying how to install it.
+pub fn installed_default(models: &Path) -> Option<PathBuf> {
+    let catalog = Catalog::load(&models.join("catalog.toml"));
+    let entry = match catalog.as_ref().map_err(|e| e.to_string()).and_then(|c| c.default_entry().map_err(|e| e.to_string())) {
+        Ok(e) => e,
+        Err(e) => {
+            tandem_core::skip::note(format!("no default model: {e}"));
+            return None;
+        }
+    };
+    let dir = models.join(&entry.dir);
+    if is_installed(&dir, entry) {
+        return Some(dir);
+    }
+    tandem_core::skip::note(format!("{} is not installed (run `cargo xtask fetch-model`)", dir.display()));
+    None
+}
+
 pub fn is_installed(dir: &Path, e: &CatalogEntry) -> bool {
     OUTPUT_FILES.iter().all(|f| dir.join(f).is_file()) && std::fs::read_to_string(dir.join(MARKER)).is_ok_and(|m| m == marker_text(e))
 }

@@ -9,19 +9,9 @@ use std::path::PathBuf;
 use tandem_core::tokenizer::Tokenizer;
 use tandem_core::weights::Weights;
 use tandem_core::ModelConfig;
-use tandem_models::catalog::Catalog;
 
 fn installed() -> Option<PathBuf> {
-    let models = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models");
-    let catalog = Catalog::load(&models.join("catalog.toml")).expect("the catalog parses");
-    let entry = catalog.default_entry().unwrap();
-    let dir = models.join(&entry.dir);
-    if tandem_models::fetch::is_installed(&dir, entry) {
-        Some(dir)
-    } else {
-        tandem_core::skip::note(format!("{} is not installed (run `cargo xtask fetch-model`)", dir.display()));
-        None
-    }
+    tandem_models::fetch::installed_default(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models"))
 }
 
 #[test]

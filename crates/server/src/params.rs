@@ -15,7 +15,8 @@ pub use tandem_engine::sampling_params::{MAX_LOGPROBS, MAX_N};
 /// A JSON object read field by field.
 pub struct Fields<'a>(pub &'a Map<String, Value>);
 
-fn type_name(v: &Value) -> &'static str {
+/// How an error names the JSON type a field was given.
+pub(crate) fn type_name(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",

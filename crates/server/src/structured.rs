@@ -28,19 +28,8 @@ pub struct GuideRequest {
     pub param: String,
 }
 
-fn kind_of(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
-
 fn wrong_type(param: &str, want: &str, got: &Value) -> ApiError {
-    ApiError::invalid(param, format!("`{param}` must be {want}, got {}", kind_of(got)))
+    ApiError::invalid(param, format!("`{param}` must be {want}, got {}", crate::params::type_name(got)))
 }
 
 /// A JSON schema given as an object (or boolean), or as a string holding one (vLLM accepts both).

@@ -191,16 +191,7 @@ fn bad_specs_are_errors_naming_the_form() {
 }
 
 fn smollm2() -> Option<PathBuf> {
-    let models = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models");
-    let catalog = tandem_models::catalog::Catalog::load(&models.join("catalog.toml")).expect("the catalog parses");
-    let entry = catalog.default_entry().unwrap();
-    let dir = models.join(&entry.dir);
-    if tandem_models::fetch::is_installed(&dir, entry) {
-        Some(dir)
-    } else {
-        tandem_core::skip::note(format!("{} is not installed (run `cargo xtask fetch-model`)", dir.display()));
-        None
-    }
+    tandem_models::fetch::installed_default(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models"))
 }
 
 #[test]
