@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Checks gpu/summarize.py's floors on made-up inputs (no GPU, no torch): the KV bytes a floor
 counts follow the element size the benchmark reports (bf16: 2, f32: 4), and a report that does
-not say gets no floor. Run: python3 gpu/test_summarize.py (also run by crates/cli/tests/gpu_scripts.rs).
+not say gets no floor. Run: python3 gpu/test_summarize.py (also run by crates/cli/tests/cli/gpu_scripts.rs).
 """
 import json
 import os

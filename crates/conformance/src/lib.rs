@@ -16,7 +16,7 @@
 //!
 //! Besides the NMSE, a case fails when the backend returns an error or panics, writes past
 //! the length it was given (the guard), or changes one of its inputs. Limits live in
-//! [`ops::limits`]; `tests/tolerance.rs` measures how close honest variants (f32 sums in
+//! [`ops::limits`]; `tests/conformance/tolerance.rs` measures how close honest variants (f32 sums in
 //! another order, bf16 activations, a bf16 KV cache) come to them.
 //!
 //! Map:

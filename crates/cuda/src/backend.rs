@@ -356,7 +356,7 @@ impl<F> Kernels<F> {
     }
 }
 
-/// Every kernel name the backend launches (what start-up resolves); tests/kernels_check.rs
+/// Every kernel name the backend launches (what start-up resolves); tests/cuda/kernels_check.rs
 /// holds them against what NVRTC compiled, so a renamed kernel fails without a GPU.
 pub fn kernel_names() -> Vec<&'static str> {
     let mut names = vec![];

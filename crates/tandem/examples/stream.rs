@@ -3,7 +3,7 @@
 //!
 //! `cargo run --release -p tandem --example stream -- --model DIR --backend auto|reference|wgpu|cuda`
 //!
-//! CI runs [`run`] itself (crates/tandem/tests/examples.rs includes this file) on a tiny random
+//! CI runs [`run`] itself (crates/tandem/tests/tandem/examples.rs includes this file) on a tiny random
 //! model with the reference backend.
 
 use std::io::Write;

@@ -44,10 +44,10 @@ pub mod limits {
     /// Rope angles reach thousands of radians; an f32 angle is off by ~1e-4 rad there.
     pub const ROPE: f64 = 1e-6;
     /// The KV cache dtype is the backend's choice; a bf16 cache rounds each value by ≤2⁻⁸
-    /// relative (8 significant bits), which measures NMSE ≈ 2.8e-6 (tests/tolerance.rs).
+    /// relative (8 significant bits), which measures NMSE ≈ 2.8e-6 (tests/conformance/tolerance.rs).
     pub const KV: f64 = 1e-5;
     /// Attention over a bf16 cache: rounded keys move the scores, and a peaked softmax
-    /// amplifies that; measured 4e-6 to 1.4e-5 at head_dim 128 (tests/tolerance.rs). Real
+    /// amplifies that; measured 4e-6 to 1.4e-5 at head_dim 128 (tests/conformance/tolerance.rs). Real
     /// bugs (a missed key, a wrong block) measure 1e-2 and more.
     pub const ATTENTION: f64 = 5e-5;
 

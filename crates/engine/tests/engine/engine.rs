@@ -1,7 +1,7 @@
 //! The engine end to end over the fake model: outputs against the fake's greedy oracle, stops,
 //! seeds, `n > 1`, aborts, refusals, forward errors, and the threaded handle.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

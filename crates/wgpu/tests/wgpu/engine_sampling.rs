@@ -6,7 +6,7 @@
 //! request (its rows masked and sampled on the host) leaves the ids of the others unchanged.
 //! Needs a Vulkan adapter: SKIPPED without one, a failure under TANDEM_REQUIRE_WGPU=1.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::sync::Arc;

@@ -2,7 +2,7 @@
 //! `/version`, the client's `X-Request-Id` echoed, CORS behind `allowed_origins`, an unknown
 //! model as vLLM's 404, and vLLM's throughput gauges in /metrics.
 
-mod common;
+use crate::common;
 
 use std::time::Instant;
 

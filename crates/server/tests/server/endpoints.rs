@@ -1,7 +1,7 @@
 //! Each endpoint against the real server (real engine over FakeModel) on loopback: response
 //! shapes, streaming chunk formats, logprobs, n, stop strings, /generate, /metrics.
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::{json, Value};

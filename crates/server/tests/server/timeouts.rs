@@ -4,7 +4,7 @@
 //! nothing to show) and its engine request is aborted; on shutdown, connections with no request
 //! in progress are dropped at once, so the server exits when the last stream ends.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

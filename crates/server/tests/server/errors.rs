@@ -2,7 +2,7 @@
 //! naming the field: malformed JSON, wrong types, unknown model (404), out-of-range values, prompts
 //! longer than the context, oversized bodies, unknown paths, wrong methods, missing API key.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -4,7 +4,7 @@
 //! end every request ended exactly once, greedy ones with the oracle's tokens, and the free
 //! count is back to the total.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

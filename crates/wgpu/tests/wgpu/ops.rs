@@ -1,8 +1,8 @@
 //! Every op of the wgpu backend against a plain CPU computation (f64) over fresh random
 //! inputs, at sizes that are not multiples of any workgroup, with outputs poisoned first.
-//! Run one op: `cargo test -p tandem-wgpu --test ops -- <op>`.
+//! Run one op: `cargo test -p tandem-wgpu --test wgpu ops::<op>`.
 
-mod common;
+use crate::common;
 
 use common::{assert_close, backend, round_to, Rng, POISON};
 use tandem_core::backend::{AttnArgs, KvDest, KvGeometry, NormIn};

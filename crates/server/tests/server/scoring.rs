@@ -2,7 +2,7 @@
 //! context limit, `echo` with `logprobs` and `max_tokens` 0 (lm-evaluation-harness's
 //! loglikelihood), vLLM's `prompt_logprobs`, `logit_bias`, `include_stop_str_in_output`.
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::{json, Value};

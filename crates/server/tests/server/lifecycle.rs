@@ -2,7 +2,7 @@
 //! and free their KV blocks; the bounded queue answers 429 at once; 64 concurrent streams
 //! match their whole answers; shutdown drains, then aborts what outlives its deadline.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -7,7 +7,7 @@
 //! Schemas are bounded (enums, small integers, maxLength): a random model writes random text,
 //! and an unbounded string would run to max_tokens.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

@@ -3,11 +3,11 @@
 //! code `cargo run --example` runs (only `main`'s argument parsing is left, and it is tested
 //! below) without a cargo inside a test; `cargo test` also builds the examples as binaries.
 
-mod common;
+use crate::common;
 
-#[path = "../examples/offline.rs"]
+#[path = "../../examples/offline.rs"]
 mod offline;
-#[path = "../examples/stream.rs"]
+#[path = "../../examples/stream.rs"]
 mod stream;
 
 use tandem::Backend;

@@ -3,7 +3,7 @@
 //! requests beside it unchanged, a finished grammar ends with "stop", one that admits nothing
 //! ends with an error and frees its blocks, and each of `n` completions has its own state.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 

@@ -2,7 +2,7 @@
 //! chat through the template, streams equal to offline outputs, a dropped stream aborts its
 //! request and frees its KV blocks, a bad parameter is an error value naming the field.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

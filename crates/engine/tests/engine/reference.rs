@@ -3,7 +3,7 @@
 //! must equal the tokens of the same prompt among all the others with prefix-cache hits,
 //! chunked prefill and preemption; seeded sampled tokens likewise.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

@@ -2,7 +2,7 @@
 //! models: a prefill of two sequences, decode steps, and a prefill chunk over a cached prefix
 //! next to a decode token. Logits must agree to NMSE < 1e-7.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 

@@ -3,7 +3,7 @@
 //! over HTTP, and its texts, finish reasons, token counts and logprobs are compared with
 //! [`tandem::Llm`]'s.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};

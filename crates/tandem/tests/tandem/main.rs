@@ -1,0 +1,11 @@
+//! Every integration test of this crate in one test binary, each file a module: the crate's
+//! dependencies' generic code is compiled and linked once rather than once per file, which
+//! is what a cold CI build spends its time on. Run one module with
+//! `cargo test -p tandem --test tandem <module>::`.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod examples;
+mod library;
+mod server;
