@@ -183,9 +183,12 @@ impl LlmBuilder {
         tok.add_eos_ids(&loaded.runner.config().eos_token_ids.clone());
         let tok = Arc::new(tok);
         let geo = loaded.runner.kv_geometry();
+        let kv_dtype = loaded.runner.kv_dtype();
+        // A generation config that cannot be read fails the build, naming the file, as serve does.
+        let defaults = crate::llm::sampling_defaults(tandem_core::GenerationConfig::from_dir(&self.model)?.as_ref());
         tracing::info!(backend = loaded.backend.name(), device = %loaded.device, kv_blocks = geo.num_blocks, load_ms = t0.elapsed().as_millis() as u64, "loaded {}", self.model.display());
         let handle = Engine::spawn(loaded.runner, tandem_engine::tokenizer_decode_fn(tok.clone()), self.engine_config()).map_err(|e| Error::Config(e.to_string()))?;
-        Ok(Arc::new(Core { handle, tok, backend: loaded.backend, device: loaded.device, kv_blocks: geo.num_blocks, model_dir: self.model.clone(), structured: Default::default() }))
+        Ok(Arc::new(Core { handle, tok, backend: loaded.backend, device: loaded.device, kv_blocks: geo.num_blocks, kv_dtype, defaults, model_dir: self.model.clone(), structured: Default::default() }))
     }
 
     /// Loads the model and starts the engine, for offline (blocking) use.

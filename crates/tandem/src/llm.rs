@@ -6,7 +6,9 @@ use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 
+use tandem_core::backend::KvDtype;
 use tandem_core::tokenizer::Tokenizer;
+use tandem_core::GenerationConfig;
 use tandem_engine::{EngineHandle, Guided, Request, RequestOutput, RequestStream, SamplingParams, Stats};
 
 use tandem_structured::{GuideSpec, Structured};
@@ -22,6 +24,9 @@ pub(crate) struct Core {
     pub backend: Backend,
     pub device: String,
     pub kv_blocks: usize,
+    pub kv_dtype: KvDtype,
+    /// `SamplingParams::default()` under the model's generation_config.json.
+    pub defaults: SamplingParams,
     pub model_dir: std::path::PathBuf,
     /// Built at the first structured-output request (it reads tokenizer.json again).
     pub structured: OnceLock<std::result::Result<Arc<Structured>, String>>,
@@ -69,6 +74,44 @@ impl Core {
         let streams = prompts.iter().enumerate().map(|(i, p)| self.submit(i, p.clone(), params, 0)).collect::<Result<Vec<_>>>()?;
         Ok(prompts.into_iter().zip(streams).map(|(p, s)| Output::collect(p, params.n, params.logprobs.is_some(), s)).collect())
     }
+}
+
+/// `SamplingParams::default()` with the sampling fields of a generation_config.json over it
+/// (vLLM's `LLM.get_default_sampling_params()`): temperature, top_p, top_k, min_p,
+/// repetition_penalty, and max_new_tokens as max_tokens. A field outside what a request
+/// accepts (`SamplingParams::validate`) is left at its default with a warning rather than served,
+/// as `tandem serve --generation-config auto` does.
+pub(crate) fn sampling_defaults(g: Option<&GenerationConfig>) -> SamplingParams {
+    let mut out = SamplingParams::default();
+    let Some(g) = g else { return out };
+    let mut try_set = |name: &str, value: String, set: &dyn Fn(&mut SamplingParams)| {
+        let mut trial = out.clone();
+        set(&mut trial);
+        match trial.validate() {
+            Ok(()) => out = trial,
+            Err(e) => tracing::warn!("generation_config.json: {name} = {value} is not a valid default ({e}); ignored"),
+        }
+    };
+    if let Some(x) = g.temperature {
+        try_set("temperature", x.to_string(), &|p| p.temperature = x);
+    }
+    if let Some(x) = g.top_p {
+        try_set("top_p", x.to_string(), &|p| p.top_p = x);
+    }
+    if let Some(x) = g.top_k {
+        // HF's top_k = 0 and negative values mean no limit, as 0 does here.
+        try_set("top_k", x.to_string(), &|p| p.top_k = x.max(0) as usize);
+    }
+    if let Some(x) = g.min_p {
+        try_set("min_p", x.to_string(), &|p| p.min_p = x);
+    }
+    if let Some(x) = g.repetition_penalty {
+        try_set("repetition_penalty", x.to_string(), &|p| p.repetition_penalty = x);
+    }
+    if let Some(x) = g.max_new_tokens.filter(|&m| m > 0) {
+        try_set("max_new_tokens", x.to_string(), &|p| p.max_tokens = Some(x));
+    }
+    out
 }
 
 /// Offline generation: a batch of prompts in, one [`Output`] per prompt out, in order.
@@ -127,6 +170,16 @@ impl Llm {
         &self.core.device
     }
     /// Blocks in the KV pool.
+    /// What a caller who has no sampling parameters of their own should pass: the defaults
+    /// under the model's generation_config.json (vLLM's `get_default_sampling_params`). Calls
+    /// are never changed behind the caller's back: `generate` uses exactly the params given.
+    pub fn default_sampling_params(&self) -> SamplingParams {
+        self.core.defaults.clone()
+    }
+    /// The element type the KV cache stores (bf16 by default on CUDA, f32 elsewhere).
+    pub fn kv_cache_dtype(&self) -> KvDtype {
+        self.core.kv_dtype
+    }
     pub fn num_kv_blocks(&self) -> usize {
         self.core.kv_blocks
     }
@@ -185,6 +238,16 @@ impl AsyncLlm {
     }
     pub fn device(&self) -> &str {
         &self.core.device
+    }
+    /// What a caller who has no sampling parameters of their own should pass: the defaults
+    /// under the model's generation_config.json (vLLM's `get_default_sampling_params`). Calls
+    /// are never changed behind the caller's back: `generate` uses exactly the params given.
+    pub fn default_sampling_params(&self) -> SamplingParams {
+        self.core.defaults.clone()
+    }
+    /// The element type the KV cache stores (bf16 by default on CUDA, f32 elsewhere).
+    pub fn kv_cache_dtype(&self) -> KvDtype {
+        self.core.kv_dtype
     }
     pub fn num_kv_blocks(&self) -> usize {
         self.core.kv_blocks

@@ -18,5 +18,10 @@ pub fn tiny_model() -> &'static Path {
 
 /// The reference backend: these tests check the library's wiring, not a backend.
 pub fn builder() -> LlmBuilder {
-    LlmBuilder::new(tiny_model()).backend(Backend::Reference).max_num_seqs(16).max_num_batched_tokens(256).num_kv_blocks(256)
+    builder_for(tiny_model())
+}
+
+/// The same settings on another model directory.
+pub fn builder_for(dir: &Path) -> LlmBuilder {
+    LlmBuilder::new(dir).backend(Backend::Reference).max_num_seqs(16).max_num_batched_tokens(256).num_kv_blocks(256)
 }

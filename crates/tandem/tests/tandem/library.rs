@@ -205,7 +205,43 @@ fn guided_generation_through_the_library() {
 fn the_kv_cache_dtype_reaches_the_load() {
     assert_eq!(common::builder().load_options().unwrap().kv_dtype, None, "default: the backend's choice");
     assert_eq!(common::builder().kv_cache_dtype(tandem::KvDtype::F32).load_options().unwrap().kv_dtype, Some(tandem::KvDtype::F32));
-    assert!(common::builder().kv_cache_dtype(tandem::KvDtype::F32).build().is_ok());
+    let llm = common::builder().kv_cache_dtype(tandem::KvDtype::F32).build().unwrap();
+    assert_eq!(llm.kv_cache_dtype(), tandem::KvDtype::F32);
     let e = common::builder().kv_cache_dtype(tandem::KvDtype::Bf16).build().err().expect("refused");
     assert!(e.to_string().contains("a bf16 KV cache is not supported on reference (it stores f32"), "{e}");
+}
+
+/// The model's generation_config.json gives `default_sampling_params` (vLLM's
+/// `get_default_sampling_params`): its valid fields over the defaults, an invalid one left at
+/// the default; `generate` with them follows them (max_new_tokens caps the output), and a
+/// call with its own params is not changed by the file. Without the file: the plain defaults.
+#[test]
+fn generation_config_gives_the_default_sampling_params() {
+    let plain = common::builder().build().unwrap();
+    let d = plain.default_sampling_params();
+    let base = SamplingParams::default();
+    assert_eq!((d.temperature, d.top_p, d.top_k, d.max_tokens), (base.temperature, base.top_p, base.top_k, base.max_tokens), "the tiny model's file has no sampling fields");
+
+    let dir = std::env::temp_dir().join(format!("tandem-lib-genconfig-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for e in std::fs::read_dir(common::tiny_model()).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), dir.join(e.file_name())).unwrap();
+    }
+    let cfg = serde_json::json!({"eos_token_id": 2, "temperature": 0.6, "top_p": 0.9, "top_k": 20, "min_p": 0.05, "repetition_penalty": -1.0, "max_new_tokens": 7});
+    std::fs::write(dir.join("generation_config.json"), cfg.to_string()).unwrap();
+    let llm = common::builder_for(&dir).build().unwrap();
+    let d = llm.default_sampling_params();
+    assert_eq!((d.temperature, d.top_p, d.top_k, d.min_p, d.max_tokens), (0.6, 0.9, 20, 0.05, Some(7)));
+    assert_eq!(d.repetition_penalty, base.repetition_penalty, "an invalid field stays at its default");
+    let out = llm.generate(["Once upon a time"], &SamplingParams { ignore_eos: true, seed: Some(1), ..d }).unwrap();
+    assert_eq!(out[0].completions[0].token_ids.len(), 7, "max_new_tokens is the default max_tokens");
+    let own = llm.generate(["Once upon a time"], &sampled(11)).unwrap();
+    assert_eq!(own[0].completions[0].token_ids.len(), 11, "a call's own params are used as given");
+
+    std::fs::write(dir.join("generation_config.json"), "{not json").unwrap();
+    let e = common::builder_for(&dir).build().err().expect("a broken generation_config.json is refused");
+    assert!(e.to_string().contains("generation_config.json"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
