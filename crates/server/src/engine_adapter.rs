@@ -156,6 +156,8 @@ impl EngineClient for TandemEngine {
             prefix_cache_hits: s.prefix_cache_hits_total,
             num_preemptions: s.preemptions_total,
             batch_size: s.batch_size,
+            guided_masks_total: s.guided_masks_total,
+            guided_mask_seconds_total: s.guided_mask_seconds_total,
         }
     }
 

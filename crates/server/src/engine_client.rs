@@ -175,6 +175,9 @@ pub struct EngineStats {
     pub num_preemptions: u64,
     /// Sequences in the most recent step.
     pub batch_size: usize,
+    /// Structured-output token masks computed, and the seconds they took (cumulative).
+    pub guided_masks_total: u64,
+    pub guided_mask_seconds_total: f64,
 }
 
 /// Why the engine refused a request outright.

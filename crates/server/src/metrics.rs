@@ -180,6 +180,12 @@ impl Metrics {
         counter("vllm:num_preemptions", "Cumulative number of preemptions from the engine.", stats.num_preemptions);
         counter("vllm:prompt_tokens", "Number of prefill tokens processed.", self.prompt_tokens.load(Ordering::Relaxed));
         counter("vllm:generation_tokens", "Number of generation tokens processed.", self.generation_tokens.load(Ordering::Relaxed));
+        counter("tandem:structured_output_masks", "Token masks computed for structured output (one per constrained token).", stats.guided_masks_total);
+        let _ = writeln!(
+            out,
+            "# HELP tandem:structured_output_mask_seconds_total Time spent computing structured-output masks (beside the forward, on helper threads).\n# TYPE tandem:structured_output_mask_seconds_total counter\ntandem:structured_output_mask_seconds_total{{{l}}} {}",
+            format_float(stats.guided_mask_seconds_total)
+        );
         let _ = writeln!(out, "# HELP vllm:request_success_total Count of finished requests by finish reason.\n# TYPE vllm:request_success_total counter");
         for (i, r) in FINISH_REASONS.iter().enumerate() {
             let _ = writeln!(out, "vllm:request_success_total{{{l},finished_reason=\"{r}\"}} {}", self.finished[i].load(Ordering::Relaxed));

@@ -195,6 +195,13 @@ async fn json_schema_forms_validate_across_seeds_and_temperatures() {
             }
         }
     }
+    // Every constrained token computed a mask, and /metrics counts them.
+    let text = common::get(t.addr, "/metrics").await.text();
+    let series = |name: &str| text.lines().find(|l| l.starts_with(name)).and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).unwrap_or_else(|| panic!("no {name} in\n{text}"));
+    let masks = series("tandem:structured_output_masks_total{");
+    let generated = series("vllm:generation_tokens_total{");
+    assert!(masks >= generated && generated > 0.0, "masks {masks}, generated tokens {generated}");
+    assert!(series("tandem:structured_output_mask_seconds_total{") > 0.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
