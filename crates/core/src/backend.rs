@@ -319,7 +319,7 @@ pub trait Backend: Send + 'static {
     }
     /// Rotary embedding in place, HF "rotate half" layout: dimension `i` pairs with `i + head_dim/2`.
     /// q f32 `[T, q_heads, head_dim]`, k f32 `[T, kv_heads, head_dim]`, positions u32 `[T]`,
-    /// inv_freq f32 `[head_dim/2]`; angle = position · inv_freq[i].
+    /// inv_freq f32 `[head_dim/2]`; angle = position · `inv_freq[i]`.
     #[allow(clippy::too_many_arguments)]
     fn rope(&self, q: &mut Self::Buf, k: &mut Self::Buf, positions: &Self::Buf, inv_freq: &Self::Buf, num_tokens: usize, q_heads: usize, kv_heads: usize, head_dim: usize) -> Result<()>;
     /// `out = silu(gate) * up`, elementwise over `len` values.

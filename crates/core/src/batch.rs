@@ -25,7 +25,7 @@ impl ForwardBatch {
         self.tokens.len()
     }
     pub fn num_seqs(&self) -> usize {
-        if self.max_blocks == 0 { 0 } else { self.block_tables.len() / self.max_blocks }
+        self.block_tables.len().checked_div(self.max_blocks).unwrap_or(0)
     }
 
     /// Appends one sequence's chunk: `tokens` at positions `start..start+len`, its block table,
@@ -55,7 +55,7 @@ impl ForwardBatch {
         if self.positions.len() != t || self.slots.len() != t || self.token_seq.len() != t {
             return Err(Error::Batch("tokens, positions, slots and token_seq differ in length".into()));
         }
-        if self.max_blocks == 0 || self.block_tables.len() % self.max_blocks != 0 {
+        if self.max_blocks == 0 || !self.block_tables.len().is_multiple_of(self.max_blocks) {
             return Err(Error::Batch("block_tables is not [num_seqs, max_blocks]".into()));
         }
         let seqs = self.num_seqs();

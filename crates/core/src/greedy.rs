@@ -38,8 +38,7 @@ pub fn generate(runner: &mut dyn ModelRunner, prompt: &[u32], max_tokens: usize,
         logits = runner.forward(&b)?;
         done = end;
     }
-    let mut pos = prompt.len();
-    for i in 0..max_tokens {
+    for (i, pos) in (0..max_tokens).zip(prompt.len()..) {
         let id = argmax_row(&logits[..vocab]);
         on_token(id);
         steps.push(Step { id, logits: if keep_logits { logits[..vocab].to_vec() } else { vec![] } });
@@ -49,7 +48,6 @@ pub fn generate(runner: &mut dyn ModelRunner, prompt: &[u32], max_tokens: usize,
         let mut b = ForwardBatch { max_blocks: table.len(), ..Default::default() };
         b.push_seq(&[id], pos, &table, g.block_size, true);
         logits = runner.forward(&b)?;
-        pos += 1;
     }
     Ok(steps)
 }
