@@ -3,7 +3,7 @@
 
 Runs `model.generate` in static batches over the same model directory and the same prompts
 (token ids), greedy, with min_new_tokens = max_new_tokens so EOS cannot end an output early,
-and prints one JSON line with output tokens/s.
+and prints a JSON line with output tokens/s after each batch (the last one covers the run).
 
     python bench/hf_baseline.py --model DIR --prompts-file prompts.json --batch-size 64
     python bench/hf_baseline.py --model DIR --num-prompts 64 --input-len 128 --output-len 128
@@ -30,6 +30,7 @@ def main():
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--max-batches", type=int, default=0, help="run only the first N static batches (0: all); the JSON says how many ran")
     hf_common.add_model_args(ap)
     a = ap.parse_args()
 
@@ -76,29 +77,40 @@ def main():
     # Warm-up: one short batch (kernel selection, allocator).
     run_batch(prompts[: min(len(prompts), a.batch_size)], max_new=2)
 
+    all_batches = list(batches())
+    todo = all_batches[: a.max_batches] if a.max_batches > 0 else all_batches
     start = time.perf_counter()
-    generated = 0
-    for b in batches():
+    generated = prompt_tokens = done = 0
+    for i, b in enumerate(todo):
         n = run_batch(b)
         # Count what each request asked for (what tandem counts), not the padding rows.
         generated += sum(min(n, want) for _, want in b)
-    wall = time.perf_counter() - start
-    prompt_tokens = sum(len(p) for p, _ in prompts)
-    print(
-        json.dumps(
-            {
-                **fields,
-                "batch_size": a.batch_size,
-                "num_prompts": len(prompts),
-                "prompt_tokens": prompt_tokens,
-                "output_tokens": generated,
-                "wall_s": wall,
-                "requests_per_s": len(prompts) / wall,
-                "output_tokens_per_s": generated / wall,
-                "total_tokens_per_s": (prompt_tokens + generated) / wall,
-            }
+        prompt_tokens += sum(len(p) for p, _ in b)
+        done += len(b)
+        wall = time.perf_counter() - start
+        # A line after every batch: a run cut short by its timeout still leaves the figures of
+        # the batches it finished (each a draw from the same workload), marked incomplete.
+        print(
+            json.dumps(
+                {
+                    **fields,
+                    "batch_size": a.batch_size,
+                    "num_prompts": done,
+                    "num_prompts_total": len(prompts),
+                    "batches_run": i + 1,
+                    "batches_total": len(all_batches),
+                    "complete": i + 1 == len(all_batches),
+                    "prompt_tokens": prompt_tokens,
+                    "output_tokens": generated,
+                    "wall_s": wall,
+                    "requests_per_s": done / wall,
+                    "output_tokens_per_s": generated / wall,
+                    "total_tokens_per_s": (prompt_tokens + generated) / wall,
+                }
+            ),
+            flush=True,
         )
-    )
+        print(f"hf batch {i + 1}/{len(todo)}: {len(b)} requests, {n} steps, {wall:.1f} s so far", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

@@ -107,17 +107,40 @@ def env_facts(path):
     return facts
 
 
-def latest_fields(env, figures, labs):
+# latest.json's figure fields in the order the table shows them, each with its target from
+# issues 13 and 14 (None: informative, no target): (field, comparison, target, what).
+TARGETS = [
+    ("decode_b1_tok_s", None, None, "tok/s, batch 1 (about 1340 at 0.80 of the 1B floor)"),
+    ("decode_b1_frac", ">=", 0.80, "of the decode floor, batch 1"),
+    ("decode_b64_frac", ">=", 0.70, "of the decode floor, batch 64"),
+    ("decode_b256_frac", None, None, "of the decode floor, batch 256"),
+    ("prefill_2048_frac", ">=", 0.60, "of the prefill floor (bf16 matmul rate), 2048 tokens"),
+    ("gemm_prefill_vs_torch", ">=", 0.9, "torch time / ours, GEMMs at m >= 512 (geomean)"),
+    ("gemm_decode_frac_min", ">=", 0.85, "least fraction of floor, GEMMs at m <= 64"),
+    ("attn_decode_frac_min", ">=", 0.70, "least fraction of floor, decode attention, ctx >= 1024"),
+    ("hf_b1_tok_s", None, None, "HF generate, static cache + torch.compile, batch 1, tok/s"),
+    ("throughput_vs_hf", ">=", 30.0, "mixed workload, our output tok/s over HF static batches of 64"),
+    ("continuous_vs_static_c100", ">=", 3.0, "bench compare, output tok/s, concurrency 100"),
+    ("serve_ttft_p99_s", None, None, "bench serve, 512 + 128 tokens, 64 in flight: TTFT p99"),
+    ("serve_tpot_p99_s", None, None, "bench serve: TPOT p99"),
+    ("batch_invariant", "==", True, "32 greedy requests alone and together, with a preemption"),
+]
+
+
+def meets(op, value, target):
+    if op == ">=":
+        return value >= target
+    if op == "==":
+        return value == target
+    return None
+
+
+def latest_fields(env, measured, labs):
     """docs/gpu/latest.json: the run's identity and the figures it measured. A field this run
-    did not measure is absent, never guessed (docs/gpu-check.md defines each)."""
+    did not measure is absent, never guessed (docs/gpu-check.md defines each). `measured` holds
+    the figures main() derived from the benchmark reports; None means not measured."""
     out = {k: env.get(k) for k in ("date", "gpu", "driver", "commit") if env.get(k)}
-    for f in figures:
-        if f["figure"].startswith("decode b=1 ") and f["measured"]:
-            out["decode_b1_tok_s"] = f["measured"]
-            if f["fraction_of_floor"] is not None:
-                out["decode_b1_frac"] = f["fraction_of_floor"]
-        if f["figure"].startswith("throughput b=64 ") and f["fraction_of_floor"] is not None:
-            out["decode_b64_frac"] = f["fraction_of_floor"]
+    out.update({k: v for k, v in measured.items() if v is not None})
     lab = (labs.get("llama-3.2-1b") or {}).get("results") or []
 
     def m_of(r):
@@ -133,6 +156,53 @@ def latest_fields(env, figures, labs):
     if att:
         out["attn_decode_frac_min"] = min(att)
     return out
+
+
+def decode_figures(model, report, bw, rate):
+    """Per batch size B of a `bench decode` report: (B, measured tok/s, floor tok/s or None,
+    bound). A step of batch B reads the weights once and the KV of B contexts of p + j tokens
+    (j = 1 .. g - 1), in the element size the report says it stored."""
+    s, r = report.get("settings", {}), report.get("results") or {}
+    p, g = s.get("prompt_len", 0), s.get("max_tokens", 0)
+    kvb = kv_elem_bytes(report)
+    by = r.get("decode_by_batch")
+    if not isinstance(by, dict):
+        # Reports before decode_by_batch: one batch size, in decode_tokens_per_s.
+        d = r.get("decode_tokens_per_s") or {}
+        by = {str(d.get("batch_size", 1)): d}
+    out = []
+    for b_text, rate_ in sorted(by.items(), key=lambda kv: int(kv[0])):
+        b, tps = int(b_text), (rate_ or {}).get("median")
+        if not tps:
+            continue
+        floor = bound = None
+        if model and bw and rate and g > 1 and kvb:
+            per = [decode_step_floor(model, [p + j] * b, bw, rate, kvb) for j in range(1, g)]
+            floor = b * (g - 1) / sum(t for t, _ in per)
+            bound = "memory" if all(m for _, m in per) else "compute"
+        out.append((b, tps, floor, bound))
+    return out
+
+
+def p99_s(summary):
+    """p99 of a latency summary in ms (bench reports' *_ms), in seconds."""
+    v = (summary or {}).get("p99")
+    return v / 1e3 if isinstance(v, (int, float)) else None
+
+
+def batch_invariance(compares):
+    """`batch_invariant`: False if any batch check of 32 or more requests failed; True if every
+    such check passed and at least one of them preempted and mixed prefill chunks with decodes;
+    None (absent) otherwise: a check that did not exercise those proves nothing either way."""
+    checks = [c for c in compares.values() if isinstance(c.get("batch"), dict) and c["batch"].get("requests", 0) >= 32]
+    if not checks:
+        return None, "no batch-invariance check of 32 requests ran"
+    if any(c["batch"].get("passed") is False or c["batch"].get("failure") or c["batch"].get("differ") for c in checks):
+        return False, "a batch-invariance check failed"
+    full = [c for c in checks if c["batch"].get("passed") is True and (c["batch"].get("preemptions") or 0) > 0 and (c["batch"].get("mixed_steps") or 0) > 0]
+    if not full:
+        return None, "no batch-invariance check showed a preemption and a step mixing prefill with decodes"
+    return True, None
 
 
 def main():
@@ -178,36 +248,48 @@ def main():
         fig(f"f32 matmul {ceil.get('matmul_f32_n')}^3 (no TF32)", ceil["matmul_f32_tflops"], "TFLOP/s")
 
     label = (model or {}).get("shape") or os.path.basename(a.bench_model)
+    bench = os.path.join(raw, "bench")
+    measured = {}
     kv_stored = {}
-    if dec and dec.get("results"):
-        s, r = dec.get("settings", {}), dec["results"]
+    for run, rep_ in (("decode", dec), ("decode-big", load_json(os.path.join(bench, "decode-big.json")))):
+        if not (rep_ and rep_.get("results")):
+            if run == "decode" and rep_ is None:
+                notes.append("no decode benchmark report")
+            continue
+        s = rep_.get("settings", {})
         p, g = s.get("prompt_len", 0), s.get("max_tokens", 0)
-        d_tps = r.get("decode_tokens_per_s", {}).get("median")
-        p_tps = r.get("prefill_tokens_per_s", {}).get("median")
-        kvb = kv_elem_bytes(dec)
-        kv_stored["decode"] = {"kv_cache_dtype": (dec.get("backend") or {}).get("kv_cache_dtype"), "kv_elem_bytes": kvb}
+        kvb = kv_elem_bytes(rep_)
+        kv_stored[run] = {"kv_cache_dtype": (rep_.get("backend") or {}).get("kv_cache_dtype"), "kv_elem_bytes": kvb}
         if kvb is None:
-            notes.append("the decode report does not say what its KV cache stored (backend.kv_elem_bytes): no decode or prefill floor")
-        if d_tps:
-            floor = bound = frac = None
-            if model and bw and rate and g > 1 and kvb:
-                per = [decode_step_floor(model, [p + j], bw, rate, kvb) for j in range(1, g)]
-                floor = (g - 1) / sum(t for t, _ in per)
-                frac = d_tps / floor
-                bound = "memory" if all(m for _, m in per) else "compute"
-            fig(f"decode b=1 {label} ({p}+{g} tok)", d_tps, "tok/s", floor, frac, bound)
-        if p_tps:
-            floor = bound = frac = None
-            if model and bw and rate and kvb:
-                chunk = s.get("max_num_batched_tokens") or p
-                t, mem = prefill_floor(model, p, 1, math.ceil(p / chunk), bw, rate, kvb)
-                floor, frac, bound = p / t, p_tps / (p / t), "memory" if mem else "compute"
-            fig(f"prefill {label} ({p} tok)", p_tps, "tok/s", floor, frac, bound)
-            if model and kvb and ceil.get("matmul_f32_tflops"):
-                t32, _ = prefill_floor(model, p, 1, 1, bw, ceil["matmul_f32_tflops"] * 1e12, kvb)
-                notes.append(f"prefill against the f32 (CUDA-core) matmul rate instead: {p_tps / (p / t32):.1%} of that floor")
-    elif dec is None:
-        notes.append("no decode benchmark report")
+            notes.append(f"the {run} report does not say what its KV cache stored (backend.kv_elem_bytes): no decode or prefill floor")
+        for bsz, tps, floor, bound in decode_figures(model, rep_, bw, rate):
+            frac = tps / floor if floor else None
+            fig(f"decode b={bsz} {label} ({p}+{g} tok)", tps, "tok/s", floor, frac, bound)
+            if bsz == 1:
+                measured["decode_b1_tok_s"] = tps
+                measured["decode_b1_frac"] = frac
+            if bsz in (64, 256):
+                measured[f"decode_b{bsz}_frac"] = frac
+    for run, rep_ in (("decode", dec), ("prefill", load_json(os.path.join(bench, "prefill.json")))):
+        if not (rep_ and rep_.get("results")):
+            continue
+        s = rep_.get("settings", {})
+        p = s.get("prompt_len", 0)
+        p_tps = (rep_["results"].get("prefill_tokens_per_s") or {}).get("median")
+        kvb = kv_elem_bytes(rep_)
+        if not p_tps:
+            continue
+        floor = bound = frac = None
+        if model and bw and rate and kvb:
+            chunk = s.get("max_num_batched_tokens") or p
+            t, mem = prefill_floor(model, p, 1, math.ceil(p / chunk), bw, rate, kvb)
+            floor, frac, bound = p / t, p_tps / (p / t), "memory" if mem else "compute"
+        fig(f"prefill {label} ({p} tok)", p_tps, "tok/s", floor, frac, bound)
+        if p == 2048 and run == "prefill":
+            measured["prefill_2048_frac"] = frac
+        if run == "decode" and model and kvb and ceil.get("matmul_f32_tflops"):
+            t32, _ = prefill_floor(model, p, 1, 1, bw, ceil["matmul_f32_tflops"] * 1e12, kvb)
+            notes.append(f"prefill ({p} tok) against the f32 (CUDA-core) matmul rate instead: {p_tps / (p / t32):.1%} of that floor")
 
     if thr and thr.get("results"):
         s, r = thr.get("settings", {}), thr["results"]
@@ -241,8 +323,69 @@ def main():
             fig(f"throughput b={seqs} {label} ({n} x {i_len}+{o_len})", tps, "out tok/s", floor, frac, bound)
         if r.get("preemptions"):
             notes.append(f"throughput run preempted {r['preemptions']} times")
-    elif thr is None:
-        notes.append("no throughput benchmark report")
+
+    # The peers (issue 14 item 8). Ours on the mixed workload against HF's static batches of
+    # the same prompts (bench/hf_baseline.py, run by check.sh from the prompts ours wrote).
+    mixed = load_json(os.path.join(bench, "mixed.json"))
+    hf_mixed = load_json(os.path.join(raw, "hf-mixed.json"))
+    ours_tps = ((mixed or {}).get("results") or {}).get("output_tokens_per_s")
+    if ours_tps:
+        w = (mixed.get("settings") or {}).get("workload") or {}
+        desc = f"{w.get('num_prompts')} x {w.get('min_len')}..{w.get('max_len')}+{w.get('min_output_len')}..{w.get('max_output_len')}"
+        fig(f"mixed {label} ({desc}), ours", ours_tps, "out tok/s")
+        if (mixed["results"].get("errors") or 0) > 0:
+            notes.append(f"mixed run: {mixed['results']['errors']} requests failed ({mixed['results'].get('first_error')}): no throughput_vs_hf")
+            ours_tps = None
+    hf_tps = (hf_mixed or {}).get("output_tokens_per_s")
+    if hf_tps:
+        fig(f"mixed {label}, HF static b={hf_mixed.get('batch_size')} ({hf_mixed.get('batches_run')}/{hf_mixed.get('batches_total')} batches)", hf_tps, "out tok/s")
+        if not hf_mixed.get("complete", True):
+            notes.append(f"HF ran {hf_mixed.get('batches_run')} of its {hf_mixed.get('batches_total')} static batches (cut by --max-batches or its timeout); its tok/s is over those ({hf_mixed.get('num_prompts')} requests of the same workload)")
+    if ours_tps and hf_tps:
+        total = (hf_mixed or {}).get("num_prompts_total", hf_mixed.get("num_prompts"))
+        if total == ((mixed.get("settings") or {}).get("workload") or {}).get("num_prompts"):
+            measured["throughput_vs_hf"] = ours_tps / hf_tps
+        else:
+            notes.append(f"HF's prompts ({total}) are not ours ({mixed['settings']['workload'].get('num_prompts')}): no throughput_vs_hf")
+    hf_b1 = load_json(os.path.join(raw, "hf-b1.json"))
+    if hf_b1 and hf_b1.get("decode_tokens_per_s"):
+        fig(f"HF generate b=1 ({hf_b1.get('method')}, {hf_b1.get('prompt_len')}+{hf_b1.get('max_tokens')} tok)", hf_b1["decode_tokens_per_s"], "tok/s")
+        if hf_b1.get("compiled") and hf_b1.get("cache_implementation") == "static":
+            measured["hf_b1_tok_s"] = hf_b1["decode_tokens_per_s"]
+            if hf_b1.get("compile_s") is not None:
+                notes.append(f"HF batch 1: torch.compile and warm-up took {hf_b1['compile_s']:.1f} s more than a steady generate (not in its rate)")
+        else:
+            notes.append("HF batch 1 ran without torch.compile: no hf_b1_tok_s")
+
+    # Static against continuous (`bench compare`, one report per concurrency).
+    comp = {}
+    for name in sorted(os.listdir(bench)) if os.path.isdir(bench) else []:
+        if name.startswith("compare-c") and name.endswith(".json"):
+            c = load_json(os.path.join(bench, name)) or {}
+            for run in (c.get("results") or {}).get("runs", []):
+                res = run.get("result") or {}
+                comp.setdefault(run.get("concurrency"), {})[run.get("scheduler")] = res
+    for conc in sorted(k for k in comp if isinstance(k, int)):
+        modes = comp[conc]
+        for mode in ("static", "continuous"):
+            r = modes.get(mode)
+            if r and r.get("output_tokens_per_s"):
+                e2e = p99_s(r.get("e2e_ms"))
+                fig(f"compare c={conc} {mode} (E2E p99 {e2e:.2f} s)" if e2e is not None else f"compare c={conc} {mode}", r["output_tokens_per_s"], "out tok/s")
+        st, co = modes.get("static") or {}, modes.get("continuous") or {}
+        ok = st.get("output_tokens_per_s") and co.get("output_tokens_per_s") and not st.get("errors") and not co.get("errors")
+        if conc == 100 and ok:
+            measured["continuous_vs_static_c100"] = co["output_tokens_per_s"] / st["output_tokens_per_s"]
+
+    serve = load_json(os.path.join(bench, "serve.json"))
+    sr = (serve or {}).get("results") or {}
+    if sr.get("output_tokens_per_s"):
+        fig(f"serve c={(serve.get('settings') or {}).get('max_concurrency')} ({sr.get('completed')} requests)", sr["output_tokens_per_s"], "out tok/s")
+        if sr.get("errors"):
+            notes.append(f"serve: {sr['errors']} requests failed ({sr.get('first_error')}): no serve latencies")
+        else:
+            measured["serve_ttft_p99_s"] = p99_s(sr.get("ttft_ms"))
+            measured["serve_tpot_p99_s"] = p99_s(sr.get("tpot_ms"))
 
     compares = {}
     for name in sorted(os.listdir(a.out)):
@@ -251,6 +394,9 @@ def main():
             nm = [x for p in c.get("prompts", []) for x in (p.get("nmse") or [])]
             compares[name] = {"passed": c.get("passed"), "failed": c.get("failed"), "max_nmse": max(nm) if nm else None, "batch": c.get("batch"), "kv_cache_dtype": c.get("kv_cache_dtype")}
     hf = load_json(os.path.join(a.out, "hf-tiny.json"))
+    measured["batch_invariant"], why = batch_invariance(compares)
+    if why:
+        notes.append(f"batch_invariant not set: {why}")
 
     doc = {
         "env": env,
@@ -263,7 +409,12 @@ def main():
         "notes": notes,
         "compares": compares,
         "hf_compare": {"passed": hf.get("passed"), "failed": hf.get("failed"), "device": hf.get("device")} if hf else None,
-        "bench_reports": {"decode": dec, "throughput": thr},
+        "bench_reports": {
+            "decode": dec,
+            "throughput": thr,
+            **{k: load_json(os.path.join(bench, k + ".json")) for k in ("decode-big", "prefill", "mixed", "serve", "compare-c50", "compare-c100", "compare-c200")},
+        },
+        "peers": {"hf_b1": hf_b1, "hf_mixed": hf_mixed},
     }
     labs = {}
     for name in sorted(os.listdir(raw)):
@@ -273,7 +424,7 @@ def main():
     with open(os.path.join(a.out, "results.json"), "w") as f:
         json.dump(doc, f, indent=1)
         f.write("\n")
-    latest = latest_fields(env, figures, labs)
+    latest = latest_fields(env, measured, labs)
     with open(os.path.join(a.out, "latest.json"), "w") as f:
         json.dump(latest, f, indent=1)
         f.write("\n")
@@ -301,6 +452,18 @@ def main():
             f"bench model {label}: {model['weight_bytes'] / 1e9:.2f} GB of weights, {model['decode_weight_bytes'] / 1e9:.2f} GB read per decode step"
             + (f"; {kv}" if kv else "; KV element size not reported")
         )
+    out.append("")
+    out.append(f"{'latest.json':<28} {'value':>12}  {'target':<8} {'met':<4} what")
+    for key, op, target, what in TARGETS:
+        v = latest.get(key)
+        if v is None:
+            val, met = "absent", ""
+        else:
+            val = str(v).lower() if isinstance(v, bool) else (f"{v:.3f}" if abs(v) < 100 else f"{v:.1f}")
+            m = meets(op, v, target) if op else None
+            met = "" if m is None else ("yes" if m else "NO")
+        tg = f"{op} {str(target).lower() if isinstance(target, bool) else target}" if op else "-"
+        out.append(f"{key:<28} {val:>12}  {tg:<8} {met:<4} {what}")
     for n_ in notes:
         out.append(f"note: {n_}")
     text = "\n".join(out) + "\n"
