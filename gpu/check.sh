@@ -3,12 +3,13 @@
 #
 # Prints the machine (date, GPU, driver, glibc, commit), finds libnvrtc, then: the op suite on
 # the backend, random models made here by our binary, whole-model compares against the reference
-# backend (and HF transformers), the two ceilings (copy bandwidth, bf16 matmul), and short
-# benchmarks held against their floors. Everything runs with the backend's default KV cache
+# backend (and HF transformers), the two ceilings (copy bandwidth, bf16 matmul), and benchmarks
+# held against their floors and against HF transformers on the same GPU (issue 14 item 8);
+# summarize.py writes every figure it measured into latest.json (docs/gpu/latest.json). Everything runs with the backend's default KV cache
 # (bf16 on cuda); one compare repeats the tiny bf16 model with an f32 cache (the f32 kernels).
 # The benchmarks' reports say which element size they stored; summarize.py counts KV bytes by it. Every step has its own timeout, a failed step does not
 # stop the next, and the whole run keeps inside TANDEM_CHECK_BUDGET_S. Full logs go to OUT_DIR
-# (six files); a short table is printed last.
+# (seven files); a short table is printed last, with every latest.json field beside its target.
 #
 # Runs from the bundle (`cargo xtask gpu-bundle`: tandem, *.py, check.sh, COMMIT, kernels/) or
 # from gpu/ in a checkout (binary from TANDEM_BIN or target/release/tandem).
@@ -17,7 +18,12 @@
 #   TANDEM_CHECK_BACKEND     cuda (default), wgpu or reference: the latter two are dry runs
 #   TANDEM_CHECK_BENCH_SHAPE llama-3.2-1b (default); a small shape for dry runs
 #   TANDEM_CHECK_SMALL=1     dry run sizes: fewer compare steps, tiny benchmarks
-#   TANDEM_CHECK_BUDGET_S    seconds for all steps together (default 330)
+#   TANDEM_CHECK_BUDGET_S    seconds for all steps together (default 480: one 10-minute call
+#                            of 600 s, less the machine's start-up and the summary, with margin)
+#   TANDEM_CHECK_GROUPS      comma list of step groups to run (default all): correctness,
+#                            decode, peers, kernels, compare, serve (models and ceilings always)
+#   TANDEM_CHECK_HF_COMPILE  1 (default; 0 in dry runs): torch.compile in the HF batch-1 peer
+#   TANDEM_CHECK_HF_MAX_BATCHES  run only the first N of HF's static batches (default 0: all)
 #   TANDEM_CHECK_WORK        scratch folder for models and raw outputs (default /tmp/tandem-check)
 #   TANDEM_CHECK_PYTHON      python with torch + transformers (default python3)
 #   TANDEM_KERNEL_DIR        passed through: kernel sources to use instead of the built-in ones
@@ -30,7 +36,8 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 BACKEND=${TANDEM_CHECK_BACKEND:-cuda}
 BENCH_SHAPE=${TANDEM_CHECK_BENCH_SHAPE:-llama-3.2-1b}
 SMALL=${TANDEM_CHECK_SMALL:-0}
-BUDGET=${TANDEM_CHECK_BUDGET_S:-330}
+BUDGET=${TANDEM_CHECK_BUDGET_S:-480}
+GROUPS_=${TANDEM_CHECK_GROUPS:-all}
 WORK=${TANDEM_CHECK_WORK:-/tmp/tandem-check}
 PY=${TANDEM_CHECK_PYTHON:-python3}
 export PYTHONUNBUFFERED=1
@@ -56,15 +63,16 @@ elapsed() { echo $(( $(date +%s) - T0 )); }
 
 # step NAME TIMEOUT_S CMD...: runs CMD under `timeout`, logs its whole output, records
 # (name, rc, seconds, verdict line) in steps.tsv, prints one status line. rc 124 = timed out,
-# 125 = skipped for lack of time. The verdict line is the last line matching PICK (a regex;
+# 125 = skipped for lack of time: fewer than NEED seconds (default 15) of the budget left. The verdict line is the last line matching PICK (a regex;
 # default: a pass/fail count or an error), else the last line.
 step() {
     local name=$1 limit=$2; shift 2
     local left=$(( BUDGET - $(elapsed) ))
     local slog="$WORK/logs/$(printf '%s' "$name" | tr -c 'A-Za-z0-9_.-' '_').log"
-    if [ "$left" -lt 15 ]; then
-        printf '%s\t125\t0\tskipped: out of the %s s budget\n' "$name" "$BUDGET" >>"$STEPS"
-        say "[$(elapsed) s] $name: SKIPPED (out of time budget)"
+    local need=${NEED:-15}
+    if [ "$left" -lt "$need" ]; then
+        printf '%s\t125\t0\tskipped: needs ~%s s, %s s left of the %s s budget\n' "$name" "$need" "$left" "$BUDGET" >>"$STEPS"
+        say "[$(elapsed) s] $name: SKIPPED (needs ~$need s, $left s of the budget left)"
         return 125
     fi
     [ "$limit" -gt "$left" ] && limit=$left
@@ -154,6 +162,9 @@ gen tiny f32 "$TINY32" 30
 gen smollm2-135m bf16 "$SMOL" 60
 
 # ---------------------------------------------------------------- correctness
+# want GROUP: whether TANDEM_CHECK_GROUPS (default all) names it; a second call can rerun parts.
+want() { [ "$GROUPS_" = all ] || [[ ",$GROUPS_," == *",$1,"* ]]; }
+if want correctness; then
 if ! step "test-ops $BACKEND" 150 "$BIN" test-ops --backend "$BACKEND"; then
     # Rerun each failing op (up to 3) with a synchronize after every launch, so an
     # asynchronous fault is reported against the kernel that caused it.
@@ -179,48 +190,135 @@ if [ -s "$OUT/compare-tiny.json" ]; then
 else
     printf 'hf_compare tiny\t125\t0\tskipped: tandem compare wrote no compare-tiny.json\n' >>"$STEPS"
 fi
+fi # want correctness
 
 # ---------------------------------------------------------------- ceilings and benchmarks
+# Most important first (issue 14 item 8): correctness above, then our decode at batch 1 and 64,
+# then the peers (HF transformers on this GPU), then the rest. The GPU seconds beside each step
+# are ESTIMATES for the H200 at the speeds of the 2026-11-29 run (decode b=1 404 tok/s, prefill
+# ~7.4k tok/s, b=64 ~1.1k out tok/s), not measurements; a faster engine shortens ours. NEED=S
+# skips a step that would start with less than S seconds of the budget left, rather than
+# starting it only to be killed with nothing written (docs/gpu-check.md, "Budget").
 if [ "$SMALL" = 1 ]; then
     step "ceilings" 120 "$PY" "$HERE/ceilings.py" --copy-mib 64 --n 1024 --reps 5 --allow-cpu
 else
-    step "ceilings" 120 "$PY" "$HERE/ceilings.py"
+    step "ceilings" 120 "$PY" "$HERE/ceilings.py"                                          # ~10 s
 fi
 grep -E '^\{' "$WORK/logs/ceilings.log" | tail -n 1 >"$WORK/raw/ceilings.json"
 
 wait "$GEN_PID"
 BENCH_OUT=$WORK/raw/bench
+# HF transformers' scripts: beside this one in the bundle, in bench/ in a checkout.
+HFDIR=$HERE
+[ -f "$HFDIR/hf_baseline.py" ] || HFDIR=$HERE/../bench
+HF_CUDA=$($PY -c 'import torch, transformers; print(int(torch.cuda.is_available()))' 2>/dev/null | tail -n 1)
+# hf_skip NAME...: records why a peer step did not run (no torch, or no GPU outside a dry run).
+hf_skip() {
+    local why=
+    if [ -z "$HF_CUDA" ]; then why="no torch + transformers in $PY"
+    elif [ "$HF_CUDA" != 1 ] && [ "$SMALL" != 1 ]; then why="torch sees no CUDA device (HF peers run on the CPU only in dry runs)"
+    fi
+    [ -z "$why" ] && return 1
+    for n in "$@"; do printf '%s\t125\t0\tskipped: %s\n' "$n" "$why" >>"$STEPS"; done
+    say "HF peers skipped: $why"
+    return 0
+}
 if [ "$SMALL" = 1 ]; then
-    DEC=(--prompt-len 64 --max-tokens 16 --runs 2 --max-num-batched-tokens 64)
-    THR=(--max-num-seqs 8 --num-prompts 8 --input-len 32 --output-len 8 --num-kv-blocks 64 --max-num-batched-tokens 256 --warmup 1)
+    DEC1=(--prompt-len 64 --max-tokens 16 --batch-sizes 1,64 --runs 2 --max-num-batched-tokens 1024)
+    DEC2=(--prompt-len 64 --max-tokens 16 --batch-sizes 8,256 --runs 2 --max-num-batched-tokens 2048)
+    # tiny's context is 2048 tokens, so no 2048-token prompt: prefill_2048_frac stays absent.
+    PRE=(--prompt-len 1024 --max-tokens 2 --runs 2 --max-num-batched-tokens 1024)
+    MIX=(--num-prompts 16 --min-len 16 --max-len 64 --min-output-len 16 --max-output-len 32 --max-num-seqs 16 --num-kv-blocks 128)
+    HF_BATCH=4
+    HFB1=(--prompt-len 64 --max-tokens 16 --runs 2)
+    CMP_ARGS=(--min-len 16 --max-len 64 --min-output-len 16 --max-output-len 32 --num-kv-blocks 256)
+    CMPS=(4 2 8)
+    SRV=(--input-len 64 --output-len 16 --num-prompts 16 --max-concurrency 8 --max-num-seqs 8 --num-kv-blocks 128)
 else
-    DEC=(--prompt-len 512 --max-tokens 128 --runs 3 --max-num-batched-tokens 512)
-    THR=(--max-num-seqs 64 --num-prompts 64 --input-len 128 --output-len 128 --num-kv-blocks 1280 --max-num-batched-tokens 2048 --warmup 2)
+    DEC1=(--prompt-len 512 --max-tokens 128 --batch-sizes 1,64 --runs 3 --max-num-batched-tokens 2048)
+    DEC2=(--prompt-len 512 --max-tokens 128 --batch-sizes 8,256 --runs 2 --max-num-batched-tokens 2048)
+    PRE=(--prompt-len 2048 --max-tokens 2 --runs 3 --max-num-batched-tokens 2048)
+    # The peer workload: 256 requests, prompts uniform in 16..=1024, outputs in 16..=512, all
+    # submitted at once (continuous batching decides); HF runs them as static batches of 64.
+    MIX=(--num-prompts 256 --min-len 16 --max-len 1024 --min-output-len 16 --max-output-len 512 --max-num-seqs 256 --max-num-batched-tokens 4096)
+    HF_BATCH=64
+    HFB1=(--prompt-len 512 --max-tokens 128 --runs 3)
+    # Static vs continuous, the same length distribution, 2 x C requests at concurrency C (two
+    # static waves: the least that shows what a static batch waits for).
+    CMP_ARGS=(--min-len 16 --max-len 1024 --min-output-len 16 --max-output-len 512 --max-num-batched-tokens 4096)
+    CMPS=(100 50 200)
+    SRV=(--input-len 512 --output-len 128 --num-prompts 256 --max-concurrency 64 --max-num-seqs 64 --max-num-batched-tokens 2048)
 fi
+HF_COMPILE=${TANDEM_CHECK_HF_COMPILE:-$([ "$SMALL" = 1 ] && echo 0 || echo 1)}
+HF_MAX_BATCHES=${TANDEM_CHECK_HF_MAX_BATCHES:-0}
 if "$BIN" bench --help >/dev/null 2>&1; then
-    PICK='decode tok/s' step "bench decode $BENCH_SHAPE" 180 "$BIN" bench decode --backend "$BACKEND" --model "$BENCH_DIR" "${DEC[@]}" --output-dir "$BENCH_OUT" --name decode
-    PICK='^\| tandem' step "bench throughput $BENCH_SHAPE" 180 "$BIN" bench throughput --backend "$BACKEND" --model "$BENCH_DIR" "${THR[@]}" --timeout-s 150 --output-dir "$BENCH_OUT" --name throughput
+    BM=(--backend "$BACKEND" --model "$BENCH_DIR")
+    if want decode; then
+        # ~25 s: prefill of 64 x 512 tokens untimed, then 3 x (b=1 and b=64, 127 steps each).
+        NEED=30 PICK='decode tok/s' step "bench decode b1,b64 $BENCH_SHAPE" 150 "$BIN" bench decode "${BM[@]}" "${DEC1[@]}" --output-dir "$BENCH_OUT" --name decode
+        # ~10 s: 3 prefills of 2048 tokens (one forward each) plus a load.
+        NEED=15 PICK='prefill tok/s' step "bench prefill 2048 $BENCH_SHAPE" 90 "$BIN" bench decode "${BM[@]}" "${PRE[@]}" --output-dir "$BENCH_OUT" --name prefill
+    fi
+    if want peers && ! hf_skip "hf generate b1 static+compile" "hf mixed static b$HF_BATCH"; then
+        # ~90 s, mostly torch.compile of the decode step (reported apart as compile_s).
+        HFC=(); [ "$HF_COMPILE" = 1 ] || HFC=(--no-compile)
+        NEED=60 PICK='^hf generate run' step "hf generate b1 static+compile" 200 "$PY" "$HFDIR/hf_generate.py" --model "$BENCH_DIR" "${HFB1[@]}" "${HFC[@]}"
+        grep -E '^\{' "$WORK/logs/hf_generate_b1_static_compile.log" | tail -n 1 >"$WORK/raw/hf-b1.json"
+        # Ours on the mixed workload, ~80 s (256 requests, ~67k output tokens); it leaves the
+        # exact prompts for HF.
+        NEED=45 PICK='^\| tandem' step "bench mixed $BENCH_SHAPE" 200 "$BIN" bench throughput "${BM[@]}" --workload mixed "${MIX[@]}" --warmup 2 --timeout-s 190 --write-prompts "$WORK/raw/mixed-prompts.json" --output-dir "$BENCH_OUT" --name mixed
+        if [ -s "$WORK/raw/mixed-prompts.json" ]; then
+            # ~60 s: 4 static batches of 64, each up to 1024 + 512 tokens (padded, waiting for
+            # its longest). A JSON line per finished batch, so a timeout keeps what finished.
+            NEED=30 PICK='^hf batch' step "hf mixed static b$HF_BATCH" 150 "$PY" "$HFDIR/hf_baseline.py" --model "$BENCH_DIR" --prompts-file "$WORK/raw/mixed-prompts.json" --batch-size "$HF_BATCH" --max-batches "$HF_MAX_BATCHES"
+            grep -E '^\{' "$WORK/logs/hf_mixed_static_b$HF_BATCH.log" | tail -n 1 >"$WORK/raw/hf-mixed.json"
+        else
+            printf 'hf mixed static b%s\t125\t0\tskipped: bench mixed wrote no prompts\n' "$HF_BATCH" >>"$STEPS"
+        fi
+    fi
 else
     printf 'bench\t125\t0\tskipped: this tandem binary has no bench subcommand\n' >>"$STEPS"
 fi
 
 # The kernel lab (issue 13): each GEMM and attention kernel at the Llama shapes, against the
 # ceilings just measured, then the same cases through torch (cuBLAS, SDPA) on this GPU.
-if "$BIN" bench kernels --help >/dev/null 2>&1; then
+# ~40 s for the 1B shape with its torch half; the 8B one comes last.
+kernel_lab() { # kernel_lab SHAPE...
+    "$BIN" bench kernels --help >/dev/null 2>&1 || return 0
+    want kernels || return 0
     read -r BW PK < <(python3 -c 'import json, sys; c = json.load(open(sys.argv[1])); print(c.get("copy_gbps") or 0, c.get("matmul_tflops") or 0)' "$WORK/raw/ceilings.json" 2>/dev/null || echo "0 0")
-    CEIL=()
+    local CEIL=() LAB KS
     [ "${BW%.*}" -gt 0 ] 2>/dev/null && CEIL+=(--bandwidth-gbs "$BW")
     [ "${PK%.*}" -gt 0 ] 2>/dev/null && CEIL+=(--peak-tflops "$PK")
-    if [ "$SMALL" = 1 ]; then
-        LABS=(tiny); LAB=(--m 1,64 --attn-batch 1,8 --attn-context 256 --attn-prefill 128 --min-ms 20)
-    else
-        LABS=(llama-3.2-1b llama-3.1-8b); LAB=(--min-ms 100)
-    fi
-    for KS in "${LABS[@]}"; do
-        PICK='attention prefill' step "kernel lab $KS" 150 "$BIN" bench kernels --backend "$BACKEND" --shape "$KS" "${LAB[@]}" "${CEIL[@]}" --output-dir "$BENCH_OUT" --name "kernels-$KS"
-        [ -f "$BENCH_OUT/kernels-$KS.json" ] && PICK='attention prefill' step "kernel lab torch $KS" 150 "$PY" "$HERE/kernel_lab.py" "$BENCH_OUT/kernels-$KS.json" --min-ms 50 --out "$WORK/raw/kernel-lab-$KS.json"
+    local TORCH_CPU=()
+    if [ "$SMALL" = 1 ]; then LAB=(--m 1,64 --attn-batch 1,8 --attn-context 256 --attn-prefill 128 --min-ms 20); TORCH_CPU=(--allow-cpu); else LAB=(--min-ms 100); fi
+    for KS in "$@"; do
+        NEED=20 PICK='attention prefill' step "kernel lab $KS" 150 "$BIN" bench kernels --backend "$BACKEND" --shape "$KS" "${LAB[@]}" "${CEIL[@]}" --output-dir "$BENCH_OUT" --name "kernels-$KS"
+        [ -f "$BENCH_OUT/kernels-$KS.json" ] && NEED=20 PICK='attention prefill' step "kernel lab torch $KS" 150 "$PY" "$HERE/kernel_lab.py" "$BENCH_OUT/kernels-$KS.json" --min-ms 50 "${TORCH_CPU[@]}" --out "$WORK/raw/kernel-lab-$KS.json"
     done
+}
+if [ "$SMALL" = 1 ]; then kernel_lab tiny; else kernel_lab llama-3.2-1b; fi
+
+# compare_at C: static against continuous at concurrency C, 2 x C requests (`tandem bench compare`).
+compare_at() {
+    want compare || return 0
+    "$BIN" bench --help >/dev/null 2>&1 || return 0
+    # ~100 s at C = 100 (two static waves waiting for 512-token outputs, then the same work
+    # continuously); ~50 s at 50, ~200 s at 200.
+    NEED=$(( $1 / 2 + 30 )) PICK='^\| [0-9]' step "bench compare c$1 $BENCH_SHAPE" $(( $1 * 2 + 60 )) "$BIN" bench compare "${BM[@]}" "${CMP_ARGS[@]}" --concurrency "$1" --num-prompts $(( $1 * 2 )) --warmup 1 --timeout-s $(( $1 * 2 + 40 )) --output-dir "$BENCH_OUT" --name "compare-c$1"
+}
+compare_at "${CMPS[0]}"
+if "$BIN" bench --help >/dev/null 2>&1 && want serve; then
+    # ~45 s: a spawned `tandem serve`, 256 streamed requests of 512 + 128 tokens, 64 in flight.
+    NEED=40 PICK='^\| [0-9]' step "bench serve c64 $BENCH_SHAPE" 150 "$BIN" bench serve --spawn "${BM[@]}" --workload random "${SRV[@]}" --startup-timeout-s 60 --timeout-s 120 --output-dir "$BENCH_OUT" --name serve
 fi
+if "$BIN" bench --help >/dev/null 2>&1 && want decode; then
+    # ~50 s: prefill of 256 x 512 tokens untimed, then 2 x (b=8 and b=256, 127 steps each).
+    NEED=45 PICK='decode tok/s' step "bench decode b8,b256 $BENCH_SHAPE" 150 "$BIN" bench decode "${BM[@]}" "${DEC2[@]}" --output-dir "$BENCH_OUT" --name decode-big
+fi
+compare_at "${CMPS[1]}"
+compare_at "${CMPS[2]}"
+[ "$SMALL" = 1 ] || kernel_lab llama-3.1-8b
 
 # ---------------------------------------------------------------- the table, last
 python3 "$HERE/summarize.py" --work "$WORK" --out "$OUT" --bench-model "$BENCH_DIR" --backend "$BACKEND" >"$WORK/raw/summary.out" 2>&1

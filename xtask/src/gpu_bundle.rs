@@ -1,5 +1,5 @@
 //! `cargo xtask gpu-bundle`: everything the GPU machine needs in `bundle/` (git-ignored): the
-//! stripped release `tandem`, gpu/check.sh and gpu/*.py, the kernel sources (for
+//! stripped release `tandem`, gpu/check.sh, gpu/*.py and bench/*.py (the HF peers), the kernel sources (for
 //! `TANDEM_KERNEL_DIR`) and a COMMIT file. That machine has no Rust toolchain and no network,
 //! and at most 64 MiB travels with the working tree, so the bundle must be small and whole.
 //! Prints its size and the exact device `run` call (docs/gpu-check.md).
@@ -62,6 +62,20 @@ pub fn run(a: Args) -> Result<()> {
             scripts += 1;
         }
     }
+    // The HF transformers peers (bench/hf_*.py) sit beside check.sh in the bundle; it looks
+    // there first, then in ../bench of a checkout.
+    let bench = root.join("bench");
+    for e in std::fs::read_dir(&bench).with_context(|| format!("reading {}", bench.display()))? {
+        let p = e?.path();
+        if p.extension().and_then(|x| x.to_str()) == Some("py") {
+            let dest = out.join(p.file_name().unwrap_or_default());
+            if dest.exists() {
+                bail!("{} and gpu/ both have {}: the bundle is flat", p.display(), dest.display());
+            }
+            copy(&p, &dest)?;
+            scripts += 1;
+        }
+    }
     if !out.join("check.sh").is_file() {
         bail!("gpu/check.sh is missing: the bundle would have nothing to run");
     }
@@ -98,8 +112,10 @@ pub fn run(a: Args) -> Result<()> {
         bail!("bundle and working tree exceed the {:.0} MiB that may travel", mib(TRAVEL_LIMIT));
     }
     println!();
-    println!("device call (one H200, about 4-6 minutes; timeout leaves room for the summary):");
-    println!(r#"  run(command="bash {}/check.sh $OUT", carry=["{}"], timeout_s=480)"#, a.out.display(), a.out.display());
+    // check.sh keeps its steps inside 480 s (TANDEM_CHECK_BUDGET_S); a step cut at the budget
+    // may take 10 s more to die, then the summary: 570 s stays under the 600 s a call may run.
+    println!("device call (one H200, at most about 8 minutes of steps; timeout leaves room for the summary):");
+    println!(r#"  run(command="bash {}/check.sh $OUT", carry=["{}"], timeout_s=570)"#, a.out.display(), a.out.display());
     println!("dry run here:  XDG_RUNTIME_DIR=/tmp/xdg TANDEM_CHECK_BACKEND=wgpu TANDEM_CHECK_BENCH_SHAPE=tiny TANDEM_CHECK_SMALL=1 bash {}/check.sh /tmp/check-out", a.out.display());
     Ok(())
 }

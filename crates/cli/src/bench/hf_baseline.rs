@@ -16,8 +16,7 @@ use super::workload::Prompt;
 pub fn run(python: &str, script: &Path, model_dir: &Path, prompts: &[Prompt], batch: usize, extra: &[String]) -> Result<Value> {
     check_script(script)?;
     let file = std::env::temp_dir().join(format!("tandem-bench-prompts-{}.json", std::process::id()));
-    let body = json!({"prompts": prompts.iter().map(|p| json!({"ids": p.ids, "output_len": p.output_len})).collect::<Vec<_>>()});
-    std::fs::write(&file, body.to_string()).with_context(|| format!("writing {}", file.display()))?;
+    write_prompts(&file, prompts)?;
     eprintln!("running the HF baseline: {python} {} (batch {batch}) ...", script.display());
     let args = ["--model".to_string(), model_dir.display().to_string(), "--prompts-file".into(), file.display().to_string(), "--batch-size".into(), batch.to_string()];
     let out = run_script(python, script, &args, extra);
@@ -27,6 +26,12 @@ pub fn run(python: &str, script: &Path, model_dir: &Path, prompts: &[Prompt], ba
         bail!("{} reported no positive output_tokens_per_s: {v}", script.display());
     }
     Ok(v)
+}
+
+/// The prompts file `hf_baseline.py --prompts-file` reads: `{"prompts": [{"ids", "output_len"}]}`.
+pub fn write_prompts(path: &Path, prompts: &[Prompt]) -> Result<()> {
+    let body = json!({"prompts": prompts.iter().map(|p| json!({"ids": p.ids, "output_len": p.output_len})).collect::<Vec<_>>()});
+    std::fs::write(path, body.to_string()).with_context(|| format!("writing {}", path.display()))
 }
 
 /// What `bench decode` measures, for the HF side.

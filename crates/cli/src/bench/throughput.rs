@@ -1,7 +1,8 @@
 //! `tandem bench throughput`: the offline benchmark. Every prompt goes to the engine at once
 //! (like vLLM's `benchmark_throughput`); reports requests/s, output and total tokens/s, the
 //! KV pool's peak usage and preemptions. `--hf-baseline` runs HF transformers' `generate`
-//! on the same model and prompts and prints the ratio. `--guided-fraction` constrains that
+//! on the same model and prompts and prints the ratio (or `--write-prompts` leaves the prompts
+//! for the baseline to run apart). `--guided-fraction` constrains that
 //! share of the requests by a JSON schema and reports the mask's cost (p50, p99 per token).
 
 use std::path::PathBuf;
@@ -48,6 +49,11 @@ pub struct Args {
     /// Extra arguments for the baseline script, e.g. `--hf-args=--device=cpu`.
     #[arg(long, allow_hyphen_values = true)]
     pub hf_args: Vec<String>,
+    /// Also write the prompts (ids and output lengths) here, in the format
+    /// `bench/hf_baseline.py --prompts-file` reads, so a baseline can run as its own step
+    /// on exactly these requests (gpu/check.sh does).
+    #[arg(long)]
+    pub write_prompts: Option<PathBuf>,
     /// Fraction of the requests (spread evenly) constrained by a JSON schema (an open-ended
     /// array of objects, so they still run to their output length): structured output's cost.
     #[arg(long, default_value_t = 0.0)]
@@ -94,6 +100,10 @@ fn mask_percentiles(st: &tandem_engine::Stats, count: usize) -> Option<(f64, f64
 pub fn run(a: Args) -> Result<()> {
     let model = model_source::resolve(a.engine.model.as_deref(), &a.random)?;
     let prompts = a.workload.prompts(model.config.vocab_size, model.config.max_position_embeddings)?;
+    if let Some(path) = &a.write_prompts {
+        hf_baseline::write_prompts(path, &prompts)?;
+        eprintln!("wrote {} prompts to {}", prompts.len(), path.display());
+    }
     let started = model_source::start_engine(&model, &a.engine)?;
     eprintln!("loaded {} on {} ({}) in {:.2} s", model.label, a.engine.backend.name(), started.device, started.load_s);
     offline::warm_up(&started.handle, &prompts, a.warmup)?;

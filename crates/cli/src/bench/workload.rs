@@ -2,8 +2,10 @@
 //!
 //! - `random`: every prompt `input_len` tokens, every output `output_len` tokens (vLLM's
 //!   `benchmark_throughput` with its random dataset: 1000 prompts of 128 in, 128 out).
-//! - `mixed`: input and output lengths uniform in `[min_len, max_len]` (nano-vllm's bench:
-//!   256 prompts, 100..=1024 each), which is where continuous batching earns its keep.
+//! - `mixed`: input lengths uniform in `[min_len, max_len]`, output lengths uniform in
+//!   `[min_output_len, max_output_len]` (by default the same range: nano-vllm's bench, 256
+//!   prompts, 100..=1024 each), which is where continuous batching earns its keep. The GPU
+//!   check's peer workload is 16..=1024 in, 16..=512 out.
 //!
 //! Outputs are forced to their length with `ignore_eos`, so every engine does the same work.
 
@@ -37,6 +39,12 @@ pub struct WorkloadArgs {
     /// `mixed`: longest prompt and output.
     #[arg(long, default_value_t = 1024)]
     pub max_len: usize,
+    /// `mixed`: shortest output (default: --min-len).
+    #[arg(long)]
+    pub min_output_len: Option<usize>,
+    /// `mixed`: longest output (default: --max-len).
+    #[arg(long)]
+    pub max_output_len: Option<usize>,
     /// Seed of the token ids and lengths.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -50,18 +58,26 @@ impl WorkloadArgs {
         })
     }
 
+    /// `mixed`: the output length range.
+    pub fn output_range(&self) -> (usize, usize) {
+        (self.min_output_len.unwrap_or(self.min_len), self.max_output_len.unwrap_or(self.max_len))
+    }
+
     pub fn to_json(&self) -> Value {
+        let (lo, hi) = self.output_range();
         match self.workload {
             WorkloadKind::Random => json!({"workload": "random", "num_prompts": self.num_prompts(), "input_len": self.input_len, "output_len": self.output_len, "seed": self.seed}),
-            WorkloadKind::Mixed => json!({"workload": "mixed", "num_prompts": self.num_prompts(), "min_len": self.min_len, "max_len": self.max_len, "seed": self.seed}),
+            WorkloadKind::Mixed => json!({"workload": "mixed", "num_prompts": self.num_prompts(), "min_len": self.min_len, "max_len": self.max_len, "min_output_len": lo, "max_output_len": hi, "seed": self.seed}),
         }
     }
 
     /// A short description for table headers.
     pub fn describe(&self) -> String {
+        let (lo, hi) = self.output_range();
         match self.workload {
             WorkloadKind::Random => format!("random, {} prompts, {} in / {} out", self.num_prompts(), self.input_len, self.output_len),
-            WorkloadKind::Mixed => format!("mixed, {} prompts, lengths uniform in {}..={}", self.num_prompts(), self.min_len, self.max_len),
+            WorkloadKind::Mixed if (lo, hi) == (self.min_len, self.max_len) => format!("mixed, {} prompts, lengths uniform in {}..={}", self.num_prompts(), self.min_len, self.max_len),
+            WorkloadKind::Mixed => format!("mixed, {} prompts, {}..={} in / {lo}..={hi} out", self.num_prompts(), self.min_len, self.max_len),
         }
     }
 
@@ -76,13 +92,19 @@ impl WorkloadArgs {
         }
         let (lo_in, hi_in, lo_out, hi_out) = match self.workload {
             WorkloadKind::Random => (self.input_len, self.input_len, self.output_len, self.output_len),
-            WorkloadKind::Mixed => (self.min_len, self.max_len, self.min_len, self.max_len),
+            WorkloadKind::Mixed => {
+                let (lo, hi) = self.output_range();
+                (self.min_len, self.max_len, lo, hi)
+            }
         };
         if lo_in == 0 || lo_out == 0 {
             bail!("prompt and output lengths must be at least 1 (got input {lo_in}, output {lo_out})");
         }
         if lo_in > hi_in {
             bail!("--min-len {lo_in} exceeds --max-len {hi_in}");
+        }
+        if lo_out > hi_out {
+            bail!("the shortest output {lo_out} exceeds the longest {hi_out} (--min-output-len / --max-output-len)");
         }
         if hi_in + hi_out > max_model_len {
             bail!("prompts of up to {hi_in} tokens plus outputs of up to {hi_out} exceed the model's context of {max_model_len} tokens");
@@ -134,7 +156,7 @@ mod tests {
     use super::*;
 
     fn args(workload: WorkloadKind, n: usize) -> WorkloadArgs {
-        WorkloadArgs { workload, num_prompts: Some(n), input_len: 16, output_len: 8, min_len: 100, max_len: 1024, seed: 3 }
+        WorkloadArgs { workload, num_prompts: Some(n), input_len: 16, output_len: 8, min_len: 100, max_len: 1024, min_output_len: None, max_output_len: None, seed: 3 }
     }
 
     #[test]
@@ -157,6 +179,18 @@ mod tests {
         assert!(p.iter().all(|p| (100..=1024).contains(&p.output_len)));
         // 256 uniform draws over 925 values: both ends of the range are reached.
         assert!(*lens.iter().min().unwrap() < 200 && *lens.iter().max().unwrap() > 900);
+    }
+
+    #[test]
+    fn mixed_outputs_can_have_their_own_range() {
+        let a = WorkloadArgs { min_len: 16, max_len: 1024, min_output_len: Some(16), max_output_len: Some(512), ..args(WorkloadKind::Mixed, 256) };
+        let p = a.prompts(49152, 4096).unwrap();
+        assert!(p.iter().all(|p| (16..=1024).contains(&p.ids.len()) && (16..=512).contains(&p.output_len)));
+        assert!(p.iter().map(|p| p.output_len).max().unwrap() > 450, "outputs reach the top of their range");
+        assert!(p.iter().map(|p| p.ids.len()).max().unwrap() > 900, "prompts keep theirs");
+        assert_eq!(a.to_json()["max_output_len"], 512);
+        // An empty output range is refused, not clamped.
+        assert!(WorkloadArgs { min_output_len: Some(600), ..a.clone() }.prompts(49152, 4096).is_err());
     }
 
     #[test]
