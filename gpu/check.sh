@@ -243,11 +243,13 @@ else
     MIX=(--num-prompts 256 --min-len 16 --max-len 1024 --min-output-len 16 --max-output-len 512 --max-num-seqs 256 --max-num-batched-tokens 4096)
     HF_BATCH=64
     HFB1=(--prompt-len 512 --max-tokens 128 --runs 3)
-    # Static vs continuous, the same length distribution, 2 x C requests at concurrency C (two
-    # static waves: the least that shows what a static batch waits for).
-    CMP_ARGS=(--min-len 16 --max-len 1024 --min-output-len 16 --max-output-len 512 --max-num-batched-tokens 4096)
+    # Static vs continuous: 2 x C requests at concurrency C (two static waves: the least that
+    # shows what a static batch waits for), prompts 16..=512, outputs 16..=256. Half the peer
+    # workload's lengths so that C = 100 fits the budget; the ratio follows the spread of the
+    # output lengths, uniform from 16 in both.
+    CMP_ARGS=(--min-len 16 --max-len 512 --min-output-len 16 --max-output-len 256 --max-num-batched-tokens 4096)
     CMPS=(100 50 200)
-    SRV=(--input-len 512 --output-len 128 --num-prompts 256 --max-concurrency 64 --max-num-seqs 64 --max-num-batched-tokens 2048)
+    SRV=(--input-len 512 --output-len 128 --num-prompts 128 --max-concurrency 64 --max-num-seqs 64 --max-num-batched-tokens 2048)
 fi
 HF_COMPILE=${TANDEM_CHECK_HF_COMPILE:-$([ "$SMALL" = 1 ] && echo 0 || echo 1)}
 HF_MAX_BATCHES=${TANDEM_CHECK_HF_MAX_BATCHES:-0}
@@ -303,14 +305,14 @@ if [ "$SMALL" = 1 ]; then kernel_lab tiny; else kernel_lab llama-3.2-1b; fi
 compare_at() {
     want compare || return 0
     "$BIN" bench --help >/dev/null 2>&1 || return 0
-    # ~100 s at C = 100 (two static waves waiting for 512-token outputs, then the same work
-    # continuously); ~50 s at 50, ~200 s at 200.
-    NEED=$(( $1 / 2 + 30 )) PICK='^\| [0-9]' step "bench compare c$1 $BENCH_SHAPE" $(( $1 * 2 + 60 )) "$BIN" bench compare "${BM[@]}" "${CMP_ARGS[@]}" --concurrency "$1" --num-prompts $(( $1 * 2 )) --warmup 1 --timeout-s $(( $1 * 2 + 40 )) --output-dir "$BENCH_OUT" --name "compare-c$1"
+    # ~40 s at C = 100 (two static waves of 100 waiting for outputs of up to 256 tokens, then
+    # the same work continuously, 4 model loads); ~25 s at 50, ~70 s at 200.
+    NEED=$(( $1 * 3 / 10 + 10 )) PICK='^\| [0-9]' step "bench compare c$1 $BENCH_SHAPE" $(( $1 * 2 + 60 )) "$BIN" bench compare "${BM[@]}" "${CMP_ARGS[@]}" --concurrency "$1" --num-prompts $(( $1 * 2 )) --warmup 1 --timeout-s $(( $1 * 2 + 40 )) --output-dir "$BENCH_OUT" --name "compare-c$1"
 }
 compare_at "${CMPS[0]}"
 if "$BIN" bench --help >/dev/null 2>&1 && want serve; then
-    # ~45 s: a spawned `tandem serve`, 256 streamed requests of 512 + 128 tokens, 64 in flight.
-    NEED=40 PICK='^\| [0-9]' step "bench serve c64 $BENCH_SHAPE" 150 "$BIN" bench serve --spawn "${BM[@]}" --workload random "${SRV[@]}" --startup-timeout-s 60 --timeout-s 120 --output-dir "$BENCH_OUT" --name serve
+    # ~25 s: a spawned `tandem serve`, 128 streamed requests of 512 + 128 tokens, 64 in flight.
+    NEED=25 PICK='^\| [0-9]' step "bench serve c64 $BENCH_SHAPE" 150 "$BIN" bench serve --spawn "${BM[@]}" --workload random "${SRV[@]}" --startup-timeout-s 60 --timeout-s 120 --output-dir "$BENCH_OUT" --name serve
 fi
 if "$BIN" bench --help >/dev/null 2>&1 && want decode; then
     # ~50 s: prefill of 256 x 512 tokens untimed, then 2 x (b=8 and b=256, 127 steps each).
