@@ -74,6 +74,27 @@ impl Drop for Spawned {
     }
 }
 
+/// Waits for the server's /health. A spawned server that exits first (a backend it cannot
+/// open, a model that does not load: its stderr is ours) fails at once, saying how it ended,
+/// instead of waiting out the start-up timeout.
+async fn wait_for_server(addr: SocketAddr, mut spawned: Option<&mut Spawned>, timeout: Duration) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(s) = spawned.as_mut() {
+            if let Some(status) = s.0.try_wait().context("checking the spawned server")? {
+                bail!("the spawned tandem serve exited ({status}) before it was healthy; its error is above");
+            }
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if http_client::wait_healthy(addr, left.min(Duration::from_millis(500))).await.is_ok() {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            bail!("the server at {addr} was not healthy within {} s", timeout.as_secs());
+        }
+    }
+}
+
 fn free_port() -> Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
@@ -95,7 +116,7 @@ pub fn run(a: Args) -> Result<()> {
     let prompts = a.workload.prompts(vocab, max_len)?;
     let n = prompts.len();
 
-    let (addr, _server) = if a.spawn {
+    let (addr, mut server) = if a.spawn {
         let m = model.as_ref().expect("resolved above");
         let addr = loopback("127.0.0.1", free_port()?)?;
         let exe = std::env::current_exe().context("finding the tandem binary")?;
@@ -113,7 +134,7 @@ pub fn run(a: Args) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let res = rt.block_on(async {
         let wait = if a.spawn { a.startup_timeout_s } else { 10 };
-        http_client::wait_healthy(addr, Duration::from_secs(wait)).await?;
+        wait_for_server(addr, server.as_mut(), Duration::from_secs(wait)).await?;
         for p in prompts.iter().take(a.warmup) {
             let r = one_request(addr, &a.endpoint, &Prompt { ids: p.ids.clone(), output_len: p.output_len.min(4) }).await;
             if let Some(e) = r.error {
@@ -124,7 +145,7 @@ pub fn run(a: Args) -> Result<()> {
             .await
             .with_context(|| format!("the run did not finish within {} s", a.timeout_s))?
     })?;
-    drop(_server);
+    drop(server);
 
     let f = res.figures();
     let results = res.to_json();
