@@ -116,6 +116,44 @@ fn serve_streams_from_a_spawned_server() {
 }
 
 #[test]
+fn serve_fails_at_once_when_its_spawned_server_exits() {
+    // The reference backend refuses a bf16 KV cache at load, so the spawned server exits; the
+    // run must say so now, not after --startup-timeout-s (600 s by default).
+    let out = dir("serve-exits");
+    let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("bench-models");
+    let t = std::time::Instant::now();
+    let o = Command::new(env!("CARGO_BIN_EXE_tandem"))
+        .args(["bench", "serve", "--spawn", "--random-shape", "tiny", "--backend", "reference", "--kv-cache-dtype", "bf16", "--num-prompts", "1"])
+        .args(["--output-dir", out.to_str().unwrap(), "--model-cache", cache.to_str().unwrap()])
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(err.contains("exited") && err.contains("before it was healthy"), "{err}");
+    assert!(t.elapsed().as_secs() < 120, "took {:?}", t.elapsed());
+}
+
+#[test]
+fn mixed_throughput_writes_the_prompts_it_ran_with_their_own_output_range() {
+    let out = dir("mixed-prompts");
+    let file = out.join("prompts.json");
+    let args = ["--workload", "mixed", "--num-prompts", "6", "--min-len", "4", "--max-len", "20", "--min-output-len", "2", "--max-output-len", "5"];
+    bench(&out, &[&["throughput"], TINY, &args, &["--write-prompts", file.to_str().unwrap(), "--name", "mixed"]].concat());
+    let v = report(&out, "mixed");
+    assert_eq!(v["settings"]["workload"]["max_output_len"], 5, "{}", v["settings"]);
+    let p: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    let prompts = p["prompts"].as_array().unwrap();
+    assert_eq!(prompts.len(), 6);
+    let wants: Vec<u64> = prompts.iter().map(|q| q["output_len"].as_u64().unwrap()).collect();
+    assert!(wants.iter().all(|n| (2..=5).contains(n)), "{wants:?}");
+    assert!(prompts.iter().all(|q| (4..=20).contains(&q["ids"].as_array().unwrap().len())), "{p}");
+    // What bench/hf_baseline.py reads is what ran: every request got its output length.
+    assert_eq!(v["results"]["completed"], 6);
+    assert_eq!(v["results"]["output_tokens"].as_u64().unwrap(), wants.iter().sum::<u64>(), "{}", v["results"]);
+}
+
+#[test]
 fn serve_refuses_hosts_that_are_not_loopback() {
     let o = Command::new(env!("CARGO_BIN_EXE_tandem"))
         .args(["bench", "serve", "--host", "10.1.2.3", "--vocab-size", "100", "--num-prompts", "1"])
