@@ -8,7 +8,7 @@ use tandem_core::DType;
 
 use crate::compare::compare;
 use crate::ops::{
-    Add, AddRmsNorm, Argmax, Embedding, GatherRows, KvWrite, Launch, Matmul, Op, PagedAttention, QkvRopeKvWrite, RmsNorm, Rope,
+    Add, AddRmsNorm, Argmax, Embedding, GatherRows, GateUpSilu, KvWrite, Launch, Matmul, Op, PagedAttention, QkvRopeKvWrite, RmsNorm, Rope,
     RopeKvWrite, SeqChunk, SiluMul,
 };
 use crate::rng::{hash_str, mix, Rng};
@@ -20,6 +20,7 @@ enum Spec {
     Add(Add),
     AddRmsNorm(AddRmsNorm),
     Matmul(Matmul),
+    GateUpSilu(GateUpSilu),
     Rope(Rope),
     SiluMul(SiluMul),
     KvWrite(KvWrite),
@@ -39,6 +40,7 @@ macro_rules! dispatch {
             Spec::Add($o) => $body,
             Spec::AddRmsNorm($o) => $body,
             Spec::Matmul($o) => $body,
+            Spec::GateUpSilu($o) => $body,
             Spec::Rope($o) => $body,
             Spec::SiluMul($o) => $body,
             Spec::KvWrite($o) => $body,
@@ -300,6 +302,11 @@ pub fn cases() -> Vec<Case> {
     // unfused path), against the plain ops on the reference.
     for (g, q_heads, tokens) in [(geometry(10, 16, 3, 64), 9, 1), (geometry(12, 16, 2, 128), 8, 37), (geometry(8, 32, 1, 64), 4, 5)] {
         v.push(Case::new(RopeKvWrite { geometry: g, q_heads, tokens, max_pos: 4096 }, Spec::RopeKvWrite));
+    }
+    // The fused gate/up projection with silu (CUDA: one GEMM, the split and register folds;
+    // an intermediate size that is not a multiple of 32; f32 weights are not fused).
+    for (dtype, m, inter, hidden) in [(BF16, 1, 1536, 576), (BF16, 37, 200, 256), (F16, 200, 70, 136), (F32, 3, 64, 96)] {
+        v.push(Case::new(GateUpSilu { dtype, m, inter, hidden }, Spec::GateUpSilu));
     }
     for (dtype, g, q_heads, hidden, tokens, bias) in [
         (BF16, geometry(10, 16, 3, 64), 9, 576, 1, false),

@@ -60,3 +60,63 @@ impl Op for Matmul {
         Ok(vec![Output::f32("out", read_guarded(b, &out, len, "out")?)])
     }
 }
+
+/// `out = silu(x Wg^T) * (x Wu^T)`, fused where the backend fuses (`fuse_gate_up`, then
+/// `gate_up_silu`: CUDA's one GEMM with the silu epilogue, wgpu's fused projection), else the
+/// two matmuls and `silu_mul`; the reference runs the latter.
+pub struct GateUpSilu {
+    pub dtype: DType,
+    pub m: usize,
+    pub inter: usize,
+    pub hidden: usize,
+}
+
+pub struct GateUpInputs {
+    x: Vec<f32>,    // [m, hidden]
+    gate: Vec<f32>, // [inter, hidden]
+    up: Vec<f32>,
+}
+
+impl Op for GateUpSilu {
+    type Inputs = GateUpInputs;
+    const NAME: &'static str = "gate_up_silu";
+    fn params(&self) -> String {
+        format!("w={} m={} inter={} hidden={}", self.dtype.name(), self.m, self.inter, self.hidden)
+    }
+    fn limit(&self) -> f64 {
+        limits::weight(self.dtype)
+    }
+    fn cost(&self) -> Cost {
+        let (m, n, k) = (self.m as f64, 2.0 * self.inter as f64, self.hidden as f64);
+        Cost { bytes: n * k * self.dtype.size() as f64 + 4.0 * (m * k + m * n / 2.0), flops: 2.0 * m * n * k }
+    }
+    fn generate(&self, rng: &mut Rng) -> Self::Inputs {
+        let scale = 1.0 / (self.hidden as f32).sqrt();
+        let gate = round_to(self.dtype, rng.normals(self.inter * self.hidden, scale));
+        let up = round_to(self.dtype, rng.normals(self.inter * self.hidden, scale));
+        GateUpInputs { x: rng.normals(self.m * self.hidden, 1.0), gate, up }
+    }
+    fn exec<B: Backend>(&self, b: &B, x: &Self::Inputs, launch: &mut Launch) -> Result<Vec<Output>> {
+        let (m, inter, h) = (self.m, self.inter, self.hidden);
+        let mut ws = tandem_core::weights::Weights::empty();
+        ws.replace("gate", self.dtype, &[inter, h], &x.gate)?;
+        ws.replace("up", self.dtype, &[inter, h], &x.up)?;
+        let (gv, uv) = (ws.get("gate", &[inter, h])?, ws.get("up", &[inter, h])?);
+        let xb = upload_f32(b, &x.x)?;
+        let mut out = poisoned(b, m * inter)?;
+        match b.fuse_gate_up(&gv, &uv)? {
+            Some(w) => launch.run(b, || b.gate_up_silu(&xb, &w, &mut out, m, inter, h, None))?,
+            None => {
+                let (wg, wu) = (b.upload_weight(&gv)?, b.upload_weight(&uv)?);
+                let (mut g, mut u) = (poisoned(b, m * inter)?, poisoned(b, m * inter)?);
+                launch.run(b, || {
+                    b.matmul(&xb, &wg, None, &mut g, m, inter, h)?;
+                    b.matmul(&xb, &wu, None, &mut u, m, inter, h)?;
+                    b.silu_mul(&g, &u, &mut out, m * inter)
+                })?
+            }
+        }
+        untouched_f32(b, &xb, &x.x, "x")?;
+        Ok(vec![Output::f32("out", read_guarded(b, &out, m * inter, "out")?)])
+    }
+}
