@@ -166,6 +166,15 @@ __device__ __forceinline__ u16 f32_to_bits(f16_t, float v) { return f32_to_f16_b
 __device__ __forceinline__ void store_kv(float* p, float v) { *p = v; }
 __device__ __forceinline__ void store_kv(bf16_t* p, float v) { p->bits = f32_to_bf16_bits(v); }
 
+// One rotate-half pair of rope at angle pos * inv_freq (rope.cu, and kv_write.cu's
+// rope_kv_write, which must give rope's bits). sincosf: full range reduction, no fast math.
+__device__ __forceinline__ void rope_pair(float x0, float x1, float pos, float inv_freq, float& y0, float& y1) {
+    float s, c;
+    sincosf(pos * inv_freq, &s, &c);
+    y0 = x0 * c - x1 * s;
+    y1 = x1 * c + x0 * s;
+}
+
 #ifdef TANDEM_HOST_EMU
 #define TANDEM_DYNAMIC_SMEM(name) unsigned char* name = emu::dynamic_smem()
 #else

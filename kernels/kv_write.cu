@@ -9,12 +9,17 @@
 //     f32_to_bf16_bits, the weights' rounding): half the bytes of every KV read, a relative
 //     error of at most 2^-9 per stored element;
 //   kv_write_f32: kv() is the identity, bit for bit the reference (kept for checks).
-// The rope_kv_write and qkv_rope_kv_write defaults end here on CUDA (rope, then this kernel),
-// so every K/V the cache holds went through this one rounding.
+// rope_kv_write_<kv> (Backend::rope_kv_write, and the second launch of qkv_rope_kv_write) is
+// rope and this write in one launch: q rotated in place, k rotated (common.cuh rope_pair, rope's
+// bits) and stored with v through the same store_kv, so the cache holds the bits rope then
+// kv_write would leave; k itself is left as it was (the Backend contract allows either).
 // Launch: grid (T), block 128; one slot row (kv_heads * D contiguous elements) per block.
 // A slot >= num_slots is skipped (nothing is written out of bounds).
+// Launch (rope_kv_write): grid (T), block 128; threads stride over q's pairs, then over k's
+// pairs and v's row. A slot >= num_slots writes nothing to the cache (q is still rotated).
 // Check: tandem-kernels-check --only kv_write; kernels/emu (test_kv_write: bits equal the
-// round-to-nearest-even of each value); op suite op `kv_write` (reads the cache back).
+// round-to-nearest-even of each value; test_fused: rope_kv_write bitwise equal to rope then
+// kv_write); op suite ops `kv_write`, `rope_kv_write` (read the cache back).
 #include "common.cuh"
 
 template <typename KV>
@@ -44,3 +49,50 @@ __device__ __forceinline__ void kv_write_impl(const float* __restrict__ k, const
     }
 KV_WRITE(f32, float)
 KV_WRITE(bf16, bf16_t)
+
+template <typename KV>
+__device__ __forceinline__ void rope_kv_write_impl(float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+                                                   KV* __restrict__ k_cache, KV* __restrict__ v_cache, const u32* __restrict__ positions,
+                                                   const float* __restrict__ inv_freq, const u32* __restrict__ slots, int num_tokens,
+                                                   int q_heads, int kv_heads, int head_dim, unsigned long long num_slots) {
+    const int t = blockIdx.x;
+    if (t >= num_tokens) return;
+    const int half = head_dim >> 1, row_len = kv_heads * head_dim;
+    const float pos = (float)positions[t];
+    float* qt = q + (size_t)t * q_heads * head_dim;
+    for (int e = threadIdx.x; e < q_heads * half; e += blockDim.x) {
+        const int hh = e / half, i = e - hh * half;
+        float* row = qt + (size_t)hh * head_dim;
+        float y0, y1;
+        rope_pair(row[i], row[i + half], pos, inv_freq[i], y0, y1);
+        row[i] = y0;
+        row[i + half] = y1;
+    }
+    const u32 slot = slots[t];
+    if ((unsigned long long)slot >= num_slots) return;
+    const float* ks = k + (size_t)t * row_len;
+    const float* vs = v + (size_t)t * row_len;
+    KV* kd = k_cache + (size_t)slot * row_len;
+    KV* vd = v_cache + (size_t)slot * row_len;
+    for (int e = threadIdx.x; e < kv_heads * half; e += blockDim.x) {
+        const int hh = e / half, i = e - hh * half;
+        const size_t o = (size_t)hh * head_dim + i;
+        float y0, y1;
+        rope_pair(ks[o], ks[o + half], pos, inv_freq[i], y0, y1);
+        store_kv(kd + o, y0);
+        store_kv(kd + o + half, y1);
+    }
+    for (int i = threadIdx.x; i < row_len; i += blockDim.x) store_kv(vd + i, vs[i]);
+}
+
+#define ROPE_KV_WRITE(NAME, KV)                                                                                          \
+    extern "C" __global__ void __launch_bounds__(128)                                                                    \
+        rope_kv_write_##NAME(float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,          \
+                             KV* __restrict__ k_cache, KV* __restrict__ v_cache, const u32* __restrict__ positions,    \
+                             const float* __restrict__ inv_freq, const u32* __restrict__ slots, int num_tokens,        \
+                             int q_heads, int kv_heads, int head_dim, unsigned long long num_slots) {                  \
+        rope_kv_write_impl<KV>(q, k, v, k_cache, v_cache, positions, inv_freq, slots, num_tokens, q_heads, kv_heads, \
+                               head_dim, num_slots);                                                                   \
+    }
+ROPE_KV_WRITE(f32, float)
+ROPE_KV_WRITE(bf16, bf16_t)

@@ -7,8 +7,8 @@
 //   positions u32 [T], inv_freq f32 [D/2]
 //
 // Launch: grid (T), block 128; threads stride over the (q_heads + kv_heads) * D/2 pairs of
-// one token, so q and k are rotated by one launch. sincosf (full range reduction, no fast
-// math) because angles reach positions * 1 = thousands of radians.
+// one token, so q and k are rotated by one launch. common.cuh rope_pair: sincosf (full range
+// reduction, no fast math) because angles reach positions * 1 = thousands of radians.
 // Check: tandem-kernels-check --only rope; op suite op `rope`.
 #include "common.cuh"
 
@@ -24,10 +24,9 @@ rope(float* __restrict__ q, float* __restrict__ k, const u32* __restrict__ posit
         const int hh = e / half, i = e - hh * half;
         float* row = hh < q_heads ? q + ((size_t)t * q_heads + hh) * head_dim
                                   : k + ((size_t)t * kv_heads + (hh - q_heads)) * head_dim;
-        float s, c;
-        sincosf(pos * inv_freq[i], &s, &c);
-        const float x0 = row[i], x1 = row[i + half];
-        row[i] = x0 * c - x1 * s;
-        row[i + half] = x1 * c + x0 * s;
+        float y0, y1;
+        rope_pair(row[i], row[i + half], pos, inv_freq[i], y0, y1);
+        row[i] = y0;
+        row[i + half] = y1;
     }
 }

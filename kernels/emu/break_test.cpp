@@ -1,13 +1,16 @@
 // break_test.cpp — proves that the emulator tests catch the two bugs tensor-core kernels are
 // most prone to: built by run.sh with -DTANDEM_GEMM_BREAK=1 (two B fragments swapped: a wrong
 // fragment index) and =2 (the cp.async wait dropped), it runs the matmul checks of
-// matmul_test.h on a few shapes and succeeds only if EVERY one of them fails.
+// matmul_test.h on a few shapes and succeeds only if EVERY one of them fails. =3 folds the split
+// K in-kernel with the last block's own partial first (arrival order, not index order): within
+// every bound, so only the bitwise comparisons with the two-launch fold can catch it.
 #include "cuda_emu.h"
 
 #include "../matmul.cu"
 
 #include <cstdio>
 #include <string>
+#include <tuple>
 
 #include "matmul_test.h"
 
@@ -18,9 +21,20 @@ int main() {
         if (ok) ++passed;
         std::printf("%s %s\n", ok ? "passed (bad: the break went unnoticed)" : "failed (as it must)", what.c_str());
     };
-    mmtest::against_f64(check, mmtest::problem(1, 1, 72, 40, false));
-    mmtest::against_f64(check, mmtest::problem(1, 17, 72, 136, true));
-    mmtest::against_f64(check, mmtest::problem(2, 200, 72, 64, true));
+#if TANDEM_GEMM_BREAK == 3
+    // Only the split path folds in-kernel: m <= 128 with k split into 3 slices.
+    for (auto [m, n, k] : {std::tuple{1, 72, 1000}, std::tuple{17, 200, 999}}) {
+        mmtest::Problem p = mmtest::problem(1, m, n, k, true);
+        auto got = mmtest::run(1, p.x.data(), p.w.data(), p.b.data(), m, n, k);
+        auto old = mmtest::run(1, p.x.data(), p.w.data(), p.b.data(), m, n, k, nullptr, true);
+        check("in-kernel fold bitwise equal to matmul_fold m=" + std::to_string(m) + " k=" + std::to_string(k),
+              std::memcmp(got.data(), old.data(), 4 * got.size()) == 0);
+    }
+#else
+    mmtest::against_f64(check, mmtest::problem(1, 1, 72, 40, false), false);
+    mmtest::against_f64(check, mmtest::problem(1, 17, 72, 136, true), false);
+    mmtest::against_f64(check, mmtest::problem(2, 200, 72, 64, true), false);
+#endif
     std::printf("TANDEM_GEMM_BREAK=%d: %d of %d checks caught the break\n", TANDEM_GEMM_BREAK, checks - passed, checks);
     return passed == 0 ? 0 : 1;
 }

@@ -31,7 +31,7 @@
 //   - dynamic shared memory: launch(grid, block, f, shared_bytes) gives each block an arena of
 //     that many bytes (128-byte aligned), filled with 0xFF before the block starts, so reading
 //     shared memory nobody wrote also shows up as NaN.
-//   - atomicAdd on float / unsigned (std::atomic_ref).
+//   - atomicAdd on float / unsigned (std::atomic_ref); __threadfence (a seq_cst fence).
 // Limits: blockDim.x a multiple of 32, every lane of a warp reaches each warp-collective call
 // (full masks only), a block returns early only as a whole (all true of our kernels).
 #pragma once
@@ -240,6 +240,9 @@ inline T __shfl_down_sync(unsigned, T v, unsigned d) {
     const T r = emu::shfl(v, l + d < 32 ? l + d : l);
     return r;
 }
+// Blocks run one after another here, so a fence orders nothing the emulation could reorder;
+// a seq_cst fence keeps the call honest.
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 inline float atomicAdd(float* p, float v) { return std::atomic_ref<float>(*p).fetch_add(v); }
 inline unsigned atomicAdd(unsigned* p, unsigned v) { return std::atomic_ref<unsigned>(*p).fetch_add(v); }
 template <typename A, typename B>

@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <string>
 
+#include "fused_test.h"
 #include "matmul_test.h"
 #include "primitives_test.h"
 
@@ -595,12 +596,83 @@ static void test_sampling() {
     expect_true("sample row alone == in batch", one[0] == ids[1]);
 }
 
+
+// The fused small ops: add_rms_norm == add then rms_norm, rope_kv_write == rope then kv_write,
+// bit for bit, and each against f64.
+static void test_fused_small_ops() {
+    for (auto [rows, dim] : std::vector<std::pair<int, int>>{{5, 300}, {3, 2049}}) {
+        auto h = rvec((size_t)rows * dim, 3.0f), x = rvec((size_t)rows * dim, 2.0f);
+        W w = weight(1, rvec(dim));
+        auto h1 = h, h2 = h, o1 = nans((size_t)rows * dim), o2 = nans((size_t)rows * dim);
+        launch(dim3{(unsigned)rows, 1, 1}, dim3{256, 1, 1}, [&] { add_rms_norm_bf16(h1.data(), x.data(), (const bf16_t*)w.ptr(), o1.data(), rows, dim, 1e-5f); });
+        const size_t len = (size_t)rows * dim;
+        launch(dim3{(unsigned)((len + 255) / 256), 1, 1}, dim3{256, 1, 1}, [&] { add(h2.data(), x.data(), len); });
+        launch(dim3{(unsigned)rows, 1, 1}, dim3{256, 1, 1}, [&] { rms_norm_bf16(h2.data(), (const bf16_t*)w.ptr(), o2.data(), rows, dim, 1e-5f); });
+        std::vector<double> want(len), want_h(len);
+        for (int r = 0; r < rows; ++r) {
+            double ss = 0;
+            for (int i = 0; i < dim; ++i) {
+                want_h[(size_t)r * dim + i] = (double)h[(size_t)r * dim + i] + x[(size_t)r * dim + i];
+                ss += want_h[(size_t)r * dim + i] * want_h[(size_t)r * dim + i];
+            }
+            const double inv = 1.0 / std::sqrt(ss / dim + 1e-5);
+            for (int i = 0; i < dim; ++i) want[(size_t)r * dim + i] = want_h[(size_t)r * dim + i] * inv * w.val[i];
+        }
+        const std::string name = "add_rms_norm_bf16 rows=" + std::to_string(rows) + " dim=" + std::to_string(dim);
+        expect(name + " out", o1, want, 1e-12);
+        expect(name + " acc", h1, want_h, 1e-14);
+        expect_true(name + ": out and acc bitwise equal to add then rms_norm", std::memcmp(o1.data(), o2.data(), 4 * len) == 0 &&
+                                                                                    std::memcmp(h1.data(), h2.data(), 4 * len) == 0);
+    }
+    // rope_kv_write: GQA, a bad slot (q still rotated, nothing written), both caches.
+    const int T = 4, qh = 6, kh = 2, D = 64, nb = 3, bs = 16;
+    const size_t row = (size_t)kh * D, slots = (size_t)nb * bs;
+    std::vector<unsigned> pos = {0, 17, 3000, 5}, sl = {3, 40, 47, 1000};
+    std::vector<float> inv(D / 2);
+    for (int i = 0; i < D / 2; ++i) inv[i] = (float)std::pow(10000.0, -2.0 * i / D);
+    const auto q0 = rvec((size_t)T * qh * D), k0 = rvec((size_t)T * row), v0 = rvec((size_t)T * row);
+    for (bool bf16 : {false, true}) {
+        auto q1 = q0, q2 = q0, k1 = k0, k2 = k0;
+        const std::string name = std::string("rope_kv_write_") + (bf16 ? "bf16" : "f32");
+        bool same_cache;
+        if (bf16) {
+            std::vector<bf16_t> kc1(slots * row, bf16_t{0x7fffu}), vc1 = kc1, kc2 = kc1, vc2 = kc1;
+            launch(dim3{T, 1, 1}, dim3{128, 1, 1}, [&] { rope_kv_write_bf16(q1.data(), k1.data(), v0.data(), kc1.data(), vc1.data(), pos.data(), inv.data(), sl.data(), T, qh, kh, D, slots); });
+            launch(dim3{T, 1, 1}, dim3{128, 1, 1}, [&] { rope(q2.data(), k2.data(), pos.data(), inv.data(), T, qh, kh, D); });
+            launch(dim3{T, 1, 1}, dim3{128, 1, 1}, [&] { kv_write_bf16(k2.data(), v0.data(), kc2.data(), vc2.data(), sl.data(), T, (int)row, slots); });
+            same_cache = std::memcmp(kc1.data(), kc2.data(), 2 * kc1.size()) == 0 && std::memcmp(vc1.data(), vc2.data(), 2 * vc1.size()) == 0;
+        } else {
+            auto kc1 = nans(slots * row), vc1 = nans(slots * row), kc2 = nans(slots * row), vc2 = nans(slots * row);
+            launch(dim3{T, 1, 1}, dim3{128, 1, 1}, [&] { rope_kv_write_f32(q1.data(), k1.data(), v0.data(), kc1.data(), vc1.data(), pos.data(), inv.data(), sl.data(), T, qh, kh, D, slots); });
+            launch(dim3{T, 1, 1}, dim3{128, 1, 1}, [&] { rope(q2.data(), k2.data(), pos.data(), inv.data(), T, qh, kh, D); });
+            launch(dim3{T, 1, 1}, dim3{128, 1, 1}, [&] { kv_write_f32(k2.data(), v0.data(), kc2.data(), vc2.data(), sl.data(), T, (int)row, slots); });
+            // NaN == NaN bitwise here: the untouched slots keep their poison in both.
+            same_cache = std::memcmp(kc1.data(), kc2.data(), 4 * kc1.size()) == 0 && std::memcmp(vc1.data(), vc2.data(), 4 * vc1.size()) == 0;
+            // f64: token 1's k in its slot, rotated.
+            std::vector<float> got(kc1.begin() + (size_t)sl[1] * row, kc1.begin() + (size_t)(sl[1] + 1) * row);
+            std::vector<double> want(row);
+            for (int h = 0; h < kh; ++h)
+                for (int i = 0; i < D / 2; ++i) {
+                    const double a = (double)(float)(pos[1] * inv[i]);
+                    const size_t o = (size_t)row + h * D;
+                    want[h * D + i] = k0[o + i] * std::cos(a) - k0[o + i + D / 2] * std::sin(a);
+                    want[h * D + i + D / 2] = k0[o + i + D / 2] * std::cos(a) + k0[o + i] * std::sin(a);
+                }
+            expect(name + " k in the cache vs f64", got, want, 1e-12);
+        }
+        expect_true(name + ": q and both caches bitwise equal to rope then kv_write (bad slot 1000 skipped)",
+                    same_cache && std::memcmp(q1.data(), q2.data(), 4 * q1.size()) == 0);
+    }
+}
+
 int main() {
     primtest::run_all(expect_true);
     test_small_ops();
     test_kv_write();
     test_attention();
     test_matmul();
+    fusedtest::run_all(expect_true);
+    test_fused_small_ops();
     test_sampling();
     std::printf("%d checks, %d failed\n", checks, failures);
     return failures == 0 ? 0 : 1;

@@ -1,5 +1,5 @@
 // matmul_test.h — the matmul kernels of kernels/matmul.cu on the emulator, launched the way
-// crates/cuda/src/backend.rs launches them (`run` mirrors its `matmul`; `k_slices` mirrors its
+// crates/cuda/src/matmul.rs launches them (`gemm` mirrors its `gemm`; `k_slices` mirrors its
 // `k_slices`, and both sides test the same table of values).
 //
 // Bounds, per output element, with p_k = xr_k * w_k the products of the ROUNDED operands
@@ -25,7 +25,7 @@ using Check = std::function<void(const std::string&, bool)>;
 struct Slices {
     int count, len;
 };
-// backend.rs `k_slices`: a function of (n, k) only.
+// crates/cuda/src/matmul.rs `k_slices`: a function of (n, k) only.
 inline Slices k_slices(int n, int k) {
     const int target_blocks = 264, min_slice = 256;
     const int n_tiles = (n + 63) / 64;
@@ -47,28 +47,41 @@ inline float rnd() {  // splitmix64 -> [-1, 1)
     return (float)(z >> 40) / (float)(1u << 24) * 2.0f - 1.0f;
 }
 
-// dt: 1 bf16, 2 f16. Returns out [m, n]; `kernel` names the tile kernel it took.
-inline std::vector<float> run(int dt, const float* x, const uint16_t* w, const uint16_t* bias, int m, int n, int k, std::string* kernel = nullptr) {
+// The tile kernel for m rows (matmul.rs `gemm_kernel`).
+inline int tile_rows(int m) { return m <= 16 ? 16 : m <= 128 ? 64 : 128; }
+
+// One GEMM launched as matmul.rs `gemm` launches it: x f32 read by the tile kernel itself
+// for m <= 128 (else matmul_x first), split K folded in-kernel by the last slice's block through
+// `counters` (zeroed once, as the backend zeroes them at load; each launch must leave them 0
+// again, checked here). `legacy` is the former two-launch path, the oracle: matmul_x, the tile
+// kernel writing partials only (counters null), then matmul_fold (plain epilogue only).
+// Returns false when a counter was left nonzero.
+inline bool gemm(int dt, const float* x, const uint16_t* w, const uint16_t* bias, int m, int n, int k, Slices sl, const Epilogue& ep, bool legacy,
+                 std::string* kernel = nullptr) {
     const int kp = (k + 7) / 8 * 8;
+    const int bm = tile_rows(m);
+    const bool direct = !legacy && m <= 128;
     std::vector<uint16_t> xa((size_t)m * kp + 8, 0xffff);
-    launch(dim3{(unsigned)m, 1, 1}, dim3{256, 1, 1}, [&] {
-        if (dt == 1) matmul_x_bf16(x, xa.data(), m, k, kp);
-        else matmul_x_f16(x, xa.data(), m, k, kp);
-    });
-    const Slices sl = k_slices(n, k);
-    const int bm = m <= 16 ? 16 : m <= 128 ? 64 : 128;
+    if (!direct)
+        launch(dim3{(unsigned)m, 1, 1}, dim3{256, 1, 1}, [&] {
+            if (dt == 1) matmul_x_bf16(x, xa.data(), m, k, kp);
+            else matmul_x_f16(x, xa.data(), m, k, kp);
+        });
     const bool split = bm <= 64 && sl.count > 1;
     const unsigned z = split ? (unsigned)sl.count : 1;
-    std::vector<float> out((size_t)m * n, NAN), part(split ? (size_t)sl.count * m * n : 1, NAN);
+    std::vector<float> part(split ? (size_t)sl.count * m * n : 1, NAN);
     const dim3 grid{(unsigned)((n + 63) / 64), (unsigned)((m + bm - 1) / bm), z};
+    std::vector<u32> counters((size_t)grid.x * grid.y, 0);
     const int bias_code = bias ? dt + 1 : 0;  // load_bias: 2 bf16, 3 f16
     const void* bp = bias ? (const void*)bias : (const void*)w;
-    float *op = out.data(), *pp = part.data();
+    float* pp = part.data();
+    u32* cp = legacy ? nullptr : counters.data();
     const u16* xp = xa.data();
+    const float* xd = direct ? x : nullptr;
     const std::string name = std::string("matmul_tc_") + (dt == 1 ? "bf16" : "f16") + "_m" + std::to_string(bm);
-    if (kernel) *kernel = name + (split ? " split " + std::to_string(sl.count) : " slices " + std::to_string(sl.count));
+    if (kernel) *kernel = name + (split ? " split " + std::to_string(sl.count) : " slices " + std::to_string(sl.count)) + (legacy ? " two-launch" : "");
 #define MM_CALL(DT, NAME, SHAPE)                                                                                              \
-    launch(grid, dim3{SHAPE::THREADS, 1, 1}, [&] { matmul_tc_##DT##_##NAME(xp, w, bp, bias_code, op, pp, m, n, k, kp, sl.len, sl.count); }, \
+    launch(grid, dim3{SHAPE::THREADS, 1, 1}, [&] { matmul_tc_##DT##_##NAME(xd, xp, w, bp, bias_code, ep.out0, ep.out1, ep.out2, ep.kind, ep.n0, ep.n1, pp, cp, m, n, k, kp, sl.len, sl.count); }, \
            SHAPE::SMEM_BYTES)
     if (dt == 1 && bm == 16) MM_CALL(bf16, m16, GemmM16);
     if (dt == 1 && bm == 64) MM_CALL(bf16, m64, GemmM64);
@@ -77,9 +90,20 @@ inline std::vector<float> run(int dt, const float* x, const uint16_t* w, const u
     if (dt == 2 && bm == 64) MM_CALL(f16, m64, GemmM64);
     if (dt == 2 && bm == 128) MM_CALL(f16, m128, GemmM128);
 #undef MM_CALL
-    if (split)
+    if (split && legacy)
         launch(dim3{(unsigned)(((size_t)m * n + 255) / 256), 1, 1}, dim3{256, 1, 1},
-               [&] { matmul_fold(pp, bp, bias_code, op, m, n, sl.count); });
+               [&] { matmul_fold(pp, bp, bias_code, ep.out0, m, n, sl.count); });
+    return std::all_of(counters.begin(), counters.end(), [](u32 c) { return c == 0; });
+}
+
+inline bool counters_ok = true;  // every gemm() so far left its counters at 0
+
+// dt: 1 bf16, 2 f16. Returns out [m, n]; `kernel` names the tile kernel it took.
+inline std::vector<float> run(int dt, const float* x, const uint16_t* w, const uint16_t* bias, int m, int n, int k, std::string* kernel = nullptr,
+                              bool legacy = false) {
+    std::vector<float> out((size_t)m * n, NAN);
+    const Epilogue ep{out.data(), nullptr, nullptr, EPI_PLAIN, 0, 0};
+    counters_ok = gemm(dt, x, w, bias, m, n, k, k_slices(n, k), ep, legacy, kernel) && counters_ok;
     return out;
 }
 
@@ -102,10 +126,8 @@ inline Problem problem(int dt, int m, int n, int k, bool bias) {
 inline float wval(int dt, uint16_t h) { return dt == 1 ? bf16_bits_to_f32(h) : f16_bits_to_f32(h); }
 inline float xround(int dt, float v) { return wval(dt, dt == 1 ? f32_to_bf16_bits(v) : f32_to_f16_bits(v)); }
 
-inline void against_f64(const Check& check, const Problem& p) {
-    std::string kernel;
-    auto got = run(p.dt, p.x.data(), p.w.data(), p.bias ? p.b.data() : nullptr, p.m, p.n, p.k, &kernel);
-    const int slices = k_slices(p.n, p.k).count;
+// got [m, n] of problem p (computed with `slices` K slices) against f64, with the bounds above.
+inline void check_f64(const Check& check, const std::string& kernel, const Problem& p, const std::vector<float>& got, int slices) {
     const double u = p.dt == 1 ? 0x1p-9 : 0x1p-11;
     double worst_tight = 0, worst_loose = 0, num = 0, den = 0;
     bool finite = true;
@@ -131,10 +153,24 @@ inline void against_f64(const Check& check, const Problem& p) {
             num += (g - su) * (g - su);
             den += su * su;
         }
-    char buf[256];
+    char buf[320];
     std::snprintf(buf, sizeof buf, "%s m=%d n=%d k=%d%s: |err|/bound rounded %.3f, unrounded %.3f, NMSE vs f32 inputs %.2e", kernel.c_str(), p.m,
                   p.n, p.k, p.bias ? " bias" : "", worst_tight, worst_loose, num / (den > 0 ? den : 1));
     check(buf, finite && worst_tight <= 1.0 && worst_loose <= 1.0);
+}
+
+// The launch path (x read in-kernel for m <= 128, in-kernel fold) against f64, and bitwise
+// against the former two-launch path (matmul_x + tile kernel + matmul_fold).
+// (break_test.cpp's builds break both paths alike, so they skip the bitwise half.)
+inline void against_f64(const Check& check, const Problem& p, bool vs_two_launch = true) {
+    std::string kernel;
+    auto got = run(p.dt, p.x.data(), p.w.data(), p.bias ? p.b.data() : nullptr, p.m, p.n, p.k, &kernel);
+    check_f64(check, kernel, p, got, k_slices(p.n, p.k).count);
+    if (!vs_two_launch) return;
+    auto old = run(p.dt, p.x.data(), p.w.data(), p.bias ? p.b.data() : nullptr, p.m, p.n, p.k, nullptr, true);
+    check(kernel + " m=" + std::to_string(p.m) + " n=" + std::to_string(p.n) + " k=" + std::to_string(p.k) +
+              ": bitwise equal to matmul_x + tile kernel + matmul_fold (x in-kernel, fold in-kernel)",
+          std::memcmp(got.data(), old.data(), sizeof(float) * got.size()) == 0);
 }
 
 // Row r of every batch (and alone, m = 1) has the same bytes.
@@ -166,7 +202,7 @@ inline void rows_bitwise(const Check& check, int dt, int n, int k) {
 }
 
 inline void slices_table(const Check& check) {
-    // The same table is asserted by backend.rs `k_slices_depend_on_n_and_k_only`.
+    // The same table is asserted by crates/cuda/src/matmul.rs `k_slices_depend_on_n_and_k_only`.
     struct Row {
         int n, k, count, len;
     };
@@ -177,9 +213,9 @@ inline void slices_table(const Check& check) {
         ok = ok && s.count == r.count && s.len == r.len;
         if (s.count != r.count || s.len != r.len) std::printf("  k_slices(%d, %d) = (%d, %d), table says (%d, %d)\n", r.n, r.k, s.count, s.len, r.count, r.len);
     }
-    check("matmul k_slices matches the table shared with backend.rs", ok);
-    // backend.rs GEMM_M16 / GEMM_M64 / GEMM_M128 launch with these threads and dynamic smem.
-    check("matmul tile kernels' threads and shared memory match backend.rs GEMM_M*",
+    check("matmul k_slices matches the table shared with matmul.rs", ok);
+    // matmul.rs GEMM_M16 / GEMM_M64 / GEMM_M128 launch with these threads and dynamic smem.
+    check("matmul tile kernels' threads and shared memory match matmul.rs GEMM_M*",
           GemmM16::THREADS == 128 && GemmM16::SMEM_BYTES == 25600 && GemmM64::THREADS == 128 && GemmM64::SMEM_BYTES == 40960 &&
               GemmM128::THREADS == 256 && GemmM128::SMEM_BYTES == 46080);
 }
@@ -211,5 +247,6 @@ inline void run_all(const Check& check) {
     against_f64(check, problem(2, 200, 72, 1000, true));
     rows_bitwise(check, 1, 72, 1000);
     rows_bitwise(check, 2, 72, 136);
+    check("matmul: every launch left its split-K arrival counters at 0 (ready for the next)", counters_ok);
 }
 }  // namespace mmtest

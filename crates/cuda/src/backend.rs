@@ -14,6 +14,7 @@
 //! one buffer type serves activations, ids, weights of any dtype and KV caches.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::sys::CUresult;
@@ -26,6 +27,12 @@ use tandem_core::{Error, Result};
 use crate::compile::{compile_ptx_cached, ptx_entries};
 use crate::sources::{self, KernelSource};
 use crate::toolchain::Toolchain;
+
+#[path = "matmul.rs"]
+mod matmul;
+use matmul::{GemmOut, GEMM_COUNTERS, GEMM_PART_FLOATS};
+#[cfg(test)]
+use matmul::gemm_kernel;
 
 /// The message when no driver is present; tests assert it.
 pub const NO_DRIVER: &str = "no CUDA driver found (libcuda.so); use --backend wgpu or --backend reference";
@@ -49,60 +56,6 @@ fn pa_max_parts(ctx: usize) -> usize {
 }
 /// Largest head_dim the attention kernel holds in shared memory (PA_MAX_D).
 const PA_MAX_D: usize = 256;
-
-/// The tensor-core matmul (kernels/matmul.cu): output columns per block, k per pipeline tile.
-const GEMM_BN: usize = 64;
-const GEMM_BK: usize = 32;
-/// Blocks a decode matmul aims for (two per SM on the H200's 132) and the shortest K slice
-/// worth a block; see [`k_slices`].
-const K_SLICE_TARGET_BLOCKS: usize = 264;
-const K_SLICE_MIN: usize = 256;
-/// Up to this many rows a split K runs one block per slice and folds through the workspace;
-/// above it each block folds its slices in registers (same bits, no workspace).
-const SPLIT_MAX_ROWS: usize = 128;
-/// Floats of the split-K workspace, from known limits: a split needs ceil(n / 64) <
-/// K_SLICE_TARGET_BLOCKS, and slices <= ceil(TARGET / n_tiles), so slices * n_tiles <=
-/// 2 TARGET - 2 and slices * m * n <= SPLIT_MAX_ROWS * (2 TARGET - 2) * 64 (17.2 MB).
-const GEMM_PART_FLOATS: usize = SPLIT_MAX_ROWS * (2 * K_SLICE_TARGET_BLOCKS - 2) * GEMM_BN;
-
-/// How the tensor-core matmul cuts K: (slices, slice length), a function of (n, k) ONLY —
-/// never of m or of the rest of the step — so a row's reduction order, and bits, do not
-/// depend on the batch (the contract at the top of kernels/matmul.cu). Enough slices that
-/// ceil(n / 64) * slices reaches about K_SLICE_TARGET_BLOCKS blocks, none shorter than
-/// K_SLICE_MIN (except a k below it), the length a multiple of the 32-wide k tile.
-/// Mirrored by `k_slices` in kernels/emu/matmul_test.h (both test the same table).
-fn k_slices(n: usize, k: usize) -> (usize, usize) {
-    let n_tiles = n.div_ceil(GEMM_BN).max(1);
-    let want = K_SLICE_TARGET_BLOCKS.div_ceil(n_tiles);
-    let by_k = (k / K_SLICE_MIN).max(1);
-    let s = want.min(by_k);
-    let len = k.div_ceil(s).div_ceil(GEMM_BK).max(1) * GEMM_BK;
-    (k.div_ceil(len).max(1), len)
-}
-
-/// One tensor-core tile kernel: `matmul_tc_<dt>_m<rows>`, its threads and dynamic shared
-/// memory (kernels/matmul.cu `GemmShape<BM, WM, WN, STAGES>::SMEM_BYTES`:
-/// STAGES * (BM + 64) * 40 elements * 2 bytes; kernels/emu/matmul_test.h checks these
-/// numbers against the kernels' own).
-struct GemmKernel {
-    rows: usize,
-    threads: u32,
-    smem: u32,
-    /// Its place in [`Kernels`]' `matmul_tc` rows (m16, m64, m128).
-    index: usize,
-}
-const GEMM_M16: GemmKernel = GemmKernel { rows: 16, threads: 128, smem: 4 * (16 + 64) * 40 * 2, index: 0 };
-const GEMM_M64: GemmKernel = GemmKernel { rows: 64, threads: 128, smem: 4 * (64 + 64) * 40 * 2, index: 1 };
-const GEMM_M128: GemmKernel = GemmKernel { rows: 128, threads: 256, smem: 3 * (128 + 64) * 40 * 2, index: 2 };
-
-/// Tile shapes may follow m (the reduction order does not).
-fn gemm_kernel(m: usize) -> &'static GemmKernel {
-    match m {
-        0..=16 => &GEMM_M16,
-        17..=SPLIT_MAX_ROWS => &GEMM_M64,
-        _ => &GEMM_M128,
-    }
-}
 
 fn err(msg: impl Into<String>) -> Error {
     Error::backend("cuda", msg)
@@ -264,12 +217,15 @@ struct AttnScratch {
     fixed: bool,
 }
 
-/// Scratch of the tensor-core matmul: x rounded to the weights' 16-bit format and the split-K
-/// workspace (GEMM_PART_FLOATS). Reserved like [`AttnScratch`], else allocated at first use.
+/// Scratch of the tensor-core matmul: x rounded to the weights' 16-bit format (m > 128 only),
+/// the split-K workspace (GEMM_PART_FLOATS) and its arrival counters (GEMM_COUNTERS words,
+/// zeroed once: every launch leaves them zero). Reserved like [`AttnScratch`], else allocated
+/// at first use.
 #[derive(Default)]
 struct MatmulScratch {
     xa: Option<CudaSlice<u8>>,
     part: Option<CudaSlice<u8>>,
+    counters: Option<CudaSlice<u8>>,
     fixed: bool,
 }
 
@@ -311,6 +267,7 @@ struct Kernel<F> {
 struct Kernels<F> {
     embedding: [Kernel<F>; 3],
     rms_norm: [Kernel<F>; 3],
+    add_rms_norm: [Kernel<F>; 3],
     gather_rows: Kernel<F>,
     add: Kernel<F>,
     silu_mul: Kernel<F>,
@@ -318,8 +275,8 @@ struct Kernels<F> {
     matmul_tiled_f32: Kernel<F>,
     matmul_x: [Kernel<F>; 2],
     matmul_tc: [[Kernel<F>; 3]; 2],
-    matmul_fold: Kernel<F>,
     kv_write: [Kernel<F>; 2],
+    rope_kv_write: [Kernel<F>; 2],
     attn_partial: [Kernel<F>; 2],
     attn_combine: Kernel<F>,
     argmax: Kernel<F>,
@@ -335,6 +292,7 @@ impl<F> Kernels<F> {
         Ok(Kernels {
             embedding: [k("embedding_f32")?, k("embedding_bf16")?, k("embedding_f16")?],
             rms_norm: [k("rms_norm_f32")?, k("rms_norm_bf16")?, k("rms_norm_f16")?],
+            add_rms_norm: [k("add_rms_norm_f32")?, k("add_rms_norm_bf16")?, k("add_rms_norm_f16")?],
             gather_rows: k("gather_rows")?,
             add: k("add")?,
             silu_mul: k("silu_mul")?,
@@ -345,8 +303,8 @@ impl<F> Kernels<F> {
                 [k("matmul_tc_bf16_m16")?, k("matmul_tc_bf16_m64")?, k("matmul_tc_bf16_m128")?],
                 [k("matmul_tc_f16_m16")?, k("matmul_tc_f16_m64")?, k("matmul_tc_f16_m128")?],
             ],
-            matmul_fold: k("matmul_fold")?,
             kv_write: [k("kv_write_f32")?, k("kv_write_bf16")?],
+            rope_kv_write: [k("rope_kv_write_f32")?, k("rope_kv_write_bf16")?],
             attn_partial: [k("paged_attention_partial_f32")?, k("paged_attention_partial_bf16")?],
             attn_combine: k("paged_attention_combine")?,
             argmax: k("argmax")?,
@@ -383,6 +341,8 @@ pub struct CudaBackend {
     scratch: Mutex<AttnScratch>,
     mm_scratch: Mutex<MatmulScratch>,
     io_scratch: Mutex<IoScratch>,
+    /// Kernels launched so far ([`CudaBackend::launches`]).
+    launches: AtomicU64,
     sync_each: bool,
     arch: String,
     device_name: String,
@@ -437,6 +397,7 @@ impl CudaBackend {
             scratch: Mutex::new(AttnScratch::default()),
             mm_scratch: Mutex::new(MatmulScratch::default()),
             io_scratch: Mutex::new(IoScratch::default()),
+            launches: AtomicU64::new(0),
             sync_each,
             arch,
             device_name,
@@ -457,9 +418,16 @@ impl CudaBackend {
     }
 
 
+    /// Kernels this backend has launched since it was created (every enqueue that succeeded):
+    /// the difference over one forward is its launch count, what the fused ops bring down.
+    pub fn launches(&self) -> u64 {
+        self.launches.load(Ordering::Relaxed)
+    }
+
     /// Turns a launch result into ours and, in sync mode, waits for the kernel.
     fn launched<T>(&self, name: &str, r: std::result::Result<T, DriverError>) -> Result<()> {
         r.map_err(drv(&format!("launching {name}")))?;
+        self.launches.fetch_add(1, Ordering::Relaxed);
         if self.sync_each {
             self.stream.synchronize().map_err(drv(&format!("{name} (TANDEM_CUDA_SYNC=1)")))?;
         }
@@ -589,7 +557,8 @@ impl Backend for CudaBackend {
         *a = AttnScratch { part_out: alloc(out, "attention partials")?, part_ml: alloc(ml, "attention (max, sum) pairs")?, fixed: true };
         let mut m = self.mm_scratch.lock().map_err(|_| err(format!("{OP}: scratch lock poisoned by an earlier panic")))?;
         *m = MatmulScratch::default();
-        *m = MatmulScratch { xa: alloc(xa, "matmul x in 16 bits")?, part: alloc(part, "split-K workspace")?, fixed: true };
+        let counters = self.stream.alloc_zeros::<u8>(GEMM_COUNTERS * 4).map_err(drv(&format!("{OP}: split-K counters")))?;
+        *m = MatmulScratch { xa: alloc(xa, "matmul x in 16 bits")?, part: alloc(part, "split-K workspace")?, counters: Some(counters), fixed: true };
         let rows = l.max_logit_rows.max(1);
         let mut io = self.io_scratch.lock().map_err(|_| err(format!("{OP}: scratch lock poisoned by an earlier panic")))?;
         // Every row may be constrained: a mask of the largest output width (the vocabulary) each.
@@ -604,7 +573,7 @@ impl Backend for CudaBackend {
         let io_bytes = (rows * (2 + SPEC_WORDS) + mask_words) * 4;
         // The allocations are stream-ordered: wait, so that free_memory sees them.
         self.synchronize()?;
-        Ok((out + ml + xa + part + io_bytes) as u64)
+        Ok((out + ml + xa + part + GEMM_COUNTERS * 4 + io_bytes) as u64)
     }
 
     fn upload_weight(&self, t: &TensorView) -> Result<CudaBuf> {
@@ -736,102 +705,84 @@ impl Backend for CudaBackend {
         self.launched(OP, r)
     }
 
-    fn matmul(&self, x: &CudaBuf, w: &CudaBuf, bias: Option<&CudaBuf>, out: &mut CudaBuf, m: usize, n: usize, k: usize) -> Result<()> {
-        const OP: &str = "matmul";
-        if m == 0 || n == 0 {
+    /// kernels/rms_norm.cu `add_rms_norm_<w>`: one launch, the bits of add then rms_norm.
+    fn add_rms_norm(&self, acc: &mut CudaBuf, x: &CudaBuf, w: &CudaBuf, out: &mut CudaBuf, rows: usize, dim: usize, eps: f32) -> Result<()> {
+        const OP: &str = "add_rms_norm";
+        if rows == 0 || dim == 0 {
             return Ok(());
         }
-        need(x, Elem::F32, m * k, OP, "x")?;
-        let wi = need_weight(w, n * k, OP, "w")?;
-        need(out, Elem::F32, m * n, OP, "out")?;
-        let bias_code = match bias {
-            Some(b) => {
-                need_weight(b, n, OP, "bias")?;
-                b.elem.bias_code()
-            }
-            None => 0,
-        };
-        let (mi, ni, ki) = (i32_of(m, OP, "m")?, i32_of(n, OP, "n")?, i32_of(k, OP, "k")?);
-        i32_of(m * k, OP, "m*k")?;
-        i32_of(n * k, OP, "n*k")?;
-        i32_of(m * n, OP, "m*n")?;
-        // Without a bias the kernels never read the pointer; pass w to have a valid one.
-        let bias_mem = bias.map(|b| &b.mem).unwrap_or(&w.mem);
-        if w.elem == Elem::F32 {
-            // f32 weights: the SIMT kernel for every m (exact f32, see kernels/matmul.cu).
-            let grid = (u32_of(n.div_ceil(64), OP, "blocks")?, u32_of(m.div_ceil(64), OP, "blocks")?, 1);
-            if grid.1 > 65535 {
-                return Err(err(format!("{OP}: m = {m} needs more than 65535 row tiles")));
-            }
-            let kern = &self.kernels.matmul_tiled_f32;
-            let mut l = self.stream.launch_builder(&kern.f);
-            l.arg(&x.mem).arg(&w.mem).arg(bias_mem).arg(&bias_code).arg(&mut out.mem).arg(&mi).arg(&ni).arg(&ki);
-            // SAFETY: as in embedding.
-            let r = unsafe { l.launch(cfg(grid, 256)) };
-            return self.launched(kern.name, r);
-        }
-        let kp = k.div_ceil(8) * 8;
-        let kpi = i32_of(m * kp, OP, "m*kp").and(i32_of(kp, OP, "kp"))?;
-        let (slices, slice_len) = k_slices(n, k);
-        let g = gemm_kernel(m);
-        let split = m <= SPLIT_MAX_ROWS && slices > 1;
-        let grid = (u32_of(n.div_ceil(GEMM_BN), OP, "blocks")?, u32_of(m.div_ceil(g.rows), OP, "blocks")?, if split { slices as u32 } else { 1 });
-        if grid.1 > 65535 || grid.2 > 65535 {
-            return Err(err(format!("{OP}: m = {m}, k = {k} exceed the launch grid")));
-        }
-        let mut s = self.mm_scratch.lock().map_err(|_| err(format!("{OP}: scratch lock poisoned by an earlier panic")))?;
-        let xa_bytes = (m * kp * 2).max(16);
-        if s.fixed && s.xa.as_ref().is_none_or(|b| b.len() < xa_bytes) {
-            return Err(err(format!("{OP}: m = {m}, k = {k} need {xa_bytes} bytes of x scratch, beyond the workspace reserved at load (max_num_batched_tokens?)")));
-        }
-        if s.xa.as_ref().is_none_or(|b| b.len() < xa_bytes) {
-            // SAFETY: matmul_x writes every element the tile kernel reads (kp columns of m rows).
-            s.xa = Some(unsafe { self.stream.alloc::<u8>(xa_bytes) }.map_err(drv(&format!("{OP}: x scratch of {xa_bytes} bytes")))?);
-        }
-        if split && s.part.is_none() {
-            let bytes = GEMM_PART_FLOATS * 4;
-            // SAFETY: each split launch writes every partial its fold reads.
-            s.part = Some(unsafe { self.stream.alloc::<u8>(bytes) }.map_err(drv(&format!("{OP}: split-K workspace of {bytes} bytes")))?);
-        }
-        if split && slices * m * n > GEMM_PART_FLOATS {
-            return Err(err(format!("{OP}: {slices} slices of {m}x{n} exceed the split-K workspace (k_slices broke its bound)")));
-        }
-        let MatmulScratch { xa: Some(xa), part, .. } = &mut *s else {
-            return Err(err(format!("{OP}: scratch missing after allocation")));
-        };
-        // wi is 1 (bf16) or 2 (f16) here: f32 weights returned above.
-        let kern = &self.kernels.matmul_x[wi - 1];
-        let mut l = self.stream.launch_builder(&kern.f);
-        l.arg(&x.mem).arg(&mut *xa).arg(&mi).arg(&ki).arg(&kpi);
-        // SAFETY: as in embedding; xa holds m * kp 16-bit values.
-        let r = unsafe { l.launch(cfg((mi as u32, 1, 1), 256)) };
-        self.launched(kern.name, r)?;
-
-        let kern = &self.kernels.matmul_tc[wi - 1][g.index];
-        let (li, si) = (i32_of(slice_len, OP, "slice_len")?, i32_of(slices, OP, "slices")?);
-        let mut l = self.stream.launch_builder(&kern.f);
-        l.arg(&*xa).arg(&w.mem).arg(bias_mem).arg(&bias_code).arg(&mut out.mem);
-        match part.as_mut().filter(|_| split) {
-            Some(p) => l.arg(p),
-            // Not split: the kernel never touches `part`; any valid pointer does.
-            None => l.arg(&*xa),
-        };
-        l.arg(&mi).arg(&ni).arg(&ki).arg(&kpi).arg(&li).arg(&si);
-        let launch = LaunchConfig { grid_dim: grid, block_dim: (g.threads, 1, 1), shared_mem_bytes: g.smem };
-        // SAFETY: as in embedding; dynamic shared memory as the kernel's GemmShape expects,
-        // part (when split) holds slices * m * n floats (checked above).
-        let r = unsafe { l.launch(launch) };
-        self.launched(kern.name, r)?;
-        if !split {
-            return Ok(());
-        }
-        let Some(p) = part.as_ref() else { return Err(err(format!("{OP}: split-K workspace missing"))) };
-        let kern = &self.kernels.matmul_fold;
-        let mut l = self.stream.launch_builder(&kern.f);
-        l.arg(p).arg(bias_mem).arg(&bias_code).arg(&mut out.mem).arg(&mi).arg(&ni).arg(&si);
+        need(acc, Elem::F32, rows * dim, OP, "acc")?;
+        need(x, Elem::F32, rows * dim, OP, "x")?;
+        let wi = need_weight(w, dim, OP, "w")?;
+        need(out, Elem::F32, rows * dim, OP, "out")?;
+        let k = &self.kernels.add_rms_norm[wi];
+        let (ri, di) = (i32_of(rows, OP, "rows")?, i32_of(dim, OP, "dim")?);
+        i32_of(rows * dim, OP, "rows*dim")?;
+        let mut l = self.stream.launch_builder(&k.f);
+        l.arg(&mut acc.mem).arg(&x.mem).arg(&w.mem).arg(&mut out.mem).arg(&ri).arg(&di).arg(&eps);
         // SAFETY: as in embedding.
-        let r = unsafe { l.launch(cfg((u32_of((m * n).div_ceil(256), OP, "blocks")?, 1, 1), 256)) };
+        let r = unsafe { l.launch(cfg((ri as u32, 1, 1), 256)) };
+        self.launched(k.name, r)
+    }
+
+    /// One [nq + 2 nkv, hidden] weight (bf16/f16 only; f32 weights are not fused), gathered on
+    /// the device from the three mappings.
+    fn fuse_qkv(&self, q: &TensorView, k: &TensorView, v: &TensorView, bias: Option<[&TensorView; 3]>) -> Result<Option<tandem_core::backend::WeightAndBias<CudaBuf>>> {
+        self.fuse_qkv_weights(q, k, v, bias)
+    }
+
+    /// One GEMM whose epilogue routes each column to q, k or v (kernels/matmul.cu EPI_QKV).
+    fn qkv_proj(&self, x: &CudaBuf, w: &CudaBuf, bias: Option<&CudaBuf>, q: &mut CudaBuf, k: &mut CudaBuf, v: &mut CudaBuf, m: usize, nq: usize, nkv: usize, hidden: usize, norm: Option<tandem_core::backend::NormIn<'_, CudaBuf>>) -> Result<()> {
+        if norm.is_some() {
+            return Err(err("qkv_proj: this backend does not fuse the norm into the projection (fuses_norm is false)"));
+        }
+        self.gemm("qkv_proj", x, w, bias, GemmOut::Qkv { q, k, v, nq, nkv }, m, nq + 2 * nkv, hidden)
+    }
+
+    /// Gate and up interleaved in blocks of 32 rows (matmul.rs `fuse_gate_up_rows`).
+    fn fuse_gate_up(&self, gate: &TensorView, up: &TensorView) -> Result<Option<CudaBuf>> {
+        self.fuse_gate_up_weight(gate, up)
+    }
+
+    /// One GEMM whose epilogue writes silu(gate) * up (kernels/matmul.cu EPI_SILU).
+    fn gate_up_silu(&self, x: &CudaBuf, w: &CudaBuf, out: &mut CudaBuf, m: usize, inter: usize, hidden: usize, norm: Option<tandem_core::backend::NormIn<'_, CudaBuf>>) -> Result<()> {
+        if norm.is_some() {
+            return Err(err("gate_up_silu: this backend does not fuse the norm into the projection (fuses_norm is false)"));
+        }
+        self.gemm("gate_up_silu", x, w, None, GemmOut::Silu { out, inter }, m, matmul::fuse_gate_up_rows(inter), hidden)
+    }
+
+    /// kernels/kv_write.cu `rope_kv_write_<kv>`: rope and the cache write in one launch; k is
+    /// left unrotated (the contract allows it: read K from the cache).
+    fn rope_kv_write(&self, q: &mut CudaBuf, k: &mut CudaBuf, v: &CudaBuf, k_cache: &mut CudaBuf, v_cache: &mut CudaBuf, positions: &CudaBuf, inv_freq: &CudaBuf, slots: &CudaBuf, num_tokens: usize, q_heads: usize, g: KvGeometry) -> Result<()> {
+        const OP: &str = "rope_kv_write";
+        let (kvh, d) = (g.num_kv_heads, g.head_dim);
+        if num_tokens == 0 || d == 0 {
+            return Ok(());
+        }
+        if !d.is_multiple_of(2) {
+            return Err(err(format!("{OP}: head_dim = {d} is odd")));
+        }
+        need(q, Elem::F32, num_tokens * q_heads * d, OP, "q")?;
+        need(k, Elem::F32, num_tokens * kvh * d, OP, "k")?;
+        need(v, Elem::F32, num_tokens * kvh * d, OP, "v")?;
+        let kern = &self.kernels.rope_kv_write[need_kv(k_cache, v_cache, g, OP)?];
+        need(positions, Elem::U32, num_tokens, OP, "positions")?;
+        need(inv_freq, Elem::F32, d / 2, OP, "inv_freq")?;
+        need(slots, Elem::U32, num_tokens, OP, "slots")?;
+        i32_of(num_tokens * (q_heads + kvh) * d, OP, "elements")?;
+        let (t, qh, kh, di, ns) = (i32_of(num_tokens, OP, "T")?, i32_of(q_heads, OP, "q_heads")?, i32_of(kvh, OP, "kv_heads")?, i32_of(d, OP, "head_dim")?, g.slots() as u64);
+        let mut l = self.stream.launch_builder(&kern.f);
+        l.arg(&mut q.mem).arg(&k.mem).arg(&v.mem).arg(&mut k_cache.mem).arg(&mut v_cache.mem).arg(&positions.mem).arg(&inv_freq.mem).arg(&slots.mem);
+        l.arg(&t).arg(&qh).arg(&kh).arg(&di).arg(&ns);
+        // SAFETY: as in embedding.
+        let r = unsafe { l.launch(cfg((t as u32, 1, 1), 128)) };
         self.launched(kern.name, r)
+    }
+
+    fn matmul(&self, x: &CudaBuf, w: &CudaBuf, bias: Option<&CudaBuf>, out: &mut CudaBuf, m: usize, n: usize, k: usize) -> Result<()> {
+        need(out, Elem::F32, m * n, "matmul", "out")?;
+        self.gemm("matmul", x, w, bias, GemmOut::Plain(out), m, n, k)
     }
 
     fn rope(&self, q: &mut CudaBuf, k: &mut CudaBuf, positions: &CudaBuf, inv_freq: &CudaBuf, num_tokens: usize, q_heads: usize, kv_heads: usize, head_dim: usize) -> Result<()> {
@@ -1073,7 +1024,7 @@ mod kernel_table_tests {
         let names = kernel_names();
         let unique: std::collections::BTreeSet<_> = names.iter().collect();
         assert_eq!(unique.len(), names.len(), "{names:?}");
-        assert_eq!(names.len(), 28);
+        assert_eq!(names.len(), 32);
         let k = Kernels::<&'static str>::resolve(Ok).unwrap();
         assert_eq!(k.embedding.map(|x| x.f), ["embedding_f32", "embedding_bf16", "embedding_f16"]);
         assert_eq!([Elem::F32, Elem::BF16, Elem::F16].map(|e| k.rms_norm[weight_index(e)].f), ["rms_norm_f32", "rms_norm_bf16", "rms_norm_f16"]);
@@ -1145,49 +1096,6 @@ mod error_tests {
             assert!(!e.is_fatal(), "{code:?} must not stop the engine");
             assert!(e.to_string().contains("matmul: x scratch of 64 bytes"), "{e}");
         }
-    }
-}
-
-#[cfg(test)]
-mod matmul_tests {
-    use super::*;
-
-    /// The same table is asserted on the emulator (kernels/emu/matmul_test.h `slices_table`).
-    #[test]
-    fn k_slices_depend_on_n_and_k_only() {
-        let table = [
-            ((72, 40), (1, 64)),
-            ((72, 1000), (3, 352)),
-            ((200, 1000), (3, 352)),
-            ((2048, 2048), (8, 256)),
-            ((128256, 2048), (1, 2048)),
-            ((4096, 14336), (5, 2880)),
-            ((72, 0), (1, 32)),
-        ];
-        for ((n, k), want) in table {
-            assert_eq!(k_slices(n, k), want, "k_slices({n}, {k})");
-        }
-    }
-
-    /// Every slice is non-empty, lengths are whole k tiles, and the split-K workspace bound
-    /// holds for every n and k the split path can see.
-    #[test]
-    fn split_workspace_bound_holds() {
-        for n in (1..40_000).step_by(37) {
-            for k in [1, 31, 255, 256, 1000, 4096, 14336, 65536] {
-                let (s, len) = k_slices(n, k);
-                assert!(len.is_multiple_of(GEMM_BK) && len >= GEMM_BK);
-                assert!((s - 1) * len < k.max(1) && s * len >= k, "n {n} k {k}: {s} x {len}");
-                if s > 1 {
-                    assert!(s * SPLIT_MAX_ROWS * n <= GEMM_PART_FLOATS, "n {n} k {k}: {s} slices overflow the workspace");
-                }
-            }
-        }
-        assert_eq!(gemm_kernel(1).rows, 16);
-        assert_eq!(gemm_kernel(16).rows, 16);
-        assert_eq!(gemm_kernel(17).rows, 64);
-        assert_eq!(gemm_kernel(128).rows, 64);
-        assert_eq!(gemm_kernel(129).rows, 128);
     }
 }
 

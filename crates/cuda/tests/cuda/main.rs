@@ -6,6 +6,7 @@
 mod emulation;
 mod gpu_invariance;
 mod kernels_check;
+mod launches;
 mod no_driver;
 mod ops;
 mod sampling_emu;

@@ -1,0 +1,373 @@
+//! The tensor-core and f32 matmul launchers of [`CudaBackend`] (kernels/matmul.cu): the plain
+//! projection (`Backend::matmul`) and the fused q/k/v and gate/up projections
+//! (`Backend::fuse_qkv` / `qkv_proj`, `fuse_gate_up` / `gate_up_silu`), one GEMM launch each
+//! for m <= 128 (x read in-kernel, split K folded in-kernel), two above (matmul_x first).
+//! A child module of `backend`, so it shares that module's private helpers.
+
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+use tandem_core::weights::TensorView;
+use tandem_core::backend::DType;
+use tandem_core::Result;
+
+use super::{drv, err, i32_of, need, need_weight, u32_of, cfg, CudaBackend, CudaBuf, Elem, MatmulScratch};
+
+/// The tensor-core matmul (kernels/matmul.cu): output columns per block, k per pipeline tile.
+pub(super) const GEMM_BN: usize = 64;
+pub(super) const GEMM_BK: usize = 32;
+/// Blocks a decode matmul aims for (two per SM on the H200's 132) and the shortest K slice
+/// worth a block; see [`k_slices`].
+pub(super) const K_SLICE_TARGET_BLOCKS: usize = 264;
+pub(super) const K_SLICE_MIN: usize = 256;
+/// Up to this many rows a split K runs one block per slice and folds through the workspace;
+/// above it each block folds its slices in registers (same bits, no workspace).
+pub(super) const SPLIT_MAX_ROWS: usize = 128;
+/// Floats of the split-K workspace, from known limits: a split needs ceil(n / 64) <
+/// K_SLICE_TARGET_BLOCKS, and slices <= ceil(TARGET / n_tiles), so slices * n_tiles <=
+/// 2 TARGET - 2 and slices * m * n <= SPLIT_MAX_ROWS * (2 TARGET - 2) * 64 (17.2 MB).
+pub(super) const GEMM_PART_FLOATS: usize = SPLIT_MAX_ROWS * (2 * K_SLICE_TARGET_BLOCKS - 2) * GEMM_BN;
+
+/// How the tensor-core matmul cuts K: (slices, slice length), a function of (n, k) ONLY —
+/// never of m or of the rest of the step — so a row's reduction order, and bits, do not
+/// depend on the batch (the contract at the top of kernels/matmul.cu). Enough slices that
+/// ceil(n / 64) * slices reaches about K_SLICE_TARGET_BLOCKS blocks, none shorter than
+/// K_SLICE_MIN (except a k below it), the length a multiple of the 32-wide k tile.
+/// Mirrored by `k_slices` in kernels/emu/matmul_test.h (both test the same table).
+pub(super) fn k_slices(n: usize, k: usize) -> (usize, usize) {
+    let n_tiles = n.div_ceil(GEMM_BN).max(1);
+    let want = K_SLICE_TARGET_BLOCKS.div_ceil(n_tiles);
+    let by_k = (k / K_SLICE_MIN).max(1);
+    let s = want.min(by_k);
+    let len = k.div_ceil(s).div_ceil(GEMM_BK).max(1) * GEMM_BK;
+    (k.div_ceil(len).max(1), len)
+}
+
+/// One tensor-core tile kernel: `matmul_tc_<dt>_m<rows>`, its threads and dynamic shared
+/// memory (kernels/matmul.cu `GemmShape<BM, WM, WN, STAGES>::SMEM_BYTES`:
+/// STAGES * (BM + 64) * 40 elements * 2 bytes; kernels/emu/matmul_test.h checks these
+/// numbers against the kernels' own).
+pub(super) struct GemmKernel {
+    pub(super) rows: usize,
+    pub(super) threads: u32,
+    pub(super) smem: u32,
+    /// Its place in [`Kernels`]' `matmul_tc` rows (m16, m64, m128).
+    pub(super) index: usize,
+}
+pub(super) const GEMM_M16: GemmKernel = GemmKernel { rows: 16, threads: 128, smem: 4 * (16 + 64) * 40 * 2, index: 0 };
+pub(super) const GEMM_M64: GemmKernel = GemmKernel { rows: 64, threads: 128, smem: 4 * (64 + 64) * 40 * 2, index: 1 };
+pub(super) const GEMM_M128: GemmKernel = GemmKernel { rows: 128, threads: 256, smem: 3 * (128 + 64) * 40 * 2, index: 2 };
+
+/// Tile shapes may follow m (the reduction order does not).
+pub(super) fn gemm_kernel(m: usize) -> &'static GemmKernel {
+    match m {
+        0..=16 => &GEMM_M16,
+        17..=SPLIT_MAX_ROWS => &GEMM_M64,
+        _ => &GEMM_M128,
+    }
+}
+
+/// Arrival counters of the in-kernel split-K fold, one per output tile of a split launch
+/// (zeroed once; each launch's last block resets its tile's): a split has m <= 128, so at most
+/// 2 row tiles of the m64 kernel, and fewer than K_SLICE_TARGET_BLOCKS column tiles.
+pub(super) const GEMM_COUNTERS: usize = 2 * K_SLICE_TARGET_BLOCKS;
+
+/// The epilogue codes of kernels/matmul.cu (EPI_PLAIN, EPI_QKV, EPI_SILU).
+const EPI_PLAIN: i32 = 0;
+const EPI_QKV: i32 = 1;
+const EPI_SILU: i32 = 2;
+
+/// Where a GEMM's results go (kernels/matmul.cu `Epilogue`).
+pub(super) enum GemmOut<'a> {
+    /// out f32 [m, n] (+ bias).
+    Plain(&'a mut CudaBuf),
+    /// Fused weight rows [0, nq) to q [m, nq], the next nkv to k [m, nkv], the rest to v.
+    Qkv { q: &'a mut CudaBuf, k: &'a mut CudaBuf, v: &'a mut CudaBuf, nq: usize, nkv: usize },
+    /// The [`fuse_gate_up_rows`] layout: out [m, inter] = silu(gate) * up.
+    Silu { out: &'a mut CudaBuf, inter: usize },
+}
+
+/// Rows of the fused gate/up weight for `inter` rows each: 64-row tiles, each 32 gate rows then
+/// the same 32 up rows, the last tile zero-padded past `inter` (kernels/matmul.cu EPI_SILU).
+pub(super) fn fuse_gate_up_rows(inter: usize) -> usize {
+    inter.div_ceil(GEMM_BN / 2) * GEMM_BN
+}
+
+/// Row `r` of the fused gate/up weight: `Some((is_up, part row))`, or None for a padding row.
+pub(super) fn gate_up_source(r: usize, inter: usize) -> Option<(bool, usize)> {
+    let (tile, at) = (r / GEMM_BN, r % GEMM_BN);
+    let half = GEMM_BN / 2;
+    let row = tile * half + at % half;
+    (row < inter).then_some((at >= half, row))
+}
+
+impl CudaBackend {
+    /// A weight gathered on the device from the parts' mappings, row range by row range
+    /// (`runs`: (source, first row, rows) in order), so no host copy of the whole is made.
+    fn gather_weight(&self, dtype: DType, row_bytes: usize, total_rows: usize, runs: &[(&TensorView, usize, usize)], op: &str) -> Result<CudaBuf> {
+        let elem = Elem::of(dtype);
+        let mut b = self.alloc(elem, total_rows * row_bytes / elem.size())?;
+        let mut at = 0;
+        for &(src, first, rows) in runs {
+            let bytes = &src.bytes()[first * row_bytes..(first + rows) * row_bytes];
+            let mut dst = b.mem.slice_mut(at * row_bytes..at * row_bytes + bytes.len());
+            self.stream.memcpy_htod(bytes, &mut dst).map_err(drv(&format!("{op}: copy to device")))?;
+            at += rows;
+        }
+        Ok(b)
+    }
+
+    pub(super) fn fuse_qkv_weights(&self, q: &TensorView, k: &TensorView, v: &TensorView, bias: Option<[&TensorView; 3]>) -> Result<Option<(CudaBuf, Option<CudaBuf>)>> {
+        const OP: &str = "fuse_qkv";
+        // f32 weights take the SIMT kernel, which has no epilogues: the model runs three matmuls.
+        if q.dtype == DType::F32 || k.dtype != q.dtype || v.dtype != q.dtype || q.shape.len() != 2 || k.shape.len() != 2 || k.shape != v.shape || k.shape[1] != q.shape[1] {
+            return Ok(None);
+        }
+        let (nq, nkv, hidden) = (q.shape[0], k.shape[0], q.shape[1]);
+        let row_bytes = hidden * Elem::of(q.dtype).size();
+        let w = self.gather_weight(q.dtype, row_bytes, nq + 2 * nkv, &[(q, 0, nq), (k, 0, nkv), (v, 0, nkv)], OP)?;
+        let b = match bias {
+            None => None,
+            Some(bs) => {
+                if bs.iter().any(|b| b.dtype != bs[0].dtype) || bs[0].numel() != nq || bs[1].numel() != nkv || bs[2].numel() != nkv {
+                    return Ok(None);
+                }
+                let es = Elem::of(bs[0].dtype).size();
+                Some(self.gather_weight(bs[0].dtype, es, nq + 2 * nkv, &[(bs[0], 0, nq), (bs[1], 0, nkv), (bs[2], 0, nkv)], OP)?)
+            }
+        };
+        Ok(Some((w, b)))
+    }
+
+    pub(super) fn fuse_gate_up_weight(&self, gate: &TensorView, up: &TensorView) -> Result<Option<CudaBuf>> {
+        const OP: &str = "fuse_gate_up";
+        if gate.dtype == DType::F32 || gate.dtype != up.dtype || gate.shape != up.shape || gate.shape.len() != 2 {
+            return Ok(None);
+        }
+        let (inter, hidden) = (gate.shape[0], gate.shape[1]);
+        let half = GEMM_BN / 2;
+        let mut runs = Vec::with_capacity(2 * inter.div_ceil(half));
+        for first in (0..inter).step_by(half) {
+            let rows = half.min(inter - first);
+            runs.push((gate, first, rows));
+            runs.push((up, first, rows));
+        }
+        // Runs are contiguous in the fused weight except where the last tile is short: place
+        // each run at its own row instead of packing them.
+        let elem = Elem::of(gate.dtype);
+        let row_bytes = hidden * elem.size();
+        let total = fuse_gate_up_rows(inter);
+        let mut b = self.alloc(elem, total * hidden)?;
+        self.stream.memset_zeros(&mut b.mem).map_err(drv(&format!("{OP}: zeroing the fused weight")))?;
+        for (i, &(src, first, rows)) in runs.iter().enumerate() {
+            let dst_row = (i / 2) * GEMM_BN + (i % 2) * half;
+            debug_assert_eq!(gate_up_source(dst_row, inter), Some((i % 2 == 1, first)));
+            let bytes = &src.bytes()[first * row_bytes..(first + rows) * row_bytes];
+            let mut dst = b.mem.slice_mut(dst_row * row_bytes..dst_row * row_bytes + bytes.len());
+            self.stream.memcpy_htod(bytes, &mut dst).map_err(drv(&format!("{OP}: copy to device")))?;
+        }
+        Ok(Some(b))
+    }
+
+    /// One projection: x f32 [m, k] times w [n, k] into `dst` (the epilogue).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn gemm(&self, op: &str, x: &CudaBuf, w: &CudaBuf, bias: Option<&CudaBuf>, dst: GemmOut<'_>, m: usize, n: usize, k: usize) -> Result<()> {
+        if m == 0 || n == 0 {
+            return Ok(());
+        }
+        need(x, Elem::F32, m * k, op, "x")?;
+        let wi = need_weight(w, n * k, op, "w")?;
+        let bias_code = match bias {
+            Some(b) => {
+                need_weight(b, n, op, "bias")?;
+                b.elem.bias_code()
+            }
+            None => 0,
+        };
+        let (mi, ni, ki) = (i32_of(m, op, "m")?, i32_of(n, op, "n")?, i32_of(k, op, "k")?);
+        i32_of(m * k, op, "m*k")?;
+        i32_of(n * k, op, "n*k")?;
+        i32_of(m * n, op, "m*n")?;
+        // Without a bias the kernels never read the pointer; pass w to have a valid one.
+        let bias_mem = bias.map(|b| &b.mem).unwrap_or(&w.mem);
+        if w.elem == Elem::F32 {
+            let GemmOut::Plain(out) = dst else {
+                return Err(err(format!("{op}: f32 weights have no fused epilogue (fuse_qkv / fuse_gate_up give none for them)")));
+            };
+            // f32 weights: the SIMT kernel for every m (exact f32, see kernels/matmul.cu).
+            let grid = (u32_of(n.div_ceil(64), op, "blocks")?, u32_of(m.div_ceil(64), op, "blocks")?, 1);
+            if grid.1 > 65535 {
+                return Err(err(format!("{op}: m = {m} needs more than 65535 row tiles")));
+            }
+            let kern = &self.kernels.matmul_tiled_f32;
+            let mut l = self.stream.launch_builder(&kern.f);
+            l.arg(&x.mem).arg(&w.mem).arg(bias_mem).arg(&bias_code).arg(&mut out.mem).arg(&mi).arg(&ni).arg(&ki);
+            // SAFETY: as in embedding.
+            let r = unsafe { l.launch(cfg(grid, 256)) };
+            return self.launched(kern.name, r);
+        }
+        let kp = k.div_ceil(8) * 8;
+        let kpi = i32_of(m * kp, op, "m*kp").and(i32_of(kp, op, "kp"))?;
+        let (slices, slice_len) = k_slices(n, k);
+        let g = gemm_kernel(m);
+        let split = m <= SPLIT_MAX_ROWS && slices > 1;
+        // Up to SPLIT_MAX_ROWS rows the tile kernel reads x f32 itself (no matmul_x launch).
+        let direct = m <= SPLIT_MAX_ROWS;
+        let grid = (u32_of(n.div_ceil(GEMM_BN), op, "blocks")?, u32_of(m.div_ceil(g.rows), op, "blocks")?, if split { slices as u32 } else { 1 });
+        if grid.1 > 65535 || grid.2 > 65535 {
+            return Err(err(format!("{op}: m = {m}, k = {k} exceed the launch grid")));
+        }
+        if split && (grid.0 * grid.1) as usize > GEMM_COUNTERS {
+            return Err(err(format!("{op}: {} output tiles exceed the split-K counters (k_slices broke its bound)", grid.0 * grid.1)));
+        }
+        let mut s = self.mm_scratch.lock().map_err(|_| err(format!("{op}: scratch lock poisoned by an earlier panic")))?;
+        let xa_bytes = if direct { 16 } else { m * kp * 2 };
+        if s.fixed && s.xa.as_ref().is_none_or(|b| b.len() < xa_bytes) {
+            return Err(err(format!("{op}: m = {m}, k = {k} need {xa_bytes} bytes of x scratch, beyond the workspace reserved at load (max_num_batched_tokens?)")));
+        }
+        if s.xa.as_ref().is_none_or(|b| b.len() < xa_bytes) {
+            // SAFETY: matmul_x writes every element the tile kernel reads (kp columns of m rows).
+            s.xa = Some(unsafe { self.stream.alloc::<u8>(xa_bytes) }.map_err(drv(&format!("{op}: x scratch of {xa_bytes} bytes")))?);
+        }
+        if split && s.part.is_none() {
+            let bytes = GEMM_PART_FLOATS * 4;
+            // SAFETY: each split launch writes every partial its fold reads.
+            s.part = Some(unsafe { self.stream.alloc::<u8>(bytes) }.map_err(drv(&format!("{op}: split-K workspace of {bytes} bytes")))?);
+        }
+        if s.counters.is_none() {
+            s.counters = Some(self.stream.alloc_zeros::<u8>(GEMM_COUNTERS * 4).map_err(drv(&format!("{op}: split-K counters")))?);
+        }
+        if split && slices * m * n > GEMM_PART_FLOATS {
+            return Err(err(format!("{op}: {slices} slices of {m}x{n} exceed the split-K workspace (k_slices broke its bound)")));
+        }
+        let MatmulScratch { xa: Some(xa), part, counters: Some(counters), .. } = &mut *s else {
+            return Err(err(format!("{op}: scratch missing after allocation")));
+        };
+        if !direct {
+            // wi is 1 (bf16) or 2 (f16) here: f32 weights returned above.
+            let kern = &self.kernels.matmul_x[wi - 1];
+            let mut l = self.stream.launch_builder(&kern.f);
+            l.arg(&x.mem).arg(&mut *xa).arg(&mi).arg(&ki).arg(&kpi);
+            // SAFETY: as in embedding; xa holds m * kp 16-bit values.
+            let r = unsafe { l.launch(cfg((mi as u32, 1, 1), 256)) };
+            self.launched(kern.name, r)?;
+        }
+        // A null pointer where the kernel reads nothing: x when it reads xa, unused outputs.
+        let null = 0u64;
+        let kern = &self.kernels.matmul_tc[wi - 1][g.index];
+        let (li, si) = (i32_of(slice_len, op, "slice_len")?, i32_of(slices, op, "slices")?);
+        let mut l = self.stream.launch_builder(&kern.f);
+        if direct {
+            l.arg(&x.mem);
+        } else {
+            l.arg(&null);
+        }
+        l.arg(&*xa).arg(&w.mem).arg(bias_mem).arg(&bias_code);
+        let (epi, en0, en1);
+        match dst {
+            GemmOut::Plain(out) => {
+                need(out, Elem::F32, m * n, op, "out")?;
+                l.arg(&mut out.mem).arg(&null).arg(&null);
+                (epi, en0, en1) = (EPI_PLAIN, 0, 0);
+            }
+            GemmOut::Qkv { q, k: kb, v, nq, nkv } => {
+                if nq + 2 * nkv != n {
+                    return Err(err(format!("{op}: nq {nq} + 2 nkv {nkv} != the fused weight's {n} rows")));
+                }
+                need(q, Elem::F32, m * nq, op, "q")?;
+                need(kb, Elem::F32, m * nkv, op, "k")?;
+                need(v, Elem::F32, m * nkv, op, "v")?;
+                l.arg(&mut q.mem).arg(&mut kb.mem).arg(&mut v.mem);
+                (epi, en0, en1) = (EPI_QKV, i32_of(nq, op, "nq")?, i32_of(nkv, op, "nkv")?);
+            }
+            GemmOut::Silu { out, inter } => {
+                if fuse_gate_up_rows(inter) != n || bias_code != 0 {
+                    return Err(err(format!("{op}: the fused gate/up weight has {n} rows, {inter} outputs need {} (and no bias)", fuse_gate_up_rows(inter))));
+                }
+                need(out, Elem::F32, m * inter, op, "out")?;
+                l.arg(&mut out.mem).arg(&null).arg(&null);
+                (epi, en0, en1) = (EPI_SILU, i32_of(inter, op, "inter")?, 0);
+            }
+        }
+        l.arg(&epi).arg(&en0).arg(&en1);
+        match part.as_mut().filter(|_| split) {
+            Some(p) => l.arg(p),
+            // Not split: the kernel never touches `part`; any valid pointer does.
+            None => l.arg(&*xa),
+        };
+        l.arg(&mut *counters);
+        l.arg(&mi).arg(&ni).arg(&ki).arg(&kpi).arg(&li).arg(&si);
+        let launch = LaunchConfig { grid_dim: grid, block_dim: (g.threads, 1, 1), shared_mem_bytes: g.smem };
+        // SAFETY: the argument list matches the kernel's; dynamic shared memory as its
+        // GemmShape expects; part (when split) holds slices * m * n floats and counters one
+        // word per output tile (both checked above); each output holds what its epilogue writes.
+        let r = unsafe { l.launch(launch) };
+        self.launched(kern.name, r)
+    }
+}
+
+#[cfg(test)]
+mod matmul_tests {
+    use super::*;
+
+    /// The fused gate/up layout: each 64-row tile is 32 gate rows then the same 32 up rows;
+    /// a short last tile is padded, and every part row appears exactly once.
+    #[test]
+    fn gate_up_rows_interleave_in_blocks_of_32() {
+        assert_eq!(fuse_gate_up_rows(64), 128);
+        assert_eq!(fuse_gate_up_rows(70), 192);
+        assert_eq!(gate_up_source(0, 70), Some((false, 0)));
+        assert_eq!(gate_up_source(31, 70), Some((false, 31)));
+        assert_eq!(gate_up_source(32, 70), Some((true, 0)));
+        assert_eq!(gate_up_source(64, 70), Some((false, 32)));
+        assert_eq!(gate_up_source(128 + 5, 70), Some((false, 69)));
+        assert_eq!(gate_up_source(128 + 6, 70), None);
+        assert_eq!(gate_up_source(128 + 32 + 5, 70), Some((true, 69)));
+        for inter in [1, 31, 32, 33, 70, 14336] {
+            let mut seen = vec![[0u8; 2]; inter];
+            for r in 0..fuse_gate_up_rows(inter) {
+                if let Some((up, row)) = gate_up_source(r, inter) {
+                    seen[row][up as usize] += 1;
+                }
+            }
+            assert!(seen.iter().all(|s| *s == [1, 1]), "inter {inter}");
+        }
+    }
+
+    /// The same table is asserted on the emulator (kernels/emu/matmul_test.h `slices_table`).
+    #[test]
+    fn k_slices_depend_on_n_and_k_only() {
+        let table = [
+            ((72, 40), (1, 64)),
+            ((72, 1000), (3, 352)),
+            ((200, 1000), (3, 352)),
+            ((2048, 2048), (8, 256)),
+            ((128256, 2048), (1, 2048)),
+            ((4096, 14336), (5, 2880)),
+            ((72, 0), (1, 32)),
+        ];
+        for ((n, k), want) in table {
+            assert_eq!(k_slices(n, k), want, "k_slices({n}, {k})");
+        }
+    }
+
+    /// Every slice is non-empty, lengths are whole k tiles, and the split-K workspace bound
+    /// holds for every n and k the split path can see.
+    #[test]
+    fn split_workspace_bound_holds() {
+        for n in (1..40_000).step_by(37) {
+            for k in [1, 31, 255, 256, 1000, 4096, 14336, 65536] {
+                let (s, len) = k_slices(n, k);
+                assert!(len.is_multiple_of(GEMM_BK) && len >= GEMM_BK);
+                assert!((s - 1) * len < k.max(1) && s * len >= k, "n {n} k {k}: {s} x {len}");
+                if s > 1 {
+                    assert!(s * SPLIT_MAX_ROWS * n <= GEMM_PART_FLOATS, "n {n} k {k}: {s} slices overflow the workspace");
+                }
+            }
+        }
+        assert_eq!(gemm_kernel(1).rows, 16);
+        assert_eq!(gemm_kernel(16).rows, 16);
+        assert_eq!(gemm_kernel(17).rows, 64);
+        assert_eq!(gemm_kernel(128).rows, 64);
+        assert_eq!(gemm_kernel(129).rows, 128);
+    }
+}
+
