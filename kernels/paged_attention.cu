@@ -11,7 +11,7 @@
 // The cache's element type is a template parameter (paged_attention_partial_f32 / _bf16):
 // each K/V element is widened to f32 in registers as it is loaded (exact), so over a bf16 cache
 // the kernel does the same f32 arithmetic, in the same order, on the rounded values; the
-// combine kernel reads only f32 partials and serves both.
+// combine reads only f32 partials and serves both.
 //
 // Decode tokens and prefill chunks (with or without a cached prefix) are the same thing: each
 // token sees its own causal context, whose K/V kv_write has already stored.
@@ -26,10 +26,16 @@
 //     [part*PART, min((part+1)*PART, p+1)), keeps the scores in shared memory, softmaxes them
 //     against the partition's max m, and accumulates o = sum exp(s - m) V. With max_parts == 1
 //     it writes o / l to out directly; otherwise o, m and l = sum exp(s - m) go to scratch.
-//   paged_attention_combine: grid (T, H), block 128. out = sum_i w_i o_i / sum_i w_i l_i with
-//     w_i = exp(m_i - max m). With one partition this is exactly o / l (w = 1), so a short
-//     context gives bit-identical output on either path.
-// Scratch: part_out f32 [T, H, max_parts, D], part_ml f32 [T, H, max_parts, 2].
+//   The combine, in the last partition block of (t, h) to arrive (no second launch): each
+//     block of a split token writes its o, m, l, __threadfence(), then counts itself in with
+//     atomicAdd on counters[t, h]; the block that gets parts - 1 back fences again and combines
+//     every partition in partition order (never arrival order): out = sum_i w_i o_i /
+//     sum_i w_i l_i with w_i = exp(m_i - max m), the former paged_attention_combine kernel's
+//     arithmetic (kept in the emulator as the oracle), then resets the counter to 0 (zeroed
+//     once at load: every launch leaves them 0; the next launch starts after this one ends).
+//     With one partition this is exactly o / l (w = 1), so a short context gives bit-identical
+//     output on either path. A bad token: partition block 0 writes the NaN row.
+// Scratch: part_out f32 [T, H, max_parts, D], part_ml f32 [T, H, max_parts, 2], counters u32 [T, H].
 // A bad index (sequence, block id, a context longer than max_parts * PART) yields NaN output.
 // Check: tandem-kernels-check --only paged_attention; op suite ops `paged_attention_decode`
 // and `paged_attention_prefill` (GQA 1/3/4, head_dim 64/128, block 16/32, contexts mid-block,
@@ -50,14 +56,32 @@ __device__ inline int pa_part_len(int ctx) {
     return min(len < PA_MIN_PART ? PA_MIN_PART : len, PA_PART);
 }
 
+// out[row] from the partials of `parts` partitions, in partition order. volatile: the last
+// block reads other blocks' partials straight from L2.
+__device__ __forceinline__ void pa_combine_row(const volatile float* part_out, const volatile float* part_ml, float* out, size_t row,
+                                               int parts, int max_parts, int D) {
+    const volatile float* ml = part_ml + row * max_parts * 2;
+    float mx = neg_inf_f32();
+    for (int i = 0; i < parts; ++i) mx = fmaxf(mx, ml[2 * i]);
+    float den = 0.0f;
+    for (int i = 0; i < parts; ++i) den = fmaf(expf(ml[2 * i] - mx), ml[2 * i + 1], den);
+    const volatile float* po = part_out + row * max_parts * D;
+    for (int d = threadIdx.x; d < D; d += PA_THREADS) {
+        float num = 0.0f;
+        for (int i = 0; i < parts; ++i) num = fmaf(expf(ml[2 * i] - mx), po[(size_t)i * D + d], num);
+        out[row * D + d] = num / den;
+    }
+}
+
 template <typename KV>
 __device__ __forceinline__ void paged_attention_partial_impl(
     const float* __restrict__ q, const KV* __restrict__ k_cache, const KV* __restrict__ v_cache,
     const u32* __restrict__ positions, const u32* __restrict__ token_seq, const u32* __restrict__ block_tables,
-    float* __restrict__ out, float* __restrict__ part_out, float* __restrict__ part_ml, int num_tokens, int num_heads,
-    int num_kv_heads, int head_dim, int block_size, int num_blocks, int num_seqs, int max_blocks, int max_parts,
+    float* __restrict__ out, float* __restrict__ part_out, float* __restrict__ part_ml, u32* __restrict__ counters, int num_tokens,
+    int num_heads, int num_kv_heads, int head_dim, int block_size, int num_blocks, int num_seqs, int max_blocks, int max_parts,
     float scale) {
     __shared__ float q_s[PA_MAX_D];
+    __shared__ int last_s;
     __shared__ float p_s[PA_PART];   // scores, then exp(score - m)
     __shared__ int slot_s[PA_PART];  // cache slot of each key, -1 if its block id is bad
     __shared__ float red[32];
@@ -75,8 +99,9 @@ __device__ __forceinline__ void paged_attention_partial_impl(
                      (ctx + plen - 1) / plen > max_parts;
     const size_t row = (size_t)t * num_heads + h;  // (t, h) in [T, H]
     if (bad) {
-        // The combine kernel reports bad tokens itself; only the direct path writes here.
-        if (max_parts == 1)
+        // One block per bad token writes its NaN row (the emulator's two-launch oracle leaves
+        // it to the combine kernel).
+        if (part == 0 && (max_parts == 1 || counters))
             for (int d = tid; d < D && d < PA_MAX_D; d += PA_THREADS) out[row * D + d] = nan_f32();
         return;
     }
@@ -159,26 +184,39 @@ __device__ __forceinline__ void paged_attention_partial_impl(
             dst[d] = direct ? acc / l : acc;
         }
     }
-    if (!direct && tid == 0) {
+    if (direct) return;
+    if (tid == 0) {
         part_ml[(row * max_parts + part) * 2 + 0] = m;
         part_ml[(row * max_parts + part) * 2 + 1] = l;
     }
+    if (!counters) return;  // kernels/emu only: the two-launch oracle combines in a second kernel
+    const int parts = (ctx + plen - 1) / plen;
+    __threadfence();  // release: this thread's partial writes, before the block counts in
+    __syncthreads();
+    if (tid == 0) last_s = atomicAdd(counters + row, 1u) == (u32)(parts - 1);
+    __syncthreads();
+    if (!last_s) return;
+    __threadfence();  // acquire: every partition counted before ours is visible
+    pa_combine_row(part_out, part_ml, out, row, parts, max_parts, D);
+    if (tid == 0) counters[row] = 0u;
 }
 
 #define PA_PARTIAL(NAME, KV)                                                                                         \
     extern "C" __global__ void __launch_bounds__(PA_THREADS) paged_attention_partial_##NAME(                         \
         const float* __restrict__ q, const KV* __restrict__ k_cache, const KV* __restrict__ v_cache,                 \
         const u32* __restrict__ positions, const u32* __restrict__ token_seq, const u32* __restrict__ block_tables, \
-        float* __restrict__ out, float* __restrict__ part_out, float* __restrict__ part_ml, int num_tokens,          \
-        int num_heads, int num_kv_heads, int head_dim, int block_size, int num_blocks, int num_seqs, int max_blocks, \
-        int max_parts, float scale) {                                                                                \
+        float* __restrict__ out, float* __restrict__ part_out, float* __restrict__ part_ml, u32* __restrict__ counters, \
+        int num_tokens, int num_heads, int num_kv_heads, int head_dim, int block_size, int num_blocks, int num_seqs,   \
+        int max_blocks, int max_parts, float scale) {                                                                  \
         paged_attention_partial_impl<KV>(q, k_cache, v_cache, positions, token_seq, block_tables, out, part_out,     \
-                                         part_ml, num_tokens, num_heads, num_kv_heads, head_dim, block_size,         \
+                                         part_ml, counters, num_tokens, num_heads, num_kv_heads, head_dim, block_size,         \
                                          num_blocks, num_seqs, max_blocks, max_parts, scale);                        \
     }
 PA_PARTIAL(f32, float)
 PA_PARTIAL(bf16, bf16_t)
 
+#ifdef TANDEM_HOST_EMU
+// The former second launch, kept as the emulator's oracle for the in-kernel combine.
 extern "C" __global__ void __launch_bounds__(PA_THREADS)
 paged_attention_combine(const float* __restrict__ part_out, const float* __restrict__ part_ml,
                         const u32* __restrict__ positions, const u32* __restrict__ token_seq,
@@ -198,15 +236,6 @@ paged_attention_combine(const float* __restrict__ part_out, const float* __restr
         for (int d = tid; d < D && d < PA_MAX_D; d += PA_THREADS) out[row * D + d] = nan_f32();
         return;
     }
-    const float* ml = part_ml + row * max_parts * 2;
-    float mx = neg_inf_f32();
-    for (int i = 0; i < parts; ++i) mx = fmaxf(mx, ml[2 * i]);
-    float den = 0.0f;
-    for (int i = 0; i < parts; ++i) den = fmaf(expf(ml[2 * i] - mx), ml[2 * i + 1], den);
-    const float* po = part_out + row * max_parts * D;
-    for (int d = tid; d < D; d += PA_THREADS) {
-        float num = 0.0f;
-        for (int i = 0; i < parts; ++i) num = fmaf(expf(ml[2 * i] - mx), po[(size_t)i * D + d], num);
-        out[row * D + d] = num / den;
-    }
+    pa_combine_row(part_out, part_ml, out, row, parts, max_parts, D);
 }
+#endif

@@ -257,6 +257,10 @@ static const double KV_F32_SLACK = 1.0 / 65536.0;
 
 static uint16_t rne_bf16_oracle(float f);
 
+// The in-kernel combine (the last partition block folds) unless attn_two_launch: the former
+// partial + paged_attention_combine launches, the oracle. Every launch must leave its counters 0.
+static bool attn_two_launch = false, attn_counters_ok = true;
+
 static std::vector<float> run_attention(const AttnCase& c, bool bf16, AttnWant want, int only_token = -1) {
     const int H = c.kvh * c.gqa, D = c.D, bs = c.bs;
     int max_blocks = 0, blocks = 0;
@@ -307,16 +311,19 @@ static std::vector<float> run_attention(const AttnCase& c, bool bf16, AttnWant w
                                                          : (max_ctx + PA_PART - 1) / PA_PART;
     auto out = nans((size_t)T * H * D);
     std::vector<float> po((size_t)T * H * parts * D, NAN), pm((size_t)T * H * parts * 2, NAN);
+    std::vector<u32> counters((size_t)T * H, 0);
+    u32* cp = attn_two_launch ? nullptr : counters.data();
     const float scale = 1.0f / std::sqrt((float)D);
     launch(dim3{(unsigned)T, (unsigned)H, (unsigned)parts}, dim3{128, 1, 1}, [&] {
         if (bf16)
             paged_attention_partial_bf16(q.data(), kb.data(), vb.data(), pos.data(), tseq.data(), tables.data(), out.data(), po.data(),
-                                         pm.data(), T, H, c.kvh, D, bs, num_blocks, S, max_blocks, parts, scale);
+                                         pm.data(), cp, T, H, c.kvh, D, bs, num_blocks, S, max_blocks, parts, scale);
         else
             paged_attention_partial_f32(q.data(), kc.data(), vc.data(), pos.data(), tseq.data(), tables.data(), out.data(), po.data(),
-                                        pm.data(), T, H, c.kvh, D, bs, num_blocks, S, max_blocks, parts, scale);
+                                        pm.data(), cp, T, H, c.kvh, D, bs, num_blocks, S, max_blocks, parts, scale);
     });
-    if (parts > 1)
+    for (u32 v : counters) attn_counters_ok = attn_counters_ok && v == 0;
+    if (parts > 1 && attn_two_launch)
         launch(dim3{(unsigned)T, (unsigned)H, 1}, dim3{128, 1, 1}, [&] {
             paged_attention_combine(po.data(), pm.data(), pos.data(), tseq.data(), out.data(), T, H, c.kvh, D, bs, S, max_blocks, parts);
         });
@@ -429,6 +436,22 @@ static void test_attention() {
         expect_true("paged_attention bf16 cache output != f32 cache output (the rounding is real) " + case_name(c),
                     std::memcmp(got.data(), f32_out[ci].data(), sizeof(float) * got.size()) != 0);
     }
+    // The in-kernel combine against the two-launch combine, bit for bit, for both caches, on
+    // every case (the split ones combine several partitions, incl. a 1-partition token).
+    for (bool bf16 : {false, true}) {
+        bool same = true;
+        for (auto& c : cases) {
+            auto fused = run_attention(c, bf16, {});
+            attn_two_launch = true;
+            auto two = run_attention(c, bf16, {});
+            attn_two_launch = false;
+            same = same && std::memcmp(fused.data(), two.data(), sizeof(float) * fused.size()) == 0;
+        }
+        expect_true(std::string("paged_attention ") + (bf16 ? "bf16" : "f32") +
+                        " cache: in-kernel combine (last partition block) bitwise equal to partial + combine launches, every case",
+                    same);
+    }
+    expect_true("paged_attention: every launch left its arrival counters at 0", attn_counters_ok);
     // Batch invariance: each token alone gives bit-identical output, for both caches: the split
     // case, and the case of contexts 1, 17, 301 (one partition up to 64 keys, several above).
     for (bool bf16 : {false, true}) {

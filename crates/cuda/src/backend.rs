@@ -206,13 +206,15 @@ fn cfg(grid: (u32, u32, u32), block: u32) -> LaunchConfig {
     LaunchConfig { grid_dim: grid, block_dim: (block, 1, 1), shared_mem_bytes: 0 }
 }
 
-/// Scratch of the split attention: partial outputs and (max, sum) pairs. Sized once by
+/// Scratch of the split attention: partial outputs, (max, sum) pairs and one arrival counter
+/// per (token, head) for the in-kernel combine (zeroed once; every launch leaves them 0). Sized once by
 /// [`Backend::reserve_workspace`] (the model does, before the KV pool); grown on demand only
 /// where nothing reserved it (ops called directly: tests, `tandem test-ops`).
 #[derive(Default)]
 struct AttnScratch {
     part_out: Option<CudaSlice<u8>>,
     part_ml: Option<CudaSlice<u8>>,
+    counters: Option<CudaSlice<u8>>,
     /// Reserved for limits: a step that needs more fails instead of allocating.
     fixed: bool,
 }
@@ -278,7 +280,6 @@ struct Kernels<F> {
     kv_write: [Kernel<F>; 2],
     rope_kv_write: [Kernel<F>; 2],
     attn_partial: [Kernel<F>; 2],
-    attn_combine: Kernel<F>,
     argmax: Kernel<F>,
     sample: Kernel<F>,
     sample_masked: Kernel<F>,
@@ -306,7 +307,6 @@ impl<F> Kernels<F> {
             kv_write: [k("kv_write_f32")?, k("kv_write_bf16")?],
             rope_kv_write: [k("rope_kv_write_f32")?, k("rope_kv_write_bf16")?],
             attn_partial: [k("paged_attention_partial_f32")?, k("paged_attention_partial_bf16")?],
-            attn_combine: k("paged_attention_combine")?,
             argmax: k("argmax")?,
             sample: k("sample")?,
             sample_masked: k("sample_masked")?,
@@ -554,7 +554,9 @@ impl Backend for CudaBackend {
         let mut a = self.scratch.lock().map_err(|_| err(format!("{OP}: scratch lock poisoned by an earlier panic")))?;
         // Dropped first, so that a second reservation never holds both sizes at once.
         *a = AttnScratch::default();
-        *a = AttnScratch { part_out: alloc(out, "attention partials")?, part_ml: alloc(ml, "attention (max, sum) pairs")?, fixed: true };
+        let counter_bytes = if out > 0 { l.max_tokens * l.num_heads * 4 } else { 0 };
+        let counters = if counter_bytes > 0 { Some(self.stream.alloc_zeros::<u8>(counter_bytes).map_err(drv(&format!("{OP}: attention counters")))?) } else { None };
+        *a = AttnScratch { part_out: alloc(out, "attention partials")?, part_ml: alloc(ml, "attention (max, sum) pairs")?, counters, fixed: true };
         let mut m = self.mm_scratch.lock().map_err(|_| err(format!("{OP}: scratch lock poisoned by an earlier panic")))?;
         *m = MatmulScratch::default();
         let counters = self.stream.alloc_zeros::<u8>(GEMM_COUNTERS * 4).map_err(drv(&format!("{OP}: split-K counters")))?;
@@ -573,7 +575,7 @@ impl Backend for CudaBackend {
         let io_bytes = (rows * (2 + SPEC_WORDS) + mask_words) * 4;
         // The allocations are stream-ordered: wait, so that free_memory sees them.
         self.synchronize()?;
-        Ok((out + ml + xa + part + GEMM_COUNTERS * 4 + io_bytes) as u64)
+        Ok((out + ml + counter_bytes + xa + part + GEMM_COUNTERS * 4 + io_bytes) as u64)
     }
 
     fn upload_weight(&self, t: &TensorView) -> Result<CudaBuf> {
@@ -886,7 +888,7 @@ impl Backend for CudaBackend {
             // Direct path: the scratch pointers are never touched; q stands in for them.
             let mut l = self.stream.launch_builder(&partial.f);
             l.arg(&a.q.mem).arg(&a.k_cache.mem).arg(&a.v_cache.mem).arg(&a.positions.mem).arg(&a.token_seq.mem).arg(&a.block_tables.mem);
-            l.arg(&mut out.mem).arg(&a.q.mem).arg(&a.q.mem);
+            l.arg(&mut out.mem).arg(&a.q.mem).arg(&a.q.mem).arg(&a.q.mem);
             l.arg(&ti).arg(&hi).arg(&kvi).arg(&di).arg(&bsi).arg(&nbi).arg(&nsi).arg(&mbi).arg(&pi).arg(&a.scale);
             // SAFETY: as in embedding.
             let r = unsafe { l.launch(cfg(grid, 128)) };
@@ -901,30 +903,32 @@ impl Backend for CudaBackend {
                 if fixed {
                     return Err(err(format!("{OP}: {t} tokens x {h} heads x {parts} partitions need {bytes} bytes of scratch, beyond the workspace reserved at load (context or token limit exceeded)")));
                 }
-                // SAFETY: every element read by the combine kernel is written first by the partial kernel.
+                // SAFETY: every partial the combining block reads is written first by its partition's block.
                 *slot = Some(unsafe { self.stream.alloc::<u8>(bytes) }.map_err(drv(&format!("{OP}: scratch of {bytes} bytes")))?);
             }
             Ok(())
         };
         grow(&mut s.part_out, out_bytes)?;
         grow(&mut s.part_ml, ml_bytes)?;
-        let AttnScratch { part_out: Some(po), part_ml: Some(pm), .. } = &mut *s else {
+        let counter_bytes = t * h * 4;
+        if s.counters.as_ref().is_none_or(|b| b.len() < counter_bytes) {
+            if fixed {
+                return Err(err(format!("{OP}: {t} tokens x {h} heads exceed the attention counters reserved at load")));
+            }
+            s.counters = Some(self.stream.alloc_zeros::<u8>(counter_bytes).map_err(drv(&format!("{OP}: counters of {counter_bytes} bytes")))?);
+        }
+        let AttnScratch { part_out: Some(po), part_ml: Some(pm), counters: Some(cn), .. } = &mut *s else {
             return Err(err(format!("{OP}: scratch missing after allocation")));
         };
         let mut l = self.stream.launch_builder(&partial.f);
         l.arg(&a.q.mem).arg(&a.k_cache.mem).arg(&a.v_cache.mem).arg(&a.positions.mem).arg(&a.token_seq.mem).arg(&a.block_tables.mem);
-        l.arg(&a.q.mem).arg(&mut *po).arg(&mut *pm);
+        // The last partition block of each (token, head) combines (kernels/paged_attention.cu).
+        l.arg(&mut out.mem).arg(&mut *po).arg(&mut *pm).arg(&mut *cn);
         l.arg(&ti).arg(&hi).arg(&kvi).arg(&di).arg(&bsi).arg(&nbi).arg(&nsi).arg(&mbi).arg(&pi).arg(&a.scale);
-        // SAFETY: as in embedding; scratch sized for [T, H, parts, D] and [T, H, parts, 2].
+        // SAFETY: as in embedding; scratch sized for [T, H, parts, D] and [T, H, parts, 2],
+        // counters for [T, H].
         let r = unsafe { l.launch(cfg(grid, 128)) };
-        self.launched(partial.name, r)?;
-        let combine = &self.kernels.attn_combine;
-        let mut l = self.stream.launch_builder(&combine.f);
-        l.arg(&*po).arg(&*pm).arg(&a.positions.mem).arg(&a.token_seq.mem).arg(&mut out.mem);
-        l.arg(&ti).arg(&hi).arg(&kvi).arg(&di).arg(&bsi).arg(&nsi).arg(&mbi).arg(&pi);
-        // SAFETY: as above.
-        let r = unsafe { l.launch(cfg((grid.0, grid.1, 1), 128)) };
-        self.launched(combine.name, r)
+        self.launched(partial.name, r)
     }
 
     fn argmax(&self, logits: &CudaBuf, rows: usize, vocab: usize) -> Result<Vec<u32>> {
@@ -1024,7 +1028,7 @@ mod kernel_table_tests {
         let names = kernel_names();
         let unique: std::collections::BTreeSet<_> = names.iter().collect();
         assert_eq!(unique.len(), names.len(), "{names:?}");
-        assert_eq!(names.len(), 32);
+        assert_eq!(names.len(), 31);
         let k = Kernels::<&'static str>::resolve(Ok).unwrap();
         assert_eq!(k.embedding.map(|x| x.f), ["embedding_f32", "embedding_bf16", "embedding_f16"]);
         assert_eq!([Elem::F32, Elem::BF16, Elem::F16].map(|e| k.rms_norm[weight_index(e)].f), ["rms_norm_f32", "rms_norm_bf16", "rms_norm_f16"]);

@@ -1,5 +1,5 @@
 //! GPU-only checks the shared op suite does not make: attention over contexts longer than one
-//! partition (the split path: partial + combine), compared with the reference, over an f32 and
+//! partition (the split path: partials combined by the last partition block), compared with the reference, over an f32 and
 //! a bf16 cache; and batch invariance, bit for bit: a token's attention output is the same alone
 //! and in a batch with longer contexts (both caches), and a matmul row is the same whatever the other rows, across every tile kernel (m16 / m64 /
 //! m128), the split-K workspace fold and the in-register fold (kernels/matmul.cu's contract).

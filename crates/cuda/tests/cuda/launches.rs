@@ -1,7 +1,7 @@
 //! GPU-only: how many kernels one decode step launches per layer, with the fused ops
 //! (add_rms_norm, the q/k/v GEMM, rope_kv_write, attention, o, add_rms_norm, the gate/up GEMM
-//! with silu, down): at most 9 per layer (8 where attention takes one partition), where the
-//! unfused path launched about 30. Counted by `CudaBackend::launches` around one forward of a
+//! with silu, down): 8 per layer (attention is one launch: its last partition block combines),
+//! where the unfused path launched about 30. Counted by `CudaBackend::launches` around one forward of a
 //! seeded random bf16 model. Without a driver it prints SKIPPED (TANDEM_REQUIRE_CUDA=1 fails).
 
 use tandem_core::model::LoadOptions;
@@ -10,7 +10,7 @@ use tandem_cuda::CudaBackend;
 use tandem_models::random_model::{write_random_model, Shape};
 
 #[test]
-fn decode_step_launches_at_most_nine_kernels_per_layer() {
+fn decode_step_launches_at_most_eight_kernels_per_layer() {
     let gpu = match CudaBackend::new(0) {
         Ok(b) => b,
         Err(e) => {
@@ -37,7 +37,8 @@ fn decode_step_launches_at_most_nine_kernels_per_layer() {
     model.forward_argmax(&step).unwrap();
     let launched = model.backend().launches() - before;
     println!("{}: one decode step launched {launched} kernels over {layers} layers", shape.name());
-    // Outside the layers: the embedding, the final norm, the lm_head GEMM, argmax.
-    assert!(launched <= 9 * layers as u64 + 4, "{launched} launches for {layers} layers: more than 9 per layer (+ 4 outside)");
+    // Outside the layers: the embedding; the last residual add, gather_rows of the logit rows,
+    // the final norm, the lm_head GEMM, argmax.
+    assert!(launched <= 8 * layers as u64 + 6, "{launched} launches for {layers} layers: more than 8 per layer (+ 6 outside)");
     let _ = std::fs::remove_dir_all(&dir);
 }
