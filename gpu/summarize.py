@@ -123,6 +123,7 @@ TARGETS = [
     ("continuous_vs_static_c100", ">=", 3.0, "bench compare, output tok/s, concurrency 100"),
     ("serve_ttft_p99_s", None, None, "bench serve, 512 + 128 tokens, 64 in flight: TTFT p99"),
     ("serve_tpot_p99_s", None, None, "bench serve: TPOT p99"),
+    ("decode_launches_per_layer", "<=", 7.0, "kernels per layer of a batch-1 decode step (bench decode's launch count)"),
     ("batch_invariant", "==", True, "32 greedy requests alone and together, with a preemption"),
 ]
 
@@ -270,6 +271,12 @@ def main():
                 measured["decode_b1_frac"] = frac
             if bsz in (64, 256):
                 measured[f"decode_b{bsz}_frac"] = frac
+        launches = ((rep_.get("results") or {}).get("launches_per_decode_step") or {}).get("1")
+        layers = (model or {}).get("layers") if run == "decode" else None
+        if isinstance(launches, int) and layers:
+            # The step's few launches outside the layers (embedding, final norm, lm_head,
+            # sampling) are spread over the layers: an upper bound on a layer's own count.
+            measured["decode_launches_per_layer"] = launches / layers
     for run, rep_ in (("decode", dec), ("prefill", load_json(os.path.join(bench, "prefill.json")))):
         if not (rep_ and rep_.get("results")):
             continue

@@ -71,7 +71,8 @@ def full_inputs():
     return {
         "raw/bench/decode.json": {"backend": BF16, "settings": {"prompt_len": 1000, "max_tokens": 3, "max_num_batched_tokens": 1000},
                                   "results": {"decode_tokens_per_s": {"median": 10.0, "batch_size": 1}, "prefill_tokens_per_s": {"median": 100.0},
-                                              "decode_by_batch": {"1": {"median": 10.0}, "64": {"median": 200.0}}}},
+                                              "decode_by_batch": {"1": {"median": 10.0}, "64": {"median": 200.0}},
+                                              "launches_per_decode_step": {"1": 19, "64": 19}}},
         "raw/bench/decode-big.json": {"backend": BF16, "settings": {"prompt_len": 1000, "max_tokens": 3, "max_num_batched_tokens": 1000},
                                       "results": {"decode_by_batch": {"8": {"median": 50.0}, "256": {"median": 400.0}}}},
         "raw/bench/prefill.json": {"backend": BF16, "settings": {"prompt_len": 2048, "max_tokens": 2, "max_num_batched_tokens": 2048},
@@ -97,7 +98,7 @@ def full_inputs():
 
 # Which latest.json fields each input gives (the identity fields come from env.txt).
 GIVES = {
-    "raw/bench/decode.json": ["decode_b1_tok_s", "decode_b1_frac", "decode_b64_frac"],
+    "raw/bench/decode.json": ["decode_b1_tok_s", "decode_b1_frac", "decode_b64_frac", "decode_launches_per_layer"],
     "raw/bench/decode-big.json": ["decode_b256_frac"],
     "raw/bench/prefill.json": ["prefill_2048_frac"],
     "raw/bench/mixed.json": ["throughput_vs_hf"],
@@ -143,6 +144,7 @@ def check_latest():
     step256 = [summarize.decode_step_floor(dict(m), [1000 + j] * 256, 1e9, 1e15, 2)[0] for j in (1, 2)]
     assert abs(latest["decode_b256_frac"] - 400.0 / (256 * 2 / sum(step256))) < 1e-9, latest
     assert latest["decode_b1_tok_s"] == 10.0
+    assert latest["decode_launches_per_layer"] == 19 / 2, latest
     assert abs(latest["throughput_vs_hf"] - 30.0) < 1e-12 and abs(latest["continuous_vs_static_c100"] - 3.5) < 1e-12, latest
     assert latest["hf_b1_tok_s"] == 700.0 and latest["batch_invariant"] is True, latest
     assert abs(latest["serve_ttft_p99_s"] - 0.25) < 1e-12 and abs(latest["serve_tpot_p99_s"] - 0.0125) < 1e-12, latest

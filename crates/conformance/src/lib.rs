@@ -42,6 +42,7 @@ use tandem_reference::RefBackend;
 mod case;
 pub mod compare;
 pub mod golden;
+pub mod numerics;
 pub mod ops;
 mod report;
 pub mod rng;

@@ -214,6 +214,21 @@ pub trait Backend: Send + 'static {
         Ok(0)
     }
 
+    /// The element type a matmul rounds its activation operand `x` to before it meets weights
+    /// stored as `weight` (round to nearest even); f32, the default, is no rounding. The CUDA
+    /// backend's tensor cores take 16-bit operands, so it rounds x to bf16 or f16 with such
+    /// weights: the whole-model compare sets its limits by this (and by the KV element type).
+    fn matmul_operand(&self, _weight: DType) -> DType {
+        DType::F32
+    }
+
+    /// Kernels (or dispatches) launched since the backend was created, where it counts them; the
+    /// difference over a forward is that forward's launch count (`tandem bench decode` reports it
+    /// per step). None, the default, where it does not count.
+    fn launch_count(&self) -> Option<u64> {
+        None
+    }
+
     /// Returns once every op queued so far has run (a backend that runs ops as they are called
     /// has nothing to wait for). The model calls it after a forward that reads nothing back, so
     /// that at most one step of work is ever ahead of the host and an abort frees the device

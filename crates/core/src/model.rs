@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use crate::backend::{kv_dtype_names, AttnArgs, Backend, KvDest, KvDtype, KvGeometry, NormIn, WorkspaceLimits};
+use crate::backend::{kv_dtype_names, AttnArgs, Backend, DType, KvDest, KvDtype, KvGeometry, NormIn, WorkspaceLimits};
 use crate::batch::ForwardBatch;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
@@ -29,6 +29,15 @@ pub trait ModelRunner: Send {
     /// Most logit rows one forward returns (at least `max_seqs`; the rest serve prompt logprobs).
     fn max_logit_rows(&self) -> usize {
         self.max_seqs()
+    }
+    /// Kernels the backend has launched so far, where it counts them ([`Backend::launch_count`]).
+    fn launch_count(&self) -> Option<u64> {
+        None
+    }
+    /// What a projection's input is rounded to before it meets this model's weights
+    /// ([`Backend::matmul_operand`]): f32 (no rounding) unless the backend computes in 16 bits.
+    fn matmul_operand(&self) -> DType {
+        DType::F32
     }
     /// Runs the batch, writing K/V into the cache; returns f32 logits `[logit_rows.len(), vocab]`.
     fn forward(&mut self, batch: &ForwardBatch) -> Result<Vec<f32>>;
@@ -176,6 +185,7 @@ pub struct LlamaModel<B: Backend> {
     opts: LoadOptions,
     geometry: KvGeometry,
     kv_dtype: KvDtype,
+    matmul_operand: DType,
     max_blocks_cap: usize,
     embed: B::Buf,
     lm_head: Option<B::Buf>,
@@ -207,7 +217,10 @@ impl<B: Backend> LlamaModel<B> {
         }
         let free_before_weights = b.free_memory();
         let up = |name: &str, shape: &[usize]| -> Result<B::Buf> { b.upload_weight(&w.get(name, shape)?) };
-        let embed = up("model.embed_tokens.weight", &[vocab, d])?;
+        let embed_view = w.get("model.embed_tokens.weight", &[vocab, d])?;
+        // What this backend rounds a projection's input to, for weights of this model's type.
+        let matmul_operand = b.matmul_operand(embed_view.dtype);
+        let embed = b.upload_weight(&embed_view)?;
         let lm_head = if w.contains("lm_head.weight") && !cfg.tie_word_embeddings {
             Some(up("lm_head.weight", &[vocab, d])?)
         } else if cfg.tie_word_embeddings {
@@ -306,7 +319,7 @@ impl<B: Backend> LlamaModel<B> {
         for _ in 0..cfg.num_hidden_layers {
             caches.push((b.alloc_kv_as(geometry, kv_dtype)?, b.alloc_kv_as(geometry, kv_dtype)?));
         }
-        Ok(LlamaModel { backend, cfg, opts, geometry, kv_dtype, max_blocks_cap, embed, lm_head, final_norm, inv_freq, layers, caches, s })
+        Ok(LlamaModel { backend, cfg, opts, geometry, kv_dtype, matmul_operand, max_blocks_cap, embed, lm_head, final_norm, inv_freq, layers, caches, s })
     }
 
     pub fn backend(&self) -> &B {
@@ -452,6 +465,12 @@ impl<B: Backend> ModelRunner for LlamaModel<B> {
     }
     fn backend_name(&self) -> &'static str {
         self.backend.name()
+    }
+    fn launch_count(&self) -> Option<u64> {
+        self.backend.launch_count()
+    }
+    fn matmul_operand(&self) -> DType {
+        self.matmul_operand
     }
     fn kv_geometry(&self) -> KvGeometry {
         self.geometry

@@ -528,6 +528,19 @@ impl Backend for CudaBackend {
         "cuda"
     }
 
+    fn launch_count(&self) -> Option<u64> {
+        Some(self.launches())
+    }
+
+    fn matmul_operand(&self, weight: DType) -> DType {
+        // kernels/matmul.cu: bf16 and f16 weights take the tensor cores with x rounded to their
+        // type; f32 weights take the f32 SIMT kernel.
+        match weight {
+            DType::BF16 | DType::F16 => weight,
+            _ => DType::F32,
+        }
+    }
+
     fn sync(&self) -> Result<()> {
         self.synchronize()
     }

@@ -17,6 +17,7 @@ use anyhow::{bail, Result};
 use serde_json::{json, Map, Value};
 use tandem_core::backend::argmax_row;
 use tandem_core::model::{LoadOptions, ModelRunner};
+use tandem_core::sampling::SampleSpec;
 use tandem_core::ForwardBatch;
 
 use super::hf_baseline::{self, DecodeSpec};
@@ -148,6 +149,18 @@ pub fn run(mut a: Args) -> Result<()> {
         decode(runner.as_mut(), &seqs[..b], &first[..b], a.prompt_len, steps.min(3))?;
     }
     eprintln!("warm-up: {max_batch} prompts prefilled, a few steps at each batch size, in {:.1} s", t.elapsed().as_secs_f64());
+    // Kernels one decode step launches, where the backend counts them (the fused layers' aim).
+    let mut launches = Map::new();
+    for &b in &a.batch_sizes {
+        let before = runner.launch_count();
+        decode(runner.as_mut(), &seqs[..b], &first[..b], a.prompt_len, 1)?;
+        if let (Some(x), Some(y)) = (before, runner.launch_count()) {
+            launches.insert(b.to_string(), json!(y - x));
+        }
+    }
+    if let Some(n) = launches.values().next().and_then(Value::as_u64) {
+        eprintln!("launches per decode step at batch {}: {n} ({:.1} per layer)", a.batch_sizes[0], n as f64 / model.config.num_hidden_layers.max(1) as f64);
+    }
 
     // With the baseline, one HF run follows each of ours (a fresh process with the cores to
     // itself while it runs): this VM's speed drifts by 20-35% over minutes, and alternating
@@ -187,6 +200,9 @@ pub fn run(mut a: Args) -> Result<()> {
         "runs": runs.iter().map(|r| json!({"prefill_ms": r.prefill_s * 1e3, "decode_s": by_batch(&a.batch_sizes, |i| json!(r.decode_s[i]))})).collect::<Vec<_>>(),
         "load_s": load_s,
     });
+    if !launches.is_empty() {
+        results["launches_per_decode_step"] = Value::Object(launches);
+    }
 
     let hf = if a.hf_baseline { hf_figures(&a, hf_rounds, hf_error, &mut results) } else { None };
     let settings = json!({"prompt_len": a.prompt_len, "max_tokens": a.max_tokens, "batch_sizes": a.batch_sizes, "runs": a.runs, "max_num_batched_tokens": a.max_num_batched_tokens, "seed": a.seed, "hf_baseline": a.hf_baseline, "kv_cache_dtype": a.kv_cache_dtype.flag()});
@@ -255,7 +271,8 @@ fn prefill(runner: &mut dyn ModelRunner, seqs: &[Seq]) -> Result<Vec<u32>> {
 /// token per sequence, from `first` at position `start`; returns the seconds they took and
 /// each sequence's last chosen token.
 fn decode(runner: &mut dyn ModelRunner, seqs: &[Seq], first: &[u32], start: usize, steps: usize) -> Result<(f64, Vec<u32>)> {
-    let (block_size, vocab) = (runner.kv_geometry().block_size, runner.config().vocab_size);
+    let block_size = runner.kv_geometry().block_size;
+    let greedy = vec![SampleSpec::greedy(); seqs.len()];
     let mut next = first.to_vec();
     let t = Instant::now();
     for step in 0..steps {
@@ -263,10 +280,8 @@ fn decode(runner: &mut dyn ModelRunner, seqs: &[Seq], first: &[u32], start: usiz
         for (s, &id) in seqs.iter().zip(&next) {
             b.push_seq(&[id], start + step, &s.table, block_size, true);
         }
-        let logits = runner.forward(&b)?;
-        for (id, row) in next.iter_mut().zip(logits.chunks_exact(vocab)) {
-            *id = argmax_row(row);
-        }
+        // Greedy ids where the logits are, as the engine asks for them: only ids leave the device.
+        next = runner.forward_sampled(&b, &greedy[..seqs.len()])?;
     }
     Ok((t.elapsed().as_secs_f64(), next))
 }

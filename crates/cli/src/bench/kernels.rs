@@ -98,7 +98,7 @@ fn time<B: Backend>(b: &B, min_ms: f64, mut f: impl FnMut() -> tandem_core::Resu
     loop {
         f()?;
         n += 1;
-        if n % 8 == 0 || n == 1 {
+        if n.is_multiple_of(8) || n == 1 {
             b.sync()?;
             if t0.elapsed().as_secs_f64() * 1e3 >= min_ms {
                 break;

@@ -112,7 +112,7 @@ fn sampling_kernel_matches_the_host_sampler_bitwise() {
                     let t = (r.next() % vocab as u64) as usize;
                     m[t / 32] |= 1 << (t % 32);
                 }),
-                _ => (0..vocab).filter(|_| r.next() % 2 == 0).for_each(|t| m[t / 32] |= 1 << (t % 32)),
+                _ => (0..vocab).filter(|_| r.next().is_multiple_of(2)).for_each(|t| m[t / 32] |= 1 << (t % 32)),
             }
             masks.set(row, &m);
         }
