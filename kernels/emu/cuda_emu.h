@@ -1,14 +1,17 @@
 // cuda_emu.h — just enough of CUDA to run kernels/*.cu on the CPU, for a GPU-less box.
 //
-// Every CUDA thread of a block is a std::thread; blocks run one after another, so a
-// `__shared__` variable can be a plain function-local static. __syncthreads is a std::barrier
-// over the block. Warp-collective operations (shuffles, ldmatrix, mma) exchange through a
-// per-warp slot array: each lane writes its words, one barrier over the warp's 32 threads,
-// each lane reads what it needs. The slots are double-buffered (operation i uses set i & 1),
-// so one barrier per operation is enough: a lane can only overwrite set i & 1 again at
+// Every CUDA thread of a block is a fiber: its own stack, run cooperatively on the one OS
+// thread that called launch(), switching only at a barrier. Blocks run one after another, so
+// a `__shared__` variable can be a plain function-local static. __syncthreads is a barrier
+// over the block's fibers, and warp-collective operations (shuffles, ldmatrix, mma) exchange
+// through a per-warp slot array: each lane writes its words, one barrier over the warp's 32
+// fibers, each lane reads what it needs. The slots are double-buffered (operation i uses set
+// i & 1), so one barrier per operation is enough: a lane can only overwrite set i & 1 again at
 // operation i + 2, after every lane has passed operation i + 1's barrier, i.e. finished
-// reading operation i. That is slow (fine for test shapes) but runs the real kernel code,
-// including its barriers and reductions, in the same order as on a GPU.
+// reading operation i. This runs the real kernel code, including its barriers and reductions,
+// in the same order as on a GPU. (It used to be one std::thread per CUDA thread with
+// std::barrier; the futex waits and wakes cost more system time than the kernels took, and
+// a barrier some thread never reached hung the test. Here that is reported and aborts.)
 //
 // Tensor-core and async-copy emulation (the kernels reach these through common.cuh):
 //   - ldmatrix .x1/.x2/.x4 (.trans): lanes 8j..8j+7 give the row addresses of matrix j; lane l
@@ -36,15 +39,18 @@
 // (full masks only), a block returns early only as a whole (all true of our kernels).
 #pragma once
 #include <atomic>
-#include <barrier>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
-#include <thread>
 #include <vector>
+
+#include <sys/mman.h>
+#if !defined(__x86_64__)
+#include <ucontext.h>
+#endif
 
 #define TANDEM_HOST_EMU 1
 #define __global__
@@ -65,31 +71,110 @@ struct uint4 {
     unsigned x, y, z, w;
 };
 
-inline dim3 gridDim, blockDim;
-inline thread_local dim3 threadIdx, blockIdx;
+inline dim3 gridDim, blockDim, blockIdx;
 
 namespace emu {
+// cp.async: deferred 16-byte copies grouped by commit; the destination is poisoned meanwhile.
+struct Copy {
+    void* dst;
+    const void* src;
+    int src_bytes;
+    long group;  // -1 until committed
+};
+
+#if defined(__x86_64__)
+// Saves the callee-saved registers on the current stack, stores its pointer in *from, loads
+// `to` and restores what that stack saved (System V ABI: rbx, rbp, r12-r15; MXCSR and the x87
+// control word are never changed by our code). Weak, so every test program may include this.
+extern "C" void tandem_emu_switch(void** from, void* to);
+asm(R"(
+    .pushsection .text
+    .weak tandem_emu_switch
+    .type tandem_emu_switch, @function
+tandem_emu_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size tandem_emu_switch, .-tandem_emu_switch
+    .popsection
+)");
+#endif
+
+// One CUDA thread: its stack, its saved context, and the state CUDA keeps per thread.
+struct Fiber {
+    dim3 tid;
+    unsigned phase = 0;  // collective operations this thread has done, for double buffering
+    std::vector<Copy> pending;
+    long committed = 0;
+    bool done = false;
+    unsigned char* stack = nullptr;  // mmap'd, lowest page a guard
+#if defined(__x86_64__)
+    void* sp = nullptr;
+#else
+    ucontext_t ctx;
+#endif
+};
+inline Fiber* cur = nullptr;  // the fiber running now; null outside a launch
+inline unsigned long progress = 0;  // barrier arrivals and finished fibers, for deadlock detection
+
+inline unsigned tid_x() { return cur ? cur->tid.x : 0u; }
 [[noreturn]] inline void die(const char* what) {
-    std::fprintf(stderr, "cuda_emu: %s (block %u,%u,%u thread %u)\n", what, blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x);
+    std::fprintf(stderr, "cuda_emu: %s (block %u,%u,%u thread %u)\n", what, blockIdx.x, blockIdx.y, blockIdx.z, tid_x());
     std::abort();
 }
+
+// Gives the OS thread back to launch()'s scheduler until it resumes this fiber.
+inline void yield();
+
+// A barrier over `count` fibers. The last to arrive opens it and goes on; the others yield
+// until it has opened.
+struct Barrier {
+    unsigned count, arrived = 0;
+    unsigned long generation = 0;
+    explicit Barrier(unsigned n) : count(n) {}
+    void arrive_and_wait() {
+        ++progress;
+        const unsigned long g = generation;
+        if (++arrived == count) {
+            arrived = 0;
+            ++generation;
+            return;
+        }
+        while (generation == g) yield();
+    }
+};
+}  // namespace emu
+#define threadIdx (emu::cur->tid)
+
+namespace emu {
 
 constexpr int SLOT_WORDS = 10;  // the most any collective writes per lane (mma: a[4], b[2], c[4])
 struct Warp {
     uint32_t slots[2][32][SLOT_WORDS];
-    std::barrier<> bar{32};
+    Barrier bar{32};
 };
 struct Block {
-    std::barrier<> bar;
+    Barrier bar;
     std::vector<std::unique_ptr<Warp>> warps;
     unsigned char* smem = nullptr;
     size_t smem_bytes = 0;
-    explicit Block(unsigned n) : bar((std::ptrdiff_t)n) {
+    explicit Block(unsigned n) : bar(n) {
         for (unsigned i = 0; i < n / 32; ++i) warps.emplace_back(new Warp());
     }
 };
-inline thread_local Block* block = nullptr;
-inline thread_local unsigned phase = 0;  // collective operations this thread has done, for double buffering
+inline Block* block = nullptr;
 
 inline unsigned lane() { return threadIdx.x & 31; }
 
@@ -97,7 +182,7 @@ inline unsigned lane() { return threadIdx.x & 31; }
 inline const uint32_t (*exchange(const uint32_t* mine, int n))[SLOT_WORDS] {
     if (blockDim.x % 32 != 0) die("warp-collective operation with blockDim.x not a multiple of 32");
     Warp& w = *block->warps[threadIdx.x / 32];
-    auto& set = w.slots[phase++ & 1];
+    auto& set = w.slots[cur->phase++ & 1];
     std::memcpy(set[lane()], mine, sizeof(uint32_t) * (size_t)n);
     w.bar.arrive_and_wait();
     return set;
@@ -179,31 +264,22 @@ inline void mma_m16n8k16(float* d, const uint32_t* a, const uint32_t* b, const f
     }
 }
 
-// cp.async: deferred 16-byte copies grouped by commit; the destination is poisoned meanwhile.
-struct Copy {
-    void* dst;
-    const void* src;
-    int src_bytes;
-    long group;  // -1 until committed
-};
-inline thread_local std::vector<Copy> pending;
-inline thread_local long committed = 0;
 inline void cp_async16(void* dst, const void* src, int src_bytes) {
     if (((uintptr_t)dst & 15) || (src_bytes > 0 && ((uintptr_t)src & 15))) die("cp.async: address not 16-byte aligned");
     if (src_bytes < 0 || src_bytes > 16) die("cp.async: src-size outside 0..16");
     std::memset(dst, 0xff, 16);
-    pending.push_back({dst, src, src_bytes, -1});
+    cur->pending.push_back({dst, src, src_bytes, -1});
 }
 inline void cp_async_commit() {
-    for (auto& c : pending)
-        if (c.group < 0) c.group = committed;
-    ++committed;
+    for (auto& c : cur->pending)
+        if (c.group < 0) c.group = cur->committed;
+    ++cur->committed;
 }
 // Completes every committed group but the newest `n`.
 inline void cp_async_wait(int n) {
-    const long done_below = committed - n;
+    const long done_below = cur->committed - n;
     std::vector<Copy> keep;
-    for (auto& c : pending) {
+    for (auto& c : cur->pending) {
         if (c.group >= 0 && c.group < done_below) {
             std::memcpy(c.dst, c.src, (size_t)c.src_bytes);
             std::memset((char*)c.dst + c.src_bytes, 0, (size_t)(16 - c.src_bytes));
@@ -211,7 +287,7 @@ inline void cp_async_wait(int n) {
             keep.push_back(c);
         }
     }
-    pending.swap(keep);
+    cur->pending.swap(keep);
 }
 
 inline unsigned char* dynamic_smem() {
@@ -251,12 +327,104 @@ template <typename A, typename B>
 inline auto max(A a, B b) { return a < b ? b : a; }
 inline void sincosf(float a, float* s, float* c) { *s = std::sin(a); *c = std::cos(a); }
 
-// Runs f() as every thread of every block of the grid. One OS thread per CUDA thread of a
-// block, reused for every block in turn; a barrier between blocks keeps the `static` shared
-// memory of one block from being touched by the next. `shared_bytes` of dynamic shared
-// memory are poisoned (0xFF) before each block.
+namespace emu {
+constexpr size_t STACK_BYTES = 256 * 1024;  // per fiber; the kernels keep a few KiB of locals
+constexpr size_t GUARD_BYTES = 4096;        // PROT_NONE below each stack: an overflow faults
+
+struct Scheduler {
+    std::vector<std::unique_ptr<Fiber>> fibers;  // kept across launches, stacks reused
+    unsigned live = 0;                           // fibers of this launch
+    void (*entry)(void*) = nullptr;              // runs the kernel body as `cur`
+    void* arg = nullptr;
+#if defined(__x86_64__)
+    void* sp = nullptr;
+#else
+    ucontext_t ctx;
+#endif
+};
+inline Scheduler sched;
+
+inline void yield() {
+    Fiber* f = cur;
+#if defined(__x86_64__)
+    tandem_emu_switch(&f->sp, sched.sp);
+#else
+    swapcontext(&f->ctx, &sched.ctx);
+#endif
+}
+
+[[noreturn]] inline void fiber_main() {
+    sched.entry(sched.arg);
+    cur->pending.clear();  // copies never waited for never land
+    cur->done = true;
+    ++progress;
+    yield();
+    die("a finished fiber was resumed");
+}
+
+// Points fiber `f` at the start of fiber_main on a fresh stack.
+inline void reset(Fiber& f) {
+    if (!f.stack) {
+        void* m = mmap(nullptr, STACK_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (m == MAP_FAILED) die("mmap of a fiber stack failed");
+        if (mprotect(m, GUARD_BYTES, PROT_NONE) != 0) die("mprotect of a fiber stack guard failed");
+        f.stack = (unsigned char*)m;
+    }
+    f.phase = 0;
+    f.pending.clear();
+    f.committed = 0;
+    f.done = false;
+#if defined(__x86_64__)
+    // tandem_emu_switch pops six registers and returns: the return address is fiber_main, at
+    // a 16-byte aligned slot, so fiber_main starts with rsp = 8 mod 16 as if called.
+    uintptr_t top = ((uintptr_t)(f.stack + STACK_BYTES)) & ~(uintptr_t)15;
+    void** slot = (void**)(top - 16);
+    slot[0] = (void*)&fiber_main;
+    slot[1] = nullptr;
+    void** regs = slot - 6;
+    for (int i = 0; i < 6; ++i) regs[i] = nullptr;
+    f.sp = regs;
+#else
+    getcontext(&f.ctx);
+    f.ctx.uc_stack.ss_sp = f.stack + GUARD_BYTES;
+    f.ctx.uc_stack.ss_size = STACK_BYTES - GUARD_BYTES;
+    f.ctx.uc_link = nullptr;
+    makecontext(&f.ctx, (void (*)())fiber_main, 0);
+#endif
+}
+
+// Runs every fiber until each has returned: round robin, each until it waits at a barrier.
+// A round in which no fiber arrived anywhere or finished is a barrier nobody can open.
+inline void run_block() {
+    for (unsigned done = 0; done < sched.live;) {
+        const unsigned long before = progress;
+        done = 0;
+        for (unsigned i = 0; i < sched.live; ++i) {
+            Fiber& f = *sched.fibers[i];
+            if (f.done) {
+                ++done;
+                continue;
+            }
+            cur = &f;
+#if defined(__x86_64__)
+            tandem_emu_switch(&sched.sp, f.sp);
+#else
+            swapcontext(&sched.ctx, &f.ctx);
+#endif
+            cur = nullptr;
+            if (f.done) ++done;
+        }
+        if (done < sched.live && progress == before) die("deadlock: a barrier some threads of the block never reach (an early return, or a divergent collective)");
+    }
+}
+}  // namespace emu
+
+// Runs f() as every thread of every block of the grid: the block's threads as fibers on this
+// OS thread (see the top of this file), one block after another. `shared_bytes` of dynamic
+// shared memory are poisoned (0xFF) before each block.
 template <typename F>
 void launch(dim3 grid, dim3 block, F f, size_t shared_bytes = 0) {
+    if (emu::cur) emu::die("launch from inside a kernel");
     gridDim = grid;
     blockDim = block;
     const unsigned n = block.x * block.y * block.z;
@@ -267,28 +435,22 @@ void launch(dim3 grid, dim3 block, F f, size_t shared_bytes = 0) {
         b.smem = arena.get();
         b.smem_bytes = shared_bytes;
     }
-    std::barrier<> between((std::ptrdiff_t)n);
-    std::vector<std::thread> ts;
-    ts.reserve(n);
-    for (unsigned t = 0; t < n; ++t)
-        ts.emplace_back([&, t] {
-            emu::block = &b;
-            emu::phase = 0;
-            emu::pending.clear();
-            emu::committed = 0;
-            threadIdx = dim3{t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
-            for (unsigned bz = 0; bz < grid.z; ++bz)
-                for (unsigned by = 0; by < grid.y; ++by)
-                    for (unsigned bx = 0; bx < grid.x; ++bx) {
-                        blockIdx = dim3{bx, by, bz};
-                        if (b.smem) {
-                            if (t == 0) std::memset(b.smem, 0xff, b.smem_bytes);
-                            between.arrive_and_wait();
-                        }
-                        f();
-                        emu::pending.clear();  // copies never waited for never land
-                        between.arrive_and_wait();
-                    }
-        });
-    for (auto& th : ts) th.join();
+    auto& s = emu::sched;
+    while (s.fibers.size() < n) s.fibers.emplace_back(new emu::Fiber());
+    s.live = n;
+    s.entry = [](void* p) { (*(F*)p)(); };
+    s.arg = &f;
+    emu::block = &b;
+    for (unsigned bz = 0; bz < grid.z; ++bz)
+        for (unsigned by = 0; by < grid.y; ++by)
+            for (unsigned bx = 0; bx < grid.x; ++bx) {
+                blockIdx = dim3{bx, by, bz};
+                if (b.smem) std::memset(b.smem, 0xff, b.smem_bytes);
+                for (unsigned t = 0; t < n; ++t) {
+                    emu::reset(*s.fibers[t]);
+                    s.fibers[t]->tid = dim3{t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
+                }
+                emu::run_block();
+            }
+    emu::block = nullptr;
 }

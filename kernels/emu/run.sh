@@ -1,23 +1,45 @@
 #!/usr/bin/env bash
-# Builds and runs the host emulation of every kernel (kernels/emu/emu_test.cpp) with g++, then
-# the three deliberately broken matmul builds (break_test.cpp), which must be caught.
-# Needs only a C++20 compiler; no GPU, no CUDA. A few minutes on 2 cores.
+# Builds and runs the host emulation of every kernel (kernels/emu/emu_test.cpp) with g++, beside
+# the three deliberately broken matmul builds (break_test.cpp), which must be caught, and a
+# kernel that deadlocks at a barrier (deadlock_test.cpp), which must be reported, not hang.
+# Needs only a C++20 compiler; no GPU, no CUDA. Each program runs on one core (the emulator's
+# CUDA threads are fibers), so they run side by side: about half a minute on 2 cores.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 out="${TMPDIR:-/tmp}/tandem-emu-test-$$"
 cxx() { "${CXX:-g++}" -std=c++20 -O1 -pthread -Wall -Wno-unused-function -Wno-unknown-pragmas "$@"; }
-trap 'rm -f "$out" "$out-break1" "$out-break2" "$out-break3"' EXIT
+trap 'rm -f "$out" "$out-break1" "$out-break2" "$out-break3" "$out-deadlock" "$out.log" "$out.breaks" "$out.main"' EXIT
 cxx -o "$out" "$here/emu_test.cpp" & p0=$!
 cxx -DTANDEM_GEMM_BREAK=1 -o "$out-break1" "$here/break_test.cpp" & p1=$!
 cxx -DTANDEM_GEMM_BREAK=2 -o "$out-break2" "$here/break_test.cpp" & p2=$!
 cxx -DTANDEM_GEMM_BREAK=3 -o "$out-break3" "$here/break_test.cpp" & p3=$!
-wait $p0 && wait $p1 && wait $p2 && wait $p3
+cxx -o "$out-deadlock" "$here/deadlock_test.cpp" & p4=$!
+wait $p0 && wait $p1 && wait $p2 && wait $p3 && wait $p4
 status=0
-for b in 1 2 3; do
-    if ! "$out-break$b"; then
-        echo "FAIL the emulator tests did not catch TANDEM_GEMM_BREAK=$b"
-        status=1
+breaks() {
+    local s=0
+    for b in 1 2 3; do
+        if ! "$out-break$b"; then
+            echo "FAIL the emulator tests did not catch TANDEM_GEMM_BREAK=$b"
+            s=1
+        fi
+    done
+    # In a subshell, so that the shell's "Aborted" notice lands in the log too.
+    if ("$out-deadlock") > "$out.log" 2>&1; then
+        echo "FAIL the emulator ran a kernel that deadlocks at a barrier to the end"
+        s=1
+    elif grep -q "cuda_emu: deadlock" "$out.log"; then
+        echo "deadlock at a barrier reported (as it must): $(grep -m1 'cuda_emu: deadlock' "$out.log")"
+    else
+        echo "FAIL the deadlocking kernel failed without the deadlock message:"
+        cat "$out.log"
+        s=1
     fi
-done
-"$out" || status=1
+    return $s
+}
+# The checks print one line each; the broken builds' lines come first, then the checks'.
+breaks > "$out.breaks" 2>&1 & pb=$!
+"$out" > "$out.main" 2>&1 || status=1
+wait $pb || status=1
+cat "$out.breaks" "$out.main"
 exit $status

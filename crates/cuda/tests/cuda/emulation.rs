@@ -9,10 +9,11 @@
 //! one-launch GEMM (x rounded in-kernel, split K folded in-kernel) bitwise against the former
 //! matmul_x + tile kernel + matmul_fold path, split attention combined in-kernel by the last
 //! partition block bitwise against the former partial + combine launches; then three deliberately broken matmul builds (a
-//! wrong fragment index, a missing cp.async wait, a split-K fold in arrival order) that must fail. This is how the
+//! wrong fragment index, a missing cp.async wait, a split-K fold in arrival order) that must fail,
+//! and a kernel that deadlocks at a barrier, which must be reported rather than hang. This is how the
 //! kernels' indexing and reductions are executed on a machine without a GPU. It needs g++ (or
 //! $CXX); without one it prints SKIPPED, and TANDEM_REQUIRE_EMU=1 makes that a failure.
-//! Takes 3-5 minutes on 2 cores (barrier-heavy; more on a loaded machine).
+//! About half a minute on 2 cores (each CUDA thread is a fiber; see kernels/emu/cuda_emu.h).
 
 use std::path::Path;
 use std::process::Command;
@@ -32,6 +33,7 @@ fn kernels_match_reference_in_host_emulation() {
     println!("{text}");
     assert!(out.status.success(), "kernel emulation failed:\n{}", text.lines().filter(|l| !l.starts_with("ok ")).collect::<Vec<_>>().join("\n"));
     assert!(text.contains("checks, 0 failed"), "unexpected emulation output:\n{text}");
+    assert!(text.contains("deadlock at a barrier reported"), "the deadlocking kernel was not reported:\n{text}");
     // A check that silently stopped running (a case list emptied, a test not called) lowers it.
     let count = text.lines().find_map(|l| l.strip_suffix(" checks, 0 failed")?.trim().parse::<usize>().ok());
     assert!(count.is_some_and(|n| n >= 156), "expected at least 156 emulator checks, got {count:?}");
