@@ -44,8 +44,12 @@
 // fold): EPI_PLAIN out [m, n] (+ bias); EPI_QKV routes fused column c to q / k / v (Backend
 // qkv_proj, one GEMM for three); EPI_SILU takes the fused gate/up weight (in each 64-row tile,
 // 32 gate rows then the same 32 up rows) and writes silu(gate) * up with silu_mul.cu's formula,
-// exchanging the tile through shared memory. A fused GEMM slices K by its own (n, k), so it
-// equals the unfused GEMMs bit for bit where k_slices gives the parts the same slicing.
+// exchanging the tile through shared memory; EPI_RESID adds into the residual stream h and
+// writes h * gamma of the next norm (Backend::matmul_residual). A fused GEMM slices K by its own
+// (n, k), so it equals the unfused GEMMs bit for bit where k_slices gives the parts the same
+// slicing. The input norm (NormIn, up to 128 rows) is a prologue: the block computes its rows'
+// 1/rms exactly as rms_norm.cu does and feeds (h * inv) * gamma to the tensor cores, so a layer
+// with its norms fused (Backend::fuses_norm, 6 launches) gives the unfused layer's bits.
 //
 // Launch (crates/cuda/src/matmul.rs `gemm`):
 //   1. m > 128 only: matmul_x_<dt>: x f32 [m, k] -> xa [m, kp] 16-bit (kp = k rounded up to 8,
@@ -103,19 +107,53 @@ struct GemmShape {
     static_assert(BM * (BN + 1) * 4 <= SMEM_BYTES, "the silu epilogue stages the f32 tile in the pipeline's shared memory");
 };
 
+// The input norm folded into the projection (Backend::fuses_norm, NormIn): x is then h, the
+// residual stream, and the tile kernel feeds the tensor cores rms_norm(h) * gamma as
+// rms_norm.cu computes it, bit for bit: `inv` by the same 256-thread strided sums and the same
+// block_sum tree (one warp per row plays the 8 warps of rms_norm's block: lane l of virtual
+// warp j sums elements 32 j + l, 32 j + l + 256, ...; then warp_sum over each virtual warp,
+// then warp_sum over the 8 results padded with zeros, as block_sum's second stage), and each
+// element as (h * inv) * gamma. So the fused layer gives the unfused layer's bits, whatever m is.
+struct NormIn {
+    const void* gamma;  // [k], weight dtype code `dtype` (load_bias's)
+    int dtype;          // 0: no norm, x is the projection's input as it is
+    float eps;
+};
+template <typename S>
+__device__ __forceinline__ void norm_prologue(const NormIn& nm, const float* __restrict__ h, int m, int k, int m0, float* s_inv) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int rl = warp; rl < S::BM && m0 + rl < m; rl += S::WARPS) {
+        const float* hr = h + (size_t)(m0 + rl) * k;
+        float mine = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            float ss = 0.0f;
+            for (int i = 32 * j + lane; i < k; i += 256) ss = fmaf(hr[i], hr[i], ss);
+            ss = warp_sum(ss);
+            if (lane == j) mine = ss;
+        }
+        const float total = warp_sum(mine);
+        if (lane == 0) s_inv[rl] = 1.0f / sqrtf(total / (float)k + nm.eps);
+    }
+    __syncthreads();
+}
+
 // Copies k-tile kt (columns 32 kt .. 32 kt + 31) of xa and w into one pipeline stage.
 template <typename T, typename S>
 __device__ __forceinline__ void gemm_load_tile(u16* As, u16* Bs, const float* __restrict__ x, const u16* __restrict__ xa, const u16* __restrict__ w,
-                                               int m, int n, int k, int kp, int m0, int n0, int kt) {
+                                               int m, int n, int k, int kp, int m0, int n0, int kt, const NormIn& nm, const float* s_inv) {
     const int tid = threadIdx.x, k0 = kt * S::BK;
     if (x) {
         // x f32 straight from global through registers, rounded as matmul_x rounds it (the same
         // bits in shared memory); columns >= k are zeros, as matmul_x's padding and cp.async's
         // zero fill give. Plain stores, visible after the barrier before this stage is used.
+        // With a norm, x is h and the value is rms_norm.cu's (h * inv) * gamma.
         for (int e = tid; e < S::BM * S::BK; e += S::THREADS) {
             const int r = e / S::BK, kk = e % S::BK;
             const bool ok = m0 + r < m && k0 + kk < k;
-            As[r * S::P + kk] = ok ? f32_to_bits(T{}, x[(size_t)(m0 + r) * k + k0 + kk]) : (u16)0;
+            float v = ok ? x[(size_t)(m0 + r) * k + k0 + kk] : 0.0f;
+            if (nm.dtype && ok) v = (v * s_inv[r]) * load_bias(nm.gamma, nm.dtype, k0 + kk);
+            As[r * S::P + kk] = ok ? f32_to_bits(T{}, v) : (u16)0;
         }
     } else {
         // xa: BM rows x 4 chunks of 8 elements; kp is a multiple of 8, so a chunk is wholly in or out.
@@ -152,17 +190,28 @@ __device__ __forceinline__ void gemm_load_tile(u16* As, u16* Bs, const float* __
 //              (c - n0 < n1), v = out2 [m, n1] (+ the fused bias, before routing);
 //   EPI_SILU:  the fused gate/up weight holds in each 64-row tile j gate rows 32j .. 32j+31 and
 //              then the same up rows; out0 [m, n0] = silu(gate) * up (no bias), n0 = inter.
+//   EPI_RESID: the residual add (Backend::matmul_residual): out0 = h [m, n] += the result, the
+//              bits of matmul then add_rms_norm's add; with out1, also out1 = hg [m, n] = the
+//              new h * gamma (gamma [n], weight dtype code gamma_dtype).
 #define EPI_PLAIN 0
 #define EPI_QKV 1
 #define EPI_SILU 2
+#define EPI_RESID 3
 struct Epilogue {
     float* out0;
     float* out1;
     float* out2;
     int kind, n0, n1;
+    const void* gamma = nullptr;
+    int gamma_dtype = 0;
 };
 __device__ __forceinline__ void epilogue_store(const Epilogue& ep, int r, int c, int n, float v) {
-    if (ep.kind == EPI_QKV) {
+    if (ep.kind == EPI_RESID) {
+        float* hp = ep.out0 + (size_t)r * n + c;
+        const float h = *hp + v;
+        *hp = h;
+        if (ep.out1) ep.out1[(size_t)r * n + c] = h * load_bias(ep.gamma, ep.gamma_dtype, c);
+    } else if (ep.kind == EPI_QKV) {
         if (c < ep.n0) ep.out0[(size_t)r * ep.n0 + c] = v;
         else if (c < ep.n0 + ep.n1) ep.out1[(size_t)r * ep.n1 + (c - ep.n0)] = v;
         else ep.out2[(size_t)r * ep.n1 + (c - ep.n0 - ep.n1)] = v;
@@ -174,11 +223,15 @@ __device__ __forceinline__ void epilogue_store(const Epilogue& ep, int r, int c,
 // One block: output tile [m0, m0 + BM) x [n0, n0 + 64). With gridDim.z > 1 the block owns slice
 // blockIdx.z alone and writes its partial sums to part; otherwise it walks every slice,
 // folding each into `total` as it ends, and writes out (+ bias).
+// With nm.dtype != 0 (only where x is read directly, m <= 128), x is h and the block first
+// computes its rows' inv (norm_prologue).
 template <typename T, typename S>
 __device__ void matmul_tc_impl(const float* __restrict__ x, const u16* __restrict__ xa, const u16* __restrict__ w, const void* __restrict__ bias,
                                int bias_dtype, Epilogue ep, float* __restrict__ part, u32* __restrict__ counters, int m, int n, int k,
-                               int kp, int slice_len, int slices) {
+                               int kp, int slice_len, int slices, NormIn nm) {
     TANDEM_DYNAMIC_SMEM(smem_raw);
+    __shared__ float s_inv[S::BM];
+    if (nm.dtype) norm_prologue<S>(nm, x, m, k, blockIdx.y * S::BM, s_inv);
     u16* As = reinterpret_cast<u16*>(smem_raw);
     u16* Bs = As + S::STAGES * S::A_ELEMS;
     const int m0 = blockIdx.y * S::BM, n0 = blockIdx.x * S::BN;
@@ -202,7 +255,7 @@ __device__ void matmul_tc_impl(const float* __restrict__ x, const u16* __restric
     // Prologue: tiles 0 .. STAGES-2 in flight, one commit group each (empty groups keep the count).
 #pragma unroll
     for (int s = 0; s < S::STAGES - 1; ++s) {
-        if (s < nt) gemm_load_tile<T, S>(As + s * S::A_ELEMS, Bs + s * S::B_ELEMS, x, xa, w, m, n, k, kp, m0, n0, kt_begin + s);
+        if (s < nt) gemm_load_tile<T, S>(As + s * S::A_ELEMS, Bs + s * S::B_ELEMS, x, xa, w, m, n, k, kp, m0, n0, kt_begin + s, nm, s_inv);
         cp_async_commit();
     }
     bool first_slice = true;
@@ -213,7 +266,7 @@ __device__ void matmul_tc_impl(const float* __restrict__ x, const u16* __restric
         __syncthreads();  // ... everyone's have; and everyone is done with tile i - 1's stage
         {
             const int next = i + S::STAGES - 1, st = next % S::STAGES;
-            if (next < nt) gemm_load_tile<T, S>(As + st * S::A_ELEMS, Bs + st * S::B_ELEMS, x, xa, w, m, n, k, kp, m0, n0, kt_begin + next);
+            if (next < nt) gemm_load_tile<T, S>(As + st * S::A_ELEMS, Bs + st * S::B_ELEMS, x, xa, w, m, n, k, kp, m0, n0, kt_begin + next, nm, s_inv);
             cp_async_commit();
         }
         const u16* a_st = As + (i % S::STAGES) * S::A_ELEMS;
@@ -412,10 +465,12 @@ typedef GemmShape<128, 32, 32, 3> GemmM128;
 #define MATMUL_TC(DT, T, NAME, SHAPE)                                                                                   \
     extern "C" __global__ void __launch_bounds__(SHAPE::THREADS)                                                      \
         matmul_tc_##DT##_##NAME(const float* x, const u16* xa, const u16* w, const void* bias, int bias_dtype, float* out0, \
-                                float* out1, float* out2, int epi, int en0, int en1, float* part, u32* counters, int m, int n, \
-                                int k, int kp, int slice_len, int slices) {                                           \
-        const Epilogue ep{out0, out1, out2, epi, en0, en1};                                                           \
-        matmul_tc_impl<T, SHAPE>(x, xa, w, bias, bias_dtype, ep, part, counters, m, n, k, kp, slice_len, slices);     \
+                                float* out1, float* out2, int epi, int en0, int en1, const void* ep_gamma, int ep_gamma_dtype,     \
+                                float* part, u32* counters, int m, int n, int k, int kp, int slice_len, int slices,               \
+                                const void* norm_gamma, int norm_dtype, float norm_eps) {                                         \
+        const Epilogue ep{out0, out1, out2, epi, en0, en1, ep_gamma, ep_gamma_dtype};                                 \
+        matmul_tc_impl<T, SHAPE>(x, xa, w, bias, bias_dtype, ep, part, counters, m, n, k, kp, slice_len, slices,      \
+                                 NormIn{norm_gamma, norm_dtype, norm_eps});                                           \
     }
 #define MATMUL_DT(DT, T)                                                                                               \
     extern "C" __global__ void __launch_bounds__(256) matmul_x_##DT(const float* x, u16* xa, int m, int k, int kp) {  \

@@ -171,6 +171,94 @@ inline void fused_rows_bitwise(const Check& check, int dt, int k) {
           ok);
 }
 
+// ---- The norms fused into the projections (Backend::fuses_norm) ----
+// EPI_RESID: h += x W^T and hg = h * gamma, against matmul then the host's f32 add (the add of
+// add_rms_norm) and product, bitwise.
+inline void test_resid(const Check& check, int dt, int m, int n, int k, bool with_hg) {
+    Problem p = mmtest::problem(dt, m, n, k, false);
+    std::vector<float> h0((size_t)m * n);
+    for (auto& v : h0) v = 4.0f * mmtest::rnd();
+    std::vector<uint16_t> gamma;
+    for (int i = 0; i < n; ++i) gamma.push_back(dt == 1 ? f32_to_bf16_bits(1.0f + 0.5f * mmtest::rnd()) : f32_to_f16_bits(1.0f + 0.5f * mmtest::rnd()));
+    std::vector<float> h = h0, hg((size_t)m * n, NAN);
+    Epilogue ep{h.data(), with_hg ? hg.data() : nullptr, nullptr, EPI_RESID, 0, 0, gamma.data(), dt + 1};
+    mmtest::counters_ok = mmtest::gemm(dt, p.x.data(), p.w.data(), nullptr, m, n, k, mmtest::k_slices(n, k), ep, false) && mmtest::counters_ok;
+    const auto o = mmtest::run(dt, p.x.data(), p.w.data(), nullptr, m, n, k);
+    std::vector<float> want_h((size_t)m * n), want_hg((size_t)m * n, NAN);
+    for (size_t i = 0; i < want_h.size(); ++i) {
+        want_h[i] = h0[i] + o[i];
+        if (with_hg) want_hg[i] = want_h[i] * mmtest::wval(dt, gamma[i % (size_t)n]);
+    }
+    const std::string name = std::string("matmul_residual (EPI_RESID) ") + (dt == 1 ? "bf16" : "f16") + " m=" + std::to_string(m) + " n=" + std::to_string(n) +
+                             " k=" + std::to_string(k) + " slices " + std::to_string(mmtest::k_slices(n, k).count) + (with_hg ? " with hg" : " without hg");
+    check(name + ": h and hg bitwise equal to matmul, then h + o and h * gamma", same(h, want_h) && (!with_hg || same(hg, want_hg)) &&
+                                                                                    std::all_of(hg.begin(), hg.end(), [&](float v) { return with_hg || std::isnan(v); }));
+}
+
+// rms_norm.cu's output for h [m, k] with gamma (dt: 1 bf16, 2 f16), through the emulated kernel.
+inline std::vector<float> rms_normed(int dt, const std::vector<float>& h, const std::vector<uint16_t>& gamma, int m, int k, float eps) {
+    std::vector<float> out(h.size(), NAN);
+    launch(dim3{(unsigned)m, 1, 1}, dim3{256, 1, 1}, [&] {
+        if (dt == 1) rms_norm_bf16(h.data(), (const bf16_t*)gamma.data(), out.data(), m, k, eps);
+        else rms_norm_f16(h.data(), (const f16_t*)gamma.data(), out.data(), m, k, eps);
+    });
+    return out;
+}
+
+struct Normed {
+    std::vector<float> h;  // [m, k], rows of very different scales
+    std::vector<uint16_t> gamma;
+    float eps = 1e-5f;
+};
+inline Normed normed_input(int dt, int m, int k) {
+    Normed nd;
+    nd.h.resize((size_t)m * k);
+    for (int r = 0; r < m; ++r) {
+        const float scale = r % 3 == 0 ? 30.0f : r % 3 == 1 ? 1.0f : 0.01f;
+        for (int i = 0; i < k; ++i) nd.h[(size_t)r * k + i] = scale * mmtest::rnd();
+    }
+    for (int i = 0; i < k; ++i) nd.gamma.push_back(dt == 1 ? f32_to_bf16_bits(1.0f + 0.5f * mmtest::rnd()) : f32_to_f16_bits(1.0f + 0.5f * mmtest::rnd()));
+    return nd;
+}
+
+// The NormIn prologue: a projection of h with the norm inside gives, bit for bit, rms_norm then
+// the projection, for the plain, q/k/v (with bias) and gate/up-silu epilogues.
+inline void test_norm_in(const Check& check, int dt, int m, int k) {
+    const Normed nd = normed_input(dt, m, k);
+    const NormIn nm{nd.gamma.data(), dt + 1, nd.eps};
+    const auto xn = rms_normed(dt, nd.h, nd.gamma, m, k, nd.eps);
+    const std::string tag = std::string(dt == 1 ? "bf16" : "f16") + " m=" + std::to_string(m) + " k=" + std::to_string(k);
+    {  // plain, n = 200 (not a tile multiple)
+        Problem p = mmtest::problem(dt, m, 200, k, false);
+        std::vector<float> got((size_t)m * 200, NAN);
+        const Epilogue ep{got.data(), nullptr, nullptr, EPI_PLAIN, 0, 0};
+        mmtest::counters_ok = mmtest::gemm(dt, nd.h.data(), p.w.data(), nullptr, m, 200, k, mmtest::k_slices(200, k), ep, false, nullptr, nm) && mmtest::counters_ok;
+        const auto want = mmtest::run(dt, xn.data(), p.w.data(), nullptr, m, 200, k);
+        check("norm in the projection (NormIn) plain " + tag + " slices " + std::to_string(mmtest::k_slices(200, k).count) + ": bitwise equal to rms_norm then matmul",
+              same(got, want));
+    }
+    {  // q/k/v with bias
+        const int nq = 96, nkv = 40, n = nq + 2 * nkv;
+        Problem p = mmtest::problem(dt, m, n, k, true);
+        Qkv got{std::vector<float>((size_t)m * nq, NAN), std::vector<float>((size_t)m * nkv, NAN), std::vector<float>((size_t)m * nkv, NAN)};
+        const Epilogue ep{got.q.data(), got.k.data(), got.v.data(), EPI_QKV, nq, nkv};
+        mmtest::counters_ok = mmtest::gemm(dt, nd.h.data(), p.w.data(), p.b.data(), m, n, k, mmtest::k_slices(n, k), ep, false, nullptr, nm) && mmtest::counters_ok;
+        p.x = xn;
+        const Qkv want = qkv(p, nq, nkv, false);
+        check("norm in the projection (NormIn) qkv_proj with bias " + tag + ": bitwise equal to rms_norm then qkv_proj",
+              same(got.q, want.q) && same(got.k, want.k) && same(got.v, want.v));
+    }
+    {  // gate/up silu
+        const int inter = 70, n = (inter + 31) / 32 * 64;
+        GateUp g = gate_up_problem(dt, m, inter, k);
+        std::vector<float> got((size_t)m * inter, NAN);
+        const Epilogue ep{got.data(), nullptr, nullptr, EPI_SILU, inter, 0};
+        mmtest::counters_ok = mmtest::gemm(dt, nd.h.data(), g.fused.data(), nullptr, m, n, k, mmtest::k_slices(n, k), ep, false, nullptr, nm) && mmtest::counters_ok;
+        const auto want = gate_up_silu(g, xn.data(), m, false);
+        check("norm in the projection (NormIn) gate_up_silu " + tag + ": bitwise equal to rms_norm then gate_up_silu", same(got, want));
+    }
+}
+
 inline void run_all(const Check& check) {
     // Split (m <= 128, 3 slices at k = 1000 / 999) and register-fold (m = 200) paths; k = 999
     // breaks 16-byte alignment; n = 176 and inter = 70 are not multiples of the tiles.
@@ -183,5 +271,18 @@ inline void run_all(const Check& check) {
     test_gate_up(check, 2, 17, 70, 136);
     test_gate_up(check, 1, 200, 70, 1000);
     fused_rows_bitwise(check, 1, 1000);
+    // Residual add: split (k = 1000, 3 slices; k = 2048, 8) and one slice (k = 136), m16 / m64.
+    test_resid(check, 1, 1, 200, 1000, true);
+    test_resid(check, 1, 2, 64, 2048, true);
+    test_resid(check, 2, 17, 72, 136, true);
+    test_resid(check, 1, 5, 200, 999, false);
+    // The norm prologue: k = 1000 and 999 (not multiples of 256 or 8), 2048 (8 per lane's
+    // chain), 64 (fewer elements than rms_norm's threads); m across the m16 and m64 kernels.
+    test_norm_in(check, 1, 1, 1000);
+    test_norm_in(check, 1, 2, 2048);
+    test_norm_in(check, 2, 3, 999);
+    test_norm_in(check, 1, 16, 64);
+    test_norm_in(check, 2, 17, 1000);
+    test_norm_in(check, 1, 100, 136);
 }
 }  // namespace fusedtest

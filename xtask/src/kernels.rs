@@ -24,10 +24,6 @@ pub fn run(a: Args) -> Result<()> {
     check_only(a.only.as_deref())
 }
 
-pub fn check() -> Result<()> {
-    check_only(None)
-}
-
 fn check_only(only: Option<&str>) -> Result<()> {
     let root = crate::workspace_root();
     if !root.join(".venv-cuda/bin/python").exists() {

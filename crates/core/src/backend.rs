@@ -151,13 +151,17 @@ pub struct KvDest<'a, Buf> {
 }
 
 /// The RMS norm a fused projection applies to its input ([`Backend::fuses_norm`]): the
-/// projection's x is `h ∘ gamma` (as [`Backend::matmul_residual`] writes it) and each row's
-/// result is scaled by `1 / sqrt(mean(h_row²) + eps)`, which makes it the projection of
-/// `rms_norm(h) · gamma` without a norm op in between.
+/// projection of `rms_norm(h) · gamma` without a norm op in between. The projection's x is
+/// `h ∘ gamma` (as [`Backend::matmul_residual`] writes it); a backend may scale each row's
+/// result by `1 / sqrt(mean(h_row²) + eps)` (wgpu), or ignore x and form `rms_norm(h) · gamma`
+/// from `h` and `gamma` itself as its `rms_norm` would (CUDA: the unfused path's bits, so a
+/// token's result does not depend on whether its step fused the norm).
 #[derive(Debug)]
 pub struct NormIn<'a, Buf> {
     /// f32 `[m, hidden]`: the residual stream the norm is taken of.
     pub h: &'a Buf,
+    /// The norm's weight `[hidden]` (a weight buffer, as for `rms_norm`).
+    pub gamma: &'a Buf,
     pub eps: f32,
 }
 

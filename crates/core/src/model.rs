@@ -370,7 +370,7 @@ impl<B: Backend> LlamaModel<B> {
             }
             match &layer.qkv {
                 Qkv::Fused { w, bias } => {
-                    let norm = fused_in.then_some(NormIn { h: &s.h, eps: c.rms_norm_eps });
+                    let norm = fused_in.then_some(NormIn { h: &s.h, gamma: &layer.input_norm, eps: c.rms_norm_eps });
                     let kv = KvDest { k_cache: &mut *k_cache, v_cache: &mut *v_cache, positions: &s.positions, inv_freq: &self.inv_freq, slots: &s.slots, geometry: self.geometry };
                     b.qkv_rope_kv_write(&s.x, w, bias.as_ref(), &mut s.q, &mut s.k, &mut s.v, t, qd, d, norm, kv)?;
                 }
@@ -404,7 +404,7 @@ impl<B: Backend> LlamaModel<B> {
                 b.add_rms_norm(&mut s.h, &s.o, &layer.post_norm, &mut s.x, t, d, c.rms_norm_eps)?;
             }
             match &layer.gate_up {
-                GateUp::Fused(w) => b.gate_up_silu(&s.x, w, &mut s.act, t, inter, d, fused_norm.then_some(NormIn { h: &s.h, eps: c.rms_norm_eps }))?,
+                GateUp::Fused(w) => b.gate_up_silu(&s.x, w, &mut s.act, t, inter, d, fused_norm.then_some(NormIn { h: &s.h, gamma: &layer.post_norm, eps: c.rms_norm_eps }))?,
                 GateUp::Split { gate, up } => {
                     b.matmul(&s.x, gate, None, &mut s.gate, t, inter, d)?;
                     b.matmul(&s.x, up, None, &mut s.up, t, inter, d)?;

@@ -747,11 +747,9 @@ impl Backend for CudaBackend {
     }
 
     /// One GEMM whose epilogue routes each column to q, k or v (kernels/matmul.cu EPI_QKV).
+    /// With `norm`, the GEMM forms rms_norm(h) * gamma itself (x is not read).
     fn qkv_proj(&self, x: &CudaBuf, w: &CudaBuf, bias: Option<&CudaBuf>, q: &mut CudaBuf, k: &mut CudaBuf, v: &mut CudaBuf, m: usize, nq: usize, nkv: usize, hidden: usize, norm: Option<tandem_core::backend::NormIn<'_, CudaBuf>>) -> Result<()> {
-        if norm.is_some() {
-            return Err(err("qkv_proj: this backend does not fuse the norm into the projection (fuses_norm is false)"));
-        }
-        self.gemm("qkv_proj", x, w, bias, GemmOut::Qkv { q, k, v, nq, nkv }, m, nq + 2 * nkv, hidden)
+        self.gemm("qkv_proj", x, w, bias, GemmOut::Qkv { q, k, v, nq, nkv }, m, nq + 2 * nkv, hidden, norm)
     }
 
     /// Gate and up interleaved in blocks of 32 rows (matmul.rs `fuse_gate_up_rows`).
@@ -760,11 +758,24 @@ impl Backend for CudaBackend {
     }
 
     /// One GEMM whose epilogue writes silu(gate) * up (kernels/matmul.cu EPI_SILU).
+    /// With `norm`, the GEMM forms rms_norm(h) * gamma itself (x is not read).
     fn gate_up_silu(&self, x: &CudaBuf, w: &CudaBuf, out: &mut CudaBuf, m: usize, inter: usize, hidden: usize, norm: Option<tandem_core::backend::NormIn<'_, CudaBuf>>) -> Result<()> {
-        if norm.is_some() {
-            return Err(err("gate_up_silu: this backend does not fuse the norm into the projection (fuses_norm is false)"));
+        self.gemm("gate_up_silu", x, w, None, GemmOut::Silu { out, inter }, m, matmul::fuse_gate_up_rows(inter), hidden, norm)
+    }
+
+    /// Up to FUSE_NORM_MAX_TOKENS tokens (see there): a layer is then 6 launches. The fused
+    /// path gives the unfused path's bits (kernels/matmul.cu `norm_prologue`, EPI_RESID), so
+    /// which one a step takes never changes a token.
+    fn fuses_norm(&self, _hidden: usize, tokens: usize) -> bool {
+        tokens <= matmul::FUSE_NORM_MAX_TOKENS
+    }
+
+    /// One GEMM whose epilogue adds into h and writes h * gamma (kernels/matmul.cu EPI_RESID).
+    fn matmul_residual(&self, x: &CudaBuf, w: &CudaBuf, h: &mut CudaBuf, next_norm: Option<(&CudaBuf, &mut CudaBuf)>, m: usize, n: usize, k: usize) -> Result<()> {
+        if w.elem == Elem::F32 {
+            return Err(err("matmul_residual: f32 weights take the SIMT kernel, which has no residual epilogue (the model fuses norms only with fused 16-bit projections)"));
         }
-        self.gemm("gate_up_silu", x, w, None, GemmOut::Silu { out, inter }, m, matmul::fuse_gate_up_rows(inter), hidden)
+        self.gemm("matmul_residual", x, w, None, GemmOut::Residual { h, hg: next_norm }, m, n, k, None)
     }
 
     /// kernels/kv_write.cu `rope_kv_write_<kv>`: rope and the cache write in one launch; k is
@@ -797,7 +808,7 @@ impl Backend for CudaBackend {
 
     fn matmul(&self, x: &CudaBuf, w: &CudaBuf, bias: Option<&CudaBuf>, out: &mut CudaBuf, m: usize, n: usize, k: usize) -> Result<()> {
         need(out, Elem::F32, m * n, "matmul", "out")?;
-        self.gemm("matmul", x, w, bias, GemmOut::Plain(out), m, n, k)
+        self.gemm("matmul", x, w, bias, GemmOut::Plain(out), m, n, k, None)
     }
 
     fn rope(&self, q: &mut CudaBuf, k: &mut CudaBuf, positions: &CudaBuf, inv_freq: &CudaBuf, num_tokens: usize, q_heads: usize, kv_heads: usize, head_dim: usize) -> Result<()> {

@@ -1,12 +1,14 @@
 //! The tensor-core and f32 matmul launchers of [`CudaBackend`] (kernels/matmul.cu): the plain
 //! projection (`Backend::matmul`) and the fused q/k/v and gate/up projections
-//! (`Backend::fuse_qkv` / `qkv_proj`, `fuse_gate_up` / `gate_up_silu`), one GEMM launch each
-//! for m <= 128 (x read in-kernel, split K folded in-kernel), two above (matmul_x first).
+//! (`Backend::fuse_qkv` / `qkv_proj`, `fuse_gate_up` / `gate_up_silu`), the residual add
+//! (`matmul_residual`) and the input norm (`NormIn`) where `fuses_norm` says so, one GEMM
+//! launch each for m <= 128 (x read in-kernel, split K folded in-kernel), two above
+//! (matmul_x first).
 //! A child module of `backend`, so it shares that module's private helpers.
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use tandem_core::weights::TensorView;
-use tandem_core::backend::DType;
+use tandem_core::backend::{DType, NormIn};
 use tandem_core::Result;
 
 use super::{drv, err, i32_of, need, need_weight, u32_of, cfg, CudaBackend, CudaBuf, Elem, MatmulScratch};
@@ -70,10 +72,19 @@ pub(super) fn gemm_kernel(m: usize) -> &'static GemmKernel {
 /// 2 row tiles of the m64 kernel, and fewer than K_SLICE_TARGET_BLOCKS column tiles.
 pub(super) const GEMM_COUNTERS: usize = 2 * K_SLICE_TARGET_BLOCKS;
 
-/// The epilogue codes of kernels/matmul.cu (EPI_PLAIN, EPI_QKV, EPI_SILU).
+/// The epilogue codes of kernels/matmul.cu (EPI_PLAIN, EPI_QKV, EPI_SILU, EPI_RESID).
 const EPI_PLAIN: i32 = 0;
 const EPI_QKV: i32 = 1;
 const EPI_SILU: i32 = 2;
+const EPI_RESID: i32 = 3;
+
+/// Up to this many tokens a step folds the norms into the projections (`fuses_norm`): every
+/// block of a projection's columns recomputes its rows' norm, reading all of each row of h
+/// (264 blocks x rows x hidden floats from L2); at one or two rows that is cheaper than the
+/// add_rms_norm launch it saves, at 64 it would read ~135 MB for a 2048-wide model. The bits
+/// are the unfused path's either way (kernels/matmul.cu `norm_prologue`), so the threshold
+/// changes speed only, never a token.
+pub(super) const FUSE_NORM_MAX_TOKENS: usize = 2;
 
 /// Where a GEMM's results go (kernels/matmul.cu `Epilogue`).
 pub(super) enum GemmOut<'a> {
@@ -83,6 +94,8 @@ pub(super) enum GemmOut<'a> {
     Qkv { q: &'a mut CudaBuf, k: &'a mut CudaBuf, v: &'a mut CudaBuf, nq: usize, nkv: usize },
     /// The [`fuse_gate_up_rows`] layout: out [m, inter] = silu(gate) * up.
     Silu { out: &'a mut CudaBuf, inter: usize },
+    /// h [m, n] += the result; with `hg`, also hg = the new h * gamma (gamma [n], a weight).
+    Residual { h: &'a mut CudaBuf, hg: Option<(&'a CudaBuf, &'a mut CudaBuf)> },
 }
 
 /// Rows of the fused gate/up weight for `inter` rows each: 64-row tiles, each 32 gate rows then
@@ -167,13 +180,25 @@ impl CudaBackend {
         Ok(Some(b))
     }
 
-    /// One projection: x f32 [m, k] times w [n, k] into `dst` (the epilogue).
+    /// One projection: x f32 [m, k] times w [n, k] into `dst` (the epilogue). With `norm`
+    /// (m <= SPLIT_MAX_ROWS only), the input is rms_norm(norm.h) * norm.gamma, formed in the
+    /// kernel, and x is not read.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn gemm(&self, op: &str, x: &CudaBuf, w: &CudaBuf, bias: Option<&CudaBuf>, dst: GemmOut<'_>, m: usize, n: usize, k: usize) -> Result<()> {
+    pub(super) fn gemm(&self, op: &str, x: &CudaBuf, w: &CudaBuf, bias: Option<&CudaBuf>, dst: GemmOut<'_>, m: usize, n: usize, k: usize, norm: Option<NormIn<'_, CudaBuf>>) -> Result<()> {
         if m == 0 || n == 0 {
             return Ok(());
         }
-        need(x, Elem::F32, m * k, op, "x")?;
+        let (x, norm_code) = match norm {
+            Some(nm) => {
+                if m > SPLIT_MAX_ROWS || w.elem == Elem::F32 {
+                    return Err(err(format!("{op}: the input norm is fused only for 16-bit weights and at most {SPLIT_MAX_ROWS} rows (fuses_norm), not m = {m} with {:?} weights", w.elem)));
+                }
+                need_weight(nm.gamma, k, op, "norm gamma")?;
+                (nm.h, nm.gamma.elem.bias_code())
+            }
+            None => (x, 0),
+        };
+        need(x, Elem::F32, m * k, op, if norm.is_some() { "norm h" } else { "x" })?;
         let wi = need_weight(w, n * k, op, "w")?;
         let bias_code = match bias {
             Some(b) => {
@@ -262,11 +287,33 @@ impl CudaBackend {
         }
         l.arg(&*xa).arg(&w.mem).arg(bias_mem).arg(&bias_code);
         let (epi, en0, en1);
+        // The epilogue's gamma (EPI_RESID with hg) and its dtype code; w where there is none.
+        let (mut ep_gamma, mut ep_gamma_code) = (&w.mem, 0i32);
         match dst {
             GemmOut::Plain(out) => {
                 need(out, Elem::F32, m * n, op, "out")?;
                 l.arg(&mut out.mem).arg(&null).arg(&null);
                 (epi, en0, en1) = (EPI_PLAIN, 0, 0);
+            }
+            GemmOut::Residual { h, hg } => {
+                if bias_code != 0 {
+                    return Err(err(format!("{op}: the residual add takes no bias")));
+                }
+                need(h, Elem::F32, m * n, op, "h")?;
+                l.arg(&mut h.mem);
+                match hg {
+                    Some((gamma, hg)) => {
+                        need_weight(gamma, n, op, "gamma")?;
+                        need(hg, Elem::F32, m * n, op, "hg")?;
+                        (ep_gamma, ep_gamma_code) = (&gamma.mem, gamma.elem.bias_code());
+                        l.arg(&mut hg.mem);
+                    }
+                    None => {
+                        l.arg(&null);
+                    }
+                }
+                l.arg(&null);
+                (epi, en0, en1) = (EPI_RESID, 0, 0);
             }
             GemmOut::Qkv { q, k: kb, v, nq, nkv } => {
                 if nq + 2 * nkv != n {
@@ -287,7 +334,7 @@ impl CudaBackend {
                 (epi, en0, en1) = (EPI_SILU, i32_of(inter, op, "inter")?, 0);
             }
         }
-        l.arg(&epi).arg(&en0).arg(&en1);
+        l.arg(&epi).arg(&en0).arg(&en1).arg(ep_gamma).arg(&ep_gamma_code);
         match part.as_mut().filter(|_| split) {
             Some(p) => l.arg(p),
             // Not split: the kernel never touches `part`; any valid pointer does.
@@ -295,6 +342,12 @@ impl CudaBackend {
         };
         l.arg(&mut *counters);
         l.arg(&mi).arg(&ni).arg(&ki).arg(&kpi).arg(&li).arg(&si);
+        let norm_eps = norm.map_or(0.0f32, |nm| nm.eps);
+        match norm {
+            Some(nm) => l.arg(&nm.gamma.mem),
+            None => l.arg(&w.mem),
+        };
+        l.arg(&norm_code).arg(&norm_eps);
         let launch = LaunchConfig { grid_dim: grid, block_dim: (g.threads, 1, 1), shared_mem_bytes: g.smem };
         // SAFETY: the argument list matches the kernel's; dynamic shared memory as its
         // GemmShape expects; part (when split) holds slices * m * n floats and counters one

@@ -29,6 +29,16 @@ pub struct WgpuOptions {
     /// buffers; by default `TANDEM_WGPU_TEXELS=0|1`, else textures on CPU adapters. With
     /// texel weights the KV caches are textures too, unless `TANDEM_WGPU_KV_TEXELS=0`.
     pub texel_weights: Option<bool>,
+    /// Fold the residual adds and RMS norms into the projections at decode steps of at most two
+    /// tokens (`Backend::fuses_norm`): `Some(true)` on, `Some(false)` off; by default
+    /// `TANDEM_WGPU_FUSE_NORM=0|1`, else off. Off by default because the fused path scales the
+    /// projection of `h * gamma` by `1 / rms(h)`, which rounds differently from projecting
+    /// `rms_norm(h) * gamma`: a sequence's logits then depend on whether its step had 1-2 or more
+    /// tokens, so greedy tokens alone and in a batch could differ at near-ties
+    /// (tests/wgpu/model.rs `decode_logits_are_bitwise_the_same_alone_and_in_a_batch` measured
+    /// 343 of 384 logits differing with it on). On lavapipe it saved no measurable time
+    /// (docs/bench-cpu.md, "fewer dispatches per token").
+    pub fuse_norm: Option<bool>,
 }
 
 pub struct WgpuBackend {
@@ -56,8 +66,8 @@ pub struct WgpuBackend {
     texel_weights: bool,
     /// Fuse the q/k/v and the gate/up projections at load (`TANDEM_WGPU_FUSE=0` keeps them apart).
     fuse: bool,
-    /// Fuse the residual adds and norms into the projections (`Backend::fuses_norm`;
-    /// `TANDEM_WGPU_FUSE_NORM=0` runs add_rms_norm between them).
+    /// Fuse the residual adds and norms into the projections (`Backend::fuses_norm`): off by
+    /// default, see `WgpuOptions::fuse_norm`.
     fuse_norm: bool,
     /// Forward passes of at most this many tokens fuse norms (`TANDEM_WGPU_FUSE_NORM_ROWS`, 2).
     fuse_norm_rows: usize,
@@ -186,7 +196,7 @@ impl WgpuBackend {
             tiled_weights,
             texel_weights,
             fuse: knob("TANDEM_WGPU_FUSE", 1) == 1,
-            fuse_norm: knob("TANDEM_WGPU_FUSE_NORM", 1) == 1,
+            fuse_norm: opts.fuse_norm.unwrap_or(knob("TANDEM_WGPU_FUSE_NORM", 0) == 1),
             fuse_norm_rows: knob("TANDEM_WGPU_FUSE_NORM_ROWS", 2) as usize,
             fuse_rope: knob("TANDEM_WGPU_FUSE_ROPE", 1) == 1,
             // Measured on lavapipe (SmolLM2 decode): see docs/bench-cpu.md, "fifth session".

@@ -117,3 +117,35 @@ fn a_forward_that_reads_nothing_back_leaves_the_device_idle() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// "Greedy output bitwise the same alone and in any batch": a sequence's logits for one decode
+/// token, run alone (one token in the step) and beside two other sequences (three tokens),
+/// must be the same bits, whatever path each step size takes inside the backend.
+#[test]
+fn decode_logits_are_bitwise_the_same_alone_and_in_a_batch() {
+    for dtype in [DType::BF16, DType::F32] {
+        let dir = temp_dir(&format!("alone-batch-{}", dtype.name()));
+        write_random_model(&dir, Shape::Tiny, 11, dtype).unwrap();
+        let opts = LoadOptions { max_batch_tokens: 128, max_seqs: 4, num_kv_blocks: 12, block_size: 16, ..Default::default() };
+        let Some(gpu) = common::open(Default::default()) else { return };
+        let mut model = LlamaModel::<WgpuBackend>::load(gpu, &dir, opts).unwrap();
+        let vocab = model.config().vocab_size;
+        let prompt = |s: u32| -> Vec<u32> { (0..21).map(|i| (i * 5 + 1 + 13 * s) % 200).collect() };
+        let mut batch = ForwardBatch { max_blocks: 2, ..Default::default() };
+        for s in 0..3u32 {
+            batch.push_seq(&prompt(s), 0, &[2 * s, 2 * s + 1], 16, true);
+        }
+        model.forward(&batch).unwrap();
+        let step = |model: &mut LlamaModel<WgpuBackend>, seqs: u32| {
+            let mut b = ForwardBatch { max_blocks: 2, ..Default::default() };
+            for s in 0..seqs {
+                b.push_seq(&[17 + s], 21, &[2 * s, 2 * s + 1], 16, true);
+            }
+            model.forward(&b).unwrap()
+        };
+        let (alone, together) = (step(&mut model, 1), step(&mut model, 3));
+        let differ = alone.iter().zip(&together[..vocab]).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+        assert_eq!(differ, 0, "{}: {differ} of {vocab} logits of sequence 0 differ between its step alone and in a batch of 3", dtype.name());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -228,10 +228,11 @@ fn matmul_and_embedding_texels_across_bands() {
 /// decode and the prefill kernels, with row counts that are not multiples of a block.
 /// A backend holding weight matrices in textures (where the adapter can) and one holding them
 /// in buffers; `what` names the test in the line that says a texture backend was skipped.
+/// Both weight layouts, with the norm fusion on (off by default; these tests check the fused ops).
 fn texel_and_buffer_backends(what: &str) -> Vec<WgpuBackend> {
     let mut backends = Vec::new();
     for texels in [true, false] {
-        if let Some(b) = common::open(WgpuOptions { texel_weights: Some(texels), ..Default::default() }) {
+        if let Some(b) = common::open(WgpuOptions { texel_weights: Some(texels), fuse_norm: Some(true), ..Default::default() }) {
             if texels && !b.can_hold_texels() {
                 eprintln!("{what} in textures skipped: adapter {} cannot hold weights in textures", b.adapter());
                 continue;
@@ -373,13 +374,13 @@ fn fused_residual_and_norm_chain() {
             let (mut h, mut hg) = (f32_buf(b, &h0), poisoned(b, m * d));
             let mut act_d = poisoned(b, m * inter);
             b.matmul_residual(&f32_buf(b, &attn), &w_o, &mut h, Some((&gp, &mut hg)), m, d, qd).unwrap();
-            b.gate_up_silu(&hg, &w_gu, &mut act_d, m, inter, d, Some(NormIn { h: &h, eps })).unwrap();
+            b.gate_up_silu(&hg, &w_gu, &mut act_d, m, inter, d, Some(NormIn { h: &h, gamma: &gp, eps })).unwrap();
             assert_close(&what("act"), &b.read_f32(&act_d, m * inter).unwrap(), &act, 1e-10);
             b.matmul_residual(&act_d, &w_d, &mut h, Some((&gi, &mut hg)), m, d, inter).unwrap();
             assert_close(&what("h"), &b.read_f32(&h, m * d).unwrap(), &h2, 1e-10);
             assert_close(&what("h * gamma"), &b.read_f32(&hg, m * d).unwrap(), &hg2, 1e-10);
             let (mut q, mut k, mut v) = (poisoned(b, m * nq), poisoned(b, m * nkv), poisoned(b, m * nkv));
-            b.qkv_proj(&hg, &w_qkv, None, &mut q, &mut k, &mut v, m, nq, nkv, d, Some(NormIn { h: &h, eps })).unwrap();
+            b.qkv_proj(&hg, &w_qkv, None, &mut q, &mut k, &mut v, m, nq, nkv, d, Some(NormIn { h: &h, gamma: &gi, eps })).unwrap();
             for (got, w, rows, name) in [(&q, &wq, nq, "q"), (&k, &wk, nkv, "k"), (&v, &wv, nkv, "v")] {
                 assert_close(&what(name), &b.read_f32(got, m * rows).unwrap(), &mm(&x2, w, rows, d), 1e-10);
             }
@@ -417,7 +418,8 @@ fn qkv_rope_kv_write_equals_the_ops_it_fuses() {
             for (m, with_norm) in [(1, false), (2, true), (37, true)] {
                 let x = rng.vec(m * hidden, 1.0);
                 let h = f32_buf(b, &rng.vec(m * hidden, 1.0));
-                let norm = with_norm.then_some(NormIn { h: &h, eps: 1e-5 });
+                let gamma = b.weight_from_f32(DType::BF16, &rng.vec(hidden, 1.0)).unwrap();
+                let norm = with_norm.then_some(NormIn { h: &h, gamma: &gamma, eps: 1e-5 });
                 let mut all: Vec<u32> = (0..g.slots() as u32).collect();
                 rng.shuffle(&mut all);
                 let slots = u32_buf(b, &all[..m]);
