@@ -8,8 +8,8 @@ use tandem_core::DType;
 
 use crate::compare::compare;
 use crate::ops::{
-    Add, AddRmsNorm, Argmax, Embedding, GatherRows, GateUpSilu, KvWrite, Launch, Matmul, Op, PagedAttention, QkvRopeKvWrite, RmsNorm, Rope,
-    RopeKvWrite, SeqChunk, SiluMul,
+    Add, AddRmsNorm, Argmax, Embedding, GatherRows, GateUpSilu, KvWrite, Launch, Matmul, Op, PagedAttention, QkvRopeKvWrite, ResidualNormGateUp,
+    RmsNorm, Rope, RopeKvWrite, SeqChunk, SiluMul,
 };
 use crate::rng::{hash_str, mix, Rng};
 
@@ -21,6 +21,7 @@ enum Spec {
     AddRmsNorm(AddRmsNorm),
     Matmul(Matmul),
     GateUpSilu(GateUpSilu),
+    ResidualNormGateUp(ResidualNormGateUp),
     Rope(Rope),
     SiluMul(SiluMul),
     KvWrite(KvWrite),
@@ -41,6 +42,7 @@ macro_rules! dispatch {
             Spec::AddRmsNorm($o) => $body,
             Spec::Matmul($o) => $body,
             Spec::GateUpSilu($o) => $body,
+            Spec::ResidualNormGateUp($o) => $body,
             Spec::Rope($o) => $body,
             Spec::SiluMul($o) => $body,
             Spec::KvWrite($o) => $body,
@@ -307,6 +309,11 @@ pub fn cases() -> Vec<Case> {
     // an intermediate size that is not a multiple of 32; f32 weights are not fused).
     for (dtype, m, inter, hidden) in [(BF16, 1, 1536, 576), (BF16, 37, 200, 256), (F16, 200, 70, 136), (F32, 3, 64, 96)] {
         v.push(Case::new(GateUpSilu { dtype, m, inter, hidden }, Spec::GateUpSilu));
+    }
+    // The residual add and the next norm around the projections: fused where the backend fuses
+    // norms at that many tokens (CUDA: 1-2 tokens, the epilogue and the prologue), else plain.
+    for (dtype, m, hidden, k, inter) in [(BF16, 1, 576, 576, 1536), (BF16, 2, 256, 384, 200), (F16, 2, 136, 1000, 70), (BF16, 37, 256, 96, 130), (F32, 1, 64, 96, 64)] {
+        v.push(Case::new(ResidualNormGateUp { dtype, m, hidden, k, inter }, Spec::ResidualNormGateUp));
     }
     for (dtype, g, q_heads, hidden, tokens, bias) in [
         (BF16, geometry(10, 16, 3, 64), 9, 576, 1, false),

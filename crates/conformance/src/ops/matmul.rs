@@ -3,7 +3,7 @@
 use tandem_core::backend::Backend;
 use tandem_core::{DType, Result};
 
-use super::{limits, poisoned, read_guarded, round_to, untouched_f32, upload_f32, weight, Cost, Launch, Op};
+use super::{limits, poisoned, read_guarded, round_to, untouched_f32, upload_f32, upload_guarded, weight, Cost, Launch, Op};
 use crate::compare::Output;
 use crate::rng::Rng;
 
@@ -118,5 +118,100 @@ impl Op for GateUpSilu {
         }
         untouched_f32(b, &xb, &x.x, "x")?;
         Ok(vec![Output::f32("out", read_guarded(b, &out, m * inter, "out")?)])
+    }
+}
+
+/// The residual add and the next norm around a projection, as a layer runs them: `h += x Wo^T`,
+/// then `act = silu(n Wg^T) * (n Wu^T)` with `n = rms_norm(h) * gamma`. Where the backend fuses
+/// norms at this many tokens (`fuses_norm`, with a fused gate/up weight) it runs
+/// `matmul_residual` and `gate_up_silu` with `NormIn` (CUDA: the residual in the o GEMM's
+/// epilogue, the norm in the gate/up GEMM's prologue); else `matmul`, `add_rms_norm` and the
+/// gate/up projection, which is what the reference runs.
+pub struct ResidualNormGateUp {
+    pub dtype: DType,
+    pub m: usize,
+    pub hidden: usize,
+    /// The width of the projection that adds into h (o: q_dim; down: intermediate).
+    pub k: usize,
+    pub inter: usize,
+}
+
+pub struct ResidualNormInputs {
+    h: Vec<f32>,     // [m, hidden]
+    x: Vec<f32>,     // [m, k]
+    wo: Vec<f32>,    // [hidden, k]
+    gamma: Vec<f32>, // [hidden]
+    gate: Vec<f32>,  // [inter, hidden]
+    up: Vec<f32>,
+}
+
+const RESIDUAL_NORM_EPS: f32 = 1e-5;
+
+impl Op for ResidualNormGateUp {
+    type Inputs = ResidualNormInputs;
+    const NAME: &'static str = "residual_norm_gate_up";
+    fn params(&self) -> String {
+        format!("w={} m={} hidden={} k={} inter={}", self.dtype.name(), self.m, self.hidden, self.k, self.inter)
+    }
+    fn limit(&self) -> f64 {
+        limits::weight(self.dtype)
+    }
+    fn cost(&self) -> Cost {
+        let (m, d, k, i) = (self.m as f64, self.hidden as f64, self.k as f64, self.inter as f64);
+        Cost { bytes: (d * k + 2.0 * i * d) * self.dtype.size() as f64 + 4.0 * m * (k + 2.0 * d + i), flops: 2.0 * m * (d * k + 2.0 * i * d) }
+    }
+    fn generate(&self, rng: &mut Rng) -> Self::Inputs {
+        let (d, k, i) = (self.hidden, self.k, self.inter);
+        let scale = |n: usize| 1.0 / (n as f32).sqrt();
+        ResidualNormInputs {
+            h: rng.normals(self.m * d, 1.0),
+            x: rng.normals(self.m * k, 1.0),
+            wo: round_to(self.dtype, rng.normals(d * k, scale(k))),
+            gamma: round_to(self.dtype, (0..d).map(|_| 1.0 + 0.3 * rng.normal()).collect()),
+            gate: round_to(self.dtype, rng.normals(i * d, scale(d))),
+            up: round_to(self.dtype, rng.normals(i * d, scale(d))),
+        }
+    }
+    fn exec<B: Backend>(&self, b: &B, x: &Self::Inputs, launch: &mut Launch) -> Result<Vec<Output>> {
+        let (m, d, k, inter) = (self.m, self.hidden, self.k, self.inter);
+        let mut ws = tandem_core::weights::Weights::empty();
+        ws.replace("gate", self.dtype, &[inter, d], &x.gate)?;
+        ws.replace("up", self.dtype, &[inter, d], &x.up)?;
+        let (gv, uv) = (ws.get("gate", &[inter, d])?, ws.get("up", &[inter, d])?);
+        let mut h = upload_guarded(b, &x.h)?;
+        let xb = upload_f32(b, &x.x)?;
+        let wo = weight(b, self.dtype, &[d, k], &x.wo, false)?;
+        let gamma = weight(b, self.dtype, &[d], &x.gamma, false)?;
+        let mut act = poisoned(b, m * inter)?;
+        let mut n = poisoned(b, m * d)?;
+        let fused_gu = b.fuse_gate_up(&gv, &uv)?;
+        match fused_gu {
+            Some(w) if b.fuses_norm(d, m) => launch.run(b, || {
+                b.matmul_residual(&xb, &wo, &mut h, Some((&gamma, &mut n)), m, d, k)?;
+                b.gate_up_silu(&n, &w, &mut act, m, inter, d, Some(tandem_core::backend::NormIn { h: &h, gamma: &gamma, eps: RESIDUAL_NORM_EPS }))
+            })?,
+            fused => {
+                let mut o = poisoned(b, m * d)?;
+                let mut split = match fused {
+                    Some(_) => None,
+                    None => Some((b.upload_weight(&gv)?, b.upload_weight(&uv)?, poisoned(b, m * inter)?, poisoned(b, m * inter)?)),
+                };
+                launch.run(b, || {
+                    b.matmul(&xb, &wo, None, &mut o, m, d, k)?;
+                    b.add_rms_norm(&mut h, &o, &gamma, &mut n, m, d, RESIDUAL_NORM_EPS)?;
+                    match (&fused, &mut split) {
+                        (Some(w), _) => b.gate_up_silu(&n, w, &mut act, m, inter, d, None),
+                        (None, Some((wg, wu, g, u))) => {
+                            b.matmul(&n, wg, None, g, m, inter, d)?;
+                            b.matmul(&n, wu, None, u, m, inter, d)?;
+                            b.silu_mul(g, u, &mut act, m * inter)
+                        }
+                        (None, None) => Err(tandem_core::Error::backend(b.name(), "residual_norm_gate_up: neither a fused nor a split gate/up weight")),
+                    }
+                })?
+            }
+        }
+        untouched_f32(b, &xb, &x.x, "x")?;
+        Ok(vec![Output::f32("h", read_guarded(b, &h, m * d, "h")?), Output::f32("act", read_guarded(b, &act, m * inter, "act")?)])
     }
 }

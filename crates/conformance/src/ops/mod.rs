@@ -24,7 +24,7 @@ pub use attention::{PagedAttention, SeqChunk};
 pub use basic::{Add, AddRmsNorm, Argmax, Embedding, GatherRows, RmsNorm, SiluMul};
 pub use fused::{QkvRopeKvWrite, RopeKvWrite};
 pub use kv::KvWrite;
-pub use matmul::{GateUpSilu, Matmul};
+pub use matmul::{GateUpSilu, Matmul, ResidualNormGateUp};
 pub use rope::Rope;
 
 /// Extra elements after every output: poisoned like the output, and required to stay poisoned,

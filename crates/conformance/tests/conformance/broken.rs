@@ -252,10 +252,11 @@ fn assert_caught(fault: Fault, why: &str) {
 fn a_fault_in_one_op_fails_that_op_only() {
     // Attention and the fused attention-input ops fill their cache through kv_write, and this
     // wrapper's fused ops are the trait's defaults (add_rms_norm: add, then rms_norm;
-    // rope_kv_write and qkv_rope_kv_write end in kv_write), so those faults reach them too;
+    // rope_kv_write and qkv_rope_kv_write end in kv_write; residual_norm_gate_up runs
+    // add_rms_norm where the backend does not fuse norms), so those faults reach them too;
     // every other op is independent of every other.
     let kv_downstream = &["paged_attention", "rope_kv_write", "qkv_rope_kv_write"][..];
-    for (fault, downstream) in [(Fault::RmsNormScaled, &["add_rms_norm"][..]), (Fault::KvWriteVFromK, kv_downstream)] {
+    for (fault, downstream) in [(Fault::RmsNormScaled, &["add_rms_norm", "residual_norm_gate_up"][..]), (Fault::KvWriteVFromK, kv_downstream)] {
         let op = faulty_op(fault);
         let (results, _) = run_with(fault, None);
         assert_eq!(results.len(), cases().len());
