@@ -22,7 +22,14 @@
 // depends only on its own context length and its result is the same alone or in any batch.
 // Short partitions are what fill the GPU at decode: one 512-key partition per head left 64
 // blocks for 132 SMs and took two thirds of a decode step on the H200 (docs/gpu-check.md).
-//   paged_attention_partial_{f32,bf16}: grid (T, H, max_parts), block 128. Block (t, h, part) scores keys
+//   paged_attention_partial_{f32,bf16}: grid (T, H / pack, max_parts), block 128 * pack. Each
+//     block serves `pack` query heads of one GQA group (pack divides H / KVH, at most
+//     PA_MAX_PACK; crates/cuda/src/backend.rs `pa_pack`): one 128-thread group per head, run
+//     side by side on one SM so the group's K/V rows are fetched from memory once and then hit
+//     in L1 for the other heads. Each group does exactly what a one-head block did (the same
+//     loops over its own 128 threads, the same reduction trees over its own 4 warps), so the
+//     bits do not depend on pack (kernels/emu checks pack 2 and 4 against 1, bitwise).
+//     Group g of block (t, hb, part) is head h = hb * pack + g; it scores keys
 //     [part*PART, min((part+1)*PART, p+1)), keeps the scores in shared memory, softmaxes them
 //     against the partition's max m, and accumulates o = sum exp(s - m) V. With max_parts == 1
 //     it writes o / l to out directly; otherwise o, m and l = sum exp(s - m) go to scratch.
@@ -42,7 +49,8 @@
 // longer than PART).
 #include "common.cuh"
 
-#define PA_THREADS 128
+#define PA_THREADS 128    // threads per query head (one group)
+#define PA_MAX_PACK 4     // query heads of one GQA group per block
 #define PA_PART 512       // the longest partition (the shared score arrays)
 #define PA_MIN_PART 64    // the shortest
 #define PA_MAX_SPLITS 16  // partitions of a context up to PA_MAX_SPLITS * PA_PART keys
@@ -56,17 +64,41 @@ __device__ inline int pa_part_len(int ctx) {
     return min(len < PA_MIN_PART ? PA_MIN_PART : len, PA_PART);
 }
 
-// out[row] from the partials of `parts` partitions, in partition order. volatile: the last
-// block reads other blocks' partials straight from L2.
+// block_max / block_sum of common.cuh over one 128-thread group (thread `tid` of it, the
+// group's own 32-float scratch): the same trees as over a 128-thread block, so the same bits.
+// Every group of the block reaches each barrier (their control flow is the same).
+__device__ __forceinline__ float pa_group_max(float v, float* scratch, int tid) {
+    const int lane = tid & 31, warp = tid >> 5;
+    v = warp_max(v);
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < PA_THREADS / 32 ? scratch[lane] : neg_inf_f32();
+    v = warp_max(v);
+    __syncthreads();
+    return v;
+}
+__device__ __forceinline__ float pa_group_sum(float v, float* scratch, int tid) {
+    const int lane = tid & 31, warp = tid >> 5;
+    v = warp_sum(v);
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < PA_THREADS / 32 ? scratch[lane] : 0.0f;
+    v = warp_sum(v);
+    __syncthreads();
+    return v;
+}
+
+// out[row] from the partials of `parts` partitions, in partition order, by the 128 threads of
+// one group (`tid`). volatile: the last block reads other blocks' partials straight from L2.
 __device__ __forceinline__ void pa_combine_row(const volatile float* part_out, const volatile float* part_ml, float* out, size_t row,
-                                               int parts, int max_parts, int D) {
+                                               int parts, int max_parts, int D, int tid) {
     const volatile float* ml = part_ml + row * max_parts * 2;
     float mx = neg_inf_f32();
     for (int i = 0; i < parts; ++i) mx = fmaxf(mx, ml[2 * i]);
     float den = 0.0f;
     for (int i = 0; i < parts; ++i) den = fmaf(expf(ml[2 * i] - mx), ml[2 * i + 1], den);
     const volatile float* po = part_out + row * max_parts * D;
-    for (int d = threadIdx.x; d < D; d += PA_THREADS) {
+    for (int d = tid; d < D; d += PA_THREADS) {
         float num = 0.0f;
         for (int i = 0; i < parts; ++i) num = fmaf(expf(ml[2 * i] - mx), po[(size_t)i * D + d], num);
         out[row * D + d] = num / den;
@@ -80,16 +112,23 @@ __device__ __forceinline__ void paged_attention_partial_impl(
     float* __restrict__ out, float* __restrict__ part_out, float* __restrict__ part_ml, u32* __restrict__ counters, int num_tokens,
     int num_heads, int num_kv_heads, int head_dim, int block_size, int num_blocks, int num_seqs, int max_blocks, int max_parts,
     float scale) {
-    __shared__ float q_s[PA_MAX_D];
-    __shared__ int last_s;
-    __shared__ float p_s[PA_PART];   // scores, then exp(score - m)
-    __shared__ int slot_s[PA_PART];  // cache slot of each key, -1 if its block id is bad
-    __shared__ float red[32];
-    __shared__ float o_s[PA_THREADS];
+    // One of each per group (head); the key slots are the same for every head of the block.
+    __shared__ float q_all[PA_MAX_PACK][PA_MAX_D];
+    __shared__ int last_all[PA_MAX_PACK];
+    __shared__ float p_all[PA_MAX_PACK][PA_PART];  // scores, then exp(score - m)
+    __shared__ int slot_s[PA_PART];                // cache slot of each key, -1 if its block id is bad
+    __shared__ float red_all[PA_MAX_PACK][32];
+    __shared__ float o_all[PA_MAX_PACK][PA_THREADS];
 
-    const int t = blockIdx.x, h = blockIdx.y, part = blockIdx.z;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    if (t >= num_tokens || h >= num_heads) return;
+    const int pack = (int)blockDim.x / PA_THREADS, grp = (int)threadIdx.x / PA_THREADS;
+    const int t = blockIdx.x, h = (int)blockIdx.y * pack + grp, part = blockIdx.z;
+    const int tid = (int)threadIdx.x - grp * PA_THREADS, lane = tid & 31, warp = tid >> 5;
+    float* q_s = q_all[grp];
+    float* p_s = p_all[grp];
+    float* red = red_all[grp];
+    float* o_s = o_all[grp];
+    // Uniform over the block: the host makes pack divide the heads of a GQA group.
+    if (t >= num_tokens || (int)blockIdx.y * pack >= num_heads || pack > PA_MAX_PACK) return;
     const int D = head_dim;
     const u32 seq = token_seq[t];
     const int ctx = (int)min(positions[t], 0x7ffffffeu) + 1;
@@ -134,21 +173,21 @@ __device__ __forceinline__ void paged_attention_partial_impl(
         }
         if (lane == 0) {
             p_s[j] = s;
-            slot_s[j] = slot;
+            if (grp == 0) slot_s[j] = slot;  // every group finds the same slot
         }
     }
     __syncthreads();
 
     float m = neg_inf_f32();
     for (int j = tid; j < n; j += PA_THREADS) m = fmaxf(m, p_s[j]);
-    m = block_max(m, red);
+    m = pa_group_max(m, red, tid);
     float l = 0.0f;
     for (int j = tid; j < n; j += PA_THREADS) {
         const float e = expf(p_s[j] - m);
         p_s[j] = e;
         l += e;
     }
-    l = block_sum(l, red);  // its barriers also publish p_s
+    l = pa_group_sum(l, red, tid);  // its barriers also publish p_s and slot_s
 
     // o = sum_j p_j V_j. For D <= 128, ng groups of D threads take every ng-th key and the
     // groups are summed in a fixed order; for D > 128 each thread owns D / 128 dimensions.
@@ -193,16 +232,18 @@ __device__ __forceinline__ void paged_attention_partial_impl(
     const int parts = (ctx + plen - 1) / plen;
     __threadfence();  // release: this thread's partial writes, before the block counts in
     __syncthreads();
-    if (tid == 0) last_s = atomicAdd(counters + row, 1u) == (u32)(parts - 1);
+    if (tid == 0) last_all[grp] = atomicAdd(counters + row, 1u) == (u32)(parts - 1);
     __syncthreads();
-    if (!last_s) return;
+    // Per group from here (no barrier follows): each head's row is combined by its own group
+    // in whichever block of that row came last.
+    if (!last_all[grp]) return;
     __threadfence();  // acquire: every partition counted before ours is visible
-    pa_combine_row(part_out, part_ml, out, row, parts, max_parts, D);
+    pa_combine_row(part_out, part_ml, out, row, parts, max_parts, D, tid);
     if (tid == 0) counters[row] = 0u;
 }
 
 #define PA_PARTIAL(NAME, KV)                                                                                         \
-    extern "C" __global__ void __launch_bounds__(PA_THREADS) paged_attention_partial_##NAME(                         \
+    extern "C" __global__ void __launch_bounds__(PA_THREADS * PA_MAX_PACK) paged_attention_partial_##NAME(           \
         const float* __restrict__ q, const KV* __restrict__ k_cache, const KV* __restrict__ v_cache,                 \
         const u32* __restrict__ positions, const u32* __restrict__ token_seq, const u32* __restrict__ block_tables, \
         float* __restrict__ out, float* __restrict__ part_out, float* __restrict__ part_ml, u32* __restrict__ counters, \
@@ -236,6 +277,6 @@ paged_attention_combine(const float* __restrict__ part_out, const float* __restr
         for (int d = tid; d < D && d < PA_MAX_D; d += PA_THREADS) out[row * D + d] = nan_f32();
         return;
     }
-    pa_combine_row(part_out, part_ml, out, row, parts, max_parts, D);
+    pa_combine_row(part_out, part_ml, out, row, parts, max_parts, D, tid);
 }
 #endif

@@ -260,6 +260,14 @@ static uint16_t rne_bf16_oracle(float f);
 // The in-kernel combine (the last partition block folds) unless attn_two_launch: the former
 // partial + paged_attention_combine launches, the oracle. Every launch must leave its counters 0.
 static bool attn_two_launch = false, attn_counters_ok = true;
+// Query heads per block (crates/cuda/src/backend.rs `pa_pack`: the largest p <= PA_MAX_PACK
+// dividing the GQA group), unless attn_pack_override > 0.
+static int attn_pack_override = 0;
+static int pa_pack(int gqa) {
+    for (int p = PA_MAX_PACK; p > 1; --p)
+        if (gqa % p == 0) return p;
+    return 1;
+}
 
 static std::vector<float> run_attention(const AttnCase& c, bool bf16, AttnWant want, int only_token = -1) {
     const int H = c.kvh * c.gqa, D = c.D, bs = c.bs;
@@ -314,7 +322,8 @@ static std::vector<float> run_attention(const AttnCase& c, bool bf16, AttnWant w
     std::vector<u32> counters((size_t)T * H, 0);
     u32* cp = attn_two_launch ? nullptr : counters.data();
     const float scale = 1.0f / std::sqrt((float)D);
-    launch(dim3{(unsigned)T, (unsigned)H, (unsigned)parts}, dim3{128, 1, 1}, [&] {
+    const int pack = attn_pack_override > 0 ? attn_pack_override : pa_pack(c.gqa);
+    launch(dim3{(unsigned)T, (unsigned)(H / pack), (unsigned)parts}, dim3{(unsigned)(128 * pack), 1, 1}, [&] {
         if (bf16)
             paged_attention_partial_bf16(q.data(), kb.data(), vb.data(), pos.data(), tseq.data(), tables.data(), out.data(), po.data(),
                                          pm.data(), cp, T, H, c.kvh, D, bs, num_blocks, S, max_blocks, parts, scale);
@@ -450,6 +459,28 @@ static void test_attention() {
         expect_true(std::string("paged_attention ") + (bf16 ? "bf16" : "f32") +
                         " cache: in-kernel combine (last partition block) bitwise equal to partial + combine launches, every case",
                     same);
+    }
+    // Heads packed per block (pack 2, 3, 4 where the group allows) against one head per block,
+    // bit for bit, for both caches and both combines, on every case.
+    for (bool bf16 : {false, true}) {
+        bool same = true;
+        int packed = 0;
+        for (auto& c : cases) {
+            if (pa_pack(c.gqa) == 1) continue;
+            for (bool two : {false, true}) {
+                attn_two_launch = two;
+                auto got = run_attention(c, bf16, {});
+                attn_pack_override = 1;
+                auto one = run_attention(c, bf16, {});
+                attn_pack_override = 0;
+                same = same && std::memcmp(got.data(), one.data(), sizeof(float) * got.size()) == 0;
+                ++packed;
+            }
+            attn_two_launch = false;
+        }
+        expect_true(std::string("paged_attention ") + (bf16 ? "bf16" : "f32") + " cache: GQA heads packed per block bitwise equal to one head per block (" +
+                        std::to_string(packed) + " runs)",
+                    same && packed >= 8);
     }
     expect_true("paged_attention: every launch left its arrival counters at 0", attn_counters_ok);
     // Batch invariance: each token alone gives bit-identical output, for both caches: the split

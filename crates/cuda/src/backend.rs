@@ -56,6 +56,18 @@ fn pa_max_parts(ctx: usize) -> usize {
 }
 /// Largest head_dim the attention kernel holds in shared memory (PA_MAX_D).
 const PA_MAX_D: usize = 256;
+/// Threads per query head, and query heads of one GQA group per block at most (PA_THREADS,
+/// PA_MAX_PACK in kernels/paged_attention.cu).
+const PA_THREADS: u32 = 128;
+const PA_MAX_PACK: usize = 4;
+
+/// Query heads per attention block: the largest count up to PA_MAX_PACK that divides the GQA
+/// group (`gqa` query heads per kv head), so a block's heads read the same K/V rows, fetched
+/// once and then served from L1. The bits do not depend on it (kernels/paged_attention.cu).
+/// Mirrored by `pa_pack` in kernels/emu/emu_test.cpp.
+fn pa_pack(gqa: usize) -> usize {
+    (1..=PA_MAX_PACK).rev().find(|p| gqa.is_multiple_of(*p)).unwrap_or(1)
+}
 
 fn err(msg: impl Into<String>) -> Error {
     Error::backend("cuda", msg)
@@ -904,7 +916,9 @@ impl Backend for CudaBackend {
             v[i] = i32_of(ints[i], OP, names[i])?;
         }
         let [ti, hi, kvi, di, bsi, nbi, nsi, mbi, pi] = v;
-        let grid = (u32_of(t, OP, "T")?, u32_of(h, OP, "num_heads")?, parts as u32);
+        let pack = pa_pack(h / kvh);
+        let grid = (u32_of(t, OP, "T")?, u32_of(h / pack, OP, "num_heads")?, parts as u32);
+        let threads = PA_THREADS * pack as u32;
         if grid.1 > 65535 {
             return Err(err(format!("{OP}: {h} heads exceed a launch dimension")));
         }
@@ -915,7 +929,7 @@ impl Backend for CudaBackend {
             l.arg(&mut out.mem).arg(&a.q.mem).arg(&a.q.mem).arg(&a.q.mem);
             l.arg(&ti).arg(&hi).arg(&kvi).arg(&di).arg(&bsi).arg(&nbi).arg(&nsi).arg(&mbi).arg(&pi).arg(&a.scale);
             // SAFETY: as in embedding.
-            let r = unsafe { l.launch(cfg(grid, 128)) };
+            let r = unsafe { l.launch(cfg(grid, threads)) };
             return self.launched(partial.name, r);
         }
         let mut s = self.scratch.lock().map_err(|_| err(format!("{OP}: scratch lock poisoned by an earlier panic")))?;
@@ -951,7 +965,7 @@ impl Backend for CudaBackend {
         l.arg(&ti).arg(&hi).arg(&kvi).arg(&di).arg(&bsi).arg(&nbi).arg(&nsi).arg(&mbi).arg(&pi).arg(&a.scale);
         // SAFETY: as in embedding; scratch sized for [T, H, parts, D] and [T, H, parts, 2],
         // counters for [T, H].
-        let r = unsafe { l.launch(cfg(grid, 128)) };
+        let r = unsafe { l.launch(cfg(grid, threads)) };
         self.launched(partial.name, r)
     }
 
@@ -1134,6 +1148,14 @@ mod partition_tests {
     /// The kernel's `pa_part_len` (kernels/paged_attention.cu), mirrored.
     fn part_len(ctx: usize) -> usize {
         ctx.div_ceil(PA_MAX_SPLITS).div_ceil(PA_MIN_PART).max(1) * PA_MIN_PART
+    }
+
+    /// Query heads per attention block: the largest divisor of the GQA group up to 4 (the
+    /// emulator's `pa_pack` takes the same).
+    #[test]
+    fn heads_pack_by_the_largest_divisor_of_the_group_up_to_four() {
+        let got: Vec<usize> = [1, 2, 3, 4, 5, 6, 7, 8, 12, 16].iter().map(|&g| pa_pack(g)).collect();
+        assert_eq!(got, [1, 2, 3, 4, 1, 3, 1, 4, 4, 4]);
     }
 
     /// Every token with a context up to `ctx` fits the partitions the host launches and sizes
