@@ -76,18 +76,28 @@ pub fn run(a: Args) -> Result<()> {
         bail!("cargo test failed");
     }
     // The op suite once more through the binary, for its per-case log and count in CI's output.
+    // A whole-workspace `cargo test` has just built the binary (the cli tests run it), with the
+    // workspace's features; `cargo run -p tandem-cli` would resolve features for that package
+    // alone and recompile much of the workspace. A filtered run (`extra`) may not have built it.
     let t1 = std::time::Instant::now();
-    let st = Command::new(env!("CARGO"))
-        .current_dir(&root)
-        .args(["run", "--quiet", "-p", "tandem-cli", "--bin", "tandem", "--", "test-ops", "--backend", "wgpu"])
-        .env("XDG_RUNTIME_DIR", &runtime_dir)
-        .status()?;
+    let target = std::env::var_os("CARGO_TARGET_DIR").map(|d| root.join(d)).unwrap_or_else(|| root.join("target"));
+    let built = target.join("debug/tandem");
+    let whole = extra.is_empty();
+    let mut ops = if whole && built.is_file() {
+        Command::new(&built)
+    } else {
+        let mut c = Command::new(env!("CARGO"));
+        c.args(["run", "--quiet", "-p", "tandem-cli", "--bin", "tandem", "--"]);
+        c
+    };
+    let st = ops.current_dir(&root).args(["test-ops", "--backend", "wgpu"]).env("XDG_RUNTIME_DIR", &runtime_dir).status()?;
     if !st.success() {
         bail!("tandem test-ops --backend wgpu failed");
     }
     println!("test-ops --backend wgpu took {:.0} s", t1.elapsed().as_secs_f64());
     let t2 = std::time::Instant::now();
-    openai_client(&root)?;
+    let examples = target.join("debug/examples");
+    openai_client(&root, (whole && examples.join("fake_server").is_file() && examples.join("tiny_server").is_file()).then_some(examples.as_path()))?;
     println!("the openai client check took {:.0} s", t2.elapsed().as_secs_f64());
     // The one closing line a CI reader looks for.
     println!("tandem: {passed} passed, {failed} failed, {} skipped", skipped.len());
@@ -96,7 +106,7 @@ pub fn run(a: Args) -> Result<()> {
 
 /// The official `openai` Python client (a client we did not write) against our server:
 /// completions, chat and streaming. The package goes into `.venv-openai` (git-ignored).
-fn openai_client(root: &std::path::Path) -> Result<()> {
+fn openai_client(root: &std::path::Path, examples: Option<&std::path::Path>) -> Result<()> {
     let venv = root.join(".venv-openai");
     let py = venv.join("bin/python");
     if !py.exists() || !Command::new(&py).args(["-c", "import openai"]).status()?.success() {
@@ -106,7 +116,12 @@ fn openai_client(root: &std::path::Path) -> Result<()> {
             bail!("could not install the openai package into {}", venv.display());
         }
     }
-    let st = Command::new("bash").current_dir(root).arg("crates/server/tests/openai_client.sh").arg(&py).status()?;
+    let mut cmd = Command::new("bash");
+    cmd.current_dir(root).arg("crates/server/tests/openai_client.sh").arg(&py);
+    if let Some(dir) = examples {
+        cmd.env("TANDEM_EXAMPLES_DIR", dir);
+    }
+    let st = cmd.status()?;
     if !st.success() {
         bail!("the openai client check failed");
     }

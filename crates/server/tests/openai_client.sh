@@ -3,12 +3,22 @@
 # structured output (examples/tiny_server.rs) on free loopback ports, runs
 # tests/openai_client.py against them with the `openai` package from a venv, stops them.
 # Usage: crates/server/tests/openai_client.sh [python-with-openai]   (default: python3)
+# With TANDEM_EXAMPLES_DIR set (cargo xtask test sets it: `cargo test --workspace` has just built
+# both examples there) the examples are not built again; a `-p tandem-server` build would
+# resolve features for that crate alone and recompile much of the workspace.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 py="${1:-python3}"
 "$py" -c "import openai" || { echo "needs the openai package: python3 -m venv v && v/bin/pip install openai"; exit 2; }
-cargo build -q -p tandem-server --example fake_server --example tiny_server
-examples="$(cargo metadata --format-version 1 --no-deps | "$py" -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/debug/examples"
+if [ -n "${TANDEM_EXAMPLES_DIR:-}" ]; then
+    examples="$TANDEM_EXAMPLES_DIR"
+else
+    cargo build -q -p tandem-server --example fake_server --example tiny_server
+    examples="$(cargo metadata --format-version 1 --no-deps | "$py" -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/debug/examples"
+fi
+for e in fake_server tiny_server; do
+    [ -x "$examples/$e" ] || { echo "openai_client.sh: $examples/$e is missing (build it: cargo build -p tandem-server --example $e)"; exit 2; }
+done
 free_port() { "$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 port=$(free_port)
 tiny_port=$(free_port)
