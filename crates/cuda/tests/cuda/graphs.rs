@@ -43,7 +43,7 @@ fn graph_replays_give_the_eager_logits_and_launch_counts() {
     let vocab = eager.config().vocab_size;
     let lens = [5usize, 40, 1, 60, 17, 33];
     let mut tokens: Vec<Vec<u32>> = lens.iter().enumerate().map(|(s, &n)| (0..n).map(|i| ((s * 131 + i * 17 + 3) % 4000) as u32).collect()).collect();
-    let mut done = vec![0usize; SEQS];
+    let mut done = [0usize; SEQS];
     let table = |s: usize| (0..PER_SEQ).map(|b| (s * PER_SEQ + b) as u32).collect::<Vec<_>>();
     let (mut t_eager, mut t_graph, mut replayed, mut decode_steps) = (0f64, 0f64, 0usize, 0usize);
     let plan: [&[usize]; 8] = [&[0, 1, 2], &[3, 4, 5], &[0], &[2, 0], &[1, 3, 5], &[0, 1, 2, 3, 4, 5], &[5, 4, 3, 2, 1], &[2, 3]];
