@@ -394,8 +394,9 @@ impl<B: Backend> LlamaModel<B> {
 
     /// Captures every bucket's decode step (largest first, within [`CAPTURE_BUDGET`]). Each is
     /// run once eagerly on a step of padding rows only (they touch only the scratch block),
-    /// then recorded. A bucket whose capture fails runs eagerly, logged; only a failure of the
-    /// final sync (a lost device) fails the load.
+    /// then recorded. If one capture fails, every bucket runs eagerly (logged: a backend that
+    /// failed once is not trusted with the others); only a failure of the final sync (a lost
+    /// device) fails the load.
     fn capture_graphs(&mut self) -> Result<()> {
         let Some(pad) = self.pad.clone() else { return Ok(()) };
         let start = std::time::Instant::now();
@@ -515,7 +516,16 @@ impl<B: Backend> LlamaModel<B> {
             let padded = self.pad_decode(batch, pad, rows);
             self.upload(&padded)?;
             return match self.graphs[i] {
-                Some(g) => self.backend.replay(g),
+                Some(g) => match self.backend.replay(g) {
+                    // A replay that could not be queued queued nothing: run the step eagerly,
+                    // and every later one (a graph that failed once is not trusted again).
+                    Err(e) if !e.is_fatal() => {
+                        tracing::warn!(rows, error = %e, "replaying the decode graph failed: decode steps run eagerly from now on");
+                        self.graphs.iter_mut().for_each(|g| *g = None);
+                        self.launch(shape)
+                    }
+                    r => r,
+                },
                 None => self.launch(shape),
             };
         }

@@ -28,11 +28,14 @@ struct Replay<B: Backend> {
     recording: Mutex<Option<Vec<Op<B>>>>,
     graphs: Mutex<Vec<Arc<Vec<Op<B>>>>>,
     replays: AtomicUsize,
+    /// Fault injection: the capture that ends after this many succeeded fails; replays fail.
+    fail_capture_after: Option<usize>,
+    fail_replays: bool,
 }
 
 impl<B: Backend> Replay<B> {
     fn new(inner: B) -> Self {
-        Replay { inner, recording: Mutex::new(None), graphs: Mutex::new(vec![]), replays: AtomicUsize::new(0) }
+        Replay { inner, recording: Mutex::new(None), graphs: Mutex::new(vec![]), replays: AtomicUsize::new(0), fail_capture_after: None, fail_replays: false }
     }
     /// Runs `f` now, or records it while capturing.
     fn op(&self, f: impl Fn(&B) -> Result<()> + Send + Sync + 'static) -> Result<()> {
@@ -79,12 +82,18 @@ impl<B: Backend> Backend for Replay<B> {
     fn end_capture(&self) -> Result<GraphId> {
         let ops = self.recording.lock().unwrap().take().ok_or_else(|| Error::backend("replay", "end_capture without begin_capture"))?;
         let mut g = self.graphs.lock().unwrap();
+        if self.fail_capture_after == Some(g.len()) {
+            return Err(Error::backend("replay", "injected capture failure"));
+        }
         g.push(Arc::new(ops));
         Ok(GraphId(g.len() - 1))
     }
     fn replay(&self, graph: GraphId) -> Result<()> {
         self.no_io("replay")?;
         let ops = self.graphs.lock().unwrap().get(graph.0).cloned().ok_or_else(|| Error::backend("replay", format!("no graph {graph:?}")))?;
+        if self.fail_replays {
+            return Err(Error::backend("replay", "injected replay failure"));
+        }
         self.replays.fetch_add(1, Ordering::Relaxed);
         ops.iter().try_for_each(|op| op(&self.inner))
     }
@@ -300,5 +309,30 @@ fn replayed_decode_steps_give_the_eager_logits() {
     // Graphs off: the same backend, every step eager and unpadded.
     let off = load(Replay::new(RefBackend::new()), &dir, opts(false, false));
     assert_eq!(off.decode_buckets(), vec![]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Capture and replay failures are not request failures: a model whose second capture fails
+/// loads with every bucket eager, and a model whose replays fail runs each step eagerly from
+/// the first failure on; both give the eager logits throughout.
+#[test]
+fn failed_captures_and_replays_fall_back_to_eager() {
+    let dir = model_dir("fallback");
+    let mut eager = load(RefBackend::new(), &dir, opts(false, false));
+    let mut b = Replay::new(RefBackend::new());
+    b.fail_capture_after = Some(1);
+    let mut no_graphs = load(b, &dir, opts(true, false));
+    assert_eq!(no_graphs.decode_buckets(), vec![(1, false), (2, false), (4, false), (8, false)]);
+    lockstep(&mut eager, &mut no_graphs);
+    assert_eq!(no_graphs.backend().replays.load(Ordering::Relaxed), 0);
+
+    let mut eager = load(RefBackend::new(), &dir, opts(false, false));
+    let mut b = Replay::new(RefBackend::new());
+    b.fail_replays = true;
+    let mut failing = load(b, &dir, opts(true, false));
+    assert!(failing.decode_buckets().iter().all(|&(_, g)| g), "captured at load");
+    let (_, within) = lockstep(&mut eager, &mut failing);
+    assert!(within > 0);
+    assert!(failing.decode_buckets().iter().all(|&(_, g)| !g), "graphs dropped after a failed replay");
     let _ = std::fs::remove_dir_all(&dir);
 }
