@@ -225,6 +225,7 @@ hf_skip() {
 }
 if [ "$SMALL" = 1 ]; then
     DEC1=(--prompt-len 64 --max-tokens 16 --batch-sizes 1,64 --runs 2 --max-num-batched-tokens 1024)
+    DEC1E=(--prompt-len 64 --max-tokens 16 --batch-sizes 1 --runs 1 --max-num-batched-tokens 1024)
     DEC2=(--prompt-len 64 --max-tokens 16 --batch-sizes 8,256 --runs 2 --max-num-batched-tokens 2048)
     # tiny's context is 2048 tokens, so no 2048-token prompt: prefill_2048_frac stays absent.
     PRE=(--prompt-len 1024 --max-tokens 2 --runs 2 --max-num-batched-tokens 1024)
@@ -236,6 +237,7 @@ if [ "$SMALL" = 1 ]; then
     SRV=(--input-len 64 --output-len 16 --num-prompts 16 --max-concurrency 8 --max-num-seqs 8 --num-kv-blocks 128)
 else
     DEC1=(--prompt-len 512 --max-tokens 128 --batch-sizes 1,64 --runs 3 --max-num-batched-tokens 2048)
+    DEC1E=(--prompt-len 512 --max-tokens 128 --batch-sizes 1 --runs 2 --max-num-batched-tokens 2048)
     DEC2=(--prompt-len 512 --max-tokens 128 --batch-sizes 8,256 --runs 2 --max-num-batched-tokens 2048)
     PRE=(--prompt-len 2048 --max-tokens 2 --runs 3 --max-num-batched-tokens 2048)
     # The peer workload: 256 requests, prompts uniform in 16..=1024, outputs in 16..=512, all
@@ -258,6 +260,8 @@ if "$BIN" bench --help >/dev/null 2>&1; then
     if want decode; then
         # ~25 s: prefill of 64 x 512 tokens untimed, then 3 x (b=1 and b=64, 127 steps each).
         NEED=30 PICK='decode tok/s' step "bench decode b1,b64 $BENCH_SHAPE" 150 "$BIN" bench decode "${BM[@]}" "${DEC1[@]}" --output-dir "$BENCH_OUT" --name decode
+        # ~8 s: batch 1 again without CUDA graphs (--enforce-eager): what the graphs above buy.
+        NEED=15 PICK='decode tok/s' step "bench decode b1 eager $BENCH_SHAPE" 90 "$BIN" bench decode "${BM[@]}" "${DEC1E[@]}" --enforce-eager --output-dir "$BENCH_OUT" --name decode-eager
         # ~10 s: 3 prefills of 2048 tokens (one forward each) plus a load.
         NEED=15 PICK='prefill tok/s' step "bench prefill 2048 $BENCH_SHAPE" 90 "$BIN" bench decode "${BM[@]}" "${PRE[@]}" --output-dir "$BENCH_OUT" --name prefill
     fi

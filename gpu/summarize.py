@@ -419,7 +419,7 @@ def main():
         "bench_reports": {
             "decode": dec,
             "throughput": thr,
-            **{k: load_json(os.path.join(bench, k + ".json")) for k in ("decode-big", "prefill", "mixed", "serve", "compare-c50", "compare-c100", "compare-c200")},
+            **{k: load_json(os.path.join(bench, k + ".json")) for k in ("decode-big", "decode-eager", "prefill", "mixed", "serve", "compare-c50", "compare-c100", "compare-c200")},
         },
         "peers": {"hf_b1": hf_b1, "hf_mixed": hf_mixed},
     }

@@ -177,7 +177,9 @@ pub struct Args {
     /// vLLM's: prefill is always chunked here (`--no-enable-chunked-prefill` is refused).
     #[arg(long)]
     enable_chunked_prefill: bool,
-    /// vLLM's: run without CUDA graphs. Tandem has no CUDA graphs yet, so every step is eager.
+    /// vLLM's: run without CUDA graphs. By default the CUDA backend captures each decode
+    /// batch-size bucket at load and replays it (`LoadOptions::graphs`); this runs every step
+    /// eagerly, unpadded. Other backends always run eagerly.
     #[arg(long)]
     enforce_eager: bool,
     /// vLLM's switch for `tool_choice: "auto"`. Accepted: tandem parses "auto" answers whenever
@@ -268,7 +270,7 @@ pub fn run(mut a: Args) -> Result<()> {
         tracing::info!("--enable-auto-tool-choice: \"auto\" answers are parsed for <tool_call> blocks when the chat template writes them");
     }
     if a.enforce_eager {
-        tracing::info!("--enforce-eager: every step is eager already (no CUDA graphs yet)");
+        tracing::info!("--enforce-eager: no CUDA graphs, every step runs eagerly");
     }
     let sampling_defaults = a.sampling_defaults(&dir)?;
     let timeout = match a.request_timeout_s {
@@ -299,7 +301,8 @@ pub fn run(mut a: Args) -> Result<()> {
         let engine = TandemEngine::loading();
         let server = tandem_server::Server::bind(server_cfg, engine.clone(), tok.clone(), name).await?;
         tracing::info!("listening on http://{} (loading {} on {})", server.local_addr()?, dir.display(), a.engine.backend.name());
-        let (load_opts, backend, tok2) = (a.engine.load_options(), a.engine.backend, tok.clone());
+        let load_opts = LoadOptions { graphs: !a.enforce_eager, ..a.engine.load_options() };
+        let (backend, tok2) = (a.engine.backend, tok.clone());
         let state = server.state();
         let loader = tokio::task::spawn_blocking(move || -> Result<()> {
             // Before the engine is set, so that no request sees a ready server without it.

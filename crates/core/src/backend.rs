@@ -192,6 +192,10 @@ pub struct WorkspaceLimits {
     pub max_n: usize,
 }
 
+/// A step recorded by [`Backend::end_capture`], which [`Backend::replay`] runs again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct GraphId(pub usize);
+
 /// A compute backend. Every method that can fail returns an error instead of panicking.
 pub trait Backend: Send + 'static {
     /// A device buffer. Its dtype and length are fixed at creation.
@@ -231,6 +235,31 @@ pub trait Backend: Send + 'static {
     /// per step). None, the default, where it does not count.
     fn launch_count(&self) -> Option<u64> {
         None
+    }
+
+    /// Whether [`Backend::begin_capture`] works here: the model then captures its padded decode
+    /// steps once at load and replays them. The default is no (every step runs eagerly).
+    fn supports_graphs(&self) -> bool {
+        false
+    }
+    /// Starts recording: the ops called until [`Backend::end_capture`] are recorded, not run
+    /// (a backend may also run them, but nothing may depend on it). They name their buffers
+    /// by identity and their scalars by value: a replay reads what the buffers hold then, so
+    /// whatever varies per step must live in a buffer written before the replay. Uploads
+    /// (`write_*`) and reads are not allowed while recording. The default: not supported.
+    fn begin_capture(&self) -> Result<()> {
+        Err(Error::backend(self.name(), "begin_capture: this backend does not capture graphs"))
+    }
+    /// Ends the recording [`Backend::begin_capture`] started, whether or not its ops succeeded
+    /// (a failed op leaves the capture to be ended here, and this then fails), and returns the
+    /// recorded graph for [`Backend::replay`].
+    fn end_capture(&self) -> Result<GraphId> {
+        Err(Error::backend(self.name(), "end_capture: this backend does not capture graphs"))
+    }
+    /// Queues the ops `graph` recorded again, on the buffers' current contents. A replay counts
+    /// its kernels in [`Backend::launch_count`].
+    fn replay(&self, graph: GraphId) -> Result<()> {
+        Err(Error::backend(self.name(), format!("replay: this backend does not capture graphs ({graph:?})")))
     }
 
     /// Returns once every op queued so far has run (a backend that runs ops as they are called

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use crate::backend::{kv_dtype_names, AttnArgs, Backend, DType, KvDest, KvDtype, KvGeometry, NormIn, WorkspaceLimits};
+use crate::backend::{kv_dtype_names, AttnArgs, Backend, DType, GraphId, KvDest, KvDtype, KvGeometry, NormIn, WorkspaceLimits};
 use crate::batch::ForwardBatch;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
@@ -101,10 +101,59 @@ pub struct LoadOptions {
     /// The KV cache's element type; None: the backend's default (`Backend::kv_dtypes()[0]`:
     /// bf16 on CUDA, f32 elsewhere). A type the backend does not store fails the load.
     pub kv_dtype: Option<KvDtype>,
+    /// Capture each decode bucket once at load and replay it ([`Backend::supports_graphs`]:
+    /// CUDA graphs); false runs every step eagerly (`--enforce-eager`). With graphs, decode
+    /// steps are padded to their bucket (`pad_decode`). Backends that do not capture ignore it.
+    pub graphs: bool,
+    /// Pad decode steps to a bucket even without graphs (tests: padded decode must give the
+    /// same ids as unpadded on every backend). Graphs imply it.
+    pub pad_decode: bool,
+    /// The longest context a padded (graph) decode step serves; a step with a longer one
+    /// runs eagerly. It fixes the block-table stride and the attention's partition count of
+    /// the captured steps, so it bounds what each step uploads and launches for nothing.
+    pub graph_max_context: usize,
 }
 
 /// Extra logit rows by default: a 128-token slice of a scored prompt per step.
 pub const DEFAULT_PROMPT_LOGIT_ROWS: usize = 128;
+
+/// Context bound of padded decode steps by default (vLLM's `max_seq_len_to_capture`).
+pub const DEFAULT_GRAPH_MAX_CONTEXT: usize = 8192;
+
+/// Capturing stops (the remaining buckets run eagerly) once it has taken this long at load.
+const CAPTURE_BUDGET: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Decode steps padded to a batch-size bucket, so that every step of one bucket has the same
+/// shapes and scalars (what a captured graph fixes). Padding rows are token 0 at position 0
+/// of their own one-block table, the reserved `scratch_block` (never handed to the engine):
+/// they write their K/V there and nowhere else, and their logits and ids are dropped.
+#[derive(Debug, Clone)]
+struct Padding {
+    /// Ascending: powers of two below the largest, then the most rows a step may have.
+    buckets: Vec<usize>,
+    scratch_block: u32,
+    /// Block-table entries per row of a padded step (`max_context / block_size`).
+    stride: usize,
+    /// The attention's context bound for a padded step; longer decode steps run eagerly.
+    max_context: usize,
+}
+
+/// Batch-size buckets up to `cap`: 1, 2, 4, ... below cap, then cap.
+fn buckets(cap: usize) -> Vec<usize> {
+    let mut v: Vec<usize> = std::iter::successors(Some(1usize), |b| b.checked_mul(2)).take_while(|&b| b < cap).collect();
+    v.push(cap);
+    v
+}
+
+/// What a step's launches depend on besides buffer contents: what a graph fixes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct StepShape {
+    tokens: usize,
+    seqs: usize,
+    logit_rows: usize,
+    max_blocks: usize,
+    max_context: usize,
+}
 
 /// KV pool size for backends that cannot report free memory (reference, wgpu).
 pub const AUTO_KV_BYTES: u64 = 1 << 30;
@@ -131,7 +180,7 @@ pub fn kv_pool_blocks(measured: Option<&DeviceMemory>, gpu_memory_utilization: f
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        LoadOptions { max_batch_tokens: 512, max_seqs: 64, num_kv_blocks: 256, block_size: 16, gpu_memory_utilization: 0.9, max_model_len: None, prompt_logit_rows: DEFAULT_PROMPT_LOGIT_ROWS, kv_dtype: None }
+        LoadOptions { max_batch_tokens: 512, max_seqs: 64, num_kv_blocks: 256, block_size: 16, gpu_memory_utilization: 0.9, max_model_len: None, prompt_logit_rows: DEFAULT_PROMPT_LOGIT_ROWS, kv_dtype: None, graphs: true, pad_decode: false, graph_max_context: DEFAULT_GRAPH_MAX_CONTEXT }
     }
 }
 
@@ -195,6 +244,11 @@ pub struct LlamaModel<B: Backend> {
     /// (K, V) per layer.
     caches: Vec<(B::Buf, B::Buf)>,
     s: Scratch<B>,
+    /// The pool as the engine sees it: `geometry` less the padding's scratch block.
+    kv_view: KvGeometry,
+    pad: Option<Padding>,
+    /// One per bucket of `pad`: the captured decode step, where capture worked.
+    graphs: Vec<Option<GraphId>>,
 }
 
 impl<B: Backend> LlamaModel<B> {
@@ -215,6 +269,8 @@ impl<B: Backend> LlamaModel<B> {
         if !b.kv_dtypes().contains(&kv_dtype) {
             return Err(Error::backend(b.name(), format!("a {} KV cache is not supported on {} (it stores {}; a bf16 cache needs --backend cuda)", kv_dtype.name(), b.name(), kv_dtype_names(b.kv_dtypes()))));
         }
+        let graphs_on = opts.graphs && b.supports_graphs();
+        let padding = graphs_on || opts.pad_decode;
         let free_before_weights = b.free_memory();
         let up = |name: &str, shape: &[usize]| -> Result<B::Buf> { b.upload_weight(&w.get(name, shape)?) };
         let embed_view = w.get("model.embed_tokens.weight", &[vocab, d])?;
@@ -311,15 +367,132 @@ impl<B: Backend> LlamaModel<B> {
             // Never more than every sequence at full context needs.
             let useful = sq * max_blocks_cap;
             let block_bytes = kv_block_bytes(&cfg, opts.block_size, kv_dtype);
-            let need = KvNeed { block_bytes, min_blocks: max_blocks_cap, max_blocks: useful, max_context: limits.max_context };
-            geometry.num_blocks = kv_pool_blocks(measured.as_ref(), opts.gpu_memory_utilization, &need).map_err(|e| Error::backend(b.name(), e))?;
+            // The padding's scratch block comes out of the same memory.
+            let extra = padding as usize;
+            let need = KvNeed { block_bytes, min_blocks: max_blocks_cap + extra, max_blocks: useful + extra, max_context: limits.max_context };
+            geometry.num_blocks = kv_pool_blocks(measured.as_ref(), opts.gpu_memory_utilization, &need).map_err(|e| Error::backend(b.name(), e))?.saturating_sub(extra).max(1);
             tracing::info!(blocks = geometry.num_blocks, block_size = opts.block_size, kv_dtype = kv_dtype.name(), mib = (geometry.num_blocks as u64 * block_bytes) >> 20, "KV cache sized");
         }
+        let kv_view = geometry;
+        let pad = padding.then(|| {
+            // A padded step's context bound, whole blocks, never beyond the context limit.
+            let stride = opts.graph_max_context.min(limits.max_context).div_ceil(opts.block_size).clamp(1, max_blocks_cap);
+            geometry.num_blocks += 1;
+            Padding { buckets: buckets(sq.min(t)), scratch_block: kv_view.num_blocks as u32, stride, max_context: stride * opts.block_size }
+        });
         let mut caches = Vec::with_capacity(cfg.num_hidden_layers);
         for _ in 0..cfg.num_hidden_layers {
             caches.push((b.alloc_kv_as(geometry, kv_dtype)?, b.alloc_kv_as(geometry, kv_dtype)?));
         }
-        Ok(LlamaModel { backend, cfg, opts, geometry, kv_dtype, matmul_operand, max_blocks_cap, embed, lm_head, final_norm, inv_freq, layers, caches, s })
+        let graphs = vec![None; pad.as_ref().map_or(0, |p| p.buckets.len())];
+        let mut model = LlamaModel { backend, cfg, opts, geometry, kv_dtype, matmul_operand, max_blocks_cap, embed, lm_head, final_norm, inv_freq, layers, caches, s, kv_view, pad, graphs };
+        if graphs_on {
+            model.capture_graphs()?;
+        }
+        Ok(model)
+    }
+
+    /// Captures every bucket's decode step (largest first, within [`CAPTURE_BUDGET`]). Each is
+    /// run once eagerly on a step of padding rows only (they touch only the scratch block),
+    /// then recorded. If one capture fails, every bucket runs eagerly (logged: a backend that
+    /// failed once is not trusted with the others); only a failure of the final sync (a lost
+    /// device) fails the load.
+    fn capture_graphs(&mut self) -> Result<()> {
+        let Some(pad) = self.pad.clone() else { return Ok(()) };
+        let start = std::time::Instant::now();
+        let launches_before = self.backend.launch_count();
+        for (i, &rows) in pad.buckets.iter().enumerate().rev() {
+            if start.elapsed() > CAPTURE_BUDGET {
+                tracing::warn!(budget_s = CAPTURE_BUDGET.as_secs(), left = i + 1, "graph capture over its time budget: the smaller decode buckets run eagerly");
+                break;
+            }
+            match self.capture_bucket(&pad, rows) {
+                Ok(g) => self.graphs[i] = Some(g),
+                Err(e) => {
+                    tracing::warn!(rows, error = %e, "capturing the decode step failed: decode steps run eagerly");
+                    self.graphs.iter_mut().for_each(|g| *g = None);
+                    break;
+                }
+            }
+        }
+        self.backend.sync()?;
+        let captured: Vec<usize> = pad.buckets.iter().zip(&self.graphs).filter(|(_, g)| g.is_some()).map(|(b, _)| *b).collect();
+        tracing::info!(ms = start.elapsed().as_millis() as u64, ?captured, max_context = pad.max_context, launches = ?launches_before.zip(self.backend.launch_count()).map(|(a, b)| b - a), "decode graphs captured");
+        Ok(())
+    }
+
+    fn capture_bucket(&mut self, pad: &Padding, rows: usize) -> Result<GraphId> {
+        let batch = self.padding_only(pad, rows);
+        let shape = StepShape { tokens: rows, seqs: rows, logit_rows: rows, max_blocks: pad.stride, max_context: pad.max_context };
+        self.upload(&batch)?;
+        self.launch(shape)?;
+        self.backend.begin_capture()?;
+        let recorded = self.launch(shape);
+        let graph = self.backend.end_capture();
+        recorded?;
+        graph
+    }
+
+    /// A padded step of `rows` padding rows and no real one.
+    fn padding_only(&self, pad: &Padding, rows: usize) -> ForwardBatch {
+        self.pad_decode(&ForwardBatch { max_blocks: pad.stride, ..Default::default() }, pad, rows)
+    }
+
+    /// `batch` (decode rows, sequence i = token i = logit row i) padded to `rows` rows.
+    fn pad_decode(&self, batch: &ForwardBatch, pad: &Padding, rows: usize) -> ForwardBatch {
+        let n = batch.num_tokens();
+        let bs = self.opts.block_size as u32;
+        let mut p = ForwardBatch { max_blocks: pad.stride, ..Default::default() };
+        p.tokens.extend(batch.tokens.iter().copied().chain(std::iter::repeat_n(0, rows - n)));
+        p.positions.extend(batch.positions.iter().copied().chain(std::iter::repeat_n(0, rows - n)));
+        p.slots.extend(batch.slots.iter().copied().chain(std::iter::repeat_n(pad.scratch_block * bs, rows - n)));
+        p.token_seq.extend(0..rows as u32);
+        p.logit_rows.extend(0..rows as u32);
+        p.block_tables.reserve(rows * pad.stride);
+        for s in 0..n {
+            // Entries past a row's context are never read: the stride only has to hold it.
+            let row = &batch.block_tables[s * batch.max_blocks..(s + 1) * batch.max_blocks];
+            let keep = row.len().min(pad.stride);
+            p.block_tables.extend_from_slice(&row[..keep]);
+            p.block_tables.extend(std::iter::repeat_n(pad.scratch_block, pad.stride - keep));
+        }
+        p.block_tables.extend(std::iter::repeat_n(pad.scratch_block, (rows - n) * pad.stride));
+        p
+    }
+
+    /// The bucket index a decode step pads to: every sequence one token with its logits, in
+    /// order, within the padding's context bound and largest bucket. None: run as it is.
+    fn decode_bucket(&self, batch: &ForwardBatch) -> Option<usize> {
+        let pad = self.pad.as_ref()?;
+        let n = batch.num_tokens();
+        let in_order = |v: &[u32]| v.iter().enumerate().all(|(i, &x)| x as usize == i);
+        if batch.num_seqs() != n || batch.logit_rows.len() != n || !in_order(&batch.token_seq) || !in_order(&batch.logit_rows) {
+            return None;
+        }
+        if batch.positions.iter().any(|&p| p as usize >= pad.max_context) {
+            return None;
+        }
+        pad.buckets.iter().position(|&b| b >= n)
+    }
+
+    /// The decode buckets and which of them replay a captured graph (tests, logs).
+    pub fn decode_buckets(&self) -> Vec<(usize, bool)> {
+        match &self.pad {
+            Some(p) => p.buckets.iter().zip(&self.graphs).map(|(&b, g)| (b, g.is_some())).collect(),
+            None => vec![],
+        }
+    }
+
+    /// K then V of every layer, f32, over the blocks the engine owns (not the padding's
+    /// scratch block): tests check that padding rows write nowhere else.
+    pub fn read_kv_pool(&self) -> Result<Vec<f32>> {
+        let n = self.kv_view.layer_elems();
+        let mut out = Vec::with_capacity(2 * n * self.caches.len());
+        for (k, v) in &self.caches {
+            out.extend_from_slice(&self.backend.read_kv(k, self.geometry)?[..n]);
+            out.extend_from_slice(&self.backend.read_kv(v, self.geometry)?[..n]);
+        }
+        Ok(out)
     }
 
     pub fn backend(&self) -> &B {
@@ -331,20 +504,56 @@ impl<B: Backend> LlamaModel<B> {
         self.max_blocks_cap * self.opts.block_size
     }
 
-    /// Queues the whole forward pass on the backend; logits are left in `self.s.logits`.
+    /// Queues the whole forward pass on the backend; logits are left in `self.s.logits`, the
+    /// batch's logit rows first (a padded step's padding rows after them). A decode step is
+    /// padded to its bucket where padding is on, and replays the bucket's graph where one was
+    /// captured; every other step runs as it is.
     fn record(&mut self, batch: &ForwardBatch) -> Result<()> {
-        let (b, c, s) = (&self.backend, &self.cfg, &mut self.s);
-        let t = batch.num_tokens();
-        let (d, qd, kvd, inter) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
-        let n_out = batch.logit_rows.len();
-        let seqs = batch.num_seqs();
+        if let Some(i) = self.decode_bucket(batch) {
+            let pad = self.pad.as_ref().expect("decode_bucket implies padding");
+            let rows = pad.buckets[i];
+            let shape = StepShape { tokens: rows, seqs: rows, logit_rows: rows, max_blocks: pad.stride, max_context: pad.max_context };
+            let padded = self.pad_decode(batch, pad, rows);
+            self.upload(&padded)?;
+            return match self.graphs[i] {
+                Some(g) => match self.backend.replay(g) {
+                    // A replay that could not be queued queued nothing: run the step eagerly,
+                    // and every later one (a graph that failed once is not trusted again).
+                    Err(e) if !e.is_fatal() => {
+                        tracing::warn!(rows, error = %e, "replaying the decode graph failed: decode steps run eagerly from now on");
+                        self.graphs.iter_mut().for_each(|g| *g = None);
+                        self.launch(shape)
+                    }
+                    r => r,
+                },
+                None => self.launch(shape),
+            };
+        }
+        self.upload(batch)?;
+        let max_context = batch.positions.iter().copied().max().unwrap_or(0) as usize + 1;
+        self.launch(StepShape { tokens: batch.num_tokens(), seqs: batch.num_seqs(), logit_rows: batch.logit_rows.len(), max_blocks: batch.max_blocks, max_context })
+    }
+
+    /// The step's metadata into its buffers: what a replay reads.
+    fn upload(&mut self, batch: &ForwardBatch) -> Result<()> {
+        let (b, s) = (&self.backend, &mut self.s);
         b.write_u32(&mut s.ids, &batch.tokens)?;
         b.write_u32(&mut s.positions, &batch.positions)?;
         b.write_u32(&mut s.slots, &batch.slots)?;
         b.write_u32(&mut s.token_seq, &batch.token_seq)?;
         b.write_u32(&mut s.block_tables, &batch.block_tables)?;
-        b.write_u32(&mut s.logit_rows, &batch.logit_rows)?;
-        let max_context = batch.positions.iter().copied().max().unwrap_or(0) as usize + 1;
+        b.write_u32(&mut s.logit_rows, &batch.logit_rows)
+    }
+
+    /// Every op of the forward pass for a step of this shape, on the uploaded metadata: no
+    /// upload, no read, nothing from the batch but `shape` (so it can be captured).
+    fn launch(&mut self, shape: StepShape) -> Result<()> {
+        let (b, c, s) = (&self.backend, &self.cfg, &mut self.s);
+        let t = shape.tokens;
+        let (d, qd, kvd, inter) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
+        let n_out = shape.logit_rows;
+        let seqs = shape.seqs;
+        let max_context = shape.max_context;
 
         b.embedding(&self.embed, &s.ids, &mut s.h, t, d)?;
         // Where the backend fuses norms into the fused projections (`Backend::fuses_norm`),
@@ -390,7 +599,7 @@ impl<B: Backend> LlamaModel<B> {
                 block_tables: &s.block_tables,
                 num_tokens: t,
                 num_seqs: seqs,
-                max_blocks: batch.max_blocks,
+                max_blocks: shape.max_blocks,
                 max_context,
                 num_heads: c.num_attention_heads,
                 geometry: self.geometry,
@@ -448,7 +657,7 @@ impl<B: Backend> LlamaModel<B> {
         if batch.max_blocks > self.max_blocks_cap {
             return Err(Error::Batch(format!("{} blocks per sequence, at most {}", batch.max_blocks, self.max_blocks_cap)));
         }
-        batch.validate(self.cfg.vocab_size, self.geometry.slots(), self.geometry.block_size)
+        batch.validate(self.cfg.vocab_size, self.kv_view.slots(), self.kv_view.block_size)
     }
 
     /// Greedy ids for the logit rows, computed where the logits are (only ids leave the device).
@@ -473,7 +682,7 @@ impl<B: Backend> ModelRunner for LlamaModel<B> {
         self.matmul_operand
     }
     fn kv_geometry(&self) -> KvGeometry {
-        self.geometry
+        self.kv_view
     }
     fn kv_dtype(&self) -> KvDtype {
         self.kv_dtype

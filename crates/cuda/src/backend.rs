@@ -30,6 +30,8 @@ use crate::toolchain::Toolchain;
 
 #[path = "matmul.rs"]
 mod matmul;
+#[path = "graph.rs"]
+mod graph;
 use matmul::{GemmOut, GEMM_COUNTERS, GEMM_PART_FLOATS};
 #[cfg(test)]
 use matmul::gemm_kernel;
@@ -355,6 +357,9 @@ pub struct CudaBackend {
     io_scratch: Mutex<IoScratch>,
     /// Kernels launched so far ([`CudaBackend::launches`]).
     launches: AtomicU64,
+    /// CUDA graphs captured at load (graph.rs), and whether a capture is open.
+    graphs: Mutex<graph::Graphs>,
+    capturing: std::sync::atomic::AtomicBool,
     sync_each: bool,
     arch: String,
     device_name: String,
@@ -410,6 +415,8 @@ impl CudaBackend {
             mm_scratch: Mutex::new(MatmulScratch::default()),
             io_scratch: Mutex::new(IoScratch::default()),
             launches: AtomicU64::new(0),
+            graphs: Mutex::new(graph::Graphs::default()),
+            capturing: std::sync::atomic::AtomicBool::new(false),
             sync_each,
             arch,
             device_name,
@@ -440,7 +447,8 @@ impl CudaBackend {
     fn launched<T>(&self, name: &str, r: std::result::Result<T, DriverError>) -> Result<()> {
         r.map_err(drv(&format!("launching {name}")))?;
         self.launches.fetch_add(1, Ordering::Relaxed);
-        if self.sync_each {
+        // A synchronize inside a capture would invalidate it.
+        if self.sync_each && !self.capturing.load(Ordering::Relaxed) {
             self.stream.synchronize().map_err(drv(&format!("{name} (TANDEM_CUDA_SYNC=1)")))?;
         }
         Ok(())
@@ -538,6 +546,22 @@ impl Backend for CudaBackend {
 
     fn name(&self) -> &'static str {
         "cuda"
+    }
+
+    fn supports_graphs(&self) -> bool {
+        true
+    }
+
+    fn begin_capture(&self) -> Result<()> {
+        self.begin_capture_impl()
+    }
+
+    fn end_capture(&self) -> Result<tandem_core::backend::GraphId> {
+        self.end_capture_impl()
+    }
+
+    fn replay(&self, graph: tandem_core::backend::GraphId) -> Result<()> {
+        self.replay_impl(graph)
     }
 
     fn launch_count(&self) -> Option<u64> {

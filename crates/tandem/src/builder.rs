@@ -49,6 +49,7 @@ pub struct LlmBuilder {
     seed: u64,
     max_model_len: Option<usize>,
     kv_dtype: Option<KvDtype>,
+    enforce_eager: bool,
 }
 
 impl LlmBuilder {
@@ -68,6 +69,7 @@ impl LlmBuilder {
             seed: 0,
             max_model_len: None,
             kv_dtype: None,
+            enforce_eager: false,
         }
     }
 
@@ -103,6 +105,12 @@ impl LlmBuilder {
     }
     pub fn kv_memory(mut self, m: KvMemory) -> Self {
         self.kv_memory = m;
+        self
+    }
+    /// Run every step eagerly (vLLM's `enforce_eager`): no CUDA graphs. By default the CUDA
+    /// backend captures each decode batch-size bucket at load and replays it.
+    pub fn enforce_eager(mut self, on: bool) -> Self {
+        self.enforce_eager = on;
         self
     }
     /// Default [`Scheduler::Continuous`].
@@ -154,7 +162,7 @@ impl LlmBuilder {
             KvMemory::Fraction(f) if !(f > 0.0 && f <= 1.0) => return Err(Error::Config(format!("gpu_memory_utilization must be in (0, 1], got {f}"))),
             KvMemory::Fraction(f) => (0, f),
         };
-        Ok(LoadOptions { max_batch_tokens: self.max_num_batched_tokens, max_seqs: self.max_num_seqs, num_kv_blocks, block_size: self.block_size, gpu_memory_utilization, max_model_len: self.max_model_len, kv_dtype: self.kv_dtype, ..LoadOptions::default() })
+        Ok(LoadOptions { max_batch_tokens: self.max_num_batched_tokens, max_seqs: self.max_num_seqs, num_kv_blocks, block_size: self.block_size, gpu_memory_utilization, max_model_len: self.max_model_len, kv_dtype: self.kv_dtype, graphs: !self.enforce_eager, ..LoadOptions::default() })
     }
 
     /// The engine's settings.

@@ -56,6 +56,10 @@ pub struct Args {
     max_num_batched_tokens: usize,
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Run every step eagerly: no CUDA graphs (vLLM's `--enforce-eager`; other backends are
+    /// always eager).
+    #[arg(long)]
+    enforce_eager: bool,
     /// What the KV cache stores: auto (bf16 on cuda, f32 elsewhere), bf16 or f32 (as `serve`).
     #[arg(long, default_value = "auto", value_parser = crate::serve::parse_kv_cache_dtype)]
     kv_cache_dtype: crate::serve::KvCacheDtype,
@@ -130,6 +134,7 @@ pub fn run(mut a: Args) -> Result<()> {
         num_kv_blocks: max_batch * blocks_per_seq,
         block_size,
         kv_dtype: a.kv_cache_dtype.0,
+        graphs: !a.enforce_eager,
         ..Default::default()
     };
     let t = Instant::now();

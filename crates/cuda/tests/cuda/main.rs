@@ -5,6 +5,7 @@
 
 mod emulation;
 mod gpu_invariance;
+mod graphs;
 mod kernels_check;
 mod launches;
 mod no_driver;

@@ -23,7 +23,13 @@ fn model_dir(test: &str) -> PathBuf {
 }
 
 fn runner(dir: &Path, num_kv_blocks: usize, max_batch_tokens: usize) -> Box<dyn ModelRunner> {
-    let opts = LoadOptions { max_batch_tokens, max_seqs: 16, num_kv_blocks, block_size: 16, ..Default::default() };
+    runner_padded(dir, num_kv_blocks, max_batch_tokens, false)
+}
+
+/// With `pad_decode`, decode steps are padded to their batch-size bucket (what CUDA graphs
+/// replay; crates/core/src/model.rs, `Padding`).
+fn runner_padded(dir: &Path, num_kv_blocks: usize, max_batch_tokens: usize, pad_decode: bool) -> Box<dyn ModelRunner> {
+    let opts = LoadOptions { max_batch_tokens, max_seqs: 16, num_kv_blocks, block_size: 16, pad_decode, ..Default::default() };
     Box::new(LlamaModel::load(RefBackend::new(), dir, opts).unwrap())
 }
 
@@ -62,11 +68,19 @@ fn greedy_tokens_are_the_same_alone_and_in_a_batch() {
 
     // 14 blocks for 10 sequences of 38-95 tokens: preemption; 24 tokens a step: chunks.
     let cfg = EngineConfig { max_num_batched_tokens: Some(24), ..Default::default() };
-    let mut crowd = Engine::new(runner(&dir, 14, 24), letters(), cfg).unwrap();
+    let mut crowd = Engine::new(runner(&dir, 14, 24), letters(), cfg.clone()).unwrap();
     let (got, preemptions, hits) = run(&mut crowd, &reqs);
     assert!(preemptions > 0, "the pool should force preemption");
     assert!(hits > 0, "the shared prefix should hit the cache");
     assert_eq!(got, want);
+    // Again with decode steps padded to their bucket: the same tokens, and the pool the engine
+    // sees is the 14 blocks asked for (the padding's scratch block is the model's own).
+    let padded = runner_padded(&dir, 14, 24, true);
+    assert_eq!(padded.kv_geometry().num_blocks, 14);
+    let mut crowd = Engine::new(padded, letters(), cfg).unwrap();
+    let (got, preemptions, _) = run(&mut crowd, &reqs);
+    assert!(preemptions > 0);
+    assert_eq!(got, want, "padded decode steps changed the tokens");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
