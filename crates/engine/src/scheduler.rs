@@ -241,9 +241,16 @@ impl Scheduler {
     /// Starts `child` (a completion of the same prompt) as a running sequence that shares the
     /// parent's full prompt blocks. It recomputes only the tail of the prompt (at least one
     /// token, to have logits of its own).
+    ///
+    /// A parent preempted since its first token was scheduled (the overlapped engine forks
+    /// when that step lands) has no blocks to share: the child then waits like any new
+    /// sequence and computes its prompt (mostly from the prefix cache).
     pub fn fork(&mut self, parent: SeqId, mut child: Sequence) {
         let p = &self.seqs[&parent];
         let shared = (p.num_prompt_tokens - 1) / self.cfg.block_size;
+        if p.status != SeqStatus::Running || p.block_table.len() < shared {
+            return self.add(child);
+        }
         let (table, hashes) = self.bm.fork(&p.block_table, &p.block_hashes, shared);
         child.block_table = table;
         child.block_hashes = hashes;

@@ -21,8 +21,10 @@ fn with_async(cfg: &EngineConfig, on: bool) -> EngineConfig {
     EngineConfig { async_scheduling: on, ..cfg.clone() }
 }
 
-/// Every message of every request, timings left out (they differ from run to run).
-fn run_all(e: &mut Engine, reqs: &[Request]) -> Vec<Vec<RequestOutput>> {
+/// Every message of every request, per completion, timings left out (they differ from run to
+/// run), and whether it was the request's last. How the messages of a request's `n`
+/// completions interleave is not compared: completions are independent streams.
+fn run_all(e: &mut Engine, reqs: &[Request]) -> Vec<Vec<Vec<RequestOutput>>> {
     let mut streams: Vec<_> = reqs.iter().map(|r| e.add_request(r.clone()).unwrap()).collect();
     run_to_idle(e);
     streams
@@ -32,10 +34,12 @@ fn run_all(e: &mut Engine, reqs: &[Request]) -> Vec<Vec<RequestOutput>> {
             let mut outs = drain(s);
             let c = collect(&outs, r.params.n);
             assert_eq!(c.finals.len(), 1, "one final output per request");
-            for o in &mut outs {
+            let mut per = vec![vec![]; r.params.n];
+            for mut o in outs.drain(..) {
                 o.metrics = None;
+                per[o.index].push(o);
             }
-            outs
+            per
         })
         .collect()
 }
@@ -91,13 +95,15 @@ fn outputs_are_the_same_with_async_scheduling_on_and_off() {
 /// and every request gets what it gets with async scheduling off.
 #[test]
 fn rows_that_need_the_host_fall_back_to_synchronous_steps_with_the_same_outputs() {
-    let mut reqs = crowd(5);
+    // First in line, so that they end early and the crowd overlaps afterwards.
+    let mut reqs = vec![];
     let host = |params: SamplingParams, len: usize| Request { prompt: prompt(len, 3), params, priority: 0 };
     reqs.push(host(SamplingParams { logprobs: Some(2), ..SamplingParams::greedy(4) }, 9));
     reqs.push(host(SamplingParams { repetition_penalty: 1.3, temperature: 1.0, seed: Some(3), ..SamplingParams::greedy(5) }, 30));
     reqs.push(host(SamplingParams { min_tokens: 4, ..SamplingParams::greedy(6) }, 12));
     reqs.push(host(SamplingParams { guided: Some(Guided::new(AllowedTokens(vec![3, 4, 5, 63]))), ..SamplingParams::greedy(6) }, 14));
     reqs.push(host(SamplingParams { prompt_logprobs: Some(1), ..SamplingParams::greedy(3) }, 20));
+    reqs.extend(crowd(5));
     let cfg = EngineConfig { seed: 5, ..Default::default() };
     let want = run_all(&mut engine(fake(24, 48, 8), with_async(&cfg, false)), &reqs);
     let mut e = engine(fake(24, 48, 8), with_async(&cfg, true));
@@ -194,7 +200,7 @@ fn a_failed_step_in_flight_fails_its_requests_once_and_the_engine_goes_on() {
     let reqs: Vec<Request> = (0..6u32).map(|i| Request { prompt: prompt(4 + i as usize, i), params: SamplingParams::greedy(10), priority: 0 }).collect();
     let mut streams: Vec<_> = reqs.iter().map(|r| e.add_request(r.clone()).unwrap()).collect();
     run_to_idle(&mut e);
-    let errors = streams.iter_mut().filter(|s| matches!(collect(&drain(s), 1).finish[0], Some(FinishReason::Error(_)))).count();
+    let errors = streams.iter_mut().map(|s| collect(&drain(s), 1).finish[0].clone()).filter(|f| matches!(f, Some(FinishReason::Error(_)))).count();
     assert!(errors > 0);
     let mut after = e.add_request(Request { prompt: prompt(6, 9), params: SamplingParams::greedy(5), priority: 0 }).unwrap();
     run_to_idle(&mut e);
