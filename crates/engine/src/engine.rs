@@ -2,7 +2,10 @@
 //! schedule, forward (one `ModelRunner::forward_sampled` for the whole flattened batch, which
 //! returns token ids; `ModelRunner::forward` and host sampling instead when a row needs
 //! penalties, `logit_bias`, bans, logprobs or prompt logprobs), postprocess (append, check
-//! stops, emit outputs, free blocks).
+//! stops, emit outputs, free blocks). The model runner itself lives on a worker thread
+//! ([`crate::worker`]); with `EngineConfig::async_scheduling` the engine schedules and sends
+//! step N+1 before it postprocesses step N, so its host work runs while the model does (see
+//! [`Engine::step`]).
 //!
 //! [`Engine::spawn`] runs it on its own thread behind an [`EngineHandle`]; `submit` checks a
 //! request at once (a request that can never fit is refused with an error, not queued) and

@@ -180,6 +180,8 @@ impl Metrics {
         counter("vllm:num_preemptions", "Cumulative number of preemptions from the engine.", stats.num_preemptions);
         counter("vllm:prompt_tokens", "Number of prefill tokens processed.", self.prompt_tokens.load(Ordering::Relaxed));
         counter("vllm:generation_tokens", "Number of generation tokens processed.", self.generation_tokens.load(Ordering::Relaxed));
+        counter("tandem:async_steps", "Engine steps sent to the model ahead of the previous step's postprocessing (async scheduling).", stats.async_steps);
+        counter("tandem:sync_steps", "Engine steps whose forward and postprocessing ran one after the other (async scheduling off, or a step that needed host-side results).", stats.sync_steps);
         counter("tandem:structured_output_masks", "Token masks computed for structured output (one per constrained token).", stats.guided_masks_total);
         let _ = writeln!(
             out,

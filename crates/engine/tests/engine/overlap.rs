@@ -241,3 +241,46 @@ fn postprocessing_runs_during_the_next_forward_only_with_async_scheduling() {
         }
     }
 }
+
+/// On a real forward pass (the reference backend over a seeded tiny model): greedy and seeded
+/// requests, `n = 2`, shared prefixes, chunked prefill and preemption under a small pool give
+/// the same outputs with async scheduling on and off.
+#[test]
+fn the_reference_model_gives_the_same_outputs_with_async_scheduling() {
+    use tandem_core::model::LoadOptions;
+    use tandem_core::{DType, LlamaModel};
+    let dir = std::env::temp_dir().join(format!("tandem-engine-overlap-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    tandem_models::random_model::write_random_model(&dir, tandem_models::random_model::Shape::Tiny, 11, DType::F32).unwrap();
+    let runner = || {
+        let opts = LoadOptions { max_batch_tokens: 24, max_seqs: 16, num_kv_blocks: 14, block_size: 16, ..Default::default() };
+        Box::new(LlamaModel::load(tandem_reference::RefBackend::new(), &dir, opts).unwrap())
+    };
+    let vocab = tandem_core::ModelRunner::config(runner().as_ref()).vocab_size as u32;
+    let shared: Vec<u32> = (0..35).map(|i| (i * 37 + 5) % vocab).collect();
+    let reqs: Vec<Request> = (0..8u32)
+        .map(|i| {
+            let mut p = if i % 2 == 0 { shared.clone() } else { vec![] };
+            p.extend((0..3 + i * 5).map(|j| (j * 101 + i * 7 + 1) % vocab));
+            let mut params = SamplingParams { temperature: [0.0, 1.0, 0.7][i as usize % 3], seed: Some(50 + i as u64), ignore_eos: true, max_tokens: Some(10), ..Default::default() };
+            match i {
+                1 => params.top_k = 5,
+                2 => params.top_p = 0.8,
+                4 => params.n = 2,
+                _ => {}
+            }
+            Request { prompt: p, params, priority: 0 }
+        })
+        .collect();
+    let cfg = EngineConfig { max_num_batched_tokens: Some(24), ..Default::default() };
+    let mut sync = Engine::new(runner(), letters(), with_async(&cfg, false)).unwrap();
+    let want = run_all(&mut sync, &reqs);
+    let mut overlapped = Engine::new(runner(), letters(), with_async(&cfg, true)).unwrap();
+    let got = run_all(&mut overlapped, &reqs);
+    assert_eq!(got, want);
+    let (s, o) = (sync.stats(), overlapped.stats());
+    assert!(s.preemptions_total > 0 && o.preemptions_total > 0, "the pool should force preemption");
+    assert!(o.async_steps_total > 0 && o.sync_steps_total == 0, "{o:?}");
+    assert_eq!(overlapped.scheduler().bm.num_free(), 14);
+    let _ = std::fs::remove_dir_all(&dir);
+}
