@@ -206,6 +206,22 @@ impl Scheduler {
         self.retired.iter().map(|r| r.1.len()).sum()
     }
 
+    /// Fraction of the pool held by live sequences: blocks only removed sequences hold (free
+    /// once the step in flight lands) do not count, so the gauge reads 0 as soon as the last
+    /// request has ended, whatever is still in flight.
+    pub fn kv_usage(&self) -> f32 {
+        if self.retired.is_empty() {
+            return self.bm.usage();
+        }
+        let mut refs: IdMap<u32> = IdMap::default();
+        for b in self.retired.iter().flat_map(|r| r.1.iter()) {
+            *refs.entry(*b as u64).or_default() += 1;
+        }
+        let only_retired = refs.iter().filter(|(b, n)| self.bm.ref_count(**b as u32) == **n).count();
+        let held = self.bm.num_blocks() - self.bm.num_free() - only_retired;
+        held as f32 / self.bm.num_blocks().max(1) as f32
+    }
+
     /// Registers in the prefix cache the full blocks of `id` up to `num_computed` tokens: the
     /// overlapped engine does it when the step that wrote them has come back, never before,
     /// so no other sequence hits a block whose K/V is not written (or whose step failed).

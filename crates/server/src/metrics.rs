@@ -243,4 +243,12 @@ mod tests {
         // Nothing new since: 0, not the old rate.
         assert_eq!(m.throughput(t0 + s(90)).1, 0.0);
     }
+
+    /// The engine's step counters of async scheduling, as Prometheus counters.
+    #[test]
+    fn async_and_sync_steps_are_counters() {
+        let text = Metrics::new("m").render(&EngineStats { async_steps: 7, sync_steps: 2, ..Default::default() }, 0);
+        assert!(text.contains("# TYPE tandem:async_steps_total counter\ntandem:async_steps_total{model_name=\"m\"} 7\n"), "{text}");
+        assert!(text.contains("tandem:sync_steps_total{model_name=\"m\"} 2\n"), "{text}");
+    }
 }

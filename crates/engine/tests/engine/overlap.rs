@@ -131,6 +131,8 @@ fn a_finished_sequence_keeps_its_blocks_until_its_last_step_lands_and_emits_noth
     // The row of the step after the last token is in flight and writes the sequence's blocks.
     assert_eq!(e.scheduler().num_retired_blocks(), 2);
     assert_eq!(e.scheduler().bm.num_free(), 6);
+    // Nobody holds them any more: the usage gauge says so at once.
+    assert_eq!(e.stats().kv_usage, 0.0);
     e.step();
     assert!(!e.has_work());
     assert_eq!(e.scheduler().num_retired_blocks(), 0);
