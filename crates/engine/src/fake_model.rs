@@ -30,8 +30,11 @@ pub struct FakeModel {
     /// How long each forward sleeps (a device's step time, for tests of the overlap).
     pub delay: std::time::Duration,
     /// When set, each forward's start and end instants are pushed here.
-    pub forward_times: Option<std::sync::Arc<std::sync::Mutex<Vec<(std::time::Instant, std::time::Instant)>>>>,
+    pub forward_times: Option<ForwardTimes>,
 }
+
+/// Where a fake model logs each forward's (start, end).
+pub type ForwardTimes = std::sync::Arc<std::sync::Mutex<Vec<(std::time::Instant, std::time::Instant)>>>;
 
 /// A small Llama config: `vocab` tokens, the given EOS ids, context `max_len`.
 pub fn fake_config(vocab: usize, eos: &[u32], max_len: usize) -> ModelConfig {
