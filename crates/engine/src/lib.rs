@@ -9,7 +9,7 @@
 //! - [`constraint`]: structured output as the engine sees it (a mask per constrained row).
 //! - [`detokenize`]: streamed text and stop strings.
 //! - [`metrics`]: counters for the server and per-request timings.
-//! - [`worker`]: the model runner on a thread of its own (what lets a step overlap the next).
+//! - [`worker`]: the model worker thread that runs overlapped steps (async scheduling).
 //! - [`fake_model`]: a deterministic `ModelRunner` for tests and benchmarks.
 //!
 //! Architecture invariant: the model is reached only through `tandem_core::ModelRunner`, and

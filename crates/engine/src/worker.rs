@@ -1,17 +1,16 @@
-//! The model worker: the `ModelRunner` on a thread of its own. The engine thread sends it work
-//! and gets the answer back through channels, so that while the worker is blocked in step N's
-//! forward (on any backend: a GPU's sync, or the reference's arithmetic) the engine thread can
+//! The model worker: a thread that runs the `ModelRunner` it shares with the engine. The
+//! engine thread sends it work and gets the answer back through channels, so that while the
+//! worker is blocked in step N's forward (on any backend: a GPU's sync, or the reference's arithmetic) the engine thread can
 //! postprocess step N-1 and schedule step N+1.
 //!
-//! Two kinds of work, run strictly in the order sent (the KV cache's writes and reads follow
-//! that order, which is what makes an overlapped step safe; see `Engine::step`):
-//! - a call: any closure over the runner (the synchronous step: `forward`, `forward_sampled`,
-//!   `forward_sampled_masked`);
-//! - an overlapped step: a batch whose tokens may be [`PLACEHOLDER`]s, each meaning "the id
-//!   this worker sampled for row r of the step before". The worker keeps that step's ids and
-//!   fills them in before the forward, so the engine never waits for them.
+//! It runs overlapped steps strictly in the order sent (the KV cache's writes and reads follow
+//! that order, which is what makes an overlapped step safe; see `Engine::step`): a batch whose
+//! tokens may be [`PLACEHOLDER`]s, each meaning "the id this worker sampled for row r of the
+//! step before". The worker keeps that step's ids and fills them in before the forward, so
+//! the engine never waits for them. A synchronous step (nothing in flight) locks the runner
+//! on the engine thread instead, saving the two thread hand-offs.
 
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 
 use tandem_core::sampling::SampleSpec;
@@ -21,8 +20,6 @@ use tandem_core::{Error, ForwardBatch, ModelRunner, Result};
 /// Never a vocabulary id (prompts are checked against the vocabulary).
 pub const PLACEHOLDER: u32 = u32::MAX;
 
-type Call = Box<dyn FnOnce(&mut dyn ModelRunner) + Send>;
-
 /// An overlapped step: `fill` lists (token index in `batch`, row of the previous step's ids).
 struct Overlapped {
     batch: ForwardBatch,
@@ -31,74 +28,50 @@ struct Overlapped {
     reply: mpsc::Sender<Result<Vec<u32>>>,
 }
 
-enum Job {
-    Call(Call),
-    Step(Box<Overlapped>),
-}
-
 pub struct Worker {
-    tx: Option<mpsc::Sender<Job>>,
+    tx: Option<mpsc::Sender<Overlapped>>,
     thread: Option<JoinHandle<()>>,
 }
 
 /// The error a reply channel gives when the worker thread is gone (a panic in the runner).
 pub fn worker_gone() -> Error {
-    Error::device_lost("model worker", "the model worker thread stopped (a panic in the model runner?)")
+    Error::device_lost("model worker", "the model runner panicked")
 }
 
 impl Worker {
-    pub fn spawn(mut runner: Box<dyn ModelRunner>) -> std::io::Result<Self> {
-        let (tx, rx) = mpsc::channel::<Job>();
+    pub fn spawn(runner: Arc<Mutex<Box<dyn ModelRunner>>>) -> std::io::Result<Self> {
+        let (tx, rx) = mpsc::channel::<Overlapped>();
         let thread = std::thread::Builder::new().name("tandem-model".into()).spawn(move || {
-            // The ids of the last overlapped step; None after a call or a failed step.
+            // The ids of the last step; None after a failed one.
             let mut prev: Option<Vec<u32>> = None;
-            for job in rx {
-                match job {
-                    Job::Call(f) => {
-                        prev = None;
-                        f(runner.as_mut());
-                    }
-                    Job::Step(s) => {
-                        let Overlapped { mut batch, specs, fill, reply } = *s;
-                        for &(i, row) in &fill {
-                            // Without the previous ids (its forward failed), the rows waiting on
-                            // them belong to sequences the engine fails with that step; any
-                            // valid id keeps the rest of the batch running, and the engine
-                            // discards those rows.
-                            batch.tokens[i as usize] = prev.as_ref().and_then(|p| p.get(row as usize)).copied().unwrap_or(0);
-                        }
-                        let r = runner.forward_sampled(&batch, &specs);
-                        prev = r.as_ref().ok().cloned();
-                        let _ = reply.send(r);
-                    }
+            for s in rx {
+                let Overlapped { mut batch, specs, fill, reply } = s;
+                for &(i, row) in &fill {
+                    // Without the previous ids (its forward failed), the rows waiting on them
+                    // belong to sequences the engine fails with that step; any valid id keeps
+                    // the rest of the batch running, and the engine discards those rows.
+                    batch.tokens[i as usize] = prev.as_ref().and_then(|p| p.get(row as usize)).copied().unwrap_or(0);
                 }
+                // A synchronous step holds the lock only when nothing is in flight.
+                let r = match runner.lock() {
+                    Ok(mut m) => m.forward_sampled(&batch, &specs),
+                    Err(_) => Err(worker_gone()),
+                };
+                prev = r.as_ref().ok().cloned();
+                let _ = reply.send(r);
             }
         })?;
         Ok(Worker { tx: Some(tx), thread: Some(thread) })
-    }
-
-    fn send(&self, job: Job) {
-        // A send fails only when the thread is gone; the reply channel then says so.
-        if let Some(tx) = &self.tx {
-            let _ = tx.send(job);
-        }
-    }
-
-    /// Runs `f` on the worker; its answer arrives on the returned channel (closed without an
-    /// answer if the runner panicked).
-    pub fn call<R: Send + 'static>(&self, f: impl FnOnce(&mut dyn ModelRunner) -> R + Send + 'static) -> mpsc::Receiver<R> {
-        let (reply, rx) = mpsc::channel();
-        self.send(Job::Call(Box::new(move |r| {
-            let _ = reply.send(f(r));
-        })));
-        rx
     }
 
     /// Sends an overlapped step: `forward_sampled` of `batch` once the tokens at `fill`'s
     /// indices hold the previous overlapped step's ids.
     pub fn dispatch(&self, batch: ForwardBatch, specs: Vec<SampleSpec>, fill: Vec<(u32, u32)>) -> mpsc::Receiver<Result<Vec<u32>>> {
         let (reply, rx) = mpsc::channel();
-        self.send(Job::Step(Box::new(Overlapped { batch, specs, fill, reply })));
+        // A send fails only when the thread is gone; the reply channel then says so.
+        if let Some(tx) = &self.tx {
+            let _ = tx.send(Overlapped { batch, specs, fill, reply });
+        }
         rx
     }
 }
@@ -129,7 +102,7 @@ mod tests {
     #[test]
     fn a_placeholder_becomes_the_previous_steps_id() {
         let cfg = fake_config(64, &[63], 256);
-        let w = Worker::spawn(Box::new(FakeModel::new(cfg.clone(), 4, 16, 64, 4))).unwrap();
+        let w = Worker::spawn(Arc::new(Mutex::new(Box::new(FakeModel::new(cfg.clone(), 4, 16, 64, 4))))).unwrap();
         let prompt = [5u32, 9, 11];
         let mut b = ForwardBatch { max_blocks: 1, ..Default::default() };
         b.push_seq(&prompt, 0, &[0], 16, true);
