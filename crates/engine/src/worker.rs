@@ -1,7 +1,7 @@
 //! The model worker: a thread that runs the `ModelRunner` it shares with the engine. The
 //! engine thread sends it work and gets the answer back through channels, so that while the
-//! worker is blocked in step N's forward (on any backend: a GPU's sync, or the reference's arithmetic) the engine thread can
-//! postprocess step N-1 and schedule step N+1.
+//! worker is blocked in step N's forward (on any backend: a GPU's sync, or the reference's
+//! arithmetic) the engine thread can postprocess step N-1 and schedule step N+1.
 //!
 //! It runs overlapped steps strictly in the order sent (the KV cache's writes and reads follow
 //! that order, which is what makes an overlapped step safe; see `Engine::step`): a batch whose
