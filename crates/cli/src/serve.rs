@@ -58,6 +58,15 @@ pub struct EngineArgs {
     /// Longest prompt + output (default: the model's context, capped by what the KV pool holds).
     #[arg(long)]
     pub max_model_len: Option<usize>,
+    /// Schedule step N+1 while the model runs step N (vLLM's `--async-scheduling`). On by
+    /// default, as SGLang's overlap scheduler is: every request's output is the same either
+    /// way (steps that need host-side results run synchronously), and the engine's host work
+    /// (detokenizing, stop strings, scheduling) hides behind the device's step.
+    #[arg(long, overrides_with = "no_async_scheduling")]
+    pub async_scheduling: bool,
+    /// Run each step's forward and its postprocessing one after the other.
+    #[arg(long, overrides_with = "async_scheduling")]
+    pub no_async_scheduling: bool,
     /// What the KV cache stores: `auto` (bf16 on cuda, f32 elsewhere), `bf16`/`bfloat16`
     /// (cuda only) or `f32`/`float32` (every backend; on cuda for checks). vLLM's fp8 values
     /// are refused by name.
@@ -120,6 +129,7 @@ impl EngineArgs {
             enable_prefix_caching: !self.no_prefix_caching,
             max_pending_requests: max_pending,
             max_model_len: self.max_model_len,
+            async_scheduling: !self.no_async_scheduling,
             ..Default::default()
         })
     }
@@ -201,7 +211,7 @@ const VLLM_UNSUPPORTED: &[&str] = &[
     "--response-role", "--ssl-keyfile", "--ssl-certfile", "--root-path", "--middleware", "--enable-sleep-mode",
     "--kv-transfer-config", "--num-scheduler-steps", "--preemption-mode", "--no-enable-chunked-prefill", "--hf-overrides",
     "--override-generation-config", "--limit-mm-per-prompt", "--mm-processor-kwargs", "--distributed-executor-backend",
-    "--enable-expert-parallel", "--rope-scaling", "--rope-theta", "--max-num-partial-prefills", "--async-scheduling",
+    "--enable-expert-parallel", "--rope-scaling", "--rope-theta", "--max-num-partial-prefills",
 ];
 
 /// A vLLM flag tandem does not have: an error naming it (clap's own error would say only
@@ -353,5 +363,24 @@ mod tests {
             assert!(parse_kv_cache_dtype(v).unwrap_err().contains("an fp8 KV cache is not supported"), "{v}");
         }
         assert!(parse_kv_cache_dtype("half").unwrap_err().contains("expected auto, bf16"));
+    }
+
+    /// Async scheduling is on unless `--no-async-scheduling` comes last (vLLM's spelling of both).
+    #[test]
+    fn async_scheduling_flags() {
+        #[derive(clap::Parser)]
+        struct P {
+            #[command(flatten)]
+            e: EngineArgs,
+        }
+        let on = |args: &[&str]| {
+            let p = <P as clap::Parser>::try_parse_from(std::iter::once("tandem").chain(args.iter().copied())).unwrap();
+            p.e.engine_config(None).unwrap().async_scheduling
+        };
+        assert!(on(&[]));
+        assert!(on(&["--async-scheduling"]));
+        assert!(!on(&["--no-async-scheduling"]));
+        assert!(!on(&["--async-scheduling", "--no-async-scheduling"]));
+        assert!(on(&["--no-async-scheduling", "--async-scheduling"]));
     }
 }

@@ -2,7 +2,9 @@
 //! schedule, forward (one `ModelRunner::forward_sampled` for the whole flattened batch, which
 //! returns token ids; `ModelRunner::forward` and host sampling instead when a row needs
 //! penalties, `logit_bias`, bans, logprobs or prompt logprobs), postprocess (append, check
-//! stops, emit outputs, free blocks).
+//! stops, emit outputs, free blocks). With `EngineConfig::async_scheduling` the engine
+//! schedules step N+1 and sends it to a model worker thread ([`crate::worker`]) before it
+//! postprocesses step N, so its host work runs while the model does (see [`Engine::step`]).
 //!
 //! [`Engine::spawn`] runs it on its own thread behind an [`EngineHandle`]; `submit` checks a
 //! request at once (a request that can never fit is refused with an error, not queued) and
@@ -18,6 +20,7 @@
 //! waiting, fails with that error, and the engine refuses every later submission
 //! (`SubmitError::Stopped` with the reason; [`EngineHandle::failure`] reports it).
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
@@ -34,6 +37,7 @@ use crate::scheduler::{BatchMode, Policy, Scheduler, SchedulerConfig, SchedulerO
 use crate::constraint::{apply_mask, mask_words};
 use tandem_core::sampling::RowMasks;
 use crate::sequence::{FinishReason, GuideState, IdMap, RequestId, SeqId, Sequence};
+use crate::worker::{worker_gone, Worker, PLACEHOLDER};
 
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
@@ -52,6 +56,10 @@ pub struct EngineConfig {
     /// Longest prompt + output accepted; None: the model's `max_position_embeddings`. The
     /// engine takes the least of this, the model's and what the KV pool holds.
     pub max_model_len: Option<usize>,
+    /// Schedule step N+1 while the model runs step N (see [`Engine::step`]). Off by default
+    /// here, so a library caller's `step()` emits the tokens of the step it ran; the server
+    /// turns it on (`--async-scheduling`, its default).
+    pub async_scheduling: bool,
 }
 
 impl Default for EngineConfig {
@@ -66,6 +74,7 @@ impl Default for EngineConfig {
             max_pending_requests: None,
             seed: 0,
             max_model_len: None,
+            async_scheduling: false,
         }
     }
 }
@@ -275,8 +284,30 @@ struct RequestState {
     metrics: Option<RequestMetrics>,
 }
 
+/// A step sent to the model worker whose ids the engine has not taken yet (overlapped mode).
+struct InFlight {
+    /// The scheduler's step id.
+    step: u64,
+    out: SchedulerOutput,
+    /// Per sampled row, in the order of the ids: its sequence and where its placeholder token
+    /// sits in the sequence's tokens.
+    rows: Vec<(SeqId, usize)>,
+    /// The row of each sampled sequence: what the next step's placeholders refer to.
+    row_of: IdMap<u32>,
+    /// Each scheduled sequence's computed tokens after this step: blocks registered in the
+    /// prefix cache once it has come back.
+    computed: Vec<(SeqId, usize)>,
+    reply: mpsc::Receiver<tandem_core::Result<Vec<u32>>>,
+}
+
 pub struct Engine {
-    runner: Box<dyn ModelRunner>,
+    /// The model runner: the worker thread runs overlapped steps with it; a synchronous step
+    /// locks it on the engine thread.
+    runner: Arc<Mutex<Box<dyn ModelRunner>>>,
+    worker: Worker,
+    async_scheduling: bool,
+    /// Overlapped mode: steps sent and not landed, oldest first (at most two, briefly).
+    in_flight: VecDeque<InFlight>,
     scheduler: Scheduler,
     decode: DecodeFn,
     eos: Vec<u32>,
@@ -345,10 +376,16 @@ impl Engine {
             resume_protect_steps: cfg.resume_protect_steps,
             prompt_logit_rows,
         });
+        let (eos, vocab) = (model.eos_token_ids.clone(), model.vocab_size);
+        let runner = Arc::new(Mutex::new(runner));
+        let worker = Worker::spawn(runner.clone()).map_err(|e| EngineError::Config(format!("cannot start the model worker thread: {e}")))?;
         Ok(Engine {
-            eos: model.eos_token_ids.clone(),
-            vocab: model.vocab_size,
+            eos,
+            vocab,
             runner,
+            worker,
+            async_scheduling: cfg.async_scheduling,
+            in_flight: VecDeque::new(),
             scheduler,
             decode,
             limits,
@@ -370,8 +407,9 @@ impl Engine {
     pub fn stats(&self) -> Stats {
         self.stats.lock().map(|s| s.clone()).unwrap_or_default()
     }
+    /// Sequences to serve, or a step in flight whose results are still to be taken.
     pub fn has_work(&self) -> bool {
-        self.scheduler.has_work()
+        self.scheduler.has_work() || !self.in_flight.is_empty()
     }
     pub fn num_requests(&self) -> usize {
         self.requests.len()
@@ -416,7 +454,32 @@ impl Engine {
     }
 
     /// One engine step. Returns the number of sequences that ran.
+    ///
+    /// Synchronous (`async_scheduling` off): schedule, forward, postprocess; when `step`
+    /// returns, the step's tokens are emitted.
+    ///
+    /// Overlapped (`async_scheduling` on): schedule step N+1 before step N's ids are known,
+    /// assuming each row sampled in N gains exactly one token (a [`PLACEHOLDER`] the model
+    /// worker replaces with the id it sampled, before it runs N+1), send N+1 to the worker,
+    /// then take N's ids and postprocess them (emit, stops, detokenize) while the worker runs
+    /// N+1. So a call emits the tokens of the step the call before sent, and a call that has
+    /// nothing to schedule drains the pipeline (`has_work` stays true until it is empty). A
+    /// row of N+1 whose sequence finished in N is discarded, never emitted; a finished
+    /// sequence's blocks are freed once no step in flight writes them. Whenever the next step
+    /// depends on host-side results (a row needs logits on the host, a constraint, prompt
+    /// logprobs: anything [`needs_host`] or a guide), the pipeline is drained first and the
+    /// step runs synchronously, so every request's outputs are the same in both modes.
+    /// Returns the sequences sent or landed, whichever is more.
     pub fn step(&mut self) -> usize {
+        let ran = if self.async_scheduling { self.step_overlapped() } else { self.step_sync() };
+        self.update_stats();
+        if let Ok(mut st) = self.stats.lock() {
+            st.steps_total += 1;
+        }
+        ran
+    }
+
+    fn step_sync(&mut self) -> usize {
         let out = self.scheduler.schedule(Instant::now());
         // The step's KV high-water mark: taken now, before finished sequences free blocks.
         let scheduled_usage = self.scheduler.bm.usage();
@@ -424,13 +487,148 @@ impl Engine {
             let sampled = self.forward(&out);
             self.postprocess(&out, sampled);
         }
-        self.update_stats();
-        if let Ok(mut st) = self.stats.lock() {
-            st.steps_total += 1;
-            st.batch_size = out.seqs.len();
-            st.kv_usage_peak = st.kv_usage_peak.max(scheduled_usage);
-        }
+        self.record_step(out.seqs.len(), scheduled_usage, false);
         out.seqs.len()
+    }
+
+    fn step_overlapped(&mut self) -> usize {
+        if !self.can_overlap() {
+            let landed = self.land_all();
+            return landed.max(self.step_sync());
+        }
+        let mut out = self.scheduler.schedule(Instant::now());
+        let scheduled_usage = self.scheduler.bm.usage();
+        let sent = out.seqs.len();
+        if !out.is_empty() {
+            match self.device_specs(&out) {
+                Some(specs) => self.dispatch(out, specs),
+                None => {
+                    // `can_overlap` checks what `device_specs` does, so this is not reached;
+                    // were it, the step runs synchronously once its placeholders are known.
+                    self.land_all();
+                    self.drop_ended(&mut out);
+                    let sampled = self.forward(&out);
+                    self.postprocess(&out, sampled);
+                    self.record_step(sent, scheduled_usage, false);
+                    return sent;
+                }
+            }
+        }
+        // The step the last call sent: its ids come back while the worker runs this one.
+        let mut landed = 0;
+        while self.in_flight.len() > usize::from(sent > 0) {
+            landed = landed.max(self.land_one());
+        }
+        self.record_step(sent, scheduled_usage, true);
+        sent.max(landed)
+    }
+
+    fn record_step(&self, batch: usize, scheduled_usage: f32, overlapped: bool) {
+        if let Ok(mut st) = self.stats.lock() {
+            st.batch_size = batch;
+            st.kv_usage_peak = st.kv_usage_peak.max(scheduled_usage);
+            match (batch > 0, overlapped) {
+                (false, _) => {}
+                (true, true) => st.async_steps_total += 1,
+                (true, false) => st.sync_steps_total += 1,
+            }
+        }
+    }
+
+    /// Whether the next step may be scheduled before the one in flight lands: no sequence
+    /// needs what only the host has after a step (logits for host sampling or logprobs,
+    /// prompt logprobs, a constraint's next mask). Checked over every sequence, waiting ones
+    /// too, so that whatever the scheduler picks can be sampled on the device.
+    fn can_overlap(&self) -> bool {
+        self.failure.get().is_none()
+            && self.scheduler.seqs().all(|s| {
+                s.guide.is_none() && s.params.guided.is_none() && s.params.prompt_logprobs.is_none() && !needs_host(&s.params, &banned(&self.eos, s))
+            })
+    }
+
+    /// Removes the rows of sequences that ended since `out` was scheduled.
+    fn drop_ended(&self, out: &mut SchedulerOutput) {
+        out.seqs.retain(|s| self.scheduler.seq(s.seq).is_some());
+        out.num_tokens = out.seqs.iter().map(|s| s.num_tokens).sum();
+        out.num_logit_rows = out.seqs.iter().map(|s| if s.all_logits { s.num_tokens } else { usize::from(s.sample) }).sum();
+        out.extra_logit_rows = out.seqs.iter().filter(|s| s.all_logits).map(|s| s.num_tokens - 1).sum();
+    }
+
+    /// Sends `out` to the worker without waiting, and moves the scheduler's view past it: its
+    /// tokens count as computed and each sampled row's sequence gains a placeholder token.
+    fn dispatch(&mut self, out: SchedulerOutput, specs: Vec<SampleSpec>) {
+        let step = self.scheduler.current_step();
+        let batch = self.scheduler.forward_batch(&out);
+        // Placeholders come only from the step in flight (the one before lands before the
+        // next schedule), so each refers to a row of the newest step sent.
+        let prev = self.in_flight.back();
+        let fill: Option<Vec<(u32, u32)>> = batch
+            .tokens
+            .iter()
+            .enumerate()
+            .filter(|(_, &t)| t == PLACEHOLDER)
+            .map(|(i, _)| prev.and_then(|p| p.row_of.get(&out.seqs[batch.token_seq[i] as usize].seq)).map(|&row| (i as u32, row)))
+            .collect();
+        let Some(fill) = fill else {
+            self.land_all();
+            return self.fail_batch(&out, "internal: a placeholder token that no step in flight gives");
+        };
+        let reply = self.worker.dispatch(batch, specs, fill);
+        self.scheduler.dispatched(step);
+        let (mut rows, mut row_of, mut computed) = (Vec::new(), IdMap::default(), Vec::with_capacity(out.seqs.len()));
+        for s in &out.seqs {
+            let Some(seq) = self.scheduler.seq_mut(s.seq) else { continue };
+            seq.num_computed_tokens += s.num_tokens;
+            computed.push((s.seq, seq.num_computed_tokens));
+            if s.sample {
+                row_of.insert(s.seq, rows.len() as u32);
+                rows.push((s.seq, seq.tokens.len()));
+                seq.tokens.push(PLACEHOLDER);
+            }
+        }
+        self.in_flight.push_back(InFlight { step, out, rows, row_of, computed, reply });
+    }
+
+    /// Takes every step in flight.
+    fn land_all(&mut self) -> usize {
+        let mut landed = 0;
+        while !self.in_flight.is_empty() {
+            landed = landed.max(self.land_one());
+        }
+        landed
+    }
+
+    /// Waits for the oldest step in flight and postprocesses it: its blocks join the prefix
+    /// cache, each row's id replaces its placeholder and is emitted (rows of sequences that
+    /// ended meanwhile are dropped). Returns its number of sequences.
+    fn land_one(&mut self) -> usize {
+        let Some(f) = self.in_flight.pop_front() else { return 0 };
+        let result = f.reply.recv().unwrap_or_else(|_| Err(worker_gone()));
+        self.scheduler.landed(f.step, self.in_flight.front().map(|n| n.step));
+        let rows = f.rows.len();
+        let ids = match result {
+            Ok(ids) if ids.len() == rows => Ok(ids),
+            Ok(ids) => Err(format!("model returned {} token ids for {rows} rows", ids.len())),
+            Err(e) => Err(self.forward_error(e)),
+        };
+        match ids {
+            Ok(ids) => {
+                for &(id, n) in &f.computed {
+                    self.scheduler.cache_computed(id, n);
+                }
+                let now = Instant::now();
+                for (&(id, at), token) in f.rows.iter().zip(ids) {
+                    self.sample_and_emit(id, Pick::Token(token), Some(at), now);
+                }
+            }
+            Err(e) => {
+                self.fail_batch(&f.out, &e);
+                if self.failure.get().is_some() {
+                    self.fail_all(&e);
+                }
+            }
+        }
+        f.out.seqs.len()
     }
 
     /// Why the engine stopped for good (a fatal forward error), if it did.
@@ -466,7 +664,15 @@ impl Engine {
             })
             .collect();
         let device = self.device_specs(out);
-        let (vocab, runner) = (self.vocab, &mut self.runner);
+        // Synchronous: the forward runs on this thread, the runner borrowed from the worker
+        // (idle: nothing is in flight), which saves two thread hand-offs a step (measured
+        // with benches/scheduler.rs, 256 decodes, null model, on a loaded 2-core machine:
+        // ~580 us/step through the worker, ~410-460 us direct; noisy).
+        let mut guard = match self.runner.lock() {
+            Ok(g) => g,
+            Err(_) => return Err(self.forward_error(worker_gone())),
+        };
+        let (vocab, runner) = (self.vocab, &mut **guard);
         let (result, masks) = std::thread::scope(|sc| {
             let mut handle = (!jobs.is_empty()).then(|| sc.spawn(move || {
                 let threads = mask_threads(jobs.len(), std::thread::available_parallelism().map_or(1, |n| n.get()));
@@ -494,6 +700,7 @@ impl Engine {
             let masks = joined.take().unwrap_or_else(|| join(&mut handle));
             (result, masks)
         });
+        drop(guard);
         let mut mask_seconds = Vec::with_capacity(masks.len());
         for d in masks {
             mask_seconds.push(d.seconds);
@@ -547,7 +754,7 @@ impl Engine {
             Sampled::Ids(ids) => {
                 let seqs = out.seqs.iter().filter(|s| s.sample).map(|s| s.seq);
                 for (id, token) in seqs.zip(ids) {
-                    self.sample_and_emit(id, Pick::Token(token), now);
+                    self.sample_and_emit(id, Pick::Token(token), None, now);
                 }
             }
             Sampled::Logits(mut logits) => {
@@ -556,11 +763,11 @@ impl Engine {
                     if s.all_logits {
                         let chunk: Vec<&mut [f32]> = rows.by_ref().take(s.num_tokens).collect();
                         if let Some(row) = self.score_prompt(s.seq, s.num_tokens, chunk) {
-                            self.sample_and_emit(s.seq, Pick::Row(row), now);
+                            self.sample_and_emit(s.seq, Pick::Row(row), None, now);
                         }
                     } else {
                         let row = rows.next().expect("forward checked the logits' length");
-                        self.sample_and_emit(s.seq, Pick::Row(row), now);
+                        self.sample_and_emit(s.seq, Pick::Row(row), None, now);
                     }
                 }
             }
@@ -611,7 +818,10 @@ impl Engine {
         }
     }
 
-    fn sample_and_emit(&mut self, id: SeqId, pick: Pick<'_>, now: Instant) {
+    /// Turns a row's pick into the sequence's next token and emits it. `at`: where the
+    /// token's placeholder sits (overlapped mode: the sequence's tokens already count it, and
+    /// may hold the next step's placeholder after it); None: the token is appended.
+    fn sample_and_emit(&mut self, id: SeqId, pick: Pick<'_>, at: Option<usize>, now: Instant) {
         let (eos, decode, max_model_len) = (&self.eos, &self.decode, self.limits.max_model_len);
         let Some(seq) = self.scheduler.seq_mut(id) else { return };
         let p = seq.params.clone();
@@ -622,7 +832,9 @@ impl Engine {
             o.prompt_logprobs = prompt_logprobs;
             return self.end_seq(id, FinishReason::Length, o);
         }
-        let under_min = seq.num_output_tokens() < p.min_tokens;
+        // Output tokens before this one.
+        let before = at.map_or(seq.num_output_tokens(), |a| a - seq.num_prompt_tokens);
+        let under_min = before < p.min_tokens;
         let (token, raw) = match pick {
             Pick::Token(t) => {
                 // Sampled on the device with the mask, when it was usable.
@@ -662,7 +874,7 @@ impl Engine {
                 (sample(row, &spec(&p, seq.seed, seq.index, seq.num_output_tokens())), raw)
             }
         };
-        seq.append_token(token, now);
+        seq.commit_token(at, token, now);
         let mut guide_done = false;
         if let Some(g) = seq.guide.as_mut() {
             if let Err(e) = g.constraint.commit(token) {
@@ -682,7 +894,7 @@ impl Engine {
         } else if guide_done {
             // The grammar is complete: what it describes is whole (OpenAI's "stop").
             reason = Some(FinishReason::Stop { stop_string: None, stop_token: None });
-        } else if seq.num_output_tokens() >= seq.max_tokens || seq.num_tokens() >= max_model_len {
+        } else if before + 1 >= seq.max_tokens || seq.num_prompt_tokens + before + 1 >= max_model_len {
             reason = Some(FinishReason::Length);
         }
         if reason.is_some() {
@@ -784,7 +996,7 @@ impl Engine {
         if let Ok(mut st) = self.stats.lock() {
             st.num_running = s.num_running();
             st.num_waiting = s.num_waiting();
-            st.kv_usage = s.bm.usage();
+            st.kv_usage = s.kv_usage();
             st.prefix_cache_queries_total = s.bm.prefix_queries_tokens;
             st.prefix_cache_hits_total = s.bm.prefix_hits_tokens;
             st.preemptions_total = s.num_preemptions;

@@ -9,6 +9,7 @@
 //! - [`constraint`]: structured output as the engine sees it (a mask per constrained row).
 //! - [`detokenize`]: streamed text and stop strings.
 //! - [`metrics`]: counters for the server and per-request timings.
+//! - [`worker`]: the model worker thread that runs overlapped steps (async scheduling).
 //! - [`fake_model`]: a deterministic `ModelRunner` for tests and benchmarks.
 //!
 //! Architecture invariant: the model is reached only through `tandem_core::ModelRunner`, and
@@ -24,6 +25,7 @@ pub mod sampler;
 pub mod sampling_params;
 pub mod scheduler;
 pub mod sequence;
+pub mod worker;
 
 pub use constraint::{Constraint, ConstraintFactory, Guided};
 pub use detokenize::{tokenizer_decode_fn, DecodeFn};

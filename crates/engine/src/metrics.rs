@@ -24,6 +24,11 @@ pub struct Stats {
     pub prompt_tokens_total: u64,
     pub generation_tokens_total: u64,
     pub steps_total: u64,
+    /// Forwards sent to the model worker ahead of their postprocessing (async scheduling),
+    /// and forwards run and postprocessed within their step (synchronous: async scheduling
+    /// off, or a step that had to wait for host-side results).
+    pub async_steps_total: u64,
+    pub sync_steps_total: u64,
     /// Sequences in the last step's batch.
     pub batch_size: usize,
     pub forward_errors_total: u64,

@@ -115,12 +115,17 @@ pub struct Scheduler {
     step: u64,
     pub num_preemptions: u64,
     pub num_prompt_tokens: u64,
+    /// Overlapped engine: the first step whose forward has not come back yet (None: none).
+    in_flight_from: Option<u64>,
+    /// Block tables (and hashes) of sequences removed while a step still in flight writes
+    /// them: (the last such step, table, hashes). Freed when that step has come back.
+    retired: Vec<(u64, Vec<u32>, Vec<u64>)>,
 }
 
 impl Scheduler {
     pub fn new(cfg: SchedulerConfig) -> Self {
         let bm = BlockManager::new(cfg.num_blocks, cfg.block_size, cfg.enable_prefix_caching);
-        Scheduler { cfg, bm, seqs: IdMap::default(), waiting: BTreeMap::new(), running: Vec::new(), step: 0, num_preemptions: 0, num_prompt_tokens: 0 }
+        Scheduler { cfg, bm, seqs: IdMap::default(), waiting: BTreeMap::new(), running: Vec::new(), step: 0, num_preemptions: 0, num_prompt_tokens: 0, in_flight_from: None, retired: Vec::new() }
     }
 
     pub fn config(&self) -> &SchedulerConfig {
@@ -170,7 +175,65 @@ impl Scheduler {
         self.seqs.insert(seq.id, seq);
     }
 
-    /// Removes a sequence wherever it is and frees its blocks at once.
+    /// Every sequence, waiting or running.
+    pub fn seqs(&self) -> impl Iterator<Item = &Sequence> + '_ {
+        self.seqs.values()
+    }
+    /// The id of the last step scheduled (the one `schedule` just returned).
+    pub fn current_step(&self) -> u64 {
+        self.step
+    }
+
+    /// The overlapped engine sent `step`'s batch to the model and will take its results later:
+    /// until [`Scheduler::landed`] says so, a sequence removed with a row in it keeps its blocks.
+    pub fn dispatched(&mut self, step: u64) {
+        self.in_flight_from.get_or_insert(step);
+    }
+
+    /// `step`'s forward has come back; `next` is the next step still in flight, if any. The
+    /// blocks of sequences removed while only steps up to `step` wrote them are freed now.
+    pub fn landed(&mut self, step: u64, next: Option<u64>) {
+        self.in_flight_from = next;
+        let (free, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut self.retired).into_iter().partition(|r| r.0 <= step);
+        self.retired = keep;
+        for (_, mut table, mut hashes) in free {
+            self.bm.free(&mut table, &mut hashes);
+        }
+    }
+
+    /// Blocks held by sequences already removed, waiting for a step in flight to come back.
+    pub fn num_retired_blocks(&self) -> usize {
+        self.retired.iter().map(|r| r.1.len()).sum()
+    }
+
+    /// Fraction of the pool held by live sequences: blocks only removed sequences hold (free
+    /// once the step in flight lands) do not count, so the gauge reads 0 as soon as the last
+    /// request has ended, whatever is still in flight.
+    pub fn kv_usage(&self) -> f32 {
+        if self.retired.is_empty() {
+            return self.bm.usage();
+        }
+        let mut refs: IdMap<u32> = IdMap::default();
+        for b in self.retired.iter().flat_map(|r| r.1.iter()) {
+            *refs.entry(*b as u64).or_default() += 1;
+        }
+        let only_retired = refs.iter().filter(|(b, n)| self.bm.ref_count(**b as u32) == **n).count();
+        let held = self.bm.num_blocks() - self.bm.num_free() - only_retired;
+        held as f32 / self.bm.num_blocks().max(1) as f32
+    }
+
+    /// Registers in the prefix cache the full blocks of `id` up to `num_computed` tokens: the
+    /// overlapped engine does it when the step that wrote them has come back, never before,
+    /// so no other sequence hits a block whose K/V is not written (or whose step failed).
+    pub fn cache_computed(&mut self, id: SeqId, num_computed: usize) {
+        if let Some(seq) = self.seqs.get_mut(&id) {
+            let n = num_computed.min(seq.num_computed_tokens);
+            self.bm.cache_full_blocks(&seq.block_table, &mut seq.block_hashes, &seq.tokens, n);
+        }
+    }
+
+    /// Removes a sequence wherever it is and frees its blocks at once, or, when a step in
+    /// flight still writes them, once that step has come back.
     pub fn remove(&mut self, id: SeqId) -> Option<Sequence> {
         let mut seq = self.seqs.remove(&id)?;
         match seq.status {
@@ -181,7 +244,12 @@ impl Scheduler {
             SeqStatus::Running => self.running.retain(|&r| r != id),
             SeqStatus::Finished => {}
         }
-        self.bm.free(&mut seq.block_table, &mut seq.block_hashes);
+        if self.in_flight_from.is_some_and(|f| seq.scheduled_at_step >= f) {
+            let (table, hashes) = (std::mem::take(&mut seq.block_table), std::mem::take(&mut seq.block_hashes));
+            self.retired.push((seq.scheduled_at_step, table, hashes));
+        } else {
+            self.bm.free(&mut seq.block_table, &mut seq.block_hashes);
+        }
         seq.status = SeqStatus::Finished;
         Some(seq)
     }
@@ -189,9 +257,16 @@ impl Scheduler {
     /// Starts `child` (a completion of the same prompt) as a running sequence that shares the
     /// parent's full prompt blocks. It recomputes only the tail of the prompt (at least one
     /// token, to have logits of its own).
+    ///
+    /// A parent preempted since its first token was scheduled (the overlapped engine forks
+    /// when that step lands) has no blocks to share: the child then waits like any new
+    /// sequence and computes its prompt (mostly from the prefix cache).
     pub fn fork(&mut self, parent: SeqId, mut child: Sequence) {
         let p = &self.seqs[&parent];
         let shared = (p.num_prompt_tokens - 1) / self.cfg.block_size;
+        if p.status != SeqStatus::Running || p.block_table.len() < shared {
+            return self.add(child);
+        }
         let (table, hashes) = self.bm.fork(&p.block_table, &p.block_hashes, shared);
         child.block_table = table;
         child.block_hashes = hashes;
@@ -295,6 +370,13 @@ impl Scheduler {
         self.seqs[&id].resumed_at_step.is_some_and(|s| self.step < s + self.cfg.resume_protect_steps)
     }
 
+    /// A victim may have a row in a step still in flight (the overlapped engine); its blocks
+    /// are freed at once all the same and may go to a sequence of the step being scheduled.
+    /// That is safe because the model runs steps in the order sent: the step in flight writes
+    /// only the victim's slots past its registered (prefix-cached) blocks, and a block new to a
+    /// sequence is written by that sequence's step before its attention reads it, so nobody
+    /// reads what the older step left there. The victim's own token in flight is filled in
+    /// when that step comes back; it is recomputed on resume, and no step that preempts admits.
     fn preempt(&mut self, id: SeqId, out: &mut SchedulerOutput) {
         // The anti-thrashing rule; the randomized tests run with debug assertions on.
         debug_assert!(!self.is_protected(id), "seq {id} preempted {} steps after resuming", self.step - self.seqs[&id].resumed_at_step.unwrap_or(0));
@@ -429,7 +511,8 @@ impl Scheduler {
 
     /// Pool and queue invariants (tests call this after every step).
     pub fn check_invariants(&self) -> Result<(), String> {
-        self.bm.check_invariants(self.seqs.values().map(|s| s.block_table.as_slice()))?;
+        let retired = self.retired.iter().map(|r| r.1.as_slice());
+        self.bm.check_invariants(self.seqs.values().map(|s| s.block_table.as_slice()).chain(retired))?;
         for (id, s) in &self.seqs {
             let in_waiting = self.waiting.values().filter(|&&w| w == *id).count();
             let in_running = self.running.iter().filter(|&&r| r == *id).count();

@@ -189,7 +189,16 @@ impl Sequence {
 
     /// Records one new output token and its time.
     pub fn append_token(&mut self, id: u32, now: Instant) {
-        self.tokens.push(id);
+        self.commit_token(None, id, now);
+    }
+
+    /// Records an output token: appended, or (overlapped engine) written over the placeholder
+    /// at `at` that stood for it while its step was in flight.
+    pub fn commit_token(&mut self, at: Option<usize>, id: u32, now: Instant) {
+        match at {
+            Some(p) => self.tokens[p] = id,
+            None => self.tokens.push(id),
+        }
         if let Some(prev) = self.times.last_token {
             self.times.inter_token.push((now - prev).as_secs_f32());
         } else {

@@ -158,6 +158,8 @@ impl EngineClient for TandemEngine {
             batch_size: s.batch_size,
             guided_masks_total: s.guided_masks_total,
             guided_mask_seconds_total: s.guided_mask_seconds_total,
+            async_steps: s.async_steps_total,
+            sync_steps: s.sync_steps_total,
         }
     }
 

@@ -178,6 +178,10 @@ pub struct EngineStats {
     /// Structured-output token masks computed, and the seconds they took (cumulative).
     pub guided_masks_total: u64,
     pub guided_mask_seconds_total: f64,
+    /// Engine steps whose forward overlapped the engine's host work (async scheduling), and
+    /// steps run synchronously (cumulative).
+    pub async_steps: u64,
+    pub sync_steps: u64,
 }
 
 /// Why the engine refused a request outright.

@@ -180,6 +180,8 @@ impl Metrics {
         counter("vllm:num_preemptions", "Cumulative number of preemptions from the engine.", stats.num_preemptions);
         counter("vllm:prompt_tokens", "Number of prefill tokens processed.", self.prompt_tokens.load(Ordering::Relaxed));
         counter("vllm:generation_tokens", "Number of generation tokens processed.", self.generation_tokens.load(Ordering::Relaxed));
+        counter("tandem:async_steps", "Engine steps sent to the model ahead of the previous step's postprocessing (async scheduling).", stats.async_steps);
+        counter("tandem:sync_steps", "Engine steps whose forward and postprocessing ran one after the other (async scheduling off, or a step that needed host-side results).", stats.sync_steps);
         counter("tandem:structured_output_masks", "Token masks computed for structured output (one per constrained token).", stats.guided_masks_total);
         let _ = writeln!(
             out,
@@ -240,5 +242,13 @@ mod tests {
         assert_eq!(m.throughput(t0 + s(73)), (0.0, 10.0));
         // Nothing new since: 0, not the old rate.
         assert_eq!(m.throughput(t0 + s(90)).1, 0.0);
+    }
+
+    /// The engine's step counters of async scheduling, as Prometheus counters.
+    #[test]
+    fn async_and_sync_steps_are_counters() {
+        let text = Metrics::new("m").render(&EngineStats { async_steps: 7, sync_steps: 2, ..Default::default() }, 0);
+        assert!(text.contains("# TYPE tandem:async_steps_total counter\ntandem:async_steps_total{model_name=\"m\"} 7\n"), "{text}");
+        assert!(text.contains("tandem:sync_steps_total{model_name=\"m\"} 2\n"), "{text}");
     }
 }

@@ -135,6 +135,8 @@ fn wgpu_server_answers_like_a_client_expects() {
     assert_eq!(gauge("vllm:num_requests_running"), 0.0, "{metrics}");
     assert_eq!(gauge("vllm:kv_cache_usage_perc"), 0.0, "{metrics}");
     assert!(gauge("vllm:generation_tokens") >= 20.0, "{metrics}");
+    // Async scheduling is serve's default: the engine overlapped steps.
+    assert!(gauge("tandem:async_steps_total") > 0.0, "{metrics}");
 
     // SIGTERM: a clean exit.
     let pid = server.child.id().to_string();

@@ -281,7 +281,18 @@ fn token_budget_is_never_exceeded() {
 
 #[test]
 fn threaded_handle_streams_and_aborts_on_drop() {
-    let h = tandem_engine::Engine::spawn(Box::new(fake(64, 64, 16)), letters(), EngineConfig::default()).unwrap();
+    threaded_handle(EngineConfig::default());
+}
+
+/// The same on the engine thread with async scheduling: a drop's abort and the shutdown
+/// arrive while steps are in flight.
+#[test]
+fn threaded_handle_streams_and_aborts_on_drop_with_async_scheduling() {
+    threaded_handle(EngineConfig { async_scheduling: true, ..Default::default() });
+}
+
+fn threaded_handle(cfg: EngineConfig) {
+    let h = tandem_engine::Engine::spawn(Box::new(fake(64, 64, 16)), letters(), cfg).unwrap();
     let threads: Vec<_> = (0..4u32)
         .map(|i| {
             let h = h.clone();

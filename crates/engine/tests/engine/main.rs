@@ -8,6 +8,7 @@ mod common;
 
 mod engine;
 mod guided;
+mod overlap;
 mod property;
 mod reference;
 mod scheduler;
