@@ -11,14 +11,7 @@ use tandem_cuda::CudaBackend;
 use tandem_reference::RefBackend;
 
 fn backend(test: &str) -> Option<CudaBackend> {
-    match CudaBackend::new(0) {
-        Ok(b) => Some(b),
-        Err(e) => {
-            assert!(!std::env::var("TANDEM_REQUIRE_CUDA").is_ok_and(|v| v == "1"), "TANDEM_REQUIRE_CUDA=1 but: {e}");
-            tandem_core::skip::note(format!("{test}: {e}"));
-            None
-        }
-    }
+    crate::gpu_or_skip(test)
 }
 
 /// splitmix64 normals in [-scale, scale) — enough for these checks.

@@ -13,14 +13,7 @@ use tandem_cuda::CudaBackend;
 use tandem_models::random_model::{write_random_model, Shape};
 
 fn gpu() -> Option<CudaBackend> {
-    match CudaBackend::new(0) {
-        Ok(b) => Some(b),
-        Err(e) => {
-            assert!(!std::env::var("TANDEM_REQUIRE_CUDA").is_ok_and(|v| v == "1"), "TANDEM_REQUIRE_CUDA=1 but: {e}");
-            tandem_core::skip::note(format!("cuda graphs vs eager: {e}"));
-            None
-        }
-    }
+    crate::gpu_or_skip("cuda graphs vs eager")
 }
 
 const BLOCK: usize = 16;

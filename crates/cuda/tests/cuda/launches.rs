@@ -17,14 +17,7 @@ use tandem_cuda::CudaBackend;
 use tandem_models::random_model::{write_random_model, Shape};
 
 fn model(test: &str) -> Option<(LlamaModel<CudaBackend>, std::path::PathBuf)> {
-    let gpu = match CudaBackend::new(0) {
-        Ok(b) => b,
-        Err(e) => {
-            assert!(!std::env::var("TANDEM_REQUIRE_CUDA").is_ok_and(|v| v == "1"), "TANDEM_REQUIRE_CUDA=1 but: {e}");
-            tandem_core::skip::note(format!("{test}: {e}"));
-            return None;
-        }
-    };
+    let gpu = crate::gpu_or_skip(test)?;
     let dir = std::env::temp_dir().join(format!("tandem-cuda-launches-{test}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     write_random_model(&dir, Shape::Smollm2_135m, 7, DType::BF16).unwrap();

@@ -11,3 +11,16 @@ mod launches;
 mod no_driver;
 mod ops;
 mod sampling_emu;
+
+/// The GPU, or None where there is none (a driver missing, no device): the test then notes
+/// itself skipped as `test`, unless TANDEM_REQUIRE_CUDA=1 makes that a failure.
+pub(crate) fn gpu_or_skip(test: &str) -> Option<tandem_cuda::CudaBackend> {
+    match tandem_cuda::CudaBackend::new(0) {
+        Ok(b) => Some(b),
+        Err(e) => {
+            assert!(!std::env::var("TANDEM_REQUIRE_CUDA").is_ok_and(|v| v == "1"), "TANDEM_REQUIRE_CUDA=1 but: {e}");
+            tandem_core::skip::note(format!("{test}: {e}"));
+            None
+        }
+    }
+}
