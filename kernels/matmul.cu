@@ -49,7 +49,9 @@
 // (n, k), so it equals the unfused GEMMs bit for bit where k_slices gives the parts the same
 // slicing. The input norm (NormIn, up to 128 rows) is a prologue: the block computes its rows'
 // 1/rms exactly as rms_norm.cu does and feeds (h * inv) * gamma to the tensor cores, so a layer
-// with its norms fused (Backend::fuses_norm, 6 launches) gives the unfused layer's bits.
+// with its norms fused (Backend::fuses_norm) gives the unfused layer's bits. EPI_QKV_ROPE
+// (Backend::qkv_rope_kv_write, head_dim dividing 64) rotates q and k and writes the KV cache
+// with rope_kv_write's arithmetic: a decode layer is then 5 launches at 1-2 tokens.
 //
 // Launch (crates/cuda/src/matmul.rs `gemm`):
 //   1. m > 128 only: matmul_x_<dt>: x f32 [m, k] -> xa [m, kp] 16-bit (kp = k rounded up to 8,
@@ -193,10 +195,30 @@ __device__ __forceinline__ void gemm_load_tile(u16* As, u16* Bs, const float* __
 //   EPI_RESID: the residual add (Backend::matmul_residual): out0 = h [m, n] += the result, the
 //              bits of matmul then add_rms_norm's add; with out1, also out1 = hg [m, n] = the
 //              new h * gamma (gamma [n], weight dtype code gamma_dtype).
+//   EPI_QKV_ROPE: EPI_QKV's columns, then rope on q and k and the KV-cache write
+//              (Backend::qkv_rope_kv_write): q = out0 [m, n0] rotated; k rotated and v stored
+//              at slots[r] of the caches (k itself is not written: the contract makes it
+//              scratch). Only where every head lies inside one 64-column tile (head_dim
+//              divides 64); the pairs are exchanged through shared memory and rotated with
+//              common.cuh's rope_pair and stored with store_kv, the bits of qkv_proj then
+//              rope_kv_write.
 #define EPI_PLAIN 0
 #define EPI_QKV 1
 #define EPI_SILU 2
 #define EPI_RESID 3
+#define EPI_QKV_ROPE 4
+// EPI_QKV_ROPE's destination: positions, slots u32 [m]; inv_freq f32 [head_dim / 2]; the
+// caches [num_slots, n1] of bf16 (cache_bf16) or f32.
+struct RopeKv {
+    const u32* positions;
+    const float* inv_freq;
+    const u32* slots;
+    void* k_cache;
+    void* v_cache;
+    unsigned long long num_slots;
+    int head_dim;
+    int cache_bf16;
+};
 struct Epilogue {
     float* out0;
     float* out1;
@@ -228,7 +250,7 @@ __device__ __forceinline__ void epilogue_store(const Epilogue& ep, int r, int c,
 template <typename T, typename S>
 __device__ void matmul_tc_impl(const float* __restrict__ x, const u16* __restrict__ xa, const u16* __restrict__ w, const void* __restrict__ bias,
                                int bias_dtype, Epilogue ep, float* __restrict__ part, u32* __restrict__ counters, int m, int n, int k,
-                               int kp, int slice_len, int slices, NormIn nm) {
+                               int kp, int slice_len, int slices, NormIn nm, RopeKv rk) {
     TANDEM_DYNAMIC_SMEM(smem_raw);
     __shared__ float s_inv[S::BM];
     if (nm.dtype) norm_prologue<S>(nm, x, m, k, blockIdx.y * S::BM, s_inv);
@@ -351,6 +373,59 @@ __device__ void matmul_tc_impl(const float* __restrict__ x, const u16* __restric
                 }
         if (threadIdx.x == 0) *counter = 0u;  // every slice has counted: ready for the next launch
     }
+    if (ep.kind == EPI_QKV_ROPE) {
+        // A head's two halves sit head_dim / 2 columns apart in the tile, in other threads:
+        // exchange the tile (bias added, as qkv_proj stores it) through shared memory, as the
+        // silu epilogue does.
+        float* Cs = reinterpret_cast<float*>(smem_raw);
+        __syncthreads();
+#pragma unroll
+        for (int mi = 0; mi < S::MI; ++mi)
+#pragma unroll
+            for (int nj = 0; nj < S::NJ; ++nj)
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+                    const int c = n0 + wn0 + nj * 8 + 2 * t + (q & 1);
+                    const float v = bias_dtype && c < n ? total[mi][nj][q] + load_bias(bias, bias_dtype, c) : total[mi][nj][q];
+                    Cs[(wm0 + mi * 16 + g + 8 * (q >> 1)) * (S::BN + 1) + wn0 + nj * 8 + 2 * t + (q & 1)] = v;
+                }
+        __syncthreads();
+        const int hd = rk.head_dim, half = hd >> 1, nq = ep.n0, nkv = ep.n1;
+        for (int e = threadIdx.x; e < S::BM * S::BN; e += S::THREADS) {
+            const int rl = e / S::BN, j = e % S::BN, r = m0 + rl, c = n0 + j;
+            if (r >= m || c >= n) continue;
+            const float* row = Cs + rl * (S::BN + 1);
+            if (c >= nq + nkv) {  // v: stored as it is
+                const u32 slot = rk.slots[r];
+                if ((unsigned long long)slot >= rk.num_slots) continue;
+                const size_t o = (size_t)slot * nkv + (c - nq - nkv);
+                if (rk.cache_bf16) store_kv(static_cast<bf16_t*>(rk.v_cache) + o, row[j]);
+                else store_kv(static_cast<float*>(rk.v_cache) + o, row[j]);
+                continue;
+            }
+            const bool is_q = c < nq;
+            const int lc = is_q ? c : c - nq, i = lc % hd;
+            if (i >= half) continue;  // the pair's first element does both
+            float y0, y1;
+            rope_pair(row[j], row[j + half], (float)rk.positions[r], rk.inv_freq[i], y0, y1);
+            if (is_q) {
+                ep.out0[(size_t)r * nq + lc] = y0;
+                ep.out0[(size_t)r * nq + lc + half] = y1;
+            } else {
+                const u32 slot = rk.slots[r];
+                if ((unsigned long long)slot >= rk.num_slots) continue;
+                const size_t o = (size_t)slot * nkv + lc;
+                if (rk.cache_bf16) {
+                    store_kv(static_cast<bf16_t*>(rk.k_cache) + o, y0);
+                    store_kv(static_cast<bf16_t*>(rk.k_cache) + o + half, y1);
+                } else {
+                    store_kv(static_cast<float*>(rk.k_cache) + o, y0);
+                    store_kv(static_cast<float*>(rk.k_cache) + o + half, y1);
+                }
+            }
+        }
+        return;
+    }
     if (ep.kind == EPI_SILU) {
         // gate and up of one output sit 32 columns apart in the tile, in other warps: exchange
         // the tile through shared memory (the pipeline's, idle now: the loop's last barrier is
@@ -467,10 +542,10 @@ typedef GemmShape<128, 32, 32, 3> GemmM128;
         matmul_tc_##DT##_##NAME(const float* x, const u16* xa, const u16* w, const void* bias, int bias_dtype, float* out0, \
                                 float* out1, float* out2, int epi, int en0, int en1, const void* ep_gamma, int ep_gamma_dtype,     \
                                 float* part, u32* counters, int m, int n, int k, int kp, int slice_len, int slices,               \
-                                const void* norm_gamma, int norm_dtype, float norm_eps) {                                         \
+                                const void* norm_gamma, int norm_dtype, float norm_eps, RopeKv rope_kv) {                         \
         const Epilogue ep{out0, out1, out2, epi, en0, en1, ep_gamma, ep_gamma_dtype};                                 \
         matmul_tc_impl<T, SHAPE>(x, xa, w, bias, bias_dtype, ep, part, counters, m, n, k, kp, slice_len, slices,      \
-                                 NormIn{norm_gamma, norm_dtype, norm_eps});                                           \
+                                 NormIn{norm_gamma, norm_dtype, norm_eps}, rope_kv);                                  \
     }
 #define MATMUL_DT(DT, T)                                                                                               \
     extern "C" __global__ void __launch_bounds__(256) matmul_x_##DT(const float* x, u16* xa, int m, int k, int kp) {  \

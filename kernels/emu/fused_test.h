@@ -259,6 +259,57 @@ inline void test_norm_in(const Check& check, int dt, int m, int k) {
     }
 }
 
+// EPI_QKV_ROPE: the q/k/v GEMM with rope and the cache write in its epilogue, against
+// qkv_proj (EPI_QKV) then the rope_kv_write kernel, bitwise: q, and both caches whole (the
+// untouched slots too); one row's slot is out of range and must write nothing.
+template <typename KV>
+inline void test_qkv_rope(const Check& check, int dt, int m, int nq, int nkv, int k, int hd, bool bias) {
+    const int n = nq + 2 * nkv, half = hd / 2;
+    Problem p = mmtest::problem(dt, m, n, k, bias);
+    const unsigned long long num_slots = (unsigned long long)m + 7;
+    std::vector<u32> pos, slots;
+    for (int r = 0; r < m; ++r) {
+        pos.push_back((u32)((r * 977 + 13) % 5000));
+        slots.push_back(r == m / 2 && m > 1 ? (u32)num_slots : (u32)((r * 5 + 3) % num_slots));  // distinct: 5 coprime to m + 7? checked below
+    }
+    std::vector<float> inv_freq;
+    for (int i = 0; i < half; ++i) inv_freq.push_back((float)std::pow(10000.0, -2.0 * i / hd));
+    std::vector<KV> kc0((size_t)num_slots * nkv), vc0((size_t)num_slots * nkv);
+    for (size_t i = 0; i < kc0.size(); ++i) {
+        store_kv(&kc0[i], mmtest::rnd());
+        store_kv(&vc0[i], mmtest::rnd());
+    }
+    const bool cache_bf16 = sizeof(KV) == 2;
+    // Fused.
+    std::vector<float> q((size_t)m * nq, NAN);
+    std::vector<KV> kc = kc0, vc = vc0;
+    const Epilogue ep{q.data(), nullptr, nullptr, EPI_QKV_ROPE, nq, nkv};
+    const RopeKv rk{pos.data(), inv_freq.data(), slots.data(), kc.data(), vc.data(), num_slots, hd, cache_bf16 ? 1 : 0};
+    mmtest::counters_ok = mmtest::gemm(dt, p.x.data(), p.w.data(), bias ? p.b.data() : nullptr, m, n, k, mmtest::k_slices(n, k), ep, false, nullptr, NormIn{nullptr, 0, 0.0f}, rk) && mmtest::counters_ok;
+    // qkv_proj, then rope_kv_write.
+    Qkv want = qkv(p, nq, nkv, false);
+    std::vector<KV> kw = kc0, vw = vc0;
+    launch(dim3{(unsigned)m, 1, 1}, dim3{128, 1, 1}, [&] {
+        if constexpr (sizeof(KV) == 2)
+            rope_kv_write_bf16(want.q.data(), want.k.data(), want.v.data(), kw.data(), vw.data(), pos.data(), inv_freq.data(), slots.data(), m, nq / hd, nkv / hd, hd, num_slots);
+        else
+            rope_kv_write_f32(want.q.data(), want.k.data(), want.v.data(), kw.data(), vw.data(), pos.data(), inv_freq.data(), slots.data(), m, nq / hd, nkv / hd, hd, num_slots);
+    });
+    std::vector<bool> seen(num_slots, false);
+    bool distinct = true;
+    for (u32 sl : slots)
+        if (sl < num_slots) {
+            distinct = distinct && !seen[sl];
+            seen[sl] = true;
+        }
+    const bool caches = std::memcmp(kc.data(), kw.data(), sizeof(KV) * kc.size()) == 0 && std::memcmp(vc.data(), vw.data(), sizeof(KV) * vc.size()) == 0;
+    const bool changed = std::memcmp(kc.data(), kc0.data(), sizeof(KV) * kc.size()) != 0;
+    check("qkv_rope_kv_write (EPI_QKV_ROPE) " + std::string(dt == 1 ? "bf16" : "f16") + " m=" + std::to_string(m) + " nq=" + std::to_string(nq) + " nkv=" +
+              std::to_string(nkv) + " k=" + std::to_string(k) + " head_dim=" + std::to_string(hd) + (bias ? " bias" : "") + (cache_bf16 ? " bf16 cache" : " f32 cache") +
+              ": q and both caches bitwise equal to qkv_proj then rope_kv_write",
+          distinct && changed && same(q, want.q) && caches);
+}
+
 inline void run_all(const Check& check) {
     // Split (m <= 128, 3 slices at k = 1000 / 999) and register-fold (m = 200) paths; k = 999
     // breaks 16-byte alignment; n = 176 and inter = 70 are not multiples of the tiles.
@@ -284,5 +335,12 @@ inline void run_all(const Check& check) {
     test_norm_in(check, 1, 16, 64);
     test_norm_in(check, 2, 17, 1000);
     test_norm_in(check, 1, 100, 136);
+    // Rope and the cache write in the q/k/v epilogue: split (k = 1000) and register folds
+    // (m = 200), m16 / m64 / m128; head_dim 32 with nq = 96, so a tile holds q and k heads.
+    test_qkv_rope<bf16_t>(check, 1, 1, 128, 64, 1000, 64, false);
+    test_qkv_rope<bf16_t>(check, 1, 5, 96, 32, 136, 32, true);
+    test_qkv_rope<float>(check, 2, 17, 128, 64, 999, 64, true);
+    test_qkv_rope<bf16_t>(check, 1, 200, 192, 64, 1000, 64, true);
+    test_qkv_rope<float>(check, 1, 2, 64, 64, 2048, 16, false);
 }
 }  // namespace fusedtest

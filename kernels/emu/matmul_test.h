@@ -57,7 +57,7 @@ inline int tile_rows(int m) { return m <= 16 ? 16 : m <= 128 ? 64 : 128; }
 // kernel writing partials only (counters null), then matmul_fold (plain epilogue only).
 // Returns false when a counter was left nonzero.
 inline bool gemm(int dt, const float* x, const uint16_t* w, const uint16_t* bias, int m, int n, int k, Slices sl, const Epilogue& ep, bool legacy,
-                 std::string* kernel = nullptr, NormIn nm = NormIn{nullptr, 0, 0.0f}) {
+                 std::string* kernel = nullptr, NormIn nm = NormIn{nullptr, 0, 0.0f}, RopeKv rk = RopeKv{}) {
     const int kp = (k + 7) / 8 * 8;
     const int bm = tile_rows(m);
     const bool direct = !legacy && m <= 128;
@@ -81,7 +81,7 @@ inline bool gemm(int dt, const float* x, const uint16_t* w, const uint16_t* bias
     const std::string name = std::string("matmul_tc_") + (dt == 1 ? "bf16" : "f16") + "_m" + std::to_string(bm);
     if (kernel) *kernel = name + (split ? " split " + std::to_string(sl.count) : " slices " + std::to_string(sl.count)) + (legacy ? " two-launch" : "");
 #define MM_CALL(DT, NAME, SHAPE)                                                                                              \
-    launch(grid, dim3{SHAPE::THREADS, 1, 1}, [&] { matmul_tc_##DT##_##NAME(xd, xp, w, bp, bias_code, ep.out0, ep.out1, ep.out2, ep.kind, ep.n0, ep.n1, ep.gamma, ep.gamma_dtype, pp, cp, m, n, k, kp, sl.len, sl.count, nm.gamma, nm.dtype, nm.eps); }, \
+    launch(grid, dim3{SHAPE::THREADS, 1, 1}, [&] { matmul_tc_##DT##_##NAME(xd, xp, w, bp, bias_code, ep.out0, ep.out1, ep.out2, ep.kind, ep.n0, ep.n1, ep.gamma, ep.gamma_dtype, pp, cp, m, n, k, kp, sl.len, sl.count, nm.gamma, nm.dtype, nm.eps, rk); }, \
            SHAPE::SMEM_BYTES)
     if (dt == 1 && bm == 16) MM_CALL(bf16, m16, GemmM16);
     if (dt == 1 && bm == 64) MM_CALL(bf16, m64, GemmM64);

@@ -814,6 +814,23 @@ impl Backend for CudaBackend {
         self.gemm("matmul_residual", x, w, None, GemmOut::Residual { h, hg: next_norm }, m, n, k, None)
     }
 
+    /// One GEMM with rope and the cache write in its epilogue (kernels/matmul.cu EPI_QKV_ROPE)
+    /// where every head fits one output tile (head_dim divides 64), else qkv_proj then
+    /// rope_kv_write: the same bits either way.
+    fn qkv_rope_kv_write(&self, x: &CudaBuf, w: &CudaBuf, bias: Option<&CudaBuf>, q: &mut CudaBuf, k: &mut CudaBuf, v: &mut CudaBuf, m: usize, nq: usize, hidden: usize, norm: Option<tandem_core::backend::NormIn<'_, CudaBuf>>, kv: tandem_core::backend::KvDest<'_, CudaBuf>) -> Result<()> {
+        const OP: &str = "qkv_rope_kv_write";
+        let g = kv.geometry;
+        if g.head_dim == 0 || !nq.is_multiple_of(g.head_dim) {
+            return Err(err(format!("{OP}: nq {nq} is not a multiple of head_dim {}", g.head_dim)));
+        }
+        let nkv = g.num_kv_heads * g.head_dim;
+        if matmul::rope_in_epilogue(g.head_dim) && w.elem != Elem::F32 {
+            return self.gemm(OP, x, w, bias, GemmOut::QkvRope { q, nq, nkv, kv }, m, nq + 2 * nkv, hidden, norm);
+        }
+        self.qkv_proj(x, w, bias, q, k, v, m, nq, nkv, hidden, norm)?;
+        self.rope_kv_write(q, k, v, kv.k_cache, kv.v_cache, kv.positions, kv.inv_freq, kv.slots, m, nq / g.head_dim, g)
+    }
+
     /// kernels/kv_write.cu `rope_kv_write_<kv>`: rope and the cache write in one launch; k is
     /// left unrotated (the contract allows it: read K from the cache).
     fn rope_kv_write(&self, q: &mut CudaBuf, k: &mut CudaBuf, v: &CudaBuf, k_cache: &mut CudaBuf, v_cache: &mut CudaBuf, positions: &CudaBuf, inv_freq: &CudaBuf, slots: &CudaBuf, num_tokens: usize, q_heads: usize, g: KvGeometry) -> Result<()> {

@@ -6,12 +6,12 @@
 //! (matmul_x first).
 //! A child module of `backend`, so it shares that module's private helpers.
 
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::{DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 use tandem_core::weights::TensorView;
-use tandem_core::backend::{DType, NormIn};
+use tandem_core::backend::{DType, KvDest, NormIn};
 use tandem_core::Result;
 
-use super::{drv, err, i32_of, need, need_weight, u32_of, cfg, CudaBackend, CudaBuf, Elem, MatmulScratch};
+use super::{drv, err, i32_of, need, need_kv, need_weight, u32_of, cfg, CudaBackend, CudaBuf, Elem, MatmulScratch};
 
 /// The tensor-core matmul (kernels/matmul.cu): output columns per block, k per pipeline tile.
 pub(super) const GEMM_BN: usize = 64;
@@ -77,6 +77,30 @@ const EPI_PLAIN: i32 = 0;
 const EPI_QKV: i32 = 1;
 const EPI_SILU: i32 = 2;
 const EPI_RESID: i32 = 3;
+const EPI_QKV_ROPE: i32 = 4;
+
+/// Whether rope and the KV write can run in the q/k/v GEMM's epilogue (EPI_QKV_ROPE): every
+/// head must lie inside one 64-column output tile, so head_dim must divide it (Llama-3.2-1B
+/// and SmolLM2: 64; Llama-3.1-8B's 128 takes qkv_proj then rope_kv_write).
+pub(super) fn rope_in_epilogue(head_dim: usize) -> bool {
+    head_dim >= 2 && head_dim.is_multiple_of(2) && GEMM_BN.is_multiple_of(head_dim)
+}
+
+/// kernels/matmul.cu `RopeKv`, passed by value (all zeros where the epilogue is another).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct RopeKvArg {
+    positions: u64,
+    inv_freq: u64,
+    slots: u64,
+    k_cache: u64,
+    v_cache: u64,
+    num_slots: u64,
+    head_dim: i32,
+    cache_bf16: i32,
+}
+// SAFETY: plain integers laid out as the kernel's struct (five pointers, a u64, two ints).
+unsafe impl DeviceRepr for RopeKvArg {}
 
 /// Up to this many tokens a step folds the norms into the projections (`fuses_norm`): every
 /// block of a projection's columns recomputes its rows' norm, reading all of each row of h
@@ -96,6 +120,9 @@ pub(super) enum GemmOut<'a> {
     Silu { out: &'a mut CudaBuf, inter: usize },
     /// h [m, n] += the result; with `hg`, also hg = the new h * gamma (gamma [n], a weight).
     Residual { h: &'a mut CudaBuf, hg: Option<(&'a CudaBuf, &'a mut CudaBuf)> },
+    /// [`GemmOut::Qkv`]'s columns, q rotated into `q`, k rotated and v written into the
+    /// caches at `kv.slots` (where [`rope_in_epilogue`]).
+    QkvRope { q: &'a mut CudaBuf, nq: usize, nkv: usize, kv: KvDest<'a, CudaBuf> },
 }
 
 /// Rows of the fused gate/up weight for `inter` rows each: 64-row tiles, each 32 gate rows then
@@ -287,6 +314,7 @@ impl CudaBackend {
         }
         l.arg(&*xa).arg(&w.mem).arg(bias_mem).arg(&bias_code);
         let (epi, en0, en1);
+        let mut rope = RopeKvArg::default();
         // The epilogue's gamma (EPI_RESID with hg) and its dtype code; w where there is none.
         let (mut ep_gamma, mut ep_gamma_code) = (&w.mem, 0i32);
         match dst {
@@ -314,6 +342,30 @@ impl CudaBackend {
                 }
                 l.arg(&null);
                 (epi, en0, en1) = (EPI_RESID, 0, 0);
+            }
+            GemmOut::QkvRope { q, nq, nkv, kv } => {
+                let g = kv.geometry;
+                if nq + 2 * nkv != n || !rope_in_epilogue(g.head_dim) || !nq.is_multiple_of(g.head_dim) || nkv != g.num_kv_heads * g.head_dim {
+                    return Err(err(format!("{op}: nq {nq}, nkv {nkv}, head_dim {} do not fit the rope epilogue of a {n}-row fused weight", g.head_dim)));
+                }
+                need(q, Elem::F32, m * nq, op, "q")?;
+                need(kv.positions, Elem::U32, m, op, "positions")?;
+                need(kv.slots, Elem::U32, m, op, "slots")?;
+                need(kv.inv_freq, Elem::F32, g.head_dim / 2, op, "inv_freq")?;
+                let bf16 = need_kv(kv.k_cache, kv.v_cache, g, op)? == 1;
+                let ptr = |b: &CudaBuf| b.mem.device_ptr(&self.stream).0;
+                rope = RopeKvArg {
+                    positions: ptr(kv.positions),
+                    inv_freq: ptr(kv.inv_freq),
+                    slots: ptr(kv.slots),
+                    k_cache: ptr(kv.k_cache),
+                    v_cache: ptr(kv.v_cache),
+                    num_slots: g.slots() as u64,
+                    head_dim: i32_of(g.head_dim, op, "head_dim")?,
+                    cache_bf16: bf16 as i32,
+                };
+                l.arg(&mut q.mem).arg(&null).arg(&null);
+                (epi, en0, en1) = (EPI_QKV_ROPE, i32_of(nq, op, "nq")?, i32_of(nkv, op, "nkv")?);
             }
             GemmOut::Qkv { q, k: kb, v, nq, nkv } => {
                 if nq + 2 * nkv != n {
@@ -347,7 +399,7 @@ impl CudaBackend {
             Some(nm) => l.arg(&nm.gamma.mem),
             None => l.arg(&w.mem),
         };
-        l.arg(&norm_code).arg(&norm_eps);
+        l.arg(&norm_code).arg(&norm_eps).arg(&rope);
         let launch = LaunchConfig { grid_dim: grid, block_dim: (g.threads, 1, 1), shared_mem_bytes: g.smem };
         // SAFETY: the argument list matches the kernel's; dynamic shared memory as its
         // GemmShape expects; part (when split) holds slices * m * n floats and counters one
