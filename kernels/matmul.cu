@@ -245,6 +245,34 @@ __device__ __forceinline__ void epilogue_store(const Epilogue& ep, int r, int c,
 // One block: output tile [m0, m0 + BM) x [n0, n0 + 64). With gridDim.z > 1 the block owns slice
 // blockIdx.z alone and writes its partial sums to part; otherwise it walks every slice,
 // folding each into `total` as it ends, and writes out (+ bias).
+// One element into a KV cache of RopeKv's element type (store_kv: kv_write.cu's rounding).
+__device__ __forceinline__ void rope_kv_store(const RopeKv& rk, void* cache, size_t o, float v) {
+    if (rk.cache_bf16) store_kv(static_cast<bf16_t*>(cache) + o, v);
+    else store_kv(static_cast<float*>(cache) + o, v);
+}
+
+// The block's final tile (+ bias where bias_dtype != 0, as epilogue_store adds it) into Cs
+// [BM][BN + 1] for the epilogues that exchange values between threads (silu, rope), in the
+// pipeline's shared memory, idle by then: the main loop's last barrier is behind every
+// ldmatrix, no copy is in flight, the trailing commit groups are empty. Barriers on both sides.
+template <typename S>
+__device__ __forceinline__ void gemm_stage_tile(float* Cs, const float (&total)[S::MI][S::NJ][4], const void* bias, int bias_dtype, int n0, int n,
+                                                int wm0, int wn0, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+    __syncthreads();
+#pragma unroll
+    for (int mi = 0; mi < S::MI; ++mi)
+#pragma unroll
+        for (int nj = 0; nj < S::NJ; ++nj)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                const int cl = wn0 + nj * 8 + 2 * t + (q & 1), c = n0 + cl;
+                const float v = bias_dtype && c < n ? total[mi][nj][q] + load_bias(bias, bias_dtype, c) : total[mi][nj][q];
+                Cs[(wm0 + mi * 16 + g + 8 * (q >> 1)) * (S::BN + 1) + cl] = v;
+            }
+    __syncthreads();
+}
+
 // With nm.dtype != 0 (only where x is read directly, m <= 128), x is h and the block first
 // computes its rows' inv (norm_prologue).
 template <typename T, typename S>
@@ -375,21 +403,9 @@ __device__ void matmul_tc_impl(const float* __restrict__ x, const u16* __restric
     }
     if (ep.kind == EPI_QKV_ROPE) {
         // A head's two halves sit head_dim / 2 columns apart in the tile, in other threads:
-        // exchange the tile (bias added, as qkv_proj stores it) through shared memory, as the
-        // silu epilogue does.
+        // exchange the tile (bias added, as qkv_proj stores it) through shared memory.
         float* Cs = reinterpret_cast<float*>(smem_raw);
-        __syncthreads();
-#pragma unroll
-        for (int mi = 0; mi < S::MI; ++mi)
-#pragma unroll
-            for (int nj = 0; nj < S::NJ; ++nj)
-#pragma unroll
-                for (int q = 0; q < 4; ++q) {
-                    const int c = n0 + wn0 + nj * 8 + 2 * t + (q & 1);
-                    const float v = bias_dtype && c < n ? total[mi][nj][q] + load_bias(bias, bias_dtype, c) : total[mi][nj][q];
-                    Cs[(wm0 + mi * 16 + g + 8 * (q >> 1)) * (S::BN + 1) + wn0 + nj * 8 + 2 * t + (q & 1)] = v;
-                }
-        __syncthreads();
+        gemm_stage_tile<S>(Cs, total, bias, bias_dtype, n0, n, wm0, wn0, lane);
         const int hd = rk.head_dim, half = hd >> 1, nq = ep.n0, nkv = ep.n1;
         for (int e = threadIdx.x; e < S::BM * S::BN; e += S::THREADS) {
             const int rl = e / S::BN, j = e % S::BN, r = m0 + rl, c = n0 + j;
@@ -399,8 +415,7 @@ __device__ void matmul_tc_impl(const float* __restrict__ x, const u16* __restric
                 const u32 slot = rk.slots[r];
                 if ((unsigned long long)slot >= rk.num_slots) continue;
                 const size_t o = (size_t)slot * nkv + (c - nq - nkv);
-                if (rk.cache_bf16) store_kv(static_cast<bf16_t*>(rk.v_cache) + o, row[j]);
-                else store_kv(static_cast<float*>(rk.v_cache) + o, row[j]);
+                rope_kv_store(rk, rk.v_cache, o, row[j]);
                 continue;
             }
             const bool is_q = c < nq;
@@ -415,31 +430,17 @@ __device__ void matmul_tc_impl(const float* __restrict__ x, const u16* __restric
                 const u32 slot = rk.slots[r];
                 if ((unsigned long long)slot >= rk.num_slots) continue;
                 const size_t o = (size_t)slot * nkv + lc;
-                if (rk.cache_bf16) {
-                    store_kv(static_cast<bf16_t*>(rk.k_cache) + o, y0);
-                    store_kv(static_cast<bf16_t*>(rk.k_cache) + o + half, y1);
-                } else {
-                    store_kv(static_cast<float*>(rk.k_cache) + o, y0);
-                    store_kv(static_cast<float*>(rk.k_cache) + o + half, y1);
-                }
+                rope_kv_store(rk, rk.k_cache, o, y0);
+                rope_kv_store(rk, rk.k_cache, o + half, y1);
             }
         }
         return;
     }
     if (ep.kind == EPI_SILU) {
         // gate and up of one output sit 32 columns apart in the tile, in other warps: exchange
-        // the tile through shared memory (the pipeline's, idle now: the loop's last barrier is
-        // behind every ldmatrix and no copy is in flight, the trailing commit groups are empty).
+        // the tile through shared memory (gemm_stage_tile).
         float* Cs = reinterpret_cast<float*>(smem_raw);
-        __syncthreads();
-#pragma unroll
-        for (int mi = 0; mi < S::MI; ++mi)
-#pragma unroll
-            for (int nj = 0; nj < S::NJ; ++nj)
-#pragma unroll
-                for (int q = 0; q < 4; ++q)
-                    Cs[(wm0 + mi * 16 + g + 8 * (q >> 1)) * (S::BN + 1) + wn0 + nj * 8 + 2 * t + (q & 1)] = total[mi][nj][q];
-        __syncthreads();
+        gemm_stage_tile<S>(Cs, total, nullptr, 0, n0, n, wm0, wn0, lane);
         for (int e = threadIdx.x; e < S::BM * (S::BN / 2); e += S::THREADS) {
             const int rl = e / (S::BN / 2), j = e % (S::BN / 2), r = m0 + rl, c = blockIdx.x * (S::BN / 2) + j;
             if (r >= m || c >= ep.n0) continue;
