@@ -970,6 +970,10 @@ impl Engine {
             o.metrics = r.metrics.take();
             let r = self.requests.remove(&seq.request_id).expect("looked up above");
             self.pending.fetch_sub(1, Ordering::AcqRel);
+            // The gauges first: a client that has its final output must not then read /metrics
+            // still counting its request (with async scheduling the step's own update comes
+            // only after the next step is sent; serve_wgpu raced it).
+            self.update_stats();
             let _ = r.tx.send(o); // a caller that left does not need its last message
         } else {
             let _ = r.tx.send(o);
