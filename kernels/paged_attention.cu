@@ -280,3 +280,379 @@ paged_attention_combine(const float* __restrict__ part_out, const float* __restr
     pa_combine_row(part_out, part_ml, out, row, parts, max_parts, D, tid);
 }
 #endif
+
+// ---------------------------------------------------------------------------------------------
+// paged_attention_tc_d{64,128}: the same attention on the tensor cores, over a bf16 cache
+// (crates/cuda/src/attention.rs takes it for a bf16 cache and head_dim 64 or 128; the f32
+// cache, kept for checks, and other head sizes take the kernel above).
+//
+// Work is cut into warp jobs, and a warp never shares arithmetic with another warp: its 16
+// mma rows are (token, query head) pairs of one sequence and one KV head, tokens outer, the
+// heads of the GQA group inner (a group of more than 16 heads is cut into groups of 16).
+//   - a split job (the first `n_split` tokens, one job per token and partition: decodes)
+//     computes one partition of one token and writes its (m, l, o) partial; the last job of
+//     the token to arrive folds the partials in partition order (counters as above);
+//   - a chunk job (the other tokens, `tw` consecutive tokens per job, one sequence at a time
+//     when the chunk holds the end of one and the start of the next) walks all of its rows'
+//     keys once, loading each K/V tile once for every row, and folds each row's partitions
+//     into `out` as it passes their ends.
+// Both compute, for each row, exactly this sequence, which depends on the row's own context
+// alone, so a token's bits are the same whichever job kind serves it, whatever shares its
+// mma rows, and in any batch (kernels/emu checks each token alone against the batch):
+//   1. The context [0, ctx) is cut into partitions of pat_part_len(ctx) keys (a multiple of
+//      64: at most PAT_SPLITS of them, at least 64 keys each; no upper bound, since nothing is
+//      held per key), and each partition into 64-key tiles at absolute positions.
+//   2. Per tile: s = (q . k) * scale * log2(e) with q rounded to bf16 and the dims in ascending
+//      k16 steps of mma.m16n8k16 (f32 accumulation); keys at or past ctx are -inf, a key whose
+//      block id is bad is NaN. The online softmax: m' = max(m, max s), a = 2^(m - m'),
+//      p = 2^(s - m'), l = fma(l, a, sum p) (the row's 64 p in a fixed order: the thread's 16
+//      in fragment order, then quad shuffles xor 1, xor 2), o = o * a, then o += bf16(p) . V in
+//      four k16 steps of ascending keys. A partition starts at m = -inf, l = 0, o = 0.
+//   3. Partials fold in partition order: the first is taken as it is, then each next one
+//      (m_i, l_i, o_i) by M = max(m, m_i), a = 2^(m - M), b = 2^(m_i - M), l = fma(l, a, l_i b),
+//      o = fma(o, a, o_i b), m = M; out = o / l.
+// Keys past the job's last context are zero-filled (never loaded), so a row's masked keys
+// contribute exact zeros; past a row's own context (other rows' keys in a chunk job) they
+// contribute 0 * v, which can change only the sign of an output element that is exactly zero.
+// Per warp: 2 stages x 16 keys x (D + 8) bf16 of dynamic shared memory (the 8 pad the rows so
+// ldmatrix's 8 row addresses fall in different banks), cp.async double-buffered: the K stages
+// of a tile, then its V stages. Bad token or sequence: NaN row, as above.
+#ifndef TANDEM_PAT_BREAK
+#define TANDEM_PAT_BREAK 0  // kernels/emu/attn_break_test.cpp: 1-4 break it on purpose
+#endif
+#define PAT_WARPS 4
+#define PAT_TILE 64
+#define PAT_SUB 16
+#define PAT_MIN_PART 64
+#define PAT_SPLITS 16
+#define PAT_LOG2E 1.4426950408889634f
+
+// Keys per partition of a token whose context is ctx keys (crates/cuda/src/attention.rs,
+// pat_max_parts, bounds the count with the same constants).
+__device__ __forceinline__ int pat_part_len(int ctx) {
+    int len = (ctx + PAT_SPLITS - 1) / PAT_SPLITS;
+    len = (len + PAT_MIN_PART - 1) / PAT_MIN_PART * PAT_MIN_PART;
+    return len < PAT_MIN_PART ? PAT_MIN_PART : len;
+}
+
+__device__ __forceinline__ u32 pat_pack(float lo, float hi) {
+    return (u32)f32_to_bf16_bits(lo) | ((u32)f32_to_bf16_bits(hi) << 16);
+}
+
+// One fold of step 3 for one element: (m, l, o) absorbs (mi, li, oi). Both job kinds call
+// this, so they fold with the same operations.
+__device__ __forceinline__ void pat_fold_ml(float& m, float& l, float mi, float li, float& a, float& b) {
+    const float M = fmaxf(m, mi);
+    a = exp2f(m - M);
+    b = exp2f(mi - M);
+    l = fmaf(l, a, li * b);
+    m = M;
+}
+
+struct PatArgs {
+    const float* q;
+    const bf16_t* k_cache;
+    const bf16_t* v_cache;
+    const u32* positions;
+    const u32* token_seq;
+    const u32* block_tables;
+    float* out;
+    float* part_out;
+    float* part_ml;
+    u32* counters;
+    int num_tokens, n_split, num_heads, num_kv_heads, block_size, num_blocks, num_seqs, max_blocks, max_parts, tw;
+    float scale_log2;
+};
+
+// The warp's rows: `nt` tokens from t0 (one sequence) x `G` heads from h0, of kv head kh.
+// part >= 0: a split job (one token, that partition); part < 0: a chunk job (every partition).
+template <int D>
+__device__ __forceinline__ void pat_job(const PatArgs& a, int t0, int nt, int kh, int h0, int G, int part, int group, int groups, bf16_t* stage) {
+    constexpr int PITCH = D + 8, KS = D / 16, NT = D / 8, CH = D / 8, STAGE = PAT_SUB * PITCH;
+    const int lane = (int)threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    const int H = a.num_heads;
+    const u32 seq = a.token_seq[t0];
+    const bool seq_bad = seq >= (u32)a.num_seqs;
+    int ctx[2], plen[2];
+    bool live[2], bad[2];
+    size_t orow[2];
+    for (int rr = 0; rr < 2; ++rr) {
+        const int r = g + 8 * rr;
+        live[rr] = r < nt * G;
+        const int t = t0 + (live[rr] ? r / G : 0), h = h0 + (live[rr] ? r % G : 0);
+        orow[rr] = ((size_t)t * H + h) * D;
+        const int cx = (int)min(a.positions[t], 0x7ffffffeu) + 1;
+#if TANDEM_PAT_BREAK == 4
+        plen[rr] = pat_part_len((int)min(a.positions[t0], 0x7ffffffeu) + 1);  // the job's first token's, not the row's own
+#else
+        plen[rr] = pat_part_len(cx);
+#endif
+        bad[rr] = live[rr] && (seq_bad || cx > a.max_blocks * a.block_size ||
+                               (part >= 0 && (cx + plen[rr] - 1) / plen[rr] > a.max_parts));
+        ctx[rr] = live[rr] && !bad[rr] ? cx : 0;
+    }
+    // The job's keys: [k_begin, k_end), the end of the longest context among its rows.
+    int kend = max(ctx[0], ctx[1]);
+    kend = max(kend, __shfl_xor_sync(0xffffffffu, kend, 1));
+    kend = max(kend, __shfl_xor_sync(0xffffffffu, kend, 2));
+    kend = max(kend, __shfl_xor_sync(0xffffffffu, kend, 4));
+    kend = max(kend, __shfl_xor_sync(0xffffffffu, kend, 8));
+    kend = max(kend, __shfl_xor_sync(0xffffffffu, kend, 16));
+    int k_begin = 0;
+    if (part >= 0) {  // every live row is the same token: the same ctx and partition length
+        const int pl = __shfl_sync(0xffffffffu, plen[0], 0);
+        k_begin = part * pl;
+        kend = min(kend, k_begin + pl);
+    }
+    // A bad row's NaN: by the chunk job, or by partition 0's job.
+    if (part <= 0)
+        for (int rr = 0; rr < 2; ++rr)
+            if (bad[rr])
+                for (int nt8 = 0; nt8 < NT; ++nt8) {
+                    a.out[orow[rr] + nt8 * 8 + 2 * c] = nan_f32();
+                    a.out[orow[rr] + nt8 * 8 + 2 * c + 1] = nan_f32();
+                }
+    if (k_begin >= kend) return;  // warp-uniform: nothing of this job's keys exists
+
+    // q rounded to bf16, as mma A fragments: a0 row g, a1 row g + 8, a2/a3 the same 8 dims on.
+    u32 qa[KS][4];
+    for (int ks = 0; ks < KS; ++ks)
+        for (int i = 0; i < 4; ++i) {
+#if TANDEM_PAT_BREAK == 1
+            const int rr = (i >> 1) & 1, col = ks * 16 + 2 * c + 8 * (i & 1);  // a1 and a2 swapped
+#else
+            const int rr = i & 1, col = ks * 16 + 2 * c + 8 * (i >> 1);
+#endif
+            qa[ks][i] = ctx[rr] > 0 ? pat_pack(a.q[orow[rr] + col], a.q[orow[rr] + col + 1]) : 0u;
+        }
+
+    const u32* table = a.block_tables + (size_t)(seq_bad ? 0 : seq) * a.max_blocks;
+    const size_t slot_stride = (size_t)a.num_kv_heads * D, head_off = (size_t)kh * D;
+    unsigned bad_keys[2] = {0u, 0u};
+    // Stage st_i (0..7) of tile tile_i: K (st_i < 4) or V, keys 16 (st_i % 4) on in the tile.
+    auto issue = [&](int tile_i, int st_i) {
+        const int buf = st_i & 1, key0 = k_begin + tile_i * PAT_TILE + (st_i & 3) * PAT_SUB;
+        int slot = -1;  // -1: past the job's keys (zero-filled); -2: a bad block id
+        if (lane < PAT_SUB) {
+            const int pos = key0 + lane;
+            if (pos < kend) {
+                const u32 blk = table[pos / a.block_size];
+                slot = blk < (u32)a.num_blocks ? (int)blk * a.block_size + pos % a.block_size : -2;
+            }
+        }
+        bad_keys[buf] = __ballot_sync(0xffffffffu, slot == -2);
+        const bf16_t* cache = (st_i & 4) ? a.v_cache : a.k_cache;
+        bf16_t* dst = stage + buf * STAGE;
+        for (int e = lane; e < PAT_SUB * CH; e += 32) {
+            const int key = e / CH, ch = e % CH;
+            const int sl = __shfl_sync(0xffffffffu, slot, key);
+            const bf16_t* src = sl >= 0 ? cache + (size_t)sl * slot_stride + head_off + ch * 8 : cache;
+            cp_async_cg16(dst + key * PITCH + ch * 8, src, sl >= 0 ? 16 : 0);
+        }
+        cp_async_commit();
+    };
+
+    float o[NT][4], S[8][4], m[2], l[2], macc[2], lacc[2];
+    for (int i = 0; i < NT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+    m[0] = m[1] = macc[0] = macc[1] = neg_inf_f32();
+    l[0] = l[1] = lacc[0] = lacc[1] = 0.0f;
+    const int ntiles = (kend - k_begin + PAT_TILE - 1) / PAT_TILE, nstages = ntiles * 8;
+    issue(0, 0);
+    // Eight stages a tile, unrolled, so every fragment index below is a constant (registers,
+    // not local memory).
+    for (int tile = 0; tile < ntiles; ++tile)
+#pragma unroll
+    for (int st = 0; st < 8; ++st) {
+        const int s = tile * 8 + st;
+        if (s + 1 < nstages) {
+            issue(tile + (st + 1) / 8, (st + 1) % 8);
+#if TANDEM_PAT_BREAK != 2
+            cp_async_wait<1>();
+#endif
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncwarp();
+        const bf16_t* src = stage + (st & 1) * STAGE;
+        const int k0 = k_begin + tile * PAT_TILE, sub = st & 3;
+        const int j = lane >> 3, r8 = lane & 7;
+        if (!(st & 4)) {
+            // K stage: 16 keys of s = q . k (two n8 tiles), dims in ascending k16 steps.
+            float* s0 = S[2 * sub];
+            float* s1 = S[2 * sub + 1];
+            for (int i = 0; i < 4; ++i) s0[i] = s1[i] = 0.0f;
+            for (int ks = 0; ks < KS; ++ks) {
+                u32 b[4];
+                ldmatrix_x4(b, src + ((j >> 1) * 8 + r8) * PITCH + ks * 16 + (j & 1) * 8);
+                const u32 b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+                mma_16816(bf16_t{}, S[2 * sub], qa[ks], b0);
+                mma_16816(bf16_t{}, S[2 * sub + 1], qa[ks], b1);
+            }
+            for (int n2 = 0; n2 < 2; ++n2)
+                for (int i = 0; i < 4; ++i) {
+                    const int kk = n2 * 8 + 2 * c + (i & 1), key = k0 + sub * PAT_SUB + kk;
+                    float& v = S[2 * sub + n2][i];
+                    v = key >= ctx[i >> 1] ? neg_inf_f32() : ((bad_keys[st & 1] >> kk) & 1u) ? nan_f32() : v * a.scale_log2;
+                }
+            if (sub == 3) {
+                // The tile's online-softmax step, per row (this thread's rows g and g + 8).
+                for (int rr = 0; rr < 2; ++rr) {
+                    float mx = neg_inf_f32();
+                    for (int n = 0; n < 8; ++n) mx = fmaxf(mx, fmaxf(S[n][2 * rr], S[n][2 * rr + 1]));
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                    const float mn = fmaxf(m[rr], mx), alpha = exp2f(m[rr] - mn);
+                    float rs = 0.0f;
+                    for (int n = 0; n < 8; ++n)
+                        for (int e = 2 * rr; e < 2 * rr + 2; ++e) {
+                            S[n][e] = exp2f(S[n][e] - mn);
+                            rs += S[n][e];
+                        }
+                    rs += __shfl_xor_sync(0xffffffffu, rs, 1);
+                    rs += __shfl_xor_sync(0xffffffffu, rs, 2);
+                    l[rr] = fmaf(l[rr], alpha, rs);
+                    m[rr] = mn;
+                    for (int n = 0; n < NT; ++n) {
+                        o[n][2 * rr] *= alpha;
+                        o[n][2 * rr + 1] *= alpha;
+                    }
+                }
+            }
+        } else {
+            // V stage: o += bf16(p) . V over these 16 keys (one k16 step), two dim tiles per ldmatrix.
+            const u32 pa[4] = {pat_pack(S[2 * sub][0], S[2 * sub][1]), pat_pack(S[2 * sub][2], S[2 * sub][3]),
+                               pat_pack(S[2 * sub + 1][0], S[2 * sub + 1][1]), pat_pack(S[2 * sub + 1][2], S[2 * sub + 1][3])};
+            for (int np = 0; np < NT / 2; ++np) {
+                u32 b[4];
+                ldmatrix_x4_trans(b, src + ((j & 1) * 8 + r8) * PITCH + np * 16 + (j >> 1) * 8);
+                const u32 b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+                mma_16816(bf16_t{}, o[2 * np], pa, b0);
+                mma_16816(bf16_t{}, o[2 * np + 1], pa, b1);
+            }
+            if (sub == 3 && part < 0) {
+                // A chunk job folds each row whose partition (or context) ends with this tile.
+                for (int rr = 0; rr < 2; ++rr) {
+                    if (ctx[rr] <= k0) continue;  // this row ended in an earlier tile
+                    const bool last = ctx[rr] <= k0 + PAT_TILE;
+                    if (!last && (k0 + PAT_TILE) % plen[rr] != 0) continue;
+                    const bool first = k0 < plen[rr];
+                    float fa = 0.0f, fb = 0.0f;
+                    if (!first) pat_fold_ml(macc[rr], lacc[rr], m[rr], l[rr], fa, fb);
+                    else {
+                        macc[rr] = m[rr];
+                        lacc[rr] = l[rr];
+                    }
+                    for (int n = 0; n < NT; ++n)
+                        for (int e = 0; e < 2; ++e) {
+                            float* dst = a.out + orow[rr] + n * 8 + 2 * c + e;
+                            const float v = first ? o[n][2 * rr + e] : fmaf(*dst, fa, o[n][2 * rr + e] * fb);
+                            *dst = last ? v / lacc[rr] : v;
+                            o[n][2 * rr + e] = 0.0f;
+                        }
+                    m[rr] = neg_inf_f32();
+                    l[rr] = 0.0f;
+                }
+            }
+        }
+        __syncwarp();  // every lane is done with this buffer before stage s + 2 refills it
+    }
+    if (part < 0) return;
+
+    // A split job: its partition's partial, then the fold by the token's last job to arrive.
+    const int t = t0, cx = max(ctx[0], ctx[1]);
+    const int ctx_t = __shfl_sync(0xffffffffu, cx, 0);
+    const int parts = (ctx_t + pat_part_len(ctx_t) - 1) / pat_part_len(ctx_t);
+    if (parts == 1) {
+        for (int rr = 0; rr < 2; ++rr)
+            if (ctx[rr] > 0)
+                for (int n = 0; n < NT; ++n)
+                    for (int e = 0; e < 2; ++e) a.out[orow[rr] + n * 8 + 2 * c + e] = o[n][2 * rr + e] / l[rr];
+        return;
+    }
+    const int P = a.max_parts;
+    for (int rr = 0; rr < 2; ++rr) {
+        if (ctx[rr] == 0) continue;
+        const size_t prow = orow[rr] / D * P + part;  // (t, h, part)
+        for (int n = 0; n < NT; ++n)
+            for (int e = 0; e < 2; ++e) a.part_out[prow * D + n * 8 + 2 * c + e] = o[n][2 * rr + e];
+        if (c == 0) {
+            a.part_ml[prow * 2] = m[rr];
+            a.part_ml[prow * 2 + 1] = l[rr];
+        }
+    }
+    __threadfence();  // release: this lane's partial, before lane 0 counts the job in
+    __syncwarp();
+    u32 arrived = 0;
+    if (lane == 0) arrived = atomicAdd(a.counters + (size_t)t * groups + group, 1u);
+    if (__shfl_sync(0xffffffffu, arrived, 0) != (u32)(parts - 1)) return;
+    __threadfence();  // acquire: every partial counted before ours is visible
+    const volatile float* po = a.part_out;
+    const volatile float* pm = a.part_ml;
+    for (int r = 0; r < G; ++r) {
+        const size_t row = (size_t)t * H + h0 + r;
+        for (int d = lane; d < D; d += 32) {
+            float mm = pm[row * P * 2], ll = pm[row * P * 2 + 1], oo = po[row * P * D + d];
+            for (int k = 1; k < parts; ++k) {
+#if TANDEM_PAT_BREAK == 3
+                const int i = parts - k;  // newest first: within every bound, bitwise different
+#else
+                const int i = k;
+#endif
+                float fa, fb;
+                const float oi = po[(row * P + i) * D + d];
+                pat_fold_ml(mm, ll, pm[(row * P + i) * 2], pm[(row * P + i) * 2 + 1], fa, fb);
+                oo = fmaf(oo, fa, oi * fb);
+            }
+            a.out[row * D + d] = oo / ll;
+        }
+    }
+    if (lane == 0) a.counters[(size_t)t * groups + group] = 0u;
+}
+
+template <int D>
+__device__ __forceinline__ void paged_attention_tc_impl(const PatArgs& a) {
+    TANDEM_DYNAMIC_SMEM(smem_raw);
+    const int warp = (int)threadIdx.x >> 5;
+    bf16_t* stage = (bf16_t*)smem_raw + (size_t)warp * 2 * PAT_SUB * (D + 8);
+    const int H = a.num_heads, KVH = a.num_kv_heads;
+    if (KVH < 1 || H % KVH != 0 || a.tw < 1) return;
+    const int gqa = H / KVH, HG = (gqa + 15) / 16, groups = KVH * HG;
+    if (a.tw * min(gqa, 16) > 16) return;  // the host keeps a chunk's rows within one mma tile
+    const long wid = (long)blockIdx.x * PAT_WARPS + warp;
+    const int rest = a.num_tokens - a.n_split;
+    const long chunk_jobs = (long)((rest + a.tw - 1) / a.tw) * groups;
+    const long split_jobs = (long)a.n_split * groups * a.max_parts;
+    if (wid < chunk_jobs) {
+        const int chunk = (int)(wid / groups), grp = (int)(wid % groups), kh = grp / HG, hg = grp % HG;
+        const int G = min(16, gqa - hg * 16), h0 = kh * gqa + hg * 16;
+        const int t_begin = a.n_split + chunk * a.tw, t_end = min(a.num_tokens, t_begin + a.tw);
+        // One sequence at a time: the chunk may hold the end of one and the start of the next.
+        for (int t0 = t_begin; t0 < t_end;) {
+            int t1 = t0 + 1;
+            while (t1 < t_end && a.token_seq[t1] == a.token_seq[t0]) ++t1;
+            pat_job<D>(a, t0, t1 - t0, kh, h0, G, -1, grp, groups, stage);
+            t0 = t1;
+        }
+        return;
+    }
+    const long sj = wid - chunk_jobs;
+    if (sj >= split_jobs) return;
+    const int part = (int)(sj % a.max_parts), grp = (int)(sj / a.max_parts % groups), t = (int)(sj / a.max_parts / groups);
+    const int kh = grp / HG, hg = grp % HG;
+    pat_job<D>(a, t, 1, kh, kh * gqa + hg * 16, min(16, gqa - hg * 16), part, grp, groups, stage);
+}
+
+#define PAT_KERNEL(D)                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(PAT_WARPS * 32) paged_attention_tc_d##D(                             \
+        const float* __restrict__ q, const bf16_t* __restrict__ k_cache, const bf16_t* __restrict__ v_cache,          \
+        const u32* __restrict__ positions, const u32* __restrict__ token_seq, const u32* __restrict__ block_tables, \
+        float* __restrict__ out, float* __restrict__ part_out, float* __restrict__ part_ml, u32* __restrict__ counters, \
+        int num_tokens, int n_split, int num_heads, int num_kv_heads, int block_size, int num_blocks, int num_seqs,   \
+        int max_blocks, int max_parts, int tw, float scale) {                                                          \
+        const PatArgs a{q,         k_cache,    v_cache,    positions,  token_seq,  block_tables, out,                  \
+                        part_out,  part_ml,    counters,   num_tokens, n_split,    num_heads,    num_kv_heads,         \
+                        block_size, num_blocks, num_seqs,  max_blocks, max_parts,  tw,           scale * PAT_LOG2E};   \
+        paged_attention_tc_impl<D>(a);                                                                                 \
+    }
+PAT_KERNEL(64)
+PAT_KERNEL(128)

@@ -35,6 +35,7 @@
 //     that many bytes (128-byte aligned), filled with 0xFF before the block starts, so reading
 //     shared memory nobody wrote also shows up as NaN.
 //   - atomicAdd on float / unsigned (std::atomic_ref); __threadfence (a seq_cst fence).
+//   - __ballot_sync (full mask): lane i's predicate in bit i.
 // Limits: blockDim.x a multiple of 32, every lane of a warp reaches each warp-collective call
 // (full masks only), a block returns early only as a whole (all true of our kernels).
 #pragma once
@@ -310,6 +311,14 @@ template <typename T>
 inline T __shfl_xor_sync(unsigned, T v, int o) { return emu::shfl(v, emu::lane() ^ (unsigned)o); }
 template <typename T>
 inline T __shfl_sync(unsigned, T v, int src) { return emu::shfl(v, (unsigned)src); }
+// Every lane's predicate, lane i in bit i (full mask only, as everywhere here).
+inline unsigned __ballot_sync(unsigned, int pred) {
+    const uint32_t mine = pred ? 1u : 0u;
+    auto set = emu::exchange(&mine, 1);
+    unsigned bits = 0;
+    for (unsigned l = 0; l < 32; ++l) bits |= set[l][0] << l;
+    return bits;
+}
 template <typename T>
 inline T __shfl_down_sync(unsigned, T v, unsigned d) {
     const unsigned l = emu::lane();

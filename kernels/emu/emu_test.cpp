@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <string>
 
+#include "attention_tc_test.h"
 #include "fused_test.h"
 #include "matmul_test.h"
 #include "primitives_test.h"
@@ -724,6 +725,7 @@ int main() {
     test_small_ops();
     test_kv_write();
     test_attention();
+    pattest::run_all(expect_true);
     test_matmul();
     fusedtest::run_all(expect_true);
     test_fused_small_ops();

@@ -66,6 +66,7 @@ fn inner_args<'a>(a: &AttnArgs<'a, Bf16Numerics>) -> AttnArgs<'a, B> {
         num_seqs: a.num_seqs,
         max_blocks: a.max_blocks,
         max_context: a.max_context,
+        decode_tokens: a.decode_tokens,
         num_heads: a.num_heads,
         geometry: a.geometry,
         scale: a.scale,

@@ -127,6 +127,11 @@ pub struct AttnArgs<'a, B: Backend + ?Sized> {
     pub max_blocks: usize,
     /// Largest position in the batch + 1 (lets a backend size its work without a read-back).
     pub max_context: usize,
+    /// How many of the first tokens are each a whole sequence of one token (decodes: token i
+    /// is sequence i). A hint for how to cut the work (the CUDA kernel splits these tokens'
+    /// contexts across blocks and serves the rest a chunk of tokens at a time); any value
+    /// up to `num_tokens` gives the same output, bit for bit, and 0 is always correct.
+    pub decode_tokens: usize,
     pub num_heads: usize,
     pub geometry: KvGeometry,
     pub scale: f32,
@@ -190,6 +195,8 @@ pub struct WorkspaceLimits {
     pub max_k: usize,
     /// Widest matmul output (the vocabulary or the fused projections).
     pub max_n: usize,
+    /// The KV cache's element type (which attention kernel, and so which scratch, a step uses).
+    pub kv_dtype: KvDtype,
 }
 
 /// A step recorded by [`Backend::end_capture`], which [`Backend::replay`] runs again.

@@ -20,6 +20,12 @@ pub struct ForwardBatch {
     pub logit_rows: Vec<u32>,
 }
 
+/// How many of the first tokens are each a whole sequence of one token (token i is sequence
+/// i, and token i + 1 is not): a step's leading decodes, `AttnArgs::decode_tokens`.
+pub fn leading_decodes(token_seq: &[u32]) -> usize {
+    (0..token_seq.len()).take_while(|&i| token_seq[i] as usize == i && token_seq.get(i + 1) != Some(&token_seq[i])).count()
+}
+
 impl ForwardBatch {
     pub fn num_tokens(&self) -> usize {
         self.tokens.len()
@@ -90,6 +96,16 @@ impl ForwardBatch {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn leading_decodes_counts_one_token_sequences_from_the_start() {
+        assert_eq!(leading_decodes(&[]), 0);
+        assert_eq!(leading_decodes(&[0, 1, 2]), 3);
+        assert_eq!(leading_decodes(&[0, 1, 2, 2, 3]), 2); // sequence 2 is a chunk
+        assert_eq!(leading_decodes(&[0, 0, 1]), 0);
+        assert_eq!(leading_decodes(&[0, 1, 1]), 1);
+        assert_eq!(leading_decodes(&[1, 2]), 0); // token 0 is not sequence 0
+    }
 
     #[test]
     fn push_seq_maps_slots_through_block_table() {

@@ -153,7 +153,10 @@ struct StepShape {
     logit_rows: usize,
     max_blocks: usize,
     max_context: usize,
+    /// Leading tokens that are each a one-token sequence (`AttnArgs::decode_tokens`).
+    decodes: usize,
 }
+
 
 /// KV pool size for backends that cannot report free memory (reference, wgpu).
 pub const AUTO_KV_BYTES: u64 = 1 << 30;
@@ -353,6 +356,7 @@ impl<B: Backend> LlamaModel<B> {
             head_dim: cfg.head_dim,
             max_k: d.max(qd).max(inter),
             max_n: vocab.max(qd + 2 * kvd).max(2 * inter).max(d),
+            kv_dtype,
         };
         let workspace = b.reserve_workspace(&limits)?;
         if workspace > 0 {
@@ -423,7 +427,7 @@ impl<B: Backend> LlamaModel<B> {
 
     fn capture_bucket(&mut self, pad: &Padding, rows: usize) -> Result<GraphId> {
         let batch = self.padding_only(pad, rows);
-        let shape = StepShape { tokens: rows, seqs: rows, logit_rows: rows, max_blocks: pad.stride, max_context: pad.max_context };
+        let shape = StepShape { tokens: rows, seqs: rows, logit_rows: rows, max_blocks: pad.stride, max_context: pad.max_context, decodes: rows };
         self.upload(&batch)?;
         self.launch(shape)?;
         self.backend.begin_capture()?;
@@ -512,7 +516,7 @@ impl<B: Backend> LlamaModel<B> {
         if let Some(i) = self.decode_bucket(batch) {
             let pad = self.pad.as_ref().expect("decode_bucket implies padding");
             let rows = pad.buckets[i];
-            let shape = StepShape { tokens: rows, seqs: rows, logit_rows: rows, max_blocks: pad.stride, max_context: pad.max_context };
+            let shape = StepShape { tokens: rows, seqs: rows, logit_rows: rows, max_blocks: pad.stride, max_context: pad.max_context, decodes: rows };
             let padded = self.pad_decode(batch, pad, rows);
             self.upload(&padded)?;
             return match self.graphs[i] {
@@ -531,7 +535,7 @@ impl<B: Backend> LlamaModel<B> {
         }
         self.upload(batch)?;
         let max_context = batch.positions.iter().copied().max().unwrap_or(0) as usize + 1;
-        self.launch(StepShape { tokens: batch.num_tokens(), seqs: batch.num_seqs(), logit_rows: batch.logit_rows.len(), max_blocks: batch.max_blocks, max_context })
+        self.launch(StepShape { tokens: batch.num_tokens(), seqs: batch.num_seqs(), logit_rows: batch.logit_rows.len(), max_blocks: batch.max_blocks, max_context, decodes: crate::batch::leading_decodes(&batch.token_seq) })
     }
 
     /// The step's metadata into its buffers: what a replay reads.
@@ -601,6 +605,7 @@ impl<B: Backend> LlamaModel<B> {
                 num_seqs: seqs,
                 max_blocks: shape.max_blocks,
                 max_context,
+                decode_tokens: shape.decodes,
                 num_heads: c.num_attention_heads,
                 geometry: self.geometry,
                 scale: 1.0 / (c.head_dim as f32).sqrt(),

@@ -32,44 +32,14 @@ use crate::toolchain::Toolchain;
 mod matmul;
 #[path = "graph.rs"]
 mod graph;
+#[path = "attention.rs"]
+mod attention;
 use matmul::{GemmOut, GEMM_COUNTERS, GEMM_PART_FLOATS};
 #[cfg(test)]
 use matmul::gemm_kernel;
 
 /// The message when no driver is present; tests assert it.
 pub const NO_DRIVER: &str = "no CUDA driver found (libcuda.so); use --backend wgpu or --backend reference";
-
-/// `paged_attention_partial`'s partitions (kernels/paged_attention.cu): the longest (PA_PART),
-/// the shortest (PA_MIN_PART), and how many a context up to PA_MAX_SPLITS * PA_PART keys is
-/// cut into at most (PA_MAX_SPLITS); a token's partition length depends on its context alone.
-const PA_PART: usize = 512;
-const PA_MIN_PART: usize = 64;
-const PA_MAX_SPLITS: usize = 16;
-
-/// Partitions enough for every token whose context is at most `ctx` keys (the kernel's
-/// `pa_part_len` makes at most PA_MAX_SPLITS, and at most ctx / PA_MIN_PART, up to
-/// PA_MAX_SPLITS * PA_PART keys; beyond that partitions are PA_PART long).
-fn pa_max_parts(ctx: usize) -> usize {
-    if ctx <= PA_MAX_SPLITS * PA_PART {
-        PA_MAX_SPLITS.min(ctx.div_ceil(PA_MIN_PART))
-    } else {
-        ctx.div_ceil(PA_PART)
-    }
-}
-/// Largest head_dim the attention kernel holds in shared memory (PA_MAX_D).
-const PA_MAX_D: usize = 256;
-/// Threads per query head, and query heads of one GQA group per block at most (PA_THREADS,
-/// PA_MAX_PACK in kernels/paged_attention.cu).
-const PA_THREADS: u32 = 128;
-const PA_MAX_PACK: usize = 4;
-
-/// Query heads per attention block: the largest count up to PA_MAX_PACK that divides the GQA
-/// group (`gqa` query heads per kv head), so a block's heads read the same K/V rows, fetched
-/// once and then served from L1. The bits do not depend on it (kernels/paged_attention.cu).
-/// Mirrored by `pa_pack` in kernels/emu/emu_test.cpp.
-fn pa_pack(gqa: usize) -> usize {
-    (1..=PA_MAX_PACK).rev().find(|p| gqa.is_multiple_of(*p)).unwrap_or(1)
-}
 
 fn err(msg: impl Into<String>) -> Error {
     Error::backend("cuda", msg)
@@ -258,13 +228,9 @@ struct IoScratch {
 }
 
 /// Bytes of the step workspace for `l`: (attention partial outputs, attention (max, sum)
-/// pairs, matmul x in 16 bits, split-K partials). Every token may attend over the whole
-/// context limit in one step (a prefill chunk at the end of a long prompt), so the attention
-/// scratch is max_tokens x heads x partitions of the context limit.
+/// pairs, matmul x in 16 bits, split-K partials); the attention's is [`attention::workspace`].
 fn workspace_bytes(l: &WorkspaceLimits) -> (usize, usize, usize, usize) {
-    let parts = pa_max_parts(l.max_context.max(1));
-    let th = l.max_tokens * l.num_heads * parts;
-    let (out, ml) = if parts > 1 { (th * l.head_dim * 4, th * 2 * 4) } else { (0, 0) };
+    let (out, ml, _) = attention::workspace(l);
     let m = l.max_tokens.max(l.max_logit_rows);
     let xa = (m * l.max_k.div_ceil(8) * 8 * 2).max(16);
     (out, ml, xa, GEMM_PART_FLOATS * 4)
@@ -294,6 +260,7 @@ struct Kernels<F> {
     kv_write: [Kernel<F>; 2],
     rope_kv_write: [Kernel<F>; 2],
     attn_partial: [Kernel<F>; 2],
+    attn_tc: [Kernel<F>; 2],
     argmax: Kernel<F>,
     sample: Kernel<F>,
     sample_masked: Kernel<F>,
@@ -321,6 +288,7 @@ impl<F> Kernels<F> {
             kv_write: [k("kv_write_f32")?, k("kv_write_bf16")?],
             rope_kv_write: [k("rope_kv_write_f32")?, k("rope_kv_write_bf16")?],
             attn_partial: [k("paged_attention_partial_f32")?, k("paged_attention_partial_bf16")?],
+            attn_tc: [k("paged_attention_tc_d64")?, k("paged_attention_tc_d128")?],
             argmax: k("argmax")?,
             sample: k("sample")?,
             sample_masked: k("sample_masked")?,
@@ -603,7 +571,7 @@ impl Backend for CudaBackend {
         let mut a = self.scratch.lock().map_err(|_| err(format!("{OP}: scratch lock poisoned by an earlier panic")))?;
         // Dropped first, so that a second reservation never holds both sizes at once.
         *a = AttnScratch::default();
-        let counter_bytes = if out > 0 { l.max_tokens * l.num_heads * 4 } else { 0 };
+        let counter_bytes = attention::workspace(l).2;
         let counters = if counter_bytes > 0 { Some(self.stream.alloc_zeros::<u8>(counter_bytes).map_err(drv(&format!("{OP}: attention counters")))?) } else { None };
         *a = AttnScratch { part_out: alloc(out, "attention partials")?, part_ml: alloc(ml, "attention (max, sum) pairs")?, counters, fixed: true };
         let mut m = self.mm_scratch.lock().map_err(|_| err(format!("{OP}: scratch lock poisoned by an earlier panic")))?;
@@ -923,91 +891,7 @@ impl Backend for CudaBackend {
     }
 
     fn paged_attention(&self, a: &AttnArgs<'_, Self>, out: &mut CudaBuf) -> Result<()> {
-        const OP: &str = "paged_attention";
-        let g = a.geometry;
-        let (t, h, kvh, d) = (a.num_tokens, a.num_heads, g.num_kv_heads, g.head_dim);
-        if t == 0 || h == 0 || d == 0 {
-            return Ok(());
-        }
-        if kvh == 0 || h % kvh != 0 {
-            return Err(err(format!("{OP}: {h} query heads do not group evenly over {kvh} kv heads")));
-        }
-        if d > PA_MAX_D {
-            return Err(err(format!("{OP}: head_dim = {d}, the kernel holds at most {PA_MAX_D}")));
-        }
-        if a.max_blocks == 0 || a.num_seqs == 0 {
-            return Err(err(format!("{OP}: no block table (num_seqs = {}, max_blocks = {})", a.num_seqs, a.max_blocks)));
-        }
-        need(a.q, Elem::F32, t * h * d, OP, "q")?;
-        let partial = &self.kernels.attn_partial[need_kv(a.k_cache, a.v_cache, g, OP)?];
-        need(a.positions, Elem::U32, t, OP, "positions")?;
-        need(a.token_seq, Elem::U32, t, OP, "token_seq")?;
-        need(a.block_tables, Elem::U32, a.num_seqs * a.max_blocks, OP, "block_tables")?;
-        need(out, Elem::F32, t * h * d, OP, "out")?;
-        i32_of(g.slots(), OP, "num_blocks*block_size")?;
-        i32_of(a.max_blocks * g.block_size, OP, "max_blocks*block_size")?;
-        let parts = pa_max_parts(a.max_context.max(1));
-        if parts > 65535 {
-            return Err(err(format!("{OP}: max_context = {} is beyond {} tokens", a.max_context, 65535 * PA_PART)));
-        }
-        let ints = [t, h, kvh, d, g.block_size, g.num_blocks, a.num_seqs, a.max_blocks, parts];
-        let names = ["T", "num_heads", "kv_heads", "head_dim", "block_size", "num_blocks", "num_seqs", "max_blocks", "parts"];
-        let mut v = [0i32; 9];
-        for i in 0..9 {
-            v[i] = i32_of(ints[i], OP, names[i])?;
-        }
-        let [ti, hi, kvi, di, bsi, nbi, nsi, mbi, pi] = v;
-        let pack = pa_pack(h / kvh);
-        let grid = (u32_of(t, OP, "T")?, u32_of(h / pack, OP, "num_heads")?, parts as u32);
-        let threads = PA_THREADS * pack as u32;
-        if grid.1 > 65535 {
-            return Err(err(format!("{OP}: {h} heads exceed a launch dimension")));
-        }
-        if parts == 1 {
-            // Direct path: the scratch pointers are never touched; q stands in for them.
-            let mut l = self.stream.launch_builder(&partial.f);
-            l.arg(&a.q.mem).arg(&a.k_cache.mem).arg(&a.v_cache.mem).arg(&a.positions.mem).arg(&a.token_seq.mem).arg(&a.block_tables.mem);
-            l.arg(&mut out.mem).arg(&a.q.mem).arg(&a.q.mem).arg(&a.q.mem);
-            l.arg(&ti).arg(&hi).arg(&kvi).arg(&di).arg(&bsi).arg(&nbi).arg(&nsi).arg(&mbi).arg(&pi).arg(&a.scale);
-            // SAFETY: as in embedding.
-            let r = unsafe { l.launch(cfg(grid, threads)) };
-            return self.launched(partial.name, r);
-        }
-        let mut s = self.scratch.lock().map_err(|_| err(format!("{OP}: scratch lock poisoned by an earlier panic")))?;
-        let out_bytes = t * h * parts * d * 4;
-        let ml_bytes = t * h * parts * 2 * 4;
-        let fixed = s.fixed;
-        let grow = |slot: &mut Option<CudaSlice<u8>>, bytes: usize| -> Result<()> {
-            if slot.as_ref().is_none_or(|b| b.len() < bytes) {
-                if fixed {
-                    return Err(err(format!("{OP}: {t} tokens x {h} heads x {parts} partitions need {bytes} bytes of scratch, beyond the workspace reserved at load (context or token limit exceeded)")));
-                }
-                // SAFETY: every partial the combining block reads is written first by its partition's block.
-                *slot = Some(unsafe { self.stream.alloc::<u8>(bytes) }.map_err(drv(&format!("{OP}: scratch of {bytes} bytes")))?);
-            }
-            Ok(())
-        };
-        grow(&mut s.part_out, out_bytes)?;
-        grow(&mut s.part_ml, ml_bytes)?;
-        let counter_bytes = t * h * 4;
-        if s.counters.as_ref().is_none_or(|b| b.len() < counter_bytes) {
-            if fixed {
-                return Err(err(format!("{OP}: {t} tokens x {h} heads exceed the attention counters reserved at load")));
-            }
-            s.counters = Some(self.stream.alloc_zeros::<u8>(counter_bytes).map_err(drv(&format!("{OP}: counters of {counter_bytes} bytes")))?);
-        }
-        let AttnScratch { part_out: Some(po), part_ml: Some(pm), counters: Some(cn), .. } = &mut *s else {
-            return Err(err(format!("{OP}: scratch missing after allocation")));
-        };
-        let mut l = self.stream.launch_builder(&partial.f);
-        l.arg(&a.q.mem).arg(&a.k_cache.mem).arg(&a.v_cache.mem).arg(&a.positions.mem).arg(&a.token_seq.mem).arg(&a.block_tables.mem);
-        // The last partition block of each (token, head) combines (kernels/paged_attention.cu).
-        l.arg(&mut out.mem).arg(&mut *po).arg(&mut *pm).arg(&mut *cn);
-        l.arg(&ti).arg(&hi).arg(&kvi).arg(&di).arg(&bsi).arg(&nbi).arg(&nsi).arg(&mbi).arg(&pi).arg(&a.scale);
-        // SAFETY: as in embedding; scratch sized for [T, H, parts, D] and [T, H, parts, 2],
-        // counters for [T, H].
-        let r = unsafe { l.launch(cfg(grid, threads)) };
-        self.launched(partial.name, r)
+        self.attention(a, out)
     }
 
     fn argmax(&self, logits: &CudaBuf, rows: usize, vocab: usize) -> Result<Vec<u32>> {
@@ -1107,7 +991,7 @@ mod kernel_table_tests {
         let names = kernel_names();
         let unique: std::collections::BTreeSet<_> = names.iter().collect();
         assert_eq!(unique.len(), names.len(), "{names:?}");
-        assert_eq!(names.len(), 31);
+        assert_eq!(names.len(), 33);
         let k = Kernels::<&'static str>::resolve(Ok).unwrap();
         assert_eq!(k.embedding.map(|x| x.f), ["embedding_f32", "embedding_bf16", "embedding_f16"]);
         assert_eq!([Elem::F32, Elem::BF16, Elem::F16].map(|e| k.rms_norm[weight_index(e)].f), ["rms_norm_f32", "rms_norm_bf16", "rms_norm_f16"]);
@@ -1117,6 +1001,7 @@ mod kernel_table_tests {
         assert_eq!(k.matmul_x[weight_index(Elem::BF16) - 1].f, "matmul_x_bf16");
         assert_eq!((k.kv_write[0].f, k.kv_write[1].f), ("kv_write_f32", "kv_write_bf16"));
         assert_eq!((k.attn_partial[0].f, k.attn_partial[1].f), ("paged_attention_partial_f32", "paged_attention_partial_bf16"));
+        assert_eq!((k.attn_tc[0].f, k.attn_tc[1].f), ("paged_attention_tc_d64", "paged_attention_tc_d128"));
     }
 }
 
@@ -1125,7 +1010,7 @@ mod workspace_tests {
     use super::*;
 
     fn limits(max_tokens: usize, max_context: usize) -> WorkspaceLimits {
-        WorkspaceLimits { max_tokens, max_seqs: 64, max_logit_rows: 192, max_context, num_heads: 32, head_dim: 64, max_k: 8192, max_n: 128256 }
+        WorkspaceLimits { max_tokens, max_seqs: 64, max_logit_rows: 192, max_context, num_heads: 32, head_dim: 64, max_k: 8192, max_n: 128256, kv_dtype: KvDtype::F32 }
     }
 
     /// The reservation covers what paged_attention and matmul ask for at the limits (the
@@ -1135,7 +1020,7 @@ mod workspace_tests {
     fn workspace_covers_the_largest_step_and_follows_the_limits() {
         let l = limits(512, 8192);
         let (out, ml, xa, part) = workspace_bytes(&l);
-        let parts = pa_max_parts(8192);
+        let parts = attention::pa_max_parts(8192);
         assert_eq!(parts, 16);
         assert_eq!(out, 512 * 32 * parts * 64 * 4);
         assert_eq!(ml, 512 * 32 * parts * 2 * 4);
@@ -1143,7 +1028,7 @@ mod workspace_tests {
         assert_eq!(part, GEMM_PART_FLOATS * 4);
         // Any shorter context or fewer tokens fits what was reserved.
         for (t, ctx) in [(1, 1), (1, 8192), (512, 600), (100, 8000)] {
-            let p = pa_max_parts(ctx);
+            let p = attention::pa_max_parts(ctx);
             assert!(t * 32 * p * 64 * 4 <= out && t * 32 * p * 2 * 4 <= ml, "t {t} ctx {ctx}");
         }
         // A short context limit takes the direct path: no attention scratch at all.
@@ -1179,40 +1064,5 @@ mod error_tests {
             assert!(!e.is_fatal(), "{code:?} must not stop the engine");
             assert!(e.to_string().contains("matmul: x scratch of 64 bytes"), "{e}");
         }
-    }
-}
-
-#[cfg(test)]
-mod partition_tests {
-    use super::*;
-
-    /// The kernel's `pa_part_len` (kernels/paged_attention.cu), mirrored.
-    fn part_len(ctx: usize) -> usize {
-        ctx.div_ceil(PA_MAX_SPLITS).div_ceil(PA_MIN_PART).max(1) * PA_MIN_PART
-    }
-
-    /// Query heads per attention block: the largest divisor of the GQA group up to 4 (the
-    /// emulator's `pa_pack` takes the same).
-    #[test]
-    fn heads_pack_by_the_largest_divisor_of_the_group_up_to_four() {
-        let got: Vec<usize> = [1, 2, 3, 4, 5, 6, 7, 8, 12, 16].iter().map(|&g| pa_pack(g)).collect();
-        assert_eq!(got, [1, 2, 3, 4, 1, 3, 1, 4, 4, 4]);
-    }
-
-    /// Every token with a context up to `ctx` fits the partitions the host launches and sizes
-    /// its scratch for; and a decode context of a few hundred keys gets several partitions.
-    #[test]
-    fn max_parts_bounds_every_shorter_context() {
-        let mut most = 0;
-        for ctx in 1..=20_000usize {
-            let len = part_len(ctx).min(PA_PART);
-            assert!((PA_MIN_PART..=PA_PART).contains(&len), "ctx {ctx}: partition of {len}");
-            most = most.max(ctx.div_ceil(len));
-            assert!(most <= pa_max_parts(ctx), "ctx {ctx}: {most} partitions, host allows {}", pa_max_parts(ctx));
-        }
-        assert_eq!(pa_max_parts(64), 1, "a short context takes the direct path");
-        assert_eq!(pa_max_parts(600), 10);
-        assert_eq!(pa_max_parts(8192), 16);
-        assert_eq!(pa_max_parts(8193), 17);
     }
 }

@@ -402,7 +402,7 @@ mod tests {
         let seq = b.alloc_u32(1).unwrap();
         let mut tables = b.alloc_u32(2).unwrap();
         b.write_u32(&mut tables, &[0, 7]).unwrap(); // block 7 of 2
-        let args = AttnArgs { q: &q, k_cache: &kc, v_cache: &vc, positions: &pos, token_seq: &seq, block_tables: &tables, num_tokens: 1, num_seqs: 1, max_blocks: 2, max_context: 6, num_heads: 1, geometry: g, scale: 1.0 };
+        let args = AttnArgs { q: &q, k_cache: &kc, v_cache: &vc, positions: &pos, token_seq: &seq, block_tables: &tables, num_tokens: 1, num_seqs: 1, max_blocks: 2, max_context: 6, decode_tokens: 1, num_heads: 1, geometry: g, scale: 1.0 };
         let mut out = b.alloc_f32(2).unwrap();
         let e = b.paged_attention(&args, &mut out).unwrap_err();
         assert!(e.to_string().contains("block 7"), "{e}");

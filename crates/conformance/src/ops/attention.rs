@@ -145,6 +145,7 @@ impl Op for PagedAttention {
             num_seqs: self.seqs.len(),
             max_blocks: x.max_blocks,
             max_context: self.seqs.iter().map(|s| s.context()).max().unwrap_or(0),
+            decode_tokens: tandem_core::batch::leading_decodes(&x.token_seq),
             num_heads: self.heads(),
             geometry: g,
             scale: 1.0 / (self.head_dim as f32).sqrt(),

@@ -1,6 +1,6 @@
 //! Runs every kernel on the CPU through kernels/emu (a C++20 emulation of CUDA threads, block
 //! barriers, warp shuffles, ldmatrix, mma.sync and cp.async) against naive double-precision
-//! references: 185 checks covering the emulated primitives against the PTX ISA, the tensor-core
+//! references: 221 checks covering the emulated primitives against the PTX ISA, the tensor-core
 //! matmul at awkward shapes with derived bf16/f16 bounds and bitwise row equality across m,
 //! each other op, kv_write and attention over an f32 and a bf16 cache (round-to-nearest-even
 //! bits, a derived bound against the unrounded values), split attention and its batch
@@ -11,8 +11,12 @@
 //! epilogue bitwise against qkv_proj + rope_kv_write, the
 //! one-launch GEMM (x rounded in-kernel, split K folded in-kernel) bitwise against the former
 //! matmul_x + tile kernel + matmul_fold path, split attention combined in-kernel by the last
-//! partition block bitwise against the former partial + combine launches; then three deliberately broken matmul builds (a
-//! wrong fragment index, a missing cp.async wait, a split-K fold in arrival order) that must fail,
+//! partition block bitwise against the former partial + combine launches, the tensor-core
+//! attention against f64 within a derived bound and bitwise across split jobs, chunk jobs of any
+//! width, and each token alone; then three deliberately broken matmul builds (a
+//! wrong fragment index, a missing cp.async wait, a split-K fold in arrival order) and four
+//! broken tensor-core attention builds (a wrong fragment index, a missing cp.async wait,
+//! partials folded newest first, a chunk's rows sharing one partition length) that must fail,
 //! and a kernel that deadlocks at a barrier, which must be reported rather than hang. This is how the
 //! kernels' indexing and reductions are executed on a machine without a GPU. It needs g++ (or
 //! $CXX); without one it prints SKIPPED, and TANDEM_REQUIRE_EMU=1 makes that a failure.
@@ -39,5 +43,10 @@ fn kernels_match_reference_in_host_emulation() {
     assert!(text.contains("deadlock at a barrier reported"), "the deadlocking kernel was not reported:\n{text}");
     // A check that silently stopped running (a case list emptied, a test not called) lowers it.
     let count = text.lines().find_map(|l| l.strip_suffix(" checks, 0 failed")?.trim().parse::<usize>().ok());
-    assert!(count.is_some_and(|n| n >= 185), "expected at least 185 emulator checks, got {count:?}");
+    assert!(count.is_some_and(|n| n >= 221), "expected at least 221 emulator checks, got {count:?}");
+    for b in 1..=4 {
+        let line = format!("TANDEM_PAT_BREAK={b}: ");
+        let caught = text.lines().find_map(|l| l.strip_prefix(line.as_str())?.split(' ').next()?.parse::<usize>().ok());
+        assert!(caught.is_some_and(|n| n > 0), "the broken attention build {b} was not caught: {caught:?}");
+    }
 }

@@ -89,6 +89,7 @@ impl Attn {
             num_seqs,
             max_blocks,
             max_context: *positions.iter().max().unwrap() as usize + 1,
+            decode_tokens: tandem_core::batch::leading_decodes(&seqs),
             num_heads: self.heads,
             geometry: g,
             scale: 1.0 / (g.head_dim as f32).sqrt(),

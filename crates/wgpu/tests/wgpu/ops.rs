@@ -700,6 +700,7 @@ fn check_attention(b: &WgpuBackend, rng: &mut Rng, head_dim: usize, block_size: 
         num_seqs: seqs.len(),
         max_blocks,
         max_context,
+        decode_tokens: tandem_core::batch::leading_decodes(&token_seq),
         num_heads: heads,
         geometry: g,
         scale,

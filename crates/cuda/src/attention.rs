@@ -1,0 +1,323 @@
+//! The paged-attention launchers of [`CudaBackend`] (kernels/paged_attention.cu): the
+//! tensor-core kernel (`paged_attention_tc_d64` / `_d128`) over a bf16 cache with head_dim 64
+//! or 128, and the f32 kernel (`paged_attention_partial_f32` / `_bf16`) for everything else
+//! (the f32 cache kept for checks, other head sizes). Which one serves a model depends only on
+//! the model and the cache type, never on the step, so a token's bits never follow the batch.
+//! A child module of `backend`, so it shares that module's private helpers.
+
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use tandem_core::backend::{AttnArgs, KvDtype, WorkspaceLimits};
+use tandem_core::Result;
+
+use super::{cfg, drv, err, i32_of, need, need_kv, u32_of, AttnScratch, CudaBackend, CudaBuf, Elem};
+
+/// `paged_attention_partial`'s partitions (kernels/paged_attention.cu): the longest (PA_PART),
+/// the shortest (PA_MIN_PART), and how many a context up to PA_MAX_SPLITS * PA_PART keys is
+/// cut into at most (PA_MAX_SPLITS); a token's partition length depends on its context alone.
+const PA_PART: usize = 512;
+const PA_MIN_PART: usize = 64;
+const PA_MAX_SPLITS: usize = 16;
+
+/// Partitions enough for every token whose context is at most `ctx` keys (the kernel's
+/// `pa_part_len` makes at most PA_MAX_SPLITS, and at most ctx / PA_MIN_PART, up to
+/// PA_MAX_SPLITS * PA_PART keys; beyond that partitions are PA_PART long).
+pub(super) fn pa_max_parts(ctx: usize) -> usize {
+    if ctx <= PA_MAX_SPLITS * PA_PART {
+        PA_MAX_SPLITS.min(ctx.div_ceil(PA_MIN_PART))
+    } else {
+        ctx.div_ceil(PA_PART)
+    }
+}
+/// Largest head_dim the attention kernel holds in shared memory (PA_MAX_D).
+const PA_MAX_D: usize = 256;
+/// Threads per query head, and query heads of one GQA group per block at most (PA_THREADS,
+/// PA_MAX_PACK in kernels/paged_attention.cu).
+const PA_THREADS: u32 = 128;
+const PA_MAX_PACK: usize = 4;
+
+/// Query heads per attention block: the largest count up to PA_MAX_PACK that divides the GQA
+/// group (`gqa` query heads per kv head), so a block's heads read the same K/V rows, fetched
+/// once and then served from L1. The bits do not depend on it (kernels/paged_attention.cu).
+/// Mirrored by `pa_pack` in kernels/emu/emu_test.cpp.
+fn pa_pack(gqa: usize) -> usize {
+    (1..=PA_MAX_PACK).rev().find(|p| gqa.is_multiple_of(*p)).unwrap_or(1)
+}
+
+
+/// paged_attention_tc's warps per block, keys per staged sub-tile, and partitions (PAT_WARPS,
+/// PAT_SUB, PAT_MIN_PART, PAT_SPLITS in kernels/paged_attention.cu): a token's context is cut
+/// into at most PAT_SPLITS partitions of at least PAT_MIN_PART keys (a function of its own
+/// context: `pat_part_len`), with no longest partition (nothing is held per key).
+const PAT_WARPS: usize = 4;
+const PAT_SUB: usize = 16;
+const PAT_MIN_PART: usize = 64;
+const PAT_SPLITS: usize = 16;
+
+/// Partitions enough for every token whose context is at most `ctx` keys.
+fn pat_max_parts(ctx: usize) -> usize {
+    PAT_SPLITS.min(ctx.div_ceil(PAT_MIN_PART)).max(1)
+}
+
+/// Whether the tensor-core kernel serves a cache of this kind (`need_kv`'s index: 1 is bf16)
+/// and head size. `TANDEM_CUDA_ATTENTION=f32` keeps the f32 kernel (the kernel lab compares).
+fn uses_tc(kv: usize, head_dim: usize) -> bool {
+    static FORCE_F32: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let force = *FORCE_F32.get_or_init(|| std::env::var("TANDEM_CUDA_ATTENTION").is_ok_and(|v| v == "f32"));
+    kv == 1 && (head_dim == 64 || head_dim == 128) && !force
+}
+
+/// The attention scratch for `l`: (partial outputs, (max, sum) pairs, arrival counters), in
+/// bytes. The tensor-core kernel splits only decodes (at most max_seqs tokens a step), and only
+/// into PAT_SPLITS partitions; the f32 kernel may split every token of a step.
+pub(super) fn workspace(l: &WorkspaceLimits) -> (usize, usize, usize) {
+    let ctx = l.max_context.max(1);
+    if uses_tc(usize::from(l.kv_dtype == KvDtype::Bf16), l.head_dim) {
+        let parts = pat_max_parts(ctx);
+        if parts == 1 {
+            return (0, 0, 0);
+        }
+        let rows = l.max_seqs * l.num_heads * parts;
+        return (rows * l.head_dim * 4, rows * 2 * 4, l.max_seqs * l.num_heads * 4);
+    }
+    let parts = pa_max_parts(ctx);
+    if parts == 1 {
+        return (0, 0, 0);
+    }
+    let rows = l.max_tokens * l.num_heads * parts;
+    (rows * l.head_dim * 4, rows * 2 * 4, l.max_tokens * l.num_heads * 4)
+}
+
+impl CudaBackend {
+    /// Checks the arguments both kernels share, then launches the tensor-core kernel where
+    /// [`uses_tc`] says so and the f32 kernel otherwise.
+    pub(super) fn attention(&self, a: &AttnArgs<'_, CudaBackend>, out: &mut CudaBuf) -> Result<()> {
+        const OP: &str = "paged_attention";
+        let g = a.geometry;
+        let (t, h, kvh, d) = (a.num_tokens, a.num_heads, g.num_kv_heads, g.head_dim);
+        if t == 0 || h == 0 || d == 0 {
+            return Ok(());
+        }
+        if kvh == 0 || h % kvh != 0 {
+            return Err(err(format!("{OP}: {h} query heads do not group evenly over {kvh} kv heads")));
+        }
+        if d > PA_MAX_D {
+            return Err(err(format!("{OP}: head_dim = {d}, the kernel holds at most {PA_MAX_D}")));
+        }
+        if a.max_blocks == 0 || a.num_seqs == 0 {
+            return Err(err(format!("{OP}: no block table (num_seqs = {}, max_blocks = {})", a.num_seqs, a.max_blocks)));
+        }
+        need(a.q, Elem::F32, t * h * d, OP, "q")?;
+        need(a.positions, Elem::U32, t, OP, "positions")?;
+        need(a.token_seq, Elem::U32, t, OP, "token_seq")?;
+        need(a.block_tables, Elem::U32, a.num_seqs * a.max_blocks, OP, "block_tables")?;
+        need(out, Elem::F32, t * h * d, OP, "out")?;
+        i32_of(g.slots(), OP, "num_blocks*block_size")?;
+        i32_of(a.max_blocks * g.block_size, OP, "max_blocks*block_size")?;
+        let kv = need_kv(a.k_cache, a.v_cache, g, OP)?;
+        if uses_tc(kv, d) {
+            return self.attention_tc(a, out, usize::from(d == 128));
+        }
+        let partial = &self.kernels.attn_partial[kv];
+        let parts = pa_max_parts(a.max_context.max(1));
+        if parts > 65535 {
+            return Err(err(format!("{OP}: max_context = {} is beyond {} tokens", a.max_context, 65535 * PA_PART)));
+        }
+        let ints = [t, h, kvh, d, g.block_size, g.num_blocks, a.num_seqs, a.max_blocks, parts];
+        let names = ["T", "num_heads", "kv_heads", "head_dim", "block_size", "num_blocks", "num_seqs", "max_blocks", "parts"];
+        let mut v = [0i32; 9];
+        for i in 0..9 {
+            v[i] = i32_of(ints[i], OP, names[i])?;
+        }
+        let [ti, hi, kvi, di, bsi, nbi, nsi, mbi, pi] = v;
+        let pack = pa_pack(h / kvh);
+        let grid = (u32_of(t, OP, "T")?, u32_of(h / pack, OP, "num_heads")?, parts as u32);
+        let threads = PA_THREADS * pack as u32;
+        if grid.1 > 65535 {
+            return Err(err(format!("{OP}: {h} heads exceed a launch dimension")));
+        }
+        if parts == 1 {
+            // Direct path: the scratch pointers are never touched; q stands in for them.
+            let mut l = self.stream.launch_builder(&partial.f);
+            l.arg(&a.q.mem).arg(&a.k_cache.mem).arg(&a.v_cache.mem).arg(&a.positions.mem).arg(&a.token_seq.mem).arg(&a.block_tables.mem);
+            l.arg(&mut out.mem).arg(&a.q.mem).arg(&a.q.mem).arg(&a.q.mem);
+            l.arg(&ti).arg(&hi).arg(&kvi).arg(&di).arg(&bsi).arg(&nbi).arg(&nsi).arg(&mbi).arg(&pi).arg(&a.scale);
+            // SAFETY: as in embedding.
+            let r = unsafe { l.launch(cfg(grid, threads)) };
+            return self.launched(partial.name, r);
+        }
+        let mut s = self.scratch.lock().map_err(|_| err(format!("{OP}: scratch lock poisoned by an earlier panic")))?;
+        let out_bytes = t * h * parts * d * 4;
+        let ml_bytes = t * h * parts * 2 * 4;
+        let fixed = s.fixed;
+        let grow = |slot: &mut Option<CudaSlice<u8>>, bytes: usize| -> Result<()> {
+            if slot.as_ref().is_none_or(|b| b.len() < bytes) {
+                if fixed {
+                    return Err(err(format!("{OP}: {t} tokens x {h} heads x {parts} partitions need {bytes} bytes of scratch, beyond the workspace reserved at load (context or token limit exceeded)")));
+                }
+                // SAFETY: every partial the combining block reads is written first by its partition's block.
+                *slot = Some(unsafe { self.stream.alloc::<u8>(bytes) }.map_err(drv(&format!("{OP}: scratch of {bytes} bytes")))?);
+            }
+            Ok(())
+        };
+        grow(&mut s.part_out, out_bytes)?;
+        grow(&mut s.part_ml, ml_bytes)?;
+        let counter_bytes = t * h * 4;
+        if s.counters.as_ref().is_none_or(|b| b.len() < counter_bytes) {
+            if fixed {
+                return Err(err(format!("{OP}: {t} tokens x {h} heads exceed the attention counters reserved at load")));
+            }
+            s.counters = Some(self.stream.alloc_zeros::<u8>(counter_bytes).map_err(drv(&format!("{OP}: counters of {counter_bytes} bytes")))?);
+        }
+        let AttnScratch { part_out: Some(po), part_ml: Some(pm), counters: Some(cn), .. } = &mut *s else {
+            return Err(err(format!("{OP}: scratch missing after allocation")));
+        };
+        let mut l = self.stream.launch_builder(&partial.f);
+        l.arg(&a.q.mem).arg(&a.k_cache.mem).arg(&a.v_cache.mem).arg(&a.positions.mem).arg(&a.token_seq.mem).arg(&a.block_tables.mem);
+        // The last partition block of each (token, head) combines (kernels/paged_attention.cu).
+        l.arg(&mut out.mem).arg(&mut *po).arg(&mut *pm).arg(&mut *cn);
+        l.arg(&ti).arg(&hi).arg(&kvi).arg(&di).arg(&bsi).arg(&nbi).arg(&nsi).arg(&mbi).arg(&pi).arg(&a.scale);
+        // SAFETY: as in embedding; scratch sized for [T, H, parts, D] and [T, H, parts, 2],
+        // counters for [T, H].
+        let r = unsafe { l.launch(cfg(grid, threads)) };
+        self.launched(partial.name, r)
+    }
+
+    /// paged_attention_tc_d64 / _d128 (`kernel` 0 / 1): the first `decode_tokens` tokens as split
+    /// jobs (as many as the scratch holds: fewer changes no bit, only how the work is cut), the
+    /// rest a chunk of `16 / min(gqa, 16)` tokens a warp. The caller has checked the arguments.
+    fn attention_tc(&self, a: &AttnArgs<'_, CudaBackend>, out: &mut CudaBuf, kernel: usize) -> Result<()> {
+        const OP: &str = "paged_attention";
+        let g = a.geometry;
+        let (t, h, kvh, d) = (a.num_tokens, a.num_heads, g.num_kv_heads, g.head_dim);
+        let gqa = h / kvh;
+        let groups = kvh * gqa.div_ceil(16);
+        let tw = 16 / gqa.min(16);
+        let parts = pat_max_parts(a.max_context.max(1));
+        let mut n_split = a.decode_tokens.min(t);
+        let k = &self.kernels.attn_tc[kernel];
+        let mut s = self.scratch.lock().map_err(|_| err(format!("{OP}: scratch lock poisoned by an earlier panic")))?;
+        let (out_b, ml_b, cnt_b) = (h * parts * d * 4, h * parts * 2 * 4, groups * 4);
+        if parts > 1 && n_split > 0 {
+            if s.fixed {
+                let cap = |b: &Option<CudaSlice<u8>>, per: usize| b.as_ref().map_or(0, |b| b.len() / per);
+                n_split = n_split.min(cap(&s.part_out, out_b)).min(cap(&s.part_ml, ml_b)).min(cap(&s.counters, cnt_b));
+            } else {
+                let grow = |slot: &mut Option<CudaSlice<u8>>, bytes: usize, zero: bool| -> Result<()> {
+                    if slot.as_ref().is_none_or(|b| b.len() < bytes) {
+                        *slot = Some(if zero {
+                            self.stream.alloc_zeros::<u8>(bytes).map_err(drv(&format!("{OP}: counters of {bytes} bytes")))?
+                        } else {
+                            // SAFETY: the combining job reads only partials written first by their jobs.
+                            unsafe { self.stream.alloc::<u8>(bytes) }.map_err(drv(&format!("{OP}: scratch of {bytes} bytes")))?
+                        });
+                    }
+                    Ok(())
+                };
+                grow(&mut s.part_out, n_split * out_b, false)?;
+                grow(&mut s.part_ml, n_split * ml_b, false)?;
+                grow(&mut s.counters, n_split * cnt_b, true)?;
+            }
+        }
+        let split = if parts > 1 { n_split } else { 0 };
+        let warps = (t - n_split).div_ceil(tw) * groups + n_split * groups * parts;
+        let blocks = u32_of(warps.div_ceil(PAT_WARPS), OP, "warp jobs / 4")?;
+        let ints = [t, n_split, h, kvh, g.block_size, g.num_blocks, a.num_seqs, a.max_blocks, parts, tw];
+        let names = ["T", "n_split", "num_heads", "kv_heads", "block_size", "num_blocks", "num_seqs", "max_blocks", "parts", "tw"];
+        let mut v = [0i32; 10];
+        for i in 0..10 {
+            v[i] = i32_of(ints[i], OP, names[i])?;
+        }
+        let mut l = self.stream.launch_builder(&k.f);
+        l.arg(&a.q.mem).arg(&a.k_cache.mem).arg(&a.v_cache.mem).arg(&a.positions.mem).arg(&a.token_seq.mem).arg(&a.block_tables.mem);
+        l.arg(&mut out.mem);
+        let sc = &mut *s;
+        match (&mut sc.part_out, &mut sc.part_ml, &mut sc.counters) {
+            (Some(po), Some(pm), Some(cn)) if split > 0 => {
+                l.arg(&mut *po).arg(&mut *pm).arg(&mut *cn);
+            }
+            // Nothing is split (one partition, or no split tokens): the scratch is never
+            // touched; q stands in for it.
+            _ if split == 0 => {
+                l.arg(&a.q.mem).arg(&a.q.mem).arg(&a.q.mem);
+            }
+            _ => return Err(err(format!("{OP}: scratch missing after allocation"))),
+        }
+        for x in &v {
+            l.arg(x);
+        }
+        l.arg(&a.scale);
+        let smem = (PAT_WARPS * 2 * PAT_SUB * (d + 8) * 2) as u32;
+        let launch = LaunchConfig { grid_dim: (blocks.max(1), 1, 1), block_dim: ((PAT_WARPS * 32) as u32, 1, 1), shared_mem_bytes: smem };
+        // SAFETY: the argument list matches paged_attention_tc's; partials sized for
+        // [n_split, H, parts, D] and [n_split, H, parts, 2], counters for [n_split, groups]
+        // (zeroed, and left zero by every launch); dynamic shared memory as PAT_WARPS warps use.
+        let r = unsafe { l.launch(launch) };
+        self.launched(k.name, r)
+    }
+}
+
+#[cfg(test)]
+mod partition_tests {
+    use super::*;
+
+    /// The kernel's `pa_part_len` (kernels/paged_attention.cu), mirrored.
+    fn part_len(ctx: usize) -> usize {
+        ctx.div_ceil(PA_MAX_SPLITS).div_ceil(PA_MIN_PART).max(1) * PA_MIN_PART
+    }
+
+    /// Query heads per attention block: the largest divisor of the GQA group up to 4 (the
+    /// emulator's `pa_pack` takes the same).
+    #[test]
+    fn heads_pack_by_the_largest_divisor_of_the_group_up_to_four() {
+        let got: Vec<usize> = [1, 2, 3, 4, 5, 6, 7, 8, 12, 16].iter().map(|&g| pa_pack(g)).collect();
+        assert_eq!(got, [1, 2, 3, 4, 1, 3, 1, 4, 4, 4]);
+    }
+
+    /// Every token with a context up to `ctx` fits the partitions the host launches and sizes
+    /// its scratch for; and a decode context of a few hundred keys gets several partitions.
+    #[test]
+    fn max_parts_bounds_every_shorter_context() {
+        let mut most = 0;
+        for ctx in 1..=20_000usize {
+            let len = part_len(ctx).min(PA_PART);
+            assert!((PA_MIN_PART..=PA_PART).contains(&len), "ctx {ctx}: partition of {len}");
+            most = most.max(ctx.div_ceil(len));
+            assert!(most <= pa_max_parts(ctx), "ctx {ctx}: {most} partitions, host allows {}", pa_max_parts(ctx));
+        }
+        assert_eq!(pa_max_parts(64), 1, "a short context takes the direct path");
+        assert_eq!(pa_max_parts(600), 10);
+        assert_eq!(pa_max_parts(8192), 16);
+        assert_eq!(pa_max_parts(8193), 17);
+    }
+
+    /// The tensor-core kernel's `pat_part_len`, mirrored: partitions of every context fit
+    /// PAT_SPLITS and what the host launches, and a decode context of a few hundred keys gets
+    /// several (the split is what fills the GPU at decode).
+    #[test]
+    fn tc_partitions_bound_every_shorter_context() {
+        let tc_len = |ctx: usize| ctx.div_ceil(PAT_SPLITS).div_ceil(PAT_MIN_PART).max(1) * PAT_MIN_PART;
+        let mut most = 0;
+        for ctx in (1..=40_000usize).chain([131_072, 1 << 20]) {
+            let len = tc_len(ctx);
+            assert!(len >= PAT_MIN_PART && len % PAT_MIN_PART == 0, "ctx {ctx}: partition of {len}");
+            most = most.max(ctx.div_ceil(len));
+            assert!(most <= pat_max_parts(ctx) && most <= PAT_SPLITS, "ctx {ctx}: {most} partitions, host allows {}", pat_max_parts(ctx));
+        }
+        assert_eq!(pat_max_parts(64), 1);
+        assert_eq!(pat_max_parts(600), 10);
+        assert_eq!(pat_max_parts(131_072), 16);
+    }
+
+    /// The tensor-core kernel's scratch follows the sequences, not the tokens: 2,048 tokens
+    /// over a 131k context need what 64 decodes need (the f32 kernel's 4.3 GB is gone).
+    #[test]
+    fn tc_workspace_follows_the_decodes() {
+        let l = WorkspaceLimits { max_tokens: 2048, max_seqs: 64, max_logit_rows: 192, max_context: 131_072, num_heads: 32, head_dim: 64, max_k: 8192, max_n: 128_256, kv_dtype: KvDtype::Bf16 };
+        assert_eq!(workspace(&l), (64 * 32 * 16 * 64 * 4, 64 * 32 * 16 * 2 * 4, 64 * 32 * 4));
+        assert_eq!(workspace(&WorkspaceLimits { max_context: 64, ..l }), (0, 0, 0));
+        let f32 = WorkspaceLimits { kv_dtype: KvDtype::F32, ..l };
+        assert_eq!(workspace(&f32).0, 2048 * 32 * 256 * 64 * 4);
+        // head_dim 96 has no tensor-core kernel: the f32 kernel's scratch.
+        assert_eq!(workspace(&WorkspaceLimits { head_dim: 96, ..l }).2, 2048 * 32 * 4);
+    }
+}
