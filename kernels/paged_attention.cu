@@ -1,4 +1,7 @@
 // paged_attention.cu — attention of a flattened batch of query tokens over the paged KV cache.
+// Two kernels: paged_attention_partial_* (f32 arithmetic, any cache, head_dim <= 256: below)
+// and paged_attention_tc_* (the tensor cores, bf16 cache, head_dim 64 or 128: at the end of
+// the file, with its own contract).
 //
 //   For query token t (sequence s = token_seq[t], position p = positions[t]) and head h
 //   (kv head kh = h / (num_heads / num_kv_heads), the GQA grouping of HF's repeat_kv):
