@@ -5,6 +5,8 @@
 //                                                out u32 [rows]
 //   sample_masked: the same with row r's forbidden tokens read as -inf (structured output), its
 //   mask bits at mask_index[r] (-1: none), so only the constrained rows' masks are uploaded.
+//   logit_edits: before either, row r's penalties, logit_bias and bans (`LogitEdit`s of
+//   crates/core/src/sampling.rs) applied to the logits in place.
 //
 // The result is defined by `tandem_core::sampling::sample_row` (crates/core/src/sampling.rs),
 // and this kernel computes it bit for bit: the same f32 operations in the same order. Hence:
@@ -19,7 +21,7 @@
 // Launch: grid (rows), block SMP_THREADS (256, the host's SAMPLE_LANES); launch bounds ask for 4 blocks
 // an SM (without the hint ptxas capped it at 32 registers and spilled). Work per row: one pass
 // for the max, one for the draw; top-k and top-p add 32 passes each (bisection), recomputing
-// the weights. Penalties, bans and logprobs stay on the host (the engine sends such rows there).
+// the weights. Logprobs stay on the host (the engine sends such rows there).
 // Check: kernels/emu/run.sh (Philox answers, greedy rows) and crates/cuda/tests/sampling_emu.rs
 // (the kernel against the host sampler, bitwise, on random rows and specs).
 #include "common.cuh"
@@ -32,10 +34,12 @@
 __device__ __forceinline__ float smp_mul(float a, float b) { return a * b; }
 __device__ __forceinline__ float smp_add(float a, float b) { return a + b; }
 __device__ __forceinline__ u32 smp_bits(float x) { u32 b; std::memcpy(&b, &x, 4); return b; }
+__device__ __forceinline__ float smp_div(float a, float b) { return a / b; }
 #else
 __device__ __forceinline__ float smp_mul(float a, float b) { return __fmul_rn(a, b); }
 __device__ __forceinline__ float smp_add(float a, float b) { return __fadd_rn(a, b); }
 __device__ __forceinline__ u32 smp_bits(float x) { return __float_as_uint(x); }
+__device__ __forceinline__ float smp_div(float a, float b) { return __fdiv_rn(a, b); }
 #endif
 
 // Philox4x32 with 10 rounds (Salmon et al., SC'11), in place on (c0, c1, c2, c3). Scalars, not
@@ -261,4 +265,30 @@ sample(const float* __restrict__ logits, const u32* __restrict__ specs, u32* __r
 extern "C" __global__ void __launch_bounds__(SMP_THREADS, 4)
 sample_masked(const float* __restrict__ logits, const u32* __restrict__ specs, u32* __restrict__ out, int rows, int vocab, const u32* __restrict__ mask_bits, const int* __restrict__ mask_index, int mask_words) {
     sample_row_dev(logits, specs, out, rows, vocab, mask_bits, mask_index, mask_words);
+}
+
+// Row r's edits, records start[r] .. start[r + 1] of EDIT_WORDS (5) words: token, flags (bit 0
+// repetition, 1 subtract, 2 bias, 3 ban), then repetition, subtract and bias as f32 bits;
+// applied in place, each step one rounded f32 operation, in `LogitEdit::apply`'s order. A row
+// edits each token at most once (the host checks), so its threads never share a logit; a token
+// past the vocabulary is skipped. Grid (rows), block SMP_THREADS.
+extern "C" __global__ void __launch_bounds__(SMP_THREADS)
+logit_edits(float* __restrict__ logits, const u32* __restrict__ start, const u32* __restrict__ words, int rows, int vocab) {
+    const int r = blockIdx.x;
+    if (r >= rows) return;
+    for (u32 i = start[r] + threadIdx.x; i < start[r + 1]; i += SMP_THREADS) {
+        const u32* w = words + (size_t)i * 5;
+        const u32 tok = w[0], flags = w[1];
+        if (tok >= (u32)vocab) continue;
+        float* p = logits + (size_t)r * vocab + tok;
+        float x = *p;
+        if (flags & 1u) {
+            const float rp = __uint_as_float(w[2]);
+            x = x > 0.0f ? smp_div(x, rp) : smp_mul(x, rp);
+        }
+        if (flags & 2u) x = smp_add(x, -__uint_as_float(w[3]));
+        if (flags & 4u) x = smp_add(x, __uint_as_float(w[4]));
+        if (flags & 8u) x = neg_inf_f32();
+        *p = x;
+    }
 }

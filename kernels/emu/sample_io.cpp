@@ -3,7 +3,9 @@
 // (`tandem_core::sampling::sample_row`) bit for bit on inputs it generates.
 // Usage: sample_io IN OUT. IN: u32 rows, u32 vocab, f32 logits [rows, vocab], u32 specs
 // [rows, 8], then optionally the masks (u32 words, u32 count, i32 index [rows], u32 bits
-// [count, words]: `sample_masked`); OUT: u32 ids [rows]. All little-endian.
+// [count, words]: `sample_masked`; count 0 with no bits: none), then optionally the edits
+// (u32 records, u32 start [rows + 1], u32 words [records, 5]: `logit_edits` first); OUT: u32
+// ids [rows], then, with edits, the edited logits f32 [rows, vocab]. All little-endian.
 #include "cuda_emu.h"
 
 #include "../sampling.cu"
@@ -30,13 +32,20 @@ int main(int argc, char** argv) {
     std::vector<int> index(masked ? rows : 0);
     std::vector<u32> bits(masked ? (size_t)mh[0] * mh[1] : 0);
     if (masked && (std::fread(index.data(), 4, rows, in) != rows || std::fread(bits.data(), 4, bits.size(), in) != bits.size())) return 2;
+    u32 records = 0;
+    const bool edited = masked && std::fread(&records, 4, 1, in) == 1;
+    std::vector<u32> start(edited ? rows + 1 : 0), words(edited ? (size_t)records * 5 : 0);
+    if (edited && (std::fread(start.data(), 4, start.size(), in) != start.size() || std::fread(words.data(), 4, words.size(), in) != words.size())) return 2;
     std::fclose(in);
+    if (edited)
+        launch(dim3{(unsigned)rows, 1, 1}, dim3{SMP_THREADS, 1, 1}, [&] { logit_edits(logits.data(), start.data(), words.data(), (int)rows, (int)vocab); });
     if (masked)
         launch(dim3{(unsigned)rows, 1, 1}, dim3{SMP_THREADS, 1, 1}, [&] { sample_masked(logits.data(), specs.data(), ids.data(), (int)rows, (int)vocab, bits.data(), index.data(), (int)mh[0]); });
     else
         launch(dim3{(unsigned)rows, 1, 1}, dim3{SMP_THREADS, 1, 1}, [&] { sample(logits.data(), specs.data(), ids.data(), (int)rows, (int)vocab); });
     FILE* out = std::fopen(argv[2], "wb");
     if (!out || std::fwrite(ids.data(), 4, rows, out) != rows) return 2;
+    if (edited && std::fwrite(logits.data(), 4, logits.size(), out) != logits.size()) return 2;
     std::fclose(out);
     return 0;
 }

@@ -428,9 +428,11 @@ pub trait Backend: Send + 'static {
         let v = self.read_f32(logits, rows * vocab)?;
         Ok(v.chunks_exact(vocab.max(1)).zip(specs).map(|(row, s)| sample_row(row, s)).collect())
     }
-    /// As [`Backend::sample`], row `r` read with the tokens its mask forbids at -inf (see
-    /// [`RowMasks`]): the ids of [`crate::sampling::sample_rows_masked`]. The default reads the
-    /// logits back and samples on the host; a backend with a sampling kernel uploads the masks.
+    /// As [`Backend::sample`], row `r` edited by its [`crate::sampling::LogitEdit`]s and then
+    /// read with the tokens its mask forbids at -inf (see [`RowMasks`]): the ids of
+    /// [`crate::sampling::sample_rows_masked`]. The logits' contents are unspecified afterwards
+    /// (a device applies the edits in place). The default reads the logits back and samples on
+    /// the host; a backend with a sampling kernel uploads the masks and edits.
     fn sample_masked(&self, logits: &Self::Buf, rows: usize, vocab: usize, specs: &[SampleSpec], masks: &RowMasks) -> Result<Vec<u32>> {
         if masks.is_empty() {
             return self.sample(logits, rows, vocab, specs);

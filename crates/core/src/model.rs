@@ -54,8 +54,8 @@ pub trait ModelRunner: Send {
         }
         Ok(logits.chunks_exact(vocab).zip(specs).map(|(row, s)| sample_row(row, s)).collect())
     }
-    /// As [`ModelRunner::forward_sampled`], some rows masked (structured output). `masks` is
-    /// called once, after the forward is on its way and before the sample needs it, so a caller
+    /// As [`ModelRunner::forward_sampled`], some rows masked (structured output) or edited
+    /// (penalties, `logit_bias`, bans: the edits of [`RowMasks`]). `masks` is called once, after the forward is on its way and before the sample needs it, so a caller
     /// can compute the masks while the device runs; its error fails the step. The ids equal
     /// [`crate::sampling::sample_rows_masked`] of what [`ModelRunner::forward`] would return.
     /// The default: `forward`, then the host.

@@ -213,20 +213,93 @@ pub fn apply_mask(logits: &mut [f32], mask: &[u32]) -> usize {
     allowed
 }
 
-/// The allowed-token masks of some rows of a step (structured output), packed so that only
-/// the constrained rows' bits travel: row `r`'s mask is `bits[index[r] * words..][..words]`
-/// when `index[r] >= 0`; rows at -1 are not masked.
+/// One token's logit edited before sampling (penalties, `logit_bias`, a ban), in vLLM's
+/// order: the repetition penalty (`x / r` where `x > 0`, else `x * r`), then `x - subtract`
+/// (`frequency_penalty * count + presence_penalty`, formed by the caller), then `x + bias`,
+/// then -inf where banned. Each step is one rounded f32 operation, so the device kernel
+/// (kernels/sampling.cu `logit_edits`) gives the same bits.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct LogitEdit {
+    pub token: u32,
+    pub repetition: Option<f32>,
+    pub subtract: Option<f32>,
+    pub bias: Option<f32>,
+    pub ban: bool,
+}
+
+/// u32 words of one [`LogitEdit`] on a device: token, flags (bit 0 repetition, 1 subtract,
+/// 2 bias, 3 ban), then the three values as f32 bits.
+pub const EDIT_WORDS: usize = 5;
+
+impl LogitEdit {
+    pub fn apply(&self, mut x: f32) -> f32 {
+        if let Some(r) = self.repetition {
+            x = if x > 0.0 { x / r } else { x * r };
+        }
+        if let Some(d) = self.subtract {
+            x -= d;
+        }
+        if let Some(b) = self.bias {
+            x += b;
+        }
+        if self.ban {
+            x = f32::NEG_INFINITY;
+        }
+        x
+    }
+    pub fn to_words(&self) -> [u32; EDIT_WORDS] {
+        let flags = u32::from(self.repetition.is_some()) | u32::from(self.subtract.is_some()) << 1 | u32::from(self.bias.is_some()) << 2 | u32::from(self.ban) << 3;
+        let bits = |v: Option<f32>| v.unwrap_or(0.0).to_bits();
+        [self.token, flags, bits(self.repetition), bits(self.subtract), bits(self.bias)]
+    }
+}
+
+/// What the rows of a step are sampled through besides their specs: the allowed-token masks
+/// of some rows (structured output), packed so that only the constrained rows' bits travel:
+/// row `r`'s mask is `bits[index[r] * words..][..words]` when `index[r] >= 0` (rows at -1 are
+/// not masked); and each row's [`LogitEdit`]s (`edits[r]`, at most one per token; `edits`
+/// empty: none), applied before the mask.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct RowMasks {
     pub words: usize,
     pub index: Vec<i32>,
     pub bits: Vec<u32>,
+    pub edits: Vec<Vec<LogitEdit>>,
 }
 
 impl RowMasks {
     /// No row masked.
     pub fn none(rows: usize, vocab: usize) -> Self {
-        RowMasks { words: vocab.div_ceil(32), index: vec![-1; rows], bits: vec![] }
+        RowMasks { words: vocab.div_ceil(32), index: vec![-1; rows], bits: vec![], edits: vec![] }
+    }
+    /// Edits row `r`'s logits with `edits` (at most one per token) before sampling.
+    pub fn set_edits(&mut self, r: usize, edits: Vec<LogitEdit>) {
+        if self.edits.is_empty() {
+            self.edits = vec![vec![]; self.index.len()];
+        }
+        self.edits[r] = edits;
+    }
+    /// Row `r`'s edits (empty: none).
+    pub fn row_edits(&self, r: usize) -> &[LogitEdit] {
+        self.edits.get(r).map_or(&[], Vec::as_slice)
+    }
+    pub fn has_edits(&self) -> bool {
+        self.edits.iter().any(|e| !e.is_empty())
+    }
+    /// The edits packed for a device: row `r`'s [`EDIT_WORDS`]-word records are
+    /// `words[start[r] * EDIT_WORDS..start[r + 1] * EDIT_WORDS]` (`start` has rows + 1 entries).
+    pub fn edit_words(&self) -> (Vec<u32>, Vec<u32>) {
+        let rows = self.index.len();
+        let mut start = Vec::with_capacity(rows + 1);
+        let mut words = Vec::new();
+        start.push(0);
+        for r in 0..rows {
+            for e in self.row_edits(r) {
+                words.extend_from_slice(&e.to_words());
+            }
+            start.push((words.len() / EDIT_WORDS) as u32);
+        }
+        (start, words)
     }
     /// Masks row `r` with `mask` (`words` words).
     pub fn set(&mut self, r: usize, mask: &[u32]) {
@@ -239,8 +312,9 @@ impl RowMasks {
         let i = usize::try_from(*self.index.get(r)?).ok()?;
         self.bits.get(i * self.words..(i + 1) * self.words)
     }
+    /// Nothing masked and nothing edited: plain sampling.
     pub fn is_empty(&self) -> bool {
-        self.bits.is_empty()
+        self.bits.is_empty() && !self.has_edits()
     }
     /// Checks the packing against a step of `rows` rows of `vocab` logits.
     pub fn check(&self, rows: usize, vocab: usize) -> Result<(), String> {
@@ -248,28 +322,51 @@ impl RowMasks {
             return Err(format!("masks for {} rows of {} words, step has {rows} rows of vocabulary {vocab}", self.index.len(), self.words));
         }
         let count = self.bits.len() / self.words.max(1);
-        match self.index.iter().find(|&&i| i >= count as i32 || i < -1) {
-            Some(i) => Err(format!("mask index {i} outside the {count} masks given")),
-            None => Ok(()),
+        if let Some(i) = self.index.iter().find(|&&i| i >= count as i32 || i < -1) {
+            return Err(format!("mask index {i} outside the {count} masks given"));
         }
+        if !self.edits.is_empty() && self.edits.len() != rows {
+            return Err(format!("edits for {} rows, step has {rows}", self.edits.len()));
+        }
+        for (r, edits) in self.edits.iter().enumerate() {
+            let mut tokens: Vec<u32> = edits.iter().map(|e| e.token).collect();
+            tokens.sort_unstable();
+            if let Some(t) = tokens.iter().find(|&&t| t as usize >= vocab) {
+                return Err(format!("row {r} edits token {t}, beyond the vocabulary of {vocab}"));
+            }
+            if let Some(w) = tokens.windows(2).find(|w| w[0] == w[1]) {
+                return Err(format!("row {r} edits token {} twice", w[0]));
+            }
+        }
+        Ok(())
     }
 }
 
-/// [`sample_row`] of each row of `logits` (`[rows, vocab]`), masked rows with their forbidden
-/// tokens at -inf: the host's answer for a masked step.
+/// [`sample_row`] of each row of `logits` (`[rows, vocab]`), each row's edits applied first
+/// and masked rows' forbidden tokens then at -inf: the host's answer for such a step.
 pub fn sample_rows_masked(logits: &[f32], vocab: usize, specs: &[SampleSpec], masks: &RowMasks) -> Vec<u32> {
     let vocab = vocab.max(1);
     logits
         .chunks_exact(vocab)
         .zip(specs)
         .enumerate()
-        .map(|(r, (row, s))| match masks.row(r) {
-            Some(m) => {
-                let mut row = row.to_vec();
-                apply_mask(&mut row, m);
-                sample_row(&row, s)
+        .map(|(r, (row, s))| {
+            let edits = masks.row_edits(r);
+            match masks.row(r) {
+                None if edits.is_empty() => sample_row(row, s),
+                m => {
+                    let mut row = row.to_vec();
+                    for e in edits {
+                        if let Some(x) = row.get_mut(e.token as usize) {
+                            *x = e.apply(*x);
+                        }
+                    }
+                    if let Some(m) = m {
+                        apply_mask(&mut row, m);
+                    }
+                    sample_row(&row, s)
+                }
             }
-            None => sample_row(row, s),
         })
         .collect()
 }
@@ -350,8 +447,47 @@ mod tests {
         let logits: Vec<f32> = (0..3 * vocab).map(|i| (i % vocab) as f32).collect();
         let specs = [SampleSpec::greedy(); 3];
         assert_eq!(sample_rows_masked(&logits, vocab, &specs, &m), vec![39, 37, 39]);
-        let bad = RowMasks { words: 2, index: vec![0, 1, -1], bits: vec![0; 2] };
+        let bad = RowMasks { words: 2, index: vec![0, 1, -1], bits: vec![0; 2], edits: vec![] };
         assert!(bad.check(3, vocab).is_err(), "index 1 of a single mask");
+    }
+
+    /// An edit is vLLM's order of one-rounding f32 steps; a row's edits apply before its mask;
+    /// the device packing holds each row's records in order; bad edits are refused.
+    #[test]
+    fn logit_edits_apply_in_order_and_pack_per_row() {
+        let rep = LogitEdit { token: 0, repetition: Some(2.0), ..Default::default() };
+        assert_eq!((rep.apply(3.0), rep.apply(-3.0), rep.apply(0.0)), (1.5, -6.0, 0.0));
+        let all = LogitEdit { token: 0, repetition: Some(1.5), subtract: Some(0.25), bias: Some(1.0), ban: false };
+        assert_eq!(all.apply(3.0), 3.0 / 1.5 - 0.25 + 1.0);
+        assert_eq!(LogitEdit { ban: true, ..all }.apply(3.0), f32::NEG_INFINITY);
+        // No edit, not even + 0.0: a -0.0 logit keeps its sign.
+        assert_eq!(LogitEdit::default().apply(-0.0).to_bits(), (-0.0f32).to_bits());
+        let vocab = 40;
+        let mut m = RowMasks::none(3, vocab);
+        assert!(m.is_empty());
+        // Row 0: the best token (39) banned; row 2: token 3 lifted above the rest.
+        m.set_edits(0, vec![LogitEdit { token: 39, ban: true, ..Default::default() }]);
+        m.set_edits(2, vec![LogitEdit { token: 3, bias: Some(100.0), ..Default::default() }, LogitEdit { token: 38, subtract: Some(1.0), ..Default::default() }]);
+        assert!(!m.is_empty() && m.has_edits() && m.check(3, vocab).is_ok());
+        let logits: Vec<f32> = (0..3 * vocab).map(|i| (i % vocab) as f32).collect();
+        let specs = [SampleSpec::greedy(); 3];
+        assert_eq!(sample_rows_masked(&logits, vocab, &specs, &m), vec![38, 39, 3]);
+        // A mask applies after the edits: row 2 allowed only 38 and 39 loses token 3's lift.
+        let mut allow = vec![0u32; 2];
+        allow[1] |= 0b11 << (38 - 32);
+        m.set(2, &allow);
+        assert_eq!(sample_rows_masked(&logits, vocab, &specs, &m)[2], 39);
+        let (start, words) = m.edit_words();
+        assert_eq!(start, vec![0, 1, 1, 3]);
+        assert_eq!(words.len(), 3 * EDIT_WORDS);
+        assert_eq!(&words[..2], &[39, 0b1000]);
+        assert_eq!(&words[5..10], &[3, 0b100, 0, 0, 100.0f32.to_bits()]);
+        let mut twice = RowMasks::none(1, vocab);
+        twice.set_edits(0, vec![LogitEdit { token: 5, ..Default::default() }, LogitEdit { token: 5, ban: true, ..Default::default() }]);
+        assert!(twice.check(1, vocab).unwrap_err().contains("twice"));
+        let mut beyond = RowMasks::none(1, vocab);
+        beyond.set_edits(0, vec![LogitEdit { token: 40, ban: true, ..Default::default() }]);
+        assert!(beyond.check(1, vocab).unwrap_err().contains("beyond"));
     }
 
     use super::*;

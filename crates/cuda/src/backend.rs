@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::sys::CUresult;
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DriverError, LaunchConfig, PushKernelArg};
 use tandem_core::backend::{AttnArgs, Backend, DType, KvDtype, KvGeometry, WorkspaceLimits};
-use tandem_core::sampling::{RowMasks, SampleSpec, SAMPLE_LANES, SPEC_WORDS};
+use tandem_core::sampling::{RowMasks, SampleSpec, EDIT_WORDS, SAMPLE_LANES, SPEC_WORDS};
 use tandem_core::weights::TensorView;
 use tandem_core::{Error, Result};
 
@@ -224,8 +224,17 @@ struct IoScratch {
     /// Masked sampling: the constrained rows' mask bits, and each row's mask index (i32 as u32).
     masks: Option<CudaBuf>,
     mask_index: Option<CudaBuf>,
+    /// Logit edits (penalties, logit_bias, bans): each row's first record (rows + 1 entries)
+    /// and the records, EDIT_WORDS words each. Reserved for EDIT_RECORDS records; a step with
+    /// more samples on the host (the same ids) rather than allocate mid-serving.
+    edit_start: Option<CudaBuf>,
+    edits: Option<CudaBuf>,
     fixed: bool,
 }
+
+/// Logit-edit records reserved at load: a row edits the tokens its prompt and output hold
+/// (repetition) at most, so this covers 64 rows of 4,096 distinct tokens (5.2 MB).
+const EDIT_RECORDS: usize = 1 << 18;
 
 /// Bytes of the step workspace for `l`: (attention partial outputs, attention (max, sum)
 /// pairs, matmul x in 16 bits, split-K partials); the attention's is [`attention::workspace`].
@@ -264,6 +273,7 @@ struct Kernels<F> {
     argmax: Kernel<F>,
     sample: Kernel<F>,
     sample_masked: Kernel<F>,
+    logit_edits: Kernel<F>,
 }
 
 impl<F> Kernels<F> {
@@ -292,6 +302,7 @@ impl<F> Kernels<F> {
             argmax: k("argmax")?,
             sample: k("sample")?,
             sample_masked: k("sample_masked")?,
+            logit_edits: k("logit_edits")?,
         })
     }
 }
@@ -493,6 +504,40 @@ impl CudaBackend {
         Ok(s)
     }
 
+    /// `logit_edits` on the logits in place (the rows' penalties, logit_bias and bans: what
+    /// `sample_masked` samples from). False, with nothing launched, when the records exceed
+    /// the workspace reserved at load.
+    fn edit_logits(&self, logits: &CudaBuf, rows: usize, vocab: usize, masks: &RowMasks) -> Result<bool> {
+        const OP: &str = "logit_edits";
+        let (start, words) = masks.edit_words();
+        let mut s = self.io_scratch.lock().map_err(|_| err(format!("{OP}: scratch lock poisoned by an earlier panic")))?;
+        let short = |b: &Option<CudaBuf>, n: usize| b.as_ref().is_none_or(|b| b.len < n);
+        if short(&s.edit_start, start.len()) || short(&s.edits, words.len().max(1)) {
+            if s.fixed {
+                return Ok(false);
+            }
+            s.edit_start = Some(self.alloc(Elem::U32, start.len())?);
+            s.edits = Some(self.alloc(Elem::U32, words.len().max(1))?);
+        }
+        let IoScratch { edit_start: Some(sb), edits: Some(eb), .. } = &mut *s else {
+            return Err(err(format!("{OP}: edit buffers missing after allocation")));
+        };
+        self.write_u32(sb, &start)?;
+        if !words.is_empty() {
+            self.write_u32(eb, &words)?;
+        }
+        let (ri, vi) = (i32_of(rows, OP, "rows")?, i32_of(vocab, OP, "vocab")?);
+        let mut l = self.stream.launch_builder(&self.kernels.logit_edits.f);
+        l.arg(&logits.mem).arg(&sb.mem).arg(&eb.mem).arg(&ri).arg(&vi);
+        // SAFETY: start holds rows + 1 record offsets into `eb`'s records; each record's token is
+        // below vocab (`RowMasks::check`) and the kernel skips any that is not; a row edits each
+        // token once, so no two threads write the same logit. The logits are edited in place:
+        // `Backend::sample_masked` leaves them unspecified.
+        let r = unsafe { l.launch(cfg((ri as u32, 1, 1), SAMPLE_LANES as u32)) };
+        self.launched(OP, r)?;
+        Ok(true)
+    }
+
     fn elementwise_cfg(len: usize, op: &str) -> Result<LaunchConfig> {
         Ok(cfg((u32_of(len.div_ceil(256), op, "blocks")?, 1, 1), 256))
     }
@@ -587,9 +632,11 @@ impl Backend for CudaBackend {
             specs: Some(self.alloc(Elem::U32, rows * SPEC_WORDS)?),
             masks: Some(self.alloc(Elem::U32, mask_words.max(1))?),
             mask_index: Some(self.alloc(Elem::U32, rows)?),
+            edit_start: Some(self.alloc(Elem::U32, rows + 1)?),
+            edits: Some(self.alloc(Elem::U32, EDIT_RECORDS * EDIT_WORDS)?),
             fixed: true,
         };
-        let io_bytes = (rows * (2 + SPEC_WORDS) + mask_words) * 4;
+        let io_bytes = (rows * (3 + SPEC_WORDS) + 1 + mask_words + EDIT_RECORDS * EDIT_WORDS) * 4;
         // The allocations are stream-ordered: wait, so that free_memory sees them.
         self.synchronize()?;
         Ok((out + ml + counter_bytes + xa + part + GEMM_COUNTERS * 4 + io_bytes) as u64)
@@ -958,6 +1005,16 @@ impl Backend for CudaBackend {
             return Err(err(format!("{OP}: {} specs for {rows} rows of vocabulary {vocab}", specs.len())));
         }
         need(logits, Elem::F32, rows * vocab, OP, "logits")?;
+        if masks.has_edits() {
+            if !self.edit_logits(logits, rows, vocab, masks)? {
+                // More edits than the reserved records: the host, with the same ids.
+                let v = self.read_f32(logits, rows * vocab)?;
+                return Ok(tandem_core::sampling::sample_rows_masked(&v, vocab, specs, masks));
+            }
+            if masks.bits.is_empty() {
+                return self.sample(logits, rows, vocab, specs);
+            }
+        }
         let (ri, vi, wi) = (i32_of(rows, OP, "rows")?, i32_of(vocab, OP, "vocab")?, i32_of(masks.words, OP, "mask words")?);
         i32_of(rows * vocab, OP, "rows*vocab")?;
         let words: Vec<u32> = specs.iter().flat_map(SampleSpec::to_words).collect();
@@ -991,7 +1048,7 @@ mod kernel_table_tests {
         let names = kernel_names();
         let unique: std::collections::BTreeSet<_> = names.iter().collect();
         assert_eq!(unique.len(), names.len(), "{names:?}");
-        assert_eq!(names.len(), 33);
+        assert_eq!(names.len(), 34);
         let k = Kernels::<&'static str>::resolve(Ok).unwrap();
         assert_eq!(k.embedding.map(|x| x.f), ["embedding_f32", "embedding_bf16", "embedding_f16"]);
         assert_eq!([Elem::F32, Elem::BF16, Elem::F16].map(|e| k.rms_norm[weight_index(e)].f), ["rms_norm_f32", "rms_norm_bf16", "rms_norm_f16"]);

@@ -31,7 +31,8 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 use crate::detokenize::DecodeFn;
 use crate::metrics::{RequestMetrics, Stats};
-use crate::sampler::{apply_penalties, logprobs, needs_host, sample, spec, SampleSpec, TokenLogprobs};
+use crate::sampler::{apply_penalties, has_edits, logprobs, needs_host, penalty_edits, sample, spec, SampleSpec, TokenLogprobs};
+use tandem_core::sampling::LogitEdit;
 use crate::sampling_params::SamplingParams;
 use crate::scheduler::{BatchMode, Policy, Scheduler, SchedulerConfig, SchedulerOutput};
 use crate::constraint::{apply_mask, mask_words};
@@ -154,6 +155,12 @@ enum Sampled {
 enum Pick<'a> {
     Token(u32),
     Row(&'a mut [f32]),
+}
+
+/// A step sampled where the logits are: one spec per sampled row, and the edited rows' edits.
+struct DeviceSampling {
+    specs: Vec<SampleSpec>,
+    edits: Vec<(usize, Vec<LogitEdit>)>,
 }
 
 /// Tokens a sequence may not produce yet: EOS (unless ignored) and its stop tokens, while it
@@ -501,8 +508,8 @@ impl Engine {
         let sent = out.seqs.len();
         if !out.is_empty() {
             match self.device_specs(&out) {
-                Some(specs) => self.dispatch(out, specs),
-                None => {
+                Some(DeviceSampling { specs, edits }) if edits.is_empty() => self.dispatch(out, specs),
+                _ => {
                     // `can_overlap` checks what `device_specs` does, so this is not reached;
                     // were it, the step runs synchronously once its placeholders are known.
                     self.land_all();
@@ -537,12 +544,14 @@ impl Engine {
 
     /// Whether the next step may be scheduled before the one in flight lands: no sequence
     /// needs what only the host has after a step (logits for host sampling or logprobs,
-    /// prompt logprobs, a constraint's next mask). Checked over every sequence, waiting ones
-    /// too, so that whatever the scheduler picks can be sampled on the device.
+    /// prompt logprobs, a constraint's next mask), or edits its logits (penalties count the
+    /// output so far, which includes the token still in flight). Checked over every sequence,
+    /// waiting ones too, so that whatever the scheduler picks can be sampled on the device.
     fn can_overlap(&self) -> bool {
         self.failure.get().is_none()
             && self.scheduler.seqs().all(|s| {
-                s.guide.is_none() && s.params.guided.is_none() && s.params.prompt_logprobs.is_none() && !needs_host(&s.params, &banned(&self.eos, s))
+                let b = banned(&self.eos, s);
+                s.guide.is_none() && s.params.guided.is_none() && s.params.prompt_logprobs.is_none() && !needs_host(&s.params, &b, false) && !has_edits(&s.params, &b)
             })
     }
 
@@ -680,21 +689,26 @@ impl Engine {
             }));
             let mut joined: Option<Vec<MaskDone>> = None;
             let join = |h: &mut Option<std::thread::ScopedJoinHandle<'_, Vec<MaskDone>>>| h.take().map(|h| h.join().expect("computing a mask panicked")).unwrap_or_default();
-            let result = match &device {
-                Some(specs) if handle.is_some() => {
-                    // Masked rows sample on the device too: only their masks go up.
+            let result = match device {
+                Some(DeviceSampling { specs, edits }) if handle.is_some() || !edits.is_empty() => {
+                    // Masked and edited rows sample on the device too: only their masks and
+                    // edits go up.
+                    let mut edits = Some(edits);
                     let mut provide = || {
                         let done = join(&mut handle);
                         let mut m = RowMasks::none(specs.len(), vocab);
                         for d in done.iter().filter(|d| d.mask.as_ref().is_ok_and(|m| admits_some(m))) {
                             m.set(d.row, d.mask.as_ref().expect("filtered on Ok"));
                         }
+                        for (row, e) in edits.take().unwrap_or_default() {
+                            m.set_edits(row, e);
+                        }
                         joined = Some(done);
                         Ok(m)
                     };
-                    runner.forward_sampled_masked(&batch, specs, &mut provide).map(Sampled::Ids)
+                    runner.forward_sampled_masked(&batch, &specs, &mut provide).map(Sampled::Ids)
                 }
-                Some(specs) => runner.forward_sampled(&batch, specs).map(Sampled::Ids),
+                Some(DeviceSampling { specs, .. }) => runner.forward_sampled(&batch, &specs).map(Sampled::Ids),
                 None => runner.forward(&batch).map(Sampled::Logits),
             };
             let masks = joined.take().unwrap_or_else(|| join(&mut handle));
@@ -721,20 +735,27 @@ impl Engine {
     }
 
     /// One spec per sampled row, or None when some row must be sampled on the host.
-    fn device_specs(&self, out: &SchedulerOutput) -> Option<Vec<SampleSpec>> {
+    /// The step's sampling specs and each edited row's edits (row: its index among the
+    /// sampled rows) when every row can be sampled on the device; None: the host samples.
+    fn device_specs(&self, out: &SchedulerOutput) -> Option<DeviceSampling> {
         let mut specs = Vec::with_capacity(out.seqs.len());
+        let mut edits = vec![];
         for s in out.seqs.iter().filter(|s| s.sample || s.all_logits) {
             // Prompt logprobs need every position's logits on the host.
             if s.all_logits {
                 return None;
             }
             let seq = self.scheduler.seq(s.seq)?;
-            if needs_host(&seq.params, &banned(&self.eos, seq)) {
+            let b = banned(&self.eos, seq);
+            if needs_host(&seq.params, &b, seq.guide.is_some() || seq.params.guided.is_some()) {
                 return None;
+            }
+            if has_edits(&seq.params, &b) {
+                edits.push((specs.len(), penalty_edits(&seq.params, seq.prompt(), seq.output(), &b, self.vocab)));
             }
             specs.push(spec(&seq.params, seq.seed, seq.index, seq.num_output_tokens()));
         }
-        Some(specs)
+        Some(DeviceSampling { specs, edits })
     }
 
     fn postprocess(&mut self, out: &SchedulerOutput, sampled: Result<Sampled, String>) {

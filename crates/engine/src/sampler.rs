@@ -3,11 +3,18 @@
 //! one Philox draw keyed by (seed, completion, token index), the function the device kernels
 //! compute too). Also the top-N logprobs of the raw logits (vLLM's default).
 //!
+//! Penalties, `logit_bias` and bans are per-token edits ([`penalty_edits`]), which the host
+//! applies ([`apply_penalties`]) and a device applies where the logits are
+//! (`Backend::sample_masked` with `RowMasks` edits), with the same bits.
+//!
 //! Which rows the model may sample where the logits are ([`needs_host`]): those without
-//! penalties, `logit_bias`, bans or logprobs (prompt logprobs too: the engine checks those). The engine decides per step: one such row sends the whole
-//! step's logits to the host, where the same function gives the same ids.
+//! logprobs (prompt logprobs too: the engine checks those), and without edits where a
+//! constraint masks the row. The engine decides per step: one such row sends the whole step's
+//! logits to the host, where the same functions give the same ids.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
+
+use tandem_core::sampling::LogitEdit;
 
 use crate::sampling_params::SamplingParams;
 
@@ -41,35 +48,50 @@ pub fn logprobs(logits: &[f32], token: u32, n: usize) -> TokenLogprobs {
     TokenLogprobs { token, logprob: lp(logits[token as usize]), top }
 }
 
-/// Penalties, `logit_bias` and token bans, applied in place (vLLM's order and formulas).
-pub fn apply_penalties(logits: &mut [f32], p: &SamplingParams, prompt: &[u32], output: &[u32], banned: &[u32]) {
+/// Whether the row's logits are edited before sampling: a penalty, `logit_bias` or a ban.
+pub fn has_edits(p: &SamplingParams, banned: &[u32]) -> bool {
+    p.repetition_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 || !p.logit_bias.is_empty() || !banned.is_empty()
+}
+
+/// The row's penalties, `logit_bias` and bans as one [`LogitEdit`] per token (ascending), in
+/// vLLM's order and formulas: the repetition penalty on every token of the prompt and the
+/// output, `frequency_penalty * count + presence_penalty` subtracted for each output token,
+/// the bias added (a token named twice in `logit_bias`: the last value, as in a JSON map),
+/// then the bans. Tokens at or past `vocab` are left out.
+pub fn penalty_edits(p: &SamplingParams, prompt: &[u32], output: &[u32], banned: &[u32], vocab: usize) -> Vec<LogitEdit> {
+    let mut edits: BTreeMap<u32, LogitEdit> = BTreeMap::new();
+    let in_vocab = |t: &u32| (*t as usize) < vocab;
+    fn at(edits: &mut BTreeMap<u32, LogitEdit>, t: u32) -> &mut LogitEdit {
+        edits.entry(t).or_insert(LogitEdit { token: t, ..Default::default() })
+    }
     if p.repetition_penalty != 1.0 {
-        let mut seen: Vec<u32> = prompt.iter().chain(output).copied().filter(|&t| (t as usize) < logits.len()).collect();
-        seen.sort_unstable();
-        seen.dedup();
-        for t in seen {
-            let x = &mut logits[t as usize];
-            *x = if *x > 0.0 { *x / p.repetition_penalty } else { *x * p.repetition_penalty };
+        for &t in prompt.iter().chain(output).filter(|t| in_vocab(t)) {
+            at(&mut edits, t).repetition = Some(p.repetition_penalty);
         }
     }
     if p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
-        let mut counts: HashMap<u32, u32> = HashMap::new();
-        for &t in output.iter().filter(|&&t| (t as usize) < logits.len()) {
+        let mut counts: BTreeMap<u32, u32> = BTreeMap::new();
+        for &t in output.iter().filter(|t| in_vocab(t)) {
             *counts.entry(t).or_default() += 1;
         }
         for (t, c) in counts {
-            logits[t as usize] -= p.frequency_penalty * c as f32 + p.presence_penalty;
+            at(&mut edits, t).subtract = Some(p.frequency_penalty * c as f32 + p.presence_penalty);
         }
     }
-    for &(t, b) in &p.logit_bias {
-        if let Some(x) = logits.get_mut(t as usize) {
-            *x += b;
-        }
+    for &(t, b) in p.logit_bias.iter().filter(|(t, _)| in_vocab(t)) {
+        at(&mut edits, t).bias = Some(b);
     }
-    for &t in banned {
-        if let Some(x) = logits.get_mut(t as usize) {
-            *x = f32::NEG_INFINITY;
-        }
+    for &t in banned.iter().filter(|t| in_vocab(t)) {
+        at(&mut edits, t).ban = true;
+    }
+    edits.into_values().collect()
+}
+
+/// [`penalty_edits`] applied in place: what the device's `logit_edits` computes too.
+pub fn apply_penalties(logits: &mut [f32], p: &SamplingParams, prompt: &[u32], output: &[u32], banned: &[u32]) {
+    for e in penalty_edits(p, prompt, output, banned, logits.len()) {
+        let x = &mut logits[e.token as usize];
+        *x = e.apply(*x);
     }
 }
 
@@ -90,16 +112,12 @@ pub fn spec(p: &SamplingParams, seed: u64, completion: usize, token_index: usize
     }
 }
 
-/// Whether a row must be sampled on the host: the device samplers apply no penalties,
-/// `logit_bias` or token bans and return no logprobs (a constraint's mask they do apply:
-/// `ModelRunner::forward_sampled_masked`).
-pub fn needs_host(p: &SamplingParams, banned: &[u32]) -> bool {
-    p.logprobs.is_some()
-        || p.repetition_penalty != 1.0
-        || p.presence_penalty != 0.0
-        || p.frequency_penalty != 0.0
-        || !p.logit_bias.is_empty()
-        || !banned.is_empty()
+/// Whether a row must be sampled on the host: the device samplers return no logprobs; they
+/// apply edits and a constraint's mask (`ModelRunner::forward_sampled_masked`), but a row
+/// with both samples on the host, which can tell that a ban took every token the constraint
+/// allows (an error for the request, not a token).
+pub fn needs_host(p: &SamplingParams, banned: &[u32], guided: bool) -> bool {
+    p.logprobs.is_some() || (guided && has_edits(p, banned))
 }
 
 /// Picks the next token from (penalised) logits: [`tandem_core::sampling::sample_row`].
@@ -170,19 +188,39 @@ mod tests {
     }
 
     #[test]
-    fn rows_with_penalties_bans_or_logprobs_need_the_host() {
-        assert!(!needs_host(&SamplingParams::default(), &[]));
+    fn rows_with_logprobs_or_edits_under_a_constraint_need_the_host() {
+        assert!(!needs_host(&SamplingParams::default(), &[], false));
         assert!(!needs_host(&params(|p| {
             p.top_k = 5;
             p.top_p = 0.5;
             p.min_p = 0.1;
-        }), &[]));
-        assert!(needs_host(&params(|p| p.logprobs = Some(0)), &[]));
-        assert!(needs_host(&params(|p| p.repetition_penalty = 1.1), &[]));
-        assert!(needs_host(&params(|p| p.presence_penalty = 0.5), &[]));
-        assert!(needs_host(&params(|p| p.frequency_penalty = -0.5), &[]));
-        assert!(needs_host(&params(|p| p.logit_bias = vec![(3, 1.0)]), &[]));
-        assert!(needs_host(&SamplingParams::default(), &[2]));
+        }), &[], true));
+        assert!(needs_host(&params(|p| p.logprobs = Some(0)), &[], false));
+        for p in [params(|p| p.repetition_penalty = 1.1), params(|p| p.presence_penalty = 0.5), params(|p| p.frequency_penalty = -0.5), params(|p| p.logit_bias = vec![(3, 1.0)])] {
+            assert!(has_edits(&p, &[]) && !needs_host(&p, &[], false) && needs_host(&p, &[], true), "{p:?}");
+        }
+        assert!(has_edits(&SamplingParams::default(), &[2]) && needs_host(&SamplingParams::default(), &[2], true));
+        assert!(!has_edits(&SamplingParams::default(), &[]));
+    }
+
+    /// One edit a token, ascending, every stage merged into it; a token named twice in
+    /// logit_bias takes the last value; tokens past the vocabulary are left out.
+    #[test]
+    fn penalty_edits_merge_per_token() {
+        let p = params(|p| {
+            p.repetition_penalty = 1.5;
+            p.frequency_penalty = 0.5;
+            p.presence_penalty = 0.25;
+            p.logit_bias = vec![(4, 1.0), (9, 3.0), (4, -2.0)];
+        });
+        let e = penalty_edits(&p, &[7, 2, 7, 99], &[2, 2, 5], &[5, 100], 10);
+        let tokens: Vec<u32> = e.iter().map(|e| e.token).collect();
+        assert_eq!(tokens, vec![2, 4, 5, 7, 9]);
+        assert_eq!(e[0], LogitEdit { token: 2, repetition: Some(1.5), subtract: Some(0.5 * 2.0 + 0.25), bias: None, ban: false });
+        assert_eq!(e[1], LogitEdit { token: 4, bias: Some(-2.0), ..Default::default() });
+        assert_eq!(e[2], LogitEdit { token: 5, repetition: Some(1.5), subtract: Some(0.5 + 0.25), bias: None, ban: true });
+        assert_eq!(e[3].repetition, Some(1.5));
+        assert!(penalty_edits(&SamplingParams::default(), &[1, 2], &[3], &[], 10).is_empty());
     }
 
     #[test]

@@ -36,8 +36,9 @@ pub struct SamplingParams {
     /// at each position: vLLM's `prompt_logprobs`, and completions' `echo` with `logprobs`.
     /// Such a request computes its whole prompt (no prefix-cache hit), as vLLM does.
     pub prompt_logprobs: Option<usize>,
-    /// Added to the logits of these tokens before sampling (OpenAI's `logit_bias`); logprobs
-    /// stay those of the raw logits.
+    /// Added to the logits of these tokens before sampling (OpenAI's `logit_bias`; a token
+    /// named twice takes the last value, as in a JSON map); logprobs stay those of the raw
+    /// logits.
     pub logit_bias: Vec<(u32, f32)>,
     /// A stop string that ends the text stays in it (vLLM's `include_stop_str_in_output`).
     pub include_stop_str_in_output: bool,

@@ -209,4 +209,23 @@ fn masked_sampling_matches_the_host() {
     b.write_f32(&mut buf, &logits).unwrap();
     let got = b.sample_masked(&buf, rows, vocab, &specs, &masks).unwrap();
     assert_eq!(got, sample_rows_masked(&logits, vocab, &specs, &masks));
+    // Penalties, logit_bias and bans (`logit_edits` in place first), with and without masks:
+    // every fourth token of a row edited, the row's best one banned now and then.
+    use tandem_core::sampling::LogitEdit;
+    for r in 0..rows {
+        let edits = (0..vocab as u32)
+            .filter(|t| (*t as usize + r) % 4 == 0)
+            .map(|token| LogitEdit {
+                token,
+                repetition: (token % 3 == 0).then_some(1.3),
+                subtract: (token % 5 == 0).then_some(0.7),
+                bias: (token % 7 == 0).then_some(4.0),
+                ban: token % 11 == 0,
+            })
+            .collect();
+        masks.set_edits(r, edits);
+    }
+    b.write_f32(&mut buf, &logits).unwrap();
+    let got = b.sample_masked(&buf, rows, vocab, &specs, &masks).unwrap();
+    assert_eq!(got, sample_rows_masked(&logits, vocab, &specs, &masks), "edited rows");
 }

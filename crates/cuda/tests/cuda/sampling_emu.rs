@@ -5,13 +5,14 @@
 //! min-p, their mixes, NaN and -inf logits, +inf and all-NaN rows, vocabularies from 1 to 5000
 //! (lanes left empty, lanes of unequal length); and `sample_masked` (structured output: rows
 //! with one to three allowed tokens, about half, or none masked) against the host's masked
-//! sampler. Needs g++ (or $CXX): SKIPPED without one,
+//! sampler; and `logit_edits` (penalties, logit_bias, bans) before `sample_masked`: the edited
+//! logits bitwise `LogitEdit::apply`'s and the ids the host's. Needs g++ (or $CXX): SKIPPED without one,
 //! a failure under TANDEM_REQUIRE_EMU=1.
 
 use std::path::Path;
 use std::process::Command;
 
-use tandem_core::sampling::{sample_row, sample_rows_masked, RowMasks, SampleSpec};
+use tandem_core::sampling::{sample_row, sample_rows_masked, LogitEdit, RowMasks, SampleSpec};
 
 struct SplitMix(u64);
 impl SplitMix {
@@ -138,6 +139,80 @@ fn sampling_kernel_matches_the_host_sampler_bitwise() {
         total += rows;
     }
     assert!(changed > 0, "no mask changed any id: the masked cases prove nothing");
-    println!("sampling kernel == host sampler on {total} rows ({changed} ids changed by their masks)");
+    // Edited rows (penalties, logit_bias, bans), some masked too: `logit_edits` then
+    // `sample_masked` against `sample_rows_masked`, and the edited logits bit for bit.
+    let mut edited = 0;
+    for vocab in [40usize, 1000] {
+        let rows = 16;
+        let cases: Vec<_> = (0..rows).map(|_| case(&mut r, vocab)).collect();
+        let mut masks = RowMasks::none(rows, vocab);
+        for (row, (row_logits, _)) in cases.iter().enumerate() {
+            if r.next().is_multiple_of(4) {
+                let mut m = vec![0u32; masks.words];
+                (0..vocab).filter(|_| !r.next().is_multiple_of(3)).for_each(|t| m[t / 32] |= 1 << (t % 32));
+                masks.set(row, &m);
+            }
+            if r.next().is_multiple_of(5) {
+                continue;
+            }
+            // Distinct tokens, the row's best among them now and then (so edits move the argmax).
+            let mut tokens: Vec<u32> = (0..vocab as u32).filter(|_| r.next().is_multiple_of(4)).collect();
+            if let Some(best) = (0..vocab).max_by(|&a, &b| row_logits[a].total_cmp(&row_logits[b])) {
+                if !tokens.contains(&(best as u32)) {
+                    tokens.push(best as u32);
+                }
+            }
+            let edits = tokens
+                .into_iter()
+                .map(|token| LogitEdit {
+                    token,
+                    repetition: r.next().is_multiple_of(2).then(|| r.pick(&[0.5f32, 1.1, 1.3, 2.0, 10.0])),
+                    subtract: r.next().is_multiple_of(2).then(|| r.pick(&[0.1f32, 1.5, 3.7, -2.0])),
+                    bias: r.next().is_multiple_of(3).then(|| r.pick(&[-100.0f32, -2.5, 0.3, 5.0, 100.0])),
+                    ban: r.next().is_multiple_of(10),
+                })
+                .collect();
+            masks.set_edits(row, edits);
+        }
+        masks.check(rows, vocab).unwrap();
+        let mut bytes = Vec::new();
+        bytes.extend((rows as u32).to_le_bytes());
+        bytes.extend((vocab as u32).to_le_bytes());
+        cases.iter().flat_map(|c| &c.0).for_each(|x| bytes.extend(x.to_le_bytes()));
+        cases.iter().flat_map(|c| c.1.to_words()).for_each(|w| bytes.extend(w.to_le_bytes()));
+        bytes.extend((masks.words as u32).to_le_bytes());
+        bytes.extend(((masks.bits.len() / masks.words) as u32).to_le_bytes());
+        masks.index.iter().for_each(|i| bytes.extend(i.to_le_bytes()));
+        masks.bits.iter().for_each(|w| bytes.extend(w.to_le_bytes()));
+        let (start, words) = masks.edit_words();
+        bytes.extend((*start.last().unwrap()).to_le_bytes());
+        start.iter().chain(&words).for_each(|w| bytes.extend(w.to_le_bytes()));
+        let (inp, outp) = (dir.join("in.bin"), dir.join("out.bin"));
+        std::fs::write(&inp, &bytes).unwrap();
+        let run = Command::new(&exe).arg(&inp).arg(&outp).output().unwrap();
+        assert!(run.status.success(), "sample_io (edited) failed: {}", String::from_utf8_lossy(&run.stderr));
+        let words_out: Vec<u32> = std::fs::read(&outp).unwrap().chunks_exact(4).map(|b| u32::from_le_bytes(b.try_into().unwrap())).collect();
+        assert_eq!(words_out.len(), rows + rows * vocab);
+        let logits: Vec<f32> = cases.iter().flat_map(|c| c.0.iter().copied()).collect();
+        let mut want_logits = logits.clone();
+        for row in 0..rows {
+            for e in masks.row_edits(row) {
+                let x = &mut want_logits[row * vocab + e.token as usize];
+                *x = e.apply(*x);
+            }
+        }
+        let got_logits = &words_out[rows..];
+        for (i, (g, w)) in got_logits.iter().zip(&want_logits).enumerate() {
+            assert_eq!(*g, w.to_bits(), "edited logit {i} (row {}, token {}): kernel {}, host {w}", i / vocab, i % vocab, f32::from_bits(*g));
+        }
+        let specs: Vec<SampleSpec> = cases.iter().map(|c| c.1).collect();
+        let want = sample_rows_masked(&logits, vocab, &specs, &masks);
+        assert_eq!(&words_out[..rows], &want[..], "edited rows, vocab {vocab}");
+        let plain = RowMasks { edits: vec![], ..masks.clone() };
+        edited += want.iter().zip(sample_rows_masked(&logits, vocab, &specs, &plain)).filter(|(a, b)| **a != *b).count();
+        total += rows;
+    }
+    assert!(edited > 0, "no edit changed any id: the edited cases prove nothing");
+    println!("sampling kernel == host sampler on {total} rows ({changed} ids changed by their masks, {edited} by their edits)");
     let _ = std::fs::remove_dir_all(&dir);
 }

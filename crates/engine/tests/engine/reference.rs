@@ -167,6 +167,10 @@ fn seeded_tokens_are_the_same_alone_and_in_a_batch() {
                 4 => params.n = 2,
                 5 => params.repetition_penalty = 1.2,
                 6 => (params.top_k, params.top_p) = (20, 0.9),
+                7 => {
+                    (params.presence_penalty, params.frequency_penalty) = (0.5, 0.3);
+                    params.logit_bias = vec![(3, 2.0), (7, -1.5)];
+                }
                 _ => {}
             }
             Request { prompt: p, params, priority: 0 }
@@ -200,7 +204,9 @@ fn seeded_tokens_are_the_same_alone_and_in_a_batch() {
     assert!(st.prefix_cache_hits_total > 0, "the shared prefix should hit the cache");
     assert_eq!(got, want);
 
-    for (r, w) in reqs.iter().zip(&want).take(4) {
+    // Logprobs send a step's logits to the host, where penalties, logit_bias and the sampler
+    // run on the host; without them the rows sample (and are edited) where the logits are.
+    for (r, w) in reqs.iter().zip(&want) {
         let r = Request { params: SamplingParams { logprobs: Some(2), ..r.params.clone() }, ..r.clone() };
         let mut e = Engine::new(runner(&dir, 64, 256), letters(), EngineConfig::default()).unwrap();
         assert_eq!(&run_all(&mut e, &[r]).remove(0), w, "host path (logprobs) and model path differ");
