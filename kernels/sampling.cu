@@ -6,7 +6,9 @@
 //   sample_masked: the same with row r's forbidden tokens read as -inf (structured output), its
 //   mask bits at mask_index[r] (-1: none), so only the constrained rows' masks are uploaded.
 //   logit_edits: before either, row r's penalties, logit_bias and bans (`LogitEdit`s of
-//   crates/core/src/sampling.rs) applied to the logits in place.
+//   crates/core/src/sampling.rs) applied to the logits in place, the raw values kept;
+//   logit_restore puts them back, and logprobs then gives the rows that ask their sampled
+//   token's logprob and top-n from the raw logits (`logprobs_row`, bit for bit).
 //
 // The result is defined by `tandem_core::sampling::sample_row` (crates/core/src/sampling.rs),
 // and this kernel computes it bit for bit: the same f32 operations in the same order. Hence:
@@ -21,7 +23,7 @@
 // Launch: grid (rows), block SMP_THREADS (256, the host's SAMPLE_LANES); launch bounds ask for 4 blocks
 // an SM (without the hint ptxas capped it at 32 registers and spilled). Work per row: one pass
 // for the max, one for the draw; top-k and top-p add 32 passes each (bisection), recomputing
-// the weights. Logprobs stay on the host (the engine sends such rows there).
+// the weights.
 // Check: kernels/emu/run.sh (Philox answers, greedy rows) and crates/cuda/tests/sampling_emu.rs
 // (the kernel against the host sampler, bitwise, on random rows and specs).
 #include "common.cuh"
@@ -272,8 +274,9 @@ sample_masked(const float* __restrict__ logits, const u32* __restrict__ specs, u
 // applied in place, each step one rounded f32 operation, in `LogitEdit::apply`'s order. A row
 // edits each token at most once (the host checks), so its threads never share a logit; a token
 // past the vocabulary is skipped. Grid (rows), block SMP_THREADS.
+// saved (null: not kept) gets each record's logit before its edit, for logit_restore.
 extern "C" __global__ void __launch_bounds__(SMP_THREADS)
-logit_edits(float* __restrict__ logits, const u32* __restrict__ start, const u32* __restrict__ words, int rows, int vocab) {
+logit_edits(float* __restrict__ logits, const u32* __restrict__ start, const u32* __restrict__ words, float* __restrict__ saved, int rows, int vocab) {
     const int r = blockIdx.x;
     if (r >= rows) return;
     for (u32 i = start[r] + threadIdx.x; i < start[r + 1]; i += SMP_THREADS) {
@@ -282,6 +285,7 @@ logit_edits(float* __restrict__ logits, const u32* __restrict__ start, const u32
         if (tok >= (u32)vocab) continue;
         float* p = logits + (size_t)r * vocab + tok;
         float x = *p;
+        if (saved) saved[i] = x;
         if (flags & 1u) {
             const float rp = __uint_as_float(w[2]);
             x = x > 0.0f ? smp_div(x, rp) : smp_mul(x, rp);
@@ -291,4 +295,123 @@ logit_edits(float* __restrict__ logits, const u32* __restrict__ start, const u32
         if (flags & 8u) x = neg_inf_f32();
         *p = x;
     }
+}
+
+// The raw logits back where logit_edits changed them (its records and saved values).
+extern "C" __global__ void __launch_bounds__(SMP_THREADS)
+logit_restore(float* __restrict__ logits, const u32* __restrict__ start, const u32* __restrict__ words, const float* __restrict__ saved, int rows, int vocab) {
+    const int r = blockIdx.x;
+    if (r >= rows) return;
+    for (u32 i = start[r] + threadIdx.x; i < start[r + 1]; i += SMP_THREADS) {
+        const u32 tok = words[(size_t)i * 5];
+        if (tok < (u32)vocab) logits[(size_t)r * vocab + tok] = saved[i];
+    }
+}
+
+// ln x for x >= 1: the host's ln_f32 (crates/core/src/sampling.rs), operation for operation.
+__device__ __forceinline__ float smp_ln(float x) {
+    const u32 bits = smp_bits(x);
+    int e = (int)((bits >> 23) & 0xffu) - 127;
+    float f = __uint_as_float((bits & 0x007fffffu) | 0x3f800000u);
+    if (f > __uint_as_float(0x3fb504f3u)) {
+        f = smp_mul(f, 0.5f);
+        e += 1;
+    }
+    const float z = smp_div(smp_add(f, -1.0f), smp_add(f, 1.0f)), z2 = smp_mul(z, z);
+    float p = __uint_as_float(0x3dba2e8cu);
+    p = smp_add(smp_mul(p, z2), __uint_as_float(0x3de38e39u));
+    p = smp_add(smp_mul(p, z2), __uint_as_float(0x3e124925u));
+    p = smp_add(smp_mul(p, z2), __uint_as_float(0x3e4ccccdu));
+    p = smp_add(smp_mul(p, z2), __uint_as_float(0x3eaaaaabu));
+    p = smp_add(smp_mul(p, z2), 1.0f);
+    const float ln_f = smp_mul(smp_add(z, z), p), ef = (float)e;
+    return smp_add(smp_add(ln_f, smp_mul(ef, __uint_as_float(0x35bfbe8eu))), smp_mul(ef, __uint_as_float(0x3f317200u)));
+}
+
+// (v, i) before (w, j) in the top-n order: the larger logit, the lower index on ties; i < 0 is
+// no candidate.
+__device__ __forceinline__ bool smp_before(float v, int i, float w, int j) {
+    return i >= 0 && (j < 0 || v > w || (v == w && i < j));
+}
+
+// Row r's logprobs where top_n[r] != 0xffffffff (top_n[r] <= SMP_MAX_TOP most likely tokens):
+// the sampled token ids[r]'s logprob into lp[r], the top tokens into top_ids / top_lp [rows,
+// SMP_MAX_TOP] (0xffffffff past the row's candidates), all from the raw logits. One pass for
+// the max, one for the sum, and one per top token (each the best after the one before).
+#define SMP_MAX_TOP 20
+extern "C" __global__ void __launch_bounds__(SMP_THREADS)
+logprobs(const float* __restrict__ logits, const u32* __restrict__ ids, const u32* __restrict__ top_n, float* __restrict__ lp,
+         u32* __restrict__ top_ids, float* __restrict__ top_lp, int rows, int vocab) {
+    __shared__ float sf[SMP_THREADS];
+    __shared__ int si[SMP_THREADS];
+    const int r = blockIdx.x, t = threadIdx.x;
+    if (r >= rows || top_n[r] == 0xffffffffu) return;
+    const float* row = logits + (size_t)r * vocab;
+    float v = 0.0f;
+    int idx = -1;
+    for (int j = t; j < vocab; j += SMP_THREADS) argmax_combine(v, idx, row[j], j);
+    sf[t] = v;
+    si[t] = idx;
+    __syncthreads();
+    for (int s = SMP_THREADS / 2; s > 0; s >>= 1) {
+        if (t < s) {
+            float a = sf[t];
+            int ai = si[t];
+            argmax_combine(a, ai, sf[t + s], si[t + s]);
+            sf[t] = a;
+            si[t] = ai;
+        }
+        __syncthreads();
+    }
+    const float m = si[0] < 0 ? neg_inf_f32() : sf[0];
+    __syncthreads();
+    const bool finite = fabsf(m) <= 3.402823466e38f;
+    float lane = 0.0f;
+    for (int j = t; j < vocab; j += SMP_THREADS) lane = smp_add(lane, smp_weight(row[j], m, 1.0f));
+    const float total = smp_tree_sum(sf, lane);
+    const float ln_s = finite ? smp_ln(total) : nan_f32();
+#define SMP_LP(x) (finite ? smp_add(smp_add((x), -m), -ln_s) : nan_f32())
+    if (t == 0) lp[r] = ids[r] < (u32)vocab ? SMP_LP(row[ids[r]]) : nan_f32();
+    const int n = min((int)top_n[r], SMP_MAX_TOP);
+    float pv = 0.0f;
+    int pi = -1;  // the previous pick: every candidate comes after it
+    int k = 0;
+    for (; k < n; ++k) {
+        float bv = 0.0f;
+        int bi = -1;
+        for (int j = t; j < vocab; j += SMP_THREADS) {
+            const float x = row[j];
+            const bool after = pi < 0 || x < pv || (x == pv && j > pi);
+            if (x == x && after && smp_before(x, j, bv, bi)) {
+                bv = x;
+                bi = j;
+            }
+        }
+        sf[t] = bv;
+        si[t] = bi;
+        __syncthreads();
+        for (int s = SMP_THREADS / 2; s > 0; s >>= 1) {
+            if (t < s && smp_before(sf[t + s], si[t + s], sf[t], si[t])) {
+                sf[t] = sf[t + s];
+                si[t] = si[t + s];
+            }
+            __syncthreads();
+        }
+        const float cv = sf[0];
+        const int ci = si[0];
+        __syncthreads();
+        if (ci < 0) break;  // no candidate left (uniform: every thread read the same)
+        pv = cv;
+        pi = ci;
+        if (t == 0) {
+            top_ids[(size_t)r * SMP_MAX_TOP + k] = (u32)pi;
+            top_lp[(size_t)r * SMP_MAX_TOP + k] = SMP_LP(pv);
+        }
+    }
+    if (t == 0)
+        for (; k < SMP_MAX_TOP; ++k) {
+            top_ids[(size_t)r * SMP_MAX_TOP + k] = 0xffffffffu;
+            top_lp[(size_t)r * SMP_MAX_TOP + k] = nan_f32();
+        }
+#undef SMP_LP
 }

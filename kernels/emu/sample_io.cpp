@@ -4,8 +4,11 @@
 // Usage: sample_io IN OUT. IN: u32 rows, u32 vocab, f32 logits [rows, vocab], u32 specs
 // [rows, 8], then optionally the masks (u32 words, u32 count, i32 index [rows], u32 bits
 // [count, words]: `sample_masked`; count 0 with no bits: none), then optionally the edits
-// (u32 records, u32 start [rows + 1], u32 words [records, 5]: `logit_edits` first); OUT: u32
-// ids [rows], then, with edits, the edited logits f32 [rows, vocab]. All little-endian.
+// (u32 records, u32 start [rows + 1], u32 words [records, 5]: `logit_edits` first, the raw
+// logits kept), then optionally the logprobs asked (u32 top_n [rows], 0xffffffff: none:
+// `logit_restore`, then `logprobs` after sampling); OUT: u32 ids [rows], then, with edits, the
+// edited logits f32 [rows, vocab], then, with logprobs, f32 lp [rows], u32 top ids [rows, 20]
+// and f32 top logprobs [rows, 20]. All little-endian.
 #include "cuda_emu.h"
 
 #include "../sampling.cu"
@@ -36,16 +39,30 @@ int main(int argc, char** argv) {
     const bool edited = masked && std::fread(&records, 4, 1, in) == 1;
     std::vector<u32> start(edited ? rows + 1 : 0), words(edited ? (size_t)records * 5 : 0);
     if (edited && (std::fread(start.data(), 4, start.size(), in) != start.size() || std::fread(words.data(), 4, words.size(), in) != words.size())) return 2;
+    std::vector<u32> top_n(rows);
+    const bool want_lp = edited && std::fread(top_n.data(), 4, rows, in) == rows;
     std::fclose(in);
-    if (edited)
-        launch(dim3{(unsigned)rows, 1, 1}, dim3{SMP_THREADS, 1, 1}, [&] { logit_edits(logits.data(), start.data(), words.data(), (int)rows, (int)vocab); });
+    std::vector<float> saved(words.size() / 5 + 1, NAN), edited_logits;
+    if (edited) {
+        launch(dim3{(unsigned)rows, 1, 1}, dim3{SMP_THREADS, 1, 1}, [&] { logit_edits(logits.data(), start.data(), words.data(), saved.data(), (int)rows, (int)vocab); });
+        edited_logits = logits;
+    }
     if (masked)
         launch(dim3{(unsigned)rows, 1, 1}, dim3{SMP_THREADS, 1, 1}, [&] { sample_masked(logits.data(), specs.data(), ids.data(), (int)rows, (int)vocab, bits.data(), index.data(), (int)mh[0]); });
     else
         launch(dim3{(unsigned)rows, 1, 1}, dim3{SMP_THREADS, 1, 1}, [&] { sample(logits.data(), specs.data(), ids.data(), (int)rows, (int)vocab); });
+    std::vector<float> lp(rows, NAN), top_lp(rows * SMP_MAX_TOP, NAN);
+    std::vector<u32> top_ids(rows * SMP_MAX_TOP, 0u);
+    if (want_lp) {
+        launch(dim3{(unsigned)rows, 1, 1}, dim3{SMP_THREADS, 1, 1}, [&] { logit_restore(logits.data(), start.data(), words.data(), saved.data(), (int)rows, (int)vocab); });
+        launch(dim3{(unsigned)rows, 1, 1}, dim3{SMP_THREADS, 1, 1}, [&] { logprobs(logits.data(), ids.data(), top_n.data(), lp.data(), top_ids.data(), top_lp.data(), (int)rows, (int)vocab); });
+    }
     FILE* out = std::fopen(argv[2], "wb");
     if (!out || std::fwrite(ids.data(), 4, rows, out) != rows) return 2;
-    if (edited && std::fwrite(logits.data(), 4, logits.size(), out) != logits.size()) return 2;
+    if (edited && std::fwrite(edited_logits.data(), 4, edited_logits.size(), out) != edited_logits.size()) return 2;
+    if (want_lp && (std::fwrite(lp.data(), 4, rows, out) != rows || std::fwrite(top_ids.data(), 4, top_ids.size(), out) != top_ids.size() ||
+                    std::fwrite(top_lp.data(), 4, top_lp.size(), out) != top_lp.size()))
+        return 2;
     std::fclose(out);
     return 0;
 }

@@ -574,6 +574,16 @@ impl ModelRunner for MixCounter {
         self.count(b);
         self.inner.forward_sampled_masked(b, specs, masks)
     }
+    fn forward_sampled_logprobs(
+        &mut self,
+        b: &tandem_core::ForwardBatch,
+        specs: &[tandem_core::sampling::SampleSpec],
+        masks: &mut dyn FnMut() -> tandem_core::Result<tandem_core::sampling::RowMasks>,
+        top_n: &[Option<usize>],
+    ) -> tandem_core::Result<(Vec<u32>, Vec<Option<tandem_core::sampling::TokenLogprobs>>)> {
+        self.count(b);
+        self.inner.forward_sampled_logprobs(b, specs, masks, top_n)
+    }
 }
 
 #[cfg(test)]

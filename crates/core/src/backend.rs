@@ -16,7 +16,7 @@
 use half::{bf16, f16};
 
 use crate::error::{Error, Result};
-use crate::sampling::{sample_row, sample_rows_masked, RowMasks, SampleSpec};
+use crate::sampling::{logprobs_row, sample_row, sample_rows_masked, RowMasks, SampleSpec, TokenLogprobs, MAX_TOP_LOGPROBS};
 use crate::weights::TensorView;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -443,6 +443,24 @@ pub trait Backend: Send + 'static {
         }
         let v = self.read_f32(logits, rows * vocab)?;
         Ok(sample_rows_masked(&v, vocab, specs, masks))
+    }
+    /// As [`Backend::sample_masked`], and for each row with `top_n[r] = Some(n)` the sampled
+    /// token's logprob and the `n` (at most [`crate::sampling::MAX_TOP_LOGPROBS`]) most likely
+    /// tokens of the raw logits, before any edit: [`crate::sampling::logprobs_row`], bit for
+    /// bit, so that only ids and those values leave the device. The default reads the logits
+    /// back and computes both on the host.
+    fn sample_logprobs(&self, logits: &Self::Buf, rows: usize, vocab: usize, specs: &[SampleSpec], masks: &RowMasks, top_n: &[Option<usize>]) -> Result<(Vec<u32>, Vec<Option<TokenLogprobs>>)> {
+        if top_n.len() != rows || specs.len() != rows {
+            return Err(Error::backend(self.name(), format!("sample_logprobs: {} specs and {} logprob counts for {rows} rows", specs.len(), top_n.len())));
+        }
+        if !masks.index.is_empty() || !masks.edits.is_empty() {
+            masks.check(rows, vocab).map_err(|m| Error::backend(self.name(), format!("sample_logprobs: {m}")))?;
+        }
+        let v = self.read_f32(logits, rows * vocab)?;
+        let ids = sample_rows_masked(&v, vocab, specs, masks);
+        let vocab = vocab.max(1);
+        let lps = top_n.iter().enumerate().map(|(r, n)| n.map(|n| logprobs_row(&v[r * vocab..(r + 1) * vocab], ids[r], n.min(MAX_TOP_LOGPROBS)))).collect();
+        Ok((ids, lps))
     }
 }
 

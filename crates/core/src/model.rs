@@ -9,7 +9,7 @@ use crate::batch::ForwardBatch;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::memory::{plan_kv_blocks, DeviceMemory, KvNeed};
-use crate::sampling::{sample_row, sample_rows_masked, RowMasks, SampleSpec};
+use crate::sampling::{logprobs_row, sample_row, sample_rows_masked, RowMasks, SampleSpec, TokenLogprobs, MAX_TOP_LOGPROBS};
 use crate::weights::Weights;
 
 /// What the engine needs from a loaded model, whatever the backend. Object-safe.
@@ -69,6 +69,26 @@ pub trait ModelRunner: Send {
         let m = masks()?;
         m.check(specs.len(), vocab).map_err(Error::Batch)?;
         Ok(sample_rows_masked(&logits, vocab, specs, &m))
+    }
+    /// As [`ModelRunner::forward_sampled_masked`], and for each row with `top_n[r] = Some(n)`
+    /// the sampled token's logprob and top `n` of the raw logits
+    /// ([`crate::sampling::logprobs_row`]), computed where the logits are. The default:
+    /// `forward`, then the host.
+    fn forward_sampled_logprobs(&mut self, batch: &ForwardBatch, specs: &[SampleSpec], masks: &mut dyn FnMut() -> Result<RowMasks>, top_n: &[Option<usize>]) -> Result<(Vec<u32>, Vec<Option<TokenLogprobs>>)> {
+        check_specs(batch, specs)?;
+        if top_n.len() != specs.len() {
+            return Err(Error::Batch(format!("{} logprob counts for {} rows", top_n.len(), specs.len())));
+        }
+        let logits = self.forward(batch)?;
+        let vocab = self.config().vocab_size.max(1);
+        if logits.len() != specs.len() * vocab {
+            return Err(Error::Batch(format!("forward returned {} logits for {} rows of vocabulary {vocab}", logits.len(), specs.len())));
+        }
+        let m = masks()?;
+        m.check(specs.len(), vocab).map_err(Error::Batch)?;
+        let ids = sample_rows_masked(&logits, vocab, specs, &m);
+        let lps = top_n.iter().enumerate().map(|(r, n)| n.map(|n| logprobs_row(&logits[r * vocab..(r + 1) * vocab], ids[r], n.min(MAX_TOP_LOGPROBS)))).collect();
+        Ok((ids, lps))
     }
 }
 
@@ -737,6 +757,21 @@ impl<B: Backend> ModelRunner for LlamaModel<B> {
         }
         m.check(specs.len(), self.cfg.vocab_size).map_err(Error::Batch)?;
         self.backend.sample_masked(&self.s.logits, specs.len(), self.cfg.vocab_size, specs, &m)
+    }
+    fn forward_sampled_logprobs(&mut self, batch: &ForwardBatch, specs: &[SampleSpec], masks: &mut dyn FnMut() -> Result<RowMasks>, top_n: &[Option<usize>]) -> Result<(Vec<u32>, Vec<Option<TokenLogprobs>>)> {
+        check_specs(batch, specs)?;
+        if top_n.len() != specs.len() {
+            return Err(Error::Batch(format!("{} logprob counts for {} rows", top_n.len(), specs.len())));
+        }
+        self.check(batch)?;
+        self.record(batch)?;
+        let m = masks()?;
+        if specs.is_empty() {
+            self.backend.sync()?;
+            return Ok((vec![], vec![]));
+        }
+        m.check(specs.len(), self.cfg.vocab_size).map_err(Error::Batch)?;
+        self.backend.sample_logprobs(&self.s.logits, specs.len(), self.cfg.vocab_size, specs, &m, top_n)
     }
 }
 

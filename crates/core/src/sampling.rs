@@ -147,6 +147,66 @@ pub fn exp_f32(z: f32) -> f32 {
     p * f32::from_bits(((k as i32 + 127) as u32) << 23)
 }
 
+/// ln x for x >= 1 (finite), in f32 operations a device repeats bit for bit: x = 2^e f with
+/// f in [sqrt(1/2), sqrt 2), ln f = 2 atanh(z), z = (f - 1) / (f + 1), |z| <= 0.172, by its
+/// series to z^11 (the next term is under 2^-34 relative), then e ln 2 in two parts (e * ln2_hi
+/// exact). Within 2 ulp of ln x; the logprobs' lse.
+pub fn ln_f32(x: f32) -> f32 {
+    let bits = x.to_bits();
+    let mut e = ((bits >> 23) & 0xff) as i32 - 127;
+    let mut f = f32::from_bits((bits & 0x007f_ffff) | 0x3f80_0000);
+    if f > f32::from_bits(0x3fb5_04f3) {
+        f *= 0.5;
+        e += 1;
+    }
+    let z = (f - 1.0) / (f + 1.0);
+    let z2 = z * z;
+    let c = [0x3dba_2e8cu32, 0x3de3_8e39, 0x3e12_4925, 0x3e4c_cccd, 0x3eaa_aaab].map(f32::from_bits); // 1/11, 1/9, 1/7, 1/5, 1/3
+    let mut p = c[0];
+    p = p * z2 + c[1];
+    p = p * z2 + c[2];
+    p = p * z2 + c[3];
+    p = p * z2 + c[4];
+    p = p * z2 + 1.0;
+    let ln_f = (z + z) * p;
+    let ef = e as f32;
+    (ln_f + ef * f32::from_bits(0x35bf_be8e)) + ef * f32::from_bits(0x3f31_7200)
+}
+
+/// Log-probabilities of one sampled token, from the raw logits (vLLM's default).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprobs {
+    pub token: u32,
+    pub logprob: f32,
+    /// The `n` most likely tokens, best first.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// Most top logprobs a row may ask for (OpenAI's `top_logprobs` limit).
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
+/// `log_softmax(logits)[token]` and the `n` most likely tokens (larger logit first, the lower
+/// index on ties; NaN logits left out), defined so that kernels/sampling.cu `logprobs` gives
+/// the same bits: m = the largest logit that is not NaN; s = the sum of exp_f32(x - m) over
+/// the others in [`lanes`] order; logprob(x) = (x - m) - ln_f32(s). A row with no finite
+/// largest logit gives NaN logprobs.
+pub fn logprobs_row(logits: &[f32], token: u32, n: usize) -> TokenLogprobs {
+    let m = logits.iter().fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m });
+    let w: Vec<f32> = logits.iter().map(|&x| if x.is_nan() { 0.0 } else { exp_f32(x - m) }).collect();
+    let ln_s = if m.is_finite() { ln_f32(lanes(&w, |_| true)) } else { f32::NAN };
+    let lp = |x: f32| if m.is_finite() { (x - m) - ln_s } else { f32::NAN };
+    let mut idx: Vec<u32> = (0..logits.len() as u32).filter(|&i| !logits[i as usize].is_nan()).collect();
+    let by_desc = |a: &u32, b: &u32| logits[*b as usize].total_cmp(&logits[*a as usize]).then(a.cmp(b));
+    let n = n.min(idx.len());
+    if n > 0 && n < idx.len() {
+        idx.select_nth_unstable_by(n - 1, by_desc);
+    }
+    idx.truncate(n);
+    idx.sort_unstable_by(by_desc);
+    let top = idx.into_iter().map(|i| (i, lp(logits[i as usize]))).collect();
+    TokenLogprobs { token, logprob: logits.get(token as usize).map_or(f32::NAN, |&x| lp(x)), top }
+}
+
 /// An order-preserving key: `a < b` as floats iff `key(a) < key(b)` (NaN excluded).
 pub fn key(x: f32) -> u32 {
     let b = x.to_bits();
@@ -449,6 +509,30 @@ mod tests {
         assert_eq!(sample_rows_masked(&logits, vocab, &specs, &m), vec![39, 37, 39]);
         let bad = RowMasks { words: 2, index: vec![0, 1, -1], bits: vec![0; 2], edits: vec![] };
         assert!(bad.check(3, vocab).is_err(), "index 1 of a single mask");
+    }
+
+    /// ln_f32 is within 2 ulp of ln over [1, 2^24], exact at 1; logprobs are log_softmax within
+    /// f32 rounding, the top tokens by logit then index, NaN left out.
+    #[test]
+    fn ln_and_logprobs_follow_their_definitions() {
+        assert_eq!(ln_f32(1.0), 0.0);
+        let mut x = 1.0f32;
+        while x < 16_777_216.0 {
+            let want = (x as f64).ln();
+            let got = ln_f32(x) as f64;
+            let ulp = (want as f32).abs() * f32::EPSILON;
+            assert!((got - want).abs() <= 2.0 * ulp as f64 + 1e-30, "ln {x}: {got} vs {want}");
+            x = f32::from_bits(x.to_bits() + 7919);
+        }
+        let logits = [1.0f32, 3.0, f32::NAN, 3.0, -2.0, f32::NEG_INFINITY];
+        let l = logprobs_row(&logits, 4, 3);
+        let lse = (1f64.exp() + 2.0 * 3f64.exp() + (-2f64).exp()).ln();
+        assert!((l.logprob as f64 - (-2.0 - lse)).abs() < 1e-6, "{l:?}");
+        assert_eq!(l.top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![1, 3, 0]);
+        assert!((l.top[0].1 as f64 - (3.0 - lse)).abs() < 1e-6 && l.top[0].1 == l.top[1].1);
+        assert_eq!(logprobs_row(&logits, 5, 0).logprob, f32::NEG_INFINITY);
+        assert_eq!(logprobs_row(&logits, 0, 10).top.len(), 5, "NaN left out");
+        assert!(logprobs_row(&[f32::NAN; 3], 0, 2).logprob.is_nan());
     }
 
     /// An edit is vLLM's order of one-rounding f32 steps; a row's edits apply before its mask;

@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::sys::CUresult;
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DriverError, LaunchConfig, PushKernelArg};
 use tandem_core::backend::{AttnArgs, Backend, DType, KvDtype, KvGeometry, WorkspaceLimits};
-use tandem_core::sampling::{RowMasks, SampleSpec, EDIT_WORDS, SAMPLE_LANES, SPEC_WORDS};
+use tandem_core::sampling::{RowMasks, SampleSpec, TokenLogprobs, EDIT_WORDS, MAX_TOP_LOGPROBS, SAMPLE_LANES, SPEC_WORDS};
 use tandem_core::weights::TensorView;
 use tandem_core::{Error, Result};
 
@@ -34,6 +34,8 @@ mod matmul;
 mod graph;
 #[path = "attention.rs"]
 mod attention;
+#[path = "sampling.rs"]
+mod sampling;
 use matmul::{GemmOut, GEMM_COUNTERS, GEMM_PART_FLOATS};
 #[cfg(test)]
 use matmul::gemm_kernel;
@@ -229,6 +231,14 @@ struct IoScratch {
     /// more samples on the host (the same ids) rather than allocate mid-serving.
     edit_start: Option<CudaBuf>,
     edits: Option<CudaBuf>,
+    /// Each record's logit before its edit (`logit_restore` puts them back for logprobs).
+    edit_saved: Option<CudaBuf>,
+    /// Logprobs: each row's top count (u32::MAX: none), the sampled token's logprob, and the
+    /// top MAX_TOP_LOGPROBS ids and logprobs a row.
+    top_n: Option<CudaBuf>,
+    lp: Option<CudaBuf>,
+    top_ids: Option<CudaBuf>,
+    top_lp: Option<CudaBuf>,
     fixed: bool,
 }
 
@@ -274,6 +284,8 @@ struct Kernels<F> {
     sample: Kernel<F>,
     sample_masked: Kernel<F>,
     logit_edits: Kernel<F>,
+    logit_restore: Kernel<F>,
+    logprobs: Kernel<F>,
 }
 
 impl<F> Kernels<F> {
@@ -303,6 +315,8 @@ impl<F> Kernels<F> {
             sample: k("sample")?,
             sample_masked: k("sample_masked")?,
             logit_edits: k("logit_edits")?,
+            logit_restore: k("logit_restore")?,
+            logprobs: k("logprobs")?,
         })
     }
 }
@@ -504,40 +518,6 @@ impl CudaBackend {
         Ok(s)
     }
 
-    /// `logit_edits` on the logits in place (the rows' penalties, logit_bias and bans: what
-    /// `sample_masked` samples from). False, with nothing launched, when the records exceed
-    /// the workspace reserved at load.
-    fn edit_logits(&self, logits: &CudaBuf, rows: usize, vocab: usize, masks: &RowMasks) -> Result<bool> {
-        const OP: &str = "logit_edits";
-        let (start, words) = masks.edit_words();
-        let mut s = self.io_scratch.lock().map_err(|_| err(format!("{OP}: scratch lock poisoned by an earlier panic")))?;
-        let short = |b: &Option<CudaBuf>, n: usize| b.as_ref().is_none_or(|b| b.len < n);
-        if short(&s.edit_start, start.len()) || short(&s.edits, words.len().max(1)) {
-            if s.fixed {
-                return Ok(false);
-            }
-            s.edit_start = Some(self.alloc(Elem::U32, start.len())?);
-            s.edits = Some(self.alloc(Elem::U32, words.len().max(1))?);
-        }
-        let IoScratch { edit_start: Some(sb), edits: Some(eb), .. } = &mut *s else {
-            return Err(err(format!("{OP}: edit buffers missing after allocation")));
-        };
-        self.write_u32(sb, &start)?;
-        if !words.is_empty() {
-            self.write_u32(eb, &words)?;
-        }
-        let (ri, vi) = (i32_of(rows, OP, "rows")?, i32_of(vocab, OP, "vocab")?);
-        let mut l = self.stream.launch_builder(&self.kernels.logit_edits.f);
-        l.arg(&logits.mem).arg(&sb.mem).arg(&eb.mem).arg(&ri).arg(&vi);
-        // SAFETY: start holds rows + 1 record offsets into `eb`'s records; each record's token is
-        // below vocab (`RowMasks::check`) and the kernel skips any that is not; a row edits each
-        // token once, so no two threads write the same logit. The logits are edited in place:
-        // `Backend::sample_masked` leaves them unspecified.
-        let r = unsafe { l.launch(cfg((ri as u32, 1, 1), SAMPLE_LANES as u32)) };
-        self.launched(OP, r)?;
-        Ok(true)
-    }
-
     fn elementwise_cfg(len: usize, op: &str) -> Result<LaunchConfig> {
         Ok(cfg((u32_of(len.div_ceil(256), op, "blocks")?, 1, 1), 256))
     }
@@ -634,9 +614,14 @@ impl Backend for CudaBackend {
             mask_index: Some(self.alloc(Elem::U32, rows)?),
             edit_start: Some(self.alloc(Elem::U32, rows + 1)?),
             edits: Some(self.alloc(Elem::U32, EDIT_RECORDS * EDIT_WORDS)?),
+            edit_saved: Some(self.alloc(Elem::F32, EDIT_RECORDS)?),
+            top_n: Some(self.alloc(Elem::U32, rows)?),
+            lp: Some(self.alloc(Elem::F32, rows)?),
+            top_ids: Some(self.alloc(Elem::U32, rows * MAX_TOP_LOGPROBS)?),
+            top_lp: Some(self.alloc(Elem::F32, rows * MAX_TOP_LOGPROBS)?),
             fixed: true,
         };
-        let io_bytes = (rows * (3 + SPEC_WORDS) + 1 + mask_words + EDIT_RECORDS * EDIT_WORDS) * 4;
+        let io_bytes = (rows * (5 + SPEC_WORDS + 2 * MAX_TOP_LOGPROBS) + 1 + mask_words + EDIT_RECORDS * (EDIT_WORDS + 1)) * 4;
         // The allocations are stream-ordered: wait, so that free_memory sees them.
         self.synchronize()?;
         Ok((out + ml + counter_bytes + xa + part + GEMM_COUNTERS * 4 + io_bytes) as u64)
@@ -1005,36 +990,16 @@ impl Backend for CudaBackend {
             return Err(err(format!("{OP}: {} specs for {rows} rows of vocabulary {vocab}", specs.len())));
         }
         need(logits, Elem::F32, rows * vocab, OP, "logits")?;
-        if masks.has_edits() {
-            if !self.edit_logits(logits, rows, vocab, masks)? {
-                // More edits than the reserved records: the host, with the same ids.
-                let v = self.read_f32(logits, rows * vocab)?;
-                return Ok(tandem_core::sampling::sample_rows_masked(&v, vocab, specs, masks));
-            }
-            if masks.bits.is_empty() {
-                return self.sample(logits, rows, vocab, specs);
-            }
+        if masks.has_edits() && !self.edit_logits(logits, rows, vocab, masks)? {
+            // More edits than the reserved records: the host, with the same ids.
+            let v = self.read_f32(logits, rows * vocab)?;
+            return Ok(tandem_core::sampling::sample_rows_masked(&v, vocab, specs, masks));
         }
-        let (ri, vi, wi) = (i32_of(rows, OP, "rows")?, i32_of(vocab, OP, "vocab")?, i32_of(masks.words, OP, "mask words")?);
-        i32_of(rows * vocab, OP, "rows*vocab")?;
-        let words: Vec<u32> = specs.iter().flat_map(SampleSpec::to_words).collect();
-        let index: Vec<u32> = masks.index.iter().map(|&i| i as u32).collect();
-        let mut io = self.io_scratch_masked(rows, words.len(), masks.bits.len(), OP)?;
-        let IoScratch { ids: Some(ids), specs: Some(spec_buf), masks: Some(mask_buf), mask_index: Some(index_buf), .. } = &mut *io else {
-            return Err(err(format!("{OP}: id, spec or mask buffer missing after allocation")));
-        };
-        // Only the constrained rows' masks go up (`RowMasks` packs them).
-        self.write_u32(spec_buf, &words)?;
-        self.write_u32(mask_buf, &masks.bits)?;
-        self.write_u32(index_buf, &index)?;
-        let f = &self.kernels.sample_masked.f;
-        let mut l = self.stream.launch_builder(f);
-        l.arg(&logits.mem).arg(&spec_buf.mem).arg(&mut ids.mem).arg(&ri).arg(&vi).arg(&mask_buf.mem).arg(&index_buf.mem).arg(&wi);
-        // SAFETY: as in `sample`; masks hold `words` words per packed row, the index one i32 a
-        // row, each below the packed count (`RowMasks::check`).
-        let r = unsafe { l.launch(cfg((ri as u32, 1, 1), SAMPLE_LANES as u32)) };
-        self.launched(OP, r)?;
-        self.read_u32(ids, rows)
+        self.sample_edited(logits, rows, vocab, specs, masks)
+    }
+
+    fn sample_logprobs(&self, logits: &CudaBuf, rows: usize, vocab: usize, specs: &[SampleSpec], masks: &RowMasks, top_n: &[Option<usize>]) -> Result<(Vec<u32>, Vec<Option<TokenLogprobs>>)> {
+        self.sample_with_logprobs(logits, rows, vocab, specs, masks, top_n)
     }
 }
 
@@ -1048,7 +1013,7 @@ mod kernel_table_tests {
         let names = kernel_names();
         let unique: std::collections::BTreeSet<_> = names.iter().collect();
         assert_eq!(unique.len(), names.len(), "{names:?}");
-        assert_eq!(names.len(), 34);
+        assert_eq!(names.len(), 36);
         let k = Kernels::<&'static str>::resolve(Ok).unwrap();
         assert_eq!(k.embedding.map(|x| x.f), ["embedding_f32", "embedding_bf16", "embedding_f16"]);
         assert_eq!([Elem::F32, Elem::BF16, Elem::F16].map(|e| k.rms_norm[weight_index(e)].f), ["rms_norm_f32", "rms_norm_bf16", "rms_norm_f16"]);

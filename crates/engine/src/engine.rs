@@ -148,19 +148,31 @@ impl RequestOutput {
 /// What a step's forward brought back: token ids (sampled by the model) or logits.
 enum Sampled {
     Ids(Vec<u32>),
+    /// Ids, and the logprobs of the rows that asked (computed where the logits are).
+    IdsLogprobs(Vec<u32>, Vec<Option<TokenLogprobs>>),
     Logits(Vec<f32>),
 }
 
 /// A row's token, or its logits to sample it from on the host.
 enum Pick<'a> {
-    Token(u32),
+    /// Sampled where the logits are, with its logprobs when the request asked.
+    Token(u32, Option<TokenLogprobs>),
     Row(&'a mut [f32]),
 }
 
-/// A step sampled where the logits are: one spec per sampled row, and the edited rows' edits.
+/// A step sampled where the logits are: one spec per sampled row, the edited rows' edits, and
+/// each row's logprob count (None: not asked).
 struct DeviceSampling {
     specs: Vec<SampleSpec>,
     edits: Vec<(usize, Vec<LogitEdit>)>,
+    top_n: Vec<Option<usize>>,
+}
+
+impl DeviceSampling {
+    /// Only ids: what an overlapped step (the worker) can do.
+    fn ids_only(&self) -> bool {
+        self.edits.is_empty() && self.top_n.iter().all(Option::is_none)
+    }
 }
 
 /// Tokens a sequence may not produce yet: EOS (unless ignored) and its stop tokens, while it
@@ -508,7 +520,7 @@ impl Engine {
         let sent = out.seqs.len();
         if !out.is_empty() {
             match self.device_specs(&out) {
-                Some(DeviceSampling { specs, edits }) if edits.is_empty() => self.dispatch(out, specs),
+                Some(d) if d.ids_only() => self.dispatch(out, d.specs),
                 _ => {
                     // `can_overlap` checks what `device_specs` does, so this is not reached;
                     // were it, the step runs synchronously once its placeholders are known.
@@ -551,7 +563,7 @@ impl Engine {
         self.failure.get().is_none()
             && self.scheduler.seqs().all(|s| {
                 let b = banned(&self.eos, s);
-                s.guide.is_none() && s.params.guided.is_none() && s.params.prompt_logprobs.is_none() && !needs_host(&s.params, &b, false) && !has_edits(&s.params, &b)
+                s.guide.is_none() && s.params.guided.is_none() && s.params.prompt_logprobs.is_none() && s.params.logprobs.is_none() && !needs_host(&s.params, &b, false) && !has_edits(&s.params, &b)
             })
     }
 
@@ -627,7 +639,7 @@ impl Engine {
                 }
                 let now = Instant::now();
                 for (&(id, at), token) in f.rows.iter().zip(ids) {
-                    self.sample_and_emit(id, Pick::Token(token), Some(at), now);
+                    self.sample_and_emit(id, Pick::Token(token, None), Some(at), now);
                 }
             }
             Err(e) => {
@@ -690,7 +702,7 @@ impl Engine {
             let mut joined: Option<Vec<MaskDone>> = None;
             let join = |h: &mut Option<std::thread::ScopedJoinHandle<'_, Vec<MaskDone>>>| h.take().map(|h| h.join().expect("computing a mask panicked")).unwrap_or_default();
             let result = match device {
-                Some(DeviceSampling { specs, edits }) if handle.is_some() || !edits.is_empty() => {
+                Some(DeviceSampling { specs, edits, top_n }) if handle.is_some() || !edits.is_empty() || top_n.iter().any(Option::is_some) => {
                     // Masked and edited rows sample on the device too: only their masks and
                     // edits go up.
                     let mut edits = Some(edits);
@@ -706,7 +718,11 @@ impl Engine {
                         joined = Some(done);
                         Ok(m)
                     };
-                    runner.forward_sampled_masked(&batch, &specs, &mut provide).map(Sampled::Ids)
+                    if top_n.iter().any(Option::is_some) {
+                        runner.forward_sampled_logprobs(&batch, &specs, &mut provide, &top_n).map(|(ids, lps)| Sampled::IdsLogprobs(ids, lps))
+                    } else {
+                        runner.forward_sampled_masked(&batch, &specs, &mut provide).map(Sampled::Ids)
+                    }
                 }
                 Some(DeviceSampling { specs, .. }) => runner.forward_sampled(&batch, &specs).map(Sampled::Ids),
                 None => runner.forward(&batch).map(Sampled::Logits),
@@ -729,6 +745,7 @@ impl Engine {
         }
         match result.map_err(|e| self.forward_error(e))? {
             Sampled::Ids(ids) if ids.len() != rows => Err(format!("model returned {} token ids for {rows} rows", ids.len())),
+            Sampled::IdsLogprobs(ids, lps) if ids.len() != rows || lps.len() != rows => Err(format!("model returned {} token ids and {} logprobs for {rows} rows", ids.len(), lps.len())),
             Sampled::Logits(l) if l.len() != rows * self.vocab => Err(format!("model returned {} logits for {rows} rows of vocabulary {}", l.len(), self.vocab)),
             ok => Ok(ok),
         }
@@ -740,6 +757,7 @@ impl Engine {
     fn device_specs(&self, out: &SchedulerOutput) -> Option<DeviceSampling> {
         let mut specs = Vec::with_capacity(out.seqs.len());
         let mut edits = vec![];
+        let mut top_n = Vec::with_capacity(out.seqs.len());
         for s in out.seqs.iter().filter(|s| s.sample || s.all_logits) {
             // Prompt logprobs need every position's logits on the host.
             if s.all_logits {
@@ -753,9 +771,10 @@ impl Engine {
             if has_edits(&seq.params, &b) {
                 edits.push((specs.len(), penalty_edits(&seq.params, seq.prompt(), seq.output(), &b, self.vocab)));
             }
+            top_n.push(seq.params.logprobs);
             specs.push(spec(&seq.params, seq.seed, seq.index, seq.num_output_tokens()));
         }
-        Some(DeviceSampling { specs, edits })
+        Some(DeviceSampling { specs, edits, top_n })
     }
 
     fn postprocess(&mut self, out: &SchedulerOutput, sampled: Result<Sampled, String>) {
@@ -775,7 +794,13 @@ impl Engine {
             Sampled::Ids(ids) => {
                 let seqs = out.seqs.iter().filter(|s| s.sample).map(|s| s.seq);
                 for (id, token) in seqs.zip(ids) {
-                    self.sample_and_emit(id, Pick::Token(token), None, now);
+                    self.sample_and_emit(id, Pick::Token(token, None), None, now);
+                }
+            }
+            Sampled::IdsLogprobs(ids, lps) => {
+                let seqs = out.seqs.iter().filter(|s| s.sample).map(|s| s.seq);
+                for ((id, token), lp) in seqs.zip(ids).zip(lps) {
+                    self.sample_and_emit(id, Pick::Token(token, lp), None, now);
                 }
             }
             Sampled::Logits(mut logits) => {
@@ -856,8 +881,8 @@ impl Engine {
         // Output tokens before this one.
         let before = at.map_or(seq.num_output_tokens(), |a| a - seq.num_prompt_tokens);
         let under_min = before < p.min_tokens;
-        let (token, raw) = match pick {
-            Pick::Token(t) => {
+        let (token, raw, device_lp) = match pick {
+            Pick::Token(t, lp) => {
                 // Sampled on the device with the mask, when it was usable.
                 if let Some(g) = seq.guide.as_mut() {
                     let usable = match g.mask.take() {
@@ -871,7 +896,7 @@ impl Engine {
                         return self.end_seq(id, FinishReason::Error(e), o);
                     }
                 }
-                (t, None)
+                (t, None, lp)
             }
             Pick::Row(row) => {
                 let raw = p.logprobs.map(|_| row.to_vec());
@@ -892,7 +917,7 @@ impl Engine {
                         return self.end_seq(id, FinishReason::Error(e), o);
                     }
                 }
-                (sample(row, &spec(&p, seq.seed, seq.index, seq.num_output_tokens())), raw)
+                (sample(row, &spec(&p, seq.seed, seq.index, seq.num_output_tokens())), raw, None)
             }
         };
         seq.commit_token(at, token, now);
@@ -925,7 +950,9 @@ impl Engine {
         o.token_ids.push(token);
         o.text = seq.text.take_new(stops, reason.is_some());
         o.prompt_logprobs = prompt_logprobs;
-        if let (Some(n), Some(raw)) = (p.logprobs, raw) {
+        if let (Some(_), Some(lp)) = (p.logprobs, device_lp) {
+            o.logprobs.push(lp);
+        } else if let (Some(n), Some(raw)) = (p.logprobs, raw) {
             o.logprobs.push(logprobs(&raw, token, n));
         }
         let (rid, fork) = (seq.request_id, !seq.forked && p.n > 1);

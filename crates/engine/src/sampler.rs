@@ -7,9 +7,9 @@
 //! applies ([`apply_penalties`]) and a device applies where the logits are
 //! (`Backend::sample_masked` with `RowMasks` edits), with the same bits.
 //!
-//! Which rows the model may sample where the logits are ([`needs_host`]): those without
-//! logprobs (prompt logprobs too: the engine checks those), and without edits where a
-//! constraint masks the row. The engine decides per step: one such row sends the whole step's
+//! Which rows the model may sample where the logits are ([`needs_host`]): all but those with
+//! edits under a constraint (prompt logprobs need every position's logits: the engine checks
+//! those); logprobs come back with the ids ([`tandem_core::sampling::logprobs_row`]). The engine decides per step: one such row sends the whole step's
 //! logits to the host, where the same functions give the same ids.
 
 use std::collections::BTreeMap;
@@ -18,34 +18,12 @@ use tandem_core::sampling::LogitEdit;
 
 use crate::sampling_params::SamplingParams;
 
-/// Log-probabilities of one generated token.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TokenLogprobs {
-    pub token: u32,
-    pub logprob: f32,
-    /// The `n` most likely tokens, best first.
-    pub top: Vec<(u32, f32)>,
-}
+pub use tandem_core::sampling::TokenLogprobs;
 
-/// `log_softmax(logits)[token]` and the top `n`, from the raw logits.
+/// `log_softmax(logits)[token]` and the top `n`, from the raw logits:
+/// [`tandem_core::sampling::logprobs_row`], which a device computes too.
 pub fn logprobs(logits: &[f32], token: u32, n: usize) -> TokenLogprobs {
-    let max = logits.iter().copied().filter(|x| !x.is_nan()).fold(f32::NEG_INFINITY, f32::max);
-    let sum: f64 = logits.iter().filter(|x| !x.is_nan()).map(|&x| ((x - max) as f64).exp()).sum();
-    let lse = max as f64 + sum.ln();
-    let lp = |x: f32| (x as f64 - lse) as f32;
-    let mut top: Vec<(u32, f32)> = Vec::with_capacity(n);
-    if n > 0 {
-        let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
-        let key = |i: &u32| logits[*i as usize];
-        let by_desc = |a: &u32, b: &u32| key(b).total_cmp(&key(a)).then(a.cmp(b));
-        if n < idx.len() {
-            idx.select_nth_unstable_by(n, by_desc);
-            idx.truncate(n);
-        }
-        idx.sort_unstable_by(by_desc);
-        top = idx.into_iter().map(|i| (i, lp(logits[i as usize]))).collect();
-    }
-    TokenLogprobs { token, logprob: lp(logits[token as usize]), top }
+    tandem_core::sampling::logprobs_row(logits, token, n)
 }
 
 /// Whether the row's logits are edited before sampling: a penalty, `logit_bias` or a ban.
@@ -112,12 +90,12 @@ pub fn spec(p: &SamplingParams, seed: u64, completion: usize, token_index: usize
     }
 }
 
-/// Whether a row must be sampled on the host: the device samplers return no logprobs; they
-/// apply edits and a constraint's mask (`ModelRunner::forward_sampled_masked`), but a row
-/// with both samples on the host, which can tell that a ban took every token the constraint
-/// allows (an error for the request, not a token).
+/// Whether a row must be sampled on the host: the device samplers apply edits and a
+/// constraint's mask and return logprobs (`ModelRunner::forward_sampled_logprobs`), but a row
+/// with both edits and a constraint samples on the host, which can tell that a ban took every
+/// token the constraint allows (an error for the request, not a token).
 pub fn needs_host(p: &SamplingParams, banned: &[u32], guided: bool) -> bool {
-    p.logprobs.is_some() || (guided && has_edits(p, banned))
+    guided && has_edits(p, banned)
 }
 
 /// Picks the next token from (penalised) logits: [`tandem_core::sampling::sample_row`].
@@ -188,14 +166,14 @@ mod tests {
     }
 
     #[test]
-    fn rows_with_logprobs_or_edits_under_a_constraint_need_the_host() {
+    fn rows_with_edits_under_a_constraint_need_the_host() {
         assert!(!needs_host(&SamplingParams::default(), &[], false));
         assert!(!needs_host(&params(|p| {
             p.top_k = 5;
             p.top_p = 0.5;
             p.min_p = 0.1;
         }), &[], true));
-        assert!(needs_host(&params(|p| p.logprobs = Some(0)), &[], false));
+        assert!(!needs_host(&params(|p| p.logprobs = Some(0)), &[], true));
         for p in [params(|p| p.repetition_penalty = 1.1), params(|p| p.presence_penalty = 0.5), params(|p| p.frequency_penalty = -0.5), params(|p| p.logit_bias = vec![(3, 1.0)])] {
             assert!(has_edits(&p, &[]) && !needs_host(&p, &[], false) && needs_host(&p, &[], true), "{p:?}");
         }

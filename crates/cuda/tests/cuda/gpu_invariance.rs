@@ -214,7 +214,7 @@ fn masked_sampling_matches_the_host() {
     use tandem_core::sampling::LogitEdit;
     for r in 0..rows {
         let edits = (0..vocab as u32)
-            .filter(|t| (*t as usize + r) % 4 == 0)
+            .filter(|t| (*t as usize + r).is_multiple_of(4))
             .map(|token| LogitEdit {
                 token,
                 repetition: (token % 3 == 0).then_some(1.3),
@@ -228,4 +228,14 @@ fn masked_sampling_matches_the_host() {
     b.write_f32(&mut buf, &logits).unwrap();
     let got = b.sample_masked(&buf, rows, vocab, &specs, &masks).unwrap();
     assert_eq!(got, sample_rows_masked(&logits, vocab, &specs, &masks), "edited rows");
+    // Logprobs of the raw logits (the edits undone first), bitwise the host's.
+    let top_n: Vec<Option<usize>> = (0..rows).map(|r| [None, Some(0), Some(1), Some(5), Some(20)][r % 5]).collect();
+    b.write_f32(&mut buf, &logits).unwrap();
+    let (ids, lps) = b.sample_logprobs(&buf, rows, vocab, &specs, &masks, &top_n).unwrap();
+    assert_eq!(ids, sample_rows_masked(&logits, vocab, &specs, &masks), "ids with logprobs");
+    for r in 0..rows {
+        let want = top_n[r].map(|n| tandem_core::sampling::logprobs_row(&logits[r * vocab..(r + 1) * vocab], ids[r], n));
+        let bits = |l: &Option<tandem_core::sampling::TokenLogprobs>| l.as_ref().map(|l| (l.token, l.logprob.to_bits(), l.top.iter().map(|(t, x)| (*t, x.to_bits())).collect::<Vec<_>>()));
+        assert_eq!(bits(&lps[r]), bits(&want), "row {r} logprobs");
+    }
 }

@@ -12,7 +12,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use tandem_core::sampling::{sample_row, sample_rows_masked, LogitEdit, RowMasks, SampleSpec};
+use tandem_core::sampling::{logprobs_row, sample_row, sample_rows_masked, LogitEdit, RowMasks, SampleSpec, MAX_TOP_LOGPROBS};
 
 struct SplitMix(u64);
 impl SplitMix {
@@ -142,6 +142,7 @@ fn sampling_kernel_matches_the_host_sampler_bitwise() {
     // Edited rows (penalties, logit_bias, bans), some masked too: `logit_edits` then
     // `sample_masked` against `sample_rows_masked`, and the edited logits bit for bit.
     let mut edited = 0;
+    let mut logprob_rows = 0;
     for vocab in [40usize, 1000] {
         let rows = 16;
         let cases: Vec<_> = (0..rows).map(|_| case(&mut r, vocab)).collect();
@@ -187,12 +188,16 @@ fn sampling_kernel_matches_the_host_sampler_bitwise() {
         let (start, words) = masks.edit_words();
         bytes.extend((*start.last().unwrap()).to_le_bytes());
         start.iter().chain(&words).for_each(|w| bytes.extend(w.to_le_bytes()));
+        // Logprobs of the raw logits for most rows (after the edits were undone).
+        let top_n: Vec<u32> = (0..rows).map(|_| r.pick(&[u32::MAX, 0, 1, 5, 20])).collect();
+        top_n.iter().for_each(|w| bytes.extend(w.to_le_bytes()));
         let (inp, outp) = (dir.join("in.bin"), dir.join("out.bin"));
         std::fs::write(&inp, &bytes).unwrap();
         let run = Command::new(&exe).arg(&inp).arg(&outp).output().unwrap();
         assert!(run.status.success(), "sample_io (edited) failed: {}", String::from_utf8_lossy(&run.stderr));
         let words_out: Vec<u32> = std::fs::read(&outp).unwrap().chunks_exact(4).map(|b| u32::from_le_bytes(b.try_into().unwrap())).collect();
-        assert_eq!(words_out.len(), rows + rows * vocab);
+        let k = MAX_TOP_LOGPROBS;
+        assert_eq!(words_out.len(), rows + rows * vocab + rows + 2 * rows * k);
         let logits: Vec<f32> = cases.iter().flat_map(|c| c.0.iter().copied()).collect();
         let mut want_logits = logits.clone();
         for row in 0..rows {
@@ -201,18 +206,33 @@ fn sampling_kernel_matches_the_host_sampler_bitwise() {
                 *x = e.apply(*x);
             }
         }
-        let got_logits = &words_out[rows..];
+        let got_logits = &words_out[rows..rows + rows * vocab];
         for (i, (g, w)) in got_logits.iter().zip(&want_logits).enumerate() {
             assert_eq!(*g, w.to_bits(), "edited logit {i} (row {}, token {}): kernel {}, host {w}", i / vocab, i % vocab, f32::from_bits(*g));
         }
         let specs: Vec<SampleSpec> = cases.iter().map(|c| c.1).collect();
         let want = sample_rows_masked(&logits, vocab, &specs, &masks);
         assert_eq!(&words_out[..rows], &want[..], "edited rows, vocab {vocab}");
+        // The logprobs: bitwise `logprobs_row` of the raw row at the sampled id.
+        let lp = &words_out[rows + rows * vocab..];
+        let (lp_tok, top_ids, top_lp) = (&lp[..rows], &lp[rows..rows + rows * k], &lp[rows + rows * k..]);
+        for row in 0..rows {
+            if top_n[row] == u32::MAX {
+                continue;
+            }
+            let w = logprobs_row(&logits[row * vocab..(row + 1) * vocab], want[row], top_n[row] as usize);
+            assert_eq!(lp_tok[row], w.logprob.to_bits(), "row {row} logprob: kernel {}, host {}", f32::from_bits(lp_tok[row]), w.logprob);
+            let got: Vec<(u32, u32)> = (0..k).map(|i| (top_ids[row * k + i], top_lp[row * k + i])).take_while(|(t, _)| *t != u32::MAX).collect();
+            let host: Vec<(u32, u32)> = w.top.iter().map(|(t, l)| (*t, l.to_bits())).collect();
+            assert_eq!(got, host, "row {row} top {}", top_n[row]);
+            logprob_rows += 1;
+        }
         let plain = RowMasks { edits: vec![], ..masks.clone() };
         edited += want.iter().zip(sample_rows_masked(&logits, vocab, &specs, &plain)).filter(|(a, b)| **a != *b).count();
         total += rows;
     }
     assert!(edited > 0, "no edit changed any id: the edited cases prove nothing");
-    println!("sampling kernel == host sampler on {total} rows ({changed} ids changed by their masks, {edited} by their edits)");
+    assert!(logprob_rows >= 10, "only {logprob_rows} rows asked for logprobs");
+    println!("sampling kernel == host sampler on {total} rows ({changed} ids changed by their masks, {edited} by their edits; {logprob_rows} rows' logprobs)");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use common::*;
 use tandem_core::model::LoadOptions;
 use tandem_core::{DType, ForwardBatch, LlamaModel, ModelRunner};
-use tandem_engine::{Engine, EngineConfig, Request, SamplingParams};
+use tandem_engine::{Engine, EngineConfig, Request, RequestOutput, SamplingParams};
 use tandem_models::random_model::{write_random_model, Shape};
 use tandem_reference::RefBackend;
 
@@ -204,12 +204,30 @@ fn seeded_tokens_are_the_same_alone_and_in_a_batch() {
     assert!(st.prefix_cache_hits_total > 0, "the shared prefix should hit the cache");
     assert_eq!(got, want);
 
-    // Logprobs send a step's logits to the host, where penalties, logit_bias and the sampler
-    // run on the host; without them the rows sample (and are edited) where the logits are.
-    for (r, w) in reqs.iter().zip(&want) {
-        let r = Request { params: SamplingParams { logprobs: Some(2), ..r.params.clone() }, ..r.clone() };
+    // Prompt logprobs send a step's logits to the host, where penalties, logit_bias, the
+    // sampler and the logprobs run on the host; without them the rows sample (edited, and with
+    // their logprobs) where the logits are: the same tokens and the same logprobs, bit for bit.
+    let run_lp = |r: &Request| -> Vec<RequestOutput> {
         let mut e = Engine::new(runner(&dir, 64, 256), letters(), EngineConfig::default()).unwrap();
-        assert_eq!(&run_all(&mut e, &[r]).remove(0), w, "host path (logprobs) and model path differ");
+        let mut s = e.add_request(r.clone()).unwrap();
+        run_to_idle(&mut e);
+        drain(&mut s)
+    };
+    for (r, w) in reqs.iter().zip(&want) {
+        let device = Request { params: SamplingParams { logprobs: Some(3), ..r.params.clone() }, ..r.clone() };
+        let host = Request { params: SamplingParams { prompt_logprobs: Some(0), ..device.params.clone() }, ..r.clone() };
+        let (d, h) = (run_lp(&device), run_lp(&host));
+        let tokens = |o: &[RequestOutput]| collect(o, r.params.n).tokens;
+        assert_eq!(&tokens(&d), w, "device path with logprobs and alone differ");
+        assert_eq!(&tokens(&h), w, "host path (prompt logprobs) and alone differ");
+        // (completion, token, logprob bits, top ids and logprob bits) of every output token.
+        type Bits = (usize, u32, u32, Vec<(u32, u32)>);
+        let lps = |o: &[RequestOutput]| {
+            let mut v: Vec<Bits> = o.iter().flat_map(|o| o.logprobs.iter().map(move |l| (o.index, l.token, l.logprob.to_bits(), l.top.iter().map(|(t, x)| (*t, x.to_bits())).collect()))).collect();
+            v.sort();
+            v
+        };
+        assert!(!lps(&d).is_empty() && lps(&d) == lps(&h), "logprobs differ between the device and host paths");
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
