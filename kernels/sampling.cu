@@ -121,6 +121,28 @@ __device__ __forceinline__ float smp_ld(const float* row, const u32* mask, int j
     return (mask && !((mask[j >> 5] >> (j & 31)) & 1u)) ? neg_inf_f32() : row[j];
 }
 
+// The row's argmax (as read through its mask) into sf[0] / si[0] (-1: every logit NaN), by
+// the block's fixed tree; the caller syncs before it reuses sf and si.
+__device__ __forceinline__ void smp_row_argmax(const float* row, const u32* mask, int vocab, float* sf, int* si) {
+    const int t = threadIdx.x;
+    float v = 0.0f;
+    int idx = -1;
+    for (int j = t; j < vocab; j += SMP_THREADS) argmax_combine(v, idx, smp_ld(row, mask, j), j);
+    sf[t] = v;
+    si[t] = idx;
+    __syncthreads();
+    for (int s = SMP_THREADS / 2; s > 0; s >>= 1) {
+        if (t < s) {
+            float a = sf[t];
+            int ai = si[t];
+            argmax_combine(a, ai, sf[t + s], si[t + s]);
+            sf[t] = a;
+            si[t] = ai;
+        }
+        __syncthreads();
+    }
+}
+
 __device__ __forceinline__ void sample_row_dev(const float* __restrict__ logits, const u32* __restrict__ specs, u32* __restrict__ out, int rows, int vocab, const u32* __restrict__ mask_bits, const int* __restrict__ mask_index, int mask_words) {
     __shared__ float sf[SMP_THREADS];
     __shared__ float s_incl[SMP_THREADS];
@@ -138,22 +160,7 @@ __device__ __forceinline__ void sample_row_dev(const float* __restrict__ logits,
     const u32 top_k = sp[1];
 
     // The argmax, whose value is the largest logit that is not NaN.
-    float v = 0.0f;
-    int idx = -1;
-    for (int j = t; j < vocab; j += SMP_THREADS) argmax_combine(v, idx, smp_ld(row, mask, j), j);
-    sf[t] = v;
-    si[t] = idx;
-    __syncthreads();
-    for (int s = SMP_THREADS / 2; s > 0; s >>= 1) {
-        if (t < s) {
-            float a = sf[t];
-            int ai = si[t];
-            argmax_combine(a, ai, sf[t + s], si[t + s]);
-            sf[t] = a;
-            si[t] = ai;
-        }
-        __syncthreads();
-    }
+    smp_row_argmax(row, mask, vocab, sf, si);
     const float m = sf[0];
     const u32 greedy = si[0] < 0 ? 0u : (u32)si[0];
     __syncthreads();
@@ -347,22 +354,7 @@ logprobs(const float* __restrict__ logits, const u32* __restrict__ ids, const u3
     const int r = blockIdx.x, t = threadIdx.x;
     if (r >= rows || top_n[r] == 0xffffffffu) return;
     const float* row = logits + (size_t)r * vocab;
-    float v = 0.0f;
-    int idx = -1;
-    for (int j = t; j < vocab; j += SMP_THREADS) argmax_combine(v, idx, row[j], j);
-    sf[t] = v;
-    si[t] = idx;
-    __syncthreads();
-    for (int s = SMP_THREADS / 2; s > 0; s >>= 1) {
-        if (t < s) {
-            float a = sf[t];
-            int ai = si[t];
-            argmax_combine(a, ai, sf[t + s], si[t + s]);
-            sf[t] = a;
-            si[t] = ai;
-        }
-        __syncthreads();
-    }
+    smp_row_argmax(row, nullptr, vocab, sf, si);
     const float m = si[0] < 0 ? neg_inf_f32() : sf[0];
     __syncthreads();
     const bool finite = fabsf(m) <= 3.402823466e38f;

@@ -16,7 +16,7 @@
 use half::{bf16, f16};
 
 use crate::error::{Error, Result};
-use crate::sampling::{logprobs_row, sample_row, sample_rows_masked, RowMasks, SampleSpec, TokenLogprobs, MAX_TOP_LOGPROBS};
+use crate::sampling::{logprobs_rows, sample_row, sample_rows_masked, RowMasks, SampleSpec, TokenLogprobs};
 use crate::weights::TensorView;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -458,8 +458,7 @@ pub trait Backend: Send + 'static {
         }
         let v = self.read_f32(logits, rows * vocab)?;
         let ids = sample_rows_masked(&v, vocab, specs, masks);
-        let vocab = vocab.max(1);
-        let lps = top_n.iter().enumerate().map(|(r, n)| n.map(|n| logprobs_row(&v[r * vocab..(r + 1) * vocab], ids[r], n.min(MAX_TOP_LOGPROBS)))).collect();
+        let lps = logprobs_rows(&v, vocab, &ids, top_n);
         Ok((ids, lps))
     }
 }

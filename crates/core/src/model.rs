@@ -9,7 +9,7 @@ use crate::batch::ForwardBatch;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::memory::{plan_kv_blocks, DeviceMemory, KvNeed};
-use crate::sampling::{logprobs_row, sample_row, sample_rows_masked, RowMasks, SampleSpec, TokenLogprobs, MAX_TOP_LOGPROBS};
+use crate::sampling::{logprobs_rows, sample_row, sample_rows_masked, RowMasks, SampleSpec, TokenLogprobs};
 use crate::weights::Weights;
 
 /// What the engine needs from a loaded model, whatever the backend. Object-safe.
@@ -46,12 +46,7 @@ pub trait ModelRunner: Send {
     /// [`sample_row`] of the rows [`ModelRunner::forward`] would return. The default is that:
     /// `forward`, then the host.
     fn forward_sampled(&mut self, batch: &ForwardBatch, specs: &[SampleSpec]) -> Result<Vec<u32>> {
-        check_specs(batch, specs)?;
-        let logits = self.forward(batch)?;
-        let vocab = self.config().vocab_size.max(1);
-        if logits.len() != specs.len() * vocab {
-            return Err(Error::Batch(format!("forward returned {} logits for {} rows of vocabulary {vocab}", logits.len(), specs.len())));
-        }
+        let (logits, vocab) = host_logits(self, batch, specs)?;
         Ok(logits.chunks_exact(vocab).zip(specs).map(|(row, s)| sample_row(row, s)).collect())
     }
     /// As [`ModelRunner::forward_sampled`], some rows masked (structured output) or edited
@@ -60,12 +55,7 @@ pub trait ModelRunner: Send {
     /// [`crate::sampling::sample_rows_masked`] of what [`ModelRunner::forward`] would return.
     /// The default: `forward`, then the host.
     fn forward_sampled_masked(&mut self, batch: &ForwardBatch, specs: &[SampleSpec], masks: &mut dyn FnMut() -> Result<RowMasks>) -> Result<Vec<u32>> {
-        check_specs(batch, specs)?;
-        let logits = self.forward(batch)?;
-        let vocab = self.config().vocab_size.max(1);
-        if logits.len() != specs.len() * vocab {
-            return Err(Error::Batch(format!("forward returned {} logits for {} rows of vocabulary {vocab}", logits.len(), specs.len())));
-        }
+        let (logits, vocab) = host_logits(self, batch, specs)?;
         let m = masks()?;
         m.check(specs.len(), vocab).map_err(Error::Batch)?;
         Ok(sample_rows_masked(&logits, vocab, specs, &m))
@@ -75,21 +65,28 @@ pub trait ModelRunner: Send {
     /// ([`crate::sampling::logprobs_row`]), computed where the logits are. The default:
     /// `forward`, then the host.
     fn forward_sampled_logprobs(&mut self, batch: &ForwardBatch, specs: &[SampleSpec], masks: &mut dyn FnMut() -> Result<RowMasks>, top_n: &[Option<usize>]) -> Result<(Vec<u32>, Vec<Option<TokenLogprobs>>)> {
-        check_specs(batch, specs)?;
         if top_n.len() != specs.len() {
             return Err(Error::Batch(format!("{} logprob counts for {} rows", top_n.len(), specs.len())));
         }
-        let logits = self.forward(batch)?;
-        let vocab = self.config().vocab_size.max(1);
-        if logits.len() != specs.len() * vocab {
-            return Err(Error::Batch(format!("forward returned {} logits for {} rows of vocabulary {vocab}", logits.len(), specs.len())));
-        }
+        let (logits, vocab) = host_logits(self, batch, specs)?;
         let m = masks()?;
         m.check(specs.len(), vocab).map_err(Error::Batch)?;
         let ids = sample_rows_masked(&logits, vocab, specs, &m);
-        let lps = top_n.iter().enumerate().map(|(r, n)| n.map(|n| logprobs_row(&logits[r * vocab..(r + 1) * vocab], ids[r], n.min(MAX_TOP_LOGPROBS)))).collect();
+        let lps = logprobs_rows(&logits, vocab, &ids, top_n);
         Ok((ids, lps))
     }
+}
+
+/// The default samplers' start: the specs checked, the forward run, its logits (and the
+/// vocabulary, at least 1) checked against the rows.
+fn host_logits<M: ModelRunner + ?Sized>(m: &mut M, batch: &ForwardBatch, specs: &[SampleSpec]) -> Result<(Vec<f32>, usize)> {
+    check_specs(batch, specs)?;
+    let logits = m.forward(batch)?;
+    let vocab = m.config().vocab_size.max(1);
+    if logits.len() != specs.len() * vocab {
+        return Err(Error::Batch(format!("forward returned {} logits for {} rows of vocabulary {vocab}", logits.len(), specs.len())));
+    }
+    Ok((logits, vocab))
 }
 
 fn check_specs(batch: &ForwardBatch, specs: &[SampleSpec]) -> Result<()> {

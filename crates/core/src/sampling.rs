@@ -207,6 +207,13 @@ pub fn logprobs_row(logits: &[f32], token: u32, n: usize) -> TokenLogprobs {
     TokenLogprobs { token, logprob: logits.get(token as usize).map_or(f32::NAN, |&x| lp(x)), top }
 }
 
+/// [`logprobs_row`] of each row of `logits` (`[rows, vocab]`) at its sampled id where
+/// `top_n[r]` asks (at most [`MAX_TOP_LOGPROBS`]): the host's logprobs of a step.
+pub fn logprobs_rows(logits: &[f32], vocab: usize, ids: &[u32], top_n: &[Option<usize>]) -> Vec<Option<TokenLogprobs>> {
+    let vocab = vocab.max(1);
+    top_n.iter().enumerate().map(|(r, n)| n.map(|n| logprobs_row(&logits[r * vocab..(r + 1) * vocab], ids[r], n.min(MAX_TOP_LOGPROBS)))).collect()
+}
+
 /// An order-preserving key: `a < b` as floats iff `key(a) < key(b)` (NaN excluded).
 pub fn key(x: f32) -> u32 {
     let b = x.to_bits();

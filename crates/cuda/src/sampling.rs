@@ -5,7 +5,7 @@
 
 use cudarc::driver::PushKernelArg;
 use tandem_core::backend::Backend;
-use tandem_core::sampling::{logprobs_row, sample_rows_masked, RowMasks, SampleSpec, TokenLogprobs, MAX_TOP_LOGPROBS};
+use tandem_core::sampling::{logprobs_rows, sample_rows_masked, RowMasks, SampleSpec, TokenLogprobs, MAX_TOP_LOGPROBS};
 use tandem_core::Result;
 
 use super::{cfg, err, i32_of, need, CudaBackend, CudaBuf, Elem, IoScratch, SAMPLE_LANES};
@@ -106,7 +106,7 @@ impl CudaBackend {
         }
         let host = |v: &[f32]| {
             let ids = sample_rows_masked(v, vocab, specs, masks);
-            let lps = top_n.iter().enumerate().map(|(r, n)| n.map(|n| logprobs_row(&v[r * vocab..(r + 1) * vocab], ids[r], n.min(MAX_TOP_LOGPROBS)))).collect();
+            let lps = logprobs_rows(v, vocab, &ids, top_n);
             (ids, lps)
         };
         let edited = masks.has_edits();

@@ -61,6 +61,20 @@ fn case(r: &mut SplitMix, vocab: usize) -> (Vec<f32>, SampleSpec) {
     (l, spec)
 }
 
+/// sample_io's input up to its masks: rows, vocab, the logits, the specs, then the masks.
+fn masked_input(cases: &[(Vec<f32>, SampleSpec)], vocab: usize, masks: &RowMasks) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    bytes.extend((cases.len() as u32).to_le_bytes());
+    bytes.extend((vocab as u32).to_le_bytes());
+    cases.iter().flat_map(|c| &c.0).for_each(|x| bytes.extend(x.to_le_bytes()));
+    cases.iter().flat_map(|c| c.1.to_words()).for_each(|w| bytes.extend(w.to_le_bytes()));
+    bytes.extend((masks.words as u32).to_le_bytes());
+    bytes.extend(((masks.bits.len() / masks.words) as u32).to_le_bytes());
+    masks.index.iter().for_each(|i| bytes.extend(i.to_le_bytes()));
+    masks.bits.iter().for_each(|w| bytes.extend(w.to_le_bytes()));
+    bytes
+}
+
 #[test]
 fn sampling_kernel_matches_the_host_sampler_bitwise() {
     let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
@@ -117,15 +131,7 @@ fn sampling_kernel_matches_the_host_sampler_bitwise() {
             }
             masks.set(row, &m);
         }
-        let mut bytes = Vec::new();
-        bytes.extend((rows as u32).to_le_bytes());
-        bytes.extend((vocab as u32).to_le_bytes());
-        cases.iter().flat_map(|c| &c.0).for_each(|x| bytes.extend(x.to_le_bytes()));
-        cases.iter().flat_map(|c| c.1.to_words()).for_each(|w| bytes.extend(w.to_le_bytes()));
-        bytes.extend((masks.words as u32).to_le_bytes());
-        bytes.extend(((masks.bits.len() / masks.words) as u32).to_le_bytes());
-        masks.index.iter().for_each(|i| bytes.extend(i.to_le_bytes()));
-        masks.bits.iter().for_each(|w| bytes.extend(w.to_le_bytes()));
+        let mut bytes = masked_input(&cases, vocab, &masks);
         let (inp, outp) = (dir.join("in.bin"), dir.join("out.bin"));
         std::fs::write(&inp, &bytes).unwrap();
         let run = Command::new(&exe).arg(&inp).arg(&outp).output().unwrap();
@@ -176,15 +182,7 @@ fn sampling_kernel_matches_the_host_sampler_bitwise() {
             masks.set_edits(row, edits);
         }
         masks.check(rows, vocab).unwrap();
-        let mut bytes = Vec::new();
-        bytes.extend((rows as u32).to_le_bytes());
-        bytes.extend((vocab as u32).to_le_bytes());
-        cases.iter().flat_map(|c| &c.0).for_each(|x| bytes.extend(x.to_le_bytes()));
-        cases.iter().flat_map(|c| c.1.to_words()).for_each(|w| bytes.extend(w.to_le_bytes()));
-        bytes.extend((masks.words as u32).to_le_bytes());
-        bytes.extend(((masks.bits.len() / masks.words) as u32).to_le_bytes());
-        masks.index.iter().for_each(|i| bytes.extend(i.to_le_bytes()));
-        masks.bits.iter().for_each(|w| bytes.extend(w.to_le_bytes()));
+        let mut bytes = masked_input(&cases, vocab, &masks);
         let (start, words) = masks.edit_words();
         bytes.extend((*start.last().unwrap()).to_le_bytes());
         start.iter().chain(&words).for_each(|w| bytes.extend(w.to_le_bytes()));
