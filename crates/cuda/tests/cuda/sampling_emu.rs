@@ -131,7 +131,7 @@ fn sampling_kernel_matches_the_host_sampler_bitwise() {
             }
             masks.set(row, &m);
         }
-        let mut bytes = masked_input(&cases, vocab, &masks);
+        let bytes = masked_input(&cases, vocab, &masks);
         let (inp, outp) = (dir.join("in.bin"), dir.join("out.bin"));
         std::fs::write(&inp, &bytes).unwrap();
         let run = Command::new(&exe).arg(&inp).arg(&outp).output().unwrap();
