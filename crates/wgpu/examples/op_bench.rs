@@ -97,6 +97,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     num_seqs: 1,
                     max_blocks: g.num_blocks,
                     max_context: ctx,
+                    decode_tokens: usize::from(m == 1),
                     num_heads: 9,
                     geometry: g,
                     scale: 0.125,
