@@ -6,11 +6,10 @@
 //! tiles, 128 on the 128-wide ones), attention (its last partition block combines), o adding
 //! into the residual, the gate/up GEMM with the norm and silu, down adding into the residual.
 //! Above that, 7: add_rms_norm runs between them. The unfused path launched about 30. Counted
-//! by `CudaBackend::launches` around one forward of a seeded random bf16 model (head_dim 64:
-//! SmolLM2-135M's shape). No random model shape of head_dim 128 is small enough for a test
-//! (Llama-3-8B's is 16 GB), so at head_dim 128 the op the model calls per layer,
-//! `qkv_rope_kv_write`, is counted alone: one launch up to 128 rows (two above: matmul_x), as
-//! at head_dim 64, where it was qkv_proj then rope_kv_write (6 a layer, 8 above). The fused
+//! by `CudaBackend::launches` around one forward of a seeded random bf16 model, at head_dim 64
+//! (SmolLM2-135M's shape) and 128 (`tiny-hd128`: 4 layers, where qkv_proj then rope_kv_write
+//! made 6 a layer and 8 above); `qkv_rope_kv_write` is also counted alone at both head_dims
+//! (one launch up to 128 rows, two above: matmul_x) and held bitwise to the unfused ops. The fused
 //! layer is built to give the unfused layer's bits (kernels/matmul.cu `norm_prologue`), so a
 //! sequence's logits decoded alone (fused) equal its row in a three-token step (unfused), bit
 //! for bit. Without a driver each test prints SKIPPED (TANDEM_REQUIRE_CUDA=1 fails).
@@ -22,11 +21,14 @@ use tandem_core::{DType, ForwardBatch, KvDtype, LlamaModel, ModelRunner};
 use tandem_cuda::CudaBackend;
 use tandem_models::random_model::{write_random_model, Shape};
 
-fn model(test: &str) -> Option<(LlamaModel<CudaBackend>, std::path::PathBuf)> {
+/// The shapes counted: head_dim 64 (the 64-wide rope epilogue) and 128 (the 128-wide one).
+const SHAPES: [Shape; 2] = [Shape::Smollm2_135m, Shape::TinyHd128];
+
+fn model(test: &str, shape: Shape) -> Option<(LlamaModel<CudaBackend>, std::path::PathBuf)> {
     let gpu = crate::gpu_or_skip(test)?;
-    let dir = std::env::temp_dir().join(format!("tandem-cuda-launches-{test}-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("tandem-cuda-launches-{test}-{}-{}", shape.name(), std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    write_random_model(&dir, Shape::Smollm2_135m, 7, DType::BF16).unwrap();
+    write_random_model(&dir, shape, 7, DType::BF16).unwrap();
     let opts = LoadOptions { max_batch_tokens: 64, max_seqs: 4, num_kv_blocks: 16, block_size: 16, ..Default::default() };
     Some((LlamaModel::<CudaBackend>::load(gpu, &dir, opts).unwrap(), dir))
 }
@@ -37,7 +39,15 @@ fn prompt(seed: u32) -> Vec<u32> {
 
 #[test]
 fn decode_step_launches_five_kernels_per_layer_fused_and_seven_unfused() {
-    let Some((mut model, dir)) = model("decode launches per layer") else { return };
+    for shape in SHAPES {
+        decode_step_launches(shape);
+    }
+}
+
+fn decode_step_launches(shape: Shape) {
+    let Some((mut model, dir)) = model("decode launches per layer", shape) else { return };
+    let head_dim = model.config().head_dim;
+    assert_eq!(head_dim, if shape == Shape::TinyHd128 { 128 } else { 64 }, "{}", shape.name());
     let layers = model.config().num_hidden_layers as u64;
     // Three sequences, blocks 2s and 2s + 1 each, prefilled together.
     let mut batch = ForwardBatch { max_blocks: 2, ..Default::default() };
@@ -55,17 +65,23 @@ fn decode_step_launches_five_kernels_per_layer_fused_and_seven_unfused() {
         model.backend().launches() - before
     };
     let (one, three) = (count(&mut model, 1), count(&mut model, 3));
-    println!("one decode step: {one} kernels at 1 token, {three} at 3 tokens, over {layers} layers");
+    println!("{}: one decode step: {one} kernels at 1 token, {three} at 3 tokens, over {layers} layers (head_dim {head_dim})", shape.name());
     // Outside the layers: the embedding, layer 0's input norm, gather_rows of the logit rows, the
     // final norm, the lm_head GEMM, argmax; unfused also the last residual add.
-    assert!(one <= 5 * layers + 6, "{one} launches at 1 token for {layers} layers: more than 5 per layer (+ 6 outside)");
-    assert!(three <= 7 * layers + 7, "{three} launches at 3 tokens for {layers} layers: more than 7 per layer (+ 7 outside)");
+    assert!(one <= 5 * layers + 6, "{}: {one} launches at 1 token for {layers} layers: more than 5 per layer (+ 6 outside)", shape.name());
+    assert!(three <= 7 * layers + 7, "{}: {three} launches at 3 tokens for {layers} layers: more than 7 per layer (+ 7 outside)", shape.name());
     let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn fused_norms_give_the_unfused_bits() {
-    let Some((mut model, dir)) = model("fused norms bitwise") else { return };
+    for shape in SHAPES {
+        fused_norms_bitwise(shape);
+    }
+}
+
+fn fused_norms_bitwise(shape: Shape) {
+    let Some((mut model, dir)) = model("fused norms bitwise", shape) else { return };
     let vocab = model.config().vocab_size;
     let mut batch = ForwardBatch { max_blocks: 2, ..Default::default() };
     for s in 0..3u32 {
@@ -84,7 +100,7 @@ fn fused_norms_give_the_unfused_bits() {
     let t = model.forward(&three).unwrap();
     assert!(model.backend().fuses_norm(model.config().hidden_size, 1) && !model.backend().fuses_norm(model.config().hidden_size, 3));
     let same = a.iter().zip(&t[..vocab]).all(|(x, y)| x.to_bits() == y.to_bits());
-    assert!(same, "sequence 0's logits differ between the fused (alone) and unfused (3-token) steps");
+    assert!(same, "{}: sequence 0's logits differ between the fused (alone) and unfused (3-token) steps", shape.name());
     let _ = std::fs::remove_dir_all(&dir);
 }
 
