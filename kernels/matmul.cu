@@ -13,8 +13,9 @@
 //   index order: total = p0; total += p1; ...; then + bias[c] if there is a bias. Whether the
 //   fold happens in registers (one block walks every slice) or in-kernel over a workspace (one
 //   block per slice, the last to arrive folds) gives the same bits. Tile shapes change with
-//   m (the m16 / m64 / m128 kernels); the reduction order does not, so row r of a step has the
-//   same bits alone, in any batch, and in either kernel. This relies on the GPU computing every
+//   m (the m16 / m64 / m128 kernels) and, for the rope epilogue at head_dim 128, in width (the
+//   _n128 kernels); the reduction order does not, so row r of a step has the same bits alone,
+//   in any batch, and in any of the kernels. This relies on the GPU computing every
 //   element of every mma the same way (position in the tile and neighbours irrelevant) — true
 //   of the emulator by construction, to be confirmed on hardware by tests/cuda/gpu_invariance.rs.
 //   It does NOT promise bitwise agreement with the CPU reference (the hardware's summation order
@@ -50,8 +51,11 @@
 // slicing. The input norm (NormIn, up to 128 rows) is a prologue: the block computes its rows'
 // 1/rms exactly as rms_norm.cu does and feeds (h * inv) * gamma to the tensor cores, so a layer
 // with its norms fused (Backend::fuses_norm) gives the unfused layer's bits. EPI_QKV_ROPE
-// (Backend::qkv_rope_kv_write, head_dim dividing 64) rotates q and k and writes the KV cache
-// with rope_kv_write's arithmetic: a decode layer is then 5 launches at 1-2 tokens.
+// (Backend::qkv_rope_kv_write, head_dim dividing 128) rotates q and k and writes the KV cache
+// with rope_kv_write's arithmetic: a decode layer is then 5 launches at 1-2 tokens. Each head
+// must lie in one output tile: head_dim dividing 64 takes the 64-wide kernels, 128 the
+// 128-wide `_n128` ones, which slice K exactly as the 64-wide kernel would (k_slices counts
+// 64-column tiles whatever the launch's width), so their bits are the same.
 //
 // Launch (crates/cuda/src/matmul.rs `gemm`):
 //   1. m > 128 only: matmul_x_<dt>: x f32 [m, k] -> xa [m, kp] 16-bit (kp = k rounded up to 8,
@@ -62,11 +66,16 @@
 //        m16  (m <= 16):   4 warps, each 16x16;  4-stage cp.async pipeline; decode
 //        m64  (m <= 128):  4 warps, each 32x32;  4 stages
 //        m128 (m > 128):   8 warps, each 32x32;  3 stages; prefill
+//      EPI_QKV_ROPE at head_dim 128: matmul_tc_<dt>_m<BM>_n128, tile BM x 128, grid
+//      (ceil(n/128), ceil(m/BM), z), the same slices as the 64-wide launch (see GemmM16N128):
+//        m16_n128 (m <= 16):  8 warps, each 16x16;  4 stages
+//        m64_n128 (m > 16):   8 warps, each 32x32;  3 stages (m > 128 too: x through matmul_x)
 //      z = slices (one slice per block, partial sums to the workspace `part` [slices, m, n],
 //      folded in-kernel by the last block, above) for m <= 128 when slices > 1, so a decode
 //      step has ceil(n/64) * slices blocks in flight (about 264, two per SM on the H200, for
-//      every n <= 16896); else z = 1 and each block folds its slices in registers.
-//   Shared memory (dynamic): per stage BM x 32 of xa and 64 x 32 of w, rows padded to 40
+//      every n <= 16896; half as many blocks of twice the warps for _n128); else z = 1 and
+//      each block folds its slices in registers.
+//   Shared memory (dynamic): per stage BM x 32 of xa and BN x 32 of w, rows padded to 40
 //   elements (80 bytes), so the 8 row addresses of every ldmatrix fall in 8 distinct 16-byte
 //   bank groups (no conflicts). k % 8 != 0 breaks the 16-byte alignment of w's rows: those
 //   tiles of w are loaded element by element (predicated), the rest of the pipeline unchanged.
@@ -97,16 +106,19 @@ __device__ void matmul_x_impl(const float* __restrict__ x, u16* __restrict__ xa,
         xa[(size_t)r * kp + i] = i < k ? f32_to_bits(T{}, x[(size_t)r * k + i]) : (u16)0;
 }
 
-template <int BM_, int WM_, int WN_, int STAGES_>
+// BN_ is the output tile's width: GEMM_BN for every epilogue; 128 only for EPI_QKV_ROPE at a
+// head_dim that does not divide 64 (128: Llama-3.1-8B, Mistral, Qwen2-7B), so each head's
+// rotate-half partners, hd / 2 columns apart, sit in one tile (the `_n128` kernels below).
+template <int BM_, int WM_, int WN_, int STAGES_, int BN_ = GEMM_BN>
 struct GemmShape {
-    static constexpr int BM = BM_, BN = GEMM_BN, BK = GEMM_BK, P = GEMM_PITCH, STAGES = STAGES_;
+    static constexpr int BM = BM_, BN = BN_, BK = GEMM_BK, P = GEMM_PITCH, STAGES = STAGES_;
     static constexpr int WM = WM_, WN = WN_, WARPS_N = BN / WN, WARPS = (BM / WM) * WARPS_N, THREADS = WARPS * 32;
     static constexpr int MI = WM / 16, NJ = WN / 8;  // mma tiles per warp
     static constexpr int A_ELEMS = BM * P, B_ELEMS = BN * P;
     static constexpr int SMEM_BYTES = STAGES * (A_ELEMS + B_ELEMS) * 2;
     static_assert(WN % 16 == 0 && WM % 16 == 0, "one ldmatrix.x4 feeds one m16 tile of A or two n8 tiles of B");
     static_assert(SMEM_BYTES <= 48 * 1024, "more needs cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)");
-    static_assert(BM * (BN + 1) * 4 <= SMEM_BYTES, "the silu epilogue stages the f32 tile in the pipeline's shared memory");
+    static_assert(BM * (BN + 1) * 4 <= SMEM_BYTES, "the silu and rope epilogues stage the f32 tile in the pipeline's shared memory");
 };
 
 // The input norm folded into the projection (Backend::fuses_norm, NormIn): x is then h, the
@@ -198,10 +210,11 @@ __device__ __forceinline__ void gemm_load_tile(u16* As, u16* Bs, const float* __
 //   EPI_QKV_ROPE: EPI_QKV's columns, then rope on q and k and the KV-cache write
 //              (Backend::qkv_rope_kv_write): q = out0 [m, n0] rotated; k rotated and v stored
 //              at slots[r] of the caches (k itself is not written: the contract makes it
-//              scratch). Only where every head lies inside one 64-column tile (head_dim
-//              divides 64); the pairs are exchanged through shared memory and rotated with
-//              common.cuh's rope_pair and stored with store_kv, the bits of qkv_proj then
-//              rope_kv_write.
+//              scratch). Only where every head lies inside one output tile: head_dim
+//              divides the tile's width (64, or 128 for the _n128 kernels; nq and the tile
+//              starts are multiples of head_dim, so no head straddles two tiles); the pairs
+//              are exchanged through shared memory and rotated with common.cuh's rope_pair
+//              and stored with store_kv, the bits of qkv_proj then rope_kv_write.
 #define EPI_PLAIN 0
 #define EPI_QKV 1
 #define EPI_SILU 2
@@ -242,7 +255,7 @@ __device__ __forceinline__ void epilogue_store(const Epilogue& ep, int r, int c,
     }
 }
 
-// One block: output tile [m0, m0 + BM) x [n0, n0 + 64). With gridDim.z > 1 the block owns slice
+// One block: output tile [m0, m0 + BM) x [n0, n0 + BN). With gridDim.z > 1 the block owns slice
 // blockIdx.z alone and writes its partial sums to part; otherwise it walks every slice,
 // folding each into `total` as it ends, and writes out (+ bias).
 // One element into a KV cache of RopeKv's element type (store_kv: kv_write.cu's rounding).
@@ -436,7 +449,10 @@ __device__ void matmul_tc_impl(const float* __restrict__ x, const u16* __restric
         }
         return;
     }
-    if (ep.kind == EPI_SILU) {
+    // EPI_SILU's gate/up layout is in 64-row tiles: only the GEMM_BN-wide kernels serve it
+    // (the host launches the _n128 kernels for EPI_QKV_ROPE alone), and the _n128 kernels
+    // compile no silu epilogue.
+    if (S::BN == GEMM_BN && ep.kind == EPI_SILU) {
         // gate and up of one output sit 32 columns apart in the tile, in other warps: exchange
         // the tile through shared memory (gemm_stage_tile).
         float* Cs = reinterpret_cast<float*>(smem_raw);
@@ -537,9 +553,22 @@ __device__ void matmul_tiled_f32_impl(const float* __restrict__ x, const float* 
 typedef GemmShape<16, 16, 16, 4> GemmM16;
 typedef GemmShape<64, 32, 32, 4> GemmM64;
 typedef GemmShape<128, 32, 32, 3> GemmM128;
+// 128-column tiles for EPI_QKV_ROPE at head_dim 128 (see GemmShape). The same 16x16 / 32x32 warp
+// tiles as m16 / m128, so per thread the same registers and loads; 8 warps, so a decode
+// GEMM keeps the warps in flight of the 64-wide kernel with half its blocks. Both take
+// 46080 bytes of dynamic shared memory (the 48 KiB a launch gets without opting in): m16 with
+// 4 stages, m64 with 3 (4 would need 61440). The staged f32 tile fits (16 x 129 x 4 = 8256,
+// 64 x 129 x 4 = 33024 bytes); a 128 x 128 tile would not (66048 bytes, and 61440 for its 3
+// stages), so above 16 rows, prefill included, the m64_n128 kernel serves: a 64 x 128 tile has
+// the 128 x 64 tile's area, warps and stages.
+typedef GemmShape<16, 16, 16, 4, 128> GemmM16N128;
+typedef GemmShape<64, 32, 32, 3, 128> GemmM64N128;
 
-#define MATMUL_TC(DT, T, NAME, SHAPE)                                                                                   \
-    extern "C" __global__ void __launch_bounds__(SHAPE::THREADS)                                                      \
+// BOUNDS: the kernel's __launch_bounds__. m16_n128 adds a minimum of 1 block per SM: with
+// the bare bound ptxas gave it 64 registers and a 12-byte spill on sm_80 (none on sm_90);
+// with it, 90 registers and no spill (measured with tandem-kernels-check).
+#define MATMUL_TC_BOUNDS(DT, T, NAME, SHAPE, BOUNDS)                                                                    \
+    extern "C" __global__ void BOUNDS                                                                                 \
         matmul_tc_##DT##_##NAME(const float* x, const u16* xa, const u16* w, const void* bias, int bias_dtype, float* out0, \
                                 float* out1, float* out2, int epi, int en0, int en1, const void* ep_gamma, int ep_gamma_dtype,     \
                                 float* part, u32* counters, int m, int n, int k, int kp, int slice_len, int slices,               \
@@ -548,13 +577,16 @@ typedef GemmShape<128, 32, 32, 3> GemmM128;
         matmul_tc_impl<T, SHAPE>(x, xa, w, bias, bias_dtype, ep, part, counters, m, n, k, kp, slice_len, slices,      \
                                  NormIn{norm_gamma, norm_dtype, norm_eps}, rope_kv);                                  \
     }
+#define MATMUL_TC(DT, T, NAME, SHAPE) MATMUL_TC_BOUNDS(DT, T, NAME, SHAPE, __launch_bounds__(SHAPE::THREADS))
 #define MATMUL_DT(DT, T)                                                                                               \
     extern "C" __global__ void __launch_bounds__(256) matmul_x_##DT(const float* x, u16* xa, int m, int k, int kp) {  \
         matmul_x_impl<T>(x, xa, m, k, kp);                                                                           \
     }                                                                                                                \
     MATMUL_TC(DT, T, m16, GemmM16)                                                                                   \
     MATMUL_TC(DT, T, m64, GemmM64)                                                                                   \
-    MATMUL_TC(DT, T, m128, GemmM128)
+    MATMUL_TC(DT, T, m128, GemmM128)                                                                                 \
+    MATMUL_TC_BOUNDS(DT, T, m16_n128, GemmM16N128, __launch_bounds__(GemmM16N128::THREADS, 1))                       \
+    MATMUL_TC(DT, T, m64_n128, GemmM64N128)
 MATMUL_DT(bf16, bf16_t)
 MATMUL_DT(f16, f16_t)
 

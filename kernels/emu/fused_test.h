@@ -285,7 +285,10 @@ inline void test_qkv_rope(const Check& check, int dt, int m, int nq, int nkv, in
     std::vector<KV> kc = kc0, vc = vc0;
     const Epilogue ep{q.data(), nullptr, nullptr, EPI_QKV_ROPE, nq, nkv};
     const RopeKv rk{pos.data(), inv_freq.data(), slots.data(), kc.data(), vc.data(), num_slots, hd, cache_bf16 ? 1 : 0};
-    mmtest::counters_ok = mmtest::gemm(dt, p.x.data(), p.w.data(), bias ? p.b.data() : nullptr, m, n, k, mmtest::k_slices(n, k), ep, false, nullptr, NormIn{nullptr, 0, 0.0f}, rk) && mmtest::counters_ok;
+    std::string kernel;
+    mmtest::counters_ok = mmtest::gemm(dt, p.x.data(), p.w.data(), bias ? p.b.data() : nullptr, m, n, k, mmtest::k_slices(n, k), ep, false, &kernel, NormIn{nullptr, 0, 0.0f}, rk) && mmtest::counters_ok;
+    // A head_dim that does not divide 64 must have taken a 128-wide kernel (else heads straddle tiles).
+    const bool wide = kernel.find("_n128") != std::string::npos, want_wide = 64 % hd != 0;
     // qkv_proj, then rope_kv_write.
     Qkv want = qkv(p, nq, nkv, false);
     std::vector<KV> kw = kc0, vw = vc0;
@@ -306,8 +309,8 @@ inline void test_qkv_rope(const Check& check, int dt, int m, int nq, int nkv, in
     const bool changed = std::memcmp(kc.data(), kc0.data(), sizeof(KV) * kc.size()) != 0;
     check("qkv_rope_kv_write (EPI_QKV_ROPE) " + std::string(dt == 1 ? "bf16" : "f16") + " m=" + std::to_string(m) + " nq=" + std::to_string(nq) + " nkv=" +
               std::to_string(nkv) + " k=" + std::to_string(k) + " head_dim=" + std::to_string(hd) + (bias ? " bias" : "") + (cache_bf16 ? " bf16 cache" : " f32 cache") +
-              ": q and both caches bitwise equal to qkv_proj then rope_kv_write",
-          distinct && changed && same(q, want.q) && caches);
+              " (" + kernel + "): q and both caches bitwise equal to qkv_proj then rope_kv_write",
+          distinct && changed && wide == want_wide && same(q, want.q) && caches);
 }
 
 inline void run_all(const Check& check) {
@@ -342,5 +345,18 @@ inline void run_all(const Check& check) {
     test_qkv_rope<float>(check, 2, 17, 128, 64, 999, 64, true);
     test_qkv_rope<bf16_t>(check, 1, 200, 192, 64, 1000, 64, true);
     test_qkv_rope<float>(check, 1, 2, 64, 64, 2048, 16, false);
+    // head_dim 128 (Llama-3.1-8B, Mistral, Qwen2-7B): the 128-wide kernels, m16_n128 up to 16
+    // rows, m64_n128 above (m = 200: x through matmul_x, the slices folded in registers).
+    // Split (k = 1000 / 999: 3 slices; k = 2048: 8) and one slice (k = 136); GQA 4 (512 / 128),
+    // 3 (384 / 128), 2 (256 / 128) and 1 (256 / 256); bias; bf16 and f32 caches; f16 weights;
+    // rows m / 2 of m = 2, 7, 16, ... write to an out-of-range slot.
+    test_qkv_rope<bf16_t>(check, 1, 1, 512, 128, 1000, 128, false);
+    test_qkv_rope<float>(check, 1, 2, 256, 128, 2048, 128, true);
+    test_qkv_rope<bf16_t>(check, 2, 7, 512, 128, 136, 128, true);
+    test_qkv_rope<float>(check, 1, 16, 256, 256, 999, 128, false);
+    test_qkv_rope<bf16_t>(check, 2, 17, 512, 128, 1000, 128, true);
+    test_qkv_rope<float>(check, 1, 64, 384, 128, 136, 128, false);
+    test_qkv_rope<bf16_t>(check, 1, 200, 512, 128, 1000, 128, true);
+    test_qkv_rope<float>(check, 2, 200, 256, 128, 136, 128, true);
 }
 }  // namespace fusedtest

@@ -47,8 +47,11 @@ inline float rnd() {  // splitmix64 -> [-1, 1)
     return (float)(z >> 40) / (float)(1u << 24) * 2.0f - 1.0f;
 }
 
-// The tile kernel for m rows (matmul.rs `gemm_kernel`).
-inline int tile_rows(int m) { return m <= 16 ? 16 : m <= 128 ? 64 : 128; }
+// The tile kernel for m rows and an output tile `cols` wide (matmul.rs `gemm_kernel`).
+inline int tile_rows(int m, int cols = 64) { return m <= 16 ? 16 : m <= 128 || cols == 128 ? 64 : 128; }
+// The output tile's width (matmul.rs `tile_cols`): 128 only for the rope epilogue at a
+// head_dim that does not divide 64, so every head lies in one tile.
+inline int tile_cols(const Epilogue& ep, const RopeKv& rk) { return ep.kind == EPI_QKV_ROPE && rk.head_dim > 0 && 64 % rk.head_dim != 0 ? 128 : 64; }
 
 // One GEMM launched as matmul.rs `gemm` launches it: x f32 read by the tile kernel itself
 // for m <= 128 (else matmul_x first), split K folded in-kernel by the last slice's block through
@@ -59,7 +62,7 @@ inline int tile_rows(int m) { return m <= 16 ? 16 : m <= 128 ? 64 : 128; }
 inline bool gemm(int dt, const float* x, const uint16_t* w, const uint16_t* bias, int m, int n, int k, Slices sl, const Epilogue& ep, bool legacy,
                  std::string* kernel = nullptr, NormIn nm = NormIn{nullptr, 0, 0.0f}, RopeKv rk = RopeKv{}) {
     const int kp = (k + 7) / 8 * 8;
-    const int bm = tile_rows(m);
+    const int bn = tile_cols(ep, rk), bm = tile_rows(m, bn);
     const bool direct = !legacy && m <= 128;
     std::vector<uint16_t> xa((size_t)m * kp + 8, 0xffff);
     if (!direct)
@@ -67,10 +70,10 @@ inline bool gemm(int dt, const float* x, const uint16_t* w, const uint16_t* bias
             if (dt == 1) matmul_x_bf16(x, xa.data(), m, k, kp);
             else matmul_x_f16(x, xa.data(), m, k, kp);
         });
-    const bool split = bm <= 64 && sl.count > 1;
+    const bool split = m <= 128 && sl.count > 1;
     const unsigned z = split ? (unsigned)sl.count : 1;
     std::vector<float> part(split ? (size_t)sl.count * m * n : 1, NAN);
-    const dim3 grid{(unsigned)((n + 63) / 64), (unsigned)((m + bm - 1) / bm), z};
+    const dim3 grid{(unsigned)((n + bn - 1) / bn), (unsigned)((m + bm - 1) / bm), z};
     std::vector<u32> counters((size_t)grid.x * grid.y, 0);
     const int bias_code = bias ? dt + 1 : 0;  // load_bias: 2 bf16, 3 f16
     const void* bp = bias ? (const void*)bias : (const void*)w;
@@ -78,17 +81,24 @@ inline bool gemm(int dt, const float* x, const uint16_t* w, const uint16_t* bias
     u32* cp = legacy ? nullptr : counters.data();
     const u16* xp = xa.data();
     const float* xd = direct ? x : nullptr;
-    const std::string name = std::string("matmul_tc_") + (dt == 1 ? "bf16" : "f16") + "_m" + std::to_string(bm);
+    const std::string name = std::string("matmul_tc_") + (dt == 1 ? "bf16" : "f16") + "_m" + std::to_string(bm) + (bn == 128 ? "_n128" : "");
     if (kernel) *kernel = name + (split ? " split " + std::to_string(sl.count) : " slices " + std::to_string(sl.count)) + (legacy ? " two-launch" : "");
 #define MM_CALL(DT, NAME, SHAPE)                                                                                              \
     launch(grid, dim3{SHAPE::THREADS, 1, 1}, [&] { matmul_tc_##DT##_##NAME(xd, xp, w, bp, bias_code, ep.out0, ep.out1, ep.out2, ep.kind, ep.n0, ep.n1, ep.gamma, ep.gamma_dtype, pp, cp, m, n, k, kp, sl.len, sl.count, nm.gamma, nm.dtype, nm.eps, rk); }, \
            SHAPE::SMEM_BYTES)
-    if (dt == 1 && bm == 16) MM_CALL(bf16, m16, GemmM16);
-    if (dt == 1 && bm == 64) MM_CALL(bf16, m64, GemmM64);
-    if (dt == 1 && bm == 128) MM_CALL(bf16, m128, GemmM128);
-    if (dt == 2 && bm == 16) MM_CALL(f16, m16, GemmM16);
-    if (dt == 2 && bm == 64) MM_CALL(f16, m64, GemmM64);
-    if (dt == 2 && bm == 128) MM_CALL(f16, m128, GemmM128);
+    if (bn == 64) {
+        if (dt == 1 && bm == 16) MM_CALL(bf16, m16, GemmM16);
+        if (dt == 1 && bm == 64) MM_CALL(bf16, m64, GemmM64);
+        if (dt == 1 && bm == 128) MM_CALL(bf16, m128, GemmM128);
+        if (dt == 2 && bm == 16) MM_CALL(f16, m16, GemmM16);
+        if (dt == 2 && bm == 64) MM_CALL(f16, m64, GemmM64);
+        if (dt == 2 && bm == 128) MM_CALL(f16, m128, GemmM128);
+    } else {
+        if (dt == 1 && bm == 16) MM_CALL(bf16, m16_n128, GemmM16N128);
+        if (dt == 1 && bm == 64) MM_CALL(bf16, m64_n128, GemmM64N128);
+        if (dt == 2 && bm == 16) MM_CALL(f16, m16_n128, GemmM16N128);
+        if (dt == 2 && bm == 64) MM_CALL(f16, m64_n128, GemmM64N128);
+    }
 #undef MM_CALL
     if (split && legacy)
         launch(dim3{(unsigned)(((size_t)m * n + 255) / 256), 1, 1}, dim3{256, 1, 1},
@@ -217,7 +227,8 @@ inline void slices_table(const Check& check) {
     // matmul.rs GEMM_M16 / GEMM_M64 / GEMM_M128 launch with these threads and dynamic smem.
     check("matmul tile kernels' threads and shared memory match matmul.rs GEMM_M*",
           GemmM16::THREADS == 128 && GemmM16::SMEM_BYTES == 25600 && GemmM64::THREADS == 128 && GemmM64::SMEM_BYTES == 40960 &&
-              GemmM128::THREADS == 256 && GemmM128::SMEM_BYTES == 46080);
+              GemmM128::THREADS == 256 && GemmM128::SMEM_BYTES == 46080 && GemmM16N128::THREADS == 256 && GemmM16N128::SMEM_BYTES == 46080 &&
+              GemmM64N128::THREADS == 256 && GemmM64N128::SMEM_BYTES == 46080 && GemmM16N128::BN == 128 && GemmM64N128::BN == 128);
 }
 
 // k = 0: no k tile at all; out must be exactly the bias (or zero).

@@ -275,7 +275,7 @@ struct Kernels<F> {
     rope: Kernel<F>,
     matmul_tiled_f32: Kernel<F>,
     matmul_x: [Kernel<F>; 2],
-    matmul_tc: [[Kernel<F>; 3]; 2],
+    matmul_tc: [[Kernel<F>; 5]; 2],
     kv_write: [Kernel<F>; 2],
     rope_kv_write: [Kernel<F>; 2],
     attn_partial: [Kernel<F>; 2],
@@ -304,8 +304,8 @@ impl<F> Kernels<F> {
             matmul_tiled_f32: k("matmul_tiled_f32")?,
             matmul_x: [k("matmul_x_bf16")?, k("matmul_x_f16")?],
             matmul_tc: [
-                [k("matmul_tc_bf16_m16")?, k("matmul_tc_bf16_m64")?, k("matmul_tc_bf16_m128")?],
-                [k("matmul_tc_f16_m16")?, k("matmul_tc_f16_m64")?, k("matmul_tc_f16_m128")?],
+                [k("matmul_tc_bf16_m16")?, k("matmul_tc_bf16_m64")?, k("matmul_tc_bf16_m128")?, k("matmul_tc_bf16_m16_n128")?, k("matmul_tc_bf16_m64_n128")?],
+                [k("matmul_tc_f16_m16")?, k("matmul_tc_f16_m64")?, k("matmul_tc_f16_m128")?, k("matmul_tc_f16_m16_n128")?, k("matmul_tc_f16_m64_n128")?],
             ],
             kv_write: [k("kv_write_f32")?, k("kv_write_bf16")?],
             rope_kv_write: [k("rope_kv_write_f32")?, k("rope_kv_write_bf16")?],
@@ -799,7 +799,7 @@ impl Backend for CudaBackend {
         self.gemm("gate_up_silu", x, w, None, GemmOut::Silu { out, inter }, m, matmul::fuse_gate_up_rows(inter), hidden, norm)
     }
 
-    /// Up to FUSE_NORM_MAX_TOKENS tokens (see there): a layer is then 6 launches. The fused
+    /// Up to FUSE_NORM_MAX_TOKENS tokens (see there): a layer is then 5 launches. The fused
     /// path gives the unfused path's bits (kernels/matmul.cu `norm_prologue`, EPI_RESID), so
     /// which one a step takes never changes a token.
     fn fuses_norm(&self, _hidden: usize, tokens: usize) -> bool {
@@ -815,8 +815,8 @@ impl Backend for CudaBackend {
     }
 
     /// One GEMM with rope and the cache write in its epilogue (kernels/matmul.cu EPI_QKV_ROPE)
-    /// where every head fits one output tile (head_dim divides 64), else qkv_proj then
-    /// rope_kv_write: the same bits either way.
+    /// where every head fits one output tile (head_dim divides 64, or 128 on the 128-wide
+    /// kernels), else qkv_proj then rope_kv_write: the same bits either way.
     fn qkv_rope_kv_write(&self, x: &CudaBuf, w: &CudaBuf, bias: Option<&CudaBuf>, q: &mut CudaBuf, k: &mut CudaBuf, v: &mut CudaBuf, m: usize, nq: usize, hidden: usize, norm: Option<tandem_core::backend::NormIn<'_, CudaBuf>>, kv: tandem_core::backend::KvDest<'_, CudaBuf>) -> Result<()> {
         const OP: &str = "qkv_rope_kv_write";
         let g = kv.geometry;
@@ -1013,12 +1013,15 @@ mod kernel_table_tests {
         let names = kernel_names();
         let unique: std::collections::BTreeSet<_> = names.iter().collect();
         assert_eq!(unique.len(), names.len(), "{names:?}");
-        assert_eq!(names.len(), 36);
+        assert_eq!(names.len(), 40);
         let k = Kernels::<&'static str>::resolve(Ok).unwrap();
         assert_eq!(k.embedding.map(|x| x.f), ["embedding_f32", "embedding_bf16", "embedding_f16"]);
         assert_eq!([Elem::F32, Elem::BF16, Elem::F16].map(|e| k.rms_norm[weight_index(e)].f), ["rms_norm_f32", "rms_norm_bf16", "rms_norm_f16"]);
         for (m, want) in [(1, "matmul_tc_f16_m16"), (17, "matmul_tc_f16_m64"), (129, "matmul_tc_f16_m128")] {
-            assert_eq!(k.matmul_tc[weight_index(Elem::F16) - 1][gemm_kernel(m).index].f, want);
+            assert_eq!(k.matmul_tc[weight_index(Elem::F16) - 1][gemm_kernel(m, matmul::GEMM_BN).index].f, want);
+        }
+        for (m, want) in [(1, "matmul_tc_bf16_m16_n128"), (17, "matmul_tc_bf16_m64_n128"), (129, "matmul_tc_bf16_m64_n128")] {
+            assert_eq!(k.matmul_tc[weight_index(Elem::BF16) - 1][gemm_kernel(m, matmul::GEMM_BN_WIDE).index].f, want);
         }
         assert_eq!(k.matmul_x[weight_index(Elem::BF16) - 1].f, "matmul_x_bf16");
         assert_eq!((k.kv_write[0].f, k.kv_write[1].f), ("kv_write_f32", "kv_write_bf16"));

@@ -14,7 +14,12 @@ use tandem_core::Result;
 use super::{drv, err, i32_of, need, need_kv, need_weight, u32_of, cfg, CudaBackend, CudaBuf, Elem, MatmulScratch};
 
 /// The tensor-core matmul (kernels/matmul.cu): output columns per block, k per pipeline tile.
+/// GEMM_BN is also the unit in which [`k_slices`] counts column tiles, whatever the width of
+/// the kernel launched.
 pub(super) const GEMM_BN: usize = 64;
+/// The rope epilogue's wide tiles (the `_n128` kernels), for a head_dim that does not divide
+/// GEMM_BN: every head must lie in one output tile.
+pub(super) const GEMM_BN_WIDE: usize = 128;
 pub(super) const GEMM_BK: usize = 32;
 /// Blocks a decode matmul aims for (two per SM on the H200's 132) and the shortest K slice
 /// worth a block; see [`k_slices`].
@@ -32,7 +37,10 @@ pub(super) const GEMM_PART_FLOATS: usize = SPLIT_MAX_ROWS * (2 * K_SLICE_TARGET_
 /// never of m or of the rest of the step — so a row's reduction order, and bits, do not
 /// depend on the batch (the contract at the top of kernels/matmul.cu). Enough slices that
 /// ceil(n / 64) * slices reaches about K_SLICE_TARGET_BLOCKS blocks, none shorter than
-/// K_SLICE_MIN (except a k below it), the length a multiple of the 32-wide k tile.
+/// K_SLICE_MIN (except a k below it), the length a multiple of the 32-wide k tile. The 64 is
+/// GEMM_BN, never the launched kernel's width: the 128-wide rope kernels slice as the 64-wide
+/// one does, so an output's bits do not depend on which of them computed it
+/// (`wide_tiles_slice_as_the_64_wide_kernel`).
 /// Mirrored by `k_slices` in kernels/emu/matmul_test.h (both test the same table).
 pub(super) fn k_slices(n: usize, k: usize) -> (usize, usize) {
     let n_tiles = n.div_ceil(GEMM_BN).max(1);
@@ -43,33 +51,64 @@ pub(super) fn k_slices(n: usize, k: usize) -> (usize, usize) {
     (k.div_ceil(len).max(1), len)
 }
 
-/// One tensor-core tile kernel: `matmul_tc_<dt>_m<rows>`, its threads and dynamic shared
-/// memory (kernels/matmul.cu `GemmShape<BM, WM, WN, STAGES>::SMEM_BYTES`:
-/// STAGES * (BM + 64) * 40 elements * 2 bytes; kernels/emu/matmul_test.h checks these
+/// One tensor-core tile kernel: `matmul_tc_<dt>_m<rows>[_n128]`, its tile, threads and
+/// dynamic shared memory (kernels/matmul.cu `GemmShape<BM, WM, WN, STAGES, BN>::SMEM_BYTES`:
+/// STAGES * (BM + BN) * 40 elements * 2 bytes; kernels/emu/matmul_test.h checks these
 /// numbers against the kernels' own).
 pub(super) struct GemmKernel {
     pub(super) rows: usize,
+    pub(super) cols: usize,
     pub(super) threads: u32,
     pub(super) smem: u32,
-    /// Its place in [`Kernels`]' `matmul_tc` rows (m16, m64, m128).
+    /// Its place in [`Kernels`]' `matmul_tc` rows (m16, m64, m128, m16_n128, m64_n128).
     pub(super) index: usize,
 }
-pub(super) const GEMM_M16: GemmKernel = GemmKernel { rows: 16, threads: 128, smem: 4 * (16 + 64) * 40 * 2, index: 0 };
-pub(super) const GEMM_M64: GemmKernel = GemmKernel { rows: 64, threads: 128, smem: 4 * (64 + 64) * 40 * 2, index: 1 };
-pub(super) const GEMM_M128: GemmKernel = GemmKernel { rows: 128, threads: 256, smem: 3 * (128 + 64) * 40 * 2, index: 2 };
+pub(super) const GEMM_M16: GemmKernel = GemmKernel { rows: 16, cols: 64, threads: 128, smem: 4 * (16 + 64) * 40 * 2, index: 0 };
+pub(super) const GEMM_M64: GemmKernel = GemmKernel { rows: 64, cols: 64, threads: 128, smem: 4 * (64 + 64) * 40 * 2, index: 1 };
+pub(super) const GEMM_M128: GemmKernel = GemmKernel { rows: 128, cols: 64, threads: 256, smem: 3 * (128 + 64) * 40 * 2, index: 2 };
+/// The rope epilogue's 128-column tiles: 46080 bytes each, within the 48 KiB a launch gets
+/// without opting in, with room for the staged f32 tile (64 x 129 floats); a 128 x 128 tile
+/// would not fit, so m64_n128 serves every m above 16 (kernels/matmul.cu `GemmM16N128`).
+pub(super) const GEMM_M16_N128: GemmKernel = GemmKernel { rows: 16, cols: 128, threads: 256, smem: 4 * (16 + 128) * 40 * 2, index: 3 };
+pub(super) const GEMM_M64_N128: GemmKernel = GemmKernel { rows: 64, cols: 128, threads: 256, smem: 3 * (64 + 128) * 40 * 2, index: 4 };
 
-/// Tile shapes may follow m (the reduction order does not).
-pub(super) fn gemm_kernel(m: usize) -> &'static GemmKernel {
-    match m {
-        0..=16 => &GEMM_M16,
-        17..=SPLIT_MAX_ROWS => &GEMM_M64,
-        _ => &GEMM_M128,
+/// Tile shapes may follow m, and the tile's width (`cols`: GEMM_BN, or GEMM_BN_WIDE for the
+/// rope epilogue at head_dim 128); the reduction order does not.
+pub(super) fn gemm_kernel(m: usize, cols: usize) -> &'static GemmKernel {
+    match (cols == GEMM_BN_WIDE, m) {
+        (false, 0..=16) => &GEMM_M16,
+        (false, 17..=SPLIT_MAX_ROWS) => &GEMM_M64,
+        (false, _) => &GEMM_M128,
+        (true, 0..=16) => &GEMM_M16_N128,
+        (true, _) => &GEMM_M64_N128,
     }
+}
+
+/// How one tensor-core GEMM launches: its kernel, K slices, whether the slices run one block
+/// each (folded in-kernel over the workspace) and whether the tile kernel reads x itself.
+pub(super) struct GemmPlan {
+    pub(super) kernel: &'static GemmKernel,
+    pub(super) slices: usize,
+    pub(super) slice_len: usize,
+    pub(super) split: bool,
+    pub(super) direct: bool,
+    /// Column tiles, row tiles, slice blocks (the launch grid).
+    pub(super) grid: (usize, usize, usize),
+}
+
+/// The launch of an m x n x k GEMM on `cols`-wide tiles. Slices come from (n, k) alone, so
+/// every tile width and every m gives an output the same K slices.
+pub(super) fn gemm_plan(m: usize, n: usize, k: usize, cols: usize) -> GemmPlan {
+    let (slices, slice_len) = k_slices(n, k);
+    let kernel = gemm_kernel(m, cols);
+    let split = m <= SPLIT_MAX_ROWS && slices > 1;
+    GemmPlan { kernel, slices, slice_len, split, direct: m <= SPLIT_MAX_ROWS, grid: (n.div_ceil(kernel.cols), m.div_ceil(kernel.rows), if split { slices } else { 1 }) }
 }
 
 /// Arrival counters of the in-kernel split-K fold, one per output tile of a split launch
 /// (zeroed once; each launch's last block resets its tile's): a split has m <= 128, so at most
-/// 2 row tiles of the m64 kernel, and fewer than K_SLICE_TARGET_BLOCKS column tiles.
+/// 2 row tiles of the m64 kernels, and fewer than K_SLICE_TARGET_BLOCKS column tiles (half as
+/// many for the 128-wide kernels).
 pub(super) const GEMM_COUNTERS: usize = 2 * K_SLICE_TARGET_BLOCKS;
 
 /// The epilogue codes of kernels/matmul.cu (EPI_PLAIN, EPI_QKV, EPI_SILU, EPI_RESID).
@@ -80,10 +119,17 @@ const EPI_RESID: i32 = 3;
 const EPI_QKV_ROPE: i32 = 4;
 
 /// Whether rope and the KV write can run in the q/k/v GEMM's epilogue (EPI_QKV_ROPE): every
-/// head must lie inside one 64-column output tile, so head_dim must divide it (Llama-3.2-1B
-/// and SmolLM2: 64; Llama-3.1-8B's 128 takes qkv_proj then rope_kv_write).
+/// head must lie inside one output tile, so head_dim must divide the tile's width: 64
+/// (Llama-3.2-1B, SmolLM2) on the 64-wide kernels, 128 (Llama-3.1-8B, Mistral, Qwen2-7B) on
+/// the 128-wide ones ([`rope_tile_cols`]). Others (96, 256...) take qkv_proj then rope_kv_write.
 pub(super) fn rope_in_epilogue(head_dim: usize) -> bool {
-    head_dim >= 2 && head_dim.is_multiple_of(2) && GEMM_BN.is_multiple_of(head_dim)
+    head_dim >= 2 && head_dim.is_multiple_of(2) && GEMM_BN_WIDE.is_multiple_of(head_dim)
+}
+
+/// The output tile's width for the rope epilogue at `head_dim` (where [`rope_in_epilogue`]):
+/// the 64-wide kernels wherever a head fits them (more blocks for a decode step), else 128.
+pub(super) fn rope_tile_cols(head_dim: usize) -> usize {
+    if head_dim > 0 && GEMM_BN.is_multiple_of(head_dim) { GEMM_BN } else { GEMM_BN_WIDE }
 }
 
 /// kernels/matmul.cu `RopeKv`, passed by value (all zeros where the epilogue is another).
@@ -258,12 +304,13 @@ impl CudaBackend {
         }
         let kp = k.div_ceil(8) * 8;
         let kpi = i32_of(m * kp, op, "m*kp").and(i32_of(kp, op, "kp"))?;
-        let (slices, slice_len) = k_slices(n, k);
-        let g = gemm_kernel(m);
-        let split = m <= SPLIT_MAX_ROWS && slices > 1;
+        let cols = match &dst {
+            GemmOut::QkvRope { kv, .. } => rope_tile_cols(kv.geometry.head_dim),
+            _ => GEMM_BN,
+        };
         // Up to SPLIT_MAX_ROWS rows the tile kernel reads x f32 itself (no matmul_x launch).
-        let direct = m <= SPLIT_MAX_ROWS;
-        let grid = (u32_of(n.div_ceil(GEMM_BN), op, "blocks")?, u32_of(m.div_ceil(g.rows), op, "blocks")?, if split { slices as u32 } else { 1 });
+        let GemmPlan { kernel: g, slices, slice_len, split, direct, grid } = gemm_plan(m, n, k, cols);
+        let grid = (u32_of(grid.0, op, "blocks")?, u32_of(grid.1, op, "blocks")?, u32_of(grid.2, op, "blocks")?);
         if grid.1 > 65535 || grid.2 > 65535 {
             return Err(err(format!("{op}: m = {m}, k = {k} exceed the launch grid")));
         }
@@ -345,7 +392,7 @@ impl CudaBackend {
             }
             GemmOut::QkvRope { q, nq, nkv, kv } => {
                 let g = kv.geometry;
-                if nq + 2 * nkv != n || !rope_in_epilogue(g.head_dim) || !nq.is_multiple_of(g.head_dim) || nkv != g.num_kv_heads * g.head_dim {
+                if nq + 2 * nkv != n || !rope_in_epilogue(g.head_dim) || !nq.is_multiple_of(g.head_dim) || nkv != g.num_kv_heads * g.head_dim || !cols.is_multiple_of(g.head_dim) {
                     return Err(err(format!("{op}: nq {nq}, nkv {nkv}, head_dim {} do not fit the rope epilogue of a {n}-row fused weight", g.head_dim)));
                 }
                 need(q, Elem::F32, m * nq, op, "q")?;
@@ -468,11 +515,49 @@ mod matmul_tests {
                 }
             }
         }
-        assert_eq!(gemm_kernel(1).rows, 16);
-        assert_eq!(gemm_kernel(16).rows, 16);
-        assert_eq!(gemm_kernel(17).rows, 64);
-        assert_eq!(gemm_kernel(128).rows, 64);
-        assert_eq!(gemm_kernel(129).rows, 128);
+        assert_eq!(gemm_kernel(1, GEMM_BN).rows, 16);
+        assert_eq!(gemm_kernel(16, GEMM_BN).rows, 16);
+        assert_eq!(gemm_kernel(17, GEMM_BN).rows, 64);
+        assert_eq!(gemm_kernel(128, GEMM_BN).rows, 64);
+        assert_eq!(gemm_kernel(129, GEMM_BN).rows, 128);
+        for (m, rows) in [(1, 16), (16, 16), (17, 64), (128, 64), (129, 64), (2048, 64)] {
+            let g = gemm_kernel(m, GEMM_BN_WIDE);
+            assert_eq!((g.rows, g.cols), (rows, GEMM_BN_WIDE), "m {m}");
+        }
+    }
+
+    /// The 128-wide rope kernels cut K exactly as the 64-wide kernels would for the same (n, k),
+    /// for every m (so every output sees the same k16 steps and slice bounds: the same bits),
+    /// and their split launches stay within the counters and the workspace.
+    #[test]
+    fn wide_tiles_slice_as_the_64_wide_kernel() {
+        for n in (128..40_000).step_by(128 * 7).chain([768, 6144, 4096 + 2 * 1024, 3584 + 2 * 512, 128]) {
+            for k in [1, 136, 999, 1000, 2048, 3584, 4096, 5120, 8192] {
+                for m in [1, 2, 7, 16, 17, 64, 128, 129, 200, 2048] {
+                    let (narrow, wide) = (gemm_plan(m, n, k, GEMM_BN), gemm_plan(m, n, k, GEMM_BN_WIDE));
+                    assert_eq!((wide.slices, wide.slice_len, wide.split, wide.direct), (narrow.slices, narrow.slice_len, narrow.split, narrow.direct), "m {m} n {n} k {k}");
+                    assert_eq!((wide.grid.0, wide.grid.2), (n.div_ceil(128), narrow.grid.2), "m {m} n {n} k {k}");
+                    assert!(wide.grid.0 * wide.kernel.cols >= n && wide.grid.1 * wide.kernel.rows >= m);
+                    if wide.split {
+                        assert!(wide.grid.0 * wide.grid.1 <= GEMM_COUNTERS && wide.slices * m * n <= GEMM_PART_FLOATS, "m {m} n {n} k {k}");
+                    }
+                }
+            }
+        }
+        // Llama-3.1-8B's q/k/v (4096 + 2 x 1024 rows, hidden 4096): 3 slices of 1376 either way.
+        assert_eq!((gemm_plan(1, 6144, 4096, GEMM_BN_WIDE).slices, gemm_plan(1, 6144, 4096, GEMM_BN_WIDE).slice_len), (3, 1376));
+    }
+
+    /// Which head_dims the rope epilogue serves, and on which tile width.
+    #[test]
+    fn rope_epilogue_head_dims() {
+        for hd in [2, 4, 8, 16, 32, 64] {
+            assert!(rope_in_epilogue(hd) && rope_tile_cols(hd) == GEMM_BN, "{hd}");
+        }
+        assert!(rope_in_epilogue(128) && rope_tile_cols(128) == GEMM_BN_WIDE);
+        for hd in [0, 1, 3, 48, 80, 96, 192, 256] {
+            assert!(!rope_in_epilogue(hd), "{hd}");
+        }
     }
 }
 

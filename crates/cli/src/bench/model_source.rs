@@ -19,8 +19,8 @@ use crate::serve::EngineArgs;
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct RandomModelArgs {
-    /// A seeded random model of this shape instead of --model: tiny, tiny-tied, smollm2-135m,
-    /// qwen2.5-0.5b, llama-3.2-1b, llama-3-8b.
+    /// A seeded random model of this shape instead of --model: tiny, tiny-tied, tiny-hd128,
+    /// smollm2-135m, qwen2.5-0.5b, llama-3.2-1b, llama-3-8b.
     #[arg(long)]
     pub random_shape: Option<String>,
     /// Seed of the random model's weights.

@@ -36,7 +36,7 @@ fn every_kernel_compiles_and_assembles_without_spills() {
             .filter_map(|l| l.split_whitespace().nth(3)?.parse().ok())
             .collect()
     };
-    for kernel in ["matmul_tc_bf16_m16", "matmul_tc_bf16_m64", "matmul_tc_f16_m128"] {
+    for kernel in ["matmul_tc_bf16_m16", "matmul_tc_bf16_m64", "matmul_tc_f16_m128", "matmul_tc_bf16_m16_n128", "matmul_tc_f16_m64_n128"] {
         let counts = mma_of(kernel);
         assert!(!counts.is_empty() && counts.iter().all(|&c| c > 0), "{kernel}: mma counts {counts:?}");
     }

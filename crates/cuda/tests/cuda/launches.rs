@@ -2,26 +2,33 @@
 //! change no bits.
 //!
 //! At one or two tokens (`fuses_norm`) a layer is 5 launches: the q/k/v GEMM with the input
-//! norm in its prologue and rope and the KV write in its epilogue (head_dim 64 fits its
-//! tiles), attention (its last partition block combines), o adding into the residual, the
-//! gate/up GEMM with the norm and silu, down adding into the residual. Above that, 7:
-//! add_rms_norm runs between them. The unfused path launched about 30. Counted
-//! by `CudaBackend::launches` around one forward of a seeded random bf16 model. The fused
+//! norm in its prologue and rope and the KV write in its epilogue (head_dim 64 on the 64-wide
+//! tiles, 128 on the 128-wide ones), attention (its last partition block combines), o adding
+//! into the residual, the gate/up GEMM with the norm and silu, down adding into the residual.
+//! Above that, 7: add_rms_norm runs between them. The unfused path launched about 30. Counted
+//! by `CudaBackend::launches` around one forward of a seeded random bf16 model, at head_dim 64
+//! (SmolLM2-135M's shape) and 128 (`tiny-hd128`: 4 layers, where qkv_proj then rope_kv_write
+//! made 6 a layer and 8 above); `qkv_rope_kv_write` is also counted alone at both head_dims
+//! (one launch up to 128 rows, two above: matmul_x) and held bitwise to the unfused ops. The fused
 //! layer is built to give the unfused layer's bits (kernels/matmul.cu `norm_prologue`), so a
 //! sequence's logits decoded alone (fused) equal its row in a three-token step (unfused), bit
 //! for bit. Without a driver each test prints SKIPPED (TANDEM_REQUIRE_CUDA=1 fails).
 
-use tandem_core::backend::Backend;
+use tandem_core::backend::{Backend, KvDest, KvGeometry};
 use tandem_core::model::LoadOptions;
-use tandem_core::{DType, ForwardBatch, LlamaModel, ModelRunner};
+use tandem_core::weights::Weights;
+use tandem_core::{DType, ForwardBatch, KvDtype, LlamaModel, ModelRunner};
 use tandem_cuda::CudaBackend;
 use tandem_models::random_model::{write_random_model, Shape};
 
-fn model(test: &str) -> Option<(LlamaModel<CudaBackend>, std::path::PathBuf)> {
+/// The shapes counted: head_dim 64 (the 64-wide rope epilogue) and 128 (the 128-wide one).
+const SHAPES: [Shape; 2] = [Shape::Smollm2_135m, Shape::TinyHd128];
+
+fn model(test: &str, shape: Shape) -> Option<(LlamaModel<CudaBackend>, std::path::PathBuf)> {
     let gpu = crate::gpu_or_skip(test)?;
-    let dir = std::env::temp_dir().join(format!("tandem-cuda-launches-{test}-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("tandem-cuda-launches-{test}-{}-{}", shape.name(), std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    write_random_model(&dir, Shape::Smollm2_135m, 7, DType::BF16).unwrap();
+    write_random_model(&dir, shape, 7, DType::BF16).unwrap();
     let opts = LoadOptions { max_batch_tokens: 64, max_seqs: 4, num_kv_blocks: 16, block_size: 16, ..Default::default() };
     Some((LlamaModel::<CudaBackend>::load(gpu, &dir, opts).unwrap(), dir))
 }
@@ -32,7 +39,15 @@ fn prompt(seed: u32) -> Vec<u32> {
 
 #[test]
 fn decode_step_launches_five_kernels_per_layer_fused_and_seven_unfused() {
-    let Some((mut model, dir)) = model("decode launches per layer") else { return };
+    for shape in SHAPES {
+        decode_step_launches(shape);
+    }
+}
+
+fn decode_step_launches(shape: Shape) {
+    let Some((mut model, dir)) = model("decode launches per layer", shape) else { return };
+    let head_dim = model.config().head_dim;
+    assert_eq!(head_dim, if shape == Shape::TinyHd128 { 128 } else { 64 }, "{}", shape.name());
     let layers = model.config().num_hidden_layers as u64;
     // Three sequences, blocks 2s and 2s + 1 each, prefilled together.
     let mut batch = ForwardBatch { max_blocks: 2, ..Default::default() };
@@ -50,17 +65,23 @@ fn decode_step_launches_five_kernels_per_layer_fused_and_seven_unfused() {
         model.backend().launches() - before
     };
     let (one, three) = (count(&mut model, 1), count(&mut model, 3));
-    println!("one decode step: {one} kernels at 1 token, {three} at 3 tokens, over {layers} layers");
+    println!("{}: one decode step: {one} kernels at 1 token, {three} at 3 tokens, over {layers} layers (head_dim {head_dim})", shape.name());
     // Outside the layers: the embedding, layer 0's input norm, gather_rows of the logit rows, the
     // final norm, the lm_head GEMM, argmax; unfused also the last residual add.
-    assert!(one <= 5 * layers + 6, "{one} launches at 1 token for {layers} layers: more than 5 per layer (+ 6 outside)");
-    assert!(three <= 7 * layers + 7, "{three} launches at 3 tokens for {layers} layers: more than 7 per layer (+ 7 outside)");
+    assert!(one <= 5 * layers + 6, "{}: {one} launches at 1 token for {layers} layers: more than 5 per layer (+ 6 outside)", shape.name());
+    assert!(three <= 7 * layers + 7, "{}: {three} launches at 3 tokens for {layers} layers: more than 7 per layer (+ 7 outside)", shape.name());
     let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn fused_norms_give_the_unfused_bits() {
-    let Some((mut model, dir)) = model("fused norms bitwise") else { return };
+    for shape in SHAPES {
+        fused_norms_bitwise(shape);
+    }
+}
+
+fn fused_norms_bitwise(shape: Shape) {
+    let Some((mut model, dir)) = model("fused norms bitwise", shape) else { return };
     let vocab = model.config().vocab_size;
     let mut batch = ForwardBatch { max_blocks: 2, ..Default::default() };
     for s in 0..3u32 {
@@ -79,6 +100,76 @@ fn fused_norms_give_the_unfused_bits() {
     let t = model.forward(&three).unwrap();
     assert!(model.backend().fuses_norm(model.config().hidden_size, 1) && !model.backend().fuses_norm(model.config().hidden_size, 3));
     let same = a.iter().zip(&t[..vocab]).all(|(x, y)| x.to_bits() == y.to_bits());
-    assert!(same, "sequence 0's logits differ between the fused (alone) and unfused (3-token) steps");
+    assert!(same, "{}: sequence 0's logits differ between the fused (alone) and unfused (3-token) steps", shape.name());
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `qkv_rope_kv_write` (the fused q/k/v weight of bf16 parts, with bias) is one launch at
+/// head_dim 64 and 128 up to 128 rows, two above (matmul_x, then the tile kernel), and leaves
+/// q and both caches (bf16 and f32) bitwise as qkv_proj then rope_kv_write leave them.
+#[test]
+fn qkv_rope_kv_write_is_one_launch_at_head_dim_64_and_128_with_the_unfused_bits() {
+    let Some(b) = crate::gpu_or_skip("qkv_rope_kv_write launches") else { return };
+    // Deterministic values in [-scale, scale): a weight's rows differ, no zeros.
+    let vals = |len: usize, seed: u64, scale: f32| -> Vec<f32> {
+        (0..len as u64).map(|i| ((i.wrapping_mul(2654435761).wrapping_add(seed * 97)) % 2001) as f32 / 1000.0 - 1.0).map(|v| v * scale).collect()
+    };
+    for (hd, q_heads, kv_heads, hidden) in [(64, 8, 2, 512), (128, 8, 2, 1024)] {
+        let g = KvGeometry { num_blocks: 16, block_size: 16, num_kv_heads: kv_heads, head_dim: hd };
+        let (nq, nkv) = (q_heads * hd, kv_heads * hd);
+        let mut ws = Weights::empty();
+        for (i, (name, rows)) in [("q", nq), ("k", nkv), ("v", nkv)].into_iter().enumerate() {
+            ws.replace(name, DType::BF16, &[rows, hidden], &vals(rows * hidden, i as u64, 1.0 / (hidden as f32).sqrt())).unwrap();
+            ws.replace(&format!("{name}.bias"), DType::BF16, &[rows], &vals(rows, 10 + i as u64, 0.5)).unwrap();
+        }
+        let t = |name: &str, shape: &[usize]| ws.get(name, shape).unwrap();
+        let (qw, kw, vw) = (t("q", &[nq, hidden]), t("k", &[nkv, hidden]), t("v", &[nkv, hidden]));
+        let (qb, kb, vb) = (t("q.bias", &[nq]), t("k.bias", &[nkv]), t("v.bias", &[nkv]));
+        let (w, bias) = b.fuse_qkv(&qw, &kw, &vw, Some([&qb, &kb, &vb])).unwrap().expect("bf16 q/k/v fuse on CUDA");
+        let inv_freq: Vec<f32> = (0..hd / 2).map(|i| 10000f32.powf(-2.0 * i as f32 / hd as f32)).collect();
+        let inv_freq = upload_f32(&b, &inv_freq);
+        for kv_dtype in [KvDtype::Bf16, KvDtype::F32] {
+            for (m, want_launches) in [(1usize, 1u64), (2, 1), (3, 1), (17, 1), (200, 2)] {
+                let x = upload_f32(&b, &vals(m * hidden, 20 + m as u64, 1.0));
+                let positions: Vec<u32> = (0..m as u32).map(|r| (r * 37 + 5) % 4000).collect();
+                let slots: Vec<u32> = (0..m as u32).map(|r| (r * 7 + 3) % g.slots() as u32).collect();
+                let (positions, slots) = (upload_u32(&b, &positions), upload_u32(&b, &slots));
+                // Both caches start from the same values in every slot.
+                let old = (vals(g.layer_elems(), 30, 1.0), vals(g.layer_elems(), 31, 1.0));
+                let all: Vec<u32> = (0..g.slots() as u32).collect();
+                let cache = || {
+                    let (mut kc, mut vc) = (b.alloc_kv_as(g, kv_dtype).unwrap(), b.alloc_kv_as(g, kv_dtype).unwrap());
+                    b.kv_write(&upload_f32(&b, &old.0), &upload_f32(&b, &old.1), &mut kc, &mut vc, &upload_u32(&b, &all), g.slots(), g).unwrap();
+                    (kc, vc)
+                };
+                let scratch = || (upload_f32(&b, &vec![f32::NAN; m * nq]), upload_f32(&b, &vec![f32::NAN; m * nkv]), upload_f32(&b, &vec![f32::NAN; m * nkv]));
+                let ((mut kc, mut vc), (mut q, mut k, mut v)) = (cache(), scratch());
+                let before = b.launches();
+                let kv = KvDest { k_cache: &mut kc, v_cache: &mut vc, positions: &positions, inv_freq: &inv_freq, slots: &slots, geometry: g };
+                b.qkv_rope_kv_write(&x, &w, bias.as_ref(), &mut q, &mut k, &mut v, m, nq, hidden, None, kv).unwrap();
+                let launches = b.launches() - before;
+                let ((mut kc2, mut vc2), (mut q2, mut k2, mut v2)) = (cache(), scratch());
+                b.qkv_proj(&x, &w, bias.as_ref(), &mut q2, &mut k2, &mut v2, m, nq, nkv, hidden, None).unwrap();
+                b.rope_kv_write(&mut q2, &mut k2, &v2, &mut kc2, &mut vc2, &positions, &inv_freq, &slots, m, q_heads, g).unwrap();
+                let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+                let what = format!("head_dim {hd}, m {m}, {kv_dtype:?} cache");
+                assert_eq!(launches, want_launches, "{what}: qkv_rope_kv_write launched {launches} kernels");
+                assert!(bits(b.read_f32(&q, m * nq).unwrap()) == bits(b.read_f32(&q2, m * nq).unwrap()), "{what}: q differs from qkv_proj + rope_kv_write");
+                assert!(bits(b.read_kv(&kc, g).unwrap()) == bits(b.read_kv(&kc2, g).unwrap()), "{what}: the K cache differs");
+                assert!(bits(b.read_kv(&vc, g).unwrap()) == bits(b.read_kv(&vc2, g).unwrap()), "{what}: the V cache differs");
+            }
+        }
+    }
+}
+
+fn upload_f32(b: &CudaBackend, data: &[f32]) -> <CudaBackend as Backend>::Buf {
+    let mut buf = b.alloc_f32(data.len().max(1)).unwrap();
+    b.write_f32(&mut buf, data).unwrap();
+    buf
+}
+
+fn upload_u32(b: &CudaBackend, data: &[u32]) -> <CudaBackend as Backend>::Buf {
+    let mut buf = b.alloc_u32(data.len().max(1)).unwrap();
+    b.write_u32(&mut buf, data).unwrap();
+    buf
 }
