@@ -403,7 +403,9 @@ pub trait Backend: Send + 'static {
     /// Copies the first `used[i]` staged elements of every region `i` to the start of
     /// `group.parts[i]` (a count beyond a region is an error, and nothing is copied). The
     /// default writes each region that has any; a backend that carved the group copies the
-    /// span [`U32Layout::span`] covers at once.
+    /// span [`U32Layout::span`] covers at once, so a region's elements past `used[i]` (before
+    /// the last region used) may be copied too, as the staging memory holds them: nothing
+    /// reads them.
     fn upload_u32_group(&self, group: &mut U32Group<Self::Buf>, used: &[usize]) -> Result<()> {
         group.layout.span(used)?;
         if group.carved.is_some() {

@@ -10,11 +10,13 @@
 //! block tables only as far as the step uses them.
 //!
 //! A padded decode step (model.rs `Padding`) is written here directly, without building a
-//! `ForwardBatch`: [`MetaStaging::stage_padded`]. Its padding rows' block-table rows are all the
-//! scratch block; the staging memory keeps what the last step wrote, so rows that already hold
-//! exactly that are not written again.
-
-use std::ops::Range;
+//! `ForwardBatch`: [`MetaStaging::stage_padded`]. Its block-table rows are `stride` entries,
+//! a real row's blocks then the scratch block, a padding row all scratch block: nearly all of
+//! the region at large buckets (256 rows x 512 entries at graph_max_context 8192). The staging
+//! memory keeps what the last step wrote, and [`MetaStaging`] remembers how much of each row
+//! may hold something else than the scratch block, so a step writes a real row's blocks and
+//! only those scratch entries that are not scratch already (a padding row that was padding
+//! before is not written at all).
 
 use crate::backend::U32Layout;
 use crate::batch::ForwardBatch;
@@ -50,21 +52,27 @@ pub struct PadRows {
     pub block_size: u32,
 }
 
-/// Writes steps into the staging memory of one layout, remembering which block-table rows of
-/// that memory hold padding (so a padded step skips rewriting them). Whoever owns it must send
-/// every write of that staging memory through it, or call [`MetaStaging::forget`].
+/// Writes steps into the staging memory of one layout, remembering how much of each padded
+/// block-table row may differ from the scratch block (so a padded step skips rewriting what
+/// already is). Whoever owns it must send every write of that staging memory through it, or
+/// call [`MetaStaging::forget`].
 #[derive(Debug, Clone)]
 pub struct MetaStaging {
     layout: U32Layout,
-    /// Rows of the block-table region that hold `pad.scratch_block` in every one of
-    /// `pad.stride` entries, as the last write left them; empty when nothing is known.
-    padding: Range<usize>,
+    /// Per row `r` of the block-table region at `pad`'s stride: entries `dirty[r]..stride` of
+    /// the row hold `pad.scratch_block`, as the last write left them; [`UNKNOWN`]: nothing is
+    /// known. Sized once (the most rows a padded step has); rows beyond it are always written.
+    dirty: Vec<usize>,
     pad: Option<PadRows>,
 }
 
+/// A row of which nothing is known: every entry is written.
+const UNKNOWN: usize = usize::MAX;
+
 impl MetaStaging {
-    pub fn new(layout: U32Layout) -> Self {
-        MetaStaging { layout, padding: 0..0, pad: None }
+    /// For `layout`, with padded steps of at most `max_rows` rows.
+    pub fn new(layout: U32Layout, max_rows: usize) -> Self {
+        MetaStaging { layout, dirty: vec![UNKNOWN; max_rows], pad: None }
     }
 
     pub fn layout(&self) -> &U32Layout {
@@ -73,7 +81,7 @@ impl MetaStaging {
 
     /// Trusts nothing about the staging memory's block tables (someone else wrote it).
     pub fn forget(&mut self) {
-        self.padding = 0..0;
+        self.dirty.fill(UNKNOWN);
     }
 
     fn check_len(&self, staging: &[u32]) -> Result<()> {
@@ -117,7 +125,8 @@ impl MetaStaging {
         let used = [rows, rows, rows, rows, rows, bt_len];
         self.layout.span(&used)?;
         self.check_len(staging)?;
-        let at = |i: usize| self.layout.offset(i);
+        let offsets: [usize; REGIONS] = std::array::from_fn(|i| self.layout.offset(i));
+        let at = |i: usize| offsets[i];
         let fill = |s: &mut [u32], o: usize, head: &[u32], tail: u32| {
             s[o..o + head.len()].copy_from_slice(head);
             s[o + head.len()..o + rows].fill(tail);
@@ -131,26 +140,33 @@ impl MetaStaging {
         for (i, v) in staging[at(LOGIT_ROWS)..at(LOGIT_ROWS) + rows].iter_mut().enumerate() {
             *v = i as u32;
         }
-        let bt = &mut staging[at(BLOCK_TABLES)..at(BLOCK_TABLES) + bt_len];
-        for (s, dst) in bt.chunks_exact_mut(stride).take(n).enumerate() {
-            // Entries past a row's context are never read: the stride only has to hold it.
-            let row = &batch.block_tables[s * batch.max_blocks..(s + 1) * batch.max_blocks];
-            let keep = row.len().min(stride);
-            dst[..keep].copy_from_slice(&row[..keep]);
-            dst[keep..].fill(scratch);
+        if self.pad != Some(pad) {
+            // Another stride or scratch block: what is known was known of other rows.
+            self.forget();
+            self.pad = Some(pad);
         }
-        // Padding rows the staging memory already holds as padding (same stride, same block)
-        // are left as they are.
-        let known = if self.pad == Some(pad) { self.padding.clone() } else { 0..0 };
-        for r in n..rows {
-            if !known.contains(&r) {
-                bt[r * stride..(r + 1) * stride].fill(scratch);
+        let bt = &mut staging[at(BLOCK_TABLES)..at(BLOCK_TABLES) + bt_len];
+        for (r, dst) in bt.chunks_exact_mut(stride).enumerate() {
+            // A real row's blocks (entries past its context are never read: the stride only
+            // has to hold it), then the scratch block; a padding row is all scratch block.
+            let keep = match r < n {
+                true => {
+                    let row = &batch.block_tables[r * batch.max_blocks..(r + 1) * batch.max_blocks];
+                    let keep = row.len().min(stride);
+                    dst[..keep].copy_from_slice(&row[..keep]);
+                    keep
+                }
+                false => 0,
+            };
+            let dirty = self.dirty.get_mut(r);
+            let end = dirty.as_deref().map_or(stride, |&d| d.min(stride));
+            if end > keep {
+                dst[keep..end].fill(scratch);
+            }
+            if let Some(d) = dirty {
+                *d = keep;
             }
         }
-        // Rows n..rows are padding now; those of `known` past `rows` were not touched.
-        let end = if !known.is_empty() && known.start <= rows { known.end.max(rows) } else { rows };
-        self.padding = n..end;
-        self.pad = Some(pad);
         Ok(used)
     }
 }
@@ -239,7 +255,7 @@ mod tests {
     #[test]
     fn a_batch_beyond_a_region_is_an_error_and_writes_nothing() {
         let l = layout(4, 2, 8).unwrap();
-        let mut st = MetaStaging::new(l.clone());
+        let mut st = MetaStaging::new(l.clone(), 4);
         let mut mem = vec![7u32; l.total()];
         let mut rng = Lcg(3);
         let fits = decode_batch(&mut rng, 2, 4);
@@ -263,7 +279,8 @@ mod tests {
     fn padded_steps_stage_what_pad_decode_built() {
         let (max_rows, max_blocks) = (16, 8);
         let l = layout(max_rows, max_rows + 4, max_rows * max_blocks).unwrap();
-        let mut st = MetaStaging::new(l.clone());
+        // One row fewer than the largest bucket tracked: that row is always written whole.
+        let mut st = MetaStaging::new(l.clone(), max_rows - 1);
         let mut mem = vec![u32::MAX; l.total()];
         let mut rng = Lcg(11);
         let pads = [PadRows { scratch_block: 40, stride: 4, block_size: 16 }, PadRows { scratch_block: 41, stride: 8, block_size: 16 }];
@@ -283,23 +300,22 @@ mod tests {
             let n = rng.below(rows + 1);
             let mb = 1 + rng.below(max_blocks);
             let b = decode_batch(&mut rng, n, mb);
-            let known = st.padding.clone();
+            skipped_some |= st.pad == Some(pad) && (0..rows).any(|r| st.dirty.get(r).is_some_and(|&d| d < pad.stride));
             let used = st.stage_padded(&mut mem, &b, pad, rows).unwrap();
-            skipped_some |= st.pad == Some(pad) && (n..rows).any(|r| known.contains(&r));
             assert_eq!(staged(&l, &mem, &used, pad.stride), pad_decode(&b, pad, rows), "step {step}: {n} rows padded to {rows}, {pad:?}");
-            // What it claims is padding is padding.
+            // What it claims is the scratch block is.
             let bt = &mem[l.offset(BLOCK_TABLES)..];
-            for r in st.padding.clone() {
-                assert!(bt[r * pad.stride..(r + 1) * pad.stride].iter().all(|&x| x == pad.scratch_block), "step {step}: row {r} of {:?}", st.padding);
+            for (r, &d) in st.dirty.iter().enumerate().filter(|(_, &d)| d != UNKNOWN) {
+                assert!(bt[r * pad.stride + d..(r + 1) * pad.stride].iter().all(|&x| x == pad.scratch_block), "step {step}: row {r} from {d}");
             }
         }
-        assert!(skipped_some, "the walk never reused a padding row");
+        assert!(skipped_some, "the walk never skipped a scratch entry");
     }
 
     #[test]
     fn a_padding_only_step_is_every_row_padding() {
         let l = layout(8, 8, 8 * 3).unwrap();
-        let mut st = MetaStaging::new(l.clone());
+        let mut st = MetaStaging::new(l.clone(), 8);
         let mut mem = vec![0; l.total()];
         let pad = PadRows { scratch_block: 9, stride: 3, block_size: 32 };
         let empty = ForwardBatch { max_blocks: 3, ..Default::default() };
@@ -309,6 +325,6 @@ mod tests {
         assert_eq!(b.slots, vec![9 * 32; 8]);
         assert_eq!(b.token_seq, (0..8).collect::<Vec<u32>>());
         assert_eq!(b.block_tables, vec![9; 24]);
-        assert_eq!(st.padding, 0..8);
+        assert_eq!(st.dirty, vec![0; 8]);
     }
 }

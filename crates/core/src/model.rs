@@ -416,7 +416,7 @@ impl<B: Backend> LlamaModel<B> {
             caches.push((b.alloc_kv_as(geometry, kv_dtype)?, b.alloc_kv_as(geometry, kv_dtype)?));
         }
         let graphs = vec![None; pad.as_ref().map_or(0, |p| p.buckets.len())];
-        let staging = MetaStaging::new(meta_layout);
+        let staging = MetaStaging::new(meta_layout, sq);
         let mut model = LlamaModel { backend, cfg, opts, geometry, kv_dtype, matmul_operand, max_blocks_cap, embed, lm_head, final_norm, inv_freq, layers, caches, s, kv_view, pad, graphs, staging };
         if graphs_on {
             model.capture_graphs()?;
