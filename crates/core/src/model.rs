@@ -280,7 +280,8 @@ pub struct LlamaModel<B: Backend> {
     pad: Option<Padding>,
     /// One per bucket of `pad`: the captured decode step, where capture worked.
     graphs: Vec<Option<GraphId>>,
-    /// Writes each step into `s.meta`'s staging memory (and knows which padding rows it holds).
+    /// Writes each step into `s.meta`'s staging memory (and knows how much of each padded
+    /// block-table row there already is the scratch block).
     staging: MetaStaging,
 }
 
@@ -374,6 +375,9 @@ impl<B: Backend> LlamaModel<B> {
             logits: b.alloc_f32(rows * vocab)?,
             meta: b.alloc_u32_group(&meta_layout)?,
         };
+        if s.meta.parts.len() != meta::REGIONS {
+            return Err(Error::backend(b.name(), format!("alloc_u32_group gave {} buffers for {} regions", s.meta.parts.len(), meta::REGIONS)));
+        }
         let limits = WorkspaceLimits {
             max_tokens: t,
             max_seqs: sq,

@@ -159,12 +159,13 @@ impl Drop for CudaBuf {
 /// The host side of a carved [`U32Group`]: page-locked memory in the group's layout, and the
 /// event recorded after the copy that last read it.
 ///
-/// One buffer and an event, not two buffers alternated: the copy is the first thing a step
-/// queues, so by the time the host prepares the next step (async scheduling, worker.rs, while
-/// this one runs) that copy has all but finished, and the wait in `u32_staging` is the tail of
-/// a copy of at most a few hundred KB, not a step. Two buffers would also break what the model
-/// relies on: the staging memory holds what the last step wrote (meta.rs skips rewriting
-/// padding rows it already holds).
+/// One buffer and an event, not two buffers alternated. The copy is the first thing a step
+/// queues, so when the host prepares the next step while this one runs (async scheduling,
+/// worker.rs) the wait in `u32_staging` is at most the tail of that copy (the step's metadata,
+/// a few hundred KB for a padded decode step at bucket 256), never a step; and today a forward
+/// returns only once its work has run, so the wait finds the copy done. Two buffers would also
+/// break what the model relies on: the staging memory holds what the last step wrote there
+/// (meta.rs `MetaStaging` skips block-table entries that already hold the scratch block).
 struct Staging {
     host: PinnedHostSlice<u32>,
     copied: CudaEvent,
