@@ -24,6 +24,7 @@
 //! - `ops/`: one module per op family; each op is [`ops::Op`]: `generate` (host inputs from
 //!   the seed) and `exec` (upload, poison, run, read back), shared by both backends.
 //! - `compare.rs`: NMSE, NaN/Inf and exact index comparison. `report.rs`: printing.
+//! - `staging.rs`: [`staging::check_u32_group`], the u32 groups a step's metadata travels in.
 //! - `golden.rs`: layer 2 (whole model against HF transformers), separate from the op suite.
 //!
 //! To add a case, add a line to [`cases`]; to add an op, write an [`ops::Op`] and a `Spec`
@@ -46,6 +47,7 @@ pub mod numerics;
 pub mod ops;
 mod report;
 pub mod rng;
+pub mod staging;
 
 pub use case::{cases, Case, CaseResult, PerfResult};
 pub use report::{PerfReport, Report};

@@ -4,6 +4,7 @@
 //! - [`weights`]: safetensors files mapped with memmap2; tensors are views, never copies.
 //! - [`backend`]: the narrow interface every compute backend implements (one method per op).
 //! - [`batch`]: the flattened batch the engine hands to a model (tokens, positions, slots, block tables).
+//! - [`meta`]: a step's metadata (tokens, positions, slots, block tables...) in one staging layout.
 //! - [`model`]: the Llama-family forward pass, written once against [`backend::Backend`].
 //! - [`sampling`]: logits to token ids (Philox draws, f32 arithmetic a device kernel repeats bit for bit).
 //! - [`memory`]: the KV pool's share of device memory (`--gpu-memory-utilization` of the total).
@@ -20,6 +21,7 @@ pub mod error;
 pub mod greedy;
 pub mod skip;
 pub mod memory;
+pub mod meta;
 pub mod model;
 pub mod sampling;
 pub mod tokenizer;

@@ -4,11 +4,12 @@
 
 use std::path::Path;
 
-use crate::backend::{kv_dtype_names, AttnArgs, Backend, DType, GraphId, KvDest, KvDtype, KvGeometry, NormIn, WorkspaceLimits};
+use crate::backend::{kv_dtype_names, AttnArgs, Backend, DType, GraphId, KvDest, KvDtype, KvGeometry, NormIn, U32Group, WorkspaceLimits};
 use crate::batch::ForwardBatch;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::memory::{plan_kv_blocks, DeviceMemory, KvNeed};
+use crate::meta::{self, MetaStaging, PadRows};
 use crate::sampling::{logprobs_rows, sample_row, sample_rows_masked, RowMasks, SampleSpec, TokenLogprobs};
 use crate::weights::Weights;
 
@@ -155,6 +156,18 @@ struct Padding {
     max_context: usize,
 }
 
+impl Padding {
+    /// A padded step of `rows` rows: what its launches depend on.
+    fn shape(&self, rows: usize) -> StepShape {
+        StepShape { tokens: rows, seqs: rows, logit_rows: rows, max_blocks: self.stride, max_context: self.max_context, decodes: rows }
+    }
+    /// What its padding rows are, for the staging layout.
+    fn rows(&self, block_size: usize) -> PadRows {
+        // A block size beyond u32 makes the scratch slot overflow: an error when staged.
+        PadRows { scratch_block: self.scratch_block, stride: self.stride, block_size: u32::try_from(block_size).unwrap_or(u32::MAX) }
+    }
+}
+
 /// Batch-size buckets up to `cap`: 1, 2, 4, ... below cap, then cap.
 fn buckets(cap: usize) -> Vec<usize> {
     let mut v: Vec<usize> = std::iter::successors(Some(1usize), |b| b.checked_mul(2)).take_while(|&b| b < cap).collect();
@@ -240,12 +253,10 @@ struct Scratch<B: Backend> {
     last: B::Buf, // [S, hidden] rows that need logits
     last_normed: B::Buf,
     logits: B::Buf, // [S, vocab]
-    ids: B::Buf,
-    positions: B::Buf,
-    slots: B::Buf,
-    token_seq: B::Buf,
-    block_tables: B::Buf, // [S, max_blocks_cap]
-    logit_rows: B::Buf,
+    /// The step's metadata, the regions of `meta::layout` (`meta::TOKENS`, ...): token ids,
+    /// positions, slots and token_seq `[T]`, logit rows `[S]`, block tables
+    /// `[max_seqs, max_blocks_cap]`; one staging buffer, one upload.
+    meta: U32Group<B::Buf>,
 }
 
 pub struct LlamaModel<B: Backend> {
@@ -269,6 +280,9 @@ pub struct LlamaModel<B: Backend> {
     pad: Option<Padding>,
     /// One per bucket of `pad`: the captured decode step, where capture worked.
     graphs: Vec<Option<GraphId>>,
+    /// Writes each step into `s.meta`'s staging memory (and knows how much of each padded
+    /// block-table row there already is the scratch block).
+    staging: MetaStaging,
 }
 
 impl<B: Backend> LlamaModel<B> {
@@ -343,6 +357,8 @@ impl<B: Backend> LlamaModel<B> {
         let rows = sq + opts.prompt_logit_rows;
         let max_context = opts.max_model_len.unwrap_or(usize::MAX).min(cfg.max_position_embeddings).max(1);
         let max_blocks_cap = max_context.div_ceil(opts.block_size).max(1);
+        let bt_len = sq.checked_mul(max_blocks_cap).ok_or_else(|| Error::Batch(format!("{sq} sequences x {max_blocks_cap} blocks overflow")))?;
+        let meta_layout = meta::layout(t, rows, bt_len)?;
         let s = Scratch {
             h: b.alloc_f32(t * d)?,
             x: b.alloc_f32(t * d)?,
@@ -357,13 +373,11 @@ impl<B: Backend> LlamaModel<B> {
             last: b.alloc_f32(rows * d)?,
             last_normed: b.alloc_f32(rows * d)?,
             logits: b.alloc_f32(rows * vocab)?,
-            ids: b.alloc_u32(t)?,
-            positions: b.alloc_u32(t)?,
-            slots: b.alloc_u32(t)?,
-            token_seq: b.alloc_u32(t)?,
-            block_tables: b.alloc_u32(sq * max_blocks_cap)?,
-            logit_rows: b.alloc_u32(rows)?,
+            meta: b.alloc_u32_group(&meta_layout)?,
         };
+        if s.meta.parts.len() != meta::REGIONS {
+            return Err(Error::backend(b.name(), format!("alloc_u32_group gave {} buffers for {} regions", s.meta.parts.len(), meta::REGIONS)));
+        }
         let limits = WorkspaceLimits {
             max_tokens: t,
             max_seqs: sq,
@@ -406,7 +420,8 @@ impl<B: Backend> LlamaModel<B> {
             caches.push((b.alloc_kv_as(geometry, kv_dtype)?, b.alloc_kv_as(geometry, kv_dtype)?));
         }
         let graphs = vec![None; pad.as_ref().map_or(0, |p| p.buckets.len())];
-        let mut model = LlamaModel { backend, cfg, opts, geometry, kv_dtype, matmul_operand, max_blocks_cap, embed, lm_head, final_norm, inv_freq, layers, caches, s, kv_view, pad, graphs };
+        let staging = MetaStaging::new(meta_layout, sq);
+        let mut model = LlamaModel { backend, cfg, opts, geometry, kv_dtype, matmul_operand, max_blocks_cap, embed, lm_head, final_norm, inv_freq, layers, caches, s, kv_view, pad, graphs, staging };
         if graphs_on {
             model.capture_graphs()?;
         }
@@ -442,43 +457,17 @@ impl<B: Backend> LlamaModel<B> {
         Ok(())
     }
 
+    /// Runs a step of `rows` padding rows and no real one (they touch only the scratch block)
+    /// eagerly, then records it.
     fn capture_bucket(&mut self, pad: &Padding, rows: usize) -> Result<GraphId> {
-        let batch = self.padding_only(pad, rows);
-        let shape = StepShape { tokens: rows, seqs: rows, logit_rows: rows, max_blocks: pad.stride, max_context: pad.max_context, decodes: rows };
-        self.upload(&batch)?;
+        let shape = pad.shape(rows);
+        self.upload_padded(&ForwardBatch { max_blocks: pad.stride, ..Default::default() }, pad.rows(self.opts.block_size), rows)?;
         self.launch(shape)?;
         self.backend.begin_capture()?;
         let recorded = self.launch(shape);
         let graph = self.backend.end_capture();
         recorded?;
         graph
-    }
-
-    /// A padded step of `rows` padding rows and no real one.
-    fn padding_only(&self, pad: &Padding, rows: usize) -> ForwardBatch {
-        self.pad_decode(&ForwardBatch { max_blocks: pad.stride, ..Default::default() }, pad, rows)
-    }
-
-    /// `batch` (decode rows, sequence i = token i = logit row i) padded to `rows` rows.
-    fn pad_decode(&self, batch: &ForwardBatch, pad: &Padding, rows: usize) -> ForwardBatch {
-        let n = batch.num_tokens();
-        let bs = self.opts.block_size as u32;
-        let mut p = ForwardBatch { max_blocks: pad.stride, ..Default::default() };
-        p.tokens.extend(batch.tokens.iter().copied().chain(std::iter::repeat_n(0, rows - n)));
-        p.positions.extend(batch.positions.iter().copied().chain(std::iter::repeat_n(0, rows - n)));
-        p.slots.extend(batch.slots.iter().copied().chain(std::iter::repeat_n(pad.scratch_block * bs, rows - n)));
-        p.token_seq.extend(0..rows as u32);
-        p.logit_rows.extend(0..rows as u32);
-        p.block_tables.reserve(rows * pad.stride);
-        for s in 0..n {
-            // Entries past a row's context are never read: the stride only has to hold it.
-            let row = &batch.block_tables[s * batch.max_blocks..(s + 1) * batch.max_blocks];
-            let keep = row.len().min(pad.stride);
-            p.block_tables.extend_from_slice(&row[..keep]);
-            p.block_tables.extend(std::iter::repeat_n(pad.scratch_block, pad.stride - keep));
-        }
-        p.block_tables.extend(std::iter::repeat_n(pad.scratch_block, (rows - n) * pad.stride));
-        p
     }
 
     /// The bucket index a decode step pads to: every sequence one token with its logits, in
@@ -533,9 +522,8 @@ impl<B: Backend> LlamaModel<B> {
         if let Some(i) = self.decode_bucket(batch) {
             let pad = self.pad.as_ref().expect("decode_bucket implies padding");
             let rows = pad.buckets[i];
-            let shape = StepShape { tokens: rows, seqs: rows, logit_rows: rows, max_blocks: pad.stride, max_context: pad.max_context, decodes: rows };
-            let padded = self.pad_decode(batch, pad, rows);
-            self.upload(&padded)?;
+            let (shape, pad_rows) = (pad.shape(rows), pad.rows(self.opts.block_size));
+            self.upload_padded(batch, pad_rows, rows)?;
             return match self.graphs[i] {
                 Some(g) => match self.backend.replay(g) {
                     // A replay that could not be queued queued nothing: run the step eagerly,
@@ -555,28 +543,35 @@ impl<B: Backend> LlamaModel<B> {
         self.launch(StepShape { tokens: batch.num_tokens(), seqs: batch.num_seqs(), logit_rows: batch.logit_rows.len(), max_blocks: batch.max_blocks, max_context, decodes: crate::batch::leading_decodes(&batch.token_seq) })
     }
 
-    /// The step's metadata into its buffers: what a replay reads.
+    /// The step's metadata into its buffers: staged in the group's host memory, then one
+    /// upload (what a replay reads).
     fn upload(&mut self, batch: &ForwardBatch) -> Result<()> {
         let (b, s) = (&self.backend, &mut self.s);
-        b.write_u32(&mut s.ids, &batch.tokens)?;
-        b.write_u32(&mut s.positions, &batch.positions)?;
-        b.write_u32(&mut s.slots, &batch.slots)?;
-        b.write_u32(&mut s.token_seq, &batch.token_seq)?;
-        b.write_u32(&mut s.block_tables, &batch.block_tables)?;
-        b.write_u32(&mut s.logit_rows, &batch.logit_rows)
+        let used = self.staging.stage_batch(b.u32_staging(&mut s.meta)?, batch)?;
+        b.upload_u32_group(&mut s.meta, &used)
+    }
+
+    /// A decode step (`decode_bucket`) padded to `rows` rows, written straight into the staging
+    /// memory (no padded `ForwardBatch` is built, nothing allocated), then one upload.
+    fn upload_padded(&mut self, batch: &ForwardBatch, pad: PadRows, rows: usize) -> Result<()> {
+        let (b, s) = (&self.backend, &mut self.s);
+        let used = self.staging.stage_padded(b.u32_staging(&mut s.meta)?, batch, pad, rows)?;
+        b.upload_u32_group(&mut s.meta, &used)
     }
 
     /// Every op of the forward pass for a step of this shape, on the uploaded metadata: no
     /// upload, no read, nothing from the batch but `shape` (so it can be captured).
     fn launch(&mut self, shape: StepShape) -> Result<()> {
         let (b, c, s) = (&self.backend, &self.cfg, &mut self.s);
+        let m = &s.meta.parts;
+        let (ids, positions, slots, token_seq, block_tables, logit_rows) = (&m[meta::TOKENS], &m[meta::POSITIONS], &m[meta::SLOTS], &m[meta::TOKEN_SEQ], &m[meta::BLOCK_TABLES], &m[meta::LOGIT_ROWS]);
         let t = shape.tokens;
         let (d, qd, kvd, inter) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
         let n_out = shape.logit_rows;
         let seqs = shape.seqs;
         let max_context = shape.max_context;
 
-        b.embedding(&self.embed, &s.ids, &mut s.h, t, d)?;
+        b.embedding(&self.embed, ids, &mut s.h, t, d)?;
         // Where the backend fuses norms into the fused projections (`Backend::fuses_norm`),
         // each residual add happens in the projection that produces it (`matmul_residual`,
         // which also writes h ∘ gamma of the next norm into x) and each norm in the projection
@@ -601,23 +596,23 @@ impl<B: Backend> LlamaModel<B> {
             match &layer.qkv {
                 Qkv::Fused { w, bias } => {
                     let norm = fused_in.then_some(NormIn { h: &s.h, gamma: &layer.input_norm, eps: c.rms_norm_eps });
-                    let kv = KvDest { k_cache: &mut *k_cache, v_cache: &mut *v_cache, positions: &s.positions, inv_freq: &self.inv_freq, slots: &s.slots, geometry: self.geometry };
+                    let kv = KvDest { k_cache: &mut *k_cache, v_cache: &mut *v_cache, positions, inv_freq: &self.inv_freq, slots, geometry: self.geometry };
                     b.qkv_rope_kv_write(&s.x, w, bias.as_ref(), &mut s.q, &mut s.k, &mut s.v, t, qd, d, norm, kv)?;
                 }
                 Qkv::Split { q, k, v, q_bias, k_bias, v_bias } => {
                     b.matmul(&s.x, q, q_bias.as_ref(), &mut s.q, t, qd, d)?;
                     b.matmul(&s.x, k, k_bias.as_ref(), &mut s.k, t, kvd, d)?;
                     b.matmul(&s.x, v, v_bias.as_ref(), &mut s.v, t, kvd, d)?;
-                    b.rope_kv_write(&mut s.q, &mut s.k, &s.v, k_cache, v_cache, &s.positions, &self.inv_freq, &s.slots, t, c.num_attention_heads, self.geometry)?;
+                    b.rope_kv_write(&mut s.q, &mut s.k, &s.v, k_cache, v_cache, positions, &self.inv_freq, slots, t, c.num_attention_heads, self.geometry)?;
                 }
             }
             let args = AttnArgs {
                 q: &s.q,
                 k_cache,
                 v_cache,
-                positions: &s.positions,
-                token_seq: &s.token_seq,
-                block_tables: &s.block_tables,
+                positions,
+                token_seq,
+                block_tables,
                 num_tokens: t,
                 num_seqs: seqs,
                 max_blocks: shape.max_blocks,
@@ -654,7 +649,7 @@ impl<B: Backend> LlamaModel<B> {
             b.add(&mut s.h, &s.o, t * d)?;
         }
         if n_out > 0 {
-            b.gather_rows(&s.h, &s.logit_rows, &mut s.last, n_out, d)?;
+            b.gather_rows(&s.h, logit_rows, &mut s.last, n_out, d)?;
             b.rms_norm(&s.last, &self.final_norm, &mut s.last_normed, n_out, d, c.rms_norm_eps)?;
             let head = self.lm_head.as_ref().unwrap_or(&self.embed);
             b.matmul(&s.last_normed, head, None, &mut s.logits, n_out, c.vocab_size, d)?;

@@ -138,8 +138,8 @@ impl CudaBackend {
         if parts == 1 {
             // Direct path: the scratch pointers are never touched; q stands in for them.
             let mut l = self.stream.launch_builder(&partial.f);
-            l.arg(&a.q.mem).arg(&a.k_cache.mem).arg(&a.v_cache.mem).arg(&a.positions.mem).arg(&a.token_seq.mem).arg(&a.block_tables.mem);
-            l.arg(&mut out.mem).arg(&a.q.mem).arg(&a.q.mem).arg(&a.q.mem);
+            l.arg(&*a.q.mem).arg(&*a.k_cache.mem).arg(&*a.v_cache.mem).arg(&*a.positions.mem).arg(&*a.token_seq.mem).arg(&*a.block_tables.mem);
+            l.arg(&mut *out.mem).arg(&*a.q.mem).arg(&*a.q.mem).arg(&*a.q.mem);
             l.arg(&ti).arg(&hi).arg(&kvi).arg(&di).arg(&bsi).arg(&nbi).arg(&nsi).arg(&mbi).arg(&pi).arg(&a.scale);
             // SAFETY: as in embedding.
             let r = unsafe { l.launch(cfg(grid, threads)) };
@@ -172,9 +172,9 @@ impl CudaBackend {
             return Err(err(format!("{OP}: scratch missing after allocation")));
         };
         let mut l = self.stream.launch_builder(&partial.f);
-        l.arg(&a.q.mem).arg(&a.k_cache.mem).arg(&a.v_cache.mem).arg(&a.positions.mem).arg(&a.token_seq.mem).arg(&a.block_tables.mem);
+        l.arg(&*a.q.mem).arg(&*a.k_cache.mem).arg(&*a.v_cache.mem).arg(&*a.positions.mem).arg(&*a.token_seq.mem).arg(&*a.block_tables.mem);
         // The last partition block of each (token, head) combines (kernels/paged_attention.cu).
-        l.arg(&mut out.mem).arg(&mut *po).arg(&mut *pm).arg(&mut *cn);
+        l.arg(&mut *out.mem).arg(&mut *po).arg(&mut *pm).arg(&mut *cn);
         l.arg(&ti).arg(&hi).arg(&kvi).arg(&di).arg(&bsi).arg(&nbi).arg(&nsi).arg(&mbi).arg(&pi).arg(&a.scale);
         // SAFETY: as in embedding; scratch sized for [T, H, parts, D] and [T, H, parts, 2],
         // counters for [T, H].
@@ -228,8 +228,8 @@ impl CudaBackend {
             v[i] = i32_of(ints[i], OP, names[i])?;
         }
         let mut l = self.stream.launch_builder(&k.f);
-        l.arg(&a.q.mem).arg(&a.k_cache.mem).arg(&a.v_cache.mem).arg(&a.positions.mem).arg(&a.token_seq.mem).arg(&a.block_tables.mem);
-        l.arg(&mut out.mem);
+        l.arg(&*a.q.mem).arg(&*a.k_cache.mem).arg(&*a.v_cache.mem).arg(&*a.positions.mem).arg(&*a.token_seq.mem).arg(&*a.block_tables.mem);
+        l.arg(&mut *out.mem);
         let sc = &mut *s;
         match (&mut sc.part_out, &mut sc.part_ml, &mut sc.counters) {
             (Some(po), Some(pm), Some(cn)) if split > 0 => {
@@ -238,7 +238,7 @@ impl CudaBackend {
             // Nothing is split (one partition, or no split tokens): the scratch is never
             // touched; q stands in for it.
             _ if split == 0 => {
-                l.arg(&a.q.mem).arg(&a.q.mem).arg(&a.q.mem);
+                l.arg(&*a.q.mem).arg(&*a.q.mem).arg(&*a.q.mem);
             }
             _ => return Err(err(format!("{OP}: scratch missing after allocation"))),
         }

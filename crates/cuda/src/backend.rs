@@ -14,12 +14,13 @@
 //! one buffer type serves activations, ids, weights of any dtype and KV caches.
 
 use std::collections::HashMap;
+use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::sys::CUresult;
-use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DriverError, LaunchConfig, PushKernelArg};
-use tandem_core::backend::{AttnArgs, Backend, DType, KvDtype, KvGeometry, WorkspaceLimits};
+use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, DriverError, LaunchConfig, PinnedHostSlice, PushKernelArg};
+use tandem_core::backend::{AttnArgs, Backend, DType, KvDtype, KvGeometry, U32Group, U32Layout, WorkspaceLimits};
 use tandem_core::sampling::{RowMasks, SampleSpec, TokenLogprobs, EDIT_WORDS, MAX_TOP_LOGPROBS, SAMPLE_LANES, SPEC_WORDS};
 use tandem_core::weights::TensorView;
 use tandem_core::{Error, Result};
@@ -125,11 +126,56 @@ impl Elem {
     }
 }
 
-/// A device buffer: `len` elements of `elem`.
+/// A device buffer: `len` elements of `elem`, in an allocation of its own or a view into one
+/// shared with other buffers (the regions of a [`U32Group`]: the step's metadata). Ops see no
+/// difference: a view's `mem` is a `CudaSlice` whose pointer is the allocation's plus the
+/// view's offset, which is also what a captured graph records.
 pub struct CudaBuf {
-    mem: CudaSlice<u8>,
+    /// The memory ops pass to kernels. Owned (freed on drop) unless `base` is Some: then it
+    /// was made over the view's bytes by `upgrade_device_ptr` and is leaked, never freed.
+    mem: ManuallyDrop<CudaSlice<u8>>,
     elem: Elem,
     len: usize,
+    /// A view's allocation, alive as long as any view of it is.
+    base: Option<Arc<CudaSlice<u8>>>,
+    /// A carved group's whole buffer ([`U32Group::carved`]): its page-locked staging memory.
+    staging: Option<Box<Staging>>,
+}
+
+impl Drop for CudaBuf {
+    fn drop(&mut self) {
+        // SAFETY: `mem` is not touched again; `drop` runs once.
+        let mem = unsafe { ManuallyDrop::take(&mut self.mem) };
+        match self.base {
+            // The allocation belongs to `base` (dropped after this, with the last view).
+            Some(_) => {
+                mem.leak();
+            }
+            None => drop(mem),
+        }
+    }
+}
+
+/// The host side of a carved [`U32Group`]: page-locked memory in the group's layout, and the
+/// event recorded after the copy that last read it.
+///
+/// One buffer and an event, not two buffers alternated. The copy is the first thing a step
+/// queues, so when the host prepares the next step while this one runs (async scheduling,
+/// worker.rs) the wait in `u32_staging` is at most the tail of that copy (the step's metadata,
+/// a few hundred KB for a padded decode step at bucket 256), never a step; and today a forward
+/// returns only once its work has run, so the wait finds the copy done. Two buffers would also
+/// break what the model relies on: the staging memory holds what the last step wrote there
+/// (meta.rs `MetaStaging` skips block-table entries that already hold the scratch block).
+struct Staging {
+    host: PinnedHostSlice<u32>,
+    copied: CudaEvent,
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        // The copy may still read the page-locked memory `host` frees after this.
+        let _ = self.copied.synchronize();
+    }
 }
 
 impl CudaBuf {
@@ -452,7 +498,20 @@ impl CudaBackend {
         let bytes = (len * elem.size()).max(4);
         // SAFETY: contents are unspecified by the Backend contract.
         let mem = unsafe { self.stream.alloc::<u8>(bytes) }.map_err(drv(&format!("allocating {bytes} bytes")))?;
-        Ok(CudaBuf { mem, elem, len })
+        Ok(CudaBuf { mem: ManuallyDrop::new(mem), elem, len, base: None, staging: None })
+    }
+
+    /// `len` u32 elements of `base` from element `at`: a view (nothing is allocated).
+    fn u32_view(&self, base: &Arc<CudaSlice<u8>>, at: usize, len: usize) -> Result<CudaBuf> {
+        let end = at.checked_add(len).and_then(|e| e.checked_mul(4)).filter(|&e| e <= base.len());
+        if end.is_none() {
+            return Err(err(format!("u32_view: elements {at}..+{len} beyond an allocation of {} bytes", base.len())));
+        }
+        let ptr = base.device_ptr(&self.stream).0 + (at * 4) as u64;
+        // SAFETY: ptr..ptr + 4 len lies inside `base` (checked above), which the view keeps
+        // alive; the CudaSlice made here is leaked, never freed, when the view drops.
+        let mem = unsafe { self.stream.upgrade_device_ptr::<u8>(ptr, len * 4) };
+        Ok(CudaBuf { mem: ManuallyDrop::new(mem), elem: Elem::U32, len, base: Some(base.clone()), staging: None })
     }
 
     fn upload_bytes(&self, elem: Elem, bytes: &[u8]) -> Result<CudaBuf> {
@@ -643,6 +702,57 @@ impl Backend for CudaBackend {
         self.alloc(Elem::U32, len)
     }
 
+    /// One device allocation the regions are views of, and page-locked staging memory of the
+    /// same layout: a step's metadata is one asynchronous copy ([`Staging`]).
+    fn alloc_u32_group(&self, layout: &U32Layout) -> Result<U32Group<CudaBuf>> {
+        const OP: &str = "alloc_u32_group";
+        let total = layout.total();
+        // SAFETY: contents are unspecified until the first upload, which writes what it uses.
+        let base = Arc::new(unsafe { self.stream.alloc::<u8>((total * 4).max(4)) }.map_err(drv(&format!("{OP}: {total} u32")))?);
+        let parts = (0..layout.regions()).map(|i| self.u32_view(&base, layout.offset(i), layout.len(i))).collect::<Result<Vec<_>>>()?;
+        let mut whole = self.u32_view(&base, 0, total)?;
+        // Plain page-locked memory, not write-combined: the host also reads it (tests), and
+        // write-combined reads are uncached.
+        // SAFETY: zeroed below before anyone reads it.
+        let mut host = unsafe { self.ctx.alloc_pinned_with_flags::<u32>(total.max(1), 0) }.map_err(drv(&format!("{OP}: {total} u32 of page-locked memory")))?;
+        host.as_mut_slice().map_err(drv(OP))?.fill(0);
+        let copied = self.ctx.new_event(None).map_err(drv(&format!("{OP}: creating the copy's event")))?;
+        whole.staging = Some(Box::new(Staging { host, copied }));
+        Ok(U32Group::carved(layout.clone(), parts, whole))
+    }
+
+    fn u32_staging<'a>(&self, group: &'a mut U32Group<CudaBuf>) -> Result<&'a mut [u32]> {
+        const OP: &str = "u32_staging";
+        let st = group.carved.as_mut().and_then(|w| w.staging.as_deref_mut()).ok_or_else(|| err(format!("{OP}: a group this backend did not carve")))?;
+        // The last upload's copy may still be reading it.
+        st.copied.synchronize().map_err(drv(&format!("{OP}: waiting for the last metadata copy")))?;
+        st.host.as_mut_slice().map_err(drv(OP))
+    }
+
+    /// One asynchronous copy from the page-locked staging memory of everything `used` spans
+    /// ([`U32Layout::span`]: the regions before the last one used whole, that one's prefix),
+    /// then the event `u32_staging` waits on before the host writes the memory again.
+    fn upload_u32_group(&self, group: &mut U32Group<CudaBuf>, used: &[usize]) -> Result<()> {
+        const OP: &str = "upload_u32_group";
+        let end = group.layout.span(used)?;
+        if self.capturing.load(Ordering::Relaxed) {
+            return Err(err(format!("{OP}: uploads are not allowed while a graph is captured")));
+        }
+        let whole = group.carved.as_mut().ok_or_else(|| err(format!("{OP}: a group this backend did not carve")))?;
+        let dst = whole.mem.device_ptr(&self.stream).0;
+        let st = whole.staging.as_deref_mut().ok_or_else(|| err(format!("{OP}: a group without staging memory")))?;
+        if end == 0 {
+            return Ok(());
+        }
+        let src = &st.host.as_slice().map_err(drv(OP))?[..end];
+        self.ctx.bind_to_thread().map_err(drv(OP))?;
+        // SAFETY: dst is the group's allocation of layout.total() >= end u32 (span checked
+        // `used` against the layout); src is page-locked and nobody writes it until `copied`
+        // has completed (u32_staging waits for it, and so does Staging's drop before freeing).
+        unsafe { cudarc::driver::result::memcpy_htod_async(dst, src, self.stream.cu_stream()) }.map_err(drv(&format!("{OP}: copy of {end} u32 to device")))?;
+        st.copied.record(&self.stream).map_err(drv(&format!("{OP}: recording the copy's event")))
+    }
+
     /// bf16 first: half the bytes a decode step reads per token of context, twice the blocks
     /// in the same memory; f32 is kept for checks against the reference.
     fn kv_dtypes(&self) -> &'static [KvDtype] {
@@ -700,7 +810,7 @@ impl Backend for CudaBackend {
         let k = &self.kernels.embedding[wi];
         let (t, h, v) = (i32_of(num_tokens, OP, "num_tokens")?, i32_of(hidden, OP, "hidden")?, i32_of(table.len / hidden, OP, "vocab")?);
         let mut l = self.stream.launch_builder(&k.f);
-        l.arg(&table.mem).arg(&ids.mem).arg(&mut out.mem).arg(&t).arg(&h).arg(&v);
+        l.arg(&*table.mem).arg(&*ids.mem).arg(&mut *out.mem).arg(&t).arg(&h).arg(&v);
         // SAFETY: argument list matches the kernel signature; lengths checked above.
         let r = unsafe { l.launch(cfg((t as u32, 1, 1), 256)) };
         self.launched(k.name, r)
@@ -717,7 +827,7 @@ impl Backend for CudaBackend {
         let f = &self.kernels.gather_rows.f;
         let (ni, di, sr) = (i32_of(n, OP, "n")?, i32_of(dim, OP, "dim")?, i32_of(src.len / dim, OP, "src rows")?);
         let mut l = self.stream.launch_builder(f);
-        l.arg(&src.mem).arg(&rows.mem).arg(&mut out.mem).arg(&ni).arg(&di).arg(&sr);
+        l.arg(&*src.mem).arg(&*rows.mem).arg(&mut *out.mem).arg(&ni).arg(&di).arg(&sr);
         // SAFETY: as in embedding.
         let r = unsafe { l.launch(cfg((ni as u32, 1, 1), 256)) };
         self.launched(OP, r)
@@ -734,7 +844,7 @@ impl Backend for CudaBackend {
         let k = &self.kernels.rms_norm[wi];
         let (ri, di) = (i32_of(rows, OP, "rows")?, i32_of(dim, OP, "dim")?);
         let mut l = self.stream.launch_builder(&k.f);
-        l.arg(&x.mem).arg(&w.mem).arg(&mut out.mem).arg(&ri).arg(&di).arg(&eps);
+        l.arg(&*x.mem).arg(&*w.mem).arg(&mut *out.mem).arg(&ri).arg(&di).arg(&eps);
         // SAFETY: as in embedding.
         let r = unsafe { l.launch(cfg((ri as u32, 1, 1), 256)) };
         self.launched(k.name, r)
@@ -750,7 +860,7 @@ impl Backend for CudaBackend {
         let f = &self.kernels.add.f;
         let n = len as u64;
         let mut l = self.stream.launch_builder(f);
-        l.arg(&mut acc.mem).arg(&x.mem).arg(&n);
+        l.arg(&mut *acc.mem).arg(&*x.mem).arg(&n);
         // SAFETY: as in embedding.
         let r = unsafe { l.launch(Self::elementwise_cfg(len, OP)?) };
         self.launched(OP, r)
@@ -770,7 +880,7 @@ impl Backend for CudaBackend {
         let (ri, di) = (i32_of(rows, OP, "rows")?, i32_of(dim, OP, "dim")?);
         i32_of(rows * dim, OP, "rows*dim")?;
         let mut l = self.stream.launch_builder(&k.f);
-        l.arg(&mut acc.mem).arg(&x.mem).arg(&w.mem).arg(&mut out.mem).arg(&ri).arg(&di).arg(&eps);
+        l.arg(&mut *acc.mem).arg(&*x.mem).arg(&*w.mem).arg(&mut *out.mem).arg(&ri).arg(&di).arg(&eps);
         // SAFETY: as in embedding.
         let r = unsafe { l.launch(cfg((ri as u32, 1, 1), 256)) };
         self.launched(k.name, r)
@@ -852,7 +962,7 @@ impl Backend for CudaBackend {
         i32_of(num_tokens * (q_heads + kvh) * d, OP, "elements")?;
         let (t, qh, kh, di, ns) = (i32_of(num_tokens, OP, "T")?, i32_of(q_heads, OP, "q_heads")?, i32_of(kvh, OP, "kv_heads")?, i32_of(d, OP, "head_dim")?, g.slots() as u64);
         let mut l = self.stream.launch_builder(&kern.f);
-        l.arg(&mut q.mem).arg(&k.mem).arg(&v.mem).arg(&mut k_cache.mem).arg(&mut v_cache.mem).arg(&positions.mem).arg(&inv_freq.mem).arg(&slots.mem);
+        l.arg(&mut *q.mem).arg(&*k.mem).arg(&*v.mem).arg(&mut *k_cache.mem).arg(&mut *v_cache.mem).arg(&*positions.mem).arg(&*inv_freq.mem).arg(&*slots.mem);
         l.arg(&t).arg(&qh).arg(&kh).arg(&di).arg(&ns);
         // SAFETY: as in embedding.
         let r = unsafe { l.launch(cfg((t as u32, 1, 1), 128)) };
@@ -880,7 +990,7 @@ impl Backend for CudaBackend {
         let f = &self.kernels.rope.f;
         let (t, qh, kh, d) = (i32_of(num_tokens, OP, "T")?, i32_of(q_heads, OP, "q_heads")?, i32_of(kv_heads, OP, "kv_heads")?, i32_of(head_dim, OP, "head_dim")?);
         let mut l = self.stream.launch_builder(f);
-        l.arg(&mut q.mem).arg(&mut k.mem).arg(&positions.mem).arg(&inv_freq.mem).arg(&t).arg(&qh).arg(&kh).arg(&d);
+        l.arg(&mut *q.mem).arg(&mut *k.mem).arg(&*positions.mem).arg(&*inv_freq.mem).arg(&t).arg(&qh).arg(&kh).arg(&d);
         // SAFETY: as in embedding.
         let r = unsafe { l.launch(cfg((t as u32, 1, 1), 128)) };
         self.launched(OP, r)
@@ -897,7 +1007,7 @@ impl Backend for CudaBackend {
         let f = &self.kernels.silu_mul.f;
         let n = len as u64;
         let mut l = self.stream.launch_builder(f);
-        l.arg(&gate.mem).arg(&up.mem).arg(&mut out.mem).arg(&n);
+        l.arg(&*gate.mem).arg(&*up.mem).arg(&mut *out.mem).arg(&n);
         // SAFETY: as in embedding.
         let r = unsafe { l.launch(Self::elementwise_cfg(len, OP)?) };
         self.launched(OP, r)
@@ -916,7 +1026,7 @@ impl Backend for CudaBackend {
         let f = &kern.f;
         let (t, rl, ns) = (i32_of(num_tokens, OP, "T")?, i32_of(row, OP, "kv_heads*head_dim")?, g.slots() as u64);
         let mut l = self.stream.launch_builder(f);
-        l.arg(&k.mem).arg(&v.mem).arg(&mut k_cache.mem).arg(&mut v_cache.mem).arg(&slots.mem).arg(&t).arg(&rl).arg(&ns);
+        l.arg(&*k.mem).arg(&*v.mem).arg(&mut *k_cache.mem).arg(&mut *v_cache.mem).arg(&*slots.mem).arg(&t).arg(&rl).arg(&ns);
         // SAFETY: as in embedding.
         let r = unsafe { l.launch(cfg((t as u32, 1, 1), 128)) };
         self.launched(kern.name, r)
@@ -941,7 +1051,7 @@ impl Backend for CudaBackend {
         let (ri, vi) = (i32_of(rows, OP, "rows")?, i32_of(vocab, OP, "vocab")?);
         i32_of(rows * vocab, OP, "rows*vocab")?;
         let mut l = self.stream.launch_builder(f);
-        l.arg(&logits.mem).arg(&mut ids.mem).arg(&ri).arg(&vi);
+        l.arg(&*logits.mem).arg(&mut *ids.mem).arg(&ri).arg(&vi);
         // SAFETY: as in embedding; ids holds at least `rows` words.
         let r = unsafe { l.launch(cfg((ri as u32, 1, 1), 512)) };
         self.launched(OP, r)?;
@@ -973,7 +1083,7 @@ impl Backend for CudaBackend {
         self.write_u32(spec_buf, &words)?;
         let f = &self.kernels.sample.f;
         let mut l = self.stream.launch_builder(f);
-        l.arg(&logits.mem).arg(&spec_buf.mem).arg(&mut ids.mem).arg(&ri).arg(&vi);
+        l.arg(&*logits.mem).arg(&*spec_buf.mem).arg(&mut *ids.mem).arg(&ri).arg(&vi);
         // SAFETY: as in embedding; specs hold SPEC_WORDS words a row, ids one a row.
         let r = unsafe { l.launch(cfg((ri as u32, 1, 1), SAMPLE_LANES as u32)) };
         self.launched(OP, r)?;

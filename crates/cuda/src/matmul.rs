@@ -242,7 +242,7 @@ impl CudaBackend {
         let row_bytes = hidden * elem.size();
         let total = fuse_gate_up_rows(inter);
         let mut b = self.alloc(elem, total * hidden)?;
-        self.stream.memset_zeros(&mut b.mem).map_err(drv(&format!("{OP}: zeroing the fused weight")))?;
+        self.stream.memset_zeros(&mut *b.mem).map_err(drv(&format!("{OP}: zeroing the fused weight")))?;
         for (i, &(src, first, rows)) in runs.iter().enumerate() {
             let dst_row = (i / 2) * GEMM_BN + (i % 2) * half;
             debug_assert_eq!(gate_up_source(dst_row, inter), Some((i % 2 == 1, first)));
@@ -285,7 +285,7 @@ impl CudaBackend {
         i32_of(n * k, op, "n*k")?;
         i32_of(m * n, op, "m*n")?;
         // Without a bias the kernels never read the pointer; pass w to have a valid one.
-        let bias_mem = bias.map(|b| &b.mem).unwrap_or(&w.mem);
+        let bias_mem = bias.map(|b| &*b.mem).unwrap_or(&*w.mem);
         if w.elem == Elem::F32 {
             let GemmOut::Plain(out) = dst else {
                 return Err(err(format!("{op}: f32 weights have no fused epilogue (fuse_qkv / fuse_gate_up give none for them)")));
@@ -297,7 +297,7 @@ impl CudaBackend {
             }
             let kern = &self.kernels.matmul_tiled_f32;
             let mut l = self.stream.launch_builder(&kern.f);
-            l.arg(&x.mem).arg(&w.mem).arg(bias_mem).arg(&bias_code).arg(&mut out.mem).arg(&mi).arg(&ni).arg(&ki);
+            l.arg(&*x.mem).arg(&*w.mem).arg(bias_mem).arg(&bias_code).arg(&mut *out.mem).arg(&mi).arg(&ni).arg(&ki);
             // SAFETY: as in embedding.
             let r = unsafe { l.launch(cfg(grid, 256)) };
             return self.launched(kern.name, r);
@@ -344,7 +344,7 @@ impl CudaBackend {
             // wi is 1 (bf16) or 2 (f16) here: f32 weights returned above.
             let kern = &self.kernels.matmul_x[wi - 1];
             let mut l = self.stream.launch_builder(&kern.f);
-            l.arg(&x.mem).arg(&mut *xa).arg(&mi).arg(&ki).arg(&kpi);
+            l.arg(&*x.mem).arg(&mut *xa).arg(&mi).arg(&ki).arg(&kpi);
             // SAFETY: as in embedding; xa holds m * kp 16-bit values.
             let r = unsafe { l.launch(cfg((mi as u32, 1, 1), 256)) };
             self.launched(kern.name, r)?;
@@ -355,19 +355,19 @@ impl CudaBackend {
         let (li, si) = (i32_of(slice_len, op, "slice_len")?, i32_of(slices, op, "slices")?);
         let mut l = self.stream.launch_builder(&kern.f);
         if direct {
-            l.arg(&x.mem);
+            l.arg(&*x.mem);
         } else {
             l.arg(&null);
         }
-        l.arg(&*xa).arg(&w.mem).arg(bias_mem).arg(&bias_code);
+        l.arg(&*xa).arg(&*w.mem).arg(bias_mem).arg(&bias_code);
         let (epi, en0, en1);
         let mut rope = RopeKvArg::default();
         // The epilogue's gamma (EPI_RESID with hg) and its dtype code; w where there is none.
-        let (mut ep_gamma, mut ep_gamma_code) = (&w.mem, 0i32);
+        let (mut ep_gamma, mut ep_gamma_code) = (&*w.mem, 0i32);
         match dst {
             GemmOut::Plain(out) => {
                 need(out, Elem::F32, m * n, op, "out")?;
-                l.arg(&mut out.mem).arg(&null).arg(&null);
+                l.arg(&mut *out.mem).arg(&null).arg(&null);
                 (epi, en0, en1) = (EPI_PLAIN, 0, 0);
             }
             GemmOut::Residual { h, hg } => {
@@ -375,13 +375,13 @@ impl CudaBackend {
                     return Err(err(format!("{op}: the residual add takes no bias")));
                 }
                 need(h, Elem::F32, m * n, op, "h")?;
-                l.arg(&mut h.mem);
+                l.arg(&mut *h.mem);
                 match hg {
                     Some((gamma, hg)) => {
                         need_weight(gamma, n, op, "gamma")?;
                         need(hg, Elem::F32, m * n, op, "hg")?;
-                        (ep_gamma, ep_gamma_code) = (&gamma.mem, gamma.elem.bias_code());
-                        l.arg(&mut hg.mem);
+                        (ep_gamma, ep_gamma_code) = (&*gamma.mem, gamma.elem.bias_code());
+                        l.arg(&mut *hg.mem);
                     }
                     None => {
                         l.arg(&null);
@@ -411,7 +411,7 @@ impl CudaBackend {
                     head_dim: i32_of(g.head_dim, op, "head_dim")?,
                     cache_bf16: bf16 as i32,
                 };
-                l.arg(&mut q.mem).arg(&null).arg(&null);
+                l.arg(&mut *q.mem).arg(&null).arg(&null);
                 (epi, en0, en1) = (EPI_QKV_ROPE, i32_of(nq, op, "nq")?, i32_of(nkv, op, "nkv")?);
             }
             GemmOut::Qkv { q, k: kb, v, nq, nkv } => {
@@ -421,7 +421,7 @@ impl CudaBackend {
                 need(q, Elem::F32, m * nq, op, "q")?;
                 need(kb, Elem::F32, m * nkv, op, "k")?;
                 need(v, Elem::F32, m * nkv, op, "v")?;
-                l.arg(&mut q.mem).arg(&mut kb.mem).arg(&mut v.mem);
+                l.arg(&mut *q.mem).arg(&mut *kb.mem).arg(&mut *v.mem);
                 (epi, en0, en1) = (EPI_QKV, i32_of(nq, op, "nq")?, i32_of(nkv, op, "nkv")?);
             }
             GemmOut::Silu { out, inter } => {
@@ -429,7 +429,7 @@ impl CudaBackend {
                     return Err(err(format!("{op}: the fused gate/up weight has {n} rows, {inter} outputs need {} (and no bias)", fuse_gate_up_rows(inter))));
                 }
                 need(out, Elem::F32, m * inter, op, "out")?;
-                l.arg(&mut out.mem).arg(&null).arg(&null);
+                l.arg(&mut *out.mem).arg(&null).arg(&null);
                 (epi, en0, en1) = (EPI_SILU, i32_of(inter, op, "inter")?, 0);
             }
         }
@@ -443,8 +443,8 @@ impl CudaBackend {
         l.arg(&mi).arg(&ni).arg(&ki).arg(&kpi).arg(&li).arg(&si);
         let norm_eps = norm.map_or(0.0f32, |nm| nm.eps);
         match norm {
-            Some(nm) => l.arg(&nm.gamma.mem),
-            None => l.arg(&w.mem),
+            Some(nm) => l.arg(&*nm.gamma.mem),
+            None => l.arg(&*w.mem),
         };
         l.arg(&norm_code).arg(&norm_eps).arg(&rope);
         let launch = LaunchConfig { grid_dim: grid, block_dim: (g.threads, 1, 1), shared_mem_bytes: g.smem };

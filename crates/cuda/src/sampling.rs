@@ -37,7 +37,7 @@ impl CudaBackend {
         }
         let (ri, vi) = (i32_of(rows, OP, "rows")?, i32_of(vocab, OP, "vocab")?);
         let mut l = self.stream.launch_builder(&self.kernels.logit_edits.f);
-        l.arg(&logits.mem).arg(&sb.mem).arg(&eb.mem).arg(&mut saved.mem).arg(&ri).arg(&vi);
+        l.arg(&*logits.mem).arg(&*sb.mem).arg(&*eb.mem).arg(&mut *saved.mem).arg(&ri).arg(&vi);
         // SAFETY: start holds rows + 1 record offsets into `eb`'s records (and `saved`'s floats);
         // each record's token is below vocab (`RowMasks::check`) and the kernel skips any that is
         // not; a row edits each token once, so no two threads write the same logit. The logits
@@ -56,7 +56,7 @@ impl CudaBackend {
         };
         let (ri, vi) = (i32_of(rows, OP, "rows")?, i32_of(vocab, OP, "vocab")?);
         let mut l = self.stream.launch_builder(&self.kernels.logit_restore.f);
-        l.arg(&logits.mem).arg(&sb.mem).arg(&eb.mem).arg(&saved.mem).arg(&ri).arg(&vi);
+        l.arg(&*logits.mem).arg(&*sb.mem).arg(&*eb.mem).arg(&*saved.mem).arg(&ri).arg(&vi);
         // SAFETY: the records and saved values the preceding logit_edits launch used.
         let r = unsafe { l.launch(cfg((ri as u32, 1, 1), SAMPLE_LANES as u32)) };
         self.launched(OP, r)
@@ -82,7 +82,7 @@ impl CudaBackend {
         self.write_u32(index_buf, &index)?;
         let f = &self.kernels.sample_masked.f;
         let mut l = self.stream.launch_builder(f);
-        l.arg(&logits.mem).arg(&spec_buf.mem).arg(&mut ids.mem).arg(&ri).arg(&vi).arg(&mask_buf.mem).arg(&index_buf.mem).arg(&wi);
+        l.arg(&*logits.mem).arg(&*spec_buf.mem).arg(&mut *ids.mem).arg(&ri).arg(&vi).arg(&*mask_buf.mem).arg(&*index_buf.mem).arg(&wi);
         // SAFETY: as in `sample`; masks hold `words` words per packed row, the index one i32 a
         // row, each below the packed count (`RowMasks::check`).
         let r = unsafe { l.launch(cfg((ri as u32, 1, 1), SAMPLE_LANES as u32)) };
@@ -140,7 +140,7 @@ impl CudaBackend {
         self.write_u32(tn, &want)?;
         let (ri, vi) = (i32_of(rows, OP, "rows")?, i32_of(vocab, OP, "vocab")?);
         let mut l = self.stream.launch_builder(&self.kernels.logprobs.f);
-        l.arg(&logits.mem).arg(&id_buf.mem).arg(&tn.mem).arg(&mut lp.mem).arg(&mut ti.mem).arg(&mut tl.mem).arg(&ri).arg(&vi);
+        l.arg(&*logits.mem).arg(&*id_buf.mem).arg(&*tn.mem).arg(&mut *lp.mem).arg(&mut *ti.mem).arg(&mut *tl.mem).arg(&ri).arg(&vi);
         // SAFETY: one id and one count a row, the outputs rows and rows x MAX_TOP_LOGPROBS long.
         let r = unsafe { l.launch(cfg((ri as u32, 1, 1), SAMPLE_LANES as u32)) };
         self.launched("logprobs", r)?;

@@ -11,6 +11,7 @@ mod launches;
 mod no_driver;
 mod ops;
 mod sampling_emu;
+mod staging;
 
 /// The GPU, or None where there is none (a driver missing, no device): the test then notes
 /// itself skipped as `test`, unless TANDEM_REQUIRE_CUDA=1 makes that a failure.
