@@ -171,30 +171,34 @@ impl MetaStaging {
     }
 }
 
+/// The padded decode step as model.rs built it before the staging layout (a fresh
+/// `ForwardBatch`): the oracle [`MetaStaging::stage_padded`] is tested against here and timed
+/// against in the reference backend's upload bench.
+#[doc(hidden)]
+pub fn pad_decode(batch: &ForwardBatch, pad: PadRows, rows: usize) -> ForwardBatch {
+    let n = batch.num_tokens();
+    let bs = pad.block_size;
+    let mut p = ForwardBatch { max_blocks: pad.stride, ..Default::default() };
+    p.tokens.extend(batch.tokens.iter().copied().chain(std::iter::repeat_n(0, rows - n)));
+    p.positions.extend(batch.positions.iter().copied().chain(std::iter::repeat_n(0, rows - n)));
+    p.slots.extend(batch.slots.iter().copied().chain(std::iter::repeat_n(pad.scratch_block * bs, rows - n)));
+    p.token_seq.extend(0..rows as u32);
+    p.logit_rows.extend(0..rows as u32);
+    p.block_tables.reserve(rows * pad.stride);
+    for s in 0..n {
+        let row = &batch.block_tables[s * batch.max_blocks..(s + 1) * batch.max_blocks];
+        let keep = row.len().min(pad.stride);
+        p.block_tables.extend_from_slice(&row[..keep]);
+        p.block_tables.extend(std::iter::repeat_n(pad.scratch_block, pad.stride - keep));
+    }
+    p.block_tables.extend(std::iter::repeat_n(pad.scratch_block, (rows - n) * pad.stride));
+    p
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// model.rs `pad_decode` as it was before the staging layout: the oracle.
-    fn pad_decode(batch: &ForwardBatch, pad: PadRows, rows: usize) -> ForwardBatch {
-        let n = batch.num_tokens();
-        let bs = pad.block_size;
-        let mut p = ForwardBatch { max_blocks: pad.stride, ..Default::default() };
-        p.tokens.extend(batch.tokens.iter().copied().chain(std::iter::repeat_n(0, rows - n)));
-        p.positions.extend(batch.positions.iter().copied().chain(std::iter::repeat_n(0, rows - n)));
-        p.slots.extend(batch.slots.iter().copied().chain(std::iter::repeat_n(pad.scratch_block * bs, rows - n)));
-        p.token_seq.extend(0..rows as u32);
-        p.logit_rows.extend(0..rows as u32);
-        p.block_tables.reserve(rows * pad.stride);
-        for s in 0..n {
-            let row = &batch.block_tables[s * batch.max_blocks..(s + 1) * batch.max_blocks];
-            let keep = row.len().min(pad.stride);
-            p.block_tables.extend_from_slice(&row[..keep]);
-            p.block_tables.extend(std::iter::repeat_n(pad.scratch_block, pad.stride - keep));
-        }
-        p.block_tables.extend(std::iter::repeat_n(pad.scratch_block, (rows - n) * pad.stride));
-        p
-    }
 
     /// The regions of `staging` a step of `used` wrote, as a batch.
     fn staged(l: &U32Layout, staging: &[u32], used: &Used, max_blocks: usize) -> ForwardBatch {

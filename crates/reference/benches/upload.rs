@@ -28,26 +28,6 @@ const LOGIT_ROWS: usize = MAX_SEQS + 128;
 const BLOCK: usize = 16;
 const CONTEXT: usize = 1000;
 
-/// The old model.rs `pad_decode`, verbatim in what it computes.
-fn pad_decode(batch: &ForwardBatch, pad: PadRows, rows: usize) -> ForwardBatch {
-    let n = batch.num_tokens();
-    let mut p = ForwardBatch { max_blocks: pad.stride, ..Default::default() };
-    p.tokens.extend(batch.tokens.iter().copied().chain(std::iter::repeat_n(0, rows - n)));
-    p.positions.extend(batch.positions.iter().copied().chain(std::iter::repeat_n(0, rows - n)));
-    p.slots.extend(batch.slots.iter().copied().chain(std::iter::repeat_n(pad.scratch_block * pad.block_size, rows - n)));
-    p.token_seq.extend(0..rows as u32);
-    p.logit_rows.extend(0..rows as u32);
-    p.block_tables.reserve(rows * pad.stride);
-    for s in 0..n {
-        let row = &batch.block_tables[s * batch.max_blocks..(s + 1) * batch.max_blocks];
-        let keep = row.len().min(pad.stride);
-        p.block_tables.extend_from_slice(&row[..keep]);
-        p.block_tables.extend(std::iter::repeat_n(pad.scratch_block, pad.stride - keep));
-    }
-    p.block_tables.extend(std::iter::repeat_n(pad.scratch_block, (rows - n) * pad.stride));
-    p
-}
-
 /// The old model.rs `upload`: six writes into separate buffers.
 fn six_writes(b: &RefBackend, bufs: &mut [<RefBackend as Backend>::Buf], batch: &ForwardBatch) {
     let parts: [&[u32]; 6] = [&batch.tokens, &batch.positions, &batch.slots, &batch.token_seq, &batch.block_tables, &batch.logit_rows];
@@ -92,7 +72,7 @@ fn main() {
     for (bucket, real) in [(1usize, 1usize), (64, 49), (256, 200)] {
         let batch = decode_batch(real);
         let padded_before = time(|| {
-            let p = pad_decode(black_box(&batch), pad, bucket);
+            let p = meta::pad_decode(black_box(&batch), pad, bucket);
             six_writes(&b, &mut separate, &p);
         });
         let padded_after = time(|| {
