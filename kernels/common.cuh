@@ -6,8 +6,9 @@
 // embedded sources compile without a kernels directory on disk.
 //
 // Conventions every kernel follows:
-//   - activations and scores: f32; the KV cache f32 or bf16 (store_kv / to_f32); ids,
-//     positions, slots, block tables: u32;
+//   - activations and scores: f32, except those a tensor-core matmul reads, which the backend
+//     may store in the weights' 16-bit format (store_act); the KV cache f32 or bf16 (store_kv /
+//     to_f32); ids, positions, slots, block tables: u32;
 //   - weights: f32, bf16 or f16, widened to f32 on load; all sums accumulate in f32;
 //   - element offsets are size_t (a KV cache layer can exceed 2^31 elements);
 //   - an index that would fall outside a buffer writes NaN instead of reading out of bounds,
@@ -159,6 +160,16 @@ __device__ __forceinline__ u16 f32_to_f16_bits(float v) {
 #endif
 __device__ __forceinline__ u16 f32_to_bits(bf16_t, float v) { return f32_to_bf16_bits(v); }
 __device__ __forceinline__ u16 f32_to_bits(f16_t, float v) { return f32_to_f16_bits(v); }
+
+// An activation a matmul reads (Backend::activation_dtype): act_code 1 = f32, 2 = bf16, 3 = f16
+// (load_bias's codes; a uniform run-time branch). 16-bit stores round to nearest even with
+// f32_to_bits, exactly as kernels/matmul.cu rounds an f32 x for the tensor cores, so a GEMM that
+// reads the stored value sees the bits it would have formed from the f32 one.
+__device__ __forceinline__ void store_act(void* out, int act_code, size_t i, float v) {
+    if (act_code == 2) static_cast<u16*>(out)[i] = f32_to_bf16_bits(v);
+    else if (act_code == 3) static_cast<u16*>(out)[i] = f32_to_f16_bits(v);
+    else static_cast<float*>(out)[i] = v;
+}
 
 // A KV cache element (kv_write.cu, paged_attention.cu): f32 as is, or bf16 rounded to nearest
 // even with the weights' helper above; loads widen to f32 (exact), so attention over a bf16

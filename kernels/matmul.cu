@@ -1,7 +1,9 @@
 // matmul.cu — y = x · Wᵀ (+ bias), the projection of torch.nn.Linear.
 //
 //   out[r, c] = sum_k x[r, k] * w[c, k] (+ bias[c])
-//   x f32 [m, k]; w [n, k] row-major (bf16|f16|f32); bias [n] (any weight dtype, or none); out f32 [m, n]
+//   x [m, k] f32, or already in the weight's 16-bit format (the backend's activation storage,
+//     Backend::activation_dtype); w [n, k] row-major (bf16|f16|f32); bias [n] (any weight
+//     dtype, or none); out f32 [m, n]
 //
 // CONTRACT (what makes a token's bits independent of its batch; emu_test.cpp tests it bitwise):
 //   For bf16 and f16 weights every output element is computed on the tensor cores as the same
@@ -21,7 +23,9 @@
 //   It does NOT promise bitwise agreement with the CPU reference (the hardware's summation order
 //   inside one mma is undocumented): the reference comparison is by tolerance.
 //   x reaches the tensor cores rounded to the weight's format by f32_to_bits (nearest even),
-//   whether the tile kernel rounds it itself (m <= 128) or matmul_x did (m > 128): same bits.
+//   whether the tile kernel rounds it itself (m <= 128), matmul_x did (m > 128), or its producer
+//   stored it so (common.cuh store_act: rms_norm, silu_mul, the silu and residual epilogues
+//   below): the same bits, so which storage a backend picks never changes a token.
 //   f32 weights take `matmul_tiled_f32` for every m: one fma chain over k = 0..k-1 per output
 //   (f32 CUDA cores, exact-f32 quality, not fast; only checks and tiny models use f32 weights).
 //
@@ -58,10 +62,12 @@
 // 64-column tiles whatever the launch's width), so their bits are the same.
 //
 // Launch (crates/cuda/src/matmul.rs `gemm`):
-//   1. m > 128 only: matmul_x_<dt>: x f32 [m, k] -> xa [m, kp] 16-bit (kp = k rounded up to 8,
-//      zero padded), so every row of xa is 16-byte aligned for cp.async. grid (m), block 256.
-//      Up to 128 rows the tile kernel loads x f32 through registers, rounds it, and stores it to
-//      shared memory (columns >= k as zeros), so a decode GEMM is one launch.
+//   1. m > 128 and x f32 only: matmul_x_<dt>: x f32 [m, k] -> xa [m, kp] 16-bit (kp = k rounded
+//      up to 8, zero padded), so every row of xa is 16-byte aligned for cp.async. grid (m),
+//      block 256. Up to 128 rows the tile kernel loads x f32 through registers, rounds it, and
+//      stores it to shared memory (columns >= k as zeros), so a decode GEMM is one launch.
+//      x stored in 16 bits is xa itself (kp = k) for every m: cp.async where k % 8 == 0 (rows
+//      16-byte aligned), else plain predicated loads (the tile kernel tells them by kp % 8).
 //   2. matmul_tc_<dt>_m<BM>: output tile BM x 64 per block, grid (ceil(n/64), ceil(m/BM), z).
 //        m16  (m <= 16):   4 warps, each 16x16;  4-stage cp.async pipeline; decode
 //        m64  (m <= 128):  4 warps, each 32x32;  4 stages
@@ -169,6 +175,14 @@ __device__ __forceinline__ void gemm_load_tile(u16* As, u16* Bs, const float* __
             if (nm.dtype && ok) v = (v * s_inv[r]) * load_bias(nm.gamma, nm.dtype, k0 + kk);
             As[r * S::P + kk] = ok ? f32_to_bits(T{}, v) : (u16)0;
         }
+    } else if (kp & 7) {
+        // x stored in 16 bits with rows not 16-byte aligned (kp = k, k % 8 != 0): plain loads,
+        // visible after the barrier before this stage is used; columns >= k as zeros.
+        for (int e = tid; e < S::BM * S::BK; e += S::THREADS) {
+            const int r = e / S::BK, kk = e % S::BK;
+            const bool ok = m0 + r < m && k0 + kk < k;
+            As[r * S::P + kk] = ok ? xa[(size_t)(m0 + r) * kp + k0 + kk] : (u16)0;
+        }
     } else {
         // xa: BM rows x 4 chunks of 8 elements; kp is a multiple of 8, so a chunk is wholly in or out.
 #pragma unroll
@@ -207,6 +221,8 @@ __device__ __forceinline__ void gemm_load_tile(u16* As, u16* Bs, const float* __
 //   EPI_RESID: the residual add (Backend::matmul_residual): out0 = h [m, n] += the result, the
 //              bits of matmul then add_rms_norm's add; with out1, also out1 = hg [m, n] = the
 //              new h * gamma (gamma [n], weight dtype code gamma_dtype).
+//   act16:     EPI_SILU's out0 and EPI_RESID's out1 (activations a matmul reads next) are
+//              stored in T, rounded to nearest even (common.cuh store_act), not in f32.
 //   EPI_QKV_ROPE: EPI_QKV's columns, then rope on q and k and the KV-cache write
 //              (Backend::qkv_rope_kv_write): q = out0 [m, n0] rotated; k rotated and v stored
 //              at slots[r] of the caches (k itself is not written: the contract makes it
@@ -239,13 +255,18 @@ struct Epilogue {
     int kind, n0, n1;
     const void* gamma = nullptr;
     int gamma_dtype = 0;
+    int act16 = 0;
 };
+// store_act's code for the activation outputs: T's with act16, else f32.
+__device__ __forceinline__ int act_code(bf16_t, int act16) { return act16 ? 2 : 1; }
+__device__ __forceinline__ int act_code(f16_t, int act16) { return act16 ? 3 : 1; }
+template <typename T>
 __device__ __forceinline__ void epilogue_store(const Epilogue& ep, int r, int c, int n, float v) {
     if (ep.kind == EPI_RESID) {
         float* hp = ep.out0 + (size_t)r * n + c;
         const float h = *hp + v;
         *hp = h;
-        if (ep.out1) ep.out1[(size_t)r * n + c] = h * load_bias(ep.gamma, ep.gamma_dtype, c);
+        if (ep.out1) store_act(ep.out1, act_code(T{}, ep.act16), (size_t)r * n + c, h * load_bias(ep.gamma, ep.gamma_dtype, c));
     } else if (ep.kind == EPI_QKV) {
         if (c < ep.n0) ep.out0[(size_t)r * ep.n0 + c] = v;
         else if (c < ep.n0 + ep.n1) ep.out1[(size_t)r * ep.n1 + (c - ep.n0)] = v;
@@ -461,7 +482,7 @@ __device__ void matmul_tc_impl(const float* __restrict__ x, const u16* __restric
             const int rl = e / (S::BN / 2), j = e % (S::BN / 2), r = m0 + rl, c = blockIdx.x * (S::BN / 2) + j;
             if (r >= m || c >= ep.n0) continue;
             const float gv = Cs[rl * (S::BN + 1) + j], uv = Cs[rl * (S::BN + 1) + S::BN / 2 + j];
-            ep.out0[(size_t)r * ep.n0 + c] = gv / (1.0f + expf(-gv)) * uv;  // silu_mul.cu's formula
+            store_act(ep.out0, act_code(T{}, ep.act16), (size_t)r * ep.n0 + c, gv / (1.0f + expf(-gv)) * uv);  // silu_mul.cu's formula
         }
         return;
     }
@@ -474,7 +495,7 @@ __device__ void matmul_tc_impl(const float* __restrict__ x, const u16* __restric
                 const int r = m0 + wm0 + mi * 16 + g + 8 * (q >> 1), c = n0 + wn0 + nj * 8 + 2 * t + (q & 1);
                 if (r >= m || c >= n) continue;
                 const float v = bias_dtype ? total[mi][nj][q] + load_bias(bias, bias_dtype, c) : total[mi][nj][q];
-                epilogue_store(ep, r, c, n, v);
+                epilogue_store<T>(ep, r, c, n, v);
             }
 }
 
@@ -571,9 +592,9 @@ typedef GemmShape<64, 32, 32, 3, 128> GemmM64N128;
     extern "C" __global__ void BOUNDS                                                                                 \
         matmul_tc_##DT##_##NAME(const float* x, const u16* xa, const u16* w, const void* bias, int bias_dtype, float* out0, \
                                 float* out1, float* out2, int epi, int en0, int en1, const void* ep_gamma, int ep_gamma_dtype,     \
-                                float* part, u32* counters, int m, int n, int k, int kp, int slice_len, int slices,               \
+                                int ep_act16, float* part, u32* counters, int m, int n, int k, int kp, int slice_len, int slices,  \
                                 const void* norm_gamma, int norm_dtype, float norm_eps, RopeKv rope_kv) {                         \
-        const Epilogue ep{out0, out1, out2, epi, en0, en1, ep_gamma, ep_gamma_dtype};                                 \
+        const Epilogue ep{out0, out1, out2, epi, en0, en1, ep_gamma, ep_gamma_dtype, ep_act16};                       \
         matmul_tc_impl<T, SHAPE>(x, xa, w, bias, bias_dtype, ep, part, counters, m, n, k, kp, slice_len, slices,      \
                                  NormIn{norm_gamma, norm_dtype, norm_eps}, rope_kv);                                  \
     }

@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <string>
 
+#include "act16_test.h"
 #include "attention_tc_test.h"
 #include "fused_test.h"
 #include "matmul_test.h"
@@ -142,7 +143,7 @@ static void test_small_ops() {
         auto x = rvec(rows * dim, 3.0f);
         W w = weight(1, rvec(dim));
         auto out = nans(rows * dim);
-        launch(dim3{rows, 1, 1}, dim3{256, 1, 1}, [&] { rms_norm_bf16(x.data(), (const bf16_t*)w.ptr(), out.data(), rows, dim, 1e-5f); });
+        launch(dim3{rows, 1, 1}, dim3{256, 1, 1}, [&] { rms_norm_bf16(x.data(), (const bf16_t*)w.ptr(), out.data(), 1, rows, dim, 1e-5f); });
         std::vector<double> want(rows * dim);
         for (int r = 0; r < rows; ++r) {
             double ss = 0;
@@ -160,7 +161,7 @@ static void test_small_ops() {
             want_add[i] = (double)a[i] + b[i];
             want_silu[i] = (double)b[i] / (1.0 + std::exp(-(double)b[i])) * a[i];
         }
-        launch(dim3{(unsigned)((n + 255) / 256), 1, 1}, dim3{256, 1, 1}, [&] { silu_mul(b.data(), a.data(), o.data(), n); });
+        launch(dim3{(unsigned)((n + 255) / 256), 1, 1}, dim3{256, 1, 1}, [&] { silu_mul(b.data(), a.data(), o.data(), 1, n); });
         expect("silu_mul", o, want_silu, 1e-12);
         launch(dim3{(unsigned)((n + 255) / 256), 1, 1}, dim3{256, 1, 1}, [&] { add(a.data(), b.data(), n); });
         expect("add", a, want_add, 1e-14);
@@ -659,10 +660,10 @@ static void test_fused_small_ops() {
         auto h = rvec((size_t)rows * dim, 3.0f), x = rvec((size_t)rows * dim, 2.0f);
         W w = weight(1, rvec(dim));
         auto h1 = h, h2 = h, o1 = nans((size_t)rows * dim), o2 = nans((size_t)rows * dim);
-        launch(dim3{(unsigned)rows, 1, 1}, dim3{256, 1, 1}, [&] { add_rms_norm_bf16(h1.data(), x.data(), (const bf16_t*)w.ptr(), o1.data(), rows, dim, 1e-5f); });
+        launch(dim3{(unsigned)rows, 1, 1}, dim3{256, 1, 1}, [&] { add_rms_norm_bf16(h1.data(), x.data(), (const bf16_t*)w.ptr(), o1.data(), 1, rows, dim, 1e-5f); });
         const size_t len = (size_t)rows * dim;
         launch(dim3{(unsigned)((len + 255) / 256), 1, 1}, dim3{256, 1, 1}, [&] { add(h2.data(), x.data(), len); });
-        launch(dim3{(unsigned)rows, 1, 1}, dim3{256, 1, 1}, [&] { rms_norm_bf16(h2.data(), (const bf16_t*)w.ptr(), o2.data(), rows, dim, 1e-5f); });
+        launch(dim3{(unsigned)rows, 1, 1}, dim3{256, 1, 1}, [&] { rms_norm_bf16(h2.data(), (const bf16_t*)w.ptr(), o2.data(), 1, rows, dim, 1e-5f); });
         std::vector<double> want(len), want_h(len);
         for (int r = 0; r < rows; ++r) {
             double ss = 0;
@@ -728,6 +729,7 @@ int main() {
     pattest::run_all(expect_true);
     test_matmul();
     fusedtest::run_all(expect_true);
+    act16test::run_all(expect_true);
     test_fused_small_ops();
     test_sampling();
     std::printf("%d checks, %d failed\n", checks, failures);

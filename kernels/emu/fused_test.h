@@ -107,7 +107,7 @@ inline std::vector<float> gate_up_silu(const GateUp& g, const float* x, int m, b
     mmtest::gemm(g.gate.dt, x, g.gate.w.data(), nullptr, m, inter, k, sl, Epilogue{gv.data(), nullptr, nullptr, EPI_PLAIN, 0, 0}, true);
     mmtest::gemm(g.gate.dt, x, g.up.w.data(), nullptr, m, inter, k, sl, Epilogue{uv.data(), nullptr, nullptr, EPI_PLAIN, 0, 0}, true);
     const size_t len = (size_t)m * inter;
-    launch(dim3{(unsigned)((len + 255) / 256), 1, 1}, dim3{256, 1, 1}, [&] { silu_mul(gv.data(), uv.data(), out.data(), len); });
+    launch(dim3{(unsigned)((len + 255) / 256), 1, 1}, dim3{256, 1, 1}, [&] { silu_mul(gv.data(), uv.data(), out.data(), 1, len); });
     return out;
 }
 
@@ -199,8 +199,8 @@ inline void test_resid(const Check& check, int dt, int m, int n, int k, bool wit
 inline std::vector<float> rms_normed(int dt, const std::vector<float>& h, const std::vector<uint16_t>& gamma, int m, int k, float eps) {
     std::vector<float> out(h.size(), NAN);
     launch(dim3{(unsigned)m, 1, 1}, dim3{256, 1, 1}, [&] {
-        if (dt == 1) rms_norm_bf16(h.data(), (const bf16_t*)gamma.data(), out.data(), m, k, eps);
-        else rms_norm_f16(h.data(), (const f16_t*)gamma.data(), out.data(), m, k, eps);
+        if (dt == 1) rms_norm_bf16(h.data(), (const bf16_t*)gamma.data(), out.data(), 1, m, k, eps);
+        else rms_norm_f16(h.data(), (const f16_t*)gamma.data(), out.data(), 1, m, k, eps);
     });
     return out;
 }

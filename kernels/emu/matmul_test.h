@@ -59,13 +59,15 @@ inline int tile_cols(const Epilogue& ep, const RopeKv& rk) { return ep.kind == E
 // again, checked here). `legacy` is the former two-launch path, the oracle: matmul_x, the tile
 // kernel writing partials only (counters null), then matmul_fold (plain epilogue only).
 // Returns false when a counter was left nonzero.
+// With x16, x is stored in the weight's 16-bit format ([m, k], the backend's activation
+// storage): x is not read, the tile kernel takes x16 as xa with kp = k, for every m.
 inline bool gemm(int dt, const float* x, const uint16_t* w, const uint16_t* bias, int m, int n, int k, Slices sl, const Epilogue& ep, bool legacy,
-                 std::string* kernel = nullptr, NormIn nm = NormIn{nullptr, 0, 0.0f}, RopeKv rk = RopeKv{}) {
-    const int kp = (k + 7) / 8 * 8;
+                 std::string* kernel = nullptr, NormIn nm = NormIn{nullptr, 0, 0.0f}, RopeKv rk = RopeKv{}, const uint16_t* x16 = nullptr) {
+    const int kp = x16 ? k : (k + 7) / 8 * 8;
     const int bn = tile_cols(ep, rk), bm = tile_rows(m, bn);
-    const bool direct = !legacy && m <= 128;
+    const bool direct = !legacy && m <= 128 && !x16;
     std::vector<uint16_t> xa((size_t)m * kp + 8, 0xffff);
-    if (!direct)
+    if (!direct && !x16)
         launch(dim3{(unsigned)m, 1, 1}, dim3{256, 1, 1}, [&] {
             if (dt == 1) matmul_x_bf16(x, xa.data(), m, k, kp);
             else matmul_x_f16(x, xa.data(), m, k, kp);
@@ -79,12 +81,12 @@ inline bool gemm(int dt, const float* x, const uint16_t* w, const uint16_t* bias
     const void* bp = bias ? (const void*)bias : (const void*)w;
     float* pp = part.data();
     u32* cp = legacy ? nullptr : counters.data();
-    const u16* xp = xa.data();
+    const u16* xp = x16 ? x16 : xa.data();
     const float* xd = direct ? x : nullptr;
     const std::string name = std::string("matmul_tc_") + (dt == 1 ? "bf16" : "f16") + "_m" + std::to_string(bm) + (bn == 128 ? "_n128" : "");
     if (kernel) *kernel = name + (split ? " split " + std::to_string(sl.count) : " slices " + std::to_string(sl.count)) + (legacy ? " two-launch" : "");
 #define MM_CALL(DT, NAME, SHAPE)                                                                                              \
-    launch(grid, dim3{SHAPE::THREADS, 1, 1}, [&] { matmul_tc_##DT##_##NAME(xd, xp, w, bp, bias_code, ep.out0, ep.out1, ep.out2, ep.kind, ep.n0, ep.n1, ep.gamma, ep.gamma_dtype, pp, cp, m, n, k, kp, sl.len, sl.count, nm.gamma, nm.dtype, nm.eps, rk); }, \
+    launch(grid, dim3{SHAPE::THREADS, 1, 1}, [&] { matmul_tc_##DT##_##NAME(xd, xp, w, bp, bias_code, ep.out0, ep.out1, ep.out2, ep.kind, ep.n0, ep.n1, ep.gamma, ep.gamma_dtype, ep.act16, pp, cp, m, n, k, kp, sl.len, sl.count, nm.gamma, nm.dtype, nm.eps, rk); }, \
            SHAPE::SMEM_BYTES)
     if (bn == 64) {
         if (dt == 1 && bm == 16) MM_CALL(bf16, m16, GemmM16);

@@ -548,6 +548,9 @@ impl ModelRunner for MixCounter {
     fn kv_dtype(&self) -> tandem_core::backend::KvDtype {
         self.inner.kv_dtype()
     }
+    fn activation_dtypes(&self) -> tandem_core::model::ActDtypes {
+        self.inner.activation_dtypes()
+    }
     fn max_batch_tokens(&self) -> usize {
         self.inner.max_batch_tokens()
     }

@@ -327,7 +327,7 @@ pub fn run(mut a: Args) -> Result<()> {
             let _ = state.structured.set(structured);
             let runner = backends::load(backend, &dir, load_opts)?;
             let (kv, geo) = (runner.kv_dtype(), runner.kv_geometry());
-            tracing::info!(kv_cache_dtype = kv.name(), kv_blocks = geo.num_blocks, block_size = geo.block_size, "KV cache");
+            tracing::info!(kv_cache_dtype = kv.name(), kv_blocks = geo.num_blocks, block_size = geo.block_size, activations = runner.activation_dtypes().x.name(), "KV cache");
             let handle = Engine::spawn(runner, decode_fn(tok2), engine_cfg).map_err(|e| anyhow::anyhow!("{e}"))?;
             let max_model_len = handle.max_model_len();
             engine.set(handle);

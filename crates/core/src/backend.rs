@@ -333,6 +333,26 @@ pub trait Backend: Send + 'static {
         DType::F32
     }
 
+    /// The element type this backend stores an activation in when every matmul that reads it
+    /// has weights of type `weight` (the norms' outputs, the MLP activation, the final norm's
+    /// rows): f32, the default, or [`Backend::matmul_operand`]'s 16-bit type, where storing the
+    /// value already rounded gives the matmul the bits it would have formed from the f32 one
+    /// (so the choice changes bytes moved, never a token). The ops that write such a buffer
+    /// (`rms_norm`, `add_rms_norm`, `silu_mul`, `gate_up_silu`, `matmul_residual`'s hg) store
+    /// into it rounded to nearest even, and the matmuls read it as it is; a 16-bit activation
+    /// buffer is only ever written by those ops and read by matmuls.
+    fn activation_dtype(&self, _weight: DType) -> DType {
+        DType::F32
+    }
+    /// An activation buffer of `len` elements of `dtype` (contents unspecified): f32 is
+    /// [`Backend::alloc_f32`]; another type only where [`Backend::activation_dtype`] gives it.
+    fn alloc_activation(&self, dtype: DType, len: usize) -> Result<Self::Buf> {
+        match dtype {
+            DType::F32 => self.alloc_f32(len),
+            other => Err(Error::backend(self.name(), format!("alloc_activation: this backend stores activations in f32, not {other:?}"))),
+        }
+    }
+
     /// Kernels (or dispatches) launched since the backend was created, where it counts them; the
     /// difference over a forward is that forward's launch count (`tandem bench decode` reports it
     /// per step). None, the default, where it does not count.
@@ -448,19 +468,22 @@ pub trait Backend: Send + 'static {
     fn embedding(&self, table: &Self::Buf, ids: &Self::Buf, out: &mut Self::Buf, num_tokens: usize, hidden: usize) -> Result<()>;
     /// `out[i, :] = src[rows[i], :]`; f32 `[_, dim]`, rows u32 `[n]`.
     fn gather_rows(&self, src: &Self::Buf, rows: &Self::Buf, out: &mut Self::Buf, n: usize, dim: usize) -> Result<()>;
-    /// `out[r, :] = x[r, :] / sqrt(mean(x[r, :]²) + eps) * w`; x, out f32 `[rows, dim]`, w weight `[dim]`.
+    /// `out[r, :] = x[r, :] / sqrt(mean(x[r, :]²) + eps) * w`; x f32 `[rows, dim]`, w weight
+    /// `[dim]`, out `[rows, dim]` f32 or of [`Backend::activation_dtype`] (stored rounded).
     fn rms_norm(&self, x: &Self::Buf, w: &Self::Buf, out: &mut Self::Buf, rows: usize, dim: usize, eps: f32) -> Result<()>;
     /// `acc += x`, elementwise over `len` f32 values (the residual add).
     fn add(&self, acc: &mut Self::Buf, x: &Self::Buf, len: usize) -> Result<()>;
     /// The residual add and the norm after it in one op: `acc += x`, then
-    /// `out = rms_norm(acc) * w`; acc, x, out f32 `[rows, dim]`, w weight `[dim]`. The default
+    /// `out = rms_norm(acc) * w`; acc, x f32 `[rows, dim]`, out as [`Backend::rms_norm`]'s,
+    /// w weight `[dim]`. The default
     /// calls [`Backend::add`] then [`Backend::rms_norm`]; a backend may fuse them (one pass,
     /// one launch fewer per residual).
     #[allow(clippy::too_many_arguments)]
     fn add_rms_norm(&self, acc: &mut Self::Buf, x: &Self::Buf, w: &Self::Buf, out: &mut Self::Buf, rows: usize, dim: usize, eps: f32) -> Result<()> {
         add_then_rms_norm(self, acc, x, w, out, rows, dim, eps)
     }
-    /// `out[m, n] = Σ_k x[m, k] · w[n, k] (+ bias[n])`; x f32 `[m, k]`, w weight `[n, k]`, bias weight `[n]`.
+    /// `out[m, n] = Σ_k x[m, k] · w[n, k] (+ bias[n])`; x `[m, k]` f32 or of
+    /// [`Backend::activation_dtype`] for w's type, w weight `[n, k]`, bias weight `[n]`, out f32.
     #[allow(clippy::too_many_arguments)]
     fn matmul(&self, x: &Self::Buf, w: &Self::Buf, bias: Option<&Self::Buf>, out: &mut Self::Buf, m: usize, n: usize, k: usize) -> Result<()>;
     /// The q, k and v projections (`[nq, hidden]`, `[nkv, hidden]` twice) as one weight for
@@ -483,7 +506,8 @@ pub trait Backend: Send + 'static {
         Ok(None)
     }
     /// `out = silu(x Wg^T) * (x Wu^T)` with the weight from [`Backend::fuse_gate_up`]: the two
-    /// projections and the activation in one op; x f32 `[m, hidden]`, out f32 `[m, inter]`.
+    /// projections and the activation in one op; x `[m, hidden]` as [`Backend::matmul`]'s,
+    /// out `[m, inter]` f32 or of [`Backend::activation_dtype`] (stored rounded).
     /// With `norm` (only where [`Backend::fuses_norm`]), x is `h ∘ gamma`: see [`NormIn`].
     #[allow(clippy::too_many_arguments)]
     fn gate_up_silu(&self, _x: &Self::Buf, _w: &Self::Buf, _out: &mut Self::Buf, _m: usize, _inter: usize, _hidden: usize, _norm: Option<NormIn<'_, Self::Buf>>) -> Result<()> {
@@ -500,7 +524,8 @@ pub trait Backend: Send + 'static {
     }
     /// The residual add fused into a projection: `h[m, n] += Σ_k x[m, k] · w[n, k]`; with
     /// `next_norm = Some((gamma, hg))` also `hg = h ∘ gamma` (the next norm's input, see
-    /// [`NormIn`]). x f32 `[m, k]`, w weight `[n, k]`, h and hg f32 `[m, n]`, gamma weight `[n]`.
+    /// [`NormIn`]). x `[m, k]` as [`Backend::matmul`]'s, w weight `[n, k]`, h f32 `[m, n]`, hg
+    /// `[m, n]` f32 or of [`Backend::activation_dtype`], gamma weight `[n]`.
     /// Only where [`Backend::fuses_norm`].
     #[allow(clippy::too_many_arguments)]
     fn matmul_residual(&self, _x: &Self::Buf, _w: &Self::Buf, _h: &mut Self::Buf, _next_norm: Option<(&Self::Buf, &mut Self::Buf)>, _m: usize, _n: usize, _k: usize) -> Result<()> {
@@ -511,7 +536,8 @@ pub trait Backend: Send + 'static {
     /// inv_freq f32 `[head_dim/2]`; angle = position · `inv_freq[i]`.
     #[allow(clippy::too_many_arguments)]
     fn rope(&self, q: &mut Self::Buf, k: &mut Self::Buf, positions: &Self::Buf, inv_freq: &Self::Buf, num_tokens: usize, q_heads: usize, kv_heads: usize, head_dim: usize) -> Result<()>;
-    /// `out = silu(gate) * up`, elementwise over `len` values.
+    /// `out = silu(gate) * up`, elementwise over `len` values; gate, up f32, out f32 or of
+    /// [`Backend::activation_dtype`] (stored rounded).
     fn silu_mul(&self, gate: &Self::Buf, up: &Self::Buf, out: &mut Self::Buf, len: usize) -> Result<()>;
     /// Writes k, v f32 `[T, kv_heads, head_dim]` into the caches at `slots` u32 `[T]`.
     #[allow(clippy::too_many_arguments)]

@@ -40,6 +40,10 @@ pub trait ModelRunner: Send {
     fn matmul_operand(&self) -> DType {
         DType::F32
     }
+    /// What the projections' stored inputs are ([`ActDtypes`]); f32 by default.
+    fn activation_dtypes(&self) -> ActDtypes {
+        ActDtypes { x: DType::F32, act: DType::F32, last_normed: DType::F32 }
+    }
     /// Runs the batch, writing K/V into the cache; returns f32 logits `[logit_rows.len(), vocab]`.
     fn forward(&mut self, batch: &ForwardBatch) -> Result<Vec<f32>>;
     /// Runs the batch and turns logit row `r` into a token id by `specs[r]` (one spec per
@@ -239,9 +243,29 @@ enum GateUp<B: Backend> {
 }
 
 /// Activation and metadata buffers, allocated once for the largest batch.
+/// The element types of the stored activations a matmul reads (the rest are f32).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ActDtypes {
+    /// The norms' output, read by the q/k/v and gate/up projections.
+    pub x: DType,
+    /// The MLP activation, read by the down projection.
+    pub act: DType,
+    /// The final norm's rows, read by the head.
+    pub last_normed: DType,
+}
+
+/// What `b` stores an activation in when `readers` are the weight types of every matmul that
+/// reads it: the backend's choice for that type where they agree, else f32.
+fn stored_as<B: Backend>(b: &B, readers: &[DType]) -> DType {
+    match readers.split_first() {
+        Some((&first, rest)) if rest.iter().all(|&d| d == first) => b.activation_dtype(first),
+        _ => DType::F32,
+    }
+}
+
 struct Scratch<B: Backend> {
     h: B::Buf,    // [T, hidden] residual stream
-    x: B::Buf,    // [T, hidden] normed
+    x: B::Buf,    // [T, hidden] normed (ActDtypes::x)
     q: B::Buf,    // [T, q_dim]
     k: B::Buf,    // [T, kv_dim]
     v: B::Buf,    // [T, kv_dim]
@@ -249,9 +273,9 @@ struct Scratch<B: Backend> {
     o: B::Buf,    // [T, hidden]
     gate: B::Buf, // [T, intermediate]
     up: B::Buf,   // [T, intermediate]
-    act: B::Buf,  // [T, intermediate]
+    act: B::Buf,  // [T, intermediate] (ActDtypes::act)
     last: B::Buf, // [S, hidden] rows that need logits
-    last_normed: B::Buf,
+    last_normed: B::Buf, // [S, hidden] (ActDtypes::last_normed)
     logits: B::Buf, // [S, vocab]
     /// The step's metadata, the regions of `meta::layout` (`meta::TOKENS`, ...): token ids,
     /// positions, slots and token_seq `[T]`, logit rows `[S]`, block tables
@@ -266,6 +290,7 @@ pub struct LlamaModel<B: Backend> {
     geometry: KvGeometry,
     kv_dtype: KvDtype,
     matmul_operand: DType,
+    act_dtypes: ActDtypes,
     max_blocks_cap: usize,
     embed: B::Buf,
     lm_head: Option<B::Buf>,
@@ -311,7 +336,12 @@ impl<B: Backend> LlamaModel<B> {
         // What this backend rounds a projection's input to, for weights of this model's type.
         let matmul_operand = b.matmul_operand(embed_view.dtype);
         let embed = b.upload_weight(&embed_view)?;
+        // The weight types each stored activation meets (Backend::activation_dtype): x feeds
+        // q/k/v and gate/up, act feeds down, the final norm's rows feed the head.
+        let (mut x_readers, mut act_readers) = (Vec::new(), Vec::new());
+        let mut head_reader = embed_view.dtype;
         let lm_head = if w.contains("lm_head.weight") && !cfg.tie_word_embeddings {
+            head_reader = w.get("lm_head.weight", &[vocab, d])?.dtype;
             Some(up("lm_head.weight", &[vocab, d])?)
         } else if cfg.tie_word_embeddings {
             None
@@ -335,6 +365,8 @@ impl<B: Backend> LlamaModel<B> {
                 }
             };
             let (gv, uv) = (view("mlp.gate_proj.weight", &[inter, d])?, view("mlp.up_proj.weight", &[inter, d])?);
+            x_readers.extend([qv.dtype, kv.dtype, vv.dtype, gv.dtype, uv.dtype]);
+            act_readers.push(view("mlp.down_proj.weight", &[d, inter])?.dtype);
             let gate_up = match b.fuse_gate_up(&gv, &uv)? {
                 Some(w) => GateUp::Fused(w),
                 None => GateUp::Split { gate: b.upload_weight(&gv)?, up: b.upload_weight(&uv)? },
@@ -359,9 +391,10 @@ impl<B: Backend> LlamaModel<B> {
         let max_blocks_cap = max_context.div_ceil(opts.block_size).max(1);
         let bt_len = sq.checked_mul(max_blocks_cap).ok_or_else(|| Error::Batch(format!("{sq} sequences x {max_blocks_cap} blocks overflow")))?;
         let meta_layout = meta::layout(t, rows, bt_len)?;
+        let act_dtypes = ActDtypes { x: stored_as(b, &x_readers), act: stored_as(b, &act_readers), last_normed: stored_as(b, &[head_reader]) };
         let s = Scratch {
             h: b.alloc_f32(t * d)?,
-            x: b.alloc_f32(t * d)?,
+            x: b.alloc_activation(act_dtypes.x, t * d)?,
             q: b.alloc_f32(t * qd)?,
             k: b.alloc_f32(t * kvd)?,
             v: b.alloc_f32(t * kvd)?,
@@ -369,9 +402,9 @@ impl<B: Backend> LlamaModel<B> {
             o: b.alloc_f32(t * d)?,
             gate: b.alloc_f32(t * inter)?,
             up: b.alloc_f32(t * inter)?,
-            act: b.alloc_f32(t * inter)?,
+            act: b.alloc_activation(act_dtypes.act, t * inter)?,
             last: b.alloc_f32(rows * d)?,
-            last_normed: b.alloc_f32(rows * d)?,
+            last_normed: b.alloc_activation(act_dtypes.last_normed, rows * d)?,
             logits: b.alloc_f32(rows * vocab)?,
             meta: b.alloc_u32_group(&meta_layout)?,
         };
@@ -421,7 +454,7 @@ impl<B: Backend> LlamaModel<B> {
         }
         let graphs = vec![None; pad.as_ref().map_or(0, |p| p.buckets.len())];
         let staging = MetaStaging::new(meta_layout, sq);
-        let mut model = LlamaModel { backend, cfg, opts, geometry, kv_dtype, matmul_operand, max_blocks_cap, embed, lm_head, final_norm, inv_freq, layers, caches, s, kv_view, pad, graphs, staging };
+        let mut model = LlamaModel { backend, cfg, opts, geometry, kv_dtype, matmul_operand, act_dtypes, max_blocks_cap, embed, lm_head, final_norm, inv_freq, layers, caches, s, kv_view, pad, graphs, staging };
         if graphs_on {
             model.capture_graphs()?;
         }
@@ -508,6 +541,7 @@ impl<B: Backend> LlamaModel<B> {
     pub fn backend(&self) -> &B {
         &self.backend
     }
+
 
     /// Longest sequence (in tokens) one block-table row can describe.
     pub fn max_context(&self) -> usize {
@@ -697,6 +731,9 @@ impl<B: Backend> ModelRunner for LlamaModel<B> {
     }
     fn matmul_operand(&self) -> DType {
         self.matmul_operand
+    }
+    fn activation_dtypes(&self) -> ActDtypes {
+        self.act_dtypes
     }
     fn kv_geometry(&self) -> KvGeometry {
         self.kv_view

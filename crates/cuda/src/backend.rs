@@ -201,6 +201,18 @@ fn need(b: &CudaBuf, elem: Elem, need: usize, op: &str, what: &str) -> Result<()
     Ok(())
 }
 
+/// An activation output (f32, bf16 or f16: [`Backend::activation_dtype`]) of at least `need`
+/// elements; returns kernels/common.cuh `store_act`'s code for it.
+pub(crate) fn need_act(b: &CudaBuf, need: usize, op: &str, what: &str) -> Result<i32> {
+    if b.elem == Elem::U32 {
+        return Err(err(format!("{op}: `{what}` holds u32, expected an activation (f32, bf16 or f16)")));
+    }
+    if b.len < need {
+        return Err(err(format!("{op}: `{what}` has {} elements, needs {need}", b.len)));
+    }
+    Ok(b.elem.bias_code())
+}
+
 /// A weight buffer (f32, bf16 or f16) with at least `need` elements; returns its
 /// [`weight_index`].
 fn need_weight(b: &CudaBuf, need: usize, op: &str, what: &str) -> Result<usize> {
@@ -400,6 +412,9 @@ pub struct CudaBackend {
     graphs: Mutex<graph::Graphs>,
     capturing: std::sync::atomic::AtomicBool,
     sync_each: bool,
+    /// Keep every activation in f32 (`TANDEM_CUDA_ACTIVATIONS=f32`, or
+    /// [`CudaBackend::set_f32_activations`]): the same bits, more bytes; for checks.
+    f32_activations: bool,
     arch: String,
     device_name: String,
 }
@@ -445,6 +460,7 @@ impl CudaBackend {
         let loaded = funcs.len();
         let kernels = Kernels::resolve(|name| funcs.remove(name).ok_or_else(|| err(format!("kernel `{name}` is not in the loaded modules (edited kernels/*.cu?)"))))?;
         let sync_each = std::env::var("TANDEM_CUDA_SYNC").is_ok_and(|v| v == "1");
+        let f32_activations = std::env::var("TANDEM_CUDA_ACTIVATIONS").is_ok_and(|v| v == "f32");
         tracing::info!("cuda: {device_name} (sm_{arch}), {loaded} kernels from {} files", srcs.len());
         Ok(CudaBackend {
             ctx,
@@ -457,9 +473,17 @@ impl CudaBackend {
             graphs: Mutex::new(graph::Graphs::default()),
             capturing: std::sync::atomic::AtomicBool::new(false),
             sync_each,
+            f32_activations,
             arch,
             device_name,
         })
+    }
+
+    /// Stores every activation in f32 from now on (models loaded after this call); the
+    /// tokens are the same bits either way (kernels/matmul.cu's contract), which the GPU
+    /// tests check by loading one model each way.
+    pub fn set_f32_activations(&mut self, on: bool) {
+        self.f32_activations = on;
     }
 
     /// `"90"` for an H100/H200.
@@ -627,6 +651,19 @@ impl Backend for CudaBackend {
             DType::BF16 | DType::F16 => weight,
             _ => DType::F32,
         }
+    }
+
+    /// The tensor cores' operand type: every reader of the activation rounds it so, so it is
+    /// stored so (half the bytes, the same bits; kernels/common.cuh `store_act`).
+    fn activation_dtype(&self, weight: DType) -> DType {
+        if self.f32_activations {
+            return DType::F32;
+        }
+        self.matmul_operand(weight)
+    }
+
+    fn alloc_activation(&self, dtype: DType, len: usize) -> Result<CudaBuf> {
+        self.alloc(Elem::of(dtype), len)
     }
 
     fn sync(&self) -> Result<()> {
@@ -840,11 +877,11 @@ impl Backend for CudaBackend {
         }
         need(x, Elem::F32, rows * dim, OP, "x")?;
         let wi = need_weight(w, dim, OP, "w")?;
-        need(out, Elem::F32, rows * dim, OP, "out")?;
+        let code = need_act(out, rows * dim, OP, "out")?;
         let k = &self.kernels.rms_norm[wi];
         let (ri, di) = (i32_of(rows, OP, "rows")?, i32_of(dim, OP, "dim")?);
         let mut l = self.stream.launch_builder(&k.f);
-        l.arg(&*x.mem).arg(&*w.mem).arg(&mut *out.mem).arg(&ri).arg(&di).arg(&eps);
+        l.arg(&*x.mem).arg(&*w.mem).arg(&mut *out.mem).arg(&code).arg(&ri).arg(&di).arg(&eps);
         // SAFETY: as in embedding.
         let r = unsafe { l.launch(cfg((ri as u32, 1, 1), 256)) };
         self.launched(k.name, r)
@@ -875,12 +912,12 @@ impl Backend for CudaBackend {
         need(acc, Elem::F32, rows * dim, OP, "acc")?;
         need(x, Elem::F32, rows * dim, OP, "x")?;
         let wi = need_weight(w, dim, OP, "w")?;
-        need(out, Elem::F32, rows * dim, OP, "out")?;
+        let code = need_act(out, rows * dim, OP, "out")?;
         let k = &self.kernels.add_rms_norm[wi];
         let (ri, di) = (i32_of(rows, OP, "rows")?, i32_of(dim, OP, "dim")?);
         i32_of(rows * dim, OP, "rows*dim")?;
         let mut l = self.stream.launch_builder(&k.f);
-        l.arg(&mut *acc.mem).arg(&*x.mem).arg(&*w.mem).arg(&mut *out.mem).arg(&ri).arg(&di).arg(&eps);
+        l.arg(&mut *acc.mem).arg(&*x.mem).arg(&*w.mem).arg(&mut *out.mem).arg(&code).arg(&ri).arg(&di).arg(&eps);
         // SAFETY: as in embedding.
         let r = unsafe { l.launch(cfg((ri as u32, 1, 1), 256)) };
         self.launched(k.name, r)
@@ -1003,11 +1040,11 @@ impl Backend for CudaBackend {
         }
         need(gate, Elem::F32, len, OP, "gate")?;
         need(up, Elem::F32, len, OP, "up")?;
-        need(out, Elem::F32, len, OP, "out")?;
+        let code = need_act(out, len, OP, "out")?;
         let f = &self.kernels.silu_mul.f;
         let n = len as u64;
         let mut l = self.stream.launch_builder(f);
-        l.arg(&*gate.mem).arg(&*up.mem).arg(&mut *out.mem).arg(&n);
+        l.arg(&*gate.mem).arg(&*up.mem).arg(&mut *out.mem).arg(&code).arg(&n);
         // SAFETY: as in embedding.
         let r = unsafe { l.launch(Self::elementwise_cfg(len, OP)?) };
         self.launched(OP, r)

@@ -11,7 +11,7 @@ use tandem_core::weights::TensorView;
 use tandem_core::backend::{DType, KvDest, NormIn};
 use tandem_core::Result;
 
-use super::{drv, err, i32_of, need, need_kv, need_weight, u32_of, cfg, CudaBackend, CudaBuf, Elem, MatmulScratch};
+use super::{drv, err, i32_of, need, need_act, need_kv, need_weight, u32_of, cfg, CudaBackend, CudaBuf, Elem, MatmulScratch};
 
 /// The tensor-core matmul (kernels/matmul.cu): output columns per block, k per pipeline tile.
 /// GEMM_BN is also the unit in which [`k_slices`] counts column tiles, whatever the width of
@@ -253,9 +253,10 @@ impl CudaBackend {
         Ok(Some(b))
     }
 
-    /// One projection: x f32 [m, k] times w [n, k] into `dst` (the epilogue). With `norm`
-    /// (m <= SPLIT_MAX_ROWS only), the input is rms_norm(norm.h) * norm.gamma, formed in the
-    /// kernel, and x is not read.
+    /// One projection: x [m, k] times w [n, k] into `dst` (the epilogue). x is f32, or stored
+    /// in w's 16-bit type (`Backend::activation_dtype`: the tile kernel then reads it as its
+    /// xa, with no matmul_x pass at any m). With `norm` (m <= SPLIT_MAX_ROWS only), the input
+    /// is rms_norm(norm.h) * norm.gamma, formed in the kernel, and x is not read.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn gemm(&self, op: &str, x: &CudaBuf, w: &CudaBuf, bias: Option<&CudaBuf>, dst: GemmOut<'_>, m: usize, n: usize, k: usize, norm: Option<NormIn<'_, CudaBuf>>) -> Result<()> {
         if m == 0 || n == 0 {
@@ -271,7 +272,16 @@ impl CudaBackend {
             }
             None => (x, 0),
         };
-        need(x, Elem::F32, m * k, op, if norm.is_some() { "norm h" } else { "x" })?;
+        // x stored in 16 bits: only in w's own type (the tensor cores' operand), never with a norm.
+        let x16 = norm.is_none() && x.elem != Elem::F32;
+        if x16 {
+            if x.elem != w.elem {
+                return Err(err(format!("{op}: x holds {:?}, but {:?} weights take f32 x or x of their own type", x.elem, w.elem)));
+            }
+            need(x, w.elem, m * k, op, "x")?;
+        } else {
+            need(x, Elem::F32, m * k, op, if norm.is_some() { "norm h" } else { "x" })?;
+        }
         let wi = need_weight(w, n * k, op, "w")?;
         let bias_code = match bias {
             Some(b) => {
@@ -302,7 +312,9 @@ impl CudaBackend {
             let r = unsafe { l.launch(cfg(grid, 256)) };
             return self.launched(kern.name, r);
         }
-        let kp = k.div_ceil(8) * 8;
+        // xa's row pitch: k itself for x stored in 16 bits (the kernel loads rows that are not
+        // 16-byte aligned, k % 8 != 0, element by element), else matmul_x's padded kp.
+        let kp = if x16 { k } else { k.div_ceil(8) * 8 };
         let kpi = i32_of(m * kp, op, "m*kp").and(i32_of(kp, op, "kp"))?;
         let cols = match &dst {
             GemmOut::QkvRope { kv, .. } => rope_tile_cols(kv.geometry.head_dim),
@@ -318,7 +330,7 @@ impl CudaBackend {
             return Err(err(format!("{op}: {} output tiles exceed the split-K counters (k_slices broke its bound)", grid.0 * grid.1)));
         }
         let mut s = self.mm_scratch.lock().map_err(|_| err(format!("{op}: scratch lock poisoned by an earlier panic")))?;
-        let xa_bytes = if direct { 16 } else { m * kp * 2 };
+        let xa_bytes = if direct || x16 { 16 } else { m * kp * 2 };
         if s.fixed && s.xa.as_ref().is_none_or(|b| b.len() < xa_bytes) {
             return Err(err(format!("{op}: m = {m}, k = {k} need {xa_bytes} bytes of x scratch, beyond the workspace reserved at load (max_num_batched_tokens?)")));
         }
@@ -340,7 +352,7 @@ impl CudaBackend {
         let MatmulScratch { xa: Some(xa), part, counters: Some(counters), .. } = &mut *s else {
             return Err(err(format!("{op}: scratch missing after allocation")));
         };
-        if !direct {
+        if !direct && !x16 {
             // wi is 1 (bf16) or 2 (f16) here: f32 weights returned above.
             let kern = &self.kernels.matmul_x[wi - 1];
             let mut l = self.stream.launch_builder(&kern.f);
@@ -354,16 +366,30 @@ impl CudaBackend {
         let kern = &self.kernels.matmul_tc[wi - 1][g.index];
         let (li, si) = (i32_of(slice_len, op, "slice_len")?, i32_of(slices, op, "slices")?);
         let mut l = self.stream.launch_builder(&kern.f);
-        if direct {
+        if direct && !x16 {
             l.arg(&*x.mem);
         } else {
             l.arg(&null);
         }
-        l.arg(&*xa).arg(&*w.mem).arg(bias_mem).arg(&bias_code);
+        if x16 {
+            l.arg(&*x.mem);
+        } else {
+            l.arg(&*xa);
+        }
+        l.arg(&*w.mem).arg(bias_mem).arg(&bias_code);
         let (epi, en0, en1);
         let mut rope = RopeKvArg::default();
         // The epilogue's gamma (EPI_RESID with hg) and its dtype code; w where there is none.
         let (mut ep_gamma, mut ep_gamma_code) = (&*w.mem, 0i32);
+        // Whether the activation output (silu's out, the residual's hg) is stored in w's type.
+        let mut act16 = 0i32;
+        let act_out = |b: &CudaBuf, len: usize, what: &str| -> Result<i32> {
+            let code = need_act(b, len, op, what)?;
+            if b.elem != Elem::F32 && b.elem != w.elem {
+                return Err(err(format!("{op}: `{what}` holds {:?}; with {:?} weights it is f32 or {:?}", b.elem, w.elem, w.elem)));
+            }
+            Ok(i32::from(code != Elem::F32.bias_code()))
+        };
         match dst {
             GemmOut::Plain(out) => {
                 need(out, Elem::F32, m * n, op, "out")?;
@@ -379,7 +405,7 @@ impl CudaBackend {
                 match hg {
                     Some((gamma, hg)) => {
                         need_weight(gamma, n, op, "gamma")?;
-                        need(hg, Elem::F32, m * n, op, "hg")?;
+                        act16 = act_out(hg, m * n, "hg")?;
                         (ep_gamma, ep_gamma_code) = (&*gamma.mem, gamma.elem.bias_code());
                         l.arg(&mut *hg.mem);
                     }
@@ -428,12 +454,12 @@ impl CudaBackend {
                 if fuse_gate_up_rows(inter) != n || bias_code != 0 {
                     return Err(err(format!("{op}: the fused gate/up weight has {n} rows, {inter} outputs need {} (and no bias)", fuse_gate_up_rows(inter))));
                 }
-                need(out, Elem::F32, m * inter, op, "out")?;
+                act16 = act_out(out, m * inter, "out")?;
                 l.arg(&mut *out.mem).arg(&null).arg(&null);
                 (epi, en0, en1) = (EPI_SILU, i32_of(inter, op, "inter")?, 0);
             }
         }
-        l.arg(&epi).arg(&en0).arg(&en1).arg(ep_gamma).arg(&ep_gamma_code);
+        l.arg(&epi).arg(&en0).arg(&en1).arg(ep_gamma).arg(&ep_gamma_code).arg(&act16);
         match part.as_mut().filter(|_| split) {
             Some(p) => l.arg(p),
             // Not split: the kernel never touches `part`; any valid pointer does.

@@ -140,8 +140,8 @@ pub fn run(mut a: Args) -> Result<()> {
     let t = Instant::now();
     let (mut runner, device) = model_source::load_runner(a.backend, &model.dir, opts)?;
     let load_s = t.elapsed().as_secs_f64();
-    let kv = runner.kv_dtype();
-    eprintln!("loaded {} on {} ({device}) in {load_s:.2} s, {} KV cache", model.label, a.backend.name(), kv.name());
+    let (kv, act) = (runner.kv_dtype(), runner.activation_dtypes().x);
+    eprintln!("loaded {} on {} ({device}) in {load_s:.2} s, {} KV cache, {} matmul inputs", model.label, a.backend.name(), kv.name(), act.name());
     let seqs = sequences(a.seed, model.config.vocab_size, a.prompt_len, max_batch, blocks_per_seq);
     let steps = a.max_tokens - 1;
 
@@ -212,7 +212,7 @@ pub fn run(mut a: Args) -> Result<()> {
     let hf = if a.hf_baseline { hf_figures(&a, hf_rounds, hf_error, &mut results) } else { None };
     let settings = json!({"prompt_len": a.prompt_len, "max_tokens": a.max_tokens, "batch_sizes": a.batch_sizes, "runs": a.runs, "max_num_batched_tokens": a.max_num_batched_tokens, "seed": a.seed, "hf_baseline": a.hf_baseline, "kv_cache_dtype": a.kv_cache_dtype.flag()});
     // What the cache stores, as the runner reports it: gpu/summarize.py counts KV bytes by it.
-    let backend = json!({"name": a.backend.name(), "device": device, "kv_cache_dtype": kv.name(), "kv_elem_bytes": kv.size()});
+    let backend = json!({"name": a.backend.name(), "device": device, "kv_cache_dtype": kv.name(), "kv_elem_bytes": kv.size(), "activation_dtype": act.name()});
     let rep = report::build("decode", backend, model.to_json(&a.random), settings, results);
     report::write_json(&a.out, &format!("decode-{}-{}", a.backend.name(), model.label), &rep)?;
 

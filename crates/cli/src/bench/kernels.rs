@@ -132,13 +132,21 @@ fn gemms<B: Backend>(b: &B, s: Shape, a: &Args, dtype: DType, rows: &mut Vec<Row
     };
     for (name, n, k) in list {
         let w = b.weight_from_f32(dtype, &values(n as u64, n * k, 0.05))?;
+        // x as the model stores it (LlamaModel's ActDtypes): in the backend's activation type,
+        // except o's input, the attention output, which stays f32. A 16-bit x is written the
+        // way the model writes it, by rms_norm (gamma 1) from f32 values.
+        let x_dtype = if name == "o" { DType::F32 } else { b.activation_dtype(dtype) };
+        let ones = b.weight_from_f32(dtype, &vec![1.0; k])?;
         for &m in &a.m {
-            let mut x = b.alloc_f32(m * k)?;
-            b.write_f32(&mut x, &values(m as u64, m * k, 1.0))?;
+            let mut xf = b.alloc_f32(m * k)?;
+            b.write_f32(&mut xf, &values(m as u64, m * k, 1.0))?;
+            let mut x = b.alloc_activation(x_dtype, m * k)?;
+            b.rms_norm(&xf, &ones, &mut x, m, k, 1e-5)?;
+            drop(xf);
             let mut out = b.alloc_f32(m * n)?;
             let us = time(b, a.min_ms, || b.matmul(&x, &w, None, &mut out, m, n, k)).with_context(|| format!("{name} m={m}"))?;
-            let bytes = n as f64 * k as f64 * wbytes + (m * k + m * n) as f64 * 4.0;
-            rows.push(Row { op: format!("gemm {name}"), case: format!("m={m} n={n} k={k}"), us, bytes, flops: 2.0 * (m * n * k) as f64, spec: json!({"kind": "gemm", "m": m, "n": n, "k": k}) });
+            let bytes = n as f64 * k as f64 * wbytes + (m * k * x_dtype.size()) as f64 + (m * n) as f64 * 4.0;
+            rows.push(Row { op: format!("gemm {name}"), case: format!("m={m} n={n} k={k}"), us, bytes, flops: 2.0 * (m * n * k) as f64, spec: json!({"kind": "gemm", "m": m, "n": n, "k": k, "x_dtype": x_dtype.name()}) });
         }
     }
     Ok(())

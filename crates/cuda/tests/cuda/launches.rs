@@ -12,7 +12,8 @@
 //! (one launch up to 128 rows, two above: matmul_x) and held bitwise to the unfused ops. The fused
 //! layer is built to give the unfused layer's bits (kernels/matmul.cu `norm_prologue`), so a
 //! sequence's logits decoded alone (fused) equal its row in a three-token step (unfused), bit
-//! for bit. Without a driver each test prints SKIPPED (TANDEM_REQUIRE_CUDA=1 fails).
+//! for bit; and the model stores its matmul inputs in bf16 with the f32 activations' bits. Without a
+//! driver each test prints SKIPPED (TANDEM_REQUIRE_CUDA=1 fails).
 
 use tandem_core::backend::{Backend, KvDest, KvGeometry};
 use tandem_core::model::LoadOptions;
@@ -102,6 +103,45 @@ fn fused_norms_bitwise(shape: Shape) {
     let same = a.iter().zip(&t[..vocab]).all(|(x, y)| x.to_bits() == y.to_bits());
     assert!(same, "{}: sequence 0's logits differ between the fused (alone) and unfused (3-token) steps", shape.name());
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The activations a matmul reads are stored in bf16 by default (`Backend::activation_dtype`)
+/// and in f32 with `set_f32_activations`; the tokens' bits are the same (the stored value is
+/// the GEMM's own rounding, kernels/common.cuh `store_act`): logits of a 200-token prefill
+/// (the m128 tile kernel, no matmul_x pass) and of decode steps at 1 token (fused norms) and 3
+/// (add_rms_norm), bit for bit, at head_dim 64 and 128.
+#[test]
+fn activations_stored_in_bf16_give_the_f32_bits() {
+    for shape in SHAPES {
+        let Some(gpu16) = crate::gpu_or_skip("activations in bf16") else { return };
+        let Some(mut gpu32) = crate::gpu_or_skip("activations in bf16") else { return };
+        gpu32.set_f32_activations(true);
+        let dir = std::env::temp_dir().join(format!("tandem-cuda-act16-{}-{}", shape.name(), std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        write_random_model(&dir, shape, 11, DType::BF16).unwrap();
+        let opts = LoadOptions { max_batch_tokens: 256, max_seqs: 4, num_kv_blocks: 64, block_size: 16, ..Default::default() };
+        let mut m16 = LlamaModel::<CudaBackend>::load(gpu16, &dir, opts).unwrap();
+        let mut m32 = LlamaModel::<CudaBackend>::load(gpu32, &dir, opts).unwrap();
+        assert_eq!(m16.activation_dtypes().x, DType::BF16, "{}", shape.name());
+        assert_eq!((m16.activation_dtypes().act, m16.activation_dtypes().last_normed), (DType::BF16, DType::BF16), "{}", shape.name());
+        assert_eq!(m32.activation_dtypes().x, DType::F32, "{}", shape.name());
+        let tables: Vec<Vec<u32>> = (0..3u32).map(|s| (16 * s..16 * s + 16).collect()).collect();
+        let mut prefill = ForwardBatch { max_blocks: 16, ..Default::default() };
+        prefill.push_seq(&(0..200u32).map(|i| (i * 13 + 1) % 300).collect::<Vec<_>>(), 0, &tables[0], 16, true);
+        prefill.push_seq(&prompt(1), 0, &tables[1], 16, true);
+        prefill.push_seq(&prompt(2), 0, &tables[2], 16, true);
+        let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+        assert!(bits(m16.forward(&prefill).unwrap()) == bits(m32.forward(&prefill).unwrap()), "{}: prefill logits differ", shape.name());
+        for seqs in [1usize, 3] {
+            let mut step = ForwardBatch { max_blocks: 16, ..Default::default() };
+            for (s, table) in tables.iter().enumerate().take(seqs) {
+                let pos = if s == 0 { 200 } else { 20 };
+                step.push_seq(&[7 + s as u32], pos, table, 16, true);
+            }
+            assert!(bits(m16.forward(&step).unwrap()) == bits(m32.forward(&step).unwrap()), "{}: decode logits at {seqs} tokens differ", shape.name());
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
 
 /// `qkv_rope_kv_write` (the fused q/k/v weight of bf16 parts, with bias) is one launch at
