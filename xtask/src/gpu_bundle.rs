@@ -1,6 +1,8 @@
 //! `cargo xtask gpu-bundle`: everything the GPU machine needs in `bundle/` (git-ignored): the
-//! stripped release `tandem`, gpu/check.sh, gpu/*.py and bench/*.py (the HF peers), the kernel sources (for
-//! `TANDEM_KERNEL_DIR`) and a COMMIT file. That machine has no Rust toolchain and no network,
+//! stripped release `tandem`, the stripped release build of the CUDA crate's integration tests
+//! (`cuda-tests`: check.sh runs their GPU-only modules, which skip everywhere else), gpu/check.sh,
+//! gpu/*.py and bench/*.py (the HF peers), the kernel sources (for `TANDEM_KERNEL_DIR`) and a
+//! COMMIT file. That machine has no Rust toolchain and no network,
 //! and at most 64 MiB travels with the working tree, so the bundle must be small and whole.
 //! Prints its size and the exact device `run` call (docs/gpu-check.md).
 
@@ -38,6 +40,7 @@ pub fn run(a: Args) -> Result<()> {
     if !bin.is_file() {
         bail!("{}: no release binary (run without --no-build)", bin.display());
     }
+    let tests = cuda_test_binary(&root, a.no_build)?;
     let out = root.join(&a.out);
     if out.exists() {
         std::fs::remove_dir_all(&out).with_context(|| format!("removing the old {}", out.display()))?;
@@ -45,12 +48,15 @@ pub fn run(a: Args) -> Result<()> {
     std::fs::create_dir_all(out.join("kernels")).with_context(|| format!("creating {}", out.display()))?;
 
     copy(&bin, &out.join("tandem"))?;
+    copy(&tests, &out.join("cuda-tests"))?;
     // The release profile strips already; `strip` again is a no-op then, and a guard if the
     // profile ever changes (an unstripped binary with debug info is ~200 MB).
-    match Command::new("strip").arg(out.join("tandem")).status() {
-        Ok(s) if s.success() => {}
-        Ok(s) => eprintln!("warning: strip exited with {s}; bundling the binary as built"),
-        Err(e) => eprintln!("warning: no strip ({e}); bundling the binary as built"),
+    for b in ["tandem", "cuda-tests"] {
+        match Command::new("strip").arg(out.join(b)).status() {
+            Ok(s) if s.success() => {}
+            Ok(s) => eprintln!("warning: strip {b} exited with {s}; bundling it as built"),
+            Err(e) => eprintln!("warning: no strip ({e}); bundling {b} as built"),
+        }
     }
     let gpu = root.join("gpu");
     let mut scripts = 0;
@@ -103,7 +109,8 @@ pub fn run(a: Args) -> Result<()> {
 
     let bundle = dir_size(&out)?;
     let tree = travelling_tree_size(&root);
-    println!("bundle: {} ({:.1} MiB: tandem {:.1} MiB, {scripts} scripts, {cu} kernel files), commit {line}", out.display(), mib(bundle), mib(std::fs::metadata(out.join("tandem"))?.len()));
+    let size = |b: &str| std::fs::metadata(out.join(b)).map(|m| mib(m.len()));
+    println!("bundle: {} ({:.1} MiB: tandem {:.1} MiB, cuda-tests {:.1} MiB, {scripts} scripts, {cu} kernel files), commit {line}", out.display(), mib(bundle), size("tandem")?, size("cuda-tests")?);
     match tree {
         Some(t) => println!("working tree that travels with it: {:.1} MiB; together {:.1} of {:.0} MiB", mib(t), mib(t + bundle), mib(TRAVEL_LIMIT)),
         None => println!("working tree size unknown (git ls-files failed); the limit is {:.0} MiB together", mib(TRAVEL_LIMIT)),
@@ -118,6 +125,40 @@ pub fn run(a: Args) -> Result<()> {
     println!(r#"  run(command="bash {}/check.sh $OUT", carry=["{}"], timeout_s=570)"#, a.out.display(), a.out.display());
     println!("dry run here:  XDG_RUNTIME_DIR=/tmp/xdg TANDEM_CHECK_BACKEND=wgpu TANDEM_CHECK_BENCH_SHAPE=tiny TANDEM_CHECK_SMALL=1 bash {}/check.sh /tmp/check-out", a.out.display());
     Ok(())
+}
+
+/// The release build of crates/cuda/tests/cuda (the `cuda` test target), built here unless
+/// `no_build` (then the newest one already in target/release/deps). Cargo names the file
+/// `cuda-<hash>`; with a build, its JSON messages say which.
+fn cuda_test_binary(root: &Path, no_build: bool) -> Result<PathBuf> {
+    if no_build {
+        let deps = root.join("target/release/deps");
+        let mut found: Vec<(std::time::SystemTime, PathBuf)> = vec![];
+        for e in std::fs::read_dir(&deps).with_context(|| format!("reading {}", deps.display()))? {
+            let p = e?.path();
+            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            if name.starts_with("cuda-") && p.extension().is_none() && p.is_file() {
+                found.push((std::fs::metadata(&p)?.modified()?, p));
+            }
+        }
+        return found.into_iter().max().map(|(_, p)| p).ok_or_else(|| anyhow::anyhow!("no release build of the cuda tests in {} (run without --no-build)", deps.display()));
+    }
+    let o = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .args(["test", "--release", "-p", "tandem-cuda", "--test", "cuda", "--no-run", "--message-format=json"])
+        .current_dir(root)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("running cargo test --release -p tandem-cuda --test cuda --no-run")?;
+    if !o.status.success() {
+        bail!("cargo test --release -p tandem-cuda --test cuda --no-run failed ({})", o.status);
+    }
+    // The artifact line of the `cuda` test target carries "executable":"<path>".
+    let out = String::from_utf8_lossy(&o.stdout);
+    let key = "\"executable\":\"";
+    out.lines()
+        .filter(|l| l.contains("\"reason\":\"compiler-artifact\"") && l.contains("\"name\":\"cuda\"") && l.contains("\"test\""))
+        .find_map(|l| l.split_once(key).and_then(|(_, rest)| rest.split_once('"')).map(|(p, _)| PathBuf::from(p)))
+        .ok_or_else(|| anyhow::anyhow!("cargo built the cuda tests but named no executable"))
 }
 
 fn copy(from: &Path, to: &Path) -> Result<()> {

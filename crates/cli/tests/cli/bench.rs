@@ -264,7 +264,7 @@ fn kernel_lab_times_every_case() {
         let (us, frac) = (r["us"].as_f64().unwrap(), r["frac_of_floor"].as_f64().unwrap());
         assert!(us > 0.0 && frac > 0.0 && r["torch"]["kind"].is_string(), "{r}");
     }
-    assert_eq!(rows[0]["torch"], serde_json::json!({"kind": "gemm", "m": 1, "n": 128, "k": 64}));
+    assert_eq!(rows[0]["torch"], serde_json::json!({"kind": "gemm", "m": 1, "n": 128, "k": 64, "x_dtype": "f32"}));
     assert_eq!(rows[11]["op"], "attention prefill");
     let bad = Command::new(env!("CARGO_BIN_EXE_tandem")).args(["bench", "kernels", "--backend", "reference", "--shape", "llama-9"]).output().unwrap();
     assert!(!bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("known shapes"));
