@@ -191,7 +191,9 @@ pub struct WorkspaceLimits {
     pub max_context: usize,
     pub num_heads: usize,
     pub head_dim: usize,
-    /// Largest reduction length of any matmul (hidden, q_dim or intermediate).
+    /// Largest reduction length of any matmul whose x is stored in f32 (q_dim, and hidden or
+    /// intermediate where those inputs are f32: [`Backend::activation_dtype`]); an x stored in
+    /// the weights' 16-bit type is read as it is.
     pub max_k: usize,
     /// Widest matmul output (the vocabulary or the fused projections).
     pub max_n: usize,

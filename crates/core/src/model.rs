@@ -418,7 +418,13 @@ impl<B: Backend> LlamaModel<B> {
             max_context: max_blocks_cap * opts.block_size,
             num_heads: cfg.num_attention_heads,
             head_dim: cfg.head_dim,
-            max_k: d.max(qd).max(inter),
+            // Only an f32 x needs scratch (a 16-bit copy for the tensor cores above 128 rows):
+            // the attention output always, the others where they are stored in f32.
+            max_k: [(true, qd), (act_dtypes.x == DType::F32, d), (act_dtypes.act == DType::F32, inter), (act_dtypes.last_normed == DType::F32, d)]
+                .into_iter()
+                .filter_map(|(f32_x, k)| f32_x.then_some(k))
+                .max()
+                .unwrap_or(qd),
             max_n: vocab.max(qd + 2 * kvd).max(2 * inter).max(d),
             kv_dtype,
         };
