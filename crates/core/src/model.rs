@@ -242,7 +242,6 @@ enum GateUp<B: Backend> {
     Split { gate: B::Buf, up: B::Buf },
 }
 
-/// Activation and metadata buffers, allocated once for the largest batch.
 /// The element types of the stored activations a matmul reads (the rest are f32).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ActDtypes {
@@ -263,6 +262,7 @@ fn stored_as<B: Backend>(b: &B, readers: &[DType]) -> DType {
     }
 }
 
+/// Activation and metadata buffers, allocated once for the largest batch.
 struct Scratch<B: Backend> {
     h: B::Buf,    // [T, hidden] residual stream
     x: B::Buf,    // [T, hidden] normed (ActDtypes::x)
@@ -341,8 +341,9 @@ impl<B: Backend> LlamaModel<B> {
         let (mut x_readers, mut act_readers) = (Vec::new(), Vec::new());
         let mut head_reader = embed_view.dtype;
         let lm_head = if w.contains("lm_head.weight") && !cfg.tie_word_embeddings {
-            head_reader = w.get("lm_head.weight", &[vocab, d])?.dtype;
-            Some(up("lm_head.weight", &[vocab, d])?)
+            let head = w.get("lm_head.weight", &[vocab, d])?;
+            head_reader = head.dtype;
+            Some(b.upload_weight(&head)?)
         } else if cfg.tie_word_embeddings {
             None
         } else {
@@ -547,7 +548,6 @@ impl<B: Backend> LlamaModel<B> {
     pub fn backend(&self) -> &B {
         &self.backend
     }
-
 
     /// Longest sequence (in tokens) one block-table row can describe.
     pub fn max_context(&self) -> usize {

@@ -384,11 +384,11 @@ impl CudaBackend {
         // Whether the activation output (silu's out, the residual's hg) is stored in w's type.
         let mut act16 = 0i32;
         let act_out = |b: &CudaBuf, len: usize, what: &str| -> Result<i32> {
-            let code = need_act(b, len, op, what)?;
+            need_act(b, len, op, what)?;
             if b.elem != Elem::F32 && b.elem != w.elem {
                 return Err(err(format!("{op}: `{what}` holds {:?}; with {:?} weights it is f32 or {:?}", b.elem, w.elem, w.elem)));
             }
-            Ok(i32::from(code != Elem::F32.bias_code()))
+            Ok(i32::from(b.elem != Elem::F32))
         };
         match dst {
             GemmOut::Plain(out) => {
