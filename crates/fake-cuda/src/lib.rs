@@ -484,3 +484,15 @@ pub unsafe extern "C" fn cuGraphDestroy(graph: CUgraph) -> CUresult {
 pub unsafe extern "C" fn cuGraphExecDestroy(exec: CUgraphExec) -> CUresult {
     ctx_call("cuGraphExecDestroy", |s| s.destroy_exec(exec as usize))
 }
+
+// ---- what NVRTC asks of a driver it finds ---------------------------------------------------
+
+/// NVRTC 13 opens libcuda.so.1 when it can and asks for the driver's private export tables;
+/// the fake has none, and says so (NVRTC then compiles as it does without a driver).
+#[no_mangle]
+pub unsafe extern "C" fn cuGetExportTable(table: *mut *const c_void, _id: *const c_void) -> CUresult {
+    if !table.is_null() {
+        *table = std::ptr::null();
+    }
+    CUresult::CUDA_ERROR_NOT_FOUND
+}
