@@ -43,7 +43,7 @@ pub fn run(a: Args) -> Result<()> {
         }
     }
     if a.group {
-        let c = group(&root)?;
+        let c = group(&root, None)?;
         println!("fake-cuda group: {} passed, {} failed", c.passed, c.failed);
         if c.failed > 0 {
             bail!("the fake-driver group failed");
@@ -181,12 +181,16 @@ pub fn cuda_tests(root: &Path, env: &FakeEnv) -> Result<Counts> {
 /// The fake-driver group of `cargo xtask test`: crates/cuda's GPU-only tests, the op suite on
 /// `cuda`, and `tandem compare` cuda vs the reference on two small random models (head_dim 128
 /// and 64 with hidden 576: tensor-core attention, split K, the fused paths). Each `tandem`
-/// command counts as one test.
-pub fn group(root: &Path) -> Result<Counts> {
+/// command counts as one test. `tandem`: a binary already built (a workspace `cargo test`
+/// builds one; building `-p tandem-cli` alone resolves other features and recompiles much).
+pub fn group(root: &Path, tandem: Option<PathBuf>) -> Result<Counts> {
     let t = Instant::now();
     let env = prepare(root)?;
     let mut total = cuda_tests(root, &env)?;
-    let tandem = build_tandem(root)?;
+    let tandem = match tandem {
+        Some(t) => t,
+        None => build_tandem(root)?,
+    };
     let models = target_dir(root).join("fake-cuda/models");
     let mut commands: Vec<(String, Vec<String>)> = vec![("op suite on cuda".into(), vec!["test-ops".into(), "--backend".into(), "cuda".into()])];
     for shape in ["tiny-hd128", "small-hd64"] {
@@ -197,7 +201,10 @@ pub fn group(root: &Path) -> Result<Counts> {
                 bail!("tandem gen-model --shape {shape} failed");
             }
         }
-        let args = vec!["compare".into(), "--backend".into(), "cuda".into(), "--model".into(), dir.to_string_lossy().into_owned()];
+        // Prompts of 1, 17 and 64 tokens (chunked by 32), 6 greedy steps, and the batch check
+        // at 6 requests (it still preempts): the emulator runs every CUDA thread as a fiber.
+        let mut args: Vec<String> = ["compare", "--backend", "cuda", "--prompts", "3", "--steps", "6", "--chunk", "32", "--batch", "6", "--model"].map(String::from).to_vec();
+        args.push(dir.to_string_lossy().into_owned());
         commands.push((format!("compare cuda vs reference, {shape}"), args));
     }
     for (what, args) in commands {
