@@ -79,6 +79,21 @@ fn main() {
     for (stem, mut c) in children {
         assert!(c.wait().unwrap().success(), "compiling kernels/{stem}.cu for the host failed (see above)");
     }
+    // GCC drops the section attribute of a static local in a template instantiation, so the
+    // `__shared__` objects of template kernels land in plain .bss. In these units .bss holds
+    // nothing else (checked: function-local statics only), so it joins the poisoned section.
+    for obj in &objs {
+        let t = Command::new("objdump").arg("-t").arg(obj).output().expect("running objdump");
+        for line in String::from_utf8_lossy(&t.stdout).lines() {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if f.contains(&".bss") && f.contains(&"O") {
+                let name = f.last().copied().unwrap_or("");
+                assert!(name.starts_with("_ZZ"), "{}: `{name}` in .bss is not a function-local static (a `__shared__`): the fake driver would poison it before each block", obj.display());
+            }
+        }
+        let st = Command::new("objcopy").arg("--rename-section").arg(".bss=tandem_emu_shared").arg(obj).status().expect("running objcopy");
+        assert!(st.success(), "objcopy failed on {}", obj.display());
+    }
     let lib = out.join("libtandem_fake_kernels.a");
     let _ = std::fs::remove_file(&lib);
     let st = Command::new("ar").arg("crs").arg(&lib).args(&objs).status().expect("running ar");
