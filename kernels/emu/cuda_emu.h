@@ -367,7 +367,13 @@ struct Scheduler {
     ucontext_t ctx;
 #endif
 };
+#if defined(TANDEM_EMU_STRICT)
+// Never destroyed: in the fake driver a kernel may still be running on another thread while the
+// process exits and runs static destructors.
+inline Scheduler& sched = *new Scheduler();
+#else
 inline Scheduler sched;
+#endif
 
 // Non-zero: launch() runs a grid's blocks in an order shuffled from this seed (the fake
 // driver sets it per launch); zero: in index order, as the emulator tests expect.
