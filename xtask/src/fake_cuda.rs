@@ -180,8 +180,8 @@ pub fn cuda_tests(root: &Path, env: &FakeEnv) -> Result<Counts> {
 
 /// The fake-driver group of `cargo xtask test`: crates/cuda's GPU-only tests, the op suite on
 /// `cuda`, and `tandem compare` cuda vs the reference on two small random models (head_dim 128
-/// and 64 with hidden 576: tensor-core attention, split K, the fused paths). Each `tandem`
-/// command counts as one test. `tandem`: a binary already built (a workspace `cargo test`
+/// and 64 with hidden 576: tensor-core attention, split K, the fused paths), and `tandem serve`
+/// answering requests ([`serve_check`]). Each `tandem` command counts as one test. `tandem`: a binary already built (a workspace `cargo test`
 /// builds one; building `-p tandem-cli` alone resolves other features and recompiles much).
 pub fn group(root: &Path, tandem: Option<PathBuf>) -> Result<Counts> {
     let t = Instant::now();
@@ -212,6 +212,17 @@ pub fn group(root: &Path, tandem: Option<PathBuf>) -> Result<Counts> {
         args.push(dir.to_string_lossy().into_owned());
         commands.push((format!("compare cuda vs reference, {shape}"), args));
     }
+    let serve_ok = serve_check(&env, &tandem, &models.join("tiny-hd128"));
+    match &serve_ok {
+        Ok(()) => {
+            println!("fake-cuda: tandem serve on cuda: ok");
+            total.passed += 1;
+        }
+        Err(e) => {
+            println!("fake-cuda: tandem serve on cuda: FAILED: {e:#}");
+            total.failed += 1;
+        }
+    }
     for (what, args) in commands {
         let mut cmd = env.command(&tandem);
         cmd.current_dir(root).args(&args);
@@ -224,4 +235,82 @@ pub fn group(root: &Path, tandem: Option<PathBuf>) -> Result<Counts> {
     }
     println!("fake-cuda group: {} passed, {} failed in {:.0} s", total.passed, total.failed, t.elapsed().as_secs_f64());
     Ok(total)
+}
+
+/// One HTTP/1.1 exchange on a fresh connection; returns the status line's code and the body
+/// (read to the end: the server closes after `Connection: close`).
+fn http(port: u16, method: &str, path: &str, body: &str) -> Result<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(120)))?;
+    write!(s, "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len())?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)?;
+    let code = out.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    Ok((code, out))
+}
+
+/// `tandem serve --backend cuda` (async scheduling, graphs on) on a small model: a completion,
+/// a streamed one, six at once, a stream dropped after its first chunk (an abort), and a clean
+/// exit on SIGTERM.
+fn serve_check(env: &FakeEnv, tandem: &Path, model: &Path) -> Result<()> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let name = model.file_name().and_then(|n| n.to_str()).unwrap_or("model").to_string();
+    let mut child = env
+        .command(tandem)
+        .args(["serve", "--backend", "cuda", "--max-num-seqs", "4", "--port", &port.to_string(), "--model"])
+        .arg(model)
+        .stdout(Stdio::null())
+        .spawn()
+        .context("starting tandem serve")?;
+    let result = (|| -> Result<()> {
+        let t = Instant::now();
+        while http(port, "GET", "/health", "").map(|(c, _)| c).unwrap_or(0) != 200 {
+            if t.elapsed().as_secs() > 120 || child.try_wait()?.is_some() {
+                bail!("the server did not become healthy");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(300));
+        }
+        let req = |prompt: &str, n: u32, stream: bool| format!(r#"{{"model":"{name}","prompt":"{prompt}","max_tokens":{n},"stream":{stream}}}"#);
+        let (code, body) = http(port, "POST", "/v1/completions", &req("hello world", 8, false))?;
+        if code != 200 || !body.contains(r#""completion_tokens":8"#) {
+            bail!("a completion: {code} {body}");
+        }
+        let (code, body) = http(port, "POST", "/v1/completions", &req("abc", 5, true))?;
+        if code != 200 || !body.contains("data: [DONE]") {
+            bail!("a streamed completion: {code} {body}");
+        }
+        let handles: Vec<_> = (0..6)
+            .map(|k| {
+                let r = req(&format!("request {k}"), 12, false);
+                std::thread::spawn(move || http(port, "POST", "/v1/completions", &r))
+            })
+            .collect();
+        for h in handles {
+            let (code, body) = h.join().map_err(|_| anyhow::anyhow!("a request thread panicked"))??;
+            if code != 200 || !body.contains(r#""completion_tokens":12"#) {
+                bail!("one of six concurrent completions: {code} {body}");
+            }
+        }
+        {
+            use std::io::{Read, Write};
+            let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
+            let r = req("an abort", 200, true);
+            write!(s, "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{r}", r.len())?;
+            let mut first = [0u8; 256];
+            let _ = s.read(&mut first)?;
+        } // dropped mid-stream: the server aborts the request
+        let (code, body) = http(port, "POST", "/v1/completions", &req("after the abort", 4, false))?;
+        if code != 200 || !body.contains(r#""completion_tokens":4"#) {
+            bail!("a completion after an abort: {code} {body}");
+        }
+        Ok(())
+    })();
+    let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+    let status = child.wait()?;
+    result?;
+    if !status.success() {
+        bail!("the server exited with {status} on SIGTERM");
+    }
+    Ok(())
 }
