@@ -115,16 +115,24 @@ __device__ void matmul_x_impl(const float* __restrict__ x, u16* __restrict__ xa,
 // BN_ is the output tile's width: GEMM_BN for every epilogue; 128 only for EPI_QKV_ROPE at a
 // head_dim that does not divide 64 (128: Llama-3.1-8B, Mistral, Qwen2-7B), so each head's
 // rotate-half partners, hd / 2 columns apart, sit in one tile (the `_n128` kernels below).
-template <int BM_, int WM_, int WN_, int STAGES_, int BN_ = GEMM_BN>
+// TS_ (total in shared memory): the running fold of finished K slices, `total`, lives in
+// shared memory after the pipeline's stages (BM x BN floats, each thread its own words, so no
+// barrier) instead of a second register set beside `acc`: the same adds in the same order,
+// about half the accumulator registers (the variants below; the defaults keep registers).
+template <int BM_, int WM_, int WN_, int STAGES_, int BN_ = GEMM_BN, bool TS_ = false>
 struct GemmShape {
     static constexpr int BM = BM_, BN = BN_, BK = GEMM_BK, P = GEMM_PITCH, STAGES = STAGES_;
     static constexpr int WM = WM_, WN = WN_, WARPS_N = BN / WN, WARPS = (BM / WM) * WARPS_N, THREADS = WARPS * 32;
     static constexpr int MI = WM / 16, NJ = WN / 8;  // mma tiles per warp
     static constexpr int A_ELEMS = BM * P, B_ELEMS = BN * P;
-    static constexpr int SMEM_BYTES = STAGES * (A_ELEMS + B_ELEMS) * 2;
+    static constexpr bool TOTAL_SMEM = TS_;
+    static constexpr int PIPE_BYTES = STAGES * (A_ELEMS + B_ELEMS) * 2;
+    static constexpr int SMEM_BYTES = PIPE_BYTES + (TS_ ? BM * BN * 4 : 0);
     static_assert(WN % 16 == 0 && WM % 16 == 0, "one ldmatrix.x4 feeds one m16 tile of A or two n8 tiles of B");
-    static_assert(SMEM_BYTES <= 48 * 1024, "more needs cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)");
-    static_assert(BM * (BN + 1) * 4 <= SMEM_BYTES, "the silu and rope epilogues stage the f32 tile in the pipeline's shared memory");
+    // Above 48 KiB a launch needs the kernel's MAX_DYNAMIC_SHARED_SIZE_BYTES raised first: the
+    // host does that at load for every kernel whose GemmKernel::smem is above it (backend.rs).
+    static_assert(SMEM_BYTES <= 227 * 1024, "more than an sm_80/sm_90 block may have");
+    static_assert(BM * (BN + 1) * 4 <= PIPE_BYTES, "the silu and rope epilogues stage the f32 tile in the pipeline's shared memory");
 };
 
 // The input norm folded into the projection (Backend::fuses_norm, NormIn): x is then h, the
@@ -329,6 +337,9 @@ __device__ void matmul_tc_impl(const float* __restrict__ x, const u16* __restric
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int wm0 = (warp / S::WARPS_N) * S::WM, wn0 = (warp % S::WARPS_N) * S::WN;
     float acc[S::MI][S::NJ][4], total[S::MI][S::NJ][4];
+    // TOTAL_SMEM: word ((mi * NJ + nj) * 4 + q) * THREADS + tid of s_total is this thread's
+    // total[mi][nj][q] (consecutive threads, consecutive words: no bank conflicts).
+    float* s_total = reinterpret_cast<float*>(smem_raw + S::PIPE_BYTES);
 #pragma unroll
     for (int i = 0; i < S::MI; ++i)
 #pragma unroll
@@ -383,11 +394,27 @@ __device__ void matmul_tc_impl(const float* __restrict__ x, const u16* __restric
                 for (int nj = 0; nj < S::NJ; ++nj)
 #pragma unroll
                     for (int q = 0; q < 4; ++q) {
-                        total[mi][nj][q] = first_slice ? acc[mi][nj][q] : total[mi][nj][q] + acc[mi][nj][q];
+                        if constexpr (S::TOTAL_SMEM) {
+                            float& t = s_total[((mi * S::NJ + nj) * 4 + q) * S::THREADS + threadIdx.x];
+                            t = first_slice ? acc[mi][nj][q] : t + acc[mi][nj][q];
+                        } else {
+                            total[mi][nj][q] = first_slice ? acc[mi][nj][q] : total[mi][nj][q] + acc[mi][nj][q];
+                        }
                         acc[mi][nj][q] = 0.0f;
                     }
             first_slice = false;
         }
+    }
+    if constexpr (S::TOTAL_SMEM) {
+        // The fold back into registers for the epilogues (acc is free now); no slice at all
+        // (nt == 0) leaves zeros, as the register total starts.
+#pragma unroll
+        for (int mi = 0; mi < S::MI; ++mi)
+#pragma unroll
+            for (int nj = 0; nj < S::NJ; ++nj)
+#pragma unroll
+                for (int q = 0; q < 4; ++q)
+                    total[mi][nj][q] = first_slice ? 0.0f : s_total[((mi * S::NJ + nj) * 4 + q) * S::THREADS + threadIdx.x];
     }
     // Accumulator fragment: c0, c1 at row g, columns 2t, 2t+1; c2, c3 at row g + 8.
     const int g = lane >> 2, t = lane & 3;
@@ -470,18 +497,20 @@ __device__ void matmul_tc_impl(const float* __restrict__ x, const u16* __restric
         }
         return;
     }
-    // EPI_SILU's gate/up layout is in 64-row tiles: only the GEMM_BN-wide kernels serve it
-    // (the host launches the _n128 kernels for EPI_QKV_ROPE alone), and the _n128 kernels
-    // compile no silu epilogue.
-    if (S::BN == GEMM_BN && ep.kind == EPI_SILU) {
+    // EPI_SILU's gate/up layout is in 64-row tiles (GEMM_BN): a tile BN wide holds BN / 64 of
+    // them, each 32 gate columns then the same 32 up columns. The 128-wide rope kernels
+    // (m16_n128, m64_n128) are launched for EPI_QKV_ROPE alone; m128_n128 serves every epilogue.
+    if (S::BN % GEMM_BN == 0 && ep.kind == EPI_SILU) {
         // gate and up of one output sit 32 columns apart in the tile, in other warps: exchange
         // the tile through shared memory (gemm_stage_tile).
         float* Cs = reinterpret_cast<float*>(smem_raw);
         gemm_stage_tile<S>(Cs, total, nullptr, 0, n0, n, wm0, wn0, lane);
+        constexpr int HALF = GEMM_BN / 2;
         for (int e = threadIdx.x; e < S::BM * (S::BN / 2); e += S::THREADS) {
-            const int rl = e / (S::BN / 2), j = e % (S::BN / 2), r = m0 + rl, c = blockIdx.x * (S::BN / 2) + j;
+            const int rl = e / (S::BN / 2), j = e % (S::BN / 2), jt = j / HALF, jj = j % HALF, r = m0 + rl;
+            const int c = (blockIdx.x * (S::BN / GEMM_BN) + jt) * HALF + jj;
             if (r >= m || c >= ep.n0) continue;
-            const float gv = Cs[rl * (S::BN + 1) + j], uv = Cs[rl * (S::BN + 1) + S::BN / 2 + j];
+            const float gv = Cs[rl * (S::BN + 1) + jt * GEMM_BN + jj], uv = Cs[rl * (S::BN + 1) + jt * GEMM_BN + HALF + jj];
             store_act(ep.out0, act_code(T{}, ep.act16), (size_t)r * ep.n0 + c, gv / (1.0f + expf(-gv)) * uv);  // silu_mul.cu's formula
         }
         return;
@@ -584,6 +613,20 @@ typedef GemmShape<128, 32, 32, 3> GemmM128;
 // the 128 x 64 tile's area, warps and stages.
 typedef GemmShape<16, 16, 16, 4, 128> GemmM16N128;
 typedef GemmShape<64, 32, 32, 3, 128> GemmM64N128;
+// Variants timed against the defaults above on the GPU (issue 25; crates/cuda/src/matmul.rs
+// `gemm_kernel`, TANDEM_CUDA_GEMM_LARGE / TANDEM_CUDA_GEMM_MID pick them). Same warp-level
+// arithmetic and k order as every kernel here, so the same bits (kernels/emu `gemm_variants`):
+//   m128_n128 (m > 128): a 128 x 128 tile, 8 warps of 64 x 32 (16 mma per k16 step and warp,
+//     not 8), 4 stages and the slice total in shared memory: 147456 bytes (opt-in), one block
+//     per SM;
+//   m128_occ2 (m > 128): m128's tile with 4 stages, the total in shared memory (94208 bytes,
+//     opt-in) and registers capped at 128, so two blocks share an SM (m128 takes ~158
+//     registers: one block of 8 warps per SM);
+//   m64_occ4 (17..128 rows): m64's tile with 3 stages and the total in shared memory (47104
+//     bytes), registers capped at 128: four blocks per SM, not three.
+typedef GemmShape<128, 64, 32, 4, 128, true> GemmM128N128;
+typedef GemmShape<128, 32, 32, 4, 64, true> GemmM128Occ2;
+typedef GemmShape<64, 32, 32, 3, 64, true> GemmM64Occ4;
 
 // BOUNDS: the kernel's __launch_bounds__. m16_n128 adds a minimum of 1 block per SM: with
 // the bare bound ptxas gave it 64 registers and a 12-byte spill on sm_80 (none on sm_90);
@@ -607,7 +650,10 @@ typedef GemmShape<64, 32, 32, 3, 128> GemmM64N128;
     MATMUL_TC(DT, T, m64, GemmM64)                                                                                   \
     MATMUL_TC(DT, T, m128, GemmM128)                                                                                 \
     MATMUL_TC_BOUNDS(DT, T, m16_n128, GemmM16N128, __launch_bounds__(GemmM16N128::THREADS, 1))                       \
-    MATMUL_TC(DT, T, m64_n128, GemmM64N128)
+    MATMUL_TC(DT, T, m64_n128, GemmM64N128)                                                                          \
+    MATMUL_TC_BOUNDS(DT, T, m128_n128, GemmM128N128, __launch_bounds__(GemmM128N128::THREADS, 1))                    \
+    MATMUL_TC_BOUNDS(DT, T, m128_occ2, GemmM128Occ2, __launch_bounds__(GemmM128Occ2::THREADS, 2))                    \
+    MATMUL_TC_BOUNDS(DT, T, m64_occ4, GemmM64Occ4, __launch_bounds__(GemmM64Occ4::THREADS, 4))
 MATMUL_DT(bf16, bf16_t)
 MATMUL_DT(f16, f16_t)
 

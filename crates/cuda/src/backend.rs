@@ -333,7 +333,7 @@ struct Kernels<F> {
     rope: Kernel<F>,
     matmul_tiled_f32: Kernel<F>,
     matmul_x: [Kernel<F>; 2],
-    matmul_tc: [[Kernel<F>; 5]; 2],
+    matmul_tc: [[Kernel<F>; 8]; 2],
     kv_write: [Kernel<F>; 2],
     rope_kv_write: [Kernel<F>; 2],
     attn_partial: [Kernel<F>; 2],
@@ -362,8 +362,26 @@ impl<F> Kernels<F> {
             matmul_tiled_f32: k("matmul_tiled_f32")?,
             matmul_x: [k("matmul_x_bf16")?, k("matmul_x_f16")?],
             matmul_tc: [
-                [k("matmul_tc_bf16_m16")?, k("matmul_tc_bf16_m64")?, k("matmul_tc_bf16_m128")?, k("matmul_tc_bf16_m16_n128")?, k("matmul_tc_bf16_m64_n128")?],
-                [k("matmul_tc_f16_m16")?, k("matmul_tc_f16_m64")?, k("matmul_tc_f16_m128")?, k("matmul_tc_f16_m16_n128")?, k("matmul_tc_f16_m64_n128")?],
+                [
+                    k("matmul_tc_bf16_m16")?,
+                    k("matmul_tc_bf16_m64")?,
+                    k("matmul_tc_bf16_m128")?,
+                    k("matmul_tc_bf16_m16_n128")?,
+                    k("matmul_tc_bf16_m64_n128")?,
+                    k("matmul_tc_bf16_m128_n128")?,
+                    k("matmul_tc_bf16_m128_occ2")?,
+                    k("matmul_tc_bf16_m64_occ4")?,
+                ],
+                [
+                    k("matmul_tc_f16_m16")?,
+                    k("matmul_tc_f16_m64")?,
+                    k("matmul_tc_f16_m128")?,
+                    k("matmul_tc_f16_m16_n128")?,
+                    k("matmul_tc_f16_m64_n128")?,
+                    k("matmul_tc_f16_m128_n128")?,
+                    k("matmul_tc_f16_m128_occ2")?,
+                    k("matmul_tc_f16_m64_occ4")?,
+                ],
             ],
             kv_write: [k("kv_write_f32")?, k("kv_write_bf16")?],
             rope_kv_write: [k("rope_kv_write_f32")?, k("rope_kv_write_bf16")?],
@@ -459,6 +477,20 @@ impl CudaBackend {
         }
         let loaded = funcs.len();
         let kernels = Kernels::resolve(|name| funcs.remove(name).ok_or_else(|| err(format!("kernel `{name}` is not in the loaded modules (edited kernels/*.cu?)"))))?;
+        // Tile kernels with more than 48 KiB of dynamic shared memory opt in to it.
+        for row in &kernels.matmul_tc {
+            for (kern, g) in row.iter().zip(matmul::GEMM_KERNELS) {
+                if g.smem > matmul::SMEM_DEFAULT_LIMIT {
+                    kern.f
+                        .set_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, g.smem as i32)
+                        .map_err(drv(&format!("{}: {} bytes of shared memory", kern.name, g.smem)))?;
+                }
+            }
+        }
+        let variants = matmul::check_gemm_variants()?;
+        if variants != matmul::GEMM_DEFAULT_VARIANTS {
+            tracing::info!("cuda: GEMM tile kernels {variants:?} (TANDEM_CUDA_GEMM_LARGE / _MID)");
+        }
         let sync_each = std::env::var("TANDEM_CUDA_SYNC").is_ok_and(|v| v == "1");
         let f32_activations = std::env::var("TANDEM_CUDA_ACTIVATIONS").is_ok_and(|v| v == "f32");
         tracing::info!("cuda: {device_name} (sm_{arch}), {loaded} kernels from {} files", srcs.len());
@@ -1160,7 +1192,7 @@ mod kernel_table_tests {
         let names = kernel_names();
         let unique: std::collections::BTreeSet<_> = names.iter().collect();
         assert_eq!(unique.len(), names.len(), "{names:?}");
-        assert_eq!(names.len(), 40);
+        assert_eq!(names.len(), 46);
         let k = Kernels::<&'static str>::resolve(Ok).unwrap();
         assert_eq!(k.embedding.map(|x| x.f), ["embedding_f32", "embedding_bf16", "embedding_f16"]);
         assert_eq!([Elem::F32, Elem::BF16, Elem::F16].map(|e| k.rms_norm[weight_index(e)].f), ["rms_norm_f32", "rms_norm_bf16", "rms_norm_f16"]);

@@ -153,8 +153,14 @@ impl Op for ResidualNormGateUp {
     fn params(&self) -> String {
         format!("w={} m={} hidden={} k={} inter={}", self.dtype.name(), self.m, self.hidden, self.k, self.inter)
     }
+    /// Four times a single GEMM's: a backend that rounds activations to the weight type rounds
+    /// twice in this chain (x into o, then the normed n into gate and up), and act multiplies
+    /// two rounded GEMM outputs, so the errors add. On the H200 (2026-12-04, bf16, m = 2) one
+    /// case measured 1.25e-5 against the single-GEMM 1e-5 (worst element off by 0.5%, where
+    /// silu(gate) * up is ~4), with every bitwise fused-vs-unfused check passing; real bugs (a
+    /// wrong row, a missed norm) measure 1e-2 and more.
     fn limit(&self) -> f64 {
-        limits::weight(self.dtype)
+        4.0 * limits::weight(self.dtype)
     }
     fn cost(&self) -> Cost {
         let (m, d, k, i) = (self.m as f64, self.hidden as f64, self.k as f64, self.inter as f64);

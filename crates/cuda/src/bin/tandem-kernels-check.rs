@@ -3,6 +3,11 @@
 //! spills per kernel. Exit status 1 on any compile error (and with `--no-spills`, on any spill).
 //!
 //!   tandem-kernels-check [--dir kernels] [--arch sm_80,sm_90] [--only matmul] [--no-spills]
+//!   tandem-kernels-check --fill-cache 90 [--dir kernels]
+//!
+//! `--fill-cache ARCH` instead compiles every kernel for compute_ARCH into the backend's PTX
+//! cache (TANDEM_PTX_CACHE, else ~/.cache/tandem/ptx) under the key the backend looks up, so
+//! a machine given that folder skips NVRTC at start (the GPU bundle carries one for sm_90).
 //!
 //! libnvrtc must be on the loader path before the process starts; when it is not but the
 //! toolchain was found (kernels/install-toolchain.sh), the binary re-executes itself once with
@@ -14,13 +19,14 @@ use std::process::ExitCode;
 use tandem_cuda::check::{check_kernels_filtered, format_table};
 use tandem_cuda::toolchain::Toolchain;
 
-const USAGE: &str = "usage: tandem-kernels-check [--dir DIR] [--arch sm_80,sm_90] [--only NAME] [--no-spills]";
+const USAGE: &str = "usage: tandem-kernels-check [--dir DIR] [--arch sm_80,sm_90] [--only NAME] [--no-spills] | --fill-cache ARCH [--dir DIR]";
 
 fn main() -> ExitCode {
     let mut dir = None;
     let mut archs = "sm_80,sm_90".to_string();
     let mut only = None;
     let mut no_spills = false;
+    let mut fill = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -28,6 +34,7 @@ fn main() -> ExitCode {
             "--arch" => archs = args.next().unwrap_or_default(),
             "--only" => only = args.next(),
             "--no-spills" => no_spills = true,
+            "--fill-cache" => fill = args.next(),
             "-h" | "--help" => {
                 println!("{USAGE}");
                 return ExitCode::SUCCESS;
@@ -40,6 +47,9 @@ fn main() -> ExitCode {
     }
     reexec_with_loader_path();
     let dir = dir.unwrap_or_else(default_dir);
+    if let Some(arch) = fill {
+        return fill_cache(&dir, &arch);
+    }
     let archs: Vec<&str> = archs.split(',').map(str::trim).filter(|s| !s.is_empty()).collect();
     match check_kernels_filtered(&dir, &archs, only.as_deref()) {
         Ok(reports) => {
@@ -55,6 +65,28 @@ fn main() -> ExitCode {
         }
         Err(e) => {
             eprintln!("kernel check failed: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Every kernel of `dir` into the PTX cache for compute_`arch` (see the module comment).
+fn fill_cache(dir: &std::path::Path, arch: &str) -> ExitCode {
+    let include = Toolchain::discover().include_dir;
+    let run = || -> tandem_core::Result<usize> {
+        let srcs = tandem_cuda::sources::from_dir(dir)?;
+        for src in &srcs {
+            tandem_cuda::compile::compile_ptx_cached(src, arch, include.as_ref())?;
+        }
+        Ok(srcs.len())
+    };
+    match run() {
+        Ok(n) => {
+            println!("{n} kernel files compiled for compute_{arch} into the PTX cache");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("filling the PTX cache failed: {e}");
             ExitCode::FAILURE
         }
     }
