@@ -623,10 +623,13 @@ typedef GemmShape<64, 32, 32, 3, 128> GemmM64N128;
 //     opt-in) and registers capped at 128, so two blocks share an SM (m128 takes ~158
 //     registers: one block of 8 warps per SM);
 //   m64_occ4 (17..128 rows): m64's tile with 3 stages and the total in shared memory (47104
-//     bytes), registers capped at 128: four blocks per SM, not three.
+//     bytes), registers capped at 128: four blocks per SM, not three;
+//   m16_s8 (decode, m <= 16): m16 with 8 stages, not 4 (51200 bytes, opt-in): twice the weight
+//     bytes in flight per block.
 typedef GemmShape<128, 64, 32, 4, 128, true> GemmM128N128;
 typedef GemmShape<128, 32, 32, 4, 64, true> GemmM128Occ2;
 typedef GemmShape<64, 32, 32, 3, 64, true> GemmM64Occ4;
+typedef GemmShape<16, 16, 16, 8> GemmM16S8;
 
 // BOUNDS: the kernel's __launch_bounds__. m16_n128 adds a minimum of 1 block per SM: with
 // the bare bound ptxas gave it 64 registers and a 12-byte spill on sm_80 (none on sm_90);
@@ -653,7 +656,8 @@ typedef GemmShape<64, 32, 32, 3, 64, true> GemmM64Occ4;
     MATMUL_TC(DT, T, m64_n128, GemmM64N128)                                                                          \
     MATMUL_TC_BOUNDS(DT, T, m128_n128, GemmM128N128, __launch_bounds__(GemmM128N128::THREADS, 1))                    \
     MATMUL_TC_BOUNDS(DT, T, m128_occ2, GemmM128Occ2, __launch_bounds__(GemmM128Occ2::THREADS, 2))                    \
-    MATMUL_TC_BOUNDS(DT, T, m64_occ4, GemmM64Occ4, __launch_bounds__(GemmM64Occ4::THREADS, 4))
+    MATMUL_TC_BOUNDS(DT, T, m64_occ4, GemmM64Occ4, __launch_bounds__(GemmM64Occ4::THREADS, 4))                      \
+    MATMUL_TC(DT, T, m16_s8, GemmM16S8)
 MATMUL_DT(bf16, bf16_t)
 MATMUL_DT(f16, f16_t)
 

@@ -50,7 +50,7 @@ inline float rnd() {  // splitmix64 -> [-1, 1)
 // The variants the GPU check times (matmul.rs `GemmVariants`, TANDEM_CUDA_GEMM_LARGE / _MID):
 // large 0 = m128 (the default), 1 = m128_n128, 2 = m128_occ2; mid 0 = m64, 1 = m64_occ4.
 // emu_test.cpp runs the matmul, fused and act16 tests once per variant.
-inline int large_variant = 0, mid_variant = 0;
+inline int large_variant = 0, mid_variant = 0, small_variant = 0;  // small 1 = m16_s8
 // The output tile's width the epilogue needs (matmul.rs `rope_tile_cols`): 128 only for the
 // rope epilogue at a head_dim that does not divide 64, so every head lies in one tile.
 inline int tile_cols(const Epilogue& ep, const RopeKv& rk) { return ep.kind == EPI_QKV_ROPE && rk.head_dim > 0 && 64 % rk.head_dim != 0 ? 128 : 64; }
@@ -60,7 +60,7 @@ struct Tile {
 };
 // The tile kernel for m rows when the epilogue needs tiles `cols` wide (matmul.rs `gemm_kernel_of`).
 inline Tile pick_tile(int m, int cols) {
-    if (m <= 16) return cols == 128 ? Tile{16, 128, "m16_n128"} : Tile{16, 64, "m16"};
+    if (m <= 16) return cols == 128 ? Tile{16, 128, "m16_n128"} : small_variant == 1 ? Tile{16, 64, "m16_s8"} : Tile{16, 64, "m16"};
     if (m <= 128) return cols == 128 ? Tile{64, 128, "m64_n128"} : mid_variant == 1 ? Tile{64, 64, "m64_occ4"} : Tile{64, 64, "m64"};
     if (large_variant == 1) return Tile{128, 128, "m128_n128"};
     if (cols == 128) return Tile{64, 128, "m64_n128"};
@@ -117,6 +117,7 @@ inline bool gemm(int dt, const float* x, const uint16_t* w, const uint16_t* bias
     MM_PICK(m128_n128, GemmM128N128)
     MM_PICK(m128_occ2, GemmM128Occ2)
     MM_PICK(m64_occ4, GemmM64Occ4)
+    MM_PICK(m16_s8, GemmM16S8)
 #undef MM_PICK
 #undef MM_CALL
     if (split && legacy)
@@ -249,7 +250,8 @@ inline void slices_table(const Check& check) {
               GemmM128::THREADS == 256 && GemmM128::SMEM_BYTES == 46080 && GemmM16N128::THREADS == 256 && GemmM16N128::SMEM_BYTES == 46080 &&
               GemmM64N128::THREADS == 256 && GemmM64N128::SMEM_BYTES == 46080 && GemmM16N128::BN == 128 && GemmM64N128::BN == 128 &&
               GemmM128N128::THREADS == 256 && GemmM128N128::SMEM_BYTES == 147456 && GemmM128N128::BN == 128 && GemmM128Occ2::THREADS == 256 &&
-              GemmM128Occ2::SMEM_BYTES == 94208 && GemmM64Occ4::THREADS == 128 && GemmM64Occ4::SMEM_BYTES == 47104);
+              GemmM128Occ2::SMEM_BYTES == 94208 && GemmM64Occ4::THREADS == 128 && GemmM64Occ4::SMEM_BYTES == 47104 &&
+              GemmM16S8::THREADS == 128 && GemmM16S8::SMEM_BYTES == 51200);
 }
 
 // k = 0: no k tile at all; out must be exactly the bias (or zero).

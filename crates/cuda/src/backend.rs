@@ -333,7 +333,7 @@ struct Kernels<F> {
     rope: Kernel<F>,
     matmul_tiled_f32: Kernel<F>,
     matmul_x: [Kernel<F>; 2],
-    matmul_tc: [[Kernel<F>; 8]; 2],
+    matmul_tc: [[Kernel<F>; 9]; 2],
     kv_write: [Kernel<F>; 2],
     rope_kv_write: [Kernel<F>; 2],
     attn_partial: [Kernel<F>; 2],
@@ -371,6 +371,7 @@ impl<F> Kernels<F> {
                     k("matmul_tc_bf16_m128_n128")?,
                     k("matmul_tc_bf16_m128_occ2")?,
                     k("matmul_tc_bf16_m64_occ4")?,
+                    k("matmul_tc_bf16_m16_s8")?,
                 ],
                 [
                     k("matmul_tc_f16_m16")?,
@@ -381,6 +382,7 @@ impl<F> Kernels<F> {
                     k("matmul_tc_f16_m128_n128")?,
                     k("matmul_tc_f16_m128_occ2")?,
                     k("matmul_tc_f16_m64_occ4")?,
+                    k("matmul_tc_f16_m16_s8")?,
                 ],
             ],
             kv_write: [k("kv_write_f32")?, k("kv_write_bf16")?],
@@ -489,7 +491,7 @@ impl CudaBackend {
         }
         let variants = matmul::check_gemm_variants()?;
         if variants != matmul::GEMM_DEFAULT_VARIANTS {
-            tracing::info!("cuda: GEMM tile kernels {variants:?} (TANDEM_CUDA_GEMM_LARGE / _MID)");
+            tracing::info!("cuda: GEMM tile kernels {variants:?} (TANDEM_CUDA_GEMM_LARGE / _MID / _SMALL)");
         }
         let sync_each = std::env::var("TANDEM_CUDA_SYNC").is_ok_and(|v| v == "1");
         let f32_activations = std::env::var("TANDEM_CUDA_ACTIVATIONS").is_ok_and(|v| v == "f32");
@@ -1192,7 +1194,7 @@ mod kernel_table_tests {
         let names = kernel_names();
         let unique: std::collections::BTreeSet<_> = names.iter().collect();
         assert_eq!(unique.len(), names.len(), "{names:?}");
-        assert_eq!(names.len(), 46);
+        assert_eq!(names.len(), 48);
         let k = Kernels::<&'static str>::resolve(Ok).unwrap();
         assert_eq!(k.embedding.map(|x| x.f), ["embedding_f32", "embedding_bf16", "embedding_f16"]);
         assert_eq!([Elem::F32, Elem::BF16, Elem::F16].map(|e| k.rms_norm[weight_index(e)].f), ["rms_norm_f32", "rms_norm_bf16", "rms_norm_f16"]);

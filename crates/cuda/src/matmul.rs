@@ -81,21 +81,25 @@ pub(super) const GEMM_M128_N128: GemmKernel = GemmKernel { rows: 128, cols: 128,
 pub(super) const GEMM_M128_OCC2: GemmKernel = GemmKernel { rows: 128, cols: 64, threads: 256, smem: 4 * (128 + 64) * 40 * 2 + 128 * 64 * 4, index: 6 };
 /// m64_occ4: m64's tile, 3 stages (47104 bytes), registers capped for 4 blocks an SM.
 pub(super) const GEMM_M64_OCC4: GemmKernel = GemmKernel { rows: 64, cols: 64, threads: 128, smem: 3 * (64 + 64) * 40 * 2 + 64 * 64 * 4, index: 7 };
+/// m16_s8: m16 with 8 stages (51200 bytes: opt-in), twice the weight bytes in flight.
+pub(super) const GEMM_M16_S8: GemmKernel = GemmKernel { rows: 16, cols: 64, threads: 128, smem: 8 * (16 + 64) * 40 * 2, index: 8 };
 /// Every tile kernel, in [`GemmKernel::index`] order (the `matmul_tc` rows of `Kernels`).
-pub(super) const GEMM_KERNELS: [&GemmKernel; 8] = [&GEMM_M16, &GEMM_M64, &GEMM_M128, &GEMM_M16_N128, &GEMM_M64_N128, &GEMM_M128_N128, &GEMM_M128_OCC2, &GEMM_M64_OCC4];
+pub(super) const GEMM_KERNELS: [&GemmKernel; 9] = [&GEMM_M16, &GEMM_M64, &GEMM_M128, &GEMM_M16_N128, &GEMM_M64_N128, &GEMM_M128_N128, &GEMM_M128_OCC2, &GEMM_M64_OCC4, &GEMM_M16_S8];
 /// The name suffix of each tile kernel, in index order (`matmul_tc_<dt>_<suffix>`).
-pub(super) const GEMM_SUFFIXES: [&str; 8] = ["m16", "m64", "m128", "m16_n128", "m64_n128", "m128_n128", "m128_occ2", "m64_occ4"];
+pub(super) const GEMM_SUFFIXES: [&str; 9] = ["m16", "m64", "m128", "m16_n128", "m64_n128", "m128_n128", "m128_occ2", "m64_occ4", "m16_s8"];
 /// A launch without opting in gets at most this much dynamic shared memory.
 pub(super) const SMEM_DEFAULT_LIMIT: u32 = 48 * 1024;
 
-/// Which tile kernel serves m > 128 rows (`large`) and 17..=128 rows (`mid`) on 64-wide tiles:
-/// the defaults, or the variants named by TANDEM_CUDA_GEMM_LARGE (m128, m128_n128, m128_occ2)
-/// and TANDEM_CUDA_GEMM_MID (m64, m64_occ4), so the kernel lab can time them side by side.
+/// Which tile kernel serves m > 128 rows (`large`), 17..=128 rows (`mid`) and up to 16
+/// (`small`) on 64-wide tiles: the defaults, or the variants named by TANDEM_CUDA_GEMM_LARGE
+/// (m128, m128_n128, m128_occ2), TANDEM_CUDA_GEMM_MID (m64, m64_occ4) and
+/// TANDEM_CUDA_GEMM_SMALL (m16, m16_s8), so the kernel lab can time them side by side.
 /// Read once per process; [`check_gemm_variants`] turns a bad name into a load error.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(super) struct GemmVariants {
     pub(super) large: &'static GemmKernel,
     pub(super) mid: &'static GemmKernel,
+    pub(super) small: &'static GemmKernel,
 }
 impl std::fmt::Debug for GemmKernel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -107,9 +111,9 @@ impl PartialEq for GemmKernel {
         self.index == o.index
     }
 }
-pub(super) const GEMM_DEFAULT_VARIANTS: GemmVariants = GemmVariants { large: &GEMM_M128, mid: &GEMM_M64 };
+pub(super) const GEMM_DEFAULT_VARIANTS: GemmVariants = GemmVariants { large: &GEMM_M128, mid: &GEMM_M64, small: &GEMM_M16 };
 
-fn parse_gemm_variants(large: Option<&str>, mid: Option<&str>) -> std::result::Result<GemmVariants, String> {
+fn parse_gemm_variants(large: Option<&str>, mid: Option<&str>, small: Option<&str>) -> std::result::Result<GemmVariants, String> {
     let mut v = GEMM_DEFAULT_VARIANTS;
     if let Some(l) = large.filter(|s| !s.is_empty()) {
         v.large = match l {
@@ -126,6 +130,13 @@ fn parse_gemm_variants(large: Option<&str>, mid: Option<&str>) -> std::result::R
             _ => return Err(format!("TANDEM_CUDA_GEMM_MID={m}: one of m64 (the default), m64_occ4")),
         };
     }
+    if let Some(m) = small.filter(|s| !s.is_empty()) {
+        v.small = match m {
+            "m16" => &GEMM_M16,
+            "m16_s8" => &GEMM_M16_S8,
+            _ => return Err(format!("TANDEM_CUDA_GEMM_SMALL={m}: one of m16 (the default), m16_s8")),
+        };
+    }
     Ok(v)
 }
 
@@ -133,7 +144,7 @@ static GEMM_VARIANTS: std::sync::OnceLock<std::result::Result<GemmVariants, Stri
 fn gemm_variants() -> &'static std::result::Result<GemmVariants, String> {
     GEMM_VARIANTS.get_or_init(|| {
         let var = |n: &str| std::env::var(n).ok();
-        parse_gemm_variants(var("TANDEM_CUDA_GEMM_LARGE").as_deref(), var("TANDEM_CUDA_GEMM_MID").as_deref())
+        parse_gemm_variants(var("TANDEM_CUDA_GEMM_LARGE").as_deref(), var("TANDEM_CUDA_GEMM_MID").as_deref(), var("TANDEM_CUDA_GEMM_SMALL").as_deref())
     })
 }
 /// The variants in use, or the error naming a bad TANDEM_CUDA_GEMM_* value (checked at load).
@@ -148,7 +159,7 @@ pub(super) fn gemm_kernel(m: usize, cols: usize) -> &'static GemmKernel {
 }
 pub(super) fn gemm_kernel_of(m: usize, cols: usize, v: &GemmVariants) -> &'static GemmKernel {
     match (cols == GEMM_BN_WIDE, m) {
-        (false, 0..=16) => &GEMM_M16,
+        (false, 0..=16) => v.small,
         (false, 17..=SPLIT_MAX_ROWS) => v.mid,
         (false, _) => v.large,
         (true, 0..=16) => &GEMM_M16_N128,
@@ -620,14 +631,16 @@ mod matmul_tests {
         assert_eq!(gemm_kernel(17, GEMM_BN).rows, 64);
         assert_eq!(gemm_kernel(128, GEMM_BN).rows, 64);
         assert_eq!(gemm_kernel(129, GEMM_BN).rows, 128);
-        let v = parse_gemm_variants(Some("m128_n128"), Some("m64_occ4")).unwrap();
+        let v = parse_gemm_variants(Some("m128_n128"), Some("m64_occ4"), None).unwrap();
         assert_eq!((gemm_kernel_of(129, GEMM_BN, &v), gemm_kernel_of(2048, GEMM_BN_WIDE, &v)), (&GEMM_M128_N128, &GEMM_M128_N128));
         assert_eq!((gemm_kernel_of(17, GEMM_BN, &v), gemm_kernel_of(128, GEMM_BN_WIDE, &v), gemm_kernel_of(16, GEMM_BN, &v)), (&GEMM_M64_OCC4, &GEMM_M64_N128, &GEMM_M16));
-        let v = parse_gemm_variants(Some("m128_occ2"), None).unwrap();
+        let v = parse_gemm_variants(Some("m128_occ2"), None, Some("m16_s8")).unwrap();
         assert_eq!((gemm_kernel_of(129, GEMM_BN, &v), gemm_kernel_of(129, GEMM_BN_WIDE, &v), gemm_kernel_of(64, GEMM_BN, &v)), (&GEMM_M128_OCC2, &GEMM_M64_N128, &GEMM_M64));
-        assert!(parse_gemm_variants(Some("m256"), None).unwrap_err().contains("TANDEM_CUDA_GEMM_LARGE=m256"));
-        assert!(parse_gemm_variants(None, Some("x")).unwrap_err().contains("TANDEM_CUDA_GEMM_MID=x"));
-        assert_eq!(parse_gemm_variants(Some(""), None).unwrap(), GEMM_DEFAULT_VARIANTS);
+        assert_eq!((gemm_kernel_of(16, GEMM_BN, &v), gemm_kernel_of(16, GEMM_BN_WIDE, &v)), (&GEMM_M16_S8, &GEMM_M16_N128));
+        assert!(parse_gemm_variants(Some("m256"), None, None).unwrap_err().contains("TANDEM_CUDA_GEMM_LARGE=m256"));
+        assert!(parse_gemm_variants(None, Some("x"), None).unwrap_err().contains("TANDEM_CUDA_GEMM_MID=x"));
+        assert!(parse_gemm_variants(None, None, Some("m8")).unwrap_err().contains("TANDEM_CUDA_GEMM_SMALL=m8"));
+        assert_eq!(parse_gemm_variants(Some(""), None, None).unwrap(), GEMM_DEFAULT_VARIANTS);
         for (i, g) in GEMM_KERNELS.iter().enumerate() {
             assert_eq!(g.index, i);
         }
