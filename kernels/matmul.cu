@@ -98,7 +98,8 @@
 
 // Test hooks, defined only by kernels/emu/break_test.cpp to prove the emulator catches the
 // bug: 1 swaps two B fragments (a wrong fragment index), 2 drops the cp.async wait, 3 folds a
-// split K in arrival order (the last block's own partial first).
+// split K in arrival order (the last block's own partial first), 4 starts the shared-memory
+// slice total (TOTAL_SMEM) from what the block's shared memory held instead of the first slice.
 #ifndef TANDEM_GEMM_BREAK
 #define TANDEM_GEMM_BREAK 0
 #endif
@@ -396,7 +397,11 @@ __device__ void matmul_tc_impl(const float* __restrict__ x, const u16* __restric
                     for (int q = 0; q < 4; ++q) {
                         if constexpr (S::TOTAL_SMEM) {
                             float& t = s_total[((mi * S::NJ + nj) * 4 + q) * S::THREADS + threadIdx.x];
+#if TANDEM_GEMM_BREAK == 4
+                            t = t + acc[mi][nj][q];  // the bug: the first slice adds to words nobody wrote
+#else
                             t = first_slice ? acc[mi][nj][q] : t + acc[mi][nj][q];
+#endif
                         } else {
                             total[mi][nj][q] = first_slice ? acc[mi][nj][q] : total[mi][nj][q] + acc[mi][nj][q];
                         }

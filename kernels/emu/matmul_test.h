@@ -47,10 +47,11 @@ inline float rnd() {  // splitmix64 -> [-1, 1)
     return (float)(z >> 40) / (float)(1u << 24) * 2.0f - 1.0f;
 }
 
-// The variants the GPU check times (matmul.rs `GemmVariants`, TANDEM_CUDA_GEMM_LARGE / _MID):
-// large 0 = m128 (the default), 1 = m128_n128, 2 = m128_occ2; mid 0 = m64, 1 = m64_occ4.
-// emu_test.cpp runs the matmul, fused and act16 tests once per variant.
-inline int large_variant = 0, mid_variant = 0, small_variant = 0;  // small 1 = m16_s8
+// The variants the GPU check times (matmul.rs `GemmVariants`, TANDEM_CUDA_GEMM_LARGE / _MID /
+// _SMALL): large 0 = m128, 1 = m128_n128, 2 = m128_occ2 (the default); mid 0 = m64,
+// 1 = m64_occ4 (the default); small 0 = m16 (the default), 1 = m16_s8. emu_test.cpp runs the
+// matmul, fused and act16 tests with the defaults, then once per other set of variants.
+inline int large_variant = 2, mid_variant = 1, small_variant = 0;
 // The output tile's width the epilogue needs (matmul.rs `rope_tile_cols`): 128 only for the
 // rope epilogue at a head_dim that does not divide 64, so every head lies in one tile.
 inline int tile_cols(const Epilogue& ep, const RopeKv& rk) { return ep.kind == EPI_QKV_ROPE && rk.head_dim > 0 && 64 % rk.head_dim != 0 ? 128 : 64; }

@@ -1198,7 +1198,7 @@ mod kernel_table_tests {
         let k = Kernels::<&'static str>::resolve(Ok).unwrap();
         assert_eq!(k.embedding.map(|x| x.f), ["embedding_f32", "embedding_bf16", "embedding_f16"]);
         assert_eq!([Elem::F32, Elem::BF16, Elem::F16].map(|e| k.rms_norm[weight_index(e)].f), ["rms_norm_f32", "rms_norm_bf16", "rms_norm_f16"]);
-        for (m, want) in [(1, "matmul_tc_f16_m16"), (17, "matmul_tc_f16_m64"), (129, "matmul_tc_f16_m128")] {
+        for (m, want) in [(1, "matmul_tc_f16_m16"), (17, "matmul_tc_f16_m64_occ4"), (129, "matmul_tc_f16_m128_occ2")] {
             assert_eq!(k.matmul_tc[weight_index(Elem::F16) - 1][gemm_kernel(m, matmul::GEMM_BN).index].f, want);
         }
         for (m, want) in [(1, "matmul_tc_bf16_m16_n128"), (17, "matmul_tc_bf16_m64_n128"), (129, "matmul_tc_bf16_m64_n128")] {

@@ -91,9 +91,9 @@ pub(super) const GEMM_SUFFIXES: [&str; 9] = ["m16", "m64", "m128", "m16_n128", "
 pub(super) const SMEM_DEFAULT_LIMIT: u32 = 48 * 1024;
 
 /// Which tile kernel serves m > 128 rows (`large`), 17..=128 rows (`mid`) and up to 16
-/// (`small`) on 64-wide tiles: the defaults, or the variants named by TANDEM_CUDA_GEMM_LARGE
-/// (m128, m128_n128, m128_occ2), TANDEM_CUDA_GEMM_MID (m64, m64_occ4) and
-/// TANDEM_CUDA_GEMM_SMALL (m16, m16_s8), so the kernel lab can time them side by side.
+/// (`small`) on 64-wide tiles: the defaults ([`GEMM_DEFAULT_VARIANTS`]), or the variants named
+/// by TANDEM_CUDA_GEMM_LARGE (m128_occ2, m128, m128_n128), TANDEM_CUDA_GEMM_MID (m64_occ4, m64)
+/// and TANDEM_CUDA_GEMM_SMALL (m16, m16_s8), so the kernel lab can time them side by side.
 /// Read once per process; [`check_gemm_variants`] turns a bad name into a load error.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(super) struct GemmVariants {
@@ -111,7 +111,11 @@ impl PartialEq for GemmKernel {
         self.index == o.index
     }
 }
-pub(super) const GEMM_DEFAULT_VARIANTS: GemmVariants = GemmVariants { large: &GEMM_M128, mid: &GEMM_M64, small: &GEMM_M16 };
+/// The defaults follow the H200's measurements (docs/gpu-check.md, "Tuning round",
+/// 2026-12-04): m128_occ2 gave prefill 2048 49.0k tok/s against m128's 30.9k and m128_n128's
+/// 47.0k, every GEMM at m >= 256 1.2-1.9x faster; m64_occ4 gave decode at batch 64 9.7k tok/s
+/// against m64's 8.9k; m16_s8 lost to m16 (decode batch 1 327 against 378 tok/s).
+pub(super) const GEMM_DEFAULT_VARIANTS: GemmVariants = GemmVariants { large: &GEMM_M128_OCC2, mid: &GEMM_M64_OCC4, small: &GEMM_M16 };
 
 fn parse_gemm_variants(large: Option<&str>, mid: Option<&str>, small: Option<&str>) -> std::result::Result<GemmVariants, String> {
     let mut v = GEMM_DEFAULT_VARIANTS;
@@ -120,14 +124,14 @@ fn parse_gemm_variants(large: Option<&str>, mid: Option<&str>, small: Option<&st
             "m128" => &GEMM_M128,
             "m128_n128" => &GEMM_M128_N128,
             "m128_occ2" => &GEMM_M128_OCC2,
-            _ => return Err(format!("TANDEM_CUDA_GEMM_LARGE={l}: one of m128 (the default), m128_n128, m128_occ2")),
+            _ => return Err(format!("TANDEM_CUDA_GEMM_LARGE={l}: one of m128_occ2 (the default), m128, m128_n128")),
         };
     }
     if let Some(m) = mid.filter(|s| !s.is_empty()) {
         v.mid = match m {
             "m64" => &GEMM_M64,
             "m64_occ4" => &GEMM_M64_OCC4,
-            _ => return Err(format!("TANDEM_CUDA_GEMM_MID={m}: one of m64 (the default), m64_occ4")),
+            _ => return Err(format!("TANDEM_CUDA_GEMM_MID={m}: one of m64_occ4 (the default), m64")),
         };
     }
     if let Some(m) = small.filter(|s| !s.is_empty()) {
@@ -631,11 +635,13 @@ mod matmul_tests {
         assert_eq!(gemm_kernel(17, GEMM_BN).rows, 64);
         assert_eq!(gemm_kernel(128, GEMM_BN).rows, 64);
         assert_eq!(gemm_kernel(129, GEMM_BN).rows, 128);
+        let d = GEMM_DEFAULT_VARIANTS;
+        assert_eq!((gemm_kernel_of(16, GEMM_BN, &d), gemm_kernel_of(17, GEMM_BN, &d), gemm_kernel_of(129, GEMM_BN, &d)), (&GEMM_M16, &GEMM_M64_OCC4, &GEMM_M128_OCC2));
         let v = parse_gemm_variants(Some("m128_n128"), Some("m64_occ4"), None).unwrap();
         assert_eq!((gemm_kernel_of(129, GEMM_BN, &v), gemm_kernel_of(2048, GEMM_BN_WIDE, &v)), (&GEMM_M128_N128, &GEMM_M128_N128));
         assert_eq!((gemm_kernel_of(17, GEMM_BN, &v), gemm_kernel_of(128, GEMM_BN_WIDE, &v), gemm_kernel_of(16, GEMM_BN, &v)), (&GEMM_M64_OCC4, &GEMM_M64_N128, &GEMM_M16));
-        let v = parse_gemm_variants(Some("m128_occ2"), None, Some("m16_s8")).unwrap();
-        assert_eq!((gemm_kernel_of(129, GEMM_BN, &v), gemm_kernel_of(129, GEMM_BN_WIDE, &v), gemm_kernel_of(64, GEMM_BN, &v)), (&GEMM_M128_OCC2, &GEMM_M64_N128, &GEMM_M64));
+        let v = parse_gemm_variants(Some("m128"), Some("m64"), Some("m16_s8")).unwrap();
+        assert_eq!((gemm_kernel_of(129, GEMM_BN, &v), gemm_kernel_of(129, GEMM_BN_WIDE, &v), gemm_kernel_of(64, GEMM_BN, &v)), (&GEMM_M128, &GEMM_M64_N128, &GEMM_M64));
         assert_eq!((gemm_kernel_of(16, GEMM_BN, &v), gemm_kernel_of(16, GEMM_BN_WIDE, &v)), (&GEMM_M16_S8, &GEMM_M16_N128));
         assert!(parse_gemm_variants(Some("m256"), None, None).unwrap_err().contains("TANDEM_CUDA_GEMM_LARGE=m256"));
         assert!(parse_gemm_variants(None, Some("x"), None).unwrap_err().contains("TANDEM_CUDA_GEMM_MID=x"));
