@@ -43,9 +43,9 @@ PY=${TANDEM_CHECK_PYTHON:-python3}
 export PYTHONUNBUFFERED=1
 export RUST_LOG=${RUST_LOG:-info}
 export TANDEM_PTX_CACHE=$WORK/ptx-cache
-# The bundle's PTX for sm_90, compiled by the same NVRTC version (the cache key holds it), so
-# the first process skips NVRTC; the driver still JIT-compiles it to the GPU's code once.
-if [ -d "$HERE/ptx-cache" ]; then mkdir -p "$TANDEM_PTX_CACHE" && cp -n "$HERE"/ptx-cache/*.ptx "$TANDEM_PTX_CACHE"/ 2>/dev/null; fi
+# The bundle's cubins for sm_90, compiled by the same NVRTC version (the cache key holds it),
+# so the first process skips NVRTC and the driver's JIT (over 120 s on a fresh H200).
+if [ -d "$HERE/ptx-cache" ]; then mkdir -p "$TANDEM_PTX_CACHE" && cp -n "$HERE"/ptx-cache/* "$TANDEM_PTX_CACHE"/ 2>/dev/null; fi
 
 BIN=${TANDEM_BIN:-}
 for b in "$HERE/tandem" "$HERE/../target/release/tandem"; do

@@ -28,7 +28,7 @@ export PYTHONUNBUFFERED=1 RUST_LOG=${RUST_LOG:-info}
 export TANDEM_PTX_CACHE=$WORK/ptx-cache
 rm -rf "$WORK/logs" "$WORK/raw"
 mkdir -p "$WORK/logs" "$WORK/raw" "$WORK/models" "$TANDEM_PTX_CACHE"
-[ -d "$HERE/ptx-cache" ] && cp -n "$HERE"/ptx-cache/*.ptx "$TANDEM_PTX_CACHE"/ 2>/dev/null
+[ -d "$HERE/ptx-cache" ] && cp -n "$HERE"/ptx-cache/* "$TANDEM_PTX_CACHE"/ 2>/dev/null
 LOG=$OUT/tune.log
 STEPS=$WORK/raw/steps.tsv
 : >"$LOG"

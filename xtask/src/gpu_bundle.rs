@@ -128,12 +128,13 @@ pub fn run(a: Args) -> Result<()> {
     Ok(())
 }
 
-/// The kernels' PTX for compute_90 (the H200), compiled here by NVRTC 13.0 from the pip wheels
+/// The kernels' cubins for sm_90 (the H200), compiled here by NVRTC 13.0 from the pip wheels
 /// into `dir` under the backend's cache keys (`tandem-kernels-check --fill-cache 90`): check.sh
-/// copies it into the backend's cache, so the first process there skips NVRTC (about 80 s of
-/// the 2026-12-04 run's first start went to NVRTC and the driver's JIT). The key holds NVRTC's
-/// version: the GPU's own 13.0 finds these; another version compiles afresh. Optional: without
-/// the toolchain the bundle goes without it, and says so.
+/// copies them into the backend's cache, so the first process there skips NVRTC and the
+/// driver's JIT (the first start took about 80 s in the 2026-12-04 check, and over 120 s in its
+/// tuning round, with PTX only). The key holds NVRTC's version: the GPU's own 13.0 finds these;
+/// another version compiles afresh. Optional: without the toolchain the bundle goes without
+/// them, and says so.
 fn fill_ptx_cache(root: &Path, dir: &Path) -> String {
     let tc = root.join(".venv-cuda/lib/python3.11/site-packages/nvidia/cu13/lib");
     let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
@@ -144,14 +145,14 @@ fn fill_ptx_cache(root: &Path, dir: &Path) -> String {
         cmd.env("TANDEM_CUDA_LIB", &tc);
     }
     match cmd.status() {
-        Ok(s) if s.success() => format!("PTX for sm_90 in {}", dir.display()),
+        Ok(s) if s.success() => format!("cubins for sm_90 in {}", dir.display()),
         Ok(s) => {
-            eprintln!("warning: no PTX cache in the bundle (tandem-kernels-check --fill-cache exited with {s}; kernels/install-toolchain.sh installs NVRTC)");
-            "no PTX cache".into()
+            eprintln!("warning: no kernel cache in the bundle (tandem-kernels-check --fill-cache exited with {s}; kernels/install-toolchain.sh installs NVRTC)");
+            "no kernel cache".into()
         }
         Err(e) => {
-            eprintln!("warning: no PTX cache in the bundle ({e})");
-            "no PTX cache".into()
+            eprintln!("warning: no kernel cache in the bundle ({e})");
+            "no kernel cache".into()
         }
     }
 }

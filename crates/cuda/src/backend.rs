@@ -25,7 +25,7 @@ use tandem_core::sampling::{RowMasks, SampleSpec, TokenLogprobs, EDIT_WORDS, MAX
 use tandem_core::weights::TensorView;
 use tandem_core::{Error, Result};
 
-use crate::compile::{compile_ptx_cached, ptx_entries};
+use crate::compile::{compile_cubin_cached, compile_ptx_cached, ptx_entries};
 use crate::sources::{self, KernelSource};
 use crate::toolchain::Toolchain;
 
@@ -472,10 +472,19 @@ impl CudaBackend {
         let arch = format!("{maj}{min}");
         let device_name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
         let include = Toolchain::discover().include_dir;
+        let images = compile_modules(&srcs, &arch, include.as_ref())?;
         let mut funcs = HashMap::new();
-        for src in &srcs {
-            let ptx = compile_ptx_cached(src, &arch, include.as_ref())?;
-            load_module(&ctx, src, &ptx, &mut funcs)?;
+        for (src, image) in srcs.iter().zip(images) {
+            let cubin = matches!(image, Image::Cubin(_));
+            if let Err(e) = load_module(&ctx, src, image, &mut funcs) {
+                if !cubin {
+                    return Err(e);
+                }
+                // Not seen yet (the cubin path has not met a GPU): the PTX the driver compiles
+                // itself is the path that has.
+                tracing::warn!("{}.cu: the driver refused its sm_{arch} cubin ({e}); loading PTX instead", src.name);
+                load_module(&ctx, src, Image::Ptx(compile_ptx_cached(src, &arch, include.as_ref())?), &mut funcs)?;
+            }
         }
         let loaded = funcs.len();
         let kernels = Kernels::resolve(|name| funcs.remove(name).ok_or_else(|| err(format!("kernel `{name}` is not in the loaded modules (edited kernels/*.cu?)"))))?;
@@ -640,13 +649,63 @@ impl CudaBackend {
     }
 }
 
-fn load_module(ctx: &Arc<CudaContext>, src: &KernelSource, ptx: &str, funcs: &mut HashMap<String, CudaFunction>) -> Result<()> {
-    let module = ctx
-        .load_module(cudarc::nvrtc::Ptx::from_src(ptx.to_string()))
-        .map_err(drv(&format!("loading the PTX of {}.cu (driver older than the NVRTC that made it?)", src.name)))?;
-    for name in ptx_entries(ptx) {
-        let f = module.load_function(&name).map_err(drv(&format!("{}.cu: kernel {name}", src.name)))?;
-        funcs.insert(name, f);
+/// A compiled kernel file: a cubin for the device's own architecture (the default), or PTX the
+/// driver compiles at load (`TANDEM_CUDA_CUBIN=0`, or where NVRTC could not make a cubin).
+enum Image {
+    Cubin(Vec<u8>),
+    Ptx(String),
+}
+
+/// Every kernel file compiled (or read from the cache, compile.rs) on its own thread: NVRTC
+/// programs are independent, and a cold start's time is then the slowest file's, not the sum.
+fn compile_modules(srcs: &[KernelSource], arch: &str, include: Option<&std::path::PathBuf>) -> Result<Vec<Image>> {
+    let cubin = std::env::var("TANDEM_CUDA_CUBIN").map_or(true, |v| v != "0");
+    std::thread::scope(|s| {
+        let jobs: Vec<_> = srcs
+            .iter()
+            .map(|src| {
+                s.spawn(move || -> Result<Image> {
+                    if cubin {
+                        match compile_cubin_cached(src, arch, include) {
+                            Ok(c) => return Ok(Image::Cubin(c)),
+                            Err(e) => tracing::warn!("{}.cu: no cubin for sm_{arch}, loading PTX instead: {e}", src.name),
+                        }
+                    }
+                    compile_ptx_cached(src, arch, include).map(Image::Ptx)
+                })
+            })
+            .collect();
+        jobs.into_iter().map(|j| j.join().unwrap_or_else(|_| Err(err("a kernel compile thread panicked (see stderr)")))).collect()
+    })
+}
+
+fn load_module(ctx: &Arc<CudaContext>, src: &KernelSource, image: Image, funcs: &mut HashMap<String, CudaFunction>) -> Result<()> {
+    // A cubin names no entries we can read cheaply: look up every kernel the backend launches
+    // (those of other files are absent and skipped). PTX lists its own.
+    let (module, names, cubin) = match image {
+        Image::Cubin(c) => (
+            ctx.load_module(cudarc::nvrtc::Ptx::from_binary(c)).map_err(drv(&format!("loading the cubin of {}.cu", src.name)))?,
+            kernel_names().into_iter().filter(|n| !funcs.contains_key(*n)).map(str::to_string).collect::<Vec<_>>(),
+            true,
+        ),
+        Image::Ptx(ptx) => {
+            let names = ptx_entries(&ptx);
+            let m = ctx
+                .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
+                .map_err(drv(&format!("loading the PTX of {}.cu (driver older than the NVRTC that made it?)", src.name)))?;
+            (m, names, false)
+        }
+    };
+    for name in names {
+        match module.load_function(&name) {
+            Ok(f) => {
+                funcs.insert(name, f);
+            }
+            // A cubin's lookup misses the kernels of other files; one missing everywhere fails
+            // Kernels::resolve, by name.
+            Err(_) if cubin => {}
+            Err(e) => return Err(drv(&format!("{}.cu: kernel {name}", src.name))(e)),
+        }
     }
     Ok(())
 }
