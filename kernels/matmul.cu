@@ -167,6 +167,59 @@ __device__ __forceinline__ void norm_prologue(const NormIn& nm, const float* __r
     __syncthreads();
 }
 
+// This thread's 16-byte copies of every k tile where both operands take cp.async (x stored in
+// 16 bits, rows of xa and w 16-byte aligned: the prefill and batched-decode path), worked out
+// once per block: each k tile then costs a pointer add and a compare per copy, not the ~30
+// instructions of row, column and 64-bit address arithmetic the Nsight Compute run of
+// 2026-12-04 found the m128 kernel spending (issue slots 38% busy, the tensor pipes mostly idle).
+// Chunk c of a tile is row c / 4, columns 8 (c % 4) .. + 7; thread t copies chunks t, t +
+// THREADS, ... The same bytes land in the same places as in the general path below.
+template <typename S>
+struct CopyPlan {
+    static constexpr int A_N = (S::BM * 4 + S::THREADS - 1) / S::THREADS, B_N = (S::BN * 4 + S::THREADS - 1) / S::THREADS;
+    const u16* a_src[A_N];  // row start + column of the chunk, at k tile 0 (valid where a_ok)
+    const u16* b_src[B_N];
+    int a_dst[A_N], b_dst[B_N];  // element offset in a stage
+    int a_col[A_N], b_col[B_N];  // column of the chunk within a k tile
+    bool a_ok[A_N], b_ok[B_N];   // the chunk exists and its row is inside x / w
+};
+template <typename S>
+__device__ __forceinline__ void copy_plan(CopyPlan<S>& cp, const u16* __restrict__ xa, const u16* __restrict__ w, int m, int n, int k, int kp, int m0, int n0) {
+#pragma unroll
+    for (int i = 0; i < CopyPlan<S>::A_N; ++i) {
+        const int c = threadIdx.x + i * S::THREADS, r = c >> 2, col = (c & 3) * 8;
+        cp.a_ok[i] = c < S::BM * 4 && m0 + r < m;
+        cp.a_src[i] = cp.a_ok[i] ? xa + (size_t)(m0 + r) * kp + col : xa;
+        cp.a_dst[i] = r * S::P + col;
+        cp.a_col[i] = col;
+    }
+#pragma unroll
+    for (int i = 0; i < CopyPlan<S>::B_N; ++i) {
+        const int c = threadIdx.x + i * S::THREADS, r = c >> 2, col = (c & 3) * 8;
+        cp.b_ok[i] = c < S::BN * 4 && n0 + r < n;
+        cp.b_src[i] = cp.b_ok[i] ? w + (size_t)(n0 + r) * k + col : w;
+        cp.b_dst[i] = r * S::P + col;
+        cp.b_col[i] = col;
+    }
+}
+template <typename S>
+__device__ __forceinline__ void gemm_load_tile_planned(u16* As, u16* Bs, const CopyPlan<S>& cp, const u16* __restrict__ xa, const u16* __restrict__ w, int k,
+                                                       int kp, int kt) {
+    const int k0 = kt * S::BK;
+#pragma unroll
+    for (int i = 0; i < CopyPlan<S>::A_N; ++i) {
+        if (S::BM * 4 % S::THREADS != 0 && !(threadIdx.x + i * S::THREADS < S::BM * 4)) continue;
+        const bool ok = cp.a_ok[i] && k0 + cp.a_col[i] < kp;
+        cp_async_ca16(As + cp.a_dst[i], ok ? cp.a_src[i] + k0 : xa, ok ? 16 : 0);
+    }
+#pragma unroll
+    for (int i = 0; i < CopyPlan<S>::B_N; ++i) {
+        if (S::BN * 4 % S::THREADS != 0 && !(threadIdx.x + i * S::THREADS < S::BN * 4)) continue;
+        const bool ok = cp.b_ok[i] && k0 + cp.b_col[i] < k;
+        cp_async_cg16(Bs + cp.b_dst[i], ok ? cp.b_src[i] + k0 : w, ok ? 16 : 0);
+    }
+}
+
 // Copies k-tile kt (columns 32 kt .. 32 kt + 31) of xa and w into one pipeline stage.
 template <typename T, typename S>
 __device__ __forceinline__ void gemm_load_tile(u16* As, u16* Bs, const float* __restrict__ x, const u16* __restrict__ xa, const u16* __restrict__ w,
@@ -348,13 +401,23 @@ __device__ void matmul_tc_impl(const float* __restrict__ x, const u16* __restric
 #pragma unroll
             for (int q = 0; q < 4; ++q) acc[i][j][q] = total[i][j][q] = 0.0f;
 
+    // Both operands by cp.async from 16-byte aligned rows: the planned copies (CopyPlan), in
+    // the tiles of 64 rows and more (the decode tile, m16, keeps its registers: ~18 more with
+    // the plan, one block fewer per SM, unmeasured).
+    const bool planned = S::BM >= 64 && !x && (kp & 7) == 0 && (k & 7) == 0;
+    CopyPlan<S> cplan;
+    if (planned) copy_plan<S>(cplan, xa, w, m, n, k, kp, m0, n0);
     // Prologue: tiles 0 .. STAGES-2 in flight, one commit group each (empty groups keep the count).
 #pragma unroll
     for (int s = 0; s < S::STAGES - 1; ++s) {
-        if (s < nt) gemm_load_tile<T, S>(As + s * S::A_ELEMS, Bs + s * S::B_ELEMS, x, xa, w, m, n, k, kp, m0, n0, kt_begin + s, nm, s_inv);
+        if (s < nt) {
+            if (planned) gemm_load_tile_planned<S>(As + s * S::A_ELEMS, Bs + s * S::B_ELEMS, cplan, xa, w, k, kp, kt_begin + s);
+            else gemm_load_tile<T, S>(As + s * S::A_ELEMS, Bs + s * S::B_ELEMS, x, xa, w, m, n, k, kp, m0, n0, kt_begin + s, nm, s_inv);
+        }
         cp_async_commit();
     }
     bool first_slice = true;
+    int slice_tiles = 0;
     for (int i = 0; i < nt; ++i) {
 #if TANDEM_GEMM_BREAK != 2
         cp_async_wait<S::STAGES - 2>();  // this thread's copies of tile i have landed
@@ -362,7 +425,10 @@ __device__ void matmul_tc_impl(const float* __restrict__ x, const u16* __restric
         __syncthreads();  // ... everyone's have; and everyone is done with tile i - 1's stage
         {
             const int next = i + S::STAGES - 1, st = next % S::STAGES;
-            if (next < nt) gemm_load_tile<T, S>(As + st * S::A_ELEMS, Bs + st * S::B_ELEMS, x, xa, w, m, n, k, kp, m0, n0, kt_begin + next, nm, s_inv);
+            if (next < nt) {
+                if (planned) gemm_load_tile_planned<S>(As + st * S::A_ELEMS, Bs + st * S::B_ELEMS, cplan, xa, w, k, kp, kt_begin + next);
+                else gemm_load_tile<T, S>(As + st * S::A_ELEMS, Bs + st * S::B_ELEMS, x, xa, w, m, n, k, kp, m0, n0, kt_begin + next, nm, s_inv);
+            }
             cp_async_commit();
         }
         const u16* a_st = As + (i % S::STAGES) * S::A_ELEMS;
@@ -388,7 +454,10 @@ __device__ void matmul_tc_impl(const float* __restrict__ x, const u16* __restric
 #pragma unroll
                 for (int nj = 0; nj < S::NJ; ++nj) mma_16816(T{}, acc[mi][nj], af[mi], bfr[nj]);
         }
-        if ((kt_begin + i + 1) % tiles_per_slice == 0 || i == nt - 1) {  // a slice ends: fold it in
+        // A slice ends: fold it in. kt_begin is a whole number of slices, so the k tiles since
+        // the last fold count up to tiles_per_slice (a counter, not a division per tile).
+        if (++slice_tiles == tiles_per_slice || i == nt - 1) {
+            slice_tiles = 0;
 #pragma unroll
             for (int mi = 0; mi < S::MI; ++mi)
 #pragma unroll
