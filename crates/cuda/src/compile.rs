@@ -19,6 +19,9 @@ use crate::toolchain::Toolchain;
 /// Options every kernel is compiled with. No fast math: the kernels are checked against an
 /// exact f32 reference. `-lineinfo` lets Nsight Compute map stalls to source lines.
 const OPTIONS: &[&str] = &["-std=c++17", "-lineinfo"];
+/// A cubin's: no `-lineinfo`, which embeds the whole PTX text (matmul's cubin: 25 MB with it,
+/// too much for the GPU bundle). For source-level profiling run with TANDEM_CUDA_CUBIN=0.
+const CUBIN_OPTIONS: &[&str] = &["-std=c++17"];
 
 /// `"90"`, `"sm_90"`, `"compute_90"` -> `"90"`.
 pub fn arch_number(arch: &str) -> Result<String> {
@@ -79,7 +82,7 @@ pub fn compile_cubin(src: &KernelSource, arch: &str, include_dir: Option<&PathBu
     use cudarc::nvrtc::{result, sys};
     ensure_nvrtc()?;
     let arch = arch_number(arch)?;
-    let mut options: Vec<String> = OPTIONS.iter().map(|s| s.to_string()).collect();
+    let mut options: Vec<String> = CUBIN_OPTIONS.iter().map(|s| s.to_string()).collect();
     options.push(format!("--gpu-architecture=sm_{arch}"));
     if let Some(inc) = include_dir {
         options.push(format!("--include-path={}", inc.display()));
@@ -134,7 +137,8 @@ fn cached(src: &KernelSource, arch: &str, ext: &str, valid: impl Fn(&[u8]) -> bo
     let mut h = Sha256::new();
     // The PTX key is as it always was (no kind in it), so caches made before cubins stay valid.
     let kind = if ext == "ptx" { String::new() } else { format!("kind {ext}") };
-    for part in [src.text.as_str(), arch_number(arch)?.as_str(), &OPTIONS.join(" "), &format!("nvrtc {maj}.{min}"), &kind] {
+    let options = if ext == "ptx" { OPTIONS } else { CUBIN_OPTIONS };
+    for part in [src.text.as_str(), arch_number(arch)?.as_str(), &options.join(" "), &format!("nvrtc {maj}.{min}"), &kind] {
         if part.is_empty() {
             continue;
         }
