@@ -72,6 +72,18 @@ pub struct EngineArgs {
     /// are refused by name.
     #[arg(long, default_value = "auto", value_parser = parse_kv_cache_dtype)]
     pub kv_cache_dtype: KvCacheDtype,
+    /// vLLM's: no prefill chunk longer than this, and a prompt longer than this is long; 0: no
+    /// threshold. Default: while a request waits to start, a prefill chunk takes at most half
+    /// the step's budget (so the newcomer starts next step); alone it takes the whole budget.
+    #[arg(long)]
+    pub long_prefill_token_threshold: Option<usize>,
+    /// vLLM's: at most this many prompts partly prefilled at once (default: no limit).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_num_partial_prefills: Option<u64>,
+    /// vLLM's: of those, at most this many longer than the threshold; shorter prompts behind a
+    /// held-back long one go first (default: no limit).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_long_partial_prefills: Option<u64>,
 }
 
 /// `--kv-cache-dtype`: None is `auto` (the backend's default, `Backend::kv_dtypes()[0]`).
@@ -130,6 +142,9 @@ impl EngineArgs {
             max_pending_requests: max_pending,
             max_model_len: self.max_model_len,
             async_scheduling: !self.no_async_scheduling,
+            long_prefill_token_threshold: self.long_prefill_token_threshold,
+            max_num_partial_prefills: self.max_num_partial_prefills.unwrap_or(0) as usize,
+            max_long_partial_prefills: self.max_long_partial_prefills.unwrap_or(0) as usize,
             ..Default::default()
         })
     }
@@ -211,7 +226,7 @@ const VLLM_UNSUPPORTED: &[&str] = &[
     "--response-role", "--ssl-keyfile", "--ssl-certfile", "--root-path", "--middleware", "--enable-sleep-mode",
     "--kv-transfer-config", "--num-scheduler-steps", "--preemption-mode", "--no-enable-chunked-prefill", "--hf-overrides",
     "--override-generation-config", "--limit-mm-per-prompt", "--mm-processor-kwargs", "--distributed-executor-backend",
-    "--enable-expert-parallel", "--rope-scaling", "--rope-theta", "--max-num-partial-prefills",
+    "--enable-expert-parallel", "--rope-scaling", "--rope-theta",
 ];
 
 /// A vLLM flag tandem does not have: an error naming it (clap's own error would say only
