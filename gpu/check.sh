@@ -53,16 +53,9 @@ for b in "$HERE/tandem" "$HERE/../target/release/tandem"; do
 done
 BIN=${BIN:-$HERE/tandem}
 
-rm -rf "$WORK/logs" "$WORK/raw"
-mkdir -p "$WORK/logs" "$WORK/raw" "$WORK/models"
-LOG=$OUT/check.log
-STEPS=$WORK/raw/steps.tsv
-: >"$LOG"
-: >"$STEPS"
-T0=$(date +%s)
-
-# say, elapsed, step and cuda_libs: gpu/lib.sh, shared with tune.sh.
+# begin_run, say, elapsed, step and cuda_libs: gpu/lib.sh, shared with tune.sh.
 . "$HERE/lib.sh"
+begin_run "$OUT/check.log"
 
 # ---------------------------------------------------------------- the machine
 {

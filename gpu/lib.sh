@@ -1,6 +1,18 @@
 #!/usr/bin/env bash
-# gpu/lib.sh — what check.sh and tune.sh share; sourced, never run. The caller sets T0 (start,
-# seconds), BUDGET (seconds for all steps), LOG (the whole log), STEPS (steps.tsv), WORK and PY.
+# gpu/lib.sh — what check.sh and tune.sh share; sourced, never run. The caller sets BUDGET
+# (seconds for all steps), WORK and PY, then calls begin_run.
+
+# begin_run LOGFILE: fresh $WORK/logs and $WORK/raw, LOG (the whole log, emptied), STEPS
+# ($WORK/raw/steps.tsv, emptied) and T0 (the budget's start).
+begin_run() {
+    rm -rf "$WORK/logs" "$WORK/raw"
+    mkdir -p "$WORK/logs" "$WORK/raw" "$WORK/models"
+    LOG=$1
+    STEPS=$WORK/raw/steps.tsv
+    : >"$LOG"
+    : >"$STEPS"
+    T0=$(date +%s)
+}
 
 say() { echo "$*" | tee -a "$LOG"; }
 elapsed() { echo $(( $(date +%s) - T0 )); }

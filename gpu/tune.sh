@@ -26,15 +26,10 @@ PY=${TANDEM_CHECK_PYTHON:-python3}
 BIN=${TANDEM_BIN:-$HERE/tandem}
 export PYTHONUNBUFFERED=1 RUST_LOG=${RUST_LOG:-info}
 export TANDEM_PTX_CACHE=$WORK/ptx-cache
-rm -rf "$WORK/logs" "$WORK/raw"
-mkdir -p "$WORK/logs" "$WORK/raw" "$WORK/models" "$TANDEM_PTX_CACHE"
-[ -d "$HERE/ptx-cache" ] && cp -n "$HERE"/ptx-cache/* "$TANDEM_PTX_CACHE"/ 2>/dev/null
-LOG=$OUT/tune.log
-STEPS=$WORK/raw/steps.tsv
-: >"$LOG"
-: >"$STEPS"
-T0=$(date +%s)
 . "$HERE/lib.sh"
+begin_run "$OUT/tune.log"
+mkdir -p "$TANDEM_PTX_CACHE"
+[ -d "$HERE/ptx-cache" ] && cp -n "$HERE"/ptx-cache/* "$TANDEM_PTX_CACHE"/ 2>/dev/null
 
 {
     echo "tandem tuning round, budget ${BUDGET}s, variants: $VARIANTS"

@@ -51,15 +51,21 @@ fn ensure_nvrtc() -> Result<()> {
     }
 }
 
+/// NVRTC's options: `base`, the target (`compute_90` or `sm_90`), the include folder.
+fn nvrtc_options(base: &[&str], target: String, include_dir: Option<&PathBuf>) -> Vec<String> {
+    let mut options: Vec<String> = base.iter().map(|s| s.to_string()).collect();
+    options.push(format!("--gpu-architecture={target}"));
+    if let Some(inc) = include_dir {
+        options.push(format!("--include-path={}", inc.display()));
+    }
+    options
+}
+
 /// Compiles `src` to PTX for `compute_<arch>`.
 pub fn compile_ptx(src: &KernelSource, arch: &str, include_dir: Option<&PathBuf>) -> Result<String> {
     ensure_nvrtc()?;
     let arch = arch_number(arch)?;
-    let mut options: Vec<String> = OPTIONS.iter().map(|s| s.to_string()).collect();
-    options.push(format!("--gpu-architecture=compute_{arch}"));
-    if let Some(inc) = include_dir {
-        options.push(format!("--include-path={}", inc.display()));
-    }
+    let options = nvrtc_options(OPTIONS, format!("compute_{arch}"), include_dir);
     if src.text.contains('\0') {
         return Err(Error::backend("cuda", format!("{}.cu: contains a NUL byte", src.name)));
     }
@@ -82,11 +88,7 @@ pub fn compile_cubin(src: &KernelSource, arch: &str, include_dir: Option<&PathBu
     use cudarc::nvrtc::{result, sys};
     ensure_nvrtc()?;
     let arch = arch_number(arch)?;
-    let mut options: Vec<String> = CUBIN_OPTIONS.iter().map(|s| s.to_string()).collect();
-    options.push(format!("--gpu-architecture=sm_{arch}"));
-    if let Some(inc) = include_dir {
-        options.push(format!("--include-path={}", inc.display()));
-    }
+    let options = nvrtc_options(CUBIN_OPTIONS, format!("sm_{arch}"), include_dir);
     let fail = |what: &str, e: &dyn std::fmt::Debug| Error::backend("cuda", format!("{}.cu for sm_{arch}: {what}: {e:?}", src.name));
     let text = std::ffi::CString::new(src.text.as_str()).map_err(|_| Error::backend("cuda", format!("{}.cu: contains a NUL byte", src.name)))?;
     let name = std::ffi::CString::new(format!("{}.cu", src.name)).map_err(|_| Error::backend("cuda", format!("{}: a NUL byte in the name", src.name)))?;
