@@ -220,12 +220,20 @@ __device__ __forceinline__ void gemm_load_tile_planned(u16* As, u16* Bs, const C
     }
 }
 
-// Copies k-tile kt (columns 32 kt .. 32 kt + 31) of xa and w into one pipeline stage.
+// Which operands gemm_load_tile copies: x's tile, w's, or both.
+#define TILE_X 1
+#define TILE_W 2
+#define TILE_XW 3
+
+// Copies k-tile kt (columns 32 kt .. 32 kt + 31) of xa and w into one pipeline stage (`parts`:
+// TILE_X, TILE_W or both).
 template <typename T, typename S>
 __device__ __forceinline__ void gemm_load_tile(u16* As, u16* Bs, const float* __restrict__ x, const u16* __restrict__ xa, const u16* __restrict__ w,
-                                               int m, int n, int k, int kp, int m0, int n0, int kt, const NormIn& nm, const float* s_inv) {
+                                               int m, int n, int k, int kp, int m0, int n0, int kt, const NormIn& nm, const float* s_inv,
+                                               int parts = TILE_XW) {
     const int tid = threadIdx.x, k0 = kt * S::BK;
-    if (x) {
+    if (!(parts & TILE_X)) {
+    } else if (x) {
         // x f32 straight from global through registers, rounded as matmul_x rounds it (the same
         // bits in shared memory); columns >= k are zeros, as matmul_x's padding and cp.async's
         // zero fill give. Plain stores, visible after the barrier before this stage is used.
@@ -255,7 +263,8 @@ __device__ __forceinline__ void gemm_load_tile(u16* As, u16* Bs, const float* __
             cp_async_ca16(As + r * S::P + (c & 3) * 8, src, ok ? 16 : 0);
         }
     }
-    if ((k & 7) == 0) {
+    if (!(parts & TILE_W)) {
+    } else if ((k & 7) == 0) {
 #pragma unroll
         for (int c = tid; c < S::BN * 4; c += S::THREADS) {
             const int r = c >> 2, kc = k0 + (c & 3) * 8;
@@ -369,15 +378,14 @@ __device__ __forceinline__ void gemm_stage_tile(float* Cs, const float (&total)[
     __syncthreads();
 }
 
-// With nm.dtype != 0 (only where x is read directly, m <= 128), x is h and the block first
-// computes its rows' inv (norm_prologue).
+// With nm.dtype != 0 (only where x is read directly, m <= 128), x is h and the block computes
+// its rows' inv (norm_prologue) once its first weight tiles are in flight.
 template <typename T, typename S>
 __device__ void matmul_tc_impl(const float* __restrict__ x, const u16* __restrict__ xa, const u16* __restrict__ w, const void* __restrict__ bias,
                                int bias_dtype, Epilogue ep, float* __restrict__ part, u32* __restrict__ counters, int m, int n, int k,
                                int kp, int slice_len, int slices, NormIn nm, RopeKv rk) {
     TANDEM_DYNAMIC_SMEM(smem_raw);
     __shared__ float s_inv[S::BM];
-    if (nm.dtype) norm_prologue<S>(nm, x, m, k, blockIdx.y * S::BM, s_inv);
     u16* As = reinterpret_cast<u16*>(smem_raw);
     u16* Bs = As + S::STAGES * S::A_ELEMS;
     const int m0 = blockIdx.y * S::BM, n0 = blockIdx.x * S::BN;
@@ -408,13 +416,32 @@ __device__ void matmul_tc_impl(const float* __restrict__ x, const u16* __restric
     CopyPlan<S> cplan;
     if (planned) copy_plan<S>(cplan, xa, w, m, n, k, kp, m0, n0);
     // Prologue: tiles 0 .. STAGES-2 in flight, one commit group each (empty groups keep the count).
+    if (nm.dtype) {
+        // The input norm first needs its rows' 1/rms (norm_prologue, a pass over h): the weight
+        // tiles' copies go out before it, then x's tiles, formed with it (issue 25: the weights
+        // were not in flight until the norm was done). Groups W0 .. W(S-2), then X0 .. X(S-2):
+        // the main loop's wait<STAGES - 2> still covers tile i's W and X at iteration i (at
+        // most STAGES - 2 of the newest groups pending: never X(i) or older).
 #pragma unroll
-    for (int s = 0; s < S::STAGES - 1; ++s) {
-        if (s < nt) {
-            if (planned) gemm_load_tile_planned<S>(As + s * S::A_ELEMS, Bs + s * S::B_ELEMS, cplan, xa, w, k, kp, kt_begin + s);
-            else gemm_load_tile<T, S>(As + s * S::A_ELEMS, Bs + s * S::B_ELEMS, x, xa, w, m, n, k, kp, m0, n0, kt_begin + s, nm, s_inv);
+        for (int s = 0; s < S::STAGES - 1; ++s) {
+            if (s < nt) gemm_load_tile<T, S>(As + s * S::A_ELEMS, Bs + s * S::B_ELEMS, x, xa, w, m, n, k, kp, m0, n0, kt_begin + s, nm, s_inv, TILE_W);
+            cp_async_commit();
         }
-        cp_async_commit();
+        norm_prologue<S>(nm, x, m, k, m0, s_inv);
+#pragma unroll
+        for (int s = 0; s < S::STAGES - 1; ++s) {
+            if (s < nt) gemm_load_tile<T, S>(As + s * S::A_ELEMS, Bs + s * S::B_ELEMS, x, xa, w, m, n, k, kp, m0, n0, kt_begin + s, nm, s_inv, TILE_X);
+            cp_async_commit();
+        }
+    } else {
+#pragma unroll
+        for (int s = 0; s < S::STAGES - 1; ++s) {
+            if (s < nt) {
+                if (planned) gemm_load_tile_planned<S>(As + s * S::A_ELEMS, Bs + s * S::B_ELEMS, cplan, xa, w, k, kp, kt_begin + s);
+                else gemm_load_tile<T, S>(As + s * S::A_ELEMS, Bs + s * S::B_ELEMS, x, xa, w, m, n, k, kp, m0, n0, kt_begin + s, nm, s_inv);
+            }
+            cp_async_commit();
+        }
     }
     bool first_slice = true;
     int slice_tiles = 0;
