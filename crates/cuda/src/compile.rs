@@ -17,11 +17,14 @@ use crate::sources::KernelSource;
 use crate::toolchain::Toolchain;
 
 /// Options every kernel is compiled with. No fast math: the kernels are checked against an
-/// exact f32 reference. `-lineinfo` lets Nsight Compute map stalls to source lines.
-const OPTIONS: &[&str] = &["-std=c++17", "-lineinfo"];
+/// exact f32 reference. `--fmad=false`: no multiply and add contracted into an FMA unless the
+/// source says so (`fmaf`), as the emulator (g++, no contraction) computes them, so a result
+/// the emulator checked bitwise is the GPU's too, up to the mma's own rounding. `-lineinfo`
+/// lets Nsight Compute map stalls to source lines.
+const OPTIONS: &[&str] = &["-std=c++17", "--fmad=false", "-lineinfo"];
 /// A cubin's: no `-lineinfo`, which embeds the whole PTX text (matmul's cubin: 25 MB with it,
 /// too much for the GPU bundle). For source-level profiling run with TANDEM_CUDA_CUBIN=0.
-const CUBIN_OPTIONS: &[&str] = &["-std=c++17"];
+const CUBIN_OPTIONS: &[&str] = &["-std=c++17", "--fmad=false"];
 
 /// `"90"`, `"sm_90"`, `"compute_90"` -> `"90"`.
 pub fn arch_number(arch: &str) -> Result<String> {
