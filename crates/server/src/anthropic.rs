@@ -11,7 +11,8 @@
 //!   template writes them), `any` -> required, `tool` -> the named function, `none` -> none;
 //!   forced choices are constrained through llguidance like OpenAI's;
 //! - `max_tokens` (required), `stop_sequences`, `temperature`, `top_p`, `top_k` and `stream`
-//!   go through the shared sampling checks ([`crate::params::parse_params`]).
+//!   go through the shared sampling checks ([`crate::params::parse_params`]);
+//! - `output_config.format` (a JSON schema) is structured output, as `response_format` on chat.
 //!
 //! Unknown fields are ignored, as on the OpenAI routes; fields whose meaning is not served
 //! (`mcp_servers`, `container`, image and document blocks, server tools, assistant prefill)
@@ -35,7 +36,8 @@ use crate::params::{parse_params, type_name, Api, Fields, ParsedParams};
 use crate::router::{compiled, json_response, ready, sse_response, tokenizer_call, X_REQUEST_ID};
 use crate::run::Run;
 use crate::server::AppState;
-use crate::structured::{self, ToolChoice, Tools};
+use crate::structured::{self, GuideRequest, ToolChoice, Tools};
+use tandem_structured::GuideSpec;
 
 /// Anthropic's error type for a status.
 fn error_type(status: StatusCode) -> &'static str {
@@ -323,6 +325,31 @@ fn params(state: &AppState, f: &Fields) -> Result<ParsedParams, ApiError> {
     Ok(p)
 }
 
+/// `output_config`: `format` (`{"type": "json_schema", "schema"}`) constrains the answer's
+/// text to the schema, as `response_format` does on chat; `effort` is accepted (no reasoning
+/// to spend it on).
+fn output_format(f: &Fields) -> Result<Option<GuideRequest>, ApiError> {
+    let Some(oc) = f.object("output_config")? else { return Ok(None) };
+    if let Some(v) = oc.get("effort").filter(|v| !v.is_string()) {
+        return Err(wrong_type("output_config.effort", "a string", v));
+    }
+    let format = match oc.get("format") {
+        None => return Ok(None),
+        Some(Value::Object(o)) => Fields(o),
+        Some(v) => return Err(wrong_type("output_config.format", "an object", v)),
+    };
+    match format.get("type").and_then(Value::as_str) {
+        Some("json_schema") => {}
+        _ => return Err(ApiError::invalid("output_config.format.type", "`output_config.format.type` must be \"json_schema\"")),
+    }
+    let param = "output_config.format.schema";
+    match format.get("schema") {
+        Some(s @ Value::Object(_)) => Ok(Some(GuideRequest { spec: GuideSpec::JsonSchema(s.clone()), param: param.into() })),
+        Some(v) => Err(wrong_type(param, "a JSON schema object", v)),
+        None => Err(ApiError::invalid(param, format!("`{param}` is required"))),
+    }
+}
+
 /// A Messages request as a chat job (its tools and stop sequences kept for the answer).
 fn job(state: &AppState, body: &[u8]) -> Result<Job, ApiError> {
     let o = parse_json(body)?;
@@ -330,9 +357,10 @@ fn job(state: &AppState, body: &[u8]) -> Result<Job, ApiError> {
     check_model(&f, &state.model_name)?;
     refuse_unsupported(&f)?;
     let p = params(state, &f)?;
+    let guide = output_format(&f)?;
     let tools = tools(&f)?;
     let msgs = template_messages(&f)?;
-    let mut job = Job::chat_from(state, p, None, tools.as_ref(), &msgs, true)?;
+    let mut job = Job::chat_from(state, p, guide, tools.as_ref(), &msgs, true)?;
     // The room the context leaves caps `max_tokens` (a prompt that fills it is refused later).
     let (ctx, len) = (state.max_model_len(), job.prompts[0].len());
     if len < ctx {
@@ -659,6 +687,23 @@ mod tests {
         assert_eq!((b, r), (vec![json!({"type": "text", "text": "{\"city\": \"Os"})], "max_tokens"), "a cut call is its text");
         let (b, r, _) = answer(Some(&ToolOutput::Required), "[{\"name\": \"get\", \"parameters\": {}}, {\"name\": \"now\", \"parameters\": {}}]", &FinishReason::Stop, None);
         assert_eq!((b.len(), r), (2, "tool_use"));
+    }
+
+    #[test]
+    fn output_config_format_is_a_schema_constraint() {
+        let f = |v: Value| output_format(&Fields(v.as_object().unwrap()));
+        let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+        let g = f(json!({"output_config": {"effort": "low", "format": {"type": "json_schema", "schema": schema}}})).unwrap().unwrap();
+        assert_eq!((g.spec, g.param.as_str()), (GuideSpec::JsonSchema(schema), "output_config.format.schema"));
+        assert_eq!(f(json!({"output_config": {"effort": "high"}})).unwrap(), None);
+        for (body, param) in [
+            (json!({"output_config": 1}), "output_config"),
+            (json!({"output_config": {"format": {"type": "text"}}}), "output_config.format.type"),
+            (json!({"output_config": {"format": {"type": "json_schema"}}}), "output_config.format.schema"),
+            (json!({"output_config": {"effort": 3}}), "output_config.effort"),
+        ] {
+            assert_eq!(f(body.clone()).unwrap_err().param.as_deref(), Some(param), "{body}");
+        }
     }
 
     #[test]
