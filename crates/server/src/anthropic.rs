@@ -361,11 +361,13 @@ fn job(state: &AppState, body: &[u8]) -> Result<Job, ApiError> {
     let tools = tools(&f)?;
     let msgs = template_messages(&f)?;
     let mut job = Job::chat_from(state, p, guide, tools.as_ref(), &msgs, true)?;
-    // The room the context leaves caps `max_tokens` (a prompt that fills it is refused later).
+    // The room the context leaves caps `max_tokens`. A prompt that fills it is refused in
+    // Anthropic's words: Claude Code reads "prompt is too long" as its cue to compact.
     let (ctx, len) = (state.max_model_len(), job.prompts[0].len());
-    if len < ctx {
-        job.p.max_tokens = job.p.max_tokens.map(|m| m.min(ctx - len));
+    if len >= ctx {
+        return Err(ApiError::invalid("messages", format!("prompt is too long: {len} tokens > {} maximum (this model's context is {ctx} tokens, one is needed for the answer)", ctx - 1)));
     }
+    job.p.max_tokens = job.p.max_tokens.map(|m| m.min(ctx - len));
     Ok(job)
 }
 

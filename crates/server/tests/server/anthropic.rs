@@ -188,7 +188,7 @@ async fn bad_requests_are_4xx_in_anthropics_shape() {
         (json!({"model": MODEL, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}], "max_tokens": 2}), 400, "invalid_request_error", "messages[0].content[0].type"),
         (json!({"model": MODEL, "messages": user, "max_tokens": 2, "tools": [{"name": "f"}]}), 400, "invalid_request_error", "tools[0].input_schema"),
         (json!({"model": MODEL, "messages": user, "max_tokens": 2, "tool_choice": {"type": "tool", "name": "f"}}), 400, "invalid_request_error", "needs `tools`"),
-        (json!({"model": MODEL, "messages": [{"role": "user", "content": long}], "max_tokens": 2}), 400, "invalid_request_error", "context length"),
+        (json!({"model": MODEL, "messages": [{"role": "user", "content": long}], "max_tokens": 2}), 400, "invalid_request_error", "prompt is too long: "),
     ];
     for (body, status, kind, msg) in cases {
         let m = anthropic_error(&post(s.addr, "/v1/messages", &body).await, status, kind);
