@@ -383,6 +383,20 @@ pub fn count_tokens(state: &AppState, body: &[u8]) -> Result<Value, ApiError> {
     Ok(json!({"input_tokens": ids.len()}))
 }
 
+/// The served model as Anthropic's model object: `max_input_tokens` and `max_tokens` are the
+/// context (a client sizes its prompts by them); the release date is unknown, so the epoch, as
+/// Anthropic's API says it may be.
+pub fn model_info(state: &AppState) -> Value {
+    let ctx = state.max_model_len();
+    json!({"type": "model", "id": state.model_name, "display_name": state.model_name, "created_at": "1970-01-01T00:00:00Z", "lifecycle": "active",
+           "max_input_tokens": ctx, "max_tokens": ctx})
+}
+
+/// `GET /v1/models` for an Anthropic client: one page holding the served model.
+pub fn models(state: &AppState) -> Value {
+    json!({"data": [model_info(state)], "has_more": false, "first_id": state.model_name, "last_id": state.model_name})
+}
+
 /// `msg_` or `toolu_` and 24 random hex digits.
 fn new_id(prefix: &str) -> String {
     let call = structured::tool_call_id();

@@ -26,6 +26,7 @@ use crate::server::AppState;
 const JSON: &str = "application/json";
 pub(crate) const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
+const ANTHROPIC_VERSION: HeaderName = HeaderName::from_static("anthropic-version");
 /// Bodies larger than this are parsed and tokenized on the blocking pool.
 const BLOCKING_PARSE_BYTES: usize = 16 << 10;
 
@@ -111,6 +112,8 @@ enum Route {
     Detokenize,
     /// GET endpoints behind the API key.
     Models,
+    /// `/v1/models/{id}`.
+    Model(String),
     Metrics,
 }
 
@@ -118,8 +121,10 @@ async fn route(state: Arc<AppState>, req: Request<Incoming>) -> Response<Respons
     let start = Instant::now();
     let method = req.method().clone();
     let path = req.uri().path().to_string();
-    // Anthropic's paths answer errors in Anthropic's shape.
-    let anthropic = path == "/v1/messages" || path.starts_with("/v1/messages/");
+    // Anthropic's paths answer errors in Anthropic's shape, and so does `/v1/models` asked by
+    // an Anthropic client (its SDKs send `anthropic-version`).
+    let anthropic_client = req.headers().contains_key(ANTHROPIC_VERSION);
+    let anthropic = path == "/v1/messages" || path.starts_with("/v1/messages/") || (anthropic_client && path.starts_with("/v1/models"));
     let error_response = |e: &ApiError| if anthropic { error_response_with(e, &crate::anthropic::error_body(e)) } else { error_response(e) };
     let route = match path.as_str() {
         // Open to all, as in vLLM: load balancers and version probes carry no key.
@@ -145,6 +150,7 @@ async fn route(state: Arc<AppState>, req: Request<Incoming>) -> Response<Respons
         "/tokenize" => Route::Tokenize,
         "/detokenize" => Route::Detokenize,
         "/v1/models" => Route::Models,
+        p if p.starts_with("/v1/models/") => Route::Model(p["/v1/models/".len()..].to_string()),
         "/metrics" => Route::Metrics,
         _ => {
             let r = error_response(&ApiError::not_found(&path));
@@ -158,9 +164,13 @@ async fn route(state: Arc<AppState>, req: Request<Incoming>) -> Response<Respons
         return r;
     }
     let r = match route {
-        Route::Models | Route::Metrics if method != Method::GET => error_response(&ApiError::method_not_allowed(method.as_str(), &path, "GET")).with_allow("GET"),
+        Route::Models | Route::Model(_) | Route::Metrics if method != Method::GET => error_response(&ApiError::method_not_allowed(method.as_str(), &path, "GET")).with_allow("GET"),
         Route::Metrics => metrics(&state),
+        Route::Models if anthropic => json_response(StatusCode::OK, &crate::anthropic::models(&state)),
         Route::Models => models(&state),
+        Route::Model(id) if id != state.model_name => error_response(&ApiError::unknown_model(&id, &state.model_name)),
+        Route::Model(_) if anthropic => json_response(StatusCode::OK, &crate::anthropic::model_info(&state)),
+        Route::Model(_) => json_response(StatusCode::OK, &model_entry(&state)),
         _ if method != Method::POST => error_response(&ApiError::method_not_allowed(method.as_str(), &path, "POST")).with_allow("POST"),
         Route::Tokenize | Route::Detokenize => {
             let f = if matches!(route, Route::Tokenize) { crate::tokenization::tokenize } else { crate::tokenization::detokenize };
@@ -228,12 +238,14 @@ fn health(state: &AppState) -> Response<ResponseBody> {
     }
 }
 
-fn models(state: &AppState) -> Response<ResponseBody> {
+/// The served model as OpenAI's (and vLLM's) model object.
+fn model_entry(state: &AppState) -> serde_json::Value {
     let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    json_response(
-        StatusCode::OK,
-        &json!({"object": "list", "data": [{"id": state.model_name, "object": "model", "created": created, "owned_by": "tandem", "root": state.model_name, "max_model_len": state.max_model_len()}]}),
-    )
+    json!({"id": state.model_name, "object": "model", "created": created, "owned_by": "tandem", "root": state.model_name, "max_model_len": state.max_model_len()})
+}
+
+fn models(state: &AppState) -> Response<ResponseBody> {
+    json_response(StatusCode::OK, &json!({"object": "list", "data": [model_entry(state)]}))
 }
 
 fn metrics(state: &AppState) -> Response<ResponseBody> {

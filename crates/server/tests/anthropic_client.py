@@ -30,6 +30,10 @@ def text_of(message):
     return "".join(b.text for b in message.content if b.type == "text")
 
 
+models = client.models.list().data
+check([m.id for m in models] == [model] and models[0].max_input_tokens > 0, f"models.list names the served model and its context: {models[0].max_input_tokens}")
+check(client.models.retrieve(model).id == model, "models.retrieve")
+
 # The current SDK has no sampling arguments (temperature, top_p, top_k); the API takes them.
 greedy = {"temperature": 0}
 ask = dict(model=model, system="the cat", messages=[{"role": "user", "content": "hello world"}], extra_body=greedy)

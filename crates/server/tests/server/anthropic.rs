@@ -344,3 +344,19 @@ mod tools {
         assert!(rendered.contains("<|im_start|>tool\nsunny<|im_end|>"), "{rendered}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn models_answer_an_anthropic_client_in_its_shape() {
+    let s = TestServer::start(Setup::default()).await;
+    let av = ("anthropic-version", "2023-06-01");
+    let info = json!({"type": "model", "id": MODEL, "display_name": MODEL, "created_at": "1970-01-01T00:00:00Z", "lifecycle": "active", "max_input_tokens": MAX_LEN, "max_tokens": MAX_LEN});
+    let r = request(s.addr, "GET", "/v1/models", &[av], "").await;
+    assert_eq!(r.json(), json!({"data": [info], "has_more": false, "first_id": MODEL, "last_id": MODEL}));
+    assert_eq!(request(s.addr, "GET", &format!("/v1/models/{MODEL}"), &[av], "").await.json(), info);
+    anthropic_error(&request(s.addr, "GET", "/v1/models/claude-x", &[av], "").await, 404, "not_found_error");
+    // Without the header: OpenAI's shapes, as before.
+    assert_eq!(get(s.addr, "/v1/models").await.json()["object"], "list");
+    let one = get(s.addr, &format!("/v1/models/{MODEL}")).await.json();
+    assert_eq!((one["object"].clone(), one["id"].clone()), (json!("model"), json!(MODEL)));
+    assert_eq!(get(s.addr, "/v1/models/other").await.json()["error"]["code"], 404);
+}
