@@ -111,7 +111,14 @@ fn template_messages(f: &Fields) -> Result<Vec<Value>, ApiError> {
         let Some(m) = m.as_object() else { return Err(wrong_type(&p, "an object", m)) };
         let role = match m.get("role").and_then(Value::as_str) {
             Some(r @ ("user" | "assistant")) => r,
-            _ => return Err(ApiError::invalid(&format!("{p}.role"), format!("`{p}.role` must be \"user\" or \"assistant\""))),
+            // A system message mid-conversation (Claude Code sends them, beta
+            // `mid-conversation-system`): text only, a system message where it stands.
+            Some("system") => {
+                let content = m.get("content").ok_or_else(|| ApiError::invalid(&format!("{p}.content"), format!("`{p}.content` is required")))?;
+                out.push(json!({"role": "system", "content": text_of_blocks(content, &format!("{p}.content"))?}));
+                continue;
+            }
+            _ => return Err(ApiError::invalid(&format!("{p}.role"), format!("`{p}.role` must be \"user\", \"assistant\" or \"system\""))),
         };
         let blocks = match m.get("content") {
             Some(Value::String(s)) => {
@@ -623,6 +630,7 @@ mod tests {
             "system": [{"type": "text", "text": "be brief", "cache_control": {"type": "ephemeral"}}],
             "messages": [
                 {"role": "user", "content": "weather?"},
+                {"role": "system", "content": [{"type": "text", "text": "tools follow"}]},
                 {"role": "assistant", "content": [{"type": "thinking", "thinking": "hm", "signature": "x"}, {"type": "text", "text": "Looking."}, {"type": "tool_use", "id": "toolu_1", "name": "get", "input": {"city": "Oslo"}}]},
                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "sunny"}]}, {"type": "text", "text": "and?"}]}
             ]
@@ -633,6 +641,7 @@ mod tests {
             vec![
                 json!({"role": "system", "content": "be brief"}),
                 json!({"role": "user", "content": "weather?"}),
+                json!({"role": "system", "content": "tools follow"}),
                 json!({"role": "assistant", "content": "Looking.", "tool_calls": [{"id": "toolu_1", "type": "function", "function": {"name": "get", "arguments": {"city": "Oslo"}}}]}),
                 json!({"role": "tool", "tool_call_id": "toolu_1", "content": "sunny"}),
                 json!({"role": "user", "content": "and?"}),
@@ -645,7 +654,8 @@ mod tests {
         let cases = [
             (json!({}), "messages", "required"),
             (json!({"messages": []}), "messages", "empty"),
-            (json!({"messages": [{"role": "system", "content": "x"}]}), "messages[0].role", "\"user\" or \"assistant\""),
+            (json!({"messages": [{"role": "tool", "content": "x"}]}), "messages[0].role", "\"user\", \"assistant\" or \"system\""),
+            (json!({"messages": [{"role": "system", "content": [{"type": "image"}]}]}), "messages[0].content[0].type", "not supported"),
             (json!({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}), "messages[0].content[0].type", "not supported"),
             (json!({"messages": [{"role": "user", "content": [{"type": "tool_use", "id": "a", "name": "b"}]}]}), "messages[0].content[0].type", "not supported"),
             (json!({"messages": [{"role": "user", "content": 5}]}), "messages[0].content", "a string or a list"),
