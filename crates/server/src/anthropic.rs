@@ -29,7 +29,7 @@ use hyper::{Request, Response, StatusCode};
 use serde_json::{json, Map, Value};
 
 use crate::body::{EventFormat, ResponseBody};
-use crate::engine_client::{EngineUpdate, FinishReason};
+use crate::engine_client::{CompletionDelta, EngineUpdate, FinishReason};
 use crate::error::ApiError;
 use crate::openai::{collect, parse_json, render_chat, tool_message, Job, ToolOutput};
 use crate::params::{parse_params, type_name, Api, Fields, ParsedParams};
@@ -471,9 +471,11 @@ enum Mode {
     /// A forced tool: the text is its input, sent as `input_json_delta`s of one `tool_use` block
     /// opened in the head.
     ToolInput,
-    /// Calls to parse out of the whole text ("any", or "auto" with `<tool_call>` markup): held
-    /// and sent as blocks at the end.
+    /// "any": a JSON array of calls, held and sent as blocks at the end.
     Held(String),
+    /// "auto" with `<tool_call>` markup: text streams until the markup may begin; from there on
+    /// it is held, and at the end it is calls (blocks) or, if it does not parse, more text.
+    Hermes { text: String, sent: usize },
 }
 
 /// Anthropic's event stream: `message_start`, `ping`, per block `content_block_start`,
@@ -503,7 +505,8 @@ impl MessageStream {
         let mode = match &job.tool_output {
             None => Mode::Text,
             Some(ToolOutput::Named(_)) => Mode::ToolInput,
-            Some(_) => Mode::Held(String::new()),
+            Some(ToolOutput::Hermes) => Mode::Hermes { text: String::new(), sent: 0 },
+            Some(ToolOutput::Required) => Mode::Held(String::new()),
         };
         let input_tokens = job.prompts.first().map_or(0, Vec::len);
         MessageStream { id, model, input_tokens, tool_output: job.tool_output.clone(), mode, open: None, blocks: 0, finish: None, stop_string: None, failed: false }
@@ -524,6 +527,17 @@ impl MessageStream {
         if let Some(index) = self.open.take() {
             push_event(out, "content_block_stop", &json!({"type": "content_block_stop", "index": index}));
         }
+    }
+
+    /// Text into the text block (block 0), opened on the first.
+    fn text(&mut self, out: &mut String, text: &str) {
+        if text.is_empty() {
+            return;
+        }
+        if self.open.is_none() {
+            self.start_block(out, json!({"type": "text", "text": ""}));
+        }
+        Self::delta(out, 0, json!({"type": "text_delta", "text": text}));
     }
 
     /// A whole block: opened, its content in one delta, closed.
@@ -555,6 +569,18 @@ impl EventFormat for MessageStream {
 
     fn update(&mut self, out: &mut String, _run: &Run, _prompt: usize, upd: &EngineUpdate) {
         for d in upd.deltas.iter().filter(|d| d.index == 0) {
+            self.delta_events(out, d);
+        }
+    }
+
+    fn tail(&mut self, out: &mut String, run: &Run) {
+        self.end_events(out, run.completion_tokens);
+    }
+}
+
+impl MessageStream {
+    fn delta_events(&mut self, out: &mut String, d: &CompletionDelta) {
+        {
             if self.failed {
                 return;
             }
@@ -566,14 +592,16 @@ impl EventFormat for MessageStream {
             }
             if !d.text.is_empty() {
                 match &mut self.mode {
-                    Mode::Text => {
-                        if self.open.is_none() {
-                            self.start_block(out, json!({"type": "text", "text": ""}));
-                        }
-                        Self::delta(out, 0, json!({"type": "text_delta", "text": d.text}));
-                    }
+                    Mode::Text => self.text(out, &d.text),
                     Mode::ToolInput => Self::delta(out, 0, json!({"type": "input_json_delta", "partial_json": d.text})),
                     Mode::Held(t) => t.push_str(&d.text),
+                    Mode::Hermes { text, sent } => {
+                        text.push_str(&d.text);
+                        let end = structured::hermes_content_len(text).max(*sent);
+                        let piece = text[*sent..end].to_string();
+                        *sent = end;
+                        self.text(out, &piece);
+                    }
                 }
             }
             if d.finish.is_some() {
@@ -583,7 +611,7 @@ impl EventFormat for MessageStream {
         }
     }
 
-    fn tail(&mut self, out: &mut String, run: &Run) {
+    fn end_events(&mut self, out: &mut String, output_tokens: usize) {
         if self.failed {
             return;
         }
@@ -601,6 +629,20 @@ impl EventFormat for MessageStream {
                 let (_, reason, seq) = answer(None, "", &finish, self.stop_string.as_deref());
                 (reason, seq)
             }
+            Mode::Hermes { text, sent } => {
+                let (blocks, reason, seq) = answer(self.tool_output.as_ref(), &text, &finish, self.stop_string.as_deref());
+                if blocks.iter().any(|b| b["type"] == "tool_use") {
+                    // The content before the calls went out already.
+                    self.stop_block(out);
+                    for b in blocks.iter().filter(|b| b["type"] == "tool_use") {
+                        self.whole_block(out, b);
+                    }
+                } else {
+                    self.text(out, &text[sent..]);
+                    self.stop_block(out);
+                }
+                (reason, seq)
+            }
             Mode::ToolInput => {
                 self.stop_block(out);
                 let reason = match finish {
@@ -611,7 +653,7 @@ impl EventFormat for MessageStream {
                 (reason, None)
             }
         };
-        push_event(out, "message_delta", &json!({"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": seq}, "usage": {"output_tokens": run.completion_tokens}}));
+        push_event(out, "message_delta", &json!({"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": seq}, "usage": {"output_tokens": output_tokens}}));
         push_event(out, "message_stop", &json!({"type": "message_stop"}));
     }
 }
@@ -730,6 +772,62 @@ mod tests {
         ] {
             assert_eq!(f(body.clone()).unwrap_err().param.as_deref(), Some(param), "{body}");
         }
+    }
+
+    /// The events of a stream fed these text pieces, the last finishing with `finish`.
+    fn stream(tool_output: Option<ToolOutput>, pieces: &[&str], finish: FinishReason) -> Vec<(String, Value)> {
+        let p = parse_params(&Fields(&Map::new()), Api::Chat, 100, &Default::default()).unwrap();
+        let job = Job { api: Api::Chat, prompts: vec![vec![1, 2, 3]], p, multi: false, echo_texts: vec![], guide: None, tool_output };
+        let mut s = MessageStream::new(&job, "msg_x".into(), "m".into());
+        let mut out = s.head();
+        for (i, t) in pieces.iter().enumerate() {
+            let last = i + 1 == pieces.len();
+            let d = CompletionDelta { index: 0, text: t.to_string(), token_ids: vec![], logprobs: vec![], prompt_logprobs: None, finish: last.then(|| finish.clone()), stop_string: None };
+            s.delta_events(&mut out, &d);
+        }
+        s.end_events(&mut out, pieces.len());
+        out.trim_end().split("\n\n").map(|e| {
+            let (name, data) = e.split_once('\n').unwrap();
+            (name.trim_start_matches("event: ").to_string(), serde_json::from_str(data.trim_start_matches("data: ")).unwrap())
+        }).filter(|(n, _)| n != "ping").collect()
+    }
+
+    fn texts(ev: &[(String, Value)]) -> Vec<String> {
+        ev.iter().filter(|(_, d)| d["delta"]["type"] == "text_delta").map(|(_, d)| d["delta"]["text"].as_str().unwrap().to_string()).collect()
+    }
+
+    #[test]
+    fn hermes_calls_stream_their_content_then_come_as_blocks() {
+        let pieces = ["Sure.", "\n<tool", "_call>{\"name\": \"get\", ", "\"arguments\": {\"city\": \"Oslo\"}}</tool_call>"];
+        let ev = stream(Some(ToolOutput::Hermes), &pieces, FinishReason::Stop);
+        let names: Vec<&str> = ev.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["message_start", "content_block_start", "content_block_delta", "content_block_delta", "content_block_stop", "content_block_start", "content_block_delta", "content_block_stop", "message_delta", "message_stop"]);
+        assert_eq!(texts(&ev), ["Sure.", "\n"], "the content streams; the tag's start is held until it is known");
+        let tool = &ev[5].1["content_block"];
+        assert_eq!((tool["type"].as_str(), tool["name"].as_str(), ev[5].1["index"].as_u64()), (Some("tool_use"), Some("get"), Some(1)));
+        assert_eq!(ev[6].1["delta"], json!({"type": "input_json_delta", "partial_json": "{\"city\":\"Oslo\"}"}));
+        assert_eq!(ev[8].1["delta"]["stop_reason"], "tool_use");
+
+        // A `<tool` that grows into something else, and markup that does not parse: all text.
+        let ev = stream(Some(ToolOutput::Hermes), &["a <tool", "s> b", " <tool_call>{broken"], FinishReason::Length);
+        assert_eq!(texts(&ev).concat(), "a <tools> b <tool_call>{broken");
+        assert_eq!(texts(&ev)[..2], ["a ", "<tools> b"], "held only while it may be the tag");
+        assert_eq!(ev.last().map(|(n, _)| n.as_str()), Some("message_stop"));
+        assert_eq!(ev[ev.len() - 2].1["delta"]["stop_reason"], "max_tokens");
+    }
+
+    #[test]
+    fn plain_and_forced_streams() {
+        let ev = stream(None, &["Hel", "lo"], FinishReason::Stop);
+        assert_eq!(texts(&ev), ["Hel", "lo"]);
+        assert_eq!(ev[ev.len() - 2].1, json!({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": null}, "usage": {"output_tokens": 2}}));
+        let ev = stream(Some(ToolOutput::Named("get".into())), &["{\"a\"", ": 1}"], FinishReason::Stop);
+        let json: String = ev.iter().filter_map(|(_, d)| d["delta"]["partial_json"].as_str()).collect();
+        assert_eq!((json.as_str(), ev[1].1["content_block"]["name"].as_str()), ("{\"a\": 1}", Some("get")));
+        assert_eq!(ev[ev.len() - 2].1["delta"]["stop_reason"], "tool_use");
+        let ev = stream(None, &["x"], FinishReason::Error("boom".into()));
+        assert_eq!(ev.last().unwrap().0, "error", "an engine failure ends the stream with an error event");
+        assert_eq!(ev.last().unwrap().1["error"]["type"], "api_error");
     }
 
     #[test]

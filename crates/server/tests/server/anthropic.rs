@@ -309,6 +309,22 @@ mod tools {
         }
     }
 
+    /// "auto" with a template that writes `<tool_call>` (the default with tools): an answer
+    /// without calls streams as text, equal to the whole answer.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn auto_with_call_markup_streams_text() {
+        let t = start(tool_dir(), true).await;
+        let body = ask(json!({"temperature": 0, "max_tokens": 12}));
+        let v = post(t.addr, "/v1/messages", &body).await.json();
+        assert_eq!(v["stop_reason"], "max_tokens", "{v}");
+        let mut sbody = body.clone();
+        sbody["stream"] = json!(true);
+        let ev = events(&post(t.addr, "/v1/messages", &sbody).await);
+        assert_eq!(shape(&ev), ["message_start", "content_block_start", "content_block_delta", "content_block_stop", "message_delta", "message_stop"]);
+        assert!(ev.iter().filter(|(n, _)| n == "content_block_delta").count() >= 2, "it streams");
+        assert_eq!(json!([{"type": "text", "text": deltas(&ev, "text_delta", "text")[0]}]), v["content"]);
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn tool_use_then_tool_result_round_trips() {
         let t = start(tool_dir(), true).await;
