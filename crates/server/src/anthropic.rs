@@ -193,6 +193,35 @@ fn template_messages(f: &Fields) -> Result<Vec<Value>, ApiError> {
     Ok(out)
 }
 
+/// How [`render_chat`]'s error for a template that refuses the messages begins.
+const TEMPLATE_ERROR: &str = "cannot apply the chat template";
+
+/// Whether a system message follows a user or assistant one.
+fn has_late_system(msgs: &[Value]) -> bool {
+    msgs.iter().skip_while(|m| m["role"] == "system").any(|m| m["role"] == "system")
+}
+
+/// The messages for a template that takes one system message, first (Mistral's and Gemma's
+/// refuse others): leading system messages joined, a later one's text appended to the user
+/// message before it, or a user message of its own after anything else.
+fn fold_system(msgs: &[Value]) -> Vec<Value> {
+    let mut out: Vec<Value> = Vec::with_capacity(msgs.len());
+    for m in msgs {
+        let text = m["content"].as_str().unwrap_or_default();
+        let system = m["role"] == "system";
+        let only = out.len() == 1;
+        match out.last_mut() {
+            Some(last) if system && (last["role"] == "user" || (last["role"] == "system" && only)) => {
+                let joined = format!("{}\n\n{text}", last["content"].as_str().unwrap_or_default());
+                last["content"] = json!(joined);
+            }
+            Some(_) if system => out.push(json!({"role": "user", "content": text})),
+            _ => out.push(m.clone()),
+        }
+    }
+    out
+}
+
 /// `tools` and `tool_choice` as the chat path's [`Tools`]; the list in OpenAI's shape, which is
 /// what chat templates read.
 fn tools(f: &Fields) -> Result<Option<Tools>, ApiError> {
@@ -367,7 +396,10 @@ fn job(state: &AppState, body: &[u8]) -> Result<Job, ApiError> {
     let guide = output_format(&f)?;
     let tools = tools(&f)?;
     let msgs = template_messages(&f)?;
-    let mut job = Job::chat_from(state, p, guide, tools.as_ref(), &msgs, true)?;
+    let mut job = match Job::chat_from(state, p.clone(), guide.clone(), tools.as_ref(), &msgs, true) {
+        Err(e) if e.message.starts_with(TEMPLATE_ERROR) && has_late_system(&msgs) => Job::chat_from(state, p, guide, tools.as_ref(), &fold_system(&msgs), true)?,
+        other => other?,
+    };
     // The room the context leaves caps `max_tokens`. A prompt that fills it is refused in
     // Anthropic's words: Claude Code reads "prompt is too long" as its cue to compact.
     let (ctx, len) = (state.max_model_len(), job.prompts[0].len());
@@ -386,7 +418,10 @@ pub fn count_tokens(state: &AppState, body: &[u8]) -> Result<Value, ApiError> {
     refuse_unsupported(&f)?;
     let tools = tools(&f)?;
     let msgs = template_messages(&f)?;
-    let ids = render_chat(state, &msgs, tools.as_ref(), true)?;
+    let ids = match render_chat(state, &msgs, tools.as_ref(), true) {
+        Err(e) if e.message.starts_with(TEMPLATE_ERROR) && has_late_system(&msgs) => render_chat(state, &fold_system(&msgs), tools.as_ref(), true)?,
+        other => other?,
+    };
     Ok(json!({"input_tokens": ids.len()}))
 }
 
@@ -689,6 +724,14 @@ mod tests {
                 json!({"role": "user", "content": "and?"}),
             ]
         );
+    }
+
+    #[test]
+    fn late_system_messages_fold_for_strict_templates() {
+        let m = |role: &str, text: &str| json!({"role": role, "content": text});
+        let msgs = vec![m("system", "a"), m("system", "b"), m("user", "hi"), m("system", "c"), m("assistant", "yo"), m("system", "d")];
+        assert!(has_late_system(&msgs) && !has_late_system(&msgs[..3]));
+        assert_eq!(fold_system(&msgs), vec![m("system", "a\n\nb"), m("user", "hi\n\nc"), m("assistant", "yo"), m("user", "d")]);
     }
 
     #[test]

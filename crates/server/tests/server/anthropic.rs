@@ -376,3 +376,32 @@ async fn models_answer_an_anthropic_client_in_its_shape() {
     assert_eq!((one["object"].clone(), one["id"].clone()), (json!("model"), json!(MODEL)));
     assert_eq!(get(s.addr, "/v1/models/other").await.json()["error"]["code"], 404);
 }
+
+/// A template that takes a system message only first (as Mistral's and Gemma's): a later one,
+/// as Claude Code sends, is folded into the user turn before it rather than refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_system_messages_fold_for_a_strict_template() {
+    use tandem_core::tokenizer::Tokenizer;
+    use tandem_engine::fake_model::FakeModel;
+    use tandem_engine::{Engine, EngineConfig};
+    use tandem_server::engine_adapter::{decode_fn, TandemEngine};
+    let dir = tokenizer_dir();
+    let path = dir.join("tokenizer_config.json");
+    let mut cfg: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    cfg["chat_template"] = json!("{% for m in messages %}{% if m['role'] == 'system' and not loop.first %}{{ raise_exception('system only first') }}{% endif %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}");
+    std::fs::write(&path, cfg.to_string()).unwrap();
+    let tok = Arc::new(Tokenizer::from_dir(&dir).unwrap());
+    let handle = Engine::spawn(Box::new(FakeModel::new(model_config(), 512, 16, 512, 128)), decode_fn(tok.clone()), EngineConfig::default()).unwrap();
+    let mut config = Setup::default().config;
+    config.max_model_len = handle.max_model_len();
+    let mut s = TestServer::with_client(config, TandemEngine::ready(handle.clone()), tok.clone()).await;
+    s.engine = Some(handle);
+
+    let body = json!({"model": MODEL, "system": "world", "messages": [{"role": "user", "content": "hello"}, {"role": "system", "content": "the cat"}], "max_tokens": 2});
+    let r = post(s.addr, "/v1/messages", &body).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let folded = tok.apply_chat_template(&[json!({"role": "system", "content": "world"}), json!({"role": "user", "content": "hello\n\nthe cat"})], true).unwrap();
+    let n = tok.encode(&folded, false).unwrap().len();
+    assert_eq!(r.json()["usage"]["input_tokens"], n);
+    assert_eq!(post(s.addr, "/v1/messages/count_tokens", &body).await.json()["input_tokens"], n);
+}
