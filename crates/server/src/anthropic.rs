@@ -4,8 +4,10 @@
 //!
 //! A request is read into the chat path's own pieces and runs as a chat completion does:
 //! - `system` and `messages` become template messages (`tool_use` blocks an assistant's
-//!   `tool_calls` with their input as a mapping, `tool_result` blocks `role: "tool"` messages),
-//!   rendered by the model's chat template ([`crate::openai::Job::chat_from`]);
+//!   `tool_calls` with their input as a mapping, `tool_result` blocks `role: "tool"` messages,
+//!   a mid-conversation `system` message a system message, folded into the user turn for a
+//!   template that refuses it), rendered by the model's chat template
+//!   ([`crate::openai::Job::chat_from`]);
 //! - `tools` become the chat path's [`Tools`] (`input_schema` is the parameters schema) and
 //!   `tool_choice` its choice: `auto` -> auto (Hermes `<tool_call>` blocks parsed where the
 //!   template writes them), `any` -> required, `tool` -> the named function, `none` -> none;
@@ -19,7 +21,11 @@
 //! are 400s naming them. Errors are `{"type": "error", "error": {"type", "message"}}`.
 //!
 //! `max_tokens` is trimmed to the room the context leaves (Claude Code asks for 32000 whatever
-//! the model), so only a prompt that fills the context is refused.
+//! the model), so only a prompt that fills the context is refused, in Anthropic's words.
+//!
+//! Streaming ([`MessageStream`]): text and a forced tool's input stream as sampled; "auto" on a
+//! `<tool_call>` template streams text up to the markup; "any" is held to the end. `GET
+//! /v1/models` asked with `anthropic-version` answers in Anthropic's shape ([`models`]).
 
 use std::sync::Arc;
 use std::time::Instant;
