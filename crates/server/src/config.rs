@@ -7,7 +7,8 @@ use std::time::Duration;
 pub struct ServerConfig {
     /// Port 0 picks a free port; [`crate::Server::local_addr`] tells which.
     pub addr: SocketAddr,
-    /// When set, every endpoint but `/health` needs `Authorization: Bearer <key>`.
+    /// When set, every endpoint but `/health` needs `Authorization: Bearer <key>` (or Anthropic's
+    /// `x-api-key: <key>`).
     pub api_key: Option<String>,
     /// Larger request bodies are answered 413.
     pub max_body_bytes: usize,

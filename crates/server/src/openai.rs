@@ -191,6 +191,16 @@ pub(crate) fn normalize_messages(v: Option<&Value>) -> Result<Vec<Value>, ApiErr
     Ok(out)
 }
 
+/// The prompt's ids of a chat: messages (and tools) through the model's chat template.
+pub(crate) fn render_chat(state: &AppState, msgs: &[Value], tools: Option<&structured::Tools>, add_gen: bool) -> Result<Vec<u32>, ApiError> {
+    let text = state
+        .tokenizer
+        .apply_chat_template_with_tools(msgs, tools.map(|t| t.list.as_slice()), add_gen)
+        .map_err(|e| ApiError::invalid("messages", format!("cannot apply the chat template: {e}")))?;
+    // The template writes the BOS itself.
+    state.tokenizer.encode(&text, false).map_err(|e| ApiError::invalid("messages", format!("cannot tokenize the rendered chat: {e}")))
+}
+
 impl Job {
     pub fn completions(state: &AppState, body: &[u8]) -> Result<Job, ApiError> {
         let o = parse_json(body)?;
@@ -215,10 +225,20 @@ impl Job {
         }
         let vocab = state.config.vocab_size;
         let p = parse_params(&f, Api::Chat, vocab, &state.config.sampling_defaults)?;
-        let mut guide = structured::parse_guide(&f)?;
+        let guide = structured::parse_guide(&f)?;
         let tools = structured::parse_tools(&f)?;
+        let msgs = normalize_messages(f.get("messages"))?;
+        let add_gen = f.bool("add_generation_prompt")?.unwrap_or(true);
+        Job::chat_from(state, p, guide, tools.as_ref(), &msgs, add_gen)
+    }
+
+    /// A chat job from messages already in the template's shape (string contents, calls'
+    /// arguments as mappings), its tools and structured-output form: what chat completions and
+    /// the Anthropic Messages API share. A forced tool choice becomes the constraint, and says
+    /// how the answer's text is read for calls.
+    pub(crate) fn chat_from(state: &AppState, p: ParsedParams, mut guide: Option<GuideRequest>, tools: Option<&structured::Tools>, msgs: &[Value], add_gen: bool) -> Result<Job, ApiError> {
         let mut tool_output = None;
-        if let Some(t) = &tools {
+        if let Some(t) = tools {
             if let Some(g) = t.guide() {
                 if let Some(other) = &guide {
                     let choice = match &t.choice {
@@ -237,15 +257,8 @@ impl Job {
                 ToolChoice::Auto | ToolChoice::None => None,
             };
         }
-        let msgs = normalize_messages(f.get("messages"))?;
-        let add_gen = f.bool("add_generation_prompt")?.unwrap_or(true);
-        let text = state
-            .tokenizer
-            .apply_chat_template_with_tools(&msgs, tools.as_ref().map(|t| t.list.as_slice()), add_gen)
-            .map_err(|e| ApiError::invalid("messages", format!("cannot apply the chat template: {e}")))?;
-        // The template writes the BOS itself.
-        let ids = state.tokenizer.encode(&text, false).map_err(|e| ApiError::invalid("messages", format!("cannot tokenize the rendered chat: {e}")))?;
-        Ok(Job { api: Api::Chat, prompts: vec![check_ids(ids, vocab, "messages")?], p, multi: false, echo_texts: Vec::new(), guide, tool_output })
+        let ids = render_chat(state, msgs, tools, add_gen)?;
+        Ok(Job { api: Api::Chat, prompts: vec![check_ids(ids, state.config.vocab_size, "messages")?], p, multi: false, echo_texts: Vec::new(), guide, tool_output })
     }
 
     pub fn generate(state: &AppState, body: &[u8]) -> Result<Job, ApiError> {
@@ -460,6 +473,8 @@ pub struct ChoiceAcc {
     /// Its prompt's logprobs (shared by the prompt's completions).
     pub prompt_logprobs: Option<Vec<Option<TokenLogprob>>>,
     pub finish: Option<FinishReason>,
+    /// The stop string that ended the text, when one did.
+    pub stop_string: Option<String>,
 }
 
 /// Waits for the whole run and gathers each choice's text. Engine failures become 500, a
@@ -478,6 +493,7 @@ pub async fn collect(run: &mut Run) -> Result<Vec<ChoiceAcc>, ApiError> {
             c.logprobs.extend(d.logprobs);
             if d.finish.is_some() {
                 c.finish = d.finish;
+                c.stop_string = d.stop_string;
             }
         }
     }
@@ -576,6 +592,18 @@ pub struct StreamFormatter {
     /// in its last chunk, as `tool_calls` (or content, when the text holds no call).
     tool_output: Option<ToolOutput>,
     held: Vec<(String, Vec<TokenLogprob>)>,
+}
+
+impl crate::body::EventFormat for StreamFormatter {
+    fn head(&mut self) -> String {
+        StreamFormatter::head(self)
+    }
+    fn update(&mut self, out: &mut String, run: &Run, prompt: usize, upd: &EngineUpdate) {
+        StreamFormatter::update(self, out, run, prompt, upd)
+    }
+    fn tail(&mut self, out: &mut String, run: &Run) {
+        StreamFormatter::tail(self, out, run)
+    }
 }
 
 fn push_event(out: &mut String, v: &Value) {
