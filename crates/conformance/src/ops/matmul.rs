@@ -167,7 +167,7 @@ impl Op for ResidualNormGateUp {
     /// case measured 1.25e-5 against the single-GEMM 1e-5 (worst element off by 0.5%, where
     /// silu(gate) * up is ~4), with every bitwise fused-vs-unfused check passing; real bugs (a
     /// wrong row, a missed norm) measure 1e-2 and more. The rounding variant of
-    /// tests/conformance/tolerance.rs reaches 1.75e-5 (bf16, m = 2) over 300 seeds.
+    /// tests/conformance/tolerance.rs reached 1.75e-5 (bf16, m = 2) over 300 seeds.
     fn limit(&self) -> f64 {
         4.0 * limits::weight(self.dtype)
     }

@@ -189,10 +189,13 @@ fn honest_variants_pass_every_limit() {
 /// case is printed (the headroom under its limit).
 #[test]
 fn few_value_cases_pass_over_many_seeds() {
+    // 300 seeds when the limits were set (2026-12-04: bf16 residual chain worst 1.75e-5 against
+    // 4e-5); 150 in CI, half a minute.
+    const SEEDS: u64 = 150;
     let variant = Variant { inner: RefBackend::new() };
     for filter in ["n=1 k=1000", "residual_norm_gate_up"] {
         let mut worst: std::collections::BTreeMap<String, f64> = Default::default();
-        for seed in 0..300u64 {
+        for seed in 0..SEEDS {
             let mut out = Vec::new();
             let rep = run(&variant, Some(filter), seed, &mut out);
             assert!(rep.ok(), "seed {seed}: {}", String::from_utf8_lossy(&out));
@@ -203,7 +206,7 @@ fn few_value_cases_pass_over_many_seeds() {
         }
         assert!(!worst.is_empty(), "no case matched {filter}");
         for (p, w) in &worst {
-            println!("{filter} {p}: worst NMSE over 300 seeds {w:.3e}");
+            println!("{filter} {p}: worst NMSE over {SEEDS} seeds {w:.3e}");
         }
     }
 }
