@@ -397,6 +397,13 @@ fn output_format(f: &Fields) -> Result<Option<GuideRequest>, ApiError> {
     }
 }
 
+/// `thinking: {"type": "disabled"}` as the template variable that turns a thinking model's
+/// thinking off (Qwen3's `enable_thinking: false`); other settings leave the template's default.
+fn thinking_kwargs(f: &Fields) -> Option<Map<String, Value>> {
+    let disabled = f.get("thinking").and_then(|t| t.get("type")).and_then(Value::as_str) == Some("disabled");
+    disabled.then(|| Map::from_iter([("enable_thinking".to_string(), json!(false))]))
+}
+
 /// A Messages request as a chat job (its tools and stop sequences kept for the answer).
 fn job(state: &AppState, body: &[u8]) -> Result<Job, ApiError> {
     let o = parse_json(body)?;
@@ -407,8 +414,9 @@ fn job(state: &AppState, body: &[u8]) -> Result<Job, ApiError> {
     let guide = output_format(&f)?;
     let tools = tools(&f)?;
     let msgs = template_messages(&f)?;
-    let mut job = match Job::chat_from(state, p.clone(), guide.clone(), tools.as_ref(), &msgs, true, None) {
-        Err(e) if e.message.starts_with(TEMPLATE_ERROR) && has_late_system(&msgs) => Job::chat_from(state, p, guide, tools.as_ref(), &fold_system(&msgs), true, None)?,
+    let kwargs = thinking_kwargs(&f);
+    let mut job = match Job::chat_from(state, p.clone(), guide.clone(), tools.as_ref(), &msgs, true, kwargs.as_ref()) {
+        Err(e) if e.message.starts_with(TEMPLATE_ERROR) && has_late_system(&msgs) => Job::chat_from(state, p, guide, tools.as_ref(), &fold_system(&msgs), true, kwargs.as_ref())?,
         other => other?,
     };
     // The room the context leaves caps `max_tokens`. A prompt that fills it is refused in
@@ -429,8 +437,9 @@ pub fn count_tokens(state: &AppState, body: &[u8]) -> Result<Value, ApiError> {
     refuse_unsupported(&f)?;
     let tools = tools(&f)?;
     let msgs = template_messages(&f)?;
-    let ids = match render_chat(state, &msgs, tools.as_ref(), true, None) {
-        Err(e) if e.message.starts_with(TEMPLATE_ERROR) && has_late_system(&msgs) => render_chat(state, &fold_system(&msgs), tools.as_ref(), true, None)?,
+    let kwargs = thinking_kwargs(&f);
+    let ids = match render_chat(state, &msgs, tools.as_ref(), true, kwargs.as_ref()) {
+        Err(e) if e.message.starts_with(TEMPLATE_ERROR) && has_late_system(&msgs) => render_chat(state, &fold_system(&msgs), tools.as_ref(), true, kwargs.as_ref())?,
         other => other?,
     };
     Ok(json!({"input_tokens": ids.len()}))
@@ -592,15 +601,15 @@ impl MessageStream {
 
     /// Text into the open text block, one opened (and a thinking block closed) on the first.
     fn text(&mut self, out: &mut String, text: &str) {
-        self.into_block(out, "text", json!({"type": "text_delta", "text": text}), text.is_empty());
+        self.delta_into(out, "text", json!({"type": "text_delta", "text": text}), text.is_empty());
     }
 
     /// Thinking into the open thinking block, opened on the first.
     fn thinking(&mut self, out: &mut String, text: &str) {
-        self.into_block(out, "thinking", json!({"type": "thinking_delta", "thinking": text}), text.is_empty());
+        self.delta_into(out, "thinking", json!({"type": "thinking_delta", "thinking": text}), text.is_empty());
     }
 
-    fn into_block(&mut self, out: &mut String, kind: &'static str, delta: Value, empty: bool) {
+    fn delta_into(&mut self, out: &mut String, kind: &'static str, delta: Value, empty: bool) {
         if empty {
             return;
         }
@@ -911,6 +920,14 @@ mod tests {
         assert_eq!(texts(&ev)[..2], ["a ", "<tools> b"], "held only while it may be the tag");
         assert_eq!(ev.last().map(|(n, _)| n.as_str()), Some("message_stop"));
         assert_eq!(ev[ev.len() - 2].1["delta"]["stop_reason"], "max_tokens");
+    }
+
+    #[test]
+    fn disabled_thinking_reaches_the_template() {
+        let kw = |v: Value| thinking_kwargs(&Fields(v.as_object().unwrap()));
+        assert_eq!(kw(json!({"thinking": {"type": "disabled"}})), Some(Map::from_iter([("enable_thinking".to_string(), json!(false))])));
+        assert_eq!(kw(json!({"thinking": {"type": "adaptive"}})), None);
+        assert_eq!(kw(json!({})), None);
     }
 
     #[test]
