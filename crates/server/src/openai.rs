@@ -275,7 +275,10 @@ impl Job {
         }
         let ids = render_chat(state, msgs, tools, add_gen, kwargs)?;
         // A forced call's text is the constrained JSON from its first token: nothing to split.
-        let reasoning = state.config.reasoning_parser.filter(|_| guide.is_none());
+        let reasoning = state.config.reasoning_parser.filter(|_| guide.is_none()).map(|r| {
+            let tail = state.tokenizer.decode(&ids[ids.len().saturating_sub(8)..], false).unwrap_or_default();
+            r.for_prompt(&tail)
+        });
         Ok(Job { api: Api::Chat, prompts: vec![check_ids(ids, state.config.vocab_size, "messages")?], p, multi: false, echo_texts: Vec::new(), guide, tool_output, reasoning })
     }
 

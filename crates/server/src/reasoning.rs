@@ -1,7 +1,10 @@
 //! A thinking model's reasoning, split out of its answer as vLLM's `--reasoning-parser` does:
 //! the text between `<think>` and `</think>` is the reasoning (chat: `reasoning_content` and
 //! `reasoning`), the text after `</think>` the content.
-//! - `qwen3`: the answer opens with `<think>` (after blanks) or has no reasoning at all;
+//! - `qwen3`: the answer opens with `<think>` (after blanks) or has no reasoning at all; but
+//!   where the prompt ends with an open `<think>` (Qwen3.5's and the 2507 thinking models'
+//!   templates write it; vLLM's parser reads it so too) the answer starts inside the block, as
+//!   with `deepseek_r1` ([`ReasoningParser::for_prompt`]);
 //! - `deepseek_r1`: the template may open the block itself, so the answer may start inside it
 //!   with no `<think>`: all text up to `</think>` is reasoning, all of it while none came.
 //!
@@ -49,6 +52,16 @@ impl ReasoningParser {
         match self {
             ReasoningParser::Qwen3 => "qwen3",
             ReasoningParser::DeepSeekR1 => "deepseek_r1",
+        }
+    }
+
+    /// The parser for an answer to a prompt ending in `prompt_tail`: `qwen3` reads as
+    /// `deepseek_r1` when the template left a `<think>` open at the end.
+    pub fn for_prompt(self, prompt_tail: &str) -> ReasoningParser {
+        let t = prompt_tail.trim_end();
+        match self {
+            ReasoningParser::Qwen3 if t.ends_with(OPEN) => ReasoningParser::DeepSeekR1,
+            p => p,
         }
     }
 
@@ -141,6 +154,15 @@ mod tests {
         assert_eq!(r1.split("Okay, 2+2 is 4.\n</think>\n\n**4**"), (s("Okay, 2+2 is 4.\n"), "\n\n**4**".to_string()));
         assert_eq!(r1.split(QWEN3), (s("\nThe user asks for 2+2. That is 4.\n"), "\n\nThe answer is 4.".to_string()));
         assert_eq!(r1.split("Thinking with no end"), (s("Thinking with no end"), String::new()), "no </think>: all reasoning, as vLLM");
+    }
+
+    #[test]
+    fn a_prompt_that_opens_the_block() {
+        let q = ReasoningParser::Qwen3;
+        assert_eq!(q.for_prompt("<|im_start|>assistant\n<think>\n"), ReasoningParser::DeepSeekR1);
+        assert_eq!(q.for_prompt("<|im_start|>assistant\n<think>\n\n</think>\n\n"), q, "thinking off: the block is closed");
+        assert_eq!(q.for_prompt("<|im_start|>assistant\n"), q);
+        assert_eq!(ReasoningParser::DeepSeekR1.for_prompt("x"), ReasoningParser::DeepSeekR1);
     }
 
     fn stream(p: ReasoningParser, pieces: &[&str]) -> (String, String) {
