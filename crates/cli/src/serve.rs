@@ -16,6 +16,8 @@ use tandem_engine::engine::{Engine, EngineConfig};
 use tandem_engine::scheduler::{BatchMode, Policy};
 use tandem_server::engine_adapter::{decode_fn, TandemEngine};
 use tandem_server::ServerConfig;
+use tandem_server::reasoning::{self, ReasoningParser};
+use tandem_server::tool_parser::{self, ToolParser};
 
 use crate::backends::{self, BackendKind};
 
@@ -207,14 +209,20 @@ pub struct Args {
     /// eagerly, unpadded. Other backends always run eagerly.
     #[arg(long)]
     enforce_eager: bool,
-    /// vLLM's switch for `tool_choice: "auto"`. Accepted: tandem parses "auto" answers whenever
-    /// the chat template writes `<tool_call>` blocks, with or without it.
+    /// vLLM's switch for `tool_choice: "auto"`. Accepted: tandem parses "auto" answers with
+    /// `--tool-call-parser`, or for `<tool_call>` blocks whenever the chat template writes them,
+    /// with or without it.
     #[arg(long)]
     enable_auto_tool_choice: bool,
-    /// vLLM's tool-call parser for "auto": `hermes` (`<tool_call>{...}</tool_call>`, the format of
-    /// Qwen2.5, Hermes and SmolLM3 templates) is the one tandem has.
+    /// vLLM's tool-call parser for "auto": `hermes` (`<tool_call>{...}</tool_call>`: Qwen2.5,
+    /// Hermes, SmolLM3), `llama3_json` (Llama 3.x JSON calls), `mistral` (`[TOOL_CALLS]`) or
+    /// `qwen3_xml` (Qwen3-Coder's `<function=...>` calls).
     #[arg(long)]
     tool_call_parser: Option<String>,
+    /// vLLM's reasoning parser: `qwen3` or `deepseek_r1`. A chat answer's `<think>` block goes to
+    /// `reasoning_content` (and `reasoning`); on /v1/messages it is a `thinking` block.
+    #[arg(long)]
+    reasoning_parser: Option<String>,
 }
 
 /// vLLM `serve` flags that tandem does not implement: refused by name, never ignored.
@@ -222,7 +230,7 @@ const VLLM_UNSUPPORTED: &[&str] = &[
     "--quantization", "-q", "--pipeline-parallel-size", "-pp", "--data-parallel-size", "-dp", "--enable-lora", "--lora-modules",
     "--speculative-config", "--tokenizer", "--tokenizer-mode", "--trust-remote-code", "--revision", "--download-dir",
     "--load-format", "--max-logprobs", "--swap-space", "--cpu-offload-gb", "--cuda-graph-sizes", "--max-seq-len-to-capture",
-    "--reasoning-parser", "--guided-decoding-backend", "--chat-template",
+    "--guided-decoding-backend", "--chat-template",
     "--response-role", "--ssl-keyfile", "--ssl-certfile", "--root-path", "--middleware", "--enable-sleep-mode",
     "--kv-transfer-config", "--num-scheduler-steps", "--preemption-mode", "--no-enable-chunked-prefill", "--hf-overrides",
     "--override-generation-config", "--limit-mm-per-prompt", "--mm-processor-kwargs", "--distributed-executor-backend",
@@ -288,11 +296,18 @@ pub fn run(mut a: Args) -> Result<()> {
     let mut tok = Tokenizer::from_dir(&dir)?;
     let cfg = tandem_core::ModelConfig::from_file(&dir.join("config.json"))?;
     a.check_vllm_values(&cfg, &dir)?;
-    if let Some(p) = a.tool_call_parser.as_deref().filter(|p| *p != "hermes") {
-        anyhow::bail!("--tool-call-parser {p}: tandem parses the `hermes` format only (<tool_call>{{...}}</tool_call>)");
-    }
-    if a.enable_auto_tool_choice {
-        tracing::info!("--enable-auto-tool-choice: \"auto\" answers are parsed for <tool_call> blocks when the chat template writes them");
+    let tool_call_parser = match a.tool_call_parser.as_deref() {
+        None => None,
+        Some(p) => Some(ToolParser::from_name(p).ok_or_else(|| anyhow::anyhow!("--tool-call-parser {p}: tandem parses {}", tool_parser::NAMES.join(", ")))?),
+    };
+    let reasoning_parser = match a.reasoning_parser.as_deref() {
+        None => None,
+        Some(p) => Some(ReasoningParser::from_name(p).ok_or_else(|| anyhow::anyhow!("--reasoning-parser {p}: tandem parses {}", reasoning::NAMES.join(", ")))?),
+    };
+    match tool_call_parser {
+        Some(p) => tracing::info!("--tool-call-parser {}: \"auto\" answers are read for its calls", p.name()),
+        None if a.enable_auto_tool_choice => tracing::info!("--enable-auto-tool-choice: \"auto\" answers are parsed for <tool_call> blocks when the chat template writes them"),
+        None => {}
     }
     if a.enforce_eager {
         tracing::info!("--enforce-eager: no CUDA graphs, every step runs eagerly");
@@ -315,6 +330,8 @@ pub fn run(mut a: Args) -> Result<()> {
         sampling_defaults,
         request_timeout: timeout,
         allowed_origins: a.allowed_origins.clone(),
+        tool_call_parser,
+        reasoning_parser,
         vocab_size: cfg.vocab_size,
         shutdown_grace: Duration::from_secs(a.shutdown_grace_s),
         ..Default::default()

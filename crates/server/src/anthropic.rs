@@ -9,8 +9,8 @@
 //!   template that refuses it), rendered by the model's chat template
 //!   ([`crate::openai::Job::chat_from`]);
 //! - `tools` become the chat path's [`Tools`] (`input_schema` is the parameters schema) and
-//!   `tool_choice` its choice: `auto` -> auto (Hermes `<tool_call>` blocks parsed where the
-//!   template writes them), `any` -> required, `tool` -> the named function, `none` -> none;
+//!   `tool_choice` its choice: `auto` -> auto (read by `--tool-call-parser`, or Hermes
+//!   `<tool_call>` blocks where the template writes them), `any` -> required, `tool` -> the named function, `none` -> none;
 //!   forced choices are constrained through llguidance like OpenAI's;
 //! - `max_tokens` (required), `stop_sequences`, `temperature`, `top_p`, `top_k` and `stream`
 //!   go through the shared sampling checks ([`crate::params::parse_params`]);
@@ -23,8 +23,11 @@
 //! `max_tokens` is trimmed to the room the context leaves (Claude Code asks for 32000 whatever
 //! the model), so only a prompt that fills the context is refused, in Anthropic's words.
 //!
-//! Streaming ([`MessageStream`]): text and a forced tool's input stream as sampled; "auto" on a
-//! `<tool_call>` template streams text up to the markup; "any" is held to the end. `GET
+//! With `--reasoning-parser`, the answer's `<think>` block is a `thinking` block before the
+//! text (an empty `signature`: there is nothing to sign), streamed as `thinking_delta`s.
+//!
+//! Streaming ([`MessageStream`]): text and a forced tool's input stream as sampled; "auto" with
+//! a tool parser streams text up to where the markup may begin; "any" is held to the end. `GET
 //! /v1/models` asked with `anthropic-version` answers in Anthropic's shape ([`models`]).
 
 use std::sync::Arc;
@@ -39,10 +42,12 @@ use crate::engine_client::{CompletionDelta, EngineUpdate, FinishReason};
 use crate::error::ApiError;
 use crate::openai::{collect, parse_json, render_chat, tool_message, Job, ToolOutput};
 use crate::params::{parse_params, type_name, Api, Fields, ParsedParams};
+use crate::reasoning::ReasoningStream;
 use crate::router::{compiled, json_response, ready, sse_response, tokenizer_call, X_REQUEST_ID};
 use crate::run::Run;
 use crate::server::AppState;
 use crate::structured::{self, GuideRequest, ToolChoice, Tools};
+use crate::tool_parser::ToolParser;
 use tandem_structured::GuideSpec;
 
 /// Anthropic's error type for a status.
@@ -392,6 +397,13 @@ fn output_format(f: &Fields) -> Result<Option<GuideRequest>, ApiError> {
     }
 }
 
+/// `thinking: {"type": "disabled"}` as the template variable that turns a thinking model's
+/// thinking off (Qwen3's `enable_thinking: false`); other settings leave the template's default.
+fn thinking_kwargs(f: &Fields) -> Option<Map<String, Value>> {
+    let disabled = f.get("thinking").and_then(|t| t.get("type")).and_then(Value::as_str) == Some("disabled");
+    disabled.then(|| Map::from_iter([("enable_thinking".to_string(), json!(false))]))
+}
+
 /// A Messages request as a chat job (its tools and stop sequences kept for the answer).
 fn job(state: &AppState, body: &[u8]) -> Result<Job, ApiError> {
     let o = parse_json(body)?;
@@ -402,8 +414,9 @@ fn job(state: &AppState, body: &[u8]) -> Result<Job, ApiError> {
     let guide = output_format(&f)?;
     let tools = tools(&f)?;
     let msgs = template_messages(&f)?;
-    let mut job = match Job::chat_from(state, p.clone(), guide.clone(), tools.as_ref(), &msgs, true) {
-        Err(e) if e.message.starts_with(TEMPLATE_ERROR) && has_late_system(&msgs) => Job::chat_from(state, p, guide, tools.as_ref(), &fold_system(&msgs), true)?,
+    let kwargs = thinking_kwargs(&f);
+    let mut job = match Job::chat_from(state, p.clone(), guide.clone(), tools.as_ref(), &msgs, true, kwargs.as_ref()) {
+        Err(e) if e.message.starts_with(TEMPLATE_ERROR) && has_late_system(&msgs) => Job::chat_from(state, p, guide, tools.as_ref(), &fold_system(&msgs), true, kwargs.as_ref())?,
         other => other?,
     };
     // The room the context leaves caps `max_tokens`. A prompt that fills it is refused in
@@ -424,8 +437,9 @@ pub fn count_tokens(state: &AppState, body: &[u8]) -> Result<Value, ApiError> {
     refuse_unsupported(&f)?;
     let tools = tools(&f)?;
     let msgs = template_messages(&f)?;
-    let ids = match render_chat(state, &msgs, tools.as_ref(), true) {
-        Err(e) if e.message.starts_with(TEMPLATE_ERROR) && has_late_system(&msgs) => render_chat(state, &fold_system(&msgs), tools.as_ref(), true)?,
+    let kwargs = thinking_kwargs(&f);
+    let ids = match render_chat(state, &msgs, tools.as_ref(), true, kwargs.as_ref()) {
+        Err(e) if e.message.starts_with(TEMPLATE_ERROR) && has_late_system(&msgs) => render_chat(state, &fold_system(&msgs), tools.as_ref(), true, kwargs.as_ref())?,
         other => other?,
     };
     Ok(json!({"input_tokens": ids.len()}))
@@ -494,7 +508,14 @@ pub async fn messages(state: &Arc<AppState>, req: Request<Incoming>, start: Inst
     } else {
         // If the client leaves, hyper drops this future, and with it `run`, which aborts.
         let c = collect(&mut run).await?.pop().unwrap_or_default();
-        let (content, reason, seq) = answer(job.tool_output.as_ref(), &c.text, c.finish.as_ref().unwrap_or(&FinishReason::Stop), c.stop_string.as_deref());
+        let (thinking, text) = match job.reasoning {
+            Some(r) => r.split(&c.text),
+            None => (None, c.text),
+        };
+        let (mut content, reason, seq) = answer(job.tool_output.as_ref(), &text, c.finish.as_ref().unwrap_or(&FinishReason::Stop), c.stop_string.as_deref());
+        if let Some(t) = thinking {
+            content.insert(0, json!({"type": "thinking", "thinking": t, "signature": ""}));
+        }
         json_response(
             StatusCode::OK,
             &json!({"id": id, "type": "message", "role": "assistant", "content": content, "model": state.model_name, "stop_reason": reason, "stop_sequence": seq,
@@ -514,9 +535,9 @@ enum Mode {
     ToolInput,
     /// "any": a JSON array of calls, held and sent as blocks at the end.
     Held(String),
-    /// "auto" with `<tool_call>` markup: text streams until the markup may begin; from there on
-    /// it is held, and at the end it is calls (blocks) or, if it does not parse, more text.
-    Hermes { text: String, sent: usize },
+    /// "auto" with a tool parser: text streams until the markup may begin; from there on it is
+    /// held, and at the end it is calls (blocks) or, if it does not parse, more text.
+    Auto { parser: ToolParser, text: String, sent: usize },
 }
 
 /// Anthropic's event stream: `message_start`, `ping`, per block `content_block_start`,
@@ -528,8 +549,10 @@ pub struct MessageStream {
     input_tokens: usize,
     tool_output: Option<ToolOutput>,
     mode: Mode,
-    /// The index of the open block, if one is open; blocks opened so far.
-    open: Option<usize>,
+    /// With a reasoning parser: the answer's thinking, split from its text as it comes.
+    reasoning: Option<ReasoningStream>,
+    /// The index and type of the open block, if one is open; blocks opened so far.
+    open: Option<(usize, &'static str)>,
     blocks: usize,
     finish: Option<FinishReason>,
     stop_string: Option<String>,
@@ -546,17 +569,23 @@ impl MessageStream {
         let mode = match &job.tool_output {
             None => Mode::Text,
             Some(ToolOutput::Named(_)) => Mode::ToolInput,
-            Some(ToolOutput::Hermes) => Mode::Hermes { text: String::new(), sent: 0 },
+            Some(ToolOutput::Auto(parser)) => Mode::Auto { parser: *parser, text: String::new(), sent: 0 },
             Some(ToolOutput::Required) => Mode::Held(String::new()),
         };
         let input_tokens = job.prompts.first().map_or(0, Vec::len);
-        MessageStream { id, model, input_tokens, tool_output: job.tool_output.clone(), mode, open: None, blocks: 0, finish: None, stop_string: None, failed: false }
+        let reasoning = job.reasoning.map(ReasoningStream::new);
+        MessageStream { id, model, input_tokens, tool_output: job.tool_output.clone(), mode, reasoning, open: None, blocks: 0, finish: None, stop_string: None, failed: false }
     }
 
     fn start_block(&mut self, out: &mut String, block: Value) {
         let index = self.blocks;
         self.blocks += 1;
-        self.open = Some(index);
+        let kind = match block["type"].as_str() {
+            Some("thinking") => "thinking",
+            Some("tool_use") => "tool_use",
+            _ => "text",
+        };
+        self.open = Some((index, kind));
         push_event(out, "content_block_start", &json!({"type": "content_block_start", "index": index, "content_block": block}));
     }
 
@@ -565,20 +594,35 @@ impl MessageStream {
     }
 
     fn stop_block(&mut self, out: &mut String) {
-        if let Some(index) = self.open.take() {
+        if let Some((index, _)) = self.open.take() {
             push_event(out, "content_block_stop", &json!({"type": "content_block_stop", "index": index}));
         }
     }
 
-    /// Text into the text block (block 0), opened on the first.
+    /// Text into the open text block, one opened (and a thinking block closed) on the first.
     fn text(&mut self, out: &mut String, text: &str) {
-        if text.is_empty() {
+        self.delta_into(out, "text", json!({"type": "text_delta", "text": text}), text.is_empty());
+    }
+
+    /// Thinking into the open thinking block, opened on the first.
+    fn thinking(&mut self, out: &mut String, text: &str) {
+        self.delta_into(out, "thinking", json!({"type": "thinking_delta", "thinking": text}), text.is_empty());
+    }
+
+    fn delta_into(&mut self, out: &mut String, kind: &'static str, delta: Value, empty: bool) {
+        if empty {
             return;
         }
-        if self.open.is_none() {
-            self.start_block(out, json!({"type": "text", "text": ""}));
-        }
-        Self::delta(out, 0, json!({"type": "text_delta", "text": text}));
+        let index = match self.open {
+            Some((i, k)) if k == kind => i,
+            _ => {
+                self.stop_block(out);
+                let block = if kind == "thinking" { json!({"type": "thinking", "thinking": "", "signature": ""}) } else { json!({"type": "text", "text": ""}) };
+                self.start_block(out, block);
+                self.blocks - 1
+            }
+        };
+        Self::delta(out, index, delta);
     }
 
     /// A whole block: opened, its content in one delta, closed.
@@ -631,14 +675,22 @@ impl MessageStream {
                 push_event(out, "error", &error_body(&err));
                 return;
             }
-            if !d.text.is_empty() {
+            let piece = match &mut self.reasoning {
+                Some(st) => {
+                    let (thinking, content) = st.push(&d.text, d.finish.is_some());
+                    self.thinking(out, &thinking);
+                    content
+                }
+                None => d.text.clone(),
+            };
+            if !piece.is_empty() {
                 match &mut self.mode {
-                    Mode::Text => self.text(out, &d.text),
-                    Mode::ToolInput => Self::delta(out, 0, json!({"type": "input_json_delta", "partial_json": d.text})),
-                    Mode::Held(t) => t.push_str(&d.text),
-                    Mode::Hermes { text, sent } => {
-                        text.push_str(&d.text);
-                        let end = structured::hermes_content_len(text).max(*sent);
+                    Mode::Text => self.text(out, &piece),
+                    Mode::ToolInput => Self::delta(out, 0, json!({"type": "input_json_delta", "partial_json": piece})),
+                    Mode::Held(t) => t.push_str(&piece),
+                    Mode::Auto { parser, text, sent } => {
+                        text.push_str(&piece);
+                        let end = parser.content_len(text).max(*sent);
                         let piece = text[*sent..end].to_string();
                         *sent = end;
                         self.text(out, &piece);
@@ -670,7 +722,7 @@ impl MessageStream {
                 let (_, reason, seq) = answer(None, "", &finish, self.stop_string.as_deref());
                 (reason, seq)
             }
-            Mode::Hermes { text, sent } => {
+            Mode::Auto { text, sent, .. } => {
                 let (blocks, reason, seq) = answer(self.tool_output.as_ref(), &text, &finish, self.stop_string.as_deref());
                 if blocks.iter().any(|b| b["type"] == "tool_use") {
                     // The content before the calls went out already.
@@ -702,6 +754,7 @@ impl MessageStream {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::reasoning::ReasoningParser;
 
     fn msgs(v: Value) -> Result<Vec<Value>, ApiError> {
         template_messages(&Fields(v.as_object().unwrap()))
@@ -825,8 +878,12 @@ mod tests {
 
     /// The events of a stream fed these text pieces, the last finishing with `finish`.
     fn stream(tool_output: Option<ToolOutput>, pieces: &[&str], finish: FinishReason) -> Vec<(String, Value)> {
+        stream_with(tool_output, None, pieces, finish)
+    }
+
+    fn stream_with(tool_output: Option<ToolOutput>, reasoning: Option<ReasoningParser>, pieces: &[&str], finish: FinishReason) -> Vec<(String, Value)> {
         let p = parse_params(&Fields(&Map::new()), Api::Chat, 100, &Default::default()).unwrap();
-        let job = Job { api: Api::Chat, prompts: vec![vec![1, 2, 3]], p, multi: false, echo_texts: vec![], guide: None, tool_output };
+        let job = Job { api: Api::Chat, prompts: vec![vec![1, 2, 3]], p, multi: false, echo_texts: vec![], guide: None, tool_output, reasoning };
         let mut s = MessageStream::new(&job, "msg_x".into(), "m".into());
         let mut out = s.head();
         for (i, t) in pieces.iter().enumerate() {
@@ -848,7 +905,7 @@ mod tests {
     #[test]
     fn hermes_calls_stream_their_content_then_come_as_blocks() {
         let pieces = ["Sure.", "\n<tool", "_call>{\"name\": \"get\", ", "\"arguments\": {\"city\": \"Oslo\"}}</tool_call>"];
-        let ev = stream(Some(ToolOutput::Hermes), &pieces, FinishReason::Stop);
+        let ev = stream(Some(ToolOutput::Auto(ToolParser::Hermes)), &pieces, FinishReason::Stop);
         let names: Vec<&str> = ev.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(names, ["message_start", "content_block_start", "content_block_delta", "content_block_delta", "content_block_stop", "content_block_start", "content_block_delta", "content_block_stop", "message_delta", "message_stop"]);
         assert_eq!(texts(&ev), ["Sure.", "\n"], "the content streams; the tag's start is held until it is known");
@@ -858,11 +915,35 @@ mod tests {
         assert_eq!(ev[8].1["delta"]["stop_reason"], "tool_use");
 
         // A `<tool` that grows into something else, and markup that does not parse: all text.
-        let ev = stream(Some(ToolOutput::Hermes), &["a <tool", "s> b", " <tool_call>{broken"], FinishReason::Length);
+        let ev = stream(Some(ToolOutput::Auto(ToolParser::Hermes)), &["a <tool", "s> b", " <tool_call>{broken"], FinishReason::Length);
         assert_eq!(texts(&ev).concat(), "a <tools> b <tool_call>{broken");
         assert_eq!(texts(&ev)[..2], ["a ", "<tools> b"], "held only while it may be the tag");
         assert_eq!(ev.last().map(|(n, _)| n.as_str()), Some("message_stop"));
         assert_eq!(ev[ev.len() - 2].1["delta"]["stop_reason"], "max_tokens");
+    }
+
+    #[test]
+    fn disabled_thinking_reaches_the_template() {
+        let kw = |v: Value| thinking_kwargs(&Fields(v.as_object().unwrap()));
+        assert_eq!(kw(json!({"thinking": {"type": "disabled"}})), Some(Map::from_iter([("enable_thinking".to_string(), json!(false))])));
+        assert_eq!(kw(json!({"thinking": {"type": "adaptive"}})), None);
+        assert_eq!(kw(json!({})), None);
+    }
+
+    #[test]
+    fn thinking_streams_as_its_own_block() {
+        let pieces = ["<thi", "nk>\nOslo is in", " Norway.\n</thi", "nk>\n\n<tool_call>{\"name\": \"get\", \"arguments\": {}}</tool_call>"];
+        let ev = stream_with(Some(ToolOutput::Auto(ToolParser::Hermes)), Some(ReasoningParser::Qwen3), &pieces, FinishReason::Stop);
+        let starts: Vec<(u64, &str)> = ev.iter().filter(|(n, _)| n == "content_block_start").map(|(_, d)| (d["index"].as_u64().unwrap(), d["content_block"]["type"].as_str().unwrap())).collect();
+        assert_eq!(starts, [(0, "thinking"), (1, "tool_use")], "the blank after </think> is no text block");
+        let thinking: String = ev.iter().filter(|(_, d)| d["delta"]["type"] == "thinking_delta").map(|(_, d)| d["delta"]["thinking"].as_str().unwrap()).collect();
+        assert_eq!(thinking, "\nOslo is in Norway.\n");
+        assert!(ev.iter().all(|(n, d)| n != "content_block_delta" || d["index"] == 0 || d["delta"]["type"] != "thinking_delta"));
+        assert_eq!(ev[ev.len() - 2].1["delta"]["stop_reason"], "tool_use");
+        // An answer that is all thinking (cut short): one thinking block, closed.
+        let ev = stream_with(None, Some(ReasoningParser::DeepSeekR1), &["Hmm, ", "let me"], FinishReason::Length);
+        let names: Vec<&str> = ev.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["message_start", "content_block_start", "content_block_delta", "content_block_delta", "content_block_stop", "message_delta", "message_stop"]);
     }
 
     #[test]

@@ -54,12 +54,14 @@ pub mod error;
 pub mod metrics;
 pub mod openai;
 pub mod params;
+pub mod reasoning;
 pub mod router;
 pub mod run;
 pub mod server;
 pub mod structured;
 pub mod test_support;
 pub mod tokenization;
+pub mod tool_parser;
 
 pub use config::ServerConfig;
 pub use engine_client::EngineClient;

@@ -9,7 +9,8 @@
 //! - a spec that does not compile is a 400 whose `param` is the field that held it;
 //! - `tool_choice` "required" constrains the text to vLLM's JSON array of calls
 //!   `[{"name": <a declared tool>, "parameters": <its schema>}]`, a named function to that
-//!   tool's parameters; "auto" is unconstrained and parsed for Hermes-style
+//!   tool's parameters; "auto" is unconstrained and read by `--tool-call-parser`
+//!   ([`crate::tool_parser`]), or without one for Hermes-style
 //!   `<tool_call>{"name": .., "arguments": ..}</tool_call>` blocks when the chat template itself
 //!   contains `<tool_call>`; "none" renders the tools and reads plain text.
 
@@ -387,17 +388,6 @@ pub fn parse_hermes(text: &str) -> Option<(Option<String>, Vec<ToolCall>)> {
     Some(((!content.is_empty()).then(|| content.to_string()), calls))
 }
 
-/// How much of a Hermes-style answer can be streamed as content before the whole text is
-/// known: the bytes before the first `<tool_call>`, less a tail that may still grow into one.
-pub fn hermes_content_len(text: &str) -> usize {
-    if let Some(i) = text.find(OPEN) {
-        return i;
-    }
-    // The markup is ASCII, so a matching tail starts on a character boundary.
-    let partial = (1..OPEN.len()).rev().find(|&k| text.ends_with(&OPEN[..k])).unwrap_or(0);
-    text.len() - partial
-}
-
 /// OpenAI's shape of a call in a message (`index` is added for stream deltas).
 pub fn tool_call_json(call: &ToolCall, id: &str, index: Option<usize>) -> Value {
     let mut m = Map::new();
@@ -548,15 +538,6 @@ mod tests {
         assert_eq!(parse_hermes("<tool_call>{\"arguments\": {}}</tool_call>"), None, "no name");
         assert_eq!(parse_hermes("<tool_call>{\"name\": \"a\"}</tool_call> and more"), None, "text after the calls");
         assert!(template_has_tool_calls("{% if tools %}<tool_call>{% endif %}") && !template_has_tool_calls("{{ messages }}"));
-    }
-
-    #[test]
-    fn hermes_content_streams_up_to_the_markup() {
-        assert_eq!(hermes_content_len("Let me look."), 12);
-        assert_eq!(hermes_content_len("Let me look.\n<tool"), 13, "a partial tag is held");
-        assert_eq!(hermes_content_len("a <tool_call>{\"name\""), 2);
-        assert_eq!(hermes_content_len("a <b>"), 5, "a `<` that is not the tag's start goes");
-        assert_eq!(hermes_content_len("é<"), "é".len());
     }
 
     #[test]
