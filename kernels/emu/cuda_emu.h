@@ -46,6 +46,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include <sys/mman.h>
@@ -55,11 +56,26 @@
 
 #define TANDEM_HOST_EMU 1
 #define __global__
+#if defined(TANDEM_EMU_STRICT)
+// Internal linkage for device functions, so that the `__shared__` objects of inline functions
+// and templates are not in COMDAT groups, which cannot share a named section with the others.
+#define __device__ static
+#else
 #define __device__
+#endif
 #define __host__
 #define __forceinline__ inline
 #define __restrict__ __restrict
+#if defined(TANDEM_EMU_STRICT)
+// The fake driver's build (crates/fake-cuda): every `__shared__` object lives in one section,
+// poisoned (0xFF) before each block like the dynamic arena, so a block that reads shared memory
+// it did not write sees NaN instead of a previous block's values or zeros.
+#define __shared__ __attribute__((section("tandem_emu_shared"))) static
+extern "C" char __start_tandem_emu_shared[] __attribute__((weak));
+extern "C" char __stop_tandem_emu_shared[] __attribute__((weak));
+#else
 #define __shared__ static
+#endif
 #define __launch_bounds__(...)
 
 struct dim3 {
@@ -353,6 +369,16 @@ struct Scheduler {
 };
 inline Scheduler sched;
 
+// Non-zero: launch() runs a grid's blocks in an order shuffled from this seed (the fake
+// driver sets it per launch); zero: in index order, as the emulator tests expect.
+inline unsigned long long block_order_seed = 0;
+inline unsigned long long splitmix64(unsigned long long& s) {
+    unsigned long long z = (s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
 inline void yield() {
     Fiber* f = cur;
 #if defined(__x86_64__)
@@ -450,16 +476,27 @@ void launch(dim3 grid, dim3 block, F f, size_t shared_bytes = 0) {
     s.entry = [](void* p) { (*(F*)p)(); };
     s.arg = &f;
     emu::block = &b;
-    for (unsigned bz = 0; bz < grid.z; ++bz)
-        for (unsigned by = 0; by < grid.y; ++by)
-            for (unsigned bx = 0; bx < grid.x; ++bx) {
-                blockIdx = dim3{bx, by, bz};
-                if (b.smem) std::memset(b.smem, 0xff, b.smem_bytes);
-                for (unsigned t = 0; t < n; ++t) {
-                    emu::reset(*s.fibers[t]);
-                    s.fibers[t]->tid = dim3{t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
-                }
-                emu::run_block();
-            }
+    const unsigned long long blocks = (unsigned long long)grid.x * grid.y * grid.z;
+    // Blocks in index order, or (block_order_seed != 0) in a Fisher-Yates shuffle drawn from
+    // the seed, so a fold by the last block to arrive meets other arrival orders.
+    std::vector<unsigned long long> order(blocks);
+    for (unsigned long long i = 0; i < blocks; ++i) order[i] = i;
+    if (emu::block_order_seed != 0) {
+        unsigned long long st = emu::block_order_seed;
+        for (unsigned long long i = blocks; i > 1; --i) std::swap(order[i - 1], order[emu::splitmix64(st) % i]);
+    }
+    for (const unsigned long long id : order) {
+        blockIdx = dim3{(unsigned)(id % grid.x), (unsigned)(id / grid.x % grid.y), (unsigned)(id / ((unsigned long long)grid.x * grid.y))};
+        if (b.smem) std::memset(b.smem, 0xff, b.smem_bytes);
+#if defined(TANDEM_EMU_STRICT)
+        if (__start_tandem_emu_shared != __stop_tandem_emu_shared)
+            std::memset(__start_tandem_emu_shared, 0xff, (size_t)(__stop_tandem_emu_shared - __start_tandem_emu_shared));
+#endif
+        for (unsigned t = 0; t < n; ++t) {
+            emu::reset(*s.fibers[t]);
+            s.fibers[t]->tid = dim3{t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
+        }
+        emu::run_block();
+    }
     emu::block = nullptr;
 }

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// tiny, tiny-tied, tiny-hd128, smollm2-135m, qwen2.5-0.5b, llama-3.2-1b or llama-3-8b.
+    /// tiny, tiny-tied, tiny-hd128, small-hd64, smollm2-135m, qwen2.5-0.5b, llama-3.2-1b or llama-3-8b.
     #[arg(long, default_value = "tiny")]
     shape: String,
     #[arg(long, default_value_t = 1)]

@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod convert_gguf;
+mod fake_cuda;
 mod fetch_model;
 mod gen_model;
 mod gpu_bundle;
@@ -37,6 +38,9 @@ enum Task {
     Serve(serve::Args),
     /// The CUDA kernels' compile check (NVRTC + ptxas; no GPU needed).
     Kernels(kernels::Args),
+    /// The CUDA backend on the fake driver (crates/fake-cuda), no GPU: `-- ARGS` runs a `tandem`
+    /// command on it, `--tests` crates/cuda's GPU-only tests.
+    FakeCuda(fake_cuda::Args),
     /// Build the release binary and put it, the GPU check scripts and the kernels in bundle/.
     GpuBundle(gpu_bundle::Args),
     /// Benchmarks from a release build: `tandem bench <kind> ...` (throughput, serve, compare,
@@ -57,6 +61,7 @@ fn main() -> anyhow::Result<()> {
         Task::Serve(a) => serve::run(a),
         Task::Kernels(a) => kernels::run(a),
         Task::GpuBundle(a) => gpu_bundle::run(a),
+        Task::FakeCuda(a) => fake_cuda::run(a),
         Task::Bench(a) => bench::run(a),
     }
 }

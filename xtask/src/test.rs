@@ -9,7 +9,9 @@
 //! 3. `cargo test --workspace`, with the environment the wgpu tests need.
 //! 4. The official `openai` and `anthropic` Python clients against our server
 //!    (crates/server/tests/openai_client.sh).
-//! 5. A count of the tests that skipped themselves (`tandem_core::skip::note` logs them).
+//! 5. The fake-driver group (xtask/src/fake_cuda.rs): the CUDA backend's host code on the fake
+//!    driver (crates/fake-cuda), where the CUDA toolchain is installed; counted in the closing line.
+//! 6. A count of the tests that skipped themselves (`tandem_core::skip::note` logs them).
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -100,8 +102,24 @@ pub fn run(a: Args) -> Result<()> {
     let examples = target.join("debug/examples");
     openai_client(&root, (whole && examples.join("fake_server").is_file() && examples.join("tiny_server").is_file()).then_some(examples.as_path()))?;
     println!("the openai client check took {:.0} s", t2.elapsed().as_secs_f64());
+    // The CUDA backend on the fake driver (crates/fake-cuda), where NVRTC is installed.
+    let (mut passed, mut failed, mut skipped) = (passed, failed, skipped);
+    if toolchain && whole {
+        let t3 = std::time::Instant::now();
+        let fake = crate::fake_cuda::group(&root, built.is_file().then_some(built.clone()))?;
+        passed += fake.passed;
+        failed += fake.failed;
+        println!("the fake-driver group took {:.0} s", t3.elapsed().as_secs_f64());
+    } else {
+        let why = if toolchain { "a filtered run" } else { "no CUDA toolchain (bash kernels/install-toolchain.sh)" };
+        skipped.push(format!("the fake-driver group (cargo xtask fake-cuda --group): {why}"));
+        println!("SKIPPED the fake-driver group: {why}");
+    }
     // The one closing line a CI reader looks for.
     println!("tandem: {passed} passed, {failed} failed, {} skipped", skipped.len());
+    if failed > 0 {
+        bail!("{failed} test(s) failed");
+    }
     Ok(())
 }
 

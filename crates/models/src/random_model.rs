@@ -27,6 +27,10 @@ pub enum Shape {
     /// 4 layers, hidden 256, 2 heads / 1 KV head of 128 (Llama-3.1-8B's head_dim), untied:
     /// the head_dim-128 paths (CUDA's 128-column rope epilogue) in a model small enough for a test.
     TinyHd128,
+    /// SmolLM2-135M's layer (hidden 576, 9 heads / 3 KV heads of 64, tied) in 2 layers with a
+    /// 384-token vocabulary: head_dim 64's tensor-core attention, split K and the fused paths
+    /// at a size the fake CUDA driver (the host emulator) runs in seconds.
+    SmallHd64,
     Smollm2_135m,
     /// Qwen2 architecture: Q/K/V projections carry biases.
     Qwen25_05b,
@@ -36,13 +40,14 @@ pub enum Shape {
 }
 
 impl Shape {
-    pub const ALL: [Shape; 7] = [Shape::Tiny, Shape::TinyTied, Shape::TinyHd128, Shape::Smollm2_135m, Shape::Qwen25_05b, Shape::Llama32_1b, Shape::Llama3_8b];
+    pub const ALL: [Shape; 8] = [Shape::Tiny, Shape::TinyTied, Shape::TinyHd128, Shape::SmallHd64, Shape::Smollm2_135m, Shape::Qwen25_05b, Shape::Llama32_1b, Shape::Llama3_8b];
 
     pub fn name(self) -> &'static str {
         match self {
             Shape::Tiny => "tiny",
             Shape::TinyTied => "tiny-tied",
             Shape::TinyHd128 => "tiny-hd128",
+            Shape::SmallHd64 => "small-hd64",
             Shape::Smollm2_135m => "smollm2-135m",
             Shape::Qwen25_05b => "qwen2.5-0.5b",
             Shape::Llama32_1b => "llama-3.2-1b",
@@ -74,6 +79,7 @@ impl Shape {
             Shape::Tiny => base,
             Shape::TinyTied => Dims { tied: true, kv_heads: 1, ..base },
             Shape::TinyHd128 => Dims { hidden: 256, intermediate: 512, layers: 4, heads: 2, kv_heads: 1, head_dim: 128, rope_theta: 500000.0, ..base },
+            Shape::SmallHd64 => Dims { hidden: 576, intermediate: 1536, heads: 9, kv_heads: 3, head_dim: 64, tied: true, rope_theta: 100000.0, ..base },
             Shape::Smollm2_135m => Dims {
                 vocab: 49152, hidden: 576, intermediate: 1536, layers: 30, heads: 9, kv_heads: 3, head_dim: 64,
                 tied: true, rope_theta: 100000.0, max_pos: 8192, ..base

@@ -10,7 +10,7 @@ use std::time::Instant;
 use tandem_core::model::LoadOptions;
 use tandem_core::{DType, ForwardBatch, LlamaModel, ModelRunner};
 use tandem_cuda::CudaBackend;
-use tandem_models::random_model::{write_random_model, Shape};
+use tandem_models::random_model::write_random_model;
 
 fn gpu() -> Option<CudaBackend> {
     crate::gpu_or_skip("cuda graphs vs eager")
@@ -28,14 +28,14 @@ fn graph_replays_give_the_eager_logits_and_launch_counts() {
     let Some(b) = gpu() else { return };
     let dir = std::env::temp_dir().join(format!("tandem-cuda-graphs-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    write_random_model(&dir, Shape::Smollm2_135m, 5, DType::BF16).unwrap();
+    write_random_model(&dir, crate::shape_hd64(), 5, DType::BF16).unwrap();
     let opts = |graphs| LoadOptions { max_batch_tokens: 256, max_seqs: 8, num_kv_blocks: SEQS * PER_SEQ, block_size: BLOCK, graphs, graph_max_context: PAD_CONTEXT, ..Default::default() };
     let mut eager = LlamaModel::<CudaBackend>::load(a, &dir, opts(false)).unwrap();
     let mut graphed = LlamaModel::<CudaBackend>::load(b, &dir, opts(true)).unwrap();
     assert_eq!(graphed.decode_buckets(), vec![(1, true), (2, true), (4, true), (8, true)], "every bucket captured");
     let vocab = eager.config().vocab_size;
     let lens = [5usize, 40, 1, 60, 17, 33];
-    let mut tokens: Vec<Vec<u32>> = lens.iter().enumerate().map(|(s, &n)| (0..n).map(|i| ((s * 131 + i * 17 + 3) % 4000) as u32).collect()).collect();
+    let mut tokens: Vec<Vec<u32>> = lens.iter().enumerate().map(|(s, &n)| (0..n).map(|i| ((s * 131 + i * 17 + 3) % 300) as u32).collect()).collect();
     let mut done = [0usize; SEQS];
     let table = |s: usize| (0..PER_SEQ).map(|b| (s * PER_SEQ + b) as u32).collect::<Vec<_>>();
     let (mut t_eager, mut t_graph, mut replayed, mut decode_steps) = (0f64, 0f64, 0usize, 0usize);

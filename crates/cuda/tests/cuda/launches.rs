@@ -23,7 +23,9 @@ use tandem_cuda::CudaBackend;
 use tandem_models::random_model::{write_random_model, Shape};
 
 /// The shapes counted: head_dim 64 (the 64-wide rope epilogue) and 128 (the 128-wide one).
-const SHAPES: [Shape; 2] = [Shape::Smollm2_135m, Shape::TinyHd128];
+fn shapes() -> [Shape; 2] {
+    [crate::shape_hd64(), Shape::TinyHd128]
+}
 
 fn model(test: &str, shape: Shape) -> Option<(LlamaModel<CudaBackend>, std::path::PathBuf)> {
     let gpu = crate::gpu_or_skip(test)?;
@@ -40,7 +42,7 @@ fn prompt(seed: u32) -> Vec<u32> {
 
 #[test]
 fn decode_step_launches_five_kernels_per_layer_fused_and_seven_unfused() {
-    for shape in SHAPES {
+    for shape in shapes() {
         decode_step_launches(shape);
     }
 }
@@ -76,7 +78,7 @@ fn decode_step_launches(shape: Shape) {
 
 #[test]
 fn fused_norms_give_the_unfused_bits() {
-    for shape in SHAPES {
+    for shape in shapes() {
         fused_norms_bitwise(shape);
     }
 }
@@ -112,7 +114,7 @@ fn fused_norms_bitwise(shape: Shape) {
 /// (add_rms_norm), bit for bit, at head_dim 64 and 128.
 #[test]
 fn activations_stored_in_bf16_give_the_f32_bits() {
-    for shape in SHAPES {
+    for shape in shapes() {
         let Some(gpu16) = crate::gpu_or_skip("activations in bf16") else { return };
         let Some(mut gpu32) = crate::gpu_or_skip("activations in bf16") else { return };
         gpu32.set_f32_activations(true);

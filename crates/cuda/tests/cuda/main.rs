@@ -25,3 +25,15 @@ pub(crate) fn gpu_or_skip(test: &str) -> Option<tandem_cuda::CudaBackend> {
         }
     }
 }
+
+/// The head_dim-64 model shape of the GPU tests: SmolLM2-135M's on a GPU, its layer in a
+/// 2-layer, 384-token model on the fake driver (`cargo xtask fake-cuda` sets
+/// TANDEM_FAKE_CUDA=1), where every kernel runs on the host emulator.
+pub(crate) fn shape_hd64() -> tandem_models::random_model::Shape {
+    use tandem_models::random_model::Shape;
+    if std::env::var("TANDEM_FAKE_CUDA").is_ok_and(|v| v == "1") {
+        Shape::SmallHd64
+    } else {
+        Shape::Smollm2_135m
+    }
+}

@@ -1,0 +1,231 @@
+//! `cargo xtask fake-cuda`: the CUDA backend on the fake driver (crates/fake-cuda), every
+//! kernel run by the host emulator, no GPU needed.
+//!
+//! - `cargo xtask fake-cuda -- ARGS` runs `tandem ARGS` on it (e.g. `-- test-ops --backend cuda
+//!   --filter rms_norm`, `-- compare --backend cuda --model DIR`).
+//! - `cargo xtask fake-cuda --tests` runs crates/cuda's GPU-only tests on it.
+//! - `cargo xtask fake-cuda --group` runs what `cargo xtask test` runs on it (see [`group`]).
+//!
+//! It builds the fake driver, links it as `target/fake-cuda/lib/libcuda.so{,.1}`, and runs with
+//! that folder and NVRTC's (the pinned wheels in .venv-cuda, installed when missing) on
+//! LD_LIBRARY_PATH, TANDEM_FAKE_CUDA=1 (the GPU tests pick their small shapes) and
+//! TANDEM_REQUIRE_CUDA=1 (a missing driver fails instead of skipping). PTX is cached in
+//! target/fake-cuda/ptx unless TANDEM_PTX_CACHE says otherwise.
+
+use std::ffi::OsString;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Run crates/cuda's GPU-only tests (gpu_invariance, graphs, launches, staging) on it.
+    #[arg(long)]
+    tests: bool,
+    /// Run the group `cargo xtask test` runs on it.
+    #[arg(long)]
+    group: bool,
+    /// The `tandem` command to run on it.
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    args: Vec<String>,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let root = crate::workspace_root();
+    let env = prepare(&root)?;
+    if a.tests {
+        let c = cuda_tests(&root, &env)?;
+        if c.failed > 0 {
+            bail!("{} GPU-only test(s) failed on the fake driver", c.failed);
+        }
+    }
+    if a.group {
+        let c = group(&root, None)?;
+        println!("fake-cuda group: {} passed, {} failed", c.passed, c.failed);
+        if c.failed > 0 {
+            bail!("the fake-driver group failed");
+        }
+    }
+    if !a.args.is_empty() {
+        let tandem = build_tandem(&root)?;
+        let st = env.command(&tandem).current_dir(&root).args(&a.args).status()?;
+        if !st.success() {
+            bail!("tandem {} failed on the fake driver", a.args.join(" "));
+        }
+    }
+    if !a.tests && !a.group && a.args.is_empty() {
+        println!("fake driver ready: {}", env.lib_dir.display());
+        println!("environment: {}", env.vars.iter().map(|(k, v)| format!("{k}={}", v.to_string_lossy())).collect::<Vec<_>>().join(" "));
+    }
+    Ok(())
+}
+
+/// What a process needs to run on the fake driver.
+pub struct FakeEnv {
+    pub lib_dir: PathBuf,
+    pub vars: Vec<(String, OsString)>,
+}
+
+impl FakeEnv {
+    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut c = Command::new(program);
+        for (k, v) in &self.vars {
+            c.env(k, v);
+        }
+        c
+    }
+}
+
+fn target_dir(root: &Path) -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR").map(|d| root.join(d)).unwrap_or_else(|| root.join("target"))
+}
+
+/// Builds the fake driver and returns the environment that puts it (and NVRTC) on the loader path.
+pub fn prepare(root: &Path) -> Result<FakeEnv> {
+    if !root.join(".venv-cuda/bin/python").exists() {
+        let st = Command::new("bash").arg(root.join("kernels/install-toolchain.sh")).stdout(Stdio::null()).status()?;
+        if !st.success() {
+            bail!("kernels/install-toolchain.sh failed (NVRTC is needed: the backend compiles its kernels at start-up)");
+        }
+    }
+    let nvrtc = find_nvrtc(&root.join(".venv-cuda")).context("libnvrtc.so.13 not found under .venv-cuda")?;
+    let st = Command::new(env!("CARGO")).current_dir(root).args(["build", "--quiet", "-p", "tandem-fake-cuda"]).status()?;
+    if !st.success() {
+        bail!("building the fake driver (crates/fake-cuda) failed");
+    }
+    let target = target_dir(root);
+    let built = target.join("debug/libcuda.so");
+    let lib_dir = target.join("fake-cuda/lib");
+    std::fs::create_dir_all(&lib_dir)?;
+    for name in ["libcuda.so", "libcuda.so.1"] {
+        let link = lib_dir.join(name);
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&built, &link).with_context(|| format!("linking {}", link.display()))?;
+    }
+    let mut path = OsString::from(&lib_dir);
+    path.push(":");
+    path.push(&nvrtc);
+    if let Some(old) = std::env::var_os("LD_LIBRARY_PATH").filter(|v| !v.is_empty()) {
+        path.push(":");
+        path.push(old);
+    }
+    let ptx_cache = std::env::var_os("TANDEM_PTX_CACHE").unwrap_or_else(|| target.join("fake-cuda/ptx").into_os_string());
+    let vars = vec![
+        ("LD_LIBRARY_PATH".to_string(), path),
+        ("TANDEM_FAKE_CUDA".to_string(), "1".into()),
+        ("TANDEM_REQUIRE_CUDA".to_string(), "1".into()),
+        // The fake driver loads PTX only (it reads the entries and `.param` lists off the text);
+        // without this the backend would first have NVRTC assemble every file into a cubin,
+        // minutes on a CPU, only to have it refused and fall back to PTX.
+        ("TANDEM_CUDA_CUBIN".to_string(), "0".into()),
+        ("TANDEM_PTX_CACHE".to_string(), ptx_cache),
+    ];
+    Ok(FakeEnv { lib_dir, vars })
+}
+
+fn find_nvrtc(venv: &Path) -> Option<PathBuf> {
+    let lib = venv.join("lib");
+    for e in std::fs::read_dir(&lib).ok()?.flatten() {
+        let dir = e.path().join("site-packages/nvidia/cu13/lib");
+        if dir.join("libnvrtc.so.13").exists() {
+            return Some(dir);
+        }
+    }
+    None
+}
+
+fn build_tandem(root: &Path) -> Result<PathBuf> {
+    let st = Command::new(env!("CARGO")).current_dir(root).args(["build", "--quiet", "-p", "tandem-cli", "--bin", "tandem"]).status()?;
+    if !st.success() {
+        bail!("building the tandem binary failed");
+    }
+    Ok(target_dir(root).join("debug/tandem"))
+}
+
+/// Tests passed and failed, from libtest's "test result:" lines or one per command.
+#[derive(Default, Clone, Copy)]
+pub struct Counts {
+    pub passed: u64,
+    pub failed: u64,
+}
+
+/// Runs `cmd`, echoing its output, and counts libtest's results.
+fn run_counted(mut cmd: Command, what: &str) -> Result<(Counts, bool)> {
+    let t = Instant::now();
+    let mut child = cmd.stdout(Stdio::piped()).spawn().with_context(|| format!("running {what}"))?;
+    let mut c = Counts::default();
+    for line in BufReader::new(child.stdout.take().expect("piped")).lines() {
+        let line = line?;
+        println!("{line}");
+        if let Some(rest) = line.strip_prefix("test result: ") {
+            let count = |word: &str| rest.split(';').find_map(|p| p.trim().strip_suffix(word)?.trim().rsplit(' ').next()?.parse::<u64>().ok()).unwrap_or(0);
+            c.passed += count(" passed");
+            c.failed += count(" failed");
+        }
+    }
+    let ok = child.wait()?.success();
+    println!("fake-cuda: {what}: {} in {:.0} s", if ok { "ok" } else { "FAILED" }, t.elapsed().as_secs_f64());
+    Ok((c, ok))
+}
+
+/// crates/cuda's GPU-only test modules, one thread (the driver runs one kernel at a time).
+pub fn cuda_tests(root: &Path, env: &FakeEnv) -> Result<Counts> {
+    let mut cmd = env.command(env!("CARGO"));
+    cmd.current_dir(root).args(["test", "-p", "tandem-cuda", "--test", "cuda", "--", "gpu_invariance::", "graphs::", "launches::", "staging::", "--test-threads", "1"]);
+    let (mut c, ok) = run_counted(cmd, "crates/cuda GPU-only tests")?;
+    if !ok && c.failed == 0 {
+        c.failed = 1; // died without a result line (a fault, an abort)
+    }
+    Ok(c)
+}
+
+/// The fake-driver group of `cargo xtask test`: crates/cuda's GPU-only tests, the op suite on
+/// `cuda`, and `tandem compare` cuda vs the reference on two small random models (head_dim 128
+/// and 64 with hidden 576: tensor-core attention, split K, the fused paths). Each `tandem`
+/// command counts as one test. `tandem`: a binary already built (a workspace `cargo test`
+/// builds one; building `-p tandem-cli` alone resolves other features and recompiles much).
+pub fn group(root: &Path, tandem: Option<PathBuf>) -> Result<Counts> {
+    let t = Instant::now();
+    let env = prepare(root)?;
+    let mut total = cuda_tests(root, &env)?;
+    let tandem = match tandem {
+        Some(t) => t,
+        None => build_tandem(root)?,
+    };
+    let models = target_dir(root).join("fake-cuda/models");
+    // The op suite at a fixed seed: at fresh seeds the bf16 matmul cases with n = 1, k = 1000
+    // miss their NMSE limit on about half the runs (one or three outputs, so one output's
+    // cancellation decides; the same bits in every block order, so it is the suite's limit
+    // against x rounded to bf16, not the driver), which would make this group fail by chance. `cargo xtask fake-cuda -- test-ops --backend cuda` draws a seed.
+    let seed = std::env::var("TANDEM_FAKE_CUDA_OPS_SEED").unwrap_or_else(|_| "7812165423275311652".into());
+    let mut commands: Vec<(String, Vec<String>)> = vec![(format!("op suite on cuda (seed {seed})"), vec!["test-ops".into(), "--backend".into(), "cuda".into(), "--seed".into(), seed])];
+    for shape in ["tiny-hd128", "small-hd64"] {
+        let dir = models.join(shape);
+        if !dir.join("config.json").exists() {
+            let st = Command::new(&tandem).args(["gen-model", "--shape", shape, "--out"]).arg(&dir).status()?;
+            if !st.success() {
+                bail!("tandem gen-model --shape {shape} failed");
+            }
+        }
+        // Prompts of 1, 17 and 64 tokens (chunked by 32), 6 greedy steps, and the batch check
+        // at 6 requests (it still preempts): the emulator runs every CUDA thread as a fiber.
+        let mut args: Vec<String> = ["compare", "--backend", "cuda", "--prompts", "3", "--steps", "6", "--chunk", "32", "--batch", "6", "--model"].map(String::from).to_vec();
+        args.push(dir.to_string_lossy().into_owned());
+        commands.push((format!("compare cuda vs reference, {shape}"), args));
+    }
+    for (what, args) in commands {
+        let mut cmd = env.command(&tandem);
+        cmd.current_dir(root).args(&args);
+        let (_, ok) = run_counted(cmd, &what)?;
+        if ok {
+            total.passed += 1;
+        } else {
+            total.failed += 1;
+        }
+    }
+    println!("fake-cuda group: {} passed, {} failed in {:.0} s", total.passed, total.failed, t.elapsed().as_secs_f64());
+    Ok(total)
+}
