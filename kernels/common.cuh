@@ -272,30 +272,34 @@ __device__ __forceinline__ void cp_async_cg16(void* dst, const void* src, int sr
 #ifdef TANDEM_HOST_EMU
     emu::cp_async16(dst, src, src_bytes);
 #else
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes) : "memory");
 #endif
 }
 __device__ __forceinline__ void cp_async_ca16(void* dst, const void* src, int src_bytes) {
 #ifdef TANDEM_HOST_EMU
     emu::cp_async16(dst, src, src_bytes);
 #else
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes) : "memory");
 #endif
 }
 __device__ __forceinline__ void cp_async_commit() {
 #ifdef TANDEM_HOST_EMU
     emu::cp_async_commit();
 #else
-    asm volatile("cp.async.commit_group;");
+    asm volatile("cp.async.commit_group;" ::: "memory");
 #endif
 }
-// Waits until at most N of this thread's committed groups are still in flight.
+// Waits until at most N of this thread's committed groups are still in flight. The copies, the
+// commit and the wait carry a "memory" clobber: the compiler may then move no ordinary load or
+// store of shared memory across them (a read of a stage hoisted above its wait would read what
+// the copy had not written yet). ldmatrix needs none: every one reads a stage after a
+// __syncthreads (itself a compiler barrier) that follows the wait.
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
 #ifdef TANDEM_HOST_EMU
     emu::cp_async_wait(N);
 #else
-    asm volatile("cp.async.wait_group %0;" ::"n"(N));
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 #endif
 }
 

@@ -98,7 +98,8 @@
 
 // Test hooks, defined only by kernels/emu/break_test.cpp to prove the emulator catches the
 // bug: 1 swaps two B fragments (a wrong fragment index), 2 drops the cp.async wait, 3 folds a
-// split K in arrival order (the last block's own partial first).
+// split K in arrival order (the last block's own partial first), 4 starts the shared-memory
+// slice total (TOTAL_SMEM) from what the block's shared memory held instead of the first slice.
 #ifndef TANDEM_GEMM_BREAK
 #define TANDEM_GEMM_BREAK 0
 #endif
@@ -115,16 +116,24 @@ __device__ void matmul_x_impl(const float* __restrict__ x, u16* __restrict__ xa,
 // BN_ is the output tile's width: GEMM_BN for every epilogue; 128 only for EPI_QKV_ROPE at a
 // head_dim that does not divide 64 (128: Llama-3.1-8B, Mistral, Qwen2-7B), so each head's
 // rotate-half partners, hd / 2 columns apart, sit in one tile (the `_n128` kernels below).
-template <int BM_, int WM_, int WN_, int STAGES_, int BN_ = GEMM_BN>
+// TS_ (total in shared memory): the running fold of finished K slices, `total`, lives in
+// shared memory after the pipeline's stages (BM x BN floats, each thread its own words, so no
+// barrier) instead of a second register set beside `acc`: the same adds in the same order,
+// about half the accumulator registers (the variants below; the defaults keep registers).
+template <int BM_, int WM_, int WN_, int STAGES_, int BN_ = GEMM_BN, bool TS_ = false>
 struct GemmShape {
     static constexpr int BM = BM_, BN = BN_, BK = GEMM_BK, P = GEMM_PITCH, STAGES = STAGES_;
     static constexpr int WM = WM_, WN = WN_, WARPS_N = BN / WN, WARPS = (BM / WM) * WARPS_N, THREADS = WARPS * 32;
     static constexpr int MI = WM / 16, NJ = WN / 8;  // mma tiles per warp
     static constexpr int A_ELEMS = BM * P, B_ELEMS = BN * P;
-    static constexpr int SMEM_BYTES = STAGES * (A_ELEMS + B_ELEMS) * 2;
+    static constexpr bool TOTAL_SMEM = TS_;
+    static constexpr int PIPE_BYTES = STAGES * (A_ELEMS + B_ELEMS) * 2;
+    static constexpr int SMEM_BYTES = PIPE_BYTES + (TS_ ? BM * BN * 4 : 0);
     static_assert(WN % 16 == 0 && WM % 16 == 0, "one ldmatrix.x4 feeds one m16 tile of A or two n8 tiles of B");
-    static_assert(SMEM_BYTES <= 48 * 1024, "more needs cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)");
-    static_assert(BM * (BN + 1) * 4 <= SMEM_BYTES, "the silu and rope epilogues stage the f32 tile in the pipeline's shared memory");
+    // Above 48 KiB a launch needs the kernel's MAX_DYNAMIC_SHARED_SIZE_BYTES raised first: the
+    // host does that at load for every kernel whose GemmKernel::smem is above it (backend.rs).
+    static_assert(SMEM_BYTES <= 227 * 1024, "more than an sm_80/sm_90 block may have");
+    static_assert(BM * (BN + 1) * 4 <= PIPE_BYTES, "the silu and rope epilogues stage the f32 tile in the pipeline's shared memory");
 };
 
 // The input norm folded into the projection (Backend::fuses_norm, NormIn): x is then h, the
@@ -158,12 +167,73 @@ __device__ __forceinline__ void norm_prologue(const NormIn& nm, const float* __r
     __syncthreads();
 }
 
-// Copies k-tile kt (columns 32 kt .. 32 kt + 31) of xa and w into one pipeline stage.
+// This thread's 16-byte copies of every k tile where both operands take cp.async (x stored in
+// 16 bits, rows of xa and w 16-byte aligned: the prefill and batched-decode path), worked out
+// once per block: each k tile then costs a pointer add and a compare per copy, not the ~30
+// instructions of row, column and 64-bit address arithmetic the Nsight Compute run of
+// 2026-12-04 found the m128 kernel spending (issue slots 38% busy, the tensor pipes mostly idle).
+// Chunk c of a tile is row c / 4, columns 8 (c % 4) .. + 7; thread t copies chunks t, t +
+// THREADS, ... The same bytes land in the same places as in the general path below.
+template <typename S>
+struct CopyPlan {
+    static constexpr int A_N = (S::BM * 4 + S::THREADS - 1) / S::THREADS, B_N = (S::BN * 4 + S::THREADS - 1) / S::THREADS;
+    const u16* a_src[A_N];  // row start + column of the chunk, at k tile 0 (valid where a_ok)
+    const u16* b_src[B_N];
+    int a_dst[A_N], b_dst[B_N];  // element offset in a stage
+    int a_col[A_N], b_col[B_N];  // column of the chunk within a k tile
+    bool a_ok[A_N], b_ok[B_N];   // the chunk exists and its row is inside x / w
+};
+template <typename S>
+__device__ __forceinline__ void copy_plan(CopyPlan<S>& cp, const u16* __restrict__ xa, const u16* __restrict__ w, int m, int n, int k, int kp, int m0, int n0) {
+#pragma unroll
+    for (int i = 0; i < CopyPlan<S>::A_N; ++i) {
+        const int c = threadIdx.x + i * S::THREADS, r = c >> 2, col = (c & 3) * 8;
+        cp.a_ok[i] = c < S::BM * 4 && m0 + r < m;
+        cp.a_src[i] = cp.a_ok[i] ? xa + (size_t)(m0 + r) * kp + col : xa;
+        cp.a_dst[i] = r * S::P + col;
+        cp.a_col[i] = col;
+    }
+#pragma unroll
+    for (int i = 0; i < CopyPlan<S>::B_N; ++i) {
+        const int c = threadIdx.x + i * S::THREADS, r = c >> 2, col = (c & 3) * 8;
+        cp.b_ok[i] = c < S::BN * 4 && n0 + r < n;
+        cp.b_src[i] = cp.b_ok[i] ? w + (size_t)(n0 + r) * k + col : w;
+        cp.b_dst[i] = r * S::P + col;
+        cp.b_col[i] = col;
+    }
+}
+template <typename S>
+__device__ __forceinline__ void gemm_load_tile_planned(u16* As, u16* Bs, const CopyPlan<S>& cp, const u16* __restrict__ xa, const u16* __restrict__ w, int k,
+                                                       int kp, int kt) {
+    const int k0 = kt * S::BK;
+#pragma unroll
+    for (int i = 0; i < CopyPlan<S>::A_N; ++i) {
+        if (S::BM * 4 % S::THREADS != 0 && !(threadIdx.x + i * S::THREADS < S::BM * 4)) continue;
+        const bool ok = cp.a_ok[i] && k0 + cp.a_col[i] < kp;
+        cp_async_ca16(As + cp.a_dst[i], ok ? cp.a_src[i] + k0 : xa, ok ? 16 : 0);
+    }
+#pragma unroll
+    for (int i = 0; i < CopyPlan<S>::B_N; ++i) {
+        if (S::BN * 4 % S::THREADS != 0 && !(threadIdx.x + i * S::THREADS < S::BN * 4)) continue;
+        const bool ok = cp.b_ok[i] && k0 + cp.b_col[i] < k;
+        cp_async_cg16(Bs + cp.b_dst[i], ok ? cp.b_src[i] + k0 : w, ok ? 16 : 0);
+    }
+}
+
+// Which operands gemm_load_tile copies: x's tile, w's, or both.
+#define TILE_X 1
+#define TILE_W 2
+#define TILE_XW 3
+
+// Copies k-tile kt (columns 32 kt .. 32 kt + 31) of xa and w into one pipeline stage (`parts`:
+// TILE_X, TILE_W or both).
 template <typename T, typename S>
 __device__ __forceinline__ void gemm_load_tile(u16* As, u16* Bs, const float* __restrict__ x, const u16* __restrict__ xa, const u16* __restrict__ w,
-                                               int m, int n, int k, int kp, int m0, int n0, int kt, const NormIn& nm, const float* s_inv) {
+                                               int m, int n, int k, int kp, int m0, int n0, int kt, const NormIn& nm, const float* s_inv,
+                                               int parts = TILE_XW) {
     const int tid = threadIdx.x, k0 = kt * S::BK;
-    if (x) {
+    if (!(parts & TILE_X)) {
+    } else if (x) {
         // x f32 straight from global through registers, rounded as matmul_x rounds it (the same
         // bits in shared memory); columns >= k are zeros, as matmul_x's padding and cp.async's
         // zero fill give. Plain stores, visible after the barrier before this stage is used.
@@ -193,7 +263,8 @@ __device__ __forceinline__ void gemm_load_tile(u16* As, u16* Bs, const float* __
             cp_async_ca16(As + r * S::P + (c & 3) * 8, src, ok ? 16 : 0);
         }
     }
-    if ((k & 7) == 0) {
+    if (!(parts & TILE_W)) {
+    } else if ((k & 7) == 0) {
 #pragma unroll
         for (int c = tid; c < S::BN * 4; c += S::THREADS) {
             const int r = c >> 2, kc = k0 + (c & 3) * 8;
@@ -307,15 +378,14 @@ __device__ __forceinline__ void gemm_stage_tile(float* Cs, const float (&total)[
     __syncthreads();
 }
 
-// With nm.dtype != 0 (only where x is read directly, m <= 128), x is h and the block first
-// computes its rows' inv (norm_prologue).
+// With nm.dtype != 0 (only where x is read directly, m <= 128), x is h and the block computes
+// its rows' inv (norm_prologue) once its first weight tiles are in flight.
 template <typename T, typename S>
 __device__ void matmul_tc_impl(const float* __restrict__ x, const u16* __restrict__ xa, const u16* __restrict__ w, const void* __restrict__ bias,
                                int bias_dtype, Epilogue ep, float* __restrict__ part, u32* __restrict__ counters, int m, int n, int k,
                                int kp, int slice_len, int slices, NormIn nm, RopeKv rk) {
     TANDEM_DYNAMIC_SMEM(smem_raw);
     __shared__ float s_inv[S::BM];
-    if (nm.dtype) norm_prologue<S>(nm, x, m, k, blockIdx.y * S::BM, s_inv);
     u16* As = reinterpret_cast<u16*>(smem_raw);
     u16* Bs = As + S::STAGES * S::A_ELEMS;
     const int m0 = blockIdx.y * S::BM, n0 = blockIdx.x * S::BN;
@@ -329,6 +399,9 @@ __device__ void matmul_tc_impl(const float* __restrict__ x, const u16* __restric
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int wm0 = (warp / S::WARPS_N) * S::WM, wn0 = (warp % S::WARPS_N) * S::WN;
     float acc[S::MI][S::NJ][4], total[S::MI][S::NJ][4];
+    // TOTAL_SMEM: word ((mi * NJ + nj) * 4 + q) * THREADS + tid of s_total is this thread's
+    // total[mi][nj][q] (consecutive threads, consecutive words: no bank conflicts).
+    float* s_total = reinterpret_cast<float*>(smem_raw + S::PIPE_BYTES);
 #pragma unroll
     for (int i = 0; i < S::MI; ++i)
 #pragma unroll
@@ -336,13 +409,42 @@ __device__ void matmul_tc_impl(const float* __restrict__ x, const u16* __restric
 #pragma unroll
             for (int q = 0; q < 4; ++q) acc[i][j][q] = total[i][j][q] = 0.0f;
 
+    // Both operands by cp.async from 16-byte aligned rows: the planned copies (CopyPlan), in
+    // the tiles of 64 rows and more (the decode tile, m16, keeps its registers: ~18 more with
+    // the plan, one block fewer per SM, unmeasured).
+    const bool planned = S::BM >= 64 && !x && (kp & 7) == 0 && (k & 7) == 0;
+    CopyPlan<S> cplan;
+    if (planned) copy_plan<S>(cplan, xa, w, m, n, k, kp, m0, n0);
     // Prologue: tiles 0 .. STAGES-2 in flight, one commit group each (empty groups keep the count).
+    if (nm.dtype) {
+        // The input norm first needs its rows' 1/rms (norm_prologue, a pass over h): the weight
+        // tiles' copies go out before it, then x's tiles, formed with it (issue 25: the weights
+        // were not in flight until the norm was done). Groups W0 .. W(S-2), then X0 .. X(S-2):
+        // the main loop's wait<STAGES - 2> still covers tile i's W and X at iteration i (at
+        // most STAGES - 2 of the newest groups pending: never X(i) or older).
 #pragma unroll
-    for (int s = 0; s < S::STAGES - 1; ++s) {
-        if (s < nt) gemm_load_tile<T, S>(As + s * S::A_ELEMS, Bs + s * S::B_ELEMS, x, xa, w, m, n, k, kp, m0, n0, kt_begin + s, nm, s_inv);
-        cp_async_commit();
+        for (int s = 0; s < S::STAGES - 1; ++s) {
+            if (s < nt) gemm_load_tile<T, S>(As + s * S::A_ELEMS, Bs + s * S::B_ELEMS, x, xa, w, m, n, k, kp, m0, n0, kt_begin + s, nm, s_inv, TILE_W);
+            cp_async_commit();
+        }
+        norm_prologue<S>(nm, x, m, k, m0, s_inv);
+#pragma unroll
+        for (int s = 0; s < S::STAGES - 1; ++s) {
+            if (s < nt) gemm_load_tile<T, S>(As + s * S::A_ELEMS, Bs + s * S::B_ELEMS, x, xa, w, m, n, k, kp, m0, n0, kt_begin + s, nm, s_inv, TILE_X);
+            cp_async_commit();
+        }
+    } else {
+#pragma unroll
+        for (int s = 0; s < S::STAGES - 1; ++s) {
+            if (s < nt) {
+                if (planned) gemm_load_tile_planned<S>(As + s * S::A_ELEMS, Bs + s * S::B_ELEMS, cplan, xa, w, k, kp, kt_begin + s);
+                else gemm_load_tile<T, S>(As + s * S::A_ELEMS, Bs + s * S::B_ELEMS, x, xa, w, m, n, k, kp, m0, n0, kt_begin + s, nm, s_inv);
+            }
+            cp_async_commit();
+        }
     }
     bool first_slice = true;
+    int slice_tiles = 0;
     for (int i = 0; i < nt; ++i) {
 #if TANDEM_GEMM_BREAK != 2
         cp_async_wait<S::STAGES - 2>();  // this thread's copies of tile i have landed
@@ -350,7 +452,10 @@ __device__ void matmul_tc_impl(const float* __restrict__ x, const u16* __restric
         __syncthreads();  // ... everyone's have; and everyone is done with tile i - 1's stage
         {
             const int next = i + S::STAGES - 1, st = next % S::STAGES;
-            if (next < nt) gemm_load_tile<T, S>(As + st * S::A_ELEMS, Bs + st * S::B_ELEMS, x, xa, w, m, n, k, kp, m0, n0, kt_begin + next, nm, s_inv);
+            if (next < nt) {
+                if (planned) gemm_load_tile_planned<S>(As + st * S::A_ELEMS, Bs + st * S::B_ELEMS, cplan, xa, w, k, kp, kt_begin + next);
+                else gemm_load_tile<T, S>(As + st * S::A_ELEMS, Bs + st * S::B_ELEMS, x, xa, w, m, n, k, kp, m0, n0, kt_begin + next, nm, s_inv);
+            }
             cp_async_commit();
         }
         const u16* a_st = As + (i % S::STAGES) * S::A_ELEMS;
@@ -376,18 +481,41 @@ __device__ void matmul_tc_impl(const float* __restrict__ x, const u16* __restric
 #pragma unroll
                 for (int nj = 0; nj < S::NJ; ++nj) mma_16816(T{}, acc[mi][nj], af[mi], bfr[nj]);
         }
-        if ((kt_begin + i + 1) % tiles_per_slice == 0 || i == nt - 1) {  // a slice ends: fold it in
+        // A slice ends: fold it in. kt_begin is a whole number of slices, so the k tiles since
+        // the last fold count up to tiles_per_slice (a counter, not a division per tile).
+        if (++slice_tiles == tiles_per_slice || i == nt - 1) {
+            slice_tiles = 0;
 #pragma unroll
             for (int mi = 0; mi < S::MI; ++mi)
 #pragma unroll
                 for (int nj = 0; nj < S::NJ; ++nj)
 #pragma unroll
                     for (int q = 0; q < 4; ++q) {
-                        total[mi][nj][q] = first_slice ? acc[mi][nj][q] : total[mi][nj][q] + acc[mi][nj][q];
+                        if constexpr (S::TOTAL_SMEM) {
+                            float& t = s_total[((mi * S::NJ + nj) * 4 + q) * S::THREADS + threadIdx.x];
+#if TANDEM_GEMM_BREAK == 4
+                            t = t + acc[mi][nj][q];  // the bug: the first slice adds to words nobody wrote
+#else
+                            t = first_slice ? acc[mi][nj][q] : t + acc[mi][nj][q];
+#endif
+                        } else {
+                            total[mi][nj][q] = first_slice ? acc[mi][nj][q] : total[mi][nj][q] + acc[mi][nj][q];
+                        }
                         acc[mi][nj][q] = 0.0f;
                     }
             first_slice = false;
         }
+    }
+    if constexpr (S::TOTAL_SMEM) {
+        // The fold back into registers for the epilogues (acc is free now); no slice at all
+        // (nt == 0) leaves zeros, as the register total starts.
+#pragma unroll
+        for (int mi = 0; mi < S::MI; ++mi)
+#pragma unroll
+            for (int nj = 0; nj < S::NJ; ++nj)
+#pragma unroll
+                for (int q = 0; q < 4; ++q)
+                    total[mi][nj][q] = first_slice ? 0.0f : s_total[((mi * S::NJ + nj) * 4 + q) * S::THREADS + threadIdx.x];
     }
     // Accumulator fragment: c0, c1 at row g, columns 2t, 2t+1; c2, c3 at row g + 8.
     const int g = lane >> 2, t = lane & 3;
@@ -470,18 +598,20 @@ __device__ void matmul_tc_impl(const float* __restrict__ x, const u16* __restric
         }
         return;
     }
-    // EPI_SILU's gate/up layout is in 64-row tiles: only the GEMM_BN-wide kernels serve it
-    // (the host launches the _n128 kernels for EPI_QKV_ROPE alone), and the _n128 kernels
-    // compile no silu epilogue.
-    if (S::BN == GEMM_BN && ep.kind == EPI_SILU) {
+    // EPI_SILU's gate/up layout is in 64-row tiles (GEMM_BN): a tile BN wide holds BN / 64 of
+    // them, each 32 gate columns then the same 32 up columns. The 128-wide rope kernels
+    // (m16_n128, m64_n128) are launched for EPI_QKV_ROPE alone; m128_n128 serves every epilogue.
+    if (S::BN % GEMM_BN == 0 && ep.kind == EPI_SILU) {
         // gate and up of one output sit 32 columns apart in the tile, in other warps: exchange
         // the tile through shared memory (gemm_stage_tile).
         float* Cs = reinterpret_cast<float*>(smem_raw);
         gemm_stage_tile<S>(Cs, total, nullptr, 0, n0, n, wm0, wn0, lane);
+        constexpr int HALF = GEMM_BN / 2;
         for (int e = threadIdx.x; e < S::BM * (S::BN / 2); e += S::THREADS) {
-            const int rl = e / (S::BN / 2), j = e % (S::BN / 2), r = m0 + rl, c = blockIdx.x * (S::BN / 2) + j;
+            const int rl = e / (S::BN / 2), j = e % (S::BN / 2), jt = j / HALF, jj = j % HALF, r = m0 + rl;
+            const int c = (blockIdx.x * (S::BN / GEMM_BN) + jt) * HALF + jj;
             if (r >= m || c >= ep.n0) continue;
-            const float gv = Cs[rl * (S::BN + 1) + j], uv = Cs[rl * (S::BN + 1) + S::BN / 2 + j];
+            const float gv = Cs[rl * (S::BN + 1) + jt * GEMM_BN + jj], uv = Cs[rl * (S::BN + 1) + jt * GEMM_BN + HALF + jj];
             store_act(ep.out0, act_code(T{}, ep.act16), (size_t)r * ep.n0 + c, gv / (1.0f + expf(-gv)) * uv);  // silu_mul.cu's formula
         }
         return;
@@ -584,6 +714,23 @@ typedef GemmShape<128, 32, 32, 3> GemmM128;
 // the 128 x 64 tile's area, warps and stages.
 typedef GemmShape<16, 16, 16, 4, 128> GemmM16N128;
 typedef GemmShape<64, 32, 32, 3, 128> GemmM64N128;
+// Variants timed against the defaults above on the GPU (issue 25; crates/cuda/src/matmul.rs
+// `gemm_kernel`, TANDEM_CUDA_GEMM_LARGE / TANDEM_CUDA_GEMM_MID pick them). Same warp-level
+// arithmetic and k order as every kernel here, so the same bits (kernels/emu `gemm_variants`):
+//   m128_n128 (m > 128): a 128 x 128 tile, 8 warps of 64 x 32 (16 mma per k16 step and warp,
+//     not 8), 4 stages and the slice total in shared memory: 147456 bytes (opt-in), one block
+//     per SM;
+//   m128_occ2 (m > 128): m128's tile with 4 stages, the total in shared memory (94208 bytes,
+//     opt-in) and registers capped at 128, so two blocks share an SM (m128 takes ~158
+//     registers: one block of 8 warps per SM);
+//   m64_occ4 (17..128 rows): m64's tile with 3 stages and the total in shared memory (47104
+//     bytes), registers capped at 128: four blocks per SM, not three;
+//   m16_s8 (decode, m <= 16): m16 with 8 stages, not 4 (51200 bytes, opt-in): twice the weight
+//     bytes in flight per block.
+typedef GemmShape<128, 64, 32, 4, 128, true> GemmM128N128;
+typedef GemmShape<128, 32, 32, 4, 64, true> GemmM128Occ2;
+typedef GemmShape<64, 32, 32, 3, 64, true> GemmM64Occ4;
+typedef GemmShape<16, 16, 16, 8> GemmM16S8;
 
 // BOUNDS: the kernel's __launch_bounds__. m16_n128 adds a minimum of 1 block per SM: with
 // the bare bound ptxas gave it 64 registers and a 12-byte spill on sm_80 (none on sm_90);
@@ -607,7 +754,11 @@ typedef GemmShape<64, 32, 32, 3, 128> GemmM64N128;
     MATMUL_TC(DT, T, m64, GemmM64)                                                                                   \
     MATMUL_TC(DT, T, m128, GemmM128)                                                                                 \
     MATMUL_TC_BOUNDS(DT, T, m16_n128, GemmM16N128, __launch_bounds__(GemmM16N128::THREADS, 1))                       \
-    MATMUL_TC(DT, T, m64_n128, GemmM64N128)
+    MATMUL_TC(DT, T, m64_n128, GemmM64N128)                                                                          \
+    MATMUL_TC_BOUNDS(DT, T, m128_n128, GemmM128N128, __launch_bounds__(GemmM128N128::THREADS, 1))                    \
+    MATMUL_TC_BOUNDS(DT, T, m128_occ2, GemmM128Occ2, __launch_bounds__(GemmM128Occ2::THREADS, 2))                    \
+    MATMUL_TC_BOUNDS(DT, T, m64_occ4, GemmM64Occ4, __launch_bounds__(GemmM64Occ4::THREADS, 4))                      \
+    MATMUL_TC(DT, T, m16_s8, GemmM16S8)
 MATMUL_DT(bf16, bf16_t)
 MATMUL_DT(f16, f16_t)
 

@@ -3,7 +3,9 @@
 // fragment index) and =2 (the cp.async wait dropped), it runs the matmul checks of
 // matmul_test.h on a few shapes and succeeds only if EVERY one of them fails. =3 folds the split
 // K in-kernel with the last block's own partial first (arrival order, not index order): within
-// every bound, so only the bitwise comparisons with the two-launch fold can catch it.
+// every bound, so only the bitwise comparisons with the two-launch fold can catch it. =4 starts
+// the shared-memory slice total (TOTAL_SMEM kernels: m > 128 and 17..128 rows by default) from
+// unwritten shared memory, which the emulator poisons.
 #include "cuda_emu.h"
 
 #include "../matmul.cu"
@@ -30,6 +32,10 @@ int main() {
         check("in-kernel fold bitwise equal to matmul_fold m=" + std::to_string(m) + " k=" + std::to_string(k),
               std::memcmp(got.data(), old.data(), 4 * got.size()) == 0);
     }
+#elif TANDEM_GEMM_BREAK == 4
+    // Register-folded slices (z = 1): m > 128, k = 1000 in 3 slices, and one slice.
+    mmtest::against_f64(check, mmtest::problem(1, 200, 72, 1000, true), false);
+    mmtest::against_f64(check, mmtest::problem(2, 129, 72, 136, false), false);
 #else
     mmtest::against_f64(check, mmtest::problem(1, 1, 72, 40, false), false);
     mmtest::against_f64(check, mmtest::problem(1, 17, 72, 136, true), false);

@@ -730,6 +730,23 @@ int main() {
     test_matmul();
     fusedtest::run_all(expect_true);
     act16test::run_all(expect_true);
+    // The GEMM variants the GPU check times (matmul.rs GemmVariants): the same checks, with
+    // m > 128 on m128 or m128_n128, 17..128 rows on m64, up to 16 on m16_s8 (the defaults ran
+    // above: m128_occ2, m64_occ4, m16). Their bitwise-across-m checks compare the variants'
+    // rows with the other kernels': the same bits.
+    for (auto [large, mid, small, tag] :
+         std::vector<std::tuple<int, int, int, const char*>>{{0, 0, 1, "[m128, m64, m16_s8] "}, {1, 0, 0, "[m128_n128, m64] "}}) {
+        mmtest::large_variant = large;
+        mmtest::mid_variant = mid;
+        mmtest::small_variant = small;
+        const auto tagged = [&](const std::string& what, bool c) { expect_true(tag + what, c); };
+        mmtest::run_all(tagged);
+        fusedtest::run_all(tagged);
+        act16test::run_all(tagged);
+    }
+    mmtest::large_variant = 2;
+    mmtest::mid_variant = 1;
+    mmtest::small_variant = 0;
     test_fused_small_ops();
     test_sampling();
     std::printf("%d checks, %d failed\n", checks, failures);

@@ -288,7 +288,8 @@ inline void test_qkv_rope(const Check& check, int dt, int m, int nq, int nkv, in
     std::string kernel;
     mmtest::counters_ok = mmtest::gemm(dt, p.x.data(), p.w.data(), bias ? p.b.data() : nullptr, m, n, k, mmtest::k_slices(n, k), ep, false, &kernel, NormIn{nullptr, 0, 0.0f}, rk) && mmtest::counters_ok;
     // A head_dim that does not divide 64 must have taken a 128-wide kernel (else heads straddle tiles).
-    const bool wide = kernel.find("_n128") != std::string::npos, want_wide = 64 % hd != 0;
+    // (m128_n128, a variant for m > 128, is 128 wide whatever head_dim is.)
+    const bool wide = kernel.find("_n128") != std::string::npos, want_wide = 64 % hd != 0 || kernel.find("m128_n128") != std::string::npos;
     // qkv_proj, then rope_kv_write.
     Qkv want = qkv(p, nq, nkv, false);
     std::vector<KV> kw = kc0, vw = vc0;

@@ -47,11 +47,26 @@ inline float rnd() {  // splitmix64 -> [-1, 1)
     return (float)(z >> 40) / (float)(1u << 24) * 2.0f - 1.0f;
 }
 
-// The tile kernel for m rows and an output tile `cols` wide (matmul.rs `gemm_kernel`).
-inline int tile_rows(int m, int cols = 64) { return m <= 16 ? 16 : m <= 128 || cols == 128 ? 64 : 128; }
-// The output tile's width (matmul.rs `tile_cols`): 128 only for the rope epilogue at a
-// head_dim that does not divide 64, so every head lies in one tile.
+// The variants the GPU check times (matmul.rs `GemmVariants`, TANDEM_CUDA_GEMM_LARGE / _MID /
+// _SMALL): large 0 = m128, 1 = m128_n128, 2 = m128_occ2 (the default); mid 0 = m64,
+// 1 = m64_occ4 (the default); small 0 = m16 (the default), 1 = m16_s8. emu_test.cpp runs the
+// matmul, fused and act16 tests with the defaults, then once per other set of variants.
+inline int large_variant = 2, mid_variant = 1, small_variant = 0;
+// The output tile's width the epilogue needs (matmul.rs `rope_tile_cols`): 128 only for the
+// rope epilogue at a head_dim that does not divide 64, so every head lies in one tile.
 inline int tile_cols(const Epilogue& ep, const RopeKv& rk) { return ep.kind == EPI_QKV_ROPE && rk.head_dim > 0 && 64 % rk.head_dim != 0 ? 128 : 64; }
+struct Tile {
+    int bm, bn;
+    const char* suffix;
+};
+// The tile kernel for m rows when the epilogue needs tiles `cols` wide (matmul.rs `gemm_kernel_of`).
+inline Tile pick_tile(int m, int cols) {
+    if (m <= 16) return cols == 128 ? Tile{16, 128, "m16_n128"} : small_variant == 1 ? Tile{16, 64, "m16_s8"} : Tile{16, 64, "m16"};
+    if (m <= 128) return cols == 128 ? Tile{64, 128, "m64_n128"} : mid_variant == 1 ? Tile{64, 64, "m64_occ4"} : Tile{64, 64, "m64"};
+    if (large_variant == 1) return Tile{128, 128, "m128_n128"};
+    if (cols == 128) return Tile{64, 128, "m64_n128"};
+    return large_variant == 2 ? Tile{128, 64, "m128_occ2"} : Tile{128, 64, "m128"};
+}
 
 // One GEMM launched as matmul.rs `gemm` launches it: x f32 read by the tile kernel itself
 // for m <= 128 (else matmul_x first), split K folded in-kernel by the last slice's block through
@@ -64,7 +79,9 @@ inline int tile_cols(const Epilogue& ep, const RopeKv& rk) { return ep.kind == E
 inline bool gemm(int dt, const float* x, const uint16_t* w, const uint16_t* bias, int m, int n, int k, Slices sl, const Epilogue& ep, bool legacy,
                  std::string* kernel = nullptr, NormIn nm = NormIn{nullptr, 0, 0.0f}, RopeKv rk = RopeKv{}, const uint16_t* x16 = nullptr) {
     const int kp = x16 ? k : (k + 7) / 8 * 8;
-    const int bn = tile_cols(ep, rk), bm = tile_rows(m, bn);
+    const Tile tile = pick_tile(m, tile_cols(ep, rk));
+    const int bn = tile.bn, bm = tile.bm;
+    const std::string suffix = tile.suffix;
     const bool direct = !legacy && m <= 128 && !x16;
     std::vector<uint16_t> xa((size_t)m * kp + 8, 0xffff);
     if (!direct && !x16)
@@ -83,24 +100,26 @@ inline bool gemm(int dt, const float* x, const uint16_t* w, const uint16_t* bias
     u32* cp = legacy ? nullptr : counters.data();
     const u16* xp = x16 ? x16 : xa.data();
     const float* xd = direct ? x : nullptr;
-    const std::string name = std::string("matmul_tc_") + (dt == 1 ? "bf16" : "f16") + "_m" + std::to_string(bm) + (bn == 128 ? "_n128" : "");
+    const std::string name = std::string("matmul_tc_") + (dt == 1 ? "bf16" : "f16") + "_" + suffix;
     if (kernel) *kernel = name + (split ? " split " + std::to_string(sl.count) : " slices " + std::to_string(sl.count)) + (legacy ? " two-launch" : "");
 #define MM_CALL(DT, NAME, SHAPE)                                                                                              \
     launch(grid, dim3{SHAPE::THREADS, 1, 1}, [&] { matmul_tc_##DT##_##NAME(xd, xp, w, bp, bias_code, ep.out0, ep.out1, ep.out2, ep.kind, ep.n0, ep.n1, ep.gamma, ep.gamma_dtype, ep.act16, pp, cp, m, n, k, kp, sl.len, sl.count, nm.gamma, nm.dtype, nm.eps, rk); }, \
            SHAPE::SMEM_BYTES)
-    if (bn == 64) {
-        if (dt == 1 && bm == 16) MM_CALL(bf16, m16, GemmM16);
-        if (dt == 1 && bm == 64) MM_CALL(bf16, m64, GemmM64);
-        if (dt == 1 && bm == 128) MM_CALL(bf16, m128, GemmM128);
-        if (dt == 2 && bm == 16) MM_CALL(f16, m16, GemmM16);
-        if (dt == 2 && bm == 64) MM_CALL(f16, m64, GemmM64);
-        if (dt == 2 && bm == 128) MM_CALL(f16, m128, GemmM128);
-    } else {
-        if (dt == 1 && bm == 16) MM_CALL(bf16, m16_n128, GemmM16N128);
-        if (dt == 1 && bm == 64) MM_CALL(bf16, m64_n128, GemmM64N128);
-        if (dt == 2 && bm == 16) MM_CALL(f16, m16_n128, GemmM16N128);
-        if (dt == 2 && bm == 64) MM_CALL(f16, m64_n128, GemmM64N128);
+#define MM_PICK(NAME, SHAPE)                           \
+    if (suffix == #NAME) {                             \
+        if (dt == 1) MM_CALL(bf16, NAME, SHAPE);       \
+        else MM_CALL(f16, NAME, SHAPE);                \
     }
+    MM_PICK(m16, GemmM16)
+    MM_PICK(m64, GemmM64)
+    MM_PICK(m128, GemmM128)
+    MM_PICK(m16_n128, GemmM16N128)
+    MM_PICK(m64_n128, GemmM64N128)
+    MM_PICK(m128_n128, GemmM128N128)
+    MM_PICK(m128_occ2, GemmM128Occ2)
+    MM_PICK(m64_occ4, GemmM64Occ4)
+    MM_PICK(m16_s8, GemmM16S8)
+#undef MM_PICK
 #undef MM_CALL
     if (split && legacy)
         launch(dim3{(unsigned)(((size_t)m * n + 255) / 256), 1, 1}, dim3{256, 1, 1},
@@ -230,7 +249,10 @@ inline void slices_table(const Check& check) {
     check("matmul tile kernels' threads and shared memory match matmul.rs GEMM_M*",
           GemmM16::THREADS == 128 && GemmM16::SMEM_BYTES == 25600 && GemmM64::THREADS == 128 && GemmM64::SMEM_BYTES == 40960 &&
               GemmM128::THREADS == 256 && GemmM128::SMEM_BYTES == 46080 && GemmM16N128::THREADS == 256 && GemmM16N128::SMEM_BYTES == 46080 &&
-              GemmM64N128::THREADS == 256 && GemmM64N128::SMEM_BYTES == 46080 && GemmM16N128::BN == 128 && GemmM64N128::BN == 128);
+              GemmM64N128::THREADS == 256 && GemmM64N128::SMEM_BYTES == 46080 && GemmM16N128::BN == 128 && GemmM64N128::BN == 128 &&
+              GemmM128N128::THREADS == 256 && GemmM128N128::SMEM_BYTES == 147456 && GemmM128N128::BN == 128 && GemmM128Occ2::THREADS == 256 &&
+              GemmM128Occ2::SMEM_BYTES == 94208 && GemmM64Occ4::THREADS == 128 && GemmM64Occ4::SMEM_BYTES == 47104 &&
+              GemmM16S8::THREADS == 128 && GemmM16S8::SMEM_BYTES == 51200);
 }
 
 // k = 0: no k tile at all; out must be exactly the bias (or zero).

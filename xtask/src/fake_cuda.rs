@@ -117,6 +117,10 @@ pub fn prepare(root: &Path) -> Result<FakeEnv> {
         ("LD_LIBRARY_PATH".to_string(), path),
         ("TANDEM_FAKE_CUDA".to_string(), "1".into()),
         ("TANDEM_REQUIRE_CUDA".to_string(), "1".into()),
+        // The fake driver loads PTX only (it reads the entries and `.param` lists off the text);
+        // without this the backend would first have NVRTC assemble every file into a cubin,
+        // minutes on a CPU, only to have it refused and fall back to PTX.
+        ("TANDEM_CUDA_CUBIN".to_string(), "0".into()),
         ("TANDEM_PTX_CACHE".to_string(), ptx_cache),
     ];
     Ok(FakeEnv { lib_dir, vars })

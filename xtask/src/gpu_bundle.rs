@@ -94,6 +94,7 @@ pub fn run(a: Args) -> Result<()> {
             cu += 1;
         }
     }
+    let cached = fill_ptx_cache(&root, &out.join("ptx-cache"));
     let commit = git(&root, &["rev-parse", "HEAD"]).unwrap_or_else(|| "unknown".into());
     // Uncommitted changes in tracked files mean the binary is not exactly that commit.
     let dirty = git(&root, &["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
@@ -110,7 +111,7 @@ pub fn run(a: Args) -> Result<()> {
     let bundle = dir_size(&out)?;
     let tree = travelling_tree_size(&root);
     let size = |b: &str| std::fs::metadata(out.join(b)).map(|m| mib(m.len()));
-    println!("bundle: {} ({:.1} MiB: tandem {:.1} MiB, cuda-tests {:.1} MiB, {scripts} scripts, {cu} kernel files), commit {line}", out.display(), mib(bundle), size("tandem")?, size("cuda-tests")?);
+    println!("bundle: {} ({:.1} MiB: tandem {:.1} MiB, cuda-tests {:.1} MiB, {scripts} scripts, {cu} kernel files, {cached}), commit {line}", out.display(), mib(bundle), size("tandem")?, size("cuda-tests")?);
     match tree {
         Some(t) => println!("working tree that travels with it: {:.1} MiB; together {:.1} of {:.0} MiB", mib(t), mib(t + bundle), mib(TRAVEL_LIMIT)),
         None => println!("working tree size unknown (git ls-files failed); the limit is {:.0} MiB together", mib(TRAVEL_LIMIT)),
@@ -125,6 +126,35 @@ pub fn run(a: Args) -> Result<()> {
     println!(r#"  run(command="bash {}/check.sh $OUT", carry=["{}"], timeout_s=570)"#, a.out.display(), a.out.display());
     println!("dry run here:  XDG_RUNTIME_DIR=/tmp/xdg TANDEM_CHECK_BACKEND=wgpu TANDEM_CHECK_BENCH_SHAPE=tiny TANDEM_CHECK_SMALL=1 bash {}/check.sh /tmp/check-out", a.out.display());
     Ok(())
+}
+
+/// The kernels' cubins for sm_90 (the H200), compiled here by NVRTC 13.0 from the pip wheels
+/// into `dir` under the backend's cache keys (`tandem-kernels-check --fill-cache 90`): check.sh
+/// copies them into the backend's cache, so the first process there skips NVRTC and the
+/// driver's JIT (the first start took about 80 s in the 2026-12-04 check, and over 120 s in its
+/// tuning round, with PTX only). The key holds NVRTC's version: the GPU's own 13.0 finds these;
+/// another version compiles afresh. Optional: without the toolchain the bundle goes without
+/// them, and says so.
+fn fill_ptx_cache(root: &Path, dir: &Path) -> String {
+    let tc = root.join(".venv-cuda/lib/python3.11/site-packages/nvidia/cu13/lib");
+    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cmd.current_dir(root)
+        .args(["run", "--quiet", "--release", "-p", "tandem-cuda", "--bin", "tandem-kernels-check", "--", "--fill-cache", "90"])
+        .env("TANDEM_PTX_CACHE", dir);
+    if tc.is_dir() {
+        cmd.env("TANDEM_CUDA_LIB", &tc);
+    }
+    match cmd.status() {
+        Ok(s) if s.success() => format!("cubins for sm_90 in {}", dir.display()),
+        Ok(s) => {
+            eprintln!("warning: no kernel cache in the bundle (tandem-kernels-check --fill-cache exited with {s}; kernels/install-toolchain.sh installs NVRTC)");
+            "no kernel cache".into()
+        }
+        Err(e) => {
+            eprintln!("warning: no kernel cache in the bundle ({e})");
+            "no kernel cache".into()
+        }
+    }
 }
 
 /// The release build of crates/cuda/tests/cuda (the `cuda` test target), built here unless

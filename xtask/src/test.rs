@@ -7,7 +7,8 @@
 //!    there, and under CI. It ran here a second time before `cargo test`, for its table in CI's
 //!    output, which cost 1.5-3 minutes; `cargo xtask kernels --check` prints that table.
 //! 3. `cargo test --workspace`, with the environment the wgpu tests need.
-//! 4. The official `openai` Python client against our server (crates/server/tests/openai_client.sh).
+//! 4. The official `openai` and `anthropic` Python clients against our server
+//!    (crates/server/tests/openai_client.sh).
 //! 5. The fake-driver group (xtask/src/fake_cuda.rs): the CUDA backend's host code on the fake
 //!    driver (crates/fake-cuda), where the CUDA toolchain is installed; counted in the closing line.
 //! 6. A count of the tests that skipped themselves (`tandem_core::skip::note` logs them).
@@ -122,16 +123,22 @@ pub fn run(a: Args) -> Result<()> {
     Ok(())
 }
 
-/// The official `openai` Python client (a client we did not write) against our server:
-/// completions, chat and streaming. The package goes into `.venv-openai` (git-ignored).
+/// The `anthropic` SDK the Messages API check runs (pinned: its event accumulation is what is
+/// checked).
+const ANTHROPIC_SDK: &str = "anthropic==2.17.0";
+
+/// The official `openai` and `anthropic` Python clients (clients we did not write) against our
+/// server: completions, chat, messages, streaming, tools. The packages go into `.venv-openai`
+/// (git-ignored).
 fn openai_client(root: &std::path::Path, examples: Option<&std::path::Path>) -> Result<()> {
     let venv = root.join(".venv-openai");
     let py = venv.join("bin/python");
-    if !py.exists() || !Command::new(&py).args(["-c", "import openai"]).status()?.success() {
-        let ok = Command::new("python3").arg("-m").arg("venv").arg(&venv).status()?.success()
-            && Command::new(&py).args(["-m", "pip", "install", "-q", "openai"]).status()?.success();
+    let pinned = format!("import anthropic, openai; assert anthropic.__version__ == {:?}", ANTHROPIC_SDK.trim_start_matches("anthropic=="));
+    if !py.exists() || !Command::new(&py).args(["-c", &pinned]).status()?.success() {
+        let ok = (py.exists() || Command::new("python3").arg("-m").arg("venv").arg(&venv).status()?.success())
+            && Command::new(&py).args(["-m", "pip", "install", "-q", "openai", ANTHROPIC_SDK]).status()?.success();
         if !ok {
-            bail!("could not install the openai package into {}", venv.display());
+            bail!("could not install the openai and anthropic packages into {}", venv.display());
         }
     }
     let mut cmd = Command::new("bash");
@@ -141,7 +148,7 @@ fn openai_client(root: &std::path::Path, examples: Option<&std::path::Path>) -> 
     }
     let st = cmd.status()?;
     if !st.success() {
-        bail!("the openai client check failed");
+        bail!("the openai / anthropic client check failed");
     }
     Ok(())
 }

@@ -16,6 +16,8 @@ use tandem_engine::engine::{Engine, EngineConfig};
 use tandem_engine::scheduler::{BatchMode, Policy};
 use tandem_server::engine_adapter::{decode_fn, TandemEngine};
 use tandem_server::ServerConfig;
+use tandem_server::reasoning::{self, ReasoningParser};
+use tandem_server::tool_parser::{self, ToolParser};
 
 use crate::backends::{self, BackendKind};
 
@@ -72,6 +74,18 @@ pub struct EngineArgs {
     /// are refused by name.
     #[arg(long, default_value = "auto", value_parser = parse_kv_cache_dtype)]
     pub kv_cache_dtype: KvCacheDtype,
+    /// vLLM's: no prefill chunk longer than this, and a prompt longer than this is long; 0: no
+    /// threshold. Default: while a request waits to start, a prefill chunk takes at most half
+    /// the step's budget (so the newcomer starts next step); alone it takes the whole budget.
+    #[arg(long)]
+    pub long_prefill_token_threshold: Option<usize>,
+    /// vLLM's: at most this many prompts partly prefilled at once (default: no limit).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_num_partial_prefills: Option<u64>,
+    /// vLLM's: of those, at most this many longer than the threshold; shorter prompts behind a
+    /// held-back long one go first (default: no limit).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_long_partial_prefills: Option<u64>,
 }
 
 /// `--kv-cache-dtype`: None is `auto` (the backend's default, `Backend::kv_dtypes()[0]`).
@@ -130,6 +144,9 @@ impl EngineArgs {
             max_pending_requests: max_pending,
             max_model_len: self.max_model_len,
             async_scheduling: !self.no_async_scheduling,
+            long_prefill_token_threshold: self.long_prefill_token_threshold,
+            max_num_partial_prefills: self.max_num_partial_prefills.unwrap_or(0) as usize,
+            max_long_partial_prefills: self.max_long_partial_prefills.unwrap_or(0) as usize,
             ..Default::default()
         })
     }
@@ -192,14 +209,20 @@ pub struct Args {
     /// eagerly, unpadded. Other backends always run eagerly.
     #[arg(long)]
     enforce_eager: bool,
-    /// vLLM's switch for `tool_choice: "auto"`. Accepted: tandem parses "auto" answers whenever
-    /// the chat template writes `<tool_call>` blocks, with or without it.
+    /// vLLM's switch for `tool_choice: "auto"`. Accepted: tandem parses "auto" answers with
+    /// `--tool-call-parser`, or for `<tool_call>` blocks whenever the chat template writes them,
+    /// with or without it.
     #[arg(long)]
     enable_auto_tool_choice: bool,
-    /// vLLM's tool-call parser for "auto": `hermes` (`<tool_call>{...}</tool_call>`, the format of
-    /// Qwen2.5, Hermes and SmolLM3 templates) is the one tandem has.
+    /// vLLM's tool-call parser for "auto": `hermes` (`<tool_call>{...}</tool_call>`: Qwen2.5,
+    /// Hermes, SmolLM3), `llama3_json` (Llama 3.x JSON calls), `mistral` (`[TOOL_CALLS]`) or
+    /// `qwen3_xml` (Qwen3-Coder's `<function=...>` calls).
     #[arg(long)]
     tool_call_parser: Option<String>,
+    /// vLLM's reasoning parser: `qwen3` or `deepseek_r1`. A chat answer's `<think>` block goes to
+    /// `reasoning_content` (and `reasoning`); on /v1/messages it is a `thinking` block.
+    #[arg(long)]
+    reasoning_parser: Option<String>,
 }
 
 /// vLLM `serve` flags that tandem does not implement: refused by name, never ignored.
@@ -207,11 +230,11 @@ const VLLM_UNSUPPORTED: &[&str] = &[
     "--quantization", "-q", "--pipeline-parallel-size", "-pp", "--data-parallel-size", "-dp", "--enable-lora", "--lora-modules",
     "--speculative-config", "--tokenizer", "--tokenizer-mode", "--trust-remote-code", "--revision", "--download-dir",
     "--load-format", "--max-logprobs", "--swap-space", "--cpu-offload-gb", "--cuda-graph-sizes", "--max-seq-len-to-capture",
-    "--reasoning-parser", "--guided-decoding-backend", "--chat-template",
+    "--guided-decoding-backend", "--chat-template",
     "--response-role", "--ssl-keyfile", "--ssl-certfile", "--root-path", "--middleware", "--enable-sleep-mode",
     "--kv-transfer-config", "--num-scheduler-steps", "--preemption-mode", "--no-enable-chunked-prefill", "--hf-overrides",
     "--override-generation-config", "--limit-mm-per-prompt", "--mm-processor-kwargs", "--distributed-executor-backend",
-    "--enable-expert-parallel", "--rope-scaling", "--rope-theta", "--max-num-partial-prefills",
+    "--enable-expert-parallel", "--rope-scaling", "--rope-theta",
 ];
 
 /// A vLLM flag tandem does not have: an error naming it (clap's own error would say only
@@ -273,11 +296,18 @@ pub fn run(mut a: Args) -> Result<()> {
     let mut tok = Tokenizer::from_dir(&dir)?;
     let cfg = tandem_core::ModelConfig::from_file(&dir.join("config.json"))?;
     a.check_vllm_values(&cfg, &dir)?;
-    if let Some(p) = a.tool_call_parser.as_deref().filter(|p| *p != "hermes") {
-        anyhow::bail!("--tool-call-parser {p}: tandem parses the `hermes` format only (<tool_call>{{...}}</tool_call>)");
-    }
-    if a.enable_auto_tool_choice {
-        tracing::info!("--enable-auto-tool-choice: \"auto\" answers are parsed for <tool_call> blocks when the chat template writes them");
+    let tool_call_parser = match a.tool_call_parser.as_deref() {
+        None => None,
+        Some(p) => Some(ToolParser::from_name(p).ok_or_else(|| anyhow::anyhow!("--tool-call-parser {p}: tandem parses {}", tool_parser::NAMES.join(", ")))?),
+    };
+    let reasoning_parser = match a.reasoning_parser.as_deref() {
+        None => None,
+        Some(p) => Some(ReasoningParser::from_name(p).ok_or_else(|| anyhow::anyhow!("--reasoning-parser {p}: tandem parses {}", reasoning::NAMES.join(", ")))?),
+    };
+    match tool_call_parser {
+        Some(p) => tracing::info!("--tool-call-parser {}: \"auto\" answers are read for its calls", p.name()),
+        None if a.enable_auto_tool_choice => tracing::info!("--enable-auto-tool-choice: \"auto\" answers are parsed for <tool_call> blocks when the chat template writes them"),
+        None => {}
     }
     if a.enforce_eager {
         tracing::info!("--enforce-eager: no CUDA graphs, every step runs eagerly");
@@ -300,6 +330,8 @@ pub fn run(mut a: Args) -> Result<()> {
         sampling_defaults,
         request_timeout: timeout,
         allowed_origins: a.allowed_origins.clone(),
+        tool_call_parser,
+        reasoning_parser,
         vocab_size: cfg.vocab_size,
         shutdown_grace: Duration::from_secs(a.shutdown_grace_s),
         ..Default::default()

@@ -284,6 +284,12 @@ pub fn cases() -> Vec<Case> {
     for (dtype, m, n, k, bias) in [(BF16, 3, 77, 100, true), (F16, 1, 1536, 576, false), (F32, 37, 77, 100, true)] {
         v.push(Case::new(Matmul { dtype, m, n, k, bias, from_file: true }, Spec::Matmul));
     }
+    // Past 128 rows (CUDA's prefill tile kernels, m128 and its variants: TANDEM_CUDA_GEMM_LARGE),
+    // with K cut into slices folded in registers or shared memory (n = 200, k = 1000: 3).
+    for dtype in [BF16, F16] {
+        v.push(Case::new(Matmul { dtype, m: 300, n: 200, k: 1000, bias: dtype == BF16, from_file: false }, Spec::Matmul));
+        v.push(Case::new(Matmul { dtype, m: 129, n: 1536, k: 576, bias: false, from_file: false }, Spec::Matmul));
+    }
     // The LM head: a wide n.
     for (dtype, m) in [(BF16, 1), (F32, 3)] {
         v.push(Case::new(Matmul { dtype, m, n: 49152, k: 576, bias: false, from_file: false }, Spec::Matmul));
@@ -318,6 +324,7 @@ pub fn cases() -> Vec<Case> {
     for (dtype, g, q_heads, hidden, tokens, bias) in [
         (BF16, geometry(10, 16, 3, 64), 9, 576, 1, false),
         (BF16, geometry(10, 16, 3, 64), 9, 576, 37, true),
+        (BF16, geometry(16, 16, 2, 64), 4, 256, 200, false),
         (F16, geometry(8, 16, 1, 128), 4, 256, 2, true),
         (F32, geometry(8, 16, 1, 128), 4, 256, 37, false),
     ] {

@@ -55,6 +55,13 @@ impl ChatTemplate {
     /// variable, left undefined when there are none, so that `{% if tools %}` and
     /// `tools is defined` read as they do there. A template that never mentions it ignores it.
     pub fn render_with_tools(&self, messages: &[serde_json::Value], tools: Option<&[serde_json::Value]>, add_generation_prompt: bool) -> Result<String> {
+        self.render_with_kwargs(messages, tools, add_generation_prompt, None)
+    }
+
+    /// The same, with extra template variables (vLLM's `chat_template_kwargs`, such as Qwen3's
+    /// `enable_thinking`); the messages, tools and tokens above win over a variable of the
+    /// same name.
+    pub fn render_with_kwargs(&self, messages: &[serde_json::Value], tools: Option<&[serde_json::Value]>, add_generation_prompt: bool, kwargs: Option<&serde_json::Map<String, serde_json::Value>>) -> Result<String> {
         for (i, m) in messages.iter().enumerate() {
             if m.get("role").and_then(|r| r.as_str()).is_none() {
                 return Err(Error::Template(format!("message {i} has no string `role`")));
@@ -69,6 +76,10 @@ impl ChatTemplate {
         };
         let ctx = match tools {
             Some(t) => minijinja::context! { tools => Value::from(minijinja::value::Serde(t)), ..ctx },
+            None => ctx,
+        };
+        let ctx = match kwargs {
+            Some(k) => minijinja::context! { ..ctx, ..Value::from(minijinja::value::Serde(k)) },
             None => ctx,
         };
         tmpl.render(ctx).map_err(|e| {
@@ -87,6 +98,16 @@ mod tests {
     use serde_json::json;
 
     const CHATML: &str = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+    #[test]
+    fn kwargs_reach_the_template() {
+        let t = ChatTemplate::new("{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>{% endif %}{{ messages[0]['content'] }}", None, None).unwrap();
+        let m = [json!({"role": "user", "content": "hi"})];
+        let kw = |v: serde_json::Value| v.as_object().unwrap().clone();
+        assert_eq!(t.render_with_kwargs(&m, None, false, Some(&kw(json!({"enable_thinking": false})))).unwrap(), "<think>\n\n</think>hi");
+        assert_eq!(t.render_with_kwargs(&m, None, false, Some(&kw(json!({"enable_thinking": true})))).unwrap(), "hi");
+        assert_eq!(t.render_with_kwargs(&m, None, false, Some(&kw(json!({"messages": []})))).unwrap(), "hi", "the messages win");
+    }
 
     #[test]
     fn renders_chatml_with_default_system() {

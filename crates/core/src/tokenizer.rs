@@ -112,6 +112,12 @@ impl Tokenizer {
         let t = self.chat.as_ref().ok_or_else(|| Error::Template("this model's tokenizer_config.json has no chat_template".into()))?;
         t.render_with_tools(messages, tools, add_generation_prompt)
     }
+
+    /// The same, with extra template variables (`chat_template_kwargs`).
+    pub fn apply_chat_template_with_kwargs(&self, messages: &[serde_json::Value], tools: Option<&[serde_json::Value]>, add_generation_prompt: bool, kwargs: Option<&serde_json::Map<String, serde_json::Value>>) -> Result<String> {
+        let t = self.chat.as_ref().ok_or_else(|| Error::Template("this model's tokenizer_config.json has no chat_template".into()))?;
+        t.render_with_kwargs(messages, tools, add_generation_prompt, kwargs)
+    }
 }
 
 /// A BPE `tokenizer.json` built the quick way. `tokenizers`' own parser reads the model through

@@ -25,7 +25,7 @@ use tandem_core::sampling::{RowMasks, SampleSpec, TokenLogprobs, EDIT_WORDS, MAX
 use tandem_core::weights::TensorView;
 use tandem_core::{Error, Result};
 
-use crate::compile::{compile_ptx_cached, ptx_entries};
+use crate::compile::{compile_cubin_cached, compile_ptx_cached, ptx_entries};
 use crate::sources::{self, KernelSource};
 use crate::toolchain::Toolchain;
 
@@ -333,7 +333,7 @@ struct Kernels<F> {
     rope: Kernel<F>,
     matmul_tiled_f32: Kernel<F>,
     matmul_x: [Kernel<F>; 2],
-    matmul_tc: [[Kernel<F>; 5]; 2],
+    matmul_tc: [[Kernel<F>; 9]; 2],
     kv_write: [Kernel<F>; 2],
     rope_kv_write: [Kernel<F>; 2],
     attn_partial: [Kernel<F>; 2],
@@ -362,8 +362,28 @@ impl<F> Kernels<F> {
             matmul_tiled_f32: k("matmul_tiled_f32")?,
             matmul_x: [k("matmul_x_bf16")?, k("matmul_x_f16")?],
             matmul_tc: [
-                [k("matmul_tc_bf16_m16")?, k("matmul_tc_bf16_m64")?, k("matmul_tc_bf16_m128")?, k("matmul_tc_bf16_m16_n128")?, k("matmul_tc_bf16_m64_n128")?],
-                [k("matmul_tc_f16_m16")?, k("matmul_tc_f16_m64")?, k("matmul_tc_f16_m128")?, k("matmul_tc_f16_m16_n128")?, k("matmul_tc_f16_m64_n128")?],
+                [
+                    k("matmul_tc_bf16_m16")?,
+                    k("matmul_tc_bf16_m64")?,
+                    k("matmul_tc_bf16_m128")?,
+                    k("matmul_tc_bf16_m16_n128")?,
+                    k("matmul_tc_bf16_m64_n128")?,
+                    k("matmul_tc_bf16_m128_n128")?,
+                    k("matmul_tc_bf16_m128_occ2")?,
+                    k("matmul_tc_bf16_m64_occ4")?,
+                    k("matmul_tc_bf16_m16_s8")?,
+                ],
+                [
+                    k("matmul_tc_f16_m16")?,
+                    k("matmul_tc_f16_m64")?,
+                    k("matmul_tc_f16_m128")?,
+                    k("matmul_tc_f16_m16_n128")?,
+                    k("matmul_tc_f16_m64_n128")?,
+                    k("matmul_tc_f16_m128_n128")?,
+                    k("matmul_tc_f16_m128_occ2")?,
+                    k("matmul_tc_f16_m64_occ4")?,
+                    k("matmul_tc_f16_m16_s8")?,
+                ],
             ],
             kv_write: [k("kv_write_f32")?, k("kv_write_bf16")?],
             rope_kv_write: [k("rope_kv_write_f32")?, k("rope_kv_write_bf16")?],
@@ -452,13 +472,36 @@ impl CudaBackend {
         let arch = format!("{maj}{min}");
         let device_name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
         let include = Toolchain::discover().include_dir;
+        let images = compile_modules(&srcs, &arch, include.as_ref())?;
         let mut funcs = HashMap::new();
-        for src in &srcs {
-            let ptx = compile_ptx_cached(src, &arch, include.as_ref())?;
-            load_module(&ctx, src, &ptx, &mut funcs)?;
+        for (src, image) in srcs.iter().zip(images) {
+            let cubin = matches!(image, Image::Cubin(_));
+            if let Err(e) = load_module(&ctx, src, image, &mut funcs) {
+                if !cubin {
+                    return Err(e);
+                }
+                // Not seen yet (the cubin path has not met a GPU): the PTX the driver compiles
+                // itself is the path that has.
+                tracing::warn!("{}.cu: the driver refused its sm_{arch} cubin ({e}); loading PTX instead", src.name);
+                load_module(&ctx, src, Image::Ptx(compile_ptx_cached(src, &arch, include.as_ref())?), &mut funcs)?;
+            }
         }
         let loaded = funcs.len();
         let kernels = Kernels::resolve(|name| funcs.remove(name).ok_or_else(|| err(format!("kernel `{name}` is not in the loaded modules (edited kernels/*.cu?)"))))?;
+        // Tile kernels with more than 48 KiB of dynamic shared memory opt in to it.
+        for row in &kernels.matmul_tc {
+            for (kern, g) in row.iter().zip(matmul::GEMM_KERNELS) {
+                if g.smem > matmul::SMEM_DEFAULT_LIMIT {
+                    kern.f
+                        .set_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, g.smem as i32)
+                        .map_err(drv(&format!("{}: {} bytes of shared memory", kern.name, g.smem)))?;
+                }
+            }
+        }
+        let variants = matmul::check_gemm_variants()?;
+        if variants != matmul::GEMM_DEFAULT_VARIANTS {
+            tracing::info!("cuda: GEMM tile kernels {variants:?} (TANDEM_CUDA_GEMM_LARGE / _MID / _SMALL)");
+        }
         let sync_each = std::env::var("TANDEM_CUDA_SYNC").is_ok_and(|v| v == "1");
         let f32_activations = std::env::var("TANDEM_CUDA_ACTIVATIONS").is_ok_and(|v| v == "f32");
         tracing::info!("cuda: {device_name} (sm_{arch}), {loaded} kernels from {} files", srcs.len());
@@ -606,13 +649,63 @@ impl CudaBackend {
     }
 }
 
-fn load_module(ctx: &Arc<CudaContext>, src: &KernelSource, ptx: &str, funcs: &mut HashMap<String, CudaFunction>) -> Result<()> {
-    let module = ctx
-        .load_module(cudarc::nvrtc::Ptx::from_src(ptx.to_string()))
-        .map_err(drv(&format!("loading the PTX of {}.cu (driver older than the NVRTC that made it?)", src.name)))?;
-    for name in ptx_entries(ptx) {
-        let f = module.load_function(&name).map_err(drv(&format!("{}.cu: kernel {name}", src.name)))?;
-        funcs.insert(name, f);
+/// A compiled kernel file: a cubin for the device's own architecture (the default), or PTX the
+/// driver compiles at load (`TANDEM_CUDA_CUBIN=0`, or where NVRTC could not make a cubin).
+enum Image {
+    Cubin(Vec<u8>),
+    Ptx(String),
+}
+
+/// Every kernel file compiled (or read from the cache, compile.rs) on its own thread: NVRTC
+/// programs are independent, and a cold start's time is then the slowest file's, not the sum.
+fn compile_modules(srcs: &[KernelSource], arch: &str, include: Option<&std::path::PathBuf>) -> Result<Vec<Image>> {
+    let cubin = std::env::var("TANDEM_CUDA_CUBIN").map_or(true, |v| v != "0");
+    std::thread::scope(|s| {
+        let jobs: Vec<_> = srcs
+            .iter()
+            .map(|src| {
+                s.spawn(move || -> Result<Image> {
+                    if cubin {
+                        match compile_cubin_cached(src, arch, include) {
+                            Ok(c) => return Ok(Image::Cubin(c)),
+                            Err(e) => tracing::warn!("{}.cu: no cubin for sm_{arch}, loading PTX instead: {e}", src.name),
+                        }
+                    }
+                    compile_ptx_cached(src, arch, include).map(Image::Ptx)
+                })
+            })
+            .collect();
+        jobs.into_iter().map(|j| j.join().unwrap_or_else(|_| Err(err("a kernel compile thread panicked (see stderr)")))).collect()
+    })
+}
+
+fn load_module(ctx: &Arc<CudaContext>, src: &KernelSource, image: Image, funcs: &mut HashMap<String, CudaFunction>) -> Result<()> {
+    // A cubin names no entries we can read cheaply: look up every kernel the backend launches
+    // (those of other files are absent and skipped). PTX lists its own.
+    let (module, names, cubin) = match image {
+        Image::Cubin(c) => (
+            ctx.load_module(cudarc::nvrtc::Ptx::from_binary(c)).map_err(drv(&format!("loading the cubin of {}.cu", src.name)))?,
+            kernel_names().into_iter().filter(|n| !funcs.contains_key(*n)).map(str::to_string).collect::<Vec<_>>(),
+            true,
+        ),
+        Image::Ptx(ptx) => {
+            let names = ptx_entries(&ptx);
+            let m = ctx
+                .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
+                .map_err(drv(&format!("loading the PTX of {}.cu (driver older than the NVRTC that made it?)", src.name)))?;
+            (m, names, false)
+        }
+    };
+    for name in names {
+        match module.load_function(&name) {
+            Ok(f) => {
+                funcs.insert(name, f);
+            }
+            // A cubin's lookup misses the kernels of other files; one missing everywhere fails
+            // Kernels::resolve, by name.
+            Err(_) if cubin => {}
+            Err(e) => return Err(drv(&format!("{}.cu: kernel {name}", src.name))(e)),
+        }
     }
     Ok(())
 }
@@ -1160,11 +1253,11 @@ mod kernel_table_tests {
         let names = kernel_names();
         let unique: std::collections::BTreeSet<_> = names.iter().collect();
         assert_eq!(unique.len(), names.len(), "{names:?}");
-        assert_eq!(names.len(), 40);
+        assert_eq!(names.len(), 48);
         let k = Kernels::<&'static str>::resolve(Ok).unwrap();
         assert_eq!(k.embedding.map(|x| x.f), ["embedding_f32", "embedding_bf16", "embedding_f16"]);
         assert_eq!([Elem::F32, Elem::BF16, Elem::F16].map(|e| k.rms_norm[weight_index(e)].f), ["rms_norm_f32", "rms_norm_bf16", "rms_norm_f16"]);
-        for (m, want) in [(1, "matmul_tc_f16_m16"), (17, "matmul_tc_f16_m64"), (129, "matmul_tc_f16_m128")] {
+        for (m, want) in [(1, "matmul_tc_f16_m16"), (17, "matmul_tc_f16_m64_occ4"), (129, "matmul_tc_f16_m128_occ2")] {
             assert_eq!(k.matmul_tc[weight_index(Elem::F16) - 1][gemm_kernel(m, matmul::GEMM_BN).index].f, want);
         }
         for (m, want) in [(1, "matmul_tc_bf16_m16_n128"), (17, "matmul_tc_bf16_m64_n128"), (129, "matmul_tc_bf16_m64_n128")] {

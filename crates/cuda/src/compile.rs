@@ -1,6 +1,12 @@
-//! NVRTC: one `.cu` (header already pasted in) to PTX text for one virtual architecture,
-//! with an on-disk cache keyed by the source, the architecture, the options and the NVRTC
-//! version (`~/.cache/tandem/ptx`, or `TANDEM_PTX_CACHE`; `TANDEM_PTX_CACHE=off` disables it).
+//! NVRTC: one `.cu` (header already pasted in) to PTX text for one virtual architecture, or
+//! to a cubin for the device's own architecture (NVRTC runs ptxas itself, so the driver has
+//! nothing left to JIT), with an on-disk cache keyed by the source, the architecture, the
+//! options, the output kind and the NVRTC version (`~/.cache/tandem/ptx`, or
+//! `TANDEM_PTX_CACHE`; `TANDEM_PTX_CACHE=off` disables it).
+//!
+//! Why cubins: on the H200 (2026-12-04) a fresh machine's first process spent over 120 s
+//! loading the kernels' PTX, the driver compiling each module for sm_90; a cubin made once,
+//! here or by `cargo xtask gpu-bundle`, loads in milliseconds.
 
 use std::path::PathBuf;
 
@@ -11,8 +17,14 @@ use crate::sources::KernelSource;
 use crate::toolchain::Toolchain;
 
 /// Options every kernel is compiled with. No fast math: the kernels are checked against an
-/// exact f32 reference. `-lineinfo` lets Nsight Compute map stalls to source lines.
-const OPTIONS: &[&str] = &["-std=c++17", "-lineinfo"];
+/// exact f32 reference. `--fmad=false`: no multiply and add contracted into an FMA unless the
+/// source says so (`fmaf`), as the emulator (g++, no contraction) computes them, so a result
+/// the emulator checked bitwise is the GPU's too, up to the mma's own rounding. `-lineinfo`
+/// lets Nsight Compute map stalls to source lines.
+const OPTIONS: &[&str] = &["-std=c++17", "--fmad=false", "-lineinfo"];
+/// A cubin's: no `-lineinfo`, which embeds the whole PTX text (matmul's cubin: 25 MB with it,
+/// too much for the GPU bundle). For source-level profiling run with TANDEM_CUDA_CUBIN=0.
+const CUBIN_OPTIONS: &[&str] = &["-std=c++17", "--fmad=false"];
 
 /// `"90"`, `"sm_90"`, `"compute_90"` -> `"90"`.
 pub fn arch_number(arch: &str) -> Result<String> {
@@ -42,15 +54,21 @@ fn ensure_nvrtc() -> Result<()> {
     }
 }
 
+/// NVRTC's options: `base`, the target (`compute_90` or `sm_90`), the include folder.
+fn nvrtc_options(base: &[&str], target: String, include_dir: Option<&PathBuf>) -> Vec<String> {
+    let mut options: Vec<String> = base.iter().map(|s| s.to_string()).collect();
+    options.push(format!("--gpu-architecture={target}"));
+    if let Some(inc) = include_dir {
+        options.push(format!("--include-path={}", inc.display()));
+    }
+    options
+}
+
 /// Compiles `src` to PTX for `compute_<arch>`.
 pub fn compile_ptx(src: &KernelSource, arch: &str, include_dir: Option<&PathBuf>) -> Result<String> {
     ensure_nvrtc()?;
     let arch = arch_number(arch)?;
-    let mut options: Vec<String> = OPTIONS.iter().map(|s| s.to_string()).collect();
-    options.push(format!("--gpu-architecture=compute_{arch}"));
-    if let Some(inc) = include_dir {
-        options.push(format!("--include-path={}", inc.display()));
-    }
+    let options = nvrtc_options(OPTIONS, format!("compute_{arch}"), include_dir);
     if src.text.contains('\0') {
         return Err(Error::backend("cuda", format!("{}.cu: contains a NUL byte", src.name)));
     }
@@ -68,30 +86,84 @@ pub fn compile_ptx(src: &KernelSource, arch: &str, include_dir: Option<&PathBuf>
     }
 }
 
+/// Compiles `src` to a cubin for `sm_<arch>` (the device's own architecture).
+pub fn compile_cubin(src: &KernelSource, arch: &str, include_dir: Option<&PathBuf>) -> Result<Vec<u8>> {
+    use cudarc::nvrtc::{result, sys};
+    ensure_nvrtc()?;
+    let arch = arch_number(arch)?;
+    let options = nvrtc_options(CUBIN_OPTIONS, format!("sm_{arch}"), include_dir);
+    let fail = |what: &str, e: &dyn std::fmt::Debug| Error::backend("cuda", format!("{}.cu for sm_{arch}: {what}: {e:?}", src.name));
+    let text = std::ffi::CString::new(src.text.as_str()).map_err(|_| Error::backend("cuda", format!("{}.cu: contains a NUL byte", src.name)))?;
+    let name = std::ffi::CString::new(format!("{}.cu", src.name)).map_err(|_| Error::backend("cuda", format!("{}: a NUL byte in the name", src.name)))?;
+    let prog = result::create_program(&text, Some(&name)).map_err(|e| fail("nvrtcCreateProgram", &e))?;
+    /// Destroys the program on every path out.
+    struct Program(sys::nvrtcProgram);
+    impl Drop for Program {
+        fn drop(&mut self) {
+            // SAFETY: created above, destroyed once.
+            let _ = unsafe { result::destroy_program(self.0) };
+        }
+    }
+    let prog = Program(prog);
+    // SAFETY: a live program; options are plain strings.
+    if let Err(e) = unsafe { result::compile_program(prog.0, &options) } {
+        // SAFETY: a live program.
+        let log = unsafe { result::get_program_log(prog.0) }.map(|l| l.iter().map(|&c| c as u8 as char).collect::<String>()).unwrap_or_default();
+        return Err(Error::backend("cuda", format!("{}.cu for sm_{arch} does not compile ({e:?}):\n{}", src.name, log.trim_end_matches('\0'))));
+    }
+    let mut size = 0usize;
+    // SAFETY: out-parameter written by the library.
+    unsafe { sys::nvrtcGetCUBINSize(prog.0, &mut size) }.result().map_err(|e| fail("nvrtcGetCUBINSize", &e))?;
+    let mut cubin = vec![0u8; size];
+    // SAFETY: the buffer holds the `size` bytes the library reported.
+    unsafe { sys::nvrtcGetCUBIN(prog.0, cubin.as_mut_ptr().cast()) }.result().map_err(|e| fail("nvrtcGetCUBIN", &e))?;
+    if cubin.len() < 4 || cubin[..4] != *b"\x7fELF" {
+        return Err(Error::backend("cuda", format!("{}.cu for sm_{arch}: NVRTC returned no cubin ({} bytes)", src.name, cubin.len())));
+    }
+    Ok(cubin)
+}
+
 /// Like [`compile_ptx`], but returns the cached PTX when source, arch, options and NVRTC
 /// version are unchanged. A cache that cannot be read or written is skipped with a warning.
 pub fn compile_ptx_cached(src: &KernelSource, arch: &str, include_dir: Option<&PathBuf>) -> Result<String> {
-    let Some(dir) = cache_dir() else { return compile_ptx(src, arch, include_dir) };
+    let bytes = cached(src, arch, "ptx", |b| String::from_utf8_lossy(b).contains(".entry"), || compile_ptx(src, arch, include_dir).map(String::into_bytes))?;
+    String::from_utf8(bytes).map_err(|_| Error::backend("cuda", format!("{}.cu: cached PTX is not text", src.name)))
+}
+
+/// Like [`compile_cubin`], cached as [`compile_ptx_cached`] is (its own key: `cubin`).
+pub fn compile_cubin_cached(src: &KernelSource, arch: &str, include_dir: Option<&PathBuf>) -> Result<Vec<u8>> {
+    cached(src, arch, "cubin", |b| b.starts_with(b"\x7fELF"), || compile_cubin(src, arch, include_dir))
+}
+
+/// The file `<name>-<arch>-<hash>.<ext>` of the cache: read when `valid`, else made and written.
+fn cached(src: &KernelSource, arch: &str, ext: &str, valid: impl Fn(&[u8]) -> bool, make: impl FnOnce() -> Result<Vec<u8>>) -> Result<Vec<u8>> {
+    let Some(dir) = cache_dir() else { return make() };
     let (maj, min) = nvrtc_version()?;
     let mut h = Sha256::new();
-    for part in [src.text.as_str(), arch_number(arch)?.as_str(), &OPTIONS.join(" "), &format!("nvrtc {maj}.{min}")] {
+    // The PTX key is as it always was (no kind in it), so caches made before cubins stay valid.
+    let kind = if ext == "ptx" { String::new() } else { format!("kind {ext}") };
+    let options = if ext == "ptx" { OPTIONS } else { CUBIN_OPTIONS };
+    for part in [src.text.as_str(), arch_number(arch)?.as_str(), &options.join(" "), &format!("nvrtc {maj}.{min}"), &kind] {
+        if part.is_empty() {
+            continue;
+        }
         h.update(part.as_bytes());
         h.update([0u8]);
     }
     let hash: String = h.finalize().iter().take(12).map(|b| format!("{b:02x}")).collect();
-    let path = dir.join(format!("{}-{}-{hash}.ptx", src.name, arch_number(arch)?));
-    if let Ok(ptx) = std::fs::read_to_string(&path) {
-        if ptx.contains(".entry") {
-            return Ok(ptx);
+    let path = dir.join(format!("{}-{}-{hash}.{ext}", src.name, arch_number(arch)?));
+    if let Ok(bytes) = std::fs::read(&path) {
+        if valid(&bytes) {
+            return Ok(bytes);
         }
     }
-    let ptx = compile_ptx(src, arch, include_dir)?;
+    let bytes = make()?;
     let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    let written = std::fs::create_dir_all(&dir).and_then(|_| std::fs::write(&tmp, &ptx)).and_then(|_| std::fs::rename(&tmp, &path));
+    let written = std::fs::create_dir_all(&dir).and_then(|_| std::fs::write(&tmp, &bytes)).and_then(|_| std::fs::rename(&tmp, &path));
     if let Err(e) = written {
-        tracing::warn!("PTX cache {}: {e}", dir.display());
+        tracing::warn!("kernel cache {}: {e}", dir.display());
     }
-    Ok(ptx)
+    Ok(bytes)
 }
 
 fn cache_dir() -> Option<PathBuf> {

@@ -72,15 +72,104 @@ pub(super) const GEMM_M128: GemmKernel = GemmKernel { rows: 128, cols: 64, threa
 pub(super) const GEMM_M16_N128: GemmKernel = GemmKernel { rows: 16, cols: 128, threads: 256, smem: 4 * (16 + 128) * 40 * 2, index: 3 };
 pub(super) const GEMM_M64_N128: GemmKernel = GemmKernel { rows: 64, cols: 128, threads: 256, smem: 3 * (64 + 128) * 40 * 2, index: 4 };
 
+/// Variants the GPU check times beside the defaults (kernels/matmul.cu, "Variants"): the same
+/// warp-level arithmetic and k order, so the same bits; only speed differs.
+/// Their shared memory adds the slice total (rows x cols floats) to the stages.
+/// m128_n128: 128 x 128 tile, 8 warps of 64 x 32, 4 stages (147456 bytes: opt-in).
+pub(super) const GEMM_M128_N128: GemmKernel = GemmKernel { rows: 128, cols: 128, threads: 256, smem: 4 * (128 + 128) * 40 * 2 + 128 * 128 * 4, index: 5 };
+/// m128_occ2: m128's tile, 4 stages (94208 bytes: opt-in), registers capped for 2 blocks an SM.
+pub(super) const GEMM_M128_OCC2: GemmKernel = GemmKernel { rows: 128, cols: 64, threads: 256, smem: 4 * (128 + 64) * 40 * 2 + 128 * 64 * 4, index: 6 };
+/// m64_occ4: m64's tile, 3 stages (47104 bytes), registers capped for 4 blocks an SM.
+pub(super) const GEMM_M64_OCC4: GemmKernel = GemmKernel { rows: 64, cols: 64, threads: 128, smem: 3 * (64 + 64) * 40 * 2 + 64 * 64 * 4, index: 7 };
+/// m16_s8: m16 with 8 stages (51200 bytes: opt-in), twice the weight bytes in flight.
+pub(super) const GEMM_M16_S8: GemmKernel = GemmKernel { rows: 16, cols: 64, threads: 128, smem: 8 * (16 + 64) * 40 * 2, index: 8 };
+/// Every tile kernel, in [`GemmKernel::index`] order (the `matmul_tc` rows of `Kernels`).
+pub(super) const GEMM_KERNELS: [&GemmKernel; 9] = [&GEMM_M16, &GEMM_M64, &GEMM_M128, &GEMM_M16_N128, &GEMM_M64_N128, &GEMM_M128_N128, &GEMM_M128_OCC2, &GEMM_M64_OCC4, &GEMM_M16_S8];
+/// The name suffix of each tile kernel, in index order (`matmul_tc_<dt>_<suffix>`).
+pub(super) const GEMM_SUFFIXES: [&str; 9] = ["m16", "m64", "m128", "m16_n128", "m64_n128", "m128_n128", "m128_occ2", "m64_occ4", "m16_s8"];
+/// A launch without opting in gets at most this much dynamic shared memory.
+pub(super) const SMEM_DEFAULT_LIMIT: u32 = 48 * 1024;
+
+/// Which tile kernel serves m > 128 rows (`large`), 17..=128 rows (`mid`) and up to 16
+/// (`small`) on 64-wide tiles: the defaults ([`GEMM_DEFAULT_VARIANTS`]), or the variants named
+/// by TANDEM_CUDA_GEMM_LARGE (m128_occ2, m128, m128_n128), TANDEM_CUDA_GEMM_MID (m64_occ4, m64)
+/// and TANDEM_CUDA_GEMM_SMALL (m16, m16_s8), so the kernel lab can time them side by side.
+/// Read once per process; [`check_gemm_variants`] turns a bad name into a load error.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct GemmVariants {
+    pub(super) large: &'static GemmKernel,
+    pub(super) mid: &'static GemmKernel,
+    pub(super) small: &'static GemmKernel,
+}
+impl std::fmt::Debug for GemmKernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(GEMM_SUFFIXES[self.index])
+    }
+}
+impl PartialEq for GemmKernel {
+    fn eq(&self, o: &Self) -> bool {
+        self.index == o.index
+    }
+}
+/// The defaults follow the H200's measurements (docs/gpu-check.md, "Tuning round",
+/// 2026-12-04): m128_occ2 gave prefill 2048 49.0k tok/s against m128's 30.9k and m128_n128's
+/// 47.0k, every GEMM at m >= 256 1.2-1.9x faster; m64_occ4 gave decode at batch 64 9.7k tok/s
+/// against m64's 8.9k; m16_s8 lost to m16 (decode batch 1 327 against 378 tok/s).
+pub(super) const GEMM_DEFAULT_VARIANTS: GemmVariants = GemmVariants { large: &GEMM_M128_OCC2, mid: &GEMM_M64_OCC4, small: &GEMM_M16 };
+
+fn parse_gemm_variants(large: Option<&str>, mid: Option<&str>, small: Option<&str>) -> std::result::Result<GemmVariants, String> {
+    let mut v = GEMM_DEFAULT_VARIANTS;
+    if let Some(l) = large.filter(|s| !s.is_empty()) {
+        v.large = match l {
+            "m128" => &GEMM_M128,
+            "m128_n128" => &GEMM_M128_N128,
+            "m128_occ2" => &GEMM_M128_OCC2,
+            _ => return Err(format!("TANDEM_CUDA_GEMM_LARGE={l}: one of m128_occ2 (the default), m128, m128_n128")),
+        };
+    }
+    if let Some(m) = mid.filter(|s| !s.is_empty()) {
+        v.mid = match m {
+            "m64" => &GEMM_M64,
+            "m64_occ4" => &GEMM_M64_OCC4,
+            _ => return Err(format!("TANDEM_CUDA_GEMM_MID={m}: one of m64_occ4 (the default), m64")),
+        };
+    }
+    if let Some(m) = small.filter(|s| !s.is_empty()) {
+        v.small = match m {
+            "m16" => &GEMM_M16,
+            "m16_s8" => &GEMM_M16_S8,
+            _ => return Err(format!("TANDEM_CUDA_GEMM_SMALL={m}: one of m16 (the default), m16_s8")),
+        };
+    }
+    Ok(v)
+}
+
+static GEMM_VARIANTS: std::sync::OnceLock<std::result::Result<GemmVariants, String>> = std::sync::OnceLock::new();
+fn gemm_variants() -> &'static std::result::Result<GemmVariants, String> {
+    GEMM_VARIANTS.get_or_init(|| {
+        let var = |n: &str| std::env::var(n).ok();
+        parse_gemm_variants(var("TANDEM_CUDA_GEMM_LARGE").as_deref(), var("TANDEM_CUDA_GEMM_MID").as_deref(), var("TANDEM_CUDA_GEMM_SMALL").as_deref())
+    })
+}
+/// The variants in use, or the error naming a bad TANDEM_CUDA_GEMM_* value (checked at load).
+pub(super) fn check_gemm_variants() -> Result<GemmVariants> {
+    gemm_variants().clone().map_err(err)
+}
+
 /// Tile shapes may follow m, and the tile's width (`cols`: GEMM_BN, or GEMM_BN_WIDE for the
 /// rope epilogue at head_dim 128); the reduction order does not.
 pub(super) fn gemm_kernel(m: usize, cols: usize) -> &'static GemmKernel {
+    gemm_kernel_of(m, cols, gemm_variants().as_ref().unwrap_or(&GEMM_DEFAULT_VARIANTS))
+}
+pub(super) fn gemm_kernel_of(m: usize, cols: usize, v: &GemmVariants) -> &'static GemmKernel {
     match (cols == GEMM_BN_WIDE, m) {
-        (false, 0..=16) => &GEMM_M16,
-        (false, 17..=SPLIT_MAX_ROWS) => &GEMM_M64,
-        (false, _) => &GEMM_M128,
+        (false, 0..=16) => v.small,
+        (false, 17..=SPLIT_MAX_ROWS) => v.mid,
+        (false, _) => v.large,
         (true, 0..=16) => &GEMM_M16_N128,
-        (true, _) => &GEMM_M64_N128,
+        // m128_n128 is 128 wide: where it is the large kernel, it serves the rope epilogue too.
+        (true, 17..=SPLIT_MAX_ROWS) => &GEMM_M64_N128,
+        (true, _) => if v.large.cols == GEMM_BN_WIDE { v.large } else { &GEMM_M64_N128 },
     }
 }
 
@@ -546,6 +635,21 @@ mod matmul_tests {
         assert_eq!(gemm_kernel(17, GEMM_BN).rows, 64);
         assert_eq!(gemm_kernel(128, GEMM_BN).rows, 64);
         assert_eq!(gemm_kernel(129, GEMM_BN).rows, 128);
+        let d = GEMM_DEFAULT_VARIANTS;
+        assert_eq!((gemm_kernel_of(16, GEMM_BN, &d), gemm_kernel_of(17, GEMM_BN, &d), gemm_kernel_of(129, GEMM_BN, &d)), (&GEMM_M16, &GEMM_M64_OCC4, &GEMM_M128_OCC2));
+        let v = parse_gemm_variants(Some("m128_n128"), Some("m64_occ4"), None).unwrap();
+        assert_eq!((gemm_kernel_of(129, GEMM_BN, &v), gemm_kernel_of(2048, GEMM_BN_WIDE, &v)), (&GEMM_M128_N128, &GEMM_M128_N128));
+        assert_eq!((gemm_kernel_of(17, GEMM_BN, &v), gemm_kernel_of(128, GEMM_BN_WIDE, &v), gemm_kernel_of(16, GEMM_BN, &v)), (&GEMM_M64_OCC4, &GEMM_M64_N128, &GEMM_M16));
+        let v = parse_gemm_variants(Some("m128"), Some("m64"), Some("m16_s8")).unwrap();
+        assert_eq!((gemm_kernel_of(129, GEMM_BN, &v), gemm_kernel_of(129, GEMM_BN_WIDE, &v), gemm_kernel_of(64, GEMM_BN, &v)), (&GEMM_M128, &GEMM_M64_N128, &GEMM_M64));
+        assert_eq!((gemm_kernel_of(16, GEMM_BN, &v), gemm_kernel_of(16, GEMM_BN_WIDE, &v)), (&GEMM_M16_S8, &GEMM_M16_N128));
+        assert!(parse_gemm_variants(Some("m256"), None, None).unwrap_err().contains("TANDEM_CUDA_GEMM_LARGE=m256"));
+        assert!(parse_gemm_variants(None, Some("x"), None).unwrap_err().contains("TANDEM_CUDA_GEMM_MID=x"));
+        assert!(parse_gemm_variants(None, None, Some("m8")).unwrap_err().contains("TANDEM_CUDA_GEMM_SMALL=m8"));
+        assert_eq!(parse_gemm_variants(Some(""), None, None).unwrap(), GEMM_DEFAULT_VARIANTS);
+        for (i, g) in GEMM_KERNELS.iter().enumerate() {
+            assert_eq!(g.index, i);
+        }
         for (m, rows) in [(1, 16), (16, 16), (17, 64), (128, 64), (129, 64), (2048, 64)] {
             let g = gemm_kernel(m, GEMM_BN_WIDE);
             assert_eq!((g.rows, g.cols), (rows, GEMM_BN_WIDE), "m {m}");

@@ -34,7 +34,7 @@ use crate::metrics::{RequestMetrics, Stats};
 use crate::sampler::{apply_penalties, has_edits, logprobs, needs_host, penalty_edits, sample, spec, SampleSpec, TokenLogprobs};
 use tandem_core::sampling::LogitEdit;
 use crate::sampling_params::SamplingParams;
-use crate::scheduler::{BatchMode, Policy, Scheduler, SchedulerConfig, SchedulerOutput};
+use crate::scheduler::{BatchMode, LongPrefill, Policy, PrefillLimits, Scheduler, SchedulerConfig, SchedulerOutput};
 use crate::constraint::{apply_mask, mask_words};
 use tandem_core::sampling::RowMasks;
 use crate::sequence::{FinishReason, GuideState, IdMap, RequestId, SeqId, Sequence};
@@ -61,6 +61,14 @@ pub struct EngineConfig {
     /// here, so a library caller's `step()` emits the tokens of the step it ran; the server
     /// turns it on (`--async-scheduling`, its default).
     pub async_scheduling: bool,
+    /// vLLM's `--long-prefill-token-threshold`. None: Tandem's default (a prefill chunk takes at
+    /// most half the budget while someone waits: `LongPrefill::HalfWhileWaiting`), or, where
+    /// `max_num_partial_prefills` > 1, 4% of max_model_len as vLLM sets it; Some(0): none.
+    pub long_prefill_token_threshold: Option<usize>,
+    /// vLLM's `--max-num-partial-prefills` (0: no limit).
+    pub max_num_partial_prefills: usize,
+    /// vLLM's `--max-long-partial-prefills` (0: no limit); at most `max_num_partial_prefills`.
+    pub max_long_partial_prefills: usize,
 }
 
 impl Default for EngineConfig {
@@ -76,8 +84,28 @@ impl Default for EngineConfig {
             seed: 0,
             max_model_len: None,
             async_scheduling: false,
+            long_prefill_token_threshold: None,
+            max_num_partial_prefills: 0,
+            max_long_partial_prefills: 0,
         }
     }
+}
+
+/// The scheduler's [`PrefillLimits`] from the engine's settings (vLLM's rules: the long limit
+/// at most the partial one; a threshold of 4% of max_model_len by default where more than one
+/// partial prefill may run).
+fn prefill_limits(cfg: &EngineConfig, max_model_len: usize) -> Result<PrefillLimits, EngineError> {
+    let (n, l) = (cfg.max_num_partial_prefills, cfg.max_long_partial_prefills);
+    if l > 0 && n > 0 && l > n {
+        return Err(EngineError::Config(format!("max_long_partial_prefills ({l}) must be <= max_num_partial_prefills ({n})")));
+    }
+    let long = match cfg.long_prefill_token_threshold {
+        Some(0) => LongPrefill::Off,
+        Some(t) => LongPrefill::Threshold(t),
+        None if n > 1 => LongPrefill::Threshold((max_model_len * 4 / 100).max(1)),
+        None => PrefillLimits::tandem().long,
+    };
+    Ok(PrefillLimits { long, max_num_partial_prefills: n, max_long_partial_prefills: l })
 }
 
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -384,6 +412,8 @@ impl Engine {
             static_mode: matches!(cfg.mode, BatchMode::Static { .. }),
             max_pending: cfg.max_pending_requests,
         };
+        let prefill = prefill_limits(&cfg, max_model_len)?;
+        tracing::info!(?prefill, max_num_batched_tokens, "prefill scheduling");
         let scheduler = Scheduler::new(SchedulerConfig {
             max_num_batched_tokens,
             max_num_seqs,
@@ -394,6 +424,7 @@ impl Engine {
             enable_prefix_caching: cfg.enable_prefix_caching,
             resume_protect_steps: cfg.resume_protect_steps,
             prompt_logit_rows,
+            prefill,
         });
         let (eos, vocab) = (model.eos_token_ids.clone(), model.vocab_size);
         let runner = Arc::new(Mutex::new(runner));

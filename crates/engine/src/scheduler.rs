@@ -58,6 +58,55 @@ pub struct SchedulerConfig {
     /// Logit rows one step may use beyond one per sequence (the runner's `max_logit_rows` less
     /// `max_num_seqs`): the chunks of sequences that score their prompt take them.
     pub prompt_logit_rows: usize,
+    /// How long prompts share a step with newcomers.
+    pub prefill: PrefillLimits,
+}
+
+/// How prefills share a step: vLLM's `--long-prefill-token-threshold`,
+/// `--max-num-partial-prefills` and `--max-long-partial-prefills`, with vLLM's meaning, and
+/// Tandem's default that keeps a newcomer's first token within a step of its admission while a
+/// long prompt prefills. Without any of it one step's whole budget goes to the running prefill
+/// first (a 2-token request waited 67.8 s behind a 2,048-token prompt on a CPU: issue 29).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LongPrefill {
+    /// No threshold: a prefill chunk takes whatever budget is left (vLLM's default).
+    Off,
+    /// vLLM's threshold: no prefill chunk is longer than this, and a prompt longer than this is
+    /// long (for `max_long_partial_prefills`).
+    Threshold(usize),
+    /// Tandem's default: while a sequence waits to be admitted, a running prefill's chunk takes
+    /// at most half the step's budget, so the other half admits the newcomer; a prefill alone
+    /// takes the whole budget (no throughput lost when nobody waits). No prompt counts as long.
+    HalfWhileWaiting,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PrefillLimits {
+    pub long: LongPrefill,
+    /// At most this many sequences with part of their prompt still to compute; a newcomer that
+    /// would be one more waits (0: no limit).
+    pub max_num_partial_prefills: usize,
+    /// Of those, at most this many long ones; a long newcomer beyond it lets the shorter prompts
+    /// behind it go first (0: no limit).
+    pub max_long_partial_prefills: usize,
+}
+
+impl PrefillLimits {
+    /// No limit at all: the scheduler as it was before these flags (the default of a bare
+    /// `SchedulerConfig`; the engine's default is [`PrefillLimits::tandem`]).
+    pub const OFF: PrefillLimits = PrefillLimits { long: LongPrefill::Off, max_num_partial_prefills: 0, max_long_partial_prefills: 0 };
+
+    /// What `tandem serve` and the library use unless told otherwise.
+    pub fn tandem() -> PrefillLimits {
+        PrefillLimits { long: LongPrefill::HalfWhileWaiting, ..PrefillLimits::OFF }
+    }
+
+    fn threshold(&self) -> Option<usize> {
+        match self.long {
+            LongPrefill::Threshold(t) if t > 0 => Some(t),
+            _ => None,
+        }
+    }
 }
 
 impl Default for SchedulerConfig {
@@ -72,6 +121,7 @@ impl Default for SchedulerConfig {
             enable_prefix_caching: true,
             resume_protect_steps: 8,
             prompt_logit_rows: 0,
+            prefill: PrefillLimits::OFF,
         }
     }
 }
@@ -321,16 +371,41 @@ impl Scheduler {
         budget.min(1 + self.cfg.prompt_logit_rows - out.extra_logit_rows)
     }
 
+    /// Most tokens one prefill chunk may take this step (PrefillLimits): `waiting_behind`
+    /// sequences wait to be admitted after it.
+    fn prefill_cap(&self, waiting_behind: bool) -> usize {
+        match self.cfg.prefill.long {
+            LongPrefill::Off => usize::MAX,
+            LongPrefill::Threshold(0) => usize::MAX,
+            LongPrefill::Threshold(t) => t,
+            LongPrefill::HalfWhileWaiting if waiting_behind => (self.cfg.max_num_batched_tokens / 2).max(1),
+            LongPrefill::HalfWhileWaiting => usize::MAX,
+        }
+    }
+
+    /// Whether `seq`'s prompt is long (longer than the threshold, where one is set).
+    fn is_long(&self, seq: &Sequence) -> bool {
+        self.cfg.prefill.threshold().is_some_and(|t| seq.num_prompt_tokens > t)
+    }
+
+    /// Running sequences with part of their prompt still to compute, and how many are long.
+    fn partial_prefills(&self) -> (usize, usize) {
+        let partial = self.running.iter().map(|id| &self.seqs[id]).filter(|q| q.num_computed_tokens < q.num_prompt_tokens);
+        partial.fold((0, 0), |(n, l), q| (n + 1, l + usize::from(self.is_long(q))))
+    }
+
     /// One pass over the running sequences: decodes (one token left) or prefill chunks.
     fn schedule_running(&mut self, out: &mut SchedulerOutput, decodes: bool) {
         let ids = self.running.clone();
+        let prefill_cap = self.prefill_cap(!self.waiting.is_empty());
         for id in ids {
             let Some(seq) = self.seqs.get(&id) else { continue };
             let left = seq.num_uncomputed();
             if seq.status != SeqStatus::Running || seq.scheduled_at_step == self.step || left == 0 || (left == 1) != decodes {
                 continue;
             }
-            let n = left.min(self.chunk_cap(seq, out));
+            let cap = if decodes { usize::MAX } else { prefill_cap };
+            let n = left.min(self.chunk_cap(seq, out)).min(cap);
             if n == 0 || out.seqs.len() >= self.cfg.max_num_seqs {
                 return;
             }
@@ -403,21 +478,43 @@ impl Scheduler {
     }
 
     /// Admits waiting sequences in order while blocks, budget and the sequence cap allow
-    /// (head-of-line: the first that does not fit stops admission, so nobody jumps the queue).
+    /// (head-of-line: the first that does not fit stops admission, so nobody jumps the queue;
+    /// the one exception is vLLM's: a long prompt held back by `max_long_partial_prefills` lets
+    /// the prompts behind it go first).
     fn schedule_waiting(&mut self, out: &mut SchedulerOutput, now: Instant) {
         let (max_seqs, static_mode) = match self.cfg.mode {
             BatchMode::Continuous => (self.cfg.max_num_seqs, false),
             BatchMode::Static { batch_size, .. } => (batch_size.min(self.cfg.max_num_seqs), true),
         };
         let (mut reserved, free_at_start) = (0, self.bm.num_free());
+        let (mut partial, mut long_partial) = self.partial_prefills();
+        let limits = self.cfg.prefill;
+        let mut queue: Vec<((i32, u64), SeqId)> = self.waiting.iter().map(|(k, v)| (*k, *v)).collect();
+        queue.reverse(); // popped from the back: in order
         while self.running.len() < max_seqs && out.seqs.len() < self.cfg.max_num_seqs {
-            let Some((&key, &id)) = self.waiting.first_key_value() else { break };
-            let cap = self.chunk_cap(&self.seqs[&id], out);
+            let Some((key, id)) = queue.pop() else { break };
+            // A newcomer's own chunk is cut only by a threshold: the half-budget default holds
+            // back running prefills for newcomers, not newcomers for each other (two long
+            // prompts admitted half each could both outgrow the pool and preempt).
+            let prefill_cap = self.prefill_cap(false);
+            let long = self.is_long(&self.seqs[&id]);
+            let cap = self.chunk_cap(&self.seqs[&id], out).min(prefill_cap);
             let seq = self.seqs.get_mut(&id).expect("waiting sequence exists");
             // Prompt scoring needs the logits of every position: nothing may come from the cache.
             let hits = if seq.wants_prompt_logits() { Vec::new() } else { self.bm.find_cached_prefix(&seq.tokens) };
             let cached = hits.len() * self.cfg.block_size;
             let n = (seq.num_tokens() - cached).min(cap);
+            // A prompt this step leaves unfinished is one more partial prefill.
+            if !static_mode && cached + n < seq.num_prompt_tokens {
+                if long && limits.max_long_partial_prefills > 0 && long_partial >= limits.max_long_partial_prefills {
+                    continue;
+                }
+                if limits.max_num_partial_prefills > 0 && partial >= limits.max_num_partial_prefills {
+                    break;
+                }
+                partial += 1;
+                long_partial += usize::from(long);
+            }
             if static_mode {
                 // Reserve the whole sequence so that the batch can never preempt itself.
                 let copies = if seq.forked { 1 } else { seq.params.n };

@@ -60,7 +60,7 @@ impl EmitEngine {
                     o.left -= 1;
                     let finish = (o.left == 0).then_some(FinishReason::Length);
                     o.stamps.push(Instant::now());
-                    let d = CompletionDelta { index: 0, text: format!(" r{}", o.id), token_ids: vec![7], logprobs: vec![], prompt_logprobs: None, finish };
+                    let d = CompletionDelta { index: 0, text: format!(" r{}", o.id), token_ids: vec![7], logprobs: vec![], prompt_logprobs: None, finish, stop_string: None };
                     let _ = o.tx.send(EngineUpdate { deltas: vec![d], queue_time: Some(Duration::ZERO) });
                 }
                 let (done, still): (Vec<Open>, Vec<Open>) = open.drain(..).partition(|o| o.left == 0);

@@ -3,7 +3,9 @@
 //!
 //! Run: `cargo run -p tandem-server --example fake_server -- [addr] [ms per step]`, e.g.
 //! `cargo run -p tandem-server --example fake_server -- 127.0.0.1:8123 2`. Stops on Ctrl-C or
-//! SIGTERM (gracefully). `RUST_LOG=info` shows one line per request.
+//! SIGTERM (gracefully). `RUST_LOG=info` shows one line per request. The context is 512 tokens;
+//! `TANDEM_FAKE_MAX_MODEL_LEN=131072` gives room for an agent's prompt (Claude Code sends
+//! tens of thousands of tokens of system prompt and tools).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -53,7 +55,8 @@ async fn main() -> std::io::Result<()> {
     tandem_server::test_support::write_tiny_tokenizer(&dir, VOCAB)?;
     let tok = Arc::new(Tokenizer::from_dir(&dir).expect("the tiny tokenizer loads"));
     // EOS "</s>" (id 2) is a real stop here, so answers end on their own sometimes.
-    let fake = FakeModel::new(fake_config(VOCAB, &[2], 512), 1024, 16, 1024, 128);
+    let max_len: usize = std::env::var("TANDEM_FAKE_MAX_MODEL_LEN").ok().and_then(|v| v.parse().ok()).unwrap_or(512);
+    let fake = FakeModel::new(fake_config(VOCAB, &[2], max_len), (2 * max_len / 16).max(1024), 16, 1024, 128);
     let handle = Engine::spawn(Box::new(Paced(fake, delay)), decode_fn(tok.clone()), EngineConfig::default()).expect("engine starts");
     let config = ServerConfig { addr, max_model_len: handle.max_model_len(), vocab_size: VOCAB, api_key: std::env::var("TANDEM_API_KEY").ok(), shutdown_grace: Duration::from_secs(5), ..Default::default() };
     println!("serving model `fake` on http://{addr}");

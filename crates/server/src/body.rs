@@ -10,8 +10,17 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use hyper::body::{Body, Frame, SizeHint};
 
-use crate::openai::StreamFormatter;
+use crate::engine_client::EngineUpdate;
 use crate::run::Run;
+
+/// One API's event format: what a stream sends before any token, per engine update, and at
+/// the end. OpenAI's chunks ([`crate::openai::StreamFormatter`]) and Anthropic's events
+/// ([`crate::anthropic::MessageStream`]).
+pub trait EventFormat: Send {
+    fn head(&mut self) -> String;
+    fn update(&mut self, out: &mut String, run: &Run, prompt: usize, upd: &EngineUpdate);
+    fn tail(&mut self, out: &mut String, run: &Run);
+}
 
 pub enum ResponseBody {
     Full(Option<Bytes>),
@@ -27,13 +36,13 @@ impl ResponseBody {
 pub struct SseStream {
     /// `None` once the stream has ended (the run is dropped then, which logs the request).
     run: Option<Run>,
-    fmt: StreamFormatter,
+    fmt: Box<dyn EventFormat>,
     /// Events ready before the first engine update (chat's role chunks).
     head: Option<Bytes>,
 }
 
 impl SseStream {
-    pub fn new(run: Run, mut fmt: StreamFormatter) -> Self {
+    pub fn new(run: Run, mut fmt: Box<dyn EventFormat>) -> Self {
         let head = fmt.head();
         SseStream { run: Some(run), fmt, head: (!head.is_empty()).then(|| Bytes::from(head)) }
     }

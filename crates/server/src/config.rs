@@ -7,7 +7,8 @@ use std::time::Duration;
 pub struct ServerConfig {
     /// Port 0 picks a free port; [`crate::Server::local_addr`] tells which.
     pub addr: SocketAddr,
-    /// When set, every endpoint but `/health` needs `Authorization: Bearer <key>`.
+    /// When set, every endpoint but `/health` needs `Authorization: Bearer <key>` (or Anthropic's
+    /// `x-api-key: <key>`).
     pub api_key: Option<String>,
     /// Larger request bodies are answered 413.
     pub max_body_bytes: usize,
@@ -39,6 +40,11 @@ pub struct ServerConfig {
     /// Browser origins answered with CORS headers: empty for none, `"*"` for any, else exact
     /// origins (`https://app.example`). Preflight `OPTIONS` requests are answered for these.
     pub allowed_origins: Vec<String>,
+    /// `--tool-call-parser`: how a `tool_choice: "auto"` answer is read for calls. `None`:
+    /// Hermes `<tool_call>` blocks when the chat template writes them, else plain text.
+    pub tool_call_parser: Option<crate::tool_parser::ToolParser>,
+    /// `--reasoning-parser`: a chat answer's `<think>` block goes to `reasoning_content`.
+    pub reasoning_parser: Option<crate::reasoning::ReasoningParser>,
 }
 
 /// What a request that leaves a field out gets instead of the API's default: vLLM's
@@ -97,6 +103,8 @@ impl Default for ServerConfig {
             body_read_timeout: Duration::from_secs(30),
             request_timeout: None,
             allowed_origins: Vec::new(),
+            tool_call_parser: None,
+            reasoning_parser: None,
         }
     }
 }

@@ -76,8 +76,12 @@ fn to_logprob(l: tandem_engine::sampler::TokenLogprobs) -> TokenLogprob {
 }
 
 fn to_update(o: RequestOutput) -> EngineUpdate {
+    let mut stop_string = None;
     let finish = o.finish_reason.map(|f| match f {
-        tandem_engine::FinishReason::Stop { .. } => FinishReason::Stop,
+        tandem_engine::FinishReason::Stop { stop_string: s, .. } => {
+            stop_string = s;
+            FinishReason::Stop
+        }
         tandem_engine::FinishReason::Length => FinishReason::Length,
         tandem_engine::FinishReason::Abort => FinishReason::Abort,
         tandem_engine::FinishReason::Error(e) => FinishReason::Error(e),
@@ -85,7 +89,7 @@ fn to_update(o: RequestOutput) -> EngineUpdate {
     let logprobs = o.logprobs.into_iter().map(to_logprob).collect();
     let prompt_logprobs = o.prompt_logprobs.map(|v| v.into_iter().map(|l| l.map(to_logprob)).collect());
     EngineUpdate {
-        deltas: vec![CompletionDelta { index: o.index, text: o.text, token_ids: o.token_ids, logprobs, prompt_logprobs, finish }],
+        deltas: vec![CompletionDelta { index: o.index, text: o.text, token_ids: o.token_ids, logprobs, prompt_logprobs, finish, stop_string }],
         queue_time: o.metrics.and_then(|m| m.queue_time),
     }
 }
@@ -247,6 +251,7 @@ mod tests {
         assert_eq!(u.deltas.len(), 1);
         let d = &u.deltas[0];
         assert_eq!((d.index, d.text.as_str(), d.token_ids.as_slice(), d.finish.clone()), (1, " a", &[3u32][..], Some(FinishReason::Stop)));
+        assert_eq!(d.stop_string.as_deref(), Some("b"), "the stop string that ended the text");
         assert_eq!(d.logprobs, vec![TokenLogprob { token: 3, logprob: -0.5, top: vec![(3, -0.5), (4, -1.0)] }]);
     }
 }

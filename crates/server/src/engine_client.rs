@@ -125,6 +125,8 @@ pub struct CompletionDelta {
     pub prompt_logprobs: Option<Vec<Option<TokenLogprob>>>,
     /// Set on the completion's last delta.
     pub finish: Option<FinishReason>,
+    /// With a `Stop` finish: the stop string that ended the text, when one did.
+    pub stop_string: Option<String>,
 }
 
 /// What one engine step produced for one request.

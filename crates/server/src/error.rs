@@ -43,7 +43,7 @@ impl ApiError {
     pub fn unauthorized() -> Self {
         ApiError {
             code: Some("invalid_api_key"),
-            ..Self::new(StatusCode::UNAUTHORIZED, "authentication_error", "missing or wrong API key: send `Authorization: Bearer <key>`")
+            ..Self::new(StatusCode::UNAUTHORIZED, "authentication_error", "missing or wrong API key: send `Authorization: Bearer <key>` or `x-api-key: <key>`")
         }
     }
     pub fn not_found(path: &str) -> Self {

@@ -1,5 +1,6 @@
 //! tandem-server: the HTTP server (hyper 1, HTTP/1.1 on tokio). OpenAI-compatible
 //! `/v1/completions` and `/v1/chat/completions` (whole or streamed as server-sent events),
+//! Anthropic's `/v1/messages` and `/v1/messages/count_tokens`,
 //! `/generate`, `/v1/models`, vLLM's `/tokenize`, `/detokenize` and `/version`, `/health` and
 //! Prometheus `/metrics`.
 //!
@@ -9,6 +10,8 @@
 //! - [`cors`]: CORS headers and preflights, behind `ServerConfig::allowed_origins`.
 //! - [`tokenization`]: `/tokenize` and `/detokenize`.
 //! - [`openai`]: request parsing and the response and chunk formats.
+//! - [`anthropic`]: Anthropic's Messages API (`/v1/messages`, `/v1/messages/count_tokens`),
+//!   read into the chat path's pieces; its event stream and error shape.
 //! - [`params`]: sampling fields, type- and range-checked.
 //! - [`structured`]: structured-output forms and tools to a `GuideSpec`; tool calls read back.
 //! - [`run`]: one request's engine submissions, merged; aborts them when dropped or past the
@@ -41,6 +44,7 @@
 //! Architecture invariant: this is the only crate that knows HTTP and JSON; nothing of either
 //! crosses [`engine_client::EngineClient`].
 
+pub mod anthropic;
 pub mod body;
 pub mod config;
 pub mod cors;
@@ -50,12 +54,14 @@ pub mod error;
 pub mod metrics;
 pub mod openai;
 pub mod params;
+pub mod reasoning;
 pub mod router;
 pub mod run;
 pub mod server;
 pub mod structured;
 pub mod test_support;
 pub mod tokenization;
+pub mod tool_parser;
 
 pub use config::ServerConfig;
 pub use engine_client::EngineClient;

@@ -16,7 +16,9 @@ use crate::error::ApiError;
 use crate::params::{parse_params, Api, Fields, ParsedParams};
 use crate::run::Run;
 use crate::server::AppState;
+use crate::reasoning::{ReasoningParser, ReasoningStream};
 use crate::structured::{self, GuideRequest, ToolCall, ToolChoice};
+use crate::tool_parser::ToolParser;
 
 /// A parsed, tokenized request, ready to submit.
 #[derive(Debug)]
@@ -33,6 +35,8 @@ pub struct Job {
     pub guide: Option<GuideRequest>,
     /// Chat with tools: how the answer's text is read for tool calls.
     pub tool_output: Option<ToolOutput>,
+    /// Chat with `--reasoning-parser`: the answer's thinking is split out of its content.
+    pub reasoning: Option<ReasoningParser>,
 }
 
 /// How a chat answer's text becomes tool calls.
@@ -42,8 +46,9 @@ pub enum ToolOutput {
     Required,
     /// A named function: the text is its arguments.
     Named(String),
-    /// `tool_choice: "auto"` with a template that writes `<tool_call>` blocks.
-    Hermes,
+    /// `tool_choice: "auto"` read by `--tool-call-parser` (without one: Hermes, when the
+    /// template writes `<tool_call>` blocks).
+    Auto(ToolParser),
 }
 
 /// A chat choice's message: content, tool calls, and the finish reason to report.
@@ -59,7 +64,7 @@ pub fn tool_message(out: Option<&ToolOutput>, text: &str, finish: &str) -> (Opti
             None => plain,
         },
         Some(ToolOutput::Required) => plain,
-        Some(ToolOutput::Hermes) => match structured::parse_hermes(text) {
+        Some(ToolOutput::Auto(p)) => match p.parse(text) {
             Some((content, calls)) if !calls.is_empty() => (content, calls, if finish == "stop" { "tool_calls".into() } else { finish.to_string() }),
             _ => plain,
         },
@@ -191,6 +196,17 @@ pub(crate) fn normalize_messages(v: Option<&Value>) -> Result<Vec<Value>, ApiErr
     Ok(out)
 }
 
+/// The prompt's ids of a chat: messages (and tools, and `chat_template_kwargs`) through the
+/// model's chat template.
+pub(crate) fn render_chat(state: &AppState, msgs: &[Value], tools: Option<&structured::Tools>, add_gen: bool, kwargs: Option<&Map<String, Value>>) -> Result<Vec<u32>, ApiError> {
+    let text = state
+        .tokenizer
+        .apply_chat_template_with_kwargs(msgs, tools.map(|t| t.list.as_slice()), add_gen, kwargs)
+        .map_err(|e| ApiError::invalid("messages", format!("cannot apply the chat template: {e}")))?;
+    // The template writes the BOS itself.
+    state.tokenizer.encode(&text, false).map_err(|e| ApiError::invalid("messages", format!("cannot tokenize the rendered chat: {e}")))
+}
+
 impl Job {
     pub fn completions(state: &AppState, body: &[u8]) -> Result<Job, ApiError> {
         let o = parse_json(body)?;
@@ -202,7 +218,7 @@ impl Job {
         let guide = structured::parse_guide(&f)?;
         let prompts = parse_prompts(f.get("prompt"), "prompt", &state.tokenizer, vocab)?;
         let echo_texts = if p.echo { echo_texts(f.get("prompt"), &prompts, &state.tokenizer) } else { Vec::new() };
-        Ok(Job { api: Api::Completions, prompts, p, multi: false, echo_texts, guide, tool_output: None })
+        Ok(Job { api: Api::Completions, prompts, p, multi: false, echo_texts, guide, tool_output: None, reasoning: None })
     }
 
     pub fn chat(state: &AppState, body: &[u8]) -> Result<Job, ApiError> {
@@ -215,10 +231,26 @@ impl Job {
         }
         let vocab = state.config.vocab_size;
         let p = parse_params(&f, Api::Chat, vocab, &state.config.sampling_defaults)?;
-        let mut guide = structured::parse_guide(&f)?;
+        let guide = structured::parse_guide(&f)?;
         let tools = structured::parse_tools(&f)?;
+        let msgs = normalize_messages(f.get("messages"))?;
+        let add_gen = f.bool("add_generation_prompt")?.unwrap_or(true);
+        // vLLM's extra template variables (Qwen3's `enable_thinking`, ...).
+        let kwargs = match f.get("chat_template_kwargs") {
+            None => None,
+            Some(Value::Object(o)) => Some(o),
+            Some(v) => return Err(ApiError::invalid("chat_template_kwargs", format!("`chat_template_kwargs` must be an object, got {}", crate::params::type_name(v)))),
+        };
+        Job::chat_from(state, p, guide, tools.as_ref(), &msgs, add_gen, kwargs)
+    }
+
+    /// A chat job from messages already in the template's shape (string contents, calls'
+    /// arguments as mappings), its tools and structured-output form: what chat completions and
+    /// the Anthropic Messages API share. A forced tool choice becomes the constraint, and says
+    /// how the answer's text is read for calls.
+    pub(crate) fn chat_from(state: &AppState, p: ParsedParams, mut guide: Option<GuideRequest>, tools: Option<&structured::Tools>, msgs: &[Value], add_gen: bool, kwargs: Option<&Map<String, Value>>) -> Result<Job, ApiError> {
         let mut tool_output = None;
-        if let Some(t) = &tools {
+        if let Some(t) = tools {
             if let Some(g) = t.guide() {
                 if let Some(other) = &guide {
                     let choice = match &t.choice {
@@ -233,19 +265,21 @@ impl Job {
             tool_output = match &t.choice {
                 ToolChoice::Required => Some(ToolOutput::Required),
                 ToolChoice::Named(n) => Some(ToolOutput::Named(n.clone())),
-                ToolChoice::Auto if markup => Some(ToolOutput::Hermes),
-                ToolChoice::Auto | ToolChoice::None => None,
+                ToolChoice::Auto => match state.config.tool_call_parser {
+                    Some(p) => Some(ToolOutput::Auto(p)),
+                    None if markup => Some(ToolOutput::Auto(ToolParser::Hermes)),
+                    None => None,
+                },
+                ToolChoice::None => None,
             };
         }
-        let msgs = normalize_messages(f.get("messages"))?;
-        let add_gen = f.bool("add_generation_prompt")?.unwrap_or(true);
-        let text = state
-            .tokenizer
-            .apply_chat_template_with_tools(&msgs, tools.as_ref().map(|t| t.list.as_slice()), add_gen)
-            .map_err(|e| ApiError::invalid("messages", format!("cannot apply the chat template: {e}")))?;
-        // The template writes the BOS itself.
-        let ids = state.tokenizer.encode(&text, false).map_err(|e| ApiError::invalid("messages", format!("cannot tokenize the rendered chat: {e}")))?;
-        Ok(Job { api: Api::Chat, prompts: vec![check_ids(ids, vocab, "messages")?], p, multi: false, echo_texts: Vec::new(), guide, tool_output })
+        let ids = render_chat(state, msgs, tools, add_gen, kwargs)?;
+        // A forced call's text is the constrained JSON from its first token: nothing to split.
+        let reasoning = state.config.reasoning_parser.filter(|_| guide.is_none()).map(|r| {
+            let tail = state.tokenizer.decode(&ids[ids.len().saturating_sub(8)..], false).unwrap_or_default();
+            r.for_prompt(&tail)
+        });
+        Ok(Job { api: Api::Chat, prompts: vec![check_ids(ids, state.config.vocab_size, "messages")?], p, multi: false, echo_texts: Vec::new(), guide, tool_output, reasoning })
     }
 
     pub fn generate(state: &AppState, body: &[u8]) -> Result<Job, ApiError> {
@@ -270,7 +304,7 @@ impl Job {
             (None, Some(_)) => return Err(ApiError::invalid("prompts", "`prompts` must be a list of strings or of token-id lists")),
             (None, None) => return Err(ApiError::invalid("prompt", "`prompt` (or `prompts`) is required")),
         };
-        Ok(Job { api: Api::Generate, prompts, p, multi, echo_texts: Vec::new(), guide, tool_output: None })
+        Ok(Job { api: Api::Generate, prompts, p, multi, echo_texts: Vec::new(), guide, tool_output: None, reasoning: None })
     }
 
     /// Compiles the structured-output form into the engine's constraint: a 400 naming its
@@ -460,6 +494,8 @@ pub struct ChoiceAcc {
     /// Its prompt's logprobs (shared by the prompt's completions).
     pub prompt_logprobs: Option<Vec<Option<TokenLogprob>>>,
     pub finish: Option<FinishReason>,
+    /// The stop string that ended the text, when one did.
+    pub stop_string: Option<String>,
 }
 
 /// Waits for the whole run and gathers each choice's text. Engine failures become 500, a
@@ -478,6 +514,7 @@ pub async fn collect(run: &mut Run) -> Result<Vec<ChoiceAcc>, ApiError> {
             c.logprobs.extend(d.logprobs);
             if d.finish.is_some() {
                 c.finish = d.finish;
+                c.stop_string = d.stop_string;
             }
         }
     }
@@ -529,8 +566,18 @@ pub fn response(job: &Job, meta: &ResponseMeta, run: &Run, choices: Vec<ChoiceAc
                 .enumerate()
                 .map(|(i, c)| {
                     let lp = if want_lp { json!({"content": chat_logprob_entries(tok, &c.logprobs)}) } else { Value::Null };
-                    let (content, calls, finish) = tool_message(job.tool_output.as_ref(), &c.text, finish(c));
+                    let (reasoning, text) = match job.reasoning {
+                        Some(r) => r.split(&c.text),
+                        None => (None, c.text.clone()),
+                    };
+                    let (content, calls, finish) = tool_message(job.tool_output.as_ref(), &text, finish(c));
+                    // vLLM: an answer that was all thinking has null content.
+                    let content = content.filter(|c| !(job.reasoning.is_some() && c.is_empty()));
                     let mut message = json!({"role": "assistant", "content": content});
+                    if job.reasoning.is_some() {
+                        message["reasoning_content"] = json!(reasoning);
+                        message["reasoning"] = json!(reasoning);
+                    }
                     if !calls.is_empty() {
                         message["tool_calls"] = calls.iter().map(|t| structured::tool_call_json(t, &structured::tool_call_id(), None)).collect();
                     }
@@ -572,10 +619,35 @@ pub struct StreamFormatter {
     /// Per prompt, its logprobs once completion 0 brought them.
     prompt_lps: Vec<Option<Vec<Option<TokenLogprob>>>>,
     explicit_prompt_lps: bool,
-    /// Chat with tool calls to read: each choice's text and logprobs are held and sent whole
-    /// in its last chunk, as `tool_calls` (or content, when the text holds no call).
+    /// Chat with tool calls or reasoning to read: per choice, what of its text was sent (see
+    /// [`ReadChoice`]).
     tool_output: Option<ToolOutput>,
-    held: Vec<(String, Vec<TokenLogprob>)>,
+    read: Vec<ReadChoice>,
+}
+
+/// A streamed chat choice whose text is read as it comes: reasoning is sent as
+/// `reasoning_content` as soon as it is certain; content as far as the tool parser says it is
+/// certainly not a call (all of it without tools, none for a forced call); at the end the rest
+/// is calls or, when it holds none, content. Logprobs of a choice with tools come in its last
+/// chunk.
+#[derive(Debug, Clone, Default)]
+struct ReadChoice {
+    reasoning: Option<ReasoningStream>,
+    content: String,
+    sent: usize,
+    lps: Vec<TokenLogprob>,
+}
+
+impl crate::body::EventFormat for StreamFormatter {
+    fn head(&mut self) -> String {
+        StreamFormatter::head(self)
+    }
+    fn update(&mut self, out: &mut String, run: &Run, prompt: usize, upd: &EngineUpdate) {
+        StreamFormatter::update(self, out, run, prompt, upd)
+    }
+    fn tail(&mut self, out: &mut String, run: &Run) {
+        StreamFormatter::tail(self, out, run)
+    }
 }
 
 fn push_event(out: &mut String, v: &Value) {
@@ -613,7 +685,11 @@ impl StreamFormatter {
             prompt_lps: vec![None; job.prompts.len()],
             explicit_prompt_lps: job.p.explicit_prompt_logprobs,
             tool_output: job.tool_output.clone(),
-            held: if job.tool_output.is_some() { vec![Default::default(); num_choices] } else { Vec::new() },
+            read: if job.api == Api::Chat && (job.tool_output.is_some() || job.reasoning.is_some()) {
+                vec![ReadChoice { reasoning: job.reasoning.map(ReasoningStream::new), ..Default::default() }; num_choices]
+            } else {
+                Vec::new()
+            },
         }
     }
 
@@ -659,21 +735,14 @@ impl StreamFormatter {
             if let Some(pl) = &d.prompt_logprobs {
                 self.prompt_lps[prompt] = Some(pl.clone());
             }
-            if self.tool_output.is_some() && self.api == Api::Chat {
-                let held = &mut self.held[index];
-                held.0.push_str(&d.text);
-                held.1.extend(d.logprobs.iter().cloned());
-                let Some(f) = &d.finish else { continue };
-                let (text, lps) = std::mem::take(held);
+            if !self.read.is_empty() {
+                let Some(v) = self.read_chunk(index, d, prompt) else { continue };
                 if opened {
                     out.push(',');
                 } else {
                     out.push_str(&self.envelope);
                     opened = true;
                 }
-                let first = !self.echoed[index];
-                self.echoed[index] = true;
-                let v = self.tool_choice_chunk(index, &text, &lps, f.as_str(), first.then(|| self.prompt_lps[prompt].as_deref()).flatten());
                 let _ = write!(out, "{v}");
                 continue;
             }
@@ -742,25 +811,63 @@ impl StreamFormatter {
         }
     }
 
-    /// A held chat choice, whole: its content or tool calls (each call in one delta with its
-    /// `index`, `id`, `type` and whole `function`), logprobs, and finish reason.
-    fn tool_choice_chunk(&self, index: usize, text: &str, lps: &[TokenLogprob], finish: &str, prompt_lps: Option<&[Option<TokenLogprob>]>) -> Value {
-        let (content, calls, finish) = tool_message(self.tool_output.as_ref(), text, finish);
+    /// The next chunk of a chat choice read as it streams ([`ReadChoice`]); None when there
+    /// is nothing to say yet.
+    fn read_chunk(&mut self, index: usize, d: &crate::engine_client::CompletionDelta, prompt: usize) -> Option<Value> {
+        let done = d.finish.is_some();
+        let rc = &mut self.read[index];
+        let (reasoning, piece) = match &mut rc.reasoning {
+            Some(st) => st.push(&d.text, done),
+            None => (String::new(), d.text.clone()),
+        };
+        rc.content.push_str(&piece);
+        let end = match &self.tool_output {
+            None => rc.content.len(),
+            Some(ToolOutput::Auto(p)) => p.content_len(&rc.content).max(rc.sent),
+            Some(_) => rc.sent,
+        };
+        let mut content = rc.content[rc.sent..end].to_string();
+        rc.sent = end;
+        let lps = if self.tool_output.is_some() {
+            rc.lps.extend(d.logprobs.iter().cloned());
+            if done { std::mem::take(&mut rc.lps) } else { Vec::new() }
+        } else {
+            d.logprobs.clone()
+        };
         let mut delta = Map::new();
-        if let Some(c) = content.filter(|c| !c.is_empty()) {
-            delta.insert("content".into(), json!(c));
+        if !reasoning.is_empty() {
+            delta.insert("reasoning_content".into(), json!(reasoning));
+            delta.insert("reasoning".into(), json!(reasoning));
+        }
+        let mut finish = None;
+        let mut calls = Vec::new();
+        if let Some(f) = &d.finish {
+            let text = std::mem::take(&mut rc.content);
+            let (_, c, fin) = tool_message(self.tool_output.as_ref(), &text, f.as_str());
+            if c.is_empty() {
+                content.push_str(&text[rc.sent..]);
+            }
+            calls = c;
+            finish = Some(fin);
+        }
+        if !content.is_empty() {
+            delta.insert("content".into(), json!(content));
         }
         if !calls.is_empty() {
             delta.insert("tool_calls".into(), calls.iter().enumerate().map(|(k, t)| structured::tool_call_json(t, &structured::tool_call_id(), Some(k))).collect());
         }
-        let lp = if self.want_logprobs { json!({"content": chat_logprob_entries(&self.tok, lps)}) } else { Value::Null };
-        let mut v = json!({"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish});
-        if self.explicit_prompt_lps {
-            if let Some(pl) = prompt_lps {
-                v["prompt_logprobs"] = vllm_prompt_logprobs(&self.tok, pl);
-            }
+        let has_lp = self.want_logprobs && !lps.is_empty();
+        if delta.is_empty() && finish.is_none() && !has_lp {
+            return None;
         }
-        v
+        let first = !self.echoed[index];
+        self.echoed[index] = true;
+        let lp = if self.want_logprobs { json!({"content": chat_logprob_entries(&self.tok, &lps)}) } else { Value::Null };
+        let mut v = json!({"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish});
+        if first && self.explicit_prompt_lps {
+            v["prompt_logprobs"] = self.prompt_lps[prompt].as_deref().map_or(Value::Null, |l| vllm_prompt_logprobs(&self.tok, l));
+        }
+        Some(v)
     }
 
     pub fn tail(&mut self, out: &mut String, run: &Run) {

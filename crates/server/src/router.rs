@@ -16,7 +16,7 @@ use hyper::header::{HeaderName, HeaderValue, ALLOW, AUTHORIZATION, CACHE_CONTROL
 use hyper::{Method, Request, Response, StatusCode};
 use serde_json::json;
 
-use crate::body::{ResponseBody, SseStream};
+use crate::body::{EventFormat, ResponseBody, SseStream};
 use crate::error::ApiError;
 use crate::openai::{collect, response, Job, ResponseMeta, StreamFormatter};
 use crate::params::Api;
@@ -24,11 +24,13 @@ use crate::run::Run;
 use crate::server::AppState;
 
 const JSON: &str = "application/json";
-const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+pub(crate) const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
+const ANTHROPIC_VERSION: HeaderName = HeaderName::from_static("anthropic-version");
 /// Bodies larger than this are parsed and tokenized on the blocking pool.
 const BLOCKING_PARSE_BYTES: usize = 16 << 10;
 
-fn json_response(status: StatusCode, v: &serde_json::Value) -> Response<ResponseBody> {
+pub(crate) fn json_response(status: StatusCode, v: &serde_json::Value) -> Response<ResponseBody> {
     let mut r = Response::new(ResponseBody::full(v.to_string()));
     *r.status_mut() = status;
     r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(JSON));
@@ -36,7 +38,12 @@ fn json_response(status: StatusCode, v: &serde_json::Value) -> Response<Response
 }
 
 fn error_response(e: &ApiError) -> Response<ResponseBody> {
-    let mut r = json_response(e.status, &e.body());
+    error_response_with(e, &e.body())
+}
+
+/// An error's response with `body` in some API's error shape (OpenAI's, Anthropic's).
+pub(crate) fn error_response_with(e: &ApiError, body: &serde_json::Value) -> Response<ResponseBody> {
+    let mut r = json_response(e.status, body);
     if let Some(s) = e.retry_after {
         r.headers_mut().insert(RETRY_AFTER, HeaderValue::from(s));
     }
@@ -55,11 +62,13 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 
 fn authorized(state: &AppState, req: &Request<Incoming>) -> bool {
     let Some(key) = &state.config.api_key else { return true };
-    let given = req.headers().get(AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
-    given.is_some_and(|g| constant_time_eq(g.trim().as_bytes(), key.as_bytes()))
+    let bearer = req.headers().get(AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+    // Anthropic's clients send the key as `x-api-key`.
+    let x_api_key = req.headers().get(X_API_KEY).and_then(|v| v.to_str().ok());
+    [bearer, x_api_key].into_iter().flatten().any(|g| constant_time_eq(g.trim().as_bytes(), key.as_bytes()))
 }
 
-async fn read_body(state: &AppState, req: Request<Incoming>) -> Result<Bytes, ApiError> {
+pub(crate) async fn read_body(state: &AppState, req: Request<Incoming>) -> Result<Bytes, ApiError> {
     let limit = state.config.max_body_bytes;
     let declared = req.headers().get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit as u64) {
@@ -95,11 +104,16 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Result<Resp
 enum Route {
     /// A generation endpoint: POST, logged by its run.
     Generate(Api),
+    /// Anthropic's Messages API: POST.
+    Messages,
+    CountTokens,
     /// Tokenizer endpoints: POST.
     Tokenize,
     Detokenize,
     /// GET endpoints behind the API key.
     Models,
+    /// `/v1/models/{id}`.
+    Model(String),
     Metrics,
 }
 
@@ -107,6 +121,11 @@ async fn route(state: Arc<AppState>, req: Request<Incoming>) -> Response<Respons
     let start = Instant::now();
     let method = req.method().clone();
     let path = req.uri().path().to_string();
+    // Anthropic's paths answer errors in Anthropic's shape, and so does `/v1/models` asked by
+    // an Anthropic client (its SDKs send `anthropic-version`).
+    let anthropic_client = req.headers().contains_key(ANTHROPIC_VERSION);
+    let anthropic = path == "/v1/messages" || path.starts_with("/v1/messages/") || (anthropic_client && path.starts_with("/v1/models"));
+    let error_response = |e: &ApiError| if anthropic { error_response_with(e, &crate::anthropic::error_body(e)) } else { error_response(e) };
     let route = match path.as_str() {
         // Open to all, as in vLLM: load balancers and version probes carry no key.
         "/health" => {
@@ -126,9 +145,12 @@ async fn route(state: Arc<AppState>, req: Request<Incoming>) -> Response<Respons
         "/v1/completions" => Route::Generate(Api::Completions),
         "/v1/chat/completions" => Route::Generate(Api::Chat),
         "/generate" => Route::Generate(Api::Generate),
+        "/v1/messages" => Route::Messages,
+        "/v1/messages/count_tokens" => Route::CountTokens,
         "/tokenize" => Route::Tokenize,
         "/detokenize" => Route::Detokenize,
         "/v1/models" => Route::Models,
+        p if p.starts_with("/v1/models/") => Route::Model(p["/v1/models/".len()..].to_string()),
         "/metrics" => Route::Metrics,
         _ => {
             let r = error_response(&ApiError::not_found(&path));
@@ -142,9 +164,13 @@ async fn route(state: Arc<AppState>, req: Request<Incoming>) -> Response<Respons
         return r;
     }
     let r = match route {
-        Route::Models | Route::Metrics if method != Method::GET => error_response(&ApiError::method_not_allowed(method.as_str(), &path, "GET")).with_allow("GET"),
+        Route::Models | Route::Model(_) | Route::Metrics if method != Method::GET => error_response(&ApiError::method_not_allowed(method.as_str(), &path, "GET")).with_allow("GET"),
         Route::Metrics => metrics(&state),
+        Route::Models if anthropic => json_response(StatusCode::OK, &crate::anthropic::models(&state)),
         Route::Models => models(&state),
+        Route::Model(id) if id != state.model_name => error_response(&ApiError::unknown_model(&id, &state.model_name)),
+        Route::Model(_) if anthropic => json_response(StatusCode::OK, &crate::anthropic::model_info(&state)),
+        Route::Model(_) => json_response(StatusCode::OK, &model_entry(&state)),
         _ if method != Method::POST => error_response(&ApiError::method_not_allowed(method.as_str(), &path, "POST")).with_allow("POST"),
         Route::Tokenize | Route::Detokenize => {
             let f = if matches!(route, Route::Tokenize) { crate::tokenization::tokenize } else { crate::tokenization::detokenize };
@@ -158,6 +184,14 @@ async fn route(state: Arc<AppState>, req: Request<Incoming>) -> Response<Respons
             Ok(r) => return r,
             Err(e) => error_response(&e),
         },
+        Route::Messages => match crate::anthropic::messages(&state, req, start).await {
+            Ok(r) => return r,
+            Err(e) => error_response(&e),
+        },
+        Route::CountTokens => match tokenizer_call(&state, req, crate::anthropic::count_tokens).await {
+            Ok(v) => json_response(StatusCode::OK, &v),
+            Err(e) => error_response(&e),
+        },
     };
     log_plain(&method, &path, r.status(), start);
     r
@@ -165,7 +199,7 @@ async fn route(state: Arc<AppState>, req: Request<Incoming>) -> Response<Respons
 
 /// Reads the body and runs `f` on it: on the blocking pool when the body is large, since
 /// tokenizing a long text takes milliseconds that other requests' streams would wait behind.
-async fn tokenizer_call<T: Send + 'static>(state: &Arc<AppState>, req: Request<Incoming>, f: fn(&AppState, &[u8]) -> Result<T, ApiError>) -> Result<T, ApiError> {
+pub(crate) async fn tokenizer_call<T: Send + 'static>(state: &Arc<AppState>, req: Request<Incoming>, f: fn(&AppState, &[u8]) -> Result<T, ApiError>) -> Result<T, ApiError> {
     let body = read_body(state, req).await?;
     if body.len() > BLOCKING_PARSE_BYTES {
         let st = state.clone();
@@ -204,12 +238,14 @@ fn health(state: &AppState) -> Response<ResponseBody> {
     }
 }
 
-fn models(state: &AppState) -> Response<ResponseBody> {
+/// The served model as OpenAI's (and vLLM's) model object.
+fn model_entry(state: &AppState) -> serde_json::Value {
     let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    json_response(
-        StatusCode::OK,
-        &json!({"object": "list", "data": [{"id": state.model_name, "object": "model", "created": created, "owned_by": "tandem", "root": state.model_name, "max_model_len": state.max_model_len()}]}),
-    )
+    json!({"id": state.model_name, "object": "model", "created": created, "owned_by": "tandem", "root": state.model_name, "max_model_len": state.max_model_len()})
+}
+
+fn models(state: &AppState) -> Response<ResponseBody> {
+    json_response(StatusCode::OK, &json!({"object": "list", "data": [model_entry(state)]}))
 }
 
 fn metrics(state: &AppState) -> Response<ResponseBody> {
@@ -219,19 +255,29 @@ fn metrics(state: &AppState) -> Response<ResponseBody> {
     r
 }
 
-async fn generate(state: &Arc<AppState>, api: Api, req: Request<Incoming>, start: Instant) -> Result<Response<ResponseBody>, ApiError> {
+/// A streamed response: `fmt`'s events as the run's updates come. The body owns the run, so
+/// a client that leaves aborts it.
+pub(crate) fn sse_response(run: Run, fmt: Box<dyn EventFormat>) -> Response<ResponseBody> {
+    let mut r = Response::new(ResponseBody::Sse(Box::new(SseStream::new(run, fmt))));
+    let h = r.headers_mut();
+    h.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    h.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    r
+}
+
+/// 503 while the model loads or after the engine stopped.
+pub(crate) fn ready(state: &AppState) -> Result<(), ApiError> {
     if !state.engine.is_ready() {
         return Err(ApiError::unavailable("the model is still loading"));
     }
     if let Some(f) = state.engine.failure() {
         return Err(ApiError::unavailable(format!("the engine stopped: {f}")));
     }
-    let parse = match api {
-        Api::Completions => Job::completions,
-        Api::Chat => Job::chat,
-        Api::Generate => Job::generate,
-    };
-    let mut job = tokenizer_call(state, req, parse).await?;
+    Ok(())
+}
+
+/// The job with its structured-output form compiled, if it has one.
+pub(crate) async fn compiled(state: &Arc<AppState>, mut job: Job) -> Result<Job, ApiError> {
     if job.guide.is_some() {
         // Compiling a grammar can take milliseconds: off the threads that stream tokens.
         let st = state.clone();
@@ -239,6 +285,17 @@ async fn generate(state: &Arc<AppState>, api: Api, req: Request<Incoming>, start
             .await
             .map_err(|e| ApiError::internal(format!("the structured-output compile task failed: {e}")))??;
     }
+    Ok(job)
+}
+
+async fn generate(state: &Arc<AppState>, api: Api, req: Request<Incoming>, start: Instant) -> Result<Response<ResponseBody>, ApiError> {
+    ready(state)?;
+    let parse = match api {
+        Api::Completions => Job::completions,
+        Api::Chat => Job::chat,
+        Api::Generate => Job::generate,
+    };
+    let job = compiled(state, tokenizer_call(state, req, parse).await?).await?;
     let reqs = job.requests(state)?;
     let n = state.next_id.fetch_add(1, Ordering::Relaxed);
     let prefix = match api {
@@ -255,12 +312,7 @@ async fn generate(state: &Arc<AppState>, api: Api, req: Request<Incoming>, start
     // The id of the log line, for clients to quote.
     let request_id = HeaderValue::from_str(&meta.id).map_err(|e| ApiError::internal(format!("bad response id: {e}")))?;
     let mut r = if job.p.stream {
-        let fmt = StreamFormatter::new(&job, meta, state.tokenizer.clone());
-        let mut r = Response::new(ResponseBody::Sse(Box::new(SseStream::new(run, fmt))));
-        let h = r.headers_mut();
-        h.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
-        h.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-        r
+        sse_response(run, Box::new(StreamFormatter::new(&job, meta, state.tokenizer.clone())))
     } else {
         // If the client leaves, hyper drops this future, and with it `run`, which aborts.
         let choices = collect(&mut run).await?;

@@ -207,7 +207,7 @@ impl Run {
         self.subs[p].closed = true;
         let deltas: Vec<CompletionDelta> = (0..self.n)
             .filter(|&i| self.finishes[p * self.n + i].is_none())
-            .map(|index| CompletionDelta { index, text: String::new(), token_ids: vec![], logprobs: vec![], prompt_logprobs: None, finish: Some(reason.clone()) })
+            .map(|index| CompletionDelta { index, text: String::new(), token_ids: vec![], logprobs: vec![], prompt_logprobs: None, finish: Some(reason.clone()), stop_string: None })
             .collect();
         if deltas.is_empty() {
             return None;

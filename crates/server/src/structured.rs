@@ -9,7 +9,8 @@
 //! - a spec that does not compile is a 400 whose `param` is the field that held it;
 //! - `tool_choice` "required" constrains the text to vLLM's JSON array of calls
 //!   `[{"name": <a declared tool>, "parameters": <its schema>}]`, a named function to that
-//!   tool's parameters; "auto" is unconstrained and parsed for Hermes-style
+//!   tool's parameters; "auto" is unconstrained and read by `--tool-call-parser`
+//!   ([`crate::tool_parser`]), or without one for Hermes-style
 //!   `<tool_call>{"name": .., "arguments": ..}</tool_call>` blocks when the chat template itself
 //!   contains `<tool_call>`; "none" renders the tools and reads plain text.
 

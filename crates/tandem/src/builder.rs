@@ -50,6 +50,9 @@ pub struct LlmBuilder {
     max_model_len: Option<usize>,
     kv_dtype: Option<KvDtype>,
     enforce_eager: bool,
+    long_prefill_token_threshold: Option<usize>,
+    max_num_partial_prefills: usize,
+    max_long_partial_prefills: usize,
 }
 
 impl LlmBuilder {
@@ -70,6 +73,9 @@ impl LlmBuilder {
             max_model_len: None,
             kv_dtype: None,
             enforce_eager: false,
+            long_prefill_token_threshold: None,
+            max_num_partial_prefills: 0,
+            max_long_partial_prefills: 0,
         }
     }
 
@@ -86,6 +92,24 @@ impl LlmBuilder {
     /// Token budget of one step, prefill chunks and decode tokens together (default 512).
     pub fn max_num_batched_tokens(mut self, n: usize) -> Self {
         self.max_num_batched_tokens = n;
+        self
+    }
+    /// vLLM's `long_prefill_token_threshold`: no prefill chunk longer than `n` tokens, and a
+    /// prompt longer than `n` is long; 0: no threshold. Default: while a request waits to
+    /// start, a running prefill takes at most half the step's budget.
+    pub fn long_prefill_token_threshold(mut self, n: usize) -> Self {
+        self.long_prefill_token_threshold = Some(n);
+        self
+    }
+    /// vLLM's `max_num_partial_prefills`: at most `n` prompts partly prefilled at once
+    /// (default: no limit).
+    pub fn max_num_partial_prefills(mut self, n: usize) -> Self {
+        self.max_num_partial_prefills = n;
+        self
+    }
+    /// vLLM's `max_long_partial_prefills`: of those, at most `n` long ones (default: no limit).
+    pub fn max_long_partial_prefills(mut self, n: usize) -> Self {
+        self.max_long_partial_prefills = n;
         self
     }
     /// Tokens per KV block: 16 (default) or 32.
@@ -179,6 +203,9 @@ impl LlmBuilder {
             enable_prefix_caching: self.prefix_caching,
             seed: self.seed,
             max_model_len: self.max_model_len,
+            long_prefill_token_threshold: self.long_prefill_token_threshold,
+            max_num_partial_prefills: self.max_num_partial_prefills,
+            max_long_partial_prefills: self.max_long_partial_prefills,
             ..Default::default()
         }
     }

@@ -47,7 +47,15 @@ impl Op for Matmul {
         // Weights scaled by 1/√k keep outputs O(1) whatever k is, like a trained projection.
         let w = round_to(self.dtype, rng.normals(self.n * self.k, 1.0 / (self.k as f32).sqrt()));
         let bias = self.bias.then(|| round_to(self.dtype, rng.normals(self.n, 0.5)));
-        MatmulInputs { x: rng.normals(self.m * self.k, 1.0), w, bias }
+        // A single output column is judged on m dot products alone: its NMSE is their squared
+        // relative error, and one that nearly cancels magnifies a legitimate rounding of x to
+        // the weight type without bound (seen: 1.2e-5 and 1.4e-5 against 1e-5, bf16, m = 1 and 3,
+        // tests/conformance/tolerance.rs). There x is drawn exact in the weight type, so the case
+        // checks what it is for, the edges of a one-column output; wider outputs average over
+        // many sums and keep f32 x.
+        let x = rng.normals(self.m * self.k, 1.0);
+        let x = if self.n == 1 { round_to(self.dtype, x) } else { x };
+        MatmulInputs { x, w, bias }
     }
     fn exec<B: Backend>(&self, b: &B, x: &Self::Inputs, launch: &mut Launch) -> Result<Vec<Output>> {
         let len = self.m * self.n;
@@ -153,8 +161,15 @@ impl Op for ResidualNormGateUp {
     fn params(&self) -> String {
         format!("w={} m={} hidden={} k={} inter={}", self.dtype.name(), self.m, self.hidden, self.k, self.inter)
     }
+    /// Four times a single GEMM's: a backend that rounds activations to the weight type rounds
+    /// twice in this chain (x into o, then the normed n into gate and up), and act multiplies
+    /// two rounded GEMM outputs, so the errors add. On the H200 (2026-12-04, bf16, m = 2) one
+    /// case measured 1.25e-5 against the single-GEMM 1e-5 (worst element off by 0.5%, where
+    /// silu(gate) * up is ~4), with every bitwise fused-vs-unfused check passing; real bugs (a
+    /// wrong row, a missed norm) measure 1e-2 and more. The rounding variant of
+    /// tests/conformance/tolerance.rs reached 1.75e-5 (bf16, m = 2) over 300 seeds.
     fn limit(&self) -> f64 {
-        limits::weight(self.dtype)
+        4.0 * limits::weight(self.dtype)
     }
     fn cost(&self) -> Cost {
         let (m, d, k, i) = (self.m as f64, self.hidden as f64, self.k as f64, self.inter as f64);

@@ -179,3 +179,34 @@ fn honest_variants_pass_every_limit() {
     assert!(nmse_of("paged_attention", "") > 1e-7);
     assert!(nmse_of("rope", "") > 0.0);
 }
+
+/// The cases judged on few values, where the NMSE is no average and one sum that nearly
+/// cancels can magnify an honest rounding: the single-column GEMMs (n = 1, k = 1000; on the
+/// H200, 2026-12-04, f16 m = 1 once measured 1.49e-6 against its limit of 1e-6, and this
+/// variant failed bf16 m = 1 and 3 at seed 0 before their x was drawn exact in the weight
+/// type) and the residual/norm/gate-up chain at 1-2 tokens (1.25e-5 on the H200 against the
+/// former 1e-5). Over many seeds the rounding variant must pass them all; the worst NMSE of each
+/// case is printed (the headroom under its limit).
+#[test]
+fn few_value_cases_pass_over_many_seeds() {
+    // 300 seeds when the limits were set (2026-12-04: bf16 residual chain worst 1.75e-5 against
+    // 4e-5); 150 in CI, half a minute.
+    const SEEDS: u64 = 150;
+    let variant = Variant { inner: RefBackend::new() };
+    for filter in ["n=1 k=1000", "residual_norm_gate_up"] {
+        let mut worst: std::collections::BTreeMap<String, f64> = Default::default();
+        for seed in 0..SEEDS {
+            let mut out = Vec::new();
+            let rep = run(&variant, Some(filter), seed, &mut out);
+            assert!(rep.ok(), "seed {seed}: {}", String::from_utf8_lossy(&out));
+            for r in &rep.results {
+                let w = worst.entry(r.params.clone()).or_default();
+                *w = w.max(r.nmse.unwrap_or(0.0));
+            }
+        }
+        assert!(!worst.is_empty(), "no case matched {filter}");
+        for (p, w) in &worst {
+            println!("{filter} {p}: worst NMSE over {SEEDS} seeds {w:.3e}");
+        }
+    }
+}

@@ -42,3 +42,46 @@ fn every_kernel_compiles_and_assembles_without_spills() {
     }
     assert!(mma_of("matmul_tiled_f32").iter().all(|&c| c == 0));
 }
+
+/// `--fill-cache 90` leaves a cubin of the kernel file in the cache folder, and a second fill
+/// reads them back instead of compiling (compile.rs `compile_cubin_cached`, what the backend
+/// calls at start on a GPU).
+#[test]
+fn fill_cache_writes_sm90_cubins_that_the_cache_returns() {
+    let tc = Toolchain::discover();
+    let required = std::env::var("TANDEM_REQUIRE_CUDA_TOOLCHAIN").is_ok_and(|v| v == "1");
+    if tc.lib_dir.is_none() && !Toolchain::nvrtc_loadable() {
+        let msg = format!("NVRTC not found ({tc:?}); run kernels/install-toolchain.sh");
+        assert!(!required, "{msg}");
+        tandem_core::skip::note(format!("cubin cache check: {msg}"));
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("tandem-cubin-cache-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let kernels = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../kernels");
+    let out = Command::new(env!("CARGO_BIN_EXE_tandem-kernels-check"))
+        .args(["--fill-cache", "90", "--only", "add", "--dir"])
+        .arg(&kernels)
+        .env("TANDEM_PTX_CACHE", &dir)
+        .output()
+        .unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{text}");
+    let mut cubins: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|x| x == "cubin")).collect();
+    cubins.sort();
+    // --only add: add.cu alone (a second of NVRTC; the whole set takes over a minute here).
+    assert_eq!(cubins.len(), 1, "{cubins:?}");
+    assert!(cubins[0].file_name().unwrap().to_string_lossy().starts_with("add-90-"), "{cubins:?}");
+    for p in &cubins {
+        let bytes = std::fs::read(p).unwrap();
+        assert!(bytes.starts_with(b"\x7fELF"), "{}", p.display());
+    }
+    // A second fill finds every cubin under the backend's key and rewrites none (a cubin made
+    // again would be written through a temporary file and renamed: a new modification time).
+    let stamps = |ps: &[std::path::PathBuf]| ps.iter().map(|p| std::fs::metadata(p).unwrap().modified().unwrap()).collect::<Vec<_>>();
+    let before = stamps(&cubins);
+    let again = Command::new(env!("CARGO_BIN_EXE_tandem-kernels-check")).args(["--fill-cache", "90", "--only", "add", "--dir"]).arg(&kernels).env("TANDEM_PTX_CACHE", &dir).output().unwrap();
+    assert!(again.status.success());
+    assert_eq!(stamps(&cubins), before, "the second fill recompiled instead of reading the cache");
+    let _ = std::fs::remove_dir_all(&dir);
+}

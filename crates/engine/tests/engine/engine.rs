@@ -399,3 +399,28 @@ fn threaded_static_batch_waits_for_max_wait_then_runs() {
     }
     h.shutdown();
 }
+
+/// Issue 29's case through the engine: a 2-token request arriving while a 2,048-token prompt
+/// prefills gets its first token in the step after it arrives (default settings), where it
+/// used to wait out the whole prefill; with vLLM's defaults spelled out (no threshold) it does.
+#[test]
+fn a_short_request_is_not_held_behind_a_long_prefill() {
+    let first_token_step = |cfg: EngineConfig| -> usize {
+        let mut e = engine(fake(512, 512, 8), cfg);
+        let _long = e.add_request(greedy_req(prompt(2048, 1), 4)).unwrap();
+        e.step();
+        let mut short = e.add_request(greedy_req(prompt(2, 2), 4)).unwrap();
+        for step in 1..=8 {
+            e.step();
+            if drain(&mut short).iter().any(|o| !o.token_ids.is_empty()) {
+                return step;
+            }
+        }
+        usize::MAX
+    };
+    let base = EngineConfig { max_num_batched_tokens: Some(512), max_model_len: Some(4096), ..Default::default() };
+    assert_eq!(first_token_step(base.clone()), 1, "the default: half the budget for the long prompt while the short one waits");
+    assert!(first_token_step(EngineConfig { long_prefill_token_threshold: Some(0), ..base.clone() }) >= 4, "no threshold: behind the 2,048-token prefill");
+    assert_eq!(first_token_step(EngineConfig { long_prefill_token_threshold: Some(256), ..base.clone() }), 1, "vLLM's threshold");
+    assert!(tandem_engine::Engine::new(Box::new(fake(512, 512, 8)), letters(), EngineConfig { max_num_partial_prefills: 1, max_long_partial_prefills: 2, ..base }).is_err());
+}

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tandem_engine::scheduler::{BatchMode, Policy, ScheduledSeq, Scheduler, SchedulerConfig, SchedulerOutput};
+use tandem_engine::scheduler::{BatchMode, LongPrefill, Policy, PrefillLimits, ScheduledSeq, Scheduler, SchedulerConfig, SchedulerOutput};
 use tandem_engine::sequence::{SeqId, Sequence};
 use tandem_engine::SamplingParams;
 
@@ -252,4 +252,78 @@ fn static_batch_reserves_whole_sequences() {
     assert!(step(&mut s, t0).is_empty());
     assert_eq!(s.num_running() + s.num_waiting(), 0);
     assert_eq!(s.num_preemptions, 0);
+}
+
+fn with_prefill(mut c: SchedulerConfig, prefill: PrefillLimits) -> SchedulerConfig {
+    c.prefill = prefill;
+    c
+}
+
+/// Tandem's default: a long prompt alone takes the whole budget; once a request waits, its
+/// chunk takes half, and the newcomer is admitted and samples its first token in that step
+/// (the issue: a 2-token request waited out a whole 2,048-token prefill).
+#[test]
+fn a_newcomer_starts_in_the_next_step_while_a_long_prompt_prefills() {
+    let now = Instant::now();
+    let mut s = Scheduler::new(with_prefill(cfg(20, 32), PrefillLimits::tandem()));
+    s.add(seq(1, 200, 0, 4, 0, now));
+    assert_eq!(step(&mut s, now).seqs, vec![sched(1, 32, false)], "alone: the whole budget");
+    s.add(seq(2, 2, 1000, 4, 0, now));
+    let o = step(&mut s, now);
+    assert_eq!(o.seqs, vec![sched(1, 16, false), sched(2, 2, true)], "half while seq 2 waits; seq 2 samples at once");
+    // Nobody waits any more: the long prompt takes what the decode leaves.
+    assert_eq!(step(&mut s, now).seqs, vec![sched(2, 1, true), sched(1, 31, false)]);
+    // Without the limits, the same arrival waits until the prompt has run out of budget.
+    let mut s = Scheduler::new(cfg(20, 32));
+    s.add(seq(1, 200, 0, 4, 0, now));
+    step(&mut s, now);
+    s.add(seq(2, 2, 1000, 4, 0, now));
+    assert_eq!(step(&mut s, now).seqs, vec![sched(1, 32, false)]);
+}
+
+/// vLLM's threshold: no chunk above it, whoever waits.
+#[test]
+fn the_long_prefill_threshold_caps_every_chunk() {
+    let now = Instant::now();
+    let limits = PrefillLimits { long: LongPrefill::Threshold(8), ..PrefillLimits::OFF };
+    let mut s = Scheduler::new(with_prefill(cfg(20, 32), limits));
+    s.add(seq(1, 20, 0, 2, 0, now));
+    s.add(seq(2, 6, 100, 2, 0, now));
+    assert_eq!(step(&mut s, now).seqs, vec![sched(1, 8, false), sched(2, 6, true)]);
+    assert_eq!(step(&mut s, now).seqs, vec![sched(2, 1, true), sched(1, 8, false)]);
+    assert_eq!(step(&mut s, now).seqs, vec![sched(1, 4, true)]);
+}
+
+/// max_num_partial_prefills: a prompt that would be one more partial prefill waits; one that
+/// finishes its prompt in the step is no partial prefill and goes.
+#[test]
+fn partial_prefills_are_bounded() {
+    let now = Instant::now();
+    let limits = PrefillLimits { long: LongPrefill::Threshold(8), max_num_partial_prefills: 1, max_long_partial_prefills: 0 };
+    let mut s = Scheduler::new(with_prefill(cfg(20, 32), limits));
+    s.add(seq(1, 20, 0, 2, 0, now));
+    s.add(seq(2, 20, 100, 2, 0, now));
+    s.add(seq(3, 4, 200, 2, 0, now));
+    // 1 becomes the one partial prefill; 2 would be a second (head of line: admission stops).
+    assert_eq!(step(&mut s, now).seqs, vec![sched(1, 8, false)]);
+    assert_eq!(step(&mut s, now).seqs, vec![sched(1, 8, false)]);
+    // 1 finishes its prompt this step but still counts as partial at scheduling time.
+    assert_eq!(step(&mut s, now).seqs, vec![sched(1, 4, true)]);
+    // 2 is the partial prefill now; 3 finishes its prompt in the step, so it is none.
+    assert_eq!(step(&mut s, now).seqs, vec![sched(1, 1, true), sched(2, 8, false), sched(3, 4, true)]);
+}
+
+/// max_long_partial_prefills: a long prompt beyond it lets a short one behind it go first
+/// (vLLM: "shorter prompts jump the queue in front of longer prompts").
+#[test]
+fn short_prompts_pass_a_held_back_long_one() {
+    let now = Instant::now();
+    let limits = PrefillLimits { long: LongPrefill::Threshold(8), max_num_partial_prefills: 2, max_long_partial_prefills: 1 };
+    let mut s = Scheduler::new(with_prefill(cfg(20, 32), limits));
+    s.add(seq(1, 30, 0, 2, 0, now));
+    assert_eq!(step(&mut s, now).seqs, vec![sched(1, 8, false)]);
+    s.add(seq(2, 30, 100, 2, 0, now));
+    s.add(seq(3, 5, 200, 2, 0, now));
+    assert_eq!(step(&mut s, now).seqs, vec![sched(1, 8, false), sched(3, 5, true)], "2 is long and held back; 3 passes it");
+    assert!(s.seq(2).is_some_and(|q| q.num_computed_tokens == 0));
 }

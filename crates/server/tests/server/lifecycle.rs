@@ -249,7 +249,7 @@ struct DyingEngine;
 impl EngineClient for DyingEngine {
     fn submit(&self, req: GenerateRequest) -> Result<Submission, SubmitRefusal> {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let d = tandem_server::engine_client::CompletionDelta { index: 0, text: " hello".into(), token_ids: vec![5], logprobs: vec![], prompt_logprobs: None, finish: None };
+        let d = tandem_server::engine_client::CompletionDelta { index: 0, text: " hello".into(), token_ids: vec![5], logprobs: vec![], prompt_logprobs: None, finish: None, stop_string: None };
         tx.send(EngineUpdate { deltas: vec![d], queue_time: None }).unwrap();
         assert_eq!(req.params.n, 2);
         Ok(Submission::channel(1, rx))

@@ -6,9 +6,11 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod anthropic;
 mod endpoints;
 mod errors;
 mod lifecycle;
+mod parsers;
 mod scoring;
 mod structured;
 mod timeouts;

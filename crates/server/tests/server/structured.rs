@@ -25,7 +25,7 @@ use tandem_structured::Structured;
 use common::{post, sse_json};
 
 /// The tiny random model, written once per test binary.
-fn tiny_dir() -> &'static Path {
+pub(crate) fn tiny_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let dir = std::env::temp_dir().join(format!("tandem-structured-test-{}", std::process::id()));
@@ -39,7 +39,7 @@ fn tiny_dir() -> &'static Path {
 const TOOL_TEMPLATE: &str = "{% if tools %}<|im_start|>system\n<tools>{% for t in tools %}{{ t.function.name }};{% endfor %}</tools> Answer in <tool_call></tool_call> tags.<|im_end|>\n{% endif %}{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.tool_calls %}{% for c in m.tool_calls %}<tool_call>{{ c.function.name }}:{{ c.function.arguments.city }}</tool_call>{% endfor %}{% else %}{{ m.content }}{% endif %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
 
 /// The tiny model with [`TOOL_TEMPLATE`] as its chat template.
-fn tool_dir() -> &'static Path {
+pub(crate) fn tool_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let src = tiny_dir();
@@ -55,8 +55,8 @@ fn tool_dir() -> &'static Path {
     })
 }
 
-struct Tiny {
-    addr: SocketAddr,
+pub(crate) struct Tiny {
+    pub(crate) addr: SocketAddr,
     engine: EngineHandle,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
@@ -72,7 +72,7 @@ impl Drop for Tiny {
 
 /// The server as `tandem serve` wires it: the model, its tokenizer with the config's EOS ids,
 /// and the structured-output compiler built from the same directory.
-async fn start(dir: &Path, structured: bool) -> Tiny {
+pub(crate) async fn start(dir: &Path, structured: bool) -> Tiny {
     let cfg = ModelConfig::from_file(&dir.join("config.json")).unwrap();
     let mut tok = Tokenizer::from_dir(dir).unwrap();
     tok.add_eos_ids(&cfg.eos_token_ids);
@@ -107,7 +107,7 @@ fn person_schema() -> Value {
     })
 }
 
-fn validate(schema: &Value, text: &str) {
+pub(crate) fn validate(schema: &Value, text: &str) {
     let v: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text:?}"));
     let validator = jsonschema::validator_for(schema).unwrap();
     let errors: Vec<String> = validator.iter_errors(&v).map(|e| e.to_string()).collect();

@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# gpu/tune.sh OUT_DIR — a tuning round on the lent GPU, in one call, after check.sh has run in
+# an earlier call or session (docs/gpu-check.md, "Tuning rounds"). Correctness of the kernel
+# variants first, then their timings side by side, then Nsight Compute on the GEMM kernels the
+# kernel lab found slow. Variants are picked per process by environment
+# (TANDEM_CUDA_GEMM_LARGE for m > 128, _MID for 17..128 rows, _SMALL for up to 16:
+# crates/cuda/src/matmul.rs `GemmVariants`); each gives the defaults' bits (kernels/emu), and
+# the op suite and the GPU-only tests here confirm it on the hardware.
+#
+# Settings: TANDEM_TUNE_BUDGET_S (default 300: fits one call with the machine's start inside
+# the session's 15 minutes after a check), TANDEM_TUNE_VARIANTS (space-separated
+# LARGE:MID:SMALL, default "m128:m64:m16 m128_n128:m64_occ4:m16_s8 m128_occ2:m64:m16"),
+# TANDEM_TUNE_NCU=0 to skip ncu.
+# Writes OUT_DIR/tune.log (everything), OUT_DIR/tune.tsv (one row per variant and case) and
+# OUT_DIR/ncu-*.txt; prints the table last.
+
+set -u
+OUT=${1:?usage: tune.sh OUT_DIR}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+HERE=$(cd "$(dirname "$0")" && pwd)
+BUDGET=${TANDEM_TUNE_BUDGET_S:-300}
+VARIANTS=${TANDEM_TUNE_VARIANTS:-"m128:m64:m16 m128_n128:m64_occ4:m16_s8 m128_occ2:m64:m16"}
+WORK=${TANDEM_CHECK_WORK:-/tmp/tandem-check}
+PY=${TANDEM_CHECK_PYTHON:-python3}
+BIN=${TANDEM_BIN:-$HERE/tandem}
+export PYTHONUNBUFFERED=1 RUST_LOG=${RUST_LOG:-info}
+export TANDEM_PTX_CACHE=$WORK/ptx-cache
+. "$HERE/lib.sh"
+begin_run "$OUT/tune.log"
+mkdir -p "$TANDEM_PTX_CACHE"
+[ -d "$HERE/ptx-cache" ] && cp -n "$HERE"/ptx-cache/* "$TANDEM_PTX_CACHE"/ 2>/dev/null
+
+{
+    echo "tandem tuning round, budget ${BUDGET}s, variants: $VARIANTS"
+    echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ), commit: $(cat "$HERE/COMMIT" 2>/dev/null || echo unknown)"
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv,noheader 2>&1
+} | tee -a "$LOG"
+: >"$WORK/raw/env.txt"
+cuda_libs
+
+BENCH_DIR=$WORK/models/bench-llama-3.2-1b-bf16
+TINY=$WORK/models/tiny-bf16
+GEN_PID=
+if [ ! -e "$BENCH_DIR/config.json" ]; then
+    rm -rf "$BENCH_DIR"
+    "$BIN" gen-model --shape llama-3.2-1b --seed 1 --dtype bf16 --out "$BENCH_DIR" >"$WORK/logs/gen-bench.log" 2>&1 &
+    GEN_PID=$!
+fi
+[ -e "$TINY/config.json" ] || step "gen-model tiny" 30 "$BIN" gen-model --shape tiny --seed 1 --dtype bf16 --out "$TINY"
+
+# 1. Correctness of every variant on the hardware: the op suite (the first run also times the
+#    process's first start: NVRTC from the bundle's cache, the driver's JIT) and the GPU-only
+#    tests (batch invariance, graphs, fused == unfused), then a whole-model compare.
+for v in $VARIANTS; do
+    IFS=: read -r L M S <<<"$v"
+    E=(env TANDEM_CUDA_GEMM_LARGE="$L" TANDEM_CUDA_GEMM_MID="$M" TANDEM_CUDA_GEMM_SMALL="$S")
+    NEED=20 step "test-ops [$v]" 120 "${E[@]}" "$BIN" test-ops --backend cuda
+    [ -x "$HERE/cuda-tests" ] && NEED=20 PICK='test result|panicked|FAILED' step "cuda tests [$v]" 90 "${E[@]}" TANDEM_REQUIRE_CUDA=1 "$HERE/cuda-tests" --test-threads 1 gpu_invariance:: graphs:: launches::
+    NEED=10 step "compare tiny [$v]" 60 "${E[@]}" "$BIN" compare --backend cuda --model "$TINY"
+done
+[ -n "$GEN_PID" ] && wait "$GEN_PID"
+
+# 2. Timings: the GEMM lab at the m each variant changes, prefill 2048 and decode b1 / b64.
+: >"$OUT/tune.tsv"
+for v in $VARIANTS; do
+    IFS=: read -r L M S <<<"$v"
+    E=(env TANDEM_CUDA_GEMM_LARGE="$L" TANDEM_CUDA_GEMM_MID="$M" TANDEM_CUDA_GEMM_SMALL="$S")
+    NEED=15 PICK='attention prefill' step "kernel lab [$v]" 60 "${E[@]}" "$BIN" bench kernels --backend cuda --shape llama-3.2-1b --m 1,64,256,2048 --attn-batch 1 --attn-context 1024 --attn-prefill 512 --min-ms 50 --output-dir "$WORK/raw" --name "lab-$L-$M-$S"
+    grep -E '^\| gemm' "$WORK/logs/kernel_lab__${v//:/_}_.log" 2>/dev/null | awk -F'|' -v v="$v" '{gsub(/^ +| +$/, "", $2); gsub(/^ +| +$/, "", $3); gsub(/^ +| +$/, "", $4); print v "\t" $2 " " $3 "\t" $4}' >>"$OUT/tune.tsv"
+    NEED=15 PICK='prefill tok/s' step "prefill 2048 [$v]" 60 "${E[@]}" "$BIN" bench decode --backend cuda --model "$BENCH_DIR" --prompt-len 2048 --max-tokens 2 --runs 2 --max-num-batched-tokens 2048 --output-dir "$WORK/raw" --name "prefill-$L-$M-$S"
+    grep -E '^\| prefill tok/s' "$WORK/logs/prefill_2048__${v//:/_}_.log" 2>/dev/null | awk -F'|' -v v="$v" '{gsub(/^ +| +$/, "", $3); print v "\tprefill 2048 tok/s\t" $3}' >>"$OUT/tune.tsv"
+    NEED=20 PICK='decode tok/s' step "decode b1,b64 [$v]" 60 "${E[@]}" "$BIN" bench decode --backend cuda --model "$BENCH_DIR" --prompt-len 512 --max-tokens 64 --batch-sizes 1,64 --runs 2 --max-num-batched-tokens 2048 --output-dir "$WORK/raw" --name "decode-$L-$M-$S"
+    grep -E '^\| decode tok/s' "$WORK/logs/decode_b1_b64__${v//:/_}_.log" 2>/dev/null | awk -F'|' -v v="$v" '{gsub(/^ +| +$/, "", $2); gsub(/^ +| +$/, "", $3); print v "\t" $2 "\t" $3}' >>"$OUT/tune.tsv"
+done
+
+# 3. Nsight Compute on one launch of each slow GEMM (the kernel lab's qkv at m = 64 and 2048,
+#    default kernels, and the m128_n128 variant at 2048), and the decode attention at batch 1.
+NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -n 1)
+if [ "${TANDEM_TUNE_NCU:-1}" = 1 ] && [ -n "$NCU" ]; then
+    SECTIONS=(--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis)
+    ncu_case() { # ncu_case NAME KERNEL_REGEX M [ENV...]
+        local name=$1 re=$2 m=$3; shift 3
+        NEED=25 PICK='==PROF==|Error|error' step "ncu $name" 60 env "$@" "$NCU" --clock-control none "${SECTIONS[@]}" -k "regex:$re" -c 1 "$BIN" bench kernels --backend cuda --shape llama-3.2-1b --m "$m" --attn-batch 1 --attn-context 1024 --attn-prefill 512 --min-ms 1
+        cp "$WORK/logs/ncu_$(printf '%s' "$name" | tr -c 'A-Za-z0-9_.-' '_').log" "$OUT/ncu-$name.txt" 2>/dev/null
+    }
+    ncu_case m2048-m128 'matmul_tc_bf16_m128$' 2048
+    ncu_case m2048-m128_n128 'matmul_tc_bf16_m128_n128' 2048 TANDEM_CUDA_GEMM_LARGE=m128_n128
+    ncu_case m64-m64 'matmul_tc_bf16_m64$' 64
+    ncu_case attn-decode 'paged_attention_tc' 1
+else
+    printf 'ncu\t125\t0\tskipped: %s\n' "$([ -n "$NCU" ] && echo 'TANDEM_TUNE_NCU=0' || echo 'no ncu on this machine')" >>"$STEPS"
+fi
+
+# The table, last.
+echo
+echo "== steps =="
+awk -F'\t' '{ printf "%-38s %-6s %6s  %s\n", $1, ($2 == 0 ? "ok" : ($2 == 125 ? "SKIP" : "FAIL " $2)), $3, $4 }' "$STEPS"
+echo
+echo "== variants (LARGE:MID:SMALL) =="
+awk -F'\t' '{ printf "%-26s %-40s %s\n", $1, $2, $3 }' "$OUT/tune.tsv"
+FAILED=$(awk -F'\t' '$2 != 0 && $2 != 125' "$STEPS" | wc -l)
+echo "tune: $(awk -F'\t' '$2 == 0' "$STEPS" | wc -l) steps ok, $FAILED failed, $(elapsed) s; logs in $OUT"
+[ "$FAILED" -eq 0 ]
