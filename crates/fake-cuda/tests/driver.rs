@@ -34,7 +34,7 @@ fn driver() -> Driver {
     let exe = std::env::current_exe().unwrap();
     let lib = exe.parent().and_then(|d| d.parent()).unwrap().join("libcuda.so");
     // SAFETY: our own library; its initialisers only set up the emulator's globals.
-    Driver(unsafe { Library::new(&lib) }.unwrap_or_else(|e| panic!("{}: {e}", lib.display())))
+    Driver(unsafe { Library::new(&lib) }.unwrap_or_else(|e| panic!("{}: {e} (`cargo test` does not build a cdylib: `cargo build -p tandem-fake-cuda` first, as `cargo xtask test` does)", lib.display())))
 }
 
 #[test]
