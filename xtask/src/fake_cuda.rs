@@ -191,6 +191,13 @@ pub fn group(root: &Path, tandem: Option<PathBuf>) -> Result<Counts> {
     let t = Instant::now();
     let env = prepare(root)?;
     let mut total = cuda_tests(root, &env)?;
+    // The fake driver's own test (its C entry points), which the workspace's `cargo test` skips
+    // before the library is built (crates/fake-cuda/tests/driver.rs says why).
+    let mut own = Command::new(env!("CARGO"));
+    own.current_dir(root).args(["test", "-p", "tandem-fake-cuda"]);
+    let (c, ok) = run_counted(own, "the fake driver's own test")?;
+    total.passed += c.passed;
+    total.failed += c.failed + u64::from(!ok && c.failed == 0);
     let tandem = match tandem {
         Some(t) => t,
         None => build_tandem(root)?,

@@ -40,12 +40,6 @@ pub fn run(a: Args) -> Result<()> {
         bail!("CI: the CUDA compile-check toolchain is missing; run `bash kernels/install-toolchain.sh`");
     }
 
-    // crates/fake-cuda's own tests load its cdylib (target/debug/libcuda.so), which `cargo test`
-    // does not build: a cdylib is no test's dependency. Built here first, as the group builds it.
-    let st = Command::new(env!("CARGO")).current_dir(&root).args(["build", "--quiet", "-p", "tandem-fake-cuda"]).status()?;
-    if !st.success() {
-        bail!("building the fake driver (crates/fake-cuda) failed");
-    }
     let skip_log = std::env::temp_dir().join(format!("tandem-skips-{}.log", std::process::id()));
     let _ = std::fs::remove_file(&skip_log);
     let runtime_dir = std::env::temp_dir().join(format!("tandem-xdg-{}", std::process::id()));
