@@ -339,8 +339,9 @@ pub fn run(mut a: Args) -> Result<()> {
     let mut engine_cfg = a.engine.engine_config(None)?;
     engine_cfg.seed = a.seed;
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    rt.block_on(async move {
-        let engine = TandemEngine::loading();
+    let engine = TandemEngine::loading();
+    let engine_at_exit = engine.clone();
+    let served = rt.block_on(async move {
         let server = tandem_server::Server::bind(server_cfg, engine.clone(), tok.clone(), name).await?;
         tracing::info!("listening on http://{} (loading {} on {})", server.local_addr()?, dir.display(), a.engine.backend.name());
         let load_opts = LoadOptions { graphs: !a.enforce_eager, ..a.engine.load_options() };
@@ -375,7 +376,16 @@ pub fn run(mut a: Args) -> Result<()> {
                 serve.await.map_err(anyhow::Error::from)
             }
         }
-    })
+    });
+    // The engine thread and its model worker stop, and drop the model and its device, before
+    // main returns: process exit tearing the device's driver down while a step still ran on
+    // another thread crashed `tandem serve --backend wgpu` on SIGTERM about once in eight runs
+    // beside other GPU work (SIGSEGV, lavapipe).
+    if let Some(h) = engine_at_exit.handle() {
+        h.shutdown();
+    }
+    drop(rt);
+    served
 }
 
 #[cfg(test)]
