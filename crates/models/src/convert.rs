@@ -262,6 +262,9 @@ pub fn rope_permute(w: &[f32], n_head: usize, cols: usize) -> Vec<f32> {
 
 /// The inverse of [`rope_permute`]: `reshape(n_head, head_dim/2, 2, cols).swapaxes(1, 2)`.
 pub fn rope_unpermute(w: &[f32], n_head: usize, cols: usize) -> Vec<f32> {
+    if cols == 0 || n_head == 0 {
+        return w.to_vec();
+    }
     let hd = w.len() / cols / n_head;
     let mut out = vec![0f32; w.len()];
     for h in 0..n_head {
@@ -299,7 +302,14 @@ pub fn convert_gguf(gguf_path: &Path, out_dir: &Path, progress: &mut dyn FnMut(u
         };
         for (name, take) in names {
             let shape = t.torch_shape();
+            // Found by fuzz/gguf: a Q tensor of zero columns divided by zero in the un-permutation.
+            if shape.contains(&0) {
+                return Err(Error::tensor(&g.path, &t.name, format!("has an empty dimension (shape {shape:?})")));
+            }
             match take {
+                Take::Unpermute(_) if shape.len() != 2 => {
+                    return Err(Error::tensor(&g.path, &t.name, format!("has shape {shape:?}, expected [rows, cols]")));
+                }
                 Take::Unpermute(n) if Some(shape[0]) != n.checked_mul(p.head_dim) => {
                     return Err(Error::tensor(&g.path, &t.name, format!("has {} rows, expected {n} heads x {} = {}", shape[0], p.head_dim, n.saturating_mul(p.head_dim))));
                 }
