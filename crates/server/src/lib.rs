@@ -62,6 +62,8 @@ pub mod structured;
 pub mod test_support;
 pub mod tokenization;
 pub mod tool_parser;
+pub mod tool_stream;
+pub mod responses;
 
 pub use config::ServerConfig;
 pub use engine_client::EngineClient;
