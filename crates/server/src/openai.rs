@@ -841,8 +841,19 @@ impl StreamFormatter {
         rc.content.push_str(&piece);
         // The tool_calls entries, one per chunk; consecutive pieces of one call's arguments merged.
         let mut entries: Vec<Value> = Vec::new();
+        // "auto": calls stream from where the parser is sure they begin.
+        let mut feed = piece.as_str();
+        if let (None, Some(ToolOutput::Auto(p))) = (&rc.calls, &self.tool_output) {
+            match p.calls_start(&rc.content) {
+                Some(start) => {
+                    rc.calls = Some(CallStream::new(None));
+                    feed = &rc.content[start..];
+                }
+                None => feed = "",
+            }
+        }
         if let Some(cs) = &mut rc.calls {
-            for e in cs.push(&piece) {
+            for e in cs.push(feed) {
                 match e {
                     CallEvent::Start { index: k, name } => {
                         let id = structured::tool_call_id();
@@ -880,14 +891,19 @@ impl StreamFormatter {
         let mut finish = None;
         if let Some(f) = &d.finish {
             let text = std::mem::take(&mut rc.content);
-            let (said, calls, fin) = tool_message(self.tool_output.as_ref(), &text, f.as_str());
-            let streamed = rc.calls.is_some() && !rc.ids.is_empty();
-            // A forced answer cut before its first call's name is nothing, not its text.
-            if calls.is_empty() && !streamed && said.is_some() {
-                content.push_str(&text[rc.sent..]);
-            } else if !streamed {
-                entries.extend(calls.iter().enumerate().map(|(k, t)| structured::tool_call_json(t, &structured::tool_call_id(), Some(k))));
+            let (said, calls, mut fin) = tool_message(self.tool_output.as_ref(), &text, f.as_str());
+            let streamed = rc.ids.len();
+            if streamed == 0 {
+                // A forced answer cut before its first call's name is nothing, not its text.
+                if calls.is_empty() && said.is_some() {
+                    content.push_str(&text[rc.sent..]);
+                }
+            } else if matches!(self.tool_output, Some(ToolOutput::Auto(_))) && *f == FinishReason::Stop {
+                // Calls went out: the answer is calls, as vLLM's streamed parsers answer.
+                fin = "tool_calls".into();
             }
+            // Calls the stream did not follow (a format sent whole, or more than it saw).
+            entries.extend(calls.iter().enumerate().skip(streamed).map(|(k, t)| structured::tool_call_json(t, &structured::tool_call_id(), Some(k))));
             finish = Some(fin);
         }
         if !content.is_empty() {

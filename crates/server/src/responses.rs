@@ -642,9 +642,10 @@ enum Mode {
     Text,
     /// A forced call: function_call items whose arguments stream as sampled.
     Forced(CallStream),
-    /// "auto" with a tool parser: text streams until the markup may begin; the rest is calls
-    /// (items at the end) or more text.
-    Auto { parser: ToolParser, text: String, sent: usize },
+    /// "auto" with a tool parser: text streams until the markup may begin; from where the
+    /// calls' JSON surely begins they stream as forced ones do; at the end the rest is calls
+    /// (items, for a format not streamed) or more text.
+    Auto { parser: ToolParser, text: String, sent: usize, calls: Option<CallStream> },
 }
 
 /// The kind of the open item and its accumulated text.
@@ -677,7 +678,7 @@ impl ResponseStream {
         let mode = match &job.tool_output {
             Some(ToolOutput::Named(n)) => Mode::Forced(CallStream::new(Some(n.clone()))),
             Some(ToolOutput::Required) => Mode::Forced(CallStream::new(None)),
-            Some(ToolOutput::Auto(p)) => Mode::Auto { parser: *p, text: String::new(), sent: 0 },
+            Some(ToolOutput::Auto(p)) => Mode::Auto { parser: *p, text: String::new(), sent: 0, calls: None },
             None => Mode::Text,
         };
         ResponseStream { state, env, messages, tool_output: job.tool_output.clone(), mode, reasoning: job.reasoning.map(ReasoningStream::new), seq: 0, items: Vec::new(), open: None, finish: None, failed: false }
@@ -809,11 +810,22 @@ impl ResponseStream {
         match &mut self.mode {
             Mode::Text => certain = piece,
             Mode::Forced(cs) => calls = cs.push(&piece),
-            Mode::Auto { parser, text, sent } => {
+            Mode::Auto { parser, text, sent, calls: cs } => {
                 text.push_str(&piece);
                 let end = parser.content_len(text).max(*sent);
                 certain = text[*sent..end].to_string();
                 *sent = end;
+                // Calls stream from where the parser is sure they begin.
+                match cs {
+                    Some(cs) => calls = cs.push(&piece),
+                    None => {
+                        if let Some(start) = parser.calls_start(text) {
+                            let mut s = CallStream::new(None);
+                            calls = s.push(&text[start..]);
+                            *cs = Some(s);
+                        }
+                    }
+                }
             }
         }
         self.text(out, Open::Message, &certain);
@@ -834,13 +846,15 @@ impl ResponseStream {
         }
         let finish = self.finish.clone().unwrap_or(FinishReason::Abort);
         let item_status = if matches!(finish, FinishReason::Stop) { "completed" } else { "incomplete" };
-        if let Mode::Auto { text, sent, .. } = std::mem::replace(&mut self.mode, Mode::Text) {
+        if let Mode::Auto { text, sent, calls: cs, .. } = std::mem::replace(&mut self.mode, Mode::Text) {
             let (_, calls, _) = tool_message(self.tool_output.as_ref(), &text, finish.as_str());
-            if calls.is_empty() {
+            let streamed = cs.as_ref().map_or(0, CallStream::started);
+            if calls.is_empty() && streamed == 0 {
                 self.text(out, Open::Message, &text[sent..]);
             } else {
                 self.close_item(out, item_status);
-                for c in &calls {
+                // Calls the stream did not follow (a format sent whole, or more than it saw).
+                for c in calls.iter().skip(streamed) {
                     self.whole_call(out, c);
                 }
             }

@@ -23,7 +23,7 @@ pub enum CallEvent {
     Args { index: usize, piece: String },
 }
 
-/// One call of a "required" array, as far as it has been scanned.
+/// One call object, as far as it has been scanned.
 #[derive(Debug, Clone, Default)]
 struct Call {
     name: Option<String>,
@@ -35,7 +35,7 @@ struct Call {
     sent: usize,
 }
 
-/// Where the scanner is inside a call object (depth 2).
+/// Where the scanner is among a call object's keys.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Expect {
     Key,
@@ -44,15 +44,17 @@ enum Expect {
     After,
 }
 
-/// The streaming reader of a forced answer.
+/// The streaming reader of a forced answer, or of the calls of an "auto" one.
 #[derive(Debug, Clone)]
 pub struct CallStream {
-    /// `Some(name)`: a named function; `None`: "required".
+    /// `Some(name)`: a named function; `None`: JSON call objects.
     named: Option<String>,
     text: String,
-    /// Scanner state over `text` ("required" only).
+    /// Scanner state over `text`: the containers open (`{` or `[`), the depth at which the
+    /// current call object's keys lie (while one is open).
     pos: usize,
-    depth: usize,
+    stack: Vec<u8>,
+    call_level: Option<usize>,
     in_str: bool,
     esc: bool,
     str_start: usize,
@@ -61,10 +63,16 @@ pub struct CallStream {
     calls: Vec<Call>,
 }
 
+/// The keys a call object may hold its arguments under (vLLM's "required" array writes
+/// `parameters`; Hermes and Mistral `arguments`; Llama 3 either).
+const ARGS_KEYS: [&str; 2] = ["parameters", "arguments"];
+
 impl CallStream {
-    /// A named function's arguments (`Some(name)`), or a "required" array (`None`).
+    /// A named function's arguments (`Some(name)`), or JSON call objects (`None`): each object
+    /// that opens at the top level, or inside a top-level array, is a call with a `name` and
+    /// its arguments under `parameters` or `arguments` ("required"; the JSON tool parsers).
     pub fn new(named: Option<String>) -> Self {
-        CallStream { named, text: String::new(), pos: 0, depth: 0, in_str: false, esc: false, str_start: 0, expect: Expect::After, key: String::new(), calls: Vec::new() }
+        CallStream { named, text: String::new(), pos: 0, stack: Vec::new(), call_level: None, in_str: false, esc: false, str_start: 0, expect: Expect::After, key: String::new(), calls: Vec::new() }
     }
 
     /// Takes the next piece of the answer; answers what can be said now.
@@ -101,6 +109,11 @@ impl CallStream {
         out
     }
 
+    /// Calls announced so far.
+    pub fn started(&self) -> usize {
+        self.calls.iter().take_while(|c| c.started).count()
+    }
+
     /// The calls so far, each with its arguments as far as they were sampled.
     pub fn calls(&self) -> Vec<ToolCall> {
         if let Some(name) = &self.named {
@@ -108,7 +121,7 @@ impl CallStream {
         }
         self.calls
             .iter()
-            .filter_map(|c| {
+            .map_while(|c| {
                 let name = c.name.clone()?;
                 let arguments = match c.args_start {
                     Some(s) => self.text[s..c.args_end.unwrap_or(self.text.len())].to_string(),
@@ -119,12 +132,13 @@ impl CallStream {
             .collect()
     }
 
-    /// Follows the array's structure over the bytes not yet scanned. Every byte the scanner
-    /// stops at is ASCII, so the ranges it records are on character boundaries.
+    /// Follows the JSON structure over the bytes not yet scanned. Every byte the scanner stops
+    /// at is ASCII, so the ranges it records are on character boundaries.
     fn scan(&mut self) {
         let bytes = self.text.as_bytes();
         for i in self.pos..bytes.len() {
             let b = bytes[i];
+            let at_keys = self.call_level == Some(self.stack.len());
             if self.in_str {
                 if self.esc {
                     self.esc = false;
@@ -132,7 +146,7 @@ impl CallStream {
                     self.esc = true;
                 } else if b == b'"' {
                     self.in_str = false;
-                    if self.depth == 2 {
+                    if at_keys {
                         let raw = &self.text[self.str_start - 1..=i];
                         let s: String = serde_json::from_str(raw).unwrap_or_default();
                         match self.expect {
@@ -142,7 +156,7 @@ impl CallStream {
                             }
                             Expect::Value => {
                                 if self.key == "name" {
-                                    if let Some(c) = self.calls.last_mut() {
+                                    if let Some(c) = self.calls.last_mut().filter(|c| c.name.is_none()) {
                                         c.name = Some(s);
                                     }
                                 }
@@ -160,27 +174,33 @@ impl CallStream {
                     self.str_start = i + 1;
                 }
                 b'{' | b'[' => {
-                    if self.depth == 1 && b == b'{' {
+                    let top = self.stack.is_empty() || self.stack == [b'['];
+                    if b == b'{' && self.call_level.is_none() && top {
                         self.calls.push(Call::default());
+                        self.call_level = Some(self.stack.len() + 1);
                         self.expect = Expect::Key;
-                    } else if self.depth == 2 && self.expect == Expect::Value && self.key == "parameters" {
-                        if let Some(c) = self.calls.last_mut() {
+                    } else if at_keys && self.expect == Expect::Value && ARGS_KEYS.contains(&self.key.as_str()) {
+                        if let Some(c) = self.calls.last_mut().filter(|c| c.args_start.is_none()) {
                             c.args_start = Some(i);
                         }
                     }
-                    self.depth += 1;
+                    self.stack.push(b);
                 }
                 b'}' | b']' => {
-                    self.depth = self.depth.saturating_sub(1);
-                    if self.depth == 2 && self.key == "parameters" {
+                    self.stack.pop();
+                    let depth = self.stack.len();
+                    if self.call_level == Some(depth + 1) {
+                        // The call object closed.
+                        self.call_level = None;
+                    } else if self.call_level == Some(depth) && ARGS_KEYS.contains(&self.key.as_str()) {
                         if let Some(c) = self.calls.last_mut().filter(|c| c.args_start.is_some() && c.args_end.is_none()) {
                             c.args_end = Some(i + 1);
                             self.expect = Expect::After;
                         }
                     }
                 }
-                b':' if self.depth == 2 && self.expect == Expect::Colon => self.expect = Expect::Value,
-                b',' if self.depth == 2 => self.expect = Expect::Key,
+                b':' if at_keys && self.expect == Expect::Colon => self.expect = Expect::Value,
+                b',' if at_keys => self.expect = Expect::Key,
                 _ => {}
             }
         }
@@ -251,6 +271,33 @@ mod tests {
         let mut s = CallStream::new(None);
         assert_eq!(s.push(r#"[{"name": "g"#), vec![]);
         assert_eq!(s.push(r#"et", "parameters": {"a""#), vec![CallEvent::Start { index: 0, name: "get".into() }, CallEvent::Args { index: 0, piece: r#"{"a""#.into() }]);
+    }
+
+    /// "auto" answers in the JSON formats, from where the parser says the calls begin.
+    #[test]
+    fn parsed_calls_stream_from_their_markup() {
+        use crate::tool_parser::ToolParser;
+        let cases = [
+            (ToolParser::Hermes, "Sure.\n<tool_call>{\"name\": \"get\", \"arguments\": {\"city\": \"Oslo\"}}</tool_call>\n<tool_call>{\"name\": \"now\", \"arguments\": {}}</tool_call>"),
+            (ToolParser::Llama3Json, "<|python_tag|>{\"name\": \"get\", \"parameters\": {\"city\": \"Oslo\"}}; {\"name\": \"now\", \"parameters\": {}}"),
+            (ToolParser::Llama3Json, "{\"type\": \"function\", \"name\": \"get\", \"parameters\": {\"city\": \"Oslo\"}}; {\"name\": \"now\", \"parameters\": {}}"),
+            (ToolParser::Mistral, "[TOOL_CALLS] [{\"name\": \"get\", \"arguments\": {\"city\": \"Oslo\"}}, {\"name\": \"now\", \"arguments\": {}}]"),
+            (ToolParser::Mistral, "[{\"name\": \"get\", \"arguments\": {\"city\": \"Oslo\"}}, {\"arguments\": {}, \"name\": \"now\"}]"),
+        ];
+        for (parser, text) in cases {
+            let start = parser.calls_start(text).unwrap_or_else(|| panic!("{parser:?}: {text}"));
+            let (starts, args) = run(None, &text[start..], 3);
+            assert_eq!(starts, vec![(0, "get".to_string()), (1, "now".to_string())], "{text}");
+            assert_eq!(args, vec!["{\"city\": \"Oslo\"}".to_string(), "{}".to_string()], "{text}");
+            let (_, parsed) = parser.parse(text).unwrap();
+            assert_eq!(parsed.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(), ["get", "now"]);
+        }
+        // A `name` inside the arguments is no call's name; markup not yet certain is no start.
+        let (starts, args) = run(None, "{\"name\": \"f\", \"arguments\": {\"name\": \"x\", \"l\": [{\"name\": \"y\"}]}}", 2);
+        assert_eq!((starts, args), (vec![(0, "f".to_string())], vec!["{\"name\": \"x\", \"l\": [{\"name\": \"y\"}]}".to_string()]));
+        assert_eq!(ToolParser::Hermes.calls_start("Sure. <tool_c"), None);
+        assert_eq!(ToolParser::Qwen3Xml.calls_start("<tool_call><function=f>"), None);
+        assert_eq!(ToolParser::Mistral.calls_start("[TOOL_CALLS]get[ARGS]{}"), None, "v11's form is sent whole");
     }
 
     #[test]

@@ -516,16 +516,9 @@ async fn tools_reach_the_template_and_auto_parses_tool_call_blocks() {
         let r = post(t.addr, "/v1/chat/completions", &body).await;
         assert_eq!(r.status, 200, "{}", r.text());
         let (calls, finish) = if stream {
-            let mut calls = Vec::new();
-            let mut finish = None;
-            for ev in sse_json(&r.text()) {
-                for ch in ev["choices"].as_array().unwrap() {
-                    if let Some(tc) = ch["delta"].get("tool_calls") {
-                        calls.extend(tc.as_array().unwrap().iter().cloned());
-                    }
-                    finish = ch["finish_reason"].as_str().map(String::from).or(finish);
-                }
-            }
+            // The call's arguments stream from the `<tool_call>` on, in pieces.
+            let (calls, pieces, finish) = streamed_calls(&sse_json(&r.text()));
+            assert!(pieces > 1, "{pieces} argument chunks");
             (Value::Array(calls), finish.unwrap())
         } else {
             let c = r.json()["choices"][0].clone();
