@@ -295,21 +295,42 @@ fn input_messages(v: Option<&Value>) -> Result<Vec<Value>, ApiError> {
     Ok(out)
 }
 
-/// `tools` (Responses' flat function tools) and `tool_choice` as the chat path's [`Tools`].
-fn tools(f: &Fields) -> Result<Option<Tools>, ApiError> {
+/// `tools` (Responses' flat function tools, and `namespace` tools grouping them) and
+/// `tool_choice` as the chat path's [`Tools`]; with, per function in a namespace, that namespace
+/// (its calls carry it back).
+fn tools(f: &Fields) -> Result<(Option<Tools>, HashMap<String, String>), ApiError> {
     let list: &[Value] = match f.get("tools") {
         None | Some(Value::Null) => &[],
         Some(Value::Array(a)) => a,
         Some(v) => return Err(wrong_type("tools", "a list of tools", v)),
     };
-    let mut chat_tools = Vec::with_capacity(list.len());
+    // Namespaces' functions flattened, each with its namespace and its field path for errors.
+    let mut flat: Vec<(&Value, String, Option<String>)> = Vec::with_capacity(list.len());
     for (i, t) in list.iter().enumerate() {
         let p = format!("tools[{i}]");
         let Some(o) = t.as_object() else { return Err(wrong_type(&p, "an object", t)) };
         match o.get("type").and_then(Value::as_str) {
-            Some("function") => {}
-            Some(other) => return Err(unsupported(&format!("{p}.type"), &format!("{other:?} tools are (only \"function\" tools are served)"))),
+            Some("function") => flat.push((t, p, None)),
+            Some("namespace") => {
+                let Some(Value::String(ns)) = o.get("name") else { return Err(ApiError::invalid(&format!("{p}.name"), format!("`{p}.name` must be a string"))) };
+                let Some(Value::Array(inner)) = o.get("tools") else { return Err(ApiError::invalid(&format!("{p}.tools"), format!("`{p}.tools` must be a list of function tools"))) };
+                for (j, t) in inner.iter().enumerate() {
+                    flat.push((t, format!("{p}.tools[{j}]"), Some(ns.clone())));
+                }
+            }
+            Some(other) => return Err(unsupported(&format!("{p}.type"), &format!("{other:?} tools are (only \"function\" tools, and namespaces of them, are served)"))),
             None => return Err(ApiError::invalid(&format!("{p}.type"), format!("`{p}.type` is required (\"function\")"))),
+        }
+    }
+    let mut chat_tools = Vec::with_capacity(flat.len());
+    let mut namespaces = HashMap::new();
+    for (t, p, ns) in &flat {
+        let Some(o) = t.as_object() else { return Err(wrong_type(p, "an object", t)) };
+        if ns.is_some() && o.get("type").and_then(Value::as_str) != Some("function") {
+            return Err(unsupported(&format!("{p}.type"), "tools other than functions in a namespace are"));
+        }
+        if let (Some(ns), Some(Value::String(name))) = (ns, o.get("name")) {
+            namespaces.insert(name.clone(), ns.clone());
         }
         let mut func = Map::new();
         for k in ["name", "description", "parameters"] {
@@ -343,10 +364,19 @@ fn tools(f: &Fields) -> Result<Option<Tools>, ApiError> {
         m.insert("tool_choice".into(), c);
     }
     // The chat path's checks, their field names put back in this API's shape.
-    structured::parse_tools(&Fields(&m)).map_err(|e| {
-        let fix = |s: &str| s.replace(".function.name", ".name").replace(".function.parameters", ".parameters").replace(".function.description", ".description").replace("tool_choice.function.name", "tool_choice.name");
+    let tools = structured::parse_tools(&Fields(&m)).map_err(|e| {
+        // `tools[k]` of the flattened list is the field it came from.
+        let k = e.param.as_deref().and_then(|p| p.strip_prefix("tools[")).and_then(|p| p.split(']').next()).and_then(|k| k.parse::<usize>().ok());
+        let fix = |s: &str| {
+            let s = s.replace(".function.name", ".name").replace(".function.parameters", ".parameters").replace(".function.description", ".description").replace("tool_choice.function.name", "tool_choice.name");
+            match k.and_then(|k| flat.get(k).map(|f| (k, &f.1))) {
+                Some((k, p)) => s.replace(&format!("tools[{k}]"), p),
+                None => s,
+            }
+        };
         ApiError { param: e.param.as_deref().map(fix), message: fix(&e.message), ..e }
-    })
+    })?;
+    Ok((tools, namespaces))
 }
 
 /// `text.format`: `text` (none), `json_object`, `json_schema` (`name`, `schema`, `strict`).
@@ -411,6 +441,8 @@ struct Parsed {
     store: bool,
     /// The request's own fields the response repeats.
     echo: Map<String, Value>,
+    /// Per function declared inside a `namespace` tool, that namespace.
+    namespaces: HashMap<String, String>,
 }
 
 fn parse(state: &AppState, body: &[u8]) -> Result<Parsed, ApiError> {
@@ -420,7 +452,7 @@ fn parse(state: &AppState, body: &[u8]) -> Result<Parsed, ApiError> {
     refuse_unsupported(&f)?;
     let p = params(state, &f)?;
     let guide = text_format(&f)?;
-    let tools = tools(&f)?;
+    let (tools, namespaces) = tools(&f)?;
     let store = f.bool("store")?.unwrap_or(true);
     let mut messages = match f.str("previous_response_id")? {
         None => Vec::new(),
@@ -474,7 +506,7 @@ fn parse(state: &AppState, body: &[u8]) -> Result<Parsed, ApiError> {
     echo.insert("top_p".into(), json!(params.top_p));
     echo.insert("truncation".into(), json!("disabled"));
     echo.insert("user".into(), f.get("user").cloned().unwrap_or(Value::Null));
-    Ok(Parsed { job, messages, store, echo })
+    Ok(Parsed { job, messages, store, echo, namespaces })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -517,7 +549,7 @@ fn status_of(finish: &FinishReason) -> (&'static str, Value) {
 }
 
 /// The items of a whole answer.
-fn output_items(job: &Job, text: &str, finish: &FinishReason) -> Vec<Value> {
+fn output_items(env: &Envelope, job: &Job, text: &str, finish: &FinishReason) -> Vec<Value> {
     let (reasoning, text) = match job.reasoning {
         Some(r) => r.split(text),
         None => (None, text.to_string()),
@@ -535,7 +567,7 @@ fn output_items(job: &Job, text: &str, finish: &FinishReason) -> Vec<Value> {
     }
     for c in &calls {
         let complete = matches!(finish, FinishReason::Stop) && serde_json::from_str::<Value>(&c.arguments).is_ok();
-        items.push(call_item(&new_id("fc_"), &structured::tool_call_id(), &c.name, &c.arguments, if complete { "completed" } else { "incomplete" }));
+        items.push(env.call_item(&new_id("fc_"), &structured::tool_call_id(), &c.name, &c.arguments, if complete { "completed" } else { "incomplete" }));
     }
     items
 }
@@ -565,9 +597,19 @@ struct Envelope {
     created: u64,
     model: String,
     echo: Map<String, Value>,
+    namespaces: HashMap<String, String>,
 }
 
 impl Envelope {
+    /// A function_call item, with its function's namespace when it has one.
+    fn call_item(&self, id: &str, call_id: &str, name: &str, arguments: &str, status: &str) -> Value {
+        let mut v = call_item(id, call_id, name, arguments, status);
+        if let Some(ns) = self.namespaces.get(name) {
+            v["namespace"] = json!(ns);
+        }
+        v
+    }
+
     fn object(&self, status: &str, output: Vec<Value>, incomplete: Value, usage: Value, error: Value) -> Value {
         let mut v = json!({"id": self.id, "object": "response", "created_at": self.created, "status": status, "background": false, "error": error,
                            "incomplete_details": incomplete, "model": self.model, "output": output, "usage": usage});
@@ -594,10 +636,10 @@ fn usage(state: &AppState, run: &Run, items: &[Value]) -> Value {
 pub async fn create(state: &Arc<AppState>, req: Request<Incoming>, start: Instant) -> Result<Response<ResponseBody>, ApiError> {
     ready(state)?;
     let parsed = tokenizer_call(state, req, parse).await?;
-    let Parsed { job, messages, store, echo } = parsed;
+    let Parsed { job, messages, store, echo, namespaces } = parsed;
     let job = compiled(state, job).await?;
     let reqs = job.requests(state)?;
-    let env = Envelope { id: new_id("resp_"), created: now_secs(), model: state.model_name.clone(), echo };
+    let env = Envelope { id: new_id("resp_"), created: now_secs(), model: state.model_name.clone(), echo, namespaces };
     let mut run = Run::start(state.clone(), reqs, "input", env.id.clone(), start)?;
     let request_id = hyper::header::HeaderValue::from_str(&env.id).map_err(|e| ApiError::internal(format!("bad response id: {e}")))?;
     let mut r = if job.p.stream {
@@ -606,7 +648,7 @@ pub async fn create(state: &Arc<AppState>, req: Request<Incoming>, start: Instan
         // If the client leaves, hyper drops this future, and with it `run`, which aborts.
         let c = collect(&mut run).await?.pop().unwrap_or_default();
         let finish = c.finish.unwrap_or(FinishReason::Stop);
-        let items = output_items(&job, &c.text, &finish);
+        let items = output_items(&env, &job, &c.text, &finish);
         let (status, incomplete) = status_of(&finish);
         let v = env.object(status, items.clone(), incomplete, usage(state, &run, &items), Value::Null);
         if store {
@@ -738,7 +780,7 @@ impl ResponseStream {
     }
 
     fn start_call(&mut self, out: &mut String, name: &str) {
-        let item = call_item(&new_id("fc_"), &structured::tool_call_id(), name, "", "in_progress");
+        let item = self.env.call_item(&new_id("fc_"), &structured::tool_call_id(), name, "", "in_progress");
         self.open_item(out, Open::Call, item);
     }
 
@@ -770,7 +812,7 @@ impl ResponseStream {
                 let name = item["name"].as_str().unwrap_or_default();
                 let complete = status == "completed" && serde_json::from_str::<Value>(&text).is_ok();
                 self.event(out, "response.function_call_arguments.done", json!({"item_id": id, "output_index": index, "name": name, "arguments": text}));
-                call_item(&id, item["call_id"].as_str().unwrap_or_default(), name, &text, if complete { "completed" } else { "incomplete" })
+                self.env.call_item(&id, item["call_id"].as_str().unwrap_or_default(), name, &text, if complete { "completed" } else { "incomplete" })
             }
         };
         self.event(out, "response.output_item.done", json!({"output_index": index, "item": done}));

@@ -213,6 +213,8 @@ async fn bad_requests_are_4xx_in_openais_shape() {
         (json!({"input": "hi", "instructions": 5}), 400, "instructions"),
         (json!({"input": "hi", "tools": [{"type": "web_search"}]}), 400, "tools[0].type"),
         (json!({"input": "hi", "tools": [{"type": "function", "parameters": {}}]}), 400, "tools[0].name"),
+        (json!({"input": "hi", "tools": [f[0], {"type": "namespace", "name": "ns", "tools": [{"type": "function", "name": "g"}, {"type": "function", "parameters": {}}]}]}), 400, "tools[1].tools[1].name"),
+        (json!({"input": "hi", "tools": [{"type": "namespace", "name": "ns", "tools": [{"type": "web_search"}]}]}), 400, "tools[0].tools[0].type"),
         (json!({"input": "hi", "tools": f, "tool_choice": {"type": "function", "name": "g"}}), 400, "tool_choice.name"),
         (json!({"input": "hi", "tool_choice": "required"}), 400, "tool_choice"),
         (json!({"input": "hi", "text": {"format": {"type": "json_schema", "schema": {}}}}), 400, "text.format.name"),
@@ -322,6 +324,22 @@ mod tools {
             let last = &ev.last().unwrap();
             assert_eq!(last.0, "response.completed");
             calls(&last.1["response"]);
+        }
+    }
+
+    /// A `namespace` tool's functions are served as functions; their calls name the namespace.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn namespaced_functions_are_called_with_their_namespace() {
+        let t = start(tiny_dir(), true).await;
+        let ns = json!([{"type": "function", "name": "get_time", "parameters": schema("get_time")},
+                        {"type": "namespace", "name": "weather", "description": "Weather tools", "tools": [weather()[0].clone()]}]);
+        for stream in [false, true] {
+            let body = ask(json!({"tools": ns, "tool_choice": {"type": "function", "name": "get_weather"}, "temperature": 0, "stream": stream}));
+            let r = post(t.addr, "/v1/responses", &body).await;
+            let v = if stream { events(&r).last().unwrap().1["response"].clone() } else { r.json() };
+            let (name, args) = calls(&v).remove(0);
+            assert_eq!((name.as_str(), v["output"][0]["namespace"].as_str()), ("get_weather", Some("weather")), "{v}");
+            validate(&schema("get_weather"), &args);
         }
     }
 
