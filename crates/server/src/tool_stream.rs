@@ -136,8 +136,7 @@ impl CallStream {
     /// at is ASCII, so the ranges it records are on character boundaries.
     fn scan(&mut self) {
         let bytes = self.text.as_bytes();
-        for i in self.pos..bytes.len() {
-            let b = bytes[i];
+        for (i, &b) in bytes.iter().enumerate().skip(self.pos) {
             let at_keys = self.call_level == Some(self.stack.len());
             if self.in_str {
                 if self.esc {
