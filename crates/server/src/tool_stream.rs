@@ -30,6 +30,9 @@ struct Call {
     /// Byte range of the `parameters` value: its start, and its end once it closed.
     args_start: Option<usize>,
     args_end: Option<usize>,
+    /// Arguments not written as an object: a JSON string holding them (taken unescaped, as the
+    /// parsers take it), or `{}` for a call object that closed without any. Sent whole.
+    args_text: Option<String>,
     /// Announced ([`CallEvent::Start`]) yet; bytes of the arguments sent.
     started: bool,
     sent: usize,
@@ -104,6 +107,9 @@ impl CallStream {
                     out.push(CallEvent::Args { index, piece: self.text[from..end].to_string() });
                     c.sent = end - start;
                 }
+            } else if let Some(t) = c.args_text.as_ref().filter(|t| c.sent == 0 && !t.is_empty()) {
+                out.push(CallEvent::Args { index, piece: t.clone() });
+                c.sent = t.len();
             }
         }
         out
@@ -123,9 +129,10 @@ impl CallStream {
             .iter()
             .map_while(|c| {
                 let name = c.name.clone()?;
-                let arguments = match c.args_start {
-                    Some(s) => self.text[s..c.args_end.unwrap_or(self.text.len())].to_string(),
-                    None => String::new(),
+                let arguments = match (c.args_start, &c.args_text) {
+                    (Some(s), _) => self.text[s..c.args_end.unwrap_or(self.text.len())].to_string(),
+                    (None, Some(t)) => t.clone(),
+                    (None, None) => String::new(),
                 };
                 Some(ToolCall { name, arguments })
             })
@@ -154,9 +161,11 @@ impl CallStream {
                                 self.expect = Expect::Colon;
                             }
                             Expect::Value => {
-                                if self.key == "name" {
-                                    if let Some(c) = self.calls.last_mut().filter(|c| c.name.is_none()) {
+                                if let Some(c) = self.calls.last_mut() {
+                                    if self.key == "name" && c.name.is_none() {
                                         c.name = Some(s);
+                                    } else if ARGS_KEYS.contains(&self.key.as_str()) && c.args_start.is_none() && c.args_text.is_none() {
+                                        c.args_text = Some(s);
                                     }
                                 }
                                 self.expect = Expect::After;
@@ -189,8 +198,11 @@ impl CallStream {
                     self.stack.pop();
                     let depth = self.stack.len();
                     if self.call_level == Some(depth + 1) {
-                        // The call object closed.
+                        // The call object closed; without arguments it takes none.
                         self.call_level = None;
+                        if let Some(c) = self.calls.last_mut().filter(|c| c.args_start.is_none() && c.args_text.is_none()) {
+                            c.args_text = Some("{}".into());
+                        }
                     } else if self.call_level == Some(depth) && ARGS_KEYS.contains(&self.key.as_str()) {
                         if let Some(c) = self.calls.last_mut().filter(|c| c.args_start.is_some() && c.args_end.is_none()) {
                             c.args_end = Some(i + 1);
@@ -294,6 +306,13 @@ mod tests {
         // A `name` inside the arguments is no call's name; markup not yet certain is no start.
         let (starts, args) = run(None, "{\"name\": \"f\", \"arguments\": {\"name\": \"x\", \"l\": [{\"name\": \"y\"}]}}", 2);
         assert_eq!((starts, args), (vec![(0, "f".to_string())], vec!["{\"name\": \"x\", \"l\": [{\"name\": \"y\"}]}".to_string()]));
+        // Arguments written as a JSON string, or left out: as the parsers read them, whole.
+        let text = "<tool_call>{\"name\": \"f\", \"arguments\": \"{\\\"a\\\": 1}\"}</tool_call>\n<tool_call>{\"name\": \"g\"}</tool_call>";
+        let (_, parsed) = ToolParser::Hermes.parse(text).unwrap();
+        let (starts, args) = run(None, &text[ToolParser::Hermes.calls_start(text).unwrap()..], 4);
+        assert_eq!(starts.len(), 2);
+        assert_eq!(args, parsed.iter().map(|c| c.arguments.clone()).collect::<Vec<_>>());
+        assert_eq!(args, ["{\"a\": 1}", "{}"]);
         assert_eq!(ToolParser::Hermes.calls_start("Sure. <tool_c"), None);
         assert_eq!(ToolParser::Qwen3Xml.calls_start("<tool_call><function=f>"), None);
         assert_eq!(ToolParser::Mistral.calls_start("[TOOL_CALLS]get[ARGS]{}"), None, "v11's form is sent whole");
