@@ -46,8 +46,10 @@ pub struct ServerConfig {
     /// `--reasoning-parser`: a chat answer's `<think>` block goes to `reasoning_content`.
     pub reasoning_parser: Option<crate::reasoning::ReasoningParser>,
     /// `/v1/responses` with `store`: at most this many responses are kept (the oldest go
-    /// first; 0 keeps none), each for at most `responses_ttl`.
+    /// first; 0 keeps none), in at most `responses_max_bytes` (their JSON's length), each for
+    /// at most `responses_ttl`.
     pub responses_capacity: usize,
+    pub responses_max_bytes: usize,
     pub responses_ttl: Duration,
 }
 
@@ -110,6 +112,7 @@ impl Default for ServerConfig {
             tool_call_parser: None,
             reasoning_parser: None,
             responses_capacity: 1000,
+            responses_max_bytes: 256 << 20,
             responses_ttl: Duration::from_secs(3600),
         }
     }

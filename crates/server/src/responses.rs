@@ -22,8 +22,8 @@
 //! `response.completed` (or `response.incomplete`, or `response.failed` on an engine failure),
 //! every event with its `sequence_number`.
 //!
-//! `store` (default true) keeps the response in a bounded in-memory [`ResponseStore`] (a size
-//! and an age limit; evictions counted in /metrics) for `GET`, `DELETE` and
+//! `store` (default true) keeps the response in a bounded in-memory [`ResponseStore`] (a count,
+//! a byte and an age limit; evictions counted in /metrics) for `GET`, `DELETE` and
 //! `previous_response_id`. Errors are OpenAI's shape; fields whose meaning is not served
 //! (`background`, `conversation`, `prompt`, built-in tools, image and file inputs, ...) are
 //! 400s naming them.
@@ -58,15 +58,18 @@ use crate::tool_stream::{CallEvent, CallStream};
 #[derive(Debug, Clone)]
 struct Stored {
     at: Instant,
+    /// Bytes it holds, roughly (its JSON's length), for the store's byte bound.
+    size: usize,
     response: Value,
     /// Template messages: the input (after any previous response's) and the answer.
     messages: Vec<Value>,
 }
 
-/// Stored responses, bounded by count and by age: the oldest go first when it is full, and
-/// any older than the age limit go when next looked at. Evictions are counted.
+/// Stored responses, bounded by count, by bytes and by age: the oldest go first when it is
+/// full, and any older than the age limit go when next looked at. Evictions are counted.
 pub struct ResponseStore {
     max: usize,
+    max_bytes: usize,
     ttl: Duration,
     inner: Mutex<StoreInner>,
     evicted: AtomicU64,
@@ -75,65 +78,86 @@ pub struct ResponseStore {
 #[derive(Default)]
 struct StoreInner {
     map: HashMap<String, Stored>,
+    bytes: usize,
     /// Insertion order; an id deleted since (or replaced) is skipped when it comes up.
     order: VecDeque<(Instant, String)>,
 }
 
 impl ResponseStore {
-    pub fn new(max: usize, ttl: Duration) -> Self {
-        ResponseStore { max, ttl, inner: Mutex::new(StoreInner::default()), evicted: AtomicU64::new(0) }
+    pub fn new(max: usize, max_bytes: usize, ttl: Duration) -> Self {
+        ResponseStore { max, max_bytes, ttl, inner: Mutex::new(StoreInner::default()), evicted: AtomicU64::new(0) }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, StoreInner> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Drops what is past its age, then the oldest while more than `keep` remain.
-    fn evict(&self, s: &mut StoreInner, now: Instant, keep: usize) {
+    /// Drops what is past its age, then the oldest while more than `keep` remain or more than
+    /// `keep_bytes` are held.
+    fn evict(&self, s: &mut StoreInner, now: Instant, keep: usize, keep_bytes: usize) {
         while let Some((at, id)) = s.order.front().cloned() {
             let live = s.map.get(&id).is_some_and(|e| e.at == at);
             if !live {
                 s.order.pop_front();
                 continue;
             }
-            if now.duration_since(at) <= self.ttl && s.map.len() <= keep {
+            if now.duration_since(at) <= self.ttl && s.map.len() <= keep && s.bytes <= keep_bytes {
                 break;
             }
             s.order.pop_front();
-            s.map.remove(&id);
+            if let Some(e) = s.map.remove(&id) {
+                s.bytes -= e.size;
+            }
             self.evicted.fetch_add(1, Ordering::Relaxed);
         }
     }
 
     fn insert(&self, id: String, response: Value, messages: Vec<Value>) {
-        if self.max == 0 {
+        let size = response.to_string().len() + messages.iter().map(|m| m.to_string().len()).sum::<usize>();
+        if self.max == 0 || size > self.max_bytes {
+            if self.max > 0 {
+                self.evicted.fetch_add(1, Ordering::Relaxed);
+            }
             return;
         }
         let now = Instant::now();
         let mut s = self.lock();
-        self.evict(&mut s, now, self.max - 1);
+        self.evict(&mut s, now, self.max - 1, self.max_bytes - size);
         s.order.push_back((now, id.clone()));
-        s.map.insert(id, Stored { at: now, response, messages });
+        s.bytes += size;
+        if let Some(old) = s.map.insert(id, Stored { at: now, size, response, messages }) {
+            s.bytes -= old.size;
+        }
     }
 
     fn get(&self, id: &str) -> Option<Stored> {
         let mut s = self.lock();
-        self.evict(&mut s, Instant::now(), self.max);
+        self.evict(&mut s, Instant::now(), self.max, self.max_bytes);
         s.map.get(id).cloned()
     }
 
     fn remove(&self, id: &str) -> bool {
         let mut s = self.lock();
-        self.evict(&mut s, Instant::now(), self.max);
-        s.map.remove(id).is_some()
+        self.evict(&mut s, Instant::now(), self.max, self.max_bytes);
+        match s.map.remove(id) {
+            Some(e) => {
+                s.bytes -= e.size;
+                true
+            }
+            None => false,
+        }
     }
 
     /// The store's series in the Prometheus text format.
     pub fn render(&self, model: &str) -> String {
-        let len = self.lock().map.len();
+        let (len, bytes) = {
+            let s = self.lock();
+            (s.map.len(), s.bytes)
+        };
         let label = format!("{{model_name=\"{}\"}}", model.replace('\\', "\\\\").replace('"', "\\\""));
         format!(
             "# HELP tandem:responses_stored Responses held for previous_response_id and GET /v1/responses/{{id}}.\n# TYPE tandem:responses_stored gauge\ntandem:responses_stored{label} {len}\n\
+             # HELP tandem:responses_stored_bytes The stored responses' size (their JSON's length).\n# TYPE tandem:responses_stored_bytes gauge\ntandem:responses_stored_bytes{label} {bytes}\n\
              # HELP tandem:responses_evicted_total Stored responses dropped for the store's size or age limit.\n# TYPE tandem:responses_evicted_total counter\ntandem:responses_evicted_total{label} {}\n",
             self.evicted.load(Ordering::Relaxed)
         )

@@ -90,7 +90,7 @@ impl Server {
         let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
         let state = Arc::new(AppState {
             metrics: Metrics::new(&model_name),
-            responses: crate::responses::ResponseStore::new(config.responses_capacity, config.responses_ttl),
+            responses: crate::responses::ResponseStore::new(config.responses_capacity, config.responses_max_bytes, config.responses_ttl),
             config,
             engine,
             tokenizer,

@@ -149,7 +149,7 @@ async fn stored_responses_continue_and_can_be_read_and_deleted() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_store_is_bounded_by_size_and_age() {
+async fn the_store_is_bounded_by_count_bytes_and_age() {
     let mut setup = Setup::default();
     setup.config.responses_capacity = 2;
     setup.config.responses_ttl = Duration::from_millis(400);
@@ -163,10 +163,22 @@ async fn the_store_is_bounded_by_size_and_age() {
     let l = format!("{{model_name=\"{MODEL}\"}}");
     let m = get(s.addr, "/metrics").await.text();
     assert_eq!((metric(&m, &format!("tandem:responses_evicted_total{l}")), metric(&m, &format!("tandem:responses_stored{l}"))), (1.0, 2.0), "{m}");
+    let bytes = metric(&m, &format!("tandem:responses_stored_bytes{l}"));
+    assert!(bytes > 2.0 * 500.0, "two responses' JSON: {bytes} bytes");
     tokio::time::sleep(Duration::from_millis(500)).await;
     openai_error(&get(s.addr, &format!("/v1/responses/{}", ids[2])).await, 404);
     let m = get(s.addr, "/metrics").await.text();
     assert_eq!((metric(&m, &format!("tandem:responses_evicted_total{l}")), metric(&m, &format!("tandem:responses_stored{l}"))), (3.0, 0.0), "{m}");
+    assert_eq!(metric(&m, &format!("tandem:responses_stored_bytes{l}")), 0.0);
+
+    // A byte bound: a response larger than the whole store is not kept (and counted).
+    let mut setup = Setup::default();
+    setup.config.responses_max_bytes = 300;
+    let s = TestServer::start(setup).await;
+    let id = post(s.addr, "/v1/responses", &json!({"input": "hi", "max_output_tokens": 1})).await.json()["id"].as_str().unwrap().to_string();
+    openai_error(&get(s.addr, &format!("/v1/responses/{id}")).await, 404);
+    let m = get(s.addr, "/metrics").await.text();
+    assert_eq!((metric(&m, &format!("tandem:responses_evicted_total{l}")), metric(&m, &format!("tandem:responses_stored{l}"))), (1.0, 0.0), "{m}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
