@@ -7,7 +7,7 @@
 //!    there, and under CI. It ran here a second time before `cargo test`, for its table in CI's
 //!    output, which cost 1.5-3 minutes; `cargo xtask kernels --check` prints that table.
 //! 3. `cargo test --workspace`, with the environment the wgpu tests need.
-//! 4. The official `openai` and `anthropic` Python clients against our server
+//! 4. The official `openai` and `anthropic` Python clients and the OpenAI Agents SDK against our server
 //!    (crates/server/tests/openai_client.sh).
 //! 5. The fuzz targets (`cargo xtask fuzz`): regression inputs, then about 20 s of each target
 //!    (`TANDEM_FUZZ_SECONDS`); skipped, counted, without a nightly toolchain.
@@ -141,18 +141,18 @@ pub fn run(a: Args) -> Result<()> {
 /// checked).
 const ANTHROPIC_SDK: &str = "anthropic==2.17.0";
 
-/// The official `openai` and `anthropic` Python clients (clients we did not write) against our
-/// server: completions, chat, messages, streaming, tools. The packages go into `.venv-openai`
+/// The official `openai` and `anthropic` Python clients and the OpenAI Agents SDK (clients we
+/// did not write) against our server: completions, chat, responses, messages, streaming, tools. The packages go into `.venv-openai`
 /// (git-ignored).
 fn openai_client(root: &std::path::Path, examples: Option<&std::path::Path>) -> Result<()> {
     let venv = root.join(".venv-openai");
     let py = venv.join("bin/python");
-    let pinned = format!("import anthropic, openai; assert anthropic.__version__ == {:?}", ANTHROPIC_SDK.trim_start_matches("anthropic=="));
+    let pinned = format!("import agents, anthropic, openai; assert anthropic.__version__ == {:?}", ANTHROPIC_SDK.trim_start_matches("anthropic=="));
     if !py.exists() || !Command::new(&py).args(["-c", &pinned]).status()?.success() {
         let ok = (py.exists() || Command::new("python3").arg("-m").arg("venv").arg(&venv).status()?.success())
-            && Command::new(&py).args(["-m", "pip", "install", "-q", "openai", ANTHROPIC_SDK]).status()?.success();
+            && Command::new(&py).args(["-m", "pip", "install", "-q", "openai", ANTHROPIC_SDK, "openai-agents"]).status()?.success();
         if !ok {
-            bail!("could not install the openai and anthropic packages into {}", venv.display());
+            bail!("could not install the openai, anthropic and openai-agents packages into {}", venv.display());
         }
     }
     let mut cmd = Command::new("bash");

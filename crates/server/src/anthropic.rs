@@ -26,8 +26,8 @@
 //! With `--reasoning-parser`, the answer's `<think>` block is a `thinking` block before the
 //! text (an empty `signature`: there is nothing to sign), streamed as `thinking_delta`s.
 //!
-//! Streaming ([`MessageStream`]): text and a forced tool's input stream as sampled; "auto" with
-//! a tool parser streams text up to where the markup may begin; "any" is held to the end. `GET
+//! Streaming ([`MessageStream`]): text and tools' input stream as sampled (a named tool, "any",
+//! and "auto" with a tool parser once its markup is certain; text up to where it may begin). `GET
 //! /v1/models` asked with `anthropic-version` answers in Anthropic's shape ([`models`]).
 
 use std::sync::Arc;
@@ -48,6 +48,7 @@ use crate::run::Run;
 use crate::server::AppState;
 use crate::structured::{self, GuideRequest, ToolChoice, Tools};
 use crate::tool_parser::ToolParser;
+use crate::tool_stream::{CallEvent, CallStream};
 use tandem_structured::GuideSpec;
 
 /// Anthropic's error type for a status.
@@ -533,11 +534,12 @@ enum Mode {
     /// A forced tool: the text is its input, sent as `input_json_delta`s of one `tool_use` block
     /// opened in the head.
     ToolInput,
-    /// "any": a JSON array of calls, held and sent as blocks at the end.
-    Held(String),
-    /// "auto" with a tool parser: text streams until the markup may begin; from there on it is
-    /// held, and at the end it is calls (blocks) or, if it does not parse, more text.
-    Auto { parser: ToolParser, text: String, sent: usize },
+    /// "any": a JSON array of calls, each a `tool_use` block whose input streams as sampled.
+    Any(CallStream),
+    /// "auto" with a tool parser: text streams until the markup may begin; from where the
+    /// calls' JSON surely begins they stream as "any" does; at the end the rest is calls (whole
+    /// blocks, for a format not streamed) or, if it does not parse, more text.
+    Auto { parser: ToolParser, text: String, sent: usize, calls: Option<CallStream> },
 }
 
 /// Anthropic's event stream: `message_start`, `ping`, per block `content_block_start`,
@@ -569,8 +571,8 @@ impl MessageStream {
         let mode = match &job.tool_output {
             None => Mode::Text,
             Some(ToolOutput::Named(_)) => Mode::ToolInput,
-            Some(ToolOutput::Auto(parser)) => Mode::Auto { parser: *parser, text: String::new(), sent: 0 },
-            Some(ToolOutput::Required) => Mode::Held(String::new()),
+            Some(ToolOutput::Auto(parser)) => Mode::Auto { parser: *parser, text: String::new(), sent: 0, calls: None },
+            Some(ToolOutput::Required) => Mode::Any(CallStream::new(None)),
         };
         let input_tokens = job.prompts.first().map_or(0, Vec::len);
         let reasoning = job.reasoning.map(ReasoningStream::new);
@@ -684,16 +686,36 @@ impl MessageStream {
                 None => d.text.clone(),
             };
             if !piece.is_empty() {
+                let mut calls = Vec::new();
                 match &mut self.mode {
                     Mode::Text => self.text(out, &piece),
                     Mode::ToolInput => Self::delta(out, 0, json!({"type": "input_json_delta", "partial_json": piece})),
-                    Mode::Held(t) => t.push_str(&piece),
-                    Mode::Auto { parser, text, sent } => {
+                    Mode::Any(cs) => calls = cs.push(&piece),
+                    Mode::Auto { parser, text, sent, calls: cs } => {
                         text.push_str(&piece);
                         let end = parser.content_len(text).max(*sent);
-                        let piece = text[*sent..end].to_string();
+                        let certain = text[*sent..end].to_string();
                         *sent = end;
-                        self.text(out, &piece);
+                        match cs {
+                            Some(cs) => calls = cs.push(&piece),
+                            None => {
+                                if let Some(start) = parser.calls_start(text) {
+                                    let mut s = CallStream::new(None);
+                                    calls = s.push(&text[start..]);
+                                    *cs = Some(s);
+                                }
+                            }
+                        }
+                        self.text(out, &certain);
+                    }
+                }
+                for e in calls {
+                    match e {
+                        CallEvent::Start { name, .. } => {
+                            self.stop_block(out);
+                            self.start_block(out, json!({"type": "tool_use", "id": new_id("toolu_"), "name": name, "input": {}}));
+                        }
+                        CallEvent::Args { piece, .. } => Self::delta(out, self.blocks - 1, json!({"type": "input_json_delta", "partial_json": piece})),
                     }
                 }
             }
@@ -710,17 +732,35 @@ impl MessageStream {
         }
         let finish = self.finish.clone().unwrap_or(FinishReason::Abort);
         let (reason, seq) = match std::mem::replace(&mut self.mode, Mode::Text) {
-            Mode::Held(text) => {
-                let (blocks, reason, seq) = answer(self.tool_output.as_ref(), &text, &finish, self.stop_string.as_deref());
-                for b in &blocks {
-                    self.whole_block(out, b);
-                }
-                (reason, seq)
+            Mode::Any(cs) => {
+                self.stop_block(out);
+                let reason = match finish {
+                    FinishReason::Length => "max_tokens",
+                    FinishReason::Stop if cs.started() > 0 => "tool_use",
+                    FinishReason::Stop => "end_turn",
+                    _ => "pause_turn",
+                };
+                (reason, None)
             }
             Mode::Text => {
                 self.stop_block(out);
                 let (_, reason, seq) = answer(None, "", &finish, self.stop_string.as_deref());
                 (reason, seq)
+            }
+            Mode::Auto { text, calls: Some(cs), .. } if cs.started() > 0 => {
+                // Calls went out as they came: the answer is calls; any the stream did not
+                // follow come whole.
+                self.stop_block(out);
+                let (blocks, _, _) = answer(self.tool_output.as_ref(), &text, &finish, self.stop_string.as_deref());
+                for b in blocks.iter().filter(|b| b["type"] == "tool_use").skip(cs.started()) {
+                    self.whole_block(out, b);
+                }
+                let reason = match finish {
+                    FinishReason::Length => "max_tokens",
+                    FinishReason::Stop => "tool_use",
+                    _ => "pause_turn",
+                };
+                (reason, None)
             }
             Mode::Auto { text, sent, .. } => {
                 let (blocks, reason, seq) = answer(self.tool_output.as_ref(), &text, &finish, self.stop_string.as_deref());
@@ -903,7 +943,7 @@ mod tests {
     }
 
     #[test]
-    fn hermes_calls_stream_their_content_then_come_as_blocks() {
+    fn hermes_calls_stream_their_content_then_their_input() {
         let pieces = ["Sure.", "\n<tool", "_call>{\"name\": \"get\", ", "\"arguments\": {\"city\": \"Oslo\"}}</tool_call>"];
         let ev = stream(Some(ToolOutput::Auto(ToolParser::Hermes)), &pieces, FinishReason::Stop);
         let names: Vec<&str> = ev.iter().map(|(n, _)| n.as_str()).collect();
@@ -911,7 +951,7 @@ mod tests {
         assert_eq!(texts(&ev), ["Sure.", "\n"], "the content streams; the tag's start is held until it is known");
         let tool = &ev[5].1["content_block"];
         assert_eq!((tool["type"].as_str(), tool["name"].as_str(), ev[5].1["index"].as_u64()), (Some("tool_use"), Some("get"), Some(1)));
-        assert_eq!(ev[6].1["delta"], json!({"type": "input_json_delta", "partial_json": "{\"city\":\"Oslo\"}"}));
+        assert_eq!(ev[6].1["delta"], json!({"type": "input_json_delta", "partial_json": "{\"city\": \"Oslo\"}"}), "the input as sampled");
         assert_eq!(ev[8].1["delta"]["stop_reason"], "tool_use");
 
         // A `<tool` that grows into something else, and markup that does not parse: all text.
@@ -920,6 +960,23 @@ mod tests {
         assert_eq!(texts(&ev)[..2], ["a ", "<tools> b"], "held only while it may be the tag");
         assert_eq!(ev.last().map(|(n, _)| n.as_str()), Some("message_stop"));
         assert_eq!(ev[ev.len() - 2].1["delta"]["stop_reason"], "max_tokens");
+    }
+
+    /// "any": each call a `tool_use` block whose input streams as sampled, in pieces.
+    #[test]
+    fn any_calls_stream_their_input() {
+        let pieces = ["[{\"name\": \"get\", \"para", "meters\": {\"city\"", ": \"Oslo\"}}, {\"name\": \"now\", \"parameters\": {}}]"];
+        let ev = stream(Some(ToolOutput::Required), &pieces, FinishReason::Stop);
+        let names: Vec<&str> = ev.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["message_start", "content_block_start", "content_block_delta", "content_block_delta", "content_block_stop", "content_block_start", "content_block_delta", "content_block_stop", "message_delta", "message_stop"]);
+        let input = |i: u64| -> String { ev.iter().filter(|(_, d)| d["index"] == i && d["delta"]["type"] == "input_json_delta").map(|(_, d)| d["delta"]["partial_json"].as_str().unwrap()).collect() };
+        assert_eq!((input(0), input(1)), ("{\"city\": \"Oslo\"}".to_string(), "{}".to_string()));
+        assert_eq!((ev[1].1["content_block"]["name"].as_str(), ev[5].1["content_block"]["name"].as_str()), (Some("get"), Some("now")));
+        assert_eq!(ev[8].1["delta"]["stop_reason"], "tool_use");
+        // Cut: the call begun is a block with partial input, stop_reason max_tokens.
+        let ev = stream(Some(ToolOutput::Required), &pieces[..2], FinishReason::Length);
+        assert_eq!(ev[ev.len() - 2].1["delta"]["stop_reason"], "max_tokens");
+        assert_eq!(ev.iter().filter(|(n, _)| n == "content_block_start").count(), 1);
     }
 
     #[test]

@@ -45,6 +45,12 @@ pub struct ServerConfig {
     pub tool_call_parser: Option<crate::tool_parser::ToolParser>,
     /// `--reasoning-parser`: a chat answer's `<think>` block goes to `reasoning_content`.
     pub reasoning_parser: Option<crate::reasoning::ReasoningParser>,
+    /// `/v1/responses` with `store`: at most this many responses are kept (the oldest go
+    /// first; 0 keeps none), in at most `responses_max_bytes` (their JSON's length), each for
+    /// at most `responses_ttl`.
+    pub responses_capacity: usize,
+    pub responses_max_bytes: usize,
+    pub responses_ttl: Duration,
 }
 
 /// What a request that leaves a field out gets instead of the API's default: vLLM's
@@ -105,6 +111,9 @@ impl Default for ServerConfig {
             allowed_origins: Vec::new(),
             tool_call_parser: None,
             reasoning_parser: None,
+            responses_capacity: 1000,
+            responses_max_bytes: 256 << 20,
+            responses_ttl: Duration::from_secs(3600),
         }
     }
 }

@@ -1,6 +1,7 @@
 //! tandem-server: the HTTP server (hyper 1, HTTP/1.1 on tokio). OpenAI-compatible
 //! `/v1/completions` and `/v1/chat/completions` (whole or streamed as server-sent events),
-//! Anthropic's `/v1/messages` and `/v1/messages/count_tokens`,
+//! OpenAI's Responses API (`/v1/responses`), Anthropic's `/v1/messages` and
+//! `/v1/messages/count_tokens`,
 //! `/generate`, `/v1/models`, vLLM's `/tokenize`, `/detokenize` and `/version`, `/health` and
 //! Prometheus `/metrics`.
 //!
@@ -12,6 +13,9 @@
 //! - [`openai`]: request parsing and the response and chunk formats.
 //! - [`anthropic`]: Anthropic's Messages API (`/v1/messages`, `/v1/messages/count_tokens`),
 //!   read into the chat path's pieces; its event stream and error shape.
+//! - [`responses`]: OpenAI's Responses API (`/v1/responses`, `GET`/`DELETE` by id), read into
+//!   the chat path's pieces; its output items, event stream and bounded store.
+//! - [`tool_stream`]: tool calls' arguments read as they are sampled, for the streams.
 //! - [`params`]: sampling fields, type- and range-checked.
 //! - [`structured`]: structured-output forms and tools to a `GuideSpec`; tool calls read back.
 //! - [`run`]: one request's engine submissions, merged; aborts them when dropped or past the
@@ -62,6 +66,8 @@ pub mod structured;
 pub mod test_support;
 pub mod tokenization;
 pub mod tool_parser;
+pub mod tool_stream;
+pub mod responses;
 
 pub use config::ServerConfig;
 pub use engine_client::EngineClient;

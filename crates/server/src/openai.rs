@@ -19,6 +19,7 @@ use crate::server::AppState;
 use crate::reasoning::{ReasoningParser, ReasoningStream};
 use crate::structured::{self, GuideRequest, ToolCall, ToolChoice};
 use crate::tool_parser::ToolParser;
+use crate::tool_stream::{CallEvent, CallStream};
 
 /// A parsed, tokenized request, ready to submit.
 #[derive(Debug)]
@@ -63,7 +64,8 @@ pub fn tool_message(out: Option<&ToolOutput>, text: &str, finish: &str) -> (Opti
             Some(calls) => (None, calls, "tool_calls".into()),
             None => plain,
         },
-        Some(ToolOutput::Required) => plain,
+        // Cut short (`max_tokens`): the calls as far as they were written, not the array's text.
+        Some(ToolOutput::Required) => (None, crate::tool_stream::partial_calls(text), finish.to_string()),
         Some(ToolOutput::Auto(p)) => match p.parse(text) {
             Some((content, calls)) if !calls.is_empty() => (content, calls, if finish == "stop" { "tool_calls".into() } else { finish.to_string() }),
             _ => plain,
@@ -626,13 +628,16 @@ pub struct StreamFormatter {
 }
 
 /// A streamed chat choice whose text is read as it comes: reasoning is sent as
-/// `reasoning_content` as soon as it is certain; content as far as the tool parser says it is
-/// certainly not a call (all of it without tools, none for a forced call); at the end the rest
-/// is calls or, when it holds none, content. Logprobs of a choice with tools come in its last
-/// chunk.
+/// `reasoning_content` as soon as it is certain; a forced call's arguments as they are sampled
+/// ([`CallStream`]); otherwise content as far as the tool parser says it is certainly not a
+/// call (all of it without tools); at the end the rest is calls or, when it holds none,
+/// content. Logprobs of a choice with tools come in its last chunk.
 #[derive(Debug, Clone, Default)]
 struct ReadChoice {
     reasoning: Option<ReasoningStream>,
+    /// A forced call (named or "required"), read as it is sampled; the ids of its calls.
+    calls: Option<CallStream>,
+    ids: Vec<String>,
     content: String,
     sent: usize,
     lps: Vec<TokenLogprob>,
@@ -686,7 +691,12 @@ impl StreamFormatter {
             explicit_prompt_lps: job.p.explicit_prompt_logprobs,
             tool_output: job.tool_output.clone(),
             read: if job.api == Api::Chat && (job.tool_output.is_some() || job.reasoning.is_some()) {
-                vec![ReadChoice { reasoning: job.reasoning.map(ReasoningStream::new), ..Default::default() }; num_choices]
+                let calls = match &job.tool_output {
+                    Some(ToolOutput::Named(n)) => Some(CallStream::new(Some(n.clone()))),
+                    Some(ToolOutput::Required) => Some(CallStream::new(None)),
+                    _ => None,
+                };
+                vec![ReadChoice { reasoning: job.reasoning.map(ReasoningStream::new), calls, ..Default::default() }; num_choices]
             } else {
                 Vec::new()
             },
@@ -736,14 +746,20 @@ impl StreamFormatter {
                 self.prompt_lps[prompt] = Some(pl.clone());
             }
             if !self.read.is_empty() {
-                let Some(v) = self.read_chunk(index, d, prompt) else { continue };
-                if opened {
-                    out.push(',');
-                } else {
-                    out.push_str(&self.envelope);
-                    opened = true;
+                // A forced call's pieces may need several chunks (a call's first names it).
+                for (k, v) in self.read_chunk(index, d, prompt).into_iter().enumerate() {
+                    if opened && k > 0 {
+                        self.close_chunk(out);
+                        opened = false;
+                    }
+                    if opened {
+                        out.push(',');
+                    } else {
+                        out.push_str(&self.envelope);
+                        opened = true;
+                    }
+                    let _ = write!(out, "{v}");
                 }
-                let _ = write!(out, "{v}");
                 continue;
             }
             // A choice's first event repeats its prompt (`echo`), or carries `prompt_logprobs`.
@@ -811,9 +827,11 @@ impl StreamFormatter {
         }
     }
 
-    /// The next chunk of a chat choice read as it streams ([`ReadChoice`]); None when there
-    /// is nothing to say yet.
-    fn read_chunk(&mut self, index: usize, d: &crate::engine_client::CompletionDelta, prompt: usize) -> Option<Value> {
+    /// The next choice entries of a chat choice read as it streams ([`ReadChoice`]), each for
+    /// a chunk of its own; none when there is nothing to say yet. A forced call streams in
+    /// OpenAI's shape: a first entry with its index, id, type, name and empty arguments, then
+    /// entries with the index and pieces of the arguments as they are sampled.
+    fn read_chunk(&mut self, index: usize, d: &crate::engine_client::CompletionDelta, prompt: usize) -> Vec<Value> {
         let done = d.finish.is_some();
         let rc = &mut self.read[index];
         let (reasoning, piece) = match &mut rc.reasoning {
@@ -821,6 +839,37 @@ impl StreamFormatter {
             None => (String::new(), d.text.clone()),
         };
         rc.content.push_str(&piece);
+        // The tool_calls entries, one per chunk; consecutive pieces of one call's arguments merged.
+        let mut entries: Vec<Value> = Vec::new();
+        // "auto": calls stream from where the parser is sure they begin.
+        let mut feed = piece.as_str();
+        if let (None, Some(ToolOutput::Auto(p))) = (&rc.calls, &self.tool_output) {
+            match p.calls_start(&rc.content) {
+                Some(start) => {
+                    rc.calls = Some(CallStream::new(None));
+                    feed = &rc.content[start..];
+                }
+                None => feed = "",
+            }
+        }
+        if let Some(cs) = &mut rc.calls {
+            for e in cs.push(feed) {
+                match e {
+                    CallEvent::Start { index: k, name } => {
+                        let id = structured::tool_call_id();
+                        rc.ids.push(id.clone());
+                        entries.push(json!({"index": k, "id": id, "type": "function", "function": {"name": name, "arguments": ""}}));
+                    }
+                    CallEvent::Args { index: k, piece } => match entries.last_mut() {
+                        Some(last) if last["index"] == k && last.get("id").is_none() => {
+                            let joined = format!("{}{piece}", last["function"]["arguments"].as_str().unwrap_or_default());
+                            last["function"]["arguments"] = json!(joined);
+                        }
+                        _ => entries.push(json!({"index": k, "function": {"arguments": piece}})),
+                    },
+                }
+            }
+        }
         let end = match &self.tool_output {
             None => rc.content.len(),
             Some(ToolOutput::Auto(p)) => p.content_len(&rc.content).max(rc.sent),
@@ -840,34 +889,55 @@ impl StreamFormatter {
             delta.insert("reasoning".into(), json!(reasoning));
         }
         let mut finish = None;
-        let mut calls = Vec::new();
         if let Some(f) = &d.finish {
             let text = std::mem::take(&mut rc.content);
-            let (_, c, fin) = tool_message(self.tool_output.as_ref(), &text, f.as_str());
-            if c.is_empty() {
-                content.push_str(&text[rc.sent..]);
+            let (said, calls, mut fin) = tool_message(self.tool_output.as_ref(), &text, f.as_str());
+            let streamed = rc.ids.len();
+            if streamed == 0 {
+                // A forced answer cut before its first call's name is nothing, not its text.
+                if calls.is_empty() && said.is_some() {
+                    content.push_str(&text[rc.sent..]);
+                }
+            } else if matches!(self.tool_output, Some(ToolOutput::Auto(_))) && *f == FinishReason::Stop {
+                // Calls went out: the answer is calls, as vLLM's streamed parsers answer.
+                fin = "tool_calls".into();
             }
-            calls = c;
+            // Calls the stream did not follow (a format sent whole, or more than it saw).
+            entries.extend(calls.iter().enumerate().skip(streamed).map(|(k, t)| structured::tool_call_json(t, &structured::tool_call_id(), Some(k))));
             finish = Some(fin);
         }
         if !content.is_empty() {
             delta.insert("content".into(), json!(content));
         }
-        if !calls.is_empty() {
-            delta.insert("tool_calls".into(), calls.iter().enumerate().map(|(k, t)| structured::tool_call_json(t, &structured::tool_call_id(), Some(k))).collect());
-        }
         let has_lp = self.want_logprobs && !lps.is_empty();
-        if delta.is_empty() && finish.is_none() && !has_lp {
-            return None;
+        if delta.is_empty() && entries.is_empty() && finish.is_none() && !has_lp {
+            return Vec::new();
         }
-        let first = !self.echoed[index];
-        self.echoed[index] = true;
-        let lp = if self.want_logprobs { json!({"content": chat_logprob_entries(&self.tok, &lps)}) } else { Value::Null };
-        let mut v = json!({"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish});
-        if first && self.explicit_prompt_lps {
-            v["prompt_logprobs"] = self.prompt_lps[prompt].as_deref().map_or(Value::Null, |l| vllm_prompt_logprobs(&self.tok, l));
+        // Content (and reasoning) first, then a chunk per call entry; the last carries the
+        // finish and the logprobs.
+        let mut deltas: Vec<Map<String, Value>> = Vec::new();
+        if !delta.is_empty() || entries.is_empty() {
+            deltas.push(delta);
         }
-        Some(v)
+        deltas.extend(entries.into_iter().map(|e| Map::from_iter([("tool_calls".to_string(), json!([e]))])));
+        let last = deltas.len() - 1;
+        let mut out = Vec::with_capacity(deltas.len());
+        for (k, delta) in deltas.into_iter().enumerate() {
+            let first = !self.echoed[index];
+            self.echoed[index] = true;
+            let lp = match (self.want_logprobs, k == last) {
+                (true, true) => json!({"content": chat_logprob_entries(&self.tok, &lps)}),
+                (true, false) => json!({"content": []}),
+                (false, _) => Value::Null,
+            };
+            let fin = if k == last { finish.clone() } else { None };
+            let mut v = json!({"index": index, "delta": delta, "logprobs": lp, "finish_reason": fin});
+            if first && self.explicit_prompt_lps {
+                v["prompt_logprobs"] = self.prompt_lps[prompt].as_deref().map_or(Value::Null, |l| vllm_prompt_logprobs(&self.tok, l));
+            }
+            out.push(v);
+        }
+        out
     }
 
     pub fn tail(&mut self, out: &mut String, run: &Run) {

@@ -115,6 +115,9 @@ enum Route {
     /// `/v1/models/{id}`.
     Model(String),
     Metrics,
+    /// OpenAI's Responses API: POST; `/v1/responses/{id}`: GET, DELETE.
+    Responses,
+    Response(String),
 }
 
 async fn route(state: Arc<AppState>, req: Request<Incoming>) -> Response<ResponseBody> {
@@ -145,6 +148,8 @@ async fn route(state: Arc<AppState>, req: Request<Incoming>) -> Response<Respons
         "/v1/completions" => Route::Generate(Api::Completions),
         "/v1/chat/completions" => Route::Generate(Api::Chat),
         "/generate" => Route::Generate(Api::Generate),
+        "/v1/responses" => Route::Responses,
+        p if p.starts_with("/v1/responses/") => Route::Response(p["/v1/responses/".len()..].to_string()),
         "/v1/messages" => Route::Messages,
         "/v1/messages/count_tokens" => Route::CountTokens,
         "/tokenize" => Route::Tokenize,
@@ -171,6 +176,10 @@ async fn route(state: Arc<AppState>, req: Request<Incoming>) -> Response<Respons
         Route::Model(id) if id != state.model_name => error_response(&ApiError::unknown_model(&id, &state.model_name)),
         Route::Model(_) if anthropic => json_response(StatusCode::OK, &crate::anthropic::model_info(&state)),
         Route::Model(_) => json_response(StatusCode::OK, &model_entry(&state)),
+        Route::Response(id) => crate::responses::by_id(&state, &method, &id).unwrap_or_else(|e| {
+            let r = error_response(&e);
+            if e.status == StatusCode::METHOD_NOT_ALLOWED { r.with_allow("GET, DELETE") } else { r }
+        }),
         _ if method != Method::POST => error_response(&ApiError::method_not_allowed(method.as_str(), &path, "POST")).with_allow("POST"),
         Route::Tokenize | Route::Detokenize => {
             let f = if matches!(route, Route::Tokenize) { crate::tokenization::tokenize } else { crate::tokenization::detokenize };
@@ -185,6 +194,10 @@ async fn route(state: Arc<AppState>, req: Request<Incoming>) -> Response<Respons
             Err(e) => error_response(&e),
         },
         Route::Messages => match crate::anthropic::messages(&state, req, start).await {
+            Ok(r) => return r,
+            Err(e) => error_response(&e),
+        },
+        Route::Responses => match crate::responses::create(&state, req, start).await {
             Ok(r) => return r,
             Err(e) => error_response(&e),
         },
@@ -249,7 +262,8 @@ fn models(state: &AppState) -> Response<ResponseBody> {
 }
 
 fn metrics(state: &AppState) -> Response<ResponseBody> {
-    let text = state.metrics.render(&state.engine.stats(), state.queued.load(Ordering::Relaxed));
+    let mut text = state.metrics.render(&state.engine.stats(), state.queued.load(Ordering::Relaxed));
+    text.push_str(&state.responses.render(&state.model_name));
     let mut r = Response::new(ResponseBody::full(text));
     r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));
     r

@@ -54,6 +54,8 @@ pub struct AppState {
     /// it (see [`Server::set_structured`]); `Err` says why there is none (a tokenizer
     /// llguidance cannot read), and structured requests are answered 400 with it.
     pub structured: OnceLock<Result<Arc<Structured>, String>>,
+    /// Stored `/v1/responses` answers (`store`, `previous_response_id`).
+    pub responses: crate::responses::ResponseStore,
 }
 
 impl AppState {
@@ -88,6 +90,7 @@ impl Server {
         let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
         let state = Arc::new(AppState {
             metrics: Metrics::new(&model_name),
+            responses: crate::responses::ResponseStore::new(config.responses_capacity, config.responses_max_bytes, config.responses_ttl),
             config,
             engine,
             tokenizer,

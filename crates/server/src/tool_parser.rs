@@ -97,6 +97,28 @@ impl ToolParser {
         }
     }
 
+    /// Where the JSON of the calls begins once the markup is certain (after `<tool_call>`,
+    /// `<|python_tag|>` or `[TOOL_CALLS]`; a Llama 3 `{` at a line's start; a bare Mistral array),
+    /// for streams that send calls' arguments as sampled ([`crate::tool_stream::CallStream`]).
+    /// None while it is not, and for the formats that are not JSON objects (`qwen3_xml`, Mistral's
+    /// `name[ARGS]{..}`): those calls are sent whole at the end.
+    pub fn calls_start(self, text: &str) -> Option<usize> {
+        match self {
+            ToolParser::Hermes => text.find(QWEN_OPEN).map(|i| i + QWEN_OPEN.len()),
+            ToolParser::Llama3Json => {
+                let i = llama_start(text)?;
+                Some(if text[i..].starts_with(PYTHON_TAG) { i + PYTHON_TAG.len() } else { i })
+            }
+            ToolParser::Mistral => {
+                let i = mistral_start(text)?;
+                let body = if text[i..].starts_with(TOOL_CALLS) { i + TOOL_CALLS.len() } else { i };
+                let lead = text[body..].len() - text[body..].trim_start().len();
+                text[body + lead..].starts_with('[').then_some(body + lead)
+            }
+            ToolParser::Qwen3Xml => None,
+        }
+    }
+
     fn markup_start(self, text: &str) -> usize {
         match self {
             ToolParser::Hermes | ToolParser::Qwen3Xml => marker_content_len(text, QWEN_OPEN),

@@ -83,6 +83,34 @@ except openai.NotFoundError as e:
     # vLLM's 404: clients written for vLLM read `code` as the status.
     check(e.status_code == 404 and e.body["code"] == 404 and e.body["param"] == "model", f"unknown model is vLLM's 404: {e.body}")
 
+# The Responses API: plain, streamed, previous_response_id, retrieve and delete.
+resp = client.responses.create(model=model, input="hello world", instructions="the cat", max_output_tokens=6, temperature=0)
+check(resp.object == "response" and resp.id.startswith("resp_") and resp.output[0].type == "message", f"responses.create: {resp.status}")
+check(resp.output_text and resp.usage.output_tokens == 6 and resp.incomplete_details.reason == "max_output_tokens", f"responses usage and incomplete details: {resp.usage}")
+text, events, final = "", [], None
+for ev in client.responses.create(model=model, input="hello world", instructions="the cat", max_output_tokens=6, temperature=0, stream=True):
+    events.append(ev.type)
+    if ev.type == "response.output_text.delta":
+        text += ev.delta
+    elif ev.type in ("response.completed", "response.incomplete"):
+        final = ev.response
+check(events[:2] == ["response.created", "response.in_progress"] and "response.output_item.added" in events and "response.output_text.done" in events, f"responses stream events: {sorted(set(events))}")
+check(final is not None and text == final.output_text == resp.output_text, "streamed response text equals the deltas and the whole answer")
+follow = client.responses.create(model=model, input="sat", previous_response_id=resp.id, max_output_tokens=2)
+check(follow.previous_response_id == resp.id and follow.usage.input_tokens > resp.usage.input_tokens - 3, f"previous_response_id continues: {follow.usage.input_tokens} input tokens")
+check(client.responses.retrieve(resp.id).output_text == resp.output_text, "responses.retrieve gives the stored response")
+client.responses.delete(resp.id)
+try:
+    client.responses.retrieve(resp.id)
+    check(False, "a deleted response is gone")
+except openai.NotFoundError as e:
+    check(e.status_code == 404, "a deleted response is gone")
+try:
+    client.responses.create(model=model, input="hi", tools=[{"type": "web_search"}])
+    check(False, "built-in tools refused")
+except openai.BadRequestError as e:
+    check(e.status_code == 400 and e.body["param"] == "tools[0].type", f"built-in tools are a 400 naming them: {e.body['message']}")
+
 # vLLM's endpoints beside the API (plain HTTP: they are not in the client).
 root = base.removesuffix("/v1")
 
@@ -153,12 +181,46 @@ if structured_base is not None:
     parsed = r.choices[0].message.tool_calls[0].function.parsed_arguments
     check(isinstance(parsed, GetWeather), f"a named tool parses into its model: {parsed}")
 
-    calls, finish = [], None
+    # Streamed: each call's arguments arrive in pieces as they are sampled (OpenAI's shape: the
+    # first chunk of a call names it, later ones carry only its index and arguments).
+    calls, pieces, finish = {}, 0, None
     for chunk in tiny.chat.completions.create(model=tiny_model, messages=ask, tools=tools, tool_choice="required", max_tokens=300, seed=5, temperature=1.0, logit_bias=bias, stream=True):
         for ch in chunk.choices:
-            calls += ch.delta.tool_calls or []
+            for tc in ch.delta.tool_calls or []:
+                if tc.id is not None:
+                    calls[tc.index] = [tc.function.name, tc.function.arguments]
+                else:
+                    calls[tc.index][1] += tc.function.arguments
+                    pieces += 1
             finish = ch.finish_reason or finish
-    check(finish == "tool_calls" and [c.function.arguments for c in calls] == [c.function.arguments for c in msg.tool_calls], "streamed tool calls equal the whole answer's")
+    got = [(n, json.loads(a)) for n, a in calls.values()]
+    check(finish == "tool_calls" and got == [(c.function.name, json.loads(c.function.arguments)) for c in msg.tool_calls], "streamed tool calls equal the whole answer's")
+    check(pieces > len(calls), f"streamed tool call arguments come in pieces ({pieces} chunks for {len(calls)} calls)")
+
+    # The Responses API: a function_call, its output sent back, an answer; json_schema output.
+    rtools = [{"type": "function", "name": "get_weather", "description": "Weather in a city", "parameters": {**GetWeather.model_json_schema(), "additionalProperties": False}}]
+    r1 = tiny.responses.create(model=tiny_model, input="Weather in Oslo?", tools=rtools, tool_choice="required", max_output_tokens=300, temperature=0, extra_body={"logit_bias": bias})
+    fc = [o for o in r1.output if o.type == "function_call"]
+    check(r1.status == "completed" and len(fc) >= 1 and fc[0].name == "get_weather", f"responses: tool_choice required gives function_call items: {r1.output}")
+    args = GetWeather.model_validate_json(fc[0].arguments)
+    r2 = tiny.responses.create(model=tiny_model, previous_response_id=r1.id, input=[{"type": "function_call_output", "call_id": fc[0].call_id, "output": "sunny"}],
+                               tools=rtools, tool_choice="none", max_output_tokens=5)
+    check(r2.output[0].type == "message" and r2.usage.input_tokens > r1.usage.input_tokens, f"responses: function_call_output round trip ({args} -> {r2.output_text!r})")
+    rs = tiny.responses.create(model=tiny_model, input="Weather?", tools=rtools, tool_choice={"type": "function", "name": "get_weather"}, max_output_tokens=300, temperature=0,
+                               extra_body={"logit_bias": bias}, stream=True)
+    deltas, done = [], None
+    for ev in rs:
+        if ev.type == "response.function_call_arguments.delta":
+            deltas.append(ev.delta)
+        elif ev.type == "response.completed":
+            done = ev.response
+    check(done is not None and len(deltas) > 1 and json.loads("".join(deltas)) == json.loads(done.output[0].arguments), f"responses: a streamed forced call's arguments in {len(deltas)} deltas")
+    rj = tiny.responses.create(model=tiny_model, input="Describe a person.", text={"format": {"type": "json_schema", "name": "person", "schema": {**Person.model_json_schema(), "additionalProperties": False}, "strict": True}},
+                               temperature=1.0, max_output_tokens=200, extra_body={"seed": 7, "logit_bias": bias})
+    check(isinstance(Person.model_validate_json(rj.output_text), Person), f"responses: text.format json_schema: {rj.output_text}")
+    if hasattr(tiny.responses, "parse"):
+        rp = tiny.responses.parse(model=tiny_model, input="Describe a person.", text_format=Person, temperature=1.0, max_output_tokens=200, extra_body={"seed": 8, "logit_bias": bias})
+        check(isinstance(rp.output_parsed, Person), f"responses.parse gives a Person: {rp.output_parsed}")
 
     try:
         tiny.chat.completions.create(model=tiny_model, messages=ask, extra_body={"guided_regex": "(unclosed"})

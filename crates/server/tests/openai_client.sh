@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Starts the fake-model server (examples/fake_server.rs) and the tiny-random-model server with
 # structured output (examples/tiny_server.rs) on free loopback ports, runs
-# tests/openai_client.py (the `openai` package) and tests/anthropic_client.py (the `anthropic`
-# package) against them from a venv, stops them.
-# Usage: crates/server/tests/openai_client.sh [python-with-openai-and-anthropic]   (default: python3)
+# tests/openai_client.py (the `openai` package), tests/anthropic_client.py (the `anthropic`
+# package) and tests/agents_client.py (the OpenAI Agents SDK, `openai-agents`) against them from
+# a venv, stops them.
+# Usage: crates/server/tests/openai_client.sh [python-with-openai-anthropic-and-openai-agents]   (default: python3)
 # With TANDEM_EXAMPLES_DIR set (cargo xtask test sets it: `cargo test --workspace` has just built
 # both examples there) the examples are not built again; a `-p tandem-server` build would
 # resolve features for that crate alone and recompile much of the workspace.
@@ -12,6 +13,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 py="${1:-python3}"
 "$py" -c "import openai" || { echo "needs the openai package: python3 -m venv v && v/bin/pip install openai"; exit 2; }
 "$py" -c "import anthropic" || { echo "needs the anthropic package: python3 -m venv v && v/bin/pip install anthropic==2.17.0"; exit 2; }
+"$py" -c "import agents" || { echo "needs the openai-agents package: python3 -m venv v && v/bin/pip install openai-agents"; exit 2; }
 if [ -n "${TANDEM_EXAMPLES_DIR:-}" ]; then
     examples="$TANDEM_EXAMPLES_DIR"
 else
@@ -37,3 +39,4 @@ for p in "$port" "$tiny_port"; do
 done
 "$py" "$here/openai_client.py" "http://127.0.0.1:$port/v1" fake "http://127.0.0.1:$tiny_port/v1"
 "$py" "$here/anthropic_client.py" "http://127.0.0.1:$port" fake "http://127.0.0.1:$tiny_port"
+"$py" "$here/agents_client.py" "http://127.0.0.1:$port/v1" fake

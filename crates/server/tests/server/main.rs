@@ -11,6 +11,7 @@ mod endpoints;
 mod errors;
 mod lifecycle;
 mod parsers;
+mod responses;
 mod scoring;
 mod structured;
 mod timeouts;

@@ -78,15 +78,31 @@ async fn llama3_json_calls_come_as_tool_calls() {
     assert_eq!(c["message"]["tool_calls"][0]["function"], json!({"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}));
     assert!(c["message"].get("reasoning_content").is_none(), "no reasoning parser: no field");
 
-    // Streamed: the text before the call as it comes, the call whole at the end.
+    // Streamed: the text before the call as it comes; the call named once its name is whole,
+    // then its arguments as they come.
     let r = post(s.addr, "/v1/chat/completions", &chat(true)).await;
     let (d, finish) = deltas(&r.text());
     assert_eq!(finish, "tool_calls");
     assert_eq!(joined(&d, "content"), "Let me check.\n");
     assert_eq!(d[0]["content"], "Let me check.", "the content streams before the call is done");
-    let calls: Vec<&Value> = d.iter().filter_map(|d| d.get("tool_calls")).collect();
-    assert_eq!(calls.len(), 1);
-    assert_eq!((calls[0][0]["index"].as_u64(), calls[0][0]["function"]["name"].as_str()), (Some(0), Some("get_weather")));
+    let calls: Vec<&Value> = d.iter().filter_map(|d| d.get("tool_calls")).map(|c| &c[0]).collect();
+    assert_eq!(calls[0], &json!({"index": 0, "id": calls[0]["id"], "type": "function", "function": {"name": "get_weather", "arguments": ""}}));
+    let args: Vec<&str> = calls[1..].iter().map(|c| c["function"]["arguments"].as_str().unwrap()).collect();
+    assert_eq!(args, ["{\"city\": \"Paris\"}"], "the arguments as sampled");
+
+    // /v1/responses streams the same call as function_call_arguments deltas.
+    let body = json!({"model": MODEL, "input": "hello world", "stream": true, "tools": [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}]});
+    let body = post(s.addr, "/v1/responses", &body).await.text();
+    let ev: Vec<Value> = body.trim_end().split("\n\n").map(|e| serde_json::from_str(e.split_once("\ndata: ").unwrap().1).unwrap()).collect();
+    let kinds: Vec<&str> = ev.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    let text: String = ev.iter().filter(|e| e["type"] == "response.output_text.delta").map(|e| e["delta"].as_str().unwrap()).collect();
+    assert_eq!(text, "Let me check.\n");
+    let added = ev.iter().find(|e| e["type"] == "response.output_item.added" && e["item"]["type"] == "function_call").unwrap_or_else(|| panic!("{kinds:?}"));
+    assert_eq!((added["output_index"].as_u64(), added["item"]["name"].as_str()), (Some(1), Some("get_weather")));
+    let args: String = ev.iter().filter(|e| e["type"] == "response.function_call_arguments.delta").map(|e| e["delta"].as_str().unwrap()).collect();
+    assert_eq!(args, "{\"city\": \"Paris\"}");
+    let done = &ev.last().unwrap()["response"];
+    assert_eq!((done["status"].as_str(), done["output"][1]["status"].as_str(), done["output"][0]["content"][0]["text"].as_str()), (Some("completed"), Some("completed"), Some("Let me check.\n")), "{done}");
 
     // /v1/messages reads the same answer with the same parser.
     let body = json!({"model": MODEL, "max_tokens": 20, "messages": [{"role": "user", "content": "hello world"}],

@@ -118,7 +118,7 @@ pub(crate) fn validate(schema: &Value, text: &str) {
 /// two tokens (up to `tandem_structured::MAX_JSON_WHITESPACE` characters each), and a random
 /// model, unlike a trained one, fills every gap and runs out of tokens; the constraint is what
 /// is under test, not the model's taste.
-fn no_whitespace() -> Value {
+pub(crate) fn no_whitespace() -> Value {
     static BIAS: OnceLock<Value> = OnceLock::new();
     BIAS.get_or_init(|| {
         let tok = Tokenizer::from_dir(tiny_dir()).unwrap();
@@ -411,6 +411,43 @@ fn check_calls(tools: &Value, calls: &Value) -> Vec<(String, String)> {
         .collect()
 }
 
+/// Calls' (name, arguments) with the arguments parsed, to compare texts that differ in spacing.
+pub(crate) fn same_json(calls: Vec<(String, String)>) -> Vec<(String, Value)> {
+    calls.into_iter().map(|(n, a)| (n, serde_json::from_str(&a).unwrap_or_else(|e| panic!("{e}: {a}")))).collect()
+}
+
+/// The tool calls of choice 0 of a streamed chat answer, put together as a client does, with
+/// the number of chunks that carried pieces of arguments and the finish reason. Checks
+/// OpenAI's shape: a call's first chunk alone has its id, type and name, with empty
+/// arguments; later ones only its index and pieces; no content beside calls.
+pub(crate) fn streamed_calls(events: &[Value]) -> (Vec<Value>, usize, Option<String>) {
+    let mut calls: Vec<Value> = Vec::new();
+    let mut pieces = 0;
+    let mut finish = None;
+    for ev in events {
+        for ch in ev["choices"].as_array().unwrap().iter().filter(|c| c["index"] == 0) {
+            assert!(ch["delta"].get("content").is_none_or(|c| c == "" || c.is_null()), "no content beside the calls: {ch}");
+            for call in ch["delta"].get("tool_calls").and_then(Value::as_array).into_iter().flatten() {
+                let k = call["index"].as_u64().unwrap() as usize;
+                if call.get("id").is_some() {
+                    assert_eq!(k, calls.len(), "calls start in order: {call}");
+                    assert_eq!((call["type"].as_str(), call["function"]["arguments"].as_str()), (Some("function"), Some("")), "a call's first chunk: {call}");
+                    assert!(call["function"]["name"].is_string(), "{call}");
+                    calls.push(call.clone());
+                } else {
+                    assert!(call.get("type").is_none() && call["function"].get("name").is_none(), "later chunks carry arguments only: {call}");
+                    let piece = call["function"]["arguments"].as_str().unwrap();
+                    let args = format!("{}{piece}", calls[k]["function"]["arguments"].as_str().unwrap());
+                    calls[k]["function"]["arguments"] = json!(args);
+                    pieces += 1;
+                }
+            }
+            finish = ch["finish_reason"].as_str().map(String::from).or(finish);
+        }
+    }
+    (calls, pieces, finish)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tool_choice_required_and_named_give_valid_calls() {
     let t = start(tiny_dir(), true).await;
@@ -425,27 +462,14 @@ async fn tool_choice_required_and_named_give_valid_calls() {
             assert_eq!(c["message"]["content"], Value::Null, "{c}");
             let whole = check_calls(&tools, &c["message"]["tool_calls"]);
 
-            // Streamed: the calls come whole in the last chunk, with their index.
+            // Streamed: each call's arguments as they are sampled, in OpenAI's chunk shape.
             let mut sbody = body.clone();
             sbody["stream"] = json!(true);
             let r = post(t.addr, "/v1/chat/completions", &sbody).await;
-            let events = sse_json(&r.text());
-            let mut calls = Vec::new();
-            let mut finish = None;
-            for ev in &events {
-                for ch in ev["choices"].as_array().unwrap() {
-                    assert!(ch["delta"].get("content").is_none_or(|c| c == "" || c.is_null()), "no content beside the calls: {ch}");
-                    if let Some(tc) = ch["delta"].get("tool_calls") {
-                        for (k, call) in tc.as_array().unwrap().iter().enumerate() {
-                            assert_eq!(call["index"], k);
-                            calls.push(call.clone());
-                        }
-                    }
-                    finish = ch["finish_reason"].as_str().map(String::from).or(finish);
-                }
-            }
+            let (calls, pieces, finish) = streamed_calls(&sse_json(&r.text()));
             assert_eq!(finish.as_deref(), Some("tool_calls"));
-            assert_eq!(check_calls(&tools, &Value::Array(calls)), whole, "t={temperature} seed={seed}: streamed calls equal the whole answer's");
+            assert!(pieces > calls.len(), "arguments come in several chunks: {pieces} for {} calls", calls.len());
+            assert_eq!(same_json(check_calls(&tools, &Value::Array(calls))), same_json(whole), "t={temperature} seed={seed}: streamed calls equal the whole answer's");
 
             let body = chat(json!({"tools": tools, "tool_choice": {"type": "function", "function": {"name": "get_time"}}, "temperature": temperature, "seed": seed, "n": 2}));
             let r = post(t.addr, "/v1/chat/completions", &body).await;
@@ -492,16 +516,9 @@ async fn tools_reach_the_template_and_auto_parses_tool_call_blocks() {
         let r = post(t.addr, "/v1/chat/completions", &body).await;
         assert_eq!(r.status, 200, "{}", r.text());
         let (calls, finish) = if stream {
-            let mut calls = Vec::new();
-            let mut finish = None;
-            for ev in sse_json(&r.text()) {
-                for ch in ev["choices"].as_array().unwrap() {
-                    if let Some(tc) = ch["delta"].get("tool_calls") {
-                        calls.extend(tc.as_array().unwrap().iter().cloned());
-                    }
-                    finish = ch["finish_reason"].as_str().map(String::from).or(finish);
-                }
-            }
+            // The call's arguments stream from the `<tool_call>` on, in pieces.
+            let (calls, pieces, finish) = streamed_calls(&sse_json(&r.text()));
+            assert!(pieces > 1, "{pieces} argument chunks");
             (Value::Array(calls), finish.unwrap())
         } else {
             let c = r.json()["choices"][0].clone();
