@@ -1,4 +1,4 @@
-//! An HTTP request to the OpenAI, Anthropic and vLLM endpoints, answered by an engine whose
+//! An HTTP request to the OpenAI (chat, completions, responses), Anthropic and vLLM endpoints, answered by an engine whose
 //! output comes from the input too: request parsing, structured-output compiles, tool-call and
 //! reasoning parsers, the response formatters and the SSE framing. Never a panic, never a 5xx,
 //! every JSON body JSON, every stream well-framed.
@@ -7,7 +7,7 @@
 use hyper::Method;
 use libfuzzer_sys::fuzz_target;
 
-const ENDPOINTS: [(&str, &str); 9] = [
+const ENDPOINTS: [(&str, &str); 10] = [
     ("POST", "/v1/chat/completions"),
     ("POST", "/v1/completions"),
     ("POST", "/v1/messages"),
@@ -17,6 +17,7 @@ const ENDPOINTS: [(&str, &str); 9] = [
     ("POST", "/generate"),
     ("GET", "/v1/models/fuzz-model"),
     ("GET", "/metrics"),
+    ("POST", "/v1/responses"),
 ];
 
 fuzz_target!(

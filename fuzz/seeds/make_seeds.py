@@ -145,6 +145,12 @@ def main():
     put("http_request", "tokenize", req(4, 0, {"model": "fuzz-model", "messages": chat["messages"], "add_generation_prompt": True}))
     put("http_request", "detokenize", req(5, 0, {"tokens": [1, 2, 3, 4]}))
     put("http_request", "generate", req(6, 0, {"prompt": "hi", "max_tokens": 3}))
+    put("http_request", "responses", req(9, 0, {"model": "fuzz-model", "input": "hi", "instructions": "be brief", "max_output_tokens": 8, "stream": True}))
+    put("http_request", "responses-tools", req(9, 1, {"model": "fuzz-model", "input": [{"role": "user", "content": [{"type": "input_text", "text": "weather?"}]},
+                                                                               {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"},
+                                                                               {"type": "function_call_output", "call_id": "c1", "output": "sunny"}],
+                                                     "tools": [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}], "tool_choice": "auto",
+                                                     "text": {"format": {"type": "json_object"}}, "store": True}))
 
 
 if __name__ == "__main__":
