@@ -1,4 +1,5 @@
-//! `config.json` of a Llama-family model (Llama, Mistral, Qwen2, SmolLM).
+//! `config.json` of a model whose family the model layer runs (`crate::model::families`:
+//! Llama, Mistral, Qwen2, SmolLM, Qwen3).
 
 use std::path::Path;
 
@@ -63,8 +64,6 @@ struct Raw {
     eos_token_id: Option<serde_json::Value>,
 }
 
-const SUPPORTED: &[&str] = &["LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"];
-
 impl ModelConfig {
     pub fn from_file(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
@@ -75,16 +74,12 @@ impl ModelConfig {
         let raw: Raw = serde_json::from_str(text).map_err(|e| format!("not a valid config.json: {e}"))?;
         let architecture = match (&raw.architectures, &raw.model_type) {
             (Some(a), _) if !a.is_empty() => a[0].clone(),
-            (_, Some(t)) => match t.as_str() {
-                "llama" => "LlamaForCausalLM".into(),
-                "mistral" => "MistralForCausalLM".into(),
-                "qwen2" => "Qwen2ForCausalLM".into(),
-                other => other.to_string(),
-            },
+            (_, Some(t)) => crate::model::families().find(|f| f.model_type == t).map_or_else(|| t.clone(), |f| f.architecture.to_string()),
             _ => return Err("neither `architectures` nor `model_type` is given".into()),
         };
-        if !SUPPORTED.contains(&architecture.as_str()) {
-            return Err(format!("unsupported architecture `{architecture}` (supported: {})", SUPPORTED.join(", ")));
+        if !crate::model::families().any(|f| f.architecture == architecture) {
+            let supported: Vec<&str> = crate::model::families().map(|f| f.architecture).collect();
+            return Err(format!("unsupported architecture `{architecture}` (supported: {})", supported.join(", ")));
         }
         fn req(v: Option<usize>, name: &str) -> std::result::Result<usize, String> {
             match v {

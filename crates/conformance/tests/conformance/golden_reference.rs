@@ -18,6 +18,26 @@ fn tiny_tied_bf16() {
     check("tiny-tied", &golden::random_model("tiny-tied", 2, DType::BF16), 1e-3);
 }
 
+/// Qwen3: per-head q/k norms, head_dim 32 with hidden 64 and 4 heads, tied, eps 1e-6.
+#[test]
+fn tiny_qwen3_f32() {
+    check("tiny-qwen3", &golden::random_model("tiny-qwen3", 3, DType::F32), 1e-3);
+}
+
+/// The tiny Qwen3's chat template against HF's `apply_chat_template`, with and without
+/// `enable_thinking` (the variable `chat_template_kwargs` carries).
+#[test]
+fn tiny_qwen3_chat_template_enable_thinking() {
+    let dir = golden::random_model("tiny-qwen3", 3, DType::F32);
+    let g = GoldenFile::load(&golden::golden_dir().join("tiny-qwen3.json")).unwrap();
+    let tok = tandem_core::tokenizer::Tokenizer::from_dir(&dir).unwrap();
+    assert_eq!(g.chat_render.len(), 6);
+    assert!(g.chat_render.iter().any(|c| c.text.contains("<think>")), "enable_thinking false must write the empty think block");
+    for c in &g.chat_render {
+        assert_eq!(tok.apply_chat_template_with_kwargs(&c.messages, None, true, c.kwargs.as_ref()).unwrap(), c.text, "kwargs {:?}", c.kwargs);
+    }
+}
+
 #[test]
 fn smollm2_135m() {
     let Some(dir) = golden::smollm2_dir() else { return };
