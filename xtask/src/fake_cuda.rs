@@ -209,7 +209,7 @@ pub fn group(root: &Path, tandem: Option<PathBuf>) -> Result<Counts> {
     // against x rounded to bf16, not the driver), which would make this group fail by chance. `cargo xtask fake-cuda -- test-ops --backend cuda` draws a seed.
     let seed = std::env::var("TANDEM_FAKE_CUDA_OPS_SEED").unwrap_or_else(|_| "7812165423275311652".into());
     let mut commands: Vec<(String, Vec<String>)> = vec![(format!("op suite on cuda (seed {seed})"), vec!["test-ops".into(), "--backend".into(), "cuda".into(), "--seed".into(), seed])];
-    for shape in ["tiny-hd128", "small-hd64"] {
+    for shape in ["tiny-hd128", "small-hd64", "tiny-qwen3"] {
         let dir = models.join(shape);
         if !dir.join("config.json").exists() {
             let st = Command::new(&tandem).args(["gen-model", "--shape", shape, "--out"]).arg(&dir).status()?;
