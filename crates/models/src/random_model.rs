@@ -46,7 +46,7 @@ pub enum Shape {
 }
 
 impl Shape {
-    pub const ALL: [Shape; 9] = [
+    pub const ALL: [Shape; 11] = [
         Shape::Tiny,
         Shape::TinyTied,
         Shape::TinyHd128,
@@ -56,6 +56,8 @@ impl Shape {
         Shape::Llama32_1b,
         Shape::Llama3_8b,
         Shape::TinyQwen3,
+        Shape::TinyQwen3Moe,
+        Shape::TinyMixtral,
     ];
 
     pub fn name(self) -> &'static str {

@@ -24,6 +24,18 @@ fn tiny_qwen3_f32() {
     check("tiny-qwen3", &golden::random_model("tiny-qwen3", 3, DType::F32), 1e-3);
 }
 
+/// Qwen3-MoE: 8 experts of width 48, top 2, norm_topk_prob; Qwen3's attention.
+#[test]
+fn tiny_qwen3_moe_f32() {
+    check("tiny-qwen3-moe", &golden::random_model("tiny-qwen3-moe", 4, DType::F32), 1e-3);
+}
+
+/// Mixtral: 4 experts (block_sparse_moe, w1/w3/w2) of width 96, top 2, renormalised.
+#[test]
+fn tiny_mixtral_f32() {
+    check("tiny-mixtral", &golden::random_model("tiny-mixtral", 5, DType::F32), 1e-3);
+}
+
 /// The tiny Qwen3's chat template against HF's `apply_chat_template`, with and without
 /// `enable_thinking` (the variable `chat_template_kwargs` carries).
 #[test]

@@ -47,15 +47,32 @@ pub(crate) enum GateUp<B: Backend> {
     Split { gate: B::Buf, up: B::Buf },
 }
 
-/// The gated MLP: `down(silu(gate(x)) * up(x))`.
+/// The gated MLP: `down(silu(gate(x)) * up(x))`, of width `inter`.
 pub(crate) struct Mlp<B: Backend> {
     pub gate_up: GateUp<B>,
     pub down: B::Buf,
+    pub inter: usize,
+}
+
+/// A mixture of experts: a router (`[experts, hidden]`), its routing ([`Backend::moe_route`]:
+/// softmax, top-k, renormalised or not), and gated-MLP experts whose outputs are added, each
+/// scaled by its routing weight, in expert order ([`Backend::moe_accumulate`]).
+///
+/// Every expert runs over every token of the step, and a weight of 0 adds nothing: a token's
+/// result depends on its own routing only, never on which other tokens share its experts
+/// (batch invariance), and the step's ops follow from its shape alone (graph capture). The
+/// price is compute: `experts / top_k` times the dense work of the routed experts.
+pub(crate) struct Moe<B: Backend> {
+    pub router: B::Buf,
+    pub experts: Vec<Mlp<B>>,
+    pub top_k: usize,
+    pub renormalize: bool,
 }
 
 /// A layer's feed-forward block.
 pub(crate) enum Ffn<B: Backend> {
     Dense(Mlp<B>),
+    Moe(Moe<B>),
 }
 
 impl<B: Backend> Layer<B> {
@@ -180,7 +197,69 @@ impl<'a, B: Backend> Loader<'a, B> {
             Some(w) => GateUp::Fused(w),
             None => GateUp::Split { gate: b.upload_weight(&gv)?, up: b.upload_weight(&uv)? },
         };
-        Ok(Mlp { gate_up, down: b.upload_weight(&dv)? })
+        Ok(Mlp { gate_up, down: b.upload_weight(&dv)?, inter })
+    }
+
+    /// A mixture of experts under `prefix`: the router `{prefix}.{router}.weight` and expert `e`
+    /// at `{prefix}.experts.{e}` with projections named `names` (as [`Loader::mlp`]), all of
+    /// the config's `moe` settings.
+    pub fn moe(&mut self, prefix: &str, router: &str, names: [&str; 3]) -> Result<Moe<B>> {
+        let m = self.cfg.moe.clone().ok_or_else(|| crate::error::Error::config(std::path::Path::new("config.json"), "a mixture-of-experts layer without its settings"))?;
+        let rv = self.w.get(&format!("{prefix}.{router}.weight"), &[m.num_experts, self.cfg.hidden_size])?;
+        self.x_readers.push(rv.dtype);
+        let router = self.b.upload_weight(&rv)?;
+        let experts = (0..m.num_experts).map(|e| self.mlp(&format!("{prefix}.experts.{e}"), names, m.intermediate_size)).collect::<Result<Vec<_>>>()?;
+        Ok(Moe { router, experts, top_k: m.top_k, renormalize: m.norm_topk_prob })
+    }
+}
+
+/// The scratch an MLP or a mixture of experts runs in, `[T, width]` or `[T, hidden]` f32
+/// unless said otherwise.
+pub(crate) struct FfnBufs<'a, B: Backend> {
+    /// The normed input (`ActDtypes::x`).
+    pub x: &'a B::Buf,
+    pub gate: &'a mut B::Buf,
+    pub up: &'a mut B::Buf,
+    /// `[T, width]` (`ActDtypes::act`).
+    pub act: &'a mut B::Buf,
+    /// The block's output `[T, hidden]`, added to the residual afterwards.
+    pub out: &'a mut B::Buf,
+    /// MoE only: router logits and routing weights `[T, experts]`, one expert's output `[T, hidden]`.
+    pub moe: Option<(&'a mut B::Buf, &'a mut B::Buf, &'a mut B::Buf)>,
+}
+
+impl<B: Backend> Mlp<B> {
+    /// `act = silu(gate(x)) * up(x)` (fused where the backend fuses; `norm` as in
+    /// [`Backend::gate_up_silu`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn activation(&self, b: &B, x: &B::Buf, gate: &mut B::Buf, up: &mut B::Buf, act: &mut B::Buf, t: usize, d: usize, norm: Option<NormIn<'_, B::Buf>>) -> Result<()> {
+        let inter = self.inter;
+        match &self.gate_up {
+            GateUp::Fused(w) => b.gate_up_silu(x, w, act, t, inter, d, norm),
+            GateUp::Split { gate: wg, up: wu } => {
+                b.matmul(x, wg, None, gate, t, inter, d)?;
+                b.matmul(x, wu, None, up, t, inter, d)?;
+                b.silu_mul(gate, up, act, t * inter)
+            }
+        }
+    }
+}
+
+impl<B: Backend> Moe<B> {
+    /// The block's output for `t` tokens into `bufs.out`: route, then every expert in order,
+    /// its output scaled and added.
+    pub fn forward(&self, b: &B, bufs: FfnBufs<'_, B>, t: usize, d: usize) -> Result<()> {
+        let FfnBufs { x, gate, up, act, out, moe } = bufs;
+        let Some((logits, weights, y)) = moe else { return Err(crate::error::Error::backend(b.name(), "a mixture of experts without its scratch buffers")) };
+        let n = self.experts.len();
+        b.matmul(x, &self.router, None, logits, t, n, d)?;
+        b.moe_route(logits, weights, t, n, self.top_k, self.renormalize)?;
+        for (e, mlp) in self.experts.iter().enumerate() {
+            mlp.activation(b, x, gate, up, act, t, d, None)?;
+            b.matmul(act, &mlp.down, None, y, t, d, mlp.inter)?;
+            b.moe_accumulate(out, y, weights, t, d, e, n, e == 0)?;
+        }
+        Ok(())
     }
 }
 

@@ -1,6 +1,7 @@
 //! The forward pass, written once against [`Backend`], over decoder layers each family
 //! composes from shared pieces ([`layers`]): one file per family ([`llama`]: Llama, Mistral,
-//! Qwen2, SmolLM; [`qwen3`]) says what its layer has and where its weights are. One call runs a
+//! Qwen2, SmolLM; [`qwen3`]; [`qwen3_moe`]; [`mixtral`]) says what its layer has and where its
+//! weights are. One call runs a
 //! flattened batch: prefill chunks and decode tokens of many sequences, each with its own
 //! positions and block table.
 //!
@@ -11,7 +12,9 @@
 
 mod layers;
 mod llama;
+mod mixtral;
 mod qwen3;
+mod qwen3_moe;
 
 use std::path::Path;
 
@@ -23,7 +26,7 @@ use crate::memory::{plan_kv_blocks, DeviceMemory, KvNeed};
 use crate::meta::{self, MetaStaging, PadRows};
 use crate::sampling::{logprobs_rows, sample_row, sample_rows_masked, RowMasks, SampleSpec, TokenLogprobs};
 use crate::weights::Weights;
-use layers::{Ffn, GateUp, Layer, Loader, Mlp, QkvBufs};
+use layers::{Ffn, FfnBufs, Layer, Loader, QkvBufs};
 
 /// One architecture the model layer runs: `architectures[0]` of config.json and the
 /// `model_type` that names it where `architectures` is absent.
@@ -35,7 +38,7 @@ pub struct Family {
 
 /// Every architecture this build runs, family file by family file.
 pub fn families() -> impl Iterator<Item = &'static Family> {
-    llama::FAMILIES.iter().chain(qwen3::FAMILIES)
+    llama::FAMILIES.iter().chain(qwen3::FAMILIES).chain(qwen3_moe::FAMILIES).chain(mixtral::FAMILIES)
 }
 
 /// What the engine needs from a loaded model, whatever the backend. Object-safe.
@@ -284,6 +287,9 @@ struct Scratch<B: Backend> {
     /// The raw q and k projections `[T, q_dim]`, `[T, kv_dim]`, for a family that norms them
     /// per head before rope (`layers::AttnOptions::qk_norm`).
     qk_raw: Option<(B::Buf, B::Buf)>,
+    /// A mixture of experts' router logits and routing weights `[T, experts]`, and one
+    /// expert's output `[T, hidden]` (`layers::Moe::forward`).
+    moe: Option<(B::Buf, B::Buf, B::Buf)>,
     /// The step's metadata, the regions of `meta::layout` (`meta::TOKENS`, ...): token ids,
     /// positions, slots and token_seq `[T]`, logit rows `[S]`, block tables
     /// `[max_seqs, max_blocks_cap]`; one staging buffer, one upload.
@@ -332,7 +338,8 @@ impl<B: Backend> Model<B> {
         if opts.max_batch_tokens == 0 || opts.max_seqs == 0 || opts.block_size == 0 || opts.max_model_len == Some(0) {
             return Err(Error::Batch(format!("load options must be positive: {opts:?}")));
         }
-        let (d, qd, kvd, inter, vocab) = (cfg.hidden_size, cfg.q_dim(), cfg.kv_dim(), cfg.intermediate_size, cfg.vocab_size);
+        // inter: the widest MLP (dense, or one expert), what the activation buffers hold.
+        let (d, qd, kvd, inter, vocab) = (cfg.hidden_size, cfg.q_dim(), cfg.kv_dim(), cfg.max_intermediate(), cfg.vocab_size);
         let b = &backend;
         let kv_dtype = opts.kv_dtype.or_else(|| b.kv_dtypes().first().copied()).unwrap_or(KvDtype::F32);
         if !b.kv_dtypes().contains(&kv_dtype) {
@@ -362,6 +369,8 @@ impl<B: Backend> Model<B> {
         let mut ld = Loader::new(b, w, &cfg);
         let layer: fn(&mut Loader<'_, B>, usize) -> Result<Layer<B>> = match cfg.architecture.as_str() {
             a if qwen3::FAMILIES.iter().any(|f| f.architecture == a) => qwen3::layer,
+            a if qwen3_moe::FAMILIES.iter().any(|f| f.architecture == a) => qwen3_moe::layer,
+            a if mixtral::FAMILIES.iter().any(|f| f.architecture == a) => mixtral::layer,
             a if llama::FAMILIES.iter().any(|f| f.architecture == a) => llama::layer,
             a => return Err(Error::config(Path::new("config.json"), format!("no model layer for architecture `{a}`"))),
         };
@@ -396,6 +405,10 @@ impl<B: Backend> Model<B> {
             last_normed: b.alloc_activation(act_dtypes.last_normed, rows * d)?,
             logits: b.alloc_f32(rows * vocab)?,
             qk_raw: if qk_norm { Some((b.alloc_f32(t * qd)?, b.alloc_f32(t * kvd)?)) } else { None },
+            moe: match &cfg.moe {
+                Some(m) => Some((b.alloc_f32(t * m.num_experts)?, b.alloc_f32(t * m.num_experts)?, b.alloc_f32(t * d)?)),
+                None => None,
+            },
             meta: b.alloc_u32_group(&meta_layout)?,
         };
         if s.meta.parts.len() != meta::REGIONS {
@@ -415,7 +428,7 @@ impl<B: Backend> Model<B> {
                 .filter_map(|(f32_x, k)| f32_x.then_some(k))
                 .max()
                 .unwrap_or(qd),
-            max_n: vocab.max(qd + 2 * kvd).max(2 * inter).max(d),
+            max_n: vocab.max(qd + 2 * kvd).max(2 * inter).max(d).max(cfg.moe.as_ref().map_or(0, |m| m.num_experts)),
             kv_dtype,
         };
         let workspace = b.reserve_workspace(&limits)?;
@@ -595,7 +608,7 @@ impl<B: Backend> Model<B> {
         let m = &s.meta.parts;
         let (ids, positions, slots, token_seq, block_tables, logit_rows) = (&m[meta::TOKENS], &m[meta::POSITIONS], &m[meta::SLOTS], &m[meta::TOKEN_SEQ], &m[meta::BLOCK_TABLES], &m[meta::LOGIT_ROWS]);
         let t = shape.tokens;
-        let (d, qd, inter) = (c.hidden_size, c.q_dim(), c.intermediate_size);
+        let (d, qd) = (c.hidden_size, c.q_dim());
         let n_out = shape.logit_rows;
         let seqs = shape.seqs;
         let max_context = shape.max_context;
@@ -650,22 +663,22 @@ impl<B: Backend> Model<B> {
                 b.add_rms_norm(&mut s.h, &s.o, &layer.post_norm, &mut s.x, t, d, c.rms_norm_eps)?;
             }
             match &layer.ffn {
-                Ffn::Dense(Mlp { gate_up, down }) => {
-                    match gate_up {
-                        GateUp::Fused(w) => b.gate_up_silu(&s.x, w, &mut s.act, t, inter, d, fused_norm.then_some(NormIn { h: &s.h, gamma: &layer.post_norm, eps: c.rms_norm_eps }))?,
-                        GateUp::Split { gate, up } => {
-                            b.matmul(&s.x, gate, None, &mut s.gate, t, inter, d)?;
-                            b.matmul(&s.x, up, None, &mut s.up, t, inter, d)?;
-                            b.silu_mul(&s.gate, &s.up, &mut s.act, t * inter)?;
-                        }
-                    }
+                Ffn::Dense(mlp) => {
+                    let norm = fused_norm.then_some(NormIn { h: &s.h, gamma: &layer.post_norm, eps: c.rms_norm_eps });
+                    mlp.activation(b, &s.x, &mut s.gate, &mut s.up, &mut s.act, t, d, norm)?;
                     if fused_norm {
                         let next = (l + 1 < n_layers).then(|| (&self.layers[l + 1].input_norm, &mut s.x));
-                        b.matmul_residual(&s.act, down, &mut s.h, next, t, d, inter)?;
+                        b.matmul_residual(&s.act, &mlp.down, &mut s.h, next, t, d, mlp.inter)?;
                     } else {
-                        b.matmul(&s.act, down, None, &mut s.o, t, d, inter)?;
+                        b.matmul(&s.act, &mlp.down, None, &mut s.o, t, d, mlp.inter)?;
                         mlp_pending = true;
                     }
+                }
+                Ffn::Moe(moe) => {
+                    // Never with fused norms (`Layer::fully_fused` is false): out is added below.
+                    let bufs = FfnBufs { x: &s.x, gate: &mut s.gate, up: &mut s.up, act: &mut s.act, out: &mut s.o, moe: s.moe.as_mut().map(|(l, w, y)| (l, w, y)) };
+                    moe.forward(b, bufs, t, d)?;
+                    mlp_pending = true;
                 }
             }
         }
