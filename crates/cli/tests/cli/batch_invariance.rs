@@ -63,6 +63,12 @@ fn wgpu_qwen3_greedy_tokens_are_the_same_alone_and_among_31_others() {
     invariance(tandem_models::random_model::Shape::TinyQwen3);
 }
 
+#[test]
+fn wgpu_moe_greedy_tokens_are_the_same_alone_and_among_31_others() {
+    invariance(tandem_models::random_model::Shape::TinyQwen3Moe);
+    invariance(tandem_models::random_model::Shape::TinyMixtral);
+}
+
 fn invariance(shape: tandem_models::random_model::Shape) {
     let dir = std::env::temp_dir().join(format!("tandem-invariance-{}-{}", shape.name(), std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);

@@ -56,6 +56,13 @@ fn qwen3_greedy_tokens_are_the_same_alone_and_in_a_batch() {
     greedy_invariance(&model_dir_of("batch-qwen3", Shape::TinyQwen3));
 }
 
+/// Mixtures of experts: a token's experts run over the whole batch, its bits from its own routing.
+#[test]
+fn moe_greedy_tokens_are_the_same_alone_and_in_a_batch() {
+    greedy_invariance(&model_dir_of("batch-qwen3-moe", Shape::TinyQwen3Moe));
+    greedy_invariance(&model_dir_of("batch-mixtral", Shape::TinyMixtral));
+}
+
 fn greedy_invariance(dir: &Path) {
     let dir = dir.to_path_buf();
     let vocab = runner(&dir, 4, 16).config().vocab_size as u32;
