@@ -110,3 +110,43 @@ fn smollm2_golden_catches_broken_weights() {
     let e = golden::check_weights(RefBackend::new(), cfg, &w, &g, 1e-3).expect_err("Q/K in llama.cpp's order must fail");
     println!("Q/K not un-permuted: {e}");
 }
+
+/// The new families' golden data tell a model slightly wrong in what is their own: Qwen3
+/// without its q/k norms (weights set to 1), Qwen3-MoE without the top-k renormalisation,
+/// Mixtral routed to its top 1 instead of 2. "Tell": the check fails, or greedy diverges from
+/// HF's (which vLLM's rule alone lets pass when both tokens are in the other's top 5; the
+/// correct model diverges nowhere).
+#[test]
+fn new_family_goldens_catch_their_own_pieces_missing() {
+    let load = |name: &str, seed: u64| {
+        let dir = golden::random_model(name, seed, DType::F32);
+        let g = GoldenFile::load(&golden::golden_dir().join(format!("{name}.json"))).unwrap();
+        let cfg = tandem_core::ModelConfig::from_file(&dir.join("config.json")).unwrap();
+        let w = tandem_core::weights::Weights::open(&dir).unwrap();
+        (g, cfg, w)
+    };
+    let told = |cfg: tandem_core::ModelConfig, w: &tandem_core::weights::Weights, g: &GoldenFile| match golden::check_weights(RefBackend::new(), cfg, w, g, 1e-3) {
+        Err(e) => Some(e),
+        Ok(lines) => lines.iter().find(|l| !l.contains("diverged at None")).cloned(),
+    };
+    let (g, cfg, mut w) = load("tiny-qwen3", 3);
+    assert_eq!(told(cfg.clone(), &w, &g), None, "as written");
+    for l in 0..cfg.num_hidden_layers {
+        for p in ["q", "k"] {
+            let name = format!("model.layers.{l}.self_attn.{p}_norm.weight");
+            let t = w.get(&name, &[cfg.head_dim]).unwrap();
+            w.replace(&name, t.dtype, &t.shape.clone(), &vec![1.0; cfg.head_dim]).unwrap();
+        }
+    }
+    println!("qwen3, q/k norm weights 1: {}", told(cfg, &w, &g).expect("Qwen3 without its q/k norm weights must be told"));
+
+    let (g, mut cfg, w) = load("tiny-qwen3-moe", 4);
+    assert_eq!(told(cfg.clone(), &w, &g), None, "as written");
+    cfg.moe.as_mut().unwrap().norm_topk_prob = false;
+    println!("qwen3-moe, norm_topk_prob false: {}", told(cfg, &w, &g).expect("Qwen3-MoE without renormalisation must be told"));
+
+    let (g, mut cfg, w) = load("tiny-mixtral", 5);
+    assert_eq!(told(cfg.clone(), &w, &g), None, "as written");
+    cfg.moe.as_mut().unwrap().top_k = 1;
+    println!("mixtral, top 1: {}", told(cfg, &w, &g).expect("Mixtral on one expert must be told"));
+}
