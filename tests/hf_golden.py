@@ -58,10 +58,20 @@ def main():
     ap.add_argument("--gguf")
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--raw-ids", action="store_true", help="tiny random models: prompts are id lists")
+    ap.add_argument("--show", action="store_true", help="print HF's config and parameter names")
     a = ap.parse_args()
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32)
+    model, info = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32, output_loading_info=True)
     model.eval()
+    # Every tensor of the checkpoint read, none left at its initial value: a name HF does not
+    # know (or one we did not write) would otherwise pass silently as random init.
+    bad = {k: v for k, v in info.items() if v and k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+    if bad:
+        raise SystemExit(f"{a.model}: HF did not read the checkpoint as written: {bad}")
+    if a.show:
+        print(model.config)
+        for n, p in model.named_parameters():
+            print(n, tuple(p.shape))
     cases = []
     doc = {"model": a.model.rstrip("/").split("/")[-1], "steps": a.steps, "cases": cases}
     if a.raw_ids:
@@ -71,6 +81,14 @@ def main():
             ids = torch.randint(0, vocab, (n,), generator=g).tolist()
             out, top5, gaps = run(model, ids, a.steps)
             cases.append({"kind": "ids", "prompt_ids": ids, "greedy": out, "top5": top5, "gap": gaps})
+        tok = AutoTokenizer.from_pretrained(a.model)
+        if "enable_thinking" in (tok.chat_template or ""):
+            # The template's switch, as `chat_template_kwargs` passes it.
+            doc["chat_render"] = [
+                {"messages": m, "kwargs": kw, "text": tok.apply_chat_template(m, tokenize=False, add_generation_prompt=True, **kw)}
+                for m in CHATS
+                for kw in ({}, {"enable_thinking": False}, {"enable_thinking": True})
+            ]
     else:
         tok = AutoTokenizer.from_pretrained(a.model)
         for p in PLAIN:

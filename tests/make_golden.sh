@@ -10,6 +10,13 @@ cargo xtask gen-model --shape tiny --seed 1 --out target/golden/tiny --dtype f32
 cargo xtask gen-model --shape tiny-tied --seed 2 --out target/golden/tiny-tied --dtype bf16
 "$VENV/bin/python" tests/hf_golden.py --model target/golden/tiny --out tests/golden/tiny.json --raw-ids
 "$VENV/bin/python" tests/hf_golden.py --model target/golden/tiny-tied --out tests/golden/tiny-tied.json --raw-ids
+# One seeded shape per family beyond Llama (the seed is the one the golden tests pass).
+cargo xtask gen-model --shape tiny-qwen3 --seed 3 --out target/golden/tiny-qwen3 --dtype f32
+"$VENV/bin/python" tests/hf_golden.py --model target/golden/tiny-qwen3 --out tests/golden/tiny-qwen3.json --raw-ids
+cargo xtask gen-model --shape tiny-qwen3-moe --seed 4 --out target/golden/tiny-qwen3-moe --dtype f32
+"$VENV/bin/python" tests/hf_golden.py --model target/golden/tiny-qwen3-moe --out tests/golden/tiny-qwen3-moe.json --raw-ids
+cargo xtask gen-model --shape tiny-mixtral --seed 5 --out target/golden/tiny-mixtral --dtype f32
+"$VENV/bin/python" tests/hf_golden.py --model target/golden/tiny-mixtral --out tests/golden/tiny-mixtral.json --raw-ids
 MODEL=$(cargo xtask fetch-model | tail -n 1)
 GGUF=$(find "${TANDEM_CACHE:-$HOME/.cache/tandem}" -name 'SmolLM2-135M-Instruct.Q4_1.gguf' | head -n 1)
 "$VENV/bin/python" tests/hf_golden.py --model "$MODEL" --out tests/golden/smollm2-135m.json ${GGUF:+--gguf "$GGUF"}

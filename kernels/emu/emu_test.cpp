@@ -11,12 +11,14 @@
 #include "../gather_rows.cu"
 #include "../kv_write.cu"
 #include "../matmul.cu"
+#include "../moe.cu"
 #include "../paged_attention.cu"
 #include "../rms_norm.cu"
 #include "../rope.cu"
 #include "../sampling.cu"
 #include "../silu_mul.cu"
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 
@@ -721,8 +723,58 @@ static void test_fused_small_ops() {
     }
 }
 
+// moe_route against softmax / top-k / renormalise in double (ties: the lower index), one row
+// alone giving the bits it gives among others; moe_accumulate, first and adding.
+static void test_moe() {
+    for (auto [rows, E, K, renorm] : std::vector<std::tuple<int, int, int, int>>{{37, 8, 2, 1}, {5, 128, 8, 0}, {3, 4, 4, 1}}) {
+        auto l = rvec((size_t)rows * E, 3.0f);
+        for (int r = 0; r < rows; r += 2) l[(size_t)r * E + E - 1] = l[(size_t)r * E + 1] = 10.0f;  // a tie at the top
+        auto w = nans((size_t)rows * E);
+        launch(dim3{(unsigned)((rows + 63) / 64), 1, 1}, dim3{64, 1, 1}, [&] { moe_route(l.data(), w.data(), rows, E, K, renorm); });
+        std::vector<double> want((size_t)rows * E, 0.0);
+        for (int r = 0; r < rows; ++r) {
+            const float* x = &l[(size_t)r * E];
+            double m = x[0], s = 0;
+            for (int i = 1; i < E; ++i) m = std::max(m, (double)x[i]);
+            for (int i = 0; i < E; ++i) s += std::exp(x[i] - m);
+            std::vector<int> idx(E);
+            for (int i = 0; i < E; ++i) idx[i] = i;
+            std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) { return x[a] > x[b]; });
+            double sum = 0;
+            for (int j = 0; j < K; ++j) sum += std::exp(x[idx[j]] - m) / s;
+            for (int j = 0; j < K; ++j) want[(size_t)r * E + idx[j]] = std::exp(x[idx[j]] - m) / s / (renorm ? sum : 1.0);
+        }
+        expect("moe_route E=" + std::to_string(E) + " k=" + std::to_string(K), w, want, 1e-12);
+        bool tie_low = true;
+        for (int r = 0; r < rows; r += 2) tie_low &= w[(size_t)r * E + 1] > 0.0f && (K > 1 || w[(size_t)r * E + E - 1] == 0.0f);
+        expect_true("moe_route ties: the lower index first", tie_low);
+        auto one = nans(E);
+        const int r = rows - 1;
+        launch(dim3{1, 1, 1}, dim3{64, 1, 1}, [&] { moe_route(&l[(size_t)r * E], one.data(), 1, E, K, renorm); });
+        expect_true("moe_route: a row alone gives its bits in the batch", std::memcmp(one.data(), &w[(size_t)r * E], E * sizeof(float)) == 0);
+    }
+    {
+        const int rows = 7, dim = 100, E = 4;
+        auto acc = rvec((size_t)rows * dim), y = rvec((size_t)rows * dim), wt = rvec((size_t)rows * E);
+        std::vector<double> want_first((size_t)rows * dim), want_add((size_t)rows * dim);
+        for (int r = 0; r < rows; ++r)
+            for (int i = 0; i < dim; ++i) {
+                const size_t j = (size_t)r * dim + i;
+                want_first[j] = (double)(wt[(size_t)r * E + 2] * y[j]);
+                want_add[j] = (double)acc[j] + (double)(wt[(size_t)r * E + 3] * y[j]);
+            }
+        auto o = nans((size_t)rows * dim);
+        const unsigned long long n = (unsigned long long)rows * dim;
+        launch(dim3{(unsigned)((n + 255) / 256), 1, 1}, dim3{256, 1, 1}, [&] { moe_accumulate(o.data(), y.data(), wt.data(), n, dim, 2, E, 1); });
+        expect("moe_accumulate first", o, want_first, 0.0);
+        launch(dim3{(unsigned)((n + 255) / 256), 1, 1}, dim3{256, 1, 1}, [&] { moe_accumulate(acc.data(), y.data(), wt.data(), n, dim, 3, E, 0); });
+        expect("moe_accumulate add", acc, want_add, 1e-14);
+    }
+}
+
 int main() {
     primtest::run_all(expect_true);
+    test_moe();
     test_small_ops();
     test_kv_write();
     test_attention();

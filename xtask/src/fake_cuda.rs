@@ -183,8 +183,9 @@ pub fn cuda_tests(root: &Path, env: &FakeEnv) -> Result<Counts> {
 }
 
 /// The fake-driver group of `cargo xtask test`: crates/cuda's GPU-only tests, the op suite on
-/// `cuda`, and `tandem compare` cuda vs the reference on two small random models (head_dim 128
-/// and 64 with hidden 576: tensor-core attention, split K, the fused paths), and `tandem serve`
+/// `cuda`, and `tandem compare` cuda vs the reference on small random models (head_dim 128
+/// and 64 with hidden 576: tensor-core attention, split K, the fused paths; tiny-qwen3: the
+/// per-head q/k norms; tiny-qwen3-moe: the MoE kernels, captured), and `tandem serve`
 /// answering requests ([`serve_check`]). Each `tandem` command counts as one test. `tandem`: a binary already built (a workspace `cargo test`
 /// builds one; building `-p tandem-cli` alone resolves other features and recompiles much).
 pub fn group(root: &Path, tandem: Option<PathBuf>) -> Result<Counts> {
@@ -209,7 +210,7 @@ pub fn group(root: &Path, tandem: Option<PathBuf>) -> Result<Counts> {
     // against x rounded to bf16, not the driver), which would make this group fail by chance. `cargo xtask fake-cuda -- test-ops --backend cuda` draws a seed.
     let seed = std::env::var("TANDEM_FAKE_CUDA_OPS_SEED").unwrap_or_else(|_| "7812165423275311652".into());
     let mut commands: Vec<(String, Vec<String>)> = vec![(format!("op suite on cuda (seed {seed})"), vec!["test-ops".into(), "--backend".into(), "cuda".into(), "--seed".into(), seed])];
-    for shape in ["tiny-hd128", "small-hd64"] {
+    for shape in ["tiny-hd128", "small-hd64", "tiny-qwen3", "tiny-qwen3-moe"] {
         let dir = models.join(shape);
         if !dir.join("config.json").exists() {
             let st = Command::new(&tandem).args(["gen-model", "--shape", shape, "--out"]).arg(&dir).status()?;

@@ -8,8 +8,8 @@ use tandem_core::DType;
 
 use crate::compare::compare;
 use crate::ops::{
-    Add, AddRmsNorm, Argmax, Embedding, GatherRows, GateUpSilu, KvWrite, Launch, Matmul, Op, PagedAttention, QkvRopeKvWrite, ResidualNormGateUp,
-    RmsNorm, Rope, RopeKvWrite, SeqChunk, SiluMul,
+    Add, AddRmsNorm, Argmax, Embedding, GatherRows, GateUpSilu, KvWrite, Launch, Matmul, MoeAccumulate, MoeRoute, Op, PagedAttention, QkvRopeKvWrite,
+    ResidualNormGateUp, RmsNorm, Rope, RopeKvWrite, SeqChunk, SiluMul,
 };
 use crate::rng::{hash_str, mix, Rng};
 
@@ -29,6 +29,8 @@ enum Spec {
     QkvRopeKvWrite(QkvRopeKvWrite),
     PagedAttention(PagedAttention),
     Argmax(Argmax),
+    MoeRoute(MoeRoute),
+    MoeAccumulate(MoeAccumulate),
 }
 
 /// Calls `$body` with `$o` bound to the op inside whichever variant `$spec` is.
@@ -50,6 +52,8 @@ macro_rules! dispatch {
             Spec::QkvRopeKvWrite($o) => $body,
             Spec::PagedAttention($o) => $body,
             Spec::Argmax($o) => $body,
+            Spec::MoeRoute($o) => $body,
+            Spec::MoeAccumulate($o) => $body,
         }
     };
 }
@@ -251,6 +255,14 @@ pub fn cases() -> Vec<Case> {
     }
     for (len, gate_scale) in [(1, 1.0), (3 * 1536, 1.0), (100_003, 12.0)] {
         v.push(Case::new(SiluMul { len, gate_scale }, Spec::SiluMul));
+    }
+    // Mixtral's 8 experts top 2, Qwen3-MoE's 128 top 8 (renormalised or not), one row, a
+    // prefill's rows, and ties the lower index must win.
+    for (rows, experts, top_k, renormalize, ties) in [(1, 8, 2, true, false), (37, 8, 2, true, true), (5, 128, 8, false, false), (70, 128, 8, true, true), (3, 4, 4, true, false)] {
+        v.push(Case::new(MoeRoute { rows, experts, top_k, renormalize, ties }, Spec::MoeRoute));
+    }
+    for (rows, dim, expert, experts, first) in [(1, 64, 0, 8, true), (37, 576, 5, 8, false), (70, 2048, 127, 128, false), (3, 100, 0, 4, true)] {
+        v.push(Case::new(MoeAccumulate { rows, dim, expert, experts, first }, Spec::MoeAccumulate));
     }
 
     for (tokens, q_heads, kv_heads, head_dim, theta, max_pos) in [

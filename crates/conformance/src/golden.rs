@@ -44,6 +44,9 @@ pub struct TokenizeCase {
 #[derive(Debug, Clone, Deserialize)]
 pub struct ChatRenderCase {
     pub messages: Vec<serde_json::Value>,
+    /// The template variables HF was given (`chat_template_kwargs`, e.g. `enable_thinking`).
+    #[serde(default)]
+    pub kwargs: Option<serde_json::Map<String, serde_json::Value>>,
     pub text: String,
 }
 

@@ -568,6 +568,32 @@ pub trait Backend: Send + 'static {
         self.rope(q, k, positions, inv_freq, num_tokens, q_heads, geometry.num_kv_heads, geometry.head_dim)?;
         self.kv_write(k, v, k_cache, v_cache, slots, num_tokens, geometry)
     }
+    /// A mixture of experts' routing: router logits f32 `[rows, experts]` to dense routing
+    /// weights f32 `[rows, experts]`, as HF transformers' Mixtral and Qwen3-MoE route: a softmax
+    /// over every expert, the `top_k` largest probabilities kept (the lower index first on
+    /// ties), every other weight 0; with `renormalize`, the kept ones divided by their sum
+    /// (summed from the largest down). See [`moe_route_rows`], the arithmetic every backend
+    /// repeats. The default runs that on the host (a read and a write of the buffers).
+    #[allow(clippy::too_many_arguments)]
+    fn moe_route(&self, logits: &Self::Buf, weights: &mut Self::Buf, rows: usize, experts: usize, top_k: usize, renormalize: bool) -> Result<()> {
+        let l = self.read_f32(logits, rows * experts)?;
+        let mut w = vec![0.0; rows * experts];
+        moe_route_rows(&l, &mut w, experts, top_k, renormalize);
+        self.write_f32(weights, &w)
+    }
+    /// One expert's share of a mixture of experts, added in expert order: `acc[r, :] =
+    /// weights[r, expert] · y[r, :]` when `first` (expert 0), else `acc[r, :] += weights[r,
+    /// expert] · y[r, :]`; acc, y f32 `[rows, dim]`, weights f32 `[rows, experts]`. A row's
+    /// result depends on its own values only (batch invariance), and adding every expert, a
+    /// weight of 0 included, keeps the sum in a fixed order. The default runs on the host.
+    #[allow(clippy::too_many_arguments)]
+    fn moe_accumulate(&self, acc: &mut Self::Buf, y: &Self::Buf, weights: &Self::Buf, rows: usize, dim: usize, expert: usize, experts: usize, first: bool) -> Result<()> {
+        let w = self.read_f32(weights, rows * experts)?;
+        let yv = self.read_f32(y, rows * dim)?;
+        let mut a = if first { vec![0.0; rows * dim] } else { self.read_f32(acc, rows * dim)? };
+        moe_accumulate_rows(&mut a, &yv, &w, dim, expert, experts, first);
+        self.write_f32(acc, &a)
+    }
     /// Paged attention; out f32 `[T, num_heads, head_dim]`. See [`AttnArgs`].
     fn paged_attention(&self, args: &AttnArgs<'_, Self>, out: &mut Self::Buf) -> Result<()>;
     /// Index of the largest value in each row of logits f32 `[rows, vocab]` (lowest index on ties).
@@ -643,6 +669,46 @@ pub fn argmax_row(row: &[f32]) -> u32 {
         return row.iter().position(|x| !x.is_nan()).unwrap_or(row.len().saturating_sub(1)) as u32;
     }
     row.iter().position(|&x| x == max).unwrap_or(0) as u32
+}
+
+/// [`Backend::moe_route`] on the host, row by row: `logits` and `out` `[rows, experts]`.
+/// In f32: m = the row's max, e_i = exp(l_i - m), s = Σ e_i in index order, p_i = e_i / s;
+/// then `top_k` times the largest p not yet taken (lowest index on ties), its weight p (or,
+/// with `renormalize`, p / Σ of the taken p, summed in the order taken).
+pub fn moe_route_rows(logits: &[f32], out: &mut [f32], experts: usize, top_k: usize, renormalize: bool) {
+    for (l, o) in logits.chunks_exact(experts).zip(out.chunks_exact_mut(experts)) {
+        let m = l.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut s = 0.0f32;
+        for &x in l {
+            s += (x - m).exp();
+        }
+        let p = |i: usize| (l[i] - m).exp() / s;
+        o.fill(-1.0);
+        let mut sum = 0.0f32;
+        for _ in 0..top_k.min(experts) {
+            let mut best = usize::MAX;
+            for (i, &w) in o.iter().enumerate() {
+                if w < 0.0 && (best == usize::MAX || p(i) > p(best)) {
+                    best = i;
+                }
+            }
+            o[best] = p(best);
+            sum += o[best];
+        }
+        for v in o.iter_mut() {
+            *v = if *v < 0.0 { 0.0 } else if renormalize { *v / sum } else { *v };
+        }
+    }
+}
+
+/// [`Backend::moe_accumulate`] on the host: `acc` and `y` `[rows, dim]`, `weights` `[rows, experts]`.
+pub fn moe_accumulate_rows(acc: &mut [f32], y: &[f32], weights: &[f32], dim: usize, expert: usize, experts: usize, first: bool) {
+    for (r, (a, yr)) in acc.chunks_exact_mut(dim).zip(y.chunks_exact(dim)).enumerate() {
+        let w = weights[r * experts + expert];
+        for (a, &y) in a.iter_mut().zip(yr) {
+            *a = if first { w * y } else { *a + w * y };
+        }
+    }
 }
 
 /// `f32` or `bf16, f32`: the KV element types a backend lists, for messages.

@@ -1,4 +1,5 @@
-//! `config.json` of a Llama-family model (Llama, Mistral, Qwen2, SmolLM).
+//! `config.json` of a model whose family the model layer runs (`crate::model::families`:
+//! Llama, Mistral, Qwen2, SmolLM, Qwen3).
 
 use std::path::Path;
 
@@ -14,6 +15,22 @@ pub enum RopeScaling {
     Linear { factor: f32 },
     /// Llama 3.1's piecewise frequency rescaling.
     Llama3 { factor: f32, low_freq_factor: f32, high_freq_factor: f32, original_max_position_embeddings: usize },
+}
+
+/// A mixture-of-experts feed-forward block's settings (Mixtral, Qwen3-MoE).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MoeConfig {
+    /// Experts per MoE layer (`num_local_experts`, `num_experts`).
+    pub num_experts: usize,
+    /// Experts each token is routed to (`num_experts_per_tok`).
+    pub top_k: usize,
+    /// Each expert's MLP width (Mixtral: `intermediate_size`; Qwen3-MoE: `moe_intermediate_size`).
+    pub intermediate_size: usize,
+    /// The kept routing weights divided by their sum (Mixtral always; Qwen3-MoE: `norm_topk_prob`).
+    pub norm_topk_prob: bool,
+    /// Layers that keep a dense MLP of `ModelConfig::intermediate_size` (Qwen3-MoE's
+    /// `mlp_only_layers`, and those `decoder_sparse_step` skips).
+    pub dense_layers: Vec<usize>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -37,6 +54,8 @@ pub struct ModelConfig {
     pub dtype: Option<String>,
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
+    /// The MoE block of a mixture-of-experts family; None for a dense one.
+    pub moe: Option<MoeConfig>,
 }
 
 #[derive(Deserialize)]
@@ -61,9 +80,15 @@ struct Raw {
     dtype: Option<String>,
     bos_token_id: Option<serde_json::Value>,
     eos_token_id: Option<serde_json::Value>,
+    // Mixture of experts (Mixtral: num_local_experts; Qwen3-MoE: num_experts and the rest).
+    num_local_experts: Option<usize>,
+    num_experts: Option<usize>,
+    num_experts_per_tok: Option<usize>,
+    moe_intermediate_size: Option<usize>,
+    norm_topk_prob: Option<bool>,
+    decoder_sparse_step: Option<usize>,
+    mlp_only_layers: Option<Vec<usize>>,
 }
-
-const SUPPORTED: &[&str] = &["LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"];
 
 impl ModelConfig {
     pub fn from_file(path: &Path) -> Result<Self> {
@@ -75,16 +100,12 @@ impl ModelConfig {
         let raw: Raw = serde_json::from_str(text).map_err(|e| format!("not a valid config.json: {e}"))?;
         let architecture = match (&raw.architectures, &raw.model_type) {
             (Some(a), _) if !a.is_empty() => a[0].clone(),
-            (_, Some(t)) => match t.as_str() {
-                "llama" => "LlamaForCausalLM".into(),
-                "mistral" => "MistralForCausalLM".into(),
-                "qwen2" => "Qwen2ForCausalLM".into(),
-                other => other.to_string(),
-            },
+            (_, Some(t)) => crate::model::families().find(|f| f.model_type == t).map_or_else(|| t.clone(), |f| f.architecture.to_string()),
             _ => return Err("neither `architectures` nor `model_type` is given".into()),
         };
-        if !SUPPORTED.contains(&architecture.as_str()) {
-            return Err(format!("unsupported architecture `{architecture}` (supported: {})", SUPPORTED.join(", ")));
+        if !crate::model::families().any(|f| f.architecture == architecture) {
+            let supported: Vec<&str> = crate::model::families().map(|f| f.architecture).collect();
+            return Err(format!("unsupported architecture `{architecture}` (supported: {})", supported.join(", ")));
         }
         fn req(v: Option<usize>, name: &str) -> std::result::Result<usize, String> {
             match v {
@@ -122,10 +143,40 @@ impl ModelConfig {
         let scaling_json = raw.rope_scaling.as_ref().filter(|v| !v.is_null()).or(params);
         let rope_scaling = parse_rope_scaling(scaling_json)?;
         let architecture_is_qwen2 = architecture == "Qwen2ForCausalLM";
+        let intermediate_size = req(raw.intermediate_size, "intermediate_size")?;
+        let num_hidden_layers = req(raw.num_hidden_layers, "num_hidden_layers")?;
+        let moe = match architecture.as_str() {
+            "MixtralForCausalLM" => Some(MoeConfig {
+                num_experts: req(raw.num_local_experts, "num_local_experts")?,
+                top_k: req(raw.num_experts_per_tok, "num_experts_per_tok")?,
+                intermediate_size,
+                norm_topk_prob: true,
+                dense_layers: vec![],
+            }),
+            "Qwen3MoeForCausalLM" => {
+                // HF: layer i is sparse unless listed in mlp_only_layers, and (i + 1) a multiple of decoder_sparse_step.
+                let step = raw.decoder_sparse_step.unwrap_or(1).max(1);
+                let only = raw.mlp_only_layers.clone().unwrap_or_default();
+                Some(MoeConfig {
+                    num_experts: req(raw.num_experts, "num_experts")?,
+                    top_k: req(raw.num_experts_per_tok, "num_experts_per_tok")?,
+                    intermediate_size: req(raw.moe_intermediate_size, "moe_intermediate_size")?,
+                    norm_topk_prob: raw.norm_topk_prob.unwrap_or(false),
+                    dense_layers: (0..num_hidden_layers).filter(|i| only.contains(i) || (i + 1) % step != 0).collect(),
+                })
+            }
+            _ => None,
+        };
+        if let Some(m) = &moe {
+            if m.top_k > m.num_experts {
+                return Err(format!("num_experts_per_tok ({}) exceeds the {} experts", m.top_k, m.num_experts));
+            }
+        }
         Ok(ModelConfig {
             vocab_size: req(raw.vocab_size, "vocab_size")?,
-            intermediate_size: req(raw.intermediate_size, "intermediate_size")?,
-            num_hidden_layers: req(raw.num_hidden_layers, "num_hidden_layers")?,
+            intermediate_size,
+            num_hidden_layers,
+            moe,
             hidden_size,
             num_attention_heads,
             num_key_value_heads,
@@ -177,6 +228,15 @@ impl ModelConfig {
     }
     pub fn kv_dim(&self) -> usize {
         self.num_key_value_heads * self.head_dim
+    }
+    /// Whether layer `i` has a mixture of experts (else a dense MLP).
+    pub fn is_moe_layer(&self, i: usize) -> bool {
+        self.moe.as_ref().is_some_and(|m| !m.dense_layers.contains(&i))
+    }
+    /// The widest MLP of any layer (dense or one expert): what the activation buffers hold.
+    pub fn max_intermediate(&self) -> usize {
+        let moe = self.moe.as_ref().map_or(0, |m| m.intermediate_size);
+        if self.moe.as_ref().is_some_and(|m| m.dense_layers.is_empty()) { moe } else { moe.max(self.intermediate_size) }
     }
 }
 
@@ -251,6 +311,27 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.contains("multiple"), "{e}");
+    }
+
+    #[test]
+    fn moe_configs() {
+        let j = r#"{"architectures":["MixtralForCausalLM"],"hidden_size":64,"intermediate_size":96,"num_hidden_layers":2,
+            "num_attention_heads":4,"num_key_value_heads":2,"vocab_size":100,"num_local_experts":4,"num_experts_per_tok":2}"#;
+        let c = ModelConfig::from_json(j).unwrap();
+        let m = c.moe.clone().unwrap();
+        assert_eq!((m.num_experts, m.top_k, m.intermediate_size, m.norm_topk_prob), (4, 2, 96, true));
+        assert!(c.is_moe_layer(0) && c.is_moe_layer(1));
+        let j = r#"{"architectures":["Qwen3MoeForCausalLM"],"hidden_size":64,"intermediate_size":160,"num_hidden_layers":4,
+            "num_attention_heads":4,"num_key_value_heads":2,"head_dim":32,"vocab_size":100,"num_experts":8,"num_experts_per_tok":2,
+            "moe_intermediate_size":48,"norm_topk_prob":true,"decoder_sparse_step":2,"mlp_only_layers":[3]}"#;
+        let c = ModelConfig::from_json(j).unwrap();
+        let m = c.moe.clone().unwrap();
+        assert_eq!((m.num_experts, m.top_k, m.intermediate_size, m.norm_topk_prob), (8, 2, 48, true));
+        // Sparse where (i + 1) % 2 == 0 and i not in mlp_only_layers: layer 1 only.
+        assert_eq!((0..4).map(|i| c.is_moe_layer(i)).collect::<Vec<_>>(), [false, true, false, false]);
+        assert_eq!(c.max_intermediate(), 160);
+        let e = ModelConfig::from_json(&j.replace(r#""num_experts":8"#, r#""num_experts":1"#)).unwrap_err();
+        assert!(e.contains("num_experts_per_tok"), "{e}");
     }
 
     #[test]

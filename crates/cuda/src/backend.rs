@@ -339,6 +339,8 @@ struct Kernels<F> {
     attn_partial: [Kernel<F>; 2],
     attn_tc: [Kernel<F>; 2],
     argmax: Kernel<F>,
+    moe_route: Kernel<F>,
+    moe_accumulate: Kernel<F>,
     sample: Kernel<F>,
     sample_masked: Kernel<F>,
     logit_edits: Kernel<F>,
@@ -390,6 +392,8 @@ impl<F> Kernels<F> {
             attn_partial: [k("paged_attention_partial_f32")?, k("paged_attention_partial_bf16")?],
             attn_tc: [k("paged_attention_tc_d64")?, k("paged_attention_tc_d128")?],
             argmax: k("argmax")?,
+            moe_route: k("moe_route")?,
+            moe_accumulate: k("moe_accumulate")?,
             sample: k("sample")?,
             sample_masked: k("sample_masked")?,
             logit_edits: k("logit_edits")?,
@@ -1143,6 +1147,44 @@ impl Backend for CudaBackend {
         self.launched(OP, r)
     }
 
+    fn moe_route(&self, logits: &CudaBuf, weights: &mut CudaBuf, rows: usize, experts: usize, top_k: usize, renormalize: bool) -> Result<()> {
+        const OP: &str = "moe_route";
+        if rows == 0 || experts == 0 {
+            return Ok(());
+        }
+        need(logits, Elem::F32, rows * experts, OP, "logits")?;
+        need(weights, Elem::F32, rows * experts, OP, "weights")?;
+        let (ri, ei, ki, rn) = (i32_of(rows, OP, "rows")?, i32_of(experts, OP, "experts")?, i32_of(top_k.min(experts), OP, "top_k")?, renormalize as i32);
+        i32_of(rows * experts, OP, "rows * experts")?;
+        let f = &self.kernels.moe_route.f;
+        let mut l = self.stream.launch_builder(f);
+        l.arg(&*logits.mem).arg(&mut *weights.mem).arg(&ri).arg(&ei).arg(&ki).arg(&rn);
+        // SAFETY: as in embedding.
+        let r = unsafe { l.launch(cfg((u32_of(rows.div_ceil(64), OP, "blocks")?, 1, 1), 64)) };
+        self.launched(OP, r)
+    }
+
+    fn moe_accumulate(&self, acc: &mut CudaBuf, y: &CudaBuf, weights: &CudaBuf, rows: usize, dim: usize, expert: usize, experts: usize, first: bool) -> Result<()> {
+        const OP: &str = "moe_accumulate";
+        let len = rows * dim;
+        if len == 0 {
+            return Ok(());
+        }
+        if expert >= experts {
+            return Err(err(format!("{OP}: expert {expert} of {experts}")));
+        }
+        need(acc, Elem::F32, len, OP, "acc")?;
+        need(y, Elem::F32, len, OP, "y")?;
+        need(weights, Elem::F32, rows * experts, OP, "weights")?;
+        let (n, di, xi, ei, fi) = (len as u64, i32_of(dim, OP, "dim")?, i32_of(expert, OP, "expert")?, i32_of(experts, OP, "experts")?, first as i32);
+        let f = &self.kernels.moe_accumulate.f;
+        let mut l = self.stream.launch_builder(f);
+        l.arg(&mut *acc.mem).arg(&*y.mem).arg(&*weights.mem).arg(&n).arg(&di).arg(&xi).arg(&ei).arg(&fi);
+        // SAFETY: as in embedding.
+        let r = unsafe { l.launch(Self::elementwise_cfg(len, OP)?) };
+        self.launched(OP, r)
+    }
+
     fn kv_write(&self, k: &CudaBuf, v: &CudaBuf, k_cache: &mut CudaBuf, v_cache: &mut CudaBuf, slots: &CudaBuf, num_tokens: usize, g: KvGeometry) -> Result<()> {
         const OP: &str = "kv_write";
         let row = g.num_kv_heads * g.head_dim;
@@ -1253,7 +1295,7 @@ mod kernel_table_tests {
         let names = kernel_names();
         let unique: std::collections::BTreeSet<_> = names.iter().collect();
         assert_eq!(unique.len(), names.len(), "{names:?}");
-        assert_eq!(names.len(), 48);
+        assert_eq!(names.len(), 50);
         let k = Kernels::<&'static str>::resolve(Ok).unwrap();
         assert_eq!(k.embedding.map(|x| x.f), ["embedding_f32", "embedding_bf16", "embedding_f16"]);
         assert_eq!([Elem::F32, Elem::BF16, Elem::F16].map(|e| k.rms_norm[weight_index(e)].f), ["rms_norm_f32", "rms_norm_bf16", "rms_norm_f16"]);

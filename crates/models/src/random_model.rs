@@ -37,10 +37,28 @@ pub enum Shape {
     /// Llama 3.2 1B: tied, llama3 rope scaling.
     Llama32_1b,
     Llama3_8b,
+    /// Qwen3: per-head q/k norms, head_dim 32 apart from hidden / heads (64 / 4), tied, eps 1e-6.
+    TinyQwen3,
+    /// Qwen3-MoE: tiny-qwen3's attention, 8 experts of width 48, top 2, `norm_topk_prob`.
+    TinyQwen3Moe,
+    /// Mixtral: Llama's attention, 4 experts (`block_sparse_moe`, w1/w2/w3) of width 96, top 2.
+    TinyMixtral,
 }
 
 impl Shape {
-    pub const ALL: [Shape; 8] = [Shape::Tiny, Shape::TinyTied, Shape::TinyHd128, Shape::SmallHd64, Shape::Smollm2_135m, Shape::Qwen25_05b, Shape::Llama32_1b, Shape::Llama3_8b];
+    pub const ALL: [Shape; 11] = [
+        Shape::Tiny,
+        Shape::TinyTied,
+        Shape::TinyHd128,
+        Shape::SmallHd64,
+        Shape::Smollm2_135m,
+        Shape::Qwen25_05b,
+        Shape::Llama32_1b,
+        Shape::Llama3_8b,
+        Shape::TinyQwen3,
+        Shape::TinyQwen3Moe,
+        Shape::TinyMixtral,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -52,6 +70,9 @@ impl Shape {
             Shape::Qwen25_05b => "qwen2.5-0.5b",
             Shape::Llama32_1b => "llama-3.2-1b",
             Shape::Llama3_8b => "llama-3-8b",
+            Shape::TinyQwen3 => "tiny-qwen3",
+            Shape::TinyQwen3Moe => "tiny-qwen3-moe",
+            Shape::TinyMixtral => "tiny-mixtral",
         }
     }
 
@@ -61,7 +82,9 @@ impl Shape {
 
     fn dims(self) -> Dims {
         let base = Dims {
-            qwen2: false,
+            arch: Arch::Llama,
+            experts: 0,
+            top_k: 0,
             vocab: 384,
             hidden: 64,
             intermediate: 160,
@@ -85,7 +108,7 @@ impl Shape {
                 tied: true, rope_theta: 100000.0, max_pos: 8192, ..base
             },
             Shape::Qwen25_05b => Dims {
-                qwen2: true, vocab: 151936, hidden: 896, intermediate: 4864, layers: 24, heads: 14, kv_heads: 2,
+                arch: Arch::Qwen2, vocab: 151936, hidden: 896, intermediate: 4864, layers: 24, heads: 14, kv_heads: 2,
                 head_dim: 64, tied: true, rope_theta: 1000000.0, rms_eps: 1e-6, max_pos: 32768, ..base
             },
             Shape::Llama32_1b => Dims {
@@ -96,13 +119,30 @@ impl Shape {
                 vocab: 128256, hidden: 4096, intermediate: 14336, layers: 32, heads: 32, kv_heads: 8, head_dim: 128,
                 rope_theta: 500000.0, max_pos: 8192, ..base
             },
+            Shape::TinyQwen3 => Dims { arch: Arch::Qwen3, head_dim: 32, tied: true, rope_theta: 1000000.0, rms_eps: 1e-6, ..base },
+            Shape::TinyQwen3Moe => Dims { arch: Arch::Qwen3Moe, head_dim: 32, intermediate: 48, experts: 8, top_k: 2, rope_theta: 1000000.0, rms_eps: 1e-6, ..base },
+            Shape::TinyMixtral => Dims { arch: Arch::Mixtral, intermediate: 96, experts: 4, top_k: 2, rope_theta: 1000000.0, ..base },
         }
     }
 }
 
+/// Which family's config and tensor names a shape is written with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Arch {
+    Llama,
+    Qwen2,
+    Qwen3,
+    Qwen3Moe,
+    Mixtral,
+}
+
 #[derive(Debug, Clone, Copy)]
 struct Dims {
-    qwen2: bool,
+    arch: Arch,
+    /// Experts per MoE layer (0: a dense MLP); `intermediate` is then each expert's width.
+    experts: usize,
+    /// Experts per token.
+    top_k: usize,
     vocab: usize,
     hidden: usize,
     intermediate: usize,
@@ -176,10 +216,31 @@ fn tensor_plan(d: &Dims, dtype: DType) -> Vec<(TensorSpec, Fill)> {
         plan.push(t(format!("{p}.self_attn.k_proj.weight"), &[kv, h], proj(h)));
         plan.push(t(format!("{p}.self_attn.v_proj.weight"), &[kv, h], proj(h)));
         plan.push(t(format!("{p}.self_attn.o_proj.weight"), &[h, q], proj(q)));
-        plan.push(t(format!("{p}.mlp.gate_proj.weight"), &[inter, h], proj(h)));
-        plan.push(t(format!("{p}.mlp.up_proj.weight"), &[inter, h], proj(h)));
-        plan.push(t(format!("{p}.mlp.down_proj.weight"), &[h, inter], proj(inter)));
-        if d.qwen2 {
+        match d.arch {
+            Arch::Qwen3Moe | Arch::Mixtral => {
+                // Router logits of std ~1.5: clear winners, not one expert for every token.
+                let (block, [gate, up, down]) = match d.arch {
+                    Arch::Mixtral => ("block_sparse_moe", ["w1", "w3", "w2"]),
+                    _ => ("mlp", ["gate_proj", "up_proj", "down_proj"]),
+                };
+                plan.push(t(format!("{p}.{block}.gate.weight"), &[d.experts, h], Fill { mean: 0.0, std: 1.5 / (h as f32).sqrt() }));
+                for e in 0..d.experts {
+                    plan.push(t(format!("{p}.{block}.experts.{e}.{gate}.weight"), &[inter, h], proj(h)));
+                    plan.push(t(format!("{p}.{block}.experts.{e}.{up}.weight"), &[inter, h], proj(h)));
+                    plan.push(t(format!("{p}.{block}.experts.{e}.{down}.weight"), &[h, inter], proj(inter)));
+                }
+            }
+            _ => {
+                plan.push(t(format!("{p}.mlp.gate_proj.weight"), &[inter, h], proj(h)));
+                plan.push(t(format!("{p}.mlp.up_proj.weight"), &[inter, h], proj(h)));
+                plan.push(t(format!("{p}.mlp.down_proj.weight"), &[h, inter], proj(inter)));
+            }
+        }
+        if matches!(d.arch, Arch::Qwen3 | Arch::Qwen3Moe) {
+            plan.push(t(format!("{p}.self_attn.q_norm.weight"), &[d.head_dim], norm));
+            plan.push(t(format!("{p}.self_attn.k_norm.weight"), &[d.head_dim], norm));
+        }
+        if d.arch == Arch::Qwen2 {
             plan.push(t(format!("{p}.self_attn.q_proj.bias"), &[q], bias));
             plan.push(t(format!("{p}.self_attn.k_proj.bias"), &[kv], bias));
             plan.push(t(format!("{p}.self_attn.v_proj.bias"), &[kv], bias));
@@ -250,9 +311,18 @@ const SPECIALS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
 const BOS: u32 = 1;
 const EOS: u32 = 2;
 const CHAT_TEMPLATE: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+/// The Qwen3 shapes' template: ChatML with Qwen3's `enable_thinking` switch (false writes an
+/// empty think block after the generation prompt, as Qwen3's own template does).
+const QWEN3_CHAT_TEMPLATE: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% if enable_thinking is defined and enable_thinking is false %}{{ '<think>\\n\\n</think>\\n\\n' }}{% endif %}{% endif %}";
 
 fn config_json(shape: Shape, d: &Dims, dtype: DType) -> serde_json::Value {
-    let (arch, model_type) = if d.qwen2 { ("Qwen2ForCausalLM", "qwen2") } else { ("LlamaForCausalLM", "llama") };
+    let (arch, model_type) = match d.arch {
+        Arch::Llama => ("LlamaForCausalLM", "llama"),
+        Arch::Qwen2 => ("Qwen2ForCausalLM", "qwen2"),
+        Arch::Qwen3 => ("Qwen3ForCausalLM", "qwen3"),
+        Arch::Qwen3Moe => ("Qwen3MoeForCausalLM", "qwen3_moe"),
+        Arch::Mixtral => ("MixtralForCausalLM", "mixtral"),
+    };
     let rope_scaling = if d.llama3_scaling {
         json!({ "factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0, "original_max_position_embeddings": 8192, "rope_type": "llama3" })
     } else {
@@ -274,7 +344,7 @@ fn config_json(shape: Shape, d: &Dims, dtype: DType) -> serde_json::Value {
         "rope_scaling": rope_scaling,
         "max_position_embeddings": d.max_pos,
         "tie_word_embeddings": d.tied,
-        "attention_bias": d.qwen2,
+        "attention_bias": d.arch == Arch::Qwen2,
         "attention_dropout": 0.0,
         "initializer_range": 0.02,
         "use_cache": true,
@@ -284,10 +354,27 @@ fn config_json(shape: Shape, d: &Dims, dtype: DType) -> serde_json::Value {
         "torch_dtype": match dtype { DType::F32 => "float32", DType::BF16 => "bfloat16", DType::F16 => "float16" },
         "tandem_random_shape": shape.name(),
     });
-    if d.qwen2 {
-        c["use_sliding_window"] = json!(false);
-    } else {
-        c["mlp_bias"] = json!(false);
+    match d.arch {
+        Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe => {
+            c["use_sliding_window"] = json!(false);
+            c["sliding_window"] = serde_json::Value::Null;
+        }
+        Arch::Llama => c["mlp_bias"] = json!(false),
+        Arch::Mixtral => {
+            c["sliding_window"] = serde_json::Value::Null;
+            c["num_local_experts"] = json!(d.experts);
+            c["num_experts_per_tok"] = json!(d.top_k);
+            c["router_aux_loss_coef"] = json!(0.0);
+        }
+    }
+    if d.arch == Arch::Qwen3Moe {
+        c["num_experts"] = json!(d.experts);
+        c["num_experts_per_tok"] = json!(d.top_k);
+        c["moe_intermediate_size"] = json!(d.intermediate);
+        c["norm_topk_prob"] = json!(true);
+        c["decoder_sparse_step"] = json!(1);
+        c["mlp_only_layers"] = json!([]);
+        c["router_aux_loss_coef"] = json!(0.0);
     }
     c
 }
@@ -306,7 +393,7 @@ fn tokenizer_config_json(d: &Dims) -> serde_json::Value {
         "add_prefix_space": false,
         "added_tokens_decoder": decoder,
         "bos_token": SPECIALS[BOS as usize],
-        "chat_template": CHAT_TEMPLATE,
+        "chat_template": if matches!(d.arch, Arch::Qwen3 | Arch::Qwen3Moe) { QWEN3_CHAT_TEMPLATE } else { CHAT_TEMPLATE },
         "clean_up_tokenization_spaces": false,
         "eos_token": SPECIALS[EOS as usize],
         "model_max_length": d.max_pos,

@@ -1165,6 +1165,34 @@ impl Backend for WgpuBackend {
         }
     }
 
+    fn moe_route(&self, logits: &WgpuBuf, weights: &mut WgpuBuf, rows: usize, experts: usize, top_k: usize, renormalize: bool) -> Result<()> {
+        let op = "moe_route";
+        if rows == 0 || experts == 0 {
+            return Ok(());
+        }
+        let l_b = want_f32(op, "logits", logits, rows * experts)?;
+        let w_b = want_f32(op, "weights", weights, rows * experts)?;
+        to_u32(op, "rows * experts", rows * experts)?;
+        let params = [rows as u32, experts as u32, top_k.min(experts) as u32, renormalize as u32];
+        self.rec.dispatch(shaders::MOE_ROUTE, &Prelude::new(), &params, &[Bind::all(l_b), Bind::all(w_b)], Grid::Linear(groups(rows, 64)))
+    }
+
+    fn moe_accumulate(&self, acc: &mut WgpuBuf, y: &WgpuBuf, weights: &WgpuBuf, rows: usize, dim: usize, expert: usize, experts: usize, first: bool) -> Result<()> {
+        let op = "moe_accumulate";
+        if rows == 0 || dim == 0 {
+            return Ok(());
+        }
+        if expert >= experts {
+            return Err(err(format!("{op}: expert {expert} of {experts}")));
+        }
+        let a_b = want_f32(op, "acc", acc, rows * dim)?;
+        let y_b = want_f32(op, "y", y, rows * dim)?;
+        let w_b = want_f32(op, "weights", weights, rows * experts)?;
+        to_u32(op, "rows * dim", rows * dim)?;
+        let params = [(rows * dim) as u32, dim as u32, expert as u32, experts as u32, first as u32];
+        self.rec.dispatch(shaders::MOE_ACCUMULATE, &Prelude::new(), &params, &[Bind::all(a_b), Bind::all(y_b), Bind::all(w_b)], Grid::Linear(groups(rows * dim, 64)))
+    }
+
     fn kv_write(&self, k: &WgpuBuf, v: &WgpuBuf, k_cache: &mut WgpuBuf, v_cache: &mut WgpuBuf, slots: &WgpuBuf, num_tokens: usize, g: KvGeometry) -> Result<()> {
         let op = "kv_write";
         let kv_dim = g.num_kv_heads * g.head_dim;

@@ -28,6 +28,7 @@ const EMBEDDED: &[(&str, &str)] = &[
     ("kv_write", include_str!("../../../shaders/kv_write.wgsl")),
     ("paged_attention", include_str!("../../../shaders/paged_attention.wgsl")),
     ("argmax", include_str!("../../../shaders/argmax.wgsl")),
+    ("moe", include_str!("../../../shaders/moe.wgsl")),
 ];
 
 /// How a kernel uses one storage binding.
@@ -127,6 +128,10 @@ pub(crate) const RMS_NORM_LANE: Kernel = Kernel { name: "rms_norm", entry: "rms_
 /// Bindings: acc (updated), w, out, x.
 pub(crate) const ADD_RMS_NORM_LANE: Kernel = Kernel { name: "rms_norm", entry: "add_rms_norm_lane", bindings: &[RW, R, RW, R] };
 pub(crate) const ARGMAX: Kernel = k("argmax", &[R, RW]);
+/// Bindings: logits, weights.
+pub(crate) const MOE_ROUTE: Kernel = Kernel { name: "moe", entry: "moe_route", bindings: &[R, RW] };
+/// Bindings: acc (updated), y, routing weights.
+pub(crate) const MOE_ACCUMULATE: Kernel = Kernel { name: "moe", entry: "moe_accumulate", bindings: &[RW, R, R] };
 
 /// How a weight matrix is laid out on the device (see `crate::buffer`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

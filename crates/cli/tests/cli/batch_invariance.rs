@@ -54,9 +54,25 @@ fn no_text() -> tandem_engine::DecodeFn {
 
 #[test]
 fn wgpu_greedy_tokens_are_the_same_alone_and_among_31_others() {
-    let dir = std::env::temp_dir().join(format!("tandem-invariance-{}", std::process::id()));
+    invariance(tandem_models::random_model::Shape::Tiny);
+}
+
+/// The same for each family beyond Llama.
+#[test]
+fn wgpu_qwen3_greedy_tokens_are_the_same_alone_and_among_31_others() {
+    invariance(tandem_models::random_model::Shape::TinyQwen3);
+}
+
+#[test]
+fn wgpu_moe_greedy_tokens_are_the_same_alone_and_among_31_others() {
+    invariance(tandem_models::random_model::Shape::TinyQwen3Moe);
+    invariance(tandem_models::random_model::Shape::TinyMixtral);
+}
+
+fn invariance(shape: tandem_models::random_model::Shape) {
+    let dir = std::env::temp_dir().join(format!("tandem-invariance-{}-{}", shape.name(), std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    tandem_models::random_model::write_random_model(&dir, tandem_models::random_model::Shape::Tiny, 1, DType::F32).unwrap();
+    tandem_models::random_model::write_random_model(&dir, shape, 1, DType::F32).unwrap();
     let Some(probe) = runner(&dir, 4, 16, 1) else { return };
     let vocab = probe.config().vocab_size as u32;
     drop(probe);

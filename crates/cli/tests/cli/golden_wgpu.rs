@@ -32,6 +32,21 @@ fn tiny_tied_bf16() {
 }
 
 #[test]
+fn tiny_qwen3_f32() {
+    check("tiny-qwen3", &golden::random_model("tiny-qwen3", 3, DType::F32), 1e-3);
+}
+
+#[test]
+fn tiny_qwen3_moe_f32() {
+    check("tiny-qwen3-moe", &golden::random_model("tiny-qwen3-moe", 4, DType::F32), 1e-3);
+}
+
+#[test]
+fn tiny_mixtral_f32() {
+    check("tiny-mixtral", &golden::random_model("tiny-mixtral", 5, DType::F32), 1e-3);
+}
+
+#[test]
 fn smollm2_135m() {
     let Some(dir) = golden::smollm2_dir() else { return };
     check("smollm2-135m", &dir, 1e-3);

@@ -152,3 +152,37 @@ fn wgpu_server_answers_like_a_client_expects() {
     assert!(status.success(), "exit status {status}");
     let _ = std::fs::remove_dir_all(&model);
 }
+
+/// `tandem serve DIR` on each family beyond Llama (tiny random ones: Qwen3, Qwen3-MoE,
+/// Mixtral): it loads and serves a completion, and a chat's `chat_template_kwargs` reach
+/// Qwen3's template (`enable_thinking` false writes the empty think block into the prompt: more
+/// prompt tokens).
+#[test]
+fn wgpu_serves_each_family() {
+    use tandem_models::random_model::Shape;
+    for shape in [Shape::TinyQwen3, Shape::TinyQwen3Moe, Shape::TinyMixtral] {
+        let model = std::env::temp_dir().join(format!("tandem-serve-{}-{}", shape.name(), std::process::id()));
+        let _ = std::fs::remove_dir_all(&model);
+        tandem_models::random_model::write_random_model(&model, shape, 1, tandem_core::DType::F32).unwrap();
+        let Some(server) = start(&model) else { return };
+        let port = server.port;
+        let req = json!({"model": "tiny", "prompt": "hello world", "max_tokens": 6, "temperature": 0, "ignore_eos": true});
+        let (status, body) = request(port, "POST", "/v1/completions", Some(&req));
+        assert_eq!(status, 200, "{}: {body}", shape.name());
+        assert_eq!(serde_json::from_str::<Value>(&body).unwrap()["usage"]["completion_tokens"], 6, "{}: {body}", shape.name());
+        let prompt_tokens = |kwargs: Value| {
+            let chat = json!({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "temperature": 0, "chat_template_kwargs": kwargs});
+            let (status, body) = request(port, "POST", "/v1/chat/completions", Some(&chat));
+            assert_eq!(status, 200, "{}: {body}", shape.name());
+            serde_json::from_str::<Value>(&body).unwrap()["usage"]["prompt_tokens"].as_u64().unwrap()
+        };
+        let (thinking, not) = (prompt_tokens(json!({})), prompt_tokens(json!({"enable_thinking": false})));
+        if shape == Shape::TinyMixtral {
+            assert_eq!(not, thinking, "Mixtral's template has no thinking switch");
+        } else {
+            assert!(not > thinking, "{}: enable_thinking false gave {not} prompt tokens, the default {thinking}", shape.name());
+        }
+        drop(server);
+        let _ = std::fs::remove_dir_all(&model);
+    }
+}

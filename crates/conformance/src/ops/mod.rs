@@ -18,6 +18,7 @@ mod basic;
 mod fused;
 mod kv;
 mod matmul;
+mod moe;
 mod rope;
 
 pub use attention::{PagedAttention, SeqChunk};
@@ -25,6 +26,7 @@ pub use basic::{Add, AddRmsNorm, Argmax, Embedding, GatherRows, RmsNorm, SiluMul
 pub use fused::{QkvRopeKvWrite, RopeKvWrite};
 pub use kv::KvWrite;
 pub use matmul::{GateUpSilu, Matmul, ResidualNormGateUp};
+pub use moe::{MoeAccumulate, MoeRoute};
 pub use rope::Rope;
 
 /// Extra elements after every output: poisoned like the output, and required to stay poisoned,

@@ -18,6 +18,38 @@ fn tiny_tied_bf16() {
     check("tiny-tied", &golden::random_model("tiny-tied", 2, DType::BF16), 1e-3);
 }
 
+/// Qwen3: per-head q/k norms, head_dim 32 with hidden 64 and 4 heads, tied, eps 1e-6.
+#[test]
+fn tiny_qwen3_f32() {
+    check("tiny-qwen3", &golden::random_model("tiny-qwen3", 3, DType::F32), 1e-3);
+}
+
+/// Qwen3-MoE: 8 experts of width 48, top 2, norm_topk_prob; Qwen3's attention.
+#[test]
+fn tiny_qwen3_moe_f32() {
+    check("tiny-qwen3-moe", &golden::random_model("tiny-qwen3-moe", 4, DType::F32), 1e-3);
+}
+
+/// Mixtral: 4 experts (block_sparse_moe, w1/w3/w2) of width 96, top 2, renormalised.
+#[test]
+fn tiny_mixtral_f32() {
+    check("tiny-mixtral", &golden::random_model("tiny-mixtral", 5, DType::F32), 1e-3);
+}
+
+/// The tiny Qwen3's chat template against HF's `apply_chat_template`, with and without
+/// `enable_thinking` (the variable `chat_template_kwargs` carries).
+#[test]
+fn tiny_qwen3_chat_template_enable_thinking() {
+    let dir = golden::random_model("tiny-qwen3", 3, DType::F32);
+    let g = GoldenFile::load(&golden::golden_dir().join("tiny-qwen3.json")).unwrap();
+    let tok = tandem_core::tokenizer::Tokenizer::from_dir(&dir).unwrap();
+    assert_eq!(g.chat_render.len(), 6);
+    assert!(g.chat_render.iter().any(|c| c.text.contains("<think>")), "enable_thinking false must write the empty think block");
+    for c in &g.chat_render {
+        assert_eq!(tok.apply_chat_template_with_kwargs(&c.messages, None, true, c.kwargs.as_ref()).unwrap(), c.text, "kwargs {:?}", c.kwargs);
+    }
+}
+
 #[test]
 fn smollm2_135m() {
     let Some(dir) = golden::smollm2_dir() else { return };
@@ -77,4 +109,44 @@ fn smollm2_golden_catches_broken_weights() {
     }
     let e = golden::check_weights(RefBackend::new(), cfg, &w, &g, 1e-3).expect_err("Q/K in llama.cpp's order must fail");
     println!("Q/K not un-permuted: {e}");
+}
+
+/// The new families' golden data tell a model slightly wrong in what is their own: Qwen3
+/// without its q/k norms (weights set to 1), Qwen3-MoE without the top-k renormalisation,
+/// Mixtral routed to its top 1 instead of 2. "Tell": the check fails, or greedy diverges from
+/// HF's (which vLLM's rule alone lets pass when both tokens are in the other's top 5; the
+/// correct model diverges nowhere).
+#[test]
+fn new_family_goldens_catch_their_own_pieces_missing() {
+    let load = |name: &str, seed: u64| {
+        let dir = golden::random_model(name, seed, DType::F32);
+        let g = GoldenFile::load(&golden::golden_dir().join(format!("{name}.json"))).unwrap();
+        let cfg = tandem_core::ModelConfig::from_file(&dir.join("config.json")).unwrap();
+        let w = tandem_core::weights::Weights::open(&dir).unwrap();
+        (g, cfg, w)
+    };
+    let told = |cfg: tandem_core::ModelConfig, w: &tandem_core::weights::Weights, g: &GoldenFile| match golden::check_weights(RefBackend::new(), cfg, w, g, 1e-3) {
+        Err(e) => Some(e),
+        Ok(lines) => lines.iter().find(|l| !l.contains("diverged at None")).cloned(),
+    };
+    let (g, cfg, mut w) = load("tiny-qwen3", 3);
+    assert_eq!(told(cfg.clone(), &w, &g), None, "as written");
+    for l in 0..cfg.num_hidden_layers {
+        for p in ["q", "k"] {
+            let name = format!("model.layers.{l}.self_attn.{p}_norm.weight");
+            let t = w.get(&name, &[cfg.head_dim]).unwrap();
+            w.replace(&name, t.dtype, &t.shape.clone(), &vec![1.0; cfg.head_dim]).unwrap();
+        }
+    }
+    println!("qwen3, q/k norm weights 1: {}", told(cfg, &w, &g).expect("Qwen3 without its q/k norm weights must be told"));
+
+    let (g, mut cfg, w) = load("tiny-qwen3-moe", 4);
+    assert_eq!(told(cfg.clone(), &w, &g), None, "as written");
+    cfg.moe.as_mut().unwrap().norm_topk_prob = false;
+    println!("qwen3-moe, norm_topk_prob false: {}", told(cfg, &w, &g).expect("Qwen3-MoE without renormalisation must be told"));
+
+    let (g, mut cfg, w) = load("tiny-mixtral", 5);
+    assert_eq!(told(cfg.clone(), &w, &g), None, "as written");
+    cfg.moe.as_mut().unwrap().top_k = 1;
+    println!("mixtral, top 1: {}", told(cfg, &w, &g).expect("Mixtral on one expert must be told"));
 }

@@ -16,9 +16,13 @@ use tandem_reference::RefBackend;
 
 /// A model of its own per test (tests run in parallel and each removes its directory).
 fn model_dir(test: &str) -> PathBuf {
+    model_dir_of(test, Shape::Tiny)
+}
+
+fn model_dir_of(test: &str, shape: Shape) -> PathBuf {
     let d = std::env::temp_dir().join(format!("tandem-engine-ref-{test}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
-    write_random_model(&d, Shape::Tiny, 11, DType::F32).unwrap();
+    write_random_model(&d, shape, 11, DType::F32).unwrap();
     d
 }
 
@@ -43,7 +47,24 @@ fn run(e: &mut Engine, reqs: &[Request]) -> (Vec<Vec<u32>>, u64, u64) {
 
 #[test]
 fn greedy_tokens_are_the_same_alone_and_in_a_batch() {
-    let dir = model_dir("batch");
+    greedy_invariance(&model_dir("batch"));
+}
+
+/// The same for each family beyond Llama (its own pieces: Qwen3's per-head q/k norms).
+#[test]
+fn qwen3_greedy_tokens_are_the_same_alone_and_in_a_batch() {
+    greedy_invariance(&model_dir_of("batch-qwen3", Shape::TinyQwen3));
+}
+
+/// Mixtures of experts: a token's experts run over the whole batch, its bits from its own routing.
+#[test]
+fn moe_greedy_tokens_are_the_same_alone_and_in_a_batch() {
+    greedy_invariance(&model_dir_of("batch-qwen3-moe", Shape::TinyQwen3Moe));
+    greedy_invariance(&model_dir_of("batch-mixtral", Shape::TinyMixtral));
+}
+
+fn greedy_invariance(dir: &Path) {
+    let dir = dir.to_path_buf();
     let vocab = runner(&dir, 4, 16).config().vocab_size as u32;
     let shared: Vec<u32> = (0..35).map(|i| (i * 37 + 5) % vocab).collect();
     let reqs: Vec<Request> = (0..10u32)

@@ -1,6 +1,20 @@
-//! The Llama-family forward pass (Llama, Mistral, Qwen2, SmolLM), written once against
-//! [`Backend`]. One call runs a flattened batch: prefill chunks and decode tokens of many
-//! sequences, each with its own positions and block table.
+//! The forward pass, written once against [`Backend`], over decoder layers each family
+//! composes from shared pieces ([`layers`]): one file per family ([`llama`]: Llama, Mistral,
+//! Qwen2, SmolLM; [`qwen3`]; [`qwen3_moe`]; [`mixtral`]) says what its layer has and where its
+//! weights are. One call runs a
+//! flattened batch: prefill chunks and decode tokens of many sequences, each with its own
+//! positions and block table.
+//!
+//! Adding a family: a file here with its `FAMILIES` (architecture and `model_type` names) and
+//! a `layer` function built from [`layers::Loader`]'s pieces, one arm in [`Model::from_weights`]'s
+//! match, its config fields in `config.rs`, a seeded shape in `tandem-models`' random_model.rs,
+//! and golden data from HF transformers (tests/make_golden.sh).
+
+mod layers;
+mod llama;
+mod mixtral;
+mod qwen3;
+mod qwen3_moe;
 
 use std::path::Path;
 
@@ -12,6 +26,20 @@ use crate::memory::{plan_kv_blocks, DeviceMemory, KvNeed};
 use crate::meta::{self, MetaStaging, PadRows};
 use crate::sampling::{logprobs_rows, sample_row, sample_rows_masked, RowMasks, SampleSpec, TokenLogprobs};
 use crate::weights::Weights;
+use layers::{Ffn, FfnBufs, Layer, Loader, QkvBufs};
+
+/// One architecture the model layer runs: `architectures[0]` of config.json and the
+/// `model_type` that names it where `architectures` is absent.
+#[derive(Debug, Clone, Copy)]
+pub struct Family {
+    pub architecture: &'static str,
+    pub model_type: &'static str,
+}
+
+/// Every architecture this build runs, family file by family file.
+pub fn families() -> impl Iterator<Item = &'static Family> {
+    llama::FAMILIES.iter().chain(qwen3::FAMILIES).chain(qwen3_moe::FAMILIES).chain(mixtral::FAMILIES)
+}
 
 /// What the engine needs from a loaded model, whatever the backend. Object-safe.
 pub trait ModelRunner: Send {
@@ -221,27 +249,6 @@ impl Default for LoadOptions {
     }
 }
 
-struct Layer<B: Backend> {
-    input_norm: B::Buf,
-    qkv: Qkv<B>,
-    o: B::Buf,
-    post_norm: B::Buf,
-    gate_up: GateUp<B>,
-    down: B::Buf,
-}
-
-/// The attention projections: one weight when the backend fuses them (`Backend::fuse_qkv`).
-enum Qkv<B: Backend> {
-    Fused { w: B::Buf, bias: Option<B::Buf> },
-    Split { q: B::Buf, k: B::Buf, v: B::Buf, q_bias: Option<B::Buf>, k_bias: Option<B::Buf>, v_bias: Option<B::Buf> },
-}
-
-/// The MLP's gate and up projections: one weight when the backend fuses them.
-enum GateUp<B: Backend> {
-    Fused(B::Buf),
-    Split { gate: B::Buf, up: B::Buf },
-}
-
 /// The element types of the stored activations a matmul reads (the rest are f32).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ActDtypes {
@@ -277,13 +284,22 @@ struct Scratch<B: Backend> {
     last: B::Buf, // [S, hidden] rows that need logits
     last_normed: B::Buf, // [S, hidden] (ActDtypes::last_normed)
     logits: B::Buf, // [S, vocab]
+    /// The raw q and k projections `[T, q_dim]`, `[T, kv_dim]`, for a family that norms them
+    /// per head before rope (`layers::AttnOptions::qk_norm`).
+    qk_raw: Option<(B::Buf, B::Buf)>,
+    /// A mixture of experts' router logits and routing weights `[T, experts]`, and one
+    /// expert's output `[T, hidden]` (`layers::Moe::forward`).
+    moe: Option<(B::Buf, B::Buf, B::Buf)>,
     /// The step's metadata, the regions of `meta::layout` (`meta::TOKENS`, ...): token ids,
     /// positions, slots and token_seq `[T]`, logit rows `[S]`, block tables
     /// `[max_seqs, max_blocks_cap]`; one staging buffer, one upload.
     meta: U32Group<B::Buf>,
 }
 
-pub struct LlamaModel<B: Backend> {
+/// The model's former name, from when it ran the Llama family only.
+pub type LlamaModel<B> = Model<B>;
+
+pub struct Model<B: Backend> {
     backend: B,
     cfg: ModelConfig,
     opts: LoadOptions,
@@ -310,7 +326,7 @@ pub struct LlamaModel<B: Backend> {
     staging: MetaStaging,
 }
 
-impl<B: Backend> LlamaModel<B> {
+impl<B: Backend> Model<B> {
     /// Loads `dir` (config.json + safetensors) onto `backend`.
     pub fn load(backend: B, dir: &Path, opts: LoadOptions) -> Result<Self> {
         let cfg = ModelConfig::from_file(&dir.join("config.json"))?;
@@ -322,7 +338,8 @@ impl<B: Backend> LlamaModel<B> {
         if opts.max_batch_tokens == 0 || opts.max_seqs == 0 || opts.block_size == 0 || opts.max_model_len == Some(0) {
             return Err(Error::Batch(format!("load options must be positive: {opts:?}")));
         }
-        let (d, qd, kvd, inter, vocab) = (cfg.hidden_size, cfg.q_dim(), cfg.kv_dim(), cfg.intermediate_size, cfg.vocab_size);
+        // inter: the widest MLP (dense, or one expert), what the activation buffers hold.
+        let (d, qd, kvd, inter, vocab) = (cfg.hidden_size, cfg.q_dim(), cfg.kv_dim(), cfg.max_intermediate(), cfg.vocab_size);
         let b = &backend;
         let kv_dtype = opts.kv_dtype.or_else(|| b.kv_dtypes().first().copied()).unwrap_or(KvDtype::F32);
         if !b.kv_dtypes().contains(&kv_dtype) {
@@ -338,7 +355,6 @@ impl<B: Backend> LlamaModel<B> {
         let embed = b.upload_weight(&embed_view)?;
         // The weight types each stored activation meets (Backend::activation_dtype): x feeds
         // q/k/v and gate/up, act feeds down, the final norm's rows feed the head.
-        let (mut x_readers, mut act_readers) = (Vec::new(), Vec::new());
         let mut head_reader = embed_view.dtype;
         let lm_head = if w.contains("lm_head.weight") && !cfg.tie_word_embeddings {
             let head = w.get("lm_head.weight", &[vocab, d])?;
@@ -349,38 +365,19 @@ impl<B: Backend> LlamaModel<B> {
         } else {
             Some(up("lm_head.weight", &[vocab, d])?) // fails with a clear "missing" error
         };
-        let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
-        for i in 0..cfg.num_hidden_layers {
-            let p = format!("model.layers.{i}");
-            let view = |n: &str, shape: &[usize]| w.get(&format!("{p}.{n}"), shape);
-            let (qv, kv, vv) = (view("self_attn.q_proj.weight", &[qd, d])?, view("self_attn.k_proj.weight", &[kvd, d])?, view("self_attn.v_proj.weight", &[kvd, d])?);
-            let biases = match cfg.attention_bias {
-                true => Some([view("self_attn.q_proj.bias", &[qd])?, view("self_attn.k_proj.bias", &[kvd])?, view("self_attn.v_proj.bias", &[kvd])?]),
-                false => None,
-            };
-            let qkv = match b.fuse_qkv(&qv, &kv, &vv, biases.as_ref().map(|[x, y, z]| [x, y, z]))? {
-                Some((w, bias)) => Qkv::Fused { w, bias },
-                None => {
-                    let bias = |i: usize| biases.as_ref().map(|bs| b.upload_weight(&bs[i])).transpose();
-                    Qkv::Split { q: b.upload_weight(&qv)?, k: b.upload_weight(&kv)?, v: b.upload_weight(&vv)?, q_bias: bias(0)?, k_bias: bias(1)?, v_bias: bias(2)? }
-                }
-            };
-            let (gv, uv) = (view("mlp.gate_proj.weight", &[inter, d])?, view("mlp.up_proj.weight", &[inter, d])?);
-            x_readers.extend([qv.dtype, kv.dtype, vv.dtype, gv.dtype, uv.dtype]);
-            act_readers.push(view("mlp.down_proj.weight", &[d, inter])?.dtype);
-            let gate_up = match b.fuse_gate_up(&gv, &uv)? {
-                Some(w) => GateUp::Fused(w),
-                None => GateUp::Split { gate: b.upload_weight(&gv)?, up: b.upload_weight(&uv)? },
-            };
-            layers.push(Layer {
-                input_norm: up(&format!("{p}.input_layernorm.weight"), &[d])?,
-                qkv,
-                o: up(&format!("{p}.self_attn.o_proj.weight"), &[d, qd])?,
-                post_norm: up(&format!("{p}.post_attention_layernorm.weight"), &[d])?,
-                gate_up,
-                down: up(&format!("{p}.mlp.down_proj.weight"), &[d, inter])?,
-            });
-        }
+        // The family's layers: which pieces, under which names (one file per family).
+        let mut ld = Loader::new(b, w, &cfg);
+        let layer: fn(&mut Loader<'_, B>, usize) -> Result<Layer<B>> = match cfg.architecture.as_str() {
+            a if qwen3::FAMILIES.iter().any(|f| f.architecture == a) => qwen3::layer,
+            a if qwen3_moe::FAMILIES.iter().any(|f| f.architecture == a) => qwen3_moe::layer,
+            a if mixtral::FAMILIES.iter().any(|f| f.architecture == a) => mixtral::layer,
+            a if llama::FAMILIES.iter().any(|f| f.architecture == a) => llama::layer,
+            a => return Err(Error::config(Path::new("config.json"), format!("no model layer for architecture `{a}`"))),
+        };
+        let layers = (0..cfg.num_hidden_layers).map(|i| layer(&mut ld, i)).collect::<Result<Vec<_>>>()?;
+        let qk_norm = layers.iter().any(|l| l.attn.qk_norm.is_some());
+        let (x_readers, act_readers) = (std::mem::take(&mut ld.x_readers), std::mem::take(&mut ld.act_readers));
+        drop(ld);
         let final_norm = up("model.norm.weight", &[d])?;
         let mut inv_freq = b.alloc_f32(cfg.head_dim / 2)?;
         b.write_f32(&mut inv_freq, &cfg.rope_inv_freq())?;
@@ -407,6 +404,11 @@ impl<B: Backend> LlamaModel<B> {
             last: b.alloc_f32(rows * d)?,
             last_normed: b.alloc_activation(act_dtypes.last_normed, rows * d)?,
             logits: b.alloc_f32(rows * vocab)?,
+            qk_raw: if qk_norm { Some((b.alloc_f32(t * qd)?, b.alloc_f32(t * kvd)?)) } else { None },
+            moe: match &cfg.moe {
+                Some(m) => Some((b.alloc_f32(t * m.num_experts)?, b.alloc_f32(t * m.num_experts)?, b.alloc_f32(t * d)?)),
+                None => None,
+            },
             meta: b.alloc_u32_group(&meta_layout)?,
         };
         if s.meta.parts.len() != meta::REGIONS {
@@ -426,7 +428,7 @@ impl<B: Backend> LlamaModel<B> {
                 .filter_map(|(f32_x, k)| f32_x.then_some(k))
                 .max()
                 .unwrap_or(qd),
-            max_n: vocab.max(qd + 2 * kvd).max(2 * inter).max(d),
+            max_n: vocab.max(qd + 2 * kvd).max(2 * inter).max(d).max(cfg.moe.as_ref().map_or(0, |m| m.num_experts)),
             kv_dtype,
         };
         let workspace = b.reserve_workspace(&limits)?;
@@ -461,7 +463,7 @@ impl<B: Backend> LlamaModel<B> {
         }
         let graphs = vec![None; pad.as_ref().map_or(0, |p| p.buckets.len())];
         let staging = MetaStaging::new(meta_layout, sq);
-        let mut model = LlamaModel { backend, cfg, opts, geometry, kv_dtype, matmul_operand, act_dtypes, max_blocks_cap, embed, lm_head, final_norm, inv_freq, layers, caches, s, kv_view, pad, graphs, staging };
+        let mut model = Model { backend, cfg, opts, geometry, kv_dtype, matmul_operand, act_dtypes, max_blocks_cap, embed, lm_head, final_norm, inv_freq, layers, caches, s, kv_view, pad, graphs, staging };
         if graphs_on {
             model.capture_graphs()?;
         }
@@ -606,7 +608,7 @@ impl<B: Backend> LlamaModel<B> {
         let m = &s.meta.parts;
         let (ids, positions, slots, token_seq, block_tables, logit_rows) = (&m[meta::TOKENS], &m[meta::POSITIONS], &m[meta::SLOTS], &m[meta::TOKEN_SEQ], &m[meta::BLOCK_TABLES], &m[meta::LOGIT_ROWS]);
         let t = shape.tokens;
-        let (d, qd, kvd, inter) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
+        let (d, qd) = (c.hidden_size, c.q_dim());
         let n_out = shape.logit_rows;
         let seqs = shape.seqs;
         let max_context = shape.max_context;
@@ -619,7 +621,7 @@ impl<B: Backend> LlamaModel<B> {
         // norm op between. Otherwise each residual add is fused with the norm that follows it
         // (`add_rms_norm`): after attention with the post-attention norm, after the MLP with
         // the next layer's input norm; the last layer's MLP residual is added alone.
-        let fused_norm = b.fuses_norm(d, t) && self.layers.iter().all(|l| matches!(l.qkv, Qkv::Fused { .. }) && matches!(l.gate_up, GateUp::Fused(_)));
+        let fused_norm = b.fuses_norm(d, t) && self.layers.iter().all(Layer::fully_fused);
         let mut mlp_pending = false;
         let n_layers = self.layers.len();
         for (l, (layer, (k_cache, v_cache))) in self.layers.iter().zip(self.caches.iter_mut()).enumerate() {
@@ -633,19 +635,10 @@ impl<B: Backend> LlamaModel<B> {
                     b.rms_norm(&s.h, &layer.input_norm, &mut s.x, t, d, c.rms_norm_eps)?;
                 }
             }
-            match &layer.qkv {
-                Qkv::Fused { w, bias } => {
-                    let norm = fused_in.then_some(NormIn { h: &s.h, gamma: &layer.input_norm, eps: c.rms_norm_eps });
-                    let kv = KvDest { k_cache: &mut *k_cache, v_cache: &mut *v_cache, positions, inv_freq: &self.inv_freq, slots, geometry: self.geometry };
-                    b.qkv_rope_kv_write(&s.x, w, bias.as_ref(), &mut s.q, &mut s.k, &mut s.v, t, qd, d, norm, kv)?;
-                }
-                Qkv::Split { q, k, v, q_bias, k_bias, v_bias } => {
-                    b.matmul(&s.x, q, q_bias.as_ref(), &mut s.q, t, qd, d)?;
-                    b.matmul(&s.x, k, k_bias.as_ref(), &mut s.k, t, kvd, d)?;
-                    b.matmul(&s.x, v, v_bias.as_ref(), &mut s.v, t, kvd, d)?;
-                    b.rope_kv_write(&mut s.q, &mut s.k, &s.v, k_cache, v_cache, positions, &self.inv_freq, slots, t, c.num_attention_heads, self.geometry)?;
-                }
-            }
+            let norm = fused_in.then_some(NormIn { h: &s.h, gamma: &layer.input_norm, eps: c.rms_norm_eps });
+            let kv = KvDest { k_cache: &mut *k_cache, v_cache: &mut *v_cache, positions, inv_freq: &self.inv_freq, slots, geometry: self.geometry };
+            let bufs = QkvBufs { q: &mut s.q, k: &mut s.k, v: &mut s.v, raw: s.qk_raw.as_mut().map(|(q, k)| (q, k)) };
+            layer.attn.project(b, c, &s.x, norm, bufs, kv, t)?;
             let args = AttnArgs {
                 q: &s.q,
                 k_cache,
@@ -664,25 +657,29 @@ impl<B: Backend> LlamaModel<B> {
             };
             b.paged_attention(&args, &mut s.attn)?;
             if fused_norm {
-                b.matmul_residual(&s.attn, &layer.o, &mut s.h, Some((&layer.post_norm, &mut s.x)), t, d, qd)?;
+                b.matmul_residual(&s.attn, &layer.attn.o, &mut s.h, Some((&layer.post_norm, &mut s.x)), t, d, qd)?;
             } else {
-                b.matmul(&s.attn, &layer.o, None, &mut s.o, t, d, qd)?;
+                b.matmul(&s.attn, &layer.attn.o, None, &mut s.o, t, d, qd)?;
                 b.add_rms_norm(&mut s.h, &s.o, &layer.post_norm, &mut s.x, t, d, c.rms_norm_eps)?;
             }
-            match &layer.gate_up {
-                GateUp::Fused(w) => b.gate_up_silu(&s.x, w, &mut s.act, t, inter, d, fused_norm.then_some(NormIn { h: &s.h, gamma: &layer.post_norm, eps: c.rms_norm_eps }))?,
-                GateUp::Split { gate, up } => {
-                    b.matmul(&s.x, gate, None, &mut s.gate, t, inter, d)?;
-                    b.matmul(&s.x, up, None, &mut s.up, t, inter, d)?;
-                    b.silu_mul(&s.gate, &s.up, &mut s.act, t * inter)?;
+            match &layer.ffn {
+                Ffn::Dense(mlp) => {
+                    let norm = fused_norm.then_some(NormIn { h: &s.h, gamma: &layer.post_norm, eps: c.rms_norm_eps });
+                    mlp.activation(b, &s.x, &mut s.gate, &mut s.up, &mut s.act, t, d, norm)?;
+                    if fused_norm {
+                        let next = (l + 1 < n_layers).then(|| (&self.layers[l + 1].input_norm, &mut s.x));
+                        b.matmul_residual(&s.act, &mlp.down, &mut s.h, next, t, d, mlp.inter)?;
+                    } else {
+                        b.matmul(&s.act, &mlp.down, None, &mut s.o, t, d, mlp.inter)?;
+                        mlp_pending = true;
+                    }
                 }
-            }
-            if fused_norm {
-                let next = (l + 1 < n_layers).then(|| (&self.layers[l + 1].input_norm, &mut s.x));
-                b.matmul_residual(&s.act, &layer.down, &mut s.h, next, t, d, inter)?;
-            } else {
-                b.matmul(&s.act, &layer.down, None, &mut s.o, t, d, inter)?;
-                mlp_pending = true;
+                Ffn::Moe(moe) => {
+                    // Never with fused norms (`Layer::fully_fused` is false): out is added below.
+                    let bufs = FfnBufs { x: &s.x, gate: &mut s.gate, up: &mut s.up, act: &mut s.act, out: &mut s.o, moe: s.moe.as_mut().map(|(l, w, y)| (l, w, y)) };
+                    moe.forward(b, bufs, t, d)?;
+                    mlp_pending = true;
+                }
             }
         }
         if mlp_pending {
@@ -725,7 +722,7 @@ impl<B: Backend> LlamaModel<B> {
     }
 }
 
-impl<B: Backend> ModelRunner for LlamaModel<B> {
+impl<B: Backend> ModelRunner for Model<B> {
     fn config(&self) -> &ModelConfig {
         &self.cfg
     }

@@ -1,0 +1,267 @@
+//! The pieces a family composes: attention (q/k/v with or without biases, with or without a
+//! per-head q/k norm, rope, the KV write), the gated MLP, RMS norms, and the loader that reads
+//! them from a checkpoint onto a backend. A family file ([`super::llama`], [`super::qwen3`])
+//! says which pieces a decoder layer has and under which tensor names; the forward pass over
+//! the layers ([`super::Model::launch`]) is written once.
+
+use crate::backend::{Backend, DType, KvDest, NormIn};
+use crate::config::ModelConfig;
+use crate::error::Result;
+use crate::weights::Weights;
+
+/// One decoder layer: pre-norm attention, then pre-norm feed-forward, each added to the
+/// residual stream.
+pub(crate) struct Layer<B: Backend> {
+    pub input_norm: B::Buf,
+    pub attn: Attention<B>,
+    pub post_norm: B::Buf,
+    pub ffn: Ffn<B>,
+}
+
+/// The attention projections: one weight when the backend fuses them (`Backend::fuse_qkv`).
+pub(crate) enum Qkv<B: Backend> {
+    Fused { w: B::Buf, bias: Option<B::Buf> },
+    Split { q: B::Buf, k: B::Buf, v: B::Buf, q_bias: Option<B::Buf>, k_bias: Option<B::Buf>, v_bias: Option<B::Buf> },
+}
+
+/// What sets one family's attention apart from another's.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct AttnOptions {
+    /// q, k and v carry biases (Qwen2).
+    pub bias: bool,
+    /// An RMS norm over each head of q and of k (weights `[head_dim]`, shared by the heads),
+    /// after the projection and before rope (Qwen3, Gemma 3).
+    pub qk_norm: bool,
+}
+
+pub(crate) struct Attention<B: Backend> {
+    pub qkv: Qkv<B>,
+    pub o: B::Buf,
+    /// `(q_norm, k_norm)`, each `[head_dim]`, where [`AttnOptions::qk_norm`].
+    pub qk_norm: Option<(B::Buf, B::Buf)>,
+}
+
+/// The MLP's gate and up projections: one weight when the backend fuses them.
+pub(crate) enum GateUp<B: Backend> {
+    Fused(B::Buf),
+    Split { gate: B::Buf, up: B::Buf },
+}
+
+/// The gated MLP: `down(silu(gate(x)) * up(x))`, of width `inter`.
+pub(crate) struct Mlp<B: Backend> {
+    pub gate_up: GateUp<B>,
+    pub down: B::Buf,
+    pub inter: usize,
+}
+
+/// A mixture of experts: a router (`[experts, hidden]`), its routing ([`Backend::moe_route`]:
+/// softmax, top-k, renormalised or not), and gated-MLP experts whose outputs are added, each
+/// scaled by its routing weight, in expert order ([`Backend::moe_accumulate`]).
+///
+/// Every expert runs over every token of the step, and a weight of 0 adds nothing: a token's
+/// result depends on its own routing only, never on which other tokens share its experts
+/// (batch invariance), and the step's ops follow from its shape alone (graph capture). The
+/// price is compute: `experts / top_k` times the dense work of the routed experts.
+pub(crate) struct Moe<B: Backend> {
+    pub router: B::Buf,
+    pub experts: Vec<Mlp<B>>,
+    pub top_k: usize,
+    pub renormalize: bool,
+}
+
+/// A layer's feed-forward block.
+pub(crate) enum Ffn<B: Backend> {
+    Dense(Mlp<B>),
+    Moe(Moe<B>),
+}
+
+impl<B: Backend> Layer<B> {
+    /// Whether this layer's projections are the fused ones the norm-fused path needs
+    /// (`Backend::fuses_norm`): fused q/k/v and a dense MLP with fused gate/up.
+    pub fn fully_fused(&self) -> bool {
+        matches!(self.attn.qkv, Qkv::Fused { .. }) && matches!(&self.ffn, Ffn::Dense(Mlp { gate_up: GateUp::Fused(_), .. }))
+    }
+}
+
+/// The buffers [`Attention::project`] writes: q (rotated, what attention reads), k and v
+/// (scratch afterwards), and where the family norms q and k, their raw projections.
+pub(crate) struct QkvBufs<'a, B: Backend> {
+    pub q: &'a mut B::Buf,
+    pub k: &'a mut B::Buf,
+    pub v: &'a mut B::Buf,
+    /// `[T, q_dim]` and `[T, kv_dim]` f32, allocated only for a family with q/k norm.
+    pub raw: Option<(&'a mut B::Buf, &'a mut B::Buf)>,
+}
+
+impl<B: Backend> Attention<B> {
+    /// q, k and v of `t` tokens from `x` (or, with `norm`, from `h ∘ gamma`: see [`NormIn`]),
+    /// q/k normed where the family says so, rotated, and K/V written into the layer's cache.
+    /// Without q/k norm this is the backend's `qkv_rope_kv_write` (fused where it fuses); with
+    /// it, the projection lands in the raw buffers, each head is normed into q and k, then
+    /// `rope_kv_write`, so every backend runs it with the ops it already has.
+    #[allow(clippy::too_many_arguments)]
+    pub fn project(&self, b: &B, c: &ModelConfig, x: &B::Buf, norm: Option<NormIn<'_, B::Buf>>, bufs: QkvBufs<'_, B>, kv: KvDest<'_, B::Buf>, t: usize) -> Result<()> {
+        let (d, qd, kvd, hd) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.head_dim);
+        let QkvBufs { q, k, v, raw } = bufs;
+        match (&self.qk_norm, raw) {
+            (None, _) => match &self.qkv {
+                Qkv::Fused { w, bias } => b.qkv_rope_kv_write(x, w, bias.as_ref(), q, k, v, t, qd, d, norm, kv),
+                Qkv::Split { q: wq, k: wk, v: wv, q_bias, k_bias, v_bias } => {
+                    b.matmul(x, wq, q_bias.as_ref(), q, t, qd, d)?;
+                    b.matmul(x, wk, k_bias.as_ref(), k, t, kvd, d)?;
+                    b.matmul(x, wv, v_bias.as_ref(), v, t, kvd, d)?;
+                    b.rope_kv_write(q, k, v, kv.k_cache, kv.v_cache, kv.positions, kv.inv_freq, kv.slots, t, c.num_attention_heads, kv.geometry)
+                }
+            },
+            (Some((q_norm, k_norm)), Some((q_raw, k_raw))) => {
+                match &self.qkv {
+                    Qkv::Fused { w, bias } => b.qkv_proj(x, w, bias.as_ref(), q_raw, k_raw, v, t, qd, kvd, d, norm)?,
+                    Qkv::Split { q: wq, k: wk, v: wv, q_bias, k_bias, v_bias } => {
+                        b.matmul(x, wq, q_bias.as_ref(), q_raw, t, qd, d)?;
+                        b.matmul(x, wk, k_bias.as_ref(), k_raw, t, kvd, d)?;
+                        b.matmul(x, wv, v_bias.as_ref(), v, t, kvd, d)?;
+                    }
+                }
+                // Each head's row of head_dim values is one row of the norm.
+                b.rms_norm(q_raw, q_norm, q, t * c.num_attention_heads, hd, c.rms_norm_eps)?;
+                b.rms_norm(k_raw, k_norm, k, t * c.num_key_value_heads, hd, c.rms_norm_eps)?;
+                b.rope_kv_write(q, k, v, kv.k_cache, kv.v_cache, kv.positions, kv.inv_freq, kv.slots, t, c.num_attention_heads, kv.geometry)
+            }
+            (Some(_), None) => Err(crate::error::Error::backend(b.name(), "q/k norm without its scratch buffers")),
+        }
+    }
+}
+
+/// Reads a family's pieces from a checkpoint onto a backend, and notes the weight types each
+/// stored activation meets ([`super::ActDtypes`]).
+pub(crate) struct Loader<'a, B: Backend> {
+    pub b: &'a B,
+    pub w: &'a Weights,
+    pub cfg: &'a ModelConfig,
+    /// Weight types of the matmuls that read the norms' output x (q/k/v, gate/up, router).
+    pub x_readers: Vec<DType>,
+    /// Weight types of the matmuls that read the MLP activation (down).
+    pub act_readers: Vec<DType>,
+}
+
+impl<'a, B: Backend> Loader<'a, B> {
+    pub fn new(b: &'a B, w: &'a Weights, cfg: &'a ModelConfig) -> Self {
+        Loader { b, w, cfg, x_readers: vec![], act_readers: vec![] }
+    }
+
+    /// A weight of this exact shape, uploaded.
+    pub fn tensor(&self, name: &str, shape: &[usize]) -> Result<B::Buf> {
+        self.b.upload_weight(&self.w.get(name, shape)?)
+    }
+
+    /// An RMS norm's weight `[hidden]`.
+    pub fn norm(&self, name: &str) -> Result<B::Buf> {
+        self.tensor(name, &[self.cfg.hidden_size])
+    }
+
+    /// Attention under `prefix` with HF's names: `{q,k,v,o}_proj.weight`, `{q,k,v}_proj.bias`
+    /// where `opt.bias`, `{q,k}_norm.weight` where `opt.qk_norm`.
+    pub fn attention(&mut self, prefix: &str, opt: AttnOptions) -> Result<Attention<B>> {
+        let (b, c) = (self.b, self.cfg);
+        let (d, qd, kvd) = (c.hidden_size, c.q_dim(), c.kv_dim());
+        let view = |n: &str, shape: &[usize]| self.w.get(&format!("{prefix}.{n}"), shape);
+        let (qv, kv, vv) = (view("q_proj.weight", &[qd, d])?, view("k_proj.weight", &[kvd, d])?, view("v_proj.weight", &[kvd, d])?);
+        let biases = match opt.bias {
+            true => Some([view("q_proj.bias", &[qd])?, view("k_proj.bias", &[kvd])?, view("v_proj.bias", &[kvd])?]),
+            false => None,
+        };
+        let qkv = match b.fuse_qkv(&qv, &kv, &vv, biases.as_ref().map(|[x, y, z]| [x, y, z]))? {
+            Some((w, bias)) => Qkv::Fused { w, bias },
+            None => {
+                let bias = |i: usize| biases.as_ref().map(|bs| b.upload_weight(&bs[i])).transpose();
+                Qkv::Split { q: b.upload_weight(&qv)?, k: b.upload_weight(&kv)?, v: b.upload_weight(&vv)?, q_bias: bias(0)?, k_bias: bias(1)?, v_bias: bias(2)? }
+            }
+        };
+        self.x_readers.extend([qv.dtype, kv.dtype, vv.dtype]);
+        let qk_norm = match opt.qk_norm {
+            true => Some((self.tensor(&format!("{prefix}.q_norm.weight"), &[c.head_dim])?, self.tensor(&format!("{prefix}.k_norm.weight"), &[c.head_dim])?)),
+            false => None,
+        };
+        Ok(Attention { qkv, o: self.tensor(&format!("{prefix}.o_proj.weight"), &[d, qd])?, qk_norm })
+    }
+
+    /// A gated MLP of width `inter` under `prefix`, its projections named `gate`, `up`, `down`
+    /// (`{prefix}.{name}.weight`).
+    pub fn mlp(&mut self, prefix: &str, [gate, up, down]: [&str; 3], inter: usize) -> Result<Mlp<B>> {
+        let (b, d) = (self.b, self.cfg.hidden_size);
+        let (gv, uv) = (self.w.get(&format!("{prefix}.{gate}.weight"), &[inter, d])?, self.w.get(&format!("{prefix}.{up}.weight"), &[inter, d])?);
+        let dv = self.w.get(&format!("{prefix}.{down}.weight"), &[d, inter])?;
+        self.x_readers.extend([gv.dtype, uv.dtype]);
+        self.act_readers.push(dv.dtype);
+        let gate_up = match b.fuse_gate_up(&gv, &uv)? {
+            Some(w) => GateUp::Fused(w),
+            None => GateUp::Split { gate: b.upload_weight(&gv)?, up: b.upload_weight(&uv)? },
+        };
+        Ok(Mlp { gate_up, down: b.upload_weight(&dv)?, inter })
+    }
+
+    /// A mixture of experts under `prefix`: the router `{prefix}.{router}.weight` and expert `e`
+    /// at `{prefix}.experts.{e}` with projections named `names` (as [`Loader::mlp`]), all of
+    /// the config's `moe` settings.
+    pub fn moe(&mut self, prefix: &str, router: &str, names: [&str; 3]) -> Result<Moe<B>> {
+        let m = self.cfg.moe.clone().ok_or_else(|| crate::error::Error::config(std::path::Path::new("config.json"), "a mixture-of-experts layer without its settings"))?;
+        let rv = self.w.get(&format!("{prefix}.{router}.weight"), &[m.num_experts, self.cfg.hidden_size])?;
+        self.x_readers.push(rv.dtype);
+        let router = self.b.upload_weight(&rv)?;
+        let experts = (0..m.num_experts).map(|e| self.mlp(&format!("{prefix}.experts.{e}"), names, m.intermediate_size)).collect::<Result<Vec<_>>>()?;
+        Ok(Moe { router, experts, top_k: m.top_k, renormalize: m.norm_topk_prob })
+    }
+}
+
+/// The scratch an MLP or a mixture of experts runs in, `[T, width]` or `[T, hidden]` f32
+/// unless said otherwise.
+pub(crate) struct FfnBufs<'a, B: Backend> {
+    /// The normed input (`ActDtypes::x`).
+    pub x: &'a B::Buf,
+    pub gate: &'a mut B::Buf,
+    pub up: &'a mut B::Buf,
+    /// `[T, width]` (`ActDtypes::act`).
+    pub act: &'a mut B::Buf,
+    /// The block's output `[T, hidden]`, added to the residual afterwards.
+    pub out: &'a mut B::Buf,
+    /// MoE only: router logits and routing weights `[T, experts]`, one expert's output `[T, hidden]`.
+    pub moe: Option<(&'a mut B::Buf, &'a mut B::Buf, &'a mut B::Buf)>,
+}
+
+impl<B: Backend> Mlp<B> {
+    /// `act = silu(gate(x)) * up(x)` (fused where the backend fuses; `norm` as in
+    /// [`Backend::gate_up_silu`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn activation(&self, b: &B, x: &B::Buf, gate: &mut B::Buf, up: &mut B::Buf, act: &mut B::Buf, t: usize, d: usize, norm: Option<NormIn<'_, B::Buf>>) -> Result<()> {
+        let inter = self.inter;
+        match &self.gate_up {
+            GateUp::Fused(w) => b.gate_up_silu(x, w, act, t, inter, d, norm),
+            GateUp::Split { gate: wg, up: wu } => {
+                b.matmul(x, wg, None, gate, t, inter, d)?;
+                b.matmul(x, wu, None, up, t, inter, d)?;
+                b.silu_mul(gate, up, act, t * inter)
+            }
+        }
+    }
+}
+
+impl<B: Backend> Moe<B> {
+    /// The block's output for `t` tokens into `bufs.out`: route, then every expert in order,
+    /// its output scaled and added.
+    pub fn forward(&self, b: &B, bufs: FfnBufs<'_, B>, t: usize, d: usize) -> Result<()> {
+        let FfnBufs { x, gate, up, act, out, moe } = bufs;
+        let Some((logits, weights, y)) = moe else { return Err(crate::error::Error::backend(b.name(), "a mixture of experts without its scratch buffers")) };
+        let n = self.experts.len();
+        b.matmul(x, &self.router, None, logits, t, n, d)?;
+        b.moe_route(logits, weights, t, n, self.top_k, self.renormalize)?;
+        for (e, mlp) in self.experts.iter().enumerate() {
+            mlp.activation(b, x, gate, up, act, t, d, None)?;
+            b.matmul(act, &mlp.down, None, y, t, d, mlp.inter)?;
+            b.moe_accumulate(out, y, weights, t, d, e, n, e == 0)?;
+        }
+        Ok(())
+    }
+}
+
+/// HF's names of a Llama-style MLP's projections.
+pub(crate) const MLP_NAMES: [&str; 3] = ["gate_proj", "up_proj", "down_proj"];
