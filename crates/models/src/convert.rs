@@ -657,6 +657,14 @@ pub(crate) mod tests {
         let tok: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("tokenizer.json")).unwrap()).unwrap();
         assert_eq!(tok["normalizer"]["type"], "NFC");
         assert!(tokenizers::Tokenizer::from_file(out.join("tokenizer.json")).is_ok());
+        // Core reads it as the Qwen3-MoE family.
+        let cfg = ModelConfig::from_file(&out.join("config.json")).unwrap();
+        let moe = cfg.moe.as_ref().expect("a mixture of experts");
+        assert_eq!((cfg.architecture.as_str(), moe.num_experts, moe.top_k, moe.intermediate_size, moe.norm_topk_prob), ("Qwen3MoeForCausalLM", 4, 2, 32, true));
+        assert!(moe.dense_layers.is_empty());
+        // Every tensor under the name the family's loader reads, at the shape it expects.
+        let opts = tandem_core::model::LoadOptions { max_batch_tokens: 16, max_seqs: 2, num_kv_blocks: 8, ..Default::default() };
+        tandem_core::LlamaModel::load(tandem_reference::RefBackend::new(), &out, opts).unwrap();
         std::fs::remove_dir_all(&root).unwrap();
     }
 
