@@ -18,6 +18,8 @@
 //!   request's time bound.
 //! - [`body`]: the response body, whole or streamed.
 //! - [`metrics`]: vLLM-named metrics in the Prometheus text format.
+//! - [`worker_api`]: what vLLM's and SGLang's routers ask a worker (`/get_load`,
+//!   `/get_server_info`, `/get_model_info`, `/health_generate`, `/flush_cache`).
 //! - [`test_support`]: a tiny tokenizer for tests, examples and benchmarks.
 //! - [`engine_client`]: the narrow interface to the engine; [`engine_adapter`] implements it for
 //!   `tandem_engine`.
@@ -62,6 +64,7 @@ pub mod structured;
 pub mod test_support;
 pub mod tokenization;
 pub mod tool_parser;
+pub mod worker_api;
 
 pub use config::ServerConfig;
 pub use engine_client::EngineClient;
