@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Tandem replicas behind vLLM's and SGLang's routers, on loopback.
 
-Run by tests/routers/run.sh (which `cargo xtask test` calls with a venv holding the pinned
-routers); by hand:
+`cargo xtask test` runs it (xtask/src/test.rs, `router_check`) from `.venv-routers`, which holds
+the pinned vllm-router and sglang-router wheels; by hand:
 
-    python3 tests/routers/router_test.py --tandem target/debug/tandem --bin-dir VENV/bin
+    python3 -m venv .venv-routers && .venv-routers/bin/pip install vllm-router==0.1.17 sglang-router==0.3.2
+    .venv-routers/bin/python tests/routers/router_test.py --tandem target/debug/tandem
 
 For each router (vllm-router, sglang-router), with 3 replicas of a tiny random model (2 layers,
 reference backend: each starts in well under a second) on free loopback ports:
