@@ -15,3 +15,4 @@ mod scoring;
 mod structured;
 mod timeouts;
 mod vllm_api;
+mod worker_api;
