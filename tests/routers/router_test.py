@@ -16,7 +16,9 @@ reference backend: each starts in well under a second) on free loopback ports:
       vllm:prefix_cache_hits_total grows by most of the shared tokens;
   (c) a replica SIGKILLed under load: the router marks it unhealthy, no request started after
       the kill fails, the failures are requests already in flight, each answered (no hang);
-  (d) a rolling restart with SIGTERM under load: zero failed requests;
+  (d) a rolling restart with SIGTERM under load: zero failed requests, with the router's retries
+      on; and (d') with them off, each replica first removed from the router as Kubernetes'
+      pod discovery would (then SIGTERM: the drain finishes what it holds): zero failed too;
   (e) bad configuration: a router in front of a worker still loading serves nothing and says
       so (503), then serves once it is ready; a request naming another model gets the
       worker's 404 naming the model it serves.
@@ -187,6 +189,25 @@ class Router:
 
     def healthy(self, replica):
         return self.workers().get(replica.url)
+
+    def remove(self, replica):
+        """Stops routing to `replica` (what pod discovery does for a terminating pod)."""
+        if self.kind == "vllm":
+            st, body = http("POST", f"{self.url}/remove_worker?url={replica.url}", timeout=5)
+        else:
+            ids = [w["id"] for w in json.loads(http("GET", self.url + "/workers", timeout=5)[1])["workers"] if w["url"] == replica.url]
+            assert ids, f"{replica.url} is not among the router's workers"
+            st, body = http("DELETE", f"{self.url}/workers/{ids[0]}", timeout=5)
+        assert st is not None and st < 300, f"removing {replica.url}: {st} {body[:200]!r}"
+        wait_until(lambda: replica.url not in self.workers(), 10, f"the router to drop {replica.url}")
+
+    def add(self, replica):
+        if self.kind == "vllm":
+            st, body = http("POST", f"{self.url}/add_worker?url={replica.url}", timeout=30)
+        else:
+            st, body = http("POST", self.url + "/workers", {"url": replica.url}, timeout=30)
+        assert st is not None and st < 300, f"adding {replica.url}: {st} {body[:200]!r}"
+        wait_until(lambda: self.healthy(replica) is True, 20, f"the router to route to {replica.url} again")
 
     def stop(self):
         if self.proc and self.proc.poll() is None:
@@ -362,6 +383,28 @@ def scenario_d(router, replicas, conc):
     assert len(load.results) >= 3 * conc
 
 
+def scenario_d_planned(router, replicas, conc):
+    log(f"(d') {router.kind}-router with retries off: rolling restart, each replica first removed from the router (as pod discovery does), then SIGTERM")
+    with Load(router.url, conc) as load:
+        time.sleep(1.0)
+        for r in replicas:
+            t0 = time.monotonic()
+            router.remove(r)
+            # As a preStop sleep: requests the router already sent reach the replica before it stops accepting.
+            time.sleep(0.5)
+            r.signal(signal.SIGTERM)
+            code = r.wait_exit(timeout=30)
+            assert code == 0, f"replica {r.idx} exited {code} on SIGTERM"
+            r.start()
+            router.add(r)
+            log(f"  replica {r.idx}: removed, drained, restarted and added back in {time.monotonic() - t0:.1f} s")
+            time.sleep(0.5)
+        time.sleep(1.0)
+    errs = figures(f"through {router.kind}-router (no retries) during the planned rolling restart", load.results)
+    assert not errs, f"{len(errs)} requests failed: {[(r['status'], r['body']) for r in errs[:3]]}"
+    assert len(load.results) >= 3 * conc
+
+
 def scenario_e(kind, bin_dir, logdir, tandem, loading_model, model_dir):
     log(f"(e) {kind}-router: a worker still loading, and a request for another model")
     r = Replica(tandem, model_dir, logdir, 9)
@@ -426,6 +469,7 @@ def main():
             router.stop()
             router.start("round_robin", replicas, extra=["--disable-retries"])
             scenario_c(router, replicas, args.concurrency, retries=False)
+            scenario_d_planned(router, replicas, args.concurrency)
             router.stop()
             router.start("cache_aware", replicas)
             scenario_b(router, replicas, tag)
