@@ -19,6 +19,8 @@ reference backend: each starts in well under a second) on free loopback ports:
   (d) a rolling restart with SIGTERM under load: zero failed requests, with the router's retries
       on; and (d') with them off, each replica first removed from the router as Kubernetes'
       pod discovery would (then SIGTERM: the drain finishes what it holds): zero failed too;
+  (f) with the default model (SmolLM2-135M-Instruct, when given): 3 replicas, 3 questions at once
+      through the router, one per replica, each answered right (Paris, Berlin, 5);
   (e) bad configuration: a router in front of a worker still loading serves nothing and says
       so (503), then serves once it is ready; a request naming another model gets the
       worker's 404 naming the model it serves.
@@ -172,8 +174,8 @@ class Router:
         if wait_ready:
             self.wait_ready()
 
-    def wait_ready(self, timeout=60):
-        return wait_until(self.ready, timeout, f"{self.kind}-router to route to every worker")
+    def wait_ready(self, timeout=60, ready_prompt=True):
+        return wait_until(lambda: self.ready(ready_prompt), timeout, f"{self.kind}-router to route to every worker")
 
     def workers(self):
         st, body = http("GET", self.url + "/workers", timeout=2)
@@ -181,11 +183,13 @@ class Router:
             return {}
         return {w["url"]: w.get("is_healthy", True) for w in json.loads(body)["workers"]}
 
-    def ready(self):
+    def ready(self, prompt=True):
         if self.proc.poll() is not None:
             raise AssertionError(f"{self.kind}-router exited ({self.proc.returncode}); see {self.logpath}")
         ws = self.workers()
-        return ws and all(ws.values()) and http("POST", self.url + "/v1/completions", {"model": MODEL, "prompt": "warm", "max_tokens": 1}, timeout=5)[0] == 200
+        if not ws or not all(ws.values()):
+            return False
+        return not prompt or http("POST", self.url + "/v1/completions", {"model": MODEL, "prompt": "warm", "max_tokens": 1}, timeout=5)[0] == 200
 
     def healthy(self, replica):
         return self.workers().get(replica.url)
@@ -439,12 +443,57 @@ def scenario_e(kind, bin_dir, logdir, tandem, loading_model, model_dir):
         r.stop()
 
 
+def chat(base, question, max_tokens=8):
+    t0 = time.monotonic()
+    st, body = http("POST", base + "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": question}], "max_tokens": max_tokens, "temperature": 0}, timeout=60)
+    text = json.loads(body)["choices"][0]["message"]["content"] if st == 200 else None
+    return {"t0": t0, "t1": time.monotonic(), "status": st, "text": text, "body": body[:200]}
+
+
+def scenario_f(kind, bin_dir, logdir, tandem, real_model):
+    log(f"(f) {kind}-router round_robin over 3 replicas of the default model ({os.path.basename(real_model)}): answers right")
+    replicas = [Replica(tandem, real_model, logdir, 10 + i) for i in range(3)]
+    router = Router(kind, bin_dir, logdir)
+    try:
+        for r in replicas:
+            r.start(wait=False)
+        for r in replicas:
+            r.wait_ready()
+        router.start("round_robin", replicas, wait_ready=False)
+        router.wait_ready(ready_prompt=False)
+        qa = [("What is the capital of France?", "Paris"), ("What is the capital of Germany?", "Berlin"), ("What is 2 plus 3?", "5")]
+        before = [r.served() for r in replicas]
+        out = [None] * len(qa)
+
+        def ask(i):
+            out[i] = chat(router.url, qa[i][0])
+
+        ts = [threading.Thread(target=ask, args=(i,)) for i in range(len(qa))]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        errs = figures(f"through {kind}-router, {len(qa)} chat requests at once", out)
+        assert not errs, errs
+        per = [r.served() - b for r, b in zip(replicas, before)]
+        for (q, want), r in zip(qa, out):
+            log(f"  {q!r} -> {r['text']!r}")
+            assert want in r["text"], f"{q!r}: {r['text']!r} does not say {want}"
+        log(f"  requests per replica: {per}")
+        assert per == [1, 1, 1], per
+    finally:
+        router.stop()
+        for r in replicas:
+            r.stop()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tandem", required=True)
     ap.add_argument("--bin-dir", default=os.path.dirname(sys.executable), help="where vllm-router and sglang-router are")
     ap.add_argument("--routers", default="vllm,sglang")
-    ap.add_argument("--loading-model", default=os.environ.get("TANDEM_SMOLLM2_DIR"), help="a model slow enough to load that /health is seen during the load (scenario e)")
+    ap.add_argument("--real-model", "--loading-model", dest="real_model", default=os.environ.get("TANDEM_SMOLLM2_DIR"),
+                    help="the default model's directory (SmolLM2-135M-Instruct): scenario (e) loads it, (f) serves it from 3 replicas; without it (e) uses the tiny model and (f) is skipped")
     ap.add_argument("--concurrency", type=int, default=6)
     args = ap.parse_args()
     t_all = time.monotonic()
@@ -474,7 +523,11 @@ def main():
             router.start("cache_aware", replicas)
             scenario_b(router, replicas, tag)
             router.stop()
-            scenario_e(kind, args.bin_dir, work, args.tandem, args.loading_model or model_dir, model_dir)
+            scenario_e(kind, args.bin_dir, work, args.tandem, args.real_model or model_dir, model_dir)
+            if args.real_model:
+                scenario_f(kind, args.bin_dir, work, args.tandem, args.real_model)
+            else:
+                log("SKIPPED (f): no default model (--real-model or TANDEM_SMOLLM2_DIR)")
             log(f"{kind}-router: all scenarios passed in {time.monotonic() - t_router:.0f} s")
         except Exception as e:
             failed.append(kind)

@@ -197,7 +197,7 @@ fn router_check(root: &std::path::Path, tandem: Option<&std::path::Path>, model:
         .arg(tandem)
         .arg("--bin-dir")
         .arg(venv.join("bin"))
-        .arg("--loading-model")
+        .arg("--real-model")
         .arg(model)
         .status()?;
     if !st.success() {
