@@ -32,6 +32,7 @@ direct). Standard library only.
 import argparse
 import json
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -540,7 +541,9 @@ def main():
             router.stop()
             for r in replicas:
                 r.stop()
-    log(f"done in {time.monotonic() - t_all:.0f} s; " + (f"FAILED: {failed}" if failed else "all passed"))
+    log(f"done in {time.monotonic() - t_all:.0f} s; " + (f"FAILED: {failed} (logs in {work})" if failed else "all passed"))
+    if not failed:
+        shutil.rmtree(work, ignore_errors=True)
     sys.exit(1 if failed else 0)
 
 
