@@ -23,7 +23,9 @@ reference backend: each starts in well under a second) on free loopback ports:
       through the router, one per replica, each answered right (Paris, Berlin, 5);
   (e) bad configuration: a router in front of a worker still loading serves nothing and says
       so (503), then serves once it is ready; a request naming another model gets the
-      worker's 404 naming the model it serves.
+      worker's 404 naming the model it serves; a worker serving another model added to the
+      router answers its share of requests with a 404 naming its model (neither router routes by
+      model outside its multi-model mode), never with another model's text.
 
 Each prints its figures (requests, errors, p50/p99 latency, through the router against
 direct). Standard library only.
@@ -439,6 +441,22 @@ def scenario_e(kind, bin_dir, logdir, tandem, loading_model, model_dir):
         st, body = http("POST", router.url + "/v1/completions", {"model": "another-model", "prompt": "x", "max_tokens": 1})
         log(f"  a request for `another-model`: {st} {body[:140]!r}")
         assert st in (400, 404) and b"tiny" in body, (st, body)
+        # A misconfigured fleet: a second worker serving another model joins the router.
+        other = Replica(tandem, model_dir, logdir, 8)
+        other.start(name="other-model")
+        try:
+            router.add(other)
+            res = [completion(router.url, f"mixed fleet {i}", 2) for i in range(6)]
+            codes = [x["status"] for x in res]
+            log(f"  with a worker serving `other-model` added, 6 requests for `{MODEL}` answered {codes}")
+            for x in res:
+                # Never a silent misroute: an answer from the right model, or a 404 naming the one served.
+                if x["status"] == 200:
+                    assert f'"model":"{MODEL}"'.encode() in x["body"], x
+                else:
+                    assert x["status"] == 404 and b"other-model" in x["body"], x
+        finally:
+            other.stop()
     finally:
         router.stop()
         r.stop()
