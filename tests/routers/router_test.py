@@ -172,7 +172,8 @@ class Router:
             cmd = [os.path.join(self.bin_dir, "vllm-router"), *common, "--log-level", "warning"]
         else:
             cmd = [os.path.join(self.bin_dir, "sglang-router"), "launch", *common, "--log-level", "warn"]
-        self.logpath = os.path.join(self.logdir, f"{self.kind}-router-{policy}{'-' + '-'.join(a.strip('-') for a in extra) if extra else ''}.log")
+        flags = "".join("-" + a.strip("-") for a in extra if a.startswith("--"))
+        self.logpath = os.path.join(self.logdir, f"{self.kind}-router-{policy}{flags}.log")
         self.proc = subprocess.Popen(cmd, stdout=open(self.logpath, "a"), stderr=subprocess.STDOUT, env={**os.environ, "NO_COLOR": "1"})
         if wait_ready:
             self.wait_ready()

@@ -12,7 +12,8 @@
 //! 5. Tandem replicas behind vLLM's and SGLang's routers (tests/routers/router_test.py: spread,
 //!    cache-aware prefix hits, a replica killed, a rolling restart, a loading worker, the default
 //!    model's answers), and deploy/'s Kubernetes manifests against the bundled schemas
-//!    (tests/routers/validate_deploy.py), from the pinned wheels in `.venv-routers`.
+//!    (tests/routers/validate_deploy.py), and the KV-event contract vllm-router's `kv_aware`
+//!    policy reads (tests/routers/kv_events_contract.py), from the pinned wheels in `.venv-routers`.
 //! 6. The fuzz targets (`cargo xtask fuzz`): regression inputs, then about 20 s of each target
 //!    (`TANDEM_FUZZ_SECONDS`); skipped, counted, without a nightly toolchain.
 //! 7. The fake-driver group (xtask/src/fake_cuda.rs): the CUDA backend's host code on the fake
@@ -180,7 +181,8 @@ fn openai_client(root: &std::path::Path, examples: Option<&std::path::Path>) -> 
 
 /// The routers and the schema validator the router check runs (pinned: what the scenarios and
 /// docs/scale-out.md describe is these versions' behaviour).
-const ROUTER_PACKAGES: [&str; 3] = ["vllm-router==0.1.17", "sglang-router==0.3.2", "kubernetes-validate==1.37.0"];
+/// pyzmq and msgpack: the stand-in KV-event publisher of tests/routers/kv_events_contract.py.
+const ROUTER_PACKAGES: [&str; 5] = ["vllm-router==0.1.17", "sglang-router==0.3.2", "kubernetes-validate==1.37.0", "pyzmq==27.3.0", "msgpack==1.2.4"];
 
 /// tests/routers: deploy/ validated, then the router scenarios against `tandem` (a built
 /// binary; without one they are skipped, and the reason returned). The packages go into
@@ -215,6 +217,10 @@ fn router_check(root: &std::path::Path, tandem: Option<&std::path::Path>, model:
         .status()?;
     if !st.success() {
         bail!("the router scenarios failed (tests/routers/router_test.py)");
+    }
+    let st = Command::new(&py).current_dir(root).arg("tests/routers/kv_events_contract.py").arg("--tandem").arg(tandem).arg("--bin-dir").arg(venv.join("bin")).status()?;
+    if !st.success() {
+        bail!("the KV-event contract check failed (tests/routers/kv_events_contract.py)");
     }
     Ok(None)
 }
