@@ -40,6 +40,95 @@ from router_test import MODEL, Replica, Router, free_port, http, log, metric, wa
 BLOCK = 16
 
 
+def run(tandem, bin_dir, work, model_dir, own):
+    """One round: `own` True uses Tandem's publisher (tandem serve --kv-events-endpoint), False
+    the stand-in (a pyzmq XPUB per replica announcing the prompt's blocks)."""
+    what = "Tandem's publisher" if own else "a stand-in publisher"
+    replicas = [Replica(tandem, model_dir, work, i + (10 if own else 0)) for i in range(3)]
+    router = Router("vllm", bin_dir, work)
+    ctx = zmq.Context()
+    pubs, endpoints = [], []
+    try:
+        for r in replicas:
+            port = free_port()
+            endpoints.append(f"tcp://127.0.0.1:{port}")
+            if own:
+                r.start(wait=False, extra=["--kv-events-endpoint", endpoints[-1]])
+            else:
+                s = ctx.socket(zmq.XPUB)
+                s.setsockopt(zmq.XPUB_VERBOSE, 1)
+                s.setsockopt(zmq.LINGER, 0)
+                s.bind(endpoints[-1])
+                pubs.append(s)
+                r.start(wait=False)
+        for r in replicas:
+            r.wait_ready()
+        extra = [a for r, e in zip(replicas, endpoints) for a in ("--kv-event-source", f"{r.url}={e}")]
+        extra += ["--kv-event-model", MODEL, "--kv-event-block-size", str(BLOCK)]
+        router.start("kv_aware", replicas, extra=extra)
+        if own:
+            # The router's subscribers connect at its start; the first batch each replica
+            # publishes must reach them (a source whose first sequence number is not 0 is
+            # disqualified).
+            time.sleep(1.0)
+        else:
+            # 1. Every source subscribed to, with the empty topic.
+            for i, s in enumerate(pubs):
+                s.setsockopt(zmq.RCVTIMEO, 10000)
+                sub = s.recv()
+                assert sub == b"\x01", f"source {i}: subscription {sub!r}"
+            log("kv_aware: the router subscribed to all 3 sources (topic \"\")")
+
+        def served():
+            return [metric(r.metrics(), "vllm:request_success_total") for r in replicas]
+
+        def send(prompt, url=None):
+            before = served()
+            st, body = http("POST", (url or router.url) + "/v1/completions", {"model": MODEL, "prompt": prompt, "max_tokens": 1})
+            assert st == 200, (st, body[:200])
+            per = [a - b for a, b in zip(served(), before)]
+            assert sorted(per) == [0, 0, 1], per
+            return per.index(1)
+
+        prompt = "a shared system prompt that one replica already holds in its KV cache, " * 8
+        # Where the router sends a prompt with nothing cached anywhere: the target is another replica.
+        default = send("an unrelated prompt of about the same length, nothing cached anywhere " * 8)
+        target = (default + 1) % 3
+        toks = json.loads(http("POST", replicas[0].url + "/tokenize", {"model": MODEL, "prompt": prompt})[1])["tokens"]
+        blocks = len(toks) // BLOCK
+        if own:
+            # The target replica serves the prompt directly: its engine caches the blocks and
+            # publishes them.
+            send(prompt, replicas[target].url)
+        else:
+            events, parent = [], None
+            for k in range(blocks):
+                h = 0x7A3D_0000_0000_0000 + k  # any integer: the router hashes the token ids itself
+                events.append({"type": "BlockStored", "block_hashes": [h], "parent_block_hash": parent, "token_ids": toks[k * BLOCK:(k + 1) * BLOCK],
+                               "block_size": BLOCK, "lora_id": None, "lora_name": None, "medium": "GPU"})
+                parent = h
+            pubs[target].send_multipart([b"", (0).to_bytes(8, "big"), msgpack.packb([time.time(), events, 0], use_bin_type=True)])
+        time.sleep(0.5)
+
+        # 2. The announced prefix draws its requests to the replica that holds it.
+        first = send(prompt + " first question")
+        second = send(prompt + " second question")
+        log(f"kv_aware with {what}: with nothing cached a request went to replica {default}; once replica {target} "
+            f"{'served the prompt' if own else 'announced its'} ({blocks} blocks of {BLOCK}, of {len(toks)} prompt tokens), two requests sharing it went to {first} and {second}")
+        assert first == target and second == target, (default, target, first, second)
+        if own:
+            hits = metric(replicas[target].metrics(), "vllm:prefix_cache_hits_total")
+            log(f"  replica {target}'s prefix-cache hits: {hits:.0f} tokens")
+            assert hits >= 2 * (blocks - 1) * BLOCK, hits
+    finally:
+        router.stop()
+        for r in replicas:
+            r.stop()
+        for s in pubs:
+            s.close()
+        ctx.term()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tandem", required=True)
@@ -49,77 +138,13 @@ def main():
     work = tempfile.mkdtemp(prefix="tandem-kv-contract-")
     model_dir = os.path.join(work, "tiny")
     subprocess.run([args.tandem, "gen-model", "--shape", "tiny", "--dtype", "f32", "--out", model_dir], check=True, stdout=subprocess.DEVNULL)
-    replicas = [Replica(args.tandem, model_dir, work, i) for i in range(3)]
-    router = Router("vllm", args.bin_dir, work)
-    ctx = zmq.Context()
-    pubs = []
     ok = False
     try:
-        for r in replicas:
-            r.start(wait=False)
-        for r in replicas:
-            r.wait_ready()
-        endpoints = []
-        for _ in replicas:
-            s = ctx.socket(zmq.XPUB)
-            s.setsockopt(zmq.XPUB_VERBOSE, 1)
-            s.setsockopt(zmq.LINGER, 0)
-            port = free_port()
-            s.bind(f"tcp://127.0.0.1:{port}")
-            pubs.append(s)
-            endpoints.append(f"tcp://127.0.0.1:{port}")
-        extra = [a for r, e in zip(replicas, endpoints) for a in ("--kv-event-source", f"{r.url}={e}")]
-        extra += ["--kv-event-model", MODEL, "--kv-event-block-size", str(BLOCK)]
-        router.start("kv_aware", replicas, extra=extra)
-
-        # 1. Every source subscribed to, with the empty topic.
-        for i, s in enumerate(pubs):
-            s.setsockopt(zmq.RCVTIMEO, 10000)
-            sub = s.recv()
-            assert sub == b"\x01", f"source {i}: subscription {sub!r}"
-        log("kv_aware: the router subscribed to all 3 sources (topic \"\")")
-
-        def served():
-            return [metric(r.metrics(), "vllm:request_success_total") for r in replicas]
-
-        def send(prompt):
-            before = served()
-            st, body = http("POST", router.url + "/v1/completions", {"model": MODEL, "prompt": prompt, "max_tokens": 1})
-            assert st == 200, (st, body[:200])
-            per = [a - b for a, b in zip(served(), before)]
-            assert sorted(per) == [0, 0, 1], per
-            return per.index(1)
-
-        prompt = "a shared system prompt that one replica already holds in its KV cache, " * 8
-        # Where the router sends this prompt with no events: the target is another replica.
-        default = send("an unrelated prompt of about the same length, nothing cached anywhere " * 8)
-        target = (default + 1) % 3
-        toks = json.loads(http("POST", replicas[0].url + "/tokenize", {"model": MODEL, "prompt": prompt})[1])["tokens"]
-        blocks = len(toks) // BLOCK
-        events, parent = [], None
-        for k in range(blocks):
-            h = 0x7A3D_0000_0000_0000 + k  # any u64: the router hashes the token ids itself
-            events.append({"type": "BlockStored", "block_hashes": [h], "parent_block_hash": parent, "token_ids": toks[k * BLOCK:(k + 1) * BLOCK],
-                           "block_size": BLOCK, "lora_id": None, "lora_name": None, "medium": "GPU"})
-            parent = h
-        pubs[target].send_multipart([b"", (0).to_bytes(8, "big"), msgpack.packb([time.time(), events, 0], use_bin_type=True)])
-        time.sleep(0.5)
-
-        # 2. The announced prefix draws its requests to the replica that announced it.
-        first = send(prompt)
-        second = send(prompt + " and one more question")
-        log(f"kv_aware: with no events a request went to replica {default}; after {blocks} BlockStored events "
-            f"({blocks * BLOCK} of {len(toks)} prompt tokens) from replica {target}, the prompt went to {first} and a request sharing it to {second}")
-        assert first == target and second == target, (default, target, first, second)
-        log(f"kv_aware contract: passed in {time.monotonic() - t_all:.0f} s")
+        run(args.tandem, args.bin_dir, work, model_dir, own=False)
+        run(args.tandem, args.bin_dir, work, model_dir, own=True)
+        log(f"kv_aware: passed in {time.monotonic() - t_all:.0f} s")
         ok = True
     finally:
-        router.stop()
-        for r in replicas:
-            r.stop()
-        for s in pubs:
-            s.close()
-        ctx.term()
         if ok:
             shutil.rmtree(work, ignore_errors=True)
         else:

@@ -119,11 +119,11 @@ class Replica:
         self.logpath = os.path.join(logdir, f"replica{idx}.log")
         self.proc = None
 
-    def start(self, wait=True, model_dir=None, name=MODEL):
+    def start(self, wait=True, model_dir=None, name=MODEL, extra=()):
         logf = open(self.logpath, "a")
         self.proc = subprocess.Popen(
             [self.tandem, "serve", model_dir or self.model_dir, "--backend", "reference", "--host", "127.0.0.1", "--port", str(self.port),
-             "--served-model-name", name, "--num-kv-blocks", "512", "--max-num-seqs", "16", "--shutdown-grace-s", "20"],
+             "--served-model-name", name, "--num-kv-blocks", "512", "--max-num-seqs", "16", "--shutdown-grace-s", "20", *extra],
             stdout=logf, stderr=subprocess.STDOUT, env={**os.environ, "NO_COLOR": "1", "RUST_LOG": "info"})
         if wait:
             self.wait_ready()

@@ -52,6 +52,7 @@ pub mod config;
 pub mod cors;
 pub mod engine_adapter;
 pub mod engine_client;
+pub mod kv_events;
 pub mod error;
 pub mod metrics;
 pub mod openai;
