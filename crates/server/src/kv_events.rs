@@ -55,14 +55,12 @@ pub fn spawn(endpoint: &str, events: Receiver<Vec<KvEvent>>, block_size: usize) 
         }
     })?;
     std::thread::Builder::new().name("kv-events-publish".into()).spawn(move || {
-        let mut seq: u64 = 0;
-        for batch in events {
+        // Sequence numbers from 0, one per batch.
+        for (seq, batch) in (0u64..).zip(events) {
             let payload = encode_batch(&batch, block_size);
             let mut subs = subscribers.lock().unwrap_or_else(|e| e.into_inner());
             // A subscriber that cannot keep up or left is dropped (it sees a gap if it returns).
             subs.retain_mut(|s| send_message(s, &[b"", &seq.to_be_bytes(), &payload]).is_ok());
-            drop(subs);
-            seq += 1;
         }
     })?;
     tracing::info!("KV events: publishing on tcp://{local}");
