@@ -69,8 +69,10 @@ def run(tandem, bin_dir, work, model_dir, own):
         if own:
             # The router's subscribers connect at its start; the first batch each replica
             # publishes must reach them (a source whose first sequence number is not 0 is
-            # disqualified).
-            time.sleep(1.0)
+            # disqualified): wait until every replica logged its subscriber.
+            for r in replicas:
+                wait_until(lambda: "KV events: a subscriber joined" in open(r.logpath, errors="replace").read(), 30, f"the router to subscribe to replica {r.idx}")
+            log("kv_aware: the router subscribed to all 3 replicas' publishers")
         else:
             # 1. Every source subscribed to, with the empty topic.
             for i, s in enumerate(pubs):

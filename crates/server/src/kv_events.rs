@@ -47,7 +47,9 @@ pub fn spawn(endpoint: &str, events: Receiver<Vec<KvEvent>>, block_size: usize) 
             let _ = std::thread::Builder::new().name("kv-events-peer".into()).spawn(move || match handshake(&stream) {
                 Ok(()) => {
                     let Ok(reader) = stream.try_clone() else { return };
+                    let peer = stream.peer_addr().map_or_else(|_| "?".to_string(), |a| a.to_string());
                     subs.lock().unwrap_or_else(|e| e.into_inner()).push(stream);
+                    tracing::info!("KV events: a subscriber joined from {peer}");
                     drain(reader);
                 }
                 Err(e) => tracing::debug!("KV events: a subscriber's handshake failed: {e}"),
