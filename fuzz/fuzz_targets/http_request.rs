@@ -19,7 +19,13 @@ const ENDPOINTS: [(&str, &str); 9] = [
     ("GET", "/metrics"),
 ];
 
-fuzz_target!(|data: &[u8]| {
+fuzz_target!(
+    // The servers, the tokenizer and llguidance's token trie are built once, before libFuzzer's
+    // per-input timeout starts counting (tens of seconds under ASan on a loaded machine).
+    init: {
+        tandem_fuzz::server::harness();
+    },
+    |data: &[u8]| {
     let h = tandem_fuzz::server::harness();
     let mut b = tandem_fuzz::Bytes::new(data);
     let (method, path) = ENDPOINTS[b.u8() as usize % ENDPOINTS.len()];

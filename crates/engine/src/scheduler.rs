@@ -24,6 +24,7 @@
 //! preempted, run them to completion, and admit nobody meanwhile.
 
 use std::collections::BTreeMap;
+use std::ops::Bound::{Excluded, Unbounded};
 use std::time::{Duration, Instant};
 
 use tandem_core::ForwardBatch;
@@ -489,10 +490,16 @@ impl Scheduler {
         let (mut reserved, free_at_start) = (0, self.bm.num_free());
         let (mut partial, mut long_partial) = self.partial_prefills();
         let limits = self.cfg.prefill;
-        let mut queue: Vec<((i32, u64), SeqId)> = self.waiting.iter().map(|(k, v)| (*k, *v)).collect();
-        queue.reverse(); // popped from the back: in order
+        // A cursor over the waiting queue in order (admitted entries are removed behind it), not
+        // a copy of the whole queue each step, which cost O(waiting) however few were admitted.
+        let mut after: Option<(i32, u64)> = None;
         while self.running.len() < max_seqs && out.seqs.len() < self.cfg.max_num_seqs {
-            let Some((key, id)) = queue.pop() else { break };
+            let next = match after {
+                None => self.waiting.iter().next(),
+                Some(k) => self.waiting.range((Excluded(k), Unbounded)).next(),
+            };
+            let Some((key, id)) = next.map(|(k, v)| (*k, *v)) else { break };
+            after = Some(key);
             // A newcomer's own chunk is cut only by a threshold: the half-budget default holds
             // back running prefills for newcomers, not newcomers for each other (two long
             // prompts admitted half each could both outgrow the pool and preempt).

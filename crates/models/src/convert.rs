@@ -1,12 +1,16 @@
-//! GGUF (`general.architecture = llama`) to a Hugging Face model directory:
-//! `model.safetensors` (bf16), `config.json`, `tokenizer.json`, `tokenizer_config.json`,
-//! `generation_config.json`.
+//! GGUF to a Hugging Face model directory: `model.safetensors` (bf16), `config.json`,
+//! `tokenizer.json`, `tokenizer_config.json`, `generation_config.json`. Architectures
+//! (`general.architecture`): `llama` (Llama, Mistral, SmolLM; Mixtral where `llama.expert_count`
+//! is set), `qwen2`, `qwen3`, `qwen3moe`.
 //!
-//! Two things differ between the layouts besides names:
+//! What differs between the layouts besides names:
 //! - GGUF dims are innermost first; PyTorch shapes are the reverse.
-//! - llama.cpp's exporter permutes the rows of the Q and K projections (per head, the two rotary
-//!   halves are interleaved into pairs, matching its rope kernel). HF's rotate_half rope expects
-//!   the halves, so the permutation is undone here; without that the model only answers `<|im_end|>`.
+//! - llama.cpp's exporter permutes the rows of the Q and K projections of the Llama family (per
+//!   head, the two rotary halves are interleaved into pairs, matching its rope kernel). HF's
+//!   rotate_half rope expects the halves, so the permutation is undone here; without that the
+//!   model only answers `<|im_end|>`. Qwen models (NEOX rope) are stored unpermuted.
+//! - A mixture of experts' experts are stacked into one `[experts, rows, cols]` tensor per
+//!   projection (`ffn_gate_exps`, `ffn_up_exps`, `ffn_down_exps`); HF has one tensor per expert.
 //!
 //! The output is a pure function of the input file: tensors are sorted by name and every JSON
 //! file is written with fixed key order, so converting twice gives identical bytes.
@@ -35,9 +39,64 @@ pub struct ConvertSummary {
     pub seconds: f64,
 }
 
-/// Hyper-parameters read from `llama.*` metadata.
+/// The GGUF architectures this converter reads (`general.architecture`), each to its HF family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Arch {
+    /// Llama, Mistral, SmolLM; with `llama.expert_count`, Mixtral.
+    Llama,
+    Qwen2,
+    Qwen3,
+    Qwen3Moe,
+}
+
+impl Arch {
+    const NAMES: &'static [&'static str] = &["llama", "qwen2", "qwen3", "qwen3moe"];
+
+    fn from_name(name: &str) -> Option<Arch> {
+        Some(match name {
+            "llama" => Arch::Llama,
+            "qwen2" => Arch::Qwen2,
+            "qwen3" => Arch::Qwen3,
+            "qwen3moe" => Arch::Qwen3Moe,
+            _ => return None,
+        })
+    }
+
+    /// The metadata keys' prefix (`{arch}.block_count`, ...).
+    fn key(self) -> &'static str {
+        match self {
+            Arch::Llama => "llama",
+            Arch::Qwen2 => "qwen2",
+            Arch::Qwen3 => "qwen3",
+            Arch::Qwen3Moe => "qwen3moe",
+        }
+    }
+
+    /// llama.cpp permutes Q and K rows only for the Llama family (its rope pairs adjacent
+    /// dimensions there); Qwen models use the NEOX rope, stored as HF stores them.
+    fn permuted(self) -> bool {
+        self == Arch::Llama
+    }
+
+    /// Per-head RMS norms on q and k (`attn_q_norm`, `attn_k_norm`).
+    fn qk_norm(self) -> bool {
+        matches!(self, Arch::Qwen3 | Arch::Qwen3Moe)
+    }
+}
+
+/// A mixture of experts' sizes, from `{arch}.expert_count` and friends.
+#[derive(Debug, Clone, PartialEq)]
+struct MoeParams {
+    experts: usize,
+    top_k: usize,
+    /// Each expert's MLP width.
+    ff: usize,
+}
+
+/// Hyper-parameters read from `{arch}.*` metadata.
 #[derive(Debug, Clone, PartialEq)]
 struct LlamaParams {
+    arch: Arch,
     layers: usize,
     hidden: usize,
     intermediate: usize,
@@ -47,55 +106,91 @@ struct LlamaParams {
     rms_eps: f32,
     rope_theta: f32,
     context: usize,
+    moe: Option<MoeParams>,
 }
 
 impl LlamaParams {
     fn from_gguf(g: &GgufFile) -> Result<Self> {
-        let arch = g.get_str("general.architecture")?;
-        if arch != "llama" {
-            return Err(Error::config(&g.path, format!("general.architecture is `{arch}`; only `llama` can be converted")));
-        }
-        let u = |k: &str| g.get_u64(&format!("llama.{k}")).map(|v| v as usize);
+        let name = g.get_str("general.architecture")?;
+        let Some(arch) = Arch::from_name(name) else {
+            return Err(Error::config(&g.path, format!("general.architecture is `{name}`; this converter reads {}", Arch::NAMES.join(", "))));
+        };
+        let k = arch.key();
+        let has = |key: &str| g.get(&format!("{k}.{key}")).is_some();
+        let u = |key: &str| g.get_u64(&format!("{k}.{key}")).map(|v| v as usize);
         let heads = u("attention.head_count")?;
         let hidden = u("embedding_length")?;
-        let kv_heads = if g.get("llama.attention.head_count_kv").is_some() { u("attention.head_count_kv")? } else { heads };
+        let kv_heads = if has("attention.head_count_kv") { u("attention.head_count_kv")? } else { heads };
         if heads == 0 || kv_heads == 0 || heads % kv_heads != 0 {
-            return Err(Error::config(&g.path, format!("llama.attention.head_count ({heads}) must be a positive multiple of head_count_kv ({kv_heads})")));
+            return Err(Error::config(&g.path, format!("{k}.attention.head_count ({heads}) must be a positive multiple of head_count_kv ({kv_heads})")));
         }
-        let head_dim = if g.get("llama.attention.key_length").is_some() { u("attention.key_length")? } else { hidden / heads };
+        let head_dim = if has("attention.key_length") { u("attention.key_length")? } else { hidden / heads };
         if head_dim == 0 || head_dim % 2 != 0 {
             return Err(Error::config(&g.path, format!("head dimension {head_dim} must be positive and even")));
         }
-        if let Some(kind) = g.get("llama.rope.scaling.type").and_then(|v| v.as_str()) {
+        if let Some(kind) = g.get(&format!("{k}.rope.scaling.type")).and_then(|v| v.as_str()) {
             if kind != "none" {
-                return Err(Error::config(&g.path, format!("llama.rope.scaling.type `{kind}` is not supported by this converter")));
+                return Err(Error::config(&g.path, format!("{k}.rope.scaling.type `{kind}` is not supported by this converter")));
             }
         }
         if g.tensor("rope_freqs.weight").is_some() {
             return Err(Error::config(&g.path, "tensor `rope_freqs.weight` (Llama 3.1 rope scaling) is not supported by this converter"));
         }
-        // Every layer has nine tensors: a count the file cannot hold is refused before anything
-        // is sized from it (found by fuzz/gguf: a huge block_count in a 6 KB file).
+        // Every layer has nine tensors at least: a count the file cannot hold is refused before
+        // anything is sized from it (found by fuzz/gguf: a huge block_count in a 6 KB file).
         let layers = u("block_count")?;
         if layers == 0 || layers > g.tensors.len() / 9 {
-            return Err(Error::config(&g.path, format!("llama.block_count is {layers}, but the file's {} tensors hold at most {} layers of 9", g.tensors.len(), g.tensors.len() / 9)));
+            return Err(Error::config(&g.path, format!("{k}.block_count is {layers}, but the file's {} tensors hold at most {} layers of 9", g.tensors.len(), g.tensors.len() / 9)));
         }
+        let intermediate = u("feed_forward_length").or_else(|e| if arch == Arch::Qwen3Moe { u("expert_feed_forward_length") } else { Err(e) })?;
+        let moe = match (arch, has("expert_count")) {
+            (Arch::Qwen3Moe, _) | (Arch::Llama, true) => {
+                let experts = u("expert_count")?;
+                let top_k = u("expert_used_count")?;
+                let ff = if arch == Arch::Qwen3Moe { u("expert_feed_forward_length")? } else { intermediate };
+                if experts == 0 || top_k == 0 || top_k > experts || experts > g.tensors.len() * 1024 {
+                    return Err(Error::config(&g.path, format!("{k}.expert_used_count ({top_k}) must be in 1..={k}.expert_count ({experts})")));
+                }
+                Some(MoeParams { experts, top_k, ff })
+            }
+            _ => None,
+        };
         Ok(LlamaParams {
+            arch,
             layers,
             hidden,
-            intermediate: u("feed_forward_length")?,
+            intermediate,
             heads,
             kv_heads,
             head_dim,
-            rms_eps: g.get_f64("llama.attention.layer_norm_rms_epsilon")? as f32,
-            rope_theta: if g.get("llama.rope.freq_base").is_some() { g.get_f64("llama.rope.freq_base")? as f32 } else { 10000.0 },
+            rms_eps: g.get_f64(&format!("{k}.attention.layer_norm_rms_epsilon"))? as f32,
+            rope_theta: if has("rope.freq_base") { g.get_f64(&format!("{k}.rope.freq_base"))? as f32 } else { 10000.0 },
             context: u("context_length")?,
+            moe,
         })
+    }
+
+    /// Where a layer's experts live in HF's names, and their projections' names.
+    fn moe_names(&self) -> (&'static str, [&'static str; 3]) {
+        match self.arch {
+            Arch::Llama => ("block_sparse_moe", ["w1", "w3", "w2"]),
+            _ => ("mlp", ["gate_proj", "up_proj", "down_proj"]),
+        }
     }
 }
 
-/// The HF name of a GGUF tensor, and for Q/K the head count whose rope permutation to undo.
-fn hf_name(gguf: &str, p: &LlamaParams) -> Option<(String, Option<usize>)> {
+/// What a GGUF tensor becomes besides renamed: rows un-permuted (Q and K of a Llama, with the
+/// head count), or one expert's slice of a merged expert tensor.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Take {
+    Whole,
+    Unpermute(usize),
+    Expert(usize),
+}
+
+/// The HF tensors a GGUF tensor becomes (several for a merged expert tensor), or `None` for a
+/// tensor this converter does not know.
+fn hf_names(gguf: &str, p: &LlamaParams) -> Option<Vec<(String, Take)>> {
     let top = match gguf {
         "token_embd.weight" => Some("model.embed_tokens.weight"),
         "output_norm.weight" => Some("model.norm.weight"),
@@ -103,7 +198,7 @@ fn hf_name(gguf: &str, p: &LlamaParams) -> Option<(String, Option<usize>)> {
         _ => None,
     };
     if let Some(t) = top {
-        return Some((t.to_string(), None));
+        return Some(vec![(t.to_string(), Take::Whole)]);
     }
     let rest = gguf.strip_prefix("blk.")?;
     let (layer, rest) = rest.split_once('.')?;
@@ -115,19 +210,36 @@ fn hf_name(gguf: &str, p: &LlamaParams) -> Option<(String, Option<usize>)> {
     if kind != "weight" && kind != "bias" {
         return None;
     }
-    let (hf, heads) = match part {
-        "attn_norm" => ("input_layernorm", None),
-        "attn_q" => ("self_attn.q_proj", Some(p.heads)),
-        "attn_k" => ("self_attn.k_proj", Some(p.kv_heads)),
-        "attn_v" => ("self_attn.v_proj", None),
-        "attn_output" => ("self_attn.o_proj", None),
-        "ffn_norm" => ("post_attention_layernorm", None),
-        "ffn_gate" => ("mlp.gate_proj", None),
-        "ffn_up" => ("mlp.up_proj", None),
-        "ffn_down" => ("mlp.down_proj", None),
+    let unpermute = |n: usize| if p.arch.permuted() { Take::Unpermute(n) } else { Take::Whole };
+    let at = |hf: &str| format!("model.layers.{layer}.{hf}.{kind}");
+    if let Some(moe) = &p.moe {
+        let (block, [gate, up, down]) = p.moe_names();
+        let proj = match part {
+            "ffn_gate_inp" if kind == "weight" => return Some(vec![(at(&format!("{block}.gate")), Take::Whole)]),
+            "ffn_gate_exps" => gate,
+            "ffn_up_exps" => up,
+            "ffn_down_exps" => down,
+            _ => "",
+        };
+        if !proj.is_empty() && kind == "weight" {
+            return Some((0..moe.experts).map(|e| (at(&format!("{block}.experts.{e}.{proj}")), Take::Expert(e))).collect());
+        }
+    }
+    let (hf, take) = match part {
+        "attn_norm" => ("input_layernorm", Take::Whole),
+        "attn_q" => ("self_attn.q_proj", unpermute(p.heads)),
+        "attn_k" => ("self_attn.k_proj", unpermute(p.kv_heads)),
+        "attn_v" => ("self_attn.v_proj", Take::Whole),
+        "attn_output" => ("self_attn.o_proj", Take::Whole),
+        "attn_q_norm" if p.arch.qk_norm() => ("self_attn.q_norm", Take::Whole),
+        "attn_k_norm" if p.arch.qk_norm() => ("self_attn.k_norm", Take::Whole),
+        "ffn_norm" => ("post_attention_layernorm", Take::Whole),
+        "ffn_gate" => ("mlp.gate_proj", Take::Whole),
+        "ffn_up" => ("mlp.up_proj", Take::Whole),
+        "ffn_down" => ("mlp.down_proj", Take::Whole),
         _ => return None,
     };
-    Some((format!("model.layers.{layer}.{hf}.{kind}"), heads))
+    Some(vec![(at(hf), take)])
 }
 
 /// llama.cpp's exporter permutation of Q/K rows, `[n_head * head_dim, cols]` row-major:
@@ -150,6 +262,9 @@ pub fn rope_permute(w: &[f32], n_head: usize, cols: usize) -> Vec<f32> {
 
 /// The inverse of [`rope_permute`]: `reshape(n_head, head_dim/2, 2, cols).swapaxes(1, 2)`.
 pub fn rope_unpermute(w: &[f32], n_head: usize, cols: usize) -> Vec<f32> {
+    if cols == 0 || n_head == 0 {
+        return w.to_vec();
+    }
     let hd = w.len() / cols / n_head;
     let mut out = vec![0f32; w.len()];
     for h in 0..n_head {
@@ -180,18 +295,31 @@ pub fn convert_gguf(gguf_path: &Path, out_dir: &Path, progress: &mut dyn FnMut(u
     let tok = GgufTokenizer::from_gguf(&g)?;
     let vocab = tok.vocab.len();
 
-    let mut plan: Vec<(String, &TensorInfo, Option<usize>)> = Vec::with_capacity(g.tensors.len());
+    let mut plan: std::collections::HashMap<String, (&TensorInfo, Take)> = std::collections::HashMap::with_capacity(g.tensors.len());
     for t in &g.tensors {
-        let Some((name, heads)) = hf_name(&t.name, &p) else {
-            return Err(Error::tensor(&g.path, &t.name, "is not a Llama tensor this converter knows"));
+        let Some(names) = hf_names(&t.name, &p) else {
+            return Err(Error::tensor(&g.path, &t.name, format!("is not a tensor this converter knows for general.architecture `{}`", p.arch.key())));
         };
-        if let Some(n) = heads {
+        for (name, take) in names {
             let shape = t.torch_shape();
-            if Some(shape[0]) != n.checked_mul(p.head_dim) {
-                return Err(Error::tensor(&g.path, &t.name, format!("has {} rows, expected {n} heads x {} = {}", shape[0], p.head_dim, n.saturating_mul(p.head_dim))));
+            // Found by fuzz/gguf: a Q tensor of zero columns divided by zero in the un-permutation.
+            if shape.contains(&0) {
+                return Err(Error::tensor(&g.path, &t.name, format!("has an empty dimension (shape {shape:?})")));
             }
+            match take {
+                Take::Unpermute(_) if shape.len() != 2 => {
+                    return Err(Error::tensor(&g.path, &t.name, format!("has shape {shape:?}, expected [rows, cols]")));
+                }
+                Take::Unpermute(n) if Some(shape[0]) != n.checked_mul(p.head_dim) => {
+                    return Err(Error::tensor(&g.path, &t.name, format!("has {} rows, expected {n} heads x {} = {}", shape[0], p.head_dim, n.saturating_mul(p.head_dim))));
+                }
+                Take::Expert(_) if shape.len() != 3 || shape[0] != p.moe.as_ref().map_or(0, |m| m.experts) => {
+                    return Err(Error::tensor(&g.path, &t.name, format!("has shape {shape:?}, expected [experts, rows, cols] with {} experts", p.moe.as_ref().map_or(0, |m| m.experts))));
+                }
+                _ => {}
+            }
+            plan.insert(name, (t, take));
         }
-        plan.push((name, t, heads));
     }
     let embed = g.tensor("token_embd.weight").ok_or_else(|| Error::tensor(&g.path, "token_embd.weight", "missing"))?;
     if embed.torch_shape() != [vocab, p.hidden] {
@@ -200,36 +328,60 @@ pub fn convert_gguf(gguf_path: &Path, out_dir: &Path, progress: &mut dyn FnMut(u
     let tied = g.tensor("output.weight").is_none();
     // Catch a missing tensor here, with its GGUF name, rather than when a backend loads the result.
     let mut required = vec!["output_norm.weight".to_string()];
+    let mut dense_layers = vec![];
     for i in 0..p.layers {
-        for part in ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"] {
-            required.push(format!("blk.{i}.{part}.weight"));
+        let mut parts = vec!["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm"];
+        if p.arch.qk_norm() {
+            parts.extend(["attn_q_norm", "attn_k_norm"]);
         }
+        // A MoE model's layer may keep a dense MLP (Qwen3-MoE's mlp_only_layers).
+        if p.moe.is_some() && g.tensor(&format!("blk.{i}.ffn_gate.weight")).is_none() {
+            parts.extend(["ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"]);
+        } else {
+            parts.extend(["ffn_gate", "ffn_up", "ffn_down"]);
+            dense_layers.push(i);
+        }
+        required.extend(parts.iter().map(|part| format!("blk.{i}.{part}.weight")));
     }
     if let Some(missing) = required.iter().find(|n| g.tensor(n).is_none()) {
-        return Err(Error::tensor(&g.path, missing, format!("missing (llama.block_count is {})", p.layers)));
+        return Err(Error::tensor(&g.path, missing, format!("missing ({}.block_count is {})", p.arch.key(), p.layers)));
     }
+    let shape_of = |t: &TensorInfo, take: Take| match take {
+        Take::Expert(_) => t.torch_shape()[1..].to_vec(),
+        _ => t.torch_shape(),
+    };
 
     std::fs::create_dir_all(out_dir).map_err(|e| Error::io(out_dir, e))?;
     let st_path = out_dir.join("model.safetensors");
     let file = std::fs::File::create(&st_path).map_err(|e| Error::io(&st_path, e))?;
-    let specs = plan.iter().map(|(name, t, _)| TensorSpec::new(name.clone(), DType::BF16, &t.torch_shape())).collect();
+    let specs = plan.iter().map(|(name, (t, take))| TensorSpec::new(name.clone(), DType::BF16, &shape_of(t, *take))).collect();
     let mut w = SafetensorsWriter::new(BufWriter::with_capacity(1 << 20, file), &st_path, specs)?;
     let order: Vec<String> = w.specs().iter().map(|s| s.name.clone()).collect();
     let mut parameters = 0;
     for (k, name) in order.iter().enumerate() {
-        let (_, t, heads) = plan.iter().find(|(n, _, _)| n == name).expect("every spec comes from the plan");
-        let mut values = g.tensor_f32(t)?;
-        if let Some(n) = heads {
-            let cols = if t.dims.len() == 1 { 1 } else { t.dims[0] as usize };
-            values = rope_unpermute(&values, *n, cols);
-        }
+        let (t, take) = plan[name];
+        let values = match take {
+            Take::Whole => g.tensor_f32(t)?,
+            Take::Unpermute(n) => {
+                let cols = if t.dims.len() == 1 { 1 } else { t.dims[0] as usize };
+                rope_unpermute(&g.tensor_f32(t)?, n, cols)
+            }
+            // One expert's rows: a whole number of quantisation blocks (rows never share one).
+            Take::Expert(e) => {
+                let per = (t.dims[0] * t.dims[1]) as usize;
+                let bytes = g.tensor_bytes(t)?;
+                let size = t.ggml_type.byte_size(per as u64).map_err(|m| Error::tensor(&g.path, &t.name, m))? as usize;
+                let slice = &bytes[e * size..(e + 1) * size];
+                crate::quant::dequantize(t.ggml_type, slice, per).map_err(|m| Error::tensor(&g.path, &t.name, m))?
+            }
+        };
         parameters += values.len();
         w.push(&values)?;
         progress(k + 1, order.len(), name);
     }
     w.finish()?;
 
-    write_json(&out_dir.join("config.json"), &config_json(&p, &tok, tied))?;
+    write_json(&out_dir.join("config.json"), &config_json(&p, &tok, tied, &dense_layers, g.tensor("blk.0.attn_q.bias").is_some()))?;
     write_json(&out_dir.join("tokenizer.json"), &tok.tokenizer_json())?;
     write_json(&out_dir.join("tokenizer_config.json"), &tokenizer_config_json(&tok, p.context))?;
     let mut gen = serde_json::Map::new();
@@ -242,10 +394,17 @@ pub fn convert_gguf(gguf_path: &Path, out_dir: &Path, progress: &mut dyn FnMut(u
     Ok(ConvertSummary { tensors: order.len(), parameters, tied, seconds: start.elapsed().as_secs_f64() })
 }
 
-fn config_json(p: &LlamaParams, tok: &GgufTokenizer, tied: bool) -> serde_json::Value {
-    json!({
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+fn config_json(p: &LlamaParams, tok: &GgufTokenizer, tied: bool, dense_layers: &[usize], bias: bool) -> serde_json::Value {
+    let (architecture, model_type) = match (p.arch, &p.moe) {
+        (Arch::Llama, None) => ("LlamaForCausalLM", "llama"),
+        (Arch::Llama, Some(_)) => ("MixtralForCausalLM", "mixtral"),
+        (Arch::Qwen2, _) => ("Qwen2ForCausalLM", "qwen2"),
+        (Arch::Qwen3, _) => ("Qwen3ForCausalLM", "qwen3"),
+        (Arch::Qwen3Moe, _) => ("Qwen3MoeForCausalLM", "qwen3_moe"),
+    };
+    let mut c = json!({
+        "architectures": [architecture],
+        "model_type": model_type,
         "vocab_size": tok.vocab.len(),
         "hidden_size": p.hidden,
         "intermediate_size": p.intermediate,
@@ -259,7 +418,7 @@ fn config_json(p: &LlamaParams, tok: &GgufTokenizer, tied: bool) -> serde_json::
         "rope_scaling": null,
         "max_position_embeddings": p.context,
         "tie_word_embeddings": tied,
-        "attention_bias": false,
+        "attention_bias": bias,
         "mlp_bias": false,
         "attention_dropout": 0.0,
         "initializer_range": 0.02,
@@ -269,7 +428,23 @@ fn config_json(p: &LlamaParams, tok: &GgufTokenizer, tied: bool) -> serde_json::
         "eos_token_id": tok.eos_id,
         "pad_token_id": tok.pad_id,
         "torch_dtype": "bfloat16",
-    })
+    });
+    if let Some(m) = &p.moe {
+        let o = c.as_object_mut().expect("an object");
+        o.insert("num_experts_per_tok".into(), json!(m.top_k));
+        if p.arch == Arch::Qwen3Moe {
+            // llama.cpp's qwen3moe graph renormalises the kept weights, as Qwen3-MoE's configs
+            // ask (norm_topk_prob: true); GGUF does not carry the flag.
+            o.insert("num_experts".into(), json!(m.experts));
+            o.insert("moe_intermediate_size".into(), json!(m.ff));
+            o.insert("norm_topk_prob".into(), json!(true));
+            o.insert("decoder_sparse_step".into(), json!(1));
+            o.insert("mlp_only_layers".into(), json!(dense_layers));
+        } else {
+            o.insert("num_local_experts".into(), json!(m.experts));
+        }
+    }
+    c
 }
 
 fn tokenizer_config_json(tok: &GgufTokenizer, context: usize) -> serde_json::Value {
@@ -411,6 +586,80 @@ pub(crate) mod tests {
         let _ = std::fs::remove_dir_all(&out);
     }
 
+    /// A 1-layer Qwen3-MoE GGUF as llama.cpp writes one (hidden 32, 2 heads of 16, 1 KV head,
+    /// per-head q/k norms, Q/K not permuted, 4 experts of width 32 stacked in `*_exps` tensors,
+    /// top 2, a `qwen2` pre-tokenizer): the converter names and slices each expert, keeps Q/K
+    /// as stored, and writes Qwen3-MoE's config.
+    #[test]
+    fn converts_a_tiny_qwen3_moe() {
+        let root = std::env::temp_dir().join(format!("tandem-convert-qwen3moe-{}", std::process::id()));
+        std::fs::create_dir_all(&root).unwrap();
+        let (hidden, heads, kv, hd, ff, experts, vocab) = (32usize, 2usize, 1usize, 16usize, 32usize, 4usize, 261usize);
+        let f32b = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        let vals = |n: usize, salt: f32| (0..n).map(|i| (i as f32 * 0.37 + salt).sin() * 0.5).collect::<Vec<f32>>();
+        let mut meta = vec![
+            ("general.architecture", Value::String("qwen3moe".into())),
+            ("qwen3moe.block_count", Value::U32(1)),
+            ("qwen3moe.context_length", Value::U32(256)),
+            ("qwen3moe.embedding_length", Value::U32(hidden as u32)),
+            ("qwen3moe.feed_forward_length", Value::U32(64)),
+            ("qwen3moe.expert_feed_forward_length", Value::U32(ff as u32)),
+            ("qwen3moe.expert_count", Value::U32(experts as u32)),
+            ("qwen3moe.expert_used_count", Value::U32(2)),
+            ("qwen3moe.attention.head_count", Value::U32(heads as u32)),
+            ("qwen3moe.attention.head_count_kv", Value::U32(kv as u32)),
+            ("qwen3moe.attention.key_length", Value::U32(hd as u32)),
+            ("qwen3moe.attention.layer_norm_rms_epsilon", Value::F32(1e-6)),
+            ("qwen3moe.rope.freq_base", Value::F32(1e6)),
+        ];
+        meta.extend(tiny_gguf_tokenizer_meta().into_iter().map(|(k, v)| if k == "tokenizer.ggml.pre" { (k, Value::String("qwen2".into())) } else { (k, v) }));
+        let d = |rows: usize, cols: usize| vec![cols as u64, rows as u64];
+        let q = vals(heads * hd * hidden, 1.0);
+        let gate = vals(experts * ff * hidden, 2.0);
+        let down = vals(experts * hidden * ff, 3.0);
+        let tensors = vec![
+            ("token_embd.weight", d(vocab, hidden), 0, f32b(&vals(vocab * hidden, 4.0))),
+            ("output_norm.weight", vec![hidden as u64], 0, f32b(&vals(hidden, 5.0))),
+            ("blk.0.attn_norm.weight", vec![hidden as u64], 0, f32b(&vals(hidden, 6.0))),
+            ("blk.0.attn_q.weight", d(heads * hd, hidden), 0, f32b(&q)),
+            ("blk.0.attn_k.weight", d(kv * hd, hidden), 0, f32b(&vals(kv * hd * hidden, 7.0))),
+            ("blk.0.attn_v.weight", d(kv * hd, hidden), 0, f32b(&vals(kv * hd * hidden, 8.0))),
+            ("blk.0.attn_output.weight", d(hidden, heads * hd), 0, f32b(&vals(hidden * heads * hd, 9.0))),
+            ("blk.0.attn_q_norm.weight", vec![hd as u64], 0, f32b(&vals(hd, 10.0))),
+            ("blk.0.attn_k_norm.weight", vec![hd as u64], 0, f32b(&vals(hd, 11.0))),
+            ("blk.0.ffn_norm.weight", vec![hidden as u64], 0, f32b(&vals(hidden, 12.0))),
+            ("blk.0.ffn_gate_inp.weight", d(experts, hidden), 0, f32b(&vals(experts * hidden, 13.0))),
+            ("blk.0.ffn_gate_exps.weight", vec![hidden as u64, ff as u64, experts as u64], 0, f32b(&gate)),
+            ("blk.0.ffn_up_exps.weight", vec![hidden as u64, ff as u64, experts as u64], 0, f32b(&vals(experts * ff * hidden, 14.0))),
+            ("blk.0.ffn_down_exps.weight", vec![ff as u64, hidden as u64, experts as u64], 0, f32b(&down)),
+        ];
+        let gguf = root.join("tiny-qwen3moe.gguf");
+        std::fs::write(&gguf, writer::file(&meta, &tensors, 32)).unwrap();
+        let out = root.join("out");
+        let s = convert_gguf(&gguf, &out, &mut |_, _, _| {}).unwrap();
+        assert_eq!(s.tensors, 14 - 3 + 3 * experts, "each merged expert tensor becomes one tensor per expert");
+        let cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
+        assert_eq!(cfg["architectures"], json!(["Qwen3MoeForCausalLM"]));
+        assert_eq!((cfg["num_experts"].clone(), cfg["num_experts_per_tok"].clone(), cfg["moe_intermediate_size"].clone()), (json!(4), json!(2), json!(32)));
+        assert_eq!((cfg["head_dim"].clone(), cfg["norm_topk_prob"].clone(), cfg["mlp_only_layers"].clone()), (json!(16), json!(true), json!([])));
+        let w = Weights::open(&out).unwrap();
+        // Q as stored (no permutation for Qwen), each expert its own slice.
+        assert_eq!(w.get("model.layers.0.self_attn.q_proj.weight", &[32, 32]).unwrap().to_f32(), bf16_round(&q));
+        assert!(w.get("model.layers.0.self_attn.q_norm.weight", &[16]).is_ok());
+        assert!(w.get("model.layers.0.mlp.gate.weight", &[4, 32]).is_ok());
+        for e in 0..experts {
+            let g = w.get(&format!("model.layers.0.mlp.experts.{e}.gate_proj.weight"), &[ff, hidden]).unwrap().to_f32();
+            assert_eq!(g, bf16_round(&gate[e * ff * hidden..(e + 1) * ff * hidden]), "expert {e}");
+            let dn = w.get(&format!("model.layers.0.mlp.experts.{e}.down_proj.weight"), &[hidden, ff]).unwrap().to_f32();
+            assert_eq!(dn, bf16_round(&down[e * hidden * ff..(e + 1) * hidden * ff]), "expert {e}");
+        }
+        // The qwen2 pre-tokenizer: Qwen2's split, NFC.
+        let tok: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("tokenizer.json")).unwrap()).unwrap();
+        assert_eq!(tok["normalizer"]["type"], "NFC");
+        assert!(tokenizers::Tokenizer::from_file(out.join("tokenizer.json")).is_ok());
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
     #[test]
     fn converts_a_tiny_llama_and_core_loads_it() {
         let root = std::env::temp_dir().join(format!("tandem-convert-{}", std::process::id()));
@@ -475,8 +724,10 @@ pub(crate) mod tests {
         tiny_llama_gguf(&p2, true, Some("blk.0.ffn_up.weight"));
         let e = convert_gguf(&p2, &root.join("o2"), &mut |_, _, _| {}).unwrap_err().to_string();
         assert!(e.contains("`blk.0.ffn_up.weight`") && e.contains("missing"), "{e}");
-        assert!(hf_name("blk.0.attn_qkv.weight", &LlamaParams {
-            layers: 1, hidden: 8, intermediate: 8, heads: 2, kv_heads: 1, head_dim: 4, rms_eps: 1e-5, rope_theta: 1e4, context: 8
-        }).is_none());
+        let params = LlamaParams { arch: Arch::Llama, layers: 1, hidden: 8, intermediate: 8, heads: 2, kv_heads: 1, head_dim: 4, rms_eps: 1e-5, rope_theta: 1e4, context: 8, moe: None };
+        assert!(hf_names("blk.0.attn_qkv.weight", &params).is_none());
+        // Qwen3's q/k norms are no Llama tensors.
+        assert!(hf_names("blk.0.attn_q_norm.weight", &params).is_none());
+        assert!(hf_names("blk.0.attn_q_norm.weight", &LlamaParams { arch: Arch::Qwen3, ..params }).is_some());
     }
 }

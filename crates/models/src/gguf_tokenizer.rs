@@ -63,6 +63,7 @@ impl GgufTokenizer {
         let pre_name = g.get("tokenizer.ggml.pre").and_then(|v| v.as_str()).unwrap_or("default");
         let pre = match pre_name {
             "smollm" => PreTokenizer::DigitsThenByteLevel,
+            "qwen2" => PreTokenizer::Qwen2,
             other => {
                 tracing::warn!(
                     "{}: tokenizer.ggml.pre is `{other}`; using plain byte-level pre-tokenization (GPT-2 regex), which may split text differently from the original",

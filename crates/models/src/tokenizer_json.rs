@@ -21,7 +21,14 @@ pub enum PreTokenizer {
     ByteLevel,
     /// SmolLM: every digit on its own (`\p{N}`, isolated), then GPT-2's regex.
     DigitsThenByteLevel,
+    /// Qwen2 / Qwen3 (llama.cpp's `qwen2` pre-tokenizer): text NFC-normalised, split by Qwen2's
+    /// regex (single digits, letter runs with one leading non-letter, punctuation runs with
+    /// their newlines), then byte-level without GPT-2's regex.
+    Qwen2,
 }
+
+/// Qwen2's split pattern, as its tokenizer.json gives it.
+const QWEN2_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// The 256 printable characters GPT-2's byte-level BPE uses for bytes 0..=255, in byte order.
 /// Printable Latin-1 bytes stand for themselves; the others are shifted to U+0100 and up.
@@ -61,7 +68,15 @@ pub fn bpe_tokenizer_json(vocab: &[String], merges: &[(String, String)], added: 
                 byte_level,
             ],
         }),
+        PreTokenizer::Qwen2 => json!({
+            "type": "Sequence",
+            "pretokenizers": [
+                { "type": "Split", "pattern": { "Regex": QWEN2_PATTERN }, "behavior": "Isolated", "invert": false },
+                { "type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false },
+            ],
+        }),
     };
+    let normalizer = if pre == PreTokenizer::Qwen2 { json!({ "type": "NFC" }) } else { Json::Null };
     let mut vocab_map = serde_json::Map::with_capacity(vocab.len());
     for (id, tok) in vocab.iter().enumerate() {
         vocab_map.insert(tok.clone(), json!(id));
@@ -80,7 +95,7 @@ pub fn bpe_tokenizer_json(vocab: &[String], merges: &[(String, String)], added: 
         "truncation": null,
         "padding": null,
         "added_tokens": added,
-        "normalizer": null,
+        "normalizer": normalizer,
         "pre_tokenizer": pre_tokenizer,
         "post_processor": { "type": "ByteLevel", "add_prefix_space": true, "trim_offsets": false, "use_regex": true },
         "decoder": { "type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true },
