@@ -9,11 +9,16 @@
 //! 3. `cargo test --workspace`, with the environment the wgpu tests need.
 //! 4. The official `openai` and `anthropic` Python clients and the OpenAI Agents SDK against our server
 //!    (crates/server/tests/openai_client.sh).
-//! 5. The fuzz targets (`cargo xtask fuzz`): regression inputs, then about 20 s of each target
+//! 5. Tandem replicas behind vLLM's and SGLang's routers (tests/routers/router_test.py: spread,
+//!    cache-aware prefix hits, a replica killed, a rolling restart, a loading worker, the default
+//!    model's answers), and deploy/'s Kubernetes manifests against the bundled schemas
+//!    (tests/routers/validate_deploy.py), and the KV-event contract vllm-router's `kv_aware`
+//!    policy reads (tests/routers/kv_events_contract.py), from the pinned wheels in `.venv-routers`.
+//! 6. The fuzz targets (`cargo xtask fuzz`): regression inputs, then about 20 s of each target
 //!    (`TANDEM_FUZZ_SECONDS`); skipped, counted, without a nightly toolchain.
-//! 6. The fake-driver group (xtask/src/fake_cuda.rs): the CUDA backend's host code on the fake
+//! 7. The fake-driver group (xtask/src/fake_cuda.rs): the CUDA backend's host code on the fake
 //!    driver (crates/fake-cuda), where the CUDA toolchain is installed; counted in the closing line.
-//! 7. A count of the tests that skipped themselves (`tandem_core::skip::note` logs them).
+//! 8. A count of the tests that skipped themselves (`tandem_core::skip::note` logs them).
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -105,6 +110,13 @@ pub fn run(a: Args) -> Result<()> {
     openai_client(&root, (whole && examples.join("fake_server").is_file() && examples.join("tiny_server").is_file()).then_some(examples.as_path()))?;
     println!("the openai client check took {:.0} s", t2.elapsed().as_secs_f64());
     let (mut passed, mut failed, mut skipped) = (passed, failed, skipped);
+    // Replicas behind vLLM's and SGLang's routers, and deploy/'s manifests (tests/routers).
+    let t_routers = std::time::Instant::now();
+    if let Some(why) = router_check(&root, (whole && built.is_file()).then_some(built.as_path()), &model)? {
+        println!("SKIPPED the router scenarios: {why}");
+        skipped.push(format!("the router scenarios (tests/routers/router_test.py): {why}"));
+    }
+    println!("the router check took {:.0} s", t_routers.elapsed().as_secs_f64());
     // The fuzz targets (fuzz/): each finding's input replayed, then a short run of each.
     if whole {
         let t4 = std::time::Instant::now();
@@ -165,4 +177,50 @@ fn openai_client(root: &std::path::Path, examples: Option<&std::path::Path>) -> 
         bail!("the openai / anthropic client check failed");
     }
     Ok(())
+}
+
+/// The routers and the schema validator the router check runs (pinned: what the scenarios and
+/// docs/scale-out.md describe is these versions' behaviour).
+/// pyzmq and msgpack: the stand-in KV-event publisher of tests/routers/kv_events_contract.py.
+const ROUTER_PACKAGES: [&str; 5] = ["vllm-router==0.1.17", "sglang-router==0.3.2", "kubernetes-validate==1.37.0", "pyzmq==27.3.0", "msgpack==1.2.4"];
+
+/// tests/routers: deploy/ validated, then the router scenarios against `tandem` (a built
+/// binary; without one they are skipped, and the reason returned). The packages go into
+/// `.venv-routers` (git-ignored).
+fn router_check(root: &std::path::Path, tandem: Option<&std::path::Path>, model: &std::path::Path) -> Result<Option<String>> {
+    let venv = root.join(".venv-routers");
+    let py = venv.join("bin/python");
+    let pins = ROUTER_PACKAGES.iter().map(|p| p.split_once("==").expect("pinned")).map(|(n, v)| format!("m.version({n:?}) == {v:?}")).collect::<Vec<_>>().join(" and ");
+    let pinned = format!("import importlib.metadata as m, sys; sys.exit(0 if {pins} else 1)");
+    if !py.exists() || !Command::new(&py).args(["-c", &pinned]).status()?.success() {
+        let ok = (py.exists() || Command::new("python3").arg("-m").arg("venv").arg(&venv).status()?.success())
+            && Command::new(&py).args(["-m", "pip", "install", "-q"]).args(ROUTER_PACKAGES).status()?.success();
+        if !ok {
+            bail!("could not install {} into {}", ROUTER_PACKAGES.join(", "), venv.display());
+        }
+    }
+    if !Command::new(&py).current_dir(root).args(["tests/routers/validate_deploy.py", "--self-test"]).status()?.success() {
+        bail!("deploy/ failed validation (tests/routers/validate_deploy.py)");
+    }
+    let Some(tandem) = tandem else {
+        return Ok(Some("no built tandem binary (a filtered run); run it by hand: .venv-routers/bin/python tests/routers/router_test.py --tandem target/debug/tandem".into()));
+    };
+    let st = Command::new(&py)
+        .current_dir(root)
+        .arg("tests/routers/router_test.py")
+        .arg("--tandem")
+        .arg(tandem)
+        .arg("--bin-dir")
+        .arg(venv.join("bin"))
+        .arg("--real-model")
+        .arg(model)
+        .status()?;
+    if !st.success() {
+        bail!("the router scenarios failed (tests/routers/router_test.py)");
+    }
+    let st = Command::new(&py).current_dir(root).arg("tests/routers/kv_events_contract.py").arg("--tandem").arg(tandem).arg("--bin-dir").arg(venv.join("bin")).status()?;
+    if !st.success() {
+        bail!("the KV-event contract check failed (tests/routers/kv_events_contract.py)");
+    }
+    Ok(None)
 }

@@ -187,6 +187,12 @@ pub struct Args {
     /// Seconds running requests get to finish after SIGTERM / Ctrl-C.
     #[arg(long, default_value_t = 30)]
     shutdown_grace_s: u64,
+    /// Publish KV-cache events (blocks entering and leaving the prefix cache) on a ZeroMQ PUB
+    /// socket at `tcp://HOST:PORT` (`*` for every interface), in vLLM's KV event format, for
+    /// routers' KV-aware policies: `vllm-router --policy kv_aware --kv-event-source
+    /// URL=tcp://HOST:PORT`. docs/scale-out.md.
+    #[arg(long, value_name = "tcp://HOST:PORT")]
+    kv_events_endpoint: Option<String>,
     /// `auto`: the model's generation_config.json gives the sampling defaults under each
     /// request's values (vLLM's default); `vllm`: ignore it; or a folder holding one.
     #[arg(long, default_value = "auto")]
@@ -342,6 +348,14 @@ pub fn run(mut a: Args) -> Result<()> {
     };
     let mut engine_cfg = a.engine.engine_config(None)?;
     engine_cfg.seed = a.seed;
+    if let Some(endpoint) = &a.kv_events_endpoint {
+        if a.engine.no_prefix_caching {
+            anyhow::bail!("--kv-events-endpoint publishes the prefix cache's changes: it needs prefix caching (drop --no-prefix-caching)");
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        tandem_server::kv_events::spawn(endpoint, rx, a.engine.block_size).map_err(|e| anyhow::anyhow!("--kv-events-endpoint: {e}"))?;
+        engine_cfg.kv_events = Some(tx);
+    }
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let engine = TandemEngine::loading();
     let engine_at_exit = engine.clone();

@@ -21,6 +21,18 @@ use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeMap, HashMap};
 use std::hash::Hasher;
 
+/// A change to the prefix cache, for consumers of KV-cache events (vLLM's `BlockStored` and
+/// `BlockRemoved`; routers' KV-aware policies), recorded when [`BlockManager::record_events`]
+/// was called.
+#[derive(Debug, Clone, PartialEq)]
+pub enum KvEvent {
+    /// A full block entered the prefix cache under `hash`, chained from `parent` (None for
+    /// the first block of a sequence), holding `tokens` (`block_size` of them).
+    Stored { hash: u64, parent: Option<u64>, tokens: Vec<u32> },
+    /// The block cached under `hash` was evicted (reused for other tokens).
+    Removed { hash: u64 },
+}
+
 /// Hash of one full block, chained from the previous block's hash (0 for the first block).
 pub fn block_hash(parent: u64, tokens: &[u32]) -> u64 {
     // DefaultHasher::new() has fixed keys, so hashes are stable within and across runs.
@@ -71,6 +83,8 @@ pub struct BlockManager {
     pub prefix_queries_tokens: u64,
     /// Of those, tokens found cached.
     pub prefix_hits_tokens: u64,
+    /// Prefix-cache changes since the last [`Self::take_events`], when recording.
+    events: Option<Vec<KvEvent>>,
 }
 
 impl BlockManager {
@@ -86,7 +100,18 @@ impl BlockManager {
             tick: 0,
             prefix_queries_tokens: 0,
             prefix_hits_tokens: 0,
+            events: None,
         }
+    }
+
+    /// From now on, records every block entering and leaving the prefix cache.
+    pub fn record_events(&mut self) {
+        self.events.get_or_insert_with(Vec::new);
+    }
+
+    /// The prefix-cache changes recorded since the previous call, oldest first.
+    pub fn take_events(&mut self) -> Vec<KvEvent> {
+        self.events.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
     pub fn block_size(&self) -> usize {
@@ -200,6 +225,9 @@ impl BlockManager {
             if !self.cache.contains_key(&hash) && self.blocks[block as usize].cached.is_none() {
                 self.cache.insert(hash, block);
                 self.blocks[block as usize].cached = Some(CachedKey { hash, parent, tokens: chunk.into() });
+                if let Some(ev) = &mut self.events {
+                    ev.push(KvEvent::Stored { hash, parent: (i > 0).then_some(parent), tokens: chunk.to_vec() });
+                }
             }
             hashes.push(hash);
         }
@@ -251,6 +279,9 @@ impl BlockManager {
                 let (_, b) = self.evictable.pop_first()?;
                 let key = self.blocks[b as usize].cached.take().expect("evictable blocks are cached");
                 self.cache.remove(&key.hash);
+                if let Some(ev) = &mut self.events {
+                    ev.push(KvEvent::Removed { hash: key.hash });
+                }
                 b
             }
         };
@@ -326,6 +357,37 @@ mod tests {
         bm.free(&mut t, &mut h);
         assert_eq!(bm.num_free(), 11);
         bm.check_invariants([]).unwrap();
+    }
+
+    #[test]
+    fn records_stored_and_removed_events_when_asked() {
+        let mut bm = BlockManager::new(2, 4, true);
+        let (mut t, mut h) = (vec![], vec![]);
+        // Not recording: nothing kept.
+        assert!(bm.allocate(&mut t, &mut h, &[], 8, 8));
+        bm.cache_full_blocks(&t, &mut h, &toks(8, 0), 8);
+        assert!(bm.take_events().is_empty());
+        bm.free(&mut t, &mut h);
+        let mut bm = BlockManager::new(2, 4, true);
+        bm.record_events();
+        let prompt = toks(8, 0);
+        assert!(bm.allocate(&mut t, &mut h, &[], 8, 8));
+        bm.cache_full_blocks(&t, &mut h, &prompt, 8);
+        let first = h.clone();
+        assert_eq!(
+            bm.take_events(),
+            vec![
+                KvEvent::Stored { hash: first[0], parent: None, tokens: prompt[..4].to_vec() },
+                KvEvent::Stored { hash: first[1], parent: Some(first[0]), tokens: prompt[4..].to_vec() },
+            ]
+        );
+        assert!(bm.take_events().is_empty(), "taken once");
+        // Released, the blocks stay cached; another prompt needing both evicts them, the
+        // prefix's tail first.
+        bm.free(&mut t, &mut h);
+        assert!(bm.take_events().is_empty());
+        assert!(bm.allocate(&mut t, &mut h, &[], 8, 8));
+        assert_eq!(bm.take_events(), vec![KvEvent::Removed { hash: first[1] }, KvEvent::Removed { hash: first[0] }]);
     }
 
     #[test]

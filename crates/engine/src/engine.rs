@@ -69,6 +69,9 @@ pub struct EngineConfig {
     pub max_num_partial_prefills: usize,
     /// vLLM's `--max-long-partial-prefills` (0: no limit); at most `max_num_partial_prefills`.
     pub max_long_partial_prefills: usize,
+    /// Where to send the prefix cache's changes, one batch per step that had any (KV-cache
+    /// events for routers; see `tandem_server::kv_events`). None: not recorded.
+    pub kv_events: Option<std::sync::mpsc::Sender<Vec<crate::block_manager::KvEvent>>>,
 }
 
 impl Default for EngineConfig {
@@ -87,6 +90,7 @@ impl Default for EngineConfig {
             long_prefill_token_threshold: None,
             max_num_partial_prefills: 0,
             max_long_partial_prefills: 0,
+            kv_events: None,
         }
     }
 }
@@ -371,6 +375,8 @@ pub struct Engine {
     generation_tokens: u64,
     /// Set once by a fatal forward error; the engine serves nothing after it.
     failure: Arc<OnceLock<String>>,
+    /// Where each step's prefix-cache changes go (`EngineConfig::kv_events`).
+    kv_events: Option<std::sync::mpsc::Sender<Vec<crate::block_manager::KvEvent>>>,
 }
 
 impl Engine {
@@ -414,7 +420,7 @@ impl Engine {
         };
         let prefill = prefill_limits(&cfg, max_model_len)?;
         tracing::info!(?prefill, max_num_batched_tokens, "prefill scheduling");
-        let scheduler = Scheduler::new(SchedulerConfig {
+        let mut scheduler = Scheduler::new(SchedulerConfig {
             max_num_batched_tokens,
             max_num_seqs,
             policy: cfg.policy,
@@ -429,7 +435,11 @@ impl Engine {
         let (eos, vocab) = (model.eos_token_ids.clone(), model.vocab_size);
         let runner = Arc::new(Mutex::new(runner));
         let worker = Worker::spawn(runner.clone()).map_err(|e| EngineError::Config(format!("cannot start the model worker thread: {e}")))?;
+        if cfg.kv_events.is_some() {
+            scheduler.bm.record_events();
+        }
         Ok(Engine {
+            kv_events: cfg.kv_events.clone(),
             eos,
             vocab,
             runner,
@@ -522,6 +532,12 @@ impl Engine {
     /// Returns the sequences sent or landed, whichever is more.
     pub fn step(&mut self) -> usize {
         let ran = if self.async_scheduling { self.step_overlapped() } else { self.step_sync() };
+        if let Some(tx) = &self.kv_events {
+            let events = self.scheduler.bm.take_events();
+            if !events.is_empty() {
+                let _ = tx.send(events);
+            }
+        }
         self.update_stats();
         if let Ok(mut st) = self.stats.lock() {
             st.steps_total += 1;

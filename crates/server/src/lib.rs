@@ -22,6 +22,8 @@
 //!   request's time bound.
 //! - [`body`]: the response body, whole or streamed.
 //! - [`metrics`]: vLLM-named metrics in the Prometheus text format.
+//! - [`worker_api`]: what vLLM's and SGLang's routers ask a worker (`/get_load`,
+//!   `/get_server_info`, `/get_model_info`, `/health_generate`, `/flush_cache`).
 //! - [`test_support`]: a tiny tokenizer for tests, examples and benchmarks.
 //! - [`engine_client`]: the narrow interface to the engine; [`engine_adapter`] implements it for
 //!   `tandem_engine`.
@@ -54,6 +56,7 @@ pub mod config;
 pub mod cors;
 pub mod engine_adapter;
 pub mod engine_client;
+pub mod kv_events;
 pub mod error;
 pub mod metrics;
 pub mod openai;
@@ -68,6 +71,7 @@ pub mod tokenization;
 pub mod tool_parser;
 pub mod tool_stream;
 pub mod responses;
+pub mod worker_api;
 
 pub use config::ServerConfig;
 pub use engine_client::EngineClient;

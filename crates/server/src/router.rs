@@ -157,6 +157,15 @@ async fn route(state: Arc<AppState>, req: Request<Incoming>) -> Response<Respons
         "/v1/models" => Route::Models,
         p if p.starts_with("/v1/models/") => Route::Model(p["/v1/models/".len()..].to_string()),
         "/metrics" => Route::Metrics,
+        p if crate::worker_api::serves(p) => {
+            let r = if crate::worker_api::open(p) || authorized(&state, &req) {
+                crate::worker_api::route(&state, req).await.unwrap_or_else(|e| error_response(&e))
+            } else {
+                error_response(&ApiError::unauthorized())
+            };
+            log_plain(&method, &path, r.status(), start);
+            return r;
+        }
         _ => {
             let r = error_response(&ApiError::not_found(&path));
             log_plain(&method, &path, r.status(), start);

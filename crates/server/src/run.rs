@@ -130,6 +130,7 @@ impl Run {
             queue_time: None,
             label,
         };
+        state.tokens_in_flight.fetch_add(run.prompt_tokens * n, Ordering::Relaxed);
         for (i, req) in reqs.into_iter().enumerate() {
             match state.engine.submit(req) {
                 Ok(s) => {
@@ -245,6 +246,7 @@ impl Run {
             }
             if !d.token_ids.is_empty() {
                 self.completion_tokens += d.token_ids.len();
+                self.state.tokens_in_flight.fetch_add(d.token_ids.len(), Ordering::Relaxed);
                 m.generation_tokens.fetch_add(d.token_ids.len() as u64, Ordering::Relaxed);
                 match self.last_token[c] {
                     Some(prev) => m.itl.observe((now - prev).as_secs_f64()),
@@ -280,6 +282,7 @@ impl Run {
 
 impl Drop for Run {
     fn drop(&mut self) {
+        self.state.tokens_in_flight.fetch_sub(self.prompt_tokens * self.n + self.completion_tokens, Ordering::Relaxed);
         let mut cancelled = false;
         {
             let mut live = self.state.live.lock().unwrap_or_else(|e| e.into_inner());

@@ -46,6 +46,9 @@ pub struct AppState {
     /// Sequences (prompts x completions) submitted and not finished: bounded by
     /// `max_num_seqs + max_queued_requests` (see `run.rs`).
     pub in_flight: AtomicUsize,
+    /// Prompt tokens (times `n`) and generated tokens of the requests in flight: the load
+    /// SGLang's `/get_load` reports as `num_tokens` (see `worker_api.rs`).
+    pub tokens_in_flight: AtomicUsize,
     /// Engine requests in flight, so that shutdown can abort what outlives its deadline.
     pub live: Mutex<HashSet<RequestId>>,
     /// Source of response ids.
@@ -97,6 +100,7 @@ impl Server {
             model_name,
             queued: AtomicUsize::new(0),
             in_flight: AtomicUsize::new(0),
+            tokens_in_flight: AtomicUsize::new(0),
             live: Mutex::new(HashSet::new()),
             next_id: AtomicU64::new(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
             structured: OnceLock::new(),

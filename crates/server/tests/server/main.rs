@@ -16,3 +16,4 @@ mod scoring;
 mod structured;
 mod timeouts;
 mod vllm_api;
+mod worker_api;
