@@ -45,6 +45,14 @@ pub struct ServerConfig {
     pub tool_call_parser: Option<crate::tool_parser::ToolParser>,
     /// `--reasoning-parser`: a chat answer's `<think>` block goes to `reasoning_content`.
     pub reasoning_parser: Option<crate::reasoning::ReasoningParser>,
+    /// More names the model is served under (vLLM's `--served-model-name a b`: `Server::bind`
+    /// takes the first, these are the rest): listed by `/v1/models` and accepted as `model`.
+    pub served_model_names: Vec<String>,
+    /// Names accepted as `model` but not listed (the model directory's base name, which
+    /// earlier versions served).
+    pub model_aliases: Vec<String>,
+    /// `root` of `/v1/models` entries (vLLM: the model path); the served name when `None`.
+    pub model_root: Option<String>,
 }
 
 /// What a request that leaves a field out gets instead of the API's default: vLLM's
@@ -105,6 +113,9 @@ impl Default for ServerConfig {
             allowed_origins: Vec::new(),
             tool_call_parser: None,
             reasoning_parser: None,
+            served_model_names: Vec::new(),
+            model_aliases: Vec::new(),
+            model_root: None,
         }
     }
 }

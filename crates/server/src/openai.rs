@@ -79,9 +79,20 @@ pub(crate) fn parse_json(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
     }
 }
 
+/// One name only; [`check_served`] accepts every name the server answers to.
+#[allow(dead_code)]
 pub(crate) fn check_model(f: &Fields, served: &str) -> Result<(), ApiError> {
     match f.str("model")? {
         Some(m) if m != served => Err(ApiError::unknown_model(m, served)),
+        _ => Ok(()),
+    }
+}
+
+/// [`check_model`] against every name the server answers to (`--served-model-name a b`, and
+/// the model directory's base name).
+pub(crate) fn check_served(f: &Fields, state: &AppState) -> Result<(), ApiError> {
+    match f.str("model")? {
+        Some(m) if !state.serves(m) => Err(ApiError::unknown_model(m, &state.model_name)),
         _ => Ok(()),
     }
 }
@@ -211,7 +222,7 @@ impl Job {
     pub fn completions(state: &AppState, body: &[u8]) -> Result<Job, ApiError> {
         let o = parse_json(body)?;
         let f = Fields(&o);
-        check_model(&f, &state.model_name)?;
+        check_served(&f, state)?;
         refuse_unsupported(&f, Api::Completions)?;
         let vocab = state.config.vocab_size;
         let p = parse_params(&f, Api::Completions, vocab, &state.config.sampling_defaults)?;
@@ -224,7 +235,7 @@ impl Job {
     pub fn chat(state: &AppState, body: &[u8]) -> Result<Job, ApiError> {
         let o = parse_json(body)?;
         let f = Fields(&o);
-        check_model(&f, &state.model_name)?;
+        check_served(&f, state)?;
         refuse_unsupported(&f, Api::Chat)?;
         if f.bool("echo")? == Some(true) {
             return Err(ApiError::invalid("echo", "`echo` is not supported on chat completions"));
@@ -327,24 +338,22 @@ impl Job {
         }
     }
 
-    /// One engine request per prompt, with `max_tokens` fitted to the context.
+    /// One engine request per prompt, with `max_tokens` fitted to the context: as vLLM 0.32
+    /// (`get_max_tokens`), a `max_tokens` larger than the room the prompt leaves is trimmed to
+    /// it (the output ends with `length`); a prompt that leaves no room is refused.
     pub fn requests(&self, state: &AppState) -> Result<Vec<GenerateRequest>, ApiError> {
         let ctx = state.max_model_len();
         let param = self.prompt_param();
-        let max_name = if self.api == Api::Chat { "max_completion_tokens" } else { "max_tokens" };
         self.prompts
             .iter()
             .map(|prompt| {
                 let len = prompt.len();
                 if len >= ctx {
-                    return Err(ApiError::invalid(param, format!("the prompt has {len} tokens, but this model's context length is {ctx} tokens (room is needed for at least one output token)")));
+                    return Err(ApiError::context_overflow(param, ctx, len, self.p.max_tokens.unwrap_or(1).max(1)));
                 }
                 let room = ctx - len;
                 let max_tokens = match self.p.max_tokens {
-                    Some(m) if m > room => {
-                        return Err(ApiError::invalid(max_name, format!("this model's context length is {ctx} tokens; the prompt has {len} tokens and {m} output tokens were asked for ({} in all)", len + m)));
-                    }
-                    Some(m) => m,
+                    Some(m) => m.min(room),
                     None => match state.config.sampling_defaults.max_tokens {
                         Some(m) => m.min(room),
                         None if self.api == Api::Chat => room,

@@ -168,9 +168,9 @@ async fn route(state: Arc<AppState>, req: Request<Incoming>) -> Response<Respons
         Route::Metrics => metrics(&state),
         Route::Models if anthropic => json_response(StatusCode::OK, &crate::anthropic::models(&state)),
         Route::Models => models(&state),
-        Route::Model(id) if id != state.model_name => error_response(&ApiError::unknown_model(&id, &state.model_name)),
+        Route::Model(id) if !state.serves(&id) => error_response(&ApiError::unknown_model(&id, &state.model_name)),
         Route::Model(_) if anthropic => json_response(StatusCode::OK, &crate::anthropic::model_info(&state)),
-        Route::Model(_) => json_response(StatusCode::OK, &model_entry(&state)),
+        Route::Model(id) => json_response(StatusCode::OK, &model_entry(&state, &id)),
         _ if method != Method::POST => error_response(&ApiError::method_not_allowed(method.as_str(), &path, "POST")).with_allow("POST"),
         Route::Tokenize | Route::Detokenize => {
             let f = if matches!(route, Route::Tokenize) { crate::tokenization::tokenize } else { crate::tokenization::detokenize };
@@ -238,14 +238,17 @@ fn health(state: &AppState) -> Response<ResponseBody> {
     }
 }
 
-/// The served model as OpenAI's (and vLLM's) model object.
-fn model_entry(state: &AppState) -> serde_json::Value {
+/// The served model under the name `id` as OpenAI's (and vLLM's) model object.
+fn model_entry(state: &AppState, id: &str) -> serde_json::Value {
     let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    json!({"id": state.model_name, "object": "model", "created": created, "owned_by": "tandem", "root": state.model_name, "max_model_len": state.max_model_len()})
+    let root = state.config.model_root.as_deref().unwrap_or(&state.model_name);
+    json!({"id": id, "object": "model", "created": created, "owned_by": "tandem", "root": root, "parent": null, "max_model_len": state.max_model_len()})
 }
 
+/// One entry per served name (vLLM lists each of `--served-model-name a b`).
 fn models(state: &AppState) -> Response<ResponseBody> {
-    json_response(StatusCode::OK, &json!({"object": "list", "data": [model_entry(state)]}))
+    let data: Vec<_> = std::iter::once(&state.model_name).chain(&state.config.served_model_names).map(|n| model_entry(state, n)).collect();
+    json_response(StatusCode::OK, &json!({"object": "list", "data": data}))
 }
 
 fn metrics(state: &AppState) -> Response<ResponseBody> {

@@ -63,6 +63,11 @@ impl AppState {
         self.engine.max_model_len().unwrap_or(self.config.max_model_len)
     }
 
+    /// Whether `name` is one this server answers to as a request's `model`.
+    pub fn serves(&self, name: &str) -> bool {
+        name == self.model_name || self.config.served_model_names.iter().chain(&self.config.model_aliases).any(|n| n == name)
+    }
+
     /// The structured-output compiler, or why this server has none.
     pub fn structured(&self) -> Result<&Arc<Structured>, &str> {
         match self.structured.get() {

@@ -13,14 +13,14 @@
 use serde_json::{json, Value};
 
 use crate::error::ApiError;
-use crate::openai::{check_model, normalize_messages, parse_json};
+use crate::openai::{check_served, normalize_messages, parse_json};
 use crate::params::Fields;
 use crate::server::AppState;
 
 pub fn tokenize(state: &AppState, body: &[u8]) -> Result<Value, ApiError> {
     let o = parse_json(body)?;
     let f = Fields(&o);
-    check_model(&f, &state.model_name)?;
+    check_served(&f, state)?;
     let tok = &state.tokenizer;
     let tokens = match (f.get("prompt"), f.get("messages")) {
         (Some(_), Some(_)) => return Err(ApiError::invalid("messages", "give `prompt` or `messages`, not both")),
@@ -57,7 +57,7 @@ pub fn tokenize(state: &AppState, body: &[u8]) -> Result<Value, ApiError> {
 pub fn detokenize(state: &AppState, body: &[u8]) -> Result<Value, ApiError> {
     let o = parse_json(body)?;
     let f = Fields(&o);
-    check_model(&f, &state.model_name)?;
+    check_served(&f, state)?;
     let vocab = state.config.vocab_size;
     let shape = || ApiError::invalid("tokens", "`tokens` must be a list of token ids");
     let ids: Vec<u32> = match f.get("tokens") {
