@@ -210,12 +210,38 @@ pub(crate) fn normalize_messages(v: Option<&Value>) -> Result<Vec<Value>, ApiErr
 /// The prompt's ids of a chat: messages (and tools, and `chat_template_kwargs`) through the
 /// model's chat template.
 pub(crate) fn render_chat(state: &AppState, msgs: &[Value], tools: Option<&structured::Tools>, add_gen: bool, kwargs: Option<&Map<String, Value>>) -> Result<Vec<u32>, ApiError> {
+    render_chat_continued(state, msgs, tools, add_gen, false, kwargs)
+}
+
+/// [`render_chat`], with the last message left open when `continue_final` (vLLM's
+/// `continue_final_message`).
+pub(crate) fn render_chat_continued(state: &AppState, msgs: &[Value], tools: Option<&structured::Tools>, add_gen: bool, continue_final: bool, kwargs: Option<&Map<String, Value>>) -> Result<Vec<u32>, ApiError> {
+    let text = chat_text(state, msgs, tools, add_gen, continue_final, kwargs)?;
+    // The template writes the BOS itself.
+    state.tokenizer.encode(&text, false).map_err(|e| ApiError::invalid("messages", format!("cannot tokenize the rendered chat: {e}")))
+}
+
+/// The rendered chat text. With `continue_final`, what follows the last message's content is
+/// cut off (its end-of-turn markup), as transformers' `continue_final_message` cuts it: after
+/// the last place the content, stripped, appears.
+pub(crate) fn chat_text(state: &AppState, msgs: &[Value], tools: Option<&structured::Tools>, add_gen: bool, continue_final: bool, kwargs: Option<&Map<String, Value>>) -> Result<String, ApiError> {
+    if continue_final && add_gen {
+        return Err(ApiError::invalid("continue_final_message", "Cannot set both `continue_final_message` and `add_generation_prompt` to True."));
+    }
     let text = state
         .tokenizer
         .apply_chat_template_with_kwargs(msgs, tools.map(|t| t.list.as_slice()), add_gen, kwargs)
         .map_err(|e| ApiError::invalid("messages", format!("cannot apply the chat template: {e}")))?;
-    // The template writes the BOS itself.
-    state.tokenizer.encode(&text, false).map_err(|e| ApiError::invalid("messages", format!("cannot tokenize the rendered chat: {e}")))
+    if !continue_final {
+        return Ok(text);
+    }
+    let last = msgs.last().and_then(|m| m.get("content")).and_then(Value::as_str).unwrap_or_default();
+    let Some(at) = text.rfind(last.trim()) else {
+        return Err(ApiError::invalid("continue_final_message", "`continue_final_message` is set but the final message does not appear in the chat after applying the chat template"));
+    };
+    // The content kept whole (trailing whitespace too) when it has no leading whitespace.
+    let end = if last.trim_start().len() == last.len() && text[at..].starts_with(last) { at + last.len() } else { at + last.trim().len() };
+    Ok(text[..end].to_string())
 }
 
 impl Job {
@@ -245,7 +271,9 @@ impl Job {
         let guide = structured::parse_guide(&f)?;
         let tools = structured::parse_tools(&f)?;
         let msgs = normalize_messages(f.get("messages"))?;
-        let add_gen = f.bool("add_generation_prompt")?.unwrap_or(true);
+        // vLLM: the assistant turn is opened unless the last message is continued; asking for
+        // both is a 400 (in `chat_text`).
+        let add_gen = f.bool("add_generation_prompt")?.unwrap_or(!p.continue_final_message);
         // vLLM's extra template variables (Qwen3's `enable_thinking`, ...).
         let kwargs = match f.get("chat_template_kwargs") {
             None => None,
@@ -284,7 +312,7 @@ impl Job {
                 ToolChoice::None => None,
             };
         }
-        let ids = render_chat(state, msgs, tools, add_gen, kwargs)?;
+        let ids = render_chat_continued(state, msgs, tools, add_gen, p.continue_final_message, kwargs)?;
         // A forced call's text is the constrained JSON from its first token: nothing to split.
         let reasoning = state.config.reasoning_parser.filter(|_| guide.is_none()).map(|r| {
             let tail = state.tokenizer.decode(&ids[ids.len().saturating_sub(8)..], false).unwrap_or_default();

@@ -81,3 +81,33 @@ async fn context_overflow_is_recognisable() {
         }
     }
 }
+
+/// `continue_final_message` continues the last (assistant) message instead of closing it: the
+/// prompt ends with its content, in chat and /tokenize alike; `add_generation_prompt: false`
+/// closes it without opening a new turn; both true is vLLM's 400.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn continue_final_message_prefills_the_answer() {
+    let s = TestServer::start(Setup::default()).await;
+    let msgs = json!([{"role": "user", "content": "hello"}, {"role": "assistant", "content": "the cat"}]);
+    let tok = &s.tokenizer;
+    let open = tok.encode("<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\nthe cat", false).unwrap();
+    let closed = tok.encode("<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\nthe cat<|im_end|>\n", false).unwrap();
+    let r = post(s.addr, "/tokenize", &json!({"messages": msgs, "continue_final_message": true})).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["tokens"], json!(open));
+    let r = post(s.addr, "/tokenize", &json!({"messages": msgs, "add_generation_prompt": false})).await;
+    assert_eq!(r.json()["tokens"], json!(closed));
+    // The chat answer continues the open message: greedy after its ids.
+    let r = post(s.addr, "/v1/chat/completions", &json!({"messages": msgs, "continue_final_message": true, "add_generation_prompt": false, "max_tokens": 4, "temperature": 0})).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["usage"]["prompt_tokens"].as_u64(), Some(open.len() as u64), "{v}");
+    assert_eq!(v["choices"][0]["message"]["content"], expected_text(tok, &open, &greedy_ids(&open, 4)).as_str());
+    for path in ["/v1/chat/completions", "/tokenize"] {
+        let r = post(s.addr, path, &json!({"messages": msgs, "continue_final_message": true, "add_generation_prompt": true})).await;
+        assert_eq!(r.status, 400, "{}", r.text());
+        let e = &r.json()["error"];
+        assert_eq!(e["message"], "Cannot set both `continue_final_message` and `add_generation_prompt` to True.");
+        assert_eq!(e["param"], "continue_final_message");
+    }
+}

@@ -60,7 +60,7 @@ async fn tokenizer_endpoints_refuse_bad_input_naming_the_field() {
         ("/tokenize", json!({"prompt": 5}), 400, "prompt"),
         ("/tokenize", json!({"prompt": "x", "messages": chat_msgs()}), 400, "messages"),
         ("/tokenize", json!({"messages": "hi"}), 400, "messages"),
-        ("/tokenize", json!({"messages": chat_msgs(), "continue_final_message": true}), 400, "continue_final_message"),
+        ("/tokenize", json!({"messages": chat_msgs(), "continue_final_message": true, "add_generation_prompt": true}), 400, "continue_final_message"),
         ("/tokenize", json!({"prompt": "x", "add_special_tokens": "yes"}), 400, "add_special_tokens"),
         ("/tokenize", json!({"prompt": "x", "model": "gpt-9"}), 404, "model"),
         ("/detokenize", json!({}), 400, "tokens"),
