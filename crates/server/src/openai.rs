@@ -113,9 +113,6 @@ fn refuse_unsupported(f: &Fields, api: Api) -> Result<(), ApiError> {
             return Err(ApiError::invalid(name, format!("`{name}` is not supported by this server{why}")));
         }
     }
-    if f.i64("best_of")?.is_some_and(|b| b > 1) {
-        return Err(ApiError::invalid("best_of", "`best_of` > 1 is not supported by this server; use `n`"));
-    }
     Ok(())
 }
 
@@ -393,6 +390,11 @@ impl Job {
                 }
                 let mut params = self.p.params.clone();
                 params.max_tokens = max_tokens;
+                if let Some(b) = self.p.best_of {
+                    // Ranked by cumulative logprob: the sampled tokens' logprobs are needed.
+                    params.n = b;
+                    params.logprobs.get_or_insert(0);
+                }
                 Ok(GenerateRequest { prompt: prompt.clone(), params, priority: self.p.priority })
             })
             .collect()
@@ -520,7 +522,11 @@ fn chat_logprob_entries(tok: &Tokenizer, lps: &[TokenLogprob]) -> Vec<Value> {
 }
 
 fn usage(run: &Run) -> Value {
-    json!({"prompt_tokens": run.prompt_tokens, "completion_tokens": run.completion_tokens, "total_tokens": run.prompt_tokens + run.completion_tokens})
+    usage_of(run.prompt_tokens, run.completion_tokens)
+}
+
+fn usage_of(prompt: usize, completion: usize) -> Value {
+    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
 }
 
 /// One choice of a whole (non-streamed) response.
@@ -533,6 +539,36 @@ pub struct ChoiceAcc {
     pub finish: Option<FinishReason>,
     /// The stop string that ended the text, when one did.
     pub stop_string: Option<String>,
+    /// Its last token (the stop token, when one ended it) and how many it has.
+    pub last_token: Option<u32>,
+    pub tokens: usize,
+    /// The sum of its tokens' logprobs (when logprobs were computed).
+    pub cum_logprob: f64,
+}
+
+/// vLLM's `stop_reason`: the stop string or stop token id that ended a choice; null for
+/// anything else (EOS, a complete grammar, `length`).
+fn stop_reason(finish: Option<&FinishReason>, stop_string: Option<&str>, last_token: Option<u32>, stop_ids: &[u32]) -> Value {
+    match (finish, stop_string) {
+        (Some(FinishReason::Stop), Some(s)) => json!(s),
+        (Some(FinishReason::Stop), None) => last_token.filter(|t| stop_ids.contains(t)).map_or(Value::Null, |t| json!(t)),
+        _ => Value::Null,
+    }
+}
+
+/// `best_of`: of each prompt's `best_of` choices, the `n` of highest cumulative logprob,
+/// best first (vLLM's order).
+fn best_of(choices: Vec<ChoiceAcc>, best_of: usize, n: usize) -> Vec<ChoiceAcc> {
+    let mut out = Vec::with_capacity(choices.len() / best_of.max(1) * n);
+    let mut it = choices.into_iter();
+    loop {
+        let mut group: Vec<ChoiceAcc> = it.by_ref().take(best_of).collect();
+        if group.is_empty() {
+            return out;
+        }
+        group.sort_by(|a, b| b.cum_logprob.total_cmp(&a.cum_logprob));
+        out.extend(group.into_iter().take(n));
+    }
 }
 
 /// Waits for the whole run and gathers each choice's text. Engine failures become 500, a
@@ -548,6 +584,9 @@ pub async fn collect(run: &mut Run) -> Result<Vec<ChoiceAcc>, ApiError> {
             }
             let Some(c) = acc.get_mut(p * run.n + d.index) else { continue };
             c.text.push_str(&d.text);
+            c.tokens += d.token_ids.len();
+            c.last_token = d.token_ids.last().copied().or(c.last_token);
+            c.cum_logprob += d.logprobs.iter().map(|l| l.logprob as f64).sum::<f64>();
             c.logprobs.extend(d.logprobs);
             if d.finish.is_some() {
                 c.finish = d.finish;
@@ -573,13 +612,24 @@ pub async fn collect(run: &mut Run) -> Result<Vec<ChoiceAcc>, ApiError> {
 pub fn response(job: &Job, meta: &ResponseMeta, run: &Run, choices: Vec<ChoiceAcc>, tok: &Tokenizer) -> Value {
     let want_lp = job.p.params.logprobs.is_some();
     let finish = |c: &ChoiceAcc| c.finish.as_ref().map_or("stop", FinishReason::as_str);
+    let stop_ids = &job.p.params.stop_token_ids;
+    let stop_reason = |c: &ChoiceAcc| stop_reason(c.finish.as_ref(), c.stop_string.as_deref(), c.last_token, stop_ids);
+    // `best_of`: the best `n` of each prompt's choices, and only theirs counted.
+    let (choices, n, usage) = match job.p.best_of {
+        Some(b) => {
+            let kept = best_of(choices, b, job.p.params.n);
+            let completion = kept.iter().map(|c| c.tokens).sum();
+            (kept, job.p.params.n, usage_of(run.prompt_tokens, completion))
+        }
+        None => (choices, run.n, usage(run)),
+    };
     match job.api {
         Api::Completions => {
             let choices: Vec<Value> = choices
                 .iter()
                 .enumerate()
                 .map(|(i, c)| {
-                    let p = i / run.n.max(1);
+                    let p = i / n.max(1);
                     let (text, lp) = match job.echo_texts.get(p) {
                         Some(echo) => {
                             let lp = if want_lp { echo_logprobs(tok, &job.prompts[p], c.prompt_logprobs.as_deref(), &c.logprobs, &mut 0) } else { Value::Null };
@@ -587,14 +637,15 @@ pub fn response(job: &Job, meta: &ResponseMeta, run: &Run, choices: Vec<ChoiceAc
                         }
                         None => (c.text.clone(), if want_lp { completion_logprobs(tok, &c.logprobs, &mut 0) } else { Value::Null }),
                     };
-                    let mut choice = json!({"index": i, "text": text, "logprobs": lp, "finish_reason": finish(c)});
+                    // vLLM's null keys: `prompt_logprobs` unless asked, `token_ids`.
+                    let mut choice = json!({"index": i, "text": text, "logprobs": lp, "finish_reason": finish(c), "stop_reason": stop_reason(c), "prompt_logprobs": null, "token_ids": null});
                     if job.p.explicit_prompt_logprobs {
                         choice["prompt_logprobs"] = c.prompt_logprobs.as_deref().map_or(Value::Null, |l| vllm_prompt_logprobs(tok, l));
                     }
                     choice
                 })
                 .collect();
-            json!({"id": meta.id, "object": "text_completion", "created": meta.created, "model": meta.model, "choices": choices, "usage": usage(run)})
+            json!({"id": meta.id, "object": "text_completion", "created": meta.created, "model": meta.model, "choices": choices, "usage": usage})
         }
         Api::Chat => {
             let prompt_lps = choices.first().and_then(|c| c.prompt_logprobs.clone());
@@ -610,7 +661,8 @@ pub fn response(job: &Job, meta: &ResponseMeta, run: &Run, choices: Vec<ChoiceAc
                     let (content, calls, finish) = tool_message(job.tool_output.as_ref(), &text, finish(c));
                     // vLLM: an answer that was all thinking has null content.
                     let content = content.filter(|c| !(job.reasoning.is_some() && c.is_empty()));
-                    let mut message = json!({"role": "assistant", "content": content});
+                    // vLLM's null keys: `refusal`, and `reasoning` without a reasoning parser.
+                    let mut message = json!({"role": "assistant", "content": content, "refusal": null, "reasoning": null});
                     if job.reasoning.is_some() {
                         message["reasoning_content"] = json!(reasoning);
                         message["reasoning"] = json!(reasoning);
@@ -618,17 +670,17 @@ pub fn response(job: &Job, meta: &ResponseMeta, run: &Run, choices: Vec<ChoiceAc
                     if !calls.is_empty() {
                         message["tool_calls"] = calls.iter().map(|t| structured::tool_call_json(t, &structured::tool_call_id(), None)).collect();
                     }
-                    json!({"index": i, "message": message, "logprobs": lp, "finish_reason": finish})
+                    json!({"index": i, "message": message, "logprobs": lp, "finish_reason": finish, "stop_reason": stop_reason(c), "token_ids": null})
                 })
                 .collect();
-            let mut v = json!({"id": meta.id, "object": "chat.completion", "created": meta.created, "model": meta.model, "choices": choices, "usage": usage(run)});
+            let mut v = json!({"id": meta.id, "object": "chat.completion", "created": meta.created, "model": meta.model, "choices": choices, "usage": usage, "prompt_logprobs": null});
             if job.p.explicit_prompt_logprobs {
                 v["prompt_logprobs"] = prompt_lps.as_deref().map_or(Value::Null, |l| vllm_prompt_logprobs(tok, l));
             }
             v
         }
-        Api::Generate if job.multi => json!({"texts": choices.iter().map(|c| c.text.clone()).collect::<Vec<_>>(), "usage": usage(run)}),
-        Api::Generate => json!({"text": choices.first().map(|c| c.text.clone()).unwrap_or_default(), "usage": usage(run)}),
+        Api::Generate if job.multi => json!({"texts": choices.iter().map(|c| c.text.clone()).collect::<Vec<_>>(), "usage": usage}),
+        Api::Generate => json!({"text": choices.first().map(|c| c.text.clone()).unwrap_or_default(), "usage": usage}),
     }
 }
 
@@ -642,6 +694,10 @@ pub struct StreamFormatter {
     tok: Arc<Tokenizer>,
     num_choices: usize,
     include_usage: bool,
+    /// `continuous_usage_stats`: every chunk's usage so far (prompt, completion tokens), else null.
+    continuous_usage: bool,
+    usage_now: (usize, usize),
+    stop_ids: Vec<u32>,
     want_logprobs: bool,
     /// Completions: text offset of each choice's next token.
     offsets: Vec<usize>,
@@ -712,6 +768,9 @@ impl StreamFormatter {
             tok,
             num_choices,
             include_usage: job.p.include_usage,
+            continuous_usage: job.p.continuous_usage,
+            usage_now: (job.prompts.iter().map(Vec::len).sum(), 0),
+            stop_ids: job.p.params.stop_token_ids.clone(),
             want_logprobs: job.p.params.logprobs.is_some(),
             offsets: vec![0; num_choices],
             envelope,
@@ -739,7 +798,7 @@ impl StreamFormatter {
                 if i > 0 {
                     out.push(',');
                 }
-                let _ = write!(out, "{{\"index\":{i},\"delta\":{{\"role\":\"assistant\",\"content\":\"\"}},\"logprobs\":null,\"finish_reason\":null}}");
+                let _ = write!(out, "{{\"index\":{i},\"delta\":{{\"role\":\"assistant\",\"content\":\"\"}},\"logprobs\":null,\"finish_reason\":null,\"stop_reason\":null}}");
             }
             self.close_chunk(&mut out);
         }
@@ -748,13 +807,17 @@ impl StreamFormatter {
 
     fn close_chunk(&self, out: &mut String) {
         out.push(']');
-        if self.include_usage {
+        if self.continuous_usage {
+            let (p, c) = self.usage_now;
+            let _ = write!(out, ",\"usage\":{{\"prompt_tokens\":{p},\"completion_tokens\":{c},\"total_tokens\":{}}}", p + c);
+        } else if self.include_usage {
             out.push_str(",\"usage\":null");
         }
         out.push_str("}\n\n");
     }
 
     pub fn update(&mut self, out: &mut String, run: &Run, prompt: usize, upd: &EngineUpdate) {
+        self.usage_now = (run.prompt_tokens, run.completion_tokens);
         let mut opened = false;
         for d in &upd.deltas {
             let index = prompt * run.n + d.index;
@@ -836,11 +899,16 @@ impl StreamFormatter {
                 let pl = self.prompt_lps[prompt].as_deref().map_or(Value::Null, |l| vllm_prompt_logprobs(&self.tok, l));
                 let _ = write!(out, ",\"prompt_logprobs\":{pl}");
             }
+            // vLLM: the first echo chunk carries the prompt's ids.
+            if echo {
+                let _ = write!(out, ",\"prompt_token_ids\":{}", json!(self.prompts[prompt]));
+            }
             match finish {
                 Some(f) => {
-                    let _ = write!(out, ",\"finish_reason\":\"{f}\"}}");
+                    let sr = stop_reason(d.finish.as_ref(), d.stop_string.as_deref(), d.token_ids.last().copied(), &self.stop_ids);
+                    let _ = write!(out, ",\"finish_reason\":\"{f}\",\"stop_reason\":{sr}}}");
                 }
-                None => out.push_str(",\"finish_reason\":null}"),
+                None => out.push_str(",\"finish_reason\":null,\"stop_reason\":null}"),
             }
         }
         if opened {
@@ -900,7 +968,8 @@ impl StreamFormatter {
         let first = !self.echoed[index];
         self.echoed[index] = true;
         let lp = if self.want_logprobs { json!({"content": chat_logprob_entries(&self.tok, &lps)}) } else { Value::Null };
-        let mut v = json!({"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish});
+        let sr = stop_reason(d.finish.as_ref(), d.stop_string.as_deref(), d.token_ids.last().copied(), &self.stop_ids);
+        let mut v = json!({"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish, "stop_reason": sr});
         if first && self.explicit_prompt_lps {
             v["prompt_logprobs"] = self.prompt_lps[prompt].as_deref().map_or(Value::Null, |l| vllm_prompt_logprobs(&self.tok, l));
         }

@@ -116,6 +116,9 @@ pub struct ParsedParams {
     pub continue_final_message: bool,
     /// vLLM's `stream_options.continuous_usage_stats`: every streamed chunk carries `usage`.
     pub continuous_usage: bool,
+    /// Completions' `best_of` above `n`: this many are generated, the `n` of highest
+    /// cumulative logprob answered.
+    pub best_of: Option<usize>,
 }
 
 /// Reads the sampling fields shared by every endpoint. `vocab` bounds `stop_token_ids`;
@@ -248,7 +251,14 @@ pub fn parse_params(f: &Fields, api: Api, vocab: usize, defaults: &SamplingDefau
         None => (false, false),
     };
     let continue_final_message = api == Api::Chat && f.bool("continue_final_message")?.unwrap_or(false);
-    Ok(ParsedParams { params: p, max_tokens, priority, stream, include_usage, echo, explicit_prompt_logprobs, continue_final_message, continuous_usage })
+    let best_of = match f.int_in("best_of", 1, MAX_N as i64)?.map(|b| b as usize) {
+        Some(b) if b < p.n => return Err(ApiError::invalid("best_of", format!("`best_of` ({b}) must be at least `n` ({})", p.n))),
+        Some(b) if b > p.n && stream => return Err(ApiError::invalid("best_of", "`best_of` > `n` cannot be streamed (the best are known only at the end)")),
+        Some(b) if b > p.n && api != Api::Completions => return Err(ApiError::invalid("best_of", "`best_of` is read on completions only")),
+        Some(b) if b > p.n => Some(b),
+        _ => None,
+    };
+    Ok(ParsedParams { params: p, max_tokens, priority, stream, include_usage, echo, explicit_prompt_logprobs, continue_final_message, continuous_usage, best_of })
 }
 
 #[cfg(test)]

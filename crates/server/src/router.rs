@@ -134,6 +134,13 @@ async fn route(state: Arc<AppState>, req: Request<Incoming>) -> Response<Respons
                 _ => error_response(&ApiError::method_not_allowed(method.as_str(), &path, "GET")).with_allow("GET, HEAD"),
             };
         }
+        // vLLM's (SageMaker's) liveness probe: /health's answer, to GET and POST.
+        "/ping" => {
+            return match method {
+                Method::GET | Method::HEAD | Method::POST => health(&state),
+                _ => error_response(&ApiError::method_not_allowed(method.as_str(), &path, "GET or POST")).with_allow("GET, HEAD, POST"),
+            };
+        }
         "/version" => {
             let r = match method {
                 Method::GET | Method::HEAD => json_response(StatusCode::OK, &json!({"version": env!("CARGO_PKG_VERSION")})),

@@ -239,7 +239,9 @@ pub fn parse_tools(f: &Fields) -> Result<Option<Tools>, ApiError> {
     let choice = f.get("tool_choice");
     let Some(list) = list else {
         return match choice {
+            // vLLM (and OpenAI) take "none" without tools: nothing to call, nothing to refuse.
             None => Ok(None),
+            Some(Value::String(c)) if c == "none" => Ok(None),
             Some(_) => Err(ApiError::invalid("tool_choice", "`tool_choice` needs `tools`")),
         };
     };

@@ -111,3 +111,112 @@ async fn continue_final_message_prefills_the_answer() {
         assert_eq!(e["param"], "continue_final_message");
     }
 }
+
+/// `/ping` answers as `/health`, to GET and POST (vLLM's SageMaker probe).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ping_is_health() {
+    let s = TestServer::start(Setup::default()).await;
+    for method in ["GET", "POST"] {
+        let r = request(s.addr, method, "/ping", &[], bytes::Bytes::new()).await;
+        assert_eq!(r.status, 200, "{method}");
+    }
+    assert_eq!(request(s.addr, "DELETE", "/ping", &[], bytes::Bytes::new()).await.status, 405);
+}
+
+/// `best_of: 4, n: 2`: four sampled, the two of highest cumulative logprob answered, best
+/// first. Seeded sampling keys each draw by completion index, so `n: 4` with the same seed
+/// shows the four candidates.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn best_of_keeps_the_n_most_likely() {
+    let s = TestServer::start(Setup::default()).await;
+    let all = post(s.addr, "/v1/completions", &json!({"prompt": "the cat", "n": 4, "max_tokens": 6, "temperature": 1.5, "seed": 7, "logprobs": 0})).await.json();
+    let mut cands: Vec<(f64, String)> = all["choices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["logprobs"]["token_logprobs"].as_array().unwrap().iter().map(|l| l.as_f64().unwrap()).sum(), c["text"].as_str().unwrap().to_string()))
+        .collect();
+    cands.sort_by(|a, b| b.0.total_cmp(&a.0));
+    let r = post(s.addr, "/v1/completions", &json!({"prompt": "the cat", "n": 2, "best_of": 4, "max_tokens": 6, "temperature": 1.5, "seed": 7})).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    let texts: Vec<&str> = v["choices"].as_array().unwrap().iter().map(|c| c["text"].as_str().unwrap()).collect();
+    assert_eq!(texts, [cands[0].1.as_str(), cands[1].1.as_str()], "{cands:?}");
+    assert_eq!(v["choices"][1]["index"], 1);
+    assert!(v["choices"][0]["logprobs"].is_null(), "logprobs were not asked for: {v}");
+    assert_eq!(v["usage"]["completion_tokens"], 12, "the answered choices' tokens: {v}");
+}
+
+/// `stop_reason`: the stop string or stop token id that ended a choice, null otherwise; and
+/// the keys vLLM sends as null are there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_reason_and_null_keys() {
+    let s = TestServer::start(Setup::default()).await;
+    let prompt: Vec<u32> = vec![5, 6, 7];
+    let ids = greedy_ids(&prompt, 8);
+    let stop_word = s.tokenizer.decode(&[ids[2]], false).unwrap();
+    let r = post(s.addr, "/v1/completions", &json!({"prompt": prompt, "max_tokens": 8, "temperature": 0, "stop": [stop_word.trim()]})).await.json();
+    assert_eq!(r["choices"][0]["finish_reason"], "stop", "{r}");
+    assert_eq!(r["choices"][0]["stop_reason"], stop_word.trim(), "{r}");
+    assert!(r["choices"][0]["prompt_logprobs"].is_null() && r["choices"][0]["token_ids"].is_null() && r["choices"][0].get("token_ids").is_some(), "{r}");
+    let r = post(s.addr, "/v1/completions", &json!({"prompt": prompt, "max_tokens": 8, "temperature": 0, "stop_token_ids": [ids[3]]})).await.json();
+    assert_eq!((r["choices"][0]["finish_reason"].as_str(), r["choices"][0]["stop_reason"].as_u64()), (Some("stop"), Some(ids[3] as u64)), "{r}");
+    let r = post(s.addr, "/v1/completions", &json!({"prompt": prompt, "max_tokens": 2})).await.json();
+    assert!(r["choices"][0]["stop_reason"].is_null() && r["choices"][0].get("stop_reason").is_some(), "{r}");
+    let r = post(s.addr, "/v1/chat/completions", &json!({"messages": chat("hi"), "max_tokens": 8, "temperature": 0, "stop_token_ids": [ids[0]]})).await.json();
+    let c = &r["choices"][0];
+    for key in ["refusal", "reasoning"] {
+        assert!(c["message"].get(key).is_some_and(Value::is_null), "{key}: {r}");
+    }
+    assert!(c.get("stop_reason").is_some() && c.get("token_ids").is_some_and(Value::is_null) && r.get("prompt_logprobs").is_some_and(Value::is_null), "{r}");
+    // Streamed: the finishing chunk names it.
+    let r = post(s.addr, "/v1/completions", &json!({"prompt": prompt, "max_tokens": 8, "temperature": 0, "stop_token_ids": [ids[3]], "stream": true})).await;
+    let ev = sse_json(&r.text());
+    let last = ev.iter().rev().find(|e| !e["choices"][0]["finish_reason"].is_null()).unwrap();
+    assert_eq!(last["choices"][0]["stop_reason"].as_u64(), Some(ids[3] as u64), "{ev:?}");
+}
+
+/// `stream_options: {include_usage, continuous_usage_stats}`: every chunk carries the usage so
+/// far; the last chunk the whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn continuous_usage_stats() {
+    let s = TestServer::start(Setup::default()).await;
+    for (path, body) in [
+        ("/v1/completions", json!({"prompt": [5, 6, 7], "max_tokens": 4, "stream": true, "stream_options": {"include_usage": true, "continuous_usage_stats": true}})),
+        ("/v1/chat/completions", json!({"messages": chat("hi"), "max_tokens": 4, "stream": true, "stream_options": {"include_usage": true, "continuous_usage_stats": true}})),
+    ] {
+        let ev = sse_json(&post(s.addr, path, &body).await.text());
+        let mut seen = Vec::new();
+        for e in &ev {
+            let u = &e["usage"];
+            assert!(u.is_object(), "{path}: every chunk has usage: {e}");
+            assert_eq!(u["total_tokens"].as_u64(), Some(u["prompt_tokens"].as_u64().unwrap() + u["completion_tokens"].as_u64().unwrap()));
+            seen.push(u["completion_tokens"].as_u64().unwrap());
+        }
+        assert!(seen.windows(2).all(|w| w[0] <= w[1]), "{path}: {seen:?}");
+        assert_eq!(seen.last(), Some(&4), "{path}: {seen:?}");
+        assert!(seen.iter().any(|&c| c > 0 && c < 4), "{path}: counts grow chunk by chunk: {seen:?}");
+    }
+    // Without `continuous_usage_stats`, chunks carry `usage: null` as before.
+    let ev = sse_json(&post(s.addr, "/v1/completions", &json!({"prompt": [5, 6], "max_tokens": 3, "stream": true, "stream_options": {"include_usage": true}})).await.text());
+    assert!(ev[0]["usage"].is_null());
+}
+
+/// The first streamed chunk of an echo carries the prompt's ids, as vLLM's does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streamed_echo_carries_prompt_token_ids() {
+    let s = TestServer::start(Setup::default()).await;
+    let ev = sse_json(&post(s.addr, "/v1/completions", &json!({"prompt": [5, 6, 7], "max_tokens": 3, "echo": true, "stream": true})).await.text());
+    assert_eq!(ev[0]["choices"][0]["prompt_token_ids"], json!([5, 6, 7]), "{:?}", ev[0]);
+    assert!(ev[1..].iter().all(|e| e["choices"][0].get("prompt_token_ids").is_none()));
+}
+
+/// `tool_choice: "none"` without tools is taken (nothing to call); another choice still needs tools.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_choice_none_without_tools() {
+    let s = TestServer::start(Setup::default()).await;
+    let r = post(s.addr, "/v1/chat/completions", &json!({"messages": chat("hi"), "max_tokens": 2, "tool_choice": "none"})).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = post(s.addr, "/v1/chat/completions", &json!({"messages": chat("hi"), "max_tokens": 2, "tool_choice": "required"})).await;
+    assert_eq!(r.status, 400, "{}", r.text());
+}
