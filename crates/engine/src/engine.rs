@@ -537,7 +537,7 @@ impl Engine {
             let sampled = self.forward(&out);
             self.postprocess(&out, sampled);
         }
-        self.record_step(out.seqs.len(), scheduled_usage, false);
+        self.record_step(out.seqs.len(), out.num_tokens, scheduled_usage, false);
         out.seqs.len()
     }
 
@@ -549,6 +549,7 @@ impl Engine {
         let mut out = self.scheduler.schedule(Instant::now());
         let scheduled_usage = self.scheduler.bm.usage();
         let sent = out.seqs.len();
+        let sent_tokens = out.num_tokens;
         if !out.is_empty() {
             match self.device_specs(&out) {
                 Some(d) if d.ids_only() => self.dispatch(out, d.specs),
@@ -559,7 +560,7 @@ impl Engine {
                     self.drop_ended(&mut out);
                     let sampled = self.forward(&out);
                     self.postprocess(&out, sampled);
-                    self.record_step(sent, scheduled_usage, false);
+                    self.record_step(sent, sent_tokens, scheduled_usage, false);
                     return sent;
                 }
             }
@@ -569,13 +570,14 @@ impl Engine {
         while self.in_flight.len() > usize::from(sent > 0) {
             landed = landed.max(self.land_one());
         }
-        self.record_step(sent, scheduled_usage, true);
+        self.record_step(sent, sent_tokens, scheduled_usage, true);
         sent.max(landed)
     }
 
-    fn record_step(&self, batch: usize, scheduled_usage: f32, overlapped: bool) {
+    fn record_step(&self, batch: usize, tokens: usize, scheduled_usage: f32, overlapped: bool) {
         if let Ok(mut st) = self.stats.lock() {
             st.batch_size = batch;
+            st.record_iteration_tokens(tokens);
             st.kv_usage_peak = st.kv_usage_peak.max(scheduled_usage);
             match (batch > 0, overlapped) {
                 (false, _) => {}
@@ -1245,6 +1247,11 @@ impl EngineHandle {
     /// Longest prompt + output the engine accepts.
     pub fn max_model_len(&self) -> usize {
         self.inner.limits.max_model_len
+    }
+
+    /// The KV pool: tokens a block holds, and blocks.
+    pub fn kv_blocks(&self) -> (usize, usize) {
+        (self.inner.limits.block_size, self.inner.limits.num_blocks)
     }
 
     /// Aborts every open request, stops the thread and waits for it.

@@ -90,7 +90,8 @@ fn to_update(o: RequestOutput) -> EngineUpdate {
     let prompt_logprobs = o.prompt_logprobs.map(|v| v.into_iter().map(|l| l.map(to_logprob)).collect());
     EngineUpdate {
         deltas: vec![CompletionDelta { index: o.index, text: o.text, token_ids: o.token_ids, logprobs, prompt_logprobs, finish, stop_string }],
-        queue_time: o.metrics.and_then(|m| m.queue_time),
+        queue_time: o.metrics.as_ref().and_then(|m| m.queue_time),
+        num_preemptions: o.metrics.map(|m| m.num_preemptions),
     }
 }
 
@@ -164,6 +165,10 @@ impl EngineClient for TandemEngine {
             guided_mask_seconds_total: s.guided_mask_seconds_total,
             async_steps: s.async_steps_total,
             sync_steps: s.sync_steps_total,
+            iteration_tokens: s.iteration_tokens.to_vec(),
+            iteration_tokens_sum: s.iteration_tokens_sum,
+            block_size: h.kv_blocks().0,
+            num_blocks: h.kv_blocks().1,
         }
     }
 

@@ -92,7 +92,7 @@ impl Server {
         // Response ids only need to differ between restarts, not be secret.
         let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
         let state = Arc::new(AppState {
-            metrics: Metrics::new(&model_name),
+            metrics: Metrics::for_model(&model_name, config.max_model_len),
             config,
             engine,
             tokenizer,

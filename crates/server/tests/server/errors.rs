@@ -133,7 +133,7 @@ async fn engine_failure_is_500_and_the_server_keeps_serving() {
     let r = post(s.addr, "/v1/completions", &json!({"prompt": "hi", "max_tokens": 3})).await;
     assert_eq!(r.status, 200, "{}", r.text());
     let text = get(s.addr, "/metrics").await.text();
-    assert_eq!(metric(&text, &format!("vllm:request_success_total{{model_name=\"{MODEL}\",finished_reason=\"error\"}}")), 1.0);
+    assert_eq!(metric(&text, &format!("vllm:request_success_total{{model_name=\"{MODEL}\",engine=\"0\",finished_reason=\"error\"}}")), 1.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -220,3 +220,86 @@ async fn tool_choice_none_without_tools() {
     let r = post(s.addr, "/v1/chat/completions", &json!({"messages": chat("hi"), "max_tokens": 2, "tool_choice": "required"})).await;
     assert_eq!(r.status, 400, "{}", r.text());
 }
+
+/// The metric names of every query in vLLM 0.32's example Grafana dashboard (committed
+/// unchanged as test data, see tests/data/README.md).
+fn dashboard_metrics() -> Vec<String> {
+    fn exprs(v: &Value, out: &mut Vec<String>) {
+        match v {
+            Value::Object(o) => {
+                for (k, x) in o {
+                    match (k.as_str(), x) {
+                        ("expr", Value::String(e)) => out.push(e.clone()),
+                        _ => exprs(x, out),
+                    }
+                }
+            }
+            Value::Array(a) => a.iter().for_each(|x| exprs(x, out)),
+            _ => {}
+        }
+    }
+    let dash: Value = serde_json::from_str(include_str!("../data/vllm_grafana.json")).unwrap();
+    let mut e = Vec::new();
+    exprs(&dash, &mut e);
+    let mut names = Vec::new();
+    for q in &e {
+        let mut rest = q.as_str();
+        while let Some(at) = rest.find("vllm:") {
+            let tail = &rest[at..];
+            let end = tail.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':')).unwrap_or(tail.len());
+            names.push(tail[..end].to_string());
+            rest = &tail[end..];
+        }
+    }
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// vLLM's dashboard does not go blank on Tandem: under load (requests running, streamed and
+/// whole, n = 2), every series its queries select (`{model_name="$model_name"}`) is in
+/// /metrics with our model's name, and the per-request histograms it plots have observations.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn vllm_grafana_dashboard_finds_every_series() {
+    let names = dashboard_metrics();
+    assert!(names.len() >= 20, "the dashboard's queries name {} metrics: {names:?}", names.len());
+    let s = TestServer::start(Setup { delay: std::time::Duration::from_millis(5), ..Setup::default() }).await;
+    let mut load = Vec::new();
+    for i in 0..6u32 {
+        let addr = s.addr;
+        load.push(tokio::spawn(async move {
+            let body = match i % 3 {
+                0 => json!({"prompt": [5, 6, 7 + i], "max_tokens": 12, "n": 2}),
+                1 => json!({"messages": chat("hello"), "max_tokens": 12, "stream": true}),
+                _ => json!({"prompt": "the cat sat", "max_tokens": 12, "stream": true}),
+            };
+            let path = if i % 3 == 1 { "/v1/chat/completions" } else { "/v1/completions" };
+            post(addr, path, &body).await.status
+        }));
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+    let during = get(s.addr, "/metrics").await.text();
+    for l in load {
+        assert_eq!(l.await.unwrap(), 200);
+    }
+    let after = get(s.addr, "/metrics").await.text();
+    let label = format!("model_name=\"{MODEL}\"");
+    for text in [&during, &after] {
+        for n in &names {
+            let found = text.lines().any(|l| l.strip_prefix(n.as_str()).is_some_and(|r| r.starts_with('{') && r.contains(&label)));
+            assert!(found, "no series {n}{{{label}}} in /metrics:\n{text}");
+        }
+    }
+    assert!(metric(&during, &format!("vllm:num_requests_running{{{label},engine=\"0\"}}")) > 0.0, "under load: {during}");
+    // Eight finished requests (six, two of them with n = 2), each in the per-request histograms.
+    let l = format!("{{{label},engine=\"0\"}}");
+    for h in ["vllm:request_prompt_tokens", "vllm:request_generation_tokens", "vllm:request_time_per_output_token_seconds", "vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds", "vllm:request_inference_time_seconds", "vllm:request_params_max_tokens"] {
+        assert_eq!(metric(&after, &format!("{h}_count{l}")), 8.0, "{h}: {after}");
+    }
+    assert_eq!(metric(&after, &format!("vllm:request_generation_tokens_sum{l}")), 96.0);
+    assert_eq!(metric(&after, &format!("vllm:request_max_num_generation_tokens_count{l}")), 6.0, "one per prompt");
+    assert_eq!(metric(&after, &format!("vllm:request_params_n_sum{l}")), 8.0);
+    assert!(metric(&after, &format!("vllm:iteration_tokens_total_count{l}")) > 0.0);
+    assert!(metric(&after, &format!("vllm:request_decode_time_seconds_sum{l}")) > 0.0, "decodes took time (5 ms a step)");
+    assert!(after.contains("vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"512\",engine=\"0\"} 1\n"), "{after}");
+}

@@ -212,7 +212,7 @@ async fn throughput_gauges_follow_the_token_counters() {
     }
     let text = get(s.addr, "/metrics").await.text();
     let elapsed = t.elapsed().as_secs_f64();
-    let l = format!("{{model_name=\"{MODEL}\"}}");
+    let l = format!("{{model_name=\"{MODEL}\",engine=\"0\"}}");
     let gen = metric(&text, &format!("vllm:avg_generation_throughput_toks_per_s{l}"));
     let prompt = metric(&text, &format!("vllm:avg_prompt_throughput_toks_per_s{l}"));
     assert!(text.contains("# TYPE vllm:avg_generation_throughput_toks_per_s gauge\n"));
