@@ -624,3 +624,37 @@ async fn constrained_neighbours_leave_other_requests_alone() {
         assert_eq!(g2.len(), 1);
     }
 }
+
+/// Issue 28: xgrammar's strictness, vLLM's default: a schema that lists properties and says
+/// nothing of others gets no others; `structured_outputs.disable_additional_properties: false`
+/// asks for the schema as written. A bias towards `,` makes the model want another key
+/// wherever one may go: as written it adds one, strict it cannot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unlisted_properties_are_not_generated() {
+    let t = start(tiny_dir(), true).await;
+    let tok = Tokenizer::from_dir(tiny_dir()).unwrap();
+    let mut bias = no_whitespace();
+    let comma: Vec<u32> = (0..tok.vocab_size() as u32).filter(|&id| tok.decode(&[id], false).is_ok_and(|t| t == ",")).collect();
+    assert!(!comma.is_empty());
+    for id in comma {
+        bias[id.to_string()] = json!(8);
+    }
+    let schema = json!({"type": "object", "properties": {"a": {"type": "integer", "maximum": 99}}, "required": ["a"]});
+    let (mut strict_whole, mut loose_extra) = (0, 0);
+    for seed in 1..=3u64 {
+        for (so, strict) in [(json!({"json": schema}), true), (json!({"json": schema, "disable_additional_properties": false}), false)] {
+            let body = completion(json!({"structured_outputs": so, "n": 4, "seed": seed, "temperature": 1.0, "max_tokens": 40, "logit_bias": bias}));
+            for (text, finish) in texts(t.addr, "/v1/completions", &body).await {
+                if strict {
+                    let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text:?} ({finish})"));
+                    assert_eq!(v.as_object().unwrap().keys().collect::<Vec<_>>(), ["a"], "{text}");
+                    strict_whole += 1;
+                } else if text.contains(',') {
+                    loose_extra += 1;
+                }
+            }
+        }
+    }
+    assert_eq!(strict_whole, 12);
+    assert!(loose_extra > 0, "as written, the schema lets the model add keys (else this test shows nothing)");
+}
