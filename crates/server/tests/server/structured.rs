@@ -658,3 +658,29 @@ async fn unlisted_properties_are_not_generated() {
     assert_eq!(strict_whole, 12);
     assert!(loose_extra > 0, "as written, the schema lets the model add keys (else this test shows nothing)");
 }
+
+/// Issue 28: vLLM's grammar syntax (GBNF, what xgrammar takes) beside Lark:
+/// `root ::= "yes" | "no"`, classes, repeats and rule references hold; a broken one is a 400.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gbnf_grammars_hold() {
+    let t = start(tiny_dir(), true).await;
+    let yes_no = "root ::= \"yes\" | \"no\"";
+    let code = "root ::= \"id-\" digit{2,4} tail # a comment\ndigit ::= [0-9]\ntail ::= (\"!\" | [?.])";
+    let code_ok = |t: &str| t.strip_prefix("id-").is_some_and(|r| r.len() >= 3 && r.len() <= 5 && r[..r.len() - 1].bytes().all(|b| b.is_ascii_digit()) && r.ends_with(['!', '?', '.']));
+    for seed in 1..=3u64 {
+        for (field, g) in [("structured_outputs", json!({"grammar": yes_no})), ("guided_grammar", json!(yes_no))] {
+            for (text, finish) in texts(t.addr, "/v1/completions", &completion(json!({field: g, "n": 3, "seed": seed, "temperature": 1.0}))).await {
+                assert!(text == "yes" || text == "no", "{text:?}");
+                assert_eq!(finish, "stop");
+            }
+        }
+        for (text, finish) in texts(t.addr, "/v1/chat/completions", &chat(json!({"structured_outputs": {"grammar": code}, "n": 3, "seed": seed, "temperature": 1.0}))).await {
+            assert!(code_ok(&text), "{text:?}");
+            assert_eq!(finish, "stop");
+        }
+    }
+    let r = post(t.addr, "/v1/completions", &completion(json!({"structured_outputs": {"grammar": "root ::= item"}}))).await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.json()["error"]["param"], "structured_outputs.grammar");
+    assert!(r.json()["error"]["message"].as_str().unwrap().contains("GBNF: rule `item` is used but not defined"), "{}", r.text());
+}
