@@ -159,6 +159,9 @@ pub struct RequestOutput {
     /// With completion 0's first message, when prompt logprobs were asked for: one entry per
     /// prompt token, the first None.
     pub prompt_logprobs: Option<Vec<Option<TokenLogprobs>>>,
+    /// With `prompt_logprobs`: per prompt position its token's rank (see
+    /// [`crate::sampler::rank`]); 0 for the first position, which has no logprob.
+    pub prompt_ranks: Vec<u32>,
     /// Set when completion `index` ended.
     pub finish_reason: Option<FinishReason>,
     /// The last message of the request: every completion has ended.
@@ -169,7 +172,7 @@ pub struct RequestOutput {
 
 impl RequestOutput {
     fn new(request_id: RequestId, index: usize) -> Self {
-        RequestOutput { request_id, index, token_ids: vec![], text: String::new(), logprobs: vec![], prompt_logprobs: None, finish_reason: None, finished: false, usage: None, metrics: None }
+        RequestOutput { request_id, index, token_ids: vec![], text: String::new(), logprobs: vec![], prompt_logprobs: None, prompt_ranks: Vec::new(), finish_reason: None, finished: false, usage: None, metrics: None }
     }
 }
 
@@ -868,6 +871,7 @@ impl Engine {
                 let next = start + j + 1;
                 if next < p && lps.len() == next {
                     lps.push(Some(logprobs(row, tokens[next], k)));
+                    seq.prompt_ranks.push(crate::sampler::rank(row, tokens[next]));
                 }
             }
         }
@@ -905,10 +909,12 @@ impl Engine {
         let Some(seq) = self.scheduler.seq_mut(id) else { return };
         let p = seq.params.clone();
         let prompt_logprobs = seq.prompt_logprobs.take();
+        let prompt_ranks = if prompt_logprobs.is_some() { std::mem::take(&mut seq.prompt_ranks) } else { Vec::new() };
         if seq.max_tokens == 0 {
             // Scoring only (echo with max_tokens 0): the prompt's logprobs are the answer.
             let mut o = RequestOutput::new(seq.request_id, seq.index);
             o.prompt_logprobs = prompt_logprobs;
+            o.prompt_ranks = prompt_ranks;
             return self.end_seq(id, FinishReason::Length, o);
         }
         // Output tokens before this one.
@@ -983,6 +989,7 @@ impl Engine {
         o.token_ids.push(token);
         o.text = seq.text.take_new(stops, reason.is_some());
         o.prompt_logprobs = prompt_logprobs;
+        o.prompt_ranks = prompt_ranks;
         if let (Some(_), Some(lp)) = (p.logprobs, device_lp) {
             o.logprobs.push(lp);
         } else if let (Some(n), Some(raw)) = (p.logprobs, raw) {

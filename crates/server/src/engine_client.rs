@@ -86,6 +86,9 @@ pub struct TokenLogprob {
     pub logprob: f32,
     /// Most likely tokens, best first.
     pub top: Vec<(u32, f32)>,
+    /// The token's rank in the vocabulary (1 the most likely), when the engine computed it
+    /// (prompt logprobs).
+    pub rank: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -479,18 +479,20 @@ fn top_map(tok: &Tokenizer, lp: &TokenLogprob, text: &str) -> Value {
 }
 
 /// vLLM's `prompt_logprobs`: per prompt position null (the first) or `{token id: {logprob,
-/// decoded_token}}` holding the prompt's own token and the top N.
+/// rank, decoded_token}}` holding the prompt's own token and the top N (ranked 1..N, the
+/// prompt's token by the engine's count, else by its place among the top).
 fn vllm_prompt_logprobs(tok: &Tokenizer, lps: &[Option<TokenLogprob>]) -> Value {
-    let entry = |id: u32, l: f32| json!({"logprob": l, "decoded_token": token_text(tok, id)});
+    let entry = |id: u32, l: f32, rank: Option<u32>| json!({"logprob": l, "rank": rank, "decoded_token": token_text(tok, id)});
     Value::Array(
         lps.iter()
             .map(|lp| match lp {
                 None => Value::Null,
                 Some(lp) => {
                     let mut m = Map::new();
-                    m.insert(lp.token.to_string(), entry(lp.token, lp.logprob));
-                    for &(id, l) in &lp.top {
-                        m.entry(id.to_string()).or_insert_with(|| entry(id, l));
+                    let in_top = lp.top.iter().position(|&(id, _)| id == lp.token).map(|i| i as u32 + 1);
+                    m.insert(lp.token.to_string(), entry(lp.token, lp.logprob, lp.rank.or(in_top)));
+                    for (i, &(id, l)) in lp.top.iter().enumerate() {
+                        m.entry(id.to_string()).or_insert_with(|| entry(id, l, Some(i as u32 + 1)));
                     }
                     Value::Object(m)
                 }

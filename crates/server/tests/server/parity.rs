@@ -303,3 +303,47 @@ async fn vllm_grafana_dashboard_finds_every_series() {
     assert!(metric(&after, &format!("vllm:request_decode_time_seconds_sum{l}")) > 0.0, "decodes took time (5 ms a step)");
     assert!(after.contains("vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"512\",engine=\"0\"} 1\n"), "{after}");
 }
+
+/// vLLM's `rank` in `prompt_logprobs` entries: the top N ranked 1..N, the prompt's token by its
+/// place in the whole vocabulary (inside the top N its place there, else past N).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prompt_logprobs_carry_rank() {
+    let s = TestServer::start(Setup::default()).await;
+    let prompt: Vec<u32> = vec![5, 9, 13, 7, 30, 31, 6];
+    let v = post(s.addr, "/v1/completions", &json!({"prompt": prompt, "max_tokens": 1, "prompt_logprobs": 5})).await.json();
+    let pl = v["choices"][0]["prompt_logprobs"].as_array().unwrap().clone();
+    assert!(pl[0].is_null());
+    let (mut inside, mut outside) = (0, 0);
+    for (p, e) in pl.iter().enumerate().skip(1) {
+        let e = e.as_object().unwrap();
+        let own = &e[&prompt[p].to_string()];
+        let rank = own["rank"].as_u64().unwrap_or_else(|| panic!("position {p}: {e:?}"));
+        // The top entries, best first, ranked 1..5.
+        let mut top: Vec<(u64, f64)> = e.iter().filter(|(k, _)| **k != prompt[p].to_string()).map(|(_, x)| (x["rank"].as_u64().unwrap(), x["logprob"].as_f64().unwrap())).collect();
+        top.sort_by_key(|t| t.0);
+        let own_lp = own["logprob"].as_f64().unwrap();
+        if rank <= 5 {
+            inside += 1;
+            assert!(top.iter().all(|t| t.0 != rank), "rank {rank} is the prompt token's own: {e:?}");
+        } else {
+            outside += 1;
+            assert_eq!(top.iter().map(|t| t.0).collect::<Vec<_>>(), [1, 2, 3, 4, 5], "{e:?}");
+            assert!(top.iter().all(|t| t.1 >= own_lp), "a token ranked {rank} is below the top 5: {e:?}");
+        }
+    }
+    // And against 20 top entries: a rank up to 20 is the token's place among them.
+    let v = post(s.addr, "/v1/completions", &json!({"prompt": prompt, "max_tokens": 1, "prompt_logprobs": 20})).await.json();
+    for (p, e) in v["choices"][0]["prompt_logprobs"].as_array().unwrap().iter().enumerate().skip(1) {
+        let e = e.as_object().unwrap();
+        let rank = e[&prompt[p].to_string()]["rank"].as_u64().unwrap();
+        let lp = e[&prompt[p].to_string()]["logprob"].as_f64().unwrap();
+        let better = e.values().filter(|x| x["logprob"].as_f64().unwrap() >= lp).count() as u64;
+        if rank <= 20 {
+            assert_eq!(rank, better, "position {p}: {e:?}");
+        } else {
+            // The 20 top entries and the token itself.
+            assert_eq!((better, e.len()), (21, 21), "all 20 top entries beat a token ranked {rank}: {e:?}");
+        }
+    }
+    assert_eq!(inside + outside, prompt.len() - 1);
+}
