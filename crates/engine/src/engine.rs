@@ -976,6 +976,12 @@ impl Engine {
             reason = Some(FinishReason::Stop { stop_string: None, stop_token: Some(token) });
         } else if let Some(s) = seq.text.push_keeping(decode, token, stops, p.include_stop_str_in_output) {
             reason = Some(FinishReason::Stop { stop_string: Some(s), stop_token: None });
+        } else if guide_done && !eos.is_empty() && !p.ignore_eos && before + 1 >= p.min_tokens && before + 2 <= seq.max_tokens && seq.num_prompt_tokens + before + 2 <= max_model_len {
+            // The grammar is complete; as vLLM, the model samples the end-of-sequence token it
+            // forces next (counted as an output token, left out of the text).
+            if let Some(g) = seq.guide.as_mut() {
+                g.constraint = Box::new(crate::constraint::EndOnly::new(eos.clone()));
+            }
         } else if guide_done {
             // The grammar is complete: what it describes is whole (OpenAI's "stop").
             reason = Some(FinishReason::Stop { stop_string: None, stop_token: None });

@@ -684,3 +684,26 @@ async fn gbnf_grammars_hold() {
     assert_eq!(r.json()["error"]["param"], "structured_outputs.grammar");
     assert!(r.json()["error"]["message"].as_str().unwrap().contains("GBNF: rule `item` is used but not defined"), "{}", r.text());
 }
+
+/// Issue 28: as vLLM (xgrammar), a completion whose grammar completed samples the EOS token the
+/// grammar then forces, and counts it: usage has one token more than the text, the last
+/// logprob entry is EOS, the text and `stop_reason` do not show it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_complete_grammar_counts_the_eos_it_forces() {
+    let t = start(tiny_dir(), true).await;
+    let cfg: Value = serde_json::from_str(&std::fs::read_to_string(tiny_dir().join("config.json")).unwrap()).unwrap();
+    let eos = cfg["eos_token_id"].as_u64().unwrap() as u32;
+    let eos_text = Tokenizer::from_dir(tiny_dir()).unwrap().decode(&[eos], false).unwrap();
+    for seed in 1..=3u64 {
+        let body = completion(json!({"guided_choice": ["yes", "no"], "seed": seed, "temperature": 1.0, "logprobs": 0}));
+        let v = post(t.addr, "/v1/completions", &body).await.json();
+        let c = &v["choices"][0];
+        assert!(c["text"] == "yes" || c["text"] == "no", "{v}");
+        assert_eq!((c["finish_reason"].as_str(), c["stop_reason"].is_null()), (Some("stop"), true), "{v}");
+        let tokens = c["logprobs"]["tokens"].as_array().unwrap();
+        assert_eq!(tokens.last().and_then(Value::as_str), Some(eos_text.as_str()), "{v}");
+        assert_eq!(v["usage"]["completion_tokens"].as_u64(), Some(tokens.len() as u64), "{v}");
+        let text: String = tokens[..tokens.len() - 1].iter().map(|t| t.as_str().unwrap()).collect();
+        assert_eq!(text, c["text"].as_str().unwrap());
+    }
+}
