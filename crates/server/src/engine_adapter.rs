@@ -248,6 +248,7 @@ mod tests {
             text: " a".into(),
             logprobs: vec![tandem_engine::sampler::TokenLogprobs { token: 3, logprob: -0.5, top: vec![(3, -0.5), (4, -1.0)] }],
             prompt_logprobs: None,
+            prompt_ranks: Vec::new(),
             finish_reason: Some(tandem_engine::FinishReason::Stop { stop_string: Some("b".into()), stop_token: None }),
             finished: true,
             usage: None,
