@@ -11,6 +11,7 @@ mod bench;
 mod convert_gguf;
 mod fake_cuda;
 mod fetch_model;
+mod fuzz;
 mod gen_model;
 mod gpu_bundle;
 mod kernels;
@@ -43,6 +44,9 @@ enum Task {
     FakeCuda(fake_cuda::Args),
     /// Build the release binary and put it, the GPU check scripts and the kernels in bundle/.
     GpuBundle(gpu_bundle::Args),
+    /// The fuzz targets in fuzz/ (cargo-fuzz on nightly): regressions replayed, then each
+    /// target fuzzed for `--seconds`.
+    Fuzz(fuzz::Args),
     /// Benchmarks from a release build: `tandem bench <kind> ...` (throughput, serve, compare,
     /// sweep, load, decode).
     Bench(bench::Args),
@@ -62,6 +66,7 @@ fn main() -> anyhow::Result<()> {
         Task::Kernels(a) => kernels::run(a),
         Task::GpuBundle(a) => gpu_bundle::run(a),
         Task::FakeCuda(a) => fake_cuda::run(a),
+        Task::Fuzz(a) => fuzz::run(a),
         Task::Bench(a) => bench::run(a),
     }
 }

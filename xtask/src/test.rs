@@ -9,9 +9,11 @@
 //! 3. `cargo test --workspace`, with the environment the wgpu tests need.
 //! 4. The official `openai` and `anthropic` Python clients against our server
 //!    (crates/server/tests/openai_client.sh).
-//! 5. The fake-driver group (xtask/src/fake_cuda.rs): the CUDA backend's host code on the fake
+//! 5. The fuzz targets (`cargo xtask fuzz`): regression inputs, then about 20 s of each target
+//!    (`TANDEM_FUZZ_SECONDS`); skipped, counted, without a nightly toolchain.
+//! 6. The fake-driver group (xtask/src/fake_cuda.rs): the CUDA backend's host code on the fake
 //!    driver (crates/fake-cuda), where the CUDA toolchain is installed; counted in the closing line.
-//! 6. A count of the tests that skipped themselves (`tandem_core::skip::note` logs them).
+//! 7. A count of the tests that skipped themselves (`tandem_core::skip::note` logs them).
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -102,8 +104,20 @@ pub fn run(a: Args) -> Result<()> {
     let examples = target.join("debug/examples");
     openai_client(&root, (whole && examples.join("fake_server").is_file() && examples.join("tiny_server").is_file()).then_some(examples.as_path()))?;
     println!("the openai client check took {:.0} s", t2.elapsed().as_secs_f64());
-    // The CUDA backend on the fake driver (crates/fake-cuda), where NVRTC is installed.
     let (mut passed, mut failed, mut skipped) = (passed, failed, skipped);
+    // The fuzz targets (fuzz/): each finding's input replayed, then a short run of each.
+    if whole {
+        let t4 = std::time::Instant::now();
+        let seconds = std::env::var("TANDEM_FUZZ_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(20);
+        let o = crate::fuzz::fuzz(&root, None, seconds, false)?;
+        passed += o.passed;
+        if let Some(why) = o.skipped {
+            skipped.push(format!("the fuzz targets (cargo xtask fuzz): {why}"));
+            println!("SKIPPED the fuzz targets: {why}");
+        }
+        println!("the fuzz targets took {:.0} s", t4.elapsed().as_secs_f64());
+    }
+    // The CUDA backend on the fake driver (crates/fake-cuda), where NVRTC is installed.
     if toolchain && whole {
         let t3 = std::time::Instant::now();
         let fake = crate::fake_cuda::group(&root, built.is_file().then_some(built.clone()))?;

@@ -32,9 +32,13 @@ pub struct EngineArgs {
     /// Most sequences in one step.
     #[arg(long, default_value_t = 64)]
     pub max_num_seqs: usize,
-    /// Token budget of one step (prefill chunks and decode tokens together).
-    #[arg(long, default_value_t = 512)]
-    pub max_num_batched_tokens: usize,
+    /// Token budget of one step (prefill chunks and decode tokens together). Default: the
+    /// backend's, logged at start-up: 2048 on a GPU (CUDA, or wgpu on a GPU adapter), 32 on a
+    /// CPU (reference, or wgpu on lavapipe), where a step of that many tokens takes about half a
+    /// second on the default model, so a newcomer's first token is never far behind a long
+    /// prompt's prefill.
+    #[arg(long)]
+    pub max_num_batched_tokens: Option<usize>,
     /// KV blocks in the pool (default: sized from free device memory).
     #[arg(long)]
     pub num_kv_blocks: Option<usize>,
@@ -113,7 +117,7 @@ pub fn parse_kv_cache_dtype(v: &str) -> std::result::Result<KvCacheDtype, String
 impl EngineArgs {
     pub fn load_options(&self) -> LoadOptions {
         LoadOptions {
-            max_batch_tokens: self.max_num_batched_tokens,
+            max_batch_tokens: self.max_num_batched_tokens.unwrap_or(0),
             max_seqs: self.max_num_seqs,
             num_kv_blocks: self.num_kv_blocks.unwrap_or(0),
             block_size: self.block_size,
@@ -136,7 +140,7 @@ impl EngineArgs {
             other => anyhow::bail!("--policy {other}: expected `fcfs` or `priority`"),
         };
         Ok(EngineConfig {
-            max_num_batched_tokens: Some(self.max_num_batched_tokens),
+            max_num_batched_tokens: self.max_num_batched_tokens,
             max_num_seqs: Some(self.max_num_seqs),
             policy,
             mode,

@@ -29,9 +29,19 @@ impl Tokenizer {
     pub fn from_dir(dir: &Path) -> Result<Self> {
         let path = dir.join("tokenizer.json");
         let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
-        let inner = match fast_bpe(&text) {
-            Some(t) => t,
-            None => text.parse::<tokenizers::Tokenizer>().map_err(|e| Error::config(&path, format!("cannot load tokenizer: {e}")))?,
+        // The tokenizers crate panics on some malformed files (an `unwrap` in its decoder's
+        // deserialiser, found by fuzz/tokenizer_json): a bad file is an error naming it, never a
+        // crash of the server reading it.
+        let parsed = std::panic::catch_unwind(|| match fast_bpe(&text) {
+            Some(t) => Ok(t),
+            None => text.parse::<tokenizers::Tokenizer>().map_err(|e| format!("cannot load tokenizer: {e}")),
+        });
+        let inner = match parsed {
+            Ok(r) => r.map_err(|e| Error::config(&path, e))?,
+            Err(p) => {
+                let why = p.downcast_ref::<String>().map(String::as_str).or_else(|| p.downcast_ref::<&str>().copied()).unwrap_or("no message");
+                return Err(Error::config(&path, format!("cannot load tokenizer: the tokenizers library failed on this file ({why})")));
+            }
         };
         let cfg_path = dir.join("tokenizer_config.json");
         let cfg: serde_json::Value = if cfg_path.exists() {
@@ -265,5 +275,20 @@ mod tests {
         assert!(fast_bpe(&JSON.replace(r#"[["a","b"],["Ġ","ab"]]"#, r#"["a b","Ġ ab"]"#)).is_none());
         assert!(fast_bpe(&JSON.replace(r#""padding":null"#, r#""padding":{}"#)).is_none());
         assert!(fast_bpe(&JSON.replace(r#""type":"BPE""#, r#""type":"WordPiece""#)).is_none());
+    }
+
+    /// Found by fuzz/tokenizer_json: a decoder whose fields are not JSON made the tokenizers
+    /// crate panic (an `unwrap` in its deserialiser); loading such a file is an error naming it.
+    #[test]
+    fn a_file_the_tokenizers_crate_panics_on_is_an_error() {
+        let dir = std::env::temp_dir().join(format!("tandem-tok-panic-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let bad = JSON.replace(r#""decoder":{"type":"ByteLevel","add_prefix_space":true,"trim_offsets":true"#, r#""decoder":{"type":"ByteLevel","add_prefix_space":true,"trim_offsets":tr=e"#);
+        assert_ne!(bad, JSON);
+        std::fs::write(dir.join("tokenizer.json"), bad).unwrap();
+        let e = super::Tokenizer::from_dir(&dir).err().expect("a malformed tokenizer.json is refused");
+        let msg = e.to_string();
+        assert!(msg.contains("tokenizer.json") && msg.contains("cannot load tokenizer"), "{msg}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

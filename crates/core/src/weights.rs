@@ -150,6 +150,11 @@ impl Weights {
         self.tensors.keys().map(|s| s.as_str())
     }
 
+    /// The shape the file gives tensor `name`.
+    pub fn shape(&self, name: &str) -> Option<&[usize]> {
+        self.tensors.get(name).map(|e| e.shape.as_slice())
+    }
+
     /// The tensor `name`, which must have exactly `shape`.
     pub fn get(&self, name: &str, shape: &[usize]) -> Result<TensorView> {
         let Some(e) = self.tensors.get(name) else {

@@ -74,8 +74,14 @@ impl LlamaParams {
         if g.tensor("rope_freqs.weight").is_some() {
             return Err(Error::config(&g.path, "tensor `rope_freqs.weight` (Llama 3.1 rope scaling) is not supported by this converter"));
         }
+        // Every layer has nine tensors: a count the file cannot hold is refused before anything
+        // is sized from it (found by fuzz/gguf: a huge block_count in a 6 KB file).
+        let layers = u("block_count")?;
+        if layers == 0 || layers > g.tensors.len() / 9 {
+            return Err(Error::config(&g.path, format!("llama.block_count is {layers}, but the file's {} tensors hold at most {} layers of 9", g.tensors.len(), g.tensors.len() / 9)));
+        }
         Ok(LlamaParams {
-            layers: u("block_count")?,
+            layers,
             hidden,
             intermediate: u("feed_forward_length")?,
             heads,
@@ -181,8 +187,8 @@ pub fn convert_gguf(gguf_path: &Path, out_dir: &Path, progress: &mut dyn FnMut(u
         };
         if let Some(n) = heads {
             let shape = t.torch_shape();
-            if shape[0] != n * p.head_dim {
-                return Err(Error::tensor(&g.path, &t.name, format!("has {} rows, expected {n} heads x {} = {}", shape[0], p.head_dim, n * p.head_dim)));
+            if Some(shape[0]) != n.checked_mul(p.head_dim) {
+                return Err(Error::tensor(&g.path, &t.name, format!("has {} rows, expected {n} heads x {} = {}", shape[0], p.head_dim, n.saturating_mul(p.head_dim))));
             }
         }
         plan.push((name, t, heads));
@@ -383,6 +389,26 @@ pub(crate) mod tests {
 
     fn bf16_round(v: &[f32]) -> Vec<f32> {
         v.iter().map(|x| half::bf16::from_f32(*x).to_f32()).collect()
+    }
+
+    /// The GGUF fuzz target's findings (fuzz/regressions/gguf, each fixed), replayed here on the
+    /// stable toolchain: every one converts to an error naming the file, quickly.
+    #[test]
+    fn fuzz_findings_are_errors() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/regressions/gguf");
+        let out = std::env::temp_dir().join(format!("tandem-convert-fuzz-{}", std::process::id()));
+        let mut n = 0;
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let p = e.unwrap().path();
+            let t = std::time::Instant::now();
+            let r = convert_gguf(&p, &out, &mut |_, _, _| {});
+            let msg = r.err().unwrap_or_else(|| panic!("{} converted", p.display())).to_string();
+            assert!(msg.contains(&p.display().to_string()), "{msg}");
+            assert!(t.elapsed().as_secs() < 5, "{} took {:?}", p.display(), t.elapsed());
+            n += 1;
+        }
+        assert!(n > 0, "no inputs under {}", dir.display());
+        let _ = std::fs::remove_dir_all(&out);
     }
 
     #[test]

@@ -110,12 +110,42 @@ fn open_auto() -> Opened {
     Opened::Reference(tandem_reference::RefBackend::new())
 }
 
+/// The step token budget on a GPU (CUDA, or wgpu on a GPU adapter) when none is given. vLLM
+/// picks 8192 for online serving on GPUs of 70 GiB and more (2048 below); 2048 is the largest
+/// step the H200 check has measured here, so it holds until a larger one is.
+pub const GPU_BATCH_TOKENS: usize = 2048;
+/// The step token budget on a CPU (the reference backend, or wgpu on a CPU adapter such as
+/// Mesa's lavapipe) when none is given: the default model prefills at about 60-80 tokens a
+/// second on lavapipe on this project's 2-core CI machine (docs/bench-cpu.md), so a 32-token
+/// step takes about half a second, and a request arriving during a long prompt's prefill gets
+/// its first token within about two steps (the scheduler's half-budget rule) instead of
+/// seconds. Decodes beyond the budget wait for the next step.
+pub const CPU_BATCH_TOKENS: usize = 32;
+
+/// The budget `load_model` gives a step when `LoadOptions::max_batch_tokens` is 0, and why.
+fn default_batch_tokens(b: &Opened) -> (usize, &'static str) {
+    match b {
+        Opened::Cuda(_) => (GPU_BATCH_TOKENS, "a GPU"),
+        Opened::Wgpu(w) if w.adapter().is_cpu() => (CPU_BATCH_TOKENS, "a CPU adapter"),
+        Opened::Wgpu(_) => (GPU_BATCH_TOKENS, "a GPU adapter"),
+        Opened::Reference(_) => (CPU_BATCH_TOKENS, "the CPU"),
+    }
+}
+
 /// Loads the model in `dir` (config.json, safetensors, tokenizer) on `backend`.
-pub fn load_model(backend: Backend, dir: &Path, opts: LoadOptions) -> Result<LoadedModel> {
+/// `opts.max_batch_tokens` 0 takes the backend's default step budget ([`GPU_BATCH_TOKENS`],
+/// [`CPU_BATCH_TOKENS`]), logged.
+pub fn load_model(backend: Backend, dir: &Path, mut opts: LoadOptions) -> Result<LoadedModel> {
     if !dir.join("config.json").exists() {
         return Err(Error::Config(format!("{}: not a model directory (no config.json)", dir.display())));
     }
-    Ok(match open(backend)? {
+    let opened = open(backend)?;
+    if opts.max_batch_tokens == 0 {
+        let (n, on) = default_batch_tokens(&opened);
+        tracing::info!("max_num_batched_tokens = {n}, the default on {on} (--max-num-batched-tokens sets it)");
+        opts.max_batch_tokens = n;
+    }
+    Ok(match opened {
         Opened::Reference(b) => LoadedModel { runner: Box::new(LlamaModel::load(b, dir, opts)?), backend: Backend::Reference, device: "CPU".into() },
         Opened::Wgpu(b) => {
             let device = b.adapter().to_string();

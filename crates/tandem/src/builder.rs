@@ -40,7 +40,7 @@ pub struct LlmBuilder {
     model: PathBuf,
     backend: Backend,
     max_num_seqs: usize,
-    max_num_batched_tokens: usize,
+    max_num_batched_tokens: Option<usize>,
     block_size: usize,
     kv_memory: KvMemory,
     scheduler: Scheduler,
@@ -63,7 +63,7 @@ impl LlmBuilder {
             model: model_dir.as_ref().to_path_buf(),
             backend: Backend::Auto,
             max_num_seqs: 64,
-            max_num_batched_tokens: 512,
+            max_num_batched_tokens: None,
             block_size: 16,
             kv_memory: KvMemory::Fraction(0.9),
             scheduler: Scheduler::Continuous,
@@ -89,9 +89,11 @@ impl LlmBuilder {
         self.max_num_seqs = n;
         self
     }
-    /// Token budget of one step, prefill chunks and decode tokens together (default 512).
+    /// Token budget of one step, prefill chunks and decode tokens together (default: the
+    /// backend's, [`crate::backend::GPU_BATCH_TOKENS`] on a GPU and
+    /// [`crate::backend::CPU_BATCH_TOKENS`] on a CPU, so that a step stays short there).
     pub fn max_num_batched_tokens(mut self, n: usize) -> Self {
-        self.max_num_batched_tokens = n;
+        self.max_num_batched_tokens = Some(n);
         self
     }
     /// vLLM's `long_prefill_token_threshold`: no prefill chunk longer than `n` tokens, and a
@@ -174,8 +176,8 @@ impl LlmBuilder {
 
     /// The sizes fixed when the model is loaded.
     pub fn load_options(&self) -> Result<LoadOptions> {
-        if self.max_num_seqs == 0 || self.max_num_batched_tokens == 0 {
-            return Err(Error::Config(format!("max_num_seqs ({}) and max_num_batched_tokens ({}) must be positive", self.max_num_seqs, self.max_num_batched_tokens)));
+        if self.max_num_seqs == 0 || self.max_num_batched_tokens == Some(0) {
+            return Err(Error::Config(format!("max_num_seqs ({}) and max_num_batched_tokens (0) must be positive", self.max_num_seqs)));
         }
         if !(self.block_size == 16 || self.block_size == 32) {
             return Err(Error::Config(format!("block_size must be 16 or 32, got {}", self.block_size)));
@@ -186,7 +188,7 @@ impl LlmBuilder {
             KvMemory::Fraction(f) if !(f > 0.0 && f <= 1.0) => return Err(Error::Config(format!("gpu_memory_utilization must be in (0, 1], got {f}"))),
             KvMemory::Fraction(f) => (0, f),
         };
-        Ok(LoadOptions { max_batch_tokens: self.max_num_batched_tokens, max_seqs: self.max_num_seqs, num_kv_blocks, block_size: self.block_size, gpu_memory_utilization, max_model_len: self.max_model_len, kv_dtype: self.kv_dtype, graphs: !self.enforce_eager, ..LoadOptions::default() })
+        Ok(LoadOptions { max_batch_tokens: self.max_num_batched_tokens.unwrap_or(0), max_seqs: self.max_num_seqs, num_kv_blocks, block_size: self.block_size, gpu_memory_utilization, max_model_len: self.max_model_len, kv_dtype: self.kv_dtype, graphs: !self.enforce_eager, ..LoadOptions::default() })
     }
 
     /// The engine's settings.
@@ -196,7 +198,7 @@ impl LlmBuilder {
             Scheduler::Static { max_wait } => BatchMode::Static { batch_size: self.max_num_seqs, max_wait },
         };
         EngineConfig {
-            max_num_batched_tokens: Some(self.max_num_batched_tokens),
+            max_num_batched_tokens: self.max_num_batched_tokens,
             max_num_seqs: Some(self.max_num_seqs),
             policy: self.policy,
             mode,

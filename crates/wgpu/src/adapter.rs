@@ -20,6 +20,13 @@ pub struct AdapterSummary {
     pub driver: String,
 }
 
+impl AdapterSummary {
+    /// A software adapter running on the CPU (Mesa's lavapipe or llvmpipe).
+    pub fn is_cpu(&self) -> bool {
+        self.device_type == wgpu::DeviceType::Cpu
+    }
+}
+
 impl std::fmt::Display for AdapterSummary {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{} ({:?}, {:?}", self.name, self.backend, self.device_type)?;

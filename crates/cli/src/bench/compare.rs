@@ -52,7 +52,7 @@ pub fn run(mut a: Args) -> Result<()> {
     let mut backend = serde_json::Value::Null;
     for &c in &a.concurrency {
         for mode in ["static", "continuous"] {
-            let ea = EngineArgs { max_num_seqs: c, max_num_batched_tokens: a.engine.max_num_batched_tokens.max(c), scheduler: mode.into(), ..a.engine.clone() };
+            let ea = EngineArgs { max_num_seqs: c, max_num_batched_tokens: Some(a.engine.max_num_batched_tokens.unwrap_or(512).max(c)), scheduler: mode.into(), ..a.engine.clone() };
             let started = model_source::start_engine(&model, &ea)?;
             backend = started.backend_json(ea.backend);
             offline::warm_up(&started.handle, &prompts, a.warmup)?;

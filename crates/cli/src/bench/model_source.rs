@@ -180,8 +180,6 @@ pub fn engine_flags(ea: &EngineArgs, dir: &Path) -> Vec<String> {
         ea.backend.name().into(),
         "--max-num-seqs".into(),
         ea.max_num_seqs.to_string(),
-        "--max-num-batched-tokens".into(),
-        ea.max_num_batched_tokens.to_string(),
         "--gpu-memory-utilization".into(),
         ea.gpu_memory_utilization.to_string(),
         "--block-size".into(),
@@ -197,6 +195,9 @@ pub fn engine_flags(ea: &EngineArgs, dir: &Path) -> Vec<String> {
     ];
     if let Some(n) = ea.num_kv_blocks {
         f.extend(["--num-kv-blocks".into(), n.to_string()]);
+    }
+    if let Some(n) = ea.max_num_batched_tokens {
+        f.extend(["--max-num-batched-tokens".into(), n.to_string()]);
     }
     if ea.no_prefix_caching {
         f.push("--no-prefix-caching".into());

@@ -45,7 +45,7 @@ pub fn run(a: Args) -> Result<()> {
     let mut runs: Vec<(usize, RunResult)> = vec![];
     let mut backend = serde_json::Value::Null;
     for &m in &a.max_num_seqs_values {
-        let ea = EngineArgs { max_num_seqs: m, max_num_batched_tokens: a.engine.max_num_batched_tokens.max(m), scheduler: "continuous".into(), ..a.engine.clone() };
+        let ea = EngineArgs { max_num_seqs: m, max_num_batched_tokens: Some(a.engine.max_num_batched_tokens.unwrap_or(512).max(m)), scheduler: "continuous".into(), ..a.engine.clone() };
         let started = model_source::start_engine(&model, &ea)?;
         backend = started.backend_json(ea.backend);
         offline::warm_up(&started.handle, &prompts, a.warmup)?;

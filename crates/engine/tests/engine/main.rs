@@ -6,6 +6,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod bounded;
 mod engine;
 mod guided;
 mod overlap;

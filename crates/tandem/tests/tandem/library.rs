@@ -245,3 +245,22 @@ fn generation_config_gives_the_default_sampling_params() {
     assert!(e.to_string().contains("generation_config.json"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// No step budget given: the backend's default (the reference backend runs on the CPU:
+/// `CPU_BATCH_TOKENS`, a short step); a given budget wins. Issue 29: the default follows the
+/// backend's speed.
+#[test]
+fn the_step_budget_defaults_to_the_backends() {
+    use tandem::{load_model, Backend, LoadOptions};
+    let opts = |n| LoadOptions { max_batch_tokens: n, max_seqs: 8, num_kv_blocks: 64, ..LoadOptions::default() };
+    let m = load_model(Backend::Reference, common::tiny_model(), opts(0)).unwrap();
+    assert_eq!(m.runner.max_batch_tokens(), tandem::backend::CPU_BATCH_TOKENS);
+    let m = load_model(Backend::Reference, common::tiny_model(), opts(100)).unwrap();
+    assert_eq!(m.runner.max_batch_tokens(), 100);
+    // Through the builder: none given is the backend's, and the engine runs with it.
+    let llm = tandem::LlmBuilder::new(common::tiny_model()).backend(Backend::Reference).max_num_seqs(8).num_kv_blocks(64).build().unwrap();
+    let out = llm.generate([Prompt::Tokens((0..100).map(|i| 10 + i % 50).collect())], &SamplingParams { max_tokens: Some(2), ..Default::default() }).unwrap();
+    assert_eq!(out[0].prompt_token_ids.len(), 100);
+    // 100 prompt tokens in steps of 32: four prefill steps (the last also samples), one decode.
+    assert_eq!(llm.stats().steps_total, 5, "a 100-token prompt runs in steps of the default budget");
+}
