@@ -54,13 +54,13 @@ impl EngineClient for ScriptedEngine {
                 let text = self.tok.decode(&ids, true).unwrap_or_default();
                 let top = |b: &mut crate::Bytes, n: usize| (0..n).map(|_| (b.u32() % vocab, -f32::from(b.u8()) / 16.0)).collect::<Vec<_>>();
                 let logprobs = match p.logprobs {
-                    Some(n) => ids.iter().map(|&t| TokenLogprob { token: t, logprob: -f32::from(b.u8()) / 32.0, top: top(&mut b, n.min(20)) }).collect(),
+                    Some(n) => ids.iter().map(|&t| TokenLogprob { token: t, logprob: -f32::from(b.u8()) / 32.0, top: top(&mut b, n.min(20)), rank: None }).collect(),
                     None => Vec::new(),
                 };
                 let prompt_logprobs = match (first, p.prompt_logprobs) {
                     (true, Some(n)) => Some(
                         (0..req.prompt.len())
-                            .map(|i| (i > 0).then(|| TokenLogprob { token: req.prompt[i], logprob: -f32::from(b.u8()) / 16.0, top: top(&mut b, n.min(20)) }))
+                            .map(|i| (i > 0).then(|| TokenLogprob { token: req.prompt[i], logprob: -f32::from(b.u8()) / 16.0, top: top(&mut b, n.min(20)), rank: None }))
                             .collect(),
                     ),
                     _ => None,
@@ -74,7 +74,7 @@ impl EngineClient for ScriptedEngine {
                     _ => None,
                 };
                 let delta = CompletionDelta { index, text, token_ids: ids, logprobs, prompt_logprobs, finish, stop_string };
-                let _ = tx.send(EngineUpdate { deltas: vec![delta], queue_time: None });
+                let _ = tx.send(EngineUpdate { deltas: vec![delta], queue_time: None, num_preemptions: None });
                 if end {
                     break;
                 }

@@ -174,9 +174,10 @@ pub struct Args {
     /// that a request is answered 429 at once.
     #[arg(long, default_value_t = 256)]
     max_queued_requests: usize,
-    /// The model name clients use (default: the model directory's name).
-    #[arg(long)]
-    served_model_name: Option<String>,
+    /// The model names clients use, as vLLM's: the first is the one responses report, all are
+    /// listed and accepted. Default: the model directory as given (its base name is accepted too).
+    #[arg(long, num_args = 1..)]
+    served_model_name: Vec<String>,
     /// A generation request running longer than this many seconds is aborted (its choices end
     /// with finish_reason "abort", or 408 when nothing was produced yet). Default: no bound.
     #[arg(long)]
@@ -298,6 +299,38 @@ impl Args {
     }
 }
 
+/// The names the model is served under, as `vllm serve` names it.
+#[derive(Debug, PartialEq)]
+struct ServedNames {
+    /// What responses report: the first `--served-model-name`, else the model path as given.
+    name: String,
+    /// The other `--served-model-name`s: listed and accepted.
+    others: Vec<String>,
+    /// Accepted, not listed: the directory's base name (what earlier versions served).
+    aliases: Vec<String>,
+    /// The model path, `root` in `/v1/models`.
+    root: String,
+}
+
+impl ServedNames {
+    /// `given`: the path on the command line (None: the default model, fetched to `dir`).
+    fn new(given: Option<&std::path::Path>, dir: &std::path::Path, served: &[String]) -> ServedNames {
+        let base = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into());
+        let root = given.unwrap_or(dir).to_string_lossy().into_owned();
+        if let Some((first, rest)) = served.split_first() {
+            return ServedNames { name: first.clone(), others: rest.to_vec(), aliases: Vec::new(), root };
+        }
+        match given {
+            Some(p) => {
+                let name = p.to_string_lossy().into_owned();
+                let aliases = if base != name { vec![base] } else { Vec::new() };
+                ServedNames { name, others: Vec::new(), aliases, root }
+            }
+            None => ServedNames { name: base, others: Vec::new(), aliases: Vec::new(), root },
+        }
+    }
+}
+
 pub fn run(mut a: Args) -> Result<()> {
     if a.model_dir.is_some() {
         a.engine.model = a.model_dir.take();
@@ -329,7 +362,8 @@ pub fn run(mut a: Args) -> Result<()> {
     };
     tok.add_eos_ids(&cfg.eos_token_ids);
     let tok = Arc::new(tok);
-    let name = a.served_model_name.clone().unwrap_or_else(|| dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into()));
+    let names = ServedNames::new(a.engine.model.as_deref(), &dir, &a.served_model_name);
+    let name = names.name.clone();
     let addr: SocketAddr = format!("{}:{}", a.host, a.port).parse().with_context(|| format!("--host {} --port {}: not an address", a.host, a.port))?;
     let server_cfg = ServerConfig {
         addr,
@@ -344,6 +378,9 @@ pub fn run(mut a: Args) -> Result<()> {
         reasoning_parser,
         vocab_size: cfg.vocab_size,
         shutdown_grace: Duration::from_secs(a.shutdown_grace_s),
+        served_model_names: names.others,
+        model_aliases: names.aliases,
+        model_root: Some(names.root),
         ..Default::default()
     };
     let mut engine_cfg = a.engine.engine_config(None)?;
@@ -423,6 +460,26 @@ mod tests {
             assert!(parse_kv_cache_dtype(v).unwrap_err().contains("an fp8 KV cache is not supported"), "{v}");
         }
         assert!(parse_kv_cache_dtype("half").unwrap_err().contains("expected auto, bf16"));
+    }
+
+    /// `vllm serve DIR` serves `DIR` as typed (the base name accepted too); `--served-model-name
+    /// a b` serves `a`, lists and accepts `b`.
+    #[test]
+    fn served_names_as_vllm() {
+        let dir = std::path::Path::new("/models/SmolLM2-135M");
+        let n = ServedNames::new(Some(std::path::Path::new("models/SmolLM2-135M/")), dir, &[]);
+        assert_eq!((n.name.as_str(), n.aliases.as_slice(), n.root.as_str()), ("models/SmolLM2-135M/", &["SmolLM2-135M".to_string()][..], "models/SmolLM2-135M/"));
+        let n = ServedNames::new(Some(std::path::Path::new("SmolLM2-135M")), dir, &[]);
+        assert!(n.aliases.is_empty(), "{n:?}");
+        let n = ServedNames::new(Some(dir), dir, &["a".into(), "b".into()]);
+        assert_eq!(n, ServedNames { name: "a".into(), others: vec!["b".into()], aliases: vec![], root: "/models/SmolLM2-135M".into() });
+        #[derive(clap::Parser)]
+        struct P {
+            #[command(flatten)]
+            a: Args,
+        }
+        let p = <P as clap::Parser>::try_parse_from(["tandem", "DIR", "--served-model-name", "a", "b"]).unwrap();
+        assert_eq!((p.a.model_dir.as_deref(), p.a.served_model_name.as_slice()), (Some(std::path::Path::new("DIR")), &["a".to_string(), "b".to_string()][..]));
     }
 
     /// Async scheduling is on unless `--no-async-scheduling` comes last (vLLM's spelling of both).

@@ -29,6 +29,42 @@ pub trait Constraint: Send {
     fn is_finished(&self) -> bool;
 }
 
+/// What follows a complete grammar when the model has an end-of-sequence token: that token
+/// alone. vLLM (xgrammar) lets the model sample it and counts it as an output token; the
+/// engine does the same, so that usage agrees (one step more than stopping at once).
+pub struct EndOnly {
+    eos: Vec<u32>,
+    done: bool,
+}
+
+impl EndOnly {
+    pub fn new(eos: Vec<u32>) -> Self {
+        EndOnly { eos, done: false }
+    }
+}
+
+impl Constraint for EndOnly {
+    fn fill_mask(&mut self, mask: &mut [u32]) -> Result<(), String> {
+        mask.fill(0);
+        for &t in &self.eos {
+            if let Some(w) = mask.get_mut(t as usize / 32) {
+                *w |= 1 << (t % 32);
+            }
+        }
+        Ok(())
+    }
+    fn commit(&mut self, token: u32) -> Result<(), String> {
+        if !self.eos.contains(&token) {
+            return Err(format!("token {token} after a complete grammar, which admits only the end-of-sequence token"));
+        }
+        self.done = true;
+        Ok(())
+    }
+    fn is_finished(&self) -> bool {
+        self.done
+    }
+}
+
 /// What a request asks for, compiled once: starts a [`Constraint`] per completion (each of
 /// the `n` completions, and each starts where the prompt ends).
 pub trait ConstraintFactory: Send + Sync {

@@ -163,6 +163,9 @@ pub struct RequestOutput {
     /// With completion 0's first message, when prompt logprobs were asked for: one entry per
     /// prompt token, the first None.
     pub prompt_logprobs: Option<Vec<Option<TokenLogprobs>>>,
+    /// With `prompt_logprobs`: per prompt position its token's rank (see
+    /// [`crate::sampler::rank`]); 0 for the first position, which has no logprob.
+    pub prompt_ranks: Vec<u32>,
     /// Set when completion `index` ended.
     pub finish_reason: Option<FinishReason>,
     /// The last message of the request: every completion has ended.
@@ -173,7 +176,7 @@ pub struct RequestOutput {
 
 impl RequestOutput {
     fn new(request_id: RequestId, index: usize) -> Self {
-        RequestOutput { request_id, index, token_ids: vec![], text: String::new(), logprobs: vec![], prompt_logprobs: None, finish_reason: None, finished: false, usage: None, metrics: None }
+        RequestOutput { request_id, index, token_ids: vec![], text: String::new(), logprobs: vec![], prompt_logprobs: None, prompt_ranks: Vec::new(), finish_reason: None, finished: false, usage: None, metrics: None }
     }
 }
 
@@ -553,7 +556,7 @@ impl Engine {
             let sampled = self.forward(&out);
             self.postprocess(&out, sampled);
         }
-        self.record_step(out.seqs.len(), scheduled_usage, false);
+        self.record_step(out.seqs.len(), out.num_tokens, scheduled_usage, false);
         out.seqs.len()
     }
 
@@ -565,6 +568,7 @@ impl Engine {
         let mut out = self.scheduler.schedule(Instant::now());
         let scheduled_usage = self.scheduler.bm.usage();
         let sent = out.seqs.len();
+        let sent_tokens = out.num_tokens;
         if !out.is_empty() {
             match self.device_specs(&out) {
                 Some(d) if d.ids_only() => self.dispatch(out, d.specs),
@@ -575,7 +579,7 @@ impl Engine {
                     self.drop_ended(&mut out);
                     let sampled = self.forward(&out);
                     self.postprocess(&out, sampled);
-                    self.record_step(sent, scheduled_usage, false);
+                    self.record_step(sent, sent_tokens, scheduled_usage, false);
                     return sent;
                 }
             }
@@ -585,13 +589,14 @@ impl Engine {
         while self.in_flight.len() > usize::from(sent > 0) {
             landed = landed.max(self.land_one());
         }
-        self.record_step(sent, scheduled_usage, true);
+        self.record_step(sent, sent_tokens, scheduled_usage, true);
         sent.max(landed)
     }
 
-    fn record_step(&self, batch: usize, scheduled_usage: f32, overlapped: bool) {
+    fn record_step(&self, batch: usize, tokens: usize, scheduled_usage: f32, overlapped: bool) {
         if let Ok(mut st) = self.stats.lock() {
             st.batch_size = batch;
+            st.record_iteration_tokens(tokens);
             st.kv_usage_peak = st.kv_usage_peak.max(scheduled_usage);
             match (batch > 0, overlapped) {
                 (false, _) => {}
@@ -882,6 +887,7 @@ impl Engine {
                 let next = start + j + 1;
                 if next < p && lps.len() == next {
                     lps.push(Some(logprobs(row, tokens[next], k)));
+                    seq.prompt_ranks.push(crate::sampler::rank(row, tokens[next]));
                 }
             }
         }
@@ -919,10 +925,12 @@ impl Engine {
         let Some(seq) = self.scheduler.seq_mut(id) else { return };
         let p = seq.params.clone();
         let prompt_logprobs = seq.prompt_logprobs.take();
+        let prompt_ranks = if prompt_logprobs.is_some() { std::mem::take(&mut seq.prompt_ranks) } else { Vec::new() };
         if seq.max_tokens == 0 {
             // Scoring only (echo with max_tokens 0): the prompt's logprobs are the answer.
             let mut o = RequestOutput::new(seq.request_id, seq.index);
             o.prompt_logprobs = prompt_logprobs;
+            o.prompt_ranks = prompt_ranks;
             return self.end_seq(id, FinishReason::Length, o);
         }
         // Output tokens before this one.
@@ -984,6 +992,12 @@ impl Engine {
             reason = Some(FinishReason::Stop { stop_string: None, stop_token: Some(token) });
         } else if let Some(s) = seq.text.push_keeping(decode, token, stops, p.include_stop_str_in_output) {
             reason = Some(FinishReason::Stop { stop_string: Some(s), stop_token: None });
+        } else if guide_done && !eos.is_empty() && !p.ignore_eos && before + 1 >= p.min_tokens && before + 2 <= seq.max_tokens && seq.num_prompt_tokens + before + 2 <= max_model_len {
+            // The grammar is complete; as vLLM, the model samples the end-of-sequence token it
+            // forces next (counted as an output token, left out of the text).
+            if let Some(g) = seq.guide.as_mut() {
+                g.constraint = Box::new(crate::constraint::EndOnly::new(eos.clone()));
+            }
         } else if guide_done {
             // The grammar is complete: what it describes is whole (OpenAI's "stop").
             reason = Some(FinishReason::Stop { stop_string: None, stop_token: None });
@@ -997,6 +1011,7 @@ impl Engine {
         o.token_ids.push(token);
         o.text = seq.text.take_new(stops, reason.is_some());
         o.prompt_logprobs = prompt_logprobs;
+        o.prompt_ranks = prompt_ranks;
         if let (Some(_), Some(lp)) = (p.logprobs, device_lp) {
             o.logprobs.push(lp);
         } else if let (Some(n), Some(raw)) = (p.logprobs, raw) {
@@ -1261,6 +1276,11 @@ impl EngineHandle {
     /// Longest prompt + output the engine accepts.
     pub fn max_model_len(&self) -> usize {
         self.inner.limits.max_model_len
+    }
+
+    /// The KV pool: tokens a block holds, and blocks.
+    pub fn kv_blocks(&self) -> (usize, usize) {
+        (self.inner.limits.block_size, self.inner.limits.num_blocks)
     }
 
     /// Aborts every open request, stops the thread and waits for it.

@@ -42,7 +42,16 @@ pub struct Stats {
     pub guided_mask_seconds_total: f64,
     /// The most recent mask times (at most [`MASK_SAMPLES`]), for percentiles.
     pub guided_mask_seconds: std::collections::VecDeque<f64>,
+    /// Tokens computed per step (prompt chunks and decodes), as a histogram over powers of
+    /// two: entry `k` counts steps of `(2^(k-1), 2^k]` tokens (entry 0: one token), the last
+    /// entry everything above `2^(ITERATION_TOKEN_BINS - 2)`. Any power-of-two bucket bounds
+    /// (vLLM's `vllm:iteration_tokens_total`) are sums of these.
+    pub iteration_tokens: [u64; ITERATION_TOKEN_BINS],
+    pub iteration_tokens_sum: u64,
 }
+
+/// Bins of [`Stats::iteration_tokens`]: up to 2^15 tokens a step, then one overflow bin.
+pub const ITERATION_TOKEN_BINS: usize = 17;
 
 /// Mask times kept for percentiles.
 pub const MASK_SAMPLES: usize = 8192;
@@ -58,6 +67,16 @@ impl Stats {
             }
             self.guided_mask_seconds.push_back(t);
         }
+    }
+
+    /// Records the tokens of one step that computed any.
+    pub fn record_iteration_tokens(&mut self, tokens: usize) {
+        if tokens == 0 {
+            return;
+        }
+        let bin = (tokens.next_power_of_two().trailing_zeros() as usize).min(ITERATION_TOKEN_BINS - 1);
+        self.iteration_tokens[bin] += 1;
+        self.iteration_tokens_sum += tokens as u64;
     }
 
     pub fn count_finish(&mut self, reason: &FinishReason) {
@@ -93,5 +112,25 @@ impl RequestMetrics {
             e2e: now - t.arrival,
             num_preemptions,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Bin k holds (2^(k-1), 2^k] tokens; beyond 2^15 the overflow bin; empty steps are not steps.
+    #[test]
+    fn iteration_tokens_fall_in_power_of_two_bins() {
+        let mut s = Stats::default();
+        for t in [0, 1, 2, 3, 8, 9, 16384, 16385, 1 << 20] {
+            s.record_iteration_tokens(t);
+        }
+        let mut want = [0u64; ITERATION_TOKEN_BINS];
+        for k in [0, 1, 2, 3, 4, 14, 15, 16] {
+            want[k] += 1;
+        }
+        assert_eq!(s.iteration_tokens, want);
+        assert_eq!(s.iteration_tokens_sum, (1 + 2 + 3 + 8 + 9 + 16384 + 16385 + (1 << 20)) as u64);
     }
 }

@@ -26,6 +26,13 @@ pub fn logprobs(logits: &[f32], token: u32, n: usize) -> TokenLogprobs {
     tandem_core::sampling::logprobs_row(logits, token, n)
 }
 
+/// vLLM's rank of `token` in a row of logits: how many tokens are at least as likely (itself
+/// included), so the most likely is 1; NaN logits never count.
+pub fn rank(logits: &[f32], token: u32) -> u32 {
+    let Some(&x) = logits.get(token as usize) else { return 0 };
+    logits.iter().filter(|&&y| y >= x).count() as u32
+}
+
 /// Whether the row's logits are edited before sampling: a penalty, `logit_bias` or a ban.
 pub fn has_edits(p: &SamplingParams, banned: &[u32]) -> bool {
     p.repetition_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 || !p.logit_bias.is_empty() || !banned.is_empty()
@@ -214,6 +221,13 @@ mod tests {
         assert_eq!(l[1], -4.0); // negative: multiplied
         assert_eq!(l[2], 0.5 - 2.0 * 0.5 - 0.25); // repetition, then frequency x2, then presence
         assert_eq!(l[3], f32::NEG_INFINITY); // banned
+    }
+
+    #[test]
+    fn rank_counts_tokens_at_least_as_likely() {
+        let row = [0.5, 2.0, f32::NAN, 2.0, -1.0];
+        assert_eq!([0, 1, 3, 4].map(|t| rank(&row, t)), [3, 2, 2, 4]);
+        assert_eq!(rank(&row, 9), 0, "outside the row");
     }
 
     #[test]

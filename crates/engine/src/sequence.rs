@@ -114,6 +114,9 @@ pub struct Sequence {
     /// token `p` given tokens `0..p`; entry 0 is None (nothing comes before it). Taken when the
     /// first output is sent.
     pub prompt_logprobs: Option<Vec<Option<TokenLogprobs>>>,
+    /// With `prompt_logprobs`, entry `p`'s token's rank among the vocabulary at that position
+    /// (1 the most likely; vLLM's `rank`: tokens at least as likely counted); entry 0 is 0.
+    pub prompt_ranks: Vec<u32>,
     /// The constraint of a guided request, and the mask it gave for this step's sample.
     pub guide: Option<GuideState>,
 }
@@ -156,6 +159,7 @@ impl Sequence {
             forked: index > 0,
             pending_logprobs: Vec::new(),
             prompt_logprobs: (index == 0 && params.prompt_logprobs.is_some()).then(|| vec![None]),
+            prompt_ranks: vec![0],
             guide: None,
             params,
         }

@@ -61,7 +61,7 @@ impl EmitEngine {
                     let finish = (o.left == 0).then_some(FinishReason::Length);
                     o.stamps.push(Instant::now());
                     let d = CompletionDelta { index: 0, text: format!(" r{}", o.id), token_ids: vec![7], logprobs: vec![], prompt_logprobs: None, finish, stop_string: None };
-                    let _ = o.tx.send(EngineUpdate { deltas: vec![d], queue_time: Some(Duration::ZERO) });
+                    let _ = o.tx.send(EngineUpdate { deltas: vec![d], queue_time: Some(Duration::ZERO), num_preemptions: None });
                 }
                 let (done, still): (Vec<Open>, Vec<Open>) = open.drain(..).partition(|o| o.left == 0);
                 open = still;

@@ -331,10 +331,10 @@ fn refuse_unsupported(f: &Fields) -> Result<(), ApiError> {
     Ok(())
 }
 
-fn check_model(f: &Fields, served: &str) -> Result<(), ApiError> {
+fn check_model(f: &Fields, state: &AppState) -> Result<(), ApiError> {
     match f.str("model")? {
         None => Err(ApiError::invalid("model", "`model` is required")),
-        Some(m) if m != served => Err(ApiError::unknown_model(m, served)),
+        Some(m) if !state.serves(m) => Err(ApiError::unknown_model(m, &state.model_name)),
         Some(_) => Ok(()),
     }
 }
@@ -409,7 +409,7 @@ fn thinking_kwargs(f: &Fields) -> Option<Map<String, Value>> {
 fn job(state: &AppState, body: &[u8]) -> Result<Job, ApiError> {
     let o = parse_json(body)?;
     let f = Fields(&o);
-    check_model(&f, &state.model_name)?;
+    check_model(&f, state)?;
     refuse_unsupported(&f)?;
     let p = params(state, &f)?;
     let guide = output_format(&f)?;
@@ -434,7 +434,7 @@ fn job(state: &AppState, body: &[u8]) -> Result<Job, ApiError> {
 pub fn count_tokens(state: &AppState, body: &[u8]) -> Result<Value, ApiError> {
     let o = parse_json(body)?;
     let f = Fields(&o);
-    check_model(&f, &state.model_name)?;
+    check_model(&f, state)?;
     refuse_unsupported(&f)?;
     let tools = tools(&f)?;
     let msgs = template_messages(&f)?;

@@ -51,6 +51,14 @@ pub struct ServerConfig {
     pub responses_capacity: usize,
     pub responses_max_bytes: usize,
     pub responses_ttl: Duration,
+    /// More names the model is served under (vLLM's `--served-model-name a b`: `Server::bind`
+    /// takes the first, these are the rest): listed by `/v1/models` and accepted as `model`.
+    pub served_model_names: Vec<String>,
+    /// Names accepted as `model` but not listed (the model directory's base name, which
+    /// earlier versions served).
+    pub model_aliases: Vec<String>,
+    /// `root` of `/v1/models` entries (vLLM: the model path); the served name when `None`.
+    pub model_root: Option<String>,
 }
 
 /// What a request that leaves a field out gets instead of the API's default: vLLM's
@@ -114,6 +122,9 @@ impl Default for ServerConfig {
             responses_capacity: 1000,
             responses_max_bytes: 256 << 20,
             responses_ttl: Duration::from_secs(3600),
+            served_model_names: Vec::new(),
+            model_aliases: Vec::new(),
+            model_root: None,
         }
     }
 }

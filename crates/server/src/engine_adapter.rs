@@ -72,7 +72,7 @@ pub(crate) fn to_engine_params(p: &crate::engine_client::RequestParams) -> Sampl
 }
 
 fn to_logprob(l: tandem_engine::sampler::TokenLogprobs) -> TokenLogprob {
-    TokenLogprob { token: l.token, logprob: l.logprob, top: l.top }
+    TokenLogprob { token: l.token, logprob: l.logprob, top: l.top, rank: None }
 }
 
 fn to_update(o: RequestOutput) -> EngineUpdate {
@@ -87,10 +87,12 @@ fn to_update(o: RequestOutput) -> EngineUpdate {
         tandem_engine::FinishReason::Error(e) => FinishReason::Error(e),
     });
     let logprobs = o.logprobs.into_iter().map(to_logprob).collect();
-    let prompt_logprobs = o.prompt_logprobs.map(|v| v.into_iter().map(|l| l.map(to_logprob)).collect());
+    let ranks = o.prompt_ranks;
+    let prompt_logprobs = o.prompt_logprobs.map(|v| v.into_iter().enumerate().map(|(i, l)| l.map(|l| TokenLogprob { rank: ranks.get(i).copied().filter(|&r| r > 0), ..to_logprob(l) })).collect());
     EngineUpdate {
         deltas: vec![CompletionDelta { index: o.index, text: o.text, token_ids: o.token_ids, logprobs, prompt_logprobs, finish, stop_string }],
-        queue_time: o.metrics.and_then(|m| m.queue_time),
+        queue_time: o.metrics.as_ref().and_then(|m| m.queue_time),
+        num_preemptions: o.metrics.map(|m| m.num_preemptions),
     }
 }
 
@@ -164,6 +166,10 @@ impl EngineClient for TandemEngine {
             guided_mask_seconds_total: s.guided_mask_seconds_total,
             async_steps: s.async_steps_total,
             sync_steps: s.sync_steps_total,
+            iteration_tokens: s.iteration_tokens.to_vec(),
+            iteration_tokens_sum: s.iteration_tokens_sum,
+            block_size: h.kv_blocks().0,
+            num_blocks: h.kv_blocks().1,
         }
     }
 
@@ -242,6 +248,7 @@ mod tests {
             text: " a".into(),
             logprobs: vec![tandem_engine::sampler::TokenLogprobs { token: 3, logprob: -0.5, top: vec![(3, -0.5), (4, -1.0)] }],
             prompt_logprobs: None,
+            prompt_ranks: Vec::new(),
             finish_reason: Some(tandem_engine::FinishReason::Stop { stop_string: Some("b".into()), stop_token: None }),
             finished: true,
             usage: None,
@@ -252,6 +259,6 @@ mod tests {
         let d = &u.deltas[0];
         assert_eq!((d.index, d.text.as_str(), d.token_ids.as_slice(), d.finish.clone()), (1, " a", &[3u32][..], Some(FinishReason::Stop)));
         assert_eq!(d.stop_string.as_deref(), Some("b"), "the stop string that ended the text");
-        assert_eq!(d.logprobs, vec![TokenLogprob { token: 3, logprob: -0.5, top: vec![(3, -0.5), (4, -1.0)] }]);
+        assert_eq!(d.logprobs, vec![TokenLogprob { token: 3, logprob: -0.5, top: vec![(3, -0.5), (4, -1.0)], rank: None }]);
     }
 }

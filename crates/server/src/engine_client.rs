@@ -86,6 +86,9 @@ pub struct TokenLogprob {
     pub logprob: f32,
     /// Most likely tokens, best first.
     pub top: Vec<(u32, f32)>,
+    /// The token's rank in the vocabulary (1 the most likely), when the engine computed it
+    /// (prompt logprobs).
+    pub rank: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -135,6 +138,8 @@ pub struct EngineUpdate {
     pub deltas: Vec<CompletionDelta>,
     /// Time from arrival to first scheduling, sent once (with the first update) when known.
     pub queue_time: Option<Duration>,
+    /// With the request's last update, when known: how many times it was preempted.
+    pub num_preemptions: Option<u32>,
 }
 
 /// Where a request's updates come from: polled by the response body itself, so that a token
@@ -184,6 +189,13 @@ pub struct EngineStats {
     /// steps run synchronously (cumulative).
     pub async_steps: u64,
     pub sync_steps: u64,
+    /// Tokens computed per engine step: entry `k` counts steps of `(2^(k-1), 2^k]` tokens
+    /// (entry 0: one token; the last entry: all above), and their sum. Empty when unknown.
+    pub iteration_tokens: Vec<u64>,
+    pub iteration_tokens_sum: u64,
+    /// The KV pool: tokens a block holds and blocks (0 when unknown).
+    pub block_size: usize,
+    pub num_blocks: usize,
 }
 
 /// Why the engine refused a request outright.

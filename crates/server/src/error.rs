@@ -40,6 +40,21 @@ impl ApiError {
             ..Self::new(StatusCode::NOT_FOUND, "NotFoundError", format!("The model `{requested}` does not exist; this server serves `{served}`."))
         }
     }
+    /// 400 for a request the context cannot hold, in vLLM's words and with OpenAI's
+    /// `context_length_exceeded` code, which client libraries (langchain-openai, litellm,
+    /// pydantic-ai) read as a context overflow.
+    pub fn context_overflow(param: &str, max_model_len: usize, prompt: usize, completion: usize) -> Self {
+        ApiError {
+            code: Some("context_length_exceeded"),
+            ..Self::invalid(
+                param,
+                format!(
+                    "This model's maximum context length is {max_model_len} tokens. However, you requested {} tokens ({prompt} in the messages, {completion} in the completion). Please reduce the length of the messages or completion.",
+                    prompt + completion
+                ),
+            )
+        }
+    }
     pub fn unauthorized() -> Self {
         ApiError {
             code: Some("invalid_api_key"),

@@ -18,14 +18,33 @@ use std::time::{Duration, Instant};
 
 use crate::engine_client::EngineStats;
 
-/// vLLM's bucket bounds, extended downwards for small models on a CPU.
-const TTFT_BUCKETS: &[f64] = &[0.0005, 0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0];
-const ITL_BUCKETS: &[f64] = &[0.0001, 0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0];
-const REQUEST_BUCKETS: &[f64] = &[0.001, 0.01, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0];
+/// vLLM 0.32's bucket bounds (`vllm/v1/metrics/buckets.py`), so that a dashboard's quantiles
+/// read the same.
+const TTFT_BUCKETS: &[f64] = &[0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0];
+const ITL_BUCKETS: &[f64] = &[0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0];
+const REQUEST_BUCKETS: &[f64] = &[0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0];
+const ITERATION_TOKENS_BUCKETS: &[f64] = &[1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0];
+const PARAMS_N_BUCKETS: &[f64] = &[1.0, 2.0, 5.0, 10.0, 20.0];
+const PREEMPTIONS_BUCKETS: &[f64] = &[1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 20.0];
+
+/// vLLM's request-token buckets: 1, 2, 5, 10, 20, 50, ... up to `max_model_len`.
+fn request_tokens_buckets(max_model_len: usize) -> Vec<f64> {
+    let mut out = Vec::new();
+    let mut scale = 1usize;
+    loop {
+        for m in [1usize, 2, 5] {
+            match m.checked_mul(scale) {
+                Some(v) if v <= max_model_len => out.push(v as f64),
+                _ => return out,
+            }
+        }
+        scale = scale.saturating_mul(10);
+    }
+}
 
 #[derive(Debug)]
 pub struct Histogram {
-    bounds: &'static [f64],
+    bounds: Vec<f64>,
     inner: Mutex<HistogramState>,
 }
 
@@ -39,8 +58,8 @@ struct HistogramState {
 }
 
 impl Histogram {
-    fn new(bounds: &'static [f64]) -> Self {
-        Histogram { bounds, inner: Mutex::new(HistogramState { counts: vec![0; bounds.len() + 1], ..Default::default() }) }
+    fn new(bounds: &[f64]) -> Self {
+        Histogram { bounds: bounds.to_vec(), inner: Mutex::new(HistogramState { counts: vec![0; bounds.len() + 1], ..Default::default() }) }
     }
 
     pub fn observe(&self, v: f64) {
@@ -57,15 +76,20 @@ impl Histogram {
 
     fn render(&self, out: &mut String, name: &str, help: &str, labels: &str) {
         let s = self.inner.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-        let mut cum = 0;
-        for (i, c) in s.counts.iter().enumerate() {
-            cum += c;
-            let le = self.bounds.get(i).map_or("+Inf".to_string(), |b| format_float(*b));
-            let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {cum}");
-        }
-        let _ = writeln!(out, "{name}_sum{{{labels}}} {}\n{name}_count{{{labels}}} {}", format_float(s.sum), s.count);
+        render_histogram(out, name, help, labels, &self.bounds, &s.counts, s.sum);
     }
+}
+
+/// A histogram's exposition from per-bucket (not cumulative) counts, the last the `+Inf` one.
+fn render_histogram(out: &mut String, name: &str, help: &str, labels: &str, bounds: &[f64], counts: &[u64], sum: f64) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+    let mut cum = 0;
+    for (i, c) in counts.iter().enumerate() {
+        cum += c;
+        let le = bounds.get(i).map_or("+Inf".to_string(), |b| format_float(*b));
+        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {cum}");
+    }
+    let _ = writeln!(out, "{name}_sum{{{labels}}} {}\n{name}_count{{{labels}}} {cum}", format_float(sum));
 }
 
 /// Prometheus floats: Go's shortest form, with `+Inf`/`-Inf`/`NaN` spelled out.
@@ -97,17 +121,44 @@ struct TokenSample {
     generation: u64,
 }
 
+/// One finished request (one choice: vLLM counts each of `n` completions as a request) as
+/// vLLM's per-request histograms see it. Times are `None` where the request never got there.
+#[derive(Debug, Clone, Default)]
+pub struct FinishedRequest {
+    pub prompt_tokens: usize,
+    pub generation_tokens: usize,
+    pub max_tokens_param: usize,
+    /// First scheduled to first token, first to last token, first scheduled to last token.
+    pub prefill: Option<f64>,
+    pub decode: Option<f64>,
+    pub inference: Option<f64>,
+}
+
 #[derive(Debug)]
 pub struct Metrics {
+    /// `model_name="…",engine="0"`: vLLM's labels (one engine).
+    labels: String,
     model_label: String,
     pub prompt_tokens: AtomicU64,
     pub generation_tokens: AtomicU64,
     /// Finished requests by reason: stop, length, abort, error.
     pub finished: [AtomicU64; 4],
+    /// Requests refused because the queue was full (vLLM's `max_num_queued_reqs`).
+    pub admission_rejected: AtomicU64,
     pub ttft: Histogram,
     pub itl: Histogram,
     pub e2e: Histogram,
     pub queue: Histogram,
+    pub request_prompt_tokens: Histogram,
+    pub request_generation_tokens: Histogram,
+    pub request_max_generation_tokens: Histogram,
+    pub request_params_n: Histogram,
+    pub request_params_max_tokens: Histogram,
+    pub time_per_output_token: Histogram,
+    pub prefill_time: Histogram,
+    pub decode_time: Histogram,
+    pub inference_time: Histogram,
+    pub request_preemptions: Histogram,
     /// Oldest first; never empty (the first is taken at start-up).
     samples: Mutex<VecDeque<TokenSample>>,
 }
@@ -115,17 +166,53 @@ pub struct Metrics {
 pub const FINISH_REASONS: [&str; 4] = ["stop", "length", "abort", "error"];
 
 impl Metrics {
+    /// Request-token histograms sized for a 2048-token context; see [`Metrics::for_model`].
     pub fn new(model_name: &str) -> Self {
+        Self::for_model(model_name, 2048)
+    }
+
+    /// `max_model_len` bounds the request-token histograms' buckets, as in vLLM.
+    pub fn for_model(model_name: &str, max_model_len: usize) -> Self {
+        let name = escape_label(model_name);
+        let tokens = request_tokens_buckets(max_model_len.max(1));
         Metrics {
-            model_label: format!("model_name=\"{}\"", escape_label(model_name)),
+            labels: format!("model_name=\"{name}\",engine=\"0\""),
+            model_label: format!("model_name=\"{name}\""),
             prompt_tokens: AtomicU64::new(0),
             generation_tokens: AtomicU64::new(0),
             finished: Default::default(),
+            admission_rejected: AtomicU64::new(0),
             ttft: Histogram::new(TTFT_BUCKETS),
             itl: Histogram::new(ITL_BUCKETS),
             e2e: Histogram::new(REQUEST_BUCKETS),
             queue: Histogram::new(REQUEST_BUCKETS),
+            request_prompt_tokens: Histogram::new(&tokens),
+            request_generation_tokens: Histogram::new(&tokens),
+            request_max_generation_tokens: Histogram::new(&tokens),
+            request_params_n: Histogram::new(PARAMS_N_BUCKETS),
+            request_params_max_tokens: Histogram::new(&tokens),
+            time_per_output_token: Histogram::new(ITL_BUCKETS),
+            prefill_time: Histogram::new(REQUEST_BUCKETS),
+            decode_time: Histogram::new(REQUEST_BUCKETS),
+            inference_time: Histogram::new(REQUEST_BUCKETS),
+            request_preemptions: Histogram::new(PREEMPTIONS_BUCKETS),
             samples: Mutex::new(VecDeque::from([TokenSample { at: Instant::now(), prompt: 0, generation: 0 }])),
+        }
+    }
+
+    /// A finished request's histograms (vLLM's `FinishedRequestStats`).
+    pub fn observe_finished(&self, r: &FinishedRequest) {
+        self.request_prompt_tokens.observe(r.prompt_tokens as f64);
+        self.request_generation_tokens.observe(r.generation_tokens as f64);
+        if r.max_tokens_param > 0 {
+            self.request_params_max_tokens.observe(r.max_tokens_param as f64);
+        }
+        if let (Some(p), Some(d), Some(i)) = (r.prefill, r.decode, r.inference) {
+            self.prefill_time.observe(p);
+            self.decode_time.observe(d);
+            self.inference_time.observe(i);
+            // vLLM: the prefill's token is not a decode's.
+            self.time_per_output_token.observe(if r.generation_tokens > 1 { d / (r.generation_tokens - 1) as f64 } else { 0.0 });
         }
     }
 
@@ -159,8 +246,8 @@ impl Metrics {
 
     /// The whole exposition, engine gauges included.
     pub fn render(&self, stats: &EngineStats, server_queued: usize) -> String {
-        let l = &self.model_label;
-        let mut out = String::with_capacity(8192);
+        let l = &self.labels;
+        let mut out = String::with_capacity(16384);
         let mut gauge = |name: &str, help: &str, v: f64| {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{{l}}} {}", format_float(v));
         };
@@ -172,13 +259,36 @@ impl Metrics {
         gauge("vllm:avg_prompt_throughput_toks_per_s", "Average prefill throughput in tokens/s.", prompt_rate);
         gauge("vllm:avg_generation_throughput_toks_per_s", "Average generation throughput in tokens/s.", generation_rate);
         gauge("tandem:server_queued_requests", "Requests submitted by the server without output yet (bounded by max_queued_requests).", server_queued as f64);
+        // Every waiting request waits for capacity: nothing here defers one (no LoRA budget,
+        // no KV transfer).
+        let _ = writeln!(out, "# HELP vllm:num_requests_waiting_by_reason Number of waiting requests by reason.\n# TYPE vllm:num_requests_waiting_by_reason gauge");
+        let _ = writeln!(out, "vllm:num_requests_waiting_by_reason{{{l},reason=\"capacity\"}} {}\nvllm:num_requests_waiting_by_reason{{{l},reason=\"deferred\"}} 0", stats.num_waiting);
+        // No sleep mode: always awake.
+        let _ = writeln!(out, "# HELP vllm:engine_sleep_state Engine sleep state; awake = 1 means engine is awake.\n# TYPE vllm:engine_sleep_state gauge");
+        for (s, v) in [("awake", 1), ("weights_offloaded", 0), ("discard_all", 0)] {
+            let _ = writeln!(out, "vllm:engine_sleep_state{{{l},sleep_state=\"{s}\"}} {v}");
+        }
+        if stats.block_size > 0 {
+            let _ = writeln!(
+                out,
+                "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{{block_size=\"{}\",num_gpu_blocks=\"{}\",engine=\"0\"}} 1",
+                stats.block_size, stats.num_blocks
+            );
+        }
         let mut counter = |name: &str, help: &str, v: u64| {
             let _ = writeln!(out, "# HELP {name}_total {help}\n# TYPE {name}_total counter\n{name}_total{{{l}}} {v}");
         };
+        let prompt_tokens = self.prompt_tokens.load(Ordering::Relaxed);
         counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", stats.prefix_cache_queries);
         counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", stats.prefix_cache_hits);
+        // No KV connector and no multi-modal inputs: these stay 0.
+        counter("vllm:external_prefix_cache_queries", "External prefix cache queries from KV connector cross-instance cache sharing, in terms of number of queried tokens.", 0);
+        counter("vllm:external_prefix_cache_hits", "External prefix cache hits from KV connector cross-instance cache sharing, in terms of number of cached tokens.", 0);
+        counter("vllm:mm_cache_queries", "Multi-modal cache queries, in terms of number of queried items.", 0);
+        counter("vllm:mm_cache_hits", "Multi-modal cache hits, in terms of number of cached items.", 0);
         counter("vllm:num_preemptions", "Cumulative number of preemptions from the engine.", stats.num_preemptions);
-        counter("vllm:prompt_tokens", "Number of prefill tokens processed.", self.prompt_tokens.load(Ordering::Relaxed));
+        counter("vllm:prompt_tokens", "Number of prefill tokens processed.", prompt_tokens);
+        counter("vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external).", stats.prefix_cache_hits);
         counter("vllm:generation_tokens", "Number of generation tokens processed.", self.generation_tokens.load(Ordering::Relaxed));
         counter("tandem:async_steps", "Engine steps sent to the model ahead of the previous step's postprocessing (async scheduling).", stats.async_steps);
         counter("tandem:sync_steps", "Engine steps whose forward and postprocessing ran one after the other (async scheduling off, or a step that needed host-side results).", stats.sync_steps);
@@ -188,15 +298,56 @@ impl Metrics {
             "# HELP tandem:structured_output_mask_seconds_total Time spent computing structured-output masks (beside the forward, on helper threads).\n# TYPE tandem:structured_output_mask_seconds_total counter\ntandem:structured_output_mask_seconds_total{{{l}}} {}",
             format_float(stats.guided_mask_seconds_total)
         );
-        let _ = writeln!(out, "# HELP vllm:request_success_total Count of finished requests by finish reason.\n# TYPE vllm:request_success_total counter");
+        // Prompt tokens by where their KV came from: the local prefix cache, or computed.
+        let cached = stats.prefix_cache_hits.min(prompt_tokens);
+        let _ = writeln!(out, "# HELP vllm:prompt_tokens_by_source_total Number of prompt tokens by source.\n# TYPE vllm:prompt_tokens_by_source_total counter");
+        for (src, v) in [("local_compute", prompt_tokens - cached), ("local_cache_hit", cached), ("external_kv_transfer", 0)] {
+            let _ = writeln!(out, "vllm:prompt_tokens_by_source_total{{{l},source=\"{src}\"}} {v}");
+        }
+        let _ = writeln!(out, "# HELP vllm:prompt_tokens_cached_by_source_total Prefix-cache hit tokens by the cache tier that supplied them.\n# TYPE vllm:prompt_tokens_cached_by_source_total counter");
+        for (src, v) in [("device", stats.prefix_cache_hits), ("host", 0), ("p2p", 0), ("disk", 0), ("external_unspecified", 0)] {
+            let _ = writeln!(out, "vllm:prompt_tokens_cached_by_source_total{{{l},source=\"{src}\"}} {v}");
+        }
+        let _ = writeln!(out, "# HELP vllm:request_success_total Count of successfully processed requests.\n# TYPE vllm:request_success_total counter");
         for (i, r) in FINISH_REASONS.iter().enumerate() {
             let _ = writeln!(out, "vllm:request_success_total{{{l},finished_reason=\"{r}\"}} {}", self.finished[i].load(Ordering::Relaxed));
         }
+        let m = &self.model_label;
+        let _ = writeln!(out, "# HELP vllm:admission_rejections_total Requests rejected at admission because a queue limit was reached.\n# TYPE vllm:admission_rejections_total counter");
+        let _ = writeln!(out, "vllm:admission_rejections_total{{{m},reason=\"max_num_queued_reqs\"}} {}\nvllm:admission_rejections_total{{{m},reason=\"max_num_queued_tokens\"}} 0", self.admission_rejected.load(Ordering::Relaxed));
+        self.request_prompt_tokens.render(&mut out, "vllm:request_prompt_tokens", "Number of prefill tokens processed.", l);
+        self.request_generation_tokens.render(&mut out, "vllm:request_generation_tokens", "Number of generation tokens processed.", l);
+        self.iteration_tokens(&mut out, stats);
+        self.request_max_generation_tokens.render(&mut out, "vllm:request_max_num_generation_tokens", "Histogram of maximum number of requested generation tokens.", l);
+        self.request_params_n.render(&mut out, "vllm:request_params_n", "Histogram of the n request parameter.", l);
+        self.request_params_max_tokens.render(&mut out, "vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.", l);
         self.ttft.render(&mut out, "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", l);
         self.itl.render(&mut out, "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", l);
+        self.time_per_output_token.render(&mut out, "vllm:request_time_per_output_token_seconds", "Histogram of time_per_output_token_seconds per request.", l);
         self.e2e.render(&mut out, "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", l);
         self.queue.render(&mut out, "vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", l);
+        self.inference_time.render(&mut out, "vllm:request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request.", l);
+        self.prefill_time.render(&mut out, "vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.", l);
+        self.decode_time.render(&mut out, "vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.", l);
+        self.request_preemptions.render(&mut out, "vllm:request_num_preemptions", "Histogram of the number of times a request was preempted.", l);
         out
+    }
+
+    /// `vllm:iteration_tokens_total` from the engine's power-of-two bins: each of vLLM's
+    /// bounds is a power of two, so its cumulative count is exact.
+    fn iteration_tokens(&self, out: &mut String, stats: &EngineStats) {
+        let bins = &stats.iteration_tokens;
+        // Bin k holds (2^(k-1), 2^k]: the bins up to bound 2^j are 0..=j.
+        let below = |bound: f64| bins.iter().take(bound.log2() as usize + 1).sum::<u64>();
+        let mut counts = Vec::with_capacity(ITERATION_TOKENS_BUCKETS.len() + 1);
+        let mut prev = 0;
+        for &b in ITERATION_TOKENS_BUCKETS {
+            let c = below(b);
+            counts.push(c - prev);
+            prev = c;
+        }
+        counts.push(bins.iter().sum::<u64>() - prev);
+        render_histogram(out, "vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.", &self.labels, ITERATION_TOKENS_BUCKETS, &counts, stats.iteration_tokens_sum as f64);
     }
 }
 
@@ -211,11 +362,31 @@ mod tests {
             m.ttft.observe(v);
         }
         let text = m.render(&EngineStats::default(), 0);
-        assert!(text.contains("vllm:time_to_first_token_seconds_bucket{model_name=\"m\\\"x\",le=\"0.0005\"} 1\n"), "{text}");
-        assert!(text.contains("vllm:time_to_first_token_seconds_bucket{model_name=\"m\\\"x\",le=\"0.005\"} 3\n"));
-        assert!(text.contains("vllm:time_to_first_token_seconds_bucket{model_name=\"m\\\"x\",le=\"2560\"} 3\n"));
-        assert!(text.contains("vllm:time_to_first_token_seconds_bucket{model_name=\"m\\\"x\",le=\"+Inf\"} 4\n"));
-        assert!(text.contains("vllm:time_to_first_token_seconds_count{model_name=\"m\\\"x\"} 4\n"));
+        let l = "model_name=\"m\\\"x\",engine=\"0\"";
+        assert!(text.contains(&format!("vllm:time_to_first_token_seconds_bucket{{{l},le=\"0.001\"}} 1\n")), "{text}");
+        assert!(text.contains(&format!("vllm:time_to_first_token_seconds_bucket{{{l},le=\"0.005\"}} 3\n")));
+        assert!(text.contains(&format!("vllm:time_to_first_token_seconds_bucket{{{l},le=\"2560\"}} 3\n")));
+        assert!(text.contains(&format!("vllm:time_to_first_token_seconds_bucket{{{l},le=\"+Inf\"}} 4\n")));
+        assert!(text.contains(&format!("vllm:time_to_first_token_seconds_count{{{l}}} 4\n")));
+    }
+
+    /// vLLM's 1-2-5 request-token buckets up to max_model_len, and the iteration-token
+    /// histogram summed exactly from the engine's power-of-two bins.
+    #[test]
+    fn request_token_buckets_and_iteration_tokens() {
+        assert_eq!(request_tokens_buckets(256), [1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0]);
+        assert_eq!(request_tokens_buckets(1000), [1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0]);
+        // Steps of 1, 2, 8, 9 and 40000 tokens.
+        let mut bins = vec![0u64; 17];
+        for k in [0, 1, 3, 4, 16] {
+            bins[k] += 1;
+        }
+        let text = Metrics::new("m").render(&EngineStats { iteration_tokens: bins, iteration_tokens_sum: 40020, ..Default::default() }, 0);
+        let l = "model_name=\"m\",engine=\"0\"";
+        for (le, want) in [("1", 1), ("8", 3), ("16", 4), ("16384", 4), ("+Inf", 5)] {
+            assert!(text.contains(&format!("vllm:iteration_tokens_total_bucket{{{l},le=\"{le}\"}} {want}\n")), "{le}: {text}");
+        }
+        assert!(text.contains(&format!("vllm:iteration_tokens_total_sum{{{l}}} 40020\n")));
     }
 
     #[test]
@@ -248,7 +419,7 @@ mod tests {
     #[test]
     fn async_and_sync_steps_are_counters() {
         let text = Metrics::new("m").render(&EngineStats { async_steps: 7, sync_steps: 2, ..Default::default() }, 0);
-        assert!(text.contains("# TYPE tandem:async_steps_total counter\ntandem:async_steps_total{model_name=\"m\"} 7\n"), "{text}");
-        assert!(text.contains("tandem:sync_steps_total{model_name=\"m\"} 2\n"), "{text}");
+        assert!(text.contains("# TYPE tandem:async_steps_total counter\ntandem:async_steps_total{model_name=\"m\",engine=\"0\"} 7\n"), "{text}");
+        assert!(text.contains("tandem:sync_steps_total{model_name=\"m\",engine=\"0\"} 2\n"), "{text}");
     }
 }

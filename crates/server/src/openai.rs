@@ -81,9 +81,11 @@ pub(crate) fn parse_json(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
     }
 }
 
-pub(crate) fn check_model(f: &Fields, served: &str) -> Result<(), ApiError> {
+/// A request's `model`, when given, must be a name the server answers to (`--served-model-name
+/// a b`, and the model directory's base name).
+pub(crate) fn check_served(f: &Fields, state: &AppState) -> Result<(), ApiError> {
     match f.str("model")? {
-        Some(m) if m != served => Err(ApiError::unknown_model(m, served)),
+        Some(m) if !state.serves(m) => Err(ApiError::unknown_model(m, &state.model_name)),
         _ => Ok(()),
     }
 }
@@ -103,9 +105,6 @@ fn refuse_unsupported(f: &Fields, api: Api) -> Result<(), ApiError> {
             let why = if name.starts_with("tool") { " (tools are read on chat completions only)" } else { "" };
             return Err(ApiError::invalid(name, format!("`{name}` is not supported by this server{why}")));
         }
-    }
-    if f.i64("best_of")?.is_some_and(|b| b > 1) {
-        return Err(ApiError::invalid("best_of", "`best_of` > 1 is not supported by this server; use `n`"));
     }
     Ok(())
 }
@@ -201,19 +200,45 @@ pub(crate) fn normalize_messages(v: Option<&Value>) -> Result<Vec<Value>, ApiErr
 /// The prompt's ids of a chat: messages (and tools, and `chat_template_kwargs`) through the
 /// model's chat template.
 pub(crate) fn render_chat(state: &AppState, msgs: &[Value], tools: Option<&structured::Tools>, add_gen: bool, kwargs: Option<&Map<String, Value>>) -> Result<Vec<u32>, ApiError> {
+    render_chat_continued(state, msgs, tools, add_gen, false, kwargs)
+}
+
+/// [`render_chat`], with the last message left open when `continue_final` (vLLM's
+/// `continue_final_message`).
+pub(crate) fn render_chat_continued(state: &AppState, msgs: &[Value], tools: Option<&structured::Tools>, add_gen: bool, continue_final: bool, kwargs: Option<&Map<String, Value>>) -> Result<Vec<u32>, ApiError> {
+    let text = chat_text(state, msgs, tools, add_gen, continue_final, kwargs)?;
+    // The template writes the BOS itself.
+    state.tokenizer.encode(&text, false).map_err(|e| ApiError::invalid("messages", format!("cannot tokenize the rendered chat: {e}")))
+}
+
+/// The rendered chat text. With `continue_final`, what follows the last message's content is
+/// cut off (its end-of-turn markup), as transformers' `continue_final_message` cuts it: after
+/// the last place the content, stripped, appears.
+pub(crate) fn chat_text(state: &AppState, msgs: &[Value], tools: Option<&structured::Tools>, add_gen: bool, continue_final: bool, kwargs: Option<&Map<String, Value>>) -> Result<String, ApiError> {
+    if continue_final && add_gen {
+        return Err(ApiError::invalid("continue_final_message", "Cannot set both `continue_final_message` and `add_generation_prompt` to True."));
+    }
     let text = state
         .tokenizer
         .apply_chat_template_with_kwargs(msgs, tools.map(|t| t.list.as_slice()), add_gen, kwargs)
         .map_err(|e| ApiError::invalid("messages", format!("cannot apply the chat template: {e}")))?;
-    // The template writes the BOS itself.
-    state.tokenizer.encode(&text, false).map_err(|e| ApiError::invalid("messages", format!("cannot tokenize the rendered chat: {e}")))
+    if !continue_final {
+        return Ok(text);
+    }
+    let last = msgs.last().and_then(|m| m.get("content")).and_then(Value::as_str).unwrap_or_default();
+    let Some(at) = text.rfind(last.trim()) else {
+        return Err(ApiError::invalid("continue_final_message", "`continue_final_message` is set but the final message does not appear in the chat after applying the chat template"));
+    };
+    // The content kept whole (trailing whitespace too) when it has no leading whitespace.
+    let end = if last.trim_start().len() == last.len() && text[at..].starts_with(last) { at + last.len() } else { at + last.trim().len() };
+    Ok(text[..end].to_string())
 }
 
 impl Job {
     pub fn completions(state: &AppState, body: &[u8]) -> Result<Job, ApiError> {
         let o = parse_json(body)?;
         let f = Fields(&o);
-        check_model(&f, &state.model_name)?;
+        check_served(&f, state)?;
         refuse_unsupported(&f, Api::Completions)?;
         let vocab = state.config.vocab_size;
         let p = parse_params(&f, Api::Completions, vocab, &state.config.sampling_defaults)?;
@@ -226,7 +251,7 @@ impl Job {
     pub fn chat(state: &AppState, body: &[u8]) -> Result<Job, ApiError> {
         let o = parse_json(body)?;
         let f = Fields(&o);
-        check_model(&f, &state.model_name)?;
+        check_served(&f, state)?;
         refuse_unsupported(&f, Api::Chat)?;
         if f.bool("echo")? == Some(true) {
             return Err(ApiError::invalid("echo", "`echo` is not supported on chat completions"));
@@ -236,7 +261,9 @@ impl Job {
         let guide = structured::parse_guide(&f)?;
         let tools = structured::parse_tools(&f)?;
         let msgs = normalize_messages(f.get("messages"))?;
-        let add_gen = f.bool("add_generation_prompt")?.unwrap_or(true);
+        // vLLM: the assistant turn is opened unless the last message is continued; asking for
+        // both is a 400 (in `chat_text`).
+        let add_gen = f.bool("add_generation_prompt")?.unwrap_or(!p.continue_final_message);
         // vLLM's extra template variables (Qwen3's `enable_thinking`, ...).
         let kwargs = match f.get("chat_template_kwargs") {
             None => None,
@@ -275,7 +302,7 @@ impl Job {
                 ToolChoice::None => None,
             };
         }
-        let ids = render_chat(state, msgs, tools, add_gen, kwargs)?;
+        let ids = render_chat_continued(state, msgs, tools, add_gen, p.continue_final_message, kwargs)?;
         // A forced call's text is the constrained JSON from its first token: nothing to split.
         let reasoning = state.config.reasoning_parser.filter(|_| guide.is_none()).map(|r| {
             let tail = state.tokenizer.decode(&ids[ids.len().saturating_sub(8)..], false).unwrap_or_default();
@@ -329,24 +356,22 @@ impl Job {
         }
     }
 
-    /// One engine request per prompt, with `max_tokens` fitted to the context.
+    /// One engine request per prompt, with `max_tokens` fitted to the context: as vLLM 0.32
+    /// (`get_max_tokens`), a `max_tokens` larger than the room the prompt leaves is trimmed to
+    /// it (the output ends with `length`); a prompt that leaves no room is refused.
     pub fn requests(&self, state: &AppState) -> Result<Vec<GenerateRequest>, ApiError> {
         let ctx = state.max_model_len();
         let param = self.prompt_param();
-        let max_name = if self.api == Api::Chat { "max_completion_tokens" } else { "max_tokens" };
         self.prompts
             .iter()
             .map(|prompt| {
                 let len = prompt.len();
                 if len >= ctx {
-                    return Err(ApiError::invalid(param, format!("the prompt has {len} tokens, but this model's context length is {ctx} tokens (room is needed for at least one output token)")));
+                    return Err(ApiError::context_overflow(param, ctx, len, self.p.max_tokens.unwrap_or(1).max(1)));
                 }
                 let room = ctx - len;
                 let max_tokens = match self.p.max_tokens {
-                    Some(m) if m > room => {
-                        return Err(ApiError::invalid(max_name, format!("this model's context length is {ctx} tokens; the prompt has {len} tokens and {m} output tokens were asked for ({} in all)", len + m)));
-                    }
-                    Some(m) => m,
+                    Some(m) => m.min(room),
                     None => match state.config.sampling_defaults.max_tokens {
                         Some(m) => m.min(room),
                         None if self.api == Api::Chat => room,
@@ -358,6 +383,11 @@ impl Job {
                 }
                 let mut params = self.p.params.clone();
                 params.max_tokens = max_tokens;
+                if let Some(b) = self.p.best_of {
+                    // Ranked by cumulative logprob: the sampled tokens' logprobs are needed.
+                    params.n = b;
+                    params.logprobs.get_or_insert(0);
+                }
                 Ok(GenerateRequest { prompt: prompt.clone(), params, priority: self.p.priority })
             })
             .collect()
@@ -442,18 +472,20 @@ fn top_map(tok: &Tokenizer, lp: &TokenLogprob, text: &str) -> Value {
 }
 
 /// vLLM's `prompt_logprobs`: per prompt position null (the first) or `{token id: {logprob,
-/// decoded_token}}` holding the prompt's own token and the top N.
+/// rank, decoded_token}}` holding the prompt's own token and the top N (ranked 1..N, the
+/// prompt's token by the engine's count, else by its place among the top).
 fn vllm_prompt_logprobs(tok: &Tokenizer, lps: &[Option<TokenLogprob>]) -> Value {
-    let entry = |id: u32, l: f32| json!({"logprob": l, "decoded_token": token_text(tok, id)});
+    let entry = |id: u32, l: f32, rank: Option<u32>| json!({"logprob": l, "rank": rank, "decoded_token": token_text(tok, id)});
     Value::Array(
         lps.iter()
             .map(|lp| match lp {
                 None => Value::Null,
                 Some(lp) => {
                     let mut m = Map::new();
-                    m.insert(lp.token.to_string(), entry(lp.token, lp.logprob));
-                    for &(id, l) in &lp.top {
-                        m.entry(id.to_string()).or_insert_with(|| entry(id, l));
+                    let in_top = lp.top.iter().position(|&(id, _)| id == lp.token).map(|i| i as u32 + 1);
+                    m.insert(lp.token.to_string(), entry(lp.token, lp.logprob, lp.rank.or(in_top)));
+                    for (i, &(id, l)) in lp.top.iter().enumerate() {
+                        m.entry(id.to_string()).or_insert_with(|| entry(id, l, Some(i as u32 + 1)));
                     }
                     Value::Object(m)
                 }
@@ -485,7 +517,11 @@ fn chat_logprob_entries(tok: &Tokenizer, lps: &[TokenLogprob]) -> Vec<Value> {
 }
 
 fn usage(run: &Run) -> Value {
-    json!({"prompt_tokens": run.prompt_tokens, "completion_tokens": run.completion_tokens, "total_tokens": run.prompt_tokens + run.completion_tokens})
+    usage_of(run.prompt_tokens, run.completion_tokens)
+}
+
+fn usage_of(prompt: usize, completion: usize) -> Value {
+    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
 }
 
 /// One choice of a whole (non-streamed) response.
@@ -498,6 +534,36 @@ pub struct ChoiceAcc {
     pub finish: Option<FinishReason>,
     /// The stop string that ended the text, when one did.
     pub stop_string: Option<String>,
+    /// Its last token (the stop token, when one ended it) and how many it has.
+    pub last_token: Option<u32>,
+    pub tokens: usize,
+    /// The sum of its tokens' logprobs (when logprobs were computed).
+    pub cum_logprob: f64,
+}
+
+/// vLLM's `stop_reason`: the stop string or stop token id that ended a choice; null for
+/// anything else (EOS, a complete grammar, `length`).
+fn stop_reason(finish: Option<&FinishReason>, stop_string: Option<&str>, last_token: Option<u32>, stop_ids: &[u32]) -> Value {
+    match (finish, stop_string) {
+        (Some(FinishReason::Stop), Some(s)) => json!(s),
+        (Some(FinishReason::Stop), None) => last_token.filter(|t| stop_ids.contains(t)).map_or(Value::Null, |t| json!(t)),
+        _ => Value::Null,
+    }
+}
+
+/// `best_of`: of each prompt's `best_of` choices, the `n` of highest cumulative logprob,
+/// best first (vLLM's order).
+fn best_of(choices: Vec<ChoiceAcc>, best_of: usize, n: usize) -> Vec<ChoiceAcc> {
+    let mut out = Vec::with_capacity(choices.len() / best_of.max(1) * n);
+    let mut it = choices.into_iter();
+    loop {
+        let mut group: Vec<ChoiceAcc> = it.by_ref().take(best_of).collect();
+        if group.is_empty() {
+            return out;
+        }
+        group.sort_by(|a, b| b.cum_logprob.total_cmp(&a.cum_logprob));
+        out.extend(group.into_iter().take(n));
+    }
 }
 
 /// Waits for the whole run and gathers each choice's text. Engine failures become 500, a
@@ -513,6 +579,9 @@ pub async fn collect(run: &mut Run) -> Result<Vec<ChoiceAcc>, ApiError> {
             }
             let Some(c) = acc.get_mut(p * run.n + d.index) else { continue };
             c.text.push_str(&d.text);
+            c.tokens += d.token_ids.len();
+            c.last_token = d.token_ids.last().copied().or(c.last_token);
+            c.cum_logprob += d.logprobs.iter().map(|l| l.logprob as f64).sum::<f64>();
             c.logprobs.extend(d.logprobs);
             if d.finish.is_some() {
                 c.finish = d.finish;
@@ -538,13 +607,24 @@ pub async fn collect(run: &mut Run) -> Result<Vec<ChoiceAcc>, ApiError> {
 pub fn response(job: &Job, meta: &ResponseMeta, run: &Run, choices: Vec<ChoiceAcc>, tok: &Tokenizer) -> Value {
     let want_lp = job.p.params.logprobs.is_some();
     let finish = |c: &ChoiceAcc| c.finish.as_ref().map_or("stop", FinishReason::as_str);
+    let stop_ids = &job.p.params.stop_token_ids;
+    let stop_reason = |c: &ChoiceAcc| stop_reason(c.finish.as_ref(), c.stop_string.as_deref(), c.last_token, stop_ids);
+    // `best_of`: the best `n` of each prompt's choices, and only theirs counted.
+    let (choices, n, usage) = match job.p.best_of {
+        Some(b) => {
+            let kept = best_of(choices, b, job.p.params.n);
+            let completion = kept.iter().map(|c| c.tokens).sum();
+            (kept, job.p.params.n, usage_of(run.prompt_tokens, completion))
+        }
+        None => (choices, run.n, usage(run)),
+    };
     match job.api {
         Api::Completions => {
             let choices: Vec<Value> = choices
                 .iter()
                 .enumerate()
                 .map(|(i, c)| {
-                    let p = i / run.n.max(1);
+                    let p = i / n.max(1);
                     let (text, lp) = match job.echo_texts.get(p) {
                         Some(echo) => {
                             let lp = if want_lp { echo_logprobs(tok, &job.prompts[p], c.prompt_logprobs.as_deref(), &c.logprobs, &mut 0) } else { Value::Null };
@@ -552,14 +632,15 @@ pub fn response(job: &Job, meta: &ResponseMeta, run: &Run, choices: Vec<ChoiceAc
                         }
                         None => (c.text.clone(), if want_lp { completion_logprobs(tok, &c.logprobs, &mut 0) } else { Value::Null }),
                     };
-                    let mut choice = json!({"index": i, "text": text, "logprobs": lp, "finish_reason": finish(c)});
+                    // vLLM's null keys: `prompt_logprobs` unless asked, `token_ids`.
+                    let mut choice = json!({"index": i, "text": text, "logprobs": lp, "finish_reason": finish(c), "stop_reason": stop_reason(c), "prompt_logprobs": null, "token_ids": null});
                     if job.p.explicit_prompt_logprobs {
                         choice["prompt_logprobs"] = c.prompt_logprobs.as_deref().map_or(Value::Null, |l| vllm_prompt_logprobs(tok, l));
                     }
                     choice
                 })
                 .collect();
-            json!({"id": meta.id, "object": "text_completion", "created": meta.created, "model": meta.model, "choices": choices, "usage": usage(run)})
+            json!({"id": meta.id, "object": "text_completion", "created": meta.created, "model": meta.model, "choices": choices, "usage": usage})
         }
         Api::Chat => {
             let prompt_lps = choices.first().and_then(|c| c.prompt_logprobs.clone());
@@ -575,7 +656,8 @@ pub fn response(job: &Job, meta: &ResponseMeta, run: &Run, choices: Vec<ChoiceAc
                     let (content, calls, finish) = tool_message(job.tool_output.as_ref(), &text, finish(c));
                     // vLLM: an answer that was all thinking has null content.
                     let content = content.filter(|c| !(job.reasoning.is_some() && c.is_empty()));
-                    let mut message = json!({"role": "assistant", "content": content});
+                    // vLLM's null keys: `refusal`, and `reasoning` without a reasoning parser.
+                    let mut message = json!({"role": "assistant", "content": content, "refusal": null, "reasoning": null});
                     if job.reasoning.is_some() {
                         message["reasoning_content"] = json!(reasoning);
                         message["reasoning"] = json!(reasoning);
@@ -583,17 +665,17 @@ pub fn response(job: &Job, meta: &ResponseMeta, run: &Run, choices: Vec<ChoiceAc
                     if !calls.is_empty() {
                         message["tool_calls"] = calls.iter().map(|t| structured::tool_call_json(t, &structured::tool_call_id(), None)).collect();
                     }
-                    json!({"index": i, "message": message, "logprobs": lp, "finish_reason": finish})
+                    json!({"index": i, "message": message, "logprobs": lp, "finish_reason": finish, "stop_reason": stop_reason(c), "token_ids": null})
                 })
                 .collect();
-            let mut v = json!({"id": meta.id, "object": "chat.completion", "created": meta.created, "model": meta.model, "choices": choices, "usage": usage(run)});
+            let mut v = json!({"id": meta.id, "object": "chat.completion", "created": meta.created, "model": meta.model, "choices": choices, "usage": usage, "prompt_logprobs": null});
             if job.p.explicit_prompt_logprobs {
                 v["prompt_logprobs"] = prompt_lps.as_deref().map_or(Value::Null, |l| vllm_prompt_logprobs(tok, l));
             }
             v
         }
-        Api::Generate if job.multi => json!({"texts": choices.iter().map(|c| c.text.clone()).collect::<Vec<_>>(), "usage": usage(run)}),
-        Api::Generate => json!({"text": choices.first().map(|c| c.text.clone()).unwrap_or_default(), "usage": usage(run)}),
+        Api::Generate if job.multi => json!({"texts": choices.iter().map(|c| c.text.clone()).collect::<Vec<_>>(), "usage": usage}),
+        Api::Generate => json!({"text": choices.first().map(|c| c.text.clone()).unwrap_or_default(), "usage": usage}),
     }
 }
 
@@ -607,6 +689,10 @@ pub struct StreamFormatter {
     tok: Arc<Tokenizer>,
     num_choices: usize,
     include_usage: bool,
+    /// `continuous_usage_stats`: every chunk's usage so far (prompt, completion tokens), else null.
+    continuous_usage: bool,
+    usage_now: (usize, usize),
+    stop_ids: Vec<u32>,
     want_logprobs: bool,
     /// Completions: text offset of each choice's next token.
     offsets: Vec<usize>,
@@ -680,6 +766,9 @@ impl StreamFormatter {
             tok,
             num_choices,
             include_usage: job.p.include_usage,
+            continuous_usage: job.p.continuous_usage,
+            usage_now: (job.prompts.iter().map(Vec::len).sum(), 0),
+            stop_ids: job.p.params.stop_token_ids.clone(),
             want_logprobs: job.p.params.logprobs.is_some(),
             offsets: vec![0; num_choices],
             envelope,
@@ -712,7 +801,7 @@ impl StreamFormatter {
                 if i > 0 {
                     out.push(',');
                 }
-                let _ = write!(out, "{{\"index\":{i},\"delta\":{{\"role\":\"assistant\",\"content\":\"\"}},\"logprobs\":null,\"finish_reason\":null}}");
+                let _ = write!(out, "{{\"index\":{i},\"delta\":{{\"role\":\"assistant\",\"content\":\"\"}},\"logprobs\":null,\"finish_reason\":null,\"stop_reason\":null}}");
             }
             self.close_chunk(&mut out);
         }
@@ -721,13 +810,17 @@ impl StreamFormatter {
 
     fn close_chunk(&self, out: &mut String) {
         out.push(']');
-        if self.include_usage {
+        if self.continuous_usage {
+            let (p, c) = self.usage_now;
+            let _ = write!(out, ",\"usage\":{{\"prompt_tokens\":{p},\"completion_tokens\":{c},\"total_tokens\":{}}}", p + c);
+        } else if self.include_usage {
             out.push_str(",\"usage\":null");
         }
         out.push_str("}\n\n");
     }
 
     pub fn update(&mut self, out: &mut String, run: &Run, prompt: usize, upd: &EngineUpdate) {
+        self.usage_now = (run.prompt_tokens, run.completion_tokens);
         let mut opened = false;
         for d in &upd.deltas {
             let index = prompt * run.n + d.index;
@@ -815,11 +908,16 @@ impl StreamFormatter {
                 let pl = self.prompt_lps[prompt].as_deref().map_or(Value::Null, |l| vllm_prompt_logprobs(&self.tok, l));
                 let _ = write!(out, ",\"prompt_logprobs\":{pl}");
             }
+            // vLLM: the first echo chunk carries the prompt's ids.
+            if echo {
+                let _ = write!(out, ",\"prompt_token_ids\":{}", json!(self.prompts[prompt]));
+            }
             match finish {
                 Some(f) => {
-                    let _ = write!(out, ",\"finish_reason\":\"{f}\"}}");
+                    let sr = stop_reason(d.finish.as_ref(), d.stop_string.as_deref(), d.token_ids.last().copied(), &self.stop_ids);
+                    let _ = write!(out, ",\"finish_reason\":\"{f}\",\"stop_reason\":{sr}}}");
                 }
-                None => out.push_str(",\"finish_reason\":null}"),
+                None => out.push_str(",\"finish_reason\":null,\"stop_reason\":null}"),
             }
         }
         if opened {
@@ -931,7 +1029,10 @@ impl StreamFormatter {
                 (false, _) => Value::Null,
             };
             let fin = if k == last { finish.clone() } else { None };
-            let mut v = json!({"index": index, "delta": delta, "logprobs": lp, "finish_reason": fin});
+            // vLLM's stop_reason: the stop string or stop token id that ended the choice, on
+            // the chunk that carries the finish; null elsewhere.
+            let sr = if k == last { stop_reason(d.finish.as_ref(), d.stop_string.as_deref(), d.token_ids.last().copied(), &self.stop_ids) } else { Value::Null };
+            let mut v = json!({"index": index, "delta": delta, "logprobs": lp, "finish_reason": fin, "stop_reason": sr});
             if first && self.explicit_prompt_lps {
                 v["prompt_logprobs"] = self.prompt_lps[prompt].as_deref().map_or(Value::Null, |l| vllm_prompt_logprobs(&self.tok, l));
             }

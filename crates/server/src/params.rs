@@ -111,6 +111,14 @@ pub struct ParsedParams {
     /// The client sent vLLM's `prompt_logprobs` (answered in that field), as opposed to
     /// prompt logprobs implied by `echo` with `logprobs`.
     pub explicit_prompt_logprobs: bool,
+    /// Chat: vLLM's `continue_final_message`: the last message is left open for the model to
+    /// continue (assistant prefill) instead of closed.
+    pub continue_final_message: bool,
+    /// vLLM's `stream_options.continuous_usage_stats`: every streamed chunk carries `usage`.
+    pub continuous_usage: bool,
+    /// Completions' `best_of` above `n`: this many are generated, the `n` of highest
+    /// cumulative logprob answered.
+    pub best_of: Option<usize>,
 }
 
 /// Reads the sampling fields shared by every endpoint. `vocab` bounds `stop_token_ids`;
@@ -233,11 +241,24 @@ pub fn parse_params(f: &Fields, api: Api, vocab: usize, defaults: &SamplingDefau
     check.validate().map_err(|e| ApiError::invalid(e.field, e.message))?;
     let priority = f.int_in("priority", i32::MIN as i64, i32::MAX as i64)?.unwrap_or(0) as i32;
     let stream = f.bool("stream")?.unwrap_or(false);
-    let include_usage = match f.object("stream_options")? {
-        Some(o) => o.bool("include_usage").map_err(|e| ApiError { param: Some("stream_options.include_usage".into()), ..e })?.unwrap_or(false),
-        None => false,
+    let (include_usage, continuous_usage) = match f.object("stream_options")? {
+        Some(o) => {
+            let flag = |name: &str| o.bool(name).map_err(|e| ApiError { param: Some(format!("stream_options.{name}")), ..e }).map(|b| b.unwrap_or(false));
+            let include = flag("include_usage")?;
+            // vLLM: continuous usage only together with `include_usage`.
+            (include, include && flag("continuous_usage_stats")?)
+        }
+        None => (false, false),
     };
-    Ok(ParsedParams { params: p, max_tokens, priority, stream, include_usage, echo, explicit_prompt_logprobs })
+    let continue_final_message = api == Api::Chat && f.bool("continue_final_message")?.unwrap_or(false);
+    let best_of = match f.int_in("best_of", 1, MAX_N as i64)?.map(|b| b as usize) {
+        Some(b) if b < p.n => return Err(ApiError::invalid("best_of", format!("`best_of` ({b}) must be at least `n` ({})", p.n))),
+        Some(b) if b > p.n && stream => return Err(ApiError::invalid("best_of", "`best_of` > `n` cannot be streamed (the best are known only at the end)")),
+        Some(b) if b > p.n && api != Api::Completions => return Err(ApiError::invalid("best_of", "`best_of` is read on completions only")),
+        Some(b) if b > p.n => Some(b),
+        _ => None,
+    };
+    Ok(ParsedParams { params: p, max_tokens, priority, stream, include_usage, echo, explicit_prompt_logprobs, continue_final_message, continuous_usage, best_of })
 }
 
 #[cfg(test)]

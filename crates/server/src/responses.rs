@@ -41,7 +41,7 @@ use tandem_structured::GuideSpec;
 use crate::body::{EventFormat, ResponseBody};
 use crate::engine_client::{CompletionDelta, EngineUpdate, FinishReason};
 use crate::error::ApiError;
-use crate::openai::{check_model, collect, parse_json, tool_message, Job, ToolOutput};
+use crate::openai::{check_served, collect, parse_json, tool_message, Job, ToolOutput};
 use crate::params::{parse_params, type_name, Api, Fields};
 use crate::reasoning::ReasoningStream;
 use crate::router::{compiled, json_response, ready, sse_response, tokenizer_call, X_REQUEST_ID};
@@ -154,7 +154,8 @@ impl ResponseStore {
             let s = self.lock();
             (s.map.len(), s.bytes)
         };
-        let label = format!("{{model_name=\"{}\"}}", model.replace('\\', "\\\\").replace('"', "\\\""));
+        // The labels every other series carries (vLLM's: the model name and engine 0).
+        let label = format!("{{model_name=\"{}\",engine=\"0\"}}", model.replace('\\', "\\\\").replace('"', "\\\""));
         format!(
             "# HELP tandem:responses_stored Responses held for previous_response_id and GET /v1/responses/{{id}}.\n# TYPE tandem:responses_stored gauge\ntandem:responses_stored{label} {len}\n\
              # HELP tandem:responses_stored_bytes The stored responses' size (their JSON's length).\n# TYPE tandem:responses_stored_bytes gauge\ntandem:responses_stored_bytes{label} {bytes}\n\
@@ -472,7 +473,7 @@ struct Parsed {
 fn parse(state: &AppState, body: &[u8]) -> Result<Parsed, ApiError> {
     let o = parse_json(body)?;
     let f = Fields(&o);
-    check_model(&f, &state.model_name)?;
+    check_served(&f, state)?;
     refuse_unsupported(&f)?;
     let p = params(state, &f)?;
     let guide = text_format(&f)?;

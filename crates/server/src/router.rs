@@ -137,6 +137,13 @@ async fn route(state: Arc<AppState>, req: Request<Incoming>) -> Response<Respons
                 _ => error_response(&ApiError::method_not_allowed(method.as_str(), &path, "GET")).with_allow("GET, HEAD"),
             };
         }
+        // vLLM's (SageMaker's) liveness probe: /health's answer, to GET and POST.
+        "/ping" => {
+            return match method {
+                Method::GET | Method::HEAD | Method::POST => health(&state),
+                _ => error_response(&ApiError::method_not_allowed(method.as_str(), &path, "GET or POST")).with_allow("GET, HEAD, POST"),
+            };
+        }
         "/version" => {
             let r = match method {
                 Method::GET | Method::HEAD => json_response(StatusCode::OK, &json!({"version": env!("CARGO_PKG_VERSION")})),
@@ -182,9 +189,9 @@ async fn route(state: Arc<AppState>, req: Request<Incoming>) -> Response<Respons
         Route::Metrics => metrics(&state),
         Route::Models if anthropic => json_response(StatusCode::OK, &crate::anthropic::models(&state)),
         Route::Models => models(&state),
-        Route::Model(id) if id != state.model_name => error_response(&ApiError::unknown_model(&id, &state.model_name)),
+        Route::Model(id) if !state.serves(&id) => error_response(&ApiError::unknown_model(&id, &state.model_name)),
         Route::Model(_) if anthropic => json_response(StatusCode::OK, &crate::anthropic::model_info(&state)),
-        Route::Model(_) => json_response(StatusCode::OK, &model_entry(&state)),
+        Route::Model(id) => json_response(StatusCode::OK, &model_entry(&state, &id)),
         Route::Response(id) => crate::responses::by_id(&state, &method, &id).unwrap_or_else(|e| {
             let r = error_response(&e);
             if e.status == StatusCode::METHOD_NOT_ALLOWED { r.with_allow("GET, DELETE") } else { r }
@@ -260,14 +267,17 @@ fn health(state: &AppState) -> Response<ResponseBody> {
     }
 }
 
-/// The served model as OpenAI's (and vLLM's) model object.
-fn model_entry(state: &AppState) -> serde_json::Value {
+/// The served model under the name `id` as OpenAI's (and vLLM's) model object.
+fn model_entry(state: &AppState, id: &str) -> serde_json::Value {
     let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    json!({"id": state.model_name, "object": "model", "created": created, "owned_by": "tandem", "root": state.model_name, "max_model_len": state.max_model_len()})
+    let root = state.config.model_root.as_deref().unwrap_or(&state.model_name);
+    json!({"id": id, "object": "model", "created": created, "owned_by": "tandem", "root": root, "parent": null, "max_model_len": state.max_model_len()})
 }
 
+/// One entry per served name (vLLM lists each of `--served-model-name a b`).
 fn models(state: &AppState) -> Response<ResponseBody> {
-    json_response(StatusCode::OK, &json!({"object": "list", "data": [model_entry(state)]}))
+    let data: Vec<_> = std::iter::once(&state.model_name).chain(&state.config.served_model_names).map(|n| model_entry(state, n)).collect();
+    json_response(StatusCode::OK, &json!({"object": "list", "data": data}))
 }
 
 fn metrics(state: &AppState) -> Response<ResponseBody> {

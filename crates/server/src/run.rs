@@ -93,6 +93,17 @@ pub struct Run {
     /// Per choice: how it finished, once it has.
     pub finishes: Vec<Option<FinishReason>>,
     last_token: Vec<Option<Instant>>,
+    /// Per choice: its first token's time and its tokens; per prompt: its length, `max_tokens`,
+    /// queue time and preemptions (these two come with its last update), for vLLM's
+    /// per-request histograms, observed when a prompt's last choice ends.
+    first_token_at: Vec<Option<Instant>>,
+    choice_tokens: Vec<usize>,
+    prompt_lens: Vec<usize>,
+    max_tokens: Vec<usize>,
+    prompt_queue: Vec<Option<Duration>>,
+    preemptions: Vec<Option<u32>>,
+    /// When the engine requests were submitted (their queue time counts from there).
+    submitted: Instant,
     start: Instant,
     first_token: Option<Instant>,
     queue_time: Option<Duration>,
@@ -112,6 +123,7 @@ impl Run {
         let before = state.in_flight.fetch_add(seqs, Ordering::SeqCst);
         if before + seqs > admit.cap() {
             state.in_flight.fetch_sub(seqs, Ordering::SeqCst);
+            state.metrics.admission_rejected.fetch_add(1, Ordering::Relaxed);
             return Err(ApiError::overloaded(before.saturating_sub(admit.running), 1));
         }
         state.queued.fetch_add(k, Ordering::SeqCst);
@@ -125,6 +137,13 @@ impl Run {
             completion_tokens: 0,
             finishes: vec![None; k * n],
             last_token: vec![None; k * n],
+            first_token_at: vec![None; k * n],
+            choice_tokens: vec![0; k * n],
+            prompt_lens: reqs.iter().map(|r| r.prompt.len()).collect(),
+            max_tokens: reqs.iter().map(|r| r.params.max_tokens).collect(),
+            prompt_queue: vec![None; k],
+            preemptions: vec![None; k],
+            submitted: Instant::now(),
             start,
             first_token: None,
             queue_time: None,
@@ -145,7 +164,10 @@ impl Run {
                     let param = if k > 1 { format!("{prompt_param}[{i}]") } else { prompt_param.to_string() };
                     return Err(match e {
                         SubmitRefusal::Invalid(m) => ApiError::invalid(&param, m),
-                        SubmitRefusal::Overloaded(m) => ApiError { message: m, ..ApiError::overloaded(0, 1) },
+                        SubmitRefusal::Overloaded(m) => {
+                            state.metrics.admission_rejected.fetch_add(1, Ordering::Relaxed);
+                            ApiError { message: m, ..ApiError::overloaded(0, 1) }
+                        }
                         SubmitRefusal::Stopped(m) => ApiError::internal(format!("the engine refused the request: {m}")),
                     });
                 }
@@ -213,7 +235,7 @@ impl Run {
         if deltas.is_empty() {
             return None;
         }
-        let upd = EngineUpdate { deltas, queue_time: None };
+        let upd = EngineUpdate { deltas, queue_time: None, num_preemptions: None };
         self.account(p, &upd);
         Some(upd)
     }
@@ -238,6 +260,10 @@ impl Run {
         if let Some(q) = upd.queue_time {
             m.queue.observe(q.as_secs_f64());
             self.queue_time.get_or_insert(q);
+            self.prompt_queue[p] = Some(q);
+        }
+        if upd.num_preemptions.is_some() {
+            self.preemptions[p] = upd.num_preemptions;
         }
         for d in &upd.deltas {
             let c = p * self.n + d.index;
@@ -247,6 +273,8 @@ impl Run {
             if !d.token_ids.is_empty() {
                 self.completion_tokens += d.token_ids.len();
                 self.state.tokens_in_flight.fetch_add(d.token_ids.len(), Ordering::Relaxed);
+                self.choice_tokens[c] += d.token_ids.len();
+                self.first_token_at[c].get_or_insert(now);
                 m.generation_tokens.fetch_add(d.token_ids.len() as u64, Ordering::Relaxed);
                 match self.last_token[c] {
                     Some(prev) => m.itl.observe((now - prev).as_secs_f64()),
@@ -263,7 +291,40 @@ impl Run {
                 self.finishes[c] = Some(f.clone());
                 self.subs[p].unfinished -= 1;
                 self.state.in_flight.fetch_sub(1, Ordering::SeqCst);
+                if self.subs[p].unfinished == 0 {
+                    self.observe_prompt(p);
+                }
             }
+        }
+    }
+
+    /// vLLM's per-request histograms for prompt `p`'s choices, once all have ended. The
+    /// phases count from when the engine first scheduled the prompt (submission plus its
+    /// queue time); a prompt never scheduled has no phase times.
+    fn observe_prompt(&self, p: usize) {
+        let m = &self.state.metrics;
+        let scheduled = self.prompt_queue[p].map(|q| self.submitted + q);
+        let mut most = 0;
+        for c in p * self.n..(p + 1) * self.n {
+            let tokens = self.choice_tokens[c];
+            most = most.max(tokens);
+            let phases = match (scheduled, self.first_token_at[c], self.last_token[c]) {
+                (Some(s), Some(first), Some(last)) => Some((first.saturating_duration_since(s).as_secs_f64(), (last - first).as_secs_f64(), last.saturating_duration_since(s).as_secs_f64())),
+                _ => None,
+            };
+            m.observe_finished(&crate::metrics::FinishedRequest {
+                prompt_tokens: self.prompt_lens[p],
+                generation_tokens: tokens,
+                max_tokens_param: self.max_tokens[p],
+                prefill: phases.map(|t| t.0),
+                decode: phases.map(|t| t.1),
+                inference: phases.map(|t| t.2),
+            });
+        }
+        m.request_max_generation_tokens.observe(most as f64);
+        m.request_params_n.observe(self.n as f64);
+        if let Some(k) = self.preemptions[p] {
+            m.request_preemptions.observe(k as f64);
         }
     }
 

@@ -68,6 +68,11 @@ impl AppState {
         self.engine.max_model_len().unwrap_or(self.config.max_model_len)
     }
 
+    /// Whether `name` is one this server answers to as a request's `model`.
+    pub fn serves(&self, name: &str) -> bool {
+        name == self.model_name || self.config.served_model_names.iter().chain(&self.config.model_aliases).any(|n| n == name)
+    }
+
     /// The structured-output compiler, or why this server has none.
     pub fn structured(&self) -> Result<&Arc<Structured>, &str> {
         match self.structured.get() {
@@ -92,7 +97,7 @@ impl Server {
         // Response ids only need to differ between restarts, not be secret.
         let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
         let state = Arc::new(AppState {
-            metrics: Metrics::new(&model_name),
+            metrics: Metrics::for_model(&model_name, config.max_model_len),
             responses: crate::responses::ResponseStore::new(config.responses_capacity, config.responses_max_bytes, config.responses_ttl),
             config,
             engine,

@@ -46,6 +46,68 @@ fn schema_value(v: &Value, param: &str) -> Result<Value, ApiError> {
     }
 }
 
+/// xgrammar's strictness (vLLM's default structured-output backend): an object schema that
+/// does not say what other properties it takes takes none (`additionalProperties: false`),
+/// and an array with `prefixItems` but no `items` has no items beyond them. Schemas that
+/// compose objects (`allOf`) are left open at that level, since closing each part would
+/// refuse the others' properties. Applied to every schema a request constrains to, unless it
+/// asks for the schema as written (`structured_outputs.disable_additional_properties: false`).
+pub fn strict_schema(v: &mut Value) {
+    let Value::Object(o) = v else { return };
+    let is_object = o.contains_key("properties") || o.get("type").is_some_and(|t| t == "object" || t.as_array().is_some_and(|a| a.iter().any(|x| x == "object")));
+    let open_said = ["additionalProperties", "unevaluatedProperties", "patternProperties", "allOf"].iter().any(|k| o.contains_key(*k));
+    if is_object && !open_said {
+        o.insert("additionalProperties".into(), Value::Bool(false));
+    }
+    if o.contains_key("prefixItems") && !o.contains_key("items") && !o.contains_key("unevaluatedItems") {
+        o.insert("items".into(), Value::Bool(false));
+    }
+    for (k, x) in o.iter_mut() {
+        match k.as_str() {
+            "properties" | "patternProperties" | "$defs" | "definitions" | "dependentSchemas" => {
+                if let Value::Object(m) = x {
+                    m.values_mut().for_each(strict_schema);
+                }
+            }
+            "items" | "additionalProperties" | "not" | "if" | "then" | "else" | "contains" | "additionalItems" => {
+                if let Value::Array(a) = x {
+                    a.iter_mut().for_each(strict_schema);
+                } else {
+                    strict_schema(x);
+                }
+            }
+            "prefixItems" | "anyOf" | "oneOf" => {
+                if let Value::Array(a) = x {
+                    a.iter_mut().for_each(strict_schema);
+                }
+            }
+            // The parts of an `allOf` stay open themselves; what they nest is closed.
+            "allOf" => {
+                if let Value::Array(a) = x {
+                    for part in a.iter_mut() {
+                        let mut open = part.clone();
+                        strict_schema(&mut open);
+                        if let (Value::Object(closed), Value::Object(orig)) = (&mut open, &*part) {
+                            if !orig.contains_key("additionalProperties") {
+                                closed.remove("additionalProperties");
+                            }
+                        }
+                        *part = open;
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+fn strict(mut g: GuideRequest) -> GuideRequest {
+    if let GuideSpec::JsonSchema(v) = &mut g.spec {
+        strict_schema(v);
+    }
+    g
+}
+
 fn string_value(v: &Value, param: &str) -> Result<String, ApiError> {
     v.as_str().map(String::from).ok_or_else(|| wrong_type(param, "a string", v))
 }
@@ -109,6 +171,7 @@ fn structured_outputs(v: &Value) -> Result<Vec<GuideRequest>, ApiError> {
     let Value::Object(o) = v else { return Err(wrong_type("structured_outputs", "an object", v)) };
     let mut out = Vec::new();
     let mut compact = false;
+    let mut as_written = false;
     for (key, value) in o.iter().filter(|(_, v)| !v.is_null()) {
         let param = format!("structured_outputs.{key}");
         let spec = match key.as_str() {
@@ -133,9 +196,13 @@ fn structured_outputs(v: &Value) -> Result<Vec<GuideRequest>, ApiError> {
                 }
                 v => return Err(wrong_type(&param, "a boolean", v)),
             },
+            // vLLM's switch that makes its guidance backend as strict as xgrammar: strict is
+            // the default here; `false` asks for the schema as written.
             "disable_additional_properties" => match value {
-                Value::Bool(false) => continue,
-                Value::Bool(true) => return Err(ApiError::invalid(&param, format!("`{param}` is not supported by this server"))),
+                Value::Bool(b) => {
+                    as_written = !*b;
+                    continue;
+                }
                 v => return Err(wrong_type(&param, "a boolean", v)),
             },
             "whitespace_pattern" | "structural_tag" => return Err(ApiError::invalid(&param, format!("`{param}` is not supported by this server"))),
@@ -145,6 +212,9 @@ fn structured_outputs(v: &Value) -> Result<Vec<GuideRequest>, ApiError> {
     }
     if out.is_empty() {
         return Err(ApiError::invalid("structured_outputs", "`structured_outputs` must give one of `json`, `regex`, `choice`, `grammar` or `json_object: true`"));
+    }
+    if !as_written {
+        out = out.into_iter().map(strict).collect();
     }
     if compact {
         // vLLM's meaning: JSON without optional whitespace (llguidance's own schema option;
@@ -171,10 +241,10 @@ fn structured_outputs(v: &Value) -> Result<Vec<GuideRequest>, ApiError> {
 pub fn parse_guide(f: &Fields) -> Result<Option<GuideRequest>, ApiError> {
     let mut forms: Vec<GuideRequest> = Vec::new();
     if let Some(rf) = f.get("response_format") {
-        forms.extend(response_format(rf)?);
+        forms.extend(response_format(rf)?.map(strict));
     }
     if let Some(v) = f.get("guided_json") {
-        forms.push(GuideRequest { spec: GuideSpec::JsonSchema(schema_value(v, "guided_json")?), param: "guided_json".into() });
+        forms.push(strict(GuideRequest { spec: GuideSpec::JsonSchema(schema_value(v, "guided_json")?), param: "guided_json".into() }));
     }
     if let Some(v) = f.get("guided_regex") {
         forms.push(GuideRequest { spec: GuideSpec::Regex(string_value(v, "guided_regex")?), param: "guided_regex".into() });
@@ -239,7 +309,9 @@ pub fn parse_tools(f: &Fields) -> Result<Option<Tools>, ApiError> {
     let choice = f.get("tool_choice");
     let Some(list) = list else {
         return match choice {
+            // vLLM (and OpenAI) take "none" without tools: nothing to call, nothing to refuse.
             None => Ok(None),
+            Some(Value::String(c)) if c == "none" => Ok(None),
             Some(_) => Err(ApiError::invalid("tool_choice", "`tool_choice` needs `tools`")),
         };
     };
@@ -309,7 +381,7 @@ impl Tools {
             ToolChoice::None | ToolChoice::Auto => None,
             ToolChoice::Named(name) => {
                 let i = self.functions.iter().position(|(n, _)| n == name)?;
-                Some(GuideRequest { spec: GuideSpec::JsonSchema(self.functions[i].1.clone()), param: format!("tools[{i}].function.parameters") })
+                Some(strict(GuideRequest { spec: GuideSpec::JsonSchema(self.functions[i].1.clone()), param: format!("tools[{i}].function.parameters") }))
             }
             ToolChoice::Required => {
                 let any: Vec<Value> = self
@@ -318,7 +390,7 @@ impl Tools {
                     .map(|(n, p)| json!({"type": "object", "properties": {"name": {"type": "string", "enum": [n]}, "parameters": p}, "required": ["name", "parameters"], "additionalProperties": false}))
                     .collect();
                 let schema = json!({"type": "array", "minItems": 1, "items": {"anyOf": any}});
-                Some(GuideRequest { spec: GuideSpec::JsonSchema(schema), param: "tools".into() })
+                Some(strict(GuideRequest { spec: GuideSpec::JsonSchema(schema), param: "tools".into() }))
             }
         }
     }
@@ -426,7 +498,7 @@ mod tests {
 
     #[test]
     fn every_form_maps_to_its_spec() {
-        let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+        let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": false});
         let cases = [
             (json!({"response_format": {"type": "text"}}), None),
             (json!({"response_format": {"type": "json_object"}}), Some((GuideSpec::JsonObject, "response_format"))),
@@ -443,13 +515,41 @@ mod tests {
             (json!({"structured_outputs": {"json_object": true}}), Some((GuideSpec::JsonObject, "structured_outputs.json_object"))),
             (json!({"guided_json": null, "response_format": null}), None),
             (json!({"structured_outputs": {"json_object": true, "disable_any_whitespace": true}}), Some((GuideSpec::JsonSchema(json!({"type": "object", "x-guidance": {"whitespace_flexible": false}})), "structured_outputs.json_object"))),
-            (json!({"structured_outputs": {"json": {"type": "object", "x-guidance": {"lenient": true}}, "disable_any_whitespace": true}}), Some((GuideSpec::JsonSchema(json!({"type": "object", "x-guidance": {"lenient": true, "whitespace_flexible": false}})), "structured_outputs.json"))),
+            (json!({"structured_outputs": {"json": {"type": "object", "x-guidance": {"lenient": true}}, "disable_any_whitespace": true}}), Some((GuideSpec::JsonSchema(json!({"type": "object", "x-guidance": {"lenient": true, "whitespace_flexible": false}, "additionalProperties": false})), "structured_outputs.json"))),
             (json!({"structured_outputs": {"regex": "a b", "disable_any_whitespace": true}}), Some((GuideSpec::Regex("a b".into()), "structured_outputs.regex"))),
         ];
         for (body, want) in cases {
             let got = guide(body.clone()).unwrap_or_else(|e| panic!("{body}: {e:?}"));
             assert_eq!(got.map(|g| (g.spec, g.param)), want.map(|(s, p)| (s, p.to_string())), "{body}");
         }
+    }
+
+    /// xgrammar's strictness: objects that do not say otherwise take no other properties,
+    /// arrays no items past their `prefixItems`, at every depth; `allOf` parts stay open;
+    /// `disable_additional_properties: false` keeps the schema as written.
+    #[test]
+    fn schemas_are_strict_as_xgrammar() {
+        let open = json!({"type": "object", "properties": {
+            "a": {"type": "object", "properties": {"x": {"type": "integer"}}},
+            "b": {"type": "array", "prefixItems": [{"type": "object"}]},
+            "c": {"type": "object", "additionalProperties": {"type": "object", "properties": {}}},
+            "d": {"allOf": [{"type": "object", "properties": {"p": {"type": "object"}}}, {"properties": {"q": {}}}]},
+            "e": {"anyOf": [{"type": "object"}, {"type": "string"}]}
+        }, "$defs": {"t": {"type": "object"}}});
+        let want = json!({"type": "object", "additionalProperties": false, "properties": {
+            "a": {"type": "object", "additionalProperties": false, "properties": {"x": {"type": "integer"}}},
+            "b": {"type": "array", "items": false, "prefixItems": [{"type": "object", "additionalProperties": false}]},
+            "c": {"type": "object", "additionalProperties": {"type": "object", "properties": {}, "additionalProperties": false}},
+            "d": {"allOf": [{"type": "object", "properties": {"p": {"type": "object", "additionalProperties": false}}}, {"properties": {"q": {}}}]},
+            "e": {"anyOf": [{"type": "object", "additionalProperties": false}, {"type": "string"}]}
+        }, "$defs": {"t": {"type": "object", "additionalProperties": false}}});
+        for body in [json!({"guided_json": open}), json!({"structured_outputs": {"json": open}}), json!({"structured_outputs": {"json": open, "disable_additional_properties": true}}), json!({"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": open}}})] {
+            assert_eq!(guide(body.clone()).unwrap().unwrap().spec, GuideSpec::JsonSchema(want.clone()), "{body}");
+        }
+        let g = guide(json!({"structured_outputs": {"json": open, "disable_additional_properties": false}})).unwrap().unwrap();
+        assert_eq!(g.spec, GuideSpec::JsonSchema(open.clone()));
+        let t = tools(json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"x": {}}}}}], "tool_choice": {"type": "function", "function": {"name": "f"}}})).unwrap().unwrap();
+        assert_eq!(t.guide().unwrap().spec, GuideSpec::JsonSchema(json!({"type": "object", "properties": {"x": {}}, "additionalProperties": false})));
     }
 
     #[test]
@@ -476,7 +576,7 @@ mod tests {
             (json!({"structured_outputs": {"json_object": "yes"}}), "structured_outputs.json_object", "boolean"),
             (json!({"structured_outputs": {"xml": "a"}}), "structured_outputs.xml", "no field"),
             (json!({"structured_outputs": {"regex": "a", "disable_any_whitespace": 1}}), "structured_outputs.disable_any_whitespace", "boolean"),
-            (json!({"structured_outputs": {"regex": "a", "disable_additional_properties": true}}), "structured_outputs.disable_additional_properties", "not supported"),
+            (json!({"structured_outputs": {"regex": "a", "disable_additional_properties": 1}}), "structured_outputs.disable_additional_properties", "boolean"),
             (json!({"structured_outputs": {"regex": "a", "choice": ["b"]}}), "structured_outputs.choice", "one structured-output form"),
             (json!({"guided_regex": "a", "response_format": {"type": "json_object"}}), "guided_regex", "`response_format`, `guided_regex`"),
             (json!({"guided_whitespace_pattern": " "}), "guided_whitespace_pattern", "not supported"),
@@ -497,7 +597,9 @@ mod tests {
         assert_eq!(got.guide(), None);
         assert_eq!(tools(json!({"tools": t, "tool_choice": "none"})).unwrap().unwrap().choice, ToolChoice::None);
         let named = tools(json!({"tools": t, "tool_choice": {"type": "function", "function": {"name": "get"}}})).unwrap().unwrap();
-        assert_eq!(named.guide().unwrap(), GuideRequest { spec: GuideSpec::JsonSchema(got.functions[0].1.clone()), param: "tools[0].function.parameters".into() });
+        let mut closed = got.functions[0].1.clone();
+        strict_schema(&mut closed);
+        assert_eq!(named.guide().unwrap(), GuideRequest { spec: GuideSpec::JsonSchema(closed), param: "tools[0].function.parameters".into() });
         let req = tools(json!({"tools": t, "tool_choice": "required"})).unwrap().unwrap().guide().unwrap();
         let GuideSpec::JsonSchema(s) = req.spec else { panic!() };
         assert_eq!(s["items"]["anyOf"][1]["properties"]["name"]["enum"], json!(["now"]));

@@ -2,7 +2,8 @@
 //!
 //! - `/tokenize` takes `{"prompt": "..."}` (`add_special_tokens`, default true) or
 //!   `{"messages": [...]}` (rendered with the chat template as `/v1/chat/completions` renders
-//!   them; `add_generation_prompt`, default true; `add_special_tokens`, default false, since
+//!   them; `add_generation_prompt`, default true unless `continue_final_message`;
+//!   `chat_template_kwargs`; `add_special_tokens`, default false, since
 //!   the template writes the BOS itself), plus `return_token_strs`; answers
 //!   `{"count", "max_model_len", "tokens", "token_strs"}` (`token_strs` null unless asked).
 //! - `/detokenize` takes `{"tokens": [...]}` and answers `{"prompt": text}` (special tokens
@@ -13,14 +14,14 @@
 use serde_json::{json, Value};
 
 use crate::error::ApiError;
-use crate::openai::{check_model, normalize_messages, parse_json};
+use crate::openai::{chat_text, check_served, normalize_messages, parse_json};
 use crate::params::Fields;
 use crate::server::AppState;
 
 pub fn tokenize(state: &AppState, body: &[u8]) -> Result<Value, ApiError> {
     let o = parse_json(body)?;
     let f = Fields(&o);
-    check_model(&f, &state.model_name)?;
+    check_served(&f, state)?;
     let tok = &state.tokenizer;
     let tokens = match (f.get("prompt"), f.get("messages")) {
         (Some(_), Some(_)) => return Err(ApiError::invalid("messages", "give `prompt` or `messages`, not both")),
@@ -33,15 +34,17 @@ pub fn tokenize(state: &AppState, body: &[u8]) -> Result<Value, ApiError> {
             tok.encode(text, special).map_err(|e| ApiError::invalid("prompt", format!("cannot tokenize `prompt`: {e}")))?
         }
         (None, Some(m)) => {
-            // What we cannot honour is refused, not ignored: the count would be wrong.
-            if f.bool("continue_final_message")? == Some(true) {
-                return Err(ApiError::invalid("continue_final_message", "`continue_final_message` is not supported by this server"));
-            }
             // Rendered as chat renders them, so that the count is the prompt's.
             let tools = crate::structured::parse_tools(&f)?;
             let msgs = normalize_messages(Some(m))?;
-            let add_gen = f.bool("add_generation_prompt")?.unwrap_or(true);
-            let text = tok.apply_chat_template_with_tools(&msgs, tools.as_ref().map(|t| t.list.as_slice()), add_gen).map_err(|e| ApiError::invalid("messages", format!("cannot apply the chat template: {e}")))?;
+            let continue_final = f.bool("continue_final_message")?.unwrap_or(false);
+            let add_gen = f.bool("add_generation_prompt")?.unwrap_or(!continue_final);
+            let kwargs = match f.get("chat_template_kwargs") {
+                None => None,
+                Some(Value::Object(o)) => Some(o),
+                Some(v) => return Err(ApiError::invalid("chat_template_kwargs", format!("`chat_template_kwargs` must be an object, got {}", crate::params::type_name(v)))),
+            };
+            let text = chat_text(state, &msgs, tools.as_ref(), add_gen, continue_final, kwargs)?;
             let special = f.bool("add_special_tokens")?.unwrap_or(false);
             tok.encode(&text, special).map_err(|e| ApiError::invalid("messages", format!("cannot tokenize the rendered chat: {e}")))?
         }
@@ -57,7 +60,7 @@ pub fn tokenize(state: &AppState, body: &[u8]) -> Result<Value, ApiError> {
 pub fn detokenize(state: &AppState, body: &[u8]) -> Result<Value, ApiError> {
     let o = parse_json(body)?;
     let f = Fields(&o);
-    check_model(&f, &state.model_name)?;
+    check_served(&f, state)?;
     let vocab = state.config.vocab_size;
     let shape = || ApiError::invalid("tokens", "`tokens` must be a list of token ids");
     let ids: Vec<u32> = match f.get("tokens") {

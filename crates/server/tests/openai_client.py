@@ -110,6 +110,15 @@ try:
     check(False, "built-in tools refused")
 except openai.BadRequestError as e:
     check(e.status_code == 400 and e.body["param"] == "tools[0].type", f"built-in tools are a 400 naming them: {e.body['message']}")
+# A context overflow as client libraries (langchain-openai, litellm) recognise one: OpenAI's
+# code and vLLM's sentence; a max_tokens past the room the prompt leaves is trimmed (vLLM 0.32).
+try:
+    client.completions.create(model=model, prompt=[5] * 600, max_tokens=4)
+    check(False, "a prompt past the context refused")
+except openai.BadRequestError as e:
+    check(e.code == "context_length_exceeded" and "This model's maximum context length is" in e.body["message"], f"overflow recognisable: {e.body}")
+r = client.completions.create(model=model, prompt="hello", max_tokens=100000)
+check(r.usage.total_tokens <= 512 and r.choices[0].finish_reason in ("length", "stop"), f"max_tokens trimmed to the context: {r.usage}")
 
 # vLLM's endpoints beside the API (plain HTTP: they are not in the client).
 root = base.removesuffix("/v1")

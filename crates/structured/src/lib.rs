@@ -13,6 +13,8 @@
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
+pub mod gbnf;
+
 use llguidance::api::TopLevelGrammar;
 use llguidance::{Matcher, ParserFactory};
 use tandem_engine::{Constraint, ConstraintFactory, Guided};
@@ -29,7 +31,8 @@ pub enum GuideSpec {
     Regex(String),
     /// Exactly one of these strings.
     Choice(Vec<String>),
-    /// A Lark grammar (llguidance's dialect, as vLLM's `guided_grammar`).
+    /// A Lark grammar (llguidance's dialect, as vLLM's `guided_grammar`), or a GBNF one
+    /// (`root ::= ...`, what vLLM's default xgrammar backend takes), converted by [`gbnf`].
     Lark(String),
 }
 
@@ -63,6 +66,8 @@ impl GuideSpec {
                 let alts: Vec<String> = choices.iter().map(|c| serde_json::to_string(c).expect("a string serialises")).collect();
                 TopLevelGrammar::from_lark(format!("start: {}", alts.join(" | ")))
             }
+            // vLLM's default backend (xgrammar) takes GBNF; llguidance takes Lark.
+            GuideSpec::Lark(g) if gbnf::looks_like_gbnf(g) => TopLevelGrammar::from_lark(gbnf::to_lark(g).map_err(|e| GuideError::new(self.kind(), format!("GBNF: {e}")))?),
             GuideSpec::Lark(g) => TopLevelGrammar::from_lark(g.clone()),
         })
     }

@@ -61,7 +61,7 @@ pub mod output;
 pub use backend::{load_model, Backend, LoadedModel};
 pub use builder::{KvMemory, LlmBuilder, Scheduler};
 pub use error::{Error, Result};
-pub use llm::{AsyncLlm, Llm, OutputStream};
+pub use llm::{AsyncLlm, ChatOptions, Llm, OutputStream};
 pub use output::{Completion, Message, Output, Prompt};
 
 pub use tandem_core::model::{LoadOptions, ModelRunner};

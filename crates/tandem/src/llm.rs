@@ -17,6 +17,20 @@ use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::output::{Accumulator, Message, Output, Prompt};
 
+/// How a conversation is rendered (vLLM's `LLM.chat` options). The default opens the
+/// assistant's turn, as [`Llm::chat`] does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChatOptions {
+    pub add_generation_prompt: bool,
+    pub continue_final_message: bool,
+}
+
+impl Default for ChatOptions {
+    fn default() -> Self {
+        ChatOptions { add_generation_prompt: true, continue_final_message: false }
+    }
+}
+
 /// The loaded engine both faces share; dropping the last of them stops the engine thread.
 pub(crate) struct Core {
     pub handle: EngineHandle,
@@ -56,8 +70,23 @@ impl Core {
     }
 
     fn encode_chat(&self, messages: &[Message]) -> Result<Vec<u32>> {
+        self.encode_chat_with(messages, &ChatOptions::default())
+    }
+
+    fn encode_chat_with(&self, messages: &[Message], opts: &ChatOptions) -> Result<Vec<u32>> {
+        if opts.add_generation_prompt && opts.continue_final_message {
+            return Err(Error::Config("Cannot set both `continue_final_message` and `add_generation_prompt` to True.".into()));
+        }
         let msgs: Vec<serde_json::Value> = messages.iter().map(Message::to_json).collect();
-        let text = self.tok.apply_chat_template(&msgs, true)?;
+        let mut text = self.tok.apply_chat_template(&msgs, opts.add_generation_prompt)?;
+        if opts.continue_final_message {
+            // As transformers cuts it (and the server's chat): after the last place the final
+            // message's content, stripped, appears.
+            let last = messages.last().map_or("", |m| m.content.as_str());
+            let at = text.rfind(last.trim()).ok_or_else(|| Error::Config("continue_final_message: the final message does not appear in the rendered chat".into()))?;
+            let end = if last.trim_start().len() == last.len() && text[at..].starts_with(last) { at + last.len() } else { at + last.trim().len() };
+            text.truncate(end);
+        }
         // The template writes the BOS itself (as the server's chat endpoint does).
         Ok(self.tok.encode(&text, false)?)
     }
@@ -142,6 +171,14 @@ impl Llm {
         self.generate(conversations.into_iter().map(|c| Prompt::Chat(c.as_ref().to_vec())), params)
     }
 
+    /// [`Llm::chat`] with vLLM's `LLM.chat` options: `continue_final_message` continues the
+    /// last (assistant) message instead of closing it (a prefill); `add_generation_prompt:
+    /// false` opens no assistant turn. Both true is an error, as in vLLM.
+    pub fn chat_with<C: AsRef<[Message]>>(&self, conversations: impl IntoIterator<Item = C>, params: &SamplingParams, opts: &ChatOptions) -> Result<Vec<Output>> {
+        let ids = conversations.into_iter().map(|c| self.core.encode_chat_with(c.as_ref(), opts)).collect::<Result<Vec<_>>>()?;
+        self.core.run_all(ids, params)
+    }
+
     /// Compiles a structured-output spec for [`SamplingParams::guided`]: the outputs of a request
     /// carrying it are JSON valid against the schema, match the regex, ... (see
     /// [`tandem_structured`]). A spec that does not compile is [`Error::Guide`] naming the problem.
@@ -219,6 +256,12 @@ impl AsyncLlm {
 
     pub fn chat(&self, messages: &[Message], params: &SamplingParams) -> Result<OutputStream> {
         self.generate(Prompt::Chat(messages.to_vec()), params)
+    }
+
+    /// As [`Llm::chat_with`], streamed.
+    pub fn chat_with(&self, messages: &[Message], params: &SamplingParams, opts: &ChatOptions) -> Result<OutputStream> {
+        let ids = self.core.encode_chat_with(messages, opts)?;
+        self.stream(ids, params, 0)
     }
 
     fn stream(&self, ids: Vec<u32>, params: &SamplingParams, priority: i32) -> Result<OutputStream> {

@@ -141,6 +141,34 @@ fn a_constrained_request_changes_nothing_for_its_neighbours() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// As vLLM (xgrammar): once the grammar is complete, a model with an EOS token samples it (the
+/// only token allowed) and it counts as an output token; the finish names it.
+#[test]
+fn a_complete_grammar_ends_with_the_eos_it_forces() {
+    let dir = model_dir("eos");
+    let mut e = engine(&dir, 64, 64);
+    // The random model's eos_token_id; the grammar's tokens (3 mod 5) never include it.
+    let eos = 2;
+    let params = SamplingParams { n: 2, temperature: 1.0, seed: Some(5), max_tokens: Some(20), guided: guided(Modular { modulus: 5, residue: 3, len: Some(4), dead_at: None }), ..Default::default() };
+    let mut s = e.add_request(Request { prompt: prompt(1, 384), params, priority: 0 }).unwrap();
+    run_to_idle(&mut e);
+    let got = collect(&drain(&mut s), 2);
+    for i in 0..2 {
+        assert_eq!(got.tokens[i].len(), 5, "completion {i}: {:?}", got.tokens[i]);
+        assert!(got.tokens[i][..4].iter().all(|t| t % 5 == 3));
+        assert_eq!(got.tokens[i][4], eos);
+        assert_eq!(got.finish[i], Some(FinishReason::Stop { stop_string: None, stop_token: Some(eos) }));
+    }
+    // With room for no more token than the grammar's, it ends as the grammar completes.
+    let params = SamplingParams { temperature: 0.0, max_tokens: Some(4), guided: guided(Modular { modulus: 5, residue: 3, len: Some(4), dead_at: None }), ..Default::default() };
+    let mut s = e.add_request(Request { prompt: prompt(1, 384), params, priority: 0 }).unwrap();
+    run_to_idle(&mut e);
+    let got = collect(&drain(&mut s), 1);
+    assert_eq!((got.tokens[0].len(), got.finish[0].clone()), (4, Some(FinishReason::Stop { stop_string: None, stop_token: None })));
+    assert_eq!(e.scheduler().bm.usage(), 0.0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn the_grammar_decides_the_end_and_n_completions_each_follow_it() {
     let dir = model_dir("end");

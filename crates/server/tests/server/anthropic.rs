@@ -200,7 +200,7 @@ async fn bad_requests_are_4xx_in_anthropics_shape() {
     anthropic_error(&request(s.addr, "POST", "/v1/messages/batches", &[], "{}").await, 404, "not_found_error");
     // Nothing leaked: every refused request left the engine and the server's queue empty.
     let text = get(s.addr, "/metrics").await.text();
-    assert_eq!(metric(&text, &format!("tandem:server_queued_requests{{model_name=\"{MODEL}\"}}")), 0.0);
+    assert_eq!(metric(&text, &format!("tandem:server_queued_requests{{model_name=\"{MODEL}\",engine=\"0\"}}")), 0.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

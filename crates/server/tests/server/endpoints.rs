@@ -31,7 +31,7 @@ async fn health_models_and_metrics() {
         "vllm:time_to_first_token_seconds_count", "vllm:inter_token_latency_seconds_count", "vllm:e2e_request_latency_seconds_count",
         "vllm:request_queue_time_seconds_count", "tandem:batch_size", "tandem:server_queued_requests",
     ] {
-        metric(&text, &format!("{name}{{model_name=\"{MODEL}\"}}"));
+        metric(&text, &format!("{name}{{model_name=\"{MODEL}\",engine=\"0\"}}"));
     }
 }
 
@@ -333,14 +333,14 @@ async fn metrics_count_tokens_and_parse() {
     }
     let text = get(s.addr, "/metrics").await.text();
     assert!(check_exposition(&text) > 50);
-    let l = format!("{{model_name=\"{MODEL}\"}}");
+    let l = format!("{{model_name=\"{MODEL}\",engine=\"0\"}}");
     assert_eq!(metric(&text, &format!("vllm:generation_tokens_total{l}")), 15.0);
     assert_eq!(metric(&text, &format!("vllm:prompt_tokens_total{l}")), 12.0);
     assert_eq!(metric(&text, &format!("vllm:e2e_request_latency_seconds_count{l}")), 3.0);
     assert_eq!(metric(&text, &format!("vllm:time_to_first_token_seconds_count{l}")), 3.0);
     assert_eq!(metric(&text, &format!("vllm:inter_token_latency_seconds_count{l}")), 12.0);
     assert_eq!(metric(&text, &format!("vllm:request_queue_time_seconds_count{l}")), 3.0);
-    assert_eq!(metric(&text, &format!("vllm:request_success_total{{model_name=\"{MODEL}\",finished_reason=\"length\"}}")), 3.0);
+    assert_eq!(metric(&text, &format!("vllm:request_success_total{{model_name=\"{MODEL}\",engine=\"0\",finished_reason=\"length\"}}")), 3.0);
     // The same prompt three times: the later ones hit the prefix cache (full blocks only; 4
     // tokens fill none), so queries count and hits stay 0 here.
     assert_eq!(metric(&text, &format!("vllm:prefix_cache_queries_total{l}")), 12.0);

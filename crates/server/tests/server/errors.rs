@@ -40,8 +40,7 @@ async fn bad_requests_are_400_naming_the_field() {
         ("/v1/completions", json!({"prompt": []}), Some("prompt"), "empty"),
         ("/v1/completions", json!({"prompt": [1, 99999]}), Some("prompt"), "outside the vocabulary"),
         ("/v1/completions", json!({}), Some("prompt"), "required"),
-        ("/v1/completions", json!({"prompt": long}), Some("prompt"), "context length"),
-        ("/v1/completions", json!({"prompt": "hi", "max_tokens": MAX_LEN}), Some("max_tokens"), "context length"),
+        ("/v1/completions", json!({"prompt": long}), Some("prompt"), "maximum context length"),
         ("/v1/chat/completions", json!({"messages": "hi"}), Some("messages"), "list"),
         ("/v1/chat/completions", json!({"messages": []}), Some("messages"), "empty"),
         ("/v1/chat/completions", json!({"messages": [{"content": "x"}]}), Some("messages[0].role"), "string"),
@@ -49,7 +48,8 @@ async fn bad_requests_are_400_naming_the_field() {
         ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}), Some("top_logprobs"), "logprobs"),
         ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0}), Some("max_completion_tokens"), "at least 1"),
         ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "x"}], "echo": true}), Some("echo"), "not supported on chat"),
-        ("/v1/completions", json!({"prompt": "hi", "best_of": 3}), Some("best_of"), "not supported"),
+        ("/v1/completions", json!({"prompt": "hi", "n": 3, "best_of": 2}), Some("best_of"), "at least `n`"),
+        ("/v1/completions", json!({"prompt": "hi", "best_of": 2, "stream": true}), Some("best_of"), "streamed"),
         ("/v1/completions", json!({"prompt": "hi", "logit_bias": {"5": 500}}), Some("logit_bias"), "[-100, 100]"),
         ("/v1/completions", json!({"prompt": "hi", "logit_bias": {"99999": 1}}), Some("logit_bias"), "vocabulary"),
         ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}), Some("tools[0].function"), "required"),
@@ -133,7 +133,7 @@ async fn engine_failure_is_500_and_the_server_keeps_serving() {
     let r = post(s.addr, "/v1/completions", &json!({"prompt": "hi", "max_tokens": 3})).await;
     assert_eq!(r.status, 200, "{}", r.text());
     let text = get(s.addr, "/metrics").await.text();
-    assert_eq!(metric(&text, &format!("vllm:request_success_total{{model_name=\"{MODEL}\",finished_reason=\"error\"}}")), 1.0);
+    assert_eq!(metric(&text, &format!("vllm:request_success_total{{model_name=\"{MODEL}\",engine=\"0\",finished_reason=\"error\"}}")), 1.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -14,7 +14,7 @@ use tandem_server::engine_client::{EngineClient, EngineStats, EngineUpdate, Gene
 use tandem_server::ServerConfig;
 
 fn l() -> String {
-    format!("{{model_name=\"{MODEL}\"}}")
+    format!("{{model_name=\"{MODEL}\",engine=\"0\"}}")
 }
 
 /// Polls /metrics until nothing runs and every KV block is free; returns how long it took.
@@ -50,7 +50,7 @@ async fn streaming_client_that_leaves_aborts_its_request() {
     assert!(metric(&m, &format!("vllm:kv_cache_usage_perc{}", l())) > 0.0);
     drop(body);
     drop(c);
-    let aborts = format!("vllm:request_success_total{{model_name=\"{MODEL}\",finished_reason=\"abort\"}}");
+    let aborts = format!("vllm:request_success_total{{model_name=\"{MODEL}\",engine=\"0\",finished_reason=\"abort\"}}");
     let t = Instant::now();
     while metric(&get(s.addr, "/metrics").await.text(), &aborts) < 1.0 {
         assert!(t.elapsed() < Duration::from_secs(2), "the server did not notice the client leaving");
@@ -250,7 +250,7 @@ impl EngineClient for DyingEngine {
     fn submit(&self, req: GenerateRequest) -> Result<Submission, SubmitRefusal> {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let d = tandem_server::engine_client::CompletionDelta { index: 0, text: " hello".into(), token_ids: vec![5], logprobs: vec![], prompt_logprobs: None, finish: None, stop_string: None };
-        tx.send(EngineUpdate { deltas: vec![d], queue_time: None }).unwrap();
+        tx.send(EngineUpdate { deltas: vec![d], queue_time: None, num_preemptions: None }).unwrap();
         assert_eq!(req.params.n, 2);
         Ok(Submission::channel(1, rx))
     }

@@ -10,6 +10,7 @@ mod anthropic;
 mod endpoints;
 mod errors;
 mod lifecycle;
+mod parity;
 mod parsers;
 mod responses;
 mod scoring;

@@ -28,7 +28,7 @@ impl EngineClient for ScriptEngine {
         for (i, p) in self.pieces.iter().enumerate() {
             let last = i + 1 == self.pieces.len();
             let d = CompletionDelta { index: 0, text: p.clone(), token_ids: vec![5], logprobs: vec![], prompt_logprobs: None, finish: last.then_some(FinishReason::Stop), stop_string: None };
-            let _ = tx.send(EngineUpdate { deltas: vec![d], queue_time: None });
+            let _ = tx.send(EngineUpdate { deltas: vec![d], queue_time: None, num_preemptions: None });
         }
         Ok(Submission::channel(id, rx))
     }

@@ -160,7 +160,7 @@ async fn the_store_is_bounded_by_count_bytes_and_age() {
     }
     openai_error(&get(s.addr, &format!("/v1/responses/{}", ids[0])).await, 404);
     assert_eq!(get(s.addr, &format!("/v1/responses/{}", ids[2])).await.status, 200);
-    let l = format!("{{model_name=\"{MODEL}\"}}");
+    let l = format!("{{model_name=\"{MODEL}\",engine=\"0\"}}");
     let m = get(s.addr, "/metrics").await.text();
     assert_eq!((metric(&m, &format!("tandem:responses_evicted_total{l}")), metric(&m, &format!("tandem:responses_stored{l}"))), (1.0, 2.0), "{m}");
     let bytes = metric(&m, &format!("tandem:responses_stored_bytes{l}"));
@@ -244,7 +244,7 @@ async fn bad_requests_are_4xx_in_openais_shape() {
     assert_eq!(r.headers["allow"], "GET, DELETE");
     openai_error(&r, 405);
     let text = get(s.addr, "/metrics").await.text();
-    assert_eq!(metric(&text, &format!("tandem:server_queued_requests{{model_name=\"{MODEL}\"}}")), 0.0, "nothing leaked");
+    assert_eq!(metric(&text, &format!("tandem:server_queued_requests{{model_name=\"{MODEL}\",engine=\"0\"}}")), 0.0, "nothing leaked");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -641,3 +641,86 @@ async fn constrained_neighbours_leave_other_requests_alone() {
         assert_eq!(g2.len(), 1);
     }
 }
+
+/// Issue 28: xgrammar's strictness, vLLM's default: a schema that lists properties and says
+/// nothing of others gets no others; `structured_outputs.disable_additional_properties: false`
+/// asks for the schema as written. A bias towards `,` makes the model want another key
+/// wherever one may go: as written it adds one, strict it cannot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unlisted_properties_are_not_generated() {
+    let t = start(tiny_dir(), true).await;
+    let tok = Tokenizer::from_dir(tiny_dir()).unwrap();
+    let mut bias = no_whitespace();
+    let comma: Vec<u32> = (0..tok.vocab_size() as u32).filter(|&id| tok.decode(&[id], false).is_ok_and(|t| t == ",")).collect();
+    assert!(!comma.is_empty());
+    for id in comma {
+        bias[id.to_string()] = json!(8);
+    }
+    let schema = json!({"type": "object", "properties": {"a": {"type": "integer", "maximum": 99}}, "required": ["a"]});
+    let (mut strict_whole, mut loose_extra) = (0, 0);
+    for seed in 1..=3u64 {
+        for (so, strict) in [(json!({"json": schema}), true), (json!({"json": schema, "disable_additional_properties": false}), false)] {
+            let body = completion(json!({"structured_outputs": so, "n": 4, "seed": seed, "temperature": 1.0, "max_tokens": 40, "logit_bias": bias}));
+            for (text, finish) in texts(t.addr, "/v1/completions", &body).await {
+                if strict {
+                    let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text:?} ({finish})"));
+                    assert_eq!(v.as_object().unwrap().keys().collect::<Vec<_>>(), ["a"], "{text}");
+                    strict_whole += 1;
+                } else if text.contains(',') {
+                    loose_extra += 1;
+                }
+            }
+        }
+    }
+    assert_eq!(strict_whole, 12);
+    assert!(loose_extra > 0, "as written, the schema lets the model add keys (else this test shows nothing)");
+}
+
+/// Issue 28: vLLM's grammar syntax (GBNF, what xgrammar takes) beside Lark:
+/// `root ::= "yes" | "no"`, classes, repeats and rule references hold; a broken one is a 400.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gbnf_grammars_hold() {
+    let t = start(tiny_dir(), true).await;
+    let yes_no = "root ::= \"yes\" | \"no\"";
+    let code = "root ::= \"id-\" digit{2,4} tail # a comment\ndigit ::= [0-9]\ntail ::= (\"!\" | [?.])";
+    let code_ok = |t: &str| t.strip_prefix("id-").is_some_and(|r| r.len() >= 3 && r.len() <= 5 && r[..r.len() - 1].bytes().all(|b| b.is_ascii_digit()) && r.ends_with(['!', '?', '.']));
+    for seed in 1..=3u64 {
+        for (field, g) in [("structured_outputs", json!({"grammar": yes_no})), ("guided_grammar", json!(yes_no))] {
+            for (text, finish) in texts(t.addr, "/v1/completions", &completion(json!({field: g, "n": 3, "seed": seed, "temperature": 1.0}))).await {
+                assert!(text == "yes" || text == "no", "{text:?}");
+                assert_eq!(finish, "stop");
+            }
+        }
+        for (text, finish) in texts(t.addr, "/v1/chat/completions", &chat(json!({"structured_outputs": {"grammar": code}, "n": 3, "seed": seed, "temperature": 1.0}))).await {
+            assert!(code_ok(&text), "{text:?}");
+            assert_eq!(finish, "stop");
+        }
+    }
+    let r = post(t.addr, "/v1/completions", &completion(json!({"structured_outputs": {"grammar": "root ::= item"}}))).await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.json()["error"]["param"], "structured_outputs.grammar");
+    assert!(r.json()["error"]["message"].as_str().unwrap().contains("GBNF: rule `item` is used but not defined"), "{}", r.text());
+}
+
+/// Issue 28: as vLLM (xgrammar), a completion whose grammar completed samples the EOS token the
+/// grammar then forces, and counts it: usage has one token more than the text, the last
+/// logprob entry is EOS, the text and `stop_reason` do not show it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_complete_grammar_counts_the_eos_it_forces() {
+    let t = start(tiny_dir(), true).await;
+    let cfg: Value = serde_json::from_str(&std::fs::read_to_string(tiny_dir().join("config.json")).unwrap()).unwrap();
+    let eos = cfg["eos_token_id"].as_u64().unwrap() as u32;
+    let eos_text = Tokenizer::from_dir(tiny_dir()).unwrap().decode(&[eos], false).unwrap();
+    for seed in 1..=3u64 {
+        let body = completion(json!({"guided_choice": ["yes", "no"], "seed": seed, "temperature": 1.0, "logprobs": 0}));
+        let v = post(t.addr, "/v1/completions", &body).await.json();
+        let c = &v["choices"][0];
+        assert!(c["text"] == "yes" || c["text"] == "no", "{v}");
+        assert_eq!((c["finish_reason"].as_str(), c["stop_reason"].is_null()), (Some("stop"), true), "{v}");
+        let tokens = c["logprobs"]["tokens"].as_array().unwrap();
+        assert_eq!(tokens.last().and_then(Value::as_str), Some(eos_text.as_str()), "{v}");
+        assert_eq!(v["usage"]["completion_tokens"].as_u64(), Some(tokens.len() as u64), "{v}");
+        let text: String = tokens[..tokens.len() - 1].iter().map(|t| t.as_str().unwrap()).collect();
+        assert_eq!(text, c["text"].as_str().unwrap());
+    }
+}

@@ -22,7 +22,7 @@ fn config() -> ServerConfig {
 }
 
 fn l() -> String {
-    format!("{{model_name=\"{MODEL}\"}}")
+    format!("{{model_name=\"{MODEL}\",engine=\"0\"}}")
 }
 
 /// Reads until the peer closes; panics if that takes longer than `limit`.
@@ -107,7 +107,7 @@ async fn a_stream_past_the_request_timeout_ends_every_choice_with_abort() {
     assert!(took >= Duration::from_millis(500) && took < Duration::from_secs(3), "{took:?}");
     eprintln!("stream cut at the 500 ms bound after {took:?}, {produced} tokens");
     let m = get(s.addr, "/metrics").await.text();
-    assert_eq!(metric(&m, &format!("vllm:request_success_total{{model_name=\"{MODEL}\",finished_reason=\"abort\"}}")), 2.0);
+    assert_eq!(metric(&m, &format!("vllm:request_success_total{{model_name=\"{MODEL}\",engine=\"0\",finished_reason=\"abort\"}}")), 2.0);
     assert!(metric(&m, &format!("vllm:generation_tokens_total{}", l())) < 400.0);
     wait_idle(&s).await;
 }
@@ -147,7 +147,7 @@ async fn a_request_with_nothing_by_its_timeout_is_408_and_aborted() {
     assert_eq!(ev.last().unwrap()["choices"][0]["finish_reason"], "abort", "{ev:?}");
     assert_eq!(*engine.aborted.lock().unwrap(), vec![0, 1]);
     let m = get(s.addr, "/metrics").await.text();
-    assert_eq!(metric(&m, &format!("vllm:request_success_total{{model_name=\"{MODEL}\",finished_reason=\"abort\"}}")), 2.0);
+    assert_eq!(metric(&m, &format!("vllm:request_success_total{{model_name=\"{MODEL}\",engine=\"0\",finished_reason=\"abort\"}}")), 2.0);
     assert_eq!(metric(&m, &format!("tandem:server_queued_requests{}", l())), 0.0, "queue slots released");
 }
 

@@ -60,7 +60,7 @@ async fn tokenizer_endpoints_refuse_bad_input_naming_the_field() {
         ("/tokenize", json!({"prompt": 5}), 400, "prompt"),
         ("/tokenize", json!({"prompt": "x", "messages": chat_msgs()}), 400, "messages"),
         ("/tokenize", json!({"messages": "hi"}), 400, "messages"),
-        ("/tokenize", json!({"messages": chat_msgs(), "continue_final_message": true}), 400, "continue_final_message"),
+        ("/tokenize", json!({"messages": chat_msgs(), "continue_final_message": true, "add_generation_prompt": true}), 400, "continue_final_message"),
         ("/tokenize", json!({"prompt": "x", "add_special_tokens": "yes"}), 400, "add_special_tokens"),
         ("/tokenize", json!({"prompt": "x", "model": "gpt-9"}), 404, "model"),
         ("/detokenize", json!({}), 400, "tokens"),
@@ -212,7 +212,7 @@ async fn throughput_gauges_follow_the_token_counters() {
     }
     let text = get(s.addr, "/metrics").await.text();
     let elapsed = t.elapsed().as_secs_f64();
-    let l = format!("{{model_name=\"{MODEL}\"}}");
+    let l = format!("{{model_name=\"{MODEL}\",engine=\"0\"}}");
     let gen = metric(&text, &format!("vllm:avg_generation_throughput_toks_per_s{l}"));
     let prompt = metric(&text, &format!("vllm:avg_prompt_throughput_toks_per_s{l}"));
     assert!(text.contains("# TYPE vllm:avg_generation_throughput_toks_per_s gauge\n"));

@@ -7,7 +7,7 @@ use crate::common;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use tandem::{Error, FinishReason, Message, Prompt, SamplingParams};
+use tandem::{ChatOptions, Error, FinishReason, Message, Prompt, SamplingParams};
 
 const PROMPTS: [&str; 5] = ["The capital of France is", "1, 2, 3,", "def main():", "Once upon a time, in a land far away, there lived", "a"];
 
@@ -71,6 +71,29 @@ fn chat_goes_through_the_template() {
     let direct = llm.generate([Prompt::Tokens(ids)], &params).unwrap().remove(0);
     assert_eq!(out.completions, direct.completions);
     assert!(!out.completions[0].token_ids.is_empty());
+}
+
+/// vLLM's `LLM.chat` options: `continue_final_message` leaves the assistant's message open
+/// (the prompt ends with its content), `add_generation_prompt: false` closes it without a new
+/// turn, both true is refused.
+#[test]
+fn chat_continues_the_final_message() {
+    let llm = common::builder().build().unwrap();
+    let convo = vec![Message::user("Name a colour."), Message::assistant("The colour is")];
+    let params = SamplingParams::greedy(4);
+    let cont = ChatOptions { add_generation_prompt: false, continue_final_message: true };
+    let out = llm.chat_with([convo.clone()], &params, &cont).unwrap().remove(0);
+    let msgs: Vec<serde_json::Value> = convo.iter().map(|m| serde_json::json!({"role": m.role, "content": m.content})).collect();
+    let closed = llm.tokenizer().apply_chat_template(&msgs, false).unwrap();
+    let open = &closed[..closed.rfind("The colour is").unwrap() + "The colour is".len()];
+    assert!(open.len() < closed.len(), "the template closes the turn: {closed:?}");
+    assert_eq!(out.prompt_token_ids, llm.tokenizer().encode(open, false).unwrap());
+    let direct = llm.generate([Prompt::Tokens(out.prompt_token_ids.clone())], &params).unwrap().remove(0);
+    assert_eq!(out.completions, direct.completions);
+    let no_gen = ChatOptions { add_generation_prompt: false, continue_final_message: false };
+    assert_eq!(llm.chat_with([convo.clone()], &params, &no_gen).unwrap()[0].prompt_token_ids, llm.tokenizer().encode(&closed, false).unwrap());
+    let both = ChatOptions { add_generation_prompt: true, continue_final_message: true };
+    assert!(llm.chat_with([convo], &params, &both).unwrap_err().to_string().contains("Cannot set both"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -261,6 +284,8 @@ fn the_step_budget_defaults_to_the_backends() {
     let llm = tandem::LlmBuilder::new(common::tiny_model()).backend(Backend::Reference).max_num_seqs(8).num_kv_blocks(64).build().unwrap();
     let out = llm.generate([Prompt::Tokens((0..100).map(|i| 10 + i % 50).collect())], &SamplingParams { max_tokens: Some(2), ..Default::default() }).unwrap();
     assert_eq!(out[0].prompt_token_ids.len(), 100);
-    // 100 prompt tokens in steps of 32: four prefill steps (the last also samples), one decode.
-    assert_eq!(llm.stats().steps_total, 5, "a 100-token prompt runs in steps of the default budget");
+    // 100 prompt tokens in steps of 32: four prefill steps at least (the last also samples),
+    // where a 512-token budget takes one; the decode step may land after `generate` returns.
+    let steps = llm.stats().steps_total;
+    assert!(steps >= 4, "a 100-token prompt ran in {steps} steps: not in steps of the default budget");
 }
