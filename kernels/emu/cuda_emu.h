@@ -2,7 +2,9 @@
 //
 // Every CUDA thread of a block is a fiber: its own stack, run cooperatively on the one OS
 // thread that called launch(), switching only at a barrier. Blocks run one after another, so
-// a `__shared__` variable can be a plain function-local static. __syncthreads is a barrier
+// a `__shared__` variable can be a plain function-local static (the fake driver's strict build
+// interleaves a few blocks at barriers instead, swapping the `__shared__` section: see
+// run_interleaved). __syncthreads is a barrier
 // over the block's fibers, and warp-collective operations (shuffles, ldmatrix, mma) exchange
 // through a per-warp slot array: each lane writes its words, one barrier over the warp's 32
 // fibers, each lane reads what it needs. The slots are double-buffered (operation i uses set
@@ -39,6 +41,7 @@
 // Limits: blockDim.x a multiple of 32, every lane of a warp reaches each warp-collective call
 // (full masks only), a block returns early only as a whole (all true of our kernels).
 #pragma once
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
@@ -434,30 +437,110 @@ inline void reset(Fiber& f) {
 #endif
 }
 
-// Runs every fiber until each has returned: round robin, each until it waits at a barrier.
-// A round in which no fiber arrived anywhere or finished is a barrier nobody can open.
-inline void run_block() {
-    for (unsigned done = 0; done < sched.live;) {
-        const unsigned long before = progress;
-        done = 0;
-        for (unsigned i = 0; i < sched.live; ++i) {
-            Fiber& f = *sched.fibers[i];
-            if (f.done) {
-                ++done;
-                continue;
-            }
-            cur = &f;
-#if defined(__x86_64__)
-            tandem_emu_switch(&sched.sp, f.sp);
-#else
-            swapcontext(&sched.ctx, &f.ctx);
-#endif
-            cur = nullptr;
-            if (f.done) ++done;
+// One round over fibers [first, first + count): each runs until it waits at a barrier or
+// returns. Returns how many have returned; dies if nothing moved (a barrier nobody can open).
+inline unsigned run_round(unsigned first, unsigned count) {
+    const unsigned long before = progress;
+    unsigned done = 0;
+    for (unsigned i = first; i < first + count; ++i) {
+        Fiber& f = *sched.fibers[i];
+        if (f.done) {
+            ++done;
+            continue;
         }
-        if (done < sched.live && progress == before) die("deadlock: a barrier some threads of the block never reach (an early return, or a divergent collective)");
+        cur = &f;
+#if defined(__x86_64__)
+        tandem_emu_switch(&sched.sp, f.sp);
+#else
+        swapcontext(&sched.ctx, &f.ctx);
+#endif
+        cur = nullptr;
+        if (f.done) ++done;
+    }
+    if (done < count && progress == before) die("deadlock: a barrier some threads of the block never reach (an early return, or a divergent collective)");
+    return done;
+}
+
+// Runs every fiber until each has returned: round robin, each until it waits at a barrier.
+inline void run_block() {
+    while (run_round(0, sched.live) < sched.live) {
     }
 }
+
+#if defined(TANDEM_EMU_STRICT)
+// The fake driver's order: 2 to 4 blocks of the grid (the "slots", drawn from the seed) are
+// resident at once, and after each round of one slot's fibers (every fiber to its next barrier,
+// warp-collective or block-wide) the next slot to run is drawn from the seed, so blocks interleave
+// at barriers: a block can pass its arrival at a last-block fold while others are still midway,
+// and the block that folds meets partials in many arrival orders. Each slot has its own fibers,
+// barrier and warp state, dynamic arena and copy of the `__shared__` section (swapped in and out
+// of the section when the slot changes, since a `__shared__` object is one static).
+inline void run_interleaved(const std::vector<unsigned long long>& order, unsigned n, size_t shared_bytes, unsigned long long seed) {
+    const size_t sec = (size_t)(__stop_tandem_emu_shared - __start_tandem_emu_shared);
+    unsigned long long st = seed ^ 0x5bd1e995ull;
+    const unsigned want = 2 + (unsigned)(splitmix64(st) % 3);
+    const unsigned k = (unsigned)std::min<unsigned long long>(want, order.size());
+    struct Slot {
+        std::unique_ptr<Block> b;
+        std::unique_ptr<unsigned char, decltype(&std::free)> arena{nullptr, &std::free};
+        std::vector<unsigned char> section;
+        dim3 idx;
+        bool busy = false;
+    };
+    std::vector<Slot> slots(k);
+    auto& s = sched;
+    while (s.fibers.size() < (size_t)n * k) s.fibers.emplace_back(new Fiber());
+    for (Slot& sl : slots) {
+        sl.b.reset(new Block(n));
+        if (shared_bytes > 0) {
+            sl.arena.reset((unsigned char*)std::aligned_alloc(128, (shared_bytes + 127) / 128 * 128));
+            sl.b->smem = sl.arena.get();
+            sl.b->smem_bytes = shared_bytes;
+        }
+        sl.section.assign(sec, 0xff);
+    }
+    size_t next = 0;
+    int in = -1;  // the slot whose `__shared__` copy is in the section now
+    auto start = [&](unsigned i) {
+        Slot& sl = slots[i];
+        const unsigned long long id = order[next++];
+        sl.idx = dim3{(unsigned)(id % gridDim.x), (unsigned)(id / gridDim.x % gridDim.y), (unsigned)(id / ((unsigned long long)gridDim.x * gridDim.y))};
+        if (sl.b->smem) std::memset(sl.b->smem, 0xff, sl.b->smem_bytes);
+        std::fill(sl.section.begin(), sl.section.end(), (unsigned char)0xff);
+        if (in == (int)i && sec > 0) std::memset(__start_tandem_emu_shared, 0xff, sec);
+        sl.b->bar = Barrier(n);
+        for (auto& w : sl.b->warps) w->bar = Barrier(32);
+        for (unsigned t = 0; t < n; ++t) {
+            Fiber& f = *s.fibers[(size_t)i * n + t];
+            reset(f);
+            f.tid = dim3{t % blockDim.x, (t / blockDim.x) % blockDim.y, t / (blockDim.x * blockDim.y)};
+        }
+        sl.busy = true;
+    };
+    for (unsigned i = 0; i < k; ++i) start(i);
+    for (unsigned busy = k; busy > 0;) {
+        unsigned pick = (unsigned)(splitmix64(st) % busy), i = 0;
+        for (;; ++i)
+            if (slots[i].busy && pick-- == 0) break;
+        Slot& sl = slots[i];
+        if (in != (int)i && sec > 0) {
+            if (in >= 0) std::memcpy(slots[in].section.data(), __start_tandem_emu_shared, sec);
+            std::memcpy(__start_tandem_emu_shared, sl.section.data(), sec);
+        }
+        in = (int)i;
+        blockIdx = sl.idx;
+        block = sl.b.get();
+        if (run_round(i * n, n) == n) {
+            if (next < order.size()) {
+                start(i);
+            } else {
+                sl.busy = false;
+                --busy;
+            }
+        }
+    }
+}
+#endif
 }  // namespace emu
 
 // Runs f() as every thread of every block of the grid: the block's threads as fibers on this
@@ -491,11 +574,18 @@ void launch(dim3 grid, dim3 block, F f, size_t shared_bytes = 0) {
         unsigned long long st = emu::block_order_seed;
         for (unsigned long long i = blocks; i > 1; --i) std::swap(order[i - 1], order[emu::splitmix64(st) % i]);
     }
+#if defined(TANDEM_EMU_STRICT)
+    if (emu::block_order_seed != 0 && blocks > 1) {
+        emu::run_interleaved(order, n, shared_bytes, emu::block_order_seed);
+        emu::block = nullptr;
+        return;
+    }
+#endif
     for (const unsigned long long id : order) {
         blockIdx = dim3{(unsigned)(id % grid.x), (unsigned)(id / grid.x % grid.y), (unsigned)(id / ((unsigned long long)grid.x * grid.y))};
         if (b.smem) std::memset(b.smem, 0xff, b.smem_bytes);
 #if defined(TANDEM_EMU_STRICT)
-        if (__start_tandem_emu_shared != __stop_tandem_emu_shared)
+        if (+__start_tandem_emu_shared != +__stop_tandem_emu_shared)
             std::memset(__start_tandem_emu_shared, 0xff, (size_t)(__stop_tandem_emu_shared - __start_tandem_emu_shared));
 #endif
         for (unsigned t = 0; t < n; ++t) {

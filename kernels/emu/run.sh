@@ -2,21 +2,23 @@
 # Builds and runs the host emulation of every kernel (kernels/emu/emu_test.cpp) with g++, beside
 # the four deliberately broken matmul builds (break_test.cpp) and the four broken tensor-core
 # attention builds (attn_break_test.cpp), which must be caught, and a
-# kernel that deadlocks at a barrier (deadlock_test.cpp), which must be reported, not hang.
+# kernel that deadlocks at a barrier (deadlock_test.cpp), which must be reported, not hang, and
+# the fake driver's interleaved block order (interleave_test.cpp, built as crates/fake-cuda does).
 # Needs only a C++20 compiler; no GPU, no CUDA. Each program runs on one core (the emulator's
 # CUDA threads are fibers), so they run side by side: about half a minute on 2 cores.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 out="${TMPDIR:-/tmp}/tandem-emu-test-$$"
 cxx() { "${CXX:-g++}" -std=c++20 -O1 -pthread -Wall -Wno-unused-function -Wno-unknown-pragmas "$@"; }
-trap 'rm -f "$out" "$out-break1" "$out-break2" "$out-break3" "$out-break4" "$out-attn1" "$out-attn2" "$out-attn3" "$out-attn4" "$out-deadlock" "$out.log" "$out.breaks" "$out.main"' EXIT
+trap 'rm -f "$out" "$out-break1" "$out-break2" "$out-break3" "$out-break4" "$out-attn1" "$out-attn2" "$out-attn3" "$out-attn4" "$out-deadlock" "$out-interleave" "$out.log" "$out.breaks" "$out.main"' EXIT
 cxx -o "$out" "$here/emu_test.cpp" & p0=$!
 cxx -DTANDEM_GEMM_BREAK=1 -o "$out-break1" "$here/break_test.cpp" & p1=$!
 cxx -DTANDEM_GEMM_BREAK=2 -o "$out-break2" "$here/break_test.cpp" & p2=$!
 cxx -DTANDEM_GEMM_BREAK=3 -o "$out-break3" "$here/break_test.cpp" & p3=$!
 cxx -DTANDEM_GEMM_BREAK=4 -o "$out-break4" "$here/break_test.cpp" & p5=$!
 cxx -o "$out-deadlock" "$here/deadlock_test.cpp" & p4=$!
-wait $p0 && wait $p1 && wait $p2 && wait $p3 && wait $p4 && wait $p5
+cxx -DTANDEM_EMU_STRICT -o "$out-interleave" "$here/interleave_test.cpp" & p6=$!
+wait $p0 && wait $p1 && wait $p2 && wait $p3 && wait $p4 && wait $p5 && wait $p6
 pids=()
 for b in 1 2 3 4; do
     cxx -DTANDEM_PAT_BREAK=$b -o "$out-attn$b" "$here/attn_break_test.cpp" & pids+=($!)
@@ -48,6 +50,7 @@ breaks() {
         cat "$out.log"
         s=1
     fi
+    "$out-interleave" || s=1
     return $s
 }
 # The checks print one line each; the broken builds' lines come first, then the checks'.

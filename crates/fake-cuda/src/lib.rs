@@ -24,11 +24,12 @@
 //! - stream capture records launches, memsets and device copies by value and refuses
 //!   allocation, frees, pageable copies, events and synchronization from the capturing thread
 //!   (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, capture invalidated);
-//! - a grid's blocks run in an order shuffled per launch from `TANDEM_FAKE_CUDA_SEED`, and
-//!   `__shared__` is poisoned before each block.
+//! - a grid's blocks start in an order shuffled per launch from `TANDEM_FAKE_CUDA_SEED`, 2-4 of
+//!   them interleaved at barriers (kernels/emu/cuda_emu.h, `run_interleaved`), and `__shared__`
+//!   is poisoned before each block.
 //!
-//! What it cannot tell: the GPU memory model and races between blocks or warps (blocks run one
-//! after another, threads switch only at barriers), the hardware's rounding inside an mma,
+//! What it cannot tell: the GPU memory model and races between blocks or warps (blocks and
+//! threads switch only at barriers), the hardware's rounding inside an mma,
 //! FMA contraction, register pressure and speed. kernels/README.md says how to use it.
 
 #![allow(non_snake_case, clippy::missing_safety_doc)]

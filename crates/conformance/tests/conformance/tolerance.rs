@@ -140,24 +140,49 @@ impl<B: Backend> Backend for Variant<B> {
         self.inner.write_f32(&mut vb, &round(DType::BF16, &self.read_f32(v, t * row)?))?;
         self.inner.kv_write(&kb, &vb, &mut kc.inner, &mut vc.inner, &slots.inner, t, g)
     }
+    /// As the tensor-core kernel computes it (kernels/paged_attention.cu, "2." of its header):
+    /// q rounded to bf16, scores in f32 over dims in order, an online softmax in base 2 over
+    /// 64-key tiles, `l` summing the f32 p, and `o` summing bf16(p) times V. (The kernel's
+    /// partitions and their fold are left out: they move only f32 roundings.)
     fn paged_attention(&self, a: &AttnArgs<'_, Self>, out: &mut Self::Buf) -> Result<()> {
-        let args = AttnArgs::<B> {
-            q: &a.q.inner,
-            k_cache: &a.k_cache.inner,
-            v_cache: &a.v_cache.inner,
-            positions: &a.positions.inner,
-            token_seq: &a.token_seq.inner,
-            block_tables: &a.block_tables.inner,
-            num_tokens: a.num_tokens,
-            num_seqs: a.num_seqs,
-            max_blocks: a.max_blocks,
-            max_context: a.max_context,
-            decode_tokens: a.decode_tokens,
-            num_heads: a.num_heads,
-            geometry: a.geometry,
-            scale: a.scale,
-        };
-        self.inner.paged_attention(&args, &mut out.inner)
+        let g = a.geometry;
+        let (t, heads, hd) = (a.num_tokens, a.num_heads, g.head_dim);
+        let q = round(DType::BF16, &self.read_f32(a.q, t * heads * hd)?);
+        let kc = self.read_kv(a.k_cache, g)?;
+        let vc = self.read_kv(a.v_cache, g)?;
+        let pos = self.read_u32(a.positions, t)?;
+        let seq = self.read_u32(a.token_seq, t)?;
+        let tables = self.read_u32(a.block_tables, a.num_seqs * a.max_blocks)?;
+        let group = heads / g.num_kv_heads;
+        let log2e = std::f32::consts::LOG2_E;
+        let mut o = vec![0f32; t * heads * hd];
+        for i in 0..t {
+            let ctx = pos[i] as usize + 1;
+            let table = &tables[seq[i] as usize * a.max_blocks..][..a.max_blocks];
+            let row = |j: usize, kh: usize| (table[j / g.block_size] as usize * g.block_size + j % g.block_size) * g.num_kv_heads * hd + kh * hd;
+            for h in 0..heads {
+                let kh = h / group;
+                let qh = &q[(i * heads + h) * hd..][..hd];
+                let (mut m, mut l, mut acc) = (f32::NEG_INFINITY, 0f32, vec![0f32; hd]);
+                for tile in (0..ctx).step_by(64) {
+                    let keys = tile..(tile + 64).min(ctx);
+                    let s: Vec<f32> = keys.clone().map(|j| qh.iter().zip(&kc[row(j, kh)..][..hd]).fold(0f32, |s, (x, y)| s + x * y) * a.scale * log2e).collect();
+                    let m2 = s.iter().fold(m, |x, &y| x.max(y));
+                    let alpha = (m - m2).exp2();
+                    let p: Vec<f32> = s.iter().map(|&x| (x - m2).exp2()).collect();
+                    l = l * alpha + p.iter().sum::<f32>();
+                    let pb = round(DType::BF16, &p);
+                    for d in 0..hd {
+                        acc[d] = keys.clone().zip(&pb).fold(acc[d] * alpha, |s, (j, &w)| s + w * vc[row(j, kh) + d]);
+                    }
+                    m = m2;
+                }
+                for d in 0..hd {
+                    o[(i * heads + h) * hd + d] = acc[d] / l;
+                }
+            }
+        }
+        self.write_f32(out, &o)
     }
 }
 
@@ -176,7 +201,7 @@ fn honest_variants_pass_every_limit() {
     assert!(nmse_of("matmul", "w=f32") > 0.0);
     assert!(nmse_of("matmul", "w=bf16") > 1e-7, "bf16 activations should cost ~1e-6");
     assert!(nmse_of("kv_write", "") > 1e-7, "a bf16 cache should cost ~1e-6");
-    assert!(nmse_of("paged_attention", "") > 1e-7);
+    assert!(nmse_of("paged_attention", "") > 1e-7, "q and p in bf16 should cost ~1e-6");
     assert!(nmse_of("rope", "") > 0.0);
 }
 
@@ -185,7 +210,8 @@ fn honest_variants_pass_every_limit() {
 /// H200, 2026-12-04, f16 m = 1 once measured 1.49e-6 against its limit of 1e-6, and this
 /// variant failed bf16 m = 1 and 3 at seed 0 before their x was drawn exact in the weight
 /// type) and the residual/norm/gate-up chain at 1-2 tokens (1.25e-5 on the H200 against the
-/// former 1e-5). Over many seeds the rounding variant must pass them all; the worst NMSE of each
+/// former 1e-5), and attention with q, p and the cache in bf16 as the tensor-core kernel rounds
+/// them (a peaked softmax magnifies a rounded score). Over many seeds the rounding variant must pass them all; the worst NMSE of each
 /// case is printed (the headroom under its limit).
 #[test]
 fn few_value_cases_pass_over_many_seeds() {
@@ -193,7 +219,7 @@ fn few_value_cases_pass_over_many_seeds() {
     // 4e-5); 150 in CI, half a minute.
     const SEEDS: u64 = 150;
     let variant = Variant { inner: RefBackend::new() };
-    for filter in ["n=1 k=1000", "residual_norm_gate_up"] {
+    for filter in ["n=1 k=1000", "residual_norm_gate_up", "paged_attention"] {
         let mut worst: std::collections::BTreeMap<String, f64> = Default::default();
         for seed in 0..SEEDS {
             let mut out = Vec::new();

@@ -42,6 +42,8 @@ fn kernels_match_reference_in_host_emulation() {
     assert!(out.status.success(), "kernel emulation failed:\n{}", text.lines().filter(|l| !l.starts_with("ok ")).collect::<Vec<_>>().join("\n"));
     assert!(text.contains("checks, 0 failed"), "unexpected emulation output:\n{text}");
     assert!(text.contains("deadlock at a barrier reported"), "the deadlocking kernel was not reported:\n{text}");
+    // The fake driver's block order (kernels/emu/interleave_test.cpp): 5 checks, none failed.
+    assert_eq!(text.lines().filter(|l| l.starts_with("ok   interleave: ")).count(), 5, "the interleaved block order checks did not all pass:\n{text}");
     // A check that silently stopped running (a case list emptied, a test not called) lowers it.
     let count = text.lines().find_map(|l| l.strip_suffix(" checks, 0 failed")?.trim().parse::<usize>().ok());
     assert!(count.is_some_and(|n| n >= 249), "expected at least 249 emulator checks, got {count:?}");
