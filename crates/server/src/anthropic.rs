@@ -47,8 +47,7 @@ use crate::router::{compiled, json_response, ready, sse_response, tokenizer_call
 use crate::run::Run;
 use crate::server::AppState;
 use crate::structured::{self, GuideRequest, ToolChoice, Tools};
-use crate::tool_parser::ToolParser;
-use crate::tool_stream::{CallEvent, CallStream};
+use crate::tool_stream::{AutoCalls, CallEvent, CallStream};
 use tandem_structured::GuideSpec;
 
 /// Anthropic's error type for a status.
@@ -539,7 +538,7 @@ enum Mode {
     /// "auto" with a tool parser: text streams until the markup may begin; from where the
     /// calls' JSON surely begins they stream as "any" does; at the end the rest is calls (whole
     /// blocks, for a format not streamed) or, if it does not parse, more text.
-    Auto { parser: ToolParser, text: String, sent: usize, calls: Option<CallStream> },
+    Auto(AutoCalls),
 }
 
 /// Anthropic's event stream: `message_start`, `ping`, per block `content_block_start`,
@@ -571,7 +570,7 @@ impl MessageStream {
         let mode = match &job.tool_output {
             None => Mode::Text,
             Some(ToolOutput::Named(_)) => Mode::ToolInput,
-            Some(ToolOutput::Auto(parser)) => Mode::Auto { parser: *parser, text: String::new(), sent: 0, calls: None },
+            Some(ToolOutput::Auto(parser)) => Mode::Auto(AutoCalls::new(*parser)),
             Some(ToolOutput::Required) => Mode::Any(CallStream::new(None)),
         };
         let input_tokens = job.prompts.first().map_or(0, Vec::len);
@@ -691,21 +690,9 @@ impl MessageStream {
                     Mode::Text => self.text(out, &piece),
                     Mode::ToolInput => Self::delta(out, 0, json!({"type": "input_json_delta", "partial_json": piece})),
                     Mode::Any(cs) => calls = cs.push(&piece),
-                    Mode::Auto { parser, text, sent, calls: cs } => {
-                        text.push_str(&piece);
-                        let end = parser.content_len(text).max(*sent);
-                        let certain = text[*sent..end].to_string();
-                        *sent = end;
-                        match cs {
-                            Some(cs) => calls = cs.push(&piece),
-                            None => {
-                                if let Some(start) = parser.calls_start(text) {
-                                    let mut s = CallStream::new(None);
-                                    calls = s.push(&text[start..]);
-                                    *cs = Some(s);
-                                }
-                            }
-                        }
+                    Mode::Auto(auto) => {
+                        let certain;
+                        (certain, calls) = auto.push(&piece);
                         self.text(out, &certain);
                     }
                 }
@@ -747,7 +734,7 @@ impl MessageStream {
                 let (_, reason, seq) = answer(None, "", &finish, self.stop_string.as_deref());
                 (reason, seq)
             }
-            Mode::Auto { text, calls: Some(cs), .. } if cs.started() > 0 => {
+            Mode::Auto(AutoCalls { text, calls: Some(cs), .. }) if cs.started() > 0 => {
                 // Calls went out as they came: the answer is calls; any the stream did not
                 // follow come whole.
                 self.stop_block(out);
@@ -762,7 +749,7 @@ impl MessageStream {
                 };
                 (reason, None)
             }
-            Mode::Auto { text, sent, .. } => {
+            Mode::Auto(AutoCalls { text, sent, .. }) => {
                 let (blocks, reason, seq) = answer(self.tool_output.as_ref(), &text, &finish, self.stop_string.as_deref());
                 if blocks.iter().any(|b| b["type"] == "tool_use") {
                     // The content before the calls went out already.
@@ -795,6 +782,7 @@ impl MessageStream {
 mod tests {
     use super::*;
     use crate::reasoning::ReasoningParser;
+    use crate::tool_parser::ToolParser;
 
     fn msgs(v: Value) -> Result<Vec<Value>, ApiError> {
         template_messages(&Fields(v.as_object().unwrap()))

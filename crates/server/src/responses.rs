@@ -48,8 +48,7 @@ use crate::router::{compiled, json_response, ready, sse_response, tokenizer_call
 use crate::run::Run;
 use crate::server::AppState;
 use crate::structured::{self, GuideRequest, ToolCall, Tools};
-use crate::tool_parser::ToolParser;
-use crate::tool_stream::{CallEvent, CallStream};
+use crate::tool_stream::{AutoCalls, CallEvent, CallStream};
 
 // ---------------------------------------------------------------------------------------------
 // The store
@@ -712,7 +711,7 @@ enum Mode {
     /// "auto" with a tool parser: text streams until the markup may begin; from where the
     /// calls' JSON surely begins they stream as forced ones do; at the end the rest is calls
     /// (items, for a format not streamed) or more text.
-    Auto { parser: ToolParser, text: String, sent: usize, calls: Option<CallStream> },
+    Auto(AutoCalls),
 }
 
 /// The kind of the open item and its accumulated text.
@@ -745,7 +744,7 @@ impl ResponseStream {
         let mode = match &job.tool_output {
             Some(ToolOutput::Named(n)) => Mode::Forced(CallStream::new(Some(n.clone()))),
             Some(ToolOutput::Required) => Mode::Forced(CallStream::new(None)),
-            Some(ToolOutput::Auto(p)) => Mode::Auto { parser: *p, text: String::new(), sent: 0, calls: None },
+            Some(ToolOutput::Auto(p)) => Mode::Auto(AutoCalls::new(*p)),
             None => Mode::Text,
         };
         ResponseStream { state, env, messages, tool_output: job.tool_output.clone(), mode, reasoning: job.reasoning.map(ReasoningStream::new), seq: 0, items: Vec::new(), open: None, finish: None, failed: false }
@@ -877,23 +876,7 @@ impl ResponseStream {
         match &mut self.mode {
             Mode::Text => certain = piece,
             Mode::Forced(cs) => calls = cs.push(&piece),
-            Mode::Auto { parser, text, sent, calls: cs } => {
-                text.push_str(&piece);
-                let end = parser.content_len(text).max(*sent);
-                certain = text[*sent..end].to_string();
-                *sent = end;
-                // Calls stream from where the parser is sure they begin.
-                match cs {
-                    Some(cs) => calls = cs.push(&piece),
-                    None => {
-                        if let Some(start) = parser.calls_start(text) {
-                            let mut s = CallStream::new(None);
-                            calls = s.push(&text[start..]);
-                            *cs = Some(s);
-                        }
-                    }
-                }
-            }
+            Mode::Auto(auto) => (certain, calls) = auto.push(&piece),
         }
         self.text(out, Open::Message, &certain);
         for e in calls {
@@ -913,9 +896,9 @@ impl ResponseStream {
         }
         let finish = self.finish.clone().unwrap_or(FinishReason::Abort);
         let item_status = if matches!(finish, FinishReason::Stop) { "completed" } else { "incomplete" };
-        if let Mode::Auto { text, sent, calls: cs, .. } = std::mem::replace(&mut self.mode, Mode::Text) {
-            let (_, calls, _) = tool_message(self.tool_output.as_ref(), &text, finish.as_str());
-            let streamed = cs.as_ref().map_or(0, CallStream::started);
+        if let Mode::Auto(auto) = std::mem::replace(&mut self.mode, Mode::Text) {
+            let (text, sent, streamed) = (&auto.text, auto.sent, auto.started());
+            let (_, calls, _) = tool_message(self.tool_output.as_ref(), text, finish.as_str());
             if calls.is_empty() && streamed == 0 {
                 self.text(out, Open::Message, &text[sent..]);
             } else {

@@ -227,6 +227,52 @@ pub fn partial_calls(text: &str) -> Vec<ToolCall> {
     s.calls()
 }
 
+/// An "auto" tool choice read as it streams (chat's messages and responses' items): the text
+/// goes out as far as the parser is sure it is content, and calls stream from where the parser
+/// is sure they begin.
+#[derive(Debug, Clone)]
+pub struct AutoCalls {
+    parser: crate::tool_parser::ToolParser,
+    /// Everything sampled so far.
+    pub text: String,
+    /// How much of `text` went out as content.
+    pub sent: usize,
+    /// The calls' reader, once they began.
+    pub calls: Option<CallStream>,
+}
+
+impl AutoCalls {
+    pub fn new(parser: crate::tool_parser::ToolParser) -> Self {
+        AutoCalls { parser, text: String::new(), sent: 0, calls: None }
+    }
+
+    /// Reads the next piece: the content now certain, and the calls' events.
+    pub fn push(&mut self, piece: &str) -> (String, Vec<CallEvent>) {
+        self.text.push_str(piece);
+        let end = self.parser.content_len(&self.text).max(self.sent);
+        let certain = self.text[self.sent..end].to_string();
+        self.sent = end;
+        let events = match &mut self.calls {
+            Some(cs) => cs.push(piece),
+            None => match self.parser.calls_start(&self.text) {
+                Some(start) => {
+                    let mut cs = CallStream::new(None);
+                    let events = cs.push(&self.text[start..]);
+                    self.calls = Some(cs);
+                    events
+                }
+                None => Vec::new(),
+            },
+        };
+        (certain, events)
+    }
+
+    /// Calls whose start went out.
+    pub fn started(&self) -> usize {
+        self.calls.as_ref().map_or(0, CallStream::started)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,9 +8,8 @@
 use std::time::Instant;
 
 use tandem_core::model::LoadOptions;
-use tandem_core::{DType, ForwardBatch, LlamaModel, ModelRunner};
+use tandem_core::{ForwardBatch, LlamaModel, ModelRunner};
 use tandem_cuda::CudaBackend;
-use tandem_models::random_model::write_random_model;
 
 fn gpu() -> Option<CudaBackend> {
     crate::gpu_or_skip("cuda graphs vs eager")
@@ -26,9 +25,7 @@ const PAD_CONTEXT: usize = 64;
 fn graph_replays_give_the_eager_logits_and_launch_counts() {
     let Some(a) = gpu() else { return };
     let Some(b) = gpu() else { return };
-    let dir = std::env::temp_dir().join(format!("tandem-cuda-graphs-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    write_random_model(&dir, crate::shape_hd64(), 5, DType::BF16).unwrap();
+    let dir = crate::random_model(crate::shape_hd64());
     let opts = |graphs| LoadOptions { max_batch_tokens: 256, max_seqs: 8, num_kv_blocks: SEQS * PER_SEQ, block_size: BLOCK, graphs, graph_max_context: PAD_CONTEXT, ..Default::default() };
     let mut eager = LlamaModel::<CudaBackend>::load(a, &dir, opts(false)).unwrap();
     let mut graphed = LlamaModel::<CudaBackend>::load(b, &dir, opts(true)).unwrap();
@@ -73,5 +70,4 @@ fn graph_replays_give_the_eager_logits_and_launch_counts() {
     }
     assert!(replayed > 0 && replayed < decode_steps, "{replayed} of {decode_steps} decode steps within the graphs' bound");
     println!("{decode_steps} decode steps ({replayed} replayed): eager {:.3} ms, graphs {:.3} ms a step (incl. logits read-back)", t_eager * 1e3 / decode_steps as f64, t_graph * 1e3 / decode_steps as f64);
-    let _ = std::fs::remove_dir_all(&dir);
 }

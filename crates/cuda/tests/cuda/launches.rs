@@ -20,20 +20,18 @@ use tandem_core::model::LoadOptions;
 use tandem_core::weights::Weights;
 use tandem_core::{DType, ForwardBatch, KvDtype, LlamaModel, ModelRunner};
 use tandem_cuda::CudaBackend;
-use tandem_models::random_model::{write_random_model, Shape};
+use tandem_models::random_model::Shape;
 
 /// The shapes counted: head_dim 64 (the 64-wide rope epilogue) and 128 (the 128-wide one).
 fn shapes() -> [Shape; 2] {
     [crate::shape_hd64(), Shape::TinyHd128]
 }
 
-fn model(test: &str, shape: Shape) -> Option<(LlamaModel<CudaBackend>, std::path::PathBuf)> {
+fn model(test: &str, shape: Shape) -> Option<LlamaModel<CudaBackend>> {
     let gpu = crate::gpu_or_skip(test)?;
-    let dir = std::env::temp_dir().join(format!("tandem-cuda-launches-{test}-{}-{}", shape.name(), std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    write_random_model(&dir, shape, 7, DType::BF16).unwrap();
+    let dir = crate::random_model(shape);
     let opts = LoadOptions { max_batch_tokens: 64, max_seqs: 4, num_kv_blocks: 16, block_size: 16, ..Default::default() };
-    Some((LlamaModel::<CudaBackend>::load(gpu, &dir, opts).unwrap(), dir))
+    Some(LlamaModel::<CudaBackend>::load(gpu, &dir, opts).unwrap())
 }
 
 fn prompt(seed: u32) -> Vec<u32> {
@@ -48,7 +46,7 @@ fn decode_step_launches_five_kernels_per_layer_fused_and_seven_unfused() {
 }
 
 fn decode_step_launches(shape: Shape) {
-    let Some((mut model, dir)) = model("decode launches per layer", shape) else { return };
+    let Some(mut model) = model("decode launches per layer", shape) else { return };
     let head_dim = model.config().head_dim;
     assert_eq!(head_dim, if shape == Shape::TinyHd128 { 128 } else { 64 }, "{}", shape.name());
     let layers = model.config().num_hidden_layers as u64;
@@ -73,7 +71,6 @@ fn decode_step_launches(shape: Shape) {
     // final norm, the lm_head GEMM, argmax; unfused also the last residual add.
     assert!(one <= 5 * layers + 6, "{}: {one} launches at 1 token for {layers} layers: more than 5 per layer (+ 6 outside)", shape.name());
     assert!(three <= 7 * layers + 7, "{}: {three} launches at 3 tokens for {layers} layers: more than 7 per layer (+ 7 outside)", shape.name());
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -84,7 +81,7 @@ fn fused_norms_give_the_unfused_bits() {
 }
 
 fn fused_norms_bitwise(shape: Shape) {
-    let Some((mut model, dir)) = model("fused norms bitwise", shape) else { return };
+    let Some(mut model) = model("fused norms bitwise", shape) else { return };
     let vocab = model.config().vocab_size;
     let mut batch = ForwardBatch { max_blocks: 2, ..Default::default() };
     for s in 0..3u32 {
@@ -104,7 +101,6 @@ fn fused_norms_bitwise(shape: Shape) {
     assert!(model.backend().fuses_norm(model.config().hidden_size, 1) && !model.backend().fuses_norm(model.config().hidden_size, 3));
     let same = a.iter().zip(&t[..vocab]).all(|(x, y)| x.to_bits() == y.to_bits());
     assert!(same, "{}: sequence 0's logits differ between the fused (alone) and unfused (3-token) steps", shape.name());
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The activations a matmul reads are stored in bf16 by default (`Backend::activation_dtype`)
@@ -118,9 +114,7 @@ fn activations_stored_in_bf16_give_the_f32_bits() {
         let Some(gpu16) = crate::gpu_or_skip("activations in bf16") else { return };
         let Some(mut gpu32) = crate::gpu_or_skip("activations in bf16") else { return };
         gpu32.set_f32_activations(true);
-        let dir = std::env::temp_dir().join(format!("tandem-cuda-act16-{}-{}", shape.name(), std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        write_random_model(&dir, shape, 11, DType::BF16).unwrap();
+        let dir = crate::random_model(shape);
         let opts = LoadOptions { max_batch_tokens: 256, max_seqs: 4, num_kv_blocks: 64, block_size: 16, ..Default::default() };
         let mut m16 = LlamaModel::<CudaBackend>::load(gpu16, &dir, opts).unwrap();
         let mut m32 = LlamaModel::<CudaBackend>::load(gpu32, &dir, opts).unwrap();
@@ -142,7 +136,6 @@ fn activations_stored_in_bf16_give_the_f32_bits() {
             }
             assert!(bits(m16.forward(&step).unwrap()) == bits(m32.forward(&step).unwrap()), "{}: decode logits at {seqs} tokens differ", shape.name());
         }
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }
 
