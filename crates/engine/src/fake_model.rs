@@ -29,12 +29,14 @@ pub struct FakeModel {
     pub batch_sizes: Vec<usize>,
     /// How long each forward sleeps (a device's step time, for tests of the overlap).
     pub delay: std::time::Duration,
-    /// When set, each forward's start and end instants are pushed here.
+    /// And how long more for each token it carries (a CPU backend's pace).
+    pub per_token: std::time::Duration,
+    /// When set, each forward's start and end instants and its token count are pushed here.
     pub forward_times: Option<ForwardTimes>,
 }
 
-/// Where a fake model logs each forward's (start, end).
-pub type ForwardTimes = std::sync::Arc<std::sync::Mutex<Vec<(std::time::Instant, std::time::Instant)>>>;
+/// Where a fake model logs each forward's (start, end, tokens).
+pub type ForwardTimes = std::sync::Arc<std::sync::Mutex<Vec<(std::time::Instant, std::time::Instant, usize)>>>;
 
 /// A small Llama config: `vocab` tokens, the given EOS ids, context `max_len`.
 pub fn fake_config(vocab: usize, eos: &[u32], max_len: usize) -> ModelConfig {
@@ -56,7 +58,7 @@ fn mix(h: u64, x: u64) -> u64 {
 impl FakeModel {
     pub fn new(cfg: ModelConfig, num_blocks: usize, block_size: usize, max_batch_tokens: usize, max_seqs: usize) -> Self {
         let geometry = KvGeometry { num_blocks, block_size, num_kv_heads: 1, head_dim: 4 };
-        FakeModel { cfg, geometry, max_batch_tokens, max_seqs, kv: vec![(u32::MAX, u32::MAX); num_blocks * block_size], null: false, calls: 0, fail_calls: vec![], fatal_calls: vec![], batch_sizes: vec![], delay: std::time::Duration::ZERO, forward_times: None }
+        FakeModel { cfg, geometry, max_batch_tokens, max_seqs, kv: vec![(u32::MAX, u32::MAX); num_blocks * block_size], null: false, calls: 0, fail_calls: vec![], fatal_calls: vec![], batch_sizes: vec![], delay: std::time::Duration::ZERO, per_token: std::time::Duration::ZERO, forward_times: None }
     }
 
     fn history_hash(tokens: impl Iterator<Item = (u32, u32)>) -> u64 {
@@ -114,9 +116,9 @@ impl ModelRunner for FakeModel {
     fn forward(&mut self, b: &ForwardBatch) -> Result<Vec<f32>> {
         let start = std::time::Instant::now();
         let r = self.forward_inner(b);
-        std::thread::sleep(self.delay);
+        std::thread::sleep(self.delay + self.per_token * b.num_tokens() as u32);
         if let Some(t) = &self.forward_times {
-            t.lock().expect("forward_times poisoned").push((start, std::time::Instant::now()));
+            t.lock().expect("forward_times poisoned").push((start, std::time::Instant::now(), b.num_tokens()));
         }
         r
     }

@@ -10,40 +10,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tandem_core::backend::KvGeometry;
 use tandem_core::tokenizer::Tokenizer;
-use tandem_core::{ForwardBatch, ModelConfig, ModelRunner};
 use tandem_engine::fake_model::{fake_config, FakeModel};
 use tandem_engine::{Engine, EngineConfig};
 use tandem_server::engine_adapter::{decode_fn, TandemEngine};
 use tandem_server::{serve, shutdown_signal, ServerConfig};
 
 const VOCAB: usize = 64;
-
-/// Paces the fake like a real model would.
-struct Paced(FakeModel, Duration);
-
-impl ModelRunner for Paced {
-    fn config(&self) -> &ModelConfig {
-        self.0.config()
-    }
-    fn backend_name(&self) -> &'static str {
-        "fake"
-    }
-    fn kv_geometry(&self) -> KvGeometry {
-        self.0.kv_geometry()
-    }
-    fn max_batch_tokens(&self) -> usize {
-        self.0.max_batch_tokens()
-    }
-    fn max_seqs(&self) -> usize {
-        self.0.max_seqs()
-    }
-    fn forward(&mut self, b: &ForwardBatch) -> tandem_core::Result<Vec<f32>> {
-        std::thread::sleep(self.1);
-        self.0.forward(b)
-    }
-}
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> std::io::Result<()> {
@@ -56,8 +29,9 @@ async fn main() -> std::io::Result<()> {
     let tok = Arc::new(Tokenizer::from_dir(&dir).expect("the tiny tokenizer loads"));
     // EOS "</s>" (id 2) is a real stop here, so answers end on their own sometimes.
     let max_len: usize = std::env::var("TANDEM_FAKE_MAX_MODEL_LEN").ok().and_then(|v| v.parse().ok()).unwrap_or(512);
-    let fake = FakeModel::new(fake_config(VOCAB, &[2], max_len), (2 * max_len / 16).max(1024), 16, 1024, 128);
-    let handle = Engine::spawn(Box::new(Paced(fake, delay)), decode_fn(tok.clone()), EngineConfig::default()).expect("engine starts");
+    let mut fake = FakeModel::new(fake_config(VOCAB, &[2], max_len), (2 * max_len / 16).max(1024), 16, 1024, 128);
+    fake.delay = delay; // paced like a real model
+    let handle = Engine::spawn(Box::new(fake), decode_fn(tok.clone()), EngineConfig::default()).expect("engine starts");
     let config = ServerConfig { addr, max_model_len: handle.max_model_len(), vocab_size: VOCAB, api_key: std::env::var("TANDEM_API_KEY").ok(), shutdown_grace: Duration::from_secs(5), ..Default::default() };
     println!("serving model `fake` on http://{addr}");
     serve(config, TandemEngine::ready(handle.clone()), tok, "fake".into(), shutdown_signal()).await?;

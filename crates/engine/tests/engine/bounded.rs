@@ -6,45 +6,11 @@
 
 use crate::common;
 
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::*;
-use tandem_core::backend::KvGeometry;
-use tandem_core::{ForwardBatch, ModelConfig, ModelRunner};
-use tandem_engine::fake_model::FakeModel;
+use tandem_engine::fake_model::{FakeModel, ForwardTimes};
 use tandem_engine::{EngineConfig, Request, SamplingParams};
-
-/// The fake model at a CPU backend's pace: each forward takes `per_token` for every token it
-/// carries, and logs when it started and how many tokens it had.
-struct Paced {
-    inner: FakeModel,
-    per_token: Duration,
-    log: Arc<Mutex<Vec<(Instant, usize)>>>,
-}
-
-impl ModelRunner for Paced {
-    fn config(&self) -> &ModelConfig {
-        self.inner.config()
-    }
-    fn backend_name(&self) -> &'static str {
-        "fake-paced"
-    }
-    fn kv_geometry(&self) -> KvGeometry {
-        self.inner.kv_geometry()
-    }
-    fn max_batch_tokens(&self) -> usize {
-        self.inner.max_batch_tokens()
-    }
-    fn max_seqs(&self) -> usize {
-        self.inner.max_seqs()
-    }
-    fn forward(&mut self, b: &ForwardBatch) -> tandem_core::Result<Vec<f32>> {
-        self.log.lock().unwrap().push((Instant::now(), b.num_tokens()));
-        std::thread::sleep(self.per_token * b.num_tokens() as u32);
-        self.inner.forward(b)
-    }
-}
 
 const PER_TOKEN: Duration = Duration::from_millis(1);
 const BUDGET: usize = 64;
@@ -57,9 +23,13 @@ fn prompt(len: usize, seed: u32) -> Vec<u32> {
     (0..len as u32).map(|i| (i.wrapping_mul(7) + seed * 13) % 60).collect()
 }
 
-fn spawn(budget: usize) -> (tandem_engine::EngineHandle, Arc<Mutex<Vec<(Instant, usize)>>>) {
-    let log = Arc::new(Mutex::new(Vec::new()));
-    let model = Paced { inner: fake(512, budget, 8), per_token: PER_TOKEN, log: log.clone() };
+/// The engine over the fake model at a CPU backend's pace (`PER_TOKEN` a token), and the log
+/// of its forwards: (start, end, tokens).
+fn spawn(budget: usize) -> (tandem_engine::EngineHandle, ForwardTimes) {
+    let log = ForwardTimes::default();
+    let mut model = fake(512, budget, 8);
+    model.per_token = PER_TOKEN;
+    model.forward_times = Some(log.clone());
     let cfg = EngineConfig { max_num_batched_tokens: Some(budget), max_model_len: Some(4096), enable_prefix_caching: false, ..Default::default() };
     (tandem_engine::Engine::spawn(Box::new(model), letters(), cfg).unwrap(), log)
 }
@@ -79,7 +49,7 @@ fn an_abandoned_prefill_frees_the_device_within_one_step() {
     let freed = t.elapsed();
     // Let any step still running land, then read what the model ran after the abort.
     std::thread::sleep(STEP * 2);
-    let after: Vec<(Duration, usize)> = log.lock().unwrap().iter().filter(|(s, _)| *s > t).map(|(s, n)| (*s - t, *n)).collect();
+    let after: Vec<(Duration, usize)> = log.lock().unwrap().iter().filter(|(s, _, _)| *s > t).map(|(s, _, n)| (*s - t, *n)).collect();
     h.shutdown();
     println!("KV freed {freed:?} after the abort (a step is {STEP:?}); forwards started after it: {after:?}");
     assert!(freed <= STEP + SLACK, "KV freed {freed:?} after the abort, more than a step ({STEP:?}) + {SLACK:?}");

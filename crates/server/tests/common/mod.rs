@@ -17,9 +17,8 @@ use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use serde_json::Value;
-use tandem_core::backend::KvGeometry;
 use tandem_core::tokenizer::Tokenizer;
-use tandem_core::{ForwardBatch, ModelConfig, ModelRunner};
+use tandem_core::ModelConfig;
 use tandem_engine::fake_model::{fake_config, FakeModel};
 use tandem_engine::{Engine, EngineConfig, EngineHandle};
 use tandem_server::engine_adapter::{decode_fn, TandemEngine};
@@ -49,34 +48,6 @@ pub fn tokenizer() -> Arc<Tokenizer> {
 /// No EOS id: generation ends on length or stop strings only, so tests know token counts.
 pub fn model_config() -> ModelConfig {
     fake_config(VOCAB, &[], MAX_LEN)
-}
-
-/// `FakeModel` with a sleep per forward, so that requests last long enough to be cut off.
-pub struct SlowModel {
-    pub inner: FakeModel,
-    pub delay: Duration,
-}
-
-impl ModelRunner for SlowModel {
-    fn config(&self) -> &ModelConfig {
-        self.inner.config()
-    }
-    fn backend_name(&self) -> &'static str {
-        "fake-slow"
-    }
-    fn kv_geometry(&self) -> KvGeometry {
-        self.inner.kv_geometry()
-    }
-    fn max_batch_tokens(&self) -> usize {
-        self.inner.max_batch_tokens()
-    }
-    fn max_seqs(&self) -> usize {
-        self.inner.max_seqs()
-    }
-    fn forward(&mut self, b: &ForwardBatch) -> tandem_core::Result<Vec<f32>> {
-        std::thread::sleep(self.delay);
-        self.inner.forward(b)
-    }
 }
 
 pub struct Setup {
@@ -110,8 +81,9 @@ impl TestServer {
         let mut fake = FakeModel::new(model_config(), s.num_blocks, 16, 512, 128);
         fake.fail_calls = s.fail_calls.clone();
         fake.fatal_calls = s.fatal_calls.clone();
-        let runner: Box<dyn ModelRunner> = if s.delay.is_zero() { Box::new(fake) } else { Box::new(SlowModel { inner: fake, delay: s.delay }) };
-        let handle = Engine::spawn(runner, decode_fn(tok.clone()), EngineConfig::default()).unwrap();
+        // A sleep per forward, so that requests last long enough to be cut off.
+        fake.delay = s.delay;
+        let handle = Engine::spawn(Box::new(fake), decode_fn(tok.clone()), EngineConfig::default()).unwrap();
         let mut config = s.config;
         config.max_model_len = handle.max_model_len();
         let mut t = Self::with_client(config, TandemEngine::ready(handle.clone()), tok).await;
