@@ -171,15 +171,29 @@ fn run_counted(mut cmd: Command, what: &str) -> Result<(Counts, bool)> {
     Ok((c, ok))
 }
 
-/// crates/cuda's GPU-only test modules, one thread (the driver runs one kernel at a time).
+/// crates/cuda's GPU-only test modules, one thread (the driver runs one kernel at a time); then
+/// the batch-invariance module (row bits against other rows: the split-K and attention folds by
+/// the last block) twice more under other block orders (`TANDEM_FAKE_CUDA_SEED`: each launch
+/// draws its blocks' start order and interleaving from the seed and its launch count).
 pub fn cuda_tests(root: &Path, env: &FakeEnv) -> Result<Counts> {
-    let mut cmd = env.command(env!("CARGO"));
-    cmd.current_dir(root).args(["test", "-p", "tandem-cuda", "--test", "cuda", "--", "gpu_invariance::", "graphs::", "launches::", "staging::", "--test-threads", "1"]);
-    let (mut c, ok) = run_counted(cmd, "crates/cuda GPU-only tests")?;
-    if !ok && c.failed == 0 {
-        c.failed = 1; // died without a result line (a fault, an abort)
+    let mut total = Counts::default();
+    let runs: [(&str, Option<&str>, &[&str]); 3] = [
+        ("crates/cuda GPU-only tests", None, &["gpu_invariance::", "graphs::", "launches::", "staging::"]),
+        ("crates/cuda batch invariance, block order seed 2", Some("2"), &["gpu_invariance::"]),
+        ("crates/cuda batch invariance, block order seed 3", Some("3"), &["gpu_invariance::"]),
+    ];
+    for (what, seed, filters) in runs {
+        let mut cmd = env.command(env!("CARGO"));
+        cmd.current_dir(root).args(["test", "-p", "tandem-cuda", "--test", "cuda", "--"]).args(filters).args(["--test-threads", "1"]);
+        if let Some(seed) = seed {
+            cmd.env("TANDEM_FAKE_CUDA_SEED", seed);
+        }
+        let (c, ok) = run_counted(cmd, what)?;
+        total.passed += c.passed;
+        // Died without a result line (a fault, an abort): one failure.
+        total.failed += c.failed + u64::from(!ok && c.failed == 0);
     }
-    Ok(c)
+    Ok(total)
 }
 
 /// The fake-driver group of `cargo xtask test`: crates/cuda's GPU-only tests, the op suite on
