@@ -1317,7 +1317,7 @@ mod workspace_tests {
     use super::*;
 
     fn limits(max_tokens: usize, max_context: usize) -> WorkspaceLimits {
-        WorkspaceLimits { max_tokens, max_seqs: 64, max_logit_rows: 192, max_context, num_heads: 32, head_dim: 64, max_k: 8192, max_n: 128256, kv_dtype: KvDtype::F32 }
+        WorkspaceLimits { max_tokens, max_seqs: 64, max_logit_rows: 192, max_context, num_heads: 32, head_dim: 64, max_k: 8192, max_n: 128256, kv_dtype: KvDtype::F32, moe: None }
     }
 
     /// The reservation covers what paged_attention and matmul ask for at the limits (the
