@@ -37,6 +37,8 @@ mod graph;
 mod attention;
 #[path = "sampling.rs"]
 mod sampling;
+#[path = "moe.rs"]
+mod moe;
 use matmul::{GemmOut, GEMM_COUNTERS, GEMM_PART_FLOATS};
 #[cfg(test)]
 use matmul::gemm_kernel;
@@ -341,11 +343,25 @@ struct Kernels<F> {
     argmax: Kernel<F>,
     moe_route: Kernel<F>,
     moe_accumulate: Kernel<F>,
+    moe: MoeKernels<F>,
     sample: Kernel<F>,
     sample_masked: Kernel<F>,
     logit_edits: Kernel<F>,
     logit_restore: Kernel<F>,
     logprobs: Kernel<F>,
+}
+
+/// The routed mixture of experts' kernels (kernels/moe.cu, moe.rs); gemm_tc by 16-bit weight
+/// kind (bf16, f16) and row tile (m16, m64).
+struct MoeKernels<F> {
+    select: Kernel<F>,
+    count: Kernel<F>,
+    offsets: Kernel<F>,
+    scatter: Kernel<F>,
+    gather: Kernel<F>,
+    gemm_tc: [[Kernel<F>; 2]; 2],
+    gemm_f32: Kernel<F>,
+    combine: Kernel<F>,
 }
 
 impl<F> Kernels<F> {
@@ -394,6 +410,16 @@ impl<F> Kernels<F> {
             argmax: k("argmax")?,
             moe_route: k("moe_route")?,
             moe_accumulate: k("moe_accumulate")?,
+            moe: MoeKernels {
+                select: k("moe_select")?,
+                count: k("moe_count")?,
+                offsets: k("moe_offsets")?,
+                scatter: k("moe_scatter")?,
+                gather: k("moe_gather")?,
+                gemm_tc: [[k("moe_gemm_bf16_m16")?, k("moe_gemm_bf16_m64")?], [k("moe_gemm_f16_m16")?, k("moe_gemm_f16_m64")?]],
+                gemm_f32: k("moe_gemm_f32")?,
+                combine: k("moe_combine")?,
+            },
             sample: k("sample")?,
             sample_masked: k("sample_masked")?,
             logit_edits: k("logit_edits")?,
@@ -430,6 +456,9 @@ pub struct CudaBackend {
     scratch: Mutex<AttnScratch>,
     mm_scratch: Mutex<MatmulScratch>,
     io_scratch: Mutex<IoScratch>,
+    moe_scratch: Mutex<moe::MoeScratch>,
+    /// Which path a mixture of experts takes (`TANDEM_CUDA_MOE`, moe.rs).
+    moe_path: moe::MoePath,
     /// Kernels launched so far ([`CudaBackend::launches`]).
     launches: AtomicU64,
     /// CUDA graphs captured at load (graph.rs), and whether a capture is open.
@@ -508,6 +537,10 @@ impl CudaBackend {
         }
         let sync_each = std::env::var("TANDEM_CUDA_SYNC").is_ok_and(|v| v == "1");
         let f32_activations = std::env::var("TANDEM_CUDA_ACTIVATIONS").is_ok_and(|v| v == "f32");
+        let moe_path = moe::moe_path(std::env::var("TANDEM_CUDA_MOE").ok().as_deref())?;
+        if moe_path != moe::MOE_DEFAULT {
+            tracing::info!("cuda: mixture of experts {moe_path:?} (TANDEM_CUDA_MOE)");
+        }
         tracing::info!("cuda: {device_name} (sm_{arch}), {loaded} kernels from {} files", srcs.len());
         Ok(CudaBackend {
             ctx,
@@ -516,6 +549,8 @@ impl CudaBackend {
             scratch: Mutex::new(AttnScratch::default()),
             mm_scratch: Mutex::new(MatmulScratch::default()),
             io_scratch: Mutex::new(IoScratch::default()),
+            moe_scratch: Mutex::new(moe::MoeScratch::default()),
+            moe_path,
             launches: AtomicU64::new(0),
             graphs: Mutex::new(graph::Graphs::default()),
             capturing: std::sync::atomic::AtomicBool::new(false),
@@ -814,10 +849,14 @@ impl Backend for CudaBackend {
             top_lp: Some(self.alloc(Elem::F32, rows * MAX_TOP_LOGPROBS)?),
             fixed: true,
         };
+        let moe_bytes = moe::workspace(l.max_tokens, l.moe.as_ref());
+        let mut ms = self.moe_scratch.lock().map_err(|_| err(format!("{OP}: scratch lock poisoned by an earlier panic")))?;
+        *ms = moe::MoeScratch::default();
+        *ms = moe::MoeScratch { mem: alloc(moe_bytes, "routed mixture-of-experts scratch")?, fixed: true };
         let io_bytes = (rows * (5 + SPEC_WORDS + 2 * MAX_TOP_LOGPROBS) + 1 + mask_words + EDIT_RECORDS * (EDIT_WORDS + 1)) * 4;
         // The allocations are stream-ordered: wait, so that free_memory sees them.
         self.synchronize()?;
-        Ok((out + ml + counter_bytes + xa + part + GEMM_COUNTERS * 4 + io_bytes) as u64)
+        Ok((out + ml + counter_bytes + xa + part + GEMM_COUNTERS * 4 + io_bytes + moe_bytes) as u64)
     }
 
     fn upload_weight(&self, t: &TensorView) -> Result<CudaBuf> {
@@ -1183,6 +1222,14 @@ impl Backend for CudaBackend {
         // SAFETY: as in embedding.
         let r = unsafe { l.launch(Self::elementwise_cfg(len, OP)?) };
         self.launched(OP, r)
+    }
+
+    fn moe_prepare(&self, experts: &[tandem_core::backend::MoeExpert<'_, CudaBuf>], hidden: usize, inter: usize) -> Result<Option<CudaBuf>> {
+        self.moe_table(experts, hidden, inter)
+    }
+
+    fn moe_routed(&self, table: &CudaBuf, experts: &[tandem_core::backend::MoeExpert<'_, CudaBuf>], x: &CudaBuf, weights: &CudaBuf, out: &mut CudaBuf, rows: usize, hidden: usize, inter: usize, top_k: usize) -> Result<()> {
+        self.moe_routed_impl(table, experts, x, weights, out, rows, hidden, inter, top_k)
     }
 
     fn kv_write(&self, k: &CudaBuf, v: &CudaBuf, k_cache: &mut CudaBuf, v_cache: &mut CudaBuf, slots: &CudaBuf, num_tokens: usize, g: KvGeometry) -> Result<()> {
