@@ -568,6 +568,13 @@ impl CudaBackend {
         self.f32_activations = on;
     }
 
+    /// Routes mixtures of experts (each expert over its own tokens) or runs every expert over
+    /// every token, for models loaded after this call (`TANDEM_CUDA_MOE`'s choice otherwise);
+    /// the same bits either way, which the GPU tests check by loading one model each way.
+    pub fn set_moe_routed(&mut self, on: bool) {
+        self.moe_path = if on { moe::MoePath::Routed } else { moe::MoePath::Dense };
+    }
+
     /// `"90"` for an H100/H200.
     pub fn arch(&self) -> &str {
         &self.arch
