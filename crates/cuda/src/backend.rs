@@ -1349,7 +1349,7 @@ mod kernel_table_tests {
         let names = kernel_names();
         let unique: std::collections::BTreeSet<_> = names.iter().collect();
         assert_eq!(unique.len(), names.len(), "{names:?}");
-        assert_eq!(names.len(), 50);
+        assert_eq!(names.len(), 61);
         let k = Kernels::<&'static str>::resolve(Ok).unwrap();
         assert_eq!(k.embedding.map(|x| x.f), ["embedding_f32", "embedding_bf16", "embedding_f16"]);
         assert_eq!([Elem::F32, Elem::BF16, Elem::F16].map(|e| k.rms_norm[weight_index(e)].f), ["rms_norm_f32", "rms_norm_bf16", "rms_norm_f16"]);
@@ -1363,6 +1363,8 @@ mod kernel_table_tests {
         assert_eq!((k.kv_write[0].f, k.kv_write[1].f), ("kv_write_f32", "kv_write_bf16"));
         assert_eq!((k.attn_partial[0].f, k.attn_partial[1].f), ("paged_attention_partial_f32", "paged_attention_partial_bf16"));
         assert_eq!((k.attn_tc[0].f, k.attn_tc[1].f), ("paged_attention_tc_d64", "paged_attention_tc_d128"));
+        // moe.rs indexes gemm_tc by [bf16, f16][m16, m64].
+        assert_eq!(k.moe.gemm_tc.map(|r| r.map(|x| x.f)), [["moe_gemm_bf16_m16", "moe_gemm_bf16_m64"], ["moe_gemm_f16_m16", "moe_gemm_f16_m64"]]);
     }
 }
 
