@@ -10,7 +10,9 @@
 # Settings: TANDEM_TUNE_BUDGET_S (default 300: fits one call with the machine's start inside
 # the session's 15 minutes after a check), TANDEM_TUNE_VARIANTS (space-separated
 # LARGE:MID:SMALL, default "m128:m64:m16 m128_n128:m64_occ4:m16_s8 m128_occ2:m64:m16"),
-# TANDEM_TUNE_NCU=0 to skip ncu.
+# TANDEM_TUNE_NCU=0 to skip ncu, TANDEM_TUNE_MOE=0 to skip the mixture-of-experts paths
+# (TANDEM_CUDA_MOE=routed against dense: tiny-qwen3-moe compared on both, then decode b1 / b64
+# and prefill 2048 timed on qwen3-30b-a3b-2l, Qwen3-30B-A3B's layer in 2 layers).
 # Writes OUT_DIR/tune.log (everything), OUT_DIR/tune.tsv (one row per variant and case) and
 # OUT_DIR/ncu-*.txt; prints the table last.
 
@@ -73,6 +75,25 @@ for v in $VARIANTS; do
     NEED=20 PICK='decode tok/s' step "decode b1,b64 [$v]" 60 "${E[@]}" "$BIN" bench decode --backend cuda --model "$BENCH_DIR" --prompt-len 512 --max-tokens 64 --batch-sizes 1,64 --runs 2 --max-num-batched-tokens 2048 --output-dir "$WORK/raw" --name "decode-$L-$M-$S"
     grep -E '^\| decode tok/s' "$WORK/logs/decode_b1_b64__${v//:/_}_.log" 2>/dev/null | awk -F'|' -v v="$v" '{gsub(/^ +| +$/, "", $2); gsub(/^ +| +$/, "", $3); print v "\t" $2 "\t" $3}' >>"$OUT/tune.tsv"
 done
+
+# 2b. The mixture of experts: every expert over every token (dense) against the routed path
+#     (each expert over its own tokens, crates/cuda/src/moe.rs), the same bits by construction
+#     (kernels/emu/moe_test.h): the compare on both, then the timings, one row per path.
+if [ "${TANDEM_TUNE_MOE:-1}" = 1 ]; then
+    MOE_TINY=$WORK/models/tiny-qwen3-moe-bf16
+    MOE_DIR=$WORK/models/qwen3-30b-a3b-2l-bf16
+    [ -e "$MOE_TINY/config.json" ] || step "gen-model tiny-qwen3-moe" 30 "$BIN" gen-model --shape tiny-qwen3-moe --seed 1 --dtype bf16 --out "$MOE_TINY"
+    [ -e "$MOE_DIR/config.json" ] || NEED=30 step "gen-model qwen3-30b-a3b-2l" 120 "$BIN" gen-model --shape qwen3-30b-a3b-2l --seed 1 --dtype bf16 --out "$MOE_DIR"
+    for P in routed dense; do
+        NEED=10 step "compare tiny-qwen3-moe [moe $P]" 60 env TANDEM_CUDA_MOE=$P "$BIN" compare --backend cuda --model "$MOE_TINY"
+        NEED=15 PICK='prefill tok/s' step "prefill 2048 [moe $P]" 60 env TANDEM_CUDA_MOE=$P "$BIN" bench decode --backend cuda --model "$MOE_DIR" --prompt-len 2048 --max-tokens 2 --runs 2 --max-num-batched-tokens 2048 --output-dir "$WORK/raw" --name "moe-prefill-$P"
+        grep -E '^\| prefill tok/s' "$WORK/logs/prefill_2048__moe_${P}_.log" 2>/dev/null | awk -F'|' -v v="moe $P" '{gsub(/^ +| +$/, "", $3); print v "\tprefill 2048 tok/s\t" $3}' >>"$OUT/tune.tsv"
+        NEED=20 PICK='decode tok/s' step "decode b1,b64 [moe $P]" 60 env TANDEM_CUDA_MOE=$P "$BIN" bench decode --backend cuda --model "$MOE_DIR" --prompt-len 512 --max-tokens 64 --batch-sizes 1,64 --runs 2 --max-num-batched-tokens 2048 --output-dir "$WORK/raw" --name "moe-decode-$P"
+        grep -E '^\| decode tok/s' "$WORK/logs/decode_b1_b64__moe_${P}_.log" 2>/dev/null | awk -F'|' -v v="moe $P" '{gsub(/^ +| +$/, "", $2); gsub(/^ +| +$/, "", $3); print v "\t" $2 "\t" $3}' >>"$OUT/tune.tsv"
+    done
+else
+    printf 'moe routed vs dense\t125\t0\tskipped: TANDEM_TUNE_MOE=0\n' >>"$STEPS"
+fi
 
 # 3. Nsight Compute on one launch of each slow GEMM (the kernel lab's qkv at m = 64 and 2048,
 #    default kernels, and the m128_n128 variant at 2048), and the decode attention at batch 1.

@@ -90,6 +90,8 @@
 // `test_matmul` (f64 reference with derived bf16/f16 bounds, bitwise rows across m, bitwise
 // against the two-launch path) and fused_test.h (the epilogues); op suite ops `matmul`,
 // `qkv_proj`, `gate_up_silu` on a GPU.
+#ifndef TANDEM_MATMUL_CU
+#define TANDEM_MATMUL_CU
 #include "common.cuh"
 
 #define GEMM_BN 64
@@ -732,6 +734,9 @@ typedef GemmShape<128, 32, 32, 4, 64, true> GemmM128Occ2;
 typedef GemmShape<64, 32, 32, 3, 64, true> GemmM64Occ4;
 typedef GemmShape<16, 16, 16, 8> GemmM16S8;
 
+// TANDEM_MATMUL_DEVICE_ONLY: the device code above without the kernels below, for a file that
+// builds its own kernels on this tile code (moe.cu's grouped GEMM includes this file so).
+#ifndef TANDEM_MATMUL_DEVICE_ONLY
 // BOUNDS: the kernel's __launch_bounds__. m16_n128 adds a minimum of 1 block per SM: with
 // the bare bound ptxas gave it 64 registers and a 12-byte spill on sm_80 (none on sm_90);
 // with it, 90 registers and no spill (measured with tandem-kernels-check).
@@ -773,3 +778,5 @@ extern "C" __global__ void __launch_bounds__(256)
     matmul_tiled_f32(const float* x, const float* w, const void* bias, int bias_dtype, float* out, int m, int n, int k) {
     matmul_tiled_f32_impl(x, w, bias, bias_dtype, out, m, n, k);
 }
+#endif  // TANDEM_MATMUL_DEVICE_ONLY
+#endif  // TANDEM_MATMUL_CU

@@ -26,6 +26,7 @@
 #include "attention_tc_test.h"
 #include "fused_test.h"
 #include "matmul_test.h"
+#include "moe_test.h"
 #include "primitives_test.h"
 
 static int failures = 0, checks = 0;
@@ -775,6 +776,7 @@ static void test_moe() {
 int main() {
     primtest::run_all(expect_true);
     test_moe();
+    moetest::run_all(expect_true);
     test_small_ops();
     test_kv_write();
     test_attention();

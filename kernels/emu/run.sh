@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds and runs the host emulation of every kernel (kernels/emu/emu_test.cpp) with g++, beside
-# the four deliberately broken matmul builds (break_test.cpp) and the four broken tensor-core
-# attention builds (attn_break_test.cpp), which must be caught, and a
+# the four deliberately broken matmul builds (break_test.cpp), the four broken tensor-core
+# attention builds (attn_break_test.cpp) and a broken routed-MoE combine (moe_break_test.cpp),
+# which must be caught, and a
 # kernel that deadlocks at a barrier (deadlock_test.cpp), which must be reported, not hang, and
 # the fake driver's interleaved block order (interleave_test.cpp, built as crates/fake-cuda does).
 # Needs only a C++20 compiler; no GPU, no CUDA. Each program runs on one core (the emulator's
@@ -10,7 +11,7 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 out="${TMPDIR:-/tmp}/tandem-emu-test-$$"
 cxx() { "${CXX:-g++}" -std=c++20 -O1 -pthread -Wall -Wno-unused-function -Wno-unknown-pragmas "$@"; }
-trap 'rm -f "$out" "$out-break1" "$out-break2" "$out-break3" "$out-break4" "$out-attn1" "$out-attn2" "$out-attn3" "$out-attn4" "$out-deadlock" "$out-interleave" "$out.log" "$out.breaks" "$out.main"' EXIT
+trap 'rm -f "$out" "$out-break1" "$out-break2" "$out-break3" "$out-break4" "$out-attn1" "$out-attn2" "$out-attn3" "$out-attn4" "$out-deadlock" "$out-interleave" "$out-moe1" "$out.log" "$out.breaks" "$out.main"' EXIT
 cxx -o "$out" "$here/emu_test.cpp" & p0=$!
 cxx -DTANDEM_GEMM_BREAK=1 -o "$out-break1" "$here/break_test.cpp" & p1=$!
 cxx -DTANDEM_GEMM_BREAK=2 -o "$out-break2" "$here/break_test.cpp" & p2=$!
@@ -19,11 +20,13 @@ cxx -DTANDEM_GEMM_BREAK=4 -o "$out-break4" "$here/break_test.cpp" & p5=$!
 cxx -o "$out-deadlock" "$here/deadlock_test.cpp" & p4=$!
 cxx -DTANDEM_EMU_STRICT -o "$out-interleave" "$here/interleave_test.cpp" & p6=$!
 wait $p0 && wait $p1 && wait $p2 && wait $p3 && wait $p4 && wait $p5 && wait $p6
+cxx -DTANDEM_MOE_BREAK=1 -o "$out-moe1" "$here/moe_break_test.cpp" & pm=$!
 pids=()
 for b in 1 2 3 4; do
     cxx -DTANDEM_PAT_BREAK=$b -o "$out-attn$b" "$here/attn_break_test.cpp" & pids+=($!)
 done
 for p in "${pids[@]}"; do wait "$p"; done
+wait $pm
 status=0
 breaks() {
     local s=0
@@ -39,6 +42,10 @@ breaks() {
             s=1
         fi
     done
+    if ! "$out-moe1" | tail -n 1; then
+        echo "FAIL the emulator tests did not catch TANDEM_MOE_BREAK=1"
+        s=1
+    fi
     # In a subshell, so that the shell's "Aborted" notice lands in the log too.
     if ("$out-deadlock") > "$out.log" 2>&1; then
         echo "FAIL the emulator ran a kernel that deadlocks at a barrier to the end"

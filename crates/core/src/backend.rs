@@ -199,6 +199,26 @@ pub struct WorkspaceLimits {
     pub max_n: usize,
     /// The KV cache's element type (which attention kernel, and so which scratch, a step uses).
     pub kv_dtype: KvDtype,
+    /// A mixture of experts' shape, where the model has one (a routed path's scratch).
+    pub moe: Option<MoeLimits>,
+}
+
+/// A mixture-of-experts layer's shape, for [`WorkspaceLimits`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MoeLimits {
+    pub experts: usize,
+    pub top_k: usize,
+    pub hidden: usize,
+    /// Each expert's MLP width.
+    pub inter: usize,
+}
+
+/// One expert of a mixture of experts as the model holds it: its fused gate/up weight
+/// ([`Backend::fuse_gate_up`]; `up` None) or gate and up apart, and down.
+pub struct MoeExpert<'a, Buf> {
+    pub gate: &'a Buf,
+    pub up: Option<&'a Buf>,
+    pub down: &'a Buf,
 }
 
 /// Regions of u32 elements one after another in one host staging buffer (and, where a backend
@@ -593,6 +613,23 @@ pub trait Backend: Send + 'static {
         let mut a = if first { vec![0.0; rows * dim] } else { self.read_f32(acc, rows * dim)? };
         moe_accumulate_rows(&mut a, &yv, &w, dim, expert, experts, first);
         self.write_f32(acc, &a)
+    }
+    /// A backend that can run each expert over only the tokens routed to it (CUDA,
+    /// `TANDEM_CUDA_MOE=routed`) returns what [`Backend::moe_routed`] needs besides the weights
+    /// (CUDA: a device table of the experts' weight pointers), made once at load; None (the
+    /// default): the model runs every expert over every token ([`Backend::moe_accumulate`]).
+    fn moe_prepare(&self, _experts: &[MoeExpert<'_, Self::Buf>], _hidden: usize, _inter: usize) -> Result<Option<Self::Buf>> {
+        Ok(None)
+    }
+    /// The routed mixture of experts: `out` f32 `[rows, hidden]` = for each token, over its
+    /// experts (the non-zero routing `weights` f32 `[rows, experts]` of [`Backend::moe_route`])
+    /// in ascending expert id, weight · down(silu(gate(x)) · up(x)), the first term stored and
+    /// the others added; x is the normed input (`ActDtypes::x`). A token's bits depend on its
+    /// own values only, and must be those of the every-expert path but for the sign of an
+    /// exact zero. `table` is [`Backend::moe_prepare`]'s.
+    #[allow(clippy::too_many_arguments)]
+    fn moe_routed(&self, _table: &Self::Buf, _experts: &[MoeExpert<'_, Self::Buf>], _x: &Self::Buf, _weights: &Self::Buf, _out: &mut Self::Buf, _rows: usize, _hidden: usize, _inter: usize, _top_k: usize) -> Result<()> {
+        Err(Error::backend(self.name(), "moe_routed: this backend runs every expert (moe_prepare gave no table)"))
     }
     /// Paged attention; out f32 `[T, num_heads, head_dim]`. See [`AttnArgs`].
     fn paged_attention(&self, args: &AttnArgs<'_, Self>, out: &mut Self::Buf) -> Result<()>;

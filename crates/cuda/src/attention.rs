@@ -312,7 +312,7 @@ mod partition_tests {
     /// over a 131k context need what 64 decodes need (the f32 kernel's 4.3 GB is gone).
     #[test]
     fn tc_workspace_follows_the_decodes() {
-        let l = WorkspaceLimits { max_tokens: 2048, max_seqs: 64, max_logit_rows: 192, max_context: 131_072, num_heads: 32, head_dim: 64, max_k: 8192, max_n: 128_256, kv_dtype: KvDtype::Bf16 };
+        let l = WorkspaceLimits { max_tokens: 2048, max_seqs: 64, max_logit_rows: 192, max_context: 131_072, num_heads: 32, head_dim: 64, max_k: 8192, max_n: 128_256, kv_dtype: KvDtype::Bf16, moe: None };
         assert_eq!(workspace(&l), (64 * 32 * 16 * 64 * 4, 64 * 32 * 16 * 2 * 4, 64 * 32 * 4));
         assert_eq!(workspace(&WorkspaceLimits { max_context: 64, ..l }), (0, 0, 0));
         let f32 = WorkspaceLimits { kv_dtype: KvDtype::F32, ..l };

@@ -37,6 +37,8 @@ mod graph;
 mod attention;
 #[path = "sampling.rs"]
 mod sampling;
+#[path = "moe.rs"]
+mod moe;
 use matmul::{GemmOut, GEMM_COUNTERS, GEMM_PART_FLOATS};
 #[cfg(test)]
 use matmul::gemm_kernel;
@@ -341,11 +343,25 @@ struct Kernels<F> {
     argmax: Kernel<F>,
     moe_route: Kernel<F>,
     moe_accumulate: Kernel<F>,
+    moe: MoeKernels<F>,
     sample: Kernel<F>,
     sample_masked: Kernel<F>,
     logit_edits: Kernel<F>,
     logit_restore: Kernel<F>,
     logprobs: Kernel<F>,
+}
+
+/// The routed mixture of experts' kernels (kernels/moe.cu, moe.rs); gemm_tc by 16-bit weight
+/// kind (bf16, f16) and row tile (m16, m64).
+struct MoeKernels<F> {
+    select: Kernel<F>,
+    count: Kernel<F>,
+    offsets: Kernel<F>,
+    scatter: Kernel<F>,
+    gather: Kernel<F>,
+    gemm_tc: [[Kernel<F>; 2]; 2],
+    gemm_f32: Kernel<F>,
+    combine: Kernel<F>,
 }
 
 impl<F> Kernels<F> {
@@ -394,6 +410,16 @@ impl<F> Kernels<F> {
             argmax: k("argmax")?,
             moe_route: k("moe_route")?,
             moe_accumulate: k("moe_accumulate")?,
+            moe: MoeKernels {
+                select: k("moe_select")?,
+                count: k("moe_count")?,
+                offsets: k("moe_offsets")?,
+                scatter: k("moe_scatter")?,
+                gather: k("moe_gather")?,
+                gemm_tc: [[k("moe_gemm_bf16_m16")?, k("moe_gemm_bf16_m64")?], [k("moe_gemm_f16_m16")?, k("moe_gemm_f16_m64")?]],
+                gemm_f32: k("moe_gemm_f32")?,
+                combine: k("moe_combine")?,
+            },
             sample: k("sample")?,
             sample_masked: k("sample_masked")?,
             logit_edits: k("logit_edits")?,
@@ -430,6 +456,9 @@ pub struct CudaBackend {
     scratch: Mutex<AttnScratch>,
     mm_scratch: Mutex<MatmulScratch>,
     io_scratch: Mutex<IoScratch>,
+    moe_scratch: Mutex<moe::MoeScratch>,
+    /// Which path a mixture of experts takes (`TANDEM_CUDA_MOE`, moe.rs).
+    moe_path: moe::MoePath,
     /// Kernels launched so far ([`CudaBackend::launches`]).
     launches: AtomicU64,
     /// CUDA graphs captured at load (graph.rs), and whether a capture is open.
@@ -508,6 +537,10 @@ impl CudaBackend {
         }
         let sync_each = std::env::var("TANDEM_CUDA_SYNC").is_ok_and(|v| v == "1");
         let f32_activations = std::env::var("TANDEM_CUDA_ACTIVATIONS").is_ok_and(|v| v == "f32");
+        let moe_path = moe::moe_path(std::env::var("TANDEM_CUDA_MOE").ok().as_deref())?;
+        if moe_path != moe::MOE_DEFAULT {
+            tracing::info!("cuda: mixture of experts {moe_path:?} (TANDEM_CUDA_MOE)");
+        }
         tracing::info!("cuda: {device_name} (sm_{arch}), {loaded} kernels from {} files", srcs.len());
         Ok(CudaBackend {
             ctx,
@@ -516,6 +549,8 @@ impl CudaBackend {
             scratch: Mutex::new(AttnScratch::default()),
             mm_scratch: Mutex::new(MatmulScratch::default()),
             io_scratch: Mutex::new(IoScratch::default()),
+            moe_scratch: Mutex::new(moe::MoeScratch::default()),
+            moe_path,
             launches: AtomicU64::new(0),
             graphs: Mutex::new(graph::Graphs::default()),
             capturing: std::sync::atomic::AtomicBool::new(false),
@@ -531,6 +566,13 @@ impl CudaBackend {
     /// tests check by loading one model each way.
     pub fn set_f32_activations(&mut self, on: bool) {
         self.f32_activations = on;
+    }
+
+    /// Routes mixtures of experts (each expert over its own tokens) or runs every expert over
+    /// every token, for models loaded after this call (`TANDEM_CUDA_MOE`'s choice otherwise);
+    /// the same bits either way, which the GPU tests check by loading one model each way.
+    pub fn set_moe_routed(&mut self, on: bool) {
+        self.moe_path = if on { moe::MoePath::Routed } else { moe::MoePath::Dense };
     }
 
     /// `"90"` for an H100/H200.
@@ -814,10 +856,14 @@ impl Backend for CudaBackend {
             top_lp: Some(self.alloc(Elem::F32, rows * MAX_TOP_LOGPROBS)?),
             fixed: true,
         };
+        let moe_bytes = moe::workspace(l.max_tokens, l.moe.as_ref());
+        let mut ms = self.moe_scratch.lock().map_err(|_| err(format!("{OP}: scratch lock poisoned by an earlier panic")))?;
+        *ms = moe::MoeScratch::default();
+        *ms = moe::MoeScratch { mem: alloc(moe_bytes, "routed mixture-of-experts scratch")?, fixed: true };
         let io_bytes = (rows * (5 + SPEC_WORDS + 2 * MAX_TOP_LOGPROBS) + 1 + mask_words + EDIT_RECORDS * (EDIT_WORDS + 1)) * 4;
         // The allocations are stream-ordered: wait, so that free_memory sees them.
         self.synchronize()?;
-        Ok((out + ml + counter_bytes + xa + part + GEMM_COUNTERS * 4 + io_bytes) as u64)
+        Ok((out + ml + counter_bytes + xa + part + GEMM_COUNTERS * 4 + io_bytes + moe_bytes) as u64)
     }
 
     fn upload_weight(&self, t: &TensorView) -> Result<CudaBuf> {
@@ -1185,6 +1231,14 @@ impl Backend for CudaBackend {
         self.launched(OP, r)
     }
 
+    fn moe_prepare(&self, experts: &[tandem_core::backend::MoeExpert<'_, CudaBuf>], hidden: usize, inter: usize) -> Result<Option<CudaBuf>> {
+        self.moe_table(experts, hidden, inter)
+    }
+
+    fn moe_routed(&self, table: &CudaBuf, experts: &[tandem_core::backend::MoeExpert<'_, CudaBuf>], x: &CudaBuf, weights: &CudaBuf, out: &mut CudaBuf, rows: usize, hidden: usize, inter: usize, top_k: usize) -> Result<()> {
+        self.moe_routed_impl(table, experts, x, weights, out, rows, hidden, inter, top_k)
+    }
+
     fn kv_write(&self, k: &CudaBuf, v: &CudaBuf, k_cache: &mut CudaBuf, v_cache: &mut CudaBuf, slots: &CudaBuf, num_tokens: usize, g: KvGeometry) -> Result<()> {
         const OP: &str = "kv_write";
         let row = g.num_kv_heads * g.head_dim;
@@ -1295,7 +1349,7 @@ mod kernel_table_tests {
         let names = kernel_names();
         let unique: std::collections::BTreeSet<_> = names.iter().collect();
         assert_eq!(unique.len(), names.len(), "{names:?}");
-        assert_eq!(names.len(), 50);
+        assert_eq!(names.len(), 61);
         let k = Kernels::<&'static str>::resolve(Ok).unwrap();
         assert_eq!(k.embedding.map(|x| x.f), ["embedding_f32", "embedding_bf16", "embedding_f16"]);
         assert_eq!([Elem::F32, Elem::BF16, Elem::F16].map(|e| k.rms_norm[weight_index(e)].f), ["rms_norm_f32", "rms_norm_bf16", "rms_norm_f16"]);
@@ -1309,6 +1363,8 @@ mod kernel_table_tests {
         assert_eq!((k.kv_write[0].f, k.kv_write[1].f), ("kv_write_f32", "kv_write_bf16"));
         assert_eq!((k.attn_partial[0].f, k.attn_partial[1].f), ("paged_attention_partial_f32", "paged_attention_partial_bf16"));
         assert_eq!((k.attn_tc[0].f, k.attn_tc[1].f), ("paged_attention_tc_d64", "paged_attention_tc_d128"));
+        // moe.rs indexes gemm_tc by [bf16, f16][m16, m64].
+        assert_eq!(k.moe.gemm_tc.map(|r| r.map(|x| x.f)), [["moe_gemm_bf16_m16", "moe_gemm_bf16_m64"], ["moe_gemm_f16_m16", "moe_gemm_f16_m64"]]);
     }
 }
 
@@ -1317,7 +1373,7 @@ mod workspace_tests {
     use super::*;
 
     fn limits(max_tokens: usize, max_context: usize) -> WorkspaceLimits {
-        WorkspaceLimits { max_tokens, max_seqs: 64, max_logit_rows: 192, max_context, num_heads: 32, head_dim: 64, max_k: 8192, max_n: 128256, kv_dtype: KvDtype::F32 }
+        WorkspaceLimits { max_tokens, max_seqs: 64, max_logit_rows: 192, max_context, num_heads: 32, head_dim: 64, max_k: 8192, max_n: 128256, kv_dtype: KvDtype::F32, moe: None }
     }
 
     /// The reservation covers what paged_attention and matmul ask for at the limits (the

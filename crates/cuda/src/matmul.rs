@@ -201,9 +201,9 @@ pub(super) fn gemm_plan(m: usize, n: usize, k: usize, cols: usize) -> GemmPlan {
 pub(super) const GEMM_COUNTERS: usize = 2 * K_SLICE_TARGET_BLOCKS;
 
 /// The epilogue codes of kernels/matmul.cu (EPI_PLAIN, EPI_QKV, EPI_SILU, EPI_RESID).
-const EPI_PLAIN: i32 = 0;
+pub(super) const EPI_PLAIN: i32 = 0;
 const EPI_QKV: i32 = 1;
-const EPI_SILU: i32 = 2;
+pub(super) const EPI_SILU: i32 = 2;
 const EPI_RESID: i32 = 3;
 const EPI_QKV_ROPE: i32 = 4;
 

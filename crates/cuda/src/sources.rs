@@ -4,7 +4,9 @@
 //!
 //! `#include "common.cuh"` is pasted in by [`preprocess`] rather than resolved by NVRTC, so
 //! a compiled binary needs no kernels directory and NVRTC needs no include path; `#line`
-//! markers keep compiler messages pointing at the right file and line.
+//! markers keep compiler messages pointing at the right file and line. So is an
+//! `#include "other.cu"` of another kernel file (moe.cu includes matmul.cu's tile code), that
+//! file's own header line dropped (the includer has pasted the header already).
 
 use std::path::{Path, PathBuf};
 
@@ -49,7 +51,10 @@ pub const EMBEDDED_HEADER: &str = include_str!("../../../kernels/common.cuh");
 pub fn embedded() -> Vec<KernelSource> {
     EMBEDDED
         .iter()
-        .map(|(name, text)| KernelSource { name: name.to_string(), text: preprocess(&format!("{name}.cu"), text, EMBEDDED_HEADER) })
+        .map(|(name, text)| {
+            let text = paste_kernel_includes(&format!("{name}.cu"), text, |f| EMBEDDED.iter().find(|(n, _)| format!("{n}.cu") == f).map(|(_, t)| t.to_string()));
+            KernelSource { name: name.to_string(), text: preprocess(&format!("{name}.cu"), &text, EMBEDDED_HEADER) }
+        })
         .collect()
 }
 
@@ -75,9 +80,44 @@ pub fn from_dir(dir: &Path) -> Result<Vec<KernelSource>> {
         }
         let file = p.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
         let name = p.file_stem().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+        let text = paste_kernel_includes(&file, &text, |f| std::fs::read_to_string(dir.join(f)).ok());
         out.push(KernelSource { name, text: preprocess(&file, &text, &header) });
     }
     Ok(out)
+}
+
+/// Replaces each `#include "X.cu"` line of `src` (file `file`) with X.cu's text as `read`
+/// gives it, X.cu's own `#include "common.cuh"` line dropped; one level deep (an included file's
+/// own `.cu` includes stay, and fail to compile: none has any). A file `read` does not find
+/// stays as it is (NVRTC then reports it).
+pub fn paste_kernel_includes(file: &str, src: &str, read: impl Fn(&str) -> Option<String>) -> String {
+    if !src.lines().any(|l| included_cu(l).is_some()) {
+        return src.to_string();
+    }
+    let mut out = String::with_capacity(src.len() * 2);
+    for (i, line) in src.lines().enumerate() {
+        match included_cu(line).and_then(|f| read(f).map(|t| (f, t))) {
+            Some((f, text)) => {
+                out.push_str(&format!("#line 1 \"{f}\"\n"));
+                for l in text.lines() {
+                    out.push_str(if l.trim() == INCLUDE_LINE { "" } else { l });
+                    out.push('\n');
+                }
+                out.push_str(&format!("#line {} \"{file}\"\n", i + 2));
+            }
+            None => {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    out
+}
+
+/// `X.cu` of a line `#include "X.cu"`.
+fn included_cu(line: &str) -> Option<&str> {
+    let f = line.trim().strip_prefix("#include \"")?.strip_suffix('"')?;
+    (f.ends_with(".cu") && !f.contains('/')).then_some(f)
 }
 
 /// Replaces the `#include "common.cuh"` line of `src` (file `file`) with `header`.
@@ -108,6 +148,16 @@ mod tests {
         let src = "// a\n#include \"common.cuh\"\nint x;\n";
         let out = preprocess("a.cu", src, "typedef int i32;\n");
         assert_eq!(out, "// a\n#line 1 \"common.cuh\"\ntypedef int i32;\n#line 3 \"a.cu\"\nint x;\n");
+    }
+
+    #[test]
+    fn kernel_includes_are_pasted_without_their_header() {
+        let src = "#include \"common.cuh\"\n#include \"b.cu\"\nint y;\n";
+        let out = paste_kernel_includes("a.cu", src, |f| (f == "b.cu").then(|| "#include \"common.cuh\"\nint x;\n".to_string()));
+        assert_eq!(out, "#include \"common.cuh\"\n#line 1 \"b.cu\"\n\nint x;\n#line 3 \"a.cu\"\nint y;\n");
+        let moe = embedded().into_iter().find(|k| k.name == "moe").unwrap();
+        assert!(moe.text.contains("matmul_tc_impl") && !moe.text.contains("#include \"matmul.cu\""), "moe.cu: matmul.cu not pasted in");
+        assert_eq!(moe.text.matches("__device__ __forceinline__ float warp_sum").count(), 1, "moe.cu: the header pasted twice");
     }
 
     #[test]

@@ -43,10 +43,14 @@ pub enum Shape {
     TinyQwen3Moe,
     /// Mixtral: Llama's attention, 4 experts (`block_sparse_moe`, w1/w2/w3) of width 96, top 2.
     TinyMixtral,
+    /// Qwen3-30B-A3B's layer (hidden 2048, 32 heads / 4 KV heads of 128, 128 experts of width
+    /// 768, top 8) in 2 layers: the GPU check times the routed experts against every expert
+    /// (gpu/tune.sh, TANDEM_CUDA_MOE) on it (2.7 GB in bf16).
+    Qwen3_30bA3b2l,
 }
 
 impl Shape {
-    pub const ALL: [Shape; 11] = [
+    pub const ALL: [Shape; 12] = [
         Shape::Tiny,
         Shape::TinyTied,
         Shape::TinyHd128,
@@ -58,6 +62,7 @@ impl Shape {
         Shape::TinyQwen3,
         Shape::TinyQwen3Moe,
         Shape::TinyMixtral,
+        Shape::Qwen3_30bA3b2l,
     ];
 
     pub fn name(self) -> &'static str {
@@ -73,6 +78,7 @@ impl Shape {
             Shape::TinyQwen3 => "tiny-qwen3",
             Shape::TinyQwen3Moe => "tiny-qwen3-moe",
             Shape::TinyMixtral => "tiny-mixtral",
+            Shape::Qwen3_30bA3b2l => "qwen3-30b-a3b-2l",
         }
     }
 
@@ -122,6 +128,10 @@ impl Shape {
             Shape::TinyQwen3 => Dims { arch: Arch::Qwen3, head_dim: 32, tied: true, rope_theta: 1000000.0, rms_eps: 1e-6, ..base },
             Shape::TinyQwen3Moe => Dims { arch: Arch::Qwen3Moe, head_dim: 32, intermediate: 48, experts: 8, top_k: 2, rope_theta: 1000000.0, rms_eps: 1e-6, ..base },
             Shape::TinyMixtral => Dims { arch: Arch::Mixtral, intermediate: 96, experts: 4, top_k: 2, rope_theta: 1000000.0, ..base },
+            Shape::Qwen3_30bA3b2l => Dims {
+                arch: Arch::Qwen3Moe, vocab: 151936, hidden: 2048, intermediate: 768, experts: 128, top_k: 8, layers: 2, heads: 32, kv_heads: 4,
+                head_dim: 128, rope_theta: 1000000.0, rms_eps: 1e-6, max_pos: 40960, ..base
+            },
         }
     }
 }

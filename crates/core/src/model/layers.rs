@@ -4,7 +4,7 @@
 //! says which pieces a decoder layer has and under which tensor names; the forward pass over
 //! the layers ([`super::Model::launch`]) is written once.
 
-use crate::backend::{Backend, DType, KvDest, NormIn};
+use crate::backend::{Backend, DType, KvDest, MoeExpert, NormIn};
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::weights::Weights;
@@ -61,12 +61,15 @@ pub(crate) struct Mlp<B: Backend> {
 /// Every expert runs over every token of the step, and a weight of 0 adds nothing: a token's
 /// result depends on its own routing only, never on which other tokens share its experts
 /// (batch invariance), and the step's ops follow from its shape alone (graph capture). The
-/// price is compute: `experts / top_k` times the dense work of the routed experts.
+/// price is compute: `experts / top_k` times the dense work of the routed experts. A backend
+/// with a routed path ([`Backend::moe_prepare`] gave `routed`) runs each expert over its own
+/// tokens instead ([`Backend::moe_routed`]), with the same bits.
 pub(crate) struct Moe<B: Backend> {
     pub router: B::Buf,
     pub experts: Vec<Mlp<B>>,
     pub top_k: usize,
     pub renormalize: bool,
+    pub routed: Option<B::Buf>,
 }
 
 /// A layer's feed-forward block.
@@ -209,7 +212,8 @@ impl<'a, B: Backend> Loader<'a, B> {
         self.x_readers.push(rv.dtype);
         let router = self.b.upload_weight(&rv)?;
         let experts = (0..m.num_experts).map(|e| self.mlp(&format!("{prefix}.experts.{e}"), names, m.intermediate_size)).collect::<Result<Vec<_>>>()?;
-        Ok(Moe { router, experts, top_k: m.top_k, renormalize: m.norm_topk_prob })
+        let routed = self.b.moe_prepare(&expert_refs(&experts), self.cfg.hidden_size, m.intermediate_size)?;
+        Ok(Moe { router, experts, top_k: m.top_k, renormalize: m.norm_topk_prob, routed })
     }
 }
 
@@ -254,6 +258,10 @@ impl<B: Backend> Moe<B> {
         let n = self.experts.len();
         b.matmul(x, &self.router, None, logits, t, n, d)?;
         b.moe_route(logits, weights, t, n, self.top_k, self.renormalize)?;
+        if let Some(table) = &self.routed {
+            let inter = self.experts.first().map_or(0, |m| m.inter);
+            return b.moe_routed(table, &expert_refs(&self.experts), x, weights, out, t, d, inter, self.top_k);
+        }
         for (e, mlp) in self.experts.iter().enumerate() {
             mlp.activation(b, x, gate, up, act, t, d, None)?;
             b.matmul(act, &mlp.down, None, y, t, d, mlp.inter)?;
@@ -261,6 +269,17 @@ impl<B: Backend> Moe<B> {
         }
         Ok(())
     }
+}
+
+/// The experts' weights as [`Backend::moe_prepare`] and [`Backend::moe_routed`] take them.
+fn expert_refs<B: Backend>(experts: &[Mlp<B>]) -> Vec<MoeExpert<'_, B::Buf>> {
+    experts
+        .iter()
+        .map(|m| match &m.gate_up {
+            GateUp::Fused(w) => MoeExpert { gate: w, up: None, down: &m.down },
+            GateUp::Split { gate, up } => MoeExpert { gate, up: Some(up), down: &m.down },
+        })
+        .collect()
 }
 
 /// HF's names of a Llama-style MLP's projections.

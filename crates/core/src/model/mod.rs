@@ -430,6 +430,7 @@ impl<B: Backend> Model<B> {
                 .unwrap_or(qd),
             max_n: vocab.max(qd + 2 * kvd).max(2 * inter).max(d).max(cfg.moe.as_ref().map_or(0, |m| m.num_experts)),
             kv_dtype,
+            moe: cfg.moe.as_ref().map(|m| crate::backend::MoeLimits { experts: m.num_experts, top_k: m.top_k, hidden: d, inter: m.intermediate_size }),
         };
         let workspace = b.reserve_workspace(&limits)?;
         if workspace > 0 {

@@ -8,6 +8,7 @@ mod gpu_invariance;
 mod graphs;
 mod kernels_check;
 mod launches;
+mod moe;
 mod no_driver;
 mod ops;
 mod sampling_emu;
