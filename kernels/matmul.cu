@@ -886,8 +886,10 @@ __device__ __forceinline__ void matmul_gemv_finish(float (&total)[S::MI][S::NJ][
 }
 
 // ===== Decode GEMV variants (issue 25 item 1): x staged once, weights streamed in registers =====
-// matmul_tc_<dt>_m16_gemv<D> (TANDEM_CUDA_GEMM_SMALL=m16_gemv4 | m16_gemv8; m <= 16 on the
-// 64-wide tiles; not the defaults until an H200 measures them). The same grid, K slices, fold
+// matmul_tc_<dt>_m16_gemv<D> and matmul_tc_<dt>_m16_x1 (TANDEM_CUDA_GEMM_SMALL=m16_gemv4 |
+// m16_gemv8 | m16_x1; m <= 16 on the 64-wide tiles; not the defaults until an H200 measures
+// them). m16_x1 changes only the first point below (x once; the weights still take m16's
+// 4-stage cp.async pipeline, ldmatrix and all, for any k). The same grid, K slices, fold
 // and epilogues as m16, and the same bits: every output is still the sequence of mma.sync
 // m16n8k16 steps in ascending k from the same fragments (the hardware's order inside one mma
 // is undocumented, so a scalar FMA GEMV could not promise m16's bits; this feeds the same
@@ -902,20 +904,22 @@ __device__ __forceinline__ void matmul_gemv_finish(float (&total)[S::MI][S::NJ][
 //     registers (two sets of D, ping-pong: D to 2D chunks, 16-32 KB per block of 128 threads
 //     for D = 4, twice that for D = 8), then a 4 x 4 transpose over the quad's shuffles gives
 //     each lane the words the mma's B fragment takes (b0 = k 2t, 2t + 1; b1 = k 8 + 2t, ...).
-// Needs k % 8 == 0 (16-byte aligned weight rows); the launcher takes m16 otherwise, and where
-// the staged x would not fit the shared memory limit (matmul.rs `gemv_smem`). Shared memory per
-// launch: 16 x (BN + 1) floats for the silu / rope tile exchange, then min(m, 16) rows of
-// (K range rounded up to 32) + 8 16-bit elements (the + 8 keeps ldmatrix's rows in distinct
-// bank groups).
-template <int DEPTH_>
+// The gemv kernels need k % 8 == 0 (16-byte aligned weight rows); the launcher takes m16
+// otherwise, and (all three) where the staged x would not fit the shared memory limit
+// (matmul.rs `gemv_smem`). Shared memory per launch: 16 x (BN + 1) floats for the silu / rope
+// tile exchange, m16_x1's weight stages (20480 bytes), then min(m, 16) rows of (K range rounded
+// up to 32) + 8 16-bit elements (the + 8 keeps ldmatrix's rows in distinct bank groups).
+template <int DEPTH_, int WSTAGES_ = 0>
 struct GemvShape {
-    typedef GemmShape<16, 16, 16, 2> Tile;  // the warp tiling of m16 (the epilogue helpers' S)
-    static constexpr int DEPTH = DEPTH_, THREADS = Tile::THREADS, BN = Tile::BN;
+    typedef GemmShape<16, 16, 16, WSTAGES_ ? WSTAGES_ : 2> Tile;  // the warp tiling of m16 (the epilogue helpers' S)
+    static constexpr int DEPTH = DEPTH_, WSTAGES = WSTAGES_, THREADS = Tile::THREADS, BN = Tile::BN;
     static constexpr int CS_BYTES = 16 * (BN + 1) * 4;
-    static_assert(CS_BYTES % 16 == 0, "the staged x starts 16-byte aligned after the exchange tile");
+    // m16_x1: the weights' cp.async stages (m16's B tiles), between the exchange tile and x.
+    static constexpr int W_BYTES = WSTAGES * Tile::B_ELEMS * 2;
+    static_assert(CS_BYTES % 16 == 0 && W_BYTES % 16 == 0, "the stages and the staged x start 16-byte aligned");
     // Dynamic shared memory of a launch (matmul.rs `gemv_smem` computes the same).
     static constexpr int smem_bytes(int m, int k, int slice_len, bool split) {
-        return CS_BYTES + (m < 16 ? m : 16) * ((split ? slice_len : (k + GEMM_BK - 1) / GEMM_BK * GEMM_BK) + 8) * 2;
+        return CS_BYTES + W_BYTES + (m < 16 ? m : 16) * ((split ? slice_len : (k + GEMM_BK - 1) / GEMM_BK * GEMM_BK) + 8) * 2;
     }
 };
 // The words the lane holds (k 8t .. 8t + 7 of one row, as loaded) -> the B fragments of the
@@ -950,7 +954,7 @@ __device__ void matmul_gemv_impl(const float* __restrict__ x, const u16* __restr
     TANDEM_DYNAMIC_SMEM(smem_raw);
     __shared__ float s_inv[S::BM];
     float* Cs = reinterpret_cast<float*>(smem_raw);
-    u16* xs = reinterpret_cast<u16*>(smem_raw + G::CS_BYTES);
+    u16* xs = reinterpret_cast<u16*>(smem_raw + G::CS_BYTES + G::W_BYTES);
     const int m0 = blockIdx.y * S::BM, n0 = blockIdx.x * S::BN;
     const int rows = min(S::BM, m - m0);
     const bool split = gridDim.z > 1;
@@ -972,28 +976,6 @@ __device__ void matmul_gemv_impl(const float* __restrict__ x, const u16* __restr
         wok[j] = row < n;
         wrow[j] = wok[j] ? w + (size_t)row * k + k_begin + 8 * t : w;
     }
-    // The first D chunks of weights go out before anything else (the norm's pass, x's staging).
-    uint4 b0[G::DEPTH][2], b1[G::DEPTH][2];
-    const int klim = k_end - k_begin - 8 * t;
-    gemv_load<G::DEPTH>(b0, wrow, wok, 0, klim);
-    if (nm.dtype) norm_prologue<S>(nm, x, m, k, m0, s_inv);
-    // x's K range, once: the bits gemm_load_tile stores per k tile.
-    const int cover = nch * S::BK;
-    for (int e = threadIdx.x; e < rows * cover; e += S::THREADS) {
-        const int r = e / cover, c = e % cover, kk = k_begin + c;
-        const bool ok = kk < k_end;
-        u16 v = 0;
-        if (ok && x) {
-            float f = x[(size_t)(m0 + r) * k + kk];
-            if (nm.dtype) f = (f * s_inv[r]) * load_bias(nm.gamma, nm.dtype, kk);
-            v = f32_to_bits(T{}, f);
-        } else if (ok) {
-            v = xa[(size_t)(m0 + r) * kp + kk];
-        }
-        xs[r * xp + c] = v;
-    }
-    __syncthreads();
-
     float acc[S::MI][S::NJ][4], total[S::MI][S::NJ][4];
 #pragma unroll
     for (int j = 0; j < S::NJ; ++j)
@@ -1002,25 +984,28 @@ __device__ void matmul_gemv_impl(const float* __restrict__ x, const u16* __restr
     const u16* a_row = xs + min(lane & 15, rows - 1) * xp + (lane >> 4) * 8;
     bool first_slice = true;
     int slice_tiles = 0;
-    // One chunk: two k16 steps of the mma from the staged x and the transposed weight words.
-    auto chunk = [&](const uint4 (&v)[2], int ch) {
-        u32 q[2][4];
-        gemv_quad_transpose(v[0], t, q[0]);
-        gemv_quad_transpose(v[1], t, q[1]);
-#pragma unroll
-        for (int st = 0; st < 2; ++st) {
-            u32 af[4];
-            ldmatrix_x4(af, a_row + ch * S::BK + st * 16);
-#pragma unroll
-            for (int j = 0; j < 2; ++j) {
-#if TANDEM_GEMM_BREAK == 1
-                const u32 bf[2] = {q[j][2 * st + 1], q[j][2 * st]};
-#else
-                const u32 bf[2] = {q[j][2 * st], q[j][2 * st + 1]};
-#endif
-                mma_16816(T{}, acc[0][j], af, bf);
+    // The norm's pass and x's K range, once (the bits gemm_load_tile stores per k tile), after
+    // the first weights are in flight; a barrier before x is read.
+    auto stage_x = [&]() {
+        if (nm.dtype) norm_prologue<S>(nm, x, m, k, m0, s_inv);
+        const int cover = nch * S::BK;
+        for (int e = threadIdx.x; e < rows * cover; e += S::THREADS) {
+            const int r = e / cover, c = e % cover, kk = k_begin + c;
+            const bool ok = kk < k_end;
+            u16 v = 0;
+            if (ok && x) {
+                float f = x[(size_t)(m0 + r) * k + kk];
+                if (nm.dtype) f = (f * s_inv[r]) * load_bias(nm.gamma, nm.dtype, kk);
+                v = f32_to_bits(T{}, f);
+            } else if (ok) {
+                v = xa[(size_t)(m0 + r) * kp + kk];
             }
+            xs[r * xp + c] = v;
         }
+        __syncthreads();
+    };
+    // A slice ends after chunk ch: fold it in (matmul_tc_impl's fold).
+    auto end_chunk = [&](int ch) {
         if (++slice_tiles == tiles_per_slice || ch == nch - 1) {
             slice_tiles = 0;
 #pragma unroll
@@ -1033,15 +1018,81 @@ __device__ void matmul_gemv_impl(const float* __restrict__ x, const u16* __restr
             first_slice = false;
         }
     };
-    for (int c0 = 0; c0 < nch; c0 += 2 * G::DEPTH) {
-        gemv_load<G::DEPTH>(b1, wrow, wok, c0 + G::DEPTH, klim);
+    if constexpr (G::WSTAGES == 0) {
+        // Registers: the first D chunks of weights go out before anything else.
+        uint4 b0[G::DEPTH][2], b1[G::DEPTH][2];
+        const int klim = k_end - k_begin - 8 * t;
+        gemv_load<G::DEPTH>(b0, wrow, wok, 0, klim);
+        stage_x();
+        // One chunk: two k16 steps of the mma from the staged x and the transposed weight words.
+        auto chunk = [&](const uint4 (&v)[2], int ch) {
+            u32 q[2][4];
+            gemv_quad_transpose(v[0], t, q[0]);
+            gemv_quad_transpose(v[1], t, q[1]);
 #pragma unroll
-        for (int d = 0; d < G::DEPTH; ++d)
-            if (c0 + d < nch) chunk(b0[d], c0 + d);
-        gemv_load<G::DEPTH>(b0, wrow, wok, c0 + 2 * G::DEPTH, klim);
+            for (int st = 0; st < 2; ++st) {
+                u32 af[4];
+                ldmatrix_x4(af, a_row + ch * S::BK + st * 16);
 #pragma unroll
-        for (int d = 0; d < G::DEPTH; ++d)
-            if (c0 + G::DEPTH + d < nch) chunk(b1[d], c0 + G::DEPTH + d);
+                for (int j = 0; j < 2; ++j) {
+#if TANDEM_GEMM_BREAK == 1
+                    const u32 bf[2] = {q[j][2 * st + 1], q[j][2 * st]};
+#else
+                    const u32 bf[2] = {q[j][2 * st], q[j][2 * st + 1]};
+#endif
+                    mma_16816(T{}, acc[0][j], af, bf);
+                }
+            }
+            end_chunk(ch);
+        };
+        for (int c0 = 0; c0 < nch; c0 += 2 * G::DEPTH) {
+            gemv_load<G::DEPTH>(b1, wrow, wok, c0 + G::DEPTH, klim);
+#pragma unroll
+            for (int d = 0; d < G::DEPTH; ++d)
+                if (c0 + d < nch) chunk(b0[d], c0 + d);
+            gemv_load<G::DEPTH>(b0, wrow, wok, c0 + 2 * G::DEPTH, klim);
+#pragma unroll
+            for (int d = 0; d < G::DEPTH; ++d)
+                if (c0 + G::DEPTH + d < nch) chunk(b1[d], c0 + G::DEPTH + d);
+        }
+    } else {
+        // m16_x1: m16's cp.async pipeline for the weights alone (gemm_load_tile TILE_W, any k),
+        // its first WSTAGES - 1 tiles in flight before x is staged; A from the staged x.
+        u16* Bs = reinterpret_cast<u16*>(smem_raw + G::CS_BYTES);
+        const int kt_begin = k_begin / S::BK;
+#pragma unroll
+        for (int s = 0; s < S::STAGES - 1; ++s) {
+            if (s < nch) gemm_load_tile<T, S>(nullptr, Bs + s * S::B_ELEMS, x, xa, w, m, n, k, kp, m0, n0, kt_begin + s, nm, s_inv, TILE_W);
+            cp_async_commit();
+        }
+        stage_x();
+        for (int i = 0; i < nch; ++i) {
+#if TANDEM_GEMM_BREAK != 2
+            cp_async_wait<S::STAGES - 2>();  // this thread's copies of tile i have landed
+#endif
+            __syncthreads();  // ... everyone's have; and everyone is done with tile i - 1's stage
+            {
+                const int next = i + S::STAGES - 1;
+                if (next < nch)
+                    gemm_load_tile<T, S>(nullptr, Bs + (next % S::STAGES) * S::B_ELEMS, x, xa, w, m, n, k, kp, m0, n0, kt_begin + next, nm, s_inv, TILE_W);
+                cp_async_commit();
+            }
+            const u16* b_st = Bs + (i % S::STAGES) * S::B_ELEMS;
+#pragma unroll
+            for (int kk = 0; kk < S::BK; kk += 16) {
+                u32 af[4], r[4], bfr[2][2];
+                ldmatrix_x4(af, a_row + i * S::BK + kk);
+                ldmatrix_x4(r, b_st + (wn0 + (lane & 7) + ((lane >> 4) << 3)) * S::P + kk + ((lane >> 3) & 1) * 8);
+#if TANDEM_GEMM_BREAK == 1
+                bfr[0][0] = r[0]; bfr[0][1] = r[2]; bfr[1][0] = r[1]; bfr[1][1] = r[3];
+#else
+                bfr[0][0] = r[0]; bfr[0][1] = r[1]; bfr[1][0] = r[2]; bfr[1][1] = r[3];
+#endif
+                mma_16816(T{}, acc[0][0], af, bfr[0]);
+                mma_16816(T{}, acc[0][1], af, bfr[1]);
+            }
+            end_chunk(i);
+        }
     }
     matmul_gemv_finish<T, S>(total, Cs, bias, bias_dtype, ep, part, counters, m, n, slices, rk, m0, n0, wn0, lane);
 }
@@ -1050,6 +1101,7 @@ __device__ void matmul_gemv_impl(const float* __restrict__ x, const u16* __restr
 // arguments (only the dynamic shared memory differs, matmul.rs `gemv_smem`).
 typedef GemvShape<4> GemvD4;
 typedef GemvShape<8> GemvD8;
+typedef GemvShape<0, 4> GemvX1;
 #define MATMUL_GEMV(DT, T, NAME, SHAPE)                                                                                \
     extern "C" __global__ void __launch_bounds__(SHAPE::THREADS)                                                      \
         matmul_tc_##DT##_##NAME(const float* x, const u16* xa, const u16* w, const void* bias, int bias_dtype, float* out0, \
@@ -1064,6 +1116,8 @@ MATMUL_GEMV(bf16, bf16_t, m16_gemv4, GemvD4)
 MATMUL_GEMV(bf16, bf16_t, m16_gemv8, GemvD8)
 MATMUL_GEMV(f16, f16_t, m16_gemv4, GemvD4)
 MATMUL_GEMV(f16, f16_t, m16_gemv8, GemvD8)
+MATMUL_GEMV(bf16, bf16_t, m16_x1, GemvX1)
+MATMUL_GEMV(f16, f16_t, m16_x1, GemvX1)
 // ===== end of the decode GEMV variants =====
 
 #ifdef TANDEM_HOST_EMU

@@ -41,12 +41,13 @@ int main() {
     mmtest::against_f64(check, mmtest::problem(1, 17, 72, 136, true), false);
     mmtest::against_f64(check, mmtest::problem(2, 200, 72, 64, true), false);
 #endif
-#if TANDEM_GEMM_BREAK == 1 || TANDEM_GEMM_BREAK == 3
-    // The decode GEMV variants (m16_gemv4, m16_gemv8) carry breaks 1 and 3 too (2 and 4 have no
-    // counterpart there: no cp.async, no shared-memory total).
-    for (int v : {2, 3}) {
+#if TANDEM_GEMM_BREAK != 4
+    // The decode GEMV variants carry breaks 1 and 3 too (m16_gemv4, m16_gemv8, m16_x1), and 2
+    // (m16_x1 only: the others have no cp.async); none has a shared-memory total (4).
+    for (int v : {2, 3, 4}) {
+        if (TANDEM_GEMM_BREAK == 2 && v != 4) continue;
         mmtest::small_variant = v;
-        const std::string tag = v == 2 ? "[m16_gemv4] " : "[m16_gemv8] ";
+        const std::string tag = v == 2 ? "[m16_gemv4] " : v == 3 ? "[m16_gemv8] " : "[m16_x1] ";
 #if TANDEM_GEMM_BREAK == 3
         mmtest::Problem p = mmtest::problem(1, 1, 72, 1000, true);
         auto got = mmtest::run(1, p.x.data(), p.w.data(), p.b.data(), 1, 72, 1000);

@@ -50,7 +50,8 @@ inline float rnd() {  // splitmix64 -> [-1, 1)
 // The variants the GPU check times (matmul.rs `GemmVariants`, TANDEM_CUDA_GEMM_LARGE / _MID /
 // _SMALL): large 0 = m128, 1 = m128_n128, 2 = m128_occ2 (the default); mid 0 = m64,
 // 1 = m64_occ4 (the default); small 0 = m16 (the default), 1 = m16_s8, 2 = m16_gemv4,
-// 3 = m16_gemv8 (k % 8 == 0 only: elsewhere m16, as the launcher falls back). emu_test.cpp runs the
+// 3 = m16_gemv8 (k % 8 == 0 only: elsewhere m16, as the launcher falls back), 4 = m16_x1.
+// emu_test.cpp runs the
 // matmul, fused and act16 tests with the defaults, then once per other set of variants.
 inline int large_variant = 2, mid_variant = 1, small_variant = 0;
 // The output tile's width the epilogue needs (matmul.rs `rope_tile_cols`): 128 only for the
@@ -62,6 +63,7 @@ struct Tile {
 };
 // The tile kernel for m rows when the epilogue needs tiles `cols` wide (matmul.rs `gemm_kernel_of`).
 inline Tile pick_tile(int m, int cols, bool k8 = true) {
+    if (m <= 16 && cols != 128 && small_variant == 4) return Tile{16, 64, "m16_x1"};
     if (m <= 16 && cols != 128 && small_variant >= 2 && k8)  // the GEMV variants need 16-byte aligned weight rows
         return small_variant == 2 ? Tile{16, 64, "m16_gemv4"} : Tile{16, 64, "m16_gemv8"};
     if (m <= 16) return cols == 128 ? Tile{16, 128, "m16_n128"} : small_variant == 1 ? Tile{16, 64, "m16_s8"} : Tile{16, 64, "m16"};
@@ -133,6 +135,7 @@ inline bool gemm(int dt, const float* x, const uint16_t* w, const uint16_t* bias
     }
     MM_PICK(m16_gemv4, GemvD4)
     MM_PICK(m16_gemv8, GemvD8)
+    MM_PICK(m16_x1, GemvX1)
 #undef MM_PICK
 #undef MM_GEMV
 #undef MM_CALL
@@ -272,7 +275,8 @@ inline void slices_table(const Check& check) {
     check("matmul GEMV variants' threads and shared memory per launch match matmul.rs gemv_smem",
           GemvD4::THREADS == 128 && GemvD8::THREADS == 128 && GemvD4::smem_bytes(1, 2048, 256, true) == 4688 &&
               GemvD4::smem_bytes(16, 2048, 2048, false) == 69952 && GemvD8::smem_bytes(7, 1000, 352, true) == 9200 &&
-              GemvD8::smem_bytes(3, 40, 64, false) == 4592);
+              GemvD8::smem_bytes(3, 40, 64, false) == 4592 && GemvX1::THREADS == 128 && GemvX1::smem_bytes(1, 2048, 256, true) == 25168 &&
+              GemvX1::smem_bytes(16, 1001, 352, true) == 36160);
 }
 
 // k = 0: no k tile at all; out must be exactly the bias (or zero).
