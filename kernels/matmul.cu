@@ -917,11 +917,13 @@ struct GemvShape {
     // m16_x1: the weights' cp.async stages (m16's B tiles), between the exchange tile and x.
     static constexpr int W_BYTES = WSTAGES * Tile::B_ELEMS * 2;
     static_assert(CS_BYTES % 16 == 0 && W_BYTES % 16 == 0, "the stages and the staged x start 16-byte aligned");
-    // Dynamic shared memory of a launch (matmul.rs `gemv_smem` computes the same).
-    static constexpr int smem_bytes(int m, int k, int slice_len, bool split) {
-        return CS_BYTES + W_BYTES + (m < 16 ? m : 16) * ((split ? slice_len : (k + GEMM_BK - 1) / GEMM_BK * GEMM_BK) + 8) * 2;
-    }
 };
+// Dynamic shared memory of a launch (matmul.rs `gemv_smem` computes the same; the emulator's
+// harness launches with it).
+template <typename G>
+__device__ constexpr int gemv_smem_bytes(int m, int k, int slice_len, bool split) {
+    return G::CS_BYTES + G::W_BYTES + (m < 16 ? m : 16) * ((split ? slice_len : (k + GEMM_BK - 1) / GEMM_BK * GEMM_BK) + 8) * 2;
+}
 // The words the lane holds (k 8t .. 8t + 7 of one row, as loaded) -> the B fragments of the
 // chunk's two k16 steps: q[s] = word t of quad lane s (step 0: q0, q1; step 1: q2, q3).
 __device__ __forceinline__ u32 gemv_pick4(u32 a, u32 b, u32 c, u32 d, int i) { return i == 0 ? a : i == 1 ? b : i == 2 ? c : d; }

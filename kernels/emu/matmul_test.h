@@ -127,7 +127,7 @@ inline bool gemm(int dt, const float* x, const uint16_t* w, const uint16_t* bias
 #undef MM_PICK
 #define MM_GEMV(DT, NAME, SHAPE)                                                                                              \
     launch(grid, dim3{SHAPE::THREADS, 1, 1}, [&] { matmul_tc_##DT##_##NAME(xd, xp, w, bp, bias_code, ep.out0, ep.out1, ep.out2, ep.kind, ep.n0, ep.n1, ep.gamma, ep.gamma_dtype, ep.act16, pp, cp, m, n, k, kp, sl.len, sl.count, nm.gamma, nm.dtype, nm.eps, rk); }, \
-           SHAPE::smem_bytes(m, k, sl.len, split))
+           gemv_smem_bytes<SHAPE>(m, k, sl.len, split))
 #define MM_PICK(NAME, SHAPE)                           \
     if (suffix == #NAME) {                             \
         if (dt == 1) MM_GEMV(bf16, NAME, SHAPE);       \
@@ -273,10 +273,10 @@ inline void slices_table(const Check& check) {
               GemmM16S8::THREADS == 128 && GemmM16S8::SMEM_BYTES == 51200);
     // matmul.rs `gemv_smem` (test `gemv_variants_plan`) computes the GEMV variants' shared memory per launch so.
     check("matmul GEMV variants' threads and shared memory per launch match matmul.rs gemv_smem",
-          GemvD4::THREADS == 128 && GemvD8::THREADS == 128 && GemvD4::smem_bytes(1, 2048, 256, true) == 4688 &&
-              GemvD4::smem_bytes(16, 2048, 2048, false) == 69952 && GemvD8::smem_bytes(7, 1000, 352, true) == 9200 &&
-              GemvD8::smem_bytes(3, 40, 64, false) == 4592 && GemvX1::THREADS == 128 && GemvX1::smem_bytes(1, 2048, 256, true) == 25168 &&
-              GemvX1::smem_bytes(16, 1001, 352, true) == 36160);
+          GemvD4::THREADS == 128 && GemvD8::THREADS == 128 && gemv_smem_bytes<GemvD4>(1, 2048, 256, true) == 4688 &&
+              gemv_smem_bytes<GemvD4>(16, 2048, 2048, false) == 69952 && gemv_smem_bytes<GemvD8>(7, 1000, 352, true) == 9200 &&
+              gemv_smem_bytes<GemvD8>(3, 40, 64, false) == 4592 && GemvX1::THREADS == 128 && gemv_smem_bytes<GemvX1>(1, 2048, 256, true) == 25168 &&
+              gemv_smem_bytes<GemvX1>(16, 1001, 352, true) == 36160);
 }
 
 // k = 0: no k tile at all; out must be exactly the bias (or zero).
