@@ -909,6 +909,8 @@ __device__ __forceinline__ void matmul_gemv_finish(float (&total)[S::MI][S::NJ][
 // (matmul.rs `gemv_smem`). Shared memory per launch: 16 x (BN + 1) floats for the silu / rope
 // tile exchange, m16_x1's weight stages (20480 bytes), then min(m, 16) rows of (K range rounded
 // up to 32) + 8 16-bit elements (the + 8 keeps ldmatrix's rows in distinct bank groups).
+// ptxas sm_90 (2026-12-05, NVRTC 13.0 PTX): m16_gemv4 125 registers, m16_gemv8 184, m16_x1 80
+// (m16's), no spills; 128 bytes of static shared memory each.
 template <int DEPTH_, int WSTAGES_ = 0>
 struct GemvShape {
     typedef GemmShape<16, 16, 16, WSTAGES_ ? WSTAGES_ : 2> Tile;  // the warp tiling of m16 (the epilogue helpers' S)
