@@ -9,7 +9,10 @@
 #
 # Settings: TANDEM_TUNE_BUDGET_S (default 300: fits one call with the machine's start inside
 # the session's 15 minutes after a check), TANDEM_TUNE_VARIANTS (space-separated
-# LARGE:MID:SMALL, default "m128:m64:m16 m128_n128:m64_occ4:m16_s8 m128_occ2:m64:m16"),
+# LARGE:MID:SMALL, default "m128_occ2:m64_occ4:m16 m128_occ2:m64_occ4:m16_gemv4
+# m128_occ2:m64_occ4:m16_gemv8 m128_occ2:m64_occ4:m16_x1": the defaults, then the decode
+# variants of issue 25 item 1 beside them; the round of 2026-12-04 timed m128, m128_n128, m64,
+# m16_s8),
 # TANDEM_TUNE_NCU=0 to skip ncu, TANDEM_TUNE_MOE=0 to skip the mixture-of-experts paths
 # (TANDEM_CUDA_MOE=routed against dense: tiny-qwen3-moe compared on both, then decode b1 / b64
 # and prefill 2048 timed on qwen3-30b-a3b-2l, Qwen3-30B-A3B's layer in 2 layers).
@@ -22,7 +25,7 @@ mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 HERE=$(cd "$(dirname "$0")" && pwd)
 BUDGET=${TANDEM_TUNE_BUDGET_S:-300}
-VARIANTS=${TANDEM_TUNE_VARIANTS:-"m128:m64:m16 m128_n128:m64_occ4:m16_s8 m128_occ2:m64:m16"}
+VARIANTS=${TANDEM_TUNE_VARIANTS:-"m128_occ2:m64_occ4:m16 m128_occ2:m64_occ4:m16_gemv4 m128_occ2:m64_occ4:m16_gemv8 m128_occ2:m64_occ4:m16_x1"}
 WORK=${TANDEM_CHECK_WORK:-/tmp/tandem-check}
 PY=${TANDEM_CHECK_PYTHON:-python3}
 BIN=${TANDEM_BIN:-$HERE/tandem}
@@ -96,7 +99,8 @@ else
 fi
 
 # 3. Nsight Compute on one launch of each slow GEMM (the kernel lab's qkv at m = 64 and 2048,
-#    default kernels, and the m128_n128 variant at 2048), and the decode attention at batch 1.
+#    default kernels, and the m128_n128 variant at 2048), the decode attention at batch 1, and
+#    the decode GEMM at m = 1 (m16 and m16_gemv4).
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -n 1)
 if [ "${TANDEM_TUNE_NCU:-1}" = 1 ] && [ -n "$NCU" ]; then
     SECTIONS=(--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis)
@@ -109,6 +113,9 @@ if [ "${TANDEM_TUNE_NCU:-1}" = 1 ] && [ -n "$NCU" ]; then
     ncu_case m2048-m128_n128 'matmul_tc_bf16_m128_n128' 2048 TANDEM_CUDA_GEMM_LARGE=m128_n128
     ncu_case m64-m64 'matmul_tc_bf16_m64$' 64
     ncu_case attn-decode 'paged_attention_tc' 1
+    # The decode GEMM at one token: m16 against the register-streaming GEMV variant.
+    ncu_case m1-m16 'matmul_tc_bf16_m16$' 1
+    ncu_case m1-m16_gemv4 'matmul_tc_bf16_m16_gemv4' 1 TANDEM_CUDA_GEMM_SMALL=m16_gemv4
 else
     printf 'ncu\t125\t0\tskipped: %s\n' "$([ -n "$NCU" ] && echo 'TANDEM_TUNE_NCU=0' || echo 'no ncu on this machine')" >>"$STEPS"
 fi

@@ -767,6 +767,368 @@ typedef GemmShape<16, 16, 16, 8> GemmM16S8;
 MATMUL_DT(bf16, bf16_t)
 MATMUL_DT(f16, f16_t)
 
+// ===== Decode GEMV variants: the block's end (shared by matmul_gemv_impl) =====
+// matmul_tc_impl's end, unchanged in substance: the split-K partial and the in-kernel fold
+// in index order (TANDEM_GEMM_BREAK 3 as there), then the epilogues. Cs: 16 x (BN + 1)
+// floats of shared memory of its own (the staged x is still live in other warps' reads
+// until the barrier inside gemm_stage_tile). wm0 is 0: the warps tile the columns only.
+template <typename T, typename S>
+__device__ __forceinline__ void matmul_gemv_finish(float (&total)[S::MI][S::NJ][4], float* Cs, const void* __restrict__ bias, int bias_dtype,
+                                                   const Epilogue& ep, float* __restrict__ part, u32* __restrict__ counters, int m, int n,
+                                                   int slices, const RopeKv& rk, int m0, int n0, int wn0, int lane) {
+    const int wm0 = 0;
+    const bool split = gridDim.z > 1;
+    // Accumulator fragment: c0, c1 at row g, columns 2t, 2t+1; c2, c3 at row g + 8.
+    const int g = lane >> 2, t = lane & 3;
+    if (split) {
+        // This slice's partial to the workspace, then the in-kernel fold (see the contract).
+#pragma unroll
+        for (int mi = 0; mi < S::MI; ++mi)
+#pragma unroll
+            for (int nj = 0; nj < S::NJ; ++nj)
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+                    const int r = m0 + wm0 + mi * 16 + g + 8 * (q >> 1), c = n0 + wn0 + nj * 8 + 2 * t + (q & 1);
+                    if (r < m && c < n) part[((size_t)blockIdx.z * m + r) * n + c] = total[mi][nj][q];
+                }
+        if (!counters) return;  // kernels/emu only: the two-launch oracle folds with matmul_fold
+        __shared__ int s_last;
+        __threadfence();  // release: this thread's partials are visible device-wide before the count
+        __syncthreads();  // ... and every thread's, before thread 0 counts the block in
+        u32* counter = counters + (size_t)blockIdx.y * gridDim.x + blockIdx.x;
+        if (threadIdx.x == 0) s_last = atomicAdd(counter, 1u) == (u32)(slices - 1);
+        __syncthreads();
+        if (!s_last) return;
+        __threadfence();  // acquire: the other blocks' partials, counted before ours, are read after
+#pragma unroll
+        for (int mi = 0; mi < S::MI; ++mi)
+#pragma unroll
+            for (int nj = 0; nj < S::NJ; ++nj)
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+                    const int r = m0 + wm0 + mi * 16 + g + 8 * (q >> 1), c = n0 + wn0 + nj * 8 + 2 * t + (q & 1);
+                    if (r >= m || c >= n) continue;
+                    // volatile: straight from L2, never an L1 line of another block's data.
+                    const volatile float* p = part + (size_t)r * n + c;
+                    const size_t mn = (size_t)m * n;
+#if TANDEM_GEMM_BREAK == 3
+                    // The bug this test hook stands for: folding the arriving block's own partial first.
+                    float v = total[mi][nj][q];
+                    for (int s = 0; s < slices; ++s)
+                        if (s != (int)blockIdx.z) v = v + p[(size_t)s * mn];
+#else
+                    float v = p[0];
+                    for (int s = 1; s < slices; ++s) v = v + p[(size_t)s * mn];
+#endif
+                    total[mi][nj][q] = v;
+                }
+        if (threadIdx.x == 0) *counter = 0u;  // every slice has counted: ready for the next launch
+    }
+    if (ep.kind == EPI_QKV_ROPE) {
+        // A head's two halves sit head_dim / 2 columns apart in the tile, in other threads:
+        // exchange the tile (bias added, as qkv_proj stores it) through shared memory.
+        // (Cs: the exchange tile, above)
+        gemm_stage_tile<S>(Cs, total, bias, bias_dtype, n0, n, wm0, wn0, lane);
+        const int hd = rk.head_dim, half = hd >> 1, nq = ep.n0, nkv = ep.n1;
+        for (int e = threadIdx.x; e < S::BM * S::BN; e += S::THREADS) {
+            const int rl = e / S::BN, j = e % S::BN, r = m0 + rl, c = n0 + j;
+            if (r >= m || c >= n) continue;
+            const float* row = Cs + rl * (S::BN + 1);
+            if (c >= nq + nkv) {  // v: stored as it is
+                const u32 slot = rk.slots[r];
+                if ((unsigned long long)slot >= rk.num_slots) continue;
+                const size_t o = (size_t)slot * nkv + (c - nq - nkv);
+                rope_kv_store(rk, rk.v_cache, o, row[j]);
+                continue;
+            }
+            const bool is_q = c < nq;
+            const int lc = is_q ? c : c - nq, i = lc % hd;
+            if (i >= half) continue;  // the pair's first element does both
+            float y0, y1;
+            rope_pair(row[j], row[j + half], (float)rk.positions[r], rk.inv_freq[i], y0, y1);
+            if (is_q) {
+                ep.out0[(size_t)r * nq + lc] = y0;
+                ep.out0[(size_t)r * nq + lc + half] = y1;
+            } else {
+                const u32 slot = rk.slots[r];
+                if ((unsigned long long)slot >= rk.num_slots) continue;
+                const size_t o = (size_t)slot * nkv + lc;
+                rope_kv_store(rk, rk.k_cache, o, y0);
+                rope_kv_store(rk, rk.k_cache, o + half, y1);
+            }
+        }
+        return;
+    }
+    // EPI_SILU's gate/up layout is in 64-row tiles (GEMM_BN): a tile BN wide holds BN / 64 of
+    // them, each 32 gate columns then the same 32 up columns. The 128-wide rope kernels
+    // (m16_n128, m64_n128) are launched for EPI_QKV_ROPE alone; m128_n128 serves every epilogue.
+    if (S::BN % GEMM_BN == 0 && ep.kind == EPI_SILU) {
+        // gate and up of one output sit 32 columns apart in the tile, in other warps: exchange
+        // the tile through shared memory (gemm_stage_tile).
+        // (Cs: the exchange tile, above)
+        gemm_stage_tile<S>(Cs, total, nullptr, 0, n0, n, wm0, wn0, lane);
+        constexpr int HALF = GEMM_BN / 2;
+        for (int e = threadIdx.x; e < S::BM * (S::BN / 2); e += S::THREADS) {
+            const int rl = e / (S::BN / 2), j = e % (S::BN / 2), jt = j / HALF, jj = j % HALF, r = m0 + rl;
+            const int c = (blockIdx.x * (S::BN / GEMM_BN) + jt) * HALF + jj;
+            if (r >= m || c >= ep.n0) continue;
+            const float gv = Cs[rl * (S::BN + 1) + jt * GEMM_BN + jj], uv = Cs[rl * (S::BN + 1) + jt * GEMM_BN + HALF + jj];
+            store_act(ep.out0, act_code(T{}, ep.act16), (size_t)r * ep.n0 + c, gv / (1.0f + expf(-gv)) * uv);  // silu_mul.cu's formula
+        }
+        return;
+    }
+#pragma unroll
+    for (int mi = 0; mi < S::MI; ++mi)
+#pragma unroll
+        for (int nj = 0; nj < S::NJ; ++nj)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                const int r = m0 + wm0 + mi * 16 + g + 8 * (q >> 1), c = n0 + wn0 + nj * 8 + 2 * t + (q & 1);
+                if (r >= m || c >= n) continue;
+                const float v = bias_dtype ? total[mi][nj][q] + load_bias(bias, bias_dtype, c) : total[mi][nj][q];
+                epilogue_store<T>(ep, r, c, n, v);
+            }
+}
+
+// ===== Decode GEMV variants (issue 25 item 1): x staged once, weights streamed in registers =====
+// matmul_tc_<dt>_m16_gemv<D> and matmul_tc_<dt>_m16_x1 (TANDEM_CUDA_GEMM_SMALL=m16_gemv4 |
+// m16_gemv8 | m16_x1; m <= 16 on the 64-wide tiles; not the defaults until an H200 measures
+// them). m16_x1 changes only the first point below (x once; the weights still take m16's
+// 4-stage cp.async pipeline, ldmatrix and all, for any k). The same grid, K slices, fold
+// and epilogues as m16, and the same bits: every output is still the sequence of mma.sync
+// m16n8k16 steps in ascending k from the same fragments (the hardware's order inside one mma
+// is undocumented, so a scalar FMA GEMV could not promise m16's bits; this feeds the same
+// tensor-core instruction instead). What changes is how the operands arrive:
+//   - x: the block's whole K range (its slice, or all of k when z = 1) is staged ONCE in shared
+//     memory (f32 x rounded, with the norm where fused, or the 16-bit xa), m rows only, after
+//     the first weight loads are in flight and before the main loop; A fragments come from it
+//     by ldmatrix. Rows m..15 of the mma read row 0 again (their outputs are never stored; an
+//     output element depends on its own row of A only).
+//   - w: no shared memory, no barriers in the main loop: lane (g, t) of warp j loads, per 32-k
+//     chunk, 16 bytes (k 8t .. 8t + 7) of rows n0 + 16 j + g and + 8, D chunks ahead in
+//     registers (two sets of D, ping-pong: D to 2D chunks, 16-32 KB per block of 128 threads
+//     for D = 4, twice that for D = 8), then a 4 x 4 transpose over the quad's shuffles gives
+//     each lane the words the mma's B fragment takes (b0 = k 2t, 2t + 1; b1 = k 8 + 2t, ...).
+// The gemv kernels need k % 8 == 0 (16-byte aligned weight rows); the launcher takes m16
+// otherwise, and (all three) where the staged x would not fit the shared memory limit
+// (matmul.rs `gemv_smem`). Shared memory per launch: 16 x (BN + 1) floats for the silu / rope
+// tile exchange, m16_x1's weight stages (20480 bytes), then min(m, 16) rows of (K range rounded
+// up to 32) + 8 16-bit elements (the + 8 keeps ldmatrix's rows in distinct bank groups).
+// ptxas sm_90 (2026-12-05, NVRTC 13.0 PTX): m16_gemv4 125 registers, m16_gemv8 184, m16_x1 80
+// (m16's), no spills; 128 bytes of static shared memory each.
+template <int DEPTH_, int WSTAGES_ = 0>
+struct GemvShape {
+    typedef GemmShape<16, 16, 16, WSTAGES_ ? WSTAGES_ : 2> Tile;  // the warp tiling of m16 (the epilogue helpers' S)
+    static constexpr int DEPTH = DEPTH_, WSTAGES = WSTAGES_, THREADS = Tile::THREADS, BN = Tile::BN;
+    static constexpr int CS_BYTES = 16 * (BN + 1) * 4;
+    // m16_x1: the weights' cp.async stages (m16's B tiles), between the exchange tile and x.
+    static constexpr int W_BYTES = WSTAGES * Tile::B_ELEMS * 2;
+    static_assert(CS_BYTES % 16 == 0 && W_BYTES % 16 == 0, "the stages and the staged x start 16-byte aligned");
+};
+// Dynamic shared memory of a launch (matmul.rs `gemv_smem` computes the same; the emulator's
+// harness launches with it).
+template <typename G>
+__device__ constexpr int gemv_smem_bytes(int m, int k, int slice_len, bool split) {
+    return G::CS_BYTES + G::W_BYTES + (m < 16 ? m : 16) * ((split ? slice_len : (k + GEMM_BK - 1) / GEMM_BK * GEMM_BK) + 8) * 2;
+}
+// The words the lane holds (k 8t .. 8t + 7 of one row, as loaded) -> the B fragments of the
+// chunk's two k16 steps: q[s] = word t of quad lane s (step 0: q0, q1; step 1: q2, q3).
+__device__ __forceinline__ u32 gemv_pick4(u32 a, u32 b, u32 c, u32 d, int i) { return i == 0 ? a : i == 1 ? b : i == 2 ? c : d; }
+__device__ __forceinline__ void gemv_quad_transpose(const uint4& v, int t, u32 (&q)[4]) {
+    u32 recv[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) recv[r] = __shfl_xor_sync(0xffffffffu, gemv_pick4(v.x, v.y, v.z, v.w, t ^ r), r);
+#pragma unroll
+    for (int s = 0; s < 4; ++s) q[s] = gemv_pick4(recv[0], recv[1], recv[2], recv[3], s ^ t);
+}
+// Loads chunks c0 .. c0 + D - 1 of this lane's two weight rows: zeros from `klim` on (this
+// lane's first element past the block's K range, relative to its chunk 0), as cp.async's zero
+// fill gives m16 (k % 8 == 0: a lane's 8 elements are wholly in or out).
+template <int D>
+__device__ __forceinline__ void gemv_load(uint4 (&buf)[D][2], const u16* const (&wrow)[2], const bool (&wok)[2], int c0, int klim) {
+#pragma unroll
+    for (int d = 0; d < D; ++d)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            const bool ok = wok[j] && 32 * (c0 + d) < klim;
+            buf[d][j] = ok ? __ldg(reinterpret_cast<const uint4*>(wrow[j] + 32 * (c0 + d))) : uint4{0u, 0u, 0u, 0u};
+        }
+}
+
+template <typename T, typename G>
+__device__ void matmul_gemv_impl(const float* __restrict__ x, const u16* __restrict__ xa, const u16* __restrict__ w, const void* __restrict__ bias,
+                                 int bias_dtype, Epilogue ep, float* __restrict__ part, u32* __restrict__ counters, int m, int n, int k, int kp,
+                                 int slice_len, int slices, NormIn nm, RopeKv rk) {
+    typedef typename G::Tile S;
+    TANDEM_DYNAMIC_SMEM(smem_raw);
+    __shared__ float s_inv[S::BM];
+    float* Cs = reinterpret_cast<float*>(smem_raw);
+    u16* xs = reinterpret_cast<u16*>(smem_raw + G::CS_BYTES + G::W_BYTES);
+    const int m0 = blockIdx.y * S::BM, n0 = blockIdx.x * S::BN;
+    const int rows = min(S::BM, m - m0);
+    const bool split = gridDim.z > 1;
+    const int s_begin = split ? (int)blockIdx.z : 0, s_end = split ? (int)blockIdx.z + 1 : slices;
+    const int tiles_per_slice = slice_len / S::BK;
+    const int k_begin = s_begin * slice_len;
+    const int k_end = min(k, s_end * slice_len);
+    const int nch = k_end > k_begin ? (k_end - k_begin + S::BK - 1) / S::BK : 0;  // 32-wide k chunks
+    // The staged x's row pitch: the K range as the host sized it (matmul.rs `gemv_smem`).
+    const int xp = (split ? slice_len : (k + S::BK - 1) / S::BK * S::BK) + 8;
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int wn0 = warp * S::WN;
+    const u16* wrow[2];
+    bool wok[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        const int row = n0 + wn0 + 8 * j + g;
+        wok[j] = row < n;
+        wrow[j] = wok[j] ? w + (size_t)row * k + k_begin + 8 * t : w;
+    }
+    float acc[S::MI][S::NJ][4], total[S::MI][S::NJ][4];
+#pragma unroll
+    for (int j = 0; j < S::NJ; ++j)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) acc[0][j][q] = total[0][j][q] = 0.0f;
+    const u16* a_row = xs + min(lane & 15, rows - 1) * xp + (lane >> 4) * 8;
+    bool first_slice = true;
+    int slice_tiles = 0;
+    // The norm's pass and x's K range, once (the bits gemm_load_tile stores per k tile), after
+    // the first weights are in flight; a barrier before x is read.
+    auto stage_x = [&]() {
+        if (nm.dtype) norm_prologue<S>(nm, x, m, k, m0, s_inv);
+        const int cover = nch * S::BK;
+        for (int e = threadIdx.x; e < rows * cover; e += S::THREADS) {
+            const int r = e / cover, c = e % cover, kk = k_begin + c;
+            const bool ok = kk < k_end;
+            u16 v = 0;
+            if (ok && x) {
+                float f = x[(size_t)(m0 + r) * k + kk];
+                if (nm.dtype) f = (f * s_inv[r]) * load_bias(nm.gamma, nm.dtype, kk);
+                v = f32_to_bits(T{}, f);
+            } else if (ok) {
+                v = xa[(size_t)(m0 + r) * kp + kk];
+            }
+            xs[r * xp + c] = v;
+        }
+        __syncthreads();
+    };
+    // A slice ends after chunk ch: fold it in (matmul_tc_impl's fold).
+    auto end_chunk = [&](int ch) {
+        if (++slice_tiles == tiles_per_slice || ch == nch - 1) {
+            slice_tiles = 0;
+#pragma unroll
+            for (int j = 0; j < S::NJ; ++j)
+#pragma unroll
+                for (int q2 = 0; q2 < 4; ++q2) {
+                    total[0][j][q2] = first_slice ? acc[0][j][q2] : total[0][j][q2] + acc[0][j][q2];
+                    acc[0][j][q2] = 0.0f;
+                }
+            first_slice = false;
+        }
+    };
+    if constexpr (G::WSTAGES == 0) {
+        // Registers: the first D chunks of weights go out before anything else.
+        uint4 b0[G::DEPTH][2], b1[G::DEPTH][2];
+        const int klim = k_end - k_begin - 8 * t;
+        gemv_load<G::DEPTH>(b0, wrow, wok, 0, klim);
+        stage_x();
+        // One chunk: two k16 steps of the mma from the staged x and the transposed weight words.
+        auto chunk = [&](const uint4 (&v)[2], int ch) {
+            u32 q[2][4];
+            gemv_quad_transpose(v[0], t, q[0]);
+            gemv_quad_transpose(v[1], t, q[1]);
+#pragma unroll
+            for (int st = 0; st < 2; ++st) {
+                u32 af[4];
+                ldmatrix_x4(af, a_row + ch * S::BK + st * 16);
+#pragma unroll
+                for (int j = 0; j < 2; ++j) {
+#if TANDEM_GEMM_BREAK == 1
+                    const u32 bf[2] = {q[j][2 * st + 1], q[j][2 * st]};
+#else
+                    const u32 bf[2] = {q[j][2 * st], q[j][2 * st + 1]};
+#endif
+                    mma_16816(T{}, acc[0][j], af, bf);
+                }
+            }
+            end_chunk(ch);
+        };
+        for (int c0 = 0; c0 < nch; c0 += 2 * G::DEPTH) {
+            gemv_load<G::DEPTH>(b1, wrow, wok, c0 + G::DEPTH, klim);
+#pragma unroll
+            for (int d = 0; d < G::DEPTH; ++d)
+                if (c0 + d < nch) chunk(b0[d], c0 + d);
+            gemv_load<G::DEPTH>(b0, wrow, wok, c0 + 2 * G::DEPTH, klim);
+#pragma unroll
+            for (int d = 0; d < G::DEPTH; ++d)
+                if (c0 + G::DEPTH + d < nch) chunk(b1[d], c0 + G::DEPTH + d);
+        }
+    } else {
+        // m16_x1: m16's cp.async pipeline for the weights alone (gemm_load_tile TILE_W, any k),
+        // its first WSTAGES - 1 tiles in flight before x is staged; A from the staged x.
+        u16* Bs = reinterpret_cast<u16*>(smem_raw + G::CS_BYTES);
+        const int kt_begin = k_begin / S::BK;
+#pragma unroll
+        for (int s = 0; s < S::STAGES - 1; ++s) {
+            if (s < nch) gemm_load_tile<T, S>(nullptr, Bs + s * S::B_ELEMS, x, xa, w, m, n, k, kp, m0, n0, kt_begin + s, nm, s_inv, TILE_W);
+            cp_async_commit();
+        }
+        stage_x();
+        for (int i = 0; i < nch; ++i) {
+#if TANDEM_GEMM_BREAK != 2
+            cp_async_wait<S::STAGES - 2>();  // this thread's copies of tile i have landed
+#endif
+            __syncthreads();  // ... everyone's have; and everyone is done with tile i - 1's stage
+            {
+                const int next = i + S::STAGES - 1;
+                if (next < nch)
+                    gemm_load_tile<T, S>(nullptr, Bs + (next % S::STAGES) * S::B_ELEMS, x, xa, w, m, n, k, kp, m0, n0, kt_begin + next, nm, s_inv, TILE_W);
+                cp_async_commit();
+            }
+            const u16* b_st = Bs + (i % S::STAGES) * S::B_ELEMS;
+#pragma unroll
+            for (int kk = 0; kk < S::BK; kk += 16) {
+                u32 af[4], r[4], bfr[2][2];
+                ldmatrix_x4(af, a_row + i * S::BK + kk);
+                ldmatrix_x4(r, b_st + (wn0 + (lane & 7) + ((lane >> 4) << 3)) * S::P + kk + ((lane >> 3) & 1) * 8);
+#if TANDEM_GEMM_BREAK == 1
+                bfr[0][0] = r[0]; bfr[0][1] = r[2]; bfr[1][0] = r[1]; bfr[1][1] = r[3];
+#else
+                bfr[0][0] = r[0]; bfr[0][1] = r[1]; bfr[1][0] = r[2]; bfr[1][1] = r[3];
+#endif
+                mma_16816(T{}, acc[0][0], af, bfr[0]);
+                mma_16816(T{}, acc[0][1], af, bfr[1]);
+            }
+            end_chunk(i);
+        }
+    }
+    matmul_gemv_finish<T, S>(total, Cs, bias, bias_dtype, ep, part, counters, m, n, slices, rk, m0, n0, wn0, lane);
+}
+
+// The GEMV variants' entry points: matmul_tc's argument list, so the launcher passes the same
+// arguments (only the dynamic shared memory differs, matmul.rs `gemv_smem`).
+typedef GemvShape<4> GemvD4;
+typedef GemvShape<8> GemvD8;
+typedef GemvShape<0, 4> GemvX1;
+#define MATMUL_GEMV(DT, T, NAME, SHAPE)                                                                                \
+    extern "C" __global__ void __launch_bounds__(SHAPE::THREADS)                                                      \
+        matmul_tc_##DT##_##NAME(const float* x, const u16* xa, const u16* w, const void* bias, int bias_dtype, float* out0, \
+                                float* out1, float* out2, int epi, int en0, int en1, const void* ep_gamma, int ep_gamma_dtype,     \
+                                int ep_act16, float* part, u32* counters, int m, int n, int k, int kp, int slice_len, int slices,  \
+                                const void* norm_gamma, int norm_dtype, float norm_eps, RopeKv rope_kv) {                         \
+        const Epilogue ep{out0, out1, out2, epi, en0, en1, ep_gamma, ep_gamma_dtype, ep_act16};                       \
+        matmul_gemv_impl<T, SHAPE>(x, xa, w, bias, bias_dtype, ep, part, counters, m, n, k, kp, slice_len, slices,    \
+                                   NormIn{norm_gamma, norm_dtype, norm_eps}, rope_kv);                                \
+    }
+MATMUL_GEMV(bf16, bf16_t, m16_gemv4, GemvD4)
+MATMUL_GEMV(bf16, bf16_t, m16_gemv8, GemvD8)
+MATMUL_GEMV(f16, f16_t, m16_gemv4, GemvD4)
+MATMUL_GEMV(f16, f16_t, m16_gemv8, GemvD8)
+MATMUL_GEMV(bf16, bf16_t, m16_x1, GemvX1)
+MATMUL_GEMV(f16, f16_t, m16_x1, GemvX1)
+// ===== end of the decode GEMV variants =====
+
 #ifdef TANDEM_HOST_EMU
 // The former second launch, kept as the emulator's oracle for the in-kernel fold.
 extern "C" __global__ void __launch_bounds__(256)

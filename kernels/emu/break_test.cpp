@@ -41,6 +41,25 @@ int main() {
     mmtest::against_f64(check, mmtest::problem(1, 17, 72, 136, true), false);
     mmtest::against_f64(check, mmtest::problem(2, 200, 72, 64, true), false);
 #endif
+#if TANDEM_GEMM_BREAK != 4
+    // The decode GEMV variants carry breaks 1 and 3 too (m16_gemv4, m16_gemv8, m16_x1), and 2
+    // (m16_x1 only: the others have no cp.async); none has a shared-memory total (4).
+    for (int v : {2, 3, 4}) {
+        if (TANDEM_GEMM_BREAK == 2 && v != 4) continue;
+        mmtest::small_variant = v;
+        const std::string tag = v == 2 ? "[m16_gemv4] " : v == 3 ? "[m16_gemv8] " : "[m16_x1] ";
+#if TANDEM_GEMM_BREAK == 3
+        mmtest::Problem p = mmtest::problem(1, 1, 72, 1000, true);
+        auto got = mmtest::run(1, p.x.data(), p.w.data(), p.b.data(), 1, 72, 1000);
+        auto old = mmtest::run(1, p.x.data(), p.w.data(), p.b.data(), 1, 72, 1000, nullptr, true);
+        check(tag + "in-kernel fold bitwise equal to matmul_fold m=1 k=1000", std::memcmp(got.data(), old.data(), 4 * got.size()) == 0);
+#else
+        mmtest::against_f64([&](const std::string& what, bool ok) { check(tag + what, ok); }, mmtest::problem(1, 1, 72, 40, false), false);
+        mmtest::against_f64([&](const std::string& what, bool ok) { check(tag + what, ok); }, mmtest::problem(2, 7, 72, 1000, true), false);
+#endif
+    }
+    mmtest::small_variant = 0;
+#endif
     std::printf("TANDEM_GEMM_BREAK=%d: %d of %d checks caught the break\n", TANDEM_GEMM_BREAK, checks - passed, checks);
     return passed == 0 ? 0 : 1;
 }

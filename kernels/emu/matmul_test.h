@@ -49,7 +49,9 @@ inline float rnd() {  // splitmix64 -> [-1, 1)
 
 // The variants the GPU check times (matmul.rs `GemmVariants`, TANDEM_CUDA_GEMM_LARGE / _MID /
 // _SMALL): large 0 = m128, 1 = m128_n128, 2 = m128_occ2 (the default); mid 0 = m64,
-// 1 = m64_occ4 (the default); small 0 = m16 (the default), 1 = m16_s8. emu_test.cpp runs the
+// 1 = m64_occ4 (the default); small 0 = m16 (the default), 1 = m16_s8, 2 = m16_gemv4,
+// 3 = m16_gemv8 (k % 8 == 0 only: elsewhere m16, as the launcher falls back), 4 = m16_x1.
+// emu_test.cpp runs the
 // matmul, fused and act16 tests with the defaults, then once per other set of variants.
 inline int large_variant = 2, mid_variant = 1, small_variant = 0;
 // The output tile's width the epilogue needs (matmul.rs `rope_tile_cols`): 128 only for the
@@ -60,7 +62,10 @@ struct Tile {
     const char* suffix;
 };
 // The tile kernel for m rows when the epilogue needs tiles `cols` wide (matmul.rs `gemm_kernel_of`).
-inline Tile pick_tile(int m, int cols) {
+inline Tile pick_tile(int m, int cols, bool k8 = true) {
+    if (m <= 16 && cols != 128 && small_variant == 4) return Tile{16, 64, "m16_x1"};
+    if (m <= 16 && cols != 128 && small_variant >= 2 && k8)  // the GEMV variants need 16-byte aligned weight rows
+        return small_variant == 2 ? Tile{16, 64, "m16_gemv4"} : Tile{16, 64, "m16_gemv8"};
     if (m <= 16) return cols == 128 ? Tile{16, 128, "m16_n128"} : small_variant == 1 ? Tile{16, 64, "m16_s8"} : Tile{16, 64, "m16"};
     if (m <= 128) return cols == 128 ? Tile{64, 128, "m64_n128"} : mid_variant == 1 ? Tile{64, 64, "m64_occ4"} : Tile{64, 64, "m64"};
     if (large_variant == 1) return Tile{128, 128, "m128_n128"};
@@ -79,7 +84,7 @@ inline Tile pick_tile(int m, int cols) {
 inline bool gemm(int dt, const float* x, const uint16_t* w, const uint16_t* bias, int m, int n, int k, Slices sl, const Epilogue& ep, bool legacy,
                  std::string* kernel = nullptr, NormIn nm = NormIn{nullptr, 0, 0.0f}, RopeKv rk = RopeKv{}, const uint16_t* x16 = nullptr) {
     const int kp = x16 ? k : (k + 7) / 8 * 8;
-    const Tile tile = pick_tile(m, tile_cols(ep, rk));
+    const Tile tile = pick_tile(m, tile_cols(ep, rk), k % 8 == 0);
     const int bn = tile.bn, bm = tile.bm;
     const std::string suffix = tile.suffix;
     const bool direct = !legacy && m <= 128 && !x16;
@@ -120,6 +125,19 @@ inline bool gemm(int dt, const float* x, const uint16_t* w, const uint16_t* bias
     MM_PICK(m64_occ4, GemmM64Occ4)
     MM_PICK(m16_s8, GemmM16S8)
 #undef MM_PICK
+#define MM_GEMV(DT, NAME, SHAPE)                                                                                              \
+    launch(grid, dim3{SHAPE::THREADS, 1, 1}, [&] { matmul_tc_##DT##_##NAME(xd, xp, w, bp, bias_code, ep.out0, ep.out1, ep.out2, ep.kind, ep.n0, ep.n1, ep.gamma, ep.gamma_dtype, ep.act16, pp, cp, m, n, k, kp, sl.len, sl.count, nm.gamma, nm.dtype, nm.eps, rk); }, \
+           gemv_smem_bytes<SHAPE>(m, k, sl.len, split))
+#define MM_PICK(NAME, SHAPE)                           \
+    if (suffix == #NAME) {                             \
+        if (dt == 1) MM_GEMV(bf16, NAME, SHAPE);       \
+        else MM_GEMV(f16, NAME, SHAPE);                \
+    }
+    MM_PICK(m16_gemv4, GemvD4)
+    MM_PICK(m16_gemv8, GemvD8)
+    MM_PICK(m16_x1, GemvX1)
+#undef MM_PICK
+#undef MM_GEMV
 #undef MM_CALL
     if (split && legacy)
         launch(dim3{(unsigned)(((size_t)m * n + 255) / 256), 1, 1}, dim3{256, 1, 1},
@@ -253,6 +271,12 @@ inline void slices_table(const Check& check) {
               GemmM128N128::THREADS == 256 && GemmM128N128::SMEM_BYTES == 147456 && GemmM128N128::BN == 128 && GemmM128Occ2::THREADS == 256 &&
               GemmM128Occ2::SMEM_BYTES == 94208 && GemmM64Occ4::THREADS == 128 && GemmM64Occ4::SMEM_BYTES == 47104 &&
               GemmM16S8::THREADS == 128 && GemmM16S8::SMEM_BYTES == 51200);
+    // matmul.rs `gemv_smem` (test `gemv_variants_plan`) computes the GEMV variants' shared memory per launch so.
+    check("matmul GEMV variants' threads and shared memory per launch match matmul.rs gemv_smem",
+          GemvD4::THREADS == 128 && GemvD8::THREADS == 128 && gemv_smem_bytes<GemvD4>(1, 2048, 256, true) == 4688 &&
+              gemv_smem_bytes<GemvD4>(16, 2048, 2048, false) == 69952 && gemv_smem_bytes<GemvD8>(7, 1000, 352, true) == 9200 &&
+              gemv_smem_bytes<GemvD8>(3, 40, 64, false) == 4592 && GemvX1::THREADS == 128 && gemv_smem_bytes<GemvX1>(1, 2048, 256, true) == 25168 &&
+              gemv_smem_bytes<GemvX1>(16, 1001, 352, true) == 36160);
 }
 
 // k = 0: no k tile at all; out must be exactly the bias (or zero).

@@ -335,7 +335,7 @@ struct Kernels<F> {
     rope: Kernel<F>,
     matmul_tiled_f32: Kernel<F>,
     matmul_x: [Kernel<F>; 2],
-    matmul_tc: [[Kernel<F>; 9]; 2],
+    matmul_tc: [[Kernel<F>; 12]; 2],
     kv_write: [Kernel<F>; 2],
     rope_kv_write: [Kernel<F>; 2],
     attn_partial: [Kernel<F>; 2],
@@ -390,6 +390,9 @@ impl<F> Kernels<F> {
                     k("matmul_tc_bf16_m128_occ2")?,
                     k("matmul_tc_bf16_m64_occ4")?,
                     k("matmul_tc_bf16_m16_s8")?,
+                    k("matmul_tc_bf16_m16_gemv4")?,
+                    k("matmul_tc_bf16_m16_gemv8")?,
+                    k("matmul_tc_bf16_m16_x1")?,
                 ],
                 [
                     k("matmul_tc_f16_m16")?,
@@ -401,6 +404,9 @@ impl<F> Kernels<F> {
                     k("matmul_tc_f16_m128_occ2")?,
                     k("matmul_tc_f16_m64_occ4")?,
                     k("matmul_tc_f16_m16_s8")?,
+                    k("matmul_tc_f16_m16_gemv4")?,
+                    k("matmul_tc_f16_m16_gemv8")?,
+                    k("matmul_tc_f16_m16_x1")?,
                 ],
             ],
             kv_write: [k("kv_write_f32")?, k("kv_write_bf16")?],
@@ -1349,7 +1355,7 @@ mod kernel_table_tests {
         let names = kernel_names();
         let unique: std::collections::BTreeSet<_> = names.iter().collect();
         assert_eq!(unique.len(), names.len(), "{names:?}");
-        assert_eq!(names.len(), 61);
+        assert_eq!(names.len(), 67); // 50 + 11 routed-MoE + 6 decode GEMM variants
         let k = Kernels::<&'static str>::resolve(Ok).unwrap();
         assert_eq!(k.embedding.map(|x| x.f), ["embedding_f32", "embedding_bf16", "embedding_f16"]);
         assert_eq!([Elem::F32, Elem::BF16, Elem::F16].map(|e| k.rms_norm[weight_index(e)].f), ["rms_norm_f32", "rms_norm_bf16", "rms_norm_f16"]);

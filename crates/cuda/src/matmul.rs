@@ -83,17 +83,50 @@ pub(super) const GEMM_M128_OCC2: GemmKernel = GemmKernel { rows: 128, cols: 64, 
 pub(super) const GEMM_M64_OCC4: GemmKernel = GemmKernel { rows: 64, cols: 64, threads: 128, smem: 3 * (64 + 64) * 40 * 2 + 64 * 64 * 4, index: 7 };
 /// m16_s8: m16 with 8 stages (51200 bytes: opt-in), twice the weight bytes in flight.
 pub(super) const GEMM_M16_S8: GemmKernel = GemmKernel { rows: 16, cols: 64, threads: 128, smem: 8 * (16 + 64) * 40 * 2, index: 8 };
+/// The decode GEMV variants (kernels/matmul.cu, "Decode GEMV variants"; issue 25 item 1): m16's
+/// grid, slices and bits, x staged once per block, the weights streamed through registers
+/// (16-byte loads, D = 4 or 8 chunks of 32 k ahead, twice that at most), no pipeline in shared
+/// memory. Their dynamic shared memory follows the launch ([`gemv_smem`]); `smem` here is the
+/// most a launch may take (the opt-in set at load, within sm_80's and sm_90's limits): a launch
+/// that would need more, or whose weight rows are not 16-byte aligned (k % 8 != 0), takes m16.
+pub(super) const GEMV_SMEM_MAX: u32 = 147456;
+pub(super) const GEMM_M16_GEMV4: GemmKernel = GemmKernel { rows: 16, cols: 64, threads: 128, smem: GEMV_SMEM_MAX, index: 9 };
+pub(super) const GEMM_M16_GEMV8: GemmKernel = GemmKernel { rows: 16, cols: 64, threads: 128, smem: GEMV_SMEM_MAX, index: 10 };
+/// m16_x1: m16 with x staged once per block (issue 25 item 1), the weights still through m16's
+/// 4-stage cp.async pipeline (any k); shared memory per launch as the GEMV variants, plus the
+/// stages ([`gemv_smem`]).
+pub(super) const GEMM_M16_X1: GemmKernel = GemmKernel { rows: 16, cols: 64, threads: 128, smem: GEMV_SMEM_MAX, index: 11 };
+/// m16_x1's weight stages: 4 x 64 rows x 40 elements x 2 bytes.
+const X1_W_BYTES: usize = 4 * GEMM_BN * 40 * 2;
 /// Every tile kernel, in [`GemmKernel::index`] order (the `matmul_tc` rows of `Kernels`).
-pub(super) const GEMM_KERNELS: [&GemmKernel; 9] = [&GEMM_M16, &GEMM_M64, &GEMM_M128, &GEMM_M16_N128, &GEMM_M64_N128, &GEMM_M128_N128, &GEMM_M128_OCC2, &GEMM_M64_OCC4, &GEMM_M16_S8];
+pub(super) const GEMM_KERNELS: [&GemmKernel; 12] = [
+    &GEMM_M16, &GEMM_M64, &GEMM_M128, &GEMM_M16_N128, &GEMM_M64_N128, &GEMM_M128_N128, &GEMM_M128_OCC2, &GEMM_M64_OCC4, &GEMM_M16_S8, &GEMM_M16_GEMV4, &GEMM_M16_GEMV8, &GEMM_M16_X1,
+];
 /// The name suffix of each tile kernel, in index order (`matmul_tc_<dt>_<suffix>`).
-pub(super) const GEMM_SUFFIXES: [&str; 9] = ["m16", "m64", "m128", "m16_n128", "m64_n128", "m128_n128", "m128_occ2", "m64_occ4", "m16_s8"];
+pub(super) const GEMM_SUFFIXES: [&str; 12] = ["m16", "m64", "m128", "m16_n128", "m64_n128", "m128_n128", "m128_occ2", "m64_occ4", "m16_s8", "m16_gemv4", "m16_gemv8", "m16_x1"];
+
+/// Whether `g` is one of the GEMV variants or m16_x1 (shared memory per launch, [`gemv_smem`]).
+pub(super) fn is_gemv(g: &GemmKernel) -> bool {
+    g.index == GEMM_M16_GEMV4.index || g.index == GEMM_M16_GEMV8.index || g.index == GEMM_M16_X1.index
+}
+/// A GEMV variant's (`g`'s) dynamic shared memory for one launch (kernels/matmul.cu
+/// `GemvShape::smem_bytes`, the same formula, checked there against this table's numbers): the
+/// 16 x 65 f32 exchange tile of the silu / rope epilogues, m16_x1's weight stages, then
+/// min(m, 16) rows of the block's K range (its slice when split, else k, rounded up to 32) + 8
+/// 16-bit elements.
+pub(super) fn gemv_smem(g: &GemmKernel, m: usize, k: usize, slice_len: usize, split: bool) -> usize {
+    let range = if split { slice_len } else { k.div_ceil(GEMM_BK) * GEMM_BK };
+    let stages = if g.index == GEMM_M16_X1.index { X1_W_BYTES } else { 0 };
+    16 * (GEMM_BN + 1) * 4 + stages + m.min(16) * (range + 8) * 2
+}
 /// A launch without opting in gets at most this much dynamic shared memory.
 pub(super) const SMEM_DEFAULT_LIMIT: u32 = 48 * 1024;
 
 /// Which tile kernel serves m > 128 rows (`large`), 17..=128 rows (`mid`) and up to 16
 /// (`small`) on 64-wide tiles: the defaults ([`GEMM_DEFAULT_VARIANTS`]), or the variants named
 /// by TANDEM_CUDA_GEMM_LARGE (m128_occ2, m128, m128_n128), TANDEM_CUDA_GEMM_MID (m64_occ4, m64)
-/// and TANDEM_CUDA_GEMM_SMALL (m16, m16_s8), so the kernel lab can time them side by side.
+/// and TANDEM_CUDA_GEMM_SMALL (m16, m16_s8, m16_gemv4, m16_gemv8, m16_x1), so the kernel lab can time
+/// them side by side.
 /// Read once per process; [`check_gemm_variants`] turns a bad name into a load error.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(super) struct GemmVariants {
@@ -138,7 +171,10 @@ fn parse_gemm_variants(large: Option<&str>, mid: Option<&str>, small: Option<&st
         v.small = match m {
             "m16" => &GEMM_M16,
             "m16_s8" => &GEMM_M16_S8,
-            _ => return Err(format!("TANDEM_CUDA_GEMM_SMALL={m}: one of m16 (the default), m16_s8")),
+            "m16_gemv4" => &GEMM_M16_GEMV4,
+            "m16_gemv8" => &GEMM_M16_GEMV8,
+            "m16_x1" => &GEMM_M16_X1,
+            _ => return Err(format!("TANDEM_CUDA_GEMM_SMALL={m}: one of m16 (the default), m16_s8, m16_gemv4, m16_gemv8, m16_x1")),
         };
     }
     Ok(v)
@@ -183,15 +219,34 @@ pub(super) struct GemmPlan {
     pub(super) direct: bool,
     /// Column tiles, row tiles, slice blocks (the launch grid).
     pub(super) grid: (usize, usize, usize),
+    /// Dynamic shared memory of the launch: the kernel's own, or [`gemv_smem`]'s.
+    pub(super) smem: u32,
 }
 
 /// The launch of an m x n x k GEMM on `cols`-wide tiles. Slices come from (n, k) alone, so
 /// every tile width and every m gives an output the same K slices.
 pub(super) fn gemm_plan(m: usize, n: usize, k: usize, cols: usize) -> GemmPlan {
+    gemm_plan_of(m, n, k, gemm_kernel(m, cols))
+}
+/// [`gemm_plan`] with the kernel given; a GEMV variant that cannot serve (k % 8 != 0 for the
+/// register-streaming ones, or more shared memory than [`GEMV_SMEM_MAX`]) gives way to m16,
+/// whose bits it shares.
+pub(super) fn gemm_plan_of(m: usize, n: usize, k: usize, mut kernel: &'static GemmKernel) -> GemmPlan {
     let (slices, slice_len) = k_slices(n, k);
-    let kernel = gemm_kernel(m, cols);
     let split = m <= SPLIT_MAX_ROWS && slices > 1;
-    GemmPlan { kernel, slices, slice_len, split, direct: m <= SPLIT_MAX_ROWS, grid: (n.div_ceil(kernel.cols), m.div_ceil(kernel.rows), if split { slices } else { 1 }) }
+    let mut smem = kernel.smem;
+    if is_gemv(kernel) {
+        let need = gemv_smem(kernel, m, k, slice_len, split);
+        // The register-streaming kernels load 16 bytes of a weight row at a time.
+        let aligned = k.is_multiple_of(8) || kernel.index == GEMM_M16_X1.index;
+        if !aligned || need > GEMV_SMEM_MAX as usize {
+            kernel = &GEMM_M16;
+            smem = kernel.smem;
+        } else {
+            smem = need as u32;
+        }
+    }
+    GemmPlan { kernel, slices, slice_len, split, direct: m <= SPLIT_MAX_ROWS, grid: (n.div_ceil(kernel.cols), m.div_ceil(kernel.rows), if split { slices } else { 1 }), smem }
 }
 
 /// Arrival counters of the in-kernel split-K fold, one per output tile of a split launch
@@ -410,7 +465,7 @@ impl CudaBackend {
             _ => GEMM_BN,
         };
         // Up to SPLIT_MAX_ROWS rows the tile kernel reads x f32 itself (no matmul_x launch).
-        let GemmPlan { kernel: g, slices, slice_len, split, direct, grid } = gemm_plan(m, n, k, cols);
+        let GemmPlan { kernel: g, slices, slice_len, split, direct, grid, smem } = gemm_plan(m, n, k, cols);
         let grid = (u32_of(grid.0, op, "blocks")?, u32_of(grid.1, op, "blocks")?, u32_of(grid.2, op, "blocks")?);
         if grid.1 > 65535 || grid.2 > 65535 {
             return Err(err(format!("{op}: m = {m}, k = {k} exceed the launch grid")));
@@ -562,7 +617,7 @@ impl CudaBackend {
             None => l.arg(&*w.mem),
         };
         l.arg(&norm_code).arg(&norm_eps).arg(&rope);
-        let launch = LaunchConfig { grid_dim: grid, block_dim: (g.threads, 1, 1), shared_mem_bytes: g.smem };
+        let launch = LaunchConfig { grid_dim: grid, block_dim: (g.threads, 1, 1), shared_mem_bytes: smem };
         // SAFETY: the argument list matches the kernel's; dynamic shared memory as its
         // GemmShape expects; part (when split) holds slices * m * n floats and counters one
         // word per output tile (both checked above); each output holds what its epilogue writes.
@@ -646,6 +701,10 @@ mod matmul_tests {
         assert!(parse_gemm_variants(Some("m256"), None, None).unwrap_err().contains("TANDEM_CUDA_GEMM_LARGE=m256"));
         assert!(parse_gemm_variants(None, Some("x"), None).unwrap_err().contains("TANDEM_CUDA_GEMM_MID=x"));
         assert!(parse_gemm_variants(None, None, Some("m8")).unwrap_err().contains("TANDEM_CUDA_GEMM_SMALL=m8"));
+        for (name, g) in [("m16_gemv4", &GEMM_M16_GEMV4), ("m16_gemv8", &GEMM_M16_GEMV8), ("m16_x1", &GEMM_M16_X1)] {
+            let v = parse_gemm_variants(None, None, Some(name)).unwrap();
+            assert_eq!((gemm_kernel_of(16, GEMM_BN, &v), gemm_kernel_of(16, GEMM_BN_WIDE, &v), gemm_kernel_of(17, GEMM_BN, &v)), (g, &GEMM_M16_N128, &GEMM_M64_OCC4));
+        }
         assert_eq!(parse_gemm_variants(Some(""), None, None).unwrap(), GEMM_DEFAULT_VARIANTS);
         for (i, g) in GEMM_KERNELS.iter().enumerate() {
             assert_eq!(g.index, i);
@@ -676,6 +735,36 @@ mod matmul_tests {
         }
         // Llama-3.1-8B's q/k/v (4096 + 2 x 1024 rows, hidden 4096): 3 slices of 1376 either way.
         assert_eq!((gemm_plan(1, 6144, 4096, GEMM_BN_WIDE).slices, gemm_plan(1, 6144, 4096, GEMM_BN_WIDE).slice_len), (3, 1376));
+    }
+
+    /// The GEMV variants' shared memory per launch (the same table is asserted on the emulator,
+    /// kernels/emu/matmul_test.h `slices_table`), and where they give way to m16.
+    #[test]
+    fn gemv_variants_plan() {
+        for ((m, k, len, split), want) in [((1, 2048, 256, true), 4688), ((16, 2048, 2048, false), 69952), ((7, 1000, 352, true), 9200), ((3, 40, 64, false), 4592)] {
+            for g in [&GEMM_M16_GEMV4, &GEMM_M16_GEMV8] {
+                assert_eq!(gemv_smem(g, m, k, len, split), want, "gemv_smem({g:?}, {m}, {k}, {len}, {split})");
+            }
+        }
+        assert_eq!((gemv_smem(&GEMM_M16_X1, 1, 2048, 256, true), gemv_smem(&GEMM_M16_X1, 16, 1001, 352, true)), (25168, 36160));
+        // m16_x1 takes any k (its weights go through m16's own copies).
+        let p = gemm_plan_of(1, 72, 1001, &GEMM_M16_X1);
+        assert_eq!((p.kernel, p.smem as usize), (&GEMM_M16_X1, gemv_smem(&GEMM_M16_X1, 1, 1001, p.slice_len, p.split)));
+        assert_eq!(gemm_plan_of(16, 128256, 8192, &GEMM_M16_X1).kernel, &GEMM_M16);
+        for g in [&GEMM_M16_GEMV4, &GEMM_M16_GEMV8] {
+            // Llama-3.2-1B's decode GEMMs at one token: the variant, m16's grid and slices.
+            for (n, k) in [(3072, 2048), (2048, 2048), (16384, 2048), (2048, 8192), (128256, 2048), (128256, 4096)] {
+                let (p, base) = (gemm_plan_of(1, n, k, g), gemm_plan_of(1, n, k, &GEMM_M16));
+                assert_eq!((p.kernel, p.grid, p.slices, p.slice_len, p.split), (g, base.grid, base.slices, base.slice_len, base.split), "n {n} k {k}");
+                assert_eq!(p.smem as usize, gemv_smem(g, 1, k, p.slice_len, p.split));
+            }
+            // Weight rows not 16-byte aligned, and x too long for the shared memory: m16.
+            for (m, n, k) in [(1, 72, 1001), (16, 72, 999), (16, 128256, 8192)] {
+                let p = gemm_plan_of(m, n, k, g);
+                assert_eq!((p.kernel, p.smem), (&GEMM_M16, GEMM_M16.smem), "m {m} n {n} k {k}");
+            }
+            assert!(gemm_plan_of(16, 128256, 4096, g).smem <= GEMV_SMEM_MAX);
+        }
     }
 
     /// Which head_dims the rope epilogue serves, and on which tile width.
