@@ -9,8 +9,11 @@
 #
 # Settings: TANDEM_TUNE_BUDGET_S (default 300: fits one call with the machine's start inside
 # the session's 15 minutes after a check), TANDEM_TUNE_VARIANTS (space-separated
-# LARGE:MID:SMALL, default "m128:m64:m16 m128_n128:m64_occ4:m16_s8 m128_occ2:m64:m16"),
-# TANDEM_TUNE_NCU=0 to skip ncu.
+# LARGE:MID:SMALL, default "m128:m64:m16 m128_n128:m64_occ4:m16_s8 m128_occ2:m64:m16
+# wgmma:m64_occ4:m16"), TANDEM_TUNE_NCU=0 to skip ncu. LARGE=wgmma is kernels/matmul_sm90.cu
+# (wgmma + TMA, sm_90 only): its bits equal the mma.sync kernels' in the emulator only; the
+# "cuda tests [wgmma:...]" step is the hardware's bitwise check (gpu_invariance's m = 300 rows,
+# wgmma, against the same rows alone and at m <= 128, mma.sync).
 # Writes OUT_DIR/tune.log (everything), OUT_DIR/tune.tsv (one row per variant and case) and
 # OUT_DIR/ncu-*.txt; prints the table last.
 
@@ -20,7 +23,7 @@ mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 HERE=$(cd "$(dirname "$0")" && pwd)
 BUDGET=${TANDEM_TUNE_BUDGET_S:-300}
-VARIANTS=${TANDEM_TUNE_VARIANTS:-"m128:m64:m16 m128_n128:m64_occ4:m16_s8 m128_occ2:m64:m16"}
+VARIANTS=${TANDEM_TUNE_VARIANTS:-"m128:m64:m16 m128_n128:m64_occ4:m16_s8 m128_occ2:m64:m16 wgmma:m64_occ4:m16"}
 WORK=${TANDEM_CHECK_WORK:-/tmp/tandem-check}
 PY=${TANDEM_CHECK_PYTHON:-python3}
 BIN=${TANDEM_BIN:-$HERE/tandem}
@@ -86,6 +89,7 @@ if [ "${TANDEM_TUNE_NCU:-1}" = 1 ] && [ -n "$NCU" ]; then
     }
     ncu_case m2048-m128 'matmul_tc_bf16_m128$' 2048
     ncu_case m2048-m128_n128 'matmul_tc_bf16_m128_n128' 2048 TANDEM_CUDA_GEMM_LARGE=m128_n128
+    ncu_case m2048-wgmma 'matmul_wgmma_bf16' 2048 TANDEM_CUDA_GEMM_LARGE=wgmma
     ncu_case m64-m64 'matmul_tc_bf16_m64$' 64
     ncu_case attn-decode 'paged_attention_tc' 1
 else

@@ -320,7 +320,7 @@ __device__ __forceinline__ void argmax_combine(float& v, int& i, float v2, int i
 // Only kernels/matmul_sm90.cu uses these; they exist where the target has them (NVRTC with
 // --gpu-architecture=sm_90a) and in the host emulation (kernels/emu/wgmma.h, which documents
 // the layouts and the asynchrony it models).
-#if defined(TANDEM_HOST_EMU) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900)
+#if defined(TANDEM_HOST_EMU) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
 typedef unsigned long long u64;
 
 // A CUtensorMap: 128 opaque bytes the host encodes (cuTensorMapEncodeTiled), passed by value.

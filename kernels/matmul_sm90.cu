@@ -3,7 +3,7 @@
 // A VARIANT of kernels/matmul.cu's large-m tile kernels (TANDEM_CUDA_GEMM_LARGE=wgmma; off by
 // default), in its own file because it exists only for sm_90a: NVRTC compiles this file for
 // --gpu-architecture=sm_90a on an sm_90 device, and to an empty module elsewhere (the body is
-// under __CUDA_ARCH__ >= 900). It keeps matmul.cu's CONTRACT (read it there): for bf16 / f16
+// under __CUDA_ARCH_FEAT_SM90_ALL, which NVRTC defines for sm_90a). It keeps matmul.cu's CONTRACT (read it there): for bf16 / f16
 // weights every output element is the same sequence of k16 steps in ascending k, accumulated
 // in f32 from 0 at every K slice (slices of `slice_len`, a multiple of 32, from matmul.rs
 // `k_slices`), slices folded in index order in registers, then + bias. The k16 steps here are
@@ -54,7 +54,7 @@
 #define WGMMA_STAGE_ELEMS (WGMMA_BM * WGMMA_BK)  // per operand (BM == BN)
 #define WGMMA_SMEM_BYTES (1024 + WGMMA_STAGES * 2 * WGMMA_STAGE_ELEMS * 2 + 2 * WGMMA_STAGES * 8)
 
-#if defined(TANDEM_HOST_EMU) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900)
+#if defined(TANDEM_HOST_EMU) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
 template <typename T>
 __device__ void matmul_wgmma_impl(const TmaMap* xmap, const TmaMap* wmap, const void* __restrict__ bias, int bias_dtype, float* __restrict__ out, int m,
                                   int n, int k, int slice_len) {
