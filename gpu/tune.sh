@@ -12,7 +12,10 @@
 # LARGE:MID:SMALL, default "m128_occ2:m64_occ4:m16 m128_occ2:m64_occ4:m16_gemv4
 # m128_occ2:m64_occ4:m16_gemv8 m128_occ2:m64_occ4:m16_x1": the defaults, then the decode
 # variants of issue 25 item 1 beside them; the round of 2026-12-04 timed m128, m128_n128, m64,
-# m16_s8),
+# m16_s8), and wgmma:m64_occ4:m16 (LARGE=wgmma is kernels/matmul_sm90.cu, wgmma + TMA, sm_90
+# only: its bits equal the mma.sync kernels' in the emulator only; the "cuda tests [wgmma:...]"
+# step is the hardware's bitwise check: gpu_invariance's m = 300 rows, wgmma, against the same
+# rows alone and at m <= 128, mma.sync),
 # TANDEM_TUNE_NCU=0 to skip ncu, TANDEM_TUNE_MOE=0 to skip the mixture-of-experts paths
 # (TANDEM_CUDA_MOE=routed against dense: tiny-qwen3-moe compared on both, then decode b1 / b64
 # and prefill 2048 timed on qwen3-30b-a3b-2l, Qwen3-30B-A3B's layer in 2 layers).
@@ -25,7 +28,7 @@ mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 HERE=$(cd "$(dirname "$0")" && pwd)
 BUDGET=${TANDEM_TUNE_BUDGET_S:-300}
-VARIANTS=${TANDEM_TUNE_VARIANTS:-"m128_occ2:m64_occ4:m16 m128_occ2:m64_occ4:m16_gemv4 m128_occ2:m64_occ4:m16_gemv8 m128_occ2:m64_occ4:m16_x1"}
+VARIANTS=${TANDEM_TUNE_VARIANTS:-"m128_occ2:m64_occ4:m16 m128_occ2:m64_occ4:m16_gemv4 m128_occ2:m64_occ4:m16_gemv8 m128_occ2:m64_occ4:m16_x1 wgmma:m64_occ4:m16"}
 WORK=${TANDEM_CHECK_WORK:-/tmp/tandem-check}
 PY=${TANDEM_CHECK_PYTHON:-python3}
 BIN=${TANDEM_BIN:-$HERE/tandem}
@@ -111,6 +114,7 @@ if [ "${TANDEM_TUNE_NCU:-1}" = 1 ] && [ -n "$NCU" ]; then
     }
     ncu_case m2048-m128 'matmul_tc_bf16_m128$' 2048
     ncu_case m2048-m128_n128 'matmul_tc_bf16_m128_n128' 2048 TANDEM_CUDA_GEMM_LARGE=m128_n128
+    ncu_case m2048-wgmma 'matmul_wgmma_bf16' 2048 TANDEM_CUDA_GEMM_LARGE=wgmma
     ncu_case m64-m64 'matmul_tc_bf16_m64$' 64
     ncu_case attn-decode 'paged_attention_tc' 1
     # The decode GEMM at one token: m16 against the register-streaming GEMV variant.

@@ -315,3 +315,152 @@ __device__ __forceinline__ void argmax_combine(float& v, int& i, float v2, int i
     if (nan2) return;
     if (v2 > v || (v2 == v && i2 < i)) { v = v2; i = i2; }
 }
+
+// ---- Hopper (sm_90a): wgmma, TMA, mbarrier ----------------------------------------------------
+// Only kernels/matmul_sm90.cu uses these; they exist where the target has them (NVRTC with
+// --gpu-architecture=sm_90a) and in the host emulation (kernels/emu/wgmma.h, which documents
+// the layouts and the asynchrony it models).
+#if defined(TANDEM_HOST_EMU) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
+typedef unsigned long long u64;
+
+// A CUtensorMap: 128 opaque bytes the host encodes (cuTensorMapEncodeTiled), passed by value.
+struct alignas(64) TmaMap { u64 opaque[16]; };
+
+// The address of p in the shared window (the host emulation: its offset in the block's dynamic
+// shared memory).
+__device__ __forceinline__ u32 smem_u32(const void* p) {
+#ifdef TANDEM_HOST_EMU
+    return emu::smem_offset(p);
+#else
+    return smem_addr(p);
+#endif
+}
+
+// A wgmma matrix descriptor (PTX ISA "Matrix Descriptor Format"): start address, leading and
+// stride dimension byte offsets (each >> 4, 14 bits), swizzle mode in bits 62-63 (0 none,
+// 1 128-byte). Plain integer code: the emulator decodes what the GPU would.
+__device__ __forceinline__ u64 wgmma_desc(u32 smem_byte_addr, u32 lbo_bytes, u32 sbo_bytes, u32 swizzle_mode) {
+    return (u64)((smem_byte_addr & 0x3ffffu) >> 4) | ((u64)((lbo_bytes & 0x3ffffu) >> 4) << 16) | ((u64)((sbo_bytes & 0x3ffffu) >> 4) << 32) |
+           ((u64)swizzle_mode << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() {
+#ifdef TANDEM_HOST_EMU
+    emu::wgmma_fence();
+#else
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wgmma_commit() {
+#ifdef TANDEM_HOST_EMU
+    emu::wgmma_commit();
+#else
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+#ifdef TANDEM_HOST_EMU
+    emu::wgmma_wait(N);
+#else
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+#endif
+}
+// Pins the accumulator registers at this point of the program (before a wgmma reads them, after
+// the wait that makes them valid): the compiler may not move their reads or writes across.
+template <int R>
+__device__ __forceinline__ void wgmma_fence_regs(float (&d)[R]) {
+#ifndef TANDEM_HOST_EMU
+#pragma unroll
+    for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+#endif
+}
+
+// d += A · B, m64n128k16, f32 accumulators (64 per thread), A and B K-major in shared memory.
+#define TANDEM_WGMMA_D64                                                                                                            \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, " \
+    "%27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, "  \
+    "%52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define TANDEM_WGMMA_D64_OPS(d)                                                                                                     \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]),          \
+        "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]),         \
+        "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),         \
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),         \
+        "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]),         \
+        "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]),         \
+        "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+__device__ __forceinline__ void wgmma_m64n128k16(bf16_t, float (&d)[64], u64 desc_a, u64 desc_b) {
+#ifdef TANDEM_HOST_EMU
+    emu::wgmma_issue(d, 128, desc_a, desc_b, false);
+#else
+    asm volatile("{ .reg .pred p; setp.ne.b32 p, %66, 0; wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " TANDEM_WGMMA_D64 ", %64, %65, p, 1, 1, 0, 0; }"
+                 : TANDEM_WGMMA_D64_OPS(d)
+                 : "l"(desc_a), "l"(desc_b), "n"(1));
+#endif
+}
+__device__ __forceinline__ void wgmma_m64n128k16(f16_t, float (&d)[64], u64 desc_a, u64 desc_b) {
+#ifdef TANDEM_HOST_EMU
+    emu::wgmma_issue(d, 128, desc_a, desc_b, true);
+#else
+    asm volatile("{ .reg .pred p; setp.ne.b32 p, %66, 0; wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " TANDEM_WGMMA_D64 ", %64, %65, p, 1, 1, 0, 0; }"
+                 : TANDEM_WGMMA_D64_OPS(d)
+                 : "l"(desc_a), "l"(desc_b), "n"(1));
+#endif
+}
+
+// mbarrier in shared memory (8 bytes, 8-byte aligned).
+__device__ __forceinline__ void mbar_init(u64* bar, u32 count) {
+#ifdef TANDEM_HOST_EMU
+    emu::mbar_init(bar, count);
+#else
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+#endif
+}
+// Makes the initialised barriers visible to the asynchronous proxy (TMA) and the other threads
+// (with the __syncthreads that follows it).
+__device__ __forceinline__ void mbar_init_fence() {
+#ifndef TANDEM_HOST_EMU
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_arrive(u64* bar) {
+#ifdef TANDEM_HOST_EMU
+    emu::mbar_arrive(bar, 0);
+#else
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
+#endif
+}
+// Arrives and adds `bytes` to the transactions the current phase waits for.
+__device__ __forceinline__ void mbar_arrive_expect_tx(u64* bar, u32 bytes) {
+#ifdef TANDEM_HOST_EMU
+    emu::mbar_arrive(bar, (long)bytes);
+#else
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+#endif
+}
+// True once the phase of parity `parity` has completed.
+__device__ __forceinline__ bool mbar_try_wait(u64* bar, u32 parity) {
+#ifdef TANDEM_HOST_EMU
+    return emu::mbar_try_wait_parity(bar, parity);
+#else
+    u32 ok;
+    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                 : "=r"(ok) : "r"(smem_u32(bar)), "r"(parity) : "memory");
+    return ok != 0;
+#endif
+}
+__device__ __forceinline__ void mbar_wait(u64* bar, u32 parity) {
+    while (!mbar_try_wait(bar, parity)) {
+    }
+}
+// TMA: the box of `map` at (c0 inner, c1 outer) element coordinates into shared memory at dst
+// (out-of-bounds elements as zeros); its bytes complete on `bar`.
+__device__ __forceinline__ void tma_load_2d(void* dst, const TmaMap* map, int c0, int c1, u64* bar) {
+#ifdef TANDEM_HOST_EMU
+    emu::tma_load_2d(dst, map, c0, c1, bar);
+#else
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+                 ::"r"(smem_u32(dst)), "l"(map), "r"(c0), "r"(c1), "r"(smem_u32(bar)) : "memory");
+#endif
+}
+#endif

@@ -147,6 +147,7 @@ struct Fiber {
 #endif
 };
 inline Fiber* cur = nullptr;  // the fiber running now; null outside a launch
+inline unsigned long block_serial = 0;  // counts blocks run, so per-block side state (wgmma.h) knows a new block
 inline unsigned long progress = 0;  // barrier arrivals and finished fibers, for deadlock detection
 
 inline unsigned tid_x() { return cur ? cur->tid.x : 0u; }
@@ -555,7 +556,9 @@ void launch(dim3 grid, dim3 block, F f, size_t shared_bytes = 0) {
     emu::Block b(n);
     std::unique_ptr<unsigned char, decltype(&std::free)> arena(nullptr, &std::free);
     if (shared_bytes > 0) {
-        arena.reset((unsigned char*)std::aligned_alloc(128, (shared_bytes + 127) / 128 * 128));
+        // 1024-byte aligned: the 128-byte swizzle of TMA and wgmma (wgmma.h) is a function of
+        // address bits 4-9, as on the GPU.
+        arena.reset((unsigned char*)std::aligned_alloc(1024, (shared_bytes + 1023) / 1024 * 1024));
         b.smem = arena.get();
         b.smem_bytes = shared_bytes;
     }
@@ -583,6 +586,7 @@ void launch(dim3 grid, dim3 block, F f, size_t shared_bytes = 0) {
 #endif
     for (const unsigned long long id : order) {
         blockIdx = dim3{(unsigned)(id % grid.x), (unsigned)(id / grid.x % grid.y), (unsigned)(id / ((unsigned long long)grid.x * grid.y))};
+        ++emu::block_serial;
         if (b.smem) std::memset(b.smem, 0xff, b.smem_bytes);
 #if defined(TANDEM_EMU_STRICT)
         if (+__start_tandem_emu_shared != +__stop_tandem_emu_shared)
@@ -596,3 +600,6 @@ void launch(dim3 grid, dim3 block, F f, size_t shared_bytes = 0) {
     }
     emu::block = nullptr;
 }
+
+// Hopper (sm_90a): wgmma, TMA, mbarrier.
+#include "wgmma.h"

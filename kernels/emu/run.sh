@@ -5,13 +5,16 @@
 # which must be caught, and a
 # kernel that deadlocks at a barrier (deadlock_test.cpp), which must be reported, not hang, and
 # the fake driver's interleaved block order (interleave_test.cpp, built as crates/fake-cuda does).
+# sm90_test.cpp: the emulated wgmma / TMA / mbarrier and the wgmma GEMM (kernels/matmul_sm90.cu),
+# then the same program with each of that kernel's five deliberate breaks (argument 1..5),
+# which must be caught.
 # Needs only a C++20 compiler; no GPU, no CUDA. Each program runs on one core (the emulator's
 # CUDA threads are fibers), so they run side by side: about half a minute on 2 cores.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 out="${TMPDIR:-/tmp}/tandem-emu-test-$$"
 cxx() { "${CXX:-g++}" -std=c++20 -O1 -pthread -Wall -Wno-unused-function -Wno-unknown-pragmas "$@"; }
-trap 'rm -f "$out" "$out-break1" "$out-break2" "$out-break3" "$out-break4" "$out-attn1" "$out-attn2" "$out-attn3" "$out-attn4" "$out-deadlock" "$out-interleave" "$out-moe1" "$out.log" "$out.breaks" "$out.main"' EXIT
+trap 'rm -f "$out" "$out-break1" "$out-break2" "$out-break3" "$out-break4" "$out-attn1" "$out-attn2" "$out-attn3" "$out-attn4" "$out-deadlock" "$out-interleave" "$out-moe1" "$out-sm90" "$out.sm90" "$out.log" "$out.breaks" "$out.main"' EXIT
 cxx -o "$out" "$here/emu_test.cpp" & p0=$!
 cxx -DTANDEM_GEMM_BREAK=1 -o "$out-break1" "$here/break_test.cpp" & p1=$!
 cxx -DTANDEM_GEMM_BREAK=2 -o "$out-break2" "$here/break_test.cpp" & p2=$!
@@ -21,12 +24,14 @@ cxx -o "$out-deadlock" "$here/deadlock_test.cpp" & p4=$!
 cxx -DTANDEM_EMU_STRICT -o "$out-interleave" "$here/interleave_test.cpp" & p6=$!
 wait $p0 && wait $p1 && wait $p2 && wait $p3 && wait $p4 && wait $p5 && wait $p6
 cxx -DTANDEM_MOE_BREAK=1 -o "$out-moe1" "$here/moe_break_test.cpp" & pm=$!
+cxx -Wno-psabi -o "$out-sm90" "$here/sm90_test.cpp" & psm=$!
 pids=()
 for b in 1 2 3 4; do
     cxx -DTANDEM_PAT_BREAK=$b -o "$out-attn$b" "$here/attn_break_test.cpp" & pids+=($!)
 done
 for p in "${pids[@]}"; do wait "$p"; done
 wait $pm
+wait $psm
 status=0
 breaks() {
     local s=0
@@ -46,6 +51,15 @@ breaks() {
         echo "FAIL the emulator tests did not catch TANDEM_MOE_BREAK=1"
         s=1
     fi
+    for b in 1 2 3 4 5; do
+        if ! "$out-sm90" $b > "$out.sm90" 2>&1; then
+            cat "$out.sm90"
+            echo "FAIL the emulator tests did not catch TANDEM_WGMMA_BREAK=$b"
+            s=1
+        else
+            tail -n 1 "$out.sm90"
+        fi
+    done
     # In a subshell, so that the shell's "Aborted" notice lands in the log too.
     if ("$out-deadlock") > "$out.log" 2>&1; then
         echo "FAIL the emulator ran a kernel that deadlocks at a barrier to the end"
@@ -63,6 +77,7 @@ breaks() {
 # The checks print one line each; the broken builds' lines come first, then the checks'.
 breaks > "$out.breaks" 2>&1 & pb=$!
 "$out" > "$out.main" 2>&1 || status=1
+"$out-sm90" >> "$out.main" 2>&1 || status=1
 wait $pb || status=1
 cat "$out.breaks" "$out.main"
 exit $status

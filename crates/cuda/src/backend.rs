@@ -459,6 +459,9 @@ pub struct CudaBackend {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     kernels: Kernels<CudaFunction>,
+    /// kernels/matmul_sm90.cu's `matmul_wgmma_bf16` / `_f16`, loaded only with
+    /// TANDEM_CUDA_GEMM_LARGE=wgmma on an sm_90 GPU (matmul.rs `wgmma_applies`).
+    wgmma: Option<[Kernel<CudaFunction>; 2]>,
     scratch: Mutex<AttnScratch>,
     mm_scratch: Mutex<MatmulScratch>,
     io_scratch: Mutex<IoScratch>,
@@ -509,6 +512,12 @@ impl CudaBackend {
             return Err(err(format!("GPU {device_ordinal} is sm_{maj}{min}; the kernels need sm_80 or newer (bf16 mma.sync, cp.async)")));
         }
         let arch = format!("{maj}{min}");
+        // kernels/matmul_sm90.cu (wgmma + TMA, sm_90a) is compiled and loaded only when asked for.
+        let variants = matmul::check_gemm_variants()?;
+        if variants.wgmma && arch != "90" {
+            return Err(err(format!("TANDEM_CUDA_GEMM_LARGE=wgmma needs an sm_90 (Hopper) GPU; GPU {device_ordinal} is sm_{arch}")));
+        }
+        let srcs: Vec<KernelSource> = srcs.into_iter().filter(|s| s.name != "matmul_sm90" || variants.wgmma).collect();
         let device_name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
         let include = Toolchain::discover().include_dir;
         let images = compile_modules(&srcs, &arch, include.as_ref())?;
@@ -526,6 +535,17 @@ impl CudaBackend {
             }
         }
         let loaded = funcs.len();
+        let wgmma = if variants.wgmma {
+            let mut k = |name: &'static str| -> Result<Kernel<CudaFunction>> {
+                let f = funcs.remove(name).ok_or_else(|| err(format!("kernel `{name}` is not in the loaded modules (kernels/matmul_sm90.cu)")))?;
+                f.set_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, matmul::WGMMA_SMEM as i32)
+                    .map_err(drv(&format!("{name}: {} bytes of shared memory", matmul::WGMMA_SMEM)))?;
+                Ok(Kernel { name, f })
+            };
+            Some([k(matmul::WGMMA_KERNELS[0])?, k(matmul::WGMMA_KERNELS[1])?])
+        } else {
+            None
+        };
         let kernels = Kernels::resolve(|name| funcs.remove(name).ok_or_else(|| err(format!("kernel `{name}` is not in the loaded modules (edited kernels/*.cu?)"))))?;
         // Tile kernels with more than 48 KiB of dynamic shared memory opt in to it.
         for row in &kernels.matmul_tc {
@@ -537,7 +557,6 @@ impl CudaBackend {
                 }
             }
         }
-        let variants = matmul::check_gemm_variants()?;
         if variants != matmul::GEMM_DEFAULT_VARIANTS {
             tracing::info!("cuda: GEMM tile kernels {variants:?} (TANDEM_CUDA_GEMM_LARGE / _MID / _SMALL)");
         }
@@ -552,6 +571,7 @@ impl CudaBackend {
             ctx,
             stream,
             kernels,
+            wgmma,
             scratch: Mutex::new(AttnScratch::default()),
             mm_scratch: Mutex::new(MatmulScratch::default()),
             io_scratch: Mutex::new(IoScratch::default()),
@@ -737,7 +757,7 @@ fn load_module(ctx: &Arc<CudaContext>, src: &KernelSource, image: Image, funcs: 
     let (module, names, cubin) = match image {
         Image::Cubin(c) => (
             ctx.load_module(cudarc::nvrtc::Ptx::from_binary(c)).map_err(drv(&format!("loading the cubin of {}.cu", src.name)))?,
-            kernel_names().into_iter().filter(|n| !funcs.contains_key(*n)).map(str::to_string).collect::<Vec<_>>(),
+            kernel_names().into_iter().chain(matmul::WGMMA_KERNELS).filter(|n| !funcs.contains_key(*n)).map(str::to_string).collect::<Vec<_>>(),
             true,
         ),
         Image::Ptx(ptx) => {

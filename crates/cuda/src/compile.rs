@@ -54,6 +54,15 @@ fn ensure_nvrtc() -> Result<()> {
     }
 }
 
+/// The architecture `src` is compiled for on a device of `arch` (a number, `arch_number`'s):
+/// kernels/matmul_sm90.cu uses wgmma and TMA, which exist only for the architecture-specific
+/// `sm_90a` (NVRTC `--gpu-architecture=sm_90a`), so on an sm_90 device that file takes `90a`;
+/// elsewhere its body is compiled out (it tests `__CUDA_ARCH_FEAT_SM90_ALL`) and the module is
+/// empty. Every other file takes `arch` as it is.
+pub fn arch_for(name: &str, arch: &str) -> String {
+    if name == "matmul_sm90" && arch == "90" { "90a".to_string() } else { arch.to_string() }
+}
+
 /// NVRTC's options: `base`, the target (`compute_90` or `sm_90`), the include folder.
 fn nvrtc_options(base: &[&str], target: String, include_dir: Option<&PathBuf>) -> Vec<String> {
     let mut options: Vec<String> = base.iter().map(|s| s.to_string()).collect();
@@ -67,7 +76,7 @@ fn nvrtc_options(base: &[&str], target: String, include_dir: Option<&PathBuf>) -
 /// Compiles `src` to PTX for `compute_<arch>`.
 pub fn compile_ptx(src: &KernelSource, arch: &str, include_dir: Option<&PathBuf>) -> Result<String> {
     ensure_nvrtc()?;
-    let arch = arch_number(arch)?;
+    let arch = arch_for(&src.name, &arch_number(arch)?);
     let options = nvrtc_options(OPTIONS, format!("compute_{arch}"), include_dir);
     if src.text.contains('\0') {
         return Err(Error::backend("cuda", format!("{}.cu: contains a NUL byte", src.name)));
@@ -90,7 +99,7 @@ pub fn compile_ptx(src: &KernelSource, arch: &str, include_dir: Option<&PathBuf>
 pub fn compile_cubin(src: &KernelSource, arch: &str, include_dir: Option<&PathBuf>) -> Result<Vec<u8>> {
     use cudarc::nvrtc::{result, sys};
     ensure_nvrtc()?;
-    let arch = arch_number(arch)?;
+    let arch = arch_for(&src.name, &arch_number(arch)?);
     let options = nvrtc_options(CUBIN_OPTIONS, format!("sm_{arch}"), include_dir);
     let fail = |what: &str, e: &dyn std::fmt::Debug| Error::backend("cuda", format!("{}.cu for sm_{arch}: {what}: {e:?}", src.name));
     let text = std::ffi::CString::new(src.text.as_str()).map_err(|_| Error::backend("cuda", format!("{}.cu: contains a NUL byte", src.name)))?;
@@ -203,6 +212,9 @@ mod tests {
         assert_eq!(arch_number("90a").unwrap(), "90a");
         assert!(arch_number("sm_").is_err());
         assert!(arch_number("x9").is_err());
+        assert_eq!(arch_for("matmul_sm90", "90"), "90a");
+        assert_eq!(arch_for("matmul_sm90", "80"), "80");
+        assert_eq!(arch_for("matmul", "90"), "90");
     }
 
     #[test]

@@ -124,7 +124,7 @@ pub(super) const SMEM_DEFAULT_LIMIT: u32 = 48 * 1024;
 
 /// Which tile kernel serves m > 128 rows (`large`), 17..=128 rows (`mid`) and up to 16
 /// (`small`) on 64-wide tiles: the defaults ([`GEMM_DEFAULT_VARIANTS`]), or the variants named
-/// by TANDEM_CUDA_GEMM_LARGE (m128_occ2, m128, m128_n128), TANDEM_CUDA_GEMM_MID (m64_occ4, m64)
+/// by TANDEM_CUDA_GEMM_LARGE (m128_occ2, m128, m128_n128, wgmma), TANDEM_CUDA_GEMM_MID (m64_occ4, m64)
 /// and TANDEM_CUDA_GEMM_SMALL (m16, m16_s8, m16_gemv4, m16_gemv8, m16_x1), so the kernel lab can time
 /// them side by side.
 /// Read once per process; [`check_gemm_variants`] turns a bad name into a load error.
@@ -133,6 +133,9 @@ pub(super) struct GemmVariants {
     pub(super) large: &'static GemmKernel,
     pub(super) mid: &'static GemmKernel,
     pub(super) small: &'static GemmKernel,
+    /// TANDEM_CUDA_GEMM_LARGE=wgmma: m > 128 takes kernels/matmul_sm90.cu's wgmma + TMA kernel
+    /// (sm_90 only) where it applies ([`wgmma_applies`]); `large` (the default) serves the rest.
+    pub(super) wgmma: bool,
 }
 impl std::fmt::Debug for GemmKernel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -148,7 +151,7 @@ impl PartialEq for GemmKernel {
 /// 2026-12-04): m128_occ2 gave prefill 2048 49.0k tok/s against m128's 30.9k and m128_n128's
 /// 47.0k, every GEMM at m >= 256 1.2-1.9x faster; m64_occ4 gave decode at batch 64 9.7k tok/s
 /// against m64's 8.9k; m16_s8 lost to m16 (decode batch 1 327 against 378 tok/s).
-pub(super) const GEMM_DEFAULT_VARIANTS: GemmVariants = GemmVariants { large: &GEMM_M128_OCC2, mid: &GEMM_M64_OCC4, small: &GEMM_M16 };
+pub(super) const GEMM_DEFAULT_VARIANTS: GemmVariants = GemmVariants { large: &GEMM_M128_OCC2, mid: &GEMM_M64_OCC4, small: &GEMM_M16, wgmma: false };
 
 fn parse_gemm_variants(large: Option<&str>, mid: Option<&str>, small: Option<&str>) -> std::result::Result<GemmVariants, String> {
     let mut v = GEMM_DEFAULT_VARIANTS;
@@ -157,7 +160,11 @@ fn parse_gemm_variants(large: Option<&str>, mid: Option<&str>, small: Option<&st
             "m128" => &GEMM_M128,
             "m128_n128" => &GEMM_M128_N128,
             "m128_occ2" => &GEMM_M128_OCC2,
-            _ => return Err(format!("TANDEM_CUDA_GEMM_LARGE={l}: one of m128_occ2 (the default), m128, m128_n128")),
+            "wgmma" => {
+                v.wgmma = true;
+                &GEMM_M128_OCC2
+            }
+            _ => return Err(format!("TANDEM_CUDA_GEMM_LARGE={l}: one of m128_occ2 (the default), m128, m128_n128, wgmma (sm_90)")),
         };
     }
     if let Some(m) = mid.filter(|s| !s.is_empty()) {
@@ -207,6 +214,64 @@ pub(super) fn gemm_kernel_of(m: usize, cols: usize, v: &GemmVariants) -> &'stati
         (true, 17..=SPLIT_MAX_ROWS) => &GEMM_M64_N128,
         (true, _) => if v.large.cols == GEMM_BN_WIDE { v.large } else { &GEMM_M64_N128 },
     }
+}
+
+/// The wgmma + TMA kernel (kernels/matmul_sm90.cu `matmul_wgmma_<dt>`): 128 x 128 output tiles,
+/// 384 threads (a TMA producer warpgroup, two wgmma consumer warpgroups), 4 stages of 32 KiB,
+/// the mbarriers and 1 KiB of alignment slack (`WGMMA_SMEM_BYTES`; kernels/emu/sm90_test.cpp
+/// checks the number).
+pub(super) const WGMMA_TILE: usize = 128;
+pub(super) const WGMMA_THREADS: u32 = 384;
+pub(super) const WGMMA_SMEM: u32 = 1024 + 4 * 2 * 128 * 64 * 2 + 2 * 4 * 8;
+pub(super) const WGMMA_KERNELS: [&str; 2] = ["matmul_wgmma_bf16", "matmul_wgmma_f16"];
+/// Where the wgmma kernel may serve a GEMM (else the mma.sync kernel does, with the same bits
+/// by the contract): m > 128 (no split K), the plain epilogue, no input norm, 16-bit weights,
+/// k a positive multiple of 8 (TMA rows must be 16-byte aligned; x's pitch kp is k or k
+/// rounded up to 8, so then kp == k).
+pub(super) fn wgmma_applies(m: usize, k: usize, plain: bool, norm: bool) -> bool {
+    m > SPLIT_MAX_ROWS && plain && !norm && k > 0 && k.is_multiple_of(8)
+}
+
+/// A CUtensorMap (128 opaque bytes, 64-byte aligned), passed to the kernel by value.
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+struct TmaArg([u64; 16]);
+// SAFETY: plain bytes, laid out as the kernel's `TmaMap` parameter.
+unsafe impl DeviceRepr for TmaArg {}
+
+/// cuTensorMapEncodeTiled for a row-major 16-bit matrix [rows, cols] with row pitch `pitch`
+/// elements: boxes of 64 columns (128 bytes, the 128-byte swizzle's width) x 128 rows, out of
+/// bounds read as zeros.
+fn tma_map(op: &str, addr: u64, bf16: bool, rows: usize, cols: usize, pitch: usize) -> Result<TmaArg> {
+    use cudarc::driver::sys;
+    let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();
+    let dims: [u64; 2] = [cols as u64, rows as u64];
+    let strides: [u64; 1] = [(pitch * 2) as u64];
+    let bx: [u32; 2] = [64, WGMMA_TILE as u32];
+    let es: [u32; 2] = [1, 1];
+    let dt = if bf16 { sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 } else { sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16 };
+    // SAFETY: every pointer is to a local array of the length rank 2 asks for; `map` is written.
+    let r = unsafe {
+        sys::cuTensorMapEncodeTiled(
+            map.as_mut_ptr(),
+            dt,
+            2,
+            addr as *mut std::ffi::c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            bx.as_ptr(),
+            es.as_ptr(),
+            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    };
+    if r != sys::CUresult::CUDA_SUCCESS {
+        return Err(err(format!("{op}: cuTensorMapEncodeTiled [{rows}, {cols}] pitch {pitch}: {r:?}")));
+    }
+    // SAFETY: a CUtensorMap is 128 bytes, 64-byte aligned, written above.
+    Ok(TmaArg(unsafe { std::mem::transmute::<sys::CUtensorMap, [u64; 16]>(map.assume_init()) }))
 }
 
 /// How one tensor-core GEMM launches: its kernel, K slices, whether the slices run one block
@@ -505,6 +570,31 @@ impl CudaBackend {
             let r = unsafe { l.launch(cfg((mi as u32, 1, 1), 256)) };
             self.launched(kern.name, r)?;
         }
+        // TANDEM_CUDA_GEMM_LARGE=wgmma: the wgmma + TMA kernel where it applies.
+        let dst = match dst {
+            GemmOut::Plain(out) if self.wgmma.is_some() && wgmma_applies(m, k, true, norm.is_some()) => {
+                need(out, Elem::F32, m * n, op, "out")?;
+                let Some(kerns) = &self.wgmma else { return Err(err(format!("{op}: wgmma kernels missing"))) };
+                let kern = &kerns[wi - 1];
+                // kp == k here (k % 8 == 0): xa (or x stored in 16 bits) is [m, k].
+                let x_addr = if x16 { x.mem.device_ptr(&self.stream).0 } else { xa.device_ptr(&self.stream).0 };
+                let xm = tma_map(op, x_addr, wi == 1, m, k, k)?;
+                let wm = tma_map(op, w.mem.device_ptr(&self.stream).0, wi == 1, n, k, k)?;
+                let li = i32_of(slice_len, op, "slice_len")?;
+                let grid = (u32_of(n.div_ceil(WGMMA_TILE), op, "blocks")?, u32_of(m.div_ceil(WGMMA_TILE), op, "blocks")?, 1);
+                if grid.1 > 65535 {
+                    return Err(err(format!("{op}: m = {m} needs more than 65535 row tiles")));
+                }
+                let mut l = self.stream.launch_builder(&kern.f);
+                l.arg(&xm).arg(&wm).arg(bias_mem).arg(&bias_code).arg(&mut *out.mem).arg(&mi).arg(&ni).arg(&ki).arg(&li);
+                let launch = LaunchConfig { grid_dim: grid, block_dim: (WGMMA_THREADS, 1, 1), shared_mem_bytes: WGMMA_SMEM };
+                // SAFETY: the argument list matches matmul_wgmma_<dt>'s; the tensor maps cover x
+                // [m, k] and w [n, k] (checked above); out holds m * n floats.
+                let r = unsafe { l.launch(launch) };
+                return self.launched(kern.name, r);
+            }
+            d => d,
+        };
         // A null pointer where the kernel reads nothing: x when it reads xa, unused outputs.
         let null = 0u64;
         let kern = &self.kernels.matmul_tc[wi - 1][g.index];
@@ -699,6 +789,12 @@ mod matmul_tests {
         assert_eq!((gemm_kernel_of(129, GEMM_BN, &v), gemm_kernel_of(129, GEMM_BN_WIDE, &v), gemm_kernel_of(64, GEMM_BN, &v)), (&GEMM_M128, &GEMM_M64_N128, &GEMM_M64));
         assert_eq!((gemm_kernel_of(16, GEMM_BN, &v), gemm_kernel_of(16, GEMM_BN_WIDE, &v)), (&GEMM_M16_S8, &GEMM_M16_N128));
         assert!(parse_gemm_variants(Some("m256"), None, None).unwrap_err().contains("TANDEM_CUDA_GEMM_LARGE=m256"));
+        let w = parse_gemm_variants(Some("wgmma"), None, None).unwrap();
+        assert!(w.wgmma && w.large == &GEMM_M128_OCC2, "wgmma keeps m128_occ2 where it does not apply");
+        assert!(!GEMM_DEFAULT_VARIANTS.wgmma, "the wgmma kernel is off by default");
+        assert_eq!(WGMMA_SMEM, 132160, "kernels/matmul_sm90.cu WGMMA_SMEM_BYTES");
+        assert!(wgmma_applies(129, 2048, true, false) && !wgmma_applies(128, 2048, true, false));
+        assert!(!wgmma_applies(2048, 2044, true, false) && !wgmma_applies(2048, 2048, false, false) && !wgmma_applies(2048, 2048, true, true));
         assert!(parse_gemm_variants(None, Some("x"), None).unwrap_err().contains("TANDEM_CUDA_GEMM_MID=x"));
         assert!(parse_gemm_variants(None, None, Some("m8")).unwrap_err().contains("TANDEM_CUDA_GEMM_SMALL=m8"));
         for (name, g) in [("m16_gemv4", &GEMM_M16_GEMV4), ("m16_gemv8", &GEMM_M16_GEMV8), ("m16_x1", &GEMM_M16_X1)] {

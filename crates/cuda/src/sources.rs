@@ -38,6 +38,7 @@ pub const EMBEDDED: &[(&str, &str)] = embed!(
     "gather_rows",
     "kv_write",
     "matmul",
+    "matmul_sm90",
     "moe",
     "paged_attention",
     "rms_norm",

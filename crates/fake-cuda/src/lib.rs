@@ -375,6 +375,68 @@ pub unsafe extern "C" fn cuMemcpyDtoDAsync_v2(dst: CUdeviceptr, src: CUdeviceptr
     ctx_call("cuMemcpyDtoDAsync_v2", |s| s.enqueue(stream as usize, state::Op::DtoD { dst: dst as usize, src: src as usize, n }))
 }
 
+// ---- tensor maps (TMA) ---------------------------------------------------------------------
+
+/// cuTensorMapEncodeTiled, for what kernels/matmul_sm90.cu asks: rank 2, 16-bit elements,
+/// element strides 1, no interleave, no swizzle or the 128-byte one, zero fill. The 128 bytes
+/// are kernels/emu/wgmma.h's `TensorMap2d` (the emulated TMA reads them, checking the tag);
+/// the argument checks are those cuTensorMapEncodeTiled documents (wgmma.h
+/// `encode_tensor_map_2d` makes the same ones for the emulator's own tests).
+#[no_mangle]
+pub unsafe extern "C" fn cuTensorMapEncodeTiled(
+    map: *mut cudarc::driver::sys::CUtensorMap,
+    dtype: cudarc::driver::sys::CUtensorMapDataType,
+    rank: c_uint,
+    base: *mut c_void,
+    dims: *const u64,
+    strides: *const u64,
+    boxes: *const c_uint,
+    elem_strides: *const c_uint,
+    interleave: cudarc::driver::sys::CUtensorMapInterleave,
+    swizzle: cudarc::driver::sys::CUtensorMapSwizzle,
+    _l2: cudarc::driver::sys::CUtensorMapL2promotion,
+    oob: cudarc::driver::sys::CUtensorMapFloatOOBfill,
+) -> CUresult {
+    use cudarc::driver::sys::{CUtensorMapDataType as D, CUtensorMapFloatOOBfill as O, CUtensorMapInterleave as I, CUtensorMapSwizzle as S};
+    let bad = |m: &str| fail(CUresult::CUDA_ERROR_INVALID_VALUE, &format!("cuTensorMapEncodeTiled: {m}"));
+    if map.is_null() || dims.is_null() || strides.is_null() || boxes.is_null() || elem_strides.is_null() {
+        return bad("a null pointer");
+    }
+    if rank != 2 {
+        return bad("only rank 2 is modelled");
+    }
+    let elem: u64 = match dtype {
+        D::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 | D::CU_TENSOR_MAP_DATA_TYPE_FLOAT16 => 2,
+        _ => return bad("only bf16 / f16 elements are modelled"),
+    };
+    let swz: u32 = match swizzle {
+        S::CU_TENSOR_MAP_SWIZZLE_NONE => 0,
+        S::CU_TENSOR_MAP_SWIZZLE_128B => 3,
+        _ => return bad("only no swizzle and the 128-byte swizzle are modelled"),
+    };
+    if interleave != I::CU_TENSOR_MAP_INTERLEAVE_NONE || oob != O::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE {
+        return bad("only no interleave and zero fill are modelled");
+    }
+    let (d0, d1, st, b0, b1) = (*dims, *dims.add(1), *strides, *boxes as u64, *boxes.add(1) as u64);
+    if *elem_strides != 1 || *elem_strides.add(1) != 1 {
+        return bad("element strides other than 1 are not modelled");
+    }
+    if base as usize % 16 != 0 || st % 16 != 0 || d0 == 0 || d1 == 0 || st < d0 * elem || b0 == 0 || b1 == 0 || b0 > 256 || b1 > 256 || (b0 * elem) % 16 != 0 || (swz == 3 && b0 * elem > 128) {
+        return bad(&format!("address {base:p}, dims [{d0}, {d1}], row stride {st}, box [{b0}, {b1}]: outside what the driver accepts"));
+    }
+    // wgmma.h TensorMap2d: tag, base, dim0, dim1, stride1 (u64 each), box0, box1, elem bytes, swizzle (u32 each).
+    let mut w = [0u64; 16];
+    w[0] = 0x746d_6170_3264_00;
+    w[1] = base as u64;
+    w[2] = d0;
+    w[3] = d1;
+    w[4] = st;
+    w[5] = b0 | (b1 << 32);
+    w[6] = elem | ((swz as u64) << 32);
+    std::ptr::copy_nonoverlapping(w.as_ptr() as *const u8, map as *mut u8, 128);
+    CUresult::CUDA_SUCCESS
+}
+
 // ---- modules, functions, launches ----------------------------------------------------------
 
 #[no_mangle]

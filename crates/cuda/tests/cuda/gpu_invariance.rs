@@ -177,6 +177,9 @@ fn matmul_rows_do_not_depend_on_the_batch() {
             };
             // m = 1 and 16 take the m16 kernel, 17 and 128 the m64 one (both split K across
             // blocks), 300 the m128 one (slices folded in registers): every row must agree.
+            // With TANDEM_CUDA_GEMM_LARGE=wgmma (gpu/tune.sh), m = 300 takes the wgmma + TMA
+            // kernel (kernels/matmul_sm90.cu) for bf16 / f16: this is the hardware's bitwise
+            // check of wgmma against mma.sync.
             let batches: Vec<(usize, Vec<f32>)> = [16, 17, 128, 300].iter().map(|&m| (m, run(m, 0))).collect();
             for r in [0, 5, 16, 100, 299] {
                 let alone = run(1, r);

@@ -1,0 +1,307 @@
+// sm90_test.cpp — the emulator's Hopper instructions (wgmma.h) and the wgmma + TMA GEMM
+// (kernels/matmul_sm90.cu), run by run.sh:
+//   - wgmma m64nNk16 (N = 8, 64, 128, 256) from descriptors over hand-placed operands, no swizzle
+//     and 128-byte swizzle: every accumulator register against a reference summed in the
+//     documented order, bitwise; the asynchrony (D untouched before the wait; wait_group 1 leaves
+//     the newest group pending);
+//   - TMA 2D boxes (in bounds, past the edges: zeros) with and without the 128-byte swizzle;
+//     the mbarrier phase and transaction count (wrong parity, missing expect_tx read poison);
+//   - misuse aborts (forked): wgmma without wgmma.fence, an mbarrier never initialised;
+//   - the GEMM against f64 at awkward shapes (m, n not multiples of the 128 x 128 tile, k edge
+//     tiles, K slices ending inside a 64-column k tile) and bitwise against the mma.sync kernel
+//     (matmul.cu's default path for the same m) on the same inputs.
+// Run with an argument N = 1..5 it breaks the GEMM with matmul_sm90.cu's test hook N (one
+// build for all: TANDEM_WGMMA_BREAK is this program's variable), runs only the GEMM checks, and
+// succeeds only if every one of them fails.
+#include "cuda_emu.h"
+
+static int wgmma_break = 0;
+#define TANDEM_WGMMA_BREAK wgmma_break
+#include "../matmul.cu"
+#include "../matmul_sm90.cu"
+
+#include <cstdio>
+#include <string>
+#include <tuple>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "matmul_test.h"
+
+namespace {
+int checks = 0, failures = 0;
+void check(const std::string& what, bool ok) {
+    ++checks;
+    if (!ok) ++failures;
+    if (wgmma_break) std::printf("%s %s\n", ok ? "passed (bad: the break went unnoticed)" : "failed (as it must)", what.c_str());
+    else std::printf("%s %s\n", ok ? "ok  " : "FAIL", what.c_str());
+}
+
+uint16_t bf(float v) { return f32_to_bf16_bits(v); }
+
+// ---- wgmma -----------------------------------------------------------------------------------
+// A [64][16] and B [N][16] (K-major) placed in shared memory by the layouts of the PTX ISA,
+// written here from the description, not with wgmma.h's address function.
+void wgmma_case(int n, bool swizzled) {
+    std::vector<uint16_t> A(64 * 16), B((size_t)n * 16);
+    std::vector<float> C((size_t)64 * n);
+    for (auto& a : A) a = bf(mmtest::rnd());
+    for (auto& b : B) b = bf(mmtest::rnd());
+    for (auto& c : C) c = mmtest::rnd();
+    // no swizzle: core matrix (8 rows x 8 elements) = 128 contiguous bytes; K neighbour 128 bytes
+    // on (LBO), next 8 rows 256 bytes on (SBO). 128-byte swizzle: rows of 128 bytes (only the
+    // first 32 used: one k16 step), atoms of 8 rows 1024 bytes apart; chunk ^= row % 8; the B
+    // operand 32 bytes into its rows (the second k16 step of a 64-column tile).
+    const uint32_t a_base = 0, b_base = swizzled ? 64 * 128 : 64 * 16 * 2, b_step = swizzled ? 32 : 0;
+    auto place = [&](uint32_t base, int i, int kk, bool sw, uint32_t step) -> uint32_t {
+        if (!sw) return base + (uint32_t)(i / 8) * 256 + (uint32_t)(kk / 8) * 128 + (uint32_t)(i % 8) * 16 + (uint32_t)(kk % 8) * 2;
+        const uint32_t row = base + (uint32_t)i * 128, byte = step + (uint32_t)kk * 2;
+        return row + (((byte / 16) ^ ((uint32_t)i % 8)) * 16) + byte % 16;
+    };
+    const size_t smem = swizzled ? (64 + (size_t)n) * 128 : (64 + (size_t)n) * 32;
+    std::vector<float> got((size_t)64 * n, NAN), before((size_t)64 * n, NAN);
+    bool async_ok = true;
+    launch(dim3{1, 1, 1}, dim3{128, 1, 1}, [&] {
+        unsigned char* s = emu::dynamic_smem();
+        if (threadIdx.x == 0) {
+            for (int i = 0; i < 64; ++i)
+                for (int kk = 0; kk < 16; ++kk) std::memcpy(s + place(a_base, i, kk, swizzled, 0), &A[i * 16 + kk], 2);
+            for (int i = 0; i < n; ++i)
+                for (int kk = 0; kk < 16; ++kk) std::memcpy(s + place(b_base, i, kk, swizzled, b_step), &B[(size_t)i * 16 + kk], 2);
+        }
+        __syncthreads();
+        const unsigned tw = threadIdx.x, v = tw / 32, l = tw % 32, g = l / 4, t = l % 4;
+        float d[128];
+        auto row = [&](int i) { return (int)(16 * v + g + 8 * ((i / 2) % 2)); };
+        auto col = [&](int i) { return 8 * (i / 4) + (int)(2 * t) + i % 2; };
+        for (int i = 0; i < n / 2; ++i) d[i] = C[(size_t)row(i) * n + col(i)];
+        const u64 da = swizzled ? wgmma_desc(a_base, 16, 1024, 1) : wgmma_desc(a_base, 128, 256, 0);
+        const u64 db = swizzled ? wgmma_desc(b_base + b_step, 16, 1024, 1) : wgmma_desc(b_base, 128, 256, 0);
+        wgmma_fence();
+        emu::wgmma_issue(d, n, da, db, false);
+        wgmma_commit();
+        for (int i = 0; i < n / 2; ++i) async_ok = async_ok && d[i] == C[(size_t)row(i) * n + col(i)];
+        wgmma_wait<0>();
+        for (int i = 0; i < n / 2; ++i) got[(size_t)row(i) * n + col(i)] = d[i];
+    }, smem);
+    bool same = true;
+    for (int r = 0; r < 64; ++r)
+        for (int c = 0; c < n; ++c) {
+            float acc = C[(size_t)r * n + c];
+            for (int kk = 0; kk < 16; ++kk) acc = acc + bf16_bits_to_f32(A[r * 16 + kk]) * bf16_bits_to_f32(B[(size_t)c * 16 + kk]);
+            same = same && std::memcmp(&acc, &got[(size_t)r * n + c], 4) == 0;
+        }
+    check("wgmma m64n" + std::to_string(n) + "k16 bf16 " + (swizzled ? "128-byte swizzle" : "no swizzle") +
+              ": every register bitwise equal to the reference (ascending-k f32 adds, the fragment layout of the PTX ISA)",
+          same);
+    check("wgmma m64n" + std::to_string(n) + "k16: the accumulator is untouched until wait_group", async_ok);
+}
+
+// Two groups on two accumulators: wait_group 1 completes the older only.
+void wgmma_wait_groups() {
+    bool ok = true;
+    launch(dim3{1, 1, 1}, dim3{128, 1, 1}, [&] {
+        unsigned char* s = emu::dynamic_smem();
+        for (unsigned i = threadIdx.x; i < 64 * 16 + 8 * 16; i += 128) {
+            const uint16_t one = bf(1.0f);
+            std::memcpy(s + 2 * i, &one, 2);
+        }
+        __syncthreads();
+        float d1[4] = {0, 0, 0, 0}, d2[4] = {0, 0, 0, 0};
+        const u64 da = wgmma_desc(0, 128, 256, 0), db = wgmma_desc(64 * 16 * 2, 128, 256, 0);
+        wgmma_fence();
+        emu::wgmma_issue(d1, 8, da, db, false);
+        wgmma_commit();
+        emu::wgmma_issue(d2, 8, da, db, false);
+        wgmma_commit();
+        wgmma_wait<1>();
+        ok = ok && d1[0] == 16.0f && d1[3] == 16.0f && d2[0] == 0.0f;
+        wgmma_wait<0>();
+        ok = ok && d2[0] == 16.0f && d2[3] == 16.0f;
+    }, 64 * 16 * 2 + 8 * 16 * 2);
+    check("wgmma wait_group 1 completes all but the newest commit group, wait_group 0 the rest", ok);
+}
+
+// ---- TMA + mbarrier --------------------------------------------------------------------------
+void tma_case(bool swizzled) {
+    const int rows = 100, cols = 72, pitch = 80;  // global [rows][pitch] bf16, dims {cols, rows}
+    std::vector<uint16_t> g((size_t)rows * pitch);
+    for (size_t i = 0; i < g.size(); ++i) g[i] = (uint16_t)(i * 7 + 1);
+    TmaMap map;
+    const bool enc = emu::encode_tensor_map_2d(&map, g.data(), 2, cols, rows, pitch * 2, 64, 32, swizzled ? 3 : 0);
+    const int c0 = 40, c1 = 90;  // box columns 40..103 (past 72), rows 90..121 (past 100)
+    bool data_ok = true, parity_ok = true;
+    launch(dim3{1, 1, 1}, dim3{32, 1, 1}, [&] {
+        unsigned char* s = emu::dynamic_smem();
+        u64* bar = reinterpret_cast<u64*>(s + 4096);
+        if (threadIdx.x == 0) mbar_init(bar, 1);
+        __syncwarp();
+        if (threadIdx.x == 0) {
+            mbar_arrive_expect_tx(bar, 64 * 32 * 2);
+            tma_load_2d(s, &map, c0, c1, bar);
+        }
+        parity_ok = parity_ok && mbar_try_wait(bar, 1);  // the fresh barrier's "previous" phase
+        mbar_wait(bar, 0);
+        parity_ok = parity_ok && mbar_try_wait(bar, 0) && !mbar_try_wait(bar, 1);
+        if (threadIdx.x == 0)
+            for (int r = 0; r < 32; ++r)
+                for (int e = 0; e < 64; ++e) {
+                    uint32_t a = (uint32_t)(r * 128 + e * 2);
+                    if (swizzled) a = a ^ (((a >> 7) & 7u) << 4);
+                    uint16_t h;
+                    std::memcpy(&h, s + a, 2);
+                    const int gr = c1 + r, gc = c0 + e;
+                    const uint16_t want = gr < rows && gc < cols ? g[(size_t)gr * pitch + gc] : 0;
+                    data_ok = data_ok && h == want;
+                }
+    }, 4096 + 8);
+    check(std::string("TMA 2D box over the m and k edges, ") + (swizzled ? "128-byte swizzle" : "no swizzle") +
+              ": every element where the layout puts it, out of bounds as zeros",
+          enc && data_ok);
+    check("mbarrier try_wait.parity: the fresh barrier's parity 1 counts as complete, parity 0 once the bytes landed", parity_ok);
+}
+
+// The model catches a wrong parity and an arrive without expect_tx: the data read is poison.
+void tma_misuse() {
+    std::vector<uint16_t> g(64 * 8, bf(1.0f));
+    TmaMap map;
+    emu::encode_tensor_map_2d(&map, g.data(), 2, 64, 8, 128, 64, 8, 3);
+    for (int mode = 0; mode < 2; ++mode) {
+        bool poisoned = false;
+        launch(dim3{1, 1, 1}, dim3{32, 1, 1}, [&] {
+            unsigned char* s = emu::dynamic_smem();
+            u64* bar = reinterpret_cast<u64*>(s + 1024);
+            if (threadIdx.x == 0) {
+                mbar_init(bar, 1);
+                if (mode == 0) mbar_arrive_expect_tx(bar, 64 * 8 * 2);
+                else mbar_arrive(bar);  // no expect_tx: the phase completes at once
+                tma_load_2d(s, &map, 0, 0, bar);
+                mbar_wait(bar, mode == 0 ? 1 : 0);  // mode 0: the wrong parity
+                uint16_t h;
+                std::memcpy(&h, s, 2);
+                poisoned = h == 0xffff;
+            }
+        }, 1024 + 8);
+        check(mode == 0 ? "mbarrier: a wait with the wrong parity returns before the TMA bytes land (poison read)"
+                        : "mbarrier: an arrive without expect_tx completes the phase before the TMA bytes land (poison read)",
+              poisoned);
+    }
+}
+
+// A forked child runs f; it must abort with `msg` on stderr.
+template <typename F>
+void dies(const std::string& what, const char* msg, F f) {
+    std::fflush(stdout);
+    int fds[2];
+    if (pipe(fds) != 0) return check(what + ": pipe", false);
+    const pid_t pid = fork();
+    if (pid == 0) {
+        dup2(fds[1], 2);
+        close(fds[0]);
+        f();
+        _exit(0);
+    }
+    close(fds[1]);
+    std::string err;
+    char buf[512];
+    for (ssize_t r; (r = read(fds[0], buf, sizeof buf)) > 0;) err.append(buf, (size_t)r);
+    close(fds[0]);
+    int st = 0;
+    waitpid(pid, &st, 0);
+    check(what, !(WIFEXITED(st) && WEXITSTATUS(st) == 0) && err.find(msg) != std::string::npos);
+}
+void misuse_aborts() {
+    dies("wgmma without wgmma.fence aborts", "no wgmma.fence", [] {
+        launch(dim3{1, 1, 1}, dim3{128, 1, 1}, [] {
+            float d[4] = {0, 0, 0, 0};
+            emu::wgmma_issue(d, 8, wgmma_desc(0, 128, 256, 0), wgmma_desc(0, 128, 256, 0), false);
+        }, 4096);
+    });
+    dies("an mbarrier used before init aborts", "before mbarrier.init", [] {
+        launch(dim3{1, 1, 1}, dim3{32, 1, 1}, [] { mbar_arrive(reinterpret_cast<u64*>(emu::dynamic_smem())); }, 64);
+    });
+}
+
+// ---- the GEMM --------------------------------------------------------------------------------
+// matmul.rs's wgmma launch: x f32 -> xa (matmul_x), the tensor maps, grid (ceil(n/128),
+// ceil(m/128)), 384 threads, WGMMA_SMEM_BYTES.
+std::vector<float> run_wgmma(const mmtest::Problem& p) {
+    const int m = p.m, n = p.n, k = p.k, kp = (k + 7) / 8 * 8;
+    std::vector<uint16_t> xa((size_t)m * kp + 8, 0xffff);
+    launch(dim3{(unsigned)m, 1, 1}, dim3{256, 1, 1}, [&] {
+        if (p.dt == 1) matmul_x_bf16(p.x.data(), xa.data(), m, k, kp);
+        else matmul_x_f16(p.x.data(), xa.data(), m, k, kp);
+    });
+    TmaMap xm, wm;
+    const bool ok = emu::encode_tensor_map_2d(&xm, xa.data(), 2, (uint64_t)k, (uint64_t)m, (uint64_t)kp * 2, WGMMA_BK, WGMMA_BM, 3) &&
+                    emu::encode_tensor_map_2d(&wm, p.w.data(), 2, (uint64_t)k, (uint64_t)n, (uint64_t)k * 2, WGMMA_BK, WGMMA_BN, 3);
+    std::vector<float> out((size_t)m * n, NAN);
+    if (!ok) return out;
+    const int bias_code = p.bias ? p.dt + 1 : 0;
+    const void* bp = p.bias ? (const void*)p.b.data() : nullptr;
+    const int slice_len = mmtest::k_slices(n, k).len;
+    const dim3 grid{(unsigned)((n + WGMMA_BN - 1) / WGMMA_BN), (unsigned)((m + WGMMA_BM - 1) / WGMMA_BM), 1};
+    launch(grid, dim3{WGMMA_THREADS, 1, 1}, [&] {
+        if (p.dt == 1) matmul_wgmma_bf16(xm, wm, bp, bias_code, out.data(), m, n, k, slice_len);
+        else matmul_wgmma_f16(xm, wm, bp, bias_code, out.data(), m, n, k, slice_len);
+    }, WGMMA_SMEM_BYTES);
+    return out;
+}
+void gemm_case(int dt, int m, int n, int k, bool bias) {
+    const mmtest::Problem p = mmtest::problem(dt, m, n, k, bias);
+    const auto got = run_wgmma(p);
+    const mmtest::Slices sl = mmtest::k_slices(n, k);
+    mmtest::check_f64(check, std::string("matmul_wgmma_") + (dt == 1 ? "bf16" : "f16") + " slices " + std::to_string(sl.count) + " of " +
+                                 std::to_string(sl.len),
+                      p, got, sl.count);
+    if (wgmma_break) return;
+    std::string kernel;
+    const auto ref = mmtest::run(dt, p.x.data(), p.w.data(), p.bias ? p.b.data() : nullptr, m, n, k, &kernel);
+    check("matmul_wgmma m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k) + ": bitwise equal to " + kernel,
+          std::memcmp(got.data(), ref.data(), 4 * got.size()) == 0);
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+    wgmma_break = argc > 1 ? std::atoi(argv[1]) : 0;
+    if (wgmma_break < 0 || wgmma_break > 5) return 2;
+    if (!wgmma_break) {
+        for (int n : {8, 64, 128, 256}) wgmma_case(n, false);
+        for (int n : {8, 128, 256}) wgmma_case(n, true);
+        wgmma_wait_groups();
+        tma_case(false);
+        tma_case(true);
+        tma_misuse();
+        misuse_aborts();
+        check("matmul_wgmma shared memory: 4 stages of 32 KiB, the barriers and 1 KiB of alignment slack (matmul.rs GEMM_WGMMA)",
+              WGMMA_SMEM_BYTES == 132160);
+        // m, n not multiples of 128; k = 1000: 3 slices of 352 (slices end inside 64-column k tiles),
+        // k tail 40 of a tile; k = 136: 1 slice, a tail of 8; k = 40: one partial k tile.
+        gemm_case(1, 200, 200, 1000, true);
+        gemm_case(1, 129, 72, 136, false);
+        gemm_case(2, 300, 130, 40, true);
+        gemm_case(2, 137, 264, 1000, false);
+        gemm_case(1, 5, 72, 1000, true);  // m <= 128: the mma.sync path splits K there; the bits agree
+        std::printf("sm90: %d checks, %d failed\n", checks, failures);
+        return failures == 0 ? 0 : 1;
+    }
+    // More k tiles than stages, so that every stage is refilled (break 2 needs it). Each case in
+    // a forked child: a break may also make the emulator abort (e.g. break 3 arrives on a stage's
+    // barrier more often than it expects), which counts as caught.
+    for (auto [dt, m, n, k] : {std::tuple{1, 200, 200, 1000}, std::tuple{2, 137, 264, 1000}, std::tuple{1, 300, 72, 520}}) {
+        std::fflush(stdout);
+        const pid_t pid = fork();
+        if (pid == 0) {
+            gemm_case(dt, m, n, k, true);
+            std::fflush(stdout);
+            _exit(failures == 0 ? 0 : 1);
+        }
+        int st = 0;
+        waitpid(pid, &st, 0);
+        check("(child) matmul_wgmma m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k) +
+                  (WIFSIGNALED(st) ? ": the emulator aborted" : ""),
+              WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    }
+    std::printf("TANDEM_WGMMA_BREAK=%d: %d of %d checks caught the break\n", wgmma_break, failures, checks);
+    return failures == checks ? 0 : 1;
+}

@@ -1,0 +1,160 @@
+// matmul_sm90.cu — y = x · Wᵀ (+ bias) for prefill on Hopper: wgmma + TMA (sm_90a only).
+//
+// A VARIANT of kernels/matmul.cu's large-m tile kernels (TANDEM_CUDA_GEMM_LARGE=wgmma; off by
+// default), in its own file because it exists only for sm_90a: NVRTC compiles this file for
+// --gpu-architecture=sm_90a on an sm_90 device, and to an empty module elsewhere (the body is
+// under __CUDA_ARCH_FEAT_SM90_ALL, which NVRTC defines for sm_90a). It keeps matmul.cu's CONTRACT (read it there): for bf16 / f16
+// weights every output element is the same sequence of k16 steps in ascending k, accumulated
+// in f32 from 0 at every K slice (slices of `slice_len`, a multiple of 32, from matmul.rs
+// `k_slices`), slices folded in index order in registers, then + bias. The k16 steps here are
+// wgmma m64n128k16 instead of mma.sync m16n8k16: the emulator (kernels/emu/wgmma.h) sums one
+// k16 step of either in the same order, so there the bits are equal (kernels/emu/sm90_test.cpp
+// checks it bitwise against the mma.sync kernel). On the GPU that equality is UNPROVEN until a
+// GPU check compares the two bitwise (crates/cuda/tests gpu_wgmma, gpu/tune.sh): the hardware's
+// order inside one instruction is undocumented and may differ between mma.sync and wgmma.
+//
+// Scope (the launcher falls back to the mma.sync kernel otherwise): x stored in 16 bits (xa
+// [m, kp], from matmul_x or the backend's activation storage), kp % 8 == 0 and k % 8 == 0 (TMA
+// needs 16-byte row strides), k >= 1, m > 128 (one block per tile, no split K), the plain
+// epilogue (out f32 [m, n] (+ bias)) without the input norm.
+//
+// Block: 384 threads = 3 warpgroups, output tile 128 x 128 (BM x BN).
+//   warpgroup 0, the producer: thread 0 walks the k tiles (BK = 64 columns, 128 bytes of a
+//     16-bit row: one 128-byte swizzle atom wide); per tile it waits for the stage to be free
+//     (mbarrier empty[s]), arms full[s] with the tile's bytes (arrive.expect_tx) and issues two
+//     TMA copies (x's 128 x 64 box, w's 128 x 64 box, 128-byte swizzle, out of bounds as zeros:
+//     the m, n and k edges). STAGES = 4 stages of 32 KiB.
+//   warpgroups 1 and 2, the consumers: rows 64 c .. 64 c + 63 of the tile each; per k tile they
+//     wait for full[s], issue one wgmma m64n128k16 per k16 step (ascending k; a step at or past
+//     k is skipped: it would add exact zeros), commit and wait, then each warp's lane 0 arrives on
+//     empty[s] (8 arrivals free the stage). Where a K slice ends inside a tile, the steps before
+//     are waited for and the slice folded (total = acc, then total += acc) before the next step.
+//   Shared memory: 1024 bytes of alignment slack (the 128-byte swizzle is a function of address
+//   bits 4-9, so each stage starts 1024-aligned), STAGES x (16 KiB of x + 16 KiB of w), then the
+//   2 x STAGES mbarriers: WGMMA_SMEM_BYTES (opt-in above 48 KiB).
+// Test hooks (kernels/emu/sm90_test.cpp defines TANDEM_WGMMA_BREAK as a variable it sets from its
+// argument, N = 1..5; everywhere else it is the constant 0; each must be caught):
+//   1 a wrong accumulator fragment index in the epilogue, 2 the wgmma wait before a stage is
+//   released dropped, 3 the consumers wait for full[s] with the wrong parity, 4 the descriptors
+//   say no swizzle, 5 the producer arrives without expect_tx.
+#include "common.cuh"
+
+#ifndef TANDEM_WGMMA_BREAK
+#define TANDEM_WGMMA_BREAK 0
+#endif
+#ifdef TANDEM_HOST_EMU
+#define __grid_constant__
+#endif
+
+#define WGMMA_BM 128
+#define WGMMA_BN 128
+#define WGMMA_BK 64
+#define WGMMA_STAGES 4
+#define WGMMA_THREADS 384
+#define WGMMA_STAGE_ELEMS (WGMMA_BM * WGMMA_BK)  // per operand (BM == BN)
+#define WGMMA_SMEM_BYTES (1024 + WGMMA_STAGES * 2 * WGMMA_STAGE_ELEMS * 2 + 2 * WGMMA_STAGES * 8)
+
+#if defined(TANDEM_HOST_EMU) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
+template <typename T>
+__device__ void matmul_wgmma_impl(const TmaMap* xmap, const TmaMap* wmap, const void* __restrict__ bias, int bias_dtype, float* __restrict__ out, int m,
+                                  int n, int k, int slice_len) {
+    TANDEM_DYNAMIC_SMEM(raw);
+    unsigned char* base = raw + ((1024u - (smem_u32(raw) & 1023u)) & 1023u);
+    u16* As = reinterpret_cast<u16*>(base);
+    u16* Bs = As + WGMMA_STAGES * WGMMA_STAGE_ELEMS;
+    u64* full = reinterpret_cast<u64*>(Bs + WGMMA_STAGES * WGMMA_STAGE_ELEMS);
+    u64* empty = full + WGMMA_STAGES;
+    const int wg = threadIdx.x / 128, m0 = blockIdx.y * WGMMA_BM, n0 = blockIdx.x * WGMMA_BN;
+    const int nt = (k + WGMMA_BK - 1) / WGMMA_BK;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < WGMMA_STAGES; ++s) {
+            mbar_init(&full[s], 1);
+            mbar_init(&empty[s], 8);  // one arrival per consumer warp
+        }
+        mbar_init_fence();
+    }
+    __syncthreads();
+
+    if (wg == 0) {  // the producer; its other threads have nothing to do
+        if (threadIdx.x != 0) return;
+        for (int i = 0; i < nt; ++i) {
+            const int s = i % WGMMA_STAGES;
+            // Round i / STAGES of stage s: the consumers freed it in the previous round (a
+            // fresh barrier's parity-1 phase counts as complete, so round 0 does not wait).
+            mbar_wait(&empty[s], ((i / WGMMA_STAGES) & 1) ^ 1);
+            if (TANDEM_WGMMA_BREAK == 5) mbar_arrive(&full[s]);
+            else mbar_arrive_expect_tx(&full[s], 2 * WGMMA_STAGE_ELEMS * 2);
+            tma_load_2d(As + s * WGMMA_STAGE_ELEMS, xmap, i * WGMMA_BK, m0, &full[s]);
+            tma_load_2d(Bs + s * WGMMA_STAGE_ELEMS, wmap, i * WGMMA_BK, n0, &full[s]);
+        }
+        return;
+    }
+
+    const int cw = wg - 1, lane = threadIdx.x & 31;
+    const u32 swz = TANDEM_WGMMA_BREAK == 4 ? 0 : 1;  // 128-byte swizzle, as the TMA boxes are written
+    float acc[64], total[64];
+#pragma unroll
+    for (int q = 0; q < 64; ++q) acc[q] = total[q] = 0.0f;
+    bool first_slice = true;
+    int next_fold = slice_len;
+    for (int i = 0; i < nt; ++i) {
+        const int s = i % WGMMA_STAGES;
+        mbar_wait(&full[s], ((i / WGMMA_STAGES) & 1) ^ (TANDEM_WGMMA_BREAK == 3 ? 1 : 0));
+        // This warpgroup's 64 rows of x start 64 rows (8 KiB, 8 atoms) into the stage.
+        const u32 a0 = smem_u32(As + s * WGMMA_STAGE_ELEMS) + (u32)cw * 64 * 128, b0 = smem_u32(Bs + s * WGMMA_STAGE_ELEMS);
+        wgmma_fence_regs(acc);
+        wgmma_fence();
+#pragma unroll
+        for (int j = 0; j < WGMMA_BK / 16; ++j) {
+            const int kc = i * WGMMA_BK + 16 * j;
+            if (kc >= k) break;
+            if (kc == next_fold) {  // a K slice ends before this step: fold it (matmul.cu's order)
+                next_fold += slice_len;
+                wgmma_commit();
+                wgmma_wait<0>();
+                wgmma_fence_regs(acc);
+#pragma unroll
+                for (int q = 0; q < 64; ++q) {
+                    total[q] = first_slice ? acc[q] : total[q] + acc[q];
+                    acc[q] = 0.0f;
+                }
+                first_slice = false;
+                wgmma_fence_regs(acc);
+                wgmma_fence();
+            }
+            // K-major, 8-row atoms 1024 bytes apart (SBO); step j starts 32 bytes into the row.
+            wgmma_m64n128k16(T{}, acc, wgmma_desc(a0 + 32 * j, 16, 1024, swz), wgmma_desc(b0 + 32 * j, 16, 1024, swz));
+        }
+        wgmma_commit();
+        if (TANDEM_WGMMA_BREAK != 2) wgmma_wait<0>();  // the stage's bytes are read: it may be refilled
+        wgmma_fence_regs(acc);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&empty[s]);
+    }
+    wgmma_wait<0>();
+    wgmma_fence_regs(acc);
+    if (nt > 0)
+#pragma unroll
+        for (int q = 0; q < 64; ++q) total[q] = first_slice ? acc[q] : total[q] + acc[q];
+
+    // Accumulator fragment (PTX ISA, wgmma m64nNk16 D): register q at row 16 v + g + 8 ((q / 2) % 2),
+    // column 8 (q / 4) + 2 t + q % 2 of the warpgroup's 64 x 128 tile (v: warp in the group).
+    const int v = (threadIdx.x % 128) / 32, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int q = 0; q < 64; ++q) {
+        const bool bad = TANDEM_WGMMA_BREAK == 1;  // swaps the row and column bits of q
+        const int r = m0 + 64 * cw + 16 * v + g + 8 * (bad ? q % 2 : (q / 2) % 2), c = n0 + 8 * (q / 4) + 2 * t + (bad ? (q / 2) % 2 : q % 2);
+        if (r >= m || c >= n) continue;
+        out[(size_t)r * n + c] = bias_dtype ? total[q] + load_bias(bias, bias_dtype, c) : total[q];
+    }
+}
+
+#define MATMUL_WGMMA(DT, T)                                                                                                          \
+    extern "C" __global__ void __launch_bounds__(WGMMA_THREADS, 1)                                                                  \
+        matmul_wgmma_##DT(const __grid_constant__ TmaMap xmap, const __grid_constant__ TmaMap wmap, const void* bias, int bias_dtype, \
+                          float* out, int m, int n, int k, int slice_len) {                                                         \
+        matmul_wgmma_impl<T>(&xmap, &wmap, bias, bias_dtype, out, m, n, k, slice_len);                                              \
+    }
+MATMUL_WGMMA(bf16, bf16_t)
+MATMUL_WGMMA(f16, f16_t)
+#endif
