@@ -10,6 +10,7 @@
 # Settings: TANDEM_TUNE_BUDGET_S (default 300: fits one call with the machine's start inside
 # the session's 15 minutes after a check), TANDEM_TUNE_VARIANTS (space-separated
 # LARGE:MID:SMALL, default "m128:m64:m16 m128_n128:m64_occ4:m16_s8 m128_occ2:m64:m16"),
+# TANDEM_TUNE_SAMPLERS (SAMPLER:ARGMAX pairs, default "bisect:one radix:multi"),
 # TANDEM_TUNE_NCU=0 to skip ncu.
 # Writes OUT_DIR/tune.log (everything), OUT_DIR/tune.tsv (one row per variant and case) and
 # OUT_DIR/ncu-*.txt; prints the table last.
@@ -72,6 +73,18 @@ for v in $VARIANTS; do
     grep -E '^\| prefill tok/s' "$WORK/logs/prefill_2048__${v//:/_}_.log" 2>/dev/null | awk -F'|' -v v="$v" '{gsub(/^ +| +$/, "", $3); print v "\tprefill 2048 tok/s\t" $3}' >>"$OUT/tune.tsv"
     NEED=20 PICK='decode tok/s' step "decode b1,b64 [$v]" 60 "${E[@]}" "$BIN" bench decode --backend cuda --model "$BENCH_DIR" --prompt-len 512 --max-tokens 64 --batch-sizes 1,64 --runs 2 --max-num-batched-tokens 2048 --output-dir "$WORK/raw" --name "decode-$L-$M-$S"
     grep -E '^\| decode tok/s' "$WORK/logs/decode_b1_b64__${v//:/_}_.log" 2>/dev/null | awk -F'|' -v v="$v" '{gsub(/^ +| +$/, "", $2); gsub(/^ +| +$/, "", $3); print v "\t" $2 "\t" $3}' >>"$OUT/tune.tsv"
+done
+
+# 2b. The sampler and argmax variants (TANDEM_CUDA_SAMPLER=bisect|radix, TANDEM_CUDA_ARGMAX=
+#     one|multi; each gives the host sampler's ids, crates/cuda/tests): their ids on the GPU
+#     against the host (the masked-sampling test), then argmax and top-p sampling at vocabulary
+#     128256, batch 1 and 64. Target: top-p at batch 1 under 3% of a batch-1 decode step.
+for v in ${TANDEM_TUNE_SAMPLERS:-bisect:one radix:multi}; do
+    IFS=: read -r SV AV <<<"$v"
+    E=(env TANDEM_CUDA_SAMPLER="$SV" TANDEM_CUDA_ARGMAX="$AV")
+    [ -x "$HERE/cuda-tests" ] && NEED=10 PICK='test result|panicked|FAILED' step "sampling ids [$v]" 60 "${E[@]}" TANDEM_REQUIRE_CUDA=1 "$HERE/cuda-tests" --test-threads 1 gpu_invariance::masked_sampling
+    NEED=10 PICK='sample|argmax' step "sampling lab [$v]" 60 "${E[@]}" "$BIN" bench kernels --backend cuda --shape llama-3.2-1b --only-sampling --sample-batch 1,64 --min-ms 50 --output-dir "$WORK/raw" --name "lab-sampling-$SV-$AV"
+    grep -E '^\| (sample|argmax)' "$WORK/logs/sampling_lab__${v//:/_}_.log" 2>/dev/null | awk -F'|' -v v="$v" '{gsub(/^ +| +$/, "", $2); gsub(/^ +| +$/, "", $3); gsub(/^ +| +$/, "", $4); print v "\t" $2 " " $3 "\t" $4}' >>"$OUT/tune.tsv"
 done
 
 # 3. Nsight Compute on one launch of each slow GEMM (the kernel lab's qkv at m = 64 and 2048,
