@@ -240,20 +240,19 @@ fn lab<B: Backend>(b: &B, a: &Args) -> Result<Vec<Row>> {
         d => bail!("--dtype {d}: bf16, f16 or f32"),
     };
     let mut rows = vec![];
-    for &bs in &a.sample_batch {
-        sampling(b, s, a, bs, &mut rows)?;
-    }
-    if a.only_sampling {
-        return Ok(rows);
-    }
-    gemms(b, s, a, dtype, &mut rows)?;
-    for &bs in &a.attn_batch {
-        for &ctx in &a.attn_context {
-            attention(b, s, a, bs, ctx, 1, &mut rows)?;
+    if !a.only_sampling {
+        gemms(b, s, a, dtype, &mut rows)?;
+        for &bs in &a.attn_batch {
+            for &ctx in &a.attn_context {
+                attention(b, s, a, bs, ctx, 1, &mut rows)?;
+            }
+        }
+        for &t in &a.attn_prefill {
+            attention(b, s, a, 1, t, t, &mut rows)?;
         }
     }
-    for &t in &a.attn_prefill {
-        attention(b, s, a, 1, t, t, &mut rows)?;
+    for &bs in &a.sample_batch {
+        sampling(b, s, a, bs, &mut rows)?;
     }
     Ok(rows)
 }
