@@ -45,6 +45,27 @@ def case_fn(torch, spec, dev):
         x = torch.randn(spec["m"], spec["k"], device=dev, dtype=dt)
         w = torch.randn(spec["n"], spec["k"], device=dev, dtype=dt) * 0.05
         return lambda: x @ w.T
+    if spec["kind"] == "argmax":
+        x = torch.randn(spec["batch"], spec["vocab"], device=dev) * 4
+        return lambda: torch.argmax(x, dim=-1).cpu()
+    if spec["kind"] == "sample":
+        # vLLM's top-k/top-p without FlashInfer: sort, mask by the sorted cumulative mass,
+        # softmax, one exponential race (q), the ids to the host, as ours are.
+        x = torch.randn(spec["batch"], spec["vocab"], device=dev) * 4
+        top_k, top_p = spec["top_k"], spec["top_p"]
+
+        def sample():
+            s, idx = x.sort(dim=-1, descending=False)
+            if top_k:
+                kth = s[:, -top_k].unsqueeze(1)
+                s = s.masked_fill(s < kth, float("-inf"))
+            p = s.softmax(dim=-1)
+            s = s.masked_fill(p.cumsum(dim=-1) <= 1 - top_p, float("-inf"))
+            p = s.softmax(dim=-1)
+            q = torch.empty_like(p).exponential_()
+            return idx.gather(1, (p / q).argmax(dim=-1, keepdim=True)).cpu()
+
+        return sample
     b, ctx, ql, h, kvh, d = (spec[k] for k in ("batch", "ctx", "q_len", "heads", "kv_heads", "head_dim"))
     q = torch.randn(b, h, ql, d, device=dev, dtype=dt)
     k = torch.randn(b, kvh, ctx, d, device=dev, dtype=dt)

@@ -16,6 +16,7 @@
 # only: its bits equal the mma.sync kernels' in the emulator only; the "cuda tests [wgmma:...]"
 # step is the hardware's bitwise check: gpu_invariance's m = 300 rows, wgmma, against the same
 # rows alone and at m <= 128, mma.sync),
+# TANDEM_TUNE_SAMPLERS (SAMPLER:ARGMAX pairs, default "bisect:one radix:multi"),
 # TANDEM_TUNE_NCU=0 to skip ncu, TANDEM_TUNE_MOE=0 to skip the mixture-of-experts paths
 # (TANDEM_CUDA_MOE=routed against dense: tiny-qwen3-moe compared on both, then decode b1 / b64
 # and prefill 2048 timed on qwen3-30b-a3b-2l, Qwen3-30B-A3B's layer in 2 layers).
@@ -100,6 +101,18 @@ if [ "${TANDEM_TUNE_MOE:-1}" = 1 ]; then
 else
     printf 'moe routed vs dense\t125\t0\tskipped: TANDEM_TUNE_MOE=0\n' >>"$STEPS"
 fi
+
+# 2b. The sampler and argmax variants (TANDEM_CUDA_SAMPLER=bisect|radix, TANDEM_CUDA_ARGMAX=
+#     one|multi; each gives the host sampler's ids, crates/cuda/tests): their ids on the GPU
+#     against the host (the masked-sampling test), then argmax and top-p sampling at vocabulary
+#     128256, batch 1 and 64. Target: top-p at batch 1 under 3% of a batch-1 decode step.
+for v in ${TANDEM_TUNE_SAMPLERS:-bisect:one radix:multi}; do
+    IFS=: read -r SV AV <<<"$v"
+    E=(env TANDEM_CUDA_SAMPLER="$SV" TANDEM_CUDA_ARGMAX="$AV")
+    [ -x "$HERE/cuda-tests" ] && NEED=10 PICK='test result|panicked|FAILED' step "sampling ids [$v]" 60 "${E[@]}" TANDEM_REQUIRE_CUDA=1 "$HERE/cuda-tests" --test-threads 1 gpu_invariance::masked_sampling
+    NEED=10 PICK='sample|argmax' step "sampling lab [$v]" 60 "${E[@]}" "$BIN" bench kernels --backend cuda --shape llama-3.2-1b --only-sampling --sample-batch 1,64 --min-ms 50 --output-dir "$WORK/raw" --name "lab-sampling-$SV-$AV"
+    grep -E '^\| (sample|argmax)' "$WORK/logs/sampling_lab__${v//:/_}_.log" 2>/dev/null | awk -F'|' -v v="$v" '{gsub(/^ +| +$/, "", $2); gsub(/^ +| +$/, "", $3); gsub(/^ +| +$/, "", $4); print v "\t" $2 " " $3 "\t" $4}' >>"$OUT/tune.tsv"
+done
 
 # 3. Nsight Compute on one launch of each slow GEMM (the kernel lab's qkv at m = 64 and 2048,
 #    default kernels, and the m128_n128 variant at 2048), the decode attention at batch 1, and

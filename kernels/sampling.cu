@@ -407,3 +407,225 @@ logprobs(const float* __restrict__ logits, const u32* __restrict__ ids, const u3
         }
 #undef SMP_LP
 }
+
+// ---------------------------------------------------------------------------------------------
+// sample_radix / sample_masked_radix (TANDEM_CUDA_SAMPLER=radix): the same ids as `sample` /
+// `sample_masked` and `tandem_core::sampling::sample_row`, bit for bit, in far fewer passes
+// over the row. The kept set is a function of the row alone (top-k's tau_k is the k-th largest
+// key; top-p's tau_p the largest key c whose lane-ordered mass S(c) reaches want), so any
+// search that lands on the same keys gives the same ids:
+//   - tau_k by a radix select over the keys, 8 bits a pass (4 passes of a 256-bin count
+//     histogram; integer counts, so shared atomics keep it exact);
+//   - tau_p 4 bits a pass: S at the 15 candidates tau | d << shift (d = 1..15) in one pass, 15
+//     lane sums a thread, each summed in exactly the host's `lanes` order; the largest d with
+//     S >= want is what 4 bisection steps find (S is monotone: a subset summed in a fixed
+//     order never rounds above the whole). 8 passes instead of 32, and tokens below the
+//     bracket skip the exp;
+//   - the draw as in `sample`, except that the chosen lane's walk computes its weights with
+//     the whole block (into shared memory, 1024 a chunk) and one thread adds them in order.
+// Per row: the argmax pass, 4 passes for top-k, 9 for top-p, 1 for the draw and the walk.
+// Launch: as `sample` (grid rows, block SMP_THREADS).
+#define SMP_PIVOTS 15
+#ifndef SMP_WALK
+#define SMP_WALK 1024
+#endif
+
+__device__ __forceinline__ void sample_radix_row_dev(const float* __restrict__ logits, const u32* __restrict__ specs, u32* __restrict__ out, int rows, int vocab, const u32* __restrict__ mask_bits, const int* __restrict__ mask_index, int mask_words) {
+    __shared__ float sf[SMP_THREADS];
+    __shared__ int si[SMP_THREADS];
+    __shared__ float s_piv[SMP_PIVOTS][SMP_THREADS];
+    __shared__ u32 s_hist[256];
+    __shared__ float s_w[SMP_WALK];
+    __shared__ u32 s_sel, s_kk, s_valid;
+    __shared__ int s_lane, s_walk, s_pick;
+    __shared__ float s_local;
+    const int r = blockIdx.x;
+    if (r >= rows) return;
+    const int t = threadIdx.x;
+    const float* row = logits + (size_t)r * vocab;
+    const u32* mask = (mask_index && mask_index[r] >= 0) ? mask_bits + (size_t)mask_index[r] * mask_words : nullptr;
+    const u32* sp = specs + (size_t)r * 8;
+    const float inv_t = __uint_as_float(sp[0]), top_p = __uint_as_float(sp[2]), min_p = __uint_as_float(sp[3]);
+    const u32 top_k = sp[1];
+
+    smp_row_argmax(row, mask, vocab, sf, si);
+    const float m = sf[0];
+    const u32 greedy = si[0] < 0 ? 0u : (u32)si[0];
+    __syncthreads();
+    if (inv_t == 0.0f || !(fabsf(m) <= 3.402823466e38f)) {
+        if (t == 0) out[r] = greedy;
+        return;
+    }
+
+    // top-k: the k-th largest key among the valid logits, 8 bits a pass, when k < valid.
+    u32 tau_k = 0;
+    if (top_k > 0) {
+        u32 prefix = 0, pmask = 0;
+        if (t == 0) s_kk = top_k;
+        for (int shift = 24; shift >= 0; shift -= 8) {
+            s_hist[t] = 0u;
+            __syncthreads();
+            for (int j = t; j < vocab; j += SMP_THREADS) {
+                const float x = smp_ld(row, mask, j);
+                if (x != x) continue;
+                const u32 kx = smp_key(x);
+                if ((kx & pmask) == prefix) atomicAdd(&s_hist[(kx >> shift) & 255u], 1u);
+            }
+            __syncthreads();
+            if (t == 0) {
+                u32 kk = s_kk, cum = 0, sel = 0;
+                if (shift == 24) {
+                    u32 valid = 0;
+                    for (int b = 0; b < 256; ++b) valid += s_hist[b];
+                    s_valid = valid;
+                }
+                for (int b = 255; b >= 0; --b) {
+                    if (cum + s_hist[b] >= kk) { sel = (u32)b; break; }
+                    cum += s_hist[b];
+                }
+                s_sel = sel;
+                s_kk = kk - cum;
+            }
+            __syncthreads();
+            if (top_k >= s_valid) { prefix = 0; break; }  // no limit: every valid logit kept
+            prefix |= s_sel << shift;
+            pmask |= 255u << shift;
+            __syncthreads();  // s_sel / s_kk / s_hist are rewritten by the next pass
+        }
+        tau_k = prefix;
+    }
+#define SMP_BASE(x, w) ((x) == (x) && smp_key(x) >= tau_k && (w) >= min_p)
+    // top-p: the largest key c with S(c) >= want, 4 bits a pass (see above).
+    u32 tau_p = 0;
+    if (top_p < 1.0f) {
+        float acc = 0.0f;
+        for (int j = t; j < vocab; j += SMP_THREADS) {
+            const float x = smp_ld(row, mask, j);
+            if (x != x || smp_key(x) < tau_k) continue;
+            const float w = smp_weight(x, m, inv_t);
+            if (w >= min_p) acc = smp_add(acc, w);
+        }
+        const float want = smp_mul(top_p, smp_tree_sum(sf, acc));
+        for (int shift = 28; shift >= 0; shift -= 4) {
+            float a[SMP_PIVOTS];
+#pragma unroll
+            for (int d = 0; d < SMP_PIVOTS; ++d) a[d] = 0.0f;
+            const u32 lo = tau_p | (1u << shift);  // the smallest candidate
+            for (int j = t; j < vocab; j += SMP_THREADS) {
+                const float x = smp_ld(row, mask, j);
+                if (x != x) continue;
+                const u32 kx = smp_key(x);
+                if (kx < lo || kx < tau_k) continue;
+                const float w = smp_weight(x, m, inv_t);
+                if (!(w >= min_p)) continue;
+                // Candidates passed: d + 1 <= the digit of kx above tau_p (all 15 when kx is
+                // beyond this digit's range).
+                const u32 above = kx - tau_p;
+                const u32 dig = (above >> shift) > 15u ? 15u : (above >> shift);
+#pragma unroll
+                for (int d = 0; d < SMP_PIVOTS; ++d)
+                    if ((u32)d < dig) a[d] = smp_add(a[d], w);
+            }
+#pragma unroll
+            for (int d = 0; d < SMP_PIVOTS; ++d) s_piv[d][t] = a[d];
+            __syncthreads();
+            for (int s = SMP_THREADS / 2; s > 0; s >>= 1) {
+                for (int q = t; q < SMP_PIVOTS * s; q += SMP_THREADS) {
+                    const int d = q / s, i = q - d * s;
+                    s_piv[d][i] = smp_add(s_piv[d][i], s_piv[d][i + s]);
+                }
+                __syncthreads();
+            }
+            u32 best = 0;
+            for (int d = 0; d < SMP_PIVOTS; ++d)
+                if (s_piv[d][0] >= want) best = (u32)d + 1;
+            tau_p |= best << shift;
+            __syncthreads();
+        }
+    }
+#define SMP_KEPT(x, w) (SMP_BASE(x, w) && smp_key(x) >= tau_p)
+    const u32 tau = tau_k > tau_p ? tau_k : tau_p;
+
+    float lane = 0.0f;
+    for (int j = t; j < vocab; j += SMP_THREADS) {
+        const float x = smp_ld(row, mask, j);
+        if (x != x || smp_key(x) < tau) continue;
+        const float w = smp_weight(x, m, inv_t);
+        if (w >= min_p) lane = smp_add(lane, w);
+    }
+    sf[t] = lane;
+    __syncthreads();
+    if (t == 0) {
+        float acc = 0.0f;
+        for (int l = 0; l < SMP_THREADS; ++l) {
+            acc = smp_add(acc, sf[l]);
+            s_piv[0][l] = acc;
+        }
+        u32 c0 = sp[7], c1 = sp[6], c2 = 0u, c3 = 0u;
+        philox4x32_10(c0, c1, c2, c3, sp[4], sp[5]);
+        const float u = smp_mul((float)(c0 >> 8), 1.0f / 16777216.0f);
+        const float target = smp_mul(u, acc);
+        int chosen = -1;
+        for (int l = 0; l < SMP_THREADS && chosen < 0; ++l)
+            if (s_piv[0][l] > target) chosen = l;
+        if (chosen >= 0) {
+            s_lane = chosen;
+            s_walk = 1;
+            s_local = smp_add(target, chosen > 0 ? -s_piv[0][chosen - 1] : -0.0f);
+        } else {
+            int last = 0;
+            for (int l = SMP_THREADS - 1; l >= 0; --l)
+                if (sf[l] > 0.0f) { last = l; break; }
+            s_lane = last;
+            s_walk = 0;
+            s_local = 0.0f;
+        }
+        s_pick = -1;
+    }
+    __syncthreads();
+    // The walk along lane s_lane (indices s_lane + 256 i): the block computes a chunk of its
+    // kept weights (0 where not kept: adding +0 leaves the running sum as it is), thread 0
+    // adds them in order; the last positive kept weight is the fallback.
+    const int ln = s_lane, n_lane = ln < vocab ? (vocab - 1 - ln) / SMP_THREADS + 1 : 0;
+    float local = 0.0f;
+    int last = -1;
+    for (int c0 = 0; c0 < n_lane; c0 += SMP_WALK) {
+        for (int i = t; i < SMP_WALK && c0 + i < n_lane; i += SMP_THREADS) {
+            const int j = ln + (c0 + i) * SMP_THREADS;
+            const float x = smp_ld(row, mask, j);
+            float w = 0.0f;
+            if (x == x && smp_key(x) >= tau) {
+                w = smp_weight(x, m, inv_t);
+                if (!(w >= min_p)) w = 0.0f;
+            }
+            s_w[i] = w;
+        }
+        __syncthreads();
+        if (t == 0 && s_pick < 0) {
+            const int n = n_lane - c0 < SMP_WALK ? n_lane - c0 : SMP_WALK;
+            for (int i = 0; i < n; ++i) {
+                const float w = s_w[i];
+                if (w > 0.0f) last = ln + (c0 + i) * SMP_THREADS;
+                if (s_walk) {
+                    local = smp_add(local, w);
+                    if (local > s_local) { s_pick = ln + (c0 + i) * SMP_THREADS; break; }
+                }
+            }
+        }
+        __syncthreads();
+        if (s_pick >= 0) break;
+    }
+    if (t == 0) out[r] = s_pick >= 0 ? (u32)s_pick : last >= 0 ? (u32)last : greedy;
+#undef SMP_KEPT
+#undef SMP_BASE
+}
+
+extern "C" __global__ void __launch_bounds__(SMP_THREADS, 4)
+sample_radix(const float* __restrict__ logits, const u32* __restrict__ specs, u32* __restrict__ out, int rows, int vocab) {
+    sample_radix_row_dev(logits, specs, out, rows, vocab, nullptr, nullptr, 0);
+}
+
+extern "C" __global__ void __launch_bounds__(SMP_THREADS, 4)
+sample_masked_radix(const float* __restrict__ logits, const u32* __restrict__ specs, u32* __restrict__ out, int rows, int vocab, const u32* __restrict__ mask_bits, const int* __restrict__ mask_index, int mask_words) {
+    sample_radix_row_dev(logits, specs, out, rows, vocab, mask_bits, mask_index, mask_words);
+}

@@ -234,6 +234,34 @@ static void test_small_ops() {
         expect_true("argmax all -inf -> 0: " + std::to_string(out[3]), out[3] == 0);
         expect_true("argmax all equal -> 0: " + std::to_string(out[4]), out[4] == 0);
     }
+    {  // argmax_partial + argmax_fold (TANDEM_CUDA_ARGMAX=multi) == argmax, id for id: vocabularies
+       // below, at and across chunk edges; planted ties across chunks, NaNs, all-NaN, -inf rows.
+        int rows_checked = 0, bad = 0;
+        unsigned long long st = 0x9e3779b97f4a7c15ull;
+        auto next = [&] { st ^= st << 13; st ^= st >> 7; st ^= st << 17; return st; };
+        for (int vocab : {1, 255, 4095, 4096, 4097, 9000, 20000}) {
+            const int rows = 7, chunks = (vocab + AMX_CHUNK - 1) / AMX_CHUNK;
+            std::vector<float> l = rvec((size_t)rows * vocab);
+            for (int r = 0; r < rows; ++r) {
+                float* row = l.data() + (size_t)r * vocab;
+                const int kind = r % 7;
+                if (kind == 1) for (int j = 0; j < vocab; ++j) row[j] = NAN;
+                if (kind == 2) for (int j = 0; j < vocab; ++j) row[j] = -INFINITY;
+                if (kind == 3) for (int j = 0; j < vocab; ++j) row[j] = (float)(next() % 4);  // many ties
+                if (kind == 4) for (int j = 0; j < vocab; j += 3) row[j] = NAN;
+                if (kind == 5) { row[vocab - 1] = 9.0f; row[next() % vocab] = 9.0f; }  // a tie, one maybe in the last chunk
+                if (kind == 6) { row[0] = NAN; row[vocab / 2] = INFINITY; }
+            }
+            std::vector<unsigned> one(rows, 12345), multi(rows, 54321);
+            std::vector<u32> part((size_t)2 * rows * chunks, 0x7fc00007u);  // poisoned
+            launch(dim3{(unsigned)rows, 1, 1}, dim3{512, 1, 1}, [&] { argmax(l.data(), one.data(), rows, vocab); });
+            launch(dim3{(unsigned)chunks, (unsigned)rows, 1}, dim3{256, 1, 1}, [&] { argmax_partial(l.data(), part.data(), rows, vocab, chunks); });
+            launch(dim3{(unsigned)rows, 1, 1}, dim3{256, 1, 1}, [&] { argmax_fold(part.data(), multi.data(), rows, chunks); });
+            for (int r = 0; r < rows; ++r) bad += one[r] != multi[r];
+            rows_checked += rows;
+        }
+        expect_true("argmax multi == argmax on " + std::to_string(rows_checked) + " rows (" + std::to_string(bad) + " differ)", bad == 0);
+    }
 }
 
 // Paged attention: sequences own scattered blocks; every slot holds random K/V.
@@ -649,6 +677,9 @@ static void test_sampling() {
     expect_true("sample all-NaN row == argmax (" + std::to_string(ids[2]) + ")", ids[2] == greedy[2]);
     expect_true("sample +inf row == its index (" + std::to_string(ids[3]) + ")", ids[3] == 5);
     expect_true("sample row 1 in range", ids[1] < (u32)vocab && l[vocab + ids[1]] == l[vocab + ids[1]]);
+    std::vector<u32> rids(rows, 0xffffffffu);
+    launch(dim3{rows, 1, 1}, dim3{SMP_THREADS, 1, 1}, [&] { sample_radix(l.data(), specs.data(), rids.data(), rows, vocab); });
+    expect_true("sample_radix == sample on the same rows", rids == ids);
     // Row 1 alone: the same id as among the others.
     std::vector<u32> one(1, 0xffffffffu);
     launch(dim3{1, 1, 1}, dim3{SMP_THREADS, 1, 1}, [&] { sample(l.data() + vocab, specs.data() + 8, one.data(), 1, vocab); });

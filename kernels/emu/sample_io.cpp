@@ -14,6 +14,8 @@
 #include "../sampling.cu"
 
 #include <cstdio>
+#include <cstdlib>
+#include <string>
 
 int main(int argc, char** argv) {
     if (argc != 3) {
@@ -47,8 +49,15 @@ int main(int argc, char** argv) {
         launch(dim3{(unsigned)rows, 1, 1}, dim3{SMP_THREADS, 1, 1}, [&] { logit_edits(logits.data(), start.data(), words.data(), saved.data(), (int)rows, (int)vocab); });
         edited_logits = logits;
     }
-    if (masked)
+    // TANDEM_CUDA_SAMPLER=radix: the radix variant (sample_radix / sample_masked_radix).
+    const char* variant = std::getenv("TANDEM_CUDA_SAMPLER");
+    const bool radix = variant && std::string(variant) == "radix";
+    if (masked && radix)
+        launch(dim3{(unsigned)rows, 1, 1}, dim3{SMP_THREADS, 1, 1}, [&] { sample_masked_radix(logits.data(), specs.data(), ids.data(), (int)rows, (int)vocab, bits.data(), index.data(), (int)mh[0]); });
+    else if (masked)
         launch(dim3{(unsigned)rows, 1, 1}, dim3{SMP_THREADS, 1, 1}, [&] { sample_masked(logits.data(), specs.data(), ids.data(), (int)rows, (int)vocab, bits.data(), index.data(), (int)mh[0]); });
+    else if (radix)
+        launch(dim3{(unsigned)rows, 1, 1}, dim3{SMP_THREADS, 1, 1}, [&] { sample_radix(logits.data(), specs.data(), ids.data(), (int)rows, (int)vocab); });
     else
         launch(dim3{(unsigned)rows, 1, 1}, dim3{SMP_THREADS, 1, 1}, [&] { sample(logits.data(), specs.data(), ids.data(), (int)rows, (int)vocab); });
     std::vector<float> lp(rows, NAN), top_lp(rows * SMP_MAX_TOP, NAN);

@@ -691,6 +691,57 @@ mod tests {
         assert_eq!(sample_row(&inf, &spec(|_| {})), 1);
     }
 
+    /// The draw follows vLLM's renormalised distribution after min-p, top-k and top-p, at a
+    /// fixed set of draws (token indices 0..N of one seed), so the test is deterministic and
+    /// could fail: a chi-square over the kept tokens, with every removed token never drawn.
+    /// Expected probabilities in f64 from the definitions (softmax(x / T); min-p: p >= min_p *
+    /// p_max; top-k; top-p on the renormalised rest: a token stays when the mass strictly above
+    /// it is under top_p), not from the sampler's own arithmetic.
+    #[test]
+    fn draws_follow_the_renormalised_distribution() {
+        let logits = [2.0f32, -1.0, 0.5, 1.6, -3.0, 0.9, 1.2, -0.2, 0.0, 2.3, -6.0, 0.3];
+        let cases = [(1.0f32, 0u32, 1.0f32, 0.0f32), (0.8, 6, 1.0, 0.0), (1.0, 0, 0.8, 0.0), (1.3, 0, 1.0, 0.1), (0.9, 8, 0.85, 0.05)];
+        let n = 40_000u32;
+        for (temperature, top_k, top_p, min_p) in cases {
+            let t = temperature as f64;
+            let pmax = logits.iter().map(|&x| (x as f64 / t).exp()).fold(0.0, f64::max);
+            let z: f64 = logits.iter().map(|&x| (x as f64 / t).exp()).sum();
+            let p: Vec<f64> = logits.iter().map(|&x| (x as f64 / t).exp() / z).collect();
+            let mut kept: Vec<bool> = p.iter().map(|&q| q * z >= min_p as f64 * pmax).collect();
+            if top_k > 0 {
+                for i in 0..logits.len() {
+                    kept[i] &= logits.iter().filter(|&&y| y > logits[i]).count() < top_k as usize;
+                }
+            }
+            let mass: f64 = (0..p.len()).filter(|&i| kept[i]).map(|i| p[i]).sum();
+            let base = kept.clone();
+            for i in 0..p.len() {
+                let above: f64 = (0..p.len()).filter(|&j| base[j] && logits[j] > logits[i]).map(|j| p[j]).sum();
+                kept[i] &= above < top_p as f64 * mass;
+            }
+            let total: f64 = (0..p.len()).filter(|&i| kept[i]).map(|i| p[i]).sum();
+            let mut seen = vec![0u32; logits.len()];
+            for i in 0..n {
+                let s = SampleSpec { temperature, top_k, top_p, min_p, seed: 0x5eed, completion: 1, token_index: i };
+                seen[sample_row(&logits, &s) as usize] += 1;
+            }
+            let mut chi2 = 0.0;
+            let mut df = 0;
+            for i in 0..logits.len() {
+                if !kept[i] {
+                    assert_eq!(seen[i], 0, "token {i} removed by {:?} but drawn", (temperature, top_k, top_p, min_p));
+                    continue;
+                }
+                let e = n as f64 * p[i] / total;
+                chi2 += (seen[i] as f64 - e).powi(2) / e;
+                df += 1;
+            }
+            assert!(df >= 2, "{df} tokens kept: the case tests nothing");
+            // The 1e-6 upper tail of chi-square with up to 11 degrees of freedom is below 50.
+            assert!(chi2 < 50.0, "chi-square {chi2:.1} over {df} tokens for {:?}: {seen:?}", (temperature, top_k, top_p, min_p));
+        }
+    }
+
     /// Issue 15 finding 4: temperatures of 1e-38 and 1e-45 are accepted; the old sampler
     /// scaled the logits first (overflow to inf, then inf - inf = NaN) and drew garbage.
     #[test]

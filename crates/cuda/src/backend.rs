@@ -299,6 +299,8 @@ struct IoScratch {
     lp: Option<CudaBuf>,
     top_ids: Option<CudaBuf>,
     top_lp: Option<CudaBuf>,
+    /// `TANDEM_CUDA_ARGMAX=multi`: each row's per-chunk (value, index) pairs, two words each.
+    argmax_part: Option<CudaBuf>,
     fixed: bool,
 }
 
@@ -341,11 +343,17 @@ struct Kernels<F> {
     attn_partial: [Kernel<F>; 2],
     attn_tc: [Kernel<F>; 2],
     argmax: Kernel<F>,
+    /// `TANDEM_CUDA_ARGMAX=multi`: per-chunk partials, then a fold a row ([`argmax_multi`]).
+    argmax_partial: Kernel<F>,
+    argmax_fold: Kernel<F>,
     moe_route: Kernel<F>,
     moe_accumulate: Kernel<F>,
     moe: MoeKernels<F>,
     sample: Kernel<F>,
     sample_masked: Kernel<F>,
+    /// `TANDEM_CUDA_SAMPLER=radix`: the same ids in fewer passes ([`sampler_radix`]).
+    sample_radix: Kernel<F>,
+    sample_masked_radix: Kernel<F>,
     logit_edits: Kernel<F>,
     logit_restore: Kernel<F>,
     logprobs: Kernel<F>,
@@ -414,6 +422,8 @@ impl<F> Kernels<F> {
             attn_partial: [k("paged_attention_partial_f32")?, k("paged_attention_partial_bf16")?],
             attn_tc: [k("paged_attention_tc_d64")?, k("paged_attention_tc_d128")?],
             argmax: k("argmax")?,
+            argmax_partial: k("argmax_partial")?,
+            argmax_fold: k("argmax_fold")?,
             moe_route: k("moe_route")?,
             moe_accumulate: k("moe_accumulate")?,
             moe: MoeKernels {
@@ -428,12 +438,34 @@ impl<F> Kernels<F> {
             },
             sample: k("sample")?,
             sample_masked: k("sample_masked")?,
+            sample_radix: k("sample_radix")?,
+            sample_masked_radix: k("sample_masked_radix")?,
             logit_edits: k("logit_edits")?,
             logit_restore: k("logit_restore")?,
             logprobs: k("logprobs")?,
         })
     }
 }
+
+/// `TANDEM_CUDA_SAMPLER=radix`: sampled rows take kernels/sampling.cu `sample_radix` /
+/// `sample_masked_radix` (top-k by a radix select, top-p 4 key bits a pass: the same ids as
+/// the bisecting `sample`, bit for bit, in about a quarter of the passes); anything else keeps
+/// `sample` (the default until an H200 measures both: gpu/tune.sh times them side by side).
+pub(crate) fn sampler_radix() -> bool {
+    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *V.get_or_init(|| std::env::var("TANDEM_CUDA_SAMPLER").is_ok_and(|v| v == "radix"))
+}
+
+/// `TANDEM_CUDA_ARGMAX=multi`: greedy rows take kernels/argmax.cu `argmax_partial` (a CTA per
+/// 4,096 logits) and `argmax_fold` (the same ids); anything else the one-CTA-a-row `argmax`
+/// (the default until an H200 measures both).
+pub(crate) fn argmax_multi() -> bool {
+    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *V.get_or_init(|| std::env::var("TANDEM_CUDA_ARGMAX").is_ok_and(|v| v == "multi"))
+}
+
+/// Logits one `argmax_partial` CTA folds (kernels/argmax.cu AMX_CHUNK).
+pub(crate) const ARGMAX_CHUNK: usize = 4096;
 
 /// Every kernel name the backend launches (what start-up resolves); tests/cuda/kernels_check.rs
 /// holds them against what NVRTC compiled, so a renamed kernel fails without a GPU.
@@ -868,6 +900,7 @@ impl Backend for CudaBackend {
         let mut io = self.io_scratch.lock().map_err(|_| err(format!("{OP}: scratch lock poisoned by an earlier panic")))?;
         // Every row may be constrained: a mask of the largest output width (the vocabulary) each.
         let mask_words = rows * l.max_n.div_ceil(32);
+        let argmax_part_words = 2 * rows * l.max_n.div_ceil(ARGMAX_CHUNK).max(1);
         *io = IoScratch {
             ids: Some(self.alloc(Elem::U32, rows)?),
             specs: Some(self.alloc(Elem::U32, rows * SPEC_WORDS)?),
@@ -880,13 +913,14 @@ impl Backend for CudaBackend {
             lp: Some(self.alloc(Elem::F32, rows)?),
             top_ids: Some(self.alloc(Elem::U32, rows * MAX_TOP_LOGPROBS)?),
             top_lp: Some(self.alloc(Elem::F32, rows * MAX_TOP_LOGPROBS)?),
+            argmax_part: Some(self.alloc(Elem::U32, argmax_part_words)?),
             fixed: true,
         };
         let moe_bytes = moe::workspace(l.max_tokens, l.moe.as_ref());
         let mut ms = self.moe_scratch.lock().map_err(|_| err(format!("{OP}: scratch lock poisoned by an earlier panic")))?;
         *ms = moe::MoeScratch::default();
         *ms = moe::MoeScratch { mem: alloc(moe_bytes, "routed mixture-of-experts scratch")?, fixed: true };
-        let io_bytes = (rows * (5 + SPEC_WORDS + 2 * MAX_TOP_LOGPROBS) + 1 + mask_words + EDIT_RECORDS * (EDIT_WORDS + 1)) * 4;
+        let io_bytes = (rows * (5 + SPEC_WORDS + 2 * MAX_TOP_LOGPROBS) + 1 + mask_words + EDIT_RECORDS * (EDIT_WORDS + 1) + argmax_part_words) * 4;
         // The allocations are stream-ordered: wait, so that free_memory sees them.
         self.synchronize()?;
         Ok((out + ml + counter_bytes + xa + part + GEMM_COUNTERS * 4 + io_bytes + moe_bytes) as u64)
@@ -1297,12 +1331,35 @@ impl Backend for CudaBackend {
             return Err(err(format!("{OP}: vocab = 0")));
         }
         need(logits, Elem::F32, rows * vocab, OP, "logits")?;
-        let mut io = self.io_scratch(rows, 0, OP)?;
-        let Some(ids) = io.ids.as_mut() else { return Err(err(format!("{OP}: id buffer missing after allocation"))) };
-        let f = &self.kernels.argmax.f;
         let (ri, vi) = (i32_of(rows, OP, "rows")?, i32_of(vocab, OP, "vocab")?);
         i32_of(rows * vocab, OP, "rows*vocab")?;
-        let mut l = self.stream.launch_builder(f);
+        let mut io = self.io_scratch(rows, 0, OP)?;
+        let IoScratch { ids: Some(ids), argmax_part, fixed, .. } = &mut *io else { return Err(err(format!("{OP}: id buffer missing after allocation"))) };
+        if argmax_multi() {
+            let chunks = vocab.div_ceil(ARGMAX_CHUNK);
+            let words = 2 * rows * chunks;
+            if !*fixed && argmax_part.as_ref().is_none_or(|b| b.len < words) {
+                *argmax_part = Some(self.alloc(Elem::U32, words)?);
+            }
+            // A workspace reserved for fewer logits than these: the one-CTA kernel, same ids.
+            if let Some(part) = argmax_part.as_mut().filter(|b| b.len >= words) {
+                let ci = i32_of(chunks, OP, "chunks")?;
+                let mut l = self.stream.launch_builder(&self.kernels.argmax_partial.f);
+                l.arg(&*logits.mem).arg(&mut *part.mem).arg(&ri).arg(&vi).arg(&ci);
+                // SAFETY: grid (chunks, rows): CTA (c, r) reads row r's logits [c * 4096,
+                // min(vocab, (c + 1) * 4096)) and writes words r * chunks + c and rows * chunks +
+                // r * chunks + c of `part` (2 * rows * chunks words, checked above).
+                let r = unsafe { l.launch(cfg((ci as u32, ri as u32, 1), 256)) };
+                self.launched(self.kernels.argmax_partial.name, r)?;
+                let mut l = self.stream.launch_builder(&self.kernels.argmax_fold.f);
+                l.arg(&*part.mem).arg(&mut *ids.mem).arg(&ri).arg(&ci);
+                // SAFETY: reads the pairs argmax_partial wrote; writes ids[0..rows].
+                let r = unsafe { l.launch(cfg((ri as u32, 1, 1), 256)) };
+                self.launched(self.kernels.argmax_fold.name, r)?;
+                return self.read_u32(ids, rows);
+            }
+        }
+        let mut l = self.stream.launch_builder(&self.kernels.argmax.f);
         l.arg(&*logits.mem).arg(&mut *ids.mem).arg(&ri).arg(&vi);
         // SAFETY: as in embedding; ids holds at least `rows` words.
         let r = unsafe { l.launch(cfg((ri as u32, 1, 1), 512)) };
@@ -1333,7 +1390,7 @@ impl Backend for CudaBackend {
             return Err(err(format!("{OP}: id or spec buffer missing after allocation")));
         };
         self.write_u32(spec_buf, &words)?;
-        let f = &self.kernels.sample.f;
+        let f = if sampler_radix() { &self.kernels.sample_radix.f } else { &self.kernels.sample.f };
         let mut l = self.stream.launch_builder(f);
         l.arg(&*logits.mem).arg(&*spec_buf.mem).arg(&mut *ids.mem).arg(&ri).arg(&vi);
         // SAFETY: as in embedding; specs hold SPEC_WORDS words a row, ids one a row.
@@ -1375,7 +1432,7 @@ mod kernel_table_tests {
         let names = kernel_names();
         let unique: std::collections::BTreeSet<_> = names.iter().collect();
         assert_eq!(unique.len(), names.len(), "{names:?}");
-        assert_eq!(names.len(), 67); // 50 + 11 routed-MoE + 6 decode GEMM variants
+        assert_eq!(names.len(), 71); // 50 + 11 routed-MoE + 6 decode GEMM variants + 4 sampler/argmax variants
         let k = Kernels::<&'static str>::resolve(Ok).unwrap();
         assert_eq!(k.embedding.map(|x| x.f), ["embedding_f32", "embedding_bf16", "embedding_f16"]);
         assert_eq!([Elem::F32, Elem::BF16, Elem::F16].map(|e| k.rms_norm[weight_index(e)].f), ["rms_norm_f32", "rms_norm_bf16", "rms_norm_f16"]);

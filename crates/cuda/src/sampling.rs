@@ -80,7 +80,7 @@ impl CudaBackend {
         self.write_u32(spec_buf, &words)?;
         self.write_u32(mask_buf, &masks.bits)?;
         self.write_u32(index_buf, &index)?;
-        let f = &self.kernels.sample_masked.f;
+        let f = if super::sampler_radix() { &self.kernels.sample_masked_radix.f } else { &self.kernels.sample_masked.f };
         let mut l = self.stream.launch_builder(f);
         l.arg(&*logits.mem).arg(&*spec_buf.mem).arg(&mut *ids.mem).arg(&ri).arg(&vi).arg(&*mask_buf.mem).arg(&*index_buf.mem).arg(&wi);
         // SAFETY: as in `sample`; masks hold `words` words per packed row, the index one i32 a

@@ -10,6 +10,12 @@
 //! the peak — and our time as a fraction of it. gpu/kernel_lab.py times the same shapes
 //! through torch (cuBLAS GEMMs, SDPA) on the same GPU and prints the ratios.
 //!
+//! Sampling: the step's last kernels at the shape's vocabulary and `--sample-batch` rows:
+//! argmax (greedy), top-p 0.9 at temperature 1 (the figure held against 3% of a batch-1
+//! step), and top-k 50 with top-p 0.9. Each call includes the ids' trip to the host, as a
+//! step's does. The variant is the process's (`TANDEM_CUDA_SAMPLER`, `TANDEM_CUDA_ARGMAX`;
+//! gpu/tune.sh times each).
+//!
 //! Shapes: `llama-3.2-1b`, `llama-3.1-8b` (the GPU's), `tiny` (for the CPU test of this harness).
 
 use std::time::Instant;
@@ -17,6 +23,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 use tandem_core::backend::{AttnArgs, Backend, KvGeometry};
+use tandem_core::sampling::SampleSpec;
 use tandem_core::DType;
 
 use super::report::{self, markdown_table};
@@ -42,6 +49,12 @@ pub struct Args {
     /// Prefill attention: prompt lengths (one sequence, causal over itself).
     #[arg(long, value_delimiter = ',', default_value = "512,2048")]
     attn_prefill: Vec<usize>,
+    /// Sampling and argmax: logit rows (the step's batch) at the shape's vocabulary.
+    #[arg(long, value_delimiter = ',', default_value = "1,64")]
+    sample_batch: Vec<usize>,
+    /// Only the argmax and sampling cases (gpu/tune.sh's sampler variants).
+    #[arg(long)]
+    only_sampling: bool,
     /// Weight dtype of the GEMMs.
     #[arg(long, default_value = "bf16")]
     dtype: String,
@@ -197,6 +210,27 @@ fn attention<B: Backend>(b: &B, s: Shape, a: &Args, seqs: usize, ctx: usize, q_l
     Ok(())
 }
 
+/// Argmax and sampling over `batch` rows of logits spread like a model's (uniform in [-8, 8]).
+fn sampling<B: Backend>(b: &B, s: Shape, a: &Args, batch: usize, rows: &mut Vec<Row>) -> Result<()> {
+    let n = batch * s.vocab;
+    let mut logits = b.alloc_f32(n)?;
+    b.write_f32(&mut logits, &values(11 + batch as u64, n, 8.0))?;
+    let bytes = n as f64 * 4.0;
+    let us = time(b, a.min_ms, || b.argmax(&logits, batch, s.vocab).map(drop)).with_context(|| format!("argmax batch={batch}"))?;
+    rows.push(Row { op: "argmax".into(), case: format!("batch={batch} vocab={}", s.vocab), us, bytes, flops: 0.0, spec: json!({"kind": "argmax", "batch": batch, "vocab": s.vocab}) });
+    for (name, top_k, top_p) in [("top-p 0.9", 0u32, 0.9f32), ("top-k 50 top-p 0.9", 50, 0.9)] {
+        let mut step = 0u32;
+        let us = time(b, a.min_ms, || {
+            step += 1;
+            let specs: Vec<SampleSpec> = (0..batch as u32).map(|r| SampleSpec { temperature: 1.0, top_k, top_p, min_p: 0.0, seed: 7 + r as u64, completion: 0, token_index: step }).collect();
+            b.sample(&logits, batch, s.vocab, &specs).map(drop)
+        })
+        .with_context(|| format!("sample {name} batch={batch}"))?;
+        rows.push(Row { op: format!("sample {name}"), case: format!("batch={batch} vocab={}", s.vocab), us, bytes, flops: 0.0, spec: json!({"kind": "sample", "batch": batch, "vocab": s.vocab, "top_k": top_k, "top_p": top_p}) });
+    }
+    Ok(())
+}
+
 fn lab<B: Backend>(b: &B, a: &Args) -> Result<Vec<Row>> {
     let s = shape(&a.shape)?;
     let dtype = match a.dtype.as_str() {
@@ -206,14 +240,19 @@ fn lab<B: Backend>(b: &B, a: &Args) -> Result<Vec<Row>> {
         d => bail!("--dtype {d}: bf16, f16 or f32"),
     };
     let mut rows = vec![];
-    gemms(b, s, a, dtype, &mut rows)?;
-    for &bs in &a.attn_batch {
-        for &ctx in &a.attn_context {
-            attention(b, s, a, bs, ctx, 1, &mut rows)?;
+    if !a.only_sampling {
+        gemms(b, s, a, dtype, &mut rows)?;
+        for &bs in &a.attn_batch {
+            for &ctx in &a.attn_context {
+                attention(b, s, a, bs, ctx, 1, &mut rows)?;
+            }
+        }
+        for &t in &a.attn_prefill {
+            attention(b, s, a, 1, t, t, &mut rows)?;
         }
     }
-    for &t in &a.attn_prefill {
-        attention(b, s, a, 1, t, t, &mut rows)?;
+    for &bs in &a.sample_batch {
+        sampling(b, s, a, bs, &mut rows)?;
     }
     Ok(rows)
 }

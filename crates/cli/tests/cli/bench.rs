@@ -250,22 +250,31 @@ fn throughput_with_half_the_requests_guided_reports_the_mask_cost() {
 }
 
 /// The kernel lab runs on any backend: the reference at the tiny shape, every GEMM at each m
-/// and both attention kinds, with floors and fractions when the ceilings are given.
+/// and both attention kinds, then argmax and sampling, with floors and fractions when the
+/// ceilings are given; `--only-sampling` the last alone.
 #[test]
 fn kernel_lab_times_every_case() {
     let out = dir("kernels");
-    let args = ["bench", "kernels", "--backend", "reference", "--shape", "tiny", "--m", "1,7", "--attn-batch", "2", "--attn-context", "40", "--attn-prefill", "33", "--min-ms", "1", "--bandwidth-gbs", "10", "--peak-tflops", "0.1", "--output-dir", out.to_str().unwrap()];
+    let args = ["bench", "kernels", "--backend", "reference", "--shape", "tiny", "--m", "1,7", "--attn-batch", "2", "--attn-context", "40", "--attn-prefill", "33", "--sample-batch", "3", "--min-ms", "1", "--bandwidth-gbs", "10", "--peak-tflops", "0.1", "--output-dir", out.to_str().unwrap()];
     let o = Command::new(env!("CARGO_BIN_EXE_tandem")).args(args).output().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let v = report(&out, "kernels-reference-tiny");
     let rows = v["results"].as_array().unwrap();
-    assert_eq!(rows.len(), 5 * 2 + 2, "{rows:?}");
+    assert_eq!(rows.len(), 5 * 2 + 2 + 3, "{rows:?}");
     for r in rows {
         let (us, frac) = (r["us"].as_f64().unwrap(), r["frac_of_floor"].as_f64().unwrap());
         assert!(us > 0.0 && frac > 0.0 && r["torch"]["kind"].is_string(), "{r}");
     }
     assert_eq!(rows[0]["torch"], serde_json::json!({"kind": "gemm", "m": 1, "n": 128, "k": 64, "x_dtype": "f32"}));
     assert_eq!(rows[11]["op"], "attention prefill");
+    assert_eq!(rows[12]["torch"], serde_json::json!({"kind": "argmax", "batch": 3, "vocab": 384}));
+    assert_eq!((rows[13]["op"].as_str(), rows[14]["op"].as_str()), (Some("sample top-p 0.9"), Some("sample top-k 50 top-p 0.9")));
+    let only = dir("kernels-sampling");
+    let o = Command::new(env!("CARGO_BIN_EXE_tandem")).args(["bench", "kernels", "--backend", "reference", "--shape", "tiny", "--only-sampling", "--sample-batch", "1,2", "--min-ms", "1", "--output-dir", only.to_str().unwrap()]).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v = report(&only, "kernels-reference-tiny");
+    let ops: Vec<&str> = v["results"].as_array().unwrap().iter().map(|r| r["op"].as_str().unwrap()).collect();
+    assert_eq!(ops, ["argmax", "sample top-p 0.9", "sample top-k 50 top-p 0.9"].repeat(2), "{v}");
     let bad = Command::new(env!("CARGO_BIN_EXE_tandem")).args(["bench", "kernels", "--backend", "reference", "--shape", "llama-9"]).output().unwrap();
     assert!(!bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("known shapes"));
 }

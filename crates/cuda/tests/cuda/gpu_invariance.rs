@@ -212,6 +212,19 @@ fn masked_sampling_matches_the_host() {
     b.write_f32(&mut buf, &logits).unwrap();
     let got = b.sample_masked(&buf, rows, vocab, &specs, &masks).unwrap();
     assert_eq!(got, sample_rows_masked(&logits, vocab, &specs, &masks));
+    // Greedy rows alone (the argmax kernel, or argmax_partial + argmax_fold under
+    // TANDEM_CUDA_ARGMAX=multi: 12 chunks a row), with ties across chunks and NaNs planted.
+    let mut planted = logits.clone();
+    for r in 0..rows {
+        let row = &mut planted[r * vocab..(r + 1) * vocab];
+        row[(r * 4099) % vocab] = 100.0;
+        row[vocab - 1 - r] = 100.0;
+        row[r] = f32::NAN;
+    }
+    b.write_f32(&mut buf, &planted).unwrap();
+    let want: Vec<u32> = planted.chunks_exact(vocab).map(tandem_core::backend::argmax_row).collect();
+    assert_eq!(b.argmax(&buf, rows, vocab).unwrap(), want, "argmax");
+    b.write_f32(&mut buf, &logits).unwrap();
     // Penalties, logit_bias and bans (`logit_edits` in place first), with and without masks:
     // every fourth token of a row edited, the row's best one banned now and then.
     use tandem_core::sampling::LogitEdit;

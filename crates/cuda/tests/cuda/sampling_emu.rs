@@ -86,14 +86,31 @@ fn sampling_kernel_matches_the_host_sampler_bitwise() {
     let dir = std::env::temp_dir().join(format!("tandem-sampling-emu-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../kernels/emu/sample_io.cpp");
-    let exe = dir.join("sample_io");
-    let out = Command::new(&cxx).args(["-std=c++20", "-O1", "-pthread", "-Wall", "-Wno-unused-function", "-o"]).arg(&exe).arg(&src).output().unwrap();
-    assert!(out.status.success(), "building {}:\n{}", src.display(), String::from_utf8_lossy(&out.stderr));
+    let build = |name: &str, defs: &[&str]| {
+        let exe = dir.join(name);
+        let out = Command::new(&cxx).args(["-std=c++20", "-O1", "-pthread", "-Wall", "-Wno-unused-function"]).args(defs).arg("-o").arg(&exe).arg(&src).output().unwrap();
+        assert!(out.status.success(), "building {}:\n{}", src.display(), String::from_utf8_lossy(&out.stderr));
+        exe
+    };
+    let exe = build("sample_io", &[]);
+    // The radix variant's walk in chunks of 4 weights, not 1024: vocabularies past 1024 walk
+    // their lane in several chunks, as a 262,144-token vocabulary would.
+    let exe_small_walk = build("sample_io_walk4", &["-DSMP_WALK=4"]);
+    check_variant(&exe, &dir, "bisect", &[]);
+    check_variant(&exe, &dir, "radix", &[40_000]);
+    check_variant(&exe_small_walk, &dir, "radix", &[]);
 
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Every case of the test through one variant of the kernel (`TANDEM_CUDA_SAMPLER`), plus the
+/// vocabularies `big`.
+fn check_variant(exe: &Path, dir: &Path, variant: &str, big: &[usize]) {
+    let big = big.iter().copied();
     let mut r = SplitMix(std::env::var("TANDEM_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(20261201));
     let mut total = 0;
-    for vocab in [1usize, 7, 255, 256, 257, 1000, 5000] {
-        let rows = if vocab >= 1000 { 24 } else { 40 };
+    for vocab in [1usize, 7, 255, 256, 257, 1000, 5000].into_iter().chain(big) {
+        let rows = if vocab > 5000 { 8 } else if vocab >= 1000 { 24 } else { 40 };
         let cases: Vec<_> = (0..rows).map(|_| case(&mut r, vocab)).collect();
         let mut bytes = Vec::new();
         bytes.extend((rows as u32).to_le_bytes());
@@ -102,7 +119,7 @@ fn sampling_kernel_matches_the_host_sampler_bitwise() {
         cases.iter().flat_map(|c| c.1.to_words()).for_each(|w| bytes.extend(w.to_le_bytes()));
         let (inp, outp) = (dir.join("in.bin"), dir.join("out.bin"));
         std::fs::write(&inp, &bytes).unwrap();
-        let run = Command::new(&exe).arg(&inp).arg(&outp).output().unwrap();
+        let run = Command::new(exe).env("TANDEM_CUDA_SAMPLER", variant).arg(&inp).arg(&outp).output().unwrap();
         assert!(run.status.success(), "sample_io failed: {}", String::from_utf8_lossy(&run.stderr));
         let got: Vec<u32> = std::fs::read(&outp).unwrap().chunks_exact(4).map(|b| u32::from_le_bytes(b.try_into().unwrap())).collect();
         assert_eq!(got.len(), rows);
@@ -134,7 +151,7 @@ fn sampling_kernel_matches_the_host_sampler_bitwise() {
         let bytes = masked_input(&cases, vocab, &masks);
         let (inp, outp) = (dir.join("in.bin"), dir.join("out.bin"));
         std::fs::write(&inp, &bytes).unwrap();
-        let run = Command::new(&exe).arg(&inp).arg(&outp).output().unwrap();
+        let run = Command::new(exe).env("TANDEM_CUDA_SAMPLER", variant).arg(&inp).arg(&outp).output().unwrap();
         assert!(run.status.success(), "sample_io (masked) failed: {}", String::from_utf8_lossy(&run.stderr));
         let got: Vec<u32> = std::fs::read(&outp).unwrap().chunks_exact(4).map(|b| u32::from_le_bytes(b.try_into().unwrap())).collect();
         let logits: Vec<f32> = cases.iter().flat_map(|c| c.0.iter().copied()).collect();
@@ -191,7 +208,7 @@ fn sampling_kernel_matches_the_host_sampler_bitwise() {
         top_n.iter().for_each(|w| bytes.extend(w.to_le_bytes()));
         let (inp, outp) = (dir.join("in.bin"), dir.join("out.bin"));
         std::fs::write(&inp, &bytes).unwrap();
-        let run = Command::new(&exe).arg(&inp).arg(&outp).output().unwrap();
+        let run = Command::new(exe).env("TANDEM_CUDA_SAMPLER", variant).arg(&inp).arg(&outp).output().unwrap();
         assert!(run.status.success(), "sample_io (edited) failed: {}", String::from_utf8_lossy(&run.stderr));
         let words_out: Vec<u32> = std::fs::read(&outp).unwrap().chunks_exact(4).map(|b| u32::from_le_bytes(b.try_into().unwrap())).collect();
         let k = MAX_TOP_LOGPROBS;
@@ -231,6 +248,5 @@ fn sampling_kernel_matches_the_host_sampler_bitwise() {
     }
     assert!(edited > 0, "no edit changed any id: the edited cases prove nothing");
     assert!(logprob_rows >= 10, "only {logprob_rows} rows asked for logprobs");
-    println!("sampling kernel == host sampler on {total} rows ({changed} ids changed by their masks, {edited} by their edits; {logprob_rows} rows' logprobs)");
-    let _ = std::fs::remove_dir_all(&dir);
+    println!("sampling kernel ({variant}) == host sampler on {total} rows ({changed} ids changed by their masks, {edited} by their edits; {logprob_rows} rows' logprobs)");
 }
