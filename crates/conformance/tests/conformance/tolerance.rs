@@ -156,6 +156,7 @@ impl<B: Backend> Backend for Variant<B> {
             num_heads: a.num_heads,
             geometry: a.geometry,
             scale: a.scale,
+            window: a.window,
         };
         self.inner.paged_attention(&args, &mut out.inner)
     }
