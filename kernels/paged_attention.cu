@@ -391,7 +391,7 @@ __device__ __forceinline__ void pat_job(const PatArgs& a, int t0, int nt, int kh
     const int H = a.num_heads;
     const u32 seq = a.token_seq[t0];
     const bool seq_bad = seq >= (u32)a.num_seqs;
-    int ctx[2], plen[2], lo[2], base[2];
+    int ctx[2], plen[2];
     bool live[2], bad[2];
     size_t orow[2];
     for (int rr = 0; rr < 2; ++rr) {
@@ -409,9 +409,11 @@ __device__ __forceinline__ void pat_job(const PatArgs& a, int t0, int nt, int kh
         bad[rr] = live[rr] && (seq_bad || cx > a.max_blocks * a.block_size ||
                                (part >= 0 && (cx - base_r + plen[rr] - 1) / plen[rr] > a.max_parts));
         ctx[rr] = live[rr] && !bad[rr] ? cx : 0;
-        lo[rr] = ctx[rr] > 0 ? lo_r : 0;
-        base[rr] = ctx[rr] > 0 ? base_r : 0;
     }
+    // A row's first key and its tile (0 for a row of no context), recomputed where used: two
+    // more arrays held across the loop below spill the d64 kernel at sm_90.
+    auto lo = [&](int rr) { return pa_first_key(ctx[rr], a.window); };
+    auto base = [&](int rr) { return lo(rr) / PAT_TILE * PAT_TILE; };
     // The job's keys: [k_begin, k_end), the end of the longest context among its rows.
     int kend = max(ctx[0], ctx[1]);
     kend = max(kend, __shfl_xor_sync(0xffffffffu, kend, 1));
@@ -422,10 +424,10 @@ __device__ __forceinline__ void pat_job(const PatArgs& a, int t0, int nt, int kh
     int k_begin = 0;
     if (part >= 0) {  // every live row is the same token: the same ctx and partition length
         const int pl = __shfl_sync(0xffffffffu, plen[0], 0);
-        k_begin = __shfl_sync(0xffffffffu, base[0], 0) + part * pl;
+        k_begin = __shfl_sync(0xffffffffu, base(0), 0) + part * pl;
         kend = min(kend, k_begin + pl);
     } else if (a.window > 0) {  // from the first tile any row sees
-        k_begin = min(ctx[0] > 0 ? base[0] : 0x7fffffff, ctx[1] > 0 ? base[1] : 0x7fffffff);
+        k_begin = min(ctx[0] > 0 ? base(0) : 0x7fffffff, ctx[1] > 0 ? base(1) : 0x7fffffff);
         for (int x = 1; x < 32; x <<= 1) k_begin = min(k_begin, __shfl_xor_sync(0xffffffffu, k_begin, x));
     }
     // A bad row's NaN: by the chunk job, or by partition 0's job.
@@ -516,13 +518,13 @@ __device__ __forceinline__ void pat_job(const PatArgs& a, int t0, int nt, int kh
                 for (int i = 0; i < 4; ++i) {
                     const int kk = n2 * 8 + 2 * c + (i & 1), key = k0 + sub * PAT_SUB + kk;
                     float& v = S[2 * sub + n2][i];
-                    v = key >= ctx[i >> 1] || key < lo[i >> 1] ? neg_inf_f32() : ((bad_keys[st & 1] >> kk) & 1u) ? nan_f32() : v * a.scale_log2;
+                    v = key >= ctx[i >> 1] || key < lo(i >> 1) ? neg_inf_f32() : ((bad_keys[st & 1] >> kk) & 1u) ? nan_f32() : v * a.scale_log2;
                 }
             if (sub == 3) {
                 // The tile's online-softmax step, per row (this thread's rows g and g + 8).
                 // A tile before the row's base (a chunk job under a window) leaves it as it is.
                 for (int rr = 0; rr < 2; ++rr) {
-                    const bool before = k0 < base[rr];
+                    const bool before = k0 < base(rr);
                     float mx = neg_inf_f32();
                     for (int n = 0; n < 8; ++n) mx = fmaxf(mx, fmaxf(S[n][2 * rr], S[n][2 * rr + 1]));
                     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
@@ -558,10 +560,10 @@ __device__ __forceinline__ void pat_job(const PatArgs& a, int t0, int nt, int kh
             if (sub == 3 && part < 0) {
                 // A chunk job folds each row whose partition (or context) ends with this tile.
                 for (int rr = 0; rr < 2; ++rr) {
-                    if (ctx[rr] <= k0 || k0 < base[rr]) continue;  // this row ended, or has not begun
+                    if (ctx[rr] <= k0 || k0 < base(rr)) continue;  // this row ended, or has not begun
                     const bool last = ctx[rr] <= k0 + PAT_TILE;
-                    if (!last && (k0 + PAT_TILE - base[rr]) % plen[rr] != 0) continue;
-                    const bool first = k0 < base[rr] + plen[rr];
+                    if (!last && (k0 + PAT_TILE - base(rr)) % plen[rr] != 0) continue;
+                    const bool first = k0 < base(rr) + plen[rr];
                     float fa = 0.0f, fb = 0.0f;
                     if (!first) pat_fold_ml(macc[rr], lacc[rr], m[rr], l[rr], fa, fb);
                     else {
