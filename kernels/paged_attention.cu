@@ -5,7 +5,9 @@
 //
 //   For query token t (sequence s = token_seq[t], position p = positions[t]) and head h
 //   (kv head kh = h / (num_heads / num_kv_heads), the GQA grouping of HF's repeat_kv):
-//     score[j] = scale * dot(q[t, h, :], K[slot(s, j), kh, :])      for j in 0..=p
+//     score[j] = scale * dot(q[t, h, :], K[slot(s, j), kh, :])      for j in lo..=p
+//   lo = 0, or with a sliding window of w > 0 keys lo = max(0, p + 1 - w) (HF: key j is seen
+//   when j > p - w; `window` is a per-layer scalar argument of both kernels, 0: none).
 //     out[t, h, :] = sum_j softmax(score)[j] * V[slot(s, j), kh, :]
 //   slot(s, j) = block_tables[s, j / block_size] * block_size + j % block_size
 //   q, out f32 [T, H, D]; caches [num_blocks, block_size, KVH, D] of f32 or bf16 (kv_write.cu);
@@ -19,8 +21,9 @@
 // Decode tokens and prefill chunks (with or without a cached prefix) are the same thing: each
 // token sees its own causal context, whose K/V kv_write has already stored.
 //
-// Split along the context (flash-decoding): the context is cut into partitions whose length
-// is a function of the token's own context alone (pa_part_len: at most 16 partitions of at
+// Split along the context (flash-decoding): the keys [lo, p] (the span: the context, or the
+// window) are cut, from lo, into partitions whose length is a function of the token's own span
+// alone (pa_part_len: at most 16 partitions of at
 // least 64 keys, at most PA_PART keys; never derived from the batch), so a token's arithmetic
 // depends only on its own context length and its result is the same alone or in any batch.
 // Short partitions are what fill the GPU at decode: one 512-key partition per head left 64
@@ -36,6 +39,7 @@
 //     [part*PART, min((part+1)*PART, p+1)), keeps the scores in shared memory, softmaxes them
 //     against the partition's max m, and accumulates o = sum exp(s - m) V. With max_parts == 1
 //     it writes o / l to out directly; otherwise o, m and l = sum exp(s - m) go to scratch.
+//   (Partitions are laid over the span, so keys outside the window have no partition at all.)
 //   The combine, in the last partition block of (t, h) to arrive (no second launch): each
 //     block of a split token writes its o, m, l, __threadfence(), then counts itself in with
 //     atomicAdd on counters[t, h]; the block that gets parts - 1 back fences again and combines
@@ -61,6 +65,11 @@
 
 // Keys per partition for a token whose context is ctx keys (the host bounds the partition
 // count with the same constants: crates/cuda/src/backend.rs, pa_max_parts).
+// The first key a token with ctx keys of context sees under a sliding window of `window` keys
+// (0: none); both kernels cut their partitions from here (the tensor-core one from it rounded
+// down to a 64-key tile).
+__device__ __forceinline__ int pa_first_key(int ctx, int window) { return window > 0 && ctx > window ? ctx - window : 0; }
+
 __device__ inline int pa_part_len(int ctx) {
     int len = (ctx + PA_MAX_SPLITS - 1) / PA_MAX_SPLITS;
     len = (len + PA_MIN_PART - 1) / PA_MIN_PART * PA_MIN_PART;
@@ -114,7 +123,7 @@ __device__ __forceinline__ void paged_attention_partial_impl(
     const u32* __restrict__ positions, const u32* __restrict__ token_seq, const u32* __restrict__ block_tables,
     float* __restrict__ out, float* __restrict__ part_out, float* __restrict__ part_ml, u32* __restrict__ counters, int num_tokens,
     int num_heads, int num_kv_heads, int head_dim, int block_size, int num_blocks, int num_seqs, int max_blocks, int max_parts,
-    float scale) {
+    float scale, int window) {
     // One of each per group (head); the key slots are the same for every head of the block.
     __shared__ float q_all[PA_MAX_PACK][PA_MAX_D];
     __shared__ int last_all[PA_MAX_PACK];
@@ -135,10 +144,11 @@ __device__ __forceinline__ void paged_attention_partial_impl(
     const int D = head_dim;
     const u32 seq = token_seq[t];
     const int ctx = (int)min(positions[t], 0x7ffffffeu) + 1;
-    const int plen = pa_part_len(ctx);
+    const int lo = pa_first_key(ctx, window), span = ctx - lo;
+    const int plen = pa_part_len(span);
     const bool bad = seq >= (u32)num_seqs || D > PA_MAX_D || D < 1 || num_kv_heads < 1 ||
                      num_heads % num_kv_heads != 0 || ctx > max_blocks * block_size ||
-                     (ctx + plen - 1) / plen > max_parts;
+                     (span + plen - 1) / plen > max_parts;
     const size_t row = (size_t)t * num_heads + h;  // (t, h) in [T, H]
     if (bad) {
         // One block per bad token writes its NaN row (the emulator's two-launch oracle leaves
@@ -147,8 +157,8 @@ __device__ __forceinline__ void paged_attention_partial_impl(
             for (int d = tid; d < D && d < PA_MAX_D; d += PA_THREADS) out[row * D + d] = nan_f32();
         return;
     }
-    const int start = part * plen;
-    if (start >= ctx) return;  // this token's context ends before this partition
+    const int start = lo + part * plen;
+    if (start >= ctx) return;  // this token's span ends before this partition
     const int n = min(plen, ctx - start);
     const int kh = h / (num_heads / num_kv_heads);
     const size_t head_off = (size_t)kh * D;
@@ -232,7 +242,7 @@ __device__ __forceinline__ void paged_attention_partial_impl(
         part_ml[(row * max_parts + part) * 2 + 1] = l;
     }
     if (!counters) return;  // kernels/emu only: the two-launch oracle combines in a second kernel
-    const int parts = (ctx + plen - 1) / plen;
+    const int parts = (span + plen - 1) / plen;
     __threadfence();  // release: this thread's partial writes, before the block counts in
     __syncthreads();
     if (tid == 0) last_all[grp] = atomicAdd(counters + row, 1u) == (u32)(parts - 1);
@@ -251,10 +261,10 @@ __device__ __forceinline__ void paged_attention_partial_impl(
         const u32* __restrict__ positions, const u32* __restrict__ token_seq, const u32* __restrict__ block_tables, \
         float* __restrict__ out, float* __restrict__ part_out, float* __restrict__ part_ml, u32* __restrict__ counters, \
         int num_tokens, int num_heads, int num_kv_heads, int head_dim, int block_size, int num_blocks, int num_seqs,   \
-        int max_blocks, int max_parts, float scale) {                                                                  \
+        int max_blocks, int max_parts, float scale, int window) {                                                      \
         paged_attention_partial_impl<KV>(q, k_cache, v_cache, positions, token_seq, block_tables, out, part_out,     \
                                          part_ml, counters, num_tokens, num_heads, num_kv_heads, head_dim, block_size,         \
-                                         num_blocks, num_seqs, max_blocks, max_parts, scale);                        \
+                                         num_blocks, num_seqs, max_blocks, max_parts, scale, window);                \
     }
 PA_PARTIAL(f32, float)
 PA_PARTIAL(bf16, bf16_t)
@@ -265,14 +275,15 @@ extern "C" __global__ void __launch_bounds__(PA_THREADS)
 paged_attention_combine(const float* __restrict__ part_out, const float* __restrict__ part_ml,
                         const u32* __restrict__ positions, const u32* __restrict__ token_seq,
                         float* __restrict__ out, int num_tokens, int num_heads, int num_kv_heads,
-                        int head_dim, int block_size, int num_seqs, int max_blocks, int max_parts) {
+                        int head_dim, int block_size, int num_seqs, int max_blocks, int max_parts, int window) {
     const int t = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
     if (t >= num_tokens || h >= num_heads) return;
     const int D = head_dim;
     const u32 seq = token_seq[t];
     const int ctx = (int)min(positions[t], 0x7ffffffeu) + 1;
-    const int plen = pa_part_len(ctx);
-    const int parts = (ctx + plen - 1) / plen;
+    const int span = ctx - pa_first_key(ctx, window);
+    const int plen = pa_part_len(span);
+    const int parts = (span + plen - 1) / plen;
     const bool bad = seq >= (u32)num_seqs || D > PA_MAX_D || D < 1 || num_kv_heads < 1 ||
                      num_heads % num_kv_heads != 0 || ctx > max_blocks * block_size || parts > max_parts;
     const size_t row = (size_t)t * num_heads + h;
@@ -302,9 +313,12 @@ paged_attention_combine(const float* __restrict__ part_out, const float* __restr
 // Both compute, for each row, exactly this sequence, which depends on the row's own context
 // alone, so a token's bits are the same whichever job kind serves it, whatever shares its
 // mma rows, and in any batch (kernels/emu checks each token alone against the batch):
-//   1. The context [0, ctx) is cut into partitions of pat_part_len(ctx) keys (a multiple of
-//      64: at most PAT_SPLITS of them, at least 64 keys each; no upper bound, since nothing is
-//      held per key), and each partition into 64-key tiles at absolute positions.
+//   1. The span [base, ctx) is cut into partitions of pat_part_len(ctx - base) keys (a multiple
+//      of 64: at most PAT_SPLITS of them, at least 64 keys each; no upper bound, since nothing
+//      is held per key), and each partition into 64-key tiles at absolute positions. base = 0,
+//      or under a sliding window the row's first key lo = pa_first_key(ctx, window) rounded
+//      down to a tile; keys before lo are -inf like keys past ctx. In a chunk job, the tiles
+//      before a row's base leave its state (m = -inf, l = 0, o = 0) as it is (p = 0).
 //   2. Per tile: s = (q . k) * scale * log2(e) with q rounded to bf16 and the dims in ascending
 //      k16 steps of mma.m16n8k16 (f32 accumulation); keys at or past ctx are -inf, a key whose
 //      block id is bad is NaN. The online softmax: m' = max(m, max s), a = 2^(m - m'),
@@ -365,6 +379,7 @@ struct PatArgs {
     u32* counters;
     int num_tokens, n_split, num_heads, num_kv_heads, block_size, num_blocks, num_seqs, max_blocks, max_parts, tw;
     float scale_log2;
+    int window;  // sliding window in keys, 0: none
 };
 
 // The warp's rows: `nt` tokens from t0 (one sequence) x `G` heads from h0, of kv head kh.
@@ -385,15 +400,20 @@ __device__ __forceinline__ void pat_job(const PatArgs& a, int t0, int nt, int kh
         const int t = t0 + (live[rr] ? r / G : 0), h = h0 + (live[rr] ? r % G : 0);
         orow[rr] = ((size_t)t * H + h) * D;
         const int cx = (int)min(a.positions[t], 0x7ffffffeu) + 1;
+        const int lo_r = pa_first_key(cx, a.window), base_r = lo_r / PAT_TILE * PAT_TILE;
 #if TANDEM_PAT_BREAK == 4
         plen[rr] = pat_part_len((int)min(a.positions[t0], 0x7ffffffeu) + 1);  // the job's first token's, not the row's own
 #else
-        plen[rr] = pat_part_len(cx);
+        plen[rr] = pat_part_len(cx - base_r);
 #endif
         bad[rr] = live[rr] && (seq_bad || cx > a.max_blocks * a.block_size ||
-                               (part >= 0 && (cx + plen[rr] - 1) / plen[rr] > a.max_parts));
+                               (part >= 0 && (cx - base_r + plen[rr] - 1) / plen[rr] > a.max_parts));
         ctx[rr] = live[rr] && !bad[rr] ? cx : 0;
     }
+    // A row's first key and its tile (0 for a row of no context), recomputed where used: two
+    // more arrays held across the loop below spill the d64 kernel at sm_90.
+    auto lo = [&](int rr) { return pa_first_key(ctx[rr], a.window); };
+    auto base = [&](int rr) { return lo(rr) / PAT_TILE * PAT_TILE; };
     // The job's keys: [k_begin, k_end), the end of the longest context among its rows.
     int kend = max(ctx[0], ctx[1]);
     kend = max(kend, __shfl_xor_sync(0xffffffffu, kend, 1));
@@ -404,8 +424,11 @@ __device__ __forceinline__ void pat_job(const PatArgs& a, int t0, int nt, int kh
     int k_begin = 0;
     if (part >= 0) {  // every live row is the same token: the same ctx and partition length
         const int pl = __shfl_sync(0xffffffffu, plen[0], 0);
-        k_begin = part * pl;
+        k_begin = __shfl_sync(0xffffffffu, base(0), 0) + part * pl;
         kend = min(kend, k_begin + pl);
+    } else if (a.window > 0) {  // from the first tile any row sees
+        k_begin = min(ctx[0] > 0 ? base(0) : 0x7fffffff, ctx[1] > 0 ? base(1) : 0x7fffffff);
+        for (int x = 1; x < 32; x <<= 1) k_begin = min(k_begin, __shfl_xor_sync(0xffffffffu, k_begin, x));
     }
     // A bad row's NaN: by the chunk job, or by partition 0's job.
     if (part <= 0)
@@ -495,25 +518,27 @@ __device__ __forceinline__ void pat_job(const PatArgs& a, int t0, int nt, int kh
                 for (int i = 0; i < 4; ++i) {
                     const int kk = n2 * 8 + 2 * c + (i & 1), key = k0 + sub * PAT_SUB + kk;
                     float& v = S[2 * sub + n2][i];
-                    v = key >= ctx[i >> 1] ? neg_inf_f32() : ((bad_keys[st & 1] >> kk) & 1u) ? nan_f32() : v * a.scale_log2;
+                    v = key >= ctx[i >> 1] || key < lo(i >> 1) ? neg_inf_f32() : ((bad_keys[st & 1] >> kk) & 1u) ? nan_f32() : v * a.scale_log2;
                 }
             if (sub == 3) {
                 // The tile's online-softmax step, per row (this thread's rows g and g + 8).
+                // A tile before the row's base (a chunk job under a window) leaves it as it is.
                 for (int rr = 0; rr < 2; ++rr) {
+                    const bool before = k0 < base(rr);
                     float mx = neg_inf_f32();
                     for (int n = 0; n < 8; ++n) mx = fmaxf(mx, fmaxf(S[n][2 * rr], S[n][2 * rr + 1]));
                     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
                     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                    const float mn = fmaxf(m[rr], mx), alpha = exp2f(m[rr] - mn);
+                    const float mn = before ? m[rr] : fmaxf(m[rr], mx), alpha = before ? 1.0f : exp2f(m[rr] - mn);
                     float rs = 0.0f;
                     for (int n = 0; n < 8; ++n)
                         for (int e = 2 * rr; e < 2 * rr + 2; ++e) {
-                            S[n][e] = exp2f(S[n][e] - mn);
+                            S[n][e] = before ? 0.0f : exp2f(S[n][e] - mn);
                             rs += S[n][e];
                         }
                     rs += __shfl_xor_sync(0xffffffffu, rs, 1);
                     rs += __shfl_xor_sync(0xffffffffu, rs, 2);
-                    l[rr] = fmaf(l[rr], alpha, rs);
+                    l[rr] = before ? l[rr] : fmaf(l[rr], alpha, rs);
                     m[rr] = mn;
                     for (int n = 0; n < NT; ++n) {
                         o[n][2 * rr] *= alpha;
@@ -535,10 +560,10 @@ __device__ __forceinline__ void pat_job(const PatArgs& a, int t0, int nt, int kh
             if (sub == 3 && part < 0) {
                 // A chunk job folds each row whose partition (or context) ends with this tile.
                 for (int rr = 0; rr < 2; ++rr) {
-                    if (ctx[rr] <= k0) continue;  // this row ended in an earlier tile
+                    if (ctx[rr] <= k0 || k0 < base(rr)) continue;  // this row ended, or has not begun
                     const bool last = ctx[rr] <= k0 + PAT_TILE;
-                    if (!last && (k0 + PAT_TILE) % plen[rr] != 0) continue;
-                    const bool first = k0 < plen[rr];
+                    if (!last && (k0 + PAT_TILE - base(rr)) % plen[rr] != 0) continue;
+                    const bool first = k0 < base(rr) + plen[rr];
                     float fa = 0.0f, fb = 0.0f;
                     if (!first) pat_fold_ml(macc[rr], lacc[rr], m[rr], l[rr], fa, fb);
                     else {
@@ -564,7 +589,8 @@ __device__ __forceinline__ void pat_job(const PatArgs& a, int t0, int nt, int kh
     // A split job: its partition's partial, then the fold by the token's last job to arrive.
     const int t = t0, cx = max(ctx[0], ctx[1]);
     const int ctx_t = __shfl_sync(0xffffffffu, cx, 0);
-    const int parts = (ctx_t + pat_part_len(ctx_t) - 1) / pat_part_len(ctx_t);
+    const int span_t = ctx_t - pa_first_key(ctx_t, a.window) / PAT_TILE * PAT_TILE;
+    const int parts = (span_t + pat_part_len(span_t) - 1) / pat_part_len(span_t);
     if (parts == 1) {
         for (int rr = 0; rr < 2; ++rr)
             if (ctx[rr] > 0)
@@ -651,10 +677,11 @@ __device__ __forceinline__ void paged_attention_tc_impl(const PatArgs& a) {
         const u32* __restrict__ positions, const u32* __restrict__ token_seq, const u32* __restrict__ block_tables, \
         float* __restrict__ out, float* __restrict__ part_out, float* __restrict__ part_ml, u32* __restrict__ counters, \
         int num_tokens, int n_split, int num_heads, int num_kv_heads, int block_size, int num_blocks, int num_seqs,   \
-        int max_blocks, int max_parts, int tw, float scale) {                                                          \
+        int max_blocks, int max_parts, int tw, float scale, int window) {                                              \
         const PatArgs a{q,         k_cache,    v_cache,    positions,  token_seq,  block_tables, out,                  \
                         part_out,  part_ml,    counters,   num_tokens, n_split,    num_heads,    num_kv_heads,         \
-                        block_size, num_blocks, num_seqs,  max_blocks, max_parts,  tw,           scale * PAT_LOG2E};   \
+                        block_size, num_blocks, num_seqs,  max_blocks, max_parts,  tw,           scale * PAT_LOG2E,    \
+                        window};                                                                                       \
         paged_attention_tc_impl<D>(a);                                                                                 \
     }
 PAT_KERNEL(64)

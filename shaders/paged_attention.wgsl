@@ -4,7 +4,8 @@
 //   head_dim]; positions, token_seq u32 [T]; block_tables u32 [num_seqs, max_blocks];
 //   out f32 [T, num_heads, head_dim].
 // Query token t (sequence s = token_seq[t], position P = positions[t]) with head h attends to
-// the keys of s at positions 0..=P with kv head h / (num_heads / kv_heads); the key at
+// the keys of s at positions lo..=P with kv head h / (num_heads / kv_heads), where lo = 0, or
+// max(0, P + 1 - window) with a sliding window (HF: key j seen when j > P - window); the key at
 // position j lives in slot block_tables[s, j / block_size] * block_size + j % block_size.
 //
 // One workgroup of 64 per (token, head). Keys go in tiles of 64: lane j scores key
@@ -25,6 +26,7 @@ struct Params {
     num_seqs: u32,
     num_slots: u32,
     scale: f32,
+    window: u32, // keys a token sees, its own included; 0: the whole context
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -41,6 +43,11 @@ const MAX_DIMS_PER_LANE: u32 = 4u; // head_dim <= 4 * 64
 const NEG_BIG: f32 = -3.4028235e38;
 
 var<workgroup> scores: array<f32, TILE>;
+
+// The first key position a token with n_keys keys of context sees.
+fn first_key(n_keys: u32) -> u32 {
+    return select(0u, n_keys - p.window, p.window > 0u && n_keys > p.window);
+}
 
 // Slot of key position j of sequence s, or num_slots when the table does not reach it.
 fn key_slot(s: u32, j: u32) -> u32 {
@@ -75,7 +82,7 @@ fn paged_attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups
         acc[c] = 0.0;
     }
 
-    for (var base = 0u; base < n_keys; base += TILE) {
+    for (var base = first_key(n_keys); base < n_keys; base += TILE) {
         let j = base + li;
         var sc = NEG_BIG;
         if (j < n_keys) {
@@ -187,7 +194,7 @@ fn paged_attention_lane(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workg
         m[g] = NEG_BIG;
         l[g] = 0.0;
     }
-    for (var j = li; j < n_keys; j += SPLITS) {
+    for (var j = first_key(n_keys) + li; j < n_keys; j += SPLITS) {
         let slot = key_slot(s, j);
         if (slot >= p.num_slots) {
             continue;

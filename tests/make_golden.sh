@@ -17,6 +17,11 @@ cargo xtask gen-model --shape tiny-qwen3-moe --seed 4 --out target/golden/tiny-q
 "$VENV/bin/python" tests/hf_golden.py --model target/golden/tiny-qwen3-moe --out tests/golden/tiny-qwen3-moe.json --raw-ids
 cargo xtask gen-model --shape tiny-mixtral --seed 5 --out target/golden/tiny-mixtral --dtype f32
 "$VENV/bin/python" tests/hf_golden.py --model target/golden/tiny-mixtral --out tests/golden/tiny-mixtral.json --raw-ids
+# Sliding windows shorter than the prompts: Mistral (every layer), Qwen2 (layer 1 of 2).
+cargo xtask gen-model --shape tiny-mistral --seed 6 --out target/golden/tiny-mistral --dtype f32
+"$VENV/bin/python" tests/hf_golden.py --model target/golden/tiny-mistral --out tests/golden/tiny-mistral.json --raw-ids
+cargo xtask gen-model --shape tiny-qwen2 --seed 7 --out target/golden/tiny-qwen2 --dtype f32
+"$VENV/bin/python" tests/hf_golden.py --model target/golden/tiny-qwen2 --out tests/golden/tiny-qwen2.json --raw-ids
 MODEL=$(cargo xtask fetch-model | tail -n 1)
 GGUF=$(find "${TANDEM_CACHE:-$HOME/.cache/tandem}" -name 'SmolLM2-135M-Instruct.Q4_1.gguf' | head -n 1)
 "$VENV/bin/python" tests/hf_golden.py --model "$MODEL" --out tests/golden/smollm2-135m.json ${GGUF:+--gguf "$GGUF"}

@@ -18,6 +18,7 @@ struct Case {
     int bs, kvh, gqa, D;
     std::vector<std::pair<int, int>> seqs;  // (cached, query) per sequence
     int bad_block_seq = -1;                 // this sequence's block 1 gets a bad id
+    int window = 0;                         // sliding window in keys (0: none)
 };
 
 // A case's inputs: scattered blocks, random K/V in a bf16 cache (the values the kernel reads),
@@ -102,7 +103,7 @@ inline std::vector<float> run(const Data& d, int n_split, int tw = 0, int only =
     launch(dim3{blocks, 1, 1}, dim3{PAT_WARPS * 32, 1, 1}, [&] {
         auto f = c.D == 64 ? paged_attention_tc_d64 : paged_attention_tc_d128;
         f(q.data(), d.k.data(), d.v.data(), pos.data(), tseq.data(), d.tables.data(), out.data(), po.data(), pm.data(), counters.data(), T, n_split,
-          d.H, c.kvh, c.bs, d.num_blocks, d.S, d.max_blocks, parts, tw, scale);
+          d.H, c.kvh, c.bs, d.num_blocks, d.S, d.max_blocks, parts, tw, scale, c.window);
     }, smem);
     for (u32 v : counters) counters_ok = counters_ok && v == 0;
     return out;
@@ -124,12 +125,17 @@ inline void reference(const Data& d, std::vector<double>& want, std::vector<doub
     for (int t = 0; t < d.T; ++t)
         for (int h = 0; h < d.H; ++h) {
             const int kh = h / c.gqa, n = (int)d.pos[t] + 1;
+            const int lo = c.window > 0 && n > c.window ? n - c.window : 0;  // HF: keys j > p - window
             const unsigned* tab = &d.tables[(size_t)d.tseq[t] * d.max_blocks];
             const float* qt = &d.q[((size_t)t * d.H + h) * D];
             std::vector<double> sc(n);
             std::vector<size_t> slot(n);
             double mx = -INFINITY, dth = 0;
             for (int j = 0; j < n; ++j) {
+                if (j < lo) {
+                    sc[j] = -INFINITY;
+                    continue;
+                }
                 slot[j] = ((size_t)tab[j / c.bs] * c.bs + j % c.bs) * srow + (size_t)kh * D;
                 double dot = 0, ab = 0;
                 for (int i = 0; i < D; ++i) {
@@ -146,7 +152,7 @@ inline void reference(const Data& d, std::vector<double>& want, std::vector<doub
             const size_t at = ((size_t)t * d.H + h) * D;
             for (int i = 0; i < D; ++i) {
                 double o = 0, a = 0;
-                for (int j = 0; j < n; ++j) {
+                for (int j = lo; j < n; ++j) {
                     const double vv = bf16_bits_to_f32(d.v[slot[j] + i].bits);
                     o += sc[j] / den * vv;
                     a += sc[j] / den * std::fabs(vv);
@@ -180,6 +186,7 @@ inline bool same(const std::vector<float>& a, const float* b, size_t n) { return
 inline std::string name(const Case& c) {
     std::string s = "bs=" + std::to_string(c.bs) + " kvh=" + std::to_string(c.kvh) + " gqa=" + std::to_string(c.gqa) + " D=" + std::to_string(c.D) + " seqs=";
     for (auto [a, b] : c.seqs) s += std::to_string(a) + "+" + std::to_string(b) + ",";
+    if (c.window > 0) s += " window=" + std::to_string(c.window);
     return s;
 }
 
@@ -201,6 +208,12 @@ inline std::vector<Case> cases() {
         {16, 1, 20, 64, {{40, 3}, {70, 1}}},                             // 20 heads a KV head: groups of 16 and 4
         {16, 2, 1, 128, {{5, 20}, {130, 1}}},                            // no GQA: 16 tokens a chunk
         {16, 1, 4, 64, {{2500, 1}, {7, 2}}},                             // 14 partitions of 192 keys
+        // Sliding windows: contexts shorter and longer than the window, a span of several
+        // partitions, chunks whose rows' windows start in different tiles, a window of 1 key.
+        {16, 2, 4, 64, {{0, 1}, {20, 1}, {300, 1}, {290, 17}, {700, 1}}, -1, 100},
+        {16, 1, 4, 128, {{1100, 1}, {1000, 40}}, -1, 600},
+        {16, 2, 1, 128, {{60, 40}, {3, 1}}, -1, 64},
+        {16, 1, 2, 64, {{5, 3}, {70, 20}}, -1, 1},
     };
 }
 

@@ -268,6 +268,7 @@ static void test_small_ops() {
 struct AttnCase {
     int bs, kvh, gqa, D;
     std::vector<std::pair<int, int>> seqs;  // (cached, query)
+    int window = 0;                         // sliding window in keys (0: none)
 };
 // What the f64 reference computes for a case (any of them may be null).
 struct AttnWant {
@@ -359,15 +360,15 @@ static std::vector<float> run_attention(const AttnCase& c, bool bf16, AttnWant w
     launch(dim3{(unsigned)T, (unsigned)(H / pack), (unsigned)parts}, dim3{(unsigned)(128 * pack), 1, 1}, [&] {
         if (bf16)
             paged_attention_partial_bf16(q.data(), kb.data(), vb.data(), pos.data(), tseq.data(), tables.data(), out.data(), po.data(),
-                                         pm.data(), cp, T, H, c.kvh, D, bs, num_blocks, S, max_blocks, parts, scale);
+                                         pm.data(), cp, T, H, c.kvh, D, bs, num_blocks, S, max_blocks, parts, scale, c.window);
         else
             paged_attention_partial_f32(q.data(), kc.data(), vc.data(), pos.data(), tseq.data(), tables.data(), out.data(), po.data(),
-                                        pm.data(), cp, T, H, c.kvh, D, bs, num_blocks, S, max_blocks, parts, scale);
+                                        pm.data(), cp, T, H, c.kvh, D, bs, num_blocks, S, max_blocks, parts, scale, c.window);
     });
     for (u32 v : counters) attn_counters_ok = attn_counters_ok && v == 0;
     if (parts > 1 && attn_two_launch)
         launch(dim3{(unsigned)T, (unsigned)H, 1}, dim3{128, 1, 1}, [&] {
-            paged_attention_combine(po.data(), pm.data(), pos.data(), tseq.data(), out.data(), T, H, c.kvh, D, bs, S, max_blocks, parts);
+            paged_attention_combine(po.data(), pm.data(), pos.data(), tseq.data(), out.data(), T, H, c.kvh, D, bs, S, max_blocks, parts, c.window);
         });
     // f64 attention of token t, head h over caches (ks, vs); also sum_j p_j |v_jd| and D_th.
     auto reference = [&](const std::vector<float>& ks, const std::vector<float>& vs, int t, int h, double* o, double* abs_pv,
@@ -375,9 +376,11 @@ static std::vector<float> run_attention(const AttnCase& c, bool bf16, AttnWant w
         const int kh = h / c.gqa;
         const unsigned* tab = &tables[tseq[t] * max_blocks];
         const float* qt = &q[((size_t)t * H + h) * D];
-        std::vector<double> sc(pos[t] + 1);
+        std::vector<double> sc(pos[t] + 1, 0.0);
         double mx = -INFINITY, dm = 0;
-        for (unsigned j = 0; j <= pos[t]; ++j) {
+        // The sliding window (HF: key j seen when j > p - window).
+        const unsigned lo = c.window > 0 && (int)pos[t] + 1 > c.window ? pos[t] + 1 - c.window : 0;
+        for (unsigned j = lo; j <= pos[t]; ++j) {
             const size_t slot = (size_t)tab[j / bs] * bs + j % bs;
             double d = 0, a = 0;
             for (int i = 0; i < D; ++i) {
@@ -389,9 +392,9 @@ static std::vector<float> run_attention(const AttnCase& c, bool bf16, AttnWant w
             mx = std::max(mx, sc[j]);
         }
         double den = 0;
-        for (auto& s : sc) den += (s = std::exp(s - mx));
+        for (unsigned j = lo; j <= pos[t]; ++j) den += (sc[j] = std::exp(sc[j] - mx));
         for (int i = 0; i < D; ++i) o[i] = abs_pv[i] = 0;
-        for (unsigned j = 0; j <= pos[t]; ++j) {
+        for (unsigned j = lo; j <= pos[t]; ++j) {
             const size_t slot = (size_t)tab[j / bs] * bs + j % bs;
             for (int i = 0; i < D; ++i) {
                 o[i] += sc[j] / den * vs[slot * row + kh * D + i];
@@ -447,6 +450,7 @@ static std::string case_name(const AttnCase& c) {
     std::string name = "bs=" + std::to_string(c.bs) + " kvh=" + std::to_string(c.kvh) + " gqa=" + std::to_string(c.gqa) +
                        " D=" + std::to_string(c.D) + " seqs=";
     for (auto [a, b] : c.seqs) name += std::to_string(a) + "+" + std::to_string(b) + ",";
+    if (c.window > 0) name += " window=" + std::to_string(c.window);
     return name;
 }
 
@@ -457,6 +461,11 @@ static void test_attention() {
         {16, 1, 3, 64, {{20, 13}, {5, 40}}},                            // prefill chunks over a prefix, GQA 3
         {16, 2, 1, 96, {{3, 2}}},                                       // head_dim not a power of two
         {16, 1, 2, 256, {{40, 2}}},                                     // head_dim > 128 path
+        // Sliding windows (before the last two: the batch-invariance checks below take those):
+        // contexts shorter and longer than the window, spans of several partitions, window 1.
+        {16, 2, 2, 64, {{0, 1}, {20, 1}, {300, 1}, {290, 17}, {700, 1}}, 100},
+        {16, 1, 2, 96, {{1100, 1}, {1000, 40}}, 600},
+        {16, 1, 1, 64, {{5, 3}, {70, 2}}, 1},
         {16, 2, 4, 64, {{0, 1}, {16, 1}, {300, 1}, {290, 17}}},         // contexts 1, 17, 301, a chunk to 307; GQA 4
         {16, 1, 2, 64, {{600, 1}, {1100, 1}, {500, 30}}},               // split path: contexts > 512
     };
@@ -519,7 +528,7 @@ static void test_attention() {
     // Batch invariance: each token alone gives bit-identical output, for both caches: the split
     // case, and the case of contexts 1, 17, 301 (one partition up to 64 keys, several above).
     for (bool bf16 : {false, true}) {
-        for (size_t ci : {cases.size() - 2, cases.size() - 1}) {
+        for (size_t ci : {cases.size() - 5, cases.size() - 4, cases.size() - 2, cases.size() - 1}) {
             const AttnCase& c = cases[ci];
             auto batch = run_attention(c, bf16, {});
             const int H = c.kvh * c.gqa, D = c.D;

@@ -372,7 +372,19 @@ pub fn cases() -> Vec<Case> {
         (16, 2, 3, 128, vec![d(512), d(5)]),
     ];
     for (block_size, kv_heads, gqa, head_dim, seqs) in attention {
-        v.push(Case::new(PagedAttention { block_size, kv_heads, gqa, head_dim, seqs, spare_blocks: 3 }, Spec::PagedAttention));
+        v.push(Case::new(PagedAttention { block_size, kv_heads, gqa, head_dim, seqs, spare_blocks: 3, window: 0 }, Spec::PagedAttention));
+    }
+    // Sliding windows (Mistral, Gemma 3's local layers): contexts shorter and longer than the
+    // window, decodes beside a prefill chunk whose rows' windows start in different places, a
+    // span of several partitions, and a window of one key (the output is that key's V).
+    let windowed: Vec<(usize, usize, usize, usize, Vec<SeqChunk>, usize)> = vec![
+        (16, 2, 3, 64, vec![d(5), d(100), p(60, 37), d(700)], 50),
+        (32, 1, 4, 128, vec![d(1100), p(1000, 24), d(2)], 600),
+        (16, 2, 1, 128, vec![p(20, 70), d(64), d(65)], 64),
+        (16, 1, 2, 64, vec![p(3, 9), d(40)], 1),
+    ];
+    for (block_size, kv_heads, gqa, head_dim, seqs, window) in windowed {
+        v.push(Case::new(PagedAttention { block_size, kv_heads, gqa, head_dim, seqs, spare_blocks: 3, window }, Spec::PagedAttention));
     }
 
     for (rows, vocab, ties) in [(1, 49152, false), (3, 77, true), (16, 1000, false), (5, 1, false), (4, 49152, true)] {

@@ -70,6 +70,7 @@ fn inner_args<'a>(a: &AttnArgs<'a, Bf16Numerics>) -> AttnArgs<'a, B> {
         num_heads: a.num_heads,
         geometry: a.geometry,
         scale: a.scale,
+        window: a.window,
     }
 }
 

@@ -110,7 +110,9 @@ impl KvGeometry {
 /// Query token `t` belongs to sequence `token_seq[t]` and sits at position `positions[t]`; it
 /// attends to that sequence's keys at positions `0..=positions[t]`, found through row
 /// `token_seq[t]` of `block_tables` (`[num_seqs, max_blocks]`). Decode tokens and prefill
-/// chunks (with or without a cached prefix) are the same thing here.
+/// chunks (with or without a cached prefix) are the same thing here. With a sliding `window`
+/// of `w > 0` keys it attends to positions `max(0, p + 1 - w)..=p` only (HF's
+/// `sliding_window_overlay`: key `j` is seen when `j > p - w`).
 pub struct AttnArgs<'a, B: Backend + ?Sized> {
     /// `[T, num_heads, head_dim]`
     pub q: &'a B::Buf,
@@ -135,6 +137,8 @@ pub struct AttnArgs<'a, B: Backend + ?Sized> {
     pub num_heads: usize,
     pub geometry: KvGeometry,
     pub scale: f32,
+    /// Sliding window in keys (the query's own key included); 0: the whole context.
+    pub window: usize,
 }
 
 /// A fused weight and its fused bias, if the parts had biases (see [`Backend::fuse_qkv`]).

@@ -56,6 +56,12 @@ pub struct ModelConfig {
     pub eos_token_ids: Vec<u32>,
     /// The MoE block of a mixture-of-experts family; None for a dense one.
     pub moe: Option<MoeConfig>,
+    /// Each layer's sliding attention window in keys (0: full attention), as HF applies it:
+    /// Mistral and Mixtral `sliding_window` on every layer (Mistral's default 4096 where the
+    /// field is absent, none where it is null); Qwen2 and Qwen3 only with `use_sliding_window`,
+    /// on the layers `layer_types` marks `sliding_attention` (default: from `max_window_layers`
+    /// on), Qwen3-MoE on every layer. Empty or 0: every layer attends to its whole context.
+    pub layer_windows: Vec<usize>,
 }
 
 #[derive(Deserialize)]
@@ -88,6 +94,12 @@ struct Raw {
     norm_topk_prob: Option<bool>,
     decoder_sparse_step: Option<usize>,
     mlp_only_layers: Option<Vec<usize>>,
+    // Sliding-window attention (see `ModelConfig::layer_windows`).
+    #[serde(default, deserialize_with = "present")]
+    sliding_window: Option<serde_json::Value>,
+    use_sliding_window: Option<bool>,
+    max_window_layers: Option<usize>,
+    layer_types: Option<Vec<String>>,
 }
 
 impl ModelConfig {
@@ -172,7 +184,9 @@ impl ModelConfig {
                 return Err(format!("num_experts_per_tok ({}) exceeds the {} experts", m.top_k, m.num_experts));
             }
         }
+        let layer_windows = layer_windows(&architecture, &raw, num_hidden_layers)?;
         Ok(ModelConfig {
+            layer_windows,
             vocab_size: req(raw.vocab_size, "vocab_size")?,
             intermediate_size,
             num_hidden_layers,
@@ -238,6 +252,50 @@ impl ModelConfig {
         let moe = self.moe.as_ref().map_or(0, |m| m.intermediate_size);
         if self.moe.as_ref().is_some_and(|m| m.dense_layers.is_empty()) { moe } else { moe.max(self.intermediate_size) }
     }
+}
+
+/// A field that may be null, kept apart from an absent one (`Some(Null)` vs `None`).
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Option<serde_json::Value>, D::Error> {
+    serde_json::Value::deserialize(d).map(Some)
+}
+
+/// Each layer's sliding window (0: none), as HF's configuration and modeling code of the
+/// family apply `sliding_window` (see [`ModelConfig::layer_windows`]).
+fn layer_windows(arch: &str, raw: &Raw, layers: usize) -> std::result::Result<Vec<usize>, String> {
+    let value = match &raw.sliding_window {
+        None => None,
+        Some(serde_json::Value::Null) => Some(None),
+        Some(v) => match v.as_u64() {
+            Some(0) | None => return Err(format!("`sliding_window` must be a positive integer or null, not {v}")),
+            Some(n) => Some(Some(n as usize)),
+        },
+    };
+    let use_sw = raw.use_sliding_window.unwrap_or(false);
+    let sliding_types = || -> std::result::Result<Vec<bool>, String> {
+        match &raw.layer_types {
+            Some(t) if t.len() != layers => Err(format!("`layer_types` lists {} layers, the model has {layers}", t.len())),
+            Some(t) => t
+                .iter()
+                .map(|k| match k.as_str() {
+                    "sliding_attention" => Ok(true),
+                    "full_attention" => Ok(false),
+                    other => Err(format!("unsupported layer type `{other}` in `layer_types` (supported: full_attention, sliding_attention)")),
+                })
+                .collect(),
+            None => Ok((0..layers).map(|i| i >= raw.max_window_layers.unwrap_or(28)).collect()),
+        }
+    };
+    let (window, sliding) = match arch {
+        "MistralForCausalLM" => (value.unwrap_or(Some(4096)), vec![true; layers]),
+        "MixtralForCausalLM" => (value.flatten(), vec![true; layers]),
+        "Qwen3MoeForCausalLM" => (if use_sw { value.unwrap_or(Some(4096)) } else { None }, vec![true; layers]),
+        "Qwen2ForCausalLM" | "Qwen3ForCausalLM" => (if use_sw { value.unwrap_or(Some(4096)) } else { None }, sliding_types()?),
+        _ => (None, vec![false; layers]),
+    };
+    Ok(match window {
+        Some(w) => sliding.iter().map(|&s| if s { w } else { 0 }).collect(),
+        None => vec![0; layers],
+    })
 }
 
 fn ids(v: Option<&serde_json::Value>) -> Vec<u32> {
@@ -332,6 +390,29 @@ mod tests {
         assert_eq!(c.max_intermediate(), 160);
         let e = ModelConfig::from_json(&j.replace(r#""num_experts":8"#, r#""num_experts":1"#)).unwrap_err();
         assert!(e.contains("num_experts_per_tok"), "{e}");
+    }
+
+    /// Where HF applies a sliding window, layer by layer (transformers 5's configuration and
+    /// modeling code of each family).
+    #[test]
+    fn sliding_windows_per_family() {
+        let base = r#""hidden_size":64,"intermediate_size":128,"num_hidden_layers":4,"num_attention_heads":4,"num_key_value_heads":2,"vocab_size":100"#;
+        let w = |extra: &str| ModelConfig::from_json(&format!("{{{base}{extra}}}")).map(|c| c.layer_windows);
+        // Mistral: every layer; 4096 when the field is absent (MistralConfig's default), none when null.
+        assert_eq!(w(r#","architectures":["MistralForCausalLM"],"sliding_window":7"#).unwrap(), [7; 4]);
+        assert_eq!(w(r#","architectures":["MistralForCausalLM"]"#).unwrap(), [4096; 4]);
+        assert_eq!(w(r#","architectures":["MistralForCausalLM"],"sliding_window":null"#).unwrap(), [0; 4]);
+        assert_eq!(w(r#","architectures":["MixtralForCausalLM"],"num_local_experts":2,"num_experts_per_tok":1"#).unwrap(), [0; 4]);
+        // Qwen2: only with use_sliding_window, from max_window_layers on, or as layer_types says.
+        assert_eq!(w(r#","architectures":["Qwen2ForCausalLM"],"sliding_window":5"#).unwrap(), [0; 4]);
+        assert_eq!(w(r#","architectures":["Qwen2ForCausalLM"],"sliding_window":5,"use_sliding_window":true,"max_window_layers":2"#).unwrap(), [0, 0, 5, 5]);
+        let types = r#","layer_types":["sliding_attention","full_attention","sliding_attention","full_attention"]"#;
+        assert_eq!(w(&format!(r#","architectures":["Qwen3ForCausalLM"],"sliding_window":5,"use_sliding_window":true{types}"#)).unwrap(), [5, 0, 5, 0]);
+        // Llama has no sliding window whatever the file says.
+        assert_eq!(w(r#","architectures":["LlamaForCausalLM"],"sliding_window":5"#).unwrap(), [0; 4]);
+        assert!(w(r#","architectures":["MistralForCausalLM"],"sliding_window":0"#).unwrap_err().contains("sliding_window"));
+        let e = w(r#","architectures":["Qwen2ForCausalLM"],"use_sliding_window":true,"layer_types":["full_attention"]"#).unwrap_err();
+        assert!(e.contains("layer_types"), "{e}");
     }
 
     #[test]

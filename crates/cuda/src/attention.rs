@@ -129,6 +129,7 @@ impl CudaBackend {
             v[i] = i32_of(ints[i], OP, names[i])?;
         }
         let [ti, hi, kvi, di, bsi, nbi, nsi, mbi, pi] = v;
+        let window = i32_of(a.window, OP, "window")?;
         let pack = pa_pack(h / kvh);
         let grid = (u32_of(t, OP, "T")?, u32_of(h / pack, OP, "num_heads")?, parts as u32);
         let threads = PA_THREADS * pack as u32;
@@ -140,7 +141,7 @@ impl CudaBackend {
             let mut l = self.stream.launch_builder(&partial.f);
             l.arg(&*a.q.mem).arg(&*a.k_cache.mem).arg(&*a.v_cache.mem).arg(&*a.positions.mem).arg(&*a.token_seq.mem).arg(&*a.block_tables.mem);
             l.arg(&mut *out.mem).arg(&*a.q.mem).arg(&*a.q.mem).arg(&*a.q.mem);
-            l.arg(&ti).arg(&hi).arg(&kvi).arg(&di).arg(&bsi).arg(&nbi).arg(&nsi).arg(&mbi).arg(&pi).arg(&a.scale);
+            l.arg(&ti).arg(&hi).arg(&kvi).arg(&di).arg(&bsi).arg(&nbi).arg(&nsi).arg(&mbi).arg(&pi).arg(&a.scale).arg(&window);
             // SAFETY: as in embedding.
             let r = unsafe { l.launch(cfg(grid, threads)) };
             return self.launched(partial.name, r);
@@ -175,7 +176,7 @@ impl CudaBackend {
         l.arg(&*a.q.mem).arg(&*a.k_cache.mem).arg(&*a.v_cache.mem).arg(&*a.positions.mem).arg(&*a.token_seq.mem).arg(&*a.block_tables.mem);
         // The last partition block of each (token, head) combines (kernels/paged_attention.cu).
         l.arg(&mut *out.mem).arg(&mut *po).arg(&mut *pm).arg(&mut *cn);
-        l.arg(&ti).arg(&hi).arg(&kvi).arg(&di).arg(&bsi).arg(&nbi).arg(&nsi).arg(&mbi).arg(&pi).arg(&a.scale);
+        l.arg(&ti).arg(&hi).arg(&kvi).arg(&di).arg(&bsi).arg(&nbi).arg(&nsi).arg(&mbi).arg(&pi).arg(&a.scale).arg(&window);
         // SAFETY: as in embedding; scratch sized for [T, H, parts, D] and [T, H, parts, 2],
         // counters for [T, H].
         let r = unsafe { l.launch(cfg(grid, threads)) };
@@ -242,10 +243,11 @@ impl CudaBackend {
             }
             _ => return Err(err(format!("{OP}: scratch missing after allocation"))),
         }
+        let window = i32_of(a.window, OP, "window")?;
         for x in &v {
             l.arg(x);
         }
-        l.arg(&a.scale);
+        l.arg(&a.scale).arg(&window);
         let smem = (PAT_WARPS * 2 * PAT_SUB * (d + 8) * 2) as u32;
         let launch = LaunchConfig { grid_dim: (blocks.max(1), 1, 1), block_dim: ((PAT_WARPS * 32) as u32, 1, 1), shared_mem_bytes: smem };
         // SAFETY: the argument list matches paged_attention_tc's; partials sized for

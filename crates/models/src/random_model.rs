@@ -47,10 +47,16 @@ pub enum Shape {
     /// 768, top 8) in 2 layers: the GPU check times the routed experts against every expert
     /// (gpu/tune.sh, TANDEM_CUDA_MOE) on it (2.7 GB in bf16).
     Qwen3_30bA3b2l,
+    /// Mistral: tiny's layer with a sliding window of 16 keys on every layer (shorter than the
+    /// golden prompts, so the window matters).
+    TinyMistral,
+    /// Qwen2: q/k/v biases, tied, `use_sliding_window` with a window of 16 from layer 1 on
+    /// (`max_window_layers` 1): one full and one windowed layer.
+    TinyQwen2,
 }
 
 impl Shape {
-    pub const ALL: [Shape; 12] = [
+    pub const ALL: [Shape; 14] = [
         Shape::Tiny,
         Shape::TinyTied,
         Shape::TinyHd128,
@@ -63,6 +69,8 @@ impl Shape {
         Shape::TinyQwen3Moe,
         Shape::TinyMixtral,
         Shape::Qwen3_30bA3b2l,
+        Shape::TinyMistral,
+        Shape::TinyQwen2,
     ];
 
     pub fn name(self) -> &'static str {
@@ -79,6 +87,8 @@ impl Shape {
             Shape::TinyQwen3Moe => "tiny-qwen3-moe",
             Shape::TinyMixtral => "tiny-mixtral",
             Shape::Qwen3_30bA3b2l => "qwen3-30b-a3b-2l",
+            Shape::TinyMistral => "tiny-mistral",
+            Shape::TinyQwen2 => "tiny-qwen2",
         }
     }
 
@@ -103,6 +113,8 @@ impl Shape {
             llama3_scaling: false,
             rms_eps: 1e-5,
             max_pos: 2048,
+            window: 0,
+            window_from: 0,
         };
         match self {
             Shape::Tiny => base,
@@ -132,6 +144,8 @@ impl Shape {
                 arch: Arch::Qwen3Moe, vocab: 151936, hidden: 2048, intermediate: 768, experts: 128, top_k: 8, layers: 2, heads: 32, kv_heads: 4,
                 head_dim: 128, rope_theta: 1000000.0, rms_eps: 1e-6, max_pos: 40960, ..base
             },
+            Shape::TinyMistral => Dims { arch: Arch::Mistral, window: 16, ..base },
+            Shape::TinyQwen2 => Dims { arch: Arch::Qwen2, tied: true, rope_theta: 1000000.0, rms_eps: 1e-6, window: 16, window_from: 1, ..base },
         }
     }
 }
@@ -140,6 +154,7 @@ impl Shape {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Arch {
     Llama,
+    Mistral,
     Qwen2,
     Qwen3,
     Qwen3Moe,
@@ -165,6 +180,9 @@ struct Dims {
     llama3_scaling: bool,
     rms_eps: f32,
     max_pos: usize,
+    /// Sliding window in keys (0: none): Mistral's on every layer, Qwen2's from `window_from`.
+    window: usize,
+    window_from: usize,
 }
 
 /// splitmix64: tiny, fast, and good enough for weights.
@@ -328,6 +346,7 @@ const QWEN3_CHAT_TEMPLATE: &str = "{% for message in messages %}{{ '<|im_start|>
 fn config_json(shape: Shape, d: &Dims, dtype: DType) -> serde_json::Value {
     let (arch, model_type) = match d.arch {
         Arch::Llama => ("LlamaForCausalLM", "llama"),
+        Arch::Mistral => ("MistralForCausalLM", "mistral"),
         Arch::Qwen2 => ("Qwen2ForCausalLM", "qwen2"),
         Arch::Qwen3 => ("Qwen3ForCausalLM", "qwen3"),
         Arch::Qwen3Moe => ("Qwen3MoeForCausalLM", "qwen3_moe"),
@@ -365,10 +384,16 @@ fn config_json(shape: Shape, d: &Dims, dtype: DType) -> serde_json::Value {
         "tandem_random_shape": shape.name(),
     });
     match d.arch {
+        Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe if d.window > 0 => {
+            c["use_sliding_window"] = json!(true);
+            c["sliding_window"] = json!(d.window);
+            c["max_window_layers"] = json!(d.window_from);
+        }
         Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe => {
             c["use_sliding_window"] = json!(false);
             c["sliding_window"] = serde_json::Value::Null;
         }
+        Arch::Mistral => c["sliding_window"] = if d.window > 0 { json!(d.window) } else { serde_json::Value::Null },
         Arch::Llama => c["mlp_bias"] = json!(false),
         Arch::Mixtral => {
             c["sliding_window"] = serde_json::Value::Null;

@@ -353,6 +353,8 @@ impl Backend for RefBackend {
             if let Some(b) = table[..=p / bs].iter().find(|&&b| b as usize >= g.num_blocks) {
                 return Err(err(format!("attention: token {t} uses block {b} of {} blocks", g.num_blocks)));
             }
+            // The sliding window: keys j with j > p - window (HF's sliding_window_overlay).
+            let lo = if a.window > 0 { (p + 1).saturating_sub(a.window) } else { 0 };
             for h in 0..heads {
                 let kh = h / group;
                 let qv = &q[(t * heads + h) * hd..(t * heads + h + 1) * hd];
@@ -361,7 +363,7 @@ impl Backend for RefBackend {
                     (slot * kvh + kh) * hd
                 };
                 scores.clear();
-                for j in 0..=p {
+                for j in lo..=p {
                     let o = key(j);
                     scores.push(dot(qv, &kc[o..o + hd]) as f64 * a.scale as f64);
                 }
@@ -374,7 +376,7 @@ impl Backend for RefBackend {
                 let o = &mut out[(t * heads + h) * hd..(t * heads + h + 1) * hd];
                 let mut acc = vec![0f64; hd];
                 for (j, w) in scores.iter().enumerate() {
-                    let off = key(j);
+                    let off = key(lo + j);
                     for (d, av) in acc.iter_mut().enumerate() {
                         *av += w * vc[off + d] as f64;
                     }
@@ -402,9 +404,34 @@ mod tests {
         let seq = b.alloc_u32(1).unwrap();
         let mut tables = b.alloc_u32(2).unwrap();
         b.write_u32(&mut tables, &[0, 7]).unwrap(); // block 7 of 2
-        let args = AttnArgs { q: &q, k_cache: &kc, v_cache: &vc, positions: &pos, token_seq: &seq, block_tables: &tables, num_tokens: 1, num_seqs: 1, max_blocks: 2, max_context: 6, decode_tokens: 1, num_heads: 1, geometry: g, scale: 1.0 };
+        let args = AttnArgs { q: &q, k_cache: &kc, v_cache: &vc, positions: &pos, token_seq: &seq, block_tables: &tables, num_tokens: 1, num_seqs: 1, max_blocks: 2, max_context: 6, decode_tokens: 1, num_heads: 1, geometry: g, scale: 1.0, window: 0 };
         let mut out = b.alloc_f32(2).unwrap();
         let e = b.paged_attention(&args, &mut out).unwrap_err();
         assert!(e.to_string().contains("block 7"), "{e}");
+    }
+
+    /// A sliding window of w keys: the token at position p sees keys p + 1 - w..=p (HF's
+    /// `kv_idx > q_idx - sliding_window`). With q = 0 every seen key weighs the same, so the
+    /// output is the mean of the seen V rows: V[j] = j here.
+    #[test]
+    fn sliding_window_sees_the_last_w_keys() {
+        let b = RefBackend::new();
+        let g = KvGeometry { num_blocks: 2, block_size: 4, num_kv_heads: 1, head_dim: 1 };
+        let q = b.alloc_f32(1).unwrap();
+        let mut kc = b.alloc_kv(g).unwrap();
+        let mut vc = b.alloc_kv(g).unwrap();
+        b.write_f32(&mut kc, &[0.0; 8]).unwrap();
+        b.write_f32(&mut vc, &[0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]).unwrap();
+        let mut pos = b.alloc_u32(1).unwrap();
+        b.write_u32(&mut pos, &[6]).unwrap();
+        let seq = b.alloc_u32(1).unwrap();
+        let mut tables = b.alloc_u32(2).unwrap();
+        b.write_u32(&mut tables, &[0, 1]).unwrap();
+        for (window, want) in [(0, 3.0), (1, 6.0), (2, 5.5), (3, 5.0), (7, 3.0), (100, 3.0)] {
+            let args = AttnArgs { q: &q, k_cache: &kc, v_cache: &vc, positions: &pos, token_seq: &seq, block_tables: &tables, num_tokens: 1, num_seqs: 1, max_blocks: 2, max_context: 7, decode_tokens: 1, num_heads: 1, geometry: g, scale: 1.0, window };
+            let mut out = b.alloc_f32(1).unwrap();
+            b.paged_attention(&args, &mut out).unwrap();
+            assert_eq!(b.read_f32(&out, 1).unwrap(), [want], "window {window}");
+        }
     }
 }

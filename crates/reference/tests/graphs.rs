@@ -172,10 +172,10 @@ impl<B: Backend> Backend for Replay<B> {
     }
     fn paged_attention(&self, a: &AttnArgs<'_, Self>, out: &mut Self::Buf) -> Result<()> {
         let bufs = [a.q, a.k_cache, a.v_cache, a.positions, a.token_seq, a.block_tables].map(Arc::clone);
-        let (out, (num_tokens, num_seqs, max_blocks, max_context, decode_tokens, num_heads, geometry, scale)) = (out.clone(), (a.num_tokens, a.num_seqs, a.max_blocks, a.max_context, a.decode_tokens, a.num_heads, a.geometry, a.scale));
+        let (out, (num_tokens, num_seqs, max_blocks, max_context, decode_tokens, num_heads, geometry, scale, window)) = (out.clone(), (a.num_tokens, a.num_seqs, a.max_blocks, a.max_context, a.decode_tokens, a.num_heads, a.geometry, a.scale, a.window));
         self.op(move |b| {
             let g = bufs.each_ref().map(|x| x.lock().unwrap());
-            let args = AttnArgs::<B> { q: &*g[0], k_cache: &*g[1], v_cache: &*g[2], positions: &*g[3], token_seq: &*g[4], block_tables: &*g[5], num_tokens, num_seqs, max_blocks, max_context, decode_tokens, num_heads, geometry, scale };
+            let args = AttnArgs::<B> { q: &*g[0], k_cache: &*g[1], v_cache: &*g[2], positions: &*g[3], token_seq: &*g[4], block_tables: &*g[5], num_tokens, num_seqs, max_blocks, max_context, decode_tokens, num_heads, geometry, scale, window };
             b.paged_attention(&args, &mut out.lock().unwrap())
         })
     }

@@ -101,6 +101,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     num_heads: 9,
                     geometry: g,
                     scale: 0.125,
+                    window: 0,
                 };
                 b.paged_attention(&a, &mut out)
             })?;

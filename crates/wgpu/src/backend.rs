@@ -1243,6 +1243,7 @@ impl Backend for WgpuBackend {
             a.num_seqs as u32,
             g.slots() as u32,
             a.scale.to_bits(),
+            to_u32(op, "window", a.window)?,
         ];
         let [kc, vc] = kv.binds();
         let binds = [Bind::all(q_b), kc, vc, Bind::all(p_b), Bind::all(s_b), Bind::all(bt), Bind::all(o_b)];

@@ -198,7 +198,7 @@ fn attention<B: Backend>(b: &B, s: Shape, a: &Args, seqs: usize, ctx: usize, q_l
     b.write_u32(&mut tb, &seq_of)?;
     b.write_u32(&mut bt, &table)?;
     let mut out = b.alloc_f32(t * s.heads * s.head_dim)?;
-    let args = AttnArgs { q: &q, k_cache: &k_cache, v_cache: &v_cache, positions: &pb, token_seq: &tb, block_tables: &bt, num_tokens: t, num_seqs: seqs, max_blocks, max_context: ctx, decode_tokens: if q_len == 1 { t } else { 0 }, num_heads: s.heads, geometry: g, scale: 1.0 / (s.head_dim as f32).sqrt() };
+    let args = AttnArgs { q: &q, k_cache: &k_cache, v_cache: &v_cache, positions: &pb, token_seq: &tb, block_tables: &bt, num_tokens: t, num_seqs: seqs, max_blocks, max_context: ctx, decode_tokens: if q_len == 1 { t } else { 0 }, num_heads: s.heads, geometry: g, scale: 1.0 / (s.head_dim as f32).sqrt(), window: 0 };
     let us = time(b, a.min_ms, || b.paged_attention(&args, &mut out))?;
     let kv_bytes = 2.0 * (seqs * ctx * per) as f64 * kv_dtype.size() as f64;
     let io = 2.0 * (t * s.heads * s.head_dim) as f64 * 4.0;

@@ -69,6 +69,13 @@ fn wgpu_moe_greedy_tokens_are_the_same_alone_and_among_31_others() {
     invariance(tandem_models::random_model::Shape::TinyMixtral);
 }
 
+/// Sliding windows of 16 keys, shorter than the prompts.
+#[test]
+fn wgpu_window_greedy_tokens_are_the_same_alone_and_among_31_others() {
+    invariance(tandem_models::random_model::Shape::TinyMistral);
+    invariance(tandem_models::random_model::Shape::TinyQwen2);
+}
+
 fn invariance(shape: tandem_models::random_model::Shape) {
     let dir = std::env::temp_dir().join(format!("tandem-invariance-{}-{}", shape.name(), std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);

@@ -46,6 +46,17 @@ fn tiny_mixtral_f32() {
     check("tiny-mixtral", &golden::random_model("tiny-mixtral", 5, DType::F32), 1e-3);
 }
 
+/// Sliding windows (16 keys, shorter than the prompts): Mistral on every layer, Qwen2 on layer 1.
+#[test]
+fn tiny_mistral_window_f32() {
+    check("tiny-mistral", &golden::random_model("tiny-mistral", 6, DType::F32), 1e-3);
+}
+
+#[test]
+fn tiny_qwen2_window_f32() {
+    check("tiny-qwen2", &golden::random_model("tiny-qwen2", 7, DType::F32), 1e-3);
+}
+
 #[test]
 fn smollm2_135m() {
     let Some(dir) = golden::smollm2_dir() else { return };

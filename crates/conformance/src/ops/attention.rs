@@ -39,6 +39,8 @@ pub struct PagedAttention {
     pub seqs: Vec<SeqChunk>,
     /// Blocks owned by no sequence (random contents that must never be read).
     pub spare_blocks: usize,
+    /// Sliding window in keys (`AttnArgs::window`); 0: the whole context.
+    pub window: usize,
 }
 
 pub struct AttnInputs {
@@ -69,8 +71,9 @@ impl Op for PagedAttention {
     const NAME: &'static str = "paged_attention";
     fn params(&self) -> String {
         let seqs: Vec<String> = self.seqs.iter().map(|s| format!("{}+{}", s.cached, s.query)).collect();
+        let window = if self.window > 0 { format!(" window={}", self.window) } else { String::new() };
         format!(
-            "block_size={} kv_heads={} gqa={} head_dim={} seqs(cached+query)=[{}]",
+            "block_size={} kv_heads={} gqa={} head_dim={} seqs(cached+query)=[{}]{window}",
             self.block_size,
             self.kv_heads,
             self.gqa,
@@ -149,6 +152,7 @@ impl Op for PagedAttention {
             num_heads: self.heads(),
             geometry: g,
             scale: 1.0 / (self.head_dim as f32).sqrt(),
+            window: self.window,
         };
         let mut out = poisoned(b, len)?;
         launch.run(b, || b.paged_attention(&args, &mut out))?;

@@ -23,6 +23,10 @@ enum Fault {
     AttentionExcludesSelf,
     /// paged attention reads the cache as if blocks were contiguous (ignores the block table).
     AttentionIgnoresBlockTable,
+    /// paged attention ignores its sliding window (attends to the whole context).
+    AttentionIgnoresWindow,
+    /// paged attention's window one key too wide (`j >= p - w` instead of `j > p - w`).
+    AttentionWindowOneWide,
     /// kv_write drops the last token.
     KvWriteSkipsLastToken,
     /// kv_write stores K into the V cache too.
@@ -191,6 +195,11 @@ impl<B: Backend> Backend for Faulty<B> {
             num_heads: a.num_heads,
             geometry: a.geometry,
             scale: a.scale,
+            window: match self.fault {
+                Fault::AttentionIgnoresWindow => 0,
+                Fault::AttentionWindowOneWide if a.window > 0 => a.window + 1,
+                _ => a.window,
+            },
         };
         self.inner.paged_attention(&args, out)
     }
@@ -211,7 +220,7 @@ fn faulty_op(fault: Fault) -> &'static str {
     match fault {
         Fault::RmsNormScaled | Fault::RmsNormSkipsLast => "rms_norm",
         Fault::MatmulDropsKTail | Fault::MatmulSkipsLastRow => "matmul",
-        Fault::AttentionExcludesSelf | Fault::AttentionIgnoresBlockTable => "paged_attention",
+        Fault::AttentionExcludesSelf | Fault::AttentionIgnoresBlockTable | Fault::AttentionIgnoresWindow | Fault::AttentionWindowOneWide => "paged_attention",
         Fault::KvWriteSkipsLastToken | Fault::KvWriteVFromK => "kv_write",
         Fault::SiluMulWritesPastEnd => "silu_mul",
         Fault::AddErrors => "add",
@@ -294,6 +303,25 @@ fn matmul_skipping_a_row_is_caught_by_the_poison() {
 #[test]
 fn attention_off_by_one_causal_mask_is_caught() {
     assert_caught(Fault::AttentionExcludesSelf, "nmse");
+}
+
+/// A window fault changes only the windowed attention cases: each of them fails, every
+/// other attention case passes.
+#[test]
+fn attention_window_faults_are_caught_by_every_windowed_case() {
+    for fault in [Fault::AttentionIgnoresWindow, Fault::AttentionWindowOneWide] {
+        let (results, text) = run_with(fault, Some("paged_attention"));
+        let windowed = results.iter().filter(|r| r.params.contains("window=")).count();
+        assert!(windowed >= 4, "{fault:?}: {windowed} windowed cases\n{text}");
+        for r in &results {
+            match (r.params.contains("window="), r.failure.as_deref()) {
+                (true, Some(msg)) => assert!(msg.contains("nmse"), "{fault:?}: `{}` failed for another reason: {msg}", r.params),
+                (true, None) => panic!("{fault:?}: windowed case `{}` passed\n{text}", r.params),
+                (false, Some(msg)) => panic!("{fault:?}: case `{}` without a window failed: {msg}", r.params),
+                (false, None) => {}
+            }
+        }
+    }
 }
 
 #[test]

@@ -36,6 +36,38 @@ fn tiny_mixtral_f32() {
     check("tiny-mixtral", &golden::random_model("tiny-mixtral", 5, DType::F32), 1e-3);
 }
 
+/// Mistral with a sliding window of 16 keys on every layer, shorter than the golden prompts
+/// (up to 40 tokens and 12 more generated): HF's sliding-window mask.
+#[test]
+fn tiny_mistral_window_f32() {
+    check("tiny-mistral", &golden::random_model("tiny-mistral", 6, DType::F32), 1e-3);
+}
+
+/// Qwen2: q/k/v biases, tied; `use_sliding_window` with `max_window_layers` 1: layer 0 full,
+/// layer 1 windowed (16 keys).
+#[test]
+fn tiny_qwen2_window_f32() {
+    check("tiny-qwen2", &golden::random_model("tiny-qwen2", 7, DType::F32), 1e-3);
+}
+
+/// The windowed goldens tell a model that ignores the window (every layer full attention).
+#[test]
+fn window_goldens_catch_a_missing_window() {
+    for (name, seed) in [("tiny-mistral", 6), ("tiny-qwen2", 7)] {
+        let dir = golden::random_model(name, seed, DType::F32);
+        let g = GoldenFile::load(&golden::golden_dir().join(format!("{name}.json"))).unwrap();
+        let mut cfg = tandem_core::ModelConfig::from_file(&dir.join("config.json")).unwrap();
+        assert!(cfg.layer_windows.contains(&16), "{name}: {:?}", cfg.layer_windows);
+        let w = tandem_core::weights::Weights::open(&dir).unwrap();
+        cfg.layer_windows = vec![0; cfg.num_hidden_layers];
+        let told = match golden::check_weights(RefBackend::new(), cfg, &w, &g, 1e-3) {
+            Err(e) => Some(e),
+            Ok(lines) => lines.iter().find(|l| !l.contains("diverged at None")).cloned(),
+        };
+        println!("{name} without its window: {}", told.expect("a model without its sliding window must be told"));
+    }
+}
+
 /// The tiny Qwen3's chat template against HF's `apply_chat_template`, with and without
 /// `enable_thinking` (the variable `chat_template_kwargs` carries).
 #[test]

@@ -158,14 +158,16 @@ impl<B: Backend> Backend for Variant<B> {
         let mut o = vec![0f32; t * heads * hd];
         for i in 0..t {
             let ctx = pos[i] as usize + 1;
+            // The window's first key (HF's sliding window: the last `window` positions).
+            let first = if a.window > 0 { ctx.saturating_sub(a.window) } else { 0 };
             let table = &tables[seq[i] as usize * a.max_blocks..][..a.max_blocks];
             let row = |j: usize, kh: usize| (table[j / g.block_size] as usize * g.block_size + j % g.block_size) * g.num_kv_heads * hd + kh * hd;
             for h in 0..heads {
                 let kh = h / group;
                 let qh = &q[(i * heads + h) * hd..][..hd];
                 let (mut m, mut l, mut acc) = (f32::NEG_INFINITY, 0f32, vec![0f32; hd]);
-                for tile in (0..ctx).step_by(64) {
-                    let keys = tile..(tile + 64).min(ctx);
+                for tile in (first / 64 * 64..ctx).step_by(64) {
+                    let keys = tile.max(first)..(tile + 64).min(ctx);
                     let s: Vec<f32> = keys.clone().map(|j| qh.iter().zip(&kc[row(j, kh)..][..hd]).fold(0f32, |s, (x, y)| s + x * y) * a.scale * log2e).collect();
                     let m2 = s.iter().fold(m, |x, &y| x.max(y));
                     let alpha = (m - m2).exp2();

@@ -655,6 +655,7 @@ impl<B: Backend> Model<B> {
                 num_heads: c.num_attention_heads,
                 geometry: self.geometry,
                 scale: 1.0 / (c.head_dim as f32).sqrt(),
+                window: c.layer_windows.get(l).copied().unwrap_or(0),
             };
             b.paged_attention(&args, &mut s.attn)?;
             if fused_norm {

@@ -93,6 +93,7 @@ impl Attn {
             num_heads: self.heads,
             geometry: g,
             scale: 1.0 / (g.head_dim as f32).sqrt(),
+            window: 0,
         };
         let mut out = up(&vec![f32::NAN; t * self.heads * g.head_dim]);
         b.paged_attention(&args, &mut out).unwrap();

@@ -63,6 +63,13 @@ fn moe_greedy_tokens_are_the_same_alone_and_in_a_batch() {
     greedy_invariance(&model_dir_of("batch-mixtral", Shape::TinyMixtral));
 }
 
+/// Sliding windows (16 keys, shorter than the prompts): Mistral's, and Qwen2's on one layer.
+#[test]
+fn window_greedy_tokens_are_the_same_alone_and_in_a_batch() {
+    greedy_invariance(&model_dir_of("batch-mistral", Shape::TinyMistral));
+    greedy_invariance(&model_dir_of("batch-qwen2", Shape::TinyQwen2));
+}
+
 fn greedy_invariance(dir: &Path) {
     let dir = dir.to_path_buf();
     let vocab = runner(&dir, 4, 16).config().vocab_size as u32;
@@ -371,6 +378,7 @@ mod metered {
                 num_heads: a.num_heads,
                 geometry: a.geometry,
                 scale: a.scale,
+                window: a.window,
             };
             self.inner.paged_attention(&r, out)
         }

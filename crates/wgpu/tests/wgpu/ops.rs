@@ -704,6 +704,7 @@ fn check_attention(b: &WgpuBackend, rng: &mut Rng, head_dim: usize, block_size: 
         num_heads: heads,
         geometry: g,
         scale,
+        window: 0,
     };
     let mut out = poisoned(b, t * heads * head_dim);
     b.paged_attention(&args, &mut out).unwrap();
