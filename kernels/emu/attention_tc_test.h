@@ -222,7 +222,7 @@ inline std::vector<Case> cases() {
         {16, 1, 20, 64, {{40, 3}, {70, 1}}},                             // 20 heads a KV head: groups of 16 and 4
         {16, 2, 1, 128, {{5, 20}, {130, 1}}},                            // no GQA: 16 tokens a chunk
         {16, 1, 4, 64, {{2500, 1}, {7, 2}}},                             // 14 partitions of 192 keys (tc_deep: 20 of 128)
-        {16, 1, 4, 64, {{2040, 20}}},                                    // tc_deep's partition length changes (2048 -> 2049 keys)
+        {16, 1, 4, 64, {{2042, 20}}},                                    // tc_deep's partition length changes (2048 -> 2049 keys) inside a chunk
         {32, 1, 2, 128, {{5000, 1}, {700, 9}}},                          // head_dim 128, many ring turns (tc: 16 x 320, tc_deep: 27 x 192)
     };
 }
