@@ -17,6 +17,11 @@
 # step is the hardware's bitwise check: gpu_invariance's m = 300 rows, wgmma, against the same
 # rows alone and at m <= 128, mma.sync),
 # TANDEM_TUNE_SAMPLERS (SAMPLER:ARGMAX pairs, default "bisect:one radix:multi"),
+# TANDEM_TUNE_ATTN_VARIANTS (space-separated TANDEM_CUDA_ATTENTION values, default "tc tc_deep":
+# the decode attention timed side by side at ctx 1024/4096/16384 and batch 1/8/64, head_dim 64
+# and 128, each row's fraction of the copy floor; the non-default ones also pass the op suite
+# and the GPU-only tests first), TANDEM_TUNE_BW_GBS (the copy floor, GB/s; default: check.sh's
+# ceilings.json, else 4200),
 # TANDEM_TUNE_NCU=0 to skip ncu, TANDEM_TUNE_MOE=0 to skip the mixture-of-experts paths
 # (TANDEM_CUDA_MOE=routed against dense: tiny-qwen3-moe compared on both, then decode b1 / b64
 # and prefill 2048 timed on qwen3-30b-a3b-2l, Qwen3-30B-A3B's layer in 2 layers).
@@ -30,6 +35,7 @@ OUT=$(cd "$OUT" && pwd)
 HERE=$(cd "$(dirname "$0")" && pwd)
 BUDGET=${TANDEM_TUNE_BUDGET_S:-300}
 VARIANTS=${TANDEM_TUNE_VARIANTS:-"m128_occ2:m64_occ4:m16 m128_occ2:m64_occ4:m16_gemv4 m128_occ2:m64_occ4:m16_gemv8 m128_occ2:m64_occ4:m16_x1 wgmma:m64_occ4:m16"}
+ATTN_VARIANTS=${TANDEM_TUNE_ATTN_VARIANTS:-"tc tc_deep"}
 WORK=${TANDEM_CHECK_WORK:-/tmp/tandem-check}
 PY=${TANDEM_CHECK_PYTHON:-python3}
 BIN=${TANDEM_BIN:-$HERE/tandem}
@@ -68,6 +74,13 @@ for v in $VARIANTS; do
     [ -x "$HERE/cuda-tests" ] && NEED=20 PICK='test result|panicked|FAILED' step "cuda tests [$v]" 90 "${E[@]}" TANDEM_REQUIRE_CUDA=1 "$HERE/cuda-tests" --test-threads 1 gpu_invariance:: graphs:: launches::
     NEED=10 step "compare tiny [$v]" 60 "${E[@]}" "$BIN" compare --backend cuda --model "$TINY"
 done
+# The attention variants (TANDEM_CUDA_ATTENTION) other than the default: the op suite and the
+# GPU-only tests (graphs:: replays a captured step with the variant's partition count).
+for av in $ATTN_VARIANTS; do
+    [ "$av" = tc ] && continue
+    NEED=20 step "test-ops [attn $av]" 120 env TANDEM_CUDA_ATTENTION="$av" "$BIN" test-ops --backend cuda
+    [ -x "$HERE/cuda-tests" ] && NEED=20 PICK='test result|panicked|FAILED' step "cuda tests [attn $av]" 90 env TANDEM_CUDA_ATTENTION="$av" TANDEM_REQUIRE_CUDA=1 "$HERE/cuda-tests" --test-threads 1 gpu_invariance:: graphs::
+done
 [ -n "$GEN_PID" ] && wait "$GEN_PID"
 
 # 2. Timings: the GEMM lab at the m each variant changes, prefill 2048 and decode b1 / b64.
@@ -102,7 +115,7 @@ else
     printf 'moe routed vs dense\t125\t0\tskipped: TANDEM_TUNE_MOE=0\n' >>"$STEPS"
 fi
 
-# 2b. The sampler and argmax variants (TANDEM_CUDA_SAMPLER=bisect|radix, TANDEM_CUDA_ARGMAX=
+# 2c. The sampler and argmax variants (TANDEM_CUDA_SAMPLER=bisect|radix, TANDEM_CUDA_ARGMAX=
 #     one|multi; each gives the host sampler's ids, crates/cuda/tests): their ids on the GPU
 #     against the host (the masked-sampling test), then argmax and top-p sampling at vocabulary
 #     128256, batch 1 and 64. Target: top-p at batch 1 under 3% of a batch-1 decode step.
@@ -112,6 +125,20 @@ for v in ${TANDEM_TUNE_SAMPLERS:-bisect:one radix:multi}; do
     [ -x "$HERE/cuda-tests" ] && NEED=10 PICK='test result|panicked|FAILED' step "sampling ids [$v]" 60 "${E[@]}" TANDEM_REQUIRE_CUDA=1 "$HERE/cuda-tests" --test-threads 1 gpu_invariance::masked_sampling
     NEED=10 PICK='sample|argmax' step "sampling lab [$v]" 60 "${E[@]}" "$BIN" bench kernels --backend cuda --shape llama-3.2-1b --only-sampling --sample-batch 1,64 --min-ms 50 --output-dir "$WORK/raw" --name "lab-sampling-$SV-$AV"
     grep -E '^\| (sample|argmax)' "$WORK/logs/sampling_lab__${v//:/_}_.log" 2>/dev/null | awk -F'|' -v v="$v" '{gsub(/^ +| +$/, "", $2); gsub(/^ +| +$/, "", $3); gsub(/^ +| +$/, "", $4); print v "\t" $2 " " $3 "\t" $4}' >>"$OUT/tune.tsv"
+done
+
+# 2d. Decode attention, each variant beside the others: ctx 1024/4096/16384 x batch 1/8/64 at
+#     head_dim 64 (llama-3.2-1b) and 128 (llama-3.1-8b), with each row's fraction of the copy
+#     floor (the K/V bytes at TANDEM_TUNE_BW_GBS).
+BW=${TANDEM_TUNE_BW_GBS:-$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1])).get("copy_gbps") or 4200)' "$WORK/raw/ceilings.json" 2>/dev/null || echo 4200)}
+for av in $ATTN_VARIANTS; do
+    for shp in llama-3.2-1b llama-3.1-8b; do
+        # The 8B shape's batch 64 at 16k would fill 8.6 GB of cache from the host: batch 1 and 8 only.
+        AB=1,8,64
+        [ "$shp" = llama-3.1-8b ] && AB=1,8
+        NEED=15 PICK='attention decode' step "attention lab [$av $shp]" 90 env TANDEM_CUDA_ATTENTION="$av" "$BIN" bench kernels --backend cuda --shape "$shp" --m 1 --attn-batch "$AB" --attn-context 1024,4096,16384 --attn-prefill 512 --min-ms 20 --bandwidth-gbs "$BW" --output-dir "$WORK/raw" --name "attn-$av-$shp"
+        grep -E '^\| attention' "$WORK/logs/attention_lab__${av}_${shp}_.log" 2>/dev/null | awk -F'|' -v v="attn $av" '{gsub(/^ +| +$/, "", $2); gsub(/^ +| +$/, "", $3); gsub(/^ +| +$/, "", $4); gsub(/^ +| +$/, "", $7); print v "\t" $2 " " $3 "\t" $4 " us, " $7 " of floor"}' >>"$OUT/tune.tsv"
+    done
 done
 
 # 3. Nsight Compute on one launch of each slow GEMM (the kernel lab's qkv at m = 64 and 2048,
@@ -133,6 +160,7 @@ if [ "${TANDEM_TUNE_NCU:-1}" = 1 ] && [ -n "$NCU" ]; then
     # The decode GEMM at one token: m16 against the register-streaming GEMV variant.
     ncu_case m1-m16 'matmul_tc_bf16_m16$' 1
     ncu_case m1-m16_gemv4 'matmul_tc_bf16_m16_gemv4' 1 TANDEM_CUDA_GEMM_SMALL=m16_gemv4
+    ncu_case attn-decode-tc_deep 'paged_attention_tc_deep' 1 TANDEM_CUDA_ATTENTION=tc_deep
 else
     printf 'ncu\t125\t0\tskipped: %s\n' "$([ -n "$NCU" ] && echo 'TANDEM_TUNE_NCU=0' || echo 'no ncu on this machine')" >>"$STEPS"
 fi
@@ -142,7 +170,7 @@ echo
 echo "== steps =="
 awk -F'\t' '{ printf "%-38s %-6s %6s  %s\n", $1, ($2 == 0 ? "ok" : ($2 == 125 ? "SKIP" : "FAIL " $2)), $3, $4 }' "$STEPS"
 echo
-echo "== variants (LARGE:MID:SMALL) =="
+echo "== variants (LARGE:MID:SMALL; attn VARIANT) =="
 awk -F'\t' '{ printf "%-26s %-40s %s\n", $1, $2, $3 }' "$OUT/tune.tsv"
 FAILED=$(awk -F'\t' '$2 != 0 && $2 != 125' "$STEPS" | wc -l)
 echo "tune: $(awk -F'\t' '$2 == 0' "$STEPS" | wc -l) steps ok, $FAILED failed, $(elapsed) s; logs in $OUT"

@@ -686,3 +686,359 @@ __device__ __forceinline__ void paged_attention_tc_impl(const PatArgs& a) {
     }
 PAT_KERNEL(64)
 PAT_KERNEL(128)
+
+// ---------------------------------------------------------------------------------------------
+// paged_attention_tc_deep_d{64,128} (TANDEM_CUDA_ATTENTION=tc_deep; `tc` above stays the
+// default until a GPU measures both): the same per-row arithmetic as paged_attention_tc (steps
+// 1-3 above, the same mma order, softmax step and fold), with
+//   - partitions of patd_part_len(ctx) keys: at most PATD_SPLITS (32) of at least 64, so twice
+//     tc's split count past 1024 keys (a function of the token's own context, never the batch;
+//     up to 1024 keys both give 64-key partitions, and then the same bits as tc);
+//   - one warp a block (the grid is the job count: at batch 1 the jobs spread over every SM,
+//     where tc's 4-warp blocks left three quarters of them idle);
+//   - K and V of 16 keys in one cp.async stage, a ring of NS stages (8 at D 64, 6 at D 128:
+//     one to two 64-key tiles ahead); stage s is buffer s % NS; a stage is refilled right after
+//     its V step. Every stage issued commits a group (an empty one past the job's last tile),
+//     so at the K step of a tile's stage `sub` exactly NS - 1 - sub newer groups may be pending;
+//   - q staged once in shared memory (bf16, as tc rounds it) and read back as mma A fragments
+//     by ldmatrix per k16 step: fewer registers than tc's q held in registers;
+//   - block ids read 32 at a time into one register a lane (a window of the table, reloaded
+//     when a stage's keys leave it: once per partition up to 32 blocks) instead of per stage.
+// Chunk jobs cut their rows' contexts with patd_part_len too, so decode == prefill chunk holds
+// within the variant (kernels/emu/attention_tc_test.h runs the variant through every check).
+// Shared memory per block (patd_smem): NS x (K | V) x 16 x (D + 8) bf16, q 16 x (D + 8) bf16,
+// NS u32 bad-key masks: 39,200 bytes at D 64, 56,600 at D 128 (over 48 KiB: the host opts in).
+#ifndef TANDEM_PATD_BREAK
+#define TANDEM_PATD_BREAK 0  // kernels/emu/attn_break_test.cpp: 1-4 break the variant on purpose
+#endif
+#define PATD_SPLITS 32
+
+__device__ __forceinline__ int patd_part_len(int ctx) {
+    int len = (ctx + PATD_SPLITS - 1) / PATD_SPLITS;
+    len = (len + PAT_MIN_PART - 1) / PAT_MIN_PART * PAT_MIN_PART;
+    return len < PAT_MIN_PART ? PAT_MIN_PART : len;
+}
+
+// cp.async.wait_group takes an immediate: n is a constant once the sub-stage loop unrolls, and
+// the switch folds away.
+__device__ __forceinline__ void patd_wait(int n) {
+    switch (n) {
+        case 8: cp_async_wait<8>(); break;
+        case 7: cp_async_wait<7>(); break;
+        case 6: cp_async_wait<6>(); break;
+        case 5: cp_async_wait<5>(); break;
+        case 4: cp_async_wait<4>(); break;
+        case 3: cp_async_wait<3>(); break;
+        case 2: cp_async_wait<2>(); break;
+        case 1: cp_async_wait<1>(); break;
+        default: cp_async_wait<0>(); break;
+    }
+}
+
+template <int D>
+struct PatdCfg {
+    static constexpr int NS = D == 64 ? 8 : 6;  // ring stages of 16 keys (K and V)
+    static constexpr int PITCH = D + 8, SUBS = PAT_SUB * PITCH;
+    static constexpr int SMEM = (NS * 2 + 1) * SUBS * 2 + NS * 4;
+};
+
+template <int D>
+__device__ __forceinline__ void patd_job(const PatArgs& a, int t0, int nt, int kh, int h0, int G, int part, int group, int groups,
+                                         unsigned char* smem) {
+    constexpr int NS = PatdCfg<D>::NS, PITCH = PatdCfg<D>::PITCH, SUBS = PatdCfg<D>::SUBS;
+    constexpr int KS = D / 16, NT = D / 8, CH = D / 8;
+    bf16_t* stage = (bf16_t*)smem;
+    bf16_t* q_s = stage + NS * 2 * SUBS;
+    u32* bad_s = (u32*)(q_s + SUBS);
+    const int lane = (int)threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    const int H = a.num_heads;
+    const u32 seq = a.token_seq[t0];
+    const bool seq_bad = seq >= (u32)a.num_seqs;
+    int ctx[2], plen[2];
+    bool bad[2];
+    size_t orow[2];
+    for (int rr = 0; rr < 2; ++rr) {
+        const int r = g + 8 * rr;
+        const bool live = r < nt * G;
+        const int t = t0 + (live ? r / G : 0), h = h0 + (live ? r % G : 0);
+        orow[rr] = ((size_t)t * H + h) * D;
+        const int cx = (int)min(a.positions[t], 0x7ffffffeu) + 1;
+#if TANDEM_PATD_BREAK == 4
+        plen[rr] = patd_part_len((int)min(a.positions[t0], 0x7ffffffeu) + 1);  // the job's first token's, not the row's own
+#else
+        plen[rr] = patd_part_len(cx);
+#endif
+        bad[rr] = live && (seq_bad || cx > a.max_blocks * a.block_size || (part >= 0 && (cx + plen[rr] - 1) / plen[rr] > a.max_parts));
+        ctx[rr] = live && !bad[rr] ? cx : 0;
+    }
+    int kend = max(ctx[0], ctx[1]);
+    for (int x = 1; x < 32; x <<= 1) kend = max(kend, __shfl_xor_sync(0xffffffffu, kend, x));
+    int k_begin = 0;
+    if (part >= 0) {
+        const int pl = __shfl_sync(0xffffffffu, plen[0], 0);
+        k_begin = part * pl;
+        kend = min(kend, k_begin + pl);
+    }
+    if (part <= 0)
+        for (int rr = 0; rr < 2; ++rr)
+            if (bad[rr])
+                for (int nt8 = 0; nt8 < NT; ++nt8) {
+                    a.out[orow[rr] + nt8 * 8 + 2 * c] = nan_f32();
+                    a.out[orow[rr] + nt8 * 8 + 2 * c + 1] = nan_f32();
+                }
+    if (k_begin >= kend) return;  // warp-uniform
+
+    const u32* table = a.block_tables + (size_t)(seq_bad ? 0 : seq) * a.max_blocks;
+    const size_t slot_stride = (size_t)a.num_kv_heads * D, head_off = (size_t)kh * D;
+    const int bs = a.block_size, last_blk = (kend - 1) / bs;
+    const int ntiles = (kend - k_begin + PAT_TILE - 1) / PAT_TILE;
+    int wb = -PAT_SUB - 32;  // the table window: lane i holds block wb + i (none loaded yet)
+    u32 win = 0u;
+    // Stage s (16 keys from k_begin + 16 s, K and V) into buffer s % NS; past the job's last
+    // tile only the (empty) group is committed.
+    auto issue = [&](int s) {
+        if (s < ntiles * 4) {
+            bf16_t* dst = stage + (s % NS) * 2 * SUBS;
+            const int key0 = k_begin + s * PAT_SUB;
+            int slot = -1;  // -1: past the job's keys (zero-filled); -2: a bad block id
+            if (key0 < kend) {
+                const int b_lo = key0 / bs, b_hi = min(key0 + PAT_SUB - 1, kend - 1) / bs;
+                if (b_lo < wb || b_hi >= wb + 32) {
+                    wb = b_lo;
+                    win = wb + lane <= last_blk ? table[wb + lane] : 0u;
+                }
+                const int pos = key0 + (lane & (PAT_SUB - 1));
+                const u32 blk = __shfl_sync(0xffffffffu, win, min(pos / bs - wb, 31));
+                if (lane < PAT_SUB && pos < kend) slot = blk < (u32)a.num_blocks ? (int)blk * bs + pos % bs : -2;
+            }
+            const u32 badm = __ballot_sync(0xffffffffu, slot == -2);
+            if (lane == 0) bad_s[s % NS] = badm;
+            for (int e = lane; e < PAT_SUB * CH; e += 32) {
+                const int key = e / CH, ch = e % CH;
+                const int sl = __shfl_sync(0xffffffffu, slot, key);
+                const size_t off = sl >= 0 ? (size_t)sl * slot_stride + head_off + ch * 8 : 0;
+                cp_async_cg16(dst + key * PITCH + ch * 8, a.k_cache + off, sl >= 0 ? 16 : 0);
+                cp_async_cg16(dst + SUBS + key * PITCH + ch * 8, a.v_cache + off, sl >= 0 ? 16 : 0);
+            }
+        }
+        cp_async_commit();
+    };
+    for (int s = 0; s < NS; ++s) issue(s);
+
+    // q rounded to bf16 (zero for a row with no keys), staged once: this lane's rows g, g + 8.
+    for (int rr = 0; rr < 2; ++rr)
+        for (int n = 0; n < NT; ++n) {
+            const int col = n * 8 + 2 * c;
+            const u32 v = ctx[rr] > 0 ? pat_pack(a.q[orow[rr] + col], a.q[orow[rr] + col + 1]) : 0u;
+            *(u32*)(q_s + (g + 8 * rr) * PITCH + col) = v;
+        }
+    __syncwarp();
+
+    float o[NT][4], S[8][4], m[2], l[2], macc[2], lacc[2];
+    for (int i = 0; i < NT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+    m[0] = m[1] = macc[0] = macc[1] = neg_inf_f32();
+    l[0] = l[1] = lacc[0] = lacc[1] = 0.0f;
+    const int j = lane >> 3, r8 = lane & 7;
+    for (int tile = 0; tile < ntiles; ++tile) {
+        const int k0 = k_begin + tile * PAT_TILE;
+#pragma unroll
+        for (int sub = 0; sub < 4; ++sub) {
+            // Stage 4 tile + sub is group 4 tile + sub; NS + 4 tile groups are committed.
+#if TANDEM_PATD_BREAK == 1
+            patd_wait(NS - sub);  // one stage short of the depth
+#else
+            patd_wait(NS - 1 - sub);
+#endif
+            __syncwarp();
+#if TANDEM_PATD_BREAK == 2
+            const int buf = (tile * 4 + sub + 1) % NS;  // the wrong stage
+#else
+            const int buf = (tile * 4 + sub) % NS;
+#endif
+            const bf16_t* src = stage + buf * 2 * SUBS;
+            const u32 badm = bad_s[buf];
+            float* s0 = S[2 * sub];
+            float* s1 = S[2 * sub + 1];
+            for (int i = 0; i < 4; ++i) s0[i] = s1[i] = 0.0f;
+            for (int ks = 0; ks < KS; ++ks) {
+                u32 qa[4], b[4];
+                ldmatrix_x4(qa, q_s + (lane & 15) * PITCH + ks * 16 + (lane >> 4) * 8);
+                ldmatrix_x4(b, src + ((j >> 1) * 8 + r8) * PITCH + ks * 16 + (j & 1) * 8);
+                const u32 b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+                mma_16816(bf16_t{}, S[2 * sub], qa, b0);
+                mma_16816(bf16_t{}, S[2 * sub + 1], qa, b1);
+            }
+            for (int n2 = 0; n2 < 2; ++n2)
+                for (int i = 0; i < 4; ++i) {
+                    const int kk = n2 * 8 + 2 * c + (i & 1), key = k0 + sub * PAT_SUB + kk;
+                    float& v = S[2 * sub + n2][i];
+                    v = key >= ctx[i >> 1] ? neg_inf_f32() : ((badm >> kk) & 1u) ? nan_f32() : v * a.scale_log2;
+                }
+        }
+        // The tile's online-softmax step, per row (tc's, operation for operation).
+        for (int rr = 0; rr < 2; ++rr) {
+            float mx = neg_inf_f32();
+            for (int n = 0; n < 8; ++n) mx = fmaxf(mx, fmaxf(S[n][2 * rr], S[n][2 * rr + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float mn = fmaxf(m[rr], mx), alpha = exp2f(m[rr] - mn);
+            float rs = 0.0f;
+            for (int n = 0; n < 8; ++n)
+                for (int e = 2 * rr; e < 2 * rr + 2; ++e) {
+                    S[n][e] = exp2f(S[n][e] - mn);
+                    rs += S[n][e];
+                }
+            rs += __shfl_xor_sync(0xffffffffu, rs, 1);
+            rs += __shfl_xor_sync(0xffffffffu, rs, 2);
+            l[rr] = fmaf(l[rr], alpha, rs);
+            m[rr] = mn;
+            for (int n = 0; n < NT; ++n) {
+                o[n][2 * rr] *= alpha;
+                o[n][2 * rr + 1] *= alpha;
+            }
+        }
+#pragma unroll
+        for (int sub = 0; sub < 4; ++sub) {
+#if TANDEM_PATD_BREAK == 2
+            const int buf = (tile * 4 + sub + 1) % NS;
+#else
+            const int buf = (tile * 4 + sub) % NS;
+#endif
+            const bf16_t* src = stage + buf * 2 * SUBS + SUBS;
+            const u32 pa[4] = {pat_pack(S[2 * sub][0], S[2 * sub][1]), pat_pack(S[2 * sub][2], S[2 * sub][3]),
+                               pat_pack(S[2 * sub + 1][0], S[2 * sub + 1][1]), pat_pack(S[2 * sub + 1][2], S[2 * sub + 1][3])};
+            for (int np = 0; np < NT / 2; ++np) {
+                u32 b[4];
+                ldmatrix_x4_trans(b, src + ((j & 1) * 8 + r8) * PITCH + np * 16 + (j >> 1) * 8);
+                const u32 b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+                mma_16816(bf16_t{}, o[2 * np], pa, b0);
+                mma_16816(bf16_t{}, o[2 * np + 1], pa, b1);
+            }
+            __syncwarp();  // every lane is done with this buffer before it is refilled
+            issue(tile * 4 + sub + NS);
+        }
+        if (part < 0) {
+            // A chunk job folds each row whose partition (or context) ends with this tile.
+            for (int rr = 0; rr < 2; ++rr) {
+                if (ctx[rr] <= k0) continue;
+                const bool last = ctx[rr] <= k0 + PAT_TILE;
+                if (!last && (k0 + PAT_TILE) % plen[rr] != 0) continue;
+                const bool first = k0 < plen[rr];
+                float fa = 0.0f, fb = 0.0f;
+                if (!first) pat_fold_ml(macc[rr], lacc[rr], m[rr], l[rr], fa, fb);
+                else {
+                    macc[rr] = m[rr];
+                    lacc[rr] = l[rr];
+                }
+                for (int n = 0; n < NT; ++n)
+                    for (int e = 0; e < 2; ++e) {
+                        float* dst = a.out + orow[rr] + n * 8 + 2 * c + e;
+                        const float v = first ? o[n][2 * rr + e] : fmaf(*dst, fa, o[n][2 * rr + e] * fb);
+                        *dst = last ? v / lacc[rr] : v;
+                        o[n][2 * rr + e] = 0.0f;
+                    }
+                m[rr] = neg_inf_f32();
+                l[rr] = 0.0f;
+            }
+        }
+    }
+    cp_async_wait<0>();  // only empty groups are left; nothing in flight when the warp moves on
+    __syncwarp();
+    if (part < 0) return;
+
+    // A split job: its partition's partial, then the fold by the token's last job to arrive.
+    const int t = t0, cx = max(ctx[0], ctx[1]);
+    const int ctx_t = __shfl_sync(0xffffffffu, cx, 0);
+    const int parts = (ctx_t + patd_part_len(ctx_t) - 1) / patd_part_len(ctx_t);
+    if (parts == 1) {
+        for (int rr = 0; rr < 2; ++rr)
+            if (ctx[rr] > 0)
+                for (int n = 0; n < NT; ++n)
+                    for (int e = 0; e < 2; ++e) a.out[orow[rr] + n * 8 + 2 * c + e] = o[n][2 * rr + e] / l[rr];
+        return;
+    }
+    const int P = a.max_parts;
+    for (int rr = 0; rr < 2; ++rr) {
+        if (ctx[rr] == 0) continue;
+        const size_t prow = orow[rr] / D * P + part;
+        for (int n = 0; n < NT; ++n)
+            for (int e = 0; e < 2; ++e) a.part_out[prow * D + n * 8 + 2 * c + e] = o[n][2 * rr + e];
+        if (c == 0) {
+            a.part_ml[prow * 2] = m[rr];
+            a.part_ml[prow * 2 + 1] = l[rr];
+        }
+    }
+    __threadfence();
+    __syncwarp();
+    u32 arrived = 0;
+    if (lane == 0) arrived = atomicAdd(a.counters + (size_t)t * groups + group, 1u);
+    if (__shfl_sync(0xffffffffu, arrived, 0) != (u32)(parts - 1)) return;
+    __threadfence();
+    const volatile float* po = a.part_out;
+    const volatile float* pm = a.part_ml;
+    for (int r = 0; r < G; ++r) {
+        const size_t row = (size_t)t * H + h0 + r;
+        for (int d = lane; d < D; d += 32) {
+            float mm = pm[row * P * 2], ll = pm[row * P * 2 + 1], oo = po[row * P * D + d];
+            for (int k = 1; k < parts; ++k) {
+#if TANDEM_PATD_BREAK == 3
+                const int i = parts - k;  // newest first: within every bound, bitwise different
+#else
+                const int i = k;
+#endif
+                float fa, fb;
+                const float oi = po[(row * P + i) * D + d];
+                pat_fold_ml(mm, ll, pm[(row * P + i) * 2], pm[(row * P + i) * 2 + 1], fa, fb);
+                oo = fmaf(oo, fa, oi * fb);
+            }
+            a.out[row * D + d] = oo / ll;
+        }
+    }
+    if (lane == 0) a.counters[(size_t)t * groups + group] = 0u;
+}
+
+// One warp a block: block b is job b (chunk jobs first, then split jobs, as in tc).
+template <int D>
+__device__ __forceinline__ void paged_attention_tc_deep_impl(const PatArgs& a) {
+    TANDEM_DYNAMIC_SMEM(smem_raw);
+    const int H = a.num_heads, KVH = a.num_kv_heads;
+    if (KVH < 1 || H % KVH != 0 || a.tw < 1) return;
+    const int gqa = H / KVH, HG = (gqa + 15) / 16, groups = KVH * HG;
+    if (a.tw * min(gqa, 16) > 16) return;
+    const long wid = (long)blockIdx.x;
+    const int rest = a.num_tokens - a.n_split;
+    const long chunk_jobs = (long)((rest + a.tw - 1) / a.tw) * groups;
+    const long split_jobs = (long)a.n_split * groups * a.max_parts;
+    if (wid < chunk_jobs) {
+        const int chunk = (int)(wid / groups), grp = (int)(wid % groups), kh = grp / HG, hg = grp % HG;
+        const int G = min(16, gqa - hg * 16), h0 = kh * gqa + hg * 16;
+        const int t_begin = a.n_split + chunk * a.tw, t_end = min(a.num_tokens, t_begin + a.tw);
+        for (int t0 = t_begin; t0 < t_end;) {
+            int t1 = t0 + 1;
+            while (t1 < t_end && a.token_seq[t1] == a.token_seq[t0]) ++t1;
+            patd_job<D>(a, t0, t1 - t0, kh, h0, G, -1, grp, groups, smem_raw);
+            t0 = t1;
+        }
+        return;
+    }
+    const long sj = wid - chunk_jobs;
+    if (sj >= split_jobs) return;
+    const int part = (int)(sj % a.max_parts), grp = (int)(sj / a.max_parts % groups), t = (int)(sj / a.max_parts / groups);
+    const int kh = grp / HG, hg = grp % HG;
+    patd_job<D>(a, t, 1, kh, kh * gqa + hg * 16, min(16, gqa - hg * 16), part, grp, groups, smem_raw);
+}
+
+#define PATD_KERNEL(D)                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(32) paged_attention_tc_deep_d##D(                                    \
+        const float* __restrict__ q, const bf16_t* __restrict__ k_cache, const bf16_t* __restrict__ v_cache,          \
+        const u32* __restrict__ positions, const u32* __restrict__ token_seq, const u32* __restrict__ block_tables, \
+        float* __restrict__ out, float* __restrict__ part_out, float* __restrict__ part_ml, u32* __restrict__ counters, \
+        int num_tokens, int n_split, int num_heads, int num_kv_heads, int block_size, int num_blocks, int num_seqs,   \
+        int max_blocks, int max_parts, int tw, float scale) {                                                          \
+        const PatArgs a{q,         k_cache,    v_cache,    positions,  token_seq,  block_tables, out,                  \
+                        part_out,  part_ml,    counters,   num_tokens, n_split,    num_heads,    num_kv_heads,         \
+                        block_size, num_blocks, num_seqs,  max_blocks, max_parts,  tw,           scale * PAT_LOG2E};   \
+        paged_attention_tc_deep_impl<D>(a);                                                                            \
+    }
+PATD_KERNEL(64)
+PATD_KERNEL(128)

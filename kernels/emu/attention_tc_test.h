@@ -1,6 +1,7 @@
-// attention_tc_test.h — paged_attention_tc_d{64,128} (kernels/paged_attention.cu) on the
-// emulator: against an f64 reference within a derived bound, and bit for bit across the ways a
-// token can be served (a split job or a chunk job, any chunk width, alone or in any batch).
+// attention_tc_test.h — paged_attention_tc_d{64,128} and its variant paged_attention_tc_deep_d{64,128}
+// (kernels/paged_attention.cu) on the emulator: against an f64 reference within a derived bound,
+// and bit for bit across the ways a token can be served (a split job or a chunk job, any chunk
+// width, alone or in any batch). Every check runs once per variant (`Variant`).
 // Included by emu_test.cpp (and attn_break_test.cpp) after the kernels.
 #pragma once
 
@@ -70,14 +71,41 @@ inline Data build(const Case& c) {
     return d;
 }
 
+using PatKernel = void (*)(const float*, const bf16_t*, const bf16_t*, const u32*, const u32*, const u32*, float*, float*, float*, u32*, int, int,
+                          int, int, int, int, int, int, int, int, float, int);
+// tc_deep takes no sliding window (the host runs tc for a windowed layer): launched without one,
+// and the windowed cases are tc's alone.
+template <auto K>
+void no_window(const float* q, const bf16_t* k, const bf16_t* v, const u32* pos, const u32* ts, const u32* bt, float* out, float* po, float* pm,
+               u32* cnt, int a, int b, int c, int d, int e, int f, int g, int h, int i, int j, float scale, int) {
+    K(q, k, v, pos, ts, bt, out, po, pm, cnt, a, b, c, d, e, f, g, h, i, j, scale);
+}
+
+// How the host launches each variant (crates/cuda/src/attention.rs): its kernels, warps a
+// block, partitions at most (pat_max_parts), dynamic shared memory.
+struct Variant {
+    const char* name;
+    PatKernel d64, d128;
+    int warps, splits;
+    size_t (*smem)(int D);
+};
+inline Variant tc() {
+    return {"paged_attention_tc", paged_attention_tc_d64, paged_attention_tc_d128, PAT_WARPS, PAT_SPLITS,
+            [](int D) { return (size_t)PAT_WARPS * 2 * PAT_SUB * (D + 8) * 2; }};
+}
+inline Variant tc_deep() {
+    return {"paged_attention_tc_deep", no_window<paged_attention_tc_deep_d64>, no_window<paged_attention_tc_deep_d128>, 1, PATD_SPLITS,
+            [](int D) { return (size_t)(D == 64 ? PatdCfg<64>::SMEM : PatdCfg<128>::SMEM); }};
+}
+
 // The host's bound on partitions (crates/cuda/src/attention.rs, pat_max_parts).
-inline int max_parts(int max_ctx) { return std::max(1, std::min(PAT_SPLITS, (max_ctx + PAT_MIN_PART - 1) / PAT_MIN_PART)); }
+inline int max_parts(const Variant& v, int max_ctx) { return std::max(1, std::min(v.splits, (max_ctx + PAT_MIN_PART - 1) / PAT_MIN_PART)); }
 
 inline bool counters_ok = true;
 
 // Runs the kernel as the host launches it: tokens [0, n_split) as split jobs, the rest in
 // chunks of `tw` tokens (0: the host's width, 16 / min(gqa, 16)). only >= 0: that token alone.
-inline std::vector<float> run(const Data& d, int n_split, int tw = 0, int only = -1) {
+inline std::vector<float> run(const Variant& var, const Data& d, int n_split, int tw = 0, int only = -1) {
     const Case& c = d.c;
     std::vector<unsigned> pos = d.pos, tseq = d.tseq;
     std::vector<float> q = d.q;
@@ -91,17 +119,17 @@ inline std::vector<float> run(const Data& d, int n_split, int tw = 0, int only =
     n_split = std::min(n_split, T);
     int max_ctx = 1;
     for (unsigned p : pos) max_ctx = std::max(max_ctx, (int)p + 1);
-    const int parts = max_parts(max_ctx), HG = (c.gqa + 15) / 16, groups = c.kvh * HG;
+    const int parts = max_parts(var, max_ctx), HG = (c.gqa + 15) / 16, groups = c.kvh * HG;
     if (tw == 0) tw = 16 / std::min(c.gqa, 16);
     std::vector<float> out((size_t)T * row, NAN), po((size_t)std::max(n_split, 1) * d.H * parts * c.D, NAN),
         pm((size_t)std::max(n_split, 1) * d.H * parts * 2, NAN);
     std::vector<u32> counters((size_t)std::max(n_split, 1) * groups, 0);
     const long warps = (long)((T - n_split + tw - 1) / tw) * groups + (long)n_split * groups * parts;
-    const unsigned blocks = (unsigned)std::max(1L, (warps + PAT_WARPS - 1) / PAT_WARPS);
-    const size_t smem = (size_t)PAT_WARPS * 2 * PAT_SUB * (c.D + 8) * 2;
+    const unsigned blocks = (unsigned)std::max(1L, (warps + var.warps - 1) / var.warps);
+    const size_t smem = var.smem(c.D);
     const float scale = 1.0f / std::sqrt((float)c.D);
-    launch(dim3{blocks, 1, 1}, dim3{PAT_WARPS * 32, 1, 1}, [&] {
-        auto f = c.D == 64 ? paged_attention_tc_d64 : paged_attention_tc_d128;
+    launch(dim3{blocks, 1, 1}, dim3{(unsigned)var.warps * 32, 1, 1}, [&] {
+        auto f = c.D == 64 ? var.d64 : var.d128;
         f(q.data(), d.k.data(), d.v.data(), pos.data(), tseq.data(), d.tables.data(), out.data(), po.data(), pm.data(), counters.data(), T, n_split,
           d.H, c.kvh, c.bs, d.num_blocks, d.S, d.max_blocks, parts, tw, scale, c.window);
     }, smem);
@@ -207,41 +235,52 @@ inline std::vector<Case> cases() {
         {16, 1, 4, 64, {{1010, 30}}},                                    // a chunk whose partition length changes (1024 -> 1025 keys)
         {16, 1, 20, 64, {{40, 3}, {70, 1}}},                             // 20 heads a KV head: groups of 16 and 4
         {16, 2, 1, 128, {{5, 20}, {130, 1}}},                            // no GQA: 16 tokens a chunk
-        {16, 1, 4, 64, {{2500, 1}, {7, 2}}},                             // 14 partitions of 192 keys
+        {16, 1, 4, 64, {{2500, 1}, {7, 2}}},                             // 14 partitions of 192 keys (tc_deep: 20 of 128)
         // Sliding windows: contexts shorter and longer than the window, a span of several
         // partitions, chunks whose rows' windows start in different tiles, a window of 1 key.
         {16, 2, 4, 64, {{0, 1}, {20, 1}, {300, 1}, {290, 17}, {700, 1}}, -1, 100},
         {16, 1, 4, 128, {{1100, 1}, {1000, 40}}, -1, 600},
         {16, 2, 1, 128, {{60, 40}, {3, 1}}, -1, 64},
         {16, 1, 2, 64, {{5, 3}, {70, 20}}, -1, 1},
+        {16, 1, 4, 64, {{2042, 20}}},                                    // tc_deep's partition length changes (2048 -> 2049 keys) inside a chunk
+        {32, 1, 2, 128, {{5000, 1}, {700, 9}}},                          // head_dim 128, many ring turns (tc: 16 x 320, tc_deep: 27 x 192)
     };
 }
 
-inline void run_all(const Check& check) {
+inline void run_all(const Variant& var, const Check& check) {
+    const std::string vn = var.name;
     for (const Case& c : cases()) {
+        if (c.window > 0 && var.d64 != tc().d64) continue;
         const Data d = build(c);
         const int lead = leading_decodes(d);
         std::vector<double> want, bound;
         reference(d, want, bound);
-        auto got = run(d, lead);
+        auto got = run(var, d, lead);
         std::string worst;
         const bool close = within(got, want, bound, worst);
-        check("paged_attention_tc vs f64 within the derived bound, " + name(c) + ": " + worst, close);
+        check(vn + " vs f64 within the derived bound, " + name(c) + ": " + worst, close);
+        int max_ctx = 0;
+        for (unsigned p : d.pos) max_ctx = std::max(max_ctx, (int)p + 1);
+        if (var.d64 != tc().d64 && max_ctx <= 1024) {
+            // Up to 1024 keys both variants cut 64-key partitions: the same arithmetic, the same bits.
+            auto base = run(tc(), d, lead);
+            check(vn + " " + name(c) + ": bitwise equal to paged_attention_tc (the same partitions up to 1024 keys)", same(got, base.data(), got.size()));
+        }
         const size_t n = got.size();
         // The same bits whichever jobs serve the tokens.
-        auto all_split = run(d, d.T), all_chunk = run(d, 0), narrow = run(d, 0, 1);
-        check("paged_attention_tc " + name(c) + ": split jobs, chunk jobs, 1-token chunks and the host's mix bitwise equal",
+        auto all_split = run(var, d, d.T), all_chunk = run(var, d, 0), narrow = run(var, d, 0, 1);
+        check(vn + " " + name(c) + ": split jobs, chunk jobs, 1-token chunks and the host's mix bitwise equal",
               same(got, all_split.data(), n) && same(got, all_chunk.data(), n) && same(got, narrow.data(), n));
         // Each token alone (a split job, as a decode step serves it) against the batch.
         bool alone_ok = true;
         const size_t row = (size_t)d.H * c.D;
         for (int t = 0; t < d.T; t += (d.T > 12 ? 5 : 1)) {
-            auto one = run(d, 1, 0, t);
+            auto one = run(var, d, 1, 0, t);
             alone_ok = alone_ok && same(one, got.data() + (size_t)t * row, row);
         }
-        check("paged_attention_tc " + name(c) + ": every token alone == in the batch (bitwise)", alone_ok);
+        check(vn + " " + name(c) + ": every token alone == in the batch (bitwise)", alone_ok);
     }
-    check("paged_attention_tc: every launch left its arrival counters at 0", counters_ok);
+    check(vn + ": every launch left its arrival counters at 0", counters_ok);
 
     // A bad block id (sequence 1's second block): NaN for the tokens whose context reaches it,
     // the other sequences' tokens untouched (bitwise equal to a clean run).
@@ -251,7 +290,7 @@ inline void run_all(const Check& check) {
         c.bad_block_seq = 1;
         const Data badd = build(c);
         for (int n_split : {0, 3}) {
-            auto ok = run(clean, n_split), bad = run(badd, n_split);
+            auto ok = run(var, clean, n_split), bad = run(var, badd, n_split);
             bool pattern = true;
             const size_t row = (size_t)clean.H * D;
             for (int t = 0; t < clean.T; ++t) {
@@ -261,7 +300,7 @@ inline void run_all(const Check& check) {
                     pattern = pattern && (reaches ? std::isnan(b) : std::memcmp(&b, &ok[t * row + i], 4) == 0);
                 }
             }
-            check("paged_attention_tc D=" + std::to_string(D) + " n_split=" + std::to_string(n_split) +
+            check(vn + " D=" + std::to_string(D) + " n_split=" + std::to_string(n_split) +
                       ": a bad block id gives NaN exactly where a context reaches it, bitwise the clean output elsewhere",
                   pattern);
         }
@@ -269,12 +308,12 @@ inline void run_all(const Check& check) {
         Data d = build(Case{16, 2, 4, D, {{3, 1}, {10, 2}}});
         d.tseq[2] = 7;
         for (int n_split : {0, 3}) {
-            auto out = run(d, n_split);
+            auto out = run(var, d, n_split);
             const size_t row = (size_t)d.H * D;
             bool nan_row = true, rest = true;
             for (size_t i = 0; i < row; ++i) nan_row = nan_row && std::isnan(out[2 * row + i]);
             for (size_t i = 0; i < 2 * row; ++i) rest = rest && std::isfinite(out[i]);
-            check("paged_attention_tc D=" + std::to_string(D) + " n_split=" + std::to_string(n_split) + ": a token of no sequence gives a NaN row, the others finite",
+            check(vn + " D=" + std::to_string(D) + " n_split=" + std::to_string(n_split) + ": a token of no sequence gives a NaN row, the others finite",
                   nan_row && rest);
         }
     }

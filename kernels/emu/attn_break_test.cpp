@@ -3,8 +3,11 @@
 // swapped for the upper dims: a wrong fragment index), =2 (the cp.async wait dropped), =3 (the
 // split jobs' partials folded newest first: within every bound, so only the bitwise comparison
 // of split and chunk jobs can catch it), =4 (a chunk job's rows all take its first token's
-// partition length: the same tokens alone differ in the last bits). It succeeds only if some
-// check catches the break; which checks must catch it is printed.
+// partition length: the same tokens alone differ in the last bits); and with
+// -DTANDEM_PATD_BREAK=1..4 for the tc_deep variant's own code: =1 (each K step waits for one
+// stage fewer than the ring's depth), =2 (the ring's wrong stage read), =3 and =4 as above.
+// It succeeds only if some check of the broken kernel's variant catches the break; which
+// checks caught it is printed.
 #include "cuda_emu.h"
 
 #include "../paged_attention.cu"
@@ -16,13 +19,15 @@
 
 int main() {
     int checks = 0, failed = 0;
-    pattest::run_all([&](const std::string& what, bool ok) {
+    const bool deep = TANDEM_PATD_BREAK != 0;
+    pattest::run_all(deep ? pattest::tc_deep() : pattest::tc(), [&](const std::string& what, bool ok) {
         ++checks;
         if (!ok) {
             ++failed;
             std::printf("failed (as it must) %s\n", what.c_str());
         }
     });
-    std::printf("TANDEM_PAT_BREAK=%d: %d of %d checks caught the break\n", TANDEM_PAT_BREAK, failed, checks);
+    std::printf("%s=%d: %d of %d checks caught the break\n", deep ? "TANDEM_PATD_BREAK" : "TANDEM_PAT_BREAK", deep ? TANDEM_PATD_BREAK : TANDEM_PAT_BREAK,
+                failed, checks);
     return failed > 0 ? 0 : 1;
 }

@@ -820,7 +820,8 @@ int main() {
     test_small_ops();
     test_kv_write();
     test_attention();
-    pattest::run_all(expect_true);
+    pattest::run_all(pattest::tc(), expect_true);
+    pattest::run_all(pattest::tc_deep(), expect_true);
     test_matmul();
     fusedtest::run_all(expect_true);
     act16test::run_all(expect_true);

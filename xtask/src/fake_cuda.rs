@@ -206,7 +206,8 @@ pub fn cuda_tests(root: &Path, env: &FakeEnv) -> Result<Counts> {
 /// The fake-driver group of `cargo xtask test`: crates/cuda's GPU-only tests, the op suite on
 /// `cuda`, and `tandem compare` cuda vs the reference on small random models (head_dim 128
 /// and 64 with hidden 576: tensor-core attention, split K, the fused paths; tiny-qwen3: the
-/// per-head q/k norms; tiny-qwen3-moe: the MoE kernels, captured), and `tandem serve`
+/// per-head q/k norms; tiny-qwen3-moe: the MoE kernels, captured; tiny-hd128 once more with
+/// `TANDEM_CUDA_ATTENTION=tc_deep`), and `tandem serve`
 /// answering requests ([`serve_check`]). Each `tandem` command counts as one test. `tandem`: a binary already built (a workspace `cargo test`
 /// builds one; building `-p tandem-cli` alone resolves other features and recompiles much).
 pub fn group(root: &Path, tandem: Option<PathBuf>) -> Result<Counts> {
@@ -243,7 +244,14 @@ pub fn group(root: &Path, tandem: Option<PathBuf>) -> Result<Counts> {
         // at 6 requests (it still preempts): the emulator runs every CUDA thread as a fiber.
         let mut args: Vec<String> = ["compare", "--backend", "cuda", "--prompts", "3", "--steps", "6", "--chunk", "32", "--batch", "6", "--model"].map(String::from).to_vec();
         args.push(dir.to_string_lossy().into_owned());
-        commands.push((format!("compare cuda vs reference, {shape}"), args));
+        commands.push((format!("compare cuda vs reference, {shape}"), args.clone()));
+        if shape == "tiny-hd128" {
+            // The tc_deep attention variant (TANDEM_CUDA_ATTENTION; head_dim 128: its
+            // shared-memory opt-in), through the same compare.
+            let mut deep = vec!["TANDEM_CUDA_ATTENTION=tc_deep".to_string()];
+            deep.extend(args);
+            commands.push((format!("compare cuda (attention tc_deep) vs reference, {shape}"), deep));
+        }
     }
     let serve_ok = serve_check(&env, &tandem, &models.join("tiny-hd128"));
     match &serve_ok {
@@ -256,8 +264,13 @@ pub fn group(root: &Path, tandem: Option<PathBuf>) -> Result<Counts> {
             total.failed += 1;
         }
     }
-    for (what, args) in commands {
+    for (what, mut args) in commands {
         let mut cmd = env.command(&tandem);
+        // A leading NAME=VALUE is an environment setting of that command.
+        while let Some((k, v)) = args.first().and_then(|a| a.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())) {
+            cmd.env(k, v);
+            args.remove(0);
+        }
         cmd.current_dir(root).args(&args);
         let (_, ok) = run_counted(cmd, &what)?;
         if ok {

@@ -1,8 +1,11 @@
 //! The paged-attention launchers of [`CudaBackend`] (kernels/paged_attention.cu): the
 //! tensor-core kernel (`paged_attention_tc_d64` / `_d128`) over a bf16 cache with head_dim 64
 //! or 128, and the f32 kernel (`paged_attention_partial_f32` / `_bf16`) for everything else
-//! (the f32 cache kept for checks, other head sizes). Which one serves a model depends only on
-//! the model and the cache type, never on the step, so a token's bits never follow the batch.
+//! (the f32 cache kept for checks, other head sizes). `TANDEM_CUDA_ATTENTION=tc_deep` swaps the
+//! tensor-core kernel for its variant `paged_attention_tc_deep_d64` / `_d128` (a deeper K+V
+//! pipeline, one warp a block, up to 32 partitions); `=f32` keeps the f32 kernel. Which one
+//! serves a model depends only on the model, the cache type and that switch, never on the step,
+//! so a token's bits never follow the batch.
 //! A child module of `backend`, so it shares that module's private helpers.
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
@@ -53,17 +56,63 @@ const PAT_SUB: usize = 16;
 const PAT_MIN_PART: usize = 64;
 const PAT_SPLITS: usize = 16;
 
-/// Partitions enough for every token whose context is at most `ctx` keys.
+/// The tc_deep variant's partitions at most (PATD_SPLITS), and its dynamic shared memory per
+/// one-warp block (PatdCfg<D>::SMEM: 8 stages at head_dim 64, 6 at 128).
+const PATD_SPLITS: usize = 32;
+pub(super) const PATD_SMEM: [usize; 2] = [(8 * 2 + 1) * PAT_SUB * (64 + 8) * 2 + 8 * 4, (6 * 2 + 1) * PAT_SUB * (128 + 8) * 2 + 6 * 4];
+
+/// Partitions enough for every token whose context is at most `ctx` keys, for a kernel that
+/// cuts at most `splits` (PAT_SPLITS for tc, PATD_SPLITS for tc_deep).
+fn pat_max_parts_of(ctx: usize, splits: usize) -> usize {
+    splits.min(ctx.div_ceil(PAT_MIN_PART)).max(1)
+}
+#[cfg(test)]
 fn pat_max_parts(ctx: usize) -> usize {
-    PAT_SPLITS.min(ctx.div_ceil(PAT_MIN_PART)).max(1)
+    pat_max_parts_of(ctx, PAT_SPLITS)
 }
 
-/// Whether the tensor-core kernel serves a cache of this kind (`need_kv`'s index: 1 is bf16)
+/// The attention kernel family `TANDEM_CUDA_ATTENTION` picks (read once; a bad value fails the
+/// backend's load, [`check_variant`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum AttnVariant {
+    /// paged_attention_tc (the default).
+    Tc,
+    /// paged_attention_tc_deep.
+    TcDeep,
+    /// paged_attention_partial for every cache.
+    F32,
+}
+
+fn parse_variant(v: Option<&str>) -> std::result::Result<AttnVariant, String> {
+    match v.unwrap_or("") {
+        "" | "tc" => Ok(AttnVariant::Tc),
+        "tc_deep" => Ok(AttnVariant::TcDeep),
+        "f32" => Ok(AttnVariant::F32),
+        x => Err(format!("TANDEM_CUDA_ATTENTION={x}: one of tc (the default), tc_deep, f32")),
+    }
+}
+
+fn variant_setting() -> &'static std::result::Result<AttnVariant, String> {
+    static V: std::sync::OnceLock<std::result::Result<AttnVariant, String>> = std::sync::OnceLock::new();
+    V.get_or_init(|| parse_variant(std::env::var("TANDEM_CUDA_ATTENTION").ok().as_deref()))
+}
+/// The variant in use, or the error naming a bad TANDEM_CUDA_ATTENTION value (checked at load).
+pub(super) fn check_variant() -> Result<AttnVariant> {
+    variant_setting().clone().map_err(err)
+}
+fn variant() -> AttnVariant {
+    *variant_setting().as_ref().unwrap_or(&AttnVariant::Tc)
+}
+
+/// Whether a tensor-core kernel serves a cache of this kind (`need_kv`'s index: 1 is bf16)
 /// and head size. `TANDEM_CUDA_ATTENTION=f32` keeps the f32 kernel (the kernel lab compares).
 fn uses_tc(kv: usize, head_dim: usize) -> bool {
-    static FORCE_F32: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let force = *FORCE_F32.get_or_init(|| std::env::var("TANDEM_CUDA_ATTENTION").is_ok_and(|v| v == "f32"));
-    kv == 1 && (head_dim == 64 || head_dim == 128) && !force
+    kv == 1 && (head_dim == 64 || head_dim == 128) && variant() != AttnVariant::F32
+}
+
+/// Partitions at most of the tensor-core kernel in use, for contexts up to `ctx` keys.
+fn tc_max_parts(ctx: usize, v: AttnVariant) -> usize {
+    pat_max_parts_of(ctx, if v == AttnVariant::TcDeep { PATD_SPLITS } else { PAT_SPLITS })
 }
 
 /// The attention scratch for `l`: (partial outputs, (max, sum) pairs, arrival counters), in
@@ -72,7 +121,7 @@ fn uses_tc(kv: usize, head_dim: usize) -> bool {
 pub(super) fn workspace(l: &WorkspaceLimits) -> (usize, usize, usize) {
     let ctx = l.max_context.max(1);
     if uses_tc(usize::from(l.kv_dtype == KvDtype::Bf16), l.head_dim) {
-        let parts = pat_max_parts(ctx);
+        let parts = tc_max_parts(ctx, variant());
         if parts == 1 {
             return (0, 0, 0);
         }
@@ -183,9 +232,10 @@ impl CudaBackend {
         self.launched(partial.name, r)
     }
 
-    /// paged_attention_tc_d64 / _d128 (`kernel` 0 / 1): the first `decode_tokens` tokens as split
-    /// jobs (as many as the scratch holds: fewer changes no bit, only how the work is cut), the
-    /// rest a chunk of `16 / min(gqa, 16)` tokens a warp. The caller has checked the arguments.
+    /// paged_attention_tc_d64 / _d128 (`kernel` 0 / 1), or the tc_deep variant's: the first
+    /// `decode_tokens` tokens as split jobs (as many as the scratch holds: fewer changes no bit,
+    /// only how the work is cut), the rest a chunk of `16 / min(gqa, 16)` tokens a warp. The
+    /// caller has checked the arguments.
     fn attention_tc(&self, a: &AttnArgs<'_, CudaBackend>, out: &mut CudaBuf, kernel: usize) -> Result<()> {
         const OP: &str = "paged_attention";
         let g = a.geometry;
@@ -193,9 +243,15 @@ impl CudaBackend {
         let gqa = h / kvh;
         let groups = kvh * gqa.div_ceil(16);
         let tw = 16 / gqa.min(16);
-        let parts = pat_max_parts(a.max_context.max(1));
+        // tc_deep has no sliding window yet: a windowed layer runs tc (a layer's kernel is fixed
+        // by its window, so each token's bits still follow its own context alone).
+        let var = if a.window > 0 && variant() == AttnVariant::TcDeep { AttnVariant::Tc } else { variant() };
+        let deep = var == AttnVariant::TcDeep;
+        // The partition count (the split jobs' stride) follows the context bound alone: fixed
+        // for a captured step padded to graph_max_context.
+        let parts = tc_max_parts(a.max_context.max(1), var);
         let mut n_split = a.decode_tokens.min(t);
-        let k = &self.kernels.attn_tc[kernel];
+        let k = if deep { &self.kernels.attn_tc_deep[kernel] } else { &self.kernels.attn_tc[kernel] };
         let mut s = self.scratch.lock().map_err(|_| err(format!("{OP}: scratch lock poisoned by an earlier panic")))?;
         let (out_b, ml_b, cnt_b) = (h * parts * d * 4, h * parts * 2 * 4, groups * 4);
         if parts > 1 && n_split > 0 {
@@ -221,7 +277,9 @@ impl CudaBackend {
         }
         let split = if parts > 1 { n_split } else { 0 };
         let warps = (t - n_split).div_ceil(tw) * groups + n_split * groups * parts;
-        let blocks = u32_of(warps.div_ceil(PAT_WARPS), OP, "warp jobs / 4")?;
+        // tc: PAT_WARPS warp jobs a block; tc_deep: one.
+        let per_block = if deep { 1 } else { PAT_WARPS };
+        let blocks = u32_of(warps.div_ceil(per_block), OP, "warp jobs a block")?;
         let ints = [t, n_split, h, kvh, g.block_size, g.num_blocks, a.num_seqs, a.max_blocks, parts, tw];
         let names = ["T", "n_split", "num_heads", "kv_heads", "block_size", "num_blocks", "num_seqs", "max_blocks", "parts", "tw"];
         let mut v = [0i32; 10];
@@ -247,12 +305,17 @@ impl CudaBackend {
         for x in &v {
             l.arg(x);
         }
-        l.arg(&a.scale).arg(&window);
-        let smem = (PAT_WARPS * 2 * PAT_SUB * (d + 8) * 2) as u32;
-        let launch = LaunchConfig { grid_dim: (blocks.max(1), 1, 1), block_dim: ((PAT_WARPS * 32) as u32, 1, 1), shared_mem_bytes: smem };
+        l.arg(&a.scale);
+        // tc_deep takes no window (a windowed layer runs tc, above).
+        if !deep {
+            l.arg(&window);
+        }
+        let smem = if deep { PATD_SMEM[kernel] } else { PAT_WARPS * 2 * PAT_SUB * (d + 8) * 2 } as u32;
+        let launch = LaunchConfig { grid_dim: (blocks.max(1), 1, 1), block_dim: ((per_block * 32) as u32, 1, 1), shared_mem_bytes: smem };
         // SAFETY: the argument list matches paged_attention_tc's; partials sized for
         // [n_split, H, parts, D] and [n_split, H, parts, 2], counters for [n_split, groups]
-        // (zeroed, and left zero by every launch); dynamic shared memory as PAT_WARPS warps use.
+        // (zeroed, and left zero by every launch); dynamic shared memory as the kernel's blocks
+        // use (tc_deep at head_dim 128 past 48 KiB: opted in at load).
         let r = unsafe { l.launch(launch) };
         self.launched(k.name, r)
     }
@@ -308,6 +371,37 @@ mod partition_tests {
         assert_eq!(pat_max_parts(64), 1);
         assert_eq!(pat_max_parts(600), 10);
         assert_eq!(pat_max_parts(131_072), 16);
+    }
+
+    /// TANDEM_CUDA_ATTENTION's values, and a bad one named.
+    #[test]
+    fn attention_variants_parse() {
+        assert_eq!(parse_variant(None), Ok(AttnVariant::Tc));
+        assert_eq!(parse_variant(Some("tc")), Ok(AttnVariant::Tc));
+        assert_eq!(parse_variant(Some("tc_deep")), Ok(AttnVariant::TcDeep));
+        assert_eq!(parse_variant(Some("f32")), Ok(AttnVariant::F32));
+        assert!(parse_variant(Some("deep")).unwrap_err().contains("tc_deep"));
+    }
+
+    /// tc_deep's `patd_part_len`, mirrored: at most PATD_SPLITS partitions, what the host
+    /// launches; the same 64-key partitions as tc up to 1024 keys (the same bits), twice as
+    /// many past 2048; and its shared memory is what the kernel's PatdCfg computes.
+    #[test]
+    fn tc_deep_partitions_bound_every_shorter_context() {
+        let len = |ctx: usize, splits: usize| ctx.div_ceil(splits).div_ceil(PAT_MIN_PART).max(1) * PAT_MIN_PART;
+        let mut most = 0;
+        for ctx in (1..=40_000usize).chain([131_072, 1 << 20]) {
+            let l = len(ctx, PATD_SPLITS);
+            most = most.max(ctx.div_ceil(l));
+            assert!(most <= tc_max_parts(ctx, AttnVariant::TcDeep) && most <= PATD_SPLITS, "ctx {ctx}");
+            if ctx <= 1024 {
+                assert_eq!(l, len(ctx, PAT_SPLITS), "ctx {ctx}: tc and tc_deep cut alike");
+            }
+        }
+        assert_eq!(tc_max_parts(1024, AttnVariant::TcDeep), 16);
+        assert_eq!(tc_max_parts(4096, AttnVariant::TcDeep), 32);
+        assert_eq!(tc_max_parts(4096, AttnVariant::Tc), 16);
+        assert_eq!(PATD_SMEM, [39_200, 56_600]);
     }
 
     /// The tensor-core kernel's scratch follows the sequences, not the tokens: 2,048 tokens

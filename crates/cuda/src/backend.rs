@@ -342,6 +342,7 @@ struct Kernels<F> {
     rope_kv_write: [Kernel<F>; 2],
     attn_partial: [Kernel<F>; 2],
     attn_tc: [Kernel<F>; 2],
+    attn_tc_deep: [Kernel<F>; 2],
     argmax: Kernel<F>,
     /// `TANDEM_CUDA_ARGMAX=multi`: per-chunk partials, then a fold a row ([`argmax_multi`]).
     argmax_partial: Kernel<F>,
@@ -421,6 +422,7 @@ impl<F> Kernels<F> {
             rope_kv_write: [k("rope_kv_write_f32")?, k("rope_kv_write_bf16")?],
             attn_partial: [k("paged_attention_partial_f32")?, k("paged_attention_partial_bf16")?],
             attn_tc: [k("paged_attention_tc_d64")?, k("paged_attention_tc_d128")?],
+            attn_tc_deep: [k("paged_attention_tc_deep_d64")?, k("paged_attention_tc_deep_d128")?],
             argmax: k("argmax")?,
             argmax_partial: k("argmax_partial")?,
             argmax_fold: k("argmax_fold")?,
@@ -588,6 +590,18 @@ impl CudaBackend {
                         .map_err(drv(&format!("{}: {} bytes of shared memory", kern.name, g.smem)))?;
                 }
             }
+        }
+        // The tc_deep attention at head_dim 128 takes more than 48 KiB.
+        for (kern, &bytes) in kernels.attn_tc_deep.iter().zip(&attention::PATD_SMEM) {
+            if bytes as u32 > matmul::SMEM_DEFAULT_LIMIT {
+                kern.f
+                    .set_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes as i32)
+                    .map_err(drv(&format!("{}: {bytes} bytes of shared memory", kern.name)))?;
+            }
+        }
+        let attn_variant = attention::check_variant()?;
+        if attn_variant != attention::AttnVariant::Tc {
+            tracing::info!("cuda: attention {attn_variant:?} (TANDEM_CUDA_ATTENTION)");
         }
         if variants != matmul::GEMM_DEFAULT_VARIANTS {
             tracing::info!("cuda: GEMM tile kernels {variants:?} (TANDEM_CUDA_GEMM_LARGE / _MID / _SMALL)");

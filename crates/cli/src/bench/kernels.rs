@@ -165,6 +165,11 @@ fn gemms<B: Backend>(b: &B, s: Shape, a: &Args, dtype: DType, rows: &mut Vec<Row
     Ok(())
 }
 
+/// TANDEM_CUDA_ATTENTION when the lab runs on CUDA and it is set.
+fn attention_variant(a: &Args) -> Option<String> {
+    matches!(a.backend, BackendKind::Cuda | BackendKind::Auto).then(|| std::env::var("TANDEM_CUDA_ATTENTION").ok()).flatten().filter(|v| !v.is_empty())
+}
+
 /// Attention over `seqs` sequences of `ctx` tokens each, the last `q_len` of each in the step.
 fn attention<B: Backend>(b: &B, s: Shape, a: &Args, seqs: usize, ctx: usize, q_len: usize, rows: &mut Vec<Row>) -> Result<()> {
     let block = 16;
@@ -205,7 +210,12 @@ fn attention<B: Backend>(b: &B, s: Shape, a: &Args, seqs: usize, ctx: usize, q_l
     // Causal prefill does half the square; decode one query row per sequence.
     let pairs = if q_len == 1 { (seqs * ctx) as f64 } else { seqs as f64 * (q_len * (q_len + 1) / 2) as f64 };
     let flops = 4.0 * pairs * (s.heads * s.head_dim) as f64;
-    let (op, case) = if q_len == 1 { ("attention decode", format!("batch={seqs} ctx={ctx} kv={}", kv_dtype.name())) } else { ("attention prefill", format!("tokens={q_len} kv={}", kv_dtype.name())) };
+    let (op, mut case) = if q_len == 1 { ("attention decode", format!("batch={seqs} ctx={ctx} kv={}", kv_dtype.name())) } else { ("attention prefill", format!("tokens={q_len} kv={}", kv_dtype.name())) };
+    // The CUDA attention variant (TANDEM_CUDA_ATTENTION), named when one is picked, so that
+    // gpu/tune.sh's tables of tc and tc_deep side by side say which row is which.
+    if let Some(v) = attention_variant(a) {
+        case.push_str(&format!(" attn={v}"));
+    }
     rows.push(Row { op: op.into(), case, us, bytes: kv_bytes + io, flops, spec: json!({"kind": "attention", "batch": seqs, "ctx": ctx, "q_len": q_len, "heads": s.heads, "kv_heads": s.kv_heads, "head_dim": s.head_dim}) });
     Ok(())
 }
@@ -290,7 +300,7 @@ pub fn run(a: Args) -> Result<()> {
         .iter()
         .map(|r| json!({"op": r.op, "case": r.case, "us": r.us, "bytes": r.bytes, "flops": r.flops, "floor_us": floor(r), "frac_of_floor": floor(r).map(|f| f / r.us), "torch": r.spec}))
         .collect();
-    let settings = json!({"shape": a.shape, "dtype": a.dtype, "min_ms": a.min_ms, "bandwidth_gbs": a.bandwidth_gbs, "peak_tflops": a.peak_tflops});
+    let settings = json!({"shape": a.shape, "dtype": a.dtype, "min_ms": a.min_ms, "bandwidth_gbs": a.bandwidth_gbs, "peak_tflops": a.peak_tflops, "cuda_attention": attention_variant(&a)});
     let rep = report::build("kernels", json!({"name": a.backend.name(), "device": device}), json!({"shape": a.shape}), settings, json!(results));
     report::write_json(&a.out, &format!("kernels-{}-{}", a.backend.name(), a.shape), &rep)?;
     println!("### kernel lab: {} on {} ({device})\n", a.shape, a.backend.name());
