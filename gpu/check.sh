@@ -101,6 +101,10 @@ SMOL=$WORK/models/smollm2-135m-bf16
 gen tiny bf16 "$TINY" 30
 gen tiny f32 "$TINY32" 30
 gen smollm2-135m bf16 "$SMOL" 60
+# The other families (issue 26): Qwen3 (q/k norms), Qwen3-MoE (the routed experts), Mistral with
+# a sliding window of 16 keys.
+FAMILIES="tiny-qwen3 tiny-qwen3-moe tiny-mistral"
+for fam in $FAMILIES; do gen "$fam" bf16 "$WORK/models/$fam-bf16" 30; done
 
 # ---------------------------------------------------------------- correctness
 # want GROUP: whether TANDEM_CHECK_GROUPS (default all) names it; a second call can rerun parts.
@@ -142,6 +146,16 @@ if [ -s "$OUT/compare-tiny.json" ]; then
 else
     printf 'hf_compare tiny\t125\t0\tskipped: tandem compare wrote no compare-tiny.json\n' >>"$STEPS"
 fi
+# Each family against the reference, then its ids and logprobs against HF transformers here.
+for fam in $FAMILIES; do
+    FDIR=$WORK/models/$fam-bf16
+    step "compare $BACKEND $fam" 60 "$BIN" compare --backend "$BACKEND" --model "$FDIR" --json "$OUT/compare-$fam.json"
+    if [ -s "$OUT/compare-$fam.json" ]; then
+        step "hf_compare $fam" 90 "$PY" "$HERE/hf_compare.py" --model "$FDIR" --ids-json "$OUT/compare-$fam.json" --out "$OUT/hf-$fam.json"
+    else
+        printf 'hf_compare %s\t125\t0\tskipped: tandem compare wrote no compare-%s.json\n' "$fam" "$fam" >>"$STEPS"
+    fi
+done
 fi # want correctness
 
 # ---------------------------------------------------------------- ceilings and benchmarks
