@@ -191,6 +191,9 @@ struct Block {
     std::vector<std::unique_ptr<Warp>> warps;
     unsigned char* smem = nullptr;
     size_t smem_bytes = 0;
+    // wgmma.h's side state of the block running here (per thread: wgmma ops and fences; the TMA
+    // copies pending), kept with the block so that interleaved blocks do not share it.
+    std::shared_ptr<void> wgmma_side, tma_side;
     explicit Block(unsigned n) : bar(n) {
         for (unsigned i = 0; i < n / 32; ++i) warps.emplace_back(new Warp());
     }
@@ -486,6 +489,7 @@ inline void run_interleaved(const std::vector<unsigned long long>& order, unsign
         std::unique_ptr<unsigned char, decltype(&std::free)> arena{nullptr, &std::free};
         std::vector<unsigned char> section;
         dim3 idx;
+        unsigned long serial = 0;  // block_serial while this slot's block runs
         bool busy = false;
     };
     std::vector<Slot> slots(k);
@@ -494,7 +498,8 @@ inline void run_interleaved(const std::vector<unsigned long long>& order, unsign
     for (Slot& sl : slots) {
         sl.b.reset(new Block(n));
         if (shared_bytes > 0) {
-            sl.arena.reset((unsigned char*)std::aligned_alloc(128, (shared_bytes + 127) / 128 * 128));
+            // 1024-byte aligned, as launch() gives (the 128-byte swizzle of wgmma.h needs it).
+            sl.arena.reset((unsigned char*)std::aligned_alloc(1024, (shared_bytes + 1023) / 1024 * 1024));
             sl.b->smem = sl.arena.get();
             sl.b->smem_bytes = shared_bytes;
         }
@@ -509,6 +514,7 @@ inline void run_interleaved(const std::vector<unsigned long long>& order, unsign
         if (sl.b->smem) std::memset(sl.b->smem, 0xff, sl.b->smem_bytes);
         std::fill(sl.section.begin(), sl.section.end(), (unsigned char)0xff);
         if (in == (int)i && sec > 0) std::memset(__start_tandem_emu_shared, 0xff, sec);
+        sl.serial = ++block_serial;
         sl.b->bar = Barrier(n);
         for (auto& w : sl.b->warps) w->bar = Barrier(32);
         for (unsigned t = 0; t < n; ++t) {
@@ -530,6 +536,7 @@ inline void run_interleaved(const std::vector<unsigned long long>& order, unsign
         }
         in = (int)i;
         blockIdx = sl.idx;
+        block_serial = sl.serial;
         block = sl.b.get();
         if (run_round(i * n, n) == n) {
             if (next < order.size()) {

@@ -88,11 +88,13 @@ struct WgThread {
     long committed = 0;
     bool fenced = false;
 };
-inline std::vector<WgThread> wg_threads;
 inline WgThread& wg_self() {
     const unsigned t = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
     // Sized for the whole block at once: a reference one fiber holds must survive another's call.
+    // Kept in the block (cuda_emu.h), so blocks interleaved by the fake driver have their own.
     const size_t n = (size_t)blockDim.x * blockDim.y * blockDim.z;
+    if (!block->wgmma_side) block->wgmma_side = std::make_shared<std::vector<WgThread>>(n);
+    auto& wg_threads = *static_cast<std::vector<WgThread>*>(block->wgmma_side.get());
     if (wg_threads.size() < n) wg_threads.resize(n);
     WgThread& s = wg_threads[t];
     if (s.serial != block_serial) s = WgThread{block_serial, {}, 0, false};
@@ -242,8 +244,9 @@ struct TmaBlock {
     unsigned long serial = 0;
     std::vector<TmaCopy> pending;
 };
-inline TmaBlock tma_state;
 inline TmaBlock& tma_self() {
+    if (!block->tma_side) block->tma_side = std::make_shared<TmaBlock>();
+    TmaBlock& tma_state = *static_cast<TmaBlock*>(block->tma_side.get());
     if (tma_state.serial != block_serial) tma_state = TmaBlock{block_serial, {}};
     return tma_state;
 }

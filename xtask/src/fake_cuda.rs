@@ -231,7 +231,10 @@ pub fn group(root: &Path, tandem: Option<PathBuf>) -> Result<Counts> {
     // cancellation decides; the same bits in every block order, so it is the suite's limit
     // against x rounded to bf16, not the driver), which would make this group fail by chance. `cargo xtask fake-cuda -- test-ops --backend cuda` draws a seed.
     let seed = std::env::var("TANDEM_FAKE_CUDA_OPS_SEED").unwrap_or_else(|_| "7812165423275311652".into());
-    let mut commands: Vec<(String, Vec<String>)> = vec![(format!("op suite on cuda (seed {seed})"), vec!["test-ops".into(), "--backend".into(), "cuda".into(), "--seed".into(), seed])];
+    let mut commands: Vec<(String, Vec<String>)> = vec![(format!("op suite on cuda (seed {seed})"), ["test-ops", "--backend", "cuda", "--seed", &seed].map(String::from).to_vec())];
+    // The wgmma + TMA GEMM (sm_90a; the fake driver says sm_90): the suite's matmul cases above
+    // 128 rows take it.
+    commands.push(("matmul on cuda, TANDEM_CUDA_GEMM_LARGE=wgmma".into(), ["TANDEM_CUDA_GEMM_LARGE=wgmma", "test-ops", "--backend", "cuda", "--op", "matmul", "--seed", &seed].map(String::from).to_vec()));
     for shape in ["tiny-hd128", "small-hd64", "tiny-qwen3", "tiny-qwen3-moe"] {
         let dir = models.join(shape);
         if !dir.join("config.json").exists() {
