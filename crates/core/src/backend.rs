@@ -565,6 +565,16 @@ pub trait Backend: Send + 'static {
     /// `out = silu(gate) * up`, elementwise over `len` values; gate, up f32, out f32 or of
     /// [`Backend::activation_dtype`] (stored rounded).
     fn silu_mul(&self, gate: &Self::Buf, up: &Self::Buf, out: &mut Self::Buf, len: usize) -> Result<()>;
+    /// `out = gelu_tanh(gate) * up` (GeGLU: Gemma's MLP), elementwise over `len` values, with
+    /// PyTorch's `gelu(approximate="tanh")`: `0.5·g·(1 + tanh(√(2/π)·(g + 0.044715·g³)))`;
+    /// types as [`Backend::silu_mul`]'s.
+    fn gelu_tanh_mul(&self, _gate: &Self::Buf, _up: &Self::Buf, _out: &mut Self::Buf, _len: usize) -> Result<()> {
+        Err(Error::backend(self.name(), "gelu_tanh_mul is not implemented on this backend"))
+    }
+    /// `x *= factor`, elementwise over `len` f32 values (Gemma's scaled embedding).
+    fn scale(&self, _x: &mut Self::Buf, _factor: f32, _len: usize) -> Result<()> {
+        Err(Error::backend(self.name(), "scale is not implemented on this backend"))
+    }
     /// Writes k, v f32 `[T, kv_heads, head_dim]` into the caches at `slots` u32 `[T]`.
     #[allow(clippy::too_many_arguments)]
     fn kv_write(&self, k: &Self::Buf, v: &Self::Buf, k_cache: &mut Self::Buf, v_cache: &mut Self::Buf, slots: &Self::Buf, num_tokens: usize, geometry: KvGeometry) -> Result<()>;
@@ -710,6 +720,14 @@ pub fn argmax_row(row: &[f32]) -> u32 {
         return row.iter().position(|x| !x.is_nan()).unwrap_or(row.len().saturating_sub(1)) as u32;
     }
     row.iter().position(|&x| x == max).unwrap_or(0) as u32
+}
+
+/// PyTorch's `gelu(x, approximate="tanh")` in f32, the order of its CPU kernel:
+/// `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`. The reference's [`Backend::gelu_tanh_mul`].
+pub fn gelu_tanh(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    let inner = SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x);
+    0.5 * x * (1.0 + inner.tanh())
 }
 
 /// [`Backend::moe_route`] on the host, row by row: `logits` and `out` `[rows, experts]`.

@@ -314,6 +314,22 @@ impl Backend for RefBackend {
         Ok(())
     }
 
+    fn gelu_tanh_mul(&self, gate: &RefBuf, up: &RefBuf, out: &mut RefBuf, len: usize) -> Result<()> {
+        let (g, u, o) = (f32s(gate)?, f32s(up)?, f32s_mut(out)?);
+        need("gelu_tanh_mul", g.len().min(u.len()).min(o.len()), len)?;
+        for i in 0..len {
+            o[i] = tandem_core::backend::gelu_tanh(g[i]) * u[i];
+        }
+        Ok(())
+    }
+
+    fn scale(&self, x: &mut RefBuf, factor: f32, len: usize) -> Result<()> {
+        let x = f32s_mut(x)?;
+        need("scale", x.len(), len)?;
+        x[..len].iter_mut().for_each(|v| *v *= factor);
+        Ok(())
+    }
+
     fn kv_write(&self, k: &RefBuf, v: &RefBuf, kc: &mut RefBuf, vc: &mut RefBuf, slots: &RefBuf, t: usize, g: KvGeometry) -> Result<()> {
         let w = g.num_kv_heads * g.head_dim;
         let slots = u32s(slots)?;
