@@ -53,10 +53,14 @@ pub enum Shape {
     /// Qwen2: q/k/v biases, tied, `use_sliding_window` with a window of 16 from layer 1 on
     /// (`max_window_layers` 1): one full and one windowed layer.
     TinyQwen2,
+    /// Gemma 3: a sliding layer (window 16, local rope base 10000) then a global one (base 1e6,
+    /// linear scaling 8), heads of 32 apart from hidden / heads, `query_pre_attn_scalar` 24 (not
+    /// head_dim), GeGLU, sandwich norms stored as `w - 1`, tied, eps 1e-6.
+    TinyGemma3,
 }
 
 impl Shape {
-    pub const ALL: [Shape; 14] = [
+    pub const ALL: [Shape; 15] = [
         Shape::Tiny,
         Shape::TinyTied,
         Shape::TinyHd128,
@@ -71,6 +75,7 @@ impl Shape {
         Shape::Qwen3_30bA3b2l,
         Shape::TinyMistral,
         Shape::TinyQwen2,
+        Shape::TinyGemma3,
     ];
 
     pub fn name(self) -> &'static str {
@@ -89,6 +94,7 @@ impl Shape {
             Shape::Qwen3_30bA3b2l => "qwen3-30b-a3b-2l",
             Shape::TinyMistral => "tiny-mistral",
             Shape::TinyQwen2 => "tiny-qwen2",
+            Shape::TinyGemma3 => "tiny-gemma3",
         }
     }
 
@@ -146,6 +152,7 @@ impl Shape {
             },
             Shape::TinyMistral => Dims { arch: Arch::Mistral, window: 16, ..base },
             Shape::TinyQwen2 => Dims { arch: Arch::Qwen2, tied: true, rope_theta: 1000000.0, rms_eps: 1e-6, window: 16, window_from: 1, ..base },
+            Shape::TinyGemma3 => Dims { arch: Arch::Gemma3, head_dim: 32, tied: true, rope_theta: 1000000.0, rms_eps: 1e-6, window: 16, ..base },
         }
     }
 }
@@ -159,6 +166,7 @@ enum Arch {
     Qwen3,
     Qwen3Moe,
     Mixtral,
+    Gemma3,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -225,14 +233,23 @@ fn tensor_plan(d: &Dims, dtype: DType) -> Vec<(TensorSpec, Fill)> {
     // hidden 64 a flat 0.02 would make every attention score ~0 and attention a plain average,
     // which hides masking and position bugs. Norms sit around 1 with noise, so they matter too.
     let proj = |fan_in: usize| Fill { mean: 0.0, std: 1.0 / (fan_in as f32).sqrt() };
-    let norm = Fill { mean: 1.0, std: 0.1 };
+    // Gemma stores its norms as w - 1 (HF multiplies by 1 + w).
+    let norm = Fill { mean: if d.arch == Arch::Gemma3 { 0.0 } else { 1.0 }, std: 0.1 };
     let bias = Fill { mean: 0.0, std: 0.1 };
     let t = |name: String, shape: &[usize], fill: Fill| (TensorSpec::new(name, dtype, shape), fill);
     // Logits of std ~2 after the final norm: a clear argmax most of the time, not always. The
     // embedding gets the same scale because tied models use it as the lm_head; at std 1 their
     // logits reach std sqrt(hidden) and greedy decoding repeats one token for ever.
     let head = Fill { mean: 0.0, std: 2.0 / (h as f32).sqrt() };
-    let mut plan = vec![t("model.embed_tokens.weight".into(), &[d.vocab, h], head), t("model.norm.weight".into(), &[h], norm)];
+    // Gemma scales the embedding by sqrt(hidden) into a residual stream whose blocks add
+    // unit-RMS (normed) outputs: at the head's scale the token itself would win every step. Its
+    // table gets 1/8 of it (rows of RMS 0.25 once scaled) and its final norm 1 + w = 8, so the
+    // tied head's logits keep std ~2.
+    let (embed, final_norm) = match d.arch {
+        Arch::Gemma3 => (Fill { mean: 0.0, std: head.std / 8.0 }, Fill { mean: 7.0, std: 0.1 }),
+        _ => (head, norm),
+    };
+    let mut plan = vec![t("model.embed_tokens.weight".into(), &[d.vocab, h], embed), t("model.norm.weight".into(), &[h], final_norm)];
     if !d.tied {
         plan.push(t("lm_head.weight".into(), &[d.vocab, h], head));
     }
@@ -240,6 +257,10 @@ fn tensor_plan(d: &Dims, dtype: DType) -> Vec<(TensorSpec, Fill)> {
         let p = format!("model.layers.{i}");
         plan.push(t(format!("{p}.input_layernorm.weight"), &[h], norm));
         plan.push(t(format!("{p}.post_attention_layernorm.weight"), &[h], norm));
+        if d.arch == Arch::Gemma3 {
+            plan.push(t(format!("{p}.pre_feedforward_layernorm.weight"), &[h], norm));
+            plan.push(t(format!("{p}.post_feedforward_layernorm.weight"), &[h], norm));
+        }
         plan.push(t(format!("{p}.self_attn.q_proj.weight"), &[q, h], proj(h)));
         plan.push(t(format!("{p}.self_attn.k_proj.weight"), &[kv, h], proj(h)));
         plan.push(t(format!("{p}.self_attn.v_proj.weight"), &[kv, h], proj(h)));
@@ -264,7 +285,7 @@ fn tensor_plan(d: &Dims, dtype: DType) -> Vec<(TensorSpec, Fill)> {
                 plan.push(t(format!("{p}.mlp.down_proj.weight"), &[h, inter], proj(inter)));
             }
         }
-        if matches!(d.arch, Arch::Qwen3 | Arch::Qwen3Moe) {
+        if matches!(d.arch, Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3) {
             plan.push(t(format!("{p}.self_attn.q_norm.weight"), &[d.head_dim], norm));
             plan.push(t(format!("{p}.self_attn.k_norm.weight"), &[d.head_dim], norm));
         }
@@ -351,6 +372,7 @@ fn config_json(shape: Shape, d: &Dims, dtype: DType) -> serde_json::Value {
         Arch::Qwen3 => ("Qwen3ForCausalLM", "qwen3"),
         Arch::Qwen3Moe => ("Qwen3MoeForCausalLM", "qwen3_moe"),
         Arch::Mixtral => ("MixtralForCausalLM", "mixtral"),
+        Arch::Gemma3 => ("Gemma3ForCausalLM", "gemma3_text"),
     };
     let rope_scaling = if d.llama3_scaling {
         json!({ "factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0, "original_max_position_embeddings": 8192, "rope_type": "llama3" })
@@ -395,6 +417,18 @@ fn config_json(shape: Shape, d: &Dims, dtype: DType) -> serde_json::Value {
         }
         Arch::Mistral => c["sliding_window"] = if d.window > 0 { json!(d.window) } else { serde_json::Value::Null },
         Arch::Llama => c["mlp_bias"] = json!(false),
+        Arch::Gemma3 => {
+            // The format of Gemma 3's released config.json files (transformers 5 reads it too).
+            c["hidden_activation"] = json!("gelu_pytorch_tanh");
+            c.as_object_mut().map(|o| o.remove("hidden_act"));
+            c["query_pre_attn_scalar"] = json!(24);
+            c["sliding_window"] = json!(d.window);
+            c["layer_types"] = json!(["sliding_attention", "full_attention"]);
+            c["rope_local_base_freq"] = json!(10000.0);
+            c["rope_scaling"] = json!({ "rope_type": "linear", "factor": 8.0 });
+            c["final_logit_softcapping"] = serde_json::Value::Null;
+            c["attn_logit_softcapping"] = serde_json::Value::Null;
+        }
         Arch::Mixtral => {
             c["sliding_window"] = serde_json::Value::Null;
             c["num_local_experts"] = json!(d.experts);
