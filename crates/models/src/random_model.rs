@@ -364,6 +364,12 @@ const CHAT_TEMPLATE: &str = "{% for message in messages %}{{ '<|im_start|>' + me
 /// empty think block after the generation prompt, as Qwen3's own template does).
 const QWEN3_CHAT_TEMPLATE: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% if enable_thinking is defined and enable_thinking is false %}{{ '<think>\\n\\n</think>\\n\\n' }}{% endif %}{% endif %}";
 
+/// The Gemma 3 shape's template, written in the manner of Gemma 3's own (the constructs its
+/// real one uses, for our template engine to get right): the BOS token first, a system message
+/// folded into the first user turn, roles that must alternate (`raise_exception` otherwise),
+/// `assistant` written `model`, content trimmed, a string or a list of text parts.
+const GEMMA3_CHAT_TEMPLATE: &str = "{{ bos_token }}{%- if messages[0]['role'] == 'system' -%}{%- set first_prefix = messages[0]['content'] + '\n\n' -%}{%- set turns = messages[1:] -%}{%- else -%}{%- set first_prefix = '' -%}{%- set turns = messages -%}{%- endif -%}{%- for message in turns -%}{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{%- endif -%}{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}{{ '<start_of_turn>' + role + '\n' + (first_prefix if loop.first else '') }}{%- if message['content'] is string -%}{{ message['content'] | trim }}{%- else -%}{%- for part in message['content'] -%}{%- if part['type'] == 'text' -%}{{ part['text'] | trim }}{%- endif -%}{%- endfor -%}{%- endif -%}{{ '<end_of_turn>\n' }}{%- endfor -%}{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}";
+
 fn config_json(shape: Shape, d: &Dims, dtype: DType) -> serde_json::Value {
     let (arch, model_type) = match d.arch {
         Arch::Llama => ("LlamaForCausalLM", "llama"),
@@ -462,7 +468,11 @@ fn tokenizer_config_json(d: &Dims) -> serde_json::Value {
         "add_prefix_space": false,
         "added_tokens_decoder": decoder,
         "bos_token": SPECIALS[BOS as usize],
-        "chat_template": if matches!(d.arch, Arch::Qwen3 | Arch::Qwen3Moe) { QWEN3_CHAT_TEMPLATE } else { CHAT_TEMPLATE },
+        "chat_template": match d.arch {
+            Arch::Qwen3 | Arch::Qwen3Moe => QWEN3_CHAT_TEMPLATE,
+            Arch::Gemma3 => GEMMA3_CHAT_TEMPLATE,
+            _ => CHAT_TEMPLATE,
+        },
         "clean_up_tokenization_spaces": false,
         "eos_token": SPECIALS[EOS as usize],
         "model_max_length": d.max_pos,

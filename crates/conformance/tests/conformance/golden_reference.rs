@@ -115,6 +115,23 @@ fn tiny_qwen3_chat_template_enable_thinking() {
     }
 }
 
+/// The tiny Gemma 3's template (Gemma's constructs: system folded into the first turn, roles
+/// alternating or `raise_exception`, `model` for the assistant, trimmed string or text-part
+/// content) against HF's `apply_chat_template`; roles out of turn are refused with its message.
+#[test]
+fn tiny_gemma3_chat_template() {
+    let dir = golden::random_model("tiny-gemma3", 8, DType::F32);
+    let g = GoldenFile::load(&golden::golden_dir().join("tiny-gemma3.json")).unwrap();
+    let tok = tandem_core::tokenizer::Tokenizer::from_dir(&dir).unwrap();
+    assert_eq!(g.chat_render.len(), 3);
+    for c in &g.chat_render {
+        assert_eq!(tok.apply_chat_template(&c.messages, true).unwrap(), c.text);
+    }
+    let twice: Vec<serde_json::Value> = serde_json::from_str(r#"[{"role":"user","content":"a"},{"role":"user","content":"b"}]"#).unwrap();
+    let e = tok.apply_chat_template(&twice, true).unwrap_err().to_string();
+    assert!(e.contains("must alternate"), "{e}");
+}
+
 #[test]
 fn smollm2_135m() {
     let Some(dir) = golden::smollm2_dir() else { return };
