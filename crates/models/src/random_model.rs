@@ -57,10 +57,14 @@ pub enum Shape {
     /// linear scaling 8), heads of 32 apart from hidden / heads, `query_pre_attn_scalar` 24 (not
     /// head_dim), GeGLU, sandwich norms stored as `w - 1`, tied, eps 1e-6.
     TinyGemma3,
+    /// Gemma 3 1B: 26 layers of hidden 1152, 4 heads / 1 KV head of 256, GeGLU of 6912, a
+    /// 262,144-token vocabulary (tied), windows of 512 on five layers of every six, rope 1e4 /
+    /// 1e6 unscaled (2.0 GB in bf16).
+    Gemma3_1b,
 }
 
 impl Shape {
-    pub const ALL: [Shape; 15] = [
+    pub const ALL: [Shape; 16] = [
         Shape::Tiny,
         Shape::TinyTied,
         Shape::TinyHd128,
@@ -76,6 +80,7 @@ impl Shape {
         Shape::TinyMistral,
         Shape::TinyQwen2,
         Shape::TinyGemma3,
+        Shape::Gemma3_1b,
     ];
 
     pub fn name(self) -> &'static str {
@@ -95,6 +100,7 @@ impl Shape {
             Shape::TinyMistral => "tiny-mistral",
             Shape::TinyQwen2 => "tiny-qwen2",
             Shape::TinyGemma3 => "tiny-gemma3",
+            Shape::Gemma3_1b => "gemma-3-1b",
         }
     }
 
@@ -153,6 +159,10 @@ impl Shape {
             Shape::TinyMistral => Dims { arch: Arch::Mistral, window: 16, ..base },
             Shape::TinyQwen2 => Dims { arch: Arch::Qwen2, tied: true, rope_theta: 1000000.0, rms_eps: 1e-6, window: 16, window_from: 1, ..base },
             Shape::TinyGemma3 => Dims { arch: Arch::Gemma3, head_dim: 32, tied: true, rope_theta: 1000000.0, rms_eps: 1e-6, window: 16, ..base },
+            Shape::Gemma3_1b => Dims {
+                arch: Arch::Gemma3, vocab: 262144, hidden: 1152, intermediate: 6912, layers: 26, heads: 4, kv_heads: 1, head_dim: 256,
+                tied: true, rope_theta: 1000000.0, rms_eps: 1e-6, max_pos: 32768, window: 512, ..base
+            },
         }
     }
 }
@@ -427,11 +437,17 @@ fn config_json(shape: Shape, d: &Dims, dtype: DType) -> serde_json::Value {
             // The format of Gemma 3's released config.json files (transformers 5 reads it too).
             c["hidden_activation"] = json!("gelu_pytorch_tanh");
             c.as_object_mut().map(|o| o.remove("hidden_act"));
-            c["query_pre_attn_scalar"] = json!(24);
             c["sliding_window"] = json!(d.window);
-            c["layer_types"] = json!(["sliding_attention", "full_attention"]);
             c["rope_local_base_freq"] = json!(10000.0);
-            c["rope_scaling"] = json!({ "rope_type": "linear", "factor": 8.0 });
+            if shape == Shape::TinyGemma3 {
+                // Each setting apart from its default, so the golden tells it missing.
+                c["query_pre_attn_scalar"] = json!(24);
+                c["layer_types"] = json!(["sliding_attention", "full_attention"]);
+                c["rope_scaling"] = json!({ "rope_type": "linear", "factor": 8.0 });
+            } else {
+                c["query_pre_attn_scalar"] = json!(d.head_dim);
+                c["sliding_window_pattern"] = json!(6);
+            }
             c["final_logit_softcapping"] = serde_json::Value::Null;
             c["attn_logit_softcapping"] = serde_json::Value::Null;
         }
