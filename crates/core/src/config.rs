@@ -145,7 +145,8 @@ impl ModelConfig {
     }
 
     pub fn from_json(text: &str) -> std::result::Result<Self, String> {
-        let raw: Raw = serde_json::from_str(text).map_err(|e| format!("not a valid config.json: {e}"))?;
+        let value: serde_json::Value = serde_json::from_str(text).map_err(|e| format!("not a valid config.json: {e}"))?;
+        let raw: Raw = serde_json::from_value(gemma3_text(value)?).map_err(|e| format!("not a valid config.json: {e}"))?;
         let architecture = match (&raw.architectures, &raw.model_type) {
             (Some(a), _) if !a.is_empty() => a[0].clone(),
             (_, Some(t)) => crate::model::families().find(|f| f.model_type == t).map_or_else(|| t.clone(), |f| f.architecture.to_string()),
@@ -342,6 +343,52 @@ impl ModelConfig {
         let moe = self.moe.as_ref().map_or(0, |m| m.intermediate_size);
         if self.moe.as_ref().is_some_and(|m| m.dense_layers.is_empty()) { moe } else { moe.max(self.intermediate_size) }
     }
+}
+
+/// Gemma 3's text model as the model layer reads it: a multimodal checkpoint
+/// (`Gemma3ForConditionalGeneration`, `model_type` gemma3: the 4B, 12B and 27B releases) gives its
+/// `text_config` (the token ids and dtype from the top level where it has none; its weights
+/// answer to the text model's names, see `Weights::get`), and the fields a Gemma 3 text config
+/// leaves out take `Gemma3TextConfig`'s defaults (the released files rely on them). Any other
+/// config is returned as it is.
+fn gemma3_text(mut v: serde_json::Value) -> std::result::Result<serde_json::Value, String> {
+    use serde_json::{json, Value};
+    let arch = v.get("architectures").and_then(|a| a.get(0)).and_then(Value::as_str).map(String::from);
+    let model_type = v.get("model_type").and_then(Value::as_str).map(String::from);
+    let multimodal = match (arch.as_deref(), model_type.as_deref()) {
+        (Some(a), _) => a == "Gemma3ForConditionalGeneration",
+        (None, t) => t == Some("gemma3"),
+    };
+    if multimodal {
+        let Some(Value::Object(mut text)) = v.get("text_config").cloned() else {
+            return Err("Gemma3ForConditionalGeneration without a `text_config` object".into());
+        };
+        for k in ["bos_token_id", "eos_token_id", "pad_token_id", "torch_dtype", "dtype", "tie_word_embeddings"] {
+            if let (false, Some(x)) = (text.contains_key(k), v.get(k)) {
+                text.insert(k.into(), x.clone());
+            }
+        }
+        text.insert("architectures".into(), json!(["Gemma3ForCausalLM"]));
+        v = Value::Object(text);
+    } else if arch.as_deref() != Some("Gemma3ForCausalLM") && !(arch.is_none() && model_type.as_deref() == Some("gemma3_text")) {
+        return Ok(v);
+    }
+    let Value::Object(o) = &mut v else { return Err("config.json is not a JSON object".into()) };
+    let defaults = json!({
+        "vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+        "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "max_position_embeddings": 131072,
+        "rms_norm_eps": 1e-6, "bos_token_id": 2, "eos_token_id": 1, "tie_word_embeddings": true,
+        "query_pre_attn_scalar": 256, "sliding_window": 4096
+    });
+    if !o.contains_key("rope_parameters") {
+        o.entry("rope_theta").or_insert(json!(1000000.0));
+    }
+    if let Value::Object(d) = defaults {
+        for (k, x) in d {
+            o.entry(k).or_insert(x);
+        }
+    }
+    Ok(v)
 }
 
 /// A field that may be null, kept apart from an absent one (`Some(Null)` vs `None`).
@@ -550,6 +597,28 @@ mod tests {
         // A Llama keeps silu and the head_dim scale.
         let llama = ModelConfig::from_json(SMOL).unwrap();
         assert_eq!((llama.activation, llama.attn_scale(), llama.local_rope.is_none()), (Activation::Silu, 0.125, true));
+    }
+
+    /// A Gemma 3 multimodal release's config.json (the 4B's layout: a sparse `text_config`, the
+    /// token ids at the top level) reads as its text model with Gemma3TextConfig's defaults.
+    #[test]
+    fn gemma3_multimodal_config_reads_its_text_model() {
+        let c = ModelConfig::from_json(
+            r#"{"architectures":["Gemma3ForConditionalGeneration"],"model_type":"gemma3","boi_token_index":255999,"eos_token_id":[1,106],
+            "image_token_index":262144,"mm_tokens_per_image":256,"torch_dtype":"bfloat16",
+            "text_config":{"hidden_size":2560,"intermediate_size":10240,"model_type":"gemma3_text","num_hidden_layers":34,
+                "rope_scaling":{"factor":8.0,"rope_type":"linear"},"sliding_window":1024},
+            "vision_config":{"hidden_size":1152,"model_type":"siglip_vision_model","num_hidden_layers":27}}"#,
+        )
+        .unwrap();
+        assert_eq!(c.architecture, "Gemma3ForCausalLM");
+        assert_eq!((c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.vocab_size), (2560, 8, 4, 256, 262208));
+        assert_eq!((c.eos_token_ids.clone(), c.bos_token_id, c.dtype.as_deref(), c.tie_word_embeddings), (vec![1, 106], Some(2), Some("bfloat16"), true));
+        assert_eq!((c.rope_theta, &c.rope_scaling, c.attn_scale()), (1000000.0, &RopeScaling::Linear { factor: 8.0 }, 1.0 / 16.0));
+        assert_eq!(c.layer_windows.iter().filter(|&&w| w == 1024).count(), 29);
+        assert_eq!((c.layer_windows[5], c.local_rope.as_ref().unwrap().theta), (0, 10000.0));
+        let e = ModelConfig::from_json(r#"{"architectures":["Gemma3ForConditionalGeneration"]}"#).unwrap_err();
+        assert!(e.contains("text_config"), "{e}");
     }
 
     #[test]
