@@ -365,6 +365,12 @@ mod metered {
         fn silu_mul(&self, gate: &RefBuf, up: &RefBuf, out: &mut RefBuf, len: usize) -> Result<()> {
             self.inner.silu_mul(gate, up, out, len)
         }
+        fn gelu_tanh_mul(&self, gate: &RefBuf, up: &RefBuf, out: &mut RefBuf, len: usize) -> Result<()> {
+            self.inner.gelu_tanh_mul(gate, up, out, len)
+        }
+        fn scale(&self, x: &mut RefBuf, factor: f32, len: usize) -> Result<()> {
+            self.inner.scale(x, factor, len)
+        }
         fn kv_write(&self, k: &RefBuf, v: &RefBuf, kc: &mut RefBuf, vc: &mut RefBuf, slots: &RefBuf, t: usize, g: KvGeometry) -> Result<()> {
             self.inner.kv_write(k, v, kc, vc, slots, t, g)
         }
