@@ -1,7 +1,7 @@
 //! GGUF to a Hugging Face model directory: `model.safetensors` (bf16), `config.json`,
 //! `tokenizer.json`, `tokenizer_config.json`, `generation_config.json`. Architectures
 //! (`general.architecture`): `llama` (Llama, Mistral, SmolLM; Mixtral where `llama.expert_count`
-//! is set), `qwen2`, `qwen3`, `qwen3moe`.
+//! is set), `qwen2`, `qwen3`, `qwen3moe`, `gemma3` (Gemma 3's text model).
 //!
 //! What differs between the layouts besides names:
 //! - GGUF dims are innermost first; PyTorch shapes are the reverse.
@@ -11,6 +11,9 @@
 //!   model only answers `<|im_end|>`. Qwen models (NEOX rope) are stored unpermuted.
 //! - A mixture of experts' experts are stacked into one `[experts, rows, cols]` tensor per
 //!   projection (`ffn_gate_exps`, `ffn_up_exps`, `ffn_down_exps`); HF has one tensor per expert.
+//! - Gemma 3's RMS norms compute `x * (1 + w)` in HF, and llama.cpp's exporter stores `1 + w`
+//!   (see [`Take::MinusOne`]); its sliding-window layout and local rope are not in the file but
+//!   fixed by llama.cpp's loader for the architecture (see [`GemmaParams`]).
 //!
 //! The output is a pure function of the input file: tensors are sorted by name and every JSON
 //! file is written with fixed key order, so converting twice gives identical bytes.
@@ -47,10 +50,11 @@ enum Arch {
     Qwen2,
     Qwen3,
     Qwen3Moe,
+    Gemma3,
 }
 
 impl Arch {
-    const NAMES: &'static [&'static str] = &["llama", "qwen2", "qwen3", "qwen3moe"];
+    const NAMES: &'static [&'static str] = &["llama", "qwen2", "qwen3", "qwen3moe", "gemma3"];
 
     fn from_name(name: &str) -> Option<Arch> {
         Some(match name {
@@ -58,6 +62,7 @@ impl Arch {
             "qwen2" => Arch::Qwen2,
             "qwen3" => Arch::Qwen3,
             "qwen3moe" => Arch::Qwen3Moe,
+            "gemma3" => Arch::Gemma3,
             _ => return None,
         })
     }
@@ -69,18 +74,47 @@ impl Arch {
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
             Arch::Qwen3Moe => "qwen3moe",
+            Arch::Gemma3 => "gemma3",
         }
     }
 
     /// llama.cpp permutes Q and K rows only for the Llama family (its rope pairs adjacent
-    /// dimensions there); Qwen models use the NEOX rope, stored as HF stores them.
+    /// dimensions there); Qwen and Gemma 3 use the NEOX rope, stored as HF stores them
+    /// (convert_hf_to_gguf.py's Gemma3Model derives from TextModel, not LlamaModel's permute).
     fn permuted(self) -> bool {
         self == Arch::Llama
     }
 
     /// Per-head RMS norms on q and k (`attn_q_norm`, `attn_k_norm`).
     fn qk_norm(self) -> bool {
-        matches!(self, Arch::Qwen3 | Arch::Qwen3Moe)
+        matches!(self, Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3)
+    }
+}
+
+/// Gemma 3's attention layout. llama.cpp's loader (src/llama-model.cpp, `LLM_ARCH_GEMMA3` in
+/// `load_hparams`) reads only the window from the file and fixes the rest for the architecture:
+/// `set_swa_pattern(6)` (layer `i` slides unless `i % 6 == 5`, which is HF's `layer_types` for
+/// `sliding_window_pattern` 6), the sliding layers' rope base 10000 with no scaling
+/// (`rope_freq_base_train_swa`, `rope_freq_scale_train_swa`), and the attention scale
+/// `1/sqrt(head_dim)`, except `1/sqrt(hidden / heads)` for the 62-layer 27B model (HF's
+/// `query_pre_attn_scalar`, 168 there). The global layers' rope is `rope.freq_base` with the
+/// file's linear scaling, as HF scales only the global layers.
+#[derive(Debug, Clone, PartialEq)]
+struct GemmaParams {
+    sliding_window: usize,
+    /// `rope.scaling.factor` where `rope.scaling.type` is `linear` (Gemma 3 4B and up: 8).
+    linear_factor: Option<f32>,
+    final_logit_softcapping: Option<f32>,
+}
+
+impl GemmaParams {
+    /// llama.cpp's `set_swa_pattern(6)`.
+    const PATTERN: usize = 6;
+    /// HF's `rope_local_base_freq`; llama.cpp's `rope_freq_base_train_swa`.
+    const LOCAL_ROPE_BASE: f32 = 10000.0;
+
+    fn layer_types(layers: usize) -> Vec<&'static str> {
+        (0..layers).map(|i| if (i + 1) % Self::PATTERN == 0 { "full_attention" } else { "sliding_attention" }).collect()
     }
 }
 
@@ -107,6 +141,7 @@ struct LlamaParams {
     rope_theta: f32,
     context: usize,
     moe: Option<MoeParams>,
+    gemma: Option<GemmaParams>,
 }
 
 impl LlamaParams {
@@ -128,9 +163,19 @@ impl LlamaParams {
         if head_dim == 0 || head_dim % 2 != 0 {
             return Err(Error::config(&g.path, format!("head dimension {head_dim} must be positive and even")));
         }
+        let mut linear_factor = None;
         if let Some(kind) = g.get(&format!("{k}.rope.scaling.type")).and_then(|v| v.as_str()) {
-            if kind != "none" {
-                return Err(Error::config(&g.path, format!("{k}.rope.scaling.type `{kind}` is not supported by this converter")));
+            match kind {
+                "none" => {}
+                // Gemma 3's global layers (HF's rope_scaling applies to those only, as llama.cpp's).
+                "linear" if arch == Arch::Gemma3 => {
+                    let f = g.get_f64(&format!("{k}.rope.scaling.factor"))? as f32;
+                    if !(f.is_finite() && f > 0.0) {
+                        return Err(Error::config(&g.path, format!("{k}.rope.scaling.factor is {f}, expected a positive number")));
+                    }
+                    linear_factor = (f != 1.0).then_some(f);
+                }
+                _ => return Err(Error::config(&g.path, format!("{k}.rope.scaling.type `{kind}` is not supported by this converter for `{k}`"))),
             }
         }
         if g.tensor("rope_freqs.weight").is_some() {
@@ -155,6 +200,20 @@ impl LlamaParams {
             }
             _ => None,
         };
+        let gemma = if arch == Arch::Gemma3 {
+            if has("attention.value_length") && u("attention.value_length")? != head_dim {
+                return Err(Error::config(&g.path, format!("{k}.attention.value_length ({}) differs from key_length ({head_dim})", u("attention.value_length")?)));
+            }
+            // llama.cpp's loader requires the key for gemma3 (a get_key without `false`).
+            let sliding_window = u("attention.sliding_window")?;
+            if sliding_window == 0 {
+                return Err(Error::config(&g.path, format!("{k}.attention.sliding_window is 0")));
+            }
+            let softcap = if has("final_logit_softcapping") { Some(g.get_f64(&format!("{k}.final_logit_softcapping"))? as f32) } else { None };
+            Some(GemmaParams { sliding_window, linear_factor, final_logit_softcapping: softcap })
+        } else {
+            None
+        };
         Ok(LlamaParams {
             arch,
             layers,
@@ -167,6 +226,7 @@ impl LlamaParams {
             rope_theta: if has("rope.freq_base") { g.get_f64(&format!("{k}.rope.freq_base"))? as f32 } else { 10000.0 },
             context: u("context_length")?,
             moe,
+            gemma,
         })
     }
 
@@ -180,12 +240,19 @@ impl LlamaParams {
 }
 
 /// What a GGUF tensor becomes besides renamed: rows un-permuted (Q and K of a Llama, with the
-/// head count), or one expert's slice of a merged expert tensor.
+/// head count), one expert's slice of a merged expert tensor, or a Gemma norm less one.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Take {
     Whole,
     Unpermute(usize),
     Expert(usize),
+    /// Gemma 3's RMS norm weights: HF's Gemma3RMSNorm computes `x * (1 + w)`; llama.cpp's
+    /// exporter (convert_hf_to_gguf.py, `Gemma3Model.norm_shift` / `modify_tensors`) adds 1.0 to
+    /// every tensor whose HF name ends in `norm.weight` (input, post-attention, pre- and
+    /// post-feedforward, q/k and the final norm) so its graph multiplies by `w` alone. The
+    /// exporter first widens bf16 to f32 and stores norms as F32, so `(1 + w) - 1` in f32 gives
+    /// HF's bf16 `w` back exactly for `|w| >= 2^-16`.
+    MinusOne,
 }
 
 /// The HF tensors a GGUF tensor becomes (several for a merged expert tensor), or `None` for a
@@ -198,7 +265,8 @@ fn hf_names(gguf: &str, p: &LlamaParams) -> Option<Vec<(String, Take)>> {
         _ => None,
     };
     if let Some(t) = top {
-        return Some(vec![(t.to_string(), Take::Whole)]);
+        let take = if p.arch == Arch::Gemma3 && gguf == "output_norm.weight" { Take::MinusOne } else { Take::Whole };
+        return Some(vec![(t.to_string(), take)]);
     }
     let rest = gguf.strip_prefix("blk.")?;
     let (layer, rest) = rest.split_once('.')?;
@@ -212,6 +280,22 @@ fn hf_names(gguf: &str, p: &LlamaParams) -> Option<Vec<(String, Take)>> {
     }
     let unpermute = |n: usize| if p.arch.permuted() { Take::Unpermute(n) } else { Take::Whole };
     let at = |hf: &str| format!("model.layers.{layer}.{hf}.{kind}");
+    if p.arch == Arch::Gemma3 && kind == "weight" {
+        // Gemma's sandwich norms: llama.cpp's `ffn_norm` is HF's pre-feedforward norm here
+        // (tensor_mapping.py's FFN_PRE_NORM), not the Llama post-attention norm.
+        let hf = match part {
+            "attn_norm" => "input_layernorm",
+            "attn_q_norm" => "self_attn.q_norm",
+            "attn_k_norm" => "self_attn.k_norm",
+            "post_attention_norm" => "post_attention_layernorm",
+            "ffn_norm" => "pre_feedforward_layernorm",
+            "post_ffw_norm" => "post_feedforward_layernorm",
+            _ => "",
+        };
+        if !hf.is_empty() {
+            return Some(vec![(at(hf), Take::MinusOne)]);
+        }
+    }
     if let Some(moe) = &p.moe {
         let (block, [gate, up, down]) = p.moe_names();
         let proj = match part {
@@ -334,6 +418,9 @@ pub fn convert_gguf(gguf_path: &Path, out_dir: &Path, progress: &mut dyn FnMut(u
         if p.arch.qk_norm() {
             parts.extend(["attn_q_norm", "attn_k_norm"]);
         }
+        if p.arch == Arch::Gemma3 {
+            parts.extend(["post_attention_norm", "post_ffw_norm"]);
+        }
         // A MoE model's layer may keep a dense MLP (Qwen3-MoE's mlp_only_layers).
         if p.moe.is_some() && g.tensor(&format!("blk.{i}.ffn_gate.weight")).is_none() {
             parts.extend(["ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"]);
@@ -362,6 +449,7 @@ pub fn convert_gguf(gguf_path: &Path, out_dir: &Path, progress: &mut dyn FnMut(u
         let (t, take) = plan[name];
         let values = match take {
             Take::Whole => g.tensor_f32(t)?,
+            Take::MinusOne => g.tensor_f32(t)?.into_iter().map(|x| x - 1.0).collect(),
             Take::Unpermute(n) => {
                 let cols = if t.dims.len() == 1 { 1 } else { t.dims[0] as usize };
                 rope_unpermute(&g.tensor_f32(t)?, n, cols)
@@ -395,12 +483,16 @@ pub fn convert_gguf(gguf_path: &Path, out_dir: &Path, progress: &mut dyn FnMut(u
 }
 
 fn config_json(p: &LlamaParams, tok: &GgufTokenizer, tied: bool, dense_layers: &[usize], bias: bool) -> serde_json::Value {
+    if let Some(gm) = &p.gemma {
+        return gemma3_config_json(p, gm, tok, tied);
+    }
     let (architecture, model_type) = match (p.arch, &p.moe) {
         (Arch::Llama, None) => ("LlamaForCausalLM", "llama"),
         (Arch::Llama, Some(_)) => ("MixtralForCausalLM", "mixtral"),
         (Arch::Qwen2, _) => ("Qwen2ForCausalLM", "qwen2"),
         (Arch::Qwen3, _) => ("Qwen3ForCausalLM", "qwen3"),
         (Arch::Qwen3Moe, _) => ("Qwen3MoeForCausalLM", "qwen3_moe"),
+        (Arch::Gemma3, _) => ("Gemma3ForCausalLM", "gemma3_text"),
     };
     let mut c = json!({
         "architectures": [architecture],
@@ -445,6 +537,57 @@ fn config_json(p: &LlamaParams, tok: &GgufTokenizer, tied: bool, dense_layers: &
         }
     }
     c
+}
+
+/// Gemma 3's text config as HF transformers writes it (`Gemma3TextConfig`), with the legacy
+/// rope fields (`rope_theta`, `rope_local_base_freq`, `rope_scaling`) and, agreeing with them,
+/// the `rope_parameters` that transformers 5 saves (per layer type).
+fn gemma3_config_json(p: &LlamaParams, gm: &GemmaParams, tok: &GgufTokenizer, tied: bool) -> serde_json::Value {
+    // llama.cpp's attention scale: 1/sqrt(hidden / heads) for the 62-layer 27B, else 1/sqrt(head_dim).
+    let query_pre_attn_scalar = if p.layers == 62 { p.hidden / p.heads } else { p.head_dim };
+    let rope_scaling = match gm.linear_factor {
+        Some(f) => json!({ "rope_type": "linear", "factor": f32_json(f) }),
+        None => serde_json::Value::Null,
+    };
+    let mut full = json!({ "rope_type": "default", "rope_theta": f32_json(p.rope_theta) });
+    if let Some(f) = gm.linear_factor {
+        full = json!({ "rope_type": "linear", "factor": f32_json(f), "rope_theta": f32_json(p.rope_theta) });
+    }
+    json!({
+        "architectures": ["Gemma3ForCausalLM"],
+        "model_type": "gemma3_text",
+        "vocab_size": tok.vocab.len(),
+        "hidden_size": p.hidden,
+        "intermediate_size": p.intermediate,
+        "num_hidden_layers": p.layers,
+        "num_attention_heads": p.heads,
+        "num_key_value_heads": p.kv_heads,
+        "head_dim": p.head_dim,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "rms_norm_eps": f32_json(p.rms_eps),
+        "query_pre_attn_scalar": query_pre_attn_scalar,
+        "sliding_window": gm.sliding_window,
+        "layer_types": GemmaParams::layer_types(p.layers),
+        "rope_theta": f32_json(p.rope_theta),
+        "rope_local_base_freq": f32_json(GemmaParams::LOCAL_ROPE_BASE),
+        "rope_scaling": rope_scaling,
+        "rope_parameters": {
+            "full_attention": full,
+            "sliding_attention": { "rope_type": "default", "rope_theta": f32_json(GemmaParams::LOCAL_ROPE_BASE) },
+        },
+        "max_position_embeddings": p.context,
+        "tie_word_embeddings": tied,
+        "final_logit_softcapping": gm.final_logit_softcapping.map(f32_json),
+        "attn_logit_softcapping": null,
+        "attention_bias": false,
+        "attention_dropout": 0.0,
+        "initializer_range": 0.02,
+        "use_cache": true,
+        "bos_token_id": tok.bos_id,
+        "eos_token_id": tok.eos_id,
+        "pad_token_id": tok.pad_id,
+        "torch_dtype": "bfloat16",
+    })
 }
 
 fn tokenizer_config_json(tok: &GgufTokenizer, context: usize) -> serde_json::Value {
@@ -732,10 +875,174 @@ pub(crate) mod tests {
         tiny_llama_gguf(&p2, true, Some("blk.0.ffn_up.weight"));
         let e = convert_gguf(&p2, &root.join("o2"), &mut |_, _, _| {}).unwrap_err().to_string();
         assert!(e.contains("`blk.0.ffn_up.weight`") && e.contains("missing"), "{e}");
-        let params = LlamaParams { arch: Arch::Llama, layers: 1, hidden: 8, intermediate: 8, heads: 2, kv_heads: 1, head_dim: 4, rms_eps: 1e-5, rope_theta: 1e4, context: 8, moe: None };
+        let params = LlamaParams { arch: Arch::Llama, layers: 1, hidden: 8, intermediate: 8, heads: 2, kv_heads: 1, head_dim: 4, rms_eps: 1e-5, rope_theta: 1e4, context: 8, moe: None, gemma: None };
         assert!(hf_names("blk.0.attn_qkv.weight", &params).is_none());
         // Qwen3's q/k norms are no Llama tensors.
         assert!(hf_names("blk.0.attn_q_norm.weight", &params).is_none());
-        assert!(hf_names("blk.0.attn_q_norm.weight", &LlamaParams { arch: Arch::Qwen3, ..params }).is_some());
+        assert!(hf_names("blk.0.attn_q_norm.weight", &LlamaParams { arch: Arch::Qwen3, ..params.clone() }).is_some());
+        // Gemma's sandwich norms are no Llama tensors; Gemma's ffn_norm is its pre-feedforward norm.
+        assert!(hf_names("blk.0.post_ffw_norm.weight", &params).is_none());
+        let gemma = LlamaParams { arch: Arch::Gemma3, ..params.clone() };
+        assert_eq!(hf_names("blk.0.ffn_norm.weight", &gemma), Some(vec![("model.layers.0.pre_feedforward_layernorm.weight".into(), Take::MinusOne)]));
+        assert_eq!(hf_names("blk.0.ffn_norm.weight", &params), Some(vec![("model.layers.0.post_attention_layernorm.weight".into(), Take::Whole)]));
+    }
+
+    /// A Gemma 3 GGUF as llama.cpp's exporter writes one: `gemma3.*` keys, every norm stored as
+    /// `1 + w`, the sandwich norms (`post_attention_norm`, `ffn_norm` as the pre-feedforward norm,
+    /// `post_ffw_norm`), per-head q/k norms, Q/K unpermuted, no `output.weight`, linear rope
+    /// scaling on the global layers. 7 layers (hidden 32, 2 heads of 16, 1 KV head, ffn 64), so
+    /// layer 5 is the one global layer of llama.cpp's pattern of 6. The embedding is Q8_0 and
+    /// layer 0's gate Q4_1; the rest F32.
+    fn tiny_gemma3_gguf(path: &Path, meta_edit: &dyn Fn(&mut Vec<(&'static str, Value)>)) -> Vec<(String, Vec<usize>, Vec<f32>)> {
+        let (layers, hidden, heads, kv, hd, ffn, vocab) = (7usize, 32usize, 2usize, 1usize, 16usize, 64usize, 261usize);
+        let f32b = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        // Weights as HF holds them (bf16), and norms about 0 (HF's Gemma norm weights are offsets from 1).
+        let vals = |n: usize, salt: f32| bf16_round(&(0..n).map(|i| (i as f32 * 0.37 + salt).sin() * 0.5).collect::<Vec<f32>>());
+        let mut meta = vec![
+            ("general.architecture", Value::String("gemma3".into())),
+            ("gemma3.block_count", Value::U32(layers as u32)),
+            ("gemma3.context_length", Value::U32(512)),
+            ("gemma3.embedding_length", Value::U32(hidden as u32)),
+            ("gemma3.feed_forward_length", Value::U32(ffn as u32)),
+            ("gemma3.attention.head_count", Value::U32(heads as u32)),
+            ("gemma3.attention.head_count_kv", Value::U32(kv as u32)),
+            ("gemma3.attention.key_length", Value::U32(hd as u32)),
+            ("gemma3.attention.value_length", Value::U32(hd as u32)),
+            ("gemma3.attention.layer_norm_rms_epsilon", Value::F32(1e-6)),
+            ("gemma3.attention.sliding_window", Value::U32(16)),
+            ("gemma3.rope.freq_base", Value::F32(1e6)),
+            ("gemma3.rope.scaling.type", Value::String("linear".into())),
+            ("gemma3.rope.scaling.factor", Value::F32(8.0)),
+        ];
+        meta.extend(tiny_gguf_tokenizer_meta());
+        meta_edit(&mut meta);
+        let d = |rows: usize, cols: usize| vec![cols as u64, rows as u64];
+        // (GGUF name, GGUF dims, type, bytes) and what HF's checkpoint has: (name, shape, values).
+        let mut tensors: Vec<(String, Vec<u64>, u32, Vec<u8>)> = vec![];
+        let mut expect: Vec<(String, Vec<usize>, Vec<f32>)> = vec![];
+        let mut salt = 0.0;
+        let mut dense = |gguf: &str, hf: &str, rows: usize, cols: usize, tensors: &mut Vec<(String, Vec<u64>, u32, Vec<u8>)>, expect: &mut Vec<(String, Vec<usize>, Vec<f32>)>| {
+            salt += 1.0;
+            let w = vals(rows * cols, salt);
+            tensors.push((gguf.to_string(), d(rows, cols), 0, f32b(&w)));
+            expect.push((hf.to_string(), vec![rows, cols], w));
+        };
+        let norm = |gguf: &str, hf: &str, n: usize, tensors: &mut Vec<(String, Vec<u64>, u32, Vec<u8>)>, expect: &mut Vec<(String, Vec<usize>, Vec<f32>)>| {
+            let w = vals(n, 100.0 + tensors.len() as f32);
+            tensors.push((gguf.to_string(), vec![n as u64], 0, f32b(&w.iter().map(|x| x + 1.0).collect::<Vec<f32>>())));
+            expect.push((hf.to_string(), vec![n], w));
+        };
+        // Q8_0 embedding: every block scale 0.5, q = (i % 7) - 3.
+        let mut embd = vec![];
+        for b in 0..vocab * hidden / 32 {
+            embd.extend(half::f16::from_f32(0.5).to_le_bytes());
+            embd.extend((0..32).map(|i| (((b * 32 + i) % 7) as i8 - 3) as u8));
+        }
+        tensors.push(("token_embd.weight".into(), d(vocab, hidden), 8, embd));
+        expect.push(("model.embed_tokens.weight".into(), vec![vocab, hidden], (0..vocab * hidden).map(|i| ((i % 7) as f32 - 3.0) * 0.5).collect()));
+        norm("output_norm.weight", "model.norm.weight", hidden, &mut tensors, &mut expect);
+        for l in 0..layers {
+            let g = |s: &str| format!("blk.{l}.{s}.weight");
+            let h = |s: &str| format!("model.layers.{l}.{s}.weight");
+            norm(&g("attn_norm"), &h("input_layernorm"), hidden, &mut tensors, &mut expect);
+            norm(&g("attn_q_norm"), &h("self_attn.q_norm"), hd, &mut tensors, &mut expect);
+            norm(&g("attn_k_norm"), &h("self_attn.k_norm"), hd, &mut tensors, &mut expect);
+            norm(&g("post_attention_norm"), &h("post_attention_layernorm"), hidden, &mut tensors, &mut expect);
+            norm(&g("ffn_norm"), &h("pre_feedforward_layernorm"), hidden, &mut tensors, &mut expect);
+            norm(&g("post_ffw_norm"), &h("post_feedforward_layernorm"), hidden, &mut tensors, &mut expect);
+            dense(&g("attn_q"), &h("self_attn.q_proj"), heads * hd, hidden, &mut tensors, &mut expect);
+            dense(&g("attn_k"), &h("self_attn.k_proj"), kv * hd, hidden, &mut tensors, &mut expect);
+            dense(&g("attn_v"), &h("self_attn.v_proj"), kv * hd, hidden, &mut tensors, &mut expect);
+            dense(&g("attn_output"), &h("self_attn.o_proj"), hidden, heads * hd, &mut tensors, &mut expect);
+            dense(&g("ffn_up"), &h("mlp.up_proj"), ffn, hidden, &mut tensors, &mut expect);
+            dense(&g("ffn_down"), &h("mlp.down_proj"), hidden, ffn, &mut tensors, &mut expect);
+            if l == 0 {
+                // Q4_1 gate: d = 0.125, m = -1, nibbles 0..15.
+                let mut gate = vec![];
+                for _ in 0..ffn * hidden / 32 {
+                    gate.extend(half::f16::from_f32(0.125).to_le_bytes());
+                    gate.extend(half::f16::from_f32(-1.0).to_le_bytes());
+                    gate.extend((0..16u8).map(|j| (j << 4) | j));
+                }
+                tensors.push((g("ffn_gate"), d(ffn, hidden), 3, gate));
+                expect.push((h("mlp.gate_proj"), vec![ffn, hidden], (0..ffn * hidden).map(|i| (i % 16) as f32 * 0.125 - 1.0).collect()));
+            } else {
+                dense(&g("ffn_gate"), &h("mlp.gate_proj"), ffn, hidden, &mut tensors, &mut expect);
+            }
+        }
+        let refs: Vec<(&str, Vec<u64>, u32, Vec<u8>)> = tensors.iter().map(|(n, d, t, b)| (n.as_str(), d.clone(), *t, b.clone())).collect();
+        std::fs::write(path, writer::file(&meta, &refs, 32)).unwrap();
+        expect
+    }
+
+    #[test]
+    fn converts_a_tiny_gemma3() {
+        let root = std::env::temp_dir().join(format!("tandem-convert-gemma3-{}", std::process::id()));
+        std::fs::create_dir_all(&root).unwrap();
+        let gguf = root.join("tiny-gemma3.gguf");
+        let expect = tiny_gemma3_gguf(&gguf, &|_| {});
+        let out = root.join("out");
+        let s = convert_gguf(&gguf, &out, &mut |_, _, _| {}).unwrap();
+        assert_eq!(s.tensors, 2 + 7 * 13);
+        assert!(s.tied, "no output.weight: the embedding is the head");
+
+        let cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
+        let f = |k: &str| cfg[k].clone();
+        assert_eq!((f("architectures"), f("model_type")), (json!(["Gemma3ForCausalLM"]), json!("gemma3_text")));
+        assert_eq!(
+            [f("vocab_size"), f("hidden_size"), f("intermediate_size"), f("num_hidden_layers"), f("num_attention_heads"), f("num_key_value_heads"), f("head_dim")],
+            [json!(261), json!(32), json!(64), json!(7), json!(2), json!(1), json!(16)]
+        );
+        assert_eq!((f("rms_norm_eps"), f("max_position_embeddings"), f("query_pre_attn_scalar")), (json!(1e-6), json!(512), json!(16)));
+        assert_eq!((f("sliding_window"), f("hidden_activation"), f("tie_word_embeddings")), (json!(16), json!("gelu_pytorch_tanh"), json!(true)));
+        let s_ = "sliding_attention";
+        assert_eq!(f("layer_types"), json!([s_, s_, s_, s_, s_, "full_attention", s_]));
+        assert_eq!((f("rope_theta"), f("rope_local_base_freq")), (json!(1000000.0), json!(10000.0)));
+        assert_eq!(f("rope_scaling"), json!({ "rope_type": "linear", "factor": 8.0 }));
+        assert_eq!(f("rope_parameters")["full_attention"], json!({ "rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0 }));
+        assert_eq!(f("rope_parameters")["sliding_attention"], json!({ "rope_type": "default", "rope_theta": 10000.0 }));
+        assert_eq!((f("final_logit_softcapping"), f("attn_logit_softcapping")), (json!(null), json!(null)));
+        assert_eq!((f("bos_token_id"), f("eos_token_id")), (json!(1), json!(2)));
+
+        // Every tensor under HF's name, at HF's shape, with HF's values (norms less llama.cpp's 1).
+        let w = Weights::open(&out).unwrap();
+        assert!(!w.contains("lm_head.weight"));
+        for (name, shape, values) in &expect {
+            let got = w.get(name, shape).unwrap_or_else(|e| panic!("{name}: {e}")).to_f32();
+            assert_eq!(&got, &bf16_round(values), "{name}");
+        }
+        assert_eq!(expect.len(), s.tensors, "no tensor beyond those checked");
+        let n = w.get("model.layers.3.post_feedforward_layernorm.weight", &[32]).unwrap().to_f32();
+        assert!(n.iter().all(|x| x.abs() <= 0.5), "norms come back near 0, not near 1: {n:?}");
+
+        // Without scaling (Gemma 3 1B) the rope fields say so; a missing window is an error.
+        let g2 = root.join("noscale.gguf");
+        tiny_gemma3_gguf(&g2, &|m| m.retain(|(k, _)| !k.starts_with("gemma3.rope.scaling")));
+        convert_gguf(&g2, &root.join("out2"), &mut |_, _, _| {}).unwrap();
+        let cfg2: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(root.join("out2/config.json")).unwrap()).unwrap();
+        assert_eq!(cfg2["rope_scaling"], json!(null));
+        assert_eq!(cfg2["rope_parameters"]["full_attention"], json!({ "rope_type": "default", "rope_theta": 1000000.0 }));
+        let g3 = root.join("nowindow.gguf");
+        tiny_gemma3_gguf(&g3, &|m| m.retain(|(k, _)| *k != "gemma3.attention.sliding_window"));
+        let e = convert_gguf(&g3, &root.join("out3"), &mut |_, _, _| {}).unwrap_err().to_string();
+        assert!(e.contains("gemma3.attention.sliding_window") && e.contains("nowindow.gguf"), "{e}");
+        let g4 = root.join("yarn.gguf");
+        tiny_gemma3_gguf(&g4, &|m| {
+            for (k, v) in m.iter_mut() {
+                if *k == "gemma3.rope.scaling.type" {
+                    *v = Value::String("yarn".into());
+                }
+            }
+        });
+        let e = convert_gguf(&g4, &root.join("out4"), &mut |_, _, _| {}).unwrap_err().to_string();
+        assert!(e.contains("`yarn`"), "{e}");
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn gemma3_layer_types_follow_llama_cpp_pattern_of_six() {
+        let t = GemmaParams::layer_types(26); // Gemma 3 1B
+        let full: Vec<usize> = (0..26).filter(|&i| t[i] == "full_attention").collect();
+        assert_eq!(full, vec![5, 11, 17, 23]);
     }
 }
