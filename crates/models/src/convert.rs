@@ -25,6 +25,7 @@ use std::time::Instant;
 use serde_json::json;
 use tandem_core::{DType, Error, Result};
 
+use crate::family::Family;
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::gguf_tokenizer::GgufTokenizer;
 use crate::safetensors_writer::{SafetensorsWriter, TensorSpec};
@@ -40,55 +41,6 @@ pub struct ConvertSummary {
     pub parameters: usize,
     pub tied: bool,
     pub seconds: f64,
-}
-
-/// The GGUF architectures this converter reads (`general.architecture`), each to its HF family.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Arch {
-    /// Llama, Mistral, SmolLM; with `llama.expert_count`, Mixtral.
-    Llama,
-    Qwen2,
-    Qwen3,
-    Qwen3Moe,
-    Gemma3,
-}
-
-impl Arch {
-    const NAMES: &'static [&'static str] = &["llama", "qwen2", "qwen3", "qwen3moe", "gemma3"];
-
-    fn from_name(name: &str) -> Option<Arch> {
-        Some(match name {
-            "llama" => Arch::Llama,
-            "qwen2" => Arch::Qwen2,
-            "qwen3" => Arch::Qwen3,
-            "qwen3moe" => Arch::Qwen3Moe,
-            "gemma3" => Arch::Gemma3,
-            _ => return None,
-        })
-    }
-
-    /// The metadata keys' prefix (`{arch}.block_count`, ...).
-    fn key(self) -> &'static str {
-        match self {
-            Arch::Llama => "llama",
-            Arch::Qwen2 => "qwen2",
-            Arch::Qwen3 => "qwen3",
-            Arch::Qwen3Moe => "qwen3moe",
-            Arch::Gemma3 => "gemma3",
-        }
-    }
-
-    /// llama.cpp permutes Q and K rows only for the Llama family (its rope pairs adjacent
-    /// dimensions there); Qwen and Gemma 3 use the NEOX rope, stored as HF stores them
-    /// (convert_hf_to_gguf.py's Gemma3Model derives from TextModel, not LlamaModel's permute).
-    fn permuted(self) -> bool {
-        self == Arch::Llama
-    }
-
-    /// Per-head RMS norms on q and k (`attn_q_norm`, `attn_k_norm`).
-    fn qk_norm(self) -> bool {
-        matches!(self, Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3)
-    }
 }
 
 /// Gemma 3's attention layout. llama.cpp's loader (src/llama-model.cpp, `LLM_ARCH_GEMMA3` in
@@ -130,7 +82,7 @@ struct MoeParams {
 /// Hyper-parameters read from `{arch}.*` metadata.
 #[derive(Debug, Clone, PartialEq)]
 struct LlamaParams {
-    arch: Arch,
+    family: Family,
     layers: usize,
     hidden: usize,
     intermediate: usize,
@@ -147,10 +99,10 @@ struct LlamaParams {
 impl LlamaParams {
     fn from_gguf(g: &GgufFile) -> Result<Self> {
         let name = g.get_str("general.architecture")?;
-        let Some(arch) = Arch::from_name(name) else {
-            return Err(Error::config(&g.path, format!("general.architecture is `{name}`; this converter reads {}", Arch::NAMES.join(", "))));
+        let Some(family) = Family::from_gguf(name, g.get(&format!("{name}.expert_count")).is_some()) else {
+            return Err(Error::config(&g.path, format!("general.architecture is `{name}`; this converter reads {}", Family::GGUF_NAMES.join(", "))));
         };
-        let k = arch.key();
+        let k = family.gguf_name();
         let has = |key: &str| g.get(&format!("{k}.{key}")).is_some();
         let u = |key: &str| g.get_u64(&format!("{k}.{key}")).map(|v| v as usize);
         let heads = u("attention.head_count")?;
@@ -168,7 +120,7 @@ impl LlamaParams {
             match kind {
                 "none" => {}
                 // Gemma 3's global layers (HF's rope_scaling applies to those only, as llama.cpp's).
-                "linear" if arch == Arch::Gemma3 => {
+                "linear" if family == Family::Gemma3 => {
                     let f = g.get_f64(&format!("{k}.rope.scaling.factor"))? as f32;
                     if !(f.is_finite() && f > 0.0) {
                         return Err(Error::config(&g.path, format!("{k}.rope.scaling.factor is {f}, expected a positive number")));
@@ -187,20 +139,20 @@ impl LlamaParams {
         if layers == 0 || layers > g.tensors.len() / 9 {
             return Err(Error::config(&g.path, format!("{k}.block_count is {layers}, but the file's {} tensors hold at most {} layers of 9", g.tensors.len(), g.tensors.len() / 9)));
         }
-        let intermediate = u("feed_forward_length").or_else(|e| if arch == Arch::Qwen3Moe { u("expert_feed_forward_length") } else { Err(e) })?;
-        let moe = match (arch, has("expert_count")) {
-            (Arch::Qwen3Moe, _) | (Arch::Llama, true) => {
+        let intermediate = u("feed_forward_length").or_else(|e| if family == Family::Qwen3Moe { u("expert_feed_forward_length") } else { Err(e) })?;
+        let moe = match family.moe() {
+            true => {
                 let experts = u("expert_count")?;
                 let top_k = u("expert_used_count")?;
-                let ff = if arch == Arch::Qwen3Moe { u("expert_feed_forward_length")? } else { intermediate };
+                let ff = if family == Family::Qwen3Moe { u("expert_feed_forward_length")? } else { intermediate };
                 if experts == 0 || top_k == 0 || top_k > experts || experts > g.tensors.len() * 1024 {
                     return Err(Error::config(&g.path, format!("{k}.expert_used_count ({top_k}) must be in 1..={k}.expert_count ({experts})")));
                 }
                 Some(MoeParams { experts, top_k, ff })
             }
-            _ => None,
+            false => None,
         };
-        let gemma = if arch == Arch::Gemma3 {
+        let gemma = if family == Family::Gemma3 {
             if has("attention.value_length") && u("attention.value_length")? != head_dim {
                 return Err(Error::config(&g.path, format!("{k}.attention.value_length ({}) differs from key_length ({head_dim})", u("attention.value_length")?)));
             }
@@ -215,7 +167,7 @@ impl LlamaParams {
             None
         };
         Ok(LlamaParams {
-            arch,
+            family,
             layers,
             hidden,
             intermediate,
@@ -228,14 +180,6 @@ impl LlamaParams {
             moe,
             gemma,
         })
-    }
-
-    /// Where a layer's experts live in HF's names, and their projections' names.
-    fn moe_names(&self) -> (&'static str, [&'static str; 3]) {
-        match self.arch {
-            Arch::Llama => ("block_sparse_moe", ["w1", "w3", "w2"]),
-            _ => ("mlp", ["gate_proj", "up_proj", "down_proj"]),
-        }
     }
 }
 
@@ -265,7 +209,7 @@ fn hf_names(gguf: &str, p: &LlamaParams) -> Option<Vec<(String, Take)>> {
         _ => None,
     };
     if let Some(t) = top {
-        let take = if p.arch == Arch::Gemma3 && gguf == "output_norm.weight" { Take::MinusOne } else { Take::Whole };
+        let take = if p.family == Family::Gemma3 && gguf == "output_norm.weight" { Take::MinusOne } else { Take::Whole };
         return Some(vec![(t.to_string(), take)]);
     }
     let rest = gguf.strip_prefix("blk.")?;
@@ -278,9 +222,9 @@ fn hf_names(gguf: &str, p: &LlamaParams) -> Option<Vec<(String, Take)>> {
     if kind != "weight" && kind != "bias" {
         return None;
     }
-    let unpermute = |n: usize| if p.arch.permuted() { Take::Unpermute(n) } else { Take::Whole };
+    let unpermute = |n: usize| if p.family.gguf_permuted() { Take::Unpermute(n) } else { Take::Whole };
     let at = |hf: &str| format!("model.layers.{layer}.{hf}.{kind}");
-    if p.arch == Arch::Gemma3 && kind == "weight" {
+    if p.family == Family::Gemma3 && kind == "weight" {
         // Gemma's sandwich norms: llama.cpp's `ffn_norm` is HF's pre-feedforward norm here
         // (tensor_mapping.py's FFN_PRE_NORM), not the Llama post-attention norm.
         let hf = match part {
@@ -297,7 +241,7 @@ fn hf_names(gguf: &str, p: &LlamaParams) -> Option<Vec<(String, Take)>> {
         }
     }
     if let Some(moe) = &p.moe {
-        let (block, [gate, up, down]) = p.moe_names();
+        let (block, [gate, up, down]) = p.family.moe_names();
         let proj = match part {
             "ffn_gate_inp" if kind == "weight" => return Some(vec![(at(&format!("{block}.gate")), Take::Whole)]),
             "ffn_gate_exps" => gate,
@@ -315,8 +259,8 @@ fn hf_names(gguf: &str, p: &LlamaParams) -> Option<Vec<(String, Take)>> {
         "attn_k" => ("self_attn.k_proj", unpermute(p.kv_heads)),
         "attn_v" => ("self_attn.v_proj", Take::Whole),
         "attn_output" => ("self_attn.o_proj", Take::Whole),
-        "attn_q_norm" if p.arch.qk_norm() => ("self_attn.q_norm", Take::Whole),
-        "attn_k_norm" if p.arch.qk_norm() => ("self_attn.k_norm", Take::Whole),
+        "attn_q_norm" if p.family.qk_norm() => ("self_attn.q_norm", Take::Whole),
+        "attn_k_norm" if p.family.qk_norm() => ("self_attn.k_norm", Take::Whole),
         "ffn_norm" => ("post_attention_layernorm", Take::Whole),
         "ffn_gate" => ("mlp.gate_proj", Take::Whole),
         "ffn_up" => ("mlp.up_proj", Take::Whole),
@@ -382,7 +326,7 @@ pub fn convert_gguf(gguf_path: &Path, out_dir: &Path, progress: &mut dyn FnMut(u
     let mut plan: std::collections::HashMap<String, (&TensorInfo, Take)> = std::collections::HashMap::with_capacity(g.tensors.len());
     for t in &g.tensors {
         let Some(names) = hf_names(&t.name, &p) else {
-            return Err(Error::tensor(&g.path, &t.name, format!("is not a tensor this converter knows for general.architecture `{}`", p.arch.key())));
+            return Err(Error::tensor(&g.path, &t.name, format!("is not a tensor this converter knows for general.architecture `{}`", p.family.gguf_name())));
         };
         for (name, take) in names {
             let shape = t.torch_shape();
@@ -415,10 +359,10 @@ pub fn convert_gguf(gguf_path: &Path, out_dir: &Path, progress: &mut dyn FnMut(u
     let mut dense_layers = vec![];
     for i in 0..p.layers {
         let mut parts = vec!["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm"];
-        if p.arch.qk_norm() {
+        if p.family.qk_norm() {
             parts.extend(["attn_q_norm", "attn_k_norm"]);
         }
-        if p.arch == Arch::Gemma3 {
+        if p.family == Family::Gemma3 {
             parts.extend(["post_attention_norm", "post_ffw_norm"]);
         }
         // A MoE model's layer may keep a dense MLP (Qwen3-MoE's mlp_only_layers).
@@ -431,7 +375,7 @@ pub fn convert_gguf(gguf_path: &Path, out_dir: &Path, progress: &mut dyn FnMut(u
         required.extend(parts.iter().map(|part| format!("blk.{i}.{part}.weight")));
     }
     if let Some(missing) = required.iter().find(|n| g.tensor(n).is_none()) {
-        return Err(Error::tensor(&g.path, missing, format!("missing ({}.block_count is {})", p.arch.key(), p.layers)));
+        return Err(Error::tensor(&g.path, missing, format!("missing ({}.block_count is {})", p.family.gguf_name(), p.layers)));
     }
     let shape_of = |t: &TensorInfo, take: Take| match take {
         Take::Expert(_) => t.torch_shape()[1..].to_vec(),
@@ -486,14 +430,7 @@ fn config_json(p: &LlamaParams, tok: &GgufTokenizer, tied: bool, dense_layers: &
     if let Some(gm) = &p.gemma {
         return gemma3_config_json(p, gm, tok, tied);
     }
-    let (architecture, model_type) = match (p.arch, &p.moe) {
-        (Arch::Llama, None) => ("LlamaForCausalLM", "llama"),
-        (Arch::Llama, Some(_)) => ("MixtralForCausalLM", "mixtral"),
-        (Arch::Qwen2, _) => ("Qwen2ForCausalLM", "qwen2"),
-        (Arch::Qwen3, _) => ("Qwen3ForCausalLM", "qwen3"),
-        (Arch::Qwen3Moe, _) => ("Qwen3MoeForCausalLM", "qwen3_moe"),
-        (Arch::Gemma3, _) => ("Gemma3ForCausalLM", "gemma3_text"),
-    };
+    let (architecture, model_type) = p.family.hf_names();
     let mut c = json!({
         "architectures": [architecture],
         "model_type": model_type,
@@ -524,7 +461,7 @@ fn config_json(p: &LlamaParams, tok: &GgufTokenizer, tied: bool, dense_layers: &
     if let Some(m) = &p.moe {
         let o = c.as_object_mut().expect("an object");
         o.insert("num_experts_per_tok".into(), json!(m.top_k));
-        if p.arch == Arch::Qwen3Moe {
+        if p.family == Family::Qwen3Moe {
             // llama.cpp's qwen3moe graph renormalises the kept weights, as Qwen3-MoE's configs
             // ask (norm_topk_prob: true); GGUF does not carry the flag.
             o.insert("num_experts".into(), json!(m.experts));
@@ -554,8 +491,8 @@ fn gemma3_config_json(p: &LlamaParams, gm: &GemmaParams, tok: &GgufTokenizer, ti
         full = json!({ "rope_type": "linear", "factor": f32_json(f), "rope_theta": f32_json(p.rope_theta) });
     }
     json!({
-        "architectures": ["Gemma3ForCausalLM"],
-        "model_type": "gemma3_text",
+        "architectures": [Family::Gemma3.hf_names().0],
+        "model_type": Family::Gemma3.hf_names().1,
         "vocab_size": tok.vocab.len(),
         "hidden_size": p.hidden,
         "intermediate_size": p.intermediate,
@@ -875,17 +812,19 @@ pub(crate) mod tests {
         tiny_llama_gguf(&p2, true, Some("blk.0.ffn_up.weight"));
         let e = convert_gguf(&p2, &root.join("o2"), &mut |_, _, _| {}).unwrap_err().to_string();
         assert!(e.contains("`blk.0.ffn_up.weight`") && e.contains("missing"), "{e}");
-        let params = LlamaParams { arch: Arch::Llama, layers: 1, hidden: 8, intermediate: 8, heads: 2, kv_heads: 1, head_dim: 4, rms_eps: 1e-5, rope_theta: 1e4, context: 8, moe: None, gemma: None };
+        let params = LlamaParams { family: Family::Llama, layers: 1, hidden: 8, intermediate: 8, heads: 2, kv_heads: 1, head_dim: 4, rms_eps: 1e-5, rope_theta: 1e4, context: 8, moe: None, gemma: None };
         assert!(hf_names("blk.0.attn_qkv.weight", &params).is_none());
         // Qwen3's q/k norms are no Llama tensors.
         assert!(hf_names("blk.0.attn_q_norm.weight", &params).is_none());
-        assert!(hf_names("blk.0.attn_q_norm.weight", &LlamaParams { arch: Arch::Qwen3, ..params.clone() }).is_some());
+        assert!(hf_names("blk.0.attn_q_norm.weight", &LlamaParams { family: Family::Qwen3, ..params.clone() }).is_some());
         // Gemma's sandwich norms are no Llama tensors; Gemma's ffn_norm is its pre-feedforward norm.
         assert!(hf_names("blk.0.post_ffw_norm.weight", &params).is_none());
-        let gemma = LlamaParams { arch: Arch::Gemma3, ..params.clone() };
+        let gemma = LlamaParams { family: Family::Gemma3, ..params.clone() };
         assert_eq!(hf_names("blk.0.ffn_norm.weight", &gemma), Some(vec![("model.layers.0.pre_feedforward_layernorm.weight".into(), Take::MinusOne)]));
         assert_eq!(hf_names("blk.0.ffn_norm.weight", &params), Some(vec![("model.layers.0.post_attention_layernorm.weight".into(), Take::Whole)]));
     }
+
+    type Meta = Vec<(&'static str, Value)>;
 
     /// A Gemma 3 GGUF as llama.cpp's exporter writes one: `gemma3.*` keys, every norm stored as
     /// `1 + w`, the sandwich norms (`post_attention_norm`, `ffn_norm` as the pre-feedforward norm,
@@ -893,7 +832,7 @@ pub(crate) mod tests {
     /// scaling on the global layers. 7 layers (hidden 32, 2 heads of 16, 1 KV head, ffn 64), so
     /// layer 5 is the one global layer of llama.cpp's pattern of 6. The embedding is Q8_0 and
     /// layer 0's gate Q4_1; the rest F32.
-    fn tiny_gemma3_gguf(path: &Path, meta_edit: &dyn Fn(&mut Vec<(&'static str, Value)>)) -> Vec<(String, Vec<usize>, Vec<f32>)> {
+    fn tiny_gemma3_gguf(path: &Path, meta_edit: &dyn Fn(&mut Meta)) -> Vec<(String, Vec<usize>, Vec<f32>)> {
         let (layers, hidden, heads, kv, hd, ffn, vocab) = (7usize, 32usize, 2usize, 1usize, 16usize, 64usize, 261usize);
         let f32b = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
         // Weights as HF holds them (bf16), and norms about 0 (HF's Gemma norm weights are offsets from 1).
