@@ -546,7 +546,7 @@ fn tokenizer_config_json(tok: &GgufTokenizer, context: usize) -> serde_json::Val
         "eos_token": tok.token(tok.eos_id),
         "model_max_length": context,
         "pad_token": tok.token(tok.pad_id),
-        "tokenizer_class": "GPT2Tokenizer",
+        "tokenizer_class": if tok.sentencepiece { "GemmaTokenizer" } else { "GPT2Tokenizer" },
         "unk_token": tok.token(tok.unk_id),
         "vocab_size": tok.vocab.len(),
     })
@@ -562,7 +562,7 @@ pub(crate) fn write_json(path: &Path, v: &serde_json::Value) -> Result<()> {
 pub(crate) mod tests {
     use super::*;
     use crate::gguf::{writer, Value};
-    use crate::gguf_tokenizer::tests::tiny_gguf_tokenizer_meta;
+    use crate::gguf_tokenizer::tests::{tiny_gemma_tokenizer_meta, tiny_gguf_tokenizer_meta};
     use tandem_core::weights::Weights;
     use tandem_core::ModelConfig;
 
@@ -829,11 +829,11 @@ pub(crate) mod tests {
     /// A Gemma 3 GGUF as llama.cpp's exporter writes one: `gemma3.*` keys, every norm stored as
     /// `1 + w`, the sandwich norms (`post_attention_norm`, `ffn_norm` as the pre-feedforward norm,
     /// `post_ffw_norm`), per-head q/k norms, Q/K unpermuted, no `output.weight`, linear rope
-    /// scaling on the global layers. 7 layers (hidden 32, 2 heads of 16, 1 KV head, ffn 64), so
-    /// layer 5 is the one global layer of llama.cpp's pattern of 6. The embedding is Q8_0 and
-    /// layer 0's gate Q4_1; the rest F32.
+    /// scaling on the global layers, Gemma's SentencePiece vocabulary (280 tokens). 7 layers
+    /// (hidden 32, 2 heads of 16, 1 KV head, ffn 64), so layer 5 is the one global layer of
+    /// llama.cpp's pattern of 6. The embedding is Q8_0 and layer 0's gate Q4_1; the rest F32.
     fn tiny_gemma3_gguf(path: &Path, meta_edit: &dyn Fn(&mut Meta)) -> Vec<(String, Vec<usize>, Vec<f32>)> {
-        let (layers, hidden, heads, kv, hd, ffn, vocab) = (7usize, 32usize, 2usize, 1usize, 16usize, 64usize, 261usize);
+        let (layers, hidden, heads, kv, hd, ffn, vocab) = (7usize, 32usize, 2usize, 1usize, 16usize, 64usize, 280usize);
         let f32b = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
         // Weights as HF holds them (bf16), and norms about 0 (HF's Gemma norm weights are offsets from 1).
         let vals = |n: usize, salt: f32| bf16_round(&(0..n).map(|i| (i as f32 * 0.37 + salt).sin() * 0.5).collect::<Vec<f32>>());
@@ -853,7 +853,7 @@ pub(crate) mod tests {
             ("gemma3.rope.scaling.type", Value::String("linear".into())),
             ("gemma3.rope.scaling.factor", Value::F32(8.0)),
         ];
-        meta.extend(tiny_gguf_tokenizer_meta());
+        meta.extend(tiny_gemma_tokenizer_meta().into_iter().filter(|(k, _)| *k != "general.architecture"));
         meta_edit(&mut meta);
         let d = |rows: usize, cols: usize| vec![cols as u64, rows as u64];
         // (GGUF name, GGUF dims, type, bytes) and what HF's checkpoint has: (name, shape, values).
@@ -930,7 +930,7 @@ pub(crate) mod tests {
         assert_eq!((f("architectures"), f("model_type")), (json!(["Gemma3ForCausalLM"]), json!("gemma3_text")));
         assert_eq!(
             [f("vocab_size"), f("hidden_size"), f("intermediate_size"), f("num_hidden_layers"), f("num_attention_heads"), f("num_key_value_heads"), f("head_dim")],
-            [json!(261), json!(32), json!(64), json!(7), json!(2), json!(1), json!(16)]
+            [json!(280), json!(32), json!(64), json!(7), json!(2), json!(1), json!(16)]
         );
         assert_eq!((f("rms_norm_eps"), f("max_position_embeddings"), f("query_pre_attn_scalar")), (json!(1e-6), json!(512), json!(16)));
         assert_eq!((f("sliding_window"), f("hidden_activation"), f("tie_word_embeddings")), (json!(16), json!("gelu_pytorch_tanh"), json!(true)));
@@ -941,7 +941,11 @@ pub(crate) mod tests {
         assert_eq!(f("rope_parameters")["full_attention"], json!({ "rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0 }));
         assert_eq!(f("rope_parameters")["sliding_attention"], json!({ "rope_type": "default", "rope_theta": 10000.0 }));
         assert_eq!((f("final_logit_softcapping"), f("attn_logit_softcapping")), (json!(null), json!(null)));
-        assert_eq!((f("bos_token_id"), f("eos_token_id")), (json!(1), json!(2)));
+        assert_eq!((f("bos_token_id"), f("eos_token_id"), f("pad_token_id")), (json!(2), json!(1), json!(0)));
+        let tc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("tokenizer_config.json")).unwrap()).unwrap();
+        assert_eq!((tc["tokenizer_class"].clone(), tc["add_bos_token"].clone(), tc["bos_token"].clone()), (json!("GemmaTokenizer"), json!(true), json!("<bos>")));
+        let tok = tokenizers::Tokenizer::from_file(out.join("tokenizer.json")).unwrap();
+        assert_eq!(tok.encode("hello world", true).unwrap().get_ids(), &[2, 273, 278]);
 
         // Every tensor under HF's name, at HF's shape, with HF's values (norms less llama.cpp's 1).
         let w = Weights::open(&out).unwrap();
