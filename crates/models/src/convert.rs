@@ -418,7 +418,7 @@ pub fn convert_gguf(gguf_path: &Path, out_dir: &Path, progress: &mut dyn FnMut(u
     write_json(&out_dir.join("tokenizer_config.json"), &tokenizer_config_json(&tok, p.context))?;
     let mut gen = serde_json::Map::new();
     gen.insert("bos_token_id".into(), json!(tok.bos_id));
-    gen.insert("eos_token_id".into(), json!(tok.eos_id));
+    gen.insert("eos_token_id".into(), eos_json(&p, &tok));
     if let Some(pad) = tok.pad_id {
         gen.insert("pad_token_id".into(), json!(pad));
     }
@@ -521,10 +521,23 @@ fn gemma3_config_json(p: &LlamaParams, gm: &GemmaParams, tok: &GgufTokenizer, ti
         "initializer_range": 0.02,
         "use_cache": true,
         "bos_token_id": tok.bos_id,
-        "eos_token_id": tok.eos_id,
+        "eos_token_id": eos_json(p, tok),
         "pad_token_id": tok.pad_id,
         "torch_dtype": "bfloat16",
     })
+}
+
+/// `eos_token_id`: the file's EOS, except for Gemma 3, whose turn end also stops generation in
+/// llama.cpp (and in HF's configs): a list there when it holds more than one id.
+fn eos_json(p: &LlamaParams, tok: &GgufTokenizer) -> serde_json::Value {
+    match p.family {
+        Family::Gemma3 => match tok.end_ids().as_slice() {
+            [] => serde_json::Value::Null,
+            [one] => json!(one),
+            many => json!(many),
+        },
+        _ => json!(tok.eos_id),
+    }
 }
 
 fn tokenizer_config_json(tok: &GgufTokenizer, context: usize) -> serde_json::Value {
@@ -941,7 +954,9 @@ pub(crate) mod tests {
         assert_eq!(f("rope_parameters")["full_attention"], json!({ "rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0 }));
         assert_eq!(f("rope_parameters")["sliding_attention"], json!({ "rope_type": "default", "rope_theta": 10000.0 }));
         assert_eq!((f("final_logit_softcapping"), f("attn_logit_softcapping")), (json!(null), json!(null)));
-        assert_eq!((f("bos_token_id"), f("eos_token_id"), f("pad_token_id")), (json!(2), json!(1), json!(0)));
+        assert_eq!((f("bos_token_id"), f("eos_token_id"), f("pad_token_id")), (json!(2), json!([1, 5]), json!(0)), "EOS and <end_of_turn>");
+        let gen: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("generation_config.json")).unwrap()).unwrap();
+        assert_eq!(gen["eos_token_id"], json!([1, 5]));
         let tc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("tokenizer_config.json")).unwrap()).unwrap();
         assert_eq!((tc["tokenizer_class"].clone(), tc["add_bos_token"].clone(), tc["bos_token"].clone()), (json!("GemmaTokenizer"), json!(true), json!("<bos>")));
         let tok = tokenizers::Tokenizer::from_file(out.join("tokenizer.json")).unwrap();

@@ -21,6 +21,8 @@ pub struct GgufTokenizer {
     pub pre: PreTokenizer,
     pub bos_id: Option<u32>,
     pub eos_id: Option<u32>,
+    /// `tokenizer.ggml.eot_token_id`: the end of a chat turn, where the file names one.
+    pub eot_id: Option<u32>,
     pub pad_id: Option<u32>,
     pub unk_id: Option<u32>,
     pub add_bos: bool,
@@ -93,6 +95,7 @@ impl GgufTokenizer {
         Ok(GgufTokenizer {
             bos_id: id("tokenizer.ggml.bos_token_id")?,
             eos_id: id("tokenizer.ggml.eos_token_id")?,
+            eot_id: id("tokenizer.ggml.eot_token_id")?,
             pad_id: id("tokenizer.ggml.padding_token_id")?,
             unk_id: id("tokenizer.ggml.unknown_token_id")?,
             // llama.cpp's default is not to add BOS for gpt2 vocabularies, and to add it for
@@ -117,6 +120,20 @@ impl GgufTokenizer {
                 _ => Err(Error::config(&g.path, format!("tokenizer.ggml.merges[{i}] is {m:?}, expected two tokens separated by one space"))),
             })
             .collect()
+    }
+
+    /// The ids that end generation, as llama.cpp's vocabulary collects them (`special_eog_ids`):
+    /// EOS, the file's EOT, and `<end_of_turn>` (Gemma's turn end, which llama.cpp recognises
+    /// by its text). HF's Gemma 3 configs list the same (`eos_token_id: [1, 106]`).
+    pub fn end_ids(&self) -> Vec<u32> {
+        let by_text = self.vocab.iter().position(|t| t == "<end_of_turn>").map(|i| i as u32);
+        let mut ids: Vec<u32> = vec![];
+        for id in [self.eos_id, self.eot_id, by_text].into_iter().flatten() {
+            if !ids.contains(&id) {
+                ids.push(id);
+            }
+        }
+        ids
     }
 
     pub fn token(&self, id: Option<u32>) -> Option<&str> {
@@ -232,6 +249,7 @@ pub(crate) mod tests {
         let g = open(&tiny_gemma_tokenizer_meta(), "gemma-tok.gguf").unwrap();
         let t = GgufTokenizer::from_gguf(&g).unwrap();
         assert!(t.sentencepiece && t.add_bos);
+        assert_eq!(t.end_ids(), [1, 5], "EOS, then <end_of_turn> by its text");
         assert_eq!(t.vocab[279], "\u{2581}\u{2581}", "spaces respelled");
         // Merges by the merged token's id: he, ll, hell, hello, ▁w, or, ld, ▁wor, ▁world, ▁▁.
         let m: Vec<String> = t.merges.iter().map(|(a, b)| format!("{a} {b}")).collect();
