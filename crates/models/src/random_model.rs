@@ -54,10 +54,18 @@ pub enum Shape {
     /// Qwen2: q/k/v biases, tied, `use_sliding_window` with a window of 16 from layer 1 on
     /// (`max_window_layers` 1): one full and one windowed layer.
     TinyQwen2,
+    /// Gemma 3: a sliding layer (window 16, local rope base 10000) then a global one (base 1e6,
+    /// linear scaling 8), heads of 32 apart from hidden / heads, `query_pre_attn_scalar` 24 (not
+    /// head_dim), GeGLU, sandwich norms stored as `w - 1`, tied, eps 1e-6.
+    TinyGemma3,
+    /// Gemma 3 1B: 26 layers of hidden 1152, 4 heads / 1 KV head of 256, GeGLU of 6912, a
+    /// 262,144-token vocabulary (tied), windows of 512 on five layers of every six, rope 1e4 /
+    /// 1e6 unscaled (2.0 GB in bf16).
+    Gemma3_1b,
 }
 
 impl Shape {
-    pub const ALL: [Shape; 14] = [
+    pub const ALL: [Shape; 16] = [
         Shape::Tiny,
         Shape::TinyTied,
         Shape::TinyHd128,
@@ -72,6 +80,8 @@ impl Shape {
         Shape::Qwen3_30bA3b2l,
         Shape::TinyMistral,
         Shape::TinyQwen2,
+        Shape::TinyGemma3,
+        Shape::Gemma3_1b,
     ];
 
     pub fn name(self) -> &'static str {
@@ -90,6 +100,8 @@ impl Shape {
             Shape::Qwen3_30bA3b2l => "qwen3-30b-a3b-2l",
             Shape::TinyMistral => "tiny-mistral",
             Shape::TinyQwen2 => "tiny-qwen2",
+            Shape::TinyGemma3 => "tiny-gemma3",
+            Shape::Gemma3_1b => "gemma-3-1b",
         }
     }
 
@@ -147,6 +159,11 @@ impl Shape {
             },
             Shape::TinyMistral => Dims { arch: Family::Mistral, window: 16, ..base },
             Shape::TinyQwen2 => Dims { arch: Family::Qwen2, tied: true, rope_theta: 1000000.0, rms_eps: 1e-6, window: 16, window_from: 1, ..base },
+            Shape::TinyGemma3 => Dims { arch: Family::Gemma3, head_dim: 32, tied: true, rope_theta: 1000000.0, rms_eps: 1e-6, window: 16, ..base },
+            Shape::Gemma3_1b => Dims {
+                arch: Family::Gemma3, vocab: 262144, hidden: 1152, intermediate: 6912, layers: 26, heads: 4, kv_heads: 1, head_dim: 256,
+                tied: true, rope_theta: 1000000.0, rms_eps: 1e-6, max_pos: 32768, window: 512, ..base
+            },
         }
     }
 }
@@ -216,14 +233,23 @@ fn tensor_plan(d: &Dims, dtype: DType) -> Vec<(TensorSpec, Fill)> {
     // hidden 64 a flat 0.02 would make every attention score ~0 and attention a plain average,
     // which hides masking and position bugs. Norms sit around 1 with noise, so they matter too.
     let proj = |fan_in: usize| Fill { mean: 0.0, std: 1.0 / (fan_in as f32).sqrt() };
-    let norm = Fill { mean: 1.0, std: 0.1 };
+    // Gemma stores its norms as w - 1 (HF multiplies by 1 + w).
+    let norm = Fill { mean: if d.arch == Family::Gemma3 { 0.0 } else { 1.0 }, std: 0.1 };
     let bias = Fill { mean: 0.0, std: 0.1 };
     let t = |name: String, shape: &[usize], fill: Fill| (TensorSpec::new(name, dtype, shape), fill);
     // Logits of std ~2 after the final norm: a clear argmax most of the time, not always. The
     // embedding gets the same scale because tied models use it as the lm_head; at std 1 their
     // logits reach std sqrt(hidden) and greedy decoding repeats one token for ever.
     let head = Fill { mean: 0.0, std: 2.0 / (h as f32).sqrt() };
-    let mut plan = vec![t("model.embed_tokens.weight".into(), &[d.vocab, h], head), t("model.norm.weight".into(), &[h], norm)];
+    // Gemma scales the embedding by sqrt(hidden) into a residual stream whose blocks add
+    // unit-RMS (normed) outputs: at the head's scale the token itself would win every step. Its
+    // table gets 1/8 of it (rows of RMS 0.25 once scaled) and its final norm 1 + w = 8, so the
+    // tied head's logits keep std ~2.
+    let (embed, final_norm) = match d.arch {
+        Family::Gemma3 => (Fill { mean: 0.0, std: head.std / 8.0 }, Fill { mean: 7.0, std: 0.1 }),
+        _ => (head, norm),
+    };
+    let mut plan = vec![t("model.embed_tokens.weight".into(), &[d.vocab, h], embed), t("model.norm.weight".into(), &[h], final_norm)];
     if !d.tied {
         plan.push(t("lm_head.weight".into(), &[d.vocab, h], head));
     }
@@ -231,6 +257,10 @@ fn tensor_plan(d: &Dims, dtype: DType) -> Vec<(TensorSpec, Fill)> {
         let p = format!("model.layers.{i}");
         plan.push(t(format!("{p}.input_layernorm.weight"), &[h], norm));
         plan.push(t(format!("{p}.post_attention_layernorm.weight"), &[h], norm));
+        if d.arch == Family::Gemma3 {
+            plan.push(t(format!("{p}.pre_feedforward_layernorm.weight"), &[h], norm));
+            plan.push(t(format!("{p}.post_feedforward_layernorm.weight"), &[h], norm));
+        }
         plan.push(t(format!("{p}.self_attn.q_proj.weight"), &[q, h], proj(h)));
         plan.push(t(format!("{p}.self_attn.k_proj.weight"), &[kv, h], proj(h)));
         plan.push(t(format!("{p}.self_attn.v_proj.weight"), &[kv, h], proj(h)));
@@ -331,6 +361,12 @@ const CHAT_TEMPLATE: &str = "{% for message in messages %}{{ '<|im_start|>' + me
 /// empty think block after the generation prompt, as Qwen3's own template does).
 const QWEN3_CHAT_TEMPLATE: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% if enable_thinking is defined and enable_thinking is false %}{{ '<think>\\n\\n</think>\\n\\n' }}{% endif %}{% endif %}";
 
+/// The Gemma 3 shape's template, written in the manner of Gemma 3's own (the constructs its
+/// real one uses, for our template engine to get right): the BOS token first, a system message
+/// folded into the first user turn, roles that must alternate (`raise_exception` otherwise),
+/// `assistant` written `model`, content trimmed, a string or a list of text parts.
+const GEMMA3_CHAT_TEMPLATE: &str = "{{ bos_token }}{%- if messages[0]['role'] == 'system' -%}{%- set first_prefix = messages[0]['content'] + '\n\n' -%}{%- set turns = messages[1:] -%}{%- else -%}{%- set first_prefix = '' -%}{%- set turns = messages -%}{%- endif -%}{%- for message in turns -%}{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{%- endif -%}{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}{{ '<start_of_turn>' + role + '\n' + (first_prefix if loop.first else '') }}{%- if message['content'] is string -%}{{ message['content'] | trim }}{%- else -%}{%- for part in message['content'] -%}{%- if part['type'] == 'text' -%}{{ part['text'] | trim }}{%- endif -%}{%- endfor -%}{%- endif -%}{{ '<end_of_turn>\n' }}{%- endfor -%}{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}";
+
 fn config_json(shape: Shape, d: &Dims, dtype: DType) -> serde_json::Value {
     let (arch, model_type) = d.arch.hf_names();
     let rope_scaling = if d.llama3_scaling {
@@ -376,14 +412,30 @@ fn config_json(shape: Shape, d: &Dims, dtype: DType) -> serde_json::Value {
         }
         Family::Mistral => c["sliding_window"] = if d.window > 0 { json!(d.window) } else { serde_json::Value::Null },
         Family::Llama => c["mlp_bias"] = json!(false),
+        Family::Gemma3 => {
+            // The format of Gemma 3's released config.json files (transformers 5 reads it too).
+            c["hidden_activation"] = json!("gelu_pytorch_tanh");
+            c.as_object_mut().map(|o| o.remove("hidden_act"));
+            c["sliding_window"] = json!(d.window);
+            c["rope_local_base_freq"] = json!(10000.0);
+            if shape == Shape::TinyGemma3 {
+                // Each setting apart from its default, so the golden tells it missing.
+                c["query_pre_attn_scalar"] = json!(24);
+                c["layer_types"] = json!(["sliding_attention", "full_attention"]);
+                c["rope_scaling"] = json!({ "rope_type": "linear", "factor": 8.0 });
+            } else {
+                c["query_pre_attn_scalar"] = json!(d.head_dim);
+                c["sliding_window_pattern"] = json!(6);
+            }
+            c["final_logit_softcapping"] = serde_json::Value::Null;
+            c["attn_logit_softcapping"] = serde_json::Value::Null;
+        }
         Family::Mixtral => {
             c["sliding_window"] = serde_json::Value::Null;
             c["num_local_experts"] = json!(d.experts);
             c["num_experts_per_tok"] = json!(d.top_k);
             c["router_aux_loss_coef"] = json!(0.0);
         }
-        // No shape is Gemma 3 yet (its norms, layer types and rope need their own plan and config).
-        Family::Gemma3 => unreachable!("no random-model shape is Gemma 3"),
     }
     if d.arch == Family::Qwen3Moe {
         c["num_experts"] = json!(d.experts);
@@ -411,7 +463,11 @@ fn tokenizer_config_json(d: &Dims) -> serde_json::Value {
         "add_prefix_space": false,
         "added_tokens_decoder": decoder,
         "bos_token": SPECIALS[BOS as usize],
-        "chat_template": if matches!(d.arch, Family::Qwen3 | Family::Qwen3Moe) { QWEN3_CHAT_TEMPLATE } else { CHAT_TEMPLATE },
+        "chat_template": match d.arch {
+            Family::Qwen3 | Family::Qwen3Moe => QWEN3_CHAT_TEMPLATE,
+            Family::Gemma3 => GEMMA3_CHAT_TEMPLATE,
+            _ => CHAT_TEMPLATE,
+        },
         "clean_up_tokenization_spaces": false,
         "eos_token": SPECIALS[EOS as usize],
         "model_max_length": d.max_pos,

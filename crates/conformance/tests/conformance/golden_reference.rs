@@ -50,6 +50,39 @@ fn tiny_qwen2_window_f32() {
     check("tiny-qwen2", &golden::random_model("tiny-qwen2", 7, DType::F32), 1e-3);
 }
 
+/// Gemma 3: a sliding layer (16 keys, rope base 1e4) and a global one (1e6, linear 8), GeGLU,
+/// sandwich norms of 1 + w, the scaled embedding, `query_pre_attn_scalar` 24, tied.
+#[test]
+fn tiny_gemma3_f32() {
+    check("tiny-gemma3", &golden::random_model("tiny-gemma3", 8, DType::F32), 1e-3);
+}
+
+/// The Gemma 3 golden tells each of its own settings missing: the local rope, the score scale,
+/// the window, the GeGLU (silu instead).
+#[test]
+fn gemma3_golden_catches_its_own_pieces_missing() {
+    let dir = golden::random_model("tiny-gemma3", 8, DType::F32);
+    let g = GoldenFile::load(&golden::golden_dir().join("tiny-gemma3.json")).unwrap();
+    let cfg = tandem_core::ModelConfig::from_file(&dir.join("config.json")).unwrap();
+    let w = tandem_core::weights::Weights::open(&dir).unwrap();
+    let told = |cfg: tandem_core::ModelConfig| match golden::check_weights(RefBackend::new(), cfg, &w, &g, 1e-3) {
+        Err(e) => Some(e),
+        Ok(lines) => lines.iter().find(|l| !l.contains("diverged at None")).cloned(),
+    };
+    assert_eq!(told(cfg.clone()), None, "as written");
+    let wrong: [(&str, fn(&mut tandem_core::ModelConfig)); 4] = [
+        ("no local rope", |c| c.local_rope = None),
+        ("scale head_dim^-1/2", |c| c.query_pre_attn_scalar = None),
+        ("no window", |c| c.layer_windows.iter_mut().for_each(|w| *w = 0)),
+        ("silu", |c| c.activation = tandem_core::config::Activation::Silu),
+    ];
+    for (what, edit) in wrong {
+        let mut c = cfg.clone();
+        edit(&mut c);
+        println!("gemma3, {what}: {}", told(c).unwrap_or_else(|| panic!("Gemma 3 with {what} must be told")));
+    }
+}
+
 /// The windowed goldens tell a model that ignores the window (every layer full attention).
 #[test]
 fn window_goldens_catch_a_missing_window() {
@@ -80,6 +113,23 @@ fn tiny_qwen3_chat_template_enable_thinking() {
     for c in &g.chat_render {
         assert_eq!(tok.apply_chat_template_with_kwargs(&c.messages, None, true, c.kwargs.as_ref()).unwrap(), c.text, "kwargs {:?}", c.kwargs);
     }
+}
+
+/// The tiny Gemma 3's template (Gemma's constructs: system folded into the first turn, roles
+/// alternating or `raise_exception`, `model` for the assistant, trimmed string or text-part
+/// content) against HF's `apply_chat_template`; roles out of turn are refused with its message.
+#[test]
+fn tiny_gemma3_chat_template() {
+    let dir = golden::random_model("tiny-gemma3", 8, DType::F32);
+    let g = GoldenFile::load(&golden::golden_dir().join("tiny-gemma3.json")).unwrap();
+    let tok = tandem_core::tokenizer::Tokenizer::from_dir(&dir).unwrap();
+    assert_eq!(g.chat_render.len(), 3);
+    for c in &g.chat_render {
+        assert_eq!(tok.apply_chat_template(&c.messages, true).unwrap(), c.text);
+    }
+    let twice: Vec<serde_json::Value> = serde_json::from_str(r#"[{"role":"user","content":"a"},{"role":"user","content":"b"}]"#).unwrap();
+    let e = tok.apply_chat_template(&twice, true).unwrap_err().to_string();
+    assert!(e.contains("must alternate"), "{e}");
 }
 
 #[test]

@@ -70,6 +70,12 @@ fn window_greedy_tokens_are_the_same_alone_and_in_a_batch() {
     greedy_invariance(&model_dir_of("batch-qwen2", Shape::TinyQwen2));
 }
 
+/// Gemma 3: a sliding and a global layer with their own ropes, GeGLU, sandwich norms.
+#[test]
+fn gemma3_greedy_tokens_are_the_same_alone_and_in_a_batch() {
+    greedy_invariance(&model_dir_of("batch-gemma3", Shape::TinyGemma3));
+}
+
 fn greedy_invariance(dir: &Path) {
     let dir = dir.to_path_buf();
     let vocab = runner(&dir, 4, 16).config().vocab_size as u32;
