@@ -957,6 +957,18 @@ pub(crate) mod tests {
         assert_eq!((f("bos_token_id"), f("eos_token_id"), f("pad_token_id")), (json!(2), json!([1, 5]), json!(0)), "EOS and <end_of_turn>");
         let gen: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("generation_config.json")).unwrap()).unwrap();
         assert_eq!(gen["eos_token_id"], json!([1, 5]));
+        // Core reads it as Gemma 3: windows on all but layer 5, the global layers' scaling.
+        let mc = ModelConfig::from_file(&out.join("config.json")).unwrap();
+        assert_eq!((mc.architecture.as_str(), mc.eos_token_ids.clone(), mc.bos_token_id), ("Gemma3ForCausalLM", vec![1, 5], Some(2)));
+        assert_eq!(mc.attn_scale(), 0.25, "1/sqrt(head_dim 16)");
+        assert_eq!(mc.layer_windows, [16, 16, 16, 16, 16, 0, 16]);
+        let local = mc.local_rope.as_ref().expect("the sliding layers' rope");
+        assert_eq!((local.theta, mc.rope_theta), (10000.0, 1e6));
+        assert_eq!(local.layers, [true, true, true, true, true, false, true]);
+        assert_eq!(local.scaling, tandem_core::config::RopeScaling::None);
+        assert_eq!(mc.rope_scaling, tandem_core::config::RopeScaling::Linear { factor: 8.0 }, "on the global layers");
+        let opts = tandem_core::model::LoadOptions { max_batch_tokens: 16, max_seqs: 2, num_kv_blocks: 8, ..Default::default() };
+        tandem_core::LlamaModel::load(tandem_reference::RefBackend::new(), &out, opts).unwrap();
         let tc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("tokenizer_config.json")).unwrap()).unwrap();
         assert_eq!((tc["tokenizer_class"].clone(), tc["add_bos_token"].clone(), tc["bos_token"].clone()), (json!("GemmaTokenizer"), json!(true), json!("<bos>")));
         let tok = tokenizers::Tokenizer::from_file(out.join("tokenizer.json")).unwrap();
@@ -1002,5 +1014,139 @@ pub(crate) mod tests {
         let t = GemmaParams::layer_types(26); // Gemma 3 1B
         let full: Vec<usize> = (0..26).filter(|&i| t[i] == "full_attention").collect();
         assert_eq!(full, vec![5, 11, 17, 23]);
+    }
+
+    /// End to end: a Gemma 3 HF directory, written out in llama.cpp's GGUF layout as its exporter
+    /// does (names, norms plus 1, `gemma3.*` keys), converted back, gives the same logits as the
+    /// directory it came from, run on the reference backend. The directory is the seeded
+    /// tiny-gemma3 (bf16) grown to 6 layers (layer i's weights from layer i % 2), so that layer 5
+    /// is global under llama.cpp's fixed pattern, with `query_pre_attn_scalar` = head_dim: GGUF
+    /// has no key for either, and llama.cpp implies both.
+    #[test]
+    fn gemma3_through_llama_cpp_layout_gives_the_same_logits() {
+        use crate::random_model::{write_random_model, Shape};
+        use tandem_core::greedy;
+        let root = std::env::temp_dir().join(format!("tandem-convert-gemma3-e2e-{}", std::process::id()));
+        let (src, hf, conv) = (root.join("src"), root.join("hf"), root.join("conv"));
+        write_random_model(&src, Shape::TinyGemma3, 3, DType::BF16).unwrap();
+        let layers = 6;
+        let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+        let c = |k: &str| cfg[k].as_u64().unwrap_or_else(|| panic!("{k}")) as u32;
+        let (hidden, heads, kv, hd, ffn, vocab, window) = (c("hidden_size"), c("num_attention_heads"), c("num_key_value_heads"), c("head_dim"), c("intermediate_size"), c("vocab_size"), c("sliding_window"));
+        let context = c("max_position_embeddings");
+        assert_eq!(cfg["rope_scaling"]["factor"], json!(8.0), "the global layers' scaling is exercised");
+        cfg["num_hidden_layers"] = json!(layers);
+        let s_ = "sliding_attention";
+        cfg["layer_types"] = json!([s_, s_, s_, s_, s_, "full_attention"]);
+        cfg["query_pre_attn_scalar"] = json!(hd);
+
+        // The 6-layer HF directory, and its tensors under llama.cpp's names.
+        let w = Weights::open(&src).unwrap();
+        let mut hf_tensors: Vec<(String, Vec<usize>, Vec<f32>)> = vec![];
+        for name in w.names() {
+            let shape = w.shape(name).unwrap().to_vec();
+            let values = w.get(name, &shape).unwrap().to_f32();
+            match name.strip_prefix("model.layers.") {
+                Some(rest) => {
+                    let (l, tail) = rest.split_once('.').unwrap();
+                    for i in (0..layers).filter(|i| i % 2 == l.parse::<usize>().unwrap()) {
+                        hf_tensors.push((format!("model.layers.{i}.{tail}"), shape.clone(), values.clone()));
+                    }
+                }
+                None => hf_tensors.push((name.to_string(), shape, values)),
+            }
+        }
+        std::fs::create_dir_all(&hf).unwrap();
+        write_json(&hf.join("config.json"), &cfg).unwrap();
+        let st = hf.join("model.safetensors");
+        let specs = hf_tensors.iter().map(|(n, s, _)| TensorSpec::new(n.clone(), DType::BF16, s)).collect();
+        let mut sw = SafetensorsWriter::new(std::fs::File::create(&st).unwrap(), &st, specs).unwrap();
+        let order: Vec<String> = sw.specs().iter().map(|s| s.name.clone()).collect();
+        for n in &order {
+            sw.push(&hf_tensors.iter().find(|t| &t.0 == n).unwrap().2).unwrap();
+        }
+        sw.finish().unwrap();
+
+        let gguf_name = |hf: &str| -> String {
+            let top = [("model.embed_tokens.weight", "token_embd.weight"), ("model.norm.weight", "output_norm.weight")];
+            if let Some((_, g)) = top.iter().find(|(h, _)| *h == hf) {
+                return g.to_string();
+            }
+            let rest = hf.strip_prefix("model.layers.").unwrap();
+            let (l, part) = rest.split_once('.').unwrap();
+            let g = match part.strip_suffix(".weight").unwrap() {
+                "input_layernorm" => "attn_norm",
+                "self_attn.q_norm" => "attn_q_norm",
+                "self_attn.k_norm" => "attn_k_norm",
+                "post_attention_layernorm" => "post_attention_norm",
+                "pre_feedforward_layernorm" => "ffn_norm",
+                "post_feedforward_layernorm" => "post_ffw_norm",
+                "self_attn.q_proj" => "attn_q",
+                "self_attn.k_proj" => "attn_k",
+                "self_attn.v_proj" => "attn_v",
+                "self_attn.o_proj" => "attn_output",
+                "mlp.gate_proj" => "ffn_gate",
+                "mlp.up_proj" => "ffn_up",
+                "mlp.down_proj" => "ffn_down",
+                other => panic!("unexpected HF tensor {other}"),
+            };
+            format!("blk.{l}.{g}.weight")
+        };
+        let tensors: Vec<(String, Vec<u64>, u32, Vec<u8>)> = hf_tensors
+            .iter()
+            .map(|(n, shape, v)| {
+                // convert_hf_to_gguf.py: Gemma3Model.norm_shift adds 1 to every `*norm.weight`.
+                let v: Vec<f32> = if n.ends_with("norm.weight") { v.iter().map(|x| x + 1.0).collect() } else { v.clone() };
+                (gguf_name(n), shape.iter().rev().map(|&d| d as u64).collect(), 0, v.iter().flat_map(|x| x.to_le_bytes()).collect())
+            })
+            .collect();
+        let mut meta = vec![
+            ("general.architecture", Value::String("gemma3".into())),
+            ("gemma3.block_count", Value::U32(layers as u32)),
+            ("gemma3.context_length", Value::U32(context)),
+            ("gemma3.embedding_length", Value::U32(hidden)),
+            ("gemma3.feed_forward_length", Value::U32(ffn)),
+            ("gemma3.attention.head_count", Value::U32(heads)),
+            ("gemma3.attention.head_count_kv", Value::U32(kv)),
+            ("gemma3.attention.key_length", Value::U32(hd)),
+            ("gemma3.attention.value_length", Value::U32(hd)),
+            ("gemma3.attention.layer_norm_rms_epsilon", Value::F32(cfg["rms_norm_eps"].as_f64().unwrap() as f32)),
+            ("gemma3.attention.sliding_window", Value::U32(window)),
+            ("gemma3.rope.freq_base", Value::F32(cfg["rope_theta"].as_f64().unwrap() as f32)),
+            ("gemma3.rope.scaling.type", Value::String("linear".into())),
+            ("gemma3.rope.scaling.factor", Value::F32(8.0)),
+        ];
+        // A SentencePiece vocabulary of the model's size (the logits below need no text).
+        let mut toks: Vec<String> = ["<pad>", "<eos>", "<bos>", "<unk>"].map(String::from).to_vec();
+        toks.extend((0..256).map(|b| format!("<0x{b:02X}>")));
+        toks.extend((toks.len()..vocab as usize).map(|i| format!("p{i}")));
+        meta.extend([
+            ("tokenizer.ggml.model", Value::String("llama".into())),
+            ("tokenizer.ggml.tokens", Value::Array(toks.iter().map(|t| Value::String(t.clone())).collect())),
+            ("tokenizer.ggml.bos_token_id", Value::U32(2)),
+            ("tokenizer.ggml.eos_token_id", Value::U32(1)),
+        ]);
+        let gguf = root.join("tiny-gemma3-6l.gguf");
+        let refs: Vec<(&str, Vec<u64>, u32, Vec<u8>)> = tensors.iter().map(|(n, d, t, b)| (n.as_str(), d.clone(), *t, b.clone())).collect();
+        std::fs::write(&gguf, writer::file(&meta, &refs, 32)).unwrap();
+        convert_gguf(&gguf, &conv, &mut |_, _, _| {}).unwrap();
+
+        let opts = || tandem_core::model::LoadOptions { max_batch_tokens: 64, max_seqs: 2, num_kv_blocks: 16, ..Default::default() };
+        let mut a = tandem_core::LlamaModel::load(tandem_reference::RefBackend::new(), &hf, opts()).unwrap();
+        let mut b = tandem_core::LlamaModel::load(tandem_reference::RefBackend::new(), &conv, opts()).unwrap();
+        let mut worst = 0f32;
+        // Prompts past the window (16), so the sliding layers slide.
+        for (k, len) in [1usize, 17, 40].into_iter().enumerate() {
+            let prompt: Vec<u32> = (0..len).map(|i| ((i * 37 + k * 11 + 5) % vocab as usize) as u32).collect();
+            let x = greedy::generate(&mut a, &prompt, 4, &[], true, |_| {}).unwrap();
+            let y = greedy::generate(&mut b, &prompt, 4, &[], true, |_| {}).unwrap();
+            assert_eq!(x.iter().map(|s| s.id).collect::<Vec<_>>(), y.iter().map(|s| s.id).collect::<Vec<_>>(), "prompt of {len}");
+            for (s, t) in x.iter().zip(&y) {
+                worst = s.logits.iter().zip(&t.logits).map(|(p, q)| (p - q).abs()).fold(worst, f32::max);
+            }
+        }
+        eprintln!("gemma3 round trip: max |logit difference| {worst:e}");
+        assert_eq!(worst, 0.0, "the converted directory computes what the original does");
+        std::fs::remove_dir_all(&root).unwrap();
     }
 }
