@@ -14,6 +14,7 @@ use serde_json::json;
 use tandem_core::{DType, Error, Result};
 
 use crate::convert::write_json;
+use crate::family::Family;
 use crate::safetensors_writer::{SafetensorsWriter, TensorSpec};
 use crate::tokenizer_json::{bpe_tokenizer_json, byte_level_alphabet, check_bpe, AddedToken, PreTokenizer};
 
@@ -110,7 +111,7 @@ impl Shape {
 
     fn dims(self) -> Dims {
         let base = Dims {
-            arch: Arch::Llama,
+            arch: Family::Llama,
             experts: 0,
             top_k: 0,
             vocab: 384,
@@ -138,7 +139,7 @@ impl Shape {
                 tied: true, rope_theta: 100000.0, max_pos: 8192, ..base
             },
             Shape::Qwen25_05b => Dims {
-                arch: Arch::Qwen2, vocab: 151936, hidden: 896, intermediate: 4864, layers: 24, heads: 14, kv_heads: 2,
+                arch: Family::Qwen2, vocab: 151936, hidden: 896, intermediate: 4864, layers: 24, heads: 14, kv_heads: 2,
                 head_dim: 64, tied: true, rope_theta: 1000000.0, rms_eps: 1e-6, max_pos: 32768, ..base
             },
             Shape::Llama32_1b => Dims {
@@ -149,39 +150,28 @@ impl Shape {
                 vocab: 128256, hidden: 4096, intermediate: 14336, layers: 32, heads: 32, kv_heads: 8, head_dim: 128,
                 rope_theta: 500000.0, max_pos: 8192, ..base
             },
-            Shape::TinyQwen3 => Dims { arch: Arch::Qwen3, head_dim: 32, tied: true, rope_theta: 1000000.0, rms_eps: 1e-6, ..base },
-            Shape::TinyQwen3Moe => Dims { arch: Arch::Qwen3Moe, head_dim: 32, intermediate: 48, experts: 8, top_k: 2, rope_theta: 1000000.0, rms_eps: 1e-6, ..base },
-            Shape::TinyMixtral => Dims { arch: Arch::Mixtral, intermediate: 96, experts: 4, top_k: 2, rope_theta: 1000000.0, ..base },
+            Shape::TinyQwen3 => Dims { arch: Family::Qwen3, head_dim: 32, tied: true, rope_theta: 1000000.0, rms_eps: 1e-6, ..base },
+            Shape::TinyQwen3Moe => Dims { arch: Family::Qwen3Moe, head_dim: 32, intermediate: 48, experts: 8, top_k: 2, rope_theta: 1000000.0, rms_eps: 1e-6, ..base },
+            Shape::TinyMixtral => Dims { arch: Family::Mixtral, intermediate: 96, experts: 4, top_k: 2, rope_theta: 1000000.0, ..base },
             Shape::Qwen3_30bA3b2l => Dims {
-                arch: Arch::Qwen3Moe, vocab: 151936, hidden: 2048, intermediate: 768, experts: 128, top_k: 8, layers: 2, heads: 32, kv_heads: 4,
+                arch: Family::Qwen3Moe, vocab: 151936, hidden: 2048, intermediate: 768, experts: 128, top_k: 8, layers: 2, heads: 32, kv_heads: 4,
                 head_dim: 128, rope_theta: 1000000.0, rms_eps: 1e-6, max_pos: 40960, ..base
             },
-            Shape::TinyMistral => Dims { arch: Arch::Mistral, window: 16, ..base },
-            Shape::TinyQwen2 => Dims { arch: Arch::Qwen2, tied: true, rope_theta: 1000000.0, rms_eps: 1e-6, window: 16, window_from: 1, ..base },
-            Shape::TinyGemma3 => Dims { arch: Arch::Gemma3, head_dim: 32, tied: true, rope_theta: 1000000.0, rms_eps: 1e-6, window: 16, ..base },
+            Shape::TinyMistral => Dims { arch: Family::Mistral, window: 16, ..base },
+            Shape::TinyQwen2 => Dims { arch: Family::Qwen2, tied: true, rope_theta: 1000000.0, rms_eps: 1e-6, window: 16, window_from: 1, ..base },
+            Shape::TinyGemma3 => Dims { arch: Family::Gemma3, head_dim: 32, tied: true, rope_theta: 1000000.0, rms_eps: 1e-6, window: 16, ..base },
             Shape::Gemma3_1b => Dims {
-                arch: Arch::Gemma3, vocab: 262144, hidden: 1152, intermediate: 6912, layers: 26, heads: 4, kv_heads: 1, head_dim: 256,
+                arch: Family::Gemma3, vocab: 262144, hidden: 1152, intermediate: 6912, layers: 26, heads: 4, kv_heads: 1, head_dim: 256,
                 tied: true, rope_theta: 1000000.0, rms_eps: 1e-6, max_pos: 32768, window: 512, ..base
             },
         }
     }
 }
 
-/// Which family's config and tensor names a shape is written with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Arch {
-    Llama,
-    Mistral,
-    Qwen2,
-    Qwen3,
-    Qwen3Moe,
-    Mixtral,
-    Gemma3,
-}
-
 #[derive(Debug, Clone, Copy)]
 struct Dims {
-    arch: Arch,
+    /// Which family's config and tensor names the shape is written with.
+    arch: Family,
     /// Experts per MoE layer (0: a dense MLP); `intermediate` is then each expert's width.
     experts: usize,
     /// Experts per token.
@@ -244,7 +234,7 @@ fn tensor_plan(d: &Dims, dtype: DType) -> Vec<(TensorSpec, Fill)> {
     // which hides masking and position bugs. Norms sit around 1 with noise, so they matter too.
     let proj = |fan_in: usize| Fill { mean: 0.0, std: 1.0 / (fan_in as f32).sqrt() };
     // Gemma stores its norms as w - 1 (HF multiplies by 1 + w).
-    let norm = Fill { mean: if d.arch == Arch::Gemma3 { 0.0 } else { 1.0 }, std: 0.1 };
+    let norm = Fill { mean: if d.arch == Family::Gemma3 { 0.0 } else { 1.0 }, std: 0.1 };
     let bias = Fill { mean: 0.0, std: 0.1 };
     let t = |name: String, shape: &[usize], fill: Fill| (TensorSpec::new(name, dtype, shape), fill);
     // Logits of std ~2 after the final norm: a clear argmax most of the time, not always. The
@@ -256,7 +246,7 @@ fn tensor_plan(d: &Dims, dtype: DType) -> Vec<(TensorSpec, Fill)> {
     // table gets 1/8 of it (rows of RMS 0.25 once scaled) and its final norm 1 + w = 8, so the
     // tied head's logits keep std ~2.
     let (embed, final_norm) = match d.arch {
-        Arch::Gemma3 => (Fill { mean: 0.0, std: head.std / 8.0 }, Fill { mean: 7.0, std: 0.1 }),
+        Family::Gemma3 => (Fill { mean: 0.0, std: head.std / 8.0 }, Fill { mean: 7.0, std: 0.1 }),
         _ => (head, norm),
     };
     let mut plan = vec![t("model.embed_tokens.weight".into(), &[d.vocab, h], embed), t("model.norm.weight".into(), &[h], final_norm)];
@@ -267,7 +257,7 @@ fn tensor_plan(d: &Dims, dtype: DType) -> Vec<(TensorSpec, Fill)> {
         let p = format!("model.layers.{i}");
         plan.push(t(format!("{p}.input_layernorm.weight"), &[h], norm));
         plan.push(t(format!("{p}.post_attention_layernorm.weight"), &[h], norm));
-        if d.arch == Arch::Gemma3 {
+        if d.arch == Family::Gemma3 {
             plan.push(t(format!("{p}.pre_feedforward_layernorm.weight"), &[h], norm));
             plan.push(t(format!("{p}.post_feedforward_layernorm.weight"), &[h], norm));
         }
@@ -276,12 +266,9 @@ fn tensor_plan(d: &Dims, dtype: DType) -> Vec<(TensorSpec, Fill)> {
         plan.push(t(format!("{p}.self_attn.v_proj.weight"), &[kv, h], proj(h)));
         plan.push(t(format!("{p}.self_attn.o_proj.weight"), &[h, q], proj(q)));
         match d.arch {
-            Arch::Qwen3Moe | Arch::Mixtral => {
+            f if f.moe() => {
                 // Router logits of std ~1.5: clear winners, not one expert for every token.
-                let (block, [gate, up, down]) = match d.arch {
-                    Arch::Mixtral => ("block_sparse_moe", ["w1", "w3", "w2"]),
-                    _ => ("mlp", ["gate_proj", "up_proj", "down_proj"]),
-                };
+                let (block, [gate, up, down]) = f.moe_names();
                 plan.push(t(format!("{p}.{block}.gate.weight"), &[d.experts, h], Fill { mean: 0.0, std: 1.5 / (h as f32).sqrt() }));
                 for e in 0..d.experts {
                     plan.push(t(format!("{p}.{block}.experts.{e}.{gate}.weight"), &[inter, h], proj(h)));
@@ -295,11 +282,11 @@ fn tensor_plan(d: &Dims, dtype: DType) -> Vec<(TensorSpec, Fill)> {
                 plan.push(t(format!("{p}.mlp.down_proj.weight"), &[h, inter], proj(inter)));
             }
         }
-        if matches!(d.arch, Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3) {
+        if d.arch.qk_norm() {
             plan.push(t(format!("{p}.self_attn.q_norm.weight"), &[d.head_dim], norm));
             plan.push(t(format!("{p}.self_attn.k_norm.weight"), &[d.head_dim], norm));
         }
-        if d.arch == Arch::Qwen2 {
+        if d.arch == Family::Qwen2 {
             plan.push(t(format!("{p}.self_attn.q_proj.bias"), &[q], bias));
             plan.push(t(format!("{p}.self_attn.k_proj.bias"), &[kv], bias));
             plan.push(t(format!("{p}.self_attn.v_proj.bias"), &[kv], bias));
@@ -381,15 +368,7 @@ const QWEN3_CHAT_TEMPLATE: &str = "{% for message in messages %}{{ '<|im_start|>
 const GEMMA3_CHAT_TEMPLATE: &str = "{{ bos_token }}{%- if messages[0]['role'] == 'system' -%}{%- set first_prefix = messages[0]['content'] + '\n\n' -%}{%- set turns = messages[1:] -%}{%- else -%}{%- set first_prefix = '' -%}{%- set turns = messages -%}{%- endif -%}{%- for message in turns -%}{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{%- endif -%}{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}{{ '<start_of_turn>' + role + '\n' + (first_prefix if loop.first else '') }}{%- if message['content'] is string -%}{{ message['content'] | trim }}{%- else -%}{%- for part in message['content'] -%}{%- if part['type'] == 'text' -%}{{ part['text'] | trim }}{%- endif -%}{%- endfor -%}{%- endif -%}{{ '<end_of_turn>\n' }}{%- endfor -%}{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}";
 
 fn config_json(shape: Shape, d: &Dims, dtype: DType) -> serde_json::Value {
-    let (arch, model_type) = match d.arch {
-        Arch::Llama => ("LlamaForCausalLM", "llama"),
-        Arch::Mistral => ("MistralForCausalLM", "mistral"),
-        Arch::Qwen2 => ("Qwen2ForCausalLM", "qwen2"),
-        Arch::Qwen3 => ("Qwen3ForCausalLM", "qwen3"),
-        Arch::Qwen3Moe => ("Qwen3MoeForCausalLM", "qwen3_moe"),
-        Arch::Mixtral => ("MixtralForCausalLM", "mixtral"),
-        Arch::Gemma3 => ("Gemma3ForCausalLM", "gemma3_text"),
-    };
+    let (arch, model_type) = d.arch.hf_names();
     let rope_scaling = if d.llama3_scaling {
         json!({ "factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0, "original_max_position_embeddings": 8192, "rope_type": "llama3" })
     } else {
@@ -411,7 +390,7 @@ fn config_json(shape: Shape, d: &Dims, dtype: DType) -> serde_json::Value {
         "rope_scaling": rope_scaling,
         "max_position_embeddings": d.max_pos,
         "tie_word_embeddings": d.tied,
-        "attention_bias": d.arch == Arch::Qwen2,
+        "attention_bias": d.arch == Family::Qwen2,
         "attention_dropout": 0.0,
         "initializer_range": 0.02,
         "use_cache": true,
@@ -422,18 +401,18 @@ fn config_json(shape: Shape, d: &Dims, dtype: DType) -> serde_json::Value {
         "tandem_random_shape": shape.name(),
     });
     match d.arch {
-        Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe if d.window > 0 => {
+        Family::Qwen2 | Family::Qwen3 | Family::Qwen3Moe if d.window > 0 => {
             c["use_sliding_window"] = json!(true);
             c["sliding_window"] = json!(d.window);
             c["max_window_layers"] = json!(d.window_from);
         }
-        Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe => {
+        Family::Qwen2 | Family::Qwen3 | Family::Qwen3Moe => {
             c["use_sliding_window"] = json!(false);
             c["sliding_window"] = serde_json::Value::Null;
         }
-        Arch::Mistral => c["sliding_window"] = if d.window > 0 { json!(d.window) } else { serde_json::Value::Null },
-        Arch::Llama => c["mlp_bias"] = json!(false),
-        Arch::Gemma3 => {
+        Family::Mistral => c["sliding_window"] = if d.window > 0 { json!(d.window) } else { serde_json::Value::Null },
+        Family::Llama => c["mlp_bias"] = json!(false),
+        Family::Gemma3 => {
             // The format of Gemma 3's released config.json files (transformers 5 reads it too).
             c["hidden_activation"] = json!("gelu_pytorch_tanh");
             c.as_object_mut().map(|o| o.remove("hidden_act"));
@@ -451,14 +430,14 @@ fn config_json(shape: Shape, d: &Dims, dtype: DType) -> serde_json::Value {
             c["final_logit_softcapping"] = serde_json::Value::Null;
             c["attn_logit_softcapping"] = serde_json::Value::Null;
         }
-        Arch::Mixtral => {
+        Family::Mixtral => {
             c["sliding_window"] = serde_json::Value::Null;
             c["num_local_experts"] = json!(d.experts);
             c["num_experts_per_tok"] = json!(d.top_k);
             c["router_aux_loss_coef"] = json!(0.0);
         }
     }
-    if d.arch == Arch::Qwen3Moe {
+    if d.arch == Family::Qwen3Moe {
         c["num_experts"] = json!(d.experts);
         c["num_experts_per_tok"] = json!(d.top_k);
         c["moe_intermediate_size"] = json!(d.intermediate);
@@ -485,8 +464,8 @@ fn tokenizer_config_json(d: &Dims) -> serde_json::Value {
         "added_tokens_decoder": decoder,
         "bos_token": SPECIALS[BOS as usize],
         "chat_template": match d.arch {
-            Arch::Qwen3 | Arch::Qwen3Moe => QWEN3_CHAT_TEMPLATE,
-            Arch::Gemma3 => GEMMA3_CHAT_TEMPLATE,
+            Family::Qwen3 | Family::Qwen3Moe => QWEN3_CHAT_TEMPLATE,
+            Family::Gemma3 => GEMMA3_CHAT_TEMPLATE,
             _ => CHAT_TEMPLATE,
         },
         "clean_up_tokenization_spaces": false,
