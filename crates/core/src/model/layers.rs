@@ -24,6 +24,9 @@ pub(crate) struct Layer<B: Backend> {
     pub out_norms: Option<(B::Buf, B::Buf)>,
 }
 
+/// A family's decoder layer `i`, read by the loader (each family file's `layer`).
+pub(crate) type LayerFn<B> = fn(&mut Loader<'_, B>, usize) -> Result<Layer<B>>;
+
 /// The attention projections: one weight when the backend fuses them (`Backend::fuse_qkv`).
 pub(crate) enum Qkv<B: Backend> {
     Fused { w: B::Buf, bias: Option<B::Buf> },

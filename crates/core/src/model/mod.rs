@@ -390,7 +390,7 @@ impl<B: Backend> Model<B> {
         let mut ld = Loader::new(b, w, &cfg);
         let arch = cfg.architecture.as_str();
         let of = |fams: &'static [Family]| fams.iter().find(|f| f.architecture == arch);
-        let (family, layer): (&Family, fn(&mut Loader<'_, B>, usize) -> Result<Layer<B>>) = match () {
+        let (family, layer): (&Family, layers::LayerFn<B>) = match () {
             _ if let Some(f) = of(qwen3::FAMILIES) => (f, qwen3::layer),
             _ if let Some(f) = of(qwen3_moe::FAMILIES) => (f, qwen3_moe::layer),
             _ if let Some(f) = of(mixtral::FAMILIES) => (f, mixtral::layer),
