@@ -208,9 +208,10 @@ pub fn cuda_tests(root: &Path, env: &FakeEnv) -> Result<Counts> {
 /// and 64 with hidden 576: tensor-core attention, split K, the fused paths; tiny-qwen3: the
 /// per-head q/k norms; tiny-qwen3-moe: the MoE kernels, captured; tiny-gemma3: GeGLU, the
 /// scaled embedding, sandwich norms, two ropes and a window; tiny-hd128 once more with
-/// `TANDEM_CUDA_ATTENTION=tc_deep`), and `tandem serve`
-/// answering requests ([`serve_check`]). Each `tandem` command counts as one test. `tandem`: a binary already built (a workspace `cargo test`
-/// builds one; building `-p tandem-cli` alone resolves other features and recompiles much).
+/// `TANDEM_CUDA_ATTENTION=tc_deep`), and `tandem serve` answering requests ([`serve_check`])
+/// and preempting over HTTP ([`preempt_check`]). Each `tandem` command counts as one test.
+/// `tandem`: a binary already built (a workspace `cargo test` builds one; building `-p
+/// tandem-cli` alone resolves other features and recompiles much).
 pub fn group(root: &Path, tandem: Option<PathBuf>) -> Result<Counts> {
     let t = Instant::now();
     let env = prepare(root)?;
@@ -257,15 +258,20 @@ pub fn group(root: &Path, tandem: Option<PathBuf>) -> Result<Counts> {
             commands.push((format!("compare cuda (attention tc_deep) vs reference, {shape}"), deep));
         }
     }
-    let serve_ok = serve_check(&env, &tandem, &models.join("tiny-hd128"));
-    match &serve_ok {
-        Ok(()) => {
-            println!("fake-cuda: tandem serve on cuda: ok");
-            total.passed += 1;
-        }
-        Err(e) => {
-            println!("fake-cuda: tandem serve on cuda: FAILED: {e:#}");
-            total.failed += 1;
+    let serve_checks = [
+        ("tandem serve on cuda", serve_check(&env, &tandem, &models.join("tiny-hd128"))),
+        ("tandem serve on cuda, preempted by a small KV pool", preempt_check(&env, &tandem, &models.join("tiny-qwen3"))),
+    ];
+    for (what, r) in serve_checks {
+        match r {
+            Ok(()) => {
+                println!("fake-cuda: {what}: ok");
+                total.passed += 1;
+            }
+            Err(e) => {
+                println!("fake-cuda: {what}: FAILED: {e:#}");
+                total.failed += 1;
+            }
         }
     }
     for (what, mut args) in commands {
@@ -300,15 +306,17 @@ fn http(port: u16, method: &str, path: &str, body: &str) -> Result<(u16, String)
     Ok((code, out))
 }
 
-/// `tandem serve --backend cuda` (async scheduling, graphs on) on a small model: a completion,
-/// a streamed one, six at once, a stream dropped after its first chunk (an abort), and a clean
-/// exit on SIGTERM.
-fn serve_check(env: &FakeEnv, tandem: &Path, model: &Path) -> Result<()> {
+/// Runs `tandem serve --backend cuda --model MODEL ARGS` on a free port, calls `check` with the
+/// port and the model's name once /health answers, then stops the server with SIGTERM, which
+/// must end it cleanly.
+fn with_server(env: &FakeEnv, tandem: &Path, model: &Path, args: &[&str], check: impl FnOnce(u16, &str) -> Result<()>) -> Result<()> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
     let name = model.file_name().and_then(|n| n.to_str()).unwrap_or("model").to_string();
     let mut child = env
         .command(tandem)
-        .args(["serve", "--backend", "cuda", "--max-num-seqs", "4", "--port", &port.to_string(), "--model"])
+        .args(["serve", "--backend", "cuda", "--port", &port.to_string()])
+        .args(args)
+        .arg("--model")
         .arg(model)
         .stdout(Stdio::null())
         .spawn()
@@ -321,6 +329,22 @@ fn serve_check(env: &FakeEnv, tandem: &Path, model: &Path) -> Result<()> {
             }
             std::thread::sleep(std::time::Duration::from_millis(300));
         }
+        check(port, &name)
+    })();
+    let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+    let status = child.wait()?;
+    result?;
+    if !status.success() {
+        bail!("the server exited with {status} on SIGTERM");
+    }
+    Ok(())
+}
+
+/// `tandem serve --backend cuda` (async scheduling, graphs on) on a small model: a completion,
+/// a streamed one, six at once, a stream dropped after its first chunk (an abort), and a clean
+/// exit on SIGTERM.
+fn serve_check(env: &FakeEnv, tandem: &Path, model: &Path) -> Result<()> {
+    with_server(env, tandem, model, &["--max-num-seqs", "4"], |port, name| {
         let req = |prompt: &str, n: u32, stream: bool| format!(r#"{{"model":"{name}","prompt":"{prompt}","max_tokens":{n},"stream":{stream}}}"#);
         let (code, body) = http(port, "POST", "/v1/completions", &req("hello world", 8, false))?;
         if code != 200 || !body.contains(r#""completion_tokens":8"#) {
@@ -355,12 +379,58 @@ fn serve_check(env: &FakeEnv, tandem: &Path, model: &Path) -> Result<()> {
             bail!("a completion after an abort: {code} {body}");
         }
         Ok(())
-    })();
-    let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
-    let status = child.wait()?;
-    result?;
-    if !status.success() {
-        bail!("the server exited with {status} on SIGTERM");
-    }
-    Ok(())
+    })
+}
+
+/// Preemption over HTTP: `tandem serve --backend cuda` with a KV pool of 6 blocks of 16 tokens
+/// (96 tokens) and 4 sequences a step. Each request (a 4-token prompt, 40 greedy tokens: 3
+/// blocks) is first sent alone; then the four at once need 12 blocks, so the scheduler must
+/// preempt and recompute. Every concurrent answer must be the greedy text it had alone
+/// (batch invariance, recompute included) and vllm:num_preemptions_total must have risen.
+fn preempt_check(env: &FakeEnv, tandem: &Path, model: &Path) -> Result<()> {
+    with_server(env, tandem, model, &["--max-num-seqs", "4", "--num-kv-blocks", "6", "--block-size", "16"], |port, name| {
+        let req = |k: usize| format!(r#"{{"model":"{name}","prompt":"request {k}","max_tokens":40,"temperature":0}}"#);
+        // The answer's text as the server escaped it (the same bytes for the same text).
+        let text = |code: u16, body: &str| -> Result<String> {
+            let t = body.split_once(r#""text":"#).and_then(|(_, rest)| rest.split_once(r#","logprobs":"#)).map(|(t, _)| t.to_string());
+            match t {
+                Some(t) if code == 200 && body.contains(r#""completion_tokens":40"#) => Ok(t),
+                _ => bail!("a 40-token completion: {code} {body}"),
+            }
+        };
+        let preemptions = || -> Result<f64> {
+            let (code, body) = http(port, "GET", "/metrics", "")?;
+            let line = body.lines().find(|l| l.starts_with("vllm:num_preemptions_total{"));
+            match line.and_then(|l| l.rsplit(' ').next()).and_then(|v| v.parse().ok()) {
+                Some(v) if code == 200 => Ok(v),
+                _ => bail!("no vllm:num_preemptions_total in /metrics ({code})"),
+            }
+        };
+        let alone = (0..4)
+            .map(|k| {
+                let (code, body) = http(port, "POST", "/v1/completions", &req(k))?;
+                text(code, &body)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let before = preemptions()?;
+        let handles: Vec<_> = (0..4)
+            .map(|k| {
+                let r = req(k);
+                std::thread::spawn(move || http(port, "POST", "/v1/completions", &r))
+            })
+            .collect();
+        for (k, h) in handles.into_iter().enumerate() {
+            let (code, body) = h.join().map_err(|_| anyhow::anyhow!("a request thread panicked"))??;
+            let got = text(code, &body)?;
+            if got != alone[k] {
+                bail!("request {k} sent with three others (preempted) answered {got}, alone {}", alone[k]);
+            }
+        }
+        let after = preemptions()?;
+        if after <= before {
+            bail!("vllm:num_preemptions_total stayed at {after} (was {before}): the KV pool did not force a preemption");
+        }
+        println!("fake-cuda: preemption over HTTP: 4 concurrent answers equal to their answers alone, {} preemption(s)", after - before);
+        Ok(())
+    })
 }
