@@ -382,6 +382,11 @@ pub fn convert_gguf(gguf_path: &Path, out_dir: &Path, progress: &mut dyn FnMut(u
         _ => t.torch_shape(),
     };
 
+    // Every tensor's type is checked before anything is written: an IQ-quantised file fails at
+    // once, naming the tensor, its type and the supported list.
+    for (t, _) in plan.values() {
+        t.ggml_type.check_dequantizable().map_err(|m| Error::tensor(&g.path, &t.name, m))?;
+    }
     std::fs::create_dir_all(out_dir).map_err(|e| Error::io(out_dir, e))?;
     let st_path = out_dir.join("model.safetensors");
     let file = std::fs::File::create(&st_path).map_err(|e| Error::io(&st_path, e))?;
