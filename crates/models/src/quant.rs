@@ -7,9 +7,9 @@
 //! here from the layout). tests/quant_fixtures.rs checks every type bitwise against the `gguf`
 //! package's numpy dequantisers (fixtures made by tests/fixtures/gguf-quants/make.py).
 //!
-//! Other types (the IQ*, TQ* and FP4 families, Q8_1) are known by name (so a file using them
-//! still opens and is listed), but asking for their values is an error naming the type and the
-//! supported list.
+//! Other types (the IQ*, TQ* and FP4 families, Q8_1) are known by name and block size (so a file
+//! using them still opens and is listed), but asking for their values is an error naming the
+//! type and the supported list; an id unknown here makes the file fail to open.
 
 use half::{bf16, f16};
 
@@ -92,8 +92,8 @@ impl GgmlType {
             F64 => "F64",
             BF16 => "BF16",
             Other(id) => {
-                return match other_name(id) {
-                    Some(n) => format!("{n} (ggml type id {id})"),
+                return match other_type(id) {
+                    Some((n, _)) => format!("{n} (ggml type id {id})"),
                     None => format!("ggml type id {id}"),
                 }
             }
@@ -101,10 +101,8 @@ impl GgmlType {
         .to_string()
     }
 
-    /// (elements per block, bytes per block), when known.
-    ///
-    /// The IQ* / TQ* / FP4 families are left out on purpose: they cannot be dequantised here, and
-    /// without a layout a tensor of theirs is an error, never a misread.
+    /// (elements per block, bytes per block), when known (also for the types [`dequantize`]
+    /// refuses, so that their tensors' bounds are checked when a file opens).
     pub fn block_layout(self) -> Option<(u64, u64)> {
         use GgmlType::*;
         Some(match self {
@@ -124,7 +122,7 @@ impl GgmlType {
             Q5K => (256, 176),
             Q6K => (256, 210),
             Q8K => (256, 292),
-            Other(_) => return None,
+            Other(id) => return other_type(id).map(|(_, layout)| layout),
         })
     }
 
@@ -138,22 +136,25 @@ impl GgmlType {
     }
 }
 
-/// Names of the ggml types this reader has no layout for (ggml.h's `ggml_type`).
-fn other_name(id: u32) -> Option<&'static str> {
+/// Name and (elements, bytes) per block of the ggml types this converter cannot dequantise
+/// (ggml.h's `ggml_type`, sizes as the `gguf` package's GGML_QUANT_SIZES): known so that a file
+/// holding them opens, its tensors' bounds are checked, and the refusal names the type.
+fn other_type(id: u32) -> Option<(&'static str, (u64, u64))> {
     Some(match id {
-        16 => "IQ2_XXS",
-        17 => "IQ2_XS",
-        18 => "IQ3_XXS",
-        19 => "IQ1_S",
-        20 => "IQ4_NL",
-        21 => "IQ3_S",
-        22 => "IQ2_S",
-        23 => "IQ4_XS",
-        29 => "IQ1_M",
-        34 => "TQ1_0",
-        35 => "TQ2_0",
-        39 => "MXFP4",
-        40 => "NVFP4",
+        16 => ("IQ2_XXS", (256, 66)),
+        17 => ("IQ2_XS", (256, 74)),
+        18 => ("IQ3_XXS", (256, 98)),
+        19 => ("IQ1_S", (256, 50)),
+        20 => ("IQ4_NL", (32, 18)),
+        21 => ("IQ3_S", (256, 110)),
+        22 => ("IQ2_S", (256, 82)),
+        23 => ("IQ4_XS", (256, 136)),
+        29 => ("IQ1_M", (256, 56)),
+        34 => ("TQ1_0", (256, 54)),
+        35 => ("TQ2_0", (256, 66)),
+        39 => ("MXFP4", (32, 17)),
+        40 => ("NVFP4", (64, 36)),
+        41 => ("Q1_0", (128, 18)),
         _ => return None,
     })
 }
@@ -468,6 +469,8 @@ mod tests {
         assert_eq!(GgmlType::Q4K.byte_size(512).unwrap(), 288);
         assert_eq!(GgmlType::Q6K.byte_size(256).unwrap(), 210);
         assert_eq!(GgmlType::from_id(23).name(), "IQ4_XS (ggml type id 23)");
+        assert_eq!(GgmlType::from_id(23).byte_size(512).unwrap(), 272);
+        assert_eq!(GgmlType::from_id(99).block_layout(), None);
     }
 
     #[test]
