@@ -137,6 +137,33 @@ def gguf_gemma3():
     return head + data
 
 
+# --- GGUF v3: one small tensor of each block-quantised type llama.cpp files hold (Q4_K_M's Q4_K
+# and Q6_K, the other K-quants, the older 32-value types) and one IQ4_XS, which is refused:
+# mutations reach every dequantiser's block reader and the length checks before it.
+def gguf_kquants():
+    meta = [("general.architecture", "llama"), ("general.alignment", 32), ("general.file_type", 15)]
+    # (name, ggml type id, elements per block, bytes per block, blocks)
+    types = [("q4_k", 12, 256, 144, 2), ("q6_k", 14, 256, 210, 1), ("q2_k", 10, 256, 84, 1), ("q3_k", 11, 256, 110, 1),
+             ("q5_k", 13, 256, 176, 1), ("q8_k", 15, 256, 292, 1), ("q4_0", 2, 32, 18, 2), ("q5_0", 6, 32, 22, 1),
+             ("q5_1", 7, 32, 24, 1), ("iq4_xs", 23, 256, 136, 1)]
+    infos, data = b"", b""
+    for name, t, per, size, blocks in types:
+        while len(data) % 32:
+            data += b"\0"
+        dims = [per, blocks]
+        infos += gstr(f"{name}.weight") + struct.pack("<I", 2) + b"".join(struct.pack("<Q", d) for d in dims) + struct.pack("<IQ", t, len(data))
+        raw = bytearray((i * 37 + 11) % 251 for i in range(size * blocks))
+        # Small finite f16 scales where each layout keeps them (d, and dmin when present).
+        for b in range(blocks):
+            for off in {12: [0, 2], 13: [0, 2], 14: [208], 10: [80, 82], 11: [108], 2: [0], 6: [0], 7: [0, 2]}.get(t, []):
+                raw[b * size + off:b * size + off + 2] = struct.pack("<e", 0.01 * (1 + off % 3))
+        data += bytes(raw)
+    head = b"GGUF" + struct.pack("<IQQ", 3, len(types), len(meta)) + b"".join(gstr(k) + gval(v) for k, v in meta) + infos
+    while len(head) % 32:
+        head += b"\0"
+    return head + data
+
+
 # --- safetensors ---
 def safetensors(entries):
     header, data = {}, b""
@@ -151,6 +178,7 @@ def main():
     for t, name in [(0, "f32"), (1, "f16"), (8, "q8_0"), (3, "q4_1"), (30, "bf16")]:
         put("gguf", name, gguf(t, t != 0))
     put("gguf", "gemma3", gguf_gemma3())
+    put("gguf", "kquants", gguf_kquants())
     put("safetensors", "two", safetensors([("a", "F32", [2, 2], struct.pack("<4f", 1, 2, 3, 4)), ("b", "BF16", [3], b"\x80\x3f" * 3)]))
     put("safetensors", "f16", safetensors([("model.embed_tokens.weight", "F16", [4, 2], b"\x00\x3c" * 8)]))
     put("safetensors", "meta", safetensors([("x", "F32", [1], struct.pack("<f", 0.5))]).replace(b'{"x"', b'{"__metadata__":{"format":"pt"},"x"'))

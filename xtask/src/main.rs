@@ -32,6 +32,11 @@ enum Task {
     /// Write a seeded random model (config, safetensors, tokenizer) of a known shape.
     GenModel(gen_model::Args),
     /// Convert a local GGUF file (llama, qwen2, qwen3, qwen3moe, gemma3) into a Hugging Face directory.
+    ///
+    /// Tensor types read (dequantised, then stored as bf16): F32, F16, BF16, Q8_0, Q4_0, Q4_1,
+    /// Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, so llama.cpp's Q4_K_M, Q5_K_M, Q6_K,
+    /// Q8_0, Q3_K_*, Q2_K and Q4_0/Q5_0/Q5_1 files convert. IQ*, TQ* and FP4 types are
+    /// refused, naming the tensor and its type, before anything is written.
     ConvertGguf(convert_gguf::Args),
     /// Every test, as CI runs them (fetches the default model first).
     Test(test::Args),

@@ -382,6 +382,11 @@ pub fn convert_gguf(gguf_path: &Path, out_dir: &Path, progress: &mut dyn FnMut(u
         _ => t.torch_shape(),
     };
 
+    // Every tensor's type is checked before anything is written: an IQ-quantised file fails at
+    // once, naming the tensor, its type and the supported list.
+    for (t, _) in plan.values() {
+        t.ggml_type.check_dequantizable().map_err(|m| Error::tensor(&g.path, &t.name, m))?;
+    }
     std::fs::create_dir_all(out_dir).map_err(|e| Error::io(out_dir, e))?;
     let st_path = out_dir.join("model.safetensors");
     let file = std::fs::File::create(&st_path).map_err(|e| Error::io(&st_path, e))?;
@@ -758,6 +763,133 @@ pub(crate) mod tests {
         // Every tensor under the name the family's loader reads, at the shape it expects.
         let opts = tandem_core::model::LoadOptions { max_batch_tokens: 16, max_seqs: 2, num_kv_blocks: 8, ..Default::default() };
         tandem_core::LlamaModel::load(tandem_reference::RefBackend::new(), &out, opts).unwrap();
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    /// Deterministic K-quant blocks: pseudo-random bytes (every scale, min and value pattern)
+    /// with the f16 scale fields at `f16_at` set to small finite values.
+    fn kquant_blocks(ty: crate::quant::GgmlType, numel: usize, seed: u64, f16_at: &[usize]) -> Vec<u8> {
+        let (per, size) = ty.block_layout().unwrap();
+        let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        let mut out = vec![];
+        for b in 0..numel / per as usize {
+            let mut block: Vec<u8> = (0..size)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    (x >> 24) as u8
+                })
+                .collect();
+            for (k, &o) in f16_at.iter().enumerate() {
+                let v = 1e-3 * (1.0 + ((b + k) % 5) as f32) * if (b + k) % 3 == 0 { -1.0 } else { 1.0 };
+                block[o..o + 2].copy_from_slice(&half::f16::from_f32(v).to_le_bytes());
+            }
+            out.extend(block);
+        }
+        out
+    }
+
+    /// A 1-layer llama GGUF quantised as llama.cpp's Q4_K_M mix: Q4_K for Q, K, O, gate and up,
+    /// Q6_K for V, down, the embedding and the output; norms F32. Hidden 256 (a K-quant row is
+    /// whole 256-value super-blocks), 2 heads of 128, 1 KV head, ffn 256. `replace` swaps one
+    /// tensor's type id (bytes kept), to test refusals.
+    fn tiny_q4_k_m_gguf(path: &Path, replace: Option<(&str, u32)>) -> std::collections::HashMap<&'static str, Vec<f32>> {
+        use crate::quant::{dequantize, GgmlType};
+        let (hidden, heads, kv, hd, ffn, vocab) = (256usize, 2usize, 1usize, 128usize, 256usize, 261usize);
+        let f32b = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        let norm = |n: usize, salt: f32| f32b(&(0..n).map(|i| 1.0 + (i as f32 * 0.37 + salt).sin() * 0.1).collect::<Vec<f32>>());
+        let d = |rows: usize, cols: usize| vec![cols as u64, rows as u64];
+        let parts: [(&'static str, usize, usize, GgmlType); 10] = [
+            ("token_embd.weight", vocab, hidden, GgmlType::Q6K),
+            ("output.weight", vocab, hidden, GgmlType::Q6K),
+            ("blk.0.attn_q.weight", heads * hd, hidden, GgmlType::Q4K),
+            ("blk.0.attn_k.weight", kv * hd, hidden, GgmlType::Q4K),
+            ("blk.0.attn_v.weight", kv * hd, hidden, GgmlType::Q6K),
+            ("blk.0.attn_output.weight", hidden, heads * hd, GgmlType::Q4K),
+            ("blk.0.ffn_gate.weight", ffn, hidden, GgmlType::Q4K),
+            ("blk.0.ffn_up.weight", ffn, hidden, GgmlType::Q4K),
+            ("blk.0.ffn_down.weight", hidden, ffn, GgmlType::Q6K),
+            ("output_norm.weight", 0, hidden, GgmlType::F32),
+        ];
+        let mut values = std::collections::HashMap::new();
+        let mut tensors = vec![];
+        for (i, (name, rows, cols, ty)) in parts.into_iter().enumerate() {
+            let (dims, id, bytes) = match ty {
+                GgmlType::F32 => (vec![cols as u64], 0, norm(cols, i as f32)),
+                GgmlType::Q4K => (d(rows, cols), 12, kquant_blocks(ty, rows * cols, i as u64, &[0, 2])),
+                _ => (d(rows, cols), 14, kquant_blocks(ty, rows * cols, i as u64, &[208])),
+            };
+            values.insert(name, dequantize(ty, &bytes, dims.iter().product::<u64>() as usize).unwrap());
+            let id = match replace {
+                Some((r, new)) if r == name => new,
+                _ => id,
+            };
+            tensors.push((name, dims, id, bytes));
+        }
+        tensors.push(("blk.0.attn_norm.weight", vec![hidden as u64], 0, norm(hidden, 20.0)));
+        tensors.push(("blk.0.ffn_norm.weight", vec![hidden as u64], 0, norm(hidden, 21.0)));
+        let mut meta = vec![
+            ("general.architecture", Value::String("llama".into())),
+            ("general.file_type", Value::U32(15)), // LLAMA_FTYPE_MOSTLY_Q4_K_M
+            ("llama.block_count", Value::U32(1)),
+            ("llama.context_length", Value::U32(256)),
+            ("llama.embedding_length", Value::U32(hidden as u32)),
+            ("llama.feed_forward_length", Value::U32(ffn as u32)),
+            ("llama.attention.head_count", Value::U32(heads as u32)),
+            ("llama.attention.head_count_kv", Value::U32(kv as u32)),
+            ("llama.attention.layer_norm_rms_epsilon", Value::F32(1e-5)),
+            ("llama.rope.freq_base", Value::F32(10000.0)),
+        ];
+        meta.extend(tiny_gguf_tokenizer_meta());
+        std::fs::write(path, writer::file(&meta, &tensors, 32)).unwrap();
+        values
+    }
+
+    /// A Q4_K_M-style file (Q4_K and Q6_K weights) converts: every tensor is our dequantisation
+    /// (checked bitwise against the gguf package by tests/quant_fixtures.rs) rounded to bf16, Q/K
+    /// un-permuted, and core loads the result on the reference backend.
+    #[test]
+    fn converts_a_q4_k_m_llama_and_core_loads_it() {
+        let root = std::env::temp_dir().join(format!("tandem-convert-kquant-{}", std::process::id()));
+        std::fs::create_dir_all(&root).unwrap();
+        let gguf = root.join("tiny-q4_k_m.gguf");
+        let v = tiny_q4_k_m_gguf(&gguf, None);
+        let out = root.join("out");
+        let s = convert_gguf(&gguf, &out, &mut |_, _, _| {}).unwrap();
+        assert_eq!(s.tensors, 12);
+        assert!(!s.tied);
+        let cfg = ModelConfig::from_file(&out.join("config.json")).unwrap();
+        assert_eq!((cfg.vocab_size, cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim), (261, 256, 256, 2, 1, 128));
+        let w = Weights::open(&out).unwrap();
+        let get = |n: &str, shape: &[usize]| w.get(n, shape).unwrap().to_f32();
+        assert_eq!(get("model.embed_tokens.weight", &[261, 256]), bf16_round(&v["token_embd.weight"]));
+        assert_eq!(get("lm_head.weight", &[261, 256]), bf16_round(&v["output.weight"]));
+        assert_eq!(get("model.layers.0.self_attn.q_proj.weight", &[256, 256]), bf16_round(&rope_unpermute(&v["blk.0.attn_q.weight"], 2, 256)));
+        assert_eq!(get("model.layers.0.self_attn.k_proj.weight", &[128, 256]), bf16_round(&rope_unpermute(&v["blk.0.attn_k.weight"], 1, 256)));
+        assert_eq!(get("model.layers.0.self_attn.v_proj.weight", &[128, 256]), bf16_round(&v["blk.0.attn_v.weight"]));
+        assert_eq!(get("model.layers.0.mlp.gate_proj.weight", &[256, 256]), bf16_round(&v["blk.0.ffn_gate.weight"]));
+        assert_eq!(get("model.layers.0.mlp.down_proj.weight", &[256, 256]), bf16_round(&v["blk.0.ffn_down.weight"]));
+        // Not trivial: the weights vary and have both signs.
+        let e = &v["token_embd.weight"];
+        assert!(e.iter().any(|x| *x > 0.01) && e.iter().any(|x| *x < -0.01), "embedding values are degenerate");
+        let opts = tandem_core::model::LoadOptions { max_batch_tokens: 16, max_seqs: 2, num_kv_blocks: 8, ..Default::default() };
+        tandem_core::LlamaModel::load(tandem_reference::RefBackend::new(), &out, opts).unwrap();
+
+        // The same file with an IQ4_XS down projection: refused before anything is written,
+        // naming the tensor, the type and what is supported.
+        let iq = root.join("iq4_xs.gguf");
+        tiny_q4_k_m_gguf(&iq, Some(("blk.0.ffn_down.weight", 23)));
+        let out_iq = root.join("out-iq");
+        let e = convert_gguf(&iq, &out_iq, &mut |_, _, _| {}).unwrap_err().to_string();
+        assert!(e.contains("blk.0.ffn_down.weight") && e.contains("IQ4_XS") && e.contains(crate::quant::SUPPORTED), "{e}");
+        assert!(!out_iq.exists(), "nothing is written for a refused file");
+        // A K-quant tensor cut short (the file truncated mid-tensor) is an error naming it.
+        let bytes = std::fs::read(&gguf).unwrap();
+        let cut = root.join("cut.gguf");
+        std::fs::write(&cut, &bytes[..bytes.len() - 100]).unwrap();
+        let e = convert_gguf(&cut, &root.join("out-cut"), &mut |_, _, _| {}).unwrap_err().to_string();
+        assert!(e.contains("truncated") && e.contains(".weight"), "{e}");
         std::fs::remove_dir_all(&root).unwrap();
     }
 

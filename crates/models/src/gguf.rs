@@ -241,6 +241,7 @@ impl GgufFile {
 
     /// A tensor's values as f32 (dequantised when needed), in GGUF element order.
     pub fn tensor_f32(&self, t: &TensorInfo) -> Result<Vec<f32>> {
+        t.ggml_type.check_dequantizable().map_err(|msg| Error::tensor(&self.path, &t.name, msg))?;
         let bytes = self.tensor_bytes(t)?;
         crate::quant::dequantize(t.ggml_type, bytes, t.numel() as usize).map_err(|msg| Error::tensor(&self.path, &t.name, msg))
     }

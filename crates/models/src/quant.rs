@@ -1,12 +1,15 @@
 //! ggml tensor types and dequantisation to f32.
 //!
-//! Supported: F32, F16, BF16, Q8_0, Q4_1. Block layouts (little-endian, 32 values a block):
-//! - Q8_0 (34 bytes): f16 scale `d`, 32 x i8 `q`;           x[i] = d * q[i]
-//! - Q4_1 (20 bytes): f16 scale `d`, f16 min `m`, 16 bytes;  byte j holds element j in its low
-//!   nibble and element j + 16 in its high nibble;          x[i] = d * q[i] + m
+//! Supported: F32, F16, BF16, the 32-value block types Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, and the
+//! 256-value K-quant super-blocks Q2_K, Q3_K, Q4_K, Q5_K, Q6_K (what llama.cpp's Q*_K_M / Q*_K_S
+//! files hold) and Q8_K. Each block function below documents its layout (little-endian; learnt
+//! from ggml's ggml-common.h / ggml-quants.c and the `gguf` Python package's quants.py, written
+//! here from the layout). tests/quant_fixtures.rs checks every type bitwise against the `gguf`
+//! package's numpy dequantisers (fixtures made by tests/fixtures/gguf-quants/make.py).
 //!
-//! Other types are known by name and size (so a file using them still opens and is listed), but
-//! asking for their values is an error naming the type.
+//! Other types (the IQ*, TQ* and FP4 families, Q8_1) are known by name and block size (so a file
+//! using them still opens and is listed), but asking for their values is an error naming the
+//! type and the supported list; an id unknown here makes the file fail to open.
 
 use half::{bf16, f16};
 
@@ -88,12 +91,18 @@ impl GgmlType {
             I64 => "I64",
             F64 => "F64",
             BF16 => "BF16",
-            Other(id) => return format!("ggml type id {id}"),
+            Other(id) => {
+                return match other_type(id) {
+                    Some((n, _)) => format!("{n} (ggml type id {id})"),
+                    None => format!("ggml type id {id}"),
+                }
+            }
         }
         .to_string()
     }
 
-    /// (elements per block, bytes per block), when known.
+    /// (elements per block, bytes per block), when known (also for the types [`dequantize`]
+    /// refuses, so that their tensors' bounds are checked when a file opens).
     pub fn block_layout(self) -> Option<(u64, u64)> {
         use GgmlType::*;
         Some(match self {
@@ -113,7 +122,7 @@ impl GgmlType {
             Q5K => (256, 176),
             Q6K => (256, 210),
             Q8K => (256, 292),
-            Other(_) => return None,
+            Other(id) => return other_type(id).map(|(_, layout)| layout),
         })
     }
 
@@ -127,43 +136,252 @@ impl GgmlType {
     }
 }
 
+/// Name and (elements, bytes) per block of the ggml types this converter cannot dequantise
+/// (ggml.h's `ggml_type`, sizes as the `gguf` package's GGML_QUANT_SIZES): known so that a file
+/// holding them opens, its tensors' bounds are checked, and the refusal names the type.
+fn other_type(id: u32) -> Option<(&'static str, (u64, u64))> {
+    Some(match id {
+        16 => ("IQ2_XXS", (256, 66)),
+        17 => ("IQ2_XS", (256, 74)),
+        18 => ("IQ3_XXS", (256, 98)),
+        19 => ("IQ1_S", (256, 50)),
+        20 => ("IQ4_NL", (32, 18)),
+        21 => ("IQ3_S", (256, 110)),
+        22 => ("IQ2_S", (256, 82)),
+        23 => ("IQ4_XS", (256, 136)),
+        29 => ("IQ1_M", (256, 56)),
+        34 => ("TQ1_0", (256, 54)),
+        35 => ("TQ2_0", (256, 66)),
+        39 => ("MXFP4", (32, 17)),
+        40 => ("NVFP4", (64, 36)),
+        41 => ("Q1_0", (128, 18)),
+        _ => return None,
+    })
+}
+
+/// The types [`dequantize`] reads, in the order error messages list them.
+pub const SUPPORTED: &str = "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K";
+
+impl GgmlType {
+    /// Whether [`dequantize`] reads this type.
+    pub fn dequantizable(self) -> bool {
+        use GgmlType::*;
+        matches!(self, F32 | F16 | BF16 | Q8_0 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q2K | Q3K | Q4K | Q5K | Q6K | Q8K)
+    }
+
+    /// `Err` naming the type and the supported list when [`dequantize`] cannot read it.
+    pub fn check_dequantizable(self) -> Result<(), String> {
+        if self.dequantizable() {
+            Ok(())
+        } else {
+            Err(format!("ggml type {} cannot be dequantised by this converter (supported: {SUPPORTED})", self.name()))
+        }
+    }
+}
+
 /// `numel` values of type `ty` from `bytes`, as f32. The caller names the tensor in errors.
+///
+/// The length is checked against the type's block layout before any block is read, and every
+/// block is then a `chunks_exact` slice of exactly its size: malformed input is an `Err`, never
+/// a panic.
 pub fn dequantize(ty: GgmlType, bytes: &[u8], numel: usize) -> Result<Vec<f32>, String> {
+    ty.check_dequantizable()?;
     let need = ty.byte_size(numel as u64)?;
     if bytes.len() as u64 != need {
         return Err(format!("{numel} elements of {} need {need} bytes, got {}", ty.name(), bytes.len()));
     }
-    Ok(match ty {
-        GgmlType::F32 => bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
-        GgmlType::F16 => bytes.chunks_exact(2).map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
-        GgmlType::BF16 => bytes.chunks_exact(2).map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
-        GgmlType::Q8_0 => {
-            let mut out = Vec::with_capacity(numel);
-            for b in bytes.chunks_exact(34) {
-                let d = f16::from_le_bytes([b[0], b[1]]).to_f32();
-                out.extend(b[2..34].iter().map(|&q| d * (q as i8) as f32));
-            }
-            out
+    let f: fn(&[u8], &mut [f32]) = match ty {
+        GgmlType::F32 => return Ok(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()),
+        GgmlType::F16 => return Ok(bytes.chunks_exact(2).map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32()).collect()),
+        GgmlType::BF16 => return Ok(bytes.chunks_exact(2).map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect()),
+        GgmlType::Q8_0 => block_q8_0,
+        GgmlType::Q4_0 => block_q4_0,
+        GgmlType::Q4_1 => block_q4_1,
+        GgmlType::Q5_0 => block_q5_0,
+        GgmlType::Q5_1 => block_q5_1,
+        GgmlType::Q2K => block_q2_k,
+        GgmlType::Q3K => block_q3_k,
+        GgmlType::Q4K => block_q4_k,
+        GgmlType::Q5K => block_q5_k,
+        GgmlType::Q6K => block_q6_k,
+        GgmlType::Q8K => block_q8_k,
+        other => return Err(format!("ggml type {} has no dequantiser", other.name())),
+    };
+    let (block, size) = ty.block_layout().ok_or_else(|| format!("type {} has no known block layout", ty.name()))?;
+    let mut out = vec![0f32; numel];
+    for (b, o) in bytes.chunks_exact(size as usize).zip(out.chunks_exact_mut(block as usize)) {
+        f(b, o);
+    }
+    Ok(out)
+}
+
+// One block each: `b` is exactly the type's block size in bytes and `o` its element count (the
+// caller's `chunks_exact` guarantees both). The arithmetic order is ggml's (ggml-quants.c,
+// dequantize_row_*): a sub-block's scale `d * sc` is formed first, then `scale * q - d_min * m`,
+// so results are bitwise ggml's (no fused multiply-add).
+
+fn f16_at(b: &[u8], i: usize) -> f32 {
+    f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
+}
+
+/// Q8_0 (34 bytes, 32 values): f16 `d`, 32 x i8 `q`; x = d * q.
+fn block_q8_0(b: &[u8], o: &mut [f32]) {
+    let d = f16_at(b, 0);
+    for (x, &q) in o.iter_mut().zip(&b[2..34]) {
+        *x = d * (q as i8) as f32;
+    }
+}
+
+/// Q4_0 (18 bytes, 32 values): f16 `d`, 16 bytes; byte j holds element j (low nibble) and
+/// j + 16 (high nibble); x = d * (q - 8).
+fn block_q4_0(b: &[u8], o: &mut [f32]) {
+    let d = f16_at(b, 0);
+    for (j, &q) in b[2..18].iter().enumerate() {
+        o[j] = d * ((q & 0x0f) as i32 - 8) as f32;
+        o[j + 16] = d * ((q >> 4) as i32 - 8) as f32;
+    }
+}
+
+/// Q4_1 (20 bytes, 32 values): f16 `d`, f16 min `m`, 16 bytes as Q4_0's; x = d * q + m.
+fn block_q4_1(b: &[u8], o: &mut [f32]) {
+    let (d, m) = (f16_at(b, 0), f16_at(b, 2));
+    for (j, &q) in b[4..20].iter().enumerate() {
+        o[j] = d * (q & 0x0f) as f32 + m;
+        o[j + 16] = d * (q >> 4) as f32 + m;
+    }
+}
+
+/// The 5-bit values of Q5_0 / Q5_1: low nibbles as Q4_0's, bit i of the little-endian u32 `qh`
+/// is element i's fifth bit.
+fn q5_values(qh: &[u8], qs: &[u8]) -> [u8; 32] {
+    let h = u32::from_le_bytes([qh[0], qh[1], qh[2], qh[3]]);
+    let mut v = [0u8; 32];
+    for j in 0..16 {
+        v[j] = (qs[j] & 0x0f) | ((((h >> j) & 1) as u8) << 4);
+        v[j + 16] = (qs[j] >> 4) | ((((h >> (j + 16)) & 1) as u8) << 4);
+    }
+    v
+}
+
+/// Q5_0 (22 bytes, 32 values): f16 `d`, u32 `qh`, 16 bytes `qs`; x = d * (q - 16).
+fn block_q5_0(b: &[u8], o: &mut [f32]) {
+    let d = f16_at(b, 0);
+    for (x, q) in o.iter_mut().zip(q5_values(&b[2..6], &b[6..22])) {
+        *x = d * (q as i32 - 16) as f32;
+    }
+}
+
+/// Q5_1 (24 bytes, 32 values): f16 `d`, f16 min `m`, u32 `qh`, 16 bytes `qs`; x = d * q + m.
+fn block_q5_1(b: &[u8], o: &mut [f32]) {
+    let (d, m) = (f16_at(b, 0), f16_at(b, 2));
+    for (x, q) in o.iter_mut().zip(q5_values(&b[4..8], &b[8..24])) {
+        *x = d * q as f32 + m;
+    }
+}
+
+/// Q2_K (84 bytes, 256 values): 16 scale bytes (low nibble scale, high nibble min, one per 16
+/// values), 64 bytes of 2-bit `q`, f16 `d`, f16 `dmin`. Element `h*128 + s*32 + l` (h < 2,
+/// s < 4, l < 32) is bits 2s..2s+1 of `qs[h*32 + l]`; x = d * sc * q - dmin * m.
+fn block_q2_k(b: &[u8], o: &mut [f32]) {
+    let (scales, qs) = (&b[0..16], &b[16..80]);
+    let (d, dmin) = (f16_at(b, 80), f16_at(b, 82));
+    for (e, x) in o.iter_mut().enumerate() {
+        let (h, s, l) = (e / 128, (e / 32) % 4, e % 32);
+        let q = (qs[h * 32 + l] >> (2 * s)) & 3;
+        let sm = scales[e / 16];
+        let dl = d * (sm & 0x0f) as f32;
+        let ml = dmin * (sm >> 4) as f32;
+        *x = dl * q as f32 - ml;
+    }
+}
+
+/// Q3_K (110 bytes, 256 values): 32 bytes `hmask`, 64 bytes of 2-bit `q` (laid out as Q2_K's),
+/// 12 bytes of sixteen 6-bit scales, f16 `d`. Element e's third bit is bit e/32 of
+/// `hmask[e % 32]`; a clear bit subtracts 4. Scale i: low 4 bits are nibble i/8 of byte i % 8,
+/// high 2 bits are bits 2(i/4).. of byte 8 + i % 4; stored with +32. x = d * (sc - 32) * q.
+fn block_q3_k(b: &[u8], o: &mut [f32]) {
+    let (hmask, qs, sc) = (&b[0..32], &b[32..96], &b[96..108]);
+    let d = f16_at(b, 108);
+    for (e, x) in o.iter_mut().enumerate() {
+        let i = e / 16;
+        let lo = (sc[i % 8] >> (4 * (i / 8))) & 0x0f;
+        let hi = (sc[8 + i % 4] >> (2 * (i / 4))) & 3;
+        let scale = (lo | (hi << 4)) as i32 - 32;
+        let (h, s, l) = (e / 128, (e / 32) % 4, e % 32);
+        let low = ((qs[h * 32 + l] >> (2 * s)) & 3) as i32;
+        let high = (hmask[l] >> (e / 32)) & 1;
+        let q = low - if high == 0 { 4 } else { 0 };
+        let dl = d * scale as f32;
+        *x = dl * q as f32;
+    }
+}
+
+/// The eight 6-bit (scale, min) pairs of Q4_K / Q5_K from their 12 bytes: pairs 0..4 are the low
+/// 6 bits of bytes j and j + 4; pairs 4..8 take their low 4 bits from byte j + 4's nibbles
+/// (scale low, min high) and their high 2 bits from the top of bytes j - 4 and j.
+fn scale_min_k4(sc: &[u8], j: usize) -> (u8, u8) {
+    if j < 4 {
+        (sc[j] & 63, sc[j + 4] & 63)
+    } else {
+        ((sc[j + 4] & 0x0f) | ((sc[j - 4] >> 6) << 4), (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4))
+    }
+}
+
+/// Q4_K (144 bytes, 256 values): f16 `d`, f16 `dmin`, 12 bytes of scales and mins, 128 bytes of
+/// nibbles. Sub-block s (32 values) is the low (s even) or high (s odd) nibbles of
+/// `qs[(s/2)*32 .. +32]`; x = d * sc[s] * q - dmin * m[s].
+fn block_q4_k(b: &[u8], o: &mut [f32]) {
+    let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
+    let (sc, qs) = (&b[4..16], &b[16..144]);
+    for (s, os) in o.chunks_exact_mut(32).enumerate() {
+        let (scale, min) = scale_min_k4(sc, s);
+        let (d1, m1) = (d * scale as f32, dmin * min as f32);
+        for (l, x) in os.iter_mut().enumerate() {
+            let q = (qs[(s / 2) * 32 + l] >> (4 * (s % 2))) & 0x0f;
+            *x = d1 * q as f32 - m1;
         }
-        GgmlType::Q4_1 => {
-            let mut out = vec![0f32; numel];
-            for (b, o) in bytes.chunks_exact(20).zip(out.chunks_exact_mut(32)) {
-                let d = f16::from_le_bytes([b[0], b[1]]).to_f32();
-                let m = f16::from_le_bytes([b[2], b[3]]).to_f32();
-                for (j, &q) in b[4..20].iter().enumerate() {
-                    o[j] = d * (q & 0x0f) as f32 + m;
-                    o[j + 16] = d * (q >> 4) as f32 + m;
-                }
-            }
-            out
+    }
+}
+
+/// Q5_K (176 bytes, 256 values): Q4_K's header and nibbles, with 32 bytes `qh` (before the
+/// nibbles) whose bit s of byte l is the fifth bit of sub-block s's element l.
+fn block_q5_k(b: &[u8], o: &mut [f32]) {
+    let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
+    let (sc, qh, qs) = (&b[4..16], &b[16..48], &b[48..176]);
+    for (s, os) in o.chunks_exact_mut(32).enumerate() {
+        let (scale, min) = scale_min_k4(sc, s);
+        let (d1, m1) = (d * scale as f32, dmin * min as f32);
+        for (l, x) in os.iter_mut().enumerate() {
+            let q = ((qs[(s / 2) * 32 + l] >> (4 * (s % 2))) & 0x0f) | (((qh[l] >> s) & 1) << 4);
+            *x = d1 * q as f32 - m1;
         }
-        other => {
-            return Err(format!(
-                "ggml type {} cannot be dequantised by this converter (supported: F32, F16, BF16, Q8_0, Q4_1)",
-                other.name()
-            ))
-        }
-    })
+    }
+}
+
+/// Q6_K (210 bytes, 256 values): 128 bytes `ql` (low nibbles), 64 bytes `qh` (2 high bits),
+/// 16 x i8 scales (one per 16 values), f16 `d`. In each half h of 128 values, element
+/// `h*128 + s*32 + l` (s < 4) takes nibble s/2 of `ql[h*64 + (s%2)*32 + l]` and bits 2s..2s+1 of
+/// `qh[h*32 + l]`; x = d * sc * (q - 32).
+fn block_q6_k(b: &[u8], o: &mut [f32]) {
+    let (ql, qh, sc) = (&b[0..128], &b[128..192], &b[192..208]);
+    let d = f16_at(b, 208);
+    for (e, x) in o.iter_mut().enumerate() {
+        let (h, s, l) = (e / 128, (e / 32) % 4, e % 32);
+        let low = (ql[h * 64 + (s % 2) * 32 + l] >> (4 * (s / 2))) & 0x0f;
+        let high = (qh[h * 32 + l] >> (2 * s)) & 3;
+        let q = (low | (high << 4)) as i32 - 32;
+        let dl = d * (sc[e / 16] as i8) as f32;
+        *x = dl * q as f32;
+    }
+}
+
+/// Q8_K (292 bytes, 256 values; llama.cpp's internal dot-product type): f32 `d`, 256 x i8 `q`,
+/// 16 x i16 block sums (not needed here); x = d * q.
+fn block_q8_k(b: &[u8], o: &mut [f32]) {
+    let d = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    for (x, &q) in o.iter_mut().zip(&b[4..260]) {
+        *x = d * (q as i8) as f32;
+    }
 }
 
 #[cfg(test)]
@@ -216,10 +434,24 @@ mod tests {
 
     #[test]
     fn unsupported_and_malformed_inputs_are_errors() {
-        let e = dequantize(GgmlType::Q4K, &[0u8; 144], 256).unwrap_err();
-        assert!(e.contains("Q4_K"), "{e}");
+        for (id, name) in [(16, "IQ2_XXS"), (20, "IQ4_NL"), (23, "IQ4_XS"), (29, "IQ1_M"), (9, "Q8_1")] {
+            let e = dequantize(GgmlType::from_id(id), &[0u8; 64], 32).unwrap_err();
+            assert!(e.contains(name) && e.contains(SUPPORTED), "{e}");
+        }
         let e = dequantize(GgmlType::from_id(99), &[0u8; 4], 1).unwrap_err();
-        assert!(e.contains("99"), "{e}");
+        assert!(e.contains("99") && e.contains("supported"), "{e}");
+        // Every K-quant: one byte short, one byte long, and a count that is not whole super-blocks.
+        for ty in [GgmlType::Q2K, GgmlType::Q3K, GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K, GgmlType::Q8K] {
+            let (_, size) = ty.block_layout().unwrap();
+            let size = size as usize;
+            for len in [0, size - 1, size + 1, 2 * size - 1] {
+                let e = dequantize(ty, &vec![0u8; len], 256).unwrap_err();
+                assert!(e.contains(&format!("need {size} bytes")) && e.contains(&ty.name()), "{e}");
+            }
+            let e = dequantize(ty, &vec![0u8; size], 128).unwrap_err();
+            assert!(e.contains("whole number"), "{e}");
+            assert_eq!(dequantize(ty, &vec![0u8; 2 * size], 512).unwrap(), vec![0.0; 512]);
+        }
         let e = dequantize(GgmlType::Q8_0, &[0u8; 33], 32).unwrap_err();
         assert!(e.contains("34 bytes") && e.contains("33"), "{e}");
         let e = dequantize(GgmlType::Q4_1, &[0u8; 20], 31).unwrap_err();
@@ -233,5 +465,23 @@ mod tests {
         assert_eq!(GgmlType::Q8_0.byte_size(32 * 3).unwrap(), 102);
         assert_eq!(GgmlType::BF16.byte_size(5).unwrap(), 10);
         assert_eq!(GgmlType::from_id(30), GgmlType::BF16);
+        assert_eq!(GgmlType::from_id(12), GgmlType::Q4K);
+        assert_eq!(GgmlType::Q4K.byte_size(512).unwrap(), 288);
+        assert_eq!(GgmlType::Q6K.byte_size(256).unwrap(), 210);
+        assert_eq!(GgmlType::from_id(23).name(), "IQ4_XS (ggml type id 23)");
+        assert_eq!(GgmlType::from_id(23).byte_size(512).unwrap(), 272);
+        assert_eq!(GgmlType::from_id(99).block_layout(), None);
+    }
+
+    #[test]
+    fn q8_k_by_hand() {
+        // f32 d = -0.25, q = i - 128 over the block; the 32 bytes of block sums are ignored.
+        let mut bytes = (-0.25f32).to_le_bytes().to_vec();
+        bytes.extend((0..256).map(|i| (i as i32 - 128) as i8 as u8));
+        bytes.extend([0xa5u8; 32]);
+        let x = dequantize(GgmlType::Q8K, &bytes, 256).unwrap();
+        for (i, v) in x.iter().enumerate() {
+            assert_eq!(*v, -0.25 * (i as f32 - 128.0), "element {i}");
+        }
     }
 }
