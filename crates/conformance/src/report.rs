@@ -53,7 +53,7 @@ impl Report {
         }
         if let Some(why) = &self.skipped {
             s += &format!(" (skipped: {why})");
-        } else if self.passed + self.failed == 0 {
+        } else if self.passed + self.failed + self.skipped_cases == 0 {
             s += &format!(" (no case matches {:?})", self.filter.as_deref().unwrap_or(""));
         }
         s
