@@ -224,3 +224,15 @@ impl CudaBackend {
         Ok((ids, out))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// The launcher's copy of the multi-CTA sampler's constants is the kernel's.
+    #[test]
+    fn multi_sampler_constants_match_the_kernel() {
+        let src = crate::sources::EMBEDDED.iter().find(|(n, _)| *n == "sampling").map(|(_, s)| *s).unwrap();
+        for (name, v) in [("SMC_WORDS", super::SMC_WORDS as u64), ("SMC_CTAS", super::SMC_CTAS as u64), ("SMC_PASSES", super::SMC_PASSES as u64)] {
+            assert!(src.lines().any(|l| l.trim_start().starts_with(&format!("#define {name} {v}"))), "kernels/sampling.cu does not define {name} {v}");
+        }
+    }
+}
