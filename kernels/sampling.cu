@@ -667,10 +667,12 @@ sample_masked_radix(const float* __restrict__ logits, const u32* __restrict__ sp
 #endif
 #define SMC_AM 0          // [64][2]: each CTA's argmax (value bits, index)
 #define SMC_HIST 128      // [4][256]: top-k's digit histograms
-#define SMC_ST 1152       // [16]: 0 mode (1: sampled), 1 m bits, 2 greedy id, 4 tau_k, 5 want bits, 8 + q tau_p before top-p pass q
-#define SMC_PART 1168     // [2][64 candidates][64 CTAs]: top-p partials, by pass parity
-#define SMC_KEPT 9360     // [4 candidates][256 lanes]: the last top-p pass's lane sums
-#define SMC_WORDS 10384
+#define SMC_ST 1152       // [32]: 0 mode (1: sampled), 1 m bits, 2 greedy id, 4 tau_k, 5 want bits, 8 + q tau_p
+                          // before top-p pass q, 16 + 2p and 17 + 2p top-k's prefix and rank left
+                          // before digit p (rank 0: no limit)
+#define SMC_PART 1184     // [2][64 candidates][64 CTAs]: top-p partials, by pass parity
+#define SMC_KEPT 9376     // [4 candidates][256 lanes]: the last top-p pass's lane sums
+#define SMC_WORDS 10400
 #define SMC_PASSES 6
 #ifndef SMC_BREAK
 #define SMC_BREAK 0
@@ -756,7 +758,7 @@ sample_mc_topk(const float* __restrict__ logits, const u32* __restrict__ specs, 
     __shared__ int si[SMP_THREADS];
     __shared__ u32 s_hist[256], s_scan[256], s_out[3];
     const int r = blockIdx.y, g = blockIdx.x, t = threadIdx.x;
-    if (r >= rows) return;
+    if (r >= rows || (g > 0 && g >= vocab)) return;  // CTA 0 (the state's writer) always runs
     u32* w = ws + (size_t)r * SMC_WORDS;
     const u32* sp = specs + (size_t)r * 8;
     const u32 top_k = sp[1];
@@ -787,15 +789,24 @@ sample_mc_topk(const float* __restrict__ logits, const u32* __restrict__ specs, 
         mode = w[SMC_ST + 0];
     }
     if (!mode || top_k == 0) return;
-    u32 prefix = 0, pmask = 0, kk = top_k;
-    for (int q = 0; q < p; ++q) {
-        u32 kk2, total;
-        const u32 sel = smc_select(w + SMC_HIST + 256 * q, kk, s_scan, s_out, &kk2, &total);
-        if (q == 0 && top_k >= total) return;  // no limit: every valid logit kept
-        prefix |= sel << (24 - 8 * q);
-        pmask |= 255u << (24 - 8 * q);
-        kk = kk2;
+    // The digits before p: the state digit p - 1 left, and digit p - 1 from its histogram.
+    u32 prefix = 0, kk = top_k;
+    if (p > 0) {
+        prefix = p == 1 ? 0u : w[SMC_ST + 16 + 2 * (p - 1)];
+        kk = p == 1 ? top_k : w[SMC_ST + 17 + 2 * (p - 1)];
+        if (kk != 0) {
+            u32 kk2, total;
+            const u32 sel = smc_select(w + SMC_HIST + 256 * (p - 1), kk, s_scan, s_out, &kk2, &total);
+            prefix |= sel << (32 - 8 * p);
+            kk = (p == 1 && top_k >= total) ? 0u : kk2;  // k >= the valid count: no limit
+        }
+        if (g == 0 && t == 0) {
+            w[SMC_ST + 16 + 2 * p] = prefix;
+            w[SMC_ST + 17 + 2 * p] = kk;
+        }
+        if (kk == 0) return;
     }
+    const u32 pmask = p == 0 ? 0u : 0xffffffffu << (32 - 8 * p);
     const int shift = 24 - 8 * p;
     const float* row = logits + (size_t)r * vocab;
     const u32* mask = smc_mask(mask_bits, mask_index, mask_words, r);
@@ -824,6 +835,11 @@ sample_mc_topp(const float* __restrict__ logits, const u32* __restrict__ specs, 
     const int r = blockIdx.y, g = blockIdx.x, t = threadIdx.x;
     if (r >= rows) return;
     u32* w = ws + (size_t)r * SMC_WORDS;
+    if (g > 0 && g >= vocab) {  // no lanes: zero masses (CTA 0, the state's writer, always runs)
+        if (q < SMC_PASSES - 1 && t < 64) w[SMC_PART + (q & 1) * SMC_CTAS * SMC_CTAS + t * SMC_CTAS + g] = 0u;
+        if (q == SMC_PASSES - 1 && t < 16) w[SMC_KEPT + (t & 3) * SMP_THREADS + g + 64 * (t >> 2)] = 0u;
+        return;
+    }
     if (!w[SMC_ST + 0]) return;
     const u32* sp = specs + (size_t)r * 8;
     const float inv_t = __uint_as_float(sp[0]), top_p = __uint_as_float(sp[2]), min_p = __uint_as_float(sp[3]);
@@ -831,16 +847,11 @@ sample_mc_topp(const float* __restrict__ logits, const u32* __restrict__ specs, 
     const float m = __uint_as_float(w[SMC_ST + 1]);
     u32 tau_k = 0;
     if (q == 0) {
-        if (top_k > 0) {
-            u32 prefix = 0, kk = top_k;
-            for (int p = 0; p < 4; ++p) {
-                u32 kk2, total;
-                const u32 sel = smc_select(w + SMC_HIST + 256 * p, kk, s_scan, s_out, &kk2, &total);
-                if (p == 0 && top_k >= total) { prefix = 0; break; }
-                prefix |= sel << (24 - 8 * p);
-                kk = kk2;
-            }
-            tau_k = prefix;
+        // The last digit from its histogram (rank 0 left by the passes: no limit).
+        const u32 kk = top_k > 0 ? w[SMC_ST + 17 + 2 * 3] : 0u;
+        if (kk != 0) {
+            u32 kk2, total;
+            tau_k = w[SMC_ST + 16 + 2 * 3] | smc_select(w + SMC_HIST + 256 * 3, kk, s_scan, s_out, &kk2, &total);
         }
         if (g == 0 && t == 0) w[SMC_ST + 4] = tau_k;
     } else {

@@ -478,7 +478,7 @@ pub(crate) fn sampler_multi() -> bool {
 }
 
 /// Workspace words a row of the multi-CTA sampler (kernels/sampling.cu SMC_WORDS).
-pub(crate) const SMC_WORDS: usize = 10384;
+pub(crate) const SMC_WORDS: usize = 10400;
 
 /// `TANDEM_CUDA_ARGMAX=multi`: greedy rows take kernels/argmax.cu `argmax_partial` (a CTA per
 /// 4,096 logits) and `argmax_fold` (the same ids); anything else the one-CTA-a-row `argmax`
@@ -937,7 +937,7 @@ impl Backend for CudaBackend {
         // Every row may be constrained: a mask of the largest output width (the vocabulary) each.
         let mask_words = rows * l.max_n.div_ceil(32);
         let argmax_part_words = 2 * rows * l.max_n.div_ceil(ARGMAX_CHUNK).max(1);
-        // Only under the switch: 41.5 KB a logit row.
+        // Only under the switch: 40.6 KiB a logit row.
         let sample_ws_words = if sampler_multi() { rows * SMC_WORDS } else { 0 };
         *io = IoScratch {
             ids: Some(self.alloc(Elem::U32, rows)?),
