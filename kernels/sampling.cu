@@ -642,6 +642,8 @@ sample_masked_radix(const float* __restrict__ logits, const u32* __restrict__ sp
 // counts (top-k) and the argmax are order-free. Five kernels, twelve launches a step, fixed
 // shapes, no host sync (graph capture safe), each kernel reading what the launch before left:
 //   sample_mc_max      grid (64, rows): per-CTA argmax partials; zeroes the top-k histograms.
+//                      (It and sample_mc_topk, whose results are order-free, read contiguous
+//                      slices; the mass passes read the CTA's four lanes.)
 //   sample_mc_topk p   p = 0..3, grid (64, rows): p = 0 folds the argmax (m, greedy or not)
 //                      into the row's state; then top-k's radix select, digit 8 bits a pass
 //                      (shift 24 - 8p), each CTA's shared histogram added to the row's with
@@ -723,13 +725,11 @@ sample_mc_max(const float* __restrict__ logits, u32* __restrict__ ws, int rows, 
     const float* row = logits + (size_t)r * vocab;
     const u32* mask = smc_mask(mask_bits, mask_index, mask_words, r);
     u32* w = ws + (size_t)r * SMC_WORDS;
-    const int n = 4 * ((vocab + SMP_THREADS - 1) / SMP_THREADS);
+    // Order-free (argmax_combine picks the same pair in any order): a contiguous slice a CTA.
+    const int per = (vocab + SMC_CTAS - 1) / SMC_CTAS, hi = min(vocab, (g + 1) * per);
     float v = 0.0f;
     int idx = -1;
-    for (int i = t; i < n; i += SMP_THREADS) {
-        const int j = smc_index(g, i);
-        if (j < vocab) argmax_combine(v, idx, smp_ld(row, mask, j), j);
-    }
+    for (int j = g * per + t; j < hi; j += SMP_THREADS) argmax_combine(v, idx, smp_ld(row, mask, j), j);
     sf[t] = v;
     si[t] = idx;
     __syncthreads();
@@ -812,10 +812,9 @@ sample_mc_topk(const float* __restrict__ logits, const u32* __restrict__ specs, 
     const u32* mask = smc_mask(mask_bits, mask_index, mask_words, r);
     s_hist[t] = 0u;
     __syncthreads();
-    const int n = 4 * ((vocab + SMP_THREADS - 1) / SMP_THREADS);
-    for (int i = t; i < n; i += SMP_THREADS) {
-        const int j = smc_index(g, i);
-        if (j >= vocab) continue;
+    // Integer counts, order-free: a contiguous slice a CTA.
+    const int per = (vocab + SMC_CTAS - 1) / SMC_CTAS, hi = min(vocab, (g + 1) * per);
+    for (int j = g * per + t; j < hi; j += SMP_THREADS) {
         const float x = smp_ld(row, mask, j);
         if (x != x) continue;
         const u32 kx = smp_key(x);
