@@ -16,7 +16,7 @@
 # only: its bits equal the mma.sync kernels' in the emulator only; the "cuda tests [wgmma:...]"
 # step is the hardware's bitwise check: gpu_invariance's m = 300 rows, wgmma, against the same
 # rows alone and at m <= 128, mma.sync),
-# TANDEM_TUNE_SAMPLERS (SAMPLER:ARGMAX pairs, default "bisect:one radix:multi"),
+# TANDEM_TUNE_SAMPLERS (SAMPLER:ARGMAX pairs, default "bisect:one radix:multi multi:multi"),
 # TANDEM_TUNE_ATTN_VARIANTS (space-separated TANDEM_CUDA_ATTENTION values, default "tc tc_deep":
 # the decode attention timed side by side at ctx 1024/4096/16384 and batch 1/8/64, head_dim 64
 # and 128, each row's fraction of the copy floor; the non-default ones also pass the op suite
@@ -115,11 +115,11 @@ else
     printf 'moe routed vs dense\t125\t0\tskipped: TANDEM_TUNE_MOE=0\n' >>"$STEPS"
 fi
 
-# 2c. The sampler and argmax variants (TANDEM_CUDA_SAMPLER=bisect|radix, TANDEM_CUDA_ARGMAX=
+# 2c. The sampler and argmax variants (TANDEM_CUDA_SAMPLER=bisect|radix|multi, TANDEM_CUDA_ARGMAX=
 #     one|multi; each gives the host sampler's ids, crates/cuda/tests): their ids on the GPU
 #     against the host (the masked-sampling test), then argmax and top-p sampling at vocabulary
 #     128256, batch 1 and 64. Target: top-p at batch 1 under 3% of a batch-1 decode step.
-for v in ${TANDEM_TUNE_SAMPLERS:-bisect:one radix:multi}; do
+for v in ${TANDEM_TUNE_SAMPLERS:-bisect:one radix:multi multi:multi}; do
     IFS=: read -r SV AV <<<"$v"
     E=(env TANDEM_CUDA_SAMPLER="$SV" TANDEM_CUDA_ARGMAX="$AV")
     [ -x "$HERE/cuda-tests" ] && NEED=10 PICK='test result|panicked|FAILED' step "sampling ids [$v]" 60 "${E[@]}" TANDEM_REQUIRE_CUDA=1 "$HERE/cuda-tests" --test-threads 1 gpu_invariance::masked_sampling

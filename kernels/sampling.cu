@@ -629,3 +629,409 @@ extern "C" __global__ void __launch_bounds__(SMP_THREADS, 4)
 sample_masked_radix(const float* __restrict__ logits, const u32* __restrict__ specs, u32* __restrict__ out, int rows, int vocab, const u32* __restrict__ mask_bits, const int* __restrict__ mask_index, int mask_words) {
     sample_radix_row_dev(logits, specs, out, rows, vocab, mask_bits, mask_index, mask_words);
 }
+
+// ---------------------------------------------------------------------------------------------
+// sample_mc_* (TANDEM_CUDA_SAMPLER=multi): the same ids as `sample` and
+// `tandem_core::sampling::sample_row`, bit for bit, with SMC_CTAS (64) CTAs a row, so that a
+// batch-1 step over a 128k-262k vocabulary is not one SM's latency. What fixes the order: the
+// host's masses are lane sums (lane l adds indices l, l + 256, ... in order) folded by a tree
+// (128 apart, 64 apart, ..., 1). CTA g of a row owns lanes g, g + 64, g + 128 and g + 192: it
+// adds each of its lanes in order (one thread a lane and candidate), and the tree's first two
+// levels (128 and 64 apart) join exactly those four lanes, so a CTA leaves one partial a
+// candidate; the next kernel folds the 64 partials with the tree's last six levels. Integer
+// counts (top-k) and the argmax are order-free. Five kernels, twelve launches a step, fixed
+// shapes, no host sync (graph capture safe), each kernel reading what the launch before left:
+//   sample_mc_max      grid (64, rows): per-CTA argmax partials; zeroes the top-k histograms.
+//                      (It and sample_mc_topk, whose results are order-free, read contiguous
+//                      slices; the mass passes read the CTA's four lanes.)
+//   sample_mc_topk p   p = 0..3, grid (64, rows): p = 0 folds the argmax (m, greedy or not)
+//                      into the row's state; then top-k's radix select, digit 8 bits a pass
+//                      (shift 24 - 8p), each CTA's shared histogram added to the row's with
+//                      integer atomics.
+//   sample_mc_topp q   q = 0..5, grid (64, rows): q = 0 folds the four histograms into tau_k;
+//                      top-p's threshold 6 key bits a pass (shifts 26, 20, 14, 8, 2; then 2
+//                      bits at shift 0): the masses at 64 candidates tau | d << shift in one
+//                      pass (each in the host's order), the largest d whose mass reaches want
+//                      is what 6 bisection steps find (the mass is monotone in the key: a subset
+//                      of non-negative weights added in a fixed order never rounds above the
+//                      whole). Pass 0's candidate 0 is the whole mass, so want = top_p * it. The
+//                      last pass (shift 0) leaves its 4 candidates' 256 lane sums whole, so the
+//                      draw needs no extra pass; without top-p it computes tau 0's (the base).
+//   sample_mc_draw     grid (rows): the last digit, then the draw and the chosen lane's walk
+//                      as `sample_radix` does them.
+// Each pass's decision is computed by every CTA alike from the partials (a fixed order, so
+// the same bits); CTA 0 records it in the row's state for the passes after. Workspace: row r
+// owns SMC_WORDS u32 words at ws + r * SMC_WORDS (crates/cuda reserves them with the rest).
+// Without a mask the launcher passes mask_words 0 (the mask pointers are then not read).
+#define SMC_CTAS 64
+#ifndef SMC_COLS
+#define SMC_COLS 256  // columns a top-p pass stages at a time (the emulator test builds 3 too)
+#endif
+#define SMC_AM 0          // [64][2]: each CTA's argmax (value bits, index)
+#define SMC_HIST 128      // [4][256]: top-k's digit histograms
+#define SMC_ST 1152       // [32]: 0 mode (1: sampled), 1 m bits, 2 greedy id, 4 tau_k, 5 want bits, 8 + q tau_p
+                          // before top-p pass q, 16 + 2p and 17 + 2p top-k's prefix and rank left
+                          // before digit p (rank 0: no limit)
+#define SMC_PART 1184     // [2][64 candidates][64 CTAs]: top-p partials, by pass parity
+#define SMC_KEPT 9376     // [4 candidates][256 lanes]: the last top-p pass's lane sums
+#define SMC_WORDS 10400
+#define SMC_PASSES 6
+#ifndef SMC_BREAK
+#define SMC_BREAK 0
+#endif
+
+__device__ __forceinline__ int smc_shift(int q) { return q < 5 ? 26 - 6 * q : 0; }
+
+// Element i (of 4 a column) of CTA g's lanes: lane g + 64 (i & 3), column i >> 2.
+__device__ __forceinline__ int smc_index(int g, int i) { return g + 64 * (i & 3) + SMP_THREADS * (i >> 2); }
+
+__device__ __forceinline__ const u32* smc_mask(const u32* mask_bits, const int* mask_index, int mask_words, int r) {
+    return (mask_words > 0 && mask_index[r] >= 0) ? mask_bits + (size_t)mask_index[r] * mask_words : nullptr;
+}
+
+// Top-k's digit from histogram h (256 bins) for the kk-th largest key: the bin b whose suffix
+// count reaches kk while b + 1's does not (a suffix scan over the block); *kk_out the rank left
+// inside it, *total the histogram's sum. Every thread gets the same answers.
+__device__ __forceinline__ u32 smc_select(const u32* h, u32 kk, u32* s_scan, u32* s_out, u32* kk_out, u32* total) {
+    const int t = threadIdx.x;
+    s_scan[t] = h[t];
+    __syncthreads();
+    for (int off = 1; off < 256; off <<= 1) {
+        const u32 v = s_scan[t] + (t + off < 256 ? s_scan[t + off] : 0u);
+        __syncthreads();
+        s_scan[t] = v;
+        __syncthreads();
+    }
+    const u32 above = t < 255 ? s_scan[t + 1] : 0u;
+    if (s_scan[t] >= kk && above < kk) {
+        s_out[0] = (u32)t;
+        s_out[1] = kk - above;
+    }
+    if (t == 0) s_out[2] = s_scan[0];
+    __syncthreads();
+    const u32 sel = s_out[0];
+    *kk_out = s_out[1];
+    *total = s_out[2];
+    __syncthreads();
+    return sel;
+}
+
+extern "C" __global__ void __launch_bounds__(SMP_THREADS)
+sample_mc_max(const float* __restrict__ logits, u32* __restrict__ ws, int rows, int vocab, const u32* __restrict__ mask_bits, const int* __restrict__ mask_index, int mask_words) {
+    __shared__ float sf[SMP_THREADS];
+    __shared__ int si[SMP_THREADS];
+    const int r = blockIdx.y, g = blockIdx.x, t = threadIdx.x;
+    if (r >= rows) return;
+    const float* row = logits + (size_t)r * vocab;
+    const u32* mask = smc_mask(mask_bits, mask_index, mask_words, r);
+    u32* w = ws + (size_t)r * SMC_WORDS;
+    // Order-free (argmax_combine picks the same pair in any order): a contiguous slice a CTA.
+    const int per = (vocab + SMC_CTAS - 1) / SMC_CTAS, hi = min(vocab, (g + 1) * per);
+    float v = 0.0f;
+    int idx = -1;
+    for (int j = g * per + t; j < hi; j += SMP_THREADS) argmax_combine(v, idx, smp_ld(row, mask, j), j);
+    sf[t] = v;
+    si[t] = idx;
+    __syncthreads();
+    for (int s = SMP_THREADS / 2; s > 0; s >>= 1) {
+        if (t < s) {
+            float a = sf[t];
+            int ai = si[t];
+            argmax_combine(a, ai, sf[t + s], si[t + s]);
+            sf[t] = a;
+            si[t] = ai;
+        }
+        __syncthreads();
+    }
+    if (t == 0) {
+        w[SMC_AM + 2 * g] = smp_bits(sf[0]);
+        w[SMC_AM + 2 * g + 1] = (u32)si[0];
+    }
+#if SMC_BREAK != 1  // deliberately broken: the histograms keep what the workspace held
+    if (t < 1024 / SMC_CTAS) w[SMC_HIST + g * (1024 / SMC_CTAS) + t] = 0u;
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(SMP_THREADS)
+sample_mc_topk(const float* __restrict__ logits, const u32* __restrict__ specs, u32* __restrict__ ws, int rows, int vocab, const u32* __restrict__ mask_bits, const int* __restrict__ mask_index, int mask_words, int p) {
+    __shared__ float sf[SMP_THREADS];
+    __shared__ int si[SMP_THREADS];
+    __shared__ u32 s_hist[256], s_scan[256], s_out[3];
+    const int r = blockIdx.y, g = blockIdx.x, t = threadIdx.x;
+    if (r >= rows || (g > 0 && g >= vocab)) return;  // CTA 0 (the state's writer) always runs
+    u32* w = ws + (size_t)r * SMC_WORDS;
+    const u32* sp = specs + (size_t)r * 8;
+    const u32 top_k = sp[1];
+    u32 mode;
+    if (p == 0) {
+        // The argmax partials folded by the block's tree: m and the greedy id.
+        sf[t] = t < SMC_CTAS ? __uint_as_float(w[SMC_AM + 2 * t]) : 0.0f;
+        si[t] = t < SMC_CTAS ? (int)w[SMC_AM + 2 * t + 1] : -1;
+        __syncthreads();
+        for (int s = SMP_THREADS / 2; s > 0; s >>= 1) {
+            if (t < s) {
+                float a = sf[t];
+                int ai = si[t];
+                argmax_combine(a, ai, sf[t + s], si[t + s]);
+                sf[t] = a;
+                si[t] = ai;
+            }
+            __syncthreads();
+        }
+        const float m = sf[0], inv_t = __uint_as_float(sp[0]);
+        mode = (inv_t == 0.0f || !(fabsf(m) <= 3.402823466e38f)) ? 0u : 1u;
+        if (g == 0 && t == 0) {
+            w[SMC_ST + 0] = mode;
+            w[SMC_ST + 1] = smp_bits(m);
+            w[SMC_ST + 2] = si[0] < 0 ? 0u : (u32)si[0];
+        }
+    } else {
+        mode = w[SMC_ST + 0];
+    }
+    if (!mode || top_k == 0) return;
+    // The digits before p: the state digit p - 1 left, and digit p - 1 from its histogram.
+    u32 prefix = 0, kk = top_k;
+    if (p > 0) {
+        prefix = p == 1 ? 0u : w[SMC_ST + 16 + 2 * (p - 1)];
+        kk = p == 1 ? top_k : w[SMC_ST + 17 + 2 * (p - 1)];
+        if (kk != 0) {
+            u32 kk2, total;
+            const u32 sel = smc_select(w + SMC_HIST + 256 * (p - 1), kk, s_scan, s_out, &kk2, &total);
+            prefix |= sel << (32 - 8 * p);
+            kk = (p == 1 && top_k >= total) ? 0u : kk2;  // k >= the valid count: no limit
+        }
+        if (g == 0 && t == 0) {
+            w[SMC_ST + 16 + 2 * p] = prefix;
+            w[SMC_ST + 17 + 2 * p] = kk;
+        }
+        if (kk == 0) return;
+    }
+    const u32 pmask = p == 0 ? 0u : 0xffffffffu << (32 - 8 * p);
+    const int shift = 24 - 8 * p;
+    const float* row = logits + (size_t)r * vocab;
+    const u32* mask = smc_mask(mask_bits, mask_index, mask_words, r);
+    s_hist[t] = 0u;
+    __syncthreads();
+    // Integer counts, order-free: a contiguous slice a CTA.
+    const int per = (vocab + SMC_CTAS - 1) / SMC_CTAS, hi = min(vocab, (g + 1) * per);
+    for (int j = g * per + t; j < hi; j += SMP_THREADS) {
+        const float x = smp_ld(row, mask, j);
+        if (x != x) continue;
+        const u32 kx = smp_key(x);
+        if ((kx & pmask) == prefix) atomicAdd(&s_hist[(kx >> shift) & 255u], 1u);
+    }
+    __syncthreads();
+    if (s_hist[t]) atomicAdd(&w[SMC_HIST + 256 * p + t], s_hist[t]);
+}
+
+extern "C" __global__ void __launch_bounds__(SMP_THREADS)
+sample_mc_topp(const float* __restrict__ logits, const u32* __restrict__ specs, u32* __restrict__ ws, int rows, int vocab, const u32* __restrict__ mask_bits, const int* __restrict__ mask_index, int mask_words, int q) {
+    __shared__ float s_f[SMC_CTAS][SMC_CTAS];
+    __shared__ float s_w[4][SMC_COLS];
+    __shared__ u32 s_k[4][SMC_COLS];
+    __shared__ float s_acc[4][64];
+    __shared__ u32 s_scan[256], s_out[3];
+    const int r = blockIdx.y, g = blockIdx.x, t = threadIdx.x;
+    if (r >= rows) return;
+    u32* w = ws + (size_t)r * SMC_WORDS;
+    if (g > 0 && g >= vocab) {  // no lanes: zero masses (CTA 0, the state's writer, always runs)
+        if (q < SMC_PASSES - 1 && t < 64) w[SMC_PART + (q & 1) * SMC_CTAS * SMC_CTAS + t * SMC_CTAS + g] = 0u;
+        if (q == SMC_PASSES - 1 && t < 16) w[SMC_KEPT + (t & 3) * SMP_THREADS + g + 64 * (t >> 2)] = 0u;
+        return;
+    }
+    if (!w[SMC_ST + 0]) return;
+    const u32* sp = specs + (size_t)r * 8;
+    const float inv_t = __uint_as_float(sp[0]), top_p = __uint_as_float(sp[2]), min_p = __uint_as_float(sp[3]);
+    const u32 top_k = sp[1];
+    const float m = __uint_as_float(w[SMC_ST + 1]);
+    u32 tau_k = 0;
+    if (q == 0) {
+        // The last digit from its histogram (rank 0 left by the passes: no limit).
+        const u32 kk = top_k > 0 ? w[SMC_ST + 17 + 2 * 3] : 0u;
+        if (kk != 0) {
+            u32 kk2, total;
+            tau_k = w[SMC_ST + 16 + 2 * 3] | smc_select(w + SMC_HIST + 256 * 3, kk, s_scan, s_out, &kk2, &total);
+        }
+        if (g == 0 && t == 0) w[SMC_ST + 4] = tau_k;
+    } else {
+        tau_k = w[SMC_ST + 4];
+    }
+    const bool topp = top_p < 1.0f;
+    if (!topp && q < SMC_PASSES - 1) return;
+    u32 tau = 0;
+    if (topp && q > 0) {
+        // The previous pass's 64 partials a candidate, folded by the tree's levels 32 .. 1.
+#if SMC_BREAK == 2  // deliberately broken: the partials of the pass before the last
+        const u32* part = w + SMC_PART + (q & 1) * SMC_CTAS * SMC_CTAS;
+#else
+        const u32* part = w + SMC_PART + ((q - 1) & 1) * SMC_CTAS * SMC_CTAS;
+#endif
+        for (int i = t; i < SMC_CTAS * SMC_CTAS; i += SMP_THREADS) s_f[i / SMC_CTAS][i % SMC_CTAS] = __uint_as_float(part[i]);
+        __syncthreads();
+        for (int half = SMC_CTAS / 2; half > 0; half >>= 1) {
+            for (int i = t; i < SMC_CTAS * half; i += SMP_THREADS) {
+                const int d = i / half, l = i - d * half;
+                s_f[d][l] = smp_add(s_f[d][l], s_f[d][l + half]);
+            }
+            __syncthreads();
+        }
+        const float want = q == 1 ? smp_mul(top_p, s_f[0][0]) : __uint_as_float(w[SMC_ST + 5]);
+        u32 best = 0;
+        for (int d = 1; d < 64; ++d)
+            if (s_f[d][0] >= want) best = (u32)d;
+        tau = (q == 1 ? 0u : w[SMC_ST + 8 + q - 1]) | best << smc_shift(q - 1);
+        if (g == 0 && t == 0) {
+            if (q == 1) w[SMC_ST + 5] = smp_bits(want);
+            w[SMC_ST + 8 + q] = tau;
+        }
+    }
+    // Thread (lane j, candidate d): lane g + 64 j's mass at key tau | d << shift, in order.
+    const int shift = smc_shift(q), ncand = q < SMC_PASSES - 1 ? 64 : 4;
+    const int j = t >> 6, d = t & 63;
+    const u32 c = tau | ((u32)d << shift);
+    const int ncol = (vocab + SMP_THREADS - 1) / SMP_THREADS;
+    const float* row = logits + (size_t)r * vocab;
+    const u32* mask = smc_mask(mask_bits, mask_index, mask_words, r);
+    float acc = 0.0f;
+    for (int c0 = 0; c0 < ncol; c0 += SMC_COLS) {
+        for (int i = t; i < 4 * SMC_COLS; i += SMP_THREADS) {
+            const int col = c0 + (i >> 2), idx = smc_index(g, i) + SMP_THREADS * c0;
+            float wv = 0.0f;
+            u32 kx = 0;
+            if (col < ncol && idx < vocab) {
+                const float x = smp_ld(row, mask, idx);
+                if (x == x) {
+                    kx = smp_key(x);
+                    // Below tau (every candidate) or top-k's threshold, or under min-p: weight 0,
+                    // which leaves a running sum as it is (the host skips it).
+                    if (kx >= tau && kx >= tau_k) {
+                        wv = smp_weight(x, m, inv_t);
+                        if (!(wv >= min_p)) wv = 0.0f;
+                    }
+                }
+            }
+            s_w[i & 3][i >> 2] = wv;
+            s_k[i & 3][i >> 2] = kx;
+        }
+        __syncthreads();
+        if (d < ncand) {
+            const int n = ncol - c0 < SMC_COLS ? ncol - c0 : SMC_COLS;
+            for (int i = 0; i < n; ++i)
+                if (s_k[j][i] >= c) acc = smp_add(acc, s_w[j][i]);
+        }
+        __syncthreads();
+    }
+    s_acc[j][d] = acc;
+    __syncthreads();
+    if (q < SMC_PASSES - 1) {
+        // The tree's levels 128 and 64 apart: (l_g + l_g+128) + (l_g+64 + l_g+192).
+        if (t < ncand)
+            w[SMC_PART + (q & 1) * SMC_CTAS * SMC_CTAS + t * SMC_CTAS + g] = smp_bits(smp_add(smp_add(s_acc[0][t], s_acc[2][t]), smp_add(s_acc[1][t], s_acc[3][t])));
+    } else if (t < 16) {
+        w[SMC_KEPT + (t & 3) * SMP_THREADS + g + 64 * (t >> 2)] = smp_bits(s_acc[t >> 2][t & 3]);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(SMP_THREADS)
+sample_mc_draw(const float* __restrict__ logits, const u32* __restrict__ specs, u32* __restrict__ ws, u32* __restrict__ out, int rows, int vocab, const u32* __restrict__ mask_bits, const int* __restrict__ mask_index, int mask_words) {
+    __shared__ float s_f[4][SMP_THREADS];
+    __shared__ float s_incl[SMP_THREADS];
+    __shared__ float s_w[SMP_WALK];
+    __shared__ int s_lane, s_walk, s_pick;
+    __shared__ float s_local;
+    const int r = blockIdx.x, t = threadIdx.x;
+    if (r >= rows) return;
+    const u32* w = ws + (size_t)r * SMC_WORDS;
+    const u32 greedy = w[SMC_ST + 2];
+    if (!w[SMC_ST + 0]) {
+        if (t == 0) out[r] = greedy;
+        return;
+    }
+    const u32* sp = specs + (size_t)r * 8;
+    const float inv_t = __uint_as_float(sp[0]), top_p = __uint_as_float(sp[2]), min_p = __uint_as_float(sp[3]);
+    const float m = __uint_as_float(w[SMC_ST + 1]);
+    const u32 tau_k = w[SMC_ST + 4];
+    const u32* kept = w + SMC_KEPT;
+    u32 best = 0, tau_p = 0;
+    if (top_p < 1.0f) {
+        // The last digit: each candidate's 256 lane sums folded by the whole tree.
+        for (int i = t; i < 4 * SMP_THREADS; i += SMP_THREADS) s_f[i / SMP_THREADS][i % SMP_THREADS] = __uint_as_float(kept[i]);
+        __syncthreads();
+        for (int half = SMP_THREADS / 2; half > 0; half >>= 1) {
+            for (int i = t; i < 4 * half; i += SMP_THREADS) {
+                const int d = i / half, l = i - d * half;
+                s_f[d][l] = smp_add(s_f[d][l], s_f[d][l + half]);
+            }
+            __syncthreads();
+        }
+        const float want = __uint_as_float(w[SMC_ST + 5]);
+        for (int d = 1; d < 4; ++d)
+            if (s_f[d][0] >= want) best = (u32)d;
+        tau_p = w[SMC_ST + 8 + SMC_PASSES - 1] | best;
+        __syncthreads();
+    }
+    const u32 tau = tau_k > tau_p ? tau_k : tau_p;
+    const u32* lane = kept + best * SMP_THREADS;
+    if (t == 0) {
+        float acc = 0.0f;
+        for (int l = 0; l < SMP_THREADS; ++l) {
+            acc = smp_add(acc, __uint_as_float(lane[l]));
+            s_incl[l] = acc;
+        }
+        u32 c0 = sp[7], c1 = sp[6], c2 = 0u, c3 = 0u;
+        philox4x32_10(c0, c1, c2, c3, sp[4], sp[5]);
+        const float u = smp_mul((float)(c0 >> 8), 1.0f / 16777216.0f);
+        const float target = smp_mul(u, acc);
+        int chosen = -1;
+        for (int l = 0; l < SMP_THREADS && chosen < 0; ++l)
+            if (s_incl[l] > target) chosen = l;
+        if (chosen >= 0) {
+            s_lane = chosen;
+            s_walk = 1;
+            s_local = smp_add(target, chosen > 0 ? -s_incl[chosen - 1] : -0.0f);
+        } else {  // rounding put the target at the very end: the last lane with weight
+            int last = 0;
+            for (int l = SMP_THREADS - 1; l >= 0; --l)
+                if (__uint_as_float(lane[l]) > 0.0f) { last = l; break; }
+            s_lane = last;
+            s_walk = 0;
+            s_local = 0.0f;
+        }
+        s_pick = -1;
+    }
+    __syncthreads();
+    // The walk along the chosen lane, as in sample_radix: the block computes a chunk of its
+    // kept weights (0 where not kept), thread 0 adds them in order.
+    const float* row = logits + (size_t)r * vocab;
+    const u32* mask = smc_mask(mask_bits, mask_index, mask_words, r);
+    const int ln = s_lane, n_lane = ln < vocab ? (vocab - 1 - ln) / SMP_THREADS + 1 : 0;
+    float local = 0.0f;
+    int last = -1;
+    for (int c0 = 0; c0 < n_lane; c0 += SMP_WALK) {
+        for (int i = t; i < SMP_WALK && c0 + i < n_lane; i += SMP_THREADS) {
+            const int j = ln + (c0 + i) * SMP_THREADS;
+            const float x = smp_ld(row, mask, j);
+            float wv = 0.0f;
+            if (x == x && smp_key(x) >= tau) {
+                wv = smp_weight(x, m, inv_t);
+                if (!(wv >= min_p)) wv = 0.0f;
+            }
+            s_w[i] = wv;
+        }
+        __syncthreads();
+        if (t == 0 && s_pick < 0) {
+            const int n = n_lane - c0 < SMP_WALK ? n_lane - c0 : SMP_WALK;
+            for (int i = 0; i < n; ++i) {
+                const float wv = s_w[i];
+                if (wv > 0.0f) last = ln + (c0 + i) * SMP_THREADS;
+                if (s_walk) {
+                    local = smp_add(local, wv);
+                    if (local > s_local) { s_pick = ln + (c0 + i) * SMP_THREADS; break; }
+                }
+            }
+        }
+        __syncthreads();
+        if (s_pick >= 0) break;
+    }
+    if (t == 0) out[r] = s_pick >= 0 ? (u32)s_pick : last >= 0 ? (u32)last : greedy;
+}

@@ -731,6 +731,21 @@ static void test_sampling() {
     std::vector<u32> rids(rows, 0xffffffffu);
     launch(dim3{rows, 1, 1}, dim3{SMP_THREADS, 1, 1}, [&] { sample_radix(l.data(), specs.data(), rids.data(), rows, vocab); });
     expect_true("sample_radix == sample on the same rows", rids == ids);
+    // TANDEM_CUDA_SAMPLER=multi: the twelve launches in the launcher's order, on a workspace of
+    // garbage; and row 1 alone (its workspace row 0) gives the same id.
+    auto multi = [&](const float* lg, const u32* sp, u32* out, int n) {
+        std::vector<u32> ws((size_t)n * SMC_WORDS, 0xa5a5a5a5u);
+        const dim3 grid{SMC_CTAS, (unsigned)n, 1}, block{SMP_THREADS, 1, 1};
+        launch(grid, block, [&] { sample_mc_max(lg, ws.data(), n, vocab, sp, (const int*)sp, 0); });
+        for (int p = 0; p < 4; ++p) launch(grid, block, [&] { sample_mc_topk(lg, sp, ws.data(), n, vocab, sp, (const int*)sp, 0, p); });
+        for (int q = 0; q < SMC_PASSES; ++q) launch(grid, block, [&] { sample_mc_topp(lg, sp, ws.data(), n, vocab, sp, (const int*)sp, 0, q); });
+        launch(dim3{(unsigned)n, 1, 1}, block, [&] { sample_mc_draw(lg, sp, ws.data(), out, n, vocab, sp, (const int*)sp, 0); });
+    };
+    std::vector<u32> mids(rows, 0xffffffffu), mone(1, 0xffffffffu);
+    multi(l.data(), specs.data(), mids.data(), rows);
+    expect_true("sample_mc_* == sample on the same rows", mids == ids);
+    multi(l.data() + vocab, specs.data() + 8, mone.data(), 1);
+    expect_true("sample_mc_* row alone == in batch", mone[0] == ids[1]);
     // Row 1 alone: the same id as among the others.
     std::vector<u32> one(1, 0xffffffffu);
     launch(dim3{1, 1, 1}, dim3{SMP_THREADS, 1, 1}, [&] { sample(l.data() + vocab, specs.data() + 8, one.data(), 1, vocab); });

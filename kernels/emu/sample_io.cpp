@@ -52,7 +52,20 @@ int main(int argc, char** argv) {
     // TANDEM_CUDA_SAMPLER=radix: the radix variant (sample_radix / sample_masked_radix).
     const char* variant = std::getenv("TANDEM_CUDA_SAMPLER");
     const bool radix = variant && std::string(variant) == "radix";
-    if (masked && radix)
+    // TANDEM_CUDA_SAMPLER=multi: the many-CTA kernels in the launcher's order, on a workspace
+    // filled with garbage (nothing may rely on it being zero).
+    const bool multi = variant && std::string(variant) == "multi";
+    if (multi) {
+        std::vector<u32> ws(rows * SMC_WORDS, 0x3f00ff01u);
+        const int mw = masked ? (int)mh[0] : 0;
+        const u32* mb = masked ? bits.data() : specs.data();
+        const int* mi = masked ? index.data() : (const int*)specs.data();
+        const dim3 grid{SMC_CTAS, (unsigned)rows, 1}, block{SMP_THREADS, 1, 1};
+        launch(grid, block, [&] { sample_mc_max(logits.data(), ws.data(), (int)rows, (int)vocab, mb, mi, mw); });
+        for (int p = 0; p < 4; ++p) launch(grid, block, [&] { sample_mc_topk(logits.data(), specs.data(), ws.data(), (int)rows, (int)vocab, mb, mi, mw, p); });
+        for (int q = 0; q < SMC_PASSES; ++q) launch(grid, block, [&] { sample_mc_topp(logits.data(), specs.data(), ws.data(), (int)rows, (int)vocab, mb, mi, mw, q); });
+        launch(dim3{(unsigned)rows, 1, 1}, block, [&] { sample_mc_draw(logits.data(), specs.data(), ws.data(), ids.data(), (int)rows, (int)vocab, mb, mi, mw); });
+    } else if (masked && radix)
         launch(dim3{(unsigned)rows, 1, 1}, dim3{SMP_THREADS, 1, 1}, [&] { sample_masked_radix(logits.data(), specs.data(), ids.data(), (int)rows, (int)vocab, bits.data(), index.data(), (int)mh[0]); });
     else if (masked)
         launch(dim3{(unsigned)rows, 1, 1}, dim3{SMP_THREADS, 1, 1}, [&] { sample_masked(logits.data(), specs.data(), ids.data(), (int)rows, (int)vocab, bits.data(), index.data(), (int)mh[0]); });

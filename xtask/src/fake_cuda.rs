@@ -194,12 +194,14 @@ pub fn cuda_tests(root: &Path, env: &FakeEnv) -> Result<Counts> {
         total.failed += c.failed + u64::from(!ok && c.failed == 0);
     }
     // The sampling and argmax variants (a process-wide switch each): the same ids as the host.
-    let mut cmd = env.command(env!("CARGO"));
-    cmd.current_dir(root).env("TANDEM_CUDA_SAMPLER", "radix").env("TANDEM_CUDA_ARGMAX", "multi");
-    cmd.args(["test", "-p", "tandem-cuda", "--test", "cuda", "--", "gpu_invariance::masked_sampling", "--test-threads", "1"]);
-    let (v, ok) = run_counted(cmd, "crates/cuda sampling with TANDEM_CUDA_SAMPLER=radix TANDEM_CUDA_ARGMAX=multi")?;
-    total.passed += v.passed;
-    total.failed += v.failed + u64::from(!ok && v.failed == 0);
+    for (sampler, argmax) in [("radix", "multi"), ("multi", "one")] {
+        let mut cmd = env.command(env!("CARGO"));
+        cmd.current_dir(root).env("TANDEM_CUDA_SAMPLER", sampler).env("TANDEM_CUDA_ARGMAX", argmax);
+        cmd.args(["test", "-p", "tandem-cuda", "--test", "cuda", "--", "gpu_invariance::masked_sampling", "--test-threads", "1"]);
+        let (v, ok) = run_counted(cmd, &format!("crates/cuda sampling with TANDEM_CUDA_SAMPLER={sampler} TANDEM_CUDA_ARGMAX={argmax}"))?;
+        total.passed += v.passed;
+        total.failed += v.failed + u64::from(!ok && v.failed == 0);
+    }
     Ok(total)
 }
 

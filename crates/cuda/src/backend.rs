@@ -301,6 +301,8 @@ struct IoScratch {
     top_lp: Option<CudaBuf>,
     /// `TANDEM_CUDA_ARGMAX=multi`: each row's per-chunk (value, index) pairs, two words each.
     argmax_part: Option<CudaBuf>,
+    /// `TANDEM_CUDA_SAMPLER=multi`: SMC_WORDS words a row ([`sampler_multi`]).
+    sample_ws: Option<CudaBuf>,
     fixed: bool,
 }
 
@@ -357,6 +359,11 @@ struct Kernels<F> {
     /// `TANDEM_CUDA_SAMPLER=radix`: the same ids in fewer passes ([`sampler_radix`]).
     sample_radix: Kernel<F>,
     sample_masked_radix: Kernel<F>,
+    /// `TANDEM_CUDA_SAMPLER=multi`: the same ids with 64 CTAs a row ([`sampler_multi`]).
+    sample_mc_max: Kernel<F>,
+    sample_mc_topk: Kernel<F>,
+    sample_mc_topp: Kernel<F>,
+    sample_mc_draw: Kernel<F>,
     logit_edits: Kernel<F>,
     logit_restore: Kernel<F>,
     logprobs: Kernel<F>,
@@ -446,6 +453,10 @@ impl<F> Kernels<F> {
             sample_masked: k("sample_masked")?,
             sample_radix: k("sample_radix")?,
             sample_masked_radix: k("sample_masked_radix")?,
+            sample_mc_max: k("sample_mc_max")?,
+            sample_mc_topk: k("sample_mc_topk")?,
+            sample_mc_topp: k("sample_mc_topp")?,
+            sample_mc_draw: k("sample_mc_draw")?,
             logit_edits: k("logit_edits")?,
             logit_restore: k("logit_restore")?,
             logprobs: k("logprobs")?,
@@ -461,6 +472,17 @@ pub(crate) fn sampler_radix() -> bool {
     static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *V.get_or_init(|| std::env::var("TANDEM_CUDA_SAMPLER").is_ok_and(|v| v == "radix"))
 }
+
+/// `TANDEM_CUDA_SAMPLER=multi`: sampled rows take kernels/sampling.cu `sample_mc_*` (64 CTAs a
+/// row, twelve launches, the same ids as `sample`), with [`SMC_WORDS`] words of workspace a
+/// row, reserved at load; a step the reservation does not cover takes `sample` (same ids).
+pub(crate) fn sampler_multi() -> bool {
+    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *V.get_or_init(|| std::env::var("TANDEM_CUDA_SAMPLER").is_ok_and(|v| v == "multi"))
+}
+
+/// Workspace words a row of the multi-CTA sampler (kernels/sampling.cu SMC_WORDS).
+pub(crate) const SMC_WORDS: usize = 10400;
 
 /// `TANDEM_CUDA_ARGMAX=multi`: greedy rows take kernels/argmax.cu `argmax_partial` (a CTA per
 /// 4,096 logits) and `argmax_fold` (the same ids); anything else the one-CTA-a-row `argmax`
@@ -919,6 +941,8 @@ impl Backend for CudaBackend {
         // Every row may be constrained: a mask of the largest output width (the vocabulary) each.
         let mask_words = rows * l.max_n.div_ceil(32);
         let argmax_part_words = 2 * rows * l.max_n.div_ceil(ARGMAX_CHUNK).max(1);
+        // Only under the switch: 40.6 KiB a logit row.
+        let sample_ws_words = if sampler_multi() { rows * SMC_WORDS } else { 0 };
         *io = IoScratch {
             ids: Some(self.alloc(Elem::U32, rows)?),
             specs: Some(self.alloc(Elem::U32, rows * SPEC_WORDS)?),
@@ -932,13 +956,14 @@ impl Backend for CudaBackend {
             top_ids: Some(self.alloc(Elem::U32, rows * MAX_TOP_LOGPROBS)?),
             top_lp: Some(self.alloc(Elem::F32, rows * MAX_TOP_LOGPROBS)?),
             argmax_part: Some(self.alloc(Elem::U32, argmax_part_words)?),
+            sample_ws: if sample_ws_words > 0 { Some(self.alloc(Elem::U32, sample_ws_words)?) } else { None },
             fixed: true,
         };
         let moe_bytes = moe::workspace(l.max_tokens, l.moe.as_ref());
         let mut ms = self.moe_scratch.lock().map_err(|_| err(format!("{OP}: scratch lock poisoned by an earlier panic")))?;
         *ms = moe::MoeScratch::default();
         *ms = moe::MoeScratch { mem: alloc(moe_bytes, "routed mixture-of-experts scratch")?, fixed: true };
-        let io_bytes = (rows * (5 + SPEC_WORDS + 2 * MAX_TOP_LOGPROBS) + 1 + mask_words + EDIT_RECORDS * (EDIT_WORDS + 1) + argmax_part_words) * 4;
+        let io_bytes = (rows * (5 + SPEC_WORDS + 2 * MAX_TOP_LOGPROBS) + 1 + mask_words + EDIT_RECORDS * (EDIT_WORDS + 1) + argmax_part_words + sample_ws_words) * 4;
         // The allocations are stream-ordered: wait, so that free_memory sees them.
         self.synchronize()?;
         Ok((out + ml + counter_bytes + xa + part + GEMM_COUNTERS * 4 + io_bytes + moe_bytes) as u64)
@@ -1436,10 +1461,17 @@ impl Backend for CudaBackend {
         let words: Vec<u32> = specs.iter().flat_map(SampleSpec::to_words).collect();
         debug_assert_eq!(words.len(), rows * SPEC_WORDS);
         let mut io = self.io_scratch(rows, words.len(), OP)?;
-        let IoScratch { ids: Some(ids), specs: Some(spec_buf), .. } = &mut *io else {
+        let IoScratch { ids: Some(_), specs: Some(spec_buf), .. } = &mut *io else {
             return Err(err(format!("{OP}: id or spec buffer missing after allocation")));
         };
         self.write_u32(spec_buf, &words)?;
+        if sampler_multi() && self.sample_multi(&mut io, logits, rows, vocab, false)? {
+            let IoScratch { ids: Some(ids), .. } = &*io else { return Err(err(format!("{OP}: id buffer missing"))) };
+            return self.read_u32(ids, rows);
+        }
+        let IoScratch { ids: Some(ids), specs: Some(spec_buf), .. } = &mut *io else {
+            return Err(err(format!("{OP}: id or spec buffer missing after allocation")));
+        };
         let f = if sampler_radix() { &self.kernels.sample_radix.f } else { &self.kernels.sample.f };
         let mut l = self.stream.launch_builder(f);
         l.arg(&*logits.mem).arg(&*spec_buf.mem).arg(&mut *ids.mem).arg(&ri).arg(&vi);
@@ -1482,7 +1514,7 @@ mod kernel_table_tests {
         let names = kernel_names();
         let unique: std::collections::BTreeSet<_> = names.iter().collect();
         assert_eq!(unique.len(), names.len(), "{names:?}");
-        assert_eq!(names.len(), 75); // 50 + 11 routed-MoE + 6 decode GEMM + 4 sampler/argmax + 2 tc_deep attention variants + gelu_tanh_mul and scale (Gemma 3)
+        assert_eq!(names.len(), 79); // 50 + 11 routed-MoE + 6 decode GEMM + 8 sampler/argmax + 2 tc_deep attention variants + gelu_tanh_mul and scale (Gemma 3)
         let k = Kernels::<&'static str>::resolve(Ok).unwrap();
         assert_eq!(k.embedding.map(|x| x.f), ["embedding_f32", "embedding_bf16", "embedding_f16"]);
         assert_eq!([Elem::F32, Elem::BF16, Elem::F16].map(|e| k.rms_norm[weight_index(e)].f), ["rms_norm_f32", "rms_norm_bf16", "rms_norm_f16"]);

@@ -8,7 +8,12 @@ use tandem_core::backend::Backend;
 use tandem_core::sampling::{logprobs_rows, sample_rows_masked, RowMasks, SampleSpec, TokenLogprobs, MAX_TOP_LOGPROBS};
 use tandem_core::Result;
 
-use super::{cfg, err, i32_of, need, CudaBackend, CudaBuf, Elem, IoScratch, SAMPLE_LANES};
+use super::{cfg, err, i32_of, need, CudaBackend, CudaBuf, Elem, IoScratch, SAMPLE_LANES, SMC_WORDS};
+
+/// CTAs a row of the multi-CTA sampler, and its top-p passes (kernels/sampling.cu SMC_CTAS,
+/// SMC_PASSES).
+const SMC_CTAS: u32 = 64;
+const SMC_PASSES: i32 = 6;
 
 impl CudaBackend {
     /// `logit_edits` on the logits in place (the rows' penalties, logit_bias and bans: what
@@ -73,13 +78,20 @@ impl CudaBackend {
         let words: Vec<u32> = specs.iter().flat_map(SampleSpec::to_words).collect();
         let index: Vec<u32> = masks.index.iter().map(|&i| i as u32).collect();
         let mut io = self.io_scratch_masked(rows, words.len(), masks.bits.len(), OP)?;
-        let IoScratch { ids: Some(ids), specs: Some(spec_buf), masks: Some(mask_buf), mask_index: Some(index_buf), .. } = &mut *io else {
+        let IoScratch { ids: Some(_), specs: Some(spec_buf), masks: Some(mask_buf), mask_index: Some(index_buf), .. } = &mut *io else {
             return Err(err(format!("{OP}: id, spec or mask buffer missing after allocation")));
         };
         // Only the constrained rows' masks go up (`RowMasks` packs them).
         self.write_u32(spec_buf, &words)?;
         self.write_u32(mask_buf, &masks.bits)?;
         self.write_u32(index_buf, &index)?;
+        if super::sampler_multi() && self.sample_multi(&mut io, logits, rows, vocab, true)? {
+            let IoScratch { ids: Some(ids), .. } = &*io else { return Err(err(format!("{OP}: id buffer missing"))) };
+            return self.read_u32(ids, rows);
+        }
+        let IoScratch { ids: Some(ids), specs: Some(spec_buf), masks: Some(mask_buf), mask_index: Some(index_buf), .. } = &mut *io else {
+            return Err(err(format!("{OP}: id, spec or mask buffer missing after allocation")));
+        };
         let f = if super::sampler_radix() { &self.kernels.sample_masked_radix.f } else { &self.kernels.sample_masked.f };
         let mut l = self.stream.launch_builder(f);
         l.arg(&*logits.mem).arg(&*spec_buf.mem).arg(&mut *ids.mem).arg(&ri).arg(&vi).arg(&*mask_buf.mem).arg(&*index_buf.mem).arg(&wi);
@@ -88,6 +100,61 @@ impl CudaBackend {
         let r = unsafe { l.launch(cfg((ri as u32, 1, 1), SAMPLE_LANES as u32)) };
         self.launched(OP, r)?;
         self.read_u32(ids, rows)
+    }
+
+    /// `TANDEM_CUDA_SAMPLER=multi`: the rows' ids into the id buffer by kernels/sampling.cu
+    /// `sample_mc_*` (the specs, and with `masked` the masks, already in `io`): twelve launches
+    /// of fixed shape, nothing read back. False, with nothing launched, when the workspace
+    /// reserved at load is short of `rows` (the caller then takes the one-CTA kernel: same ids).
+    pub(super) fn sample_multi(&self, io: &mut IoScratch, logits: &CudaBuf, rows: usize, vocab: usize, masked: bool) -> Result<bool> {
+        const OP: &str = "sample_mc";
+        let words = rows * SMC_WORDS;
+        if !io.fixed && io.sample_ws.as_ref().is_none_or(|b| b.len < words) {
+            io.sample_ws = Some(self.alloc(Elem::U32, words)?);
+        }
+        let IoScratch { ids: Some(ids), specs: Some(spec_buf), sample_ws: Some(ws), masks, mask_index, .. } = io else {
+            return Ok(false);
+        };
+        if ws.len < words {
+            return Ok(false);
+        }
+        // Unmasked: mask_words 0, and the spec buffer stands in for the mask pointers (not read).
+        let (mask_buf, index_buf, wi) = match (masked, masks.as_ref(), mask_index.as_ref()) {
+            (true, Some(m), Some(i)) => (m, i, i32_of(vocab.div_ceil(32), OP, "mask words")?),
+            (true, ..) => return Err(err(format!("{OP}: mask buffers missing"))),
+            _ => (&*spec_buf, &*spec_buf, 0i32),
+        };
+        let (ri, vi) = (i32_of(rows, OP, "rows")?, i32_of(vocab, OP, "vocab")?);
+        let grid = (SMC_CTAS, ri as u32, 1);
+        let k = &self.kernels;
+        let mut l = self.stream.launch_builder(&k.sample_mc_max.f);
+        l.arg(&*logits.mem).arg(&mut *ws.mem).arg(&ri).arg(&vi).arg(&*mask_buf.mem).arg(&*index_buf.mem).arg(&wi);
+        // SAFETY (all twelve): logits rows x vocab f32 (checked by the callers), specs
+        // SPEC_WORDS a row, ws SMC_WORDS a row (checked above), ids one a row; with wi > 0 the
+        // masks hold wi words per packed row and the index one i32 a row (`RowMasks::check`),
+        // with wi 0 the mask pointers are not read.
+        let r = unsafe { l.launch(cfg(grid, SAMPLE_LANES as u32)) };
+        self.launched(k.sample_mc_max.name, r)?;
+        for p in 0..4i32 {
+            let mut l = self.stream.launch_builder(&k.sample_mc_topk.f);
+            l.arg(&*logits.mem).arg(&*spec_buf.mem).arg(&mut *ws.mem).arg(&ri).arg(&vi).arg(&*mask_buf.mem).arg(&*index_buf.mem).arg(&wi).arg(&p);
+            // SAFETY: as above.
+            let r = unsafe { l.launch(cfg(grid, SAMPLE_LANES as u32)) };
+            self.launched(k.sample_mc_topk.name, r)?;
+        }
+        for q in 0..SMC_PASSES {
+            let mut l = self.stream.launch_builder(&k.sample_mc_topp.f);
+            l.arg(&*logits.mem).arg(&*spec_buf.mem).arg(&mut *ws.mem).arg(&ri).arg(&vi).arg(&*mask_buf.mem).arg(&*index_buf.mem).arg(&wi).arg(&q);
+            // SAFETY: as above.
+            let r = unsafe { l.launch(cfg(grid, SAMPLE_LANES as u32)) };
+            self.launched(k.sample_mc_topp.name, r)?;
+        }
+        let mut l = self.stream.launch_builder(&k.sample_mc_draw.f);
+        l.arg(&*logits.mem).arg(&*spec_buf.mem).arg(&mut *ws.mem).arg(&mut *ids.mem).arg(&ri).arg(&vi).arg(&*mask_buf.mem).arg(&*index_buf.mem).arg(&wi);
+        // SAFETY: as above; writes ids[0..rows].
+        let r = unsafe { l.launch(cfg((ri as u32, 1, 1), SAMPLE_LANES as u32)) };
+        self.launched(k.sample_mc_draw.name, r)?;
+        Ok(true)
     }
 
     /// `Backend::sample_logprobs`: edits, the sample, the edits undone, then `logprobs` for the
@@ -155,5 +222,17 @@ impl CudaBackend {
             })
             .collect();
         Ok((ids, out))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The launcher's copy of the multi-CTA sampler's constants is the kernel's.
+    #[test]
+    fn multi_sampler_constants_match_the_kernel() {
+        let src = crate::sources::EMBEDDED.iter().find(|(n, _)| *n == "sampling").map(|(_, s)| *s).unwrap();
+        for (name, v) in [("SMC_WORDS", super::SMC_WORDS as u64), ("SMC_CTAS", super::SMC_CTAS as u64), ("SMC_PASSES", super::SMC_PASSES as u64)] {
+            assert!(src.lines().any(|l| l.trim_start().starts_with(&format!("#define {name} {v}"))), "kernels/sampling.cu does not define {name} {v}");
+        }
     }
 }

@@ -95,22 +95,57 @@ fn sampling_kernel_matches_the_host_sampler_bitwise() {
     let exe = build("sample_io", &[]);
     // The radix variant's walk in chunks of 4 weights, not 1024: vocabularies past 1024 walk
     // their lane in several chunks, as a 262,144-token vocabulary would.
-    let exe_small_walk = build("sample_io_walk4", &["-DSMP_WALK=4"]);
-    check_variant(&exe, &dir, "bisect", &[]);
-    check_variant(&exe, &dir, "radix", &[40_000]);
-    check_variant(&exe_small_walk, &dir, "radix", &[]);
+    // The multi-CTA variant's top-p passes stage 3 columns at a time, not 256 (a 262,144-token
+    // vocabulary stages 1,024 in four chunks).
+    let exe_small_walk = build("sample_io_walk4", &["-DSMP_WALK=4", "-DSMC_COLS=3"]);
+    check_variant(&exe, &dir, "bisect", &[], 1);
+    check_variant(&exe, &dir, "radix", &[40_000], 1);
+    check_variant(&exe_small_walk, &dir, "radix", &[], 1);
+    // The many-CTA variant (walk in chunks of 4, top-p staging 3 columns at a time; a quarter
+    // of the plain rows: its 768 CTAs a row cost the emulator ~50 ms a row), then its deliberately broken builds
+    // (SMC_BREAK=1: the top-k histograms not zeroed; 2: a top-p pass folds the wrong pass's
+    // partials), which must give some id the host does not.
+    check_variant(&exe_small_walk, &dir, "multi", &[], 4);
+    for b in 1..=2 {
+        let broken = build(&format!("sample_io_smc_break{b}"), &[&format!("-DSMC_BREAK={b}")]);
+        let wrong = mismatches(&broken, &dir, "multi");
+        assert!(wrong > 0, "SMC_BREAK={b}: the broken multi-CTA sampler gave the host's ids on every row: the check cannot see it");
+        println!("SMC_BREAK={b}: {wrong} ids differ from the host's (as they must)");
+    }
 
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// How many of 24 random rows of 1000 logits `exe` samples differently from the host.
+fn mismatches(exe: &Path, dir: &Path, variant: &str) -> usize {
+    let mut r = SplitMix(20261205);
+    let mut wrong = 0;
+    for vocab in [1000usize] {
+        let rows = 24;
+        let cases: Vec<_> = (0..rows).map(|_| case(&mut r, vocab)).collect();
+        let mut bytes = Vec::new();
+        bytes.extend((rows as u32).to_le_bytes());
+        bytes.extend((vocab as u32).to_le_bytes());
+        cases.iter().flat_map(|c| &c.0).for_each(|x| bytes.extend(x.to_le_bytes()));
+        cases.iter().flat_map(|c| c.1.to_words()).for_each(|w| bytes.extend(w.to_le_bytes()));
+        let (inp, outp) = (dir.join("in.bin"), dir.join("out.bin"));
+        std::fs::write(&inp, &bytes).unwrap();
+        let run = Command::new(exe).env("TANDEM_CUDA_SAMPLER", variant).arg(&inp).arg(&outp).output().unwrap();
+        assert!(run.status.success(), "sample_io failed: {}", String::from_utf8_lossy(&run.stderr));
+        let got: Vec<u32> = std::fs::read(&outp).unwrap().chunks_exact(4).map(|b| u32::from_le_bytes(b.try_into().unwrap())).collect();
+        wrong += cases.iter().zip(&got).filter(|((l, s), g)| sample_row(l, s) != **g).count();
+    }
+    wrong
+}
+
 /// Every case of the test through one variant of the kernel (`TANDEM_CUDA_SAMPLER`), plus the
-/// vocabularies `big`.
-fn check_variant(exe: &Path, dir: &Path, variant: &str, big: &[usize]) {
+/// vocabularies `big`; the plain rows a vocabulary divided by `fewer`.
+fn check_variant(exe: &Path, dir: &Path, variant: &str, big: &[usize], fewer: usize) {
     let big = big.iter().copied();
     let mut r = SplitMix(std::env::var("TANDEM_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(20261201));
     let mut total = 0;
     for vocab in [1usize, 7, 255, 256, 257, 1000, 5000].into_iter().chain(big) {
-        let rows = if vocab > 5000 { 8 } else if vocab >= 1000 { 24 } else { 40 };
+        let rows = (if vocab > 5000 { 8 } else if vocab >= 1000 { 24 } else { 40 }) / fewer;
         let cases: Vec<_> = (0..rows).map(|_| case(&mut r, vocab)).collect();
         let mut bytes = Vec::new();
         bytes.extend((rows as u32).to_le_bytes());
