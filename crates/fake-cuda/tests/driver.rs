@@ -196,7 +196,7 @@ fn the_fake_driver_queues_checks_and_refuses() {
         assert_eq!(got, y_want, "a replayed programmatic dependent did not see its primary's output");
         assert_eq!(dtoh(got.as_mut_ptr() as *mut c_void, acc, n * 4, s), SUCCESS);
         assert_eq!(got, want);
-        attr.id = CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+        (*cfg.attrs).id = CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
         assert_eq!(launch_ex(&cfg, f, dep.as_mut_ptr(), std::ptr::null_mut()), INVALID_VALUE, "an attribute the fake does not model");
 
         assert_eq!(free(x, s), SUCCESS);
