@@ -207,7 +207,7 @@ pub fn cuda_tests(root: &Path, env: &FakeEnv) -> Result<Counts> {
 /// `cuda`, and `tandem compare` cuda vs the reference on small random models (head_dim 128
 /// and 64 with hidden 576: tensor-core attention, split K, the fused paths; tiny-qwen3: the
 /// per-head q/k norms; tiny-qwen3-moe: the MoE kernels, captured; tiny-hd128 once more with
-/// `TANDEM_CUDA_ATTENTION=tc_deep`), and `tandem serve`
+/// `TANDEM_CUDA_ATTENTION=tc_deep`, and with `TANDEM_CUDA_PDL=1`), and `tandem serve`
 /// answering requests ([`serve_check`]). Each `tandem` command counts as one test. `tandem`: a binary already built (a workspace `cargo test`
 /// builds one; building `-p tandem-cli` alone resolves other features and recompiles much).
 pub fn group(root: &Path, tandem: Option<PathBuf>) -> Result<Counts> {
@@ -252,8 +252,13 @@ pub fn group(root: &Path, tandem: Option<PathBuf>) -> Result<Counts> {
             // The tc_deep attention variant (TANDEM_CUDA_ATTENTION; head_dim 128: its
             // shared-memory opt-in), through the same compare.
             let mut deep = vec!["TANDEM_CUDA_ATTENTION=tc_deep".to_string()];
-            deep.extend(args);
+            deep.extend(args.clone());
             commands.push((format!("compare cuda (attention tc_deep) vs reference, {shape}"), deep));
+            // Programmatic dependent launch: every kernel of the files that wait launched as a
+            // dependent of the one before it, which the fake runs first (kernels/README.md).
+            let mut pdl = vec!["TANDEM_CUDA_PDL=1".to_string()];
+            pdl.extend(args);
+            commands.push((format!("compare cuda (TANDEM_CUDA_PDL=1) vs reference, {shape}"), pdl));
         }
     }
     let serve_ok = serve_check(&env, &tandem, &models.join("tiny-hd128"));

@@ -463,6 +463,9 @@ impl State {
         unsafe { d.kernel.run(&args) };
         RUNNING.store(std::ptr::null_mut(), Ordering::SeqCst);
         self.pdl_pairs += 1;
+        if self.pdl_pairs == 1 {
+            eprintln!("fake-cuda: {} ran as a programmatic dependent of {} (first of such pairs; kernels/README.md)", d.name, p.name);
+        }
         if ran_late != 0 && !self.pdl_late {
             return Err(fail(
                 CUresult::CUDA_ERROR_LAUNCH_FAILED,
