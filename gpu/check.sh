@@ -102,8 +102,8 @@ gen tiny bf16 "$TINY" 30
 gen tiny f32 "$TINY32" 30
 gen smollm2-135m bf16 "$SMOL" 60
 # The other families (issue 26): Qwen3 (q/k norms), Qwen3-MoE (the routed experts), Mistral with
-# a sliding window of 16 keys.
-FAMILIES="tiny-qwen3 tiny-qwen3-moe tiny-mistral"
+# a sliding window of 16 keys, Gemma 3 (GeGLU, sandwich norms, a sliding and a global layer).
+FAMILIES="tiny-qwen3 tiny-qwen3-moe tiny-mistral tiny-gemma3"
 for fam in $FAMILIES; do gen "$fam" bf16 "$WORK/models/$fam-bf16" 30; done
 
 # ---------------------------------------------------------------- correctness

@@ -93,6 +93,15 @@ def main():
     t0 = time.time()
     model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32).to(device)
     model.eval()
+    # Gemma scales its embedding by sqrt(hidden) cast to the weights' type (HF's scaled word
+    # embedding, vLLM's normalizer): in a 16-bit checkpoint's type, not the float32 this script
+    # upcasts to (bf16 rounds sqrt(1152) = 33.94 to 33.75).
+    emb = model.get_input_embeddings()
+    with open(f"{a.model}/config.json") as f:
+        stored = json.load(f)
+    stored = stored.get("dtype") or stored.get("torch_dtype")
+    if hasattr(emb, "embed_scale") and stored in ("bfloat16", "float16"):
+        emb.embed_scale = emb.embed_scale.to(getattr(torch, stored)).to(torch.float32)
     name = torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
     print(
         f"hf_compare: transformers {transformers.__version__}, torch {torch.__version__}, {device} ({name}), "

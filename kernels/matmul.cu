@@ -178,50 +178,57 @@ __device__ __forceinline__ void norm_prologue(const NormIn& nm, const float* __r
 // 2026-12-04 found the m128 kernel spending (issue slots 38% busy, the tensor pipes mostly idle).
 // Chunk c of a tile is row c / 4, columns 8 (c % 4) .. + 7; thread t copies chunks t, t +
 // THREADS, ... The same bytes land in the same places as in the general path below.
+//
+// One operand's copies: chunk i of this thread at k tile 0 starts at src[i] (valid where
+// ok[i]: the chunk exists and its row is inside the operand), lands at element dst[i] of a
+// stage, and covers columns col[i] .. + 7 of the k tile.
+template <int N>
+struct OperandPlan {
+    const u16* src[N];
+    int dst[N], col[N];
+    bool ok[N];
+};
 template <typename S>
 struct CopyPlan {
     static constexpr int A_N = (S::BM * 4 + S::THREADS - 1) / S::THREADS, B_N = (S::BN * 4 + S::THREADS - 1) / S::THREADS;
-    const u16* a_src[A_N];  // row start + column of the chunk, at k tile 0 (valid where a_ok)
-    const u16* b_src[B_N];
-    int a_dst[A_N], b_dst[B_N];  // element offset in a stage
-    int a_col[A_N], b_col[B_N];  // column of the chunk within a k tile
-    bool a_ok[A_N], b_ok[B_N];   // the chunk exists and its row is inside x / w
+    OperandPlan<A_N> a;  // xa's BM rows (row stride kp)
+    OperandPlan<B_N> b;  // w's BN rows (row stride k)
 };
+// ROWS rows of the tile from row r0 of an operand of `rows` rows, `ld` elements apart.
+template <typename S, int ROWS, int N>
+__device__ __forceinline__ void plan_operand(OperandPlan<N>& op, const u16* __restrict__ base, int rows, int r0, int ld) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+        const int c = threadIdx.x + i * S::THREADS, r = c >> 2, col = (c & 3) * 8;
+        op.ok[i] = c < ROWS * 4 && r0 + r < rows;
+        op.src[i] = op.ok[i] ? base + (size_t)(r0 + r) * ld + col : base;
+        op.dst[i] = r * S::P + col;
+        op.col[i] = col;
+    }
+}
 template <typename S>
 __device__ __forceinline__ void copy_plan(CopyPlan<S>& cp, const u16* __restrict__ xa, const u16* __restrict__ w, int m, int n, int k, int kp, int m0, int n0) {
+    plan_operand<S, S::BM>(cp.a, xa, m, m0, kp);
+    plan_operand<S, S::BN>(cp.b, w, n, n0, k);
+}
+// One operand's copies of k tile k0 / BK into a stage; columns >= klim are zero-filled. CG: the
+// copy skips L1 (cp.async.cg: w, read once per block), else it may keep it there (.ca: xa).
+template <typename S, int ROWS, bool CG, int N>
+__device__ __forceinline__ void load_operand_planned(u16* stage, const OperandPlan<N>& op, const u16* __restrict__ base, int klim, int k0) {
 #pragma unroll
-    for (int i = 0; i < CopyPlan<S>::A_N; ++i) {
-        const int c = threadIdx.x + i * S::THREADS, r = c >> 2, col = (c & 3) * 8;
-        cp.a_ok[i] = c < S::BM * 4 && m0 + r < m;
-        cp.a_src[i] = cp.a_ok[i] ? xa + (size_t)(m0 + r) * kp + col : xa;
-        cp.a_dst[i] = r * S::P + col;
-        cp.a_col[i] = col;
-    }
-#pragma unroll
-    for (int i = 0; i < CopyPlan<S>::B_N; ++i) {
-        const int c = threadIdx.x + i * S::THREADS, r = c >> 2, col = (c & 3) * 8;
-        cp.b_ok[i] = c < S::BN * 4 && n0 + r < n;
-        cp.b_src[i] = cp.b_ok[i] ? w + (size_t)(n0 + r) * k + col : w;
-        cp.b_dst[i] = r * S::P + col;
-        cp.b_col[i] = col;
+    for (int i = 0; i < N; ++i) {
+        if (ROWS * 4 % S::THREADS != 0 && !(threadIdx.x + i * S::THREADS < ROWS * 4)) continue;
+        const bool ok = op.ok[i] && k0 + op.col[i] < klim;
+        if constexpr (CG) cp_async_cg16(stage + op.dst[i], ok ? op.src[i] + k0 : base, ok ? 16 : 0);
+        else cp_async_ca16(stage + op.dst[i], ok ? op.src[i] + k0 : base, ok ? 16 : 0);
     }
 }
 template <typename S>
 __device__ __forceinline__ void gemm_load_tile_planned(u16* As, u16* Bs, const CopyPlan<S>& cp, const u16* __restrict__ xa, const u16* __restrict__ w, int k,
                                                        int kp, int kt) {
     const int k0 = kt * S::BK;
-#pragma unroll
-    for (int i = 0; i < CopyPlan<S>::A_N; ++i) {
-        if (S::BM * 4 % S::THREADS != 0 && !(threadIdx.x + i * S::THREADS < S::BM * 4)) continue;
-        const bool ok = cp.a_ok[i] && k0 + cp.a_col[i] < kp;
-        cp_async_ca16(As + cp.a_dst[i], ok ? cp.a_src[i] + k0 : xa, ok ? 16 : 0);
-    }
-#pragma unroll
-    for (int i = 0; i < CopyPlan<S>::B_N; ++i) {
-        if (S::BN * 4 % S::THREADS != 0 && !(threadIdx.x + i * S::THREADS < S::BN * 4)) continue;
-        const bool ok = cp.b_ok[i] && k0 + cp.b_col[i] < k;
-        cp_async_cg16(Bs + cp.b_dst[i], ok ? cp.b_src[i] + k0 : w, ok ? 16 : 0);
-    }
+    load_operand_planned<S, S::BM, false>(As, cp.a, xa, kp, k0);
+    load_operand_planned<S, S::BN, true>(Bs, cp.b, w, k, k0);
 }
 
 // Which operands gemm_load_tile copies: x's tile, w's, or both.
@@ -382,6 +389,12 @@ __device__ __forceinline__ void gemm_stage_tile(float* Cs, const float (&total)[
     __syncthreads();
 }
 
+// The block's end (after matmul_tc_impl), shared with matmul_gemv_impl.
+template <typename T, typename S>
+__device__ __forceinline__ void matmul_tc_finish(float (&total)[S::MI][S::NJ][4], float* Cs, const void* __restrict__ bias, int bias_dtype,
+                                                 const Epilogue& ep, float* __restrict__ part, u32* __restrict__ counters, int m, int n,
+                                                 int slices, const RopeKv& rk, int m0, int n0, int wm0, int wn0, int lane);
+
 // With nm.dtype != 0 (only where x is read directly, m <= 128), x is h and the block computes
 // its rows' inv (norm_prologue) once its first weight tiles are in flight.
 template <typename T, typename S>
@@ -525,6 +538,21 @@ __device__ void matmul_tc_impl(const float* __restrict__ x, const u16* __restric
                 for (int q = 0; q < 4; ++q)
                     total[mi][nj][q] = first_slice ? 0.0f : s_total[((mi * S::NJ + nj) * 4 + q) * S::THREADS + threadIdx.x];
     }
+    matmul_tc_finish<T, S>(total, reinterpret_cast<float*>(smem_raw), bias, bias_dtype, ep, part, counters, m, n, slices, rk, m0, n0, wm0, wn0,
+                           lane);
+}
+
+// The block's end, shared by matmul_tc_impl and matmul_gemv_impl: the split-K partial and the
+// in-kernel fold in index order (TANDEM_GEMM_BREAK 3 stands for folding out of order), then the
+// epilogues. Cs: BM x (BN + 1) floats of shared memory for the epilogues that exchange the tile
+// between threads (rope, silu; gemm_stage_tile's barriers guard it). The GEMV variants pass
+// wm0 = 0 (their warps tile the columns only) and a Cs of their own (their staged x is still
+// read by other warps until the first of those barriers).
+template <typename T, typename S>
+__device__ __forceinline__ void matmul_tc_finish(float (&total)[S::MI][S::NJ][4], float* Cs, const void* __restrict__ bias, int bias_dtype,
+                                                 const Epilogue& ep, float* __restrict__ part, u32* __restrict__ counters, int m, int n,
+                                                 int slices, const RopeKv& rk, int m0, int n0, int wm0, int wn0, int lane) {
+    const bool split = gridDim.z > 1;
     // Accumulator fragment: c0, c1 at row g, columns 2t, 2t+1; c2, c3 at row g + 8.
     const int g = lane >> 2, t = lane & 3;
     if (split) {
@@ -574,7 +602,6 @@ __device__ void matmul_tc_impl(const float* __restrict__ x, const u16* __restric
     if (ep.kind == EPI_QKV_ROPE) {
         // A head's two halves sit head_dim / 2 columns apart in the tile, in other threads:
         // exchange the tile (bias added, as qkv_proj stores it) through shared memory.
-        float* Cs = reinterpret_cast<float*>(smem_raw);
         gemm_stage_tile<S>(Cs, total, bias, bias_dtype, n0, n, wm0, wn0, lane);
         const int hd = rk.head_dim, half = hd >> 1, nq = ep.n0, nkv = ep.n1;
         for (int e = threadIdx.x; e < S::BM * S::BN; e += S::THREADS) {
@@ -612,7 +639,6 @@ __device__ void matmul_tc_impl(const float* __restrict__ x, const u16* __restric
     if (S::BN % GEMM_BN == 0 && ep.kind == EPI_SILU) {
         // gate and up of one output sit 32 columns apart in the tile, in other warps: exchange
         // the tile through shared memory (gemm_stage_tile).
-        float* Cs = reinterpret_cast<float*>(smem_raw);
         gemm_stage_tile<S>(Cs, total, nullptr, 0, n0, n, wm0, wn0, lane);
         constexpr int HALF = GEMM_BN / 2;
         for (int e = threadIdx.x; e < S::BM * (S::BN / 2); e += S::THREADS) {
@@ -776,129 +802,6 @@ typedef GemmShape<16, 16, 16, 8> GemmM16S8;
     MATMUL_TC(DT, T, m16_s8, GemmM16S8)
 MATMUL_DT(bf16, bf16_t)
 MATMUL_DT(f16, f16_t)
-
-// ===== Decode GEMV variants: the block's end (shared by matmul_gemv_impl) =====
-// matmul_tc_impl's end, unchanged in substance: the split-K partial and the in-kernel fold
-// in index order (TANDEM_GEMM_BREAK 3 as there), then the epilogues. Cs: 16 x (BN + 1)
-// floats of shared memory of its own (the staged x is still live in other warps' reads
-// until the barrier inside gemm_stage_tile). wm0 is 0: the warps tile the columns only.
-template <typename T, typename S>
-__device__ __forceinline__ void matmul_gemv_finish(float (&total)[S::MI][S::NJ][4], float* Cs, const void* __restrict__ bias, int bias_dtype,
-                                                   const Epilogue& ep, float* __restrict__ part, u32* __restrict__ counters, int m, int n,
-                                                   int slices, const RopeKv& rk, int m0, int n0, int wn0, int lane) {
-    const int wm0 = 0;
-    const bool split = gridDim.z > 1;
-    // Accumulator fragment: c0, c1 at row g, columns 2t, 2t+1; c2, c3 at row g + 8.
-    const int g = lane >> 2, t = lane & 3;
-    if (split) {
-        // This slice's partial to the workspace, then the in-kernel fold (see the contract).
-#pragma unroll
-        for (int mi = 0; mi < S::MI; ++mi)
-#pragma unroll
-            for (int nj = 0; nj < S::NJ; ++nj)
-#pragma unroll
-                for (int q = 0; q < 4; ++q) {
-                    const int r = m0 + wm0 + mi * 16 + g + 8 * (q >> 1), c = n0 + wn0 + nj * 8 + 2 * t + (q & 1);
-                    if (r < m && c < n) part[((size_t)blockIdx.z * m + r) * n + c] = total[mi][nj][q];
-                }
-        if (!counters) return;  // kernels/emu only: the two-launch oracle folds with matmul_fold
-        __shared__ int s_last;
-        __threadfence();  // release: this thread's partials are visible device-wide before the count
-        __syncthreads();  // ... and every thread's, before thread 0 counts the block in
-        u32* counter = counters + (size_t)blockIdx.y * gridDim.x + blockIdx.x;
-        if (threadIdx.x == 0) s_last = atomicAdd(counter, 1u) == (u32)(slices - 1);
-        __syncthreads();
-        if (!s_last) return;
-        __threadfence();  // acquire: the other blocks' partials, counted before ours, are read after
-#pragma unroll
-        for (int mi = 0; mi < S::MI; ++mi)
-#pragma unroll
-            for (int nj = 0; nj < S::NJ; ++nj)
-#pragma unroll
-                for (int q = 0; q < 4; ++q) {
-                    const int r = m0 + wm0 + mi * 16 + g + 8 * (q >> 1), c = n0 + wn0 + nj * 8 + 2 * t + (q & 1);
-                    if (r >= m || c >= n) continue;
-                    // volatile: straight from L2, never an L1 line of another block's data.
-                    const volatile float* p = part + (size_t)r * n + c;
-                    const size_t mn = (size_t)m * n;
-#if TANDEM_GEMM_BREAK == 3
-                    // The bug this test hook stands for: folding the arriving block's own partial first.
-                    float v = total[mi][nj][q];
-                    for (int s = 0; s < slices; ++s)
-                        if (s != (int)blockIdx.z) v = v + p[(size_t)s * mn];
-#else
-                    float v = p[0];
-                    for (int s = 1; s < slices; ++s) v = v + p[(size_t)s * mn];
-#endif
-                    total[mi][nj][q] = v;
-                }
-        if (threadIdx.x == 0) *counter = 0u;  // every slice has counted: ready for the next launch
-    }
-    if (ep.kind == EPI_QKV_ROPE) {
-        // A head's two halves sit head_dim / 2 columns apart in the tile, in other threads:
-        // exchange the tile (bias added, as qkv_proj stores it) through shared memory.
-        // (Cs: the exchange tile, above)
-        gemm_stage_tile<S>(Cs, total, bias, bias_dtype, n0, n, wm0, wn0, lane);
-        const int hd = rk.head_dim, half = hd >> 1, nq = ep.n0, nkv = ep.n1;
-        for (int e = threadIdx.x; e < S::BM * S::BN; e += S::THREADS) {
-            const int rl = e / S::BN, j = e % S::BN, r = m0 + rl, c = n0 + j;
-            if (r >= m || c >= n) continue;
-            const float* row = Cs + rl * (S::BN + 1);
-            if (c >= nq + nkv) {  // v: stored as it is
-                const u32 slot = rk.slots[r];
-                if ((unsigned long long)slot >= rk.num_slots) continue;
-                const size_t o = (size_t)slot * nkv + (c - nq - nkv);
-                rope_kv_store(rk, rk.v_cache, o, row[j]);
-                continue;
-            }
-            const bool is_q = c < nq;
-            const int lc = is_q ? c : c - nq, i = lc % hd;
-            if (i >= half) continue;  // the pair's first element does both
-            float y0, y1;
-            rope_pair(row[j], row[j + half], (float)rk.positions[r], rk.inv_freq[i], y0, y1);
-            if (is_q) {
-                ep.out0[(size_t)r * nq + lc] = y0;
-                ep.out0[(size_t)r * nq + lc + half] = y1;
-            } else {
-                const u32 slot = rk.slots[r];
-                if ((unsigned long long)slot >= rk.num_slots) continue;
-                const size_t o = (size_t)slot * nkv + lc;
-                rope_kv_store(rk, rk.k_cache, o, y0);
-                rope_kv_store(rk, rk.k_cache, o + half, y1);
-            }
-        }
-        return;
-    }
-    // EPI_SILU's gate/up layout is in 64-row tiles (GEMM_BN): a tile BN wide holds BN / 64 of
-    // them, each 32 gate columns then the same 32 up columns. The 128-wide rope kernels
-    // (m16_n128, m64_n128) are launched for EPI_QKV_ROPE alone; m128_n128 serves every epilogue.
-    if (S::BN % GEMM_BN == 0 && ep.kind == EPI_SILU) {
-        // gate and up of one output sit 32 columns apart in the tile, in other warps: exchange
-        // the tile through shared memory (gemm_stage_tile).
-        // (Cs: the exchange tile, above)
-        gemm_stage_tile<S>(Cs, total, nullptr, 0, n0, n, wm0, wn0, lane);
-        constexpr int HALF = GEMM_BN / 2;
-        for (int e = threadIdx.x; e < S::BM * (S::BN / 2); e += S::THREADS) {
-            const int rl = e / (S::BN / 2), j = e % (S::BN / 2), jt = j / HALF, jj = j % HALF, r = m0 + rl;
-            const int c = (blockIdx.x * (S::BN / GEMM_BN) + jt) * HALF + jj;
-            if (r >= m || c >= ep.n0) continue;
-            const float gv = Cs[rl * (S::BN + 1) + jt * GEMM_BN + jj], uv = Cs[rl * (S::BN + 1) + jt * GEMM_BN + HALF + jj];
-            store_act(ep.out0, act_code(T{}, ep.act16), (size_t)r * ep.n0 + c, gv / (1.0f + expf(-gv)) * uv);  // silu_mul.cu's formula
-        }
-        return;
-    }
-#pragma unroll
-    for (int mi = 0; mi < S::MI; ++mi)
-#pragma unroll
-        for (int nj = 0; nj < S::NJ; ++nj)
-#pragma unroll
-            for (int q = 0; q < 4; ++q) {
-                const int r = m0 + wm0 + mi * 16 + g + 8 * (q >> 1), c = n0 + wn0 + nj * 8 + 2 * t + (q & 1);
-                if (r >= m || c >= n) continue;
-                const float v = bias_dtype ? total[mi][nj][q] + load_bias(bias, bias_dtype, c) : total[mi][nj][q];
-                epilogue_store<T>(ep, r, c, n, v);
-            }
-}
 
 // ===== Decode GEMV variants (issue 25 item 1): x staged once, weights streamed in registers =====
 // matmul_tc_<dt>_m16_gemv<D> and matmul_tc_<dt>_m16_x1 (TANDEM_CUDA_GEMM_SMALL=m16_gemv4 |
@@ -1115,7 +1018,7 @@ __device__ void matmul_gemv_impl(const float* __restrict__ x, const u16* __restr
             end_chunk(i);
         }
     }
-    matmul_gemv_finish<T, S>(total, Cs, bias, bias_dtype, ep, part, counters, m, n, slices, rk, m0, n0, wn0, lane);
+    matmul_tc_finish<T, S>(total, Cs, bias, bias_dtype, ep, part, counters, m, n, slices, rk, m0, n0, 0, wn0, lane);
 }
 
 // The GEMV variants' entry points: matmul_tc's argument list, so the launcher passes the same

@@ -386,6 +386,84 @@ struct PatArgs {
     int window;  // sliding window in keys, 0: none
 };
 
+// A chunk job's fold of row rr (of the lane's two, g and g + 8) at the end of a partition: its
+// (m, l, o) into the running (macc, lacc) and the output row, which holds the partitions so far
+// (first: this is the first; last: the row's context ends here, so the row is divided by its
+// sum). o, m and l start again for the next partition. Shared by tc and tc_deep.
+template <int D>
+__device__ __forceinline__ void pat_chunk_fold(const PatArgs& a, float (&o)[D / 8][4], float (&m)[2], float (&l)[2], float (&macc)[2],
+                                               float (&lacc)[2], const size_t (&orow)[2], int c, int rr, bool first, bool last) {
+    float fa = 0.0f, fb = 0.0f;
+    if (!first) pat_fold_ml(macc[rr], lacc[rr], m[rr], l[rr], fa, fb);
+    else {
+        macc[rr] = m[rr];
+        lacc[rr] = l[rr];
+    }
+    for (int n = 0; n < D / 8; ++n)
+        for (int e = 0; e < 2; ++e) {
+            float* dst = a.out + orow[rr] + n * 8 + 2 * c + e;
+            const float v = first ? o[n][2 * rr + e] : fmaf(*dst, fa, o[n][2 * rr + e] * fb);
+            *dst = last ? v / lacc[rr] : v;
+            o[n][2 * rr + e] = 0.0f;
+        }
+    m[rr] = neg_inf_f32();
+    l[rr] = 0.0f;
+}
+
+// A split job's end (token t, `parts` partitions; this job is partition `part`): with one
+// partition the rows straight to out; else this partition's partial (o, m, l) to part_out /
+// part_ml, and the token's last job to arrive folds the partials in index order into out.
+// NEWEST_FIRST (the TANDEM_PAT_BREAK / TANDEM_PATD_BREAK 3 builds only) folds them in the
+// wrong order on purpose. Shared by tc and tc_deep.
+template <int D, bool NEWEST_FIRST>
+__device__ __forceinline__ void pat_split_end(const PatArgs& a, const float (&o)[D / 8][4], const float (&m)[2], const float (&l)[2],
+                                              const int (&ctx)[2], const size_t (&orow)[2], int c, int lane, int t, int part, int parts,
+                                              int h0, int G, int group, int groups) {
+    constexpr int NT = D / 8;
+    const int H = a.num_heads;
+    if (parts == 1) {
+        for (int rr = 0; rr < 2; ++rr)
+            if (ctx[rr] > 0)
+                for (int n = 0; n < NT; ++n)
+                    for (int e = 0; e < 2; ++e) a.out[orow[rr] + n * 8 + 2 * c + e] = o[n][2 * rr + e] / l[rr];
+        return;
+    }
+    const int P = a.max_parts;
+    for (int rr = 0; rr < 2; ++rr) {
+        if (ctx[rr] == 0) continue;
+        const size_t prow = orow[rr] / D * P + part;  // (t, h, part)
+        for (int n = 0; n < NT; ++n)
+            for (int e = 0; e < 2; ++e) a.part_out[prow * D + n * 8 + 2 * c + e] = o[n][2 * rr + e];
+        if (c == 0) {
+            a.part_ml[prow * 2] = m[rr];
+            a.part_ml[prow * 2 + 1] = l[rr];
+        }
+    }
+    __threadfence();  // release: this lane's partial, before lane 0 counts the job in
+    __syncwarp();
+    u32 arrived = 0;
+    if (lane == 0) arrived = atomicAdd(a.counters + (size_t)t * groups + group, 1u);
+    if (__shfl_sync(0xffffffffu, arrived, 0) != (u32)(parts - 1)) return;
+    __threadfence();  // acquire: every partial counted before ours is visible
+    const volatile float* po = a.part_out;
+    const volatile float* pm = a.part_ml;
+    for (int r = 0; r < G; ++r) {
+        const size_t row = (size_t)t * H + h0 + r;
+        for (int d = lane; d < D; d += 32) {
+            float mm = pm[row * P * 2], ll = pm[row * P * 2 + 1], oo = po[row * P * D + d];
+            for (int k = 1; k < parts; ++k) {
+                const int i = NEWEST_FIRST ? parts - k : k;  // newest first: within every bound, bitwise different
+                float fa, fb;
+                const float oi = po[(row * P + i) * D + d];
+                pat_fold_ml(mm, ll, pm[(row * P + i) * 2], pm[(row * P + i) * 2 + 1], fa, fb);
+                oo = fmaf(oo, fa, oi * fb);
+            }
+            a.out[row * D + d] = oo / ll;
+        }
+    }
+    if (lane == 0) a.counters[(size_t)t * groups + group] = 0u;
+}
+
 // The warp's rows: `nt` tokens from t0 (one sequence) x `G` heads from h0, of kv head kh.
 // part >= 0: a split job (one token, that partition); part < 0: a chunk job (every partition).
 template <int D>
@@ -568,21 +646,7 @@ __device__ __forceinline__ void pat_job(const PatArgs& a, int t0, int nt, int kh
                     const bool last = ctx[rr] <= k0 + PAT_TILE;
                     if (!last && (k0 + PAT_TILE - base(rr)) % plen[rr] != 0) continue;
                     const bool first = k0 < base(rr) + plen[rr];
-                    float fa = 0.0f, fb = 0.0f;
-                    if (!first) pat_fold_ml(macc[rr], lacc[rr], m[rr], l[rr], fa, fb);
-                    else {
-                        macc[rr] = m[rr];
-                        lacc[rr] = l[rr];
-                    }
-                    for (int n = 0; n < NT; ++n)
-                        for (int e = 0; e < 2; ++e) {
-                            float* dst = a.out + orow[rr] + n * 8 + 2 * c + e;
-                            const float v = first ? o[n][2 * rr + e] : fmaf(*dst, fa, o[n][2 * rr + e] * fb);
-                            *dst = last ? v / lacc[rr] : v;
-                            o[n][2 * rr + e] = 0.0f;
-                        }
-                    m[rr] = neg_inf_f32();
-                    l[rr] = 0.0f;
+                    pat_chunk_fold<D>(a, o, m, l, macc, lacc, orow, c, rr, first, last);
                 }
             }
         }
@@ -595,51 +659,7 @@ __device__ __forceinline__ void pat_job(const PatArgs& a, int t0, int nt, int kh
     const int ctx_t = __shfl_sync(0xffffffffu, cx, 0);
     const int span_t = ctx_t - pa_first_key(ctx_t, a.window) / PAT_TILE * PAT_TILE;
     const int parts = (span_t + pat_part_len(span_t) - 1) / pat_part_len(span_t);
-    if (parts == 1) {
-        for (int rr = 0; rr < 2; ++rr)
-            if (ctx[rr] > 0)
-                for (int n = 0; n < NT; ++n)
-                    for (int e = 0; e < 2; ++e) a.out[orow[rr] + n * 8 + 2 * c + e] = o[n][2 * rr + e] / l[rr];
-        return;
-    }
-    const int P = a.max_parts;
-    for (int rr = 0; rr < 2; ++rr) {
-        if (ctx[rr] == 0) continue;
-        const size_t prow = orow[rr] / D * P + part;  // (t, h, part)
-        for (int n = 0; n < NT; ++n)
-            for (int e = 0; e < 2; ++e) a.part_out[prow * D + n * 8 + 2 * c + e] = o[n][2 * rr + e];
-        if (c == 0) {
-            a.part_ml[prow * 2] = m[rr];
-            a.part_ml[prow * 2 + 1] = l[rr];
-        }
-    }
-    __threadfence();  // release: this lane's partial, before lane 0 counts the job in
-    __syncwarp();
-    u32 arrived = 0;
-    if (lane == 0) arrived = atomicAdd(a.counters + (size_t)t * groups + group, 1u);
-    if (__shfl_sync(0xffffffffu, arrived, 0) != (u32)(parts - 1)) return;
-    __threadfence();  // acquire: every partial counted before ours is visible
-    const volatile float* po = a.part_out;
-    const volatile float* pm = a.part_ml;
-    for (int r = 0; r < G; ++r) {
-        const size_t row = (size_t)t * H + h0 + r;
-        for (int d = lane; d < D; d += 32) {
-            float mm = pm[row * P * 2], ll = pm[row * P * 2 + 1], oo = po[row * P * D + d];
-            for (int k = 1; k < parts; ++k) {
-#if TANDEM_PAT_BREAK == 3
-                const int i = parts - k;  // newest first: within every bound, bitwise different
-#else
-                const int i = k;
-#endif
-                float fa, fb;
-                const float oi = po[(row * P + i) * D + d];
-                pat_fold_ml(mm, ll, pm[(row * P + i) * 2], pm[(row * P + i) * 2 + 1], fa, fb);
-                oo = fmaf(oo, fa, oi * fb);
-            }
-            a.out[row * D + d] = oo / ll;
-        }
-    }
-    if (lane == 0) a.counters[(size_t)t * groups + group] = 0u;
+    pat_split_end<D, TANDEM_PAT_BREAK == 3>(a, o, m, l, ctx, orow, c, lane, t, part, parts, h0, G, group, groups);
 }
 
 template <int D>
@@ -930,21 +950,7 @@ __device__ __forceinline__ void patd_job(const PatArgs& a, int t0, int nt, int k
                 const bool last = ctx[rr] <= k0 + PAT_TILE;
                 if (!last && (k0 + PAT_TILE) % plen[rr] != 0) continue;
                 const bool first = k0 < plen[rr];
-                float fa = 0.0f, fb = 0.0f;
-                if (!first) pat_fold_ml(macc[rr], lacc[rr], m[rr], l[rr], fa, fb);
-                else {
-                    macc[rr] = m[rr];
-                    lacc[rr] = l[rr];
-                }
-                for (int n = 0; n < NT; ++n)
-                    for (int e = 0; e < 2; ++e) {
-                        float* dst = a.out + orow[rr] + n * 8 + 2 * c + e;
-                        const float v = first ? o[n][2 * rr + e] : fmaf(*dst, fa, o[n][2 * rr + e] * fb);
-                        *dst = last ? v / lacc[rr] : v;
-                        o[n][2 * rr + e] = 0.0f;
-                    }
-                m[rr] = neg_inf_f32();
-                l[rr] = 0.0f;
+                pat_chunk_fold<D>(a, o, m, l, macc, lacc, orow, c, rr, first, last);
             }
         }
     }
@@ -956,51 +962,7 @@ __device__ __forceinline__ void patd_job(const PatArgs& a, int t0, int nt, int k
     const int t = t0, cx = max(ctx[0], ctx[1]);
     const int ctx_t = __shfl_sync(0xffffffffu, cx, 0);
     const int parts = (ctx_t + patd_part_len(ctx_t) - 1) / patd_part_len(ctx_t);
-    if (parts == 1) {
-        for (int rr = 0; rr < 2; ++rr)
-            if (ctx[rr] > 0)
-                for (int n = 0; n < NT; ++n)
-                    for (int e = 0; e < 2; ++e) a.out[orow[rr] + n * 8 + 2 * c + e] = o[n][2 * rr + e] / l[rr];
-        return;
-    }
-    const int P = a.max_parts;
-    for (int rr = 0; rr < 2; ++rr) {
-        if (ctx[rr] == 0) continue;
-        const size_t prow = orow[rr] / D * P + part;
-        for (int n = 0; n < NT; ++n)
-            for (int e = 0; e < 2; ++e) a.part_out[prow * D + n * 8 + 2 * c + e] = o[n][2 * rr + e];
-        if (c == 0) {
-            a.part_ml[prow * 2] = m[rr];
-            a.part_ml[prow * 2 + 1] = l[rr];
-        }
-    }
-    __threadfence();
-    __syncwarp();
-    u32 arrived = 0;
-    if (lane == 0) arrived = atomicAdd(a.counters + (size_t)t * groups + group, 1u);
-    if (__shfl_sync(0xffffffffu, arrived, 0) != (u32)(parts - 1)) return;
-    __threadfence();
-    const volatile float* po = a.part_out;
-    const volatile float* pm = a.part_ml;
-    for (int r = 0; r < G; ++r) {
-        const size_t row = (size_t)t * H + h0 + r;
-        for (int d = lane; d < D; d += 32) {
-            float mm = pm[row * P * 2], ll = pm[row * P * 2 + 1], oo = po[row * P * D + d];
-            for (int k = 1; k < parts; ++k) {
-#if TANDEM_PATD_BREAK == 3
-                const int i = parts - k;  // newest first: within every bound, bitwise different
-#else
-                const int i = k;
-#endif
-                float fa, fb;
-                const float oi = po[(row * P + i) * D + d];
-                pat_fold_ml(mm, ll, pm[(row * P + i) * 2], pm[(row * P + i) * 2 + 1], fa, fb);
-                oo = fmaf(oo, fa, oi * fb);
-            }
-            a.out[row * D + d] = oo / ll;
-        }
-    }
-    if (lane == 0) a.counters[(size_t)t * groups + group] = 0u;
+    pat_split_end<D, TANDEM_PATD_BREAK == 3>(a, o, m, l, ctx, orow, c, lane, t, part, parts, h0, G, group, groups);
 }
 
 // One warp a block: block b is job b (chunk jobs first, then split jobs, as in tc).

@@ -89,6 +89,15 @@ def main():
                 for m in CHATS
                 for kw in ({}, {"enable_thinking": False}, {"enable_thinking": True})
             ]
+        elif "start_of_turn" in (tok.chat_template or ""):
+            # Gemma's template: a system turn folded into the first user turn, roles renamed,
+            # content trimmed, given as a string or as text parts.
+            more = [
+                [{"role": "user", "content": "  Hi there  "}, {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": [{"type": "text", "text": " And now? "}]}],
+            ]
+            doc["chat_render"] = [
+                {"messages": m, "text": tok.apply_chat_template(m, tokenize=False, add_generation_prompt=True)} for m in CHATS + more
+            ]
     else:
         tok = AutoTokenizer.from_pretrained(a.model)
         for p in PLAIN:

@@ -22,6 +22,9 @@ cargo xtask gen-model --shape tiny-mistral --seed 6 --out target/golden/tiny-mis
 "$VENV/bin/python" tests/hf_golden.py --model target/golden/tiny-mistral --out tests/golden/tiny-mistral.json --raw-ids
 cargo xtask gen-model --shape tiny-qwen2 --seed 7 --out target/golden/tiny-qwen2 --dtype f32
 "$VENV/bin/python" tests/hf_golden.py --model target/golden/tiny-qwen2 --out tests/golden/tiny-qwen2.json --raw-ids
+# Gemma 3: a sliding layer and a global one, GeGLU, sandwich norms, the scaled embedding.
+cargo xtask gen-model --shape tiny-gemma3 --seed 8 --out target/golden/tiny-gemma3 --dtype f32
+"$VENV/bin/python" tests/hf_golden.py --model target/golden/tiny-gemma3 --out tests/golden/tiny-gemma3.json --raw-ids
 MODEL=$(cargo xtask fetch-model | tail -n 1)
 GGUF=$(find "${TANDEM_CACHE:-$HOME/.cache/tandem}" -name 'SmolLM2-135M-Instruct.Q4_1.gguf' | head -n 1)
 "$VENV/bin/python" tests/hf_golden.py --model "$MODEL" --out tests/golden/smollm2-135m.json ${GGUF:+--gguf "$GGUF"}

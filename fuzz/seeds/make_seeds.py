@@ -87,6 +87,56 @@ def gguf(ttype, with_output):
     return head + data
 
 
+# --- GGUF v3: a one-layer Gemma 3 (as llama.cpp's exporter writes it: norms stored as 1 + w, the
+# sandwich and q/k norms, a SentencePiece vocabulary without merges) ---
+def gguf_gemma3():
+    toks = ["<pad>", "<eos>", "<bos>", "<unk>", "<0x0A>", "\u2581", "a", "b", "ab", "\u2581a", "  ", "c", "d", "cd", "<start_of_turn>", "<end_of_turn>"]
+    meta = [
+        ("general.architecture", "gemma3"),
+        ("general.alignment", 32),
+        ("gemma3.block_count", 1),
+        ("gemma3.context_length", 64),
+        ("gemma3.embedding_length", 32),
+        ("gemma3.feed_forward_length", 32),
+        ("gemma3.attention.head_count", 2),
+        ("gemma3.attention.head_count_kv", 1),
+        ("gemma3.attention.key_length", 16),
+        ("gemma3.attention.value_length", 16),
+        ("gemma3.attention.layer_norm_rms_epsilon", 1e-6),
+        ("gemma3.attention.sliding_window", 8),
+        ("gemma3.rope.freq_base", 1000000.0),
+        ("gemma3.rope.scaling.type", "linear"),
+        ("gemma3.rope.scaling.factor", 8.0),
+        ("tokenizer.ggml.model", "llama"),
+        ("tokenizer.ggml.pre", "default"),
+        ("tokenizer.ggml.tokens", toks),
+        ("tokenizer.ggml.token_type", [3, 3, 3, 2, 6] + [1] * 9 + [3, 3]),
+        ("tokenizer.ggml.bos_token_id", 2),
+        ("tokenizer.ggml.eos_token_id", 1),
+        ("tokenizer.ggml.add_bos_token", True),
+        ("tokenizer.chat_template", "{{ bos_token }}{% for m in messages %}<start_of_turn>{{ m.role }}\n{{ m.content }}<end_of_turn>\n{% endfor %}"),
+    ]
+    shapes = [("token_embd.weight", [32, 16]), ("output_norm.weight", [32])]
+    for part, s in [("attn_norm", [32]), ("attn_q", [32, 32]), ("attn_k", [32, 16]), ("attn_v", [32, 16]), ("attn_output", [32, 32]),
+                    ("attn_q_norm", [16]), ("attn_k_norm", [16]), ("post_attention_norm", [32]), ("ffn_norm", [32]), ("post_ffw_norm", [32]),
+                    ("ffn_gate", [32, 32]), ("ffn_up", [32, 32]), ("ffn_down", [32, 32])]:
+        shapes.append((f"blk.0.{part}.weight", s))
+    infos, data = b"", b""
+    for name, dims in shapes:
+        n = 1
+        for d in dims:
+            n *= d
+        shift = 1.0 if name.endswith("norm.weight") else 0.0
+        while len(data) % 32:
+            data += b"\0"
+        infos += gstr(name) + struct.pack("<I", len(dims)) + b"".join(struct.pack("<Q", d) for d in dims) + struct.pack("<IQ", 0, len(data))
+        data += struct.pack(f"<{n}f", *[shift + ((i * 7) % 13 - 6) / 50 for i in range(n)])
+    head = b"GGUF" + struct.pack("<IQQ", 3, len(shapes), len(meta)) + b"".join(gstr(k) + gval(v) for k, v in meta) + infos
+    while len(head) % 32:
+        head += b"\0"
+    return head + data
+
+
 # --- safetensors ---
 def safetensors(entries):
     header, data = {}, b""
@@ -100,6 +150,7 @@ def safetensors(entries):
 def main():
     for t, name in [(0, "f32"), (1, "f16"), (8, "q8_0"), (3, "q4_1"), (30, "bf16")]:
         put("gguf", name, gguf(t, t != 0))
+    put("gguf", "gemma3", gguf_gemma3())
     put("safetensors", "two", safetensors([("a", "F32", [2, 2], struct.pack("<4f", 1, 2, 3, 4)), ("b", "BF16", [3], b"\x80\x3f" * 3)]))
     put("safetensors", "f16", safetensors([("model.embed_tokens.weight", "F16", [4, 2], b"\x00\x3c" * 8)]))
     put("safetensors", "meta", safetensors([("x", "F32", [1], struct.pack("<f", 0.5))]).replace(b'{"x"', b'{"__metadata__":{"format":"pt"},"x"'))

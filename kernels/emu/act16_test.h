@@ -1,5 +1,5 @@
 // act16_test.h — activations stored in 16 bits (Backend::activation_dtype on CUDA): every
-// producer of a tensor a tensor-core matmul reads (rms_norm, add_rms_norm, silu_mul, the GEMM's
+// producer of a tensor a tensor-core matmul reads (rms_norm, add_rms_norm, silu_mul, gelu_tanh_mul, the GEMM's
 // EPI_SILU and EPI_RESID outputs) can store it in the weights' 16-bit format, and the GEMM can
 // read it so. Storing is the GEMM's own rounding moved to the producer (common.cuh store_act
 // and matmul_x both round with f32_to_bits), so each check is bitwise:
@@ -77,7 +77,7 @@ inline void test_resid16(const Check& check, int dt, int m, int n, int k) {
           fusedtest::same(h16, h32) && same16(hg16, round_all(dt, hg32)));
 }
 
-// rms_norm, add_rms_norm and silu_mul with out_code 2 / 3 against out_code 1, rounded.
+// rms_norm, add_rms_norm, silu_mul and gelu_tanh_mul with out_code 2 / 3 against out_code 1, rounded.
 inline void test_small16(const Check& check, int dt, int rows, int dim) {
     const int code = dt + 1;
     std::vector<float> h((size_t)rows * dim), x(h.size());
@@ -116,6 +116,11 @@ inline void test_small16(const Check& check, int dt, int rows, int dim) {
     launch(grid, dim3{256, 1, 1}, [&] { silu_mul(h.data(), x.data(), o32.data(), 1, len); });
     launch(grid, dim3{256, 1, 1}, [&] { silu_mul(h.data(), x.data(), o16.data(), code, len); });
     check("silu_mul storing out" + tag + ": the f32 output rounded, bitwise", same16(o16, round_all(dt, o32)));
+    std::fill(o32.begin(), o32.end(), NAN);
+    std::fill(o16.begin(), o16.end(), 0xffff);
+    launch(grid, dim3{256, 1, 1}, [&] { gelu_tanh_mul(h.data(), x.data(), o32.data(), 1, len); });
+    launch(grid, dim3{256, 1, 1}, [&] { gelu_tanh_mul(h.data(), x.data(), o16.data(), code, len); });
+    check("gelu_tanh_mul storing out" + tag + ": the f32 output rounded, bitwise", same16(o16, round_all(dt, o32)));
 }
 
 // The chain a layer runs: rms_norm then the projection, with x stored in f32 and in 16 bits.

@@ -169,6 +169,48 @@ static void test_small_ops() {
         launch(dim3{(unsigned)((n + 255) / 256), 1, 1}, dim3{256, 1, 1}, [&] { add(a.data(), b.data(), n); });
         expect("add", a, want_add, 1e-14);
     }
+    {  // gelu_tanh_mul (GeGLU) against the f64 tanh GELU and against the f32 reference order
+       // (tandem_core::backend::gelu_tanh: the host's tanhf, so equal to a few ulp on the CPU),
+       // gates to ±40 (tanh saturated), the last element alone in its block; scale bitwise.
+        const size_t n = 1000;
+        auto g = rvec(n, 12.0f), u = rvec(n, 2.0f), o = nans(n);
+        g[0] = -40.0f, g[1] = 40.0f, g[2] = 0.0f;
+        std::vector<double> want(n);
+        std::vector<float> want32(n);
+        const double c = std::sqrt(2.0 / M_PI);
+        for (size_t i = 0; i < n; ++i) {
+            const double x = g[i];
+            want[i] = 0.5 * x * (1.0 + std::tanh(c * (x + 0.044715 * x * x * x))) * u[i];
+            const float inner = 0.7978846f * (g[i] + 0.044715f * g[i] * g[i] * g[i]);
+            want32[i] = 0.5f * g[i] * (1.0f + std::tanh(inner)) * u[i];
+        }
+        launch(dim3{(unsigned)((n + 255) / 256), 1, 1}, dim3{256, 1, 1}, [&] { gelu_tanh_mul(g.data(), u.data(), o.data(), 1, n); });
+        expect("gelu_tanh_mul vs f64", o, want, 1e-12);
+        ++checks;
+        int worst_ulp = 0;
+        for (size_t i = 0; i < n; ++i) {
+            int32_t a, b;
+            std::memcpy(&a, &o[i], 4), std::memcpy(&b, &want32[i], 4);
+            worst_ulp = std::max(worst_ulp, std::abs(a - b));
+        }
+        if (worst_ulp > 4 || o[0] != 0.0f || o[1] != 40.0f * u[1] || o[2] != 0.0f) {
+            std::printf("FAIL gelu_tanh_mul: %d ulp from the f32 reference order (limit 4), or a saturated gate wrong (%g %g %g)\n", worst_ulp, o[0], o[1], o[2]);
+            ++failures;
+        } else {
+            std::printf("ok   gelu_tanh_mul: within %d ulp of the f32 reference order; g = -40, 40, 0 give 0, 40 up, 0\n", worst_ulp);
+        }
+        auto x = rvec(n + 8), x0 = x;
+        launch(dim3{(unsigned)((n + 255) / 256), 1, 1}, dim3{256, 1, 1}, [&] { scale(x.data(), 33.941125f, n); });
+        ++checks;
+        bool same = true;
+        for (size_t i = 0; i < n + 8; ++i) same = same && x[i] == (i < n ? x0[i] * 33.941125f : x0[i]);
+        if (!same) {
+            std::printf("FAIL scale: not x * factor in place over len (or wrote past it)\n");
+            ++failures;
+        } else {
+            std::printf("ok   scale: x * factor bitwise over len, the values past it untouched\n");
+        }
+    }
     {  // rope, GQA shapes
         const int T = 3, qh = 6, kh = 2, D = 64;
         auto q = rvec(T * qh * D), k = rvec(T * kh * D);

@@ -1,4 +1,4 @@
-//! `cargo xtask convert-gguf --gguf FILE --out DIR`: a local Llama GGUF to a Hugging Face
+//! `cargo xtask convert-gguf --gguf FILE --out DIR`: a local GGUF (llama, qwen2, qwen3, qwen3moe, gemma3) to a Hugging Face
 //! directory (what fetch-model does after downloading, without the catalog).
 
 use std::path::PathBuf;

@@ -31,7 +31,7 @@ enum Task {
     FetchModel(fetch_model::Args),
     /// Write a seeded random model (config, safetensors, tokenizer) of a known shape.
     GenModel(gen_model::Args),
-    /// Convert a local Llama GGUF file into a Hugging Face directory.
+    /// Convert a local GGUF file (llama, qwen2, qwen3, qwen3moe, gemma3) into a Hugging Face directory.
     ConvertGguf(convert_gguf::Args),
     /// Every test, as CI runs them (fetches the default model first).
     Test(test::Args),

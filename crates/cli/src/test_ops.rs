@@ -47,6 +47,9 @@ fn suite<B: tandem_core::Backend>(b: &B, filter: Option<&str>, seed: u64, perf: 
         return Ok(0);
     }
     let rep = tandem_conformance::run(b, filter, seed, out);
+    if rep.passed + rep.failed == 0 && rep.skipped_cases > 0 {
+        bail!("{} has no path for the {} case(s) matching {filter:?} (skipped): nothing was checked", b.name(), rep.skipped_cases);
+    }
     if rep.passed + rep.failed == 0 {
         bail!("no case matches {filter:?}: nothing was checked");
     }

@@ -8,8 +8,8 @@ use tandem_core::DType;
 
 use crate::compare::compare;
 use crate::ops::{
-    Add, AddRmsNorm, Argmax, Embedding, GatherRows, GateUpSilu, KvWrite, Launch, Matmul, MoeAccumulate, MoeRoute, Op, PagedAttention, QkvRopeKvWrite,
-    ResidualNormGateUp, RmsNorm, Rope, RopeKvWrite, SeqChunk, SiluMul,
+    Add, AddRmsNorm, Argmax, Embedding, GatherRows, GateUpSilu, GeluTanhMul, KvWrite, Launch, Matmul, MoeAccumulate, MoeRoute, MoeRouted, Op, PagedAttention,
+    QkvRopeKvWrite, ResidualNormGateUp, RmsNorm, Rope, RopeKvWrite, Scale, SeqChunk, SiluMul,
 };
 use crate::rng::{hash_str, mix, Rng};
 
@@ -24,6 +24,8 @@ enum Spec {
     ResidualNormGateUp(ResidualNormGateUp),
     Rope(Rope),
     SiluMul(SiluMul),
+    GeluTanhMul(GeluTanhMul),
+    Scale(Scale),
     KvWrite(KvWrite),
     RopeKvWrite(RopeKvWrite),
     QkvRopeKvWrite(QkvRopeKvWrite),
@@ -31,6 +33,7 @@ enum Spec {
     Argmax(Argmax),
     MoeRoute(MoeRoute),
     MoeAccumulate(MoeAccumulate),
+    MoeRouted(MoeRouted),
 }
 
 /// Calls `$body` with `$o` bound to the op inside whichever variant `$spec` is.
@@ -47,6 +50,8 @@ macro_rules! dispatch {
             Spec::ResidualNormGateUp($o) => $body,
             Spec::Rope($o) => $body,
             Spec::SiluMul($o) => $body,
+            Spec::GeluTanhMul($o) => $body,
+            Spec::Scale($o) => $body,
             Spec::KvWrite($o) => $body,
             Spec::RopeKvWrite($o) => $body,
             Spec::QkvRopeKvWrite($o) => $body,
@@ -54,6 +59,7 @@ macro_rules! dispatch {
             Spec::Argmax($o) => $body,
             Spec::MoeRoute($o) => $body,
             Spec::MoeAccumulate($o) => $body,
+            Spec::MoeRouted($o) => $body,
         }
     };
 }
@@ -79,9 +85,12 @@ pub struct CaseResult {
     pub nmse: Option<f64>,
     /// Why the case failed: a mismatch, a backend error or a panic.
     pub failure: Option<String>,
+    /// Why the backend has no path for the op (the case did not run on it; not a failure).
+    pub skipped: Option<String>,
 }
 
 impl CaseResult {
+    /// No failure: the case passed, or was skipped (see [`CaseResult::skipped`]).
     pub fn passed(&self) -> bool {
         self.failure.is_none()
     }
@@ -97,6 +106,8 @@ pub struct PerfResult {
     pub bytes: f64,
     pub flops: f64,
     pub failure: Option<String>,
+    /// Why the backend has no path for the op (nothing was timed).
+    pub skipped: Option<String>,
 }
 
 impl PerfResult {
@@ -120,21 +131,26 @@ fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
     }
 }
 
-fn check_op<O: Op, B: Backend, R: Backend>(o: &O, b: &B, r: &R, seed: u64) -> (Option<f64>, Option<String>) {
+/// What one case gave: the worst NMSE, why it failed, why it was skipped.
+type Checked = (Option<f64>, Option<String>, Option<String>);
+
+fn check_op<O: Op, B: Backend, R: Backend>(o: &O, b: &B, r: &R, seed: u64) -> Checked {
     // A panicking backend fails its case; the rest of the suite still runs.
     let res = catch_unwind(AssertUnwindSafe(|| {
         let inputs = o.generate(&mut Rng::new(seed));
         let want = o.exec(r, &inputs, &mut Launch::once()).map_err(|e| format!("reference failed: {e}"))?;
-        let got = o.exec(b, &inputs, &mut Launch::once()).map_err(|e| e.to_string())?;
-        Ok::<_, String>((got, want))
+        let mut launch = Launch::once();
+        let got = o.exec(b, &inputs, &mut launch).map_err(|e| e.to_string())?;
+        Ok::<_, String>((got, want, launch.skipped))
     }));
     let (got, want) = match res {
-        Ok(Ok(pair)) => pair,
-        Ok(Err(e)) => return (None, Some(e)),
-        Err(p) => return (None, Some(panic_message(p))),
+        Ok(Ok((_, _, Some(why)))) => return (None, None, Some(why)),
+        Ok(Ok((got, want, None))) => (got, want),
+        Ok(Err(e)) => return (None, Some(e), None),
+        Err(p) => return (None, Some(panic_message(p)), None),
     };
     if got.len() != want.len() {
-        return (None, Some(format!("{} outputs, want {}", got.len(), want.len())));
+        return (None, Some(format!("{} outputs, want {}", got.len(), want.len())), None);
     }
     let mut worst: Option<f64> = Some(0.0);
     for (g, w) in got.iter().zip(&want) {
@@ -145,19 +161,20 @@ fn check_op<O: Op, B: Backend, R: Backend>(o: &O, b: &B, r: &R, seed: u64) -> (O
                     crate::compare::Mismatch::Error { nmse, .. } => Some(nmse),
                     _ => None,
                 };
-                return (nmse, Some(format!("{}: {m}", w.name)));
+                return (nmse, Some(format!("{}: {m}", w.name)), None);
             }
         }
     }
-    (worst, None)
+    (worst, None, None)
 }
 
-fn time_op<O: Op, B: Backend>(o: &O, b: &B, seed: u64, warmup: usize, reps: usize) -> Result<Vec<Duration>, String> {
+/// The op's times on `b`, and why it was skipped there (no times then).
+fn time_op<O: Op, B: Backend>(o: &O, b: &B, seed: u64, warmup: usize, reps: usize) -> Result<(Vec<Duration>, Option<String>), String> {
     let res = catch_unwind(AssertUnwindSafe(|| {
         let inputs = o.generate(&mut Rng::new(seed));
         let mut launch = Launch::timed(warmup, reps);
         o.exec(b, &inputs, &mut launch).map_err(|e| e.to_string())?;
-        Ok(launch.times)
+        Ok((launch.times, launch.skipped))
     }));
     res.unwrap_or_else(|p| Err(panic_message(p)))
 }
@@ -186,19 +203,19 @@ impl Case {
     /// Runs the case on `backend` and on `reference` with the same inputs and compares.
     pub fn check<B: Backend, R: Backend>(&self, backend: &B, reference: &R, run_seed: u64) -> CaseResult {
         let seed = self.seed(run_seed);
-        let (nmse, failure) = dispatch!(&self.spec, o => check_op(o, backend, reference, seed));
-        CaseResult { op: self.op, params: self.params.clone(), seed, limit: self.limit, nmse, failure }
+        let (nmse, failure, skipped) = dispatch!(&self.spec, o => check_op(o, backend, reference, seed));
+        CaseResult { op: self.op, params: self.params.clone(), seed, limit: self.limit, nmse, failure, skipped }
     }
 
     /// Times the op alone on `backend`: `warmup` untimed runs, then `reps` runs, each waited for.
     pub fn time<B: Backend>(&self, backend: &B, run_seed: u64, warmup: usize, reps: usize) -> PerfResult {
         let seed = self.seed(run_seed);
         let (res, cost) = dispatch!(&self.spec, o => (time_op(o, backend, seed, warmup, reps), o.cost()));
-        let (times, failure) = match res {
-            Ok(t) => (t, None),
-            Err(e) => (vec![], Some(e)),
+        let (times, failure, skipped) = match res {
+            Ok((t, skipped)) => (t, None, skipped),
+            Err(e) => (vec![], Some(e), None),
         };
-        PerfResult { op: self.op, params: self.params.clone(), times, bytes: cost.bytes, flops: cost.flops, failure }
+        PerfResult { op: self.op, params: self.params.clone(), times, bytes: cost.bytes, flops: cost.flops, failure, skipped }
     }
 }
 
@@ -256,6 +273,15 @@ pub fn cases() -> Vec<Case> {
     for (len, gate_scale) in [(1, 1.0), (3 * 1536, 1.0), (100_003, 12.0)] {
         v.push(Case::new(SiluMul { len, gate_scale }, Spec::SiluMul));
     }
+    // GeGLU (Gemma): a vec4 length and an odd one; gate_scale 12 saturates tanh.
+    for (len, gate_scale) in [(1, 1.0), (7 * 1152, 1.0), (3 * 6912, 3.0), (100_003, 12.0)] {
+        v.push(Case::new(GeluTanhMul { len, gate_scale }, Spec::GeluTanhMul));
+    }
+    // Gemma's embedding scale √hidden (1152: Gemma 3 1B, not exact in f32; 2560: 4B, as bf16
+    // rounds it), vec4 lengths and odd ones.
+    for (len, factor) in [(1, 24.0), (77, 1152f32.sqrt()), (1152 * 37, 1152f32.sqrt()), (100_003, 50.5)] {
+        v.push(Case::new(Scale { len, factor }, Spec::Scale));
+    }
     // Mixtral's 8 experts top 2, Qwen3-MoE's 128 top 8 (renormalised or not), one row, a
     // prefill's rows, and ties the lower index must win.
     for (rows, experts, top_k, renormalize, ties) in [(1, 8, 2, true, false), (37, 8, 2, true, true), (5, 128, 8, false, false), (70, 128, 8, true, true), (3, 4, 4, true, false)] {
@@ -263,6 +289,15 @@ pub fn cases() -> Vec<Case> {
     }
     for (rows, dim, expert, experts, first) in [(1, 64, 0, 8, true), (37, 576, 5, 8, false), (70, 2048, 127, 128, false), (3, 100, 0, 4, true)] {
         v.push(Case::new(MoeAccumulate { rows, dim, expert, experts, first }, Spec::MoeAccumulate));
+    }
+    // The routed experts (CUDA) against the every-expert path, bitwise: a decode token (the
+    // 16-row tile), a prefill with more routed rows than 16 per expert (the 64-row tile), an
+    // odd width (hidden 72, inter 40: not multiples of the tiles) with 16 experts top 4
+    // unrenormalised, and f32 weights (the SIMT grouped GEMM).
+    for (dtype, rows, experts, top_k, hidden, inter, renormalize) in
+        [(BF16, 1, 8, 2, 64, 96, true), (BF16, 37, 4, 2, 128, 64, true), (F16, 5, 16, 4, 72, 40, false), (F32, 7, 8, 2, 64, 48, true)]
+    {
+        v.push(Case::new(MoeRouted { dtype, rows, experts, top_k, hidden, inter, renormalize }, Spec::MoeRouted));
     }
 
     for (tokens, q_heads, kv_heads, head_dim, theta, max_pos) in [

@@ -127,6 +127,70 @@ pub fn random_model(shape: &str, seed: u64, dtype: tandem_core::DType) -> std::p
     dir
 }
 
+/// The seeded random models the golden files were made from (tests/make_golden.sh): shape,
+/// seed, dtype.
+pub const GOLDEN_MODELS: &[(&str, u64, tandem_core::DType)] = {
+    use tandem_core::DType::{BF16, F32};
+    &[("tiny", 1, F32), ("tiny-tied", 2, BF16), ("tiny-qwen3", 3, F32), ("tiny-qwen3-moe", 4, F32), ("tiny-mixtral", 5, F32), ("tiny-mistral", 6, F32), ("tiny-qwen2", 7, F32), ("tiny-gemma3", 8, F32)]
+};
+
+/// The random model golden file `name` was made from ([`GOLDEN_MODELS`]), written once.
+pub fn golden_model(name: &str) -> std::path::PathBuf {
+    let &(_, seed, dtype) = GOLDEN_MODELS.iter().find(|m| m.0 == name).unwrap_or_else(|| panic!("no golden model {name}"));
+    random_model(name, seed, dtype)
+}
+
+/// One `#[test]` per golden model of [`GOLDEN_MODELS`], each calling `$check(name)` (a backend's
+/// golden test file says how it checks one model).
+#[macro_export]
+macro_rules! golden_tests {
+    ($check:ident) => {
+        /// Llama, untied, GQA 2.
+        #[test]
+        fn tiny_untied_gqa2_f32() {
+            $check("tiny");
+        }
+        /// Tied embeddings, one KV head, bf16 weights.
+        #[test]
+        fn tiny_tied_bf16() {
+            $check("tiny-tied");
+        }
+        /// Qwen3: per-head q/k norms, head_dim 32 with hidden 64 and 4 heads, tied, eps 1e-6.
+        #[test]
+        fn tiny_qwen3_f32() {
+            $check("tiny-qwen3");
+        }
+        /// Qwen3-MoE: 8 experts of width 48, top 2, norm_topk_prob; Qwen3's attention.
+        #[test]
+        fn tiny_qwen3_moe_f32() {
+            $check("tiny-qwen3-moe");
+        }
+        /// Mixtral: 4 experts (block_sparse_moe, w1/w3/w2) of width 96, top 2, renormalised.
+        #[test]
+        fn tiny_mixtral_f32() {
+            $check("tiny-mixtral");
+        }
+        /// Mistral with a sliding window of 16 keys on every layer, shorter than the golden
+        /// prompts (up to 40 tokens and 12 more generated): HF's sliding-window mask.
+        #[test]
+        fn tiny_mistral_window_f32() {
+            $check("tiny-mistral");
+        }
+        /// Qwen2: q/k/v biases, tied; `use_sliding_window` with `max_window_layers` 1: layer 0
+        /// full, layer 1 windowed (16 keys).
+        #[test]
+        fn tiny_qwen2_window_f32() {
+            $check("tiny-qwen2");
+        }
+        /// Gemma 3: a sliding layer (16 keys, rope base 1e4) and a global one (1e6, linear 8),
+        /// GeGLU, sandwich norms of 1 + w, the scaled embedding, `query_pre_attn_scalar` 24, tied.
+        #[test]
+        fn tiny_gemma3_f32() {
+            $check("tiny-gemma3");
+        }
+    };
+}
+
 /// The converted default model: `$TANDEM_SMOLLM2_DIR`, else `models/SmolLM2-135M-Instruct`.
 /// None (and a printed, counted `SKIPPED:` line) when absent, unless `TANDEM_REQUIRE_MODEL`
 /// is set, in which case absence is a failure.

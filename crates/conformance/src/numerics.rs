@@ -144,6 +144,12 @@ impl Backend for Bf16Numerics {
     fn silu_mul(&self, gate: &RefBuf, up: &RefBuf, out: &mut RefBuf, len: usize) -> Result<()> {
         self.inner.silu_mul(gate, up, out, len)
     }
+    fn gelu_tanh_mul(&self, gate: &RefBuf, up: &RefBuf, out: &mut RefBuf, len: usize) -> Result<()> {
+        self.inner.gelu_tanh_mul(gate, up, out, len)
+    }
+    fn scale(&self, x: &mut RefBuf, factor: f32, len: usize) -> Result<()> {
+        self.inner.scale(x, factor, len)
+    }
     fn kv_write(&self, k: &RefBuf, v: &RefBuf, k_cache: &mut RefBuf, v_cache: &mut RefBuf, slots: &RefBuf, num_tokens: usize, geometry: KvGeometry) -> Result<()> {
         let len = num_tokens * geometry.num_kv_heads * geometry.head_dim;
         let (k, v) = (self.rounded(k, len, DType::BF16)?, self.rounded(v, len, DType::BF16)?);

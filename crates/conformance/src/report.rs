@@ -14,6 +14,8 @@ pub struct Report {
     pub results: Vec<CaseResult>,
     pub passed: usize,
     pub failed: usize,
+    /// Cases the backend has no path for (each says why on its line; [`CaseResult::skipped`]).
+    pub skipped_cases: usize,
     /// Why nothing ran, when the backend could not be started (see [`Report::skipped`]).
     pub skipped: Option<String>,
 }
@@ -30,6 +32,7 @@ impl Report {
             results: vec![],
             passed: 0,
             failed: 0,
+            skipped_cases: 0,
             skipped: Some(reason.to_string()),
         };
         say(out, &rep.summary());
@@ -42,9 +45,12 @@ impl Report {
         self.failed == 0 && self.passed > 0
     }
 
-    /// `wgpu: 57 passed, 0 failed`.
+    /// `wgpu: 57 passed, 0 failed`, and `, N skipped` where the backend lacks N cases' ops.
     pub fn summary(&self) -> String {
         let mut s = format!("{}: {} passed, {} failed", self.backend, self.passed, self.failed);
+        if self.skipped_cases > 0 {
+            s += &format!(", {} skipped", self.skipped_cases);
+        }
         if let Some(why) = &self.skipped {
             s += &format!(" (skipped: {why})");
         } else if self.passed + self.failed == 0 {
@@ -61,9 +67,10 @@ impl Report {
 
 pub(crate) fn case_line(r: &CaseResult) -> String {
     let nmse = r.nmse.map_or("-".to_string(), |e| format!("{e:.2e}"));
-    let status = match &r.failure {
-        None => "ok".to_string(),
-        Some(why) => format!("FAIL  {why}  (case seed {})", r.seed),
+    let status = match (&r.failure, &r.skipped) {
+        (Some(why), _) => format!("FAIL  {why}  (case seed {})", r.seed),
+        (None, Some(why)) => format!("SKIP  {why}"),
+        (None, None) => "ok".to_string(),
     };
     let limit = if r.limit == 0.0 { "exact".to_string() } else { format!("{:.0e}", r.limit) };
     format!("{:<16} {:<64} nmse={:<9} limit={limit:<6} {status}", r.op, r.params, nmse)
@@ -85,6 +92,9 @@ impl PerfReport {
 
 pub(crate) fn perf_line(r: &PerfResult) -> String {
     let head = format!("{:<16} {:<64}", r.op, r.params);
+    if let (None, Some(why)) = (&r.failure, &r.skipped) {
+        return format!("{head} SKIP  {why}");
+    }
     match (&r.failure, r.median(), r.min()) {
         (Some(why), _, _) => format!("{head} FAIL  {why}"),
         (None, Some(med), Some(min)) => {

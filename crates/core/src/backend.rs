@@ -568,13 +568,9 @@ pub trait Backend: Send + 'static {
     /// `out = gelu_tanh(gate) * up` (GeGLU: Gemma's MLP), elementwise over `len` values, with
     /// PyTorch's `gelu(approximate="tanh")`: `0.5·g·(1 + tanh(√(2/π)·(g + 0.044715·g³)))`;
     /// types as [`Backend::silu_mul`]'s.
-    fn gelu_tanh_mul(&self, _gate: &Self::Buf, _up: &Self::Buf, _out: &mut Self::Buf, _len: usize) -> Result<()> {
-        Err(Error::backend(self.name(), "gelu_tanh_mul is not implemented on this backend"))
-    }
+    fn gelu_tanh_mul(&self, gate: &Self::Buf, up: &Self::Buf, out: &mut Self::Buf, len: usize) -> Result<()>;
     /// `x *= factor`, elementwise over `len` f32 values (Gemma's scaled embedding).
-    fn scale(&self, _x: &mut Self::Buf, _factor: f32, _len: usize) -> Result<()> {
-        Err(Error::backend(self.name(), "scale is not implemented on this backend"))
-    }
+    fn scale(&self, x: &mut Self::Buf, factor: f32, len: usize) -> Result<()>;
     /// Writes k, v f32 `[T, kv_heads, head_dim]` into the caches at `slots` u32 `[T]`.
     #[allow(clippy::too_many_arguments)]
     fn kv_write(&self, k: &Self::Buf, v: &Self::Buf, k_cache: &mut Self::Buf, v_cache: &mut Self::Buf, slots: &Self::Buf, num_tokens: usize, geometry: KvGeometry) -> Result<()>;

@@ -1,5 +1,5 @@
 //! `config.json` of a model whose family the model layer runs (`crate::model::families`:
-//! Llama, Mistral, Qwen2, SmolLM, Qwen3).
+//! Llama, Mistral, Qwen2, SmolLM, Qwen3, Qwen3-MoE, Mixtral, Gemma 3).
 
 use std::path::Path;
 
@@ -33,6 +33,25 @@ pub struct MoeConfig {
     pub dense_layers: Vec<usize>,
 }
 
+/// The MLP's gate activation (`hidden_act`, Gemma's `hidden_activation`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// `silu` (`swish`): Llama, Mistral, Qwen, Mixtral.
+    Silu,
+    /// `gelu_pytorch_tanh`: GeGLU, Gemma.
+    GeluTanh,
+}
+
+/// The rope of the sliding-window layers where it differs from the others' (Gemma 3: base
+/// 10000, no scaling, against the global layers' 1e6 and their linear scaling).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LocalRope {
+    pub theta: f32,
+    pub scaling: RopeScaling,
+    /// Which layers use it (`layer_types` says `sliding_attention`).
+    pub layers: Vec<bool>,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {
     pub architecture: String,
@@ -62,6 +81,14 @@ pub struct ModelConfig {
     /// on the layers `layer_types` marks `sliding_attention` (default: from `max_window_layers`
     /// on), Qwen3-MoE on every layer. Empty or 0: every layer attends to its whole context.
     pub layer_windows: Vec<usize>,
+    /// The MLP's activation.
+    pub activation: Activation,
+    /// Attention scores are scaled by `query_pre_attn_scalar^-1/2` instead of `head_dim^-1/2`
+    /// (Gemma 3).
+    pub query_pre_attn_scalar: Option<f32>,
+    /// The sliding layers' own rope (Gemma 3); None: every layer uses `rope_theta` and
+    /// `rope_scaling`.
+    pub local_rope: Option<LocalRope>,
 }
 
 #[derive(Deserialize)]
@@ -100,6 +127,15 @@ struct Raw {
     use_sliding_window: Option<bool>,
     max_window_layers: Option<usize>,
     layer_types: Option<Vec<String>>,
+    hidden_act: Option<String>,
+    // Gemma 3.
+    hidden_activation: Option<String>,
+    query_pre_attn_scalar: Option<f64>,
+    rope_local_base_freq: Option<f64>,
+    sliding_window_pattern: Option<usize>,
+    final_logit_softcapping: Option<f64>,
+    attn_logit_softcapping: Option<f64>,
+    use_bidirectional_attention: Option<bool>,
 }
 
 impl ModelConfig {
@@ -109,7 +145,8 @@ impl ModelConfig {
     }
 
     pub fn from_json(text: &str) -> std::result::Result<Self, String> {
-        let raw: Raw = serde_json::from_str(text).map_err(|e| format!("not a valid config.json: {e}"))?;
+        let value: serde_json::Value = serde_json::from_str(text).map_err(|e| format!("not a valid config.json: {e}"))?;
+        let raw: Raw = serde_json::from_value(gemma3_text(value)?).map_err(|e| format!("not a valid config.json: {e}"))?;
         let architecture = match (&raw.architectures, &raw.model_type) {
             (Some(a), _) if !a.is_empty() => a[0].clone(),
             (_, Some(t)) => crate::model::families().find(|f| f.model_type == t).map_or_else(|| t.clone(), |f| f.architecture.to_string()),
@@ -147,7 +184,12 @@ impl ModelConfig {
             return Err(format!("head_dim ({head_dim}) must be even for rotary embeddings"));
         }
         // transformers 5 moves rope settings into `rope_parameters`; older files use the top level.
-        let params = raw.rope_parameters.as_ref();
+        // Gemma 3's (transformers 5) has one entry per layer type; the global one is the model's.
+        let per_type = raw.rope_parameters.as_ref().filter(|p| p.get("full_attention").is_some() || p.get("sliding_attention").is_some());
+        let params = match per_type {
+            Some(p) => p.get("full_attention").filter(|v| !v.is_null()),
+            None => raw.rope_parameters.as_ref(),
+        };
         let rope_theta = raw
             .rope_theta
             .or_else(|| params.and_then(|p| p.get("rope_theta")).and_then(|v| v.as_f64()))
@@ -185,8 +227,37 @@ impl ModelConfig {
             }
         }
         let layer_windows = layer_windows(&architecture, &raw, num_hidden_layers)?;
+        let gemma3 = architecture == "Gemma3ForCausalLM";
+        let activation = match (gemma3, raw.hidden_activation.as_deref().or(raw.hidden_act.as_deref())) {
+            (true, None) => Activation::GeluTanh,
+            (false, None) => Activation::Silu,
+            (_, Some("silu" | "swish")) => Activation::Silu,
+            (_, Some("gelu_pytorch_tanh" | "gelu_tanh")) => Activation::GeluTanh,
+            (_, Some(other)) => return Err(format!("unsupported MLP activation `{other}` (supported: silu, gelu_pytorch_tanh)")),
+        };
+        let mut local_rope = None;
+        let mut query_pre_attn_scalar = None;
+        if gemma3 {
+            for (name, v) in [("final_logit_softcapping", raw.final_logit_softcapping), ("attn_logit_softcapping", raw.attn_logit_softcapping)] {
+                if let Some(v) = v {
+                    return Err(format!("`{name}` ({v}) is not supported (Gemma 3 checkpoints leave it null)"));
+                }
+            }
+            if raw.use_bidirectional_attention == Some(true) {
+                return Err("`use_bidirectional_attention` is not supported (a causal language model attends to earlier tokens only)".into());
+            }
+            query_pre_attn_scalar = Some(raw.query_pre_attn_scalar.unwrap_or(256.0) as f32);
+            // The sliding layers' rope: `rope_parameters.sliding_attention` (transformers 5) or
+            // `rope_local_base_freq` (older files), never scaled.
+            let local = per_type.and_then(|p| p.get("sliding_attention")).filter(|v| !v.is_null());
+            let theta = local.and_then(|p| p.get("rope_theta")).and_then(|v| v.as_f64()).or(raw.rope_local_base_freq).unwrap_or(10000.0) as f32;
+            local_rope = Some(LocalRope { theta, scaling: parse_rope_scaling(local)?, layers: gemma3_sliding(&raw, num_hidden_layers)? });
+        }
         Ok(ModelConfig {
             layer_windows,
+            activation,
+            query_pre_attn_scalar,
+            local_rope,
             vocab_size: req(raw.vocab_size, "vocab_size")?,
             intermediate_size,
             num_hidden_layers,
@@ -211,11 +282,31 @@ impl ModelConfig {
     /// Rotary inverse frequencies, one per pair of dimensions (head_dim / 2), scaling applied.
     /// Computed in f64 and rounded once, so every backend receives the same table.
     pub fn rope_inv_freq(&self) -> Vec<f32> {
+        self.inv_freq_of(self.rope_theta, &self.rope_scaling)
+    }
+
+    /// [`ModelConfig::rope_inv_freq`] of the sliding layers where they have their own rope
+    /// ([`ModelConfig::local_rope`]).
+    pub fn local_rope_inv_freq(&self) -> Option<Vec<f32>> {
+        self.local_rope.as_ref().map(|r| self.inv_freq_of(r.theta, &r.scaling))
+    }
+
+    /// Whether layer `l` uses the local rope.
+    pub fn uses_local_rope(&self, l: usize) -> bool {
+        self.local_rope.as_ref().is_some_and(|r| r.layers.get(l).copied().unwrap_or(false))
+    }
+
+    /// The attention's score scale.
+    pub fn attn_scale(&self) -> f32 {
+        1.0 / self.query_pre_attn_scalar.unwrap_or(self.head_dim as f32).sqrt()
+    }
+
+    fn inv_freq_of(&self, theta: f32, scaling: &RopeScaling) -> Vec<f32> {
         let half = self.head_dim / 2;
         (0..half)
             .map(|i| {
-                let base = 1.0 / (self.rope_theta as f64).powf((2 * i) as f64 / self.head_dim as f64);
-                let f = match &self.rope_scaling {
+                let base = 1.0 / (theta as f64).powf((2 * i) as f64 / self.head_dim as f64);
+                let f = match scaling {
                     RopeScaling::None => base,
                     RopeScaling::Linear { factor } => base / *factor as f64,
                     RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings } => {
@@ -254,6 +345,52 @@ impl ModelConfig {
     }
 }
 
+/// Gemma 3's text model as the model layer reads it: a multimodal checkpoint
+/// (`Gemma3ForConditionalGeneration`, `model_type` gemma3: the 4B, 12B and 27B releases) gives its
+/// `text_config` (the token ids and dtype from the top level where it has none; its weights
+/// answer to the text model's names, see `Weights::get`), and the fields a Gemma 3 text config
+/// leaves out take `Gemma3TextConfig`'s defaults (the released files rely on them). Any other
+/// config is returned as it is.
+fn gemma3_text(mut v: serde_json::Value) -> std::result::Result<serde_json::Value, String> {
+    use serde_json::{json, Value};
+    let arch = v.get("architectures").and_then(|a| a.get(0)).and_then(Value::as_str).map(String::from);
+    let model_type = v.get("model_type").and_then(Value::as_str).map(String::from);
+    let multimodal = match (arch.as_deref(), model_type.as_deref()) {
+        (Some(a), _) => a == "Gemma3ForConditionalGeneration",
+        (None, t) => t == Some("gemma3"),
+    };
+    if multimodal {
+        let Some(Value::Object(mut text)) = v.get("text_config").cloned() else {
+            return Err("Gemma3ForConditionalGeneration without a `text_config` object".into());
+        };
+        for k in ["bos_token_id", "eos_token_id", "pad_token_id", "torch_dtype", "dtype", "tie_word_embeddings"] {
+            if let (false, Some(x)) = (text.contains_key(k), v.get(k)) {
+                text.insert(k.into(), x.clone());
+            }
+        }
+        text.insert("architectures".into(), json!(["Gemma3ForCausalLM"]));
+        v = Value::Object(text);
+    } else if arch.as_deref() != Some("Gemma3ForCausalLM") && !(arch.is_none() && model_type.as_deref() == Some("gemma3_text")) {
+        return Ok(v);
+    }
+    let Value::Object(o) = &mut v else { return Err("config.json is not a JSON object".into()) };
+    let defaults = json!({
+        "vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+        "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "max_position_embeddings": 131072,
+        "rms_norm_eps": 1e-6, "bos_token_id": 2, "eos_token_id": 1, "tie_word_embeddings": true,
+        "query_pre_attn_scalar": 256, "sliding_window": 4096
+    });
+    if !o.contains_key("rope_parameters") {
+        o.entry("rope_theta").or_insert(json!(1000000.0));
+    }
+    if let Value::Object(d) = defaults {
+        for (k, x) in d {
+            o.entry(k).or_insert(x);
+        }
+    }
+    Ok(v)
+}
+
 /// A field that may be null, kept apart from an absent one (`Some(Null)` vs `None`).
 fn present<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Option<serde_json::Value>, D::Error> {
     serde_json::Value::deserialize(d).map(Some)
@@ -271,31 +408,42 @@ fn layer_windows(arch: &str, raw: &Raw, layers: usize) -> std::result::Result<Ve
         },
     };
     let use_sw = raw.use_sliding_window.unwrap_or(false);
-    let sliding_types = || -> std::result::Result<Vec<bool>, String> {
-        match &raw.layer_types {
-            Some(t) if t.len() != layers => Err(format!("`layer_types` lists {} layers, the model has {layers}", t.len())),
-            Some(t) => t
-                .iter()
-                .map(|k| match k.as_str() {
-                    "sliding_attention" => Ok(true),
-                    "full_attention" => Ok(false),
-                    other => Err(format!("unsupported layer type `{other}` in `layer_types` (supported: full_attention, sliding_attention)")),
-                })
-                .collect(),
-            None => Ok((0..layers).map(|i| i >= raw.max_window_layers.unwrap_or(28)).collect()),
-        }
-    };
+    let sliding_types = || layer_types(raw, layers, |i| i >= raw.max_window_layers.unwrap_or(28));
     let (window, sliding) = match arch {
         "MistralForCausalLM" => (value.unwrap_or(Some(4096)), vec![true; layers]),
         "MixtralForCausalLM" => (value.flatten(), vec![true; layers]),
         "Qwen3MoeForCausalLM" => (if use_sw { value.unwrap_or(Some(4096)) } else { None }, vec![true; layers]),
         "Qwen2ForCausalLM" | "Qwen3ForCausalLM" => (if use_sw { value.unwrap_or(Some(4096)) } else { None }, sliding_types()?),
+        "Gemma3ForCausalLM" => (value.unwrap_or(Some(4096)), gemma3_sliding(raw, layers)?),
         _ => (None, vec![false; layers]),
     };
     Ok(match window {
         Some(w) => sliding.iter().map(|&s| if s { w } else { 0 }).collect(),
         None => vec![0; layers],
     })
+}
+
+/// Which layers slide, from `layer_types`, else `default(i)`.
+fn layer_types(raw: &Raw, layers: usize, default: impl Fn(usize) -> bool) -> std::result::Result<Vec<bool>, String> {
+    match &raw.layer_types {
+        Some(t) if t.len() != layers => Err(format!("`layer_types` lists {} layers, the model has {layers}", t.len())),
+        Some(t) => t
+            .iter()
+            .map(|k| match k.as_str() {
+                "sliding_attention" => Ok(true),
+                "full_attention" => Ok(false),
+                other => Err(format!("unsupported layer type `{other}` in `layer_types` (supported: full_attention, sliding_attention)")),
+            })
+            .collect(),
+        None => Ok((0..layers).map(default).collect()),
+    }
+}
+
+/// Gemma 3's sliding layers: `layer_types`, else every layer but each `sliding_window_pattern`th
+/// (6: five local layers, then a global one).
+fn gemma3_sliding(raw: &Raw, layers: usize) -> std::result::Result<Vec<bool>, String> {
+    let pattern = raw.sliding_window_pattern.unwrap_or(6).max(1);
+    layer_types(raw, layers, |i| (i + 1) % pattern != 0)
 }
 
 fn ids(v: Option<&serde_json::Value>) -> Vec<u32> {
@@ -413,6 +561,64 @@ mod tests {
         assert!(w(r#","architectures":["MistralForCausalLM"],"sliding_window":0"#).unwrap_err().contains("sliding_window"));
         let e = w(r#","architectures":["Qwen2ForCausalLM"],"use_sliding_window":true,"layer_types":["full_attention"]"#).unwrap_err();
         assert!(e.contains("layer_types"), "{e}");
+    }
+
+    /// Gemma 3 in both formats HF writes: the released files' top-level keys
+    /// (`rope_local_base_freq`, `rope_scaling`, `sliding_window_pattern`) and transformers 5's
+    /// `rope_parameters` per layer type with `layer_types`; softcapping is refused.
+    #[test]
+    fn gemma3_configs() {
+        let base = r#""architectures":["Gemma3ForCausalLM"],"hidden_size":1152,"intermediate_size":6912,"num_hidden_layers":8,
+            "num_attention_heads":4,"num_key_value_heads":1,"head_dim":256,"vocab_size":262144,"query_pre_attn_scalar":256,"sliding_window":512"#;
+        let old = ModelConfig::from_json(&format!(r#"{{{base},"rope_theta":1000000,"rope_local_base_freq":10000,"rope_scaling":{{"rope_type":"linear","factor":8.0}},"final_logit_softcapping":null}}"#)).unwrap();
+        assert_eq!(old.activation, Activation::GeluTanh);
+        assert_eq!(old.attn_scale(), 1.0 / 16.0);
+        assert_eq!(old.layer_windows, vec![512, 512, 512, 512, 512, 0, 512, 512]);
+        let local = old.local_rope.clone().unwrap();
+        assert_eq!((local.theta, &local.scaling), (10000.0, &RopeScaling::None));
+        assert_eq!(local.layers, vec![true, true, true, true, true, false, true, true]);
+        assert_eq!((old.rope_theta, &old.rope_scaling), (1000000.0, &RopeScaling::Linear { factor: 8.0 }));
+        assert!(old.uses_local_rope(0) && !old.uses_local_rope(5));
+        let (g, l) = (old.rope_inv_freq(), old.local_rope_inv_freq().unwrap());
+        assert_eq!((g[0], l[0]), (1.0 / 8.0, 1.0));
+        assert!((l[1] - 10000f32.powf(-2.0 / 256.0)).abs() < 1e-7 && (g[1] - 1e6f32.powf(-2.0 / 256.0) / 8.0).abs() < 1e-7);
+        let types = r#"["sliding_attention","full_attention","sliding_attention","full_attention","sliding_attention","sliding_attention","sliding_attention","full_attention"]"#;
+        let new = ModelConfig::from_json(&format!(
+            r#"{{{base},"layer_types":{types},"rope_parameters":{{"full_attention":{{"rope_type":"linear","factor":8.0,"rope_theta":1000000.0}},"sliding_attention":{{"rope_type":"default","rope_theta":10000.0}}}}}}"#
+        ))
+        .unwrap();
+        assert_eq!(new.layer_windows, vec![512, 0, 512, 0, 512, 512, 512, 0]);
+        assert_eq!(new.rope_inv_freq(), g);
+        assert_eq!(new.local_rope_inv_freq().unwrap(), l);
+        for (extra, what) in [(r#","final_logit_softcapping":30.0"#, "final_logit_softcapping"), (r#","attn_logit_softcapping":50.0"#, "attn_logit_softcapping"), (r#","hidden_activation":"relu""#, "relu")] {
+            let e = ModelConfig::from_json(&format!("{{{base}{extra}}}")).unwrap_err();
+            assert!(e.contains(what), "{e}");
+        }
+        // A Llama keeps silu and the head_dim scale.
+        let llama = ModelConfig::from_json(SMOL).unwrap();
+        assert_eq!((llama.activation, llama.attn_scale(), llama.local_rope.is_none()), (Activation::Silu, 0.125, true));
+    }
+
+    /// A Gemma 3 multimodal release's config.json (the 4B's layout: a sparse `text_config`, the
+    /// token ids at the top level) reads as its text model with Gemma3TextConfig's defaults.
+    #[test]
+    fn gemma3_multimodal_config_reads_its_text_model() {
+        let c = ModelConfig::from_json(
+            r#"{"architectures":["Gemma3ForConditionalGeneration"],"model_type":"gemma3","boi_token_index":255999,"eos_token_id":[1,106],
+            "image_token_index":262144,"mm_tokens_per_image":256,"torch_dtype":"bfloat16",
+            "text_config":{"hidden_size":2560,"intermediate_size":10240,"model_type":"gemma3_text","num_hidden_layers":34,
+                "rope_scaling":{"factor":8.0,"rope_type":"linear"},"sliding_window":1024},
+            "vision_config":{"hidden_size":1152,"model_type":"siglip_vision_model","num_hidden_layers":27}}"#,
+        )
+        .unwrap();
+        assert_eq!(c.architecture, "Gemma3ForCausalLM");
+        assert_eq!((c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.vocab_size), (2560, 8, 4, 256, 262208));
+        assert_eq!((c.eos_token_ids.clone(), c.bos_token_id, c.dtype.as_deref(), c.tie_word_embeddings), (vec![1, 106], Some(2), Some("bfloat16"), true));
+        assert_eq!((c.rope_theta, &c.rope_scaling, c.attn_scale()), (1000000.0, &RopeScaling::Linear { factor: 8.0 }, 1.0 / 16.0));
+        assert_eq!(c.layer_windows.iter().filter(|&&w| w == 1024).count(), 29);
+        assert_eq!((c.layer_windows[5], c.local_rope.as_ref().unwrap().theta), (0, 10000.0));
+        let e = ModelConfig::from_json(r#"{"architectures":["Gemma3ForConditionalGeneration"]}"#).unwrap_err();
+        assert!(e.contains("text_config"), "{e}");
     }
 
     #[test]

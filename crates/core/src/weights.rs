@@ -143,7 +143,21 @@ impl Weights {
     }
 
     pub fn contains(&self, name: &str) -> bool {
-        self.tensors.contains_key(name)
+        self.entry(name).is_some()
+    }
+
+    /// Tensor `name`, or where a multimodal checkpoint keeps its language model under a prefix
+    /// (Gemma 3's `language_model.model.*` and `language_model.lm_head.*`, or transformers 5's
+    /// `model.language_model.*`), the tensor the text model's name stands for there.
+    fn entry(&self, name: &str) -> Option<&Entry> {
+        if let Some(e) = self.tensors.get(name) {
+            return Some(e);
+        }
+        let alias = |prefix: &str, rest: &str| self.tensors.get(&format!("{prefix}{rest}"));
+        match name.strip_prefix("model.") {
+            Some(rest) => alias("language_model.model.", rest).or_else(|| alias("model.language_model.", rest)),
+            None => name.strip_prefix("lm_head.").and_then(|rest| alias("language_model.lm_head.", rest)),
+        }
     }
 
     pub fn names(&self) -> impl Iterator<Item = &str> {
@@ -152,12 +166,12 @@ impl Weights {
 
     /// The shape the file gives tensor `name`.
     pub fn shape(&self, name: &str) -> Option<&[usize]> {
-        self.tensors.get(name).map(|e| e.shape.as_slice())
+        self.entry(name).map(|e| e.shape.as_slice())
     }
 
     /// The tensor `name`, which must have exactly `shape`.
     pub fn get(&self, name: &str, shape: &[usize]) -> Result<TensorView> {
-        let Some(e) = self.tensors.get(name) else {
+        let Some(e) = self.entry(name) else {
             let path = self.files.first().map(|f| f.0.clone()).unwrap_or_default();
             return Err(Error::tensor(path, name, format!("missing (expected shape {shape:?})")));
         };

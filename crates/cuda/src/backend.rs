@@ -336,6 +336,8 @@ struct Kernels<F> {
     gather_rows: Kernel<F>,
     add: Kernel<F>,
     silu_mul: Kernel<F>,
+    gelu_tanh_mul: Kernel<F>,
+    scale: Kernel<F>,
     rope: Kernel<F>,
     matmul_tiled_f32: Kernel<F>,
     matmul_x: [Kernel<F>; 2],
@@ -387,6 +389,8 @@ impl<F> Kernels<F> {
             gather_rows: k("gather_rows")?,
             add: k("add")?,
             silu_mul: k("silu_mul")?,
+            gelu_tanh_mul: k("gelu_tanh_mul")?,
+            scale: k("scale")?,
             rope: k("rope")?,
             matmul_tiled_f32: k("matmul_tiled_f32")?,
             matmul_x: [k("matmul_x_bf16")?, k("matmul_x_f16")?],
@@ -1304,6 +1308,38 @@ impl Backend for CudaBackend {
         self.launched(OP, r)
     }
 
+    fn gelu_tanh_mul(&self, gate: &CudaBuf, up: &CudaBuf, out: &mut CudaBuf, len: usize) -> Result<()> {
+        const OP: &str = "gelu_tanh_mul";
+        if len == 0 {
+            return Ok(());
+        }
+        need(gate, Elem::F32, len, OP, "gate")?;
+        need(up, Elem::F32, len, OP, "up")?;
+        let code = need_act(out, len, OP, "out")?;
+        let f = &self.kernels.gelu_tanh_mul.f;
+        let n = len as u64;
+        let mut l = self.stream.launch_builder(f);
+        l.arg(&*gate.mem).arg(&*up.mem).arg(&mut *out.mem).arg(&code).arg(&n);
+        // SAFETY: as in embedding.
+        let r = unsafe { l.launch(Self::elementwise_cfg(len, OP)?) };
+        self.launched(OP, r)
+    }
+
+    fn scale(&self, x: &mut CudaBuf, factor: f32, len: usize) -> Result<()> {
+        const OP: &str = "scale";
+        if len == 0 {
+            return Ok(());
+        }
+        need(x, Elem::F32, len, OP, "x")?;
+        let f = &self.kernels.scale.f;
+        let n = len as u64;
+        let mut l = self.stream.launch_builder(f);
+        l.arg(&mut *x.mem).arg(&factor).arg(&n);
+        // SAFETY: as in embedding.
+        let r = unsafe { l.launch(Self::elementwise_cfg(len, OP)?) };
+        self.launched(OP, r)
+    }
+
     fn moe_route(&self, logits: &CudaBuf, weights: &mut CudaBuf, rows: usize, experts: usize, top_k: usize, renormalize: bool) -> Result<()> {
         const OP: &str = "moe_route";
         if rows == 0 || experts == 0 {
@@ -1483,7 +1519,7 @@ mod kernel_table_tests {
         let names = kernel_names();
         let unique: std::collections::BTreeSet<_> = names.iter().collect();
         assert_eq!(unique.len(), names.len(), "{names:?}");
-        assert_eq!(names.len(), 73); // 50 + 11 routed-MoE + 6 decode GEMM + 4 sampler/argmax + 2 tc_deep attention variants
+        assert_eq!(names.len(), 75); // 50 + 11 routed-MoE + 6 decode GEMM + 4 sampler/argmax + 2 tc_deep attention variants + gelu_tanh_mul and scale (Gemma 3)
         let k = Kernels::<&'static str>::resolve(Ok).unwrap();
         assert_eq!(k.embedding.map(|x| x.f), ["embedding_f32", "embedding_bf16", "embedding_f16"]);
         assert_eq!([Elem::F32, Elem::BF16, Elem::F16].map(|e| k.rms_norm[weight_index(e)].f), ["rms_norm_f32", "rms_norm_bf16", "rms_norm_f16"]);

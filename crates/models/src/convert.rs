@@ -1,7 +1,7 @@
 //! GGUF to a Hugging Face model directory: `model.safetensors` (bf16), `config.json`,
 //! `tokenizer.json`, `tokenizer_config.json`, `generation_config.json`. Architectures
 //! (`general.architecture`): `llama` (Llama, Mistral, SmolLM; Mixtral where `llama.expert_count`
-//! is set), `qwen2`, `qwen3`, `qwen3moe`.
+//! is set), `qwen2`, `qwen3`, `qwen3moe`, `gemma3` (Gemma 3's text model).
 //!
 //! What differs between the layouts besides names:
 //! - GGUF dims are innermost first; PyTorch shapes are the reverse.
@@ -11,6 +11,9 @@
 //!   model only answers `<|im_end|>`. Qwen models (NEOX rope) are stored unpermuted.
 //! - A mixture of experts' experts are stacked into one `[experts, rows, cols]` tensor per
 //!   projection (`ffn_gate_exps`, `ffn_up_exps`, `ffn_down_exps`); HF has one tensor per expert.
+//! - Gemma 3's RMS norms compute `x * (1 + w)` in HF, and llama.cpp's exporter stores `1 + w`
+//!   (see [`Take::MinusOne`]); its sliding-window layout and local rope are not in the file but
+//!   fixed by llama.cpp's loader for the architecture (see [`GemmaParams`]).
 //!
 //! The output is a pure function of the input file: tensors are sorted by name and every JSON
 //! file is written with fixed key order, so converting twice gives identical bytes.
@@ -22,6 +25,7 @@ use std::time::Instant;
 use serde_json::json;
 use tandem_core::{DType, Error, Result};
 
+use crate::family::Family;
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::gguf_tokenizer::GgufTokenizer;
 use crate::safetensors_writer::{SafetensorsWriter, TensorSpec};
@@ -39,48 +43,30 @@ pub struct ConvertSummary {
     pub seconds: f64,
 }
 
-/// The GGUF architectures this converter reads (`general.architecture`), each to its HF family.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Arch {
-    /// Llama, Mistral, SmolLM; with `llama.expert_count`, Mixtral.
-    Llama,
-    Qwen2,
-    Qwen3,
-    Qwen3Moe,
+/// Gemma 3's attention layout. llama.cpp's loader (src/llama-model.cpp, `LLM_ARCH_GEMMA3` in
+/// `load_hparams`) reads only the window from the file and fixes the rest for the architecture:
+/// `set_swa_pattern(6)` (layer `i` slides unless `i % 6 == 5`, which is HF's `layer_types` for
+/// `sliding_window_pattern` 6), the sliding layers' rope base 10000 with no scaling
+/// (`rope_freq_base_train_swa`, `rope_freq_scale_train_swa`), and the attention scale
+/// `1/sqrt(head_dim)`, except `1/sqrt(hidden / heads)` for the 62-layer 27B model (HF's
+/// `query_pre_attn_scalar`, 168 there). The global layers' rope is `rope.freq_base` with the
+/// file's linear scaling, as HF scales only the global layers.
+#[derive(Debug, Clone, PartialEq)]
+struct GemmaParams {
+    sliding_window: usize,
+    /// `rope.scaling.factor` where `rope.scaling.type` is `linear` (Gemma 3 4B and up: 8).
+    linear_factor: Option<f32>,
+    final_logit_softcapping: Option<f32>,
 }
 
-impl Arch {
-    const NAMES: &'static [&'static str] = &["llama", "qwen2", "qwen3", "qwen3moe"];
+impl GemmaParams {
+    /// llama.cpp's `set_swa_pattern(6)`.
+    const PATTERN: usize = 6;
+    /// HF's `rope_local_base_freq`; llama.cpp's `rope_freq_base_train_swa`.
+    const LOCAL_ROPE_BASE: f32 = 10000.0;
 
-    fn from_name(name: &str) -> Option<Arch> {
-        Some(match name {
-            "llama" => Arch::Llama,
-            "qwen2" => Arch::Qwen2,
-            "qwen3" => Arch::Qwen3,
-            "qwen3moe" => Arch::Qwen3Moe,
-            _ => return None,
-        })
-    }
-
-    /// The metadata keys' prefix (`{arch}.block_count`, ...).
-    fn key(self) -> &'static str {
-        match self {
-            Arch::Llama => "llama",
-            Arch::Qwen2 => "qwen2",
-            Arch::Qwen3 => "qwen3",
-            Arch::Qwen3Moe => "qwen3moe",
-        }
-    }
-
-    /// llama.cpp permutes Q and K rows only for the Llama family (its rope pairs adjacent
-    /// dimensions there); Qwen models use the NEOX rope, stored as HF stores them.
-    fn permuted(self) -> bool {
-        self == Arch::Llama
-    }
-
-    /// Per-head RMS norms on q and k (`attn_q_norm`, `attn_k_norm`).
-    fn qk_norm(self) -> bool {
-        matches!(self, Arch::Qwen3 | Arch::Qwen3Moe)
+    fn layer_types(layers: usize) -> Vec<&'static str> {
+        (0..layers).map(|i| if (i + 1) % Self::PATTERN == 0 { "full_attention" } else { "sliding_attention" }).collect()
     }
 }
 
@@ -96,7 +82,7 @@ struct MoeParams {
 /// Hyper-parameters read from `{arch}.*` metadata.
 #[derive(Debug, Clone, PartialEq)]
 struct LlamaParams {
-    arch: Arch,
+    family: Family,
     layers: usize,
     hidden: usize,
     intermediate: usize,
@@ -107,15 +93,16 @@ struct LlamaParams {
     rope_theta: f32,
     context: usize,
     moe: Option<MoeParams>,
+    gemma: Option<GemmaParams>,
 }
 
 impl LlamaParams {
     fn from_gguf(g: &GgufFile) -> Result<Self> {
         let name = g.get_str("general.architecture")?;
-        let Some(arch) = Arch::from_name(name) else {
-            return Err(Error::config(&g.path, format!("general.architecture is `{name}`; this converter reads {}", Arch::NAMES.join(", "))));
+        let Some(family) = Family::from_gguf(name, g.get(&format!("{name}.expert_count")).is_some()) else {
+            return Err(Error::config(&g.path, format!("general.architecture is `{name}`; this converter reads {}", Family::GGUF_NAMES.join(", "))));
         };
-        let k = arch.key();
+        let k = family.gguf_name();
         let has = |key: &str| g.get(&format!("{k}.{key}")).is_some();
         let u = |key: &str| g.get_u64(&format!("{k}.{key}")).map(|v| v as usize);
         let heads = u("attention.head_count")?;
@@ -128,9 +115,19 @@ impl LlamaParams {
         if head_dim == 0 || head_dim % 2 != 0 {
             return Err(Error::config(&g.path, format!("head dimension {head_dim} must be positive and even")));
         }
+        let mut linear_factor = None;
         if let Some(kind) = g.get(&format!("{k}.rope.scaling.type")).and_then(|v| v.as_str()) {
-            if kind != "none" {
-                return Err(Error::config(&g.path, format!("{k}.rope.scaling.type `{kind}` is not supported by this converter")));
+            match kind {
+                "none" => {}
+                // Gemma 3's global layers (HF's rope_scaling applies to those only, as llama.cpp's).
+                "linear" if family == Family::Gemma3 => {
+                    let f = g.get_f64(&format!("{k}.rope.scaling.factor"))? as f32;
+                    if !(f.is_finite() && f > 0.0) {
+                        return Err(Error::config(&g.path, format!("{k}.rope.scaling.factor is {f}, expected a positive number")));
+                    }
+                    linear_factor = (f != 1.0).then_some(f);
+                }
+                _ => return Err(Error::config(&g.path, format!("{k}.rope.scaling.type `{kind}` is not supported by this converter for `{k}`"))),
             }
         }
         if g.tensor("rope_freqs.weight").is_some() {
@@ -142,21 +139,35 @@ impl LlamaParams {
         if layers == 0 || layers > g.tensors.len() / 9 {
             return Err(Error::config(&g.path, format!("{k}.block_count is {layers}, but the file's {} tensors hold at most {} layers of 9", g.tensors.len(), g.tensors.len() / 9)));
         }
-        let intermediate = u("feed_forward_length").or_else(|e| if arch == Arch::Qwen3Moe { u("expert_feed_forward_length") } else { Err(e) })?;
-        let moe = match (arch, has("expert_count")) {
-            (Arch::Qwen3Moe, _) | (Arch::Llama, true) => {
+        let intermediate = u("feed_forward_length").or_else(|e| if family == Family::Qwen3Moe { u("expert_feed_forward_length") } else { Err(e) })?;
+        let moe = match family.moe() {
+            true => {
                 let experts = u("expert_count")?;
                 let top_k = u("expert_used_count")?;
-                let ff = if arch == Arch::Qwen3Moe { u("expert_feed_forward_length")? } else { intermediate };
+                let ff = if family == Family::Qwen3Moe { u("expert_feed_forward_length")? } else { intermediate };
                 if experts == 0 || top_k == 0 || top_k > experts || experts > g.tensors.len() * 1024 {
                     return Err(Error::config(&g.path, format!("{k}.expert_used_count ({top_k}) must be in 1..={k}.expert_count ({experts})")));
                 }
                 Some(MoeParams { experts, top_k, ff })
             }
-            _ => None,
+            false => None,
+        };
+        let gemma = if family == Family::Gemma3 {
+            if has("attention.value_length") && u("attention.value_length")? != head_dim {
+                return Err(Error::config(&g.path, format!("{k}.attention.value_length ({}) differs from key_length ({head_dim})", u("attention.value_length")?)));
+            }
+            // llama.cpp's loader requires the key for gemma3 (a get_key without `false`).
+            let sliding_window = u("attention.sliding_window")?;
+            if sliding_window == 0 {
+                return Err(Error::config(&g.path, format!("{k}.attention.sliding_window is 0")));
+            }
+            let softcap = if has("final_logit_softcapping") { Some(g.get_f64(&format!("{k}.final_logit_softcapping"))? as f32) } else { None };
+            Some(GemmaParams { sliding_window, linear_factor, final_logit_softcapping: softcap })
+        } else {
+            None
         };
         Ok(LlamaParams {
-            arch,
+            family,
             layers,
             hidden,
             intermediate,
@@ -167,25 +178,25 @@ impl LlamaParams {
             rope_theta: if has("rope.freq_base") { g.get_f64(&format!("{k}.rope.freq_base"))? as f32 } else { 10000.0 },
             context: u("context_length")?,
             moe,
+            gemma,
         })
-    }
-
-    /// Where a layer's experts live in HF's names, and their projections' names.
-    fn moe_names(&self) -> (&'static str, [&'static str; 3]) {
-        match self.arch {
-            Arch::Llama => ("block_sparse_moe", ["w1", "w3", "w2"]),
-            _ => ("mlp", ["gate_proj", "up_proj", "down_proj"]),
-        }
     }
 }
 
 /// What a GGUF tensor becomes besides renamed: rows un-permuted (Q and K of a Llama, with the
-/// head count), or one expert's slice of a merged expert tensor.
+/// head count), one expert's slice of a merged expert tensor, or a Gemma norm less one.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Take {
     Whole,
     Unpermute(usize),
     Expert(usize),
+    /// Gemma 3's RMS norm weights: HF's Gemma3RMSNorm computes `x * (1 + w)`; llama.cpp's
+    /// exporter (convert_hf_to_gguf.py, `Gemma3Model.norm_shift` / `modify_tensors`) adds 1.0 to
+    /// every tensor whose HF name ends in `norm.weight` (input, post-attention, pre- and
+    /// post-feedforward, q/k and the final norm) so its graph multiplies by `w` alone. The
+    /// exporter first widens bf16 to f32 and stores norms as F32, so `(1 + w) - 1` in f32 gives
+    /// HF's bf16 `w` back exactly for `|w| >= 2^-16`.
+    MinusOne,
 }
 
 /// The HF tensors a GGUF tensor becomes (several for a merged expert tensor), or `None` for a
@@ -198,7 +209,8 @@ fn hf_names(gguf: &str, p: &LlamaParams) -> Option<Vec<(String, Take)>> {
         _ => None,
     };
     if let Some(t) = top {
-        return Some(vec![(t.to_string(), Take::Whole)]);
+        let take = if p.family == Family::Gemma3 && gguf == "output_norm.weight" { Take::MinusOne } else { Take::Whole };
+        return Some(vec![(t.to_string(), take)]);
     }
     let rest = gguf.strip_prefix("blk.")?;
     let (layer, rest) = rest.split_once('.')?;
@@ -210,10 +222,26 @@ fn hf_names(gguf: &str, p: &LlamaParams) -> Option<Vec<(String, Take)>> {
     if kind != "weight" && kind != "bias" {
         return None;
     }
-    let unpermute = |n: usize| if p.arch.permuted() { Take::Unpermute(n) } else { Take::Whole };
+    let unpermute = |n: usize| if p.family.gguf_permuted() { Take::Unpermute(n) } else { Take::Whole };
     let at = |hf: &str| format!("model.layers.{layer}.{hf}.{kind}");
+    if p.family == Family::Gemma3 && kind == "weight" {
+        // Gemma's sandwich norms: llama.cpp's `ffn_norm` is HF's pre-feedforward norm here
+        // (tensor_mapping.py's FFN_PRE_NORM), not the Llama post-attention norm.
+        let hf = match part {
+            "attn_norm" => "input_layernorm",
+            "attn_q_norm" => "self_attn.q_norm",
+            "attn_k_norm" => "self_attn.k_norm",
+            "post_attention_norm" => "post_attention_layernorm",
+            "ffn_norm" => "pre_feedforward_layernorm",
+            "post_ffw_norm" => "post_feedforward_layernorm",
+            _ => "",
+        };
+        if !hf.is_empty() {
+            return Some(vec![(at(hf), Take::MinusOne)]);
+        }
+    }
     if let Some(moe) = &p.moe {
-        let (block, [gate, up, down]) = p.moe_names();
+        let (block, [gate, up, down]) = p.family.moe_names();
         let proj = match part {
             "ffn_gate_inp" if kind == "weight" => return Some(vec![(at(&format!("{block}.gate")), Take::Whole)]),
             "ffn_gate_exps" => gate,
@@ -231,8 +259,8 @@ fn hf_names(gguf: &str, p: &LlamaParams) -> Option<Vec<(String, Take)>> {
         "attn_k" => ("self_attn.k_proj", unpermute(p.kv_heads)),
         "attn_v" => ("self_attn.v_proj", Take::Whole),
         "attn_output" => ("self_attn.o_proj", Take::Whole),
-        "attn_q_norm" if p.arch.qk_norm() => ("self_attn.q_norm", Take::Whole),
-        "attn_k_norm" if p.arch.qk_norm() => ("self_attn.k_norm", Take::Whole),
+        "attn_q_norm" if p.family.qk_norm() => ("self_attn.q_norm", Take::Whole),
+        "attn_k_norm" if p.family.qk_norm() => ("self_attn.k_norm", Take::Whole),
         "ffn_norm" => ("post_attention_layernorm", Take::Whole),
         "ffn_gate" => ("mlp.gate_proj", Take::Whole),
         "ffn_up" => ("mlp.up_proj", Take::Whole),
@@ -298,7 +326,7 @@ pub fn convert_gguf(gguf_path: &Path, out_dir: &Path, progress: &mut dyn FnMut(u
     let mut plan: std::collections::HashMap<String, (&TensorInfo, Take)> = std::collections::HashMap::with_capacity(g.tensors.len());
     for t in &g.tensors {
         let Some(names) = hf_names(&t.name, &p) else {
-            return Err(Error::tensor(&g.path, &t.name, format!("is not a tensor this converter knows for general.architecture `{}`", p.arch.key())));
+            return Err(Error::tensor(&g.path, &t.name, format!("is not a tensor this converter knows for general.architecture `{}`", p.family.gguf_name())));
         };
         for (name, take) in names {
             let shape = t.torch_shape();
@@ -331,8 +359,11 @@ pub fn convert_gguf(gguf_path: &Path, out_dir: &Path, progress: &mut dyn FnMut(u
     let mut dense_layers = vec![];
     for i in 0..p.layers {
         let mut parts = vec!["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm"];
-        if p.arch.qk_norm() {
+        if p.family.qk_norm() {
             parts.extend(["attn_q_norm", "attn_k_norm"]);
+        }
+        if p.family == Family::Gemma3 {
+            parts.extend(["post_attention_norm", "post_ffw_norm"]);
         }
         // A MoE model's layer may keep a dense MLP (Qwen3-MoE's mlp_only_layers).
         if p.moe.is_some() && g.tensor(&format!("blk.{i}.ffn_gate.weight")).is_none() {
@@ -344,7 +375,7 @@ pub fn convert_gguf(gguf_path: &Path, out_dir: &Path, progress: &mut dyn FnMut(u
         required.extend(parts.iter().map(|part| format!("blk.{i}.{part}.weight")));
     }
     if let Some(missing) = required.iter().find(|n| g.tensor(n).is_none()) {
-        return Err(Error::tensor(&g.path, missing, format!("missing ({}.block_count is {})", p.arch.key(), p.layers)));
+        return Err(Error::tensor(&g.path, missing, format!("missing ({}.block_count is {})", p.family.gguf_name(), p.layers)));
     }
     let shape_of = |t: &TensorInfo, take: Take| match take {
         Take::Expert(_) => t.torch_shape()[1..].to_vec(),
@@ -362,6 +393,7 @@ pub fn convert_gguf(gguf_path: &Path, out_dir: &Path, progress: &mut dyn FnMut(u
         let (t, take) = plan[name];
         let values = match take {
             Take::Whole => g.tensor_f32(t)?,
+            Take::MinusOne => g.tensor_f32(t)?.into_iter().map(|x| x - 1.0).collect(),
             Take::Unpermute(n) => {
                 let cols = if t.dims.len() == 1 { 1 } else { t.dims[0] as usize };
                 rope_unpermute(&g.tensor_f32(t)?, n, cols)
@@ -386,7 +418,7 @@ pub fn convert_gguf(gguf_path: &Path, out_dir: &Path, progress: &mut dyn FnMut(u
     write_json(&out_dir.join("tokenizer_config.json"), &tokenizer_config_json(&tok, p.context))?;
     let mut gen = serde_json::Map::new();
     gen.insert("bos_token_id".into(), json!(tok.bos_id));
-    gen.insert("eos_token_id".into(), json!(tok.eos_id));
+    gen.insert("eos_token_id".into(), eos_json(&p, &tok));
     if let Some(pad) = tok.pad_id {
         gen.insert("pad_token_id".into(), json!(pad));
     }
@@ -395,13 +427,10 @@ pub fn convert_gguf(gguf_path: &Path, out_dir: &Path, progress: &mut dyn FnMut(u
 }
 
 fn config_json(p: &LlamaParams, tok: &GgufTokenizer, tied: bool, dense_layers: &[usize], bias: bool) -> serde_json::Value {
-    let (architecture, model_type) = match (p.arch, &p.moe) {
-        (Arch::Llama, None) => ("LlamaForCausalLM", "llama"),
-        (Arch::Llama, Some(_)) => ("MixtralForCausalLM", "mixtral"),
-        (Arch::Qwen2, _) => ("Qwen2ForCausalLM", "qwen2"),
-        (Arch::Qwen3, _) => ("Qwen3ForCausalLM", "qwen3"),
-        (Arch::Qwen3Moe, _) => ("Qwen3MoeForCausalLM", "qwen3_moe"),
-    };
+    if let Some(gm) = &p.gemma {
+        return gemma3_config_json(p, gm, tok, tied);
+    }
+    let (architecture, model_type) = p.family.hf_names();
     let mut c = json!({
         "architectures": [architecture],
         "model_type": model_type,
@@ -432,7 +461,7 @@ fn config_json(p: &LlamaParams, tok: &GgufTokenizer, tied: bool, dense_layers: &
     if let Some(m) = &p.moe {
         let o = c.as_object_mut().expect("an object");
         o.insert("num_experts_per_tok".into(), json!(m.top_k));
-        if p.arch == Arch::Qwen3Moe {
+        if p.family == Family::Qwen3Moe {
             // llama.cpp's qwen3moe graph renormalises the kept weights, as Qwen3-MoE's configs
             // ask (norm_topk_prob: true); GGUF does not carry the flag.
             o.insert("num_experts".into(), json!(m.experts));
@@ -445,6 +474,70 @@ fn config_json(p: &LlamaParams, tok: &GgufTokenizer, tied: bool, dense_layers: &
         }
     }
     c
+}
+
+/// Gemma 3's text config as HF transformers writes it (`Gemma3TextConfig`), with the legacy
+/// rope fields (`rope_theta`, `rope_local_base_freq`, `rope_scaling`) and, agreeing with them,
+/// the `rope_parameters` that transformers 5 saves (per layer type).
+fn gemma3_config_json(p: &LlamaParams, gm: &GemmaParams, tok: &GgufTokenizer, tied: bool) -> serde_json::Value {
+    // llama.cpp's attention scale: 1/sqrt(hidden / heads) for the 62-layer 27B, else 1/sqrt(head_dim).
+    let query_pre_attn_scalar = if p.layers == 62 { p.hidden / p.heads } else { p.head_dim };
+    let rope_scaling = match gm.linear_factor {
+        Some(f) => json!({ "rope_type": "linear", "factor": f32_json(f) }),
+        None => serde_json::Value::Null,
+    };
+    let mut full = json!({ "rope_type": "default", "rope_theta": f32_json(p.rope_theta) });
+    if let Some(f) = gm.linear_factor {
+        full = json!({ "rope_type": "linear", "factor": f32_json(f), "rope_theta": f32_json(p.rope_theta) });
+    }
+    json!({
+        "architectures": [Family::Gemma3.hf_names().0],
+        "model_type": Family::Gemma3.hf_names().1,
+        "vocab_size": tok.vocab.len(),
+        "hidden_size": p.hidden,
+        "intermediate_size": p.intermediate,
+        "num_hidden_layers": p.layers,
+        "num_attention_heads": p.heads,
+        "num_key_value_heads": p.kv_heads,
+        "head_dim": p.head_dim,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "rms_norm_eps": f32_json(p.rms_eps),
+        "query_pre_attn_scalar": query_pre_attn_scalar,
+        "sliding_window": gm.sliding_window,
+        "layer_types": GemmaParams::layer_types(p.layers),
+        "rope_theta": f32_json(p.rope_theta),
+        "rope_local_base_freq": f32_json(GemmaParams::LOCAL_ROPE_BASE),
+        "rope_scaling": rope_scaling,
+        "rope_parameters": {
+            "full_attention": full,
+            "sliding_attention": { "rope_type": "default", "rope_theta": f32_json(GemmaParams::LOCAL_ROPE_BASE) },
+        },
+        "max_position_embeddings": p.context,
+        "tie_word_embeddings": tied,
+        "final_logit_softcapping": gm.final_logit_softcapping.map(f32_json),
+        "attn_logit_softcapping": null,
+        "attention_bias": false,
+        "attention_dropout": 0.0,
+        "initializer_range": 0.02,
+        "use_cache": true,
+        "bos_token_id": tok.bos_id,
+        "eos_token_id": eos_json(p, tok),
+        "pad_token_id": tok.pad_id,
+        "torch_dtype": "bfloat16",
+    })
+}
+
+/// `eos_token_id`: the file's EOS, except for Gemma 3, whose turn end also stops generation in
+/// llama.cpp (and in HF's configs): a list there when it holds more than one id.
+fn eos_json(p: &LlamaParams, tok: &GgufTokenizer) -> serde_json::Value {
+    match p.family {
+        Family::Gemma3 => match tok.end_ids().as_slice() {
+            [] => serde_json::Value::Null,
+            [one] => json!(one),
+            many => json!(many),
+        },
+        _ => json!(tok.eos_id),
+    }
 }
 
 fn tokenizer_config_json(tok: &GgufTokenizer, context: usize) -> serde_json::Value {
@@ -466,7 +559,7 @@ fn tokenizer_config_json(tok: &GgufTokenizer, context: usize) -> serde_json::Val
         "eos_token": tok.token(tok.eos_id),
         "model_max_length": context,
         "pad_token": tok.token(tok.pad_id),
-        "tokenizer_class": "GPT2Tokenizer",
+        "tokenizer_class": if tok.sentencepiece { "GemmaTokenizer" } else { "GPT2Tokenizer" },
         "unk_token": tok.token(tok.unk_id),
         "vocab_size": tok.vocab.len(),
     })
@@ -482,7 +575,7 @@ pub(crate) fn write_json(path: &Path, v: &serde_json::Value) -> Result<()> {
 pub(crate) mod tests {
     use super::*;
     use crate::gguf::{writer, Value};
-    use crate::gguf_tokenizer::tests::tiny_gguf_tokenizer_meta;
+    use crate::gguf_tokenizer::tests::{tiny_gemma_tokenizer_meta, tiny_gguf_tokenizer_meta};
     use tandem_core::weights::Weights;
     use tandem_core::ModelConfig;
 
@@ -732,10 +825,328 @@ pub(crate) mod tests {
         tiny_llama_gguf(&p2, true, Some("blk.0.ffn_up.weight"));
         let e = convert_gguf(&p2, &root.join("o2"), &mut |_, _, _| {}).unwrap_err().to_string();
         assert!(e.contains("`blk.0.ffn_up.weight`") && e.contains("missing"), "{e}");
-        let params = LlamaParams { arch: Arch::Llama, layers: 1, hidden: 8, intermediate: 8, heads: 2, kv_heads: 1, head_dim: 4, rms_eps: 1e-5, rope_theta: 1e4, context: 8, moe: None };
+        let params = LlamaParams { family: Family::Llama, layers: 1, hidden: 8, intermediate: 8, heads: 2, kv_heads: 1, head_dim: 4, rms_eps: 1e-5, rope_theta: 1e4, context: 8, moe: None, gemma: None };
         assert!(hf_names("blk.0.attn_qkv.weight", &params).is_none());
         // Qwen3's q/k norms are no Llama tensors.
         assert!(hf_names("blk.0.attn_q_norm.weight", &params).is_none());
-        assert!(hf_names("blk.0.attn_q_norm.weight", &LlamaParams { arch: Arch::Qwen3, ..params }).is_some());
+        assert!(hf_names("blk.0.attn_q_norm.weight", &LlamaParams { family: Family::Qwen3, ..params.clone() }).is_some());
+        // Gemma's sandwich norms are no Llama tensors; Gemma's ffn_norm is its pre-feedforward norm.
+        assert!(hf_names("blk.0.post_ffw_norm.weight", &params).is_none());
+        let gemma = LlamaParams { family: Family::Gemma3, ..params.clone() };
+        assert_eq!(hf_names("blk.0.ffn_norm.weight", &gemma), Some(vec![("model.layers.0.pre_feedforward_layernorm.weight".into(), Take::MinusOne)]));
+        assert_eq!(hf_names("blk.0.ffn_norm.weight", &params), Some(vec![("model.layers.0.post_attention_layernorm.weight".into(), Take::Whole)]));
+    }
+
+    type Meta = Vec<(&'static str, Value)>;
+
+    /// A Gemma 3 GGUF as llama.cpp's exporter writes one: `gemma3.*` keys, every norm stored as
+    /// `1 + w`, the sandwich norms (`post_attention_norm`, `ffn_norm` as the pre-feedforward norm,
+    /// `post_ffw_norm`), per-head q/k norms, Q/K unpermuted, no `output.weight`, linear rope
+    /// scaling on the global layers, Gemma's SentencePiece vocabulary (280 tokens). 7 layers
+    /// (hidden 32, 2 heads of 16, 1 KV head, ffn 64), so layer 5 is the one global layer of
+    /// llama.cpp's pattern of 6. The embedding is Q8_0 and layer 0's gate Q4_1; the rest F32.
+    fn tiny_gemma3_gguf(path: &Path, meta_edit: &dyn Fn(&mut Meta)) -> Vec<(String, Vec<usize>, Vec<f32>)> {
+        let (layers, hidden, heads, kv, hd, ffn, vocab) = (7usize, 32usize, 2usize, 1usize, 16usize, 64usize, 280usize);
+        let f32b = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        // Weights as HF holds them (bf16), and norms about 0 (HF's Gemma norm weights are offsets from 1).
+        let vals = |n: usize, salt: f32| bf16_round(&(0..n).map(|i| (i as f32 * 0.37 + salt).sin() * 0.5).collect::<Vec<f32>>());
+        let mut meta = vec![
+            ("general.architecture", Value::String("gemma3".into())),
+            ("gemma3.block_count", Value::U32(layers as u32)),
+            ("gemma3.context_length", Value::U32(512)),
+            ("gemma3.embedding_length", Value::U32(hidden as u32)),
+            ("gemma3.feed_forward_length", Value::U32(ffn as u32)),
+            ("gemma3.attention.head_count", Value::U32(heads as u32)),
+            ("gemma3.attention.head_count_kv", Value::U32(kv as u32)),
+            ("gemma3.attention.key_length", Value::U32(hd as u32)),
+            ("gemma3.attention.value_length", Value::U32(hd as u32)),
+            ("gemma3.attention.layer_norm_rms_epsilon", Value::F32(1e-6)),
+            ("gemma3.attention.sliding_window", Value::U32(16)),
+            ("gemma3.rope.freq_base", Value::F32(1e6)),
+            ("gemma3.rope.scaling.type", Value::String("linear".into())),
+            ("gemma3.rope.scaling.factor", Value::F32(8.0)),
+        ];
+        meta.extend(tiny_gemma_tokenizer_meta().into_iter().filter(|(k, _)| *k != "general.architecture"));
+        meta_edit(&mut meta);
+        let d = |rows: usize, cols: usize| vec![cols as u64, rows as u64];
+        // (GGUF name, GGUF dims, type, bytes) and what HF's checkpoint has: (name, shape, values).
+        let mut tensors: Vec<(String, Vec<u64>, u32, Vec<u8>)> = vec![];
+        let mut expect: Vec<(String, Vec<usize>, Vec<f32>)> = vec![];
+        let mut salt = 0.0;
+        let mut dense = |gguf: &str, hf: &str, rows: usize, cols: usize, tensors: &mut Vec<(String, Vec<u64>, u32, Vec<u8>)>, expect: &mut Vec<(String, Vec<usize>, Vec<f32>)>| {
+            salt += 1.0;
+            let w = vals(rows * cols, salt);
+            tensors.push((gguf.to_string(), d(rows, cols), 0, f32b(&w)));
+            expect.push((hf.to_string(), vec![rows, cols], w));
+        };
+        let norm = |gguf: &str, hf: &str, n: usize, tensors: &mut Vec<(String, Vec<u64>, u32, Vec<u8>)>, expect: &mut Vec<(String, Vec<usize>, Vec<f32>)>| {
+            let w = vals(n, 100.0 + tensors.len() as f32);
+            tensors.push((gguf.to_string(), vec![n as u64], 0, f32b(&w.iter().map(|x| x + 1.0).collect::<Vec<f32>>())));
+            expect.push((hf.to_string(), vec![n], w));
+        };
+        // Q8_0 embedding: every block scale 0.5, q = (i % 7) - 3.
+        let mut embd = vec![];
+        for b in 0..vocab * hidden / 32 {
+            embd.extend(half::f16::from_f32(0.5).to_le_bytes());
+            embd.extend((0..32).map(|i| (((b * 32 + i) % 7) as i8 - 3) as u8));
+        }
+        tensors.push(("token_embd.weight".into(), d(vocab, hidden), 8, embd));
+        expect.push(("model.embed_tokens.weight".into(), vec![vocab, hidden], (0..vocab * hidden).map(|i| ((i % 7) as f32 - 3.0) * 0.5).collect()));
+        norm("output_norm.weight", "model.norm.weight", hidden, &mut tensors, &mut expect);
+        for l in 0..layers {
+            let g = |s: &str| format!("blk.{l}.{s}.weight");
+            let h = |s: &str| format!("model.layers.{l}.{s}.weight");
+            norm(&g("attn_norm"), &h("input_layernorm"), hidden, &mut tensors, &mut expect);
+            norm(&g("attn_q_norm"), &h("self_attn.q_norm"), hd, &mut tensors, &mut expect);
+            norm(&g("attn_k_norm"), &h("self_attn.k_norm"), hd, &mut tensors, &mut expect);
+            norm(&g("post_attention_norm"), &h("post_attention_layernorm"), hidden, &mut tensors, &mut expect);
+            norm(&g("ffn_norm"), &h("pre_feedforward_layernorm"), hidden, &mut tensors, &mut expect);
+            norm(&g("post_ffw_norm"), &h("post_feedforward_layernorm"), hidden, &mut tensors, &mut expect);
+            dense(&g("attn_q"), &h("self_attn.q_proj"), heads * hd, hidden, &mut tensors, &mut expect);
+            dense(&g("attn_k"), &h("self_attn.k_proj"), kv * hd, hidden, &mut tensors, &mut expect);
+            dense(&g("attn_v"), &h("self_attn.v_proj"), kv * hd, hidden, &mut tensors, &mut expect);
+            dense(&g("attn_output"), &h("self_attn.o_proj"), hidden, heads * hd, &mut tensors, &mut expect);
+            dense(&g("ffn_up"), &h("mlp.up_proj"), ffn, hidden, &mut tensors, &mut expect);
+            dense(&g("ffn_down"), &h("mlp.down_proj"), hidden, ffn, &mut tensors, &mut expect);
+            if l == 0 {
+                // Q4_1 gate: d = 0.125, m = -1, nibbles 0..15.
+                let mut gate = vec![];
+                for _ in 0..ffn * hidden / 32 {
+                    gate.extend(half::f16::from_f32(0.125).to_le_bytes());
+                    gate.extend(half::f16::from_f32(-1.0).to_le_bytes());
+                    gate.extend((0..16u8).map(|j| (j << 4) | j));
+                }
+                tensors.push((g("ffn_gate"), d(ffn, hidden), 3, gate));
+                expect.push((h("mlp.gate_proj"), vec![ffn, hidden], (0..ffn * hidden).map(|i| (i % 16) as f32 * 0.125 - 1.0).collect()));
+            } else {
+                dense(&g("ffn_gate"), &h("mlp.gate_proj"), ffn, hidden, &mut tensors, &mut expect);
+            }
+        }
+        let refs: Vec<(&str, Vec<u64>, u32, Vec<u8>)> = tensors.iter().map(|(n, d, t, b)| (n.as_str(), d.clone(), *t, b.clone())).collect();
+        std::fs::write(path, writer::file(&meta, &refs, 32)).unwrap();
+        expect
+    }
+
+    #[test]
+    fn converts_a_tiny_gemma3() {
+        let root = std::env::temp_dir().join(format!("tandem-convert-gemma3-{}", std::process::id()));
+        std::fs::create_dir_all(&root).unwrap();
+        let gguf = root.join("tiny-gemma3.gguf");
+        let expect = tiny_gemma3_gguf(&gguf, &|_| {});
+        let out = root.join("out");
+        let s = convert_gguf(&gguf, &out, &mut |_, _, _| {}).unwrap();
+        assert_eq!(s.tensors, 2 + 7 * 13);
+        assert!(s.tied, "no output.weight: the embedding is the head");
+
+        let cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
+        let f = |k: &str| cfg[k].clone();
+        assert_eq!((f("architectures"), f("model_type")), (json!(["Gemma3ForCausalLM"]), json!("gemma3_text")));
+        assert_eq!(
+            [f("vocab_size"), f("hidden_size"), f("intermediate_size"), f("num_hidden_layers"), f("num_attention_heads"), f("num_key_value_heads"), f("head_dim")],
+            [json!(280), json!(32), json!(64), json!(7), json!(2), json!(1), json!(16)]
+        );
+        assert_eq!((f("rms_norm_eps"), f("max_position_embeddings"), f("query_pre_attn_scalar")), (json!(1e-6), json!(512), json!(16)));
+        assert_eq!((f("sliding_window"), f("hidden_activation"), f("tie_word_embeddings")), (json!(16), json!("gelu_pytorch_tanh"), json!(true)));
+        let s_ = "sliding_attention";
+        assert_eq!(f("layer_types"), json!([s_, s_, s_, s_, s_, "full_attention", s_]));
+        assert_eq!((f("rope_theta"), f("rope_local_base_freq")), (json!(1000000.0), json!(10000.0)));
+        assert_eq!(f("rope_scaling"), json!({ "rope_type": "linear", "factor": 8.0 }));
+        assert_eq!(f("rope_parameters")["full_attention"], json!({ "rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0 }));
+        assert_eq!(f("rope_parameters")["sliding_attention"], json!({ "rope_type": "default", "rope_theta": 10000.0 }));
+        assert_eq!((f("final_logit_softcapping"), f("attn_logit_softcapping")), (json!(null), json!(null)));
+        assert_eq!((f("bos_token_id"), f("eos_token_id"), f("pad_token_id")), (json!(2), json!([1, 5]), json!(0)), "EOS and <end_of_turn>");
+        let gen: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("generation_config.json")).unwrap()).unwrap();
+        assert_eq!(gen["eos_token_id"], json!([1, 5]));
+        // Core reads it as Gemma 3: windows on all but layer 5, the global layers' scaling.
+        let mc = ModelConfig::from_file(&out.join("config.json")).unwrap();
+        assert_eq!((mc.architecture.as_str(), mc.eos_token_ids.clone(), mc.bos_token_id), ("Gemma3ForCausalLM", vec![1, 5], Some(2)));
+        assert_eq!(mc.attn_scale(), 0.25, "1/sqrt(head_dim 16)");
+        assert_eq!(mc.layer_windows, [16, 16, 16, 16, 16, 0, 16]);
+        let local = mc.local_rope.as_ref().expect("the sliding layers' rope");
+        assert_eq!((local.theta, mc.rope_theta), (10000.0, 1e6));
+        assert_eq!(local.layers, [true, true, true, true, true, false, true]);
+        assert_eq!(local.scaling, tandem_core::config::RopeScaling::None);
+        assert_eq!(mc.rope_scaling, tandem_core::config::RopeScaling::Linear { factor: 8.0 }, "on the global layers");
+        let opts = tandem_core::model::LoadOptions { max_batch_tokens: 16, max_seqs: 2, num_kv_blocks: 8, ..Default::default() };
+        tandem_core::LlamaModel::load(tandem_reference::RefBackend::new(), &out, opts).unwrap();
+        let tc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("tokenizer_config.json")).unwrap()).unwrap();
+        assert_eq!((tc["tokenizer_class"].clone(), tc["add_bos_token"].clone(), tc["bos_token"].clone()), (json!("GemmaTokenizer"), json!(true), json!("<bos>")));
+        let tok = tokenizers::Tokenizer::from_file(out.join("tokenizer.json")).unwrap();
+        assert_eq!(tok.encode("hello world", true).unwrap().get_ids(), &[2, 273, 278]);
+
+        // Every tensor under HF's name, at HF's shape, with HF's values (norms less llama.cpp's 1).
+        let w = Weights::open(&out).unwrap();
+        assert!(!w.contains("lm_head.weight"));
+        for (name, shape, values) in &expect {
+            let got = w.get(name, shape).unwrap_or_else(|e| panic!("{name}: {e}")).to_f32();
+            assert_eq!(&got, &bf16_round(values), "{name}");
+        }
+        assert_eq!(expect.len(), s.tensors, "no tensor beyond those checked");
+        let n = w.get("model.layers.3.post_feedforward_layernorm.weight", &[32]).unwrap().to_f32();
+        assert!(n.iter().all(|x| x.abs() <= 0.5), "norms come back near 0, not near 1: {n:?}");
+
+        // Without scaling (Gemma 3 1B) the rope fields say so; a missing window is an error.
+        let g2 = root.join("noscale.gguf");
+        tiny_gemma3_gguf(&g2, &|m| m.retain(|(k, _)| !k.starts_with("gemma3.rope.scaling")));
+        convert_gguf(&g2, &root.join("out2"), &mut |_, _, _| {}).unwrap();
+        let cfg2: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(root.join("out2/config.json")).unwrap()).unwrap();
+        assert_eq!(cfg2["rope_scaling"], json!(null));
+        assert_eq!(cfg2["rope_parameters"]["full_attention"], json!({ "rope_type": "default", "rope_theta": 1000000.0 }));
+        let g3 = root.join("nowindow.gguf");
+        tiny_gemma3_gguf(&g3, &|m| m.retain(|(k, _)| *k != "gemma3.attention.sliding_window"));
+        let e = convert_gguf(&g3, &root.join("out3"), &mut |_, _, _| {}).unwrap_err().to_string();
+        assert!(e.contains("gemma3.attention.sliding_window") && e.contains("nowindow.gguf"), "{e}");
+        let g4 = root.join("yarn.gguf");
+        tiny_gemma3_gguf(&g4, &|m| {
+            for (k, v) in m.iter_mut() {
+                if *k == "gemma3.rope.scaling.type" {
+                    *v = Value::String("yarn".into());
+                }
+            }
+        });
+        let e = convert_gguf(&g4, &root.join("out4"), &mut |_, _, _| {}).unwrap_err().to_string();
+        assert!(e.contains("`yarn`"), "{e}");
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn gemma3_layer_types_follow_llama_cpp_pattern_of_six() {
+        let t = GemmaParams::layer_types(26); // Gemma 3 1B
+        let full: Vec<usize> = (0..26).filter(|&i| t[i] == "full_attention").collect();
+        assert_eq!(full, vec![5, 11, 17, 23]);
+    }
+
+    /// End to end: a Gemma 3 HF directory, written out in llama.cpp's GGUF layout as its exporter
+    /// does (names, norms plus 1, `gemma3.*` keys), converted back, gives the same logits as the
+    /// directory it came from, run on the reference backend. The directory is the seeded
+    /// tiny-gemma3 (bf16) grown to 6 layers (layer i's weights from layer i % 2), so that layer 5
+    /// is global under llama.cpp's fixed pattern, with `query_pre_attn_scalar` = head_dim: GGUF
+    /// has no key for either, and llama.cpp implies both.
+    #[test]
+    fn gemma3_through_llama_cpp_layout_gives_the_same_logits() {
+        use crate::random_model::{write_random_model, Shape};
+        use tandem_core::greedy;
+        let root = std::env::temp_dir().join(format!("tandem-convert-gemma3-e2e-{}", std::process::id()));
+        let (src, hf, conv) = (root.join("src"), root.join("hf"), root.join("conv"));
+        write_random_model(&src, Shape::TinyGemma3, 3, DType::BF16).unwrap();
+        let layers = 6;
+        let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+        let c = |k: &str| cfg[k].as_u64().unwrap_or_else(|| panic!("{k}")) as u32;
+        let (hidden, heads, kv, hd, ffn, vocab, window) = (c("hidden_size"), c("num_attention_heads"), c("num_key_value_heads"), c("head_dim"), c("intermediate_size"), c("vocab_size"), c("sliding_window"));
+        let context = c("max_position_embeddings");
+        assert_eq!(cfg["rope_scaling"]["factor"], json!(8.0), "the global layers' scaling is exercised");
+        cfg["num_hidden_layers"] = json!(layers);
+        let s_ = "sliding_attention";
+        cfg["layer_types"] = json!([s_, s_, s_, s_, s_, "full_attention"]);
+        cfg["query_pre_attn_scalar"] = json!(hd);
+
+        // The 6-layer HF directory, and its tensors under llama.cpp's names.
+        let w = Weights::open(&src).unwrap();
+        let mut hf_tensors: Vec<(String, Vec<usize>, Vec<f32>)> = vec![];
+        for name in w.names() {
+            let shape = w.shape(name).unwrap().to_vec();
+            let values = w.get(name, &shape).unwrap().to_f32();
+            match name.strip_prefix("model.layers.") {
+                Some(rest) => {
+                    let (l, tail) = rest.split_once('.').unwrap();
+                    for i in (0..layers).filter(|i| i % 2 == l.parse::<usize>().unwrap()) {
+                        hf_tensors.push((format!("model.layers.{i}.{tail}"), shape.clone(), values.clone()));
+                    }
+                }
+                None => hf_tensors.push((name.to_string(), shape, values)),
+            }
+        }
+        std::fs::create_dir_all(&hf).unwrap();
+        write_json(&hf.join("config.json"), &cfg).unwrap();
+        let st = hf.join("model.safetensors");
+        let specs = hf_tensors.iter().map(|(n, s, _)| TensorSpec::new(n.clone(), DType::BF16, s)).collect();
+        let mut sw = SafetensorsWriter::new(std::fs::File::create(&st).unwrap(), &st, specs).unwrap();
+        let order: Vec<String> = sw.specs().iter().map(|s| s.name.clone()).collect();
+        for n in &order {
+            sw.push(&hf_tensors.iter().find(|t| &t.0 == n).unwrap().2).unwrap();
+        }
+        sw.finish().unwrap();
+
+        let gguf_name = |hf: &str| -> String {
+            let top = [("model.embed_tokens.weight", "token_embd.weight"), ("model.norm.weight", "output_norm.weight")];
+            if let Some((_, g)) = top.iter().find(|(h, _)| *h == hf) {
+                return g.to_string();
+            }
+            let rest = hf.strip_prefix("model.layers.").unwrap();
+            let (l, part) = rest.split_once('.').unwrap();
+            let g = match part.strip_suffix(".weight").unwrap() {
+                "input_layernorm" => "attn_norm",
+                "self_attn.q_norm" => "attn_q_norm",
+                "self_attn.k_norm" => "attn_k_norm",
+                "post_attention_layernorm" => "post_attention_norm",
+                "pre_feedforward_layernorm" => "ffn_norm",
+                "post_feedforward_layernorm" => "post_ffw_norm",
+                "self_attn.q_proj" => "attn_q",
+                "self_attn.k_proj" => "attn_k",
+                "self_attn.v_proj" => "attn_v",
+                "self_attn.o_proj" => "attn_output",
+                "mlp.gate_proj" => "ffn_gate",
+                "mlp.up_proj" => "ffn_up",
+                "mlp.down_proj" => "ffn_down",
+                other => panic!("unexpected HF tensor {other}"),
+            };
+            format!("blk.{l}.{g}.weight")
+        };
+        let tensors: Vec<(String, Vec<u64>, u32, Vec<u8>)> = hf_tensors
+            .iter()
+            .map(|(n, shape, v)| {
+                // convert_hf_to_gguf.py: Gemma3Model.norm_shift adds 1 to every `*norm.weight`.
+                let v: Vec<f32> = if n.ends_with("norm.weight") { v.iter().map(|x| x + 1.0).collect() } else { v.clone() };
+                (gguf_name(n), shape.iter().rev().map(|&d| d as u64).collect(), 0, v.iter().flat_map(|x| x.to_le_bytes()).collect())
+            })
+            .collect();
+        let mut meta = vec![
+            ("general.architecture", Value::String("gemma3".into())),
+            ("gemma3.block_count", Value::U32(layers as u32)),
+            ("gemma3.context_length", Value::U32(context)),
+            ("gemma3.embedding_length", Value::U32(hidden)),
+            ("gemma3.feed_forward_length", Value::U32(ffn)),
+            ("gemma3.attention.head_count", Value::U32(heads)),
+            ("gemma3.attention.head_count_kv", Value::U32(kv)),
+            ("gemma3.attention.key_length", Value::U32(hd)),
+            ("gemma3.attention.value_length", Value::U32(hd)),
+            ("gemma3.attention.layer_norm_rms_epsilon", Value::F32(cfg["rms_norm_eps"].as_f64().unwrap() as f32)),
+            ("gemma3.attention.sliding_window", Value::U32(window)),
+            ("gemma3.rope.freq_base", Value::F32(cfg["rope_theta"].as_f64().unwrap() as f32)),
+            ("gemma3.rope.scaling.type", Value::String("linear".into())),
+            ("gemma3.rope.scaling.factor", Value::F32(8.0)),
+        ];
+        // A SentencePiece vocabulary of the model's size (the logits below need no text).
+        let mut toks: Vec<String> = ["<pad>", "<eos>", "<bos>", "<unk>"].map(String::from).to_vec();
+        toks.extend((0..256).map(|b| format!("<0x{b:02X}>")));
+        toks.extend((toks.len()..vocab as usize).map(|i| format!("p{i}")));
+        meta.extend([
+            ("tokenizer.ggml.model", Value::String("llama".into())),
+            ("tokenizer.ggml.tokens", Value::Array(toks.iter().map(|t| Value::String(t.clone())).collect())),
+            ("tokenizer.ggml.bos_token_id", Value::U32(2)),
+            ("tokenizer.ggml.eos_token_id", Value::U32(1)),
+        ]);
+        let gguf = root.join("tiny-gemma3-6l.gguf");
+        let refs: Vec<(&str, Vec<u64>, u32, Vec<u8>)> = tensors.iter().map(|(n, d, t, b)| (n.as_str(), d.clone(), *t, b.clone())).collect();
+        std::fs::write(&gguf, writer::file(&meta, &refs, 32)).unwrap();
+        convert_gguf(&gguf, &conv, &mut |_, _, _| {}).unwrap();
+
+        let opts = || tandem_core::model::LoadOptions { max_batch_tokens: 64, max_seqs: 2, num_kv_blocks: 16, ..Default::default() };
+        let mut a = tandem_core::LlamaModel::load(tandem_reference::RefBackend::new(), &hf, opts()).unwrap();
+        let mut b = tandem_core::LlamaModel::load(tandem_reference::RefBackend::new(), &conv, opts()).unwrap();
+        let mut worst = 0f32;
+        // Prompts past the window (16), so the sliding layers slide.
+        for (k, len) in [1usize, 17, 40].into_iter().enumerate() {
+            let prompt: Vec<u32> = (0..len).map(|i| ((i * 37 + k * 11 + 5) % vocab as usize) as u32).collect();
+            let x = greedy::generate(&mut a, &prompt, 4, &[], true, |_| {}).unwrap();
+            let y = greedy::generate(&mut b, &prompt, 4, &[], true, |_| {}).unwrap();
+            assert_eq!(x.iter().map(|s| s.id).collect::<Vec<_>>(), y.iter().map(|s| s.id).collect::<Vec<_>>(), "prompt of {len}");
+            for (s, t) in x.iter().zip(&y) {
+                worst = s.logits.iter().zip(&t.logits).map(|(p, q)| (p - q).abs()).fold(worst, f32::max);
+            }
+        }
+        eprintln!("gemma3 round trip: max |logit difference| {worst:e}");
+        assert_eq!(worst, 0.0, "the converted directory computes what the original does");
+        std::fs::remove_dir_all(&root).unwrap();
     }
 }

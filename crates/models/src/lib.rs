@@ -1,8 +1,11 @@
 //! tandem-models: where model directories come from.
 //!
 //! - [`gguf`]: GGUF files (llama.cpp's format), mapped and parsed; [`quant`]: ggml types to f32.
-//! - [`convert`]: a Llama GGUF to a Hugging Face directory (bf16 safetensors, config, tokenizer);
-//!   [`gguf_tokenizer`] and [`tokenizer_json`] build the `tokenizer.json`.
+//! - [`convert`]: a GGUF (llama, qwen2, qwen3, qwen3moe, gemma3) to a Hugging Face directory
+//!   (bf16 safetensors, config, tokenizer); [`gguf_tokenizer`] and [`tokenizer_json`] build the
+//!   `tokenizer.json`.
+//! - [`family`]: the HF families written (names, q/k norms, expert names) and the GGUF
+//!   architectures that map onto them.
 //! - [`catalog`]: `models/catalog.toml`, the models the tool knows; [`fetch`]: download, verify,
 //!   convert and install the default model, once.
 //! - [`random_model`]: seeded random models of real shapes, for tests and benchmarks.
@@ -15,6 +18,7 @@
 
 pub mod catalog;
 pub mod convert;
+pub mod family;
 pub mod fetch;
 pub mod gguf;
 pub mod gguf_tokenizer;

@@ -14,6 +14,7 @@ use serde_json::json;
 use tandem_core::{DType, Error, Result};
 
 use crate::convert::write_json;
+use crate::family::Family;
 use crate::safetensors_writer::{SafetensorsWriter, TensorSpec};
 use crate::tokenizer_json::{bpe_tokenizer_json, byte_level_alphabet, check_bpe, AddedToken, PreTokenizer};
 
@@ -53,10 +54,18 @@ pub enum Shape {
     /// Qwen2: q/k/v biases, tied, `use_sliding_window` with a window of 16 from layer 1 on
     /// (`max_window_layers` 1): one full and one windowed layer.
     TinyQwen2,
+    /// Gemma 3: a sliding layer (window 16, local rope base 10000) then a global one (base 1e6,
+    /// linear scaling 8), heads of 32 apart from hidden / heads, `query_pre_attn_scalar` 24 (not
+    /// head_dim), GeGLU, sandwich norms stored as `w - 1`, tied, eps 1e-6.
+    TinyGemma3,
+    /// Gemma 3 1B: 26 layers of hidden 1152, 4 heads / 1 KV head of 256, GeGLU of 6912, a
+    /// 262,144-token vocabulary (tied), windows of 512 on five layers of every six, rope 1e4 /
+    /// 1e6 unscaled (2.0 GB in bf16).
+    Gemma3_1b,
 }
 
 impl Shape {
-    pub const ALL: [Shape; 14] = [
+    pub const ALL: [Shape; 16] = [
         Shape::Tiny,
         Shape::TinyTied,
         Shape::TinyHd128,
@@ -71,6 +80,8 @@ impl Shape {
         Shape::Qwen3_30bA3b2l,
         Shape::TinyMistral,
         Shape::TinyQwen2,
+        Shape::TinyGemma3,
+        Shape::Gemma3_1b,
     ];
 
     pub fn name(self) -> &'static str {
@@ -89,6 +100,8 @@ impl Shape {
             Shape::Qwen3_30bA3b2l => "qwen3-30b-a3b-2l",
             Shape::TinyMistral => "tiny-mistral",
             Shape::TinyQwen2 => "tiny-qwen2",
+            Shape::TinyGemma3 => "tiny-gemma3",
+            Shape::Gemma3_1b => "gemma-3-1b",
         }
     }
 
@@ -98,7 +111,7 @@ impl Shape {
 
     fn dims(self) -> Dims {
         let base = Dims {
-            arch: Arch::Llama,
+            arch: Family::Llama,
             experts: 0,
             top_k: 0,
             vocab: 384,
@@ -126,7 +139,7 @@ impl Shape {
                 tied: true, rope_theta: 100000.0, max_pos: 8192, ..base
             },
             Shape::Qwen25_05b => Dims {
-                arch: Arch::Qwen2, vocab: 151936, hidden: 896, intermediate: 4864, layers: 24, heads: 14, kv_heads: 2,
+                arch: Family::Qwen2, vocab: 151936, hidden: 896, intermediate: 4864, layers: 24, heads: 14, kv_heads: 2,
                 head_dim: 64, tied: true, rope_theta: 1000000.0, rms_eps: 1e-6, max_pos: 32768, ..base
             },
             Shape::Llama32_1b => Dims {
@@ -137,33 +150,28 @@ impl Shape {
                 vocab: 128256, hidden: 4096, intermediate: 14336, layers: 32, heads: 32, kv_heads: 8, head_dim: 128,
                 rope_theta: 500000.0, max_pos: 8192, ..base
             },
-            Shape::TinyQwen3 => Dims { arch: Arch::Qwen3, head_dim: 32, tied: true, rope_theta: 1000000.0, rms_eps: 1e-6, ..base },
-            Shape::TinyQwen3Moe => Dims { arch: Arch::Qwen3Moe, head_dim: 32, intermediate: 48, experts: 8, top_k: 2, rope_theta: 1000000.0, rms_eps: 1e-6, ..base },
-            Shape::TinyMixtral => Dims { arch: Arch::Mixtral, intermediate: 96, experts: 4, top_k: 2, rope_theta: 1000000.0, ..base },
+            Shape::TinyQwen3 => Dims { arch: Family::Qwen3, head_dim: 32, tied: true, rope_theta: 1000000.0, rms_eps: 1e-6, ..base },
+            Shape::TinyQwen3Moe => Dims { arch: Family::Qwen3Moe, head_dim: 32, intermediate: 48, experts: 8, top_k: 2, rope_theta: 1000000.0, rms_eps: 1e-6, ..base },
+            Shape::TinyMixtral => Dims { arch: Family::Mixtral, intermediate: 96, experts: 4, top_k: 2, rope_theta: 1000000.0, ..base },
             Shape::Qwen3_30bA3b2l => Dims {
-                arch: Arch::Qwen3Moe, vocab: 151936, hidden: 2048, intermediate: 768, experts: 128, top_k: 8, layers: 2, heads: 32, kv_heads: 4,
+                arch: Family::Qwen3Moe, vocab: 151936, hidden: 2048, intermediate: 768, experts: 128, top_k: 8, layers: 2, heads: 32, kv_heads: 4,
                 head_dim: 128, rope_theta: 1000000.0, rms_eps: 1e-6, max_pos: 40960, ..base
             },
-            Shape::TinyMistral => Dims { arch: Arch::Mistral, window: 16, ..base },
-            Shape::TinyQwen2 => Dims { arch: Arch::Qwen2, tied: true, rope_theta: 1000000.0, rms_eps: 1e-6, window: 16, window_from: 1, ..base },
+            Shape::TinyMistral => Dims { arch: Family::Mistral, window: 16, ..base },
+            Shape::TinyQwen2 => Dims { arch: Family::Qwen2, tied: true, rope_theta: 1000000.0, rms_eps: 1e-6, window: 16, window_from: 1, ..base },
+            Shape::TinyGemma3 => Dims { arch: Family::Gemma3, head_dim: 32, tied: true, rope_theta: 1000000.0, rms_eps: 1e-6, window: 16, ..base },
+            Shape::Gemma3_1b => Dims {
+                arch: Family::Gemma3, vocab: 262144, hidden: 1152, intermediate: 6912, layers: 26, heads: 4, kv_heads: 1, head_dim: 256,
+                tied: true, rope_theta: 1000000.0, rms_eps: 1e-6, max_pos: 32768, window: 512, ..base
+            },
         }
     }
 }
 
-/// Which family's config and tensor names a shape is written with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Arch {
-    Llama,
-    Mistral,
-    Qwen2,
-    Qwen3,
-    Qwen3Moe,
-    Mixtral,
-}
-
 #[derive(Debug, Clone, Copy)]
 struct Dims {
-    arch: Arch,
+    /// Which family's config and tensor names the shape is written with.
+    arch: Family,
     /// Experts per MoE layer (0: a dense MLP); `intermediate` is then each expert's width.
     experts: usize,
     /// Experts per token.
@@ -225,14 +233,23 @@ fn tensor_plan(d: &Dims, dtype: DType) -> Vec<(TensorSpec, Fill)> {
     // hidden 64 a flat 0.02 would make every attention score ~0 and attention a plain average,
     // which hides masking and position bugs. Norms sit around 1 with noise, so they matter too.
     let proj = |fan_in: usize| Fill { mean: 0.0, std: 1.0 / (fan_in as f32).sqrt() };
-    let norm = Fill { mean: 1.0, std: 0.1 };
+    // Gemma stores its norms as w - 1 (HF multiplies by 1 + w).
+    let norm = Fill { mean: if d.arch == Family::Gemma3 { 0.0 } else { 1.0 }, std: 0.1 };
     let bias = Fill { mean: 0.0, std: 0.1 };
     let t = |name: String, shape: &[usize], fill: Fill| (TensorSpec::new(name, dtype, shape), fill);
     // Logits of std ~2 after the final norm: a clear argmax most of the time, not always. The
     // embedding gets the same scale because tied models use it as the lm_head; at std 1 their
     // logits reach std sqrt(hidden) and greedy decoding repeats one token for ever.
     let head = Fill { mean: 0.0, std: 2.0 / (h as f32).sqrt() };
-    let mut plan = vec![t("model.embed_tokens.weight".into(), &[d.vocab, h], head), t("model.norm.weight".into(), &[h], norm)];
+    // Gemma scales the embedding by sqrt(hidden) into a residual stream whose blocks add
+    // unit-RMS (normed) outputs: at the head's scale the token itself would win every step. Its
+    // table gets 1/8 of it (rows of RMS 0.25 once scaled) and its final norm 1 + w = 8, so the
+    // tied head's logits keep std ~2.
+    let (embed, final_norm) = match d.arch {
+        Family::Gemma3 => (Fill { mean: 0.0, std: head.std / 8.0 }, Fill { mean: 7.0, std: 0.1 }),
+        _ => (head, norm),
+    };
+    let mut plan = vec![t("model.embed_tokens.weight".into(), &[d.vocab, h], embed), t("model.norm.weight".into(), &[h], final_norm)];
     if !d.tied {
         plan.push(t("lm_head.weight".into(), &[d.vocab, h], head));
     }
@@ -240,17 +257,18 @@ fn tensor_plan(d: &Dims, dtype: DType) -> Vec<(TensorSpec, Fill)> {
         let p = format!("model.layers.{i}");
         plan.push(t(format!("{p}.input_layernorm.weight"), &[h], norm));
         plan.push(t(format!("{p}.post_attention_layernorm.weight"), &[h], norm));
+        if d.arch == Family::Gemma3 {
+            plan.push(t(format!("{p}.pre_feedforward_layernorm.weight"), &[h], norm));
+            plan.push(t(format!("{p}.post_feedforward_layernorm.weight"), &[h], norm));
+        }
         plan.push(t(format!("{p}.self_attn.q_proj.weight"), &[q, h], proj(h)));
         plan.push(t(format!("{p}.self_attn.k_proj.weight"), &[kv, h], proj(h)));
         plan.push(t(format!("{p}.self_attn.v_proj.weight"), &[kv, h], proj(h)));
         plan.push(t(format!("{p}.self_attn.o_proj.weight"), &[h, q], proj(q)));
         match d.arch {
-            Arch::Qwen3Moe | Arch::Mixtral => {
+            f if f.moe() => {
                 // Router logits of std ~1.5: clear winners, not one expert for every token.
-                let (block, [gate, up, down]) = match d.arch {
-                    Arch::Mixtral => ("block_sparse_moe", ["w1", "w3", "w2"]),
-                    _ => ("mlp", ["gate_proj", "up_proj", "down_proj"]),
-                };
+                let (block, [gate, up, down]) = f.moe_names();
                 plan.push(t(format!("{p}.{block}.gate.weight"), &[d.experts, h], Fill { mean: 0.0, std: 1.5 / (h as f32).sqrt() }));
                 for e in 0..d.experts {
                     plan.push(t(format!("{p}.{block}.experts.{e}.{gate}.weight"), &[inter, h], proj(h)));
@@ -264,11 +282,11 @@ fn tensor_plan(d: &Dims, dtype: DType) -> Vec<(TensorSpec, Fill)> {
                 plan.push(t(format!("{p}.mlp.down_proj.weight"), &[h, inter], proj(inter)));
             }
         }
-        if matches!(d.arch, Arch::Qwen3 | Arch::Qwen3Moe) {
+        if d.arch.qk_norm() {
             plan.push(t(format!("{p}.self_attn.q_norm.weight"), &[d.head_dim], norm));
             plan.push(t(format!("{p}.self_attn.k_norm.weight"), &[d.head_dim], norm));
         }
-        if d.arch == Arch::Qwen2 {
+        if d.arch == Family::Qwen2 {
             plan.push(t(format!("{p}.self_attn.q_proj.bias"), &[q], bias));
             plan.push(t(format!("{p}.self_attn.k_proj.bias"), &[kv], bias));
             plan.push(t(format!("{p}.self_attn.v_proj.bias"), &[kv], bias));
@@ -343,15 +361,14 @@ const CHAT_TEMPLATE: &str = "{% for message in messages %}{{ '<|im_start|>' + me
 /// empty think block after the generation prompt, as Qwen3's own template does).
 const QWEN3_CHAT_TEMPLATE: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% if enable_thinking is defined and enable_thinking is false %}{{ '<think>\\n\\n</think>\\n\\n' }}{% endif %}{% endif %}";
 
+/// The Gemma 3 shape's template, written in the manner of Gemma 3's own (the constructs its
+/// real one uses, for our template engine to get right): the BOS token first, a system message
+/// folded into the first user turn, roles that must alternate (`raise_exception` otherwise),
+/// `assistant` written `model`, content trimmed, a string or a list of text parts.
+const GEMMA3_CHAT_TEMPLATE: &str = "{{ bos_token }}{%- if messages[0]['role'] == 'system' -%}{%- set first_prefix = messages[0]['content'] + '\n\n' -%}{%- set turns = messages[1:] -%}{%- else -%}{%- set first_prefix = '' -%}{%- set turns = messages -%}{%- endif -%}{%- for message in turns -%}{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{%- endif -%}{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}{{ '<start_of_turn>' + role + '\n' + (first_prefix if loop.first else '') }}{%- if message['content'] is string -%}{{ message['content'] | trim }}{%- else -%}{%- for part in message['content'] -%}{%- if part['type'] == 'text' -%}{{ part['text'] | trim }}{%- endif -%}{%- endfor -%}{%- endif -%}{{ '<end_of_turn>\n' }}{%- endfor -%}{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}";
+
 fn config_json(shape: Shape, d: &Dims, dtype: DType) -> serde_json::Value {
-    let (arch, model_type) = match d.arch {
-        Arch::Llama => ("LlamaForCausalLM", "llama"),
-        Arch::Mistral => ("MistralForCausalLM", "mistral"),
-        Arch::Qwen2 => ("Qwen2ForCausalLM", "qwen2"),
-        Arch::Qwen3 => ("Qwen3ForCausalLM", "qwen3"),
-        Arch::Qwen3Moe => ("Qwen3MoeForCausalLM", "qwen3_moe"),
-        Arch::Mixtral => ("MixtralForCausalLM", "mixtral"),
-    };
+    let (arch, model_type) = d.arch.hf_names();
     let rope_scaling = if d.llama3_scaling {
         json!({ "factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0, "original_max_position_embeddings": 8192, "rope_type": "llama3" })
     } else {
@@ -373,7 +390,7 @@ fn config_json(shape: Shape, d: &Dims, dtype: DType) -> serde_json::Value {
         "rope_scaling": rope_scaling,
         "max_position_embeddings": d.max_pos,
         "tie_word_embeddings": d.tied,
-        "attention_bias": d.arch == Arch::Qwen2,
+        "attention_bias": d.arch == Family::Qwen2,
         "attention_dropout": 0.0,
         "initializer_range": 0.02,
         "use_cache": true,
@@ -384,25 +401,43 @@ fn config_json(shape: Shape, d: &Dims, dtype: DType) -> serde_json::Value {
         "tandem_random_shape": shape.name(),
     });
     match d.arch {
-        Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe if d.window > 0 => {
+        Family::Qwen2 | Family::Qwen3 | Family::Qwen3Moe if d.window > 0 => {
             c["use_sliding_window"] = json!(true);
             c["sliding_window"] = json!(d.window);
             c["max_window_layers"] = json!(d.window_from);
         }
-        Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe => {
+        Family::Qwen2 | Family::Qwen3 | Family::Qwen3Moe => {
             c["use_sliding_window"] = json!(false);
             c["sliding_window"] = serde_json::Value::Null;
         }
-        Arch::Mistral => c["sliding_window"] = if d.window > 0 { json!(d.window) } else { serde_json::Value::Null },
-        Arch::Llama => c["mlp_bias"] = json!(false),
-        Arch::Mixtral => {
+        Family::Mistral => c["sliding_window"] = if d.window > 0 { json!(d.window) } else { serde_json::Value::Null },
+        Family::Llama => c["mlp_bias"] = json!(false),
+        Family::Gemma3 => {
+            // The format of Gemma 3's released config.json files (transformers 5 reads it too).
+            c["hidden_activation"] = json!("gelu_pytorch_tanh");
+            c.as_object_mut().map(|o| o.remove("hidden_act"));
+            c["sliding_window"] = json!(d.window);
+            c["rope_local_base_freq"] = json!(10000.0);
+            if shape == Shape::TinyGemma3 {
+                // Each setting apart from its default, so the golden tells it missing.
+                c["query_pre_attn_scalar"] = json!(24);
+                c["layer_types"] = json!(["sliding_attention", "full_attention"]);
+                c["rope_scaling"] = json!({ "rope_type": "linear", "factor": 8.0 });
+            } else {
+                c["query_pre_attn_scalar"] = json!(d.head_dim);
+                c["sliding_window_pattern"] = json!(6);
+            }
+            c["final_logit_softcapping"] = serde_json::Value::Null;
+            c["attn_logit_softcapping"] = serde_json::Value::Null;
+        }
+        Family::Mixtral => {
             c["sliding_window"] = serde_json::Value::Null;
             c["num_local_experts"] = json!(d.experts);
             c["num_experts_per_tok"] = json!(d.top_k);
             c["router_aux_loss_coef"] = json!(0.0);
         }
     }
-    if d.arch == Arch::Qwen3Moe {
+    if d.arch == Family::Qwen3Moe {
         c["num_experts"] = json!(d.experts);
         c["num_experts_per_tok"] = json!(d.top_k);
         c["moe_intermediate_size"] = json!(d.intermediate);
@@ -428,7 +463,11 @@ fn tokenizer_config_json(d: &Dims) -> serde_json::Value {
         "add_prefix_space": false,
         "added_tokens_decoder": decoder,
         "bos_token": SPECIALS[BOS as usize],
-        "chat_template": if matches!(d.arch, Arch::Qwen3 | Arch::Qwen3Moe) { QWEN3_CHAT_TEMPLATE } else { CHAT_TEMPLATE },
+        "chat_template": match d.arch {
+            Family::Qwen3 | Family::Qwen3Moe => QWEN3_CHAT_TEMPLATE,
+            Family::Gemma3 => GEMMA3_CHAT_TEMPLATE,
+            _ => CHAT_TEMPLATE,
+        },
         "clean_up_tokenization_spaces": false,
         "eos_token": SPECIALS[EOS as usize],
         "model_max_length": d.max_pos,

@@ -115,6 +115,42 @@ pub fn bpe_tokenizer_json(vocab: &[String], merges: &[(String, String)], added: 
     })
 }
 
+/// `tokenizer.json` for Gemma's SentencePiece vocabulary, laid out as transformers'
+/// `GemmaTokenizer` builds it: BPE with byte fallback (`<0x0A>` tokens for bytes the vocabulary
+/// lacks), spaces normalised to `▁` with no prefix space, and a post-processor that puts `bos`
+/// first where the tokenizer adds one. Same preconditions as [`bpe_tokenizer_json`].
+pub fn gemma_tokenizer_json(vocab: &[String], merges: &[(String, String)], added: &[AddedToken], unk: Option<&str>, bos: Option<(&str, u32)>) -> Json {
+    let mut json = bpe_tokenizer_json(vocab, merges, added, PreTokenizer::ByteLevel);
+    json["normalizer"] = json!({ "type": "Replace", "pattern": { "String": " " }, "content": "\u{2581}" });
+    json["pre_tokenizer"] = json!({ "type": "Split", "pattern": { "String": " " }, "behavior": "MergedWithPrevious", "invert": false });
+    json["decoder"] = json!({
+        "type": "Sequence",
+        "decoders": [
+            { "type": "Replace", "pattern": { "String": "\u{2581}" }, "content": " " },
+            { "type": "ByteFallback" },
+            { "type": "Fuse" },
+        ],
+    });
+    json["post_processor"] = match bos {
+        Some((b, id)) => {
+            let special = |type_id: u32| json!({ "SpecialToken": { "id": b, "type_id": type_id } });
+            let seq = |s: &str, type_id: u32| json!({ "Sequence": { "id": s, "type_id": type_id } });
+            json!({
+                "type": "TemplateProcessing",
+                "single": [special(0), seq("A", 0)],
+                "pair": [special(0), seq("A", 0), special(1), seq("B", 1)],
+                "special_tokens": { b: { "id": b, "ids": [id], "tokens": [b] } },
+            })
+        }
+        None => Json::Null,
+    };
+    let model = &mut json["model"];
+    model["unk_token"] = json!(unk);
+    model["fuse_unk"] = json!(true);
+    model["byte_fallback"] = json!(true);
+    json
+}
+
 /// Checks what the `tokenizers` crate would otherwise reject (or silently get wrong) at load
 /// time: duplicate tokens, merges over unknown tokens, added tokens with out-of-range ids.
 pub fn check_bpe(vocab: &[String], merges: &[(String, String)], added: &[AddedToken]) -> Result<(), String> {

@@ -166,6 +166,14 @@ impl<B: Backend> Backend for Replay<B> {
         let (gate, up, out) = (gate.clone(), up.clone(), out.clone());
         self.op(move |b| b.silu_mul(&gate.lock().unwrap(), &up.lock().unwrap(), &mut out.lock().unwrap(), len))
     }
+    fn gelu_tanh_mul(&self, gate: &Self::Buf, up: &Self::Buf, out: &mut Self::Buf, len: usize) -> Result<()> {
+        let (gate, up, out) = (gate.clone(), up.clone(), out.clone());
+        self.op(move |b| b.gelu_tanh_mul(&gate.lock().unwrap(), &up.lock().unwrap(), &mut out.lock().unwrap(), len))
+    }
+    fn scale(&self, x: &mut Self::Buf, factor: f32, len: usize) -> Result<()> {
+        let x = x.clone();
+        self.op(move |b| b.scale(&mut x.lock().unwrap(), factor, len))
+    }
     fn kv_write(&self, k: &Self::Buf, v: &Self::Buf, kc: &mut Self::Buf, vc: &mut Self::Buf, slots: &Self::Buf, t: usize, g: KvGeometry) -> Result<()> {
         let (k, v, kc, vc, slots) = (k.clone(), v.clone(), kc.clone(), vc.clone(), slots.clone());
         self.op(move |b| b.kv_write(&k.lock().unwrap(), &v.lock().unwrap(), &mut kc.lock().unwrap(), &mut vc.lock().unwrap(), &slots.lock().unwrap(), t, g))

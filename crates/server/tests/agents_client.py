@@ -13,18 +13,10 @@ import sys
 from agents import Agent, ModelSettings, Runner, set_default_openai_client, set_tracing_disabled
 from openai import AsyncOpenAI, OpenAI
 
+import client_checks
+from client_checks import check
+
 base, model = sys.argv[1], sys.argv[2]
-checks = 0
-
-
-def check(cond, what):
-    global checks
-    if not cond:
-        print(f"FAIL: {what}")
-        sys.exit(1)
-    checks += 1
-    print(f"ok: {what}")
-
 
 text = OpenAI(base_url=base, api_key="unused", max_retries=0).responses.create(model=model, input="hello world", instructions="the cat", max_output_tokens=8, temperature=0).output_text
 stop = " " + text.split()[3]
@@ -45,4 +37,4 @@ async def main():
 
 
 asyncio.run(main())
-print(f"all {checks} agents checks passed")
+print(f"all {client_checks.passed} agents checks passed")

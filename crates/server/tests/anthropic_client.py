@@ -11,19 +11,12 @@ import sys
 
 import anthropic
 
+import client_checks
+from client_checks import check
+
 root, model = sys.argv[1], sys.argv[2]
 tiny_root = sys.argv[3] if len(sys.argv) > 3 else None
 client = anthropic.Anthropic(base_url=root, api_key="unused", max_retries=0, timeout=30)
-checks = 0
-
-
-def check(cond, what):
-    global checks
-    if not cond:
-        print(f"FAIL: {what}")
-        sys.exit(1)
-    checks += 1
-    print(f"ok: {what}")
 
 
 def text_of(message):
@@ -115,4 +108,4 @@ if tiny_root is not None:
     except anthropic.BadRequestError as e:
         check("tools[0].type" in e.body["error"]["message"], f"a server tool is a 400 naming it: {e.body['error']['message']}")
 
-print(f"all {checks} anthropic checks passed")
+print(f"all {client_checks.passed} anthropic checks passed")

@@ -12,20 +12,12 @@ import urllib.request
 
 import openai
 
+import client_checks
+from client_checks import check
+
 base, model = sys.argv[1], sys.argv[2]
 structured_base = sys.argv[3] if len(sys.argv) > 3 else None
 client = openai.OpenAI(base_url=base, api_key="unused", max_retries=0, timeout=30)
-checks = 0
-
-
-def check(cond, what):
-    global checks
-    if not cond:
-        print(f"FAIL: {what}")
-        sys.exit(1)
-    checks += 1
-    print(f"ok: {what}")
-
 
 models = client.models.list()
 check([m.id for m in models.data] == [model], "models.list names the served model")
@@ -237,4 +229,4 @@ if structured_base is not None:
     except openai.BadRequestError as e:
         check(e.status_code == 400 and e.body["param"] == "guided_regex", f"a bad regex is a 400 naming guided_regex: {e.body['message']}")
 
-print(f"all {checks} checks passed")
+print(f"all {client_checks.passed} checks passed")

@@ -1165,6 +1165,32 @@ impl Backend for WgpuBackend {
         }
     }
 
+    fn gelu_tanh_mul(&self, gate: &WgpuBuf, up: &WgpuBuf, out: &mut WgpuBuf, len: usize) -> Result<()> {
+        let op = "gelu_tanh_mul";
+        let g_b = want_f32(op, "gate", gate, len)?;
+        let u_b = want_f32(op, "up", up, len)?;
+        let o_b = want_f32(op, "out", out, len)?;
+        to_u32(op, "len", len)?;
+        let binds = [Bind::all(g_b), Bind::all(u_b), Bind::all(o_b)];
+        if len % 4 == 0 {
+            self.rec.dispatch(shaders::GELU_TANH_MUL4, &Prelude::new(), &[len as u32], &binds, Grid::Linear(groups(len / 4, 64)))
+        } else {
+            self.rec.dispatch(shaders::GELU_TANH_MUL, &Prelude::new(), &[len as u32], &binds, Grid::Linear(groups(len, 64)))
+        }
+    }
+
+    fn scale(&self, x: &mut WgpuBuf, factor: f32, len: usize) -> Result<()> {
+        let op = "scale";
+        let x_b = want_f32(op, "x", x, len)?;
+        to_u32(op, "len", len)?;
+        let params = [len as u32, factor.to_bits()];
+        if len % 4 == 0 {
+            self.rec.dispatch(shaders::SCALE4, &Prelude::new(), &params, &[Bind::all(x_b)], Grid::Linear(groups(len / 4, 64)))
+        } else {
+            self.rec.dispatch(shaders::SCALE, &Prelude::new(), &params, &[Bind::all(x_b)], Grid::Linear(groups(len, 64)))
+        }
+    }
+
     fn moe_route(&self, logits: &WgpuBuf, weights: &mut WgpuBuf, rows: usize, experts: usize, top_k: usize, renormalize: bool) -> Result<()> {
         let op = "moe_route";
         if rows == 0 || experts == 0 {

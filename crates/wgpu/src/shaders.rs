@@ -124,6 +124,11 @@ pub(crate) const PAGED_ATTENTION_T: Kernel = k("paged_attention", &[R, T, T, R, 
 pub(crate) const PAGED_ATTENTION_LANE_T: Kernel = Kernel { name: "paged_attention", entry: "paged_attention_lane", bindings: &[R, T, T, R, R, R, RW] };
 pub(crate) const ADD4: Kernel = Kernel { name: "add", entry: "add4", bindings: &[RW, R] };
 pub(crate) const SILU_MUL4: Kernel = Kernel { name: "silu_mul", entry: "silu_mul4", bindings: &[R, R, RW] };
+pub(crate) const GELU_TANH_MUL: Kernel = Kernel { name: "silu_mul", entry: "gelu_tanh_mul", bindings: &[R, R, RW] };
+pub(crate) const GELU_TANH_MUL4: Kernel = Kernel { name: "silu_mul", entry: "gelu_tanh_mul4", bindings: &[R, R, RW] };
+/// Bindings: x (scaled in place); the factor's bits in the parameter block.
+pub(crate) const SCALE: Kernel = Kernel { name: "add", entry: "scale", bindings: &[RW] };
+pub(crate) const SCALE4: Kernel = Kernel { name: "add", entry: "scale4", bindings: &[RW] };
 pub(crate) const RMS_NORM_LANE: Kernel = Kernel { name: "rms_norm", entry: "rms_norm_lane", bindings: &[R, R, RW] };
 /// Bindings: acc (updated), w, out, x.
 pub(crate) const ADD_RMS_NORM_LANE: Kernel = Kernel { name: "rms_norm", entry: "add_rms_norm_lane", bindings: &[RW, R, RW, R] };

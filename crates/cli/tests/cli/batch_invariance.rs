@@ -76,6 +76,12 @@ fn wgpu_window_greedy_tokens_are_the_same_alone_and_among_31_others() {
     invariance(tandem_models::random_model::Shape::TinyQwen2);
 }
 
+/// Gemma 3: a sliding and a global layer with their own ropes, GeGLU, sandwich norms.
+#[test]
+fn wgpu_gemma3_greedy_tokens_are_the_same_alone_and_among_31_others() {
+    invariance(tandem_models::random_model::Shape::TinyGemma3);
+}
+
 fn invariance(shape: tandem_models::random_model::Shape) {
     let dir = std::env::temp_dir().join(format!("tandem-invariance-{}-{}", shape.name(), std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);

@@ -2,7 +2,6 @@
 //! backend (crates/conformance/tests/golden_reference.rs), on software or real Vulkan.
 
 use tandem_conformance::golden;
-use tandem_core::DType;
 
 fn wgpu() -> Option<tandem_wgpu::WgpuBackend> {
     match tandem_wgpu::WgpuBackend::new() {
@@ -15,50 +14,18 @@ fn wgpu() -> Option<tandem_wgpu::WgpuBackend> {
     }
 }
 
-fn check(name: &str, dir: &std::path::Path, tol: f64) {
+fn check(name: &str) {
     if let Some(b) = wgpu() {
-        golden::assert_golden(b, name, dir, tol);
+        golden::assert_golden(b, name, &golden::golden_model(name), 1e-3);
     }
 }
 
-#[test]
-fn tiny_untied_gqa2_f32() {
-    check("tiny", &golden::random_model("tiny", 1, DType::F32), 1e-3);
-}
-
-#[test]
-fn tiny_tied_bf16() {
-    check("tiny-tied", &golden::random_model("tiny-tied", 2, DType::BF16), 1e-3);
-}
-
-#[test]
-fn tiny_qwen3_f32() {
-    check("tiny-qwen3", &golden::random_model("tiny-qwen3", 3, DType::F32), 1e-3);
-}
-
-#[test]
-fn tiny_qwen3_moe_f32() {
-    check("tiny-qwen3-moe", &golden::random_model("tiny-qwen3-moe", 4, DType::F32), 1e-3);
-}
-
-#[test]
-fn tiny_mixtral_f32() {
-    check("tiny-mixtral", &golden::random_model("tiny-mixtral", 5, DType::F32), 1e-3);
-}
-
-/// Sliding windows (16 keys, shorter than the prompts): Mistral on every layer, Qwen2 on layer 1.
-#[test]
-fn tiny_mistral_window_f32() {
-    check("tiny-mistral", &golden::random_model("tiny-mistral", 6, DType::F32), 1e-3);
-}
-
-#[test]
-fn tiny_qwen2_window_f32() {
-    check("tiny-qwen2", &golden::random_model("tiny-qwen2", 7, DType::F32), 1e-3);
-}
+tandem_conformance::golden_tests!(check);
 
 #[test]
 fn smollm2_135m() {
     let Some(dir) = golden::smollm2_dir() else { return };
-    check("smollm2-135m", &dir, 1e-3);
+    if let Some(b) = wgpu() {
+        golden::assert_golden(b, "smollm2-135m", &dir, 1e-3);
+    }
 }

@@ -154,13 +154,13 @@ fn wgpu_server_answers_like_a_client_expects() {
 }
 
 /// `tandem serve DIR` on each family beyond Llama (tiny random ones: Qwen3, Qwen3-MoE,
-/// Mixtral, Mistral with a sliding window): it loads and serves a completion, and a chat's `chat_template_kwargs` reach
+/// Mixtral, Mistral with a sliding window, Gemma 3): it loads and serves a completion, and a chat's `chat_template_kwargs` reach
 /// Qwen3's template (`enable_thinking` false writes the empty think block into the prompt: more
 /// prompt tokens).
 #[test]
 fn wgpu_serves_each_family() {
     use tandem_models::random_model::Shape;
-    for shape in [Shape::TinyQwen3, Shape::TinyQwen3Moe, Shape::TinyMixtral, Shape::TinyMistral] {
+    for shape in [Shape::TinyQwen3, Shape::TinyQwen3Moe, Shape::TinyMixtral, Shape::TinyMistral, Shape::TinyGemma3] {
         let model = std::env::temp_dir().join(format!("tandem-serve-{}-{}", shape.name(), std::process::id()));
         let _ = std::fs::remove_dir_all(&model);
         tandem_models::random_model::write_random_model(&model, shape, 1, tandem_core::DType::F32).unwrap();
@@ -177,7 +177,7 @@ fn wgpu_serves_each_family() {
             serde_json::from_str::<Value>(&body).unwrap()["usage"]["prompt_tokens"].as_u64().unwrap()
         };
         let (thinking, not) = (prompt_tokens(json!({})), prompt_tokens(json!({"enable_thinking": false})));
-        if matches!(shape, Shape::TinyMixtral | Shape::TinyMistral) {
+        if matches!(shape, Shape::TinyMixtral | Shape::TinyMistral | Shape::TinyGemma3) {
             assert_eq!(not, thinking, "{}: the template has no thinking switch", shape.name());
         } else {
             assert!(not > thinking, "{}: enable_thinking false gave {not} prompt tokens, the default {thinking}", shape.name());

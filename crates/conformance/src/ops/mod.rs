@@ -22,11 +22,11 @@ mod moe;
 mod rope;
 
 pub use attention::{PagedAttention, SeqChunk};
-pub use basic::{Add, AddRmsNorm, Argmax, Embedding, GatherRows, RmsNorm, SiluMul};
+pub use basic::{Add, AddRmsNorm, Argmax, Embedding, GatherRows, GeluTanhMul, RmsNorm, Scale, SiluMul};
 pub use fused::{QkvRopeKvWrite, RopeKvWrite};
 pub use kv::KvWrite;
 pub use matmul::{GateUpSilu, Matmul, ResidualNormGateUp};
-pub use moe::{MoeAccumulate, MoeRoute};
+pub use moe::{MoeAccumulate, MoeRoute, MoeRouted};
 pub use rope::Rope;
 
 /// Extra elements after every output: poisoned like the output, and required to stay poisoned,
@@ -43,6 +43,8 @@ pub mod limits {
     pub const EXACT: f64 = 1e-10;
     /// f32 arithmetic with reductions or transcendental functions.
     pub const F32: f64 = 1e-7;
+    /// gelu_tanh_mul: transcendental, but the erf GELU (a real mistake) is only 3.9e-8 away.
+    pub const GELU: f64 = 1e-9;
     /// Rope angles reach thousands of radians; an f32 angle is off by ~1e-4 rad there.
     pub const ROPE: f64 = 1e-6;
     /// The KV cache dtype is the backend's choice; a bf16 cache rounds each value by ≤2⁻⁸
@@ -95,14 +97,23 @@ pub struct Launch {
     warmup: usize,
     reps: usize,
     pub times: Vec<Duration>,
+    /// Why the backend has no path for this op (set by `exec` through [`Launch::skip`]): the
+    /// case is counted as skipped on it, not run. The reference's outputs are still returned.
+    pub skipped: Option<String>,
 }
 
 impl Launch {
     pub fn once() -> Self {
-        Launch { warmup: 0, reps: 0, times: vec![] }
+        Launch { warmup: 0, reps: 0, times: vec![], skipped: None }
     }
     pub fn timed(warmup: usize, reps: usize) -> Self {
-        Launch { warmup, reps: reps.max(1), times: vec![] }
+        Launch { warmup, reps: reps.max(1), times: vec![], skipped: None }
+    }
+
+    /// Marks the op as one this backend lacks (a backend-specific path, such as CUDA's routed
+    /// experts): the suite reports the case as skipped, with `why`.
+    pub fn skip(&mut self, why: String) {
+        self.skipped = Some(why);
     }
 
     /// Runs `op` once; or, timed, `warmup` untimed samples then `reps` timed ones, a sample

@@ -1,9 +1,11 @@
-//! A mixture of experts' routing (`moe_route`) and weighted combine (`moe_accumulate`).
+//! A mixture of experts' routing (`moe_route`), weighted combine (`moe_accumulate`), and the
+//! routed path (`moe_routed`) against the every-expert one.
 
-use tandem_core::backend::Backend;
-use tandem_core::Result;
+use tandem_core::backend::{Backend, MoeExpert};
+use tandem_core::weights::Weights;
+use tandem_core::{DType, Result};
 
-use super::{limits, poisoned, read_guarded, untouched_f32, upload_f32, upload_guarded, Cost, Launch, Op};
+use super::{limits, poisoned, read_guarded, round_to, untouched_f32, upload_f32, upload_guarded, Cost, Launch, Op};
 use crate::compare::Output;
 use crate::rng::Rng;
 
@@ -91,5 +93,139 @@ impl Op for MoeAccumulate {
         untouched_f32(b, &y, host_y, "y")?;
         untouched_f32(b, &w, host_w, "weights")?;
         Ok(vec![Output::f32("acc", read_guarded(b, &acc, n, "acc")?)])
+    }
+}
+
+/// The routed mixture of experts (`moe_prepare` + `moe_routed`: CUDA runs each expert over the
+/// tokens routed to it) against the every-expert path on the same backend (`layers::Moe`'s:
+/// the gate/up projection with silu, down, `moe_accumulate` per expert in ascending id), which
+/// the routed one must match bit for bit but for the sign of an exact zero; the output is also
+/// compared with the reference's every-expert path. A backend whose `moe_prepare` gives no table
+/// has no routed path: the case is skipped there, with the reason on its line and in the count.
+pub struct MoeRouted {
+    pub dtype: DType,
+    pub rows: usize,
+    pub experts: usize,
+    pub top_k: usize,
+    pub hidden: usize,
+    pub inter: usize,
+    pub renormalize: bool,
+}
+
+pub struct MoeRoutedInputs {
+    x: Vec<f32>,       // [rows, hidden]
+    weights: Vec<f32>, // [rows, experts], moe_route's
+    gate: Vec<f32>,    // [experts, inter, hidden]
+    up: Vec<f32>,      // [experts, inter, hidden]
+    down: Vec<f32>,    // [experts, hidden, inter]
+}
+
+/// An expert's gate/up weight as `Loader::mlp` keeps it: fused where the backend fuses.
+enum GateUp<Buf> {
+    Fused(Buf),
+    Split(Buf, Buf),
+}
+
+impl Op for MoeRouted {
+    type Inputs = MoeRoutedInputs;
+    const NAME: &'static str = "moe_routed";
+    fn params(&self) -> String {
+        format!(
+            "w={} rows={} experts={} top_k={} hidden={} inter={} renormalize={}",
+            self.dtype.name(),
+            self.rows,
+            self.experts,
+            self.top_k,
+            self.hidden,
+            self.inter,
+            self.renormalize
+        )
+    }
+    /// As residual_norm_gate_up's: a backend that rounds activations to the weight type rounds
+    /// x into gate/up and act into down, and a token sums top_k such outputs.
+    fn limit(&self) -> f64 {
+        4.0 * limits::weight(self.dtype)
+    }
+    fn cost(&self) -> Cost {
+        let (m, d, i, k) = (self.rows as f64, self.hidden as f64, self.inter as f64, self.top_k.min(self.experts) as f64);
+        let used = (self.rows * self.top_k).min(self.experts) as f64;
+        Cost { bytes: used * 3.0 * d * i * self.dtype.size() as f64 + 4.0 * m * (2.0 * d + self.experts as f64), flops: 2.0 * m * k * 3.0 * d * i }
+    }
+    fn generate(&self, rng: &mut Rng) -> Self::Inputs {
+        let (e, d, i) = (self.experts, self.hidden, self.inter);
+        let logits = rng.normals(self.rows * e, 1.5);
+        let mut weights = vec![0.0; self.rows * e];
+        tandem_core::backend::moe_route_rows(&logits, &mut weights, e, self.top_k, self.renormalize);
+        let (sd, si) = (1.0 / (d as f32).sqrt(), 1.0 / (i as f32).sqrt());
+        MoeRoutedInputs {
+            x: rng.normals(self.rows * d, 1.0),
+            weights,
+            gate: round_to(self.dtype, rng.normals(e * i * d, sd)),
+            up: round_to(self.dtype, rng.normals(e * i * d, sd)),
+            down: round_to(self.dtype, rng.normals(e * d * i, si)),
+        }
+    }
+    fn exec<B: Backend>(&self, b: &B, x: &Self::Inputs, launch: &mut Launch) -> Result<Vec<Output>> {
+        let (m, ne, d, i) = (self.rows, self.experts, self.hidden, self.inter);
+        let mut ws = Weights::empty();
+        let mut mlps = Vec::with_capacity(ne);
+        for e in 0..ne {
+            let (gi, di) = (e * i * d..(e + 1) * i * d, e * d * i..(e + 1) * d * i);
+            ws.replace("gate", self.dtype, &[i, d], &x.gate[gi.clone()])?;
+            ws.replace("up", self.dtype, &[i, d], &x.up[gi])?;
+            ws.replace("down", self.dtype, &[d, i], &x.down[di])?;
+            let (gv, uv, dv) = (ws.get("gate", &[i, d])?, ws.get("up", &[i, d])?, ws.get("down", &[d, i])?);
+            let gu = match b.fuse_gate_up(&gv, &uv)? {
+                Some(w) => GateUp::Fused(w),
+                None => GateUp::Split(b.upload_weight(&gv)?, b.upload_weight(&uv)?),
+            };
+            mlps.push((gu, b.upload_weight(&dv)?));
+        }
+        let refs: Vec<MoeExpert<'_, B::Buf>> = mlps
+            .iter()
+            .map(|(gu, down)| match gu {
+                GateUp::Fused(w) => MoeExpert { gate: w, up: None, down },
+                GateUp::Split(g, u) => MoeExpert { gate: g, up: Some(u), down },
+            })
+            .collect();
+        let xb = upload_f32(b, &x.x)?;
+        let wb = upload_f32(b, &x.weights)?;
+        // The every-expert path, as layers::Moe::forward runs it without a table.
+        let dense = || -> Result<Vec<f32>> {
+            let mut out = poisoned(b, m * d)?;
+            let (mut g, mut u, mut act, mut y) = (poisoned(b, m * i)?, poisoned(b, m * i)?, poisoned(b, m * i)?, poisoned(b, m * d)?);
+            for (e, (gu, down)) in mlps.iter().enumerate() {
+                match gu {
+                    GateUp::Fused(w) => b.gate_up_silu(&xb, w, &mut act, m, i, d, None)?,
+                    GateUp::Split(wg, wu) => {
+                        b.matmul(&xb, wg, None, &mut g, m, i, d)?;
+                        b.matmul(&xb, wu, None, &mut u, m, i, d)?;
+                        b.silu_mul(&g, &u, &mut act, m * i)?;
+                    }
+                }
+                b.matmul(&act, down, None, &mut y, m, d, i)?;
+                b.moe_accumulate(&mut out, &y, &wb, m, d, e, ne, e == 0)?;
+            }
+            read_guarded(b, &out, m * d, "out (every expert)")
+        };
+        let Some(table) = b.moe_prepare(&refs, d, i)? else {
+            launch.skip(format!("{} has no routed path (moe_prepare gave no table: every expert runs over every token)", b.name()));
+            return Ok(vec![Output::f32("out", dense()?)]);
+        };
+        let mut out = poisoned(b, m * d)?;
+        launch.run(b, || b.moe_routed(&table, &refs, &xb, &wb, &mut out, m, d, i, self.top_k))?;
+        let routed = read_guarded(b, &out, m * d, "out")?;
+        untouched_f32(b, &xb, &x.x, "x")?;
+        untouched_f32(b, &wb, &x.weights, "weights")?;
+        let every = dense()?;
+        // Bitwise, but an exact zero may differ in sign (routed skips the 0-weight terms).
+        if let Some(j) = (0..m * d).find(|&j| routed[j].to_bits() != every[j].to_bits() && !(routed[j] == 0.0 && every[j] == 0.0)) {
+            let n = (0..m * d).filter(|&j| routed[j].to_bits() != every[j].to_bits() && !(routed[j] == 0.0 && every[j] == 0.0)).count();
+            return Err(tandem_core::Error::backend(
+                b.name(),
+                format!("moe_routed: {n} of {} values differ from the every-expert path's bits, first at [{j}] (token {}): {} against {}", m * d, j / d, routed[j], every[j]),
+            ));
+        }
+        Ok(vec![Output::f32("out", routed)])
     }
 }

@@ -4,7 +4,7 @@
 //! case of the faulty op as FAIL, and every case of the other ops as ok.
 
 use tandem_conformance::{cases, run, CaseResult};
-use tandem_core::backend::{AttnArgs, Backend, DType, KvGeometry};
+use tandem_core::backend::{AttnArgs, Backend, DType, KvGeometry, MoeExpert};
 use tandem_core::weights::TensorView;
 use tandem_core::{Error, Result};
 use tandem_reference::RefBackend;
@@ -39,6 +39,11 @@ enum Fault {
     ArgmaxLastOnTie,
     /// rope panics.
     RopePanics,
+    /// No fault: a routed mixture of experts (moe_prepare gives a table) computed on the host
+    /// as the every-expert path does, so the moe_routed cases run and must pass.
+    MoeRoutedExact,
+    /// The routed mixture of experts leaves out each token's last expert.
+    MoeRoutedDropsLast,
 }
 
 struct Faulty<B: Backend> {
@@ -158,6 +163,42 @@ impl<B: Backend> Backend for Faulty<B> {
         }
         Ok(())
     }
+    fn gelu_tanh_mul(&self, gate: &B::Buf, up: &B::Buf, out: &mut B::Buf, len: usize) -> Result<()> {
+        self.inner.gelu_tanh_mul(gate, up, out, len)
+    }
+    fn scale(&self, x: &mut B::Buf, factor: f32, len: usize) -> Result<()> {
+        self.inner.scale(x, factor, len)
+    }
+    fn moe_prepare(&self, experts: &[MoeExpert<'_, B::Buf>], hidden: usize, inter: usize) -> Result<Option<B::Buf>> {
+        match self.fault {
+            Fault::MoeRoutedExact | Fault::MoeRoutedDropsLast => Ok(Some(self.inner.alloc_u32(1)?)),
+            _ => self.inner.moe_prepare(experts, hidden, inter),
+        }
+    }
+    /// Every expert over every token with the routing weights (the last non-zero one of each
+    /// row zeroed for MoeRoutedDropsLast), as layers::Moe runs them.
+    fn moe_routed(&self, _table: &B::Buf, experts: &[MoeExpert<'_, B::Buf>], x: &B::Buf, weights: &B::Buf, out: &mut B::Buf, rows: usize, hidden: usize, inter: usize, _top_k: usize) -> Result<()> {
+        let ne = experts.len();
+        let mut w = self.inner.read_f32(weights, rows * ne)?;
+        if self.fault == Fault::MoeRoutedDropsLast {
+            for row in w.chunks_exact_mut(ne) {
+                if let Some(j) = row.iter().rposition(|&v| v != 0.0) {
+                    row[j] = 0.0;
+                }
+            }
+        }
+        let wb = self.f32_buf(&w)?;
+        let (mut g, mut u, mut act, mut y) = (self.inner.alloc_f32(rows * inter)?, self.inner.alloc_f32(rows * inter)?, self.inner.alloc_f32(rows * inter)?, self.inner.alloc_f32(rows * hidden)?);
+        for (e, ex) in experts.iter().enumerate() {
+            let up = ex.up.ok_or_else(|| Error::backend("faulty", "moe_routed: the reference keeps gate and up apart"))?;
+            self.inner.matmul(x, ex.gate, None, &mut g, rows, inter, hidden)?;
+            self.inner.matmul(x, up, None, &mut u, rows, inter, hidden)?;
+            self.inner.silu_mul(&g, &u, &mut act, rows * inter)?;
+            self.inner.matmul(&act, ex.down, None, &mut y, rows, hidden, inter)?;
+            self.inner.moe_accumulate(out, &y, &wb, rows, hidden, e, ne, e == 0)?;
+        }
+        Ok(())
+    }
     fn kv_write(&self, k: &B::Buf, v: &B::Buf, kc: &mut B::Buf, vc: &mut B::Buf, slots: &B::Buf, t: usize, g: KvGeometry) -> Result<()> {
         match self.fault {
             Fault::KvWriteSkipsLastToken => self.inner.kv_write(k, v, kc, vc, slots, t - 1, g),
@@ -226,6 +267,7 @@ fn faulty_op(fault: Fault) -> &'static str {
         Fault::AddErrors => "add",
         Fault::ArgmaxLastOnTie => "argmax",
         Fault::RopePanics => "rope",
+        Fault::MoeRoutedExact | Fault::MoeRoutedDropsLast => "moe_routed",
     }
 }
 
@@ -238,10 +280,11 @@ fn run_with(fault: Fault, filter: Option<&str>) -> (Vec<CaseResult>, String) {
     let text = String::from_utf8(out).unwrap();
     let selected = tandem_conformance::selected(filter).len();
     assert!(selected > 0);
-    assert_eq!(rep.passed + rep.failed, selected);
+    assert_eq!(rep.passed + rep.failed + rep.skipped_cases, selected);
     assert_eq!(rep.results.len(), selected);
     assert!(!rep.ok());
-    assert_eq!(text.lines().last().unwrap(), format!("faulty: {} passed, {} failed", rep.passed, rep.failed));
+    let skipped = if rep.skipped_cases > 0 { format!(", {} skipped", rep.skipped_cases) } else { String::new() };
+    assert_eq!(text.lines().last().unwrap(), format!("faulty: {} passed, {} failed{skipped}", rep.passed, rep.failed));
     (rep.results, text)
 }
 
@@ -364,4 +407,17 @@ fn argmax_breaking_ties_wrongly_is_caught_only_where_there_are_ties() {
             assert!(r.failure.as_deref().unwrap().contains("indices differ"));
         }
     }
+}
+
+/// With a routed path the moe_routed cases run (none skipped) and pass when its bits are the
+/// every-expert path's; a routed path that leaves out an expert fails every one of them, by the
+/// in-backend bitwise comparison.
+#[test]
+fn moe_routed_runs_where_a_backend_routes_and_a_dropped_expert_is_caught() {
+    let b = Faulty { inner: RefBackend::new(), fault: Fault::MoeRoutedExact };
+    let mut out = Vec::new();
+    let rep = run(&b, Some("moe_routed"), 3, &mut out);
+    let text = String::from_utf8(out).unwrap();
+    assert!(rep.ok() && rep.skipped_cases == 0 && rep.passed >= 4, "{text}");
+    assert_caught(Fault::MoeRoutedDropsLast, "differ from the every-expert path's bits");
 }

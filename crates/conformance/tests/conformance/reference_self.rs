@@ -12,10 +12,17 @@ fn reference_passes_against_itself() {
     let rep = run(&RefBackend::new(), None, 42, &mut out);
     let text = String::from_utf8(out).unwrap();
     assert!(rep.ok(), "{text}");
-    assert_eq!(rep.passed, cases().len());
+    // The reference has no routed experts (moe_prepare gives no table): those cases are
+    // skipped, each saying why, and counted.
+    let routed = cases().iter().filter(|c| c.op == "moe_routed").count();
+    assert!(routed >= 4);
+    assert_eq!(rep.passed, cases().len() - routed);
+    assert_eq!(rep.skipped_cases, routed);
+    assert!(rep.results.iter().filter(|r| r.op == "moe_routed").all(|r| r.skipped.as_deref().is_some_and(|s| s.contains("no routed path"))));
     assert_eq!(rep.failed, 0);
     let last = text.lines().last().unwrap();
-    assert_eq!(last, format!("reference: {} passed, 0 failed", cases().len()));
+    assert_eq!(last, format!("reference: {} passed, 0 failed, {routed} skipped", cases().len() - routed));
+    assert_eq!(text.lines().filter(|l| l.contains(" SKIP ")).count(), routed);
     // One line per case plus the header and the summary.
     assert_eq!(text.lines().count(), cases().len() + 2);
     assert!(text.lines().next().unwrap().contains("seed 42"));
@@ -26,7 +33,7 @@ fn suite_covers_every_op_with_enough_cases() {
     let all = cases();
     assert!(all.len() >= 60, "only {} cases", all.len());
     let ops: HashSet<&str> = all.iter().map(|c| c.op).collect();
-    for op in ["embedding", "gather_rows", "rms_norm", "add", "add_rms_norm", "matmul", "rope", "silu_mul", "kv_write", "paged_attention", "argmax"] {
+    for op in ["embedding", "gather_rows", "rms_norm", "add", "add_rms_norm", "matmul", "rope", "silu_mul", "gelu_tanh_mul", "scale", "kv_write", "paged_attention", "argmax", "moe_route", "moe_accumulate", "moe_routed"] {
         assert!(ops.contains(op), "no case for {op}");
     }
     // Labels must be unique: a case's seed and the filter both go by its label.

@@ -131,6 +131,20 @@ impl<B: Backend> Backend for Variant<B> {
         let o: Vec<f32> = g.iter().zip(&u).map(|(&x, &y)| x * (1.0 / (1.0 + (-x).exp())) * y).collect();
         self.write_f32(out, &o)
     }
+    /// tanh in f64, rounded once (a GPU's tanhf differs from the host's by an ulp or two), and
+    /// the products in another order.
+    fn gelu_tanh_mul(&self, gate: &Self::Buf, up: &Self::Buf, out: &mut Self::Buf, len: usize) -> Result<()> {
+        let (g, u) = (self.read_f32(gate, len)?, self.read_f32(up, len)?);
+        let gelu = |x: f32| {
+            let inner = 0.797_884_6f32 * (x + 0.044_715 * (x * x * x));
+            x * (0.5 * (1.0 + (inner as f64).tanh() as f32))
+        };
+        let o: Vec<f32> = g.iter().zip(&u).map(|(&x, &y)| y * gelu(x)).collect();
+        self.write_f32(out, &o)
+    }
+    fn scale(&self, x: &mut Self::Buf, factor: f32, len: usize) -> Result<()> {
+        self.inner.scale(&mut x.inner, factor, len)
+    }
     /// A bf16 cache: values are rounded on the way in.
     fn kv_write(&self, k: &Self::Buf, v: &Self::Buf, kc: &mut Self::Buf, vc: &mut Self::Buf, slots: &Self::Buf, t: usize, g: KvGeometry) -> Result<()> {
         let row = g.num_kv_heads * g.head_dim;
@@ -205,6 +219,7 @@ fn honest_variants_pass_every_limit() {
     assert!(nmse_of("kv_write", "") > 1e-7, "a bf16 cache should cost ~1e-6");
     assert!(nmse_of("paged_attention", "") > 1e-7, "q and p in bf16 should cost ~1e-6");
     assert!(nmse_of("rope", "") > 0.0);
+    assert!(nmse_of("gelu_tanh_mul", "") > 0.0);
 }
 
 /// The cases judged on few values, where the NMSE is no average and one sum that nearly

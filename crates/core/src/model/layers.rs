@@ -5,18 +5,27 @@
 //! the layers ([`super::Model::launch`]) is written once.
 
 use crate::backend::{Backend, DType, KvDest, MoeExpert, NormIn};
-use crate::config::ModelConfig;
+use crate::config::{Activation, ModelConfig};
 use crate::error::Result;
 use crate::weights::Weights;
 
 /// One decoder layer: pre-norm attention, then pre-norm feed-forward, each added to the
-/// residual stream.
+/// residual stream; where the family has them (Gemma 3), the attention's and the feed-forward's
+/// outputs are normed before they are added ("sandwich" norms).
 pub(crate) struct Layer<B: Backend> {
     pub input_norm: B::Buf,
     pub attn: Attention<B>,
+    /// The feed-forward block's input norm (HF: `post_attention_layernorm` in Llama,
+    /// `pre_feedforward_layernorm` in Gemma 3).
     pub post_norm: B::Buf,
     pub ffn: Ffn<B>,
+    /// The norms of the attention's and the feed-forward's outputs (Gemma 3's
+    /// `post_attention_layernorm` and `post_feedforward_layernorm`), both or neither.
+    pub out_norms: Option<(B::Buf, B::Buf)>,
 }
+
+/// A family's decoder layer `i`, read by the loader (each family file's `layer`).
+pub(crate) type LayerFn<B> = fn(&mut Loader<'_, B>, usize) -> Result<Layer<B>>;
 
 /// The attention projections: one weight when the backend fuses them (`Backend::fuse_qkv`).
 pub(crate) enum Qkv<B: Backend> {
@@ -47,11 +56,12 @@ pub(crate) enum GateUp<B: Backend> {
     Split { gate: B::Buf, up: B::Buf },
 }
 
-/// The gated MLP: `down(silu(gate(x)) * up(x))`, of width `inter`.
+/// The gated MLP: `down(act(gate(x)) * up(x))`, of width `inter`.
 pub(crate) struct Mlp<B: Backend> {
     pub gate_up: GateUp<B>,
     pub down: B::Buf,
     pub inter: usize,
+    pub act: Activation,
 }
 
 /// A mixture of experts: a router (`[experts, hidden]`), its routing ([`Backend::moe_route`]:
@@ -82,7 +92,7 @@ impl<B: Backend> Layer<B> {
     /// Whether this layer's projections are the fused ones the norm-fused path needs
     /// (`Backend::fuses_norm`): fused q/k/v and a dense MLP with fused gate/up.
     pub fn fully_fused(&self) -> bool {
-        matches!(self.attn.qkv, Qkv::Fused { .. }) && matches!(&self.ffn, Ffn::Dense(Mlp { gate_up: GateUp::Fused(_), .. }))
+        self.out_norms.is_none() && matches!(self.attn.qkv, Qkv::Fused { .. }) && matches!(&self.ffn, Ffn::Dense(Mlp { gate_up: GateUp::Fused(_), .. }))
     }
 }
 
@@ -145,11 +155,14 @@ pub(crate) struct Loader<'a, B: Backend> {
     pub x_readers: Vec<DType>,
     /// Weight types of the matmuls that read the MLP activation (down).
     pub act_readers: Vec<DType>,
+    /// RMS norm weights are stored as `w - 1`: the norm multiplies by `1 + w` (Gemma). The
+    /// loader uploads `1 + w` in f32 (HF adds in f32 too), so every backend's norm is the plain one.
+    pub norm_plus_one: bool,
 }
 
 impl<'a, B: Backend> Loader<'a, B> {
     pub fn new(b: &'a B, w: &'a Weights, cfg: &'a ModelConfig) -> Self {
-        Loader { b, w, cfg, x_readers: vec![], act_readers: vec![] }
+        Loader { b, w, cfg, x_readers: vec![], act_readers: vec![], norm_plus_one: false }
     }
 
     /// A weight of this exact shape, uploaded.
@@ -159,7 +172,16 @@ impl<'a, B: Backend> Loader<'a, B> {
 
     /// An RMS norm's weight `[hidden]`.
     pub fn norm(&self, name: &str) -> Result<B::Buf> {
-        self.tensor(name, &[self.cfg.hidden_size])
+        self.norm_of(name, self.cfg.hidden_size)
+    }
+
+    /// An RMS norm's weight `[dim]`, as [`Loader::norm_plus_one`] says.
+    pub fn norm_of(&self, name: &str, dim: usize) -> Result<B::Buf> {
+        let view = self.w.get(name, &[dim])?;
+        match self.norm_plus_one {
+            true => self.b.weight_from_f32(DType::F32, &view.to_f32().iter().map(|w| 1.0 + w).collect::<Vec<_>>()),
+            false => self.b.upload_weight(&view),
+        }
     }
 
     /// Attention under `prefix` with HF's names: `{q,k,v,o}_proj.weight`, `{q,k,v}_proj.bias`
@@ -182,7 +204,7 @@ impl<'a, B: Backend> Loader<'a, B> {
         };
         self.x_readers.extend([qv.dtype, kv.dtype, vv.dtype]);
         let qk_norm = match opt.qk_norm {
-            true => Some((self.tensor(&format!("{prefix}.q_norm.weight"), &[c.head_dim])?, self.tensor(&format!("{prefix}.k_norm.weight"), &[c.head_dim])?)),
+            true => Some((self.norm_of(&format!("{prefix}.q_norm.weight"), c.head_dim)?, self.norm_of(&format!("{prefix}.k_norm.weight"), c.head_dim)?)),
             false => None,
         };
         Ok(Attention { qkv, o: self.tensor(&format!("{prefix}.o_proj.weight"), &[d, qd])?, qk_norm })
@@ -196,11 +218,17 @@ impl<'a, B: Backend> Loader<'a, B> {
         let dv = self.w.get(&format!("{prefix}.{down}.weight"), &[d, inter])?;
         self.x_readers.extend([gv.dtype, uv.dtype]);
         self.act_readers.push(dv.dtype);
-        let gate_up = match b.fuse_gate_up(&gv, &uv)? {
+        let act = self.cfg.activation;
+        // The fused gate/up op computes silu: another activation runs the two projections apart.
+        let fused = match act {
+            Activation::Silu => b.fuse_gate_up(&gv, &uv)?,
+            Activation::GeluTanh => None,
+        };
+        let gate_up = match fused {
             Some(w) => GateUp::Fused(w),
             None => GateUp::Split { gate: b.upload_weight(&gv)?, up: b.upload_weight(&uv)? },
         };
-        Ok(Mlp { gate_up, down: b.upload_weight(&dv)?, inter })
+        Ok(Mlp { gate_up, down: b.upload_weight(&dv)?, inter, act })
     }
 
     /// A mixture of experts under `prefix`: the router `{prefix}.{router}.weight` and expert `e`
@@ -233,7 +261,7 @@ pub(crate) struct FfnBufs<'a, B: Backend> {
 }
 
 impl<B: Backend> Mlp<B> {
-    /// `act = silu(gate(x)) * up(x)` (fused where the backend fuses; `norm` as in
+    /// `act = act(gate(x)) * up(x)` (fused where the backend fuses; `norm` as in
     /// [`Backend::gate_up_silu`]).
     #[allow(clippy::too_many_arguments)]
     pub fn activation(&self, b: &B, x: &B::Buf, gate: &mut B::Buf, up: &mut B::Buf, act: &mut B::Buf, t: usize, d: usize, norm: Option<NormIn<'_, B::Buf>>) -> Result<()> {
@@ -243,7 +271,10 @@ impl<B: Backend> Mlp<B> {
             GateUp::Split { gate: wg, up: wu } => {
                 b.matmul(x, wg, None, gate, t, inter, d)?;
                 b.matmul(x, wu, None, up, t, inter, d)?;
-                b.silu_mul(gate, up, act, t * inter)
+                match self.act {
+                    Activation::Silu => b.silu_mul(gate, up, act, t * inter),
+                    Activation::GeluTanh => b.gelu_tanh_mul(gate, up, act, t * inter),
+                }
             }
         }
     }

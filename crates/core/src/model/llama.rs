@@ -7,9 +7,9 @@ use crate::backend::Backend;
 use crate::error::Result;
 
 pub(super) const FAMILIES: &[Family] = &[
-    Family { architecture: "LlamaForCausalLM", model_type: "llama" },
-    Family { architecture: "MistralForCausalLM", model_type: "mistral" },
-    Family { architecture: "Qwen2ForCausalLM", model_type: "qwen2" },
+    Family::new("LlamaForCausalLM", "llama"),
+    Family::new("MistralForCausalLM", "mistral"),
+    Family::new("Qwen2ForCausalLM", "qwen2"),
 ];
 
 /// Layer `i` under HF's names.
@@ -17,5 +17,5 @@ pub(super) fn layer<B: Backend>(ld: &mut Loader<'_, B>, i: usize) -> Result<Laye
     let p = format!("model.layers.{i}");
     let attn = ld.attention(&format!("{p}.self_attn"), AttnOptions { bias: ld.cfg.attention_bias, qk_norm: false })?;
     let mlp = ld.mlp(&format!("{p}.mlp"), MLP_NAMES, ld.cfg.intermediate_size)?;
-    Ok(Layer { input_norm: ld.norm(&format!("{p}.input_layernorm.weight"))?, attn, post_norm: ld.norm(&format!("{p}.post_attention_layernorm.weight"))?, ffn: Ffn::Dense(mlp) })
+    Ok(Layer { input_norm: ld.norm(&format!("{p}.input_layernorm.weight"))?, attn, post_norm: ld.norm(&format!("{p}.post_attention_layernorm.weight"))?, ffn: Ffn::Dense(mlp), out_norms: None })
 }

@@ -1,15 +1,17 @@
 //! The forward pass, written once against [`Backend`], over decoder layers each family
 //! composes from shared pieces ([`layers`]): one file per family ([`llama`]: Llama, Mistral,
-//! Qwen2, SmolLM; [`qwen3`]; [`qwen3_moe`]; [`mixtral`]) says what its layer has and where its
-//! weights are. One call runs a
+//! Qwen2, SmolLM; [`qwen3`]; [`qwen3_moe`]; [`mixtral`]; [`gemma3`]) says what its layer has
+//! and where its weights are. One call runs a
 //! flattened batch: prefill chunks and decode tokens of many sequences, each with its own
 //! positions and block table.
 //!
-//! Adding a family: a file here with its `FAMILIES` (architecture and `model_type` names) and
+//! Adding a family: a file here with its `FAMILIES` (architecture and `model_type` names, and
+//! the model-wide traits of [`Family`]) and
 //! a `layer` function built from [`layers::Loader`]'s pieces, one arm in [`Model::from_weights`]'s
 //! match, its config fields in `config.rs`, a seeded shape in `tandem-models`' random_model.rs,
 //! and golden data from HF transformers (tests/make_golden.sh).
 
+mod gemma3;
 mod layers;
 mod llama;
 mod mixtral;
@@ -34,11 +36,23 @@ use layers::{Ffn, FfnBufs, Layer, Loader, QkvBufs};
 pub struct Family {
     pub architecture: &'static str,
     pub model_type: &'static str,
+    /// The input embedding is multiplied by √hidden, rounded to the embedding's type as HF
+    /// does (Gemma); the tied head reads the table unscaled.
+    pub scaled_embedding: bool,
+    /// Every RMS norm weight is stored as `w - 1`: the norm multiplies by `1 + w` (Gemma).
+    pub norm_plus_one: bool,
+}
+
+impl Family {
+    /// A family with Llama's model-wide traits (an unscaled embedding, plain norm weights).
+    pub const fn new(architecture: &'static str, model_type: &'static str) -> Family {
+        Family { architecture, model_type, scaled_embedding: false, norm_plus_one: false }
+    }
 }
 
 /// Every architecture this build runs, family file by family file.
 pub fn families() -> impl Iterator<Item = &'static Family> {
-    llama::FAMILIES.iter().chain(qwen3::FAMILIES).chain(qwen3_moe::FAMILIES).chain(mixtral::FAMILIES)
+    llama::FAMILIES.iter().chain(qwen3::FAMILIES).chain(qwen3_moe::FAMILIES).chain(mixtral::FAMILIES).chain(gemma3::FAMILIES)
 }
 
 /// What the engine needs from a loaded model, whatever the backend. Object-safe.
@@ -290,6 +304,9 @@ struct Scratch<B: Backend> {
     /// A mixture of experts' router logits and routing weights `[T, experts]`, and one
     /// expert's output `[T, hidden]` (`layers::Moe::forward`).
     moe: Option<(B::Buf, B::Buf, B::Buf)>,
+    /// `[T, hidden]`: a block's output before its norm, for a family that norms it
+    /// (`layers::Layer::out_norms`).
+    pre_norm: Option<B::Buf>,
     /// The step's metadata, the regions of `meta::layout` (`meta::TOKENS`, ...): token ids,
     /// positions, slots and token_seq `[T]`, logit rows `[S]`, block tables
     /// `[max_seqs, max_blocks_cap]`; one staging buffer, one upload.
@@ -312,6 +329,10 @@ pub struct Model<B: Backend> {
     lm_head: Option<B::Buf>,
     final_norm: B::Buf,
     inv_freq: B::Buf,
+    /// The sliding layers' rope table where they have their own (`ModelConfig::local_rope`).
+    local_inv_freq: Option<B::Buf>,
+    /// √hidden in the embedding's type, where the family scales the embedding.
+    embed_scale: Option<f32>,
     layers: Vec<Layer<B>>,
     /// (K, V) per layer.
     caches: Vec<(B::Buf, B::Buf)>,
@@ -367,20 +388,39 @@ impl<B: Backend> Model<B> {
         };
         // The family's layers: which pieces, under which names (one file per family).
         let mut ld = Loader::new(b, w, &cfg);
-        let layer: fn(&mut Loader<'_, B>, usize) -> Result<Layer<B>> = match cfg.architecture.as_str() {
-            a if qwen3::FAMILIES.iter().any(|f| f.architecture == a) => qwen3::layer,
-            a if qwen3_moe::FAMILIES.iter().any(|f| f.architecture == a) => qwen3_moe::layer,
-            a if mixtral::FAMILIES.iter().any(|f| f.architecture == a) => mixtral::layer,
-            a if llama::FAMILIES.iter().any(|f| f.architecture == a) => llama::layer,
-            a => return Err(Error::config(Path::new("config.json"), format!("no model layer for architecture `{a}`"))),
+        let arch = cfg.architecture.as_str();
+        let of = |fams: &'static [Family]| fams.iter().find(|f| f.architecture == arch);
+        let (family, layer): (&Family, layers::LayerFn<B>) = match () {
+            _ if let Some(f) = of(qwen3::FAMILIES) => (f, qwen3::layer),
+            _ if let Some(f) = of(qwen3_moe::FAMILIES) => (f, qwen3_moe::layer),
+            _ if let Some(f) = of(mixtral::FAMILIES) => (f, mixtral::layer),
+            _ if let Some(f) = of(gemma3::FAMILIES) => (f, gemma3::layer),
+            _ if let Some(f) = of(llama::FAMILIES) => (f, llama::layer),
+            _ => return Err(Error::config(Path::new("config.json"), format!("no model layer for architecture `{arch}`"))),
         };
+        ld.norm_plus_one = family.norm_plus_one;
         let layers = (0..cfg.num_hidden_layers).map(|i| layer(&mut ld, i)).collect::<Result<Vec<_>>>()?;
         let qk_norm = layers.iter().any(|l| l.attn.qk_norm.is_some());
+        let out_norms = layers.iter().any(|l| l.out_norms.is_some());
+        let final_norm = ld.norm("model.norm.weight")?;
         let (x_readers, act_readers) = (std::mem::take(&mut ld.x_readers), std::mem::take(&mut ld.act_readers));
         drop(ld);
-        let final_norm = up("model.norm.weight", &[d])?;
-        let mut inv_freq = b.alloc_f32(cfg.head_dim / 2)?;
-        b.write_f32(&mut inv_freq, &cfg.rope_inv_freq())?;
+        let rope_table = |freqs: &[f32]| -> Result<B::Buf> {
+            let mut buf = b.alloc_f32(freqs.len())?;
+            b.write_f32(&mut buf, freqs)?;
+            Ok(buf)
+        };
+        let inv_freq = rope_table(&cfg.rope_inv_freq())?;
+        let local_inv_freq = cfg.local_rope_inv_freq().map(|f| rope_table(&f)).transpose()?;
+        // HF: sqrt(hidden) as an f32 tensor, cast to the embedding's type, times the rows.
+        let embed_scale = family.scaled_embedding.then(|| {
+            let s = (d as f64).sqrt() as f32;
+            match embed_view.dtype {
+                DType::BF16 => half::bf16::from_f32(s).to_f32(),
+                DType::F16 => half::f16::from_f32(s).to_f32(),
+                DType::F32 => s,
+            }
+        });
         let free_after_weights = b.free_memory();
         let t = opts.max_batch_tokens;
         let sq = opts.max_seqs;
@@ -405,6 +445,7 @@ impl<B: Backend> Model<B> {
             last_normed: b.alloc_activation(act_dtypes.last_normed, rows * d)?,
             logits: b.alloc_f32(rows * vocab)?,
             qk_raw: if qk_norm { Some((b.alloc_f32(t * qd)?, b.alloc_f32(t * kvd)?)) } else { None },
+            pre_norm: if out_norms { Some(b.alloc_f32(t * d)?) } else { None },
             moe: match &cfg.moe {
                 Some(m) => Some((b.alloc_f32(t * m.num_experts)?, b.alloc_f32(t * m.num_experts)?, b.alloc_f32(t * d)?)),
                 None => None,
@@ -464,7 +505,7 @@ impl<B: Backend> Model<B> {
         }
         let graphs = vec![None; pad.as_ref().map_or(0, |p| p.buckets.len())];
         let staging = MetaStaging::new(meta_layout, sq);
-        let mut model = Model { backend, cfg, opts, geometry, kv_dtype, matmul_operand, act_dtypes, max_blocks_cap, embed, lm_head, final_norm, inv_freq, layers, caches, s, kv_view, pad, graphs, staging };
+        let mut model = Model { backend, cfg, opts, geometry, kv_dtype, matmul_operand, act_dtypes, max_blocks_cap, embed, lm_head, final_norm, inv_freq, local_inv_freq, embed_scale, layers, caches, s, kv_view, pad, graphs, staging };
         if graphs_on {
             model.capture_graphs()?;
         }
@@ -615,6 +656,9 @@ impl<B: Backend> Model<B> {
         let max_context = shape.max_context;
 
         b.embedding(&self.embed, ids, &mut s.h, t, d)?;
+        if let Some(scale) = self.embed_scale {
+            b.scale(&mut s.h, scale, t * d)?;
+        }
         // Where the backend fuses norms into the fused projections (`Backend::fuses_norm`),
         // each residual add happens in the projection that produces it (`matmul_residual`,
         // which also writes h ∘ gamma of the next norm into x) and each norm in the projection
@@ -637,7 +681,11 @@ impl<B: Backend> Model<B> {
                 }
             }
             let norm = fused_in.then_some(NormIn { h: &s.h, gamma: &layer.input_norm, eps: c.rms_norm_eps });
-            let kv = KvDest { k_cache: &mut *k_cache, v_cache: &mut *v_cache, positions, inv_freq: &self.inv_freq, slots, geometry: self.geometry };
+            let inv_freq = match (&self.local_inv_freq, c.uses_local_rope(l)) {
+                (Some(local), true) => local,
+                _ => &self.inv_freq,
+            };
+            let kv = KvDest { k_cache: &mut *k_cache, v_cache: &mut *v_cache, positions, inv_freq, slots, geometry: self.geometry };
             let bufs = QkvBufs { q: &mut s.q, k: &mut s.k, v: &mut s.v, raw: s.qk_raw.as_mut().map(|(q, k)| (q, k)) };
             layer.attn.project(b, c, &s.x, norm, bufs, kv, t)?;
             let args = AttnArgs {
@@ -654,14 +702,21 @@ impl<B: Backend> Model<B> {
                 decode_tokens: shape.decodes,
                 num_heads: c.num_attention_heads,
                 geometry: self.geometry,
-                scale: 1.0 / (c.head_dim as f32).sqrt(),
+                scale: c.attn_scale(),
                 window: c.layer_windows.get(l).copied().unwrap_or(0),
             };
             b.paged_attention(&args, &mut s.attn)?;
             if fused_norm {
                 b.matmul_residual(&s.attn, &layer.attn.o, &mut s.h, Some((&layer.post_norm, &mut s.x)), t, d, qd)?;
             } else {
-                b.matmul(&s.attn, &layer.attn.o, None, &mut s.o, t, d, qd)?;
+                match (&layer.out_norms, &mut s.pre_norm) {
+                    // The output normed before the add (sandwich norms).
+                    (Some((attn_out, _)), Some(pre)) => {
+                        b.matmul(&s.attn, &layer.attn.o, None, pre, t, d, qd)?;
+                        b.rms_norm(pre, attn_out, &mut s.o, t, d, c.rms_norm_eps)?;
+                    }
+                    _ => b.matmul(&s.attn, &layer.attn.o, None, &mut s.o, t, d, qd)?,
+                }
                 b.add_rms_norm(&mut s.h, &s.o, &layer.post_norm, &mut s.x, t, d, c.rms_norm_eps)?;
             }
             match &layer.ffn {
@@ -672,7 +727,13 @@ impl<B: Backend> Model<B> {
                         let next = (l + 1 < n_layers).then(|| (&self.layers[l + 1].input_norm, &mut s.x));
                         b.matmul_residual(&s.act, &mlp.down, &mut s.h, next, t, d, mlp.inter)?;
                     } else {
-                        b.matmul(&s.act, &mlp.down, None, &mut s.o, t, d, mlp.inter)?;
+                        match (&layer.out_norms, &mut s.pre_norm) {
+                            (Some((_, ffn_out)), Some(pre)) => {
+                                b.matmul(&s.act, &mlp.down, None, pre, t, d, mlp.inter)?;
+                                b.rms_norm(pre, ffn_out, &mut s.o, t, d, c.rms_norm_eps)?;
+                            }
+                            _ => b.matmul(&s.act, &mlp.down, None, &mut s.o, t, d, mlp.inter)?,
+                        }
                         mlp_pending = true;
                     }
                 }

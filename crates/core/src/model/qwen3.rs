@@ -8,12 +8,12 @@ use super::Family;
 use crate::backend::Backend;
 use crate::error::Result;
 
-pub(super) const FAMILIES: &[Family] = &[Family { architecture: "Qwen3ForCausalLM", model_type: "qwen3" }];
+pub(super) const FAMILIES: &[Family] = &[Family::new("Qwen3ForCausalLM", "qwen3")];
 
 /// Layer `i` under HF's names.
 pub(super) fn layer<B: Backend>(ld: &mut Loader<'_, B>, i: usize) -> Result<Layer<B>> {
     let p = format!("model.layers.{i}");
     let attn = ld.attention(&format!("{p}.self_attn"), AttnOptions { bias: ld.cfg.attention_bias, qk_norm: true })?;
     let mlp = ld.mlp(&format!("{p}.mlp"), MLP_NAMES, ld.cfg.intermediate_size)?;
-    Ok(Layer { input_norm: ld.norm(&format!("{p}.input_layernorm.weight"))?, attn, post_norm: ld.norm(&format!("{p}.post_attention_layernorm.weight"))?, ffn: Ffn::Dense(mlp) })
+    Ok(Layer { input_norm: ld.norm(&format!("{p}.input_layernorm.weight"))?, attn, post_norm: ld.norm(&format!("{p}.post_attention_layernorm.weight"))?, ffn: Ffn::Dense(mlp), out_norms: None })
 }

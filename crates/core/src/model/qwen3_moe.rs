@@ -8,7 +8,7 @@ use super::Family;
 use crate::backend::Backend;
 use crate::error::Result;
 
-pub(super) const FAMILIES: &[Family] = &[Family { architecture: "Qwen3MoeForCausalLM", model_type: "qwen3_moe" }];
+pub(super) const FAMILIES: &[Family] = &[Family::new("Qwen3MoeForCausalLM", "qwen3_moe")];
 
 /// Layer `i` under HF's names.
 pub(super) fn layer<B: Backend>(ld: &mut Loader<'_, B>, i: usize) -> Result<Layer<B>> {
@@ -18,5 +18,5 @@ pub(super) fn layer<B: Backend>(ld: &mut Loader<'_, B>, i: usize) -> Result<Laye
         true => Ffn::Moe(ld.moe(&format!("{p}.mlp"), "gate", MLP_NAMES)?),
         false => Ffn::Dense(ld.mlp(&format!("{p}.mlp"), MLP_NAMES, ld.cfg.intermediate_size)?),
     };
-    Ok(Layer { input_norm: ld.norm(&format!("{p}.input_layernorm.weight"))?, attn, post_norm: ld.norm(&format!("{p}.post_attention_layernorm.weight"))?, ffn })
+    Ok(Layer { input_norm: ld.norm(&format!("{p}.input_layernorm.weight"))?, attn, post_norm: ld.norm(&format!("{p}.post_attention_layernorm.weight"))?, ffn, out_norms: None })
 }

@@ -70,6 +70,12 @@ fn window_greedy_tokens_are_the_same_alone_and_in_a_batch() {
     greedy_invariance(&model_dir_of("batch-qwen2", Shape::TinyQwen2));
 }
 
+/// Gemma 3: a sliding and a global layer with their own ropes, GeGLU, sandwich norms.
+#[test]
+fn gemma3_greedy_tokens_are_the_same_alone_and_in_a_batch() {
+    greedy_invariance(&model_dir_of("batch-gemma3", Shape::TinyGemma3));
+}
+
 fn greedy_invariance(dir: &Path) {
     let dir = dir.to_path_buf();
     let vocab = runner(&dir, 4, 16).config().vocab_size as u32;
@@ -358,6 +364,12 @@ mod metered {
         }
         fn silu_mul(&self, gate: &RefBuf, up: &RefBuf, out: &mut RefBuf, len: usize) -> Result<()> {
             self.inner.silu_mul(gate, up, out, len)
+        }
+        fn gelu_tanh_mul(&self, gate: &RefBuf, up: &RefBuf, out: &mut RefBuf, len: usize) -> Result<()> {
+            self.inner.gelu_tanh_mul(gate, up, out, len)
+        }
+        fn scale(&self, x: &mut RefBuf, factor: f32, len: usize) -> Result<()> {
+            self.inner.scale(x, factor, len)
         }
         fn kv_write(&self, k: &RefBuf, v: &RefBuf, kc: &mut RefBuf, vc: &mut RefBuf, slots: &RefBuf, t: usize, g: KvGeometry) -> Result<()> {
             self.inner.kv_write(k, v, kc, vc, slots, t, g)

@@ -7,11 +7,9 @@
 use crate::common;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use common::*;
 use serde_json::{json, Value};
-use tandem_server::ServerConfig;
 
 /// The `(event, data)` pairs of an Anthropic stream; each `event:` line names its data's `type`.
 fn events(r: &Reply) -> Vec<(String, Value)> {
@@ -205,21 +203,7 @@ async fn bad_requests_are_4xx_in_anthropics_shape() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_streaming_client_that_leaves_aborts_its_request() {
-    let engine = Arc::new(StallEngine::default());
-    let config = ServerConfig { addr: ([127, 0, 0, 1], 0).into(), max_model_len: MAX_LEN, vocab_size: VOCAB, ..Default::default() };
-    let s = TestServer::with_client(config, engine.clone(), tokenizer()).await;
-    let mut c = Client::connect(s.addr).await;
-    let body = json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "stream": true}).to_string();
-    let r = c.send("POST", "/v1/messages", &[], body).await;
-    assert_eq!(r.status(), 200);
-    drop(r);
-    drop(c);
-    let t = Instant::now();
-    while engine.aborted.lock().unwrap().is_empty() {
-        assert!(t.elapsed() < Duration::from_secs(2), "the request is aborted when its client leaves");
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    assert_eq!(*engine.aborted.lock().unwrap(), vec![0]);
+    crate::lifecycle::streaming_client_that_leaves_aborts("/v1/messages", json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "stream": true})).await;
 }
 
 mod tools {

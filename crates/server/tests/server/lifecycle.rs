@@ -68,6 +68,26 @@ async fn streaming_client_that_leaves_aborts_its_request() {
     assert!(metric(&m, &format!("vllm:generation_tokens_total{}", l())) < 100.0, "aborted long before max_tokens");
 }
 
+/// Streams `body` to `path` on a server whose engine never answers (StallEngine), then drops
+/// the client once the 200 arrives: the server must abort the engine request (id 0) within 2 s.
+/// The Responses and Messages routes' disconnect tests.
+pub async fn streaming_client_that_leaves_aborts(path: &str, body: Value) {
+    let engine = Arc::new(StallEngine::default());
+    let config = ServerConfig { addr: ([127, 0, 0, 1], 0).into(), max_model_len: MAX_LEN, vocab_size: VOCAB, ..Default::default() };
+    let s = TestServer::with_client(config, engine.clone(), tokenizer()).await;
+    let mut c = Client::connect(s.addr).await;
+    let r = c.send("POST", path, &[], body.to_string()).await;
+    assert_eq!(r.status(), 200);
+    drop(r);
+    drop(c);
+    let t = Instant::now();
+    while engine.aborted.lock().unwrap().is_empty() {
+        assert!(t.elapsed() < Duration::from_secs(2), "{path}: the request is aborted when its client leaves");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert_eq!(*engine.aborted.lock().unwrap(), vec![0], "{path}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn non_streaming_client_that_leaves_aborts_its_request() {
     let engine = Arc::new(StallEngine::default());

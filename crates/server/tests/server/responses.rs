@@ -9,12 +9,10 @@
 
 use crate::common;
 
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 use serde_json::{json, Value};
-use tandem_server::ServerConfig;
 
 /// The `(event, data)` pairs of a Responses stream; each `event:` line names its data's
 /// `type`, and `sequence_number` counts from 0 without gaps.
@@ -249,21 +247,7 @@ async fn bad_requests_are_4xx_in_openais_shape() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_streaming_client_that_leaves_aborts_its_request() {
-    let engine = Arc::new(StallEngine::default());
-    let config = ServerConfig { addr: ([127, 0, 0, 1], 0).into(), max_model_len: MAX_LEN, vocab_size: VOCAB, ..Default::default() };
-    let s = TestServer::with_client(config, engine.clone(), tokenizer()).await;
-    let mut c = Client::connect(s.addr).await;
-    let body = json!({"input": "hi", "max_output_tokens": 5, "stream": true}).to_string();
-    let r = c.send("POST", "/v1/responses", &[], body).await;
-    assert_eq!(r.status(), 200);
-    drop(r);
-    drop(c);
-    let t = Instant::now();
-    while engine.aborted.lock().unwrap().is_empty() {
-        assert!(t.elapsed() < Duration::from_secs(2), "the request is aborted when its client leaves");
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    assert_eq!(*engine.aborted.lock().unwrap(), vec![0]);
+    crate::lifecycle::streaming_client_that_leaves_aborts("/v1/responses", json!({"input": "hi", "max_output_tokens": 5, "stream": true})).await;
 }
 
 mod tools {

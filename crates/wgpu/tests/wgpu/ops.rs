@@ -159,6 +159,42 @@ fn silu_mul() {
     }
 }
 
+/// GeGLU against the tanh GELU in f64; gates up to ±40 saturate tanh (the shader's clamp).
+#[test]
+fn gelu_tanh_mul() {
+    let Some(b) = backend() else { return };
+    let mut rng = Rng::new("gelu_tanh_mul");
+    for n in [1537, 1536] {
+        let (g, u) = (rng.vec(n, 8.0), rng.vec(n, 2.0));
+        let mut out = poisoned(b, n);
+        b.gelu_tanh_mul(&f32_buf(b, &g), &f32_buf(b, &u), &mut out, n).unwrap();
+        let c = (2.0 / std::f64::consts::PI).sqrt();
+        let want: Vec<f64> = g.iter().zip(&u).map(|(&g, &u)| (g as f64, u as f64)).map(|(g, u)| 0.5 * g * (1.0 + (c * (g + 0.044715 * g * g * g)).tanh()) * u).collect();
+        assert_close(&format!("gelu_tanh_mul {n}"), &b.read_f32(&out, n).unwrap(), &want, 1e-12);
+    }
+    let (g, u) = ([-40.0f32, -12.0, 0.0, 12.0, 40.0], [1.0f32; 5]);
+    let mut out = poisoned(b, 5);
+    b.gelu_tanh_mul(&f32_buf(b, &g), &f32_buf(b, &u), &mut out, 5).unwrap();
+    let got = b.read_f32(&out, 5).unwrap();
+    assert!(got[0] == 0.0 && got[1] == 0.0 && got[2] == 0.0 && got[3] == 12.0 && got[4] == 40.0, "saturated gelu_tanh: {got:?}");
+}
+
+/// In place over the first len values only; bitwise the f32 products.
+#[test]
+fn scale() {
+    let Some(b) = backend() else { return };
+    let mut rng = Rng::new("scale");
+    for n in [77, 1152] {
+        let x = rng.vec(n + 8, 1.0);
+        let f = 1152f32.sqrt();
+        let mut buf = f32_buf(b, &x);
+        b.scale(&mut buf, f, n).unwrap();
+        let got = b.read_f32(&buf, n + 8).unwrap();
+        let want: Vec<f32> = x.iter().enumerate().map(|(i, &v)| if i < n { v * f } else { v }).collect();
+        assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "scale {n}");
+    }
+}
+
 fn check_matmul(b: &WgpuBackend, rng: &mut Rng, m: usize, n: usize, k: usize, dtype: DType, bias_dtype: Option<DType>) {
     let x = rng.vec(m * k, 1.0);
     let w = rng.vec(n * k, 1.0);
