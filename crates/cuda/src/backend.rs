@@ -1318,7 +1318,7 @@ impl Backend for CudaBackend {
         let code = need_act(out, len, OP, "out")?;
         let f = &self.kernels.gelu_tanh_mul.f;
         let n = len as u64;
-        let mut l = self.stream.launch_builder(f);
+        let mut l = self.launch_args(f);
         l.arg(&*gate.mem).arg(&*up.mem).arg(&mut *out.mem).arg(&code).arg(&n);
         // SAFETY: as in embedding.
         let r = unsafe { l.launch(Self::elementwise_cfg(len, OP)?) };
@@ -1333,7 +1333,7 @@ impl Backend for CudaBackend {
         need(x, Elem::F32, len, OP, "x")?;
         let f = &self.kernels.scale.f;
         let n = len as u64;
-        let mut l = self.stream.launch_builder(f);
+        let mut l = self.launch_args(f);
         l.arg(&mut *x.mem).arg(&factor).arg(&n);
         // SAFETY: as in embedding.
         let r = unsafe { l.launch(Self::elementwise_cfg(len, OP)?) };
