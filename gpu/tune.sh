@@ -22,6 +22,8 @@
 # and 128, each row's fraction of the copy floor; the non-default ones also pass the op suite
 # and the GPU-only tests first), TANDEM_TUNE_BW_GBS (the copy floor, GB/s; default: check.sh's
 # ceilings.json, else 4200),
+# TANDEM_TUNE_PDL=0 to skip programmatic dependent launch (TANDEM_CUDA_PDL=1: its GPU-only tests
+# and compare, then decode b1 / b64 with it off and on, one after the other),
 # TANDEM_TUNE_NCU=0 to skip ncu, TANDEM_TUNE_MOE=0 to skip the mixture-of-experts paths
 # (TANDEM_CUDA_MOE=routed against dense: tiny-qwen3-moe compared on both, then decode b1 / b64
 # and prefill 2048 timed on qwen3-30b-a3b-2l, Qwen3-30B-A3B's layer in 2 layers).
@@ -81,6 +83,12 @@ for av in $ATTN_VARIANTS; do
     NEED=20 step "test-ops [attn $av]" 120 env TANDEM_CUDA_ATTENTION="$av" "$BIN" test-ops --backend cuda
     [ -x "$HERE/cuda-tests" ] && NEED=20 PICK='test result|panicked|FAILED' step "cuda tests [attn $av]" 90 env TANDEM_CUDA_ATTENTION="$av" TANDEM_REQUIRE_CUDA=1 "$HERE/cuda-tests" --test-threads 1 gpu_invariance:: graphs::
 done
+# Programmatic dependent launch (TANDEM_CUDA_PDL=1, sm_90+; kernels/README.md): the GPU-only
+# tests (graphs:: replays captured steps, whose kernel edges become programmatic) and a compare.
+if [ "${TANDEM_TUNE_PDL:-1}" = 1 ]; then
+    [ -x "$HERE/cuda-tests" ] && NEED=20 PICK='test result|panicked|FAILED' step "cuda tests [pdl 1]" 90 env TANDEM_CUDA_PDL=1 TANDEM_REQUIRE_CUDA=1 "$HERE/cuda-tests" --test-threads 1 gpu_invariance:: graphs::
+    NEED=10 step "compare tiny [pdl 1]" 60 env TANDEM_CUDA_PDL=1 "$BIN" compare --backend cuda --model "$TINY"
+fi
 [ -n "$GEN_PID" ] && wait "$GEN_PID"
 
 # 2. Timings: the GEMM lab at the m each variant changes, prefill 2048 and decode b1 / b64.
@@ -95,6 +103,18 @@ for v in $VARIANTS; do
     NEED=20 PICK='decode tok/s' step "decode b1,b64 [$v]" 60 "${E[@]}" "$BIN" bench decode --backend cuda --model "$BENCH_DIR" --prompt-len 512 --max-tokens 64 --batch-sizes 1,64 --runs 2 --max-num-batched-tokens 2048 --output-dir "$WORK/raw" --name "decode-$L-$M-$S"
     grep -E '^\| decode tok/s' "$WORK/logs/decode_b1_b64__${v//:/_}_.log" 2>/dev/null | awk -F'|' -v v="$v" '{gsub(/^ +| +$/, "", $2); gsub(/^ +| +$/, "", $3); print v "\t" $2 "\t" $3}' >>"$OUT/tune.tsv"
 done
+
+# 2a. Programmatic dependent launch off and on, the default kernels, decode b1 / b64 one after
+#     the other in this call (the decode step is a captured graph; with TANDEM_CUDA_PDL=1 each
+#     kernel's prologue, the decode GEMMs' first weight loads, overlaps the previous one's tail).
+if [ "${TANDEM_TUNE_PDL:-1}" = 1 ]; then
+    for P in 0 1; do
+        NEED=20 PICK='decode tok/s' step "decode b1,b64 [pdl $P]" 60 env TANDEM_CUDA_PDL=$P "$BIN" bench decode --backend cuda --model "$BENCH_DIR" --prompt-len 512 --max-tokens 64 --batch-sizes 1,64 --runs 2 --max-num-batched-tokens 2048 --output-dir "$WORK/raw" --name "decode-pdl-$P"
+        grep -E '^\| decode tok/s' "$WORK/logs/decode_b1_b64__pdl_${P}_.log" 2>/dev/null | awk -F'|' -v v="pdl $P" '{gsub(/^ +| +$/, "", $2); gsub(/^ +| +$/, "", $3); print v "\t" $2 "\t" $3}' >>"$OUT/tune.tsv"
+    done
+else
+    printf 'pdl off vs on\t125\t0\tskipped: TANDEM_TUNE_PDL=0\n' >>"$STEPS"
+fi
 
 # 2b. The mixture of experts: every expert over every token (dense) against the routed path
 #     (each expert over its own tokens, crates/cuda/src/moe.rs), the same bits by construction

@@ -10,12 +10,16 @@
 
 extern "C" __global__ void __launch_bounds__(256)
 add(float* __restrict__ acc, const float* __restrict__ x, unsigned long long len) {
+    PDL_WAIT();
+    PDL_LAUNCH_DEPENDENTS();
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < len) acc[i] += x[i];
 }
 
 extern "C" __global__ void __launch_bounds__(256)
 scale(float* __restrict__ x, float factor, unsigned long long len) {
+    PDL_WAIT();
+    PDL_LAUNCH_DEPENDENTS();
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < len) x[i] *= factor;
 }

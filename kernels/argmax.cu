@@ -12,6 +12,8 @@
 
 extern "C" __global__ void __launch_bounds__(512)
 argmax(const float* __restrict__ logits, u32* __restrict__ out, int rows, int vocab) {
+    PDL_WAIT();
+    PDL_LAUNCH_DEPENDENTS();
     __shared__ float sv[512];
     __shared__ int si[512];
     const int r = blockIdx.x;
@@ -71,6 +73,8 @@ __device__ __forceinline__ void amx_tree(float* sv, int* si, float v, int idx) {
 
 extern "C" __global__ void __launch_bounds__(256)
 argmax_partial(const float* __restrict__ logits, u32* __restrict__ part, int rows, int vocab, int chunks) {
+    PDL_WAIT();
+    PDL_LAUNCH_DEPENDENTS();
     __shared__ float sv[256];
     __shared__ int si[256];
     const int c = blockIdx.x, r = blockIdx.y;
@@ -89,6 +93,8 @@ argmax_partial(const float* __restrict__ logits, u32* __restrict__ part, int row
 
 extern "C" __global__ void __launch_bounds__(256)
 argmax_fold(const u32* __restrict__ part, u32* __restrict__ out, int rows, int chunks) {
+    PDL_WAIT();
+    PDL_LAUNCH_DEPENDENTS();
     __shared__ float sv[256];
     __shared__ int si[256];
     const int r = blockIdx.x;

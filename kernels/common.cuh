@@ -18,6 +18,29 @@
 typedef unsigned int u32;
 typedef unsigned short u16;
 
+// Programmatic dependent launch (PDL, sm_90+; TANDEM_CUDA_PDL=1, kernels/README.md "Programmatic
+// dependent launch"). A kernel the host may launch with the programmatic-stream-serialization
+// attribute calls PDL_WAIT() in every thread before it reads or writes any global memory that an
+// earlier kernel writes or reads (before that, only weights, parameters and its own shared
+// memory), and PDL_LAUNCH_DEPENDENTS() once the next kernel may start its own prologue.
+// griddepcontrol.wait blocks until every prerequisite grid has completed and its memory
+// operations are performed and visible to this grid (PTX ISA 8.x, "griddepcontrol"; CUDA C++
+// Programming Guide, "Programmatic Dependent Launch and Synchronization": the dependent's
+// cudaGridDependencySynchronize waits for the primary's completion and flush, whatever the
+// primary's trigger point), so the trigger's position affects only when the dependent's blocks
+// get scheduled, never what they read after their wait. Without the attribute (or below sm_90)
+// both are no-ops: the launch is fully serialized as before.
+#if defined(TANDEM_HOST_EMU)
+#define PDL_WAIT() emu::pdl_wait()
+#define PDL_LAUNCH_DEPENDENTS() emu::pdl_launch_dependents()
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define PDL_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
+#define PDL_LAUNCH_DEPENDENTS() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
+#else
+#define PDL_WAIT() ((void)0)
+#define PDL_LAUNCH_DEPENDENTS() ((void)0)
+#endif
+
 // Storage types: distinct structs so templates can tell bf16 from f16.
 struct bf16_t { u16 bits; };
 struct f16_t { u16 bits; };

@@ -12,6 +12,8 @@
 template <typename T>
 __device__ void embedding_impl(const T* __restrict__ table, const u32* __restrict__ ids, float* __restrict__ out,
                                int num_tokens, int hidden, int vocab) {
+    PDL_WAIT();
+    PDL_LAUNCH_DEPENDENTS();
     const int t = blockIdx.x;
     if (t >= num_tokens) return;
     const u32 id = ids[t];

@@ -9,6 +9,8 @@
 extern "C" __global__ void __launch_bounds__(256)
 gather_rows(const float* __restrict__ src, const u32* __restrict__ rows, float* __restrict__ out,
             int n, int dim, int src_rows) {
+    PDL_WAIT();
+    PDL_LAUNCH_DEPENDENTS();
     const int i = blockIdx.x;
     if (i >= n) return;
     const u32 r = rows[i];

@@ -26,6 +26,8 @@ template <typename KV>
 __device__ __forceinline__ void kv_write_impl(const float* __restrict__ k, const float* __restrict__ v, KV* __restrict__ k_cache,
                                               KV* __restrict__ v_cache, const u32* __restrict__ slots, int num_tokens,
                                               int row_len, unsigned long long num_slots) {
+    PDL_WAIT();
+    PDL_LAUNCH_DEPENDENTS();
     const int t = blockIdx.x;
     if (t >= num_tokens) return;
     const u32 slot = slots[t];
@@ -55,6 +57,8 @@ __device__ __forceinline__ void rope_kv_write_impl(float* __restrict__ q, const 
                                                    KV* __restrict__ k_cache, KV* __restrict__ v_cache, const u32* __restrict__ positions,
                                                    const float* __restrict__ inv_freq, const u32* __restrict__ slots, int num_tokens,
                                                    int q_heads, int kv_heads, int head_dim, unsigned long long num_slots) {
+    PDL_WAIT();
+    PDL_LAUNCH_DEPENDENTS();
     const int t = blockIdx.x;
     if (t >= num_tokens) return;
     const int half = head_dim >> 1, row_len = kv_heads * head_dim;

@@ -109,6 +109,8 @@
 // x f32 -> the 16-bit operand format, rows padded with zeros to kp (a multiple of 8).
 template <typename T>
 __device__ void matmul_x_impl(const float* __restrict__ x, u16* __restrict__ xa, int m, int k, int kp) {
+    PDL_WAIT();
+    PDL_LAUNCH_DEPENDENTS();
     const int r = blockIdx.x;
     if (r >= m) return;
     for (int i = threadIdx.x; i < kp; i += blockDim.x)
@@ -442,6 +444,8 @@ __device__ void matmul_tc_impl(const float* __restrict__ x, const u16* __restric
             if (s < nt) gemm_load_tile<T, S>(As + s * S::A_ELEMS, Bs + s * S::B_ELEMS, x, xa, w, m, n, k, kp, m0, n0, kt_begin + s, nm, s_inv, TILE_W);
             cp_async_commit();
         }
+        PDL_WAIT();  // above: weights only (PDL: they stream while the previous kernel drains)
+        PDL_LAUNCH_DEPENDENTS();
         norm_prologue<S>(nm, x, m, k, m0, s_inv);
 #pragma unroll
         for (int s = 0; s < S::STAGES - 1; ++s) {
@@ -449,6 +453,8 @@ __device__ void matmul_tc_impl(const float* __restrict__ x, const u16* __restric
             cp_async_commit();
         }
     } else {
+        PDL_WAIT();  // the tiles below load x with the weights
+        PDL_LAUNCH_DEPENDENTS();
 #pragma unroll
         for (int s = 0; s < S::STAGES - 1; ++s) {
             if (s < nt) {
@@ -662,6 +668,8 @@ __device__ __forceinline__ void matmul_tc_finish(float (&total)[S::MI][S::NJ][4]
 #ifdef TANDEM_HOST_EMU
 __device__ void matmul_fold_impl(const float* __restrict__ part, const void* __restrict__ bias, int bias_dtype, float* __restrict__ out,
                                  int m, int n, int slices) {
+    PDL_WAIT();
+    PDL_LAUNCH_DEPENDENTS();
     const size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x, mn = (size_t)m * n;
     if (e >= mn) return;
     float v = part[e];
@@ -679,6 +687,8 @@ __device__ void matmul_fold_impl(const float* __restrict__ part, const void* __r
 
 __device__ void matmul_tiled_f32_impl(const float* __restrict__ x, const float* __restrict__ w, const void* __restrict__ bias,
                                       int bias_dtype, float* __restrict__ out, int m, int n, int k) {
+    PDL_WAIT();
+    PDL_LAUNCH_DEPENDENTS();
     // Transposed tiles ([k][row]) so the inner loop reads rows and columns as broadcasts and
     // consecutive words; +1 padding keeps the transposing stores free of bank conflicts.
     __shared__ float xs[TK][TM + 1];
@@ -899,6 +909,8 @@ __device__ void matmul_gemv_impl(const float* __restrict__ x, const u16* __restr
     // The norm's pass and x's K range, once (the bits gemm_load_tile stores per k tile), after
     // the first weights are in flight; a barrier before x is read.
     auto stage_x = [&]() {
+        PDL_WAIT();  // before: the first weights only (PDL: in flight while the previous kernel drains)
+        PDL_LAUNCH_DEPENDENTS();
         if (nm.dtype) norm_prologue<S>(nm, x, m, k, m0, s_inv);
         const int cover = nch * S::BK;
         for (int e = threadIdx.x; e < rows * cover; e += S::THREADS) {

@@ -124,6 +124,8 @@ __device__ __forceinline__ void paged_attention_partial_impl(
     float* __restrict__ out, float* __restrict__ part_out, float* __restrict__ part_ml, u32* __restrict__ counters, int num_tokens,
     int num_heads, int num_kv_heads, int head_dim, int block_size, int num_blocks, int num_seqs, int max_blocks, int max_parts,
     float scale, int window) {
+    PDL_WAIT();
+    PDL_LAUNCH_DEPENDENTS();
     // One of each per group (head); the key slots are the same for every head of the block.
     __shared__ float q_all[PA_MAX_PACK][PA_MAX_D];
     __shared__ int last_all[PA_MAX_PACK];
@@ -276,6 +278,8 @@ paged_attention_combine(const float* __restrict__ part_out, const float* __restr
                         const u32* __restrict__ positions, const u32* __restrict__ token_seq,
                         float* __restrict__ out, int num_tokens, int num_heads, int num_kv_heads,
                         int head_dim, int block_size, int num_seqs, int max_blocks, int max_parts, int window) {
+    PDL_WAIT();
+    PDL_LAUNCH_DEPENDENTS();
     const int t = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
     if (t >= num_tokens || h >= num_heads) return;
     const int D = head_dim;
@@ -660,6 +664,8 @@ __device__ __forceinline__ void pat_job(const PatArgs& a, int t0, int nt, int kh
 
 template <int D>
 __device__ __forceinline__ void paged_attention_tc_impl(const PatArgs& a) {
+    PDL_WAIT();
+    PDL_LAUNCH_DEPENDENTS();
     TANDEM_DYNAMIC_SMEM(smem_raw);
     const int warp = (int)threadIdx.x >> 5;
     bf16_t* stage = (bf16_t*)smem_raw + (size_t)warp * 2 * PAT_SUB * (D + 8);
@@ -962,6 +968,8 @@ __device__ __forceinline__ void patd_job(const PatArgs& a, int t0, int nt, int k
 // One warp a block: block b is job b (chunk jobs first, then split jobs, as in tc).
 template <int D>
 __device__ __forceinline__ void paged_attention_tc_deep_impl(const PatArgs& a) {
+    PDL_WAIT();
+    PDL_LAUNCH_DEPENDENTS();
     TANDEM_DYNAMIC_SMEM(smem_raw);
     const int H = a.num_heads, KVH = a.num_kv_heads;
     if (KVH < 1 || H % KVH != 0 || a.tw < 1) return;

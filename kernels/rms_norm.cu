@@ -17,6 +17,8 @@
 template <typename T>
 __device__ void rms_norm_impl(const float* __restrict__ x, const T* __restrict__ w, void* __restrict__ out, int out_code,
                               int rows, int dim, float eps) {
+    PDL_WAIT();
+    PDL_LAUNCH_DEPENDENTS();
     __shared__ float scratch[32];
     const int r = blockIdx.x;
     if (r >= rows) return;
@@ -41,6 +43,8 @@ RMS_NORM(rms_norm_f16, f16_t)
 template <typename T>
 __device__ void add_rms_norm_impl(float* __restrict__ acc, const float* __restrict__ x, const T* __restrict__ w, void* __restrict__ out,
                                   int out_code, int rows, int dim, float eps) {
+    PDL_WAIT();
+    PDL_LAUNCH_DEPENDENTS();
     __shared__ float scratch[32];
     const int r = blockIdx.x;
     if (r >= rows) return;

@@ -15,6 +15,8 @@
 extern "C" __global__ void __launch_bounds__(128)
 rope(float* __restrict__ q, float* __restrict__ k, const u32* __restrict__ positions,
      const float* __restrict__ inv_freq, int num_tokens, int q_heads, int kv_heads, int head_dim) {
+    PDL_WAIT();
+    PDL_LAUNCH_DEPENDENTS();
     const int t = blockIdx.x;
     if (t >= num_tokens) return;
     const int half = head_dim >> 1;

@@ -17,6 +17,8 @@
 extern "C" __global__ void __launch_bounds__(256)
 silu_mul(const float* __restrict__ gate, const float* __restrict__ up, void* __restrict__ out, int out_code,
          unsigned long long len) {
+    PDL_WAIT();
+    PDL_LAUNCH_DEPENDENTS();
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < len) {
         const float g = gate[i];
@@ -27,6 +29,8 @@ silu_mul(const float* __restrict__ gate, const float* __restrict__ up, void* __r
 extern "C" __global__ void __launch_bounds__(256)
 gelu_tanh_mul(const float* __restrict__ gate, const float* __restrict__ up, void* __restrict__ out, int out_code,
               unsigned long long len) {
+    PDL_WAIT();
+    PDL_LAUNCH_DEPENDENTS();
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < len) {
         const float g = gate[i];

@@ -139,6 +139,7 @@ struct Fiber {
     std::vector<Copy> pending;
     long committed = 0;
     bool done = false;
+    bool pdl_waited = false, pdl_at_wait = false;  // PDL_WAIT passed / parked at it (pdl_wait)
     unsigned char* stack = nullptr;  // mmap'd, lowest page a guard
 #if defined(__x86_64__)
     void* sp = nullptr;
@@ -194,7 +195,8 @@ struct Block {
     // wgmma.h's side state of the block running here (per thread: wgmma ops and fences; the TMA
     // copies pending), kept with the block so that interleaved blocks do not share it.
     std::shared_ptr<void> wgmma_side, tma_side;
-    explicit Block(unsigned n) : bar(n) {
+    unsigned first = 0, threads = 0;  // its fibers: sched.fibers[first .. first + threads)
+    explicit Block(unsigned n) : bar(n), threads(n) {
         for (unsigned i = 0; i < n / 32; ++i) warps.emplace_back(new Warp());
     }
 };
@@ -422,6 +424,7 @@ inline void reset(Fiber& f) {
     f.pending.clear();
     f.committed = 0;
     f.done = false;
+    f.pdl_waited = f.pdl_at_wait = false;
 #if defined(__x86_64__)
     // tandem_emu_switch pops six registers and returns: the return address is fiber_main, at
     // a 16-byte aligned slot, so fiber_main starts with rsp = 8 mod 16 as if called.
@@ -471,6 +474,112 @@ inline void run_block() {
     }
 }
 
+// Programmatic dependent launch (kernels/common.cuh PDL_WAIT / PDL_LAUNCH_DEPENDENTS). A launch
+// the caller marks as a dependent (`pdl.primary` set: the fake driver, for a launch with the
+// programmatic-stream-serialization attribute that follows another kernel) runs BEFORE its
+// primary, which runs from inside it: once every thread of the first block to get there is
+// parked at its PDL_WAIT (or has returned), the primary grid runs to completion, then the
+// dependent goes on. So whatever a dependent reads before its wait it reads from memory its
+// primary has not written yet (the previous step's values, or 0xFF poison), as a GPU may let
+// it: a read of the primary's output above the wait gives wrong bits (the blocks resident
+// beside the first, in the interleaved order, have run part of their prologue too). With
+// `pdl.late` (a deliberate break), the primary runs only after the first block of the
+// dependent has finished, as if that block had no wait at all. Per thread: at most one
+// PDL_WAIT, and PDL_LAUNCH_DEPENDENTS only after it (our convention, kernels/README.md).
+struct Pdl {
+    void (*primary)(void*) = nullptr;  // runs the primary grid; cleared once it has run
+    void* arg = nullptr;
+    bool late = false;
+    bool ran_late = false;  // the primary ran because no thread had waited for it
+    unsigned long waits = 0, triggers = 0;  // PDL_WAIT / PDL_LAUNCH_DEPENDENTS calls, all launches
+};
+inline Pdl pdl;
+inline Scheduler* pdl_sched = nullptr;  // the primary's fibers, kept for the next time
+
+// Runs the pending primary grid now, from inside its dependent's launch: the emulator's state
+// of the dependent (scheduler, fibers, block, dims, the `__shared__` section) is set aside and
+// restored, the primary running on a second set of fibers.
+inline void pdl_run_primary() {
+    void (*f)(void*) = pdl.primary;
+    void* arg = pdl.arg;
+    pdl.primary = nullptr;
+    if (!pdl_sched) pdl_sched = new Scheduler();
+    Scheduler* const other = pdl_sched;
+    Fiber* const c = cur;
+    Block* const b = block;
+    const dim3 g = gridDim, bd = blockDim, bi = blockIdx;
+    const unsigned long serial = block_serial, prog = progress;
+    const unsigned long long seed = block_order_seed;
+    const Pdl saved = pdl;
+#if defined(TANDEM_EMU_STRICT)
+    const size_t sec = (size_t)(__stop_tandem_emu_shared - __start_tandem_emu_shared);
+    std::vector<unsigned char> section(__start_tandem_emu_shared, __start_tandem_emu_shared + sec);
+#endif
+    std::swap(sched, *other);
+    cur = nullptr;
+    pdl = Pdl{};  // the primary's own counts are not the dependent's
+    f(arg);
+    std::swap(sched, *other);
+    cur = c;
+    block = b;
+    gridDim = g;
+    blockDim = bd;
+    blockIdx = bi;
+    block_serial = serial;
+    progress = prog + 1;
+    block_order_seed = seed;
+    pdl = saved;
+#if defined(TANDEM_EMU_STRICT)
+    if (sec > 0) std::memcpy(__start_tandem_emu_shared, section.data(), sec);
+#endif
+}
+
+inline void pdl_wait() {
+    if (!cur) die("PDL_WAIT outside a kernel");
+    if (cur->pdl_waited) die("PDL_WAIT twice in one thread");
+    cur->pdl_waited = true;
+    ++pdl.waits;
+    if (!pdl.primary || pdl.late) return;
+    cur->pdl_at_wait = true;
+    ++progress;
+    for (;;) {
+        if (!pdl.primary) break;
+        unsigned parked = 0;
+        for (unsigned i = block->first; i < block->first + block->threads; ++i) {
+            const Fiber& f = *sched.fibers[i];
+            parked += f.done || f.pdl_at_wait;
+        }
+        if (parked == block->threads) {
+            pdl_run_primary();
+            break;
+        }
+        yield();
+    }
+    cur->pdl_at_wait = false;
+}
+
+inline void pdl_launch_dependents() {
+    if (!cur) die("PDL_LAUNCH_DEPENDENTS outside a kernel");
+    if (!cur->pdl_waited) die("PDL_LAUNCH_DEPENDENTS before this thread's PDL_WAIT");
+    ++pdl.triggers;
+}
+
+// After each block: in the late mode (a deliberate break) the primary runs now.
+inline void pdl_block_done() {
+    if (pdl.primary && pdl.late) {
+        pdl.ran_late = true;
+        pdl_run_primary();
+    }
+}
+
+// After the grid: a primary still pending (no thread waited) runs now, and that is recorded.
+inline void pdl_launch_done() {
+    if (pdl.primary) {
+        pdl.ran_late = true;
+        pdl_run_primary();
+    }
+}
+
 #if defined(TANDEM_EMU_STRICT)
 // The fake driver's order: 2 to 4 blocks of the grid (the "slots", drawn from the seed) are
 // resident at once, and after each round of one slot's fibers (every fiber to its next barrier,
@@ -497,6 +606,7 @@ inline void run_interleaved(const std::vector<unsigned long long>& order, unsign
     while (s.fibers.size() < (size_t)n * k) s.fibers.emplace_back(new Fiber());
     for (Slot& sl : slots) {
         sl.b.reset(new Block(n));
+        sl.b->first = (unsigned)(&sl - slots.data()) * n;
         if (shared_bytes > 0) {
             // 1024-byte aligned, as launch() gives (the 128-byte swizzle of wgmma.h needs it).
             sl.arena.reset((unsigned char*)std::aligned_alloc(1024, (shared_bytes + 1023) / 1024 * 1024));
@@ -539,6 +649,7 @@ inline void run_interleaved(const std::vector<unsigned long long>& order, unsign
         block_serial = sl.serial;
         block = sl.b.get();
         if (run_round(i * n, n) == n) {
+            pdl_block_done();
             if (next < order.size()) {
                 start(i);
             } else {
@@ -587,6 +698,7 @@ void launch(dim3 grid, dim3 block, F f, size_t shared_bytes = 0) {
 #if defined(TANDEM_EMU_STRICT)
     if (emu::block_order_seed != 0 && blocks > 1) {
         emu::run_interleaved(order, n, shared_bytes, emu::block_order_seed);
+        emu::pdl_launch_done();
         emu::block = nullptr;
         return;
     }
@@ -604,7 +716,9 @@ void launch(dim3 grid, dim3 block, F f, size_t shared_bytes = 0) {
             s.fibers[t]->tid = dim3{t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
         }
         emu::run_block();
+        emu::pdl_block_done();
     }
+    emu::pdl_launch_done();
     emu::block = nullptr;
 }
 

@@ -4,7 +4,9 @@
 # attention builds and four broken tc_deep builds (attn_break_test.cpp) and a broken routed-MoE combine (moe_break_test.cpp),
 # which must be caught, and a
 # kernel that deadlocks at a barrier (deadlock_test.cpp), which must be reported, not hang, and
-# the fake driver's interleaved block order (interleave_test.cpp, built as crates/fake-cuda does).
+# the fake driver's interleaved block order (interleave_test.cpp, built as crates/fake-cuda does),
+# and its model of programmatic dependent launch with a read above the wait and a defeated wait,
+# which must be caught (pdl_test.cpp).
 # sm90_test.cpp: the emulated wgmma / TMA / mbarrier and the wgmma GEMM (kernels/matmul_sm90.cu),
 # then the same program with each of that kernel's five deliberate breaks (argument 1..5),
 # which must be caught.
@@ -14,7 +16,7 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 out="${TMPDIR:-/tmp}/tandem-emu-test-$$"
 cxx() { "${CXX:-g++}" -std=c++20 -O1 -pthread -Wall -Wno-unused-function -Wno-unknown-pragmas "$@"; }
-trap 'rm -f "$out" "$out-break1" "$out-break2" "$out-break3" "$out-break4" "$out-attn1" "$out-attn2" "$out-attn3" "$out-attn4" "$out-attnd1" "$out-attnd2" "$out-attnd3" "$out-attnd4" "$out-deadlock" "$out-interleave" "$out-moe1" "$out-sm90" "$out.sm90" "$out.log" "$out.breaks" "$out.main"' EXIT
+trap 'rm -f "$out" "$out-break1" "$out-break2" "$out-break3" "$out-break4" "$out-attn1" "$out-attn2" "$out-attn3" "$out-attn4" "$out-attnd1" "$out-attnd2" "$out-attnd3" "$out-attnd4" "$out-deadlock" "$out-interleave" "$out-pdl" "$out-moe1" "$out-sm90" "$out.sm90" "$out.log" "$out.breaks" "$out.main"' EXIT
 cxx -o "$out" "$here/emu_test.cpp" & p0=$!
 cxx -DTANDEM_GEMM_BREAK=1 -o "$out-break1" "$here/break_test.cpp" & p1=$!
 cxx -DTANDEM_GEMM_BREAK=2 -o "$out-break2" "$here/break_test.cpp" & p2=$!
@@ -22,7 +24,8 @@ cxx -DTANDEM_GEMM_BREAK=3 -o "$out-break3" "$here/break_test.cpp" & p3=$!
 cxx -DTANDEM_GEMM_BREAK=4 -o "$out-break4" "$here/break_test.cpp" & p5=$!
 cxx -o "$out-deadlock" "$here/deadlock_test.cpp" & p4=$!
 cxx -DTANDEM_EMU_STRICT -o "$out-interleave" "$here/interleave_test.cpp" & p6=$!
-wait $p0 && wait $p1 && wait $p2 && wait $p3 && wait $p4 && wait $p5 && wait $p6
+cxx -DTANDEM_EMU_STRICT -o "$out-pdl" "$here/pdl_test.cpp" & p7=$!
+wait $p0 && wait $p1 && wait $p2 && wait $p3 && wait $p4 && wait $p5 && wait $p6 && wait $p7
 cxx -DTANDEM_MOE_BREAK=1 -o "$out-moe1" "$here/moe_break_test.cpp" & pm=$!
 cxx -Wno-psabi -o "$out-sm90" "$here/sm90_test.cpp" & psm=$!
 pids=()
@@ -81,6 +84,7 @@ breaks() {
         s=1
     fi
     "$out-interleave" || s=1
+    "$out-pdl" || s=1
     return $s
 }
 # The checks print one line each; the broken builds' lines come first, then the checks'.

@@ -210,10 +210,11 @@ pub fn cuda_tests(root: &Path, env: &FakeEnv) -> Result<Counts> {
 /// and 64 with hidden 576: tensor-core attention, split K, the fused paths; tiny-qwen3: the
 /// per-head q/k norms; tiny-qwen3-moe: the MoE kernels, captured; tiny-gemma3: GeGLU, the
 /// scaled embedding, sandwich norms, two ropes and a window; tiny-hd128 once more with
-/// `TANDEM_CUDA_ATTENTION=tc_deep`), and `tandem serve` answering requests ([`serve_check`])
-/// and preempting over HTTP ([`preempt_check`]). Each `tandem` command counts as one test.
-/// `tandem`: a binary already built (a workspace `cargo test` builds one; building `-p
-/// tandem-cli` alone resolves other features and recompiles much).
+/// `TANDEM_CUDA_ATTENTION=tc_deep`, and with `TANDEM_CUDA_PDL=1`, as is the op suite), and
+/// `tandem serve` answering requests ([`serve_check`]) and preempting over HTTP
+/// ([`preempt_check`]). Each `tandem` command counts as one test. `tandem`: a binary already
+/// built (a workspace `cargo test` builds one; building `-p tandem-cli` alone resolves other
+/// features and recompiles much).
 pub fn group(root: &Path, tandem: Option<PathBuf>) -> Result<Counts> {
     let t = Instant::now();
     let env = prepare(root)?;
@@ -238,6 +239,10 @@ pub fn group(root: &Path, tandem: Option<PathBuf>) -> Result<Counts> {
     let mut commands: Vec<(String, Vec<String>)> = vec![(format!("op suite on cuda (seed {seed})"), ["test-ops", "--backend", "cuda", "--seed", &seed].map(String::from).to_vec())];
     // The wgmma + TMA GEMM (sm_90a; the fake driver says sm_90): the suite's matmul cases above
     // 128 rows take it.
+    // Programmatic dependent launch: every op's kernels launched with the attribute, so a kernel
+    // of PDL_FILES that never waits fails its launch (the fake's check), and every edge between
+    // two of an op's kernels runs dependent-first (crates/cuda/src/launch.rs).
+    commands.push((format!("op suite on cuda, TANDEM_CUDA_PDL=1 (seed {seed})"), ["TANDEM_CUDA_PDL=1", "test-ops", "--backend", "cuda", "--seed", &seed].map(String::from).to_vec()));
     commands.push(("matmul on cuda, TANDEM_CUDA_GEMM_LARGE=wgmma".into(), ["TANDEM_CUDA_GEMM_LARGE=wgmma", "test-ops", "--backend", "cuda", "--op", "matmul", "--seed", &seed].map(String::from).to_vec()));
     for shape in ["tiny-hd128", "small-hd64", "tiny-qwen3", "tiny-qwen3-moe", "tiny-gemma3"] {
         let dir = models.join(shape);
@@ -256,8 +261,13 @@ pub fn group(root: &Path, tandem: Option<PathBuf>) -> Result<Counts> {
             // The tc_deep attention variant (TANDEM_CUDA_ATTENTION; head_dim 128: its
             // shared-memory opt-in), through the same compare.
             let mut deep = vec!["TANDEM_CUDA_ATTENTION=tc_deep".to_string()];
-            deep.extend(args);
+            deep.extend(args.clone());
             commands.push((format!("compare cuda (attention tc_deep) vs reference, {shape}"), deep));
+            // Programmatic dependent launch: every kernel of the files that wait launched as a
+            // dependent of the one before it, which the fake runs first (kernels/README.md).
+            let mut pdl = vec!["TANDEM_CUDA_PDL=1".to_string()];
+            pdl.extend(args);
+            commands.push((format!("compare cuda (TANDEM_CUDA_PDL=1) vs reference, {shape}"), pdl));
         }
     }
     let serve_checks = [

@@ -8,7 +8,7 @@
 //! so a token's bits never follow the batch.
 //! A child module of `backend`, so it shares that module's private helpers.
 
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchConfig};
 use tandem_core::backend::{AttnArgs, KvDtype, WorkspaceLimits};
 use tandem_core::Result;
 
@@ -187,7 +187,7 @@ impl CudaBackend {
         }
         if parts == 1 {
             // Direct path: the scratch pointers are never touched; q stands in for them.
-            let mut l = self.stream.launch_builder(&partial.f);
+            let mut l = self.launch_args(&partial.f);
             l.arg(&*a.q.mem).arg(&*a.k_cache.mem).arg(&*a.v_cache.mem).arg(&*a.positions.mem).arg(&*a.token_seq.mem).arg(&*a.block_tables.mem);
             l.arg(&mut *out.mem).arg(&*a.q.mem).arg(&*a.q.mem).arg(&*a.q.mem);
             l.arg(&ti).arg(&hi).arg(&kvi).arg(&di).arg(&bsi).arg(&nbi).arg(&nsi).arg(&mbi).arg(&pi).arg(&a.scale).arg(&window);
@@ -221,7 +221,7 @@ impl CudaBackend {
         let AttnScratch { part_out: Some(po), part_ml: Some(pm), counters: Some(cn), .. } = &mut *s else {
             return Err(err(format!("{OP}: scratch missing after allocation")));
         };
-        let mut l = self.stream.launch_builder(&partial.f);
+        let mut l = self.launch_args(&partial.f);
         l.arg(&*a.q.mem).arg(&*a.k_cache.mem).arg(&*a.v_cache.mem).arg(&*a.positions.mem).arg(&*a.token_seq.mem).arg(&*a.block_tables.mem);
         // The last partition block of each (token, head) combines (kernels/paged_attention.cu).
         l.arg(&mut *out.mem).arg(&mut *po).arg(&mut *pm).arg(&mut *cn);
@@ -286,7 +286,7 @@ impl CudaBackend {
         for i in 0..10 {
             v[i] = i32_of(ints[i], OP, names[i])?;
         }
-        let mut l = self.stream.launch_builder(&k.f);
+        let mut l = self.launch_args(&k.f);
         l.arg(&*a.q.mem).arg(&*a.k_cache.mem).arg(&*a.v_cache.mem).arg(&*a.positions.mem).arg(&*a.token_seq.mem).arg(&*a.block_tables.mem);
         l.arg(&mut *out.mem);
         let sc = &mut *s;

@@ -39,6 +39,8 @@ mod attention;
 mod sampling;
 #[path = "moe.rs"]
 mod moe;
+#[path = "launch.rs"]
+mod launch;
 use matmul::{GemmOut, GEMM_COUNTERS, GEMM_PART_FLOATS};
 #[cfg(test)]
 use matmul::gemm_kernel;
@@ -534,6 +536,9 @@ pub struct CudaBackend {
     graphs: Mutex<graph::Graphs>,
     capturing: std::sync::atomic::AtomicBool,
     sync_each: bool,
+    /// `TANDEM_CUDA_PDL=1` on sm_90+: the kernels (CUfunction handles) launched with
+    /// programmatic dependent launch ([`launch::PDL_FILES`]); empty otherwise.
+    pdl: std::collections::HashSet<usize>,
     /// Keep every activation in f32 (`TANDEM_CUDA_ACTIVATIONS=f32`, or
     /// [`CudaBackend::set_f32_activations`]): the same bits, more bytes; for checks.
     f32_activations: bool,
@@ -582,8 +587,20 @@ impl CudaBackend {
         let include = Toolchain::discover().include_dir;
         let images = compile_modules(&srcs, &arch, include.as_ref())?;
         let mut funcs = HashMap::new();
+        let pdl_on = launch::pdl_switch().map_err(err)?;
+        if pdl_on && maj < 9 {
+            tracing::warn!("TANDEM_CUDA_PDL=1: GPU {device_ordinal} is sm_{arch}, below sm_90; launching without it");
+        }
+        let mut pdl_names = std::collections::HashSet::new();
         for (src, image) in srcs.iter().zip(images) {
             let cubin = matches!(image, Image::Cubin(_));
+            let before: std::collections::HashSet<String> = funcs.keys().cloned().collect();
+            let pdl_file = launch::PDL_FILES.contains(&src.name.as_str());
+            let mut note = |funcs: &HashMap<String, CudaFunction>| {
+                if pdl_file {
+                    pdl_names.extend(funcs.keys().filter(|k| !before.contains(*k)).cloned());
+                }
+            };
             if let Err(e) = load_module(&ctx, src, image, &mut funcs) {
                 if !cubin {
                     return Err(e);
@@ -593,8 +610,17 @@ impl CudaBackend {
                 tracing::warn!("{}.cu: the driver refused its sm_{arch} cubin ({e}); loading PTX instead", src.name);
                 load_module(&ctx, src, Image::Ptx(compile_ptx_cached(src, &arch, include.as_ref())?), &mut funcs)?;
             }
+            note(&funcs);
         }
         let loaded = funcs.len();
+        let pdl: std::collections::HashSet<usize> = if pdl_on && maj >= 9 {
+            pdl_names.iter().filter_map(|n| funcs.get(n)).map(|f| f.cu_function() as usize).collect()
+        } else {
+            Default::default()
+        };
+        if !pdl.is_empty() {
+            tracing::info!("cuda: programmatic dependent launch for {} kernels (TANDEM_CUDA_PDL)", pdl.len());
+        }
         let wgmma = if variants.wgmma {
             let mut k = |name: &'static str| -> Result<Kernel<CudaFunction>> {
                 let f = funcs.remove(name).ok_or_else(|| err(format!("kernel `{name}` is not in the loaded modules (kernels/matmul_sm90.cu)")))?;
@@ -653,6 +679,7 @@ impl CudaBackend {
             graphs: Mutex::new(graph::Graphs::default()),
             capturing: std::sync::atomic::AtomicBool::new(false),
             sync_each,
+            pdl,
             f32_activations,
             arch,
             device_name,
@@ -691,6 +718,16 @@ impl CudaBackend {
     /// the difference over one forward is its launch count, what the fused ops bring down.
     pub fn launches(&self) -> u64 {
         self.launches.load(Ordering::Relaxed)
+    }
+
+    /// A launch of `f` on the stream, with programmatic dependent launch where it is on for `f`.
+    fn launch_args<'a>(&'a self, f: &'a CudaFunction) -> launch::Launch<'a> {
+        launch::Launch::new(&self.stream, f, !self.pdl.is_empty() && self.pdl.contains(&(f.cu_function() as usize)))
+    }
+
+    /// Whether kernels are launched with programmatic dependent launch (`TANDEM_CUDA_PDL=1` on sm_90+).
+    pub fn pdl(&self) -> bool {
+        !self.pdl.is_empty()
     }
 
     /// Turns a launch result into ours and, in sync mode, waits for the kernel.
@@ -1092,7 +1129,7 @@ impl Backend for CudaBackend {
         need(out, Elem::F32, num_tokens * hidden, OP, "out")?;
         let k = &self.kernels.embedding[wi];
         let (t, h, v) = (i32_of(num_tokens, OP, "num_tokens")?, i32_of(hidden, OP, "hidden")?, i32_of(table.len / hidden, OP, "vocab")?);
-        let mut l = self.stream.launch_builder(&k.f);
+        let mut l = self.launch_args(&k.f);
         l.arg(&*table.mem).arg(&*ids.mem).arg(&mut *out.mem).arg(&t).arg(&h).arg(&v);
         // SAFETY: argument list matches the kernel signature; lengths checked above.
         let r = unsafe { l.launch(cfg((t as u32, 1, 1), 256)) };
@@ -1109,7 +1146,7 @@ impl Backend for CudaBackend {
         need(out, Elem::F32, n * dim, OP, "out")?;
         let f = &self.kernels.gather_rows.f;
         let (ni, di, sr) = (i32_of(n, OP, "n")?, i32_of(dim, OP, "dim")?, i32_of(src.len / dim, OP, "src rows")?);
-        let mut l = self.stream.launch_builder(f);
+        let mut l = self.launch_args(f);
         l.arg(&*src.mem).arg(&*rows.mem).arg(&mut *out.mem).arg(&ni).arg(&di).arg(&sr);
         // SAFETY: as in embedding.
         let r = unsafe { l.launch(cfg((ni as u32, 1, 1), 256)) };
@@ -1126,7 +1163,7 @@ impl Backend for CudaBackend {
         let code = need_act(out, rows * dim, OP, "out")?;
         let k = &self.kernels.rms_norm[wi];
         let (ri, di) = (i32_of(rows, OP, "rows")?, i32_of(dim, OP, "dim")?);
-        let mut l = self.stream.launch_builder(&k.f);
+        let mut l = self.launch_args(&k.f);
         l.arg(&*x.mem).arg(&*w.mem).arg(&mut *out.mem).arg(&code).arg(&ri).arg(&di).arg(&eps);
         // SAFETY: as in embedding.
         let r = unsafe { l.launch(cfg((ri as u32, 1, 1), 256)) };
@@ -1142,7 +1179,7 @@ impl Backend for CudaBackend {
         need(x, Elem::F32, len, OP, "x")?;
         let f = &self.kernels.add.f;
         let n = len as u64;
-        let mut l = self.stream.launch_builder(f);
+        let mut l = self.launch_args(f);
         l.arg(&mut *acc.mem).arg(&*x.mem).arg(&n);
         // SAFETY: as in embedding.
         let r = unsafe { l.launch(Self::elementwise_cfg(len, OP)?) };
@@ -1162,7 +1199,7 @@ impl Backend for CudaBackend {
         let k = &self.kernels.add_rms_norm[wi];
         let (ri, di) = (i32_of(rows, OP, "rows")?, i32_of(dim, OP, "dim")?);
         i32_of(rows * dim, OP, "rows*dim")?;
-        let mut l = self.stream.launch_builder(&k.f);
+        let mut l = self.launch_args(&k.f);
         l.arg(&mut *acc.mem).arg(&*x.mem).arg(&*w.mem).arg(&mut *out.mem).arg(&code).arg(&ri).arg(&di).arg(&eps);
         // SAFETY: as in embedding.
         let r = unsafe { l.launch(cfg((ri as u32, 1, 1), 256)) };
@@ -1244,7 +1281,7 @@ impl Backend for CudaBackend {
         need(slots, Elem::U32, num_tokens, OP, "slots")?;
         i32_of(num_tokens * (q_heads + kvh) * d, OP, "elements")?;
         let (t, qh, kh, di, ns) = (i32_of(num_tokens, OP, "T")?, i32_of(q_heads, OP, "q_heads")?, i32_of(kvh, OP, "kv_heads")?, i32_of(d, OP, "head_dim")?, g.slots() as u64);
-        let mut l = self.stream.launch_builder(&kern.f);
+        let mut l = self.launch_args(&kern.f);
         l.arg(&mut *q.mem).arg(&*k.mem).arg(&*v.mem).arg(&mut *k_cache.mem).arg(&mut *v_cache.mem).arg(&*positions.mem).arg(&*inv_freq.mem).arg(&*slots.mem);
         l.arg(&t).arg(&qh).arg(&kh).arg(&di).arg(&ns);
         // SAFETY: as in embedding.
@@ -1272,7 +1309,7 @@ impl Backend for CudaBackend {
         i32_of(num_tokens * (q_heads + kv_heads) * head_dim, OP, "elements")?;
         let f = &self.kernels.rope.f;
         let (t, qh, kh, d) = (i32_of(num_tokens, OP, "T")?, i32_of(q_heads, OP, "q_heads")?, i32_of(kv_heads, OP, "kv_heads")?, i32_of(head_dim, OP, "head_dim")?);
-        let mut l = self.stream.launch_builder(f);
+        let mut l = self.launch_args(f);
         l.arg(&mut *q.mem).arg(&mut *k.mem).arg(&*positions.mem).arg(&*inv_freq.mem).arg(&t).arg(&qh).arg(&kh).arg(&d);
         // SAFETY: as in embedding.
         let r = unsafe { l.launch(cfg((t as u32, 1, 1), 128)) };
@@ -1289,7 +1326,7 @@ impl Backend for CudaBackend {
         let code = need_act(out, len, OP, "out")?;
         let f = &self.kernels.silu_mul.f;
         let n = len as u64;
-        let mut l = self.stream.launch_builder(f);
+        let mut l = self.launch_args(f);
         l.arg(&*gate.mem).arg(&*up.mem).arg(&mut *out.mem).arg(&code).arg(&n);
         // SAFETY: as in embedding.
         let r = unsafe { l.launch(Self::elementwise_cfg(len, OP)?) };
@@ -1306,7 +1343,7 @@ impl Backend for CudaBackend {
         let code = need_act(out, len, OP, "out")?;
         let f = &self.kernels.gelu_tanh_mul.f;
         let n = len as u64;
-        let mut l = self.stream.launch_builder(f);
+        let mut l = self.launch_args(f);
         l.arg(&*gate.mem).arg(&*up.mem).arg(&mut *out.mem).arg(&code).arg(&n);
         // SAFETY: as in embedding.
         let r = unsafe { l.launch(Self::elementwise_cfg(len, OP)?) };
@@ -1321,7 +1358,7 @@ impl Backend for CudaBackend {
         need(x, Elem::F32, len, OP, "x")?;
         let f = &self.kernels.scale.f;
         let n = len as u64;
-        let mut l = self.stream.launch_builder(f);
+        let mut l = self.launch_args(f);
         l.arg(&mut *x.mem).arg(&factor).arg(&n);
         // SAFETY: as in embedding.
         let r = unsafe { l.launch(Self::elementwise_cfg(len, OP)?) };
@@ -1386,7 +1423,7 @@ impl Backend for CudaBackend {
         need(slots, Elem::U32, num_tokens, OP, "slots")?;
         let f = &kern.f;
         let (t, rl, ns) = (i32_of(num_tokens, OP, "T")?, i32_of(row, OP, "kv_heads*head_dim")?, g.slots() as u64);
-        let mut l = self.stream.launch_builder(f);
+        let mut l = self.launch_args(f);
         l.arg(&*k.mem).arg(&*v.mem).arg(&mut *k_cache.mem).arg(&mut *v_cache.mem).arg(&*slots.mem).arg(&t).arg(&rl).arg(&ns);
         // SAFETY: as in embedding.
         let r = unsafe { l.launch(cfg((t as u32, 1, 1), 128)) };
@@ -1419,14 +1456,14 @@ impl Backend for CudaBackend {
             // A workspace reserved for fewer logits than these: the one-CTA kernel, same ids.
             if let Some(part) = argmax_part.as_mut().filter(|b| b.len >= words) {
                 let ci = i32_of(chunks, OP, "chunks")?;
-                let mut l = self.stream.launch_builder(&self.kernels.argmax_partial.f);
+                let mut l = self.launch_args(&self.kernels.argmax_partial.f);
                 l.arg(&*logits.mem).arg(&mut *part.mem).arg(&ri).arg(&vi).arg(&ci);
                 // SAFETY: grid (chunks, rows): CTA (c, r) reads row r's logits [c * 4096,
                 // min(vocab, (c + 1) * 4096)) and writes words r * chunks + c and rows * chunks +
                 // r * chunks + c of `part` (2 * rows * chunks words, checked above).
                 let r = unsafe { l.launch(cfg((ci as u32, ri as u32, 1), 256)) };
                 self.launched(self.kernels.argmax_partial.name, r)?;
-                let mut l = self.stream.launch_builder(&self.kernels.argmax_fold.f);
+                let mut l = self.launch_args(&self.kernels.argmax_fold.f);
                 l.arg(&*part.mem).arg(&mut *ids.mem).arg(&ri).arg(&ci);
                 // SAFETY: reads the pairs argmax_partial wrote; writes ids[0..rows].
                 let r = unsafe { l.launch(cfg((ri as u32, 1, 1), 256)) };
@@ -1434,7 +1471,7 @@ impl Backend for CudaBackend {
                 return self.read_u32(ids, rows);
             }
         }
-        let mut l = self.stream.launch_builder(&self.kernels.argmax.f);
+        let mut l = self.launch_args(&self.kernels.argmax.f);
         l.arg(&*logits.mem).arg(&mut *ids.mem).arg(&ri).arg(&vi);
         // SAFETY: as in embedding; ids holds at least `rows` words.
         let r = unsafe { l.launch(cfg((ri as u32, 1, 1), 512)) };

@@ -6,7 +6,7 @@
 //! (matmul_x first).
 //! A child module of `backend`, so it shares that module's private helpers.
 
-use cudarc::driver::{DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{DevicePtr, DeviceRepr, LaunchConfig};
 use tandem_core::weights::TensorView;
 use tandem_core::backend::{DType, KvDest, NormIn};
 use tandem_core::Result;
@@ -238,6 +238,7 @@ pub(super) fn wgmma_applies(m: usize, k: usize, plain: bool, norm: bool) -> bool
 struct TmaArg([u64; 16]);
 // SAFETY: plain bytes, laid out as the kernel's `TmaMap` parameter.
 unsafe impl DeviceRepr for TmaArg {}
+impl super::launch::Plain for TmaArg {}
 
 /// cuTensorMapEncodeTiled for a row-major 16-bit matrix [rows, cols] with row pitch `pitch`
 /// elements: boxes of 64 columns (128 bytes, the 128-byte swizzle's width) x 128 rows, out of
@@ -356,6 +357,7 @@ struct RopeKvArg {
 }
 // SAFETY: plain integers laid out as the kernel's struct (five pointers, a u64, two ints).
 unsafe impl DeviceRepr for RopeKvArg {}
+impl super::launch::Plain for RopeKvArg {}
 
 /// Up to this many tokens a step folds the norms into the projections (`fuses_norm`): every
 /// block of a projection's columns recomputes its rows' norm, reading all of each row of h
@@ -515,7 +517,7 @@ impl CudaBackend {
                 return Err(err(format!("{op}: m = {m} needs more than 65535 row tiles")));
             }
             let kern = &self.kernels.matmul_tiled_f32;
-            let mut l = self.stream.launch_builder(&kern.f);
+            let mut l = self.launch_args(&kern.f);
             l.arg(&*x.mem).arg(&*w.mem).arg(bias_mem).arg(&bias_code).arg(&mut *out.mem).arg(&mi).arg(&ni).arg(&ki);
             // SAFETY: as in embedding.
             let r = unsafe { l.launch(cfg(grid, 256)) };
@@ -564,7 +566,7 @@ impl CudaBackend {
         if !direct && !x16 {
             // wi is 1 (bf16) or 2 (f16) here: f32 weights returned above.
             let kern = &self.kernels.matmul_x[wi - 1];
-            let mut l = self.stream.launch_builder(&kern.f);
+            let mut l = self.launch_args(&kern.f);
             l.arg(&*x.mem).arg(&mut *xa).arg(&mi).arg(&ki).arg(&kpi);
             // SAFETY: as in embedding; xa holds m * kp 16-bit values.
             let r = unsafe { l.launch(cfg((mi as u32, 1, 1), 256)) };
@@ -585,7 +587,7 @@ impl CudaBackend {
                 if grid.1 > 65535 {
                     return Err(err(format!("{op}: m = {m} needs more than 65535 row tiles")));
                 }
-                let mut l = self.stream.launch_builder(&kern.f);
+                let mut l = self.launch_args(&kern.f);
                 l.arg(&xm).arg(&wm).arg(bias_mem).arg(&bias_code).arg(&mut *out.mem).arg(&mi).arg(&ni).arg(&ki).arg(&li);
                 let launch = LaunchConfig { grid_dim: grid, block_dim: (WGMMA_THREADS, 1, 1), shared_mem_bytes: WGMMA_SMEM };
                 // SAFETY: the argument list matches matmul_wgmma_<dt>'s; the tensor maps cover x
@@ -599,7 +601,7 @@ impl CudaBackend {
         let null = 0u64;
         let kern = &self.kernels.matmul_tc[wi - 1][g.index];
         let (li, si) = (i32_of(slice_len, op, "slice_len")?, i32_of(slices, op, "slices")?);
-        let mut l = self.stream.launch_builder(&kern.f);
+        let mut l = self.launch_args(&kern.f);
         if direct && !x16 {
             l.arg(&*x.mem);
         } else {

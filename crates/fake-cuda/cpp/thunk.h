@@ -38,6 +38,15 @@ struct Launch {
     unsigned smem;
     unsigned long long block_order_seed;
     void* const* params;  // one pointer a parameter, to its bytes
+    // Programmatic dependent launch (cuda_emu.h `Pdl`): when `pdl_primary` is set, this grid is
+    // the dependent and pdl_primary(pdl_arg) runs its primary from inside it, at the first
+    // block's PDL_WAIT (`pdl_late`: after the first block). Out: whether the primary had to run
+    // without any thread waiting for it, and this grid's PDL_WAIT calls.
+    void (*pdl_primary)(void*);
+    void* pdl_arg;
+    unsigned pdl_late;
+    unsigned* pdl_ran_late;
+    unsigned long long* pdl_waits;
 };
 
 struct Kernel {
@@ -87,7 +96,15 @@ void run_impl(void (*f)(A...), const Launch& l, std::index_sequence<I...>) {
     // Copied out before the blocks run: a kernel sees its arguments by value, as on a GPU.
     std::tuple<A...> args{*static_cast<const A*>(l.params[I])...};
     emu::block_order_seed = l.block_order_seed;
+    emu::pdl.primary = l.pdl_primary;
+    emu::pdl.arg = l.pdl_arg;
+    emu::pdl.late = l.pdl_late != 0;
+    emu::pdl.ran_late = false;
+    const unsigned long long waits = emu::pdl.waits;
     launch(dim3{l.grid[0], l.grid[1], l.grid[2]}, dim3{l.block[0], l.block[1], l.block[2]}, [&] { std::apply(f, args); }, l.smem);
+    if (l.pdl_ran_late) *l.pdl_ran_late = emu::pdl.ran_late;
+    if (l.pdl_waits) *l.pdl_waits = emu::pdl.waits - waits;
+    emu::pdl = emu::Pdl{nullptr, nullptr, false, false, emu::pdl.waits, emu::pdl.triggers};
     emu::block_order_seed = 0;
 }
 

@@ -13,6 +13,12 @@ pub struct LaunchArgs {
     pub smem: u32,
     pub block_order_seed: u64,
     pub params: *const *const c_void,
+    /// Programmatic dependent launch: runs the primary grid from inside this one (thunk.h).
+    pub pdl_primary: Option<unsafe extern "C" fn(*mut c_void)>,
+    pub pdl_arg: *mut c_void,
+    pub pdl_late: u32,
+    pub pdl_ran_late: *mut u32,
+    pub pdl_waits: *mut u64,
 }
 
 /// cpp/thunk.h `fake::Kernel`.

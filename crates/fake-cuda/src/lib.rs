@@ -26,7 +26,11 @@
 //!   (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, capture invalidated);
 //! - a grid's blocks start in an order shuffled per launch from `TANDEM_FAKE_CUDA_SEED`, 2-4 of
 //!   them interleaved at barriers (kernels/emu/cuda_emu.h, `run_interleaved`), and `__shared__`
-//!   is poisoned before each block.
+//!   is poisoned before each block;
+//! - a kernel launched with programmatic stream serialization (cuLaunchKernelEx) right after
+//!   another runs FIRST, its primary from inside it once the dependent's first block is parked
+//!   at PDL_WAIT (cuda_emu.h `Pdl`), so a read of the primary's output above the wait reads
+//!   stale memory; such a kernel that never waits fails the launch.
 //!
 //! What it cannot tell: the GPU memory model and races between blocks or warps (blocks and
 //! threads switch only at barriers), the hardware's rounding inside an mma,
@@ -503,8 +507,41 @@ pub unsafe extern "C" fn cuLaunchKernel(
         if !extra.is_null() {
             return Err(fail(CUresult::CUDA_ERROR_INVALID_VALUE, "cuLaunchKernel: `extra` is not modelled; pass kernelParams"));
         }
-        let op = s.make_launch(f as usize, [gx, gy, gz], [bx, by, bz], smem, params as *const *const c_void)?;
+        let op = s.make_launch(f as usize, [gx, gy, gz], [bx, by, bz], smem, params as *const *const c_void, false)?;
         s.enqueue(stream as usize, op)
+    })
+}
+
+/// cuLaunchKernel with launch attributes: only programmatic stream serialization is modelled
+/// (a kernel launched with it after another runs as that one's programmatic dependent:
+/// state.rs `run_pair`); any other attribute is refused, by id.
+#[no_mangle]
+pub unsafe extern "C" fn cuLaunchKernelEx(config: *const cudarc::driver::sys::CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult {
+    ctx_call("cuLaunchKernelEx", |s| {
+        if config.is_null() {
+            return Err(fail(CUresult::CUDA_ERROR_INVALID_VALUE, "cuLaunchKernelEx: config is null"));
+        }
+        if !extra.is_null() {
+            return Err(fail(CUresult::CUDA_ERROR_INVALID_VALUE, "cuLaunchKernelEx: `extra` is not modelled; pass kernelParams"));
+        }
+        let c = &*config;
+        if c.numAttrs > 0 && c.attrs.is_null() {
+            return Err(fail(CUresult::CUDA_ERROR_INVALID_VALUE, "cuLaunchKernelEx: numAttrs > 0 with attrs null"));
+        }
+        let mut pdl = false;
+        for i in 0..c.numAttrs as usize {
+            let a = &*c.attrs.add(i);
+            match a.id {
+                cudarc::driver::sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION => {
+                    pdl = a.value.programmaticStreamSerializationAllowed != 0;
+                }
+                other => return Err(fail(CUresult::CUDA_ERROR_INVALID_VALUE, &format!("cuLaunchKernelEx: launch attribute {other:?} is not modelled"))),
+            }
+        }
+        let grid = [c.gridDimX, c.gridDimY, c.gridDimZ];
+        let block = [c.blockDimX, c.blockDimY, c.blockDimZ];
+        let op = s.make_launch(f as usize, grid, block, c.sharedMemBytes, params as *const *const c_void, pdl)?;
+        s.enqueue(c.hStream as usize, op)
     })
 }
 

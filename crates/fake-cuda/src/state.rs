@@ -63,6 +63,30 @@ pub struct Launch {
     seed: u64,
     /// Each argument's bytes, by value (in 8-byte words, zero-filled past its size).
     params: Vec<Vec<u64>>,
+    /// Launched with the programmatic-stream-serialization attribute (cuLaunchKernelEx).
+    pdl: bool,
+}
+
+impl Launch {
+    fn pdl_after(op: &Op) -> Option<&Arc<Launch>> {
+        match op {
+            Op::Launch(l) if l.pdl => Some(l),
+            _ => None,
+        }
+    }
+}
+
+/// A primary grid run from inside its dependent (cuda_emu.h `Pdl`).
+struct Primary<'a> {
+    kernel: HostKernel,
+    args: LaunchArgs,
+    _params: &'a [*const c_void],
+}
+
+unsafe extern "C" fn run_primary(p: *mut c_void) {
+    // SAFETY: `p` is the `Primary` that run_pair keeps alive across the dependent's run.
+    let p = &*(p as *const Primary);
+    p.kernel.run(&p.args);
 }
 
 struct Capture {
@@ -100,6 +124,12 @@ pub struct State {
     next_handle: usize,
     seed: u64,
     launches: u64,
+    /// Graph replays alternate where the pairing of programmatic dependents starts.
+    pdl_parity: u8,
+    /// Kernels run as primary and programmatic dependent (`pdl_pairs`, for the tests' asserts).
+    pub pdl_pairs: u64,
+    /// `TANDEM_FAKE_CUDA_PDL_LATE=1`: the deliberate break of run_pair.
+    pdl_late: bool,
 }
 
 const STATIC_SMEM_LIMIT: usize = 48 * 1024;
@@ -161,6 +191,9 @@ impl State {
             next_handle: 0x1000,
             seed: env_usize("TANDEM_FAKE_CUDA_SEED", 0x7a6d) as u64,
             launches: 0,
+            pdl_parity: 0,
+            pdl_pairs: 0,
+            pdl_late: std::env::var("TANDEM_FAKE_CUDA_PDL_LATE").is_ok_and(|v| v == "1"),
         }
     }
 
@@ -249,8 +282,19 @@ impl State {
                 Some((seq, _)) if *seq < until => {}
                 _ => return Ok(()),
             }
-            let (seq, op) = st.queue.pop_front().expect("front checked");
-            let r = self.execute(&op);
+            let (mut seq, op) = st.queue.pop_front().expect("front checked");
+            // A kernel followed by a programmatic dependent: the two run as a pair.
+            let dependent = match (&op, st.queue.front()) {
+                (Op::Launch(_), Some((next, d))) if *next < until => Launch::pdl_after(d).cloned(),
+                _ => None,
+            };
+            if dependent.is_some() {
+                seq = st.queue.pop_front().expect("front checked").0;
+            }
+            let r = match (&op, dependent) {
+                (Op::Launch(p), Some(d)) => self.run_pair(p, &d),
+                _ => self.execute(&op),
+            };
             if let Some(st) = self.streams.get_mut(&stream) {
                 st.done = seq + 1;
             }
@@ -327,8 +371,26 @@ impl State {
             Op::Record => Ok(()),
             Op::Wait { stream, seq } => self.drain_to(*stream, *seq + 1),
             Op::Graph(ops) => {
-                for o in ops.iter() {
-                    self.execute(o)?;
+                // Kernels followed by programmatic dependents run as pairs (run_pair): from
+                // the first kernel or the second, alternately, so that over replays every
+                // edge of a chain of dependents is exercised.
+                self.pdl_parity ^= 1;
+                let mut i = 0;
+                if self.pdl_parity == 1 && !ops.is_empty() {
+                    self.execute(&ops[0])?;
+                    i = 1;
+                }
+                while i < ops.len() {
+                    match (&ops[i], ops.get(i + 1).and_then(Launch::pdl_after)) {
+                        (Op::Launch(p), Some(d)) => {
+                            self.run_pair(p, d)?;
+                            i += 2;
+                        }
+                        (o, _) => {
+                            self.execute(o)?;
+                            i += 1;
+                        }
+                    }
                 }
                 Ok(())
             }
@@ -336,6 +398,84 @@ impl State {
     }
 
     fn run(&mut self, l: &Launch) -> Res<()> {
+        self.check_pointers(l)?;
+        let ptrs: Vec<*const c_void> = l.params.iter().map(|p| p.as_ptr() as *const c_void).collect();
+        let mut waits = 0u64;
+        let mut args = Self::args(l, &ptrs);
+        args.pdl_waits = &mut waits;
+        let name = CString::new(l.name.clone()).unwrap_or_default();
+        RUNNING.store(name.as_ptr() as *mut u8, Ordering::SeqCst);
+        // SAFETY: `params` holds one 8-byte slot per parameter of the kernel's signature, and
+        // every pointer argument lies in a live allocation (its extent is the kernel's to keep).
+        unsafe { l.kernel.run(&args) };
+        RUNNING.store(std::ptr::null_mut(), Ordering::SeqCst);
+        Self::check_waited(l, waits)
+    }
+
+    /// A kernel launched as a programmatic dependent that no thread waited in: on a GPU it may
+    /// run beside its primary, reading what that has not written yet.
+    fn check_waited(l: &Launch, waits: u64) -> Res<()> {
+        if l.pdl && waits == 0 {
+            return Err(fail(
+                CUresult::CUDA_ERROR_LAUNCH_FAILED,
+                &format!("kernel {} was launched with programmatic stream serialization but no thread executed PDL_WAIT (griddepcontrol.wait)", l.name),
+            ));
+        }
+        Ok(())
+    }
+
+    fn args(l: &Launch, ptrs: &[*const c_void]) -> LaunchArgs {
+        LaunchArgs {
+            grid: l.grid,
+            block: l.block,
+            smem: l.smem,
+            block_order_seed: l.seed,
+            params: ptrs.as_ptr(),
+            pdl_primary: None,
+            pdl_arg: std::ptr::null_mut(),
+            pdl_late: 0,
+            pdl_ran_late: std::ptr::null_mut(),
+            pdl_waits: std::ptr::null_mut(),
+        }
+    }
+
+    /// Kernel `p`, then `d` launched as its programmatic dependent, as the emulator models it
+    /// (kernels/emu/cuda_emu.h `Pdl`): `d` runs first and `p` runs from inside it, once the
+    /// first block of `d` is parked at PDL_WAIT; so a read of p's output above d's wait reads
+    /// memory p has not written yet. `TANDEM_FAKE_CUDA_PDL_LATE=1` (a deliberate break): p runs
+    /// after d's first block instead, as if d did not wait.
+    fn run_pair(&mut self, p: &Launch, d: &Launch) -> Res<()> {
+        self.check_pointers(p)?;
+        self.check_pointers(d)?;
+        let pp: Vec<*const c_void> = p.params.iter().map(|x| x.as_ptr() as *const c_void).collect();
+        let dp: Vec<*const c_void> = d.params.iter().map(|x| x.as_ptr() as *const c_void).collect();
+        let primary = Primary { kernel: p.kernel, args: Self::args(p, &pp), _params: &pp };
+        let (mut ran_late, mut waits) = (0u32, 0u64);
+        let mut args = Self::args(d, &dp);
+        args.pdl_primary = Some(run_primary);
+        args.pdl_arg = &primary as *const Primary as *mut c_void;
+        args.pdl_late = self.pdl_late as u32;
+        args.pdl_ran_late = &mut ran_late;
+        args.pdl_waits = &mut waits;
+        let name = CString::new(format!("{} (programmatic dependent of {})", d.name, p.name)).unwrap_or_default();
+        RUNNING.store(name.as_ptr() as *mut u8, Ordering::SeqCst);
+        // SAFETY: as in run, for both kernels; `primary` outlives the dependent's run.
+        unsafe { d.kernel.run(&args) };
+        RUNNING.store(std::ptr::null_mut(), Ordering::SeqCst);
+        self.pdl_pairs += 1;
+        if self.pdl_pairs == 1 {
+            eprintln!("fake-cuda: {} ran as a programmatic dependent of {} (first of such pairs; kernels/README.md)", d.name, p.name);
+        }
+        if ran_late != 0 && !self.pdl_late {
+            return Err(fail(
+                CUresult::CUDA_ERROR_LAUNCH_FAILED,
+                &format!("kernel {} (a programmatic dependent of {}) finished a block without any thread at PDL_WAIT", d.name, p.name),
+            ));
+        }
+        Self::check_waited(d, waits)
+    }
+
+    fn check_pointers(&self, l: &Launch) -> Res<()> {
         for &[i, off] in l.kernel.pointers {
             let words = &l.params[i as usize];
             let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
@@ -348,14 +488,6 @@ impl State {
                 ));
             }
         }
-        let ptrs: Vec<*const c_void> = l.params.iter().map(|p| p.as_ptr() as *const c_void).collect();
-        let args = LaunchArgs { grid: l.grid, block: l.block, smem: l.smem, block_order_seed: l.seed, params: ptrs.as_ptr() };
-        let name = CString::new(l.name.clone()).unwrap_or_default();
-        RUNNING.store(name.as_ptr() as *mut u8, Ordering::SeqCst);
-        // SAFETY: `params` holds one 8-byte slot per parameter of the kernel's signature, and
-        // every pointer argument lies in a live allocation (its extent is the kernel's to keep).
-        unsafe { l.kernel.run(&args) };
-        RUNNING.store(std::ptr::null_mut(), Ordering::SeqCst);
         Ok(())
     }
 
@@ -548,7 +680,7 @@ impl State {
     ///
     /// # Safety
     /// `params` is cuLaunchKernel's `kernelParams`.
-    pub unsafe fn make_launch(&mut self, id: usize, grid: [u32; 3], block: [u32; 3], smem: u32, params: *const *const c_void) -> Res<Op> {
+    pub unsafe fn make_launch(&mut self, id: usize, grid: [u32; 3], block: [u32; 3], smem: u32, params: *const *const c_void, pdl: bool) -> Res<Op> {
         need_context("cuLaunchKernel")?;
         let f = self.func(id)?;
         let name = f.entry.name.clone();
@@ -598,7 +730,7 @@ impl State {
         }
         self.launches += 1;
         let seed = splitmix(self.seed ^ splitmix(self.launches)) | 1;
-        Ok(Op::Launch(Arc::new(Launch { name, kernel, grid, block, smem: smem as u32, seed, params: vals })))
+        Ok(Op::Launch(Arc::new(Launch { name, kernel, grid, block, smem: smem as u32, seed, params: vals, pdl })))
     }
 
     // ---- capture and graphs ----------------------------------------------------------------

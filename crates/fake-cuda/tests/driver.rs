@@ -141,6 +141,64 @@ fn the_fake_driver_queues_checks_and_refuses() {
         assert_eq!(sync(s), SUCCESS);
         assert_eq!(dtoh(back.as_mut_ptr() as *mut c_void, acc, n * 4, s), SUCCESS);
         assert!(back.iter().enumerate().all(|(i, &v)| v == 2.0 * (i as f32 + 1000.0)), "the replay did not add x again");
+        // Programmatic dependent launch: add(acc, x), then add(y, acc) launched with the
+        // programmatic-stream-serialization attribute (cuLaunchKernelEx). The dependent runs
+        // first in the fake and its primary at its first block's PDL_WAIT (add waits at the
+        // top), so y sees the new acc; eagerly and replayed from a graph (the pairing
+        // alternates between replays), and an attribute the fake does not model is refused.
+        use cudarc::driver::sys::{CUlaunchAttribute, CUlaunchAttributeID, CUlaunchConfig};
+        let launch_ex: unsafe extern "C" fn(*const CUlaunchConfig, usize, *mut *mut c_void, *mut *mut c_void) -> R = d.f("cuLaunchKernelEx");
+        let mut y = 0u64;
+        assert_eq!(alloc(&mut y, n * 4, s), SUCCESS);
+        assert_eq!(memset(y, 0, n * 4, s), SUCCESS);
+        let mut dep: [*mut c_void; 3] = [&mut y as *mut u64 as *mut c_void, &mut acc as *mut u64 as *mut c_void, &len as *const u64 as *mut c_void];
+        let mut attr: CUlaunchAttribute = std::mem::zeroed();
+        attr.id = CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let cfg = CUlaunchConfig {
+            gridDimX: blocks,
+            gridDimY: 1,
+            gridDimZ: 1,
+            blockDimX: 256,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: 0,
+            hStream: s as _,
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        let mut want = back.clone();
+        let mut y_want = vec![0f32; n];
+        let step = |want: &mut Vec<f32>, y_want: &mut Vec<f32>| {
+            for i in 0..n {
+                want[i] += i as f32 + 1000.0;
+                y_want[i] += want[i];
+            }
+        };
+        assert_eq!(launch(f, blocks, 1, 1, 256, 1, 1, 0, s, args.as_mut_ptr(), std::ptr::null_mut()), SUCCESS);
+        assert_eq!(launch_ex(&cfg, f, dep.as_mut_ptr(), std::ptr::null_mut()), SUCCESS);
+        step(&mut want, &mut y_want);
+        let mut got = vec![0f32; n];
+        assert_eq!(dtoh(got.as_mut_ptr() as *mut c_void, y, n * 4, s), SUCCESS);
+        assert_eq!(got, y_want, "the programmatic dependent did not see its primary's output");
+        let mut g2 = 0usize;
+        assert_eq!(begin(s, 1), SUCCESS);
+        assert_eq!(launch(f, blocks, 1, 1, 256, 1, 1, 0, s, args.as_mut_ptr(), std::ptr::null_mut()), SUCCESS);
+        assert_eq!(launch_ex(&cfg, f, dep.as_mut_ptr(), std::ptr::null_mut()), SUCCESS);
+        assert_eq!(end(s, &mut g2), SUCCESS);
+        let mut exec2 = 0usize;
+        assert_eq!(instantiate(&mut exec2, g2, 0), SUCCESS);
+        for _ in 0..2 {
+            assert_eq!(graph_launch(exec2, s), SUCCESS);
+            step(&mut want, &mut y_want);
+        }
+        assert_eq!(dtoh(got.as_mut_ptr() as *mut c_void, y, n * 4, s), SUCCESS);
+        assert_eq!(got, y_want, "a replayed programmatic dependent did not see its primary's output");
+        assert_eq!(dtoh(got.as_mut_ptr() as *mut c_void, acc, n * 4, s), SUCCESS);
+        assert_eq!(got, want);
+        (*cfg.attrs).id = CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+        assert_eq!(launch_ex(&cfg, f, dep.as_mut_ptr(), std::ptr::null_mut()), INVALID_VALUE, "an attribute the fake does not model");
+
         assert_eq!(free(x, s), SUCCESS);
         assert_eq!(graph_launch(exec, s), SUCCESS);
         assert_eq!(sync(s), ILLEGAL_ADDRESS, "a replay over a freed buffer");
