@@ -769,6 +769,22 @@ fn groups(items: usize, per: usize) -> u64 {
     items.div_ceil(per) as u64
 }
 
+impl WgpuBackend {
+    /// A gated activation `out = act(gate) * up` over f32 `[len]` by its scalar and vec4 kernels
+    /// (the vec4 one where len is a multiple of 4).
+    fn gated(&self, op: &str, [scalar, vec4]: [shaders::Kernel; 2], gate: &WgpuBuf, up: &WgpuBuf, out: &mut WgpuBuf, len: usize) -> Result<()> {
+        let g_b = want_f32(op, "gate", gate, len)?;
+        let u_b = want_f32(op, "up", up, len)?;
+        let o_b = want_f32(op, "out", out, len)?;
+        to_u32(op, "len", len)?;
+        let binds = [Bind::all(g_b), Bind::all(u_b), Bind::all(o_b)];
+        match len % 4 {
+            0 => self.rec.dispatch(vec4, &Prelude::new(), &[len as u32], &binds, Grid::Linear(groups(len / 4, 64))),
+            _ => self.rec.dispatch(scalar, &Prelude::new(), &[len as u32], &binds, Grid::Linear(groups(len, 64))),
+        }
+    }
+}
+
 impl Backend for WgpuBackend {
     type Buf = WgpuBuf;
 
@@ -1152,31 +1168,11 @@ impl Backend for WgpuBackend {
     }
 
     fn silu_mul(&self, gate: &WgpuBuf, up: &WgpuBuf, out: &mut WgpuBuf, len: usize) -> Result<()> {
-        let op = "silu_mul";
-        let g_b = want_f32(op, "gate", gate, len)?;
-        let u_b = want_f32(op, "up", up, len)?;
-        let o_b = want_f32(op, "out", out, len)?;
-        to_u32(op, "len", len)?;
-        let binds = [Bind::all(g_b), Bind::all(u_b), Bind::all(o_b)];
-        if len % 4 == 0 {
-            self.rec.dispatch(shaders::SILU_MUL4, &Prelude::new(), &[len as u32], &binds, Grid::Linear(groups(len / 4, 64)))
-        } else {
-            self.rec.dispatch(shaders::SILU_MUL, &Prelude::new(), &[len as u32], &binds, Grid::Linear(groups(len, 64)))
-        }
+        self.gated("silu_mul", [shaders::SILU_MUL, shaders::SILU_MUL4], gate, up, out, len)
     }
 
     fn gelu_tanh_mul(&self, gate: &WgpuBuf, up: &WgpuBuf, out: &mut WgpuBuf, len: usize) -> Result<()> {
-        let op = "gelu_tanh_mul";
-        let g_b = want_f32(op, "gate", gate, len)?;
-        let u_b = want_f32(op, "up", up, len)?;
-        let o_b = want_f32(op, "out", out, len)?;
-        to_u32(op, "len", len)?;
-        let binds = [Bind::all(g_b), Bind::all(u_b), Bind::all(o_b)];
-        if len % 4 == 0 {
-            self.rec.dispatch(shaders::GELU_TANH_MUL4, &Prelude::new(), &[len as u32], &binds, Grid::Linear(groups(len / 4, 64)))
-        } else {
-            self.rec.dispatch(shaders::GELU_TANH_MUL, &Prelude::new(), &[len as u32], &binds, Grid::Linear(groups(len, 64)))
-        }
+        self.gated("gelu_tanh_mul", [shaders::GELU_TANH_MUL, shaders::GELU_TANH_MUL4], gate, up, out, len)
     }
 
     fn scale(&self, x: &mut WgpuBuf, factor: f32, len: usize) -> Result<()> {

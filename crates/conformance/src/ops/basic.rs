@@ -262,14 +262,8 @@ impl Op for SiluMul {
     fn generate(&self, rng: &mut Rng) -> Self::Inputs {
         (rng.normals(self.len, self.gate_scale), rng.normals(self.len, 1.0))
     }
-    fn exec<B: Backend>(&self, b: &B, (host_gate, host_up): &Self::Inputs, launch: &mut Launch) -> Result<Vec<Output>> {
-        let gate = upload_f32(b, host_gate)?;
-        let up = upload_f32(b, host_up)?;
-        let mut out = poisoned(b, self.len)?;
-        launch.run(b, || b.silu_mul(&gate, &up, &mut out, self.len))?;
-        untouched_f32(b, &gate, host_gate, "gate")?;
-        untouched_f32(b, &up, host_up, "up")?;
-        Ok(vec![Output::f32("out", read_guarded(b, &out, self.len, "out")?)])
+    fn exec<B: Backend>(&self, b: &B, inputs: &Self::Inputs, launch: &mut Launch) -> Result<Vec<Output>> {
+        run_gated(b, inputs, self.len, launch, |g, u, o| b.silu_mul(g, u, o, self.len))
     }
 }
 
@@ -298,15 +292,21 @@ impl Op for GeluTanhMul {
     fn generate(&self, rng: &mut Rng) -> Self::Inputs {
         (rng.normals(self.len, self.gate_scale), rng.normals(self.len, 1.0))
     }
-    fn exec<B: Backend>(&self, b: &B, (host_gate, host_up): &Self::Inputs, launch: &mut Launch) -> Result<Vec<Output>> {
-        let gate = upload_f32(b, host_gate)?;
-        let up = upload_f32(b, host_up)?;
-        let mut out = poisoned(b, self.len)?;
-        launch.run(b, || b.gelu_tanh_mul(&gate, &up, &mut out, self.len))?;
-        untouched_f32(b, &gate, host_gate, "gate")?;
-        untouched_f32(b, &up, host_up, "up")?;
-        Ok(vec![Output::f32("out", read_guarded(b, &out, self.len, "out")?)])
+    fn exec<B: Backend>(&self, b: &B, inputs: &Self::Inputs, launch: &mut Launch) -> Result<Vec<Output>> {
+        run_gated(b, inputs, self.len, launch, |g, u, o| b.gelu_tanh_mul(g, u, o, self.len))
     }
+}
+
+/// A gated activation's run: gate and up uploaded, `op(gate, up, out)` launched into a poisoned
+/// out, the inputs checked untouched.
+fn run_gated<B: Backend>(b: &B, (host_gate, host_up): &(Vec<f32>, Vec<f32>), len: usize, launch: &mut Launch, op: impl Fn(&B::Buf, &B::Buf, &mut B::Buf) -> Result<()>) -> Result<Vec<Output>> {
+    let gate = upload_f32(b, host_gate)?;
+    let up = upload_f32(b, host_up)?;
+    let mut out = poisoned(b, len)?;
+    launch.run(b, || op(&gate, &up, &mut out))?;
+    untouched_f32(b, &gate, host_gate, "gate")?;
+    untouched_f32(b, &up, host_up, "up")?;
+    Ok(vec![Output::f32("out", read_guarded(b, &out, len, "out")?)])
 }
 
 /// Index of the largest logit per row (lowest index on ties).
