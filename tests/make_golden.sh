@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${HF_VENV:-/tmp/hfvenv}
-[ -x "$VENV/bin/python" ] || { python3 -m venv "$VENV"; "$VENV/bin/pip" install -q torch transformers safetensors gguf sentencepiece; }
+[ -x "$VENV/bin/python" ] || { python3 -m venv "$VENV"; "$VENV/bin/pip" install -q torch transformers safetensors gguf sentencepiece accelerate; }
 cargo xtask gen-model --shape tiny --seed 1 --out target/golden/tiny --dtype f32
 cargo xtask gen-model --shape tiny-tied --seed 2 --out target/golden/tiny-tied --dtype bf16
 "$VENV/bin/python" tests/hf_golden.py --model target/golden/tiny --out tests/golden/tiny.json --raw-ids
@@ -25,6 +25,9 @@ cargo xtask gen-model --shape tiny-qwen2 --seed 7 --out target/golden/tiny-qwen2
 # Gemma 3: a sliding layer and a global one, GeGLU, sandwich norms, the scaled embedding.
 cargo xtask gen-model --shape tiny-gemma3 --seed 8 --out target/golden/tiny-gemma3 --dtype f32
 "$VENV/bin/python" tests/hf_golden.py --model target/golden/tiny-gemma3 --out tests/golden/tiny-gemma3.json --raw-ids
+# FP8 projections (e4m3, 32 x 32 block scales); HF dequantizes them on the CPU (needs accelerate).
+cargo xtask gen-model --shape tiny --seed 9 --out target/golden/tiny-fp8 --dtype fp8-f32
+"$VENV/bin/python" tests/hf_golden.py --model target/golden/tiny-fp8 --out tests/golden/tiny-fp8.json --raw-ids
 MODEL=$(cargo xtask fetch-model | tail -n 1)
 GGUF=$(find "${TANDEM_CACHE:-$HOME/.cache/tandem}" -name 'SmolLM2-135M-Instruct.Q4_1.gguf' | head -n 1)
 "$VENV/bin/python" tests/hf_golden.py --model "$MODEL" --out tests/golden/smollm2-135m.json ${GGUF:+--gguf "$GGUF"}

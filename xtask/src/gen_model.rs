@@ -1,4 +1,4 @@
-//! `cargo xtask gen-model --shape tiny --seed 1 --out DIR [--dtype bf16|f32]`: a seeded random
+//! `cargo xtask gen-model --shape tiny --seed 1 --out DIR [--dtype bf16|f32|fp8|fp8-f32]`: a seeded random
 //! model. The same arguments give the same bytes on every machine.
 
 use std::path::PathBuf;
@@ -14,7 +14,8 @@ pub struct Args {
     /// Output directory (created if needed).
     #[arg(long)]
     out: PathBuf,
-    /// bf16 or f32.
+    /// bf16, f32, fp8 (the projections in FP8 e4m3 with 128 x 128 block scales, the rest bf16:
+    /// the layout of Qwen3-*-FP8) or fp8-f32 (32 x 32 blocks, the rest f32).
     #[arg(long, default_value = "bf16")]
     dtype: String,
 }

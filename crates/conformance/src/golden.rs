@@ -121,8 +121,13 @@ pub fn golden_dir() -> std::path::PathBuf {
 pub fn random_model(shape: &str, seed: u64, dtype: tandem_core::DType) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("tandem-golden-{}-{shape}-{seed}-{}", std::process::id(), dtype.name()));
     if !dir.join("config.json").exists() {
-        let s = tandem_models::random_model::Shape::parse(shape).unwrap_or_else(|| panic!("unknown shape {shape}"));
+        // `<shape>-fp8`: the shape with its projections in FP8, as `gen-model --dtype fp8-f32`.
+        let (base, fp8) = shape.strip_suffix("-fp8").map_or((shape, false), |b| (b, true));
+        let s = tandem_models::random_model::Shape::parse(base).unwrap_or_else(|| panic!("unknown shape {shape}"));
         tandem_models::random_model::write_random_model(&dir, s, seed, dtype).expect("writing the random model");
+        if fp8 {
+            tandem_models::fp8::quantize_dir(&dir, [32, 32]).expect("writing the projections in FP8");
+        }
     }
     dir
 }
@@ -131,7 +136,7 @@ pub fn random_model(shape: &str, seed: u64, dtype: tandem_core::DType) -> std::p
 /// seed, dtype.
 pub const GOLDEN_MODELS: &[(&str, u64, tandem_core::DType)] = {
     use tandem_core::DType::{BF16, F32};
-    &[("tiny", 1, F32), ("tiny-tied", 2, BF16), ("tiny-qwen3", 3, F32), ("tiny-qwen3-moe", 4, F32), ("tiny-mixtral", 5, F32), ("tiny-mistral", 6, F32), ("tiny-qwen2", 7, F32), ("tiny-gemma3", 8, F32)]
+    &[("tiny", 1, F32), ("tiny-tied", 2, BF16), ("tiny-qwen3", 3, F32), ("tiny-qwen3-moe", 4, F32), ("tiny-mixtral", 5, F32), ("tiny-mistral", 6, F32), ("tiny-qwen2", 7, F32), ("tiny-gemma3", 8, F32), ("tiny-fp8", 9, F32)]
 };
 
 /// The random model golden file `name` was made from ([`GOLDEN_MODELS`]), written once.
@@ -187,6 +192,12 @@ macro_rules! golden_tests {
         #[test]
         fn tiny_gemma3_f32() {
             $check("tiny-gemma3");
+        }
+        /// FP8 projections (e4m3, 32 x 32 block scales: `weight_scale_inv`, Qwen3-*-FP8's
+        /// layout) dequantized at load; HF transformers dequantizes them the same way on a CPU.
+        #[test]
+        fn tiny_fp8_blocks() {
+            $check("tiny-fp8");
         }
     };
 }

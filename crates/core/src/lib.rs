@@ -18,6 +18,7 @@ pub mod chat;
 pub mod config;
 pub mod detokenizer;
 pub mod error;
+pub mod fp8;
 pub mod greedy;
 pub mod skip;
 pub mod memory;

@@ -1,5 +1,6 @@
 //! Safetensors weights, mapped with memmap2. A tensor is a view into the mapping: the bytes go
-//! from the page cache to the backend without an intermediate copy.
+//! from the page cache to the backend without an intermediate copy. FP8 weights (crate::fp8)
+//! are the exception: dequantized once at open into anonymous memory, then views like any other.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -11,6 +12,7 @@ use memmap2::Mmap;
 
 use crate::backend::DType;
 use crate::error::{Error, Result};
+use crate::fp8::{Fp8Format, Fp8Scheme};
 
 struct Entry {
     file: usize,
@@ -25,6 +27,9 @@ struct Entry {
 pub struct Weights {
     files: Vec<(PathBuf, Arc<Mmap>)>,
     tensors: BTreeMap<String, Entry>,
+    /// FP8 tensors as the files store them, until [`Weights::dequantize_fp8`] turns each into
+    /// an entry of `tensors`.
+    fp8: BTreeMap<String, (Fp8Format, Entry)>,
 }
 
 /// One tensor: its dtype, its shape (outermost first, as in PyTorch) and its bytes in the mapping.
@@ -59,7 +64,7 @@ impl TensorView {
 impl Weights {
     /// No tensors; [`Weights::replace`] adds them (tests and tools).
     pub fn empty() -> Self {
-        Weights { files: vec![], tensors: BTreeMap::new() }
+        Weights { files: vec![], tensors: BTreeMap::new(), fp8: BTreeMap::new() }
     }
 
     /// Opens every safetensors file of a model directory.
@@ -82,10 +87,13 @@ impl Weights {
         } else {
             return Err(Error::config(dir, "no model.safetensors or model.safetensors.index.json in this directory"));
         };
-        let mut w = Weights { files: vec![], tensors: BTreeMap::new() };
+        // Read first: an unsupported quantisation is named before any tensor's dtype is refused.
+        let scheme = crate::fp8::scheme_of(&dir.join("config.json"))?;
+        let mut w = Weights::empty();
         for name in names {
             w.add_file(&dir.join(name))?;
         }
+        w.dequantize_fp8(scheme.unwrap_or_default())?;
         Ok(w)
     }
 
@@ -99,14 +107,18 @@ impl Weights {
         let data_start = 8 + header_len;
         let file_idx = self.files.len();
         for (name, info) in meta.tensors() {
-            let dtype = match info.dtype {
-                safetensors::Dtype::F32 => DType::F32,
-                safetensors::Dtype::BF16 => DType::BF16,
-                safetensors::Dtype::F16 => DType::F16,
+            let (dtype, fp8) = match info.dtype {
+                safetensors::Dtype::F32 => (DType::F32, None),
+                safetensors::Dtype::BF16 => (DType::BF16, None),
+                safetensors::Dtype::F16 => (DType::F16, None),
+                // Sized as one byte here; the entry moves to `fp8` below.
+                safetensors::Dtype::F8_E4M3 => (DType::F32, Some(Fp8Format::E4M3)),
+                safetensors::Dtype::F8_E5M2 => (DType::F32, Some(Fp8Format::E5M2)),
                 other => {
-                    return Err(Error::tensor(path, name, format!("dtype {other:?} is not supported (bf16, f16, f32 are)")))
+                    return Err(Error::tensor(path, name, format!("dtype {other:?} is not supported (bf16, f16, f32, and FP8 weights with their scales, are)")))
                 }
             };
+            let elem = if fp8.is_some() { 1 } else { dtype.size() };
             let (s, e) = info.data_offsets;
             let range = data_start + s..data_start + e;
             if range.end > mmap.len() {
@@ -117,10 +129,18 @@ impl Weights {
                 )));
             }
             let numel: usize = info.shape.iter().product();
-            if numel * dtype.size() != e - s {
-                return Err(Error::tensor(path, name, format!("shape {:?} needs {} bytes, header gives {}", info.shape, numel * dtype.size(), e - s)));
+            if numel * elem != e - s {
+                return Err(Error::tensor(path, name, format!("shape {:?} needs {} bytes, header gives {}", info.shape, numel * elem, e - s)));
             }
-            self.tensors.insert(name.to_string(), Entry { file: file_idx, dtype, shape: info.shape.clone(), range });
+            let entry = Entry { file: file_idx, dtype, shape: info.shape.clone(), range };
+            match fp8 {
+                Some(f) => {
+                    self.fp8.insert(name.to_string(), (f, entry));
+                }
+                None => {
+                    self.tensors.insert(name.to_string(), entry);
+                }
+            }
         }
         self.files.push((path.to_path_buf(), Arc::new(mmap)));
         Ok(())
@@ -130,15 +150,41 @@ impl Weights {
     /// in an anonymous mapping, so the tensor is a view like any other. For tools and tests
     /// that need to alter a model (e.g. proving that a broken weight is caught).
     pub fn replace(&mut self, name: &str, dtype: DType, shape: &[usize], values: &[f32]) -> Result<()> {
-        let bytes = dtype.from_f32(values);
         if shape.iter().product::<usize>() != values.len() {
             return Err(Error::tensor("<memory>", name, format!("shape {shape:?} does not hold {} values", values.len())));
         }
+        self.insert_owned(name, dtype, shape, &dtype.from_f32(values), PathBuf::from(format!("<memory:{name}>")))
+    }
+
+    /// Tensor `name` from `bytes` copied into an anonymous mapping; `path` is what errors name.
+    fn insert_owned(&mut self, name: &str, dtype: DType, shape: &[usize], bytes: &[u8], path: PathBuf) -> Result<()> {
         let mut anon = memmap2::MmapMut::map_anon(bytes.len().max(1)).map_err(|e| Error::io("<anonymous mapping>", e))?;
-        anon[..bytes.len()].copy_from_slice(&bytes);
+        anon[..bytes.len()].copy_from_slice(bytes);
         let mmap = anon.make_read_only().map_err(|e| Error::io("<anonymous mapping>", e))?;
         self.tensors.insert(name.to_string(), Entry { file: self.files.len(), dtype, shape: shape.to_vec(), range: 0..bytes.len() });
-        self.files.push((PathBuf::from(format!("<memory:{name}>")), Arc::new(mmap)));
+        self.files.push((path, Arc::new(mmap)));
+        Ok(())
+    }
+
+    /// Every FP8 tensor `X.weight` times its scale (`X.weight_scale_inv`, else `X.weight_scale`;
+    /// crate::fp8 for the layouts), stored in the type of the model's other weights (the
+    /// embedding's; bf16 when it has none). The scale tensors stay listed and unread.
+    pub fn dequantize_fp8(&mut self, scheme: Fp8Scheme) -> Result<()> {
+        let pending = std::mem::take(&mut self.fp8);
+        let target = self.entry("model.embed_tokens.weight").map_or(DType::BF16, |e| e.dtype);
+        for (name, (format, e)) in pending {
+            let path = self.files[e.file].0.clone();
+            let fail = |msg: String| Error::tensor(&path, &name, format!("{} weight: {msg}", format.name()));
+            let stem = name.strip_suffix(".weight").ok_or_else(|| fail("only `.weight` tensors may be FP8".into()))?;
+            let [rows, cols] = e.shape[..] else { return Err(fail(format!("shape {:?} is not a matrix", e.shape))) };
+            let scale_name = [format!("{stem}.weight_scale_inv"), format!("{stem}.weight_scale")].into_iter().find(|n| self.tensors.contains_key(n));
+            let Some(scale_name) = scale_name else { return Err(fail(format!("no `{stem}.weight_scale_inv` or `{stem}.weight_scale` beside it"))) };
+            let se = &self.tensors[&scale_name];
+            let block = crate::fp8::block_of(rows, cols, &se.shape, scheme).map_err(|m| fail(format!("`{scale_name}`: {m}")))?;
+            let scale = se.dtype.to_f32(&self.files[se.file].1[se.range.clone()]);
+            let values = crate::fp8::dequantize(&self.files[e.file].1[e.range.clone()], format, rows, cols, &scale, block);
+            self.insert_owned(&name, target, &e.shape, &target.from_f32(&values), path.clone())?;
+        }
         Ok(())
     }
 
@@ -173,6 +219,9 @@ impl Weights {
     pub fn get(&self, name: &str, shape: &[usize]) -> Result<TensorView> {
         let Some(e) = self.entry(name) else {
             let path = self.files.first().map(|f| f.0.clone()).unwrap_or_default();
+            if let Some((f, _)) = self.fp8.get(name) {
+                return Err(Error::tensor(path, name, format!("stored as {} and not yet dequantized (Weights::dequantize_fp8)", f.name())));
+            }
             return Err(Error::tensor(path, name, format!("missing (expected shape {shape:?})")));
         };
         let (path, mmap) = &self.files[e.file];

@@ -8,7 +8,8 @@
 //!   architectures that map onto them.
 //! - [`catalog`]: `models/catalog.toml`, the models the tool knows; [`fetch`]: download, verify,
 //!   convert and install the default model, once.
-//! - [`random_model`]: seeded random models of real shapes, for tests and benchmarks.
+//! - [`random_model`]: seeded random models of real shapes, for tests and benchmarks; [`fp8`]:
+//!   their projections rewritten in FP8 (the layout of Qwen3-*-FP8), for the FP8 loader.
 //!
 //! Architecture invariant: this crate writes model directories and knows nothing of backends,
 //! the engine or HTTP. What it writes is read back with `tandem_core`'s own loaders.
@@ -19,6 +20,7 @@
 pub mod catalog;
 pub mod convert;
 pub mod family;
+pub mod fp8;
 pub mod fetch;
 pub mod gguf;
 pub mod gguf_tokenizer;

@@ -309,13 +309,20 @@ pub fn gen_model(shape: &str, seed: u64, dtype: &str, out: &Path) -> std::result
         let known: Vec<&str> = Shape::ALL.iter().map(|s| s.name()).collect();
         format!("unknown shape `{shape}` (known: {})", known.join(", "))
     })?;
-    let dt = match dtype {
-        "bf16" => DType::BF16,
-        "f32" => DType::F32,
-        other => return Err(format!("unknown dtype `{other}` (bf16 or f32)")),
+    // fp8: the projections in FP8 with 128 x 128 blocks, the rest bf16 (what Qwen3-*-FP8
+    // ships); fp8-f32: 32 x 32 blocks (a tiny model gets several) and the rest f32 (the golden).
+    let (dt, fp8) = match dtype {
+        "bf16" => (DType::BF16, None),
+        "f32" => (DType::F32, None),
+        "fp8" => (DType::BF16, Some([128, 128])),
+        "fp8-f32" => (DType::F32, Some([32, 32])),
+        other => return Err(format!("unknown dtype `{other}` (bf16, f32, fp8 or fp8-f32)")),
     };
     let start = std::time::Instant::now();
     let sum = write_random_model(out, s, seed, dt).map_err(|e| format!("writing a random {shape} model to {}: {e}", out.display()))?;
+    if let Some(block) = fp8 {
+        crate::fp8::quantize_dir(out, block).map_err(|e| format!("writing {shape}'s projections in FP8 in {}: {e}", out.display()))?;
+    }
     Ok(format!("{shape} seed {seed} {dtype}: {} parameters, {:.1} MB, {:.1} s", sum.parameters, sum.bytes as f64 / 1e6, start.elapsed().as_secs_f64()))
 }
 

@@ -15,22 +15,32 @@ pub struct TensorSpec {
     pub name: String,
     pub dtype: DType,
     pub shape: Vec<usize>,
+    /// Stored as FP8 e4m3 bytes, given as they are by [`SafetensorsWriter::push_raw`] (`dtype`
+    /// is then unused).
+    pub e4m3: bool,
 }
 
 impl TensorSpec {
     pub fn new(name: impl Into<String>, dtype: DType, shape: &[usize]) -> Self {
-        TensorSpec { name: name.into(), dtype, shape: shape.to_vec() }
+        TensorSpec { name: name.into(), dtype, shape: shape.to_vec(), e4m3: false }
+    }
+    /// An FP8 (e4m3) tensor.
+    pub fn e4m3(name: impl Into<String>, shape: &[usize]) -> Self {
+        TensorSpec { e4m3: true, ..TensorSpec::new(name, DType::F32, shape) }
     }
     pub fn numel(&self) -> usize {
         self.shape.iter().product()
     }
-}
-
-fn dtype_tag(d: DType) -> &'static str {
-    match d {
-        DType::F32 => "F32",
-        DType::BF16 => "BF16",
-        DType::F16 => "F16",
+    fn elem_size(&self) -> usize {
+        if self.e4m3 { 1 } else { self.dtype.size() }
+    }
+    fn tag(&self) -> &'static str {
+        match (self.e4m3, self.dtype) {
+            (true, _) => "F8_E4M3",
+            (false, DType::F32) => "F32",
+            (false, DType::BF16) => "BF16",
+            (false, DType::F16) => "F16",
+        }
     }
 }
 
@@ -71,15 +81,27 @@ impl<W: Write> SafetensorsWriter<W> {
 
     /// Appends values to the current tensor, converted to its dtype; moves on when it is full.
     pub fn push(&mut self, values: &[f32]) -> Result<()> {
+        self.append(values.len(), false, |spec| spec.dtype.from_f32(values))
+    }
+
+    /// Appends stored bytes, one a value, to the current tensor, which must be FP8.
+    pub fn push_raw(&mut self, bytes: &[u8]) -> Result<()> {
+        self.append(bytes.len(), true, |_| bytes.to_vec())
+    }
+
+    fn append(&mut self, n: usize, raw: bool, bytes: impl FnOnce(&TensorSpec) -> Vec<u8>) -> Result<()> {
         let Some(spec) = self.specs.get(self.current) else {
-            return Err(Error::config(&self.path, format!("{} values pushed after the last tensor", values.len())));
+            return Err(Error::config(&self.path, format!("{n} values pushed after the last tensor")));
         };
-        let left = spec.numel() - self.done_in_current;
-        if values.len() > left {
-            return Err(Error::tensor(&self.path, &spec.name, format!("{} values pushed where {left} remain", values.len())));
+        if spec.e4m3 != raw {
+            return Err(Error::tensor(&self.path, &spec.name, if raw { "bytes pushed into a tensor of values" } else { "values pushed into an FP8 tensor (push_raw)" }));
         }
-        self.out.write_all(&spec.dtype.from_f32(values)).map_err(|e| Error::io(&self.path, e))?;
-        self.done_in_current += values.len();
+        let left = spec.numel() - self.done_in_current;
+        if n > left {
+            return Err(Error::tensor(&self.path, &spec.name, format!("{n} values pushed where {left} remain")));
+        }
+        self.out.write_all(&bytes(spec)).map_err(|e| Error::io(&self.path, e))?;
+        self.done_in_current += n;
         if self.done_in_current == spec.numel() {
             self.current += 1;
             self.done_in_current = 0;
@@ -109,10 +131,10 @@ fn header_json(specs: &[TensorSpec]) -> String {
     map.insert("__metadata__".into(), serde_json::json!({ "format": "pt" }));
     let mut offset = 0usize;
     for s in specs {
-        let end = offset + s.numel() * s.dtype.size();
+        let end = offset + s.numel() * s.elem_size();
         map.insert(
             s.name.clone(),
-            serde_json::json!({ "dtype": dtype_tag(s.dtype), "shape": s.shape, "data_offsets": [offset, end] }),
+            serde_json::json!({ "dtype": s.tag(), "shape": s.shape, "data_offsets": [offset, end] }),
         );
         offset = end;
     }
