@@ -17,10 +17,11 @@
 # step is the hardware's bitwise check: gpu_invariance's m = 300 rows, wgmma, against the same
 # rows alone and at m <= 128, mma.sync),
 # TANDEM_TUNE_SAMPLERS (SAMPLER:ARGMAX pairs, default "bisect:one radix:multi multi:multi"),
-# TANDEM_TUNE_ATTN_VARIANTS (space-separated TANDEM_CUDA_ATTENTION values, default "tc tc_deep":
-# the decode attention timed side by side at ctx 1024/4096/16384 and batch 1/8/64, head_dim 64
-# and 128, each row's fraction of the copy floor; the non-default ones also pass the op suite
-# and the GPU-only tests first), TANDEM_TUNE_BW_GBS (the copy floor, GB/s; default: check.sh's
+# TANDEM_TUNE_ATTN_VARIANTS (space-separated TANDEM_CUDA_ATTENTION values, default "tc tc_deep
+# tc_shared": the decode attention timed side by side at ctx 1024/4096/16384 and batch 1/8/64,
+# head_dim 64 and 128, each row's fraction of the copy floor (tc_shared's decodes are tc's: not
+# timed again), and the prefill attention (512 and 2048 tokens) beside torch SDPA; the
+# non-default ones also pass the op suite and the GPU-only tests first), TANDEM_TUNE_BW_GBS (the copy floor, GB/s; default: check.sh's
 # ceilings.json, else 4200),
 # TANDEM_TUNE_PDL=0 to skip programmatic dependent launch (TANDEM_CUDA_PDL=1: its GPU-only tests
 # and compare, then decode b1 / b64 with it off and on, one after the other),
@@ -37,7 +38,7 @@ OUT=$(cd "$OUT" && pwd)
 HERE=$(cd "$(dirname "$0")" && pwd)
 BUDGET=${TANDEM_TUNE_BUDGET_S:-300}
 VARIANTS=${TANDEM_TUNE_VARIANTS:-"m128_occ2:m64_occ4:m16 m128_occ2:m64_occ4:m16_gemv4 m128_occ2:m64_occ4:m16_gemv8 m128_occ2:m64_occ4:m16_x1 wgmma:m64_occ4:m16"}
-ATTN_VARIANTS=${TANDEM_TUNE_ATTN_VARIANTS:-"tc tc_deep"}
+ATTN_VARIANTS=${TANDEM_TUNE_ATTN_VARIANTS:-"tc tc_deep tc_shared"}
 WORK=${TANDEM_CHECK_WORK:-/tmp/tandem-check}
 PY=${TANDEM_CHECK_PYTHON:-python3}
 BIN=${TANDEM_BIN:-$HERE/tandem}
@@ -147,11 +148,27 @@ for v in ${TANDEM_TUNE_SAMPLERS:-bisect:one radix:multi multi:multi}; do
     grep -E '^\| (sample|argmax)' "$WORK/logs/sampling_lab__${v//:/_}_.log" 2>/dev/null | awk -F'|' -v v="$v" '{gsub(/^ +| +$/, "", $2); gsub(/^ +| +$/, "", $3); gsub(/^ +| +$/, "", $4); print v "\t" $2 " " $3 "\t" $4}' >>"$OUT/tune.tsv"
 done
 
+# 2e. Prefill attention, each variant beside the others and beside torch SDPA on this GPU: one
+#     sequence of 512 and 2048 tokens, causal, at head_dim 64 (llama-3.2-1b) and 128
+#     (llama-3.1-8b) (`bench kernels --only-attention`, then gpu/kernel_lab.py on its report:
+#     ours, torch's, torch/ours), then the whole 1B model's prefill 2048 with it.
+for av in $ATTN_VARIANTS; do
+    for shp in llama-3.2-1b llama-3.1-8b; do
+        NEED=15 PICK='attention prefill' step "prefill attention [$av $shp]" 60 env TANDEM_CUDA_ATTENTION="$av" "$BIN" bench kernels --backend cuda --shape "$shp" --only-attention --attn-batch 1 --attn-context 1024 --attn-prefill 512,2048 --min-ms 20 --output-dir "$WORK/raw" --name "pattn-$av-$shp"
+        [ -f "$WORK/raw/pattn-$av-$shp.json" ] && NEED=15 PICK='attention prefill' step "prefill attention torch [$av $shp]" 60 "$PY" "$HERE/kernel_lab.py" "$WORK/raw/pattn-$av-$shp.json" --min-ms 20 --out "$WORK/raw/pattn-torch-$av-$shp.json"
+        grep -E '^\| attention prefill' "$WORK/logs/prefill_attention_torch__${av}_${shp}_.log" 2>/dev/null | awk -F'|' -v v="attn $av" '{gsub(/^ +| +$/, "", $3); gsub(/^ +| +$/, "", $4); gsub(/^ +| +$/, "", $5); gsub(/^ +| +$/, "", $6); print v "\tprefill " $3 "\t" $4 " us, torch " $5 " us, torch/ours " $6}' >>"$OUT/tune.tsv"
+    done
+    [ "$av" = tc ] && continue  # the GEMM loop above timed the default's
+    NEED=15 PICK='prefill tok/s' step "prefill 2048 [attn $av]" 60 env TANDEM_CUDA_ATTENTION="$av" "$BIN" bench decode --backend cuda --model "$BENCH_DIR" --prompt-len 2048 --max-tokens 2 --runs 2 --max-num-batched-tokens 2048 --output-dir "$WORK/raw" --name "prefill-attn-$av"
+    grep -E '^\| prefill tok/s' "$WORK/logs/prefill_2048__attn_${av}_.log" 2>/dev/null | awk -F'|' -v v="attn $av" '{gsub(/^ +| +$/, "", $3); print v "\tprefill 2048 tok/s\t" $3}' >>"$OUT/tune.tsv"
+done
+
 # 2d. Decode attention, each variant beside the others: ctx 1024/4096/16384 x batch 1/8/64 at
 #     head_dim 64 (llama-3.2-1b) and 128 (llama-3.1-8b), with each row's fraction of the copy
 #     floor (the K/V bytes at TANDEM_TUNE_BW_GBS).
 BW=${TANDEM_TUNE_BW_GBS:-$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1])).get("copy_gbps") or 4200)' "$WORK/raw/ceilings.json" 2>/dev/null || echo 4200)}
 for av in $ATTN_VARIANTS; do
+    [ "$av" = tc_shared ] && continue  # its decodes are tc's split jobs
     for shp in llama-3.2-1b llama-3.1-8b; do
         # The 8B shape's batch 64 at 16k would fill 8.6 GB of cache from the host: batch 1 and 8 only.
         AB=1,8,64

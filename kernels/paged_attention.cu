@@ -1,7 +1,10 @@
 // paged_attention.cu — attention of a flattened batch of query tokens over the paged KV cache.
 // Two kernels: paged_attention_partial_* (f32 arithmetic, any cache, head_dim <= 256: below)
 // and paged_attention_tc_* (the tensor cores, bf16 cache, head_dim 64 or 128: at the end of
-// the file, with its own contract).
+// the file, with its own contract), followed by its variants for TANDEM_CUDA_ATTENTION, each
+// with tc's per-row arithmetic and sliding window: paged_attention_tc_deep_* (a deeper K+V
+// pipeline, one warp a block) and paged_attention_tc_shared_* (prefill chunks by blocks whose
+// warps share each K/V tile).
 //
 //   For query token t (sequence s = token_seq[t], position p = positions[t]) and head h
 //   (kv head kh = h / (num_heads / num_kv_heads), the GQA grouping of HF's repeat_kv):
@@ -716,10 +719,11 @@ PAT_KERNEL(128)
 // ---------------------------------------------------------------------------------------------
 // paged_attention_tc_deep_d{64,128} (TANDEM_CUDA_ATTENTION=tc_deep; `tc` above stays the
 // default until a GPU measures both): the same per-row arithmetic as paged_attention_tc (steps
-// 1-3 above, the same mma order, softmax step and fold), with
-//   - partitions of patd_part_len(ctx) keys: at most PATD_SPLITS (32) of at least 64, so twice
-//     tc's split count past 1024 keys (a function of the token's own context, never the batch;
-//     up to 1024 keys both give 64-key partitions, and then the same bits as tc);
+// 1-3 above, the same mma order, softmax step and fold, the same sliding `window`: partitions
+// laid over the span from the first key rounded down to a tile, keys before it -inf), with
+//   - partitions of patd_part_len(span) keys: at most PATD_SPLITS (32) of at least 64, so twice
+//     tc's split count past 1024 keys (a function of the token's own span, never the batch;
+//     up to a 1024-key span both give 64-key partitions, and then the same bits as tc);
 //   - one warp a block (the grid is the job count: at batch 1 the jobs spread over every SM,
 //     where tc's 4-warp blocks left three quarters of them idle);
 //   - K and V of 16 keys in one cp.async stage, a ring of NS stages (8 at D 64, 6 at D 128:
@@ -735,7 +739,7 @@ PAT_KERNEL(128)
 // Shared memory per block (patd_smem): NS x (K | V) x 16 x (D + 8) bf16, q 16 x (D + 8) bf16,
 // NS u32 bad-key masks: 39,200 bytes at D 64, 56,600 at D 128 (over 48 KiB: the host opts in).
 #ifndef TANDEM_PATD_BREAK
-#define TANDEM_PATD_BREAK 0  // kernels/emu/attn_break_test.cpp: 1-4 break the variant on purpose
+#define TANDEM_PATD_BREAK 0  // kernels/emu/attn_break_test.cpp: 1-5 break the variant on purpose
 #endif
 #define PATD_SPLITS 32
 
@@ -789,21 +793,30 @@ __device__ __forceinline__ void patd_job(const PatArgs& a, int t0, int nt, int k
         const int t = t0 + (live ? r / G : 0), h = h0 + (live ? r % G : 0);
         orow[rr] = ((size_t)t * H + h) * D;
         const int cx = (int)min(a.positions[t], 0x7ffffffeu) + 1;
+        const int base_r = pa_first_key(cx, a.window) / PAT_TILE * PAT_TILE;
 #if TANDEM_PATD_BREAK == 4
         plen[rr] = patd_part_len((int)min(a.positions[t0], 0x7ffffffeu) + 1);  // the job's first token's, not the row's own
 #else
-        plen[rr] = patd_part_len(cx);
+        plen[rr] = patd_part_len(cx - base_r);
 #endif
-        bad[rr] = live && (seq_bad || cx > a.max_blocks * a.block_size || (part >= 0 && (cx + plen[rr] - 1) / plen[rr] > a.max_parts));
+        bad[rr] = live && (seq_bad || cx > a.max_blocks * a.block_size || (part >= 0 && (cx - base_r + plen[rr] - 1) / plen[rr] > a.max_parts));
         ctx[rr] = live && !bad[rr] ? cx : 0;
     }
+    // A row's first key: held at D 64, recomputed where used at D 128 (ptxas at sm_80 spills
+    // the d64 kernel the other way round, and the d128 kernel this way).
+    const int lo_a[2] = {pa_first_key(ctx[0], a.window), pa_first_key(ctx[1], a.window)};
+    auto lo = [&](int rr) { return D == 64 ? lo_a[rr] : pa_first_key(ctx[rr], a.window); };
+    auto base = [&](int rr) { return lo(rr) / PAT_TILE * PAT_TILE; };
     int kend = max(ctx[0], ctx[1]);
     for (int x = 1; x < 32; x <<= 1) kend = max(kend, __shfl_xor_sync(0xffffffffu, kend, x));
     int k_begin = 0;
     if (part >= 0) {
         const int pl = __shfl_sync(0xffffffffu, plen[0], 0);
-        k_begin = part * pl;
+        k_begin = __shfl_sync(0xffffffffu, base(0), 0) + part * pl;
         kend = min(kend, k_begin + pl);
+    } else if (a.window > 0) {  // from the first tile any row sees
+        k_begin = min(ctx[0] > 0 ? base(0) : 0x7fffffff, ctx[1] > 0 ? base(1) : 0x7fffffff);
+        for (int x = 1; x < 32; x <<= 1) k_begin = min(k_begin, __shfl_xor_sync(0xffffffffu, k_begin, x));
     }
     if (part <= 0)
         for (int rr = 0; rr < 2; ++rr)
@@ -898,25 +911,31 @@ __device__ __forceinline__ void patd_job(const PatArgs& a, int t0, int nt, int k
                 for (int i = 0; i < 4; ++i) {
                     const int kk = n2 * 8 + 2 * c + (i & 1), key = k0 + sub * PAT_SUB + kk;
                     float& v = S[2 * sub + n2][i];
-                    v = key >= ctx[i >> 1] ? neg_inf_f32() : ((badm >> kk) & 1u) ? nan_f32() : v * a.scale_log2;
+#if TANDEM_PATD_BREAK == 5
+                    v = key >= ctx[i >> 1] ? neg_inf_f32() : ((badm >> kk) & 1u) ? nan_f32() : v * a.scale_log2;  // keys before lo kept
+#else
+                    v = key >= ctx[i >> 1] || key < lo(i >> 1) ? neg_inf_f32() : ((badm >> kk) & 1u) ? nan_f32() : v * a.scale_log2;
+#endif
                 }
         }
-        // The tile's online-softmax step, per row (tc's, operation for operation).
+        // The tile's online-softmax step, per row (tc's, operation for operation). A tile
+        // before the row's base (a chunk job under a window) leaves it as it is.
         for (int rr = 0; rr < 2; ++rr) {
+            const bool before = k0 < base(rr);
             float mx = neg_inf_f32();
             for (int n = 0; n < 8; ++n) mx = fmaxf(mx, fmaxf(S[n][2 * rr], S[n][2 * rr + 1]));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float mn = fmaxf(m[rr], mx), alpha = exp2f(m[rr] - mn);
+            const float mn = before ? m[rr] : fmaxf(m[rr], mx), alpha = before ? 1.0f : exp2f(m[rr] - mn);
             float rs = 0.0f;
             for (int n = 0; n < 8; ++n)
                 for (int e = 2 * rr; e < 2 * rr + 2; ++e) {
-                    S[n][e] = exp2f(S[n][e] - mn);
+                    S[n][e] = before ? 0.0f : exp2f(S[n][e] - mn);
                     rs += S[n][e];
                 }
             rs += __shfl_xor_sync(0xffffffffu, rs, 1);
             rs += __shfl_xor_sync(0xffffffffu, rs, 2);
-            l[rr] = fmaf(l[rr], alpha, rs);
+            l[rr] = before ? l[rr] : fmaf(l[rr], alpha, rs);
             m[rr] = mn;
             for (int n = 0; n < NT; ++n) {
                 o[n][2 * rr] *= alpha;
@@ -946,10 +965,10 @@ __device__ __forceinline__ void patd_job(const PatArgs& a, int t0, int nt, int k
         if (part < 0) {
             // A chunk job folds each row whose partition (or context) ends with this tile.
             for (int rr = 0; rr < 2; ++rr) {
-                if (ctx[rr] <= k0) continue;
+                if (ctx[rr] <= k0 || k0 < base(rr)) continue;  // this row ended, or has not begun
                 const bool last = ctx[rr] <= k0 + PAT_TILE;
-                if (!last && (k0 + PAT_TILE) % plen[rr] != 0) continue;
-                const bool first = k0 < plen[rr];
+                if (!last && (k0 + PAT_TILE - base(rr)) % plen[rr] != 0) continue;
+                const bool first = k0 < base(rr) + plen[rr];
                 pat_chunk_fold<D>(a, o, m, l, macc, lacc, orow, c, rr, first, last);
             }
         }
@@ -961,7 +980,8 @@ __device__ __forceinline__ void patd_job(const PatArgs& a, int t0, int nt, int k
     // A split job: its partition's partial, then the fold by the token's last job to arrive.
     const int t = t0, cx = max(ctx[0], ctx[1]);
     const int ctx_t = __shfl_sync(0xffffffffu, cx, 0);
-    const int parts = (ctx_t + patd_part_len(ctx_t) - 1) / patd_part_len(ctx_t);
+    const int span_t = ctx_t - pa_first_key(ctx_t, a.window) / PAT_TILE * PAT_TILE;
+    const int parts = (span_t + patd_part_len(span_t) - 1) / patd_part_len(span_t);
     pat_split_end<D, TANDEM_PATD_BREAK == 3>(a, o, m, l, ctx, orow, c, lane, t, part, parts, h0, G, group, groups);
 }
 
@@ -1004,11 +1024,284 @@ __device__ __forceinline__ void paged_attention_tc_deep_impl(const PatArgs& a) {
         const u32* __restrict__ positions, const u32* __restrict__ token_seq, const u32* __restrict__ block_tables, \
         float* __restrict__ out, float* __restrict__ part_out, float* __restrict__ part_ml, u32* __restrict__ counters, \
         int num_tokens, int n_split, int num_heads, int num_kv_heads, int block_size, int num_blocks, int num_seqs,   \
-        int max_blocks, int max_parts, int tw, float scale) {                                                          \
+        int max_blocks, int max_parts, int tw, float scale, int window) {                                              \
         const PatArgs a{q,         k_cache,    v_cache,    positions,  token_seq,  block_tables, out,                  \
                         part_out,  part_ml,    counters,   num_tokens, n_split,    num_heads,    num_kv_heads,         \
-                        block_size, num_blocks, num_seqs,  max_blocks, max_parts,  tw,           scale * PAT_LOG2E};   \
+                        block_size, num_blocks, num_seqs,  max_blocks, max_parts,  tw,           scale * PAT_LOG2E,    \
+                        window};                                                                                       \
         paged_attention_tc_deep_impl<D>(a);                                                                            \
     }
 PATD_KERNEL(64)
 PATD_KERNEL(128)
+
+// ---------------------------------------------------------------------------------------------
+// paged_attention_tc_shared_d{64,128} (TANDEM_CUDA_ATTENTION=tc_shared; `tc` stays the default
+// until a GPU measures both): tc's chunk jobs with their K/V tiles shared by a block. tc's
+// chunk warps each fetch their own K/V through two 16-key stages, so the 4 warps of a block
+// fetch the same tiles 4 times, latency-bound; here the PATS_WARPS warps of a chunk block
+// serve consecutive tokens of ONE sequence and one KV-head group (warp w: the block's tokens
+// w tw .. w tw + tw - 1, the same 16 mma rows a tc chunk job has), and each 64-key K and V tile
+// is loaded once into shared memory for all of them through a ring of PatsCfg<D>::NS tile
+// stages (cp.async; warp w issues the tile's keys 16 w .. 16 w + 15, K and V), FlashAttention-2
+// style: per tile, wait for the tile's own group, one block barrier (every warp's part of the
+// tile is in, and every warp is done with the stage the next issue refills), issue the tile
+// NS - 1 ahead, compute.
+// Per row the arithmetic is tc's, operation for operation (steps 1-3 above: the same 64-key
+// tiles at absolute positions, q and p rounded to bf16, the same mma order, online-softmax
+// step and partition folds; pat_part_len of the row's own span), so a token's bits equal tc's.
+// The block walks the keys from the first tile any of its rows sees to the end of its longest
+// context; the tiles outside a row's span are the no-ops tc's chunk jobs already run for the
+// rows of a warp (before the row's base: state unchanged; past its context: its keys -inf,
+// p = 0, and the row already folded into `out`). Keys past the block's last context are
+// zero-filled. Split jobs (decodes) are tc's warp jobs (pat_job), 4 a block, after the chunk
+// blocks. A block holds PATS_WARPS tw tokens (one sequence at a time when they span two); the
+// chunk blocks run the step's last tokens first.
+// Shared memory (PatsCfg<D>::SMEM): NS x (K | V) x 64 x (D + 8) bf16 + NS x 4 u32 bad-key masks +
+// 8 ints: 3 stages at D 64 (55,376 bytes), 2 at D 128 (69,696): over 48 KiB, the host opts in.
+#ifndef TANDEM_PATS_BREAK
+#define TANDEM_PATS_BREAK 0  // kernels/emu/attn_break_test.cpp: 1-2 break the variant on purpose
+#endif
+#define PATS_WARPS 4
+
+template <int D>
+struct PatsCfg {
+    static constexpr int NS = D == 64 ? 3 : 2;  // ring stages of one 64-key tile (K and V)
+    static constexpr int PITCH = D + 8, TILE = PAT_TILE * PITCH;
+    static constexpr int SMEM = NS * 2 * TILE * 2 + NS * 4 * 4 + 2 * PATS_WARPS * 4;
+};
+
+// The block's rows: tokens [t0, t1) of one sequence (at most PATS_WARPS * tw), heads h0.. h0 + G
+// of kv head kh; warp w takes tokens t0 + w tw on. Every thread of the block calls it.
+template <int D>
+__device__ __forceinline__ void pats_job(const PatArgs& a, int t0, int t1, int kh, int h0, int G, unsigned char* smem) {
+    constexpr int NS = PatsCfg<D>::NS, PITCH = PatsCfg<D>::PITCH, TILE = PatsCfg<D>::TILE;
+    constexpr int KS = D / 16, NT = D / 8, CH = D / 8;
+    bf16_t* ring = (bf16_t*)smem;  // stage s: K tile at ring + 2 s TILE, V tile after it
+    u32* bad_s = (u32*)(ring + NS * 2 * TILE);  // [NS][4]: the bad-key mask of each 16-key sub-tile
+    int* red = (int*)(bad_s + NS * 4);          // [2][PATS_WARPS]: each warp's first key and end
+    const int warp = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    const int H = a.num_heads;
+    const int w0 = t0 + warp * a.tw, nt = max(0, min(a.tw, t1 - w0));
+    const u32 seq = a.token_seq[t0];
+    const bool seq_bad = seq >= (u32)a.num_seqs;
+    int ctx[2], plen[2];
+    bool bad[2];
+    size_t orow[2];
+    for (int rr = 0; rr < 2; ++rr) {
+        const int r = g + 8 * rr;
+        const bool live = r < nt * G;
+        const int t = live ? w0 + r / G : t0, h = h0 + (live ? r % G : 0);
+        orow[rr] = ((size_t)t * H + h) * D;
+        const int cx = (int)min(a.positions[t], 0x7ffffffeu) + 1;
+        plen[rr] = pat_part_len(cx - pa_first_key(cx, a.window) / PAT_TILE * PAT_TILE);
+        bad[rr] = live && (seq_bad || cx > a.max_blocks * a.block_size);
+        ctx[rr] = live && !bad[rr] ? cx : 0;
+    }
+    auto lo = [&](int rr) { return pa_first_key(ctx[rr], a.window); };
+    auto base = [&](int rr) { return lo(rr) / PAT_TILE * PAT_TILE; };
+    for (int rr = 0; rr < 2; ++rr)
+        if (bad[rr])
+            for (int n = 0; n < NT; ++n) {
+                a.out[orow[rr] + n * 8 + 2 * c] = nan_f32();
+                a.out[orow[rr] + n * 8 + 2 * c + 1] = nan_f32();
+            }
+    // The block's keys: from the first tile any row sees to the end of the longest context.
+    int kend = max(ctx[0], ctx[1]);
+    int k_begin = a.window > 0 ? min(ctx[0] > 0 ? base(0) : 0x7fffffff, ctx[1] > 0 ? base(1) : 0x7fffffff) : 0;
+    for (int x = 1; x < 32; x <<= 1) {
+        kend = max(kend, __shfl_xor_sync(0xffffffffu, kend, x));
+        k_begin = min(k_begin, __shfl_xor_sync(0xffffffffu, k_begin, x));
+    }
+    if (lane == 0) {
+        red[warp] = k_begin;
+        red[PATS_WARPS + warp] = kend;
+    }
+    __syncthreads();
+    for (int w = 0; w < PATS_WARPS; ++w) {
+        k_begin = min(k_begin, red[w]);
+        kend = max(kend, red[PATS_WARPS + w]);
+    }
+    __syncthreads();  // every warp has read red before a next job writes it
+    if (k_begin >= kend) return;  // block-uniform: none of the block's rows has a key
+
+    // q rounded to bf16, as mma A fragments (tc's).
+    u32 qa[KS][4];
+    for (int ks = 0; ks < KS; ++ks)
+        for (int i = 0; i < 4; ++i) {
+            const int rr = i & 1, col = ks * 16 + 2 * c + 8 * (i >> 1);
+            qa[ks][i] = ctx[rr] > 0 ? pat_pack(a.q[orow[rr] + col], a.q[orow[rr] + col + 1]) : 0u;
+        }
+
+    const u32* table = a.block_tables + (size_t)(seq_bad ? 0 : seq) * a.max_blocks;
+    const size_t slot_stride = (size_t)a.num_kv_heads * D, head_off = (size_t)kh * D;
+    const int ntiles = (kend - k_begin + PAT_TILE - 1) / PAT_TILE;
+    // Tile `tile`'s keys 16 warp .. 16 warp + 15, K and V, into stage tile % NS; past the last
+    // tile only the (empty) group is committed, so the wait below always counts NS - 2 newer.
+    auto issue = [&](int tile) {
+        if (tile < ntiles) {
+            const int buf = tile % NS, key0 = k_begin + tile * PAT_TILE + warp * PAT_SUB;
+            int slot = -1;  // -1: past the block's keys (zero-filled); -2: a bad block id
+            if (lane < PAT_SUB) {
+                const int pos = key0 + lane;
+                if (pos < kend) {
+                    const u32 blk = table[pos / a.block_size];
+                    slot = blk < (u32)a.num_blocks ? (int)blk * a.block_size + pos % a.block_size : -2;
+                }
+            }
+            const u32 badm = __ballot_sync(0xffffffffu, slot == -2);
+            if (lane == 0) bad_s[buf * 4 + warp] = badm;
+            bf16_t* kd = ring + buf * 2 * TILE + warp * PAT_SUB * PITCH;
+            for (int e = lane; e < PAT_SUB * CH; e += 32) {
+                const int key = e / CH, ch = e % CH;
+                const int sl = __shfl_sync(0xffffffffu, slot, key);
+                const size_t off = sl >= 0 ? (size_t)sl * slot_stride + head_off + ch * 8 : 0;
+                cp_async_cg16(kd + key * PITCH + ch * 8, a.k_cache + off, sl >= 0 ? 16 : 0);
+                cp_async_cg16(kd + TILE + key * PITCH + ch * 8, a.v_cache + off, sl >= 0 ? 16 : 0);
+            }
+        }
+        cp_async_commit();
+    };
+    for (int s = 0; s < NS - 1; ++s) issue(s);
+
+    float o[NT][4], S[8][4], m[2], l[2], macc[2], lacc[2];
+    for (int i = 0; i < NT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+    m[0] = m[1] = macc[0] = macc[1] = neg_inf_f32();
+    l[0] = l[1] = lacc[0] = lacc[1] = 0.0f;
+    const int j = lane >> 3, r8 = lane & 7;
+    for (int tile = 0; tile < ntiles; ++tile) {
+        cp_async_wait<NS - 2>();  // this thread's part of tile `tile`
+#if TANDEM_PATS_BREAK != 1
+        __syncthreads();  // every warp's part is in; every warp is done with tile - 1's stage
+#endif
+        issue(tile + NS - 1);
+#if TANDEM_PATS_BREAK == 2
+        const int buf = (tile + 1) % NS;  // the wrong stage
+#else
+        const int buf = tile % NS;
+#endif
+        const bf16_t* kt = ring + buf * 2 * TILE;
+        const int k0 = k_begin + tile * PAT_TILE;
+#pragma unroll
+        for (int sub = 0; sub < 4; ++sub) {
+            // 16 keys of s = q . k (two n8 tiles), dims in ascending k16 steps (tc's K stage).
+            const bf16_t* src = kt + sub * PAT_SUB * PITCH;
+            const u32 badm = bad_s[buf * 4 + sub];
+            float* s0 = S[2 * sub];
+            float* s1 = S[2 * sub + 1];
+            for (int i = 0; i < 4; ++i) s0[i] = s1[i] = 0.0f;
+            for (int ks = 0; ks < KS; ++ks) {
+                u32 b[4];
+                ldmatrix_x4(b, src + ((j >> 1) * 8 + r8) * PITCH + ks * 16 + (j & 1) * 8);
+                const u32 b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+                mma_16816(bf16_t{}, S[2 * sub], qa[ks], b0);
+                mma_16816(bf16_t{}, S[2 * sub + 1], qa[ks], b1);
+            }
+            for (int n2 = 0; n2 < 2; ++n2)
+                for (int i = 0; i < 4; ++i) {
+                    const int kk = n2 * 8 + 2 * c + (i & 1), key = k0 + sub * PAT_SUB + kk;
+                    float& v = S[2 * sub + n2][i];
+                    v = key >= ctx[i >> 1] || key < lo(i >> 1) ? neg_inf_f32() : ((badm >> kk) & 1u) ? nan_f32() : v * a.scale_log2;
+                }
+        }
+        // The tile's online-softmax step, per row (tc's): a tile before the row's base leaves it.
+        for (int rr = 0; rr < 2; ++rr) {
+            const bool before = k0 < base(rr);
+            float mx = neg_inf_f32();
+            for (int n = 0; n < 8; ++n) mx = fmaxf(mx, fmaxf(S[n][2 * rr], S[n][2 * rr + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float mn = before ? m[rr] : fmaxf(m[rr], mx), alpha = before ? 1.0f : exp2f(m[rr] - mn);
+            float rs = 0.0f;
+            for (int n = 0; n < 8; ++n)
+                for (int e = 2 * rr; e < 2 * rr + 2; ++e) {
+                    S[n][e] = before ? 0.0f : exp2f(S[n][e] - mn);
+                    rs += S[n][e];
+                }
+            rs += __shfl_xor_sync(0xffffffffu, rs, 1);
+            rs += __shfl_xor_sync(0xffffffffu, rs, 2);
+            l[rr] = before ? l[rr] : fmaf(l[rr], alpha, rs);
+            m[rr] = mn;
+            for (int n = 0; n < NT; ++n) {
+                o[n][2 * rr] *= alpha;
+                o[n][2 * rr + 1] *= alpha;
+            }
+        }
+#pragma unroll
+        for (int sub = 0; sub < 4; ++sub) {
+            // o += bf16(p) . V over these 16 keys (tc's V stage).
+            const bf16_t* src = kt + TILE + sub * PAT_SUB * PITCH;
+            const u32 pa[4] = {pat_pack(S[2 * sub][0], S[2 * sub][1]), pat_pack(S[2 * sub][2], S[2 * sub][3]),
+                               pat_pack(S[2 * sub + 1][0], S[2 * sub + 1][1]), pat_pack(S[2 * sub + 1][2], S[2 * sub + 1][3])};
+            for (int np = 0; np < NT / 2; ++np) {
+                u32 b[4];
+                ldmatrix_x4_trans(b, src + ((j & 1) * 8 + r8) * PITCH + np * 16 + (j >> 1) * 8);
+                const u32 b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+                mma_16816(bf16_t{}, o[2 * np], pa, b0);
+                mma_16816(bf16_t{}, o[2 * np + 1], pa, b1);
+            }
+        }
+        // Each row whose partition (or context) ends with this tile folds (tc's conditions).
+        for (int rr = 0; rr < 2; ++rr) {
+            if (ctx[rr] <= k0 || k0 < base(rr)) continue;
+            const bool last = ctx[rr] <= k0 + PAT_TILE;
+            if (!last && (k0 + PAT_TILE - base(rr)) % plen[rr] != 0) continue;
+            const bool first = k0 < base(rr) + plen[rr];
+            pat_chunk_fold<D>(a, o, m, l, macc, lacc, orow, c, rr, first, last);
+        }
+    }
+    cp_async_wait<0>();  // only empty groups are left
+    __syncthreads();     // every warp is done with the ring before a next job's issues refill it
+}
+
+// Chunk blocks first (PATS_WARPS tw tokens and one KV-head group each), then split blocks of
+// PAT_WARPS of tc's split jobs each (stage areas as tc's, inside the same dynamic memory).
+template <int D>
+__device__ __forceinline__ void paged_attention_tc_shared_impl(const PatArgs& a) {
+    PDL_WAIT();
+    PDL_LAUNCH_DEPENDENTS();
+    TANDEM_DYNAMIC_SMEM(smem_raw);
+    const int warp = (int)threadIdx.x >> 5;
+    const int H = a.num_heads, KVH = a.num_kv_heads;
+    if (KVH < 1 || H % KVH != 0 || a.tw < 1) return;
+    const int gqa = H / KVH, HG = (gqa + 15) / 16, groups = KVH * HG;
+    if (a.tw * min(gqa, 16) > 16) return;
+    const int rest = a.num_tokens - a.n_split, bt = PATS_WARPS * a.tw;
+    const long chunk_blocks = (long)((rest + bt - 1) / bt) * groups;
+    const long b = (long)blockIdx.x;
+    if (b < chunk_blocks) {
+        // The last chunk first: a prompt's last tokens have the longest contexts, so the
+        // longest blocks start first (which block serves which tokens changes no bit).
+        const int chunk = (int)((chunk_blocks - 1 - b) / groups), grp = (int)(b % groups), kh = grp / HG, hg = grp % HG;
+        const int G = min(16, gqa - hg * 16), h0 = kh * gqa + hg * 16;
+        const int t_begin = a.n_split + chunk * bt, t_end = min(a.num_tokens, t_begin + bt);
+        for (int t0 = t_begin; t0 < t_end;) {
+            int t1 = t0 + 1;
+            while (t1 < t_end && a.token_seq[t1] == a.token_seq[t0]) ++t1;
+            pats_job<D>(a, t0, t1, kh, h0, G, smem_raw);
+            t0 = t1;
+        }
+        return;
+    }
+    const long sj = (b - chunk_blocks) * PAT_WARPS + warp;
+    if (sj >= (long)a.n_split * groups * a.max_parts) return;
+    const int part = (int)(sj % a.max_parts), grp = (int)(sj / a.max_parts % groups), t = (int)(sj / a.max_parts / groups);
+    const int kh = grp / HG, hg = grp % HG;
+    bf16_t* stage = (bf16_t*)smem_raw + (size_t)warp * 2 * PAT_SUB * (D + 8);
+    pat_job<D>(a, t, 1, kh, kh * gqa + hg * 16, min(16, gqa - hg * 16), part, grp, groups, stage);
+}
+
+#define PATS_KERNEL(D)                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(PATS_WARPS * 32) paged_attention_tc_shared_d##D(                     \
+        const float* __restrict__ q, const bf16_t* __restrict__ k_cache, const bf16_t* __restrict__ v_cache,          \
+        const u32* __restrict__ positions, const u32* __restrict__ token_seq, const u32* __restrict__ block_tables, \
+        float* __restrict__ out, float* __restrict__ part_out, float* __restrict__ part_ml, u32* __restrict__ counters, \
+        int num_tokens, int n_split, int num_heads, int num_kv_heads, int block_size, int num_blocks, int num_seqs,   \
+        int max_blocks, int max_parts, int tw, float scale, int window) {                                              \
+        const PatArgs a{q,         k_cache,    v_cache,    positions,  token_seq,  block_tables, out,                  \
+                        part_out,  part_ml,    counters,   num_tokens, n_split,    num_heads,    num_kv_heads,         \
+                        block_size, num_blocks, num_seqs,  max_blocks, max_parts,  tw,           scale * PAT_LOG2E,    \
+                        window};                                                                                       \
+        paged_attention_tc_shared_impl<D>(a);                                                                          \
+    }
+PATS_KERNEL(64)
+PATS_KERNEL(128)

@@ -73,29 +73,28 @@ inline Data build(const Case& c) {
 
 using PatKernel = void (*)(const float*, const bf16_t*, const bf16_t*, const u32*, const u32*, const u32*, float*, float*, float*, u32*, int, int,
                           int, int, int, int, int, int, int, int, float, int);
-// tc_deep takes no sliding window (the host runs tc for a windowed layer): launched without one,
-// and the windowed cases are tc's alone.
-template <auto K>
-void no_window(const float* q, const bf16_t* k, const bf16_t* v, const u32* pos, const u32* ts, const u32* bt, float* out, float* po, float* pm,
-               u32* cnt, int a, int b, int c, int d, int e, int f, int g, int h, int i, int j, float scale, int) {
-    K(q, k, v, pos, ts, bt, out, po, pm, cnt, a, b, c, d, e, f, g, h, i, j, scale);
-}
-
 // How the host launches each variant (crates/cuda/src/attention.rs): its kernels, warps a
-// block, partitions at most (pat_max_parts), dynamic shared memory.
+// block, partitions at most (pat_max_parts), dynamic shared memory; `shared`: tc_shared's grid
+// (chunk blocks of PATS_WARPS * tw tokens, then split blocks of PAT_WARPS jobs), run with the
+// emulator's warps drifting apart between block barriers (emu::warp_greedy).
 struct Variant {
     const char* name;
     PatKernel d64, d128;
     int warps, splits;
     size_t (*smem)(int D);
+    bool shared = false;
 };
 inline Variant tc() {
     return {"paged_attention_tc", paged_attention_tc_d64, paged_attention_tc_d128, PAT_WARPS, PAT_SPLITS,
             [](int D) { return (size_t)PAT_WARPS * 2 * PAT_SUB * (D + 8) * 2; }};
 }
 inline Variant tc_deep() {
-    return {"paged_attention_tc_deep", no_window<paged_attention_tc_deep_d64>, no_window<paged_attention_tc_deep_d128>, 1, PATD_SPLITS,
+    return {"paged_attention_tc_deep", paged_attention_tc_deep_d64, paged_attention_tc_deep_d128, 1, PATD_SPLITS,
             [](int D) { return (size_t)(D == 64 ? PatdCfg<64>::SMEM : PatdCfg<128>::SMEM); }};
+}
+inline Variant tc_shared() {
+    return {"paged_attention_tc_shared", paged_attention_tc_shared_d64, paged_attention_tc_shared_d128, PATS_WARPS, PAT_SPLITS,
+            [](int D) { return (size_t)(D == 64 ? PatsCfg<64>::SMEM : PatsCfg<128>::SMEM); }, true};
 }
 
 // The host's bound on partitions (crates/cuda/src/attention.rs, pat_max_parts).
@@ -125,7 +124,10 @@ inline std::vector<float> run(const Variant& var, const Data& d, int n_split, in
         pm((size_t)std::max(n_split, 1) * d.H * parts * 2, NAN);
     std::vector<u32> counters((size_t)std::max(n_split, 1) * groups, 0);
     const long warps = (long)((T - n_split + tw - 1) / tw) * groups + (long)n_split * groups * parts;
-    const unsigned blocks = (unsigned)std::max(1L, (warps + var.warps - 1) / var.warps);
+    const long split_jobs = (long)n_split * groups * parts, bt = (long)PATS_WARPS * tw;
+    const unsigned blocks = var.shared ? (unsigned)std::max(1L, (T - n_split + bt - 1) / bt * groups + (split_jobs + PAT_WARPS - 1) / PAT_WARPS)
+                                       : (unsigned)std::max(1L, (warps + var.warps - 1) / var.warps);
+    emu::warp_greedy = var.shared;
     const size_t smem = var.smem(c.D);
     const float scale = 1.0f / std::sqrt((float)c.D);
     launch(dim3{blocks, 1, 1}, dim3{(unsigned)var.warps * 32, 1, 1}, [&] {
@@ -133,6 +135,7 @@ inline std::vector<float> run(const Variant& var, const Data& d, int n_split, in
         f(q.data(), d.k.data(), d.v.data(), pos.data(), tseq.data(), d.tables.data(), out.data(), po.data(), pm.data(), counters.data(), T, n_split,
           d.H, c.kvh, c.bs, d.num_blocks, d.S, d.max_blocks, parts, tw, scale, c.window);
     }, smem);
+    emu::warp_greedy = false;
     for (u32 v : counters) counters_ok = counters_ok && v == 0;
     return out;
 }
@@ -242,15 +245,17 @@ inline std::vector<Case> cases() {
         {16, 1, 4, 128, {{1100, 1}, {1000, 40}}, -1, 600},
         {16, 2, 1, 128, {{60, 40}, {3, 1}}, -1, 64},
         {16, 1, 2, 64, {{5, 3}, {70, 20}}, -1, 1},
+        {16, 2, 4, 64, {{0, 1}, {10, 1}, {40, 1}, {30, 20}}, -1, 16},    // window 16: contexts of 1-50 keys
+        {32, 1, 3, 128, {{2100, 1}, {1980, 12}}, -1, 1500},              // a span past 1024 keys (tc_deep: 24 partitions of 64, tc: 12 of 128)
         {16, 1, 4, 64, {{2042, 20}}},                                    // tc_deep's partition length changes (2048 -> 2049 keys) inside a chunk
         {32, 1, 2, 128, {{5000, 1}, {700, 9}}},                          // head_dim 128, many ring turns (tc: 16 x 320, tc_deep: 27 x 192)
+        {16, 2, 2, 64, {{0, 70}, {33, 45}, {7, 1}}},                    // prefills from 0 and over a prefix (tc_shared: blocks of 32 tokens, one across two sequences)
     };
 }
 
 inline void run_all(const Variant& var, const Check& check) {
     const std::string vn = var.name;
     for (const Case& c : cases()) {
-        if (c.window > 0 && var.d64 != tc().d64) continue;
         const Data d = build(c);
         const int lead = leading_decodes(d);
         std::vector<double> want, bound;
@@ -259,12 +264,22 @@ inline void run_all(const Variant& var, const Check& check) {
         std::string worst;
         const bool close = within(got, want, bound, worst);
         check(vn + " vs f64 within the derived bound, " + name(c) + ": " + worst, close);
-        int max_ctx = 0;
-        for (unsigned p : d.pos) max_ctx = std::max(max_ctx, (int)p + 1);
-        if (var.d64 != tc().d64 && max_ctx <= 1024) {
-            // Up to 1024 keys both variants cut 64-key partitions: the same arithmetic, the same bits.
+        int max_span = 0;  // keys from the first one seen, rounded down to a 64-key tile
+        for (unsigned p : d.pos) {
+            const int n = (int)p + 1, lo = c.window > 0 && n > c.window ? n - c.window : 0;
+            max_span = std::max(max_span, n - lo / PAT_TILE * PAT_TILE);
+        }
+        if (var.d64 == tc_deep().d64 && max_span <= 1024) {
+            // Up to a 1024-key span both variants cut 64-key partitions: the same arithmetic, the same bits.
             auto base = run(tc(), d, lead);
-            check(vn + " " + name(c) + ": bitwise equal to paged_attention_tc (the same partitions up to 1024 keys)", same(got, base.data(), got.size()));
+            check(vn + " " + name(c) + ": bitwise equal to paged_attention_tc (the same partitions up to a 1024-key span)", same(got, base.data(), got.size()));
+        }
+        if (var.shared) {
+            // tc_shared's per-row arithmetic is tc's at every length: its chunk blocks against
+            // tc's chunk jobs (every token a chunk token, and the host's mix).
+            auto base = run(tc(), d, lead), base_chunk = run(tc(), d, 0), chunk = run(var, d, 0);
+            check(vn + " " + name(c) + ": bitwise equal to paged_attention_tc (chunk blocks, and the host's mix)",
+                  same(got, base.data(), got.size()) && same(chunk, base_chunk.data(), got.size()));
         }
         const size_t n = got.size();
         // The same bits whichever jobs serve the tokens.

@@ -4,8 +4,12 @@
 // split jobs' partials folded newest first: within every bound, so only the bitwise comparison
 // of split and chunk jobs can catch it), =4 (a chunk job's rows all take its first token's
 // partition length: the same tokens alone differ in the last bits); and with
-// -DTANDEM_PATD_BREAK=1..4 for the tc_deep variant's own code: =1 (each K step waits for one
-// stage fewer than the ring's depth), =2 (the ring's wrong stage read), =3 and =4 as above.
+// -DTANDEM_PATD_BREAK=1..5 for the tc_deep variant's own code: =1 (each K step waits for one
+// stage fewer than the ring's depth), =2 (the ring's wrong stage read), =3 and =4 as above, =5
+// (the sliding window's keys before a row's first key, in its first tile, not masked); and with
+// -DTANDEM_PATS_BREAK=1..2 for the tc_shared variant's chunk blocks: =1 (the block barrier after
+// each tile's cp.async wait dropped: warps read the sub-tiles other warps copy, which the
+// emulator's drifting warps find not yet landed), =2 (the ring's wrong stage read).
 // It succeeds only if some check of the broken kernel's variant catches the break; which
 // checks caught it is printed.
 #include "cuda_emu.h"
@@ -19,15 +23,15 @@
 
 int main() {
     int checks = 0, failed = 0;
-    const bool deep = TANDEM_PATD_BREAK != 0;
-    pattest::run_all(deep ? pattest::tc_deep() : pattest::tc(), [&](const std::string& what, bool ok) {
+    const bool deep = TANDEM_PATD_BREAK != 0, shared = TANDEM_PATS_BREAK != 0;
+    pattest::run_all(shared ? pattest::tc_shared() : deep ? pattest::tc_deep() : pattest::tc(), [&](const std::string& what, bool ok) {
         ++checks;
         if (!ok) {
             ++failed;
             std::printf("failed (as it must) %s\n", what.c_str());
         }
     });
-    std::printf("%s=%d: %d of %d checks caught the break\n", deep ? "TANDEM_PATD_BREAK" : "TANDEM_PAT_BREAK", deep ? TANDEM_PATD_BREAK : TANDEM_PAT_BREAK,
-                failed, checks);
+    std::printf("%s=%d: %d of %d checks caught the break\n", shared ? "TANDEM_PATS_BREAK" : deep ? "TANDEM_PATD_BREAK" : "TANDEM_PAT_BREAK",
+                shared ? TANDEM_PATS_BREAK : deep ? TANDEM_PATD_BREAK : TANDEM_PAT_BREAK, failed, checks);
     return failed > 0 ? 0 : 1;
 }

@@ -444,17 +444,22 @@ inline void reset(Fiber& f) {
 #endif
 }
 
+// warp_greedy (set by a test around a launch): each round runs one warp's fibers again and
+// again until none of them moves (all parked at a block barrier, or returned) before the next
+// warp starts, so warps drift apart as far as a GPU may let them between block barriers,
+// instead of moving in step from one warp collective to the next. A block barrier that a
+// kernel needs between one warp's shared-memory writes (or cp.async copies, which land at the
+// issuing thread's wait) and another warp's reads is then seen missing: the reader finds the
+// 0xFF poison.
+inline bool warp_greedy = false;
+
 // One round over fibers [first, first + count): each runs until it waits at a barrier or
 // returns. Returns how many have returned; dies if nothing moved (a barrier nobody can open).
 inline unsigned run_round(unsigned first, unsigned count) {
     const unsigned long before = progress;
-    unsigned done = 0;
-    for (unsigned i = first; i < first + count; ++i) {
+    auto resume = [](unsigned i) {
         Fiber& f = *sched.fibers[i];
-        if (f.done) {
-            ++done;
-            continue;
-        }
+        if (f.done) return;
         cur = &f;
 #if defined(__x86_64__)
         tandem_emu_switch(&sched.sp, f.sp);
@@ -462,8 +467,18 @@ inline unsigned run_round(unsigned first, unsigned count) {
         swapcontext(&sched.ctx, &f.ctx);
 #endif
         cur = nullptr;
-        if (f.done) ++done;
+    };
+    if (warp_greedy && count % 32 == 0) {
+        for (unsigned w = first; w < first + count; w += 32)
+            for (unsigned long mark = progress - 1; mark != progress;) {
+                mark = progress;
+                for (unsigned i = w; i < w + 32; ++i) resume(i);
+            }
+    } else {
+        for (unsigned i = first; i < first + count; ++i) resume(i);
     }
+    unsigned done = 0;
+    for (unsigned i = first; i < first + count; ++i) done += sched.fibers[i]->done ? 1u : 0u;
     if (done < count && progress == before) die("deadlock: a barrier some threads of the block never reach (an early return, or a divergent collective)");
     return done;
 }

@@ -879,6 +879,7 @@ int main() {
     test_attention();
     pattest::run_all(pattest::tc(), expect_true);
     pattest::run_all(pattest::tc_deep(), expect_true);
+    pattest::run_all(pattest::tc_shared(), expect_true);
     test_matmul();
     fusedtest::run_all(expect_true);
     act16test::run_all(expect_true);

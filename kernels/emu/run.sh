@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds and runs the host emulation of every kernel (kernels/emu/emu_test.cpp) with g++, beside
 # the four deliberately broken matmul builds (break_test.cpp), the four broken tensor-core
-# attention builds and four broken tc_deep builds (attn_break_test.cpp) and a broken routed-MoE combine (moe_break_test.cpp),
+# attention builds and five broken tc_deep builds and two broken tc_shared builds (attn_break_test.cpp) and a broken routed-MoE combine (moe_break_test.cpp),
 # which must be caught, and a
 # kernel that deadlocks at a barrier (deadlock_test.cpp), which must be reported, not hang, and
 # the fake driver's interleaved block order (interleave_test.cpp, built as crates/fake-cuda does),
@@ -16,7 +16,7 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 out="${TMPDIR:-/tmp}/tandem-emu-test-$$"
 cxx() { "${CXX:-g++}" -std=c++20 -O1 -pthread -Wall -Wno-unused-function -Wno-unknown-pragmas "$@"; }
-trap 'rm -f "$out" "$out-break1" "$out-break2" "$out-break3" "$out-break4" "$out-attn1" "$out-attn2" "$out-attn3" "$out-attn4" "$out-attnd1" "$out-attnd2" "$out-attnd3" "$out-attnd4" "$out-deadlock" "$out-interleave" "$out-pdl" "$out-moe1" "$out-sm90" "$out.sm90" "$out.log" "$out.breaks" "$out.main"' EXIT
+trap 'rm -f "$out" "$out-break1" "$out-break2" "$out-break3" "$out-break4" "$out-attn1" "$out-attn2" "$out-attn3" "$out-attn4" "$out-attnd1" "$out-attnd2" "$out-attnd3" "$out-attnd4" "$out-attnd5" "$out-attns1" "$out-attns2" "$out-deadlock" "$out-interleave" "$out-pdl" "$out-moe1" "$out-sm90" "$out.sm90" "$out.log" "$out.breaks" "$out.main"' EXIT
 cxx -o "$out" "$here/emu_test.cpp" & p0=$!
 cxx -DTANDEM_GEMM_BREAK=1 -o "$out-break1" "$here/break_test.cpp" & p1=$!
 cxx -DTANDEM_GEMM_BREAK=2 -o "$out-break2" "$here/break_test.cpp" & p2=$!
@@ -34,8 +34,11 @@ for b in 1 2 3 4; do
 done
 for p in "${pids[@]}"; do wait "$p"; done
 pids=()
-for b in 1 2 3 4; do
+for b in 1 2 3 4 5; do
     cxx -DTANDEM_PATD_BREAK=$b -o "$out-attnd$b" "$here/attn_break_test.cpp" & pids+=($!)
+done
+for b in 1 2; do
+    cxx -DTANDEM_PATS_BREAK=$b -o "$out-attns$b" "$here/attn_break_test.cpp" & pids+=($!)
 done
 for p in "${pids[@]}"; do wait "$p"; done
 wait $pm
@@ -54,8 +57,16 @@ breaks() {
             echo "FAIL the emulator tests did not catch TANDEM_PAT_BREAK=$b"
             s=1
         fi
+    done
+    for b in 1 2 3 4 5; do
         if ! "$out-attnd$b" | tail -n 1; then
             echo "FAIL the emulator tests did not catch TANDEM_PATD_BREAK=$b"
+            s=1
+        fi
+    done
+    for b in 1 2; do
+        if ! "$out-attns$b" | tail -n 1; then
+            echo "FAIL the emulator tests did not catch TANDEM_PATS_BREAK=$b"
             s=1
         fi
     done

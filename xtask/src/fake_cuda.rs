@@ -210,7 +210,9 @@ pub fn cuda_tests(root: &Path, env: &FakeEnv) -> Result<Counts> {
 /// and 64 with hidden 576: tensor-core attention, split K, the fused paths; tiny-qwen3: the
 /// per-head q/k norms; tiny-qwen3-moe: the MoE kernels, captured; tiny-gemma3: GeGLU, the
 /// scaled embedding, sandwich norms, two ropes and a window; tiny-hd128 once more with
-/// `TANDEM_CUDA_ATTENTION=tc_deep`, and with `TANDEM_CUDA_PDL=1`, as is the op suite), and
+/// `TANDEM_CUDA_ATTENTION=tc_deep`, and with `TANDEM_CUDA_PDL=1`, as is the op suite;
+/// tiny-mistral-hd128, a window of 16 keys on the tensor-core attention, with `tc_deep` and
+/// `tc_shared` (its shared-memory opt-in too)), and
 /// `tandem serve` answering requests ([`serve_check`]) and preempting over HTTP
 /// ([`preempt_check`]). Each `tandem` command counts as one test. `tandem`: a binary already
 /// built (a workspace `cargo test` builds one; building `-p tandem-cli` alone resolves other
@@ -244,7 +246,7 @@ pub fn group(root: &Path, tandem: Option<PathBuf>) -> Result<Counts> {
     // two of an op's kernels runs dependent-first (crates/cuda/src/launch.rs).
     commands.push((format!("op suite on cuda, TANDEM_CUDA_PDL=1 (seed {seed})"), ["TANDEM_CUDA_PDL=1", "test-ops", "--backend", "cuda", "--seed", &seed].map(String::from).to_vec()));
     commands.push(("matmul on cuda, TANDEM_CUDA_GEMM_LARGE=wgmma".into(), ["TANDEM_CUDA_GEMM_LARGE=wgmma", "test-ops", "--backend", "cuda", "--op", "matmul", "--seed", &seed].map(String::from).to_vec()));
-    for shape in ["tiny-hd128", "small-hd64", "tiny-qwen3", "tiny-qwen3-moe", "tiny-gemma3"] {
+    for shape in ["tiny-hd128", "small-hd64", "tiny-qwen3", "tiny-qwen3-moe", "tiny-gemma3", "tiny-mistral-hd128"] {
         let dir = models.join(shape);
         if !dir.join("config.json").exists() {
             let st = Command::new(&tandem).args(["gen-model", "--shape", shape, "--out"]).arg(&dir).status()?;
@@ -256,10 +258,21 @@ pub fn group(root: &Path, tandem: Option<PathBuf>) -> Result<Counts> {
         // at 6 requests (it still preempts): the emulator runs every CUDA thread as a fiber.
         let mut args: Vec<String> = ["compare", "--backend", "cuda", "--prompts", "3", "--steps", "6", "--chunk", "32", "--batch", "6", "--model"].map(String::from).to_vec();
         args.push(dir.to_string_lossy().into_owned());
+        if shape == "tiny-mistral-hd128" {
+            // A sliding window (16 keys, shorter than the prompts) on the tensor-core attention
+            // variants (tc's own windows are the emulator's and the op suite's): decodes and
+            // prefill chunks over a prefix, each token's span cut from its window.
+            for v in ["tc_deep", "tc_shared"] {
+                let mut cmd = vec![format!("TANDEM_CUDA_ATTENTION={v}")];
+                cmd.extend(args.clone());
+                commands.push((format!("compare cuda (attention {v}) vs reference, {shape}"), cmd));
+            }
+            continue;
+        }
         commands.push((format!("compare cuda vs reference, {shape}"), args.clone()));
         if shape == "tiny-hd128" {
             // The tc_deep attention variant (TANDEM_CUDA_ATTENTION; head_dim 128: its
-            // shared-memory opt-in), through the same compare.
+            // shared-memory opt-in), through the same compare (tc_shared: on tiny-mistral-hd128).
             let mut deep = vec!["TANDEM_CUDA_ATTENTION=tc_deep".to_string()];
             deep.extend(args.clone());
             commands.push((format!("compare cuda (attention tc_deep) vs reference, {shape}"), deep));

@@ -3,7 +3,10 @@
 //! or 128, and the f32 kernel (`paged_attention_partial_f32` / `_bf16`) for everything else
 //! (the f32 cache kept for checks, other head sizes). `TANDEM_CUDA_ATTENTION=tc_deep` swaps the
 //! tensor-core kernel for its variant `paged_attention_tc_deep_d64` / `_d128` (a deeper K+V
-//! pipeline, one warp a block, up to 32 partitions); `=f32` keeps the f32 kernel. Which one
+//! pipeline, one warp a block, up to 32 partitions; the sliding window as tc's);
+//! `=tc_shared` for `paged_attention_tc_shared_d64` / `_d128` (prefill chunks by blocks of 4
+//! warps over consecutive tokens of one sequence sharing each 64-key K/V tile, loaded once
+//! through a multi-stage cp.async ring; tc's bits; decodes as tc); `=f32` keeps the f32 kernel. Which one
 //! serves a model depends only on the model, the cache type and that switch, never on the step,
 //! so a token's bits never follow the batch.
 //! A child module of `backend`, so it shares that module's private helpers.
@@ -61,6 +64,12 @@ const PAT_SPLITS: usize = 16;
 const PATD_SPLITS: usize = 32;
 pub(super) const PATD_SMEM: [usize; 2] = [(8 * 2 + 1) * PAT_SUB * (64 + 8) * 2 + 8 * 4, (6 * 2 + 1) * PAT_SUB * (128 + 8) * 2 + 6 * 4];
 
+/// The tc_shared variant's warps a chunk block (PATS_WARPS: a block holds PATS_WARPS * tw
+/// tokens), and its dynamic shared memory (PatsCfg<D>::SMEM: a ring of 3 K+V 64-key tile stages
+/// at head_dim 64, 2 at 128, their bad-key masks, 8 ints).
+const PATS_WARPS: usize = 4;
+pub(super) const PATS_SMEM: [usize; 2] = [3 * 2 * 64 * (64 + 8) * 2 + 3 * 16 + 32, 2 * 2 * 64 * (128 + 8) * 2 + 2 * 16 + 32];
+
 /// Partitions enough for every token whose context is at most `ctx` keys, for a kernel that
 /// cuts at most `splits` (PAT_SPLITS for tc, PATD_SPLITS for tc_deep).
 fn pat_max_parts_of(ctx: usize, splits: usize) -> usize {
@@ -79,6 +88,8 @@ pub(super) enum AttnVariant {
     Tc,
     /// paged_attention_tc_deep.
     TcDeep,
+    /// paged_attention_tc_shared.
+    TcShared,
     /// paged_attention_partial for every cache.
     F32,
 }
@@ -87,8 +98,9 @@ fn parse_variant(v: Option<&str>) -> std::result::Result<AttnVariant, String> {
     match v.unwrap_or("") {
         "" | "tc" => Ok(AttnVariant::Tc),
         "tc_deep" => Ok(AttnVariant::TcDeep),
+        "tc_shared" => Ok(AttnVariant::TcShared),
         "f32" => Ok(AttnVariant::F32),
-        x => Err(format!("TANDEM_CUDA_ATTENTION={x}: one of tc (the default), tc_deep, f32")),
+        x => Err(format!("TANDEM_CUDA_ATTENTION={x}: one of tc (the default), tc_deep, tc_shared, f32")),
     }
 }
 
@@ -243,15 +255,18 @@ impl CudaBackend {
         let gqa = h / kvh;
         let groups = kvh * gqa.div_ceil(16);
         let tw = 16 / gqa.min(16);
-        // tc_deep has no sliding window yet: a windowed layer runs tc (a layer's kernel is fixed
-        // by its window, so each token's bits still follow its own context alone).
-        let var = if a.window > 0 && variant() == AttnVariant::TcDeep { AttnVariant::Tc } else { variant() };
+        let var = variant();
         let deep = var == AttnVariant::TcDeep;
+        let shared = var == AttnVariant::TcShared;
         // The partition count (the split jobs' stride) follows the context bound alone: fixed
         // for a captured step padded to graph_max_context.
         let parts = tc_max_parts(a.max_context.max(1), var);
         let mut n_split = a.decode_tokens.min(t);
-        let k = if deep { &self.kernels.attn_tc_deep[kernel] } else { &self.kernels.attn_tc[kernel] };
+        let k = match var {
+            AttnVariant::TcDeep => &self.kernels.attn_tc_deep[kernel],
+            AttnVariant::TcShared => &self.kernels.attn_tc_shared[kernel],
+            _ => &self.kernels.attn_tc[kernel],
+        };
         let mut s = self.scratch.lock().map_err(|_| err(format!("{OP}: scratch lock poisoned by an earlier panic")))?;
         let (out_b, ml_b, cnt_b) = (h * parts * d * 4, h * parts * 2 * 4, groups * 4);
         if parts > 1 && n_split > 0 {
@@ -277,9 +292,11 @@ impl CudaBackend {
         }
         let split = if parts > 1 { n_split } else { 0 };
         let warps = (t - n_split).div_ceil(tw) * groups + n_split * groups * parts;
-        // tc: PAT_WARPS warp jobs a block; tc_deep: one.
+        // tc: PAT_WARPS warp jobs a block; tc_deep: one; tc_shared: chunk blocks of
+        // PATS_WARPS * tw tokens, then PAT_WARPS split jobs a block.
         let per_block = if deep { 1 } else { PAT_WARPS };
-        let blocks = u32_of(warps.div_ceil(per_block), OP, "warp jobs a block")?;
+        let block_count = if shared { (t - n_split).div_ceil(PATS_WARPS * tw) * groups + (n_split * groups * parts).div_ceil(PAT_WARPS) } else { warps.div_ceil(per_block) };
+        let blocks = u32_of(block_count, OP, "warp jobs a block")?;
         let ints = [t, n_split, h, kvh, g.block_size, g.num_blocks, a.num_seqs, a.max_blocks, parts, tw];
         let names = ["T", "n_split", "num_heads", "kv_heads", "block_size", "num_blocks", "num_seqs", "max_blocks", "parts", "tw"];
         let mut v = [0i32; 10];
@@ -305,17 +322,17 @@ impl CudaBackend {
         for x in &v {
             l.arg(x);
         }
-        l.arg(&a.scale);
-        // tc_deep takes no window (a windowed layer runs tc, above).
-        if !deep {
-            l.arg(&window);
-        }
-        let smem = if deep { PATD_SMEM[kernel] } else { PAT_WARPS * 2 * PAT_SUB * (d + 8) * 2 } as u32;
+        l.arg(&a.scale).arg(&window);
+        let smem = match var {
+            AttnVariant::TcDeep => PATD_SMEM[kernel],
+            AttnVariant::TcShared => PATS_SMEM[kernel],
+            _ => PAT_WARPS * 2 * PAT_SUB * (d + 8) * 2,
+        } as u32;
         let launch = LaunchConfig { grid_dim: (blocks.max(1), 1, 1), block_dim: ((per_block * 32) as u32, 1, 1), shared_mem_bytes: smem };
         // SAFETY: the argument list matches paged_attention_tc's; partials sized for
         // [n_split, H, parts, D] and [n_split, H, parts, 2], counters for [n_split, groups]
         // (zeroed, and left zero by every launch); dynamic shared memory as the kernel's blocks
-        // use (tc_deep at head_dim 128 past 48 KiB: opted in at load).
+        // use (tc_deep at head_dim 128 and tc_shared past 48 KiB: opted in at load).
         let r = unsafe { l.launch(launch) };
         self.launched(k.name, r)
     }
@@ -379,6 +396,7 @@ mod partition_tests {
         assert_eq!(parse_variant(None), Ok(AttnVariant::Tc));
         assert_eq!(parse_variant(Some("tc")), Ok(AttnVariant::Tc));
         assert_eq!(parse_variant(Some("tc_deep")), Ok(AttnVariant::TcDeep));
+        assert_eq!(parse_variant(Some("tc_shared")), Ok(AttnVariant::TcShared));
         assert_eq!(parse_variant(Some("f32")), Ok(AttnVariant::F32));
         assert!(parse_variant(Some("deep")).unwrap_err().contains("tc_deep"));
     }
@@ -402,6 +420,16 @@ mod partition_tests {
         assert_eq!(tc_max_parts(4096, AttnVariant::TcDeep), 32);
         assert_eq!(tc_max_parts(4096, AttnVariant::Tc), 16);
         assert_eq!(PATD_SMEM, [39_200, 56_600]);
+    }
+
+    /// tc_shared cuts partitions as tc does (the same bits), and its shared memory is what the
+    /// kernel's PatsCfg computes (over 48 KiB at both head sizes: opted in at load).
+    #[test]
+    fn tc_shared_partitions_and_shared_memory() {
+        for ctx in [1, 64, 1024, 4096, 131_072] {
+            assert_eq!(tc_max_parts(ctx, AttnVariant::TcShared), tc_max_parts(ctx, AttnVariant::Tc), "ctx {ctx}");
+        }
+        assert_eq!(PATS_SMEM, [55_376, 69_696]);
     }
 
     /// The tensor-core kernel's scratch follows the sequences, not the tokens: 2,048 tokens

@@ -349,6 +349,7 @@ struct Kernels<F> {
     attn_partial: [Kernel<F>; 2],
     attn_tc: [Kernel<F>; 2],
     attn_tc_deep: [Kernel<F>; 2],
+    attn_tc_shared: [Kernel<F>; 2],
     argmax: Kernel<F>,
     /// `TANDEM_CUDA_ARGMAX=multi`: per-chunk partials, then a fold a row ([`argmax_multi`]).
     argmax_partial: Kernel<F>,
@@ -436,6 +437,7 @@ impl<F> Kernels<F> {
             attn_partial: [k("paged_attention_partial_f32")?, k("paged_attention_partial_bf16")?],
             attn_tc: [k("paged_attention_tc_d64")?, k("paged_attention_tc_d128")?],
             attn_tc_deep: [k("paged_attention_tc_deep_d64")?, k("paged_attention_tc_deep_d128")?],
+            attn_tc_shared: [k("paged_attention_tc_shared_d64")?, k("paged_attention_tc_shared_d128")?],
             argmax: k("argmax")?,
             argmax_partial: k("argmax_partial")?,
             argmax_fold: k("argmax_fold")?,
@@ -645,6 +647,14 @@ impl CudaBackend {
         }
         // The tc_deep attention at head_dim 128 takes more than 48 KiB.
         for (kern, &bytes) in kernels.attn_tc_deep.iter().zip(&attention::PATD_SMEM) {
+            if bytes as u32 > matmul::SMEM_DEFAULT_LIMIT {
+                kern.f
+                    .set_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes as i32)
+                    .map_err(drv(&format!("{}: {bytes} bytes of shared memory", kern.name)))?;
+            }
+        }
+        // The tc_shared attention's K/V tile ring takes more than 48 KiB at both head sizes.
+        for (kern, &bytes) in kernels.attn_tc_shared.iter().zip(&attention::PATS_SMEM) {
             if bytes as u32 > matmul::SMEM_DEFAULT_LIMIT {
                 kern.f
                     .set_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes as i32)
@@ -1551,7 +1561,7 @@ mod kernel_table_tests {
         let names = kernel_names();
         let unique: std::collections::BTreeSet<_> = names.iter().collect();
         assert_eq!(unique.len(), names.len(), "{names:?}");
-        assert_eq!(names.len(), 79); // 50 + 11 routed-MoE + 6 decode GEMM + 8 sampler/argmax + 2 tc_deep attention variants + gelu_tanh_mul and scale (Gemma 3)
+        assert_eq!(names.len(), 81); // 50 + 11 routed-MoE + 6 decode GEMM + 8 sampler/argmax + 2 tc_deep and 2 tc_shared attention variants + gelu_tanh_mul and scale (Gemma 3)
         let k = Kernels::<&'static str>::resolve(Ok).unwrap();
         assert_eq!(k.embedding.map(|x| x.f), ["embedding_f32", "embedding_bf16", "embedding_f16"]);
         assert_eq!([Elem::F32, Elem::BF16, Elem::F16].map(|e| k.rms_norm[weight_index(e)].f), ["rms_norm_f32", "rms_norm_bf16", "rms_norm_f16"]);

@@ -51,6 +51,9 @@ pub enum Shape {
     /// Mistral: tiny's layer with a sliding window of 16 keys on every layer (shorter than the
     /// golden prompts, so the window matters).
     TinyMistral,
+    /// Mistral over tiny-hd128's layer (2 heads / 1 KV head of 128) with a window of 16 keys:
+    /// a sliding window on CUDA's tensor-core attention (head_dim 128), for the fake driver.
+    TinyMistralHd128,
     /// Qwen2: q/k/v biases, tied, `use_sliding_window` with a window of 16 from layer 1 on
     /// (`max_window_layers` 1): one full and one windowed layer.
     TinyQwen2,
@@ -65,7 +68,7 @@ pub enum Shape {
 }
 
 impl Shape {
-    pub const ALL: [Shape; 16] = [
+    pub const ALL: [Shape; 17] = [
         Shape::Tiny,
         Shape::TinyTied,
         Shape::TinyHd128,
@@ -79,6 +82,7 @@ impl Shape {
         Shape::TinyMixtral,
         Shape::Qwen3_30bA3b2l,
         Shape::TinyMistral,
+        Shape::TinyMistralHd128,
         Shape::TinyQwen2,
         Shape::TinyGemma3,
         Shape::Gemma3_1b,
@@ -99,6 +103,7 @@ impl Shape {
             Shape::TinyMixtral => "tiny-mixtral",
             Shape::Qwen3_30bA3b2l => "qwen3-30b-a3b-2l",
             Shape::TinyMistral => "tiny-mistral",
+            Shape::TinyMistralHd128 => "tiny-mistral-hd128",
             Shape::TinyQwen2 => "tiny-qwen2",
             Shape::TinyGemma3 => "tiny-gemma3",
             Shape::Gemma3_1b => "gemma-3-1b",
@@ -158,6 +163,7 @@ impl Shape {
                 head_dim: 128, rope_theta: 1000000.0, rms_eps: 1e-6, max_pos: 40960, ..base
             },
             Shape::TinyMistral => Dims { arch: Family::Mistral, window: 16, ..base },
+            Shape::TinyMistralHd128 => Dims { arch: Family::Mistral, window: 16, ..Shape::TinyHd128.dims() },
             Shape::TinyQwen2 => Dims { arch: Family::Qwen2, tied: true, rope_theta: 1000000.0, rms_eps: 1e-6, window: 16, window_from: 1, ..base },
             Shape::TinyGemma3 => Dims { arch: Family::Gemma3, head_dim: 32, tied: true, rope_theta: 1000000.0, rms_eps: 1e-6, window: 16, ..base },
             Shape::Gemma3_1b => Dims {

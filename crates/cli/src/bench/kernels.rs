@@ -55,6 +55,9 @@ pub struct Args {
     /// Only the argmax and sampling cases (gpu/tune.sh's sampler variants).
     #[arg(long)]
     only_sampling: bool,
+    /// Only the attention cases (gpu/tune.sh's attention variants: decode and prefill).
+    #[arg(long, conflicts_with = "only_sampling")]
+    only_attention: bool,
     /// Weight dtype of the GEMMs.
     #[arg(long, default_value = "bf16")]
     dtype: String,
@@ -251,7 +254,9 @@ fn lab<B: Backend>(b: &B, a: &Args) -> Result<Vec<Row>> {
     };
     let mut rows = vec![];
     if !a.only_sampling {
-        gemms(b, s, a, dtype, &mut rows)?;
+        if !a.only_attention {
+            gemms(b, s, a, dtype, &mut rows)?;
+        }
         for &bs in &a.attn_batch {
             for &ctx in &a.attn_context {
                 attention(b, s, a, bs, ctx, 1, &mut rows)?;
@@ -261,8 +266,10 @@ fn lab<B: Backend>(b: &B, a: &Args) -> Result<Vec<Row>> {
             attention(b, s, a, 1, t, t, &mut rows)?;
         }
     }
-    for &bs in &a.sample_batch {
-        sampling(b, s, a, bs, &mut rows)?;
+    if !a.only_attention {
+        for &bs in &a.sample_batch {
+            sampling(b, s, a, bs, &mut rows)?;
+        }
     }
     Ok(rows)
 }

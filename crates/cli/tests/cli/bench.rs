@@ -275,6 +275,13 @@ fn kernel_lab_times_every_case() {
     let v = report(&only, "kernels-reference-tiny");
     let ops: Vec<&str> = v["results"].as_array().unwrap().iter().map(|r| r["op"].as_str().unwrap()).collect();
     assert_eq!(ops, ["argmax", "sample top-p 0.9", "sample top-k 50 top-p 0.9"].repeat(2), "{v}");
+    // --only-attention: the decode and prefill attention cases alone (gpu/tune.sh's variants).
+    let only = dir("kernels-attention");
+    let o = Command::new(env!("CARGO_BIN_EXE_tandem")).args(["bench", "kernels", "--backend", "reference", "--shape", "tiny", "--only-attention", "--attn-batch", "2", "--attn-context", "40", "--attn-prefill", "33,17", "--min-ms", "1", "--output-dir", only.to_str().unwrap()]).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v = report(&only, "kernels-reference-tiny");
+    let ops: Vec<&str> = v["results"].as_array().unwrap().iter().map(|r| r["op"].as_str().unwrap()).collect();
+    assert_eq!(ops, ["attention decode", "attention prefill", "attention prefill"], "{v}");
     let bad = Command::new(env!("CARGO_BIN_EXE_tandem")).args(["bench", "kernels", "--backend", "reference", "--shape", "llama-9"]).output().unwrap();
     assert!(!bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("known shapes"));
 }
