@@ -743,9 +743,11 @@ __device__ void matmul_tiled_f32_impl(const float* __restrict__ x, const float* 
 // matmul_tc_<dt>_m128_w64 (TANDEM_CUDA_GEMM_LARGE=m128_w64; not the default until an H200
 // measures it). The Nsight Compute run of 2026-12-04 found m128 issuing ~20 instructions per
 // mma with neither memory nor the tensor pipes busy; the SASS of m128_occ2's main loop (ptxas
-// sm_90) spends ~150 instructions per k tile on 16 HMMA: shared-memory addresses rebuilt from
-// generic pointers (cvta) for every ldmatrix and cp.async, 64-bit source addresses recomputed
-// per copy. This loop keeps every element's arithmetic (the same k16 mma steps in ascending k
+// sm_90, nvdisasm) executes 152 instructions per k tile for its 16 HMMA (9.5 per HMMA):
+// shared-memory addresses rebuilt from generic pointers (cvta) for every ldmatrix and
+// cp.async, 64-bit source addresses recomputed per copy. This loop: 298 instructions per group
+// of two k tiles for 128 HMMA (2.33 per HMMA; no fold on the path); ptxas 238 registers on
+// sm_90, 239 on sm_80, no spills (bf16: a 544-byte stack frame, `total` below; f16: none). This loop keeps every element's arithmetic (the same k16 mma steps in ascending k
 // from the same fragments, slices folded in index order into the shared-memory total (TS_),
 // then matmul_tc_finish's fold and epilogues), so the same bits as every kernel here; only
 // the bookkeeping changes:
