@@ -15,7 +15,9 @@
 # m16_s8), and wgmma:m64_occ4:m16 (LARGE=wgmma is kernels/matmul_sm90.cu, wgmma + TMA, sm_90
 # only: its bits equal the mma.sync kernels' in the emulator only; the "cuda tests [wgmma:...]"
 # step is the hardware's bitwise check: gpu_invariance's m = 300 rows, wgmma, against the same
-# rows alone and at m <= 128, mma.sync),
+# rows alone and at m <= 128, mma.sync), and m128_w64:m64_occ4:m16 (LARGE=m128_w64: the
+# mma.sync large-m loop with 64 x 64 warp tiles and addresses worked out once, ~2.3 SASS
+# instructions per mma against m128_occ2's ~9.5; same bits),
 # TANDEM_TUNE_SAMPLERS (SAMPLER:ARGMAX pairs, default "bisect:one radix:multi multi:multi"),
 # TANDEM_TUNE_ATTN_VARIANTS (space-separated TANDEM_CUDA_ATTENTION values, default "tc tc_deep
 # tc_shared": the decode attention timed side by side at ctx 1024/4096/16384 and batch 1/8/64,
@@ -37,7 +39,7 @@ mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 HERE=$(cd "$(dirname "$0")" && pwd)
 BUDGET=${TANDEM_TUNE_BUDGET_S:-300}
-VARIANTS=${TANDEM_TUNE_VARIANTS:-"m128_occ2:m64_occ4:m16 m128_occ2:m64_occ4:m16_gemv4 m128_occ2:m64_occ4:m16_gemv8 m128_occ2:m64_occ4:m16_x1 wgmma:m64_occ4:m16"}
+VARIANTS=${TANDEM_TUNE_VARIANTS:-"m128_occ2:m64_occ4:m16 m128_occ2:m64_occ4:m16_gemv4 m128_occ2:m64_occ4:m16_gemv8 m128_occ2:m64_occ4:m16_x1 wgmma:m64_occ4:m16 m128_w64:m64_occ4:m16"}
 ATTN_VARIANTS=${TANDEM_TUNE_ATTN_VARIANTS:-"tc tc_deep tc_shared"}
 WORK=${TANDEM_CHECK_WORK:-/tmp/tandem-check}
 PY=${TANDEM_CHECK_PYTHON:-python3}
@@ -192,6 +194,7 @@ if [ "${TANDEM_TUNE_NCU:-1}" = 1 ] && [ -n "$NCU" ]; then
     ncu_case m2048-m128 'matmul_tc_bf16_m128$' 2048
     ncu_case m2048-m128_n128 'matmul_tc_bf16_m128_n128' 2048 TANDEM_CUDA_GEMM_LARGE=m128_n128
     ncu_case m2048-wgmma 'matmul_wgmma_bf16' 2048 TANDEM_CUDA_GEMM_LARGE=wgmma
+    ncu_case m2048-m128_w64 'matmul_tc_bf16_m128_w64' 2048 TANDEM_CUDA_GEMM_LARGE=m128_w64
     ncu_case m64-m64 'matmul_tc_bf16_m64$' 64
     ncu_case attn-decode 'paged_attention_tc' 1
     # The decode GEMM at one token: m16 against the register-streaming GEMV variant.

@@ -739,6 +739,230 @@ __device__ void matmul_tiled_f32_impl(const float* __restrict__ x, const float* 
     }
 }
 
+// ===== The large-m loop variant (issue 25): fewer instructions per mma =====
+// matmul_tc_<dt>_m128_w64 (TANDEM_CUDA_GEMM_LARGE=m128_w64; not the default until an H200
+// measures it). The Nsight Compute run of 2026-12-04 found m128 issuing ~20 instructions per
+// mma with neither memory nor the tensor pipes busy; the SASS of m128_occ2's main loop (ptxas
+// sm_90, nvdisasm) executes 152 instructions per k tile for its 16 HMMA (9.5 per HMMA):
+// shared-memory addresses rebuilt from generic pointers (cvta) for every ldmatrix and
+// cp.async, 64-bit source addresses recomputed per copy. This loop: 298 instructions per group
+// of two k tiles for 128 HMMA (2.33 per HMMA; no fold on the path); ptxas 238 registers on
+// sm_90, 239 on sm_80, no spills (bf16: a 544-byte stack frame, `total` below; f16: none). This loop keeps every element's arithmetic (the same k16 mma steps in ascending k
+// from the same fragments, slices folded in index order into the shared-memory total (TS_),
+// then matmul_tc_finish's fold and epilogues), so the same bits as every kernel here; only
+// the bookkeeping changes:
+//   - warp tiles of 64 x 64 (MI 4 x NJ 8: 32 mma per k16 step for 8 ldmatrix.x4, not 8 for 4);
+//   - shared-memory addresses as 32-bit offsets from one base worked out once: every ldmatrix
+//     and cp.async destination is a register plus a constant;
+//   - each thread's copies fixed once (row tid / 4 + i * THREADS / 4, columns 8 (tid % 4) ..):
+//     per k tile a pointer add and a size select per 16-byte copy;
+//   - GROUP k tiles of 32 per barrier (the pipeline's STAGES tiles in STAGES / GROUP groups,
+//     one commit group each): a barrier per 64 k with GROUP 2;
+//   - the slice end tested once per k tile against the next fold's tile index; the fold may
+//     fall between the two k tiles of a group (slice_len an odd multiple of 32).
+// The copies are this fast where both operands are cp.async-able 16-bit rows (every m > 128
+// GEMM with k % 8 == 0); elsewhere (x f32, the input norm, k % 8 != 0) the k tiles go through
+// gemm_load_tile, in the same loop.
+template <typename S_, int GROUP_>
+struct GemmFast : S_ {
+    static constexpr int GROUP = GROUP_;
+    static_assert(S_::TOTAL_SMEM, "the fast loop folds slices into the shared-memory total");
+    static_assert(S_::STAGES % GROUP_ == 0 && S_::STAGES / GROUP_ >= 2, "whole groups, at least two");
+    static_assert(S_::THREADS % 4 == 0 && S_::BM % (S_::THREADS / 4) == 0 && S_::BN % (S_::THREADS / 4) == 0, "whole rows of copies per thread");
+};
+// gemm_keep(v): v as an opaque register value, so the compiler keeps it instead of recomputing
+// it from threadIdx inside the loop (NVVM rematerialised the whole copy plan every k tile).
+#ifdef TANDEM_HOST_EMU
+__device__ __forceinline__ void gemm_keep(u32&) {}
+__device__ __forceinline__ u32 gemm_smem_base(unsigned char* p) { return (u32)(p - emu::dynamic_smem()); }
+__device__ __forceinline__ void gemm_ldsm_x4(u32 (&r)[4], u32 a) { emu::ldmatrix(r, 4, false, emu::dynamic_smem() + a); }
+template <bool CG>
+__device__ __forceinline__ void gemm_cp16(u32 dst, const u16* src, int bytes) { emu::cp_async16(emu::dynamic_smem() + dst, src, bytes); }
+#else
+__device__ __forceinline__ void gemm_keep(u32& v) { asm volatile("" : "+r"(v)); }
+__device__ __forceinline__ u32 gemm_smem_base(unsigned char* p) { return smem_addr(p); }
+__device__ __forceinline__ void gemm_ldsm_x4(u32 (&r)[4], u32 a) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+template <bool CG>
+__device__ __forceinline__ void gemm_cp16(u32 dst, const u16* src, int bytes) {
+    if constexpr (CG) asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+    else asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+}
+#endif
+
+// One block (matmul_tc_impl's arguments and results). `planned`: both operands cp.async-able
+// 16-bit rows (x stored in 16 bits or through matmul_x, kp == k, k % 8 == 0) of < 2^32
+// elements: every m > 128 GEMM with k % 8 == 0; else every k tile goes through
+// gemm_load_tile (x f32, the norm, unaligned rows), the same bytes in the same places.
+template <typename T, typename S>
+__device__ void matmul_tc_fast_impl(const float* __restrict__ x, const u16* __restrict__ xa, const u16* __restrict__ w, const void* __restrict__ bias,
+                                    int bias_dtype, Epilogue ep, float* __restrict__ part, u32* __restrict__ counters, int m, int n, int k, int kp,
+                                    int slice_len, int slices, NormIn nm, RopeKv rk) {
+    TANDEM_DYNAMIC_SMEM(smem_raw);
+    __shared__ float s_inv[S::BM];
+    const bool planned = !x && (k & 7) == 0 && kp == k && (unsigned long long)max(m, n) * (unsigned)k < (1ull << 32);
+    constexpr int G = S::GROUP, NG = S::STAGES / G, ROW_STEP = S::THREADS / 4, A_N = S::BM / ROW_STEP, B_N = S::BN / ROW_STEP;
+    constexpr u32 A_BYTES = S::A_ELEMS * 2, B_BYTES = S::B_ELEMS * 2;  // one stage of each operand
+    const int m0 = blockIdx.y * S::BM, n0 = blockIdx.x * S::BN;
+    const bool split = gridDim.z > 1;
+    const int s_begin = split ? (int)blockIdx.z : 0, s_end = split ? (int)blockIdx.z + 1 : slices;
+    const int tiles_per_slice = slice_len / S::BK;
+    const int kt_begin = s_begin * tiles_per_slice;
+    const int k_end = min(k, s_end * slice_len);
+    const int nt = k_end > kt_begin * S::BK ? (k_end + S::BK - 1) / S::BK - kt_begin : 0;
+    const int ngroups = (nt + G - 1) / G;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm0 = (warp / S::WARPS_N) * S::WM, wn0 = (warp % S::WARPS_N) * S::WN;
+
+    // This thread's copies: rows crow + i * ROW_STEP of each operand, columns ccol .. + 7 of
+    // every k tile, as 32-bit element offsets (the entry checks m k and n k < 2^32); rows
+    // outside the operand read nothing (src-size 0: zeros, as cp.async's zero fill gives the
+    // other kernels), from row 0's address.
+    const int crow = tid >> 2, ccol = (tid & 3) * 8;
+    const u32 sbase = gemm_smem_base(smem_raw);
+    u32 a_dst = sbase + (u32)(crow * S::P + ccol) * 2, b_dst = sbase + S::STAGES * A_BYTES + (u32)(crow * S::P + ccol) * 2;
+    gemm_keep(a_dst);
+    gemm_keep(b_dst);
+    u32 a_off[A_N], b_off[B_N], a_sz[A_N], b_sz[B_N];
+#pragma unroll
+    for (int i = 0; i < A_N; ++i) {
+        const int r = m0 + crow + i * ROW_STEP;
+        a_sz[i] = r < m ? 16u : 0u;
+        a_off[i] = (u32)(r < m ? r : 0) * (u32)k + (u32)ccol;
+        gemm_keep(a_off[i]);
+        gemm_keep(a_sz[i]);
+    }
+#pragma unroll
+    for (int i = 0; i < B_N; ++i) {
+        const int r = n0 + crow + i * ROW_STEP;
+        b_sz[i] = r < n ? 16u : 0u;
+        b_off[i] = (u32)(r < n ? r : 0) * (u32)k + (u32)ccol;
+        gemm_keep(b_off[i]);
+        gemm_keep(b_sz[i]);
+    }
+    // k tile t (from the block's first) into stage st; columns >= k zero-filled.
+    auto load_tile = [&](int t, int st) {
+        if (!planned) {
+            u16* As = reinterpret_cast<u16*>(smem_raw);
+            gemm_load_tile<T, S>(As + st * S::A_ELEMS, As + S::STAGES * S::A_ELEMS + st * S::B_ELEMS, x, xa, w, m, n, k, kp, m0, n0, kt_begin + t, nm, s_inv);
+            return;
+        }
+        const int k0 = (kt_begin + t) * S::BK;
+        const bool kok = k0 + ccol < k;
+        const u32 koff = kok ? (u32)k0 : 0u, szk = kok ? 16u : 0u;
+#pragma unroll
+        for (int i = 0; i < A_N; ++i) gemm_cp16<false>(a_dst + st * A_BYTES + i * ROW_STEP * S::P * 2, xa + (a_off[i] + koff), (int)(a_sz[i] & szk));
+#pragma unroll
+        for (int i = 0; i < B_N; ++i) gemm_cp16<true>(b_dst + st * B_BYTES + i * ROW_STEP * S::P * 2, w + (b_off[i] + koff), (int)(b_sz[i] & szk));
+    };
+    // Group gi's tiles into slot `slot` (stages slot * G ..), then one commit (empty past the end).
+    auto load_group = [&](int gi, int slot) {
+#pragma unroll
+        for (int j = 0; j < G; ++j)
+            if (gi * G + j < nt) load_tile(gi * G + j, slot * G + j);
+        cp_async_commit();
+    };
+
+    // ldmatrix rows: A as matmul_tc_impl (rows 0-15 x cols 0-7, then cols 8-15), B likewise.
+    u32 a_ld = sbase + (u32)((wm0 + (lane & 15)) * S::P + (lane >> 4) * 8) * 2;
+    u32 b_ld = sbase + S::STAGES * A_BYTES + (u32)((wn0 + (lane & 7) + ((lane >> 4) << 3)) * S::P + ((lane >> 3) & 1) * 8) * 2;
+    gemm_keep(a_ld);
+    gemm_keep(b_ld);
+    float acc[S::MI][S::NJ][4];
+#pragma unroll
+    for (int i = 0; i < S::MI; ++i)
+#pragma unroll
+        for (int j = 0; j < S::NJ; ++j)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.0f;
+    // The slice total: word ((mi * NJ + nj) * 4 + q) * THREADS + tid, as matmul_tc_impl's.
+    float* s_total = reinterpret_cast<float*>(smem_raw + S::PIPE_BYTES) + tid;
+
+    PDL_WAIT();  // the copies below read x
+    PDL_LAUNCH_DEPENDENTS();
+    if (nm.dtype) norm_prologue<S>(nm, x, m, k, m0, s_inv);  // its rows' 1/rms before x's tiles
+#pragma unroll
+    for (int s = 0; s < NG - 1; ++s) {
+        if (s < ngroups) load_group(s, s);
+        else cp_async_commit();
+    }
+    bool first = true;
+    int next_fold = min(tiles_per_slice, nt) - 1;  // the tile after which the next fold falls
+    int rd = 0, wr = NG - 1;                         // the slots read and written this group
+    for (int gi = 0; gi < ngroups; ++gi) {
+#if TANDEM_GEMM_BREAK != 2
+        cp_async_wait<NG - 2>();  // this thread's copies of group gi have landed
+#endif
+        __syncthreads();  // ... everyone's have; and everyone is done with group gi - 1's slot
+        if (gi + NG - 1 < ngroups) load_group(gi + NG - 1, wr);
+        else cp_async_commit();
+#pragma unroll
+        for (int j = 0; j < G; ++j) {
+            const int t = gi * G + j;
+            if (G > 1 && t >= nt) continue;
+            const u32 ast = a_ld + (rd * G + j) * A_BYTES, bst = b_ld + (rd * G + j) * B_BYTES;
+#pragma unroll
+            for (int kk = 0; kk < S::BK; kk += 16) {
+                u32 af[S::MI][4], bfr[S::NJ][2];
+#pragma unroll
+                for (int mi = 0; mi < S::MI; ++mi) gemm_ldsm_x4(af[mi], ast + (mi * 16 * S::P + kk) * 2);
+#pragma unroll
+                for (int nj = 0; nj < S::NJ; nj += 2) {
+                    u32 r[4];
+                    gemm_ldsm_x4(r, bst + (nj * 8 * S::P + kk) * 2);
+#if TANDEM_GEMM_BREAK == 1
+                    bfr[nj][0] = r[0]; bfr[nj][1] = r[2]; bfr[nj + 1][0] = r[1]; bfr[nj + 1][1] = r[3];
+#else
+                    bfr[nj][0] = r[0]; bfr[nj][1] = r[1]; bfr[nj + 1][0] = r[2]; bfr[nj + 1][1] = r[3];
+#endif
+                }
+#pragma unroll
+                for (int mi = 0; mi < S::MI; ++mi)
+#pragma unroll
+                    for (int nj = 0; nj < S::NJ; ++nj) mma_16816(T{}, acc[mi][nj], af[mi], bfr[nj]);
+            }
+            if (t == next_fold) {  // a slice ends (kt_begin is a whole number of slices): fold it in
+#pragma unroll
+                for (int mi = 0; mi < S::MI; ++mi)
+#pragma unroll
+                    for (int nj = 0; nj < S::NJ; ++nj)
+#pragma unroll
+                        for (int q = 0; q < 4; ++q) {
+                            float& tot = s_total[((mi * S::NJ + nj) * 4 + q) * S::THREADS];
+#if TANDEM_GEMM_BREAK == 4
+                            tot = tot + acc[mi][nj][q];  // the bug: the first slice adds to words nobody wrote
+#else
+                            tot = first ? acc[mi][nj][q] : tot + acc[mi][nj][q];
+#endif
+                            acc[mi][nj][q] = 0.0f;
+                        }
+                first = false;
+                next_fold = min(next_fold + tiles_per_slice, nt - 1);
+            }
+        }
+        rd = rd + 1 == NG ? 0 : rd + 1;
+        wr = wr + 1 == NG ? 0 : wr + 1;
+    }
+    // The total for the epilogues; no slice at all leaves zeros. Its own array, not acc: NVVM
+    // does not unroll matmul_tc_finish's 128-element loops, so `total` lives in local memory
+    // (ptxas: a 512-byte stack frame), which would drag acc there too (a local store per mma).
+    float total[S::MI][S::NJ][4];
+#pragma unroll
+    for (int mi = 0; mi < S::MI; ++mi)
+#pragma unroll
+        for (int nj = 0; nj < S::NJ; ++nj)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) total[mi][nj][q] = first ? 0.0f : s_total[((mi * S::NJ + nj) * 4 + q) * S::THREADS];
+    matmul_tc_finish<T, S>(total, reinterpret_cast<float*>(smem_raw), bias, bias_dtype, ep, part, counters, m, n, slices, rk, m0, n0, wm0, wn0, lane);
+}
+
+// m128_w64 (m > 128): a 128 x 128 tile, 4 warps of 64 x 64, 6 stages of 32 k in groups of 2
+// (a barrier per 64 k), the slice total in shared memory: 6 x 20480 + 65536 = 188416 bytes
+// (opt-in), one block per SM.
+typedef GemmFast<GemmShape<128, 64, 64, 6, 128, true>, 2> GemmM128W64;
+// ===== end of the large-m loop variant =====
+
 typedef GemmShape<16, 16, 16, 4> GemmM16;
 typedef GemmShape<64, 32, 32, 4> GemmM64;
 typedef GemmShape<128, 32, 32, 3> GemmM128;
@@ -1043,6 +1267,19 @@ MATMUL_GEMV(f16, f16_t, m16_gemv8, GemvD8)
 MATMUL_GEMV(bf16, bf16_t, m16_x1, GemvX1)
 MATMUL_GEMV(f16, f16_t, m16_x1, GemvX1)
 // ===== end of the decode GEMV variants =====
+// The large-m loop variant's entry points (matmul_tc's argument list).
+#define MATMUL_TC_FAST(DT, T, NAME, SHAPE)                                                                             \
+    extern "C" __global__ void __launch_bounds__(SHAPE::THREADS, 1)                                                   \
+        matmul_tc_##DT##_##NAME(const float* x, const u16* xa, const u16* w, const void* bias, int bias_dtype, float* out0, \
+                                float* out1, float* out2, int epi, int en0, int en1, const void* ep_gamma, int ep_gamma_dtype,     \
+                                int ep_act16, float* part, u32* counters, int m, int n, int k, int kp, int slice_len, int slices,  \
+                                const void* norm_gamma, int norm_dtype, float norm_eps, RopeKv rope_kv) {                         \
+        const Epilogue ep{out0, out1, out2, epi, en0, en1, ep_gamma, ep_gamma_dtype, ep_act16};                       \
+        matmul_tc_fast_impl<T, SHAPE>(x, xa, w, bias, bias_dtype, ep, part, counters, m, n, k, kp, slice_len, slices,  \
+                                      NormIn{norm_gamma, norm_dtype, norm_eps}, rope_kv);                             \
+    }
+MATMUL_TC_FAST(bf16, bf16_t, m128_w64, GemmM128W64)
+MATMUL_TC_FAST(f16, f16_t, m128_w64, GemmM128W64)
 
 #ifdef TANDEM_HOST_EMU
 // The former second launch, kept as the emulator's oracle for the in-kernel fold.

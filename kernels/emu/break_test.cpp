@@ -60,6 +60,15 @@ int main() {
     }
     mmtest::small_variant = 0;
 #endif
+#if TANDEM_GEMM_BREAK != 3
+    // The large-m loop variant (m128_w64) carries breaks 1, 2 and 4 in its own loop (3 is the
+    // split fold, m <= 128 only): m > 128, k = 1000 in 3 slices (a fold between the two k tiles
+    // of a group) and one slice.
+    mmtest::large_variant = 3;
+    for (auto [dt, m, k] : {std::tuple{1, 200, 1000}, std::tuple{2, 129, 136}})
+        mmtest::against_f64([&](const std::string& what, bool ok) { check("[m128_w64] " + what, ok); }, mmtest::problem(dt, m, 72, k, true), false);
+    mmtest::large_variant = 2;
+#endif
     std::printf("TANDEM_GEMM_BREAK=%d: %d of %d checks caught the break\n", TANDEM_GEMM_BREAK, checks - passed, checks);
     return passed == 0 ? 0 : 1;
 }

@@ -884,12 +884,12 @@ int main() {
     fusedtest::run_all(expect_true);
     act16test::run_all(expect_true);
     // The GEMM variants the GPU check times (matmul.rs GemmVariants): the same checks, with
-    // m > 128 on m128 or m128_n128, 17..128 rows on m64, up to 16 on m16_s8, m16_gemv4,
+    // m > 128 on m128, m128_n128 or m128_w64, 17..128 rows on m64, up to 16 on m16_s8, m16_gemv4,
     // m16_gemv8 or m16_x1 (the defaults ran
     // above: m128_occ2, m64_occ4, m16). Their bitwise-across-m checks compare the variants'
     // rows with the other kernels': the same bits.
     for (auto [large, mid, small, tag] :
-         std::vector<std::tuple<int, int, int, const char*>>{{0, 0, 1, "[m128, m64, m16_s8] "}, {1, 0, 0, "[m128_n128, m64] "}, {2, 1, 2, "[m16_gemv4] "}, {2, 1, 3, "[m16_gemv8] "}, {2, 1, 4, "[m16_x1] "}}) {
+         std::vector<std::tuple<int, int, int, const char*>>{{0, 0, 1, "[m128, m64, m16_s8] "}, {1, 0, 0, "[m128_n128, m64] "}, {2, 1, 2, "[m16_gemv4] "}, {2, 1, 3, "[m16_gemv8] "}, {2, 1, 4, "[m16_x1] "}, {3, 1, 0, "[m128_w64] "}}) {
         mmtest::large_variant = large;
         mmtest::mid_variant = mid;
         mmtest::small_variant = small;
@@ -897,6 +897,8 @@ int main() {
         mmtest::run_all(tagged);
         fusedtest::run_all(tagged);
         act16test::run_all(tagged);
+        // m128_w64 runs matmul_tc_impl's loop where k % 8 != 0 (the others' m > 128 cases have k % 8 == 0).
+        if (large == 3) mmtest::against_f64(tagged, mmtest::problem(1, 150, 72, 999, true));
     }
     mmtest::large_variant = 2;
     mmtest::mid_variant = 1;

@@ -288,8 +288,9 @@ inline void test_qkv_rope(const Check& check, int dt, int m, int nq, int nkv, in
     std::string kernel;
     mmtest::counters_ok = mmtest::gemm(dt, p.x.data(), p.w.data(), bias ? p.b.data() : nullptr, m, n, k, mmtest::k_slices(n, k), ep, false, &kernel, NormIn{nullptr, 0, 0.0f}, rk) && mmtest::counters_ok;
     // A head_dim that does not divide 64 must have taken a 128-wide kernel (else heads straddle tiles).
-    // (m128_n128, a variant for m > 128, is 128 wide whatever head_dim is.)
-    const bool wide = kernel.find("_n128") != std::string::npos, want_wide = 64 % hd != 0 || kernel.find("m128_n128") != std::string::npos;
+    // (m128_n128 and m128_w64, variants for m > 128, are 128 wide whatever head_dim is.)
+    const bool w64 = kernel.find("m128_w64") != std::string::npos;
+    const bool wide = kernel.find("_n128") != std::string::npos || w64, want_wide = 64 % hd != 0 || kernel.find("m128_n128") != std::string::npos || w64;
     // qkv_proj, then rope_kv_write.
     Qkv want = qkv(p, nq, nkv, false);
     std::vector<KV> kw = kc0, vw = vc0;

@@ -48,7 +48,7 @@ inline float rnd() {  // splitmix64 -> [-1, 1)
 }
 
 // The variants the GPU check times (matmul.rs `GemmVariants`, TANDEM_CUDA_GEMM_LARGE / _MID /
-// _SMALL): large 0 = m128, 1 = m128_n128, 2 = m128_occ2 (the default); mid 0 = m64,
+// _SMALL): large 0 = m128, 1 = m128_n128, 2 = m128_occ2 (the default), 3 = m128_w64; mid 0 = m64,
 // 1 = m64_occ4 (the default); small 0 = m16 (the default), 1 = m16_s8, 2 = m16_gemv4,
 // 3 = m16_gemv8 (k % 8 == 0 only: elsewhere m16, as the launcher falls back), 4 = m16_x1.
 // emu_test.cpp runs the
@@ -69,6 +69,7 @@ inline Tile pick_tile(int m, int cols, bool k8 = true) {
     if (m <= 16) return cols == 128 ? Tile{16, 128, "m16_n128"} : small_variant == 1 ? Tile{16, 64, "m16_s8"} : Tile{16, 64, "m16"};
     if (m <= 128) return cols == 128 ? Tile{64, 128, "m64_n128"} : mid_variant == 1 ? Tile{64, 64, "m64_occ4"} : Tile{64, 64, "m64"};
     if (large_variant == 1) return Tile{128, 128, "m128_n128"};
+    if (large_variant == 3) return Tile{128, 128, "m128_w64"};
     if (cols == 128) return Tile{64, 128, "m64_n128"};
     return large_variant == 2 ? Tile{128, 64, "m128_occ2"} : Tile{128, 64, "m128"};
 }
@@ -124,6 +125,7 @@ inline bool gemm(int dt, const float* x, const uint16_t* w, const uint16_t* bias
     MM_PICK(m128_occ2, GemmM128Occ2)
     MM_PICK(m64_occ4, GemmM64Occ4)
     MM_PICK(m16_s8, GemmM16S8)
+    MM_PICK(m128_w64, GemmM128W64)
 #undef MM_PICK
 #define MM_GEMV(DT, NAME, SHAPE)                                                                                              \
     launch(grid, dim3{SHAPE::THREADS, 1, 1}, [&] { matmul_tc_##DT##_##NAME(xd, xp, w, bp, bias_code, ep.out0, ep.out1, ep.out2, ep.kind, ep.n0, ep.n1, ep.gamma, ep.gamma_dtype, ep.act16, pp, cp, m, n, k, kp, sl.len, sl.count, nm.gamma, nm.dtype, nm.eps, rk); }, \
@@ -271,6 +273,8 @@ inline void slices_table(const Check& check) {
               GemmM128N128::THREADS == 256 && GemmM128N128::SMEM_BYTES == 147456 && GemmM128N128::BN == 128 && GemmM128Occ2::THREADS == 256 &&
               GemmM128Occ2::SMEM_BYTES == 94208 && GemmM64Occ4::THREADS == 128 && GemmM64Occ4::SMEM_BYTES == 47104 &&
               GemmM16S8::THREADS == 128 && GemmM16S8::SMEM_BYTES == 51200);
+    check("matmul m128_w64's threads and shared memory match matmul.rs GEMM_M128_W64",
+          GemmM128W64::THREADS == 128 && GemmM128W64::SMEM_BYTES == 188416 && GemmM128W64::BN == 128 && GemmM128W64::BM == 128);
     // matmul.rs `gemv_smem` (test `gemv_variants_plan`) computes the GEMV variants' shared memory per launch so.
     check("matmul GEMV variants' threads and shared memory per launch match matmul.rs gemv_smem",
           GemvD4::THREADS == 128 && GemvD8::THREADS == 128 && gemv_smem_bytes<GemvD4>(1, 2048, 256, true) == 4688 &&

@@ -66,7 +66,12 @@ pub fn check_kernels_filtered(kernels_dir: &Path, archs: &[&str], only: Option<&
             out.extend(assemble(&ptxas, &work, src, &target, &ptx)?);
         }
     }
-    let _ = std::fs::remove_dir_all(&work);
+    // TANDEM_KERNELS_CHECK_KEEP=1 keeps the PTX and cubins (for nvdisasm, instruction counts).
+    if std::env::var_os("TANDEM_KERNELS_CHECK_KEEP").is_some() {
+        eprintln!("PTX and cubins kept in {}", work.display());
+    } else {
+        let _ = std::fs::remove_dir_all(&work);
+    }
     Ok(out)
 }
 

@@ -96,14 +96,21 @@ pub(super) const GEMM_M16_GEMV8: GemmKernel = GemmKernel { rows: 16, cols: 64, t
 /// 4-stage cp.async pipeline (any k); shared memory per launch as the GEMV variants, plus the
 /// stages ([`gemv_smem`]).
 pub(super) const GEMM_M16_X1: GemmKernel = GemmKernel { rows: 16, cols: 64, threads: 128, smem: GEMV_SMEM_MAX, index: 11 };
+/// m128_w64 (kernels/matmul.cu, "large-m loop variant"): 128 x 128 tile, 4 warps of 64 x 64, 6
+/// stages of 32 k consumed two per barrier, addresses worked out once per block; the slice total
+/// in shared memory (188416 bytes: opt-in), one block per SM. 128 wide, so it serves the rope
+/// epilogue above 128 rows too, as m128_n128 does.
+pub(super) const GEMM_M128_W64: GemmKernel = GemmKernel { rows: 128, cols: 128, threads: 128, smem: 6 * (128 + 128) * 40 * 2 + 128 * 128 * 4, index: 12 };
 /// m16_x1's weight stages: 4 x 64 rows x 40 elements x 2 bytes.
 const X1_W_BYTES: usize = 4 * GEMM_BN * 40 * 2;
 /// Every tile kernel, in [`GemmKernel::index`] order (the `matmul_tc` rows of `Kernels`).
-pub(super) const GEMM_KERNELS: [&GemmKernel; 12] = [
+pub(super) const GEMM_KERNELS: [&GemmKernel; 13] = [
     &GEMM_M16, &GEMM_M64, &GEMM_M128, &GEMM_M16_N128, &GEMM_M64_N128, &GEMM_M128_N128, &GEMM_M128_OCC2, &GEMM_M64_OCC4, &GEMM_M16_S8, &GEMM_M16_GEMV4, &GEMM_M16_GEMV8, &GEMM_M16_X1,
+    &GEMM_M128_W64,
 ];
 /// The name suffix of each tile kernel, in index order (`matmul_tc_<dt>_<suffix>`).
-pub(super) const GEMM_SUFFIXES: [&str; 12] = ["m16", "m64", "m128", "m16_n128", "m64_n128", "m128_n128", "m128_occ2", "m64_occ4", "m16_s8", "m16_gemv4", "m16_gemv8", "m16_x1"];
+pub(super) const GEMM_SUFFIXES: [&str; 13] =
+    ["m16", "m64", "m128", "m16_n128", "m64_n128", "m128_n128", "m128_occ2", "m64_occ4", "m16_s8", "m16_gemv4", "m16_gemv8", "m16_x1", "m128_w64"];
 
 /// Whether `g` is one of the GEMV variants or m16_x1 (shared memory per launch, [`gemv_smem`]).
 pub(super) fn is_gemv(g: &GemmKernel) -> bool {
@@ -124,7 +131,7 @@ pub(super) const SMEM_DEFAULT_LIMIT: u32 = 48 * 1024;
 
 /// Which tile kernel serves m > 128 rows (`large`), 17..=128 rows (`mid`) and up to 16
 /// (`small`) on 64-wide tiles: the defaults ([`GEMM_DEFAULT_VARIANTS`]), or the variants named
-/// by TANDEM_CUDA_GEMM_LARGE (m128_occ2, m128, m128_n128, wgmma), TANDEM_CUDA_GEMM_MID (m64_occ4, m64)
+/// by TANDEM_CUDA_GEMM_LARGE (m128_occ2, m128, m128_n128, m128_w64, wgmma), TANDEM_CUDA_GEMM_MID (m64_occ4, m64)
 /// and TANDEM_CUDA_GEMM_SMALL (m16, m16_s8, m16_gemv4, m16_gemv8, m16_x1), so the kernel lab can time
 /// them side by side.
 /// Read once per process; [`check_gemm_variants`] turns a bad name into a load error.
@@ -160,11 +167,12 @@ fn parse_gemm_variants(large: Option<&str>, mid: Option<&str>, small: Option<&st
             "m128" => &GEMM_M128,
             "m128_n128" => &GEMM_M128_N128,
             "m128_occ2" => &GEMM_M128_OCC2,
+            "m128_w64" => &GEMM_M128_W64,
             "wgmma" => {
                 v.wgmma = true;
                 &GEMM_M128_OCC2
             }
-            _ => return Err(format!("TANDEM_CUDA_GEMM_LARGE={l}: one of m128_occ2 (the default), m128, m128_n128, wgmma (sm_90)")),
+            _ => return Err(format!("TANDEM_CUDA_GEMM_LARGE={l}: one of m128_occ2 (the default), m128, m128_n128, m128_w64, wgmma (sm_90)")),
         };
     }
     if let Some(m) = mid.filter(|s| !s.is_empty()) {
@@ -210,7 +218,7 @@ pub(super) fn gemm_kernel_of(m: usize, cols: usize, v: &GemmVariants) -> &'stati
         (false, 17..=SPLIT_MAX_ROWS) => v.mid,
         (false, _) => v.large,
         (true, 0..=16) => &GEMM_M16_N128,
-        // m128_n128 is 128 wide: where it is the large kernel, it serves the rope epilogue too.
+        // m128_n128 and m128_w64 are 128 wide: where one is the large kernel, it serves the rope epilogue too.
         (true, 17..=SPLIT_MAX_ROWS) => &GEMM_M64_N128,
         (true, _) => if v.large.cols == GEMM_BN_WIDE { v.large } else { &GEMM_M64_N128 },
     }
@@ -791,6 +799,10 @@ mod matmul_tests {
         assert_eq!((gemm_kernel_of(129, GEMM_BN, &v), gemm_kernel_of(129, GEMM_BN_WIDE, &v), gemm_kernel_of(64, GEMM_BN, &v)), (&GEMM_M128, &GEMM_M64_N128, &GEMM_M64));
         assert_eq!((gemm_kernel_of(16, GEMM_BN, &v), gemm_kernel_of(16, GEMM_BN_WIDE, &v)), (&GEMM_M16_S8, &GEMM_M16_N128));
         assert!(parse_gemm_variants(Some("m256"), None, None).unwrap_err().contains("TANDEM_CUDA_GEMM_LARGE=m256"));
+        let v = parse_gemm_variants(Some("m128_w64"), None, None).unwrap();
+        assert_eq!((gemm_kernel_of(129, GEMM_BN, &v), gemm_kernel_of(2048, GEMM_BN_WIDE, &v)), (&GEMM_M128_W64, &GEMM_M128_W64));
+        assert_eq!((gemm_kernel_of(128, GEMM_BN, &v), gemm_kernel_of(128, GEMM_BN_WIDE, &v)), (&GEMM_M64_OCC4, &GEMM_M64_N128));
+        assert_eq!(GEMM_M128_W64.smem, 188416, "kernels/matmul.cu GemmM128W64::SMEM_BYTES");
         let w = parse_gemm_variants(Some("wgmma"), None, None).unwrap();
         assert!(w.wgmma && w.large == &GEMM_M128_OCC2, "wgmma keeps m128_occ2 where it does not apply");
         assert!(!GEMM_DEFAULT_VARIANTS.wgmma, "the wgmma kernel is off by default");

@@ -10,6 +10,9 @@
 //! up, so a machine given that folder skips NVRTC and the driver's JIT at start (the GPU
 //! bundle carries one for sm_90).
 //!
+//! TANDEM_KERNELS_CHECK_KEEP=1 keeps the PTX and cubins in the scratch folder it prints (for
+//! nvdisasm: instructions per mma on a main loop's path, as kernels/matmul.cu's m128_w64 cites).
+//!
 //! libnvrtc must be on the loader path before the process starts; when it is not but the
 //! toolchain was found (kernels/install-toolchain.sh), the binary re-executes itself once with
 //! LD_LIBRARY_PATH extended.
