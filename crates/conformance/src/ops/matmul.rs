@@ -1,7 +1,7 @@
 //! `out[m, n] = Σ_k x[m, k] · w[n, k] (+ bias[n])` at decode (m small) and prefill shapes.
 
-use tandem_core::config::Activation;
 use tandem_core::backend::Backend;
+use tandem_core::config::Activation;
 use tandem_core::{DType, Result};
 
 use super::{limits, poisoned, read_guarded, round_to, untouched_f32, upload_f32, upload_guarded, weight, Cost, Launch, Op};
