@@ -147,6 +147,22 @@ __device__ __forceinline__ float load_bias(const void* bias, int bias_dtype, int
     }
 }
 
+// The gated MLP activations, act(g) * u: silu_mul.cu's two kernels and matmul.cu's gate/up
+// epilogue (EPI_SILU, EPI_GEGLU) all call this, so the fused GEMM stores the bits of the two
+// GEMMs then the elementwise kernel. GATED_SILU: silu(g) = g / (1 + exp(-g)) (expf, not
+// __expf: the fast one is off by several ulp for large |g|); GATED_GELU_TANH: PyTorch's
+// gelu(approximate="tanh") in the order of tandem_core::backend::gelu_tanh. `act` is a
+// constant in silu_mul.cu and uniform across the block in the epilogue.
+#define GATED_SILU 0
+#define GATED_GELU_TANH 1
+__device__ __forceinline__ float gated_act(int act, float g, float u) {
+    if (act == GATED_GELU_TANH) {
+        const float inner = 0.7978846f * (g + 0.044715f * g * g * g);
+        return 0.5f * g * (1.0f + tanhf(inner)) * u;
+    }
+    return g / (1.0f + expf(-g)) * u;
+}
+
 // ---- Tensor cores and asynchronous copies (sm_80+) -------------------------------------------
 // Inline PTX behind small wrappers; the TANDEM_HOST_EMU branch runs kernels/emu's emulation of
 // the same instruction (fragment layouts of the PTX ISA; see kernels/emu/cuda_emu.h).

@@ -48,8 +48,9 @@
 // Epilogues (`Epilogue`, picked per launch, applied where the final value is formed, in either
 // fold): EPI_PLAIN out [m, n] (+ bias); EPI_QKV routes fused column c to q / k / v (Backend
 // qkv_proj, one GEMM for three); EPI_SILU takes the fused gate/up weight (in each 64-row tile,
-// 32 gate rows then the same 32 up rows) and writes silu(gate) * up with silu_mul.cu's formula,
-// exchanging the tile through shared memory; EPI_RESID adds into the residual stream h and
+// 32 gate rows then the same 32 up rows) and writes silu(gate) * up (EPI_GEGLU: gelu_tanh(gate)
+// * up) with silu_mul.cu's formula (common.cuh gated_act), exchanging the tile through shared
+// memory; EPI_RESID adds into the residual stream h and
 // writes h * gamma of the next norm (Backend::matmul_residual). A fused GEMM slices K by its own
 // (n, k), so it equals the unfused GEMMs bit for bit where k_slices gives the parts the same
 // slicing. The input norm (NormIn, up to 128 rows) is a prologue: the block computes its rows'
@@ -101,7 +102,8 @@
 // Test hooks, defined only by kernels/emu/break_test.cpp to prove the emulator catches the
 // bug: 1 swaps two B fragments (a wrong fragment index), 2 drops the cp.async wait, 3 folds a
 // split K in arrival order (the last block's own partial first), 4 starts the shared-memory
-// slice total (TOTAL_SMEM) from what the block's shared memory held instead of the first slice.
+// slice total (TOTAL_SMEM) from what the block's shared memory held instead of the first slice,
+// 5 computes EPI_GEGLU's activation as silu.
 #ifndef TANDEM_GEMM_BREAK
 #define TANDEM_GEMM_BREAK 0
 #endif
@@ -300,11 +302,12 @@ __device__ __forceinline__ void gemm_load_tile(u16* As, u16* Bs, const float* __
 //              (c - n0 < n1), v = out2 [m, n1] (+ the fused bias, before routing);
 //   EPI_SILU:  the fused gate/up weight holds in each 64-row tile j gate rows 32j .. 32j+31 and
 //              then the same up rows; out0 [m, n0] = silu(gate) * up (no bias), n0 = inter.
+//   EPI_GEGLU: EPI_SILU with gelu_tanh for silu (Gemma's MLP); both common.cuh's gated_act.
 //   EPI_RESID: the residual add (Backend::matmul_residual): out0 = h [m, n] += the result, the
 //              bits of matmul then add_rms_norm's add; with out1, also out1 = hg [m, n] = the
 //              new h * gamma (gamma [n], weight dtype code gamma_dtype).
-//   act16:     EPI_SILU's out0 and EPI_RESID's out1 (activations a matmul reads next) are
-//              stored in T, rounded to nearest even (common.cuh store_act), not in f32.
+//   act16:     EPI_SILU's, EPI_GEGLU's out0 and EPI_RESID's out1 (activations a matmul reads
+//              next) are stored in T, rounded to nearest even (common.cuh store_act), not in f32.
 //   EPI_QKV_ROPE: EPI_QKV's columns, then rope on q and k and the KV-cache write
 //              (Backend::qkv_rope_kv_write): q = out0 [m, n0] rotated; k rotated and v stored
 //              at slots[r] of the caches (k itself is not written: the contract makes it
@@ -318,6 +321,7 @@ __device__ __forceinline__ void gemm_load_tile(u16* As, u16* Bs, const float* __
 #define EPI_SILU 2
 #define EPI_RESID 3
 #define EPI_QKV_ROPE 4
+#define EPI_GEGLU 5
 // EPI_QKV_ROPE's destination: positions, slots u32 [m]; inv_freq f32 [head_dim / 2]; the
 // caches [num_slots, n1] of bf16 (cache_bf16) or f32.
 struct RopeKv {
@@ -633,20 +637,26 @@ __device__ __forceinline__ void matmul_tc_finish(float (&total)[S::MI][S::NJ][4]
         }
         return;
     }
-    // EPI_SILU's gate/up layout is in 64-row tiles (GEMM_BN): a tile BN wide holds BN / 64 of
-    // them, each 32 gate columns then the same 32 up columns. The 128-wide rope kernels
-    // (m16_n128, m64_n128) are launched for EPI_QKV_ROPE alone; m128_n128 serves every epilogue.
-    if (S::BN % GEMM_BN == 0 && ep.kind == EPI_SILU) {
+    // EPI_SILU's and EPI_GEGLU's gate/up layout is in 64-row tiles (GEMM_BN): a tile BN wide
+    // holds BN / 64 of them, each 32 gate columns then the same 32 up columns. The 128-wide
+    // rope kernels (m16_n128, m64_n128) are launched for EPI_QKV_ROPE alone; m128_n128 serves
+    // every epilogue.
+    if (S::BN % GEMM_BN == 0 && (ep.kind == EPI_SILU || ep.kind == EPI_GEGLU)) {
         // gate and up of one output sit 32 columns apart in the tile, in other warps: exchange
         // the tile through shared memory (gemm_stage_tile).
         gemm_stage_tile<S>(Cs, total, nullptr, 0, n0, n, wm0, wn0, lane);
         constexpr int HALF = GEMM_BN / 2;
+#if TANDEM_GEMM_BREAK == 5
+        const int act = GATED_SILU;  // deliberate break (kernels/emu/break_test.cpp): EPI_GEGLU as silu
+#else
+        const int act = ep.kind == EPI_GEGLU ? GATED_GELU_TANH : GATED_SILU;
+#endif
         for (int e = threadIdx.x; e < S::BM * (S::BN / 2); e += S::THREADS) {
             const int rl = e / (S::BN / 2), j = e % (S::BN / 2), jt = j / HALF, jj = j % HALF, r = m0 + rl;
             const int c = (blockIdx.x * (S::BN / GEMM_BN) + jt) * HALF + jj;
             if (r >= m || c >= ep.n0) continue;
             const float gv = Cs[rl * (S::BN + 1) + jt * GEMM_BN + jj], uv = Cs[rl * (S::BN + 1) + jt * GEMM_BN + HALF + jj];
-            store_act(ep.out0, act_code(T{}, ep.act16), (size_t)r * ep.n0 + c, gv / (1.0f + expf(-gv)) * uv);  // silu_mul.cu's formula
+            store_act(ep.out0, act_code(T{}, ep.act16), (size_t)r * ep.n0 + c, gated_act(act, gv, uv));  // silu_mul.cu's formula
         }
         return;
     }

@@ -18,7 +18,8 @@
 // Workgroups of WG lanes (prelude). Grid: x = ceil(rows / (WG RT)), y = ceil(m / MT).
 // Results go through the prelude's `store_out(row, col, v)`: out[row, col], or for a fused
 // q/k/v weight the q, k or v output the column falls in; with `PAIRS` (a fused gate/up weight)
-// each output is silu(gate) * up of two of the lane's rows (see the end).
+// each output is silu(gate) * up (with `GELU` gelu_tanh(gate) * up: the prelude's functions,
+// silu_mul.wgsl's) of two of the lane's rows (see the end).
 // With `KV_STAGE` (ROPE into caches kept in textures) the K and V rows go through workgroup
 // memory, one barrier, and `kv_stage_flush` stores them a texel (four rows) at a time.
 // With `NORM` (the prelude's `norm_in`), x is h * gamma and each row's results are scaled by
@@ -114,7 +115,12 @@ fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
                 for (var mi = 0u; mi < MT; mi++) {
                     if (m0 + mi < p.m) {
                         let g = acc[mi * RT + t];
-                        store_out(p.out_row0 + m0 + mi, col, g / (1.0 + exp(-g)) * acc[mi * RT + t + RT / 2u]);
+                        let u = acc[mi * RT + t + RT / 2u];
+                        if (GELU) {
+                            store_out(p.out_row0 + m0 + mi, col, gelu_tanh(g) * u);
+                        } else {
+                            store_out(p.out_row0 + m0 + mi, col, silu(g) * u);
+                        }
                     }
                 }
             }

@@ -6,6 +6,8 @@
 // For very negative g, exp(-g) overflows to +inf and g / inf is -0: the right limit.
 // tanh's argument is clamped to [-10, 10]: tanh(10) rounds to 1.0 in f32 (so nothing changes),
 // and a driver that computes tanh as (e^2x - 1) / (e^2x + 1) would give inf / inf = NaN past it.
+// The scalar kernels take silu and gelu_tanh from the prelude (shaders.rs GATED_ACTS), the
+// functions matmul.wgsl's fused gate/up epilogue applies; the vec4 ones are the same per lane.
 // Check: cargo test -p tandem-wgpu --test wgpu ops::silu_mul (ops::gelu_tanh_mul)
 
 struct Params {
@@ -24,8 +26,7 @@ fn silu_mul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
     if (i >= p.len) {
         return;
     }
-    let g = gate[i];
-    out[i] = g / (1.0 + exp(-g)) * up[i];
+    out[i] = silu(gate[i]) * up[i];
 }
 
 // silu_mul4: the same over len / 4 vec4s.
@@ -42,11 +43,6 @@ fn silu_mul4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
     }
     let g = gate4[i];
     out4[i] = g / (vec4<f32>(1.0) + exp(-g)) * up4[i];
-}
-
-fn gelu_tanh(g: f32) -> f32 {
-    let inner = clamp(0.7978846 * (g + 0.044715 * g * g * g), -10.0, 10.0);
-    return 0.5 * g * (1.0 + tanh(inner));
 }
 
 fn gelu_tanh4(g: vec4<f32>) -> vec4<f32> {

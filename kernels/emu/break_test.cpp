@@ -5,15 +5,20 @@
 // K in-kernel with the last block's own partial first (arrival order, not index order): within
 // every bound, so only the bitwise comparisons with the two-launch fold can catch it. =4 starts
 // the shared-memory slice total (TOTAL_SMEM kernels: m > 128 and 17..128 rows by default) from
-// unwritten shared memory, which the emulator poisons.
+// unwritten shared memory, which the emulator poisons. =5 makes the gate/up epilogue compute
+// silu where it is asked for GeGLU (EPI_GEGLU): fused_test.h's GeGLU checks must all fail.
 #include "cuda_emu.h"
 
 #include "../matmul.cu"
+#include "../kv_write.cu"
+#include "../rms_norm.cu"
+#include "../silu_mul.cu"
 
 #include <cstdio>
 #include <string>
 #include <tuple>
 
+#include "fused_test.h"
 #include "matmul_test.h"
 
 int main() {
@@ -23,7 +28,9 @@ int main() {
         if (ok) ++passed;
         std::printf("%s %s\n", ok ? "passed (bad: the break went unnoticed)" : "failed (as it must)", what.c_str());
     };
-#if TANDEM_GEMM_BREAK == 3
+#if TANDEM_GEMM_BREAK == 5
+    fusedtest::run_geglu(check);
+#elif TANDEM_GEMM_BREAK == 3
     // Only the split path folds in-kernel: m <= 128 with k split into 3 slices.
     for (auto [m, n, k] : {std::tuple{1, 72, 1000}, std::tuple{17, 200, 999}}) {
         mmtest::Problem p = mmtest::problem(1, m, n, k, true);
@@ -41,7 +48,7 @@ int main() {
     mmtest::against_f64(check, mmtest::problem(1, 17, 72, 136, true), false);
     mmtest::against_f64(check, mmtest::problem(2, 200, 72, 64, true), false);
 #endif
-#if TANDEM_GEMM_BREAK != 4
+#if TANDEM_GEMM_BREAK != 4 && TANDEM_GEMM_BREAK != 5
     // The decode GEMV variants carry breaks 1 and 3 too (m16_gemv4, m16_gemv8, m16_x1), and 2
     // (m16_x1 only: the others have no cp.async); none has a shared-memory total (4).
     for (int v : {2, 3, 4}) {

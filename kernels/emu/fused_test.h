@@ -94,12 +94,14 @@ inline GateUp gate_up_problem(int dt, int m, int inter, int k) {
     g.fused = interleave_gate_up(g.gate.w, g.up.w, inter, k);
     return g;
 }
-inline std::vector<float> gate_up_silu(const GateUp& g, const float* x, int m, bool legacy) {
+// Through the gate/up epilogue `epi` (EPI_SILU, or EPI_GEGLU: gelu_tanh), or (`legacy`) the gate
+// and up GEMMs then silu_mul (gelu_tanh_mul) with the fused slicing.
+inline std::vector<float> gate_up_silu(const GateUp& g, const float* x, int m, bool legacy, int epi = EPI_SILU) {
     const int k = g.gate.k, inter = g.inter, n = (inter + 31) / 32 * 64;
     const mmtest::Slices sl = mmtest::k_slices(n, k);
     std::vector<float> out((size_t)m * inter, NAN);
     if (!legacy) {
-        const Epilogue ep{out.data(), nullptr, nullptr, EPI_SILU, inter, 0};
+        const Epilogue ep{out.data(), nullptr, nullptr, epi, inter, 0};
         mmtest::counters_ok = mmtest::gemm(g.gate.dt, x, g.fused.data(), nullptr, m, n, k, sl, ep, false) && mmtest::counters_ok;
         return out;
     }
@@ -107,14 +109,16 @@ inline std::vector<float> gate_up_silu(const GateUp& g, const float* x, int m, b
     mmtest::gemm(g.gate.dt, x, g.gate.w.data(), nullptr, m, inter, k, sl, Epilogue{gv.data(), nullptr, nullptr, EPI_PLAIN, 0, 0}, true);
     mmtest::gemm(g.gate.dt, x, g.up.w.data(), nullptr, m, inter, k, sl, Epilogue{uv.data(), nullptr, nullptr, EPI_PLAIN, 0, 0}, true);
     const size_t len = (size_t)m * inter;
-    launch(dim3{(unsigned)((len + 255) / 256), 1, 1}, dim3{256, 1, 1}, [&] { silu_mul(gv.data(), uv.data(), out.data(), 1, len); });
+    if (epi == EPI_GEGLU) launch(dim3{(unsigned)((len + 255) / 256), 1, 1}, dim3{256, 1, 1}, [&] { gelu_tanh_mul(gv.data(), uv.data(), out.data(), 1, len); });
+    else launch(dim3{(unsigned)((len + 255) / 256), 1, 1}, dim3{256, 1, 1}, [&] { silu_mul(gv.data(), uv.data(), out.data(), 1, len); });
     return out;
 }
 
-inline void test_gate_up(const Check& check, int dt, int m, int inter, int k) {
+inline void test_gate_up(const Check& check, int dt, int m, int inter, int k, int epi = EPI_SILU) {
     GateUp g = gate_up_problem(dt, m, inter, k);
-    const auto got = gate_up_silu(g, g.gate.x.data(), m, false), want = gate_up_silu(g, g.gate.x.data(), m, true);
-    // f64 over the rounded x (the kernel's operands): only f32 accumulation and expf differ.
+    const auto got = gate_up_silu(g, g.gate.x.data(), m, false, epi), want = gate_up_silu(g, g.gate.x.data(), m, true, epi);
+    const bool geglu = epi == EPI_GEGLU;
+    // f64 over the rounded x (the kernel's operands): only f32 accumulation and expf (tanhf) differ.
     double num = 0, den = 0;
     bool finite = true;
     for (int r = 0; r < m; ++r)
@@ -125,15 +129,17 @@ inline void test_gate_up(const Check& check, int dt, int m, int inter, int k) {
                 gs += xr * mmtest::wval(dt, g.gate.w[(size_t)c * k + kk]);
                 us += xr * mmtest::wval(dt, g.up.w[(size_t)c * k + kk]);
             }
-            const double w = gs / (1.0 + std::exp(-gs)) * us, v = got[(size_t)r * inter + c];
+            const double a = geglu ? 0.5 * gs * (1.0 + std::tanh(0.7978845608028654 * (gs + 0.044715 * gs * gs * gs))) : gs / (1.0 + std::exp(-gs));
+            const double w = a * us, v = got[(size_t)r * inter + c];
             finite = finite && std::isfinite(v);
             num += (v - w) * (v - w);
             den += w * w;
         }
     char buf[256];
     const int n = (inter + 31) / 32 * 64;
-    std::snprintf(buf, sizeof buf, "gate_up_silu (EPI_SILU) %s m=%d inter=%d k=%d slices %d: NMSE vs f64 %.2e (limit 1e-10); bitwise equal to gate, up GEMMs + silu_mul",
-                  dt == 1 ? "bf16" : "f16", m, inter, k, mmtest::k_slices(n, k).count, num / (den > 0 ? den : 1));
+    std::snprintf(buf, sizeof buf, "%s %s m=%d inter=%d k=%d slices %d: NMSE vs f64 %.2e (limit 1e-10); bitwise equal to gate, up GEMMs + %s",
+                  geglu ? "gate_up GeGLU (EPI_GEGLU)" : "gate_up_silu (EPI_SILU)", dt == 1 ? "bf16" : "f16", m, inter, k, mmtest::k_slices(n, k).count, num / (den > 0 ? den : 1),
+                  geglu ? "gelu_tanh_mul" : "silu_mul");
     check(buf, finite && num / (den > 0 ? den : 1) <= 1e-10 && same(got, want));
 }
 
@@ -315,6 +321,13 @@ inline void test_qkv_rope(const Check& check, int dt, int m, int nq, int nkv, in
           distinct && changed && wide == want_wide && same(q, want.q) && caches);
 }
 
+// EPI_GEGLU's checks, also what TANDEM_GEMM_BREAK=5 (EPI_GEGLU computing silu) must fail.
+inline void run_geglu(const Check& check) {
+    test_gate_up(check, 1, 1, 70, 1000, EPI_GEGLU);
+    test_gate_up(check, 2, 17, 70, 136, EPI_GEGLU);
+    test_gate_up(check, 1, 200, 70, 136, EPI_GEGLU);
+}
+
 inline void run_all(const Check& check) {
     // Split (m <= 128, 3 slices at k = 1000 / 999) and register-fold (m = 200) paths; k = 999
     // breaks 16-byte alignment; n = 176 and inter = 70 are not multiples of the tiles.
@@ -326,6 +339,9 @@ inline void run_all(const Check& check) {
     test_gate_up(check, 1, 16, 64, 999);
     test_gate_up(check, 2, 17, 70, 136);
     test_gate_up(check, 1, 200, 70, 1000);
+    // GeGLU (Gemma): the same epilogue with gelu_tanh, against gelu_tanh_mul: split (k = 1000),
+    // m64 (17 rows, f16), register fold (m = 200).
+    run_geglu(check);
     fused_rows_bitwise(check, 1, 1000);
     // Residual add: split (k = 1000, 3 slices; k = 2048, 8) and one slice (k = 136), m16 / m64.
     test_resid(check, 1, 1, 200, 1000, true);

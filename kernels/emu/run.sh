@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds and runs the host emulation of every kernel (kernels/emu/emu_test.cpp) with g++, beside
-# the four deliberately broken matmul builds (break_test.cpp), the four broken tensor-core
+# the five deliberately broken matmul builds (break_test.cpp; 5: the GeGLU epilogue as silu), the four broken tensor-core
 # attention builds and five broken tc_deep builds and two broken tc_shared builds (attn_break_test.cpp) and a broken routed-MoE combine (moe_break_test.cpp),
 # which must be caught, and a
 # kernel that deadlocks at a barrier (deadlock_test.cpp), which must be reported, not hang, and
@@ -16,16 +16,17 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 out="${TMPDIR:-/tmp}/tandem-emu-test-$$"
 cxx() { "${CXX:-g++}" -std=c++20 -O1 -pthread -Wall -Wno-unused-function -Wno-unknown-pragmas "$@"; }
-trap 'rm -f "$out" "$out-break1" "$out-break2" "$out-break3" "$out-break4" "$out-attn1" "$out-attn2" "$out-attn3" "$out-attn4" "$out-attnd1" "$out-attnd2" "$out-attnd3" "$out-attnd4" "$out-attnd5" "$out-attns1" "$out-attns2" "$out-deadlock" "$out-interleave" "$out-pdl" "$out-moe1" "$out-sm90" "$out.sm90" "$out.log" "$out.breaks" "$out.main"' EXIT
+trap 'rm -f "$out" "$out-break1" "$out-break2" "$out-break3" "$out-break4" "$out-break5" "$out-attn1" "$out-attn2" "$out-attn3" "$out-attn4" "$out-attnd1" "$out-attnd2" "$out-attnd3" "$out-attnd4" "$out-attnd5" "$out-attns1" "$out-attns2" "$out-deadlock" "$out-interleave" "$out-pdl" "$out-moe1" "$out-sm90" "$out.sm90" "$out.log" "$out.breaks" "$out.main"' EXIT
 cxx -o "$out" "$here/emu_test.cpp" & p0=$!
 cxx -DTANDEM_GEMM_BREAK=1 -o "$out-break1" "$here/break_test.cpp" & p1=$!
 cxx -DTANDEM_GEMM_BREAK=2 -o "$out-break2" "$here/break_test.cpp" & p2=$!
 cxx -DTANDEM_GEMM_BREAK=3 -o "$out-break3" "$here/break_test.cpp" & p3=$!
 cxx -DTANDEM_GEMM_BREAK=4 -o "$out-break4" "$here/break_test.cpp" & p5=$!
+cxx -DTANDEM_GEMM_BREAK=5 -o "$out-break5" "$here/break_test.cpp" & p8=$!
 cxx -o "$out-deadlock" "$here/deadlock_test.cpp" & p4=$!
 cxx -DTANDEM_EMU_STRICT -o "$out-interleave" "$here/interleave_test.cpp" & p6=$!
 cxx -DTANDEM_EMU_STRICT -o "$out-pdl" "$here/pdl_test.cpp" & p7=$!
-wait $p0 && wait $p1 && wait $p2 && wait $p3 && wait $p4 && wait $p5 && wait $p6 && wait $p7
+wait $p0 && wait $p1 && wait $p2 && wait $p3 && wait $p4 && wait $p5 && wait $p6 && wait $p7 && wait $p8
 cxx -DTANDEM_MOE_BREAK=1 -o "$out-moe1" "$here/moe_break_test.cpp" & pm=$!
 cxx -Wno-psabi -o "$out-sm90" "$here/sm90_test.cpp" & psm=$!
 pids=()
@@ -46,7 +47,7 @@ wait $psm
 status=0
 breaks() {
     local s=0
-    for b in 1 2 3 4; do
+    for b in 1 2 3 4 5; do
         if ! "$out-break$b"; then
             echo "FAIL the emulator tests did not catch TANDEM_GEMM_BREAK=$b"
             s=1

@@ -8,7 +8,7 @@ use tandem_core::DType;
 
 use crate::compare::compare;
 use crate::ops::{
-    Add, AddRmsNorm, Argmax, Embedding, GatherRows, GateUpSilu, GeluTanhMul, KvWrite, Launch, Matmul, MoeAccumulate, MoeRoute, MoeRouted, Op, PagedAttention,
+    Add, AddRmsNorm, Argmax, Embedding, GatherRows, GateUpGelu, GateUpSilu, GeluTanhMul, KvWrite, Launch, Matmul, MoeAccumulate, MoeRoute, MoeRouted, Op, PagedAttention,
     QkvRopeKvWrite, ResidualNormGateUp, RmsNorm, Rope, RopeKvWrite, Scale, SeqChunk, SiluMul,
 };
 use crate::rng::{hash_str, mix, Rng};
@@ -21,6 +21,7 @@ enum Spec {
     AddRmsNorm(AddRmsNorm),
     Matmul(Matmul),
     GateUpSilu(GateUpSilu),
+    GateUpGelu(GateUpGelu),
     ResidualNormGateUp(ResidualNormGateUp),
     Rope(Rope),
     SiluMul(SiluMul),
@@ -47,6 +48,7 @@ macro_rules! dispatch {
             Spec::AddRmsNorm($o) => $body,
             Spec::Matmul($o) => $body,
             Spec::GateUpSilu($o) => $body,
+            Spec::GateUpGelu($o) => $body,
             Spec::ResidualNormGateUp($o) => $body,
             Spec::Rope($o) => $body,
             Spec::SiluMul($o) => $body,
@@ -362,6 +364,11 @@ pub fn cases() -> Vec<Case> {
     // an intermediate size that is not a multiple of 32; f32 weights are not fused).
     for (dtype, m, inter, hidden) in [(BF16, 1, 1536, 576), (BF16, 37, 200, 256), (F16, 200, 70, 136), (F32, 3, 64, 96)] {
         v.push(Case::new(GateUpSilu { dtype, m, inter, hidden }, Spec::GateUpSilu));
+    }
+    // The same with GeGLU (Gemma's MLP; CUDA: the EPI_GEGLU epilogue): decode, a prefill
+    // with inter not a multiple of 32, f16.
+    for (dtype, m, inter, hidden) in [(BF16, 1, 1152, 640), (BF16, 37, 200, 256), (F16, 5, 70, 136)] {
+        v.push(Case::new(GateUpGelu { dtype, m, inter, hidden }, Spec::GateUpGelu));
     }
     // The residual add and the next norm around the projections: fused where the backend fuses
     // norms at that many tokens (CUDA: 1-2 tokens, the epilogue and the prologue), else plain.

@@ -15,6 +15,7 @@
 
 use half::{bf16, f16};
 
+use crate::config::Activation;
 use crate::error::{Error, Result};
 use crate::sampling::{logprobs_rows, sample_row, sample_rows_masked, RowMasks, SampleSpec, TokenLogprobs};
 use crate::weights::TensorView;
@@ -364,7 +365,7 @@ pub trait Backend: Send + 'static {
     /// rows): f32, the default, or [`Backend::matmul_operand`]'s 16-bit type, where storing the
     /// value already rounded gives the matmul the bits it would have formed from the f32 one
     /// (so the choice changes bytes moved, never a token). The ops that write such a buffer
-    /// (`rms_norm`, `add_rms_norm`, `silu_mul`, `gate_up_silu`, `matmul_residual`'s hg) store
+    /// (`rms_norm`, `add_rms_norm`, `silu_mul`, `gelu_tanh_mul`, `gate_up_act`, `matmul_residual`'s hg) store
     /// into it rounded to nearest even, and the matmuls read it as it is; a 16-bit activation
     /// buffer is only ever written by those ops and read by matmuls.
     fn activation_dtype(&self, _weight: DType) -> DType {
@@ -527,21 +528,23 @@ pub trait Backend: Send + 'static {
         Err(Error::backend(self.name(), "qkv_proj: this backend does not fuse the q, k, v projections (fuse_qkv gave none)"))
     }
     /// The gate and up projections (`[inter, hidden]` each) as one weight for
-    /// [`Backend::gate_up_silu`]; `None`, the default, when this backend does not fuse them.
+    /// [`Backend::gate_up_act`]; `None`, the default, when this backend does not fuse them.
     fn fuse_gate_up(&self, _gate: &TensorView, _up: &TensorView) -> Result<Option<Self::Buf>> {
         Ok(None)
     }
-    /// `out = silu(x Wg^T) * (x Wu^T)` with the weight from [`Backend::fuse_gate_up`]: the two
-    /// projections and the activation in one op; x `[m, hidden]` as [`Backend::matmul`]'s,
-    /// out `[m, inter]` f32 or of [`Backend::activation_dtype`] (stored rounded).
+    /// `out = act(x Wg^T) * (x Wu^T)` with the weight from [`Backend::fuse_gate_up`]: the two
+    /// projections and the activation in one op, the activation's formula that of
+    /// [`Backend::silu_mul`] (`Activation::Silu`) or [`Backend::gelu_tanh_mul`]
+    /// (`Activation::GeluTanh`); x `[m, hidden]` as [`Backend::matmul`]'s, out `[m, inter]` f32
+    /// or of [`Backend::activation_dtype`] (stored rounded).
     /// With `norm` (only where [`Backend::fuses_norm`]), x is `h ∘ gamma`: see [`NormIn`].
     #[allow(clippy::too_many_arguments)]
-    fn gate_up_silu(&self, _x: &Self::Buf, _w: &Self::Buf, _out: &mut Self::Buf, _m: usize, _inter: usize, _hidden: usize, _norm: Option<NormIn<'_, Self::Buf>>) -> Result<()> {
-        Err(Error::backend(self.name(), "gate_up_silu: this backend does not fuse the gate and up projections (fuse_gate_up gave none)"))
+    fn gate_up_act(&self, _act: Activation, _x: &Self::Buf, _w: &Self::Buf, _out: &mut Self::Buf, _m: usize, _inter: usize, _hidden: usize, _norm: Option<NormIn<'_, Self::Buf>>) -> Result<()> {
+        Err(Error::backend(self.name(), "gate_up_act: this backend does not fuse the gate and up projections (fuse_gate_up gave none)"))
     }
     /// Whether this backend fuses the residual adds and RMS norms into the projections
     /// ([`Backend::matmul_residual`], and the `norm` of [`Backend::qkv_proj`] and
-    /// [`Backend::gate_up_silu`]) for a forward pass of `tokens` tokens at this hidden size. The
+    /// [`Backend::gate_up_act`]) for a forward pass of `tokens` tokens at this hidden size. The
     /// default is no: the model then runs `add_rms_norm` between them. Fused, a layer launches
     /// two ops fewer, but each projection block recomputes its rows' norm, which pays only for
     /// few rows (wgpu: decode steps of one or two tokens).

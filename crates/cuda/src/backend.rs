@@ -1235,10 +1235,10 @@ impl Backend for CudaBackend {
         self.fuse_gate_up_weight(gate, up)
     }
 
-    /// One GEMM whose epilogue writes silu(gate) * up (kernels/matmul.cu EPI_SILU).
+    /// One GEMM whose epilogue writes act(gate) * up (kernels/matmul.cu EPI_SILU, EPI_GEGLU).
     /// With `norm`, the GEMM forms rms_norm(h) * gamma itself (x is not read).
-    fn gate_up_silu(&self, x: &CudaBuf, w: &CudaBuf, out: &mut CudaBuf, m: usize, inter: usize, hidden: usize, norm: Option<tandem_core::backend::NormIn<'_, CudaBuf>>) -> Result<()> {
-        self.gemm("gate_up_silu", x, w, None, GemmOut::Silu { out, inter }, m, matmul::fuse_gate_up_rows(inter), hidden, norm)
+    fn gate_up_act(&self, act: tandem_core::config::Activation, x: &CudaBuf, w: &CudaBuf, out: &mut CudaBuf, m: usize, inter: usize, hidden: usize, norm: Option<tandem_core::backend::NormIn<'_, CudaBuf>>) -> Result<()> {
+        self.gemm("gate_up_act", x, w, None, GemmOut::GateUp { out, inter, act }, m, matmul::fuse_gate_up_rows(inter), hidden, norm)
     }
 
     /// Up to FUSE_NORM_MAX_TOKENS tokens (see there): a layer is then 5 launches. The fused

@@ -1,12 +1,13 @@
 //! The tensor-core and f32 matmul launchers of [`CudaBackend`] (kernels/matmul.cu): the plain
 //! projection (`Backend::matmul`) and the fused q/k/v and gate/up projections
-//! (`Backend::fuse_qkv` / `qkv_proj`, `fuse_gate_up` / `gate_up_silu`), the residual add
+//! (`Backend::fuse_qkv` / `qkv_proj`, `fuse_gate_up` / `gate_up_act`), the residual add
 //! (`matmul_residual`) and the input norm (`NormIn`) where `fuses_norm` says so, one GEMM
 //! launch each for m <= 128 (x read in-kernel, split K folded in-kernel), two above
 //! (matmul_x first).
 //! A child module of `backend`, so it shares that module's private helpers.
 
 use cudarc::driver::{DevicePtr, DeviceRepr, LaunchConfig};
+use tandem_core::config::Activation;
 use tandem_core::weights::TensorView;
 use tandem_core::backend::{DType, KvDest, NormIn};
 use tandem_core::Result;
@@ -329,12 +330,14 @@ pub(super) fn gemm_plan_of(m: usize, n: usize, k: usize, mut kernel: &'static Ge
 /// many for the 128-wide kernels).
 pub(super) const GEMM_COUNTERS: usize = 2 * K_SLICE_TARGET_BLOCKS;
 
-/// The epilogue codes of kernels/matmul.cu (EPI_PLAIN, EPI_QKV, EPI_SILU, EPI_RESID).
+/// The epilogue codes of kernels/matmul.cu (EPI_PLAIN, EPI_QKV, EPI_SILU, EPI_RESID,
+/// EPI_QKV_ROPE, EPI_GEGLU).
 pub(super) const EPI_PLAIN: i32 = 0;
 const EPI_QKV: i32 = 1;
 pub(super) const EPI_SILU: i32 = 2;
 const EPI_RESID: i32 = 3;
 const EPI_QKV_ROPE: i32 = 4;
+const EPI_GEGLU: i32 = 5;
 
 /// Whether rope and the KV write can run in the q/k/v GEMM's epilogue (EPI_QKV_ROPE): every
 /// head must lie inside one output tile, so head_dim must divide the tile's width: 64
@@ -381,8 +384,9 @@ pub(super) enum GemmOut<'a> {
     Plain(&'a mut CudaBuf),
     /// Fused weight rows [0, nq) to q [m, nq], the next nkv to k [m, nkv], the rest to v.
     Qkv { q: &'a mut CudaBuf, k: &'a mut CudaBuf, v: &'a mut CudaBuf, nq: usize, nkv: usize },
-    /// The [`fuse_gate_up_rows`] layout: out [m, inter] = silu(gate) * up.
-    Silu { out: &'a mut CudaBuf, inter: usize },
+    /// The [`fuse_gate_up_rows`] layout: out [m, inter] = act(gate) * up (silu_mul.cu's
+    /// silu or gelu_tanh).
+    GateUp { out: &'a mut CudaBuf, inter: usize, act: Activation },
     /// h [m, n] += the result; with `hg`, also hg = the new h * gamma (gamma [n], a weight).
     Residual { h: &'a mut CudaBuf, hg: Option<(&'a CudaBuf, &'a mut CudaBuf)> },
     /// [`GemmOut::Qkv`]'s columns, q rotated into `q`, k rotated and v written into the
@@ -694,13 +698,17 @@ impl CudaBackend {
                 l.arg(&mut *q.mem).arg(&mut *kb.mem).arg(&mut *v.mem);
                 (epi, en0, en1) = (EPI_QKV, i32_of(nq, op, "nq")?, i32_of(nkv, op, "nkv")?);
             }
-            GemmOut::Silu { out, inter } => {
+            GemmOut::GateUp { out, inter, act } => {
                 if fuse_gate_up_rows(inter) != n || bias_code != 0 {
                     return Err(err(format!("{op}: the fused gate/up weight has {n} rows, {inter} outputs need {} (and no bias)", fuse_gate_up_rows(inter))));
                 }
                 act16 = act_out(out, m * inter, "out")?;
                 l.arg(&mut *out.mem).arg(&null).arg(&null);
-                (epi, en0, en1) = (EPI_SILU, i32_of(inter, op, "inter")?, 0);
+                let code = match act {
+                    Activation::Silu => EPI_SILU,
+                    Activation::GeluTanh => EPI_GEGLU,
+                };
+                (epi, en0, en1) = (code, i32_of(inter, op, "inter")?, 0);
             }
         }
         l.arg(&epi).arg(&en0).arg(&en1).arg(ep_gamma).arg(&ep_gamma_code).arg(&act16);

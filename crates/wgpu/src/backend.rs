@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 
 use tandem_core::backend::{AttnArgs, KvDest, KvGeometry, NormIn};
+use tandem_core::config::Activation;
 use tandem_core::weights::TensorView;
 use tandem_core::{Backend, DType, Error, Result};
 
@@ -96,7 +97,8 @@ const UNIFORM_WINDOW: u64 = 65536;
 enum Out<'a> {
     Plain(&'a wgpu::Buffer),
     Split { q: &'a wgpu::Buffer, k: &'a wgpu::Buffer, v: &'a wgpu::Buffer, nq: usize, nkv: usize },
-    GateUp(&'a wgpu::Buffer),
+    /// A fused gate/up projection: out, and whether the activation is gelu_tanh (else silu).
+    GateUp(&'a wgpu::Buffer, bool),
     /// A fused q/k/v projection with rope and the KV write in its epilogue (`MatmulOut::SplitRope`).
     SplitRope { q: &'a wgpu::Buffer, nq: usize, nkv: usize, head_dim: usize, caches: KvPair<'a>, kv: [&'a wgpu::Buffer; 3], num_slots: usize },
     /// `h += x w^T`, and `hg = h * gamma` with the next norm's gamma (`MatmulOut::Residual`).
@@ -461,7 +463,7 @@ impl WgpuBackend {
         }
         // Weight rows: n, or the fused weight's (q, k, v stacked; gate/up paired and padded).
         let w_rows = match out {
-            Out::GateUp(_) => n.div_ceil(GATE_UP_HALF) * 2 * GATE_UP_HALF,
+            Out::GateUp(..) => n.div_ceil(GATE_UP_HALF) * 2 * GATE_UP_HALF,
             _ => n,
         };
         let x_b = want_f32(op, "x", x, m * k)?;
@@ -481,7 +483,7 @@ impl WgpuBackend {
             Out::Residual { next_norm: Some((g, _)), .. } => Some(want_weight(op, "norm weight", g, n)?),
             _ => None,
         };
-        let (wg, rt, mt) = self.matmul_block(op, matches!(out, Out::GateUp(_)), m, k, norm.is_some())?;
+        let (wg, rt, mt) = self.matmul_block(op, matches!(out, Out::GateUp(..)), m, k, norm.is_some())?;
         // x goes through a uniform buffer when k % 8 == 0: a 64 KiB window (every f32 buffer
         // is padded to hold one past its end), one dispatch per block of rows that fits, so
         // a prefill takes a few dispatches per matmul. Otherwise through storage, whole.
@@ -515,7 +517,7 @@ impl WgpuBackend {
         let first_out = 4 + extra.len() as u32;
         let to = match out {
             Out::Plain(_) => MatmulOut::Plain,
-            Out::GateUp(_) => MatmulOut::GateUp,
+            Out::GateUp(_, gelu) => MatmulOut::GateUp { gelu },
             Out::Split { k: k_b, v: v_b, nq, nkv, .. } => {
                 extra.extend([(RW, Bind::all(k_b)), (RW, Bind::all(v_b))]);
                 MatmulOut::Split { nq: nq as u32, nkv: nkv as u32, k_binding: first_out }
@@ -549,7 +551,7 @@ impl WgpuBackend {
             self.rec.copy_to_texture(x_b, &t.texture, x_rows as u32)?;
         }
         let out_b = match out {
-            Out::Plain(b) | Out::GateUp(b) | Out::Split { q: b, .. } | Out::SplitRope { q: b, .. } | Out::Residual { h: b, .. } => b,
+            Out::Plain(b) | Out::GateUp(b, _) | Out::Split { q: b, .. } | Out::SplitRope { q: b, .. } | Out::Residual { h: b, .. } => b,
         };
         let block = if uniform_x { window_rows } else { m };
         let eps = norm.map_or(0.0, |(_, e)| e);
@@ -779,8 +781,8 @@ impl WgpuBackend {
         to_u32(op, "len", len)?;
         let binds = [Bind::all(g_b), Bind::all(u_b), Bind::all(o_b)];
         match len % 4 {
-            0 => self.rec.dispatch(vec4, &Prelude::new(), &[len as u32], &binds, Grid::Linear(groups(len / 4, 64))),
-            _ => self.rec.dispatch(scalar, &Prelude::new(), &[len as u32], &binds, Grid::Linear(groups(len, 64))),
+            0 => self.rec.dispatch(vec4, &Prelude::new().gated_acts(), &[len as u32], &binds, Grid::Linear(groups(len / 4, 64))),
+            _ => self.rec.dispatch(scalar, &Prelude::new().gated_acts(), &[len as u32], &binds, Grid::Linear(groups(len, 64))),
         }
     }
 }
@@ -1050,15 +1052,16 @@ impl Backend for WgpuBackend {
         self.tiled_weight(gate.dtype, t, Some(&name), self.texel_weights, &row).map(Some)
     }
 
-    fn gate_up_silu(&self, x: &WgpuBuf, w: &WgpuBuf, out: &mut WgpuBuf, m: usize, inter: usize, hidden: usize, norm: Option<NormIn<'_, WgpuBuf>>) -> Result<()> {
-        let op = "gate_up_silu";
+    fn gate_up_act(&self, act: Activation, x: &WgpuBuf, w: &WgpuBuf, out: &mut WgpuBuf, m: usize, inter: usize, hidden: usize, norm: Option<NormIn<'_, WgpuBuf>>) -> Result<()> {
+        let op = "gate_up_act";
         let out_b = want_f32(op, "out", out, m * inter)?;
         let rows = inter.div_ceil(GATE_UP_HALF) * 2 * GATE_UP_HALF;
         match w.tiled {
             Some(t) if t.rows == rows && t.cols == hidden => {}
             _ => return Err(err(format!("{op}: weight {} is not a fused [{inter}, {hidden}] gate/up pair from fuse_gate_up", w.label()))),
         }
-        self.matmul_to(op, x, w, None, Out::GateUp(out_b), norm.map(|n| (n.h, n.eps)), m, inter, hidden)
+        let gelu = act == Activation::GeluTanh;
+        self.matmul_to(op, x, w, None, Out::GateUp(out_b, gelu), norm.map(|n| (n.h, n.eps)), m, inter, hidden)
     }
 
     fn qkv_rope_kv_write(&self, x: &WgpuBuf, w: &WgpuBuf, bias: Option<&WgpuBuf>, q: &mut WgpuBuf, k: &mut WgpuBuf, v: &mut WgpuBuf, m: usize, nq: usize, hidden: usize, norm: Option<NormIn<'_, WgpuBuf>>, kv: KvDest<'_, WgpuBuf>) -> Result<()> {

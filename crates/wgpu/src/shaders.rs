@@ -94,8 +94,9 @@ pub(crate) enum MatmulOut {
     /// A fused q/k/v projection: weight rows `[0, nq)` go to out (q), the next `nkv` to
     /// `k_out`, the last `nkv` to `v_out` (bound at `k_binding` and the one after).
     Split { nq: u32, nkv: u32, k_binding: u32 },
-    /// A fused gate/up projection with the activation: see matmul.wgsl (`PAIRS`).
-    GateUp,
+    /// A fused gate/up projection with the activation (silu, or with `gelu` gelu_tanh): see
+    /// matmul.wgsl (`PAIRS`, `GELU`).
+    GateUp { gelu: bool },
     /// A fused q/k/v projection with rope and the KV-cache write in its epilogue: q (rows
     /// `[0, nq)`) rotated into out; k rotated and v copied into the caches at the token's slot.
     /// Bindings from `first`: k_cache, v_cache, positions, inv_freq, slots. Needs each head's
@@ -147,6 +148,15 @@ pub(crate) enum MatrixLayout {
     /// [`crate::buffer::Tiled`] in a texture ([`crate::buffer::Texels`]).
     Texels,
 }
+
+/// The gated MLP activations, one text for silu_mul.wgsl's scalar kernels and matmul.wgsl's
+/// `PAIRS` epilogue (so a fused gate/up projection applies silu_mul's and gelu_tanh_mul's
+/// formulas): `silu(g)`, `gelu_tanh(g)` (see silu_mul.wgsl on the clamp).
+const GATED_ACTS: &str = "fn silu(g: f32) -> f32 { return g / (1.0 + exp(-g)); }\n\
+fn gelu_tanh(g: f32) -> f32 {\n\
+\x20   let inner = clamp(0.7978846 * (g + 0.044715 * g * g * g), -10.0, 10.0);\n\
+\x20   return 0.5 * g * (1.0 + tanh(inner));\n\
+}\n";
 
 /// Declarations prepended to a kernel's source; equal preludes share a pipeline.
 #[derive(Debug, Default, Clone, PartialEq, Eq, Hash)]
@@ -419,8 +429,16 @@ impl Prelude {
         self
     }
 
-    /// matmul's `store_out` and `PAIRS` for `to`.
+    /// `silu(g)` and `gelu_tanh(g)` ([`GATED_ACTS`]): silu_mul.wgsl's and matmul.wgsl's.
+    pub fn gated_acts(mut self) -> Self {
+        self.0.push_str(GATED_ACTS);
+        self
+    }
+
+    /// matmul's `store_out`, `PAIRS` and `GELU` for `to`.
     pub fn matmul_out(mut self, to: MatmulOut) -> Self {
+        self = self.gated_acts();
+        self.0.push_str(&format!("const GELU: bool = {};\n", matches!(to, MatmulOut::GateUp { gelu: true })));
         let plain = "fn store_out(row: u32, col: u32, v: f32) { out[row * p.n + col] = v; }\n";
         // matmul.wgsl's rope epilogue: ROPE false leaves it out.
         let no_rope = "const ROPE: bool = false;\nconst HALF: u32 = 1u;\nfn store_rope(tok: u32, col: u32, i: u32, x1: f32, x2: f32, stage: u32) {}\n";
@@ -433,7 +451,7 @@ impl Prelude {
         }
         let text = match to {
             MatmulOut::Plain => format!("const PAIRS: bool = false;\n{plain}"),
-            MatmulOut::GateUp => format!("const PAIRS: bool = true;\n{plain}"),
+            MatmulOut::GateUp { .. } => format!("const PAIRS: bool = true;\n{plain}"),
             MatmulOut::Split { nq, nkv, k_binding } => format!(
                 "const PAIRS: bool = false;\n\
                  @group(0) @binding({k_binding}) var<storage, read_write> k_out: array<f32>;\n\

@@ -1,6 +1,7 @@
 //! `out[m, n] = Σ_k x[m, k] · w[n, k] (+ bias[n])` at decode (m small) and prefill shapes.
 
 use tandem_core::backend::Backend;
+use tandem_core::config::Activation;
 use tandem_core::{DType, Result};
 
 use super::{limits, poisoned, read_guarded, round_to, untouched_f32, upload_f32, upload_guarded, weight, Cost, Launch, Op};
@@ -69,15 +70,18 @@ impl Op for Matmul {
     }
 }
 
-/// `out = silu(x Wg^T) * (x Wu^T)`, fused where the backend fuses (`fuse_gate_up`, then
-/// `gate_up_silu`: CUDA's one GEMM with the silu epilogue, wgpu's fused projection), else the
-/// two matmuls and `silu_mul`; the reference runs the latter.
-pub struct GateUpSilu {
+/// `out = act(x Wg^T) * (x Wu^T)`, fused where the backend fuses (`fuse_gate_up`, then
+/// `gate_up_act`: CUDA's one GEMM with the silu / GeGLU epilogue, wgpu's fused projection),
+/// else the two matmuls and `silu_mul` (`gelu_tanh_mul` with `GELU`); the reference runs the
+/// latter. Op `gate_up_silu` ([`GateUpSilu`]) or `gate_up_gelu` ([`GateUpGelu`], Gemma's MLP).
+pub struct GateUp<const GELU: bool> {
     pub dtype: DType,
     pub m: usize,
     pub inter: usize,
     pub hidden: usize,
 }
+pub type GateUpSilu = GateUp<false>;
+pub type GateUpGelu = GateUp<true>;
 
 pub struct GateUpInputs {
     x: Vec<f32>,    // [m, hidden]
@@ -85,9 +89,9 @@ pub struct GateUpInputs {
     up: Vec<f32>,
 }
 
-impl Op for GateUpSilu {
+impl<const GELU: bool> Op for GateUp<GELU> {
     type Inputs = GateUpInputs;
-    const NAME: &'static str = "gate_up_silu";
+    const NAME: &'static str = if GELU { "gate_up_gelu" } else { "gate_up_silu" };
     fn params(&self) -> String {
         format!("w={} m={} inter={} hidden={}", self.dtype.name(), self.m, self.inter, self.hidden)
     }
@@ -112,15 +116,19 @@ impl Op for GateUpSilu {
         let (gv, uv) = (ws.get("gate", &[inter, h])?, ws.get("up", &[inter, h])?);
         let xb = upload_f32(b, &x.x)?;
         let mut out = poisoned(b, m * inter)?;
+        let act = if GELU { Activation::GeluTanh } else { Activation::Silu };
         match b.fuse_gate_up(&gv, &uv)? {
-            Some(w) => launch.run(b, || b.gate_up_silu(&xb, &w, &mut out, m, inter, h, None))?,
+            Some(w) => launch.run(b, || b.gate_up_act(act, &xb, &w, &mut out, m, inter, h, None))?,
             None => {
                 let (wg, wu) = (b.upload_weight(&gv)?, b.upload_weight(&uv)?);
                 let (mut g, mut u) = (poisoned(b, m * inter)?, poisoned(b, m * inter)?);
                 launch.run(b, || {
                     b.matmul(&xb, &wg, None, &mut g, m, inter, h)?;
                     b.matmul(&xb, &wu, None, &mut u, m, inter, h)?;
-                    b.silu_mul(&g, &u, &mut out, m * inter)
+                    match act {
+                        Activation::Silu => b.silu_mul(&g, &u, &mut out, m * inter),
+                        Activation::GeluTanh => b.gelu_tanh_mul(&g, &u, &mut out, m * inter),
+                    }
                 })?
             }
         }
@@ -132,7 +140,7 @@ impl Op for GateUpSilu {
 /// The residual add and the next norm around a projection, as a layer runs them: `h += x Wo^T`,
 /// then `act = silu(n Wg^T) * (n Wu^T)` with `n = rms_norm(h) * gamma`. Where the backend fuses
 /// norms at this many tokens (`fuses_norm`, with a fused gate/up weight) it runs
-/// `matmul_residual` and `gate_up_silu` with `NormIn` (CUDA: the residual in the o GEMM's
+/// `matmul_residual` and `gate_up_act` (silu) with `NormIn` (CUDA: the residual in the o GEMM's
 /// epilogue, the norm in the gate/up GEMM's prologue); else `matmul`, `add_rms_norm` and the
 /// gate/up projection, which is what the reference runs.
 pub struct ResidualNormGateUp {
@@ -203,7 +211,7 @@ impl Op for ResidualNormGateUp {
         match fused_gu {
             Some(w) if b.fuses_norm(d, m) => launch.run(b, || {
                 b.matmul_residual(&xb, &wo, &mut h, Some((&gamma, &mut n)), m, d, k)?;
-                b.gate_up_silu(&n, &w, &mut act, m, inter, d, Some(tandem_core::backend::NormIn { h: &h, gamma: &gamma, eps: RESIDUAL_NORM_EPS }))
+                b.gate_up_act(Activation::Silu, &n, &w, &mut act, m, inter, d, Some(tandem_core::backend::NormIn { h: &h, gamma: &gamma, eps: RESIDUAL_NORM_EPS }))
             })?,
             fused => {
                 let mut o = poisoned(b, m * d)?;
@@ -215,7 +223,7 @@ impl Op for ResidualNormGateUp {
                     b.matmul(&xb, &wo, None, &mut o, m, d, k)?;
                     b.add_rms_norm(&mut h, &o, &gamma, &mut n, m, d, RESIDUAL_NORM_EPS)?;
                     match (&fused, &mut split) {
-                        (Some(w), _) => b.gate_up_silu(&n, w, &mut act, m, inter, d, None),
+                        (Some(w), _) => b.gate_up_act(Activation::Silu, &n, w, &mut act, m, inter, d, None),
                         (None, Some((wg, wu, g, u))) => {
                             b.matmul(&n, wg, None, g, m, inter, d)?;
                             b.matmul(&n, wu, None, u, m, inter, d)?;

@@ -25,7 +25,7 @@ pub use attention::{PagedAttention, SeqChunk};
 pub use basic::{Add, AddRmsNorm, Argmax, Embedding, GatherRows, GeluTanhMul, RmsNorm, Scale, SiluMul};
 pub use fused::{QkvRopeKvWrite, RopeKvWrite};
 pub use kv::KvWrite;
-pub use matmul::{GateUpSilu, Matmul, ResidualNormGateUp};
+pub use matmul::{GateUp, GateUpGelu, GateUpSilu, Matmul, ResidualNormGateUp};
 pub use moe::{MoeAccumulate, MoeRoute, MoeRouted};
 pub use rope::Rope;
 

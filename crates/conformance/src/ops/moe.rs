@@ -196,7 +196,7 @@ impl Op for MoeRouted {
             let (mut g, mut u, mut act, mut y) = (poisoned(b, m * i)?, poisoned(b, m * i)?, poisoned(b, m * i)?, poisoned(b, m * d)?);
             for (e, (gu, down)) in mlps.iter().enumerate() {
                 match gu {
-                    GateUp::Fused(w) => b.gate_up_silu(&xb, w, &mut act, m, i, d, None)?,
+                    GateUp::Fused(w) => b.gate_up_act(tandem_core::config::Activation::Silu, &xb, w, &mut act, m, i, d, None)?,
                     GateUp::Split(wg, wu) => {
                         b.matmul(&xb, wg, None, &mut g, m, i, d)?;
                         b.matmul(&xb, wu, None, &mut u, m, i, d)?;

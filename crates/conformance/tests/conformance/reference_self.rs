@@ -33,7 +33,7 @@ fn suite_covers_every_op_with_enough_cases() {
     let all = cases();
     assert!(all.len() >= 60, "only {} cases", all.len());
     let ops: HashSet<&str> = all.iter().map(|c| c.op).collect();
-    for op in ["embedding", "gather_rows", "rms_norm", "add", "add_rms_norm", "matmul", "rope", "silu_mul", "gelu_tanh_mul", "scale", "kv_write", "paged_attention", "argmax", "moe_route", "moe_accumulate", "moe_routed"] {
+    for op in ["embedding", "gather_rows", "rms_norm", "add", "add_rms_norm", "matmul", "gate_up_silu", "gate_up_gelu", "rope", "silu_mul", "gelu_tanh_mul", "scale", "kv_write", "paged_attention", "argmax", "moe_route", "moe_accumulate", "moe_routed"] {
         assert!(ops.contains(op), "no case for {op}");
     }
     // Labels must be unique: a case's seed and the filter both go by its label.

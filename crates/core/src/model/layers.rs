@@ -219,12 +219,7 @@ impl<'a, B: Backend> Loader<'a, B> {
         self.x_readers.extend([gv.dtype, uv.dtype]);
         self.act_readers.push(dv.dtype);
         let act = self.cfg.activation;
-        // The fused gate/up op computes silu: another activation runs the two projections apart.
-        let fused = match act {
-            Activation::Silu => b.fuse_gate_up(&gv, &uv)?,
-            Activation::GeluTanh => None,
-        };
-        let gate_up = match fused {
+        let gate_up = match b.fuse_gate_up(&gv, &uv)? {
             Some(w) => GateUp::Fused(w),
             None => GateUp::Split { gate: b.upload_weight(&gv)?, up: b.upload_weight(&uv)? },
         };
@@ -240,7 +235,12 @@ impl<'a, B: Backend> Loader<'a, B> {
         self.x_readers.push(rv.dtype);
         let router = self.b.upload_weight(&rv)?;
         let experts = (0..m.num_experts).map(|e| self.mlp(&format!("{prefix}.experts.{e}"), names, m.intermediate_size)).collect::<Result<Vec<_>>>()?;
-        let routed = self.b.moe_prepare(&expert_refs(&experts), self.cfg.hidden_size, m.intermediate_size)?;
+        // The routed path (Backend::moe_routed) computes silu: another activation runs the
+        // experts one by one.
+        let routed = match self.cfg.activation {
+            Activation::Silu => self.b.moe_prepare(&expert_refs(&experts), self.cfg.hidden_size, m.intermediate_size)?,
+            Activation::GeluTanh => None,
+        };
         Ok(Moe { router, experts, top_k: m.top_k, renormalize: m.norm_topk_prob, routed })
     }
 }
@@ -262,12 +262,12 @@ pub(crate) struct FfnBufs<'a, B: Backend> {
 
 impl<B: Backend> Mlp<B> {
     /// `act = act(gate(x)) * up(x)` (fused where the backend fuses; `norm` as in
-    /// [`Backend::gate_up_silu`]).
+    /// [`Backend::gate_up_act`]).
     #[allow(clippy::too_many_arguments)]
     pub fn activation(&self, b: &B, x: &B::Buf, gate: &mut B::Buf, up: &mut B::Buf, act: &mut B::Buf, t: usize, d: usize, norm: Option<NormIn<'_, B::Buf>>) -> Result<()> {
         let inter = self.inter;
         match &self.gate_up {
-            GateUp::Fused(w) => b.gate_up_silu(x, w, act, t, inter, d, norm),
+            GateUp::Fused(w) => b.gate_up_act(self.act, x, w, act, t, inter, d, norm),
             GateUp::Split { gate: wg, up: wu } => {
                 b.matmul(x, wg, None, gate, t, inter, d)?;
                 b.matmul(x, wu, None, up, t, inter, d)?;

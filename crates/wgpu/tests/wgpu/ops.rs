@@ -6,6 +6,7 @@ use crate::common;
 
 use common::{assert_close, backend, round_to, Rng, POISON};
 use tandem_core::backend::{AttnArgs, KvDest, KvGeometry, NormIn};
+use tandem_core::config::Activation;
 use tandem_core::{Backend, DType};
 use tandem_wgpu::{WgpuBackend, WgpuBuf, WgpuOptions};
 
@@ -324,24 +325,47 @@ fn fused_qkv_and_gate_up() {
             ws.replace("gate", dtype, &[inter, hidden], &g).unwrap();
             ws.replace("up", dtype, &[inter, hidden], &u).unwrap();
             let w = b.fuse_gate_up(&ws.get("gate", &[inter, hidden]).unwrap(), &ws.get("up", &[inter, hidden]).unwrap()).unwrap().expect("the wgpu backend fuses gate/up");
+            let (wg, wu) = (b.upload_weight(&ws.get("gate", &[inter, hidden]).unwrap()).unwrap(), b.upload_weight(&ws.get("up", &[inter, hidden]).unwrap()).unwrap());
             let (g, u) = (round_to(dtype, &g), round_to(dtype, &u));
             for m in [1, 2, 5, 40] {
                 let x = rng.vec(m * hidden, 1.0);
-                let mut out = poisoned(b, m * inter);
-                b.gate_up_silu(&f32_buf(b, &x), &w, &mut out, m, inter, hidden, None).unwrap();
-                let want: Vec<f64> = (0..m * inter)
-                    .map(|i| {
-                        let (t, r) = (i / inter, i % inter);
-                        let dot = |w: &[f32]| -> f64 { (0..hidden).map(|c| x[t * hidden + c] as f64 * w[r * hidden + c] as f64).sum() };
-                        let gv = dot(&g);
-                        gv / (1.0 + (-gv).exp()) * dot(&u)
-                    })
-                    .collect();
-                assert_close(&format!("gate_up_silu {where_} {} m{m} inter {inter}", dtype.name()), &b.read_f32(&out, m * inter).unwrap(), &want, 1e-10);
+                let xb = f32_buf(b, &x);
+                for act in [Activation::Silu, Activation::GeluTanh] {
+                    let mut out = poisoned(b, m * inter);
+                    b.gate_up_act(act, &xb, &w, &mut out, m, inter, hidden, None).unwrap();
+                    let want: Vec<f64> = (0..m * inter)
+                        .map(|i| {
+                            let (t, r) = (i / inter, i % inter);
+                            let dot = |w: &[f32]| -> f64 { (0..hidden).map(|c| x[t * hidden + c] as f64 * w[r * hidden + c] as f64).sum() };
+                            let gv = dot(&g);
+                            let a = match act {
+                                Activation::Silu => gv / (1.0 + (-gv).exp()),
+                                Activation::GeluTanh => 0.5 * gv * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (gv + 0.044715 * gv * gv * gv)).tanh()),
+                            };
+                            a * dot(&u)
+                        })
+                        .collect();
+                    let what = format!("gate_up_act {act:?} {where_} {} m{m} inter {inter}", dtype.name());
+                    let got = b.read_f32(&out, m * inter).unwrap();
+                    assert_close(&what, &got, &want, 1e-10);
+                    // The activation is silu_mul's / gelu_tanh_mul's (shaders.rs GATED_ACTS):
+                    // the two projections then the elementwise op give the same bits.
+                    let (mut gb, mut ub, mut unfused) = (poisoned(b, m * inter), poisoned(b, m * inter), poisoned(b, m * inter));
+                    b.matmul(&xb, &wg, None, &mut gb, m, inter, hidden).unwrap();
+                    b.matmul(&xb, &wu, None, &mut ub, m, inter, hidden).unwrap();
+                    match act {
+                        Activation::Silu => b.silu_mul(&gb, &ub, &mut unfused, m * inter),
+                        Activation::GeluTanh => b.gelu_tanh_mul(&gb, &ub, &mut unfused, m * inter),
+                    }
+                    .unwrap();
+                    let unfused = b.read_f32(&unfused, m * inter).unwrap();
+                    let differ = got.iter().zip(&unfused).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+                    assert_eq!(differ, 0, "{what}: {differ} of {} values differ from matmul, matmul, then the activation op", got.len());
+                }
             }
             // A plain weight is refused, not misread.
             let plain = b.weight_matrix_from_f32(dtype, &g, inter, hidden).unwrap();
-            assert!(b.gate_up_silu(&f32_buf(b, &vec![0.0; hidden]), &plain, &mut poisoned(b, inter), 1, inter, hidden, None).is_err());
+            assert!(b.gate_up_act(Activation::Silu, &f32_buf(b, &vec![0.0; hidden]), &plain, &mut poisoned(b, inter), 1, inter, hidden, None).is_err());
         }
     }
 }
@@ -410,7 +434,7 @@ fn fused_residual_and_norm_chain() {
             let (mut h, mut hg) = (f32_buf(b, &h0), poisoned(b, m * d));
             let mut act_d = poisoned(b, m * inter);
             b.matmul_residual(&f32_buf(b, &attn), &w_o, &mut h, Some((&gp, &mut hg)), m, d, qd).unwrap();
-            b.gate_up_silu(&hg, &w_gu, &mut act_d, m, inter, d, Some(NormIn { h: &h, gamma: &gp, eps })).unwrap();
+            b.gate_up_act(Activation::Silu, &hg, &w_gu, &mut act_d, m, inter, d, Some(NormIn { h: &h, gamma: &gp, eps })).unwrap();
             assert_close(&what("act"), &b.read_f32(&act_d, m * inter).unwrap(), &act, 1e-10);
             b.matmul_residual(&act_d, &w_d, &mut h, Some((&gi, &mut hg)), m, d, inter).unwrap();
             assert_close(&what("h"), &b.read_f32(&h, m * d).unwrap(), &h2, 1e-10);
