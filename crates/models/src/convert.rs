@@ -616,16 +616,7 @@ pub(crate) mod tests {
         let k = vals(kv * hd * hidden, 2.0);
         let embd = q8_0_ramp(vocab * hidden);
         let gate = q4_1_ramp(ffn * hidden);
-        let mut meta = arch_meta("llama", vec![
-            ("block_count", Value::U32(1)),
-            ("context_length", Value::U32(256)),
-            ("embedding_length", Value::U32(hidden as u32)),
-            ("feed_forward_length", Value::U32(ffn as u32)),
-            ("attention.head_count", Value::U32(heads as u32)),
-            ("attention.head_count_kv", Value::U32(kv as u32)),
-            ("attention.layer_norm_rms_epsilon", Value::F32(1e-5)),
-            ("rope.freq_base", Value::F32(100000.0)),
-        ]);
+        let mut meta = tiny_llama_meta(hidden, ffn, heads, kv, 100000.0);
         meta.extend(tiny_gguf_tokenizer_meta());
         let d = |rows: usize, cols: usize| vec![cols as u64, rows as u64];
         let mut tensors = vec![
@@ -647,6 +638,20 @@ pub(crate) mod tests {
         tensors.retain(|t| Some(t.0) != skip);
         std::fs::write(path, writer::file(&meta, &tensors, 32)).unwrap();
         (q, k)
+    }
+
+    /// A one-layer llama's `llama.*` hyper-parameters (context 256, RMS eps 1e-5).
+    fn tiny_llama_meta(hidden: usize, ffn: usize, heads: usize, kv: usize, rope_theta: f32) -> Meta {
+        arch_meta("llama", vec![
+            ("block_count", Value::U32(1)),
+            ("context_length", Value::U32(256)),
+            ("embedding_length", Value::U32(hidden as u32)),
+            ("feed_forward_length", Value::U32(ffn as u32)),
+            ("attention.head_count", Value::U32(heads as u32)),
+            ("attention.head_count_kv", Value::U32(kv as u32)),
+            ("attention.layer_norm_rms_epsilon", Value::F32(1e-5)),
+            ("rope.freq_base", Value::F32(rope_theta)),
+        ])
     }
 
     /// A Q8_0 tensor of `n` values: every block's scale 0.5, q = (i % 7) - 3.
@@ -837,16 +842,7 @@ pub(crate) mod tests {
         }
         tensors.push(("blk.0.attn_norm.weight", vec![hidden as u64], 0, norm(hidden, 20.0)));
         tensors.push(("blk.0.ffn_norm.weight", vec![hidden as u64], 0, norm(hidden, 21.0)));
-        let mut meta = arch_meta("llama", vec![
-            ("block_count", Value::U32(1)),
-            ("context_length", Value::U32(256)),
-            ("embedding_length", Value::U32(hidden as u32)),
-            ("feed_forward_length", Value::U32(ffn as u32)),
-            ("attention.head_count", Value::U32(heads as u32)),
-            ("attention.head_count_kv", Value::U32(kv as u32)),
-            ("attention.layer_norm_rms_epsilon", Value::F32(1e-5)),
-            ("rope.freq_base", Value::F32(10000.0)),
-        ]);
+        let mut meta = tiny_llama_meta(hidden, ffn, heads, kv, 10000.0);
         meta.insert(1, ("general.file_type", Value::U32(15))); // LLAMA_FTYPE_MOSTLY_Q4_K_M
         meta.extend(tiny_gguf_tokenizer_meta());
         std::fs::write(path, writer::file(&meta, &tensors, 32)).unwrap();
