@@ -121,13 +121,10 @@ __device__ __forceinline__ float smp_ld(const float* row, const u32* mask, int j
     return (mask && !((mask[j >> 5] >> (j & 31)) & 1u)) ? neg_inf_f32() : row[j];
 }
 
-// The row's argmax (as read through its mask) into sf[0] / si[0] (-1: every logit NaN), by
-// the block's fixed tree; the caller syncs before it reuses sf and si.
-__device__ __forceinline__ void smp_row_argmax(const float* row, const u32* mask, int vocab, float* sf, int* si) {
+// The block's (v, idx) pairs folded by its fixed tree into sf[0] / si[0]; the caller syncs
+// before it reuses sf and si.
+__device__ __forceinline__ void smp_argmax_fold(float* sf, int* si, float v, int idx) {
     const int t = threadIdx.x;
-    float v = 0.0f;
-    int idx = -1;
-    for (int j = t; j < vocab; j += SMP_THREADS) argmax_combine(v, idx, smp_ld(row, mask, j), j);
     sf[t] = v;
     si[t] = idx;
     __syncthreads();
@@ -140,6 +137,52 @@ __device__ __forceinline__ void smp_row_argmax(const float* row, const u32* mask
             si[t] = ai;
         }
         __syncthreads();
+    }
+}
+
+// The row's argmax (as read through its mask) into sf[0] / si[0] (-1: every logit NaN), by
+// the block's fixed tree; the caller syncs before it reuses sf and si.
+__device__ __forceinline__ void smp_row_argmax(const float* row, const u32* mask, int vocab, float* sf, int* si) {
+    const int t = threadIdx.x;
+    float v = 0.0f;
+    int idx = -1;
+    for (int j = t; j < vocab; j += SMP_THREADS) argmax_combine(v, idx, smp_ld(row, mask, j), j);
+    smp_argmax_fold(sf, si, v, idx);
+}
+
+// Lane l's kept mass, from shared floats or from the workspace's float bits.
+__device__ __forceinline__ float smp_lane_mass(const float* lanes, int l) { return lanes[l]; }
+__device__ __forceinline__ float smp_lane_mass(const u32* lanes, int l) { return __uint_as_float(lanes[l]); }
+
+// The draw (thread 0 alone): lanes laid end to end (s_incl: their inclusive running sums), the
+// first lane whose running mass passes u * total, u from Philox of the row's spec sp. Leaves
+// *s_lane that lane, *s_walk 1 and *s_local the target left inside it; or, where rounding put
+// the target at the very end, the last lane with weight and *s_walk 0.
+template <typename L>
+__device__ __forceinline__ void smp_draw_lane(const L* lanes, float* s_incl, const u32* sp, int* s_lane, int* s_walk, float* s_local) {
+    float acc = 0.0f;
+    for (int l = 0; l < SMP_THREADS; ++l) {
+        acc = smp_add(acc, smp_lane_mass(lanes, l));
+        s_incl[l] = acc;
+    }
+    u32 c0 = sp[7], c1 = sp[6], c2 = 0u, c3 = 0u;
+    philox4x32_10(c0, c1, c2, c3, sp[4], sp[5]);
+    const float u = smp_mul((float)(c0 >> 8), 1.0f / 16777216.0f);
+    const float target = smp_mul(u, acc);
+    int chosen = -1;
+    for (int l = 0; l < SMP_THREADS && chosen < 0; ++l)
+        if (s_incl[l] > target) chosen = l;
+    if (chosen >= 0) {
+        *s_lane = chosen;
+        *s_walk = 1;
+        *s_local = smp_add(target, chosen > 0 ? -s_incl[chosen - 1] : -0.0f);
+    } else {  // rounding put the target at the very end: the last lane with weight
+        int last = 0;
+        for (int l = SMP_THREADS - 1; l >= 0; --l)
+            if (smp_lane_mass(lanes, l) > 0.0f) { last = l; break; }
+        *s_lane = last;
+        *s_walk = 0;
+        *s_local = 0.0f;
     }
 }
 
@@ -219,32 +262,7 @@ __device__ __forceinline__ void sample_row_dev(const float* __restrict__ logits,
     }
     sf[t] = lane;
     __syncthreads();
-    if (t == 0) {
-        float acc = 0.0f;
-        for (int l = 0; l < SMP_THREADS; ++l) {
-            acc = smp_add(acc, sf[l]);
-            s_incl[l] = acc;
-        }
-        u32 c0 = sp[7], c1 = sp[6], c2 = 0u, c3 = 0u;
-        philox4x32_10(c0, c1, c2, c3, sp[4], sp[5]);
-        const float u = smp_mul((float)(c0 >> 8), 1.0f / 16777216.0f);
-        const float target = smp_mul(u, acc);
-        int chosen = -1;
-        for (int l = 0; l < SMP_THREADS && chosen < 0; ++l)
-            if (s_incl[l] > target) chosen = l;
-        if (chosen >= 0) {
-            s_lane = chosen;
-            s_walk = 1;
-            s_local = smp_add(target, chosen > 0 ? -s_incl[chosen - 1] : -0.0f);
-        } else {  // rounding put the target at the very end: the last lane with weight
-            int last = 0;
-            for (int l = SMP_THREADS - 1; l >= 0; --l)
-                if (sf[l] > 0.0f) { last = l; break; }
-            s_lane = last;
-            s_walk = 0;
-            s_local = 0.0f;
-        }
-    }
+    if (t == 0) smp_draw_lane(sf, s_incl, sp, &s_lane, &s_walk, &s_local);
     __syncthreads();
     if (t == s_lane) {
         int pick = -1, last = -1;
@@ -430,6 +448,45 @@ logprobs(const float* __restrict__ logits, const u32* __restrict__ ids, const u3
 #define SMP_WALK 1024
 #endif
 
+// The walk along the drawn lane *s_lane (indices s_lane + 256 i; *s_walk, *s_local as
+// smp_draw_lane leaves them, *s_pick -1): the block computes a chunk of its kept weights
+// (key >= tau, not NaN, weight >= min_p; 0 where not kept: adding +0 leaves the running sum
+// as it is) into s_w, thread 0 adds them in order; the last positive kept weight is the
+// fallback, greedy the one after. Thread 0 writes the row's id to *out.
+__device__ __forceinline__ void smp_walk_lane(const float* row, const u32* mask, int vocab, u32 tau, float m, float inv_t, float min_p, u32 greedy, float* s_w, const int* s_lane, const int* s_walk, const float* s_local, int* s_pick, u32* out) {
+    const int t = threadIdx.x;
+    const int ln = *s_lane, n_lane = ln < vocab ? (vocab - 1 - ln) / SMP_THREADS + 1 : 0;
+    float local = 0.0f;
+    int last = -1;
+    for (int c0 = 0; c0 < n_lane; c0 += SMP_WALK) {
+        for (int i = t; i < SMP_WALK && c0 + i < n_lane; i += SMP_THREADS) {
+            const int j = ln + (c0 + i) * SMP_THREADS;
+            const float x = smp_ld(row, mask, j);
+            float w = 0.0f;
+            if (x == x && smp_key(x) >= tau) {
+                w = smp_weight(x, m, inv_t);
+                if (!(w >= min_p)) w = 0.0f;
+            }
+            s_w[i] = w;
+        }
+        __syncthreads();
+        if (t == 0 && *s_pick < 0) {
+            const int n = n_lane - c0 < SMP_WALK ? n_lane - c0 : SMP_WALK;
+            for (int i = 0; i < n; ++i) {
+                const float w = s_w[i];
+                if (w > 0.0f) last = ln + (c0 + i) * SMP_THREADS;
+                if (*s_walk) {
+                    local = smp_add(local, w);
+                    if (local > *s_local) { *s_pick = ln + (c0 + i) * SMP_THREADS; break; }
+                }
+            }
+        }
+        __syncthreads();
+        if (*s_pick >= 0) break;
+    }
+    if (t == 0) *out = *s_pick >= 0 ? (u32)*s_pick : last >= 0 ? (u32)last : greedy;
+}
+
 __device__ __forceinline__ void sample_radix_row_dev(const float* __restrict__ logits, const u32* __restrict__ specs, u32* __restrict__ out, int rows, int vocab, const u32* __restrict__ mask_bits, const int* __restrict__ mask_index, int mask_words) {
     __shared__ float sf[SMP_THREADS];
     __shared__ int si[SMP_THREADS];
@@ -556,66 +613,12 @@ __device__ __forceinline__ void sample_radix_row_dev(const float* __restrict__ l
     sf[t] = lane;
     __syncthreads();
     if (t == 0) {
-        float acc = 0.0f;
-        for (int l = 0; l < SMP_THREADS; ++l) {
-            acc = smp_add(acc, sf[l]);
-            s_piv[0][l] = acc;
-        }
-        u32 c0 = sp[7], c1 = sp[6], c2 = 0u, c3 = 0u;
-        philox4x32_10(c0, c1, c2, c3, sp[4], sp[5]);
-        const float u = smp_mul((float)(c0 >> 8), 1.0f / 16777216.0f);
-        const float target = smp_mul(u, acc);
-        int chosen = -1;
-        for (int l = 0; l < SMP_THREADS && chosen < 0; ++l)
-            if (s_piv[0][l] > target) chosen = l;
-        if (chosen >= 0) {
-            s_lane = chosen;
-            s_walk = 1;
-            s_local = smp_add(target, chosen > 0 ? -s_piv[0][chosen - 1] : -0.0f);
-        } else {
-            int last = 0;
-            for (int l = SMP_THREADS - 1; l >= 0; --l)
-                if (sf[l] > 0.0f) { last = l; break; }
-            s_lane = last;
-            s_walk = 0;
-            s_local = 0.0f;
-        }
+        smp_draw_lane(sf, s_piv[0], sp, &s_lane, &s_walk, &s_local);
         s_pick = -1;
     }
     __syncthreads();
-    // The walk along lane s_lane (indices s_lane + 256 i): the block computes a chunk of its
-    // kept weights (0 where not kept: adding +0 leaves the running sum as it is), thread 0
-    // adds them in order; the last positive kept weight is the fallback.
-    const int ln = s_lane, n_lane = ln < vocab ? (vocab - 1 - ln) / SMP_THREADS + 1 : 0;
-    float local = 0.0f;
-    int last = -1;
-    for (int c0 = 0; c0 < n_lane; c0 += SMP_WALK) {
-        for (int i = t; i < SMP_WALK && c0 + i < n_lane; i += SMP_THREADS) {
-            const int j = ln + (c0 + i) * SMP_THREADS;
-            const float x = smp_ld(row, mask, j);
-            float w = 0.0f;
-            if (x == x && smp_key(x) >= tau) {
-                w = smp_weight(x, m, inv_t);
-                if (!(w >= min_p)) w = 0.0f;
-            }
-            s_w[i] = w;
-        }
-        __syncthreads();
-        if (t == 0 && s_pick < 0) {
-            const int n = n_lane - c0 < SMP_WALK ? n_lane - c0 : SMP_WALK;
-            for (int i = 0; i < n; ++i) {
-                const float w = s_w[i];
-                if (w > 0.0f) last = ln + (c0 + i) * SMP_THREADS;
-                if (s_walk) {
-                    local = smp_add(local, w);
-                    if (local > s_local) { s_pick = ln + (c0 + i) * SMP_THREADS; break; }
-                }
-            }
-        }
-        __syncthreads();
-        if (s_pick >= 0) break;
-    }
-    if (t == 0) out[r] = s_pick >= 0 ? (u32)s_pick : last >= 0 ? (u32)last : greedy;
+    // The walk along lane s_lane, by the whole block.
+    smp_walk_lane(row, mask, vocab, tau, m, inv_t, min_p, greedy, s_w, &s_lane, &s_walk, &s_local, &s_pick, out + r);
 #undef SMP_KEPT
 #undef SMP_BASE
 }
@@ -730,19 +733,7 @@ sample_mc_max(const float* __restrict__ logits, u32* __restrict__ ws, int rows, 
     float v = 0.0f;
     int idx = -1;
     for (int j = g * per + t; j < hi; j += SMP_THREADS) argmax_combine(v, idx, smp_ld(row, mask, j), j);
-    sf[t] = v;
-    si[t] = idx;
-    __syncthreads();
-    for (int s = SMP_THREADS / 2; s > 0; s >>= 1) {
-        if (t < s) {
-            float a = sf[t];
-            int ai = si[t];
-            argmax_combine(a, ai, sf[t + s], si[t + s]);
-            sf[t] = a;
-            si[t] = ai;
-        }
-        __syncthreads();
-    }
+    smp_argmax_fold(sf, si, v, idx);
     if (t == 0) {
         w[SMC_AM + 2 * g] = smp_bits(sf[0]);
         w[SMC_AM + 2 * g + 1] = (u32)si[0];
@@ -765,19 +756,7 @@ sample_mc_topk(const float* __restrict__ logits, const u32* __restrict__ specs, 
     u32 mode;
     if (p == 0) {
         // The argmax partials folded by the block's tree: m and the greedy id.
-        sf[t] = t < SMC_CTAS ? __uint_as_float(w[SMC_AM + 2 * t]) : 0.0f;
-        si[t] = t < SMC_CTAS ? (int)w[SMC_AM + 2 * t + 1] : -1;
-        __syncthreads();
-        for (int s = SMP_THREADS / 2; s > 0; s >>= 1) {
-            if (t < s) {
-                float a = sf[t];
-                int ai = si[t];
-                argmax_combine(a, ai, sf[t + s], si[t + s]);
-                sf[t] = a;
-                si[t] = ai;
-            }
-            __syncthreads();
-        }
+        smp_argmax_fold(sf, si, t < SMC_CTAS ? __uint_as_float(w[SMC_AM + 2 * t]) : 0.0f, t < SMC_CTAS ? (int)w[SMC_AM + 2 * t + 1] : -1);
         const float m = sf[0], inv_t = __uint_as_float(sp[0]);
         mode = (inv_t == 0.0f || !(fabsf(m) <= 3.402823466e38f)) ? 0u : 1u;
         if (g == 0 && t == 0) {
@@ -973,65 +952,12 @@ sample_mc_draw(const float* __restrict__ logits, const u32* __restrict__ specs, 
     const u32 tau = tau_k > tau_p ? tau_k : tau_p;
     const u32* lane = kept + best * SMP_THREADS;
     if (t == 0) {
-        float acc = 0.0f;
-        for (int l = 0; l < SMP_THREADS; ++l) {
-            acc = smp_add(acc, __uint_as_float(lane[l]));
-            s_incl[l] = acc;
-        }
-        u32 c0 = sp[7], c1 = sp[6], c2 = 0u, c3 = 0u;
-        philox4x32_10(c0, c1, c2, c3, sp[4], sp[5]);
-        const float u = smp_mul((float)(c0 >> 8), 1.0f / 16777216.0f);
-        const float target = smp_mul(u, acc);
-        int chosen = -1;
-        for (int l = 0; l < SMP_THREADS && chosen < 0; ++l)
-            if (s_incl[l] > target) chosen = l;
-        if (chosen >= 0) {
-            s_lane = chosen;
-            s_walk = 1;
-            s_local = smp_add(target, chosen > 0 ? -s_incl[chosen - 1] : -0.0f);
-        } else {  // rounding put the target at the very end: the last lane with weight
-            int last = 0;
-            for (int l = SMP_THREADS - 1; l >= 0; --l)
-                if (__uint_as_float(lane[l]) > 0.0f) { last = l; break; }
-            s_lane = last;
-            s_walk = 0;
-            s_local = 0.0f;
-        }
+        smp_draw_lane(lane, s_incl, sp, &s_lane, &s_walk, &s_local);
         s_pick = -1;
     }
     __syncthreads();
-    // The walk along the chosen lane, as in sample_radix: the block computes a chunk of its
-    // kept weights (0 where not kept), thread 0 adds them in order.
+    // The walk along the chosen lane, as in sample_radix.
     const float* row = logits + (size_t)r * vocab;
     const u32* mask = smc_mask(mask_bits, mask_index, mask_words, r);
-    const int ln = s_lane, n_lane = ln < vocab ? (vocab - 1 - ln) / SMP_THREADS + 1 : 0;
-    float local = 0.0f;
-    int last = -1;
-    for (int c0 = 0; c0 < n_lane; c0 += SMP_WALK) {
-        for (int i = t; i < SMP_WALK && c0 + i < n_lane; i += SMP_THREADS) {
-            const int j = ln + (c0 + i) * SMP_THREADS;
-            const float x = smp_ld(row, mask, j);
-            float wv = 0.0f;
-            if (x == x && smp_key(x) >= tau) {
-                wv = smp_weight(x, m, inv_t);
-                if (!(wv >= min_p)) wv = 0.0f;
-            }
-            s_w[i] = wv;
-        }
-        __syncthreads();
-        if (t == 0 && s_pick < 0) {
-            const int n = n_lane - c0 < SMP_WALK ? n_lane - c0 : SMP_WALK;
-            for (int i = 0; i < n; ++i) {
-                const float wv = s_w[i];
-                if (wv > 0.0f) last = ln + (c0 + i) * SMP_THREADS;
-                if (s_walk) {
-                    local = smp_add(local, wv);
-                    if (local > s_local) { s_pick = ln + (c0 + i) * SMP_THREADS; break; }
-                }
-            }
-        }
-        __syncthreads();
-        if (s_pick >= 0) break;
-    }
-    if (t == 0) out[r] = s_pick >= 0 ? (u32)s_pick : last >= 0 ? (u32)last : greedy;
+    smp_walk_lane(row, mask, vocab, tau, m, inv_t, min_p, greedy, s_w, &s_lane, &s_walk, &s_local, &s_pick, out + r);
 }

@@ -1,5 +1,7 @@
 // Elementwise arithmetic on the residual stream, over len f32 values, one invocation per
-// element (the *4 entries: one per vec4, len % 4 == 0):
+// element of the prelude's `elem_t` (Prelude::elems): f32, or vec4<f32> (len % 4 == 0: one
+// invocation per vec4, a quarter of the load instructions, which is what a CPU-side Vulkan
+// pays for); ELEMS values an element.
 //   add:   acc[i] += x[i] (the residual add)
 //   scale: xs[i] *= factor (Gemma's embedding times sqrt(hidden)); factor's f32 bits in the
 //          parameter block.
@@ -11,53 +13,27 @@ struct Params {
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read_write> acc: array<f32>; // [len]
-@group(0) @binding(2) var<storage, read> x: array<f32>;         // [len]
+@group(0) @binding(1) var<storage, read_write> acc: array<elem_t>; // [len / ELEMS]
+@group(0) @binding(2) var<storage, read> x: array<elem_t>;         // [len / ELEMS]
 
 @compute @workgroup_size(64)
 fn add(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
        @builtin(local_invocation_index) li: u32) {
     let i = (wg.y * nwg.x + wg.x) * 64u + li;
-    if (i >= p.len) {
+    if (i >= p.len / ELEMS) {
         return;
     }
     acc[i] = acc[i] + x[i];
 }
 
-// add4: the same over len / 4 vec4s (len % 4 == 0): a quarter of the load instructions,
-// which is what a CPU-side Vulkan pays for.
-@group(0) @binding(1) var<storage, read_write> acc4: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> x4: array<vec4<f32>>;
-
-@compute @workgroup_size(64)
-fn add4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) li: u32) {
-    let i = (wg.y * nwg.x + wg.x) * 64u + li;
-    if (i >= p.len / 4u) {
-        return;
-    }
-    acc4[i] = acc4[i] + x4[i];
-}
-
-@group(0) @binding(1) var<storage, read_write> xs: array<f32>;
-@group(0) @binding(1) var<storage, read_write> xs4: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read_write> xs: array<elem_t>; // [len / ELEMS]
 
 @compute @workgroup_size(64)
 fn scale(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
          @builtin(local_invocation_index) li: u32) {
     let i = (wg.y * nwg.x + wg.x) * 64u + li;
-    if (i >= p.len) {
+    if (i >= p.len / ELEMS) {
         return;
     }
     xs[i] = xs[i] * bitcast<f32>(p.factor_bits);
-}
-
-@compute @workgroup_size(64)
-fn scale4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-          @builtin(local_invocation_index) li: u32) {
-    let i = (wg.y * nwg.x + wg.x) * 64u + li;
-    if (i >= p.len / 4u) {
-        return;
-    }
-    xs4[i] = xs4[i] * bitcast<f32>(p.factor_bits);
 }

@@ -17,6 +17,11 @@ struct Params {
 
 var<workgroup> partial: array<f32, 64>;
 
+// 1 / rms of a row whose squares sum to `sq`.
+fn inv_rms(sq: f32) -> f32 {
+    return 1.0 / sqrt(sq / f32(p.dim) + p.eps);
+}
+
 @compute @workgroup_size(64)
 fn rms_norm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
             @builtin(local_invocation_index) li: u32) {
@@ -37,7 +42,7 @@ fn rms_norm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
     for (var j = 0u; j < 64u; j++) {
         total += partial[j];
     }
-    let inv = 1.0 / sqrt(total / f32(p.dim) + p.eps);
+    let inv = inv_rms(total);
     for (var i = li; i < p.dim; i += 64u) {
         out[base + i] = x[base + i] * inv * w_at(i);
     }
@@ -47,6 +52,14 @@ fn rms_norm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
 // workgroup memory and no barrier. Chosen on CPU adapters, where those cost most.
 @group(0) @binding(1) var<storage, read> x4: array<vec4<f32>>;         // [rows, dim / 4]
 @group(0) @binding(3) var<storage, read_write> out4: array<vec4<f32>>; // [rows, dim / 4]
+
+// The lane kernels' output: vec4s i and i + 1 of the row at `base`, (a, b) normed by inv and
+// scaled by w (i even).
+fn store_normed_pair(base: u32, i: u32, inv: f32, a: vec4<f32>, b: vec4<f32>) {
+    let wv = w_oct(i * 4u);
+    out4[base + i] = a * inv * wv[0];
+    out4[base + i + 1u] = b * inv * wv[1];
+}
 
 @compute @workgroup_size(64)
 fn rms_norm_lane(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -62,11 +75,9 @@ fn rms_norm_lane(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
         let v = x4[base + i];
         s4 += v * v;
     }
-    let inv = 1.0 / sqrt((s4.x + s4.y + s4.z + s4.w) / f32(p.dim) + p.eps);
+    let inv = inv_rms(s4.x + s4.y + s4.z + s4.w);
     for (var i = 0u; i < dv; i += 2u) {
-        let wv = w_oct(i * 4u);
-        out4[base + i] = x4[base + i] * inv * wv[0];
-        out4[base + i + 1u] = x4[base + i + 1u] * inv * wv[1];
+        store_normed_pair(base, i, inv, x4[base + i], x4[base + i + 1u]);
     }
 }
 
@@ -91,10 +102,8 @@ fn add_rms_norm_lane(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgrou
         acc4[base + i] = v;
         s4 += v * v;
     }
-    let inv = 1.0 / sqrt((s4.x + s4.y + s4.z + s4.w) / f32(p.dim) + p.eps);
+    let inv = inv_rms(s4.x + s4.y + s4.z + s4.w);
     for (var i = 0u; i < dv; i += 2u) {
-        let wv = w_oct(i * 4u);
-        out4[base + i] = acc4[base + i] * inv * wv[0];
-        out4[base + i + 1u] = acc4[base + i + 1u] * inv * wv[1];
+        store_normed_pair(base, i, inv, acc4[base + i], acc4[base + i + 1u]);
     }
 }

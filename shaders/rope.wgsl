@@ -66,16 +66,25 @@ fn rotate_q(it: Item) {
     q[base + p.head_dim / 2u] = y.y;
 }
 
+// Item idx of rope and rope_kv_write into *it: false where there is nothing left to do (past
+// the last item, or q's pair, which this rotates).
+fn k_item(idx: u32, it: ptr<function, Item>) -> bool {
+    if (idx >= p.num_tokens * (p.q_heads + p.kv_heads) * (p.head_dim / 2u)) {
+        return false;
+    }
+    *it = item(idx);
+    if ((*it).h < p.q_heads) {
+        rotate_q(*it);
+        return false;
+    }
+    return true;
+}
+
 @compute @workgroup_size(64)
 fn rope(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) li: u32) {
-    let idx = (wg.y * nwg.x + wg.x) * 64u + li;
-    if (idx >= p.num_tokens * (p.q_heads + p.kv_heads) * (p.head_dim / 2u)) {
-        return;
-    }
-    let it = item(idx);
-    if (it.h < p.q_heads) {
-        rotate_q(it);
+    var it: Item;
+    if (!k_item((wg.y * nwg.x + wg.x) * 64u + li, &it)) {
         return;
     }
     let base = (it.t * p.kv_heads + (it.h - p.q_heads)) * p.head_dim + it.i;
@@ -87,13 +96,8 @@ fn rope(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
 @compute @workgroup_size(64)
 fn rope_kv_write(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                  @builtin(local_invocation_index) li: u32) {
-    let idx = (wg.y * nwg.x + wg.x) * 64u + li;
-    if (idx >= p.num_tokens * (p.q_heads + p.kv_heads) * (p.head_dim / 2u)) {
-        return;
-    }
-    let it = item(idx);
-    if (it.h < p.q_heads) {
-        rotate_q(it);
+    var it: Item;
+    if (!k_item((wg.y * nwg.x + wg.x) * 64u + li, &it)) {
         return;
     }
     let slot = slots[it.t];

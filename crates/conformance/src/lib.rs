@@ -108,9 +108,7 @@ pub fn run_against<B: Backend, R: Backend>(
     for c in &cases {
         let r = c.check(backend, reference, seed);
         report::say(out, &report::case_line(&r));
-        if let Some(why) = &r.skipped {
-            // Counted where `cargo xtask test` collects skips, too.
-            tandem_core::skip::note(format!("op suite on {}: {} {}: {why}", backend.name(), r.op, r.params));
+        if r.skipped.is_some() {
             rep.skipped_cases += 1;
         } else if r.passed() {
             rep.passed += 1;
@@ -118,6 +116,11 @@ pub fn run_against<B: Backend, R: Backend>(
             rep.failed += 1;
         }
         rep.results.push(r);
+    }
+    // Counted where `cargo xtask test` collects skips, too: a line per op and reason, with
+    // how many cases it skipped.
+    for line in rep.skip_notes() {
+        tandem_core::skip::note(line);
     }
     if rep.failed > 0 {
         report::say(out, &format!("rerun one failing case with: --seed {seed} --op \"<op> <params as printed>\""));

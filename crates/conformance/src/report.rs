@@ -45,6 +45,27 @@ impl Report {
         self.failed == 0 && self.passed > 0
     }
 
+    /// The run's skipped cases as counted lines, one per op and reason (in the cases' order),
+    /// each with how many cases it covers: `op suite on wgpu: 4 moe_routed cases skipped: why`,
+    /// or the case's parameters where it is one.
+    pub fn skip_notes(&self) -> Vec<String> {
+        let mut groups: Vec<(&str, &str, &str, usize)> = vec![];
+        for r in &self.results {
+            let Some(why) = r.skipped.as_deref() else { continue };
+            match groups.iter_mut().find(|g| g.0 == r.op && g.2 == why) {
+                Some(g) => g.3 += 1,
+                None => groups.push((r.op, &r.params, why, 1)),
+            }
+        }
+        groups
+            .into_iter()
+            .map(|(op, params, why, n)| match n {
+                1 => format!("op suite on {}: {op} {params}: {why}", self.backend),
+                _ => format!("op suite on {}: {n} {op} cases skipped: {why}", self.backend),
+            })
+            .collect()
+    }
+
     /// `wgpu: 57 passed, 0 failed`, and `, N skipped` where the backend lacks N cases' ops.
     pub fn summary(&self) -> String {
         let mut s = format!("{}: {} passed, {} failed", self.backend, self.passed, self.failed);

@@ -105,6 +105,7 @@ impl LlamaParams {
         let k = family.gguf_name();
         let has = |key: &str| g.get(&format!("{k}.{key}")).is_some();
         let u = |key: &str| g.get_u64(&format!("{k}.{key}")).map(|v| v as usize);
+        let f = |key: &str| g.get_f64(&format!("{k}.{key}")).map(|v| v as f32);
         let heads = u("attention.head_count")?;
         let hidden = u("embedding_length")?;
         let kv_heads = if has("attention.head_count_kv") { u("attention.head_count_kv")? } else { heads };
@@ -121,11 +122,11 @@ impl LlamaParams {
                 "none" => {}
                 // Gemma 3's global layers (HF's rope_scaling applies to those only, as llama.cpp's).
                 "linear" if family == Family::Gemma3 => {
-                    let f = g.get_f64(&format!("{k}.rope.scaling.factor"))? as f32;
-                    if !(f.is_finite() && f > 0.0) {
-                        return Err(Error::config(&g.path, format!("{k}.rope.scaling.factor is {f}, expected a positive number")));
+                    let factor = f("rope.scaling.factor")?;
+                    if !(factor.is_finite() && factor > 0.0) {
+                        return Err(Error::config(&g.path, format!("{k}.rope.scaling.factor is {factor}, expected a positive number")));
                     }
-                    linear_factor = (f != 1.0).then_some(f);
+                    linear_factor = (factor != 1.0).then_some(factor);
                 }
                 _ => return Err(Error::config(&g.path, format!("{k}.rope.scaling.type `{kind}` is not supported by this converter for `{k}`"))),
             }
@@ -161,7 +162,7 @@ impl LlamaParams {
             if sliding_window == 0 {
                 return Err(Error::config(&g.path, format!("{k}.attention.sliding_window is 0")));
             }
-            let softcap = if has("final_logit_softcapping") { Some(g.get_f64(&format!("{k}.final_logit_softcapping"))? as f32) } else { None };
+            let softcap = if has("final_logit_softcapping") { Some(f("final_logit_softcapping")?) } else { None };
             Some(GemmaParams { sliding_window, linear_factor, final_logit_softcapping: softcap })
         } else {
             None
@@ -174,8 +175,8 @@ impl LlamaParams {
             heads,
             kv_heads,
             head_dim,
-            rms_eps: g.get_f64(&format!("{k}.attention.layer_norm_rms_epsilon"))? as f32,
-            rope_theta: if has("rope.freq_base") { g.get_f64(&format!("{k}.rope.freq_base"))? as f32 } else { 10000.0 },
+            rms_eps: f("attention.layer_norm_rms_epsilon")?,
+            rope_theta: if has("rope.freq_base") { f("rope.freq_base")? } else { 10000.0 },
             context: u("context_length")?,
             moe,
             gemma,
@@ -613,30 +614,9 @@ pub(crate) mod tests {
         let vals = |n: usize, salt: f32| (0..n).map(|i| (i as f32 * 0.37 + salt).sin() * 0.5).collect::<Vec<f32>>();
         let q = vals(heads * hd * hidden, 1.0); // HF layout [q_dim, hidden]
         let k = vals(kv * hd * hidden, 2.0);
-        // Q8_0 embedding: every block scale 0.5, q = (i % 7) - 3.
-        let mut embd = vec![];
-        for b in 0..vocab * hidden / 32 {
-            embd.extend(half::f16::from_f32(0.5).to_le_bytes());
-            embd.extend((0..32).map(|i| (((b * 32 + i) % 7) as i8 - 3) as u8));
-        }
-        // Q4_1 gate: d = 0.125, m = -1, nibbles 0..15.
-        let mut gate = vec![];
-        for _ in 0..ffn * hidden / 32 {
-            gate.extend(half::f16::from_f32(0.125).to_le_bytes());
-            gate.extend(half::f16::from_f32(-1.0).to_le_bytes());
-            gate.extend((0..16u8).map(|j| (j << 4) | j));
-        }
-        let mut meta = vec![
-            ("general.architecture", Value::String("llama".into())),
-            ("llama.block_count", Value::U32(1)),
-            ("llama.context_length", Value::U32(256)),
-            ("llama.embedding_length", Value::U32(hidden as u32)),
-            ("llama.feed_forward_length", Value::U32(ffn as u32)),
-            ("llama.attention.head_count", Value::U32(heads as u32)),
-            ("llama.attention.head_count_kv", Value::U32(kv as u32)),
-            ("llama.attention.layer_norm_rms_epsilon", Value::F32(1e-5)),
-            ("llama.rope.freq_base", Value::F32(100000.0)),
-        ];
+        let embd = q8_0_ramp(vocab * hidden);
+        let gate = q4_1_ramp(ffn * hidden);
+        let mut meta = tiny_llama_meta(hidden, ffn, heads, kv, 100000.0);
         meta.extend(tiny_gguf_tokenizer_meta());
         let d = |rows: usize, cols: usize| vec![cols as u64, rows as u64];
         let mut tensors = vec![
@@ -660,6 +640,41 @@ pub(crate) mod tests {
         (q, k)
     }
 
+    /// A one-layer llama's `llama.*` hyper-parameters (context 256, RMS eps 1e-5).
+    fn tiny_llama_meta(hidden: usize, ffn: usize, heads: usize, kv: usize, rope_theta: f32) -> Meta {
+        arch_meta("llama", vec![
+            ("block_count", Value::U32(1)),
+            ("context_length", Value::U32(256)),
+            ("embedding_length", Value::U32(hidden as u32)),
+            ("feed_forward_length", Value::U32(ffn as u32)),
+            ("attention.head_count", Value::U32(heads as u32)),
+            ("attention.head_count_kv", Value::U32(kv as u32)),
+            ("attention.layer_norm_rms_epsilon", Value::F32(1e-5)),
+            ("rope.freq_base", Value::F32(rope_theta)),
+        ])
+    }
+
+    /// A Q8_0 tensor of `n` values: every block's scale 0.5, q = (i % 7) - 3.
+    fn q8_0_ramp(n: usize) -> Vec<u8> {
+        let mut out = vec![];
+        for b in 0..n / 32 {
+            out.extend(half::f16::from_f32(0.5).to_le_bytes());
+            out.extend((0..32).map(|i| (((b * 32 + i) % 7) as i8 - 3) as u8));
+        }
+        out
+    }
+
+    /// A Q4_1 tensor of `n` values: d = 0.125, m = -1, nibbles 0..15 (value (i % 16) / 8 - 1).
+    fn q4_1_ramp(n: usize) -> Vec<u8> {
+        let mut out = vec![];
+        for _ in 0..n / 32 {
+            out.extend(half::f16::from_f32(0.125).to_le_bytes());
+            out.extend(half::f16::from_f32(-1.0).to_le_bytes());
+            out.extend((0..16u8).map(|j| (j << 4) | j));
+        }
+        out
+    }
+
     fn bf16_round(v: &[f32]) -> Vec<f32> {
         v.iter().map(|x| half::bf16::from_f32(*x).to_f32()).collect()
     }
@@ -674,7 +689,7 @@ pub(crate) mod tests {
         for e in std::fs::read_dir(&dir).unwrap() {
             let p = e.unwrap().path();
             let t = std::time::Instant::now();
-            let r = convert_gguf(&p, &out, &mut |_, _, _| {});
+            let r = convert(&p, &out);
             let msg = r.err().unwrap_or_else(|| panic!("{} converted", p.display())).to_string();
             assert!(msg.contains(&p.display().to_string()), "{msg}");
             assert!(t.elapsed().as_secs() < 5, "{} took {:?}", p.display(), t.elapsed());
@@ -690,26 +705,24 @@ pub(crate) mod tests {
     /// as stored, and writes Qwen3-MoE's config.
     #[test]
     fn converts_a_tiny_qwen3_moe() {
-        let root = std::env::temp_dir().join(format!("tandem-convert-qwen3moe-{}", std::process::id()));
-        std::fs::create_dir_all(&root).unwrap();
+        let root = scratch("qwen3moe");
         let (hidden, heads, kv, hd, ff, experts, vocab) = (32usize, 2usize, 1usize, 16usize, 32usize, 4usize, 261usize);
         let f32b = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
         let vals = |n: usize, salt: f32| (0..n).map(|i| (i as f32 * 0.37 + salt).sin() * 0.5).collect::<Vec<f32>>();
-        let mut meta = vec![
-            ("general.architecture", Value::String("qwen3moe".into())),
-            ("qwen3moe.block_count", Value::U32(1)),
-            ("qwen3moe.context_length", Value::U32(256)),
-            ("qwen3moe.embedding_length", Value::U32(hidden as u32)),
-            ("qwen3moe.feed_forward_length", Value::U32(64)),
-            ("qwen3moe.expert_feed_forward_length", Value::U32(ff as u32)),
-            ("qwen3moe.expert_count", Value::U32(experts as u32)),
-            ("qwen3moe.expert_used_count", Value::U32(2)),
-            ("qwen3moe.attention.head_count", Value::U32(heads as u32)),
-            ("qwen3moe.attention.head_count_kv", Value::U32(kv as u32)),
-            ("qwen3moe.attention.key_length", Value::U32(hd as u32)),
-            ("qwen3moe.attention.layer_norm_rms_epsilon", Value::F32(1e-6)),
-            ("qwen3moe.rope.freq_base", Value::F32(1e6)),
-        ];
+        let mut meta = arch_meta("qwen3moe", vec![
+            ("block_count", Value::U32(1)),
+            ("context_length", Value::U32(256)),
+            ("embedding_length", Value::U32(hidden as u32)),
+            ("feed_forward_length", Value::U32(64)),
+            ("expert_feed_forward_length", Value::U32(ff as u32)),
+            ("expert_count", Value::U32(experts as u32)),
+            ("expert_used_count", Value::U32(2)),
+            ("attention.head_count", Value::U32(heads as u32)),
+            ("attention.head_count_kv", Value::U32(kv as u32)),
+            ("attention.key_length", Value::U32(hd as u32)),
+            ("attention.layer_norm_rms_epsilon", Value::F32(1e-6)),
+            ("rope.freq_base", Value::F32(1e6)),
+        ]);
         meta.extend(tiny_gguf_tokenizer_meta().into_iter().map(|(k, v)| if k == "tokenizer.ggml.pre" { (k, Value::String("qwen2".into())) } else { (k, v) }));
         let d = |rows: usize, cols: usize| vec![cols as u64, rows as u64];
         let q = vals(heads * hd * hidden, 1.0);
@@ -734,7 +747,7 @@ pub(crate) mod tests {
         let gguf = root.join("tiny-qwen3moe.gguf");
         std::fs::write(&gguf, writer::file(&meta, &tensors, 32)).unwrap();
         let out = root.join("out");
-        let s = convert_gguf(&gguf, &out, &mut |_, _, _| {}).unwrap();
+        let s = convert(&gguf, &out).unwrap();
         assert_eq!(s.tensors, 14 - 3 + 3 * experts, "each merged expert tensor becomes one tensor per expert");
         let cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
         assert_eq!(cfg["architectures"], json!(["Qwen3MoeForCausalLM"]));
@@ -829,18 +842,8 @@ pub(crate) mod tests {
         }
         tensors.push(("blk.0.attn_norm.weight", vec![hidden as u64], 0, norm(hidden, 20.0)));
         tensors.push(("blk.0.ffn_norm.weight", vec![hidden as u64], 0, norm(hidden, 21.0)));
-        let mut meta = vec![
-            ("general.architecture", Value::String("llama".into())),
-            ("general.file_type", Value::U32(15)), // LLAMA_FTYPE_MOSTLY_Q4_K_M
-            ("llama.block_count", Value::U32(1)),
-            ("llama.context_length", Value::U32(256)),
-            ("llama.embedding_length", Value::U32(hidden as u32)),
-            ("llama.feed_forward_length", Value::U32(ffn as u32)),
-            ("llama.attention.head_count", Value::U32(heads as u32)),
-            ("llama.attention.head_count_kv", Value::U32(kv as u32)),
-            ("llama.attention.layer_norm_rms_epsilon", Value::F32(1e-5)),
-            ("llama.rope.freq_base", Value::F32(10000.0)),
-        ];
+        let mut meta = tiny_llama_meta(hidden, ffn, heads, kv, 10000.0);
+        meta.insert(1, ("general.file_type", Value::U32(15))); // LLAMA_FTYPE_MOSTLY_Q4_K_M
         meta.extend(tiny_gguf_tokenizer_meta());
         std::fs::write(path, writer::file(&meta, &tensors, 32)).unwrap();
         values
@@ -851,12 +854,11 @@ pub(crate) mod tests {
     /// un-permuted, and core loads the result on the reference backend.
     #[test]
     fn converts_a_q4_k_m_llama_and_core_loads_it() {
-        let root = std::env::temp_dir().join(format!("tandem-convert-kquant-{}", std::process::id()));
-        std::fs::create_dir_all(&root).unwrap();
+        let root = scratch("kquant");
         let gguf = root.join("tiny-q4_k_m.gguf");
         let v = tiny_q4_k_m_gguf(&gguf, None);
         let out = root.join("out");
-        let s = convert_gguf(&gguf, &out, &mut |_, _, _| {}).unwrap();
+        let s = convert(&gguf, &out).unwrap();
         assert_eq!(s.tensors, 12);
         assert!(!s.tied);
         let cfg = ModelConfig::from_file(&out.join("config.json")).unwrap();
@@ -881,22 +883,21 @@ pub(crate) mod tests {
         let iq = root.join("iq4_xs.gguf");
         tiny_q4_k_m_gguf(&iq, Some(("blk.0.ffn_down.weight", 23)));
         let out_iq = root.join("out-iq");
-        let e = convert_gguf(&iq, &out_iq, &mut |_, _, _| {}).unwrap_err().to_string();
+        let e = convert(&iq, &out_iq).unwrap_err().to_string();
         assert!(e.contains("blk.0.ffn_down.weight") && e.contains("IQ4_XS") && e.contains(crate::quant::SUPPORTED), "{e}");
         assert!(!out_iq.exists(), "nothing is written for a refused file");
         // A K-quant tensor cut short (the file truncated mid-tensor) is an error naming it.
         let bytes = std::fs::read(&gguf).unwrap();
         let cut = root.join("cut.gguf");
         std::fs::write(&cut, &bytes[..bytes.len() - 100]).unwrap();
-        let e = convert_gguf(&cut, &root.join("out-cut"), &mut |_, _, _| {}).unwrap_err().to_string();
+        let e = convert(&cut, &root.join("out-cut")).unwrap_err().to_string();
         assert!(e.contains("truncated") && e.contains(".weight"), "{e}");
         std::fs::remove_dir_all(&root).unwrap();
     }
 
     #[test]
     fn converts_a_tiny_llama_and_core_loads_it() {
-        let root = std::env::temp_dir().join(format!("tandem-convert-{}", std::process::id()));
-        std::fs::create_dir_all(&root).unwrap();
+        let root = scratch("llama");
         let gguf = root.join("tiny.gguf");
         let (q, k) = tiny_llama_gguf(&gguf, true, None);
         let out = root.join("out");
@@ -932,7 +933,7 @@ pub(crate) mod tests {
 
         // Deterministic: a second conversion gives identical bytes in every file.
         let out2 = root.join("out2");
-        convert_gguf(&gguf, &out2, &mut |_, _, _| {}).unwrap();
+        convert(&gguf, &out2).unwrap();
         for f in OUTPUT_FILES {
             assert_eq!(std::fs::read(out.join(f)).unwrap(), std::fs::read(out2.join(f)).unwrap(), "{f} differs");
         }
@@ -940,22 +941,21 @@ pub(crate) mod tests {
         let gguf_untied = root.join("untied.gguf");
         tiny_llama_gguf(&gguf_untied, false, None);
         let out3 = root.join("out3");
-        assert!(!convert_gguf(&gguf_untied, &out3, &mut |_, _, _| {}).unwrap().tied);
+        assert!(!convert(&gguf_untied, &out3).unwrap().tied);
         assert!(Weights::open(&out3).unwrap().get("lm_head.weight", &[261, 32]).is_ok());
         assert!(!ModelConfig::from_file(&out3.join("config.json")).unwrap().tie_word_embeddings);
     }
 
     #[test]
     fn unknown_tensors_and_architectures_are_named() {
-        let root = std::env::temp_dir().join(format!("tandem-convert-bad-{}", std::process::id()));
-        std::fs::create_dir_all(&root).unwrap();
+        let root = scratch("bad");
         let p = root.join("gpt.gguf");
         std::fs::write(&p, writer::file(&[("general.architecture", Value::String("gpt2".into()))], &[], 32)).unwrap();
-        let e = convert_gguf(&p, &root.join("o"), &mut |_, _, _| {}).unwrap_err().to_string();
+        let e = convert(&p, &root.join("o")).unwrap_err().to_string();
         assert!(e.contains("`gpt2`") && e.contains("gpt.gguf"), "{e}");
         let p2 = root.join("no-up.gguf");
         tiny_llama_gguf(&p2, true, Some("blk.0.ffn_up.weight"));
-        let e = convert_gguf(&p2, &root.join("o2"), &mut |_, _, _| {}).unwrap_err().to_string();
+        let e = convert(&p2, &root.join("o2")).unwrap_err().to_string();
         assert!(e.contains("`blk.0.ffn_up.weight`") && e.contains("missing"), "{e}");
         let params = LlamaParams { family: Family::Llama, layers: 1, hidden: 8, intermediate: 8, heads: 2, kv_heads: 1, head_dim: 4, rms_eps: 1e-5, rope_theta: 1e4, context: 8, moe: None, gemma: None };
         assert!(hf_names("blk.0.attn_qkv.weight", &params).is_none());
@@ -971,6 +971,26 @@ pub(crate) mod tests {
 
     type Meta = Vec<(&'static str, Value)>;
 
+    /// An empty scratch folder for one test, by tag and process.
+    fn scratch(tag: &str) -> std::path::PathBuf {
+        let root = std::env::temp_dir().join(format!("tandem-convert-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&root).unwrap();
+        root
+    }
+
+    /// `convert_gguf` without progress reports.
+    fn convert(gguf: &Path, out: &Path) -> Result<ConvertSummary> {
+        convert_gguf(gguf, out, &mut |_, _, _| {})
+    }
+
+    /// A tiny file's hyper-parameters: `general.architecture` = `arch`, then each `(key, value)`
+    /// under `{arch}.key`, in order (the names leaked: a test file's few keys).
+    fn arch_meta(arch: &'static str, keys: Vec<(&str, Value)>) -> Meta {
+        let mut meta = vec![("general.architecture", Value::String(arch.into()))];
+        meta.extend(keys.into_iter().map(|(k, v)| (&*Box::leak(format!("{arch}.{k}").into_boxed_str()), v)));
+        meta
+    }
+
     /// A Gemma 3 GGUF as llama.cpp's exporter writes one: `gemma3.*` keys, every norm stored as
     /// `1 + w`, the sandwich norms (`post_attention_norm`, `ffn_norm` as the pre-feedforward norm,
     /// `post_ffw_norm`), per-head q/k norms, Q/K unpermuted, no `output.weight`, linear rope
@@ -982,22 +1002,21 @@ pub(crate) mod tests {
         let f32b = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
         // Weights as HF holds them (bf16), and norms about 0 (HF's Gemma norm weights are offsets from 1).
         let vals = |n: usize, salt: f32| bf16_round(&(0..n).map(|i| (i as f32 * 0.37 + salt).sin() * 0.5).collect::<Vec<f32>>());
-        let mut meta = vec![
-            ("general.architecture", Value::String("gemma3".into())),
-            ("gemma3.block_count", Value::U32(layers as u32)),
-            ("gemma3.context_length", Value::U32(512)),
-            ("gemma3.embedding_length", Value::U32(hidden as u32)),
-            ("gemma3.feed_forward_length", Value::U32(ffn as u32)),
-            ("gemma3.attention.head_count", Value::U32(heads as u32)),
-            ("gemma3.attention.head_count_kv", Value::U32(kv as u32)),
-            ("gemma3.attention.key_length", Value::U32(hd as u32)),
-            ("gemma3.attention.value_length", Value::U32(hd as u32)),
-            ("gemma3.attention.layer_norm_rms_epsilon", Value::F32(1e-6)),
-            ("gemma3.attention.sliding_window", Value::U32(16)),
-            ("gemma3.rope.freq_base", Value::F32(1e6)),
-            ("gemma3.rope.scaling.type", Value::String("linear".into())),
-            ("gemma3.rope.scaling.factor", Value::F32(8.0)),
-        ];
+        let mut meta = arch_meta("gemma3", vec![
+            ("block_count", Value::U32(layers as u32)),
+            ("context_length", Value::U32(512)),
+            ("embedding_length", Value::U32(hidden as u32)),
+            ("feed_forward_length", Value::U32(ffn as u32)),
+            ("attention.head_count", Value::U32(heads as u32)),
+            ("attention.head_count_kv", Value::U32(kv as u32)),
+            ("attention.key_length", Value::U32(hd as u32)),
+            ("attention.value_length", Value::U32(hd as u32)),
+            ("attention.layer_norm_rms_epsilon", Value::F32(1e-6)),
+            ("attention.sliding_window", Value::U32(16)),
+            ("rope.freq_base", Value::F32(1e6)),
+            ("rope.scaling.type", Value::String("linear".into())),
+            ("rope.scaling.factor", Value::F32(8.0)),
+        ]);
         meta.extend(tiny_gemma_tokenizer_meta().into_iter().filter(|(k, _)| *k != "general.architecture"));
         meta_edit(&mut meta);
         let d = |rows: usize, cols: usize| vec![cols as u64, rows as u64];
@@ -1016,12 +1035,7 @@ pub(crate) mod tests {
             tensors.push((gguf.to_string(), vec![n as u64], 0, f32b(&w.iter().map(|x| x + 1.0).collect::<Vec<f32>>())));
             expect.push((hf.to_string(), vec![n], w));
         };
-        // Q8_0 embedding: every block scale 0.5, q = (i % 7) - 3.
-        let mut embd = vec![];
-        for b in 0..vocab * hidden / 32 {
-            embd.extend(half::f16::from_f32(0.5).to_le_bytes());
-            embd.extend((0..32).map(|i| (((b * 32 + i) % 7) as i8 - 3) as u8));
-        }
+        let embd = q8_0_ramp(vocab * hidden);
         tensors.push(("token_embd.weight".into(), d(vocab, hidden), 8, embd));
         expect.push(("model.embed_tokens.weight".into(), vec![vocab, hidden], (0..vocab * hidden).map(|i| ((i % 7) as f32 - 3.0) * 0.5).collect()));
         norm("output_norm.weight", "model.norm.weight", hidden, &mut tensors, &mut expect);
@@ -1041,13 +1055,7 @@ pub(crate) mod tests {
             dense(&g("ffn_up"), &h("mlp.up_proj"), ffn, hidden, &mut tensors, &mut expect);
             dense(&g("ffn_down"), &h("mlp.down_proj"), hidden, ffn, &mut tensors, &mut expect);
             if l == 0 {
-                // Q4_1 gate: d = 0.125, m = -1, nibbles 0..15.
-                let mut gate = vec![];
-                for _ in 0..ffn * hidden / 32 {
-                    gate.extend(half::f16::from_f32(0.125).to_le_bytes());
-                    gate.extend(half::f16::from_f32(-1.0).to_le_bytes());
-                    gate.extend((0..16u8).map(|j| (j << 4) | j));
-                }
+                let gate = q4_1_ramp(ffn * hidden);
                 tensors.push((g("ffn_gate"), d(ffn, hidden), 3, gate));
                 expect.push((h("mlp.gate_proj"), vec![ffn, hidden], (0..ffn * hidden).map(|i| (i % 16) as f32 * 0.125 - 1.0).collect()));
             } else {
@@ -1061,12 +1069,11 @@ pub(crate) mod tests {
 
     #[test]
     fn converts_a_tiny_gemma3() {
-        let root = std::env::temp_dir().join(format!("tandem-convert-gemma3-{}", std::process::id()));
-        std::fs::create_dir_all(&root).unwrap();
+        let root = scratch("gemma3");
         let gguf = root.join("tiny-gemma3.gguf");
         let expect = tiny_gemma3_gguf(&gguf, &|_| {});
         let out = root.join("out");
-        let s = convert_gguf(&gguf, &out, &mut |_, _, _| {}).unwrap();
+        let s = convert(&gguf, &out).unwrap();
         assert_eq!(s.tensors, 2 + 7 * 13);
         assert!(s.tied, "no output.weight: the embedding is the head");
 
@@ -1120,13 +1127,13 @@ pub(crate) mod tests {
         // Without scaling (Gemma 3 1B) the rope fields say so; a missing window is an error.
         let g2 = root.join("noscale.gguf");
         tiny_gemma3_gguf(&g2, &|m| m.retain(|(k, _)| !k.starts_with("gemma3.rope.scaling")));
-        convert_gguf(&g2, &root.join("out2"), &mut |_, _, _| {}).unwrap();
+        convert(&g2, &root.join("out2")).unwrap();
         let cfg2: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(root.join("out2/config.json")).unwrap()).unwrap();
         assert_eq!(cfg2["rope_scaling"], json!(null));
         assert_eq!(cfg2["rope_parameters"]["full_attention"], json!({ "rope_type": "default", "rope_theta": 1000000.0 }));
         let g3 = root.join("nowindow.gguf");
         tiny_gemma3_gguf(&g3, &|m| m.retain(|(k, _)| *k != "gemma3.attention.sliding_window"));
-        let e = convert_gguf(&g3, &root.join("out3"), &mut |_, _, _| {}).unwrap_err().to_string();
+        let e = convert(&g3, &root.join("out3")).unwrap_err().to_string();
         assert!(e.contains("gemma3.attention.sliding_window") && e.contains("nowindow.gguf"), "{e}");
         let g4 = root.join("yarn.gguf");
         tiny_gemma3_gguf(&g4, &|m| {
@@ -1136,7 +1143,7 @@ pub(crate) mod tests {
                 }
             }
         });
-        let e = convert_gguf(&g4, &root.join("out4"), &mut |_, _, _| {}).unwrap_err().to_string();
+        let e = convert(&g4, &root.join("out4")).unwrap_err().to_string();
         assert!(e.contains("`yarn`"), "{e}");
         std::fs::remove_dir_all(&root).unwrap();
     }
@@ -1232,22 +1239,21 @@ pub(crate) mod tests {
                 (gguf_name(n), shape.iter().rev().map(|&d| d as u64).collect(), 0, v.iter().flat_map(|x| x.to_le_bytes()).collect())
             })
             .collect();
-        let mut meta = vec![
-            ("general.architecture", Value::String("gemma3".into())),
-            ("gemma3.block_count", Value::U32(layers as u32)),
-            ("gemma3.context_length", Value::U32(context)),
-            ("gemma3.embedding_length", Value::U32(hidden)),
-            ("gemma3.feed_forward_length", Value::U32(ffn)),
-            ("gemma3.attention.head_count", Value::U32(heads)),
-            ("gemma3.attention.head_count_kv", Value::U32(kv)),
-            ("gemma3.attention.key_length", Value::U32(hd)),
-            ("gemma3.attention.value_length", Value::U32(hd)),
-            ("gemma3.attention.layer_norm_rms_epsilon", Value::F32(cfg["rms_norm_eps"].as_f64().unwrap() as f32)),
-            ("gemma3.attention.sliding_window", Value::U32(window)),
-            ("gemma3.rope.freq_base", Value::F32(cfg["rope_theta"].as_f64().unwrap() as f32)),
-            ("gemma3.rope.scaling.type", Value::String("linear".into())),
-            ("gemma3.rope.scaling.factor", Value::F32(8.0)),
-        ];
+        let mut meta = arch_meta("gemma3", vec![
+            ("block_count", Value::U32(layers as u32)),
+            ("context_length", Value::U32(context)),
+            ("embedding_length", Value::U32(hidden)),
+            ("feed_forward_length", Value::U32(ffn)),
+            ("attention.head_count", Value::U32(heads)),
+            ("attention.head_count_kv", Value::U32(kv)),
+            ("attention.key_length", Value::U32(hd)),
+            ("attention.value_length", Value::U32(hd)),
+            ("attention.layer_norm_rms_epsilon", Value::F32(cfg["rms_norm_eps"].as_f64().unwrap() as f32)),
+            ("attention.sliding_window", Value::U32(window)),
+            ("rope.freq_base", Value::F32(cfg["rope_theta"].as_f64().unwrap() as f32)),
+            ("rope.scaling.type", Value::String("linear".into())),
+            ("rope.scaling.factor", Value::F32(8.0)),
+        ]);
         // A SentencePiece vocabulary of the model's size (the logits below need no text).
         let mut toks: Vec<String> = ["<pad>", "<eos>", "<bos>", "<unk>"].map(String::from).to_vec();
         toks.extend((0..256).map(|b| format!("<0x{b:02X}>")));
@@ -1261,7 +1267,7 @@ pub(crate) mod tests {
         let gguf = root.join("tiny-gemma3-6l.gguf");
         let refs: Vec<(&str, Vec<u64>, u32, Vec<u8>)> = tensors.iter().map(|(n, d, t, b)| (n.as_str(), d.clone(), *t, b.clone())).collect();
         std::fs::write(&gguf, writer::file(&meta, &refs, 32)).unwrap();
-        convert_gguf(&gguf, &conv, &mut |_, _, _| {}).unwrap();
+        convert(&gguf, &conv).unwrap();
 
         let opts = || tandem_core::model::LoadOptions { max_batch_tokens: 64, max_seqs: 2, num_kv_blocks: 16, ..Default::default() };
         let mut a = tandem_core::LlamaModel::load(tandem_reference::RefBackend::new(), &hf, opts()).unwrap();

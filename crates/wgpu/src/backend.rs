@@ -983,11 +983,8 @@ impl Backend for WgpuBackend {
         let x_b = want_f32(op, "x", x, len)?;
         to_u32(op, "len", len)?;
         let binds = [Bind::all(acc_b), Bind::all(x_b)];
-        if len % 4 == 0 {
-            self.rec.dispatch(shaders::ADD4, &Prelude::new(), &[len as u32], &binds, Grid::Linear(groups(len / 4, 64)))
-        } else {
-            self.rec.dispatch(shaders::ADD, &Prelude::new(), &[len as u32], &binds, Grid::Linear(groups(len, 64)))
-        }
+        let vec4 = len % 4 == 0;
+        self.rec.dispatch(shaders::ADD, &Prelude::new().elems(vec4), &[len as u32], &binds, Grid::Linear(groups(if vec4 { len / 4 } else { len }, 64)))
     }
 
     fn matmul(&self, x: &WgpuBuf, w: &WgpuBuf, bias: Option<&WgpuBuf>, out: &mut WgpuBuf, m: usize, n: usize, k: usize) -> Result<()> {
@@ -1183,11 +1180,8 @@ impl Backend for WgpuBackend {
         let x_b = want_f32(op, "x", x, len)?;
         to_u32(op, "len", len)?;
         let params = [len as u32, factor.to_bits()];
-        if len % 4 == 0 {
-            self.rec.dispatch(shaders::SCALE4, &Prelude::new(), &params, &[Bind::all(x_b)], Grid::Linear(groups(len / 4, 64)))
-        } else {
-            self.rec.dispatch(shaders::SCALE, &Prelude::new(), &params, &[Bind::all(x_b)], Grid::Linear(groups(len, 64)))
-        }
+        let vec4 = len % 4 == 0;
+        self.rec.dispatch(shaders::SCALE, &Prelude::new().elems(vec4), &params, &[Bind::all(x_b)], Grid::Linear(groups(if vec4 { len / 4 } else { len }, 64)))
     }
 
     fn moe_route(&self, logits: &WgpuBuf, weights: &mut WgpuBuf, rows: usize, experts: usize, top_k: usize, renormalize: bool) -> Result<()> {

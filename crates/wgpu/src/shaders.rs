@@ -123,13 +123,11 @@ pub(crate) const KV_WRITE_T: Kernel = Kernel { name: "kv_write", entry: "kv_writ
 pub(crate) const ROPE_KV_WRITE_T: Kernel = Kernel { name: "rope", entry: "rope_kv_write_t", bindings: &[RW, RW, R, R, R, TW, TW, R] };
 pub(crate) const PAGED_ATTENTION_T: Kernel = k("paged_attention", &[R, T, T, R, R, R, RW]);
 pub(crate) const PAGED_ATTENTION_LANE_T: Kernel = Kernel { name: "paged_attention", entry: "paged_attention_lane", bindings: &[R, T, T, R, R, R, RW] };
-pub(crate) const ADD4: Kernel = Kernel { name: "add", entry: "add4", bindings: &[RW, R] };
 pub(crate) const SILU_MUL4: Kernel = Kernel { name: "silu_mul", entry: "silu_mul4", bindings: &[R, R, RW] };
 pub(crate) const GELU_TANH_MUL: Kernel = Kernel { name: "silu_mul", entry: "gelu_tanh_mul", bindings: &[R, R, RW] };
 pub(crate) const GELU_TANH_MUL4: Kernel = Kernel { name: "silu_mul", entry: "gelu_tanh_mul4", bindings: &[R, R, RW] };
 /// Bindings: x (scaled in place); the factor's bits in the parameter block.
 pub(crate) const SCALE: Kernel = Kernel { name: "add", entry: "scale", bindings: &[RW] };
-pub(crate) const SCALE4: Kernel = Kernel { name: "add", entry: "scale4", bindings: &[RW] };
 pub(crate) const RMS_NORM_LANE: Kernel = Kernel { name: "rms_norm", entry: "rms_norm_lane", bindings: &[R, R, RW] };
 /// Bindings: acc (updated), w, out, x.
 pub(crate) const ADD_RMS_NORM_LANE: Kernel = Kernel { name: "rms_norm", entry: "add_rms_norm_lane", bindings: &[RW, R, RW, R] };
@@ -582,6 +580,13 @@ impl Prelude {
              // The pair (x1, x2) (elements i and i + head_dim / 2) rotated by the angle whose (sin, cos) is sc.\n\
              fn rotate(x1: f32, x2: f32, sc: vec2<f32>) -> vec2<f32> { return vec2<f32>(x1 * sc.y - x2 * sc.x, x2 * sc.y + x1 * sc.x); }\n",
         );
+        self
+    }
+
+    /// add.wgsl's element type `elem_t` and `ELEMS`, the values in one: `vec4<f32>` and 4 with
+    /// `vec4` (one invocation a vec4), else `f32` and 1.
+    pub fn elems(mut self, vec4: bool) -> Self {
+        self.0.push_str(if vec4 { "alias elem_t = vec4<f32>;\nconst ELEMS: u32 = 4u;\n" } else { "alias elem_t = f32;\nconst ELEMS: u32 = 1u;\n" });
         self
     }
 

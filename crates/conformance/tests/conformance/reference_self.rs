@@ -23,6 +23,10 @@ fn reference_passes_against_itself() {
     let last = text.lines().last().unwrap();
     assert_eq!(last, format!("reference: {} passed, 0 failed, {routed} skipped", cases().len() - routed));
     assert_eq!(text.lines().filter(|l| l.contains(" SKIP ")).count(), routed);
+    // Counted once a run, with the count: one skip line for the lot, not one a case.
+    let notes = rep.skip_notes();
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    assert!(notes[0].starts_with(&format!("op suite on reference: {routed} moe_routed cases skipped: ")) && notes[0].contains("no routed path"), "{notes:?}");
     // One line per case plus the header and the summary.
     assert_eq!(text.lines().count(), cases().len() + 2);
     assert!(text.lines().next().unwrap().contains("seed 42"));

@@ -7,8 +7,8 @@
 //!
 //! Adding a family: a file here with its `FAMILIES` (architecture and `model_type` names, and
 //! the model-wide traits of [`Family`]) and
-//! a `layer` function built from [`layers::Loader`]'s pieces, one arm in [`Model::from_weights`]'s
-//! match, its config fields in `config.rs`, a seeded shape in `tandem-models`' random_model.rs,
+//! a `layer` function built from [`layers::Loader`]'s pieces, one row in [`Model::from_weights`]'s
+//! table, its config fields in `config.rs`, a seeded shape in `tandem-models`' random_model.rs,
 //! and golden data from HF transformers (tests/make_golden.sh).
 
 mod gemma3;
@@ -389,14 +389,16 @@ impl<B: Backend> Model<B> {
         // The family's layers: which pieces, under which names (one file per family).
         let mut ld = Loader::new(b, w, &cfg);
         let arch = cfg.architecture.as_str();
-        let of = |fams: &'static [Family]| fams.iter().find(|f| f.architecture == arch);
-        let (family, layer): (&Family, layers::LayerFn<B>) = match () {
-            _ if let Some(f) = of(qwen3::FAMILIES) => (f, qwen3::layer),
-            _ if let Some(f) = of(qwen3_moe::FAMILIES) => (f, qwen3_moe::layer),
-            _ if let Some(f) = of(mixtral::FAMILIES) => (f, mixtral::layer),
-            _ if let Some(f) = of(gemma3::FAMILIES) => (f, gemma3::layer),
-            _ if let Some(f) = of(llama::FAMILIES) => (f, llama::layer),
-            _ => return Err(Error::config(Path::new("config.json"), format!("no model layer for architecture `{arch}`"))),
+        let table: [(&'static [Family], layers::LayerFn<B>); 5] = [
+            (qwen3::FAMILIES, qwen3::layer),
+            (qwen3_moe::FAMILIES, qwen3_moe::layer),
+            (mixtral::FAMILIES, mixtral::layer),
+            (gemma3::FAMILIES, gemma3::layer),
+            (llama::FAMILIES, llama::layer),
+        ];
+        let found = table.into_iter().find_map(|(fams, layer)| Some((fams.iter().find(|f| f.architecture == arch)?, layer)));
+        let Some((family, layer)) = found else {
+            return Err(Error::config(Path::new("config.json"), format!("no model layer for architecture `{arch}`")));
         };
         ld.norm_plus_one = family.norm_plus_one;
         let layers = (0..cfg.num_hidden_layers).map(|i| layer(&mut ld, i)).collect::<Result<Vec<_>>>()?;
@@ -709,14 +711,8 @@ impl<B: Backend> Model<B> {
             if fused_norm {
                 b.matmul_residual(&s.attn, &layer.attn.o, &mut s.h, Some((&layer.post_norm, &mut s.x)), t, d, qd)?;
             } else {
-                match (&layer.out_norms, &mut s.pre_norm) {
-                    // The output normed before the add (sandwich norms).
-                    (Some((attn_out, _)), Some(pre)) => {
-                        b.matmul(&s.attn, &layer.attn.o, None, pre, t, d, qd)?;
-                        b.rms_norm(pre, attn_out, &mut s.o, t, d, c.rms_norm_eps)?;
-                    }
-                    _ => b.matmul(&s.attn, &layer.attn.o, None, &mut s.o, t, d, qd)?,
-                }
+                let attn_out = layer.out_norms.as_ref().map(|(a, _)| a);
+                project_out(b, &s.attn, &layer.attn.o, attn_out, &mut s.pre_norm, &mut s.o, t, d, qd, c.rms_norm_eps)?;
                 b.add_rms_norm(&mut s.h, &s.o, &layer.post_norm, &mut s.x, t, d, c.rms_norm_eps)?;
             }
             match &layer.ffn {
@@ -727,13 +723,8 @@ impl<B: Backend> Model<B> {
                         let next = (l + 1 < n_layers).then(|| (&self.layers[l + 1].input_norm, &mut s.x));
                         b.matmul_residual(&s.act, &mlp.down, &mut s.h, next, t, d, mlp.inter)?;
                     } else {
-                        match (&layer.out_norms, &mut s.pre_norm) {
-                            (Some((_, ffn_out)), Some(pre)) => {
-                                b.matmul(&s.act, &mlp.down, None, pre, t, d, mlp.inter)?;
-                                b.rms_norm(pre, ffn_out, &mut s.o, t, d, c.rms_norm_eps)?;
-                            }
-                            _ => b.matmul(&s.act, &mlp.down, None, &mut s.o, t, d, mlp.inter)?,
-                        }
+                        let ffn_out = layer.out_norms.as_ref().map(|(_, f)| f);
+                        project_out(b, &s.act, &mlp.down, ffn_out, &mut s.pre_norm, &mut s.o, t, d, mlp.inter, c.rms_norm_eps)?;
                         mlp_pending = true;
                     }
                 }
@@ -782,6 +773,20 @@ impl<B: Backend> Model<B> {
         self.check(batch)?;
         self.record(batch)?;
         self.backend.argmax(&self.s.logits, batch.logit_rows.len(), self.cfg.vocab_size)
+    }
+}
+
+/// A layer's output projection `x · wᵀ` (`[t, k]` by `[n, k]`) into `out`; with an output
+/// norm (sandwich norms, `layers::Layer::out_norms`) the product lands in `pre` and is normed
+/// into `out`, so that the residual add that follows adds the normed output.
+#[allow(clippy::too_many_arguments)]
+fn project_out<B: Backend>(b: &B, x: &B::Buf, w: &B::Buf, out_norm: Option<&B::Buf>, pre: &mut Option<B::Buf>, out: &mut B::Buf, t: usize, n: usize, k: usize, eps: f32) -> Result<()> {
+    match (out_norm, pre) {
+        (Some(gamma), Some(pre)) => {
+            b.matmul(x, w, None, pre, t, n, k)?;
+            b.rms_norm(pre, gamma, out, t, n, eps)
+        }
+        _ => b.matmul(x, w, None, out, t, n, k),
     }
 }
 
