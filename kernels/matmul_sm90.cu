@@ -38,6 +38,10 @@
 //   released dropped, 3 the consumers wait for full[s] with the wrong parity, 4 the descriptors
 //   say no swizzle, 5 the producer arrives without expect_tx.
 #include "common.cuh"
+// matmul.cu's device code (Epilogue, RopeKv, epilogue_store and the staged-tile epilogues), not
+// its kernels: the epilogues are applied by the same functions the mma.sync kernels call.
+#define TANDEM_MATMUL_DEVICE_ONLY
+#include "matmul.cu"
 
 #ifndef TANDEM_WGMMA_BREAK
 #define TANDEM_WGMMA_BREAK 0
@@ -52,12 +56,13 @@
 #define WGMMA_STAGES 4
 #define WGMMA_THREADS 384
 #define WGMMA_STAGE_ELEMS (WGMMA_BM * WGMMA_BK)  // per operand (BM == BN)
-#define WGMMA_SMEM_BYTES (1024 + WGMMA_STAGES * 2 * WGMMA_STAGE_ELEMS * 2 + 2 * WGMMA_STAGES * 8)
+#define WGMMA_CS_FLOATS (16 * (WGMMA_BN + 1))  // one consumer warp's staged rows (rope, silu)
+#define WGMMA_SMEM_BYTES (1024 + WGMMA_STAGES * 2 * WGMMA_STAGE_ELEMS * 2 + 2 * WGMMA_STAGES * 8 + 8 * WGMMA_CS_FLOATS * 4)
 
 #if defined(TANDEM_HOST_EMU) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
 template <typename T>
-__device__ void matmul_wgmma_impl(const TmaMap* xmap, const TmaMap* wmap, const void* __restrict__ bias, int bias_dtype, float* __restrict__ out, int m,
-                                  int n, int k, int slice_len) {
+__device__ void matmul_wgmma_impl(const TmaMap* xmap, const TmaMap* wmap, const void* __restrict__ bias, int bias_dtype, const Epilogue& ep, int m,
+                                  int n, int k, int slice_len, const RopeKv& rk) {
     TANDEM_DYNAMIC_SMEM(raw);
     unsigned char* base = raw + ((1024u - (smem_u32(raw) & 1023u)) & 1023u);
     u16* As = reinterpret_cast<u16*>(base);
@@ -139,21 +144,43 @@ __device__ void matmul_wgmma_impl(const TmaMap* xmap, const TmaMap* wmap, const 
 
     // Accumulator fragment (PTX ISA, wgmma m64nNk16 D): register q at row 16 v + g + 8 ((q / 2) % 2),
     // column 8 (q / 4) + 2 t + q % 2 of the warpgroup's 64 x 128 tile (v: warp in the group).
+    // So warp v holds whole rows: its 16 rows x 128 columns, every column of the tile.
     const int v = (threadIdx.x % 128) / 32, g = lane >> 2, t = lane & 3;
+    const int wr0 = m0 + (TANDEM_WGMMA_BREAK == 7 ? 0 : 64 * cw) + 16 * v;  // the warp's first row
+    if (TANDEM_WGMMA_BREAK != 8 && (ep.kind == EPI_QKV_ROPE || ep.kind == EPI_SILU)) {
+        // A rope pair (head_dim / 2 apart) and a gate/up pair (32 apart) lie in one row, so in
+        // one warp: the warp stages its 16 rows (+ bias, as qkv_proj stores it; silu has none)
+        // in its own words of shared memory and applies matmul.cu's tile epilogue to them.
+        float* Cs = reinterpret_cast<float*>(empty + WGMMA_STAGES) + (4 * cw + v) * WGMMA_CS_FLOATS;
+        const bool add_bias = bias_dtype && TANDEM_WGMMA_BREAK != 6;
+#pragma unroll
+        for (int q = 0; q < 64; ++q) {
+            const int rl = g + 8 * ((q / 2) % 2), cl = 8 * (q / 4) + 2 * t + q % 2, c = n0 + cl;
+            Cs[rl * (WGMMA_BN + 1) + cl] = add_bias && c < n ? total[q] + load_bias(bias, bias_dtype, c) : total[q];
+        }
+        __syncwarp();
+        if (ep.kind == EPI_QKV_ROPE) epilogue_rope_tile<16, WGMMA_BN, 32>(Cs, lane, wr0, n0, m, n, ep, rk);
+        else epilogue_silu_tile<T, 16, WGMMA_BN, 32>(Cs, lane, wr0, n0, m, ep);
+        return;
+    }
 #pragma unroll
     for (int q = 0; q < 64; ++q) {
         const bool bad = TANDEM_WGMMA_BREAK == 1;  // swaps the row and column bits of q
-        const int r = m0 + 64 * cw + 16 * v + g + 8 * (bad ? q % 2 : (q / 2) % 2), c = n0 + 8 * (q / 4) + 2 * t + (bad ? (q / 2) % 2 : q % 2);
+        const int r = wr0 + g + 8 * (bad ? q % 2 : (q / 2) % 2), c = n0 + 8 * (q / 4) + 2 * t + (bad ? (q / 2) % 2 : q % 2);
         if (r >= m || c >= n) continue;
-        out[(size_t)r * n + c] = bias_dtype ? total[q] + load_bias(bias, bias_dtype, c) : total[q];
+        const float val = bias_dtype ? total[q] + load_bias(bias, bias_dtype, c) : total[q];
+        if (TANDEM_WGMMA_BREAK == 8) ep.out0[(size_t)r * n + c] = val;  // the bug: every epilogue taken as the plain one
+        else epilogue_store<T>(ep, r, c, n, val);
     }
 }
 
 #define MATMUL_WGMMA(DT, T)                                                                                                          \
     extern "C" __global__ void __launch_bounds__(WGMMA_THREADS, 1)                                                                  \
         matmul_wgmma_##DT(const __grid_constant__ TmaMap xmap, const __grid_constant__ TmaMap wmap, const void* bias, int bias_dtype, \
-                          float* out, int m, int n, int k, int slice_len) {                                                         \
-        matmul_wgmma_impl<T>(&xmap, &wmap, bias, bias_dtype, out, m, n, k, slice_len);                                              \
+                          float* out0, float* out1, float* out2, int epi, int en0, int en1, const void* ep_gamma, int ep_gamma_dtype,   \
+                          int ep_act16, int m, int n, int k, int slice_len, RopeKv rope_kv) {                                       \
+        const Epilogue ep{out0, out1, out2, epi, en0, en1, ep_gamma, ep_gamma_dtype, ep_act16};                                      \
+        matmul_wgmma_impl<T>(&xmap, &wmap, bias, bias_dtype, ep, m, n, k, slice_len, rope_kv);                                      \
     }
 MATMUL_WGMMA(bf16, bf16_t)
 MATMUL_WGMMA(f16, f16_t)
