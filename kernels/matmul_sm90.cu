@@ -13,10 +13,15 @@
 // GPU check compares the two bitwise (crates/cuda/tests gpu_wgmma, gpu/tune.sh): the hardware's
 // order inside one instruction is undocumented and may differ between mma.sync and wgmma.
 //
-// Scope (the launcher falls back to the mma.sync kernel otherwise): x stored in 16 bits (xa
-// [m, kp], from matmul_x or the backend's activation storage), kp % 8 == 0 and k % 8 == 0 (TMA
-// needs 16-byte row strides), k >= 1, m > 128 (one block per tile, no split K), the plain
-// epilogue (out f32 [m, n] (+ bias)) without the input norm.
+// Scope (the launcher, matmul.rs `wgmma_applies`, falls back to the mma.sync kernel
+// otherwise): x stored in 16 bits (xa [m, kp], from matmul_x or the backend's activation
+// storage), kp % 8 == 0 and k % 8 == 0 (TMA needs 16-byte row strides), k >= 1, m > 128 (one
+// block per tile, no split K), no input norm (fused only at <= FUSE_NORM_MAX_TOKENS rows).
+// Every epilogue of matmul.cu (`Epilogue`, the same kernel arguments as matmul_tc_*): EPI_PLAIN,
+// EPI_QKV, EPI_QKV_ROPE (head_dim dividing 128: every head inside a 128-wide tile), EPI_SILU,
+// EPI_RESID, each applied by matmul.cu's own functions (epilogue_store from the registers;
+// epilogue_rope_tile / epilogue_silu_tile over a staged tile), so the bits are the mma.sync
+// kernels' (sm90_test.cpp compares every output of each, bitwise).
 //
 // Block: 384 threads = 3 warpgroups, output tile 128 x 128 (BM x BN).
 //   warpgroup 0, the producer: thread 0 walks the k tiles (BK = 64 columns, 128 bytes of a
@@ -26,17 +31,28 @@
 //     the m, n and k edges). STAGES = 4 stages of 32 KiB.
 //   warpgroups 1 and 2, the consumers: rows 64 c .. 64 c + 63 of the tile each; per k tile they
 //     wait for full[s], issue one wgmma m64n128k16 per k16 step (ascending k; a step at or past
-//     k is skipped: it would add exact zeros), commit and wait, then each warp's lane 0 arrives on
-//     empty[s] (8 arrivals free the stage). Where a K slice ends inside a tile, the steps before
-//     are waited for and the slice folded (total = acc, then total += acc) before the next step.
+//     k is skipped: it would add exact zeros) and commit them as one group; then, with ONE
+//     group kept in flight (as CUTLASS's Hopper main loop), wgmma.wait_group 1 (every group but
+//     this tile's has completed) and each warp's lane 0 arrives on empty[] of the PREVIOUS
+//     tile's stage (8 arrivals free it), so the tensor cores never wait for the release. Where a
+//     K slice ends inside a tile, every step before it is waited for (wait_group 0) and the
+//     slice folded (total = acc, then total += acc) before the next step; so at the end.
+//   Epilogue: the accumulator layout gives warp v of a consumer its 16 rows x all 128 columns,
+//     so the pairs the rope (head_dim / 2 apart) and silu (gate and up 32 apart) epilogues
+//     combine lie in one warp: it stages its rows (+ bias) in its own 16 x 129 floats of shared
+//     memory, __syncwarp, and runs the tile epilogue over them; the others store from registers.
 //   Shared memory: 1024 bytes of alignment slack (the 128-byte swizzle is a function of address
-//   bits 4-9, so each stage starts 1024-aligned), STAGES x (16 KiB of x + 16 KiB of w), then the
-//   2 x STAGES mbarriers: WGMMA_SMEM_BYTES (opt-in above 48 KiB).
+//   bits 4-9, so each stage starts 1024-aligned), STAGES x (16 KiB of x + 16 KiB of w), the
+//   2 x STAGES mbarriers, then 8 warps x 16 x 129 floats: WGMMA_SMEM_BYTES = 198208 (opt-in;
+//   one block per SM, as the 384-thread bound and 132 KiB of stages already gave).
 // Test hooks (kernels/emu/sm90_test.cpp defines TANDEM_WGMMA_BREAK as a variable it sets from its
-// argument, N = 1..5; everywhere else it is the constant 0; each must be caught):
+// argument, N = 1..9; everywhere else it is the constant 0; each must be caught):
 //   1 a wrong accumulator fragment index in the epilogue, 2 the wgmma wait before a stage is
 //   released dropped, 3 the consumers wait for full[s] with the wrong parity, 4 the descriptors
-//   say no swizzle, 5 the producer arrives without expect_tx.
+//   say no swizzle, 5 the producer arrives without expect_tx, 6 the staged tile (rope) without
+//   the bias, 7 a warp's staged rows placed without its warpgroup's 64-row offset (rope, silu),
+//   8 every epilogue stored as the plain one (qkv, rope, silu, residual), 9 the stage of the
+//   tile whose wgmma group is still in flight released (not the previous tile's).
 #include "common.cuh"
 // matmul.cu's device code (Epilogue, RopeKv, epilogue_store and the staged-tile epilogues), not
 // its kernels: the epilogues are applied by the same functions the mma.sync kernels call.
@@ -102,6 +118,12 @@ __device__ void matmul_wgmma_impl(const TmaMap* xmap, const TmaMap* wmap, const 
     for (int q = 0; q < 64; ++q) acc[q] = total[q] = 0.0f;
     bool first_slice = true;
     int next_fold = slice_len;
+    // The stage of the previous k tile, not released yet: its wgmma group may still be in flight.
+    int held = -1;
+    auto release = [&](int st) {
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&empty[st]);
+    };
     for (int i = 0; i < nt; ++i) {
         const int s = i % WGMMA_STAGES;
         mbar_wait(&full[s], ((i / WGMMA_STAGES) & 1) ^ (TANDEM_WGMMA_BREAK == 3 ? 1 : 0));
@@ -131,11 +153,18 @@ __device__ void matmul_wgmma_impl(const TmaMap* xmap, const TmaMap* wmap, const 
             wgmma_m64n128k16(T{}, acc, wgmma_desc(a0 + 32 * j, 16, 1024, swz), wgmma_desc(b0 + 32 * j, 16, 1024, swz));
         }
         wgmma_commit();
-        if (TANDEM_WGMMA_BREAK != 2) wgmma_wait<0>();  // the stage's bytes are read: it may be refilled
+        // One group in flight (CUTLASS's Hopper main loop): every group but this tile's has
+        // completed, so the previous tile's stage has been read and may be refilled while the
+        // tensor cores work on this one.
+        if (TANDEM_WGMMA_BREAK != 2) wgmma_wait<1>();
         wgmma_fence_regs(acc);
-        __syncwarp();
-        if (lane == 0) mbar_arrive(&empty[s]);
-    }
+        if (TANDEM_WGMMA_BREAK == 9) {
+            release(s);  // the bug: this tile's group is still in flight
+        } else {
+            if (held >= 0) release(held);
+            held = s;
+        }
+    }  // the last tile's stage is never released: the producer loads nothing more
     wgmma_wait<0>();
     wgmma_fence_regs(acc);
     if (nt > 0)

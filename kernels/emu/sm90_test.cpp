@@ -3,7 +3,8 @@
 //   - wgmma m64nNk16 (N = 8, 64, 128, 256) from descriptors over hand-placed operands, no swizzle
 //     and 128-byte swizzle: every accumulator register against a reference summed in the
 //     documented order, bitwise; the asynchrony (D untouched before the wait; wait_group 1 leaves
-//     the newest group pending);
+//     the newest group pending; groups chained on one accumulator, as the pipelined main loop
+//     issues them);
 //   - TMA 2D boxes (in bounds, past the edges: zeros) with and without the 128-byte swizzle;
 //     the mbarrier phase and transaction count (wrong parity, missing expect_tx read poison);
 //   - misuse aborts (forked): wgmma without wgmma.fence, an mbarrier never initialised;
@@ -19,7 +20,7 @@
 #include "cuda_emu.h"
 
 static int wgmma_break = 0;
-constexpr int WGMMA_BREAKS = 8;  // matmul_sm90.cu's test hooks 1..8
+constexpr int WGMMA_BREAKS = 9;  // matmul_sm90.cu's test hooks 1..9
 #define TANDEM_WGMMA_BREAK wgmma_break
 #include "../matmul.cu"
 #include "../matmul_sm90.cu"
@@ -124,6 +125,36 @@ void wgmma_wait_groups() {
         ok = ok && d2[0] == 16.0f && d2[3] == 16.0f;
     }, 64 * 16 * 2 + 8 * 16 * 2);
     check("wgmma wait_group 1 completes all but the newest commit group, wait_group 0 the rest", ok);
+    // A pipelined main loop: group 2 issued onto the accumulator group 1 still writes; wait_group 1
+    // completes group 1 only, and group 2 then adds to what group 1 left (no abort: D was changed
+    // by the async unit, not by the thread).
+    bool chained = true;
+    launch(dim3{1, 1, 1}, dim3{128, 1, 1}, [&] {
+        unsigned char* s = emu::dynamic_smem();
+        for (unsigned i = threadIdx.x; i < 64 * 16 + 8 * 16; i += 128) {
+            const uint16_t one = bf(1.0f);
+            std::memcpy(s + 2 * i, &one, 2);
+        }
+        __syncthreads();
+        float d[4] = {0, 0, 0, 0};
+        const u64 da = wgmma_desc(0, 128, 256, 0), db = wgmma_desc(64 * 16 * 2, 128, 256, 0);
+        wgmma_fence();
+        emu::wgmma_issue(d, 8, da, db, false);
+        wgmma_commit();
+        wgmma_fence();
+        emu::wgmma_issue(d, 8, da, db, false);
+        wgmma_commit();
+        wgmma_wait<1>();
+        chained = chained && d[0] == 16.0f && d[3] == 16.0f;
+        wgmma_fence();
+        emu::wgmma_issue(d, 8, da, db, false);
+        wgmma_commit();
+        wgmma_wait<1>();
+        chained = chained && d[0] == 32.0f;
+        wgmma_wait<0>();
+        chained = chained && d[0] == 48.0f && d[3] == 48.0f;
+    }, 64 * 16 * 2 + 8 * 16 * 2);
+    check("wgmma groups chained on one accumulator (one group in flight): wait_group 1 completes the older, the newer adds to its result", chained);
 }
 
 // ---- TMA + mbarrier --------------------------------------------------------------------------
