@@ -258,6 +258,18 @@ pub fn group(root: &Path, tandem: Option<PathBuf>) -> Result<Counts> {
         args.push(dir.to_string_lossy().into_owned());
         commands.push((format!("compare cuda vs reference, {shape}"), args.clone()));
         if shape == "tiny-hd128" {
+            // The wgmma + TMA GEMM (TANDEM_CUDA_GEMM_LARGE=wgmma) in a whole model: prompts of
+            // 1, 17, 64 and 200 tokens, the 200 prefilled in one forward (chunk 256), so every
+            // projection of it (q/k/v with rope, o and down with the residual add, gate/up with
+            // silu) takes the wgmma kernel's epilogues; greedy steps and the batch check kept short.
+            commands.push((
+                format!("compare cuda (TANDEM_CUDA_GEMM_LARGE=wgmma, a 200-token prefill) vs reference, {shape}"),
+                ["TANDEM_CUDA_GEMM_LARGE=wgmma", "compare", "--backend", "cuda", "--prompts", "4", "--steps", "2", "--chunk", "256", "--batch", "0", "--model"]
+                    .map(String::from)
+                    .into_iter()
+                    .chain([dir.to_string_lossy().into_owned()])
+                    .collect(),
+            ));
             // The tc_deep attention variant (TANDEM_CUDA_ATTENTION; head_dim 128: its
             // shared-memory opt-in), through the same compare.
             let mut deep = vec!["TANDEM_CUDA_ATTENTION=tc_deep".to_string()];
