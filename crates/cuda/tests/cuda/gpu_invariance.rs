@@ -222,7 +222,7 @@ fn fused_gemm_rows_do_not_depend_on_the_batch() {
             cuda.matmul_residual(&xb, &wo, &mut hb, Some((&gamma, &mut hg)), m, h, h).unwrap();
             (cuda.read_f32(&act, m * inter).unwrap(), cuda.read_f32(&hb, m * h).unwrap(), cuda.read_f32(&hg, m * h).unwrap())
         };
-        let batches: Vec<(usize, (Vec<f32>, Vec<f32>, Vec<f32>))> = [17, rows].iter().map(|&m| (m, run(m, 0))).collect();
+        let batches: Vec<_> = [17, rows].iter().map(|&m| (m, run(m, 0))).collect();
         for r in [0, 16, 200, 299] {
             let (a, hh, g) = run(1, r);
             for (m, (ba, bh, bg)) in &batches {
