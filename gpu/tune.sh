@@ -15,9 +15,11 @@
 # m16_s8), and wgmma:m64_occ4:m16 (LARGE=wgmma is kernels/matmul_sm90.cu, wgmma + TMA, sm_90
 # only: its bits equal the mma.sync kernels' in the emulator only; the "cuda tests [wgmma:...]"
 # step is the hardware's bitwise check: gpu_invariance's m = 300 rows, wgmma, against the same
-# rows alone and at m <= 128, mma.sync), and m128_w64:m64_occ4:m16 (LARGE=m128_w64: the
-# mma.sync large-m loop with 64 x 64 warp tiles and addresses worked out once, ~2.3 SASS
-# instructions per mma against m128_occ2's ~9.5; same bits),
+# rows alone and at m <= 128, mma.sync; the plain GEMM in matmul_rows_do_not_depend_on_the_batch,
+# the silu and residual epilogues in fused_gemm_rows_do_not_depend_on_the_batch; every prefill
+# projection above 128 rows, fused epilogues included, takes wgmma with the switch), and
+# m128_w64:m64_occ4:m16 (LARGE=m128_w64: the mma.sync large-m loop with 64 x 64 warp tiles and
+# addresses worked out once, ~2.3 SASS instructions per mma against m128_occ2's ~9.5; same bits),
 # TANDEM_TUNE_SAMPLERS (SAMPLER:ARGMAX pairs, default "bisect:one radix:multi multi:multi"),
 # TANDEM_TUNE_ATTN_VARIANTS (space-separated TANDEM_CUDA_ATTENTION values, default "tc tc_deep
 # tc_shared": the decode attention timed side by side at ctx 1024/4096/16384 and batch 1/8/64,

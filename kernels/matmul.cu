@@ -371,6 +371,62 @@ __device__ __forceinline__ void rope_kv_store(const RopeKv& rk, void* cache, siz
     else store_kv(static_cast<float*>(cache) + o, v);
 }
 
+// The epilogues that exchange values between threads, over a final f32 tile staged in shared
+// memory: Cs [ROWS][COLS + 1] (+ bias, as epilogue_store adds it), its row 0 output row r0 and
+// column 0 output column c0; thread `tid` of NTHREADS takes elements tid, tid + NTHREADS, ...
+// (which thread stores an element never changes its bits). Shared by matmul_tc_finish (the
+// block's tile) and kernels/matmul_sm90.cu (one warp's 16 rows of a 128-wide tile).
+// EPI_QKV_ROPE: every head inside the tile's columns (head_dim divides COLS, c0 a multiple of it).
+template <int ROWS, int COLS, int NTHREADS>
+__device__ __forceinline__ void epilogue_rope_tile(const float* Cs, int tid, int r0, int c0, int m, int n, const Epilogue& ep, const RopeKv& rk) {
+    const int hd = rk.head_dim, half = hd >> 1, nq = ep.n0, nkv = ep.n1;
+    for (int e = tid; e < ROWS * COLS; e += NTHREADS) {
+        const int rl = e / COLS, j = e % COLS, r = r0 + rl, c = c0 + j;
+        if (r >= m || c >= n) continue;
+        const float* row = Cs + rl * (COLS + 1);
+        if (c >= nq + nkv) {  // v: stored as it is
+            const u32 slot = rk.slots[r];
+            if ((unsigned long long)slot >= rk.num_slots) continue;
+            const size_t o = (size_t)slot * nkv + (c - nq - nkv);
+            rope_kv_store(rk, rk.v_cache, o, row[j]);
+            continue;
+        }
+        const bool is_q = c < nq;
+        const int lc = is_q ? c : c - nq, i = lc % hd;
+        if (i >= half) continue;  // the pair's first element does both
+        float y0, y1;
+        rope_pair(row[j], row[j + half], (float)rk.positions[r], rk.inv_freq[i], y0, y1);
+        if (is_q) {
+            ep.out0[(size_t)r * nq + lc] = y0;
+            ep.out0[(size_t)r * nq + lc + half] = y1;
+        } else {
+            const u32 slot = rk.slots[r];
+            if ((unsigned long long)slot >= rk.num_slots) continue;
+            const size_t o = (size_t)slot * nkv + lc;
+            rope_kv_store(rk, rk.k_cache, o, y0);
+            rope_kv_store(rk, rk.k_cache, o + half, y1);
+        }
+    }
+}
+// EPI_SILU / EPI_GEGLU: COLS / 64 gate/up tiles of 64 columns (32 gate, then the same 32 up; c0
+// a multiple of 64), out0 [m, ep.n0] = act(gate) * up with silu_mul.cu's formulas (gated_act).
+template <typename T, int ROWS, int COLS, int NTHREADS>
+__device__ __forceinline__ void epilogue_silu_tile(const float* Cs, int tid, int r0, int c0, int m, const Epilogue& ep) {
+    constexpr int HALF = GEMM_BN / 2;
+#if TANDEM_GEMM_BREAK == 5
+    const int act = GATED_SILU;  // deliberate break (kernels/emu/break_test.cpp): EPI_GEGLU as silu
+#else
+    const int act = ep.kind == EPI_GEGLU ? GATED_GELU_TANH : GATED_SILU;
+#endif
+    for (int e = tid; e < ROWS * (COLS / 2); e += NTHREADS) {
+        const int rl = e / (COLS / 2), j = e % (COLS / 2), jt = j / HALF, jj = j % HALF, r = r0 + rl;
+        const int c = (c0 / GEMM_BN + jt) * HALF + jj;
+        if (r >= m || c >= ep.n0) continue;
+        const float gv = Cs[rl * (COLS + 1) + jt * GEMM_BN + jj], uv = Cs[rl * (COLS + 1) + jt * GEMM_BN + HALF + jj];
+        store_act(ep.out0, act_code(T{}, ep.act16), (size_t)r * ep.n0 + c, gated_act(act, gv, uv));
+    }
+}
+
 // The block's final tile (+ bias where bias_dtype != 0, as epilogue_store adds it) into Cs
 // [BM][BN + 1] for the epilogues that exchange values between threads (silu, rope), in the
 // pipeline's shared memory, idle by then: the main loop's last barrier is behind every
@@ -607,34 +663,7 @@ __device__ __forceinline__ void matmul_tc_finish(float (&total)[S::MI][S::NJ][4]
         // A head's two halves sit head_dim / 2 columns apart in the tile, in other threads:
         // exchange the tile (bias added, as qkv_proj stores it) through shared memory.
         gemm_stage_tile<S>(Cs, total, bias, bias_dtype, n0, n, wm0, wn0, lane);
-        const int hd = rk.head_dim, half = hd >> 1, nq = ep.n0, nkv = ep.n1;
-        for (int e = threadIdx.x; e < S::BM * S::BN; e += S::THREADS) {
-            const int rl = e / S::BN, j = e % S::BN, r = m0 + rl, c = n0 + j;
-            if (r >= m || c >= n) continue;
-            const float* row = Cs + rl * (S::BN + 1);
-            if (c >= nq + nkv) {  // v: stored as it is
-                const u32 slot = rk.slots[r];
-                if ((unsigned long long)slot >= rk.num_slots) continue;
-                const size_t o = (size_t)slot * nkv + (c - nq - nkv);
-                rope_kv_store(rk, rk.v_cache, o, row[j]);
-                continue;
-            }
-            const bool is_q = c < nq;
-            const int lc = is_q ? c : c - nq, i = lc % hd;
-            if (i >= half) continue;  // the pair's first element does both
-            float y0, y1;
-            rope_pair(row[j], row[j + half], (float)rk.positions[r], rk.inv_freq[i], y0, y1);
-            if (is_q) {
-                ep.out0[(size_t)r * nq + lc] = y0;
-                ep.out0[(size_t)r * nq + lc + half] = y1;
-            } else {
-                const u32 slot = rk.slots[r];
-                if ((unsigned long long)slot >= rk.num_slots) continue;
-                const size_t o = (size_t)slot * nkv + lc;
-                rope_kv_store(rk, rk.k_cache, o, y0);
-                rope_kv_store(rk, rk.k_cache, o + half, y1);
-            }
-        }
+        epilogue_rope_tile<S::BM, S::BN, S::THREADS>(Cs, threadIdx.x, m0, n0, m, n, ep, rk);
         return;
     }
     // EPI_SILU's and EPI_GEGLU's gate/up layout is in 64-row tiles (GEMM_BN): a tile BN wide
@@ -645,19 +674,7 @@ __device__ __forceinline__ void matmul_tc_finish(float (&total)[S::MI][S::NJ][4]
         // gate and up of one output sit 32 columns apart in the tile, in other warps: exchange
         // the tile through shared memory (gemm_stage_tile).
         gemm_stage_tile<S>(Cs, total, nullptr, 0, n0, n, wm0, wn0, lane);
-        constexpr int HALF = GEMM_BN / 2;
-#if TANDEM_GEMM_BREAK == 5
-        const int act = GATED_SILU;  // deliberate break (kernels/emu/break_test.cpp): EPI_GEGLU as silu
-#else
-        const int act = ep.kind == EPI_GEGLU ? GATED_GELU_TANH : GATED_SILU;
-#endif
-        for (int e = threadIdx.x; e < S::BM * (S::BN / 2); e += S::THREADS) {
-            const int rl = e / (S::BN / 2), j = e % (S::BN / 2), jt = j / HALF, jj = j % HALF, r = m0 + rl;
-            const int c = (blockIdx.x * (S::BN / GEMM_BN) + jt) * HALF + jj;
-            if (r >= m || c >= ep.n0) continue;
-            const float gv = Cs[rl * (S::BN + 1) + jt * GEMM_BN + jj], uv = Cs[rl * (S::BN + 1) + jt * GEMM_BN + HALF + jj];
-            store_act(ep.out0, act_code(T{}, ep.act16), (size_t)r * ep.n0 + c, gated_act(act, gv, uv));  // silu_mul.cu's formula
-        }
+        epilogue_silu_tile<T, S::BM, S::BN, S::THREADS>(Cs, threadIdx.x, m0, n0, m, ep);
         return;
     }
 #pragma unroll

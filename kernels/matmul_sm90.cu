@@ -13,10 +13,15 @@
 // GPU check compares the two bitwise (crates/cuda/tests gpu_wgmma, gpu/tune.sh): the hardware's
 // order inside one instruction is undocumented and may differ between mma.sync and wgmma.
 //
-// Scope (the launcher falls back to the mma.sync kernel otherwise): x stored in 16 bits (xa
-// [m, kp], from matmul_x or the backend's activation storage), kp % 8 == 0 and k % 8 == 0 (TMA
-// needs 16-byte row strides), k >= 1, m > 128 (one block per tile, no split K), the plain
-// epilogue (out f32 [m, n] (+ bias)) without the input norm.
+// Scope (the launcher, matmul.rs `wgmma_applies`, falls back to the mma.sync kernel
+// otherwise): x stored in 16 bits (xa [m, kp], from matmul_x or the backend's activation
+// storage), kp % 8 == 0 and k % 8 == 0 (TMA needs 16-byte row strides), k >= 1, m > 128 (one
+// block per tile, no split K), no input norm (fused only at <= FUSE_NORM_MAX_TOKENS rows).
+// Every epilogue of matmul.cu (`Epilogue`, the same kernel arguments as matmul_tc_*): EPI_PLAIN,
+// EPI_QKV, EPI_QKV_ROPE (head_dim dividing 128: every head inside a 128-wide tile), EPI_SILU, EPI_GEGLU,
+// EPI_RESID, each applied by matmul.cu's own functions (epilogue_store from the registers;
+// epilogue_rope_tile / epilogue_silu_tile over a staged tile), so the bits are the mma.sync
+// kernels' (sm90_test.cpp compares every output of each, bitwise).
 //
 // Block: 384 threads = 3 warpgroups, output tile 128 x 128 (BM x BN).
 //   warpgroup 0, the producer: thread 0 walks the k tiles (BK = 64 columns, 128 bytes of a
@@ -26,18 +31,33 @@
 //     the m, n and k edges). STAGES = 4 stages of 32 KiB.
 //   warpgroups 1 and 2, the consumers: rows 64 c .. 64 c + 63 of the tile each; per k tile they
 //     wait for full[s], issue one wgmma m64n128k16 per k16 step (ascending k; a step at or past
-//     k is skipped: it would add exact zeros), commit and wait, then each warp's lane 0 arrives on
-//     empty[s] (8 arrivals free the stage). Where a K slice ends inside a tile, the steps before
-//     are waited for and the slice folded (total = acc, then total += acc) before the next step.
+//     k is skipped: it would add exact zeros) and commit them as one group; then, with ONE
+//     group kept in flight (as CUTLASS's Hopper main loop), wgmma.wait_group 1 (every group but
+//     this tile's has completed) and each warp's lane 0 arrives on empty[] of the PREVIOUS
+//     tile's stage (8 arrivals free it), so the tensor cores never wait for the release. Where a
+//     K slice ends inside a tile, every step before it is waited for (wait_group 0) and the
+//     slice folded (total = acc, then total += acc) before the next step; so at the end.
+//   Epilogue: the accumulator layout gives warp v of a consumer its 16 rows x all 128 columns,
+//     so the pairs the rope (head_dim / 2 apart) and silu (gate and up 32 apart) epilogues
+//     combine lie in one warp: it stages its rows (+ bias) in its own 16 x 129 floats of shared
+//     memory, __syncwarp, and runs the tile epilogue over them; the others store from registers.
 //   Shared memory: 1024 bytes of alignment slack (the 128-byte swizzle is a function of address
-//   bits 4-9, so each stage starts 1024-aligned), STAGES x (16 KiB of x + 16 KiB of w), then the
-//   2 x STAGES mbarriers: WGMMA_SMEM_BYTES (opt-in above 48 KiB).
+//   bits 4-9, so each stage starts 1024-aligned), STAGES x (16 KiB of x + 16 KiB of w), the
+//   2 x STAGES mbarriers, then 8 warps x 16 x 129 floats: WGMMA_SMEM_BYTES = 198208 (opt-in;
+//   one block per SM, as the 384-thread bound and 132 KiB of stages already gave).
 // Test hooks (kernels/emu/sm90_test.cpp defines TANDEM_WGMMA_BREAK as a variable it sets from its
-// argument, N = 1..5; everywhere else it is the constant 0; each must be caught):
+// argument, N = 1..9; everywhere else it is the constant 0; each must be caught):
 //   1 a wrong accumulator fragment index in the epilogue, 2 the wgmma wait before a stage is
 //   released dropped, 3 the consumers wait for full[s] with the wrong parity, 4 the descriptors
-//   say no swizzle, 5 the producer arrives without expect_tx.
+//   say no swizzle, 5 the producer arrives without expect_tx, 6 the staged tile (rope) without
+//   the bias, 7 a warp's staged rows placed without its warpgroup's 64-row offset (rope, silu),
+//   8 every epilogue stored as the plain one (qkv, rope, silu, residual), 9 the stage of the
+//   tile whose wgmma group is still in flight released (not the previous tile's).
 #include "common.cuh"
+// matmul.cu's device code (Epilogue, RopeKv, epilogue_store and the staged-tile epilogues), not
+// its kernels: the epilogues are applied by the same functions the mma.sync kernels call.
+#define TANDEM_MATMUL_DEVICE_ONLY
+#include "matmul.cu"
 
 #ifndef TANDEM_WGMMA_BREAK
 #define TANDEM_WGMMA_BREAK 0
@@ -52,12 +72,13 @@
 #define WGMMA_STAGES 4
 #define WGMMA_THREADS 384
 #define WGMMA_STAGE_ELEMS (WGMMA_BM * WGMMA_BK)  // per operand (BM == BN)
-#define WGMMA_SMEM_BYTES (1024 + WGMMA_STAGES * 2 * WGMMA_STAGE_ELEMS * 2 + 2 * WGMMA_STAGES * 8)
+#define WGMMA_CS_FLOATS (16 * (WGMMA_BN + 1))  // one consumer warp's staged rows (rope, silu)
+#define WGMMA_SMEM_BYTES (1024 + WGMMA_STAGES * 2 * WGMMA_STAGE_ELEMS * 2 + 2 * WGMMA_STAGES * 8 + 8 * WGMMA_CS_FLOATS * 4)
 
 #if defined(TANDEM_HOST_EMU) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
 template <typename T>
-__device__ void matmul_wgmma_impl(const TmaMap* xmap, const TmaMap* wmap, const void* __restrict__ bias, int bias_dtype, float* __restrict__ out, int m,
-                                  int n, int k, int slice_len) {
+__device__ void matmul_wgmma_impl(const TmaMap* xmap, const TmaMap* wmap, const void* __restrict__ bias, int bias_dtype, const Epilogue& ep, int m,
+                                  int n, int k, int slice_len, const RopeKv& rk) {
     TANDEM_DYNAMIC_SMEM(raw);
     unsigned char* base = raw + ((1024u - (smem_u32(raw) & 1023u)) & 1023u);
     u16* As = reinterpret_cast<u16*>(base);
@@ -97,6 +118,12 @@ __device__ void matmul_wgmma_impl(const TmaMap* xmap, const TmaMap* wmap, const 
     for (int q = 0; q < 64; ++q) acc[q] = total[q] = 0.0f;
     bool first_slice = true;
     int next_fold = slice_len;
+    // The stage of the previous k tile, not released yet: its wgmma group may still be in flight.
+    int held = -1;
+    auto release = [&](int st) {
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&empty[st]);
+    };
     for (int i = 0; i < nt; ++i) {
         const int s = i % WGMMA_STAGES;
         mbar_wait(&full[s], ((i / WGMMA_STAGES) & 1) ^ (TANDEM_WGMMA_BREAK == 3 ? 1 : 0));
@@ -126,11 +153,18 @@ __device__ void matmul_wgmma_impl(const TmaMap* xmap, const TmaMap* wmap, const 
             wgmma_m64n128k16(T{}, acc, wgmma_desc(a0 + 32 * j, 16, 1024, swz), wgmma_desc(b0 + 32 * j, 16, 1024, swz));
         }
         wgmma_commit();
-        if (TANDEM_WGMMA_BREAK != 2) wgmma_wait<0>();  // the stage's bytes are read: it may be refilled
+        // One group in flight (CUTLASS's Hopper main loop): every group but this tile's has
+        // completed, so the previous tile's stage has been read and may be refilled while the
+        // tensor cores work on this one.
+        if (TANDEM_WGMMA_BREAK != 2) wgmma_wait<1>();
         wgmma_fence_regs(acc);
-        __syncwarp();
-        if (lane == 0) mbar_arrive(&empty[s]);
-    }
+        if (TANDEM_WGMMA_BREAK == 9) {
+            release(s);  // the bug: this tile's group is still in flight
+        } else {
+            if (held >= 0) release(held);
+            held = s;
+        }
+    }  // the last tile's stage is never released: the producer loads nothing more
     wgmma_wait<0>();
     wgmma_fence_regs(acc);
     if (nt > 0)
@@ -139,21 +173,43 @@ __device__ void matmul_wgmma_impl(const TmaMap* xmap, const TmaMap* wmap, const 
 
     // Accumulator fragment (PTX ISA, wgmma m64nNk16 D): register q at row 16 v + g + 8 ((q / 2) % 2),
     // column 8 (q / 4) + 2 t + q % 2 of the warpgroup's 64 x 128 tile (v: warp in the group).
+    // So warp v holds whole rows: its 16 rows x 128 columns, every column of the tile.
     const int v = (threadIdx.x % 128) / 32, g = lane >> 2, t = lane & 3;
+    const int wr0 = m0 + (TANDEM_WGMMA_BREAK == 7 ? 0 : 64 * cw) + 16 * v;  // the warp's first row
+    if (TANDEM_WGMMA_BREAK != 8 && (ep.kind == EPI_QKV_ROPE || ep.kind == EPI_SILU || ep.kind == EPI_GEGLU)) {
+        // A rope pair (head_dim / 2 apart) and a gate/up pair (32 apart) lie in one row, so in
+        // one warp: the warp stages its 16 rows (+ bias, as qkv_proj stores it; silu has none)
+        // in its own words of shared memory and applies matmul.cu's tile epilogue to them.
+        float* Cs = reinterpret_cast<float*>(empty + WGMMA_STAGES) + (4 * cw + v) * WGMMA_CS_FLOATS;
+        const bool add_bias = bias_dtype && TANDEM_WGMMA_BREAK != 6;
+#pragma unroll
+        for (int q = 0; q < 64; ++q) {
+            const int rl = g + 8 * ((q / 2) % 2), cl = 8 * (q / 4) + 2 * t + q % 2, c = n0 + cl;
+            Cs[rl * (WGMMA_BN + 1) + cl] = add_bias && c < n ? total[q] + load_bias(bias, bias_dtype, c) : total[q];
+        }
+        __syncwarp();
+        if (ep.kind == EPI_QKV_ROPE) epilogue_rope_tile<16, WGMMA_BN, 32>(Cs, lane, wr0, n0, m, n, ep, rk);
+        else epilogue_silu_tile<T, 16, WGMMA_BN, 32>(Cs, lane, wr0, n0, m, ep);
+        return;
+    }
 #pragma unroll
     for (int q = 0; q < 64; ++q) {
         const bool bad = TANDEM_WGMMA_BREAK == 1;  // swaps the row and column bits of q
-        const int r = m0 + 64 * cw + 16 * v + g + 8 * (bad ? q % 2 : (q / 2) % 2), c = n0 + 8 * (q / 4) + 2 * t + (bad ? (q / 2) % 2 : q % 2);
+        const int r = wr0 + g + 8 * (bad ? q % 2 : (q / 2) % 2), c = n0 + 8 * (q / 4) + 2 * t + (bad ? (q / 2) % 2 : q % 2);
         if (r >= m || c >= n) continue;
-        out[(size_t)r * n + c] = bias_dtype ? total[q] + load_bias(bias, bias_dtype, c) : total[q];
+        const float val = bias_dtype ? total[q] + load_bias(bias, bias_dtype, c) : total[q];
+        if (TANDEM_WGMMA_BREAK == 8) ep.out0[(size_t)r * n + c] = val;  // the bug: every epilogue taken as the plain one
+        else epilogue_store<T>(ep, r, c, n, val);
     }
 }
 
 #define MATMUL_WGMMA(DT, T)                                                                                                          \
     extern "C" __global__ void __launch_bounds__(WGMMA_THREADS, 1)                                                                  \
         matmul_wgmma_##DT(const __grid_constant__ TmaMap xmap, const __grid_constant__ TmaMap wmap, const void* bias, int bias_dtype, \
-                          float* out, int m, int n, int k, int slice_len) {                                                         \
-        matmul_wgmma_impl<T>(&xmap, &wmap, bias, bias_dtype, out, m, n, k, slice_len);                                              \
+                          float* out0, float* out1, float* out2, int epi, int en0, int en1, const void* ep_gamma, int ep_gamma_dtype,   \
+                          int ep_act16, int m, int n, int k, int slice_len, RopeKv rope_kv) {                                       \
+        const Epilogue ep{out0, out1, out2, epi, en0, en1, ep_gamma, ep_gamma_dtype, ep_act16};                                      \
+        matmul_wgmma_impl<T>(&xmap, &wmap, bias, bias_dtype, ep, m, n, k, slice_len, rope_kv);                                      \
     }
 MATMUL_WGMMA(bf16, bf16_t)
 MATMUL_WGMMA(f16, f16_t)

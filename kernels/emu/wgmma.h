@@ -26,7 +26,10 @@
 //     HARDWARE's wgmma sums one k16 chunk as its mma.sync does is not documented: a GPU check
 //     must compare the two bitwise (tests/cuda, gpu/tune.sh).
 //   - asynchrony: an issued wgmma does nothing until the wait_group that covers its commit
-//     group; then it reads A and B from shared memory and writes D. So a kernel that reads D
+//     group; then it reads A and B from shared memory and writes D. wgmma.wait_group N
+//     completes every committed group but the newest N, in issue order; wgmmas on one
+//     accumulator chain (a later one adds to what the earlier left), so a main loop may keep
+//     a group in flight while it issues the next tile's onto the same D. So a kernel that reads D
 //     before waiting sees the old values, and one that lets a stage be overwritten before the
 //     wait reads the new bytes (TMA poisons them). A wgmma issued with no wgmma.fence since the
 //     thread's last wait_group (or its start), or D changed between issue and wait, aborts.
@@ -152,6 +155,12 @@ inline void wgmma_wait(int n) {
                 checked.push_back(o.d);
             }
             wgmma_run(o);
+            // A later wgmma on the same accumulator, still pending, was issued onto this one
+            // (chained in the async unit, as a pipelined main loop keeps one group in flight):
+            // what it must find unchanged at its wait is D as this one left it.
+            for (auto& later : s.ops)
+                if (later.group != o.group && later.d == o.d && &later != &o && (later.group < 0 || later.group >= done_below))
+                    later.snapshot.assign(o.d, o.d + o.n / 2);
         } else {
             keep.push_back(std::move(o));
         }

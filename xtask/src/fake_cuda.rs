@@ -240,12 +240,20 @@ pub fn group(root: &Path, tandem: Option<PathBuf>) -> Result<Counts> {
     let seed = std::env::var("TANDEM_FAKE_CUDA_OPS_SEED").unwrap_or_else(|_| "7812165423275311652".into());
     let mut commands: Vec<(String, Vec<String>)> = vec![(format!("op suite on cuda (seed {seed})"), ["test-ops", "--backend", "cuda", "--seed", &seed].map(String::from).to_vec())];
     // The wgmma + TMA GEMM (sm_90a; the fake driver says sm_90): the suite's matmul cases above
-    // 128 rows take it.
+    // 128 rows take it (the commands after the PDL one).
     // Programmatic dependent launch: every op's kernels launched with the attribute, so a kernel
     // of PDL_FILES that never waits fails its launch (the fake's check), and every edge between
     // two of an op's kernels runs dependent-first (crates/cuda/src/launch.rs).
     commands.push((format!("op suite on cuda, TANDEM_CUDA_PDL=1 (seed {seed})"), ["TANDEM_CUDA_PDL=1", "test-ops", "--backend", "cuda", "--seed", &seed].map(String::from).to_vec()));
     commands.push(("matmul on cuda, TANDEM_CUDA_GEMM_LARGE=wgmma".into(), ["TANDEM_CUDA_GEMM_LARGE=wgmma", "test-ops", "--backend", "cuda", "--op", "matmul", "--seed", &seed].map(String::from).to_vec()));
+    // Its fused epilogues: the suite's gate/up + silu at m = 200 and q/k/v + rope + KV write at
+    // T = 200 (about a second each).
+    for cases in ["m=200", "T=200"] {
+        commands.push((
+            format!("op suite cases {cases} on cuda, TANDEM_CUDA_GEMM_LARGE=wgmma"),
+            ["TANDEM_CUDA_GEMM_LARGE=wgmma", "test-ops", "--backend", "cuda", "--op", cases, "--seed", &seed].map(String::from).to_vec(),
+        ));
+    }
     for shape in ["tiny-hd128", "small-hd64", "tiny-qwen3", "tiny-qwen3-moe", "tiny-gemma3", "tiny-mistral-hd128"] {
         let dir = models.join(shape);
         if !dir.join("config.json").exists() {
@@ -271,6 +279,18 @@ pub fn group(root: &Path, tandem: Option<PathBuf>) -> Result<Counts> {
         }
         commands.push((format!("compare cuda vs reference, {shape}"), args.clone()));
         if shape == "tiny-hd128" {
+            // The wgmma + TMA GEMM (TANDEM_CUDA_GEMM_LARGE=wgmma) in a whole model: prompts of
+            // 1, 17, 64 and 200 tokens, the 200 prefilled in one forward (chunk 256), so every
+            // projection of it (q/k/v with rope, o and down with the residual add, gate/up with
+            // silu) takes the wgmma kernel's epilogues; greedy steps and the batch check kept short.
+            commands.push((
+                format!("compare cuda (TANDEM_CUDA_GEMM_LARGE=wgmma, a 200-token prefill) vs reference, {shape}"),
+                ["TANDEM_CUDA_GEMM_LARGE=wgmma", "compare", "--backend", "cuda", "--prompts", "4", "--steps", "2", "--chunk", "256", "--batch", "0", "--model"]
+                    .map(String::from)
+                    .into_iter()
+                    .chain([dir.to_string_lossy().into_owned()])
+                    .collect(),
+            ));
             // The tc_deep attention variant (TANDEM_CUDA_ATTENTION; head_dim 128: its
             // shared-memory opt-in), through the same compare (tc_shared: on tiny-mistral-hd128).
             let mut deep = vec!["TANDEM_CUDA_ATTENTION=tc_deep".to_string()];

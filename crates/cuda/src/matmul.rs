@@ -227,18 +227,21 @@ pub(super) fn gemm_kernel_of(m: usize, cols: usize, v: &GemmVariants) -> &'stati
 
 /// The wgmma + TMA kernel (kernels/matmul_sm90.cu `matmul_wgmma_<dt>`): 128 x 128 output tiles,
 /// 384 threads (a TMA producer warpgroup, two wgmma consumer warpgroups), 4 stages of 32 KiB,
-/// the mbarriers and 1 KiB of alignment slack (`WGMMA_SMEM_BYTES`; kernels/emu/sm90_test.cpp
-/// checks the number).
+/// the mbarriers, each consumer warp's 16 x 129 floats for the rope / silu epilogues and 1 KiB
+/// of alignment slack (`WGMMA_SMEM_BYTES`; kernels/emu/sm90_test.cpp checks the number).
 pub(super) const WGMMA_TILE: usize = 128;
 pub(super) const WGMMA_THREADS: u32 = 384;
-pub(super) const WGMMA_SMEM: u32 = 1024 + 4 * 2 * 128 * 64 * 2 + 2 * 4 * 8;
+pub(super) const WGMMA_SMEM: u32 = 1024 + 4 * 2 * 128 * 64 * 2 + 2 * 4 * 8 + 8 * 16 * (128 + 1) * 4;
+const _: () = assert!(WGMMA_SMEM <= 227 * 1024, "within an sm_90 block's opt-in shared memory");
 pub(super) const WGMMA_KERNELS: [&str; 2] = ["matmul_wgmma_bf16", "matmul_wgmma_f16"];
 /// Where the wgmma kernel may serve a GEMM (else the mma.sync kernel does, with the same bits
-/// by the contract): m > 128 (no split K), the plain epilogue, no input norm, 16-bit weights,
-/// k a positive multiple of 8 (TMA rows must be 16-byte aligned; x's pitch kp is k or k
-/// rounded up to 8, so then kp == k).
-pub(super) fn wgmma_applies(m: usize, k: usize, plain: bool, norm: bool) -> bool {
-    m > SPLIT_MAX_ROWS && plain && !norm && k > 0 && k.is_multiple_of(8)
+/// by the contract): m > 128 (no split K; the input norm is fused only up to
+/// FUSE_NORM_MAX_TOKENS rows, so never here, but a norm is refused all the same), 16-bit
+/// weights, k a positive multiple of 8 (TMA rows must be 16-byte aligned; x's pitch kp is k or
+/// k rounded up to 8, so then kp == k). Every epilogue: the plain one, q/k/v with or without
+/// rope (head_dim divides 128: [`rope_in_epilogue`], the tile's width), silu, the residual add.
+pub(super) fn wgmma_applies(m: usize, k: usize, norm: bool) -> bool {
+    m > SPLIT_MAX_ROWS && !norm && k > 0 && k.is_multiple_of(8)
 }
 
 /// A CUtensorMap (128 opaque bytes, 64-byte aligned), passed to the kernel by value.
@@ -584,47 +587,47 @@ impl CudaBackend {
             let r = unsafe { l.launch(cfg((mi as u32, 1, 1), 256)) };
             self.launched(kern.name, r)?;
         }
-        // TANDEM_CUDA_GEMM_LARGE=wgmma: the wgmma + TMA kernel where it applies.
-        let dst = match dst {
-            GemmOut::Plain(out) if self.wgmma.is_some() && wgmma_applies(m, k, true, norm.is_some()) => {
-                need(out, Elem::F32, m * n, op, "out")?;
-                let Some(kerns) = &self.wgmma else { return Err(err(format!("{op}: wgmma kernels missing"))) };
+        // TANDEM_CUDA_GEMM_LARGE=wgmma: the wgmma + TMA kernel where it applies, with the same
+        // epilogue arguments; its tensor maps replace x, xa and w at the head of the list.
+        let wg = match &self.wgmma {
+            Some(kerns) if wgmma_applies(m, k, norm.is_some()) => {
                 let kern = &kerns[wi - 1];
                 // kp == k here (k % 8 == 0): xa (or x stored in 16 bits) is [m, k].
                 let x_addr = if x16 { x.mem.device_ptr(&self.stream).0 } else { xa.device_ptr(&self.stream).0 };
                 let xm = tma_map(op, x_addr, wi == 1, m, k, k)?;
                 let wm = tma_map(op, w.mem.device_ptr(&self.stream).0, wi == 1, n, k, k)?;
-                let li = i32_of(slice_len, op, "slice_len")?;
                 let grid = (u32_of(n.div_ceil(WGMMA_TILE), op, "blocks")?, u32_of(m.div_ceil(WGMMA_TILE), op, "blocks")?, 1);
                 if grid.1 > 65535 {
                     return Err(err(format!("{op}: m = {m} needs more than 65535 row tiles")));
                 }
-                let mut l = self.launch_args(&kern.f);
-                l.arg(&xm).arg(&wm).arg(bias_mem).arg(&bias_code).arg(&mut *out.mem).arg(&mi).arg(&ni).arg(&ki).arg(&li);
-                let launch = LaunchConfig { grid_dim: grid, block_dim: (WGMMA_THREADS, 1, 1), shared_mem_bytes: WGMMA_SMEM };
-                // SAFETY: the argument list matches matmul_wgmma_<dt>'s; the tensor maps cover x
-                // [m, k] and w [n, k] (checked above); out holds m * n floats.
-                let r = unsafe { l.launch(launch) };
-                return self.launched(kern.name, r);
+                Some((kern, xm, wm, grid))
             }
-            d => d,
+            _ => None,
         };
         // A null pointer where the kernel reads nothing: x when it reads xa, unused outputs.
         let null = 0u64;
-        let kern = &self.kernels.matmul_tc[wi - 1][g.index];
+        let kern = match &wg {
+            Some((kern, ..)) => *kern,
+            None => &self.kernels.matmul_tc[wi - 1][g.index],
+        };
         let (li, si) = (i32_of(slice_len, op, "slice_len")?, i32_of(slices, op, "slices")?);
         let mut l = self.launch_args(&kern.f);
-        if direct && !x16 {
-            l.arg(&*x.mem);
+        if let Some((_, xm, wm, _)) = &wg {
+            l.arg(xm).arg(wm);
         } else {
-            l.arg(&null);
+            if direct && !x16 {
+                l.arg(&*x.mem);
+            } else {
+                l.arg(&null);
+            }
+            if x16 {
+                l.arg(&*x.mem);
+            } else {
+                l.arg(&*xa);
+            }
+            l.arg(&*w.mem);
         }
-        if x16 {
-            l.arg(&*x.mem);
-        } else {
-            l.arg(&*xa);
-        }
-        l.arg(&*w.mem).arg(bias_mem).arg(&bias_code);
+        l.arg(bias_mem).arg(&bias_code);
         let (epi, en0, en1);
         let mut rope = RopeKvArg::default();
         // The epilogue's gamma (EPI_RESID with hg) and its dtype code; w where there is none.
@@ -712,6 +715,14 @@ impl CudaBackend {
             }
         }
         l.arg(&epi).arg(&en0).arg(&en1).arg(ep_gamma).arg(&ep_gamma_code).arg(&act16);
+        if let Some((_, _, _, grid)) = wg {
+            l.arg(&mi).arg(&ni).arg(&ki).arg(&li).arg(&rope);
+            let launch = LaunchConfig { grid_dim: grid, block_dim: (WGMMA_THREADS, 1, 1), shared_mem_bytes: WGMMA_SMEM };
+            // SAFETY: the argument list matches matmul_wgmma_<dt>'s; the tensor maps cover x
+            // [m, k] and w [n, k] (checked above); each output holds what its epilogue writes.
+            let r = unsafe { l.launch(launch) };
+            return self.launched(kern.name, r);
+        }
         match part.as_mut().filter(|_| split) {
             Some(p) => l.arg(p),
             // Not split: the kernel never touches `part`; any valid pointer does.
@@ -814,9 +825,9 @@ mod matmul_tests {
         let w = parse_gemm_variants(Some("wgmma"), None, None).unwrap();
         assert!(w.wgmma && w.large == &GEMM_M128_OCC2, "wgmma keeps m128_occ2 where it does not apply");
         assert!(!GEMM_DEFAULT_VARIANTS.wgmma, "the wgmma kernel is off by default");
-        assert_eq!(WGMMA_SMEM, 132160, "kernels/matmul_sm90.cu WGMMA_SMEM_BYTES");
-        assert!(wgmma_applies(129, 2048, true, false) && !wgmma_applies(128, 2048, true, false));
-        assert!(!wgmma_applies(2048, 2044, true, false) && !wgmma_applies(2048, 2048, false, false) && !wgmma_applies(2048, 2048, true, true));
+        assert_eq!(WGMMA_SMEM, 198208, "kernels/matmul_sm90.cu WGMMA_SMEM_BYTES (with the 8 warps' staged rows)");
+        assert!(wgmma_applies(129, 2048, false) && !wgmma_applies(128, 2048, false));
+        assert!(!wgmma_applies(2048, 2044, false) && !wgmma_applies(2048, 2048, true) && !wgmma_applies(2048, 0, false));
         assert!(parse_gemm_variants(None, Some("x"), None).unwrap_err().contains("TANDEM_CUDA_GEMM_MID=x"));
         assert!(parse_gemm_variants(None, None, Some("m8")).unwrap_err().contains("TANDEM_CUDA_GEMM_SMALL=m8"));
         for (name, g) in [("m16_gemv4", &GEMM_M16_GEMV4), ("m16_gemv8", &GEMM_M16_GEMV8), ("m16_x1", &GEMM_M16_X1)] {

@@ -194,6 +194,48 @@ fn matmul_rows_do_not_depend_on_the_batch() {
     }
 }
 
+/// The fused projections' rows do not depend on the batch either: gate/up with silu and the
+/// residual add with the next norm's product (h * gamma) at m = 300 (the large kernel; with
+/// TANDEM_CUDA_GEMM_LARGE=wgmma, gpu/tune.sh, the wgmma kernel's epilogues: the hardware's
+/// bitwise check of them against mma.sync) and m = 17, against each row alone (m16, split K).
+#[test]
+fn fused_gemm_rows_do_not_depend_on_the_batch() {
+    let Some(cuda) = backend("fused_gemm_rows_do_not_depend_on_the_batch") else { return };
+    let mut rng = Rng(5);
+    let (h, inter, rows) = (576, 200, 300);
+    for dtype in [DType::BF16, DType::F16] {
+        let mut ws = tandem_core::weights::Weights::empty();
+        ws.replace("gate", dtype, &[inter, h], &rng.vec(inter * h, 0.05)).unwrap();
+        ws.replace("up", dtype, &[inter, h], &rng.vec(inter * h, 0.05)).unwrap();
+        let wgu = cuda.fuse_gate_up(&ws.get("gate", &[inter, h]).unwrap(), &ws.get("up", &[inter, h]).unwrap()).unwrap().expect("cuda fuses gate/up");
+        let wo = cuda.weight_from_f32(dtype, &rng.vec(h * h, 0.05)).unwrap();
+        let gamma = cuda.weight_from_f32(dtype, &rng.vec(h, 1.0)).unwrap();
+        let (x, h0) = (rng.vec(rows * h, 1.0), rng.vec(rows * h, 2.0));
+        let run = |m: usize, first: usize| {
+            let mut xb = cuda.alloc_f32(m * h).unwrap();
+            cuda.write_f32(&mut xb, &x[first * h..(first + m) * h]).unwrap();
+            let mut act = cuda.alloc_f32(m * inter).unwrap();
+            cuda.gate_up_silu(&xb, &wgu, &mut act, m, inter, h, None).unwrap();
+            let mut hb = cuda.alloc_f32(m * h).unwrap();
+            cuda.write_f32(&mut hb, &h0[first * h..(first + m) * h]).unwrap();
+            let mut hg = cuda.alloc_f32(m * h).unwrap();
+            cuda.matmul_residual(&xb, &wo, &mut hb, Some((&gamma, &mut hg)), m, h, h).unwrap();
+            (cuda.read_f32(&act, m * inter).unwrap(), cuda.read_f32(&hb, m * h).unwrap(), cuda.read_f32(&hg, m * h).unwrap())
+        };
+        let batches: Vec<_> = [17, rows].iter().map(|&m| (m, run(m, 0))).collect();
+        for r in [0, 16, 200, 299] {
+            let (a, hh, g) = run(1, r);
+            for (m, (ba, bh, bg)) in &batches {
+                if r < *m {
+                    assert_eq!(a[..], ba[r * inter..(r + 1) * inter], "{dtype:?} gate_up_silu: row {r} alone != row {r} of m = {m}");
+                    assert_eq!(hh[..], bh[r * h..(r + 1) * h], "{dtype:?} matmul_residual h: row {r} alone != row {r} of m = {m}");
+                    assert_eq!(g[..], bg[r * h..(r + 1) * h], "{dtype:?} matmul_residual h * gamma: row {r} alone != row {r} of m = {m}");
+                }
+            }
+        }
+    }
+}
+
 /// Masked sampling on the GPU gives the host's ids (structured output), for greedy and sampled
 /// rows, masked or not, on a 49k vocabulary.
 #[test]
