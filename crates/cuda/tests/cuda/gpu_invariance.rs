@@ -6,6 +6,7 @@
 //! Without a driver each test prints SKIPPED; TANDEM_REQUIRE_CUDA=1 turns that into a failure.
 
 use tandem_core::backend::{AttnArgs, Backend, KvDtype, KvGeometry};
+use tandem_core::config::Activation;
 use tandem_core::DType;
 use tandem_cuda::CudaBackend;
 use tandem_reference::RefBackend;
@@ -194,7 +195,7 @@ fn matmul_rows_do_not_depend_on_the_batch() {
     }
 }
 
-/// The fused projections' rows do not depend on the batch either: gate/up with silu and the
+/// The fused projections' rows do not depend on the batch either: gate/up with silu and with GeGLU, and the
 /// residual add with the next norm's product (h * gamma) at m = 300 (the large kernel; with
 /// TANDEM_CUDA_GEMM_LARGE=wgmma, gpu/tune.sh, the wgmma kernel's epilogues: the hardware's
 /// bitwise check of them against mma.sync) and m = 17, against each row alone (m16, split K).
@@ -215,19 +216,22 @@ fn fused_gemm_rows_do_not_depend_on_the_batch() {
             let mut xb = cuda.alloc_f32(m * h).unwrap();
             cuda.write_f32(&mut xb, &x[first * h..(first + m) * h]).unwrap();
             let mut act = cuda.alloc_f32(m * inter).unwrap();
-            cuda.gate_up_silu(&xb, &wgu, &mut act, m, inter, h, None).unwrap();
+            cuda.gate_up_act(Activation::Silu, &xb, &wgu, &mut act, m, inter, h, None).unwrap();
+            let mut geglu = cuda.alloc_f32(m * inter).unwrap();
+            cuda.gate_up_act(Activation::GeluTanh, &xb, &wgu, &mut geglu, m, inter, h, None).unwrap();
             let mut hb = cuda.alloc_f32(m * h).unwrap();
             cuda.write_f32(&mut hb, &h0[first * h..(first + m) * h]).unwrap();
             let mut hg = cuda.alloc_f32(m * h).unwrap();
             cuda.matmul_residual(&xb, &wo, &mut hb, Some((&gamma, &mut hg)), m, h, h).unwrap();
-            (cuda.read_f32(&act, m * inter).unwrap(), cuda.read_f32(&hb, m * h).unwrap(), cuda.read_f32(&hg, m * h).unwrap())
+            (cuda.read_f32(&act, m * inter).unwrap(), cuda.read_f32(&hb, m * h).unwrap(), cuda.read_f32(&hg, m * h).unwrap(), cuda.read_f32(&geglu, m * inter).unwrap())
         };
         let batches: Vec<_> = [17, rows].iter().map(|&m| (m, run(m, 0))).collect();
         for r in [0, 16, 200, 299] {
-            let (a, hh, g) = run(1, r);
-            for (m, (ba, bh, bg)) in &batches {
+            let (a, hh, g, gg) = run(1, r);
+            for (m, (ba, bh, bg, bgg)) in &batches {
                 if r < *m {
-                    assert_eq!(a[..], ba[r * inter..(r + 1) * inter], "{dtype:?} gate_up_silu: row {r} alone != row {r} of m = {m}");
+                    assert_eq!(a[..], ba[r * inter..(r + 1) * inter], "{dtype:?} gate_up_act silu: row {r} alone != row {r} of m = {m}");
+                    assert_eq!(gg[..], bgg[r * inter..(r + 1) * inter], "{dtype:?} gate_up_act GeGLU: row {r} alone != row {r} of m = {m}");
                     assert_eq!(hh[..], bh[r * h..(r + 1) * h], "{dtype:?} matmul_residual h: row {r} alone != row {r} of m = {m}");
                     assert_eq!(g[..], bg[r * h..(r + 1) * h], "{dtype:?} matmul_residual h * gamma: row {r} alone != row {r} of m = {m}");
                 }
