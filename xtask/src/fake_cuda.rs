@@ -210,7 +210,9 @@ pub fn cuda_tests(root: &Path, env: &FakeEnv) -> Result<Counts> {
 /// and 64 with hidden 576: tensor-core attention, split K, the fused paths; tiny-qwen3: the
 /// per-head q/k norms; tiny-qwen3-moe: the MoE kernels, captured; tiny-gemma3: GeGLU, the
 /// scaled embedding, sandwich norms, two ropes and a window; tiny-hd128 once more with
-/// `TANDEM_CUDA_ATTENTION=tc_deep`, and with `TANDEM_CUDA_PDL=1`, as is the op suite), and
+/// `TANDEM_CUDA_ATTENTION=tc_deep`, and with `TANDEM_CUDA_PDL=1`, as is the op suite;
+/// tiny-gemma3-hd256 and the op suite's head_dim-256 attention cases with
+/// `TANDEM_CUDA_ATTENTION_D256=tc`: the tensor-core attention at head_dim 256), and
 /// `tandem serve` answering requests ([`serve_check`]) and preempting over HTTP
 /// ([`preempt_check`]). Each `tandem` command counts as one test. `tandem`: a binary already
 /// built (a workspace `cargo test` builds one; building `-p tandem-cli` alone resolves other
@@ -244,7 +246,12 @@ pub fn group(root: &Path, tandem: Option<PathBuf>) -> Result<Counts> {
     // two of an op's kernels runs dependent-first (crates/cuda/src/launch.rs).
     commands.push((format!("op suite on cuda, TANDEM_CUDA_PDL=1 (seed {seed})"), ["TANDEM_CUDA_PDL=1", "test-ops", "--backend", "cuda", "--seed", &seed].map(String::from).to_vec()));
     commands.push(("matmul on cuda, TANDEM_CUDA_GEMM_LARGE=wgmma".into(), ["TANDEM_CUDA_GEMM_LARGE=wgmma", "test-ops", "--backend", "cuda", "--op", "matmul", "--seed", &seed].map(String::from).to_vec()));
-    for shape in ["tiny-hd128", "small-hd64", "tiny-qwen3", "tiny-qwen3-moe", "tiny-gemma3"] {
+    // paged_attention_tc_d256 (off by default): the suite's head_dim-256 attention cases.
+    commands.push((
+        "attention at head_dim 256 on cuda, TANDEM_CUDA_ATTENTION_D256=tc".into(),
+        ["TANDEM_CUDA_ATTENTION_D256=tc", "test-ops", "--backend", "cuda", "--op", "head_dim=256", "--seed", &seed].map(String::from).to_vec(),
+    ));
+    for shape in ["tiny-hd128", "small-hd64", "tiny-qwen3", "tiny-qwen3-moe", "tiny-gemma3", "tiny-gemma3-hd256"] {
         let dir = models.join(shape);
         if !dir.join("config.json").exists() {
             let st = Command::new(&tandem).args(["gen-model", "--shape", shape, "--out"]).arg(&dir).status()?;
@@ -256,6 +263,14 @@ pub fn group(root: &Path, tandem: Option<PathBuf>) -> Result<Counts> {
         // at 6 requests (it still preempts): the emulator runs every CUDA thread as a fiber.
         let mut args: Vec<String> = ["compare", "--backend", "cuda", "--prompts", "3", "--steps", "6", "--chunk", "32", "--batch", "6", "--model"].map(String::from).to_vec();
         args.push(dir.to_string_lossy().into_owned());
+        if shape == "tiny-gemma3-hd256" {
+            // Only with the head_dim-256 tensor-core attention (its default, the f32 kernel,
+            // serves every other head size in the compares above).
+            let mut d256 = vec!["TANDEM_CUDA_ATTENTION_D256=tc".to_string()];
+            d256.extend(args);
+            commands.push((format!("compare cuda (attention tc at head_dim 256) vs reference, {shape}"), d256));
+            continue;
+        }
         commands.push((format!("compare cuda vs reference, {shape}"), args.clone()));
         if shape == "tiny-hd128" {
             // The tc_deep attention variant (TANDEM_CUDA_ATTENTION; head_dim 128: its
