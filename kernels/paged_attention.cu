@@ -1,7 +1,7 @@
 // paged_attention.cu — attention of a flattened batch of query tokens over the paged KV cache.
 // Two kernels: paged_attention_partial_* (f32 arithmetic, any cache, head_dim <= 256: below)
-// and paged_attention_tc_* (the tensor cores, bf16 cache, head_dim 64 or 128: at the end of
-// the file, with its own contract).
+// and paged_attention_tc_* (the tensor cores, bf16 cache, head_dim 64 or 128, and 256 under
+// TANDEM_CUDA_ATTENTION_D256=tc: at the end of the file, with its own contract).
 //
 //   For query token t (sequence s = token_seq[t], position p = positions[t]) and head h
 //   (kv head kh = h / (num_heads / num_kv_heads), the GQA grouping of HF's repeat_kv):
@@ -52,7 +52,7 @@
 // Scratch: part_out f32 [T, H, max_parts, D], part_ml f32 [T, H, max_parts, 2], counters u32 [T, H].
 // A bad index (sequence, block id, a context longer than max_parts * PART) yields NaN output.
 // Check: tandem-kernels-check --only paged_attention; op suite ops `paged_attention_decode`
-// and `paged_attention_prefill` (GQA 1/3/4, head_dim 64/128, block 16/32, contexts mid-block,
+// and `paged_attention_prefill` (GQA 1/3/4, head_dim 64/128/256, block 16/32, contexts mid-block,
 // longer than PART).
 #include "common.cuh"
 
@@ -300,9 +300,10 @@ paged_attention_combine(const float* __restrict__ part_out, const float* __restr
 #endif
 
 // ---------------------------------------------------------------------------------------------
-// paged_attention_tc_d{64,128}: the same attention on the tensor cores, over a bf16 cache
-// (crates/cuda/src/attention.rs takes it for a bf16 cache and head_dim 64 or 128; the f32
-// cache, kept for checks, and other head sizes take the kernel above).
+// paged_attention_tc_d{64,128,256}: the same attention on the tensor cores, over a bf16 cache
+// (crates/cuda/src/attention.rs takes it for a bf16 cache and head_dim 64 or 128, and 256
+// under TANDEM_CUDA_ATTENTION_D256=tc; the f32 cache, kept for checks, and other head sizes
+// take the kernel above).
 //
 // Work is cut into warp jobs, and a warp never shares arithmetic with another warp: its 16
 // mma rows are (token, query head) pairs of one sequence and one KV head, tokens outer, the
@@ -338,6 +339,11 @@ paged_attention_combine(const float* __restrict__ part_out, const float* __restr
 // Per warp: 2 stages x 16 keys x (D + 8) bf16 of dynamic shared memory (the 8 pad the rows so
 // ldmatrix's 8 row addresses fall in different banks), cp.async double-buffered: the K stages
 // of a tile, then its V stages. Bad token or sequence: NaN row, as above.
+// At D 256 (PatCfg, by pat_job): q in a third 16-row buffer, and each job of 16 rows is two
+// warp jobs, one per half of the output dims, that compute the same scores and softmax and
+// each accumulate, fold and write its 128 dims (steps 1-3 per element, unchanged); the halves
+// count in and keep partials as rows of their own. The d256 kernel is the same code, so the
+// contract holds there as written (kernels/emu runs the checks at D 256 too).
 #ifndef TANDEM_PAT_BREAK
 #define TANDEM_PAT_BREAK 0  // kernels/emu/attn_break_test.cpp: 1-4 break it on purpose
 #endif
