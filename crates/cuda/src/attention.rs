@@ -150,11 +150,11 @@ fn uses_tc_with(kv: usize, head_dim: usize, v: AttnVariant, d256: D256Variant) -
 }
 
 /// The tensor-core variant serving `head_dim` under the `TANDEM_CUDA_ATTENTION` value `v` and a
-/// layer's sliding `window`: tc_deep has no sliding window and no head_dim 256, so those run tc
-/// (a layer's kernel is fixed by its window and head size, so each token's bits still follow
-/// its own context alone).
+/// layer's sliding `window`: only tc has a head_dim-256 kernel, and tc_deep no sliding window,
+/// so those run tc (a layer's kernel is fixed by its window and head size, so each token's bits
+/// still follow its own context alone).
 fn tc_variant(v: AttnVariant, head_dim: usize, window: usize) -> AttnVariant {
-    if v == AttnVariant::TcDeep && (window > 0 || head_dim == 256) { AttnVariant::Tc } else { v }
+    if head_dim == 256 || (v == AttnVariant::TcDeep && window > 0) { AttnVariant::Tc } else { v }
 }
 
 /// Warp jobs a row's output dims are cut into by tc (PatCfg<D>::HALVES: 2 at head_dim 256,
