@@ -25,7 +25,10 @@
 # tc_shared": the decode attention timed side by side at ctx 1024/4096/16384 and batch 1/8/64,
 # head_dim 64 and 128, each row's fraction of the copy floor (tc_shared's decodes are tc's: not
 # timed again), and the prefill attention (512 and 2048 tokens) beside torch SDPA; the
-# non-default ones also pass the op suite and the GPU-only tests first), TANDEM_TUNE_BW_GBS (the copy floor, GB/s; default: check.sh's
+# non-default ones also pass the op suite and the GPU-only tests first),
+# TANDEM_TUNE_ATTN_D256_VARIANTS (TANDEM_CUDA_ATTENTION_D256 values, default "partial tc": the
+# head_dim-256 attention, Gemma 3 1B's shape, timed the same way; tc passes the op suite's
+# head_dim-256 cases first), TANDEM_TUNE_BW_GBS (the copy floor, GB/s; default: check.sh's
 # ceilings.json, else 4200),
 # TANDEM_TUNE_PDL=0 to skip programmatic dependent launch (TANDEM_CUDA_PDL=1: its GPU-only tests
 # and compare, then decode b1 / b64 with it off and on, one after the other),
@@ -43,6 +46,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 BUDGET=${TANDEM_TUNE_BUDGET_S:-300}
 VARIANTS=${TANDEM_TUNE_VARIANTS:-"m128_occ2:m64_occ4:m16 m128_occ2:m64_occ4:m16_gemv4 m128_occ2:m64_occ4:m16_gemv8 m128_occ2:m64_occ4:m16_x1 wgmma:m64_occ4:m16 m128_w64:m64_occ4:m16"}
 ATTN_VARIANTS=${TANDEM_TUNE_ATTN_VARIANTS:-"tc tc_deep tc_shared"}
+ATTN_D256_VARIANTS=${TANDEM_TUNE_ATTN_D256_VARIANTS:-"partial tc"}
 WORK=${TANDEM_CHECK_WORK:-/tmp/tandem-check}
 PY=${TANDEM_CHECK_PYTHON:-python3}
 BIN=${TANDEM_BIN:-$HERE/tandem}
@@ -87,6 +91,10 @@ for av in $ATTN_VARIANTS; do
     [ "$av" = tc ] && continue
     NEED=20 step "test-ops [attn $av]" 120 env TANDEM_CUDA_ATTENTION="$av" "$BIN" test-ops --backend cuda
     [ -x "$HERE/cuda-tests" ] && NEED=20 PICK='test result|panicked|FAILED' step "cuda tests [attn $av]" 90 env TANDEM_CUDA_ATTENTION="$av" TANDEM_REQUIRE_CUDA=1 "$HERE/cuda-tests" --test-threads 1 gpu_invariance:: graphs::
+done
+for dv in $ATTN_D256_VARIANTS; do
+    [ "$dv" = partial ] && continue
+    NEED=10 step "test-ops [attn d256 $dv]" 60 env TANDEM_CUDA_ATTENTION_D256="$dv" "$BIN" test-ops --backend cuda --op head_dim=256
 done
 # Programmatic dependent launch (TANDEM_CUDA_PDL=1, sm_90+; kernels/README.md): the GPU-only
 # tests (graphs:: replays captured steps, whose kernel edges become programmatic) and a compare.
@@ -180,6 +188,12 @@ for av in $ATTN_VARIANTS; do
         NEED=15 PICK='attention decode' step "attention lab [$av $shp]" 90 env TANDEM_CUDA_ATTENTION="$av" "$BIN" bench kernels --backend cuda --shape "$shp" --m 1 --attn-batch "$AB" --attn-context 1024,4096,16384 --attn-prefill 512 --min-ms 20 --bandwidth-gbs "$BW" --output-dir "$WORK/raw" --name "attn-$av-$shp"
         grep -E '^\| attention' "$WORK/logs/attention_lab__${av}_${shp}_.log" 2>/dev/null | awk -F'|' -v v="attn $av" '{gsub(/^ +| +$/, "", $2); gsub(/^ +| +$/, "", $3); gsub(/^ +| +$/, "", $4); gsub(/^ +| +$/, "", $7); print v "\t" $2 " " $3 "\t" $4 " us, " $7 " of floor"}' >>"$OUT/tune.tsv"
     done
+done
+# 2e. Head_dim 256 (gemma-3-1b: 4 heads over 1 KV head): TANDEM_CUDA_ATTENTION_D256=partial
+#     (the default, the f32 kernel) beside tc (paged_attention_tc_d256), the same cases.
+for dv in $ATTN_D256_VARIANTS; do
+    NEED=15 PICK='attention decode' step "attention lab [d256 $dv gemma-3-1b]" 90 env TANDEM_CUDA_ATTENTION_D256="$dv" "$BIN" bench kernels --backend cuda --shape gemma-3-1b --m 1 --attn-batch 1,8,64 --attn-context 1024,4096,16384 --attn-prefill 512 --sample-batch 1 --min-ms 20 --bandwidth-gbs "$BW" --output-dir "$WORK/raw" --name "attn-d256-$dv-gemma-3-1b"
+    grep -E '^\| attention' "$WORK/logs/attention_lab__d256_${dv}_gemma-3-1b_.log" 2>/dev/null | awk -F'|' -v v="attn d256 $dv" '{gsub(/^ +| +$/, "", $2); gsub(/^ +| +$/, "", $3); gsub(/^ +| +$/, "", $4); gsub(/^ +| +$/, "", $7); print v "\t" $2 " " $3 "\t" $4 " us, " $7 " of floor"}' >>"$OUT/tune.tsv"
 done
 
 # 3. Nsight Compute on one launch of each slow GEMM (the kernel lab's qkv at m = 64 and 2048,

@@ -1,10 +1,10 @@
 // paged_attention.cu — attention of a flattened batch of query tokens over the paged KV cache.
 // Two kernels: paged_attention_partial_* (f32 arithmetic, any cache, head_dim <= 256: below)
-// and paged_attention_tc_* (the tensor cores, bf16 cache, head_dim 64 or 128: at the end of
-// the file, with its own contract), followed by its variants for TANDEM_CUDA_ATTENTION, each
-// with tc's per-row arithmetic and sliding window: paged_attention_tc_deep_* (a deeper K+V
-// pipeline, one warp a block) and paged_attention_tc_shared_* (prefill chunks by blocks whose
-// warps share each K/V tile).
+// and paged_attention_tc_* (the tensor cores, bf16 cache, head_dim 64 or 128, and 256 under
+// TANDEM_CUDA_ATTENTION_D256=tc: at the end of the file, with its own contract), followed by
+// its variants for TANDEM_CUDA_ATTENTION, each with tc's per-row arithmetic and sliding window:
+// paged_attention_tc_deep_* (a deeper K+V pipeline, one warp a block) and
+// paged_attention_tc_shared_* (prefill chunks by blocks whose warps share each K/V tile).
 //
 //   For query token t (sequence s = token_seq[t], position p = positions[t]) and head h
 //   (kv head kh = h / (num_heads / num_kv_heads), the GQA grouping of HF's repeat_kv):
@@ -55,7 +55,7 @@
 // Scratch: part_out f32 [T, H, max_parts, D], part_ml f32 [T, H, max_parts, 2], counters u32 [T, H].
 // A bad index (sequence, block id, a context longer than max_parts * PART) yields NaN output.
 // Check: tandem-kernels-check --only paged_attention; op suite ops `paged_attention_decode`
-// and `paged_attention_prefill` (GQA 1/3/4, head_dim 64/128, block 16/32, contexts mid-block,
+// and `paged_attention_prefill` (GQA 1/3/4, head_dim 64/128/256, block 16/32, contexts mid-block,
 // longer than PART).
 #include "common.cuh"
 
@@ -303,9 +303,10 @@ paged_attention_combine(const float* __restrict__ part_out, const float* __restr
 #endif
 
 // ---------------------------------------------------------------------------------------------
-// paged_attention_tc_d{64,128}: the same attention on the tensor cores, over a bf16 cache
-// (crates/cuda/src/attention.rs takes it for a bf16 cache and head_dim 64 or 128; the f32
-// cache, kept for checks, and other head sizes take the kernel above).
+// paged_attention_tc_d{64,128,256}: the same attention on the tensor cores, over a bf16 cache
+// (crates/cuda/src/attention.rs takes it for a bf16 cache and head_dim 64 or 128, and 256
+// under TANDEM_CUDA_ATTENTION_D256=tc; the f32 cache, kept for checks, and other head sizes
+// take the kernel above).
 //
 // Work is cut into warp jobs, and a warp never shares arithmetic with another warp: its 16
 // mma rows are (token, query head) pairs of one sequence and one KV head, tokens outer, the
@@ -341,6 +342,11 @@ paged_attention_combine(const float* __restrict__ part_out, const float* __restr
 // Per warp: 2 stages x 16 keys x (D + 8) bf16 of dynamic shared memory (the 8 pad the rows so
 // ldmatrix's 8 row addresses fall in different banks), cp.async double-buffered: the K stages
 // of a tile, then its V stages. Bad token or sequence: NaN row, as above.
+// At D 256 (PatCfg, by pat_job): q in a third 16-row buffer, and each job of 16 rows is two
+// warp jobs, one per half of the output dims, that compute the same scores and softmax and
+// each accumulate, fold and write its 128 dims (steps 1-3 per element, unchanged); the halves
+// count in and keep partials as rows of their own. The d256 kernel is the same code, so the
+// contract holds there as written (kernels/emu runs the checks at D 256 too).
 #ifndef TANDEM_PAT_BREAK
 #define TANDEM_PAT_BREAK 0  // kernels/emu/attn_break_test.cpp: 1-4 break it on purpose
 #endif
@@ -418,10 +424,12 @@ __device__ __forceinline__ void pat_chunk_fold(const PatArgs& a, float (&o)[D / 
 // part_ml, and the token's last job to arrive folds the partials in index order into out.
 // NEWEST_FIRST (the TANDEM_PAT_BREAK / TANDEM_PATD_BREAK 3 builds only) folds them in the
 // wrong order on purpose. Shared by tc and tc_deep.
-template <int D, bool NEWEST_FIRST>
+// HALVES > 1 (d256): this job holds output dims [half * D, (half + 1) * D) of rows HALVES * D
+// long, each half a row of its own in out, part_out and part_ml (row * HALVES + half).
+template <int D, bool NEWEST_FIRST, int HALVES = 1>
 __device__ __forceinline__ void pat_split_end(const PatArgs& a, const float (&o)[D / 8][4], const float (&m)[2], const float (&l)[2],
                                               const int (&ctx)[2], const size_t (&orow)[2], int c, int lane, int t, int part, int parts,
-                                              int h0, int G, int group, int groups) {
+                                              int h0, int G, int group, int groups, int half = 0) {
     constexpr int NT = D / 8;
     const int H = a.num_heads;
     if (parts == 1) {
@@ -451,7 +459,7 @@ __device__ __forceinline__ void pat_split_end(const PatArgs& a, const float (&o)
     const volatile float* po = a.part_out;
     const volatile float* pm = a.part_ml;
     for (int r = 0; r < G; ++r) {
-        const size_t row = (size_t)t * H + h0 + r;
+        const size_t row = ((size_t)t * H + h0 + r) * HALVES + half;
         for (int d = lane; d < D; d += 32) {
             float mm = pm[row * P * 2], ll = pm[row * P * 2 + 1], oo = po[row * P * D + d];
             for (int k = 1; k < parts; ++k) {
@@ -467,11 +475,54 @@ __device__ __forceinline__ void pat_split_end(const PatArgs& a, const float (&o)
     if (lane == 0) a.counters[(size_t)t * groups + group] = 0u;
 }
 
+// paged_attention_tc_d256 (head_dim 256: Gemma 2 and 3) is pat_job at D = 256, the same code
+// as d64 / d128, so the same per-row arithmetic, partitions and folds, with one difference in
+// where q lives: o alone is 128 f32 a lane there, and q's 64 fragment registers on top of it
+// spill, so the warp stages q once (bf16, rounded as the registers are) in a third 16-row
+// buffer after its two K/V stages, and reads each k16 step's A fragment back by ldmatrix (as
+// tc_deep does). Dynamic shared memory per warp: PatCfg<D>::WARP_ELEMS bf16.
+template <int D>
+struct PatCfg {
+    static constexpr bool Q_SMEM = D > 128;
+    static constexpr int HALVES = D > 128 ? 2 : 1;  // warp jobs a row's output dims are cut into
+    static constexpr int DV = D / HALVES;            // output dims a warp job holds
+    static constexpr int WARP_ELEMS = (Q_SMEM ? 3 : 2) * PAT_SUB * (D + 8);
+};
+
+// q of this lane's rows g and g + 8 rounded to bf16 (zero for a row with no keys) into q_s
+// [16][D + 8] (orow: the rows' output offsets, dv0 past the q rows); the warp's ldmatrix reads
+// follow the __syncwarp.
+template <int D>
+__device__ __forceinline__ void pat_stage_q(const PatArgs& a, bf16_t* q_s, const int (&ctx)[2], const size_t (&orow)[2], int dv0, int g, int c) {
+    for (int rr = 0; rr < 2; ++rr)
+        for (int n = 0; n < D / 8; ++n) {
+            const int col = n * 8 + 2 * c;
+            const size_t qrow = orow[rr] - dv0;
+            const u32 v = ctx[rr] > 0 ? pat_pack(a.q[qrow + col], a.q[qrow + col + 1]) : 0u;
+            *(u32*)(q_s + (g + 8 * rr) * (D + 8) + col) = v;
+        }
+    __syncwarp();
+}
+
+// The A fragment of k16 step ks from q_s: the same four registers pat_job builds from q.
+template <int D>
+__device__ __forceinline__ void pat_load_q(u32 (&qa)[4], const bf16_t* q_s, int ks, int lane) {
+    ldmatrix_x4(qa, q_s + (lane & 15) * (D + 8) + ks * 16 + (lane >> 4) * 8);
+#if TANDEM_PAT_BREAK == 1
+    const u32 t = qa[1];  // a1 and a2 swapped, as break 1 does to the register fragments
+    qa[1] = qa[2];
+    qa[2] = t;
+#endif
+}
+
 // The warp's rows: `nt` tokens from t0 (one sequence) x `G` heads from h0, of kv head kh.
 // part >= 0: a split job (one token, that partition); part < 0: a chunk job (every partition).
-template <int D>
-__device__ __forceinline__ void pat_job(const PatArgs& a, int t0, int nt, int kh, int h0, int G, int part, int group, int groups, bf16_t* stage) {
-    constexpr int PITCH = D + 8, KS = D / 16, NT = D / 8, CH = D / 8, STAGE = PAT_SUB * PITCH;
+// The job's output dims: [dv0, dv0 + DV) (all of them, but at d256: PatCfg).
+template <int D, int DV = D>
+__device__ __forceinline__ void pat_job(const PatArgs& a, int t0, int nt, int kh, int h0, int G, int part, int group, int groups, bf16_t* stage,
+                                        int dv0 = 0) {
+    constexpr int PITCH = D + 8, KS = D / 16, NT = DV / 8, CH = D / 8, CHV = DV / 8, STAGE = PAT_SUB * PITCH;
+    constexpr bool QS = PatCfg<D>::Q_SMEM;  // d256: q read from shared memory per k16 step
     const int lane = (int)threadIdx.x & 31, g = lane >> 2, c = lane & 3;
     const int H = a.num_heads;
     const u32 seq = a.token_seq[t0];
@@ -483,7 +534,7 @@ __device__ __forceinline__ void pat_job(const PatArgs& a, int t0, int nt, int kh
         const int r = g + 8 * rr;
         live[rr] = r < nt * G;
         const int t = t0 + (live[rr] ? r / G : 0), h = h0 + (live[rr] ? r % G : 0);
-        orow[rr] = ((size_t)t * H + h) * D;
+        orow[rr] = ((size_t)t * H + h) * D + dv0;
         const int cx = (int)min(a.positions[t], 0x7ffffffeu) + 1;
         const int lo_r = pa_first_key(cx, a.window), base_r = lo_r / PAT_TILE * PAT_TILE;
 #if TANDEM_PAT_BREAK == 4
@@ -526,7 +577,10 @@ __device__ __forceinline__ void pat_job(const PatArgs& a, int t0, int nt, int kh
     if (k_begin >= kend) return;  // warp-uniform: nothing of this job's keys exists
 
     // q rounded to bf16, as mma A fragments: a0 row g, a1 row g + 8, a2/a3 the same 8 dims on.
-    u32 qa[KS][4];
+    // At d256 (QS) staged once in shared memory instead, and read back per k16 step (below).
+    u32 qa[QS ? 1 : KS][4];
+    if constexpr (QS) pat_stage_q<D>(a, stage + 2 * STAGE, ctx, orow, dv0, g, c);
+    else
     for (int ks = 0; ks < KS; ++ks)
         for (int i = 0; i < 4; ++i) {
 #if TANDEM_PAT_BREAK == 1
@@ -554,16 +608,19 @@ __device__ __forceinline__ void pat_job(const PatArgs& a, int t0, int nt, int kh
         bad_keys[buf] = __ballot_sync(0xffffffffu, slot == -2);
         const bf16_t* cache = (st_i & 4) ? a.v_cache : a.k_cache;
         bf16_t* dst = stage + buf * STAGE;
-        for (int e = lane; e < PAT_SUB * CH; e += 32) {
-            const int key = e / CH, ch = e % CH;
+        const int nch = (st_i & 4) ? CHV : CH;  // V: the job's output dims only
+        const size_t off = head_off + ((st_i & 4) ? dv0 : 0);
+        for (int e = lane; e < PAT_SUB * nch; e += 32) {
+            const int key = e / nch, ch = e % nch;
             const int sl = __shfl_sync(0xffffffffu, slot, key);
-            const bf16_t* src = sl >= 0 ? cache + (size_t)sl * slot_stride + head_off + ch * 8 : cache;
+            const bf16_t* src = sl >= 0 ? cache + (size_t)sl * slot_stride + off + ch * 8 : cache;
             cp_async_cg16(dst + key * PITCH + ch * 8, src, sl >= 0 ? 16 : 0);
         }
         cp_async_commit();
     };
 
     float o[NT][4], S[8][4], m[2], l[2], macc[2], lacc[2];
+    u32 P[4][4];  // the tile's p rounded to bf16, as the PV mma's A fragments (sub-tile k)
     for (int i = 0; i < NT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
     m[0] = m[1] = macc[0] = macc[1] = neg_inf_f32();
     l[0] = l[1] = lacc[0] = lacc[1] = 0.0f;
@@ -596,8 +653,9 @@ __device__ __forceinline__ void pat_job(const PatArgs& a, int t0, int nt, int kh
                 u32 b[4];
                 ldmatrix_x4(b, src + ((j >> 1) * 8 + r8) * PITCH + ks * 16 + (j & 1) * 8);
                 const u32 b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-                mma_16816(bf16_t{}, S[2 * sub], qa[ks], b0);
-                mma_16816(bf16_t{}, S[2 * sub + 1], qa[ks], b1);
+                if constexpr (QS) pat_load_q<D>(qa[0], stage + 2 * STAGE, ks, lane);
+                mma_16816(bf16_t{}, S[2 * sub], qa[QS ? 0 : ks], b0);
+                mma_16816(bf16_t{}, S[2 * sub + 1], qa[QS ? 0 : ks], b1);
             }
             for (int n2 = 0; n2 < 2; ++n2)
                 for (int i = 0; i < 4; ++i) {
@@ -630,11 +688,12 @@ __device__ __forceinline__ void pat_job(const PatArgs& a, int t0, int nt, int kh
                         o[n][2 * rr + 1] *= alpha;
                     }
                 }
+                for (int k = 0; k < 4; ++k)
+                    for (int i = 0; i < 4; ++i) P[k][i] = pat_pack(S[2 * k + (i >> 1)][2 * (i & 1)], S[2 * k + (i >> 1)][2 * (i & 1) + 1]);
             }
         } else {
             // V stage: o += bf16(p) . V over these 16 keys (one k16 step), two dim tiles per ldmatrix.
-            const u32 pa[4] = {pat_pack(S[2 * sub][0], S[2 * sub][1]), pat_pack(S[2 * sub][2], S[2 * sub][3]),
-                               pat_pack(S[2 * sub + 1][0], S[2 * sub + 1][1]), pat_pack(S[2 * sub + 1][2], S[2 * sub + 1][3])};
+            const u32(&pa)[4] = P[sub];
             for (int np = 0; np < NT / 2; ++np) {
                 u32 b[4];
                 ldmatrix_x4_trans(b, src + ((j & 1) * 8 + r8) * PITCH + np * 16 + (j >> 1) * 8);
@@ -649,7 +708,7 @@ __device__ __forceinline__ void pat_job(const PatArgs& a, int t0, int nt, int kh
                     const bool last = ctx[rr] <= k0 + PAT_TILE;
                     if (!last && (k0 + PAT_TILE - base(rr)) % plen[rr] != 0) continue;
                     const bool first = k0 < base(rr) + plen[rr];
-                    pat_chunk_fold<D>(a, o, m, l, macc, lacc, orow, c, rr, first, last);
+                    pat_chunk_fold<DV>(a, o, m, l, macc, lacc, orow, c, rr, first, last);
                 }
             }
         }
@@ -662,7 +721,7 @@ __device__ __forceinline__ void pat_job(const PatArgs& a, int t0, int nt, int kh
     const int ctx_t = __shfl_sync(0xffffffffu, cx, 0);
     const int span_t = ctx_t - pa_first_key(ctx_t, a.window) / PAT_TILE * PAT_TILE;
     const int parts = (span_t + pat_part_len(span_t) - 1) / pat_part_len(span_t);
-    pat_split_end<D, TANDEM_PAT_BREAK == 3>(a, o, m, l, ctx, orow, c, lane, t, part, parts, h0, G, group, groups);
+    pat_split_end<DV, TANDEM_PAT_BREAK == 3, D / DV>(a, o, m, l, ctx, orow, c, lane, t, part, parts, h0, G, group, groups, dv0 / DV);
 }
 
 template <int D>
@@ -671,33 +730,37 @@ __device__ __forceinline__ void paged_attention_tc_impl(const PatArgs& a) {
     PDL_LAUNCH_DEPENDENTS();
     TANDEM_DYNAMIC_SMEM(smem_raw);
     const int warp = (int)threadIdx.x >> 5;
-    bf16_t* stage = (bf16_t*)smem_raw + (size_t)warp * 2 * PAT_SUB * (D + 8);
+    bf16_t* stage = (bf16_t*)smem_raw + (size_t)warp * PatCfg<D>::WARP_ELEMS;
     const int H = a.num_heads, KVH = a.num_kv_heads;
     if (KVH < 1 || H % KVH != 0 || a.tw < 1) return;
     const int gqa = H / KVH, HG = (gqa + 15) / 16, groups = KVH * HG;
     if (a.tw * min(gqa, 16) > 16) return;  // the host keeps a chunk's rows within one mma tile
+    // At d256 every job is two, one a half of the output dims (PatCfg): job groups vg = (head
+    // group, half), counted as groups of their own (counters, partial rows).
+    constexpr int HALVES = PatCfg<D>::HALVES, DV = PatCfg<D>::DV;
+    const int vgroups = groups * HALVES;
     const long wid = (long)blockIdx.x * PAT_WARPS + warp;
     const int rest = a.num_tokens - a.n_split;
-    const long chunk_jobs = (long)((rest + a.tw - 1) / a.tw) * groups;
-    const long split_jobs = (long)a.n_split * groups * a.max_parts;
+    const long chunk_jobs = (long)((rest + a.tw - 1) / a.tw) * vgroups;
+    const long split_jobs = (long)a.n_split * vgroups * a.max_parts;
     if (wid < chunk_jobs) {
-        const int chunk = (int)(wid / groups), grp = (int)(wid % groups), kh = grp / HG, hg = grp % HG;
+        const int chunk = (int)(wid / vgroups), vg = (int)(wid % vgroups), grp = vg / HALVES, kh = grp / HG, hg = grp % HG;
         const int G = min(16, gqa - hg * 16), h0 = kh * gqa + hg * 16;
         const int t_begin = a.n_split + chunk * a.tw, t_end = min(a.num_tokens, t_begin + a.tw);
         // One sequence at a time: the chunk may hold the end of one and the start of the next.
         for (int t0 = t_begin; t0 < t_end;) {
             int t1 = t0 + 1;
             while (t1 < t_end && a.token_seq[t1] == a.token_seq[t0]) ++t1;
-            pat_job<D>(a, t0, t1 - t0, kh, h0, G, -1, grp, groups, stage);
+            pat_job<D, DV>(a, t0, t1 - t0, kh, h0, G, -1, vg, vgroups, stage, vg % HALVES * DV);
             t0 = t1;
         }
         return;
     }
     const long sj = wid - chunk_jobs;
     if (sj >= split_jobs) return;
-    const int part = (int)(sj % a.max_parts), grp = (int)(sj / a.max_parts % groups), t = (int)(sj / a.max_parts / groups);
-    const int kh = grp / HG, hg = grp % HG;
-    pat_job<D>(a, t, 1, kh, kh * gqa + hg * 16, min(16, gqa - hg * 16), part, grp, groups, stage);
+    const int part = (int)(sj % a.max_parts), vg = (int)(sj / a.max_parts % vgroups), t = (int)(sj / a.max_parts / vgroups);
+    const int grp = vg / HALVES, kh = grp / HG, hg = grp % HG;
+    pat_job<D, DV>(a, t, 1, kh, kh * gqa + hg * 16, min(16, gqa - hg * 16), part, vg, vgroups, stage, vg % HALVES * DV);
 }
 
 #define PAT_KERNEL(D)                                                                                                  \
@@ -715,6 +778,7 @@ __device__ __forceinline__ void paged_attention_tc_impl(const PatArgs& a) {
     }
 PAT_KERNEL(64)
 PAT_KERNEL(128)
+PAT_KERNEL(256)
 
 // ---------------------------------------------------------------------------------------------
 // paged_attention_tc_deep_d{64,128} (TANDEM_CUDA_ATTENTION=tc_deep; `tc` above stays the

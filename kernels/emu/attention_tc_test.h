@@ -1,4 +1,4 @@
-// attention_tc_test.h — paged_attention_tc_d{64,128} and its variant paged_attention_tc_deep_d{64,128}
+// attention_tc_test.h — paged_attention_tc_d{64,128,256} and its variant paged_attention_tc_deep_d{64,128}
 // (kernels/paged_attention.cu) on the emulator: against an f64 reference within a derived bound,
 // and bit for bit across the ways a token can be served (a split job or a chunk job, any chunk
 // width, alone or in any batch). Every check runs once per variant (`Variant`).
@@ -77,25 +77,29 @@ using PatKernel = void (*)(const float*, const bf16_t*, const bf16_t*, const u32
 // block, partitions at most (pat_max_parts), dynamic shared memory; `shared`: tc_shared's grid
 // (chunk blocks of PATS_WARPS * tw tokens, then split blocks of PAT_WARPS jobs), run with the
 // emulator's warps drifting apart between block barriers (emu::warp_greedy).
+// d256: null where the variant has none (its cases are skipped). halves(D): the warp jobs a
+// row's output dims are cut into (tc at d256: 2; each half counts and keeps partials as a row).
 struct Variant {
     const char* name;
-    PatKernel d64, d128;
+    PatKernel d64, d128, d256;
     int warps, splits;
     size_t (*smem)(int D);
+    int (*halves)(int D);
     bool shared = false;
 };
 inline Variant tc() {
-    return {"paged_attention_tc", paged_attention_tc_d64, paged_attention_tc_d128, PAT_WARPS, PAT_SPLITS,
-            [](int D) { return (size_t)PAT_WARPS * 2 * PAT_SUB * (D + 8) * 2; }};
+    return {"paged_attention_tc", paged_attention_tc_d64, paged_attention_tc_d128, paged_attention_tc_d256, PAT_WARPS, PAT_SPLITS,
+            [](int D) { return (size_t)PAT_WARPS * (D > 128 ? 3 : 2) * PAT_SUB * (D + 8) * 2; }, [](int D) { return D > 128 ? 2 : 1; }};
 }
 inline Variant tc_deep() {
-    return {"paged_attention_tc_deep", paged_attention_tc_deep_d64, paged_attention_tc_deep_d128, 1, PATD_SPLITS,
-            [](int D) { return (size_t)(D == 64 ? PatdCfg<64>::SMEM : PatdCfg<128>::SMEM); }};
+    return {"paged_attention_tc_deep", paged_attention_tc_deep_d64, paged_attention_tc_deep_d128, nullptr, 1, PATD_SPLITS,
+            [](int D) { return (size_t)(D == 64 ? PatdCfg<64>::SMEM : PatdCfg<128>::SMEM); }, [](int) { return 1; }};
 }
 inline Variant tc_shared() {
-    return {"paged_attention_tc_shared", paged_attention_tc_shared_d64, paged_attention_tc_shared_d128, PATS_WARPS, PAT_SPLITS,
-            [](int D) { return (size_t)(D == 64 ? PatsCfg<64>::SMEM : PatsCfg<128>::SMEM); }, true};
+    return {"paged_attention_tc_shared", paged_attention_tc_shared_d64, paged_attention_tc_shared_d128, nullptr, PATS_WARPS, PAT_SPLITS,
+            [](int D) { return (size_t)(D == 64 ? PatsCfg<64>::SMEM : PatsCfg<128>::SMEM); }, [](int) { return 1; }, true};
 }
+inline PatKernel kernel_of(const Variant& v, int D) { return D == 64 ? v.d64 : D == 128 ? v.d128 : v.d256; }
 
 // The host's bound on partitions (crates/cuda/src/attention.rs, pat_max_parts).
 inline int max_parts(const Variant& v, int max_ctx) { return std::max(1, std::min(v.splits, (max_ctx + PAT_MIN_PART - 1) / PAT_MIN_PART)); }
@@ -118,10 +122,10 @@ inline std::vector<float> run(const Variant& var, const Data& d, int n_split, in
     n_split = std::min(n_split, T);
     int max_ctx = 1;
     for (unsigned p : pos) max_ctx = std::max(max_ctx, (int)p + 1);
-    const int parts = max_parts(var, max_ctx), HG = (c.gqa + 15) / 16, groups = c.kvh * HG;
+    const int parts = max_parts(var, max_ctx), HG = (c.gqa + 15) / 16, halves = var.halves(c.D), groups = c.kvh * HG * halves;
     if (tw == 0) tw = 16 / std::min(c.gqa, 16);
     std::vector<float> out((size_t)T * row, NAN), po((size_t)std::max(n_split, 1) * d.H * parts * c.D, NAN),
-        pm((size_t)std::max(n_split, 1) * d.H * parts * 2, NAN);
+        pm((size_t)std::max(n_split, 1) * d.H * halves * parts * 2, NAN);
     std::vector<u32> counters((size_t)std::max(n_split, 1) * groups, 0);
     const long warps = (long)((T - n_split + tw - 1) / tw) * groups + (long)n_split * groups * parts;
     const long split_jobs = (long)n_split * groups * parts, bt = (long)PATS_WARPS * tw;
@@ -131,7 +135,7 @@ inline std::vector<float> run(const Variant& var, const Data& d, int n_split, in
     const size_t smem = var.smem(c.D);
     const float scale = 1.0f / std::sqrt((float)c.D);
     launch(dim3{blocks, 1, 1}, dim3{(unsigned)var.warps * 32, 1, 1}, [&] {
-        auto f = c.D == 64 ? var.d64 : var.d128;
+        auto f = kernel_of(var, c.D);
         f(q.data(), d.k.data(), d.v.data(), pos.data(), tseq.data(), d.tables.data(), out.data(), po.data(), pm.data(), counters.data(), T, n_split,
           d.H, c.kvh, c.bs, d.num_blocks, d.S, d.max_blocks, parts, tw, scale, c.window);
     }, smem);
@@ -250,12 +254,21 @@ inline std::vector<Case> cases() {
         {16, 1, 4, 64, {{2042, 20}}},                                    // tc_deep's partition length changes (2048 -> 2049 keys) inside a chunk
         {32, 1, 2, 128, {{5000, 1}, {700, 9}}},                          // head_dim 128, many ring turns (tc: 16 x 320, tc_deep: 27 x 192)
         {16, 2, 2, 64, {{0, 70}, {33, 45}, {7, 1}}},                    // prefills from 0 and over a prefix (tc_shared: blocks of 32 tokens, one across two sequences)
+        // head_dim 256 (Gemma 2 and 3; tc only): decodes mid-block and over 11 partitions, GQA
+        // 4 and 2, block 32, prefill chunks over a prefix, a chunk whose partition length
+        // changes (1024 -> 1025 keys), sliding windows (Gemma 3's local layers, scaled down).
+        {16, 1, 4, 256, {{0, 1}, {14, 1}, {99, 1}, {700, 1}, {40, 9}}},
+        {32, 2, 2, 256, {{20, 13}, {5, 40}, {33, 1}}},
+        {16, 1, 2, 256, {{1015, 12}}},
+        {16, 1, 4, 256, {{0, 1}, {90, 1}, {300, 1}, {250, 20}}, -1, 128},
+        {32, 1, 2, 256, {{700, 1}, {600, 11}}, -1, 512},
     };
 }
 
 inline void run_all(const Variant& var, const Check& check) {
     const std::string vn = var.name;
     for (const Case& c : cases()) {
+        if (!kernel_of(var, c.D)) continue;
         const Data d = build(c);
         const int lead = leading_decodes(d);
         std::vector<double> want, bound;
@@ -299,7 +312,8 @@ inline void run_all(const Variant& var, const Check& check) {
 
     // A bad block id (sequence 1's second block): NaN for the tokens whose context reaches it,
     // the other sequences' tokens untouched (bitwise equal to a clean run).
-    for (int D : {64, 128}) {
+    for (int D : {64, 128, 256}) {
+        if (!kernel_of(var, D)) continue;
         Case c{16, 2, 4, D, {{3, 1}, {10, 12}, {40, 1}}};
         const Data clean = build(c);
         c.bad_block_seq = 1;

@@ -212,7 +212,9 @@ pub fn cuda_tests(root: &Path, env: &FakeEnv) -> Result<Counts> {
 /// scaled embedding, sandwich norms, two ropes and a window; tiny-hd128 once more with
 /// `TANDEM_CUDA_ATTENTION=tc_deep`, and with `TANDEM_CUDA_PDL=1`, as is the op suite;
 /// tiny-mistral-hd128, a window of 16 keys on the tensor-core attention, with `tc_deep` and
-/// `tc_shared` (its shared-memory opt-in too)), and
+/// `tc_shared` (its shared-memory opt-in too); tiny-gemma3-hd256 and the op suite's
+/// head_dim-256 attention cases with `TANDEM_CUDA_ATTENTION_D256=tc`: the tensor-core attention
+/// at head_dim 256), and
 /// `tandem serve` answering requests ([`serve_check`]) and preempting over HTTP
 /// ([`preempt_check`]). Each `tandem` command counts as one test. `tandem`: a binary already
 /// built (a workspace `cargo test` builds one; building `-p tandem-cli` alone resolves other
@@ -254,7 +256,12 @@ pub fn group(root: &Path, tandem: Option<PathBuf>) -> Result<Counts> {
             ["TANDEM_CUDA_GEMM_LARGE=wgmma", "test-ops", "--backend", "cuda", "--op", cases, "--seed", &seed].map(String::from).to_vec(),
         ));
     }
-    for shape in ["tiny-hd128", "small-hd64", "tiny-qwen3", "tiny-qwen3-moe", "tiny-gemma3", "tiny-mistral-hd128"] {
+    // paged_attention_tc_d256 (off by default): the suite's head_dim-256 attention cases.
+    commands.push((
+        "attention at head_dim 256 on cuda, TANDEM_CUDA_ATTENTION_D256=tc".into(),
+        ["TANDEM_CUDA_ATTENTION_D256=tc", "test-ops", "--backend", "cuda", "--op", "head_dim=256", "--seed", &seed].map(String::from).to_vec(),
+    ));
+    for shape in ["tiny-hd128", "small-hd64", "tiny-qwen3", "tiny-qwen3-moe", "tiny-gemma3", "tiny-mistral-hd128", "tiny-gemma3-hd256"] {
         let dir = models.join(shape);
         if !dir.join("config.json").exists() {
             let st = Command::new(&tandem).args(["gen-model", "--shape", shape, "--out"]).arg(&dir).status()?;
@@ -275,6 +282,14 @@ pub fn group(root: &Path, tandem: Option<PathBuf>) -> Result<Counts> {
                 cmd.extend(args.clone());
                 commands.push((format!("compare cuda (attention {v}) vs reference, {shape}"), cmd));
             }
+            continue;
+        }
+        if shape == "tiny-gemma3-hd256" {
+            // Only with the head_dim-256 tensor-core attention (its default, the f32 kernel,
+            // serves every other head size in the compares above).
+            let mut d256 = vec!["TANDEM_CUDA_ATTENTION_D256=tc".to_string()];
+            d256.extend(args);
+            commands.push((format!("compare cuda (attention tc at head_dim 256) vs reference, {shape}"), d256));
             continue;
         }
         commands.push((format!("compare cuda vs reference, {shape}"), args.clone()));

@@ -412,6 +412,11 @@ pub fn cases() -> Vec<Case> {
         (32, 1, 4, 128, vec![p(1000, 24), d(513), d(2)]),
         (32, 1, 4, 128, vec![d(1024), d(3)]),
         (16, 2, 3, 128, vec![d(512), d(5)]),
+        // Head_dim 256 (Gemma 2 and 3; the CUDA backend's tc_d256 under
+        // TANDEM_CUDA_ATTENTION_D256=tc): Gemma 3 1B's 4 heads over 1 KV head, decodes mid-block
+        // and over several partitions; prefill chunks over a prefix beside a decode, GQA 2.
+        (16, 1, 4, 256, vec![d(1), d(17), d(100), d(700)]),
+        (32, 2, 2, 256, vec![p(20, 13), p(5, 40), d(33)]),
     ];
     for (block_size, kv_heads, gqa, head_dim, seqs) in attention {
         v.push(Case::new(PagedAttention { block_size, kv_heads, gqa, head_dim, seqs, spare_blocks: 3, window: 0 }, Spec::PagedAttention));
@@ -424,6 +429,8 @@ pub fn cases() -> Vec<Case> {
         (32, 1, 4, 128, vec![d(1100), p(1000, 24), d(2)], 600),
         (16, 2, 1, 128, vec![p(20, 70), d(64), d(65)], 64),
         (16, 1, 2, 64, vec![p(3, 9), d(40)], 1),
+        // Gemma 3's local layers (window 512) at head_dim 256.
+        (16, 1, 2, 256, vec![d(5), p(500, 30), d(700)], 512),
     ];
     for (block_size, kv_heads, gqa, head_dim, seqs, window) in windowed {
         v.push(Case::new(PagedAttention { block_size, kv_heads, gqa, head_dim, seqs, spare_blocks: 3, window }, Spec::PagedAttention));

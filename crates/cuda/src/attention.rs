@@ -6,9 +6,12 @@
 //! pipeline, one warp a block, up to 32 partitions; the sliding window as tc's);
 //! `=tc_shared` for `paged_attention_tc_shared_d64` / `_d128` (prefill chunks by blocks of 4
 //! warps over consecutive tokens of one sequence sharing each 64-key K/V tile, loaded once
-//! through a multi-stage cp.async ring; tc's bits; decodes as tc); `=f32` keeps the f32 kernel. Which one
-//! serves a model depends only on the model, the cache type and that switch, never on the step,
-//! so a token's bits never follow the batch.
+//! through a multi-stage cp.async ring; tc's bits; decodes as tc); `=f32` keeps the f32 kernel.
+//! Head_dim 256 (Gemma 2 and 3) runs the f32 kernel unless `TANDEM_CUDA_ATTENTION_D256=tc`
+//! picks `paged_attention_tc_d256` (tc's arithmetic; tc_deep and tc_shared have no d256 and
+//! `f32` above still wins) — the default stays `partial` until a GPU times both.
+//! Which one serves a model depends only on the model, the cache type and those switches,
+//! never on the step, so a token's bits never follow the batch.
 //! A child module of `backend`, so it shares that module's private helpers.
 
 use cudarc::driver::{CudaSlice, LaunchConfig};
@@ -58,6 +61,10 @@ const PAT_WARPS: usize = 4;
 const PAT_SUB: usize = 16;
 const PAT_MIN_PART: usize = 64;
 const PAT_SPLITS: usize = 16;
+
+/// paged_attention_tc_d256's dynamic shared memory per 4-warp block (PatCfg<256>::WARP_ELEMS
+/// bf16 a warp: two K/V stages and q, of 16 rows of 256 + 8), over 48 KiB: opted in at load.
+pub(super) const PAT_SMEM_D256: usize = PAT_WARPS * 3 * PAT_SUB * (256 + 8) * 2;
 
 /// The tc_deep variant's partitions at most (PATD_SPLITS), and its dynamic shared memory per
 /// one-warp block (PatdCfg<D>::SMEM: 8 stages at head_dim 64, 6 at 128).
@@ -116,10 +123,55 @@ fn variant() -> AttnVariant {
     *variant_setting().as_ref().unwrap_or(&AttnVariant::Tc)
 }
 
+/// The kernel `TANDEM_CUDA_ATTENTION_D256` picks at head_dim 256 (read once; a bad value fails
+/// the backend's load, [`check_d256`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum D256Variant {
+    /// paged_attention_partial (the default until a GPU measures both).
+    Partial,
+    /// paged_attention_tc_d256.
+    Tc,
+}
+
+fn parse_d256(v: Option<&str>) -> std::result::Result<D256Variant, String> {
+    match v.unwrap_or("") {
+        "" | "partial" => Ok(D256Variant::Partial),
+        "tc" => Ok(D256Variant::Tc),
+        x => Err(format!("TANDEM_CUDA_ATTENTION_D256={x}: one of partial (the default), tc")),
+    }
+}
+
+fn d256_setting() -> &'static std::result::Result<D256Variant, String> {
+    static V: std::sync::OnceLock<std::result::Result<D256Variant, String>> = std::sync::OnceLock::new();
+    V.get_or_init(|| parse_d256(std::env::var("TANDEM_CUDA_ATTENTION_D256").ok().as_deref()))
+}
+/// The head_dim 256 choice, or the error naming a bad TANDEM_CUDA_ATTENTION_D256 value
+/// (checked at load).
+pub(super) fn check_d256() -> Result<D256Variant> {
+    d256_setting().clone().map_err(err)
+}
+
 /// Whether a tensor-core kernel serves a cache of this kind (`need_kv`'s index: 1 is bf16)
 /// and head size. `TANDEM_CUDA_ATTENTION=f32` keeps the f32 kernel (the kernel lab compares).
 fn uses_tc(kv: usize, head_dim: usize) -> bool {
-    kv == 1 && (head_dim == 64 || head_dim == 128) && variant() != AttnVariant::F32
+    uses_tc_with(kv, head_dim, variant(), *d256_setting().as_ref().unwrap_or(&D256Variant::Partial))
+}
+fn uses_tc_with(kv: usize, head_dim: usize, v: AttnVariant, d256: D256Variant) -> bool {
+    let sized = head_dim == 64 || head_dim == 128 || (head_dim == 256 && d256 == D256Variant::Tc);
+    kv == 1 && sized && v != AttnVariant::F32
+}
+
+/// The tensor-core variant serving `head_dim` under the `TANDEM_CUDA_ATTENTION` value `v`: only
+/// tc has a head_dim-256 kernel, so tc_deep and tc_shared run tc there (a model's kernel is
+/// fixed by its head size, so each token's bits still follow its own context alone).
+fn tc_variant(v: AttnVariant, head_dim: usize) -> AttnVariant {
+    if head_dim == 256 { AttnVariant::Tc } else { v }
+}
+
+/// Warp jobs a row's output dims are cut into by tc (PatCfg<D>::HALVES: 2 at head_dim 256,
+/// each half with its own partial row and arrival counter).
+fn tc_halves(head_dim: usize) -> usize {
+    if head_dim > 128 { 2 } else { 1 }
 }
 
 /// Partitions at most of the tensor-core kernel in use, for contexts up to `ctx` keys.
@@ -133,12 +185,13 @@ fn tc_max_parts(ctx: usize, v: AttnVariant) -> usize {
 pub(super) fn workspace(l: &WorkspaceLimits) -> (usize, usize, usize) {
     let ctx = l.max_context.max(1);
     if uses_tc(usize::from(l.kv_dtype == KvDtype::Bf16), l.head_dim) {
-        let parts = tc_max_parts(ctx, variant());
+        let parts = tc_max_parts(ctx, tc_variant(variant(), l.head_dim));
         if parts == 1 {
             return (0, 0, 0);
         }
         let rows = l.max_seqs * l.num_heads * parts;
-        return (rows * l.head_dim * 4, rows * 2 * 4, l.max_seqs * l.num_heads * 4);
+        let halves = tc_halves(l.head_dim);
+        return (rows * l.head_dim * 4, rows * halves * 2 * 4, l.max_seqs * l.num_heads * halves * 4);
     }
     let parts = pa_max_parts(ctx);
     if parts == 1 {
@@ -176,7 +229,7 @@ impl CudaBackend {
         i32_of(a.max_blocks * g.block_size, OP, "max_blocks*block_size")?;
         let kv = need_kv(a.k_cache, a.v_cache, g, OP)?;
         if uses_tc(kv, d) {
-            return self.attention_tc(a, out, usize::from(d == 128));
+            return self.attention_tc(a, out, usize::from(d == 128) + 2 * usize::from(d == 256));
         }
         let partial = &self.kernels.attn_partial[kv];
         let parts = pa_max_parts(a.max_context.max(1));
@@ -244,7 +297,7 @@ impl CudaBackend {
         self.launched(partial.name, r)
     }
 
-    /// paged_attention_tc_d64 / _d128 (`kernel` 0 / 1), or the tc_deep variant's: the first
+    /// paged_attention_tc_d64 / _d128 / _d256 (`kernel` 0 / 1 / 2), or the tc_deep variant's: the first
     /// `decode_tokens` tokens as split jobs (as many as the scratch holds: fewer changes no bit,
     /// only how the work is cut), the rest a chunk of `16 / min(gqa, 16)` tokens a warp. The
     /// caller has checked the arguments.
@@ -253,9 +306,11 @@ impl CudaBackend {
         let g = a.geometry;
         let (t, h, kvh, d) = (a.num_tokens, a.num_heads, g.num_kv_heads, g.head_dim);
         let gqa = h / kvh;
-        let groups = kvh * gqa.div_ceil(16);
+        // At head_dim 256 each (token, head group) is two warp jobs, one a half of the output
+        // dims, counted as groups of their own.
+        let groups = kvh * gqa.div_ceil(16) * tc_halves(d);
         let tw = 16 / gqa.min(16);
-        let var = variant();
+        let var = tc_variant(variant(), d);
         let deep = var == AttnVariant::TcDeep;
         let shared = var == AttnVariant::TcShared;
         // The partition count (the split jobs' stride) follows the context bound alone: fixed
@@ -268,7 +323,7 @@ impl CudaBackend {
             _ => &self.kernels.attn_tc[kernel],
         };
         let mut s = self.scratch.lock().map_err(|_| err(format!("{OP}: scratch lock poisoned by an earlier panic")))?;
-        let (out_b, ml_b, cnt_b) = (h * parts * d * 4, h * parts * 2 * 4, groups * 4);
+        let (out_b, ml_b, cnt_b) = (h * parts * d * 4, h * tc_halves(d) * parts * 2 * 4, groups * 4);
         if parts > 1 && n_split > 0 {
             if s.fixed {
                 let cap = |b: &Option<CudaSlice<u8>>, per: usize| b.as_ref().map_or(0, |b| b.len() / per);
@@ -326,13 +381,14 @@ impl CudaBackend {
         let smem = match var {
             AttnVariant::TcDeep => PATD_SMEM[kernel],
             AttnVariant::TcShared => PATS_SMEM[kernel],
+            _ if d == 256 => PAT_SMEM_D256,
             _ => PAT_WARPS * 2 * PAT_SUB * (d + 8) * 2,
         } as u32;
         let launch = LaunchConfig { grid_dim: (blocks.max(1), 1, 1), block_dim: ((per_block * 32) as u32, 1, 1), shared_mem_bytes: smem };
         // SAFETY: the argument list matches paged_attention_tc's; partials sized for
         // [n_split, H, parts, D] and [n_split, H, parts, 2], counters for [n_split, groups]
         // (zeroed, and left zero by every launch); dynamic shared memory as the kernel's blocks
-        // use (tc_deep at head_dim 128 and tc_shared past 48 KiB: opted in at load).
+        // use (tc_deep at head_dim 128, tc_shared, and tc at 256 past 48 KiB: opted in at load).
         let r = unsafe { l.launch(launch) };
         self.launched(k.name, r)
     }
@@ -401,6 +457,30 @@ mod partition_tests {
         assert!(parse_variant(Some("deep")).unwrap_err().contains("tc_deep"));
     }
 
+    /// TANDEM_CUDA_ATTENTION_D256's values, a bad one named; which kernel serves head_dim 256
+    /// under each combination (partial by default; tc_deep has no d256 and runs tc; f32 wins).
+    #[test]
+    fn head_dim_256_switch() {
+        assert_eq!(parse_d256(None), Ok(D256Variant::Partial));
+        assert_eq!(parse_d256(Some("partial")), Ok(D256Variant::Partial));
+        assert_eq!(parse_d256(Some("tc")), Ok(D256Variant::Tc));
+        assert!(parse_d256(Some("tc_deep")).unwrap_err().contains("TANDEM_CUDA_ATTENTION_D256=tc_deep: one of partial"));
+        assert!(!uses_tc_with(1, 256, AttnVariant::Tc, D256Variant::Partial));
+        assert!(uses_tc_with(1, 256, AttnVariant::Tc, D256Variant::Tc));
+        assert!(uses_tc_with(1, 256, AttnVariant::TcDeep, D256Variant::Tc));
+        assert!(!uses_tc_with(1, 256, AttnVariant::F32, D256Variant::Tc));
+        assert!(!uses_tc_with(0, 256, AttnVariant::Tc, D256Variant::Tc), "an f32 cache keeps the f32 kernel");
+        assert!(!uses_tc_with(1, 96, AttnVariant::Tc, D256Variant::Tc));
+        assert!(uses_tc_with(1, 128, AttnVariant::Tc, D256Variant::Partial), "the switch leaves 64 and 128 alone");
+        assert_eq!(tc_variant(AttnVariant::TcDeep, 256), AttnVariant::Tc);
+        assert_eq!(tc_variant(AttnVariant::TcShared, 256), AttnVariant::Tc);
+        assert_eq!(tc_variant(AttnVariant::TcDeep, 128), AttnVariant::TcDeep, "tc_deep takes the window itself now");
+        assert_eq!(tc_variant(AttnVariant::TcShared, 64), AttnVariant::TcShared);
+        // Four warps of (two K/V stages + q) x 16 rows x (256 + 8) bf16: past 48 KiB.
+        assert_eq!(PAT_SMEM_D256, 101_376);
+        assert_eq!((tc_halves(64), tc_halves(128), tc_halves(256)), (1, 1, 2));
+    }
+
     /// tc_deep's `patd_part_len`, mirrored: at most PATD_SPLITS partitions, what the host
     /// launches; the same 64-key partitions as tc up to 1024 keys (the same bits), twice as
     /// many past 2048; and its shared memory is what the kernel's PatdCfg computes.
@@ -443,5 +523,10 @@ mod partition_tests {
         assert_eq!(workspace(&f32).0, 2048 * 32 * 256 * 64 * 4);
         // head_dim 96 has no tensor-core kernel: the f32 kernel's scratch.
         assert_eq!(workspace(&WorkspaceLimits { head_dim: 96, ..l }).2, 2048 * 32 * 4);
+        // head_dim 256 under the default (TANDEM_CUDA_ATTENTION_D256 unset in tests): the f32
+        // kernel's scratch too.
+        if std::env::var_os("TANDEM_CUDA_ATTENTION_D256").is_none() {
+            assert_eq!(workspace(&WorkspaceLimits { head_dim: 256, ..l }).2, 2048 * 32 * 4);
+        }
     }
 }

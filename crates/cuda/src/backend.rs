@@ -347,7 +347,7 @@ struct Kernels<F> {
     kv_write: [Kernel<F>; 2],
     rope_kv_write: [Kernel<F>; 2],
     attn_partial: [Kernel<F>; 2],
-    attn_tc: [Kernel<F>; 2],
+    attn_tc: [Kernel<F>; 3],
     attn_tc_deep: [Kernel<F>; 2],
     attn_tc_shared: [Kernel<F>; 2],
     argmax: Kernel<F>,
@@ -437,7 +437,7 @@ impl<F> Kernels<F> {
             kv_write: [k("kv_write_f32")?, k("kv_write_bf16")?],
             rope_kv_write: [k("rope_kv_write_f32")?, k("rope_kv_write_bf16")?],
             attn_partial: [k("paged_attention_partial_f32")?, k("paged_attention_partial_bf16")?],
-            attn_tc: [k("paged_attention_tc_d64")?, k("paged_attention_tc_d128")?],
+            attn_tc: [k("paged_attention_tc_d64")?, k("paged_attention_tc_d128")?, k("paged_attention_tc_d256")?],
             attn_tc_deep: [k("paged_attention_tc_deep_d64")?, k("paged_attention_tc_deep_d128")?],
             attn_tc_shared: [k("paged_attention_tc_shared_d64")?, k("paged_attention_tc_shared_d128")?],
             argmax: k("argmax")?,
@@ -663,7 +663,15 @@ impl CudaBackend {
                     .map_err(drv(&format!("{}: {bytes} bytes of shared memory", kern.name)))?;
             }
         }
+        // So does tc at head_dim 256 (four warps, each with a third buffer for q).
+        let d256 = &kernels.attn_tc[2];
+        d256.f
+            .set_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, attention::PAT_SMEM_D256 as i32)
+            .map_err(drv(&format!("{}: {} bytes of shared memory", d256.name, attention::PAT_SMEM_D256)))?;
         let attn_variant = attention::check_variant()?;
+        if attention::check_d256()? != attention::D256Variant::Partial {
+            tracing::info!("cuda: attention at head_dim 256 on the tensor cores (TANDEM_CUDA_ATTENTION_D256=tc)");
+        }
         if attn_variant != attention::AttnVariant::Tc {
             tracing::info!("cuda: attention {attn_variant:?} (TANDEM_CUDA_ATTENTION)");
         }
@@ -1563,7 +1571,7 @@ mod kernel_table_tests {
         let names = kernel_names();
         let unique: std::collections::BTreeSet<_> = names.iter().collect();
         assert_eq!(unique.len(), names.len(), "{names:?}");
-        assert_eq!(names.len(), 81); // 50 + 11 routed-MoE + 6 decode GEMM + 8 sampler/argmax + 2 tc_deep and 2 tc_shared attention variants + gelu_tanh_mul and scale (Gemma 3)
+        assert_eq!(names.len(), 82); // 50 + 11 routed-MoE + 6 decode GEMM + 8 sampler/argmax + 2 tc_deep and 2 tc_shared attention variants + gelu_tanh_mul and scale (Gemma 3) + tc attention at head_dim 256
         let k = Kernels::<&'static str>::resolve(Ok).unwrap();
         assert_eq!(k.embedding.map(|x| x.f), ["embedding_f32", "embedding_bf16", "embedding_f16"]);
         assert_eq!([Elem::F32, Elem::BF16, Elem::F16].map(|e| k.rms_norm[weight_index(e)].f), ["rms_norm_f32", "rms_norm_bf16", "rms_norm_f16"]);
@@ -1576,7 +1584,7 @@ mod kernel_table_tests {
         assert_eq!(k.matmul_x[weight_index(Elem::BF16) - 1].f, "matmul_x_bf16");
         assert_eq!((k.kv_write[0].f, k.kv_write[1].f), ("kv_write_f32", "kv_write_bf16"));
         assert_eq!((k.attn_partial[0].f, k.attn_partial[1].f), ("paged_attention_partial_f32", "paged_attention_partial_bf16"));
-        assert_eq!((k.attn_tc[0].f, k.attn_tc[1].f), ("paged_attention_tc_d64", "paged_attention_tc_d128"));
+        assert_eq!(k.attn_tc.map(|x| x.f), ["paged_attention_tc_d64", "paged_attention_tc_d128", "paged_attention_tc_d256"]);
         // moe.rs indexes gemm_tc by [bf16, f16][m16, m64].
         assert_eq!(k.moe.gemm_tc.map(|r| r.map(|x| x.f)), [["moe_gemm_bf16_m16", "moe_gemm_bf16_m64"], ["moe_gemm_f16_m16", "moe_gemm_f16_m64"]]);
     }

@@ -61,6 +61,9 @@ pub enum Shape {
     /// linear scaling 8), heads of 32 apart from hidden / heads, `query_pre_attn_scalar` 24 (not
     /// head_dim), GeGLU, sandwich norms stored as `w - 1`, tied, eps 1e-6.
     TinyGemma3,
+    /// tiny-gemma3 with Gemma 3's head size: 4 heads / 1 KV head of 256 (hidden 64), so the
+    /// head_dim-256 attention kernels run in a model small enough for the fake CUDA driver.
+    TinyGemma3Hd256,
     /// Gemma 3 1B: 26 layers of hidden 1152, 4 heads / 1 KV head of 256, GeGLU of 6912, a
     /// 262,144-token vocabulary (tied), windows of 512 on five layers of every six, rope 1e4 /
     /// 1e6 unscaled (2.0 GB in bf16).
@@ -68,7 +71,7 @@ pub enum Shape {
 }
 
 impl Shape {
-    pub const ALL: [Shape; 17] = [
+    pub const ALL: [Shape; 18] = [
         Shape::Tiny,
         Shape::TinyTied,
         Shape::TinyHd128,
@@ -85,6 +88,7 @@ impl Shape {
         Shape::TinyMistralHd128,
         Shape::TinyQwen2,
         Shape::TinyGemma3,
+        Shape::TinyGemma3Hd256,
         Shape::Gemma3_1b,
     ];
 
@@ -106,6 +110,7 @@ impl Shape {
             Shape::TinyMistralHd128 => "tiny-mistral-hd128",
             Shape::TinyQwen2 => "tiny-qwen2",
             Shape::TinyGemma3 => "tiny-gemma3",
+            Shape::TinyGemma3Hd256 => "tiny-gemma3-hd256",
             Shape::Gemma3_1b => "gemma-3-1b",
         }
     }
@@ -166,6 +171,9 @@ impl Shape {
             Shape::TinyMistralHd128 => Dims { arch: Family::Mistral, window: 16, ..Shape::TinyHd128.dims() },
             Shape::TinyQwen2 => Dims { arch: Family::Qwen2, tied: true, rope_theta: 1000000.0, rms_eps: 1e-6, window: 16, window_from: 1, ..base },
             Shape::TinyGemma3 => Dims { arch: Family::Gemma3, head_dim: 32, tied: true, rope_theta: 1000000.0, rms_eps: 1e-6, window: 16, ..base },
+            Shape::TinyGemma3Hd256 => {
+                Dims { arch: Family::Gemma3, heads: 4, kv_heads: 1, head_dim: 256, tied: true, rope_theta: 1000000.0, rms_eps: 1e-6, window: 16, ..base }
+            }
             Shape::Gemma3_1b => Dims {
                 arch: Family::Gemma3, vocab: 262144, hidden: 1152, intermediate: 6912, layers: 26, heads: 4, kv_heads: 1, head_dim: 256,
                 tied: true, rope_theta: 1000000.0, rms_eps: 1e-6, max_pos: 32768, window: 512, ..base
@@ -431,7 +439,7 @@ fn config_json(shape: Shape, d: &Dims, dtype: DType) -> serde_json::Value {
             c.as_object_mut().map(|o| o.remove("hidden_act"));
             c["sliding_window"] = json!(d.window);
             c["rope_local_base_freq"] = json!(10000.0);
-            if shape == Shape::TinyGemma3 {
+            if matches!(shape, Shape::TinyGemma3 | Shape::TinyGemma3Hd256) {
                 // Each setting apart from its default, so the golden tells it missing.
                 c["query_pre_attn_scalar"] = json!(24);
                 c["layer_types"] = json!(["sliding_attention", "full_attention"]);

@@ -34,7 +34,7 @@ use crate::backends::BackendKind;
 pub struct Args {
     #[arg(long, value_enum, default_value_t = BackendKind::Cuda)]
     backend: BackendKind,
-    /// Model shape: llama-3.2-1b, llama-3.1-8b or tiny.
+    /// Model shape: llama-3.2-1b, llama-3.1-8b, gemma-3-1b (head_dim 256) or tiny.
     #[arg(long, default_value = "llama-3.2-1b")]
     shape: String,
     /// GEMM widths (tokens in the step).
@@ -89,8 +89,10 @@ fn shape(name: &str) -> Result<Shape> {
     Ok(match name {
         "llama-3.2-1b" => Shape { hidden: 2048, inter: 8192, heads: 32, kv_heads: 8, head_dim: 64, vocab: 128256 },
         "llama-3.1-8b" => Shape { hidden: 4096, inter: 14336, heads: 32, kv_heads: 8, head_dim: 128, vocab: 128256 },
+        // Gemma 3 1B: 4 heads over 1 KV head of 256 (the head_dim-256 attention).
+        "gemma-3-1b" => Shape { hidden: 1152, inter: 6912, heads: 4, kv_heads: 1, head_dim: 256, vocab: 262144 },
         "tiny" => Shape { hidden: 64, inter: 160, heads: 4, kv_heads: 2, head_dim: 16, vocab: 384 },
-        _ => bail!("--shape {name}: known shapes are llama-3.2-1b, llama-3.1-8b, tiny"),
+        _ => bail!("--shape {name}: known shapes are llama-3.2-1b, llama-3.1-8b, gemma-3-1b, tiny"),
     })
 }
 
@@ -168,9 +170,17 @@ fn gemms<B: Backend>(b: &B, s: Shape, a: &Args, dtype: DType, rows: &mut Vec<Row
     Ok(())
 }
 
-/// TANDEM_CUDA_ATTENTION when the lab runs on CUDA and it is set.
+/// TANDEM_CUDA_ATTENTION (and TANDEM_CUDA_ATTENTION_D256 as `d256=VALUE`) when the lab runs
+/// on CUDA and they are set.
 fn attention_variant(a: &Args) -> Option<String> {
-    matches!(a.backend, BackendKind::Cuda | BackendKind::Auto).then(|| std::env::var("TANDEM_CUDA_ATTENTION").ok()).flatten().filter(|v| !v.is_empty())
+    let get = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    let v = match (get("TANDEM_CUDA_ATTENTION"), get("TANDEM_CUDA_ATTENTION_D256")) {
+        (None, None) => return None,
+        (Some(v), None) => v,
+        (None, Some(d)) => format!("d256={d}"),
+        (Some(v), Some(d)) => format!("{v},d256={d}"),
+    };
+    matches!(a.backend, BackendKind::Cuda | BackendKind::Auto).then_some(v)
 }
 
 /// Attention over `seqs` sequences of `ctx` tokens each, the last `q_len` of each in the step.
