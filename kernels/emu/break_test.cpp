@@ -67,9 +67,9 @@ int main() {
     }
     mmtest::small_variant = 0;
 #endif
-#if TANDEM_GEMM_BREAK != 3
+#if TANDEM_GEMM_BREAK != 3 && TANDEM_GEMM_BREAK != 5
     // The large-m loop variant (m128_w64) carries breaks 1, 2 and 4 in its own loop (3 is the
-    // split fold, m <= 128 only): m > 128, k = 1000 in 3 slices (a fold between the two k tiles
+    // split fold, m <= 128 only; 5 the GeGLU epilogue, run_geglu above): m > 128, k = 1000 in 3 slices (a fold between the two k tiles
     // of a group) and one slice.
     mmtest::large_variant = 3;
     for (auto [dt, m, k] : {std::tuple{1, 200, 1000}, std::tuple{2, 129, 136}})
