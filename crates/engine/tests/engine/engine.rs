@@ -292,7 +292,12 @@ fn threaded_handle_streams_and_aborts_on_drop_with_async_scheduling() {
 }
 
 fn threaded_handle(cfg: EngineConfig) {
-    let h = tandem_engine::Engine::spawn(Box::new(fake(64, 64, 16)), letters(), cfg).unwrap();
+    // 2 ms a forward: the 1000-token requests below must still be running when the test drops
+    // or shuts them down (an unpaced fake model finished one, 1000 steps, while this thread was
+    // descheduled between its first token and `shutdown`: a Length end where Abort was due).
+    let mut model = fake(64, 64, 16);
+    model.delay = Duration::from_millis(2);
+    let h = tandem_engine::Engine::spawn(Box::new(model), letters(), cfg).unwrap();
     let threads: Vec<_> = (0..4u32)
         .map(|i| {
             let h = h.clone();
