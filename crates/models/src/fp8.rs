@@ -67,36 +67,31 @@ pub fn quantize_dir(dir: &Path, block: [usize; 2]) -> Result<usize> {
     let tmp = dir.join("model.safetensors.fp8-tmp");
     let file = std::fs::File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
     let mut out = SafetensorsWriter::new(BufWriter::with_capacity(1 << 20, file), &tmp, specs)?;
-    // The writer sorts by name: `X.weight` comes before `X.weight_scale_inv`, so each weight's
-    // codes are written and its scales kept for the next tensor.
-    let mut scales: Option<Vec<f32>> = None;
+    // Each weight's scales wait here for their own tensor (the writer's order is by name).
+    let mut scales: std::collections::HashMap<String, Vec<f32>> = Default::default();
     let order = out.specs().to_vec();
     for spec in &order {
-        if let Some(s) = scales.take() {
-            if spec.name.ends_with("_scale_inv") {
-                out.push(&s)?;
-                continue;
-            }
-            unreachable!("scales of {} not written", spec.name);
+        if let Some(s) = scales.remove(&spec.name) {
+            out.push(&s)?;
+            continue;
         }
-        let view = w.get(&spec.name, &spec.shape)?;
-        let values = view.to_f32();
+        let values = w.get(&spec.name, &spec.shape)?.to_f32();
         if !spec.e4m3 {
             out.push(&values)?;
             continue;
         }
         let (rows, cols) = (spec.shape[0], spec.shape[1]);
         let (gr, gc) = (rows.div_ceil(br), cols.div_ceil(bc));
+        let block = |i: usize| (i / cols / br) * gc + (i % cols) / bc;
         // Max |w| per block, then the scale that maps it to 448 (an all-zero block keeps 1).
         let mut amax = vec![0.0f32; gr * gc];
         for (i, v) in values.iter().enumerate() {
-            let cell = &mut amax[(i / cols / br) * gc + (i % cols) / bc];
-            *cell = cell.max(v.abs());
+            amax[block(i)] = amax[block(i)].max(v.abs());
         }
         let s: Vec<f32> = amax.iter().map(|&a| if a > 0.0 { a / E4M3_MAX } else { 1.0 }).collect();
-        let codes: Vec<u8> = values.iter().enumerate().map(|(i, v)| encode_e4m3(v / s[(i / cols / br) * gc + (i % cols) / bc])).collect();
+        let codes: Vec<u8> = values.iter().enumerate().map(|(i, v)| encode_e4m3(v / s[block(i)])).collect();
         out.push_raw(&codes)?;
-        scales = Some(s);
+        scales.insert(format!("{}_scale_inv", spec.name), s);
     }
     out.finish()?;
     drop(w);
