@@ -30,7 +30,14 @@ fn main() {
     }
     let base = |extra: &[&str]| {
         let mut c = Command::new(&cxx);
-        c.args(["-std=c++20", "-fPIC", "-fvisibility=hidden", "-pthread", "-DTANDEM_EMU_STRICT", "-Wno-unknown-pragmas"]);
+        c.args([
+            "-std=c++20",
+            "-fPIC",
+            "-fvisibility=hidden",
+            "-pthread",
+            "-DTANDEM_EMU_STRICT",
+            "-Wno-unknown-pragmas",
+        ]);
         c.arg(format!("-I{}", emu.display())).arg(format!("-I{}", cpp.display()));
         c.args(extra);
         c
@@ -91,7 +98,12 @@ fn main() {
                 assert!(name.starts_with("_ZZ"), "{}: `{name}` in .bss is not a function-local static (a `__shared__`): the fake driver would poison it before each block", obj.display());
             }
         }
-        let st = Command::new("objcopy").arg("--rename-section").arg(".bss=tandem_emu_shared").arg(obj).status().expect("running objcopy");
+        let st = Command::new("objcopy")
+            .arg("--rename-section")
+            .arg(".bss=tandem_emu_shared")
+            .arg(obj)
+            .status()
+            .expect("running objcopy");
         assert!(st.success(), "objcopy failed on {}", obj.display());
     }
     let lib = out.join("libtandem_fake_kernels.a");
@@ -125,7 +137,11 @@ fn kernel_names(text: &str) -> Vec<String> {
         rest = &rest[i + "extern \"C\" void ".len()..];
         let name: String = rest.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
         // The emulator's own context switch is extern "C" too; it is no kernel.
-        if !name.is_empty() && !name.starts_with("tandem_emu") && rest[name.len()..].trim_start().starts_with('(') && !names.contains(&name) {
+        if !name.is_empty()
+            && !name.starts_with("tandem_emu")
+            && rest[name.len()..].trim_start().starts_with('(')
+            && !names.contains(&name)
+        {
             names.push(name);
         }
     }

@@ -52,11 +52,16 @@ fn templates() -> &'static [ChatTemplate] {
     T.get_or_init(|| {
         let mut t: Vec<ChatTemplate> = [CHATML_TOOLS, LLAMA3, MISTRAL, QWEN]
             .iter()
-            .map(|s| ChatTemplate::new(s, Some("<s>".into()), Some("</s>".into())).expect("a template written here parses"))
+            .map(|s| {
+                ChatTemplate::new(s, Some("<s>".into()), Some("</s>".into())).expect("a template written here parses")
+            })
             .collect();
         if let Ok(tok) = tandem_core::tokenizer::Tokenizer::from_dir(&tandem_fuzz::model_dir()) {
             if let Some(c) = tok.chat_template() {
-                t.push(ChatTemplate::new(c.source(), Some("<s>".into()), Some("</s>".into())).expect("the model's template parses"));
+                t.push(
+                    ChatTemplate::new(c.source(), Some("<s>".into()), Some("</s>".into()))
+                        .expect("the model's template parses"),
+                );
             }
         }
         t
@@ -98,7 +103,8 @@ fn message(b: &mut tandem_fuzz::Bytes) -> Value {
     let extra = b.u8();
     if extra & 1 == 1 {
         let args = if extra & 2 == 2 { json!(b.string()) } else { value(b, 0) };
-        m["tool_calls"] = json!([{"id": b.string(), "type": "function", "function": {"name": b.string(), "arguments": args}}]);
+        m["tool_calls"] =
+            json!([{"id": b.string(), "type": "function", "function": {"name": b.string(), "arguments": args}}]);
     }
     if extra & 4 == 4 {
         m["tool_call_id"] = json!(b.string());
@@ -125,5 +131,6 @@ fuzz_target!(|data: &[u8]| {
     if flags & 8 == 8 {
         kwargs.insert(b.string(), value(&mut b, 0));
     }
-    let _ = t.render_with_kwargs(&messages, (flags & 16 == 16).then_some(tools.as_slice()), flags & 1 == 1, Some(&kwargs));
+    let _ =
+        t.render_with_kwargs(&messages, (flags & 16 == 16).then_some(tools.as_slice()), flags & 1 == 1, Some(&kwargs));
 });

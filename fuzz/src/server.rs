@@ -12,7 +12,10 @@ use hyper::service::service_fn;
 use hyper::{Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use tandem_core::tokenizer::Tokenizer;
-use tandem_server::engine_client::{CompletionDelta, EngineStats, EngineUpdate, FinishReason, GenerateRequest, RequestId, Submission, SubmitRefusal, TokenLogprob};
+use tandem_server::engine_client::{
+    CompletionDelta, EngineStats, EngineUpdate, FinishReason, GenerateRequest, RequestId, Submission, SubmitRefusal,
+    TokenLogprob,
+};
 use tandem_server::{AppState, EngineClient, Server, ServerConfig};
 
 pub const MAX_MODEL_LEN: usize = 512;
@@ -52,15 +55,32 @@ impl EngineClient for ScriptedEngine {
                 let ids: Vec<u32> = (0..k).map(|_| b.u32() % vocab).collect();
                 made += k;
                 let text = self.tok.decode(&ids, true).unwrap_or_default();
-                let top = |b: &mut crate::Bytes, n: usize| (0..n).map(|_| (b.u32() % vocab, -f32::from(b.u8()) / 16.0)).collect::<Vec<_>>();
+                let top = |b: &mut crate::Bytes, n: usize| {
+                    (0..n).map(|_| (b.u32() % vocab, -f32::from(b.u8()) / 16.0)).collect::<Vec<_>>()
+                };
                 let logprobs = match p.logprobs {
-                    Some(n) => ids.iter().map(|&t| TokenLogprob { token: t, logprob: -f32::from(b.u8()) / 32.0, top: top(&mut b, n.min(20)), rank: None }).collect(),
+                    Some(n) => ids
+                        .iter()
+                        .map(|&t| TokenLogprob {
+                            token: t,
+                            logprob: -f32::from(b.u8()) / 32.0,
+                            top: top(&mut b, n.min(20)),
+                            rank: None,
+                        })
+                        .collect(),
                     None => Vec::new(),
                 };
                 let prompt_logprobs = match (first, p.prompt_logprobs) {
                     (true, Some(n)) => Some(
                         (0..req.prompt.len())
-                            .map(|i| (i > 0).then(|| TokenLogprob { token: req.prompt[i], logprob: -f32::from(b.u8()) / 16.0, top: top(&mut b, n.min(20)), rank: None }))
+                            .map(|i| {
+                                (i > 0).then(|| TokenLogprob {
+                                    token: req.prompt[i],
+                                    logprob: -f32::from(b.u8()) / 16.0,
+                                    top: top(&mut b, n.min(20)),
+                                    rank: None,
+                                })
+                            })
                             .collect(),
                     ),
                     _ => None,
@@ -73,7 +93,8 @@ impl EngineClient for ScriptedEngine {
                     Some(FinishReason::Stop) if !p.stop.is_empty() && b.u8() & 1 == 1 => Some(p.stop[0].clone()),
                     _ => None,
                 };
-                let delta = CompletionDelta { index, text, token_ids: ids, logprobs, prompt_logprobs, finish, stop_string };
+                let delta =
+                    CompletionDelta { index, text, token_ids: ids, logprobs, prompt_logprobs, finish, stop_string };
                 let _ = tx.send(EngineUpdate { deltas: vec![delta], queue_time: None, num_preemptions: None });
                 if end {
                     break;
@@ -108,12 +129,23 @@ pub fn harness() -> &'static Harness {
         let dir = crate::model_dir();
         let tok = Arc::new(Tokenizer::from_dir(&dir).expect("the fuzz model's tokenizer"));
         // One structured-output compiler for all five (llguidance reads the tokenizer once).
-        let structured = tandem_structured::Structured::from_model_dir(&dir, &tok.eos_ids).map(Arc::new).map_err(|e| e.to_string());
-        let parsers = [(None, None), (Some("hermes"), Some("qwen3")), (Some("llama3_json"), Some("deepseek_r1")), (Some("mistral"), None), (Some("qwen3_xml"), None)];
+        let structured =
+            tandem_structured::Structured::from_model_dir(&dir, &tok.eos_ids).map(Arc::new).map_err(|e| e.to_string());
+        let parsers = [
+            (None, None),
+            (Some("hermes"), Some("qwen3")),
+            (Some("llama3_json"), Some("deepseek_r1")),
+            (Some("mistral"), None),
+            (Some("qwen3_xml"), None),
+        ];
         let servers = parsers
             .iter()
             .map(|&(t, r)| {
-                let engine = Arc::new(ScriptedEngine { tok: tok.clone(), script: Mutex::new(Vec::new()), next: AtomicU64::new(1) });
+                let engine = Arc::new(ScriptedEngine {
+                    tok: tok.clone(),
+                    script: Mutex::new(Vec::new()),
+                    next: AtomicU64::new(1),
+                });
                 let config = ServerConfig {
                     addr: SocketAddr::from(([127, 0, 0, 1], 0)),
                     max_model_len: MAX_MODEL_LEN,
@@ -123,7 +155,8 @@ pub fn harness() -> &'static Harness {
                     reasoning_parser: r.and_then(tandem_server::reasoning::ReasoningParser::from_name),
                     ..ServerConfig::default()
                 };
-                let server = rt.block_on(Server::bind(config, engine.clone(), tok.clone(), "fuzz-model".into())).expect("bind");
+                let server =
+                    rt.block_on(Server::bind(config, engine.clone(), tok.clone(), "fuzz-model".into())).expect("bind");
                 server.set_structured(structured.clone());
                 (server.state(), engine)
             })
@@ -139,7 +172,14 @@ pub struct Answer {
 }
 
 /// Sends one request through hyper and the router, and reads the whole answer.
-pub fn send(state: &Arc<AppState>, rt: &tokio::runtime::Runtime, method: hyper::Method, path: &str, headers: &[(&str, &str)], body: Vec<u8>) -> Answer {
+pub fn send(
+    state: &Arc<AppState>,
+    rt: &tokio::runtime::Runtime,
+    method: hyper::Method,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Vec<u8>,
+) -> Answer {
     rt.block_on(async {
         let (client_io, server_io) = tokio::io::duplex(1 << 16);
         let st = state.clone();
@@ -147,7 +187,10 @@ pub fn send(state: &Arc<AppState>, rt: &tokio::runtime::Runtime, method: hyper::
             let svc = service_fn(move |req| tandem_server::router::handle(st.clone(), req));
             let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(server_io), svc).await;
         });
-        let (mut sender, client_conn) = hyper::client::conn::http1::handshake::<_, Full<bytes::Bytes>>(TokioIo::new(client_io)).await.expect("handshake");
+        let (mut sender, client_conn) =
+            hyper::client::conn::http1::handshake::<_, Full<bytes::Bytes>>(TokioIo::new(client_io))
+                .await
+                .expect("handshake");
         let client = tokio::spawn(client_conn);
         let mut req = Request::builder().method(method).uri(path).header("content-type", "application/json");
         for (k, v) in headers {
@@ -177,7 +220,8 @@ pub fn check_sse(body: &str) -> Result<usize, String> {
         for line in ev.split('\n') {
             if let Some(d) = line.strip_prefix("data: ") {
                 if d != "[DONE]" {
-                    serde_json::from_str::<serde_json::Value>(d).map_err(|e| format!("event {events}: data is not JSON ({e}): {d:?}"))?;
+                    serde_json::from_str::<serde_json::Value>(d)
+                        .map_err(|e| format!("event {events}: data is not JSON ({e}): {d:?}"))?;
                 }
             } else if !line.starts_with("event: ") {
                 return Err(format!("event {events}: a line that is neither `event:` nor `data:`: {line:?}"));

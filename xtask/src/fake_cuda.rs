@@ -58,7 +58,10 @@ pub fn run(a: Args) -> Result<()> {
     }
     if !a.tests && !a.group && a.args.is_empty() {
         println!("fake driver ready: {}", env.lib_dir.display());
-        println!("environment: {}", env.vars.iter().map(|(k, v)| format!("{k}={}", v.to_string_lossy())).collect::<Vec<_>>().join(" "));
+        println!(
+            "environment: {}",
+            env.vars.iter().map(|(k, v)| format!("{k}={}", v.to_string_lossy())).collect::<Vec<_>>().join(" ")
+        );
     }
     Ok(())
 }
@@ -88,11 +91,14 @@ pub fn prepare(root: &Path) -> Result<FakeEnv> {
     if !root.join(".venv-cuda/bin/python").exists() {
         let st = Command::new("bash").arg(root.join("kernels/install-toolchain.sh")).stdout(Stdio::null()).status()?;
         if !st.success() {
-            bail!("kernels/install-toolchain.sh failed (NVRTC is needed: the backend compiles its kernels at start-up)");
+            bail!(
+                "kernels/install-toolchain.sh failed (NVRTC is needed: the backend compiles its kernels at start-up)"
+            );
         }
     }
     let nvrtc = find_nvrtc(&root.join(".venv-cuda")).context("libnvrtc.so.13 not found under .venv-cuda")?;
-    let st = Command::new(env!("CARGO")).current_dir(root).args(["build", "--quiet", "-p", "tandem-fake-cuda"]).status()?;
+    let st =
+        Command::new(env!("CARGO")).current_dir(root).args(["build", "--quiet", "-p", "tandem-fake-cuda"]).status()?;
     if !st.success() {
         bail!("building the fake driver (crates/fake-cuda) failed");
     }
@@ -112,7 +118,8 @@ pub fn prepare(root: &Path) -> Result<FakeEnv> {
         path.push(":");
         path.push(old);
     }
-    let ptx_cache = std::env::var_os("TANDEM_PTX_CACHE").unwrap_or_else(|| target.join("fake-cuda/ptx").into_os_string());
+    let ptx_cache =
+        std::env::var_os("TANDEM_PTX_CACHE").unwrap_or_else(|| target.join("fake-cuda/ptx").into_os_string());
     let vars = vec![
         ("LD_LIBRARY_PATH".to_string(), path),
         ("TANDEM_FAKE_CUDA".to_string(), "1".into()),
@@ -138,7 +145,10 @@ fn find_nvrtc(venv: &Path) -> Option<PathBuf> {
 }
 
 fn build_tandem(root: &Path) -> Result<PathBuf> {
-    let st = Command::new(env!("CARGO")).current_dir(root).args(["build", "--quiet", "-p", "tandem-cli", "--bin", "tandem"]).status()?;
+    let st = Command::new(env!("CARGO"))
+        .current_dir(root)
+        .args(["build", "--quiet", "-p", "tandem-cli", "--bin", "tandem"])
+        .status()?;
     if !st.success() {
         bail!("building the tandem binary failed");
     }
@@ -161,7 +171,11 @@ fn run_counted(mut cmd: Command, what: &str) -> Result<(Counts, bool)> {
         let line = line?;
         println!("{line}");
         if let Some(rest) = line.strip_prefix("test result: ") {
-            let count = |word: &str| rest.split(';').find_map(|p| p.trim().strip_suffix(word)?.trim().rsplit(' ').next()?.parse::<u64>().ok()).unwrap_or(0);
+            let count = |word: &str| {
+                rest.split(';')
+                    .find_map(|p| p.trim().strip_suffix(word)?.trim().rsplit(' ').next()?.parse::<u64>().ok())
+                    .unwrap_or(0)
+            };
             c.passed += count(" passed");
             c.failed += count(" failed");
         }
@@ -184,7 +198,10 @@ pub fn cuda_tests(root: &Path, env: &FakeEnv) -> Result<Counts> {
     ];
     for (what, seed, filters) in runs {
         let mut cmd = env.command(env!("CARGO"));
-        cmd.current_dir(root).args(["test", "-p", "tandem-cuda", "--test", "cuda", "--"]).args(filters).args(["--test-threads", "1"]);
+        cmd.current_dir(root)
+            .args(["test", "-p", "tandem-cuda", "--test", "cuda", "--"])
+            .args(filters)
+            .args(["--test-threads", "1"]);
         if let Some(seed) = seed {
             cmd.env("TANDEM_FAKE_CUDA_SEED", seed);
         }
@@ -197,8 +214,21 @@ pub fn cuda_tests(root: &Path, env: &FakeEnv) -> Result<Counts> {
     for (sampler, argmax) in [("radix", "multi"), ("multi", "one")] {
         let mut cmd = env.command(env!("CARGO"));
         cmd.current_dir(root).env("TANDEM_CUDA_SAMPLER", sampler).env("TANDEM_CUDA_ARGMAX", argmax);
-        cmd.args(["test", "-p", "tandem-cuda", "--test", "cuda", "--", "gpu_invariance::masked_sampling", "--test-threads", "1"]);
-        let (v, ok) = run_counted(cmd, &format!("crates/cuda sampling with TANDEM_CUDA_SAMPLER={sampler} TANDEM_CUDA_ARGMAX={argmax}"))?;
+        cmd.args([
+            "test",
+            "-p",
+            "tandem-cuda",
+            "--test",
+            "cuda",
+            "--",
+            "gpu_invariance::masked_sampling",
+            "--test-threads",
+            "1",
+        ]);
+        let (v, ok) = run_counted(
+            cmd,
+            &format!("crates/cuda sampling with TANDEM_CUDA_SAMPLER={sampler} TANDEM_CUDA_ARGMAX={argmax}"),
+        )?;
         total.passed += v.passed;
         total.failed += v.failed + u64::from(!ok && v.failed == 0);
     }
@@ -240,28 +270,51 @@ pub fn group(root: &Path, tandem: Option<PathBuf>) -> Result<Counts> {
     // cancellation decides; the same bits in every block order, so it is the suite's limit
     // against x rounded to bf16, not the driver), which would make this group fail by chance. `cargo xtask fake-cuda -- test-ops --backend cuda` draws a seed.
     let seed = std::env::var("TANDEM_FAKE_CUDA_OPS_SEED").unwrap_or_else(|_| "7812165423275311652".into());
-    let mut commands: Vec<(String, Vec<String>)> = vec![(format!("op suite on cuda (seed {seed})"), ["test-ops", "--backend", "cuda", "--seed", &seed].map(String::from).to_vec())];
+    let mut commands: Vec<(String, Vec<String>)> = vec![(
+        format!("op suite on cuda (seed {seed})"),
+        ["test-ops", "--backend", "cuda", "--seed", &seed].map(String::from).to_vec(),
+    )];
     // The wgmma + TMA GEMM (sm_90a; the fake driver says sm_90): the suite's matmul cases above
     // 128 rows take it (the commands after the PDL one).
     // Programmatic dependent launch: every op's kernels launched with the attribute, so a kernel
     // of PDL_FILES that never waits fails its launch (the fake's check), and every edge between
     // two of an op's kernels runs dependent-first (crates/cuda/src/launch.rs).
-    commands.push((format!("op suite on cuda, TANDEM_CUDA_PDL=1 (seed {seed})"), ["TANDEM_CUDA_PDL=1", "test-ops", "--backend", "cuda", "--seed", &seed].map(String::from).to_vec()));
-    commands.push(("matmul on cuda, TANDEM_CUDA_GEMM_LARGE=wgmma".into(), ["TANDEM_CUDA_GEMM_LARGE=wgmma", "test-ops", "--backend", "cuda", "--op", "matmul", "--seed", &seed].map(String::from).to_vec()));
+    commands.push((
+        format!("op suite on cuda, TANDEM_CUDA_PDL=1 (seed {seed})"),
+        ["TANDEM_CUDA_PDL=1", "test-ops", "--backend", "cuda", "--seed", &seed].map(String::from).to_vec(),
+    ));
+    commands.push((
+        "matmul on cuda, TANDEM_CUDA_GEMM_LARGE=wgmma".into(),
+        ["TANDEM_CUDA_GEMM_LARGE=wgmma", "test-ops", "--backend", "cuda", "--op", "matmul", "--seed", &seed]
+            .map(String::from)
+            .to_vec(),
+    ));
     // Its fused epilogues: the suite's gate/up + silu at m = 200 and q/k/v + rope + KV write at
     // T = 200 (about a second each).
     for cases in ["m=200", "T=200"] {
         commands.push((
             format!("op suite cases {cases} on cuda, TANDEM_CUDA_GEMM_LARGE=wgmma"),
-            ["TANDEM_CUDA_GEMM_LARGE=wgmma", "test-ops", "--backend", "cuda", "--op", cases, "--seed", &seed].map(String::from).to_vec(),
+            ["TANDEM_CUDA_GEMM_LARGE=wgmma", "test-ops", "--backend", "cuda", "--op", cases, "--seed", &seed]
+                .map(String::from)
+                .to_vec(),
         ));
     }
     // paged_attention_tc_d256 (off by default): the suite's head_dim-256 attention cases.
     commands.push((
         "attention at head_dim 256 on cuda, TANDEM_CUDA_ATTENTION_D256=tc".into(),
-        ["TANDEM_CUDA_ATTENTION_D256=tc", "test-ops", "--backend", "cuda", "--op", "head_dim=256", "--seed", &seed].map(String::from).to_vec(),
+        ["TANDEM_CUDA_ATTENTION_D256=tc", "test-ops", "--backend", "cuda", "--op", "head_dim=256", "--seed", &seed]
+            .map(String::from)
+            .to_vec(),
     ));
-    for shape in ["tiny-hd128", "small-hd64", "tiny-qwen3", "tiny-qwen3-moe", "tiny-gemma3", "tiny-mistral-hd128", "tiny-gemma3-hd256"] {
+    for shape in [
+        "tiny-hd128",
+        "small-hd64",
+        "tiny-qwen3",
+        "tiny-qwen3-moe",
+        "tiny-gemma3",
+        "tiny-mistral-hd128",
+        "tiny-gemma3-hd256",
+    ] {
         let dir = models.join(shape);
         if !dir.join("config.json").exists() {
             let st = Command::new(&tandem).args(["gen-model", "--shape", shape, "--out"]).arg(&dir).status()?;
@@ -271,7 +324,22 @@ pub fn group(root: &Path, tandem: Option<PathBuf>) -> Result<Counts> {
         }
         // Prompts of 1, 17 and 64 tokens (chunked by 32), 6 greedy steps, and the batch check
         // at 6 requests (it still preempts): the emulator runs every CUDA thread as a fiber.
-        let mut args: Vec<String> = ["compare", "--backend", "cuda", "--prompts", "3", "--steps", "6", "--chunk", "32", "--batch", "6", "--model"].map(String::from).to_vec();
+        let mut args: Vec<String> = [
+            "compare",
+            "--backend",
+            "cuda",
+            "--prompts",
+            "3",
+            "--steps",
+            "6",
+            "--chunk",
+            "32",
+            "--batch",
+            "6",
+            "--model",
+        ]
+        .map(String::from)
+        .to_vec();
         args.push(dir.to_string_lossy().into_owned());
         if shape == "tiny-mistral-hd128" {
             // A sliding window (16 keys, shorter than the prompts) on the tensor-core attention
@@ -300,11 +368,25 @@ pub fn group(root: &Path, tandem: Option<PathBuf>) -> Result<Counts> {
             // silu) takes the wgmma kernel's epilogues; greedy steps and the batch check kept short.
             commands.push((
                 format!("compare cuda (TANDEM_CUDA_GEMM_LARGE=wgmma, a 200-token prefill) vs reference, {shape}"),
-                ["TANDEM_CUDA_GEMM_LARGE=wgmma", "compare", "--backend", "cuda", "--prompts", "4", "--steps", "2", "--chunk", "256", "--batch", "0", "--model"]
-                    .map(String::from)
-                    .into_iter()
-                    .chain([dir.to_string_lossy().into_owned()])
-                    .collect(),
+                [
+                    "TANDEM_CUDA_GEMM_LARGE=wgmma",
+                    "compare",
+                    "--backend",
+                    "cuda",
+                    "--prompts",
+                    "4",
+                    "--steps",
+                    "2",
+                    "--chunk",
+                    "256",
+                    "--batch",
+                    "0",
+                    "--model",
+                ]
+                .map(String::from)
+                .into_iter()
+                .chain([dir.to_string_lossy().into_owned()])
+                .collect(),
             ));
             // The tc_deep attention variant (TANDEM_CUDA_ATTENTION; head_dim 128: its
             // shared-memory opt-in), through the same compare (tc_shared: on tiny-mistral-hd128).
@@ -320,7 +402,10 @@ pub fn group(root: &Path, tandem: Option<PathBuf>) -> Result<Counts> {
     }
     let serve_checks = [
         ("tandem serve on cuda", serve_check(&env, &tandem, &models.join("tiny-hd128"))),
-        ("tandem serve on cuda, preempted by a small KV pool", preempt_check(&env, &tandem, &models.join("tiny-qwen3"))),
+        (
+            "tandem serve on cuda, preempted by a small KV pool",
+            preempt_check(&env, &tandem, &models.join("tiny-qwen3")),
+        ),
     ];
     for (what, r) in serve_checks {
         match r {
@@ -337,7 +422,9 @@ pub fn group(root: &Path, tandem: Option<PathBuf>) -> Result<Counts> {
     for (what, mut args) in commands {
         let mut cmd = env.command(&tandem);
         // A leading NAME=VALUE is an environment setting of that command.
-        while let Some((k, v)) = args.first().and_then(|a| a.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())) {
+        while let Some((k, v)) =
+            args.first().and_then(|a| a.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string()))
+        {
             cmd.env(k, v);
             args.remove(0);
         }
@@ -369,7 +456,13 @@ fn http(port: u16, method: &str, path: &str, body: &str) -> Result<(u16, String)
 /// Runs `tandem serve --backend cuda --model MODEL ARGS` on a free port, calls `check` with the
 /// port and the model's name once /health answers, then stops the server with SIGTERM, which
 /// must end it cleanly.
-fn with_server(env: &FakeEnv, tandem: &Path, model: &Path, args: &[&str], check: impl FnOnce(u16, &str) -> Result<()>) -> Result<()> {
+fn with_server(
+    env: &FakeEnv,
+    tandem: &Path,
+    model: &Path,
+    args: &[&str],
+    check: impl FnOnce(u16, &str) -> Result<()>,
+) -> Result<()> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
     let name = model.file_name().and_then(|n| n.to_str()).unwrap_or("model").to_string();
     let mut child = env
@@ -405,7 +498,9 @@ fn with_server(env: &FakeEnv, tandem: &Path, model: &Path, args: &[&str], check:
 /// exit on SIGTERM.
 fn serve_check(env: &FakeEnv, tandem: &Path, model: &Path) -> Result<()> {
     with_server(env, tandem, model, &["--max-num-seqs", "4"], |port, name| {
-        let req = |prompt: &str, n: u32, stream: bool| format!(r#"{{"model":"{name}","prompt":"{prompt}","max_tokens":{n},"stream":{stream}}}"#);
+        let req = |prompt: &str, n: u32, stream: bool| {
+            format!(r#"{{"model":"{name}","prompt":"{prompt}","max_tokens":{n},"stream":{stream}}}"#)
+        };
         let (code, body) = http(port, "POST", "/v1/completions", &req("hello world", 8, false))?;
         if code != 200 || !body.contains(r#""completion_tokens":8"#) {
             bail!("a completion: {code} {body}");
@@ -448,49 +543,62 @@ fn serve_check(env: &FakeEnv, tandem: &Path, model: &Path) -> Result<()> {
 /// preempt and recompute. Every concurrent answer must be the greedy text it had alone
 /// (batch invariance, recompute included) and vllm:num_preemptions_total must have risen.
 fn preempt_check(env: &FakeEnv, tandem: &Path, model: &Path) -> Result<()> {
-    with_server(env, tandem, model, &["--max-num-seqs", "4", "--num-kv-blocks", "6", "--block-size", "16"], |port, name| {
-        let req = |k: usize| format!(r#"{{"model":"{name}","prompt":"request {k}","max_tokens":40,"temperature":0}}"#);
-        // The answer's text as the server escaped it (the same bytes for the same text).
-        let text = |code: u16, body: &str| -> Result<String> {
-            let t = body.split_once(r#""text":"#).and_then(|(_, rest)| rest.split_once(r#","logprobs":"#)).map(|(t, _)| t.to_string());
-            match t {
-                Some(t) if code == 200 && body.contains(r#""completion_tokens":40"#) => Ok(t),
-                _ => bail!("a 40-token completion: {code} {body}"),
+    with_server(
+        env,
+        tandem,
+        model,
+        &["--max-num-seqs", "4", "--num-kv-blocks", "6", "--block-size", "16"],
+        |port, name| {
+            let req =
+                |k: usize| format!(r#"{{"model":"{name}","prompt":"request {k}","max_tokens":40,"temperature":0}}"#);
+            // The answer's text as the server escaped it (the same bytes for the same text).
+            let text = |code: u16, body: &str| -> Result<String> {
+                let t = body
+                    .split_once(r#""text":"#)
+                    .and_then(|(_, rest)| rest.split_once(r#","logprobs":"#))
+                    .map(|(t, _)| t.to_string());
+                match t {
+                    Some(t) if code == 200 && body.contains(r#""completion_tokens":40"#) => Ok(t),
+                    _ => bail!("a 40-token completion: {code} {body}"),
+                }
+            };
+            let preemptions = || -> Result<f64> {
+                let (code, body) = http(port, "GET", "/metrics", "")?;
+                let line = body.lines().find(|l| l.starts_with("vllm:num_preemptions_total{"));
+                match line.and_then(|l| l.rsplit(' ').next()).and_then(|v| v.parse().ok()) {
+                    Some(v) if code == 200 => Ok(v),
+                    _ => bail!("no vllm:num_preemptions_total in /metrics ({code})"),
+                }
+            };
+            let alone = (0..4)
+                .map(|k| {
+                    let (code, body) = http(port, "POST", "/v1/completions", &req(k))?;
+                    text(code, &body)
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let before = preemptions()?;
+            let handles: Vec<_> = (0..4)
+                .map(|k| {
+                    let r = req(k);
+                    std::thread::spawn(move || http(port, "POST", "/v1/completions", &r))
+                })
+                .collect();
+            for (k, h) in handles.into_iter().enumerate() {
+                let (code, body) = h.join().map_err(|_| anyhow::anyhow!("a request thread panicked"))??;
+                let got = text(code, &body)?;
+                if got != alone[k] {
+                    bail!("request {k} sent with three others (preempted) answered {got}, alone {}", alone[k]);
+                }
             }
-        };
-        let preemptions = || -> Result<f64> {
-            let (code, body) = http(port, "GET", "/metrics", "")?;
-            let line = body.lines().find(|l| l.starts_with("vllm:num_preemptions_total{"));
-            match line.and_then(|l| l.rsplit(' ').next()).and_then(|v| v.parse().ok()) {
-                Some(v) if code == 200 => Ok(v),
-                _ => bail!("no vllm:num_preemptions_total in /metrics ({code})"),
+            let after = preemptions()?;
+            if after <= before {
+                bail!("vllm:num_preemptions_total stayed at {after} (was {before}): the KV pool did not force a preemption");
             }
-        };
-        let alone = (0..4)
-            .map(|k| {
-                let (code, body) = http(port, "POST", "/v1/completions", &req(k))?;
-                text(code, &body)
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let before = preemptions()?;
-        let handles: Vec<_> = (0..4)
-            .map(|k| {
-                let r = req(k);
-                std::thread::spawn(move || http(port, "POST", "/v1/completions", &r))
-            })
-            .collect();
-        for (k, h) in handles.into_iter().enumerate() {
-            let (code, body) = h.join().map_err(|_| anyhow::anyhow!("a request thread panicked"))??;
-            let got = text(code, &body)?;
-            if got != alone[k] {
-                bail!("request {k} sent with three others (preempted) answered {got}, alone {}", alone[k]);
-            }
-        }
-        let after = preemptions()?;
-        if after <= before {
-            bail!("vllm:num_preemptions_total stayed at {after} (was {before}): the KV pool did not force a preemption");
-        }
-        println!("fake-cuda: preemption over HTTP: 4 concurrent answers equal to their answers alone, {} preemption(s)", after - before);
-        Ok(())
-    })
+            println!(
+                "fake-cuda: preemption over HTTP: 4 concurrent answers equal to their answers alone, {} preemption(s)",
+                after - before
+            );
+            Ok(())
+        },
+    )
 }

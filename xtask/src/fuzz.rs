@@ -68,7 +68,10 @@ pub fn fuzz(root: &Path, only: Option<&str>, seconds: u64, keep: bool) -> Result
         None => TARGETS.to_vec(),
     };
     if !nightly().arg("--version").output().is_ok_and(|o| o.status.success()) {
-        return Ok(Outcome { passed: 0, skipped: Some("no nightly toolchain (`rustup toolchain install nightly`)".into()) });
+        return Ok(Outcome {
+            passed: 0,
+            skipped: Some("no nightly toolchain (`rustup toolchain install nightly`)".into()),
+        });
     }
     if !nightly().args(["fuzz", "--version"]).output().is_ok_and(|o| o.status.success()) {
         println!("installing cargo-fuzz");
@@ -93,9 +96,15 @@ pub fn fuzz(root: &Path, only: Option<&str>, seconds: u64, keep: bool) -> Result
         let bin = bins.join(t);
         // The findings, fixed: each must now run clean.
         let reg = dir.join("regressions").join(t);
-        let inputs: Vec<_> = std::fs::read_dir(&reg).map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect()).unwrap_or_default();
+        let inputs: Vec<_> =
+            std::fs::read_dir(&reg).map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect()).unwrap_or_default();
         if !inputs.is_empty() {
-            let st = Command::new(&bin).current_dir(&dir).args(LIMITS).args(&inputs).status().with_context(|| format!("running {}", bin.display()))?;
+            let st = Command::new(&bin)
+                .current_dir(&dir)
+                .args(LIMITS)
+                .args(&inputs)
+                .status()
+                .with_context(|| format!("running {}", bin.display()))?;
             if !st.success() {
                 bail!("fuzz target {t}: a regression input crashes again (fuzz/regressions/{t})");
             }
@@ -121,8 +130,17 @@ pub fn fuzz(root: &Path, only: Option<&str>, seconds: u64, keep: bool) -> Result
             .with_context(|| format!("running {}", bin.display()))?;
         let _ = std::fs::remove_dir_all(&scratch);
         let log = String::from_utf8_lossy(&out.stderr);
-        let runs = log.lines().rev().find_map(|l| l.strip_prefix("stat::number_of_executed_units:")).map(|s| s.trim().to_string()).unwrap_or_else(|| "?".into());
-        let cov = log.lines().rev().find_map(|l| l.split_once(" cov: ").map(|(_, r)| r.split_whitespace().next().unwrap_or("?").to_string())).unwrap_or_else(|| "?".into());
+        let runs = log
+            .lines()
+            .rev()
+            .find_map(|l| l.strip_prefix("stat::number_of_executed_units:"))
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|| "?".into());
+        let cov = log
+            .lines()
+            .rev()
+            .find_map(|l| l.split_once(" cov: ").map(|(_, r)| r.split_whitespace().next().unwrap_or("?").to_string()))
+            .unwrap_or_else(|| "?".into());
         if !out.status.success() {
             let tail: Vec<&str> = log.lines().rev().take(40).collect();
             let tail: Vec<&str> = tail.into_iter().rev().collect();

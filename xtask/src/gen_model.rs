@@ -3,7 +3,6 @@
 
 use std::path::PathBuf;
 
-
 #[derive(clap::Args)]
 pub struct Args {
     /// tiny, tiny-tied, tiny-hd128, small-hd64, smollm2-135m, qwen2.5-0.5b, llama-3.2-1b or llama-3-8b.
@@ -21,7 +20,8 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let line = tandem_models::random_model::gen_model(&args.shape, args.seed, &args.dtype, &args.out).map_err(anyhow::Error::msg)?;
+    let line = tandem_models::random_model::gen_model(&args.shape, args.seed, &args.dtype, &args.out)
+        .map_err(anyhow::Error::msg)?;
     eprintln!("{line}");
     println!("{}", args.out.display());
     Ok(())

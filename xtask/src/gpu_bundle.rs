@@ -98,7 +98,11 @@ pub fn run(a: Args) -> Result<()> {
     let commit = git(&root, &["rev-parse", "HEAD"]).unwrap_or_else(|| "unknown".into());
     // Uncommitted changes in tracked files mean the binary is not exactly that commit.
     let dirty = git(&root, &["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
-    let built = Command::new("date").args(["-u", "+%Y-%m-%dT%H:%M:%SZ"]).output().ok().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    let built = Command::new("date")
+        .args(["-u", "+%Y-%m-%dT%H:%M:%SZ"])
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
     // With --no-build the binary may predate this commit: say so rather than vouch for it.
     let line = format!(
         "{commit}{}{} bundled {}",
@@ -113,8 +117,16 @@ pub fn run(a: Args) -> Result<()> {
     let size = |b: &str| std::fs::metadata(out.join(b)).map(|m| mib(m.len()));
     println!("bundle: {} ({:.1} MiB: tandem {:.1} MiB, cuda-tests {:.1} MiB, {scripts} scripts, {cu} kernel files, {cached}), commit {line}", out.display(), mib(bundle), size("tandem")?, size("cuda-tests")?);
     match tree {
-        Some(t) => println!("working tree that travels with it: {:.1} MiB; together {:.1} of {:.0} MiB", mib(t), mib(t + bundle), mib(TRAVEL_LIMIT)),
-        None => println!("working tree size unknown (git ls-files failed); the limit is {:.0} MiB together", mib(TRAVEL_LIMIT)),
+        Some(t) => println!(
+            "working tree that travels with it: {:.1} MiB; together {:.1} of {:.0} MiB",
+            mib(t),
+            mib(t + bundle),
+            mib(TRAVEL_LIMIT)
+        ),
+        None => println!(
+            "working tree size unknown (git ls-files failed); the limit is {:.0} MiB together",
+            mib(TRAVEL_LIMIT)
+        ),
     }
     if bundle + tree.unwrap_or(0) > TRAVEL_LIMIT {
         bail!("bundle and working tree exceed the {:.0} MiB that may travel", mib(TRAVEL_LIMIT));
@@ -123,7 +135,11 @@ pub fn run(a: Args) -> Result<()> {
     // check.sh keeps its steps inside 480 s (TANDEM_CHECK_BUDGET_S); a step cut at the budget
     // may take 10 s more to die, then the summary: 570 s stays under the 600 s a call may run.
     println!("device call (one H200, at most about 8 minutes of steps; timeout leaves room for the summary):");
-    println!(r#"  run(command="bash {}/check.sh $OUT", carry=["{}"], timeout_s=570)"#, a.out.display(), a.out.display());
+    println!(
+        r#"  run(command="bash {}/check.sh $OUT", carry=["{}"], timeout_s=570)"#,
+        a.out.display(),
+        a.out.display()
+    );
     println!("dry run here:  XDG_RUNTIME_DIR=/tmp/xdg TANDEM_CHECK_BACKEND=wgpu TANDEM_CHECK_BENCH_SHAPE=tiny TANDEM_CHECK_SMALL=1 bash {}/check.sh /tmp/check-out", a.out.display());
     Ok(())
 }
@@ -139,7 +155,18 @@ fn fill_ptx_cache(root: &Path, dir: &Path) -> String {
     let tc = root.join(".venv-cuda/lib/python3.11/site-packages/nvidia/cu13/lib");
     let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     cmd.current_dir(root)
-        .args(["run", "--quiet", "--release", "-p", "tandem-cuda", "--bin", "tandem-kernels-check", "--", "--fill-cache", "90"])
+        .args([
+            "run",
+            "--quiet",
+            "--release",
+            "-p",
+            "tandem-cuda",
+            "--bin",
+            "tandem-kernels-check",
+            "--",
+            "--fill-cache",
+            "90",
+        ])
         .env("TANDEM_PTX_CACHE", dir);
     if tc.is_dir() {
         cmd.env("TANDEM_CUDA_LIB", &tc);
@@ -171,7 +198,9 @@ fn cuda_test_binary(root: &Path, no_build: bool) -> Result<PathBuf> {
                 found.push((std::fs::metadata(&p)?.modified()?, p));
             }
         }
-        return found.into_iter().max().map(|(_, p)| p).ok_or_else(|| anyhow::anyhow!("no release build of the cuda tests in {} (run without --no-build)", deps.display()));
+        return found.into_iter().max().map(|(_, p)| p).ok_or_else(|| {
+            anyhow::anyhow!("no release build of the cuda tests in {} (run without --no-build)", deps.display())
+        });
     }
     let o = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .args(["test", "--release", "-p", "tandem-cuda", "--test", "cuda", "--no-run", "--message-format=json"])
@@ -186,7 +215,9 @@ fn cuda_test_binary(root: &Path, no_build: bool) -> Result<PathBuf> {
     let out = String::from_utf8_lossy(&o.stdout);
     let key = "\"executable\":\"";
     out.lines()
-        .filter(|l| l.contains("\"reason\":\"compiler-artifact\"") && l.contains("\"name\":\"cuda\"") && l.contains("\"test\""))
+        .filter(|l| {
+            l.contains("\"reason\":\"compiler-artifact\"") && l.contains("\"name\":\"cuda\"") && l.contains("\"test\"")
+        })
         .find_map(|l| l.split_once(key).and_then(|(_, rest)| rest.split_once('"')).map(|(p, _)| PathBuf::from(p)))
         .ok_or_else(|| anyhow::anyhow!("cargo built the cuda tests but named no executable"))
 }
@@ -215,7 +246,13 @@ fn dir_size(dir: &Path) -> Result<u64> {
 /// the carried paths.
 fn travelling_tree_size(root: &Path) -> Option<u64> {
     let list = git(root, &["ls-files", "-co", "--exclude-standard", "-z"])?;
-    Some(list.split('\0').filter(|p| !p.is_empty()).filter_map(|p| std::fs::metadata(root.join(p)).ok()).map(|m| m.len()).sum())
+    Some(
+        list.split('\0')
+            .filter(|p| !p.is_empty())
+            .filter_map(|p| std::fs::metadata(root.join(p)).ok())
+            .map(|m| m.len())
+            .sum(),
+    )
 }
 
 fn mib(b: u64) -> f64 {

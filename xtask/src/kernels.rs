@@ -33,7 +33,16 @@ fn check_only(only: Option<&str>) -> Result<()> {
         }
     }
     let mut cmd = Command::new(env!("CARGO"));
-    cmd.current_dir(&root).args(["run", "--quiet", "-p", "tandem-cuda", "--bin", "tandem-kernels-check", "--", "--no-spills"]);
+    cmd.current_dir(&root).args([
+        "run",
+        "--quiet",
+        "-p",
+        "tandem-cuda",
+        "--bin",
+        "tandem-kernels-check",
+        "--",
+        "--no-spills",
+    ]);
     if let Some(o) = only {
         cmd.args(["--only", o]);
     }

@@ -70,13 +70,18 @@ pub fn run(a: Args) -> Result<()> {
         println!("{line}");
         // "test result: ok. 14 passed; 0 failed; 0 ignored; ..."
         if let Some(rest) = line.strip_prefix("test result: ") {
-            let count = |word: &str| rest.split(';').find_map(|p| p.trim().strip_suffix(word)?.trim().rsplit(' ').next()?.parse::<u64>().ok()).unwrap_or(0);
+            let count = |word: &str| {
+                rest.split(';')
+                    .find_map(|p| p.trim().strip_suffix(word)?.trim().rsplit(' ').next()?.parse::<u64>().ok())
+                    .unwrap_or(0)
+            };
             passed += count(" passed");
             failed += count(" failed");
         }
     }
     let status = child.wait()?;
-    let skipped: Vec<String> = std::fs::read_to_string(&skip_log).unwrap_or_default().lines().map(String::from).collect();
+    let skipped: Vec<String> =
+        std::fs::read_to_string(&skip_log).unwrap_or_default().lines().map(String::from).collect();
     println!("\n{} test(s) skipped themselves:", skipped.len());
     for s in &skipped {
         println!("  {s}");
@@ -100,14 +105,19 @@ pub fn run(a: Args) -> Result<()> {
         c.args(["run", "--quiet", "-p", "tandem-cli", "--bin", "tandem", "--"]);
         c
     };
-    let st = ops.current_dir(&root).args(["test-ops", "--backend", "wgpu"]).env("XDG_RUNTIME_DIR", &runtime_dir).status()?;
+    let st =
+        ops.current_dir(&root).args(["test-ops", "--backend", "wgpu"]).env("XDG_RUNTIME_DIR", &runtime_dir).status()?;
     if !st.success() {
         bail!("tandem test-ops --backend wgpu failed");
     }
     println!("test-ops --backend wgpu took {:.0} s", t1.elapsed().as_secs_f64());
     let t2 = std::time::Instant::now();
     let examples = target.join("debug/examples");
-    openai_client(&root, (whole && examples.join("fake_server").is_file() && examples.join("tiny_server").is_file()).then_some(examples.as_path()))?;
+    openai_client(
+        &root,
+        (whole && examples.join("fake_server").is_file() && examples.join("tiny_server").is_file())
+            .then_some(examples.as_path()),
+    )?;
     println!("the openai client check took {:.0} s", t2.elapsed().as_secs_f64());
     let (mut passed, mut failed, mut skipped) = (passed, failed, skipped);
     // Replicas behind vLLM's and SGLang's routers, and deploy/'s manifests (tests/routers).
@@ -159,10 +169,16 @@ const ANTHROPIC_SDK: &str = "anthropic==2.17.0";
 fn openai_client(root: &std::path::Path, examples: Option<&std::path::Path>) -> Result<()> {
     let venv = root.join(".venv-openai");
     let py = venv.join("bin/python");
-    let pinned = format!("import agents, anthropic, openai; assert anthropic.__version__ == {:?}", ANTHROPIC_SDK.trim_start_matches("anthropic=="));
+    let pinned = format!(
+        "import agents, anthropic, openai; assert anthropic.__version__ == {:?}",
+        ANTHROPIC_SDK.trim_start_matches("anthropic==")
+    );
     if !py.exists() || !Command::new(&py).args(["-c", &pinned]).status()?.success() {
         let ok = (py.exists() || Command::new("python3").arg("-m").arg("venv").arg(&venv).status()?.success())
-            && Command::new(&py).args(["-m", "pip", "install", "-q", "openai", ANTHROPIC_SDK, "openai-agents"]).status()?.success();
+            && Command::new(&py)
+                .args(["-m", "pip", "install", "-q", "openai", ANTHROPIC_SDK, "openai-agents"])
+                .status()?
+                .success();
         if !ok {
             bail!("could not install the openai, anthropic and openai-agents packages into {}", venv.display());
         }
@@ -182,15 +198,25 @@ fn openai_client(root: &std::path::Path, examples: Option<&std::path::Path>) -> 
 /// The routers and the schema validator the router check runs (pinned: what the scenarios and
 /// docs/scale-out.md describe is these versions' behaviour).
 /// pyzmq and msgpack: the stand-in KV-event publisher of tests/routers/kv_events_contract.py.
-const ROUTER_PACKAGES: [&str; 5] = ["vllm-router==0.1.17", "sglang-router==0.3.2", "kubernetes-validate==1.37.0", "pyzmq==27.3.0", "msgpack==1.2.4"];
+const ROUTER_PACKAGES: [&str; 5] =
+    ["vllm-router==0.1.17", "sglang-router==0.3.2", "kubernetes-validate==1.37.0", "pyzmq==27.3.0", "msgpack==1.2.4"];
 
 /// tests/routers: deploy/ validated, then the router scenarios against `tandem` (a built
 /// binary; without one they are skipped, and the reason returned). The packages go into
 /// `.venv-routers` (git-ignored).
-fn router_check(root: &std::path::Path, tandem: Option<&std::path::Path>, model: &std::path::Path) -> Result<Option<String>> {
+fn router_check(
+    root: &std::path::Path,
+    tandem: Option<&std::path::Path>,
+    model: &std::path::Path,
+) -> Result<Option<String>> {
     let venv = root.join(".venv-routers");
     let py = venv.join("bin/python");
-    let pins = ROUTER_PACKAGES.iter().map(|p| p.split_once("==").expect("pinned")).map(|(n, v)| format!("m.version({n:?}) == {v:?}")).collect::<Vec<_>>().join(" and ");
+    let pins = ROUTER_PACKAGES
+        .iter()
+        .map(|p| p.split_once("==").expect("pinned"))
+        .map(|(n, v)| format!("m.version({n:?}) == {v:?}"))
+        .collect::<Vec<_>>()
+        .join(" and ");
     let pinned = format!("import importlib.metadata as m, sys; sys.exit(0 if {pins} else 1)");
     if !py.exists() || !Command::new(&py).args(["-c", &pinned]).status()?.success() {
         let ok = (py.exists() || Command::new("python3").arg("-m").arg("venv").arg(&venv).status()?.success())
@@ -199,7 +225,12 @@ fn router_check(root: &std::path::Path, tandem: Option<&std::path::Path>, model:
             bail!("could not install {} into {}", ROUTER_PACKAGES.join(", "), venv.display());
         }
     }
-    if !Command::new(&py).current_dir(root).args(["tests/routers/validate_deploy.py", "--self-test"]).status()?.success() {
+    if !Command::new(&py)
+        .current_dir(root)
+        .args(["tests/routers/validate_deploy.py", "--self-test"])
+        .status()?
+        .success()
+    {
         bail!("deploy/ failed validation (tests/routers/validate_deploy.py)");
     }
     let Some(tandem) = tandem else {
@@ -218,7 +249,14 @@ fn router_check(root: &std::path::Path, tandem: Option<&std::path::Path>, model:
     if !st.success() {
         bail!("the router scenarios failed (tests/routers/router_test.py)");
     }
-    let st = Command::new(&py).current_dir(root).arg("tests/routers/kv_events_contract.py").arg("--tandem").arg(tandem).arg("--bin-dir").arg(venv.join("bin")).status()?;
+    let st = Command::new(&py)
+        .current_dir(root)
+        .arg("tests/routers/kv_events_contract.py")
+        .arg("--tandem")
+        .arg(tandem)
+        .arg("--bin-dir")
+        .arg(venv.join("bin"))
+        .status()?;
     if !st.success() {
         bail!("the KV-event contract check failed (tests/routers/kv_events_contract.py)");
     }

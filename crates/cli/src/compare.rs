@@ -24,10 +24,10 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use serde_json::json;
-use tandem_conformance::rng::Rng;
-use tandem_core::greedy::{self, Step};
 use tandem_conformance::numerics::Bf16Numerics;
+use tandem_conformance::rng::Rng;
 use tandem_core::backend::{DType, KvDtype};
+use tandem_core::greedy::{self, Step};
 use tandem_core::model::{LlamaModel, LoadOptions};
 use tandem_core::ModelRunner;
 use tandem_engine::{Engine, EngineConfig, FinishReason, Request, SamplingParams};
@@ -152,23 +152,38 @@ pub fn run(a: Args) -> Result<()> {
     let single = need(longest - a.steps) + 1;
     // A fifth of what the batch would hold without sharing: with the prefix cache sharing the
     // repeats, that still preempts (8 preemptions on the tiny model at 32 requests).
-    let kv_blocks = a.kv_blocks.unwrap_or_else(|| single.max(requests.iter().map(|r| need(r.len())).sum::<usize>() / 5));
+    let kv_blocks =
+        a.kv_blocks.unwrap_or_else(|| single.max(requests.iter().map(|r| need(r.len())).sum::<usize>() / 5));
     if kv_blocks < single {
         bail!("--kv-blocks {kv_blocks} is below the {single} blocks one {longest}-token sequence needs");
     }
 
     let t = Instant::now();
-    let opts = |max_seqs: usize, blocks: usize| LoadOptions { max_batch_tokens: a.chunk, max_seqs, num_kv_blocks: blocks, block_size: BLOCK, ..Default::default() };
+    let opts = |max_seqs: usize, blocks: usize| LoadOptions {
+        max_batch_tokens: a.chunk,
+        max_seqs,
+        num_kv_blocks: blocks,
+        block_size: BLOCK,
+        ..Default::default()
+    };
     let under_opts = LoadOptions { kv_dtype: a.kv_cache_dtype.0, ..opts(a.batch.max(1), kv_blocks) };
     let mut under: Box<dyn ModelRunner> = if a.numerics == "bf16" {
         if a.backend != BackendKind::Reference {
-            bail!("--numerics bf16 wraps the reference backend; use it with --backend reference (got {})", a.backend.name());
+            bail!(
+                "--numerics bf16 wraps the reference backend; use it with --backend reference (got {})",
+                a.backend.name()
+            );
         }
-        Box::new(LlamaModel::load(Bf16Numerics::new(), &a.model, under_opts).with_context(|| format!("loading {} on the bf16-rounding reference", a.model.display()))?)
+        Box::new(
+            LlamaModel::load(Bf16Numerics::new(), &a.model, under_opts)
+                .with_context(|| format!("loading {} on the bf16-rounding reference", a.model.display()))?,
+        )
     } else {
-        backends::load(a.backend, &a.model, under_opts).with_context(|| format!("loading {} on {}", a.model.display(), a.backend.name()))?
+        backends::load(a.backend, &a.model, under_opts)
+            .with_context(|| format!("loading {} on {}", a.model.display(), a.backend.name()))?
     };
-    let mut refr = backends::load(a.against, &a.model, opts(1, single)).with_context(|| format!("loading {} on {}", a.model.display(), a.against.name()))?;
+    let mut refr = backends::load(a.against, &a.model, opts(1, single))
+        .with_context(|| format!("loading {} on {}", a.model.display(), a.against.name()))?;
     let cfg = under.config().clone();
     let kv_dtype = under.kv_dtype();
     let rounds = a.numerics == "bf16" || under.matmul_operand() != DType::F32 || kv_dtype != KvDtype::F32;
@@ -176,7 +191,13 @@ pub fn run(a: Args) -> Result<()> {
     let (nmse_limit, logprob_tol) = (a.nmse_limit.unwrap_or(limits.nmse), a.logprob_tol.unwrap_or(limits.logprob));
     println!(
         "limits: NMSE {nmse_limit:.0e}, |dlogprob| {logprob_tol:.0e} ({})",
-        if a.nmse_limit.is_some() || a.logprob_tol.is_some() { "given" } else if rounds { "16-bit numerics: projection inputs or K/V rounded" } else { "f32 numerics" }
+        if a.nmse_limit.is_some() || a.logprob_tol.is_some() {
+            "given"
+        } else if rounds {
+            "16-bit numerics: projection inputs or K/V rounded"
+        } else {
+            "f32 numerics"
+        }
     );
     println!(
         "compare: {} ({} KV cache) against {} on {} ({} layers, hidden {}, vocab {}), {} prompts of {:?} tokens, {} steps, chunk {}, seed {}, loaded in {:.1} s",
@@ -274,7 +295,9 @@ fn vocab_of(dir: &Path) -> Result<usize> {
 fn make_prompts(dir: &Path, k: usize, seed: u64) -> Result<Vec<Vec<u32>>> {
     let vocab = vocab_of(dir)?;
     let mut rng = Rng::new(seed);
-    Ok((0..k).map(|i| (0..LENGTHS[i % LENGTHS.len()] + i / LENGTHS.len()).map(|_| rng.below(vocab) as u32).collect()).collect())
+    Ok((0..k)
+        .map(|i| (0..LENGTHS[i % LENGTHS.len()] + i / LENGTHS.len()).map(|_| rng.below(vocab) as u32).collect())
+        .collect())
 }
 
 /// `n` prompts from the base ones: first the prompts themselves, then exact repeats (whole
@@ -304,7 +327,9 @@ fn greedy_run(runner: &mut dyn ModelRunner, prompt: &[u32], steps: usize) -> Res
     for s in out {
         let lp = log_softmax(&s.logits);
         let best = top_k(&s.logits, 5);
-        run.gap.push(best.get(1).map_or(f64::INFINITY, |&b| s.logits[best[0] as usize] as f64 - s.logits[b as usize] as f64));
+        run.gap.push(
+            best.get(1).map_or(f64::INFINITY, |&b| s.logits[best[0] as usize] as f64 - s.logits[b as usize] as f64),
+        );
         run.top5.push(best.iter().map(|&id| (id, lp[id as usize])).collect());
         run.ids.push(s.id);
         run.logits.push(s.logits);
@@ -337,13 +362,21 @@ fn top_k(row: &[f32], k: usize) -> Vec<u32> {
 
 impl Outcome {
     fn failed(why: String) -> Outcome {
-        Outcome { equal: 0, diverged_at: None, nmse: vec![], max_abs: f64::NAN, max_logprob_err: f64::NAN, failure: Some(why) }
+        Outcome {
+            equal: 0,
+            diverged_at: None,
+            nmse: vec![],
+            max_abs: f64::NAN,
+            max_logprob_err: f64::NAN,
+            failure: Some(why),
+        }
     }
 }
 
 /// Applies the rule of the module doc to one prompt's two runs.
 fn judge(ours: &Run, theirs: &Run, nmse_limit: f64, logprob_tol: f64) -> Outcome {
-    let mut o = Outcome { equal: 0, diverged_at: None, nmse: vec![], max_abs: 0.0, max_logprob_err: 0.0, failure: None };
+    let mut o =
+        Outcome { equal: 0, diverged_at: None, nmse: vec![], max_abs: 0.0, max_logprob_err: 0.0, failure: None };
     let steps = ours.ids.len().min(theirs.ids.len());
     if ours.ids.len() != theirs.ids.len() {
         o.failure = Some(format!("{} steps against {}", ours.ids.len(), theirs.ids.len()));
@@ -379,7 +412,10 @@ fn judge(ours: &Run, theirs: &Run, nmse_limit: f64, logprob_tol: f64) -> Outcome
             let err = (lp[id as usize] - want).abs();
             o.max_logprob_err = o.max_logprob_err.max(err);
             if err > logprob_tol && o.failure.is_none() {
-                o.failure = Some(format!("step {i}: token {id}: logprob {:.6} against {want:.6} (|diff| {err:.2e} > {logprob_tol:.0e})", lp[id as usize]));
+                o.failure = Some(format!(
+                    "step {i}: token {id}: logprob {:.6} against {want:.6} (|diff| {err:.2e} > {logprob_tol:.0e})",
+                    lp[id as usize]
+                ));
             }
         }
     }
@@ -408,7 +444,13 @@ fn print_outcome(i: usize, len: usize, steps: usize, o: &Outcome, ours: Option<&
 
 /// The requests together through the engine on B; each must give the ids it gave alone.
 /// Returns (passed, JSON summary).
-fn batch_invariance(runner: Box<dyn ModelRunner>, reqs: &[Vec<u32>], prompts: &[Vec<u32>], alone: &[Option<Vec<u32>>], a: &Args) -> (bool, serde_json::Value) {
+fn batch_invariance(
+    runner: Box<dyn ModelRunner>,
+    reqs: &[Vec<u32>],
+    prompts: &[Vec<u32>],
+    alone: &[Option<Vec<u32>>],
+    a: &Args,
+) -> (bool, serde_json::Value) {
     match batch_invariance_inner(runner, reqs, prompts, alone, a) {
         Ok(v) => v,
         Err(e) => {
@@ -418,7 +460,13 @@ fn batch_invariance(runner: Box<dyn ModelRunner>, reqs: &[Vec<u32>], prompts: &[
     }
 }
 
-fn batch_invariance_inner(mut runner: Box<dyn ModelRunner>, reqs: &[Vec<u32>], prompts: &[Vec<u32>], alone: &[Option<Vec<u32>>], a: &Args) -> Result<(bool, serde_json::Value)> {
+fn batch_invariance_inner(
+    mut runner: Box<dyn ModelRunner>,
+    reqs: &[Vec<u32>],
+    prompts: &[Vec<u32>],
+    alone: &[Option<Vec<u32>>],
+    a: &Args,
+) -> Result<(bool, serde_json::Value)> {
     let t = Instant::now();
     // Alone: one sequence at a time on the same loaded model (greedy::generate uses blocks
     // 0.. in order; the engine below owns the pool afterwards and overwrites it).
@@ -437,13 +485,23 @@ fn batch_invariance_inner(mut runner: Box<dyn ModelRunner>, reqs: &[Vec<u32>], p
     let kv_blocks = runner.kv_geometry().num_blocks;
     let mixed = Arc::new(AtomicU64::new(0));
     let runner: Box<dyn ModelRunner> = Box::new(MixCounter { inner: runner, mixed: mixed.clone() });
-    let cfg = EngineConfig { max_num_batched_tokens: Some(a.chunk), max_num_seqs: Some(reqs.len()), enable_prefix_caching: true, ..Default::default() };
-    let decode: tandem_engine::DecodeFn = std::sync::Arc::new(|ids: &[u32]| ids.iter().map(|i| char::from(b'a' + (i % 26) as u8)).collect());
+    let cfg = EngineConfig {
+        max_num_batched_tokens: Some(a.chunk),
+        max_num_seqs: Some(reqs.len()),
+        enable_prefix_caching: true,
+        ..Default::default()
+    };
+    let decode: tandem_engine::DecodeFn =
+        std::sync::Arc::new(|ids: &[u32]| ids.iter().map(|i| char::from(b'a' + (i % 26) as u8)).collect());
     let mut engine = Engine::new(runner, decode, cfg).map_err(|e| anyhow::anyhow!("engine: {e}"))?;
     let mut streams = Vec::with_capacity(reqs.len());
     for r in reqs {
         let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(a.steps) };
-        streams.push(engine.add_request(Request { prompt: r.clone(), params, priority: 0 }).map_err(|e| anyhow::anyhow!("add_request: {e:?}"))?);
+        streams.push(
+            engine
+                .add_request(Request { prompt: r.clone(), params, priority: 0 })
+                .map_err(|e| anyhow::anyhow!("add_request: {e:?}"))?,
+        );
     }
     while engine.has_work() {
         engine.step();
@@ -564,7 +622,11 @@ impl ModelRunner for MixCounter {
         self.count(b);
         self.inner.forward(b)
     }
-    fn forward_sampled(&mut self, b: &tandem_core::ForwardBatch, specs: &[tandem_core::sampling::SampleSpec]) -> tandem_core::Result<Vec<u32>> {
+    fn forward_sampled(
+        &mut self,
+        b: &tandem_core::ForwardBatch,
+        specs: &[tandem_core::sampling::SampleSpec],
+    ) -> tandem_core::Result<Vec<u32>> {
         self.count(b);
         self.inner.forward_sampled(b, specs)
     }
@@ -716,7 +778,20 @@ mod tests {
         let a = tiny_args(&dir);
         let prompts = make_prompts(&dir, a.prompts, a.seed).unwrap();
         let reqs = make_requests(&prompts, a.batch, 384, a.seed);
-        let load = || backends::load(BackendKind::Reference, &dir, LoadOptions { max_batch_tokens: a.chunk, max_seqs: a.batch, num_kv_blocks: 8, block_size: BLOCK, ..Default::default() }).unwrap();
+        let load = || {
+            backends::load(
+                BackendKind::Reference,
+                &dir,
+                LoadOptions {
+                    max_batch_tokens: a.chunk,
+                    max_seqs: a.batch,
+                    num_kv_blocks: 8,
+                    block_size: BLOCK,
+                    ..Default::default()
+                },
+            )
+            .unwrap()
+        };
         let none = vec![None; prompts.len()];
         let (ok, j) = batch_invariance(load(), &reqs, &prompts, &none, &a);
         assert!(ok, "{j}");
@@ -740,15 +815,46 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("tandem-compare-bf16-{}", std::process::id()));
         tandem_models::write_random_model(&dir, tandem_models::Shape::Tiny, 1, tandem_core::DType::BF16).unwrap();
         let json = dir.join("compare.json");
-        let a = Args { numerics: "bf16".into(), nmse_limit: None, logprob_tol: None, batch: 0, prompts: 8, steps: 16, seed: 1, chunk: 64, json: Some(json.clone()), ..tiny_args(&dir) };
+        let a = Args {
+            numerics: "bf16".into(),
+            nmse_limit: None,
+            logprob_tol: None,
+            batch: 0,
+            prompts: 8,
+            steps: 16,
+            seed: 1,
+            chunk: 64,
+            json: Some(json.clone()),
+            ..tiny_args(&dir)
+        };
         run(a).unwrap();
         let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
-        assert_eq!((doc["numerics"].as_str(), doc["nmse_limit"].as_f64(), doc["logprob_tol"].as_f64()), (Some("16-bit"), Some(BF16_NMSE_LIMIT), Some(BF16_LOGPROB_TOL)));
-        let worst = |field: &str| doc["prompts"].as_array().unwrap().iter().map(|p| if field == "nmse" { p[field].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).fold(0.0, f64::max) } else { p[field].as_f64().unwrap() }).fold(0.0, f64::max);
+        assert_eq!(
+            (doc["numerics"].as_str(), doc["nmse_limit"].as_f64(), doc["logprob_tol"].as_f64()),
+            (Some("16-bit"), Some(BF16_NMSE_LIMIT), Some(BF16_LOGPROB_TOL))
+        );
+        let worst = |field: &str| {
+            doc["prompts"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| {
+                    if field == "nmse" {
+                        p[field].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).fold(0.0, f64::max)
+                    } else {
+                        p[field].as_f64().unwrap()
+                    }
+                })
+                .fold(0.0, f64::max)
+        };
         let (nmse, lp) = (worst("nmse"), worst("max_logprob_err"));
         assert!(nmse > 1e-5, "the roundings must show: NMSE {nmse:.2e} is within the f32 limit");
-        assert!(nmse * 5.0 < BF16_NMSE_LIMIT && lp * 4.0 < BF16_LOGPROB_TOL, "NMSE {nmse:.2e}, |dlogprob| {lp:.2e} against limits {BF16_NMSE_LIMIT:.0e} and {BF16_LOGPROB_TOL}");
-        let e = run(Args { numerics: "bf16".into(), backend: BackendKind::Wgpu, json: None, ..tiny_args(&dir) }).expect_err("bf16 numerics wrap the reference only");
+        assert!(
+            nmse * 5.0 < BF16_NMSE_LIMIT && lp * 4.0 < BF16_LOGPROB_TOL,
+            "NMSE {nmse:.2e}, |dlogprob| {lp:.2e} against limits {BF16_NMSE_LIMIT:.0e} and {BF16_LOGPROB_TOL}"
+        );
+        let e = run(Args { numerics: "bf16".into(), backend: BackendKind::Wgpu, json: None, ..tiny_args(&dir) })
+            .expect_err("bf16 numerics wrap the reference only");
         assert!(e.to_string().contains("--backend reference"), "{e}");
         let _ = std::fs::remove_dir_all(&dir);
     }

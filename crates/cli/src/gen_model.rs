@@ -4,7 +4,6 @@
 
 use std::path::PathBuf;
 
-
 #[derive(clap::Args)]
 pub struct Args {
     /// tiny, tiny-tied, tiny-hd128, small-hd64, smollm2-135m, qwen2.5-0.5b, llama-3.2-1b or llama-3-8b.
@@ -22,7 +21,8 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let line = tandem_models::random_model::gen_model(&a.shape, a.seed, &a.dtype, &a.out).map_err(anyhow::Error::msg)?;
+    let line =
+        tandem_models::random_model::gen_model(&a.shape, a.seed, &a.dtype, &a.out).map_err(anyhow::Error::msg)?;
     eprintln!("{line}");
     println!("{}", a.out.display());
     Ok(())

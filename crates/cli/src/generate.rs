@@ -109,7 +109,9 @@ impl Args {
     fn guide_spec(&self) -> Result<Option<GuideSpec>> {
         if let Some(s) = &self.json_schema {
             let (text, from) = match s.strip_prefix('@') {
-                Some(f) => (std::fs::read_to_string(f).with_context(|| format!("--json-schema: reading {f}"))?, f.to_string()),
+                Some(f) => {
+                    (std::fs::read_to_string(f).with_context(|| format!("--json-schema: reading {f}"))?, f.to_string())
+                }
                 None => (s.clone(), "--json-schema".to_string()),
             };
             let v: Value = serde_json::from_str(&text).with_context(|| format!("{from}: not valid JSON"))?;
@@ -143,13 +145,19 @@ pub fn run(a: Args) -> Result<()> {
     let spec = a.guide_spec()?;
     let entries = match (&a.prompt, &a.chat, &a.prompts_file) {
         (Some(p), None, None) => vec![Entry { prompt: Prompt::Text(p.clone()), echo: ("prompt", json!(p)) }],
-        (None, Some(c), None) => vec![Entry { prompt: Prompt::Chat(vec![Message::user(c.clone())]), echo: ("messages", json!([{"role": "user", "content": c}])) }],
+        (None, Some(c), None) => vec![Entry {
+            prompt: Prompt::Chat(vec![Message::user(c.clone())]),
+            echo: ("messages", json!([{"role": "user", "content": c}])),
+        }],
         (None, None, Some(f)) => read_prompts(f)?,
         _ => bail!("give exactly one of --prompt, --chat or --prompts-file"),
     };
     let jsonl = a.jsonl || a.prompts_file.is_some() || a.n > 1;
     let dir = backends::resolve_model(a.model.as_deref())?;
-    let mut b = LlmBuilder::new(&dir).backend(a.backend.into()).max_num_seqs(a.max_num_seqs).max_num_batched_tokens(a.max_num_batched_tokens);
+    let mut b = LlmBuilder::new(&dir)
+        .backend(a.backend.into())
+        .max_num_seqs(a.max_num_seqs)
+        .max_num_batched_tokens(a.max_num_batched_tokens);
     if let Some(n) = a.num_kv_blocks {
         b = b.num_kv_blocks(n);
     }
@@ -213,7 +221,8 @@ fn read_prompts(path: &Path) -> Result<Vec<Entry>> {
             if !is_jsonl {
                 return Ok(Entry { prompt: Prompt::Text(line.to_string()), echo: ("prompt", json!(line)) });
             }
-            let v: Value = serde_json::from_str(line).with_context(|| format!("{}: not JSON (the file's first line is, so every line must be)", at()))?;
+            let v: Value = serde_json::from_str(line)
+                .with_context(|| format!("{}: not JSON (the file's first line is, so every line must be)", at()))?;
             parse_entry(&v).with_context(at)
         })
         .collect::<Result<Vec<_>>>()?;
@@ -225,7 +234,9 @@ fn read_prompts(path: &Path) -> Result<Vec<Entry>> {
 
 fn parse_entry(v: &Value) -> Result<Entry> {
     match (v.get("prompt"), v.get("messages")) {
-        (Some(Value::String(p)), None) => Ok(Entry { prompt: Prompt::Text(p.clone()), echo: ("prompt", v["prompt"].clone()) }),
+        (Some(Value::String(p)), None) => {
+            Ok(Entry { prompt: Prompt::Text(p.clone()), echo: ("prompt", v["prompt"].clone()) })
+        }
         (None, Some(Value::Array(ms))) if !ms.is_empty() => {
             let msgs = ms
                 .iter()
@@ -289,10 +300,25 @@ mod tests {
 
     #[test]
     fn plain_and_jsonl_prompt_files() {
-        let plain = read_prompts(&file("plain.txt", "first prompt\n\n{not json at the start? no: this file is plain}\nthird\n")).unwrap();
+        let plain = read_prompts(&file(
+            "plain.txt",
+            "first prompt\n\n{not json at the start? no: this file is plain}\nthird\n",
+        ))
+        .unwrap();
         let texts: Vec<_> = plain.iter().map(|e| e.prompt.clone()).collect();
-        assert_eq!(texts, vec![Prompt::Text("first prompt".into()), Prompt::Text("{not json at the start? no: this file is plain}".into()), Prompt::Text("third".into())]);
-        let jsonl = read_prompts(&file("a.jsonl", "{\"prompt\": \"hi\"}\n{\"messages\": [{\"role\": \"user\", \"content\": \"yo\"}], \"id\": 3}\n")).unwrap();
+        assert_eq!(
+            texts,
+            vec![
+                Prompt::Text("first prompt".into()),
+                Prompt::Text("{not json at the start? no: this file is plain}".into()),
+                Prompt::Text("third".into())
+            ]
+        );
+        let jsonl = read_prompts(&file(
+            "a.jsonl",
+            "{\"prompt\": \"hi\"}\n{\"messages\": [{\"role\": \"user\", \"content\": \"yo\"}], \"id\": 3}\n",
+        ))
+        .unwrap();
         assert_eq!(jsonl[0].prompt, Prompt::Text("hi".into()));
         assert_eq!(jsonl[1].prompt, Prompt::Chat(vec![Message::user("yo")]));
         assert_eq!(jsonl[1].echo.0, "messages");

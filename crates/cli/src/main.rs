@@ -6,9 +6,9 @@
 //!   test-backend-ops), for machines that have no Rust toolchain.
 
 mod backends;
+mod bench;
 mod compare;
 mod gen_model;
-mod bench;
 mod generate;
 mod serve;
 mod test_ops;

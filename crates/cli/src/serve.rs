@@ -10,14 +10,14 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use tandem_core::model::LoadOptions;
-use tandem_core::KvDtype;
 use tandem_core::tokenizer::Tokenizer;
+use tandem_core::KvDtype;
 use tandem_engine::engine::{Engine, EngineConfig};
 use tandem_engine::scheduler::{BatchMode, Policy};
 use tandem_server::engine_adapter::{decode_fn, TandemEngine};
-use tandem_server::ServerConfig;
 use tandem_server::reasoning::{self, ReasoningParser};
 use tandem_server::tool_parser::{self, ToolParser};
+use tandem_server::ServerConfig;
 
 use crate::backends::{self, BackendKind};
 
@@ -109,7 +109,9 @@ pub fn parse_kv_cache_dtype(v: &str) -> std::result::Result<KvCacheDtype, String
         "auto" => Ok(KvCacheDtype(None)),
         "bf16" | "bfloat16" => Ok(KvCacheDtype(Some(KvDtype::Bf16))),
         "f32" | "fp32" | "float32" | "float" => Ok(KvCacheDtype(Some(KvDtype::F32))),
-        fp8 if fp8.starts_with("fp8") => Err(format!("{v}: an fp8 KV cache is not supported; tandem stores bf16 (cuda) or f32 (use auto, bf16 or f32)")),
+        fp8 if fp8.starts_with("fp8") => Err(format!(
+            "{v}: an fp8 KV cache is not supported; tandem stores bf16 (cuda) or f32 (use auto, bf16 or f32)"
+        )),
         _ => Err(format!("{v}: expected auto, bf16 (bfloat16) or f32 (float32)")),
     }
 }
@@ -131,7 +133,9 @@ impl EngineArgs {
     pub fn engine_config(&self, max_pending: Option<usize>) -> Result<EngineConfig> {
         let mode = match self.scheduler.as_str() {
             "continuous" => BatchMode::Continuous,
-            "static" => BatchMode::Static { batch_size: self.max_num_seqs, max_wait: Duration::from_millis(self.max_wait_ms) },
+            "static" => {
+                BatchMode::Static { batch_size: self.max_num_seqs, max_wait: Duration::from_millis(self.max_wait_ms) }
+            }
             other => anyhow::bail!("--scheduler {other}: expected `continuous` or `static`"),
         };
         let policy = match self.policy.as_str() {
@@ -238,14 +242,46 @@ pub struct Args {
 
 /// vLLM `serve` flags that tandem does not implement: refused by name, never ignored.
 const VLLM_UNSUPPORTED: &[&str] = &[
-    "--quantization", "-q", "--pipeline-parallel-size", "-pp", "--data-parallel-size", "-dp", "--enable-lora", "--lora-modules",
-    "--speculative-config", "--tokenizer", "--tokenizer-mode", "--trust-remote-code", "--revision", "--download-dir",
-    "--load-format", "--max-logprobs", "--swap-space", "--cpu-offload-gb", "--cuda-graph-sizes", "--max-seq-len-to-capture",
-    "--guided-decoding-backend", "--chat-template",
-    "--response-role", "--ssl-keyfile", "--ssl-certfile", "--root-path", "--middleware", "--enable-sleep-mode",
-    "--kv-transfer-config", "--num-scheduler-steps", "--preemption-mode", "--no-enable-chunked-prefill", "--hf-overrides",
-    "--override-generation-config", "--limit-mm-per-prompt", "--mm-processor-kwargs", "--distributed-executor-backend",
-    "--enable-expert-parallel", "--rope-scaling", "--rope-theta",
+    "--quantization",
+    "-q",
+    "--pipeline-parallel-size",
+    "-pp",
+    "--data-parallel-size",
+    "-dp",
+    "--enable-lora",
+    "--lora-modules",
+    "--speculative-config",
+    "--tokenizer",
+    "--tokenizer-mode",
+    "--trust-remote-code",
+    "--revision",
+    "--download-dir",
+    "--load-format",
+    "--max-logprobs",
+    "--swap-space",
+    "--cpu-offload-gb",
+    "--cuda-graph-sizes",
+    "--max-seq-len-to-capture",
+    "--guided-decoding-backend",
+    "--chat-template",
+    "--response-role",
+    "--ssl-keyfile",
+    "--ssl-certfile",
+    "--root-path",
+    "--middleware",
+    "--enable-sleep-mode",
+    "--kv-transfer-config",
+    "--num-scheduler-steps",
+    "--preemption-mode",
+    "--no-enable-chunked-prefill",
+    "--hf-overrides",
+    "--override-generation-config",
+    "--limit-mm-per-prompt",
+    "--mm-processor-kwargs",
+    "--distributed-executor-backend",
+    "--enable-expert-parallel",
+    "--rope-scaling",
+    "--rope-theta",
 ];
 
 /// A vLLM flag tandem does not have: an error naming it (clap's own error would say only
@@ -254,7 +290,9 @@ pub fn refuse_vllm_only_flags(args: &[String]) -> Result<()> {
     for a in args {
         let name = a.split('=').next().unwrap_or(a);
         if VLLM_UNSUPPORTED.contains(&name) {
-            anyhow::bail!("`{name}` is a vLLM flag that tandem does not support (see docs/openai-compat.md for the flags it has)");
+            anyhow::bail!(
+                "`{name}` is a vLLM flag that tandem does not support (see docs/openai-compat.md for the flags it has)"
+            );
         }
     }
     Ok(())
@@ -264,14 +302,23 @@ impl Args {
     /// The vLLM-compatibility flags that tandem accepts only with values it implements.
     fn check_vllm_values(&self, cfg: &tandem_core::ModelConfig, dir: &std::path::Path) -> Result<()> {
         if self.tensor_parallel_size != 1 {
-            anyhow::bail!("--tensor-parallel-size {}: tandem runs on one device; only 1 is supported", self.tensor_parallel_size);
+            anyhow::bail!(
+                "--tensor-parallel-size {}: tandem runs on one device; only 1 is supported",
+                self.tensor_parallel_size
+            );
         }
         let stored = cfg.dtype.as_deref().unwrap_or("unknown");
         let canon = |d: &str| match d {
             "bfloat16" | "bf16" => "bfloat16",
             "float16" | "half" | "fp16" => "float16",
             "float32" | "float" | "fp32" => "float32",
-            other => if other == "auto" { "auto" } else { "?" },
+            other => {
+                if other == "auto" {
+                    "auto"
+                } else {
+                    "?"
+                }
+            }
         };
         match canon(&self.dtype) {
             "auto" => Ok(()),
@@ -288,7 +335,10 @@ impl Args {
             folder => PathBuf::from(folder),
         };
         if self.generation_config != "auto" && !from.join("generation_config.json").exists() {
-            anyhow::bail!("--generation-config {}: no generation_config.json there (use auto, vllm or a folder holding one)", from.display());
+            anyhow::bail!(
+                "--generation-config {}: no generation_config.json there (use auto, vllm or a folder holding one)",
+                from.display()
+            );
         }
         let Some(g) = tandem_core::GenerationConfig::from_dir(&from)? else { return Ok(Default::default()) };
         let d = tandem_server::config::SamplingDefaults::from_generation_config(&g);
@@ -341,12 +391,17 @@ pub fn run(mut a: Args) -> Result<()> {
     a.check_vllm_values(&cfg, &dir)?;
     let tool_call_parser = match a.tool_call_parser.as_deref() {
         None => None,
-        Some(p) => Some(ToolParser::from_name(p).ok_or_else(|| anyhow::anyhow!("--tool-call-parser {p}: tandem parses {}", tool_parser::NAMES.join(", ")))?),
+        Some(p) => Some(ToolParser::from_name(p).ok_or_else(|| {
+            anyhow::anyhow!("--tool-call-parser {p}: tandem parses {}", tool_parser::NAMES.join(", "))
+        })?),
     };
-    let reasoning_parser = match a.reasoning_parser.as_deref() {
-        None => None,
-        Some(p) => Some(ReasoningParser::from_name(p).ok_or_else(|| anyhow::anyhow!("--reasoning-parser {p}: tandem parses {}", reasoning::NAMES.join(", ")))?),
-    };
+    let reasoning_parser =
+        match a.reasoning_parser.as_deref() {
+            None => None,
+            Some(p) => Some(ReasoningParser::from_name(p).ok_or_else(|| {
+                anyhow::anyhow!("--reasoning-parser {p}: tandem parses {}", reasoning::NAMES.join(", "))
+            })?),
+        };
     match tool_call_parser {
         Some(p) => tracing::info!("--tool-call-parser {}: \"auto\" answers are read for its calls", p.name()),
         None if a.enable_auto_tool_choice => tracing::info!("--enable-auto-tool-choice: \"auto\" answers are parsed for <tool_call> blocks when the chat template writes them"),
@@ -357,14 +412,18 @@ pub fn run(mut a: Args) -> Result<()> {
     }
     let sampling_defaults = a.sampling_defaults(&dir)?;
     let timeout = match a.request_timeout_s {
-        Some(t) if !(t.is_finite() && t > 0.0) => anyhow::bail!("--request-timeout-s {t}: expected a positive number of seconds"),
+        Some(t) if !(t.is_finite() && t > 0.0) => {
+            anyhow::bail!("--request-timeout-s {t}: expected a positive number of seconds")
+        }
         t => t.map(Duration::from_secs_f64),
     };
     tok.add_eos_ids(&cfg.eos_token_ids);
     let tok = Arc::new(tok);
     let names = ServedNames::new(a.engine.model.as_deref(), &dir, &a.served_model_name);
     let name = names.name.clone();
-    let addr: SocketAddr = format!("{}:{}", a.host, a.port).parse().with_context(|| format!("--host {} --port {}: not an address", a.host, a.port))?;
+    let addr: SocketAddr = format!("{}:{}", a.host, a.port)
+        .parse()
+        .with_context(|| format!("--host {} --port {}: not an address", a.host, a.port))?;
     let server_cfg = ServerConfig {
         addr,
         api_key: a.api_key.clone(),
@@ -390,7 +449,8 @@ pub fn run(mut a: Args) -> Result<()> {
             anyhow::bail!("--kv-events-endpoint publishes the prefix cache's changes: it needs prefix caching (drop --no-prefix-caching)");
         }
         let (tx, rx) = std::sync::mpsc::channel();
-        tandem_server::kv_events::spawn(endpoint, rx, a.engine.block_size).map_err(|e| anyhow::anyhow!("--kv-events-endpoint: {e}"))?;
+        tandem_server::kv_events::spawn(endpoint, rx, a.engine.block_size)
+            .map_err(|e| anyhow::anyhow!("--kv-events-endpoint: {e}"))?;
         engine_cfg.kv_events = Some(tx);
     }
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
@@ -398,7 +458,12 @@ pub fn run(mut a: Args) -> Result<()> {
     let engine_at_exit = engine.clone();
     let served = rt.block_on(async move {
         let server = tandem_server::Server::bind(server_cfg, engine.clone(), tok.clone(), name).await?;
-        tracing::info!("listening on http://{} (loading {} on {})", server.local_addr()?, dir.display(), a.engine.backend.name());
+        tracing::info!(
+            "listening on http://{} (loading {} on {})",
+            server.local_addr()?,
+            dir.display(),
+            a.engine.backend.name()
+        );
         let load_opts = LoadOptions { graphs: !a.enforce_eager, ..a.engine.load_options() };
         let (backend, tok2) = (a.engine.backend, tok.clone());
         let state = server.state();
@@ -415,7 +480,13 @@ pub fn run(mut a: Args) -> Result<()> {
             let _ = state.structured.set(structured);
             let runner = backends::load(backend, &dir, load_opts)?;
             let (kv, geo) = (runner.kv_dtype(), runner.kv_geometry());
-            tracing::info!(kv_cache_dtype = kv.name(), kv_blocks = geo.num_blocks, block_size = geo.block_size, activations = runner.activation_dtypes().x.name(), "KV cache");
+            tracing::info!(
+                kv_cache_dtype = kv.name(),
+                kv_blocks = geo.num_blocks,
+                block_size = geo.block_size,
+                activations = runner.activation_dtypes().x.name(),
+                "KV cache"
+            );
             let handle = Engine::spawn(runner, decode_fn(tok2), engine_cfg).map_err(|e| anyhow::anyhow!("{e}"))?;
             let max_model_len = handle.max_model_len();
             engine.set(handle);
@@ -451,7 +522,15 @@ mod tests {
     /// lists what is accepted; `flag()` gives back a value the parser takes.
     #[test]
     fn kv_cache_dtype_spellings() {
-        for (v, want) in [("auto", None), ("bf16", Some(KvDtype::Bf16)), ("bfloat16", Some(KvDtype::Bf16)), ("BF16", Some(KvDtype::Bf16)), ("f32", Some(KvDtype::F32)), ("float32", Some(KvDtype::F32)), ("fp32", Some(KvDtype::F32))] {
+        for (v, want) in [
+            ("auto", None),
+            ("bf16", Some(KvDtype::Bf16)),
+            ("bfloat16", Some(KvDtype::Bf16)),
+            ("BF16", Some(KvDtype::Bf16)),
+            ("f32", Some(KvDtype::F32)),
+            ("float32", Some(KvDtype::F32)),
+            ("fp32", Some(KvDtype::F32)),
+        ] {
             let got = parse_kv_cache_dtype(v).unwrap();
             assert_eq!(got, KvCacheDtype(want), "{v}");
             assert_eq!(parse_kv_cache_dtype(got.flag()).unwrap(), got);
@@ -468,18 +547,32 @@ mod tests {
     fn served_names_as_vllm() {
         let dir = std::path::Path::new("/models/SmolLM2-135M");
         let n = ServedNames::new(Some(std::path::Path::new("models/SmolLM2-135M/")), dir, &[]);
-        assert_eq!((n.name.as_str(), n.aliases.as_slice(), n.root.as_str()), ("models/SmolLM2-135M/", &["SmolLM2-135M".to_string()][..], "models/SmolLM2-135M/"));
+        assert_eq!(
+            (n.name.as_str(), n.aliases.as_slice(), n.root.as_str()),
+            ("models/SmolLM2-135M/", &["SmolLM2-135M".to_string()][..], "models/SmolLM2-135M/")
+        );
         let n = ServedNames::new(Some(std::path::Path::new("SmolLM2-135M")), dir, &[]);
         assert!(n.aliases.is_empty(), "{n:?}");
         let n = ServedNames::new(Some(dir), dir, &["a".into(), "b".into()]);
-        assert_eq!(n, ServedNames { name: "a".into(), others: vec!["b".into()], aliases: vec![], root: "/models/SmolLM2-135M".into() });
+        assert_eq!(
+            n,
+            ServedNames {
+                name: "a".into(),
+                others: vec!["b".into()],
+                aliases: vec![],
+                root: "/models/SmolLM2-135M".into()
+            }
+        );
         #[derive(clap::Parser)]
         struct P {
             #[command(flatten)]
             a: Args,
         }
         let p = <P as clap::Parser>::try_parse_from(["tandem", "DIR", "--served-model-name", "a", "b"]).unwrap();
-        assert_eq!((p.a.model_dir.as_deref(), p.a.served_model_name.as_slice()), (Some(std::path::Path::new("DIR")), &["a".to_string(), "b".to_string()][..]));
+        assert_eq!(
+            (p.a.model_dir.as_deref(), p.a.served_model_name.as_slice()),
+            (Some(std::path::Path::new("DIR")), &["a".to_string(), "b".to_string()][..])
+        );
     }
 
     /// Async scheduling is on unless `--no-async-scheduling` comes last (vLLM's spelling of both).

@@ -38,7 +38,13 @@ pub fn run(a: Args) -> Result<()> {
     Ok(())
 }
 
-fn suite<B: tandem_core::Backend>(b: &B, filter: Option<&str>, seed: u64, perf: bool, out: &mut std::io::Stdout) -> Result<usize> {
+fn suite<B: tandem_core::Backend>(
+    b: &B,
+    filter: Option<&str>,
+    seed: u64,
+    perf: bool,
+    out: &mut std::io::Stdout,
+) -> Result<usize> {
     if perf {
         let rep = tandem_conformance::run_perf(b, filter, seed, 10, out);
         if rep.results.is_empty() {
@@ -48,7 +54,11 @@ fn suite<B: tandem_core::Backend>(b: &B, filter: Option<&str>, seed: u64, perf: 
     }
     let rep = tandem_conformance::run(b, filter, seed, out);
     if rep.passed + rep.failed == 0 && rep.skipped_cases > 0 {
-        bail!("{} has no path for the {} case(s) matching {filter:?} (skipped): nothing was checked", b.name(), rep.skipped_cases);
+        bail!(
+            "{} has no path for the {} case(s) matching {filter:?} (skipped): nothing was checked",
+            b.name(),
+            rep.skipped_cases
+        );
     }
     if rep.passed + rep.failed == 0 {
         bail!("no case matches {filter:?}: nothing was checked");

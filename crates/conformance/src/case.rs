@@ -8,8 +8,9 @@ use tandem_core::DType;
 
 use crate::compare::compare;
 use crate::ops::{
-    Add, AddRmsNorm, Argmax, Embedding, GatherRows, GateUpGelu, GateUpSilu, GeluTanhMul, KvWrite, Launch, Matmul, MoeAccumulate, MoeRoute, MoeRouted, Op, PagedAttention,
-    QkvRopeKvWrite, ResidualNormGateUp, RmsNorm, Rope, RopeKvWrite, Scale, SeqChunk, SiluMul,
+    Add, AddRmsNorm, Argmax, Embedding, GateUpGelu, GateUpSilu, GatherRows, GeluTanhMul, KvWrite, Launch, Matmul,
+    MoeAccumulate, MoeRoute, MoeRouted, Op, PagedAttention, QkvRopeKvWrite, ResidualNormGateUp, RmsNorm, Rope,
+    RopeKvWrite, Scale, SeqChunk, SiluMul,
 };
 use crate::rng::{hash_str, mix, Rng};
 
@@ -171,7 +172,13 @@ fn check_op<O: Op, B: Backend, R: Backend>(o: &O, b: &B, r: &R, seed: u64) -> Ch
 }
 
 /// The op's times on `b`, and why it was skipped there (no times then).
-fn time_op<O: Op, B: Backend>(o: &O, b: &B, seed: u64, warmup: usize, reps: usize) -> Result<(Vec<Duration>, Option<String>), String> {
+fn time_op<O: Op, B: Backend>(
+    o: &O,
+    b: &B,
+    seed: u64,
+    warmup: usize,
+    reps: usize,
+) -> Result<(Vec<Duration>, Option<String>), String> {
     let res = catch_unwind(AssertUnwindSafe(|| {
         let inputs = o.generate(&mut Rng::new(seed));
         let mut launch = Launch::timed(warmup, reps);
@@ -217,7 +224,15 @@ impl Case {
             Ok((t, skipped)) => (t, None, skipped),
             Err(e) => (vec![], Some(e), None),
         };
-        PerfResult { op: self.op, params: self.params.clone(), times, bytes: cost.bytes, flops: cost.flops, failure, skipped }
+        PerfResult {
+            op: self.op,
+            params: self.params.clone(),
+            times,
+            bytes: cost.bytes,
+            flops: cost.flops,
+            failure,
+            skipped,
+        }
     }
 }
 
@@ -235,7 +250,10 @@ pub fn cases() -> Vec<Case> {
         v.push(Case::new(Embedding { dtype, vocab: 1000, hidden: 576, tokens: 7, from_file: false }, Spec::Embedding));
     }
     v.push(Case::new(Embedding { dtype: F32, vocab: 77, hidden: 100, tokens: 1, from_file: false }, Spec::Embedding));
-    v.push(Case::new(Embedding { dtype: BF16, vocab: 49152, hidden: 64, tokens: 37, from_file: false }, Spec::Embedding));
+    v.push(Case::new(
+        Embedding { dtype: BF16, vocab: 49152, hidden: 64, tokens: 37, from_file: false },
+        Spec::Embedding,
+    ));
     // An odd row length: half-precision rows start in the middle of a 32-bit word.
     for dtype in [BF16, F16] {
         v.push(Case::new(Embedding { dtype, vocab: 300, hidden: 77, tokens: 5, from_file: false }, Spec::Embedding));
@@ -261,7 +279,10 @@ pub fn cases() -> Vec<Case> {
         v.push(Case::new(RmsNorm { dtype, rows, dim, eps, x_scale, from_file: false }, Spec::RmsNorm));
     }
     for dtype in [BF16, F32] {
-        v.push(Case::new(RmsNorm { dtype, rows: 7, dim: 576, eps: 1e-5, x_scale: 1.0, from_file: true }, Spec::RmsNorm));
+        v.push(Case::new(
+            RmsNorm { dtype, rows: 7, dim: 576, eps: 1e-5, x_scale: 1.0, from_file: true },
+            Spec::RmsNorm,
+        ));
     }
 
     for len in [1, 77, 576 * 37, 100_003] {
@@ -286,19 +307,30 @@ pub fn cases() -> Vec<Case> {
     }
     // Mixtral's 8 experts top 2, Qwen3-MoE's 128 top 8 (renormalised or not), one row, a
     // prefill's rows, and ties the lower index must win.
-    for (rows, experts, top_k, renormalize, ties) in [(1, 8, 2, true, false), (37, 8, 2, true, true), (5, 128, 8, false, false), (70, 128, 8, true, true), (3, 4, 4, true, false)] {
+    for (rows, experts, top_k, renormalize, ties) in [
+        (1, 8, 2, true, false),
+        (37, 8, 2, true, true),
+        (5, 128, 8, false, false),
+        (70, 128, 8, true, true),
+        (3, 4, 4, true, false),
+    ] {
         v.push(Case::new(MoeRoute { rows, experts, top_k, renormalize, ties }, Spec::MoeRoute));
     }
-    for (rows, dim, expert, experts, first) in [(1, 64, 0, 8, true), (37, 576, 5, 8, false), (70, 2048, 127, 128, false), (3, 100, 0, 4, true)] {
+    for (rows, dim, expert, experts, first) in
+        [(1, 64, 0, 8, true), (37, 576, 5, 8, false), (70, 2048, 127, 128, false), (3, 100, 0, 4, true)]
+    {
         v.push(Case::new(MoeAccumulate { rows, dim, expert, experts, first }, Spec::MoeAccumulate));
     }
     // The routed experts (CUDA) against the every-expert path, bitwise: a decode token (the
     // 16-row tile), a prefill with more routed rows than 16 per expert (the 64-row tile), an
     // odd width (hidden 72, inter 40: not multiples of the tiles) with 16 experts top 4
     // unrenormalised, and f32 weights (the SIMT grouped GEMM).
-    for (dtype, rows, experts, top_k, hidden, inter, renormalize) in
-        [(BF16, 1, 8, 2, 64, 96, true), (BF16, 37, 4, 2, 128, 64, true), (F16, 5, 16, 4, 72, 40, false), (F32, 7, 8, 2, 64, 48, true)]
-    {
+    for (dtype, rows, experts, top_k, hidden, inter, renormalize) in [
+        (BF16, 1, 8, 2, 64, 96, true),
+        (BF16, 37, 4, 2, 128, 64, true),
+        (F16, 5, 16, 4, 72, 40, false),
+        (F32, 7, 8, 2, 64, 48, true),
+    ] {
         v.push(Case::new(MoeRouted { dtype, rows, experts, top_k, hidden, inter, renormalize }, Spec::MoeRouted));
     }
 
@@ -316,7 +348,10 @@ pub fn cases() -> Vec<Case> {
     // shape, and a single output column.
     for dtype in [F32, BF16, F16] {
         for m in [1, 3, 16, 37, 128] {
-            v.push(Case::new(Matmul { dtype, m, n: 1536, k: 576, bias: m == 3 || m == 37, from_file: false }, Spec::Matmul));
+            v.push(Case::new(
+                Matmul { dtype, m, n: 1536, k: 576, bias: m == 3 || m == 37, from_file: false },
+                Spec::Matmul,
+            ));
             v.push(Case::new(Matmul { dtype, m, n: 77, k: 100, bias: true, from_file: false }, Spec::Matmul));
             v.push(Case::new(Matmul { dtype, m, n: 1, k: 1000, bias: m == 16, from_file: false }, Spec::Matmul));
         }
@@ -336,7 +371,10 @@ pub fn cases() -> Vec<Case> {
     // Past 128 rows (CUDA's prefill tile kernels, m128 and its variants: TANDEM_CUDA_GEMM_LARGE),
     // with K cut into slices folded in registers or shared memory (n = 200, k = 1000: 3).
     for dtype in [BF16, F16] {
-        v.push(Case::new(Matmul { dtype, m: 300, n: 200, k: 1000, bias: dtype == BF16, from_file: false }, Spec::Matmul));
+        v.push(Case::new(
+            Matmul { dtype, m: 300, n: 200, k: 1000, bias: dtype == BF16, from_file: false },
+            Spec::Matmul,
+        ));
         v.push(Case::new(Matmul { dtype, m: 129, n: 1536, k: 576, bias: false, from_file: false }, Spec::Matmul));
     }
     // The LM head: a wide n.
@@ -357,12 +395,15 @@ pub fn cases() -> Vec<Case> {
     // The fused attention-input ops (wgpu: one dispatch, or the q/k/v projection's epilogue,
     // which takes decode and head_dim-64 prefill shapes; head_dim 128 at T = 37 takes its
     // unfused path), against the plain ops on the reference.
-    for (g, q_heads, tokens) in [(geometry(10, 16, 3, 64), 9, 1), (geometry(12, 16, 2, 128), 8, 37), (geometry(8, 32, 1, 64), 4, 5)] {
+    for (g, q_heads, tokens) in
+        [(geometry(10, 16, 3, 64), 9, 1), (geometry(12, 16, 2, 128), 8, 37), (geometry(8, 32, 1, 64), 4, 5)]
+    {
         v.push(Case::new(RopeKvWrite { geometry: g, q_heads, tokens, max_pos: 4096 }, Spec::RopeKvWrite));
     }
     // The fused gate/up projection with silu (CUDA: one GEMM, the split and register folds;
     // an intermediate size that is not a multiple of 32; f32 weights are not fused).
-    for (dtype, m, inter, hidden) in [(BF16, 1, 1536, 576), (BF16, 37, 200, 256), (F16, 200, 70, 136), (F32, 3, 64, 96)] {
+    for (dtype, m, inter, hidden) in [(BF16, 1, 1536, 576), (BF16, 37, 200, 256), (F16, 200, 70, 136), (F32, 3, 64, 96)]
+    {
         v.push(Case::new(GateUpSilu { dtype, m, inter, hidden }, Spec::GateUpSilu));
     }
     // The same with GeGLU (Gemma's MLP; CUDA: the EPI_GEGLU epilogue): decode, a prefill
@@ -372,7 +413,13 @@ pub fn cases() -> Vec<Case> {
     }
     // The residual add and the next norm around the projections: fused where the backend fuses
     // norms at that many tokens (CUDA: 1-2 tokens, the epilogue and the prologue), else plain.
-    for (dtype, m, hidden, k, inter) in [(BF16, 1, 576, 576, 1536), (BF16, 2, 256, 384, 200), (F16, 2, 136, 1000, 70), (BF16, 37, 256, 96, 130), (F32, 1, 64, 96, 64)] {
+    for (dtype, m, hidden, k, inter) in [
+        (BF16, 1, 576, 576, 1536),
+        (BF16, 2, 256, 384, 200),
+        (F16, 2, 136, 1000, 70),
+        (BF16, 37, 256, 96, 130),
+        (F32, 1, 64, 96, 64),
+    ] {
         v.push(Case::new(ResidualNormGateUp { dtype, m, hidden, k, inter }, Spec::ResidualNormGateUp));
     }
     for (dtype, g, q_heads, hidden, tokens, bias) in [
@@ -419,7 +466,10 @@ pub fn cases() -> Vec<Case> {
         (32, 2, 2, 256, vec![p(20, 13), p(5, 40), d(33)]),
     ];
     for (block_size, kv_heads, gqa, head_dim, seqs) in attention {
-        v.push(Case::new(PagedAttention { block_size, kv_heads, gqa, head_dim, seqs, spare_blocks: 3, window: 0 }, Spec::PagedAttention));
+        v.push(Case::new(
+            PagedAttention { block_size, kv_heads, gqa, head_dim, seqs, spare_blocks: 3, window: 0 },
+            Spec::PagedAttention,
+        ));
     }
     // Sliding windows (Mistral, Gemma 3's local layers): contexts shorter and longer than the
     // window, decodes beside a prefill chunk whose rows' windows start in different places, a
@@ -433,7 +483,10 @@ pub fn cases() -> Vec<Case> {
         (16, 1, 2, 256, vec![d(5), p(500, 30), d(700)], 512),
     ];
     for (block_size, kv_heads, gqa, head_dim, seqs, window) in windowed {
-        v.push(Case::new(PagedAttention { block_size, kv_heads, gqa, head_dim, seqs, spare_blocks: 3, window }, Spec::PagedAttention));
+        v.push(Case::new(
+            PagedAttention { block_size, kv_heads, gqa, head_dim, seqs, spare_blocks: 3, window },
+            Spec::PagedAttention,
+        ));
     }
 
     for (rows, vocab, ties) in [(1, 49152, false), (3, 77, true), (16, 1000, false), (5, 1, false), (4, 49152, true)] {

@@ -29,14 +29,33 @@ impl Output {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Mismatch {
     /// NMSE above the limit; the element with the largest absolute error is named.
-    Error { nmse: f64, worst: usize, got: f32, want: f32 },
+    Error {
+        nmse: f64,
+        worst: usize,
+        got: f32,
+        want: f32,
+    },
     /// The tested backend left NaN/Inf (an unwritten, poisoned element, or an overflow).
-    NonFinite { count: usize, first: usize, got: f32 },
+    NonFinite {
+        count: usize,
+        first: usize,
+        got: f32,
+    },
     /// The reference itself is not finite: the case is broken, not the backend.
-    ReferenceNonFinite { first: usize },
-    Length { got: usize, want: usize },
+    ReferenceNonFinite {
+        first: usize,
+    },
+    Length {
+        got: usize,
+        want: usize,
+    },
     /// Index outputs (argmax) differ.
-    Index { first: usize, got: u32, want: u32, count: usize },
+    Index {
+        first: usize,
+        got: u32,
+        want: u32,
+        count: usize,
+    },
 }
 
 impl fmt::Display for Mismatch {
@@ -48,7 +67,9 @@ impl fmt::Display for Mismatch {
             Mismatch::NonFinite { count, first, got } => {
                 write!(f, "{count} non-finite values, first at [{first}] = {got} (unwritten or overflow)")
             }
-            Mismatch::ReferenceNonFinite { first } => write!(f, "reference output is not finite at [{first}] (case bug)"),
+            Mismatch::ReferenceNonFinite { first } => {
+                write!(f, "reference output is not finite at [{first}] (case bug)")
+            }
             Mismatch::Length { got, want } => write!(f, "length {got}, want {want}"),
             Mismatch::Index { first, got, want, count } => {
                 write!(f, "{count} indices differ, first at [{first}]: got {got}, want {want}")
@@ -66,7 +87,11 @@ pub fn nmse(got: &[f32], want: &[f32]) -> f64 {
         den += b as f64 * b as f64;
     }
     if den == 0.0 {
-        if num == 0.0 { 0.0 } else { f64::INFINITY }
+        if num == 0.0 {
+            0.0
+        } else {
+            f64::INFINITY
+        }
     } else {
         num / den
     }
@@ -106,9 +131,7 @@ fn compare_f32(g: &[f32], w: &[f32], limit: f64) -> Result<f64, Mismatch> {
     let e = nmse(g, w);
     // A NaN NMSE must never pass.
     if e.is_nan() || e > limit {
-        let worst = (0..g.len())
-            .max_by(|&a, &b| (g[a] - w[a]).abs().total_cmp(&(g[b] - w[b]).abs()))
-            .unwrap_or(0);
+        let worst = (0..g.len()).max_by(|&a, &b| (g[a] - w[a]).abs().total_cmp(&(g[b] - w[b]).abs())).unwrap_or(0);
         return Err(Mismatch::Error { nmse: e, worst, got: g[worst], want: w[worst] });
     }
     Ok(e)

@@ -82,7 +82,8 @@ fn top5(lp: &[f64]) -> Vec<u32> {
 
 /// Runs one golden case on `runner` and applies the rule. Err says what failed and where.
 pub fn check_case(runner: &mut dyn ModelRunner, case: &GoldenCase, logprob_tol: f64) -> Result<CaseOutcome, String> {
-    let steps = tandem_core::greedy::generate(runner, &case.prompt_ids, case.greedy.len(), &[], true, |_| {}).map_err(|e| e.to_string())?;
+    let steps = tandem_core::greedy::generate(runner, &case.prompt_ids, case.greedy.len(), &[], true, |_| {})
+        .map_err(|e| e.to_string())?;
     let ours: Vec<u32> = steps.iter().map(|s| s.id).collect();
     let mut max_err: f64 = 0.0;
     let mut diverged_at = None;
@@ -104,7 +105,10 @@ pub fn check_case(runner: &mut dyn ModelRunner, case: &GoldenCase, logprob_tol: 
             let err = (lp[id as usize] - hf_lp).abs();
             max_err = max_err.max(err);
             if err > logprob_tol {
-                return Err(format!("step {i}: token {id}: our logprob {:.6}, HF {hf_lp:.6} (|diff| {err:.2e} > {logprob_tol:.0e})", lp[id as usize]));
+                return Err(format!(
+                    "step {i}: token {id}: our logprob {:.6}, HF {hf_lp:.6} (|diff| {err:.2e} > {logprob_tol:.0e})",
+                    lp[id as usize]
+                ));
             }
         }
     }
@@ -119,7 +123,8 @@ pub fn golden_dir() -> std::path::PathBuf {
 /// A seeded random model written by our own tool (the same call `cargo xtask gen-model`
 /// makes, so it matches what `tests/make_golden.sh` gave HF transformers). One per process.
 pub fn random_model(shape: &str, seed: u64, dtype: tandem_core::DType) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("tandem-golden-{}-{shape}-{seed}-{}", std::process::id(), dtype.name()));
+    let dir =
+        std::env::temp_dir().join(format!("tandem-golden-{}-{shape}-{seed}-{}", std::process::id(), dtype.name()));
     if !dir.join("config.json").exists() {
         // `<shape>-fp8`: the shape with its projections in FP8, as `gen-model --dtype fp8-f32`.
         let (base, fp8) = shape.strip_suffix("-fp8").map_or((shape, false), |b| (b, true));
@@ -136,12 +141,23 @@ pub fn random_model(shape: &str, seed: u64, dtype: tandem_core::DType) -> std::p
 /// seed, dtype.
 pub const GOLDEN_MODELS: &[(&str, u64, tandem_core::DType)] = {
     use tandem_core::DType::{BF16, F32};
-    &[("tiny", 1, F32), ("tiny-tied", 2, BF16), ("tiny-qwen3", 3, F32), ("tiny-qwen3-moe", 4, F32), ("tiny-mixtral", 5, F32), ("tiny-mistral", 6, F32), ("tiny-qwen2", 7, F32), ("tiny-gemma3", 8, F32), ("tiny-fp8", 9, F32)]
+    &[
+        ("tiny", 1, F32),
+        ("tiny-tied", 2, BF16),
+        ("tiny-qwen3", 3, F32),
+        ("tiny-qwen3-moe", 4, F32),
+        ("tiny-mixtral", 5, F32),
+        ("tiny-mistral", 6, F32),
+        ("tiny-qwen2", 7, F32),
+        ("tiny-gemma3", 8, F32),
+        ("tiny-fp8", 9, F32),
+    ]
 };
 
 /// The random model golden file `name` was made from ([`GOLDEN_MODELS`]), written once.
 pub fn golden_model(name: &str) -> std::path::PathBuf {
-    let &(_, seed, dtype) = GOLDEN_MODELS.iter().find(|m| m.0 == name).unwrap_or_else(|| panic!("no golden model {name}"));
+    let &(_, seed, dtype) =
+        GOLDEN_MODELS.iter().find(|m| m.0 == name).unwrap_or_else(|| panic!("no golden model {name}"));
     random_model(name, seed, dtype)
 }
 
@@ -215,13 +231,21 @@ pub fn smollm2_dir() -> Option<std::path::PathBuf> {
     if std::env::var_os("TANDEM_REQUIRE_MODEL").is_some() {
         panic!("TANDEM_REQUIRE_MODEL is set but {} holds no model (run `cargo xtask fetch-model`)", dir.display());
     }
-    tandem_core::skip::note(format!("SmolLM2 golden test: no model at {} (run `cargo xtask fetch-model`)", dir.display()));
+    tandem_core::skip::note(format!(
+        "SmolLM2 golden test: no model at {} (run `cargo xtask fetch-model`)",
+        dir.display()
+    ));
     None
 }
 
 /// Loads `model_dir` on a backend and checks every case of `golden` against it.
 /// Returns one line per case for the test log.
-pub fn check_model<B: tandem_core::Backend>(backend: B, model_dir: &std::path::Path, golden: &GoldenFile, logprob_tol: f64) -> Result<Vec<String>, String> {
+pub fn check_model<B: tandem_core::Backend>(
+    backend: B,
+    model_dir: &std::path::Path,
+    golden: &GoldenFile,
+    logprob_tol: f64,
+) -> Result<Vec<String>, String> {
     let cfg = tandem_core::ModelConfig::from_file(&model_dir.join("config.json")).map_err(|e| e.to_string())?;
     let weights = tandem_core::weights::Weights::open(model_dir).map_err(|e| e.to_string())?;
     check_weights(backend, cfg, &weights, golden, logprob_tol)
@@ -237,11 +261,18 @@ pub fn check_weights<B: tandem_core::Backend>(
 ) -> Result<Vec<String>, String> {
     let longest = golden.cases.iter().map(|c| c.prompt_ids.len() + c.greedy.len()).max().unwrap_or(1);
     // 16-token chunks: longer prompts are prefilled in pieces over their own cached prefix.
-    let opts = tandem_core::model::LoadOptions { max_batch_tokens: 16, max_seqs: 4, num_kv_blocks: longest.div_ceil(16) + 1, block_size: 16, ..Default::default() };
+    let opts = tandem_core::model::LoadOptions {
+        max_batch_tokens: 16,
+        max_seqs: 4,
+        num_kv_blocks: longest.div_ceil(16) + 1,
+        block_size: 16,
+        ..Default::default()
+    };
     let mut model = tandem_core::LlamaModel::from_weights(backend, cfg, weights, opts).map_err(|e| e.to_string())?;
     let mut lines = vec![];
     for (i, case) in golden.cases.iter().enumerate() {
-        let o = check_case(&mut model, case, logprob_tol).map_err(|e| format!("{} case {i} ({} prompt tokens): {e}", golden.model, case.prompt_ids.len()))?;
+        let o = check_case(&mut model, case, logprob_tol)
+            .map_err(|e| format!("{} case {i} ({} prompt tokens): {e}", golden.model, case.prompt_ids.len()))?;
         lines.push(format!(
             "{} case {i}: {} prompt tokens, {} steps, diverged at {:?}, max |Δlogprob| {:.2e}",
             golden.model,

@@ -133,9 +133,23 @@ pub fn run_against<B: Backend, R: Backend>(
 /// Times each selected case's op on `backend`: two warm-up samples, then `reps` samples of
 /// [`ops::LAUNCHES_PER_SAMPLE`] launches and one wait; prints the median time per launch and
 /// napkin-math GB/s and GFLOP/s.
-pub fn run_perf<B: Backend>(backend: &B, filter: Option<&str>, seed: u64, reps: usize, out: &mut dyn Write) -> PerfReport {
+pub fn run_perf<B: Backend>(
+    backend: &B,
+    filter: Option<&str>,
+    seed: u64,
+    reps: usize,
+    out: &mut dyn Write,
+) -> PerfReport {
     let cases = selected(filter);
-    report::say(out, &format!("op perf: backend {}, {} cases, {} samples each, seed {seed}", backend.name(), cases.len(), reps.max(1)));
+    report::say(
+        out,
+        &format!(
+            "op perf: backend {}, {} cases, {} samples each, seed {seed}",
+            backend.name(),
+            cases.len(),
+            reps.max(1)
+        ),
+    );
     let results: Vec<PerfResult> = cases
         .iter()
         .map(|c| {

@@ -116,7 +116,14 @@ impl Backend for Bf16Numerics {
     fn read_kv(&self, buf: &RefBuf, geometry: KvGeometry) -> Result<Vec<f32>> {
         self.inner.read_kv(buf, geometry)
     }
-    fn embedding(&self, table: &RefBuf, ids: &RefBuf, out: &mut RefBuf, num_tokens: usize, hidden: usize) -> Result<()> {
+    fn embedding(
+        &self,
+        table: &RefBuf,
+        ids: &RefBuf,
+        out: &mut RefBuf,
+        num_tokens: usize,
+        hidden: usize,
+    ) -> Result<()> {
         self.inner.embedding(table, ids, out, num_tokens, hidden)
     }
     fn gather_rows(&self, src: &RefBuf, rows: &RefBuf, out: &mut RefBuf, n: usize, dim: usize) -> Result<()> {
@@ -128,7 +135,16 @@ impl Backend for Bf16Numerics {
     fn add(&self, acc: &mut RefBuf, x: &RefBuf, len: usize) -> Result<()> {
         self.inner.add(acc, x, len)
     }
-    fn matmul(&self, x: &RefBuf, w: &RefBuf, bias: Option<&RefBuf>, out: &mut RefBuf, m: usize, n: usize, k: usize) -> Result<()> {
+    fn matmul(
+        &self,
+        x: &RefBuf,
+        w: &RefBuf,
+        bias: Option<&RefBuf>,
+        out: &mut RefBuf,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<()> {
         let dtype = match w {
             RefBuf::Weight { dtype, .. } => *dtype,
             _ => DType::F32,
@@ -138,7 +154,17 @@ impl Backend for Bf16Numerics {
             operand => self.inner.matmul(&self.rounded(x, m * k, operand)?, w, bias, out, m, n, k),
         }
     }
-    fn rope(&self, q: &mut RefBuf, k: &mut RefBuf, positions: &RefBuf, inv_freq: &RefBuf, num_tokens: usize, q_heads: usize, kv_heads: usize, head_dim: usize) -> Result<()> {
+    fn rope(
+        &self,
+        q: &mut RefBuf,
+        k: &mut RefBuf,
+        positions: &RefBuf,
+        inv_freq: &RefBuf,
+        num_tokens: usize,
+        q_heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+    ) -> Result<()> {
         self.inner.rope(q, k, positions, inv_freq, num_tokens, q_heads, kv_heads, head_dim)
     }
     fn silu_mul(&self, gate: &RefBuf, up: &RefBuf, out: &mut RefBuf, len: usize) -> Result<()> {
@@ -150,7 +176,16 @@ impl Backend for Bf16Numerics {
     fn scale(&self, x: &mut RefBuf, factor: f32, len: usize) -> Result<()> {
         self.inner.scale(x, factor, len)
     }
-    fn kv_write(&self, k: &RefBuf, v: &RefBuf, k_cache: &mut RefBuf, v_cache: &mut RefBuf, slots: &RefBuf, num_tokens: usize, geometry: KvGeometry) -> Result<()> {
+    fn kv_write(
+        &self,
+        k: &RefBuf,
+        v: &RefBuf,
+        k_cache: &mut RefBuf,
+        v_cache: &mut RefBuf,
+        slots: &RefBuf,
+        num_tokens: usize,
+        geometry: KvGeometry,
+    ) -> Result<()> {
         let len = num_tokens * geometry.num_kv_heads * geometry.head_dim;
         let (k, v) = (self.rounded(k, len, DType::BF16)?, self.rounded(v, len, DType::BF16)?);
         self.inner.kv_write(&k, &v, k_cache, v_cache, slots, num_tokens, geometry)

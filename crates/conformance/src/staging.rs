@@ -37,7 +37,8 @@ pub fn check_u32_group<B: Backend>(b: &B) -> Result<(), String> {
         }
         Ok(())
     };
-    let read_back = |g: &tandem_core::backend::U32Group<B::Buf>, r: usize| b.read_u32(&g.parts[r], LENS[r]).map_err(e("read_u32"));
+    let read_back =
+        |g: &tandem_core::backend::U32Group<B::Buf>, r: usize| b.read_u32(&g.parts[r], LENS[r]).map_err(e("read_u32"));
     // Every region whole, then shorter prefixes of a second pattern.
     stage(&mut g, 1, &LENS)?;
     b.upload_u32_group(&mut g, &LENS).map_err(e("upload_u32_group"))?;
@@ -53,7 +54,9 @@ pub fn check_u32_group<B: Backend>(b: &B) -> Result<(), String> {
     }
     // The staging memory holds what the host left there.
     let s = b.u32_staging(&mut g).map_err(e("u32_staging"))?;
-    if let Some(r) = (0..LENS.len()).find(|&r| (0..LENS[r]).any(|i| s[layout.offset(r) + i] != pattern(if i < short[r] { 2 } else { 1 }, r, i))) {
+    if let Some(r) = (0..LENS.len())
+        .find(|&r| (0..LENS[r]).any(|i| s[layout.offset(r) + i] != pattern(if i < short[r] { 2 } else { 1 }, r, i)))
+    {
         return Err(format!("the staging memory of region {r} changed under the host"));
     }
     // Too many elements for region 0: an error, and nothing reaches the device.

@@ -279,7 +279,11 @@ impl U32Layout {
     /// beyond a region's capacity, or a count for every region but not exactly, is an error.
     pub fn span(&self, used: &[usize]) -> Result<usize> {
         if used.len() != self.lens.len() {
-            return Err(Error::Batch(format!("{} used counts for a u32 group of {} regions", used.len(), self.lens.len())));
+            return Err(Error::Batch(format!(
+                "{} used counts for a u32 group of {} regions",
+                used.len(),
+                self.lens.len()
+            )));
         }
         let mut end = 0;
         for (i, (&u, &cap)) in used.iter().zip(&self.lens).enumerate() {
@@ -376,7 +380,10 @@ pub trait Backend: Send + 'static {
     fn alloc_activation(&self, dtype: DType, len: usize) -> Result<Self::Buf> {
         match dtype {
             DType::F32 => self.alloc_f32(len),
-            other => Err(Error::backend(self.name(), format!("alloc_activation: this backend stores activations in f32, not {other:?}"))),
+            other => Err(Error::backend(
+                self.name(),
+                format!("alloc_activation: this backend stores activations in f32, not {other:?}"),
+            )),
         }
     }
 
@@ -443,7 +450,10 @@ pub trait Backend: Send + 'static {
     /// copy has read it.
     fn u32_staging<'a>(&self, group: &'a mut U32Group<Self::Buf>) -> Result<&'a mut [u32]> {
         if group.carved.is_some() {
-            return Err(Error::backend(self.name(), "u32_staging: this group was carved by a backend that does not stage it"));
+            return Err(Error::backend(
+                self.name(),
+                "u32_staging: this group was carved by a backend that does not stage it",
+            ));
         }
         Ok(&mut group.host)
     }
@@ -456,7 +466,10 @@ pub trait Backend: Send + 'static {
     fn upload_u32_group(&self, group: &mut U32Group<Self::Buf>, used: &[usize]) -> Result<()> {
         group.layout.span(used)?;
         if group.carved.is_some() {
-            return Err(Error::backend(self.name(), "upload_u32_group: this group was carved by a backend that does not upload it"));
+            return Err(Error::backend(
+                self.name(),
+                "upload_u32_group: this group was carved by a backend that does not upload it",
+            ));
         }
         for (i, &n) in used.iter().enumerate() {
             if n > 0 {
@@ -479,7 +492,14 @@ pub trait Backend: Send + 'static {
         if self.kv_dtypes().first() == Some(&dtype) {
             return self.alloc_kv(geometry);
         }
-        Err(Error::backend(self.name(), format!("alloc_kv: a {} KV cache is not supported here (this backend stores {})", dtype.name(), kv_dtype_names(self.kv_dtypes()))))
+        Err(Error::backend(
+            self.name(),
+            format!(
+                "alloc_kv: a {} KV cache is not supported here (this backend stores {})",
+                dtype.name(),
+                kv_dtype_names(self.kv_dtypes())
+            ),
+        ))
     }
 
     /// Host to device; `data.len()` may be shorter than the buffer.
@@ -492,12 +512,27 @@ pub trait Backend: Send + 'static {
     fn read_kv(&self, buf: &Self::Buf, geometry: KvGeometry) -> Result<Vec<f32>>;
 
     /// `out[t, :] = table[ids[t], :]`; table `[vocab, hidden]` (weight dtype), ids u32 `[T]`.
-    fn embedding(&self, table: &Self::Buf, ids: &Self::Buf, out: &mut Self::Buf, num_tokens: usize, hidden: usize) -> Result<()>;
+    fn embedding(
+        &self,
+        table: &Self::Buf,
+        ids: &Self::Buf,
+        out: &mut Self::Buf,
+        num_tokens: usize,
+        hidden: usize,
+    ) -> Result<()>;
     /// `out[i, :] = src[rows[i], :]`; f32 `[_, dim]`, rows u32 `[n]`.
     fn gather_rows(&self, src: &Self::Buf, rows: &Self::Buf, out: &mut Self::Buf, n: usize, dim: usize) -> Result<()>;
     /// `out[r, :] = x[r, :] / sqrt(mean(x[r, :]²) + eps) * w`; x f32 `[rows, dim]`, w weight
     /// `[dim]`, out `[rows, dim]` f32 or of [`Backend::activation_dtype`] (stored rounded).
-    fn rms_norm(&self, x: &Self::Buf, w: &Self::Buf, out: &mut Self::Buf, rows: usize, dim: usize, eps: f32) -> Result<()>;
+    fn rms_norm(
+        &self,
+        x: &Self::Buf,
+        w: &Self::Buf,
+        out: &mut Self::Buf,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+    ) -> Result<()>;
     /// `acc += x`, elementwise over `len` f32 values (the residual add).
     fn add(&self, acc: &mut Self::Buf, x: &Self::Buf, len: usize) -> Result<()>;
     /// The residual add and the norm after it in one op: `acc += x`, then
@@ -506,26 +541,66 @@ pub trait Backend: Send + 'static {
     /// calls [`Backend::add`] then [`Backend::rms_norm`]; a backend may fuse them (one pass,
     /// one launch fewer per residual).
     #[allow(clippy::too_many_arguments)]
-    fn add_rms_norm(&self, acc: &mut Self::Buf, x: &Self::Buf, w: &Self::Buf, out: &mut Self::Buf, rows: usize, dim: usize, eps: f32) -> Result<()> {
+    fn add_rms_norm(
+        &self,
+        acc: &mut Self::Buf,
+        x: &Self::Buf,
+        w: &Self::Buf,
+        out: &mut Self::Buf,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+    ) -> Result<()> {
         add_then_rms_norm(self, acc, x, w, out, rows, dim, eps)
     }
     /// `out[m, n] = Σ_k x[m, k] · w[n, k] (+ bias[n])`; x `[m, k]` f32 or of
     /// [`Backend::activation_dtype`] for w's type, w weight `[n, k]`, bias weight `[n]`, out f32.
     #[allow(clippy::too_many_arguments)]
-    fn matmul(&self, x: &Self::Buf, w: &Self::Buf, bias: Option<&Self::Buf>, out: &mut Self::Buf, m: usize, n: usize, k: usize) -> Result<()>;
+    fn matmul(
+        &self,
+        x: &Self::Buf,
+        w: &Self::Buf,
+        bias: Option<&Self::Buf>,
+        out: &mut Self::Buf,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<()>;
     /// The q, k and v projections (`[nq, hidden]`, `[nkv, hidden]` twice) as one weight for
     /// [`Backend::qkv_proj`], and their biases (when given) as one bias; `None`, the default,
     /// when this backend does not fuse them (the model then runs three matmuls). A backend fuses
     /// to launch one kernel where there were three (vLLM's merged QKV projection).
-    fn fuse_qkv(&self, _q: &TensorView, _k: &TensorView, _v: &TensorView, _bias: Option<[&TensorView; 3]>) -> Result<Option<WeightAndBias<Self::Buf>>> {
+    fn fuse_qkv(
+        &self,
+        _q: &TensorView,
+        _k: &TensorView,
+        _v: &TensorView,
+        _bias: Option<[&TensorView; 3]>,
+    ) -> Result<Option<WeightAndBias<Self::Buf>>> {
         Ok(None)
     }
     /// `q = x Wq^T (+ bq)`, `k = x Wk^T (+ bk)`, `v = x Wv^T (+ bv)` with the weight and bias
     /// from [`Backend::fuse_qkv`]; x f32 `[m, hidden]`, q `[m, nq]`, k and v `[m, nkv]`.
     /// With `norm` (only where [`Backend::fuses_norm`]), x is `h ∘ gamma`: see [`NormIn`].
     #[allow(clippy::too_many_arguments)]
-    fn qkv_proj(&self, _x: &Self::Buf, _w: &Self::Buf, _bias: Option<&Self::Buf>, _q: &mut Self::Buf, _k: &mut Self::Buf, _v: &mut Self::Buf, _m: usize, _nq: usize, _nkv: usize, _hidden: usize, _norm: Option<NormIn<'_, Self::Buf>>) -> Result<()> {
-        Err(Error::backend(self.name(), "qkv_proj: this backend does not fuse the q, k, v projections (fuse_qkv gave none)"))
+    fn qkv_proj(
+        &self,
+        _x: &Self::Buf,
+        _w: &Self::Buf,
+        _bias: Option<&Self::Buf>,
+        _q: &mut Self::Buf,
+        _k: &mut Self::Buf,
+        _v: &mut Self::Buf,
+        _m: usize,
+        _nq: usize,
+        _nkv: usize,
+        _hidden: usize,
+        _norm: Option<NormIn<'_, Self::Buf>>,
+    ) -> Result<()> {
+        Err(Error::backend(
+            self.name(),
+            "qkv_proj: this backend does not fuse the q, k, v projections (fuse_qkv gave none)",
+        ))
     }
     /// The gate and up projections (`[inter, hidden]` each) as one weight for
     /// [`Backend::gate_up_act`]; `None`, the default, when this backend does not fuse them.
@@ -539,8 +614,21 @@ pub trait Backend: Send + 'static {
     /// or of [`Backend::activation_dtype`] (stored rounded).
     /// With `norm` (only where [`Backend::fuses_norm`]), x is `h ∘ gamma`: see [`NormIn`].
     #[allow(clippy::too_many_arguments)]
-    fn gate_up_act(&self, _act: Activation, _x: &Self::Buf, _w: &Self::Buf, _out: &mut Self::Buf, _m: usize, _inter: usize, _hidden: usize, _norm: Option<NormIn<'_, Self::Buf>>) -> Result<()> {
-        Err(Error::backend(self.name(), "gate_up_act: this backend does not fuse the gate and up projections (fuse_gate_up gave none)"))
+    fn gate_up_act(
+        &self,
+        _act: Activation,
+        _x: &Self::Buf,
+        _w: &Self::Buf,
+        _out: &mut Self::Buf,
+        _m: usize,
+        _inter: usize,
+        _hidden: usize,
+        _norm: Option<NormIn<'_, Self::Buf>>,
+    ) -> Result<()> {
+        Err(Error::backend(
+            self.name(),
+            "gate_up_act: this backend does not fuse the gate and up projections (fuse_gate_up gave none)",
+        ))
     }
     /// Whether this backend fuses the residual adds and RMS norms into the projections
     /// ([`Backend::matmul_residual`], and the `norm` of [`Backend::qkv_proj`] and
@@ -557,14 +645,36 @@ pub trait Backend: Send + 'static {
     /// `[m, n]` f32 or of [`Backend::activation_dtype`], gamma weight `[n]`.
     /// Only where [`Backend::fuses_norm`].
     #[allow(clippy::too_many_arguments)]
-    fn matmul_residual(&self, _x: &Self::Buf, _w: &Self::Buf, _h: &mut Self::Buf, _next_norm: Option<(&Self::Buf, &mut Self::Buf)>, _m: usize, _n: usize, _k: usize) -> Result<()> {
-        Err(Error::backend(self.name(), "matmul_residual: this backend does not fuse residual adds (fuses_norm is false)"))
+    fn matmul_residual(
+        &self,
+        _x: &Self::Buf,
+        _w: &Self::Buf,
+        _h: &mut Self::Buf,
+        _next_norm: Option<(&Self::Buf, &mut Self::Buf)>,
+        _m: usize,
+        _n: usize,
+        _k: usize,
+    ) -> Result<()> {
+        Err(Error::backend(
+            self.name(),
+            "matmul_residual: this backend does not fuse residual adds (fuses_norm is false)",
+        ))
     }
     /// Rotary embedding in place, HF "rotate half" layout: dimension `i` pairs with `i + head_dim/2`.
     /// q f32 `[T, q_heads, head_dim]`, k f32 `[T, kv_heads, head_dim]`, positions u32 `[T]`,
     /// inv_freq f32 `[head_dim/2]`; angle = position · `inv_freq[i]`.
     #[allow(clippy::too_many_arguments)]
-    fn rope(&self, q: &mut Self::Buf, k: &mut Self::Buf, positions: &Self::Buf, inv_freq: &Self::Buf, num_tokens: usize, q_heads: usize, kv_heads: usize, head_dim: usize) -> Result<()>;
+    fn rope(
+        &self,
+        q: &mut Self::Buf,
+        k: &mut Self::Buf,
+        positions: &Self::Buf,
+        inv_freq: &Self::Buf,
+        num_tokens: usize,
+        q_heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+    ) -> Result<()>;
     /// `out = silu(gate) * up`, elementwise over `len` values; gate, up f32, out f32 or of
     /// [`Backend::activation_dtype`] (stored rounded).
     fn silu_mul(&self, gate: &Self::Buf, up: &Self::Buf, out: &mut Self::Buf, len: usize) -> Result<()>;
@@ -576,17 +686,42 @@ pub trait Backend: Send + 'static {
     fn scale(&self, x: &mut Self::Buf, factor: f32, len: usize) -> Result<()>;
     /// Writes k, v f32 `[T, kv_heads, head_dim]` into the caches at `slots` u32 `[T]`.
     #[allow(clippy::too_many_arguments)]
-    fn kv_write(&self, k: &Self::Buf, v: &Self::Buf, k_cache: &mut Self::Buf, v_cache: &mut Self::Buf, slots: &Self::Buf, num_tokens: usize, geometry: KvGeometry) -> Result<()>;
+    fn kv_write(
+        &self,
+        k: &Self::Buf,
+        v: &Self::Buf,
+        k_cache: &mut Self::Buf,
+        v_cache: &mut Self::Buf,
+        slots: &Self::Buf,
+        num_tokens: usize,
+        geometry: KvGeometry,
+    ) -> Result<()>;
     /// [`qkv_proj`](Backend::qkv_proj) then [`rope_kv_write`](Backend::rope_kv_write): the
     /// attention's input projection, rope, and the KV-cache write. Afterwards q holds the
     /// rotated queries; k and v are scratch (a backend that fuses all of it into the projection's
     /// epilogue, as wgpu does where each head's rows fit one lane, never writes them). The
     /// default runs the two ops.
     #[allow(clippy::too_many_arguments)]
-    fn qkv_rope_kv_write(&self, x: &Self::Buf, w: &Self::Buf, bias: Option<&Self::Buf>, q: &mut Self::Buf, k: &mut Self::Buf, v: &mut Self::Buf, m: usize, nq: usize, hidden: usize, norm: Option<NormIn<'_, Self::Buf>>, kv: KvDest<'_, Self::Buf>) -> Result<()> {
+    fn qkv_rope_kv_write(
+        &self,
+        x: &Self::Buf,
+        w: &Self::Buf,
+        bias: Option<&Self::Buf>,
+        q: &mut Self::Buf,
+        k: &mut Self::Buf,
+        v: &mut Self::Buf,
+        m: usize,
+        nq: usize,
+        hidden: usize,
+        norm: Option<NormIn<'_, Self::Buf>>,
+        kv: KvDest<'_, Self::Buf>,
+    ) -> Result<()> {
         let g = kv.geometry;
         if g.head_dim == 0 || !nq.is_multiple_of(g.head_dim) {
-            return Err(Error::backend(self.name(), format!("qkv_rope_kv_write: nq {nq} is not a multiple of head_dim {}", g.head_dim)));
+            return Err(Error::backend(
+                self.name(),
+                format!("qkv_rope_kv_write: nq {nq} is not a multiple of head_dim {}", g.head_dim),
+            ));
         }
         self.qkv_proj(x, w, bias, q, k, v, m, nq, g.num_kv_heads * g.head_dim, hidden, norm)?;
         self.rope_kv_write(q, k, v, kv.k_cache, kv.v_cache, kv.positions, kv.inv_freq, kv.slots, m, nq / g.head_dim, g)
@@ -597,7 +732,20 @@ pub trait Backend: Send + 'static {
     /// from the cache. The default runs the two ops; a backend that fuses them saves a launch
     /// per layer (wgpu: one dispatch instead of two).
     #[allow(clippy::too_many_arguments)]
-    fn rope_kv_write(&self, q: &mut Self::Buf, k: &mut Self::Buf, v: &Self::Buf, k_cache: &mut Self::Buf, v_cache: &mut Self::Buf, positions: &Self::Buf, inv_freq: &Self::Buf, slots: &Self::Buf, num_tokens: usize, q_heads: usize, geometry: KvGeometry) -> Result<()> {
+    fn rope_kv_write(
+        &self,
+        q: &mut Self::Buf,
+        k: &mut Self::Buf,
+        v: &Self::Buf,
+        k_cache: &mut Self::Buf,
+        v_cache: &mut Self::Buf,
+        positions: &Self::Buf,
+        inv_freq: &Self::Buf,
+        slots: &Self::Buf,
+        num_tokens: usize,
+        q_heads: usize,
+        geometry: KvGeometry,
+    ) -> Result<()> {
         self.rope(q, k, positions, inv_freq, num_tokens, q_heads, geometry.num_kv_heads, geometry.head_dim)?;
         self.kv_write(k, v, k_cache, v_cache, slots, num_tokens, geometry)
     }
@@ -608,7 +756,15 @@ pub trait Backend: Send + 'static {
     /// (summed from the largest down). See [`moe_route_rows`], the arithmetic every backend
     /// repeats. The default runs that on the host (a read and a write of the buffers).
     #[allow(clippy::too_many_arguments)]
-    fn moe_route(&self, logits: &Self::Buf, weights: &mut Self::Buf, rows: usize, experts: usize, top_k: usize, renormalize: bool) -> Result<()> {
+    fn moe_route(
+        &self,
+        logits: &Self::Buf,
+        weights: &mut Self::Buf,
+        rows: usize,
+        experts: usize,
+        top_k: usize,
+        renormalize: bool,
+    ) -> Result<()> {
         let l = self.read_f32(logits, rows * experts)?;
         let mut w = vec![0.0; rows * experts];
         moe_route_rows(&l, &mut w, experts, top_k, renormalize);
@@ -620,7 +776,17 @@ pub trait Backend: Send + 'static {
     /// result depends on its own values only (batch invariance), and adding every expert, a
     /// weight of 0 included, keeps the sum in a fixed order. The default runs on the host.
     #[allow(clippy::too_many_arguments)]
-    fn moe_accumulate(&self, acc: &mut Self::Buf, y: &Self::Buf, weights: &Self::Buf, rows: usize, dim: usize, expert: usize, experts: usize, first: bool) -> Result<()> {
+    fn moe_accumulate(
+        &self,
+        acc: &mut Self::Buf,
+        y: &Self::Buf,
+        weights: &Self::Buf,
+        rows: usize,
+        dim: usize,
+        expert: usize,
+        experts: usize,
+        first: bool,
+    ) -> Result<()> {
         let w = self.read_f32(weights, rows * experts)?;
         let yv = self.read_f32(y, rows * dim)?;
         let mut a = if first { vec![0.0; rows * dim] } else { self.read_f32(acc, rows * dim)? };
@@ -631,7 +797,12 @@ pub trait Backend: Send + 'static {
     /// `TANDEM_CUDA_MOE=routed`) returns what [`Backend::moe_routed`] needs besides the weights
     /// (CUDA: a device table of the experts' weight pointers), made once at load; None (the
     /// default): the model runs every expert over every token ([`Backend::moe_accumulate`]).
-    fn moe_prepare(&self, _experts: &[MoeExpert<'_, Self::Buf>], _hidden: usize, _inter: usize) -> Result<Option<Self::Buf>> {
+    fn moe_prepare(
+        &self,
+        _experts: &[MoeExpert<'_, Self::Buf>],
+        _hidden: usize,
+        _inter: usize,
+    ) -> Result<Option<Self::Buf>> {
         Ok(None)
     }
     /// The routed mixture of experts: `out` f32 `[rows, hidden]` = for each token, over its
@@ -641,7 +812,18 @@ pub trait Backend: Send + 'static {
     /// own values only, and must be those of the every-expert path but for the sign of an
     /// exact zero. `table` is [`Backend::moe_prepare`]'s.
     #[allow(clippy::too_many_arguments)]
-    fn moe_routed(&self, _table: &Self::Buf, _experts: &[MoeExpert<'_, Self::Buf>], _x: &Self::Buf, _weights: &Self::Buf, _out: &mut Self::Buf, _rows: usize, _hidden: usize, _inter: usize, _top_k: usize) -> Result<()> {
+    fn moe_routed(
+        &self,
+        _table: &Self::Buf,
+        _experts: &[MoeExpert<'_, Self::Buf>],
+        _x: &Self::Buf,
+        _weights: &Self::Buf,
+        _out: &mut Self::Buf,
+        _rows: usize,
+        _hidden: usize,
+        _inter: usize,
+        _top_k: usize,
+    ) -> Result<()> {
         Err(Error::backend(self.name(), "moe_routed: this backend runs every expert (moe_prepare gave no table)"))
     }
     /// Paged attention; out f32 `[T, num_heads, head_dim]`. See [`AttnArgs`].
@@ -671,7 +853,14 @@ pub trait Backend: Send + 'static {
     /// [`crate::sampling::sample_rows_masked`]. The logits' contents are unspecified afterwards
     /// (a device applies the edits in place). The default reads the logits back and samples on
     /// the host; a backend with a sampling kernel uploads the masks and edits.
-    fn sample_masked(&self, logits: &Self::Buf, rows: usize, vocab: usize, specs: &[SampleSpec], masks: &RowMasks) -> Result<Vec<u32>> {
+    fn sample_masked(
+        &self,
+        logits: &Self::Buf,
+        rows: usize,
+        vocab: usize,
+        specs: &[SampleSpec],
+        masks: &RowMasks,
+    ) -> Result<Vec<u32>> {
         if masks.is_empty() {
             return self.sample(logits, rows, vocab, specs);
         }
@@ -687,9 +876,20 @@ pub trait Backend: Send + 'static {
     /// tokens of the raw logits, before any edit: [`crate::sampling::logprobs_row`], bit for
     /// bit, so that only ids and those values leave the device. The default reads the logits
     /// back and computes both on the host.
-    fn sample_logprobs(&self, logits: &Self::Buf, rows: usize, vocab: usize, specs: &[SampleSpec], masks: &RowMasks, top_n: &[Option<usize>]) -> Result<(Vec<u32>, Vec<Option<TokenLogprobs>>)> {
+    fn sample_logprobs(
+        &self,
+        logits: &Self::Buf,
+        rows: usize,
+        vocab: usize,
+        specs: &[SampleSpec],
+        masks: &RowMasks,
+        top_n: &[Option<usize>],
+    ) -> Result<(Vec<u32>, Vec<Option<TokenLogprobs>>)> {
         if top_n.len() != rows || specs.len() != rows {
-            return Err(Error::backend(self.name(), format!("sample_logprobs: {} specs and {} logprob counts for {rows} rows", specs.len(), top_n.len())));
+            return Err(Error::backend(
+                self.name(),
+                format!("sample_logprobs: {} specs and {} logprob counts for {rows} rows", specs.len(), top_n.len()),
+            ));
         }
         if !masks.index.is_empty() || !masks.edits.is_empty() {
             masks.check(rows, vocab).map_err(|m| Error::backend(self.name(), format!("sample_logprobs: {m}")))?;
@@ -754,13 +954,27 @@ pub fn moe_route_rows(logits: &[f32], out: &mut [f32], experts: usize, top_k: us
             sum += o[best];
         }
         for v in o.iter_mut() {
-            *v = if *v < 0.0 { 0.0 } else if renormalize { *v / sum } else { *v };
+            *v = if *v < 0.0 {
+                0.0
+            } else if renormalize {
+                *v / sum
+            } else {
+                *v
+            };
         }
     }
 }
 
 /// [`Backend::moe_accumulate`] on the host: `acc` and `y` `[rows, dim]`, `weights` `[rows, experts]`.
-pub fn moe_accumulate_rows(acc: &mut [f32], y: &[f32], weights: &[f32], dim: usize, expert: usize, experts: usize, first: bool) {
+pub fn moe_accumulate_rows(
+    acc: &mut [f32],
+    y: &[f32],
+    weights: &[f32],
+    dim: usize,
+    expert: usize,
+    experts: usize,
+    first: bool,
+) {
     for (r, (a, yr)) in acc.chunks_exact_mut(dim).zip(y.chunks_exact(dim)).enumerate() {
         let w = weights[r * experts + expert];
         for (a, &y) in a.iter_mut().zip(yr) {
@@ -777,7 +991,16 @@ pub fn kv_dtype_names(d: &[KvDtype]) -> String {
 /// [`Backend::add_rms_norm`] as two ops: the trait's default, and the path a backend that fuses
 /// it takes for shapes its fused kernel does not cover.
 #[allow(clippy::too_many_arguments)]
-pub fn add_then_rms_norm<B: Backend + ?Sized>(b: &B, acc: &mut B::Buf, x: &B::Buf, w: &B::Buf, out: &mut B::Buf, rows: usize, dim: usize, eps: f32) -> Result<()> {
+pub fn add_then_rms_norm<B: Backend + ?Sized>(
+    b: &B,
+    acc: &mut B::Buf,
+    x: &B::Buf,
+    w: &B::Buf,
+    out: &mut B::Buf,
+    rows: usize,
+    dim: usize,
+    eps: f32,
+) -> Result<()> {
     b.add(acc, x, rows * dim)?;
     b.rms_norm(acc, w, out, rows, dim, eps)
 }

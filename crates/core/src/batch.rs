@@ -23,7 +23,9 @@ pub struct ForwardBatch {
 /// How many of the first tokens are each a whole sequence of one token (token i is sequence
 /// i, and token i + 1 is not): a step's leading decodes, `AttnArgs::decode_tokens`.
 pub fn leading_decodes(token_seq: &[u32]) -> usize {
-    (0..token_seq.len()).take_while(|&i| token_seq[i] as usize == i && token_seq.get(i + 1) != Some(&token_seq[i])).count()
+    (0..token_seq.len())
+        .take_while(|&i| token_seq[i] as usize == i && token_seq.get(i + 1) != Some(&token_seq[i]))
+        .count()
 }
 
 impl ForwardBatch {
@@ -36,7 +38,14 @@ impl ForwardBatch {
 
     /// Appends one sequence's chunk: `tokens` at positions `start..start+len`, its block table,
     /// and whether the last token's logits are wanted.
-    pub fn push_seq(&mut self, tokens: &[u32], start: usize, block_table: &[u32], block_size: usize, want_logits: bool) {
+    pub fn push_seq(
+        &mut self,
+        tokens: &[u32],
+        start: usize,
+        block_table: &[u32],
+        block_size: usize,
+        want_logits: bool,
+    ) {
         let seq = self.num_seqs() as u32;
         debug_assert!(block_table.len() <= self.max_blocks, "block table longer than max_blocks");
         for (i, &tok) in tokens.iter().enumerate() {
@@ -83,7 +92,10 @@ impl ForwardBatch {
             }
             let expect = self.block_tables[s * self.max_blocks + p / block_size] as usize * block_size + p % block_size;
             if self.slots[i] as usize != expect {
-                return Err(Error::Batch(format!("token {i}: slot {} does not match its block table ({expect})", self.slots[i])));
+                return Err(Error::Batch(format!(
+                    "token {i}: slot {} does not match its block table ({expect})",
+                    self.slots[i]
+                )));
             }
         }
         if let Some(r) = self.logit_rows.iter().find(|&&r| r as usize >= t) {

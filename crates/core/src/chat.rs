@@ -37,7 +37,8 @@ impl ChatTemplate {
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
-        env.add_template_owned("chat", source.to_string()).map_err(|e| Error::Template(format!("does not parse: {e}")))?;
+        env.add_template_owned("chat", source.to_string())
+            .map_err(|e| Error::Template(format!("does not parse: {e}")))?;
         Ok(ChatTemplate { env, bos_token, eos_token, source: source.to_string() })
     }
 
@@ -54,14 +55,25 @@ impl ChatTemplate {
     /// With `tools` (OpenAI's tool objects) passed as transformers passes them: a `tools`
     /// variable, left undefined when there are none, so that `{% if tools %}` and
     /// `tools is defined` read as they do there. A template that never mentions it ignores it.
-    pub fn render_with_tools(&self, messages: &[serde_json::Value], tools: Option<&[serde_json::Value]>, add_generation_prompt: bool) -> Result<String> {
+    pub fn render_with_tools(
+        &self,
+        messages: &[serde_json::Value],
+        tools: Option<&[serde_json::Value]>,
+        add_generation_prompt: bool,
+    ) -> Result<String> {
         self.render_with_kwargs(messages, tools, add_generation_prompt, None)
     }
 
     /// The same, with extra template variables (vLLM's `chat_template_kwargs`, such as Qwen3's
     /// `enable_thinking`); the messages, tools and tokens above win over a variable of the
     /// same name.
-    pub fn render_with_kwargs(&self, messages: &[serde_json::Value], tools: Option<&[serde_json::Value]>, add_generation_prompt: bool, kwargs: Option<&serde_json::Map<String, serde_json::Value>>) -> Result<String> {
+    pub fn render_with_kwargs(
+        &self,
+        messages: &[serde_json::Value],
+        tools: Option<&[serde_json::Value]>,
+        add_generation_prompt: bool,
+        kwargs: Option<&serde_json::Map<String, serde_json::Value>>,
+    ) -> Result<String> {
         for (i, m) in messages.iter().enumerate() {
             if m.get("role").and_then(|r| r.as_str()).is_none() {
                 return Err(Error::Template(format!("message {i} has no string `role`")));
@@ -104,9 +116,16 @@ mod tests {
         let t = ChatTemplate::new("{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>{% endif %}{{ messages[0]['content'] }}", None, None).unwrap();
         let m = [json!({"role": "user", "content": "hi"})];
         let kw = |v: serde_json::Value| v.as_object().unwrap().clone();
-        assert_eq!(t.render_with_kwargs(&m, None, false, Some(&kw(json!({"enable_thinking": false})))).unwrap(), "<think>\n\n</think>hi");
+        assert_eq!(
+            t.render_with_kwargs(&m, None, false, Some(&kw(json!({"enable_thinking": false})))).unwrap(),
+            "<think>\n\n</think>hi"
+        );
         assert_eq!(t.render_with_kwargs(&m, None, false, Some(&kw(json!({"enable_thinking": true})))).unwrap(), "hi");
-        assert_eq!(t.render_with_kwargs(&m, None, false, Some(&kw(json!({"messages": []})))).unwrap(), "hi", "the messages win");
+        assert_eq!(
+            t.render_with_kwargs(&m, None, false, Some(&kw(json!({"messages": []})))).unwrap(),
+            "hi",
+            "the messages win"
+        );
     }
 
     #[test]
@@ -132,9 +151,15 @@ mod tests {
     fn tools_reach_the_template_only_when_given() {
         let src = "{% if tools is defined %}{% for t in tools %}[{{ t.function.name }}]{% endfor %}{% endif %}{% for m in messages %}{{ m.role }}:{{ m.content }}{% if m.tool_calls %}{{ m.tool_calls[0].function.arguments.x }}{% endif %};{% endfor %}";
         let t = ChatTemplate::new(src, None, None).unwrap();
-        let msgs = [json!({"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": {"x": 7}}}]}), json!({"role": "tool", "content": "42"})];
+        let msgs = [
+            json!({"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": {"x": 7}}}]}),
+            json!({"role": "tool", "content": "42"}),
+        ];
         assert_eq!(t.render(&msgs, false).unwrap(), "assistant:7;tool:42;");
-        let tools = [json!({"type": "function", "function": {"name": "get"}}), json!({"type": "function", "function": {"name": "put"}})];
+        let tools = [
+            json!({"type": "function", "function": {"name": "get"}}),
+            json!({"type": "function", "function": {"name": "put"}}),
+        ];
         assert_eq!(t.render_with_tools(&msgs, Some(&tools), false).unwrap(), "[get][put]assistant:7;tool:42;");
         assert_eq!(t.source(), src);
     }
@@ -143,6 +168,10 @@ mod tests {
     fn trims_blocks_like_transformers() {
         let src = "{% for m in messages %}\n  {{ m.content }}\n{% endfor %}";
         let t = ChatTemplate::new(src, None, None).unwrap();
-        assert_eq!(t.render(&[json!({"role": "user", "content": "a"}), json!({"role": "user", "content": "b"})], false).unwrap(), "  a\n  b\n");
+        assert_eq!(
+            t.render(&[json!({"role": "user", "content": "a"}), json!({"role": "user", "content": "b"})], false)
+                .unwrap(),
+            "  a\n  b\n"
+        );
     }
 }

@@ -12,9 +12,16 @@ use crate::error::{Error, Result};
 pub enum RopeScaling {
     None,
     /// Positions divided by `factor`.
-    Linear { factor: f32 },
+    Linear {
+        factor: f32,
+    },
     /// Llama 3.1's piecewise frequency rescaling.
-    Llama3 { factor: f32, low_freq_factor: f32, high_freq_factor: f32, original_max_position_embeddings: usize },
+    Llama3 {
+        factor: f32,
+        low_freq_factor: f32,
+        high_freq_factor: f32,
+        original_max_position_embeddings: usize,
+    },
 }
 
 /// A mixture-of-experts feed-forward block's settings (Mixtral, Qwen3-MoE).
@@ -145,11 +152,15 @@ impl ModelConfig {
     }
 
     pub fn from_json(text: &str) -> std::result::Result<Self, String> {
-        let value: serde_json::Value = serde_json::from_str(text).map_err(|e| format!("not a valid config.json: {e}"))?;
-        let raw: Raw = serde_json::from_value(gemma3_text(value)?).map_err(|e| format!("not a valid config.json: {e}"))?;
+        let value: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| format!("not a valid config.json: {e}"))?;
+        let raw: Raw =
+            serde_json::from_value(gemma3_text(value)?).map_err(|e| format!("not a valid config.json: {e}"))?;
         let architecture = match (&raw.architectures, &raw.model_type) {
             (Some(a), _) if !a.is_empty() => a[0].clone(),
-            (_, Some(t)) => crate::model::families().find(|f| f.model_type == t).map_or_else(|| t.clone(), |f| f.architecture.to_string()),
+            (_, Some(t)) => crate::model::families()
+                .find(|f| f.model_type == t)
+                .map_or_else(|| t.clone(), |f| f.architecture.to_string()),
             _ => return Err("neither `architectures` nor `model_type` is given".into()),
         };
         if !crate::model::families().any(|f| f.architecture == architecture) {
@@ -185,7 +196,10 @@ impl ModelConfig {
         }
         // transformers 5 moves rope settings into `rope_parameters`; older files use the top level.
         // Gemma 3's (transformers 5) has one entry per layer type; the global one is the model's.
-        let per_type = raw.rope_parameters.as_ref().filter(|p| p.get("full_attention").is_some() || p.get("sliding_attention").is_some());
+        let per_type = raw
+            .rope_parameters
+            .as_ref()
+            .filter(|p| p.get("full_attention").is_some() || p.get("sliding_attention").is_some());
         let params = match per_type {
             Some(p) => p.get("full_attention").filter(|v| !v.is_null()),
             None => raw.rope_parameters.as_ref(),
@@ -233,12 +247,17 @@ impl ModelConfig {
             (false, None) => Activation::Silu,
             (_, Some("silu" | "swish")) => Activation::Silu,
             (_, Some("gelu_pytorch_tanh" | "gelu_tanh")) => Activation::GeluTanh,
-            (_, Some(other)) => return Err(format!("unsupported MLP activation `{other}` (supported: silu, gelu_pytorch_tanh)")),
+            (_, Some(other)) => {
+                return Err(format!("unsupported MLP activation `{other}` (supported: silu, gelu_pytorch_tanh)"))
+            }
         };
         let mut local_rope = None;
         let mut query_pre_attn_scalar = None;
         if gemma3 {
-            for (name, v) in [("final_logit_softcapping", raw.final_logit_softcapping), ("attn_logit_softcapping", raw.attn_logit_softcapping)] {
+            for (name, v) in [
+                ("final_logit_softcapping", raw.final_logit_softcapping),
+                ("attn_logit_softcapping", raw.attn_logit_softcapping),
+            ] {
                 if let Some(v) = v {
                     return Err(format!("`{name}` ({v}) is not supported (Gemma 3 checkpoints leave it null)"));
                 }
@@ -250,8 +269,16 @@ impl ModelConfig {
             // The sliding layers' rope: `rope_parameters.sliding_attention` (transformers 5) or
             // `rope_local_base_freq` (older files), never scaled.
             let local = per_type.and_then(|p| p.get("sliding_attention")).filter(|v| !v.is_null());
-            let theta = local.and_then(|p| p.get("rope_theta")).and_then(|v| v.as_f64()).or(raw.rope_local_base_freq).unwrap_or(10000.0) as f32;
-            local_rope = Some(LocalRope { theta, scaling: parse_rope_scaling(local)?, layers: gemma3_sliding(&raw, num_hidden_layers)? });
+            let theta = local
+                .and_then(|p| p.get("rope_theta"))
+                .and_then(|v| v.as_f64())
+                .or(raw.rope_local_base_freq)
+                .unwrap_or(10000.0) as f32;
+            local_rope = Some(LocalRope {
+                theta,
+                scaling: parse_rope_scaling(local)?,
+                layers: gemma3_sliding(&raw, num_hidden_layers)?,
+            });
         }
         Ok(ModelConfig {
             layer_windows,
@@ -309,7 +336,12 @@ impl ModelConfig {
                 let f = match scaling {
                     RopeScaling::None => base,
                     RopeScaling::Linear { factor } => base / *factor as f64,
-                    RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings } => {
+                    RopeScaling::Llama3 {
+                        factor,
+                        low_freq_factor,
+                        high_freq_factor,
+                        original_max_position_embeddings,
+                    } => {
                         let (factor, lo, hi) = (*factor as f64, *low_freq_factor as f64, *high_freq_factor as f64);
                         let old = *original_max_position_embeddings as f64;
                         let wavelen = 2.0 * std::f64::consts::PI / base;
@@ -341,7 +373,11 @@ impl ModelConfig {
     /// The widest MLP of any layer (dense or one expert): what the activation buffers hold.
     pub fn max_intermediate(&self) -> usize {
         let moe = self.moe.as_ref().map_or(0, |m| m.intermediate_size);
-        if self.moe.as_ref().is_some_and(|m| m.dense_layers.is_empty()) { moe } else { moe.max(self.intermediate_size) }
+        if self.moe.as_ref().is_some_and(|m| m.dense_layers.is_empty()) {
+            moe
+        } else {
+            moe.max(self.intermediate_size)
+        }
     }
 }
 
@@ -370,7 +406,9 @@ fn gemma3_text(mut v: serde_json::Value) -> std::result::Result<serde_json::Valu
         }
         text.insert("architectures".into(), json!(["Gemma3ForCausalLM"]));
         v = Value::Object(text);
-    } else if arch.as_deref() != Some("Gemma3ForCausalLM") && !(arch.is_none() && model_type.as_deref() == Some("gemma3_text")) {
+    } else if arch.as_deref() != Some("Gemma3ForCausalLM")
+        && !(arch.is_none() && model_type.as_deref() == Some("gemma3_text"))
+    {
         return Ok(v);
     }
     let Value::Object(o) = &mut v else { return Err("config.json is not a JSON object".into()) };
@@ -413,7 +451,9 @@ fn layer_windows(arch: &str, raw: &Raw, layers: usize) -> std::result::Result<Ve
         "MistralForCausalLM" => (value.unwrap_or(Some(4096)), vec![true; layers]),
         "MixtralForCausalLM" => (value.flatten(), vec![true; layers]),
         "Qwen3MoeForCausalLM" => (if use_sw { value.unwrap_or(Some(4096)) } else { None }, vec![true; layers]),
-        "Qwen2ForCausalLM" | "Qwen3ForCausalLM" => (if use_sw { value.unwrap_or(Some(4096)) } else { None }, sliding_types()?),
+        "Qwen2ForCausalLM" | "Qwen3ForCausalLM" => {
+            (if use_sw { value.unwrap_or(Some(4096)) } else { None }, sliding_types()?)
+        }
         "Gemma3ForCausalLM" => (value.unwrap_or(Some(4096)), gemma3_sliding(raw, layers)?),
         _ => (None, vec![false; layers]),
     };
@@ -432,7 +472,9 @@ fn layer_types(raw: &Raw, layers: usize, default: impl Fn(usize) -> bool) -> std
             .map(|k| match k.as_str() {
                 "sliding_attention" => Ok(true),
                 "full_attention" => Ok(false),
-                other => Err(format!("unsupported layer type `{other}` in `layer_types` (supported: full_attention, sliding_attention)")),
+                other => Err(format!(
+                    "unsupported layer type `{other}` in `layer_types` (supported: full_attention, sliding_attention)"
+                )),
             })
             .collect(),
         None => Ok((0..layers).map(default).collect()),
@@ -550,16 +592,27 @@ mod tests {
         assert_eq!(w(r#","architectures":["MistralForCausalLM"],"sliding_window":7"#).unwrap(), [7; 4]);
         assert_eq!(w(r#","architectures":["MistralForCausalLM"]"#).unwrap(), [4096; 4]);
         assert_eq!(w(r#","architectures":["MistralForCausalLM"],"sliding_window":null"#).unwrap(), [0; 4]);
-        assert_eq!(w(r#","architectures":["MixtralForCausalLM"],"num_local_experts":2,"num_experts_per_tok":1"#).unwrap(), [0; 4]);
+        assert_eq!(
+            w(r#","architectures":["MixtralForCausalLM"],"num_local_experts":2,"num_experts_per_tok":1"#).unwrap(),
+            [0; 4]
+        );
         // Qwen2: only with use_sliding_window, from max_window_layers on, or as layer_types says.
         assert_eq!(w(r#","architectures":["Qwen2ForCausalLM"],"sliding_window":5"#).unwrap(), [0; 4]);
         assert_eq!(w(r#","architectures":["Qwen2ForCausalLM"],"sliding_window":5,"use_sliding_window":true,"max_window_layers":2"#).unwrap(), [0, 0, 5, 5]);
         let types = r#","layer_types":["sliding_attention","full_attention","sliding_attention","full_attention"]"#;
-        assert_eq!(w(&format!(r#","architectures":["Qwen3ForCausalLM"],"sliding_window":5,"use_sliding_window":true{types}"#)).unwrap(), [5, 0, 5, 0]);
+        assert_eq!(
+            w(&format!(r#","architectures":["Qwen3ForCausalLM"],"sliding_window":5,"use_sliding_window":true{types}"#))
+                .unwrap(),
+            [5, 0, 5, 0]
+        );
         // Llama has no sliding window whatever the file says.
         assert_eq!(w(r#","architectures":["LlamaForCausalLM"],"sliding_window":5"#).unwrap(), [0; 4]);
-        assert!(w(r#","architectures":["MistralForCausalLM"],"sliding_window":0"#).unwrap_err().contains("sliding_window"));
-        let e = w(r#","architectures":["Qwen2ForCausalLM"],"use_sliding_window":true,"layer_types":["full_attention"]"#).unwrap_err();
+        assert!(w(r#","architectures":["MistralForCausalLM"],"sliding_window":0"#)
+            .unwrap_err()
+            .contains("sliding_window"));
+        let e =
+            w(r#","architectures":["Qwen2ForCausalLM"],"use_sliding_window":true,"layer_types":["full_attention"]"#)
+                .unwrap_err();
         assert!(e.contains("layer_types"), "{e}");
     }
 
@@ -581,7 +634,9 @@ mod tests {
         assert!(old.uses_local_rope(0) && !old.uses_local_rope(5));
         let (g, l) = (old.rope_inv_freq(), old.local_rope_inv_freq().unwrap());
         assert_eq!((g[0], l[0]), (1.0 / 8.0, 1.0));
-        assert!((l[1] - 10000f32.powf(-2.0 / 256.0)).abs() < 1e-7 && (g[1] - 1e6f32.powf(-2.0 / 256.0) / 8.0).abs() < 1e-7);
+        assert!(
+            (l[1] - 10000f32.powf(-2.0 / 256.0)).abs() < 1e-7 && (g[1] - 1e6f32.powf(-2.0 / 256.0) / 8.0).abs() < 1e-7
+        );
         let types = r#"["sliding_attention","full_attention","sliding_attention","full_attention","sliding_attention","sliding_attention","sliding_attention","full_attention"]"#;
         let new = ModelConfig::from_json(&format!(
             r#"{{{base},"layer_types":{types},"rope_parameters":{{"full_attention":{{"rope_type":"linear","factor":8.0,"rope_theta":1000000.0}},"sliding_attention":{{"rope_type":"default","rope_theta":10000.0}}}}}}"#
@@ -590,7 +645,11 @@ mod tests {
         assert_eq!(new.layer_windows, vec![512, 0, 512, 0, 512, 512, 512, 0]);
         assert_eq!(new.rope_inv_freq(), g);
         assert_eq!(new.local_rope_inv_freq().unwrap(), l);
-        for (extra, what) in [(r#","final_logit_softcapping":30.0"#, "final_logit_softcapping"), (r#","attn_logit_softcapping":50.0"#, "attn_logit_softcapping"), (r#","hidden_activation":"relu""#, "relu")] {
+        for (extra, what) in [
+            (r#","final_logit_softcapping":30.0"#, "final_logit_softcapping"),
+            (r#","attn_logit_softcapping":50.0"#, "attn_logit_softcapping"),
+            (r#","hidden_activation":"relu""#, "relu"),
+        ] {
             let e = ModelConfig::from_json(&format!("{{{base}{extra}}}")).unwrap_err();
             assert!(e.contains(what), "{e}");
         }
@@ -612,9 +671,18 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.architecture, "Gemma3ForCausalLM");
-        assert_eq!((c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.vocab_size), (2560, 8, 4, 256, 262208));
-        assert_eq!((c.eos_token_ids.clone(), c.bos_token_id, c.dtype.as_deref(), c.tie_word_embeddings), (vec![1, 106], Some(2), Some("bfloat16"), true));
-        assert_eq!((c.rope_theta, &c.rope_scaling, c.attn_scale()), (1000000.0, &RopeScaling::Linear { factor: 8.0 }, 1.0 / 16.0));
+        assert_eq!(
+            (c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.vocab_size),
+            (2560, 8, 4, 256, 262208)
+        );
+        assert_eq!(
+            (c.eos_token_ids.clone(), c.bos_token_id, c.dtype.as_deref(), c.tie_word_embeddings),
+            (vec![1, 106], Some(2), Some("bfloat16"), true)
+        );
+        assert_eq!(
+            (c.rope_theta, &c.rope_scaling, c.attn_scale()),
+            (1000000.0, &RopeScaling::Linear { factor: 8.0 }, 1.0 / 16.0)
+        );
         assert_eq!(c.layer_windows.iter().filter(|&&w| w == 1024).count(), 29);
         assert_eq!((c.layer_windows[5], c.local_rope.as_ref().unwrap().theta), (0, 10000.0));
         let e = ModelConfig::from_json(r#"{"architectures":["Gemma3ForConditionalGeneration"]}"#).unwrap_err();

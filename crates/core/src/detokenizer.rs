@@ -27,7 +27,11 @@ impl IncrementalDetokenizer {
         self.ids.extend_from_slice(new_ids);
         let before = tok.decode(&self.ids[self.prefix..self.read], self.skip_special_tokens)?;
         let now = tok.decode(&self.ids[self.prefix..], self.skip_special_tokens)?;
-        if now.len() > before.len() && !now.ends_with('\u{FFFD}') && now.is_char_boundary(before.len()) && now.starts_with(&before) {
+        if now.len() > before.len()
+            && !now.ends_with('\u{FFFD}')
+            && now.is_char_boundary(before.len())
+            && now.starts_with(&before)
+        {
             let delta = now[before.len()..].to_string();
             self.prefix = self.read;
             self.read = self.ids.len();

@@ -83,11 +83,16 @@ pub fn scheme_of(config: &Path) -> Result<Option<Fp8Scheme>> {
             None => Ok(None),
             Some(b) => match b.as_array().map(|a| a.iter().map(|x| x.as_u64()).collect::<Option<Vec<u64>>>()) {
                 Some(Some(a)) if a.len() == 2 && a.iter().all(|&x| x > 0) => Ok(Some([a[0] as usize, a[1] as usize])),
-                _ => Err(Error::config(config, format!("quantization_config: block size {b} is not two positive integers"))),
+                _ => Err(Error::config(
+                    config,
+                    format!("quantization_config: block size {b} is not two positive integers"),
+                )),
             },
         }
     };
-    let unsupported = |what: String| Error::config(config, format!("quantization_config: {what} is not supported (tandem loads FP8 checkpoints, `quant_method` fp8 or compressed-tensors float-quantized, dequantized at load; and GGUF files through `tandem convert`)"));
+    let unsupported = |what: String| {
+        Error::config(config, format!("quantization_config: {what} is not supported (tandem loads FP8 checkpoints, `quant_method` fp8 or compressed-tensors float-quantized, dequantized at load; and GGUF files through `tandem convert`)"))
+    };
     match method {
         "fp8" => Ok(Some(Fp8Scheme { block: block_of(q.get("weight_block_size"))? })),
         "compressed-tensors" => {
@@ -101,7 +106,11 @@ pub fn scheme_of(config: &Path) -> Result<Option<Fp8Scheme>> {
                 let bits = w.get("num_bits").and_then(|b| b.as_u64());
                 let ty = w.get("type").and_then(|t| t.as_str());
                 if bits != Some(8) || ty != Some("float") {
-                    return Err(unsupported(format!("compressed-tensors group `{name}` with {}-bit {} weights", bits.map_or("?".into(), |b| b.to_string()), ty.unwrap_or("?"))));
+                    return Err(unsupported(format!(
+                        "compressed-tensors group `{name}` with {}-bit {} weights",
+                        bits.map_or("?".into(), |b| b.to_string()),
+                        ty.unwrap_or("?")
+                    )));
                 }
                 if let Some(b) = block_of(w.get("block_structure"))? {
                     block = Some(b);
@@ -115,7 +124,12 @@ pub fn scheme_of(config: &Path) -> Result<Option<Fp8Scheme>> {
 
 /// How a scale tensor of `scale_shape` covers a weight of `[rows, cols]`: one scale per
 /// `[br, bc]` block from the top-left corner (per tensor: the whole matrix; per channel: a row).
-pub fn block_of(rows: usize, cols: usize, scale_shape: &[usize], scheme: Fp8Scheme) -> std::result::Result<[usize; 2], String> {
+pub fn block_of(
+    rows: usize,
+    cols: usize,
+    scale_shape: &[usize],
+    scheme: Fp8Scheme,
+) -> std::result::Result<[usize; 2], String> {
     let numel: usize = scale_shape.iter().product();
     let ceil = |a: usize, b: usize| a.div_ceil(b);
     match scale_shape {
@@ -172,7 +186,17 @@ mod tests {
         let f = Fp8Format::E4M3;
         // (byte, value): zero, the smallest subnormal 2^-9, the largest subnormal, the smallest
         // normal 2^-6, one, 1.125, the largest 448, and their negatives.
-        for (b, v) in [(0x00, 0.0), (0x01, 2f32.powi(-9)), (0x07, 7.0 * 2f32.powi(-9)), (0x08, 2f32.powi(-6)), (0x38, 1.0), (0x39, 1.125), (0x7e, 448.0), (0xb8, -1.0), (0xfe, -448.0)] {
+        for (b, v) in [
+            (0x00, 0.0),
+            (0x01, 2f32.powi(-9)),
+            (0x07, 7.0 * 2f32.powi(-9)),
+            (0x08, 2f32.powi(-6)),
+            (0x38, 1.0),
+            (0x39, 1.125),
+            (0x7e, 448.0),
+            (0xb8, -1.0),
+            (0xfe, -448.0),
+        ] {
             assert_eq!(f.decode(b), v, "byte {b:#04x}");
         }
         assert!(f.decode(0x7f).is_nan() && f.decode(0xff).is_nan());
@@ -186,7 +210,9 @@ mod tests {
     #[test]
     fn e5m2_values_follow_the_ocp_spec() {
         let f = Fp8Format::E5M2;
-        for (b, v) in [(0x01, 2f32.powi(-16)), (0x04, 2f32.powi(-14)), (0x3c, 1.0), (0x3d, 1.25), (0x7b, 57344.0), (0xbc, -1.0)] {
+        for (b, v) in
+            [(0x01, 2f32.powi(-16)), (0x04, 2f32.powi(-14)), (0x3c, 1.0), (0x3d, 1.25), (0x7b, 57344.0), (0xbc, -1.0)]
+        {
             assert_eq!(f.decode(b), v, "byte {b:#04x}");
         }
         assert_eq!(f.decode(0x7c), f32::INFINITY);
@@ -243,13 +269,21 @@ mod tests {
             std::fs::write(&cfg, format!("{{\"model_type\": \"llama\", \"quantization_config\": {q}}}")).unwrap();
             scheme_of(&cfg)
         };
-        assert_eq!(with(r#"{"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}"#).unwrap(), Some(Fp8Scheme { block: Some([128, 128]) }));
-        assert_eq!(with(r#"{"quant_method": "fp8", "activation_scheme": "static"}"#).unwrap(), Some(Fp8Scheme { block: None }));
+        assert_eq!(
+            with(r#"{"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}"#)
+                .unwrap(),
+            Some(Fp8Scheme { block: Some([128, 128]) })
+        );
+        assert_eq!(
+            with(r#"{"quant_method": "fp8", "activation_scheme": "static"}"#).unwrap(),
+            Some(Fp8Scheme { block: None })
+        );
         let ct = r#"{"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {"group_0": {"weights": {"num_bits": 8, "type": "float", "strategy": "channel"}, "targets": ["Linear"]}}, "ignore": ["lm_head"]}"#;
         assert_eq!(with(ct).unwrap(), Some(Fp8Scheme { block: None }));
         let awq = with(r#"{"quant_method": "awq", "bits": 4}"#).unwrap_err().to_string();
         assert!(awq.contains("`quant_method` `awq` is not supported") && awq.contains("config.json"), "{awq}");
-        let int4 = with(r#"{"quant_method": "compressed-tensors", "format": "pack-quantized"}"#).unwrap_err().to_string();
+        let int4 =
+            with(r#"{"quant_method": "compressed-tensors", "format": "pack-quantized"}"#).unwrap_err().to_string();
         assert!(int4.contains("pack-quantized"), "{int4}");
         let w4 = with(r#"{"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {"g": {"weights": {"num_bits": 4, "type": "float"}}}}"#).unwrap_err().to_string();
         assert!(w4.contains("4-bit float"), "{w4}");

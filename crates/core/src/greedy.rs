@@ -16,14 +16,24 @@ pub struct Step {
 /// Runs `prompt` through `runner` (in chunks of at most `max_batch_tokens`), then decodes
 /// greedily until `max_tokens` tokens or one of `stop_ids`. KV blocks 0.. are used in order.
 /// `keep_logits` keeps each step's logits row (golden tests need them; serving does not).
-pub fn generate(runner: &mut dyn ModelRunner, prompt: &[u32], max_tokens: usize, stop_ids: &[u32], keep_logits: bool, mut on_token: impl FnMut(u32)) -> Result<Vec<Step>> {
+pub fn generate(
+    runner: &mut dyn ModelRunner,
+    prompt: &[u32],
+    max_tokens: usize,
+    stop_ids: &[u32],
+    keep_logits: bool,
+    mut on_token: impl FnMut(u32),
+) -> Result<Vec<Step>> {
     let g = runner.kv_geometry();
     let total = prompt.len() + max_tokens;
     if prompt.is_empty() {
         return Err(Error::Batch("empty prompt".into()));
     }
     if total.div_ceil(g.block_size) > g.num_blocks {
-        return Err(Error::Batch(format!("{total} tokens need more than the {} KV blocks of {} tokens", g.num_blocks, g.block_size)));
+        return Err(Error::Batch(format!(
+            "{total} tokens need more than the {} KV blocks of {} tokens",
+            g.num_blocks, g.block_size
+        )));
     }
     let table: Vec<u32> = (0..total.div_ceil(g.block_size) as u32).collect();
     let vocab = runner.config().vocab_size;

@@ -20,11 +20,11 @@ pub mod detokenizer;
 pub mod error;
 pub mod fp8;
 pub mod greedy;
-pub mod skip;
 pub mod memory;
 pub mod meta;
 pub mod model;
 pub mod sampling;
+pub mod skip;
 pub mod tokenizer;
 pub mod weights;
 

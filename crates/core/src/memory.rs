@@ -122,14 +122,28 @@ mod tests {
     fn start_up_that_cannot_fit_says_what_to_lower() {
         let m = mem(24 * GIB, GIB, 16 * GIB, 5 * GIB);
         let e = plan_kv_blocks(&m, 0.9, &need(1 << 20, 1)).unwrap_err();
-        for part in ["max_num_seqs", "max_num_batched_tokens", "max_model_len", "raise gpu_memory_utilization", "weights take 16.00 GiB", "workspace 5.00 GiB"] {
+        for part in [
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "max_model_len",
+            "raise gpu_memory_utilization",
+            "weights take 16.00 GiB",
+            "workspace 5.00 GiB",
+        ] {
             assert!(e.contains(part), "`{part}` missing from: {e}");
         }
         // Room for some blocks but not one sequence at the context limit: refused too.
         let m = mem(24 * GIB, GIB, 16 * GIB, GIB);
-        let e = plan_kv_blocks(&m, 0.9, &KvNeed { block_bytes: GIB, min_blocks: 8, max_blocks: 1000, max_context: 131072 }).unwrap_err();
+        let e =
+            plan_kv_blocks(&m, 0.9, &KvNeed { block_bytes: GIB, min_blocks: 8, max_blocks: 1000, max_context: 131072 })
+                .unwrap_err();
         assert!(e.contains("131072 tokens needs 8.00 GiB"), "{e}");
-        assert!(plan_kv_blocks(&m, 0.9, &KvNeed { block_bytes: GIB, min_blocks: 3, max_blocks: 1000, max_context: 48 }).is_ok());
+        assert!(plan_kv_blocks(
+            &m,
+            0.9,
+            &KvNeed { block_bytes: GIB, min_blocks: 3, max_blocks: 1000, max_context: 48 }
+        )
+        .is_ok());
     }
 
     #[test]

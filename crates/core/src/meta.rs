@@ -86,7 +86,11 @@ impl MetaStaging {
 
     fn check_len(&self, staging: &[u32]) -> Result<()> {
         if staging.len() < self.layout.total() {
-            return Err(Error::Batch(format!("staging memory of {} elements for a layout of {}", staging.len(), self.layout.total())));
+            return Err(Error::Batch(format!(
+                "staging memory of {} elements for a layout of {}",
+                staging.len(),
+                self.layout.total()
+            )));
         }
         Ok(())
     }
@@ -94,7 +98,8 @@ impl MetaStaging {
     /// Writes `batch` as it is; a batch beyond a region is an error and writes nothing.
     pub fn stage_batch(&mut self, staging: &mut [u32], batch: &ForwardBatch) -> Result<Used> {
         let mut used = [0; REGIONS];
-        let parts: [&[u32]; REGIONS] = [&batch.tokens, &batch.positions, &batch.slots, &batch.token_seq, &batch.logit_rows, &batch.block_tables];
+        let parts: [&[u32]; REGIONS] =
+            [&batch.tokens, &batch.positions, &batch.slots, &batch.token_seq, &batch.logit_rows, &batch.block_tables];
         for (u, p) in used.iter_mut().zip(&parts) {
             *u = p.len();
         }
@@ -114,14 +119,29 @@ impl MetaStaging {
     /// oracle). Real rows keep their first `stride` block-table entries, the rest of each row
     /// and every padding row is the scratch block. A batch that is not `n <= rows` decode rows,
     /// or a step beyond a region, is an error and writes nothing.
-    pub fn stage_padded(&mut self, staging: &mut [u32], batch: &ForwardBatch, pad: PadRows, rows: usize) -> Result<Used> {
+    pub fn stage_padded(
+        &mut self,
+        staging: &mut [u32],
+        batch: &ForwardBatch,
+        pad: PadRows,
+        rows: usize,
+    ) -> Result<Used> {
         let n = batch.num_tokens();
         let (stride, scratch) = (pad.stride, pad.scratch_block);
-        if n > rows || batch.positions.len() != n || batch.slots.len() != n || batch.max_blocks == 0 || batch.block_tables.len() != n * batch.max_blocks {
+        if n > rows
+            || batch.positions.len() != n
+            || batch.slots.len() != n
+            || batch.max_blocks == 0
+            || batch.block_tables.len() != n * batch.max_blocks
+        {
             return Err(Error::Batch(format!("a padded step takes n <= {rows} decode rows with [n, max_blocks] block tables ({n} tokens, {} table entries of stride {})", batch.block_tables.len(), batch.max_blocks)));
         }
-        let bt_len = rows.checked_mul(stride).ok_or_else(|| Error::Batch(format!("{rows} padded rows of {stride} blocks overflow")))?;
-        let scratch_slot = scratch.checked_mul(pad.block_size).ok_or_else(|| Error::Batch(format!("scratch block {scratch} of {} slots is beyond u32", pad.block_size)))?;
+        let bt_len = rows
+            .checked_mul(stride)
+            .ok_or_else(|| Error::Batch(format!("{rows} padded rows of {stride} blocks overflow")))?;
+        let scratch_slot = scratch.checked_mul(pad.block_size).ok_or_else(|| {
+            Error::Batch(format!("scratch block {scratch} of {} slots is beyond u32", pad.block_size))
+        })?;
         let used = [rows, rows, rows, rows, rows, bt_len];
         self.layout.span(&used)?;
         self.check_len(staging)?;
@@ -199,11 +219,18 @@ pub fn pad_decode(batch: &ForwardBatch, pad: PadRows, rows: usize) -> ForwardBat
 mod tests {
     use super::*;
 
-
     /// The regions of `staging` a step of `used` wrote, as a batch.
     fn staged(l: &U32Layout, staging: &[u32], used: &Used, max_blocks: usize) -> ForwardBatch {
         let r = |i: usize| staging[l.offset(i)..l.offset(i) + used[i]].to_vec();
-        ForwardBatch { tokens: r(TOKENS), positions: r(POSITIONS), slots: r(SLOTS), token_seq: r(TOKEN_SEQ), block_tables: r(BLOCK_TABLES), max_blocks, logit_rows: r(LOGIT_ROWS) }
+        ForwardBatch {
+            tokens: r(TOKENS),
+            positions: r(POSITIONS),
+            slots: r(SLOTS),
+            token_seq: r(TOKEN_SEQ),
+            block_tables: r(BLOCK_TABLES),
+            max_blocks,
+            logit_rows: r(LOGIT_ROWS),
+        }
     }
 
     struct Lcg(u64);
@@ -249,7 +276,11 @@ mod tests {
         assert!(U32Layout::new(&[usize::MAX / 4 + 64]).is_err(), "bytes overflow");
         let l = layout(8, 4, 16).unwrap();
         assert_eq!(l.span(&[8, 8, 8, 8, 4, 16]).unwrap(), l.offset(BLOCK_TABLES) + 16);
-        assert_eq!(l.span(&[1, 1, 1, 1, 1, 0]).unwrap(), l.offset(LOGIT_ROWS) + 1, "the span ends at the last region used");
+        assert_eq!(
+            l.span(&[1, 1, 1, 1, 1, 0]).unwrap(),
+            l.offset(LOGIT_ROWS) + 1,
+            "the span ends at the last region used"
+        );
         assert_eq!(l.span(&[0; REGIONS]).unwrap(), 0);
         assert!(l.span(&[9, 8, 8, 8, 4, 16]).is_err());
         assert!(l.span(&[8, 8, 8, 8, 4, 17]).is_err());
@@ -287,7 +318,10 @@ mod tests {
         let mut st = MetaStaging::new(l.clone(), max_rows - 1);
         let mut mem = vec![u32::MAX; l.total()];
         let mut rng = Lcg(11);
-        let pads = [PadRows { scratch_block: 40, stride: 4, block_size: 16 }, PadRows { scratch_block: 41, stride: 8, block_size: 16 }];
+        let pads = [
+            PadRows { scratch_block: 40, stride: 4, block_size: 16 },
+            PadRows { scratch_block: 41, stride: 8, block_size: 16 },
+        ];
         let mut skipped_some = false;
         // A random walk of padded steps (growing, shrinking, other strides) and eager steps
         // between them, each checked against the oracle: what the rows skipped hold is right.
@@ -306,11 +340,18 @@ mod tests {
             let b = decode_batch(&mut rng, n, mb);
             skipped_some |= st.pad == Some(pad) && (0..rows).any(|r| st.dirty.get(r).is_some_and(|&d| d < pad.stride));
             let used = st.stage_padded(&mut mem, &b, pad, rows).unwrap();
-            assert_eq!(staged(&l, &mem, &used, pad.stride), pad_decode(&b, pad, rows), "step {step}: {n} rows padded to {rows}, {pad:?}");
+            assert_eq!(
+                staged(&l, &mem, &used, pad.stride),
+                pad_decode(&b, pad, rows),
+                "step {step}: {n} rows padded to {rows}, {pad:?}"
+            );
             // What it claims is the scratch block is.
             let bt = &mem[l.offset(BLOCK_TABLES)..];
             for (r, &d) in st.dirty.iter().enumerate().filter(|(_, &d)| d != UNKNOWN) {
-                assert!(bt[r * pad.stride + d..(r + 1) * pad.stride].iter().all(|&x| x == pad.scratch_block), "step {step}: row {r} from {d}");
+                assert!(
+                    bt[r * pad.stride + d..(r + 1) * pad.stride].iter().all(|&x| x == pad.scratch_block),
+                    "step {step}: row {r} from {d}"
+                );
             }
         }
         assert!(skipped_some, "the walk never skipped a scratch entry");

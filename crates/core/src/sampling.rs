@@ -211,7 +211,11 @@ pub fn logprobs_row(logits: &[f32], token: u32, n: usize) -> TokenLogprobs {
 /// `top_n[r]` asks (at most [`MAX_TOP_LOGPROBS`]): the host's logprobs of a step.
 pub fn logprobs_rows(logits: &[f32], vocab: usize, ids: &[u32], top_n: &[Option<usize>]) -> Vec<Option<TokenLogprobs>> {
     let vocab = vocab.max(1);
-    top_n.iter().enumerate().map(|(r, n)| n.map(|n| logprobs_row(&logits[r * vocab..(r + 1) * vocab], ids[r], n.min(MAX_TOP_LOGPROBS)))).collect()
+    top_n
+        .iter()
+        .enumerate()
+        .map(|(r, n)| n.map(|n| logprobs_row(&logits[r * vocab..(r + 1) * vocab], ids[r], n.min(MAX_TOP_LOGPROBS))))
+        .collect()
 }
 
 /// An order-preserving key: `a < b` as floats iff `key(a) < key(b)` (NaN excluded).
@@ -315,7 +319,10 @@ impl LogitEdit {
         x
     }
     pub fn to_words(&self) -> [u32; EDIT_WORDS] {
-        let flags = u32::from(self.repetition.is_some()) | u32::from(self.subtract.is_some()) << 1 | u32::from(self.bias.is_some()) << 2 | u32::from(self.ban) << 3;
+        let flags = u32::from(self.repetition.is_some())
+            | u32::from(self.subtract.is_some()) << 1
+            | u32::from(self.bias.is_some()) << 2
+            | u32::from(self.ban) << 3;
         let bits = |v: Option<f32>| v.unwrap_or(0.0).to_bits();
         [self.token, flags, bits(self.repetition), bits(self.subtract), bits(self.bias)]
     }
@@ -386,7 +393,11 @@ impl RowMasks {
     /// Checks the packing against a step of `rows` rows of `vocab` logits.
     pub fn check(&self, rows: usize, vocab: usize) -> Result<(), String> {
         if self.index.len() != rows || self.words != vocab.div_ceil(32) {
-            return Err(format!("masks for {} rows of {} words, step has {rows} rows of vocabulary {vocab}", self.index.len(), self.words));
+            return Err(format!(
+                "masks for {} rows of {} words, step has {rows} rows of vocabulary {vocab}",
+                self.index.len(),
+                self.words
+            ));
         }
         let count = self.bits.len() / self.words.max(1);
         if let Some(i) = self.index.iter().find(|&&i| i >= count as i32 || i < -1) {
@@ -558,7 +569,13 @@ mod tests {
         assert!(m.is_empty());
         // Row 0: the best token (39) banned; row 2: token 3 lifted above the rest.
         m.set_edits(0, vec![LogitEdit { token: 39, ban: true, ..Default::default() }]);
-        m.set_edits(2, vec![LogitEdit { token: 3, bias: Some(100.0), ..Default::default() }, LogitEdit { token: 38, subtract: Some(1.0), ..Default::default() }]);
+        m.set_edits(
+            2,
+            vec![
+                LogitEdit { token: 3, bias: Some(100.0), ..Default::default() },
+                LogitEdit { token: 38, subtract: Some(1.0), ..Default::default() },
+            ],
+        );
         assert!(!m.is_empty() && m.has_edits() && m.check(3, vocab).is_ok());
         let logits: Vec<f32> = (0..3 * vocab).map(|i| (i % vocab) as f32).collect();
         let specs = [SampleSpec::greedy(); 3];
@@ -574,7 +591,10 @@ mod tests {
         assert_eq!(&words[..2], &[39, 0b1000]);
         assert_eq!(&words[5..10], &[3, 0b100, 0, 0, 100.0f32.to_bits()]);
         let mut twice = RowMasks::none(1, vocab);
-        twice.set_edits(0, vec![LogitEdit { token: 5, ..Default::default() }, LogitEdit { token: 5, ban: true, ..Default::default() }]);
+        twice.set_edits(
+            0,
+            vec![LogitEdit { token: 5, ..Default::default() }, LogitEdit { token: 5, ban: true, ..Default::default() }],
+        );
         assert!(twice.check(1, vocab).unwrap_err().contains("twice"));
         let mut beyond = RowMasks::none(1, vocab);
         beyond.set_edits(0, vec![LogitEdit { token: 40, ban: true, ..Default::default() }]);
@@ -671,10 +691,17 @@ mod tests {
         }
         // Ties at the k-th logit are kept (vLLM's mask).
         let tied = [1.0f32, 2.0, 2.0, 0.0];
-        let picks: std::collections::BTreeSet<u32> = (0..200).map(|i| sample_row(&tied, &spec(|s| {
-            s.top_k = 1;
-            s.token_index = i;
-        }))).collect();
+        let picks: std::collections::BTreeSet<u32> = (0..200)
+            .map(|i| {
+                sample_row(
+                    &tied,
+                    &spec(|s| {
+                        s.top_k = 1;
+                        s.token_index = i;
+                    }),
+                )
+            })
+            .collect();
         assert_eq!(picks.into_iter().collect::<Vec<_>>(), vec![1, 2]);
     }
 
@@ -700,7 +727,13 @@ mod tests {
     #[test]
     fn draws_follow_the_renormalised_distribution() {
         let logits = [2.0f32, -1.0, 0.5, 1.6, -3.0, 0.9, 1.2, -0.2, 0.0, 2.3, -6.0, 0.3];
-        let cases = [(1.0f32, 0u32, 1.0f32, 0.0f32), (0.8, 6, 1.0, 0.0), (1.0, 0, 0.8, 0.0), (1.3, 0, 1.0, 0.1), (0.9, 8, 0.85, 0.05)];
+        let cases = [
+            (1.0f32, 0u32, 1.0f32, 0.0f32),
+            (0.8, 6, 1.0, 0.0),
+            (1.0, 0, 0.8, 0.0),
+            (1.3, 0, 1.0, 0.1),
+            (0.9, 8, 0.85, 0.05),
+        ];
         let n = 40_000u32;
         for (temperature, top_k, top_p, min_p) in cases {
             let t = temperature as f64;
@@ -738,7 +771,11 @@ mod tests {
             }
             assert!(df >= 2, "{df} tokens kept: the case tests nothing");
             // The 1e-6 upper tail of chi-square with up to 11 degrees of freedom is below 50.
-            assert!(chi2 < 50.0, "chi-square {chi2:.1} over {df} tokens for {:?}: {seen:?}", (temperature, top_k, top_p, min_p));
+            assert!(
+                chi2 < 50.0,
+                "chi-square {chi2:.1} over {df} tokens for {:?}: {seen:?}",
+                (temperature, top_k, top_p, min_p)
+            );
         }
     }
 
@@ -749,10 +786,17 @@ mod tests {
         let l = [1.0f32, 5.0, -3.0, 4.99, 2.0, -40.0];
         for t in [1e-45f32, 1e-38, 1e-30, 1e-10, 9.9e-6, 1e-5, 1e-4] {
             for i in 0..200 {
-                assert_eq!(sample_row(&l, &spec(|s| {
-                    s.temperature = t;
-                    s.token_index = i;
-                })), 1, "temperature {t:e}");
+                assert_eq!(
+                    sample_row(
+                        &l,
+                        &spec(|s| {
+                            s.temperature = t;
+                            s.token_index = i;
+                        })
+                    ),
+                    1,
+                    "temperature {t:e}"
+                );
             }
         }
         assert!(spec(|s| s.temperature = 9.9e-6).is_greedy());

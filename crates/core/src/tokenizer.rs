@@ -39,8 +39,15 @@ impl Tokenizer {
         let inner = match parsed {
             Ok(r) => r.map_err(|e| Error::config(&path, e))?,
             Err(p) => {
-                let why = p.downcast_ref::<String>().map(String::as_str).or_else(|| p.downcast_ref::<&str>().copied()).unwrap_or("no message");
-                return Err(Error::config(&path, format!("cannot load tokenizer: the tokenizers library failed on this file ({why})")));
+                let why = p
+                    .downcast_ref::<String>()
+                    .map(String::as_str)
+                    .or_else(|| p.downcast_ref::<&str>().copied())
+                    .unwrap_or("no message");
+                return Err(Error::config(
+                    &path,
+                    format!("cannot load tokenizer: the tokenizers library failed on this file ({why})"),
+                ));
             }
         };
         let cfg_path = dir.join("tokenizer_config.json");
@@ -64,7 +71,10 @@ impl Tokenizer {
             _ => None,
         };
         let chat = match chat {
-            Some(src) => Some(ChatTemplate::new(&src, bos_token.clone(), eos_token.clone()).map_err(|e| Error::config(&cfg_path, e.to_string()))?),
+            Some(src) => Some(
+                ChatTemplate::new(&src, bos_token.clone(), eos_token.clone())
+                    .map_err(|e| Error::config(&cfg_path, e.to_string()))?,
+            ),
             None => None,
         };
         let mut eos_ids = vec![];
@@ -113,19 +123,39 @@ impl Tokenizer {
     /// Renders `messages` (OpenAI-style objects with `role` and `content`) with the model's
     /// chat template, exactly as transformers' `apply_chat_template` would.
     pub fn apply_chat_template(&self, messages: &[serde_json::Value], add_generation_prompt: bool) -> Result<String> {
-        let t = self.chat.as_ref().ok_or_else(|| Error::Template("this model's tokenizer_config.json has no chat_template".into()))?;
+        let t = self
+            .chat
+            .as_ref()
+            .ok_or_else(|| Error::Template("this model's tokenizer_config.json has no chat_template".into()))?;
         t.render(messages, add_generation_prompt)
     }
 
     /// The same, with OpenAI-style `tools` given to the template as transformers gives them.
-    pub fn apply_chat_template_with_tools(&self, messages: &[serde_json::Value], tools: Option<&[serde_json::Value]>, add_generation_prompt: bool) -> Result<String> {
-        let t = self.chat.as_ref().ok_or_else(|| Error::Template("this model's tokenizer_config.json has no chat_template".into()))?;
+    pub fn apply_chat_template_with_tools(
+        &self,
+        messages: &[serde_json::Value],
+        tools: Option<&[serde_json::Value]>,
+        add_generation_prompt: bool,
+    ) -> Result<String> {
+        let t = self
+            .chat
+            .as_ref()
+            .ok_or_else(|| Error::Template("this model's tokenizer_config.json has no chat_template".into()))?;
         t.render_with_tools(messages, tools, add_generation_prompt)
     }
 
     /// The same, with extra template variables (`chat_template_kwargs`).
-    pub fn apply_chat_template_with_kwargs(&self, messages: &[serde_json::Value], tools: Option<&[serde_json::Value]>, add_generation_prompt: bool, kwargs: Option<&serde_json::Map<String, serde_json::Value>>) -> Result<String> {
-        let t = self.chat.as_ref().ok_or_else(|| Error::Template("this model's tokenizer_config.json has no chat_template".into()))?;
+    pub fn apply_chat_template_with_kwargs(
+        &self,
+        messages: &[serde_json::Value],
+        tools: Option<&[serde_json::Value]>,
+        add_generation_prompt: bool,
+        kwargs: Option<&serde_json::Map<String, serde_json::Value>>,
+    ) -> Result<String> {
+        let t = self
+            .chat
+            .as_ref()
+            .ok_or_else(|| Error::Template("this model's tokenizer_config.json has no chat_template".into()))?;
         t.render_with_kwargs(messages, tools, add_generation_prompt, kwargs)
     }
 }
@@ -226,13 +256,19 @@ fn fast_bpe(text: &str) -> Option<tokenizers::Tokenizer> {
         t.with_pre_tokenizer(Some(serde_json::from_value::<tokenizers::PreTokenizerWrapper>(raw.pre_tokenizer).ok()?));
     }
     if !raw.post_processor.is_null() {
-        t.with_post_processor(Some(serde_json::from_value::<tokenizers::PostProcessorWrapper>(raw.post_processor).ok()?));
+        t.with_post_processor(Some(
+            serde_json::from_value::<tokenizers::PostProcessorWrapper>(raw.post_processor).ok()?,
+        ));
     }
     if !raw.decoder.is_null() {
         t.with_decoder(Some(serde_json::from_value::<tokenizers::DecoderWrapper>(raw.decoder).ok()?));
     }
     for a in &raw.added_tokens {
-        let tok = AddedToken::from(a.content.clone(), a.special).single_word(a.single_word).lstrip(a.lstrip).rstrip(a.rstrip).normalized(a.normalized);
+        let tok = AddedToken::from(a.content.clone(), a.special)
+            .single_word(a.single_word)
+            .lstrip(a.lstrip)
+            .rstrip(a.rstrip)
+            .normalized(a.normalized);
         if a.special {
             t.add_special_tokens(vec![tok]).ok()?;
         } else {
@@ -283,7 +319,10 @@ mod tests {
     fn a_file_the_tokenizers_crate_panics_on_is_an_error() {
         let dir = std::env::temp_dir().join(format!("tandem-tok-panic-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let bad = JSON.replace(r#""decoder":{"type":"ByteLevel","add_prefix_space":true,"trim_offsets":true"#, r#""decoder":{"type":"ByteLevel","add_prefix_space":true,"trim_offsets":tr=e"#);
+        let bad = JSON.replace(
+            r#""decoder":{"type":"ByteLevel","add_prefix_space":true,"trim_offsets":true"#,
+            r#""decoder":{"type":"ByteLevel","add_prefix_space":true,"trim_offsets":tr=e"#,
+        );
         assert_ne!(bad, JSON);
         std::fs::write(dir.join("tokenizer.json"), bad).unwrap();
         let e = super::Tokenizer::from_dir(&dir).err().expect("a malformed tokenizer.json is refused");

@@ -115,22 +115,32 @@ impl Weights {
                 safetensors::Dtype::F8_E4M3 => (DType::F32, Some(Fp8Format::E4M3)),
                 safetensors::Dtype::F8_E5M2 => (DType::F32, Some(Fp8Format::E5M2)),
                 other => {
-                    return Err(Error::tensor(path, name, format!("dtype {other:?} is not supported (bf16, f16, f32, and FP8 weights with their scales, are)")))
+                    return Err(Error::tensor(
+                        path,
+                        name,
+                        format!(
+                            "dtype {other:?} is not supported (bf16, f16, f32, and FP8 weights with their scales, are)"
+                        ),
+                    ))
                 }
             };
             let elem = if fp8.is_some() { 1 } else { dtype.size() };
             let (s, e) = info.data_offsets;
             let range = data_start + s..data_start + e;
             if range.end > mmap.len() {
-                return Err(Error::tensor(path, name, format!(
-                    "data ends at byte {} but the file has {} bytes (truncated file?)",
-                    range.end,
-                    mmap.len()
-                )));
+                return Err(Error::tensor(
+                    path,
+                    name,
+                    format!("data ends at byte {} but the file has {} bytes (truncated file?)", range.end, mmap.len()),
+                ));
             }
             let numel: usize = info.shape.iter().product();
             if numel * elem != e - s {
-                return Err(Error::tensor(path, name, format!("shape {:?} needs {} bytes, header gives {}", info.shape, numel * elem, e - s)));
+                return Err(Error::tensor(
+                    path,
+                    name,
+                    format!("shape {:?} needs {} bytes, header gives {}", info.shape, numel * elem, e - s),
+                ));
             }
             let entry = Entry { file: file_idx, dtype, shape: info.shape.clone(), range };
             match fp8 {
@@ -151,17 +161,25 @@ impl Weights {
     /// that need to alter a model (e.g. proving that a broken weight is caught).
     pub fn replace(&mut self, name: &str, dtype: DType, shape: &[usize], values: &[f32]) -> Result<()> {
         if shape.iter().product::<usize>() != values.len() {
-            return Err(Error::tensor("<memory>", name, format!("shape {shape:?} does not hold {} values", values.len())));
+            return Err(Error::tensor(
+                "<memory>",
+                name,
+                format!("shape {shape:?} does not hold {} values", values.len()),
+            ));
         }
         self.insert_owned(name, dtype, shape, &dtype.from_f32(values), PathBuf::from(format!("<memory:{name}>")))
     }
 
     /// Tensor `name` from `bytes` copied into an anonymous mapping; `path` is what errors name.
     fn insert_owned(&mut self, name: &str, dtype: DType, shape: &[usize], bytes: &[u8], path: PathBuf) -> Result<()> {
-        let mut anon = memmap2::MmapMut::map_anon(bytes.len().max(1)).map_err(|e| Error::io("<anonymous mapping>", e))?;
+        let mut anon =
+            memmap2::MmapMut::map_anon(bytes.len().max(1)).map_err(|e| Error::io("<anonymous mapping>", e))?;
         anon[..bytes.len()].copy_from_slice(bytes);
         let mmap = anon.make_read_only().map_err(|e| Error::io("<anonymous mapping>", e))?;
-        self.tensors.insert(name.to_string(), Entry { file: self.files.len(), dtype, shape: shape.to_vec(), range: 0..bytes.len() });
+        self.tensors.insert(
+            name.to_string(),
+            Entry { file: self.files.len(), dtype, shape: shape.to_vec(), range: 0..bytes.len() },
+        );
         self.files.push((path, Arc::new(mmap)));
         Ok(())
     }
@@ -177,12 +195,18 @@ impl Weights {
             let fail = |msg: String| Error::tensor(&path, &name, format!("{} weight: {msg}", format.name()));
             let stem = name.strip_suffix(".weight").ok_or_else(|| fail("only `.weight` tensors may be FP8".into()))?;
             let [rows, cols] = e.shape[..] else { return Err(fail(format!("shape {:?} is not a matrix", e.shape))) };
-            let scale_name = [format!("{stem}.weight_scale_inv"), format!("{stem}.weight_scale")].into_iter().find(|n| self.tensors.contains_key(n));
-            let Some(scale_name) = scale_name else { return Err(fail(format!("no `{stem}.weight_scale_inv` or `{stem}.weight_scale` beside it"))) };
+            let scale_name = [format!("{stem}.weight_scale_inv"), format!("{stem}.weight_scale")]
+                .into_iter()
+                .find(|n| self.tensors.contains_key(n));
+            let Some(scale_name) = scale_name else {
+                return Err(fail(format!("no `{stem}.weight_scale_inv` or `{stem}.weight_scale` beside it")));
+            };
             let se = &self.tensors[&scale_name];
-            let block = crate::fp8::block_of(rows, cols, &se.shape, scheme).map_err(|m| fail(format!("`{scale_name}`: {m}")))?;
+            let block = crate::fp8::block_of(rows, cols, &se.shape, scheme)
+                .map_err(|m| fail(format!("`{scale_name}`: {m}")))?;
             let scale = se.dtype.to_f32(&self.files[se.file].1[se.range.clone()]);
-            let values = crate::fp8::dequantize(&self.files[e.file].1[e.range.clone()], format, rows, cols, &scale, block);
+            let values =
+                crate::fp8::dequantize(&self.files[e.file].1[e.range.clone()], format, rows, cols, &scale, block);
             self.insert_owned(&name, target, &e.shape, &target.from_f32(&values), path.clone())?;
         }
         Ok(())
@@ -220,7 +244,11 @@ impl Weights {
         let Some(e) = self.entry(name) else {
             let path = self.files.first().map(|f| f.0.clone()).unwrap_or_default();
             if let Some((f, _)) = self.fp8.get(name) {
-                return Err(Error::tensor(path, name, format!("stored as {} and not yet dequantized (Weights::dequantize_fp8)", f.name())));
+                return Err(Error::tensor(
+                    path,
+                    name,
+                    format!("stored as {} and not yet dequantized (Weights::dequantize_fp8)", f.name()),
+                ));
             }
             return Err(Error::tensor(path, name, format!("missing (expected shape {shape:?})")));
         };
@@ -228,6 +256,13 @@ impl Weights {
         if e.shape != shape {
             return Err(Error::tensor(path, name, format!("has shape {:?}, expected {shape:?}", e.shape)));
         }
-        Ok(TensorView { name: name.into(), dtype: e.dtype, shape: e.shape.clone(), path: path.clone(), owner: mmap.clone(), range: e.range.clone() })
+        Ok(TensorView {
+            name: name.into(),
+            dtype: e.dtype,
+            shape: e.shape.clone(),
+            path: path.clone(),
+            owner: mmap.clone(),
+            range: e.range.clone(),
+        })
     }
 }

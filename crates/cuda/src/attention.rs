@@ -52,7 +52,6 @@ fn pa_pack(gqa: usize) -> usize {
     (1..=PA_MAX_PACK).rev().find(|p| gqa.is_multiple_of(*p)).unwrap_or(1)
 }
 
-
 /// paged_attention_tc's warps per block, keys per staged sub-tile, and partitions (PAT_WARPS,
 /// PAT_SUB, PAT_MIN_PART, PAT_SPLITS in kernels/paged_attention.cu): a token's context is cut
 /// into at most PAT_SPLITS partitions of at least PAT_MIN_PART keys (a function of its own
@@ -69,13 +68,15 @@ pub(super) const PAT_SMEM_D256: usize = PAT_WARPS * 3 * PAT_SUB * (256 + 8) * 2;
 /// The tc_deep variant's partitions at most (PATD_SPLITS), and its dynamic shared memory per
 /// one-warp block (PatdCfg<D>::SMEM: 8 stages at head_dim 64, 6 at 128).
 const PATD_SPLITS: usize = 32;
-pub(super) const PATD_SMEM: [usize; 2] = [(8 * 2 + 1) * PAT_SUB * (64 + 8) * 2 + 8 * 4, (6 * 2 + 1) * PAT_SUB * (128 + 8) * 2 + 6 * 4];
+pub(super) const PATD_SMEM: [usize; 2] =
+    [(8 * 2 + 1) * PAT_SUB * (64 + 8) * 2 + 8 * 4, (6 * 2 + 1) * PAT_SUB * (128 + 8) * 2 + 6 * 4];
 
 /// The tc_shared variant's warps a chunk block (PATS_WARPS: a block holds PATS_WARPS * tw
 /// tokens), and its dynamic shared memory (PatsCfg<D>::SMEM: a ring of 3 K+V 64-key tile stages
 /// at head_dim 64, 2 at 128, their bad-key masks, 8 ints).
 const PATS_WARPS: usize = 4;
-pub(super) const PATS_SMEM: [usize; 2] = [3 * 2 * 64 * (64 + 8) * 2 + 3 * 16 + 32, 2 * 2 * 64 * (128 + 8) * 2 + 2 * 16 + 32];
+pub(super) const PATS_SMEM: [usize; 2] =
+    [3 * 2 * 64 * (64 + 8) * 2 + 3 * 16 + 32, 2 * 2 * 64 * (128 + 8) * 2 + 2 * 16 + 32];
 
 /// Partitions enough for every token whose context is at most `ctx` keys, for a kernel that
 /// cuts at most `splits` (PAT_SPLITS for tc, PATD_SPLITS for tc_deep).
@@ -165,13 +166,21 @@ fn uses_tc_with(kv: usize, head_dim: usize, v: AttnVariant, d256: D256Variant) -
 /// tc has a head_dim-256 kernel, so tc_deep and tc_shared run tc there (a model's kernel is
 /// fixed by its head size, so each token's bits still follow its own context alone).
 fn tc_variant(v: AttnVariant, head_dim: usize) -> AttnVariant {
-    if head_dim == 256 { AttnVariant::Tc } else { v }
+    if head_dim == 256 {
+        AttnVariant::Tc
+    } else {
+        v
+    }
 }
 
 /// Warp jobs a row's output dims are cut into by tc (PatCfg<D>::HALVES: 2 at head_dim 256,
 /// each half with its own partial row and arrival counter).
 fn tc_halves(head_dim: usize) -> usize {
-    if head_dim > 128 { 2 } else { 1 }
+    if head_dim > 128 {
+        2
+    } else {
+        1
+    }
 }
 
 /// Partitions at most of the tensor-core kernel in use, for contexts up to `ctx` keys.
@@ -218,7 +227,10 @@ impl CudaBackend {
             return Err(err(format!("{OP}: head_dim = {d}, the kernel holds at most {PA_MAX_D}")));
         }
         if a.max_blocks == 0 || a.num_seqs == 0 {
-            return Err(err(format!("{OP}: no block table (num_seqs = {}, max_blocks = {})", a.num_seqs, a.max_blocks)));
+            return Err(err(format!(
+                "{OP}: no block table (num_seqs = {}, max_blocks = {})",
+                a.num_seqs, a.max_blocks
+            )));
         }
         need(a.q, Elem::F32, t * h * d, OP, "q")?;
         need(a.positions, Elem::U32, t, OP, "positions")?;
@@ -237,7 +249,8 @@ impl CudaBackend {
             return Err(err(format!("{OP}: max_context = {} is beyond {} tokens", a.max_context, 65535 * PA_PART)));
         }
         let ints = [t, h, kvh, d, g.block_size, g.num_blocks, a.num_seqs, a.max_blocks, parts];
-        let names = ["T", "num_heads", "kv_heads", "head_dim", "block_size", "num_blocks", "num_seqs", "max_blocks", "parts"];
+        let names =
+            ["T", "num_heads", "kv_heads", "head_dim", "block_size", "num_blocks", "num_seqs", "max_blocks", "parts"];
         let mut v = [0i32; 9];
         for i in 0..9 {
             v[i] = i32_of(ints[i], OP, names[i])?;
@@ -253,9 +266,24 @@ impl CudaBackend {
         if parts == 1 {
             // Direct path: the scratch pointers are never touched; q stands in for them.
             let mut l = self.launch_args(&partial.f);
-            l.arg(&*a.q.mem).arg(&*a.k_cache.mem).arg(&*a.v_cache.mem).arg(&*a.positions.mem).arg(&*a.token_seq.mem).arg(&*a.block_tables.mem);
+            l.arg(&*a.q.mem)
+                .arg(&*a.k_cache.mem)
+                .arg(&*a.v_cache.mem)
+                .arg(&*a.positions.mem)
+                .arg(&*a.token_seq.mem)
+                .arg(&*a.block_tables.mem);
             l.arg(&mut *out.mem).arg(&*a.q.mem).arg(&*a.q.mem).arg(&*a.q.mem);
-            l.arg(&ti).arg(&hi).arg(&kvi).arg(&di).arg(&bsi).arg(&nbi).arg(&nsi).arg(&mbi).arg(&pi).arg(&a.scale).arg(&window);
+            l.arg(&ti)
+                .arg(&hi)
+                .arg(&kvi)
+                .arg(&di)
+                .arg(&bsi)
+                .arg(&nbi)
+                .arg(&nsi)
+                .arg(&mbi)
+                .arg(&pi)
+                .arg(&a.scale)
+                .arg(&window);
             // SAFETY: as in embedding.
             let r = unsafe { l.launch(cfg(grid, threads)) };
             return self.launched(partial.name, r);
@@ -270,7 +298,10 @@ impl CudaBackend {
                     return Err(err(format!("{OP}: {t} tokens x {h} heads x {parts} partitions need {bytes} bytes of scratch, beyond the workspace reserved at load (context or token limit exceeded)")));
                 }
                 // SAFETY: every partial the combining block reads is written first by its partition's block.
-                *slot = Some(unsafe { self.stream.alloc::<u8>(bytes) }.map_err(drv(&format!("{OP}: scratch of {bytes} bytes")))?);
+                *slot = Some(
+                    unsafe { self.stream.alloc::<u8>(bytes) }
+                        .map_err(drv(&format!("{OP}: scratch of {bytes} bytes")))?,
+                );
             }
             Ok(())
         };
@@ -279,18 +310,39 @@ impl CudaBackend {
         let counter_bytes = t * h * 4;
         if s.counters.as_ref().is_none_or(|b| b.len() < counter_bytes) {
             if fixed {
-                return Err(err(format!("{OP}: {t} tokens x {h} heads exceed the attention counters reserved at load")));
+                return Err(err(format!(
+                    "{OP}: {t} tokens x {h} heads exceed the attention counters reserved at load"
+                )));
             }
-            s.counters = Some(self.stream.alloc_zeros::<u8>(counter_bytes).map_err(drv(&format!("{OP}: counters of {counter_bytes} bytes")))?);
+            s.counters = Some(
+                self.stream
+                    .alloc_zeros::<u8>(counter_bytes)
+                    .map_err(drv(&format!("{OP}: counters of {counter_bytes} bytes")))?,
+            );
         }
         let AttnScratch { part_out: Some(po), part_ml: Some(pm), counters: Some(cn), .. } = &mut *s else {
             return Err(err(format!("{OP}: scratch missing after allocation")));
         };
         let mut l = self.launch_args(&partial.f);
-        l.arg(&*a.q.mem).arg(&*a.k_cache.mem).arg(&*a.v_cache.mem).arg(&*a.positions.mem).arg(&*a.token_seq.mem).arg(&*a.block_tables.mem);
+        l.arg(&*a.q.mem)
+            .arg(&*a.k_cache.mem)
+            .arg(&*a.v_cache.mem)
+            .arg(&*a.positions.mem)
+            .arg(&*a.token_seq.mem)
+            .arg(&*a.block_tables.mem);
         // The last partition block of each (token, head) combines (kernels/paged_attention.cu).
         l.arg(&mut *out.mem).arg(&mut *po).arg(&mut *pm).arg(&mut *cn);
-        l.arg(&ti).arg(&hi).arg(&kvi).arg(&di).arg(&bsi).arg(&nbi).arg(&nsi).arg(&mbi).arg(&pi).arg(&a.scale).arg(&window);
+        l.arg(&ti)
+            .arg(&hi)
+            .arg(&kvi)
+            .arg(&di)
+            .arg(&bsi)
+            .arg(&nbi)
+            .arg(&nsi)
+            .arg(&mbi)
+            .arg(&pi)
+            .arg(&a.scale)
+            .arg(&window);
         // SAFETY: as in embedding; scratch sized for [T, H, parts, D] and [T, H, parts, 2],
         // counters for [T, H].
         let r = unsafe { l.launch(cfg(grid, threads)) };
@@ -332,10 +384,13 @@ impl CudaBackend {
                 let grow = |slot: &mut Option<CudaSlice<u8>>, bytes: usize, zero: bool| -> Result<()> {
                     if slot.as_ref().is_none_or(|b| b.len() < bytes) {
                         *slot = Some(if zero {
-                            self.stream.alloc_zeros::<u8>(bytes).map_err(drv(&format!("{OP}: counters of {bytes} bytes")))?
+                            self.stream
+                                .alloc_zeros::<u8>(bytes)
+                                .map_err(drv(&format!("{OP}: counters of {bytes} bytes")))?
                         } else {
                             // SAFETY: the combining job reads only partials written first by their jobs.
-                            unsafe { self.stream.alloc::<u8>(bytes) }.map_err(drv(&format!("{OP}: scratch of {bytes} bytes")))?
+                            unsafe { self.stream.alloc::<u8>(bytes) }
+                                .map_err(drv(&format!("{OP}: scratch of {bytes} bytes")))?
                         });
                     }
                     Ok(())
@@ -350,16 +405,36 @@ impl CudaBackend {
         // tc: PAT_WARPS warp jobs a block; tc_deep: one; tc_shared: chunk blocks of
         // PATS_WARPS * tw tokens, then PAT_WARPS split jobs a block.
         let per_block = if deep { 1 } else { PAT_WARPS };
-        let block_count = if shared { (t - n_split).div_ceil(PATS_WARPS * tw) * groups + (n_split * groups * parts).div_ceil(PAT_WARPS) } else { warps.div_ceil(per_block) };
+        let block_count = if shared {
+            (t - n_split).div_ceil(PATS_WARPS * tw) * groups + (n_split * groups * parts).div_ceil(PAT_WARPS)
+        } else {
+            warps.div_ceil(per_block)
+        };
         let blocks = u32_of(block_count, OP, "warp jobs a block")?;
         let ints = [t, n_split, h, kvh, g.block_size, g.num_blocks, a.num_seqs, a.max_blocks, parts, tw];
-        let names = ["T", "n_split", "num_heads", "kv_heads", "block_size", "num_blocks", "num_seqs", "max_blocks", "parts", "tw"];
+        let names = [
+            "T",
+            "n_split",
+            "num_heads",
+            "kv_heads",
+            "block_size",
+            "num_blocks",
+            "num_seqs",
+            "max_blocks",
+            "parts",
+            "tw",
+        ];
         let mut v = [0i32; 10];
         for i in 0..10 {
             v[i] = i32_of(ints[i], OP, names[i])?;
         }
         let mut l = self.launch_args(&k.f);
-        l.arg(&*a.q.mem).arg(&*a.k_cache.mem).arg(&*a.v_cache.mem).arg(&*a.positions.mem).arg(&*a.token_seq.mem).arg(&*a.block_tables.mem);
+        l.arg(&*a.q.mem)
+            .arg(&*a.k_cache.mem)
+            .arg(&*a.v_cache.mem)
+            .arg(&*a.positions.mem)
+            .arg(&*a.token_seq.mem)
+            .arg(&*a.block_tables.mem);
         l.arg(&mut *out.mem);
         let sc = &mut *s;
         match (&mut sc.part_out, &mut sc.part_ml, &mut sc.counters) {
@@ -384,7 +459,11 @@ impl CudaBackend {
             _ if d == 256 => PAT_SMEM_D256,
             _ => PAT_WARPS * 2 * PAT_SUB * (d + 8) * 2,
         } as u32;
-        let launch = LaunchConfig { grid_dim: (blocks.max(1), 1, 1), block_dim: ((per_block * 32) as u32, 1, 1), shared_mem_bytes: smem };
+        let launch = LaunchConfig {
+            grid_dim: (blocks.max(1), 1, 1),
+            block_dim: ((per_block * 32) as u32, 1, 1),
+            shared_mem_bytes: smem,
+        };
         // SAFETY: the argument list matches paged_attention_tc's; partials sized for
         // [n_split, H, parts, D] and [n_split, H, parts, 2], counters for [n_split, groups]
         // (zeroed, and left zero by every launch); dynamic shared memory as the kernel's blocks
@@ -439,7 +518,11 @@ mod partition_tests {
             let len = tc_len(ctx);
             assert!(len >= PAT_MIN_PART && len % PAT_MIN_PART == 0, "ctx {ctx}: partition of {len}");
             most = most.max(ctx.div_ceil(len));
-            assert!(most <= pat_max_parts(ctx) && most <= PAT_SPLITS, "ctx {ctx}: {most} partitions, host allows {}", pat_max_parts(ctx));
+            assert!(
+                most <= pat_max_parts(ctx) && most <= PAT_SPLITS,
+                "ctx {ctx}: {most} partitions, host allows {}",
+                pat_max_parts(ctx)
+            );
         }
         assert_eq!(pat_max_parts(64), 1);
         assert_eq!(pat_max_parts(600), 10);
@@ -464,7 +547,9 @@ mod partition_tests {
         assert_eq!(parse_d256(None), Ok(D256Variant::Partial));
         assert_eq!(parse_d256(Some("partial")), Ok(D256Variant::Partial));
         assert_eq!(parse_d256(Some("tc")), Ok(D256Variant::Tc));
-        assert!(parse_d256(Some("tc_deep")).unwrap_err().contains("TANDEM_CUDA_ATTENTION_D256=tc_deep: one of partial"));
+        assert!(parse_d256(Some("tc_deep"))
+            .unwrap_err()
+            .contains("TANDEM_CUDA_ATTENTION_D256=tc_deep: one of partial"));
         assert!(!uses_tc_with(1, 256, AttnVariant::Tc, D256Variant::Partial));
         assert!(uses_tc_with(1, 256, AttnVariant::Tc, D256Variant::Tc));
         assert!(uses_tc_with(1, 256, AttnVariant::TcDeep, D256Variant::Tc));
@@ -516,7 +601,18 @@ mod partition_tests {
     /// over a 131k context need what 64 decodes need (the f32 kernel's 4.3 GB is gone).
     #[test]
     fn tc_workspace_follows_the_decodes() {
-        let l = WorkspaceLimits { max_tokens: 2048, max_seqs: 64, max_logit_rows: 192, max_context: 131_072, num_heads: 32, head_dim: 64, max_k: 8192, max_n: 128_256, kv_dtype: KvDtype::Bf16, moe: None };
+        let l = WorkspaceLimits {
+            max_tokens: 2048,
+            max_seqs: 64,
+            max_logit_rows: 192,
+            max_context: 131_072,
+            num_heads: 32,
+            head_dim: 64,
+            max_k: 8192,
+            max_n: 128_256,
+            kv_dtype: KvDtype::Bf16,
+            moe: None,
+        };
         assert_eq!(workspace(&l), (64 * 32 * 16 * 64 * 4, 64 * 32 * 16 * 2 * 4, 64 * 32 * 4));
         assert_eq!(workspace(&WorkspaceLimits { max_context: 64, ..l }), (0, 0, 0));
         let f32 = WorkspaceLimits { kv_dtype: KvDtype::F32, ..l };

@@ -19,9 +19,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::sys::CUresult;
-use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, DriverError, LaunchConfig, PinnedHostSlice, PushKernelArg};
+use cudarc::driver::{
+    CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, DriverError, LaunchConfig, PinnedHostSlice,
+    PushKernelArg,
+};
 use tandem_core::backend::{AttnArgs, Backend, DType, KvDtype, KvGeometry, U32Group, U32Layout, WorkspaceLimits};
-use tandem_core::sampling::{RowMasks, SampleSpec, TokenLogprobs, EDIT_WORDS, MAX_TOP_LOGPROBS, SAMPLE_LANES, SPEC_WORDS};
+use tandem_core::sampling::{
+    RowMasks, SampleSpec, TokenLogprobs, EDIT_WORDS, MAX_TOP_LOGPROBS, SAMPLE_LANES, SPEC_WORDS,
+};
 use tandem_core::weights::TensorView;
 use tandem_core::{Error, Result};
 
@@ -29,21 +34,21 @@ use crate::compile::{compile_cubin_cached, compile_ptx_cached, ptx_entries};
 use crate::sources::{self, KernelSource};
 use crate::toolchain::Toolchain;
 
-#[path = "matmul.rs"]
-mod matmul;
-#[path = "graph.rs"]
-mod graph;
 #[path = "attention.rs"]
 mod attention;
-#[path = "sampling.rs"]
-mod sampling;
-#[path = "moe.rs"]
-mod moe;
+#[path = "graph.rs"]
+mod graph;
 #[path = "launch.rs"]
 mod launch;
-use matmul::{GemmOut, GEMM_COUNTERS, GEMM_PART_FLOATS};
+#[path = "matmul.rs"]
+mod matmul;
+#[path = "moe.rs"]
+mod moe;
+#[path = "sampling.rs"]
+mod sampling;
 #[cfg(test)]
 use matmul::gemm_kernel;
+use matmul::{GemmOut, GEMM_COUNTERS, GEMM_PART_FLOATS};
 
 /// The message when no driver is present; tests assert it.
 pub const NO_DRIVER: &str = "no CUDA driver found (libcuda.so); use --backend wgpu or --backend reference";
@@ -235,7 +240,11 @@ fn need_kv(k_cache: &CudaBuf, v_cache: &CudaBuf, g: KvGeometry, op: &str) -> Res
     let ci = match k_cache.elem {
         Elem::F32 => 0,
         Elem::BF16 => 1,
-        other => return Err(err(format!("{op}: `k_cache` holds {other:?}, expected a KV cache (f32 or bf16, from alloc_kv)"))),
+        other => {
+            return Err(err(format!(
+                "{op}: `k_cache` holds {other:?}, expected a KV cache (f32 or bf16, from alloc_kv)"
+            )))
+        }
     };
     need(k_cache, k_cache.elem, g.layer_elems(), op, "k_cache")?;
     need(v_cache, k_cache.elem, g.layer_elems(), op, "v_cache")?;
@@ -451,7 +460,10 @@ impl<F> Kernels<F> {
                 offsets: k("moe_offsets")?,
                 scatter: k("moe_scatter")?,
                 gather: k("moe_gather")?,
-                gemm_tc: [[k("moe_gemm_bf16_m16")?, k("moe_gemm_bf16_m64")?], [k("moe_gemm_f16_m16")?, k("moe_gemm_f16_m64")?]],
+                gemm_tc: [
+                    [k("moe_gemm_bf16_m16")?, k("moe_gemm_bf16_m64")?],
+                    [k("moe_gemm_f16_m16")?, k("moe_gemm_f16_m64")?],
+                ],
                 gemm_f32: k("moe_gemm_f32")?,
                 combine: k("moe_combine")?,
             },
@@ -559,7 +571,10 @@ impl CudaBackend {
             return Err(err(NO_DRIVER));
         }
         if !Toolchain::nvrtc_loadable() {
-            return Err(err(format!("the CUDA backend compiles its kernels at start-up, but {}", Toolchain::discover().nvrtc_missing_message())));
+            return Err(err(format!(
+                "the CUDA backend compiles its kernels at start-up, but {}",
+                Toolchain::discover().nvrtc_missing_message()
+            )));
         }
         let srcs = match std::env::var_os("TANDEM_KERNEL_DIR").filter(|v| !v.is_empty()) {
             Some(dir) => sources::from_dir(std::path::Path::new(&dir))?,
@@ -578,13 +593,17 @@ impl CudaBackend {
         let stream = ctx.new_stream().map_err(drv("creating the stream"))?;
         let (maj, min) = ctx.compute_capability().map_err(drv("compute capability"))?;
         if maj < 8 {
-            return Err(err(format!("GPU {device_ordinal} is sm_{maj}{min}; the kernels need sm_80 or newer (bf16 mma.sync, cp.async)")));
+            return Err(err(format!(
+                "GPU {device_ordinal} is sm_{maj}{min}; the kernels need sm_80 or newer (bf16 mma.sync, cp.async)"
+            )));
         }
         let arch = format!("{maj}{min}");
         // kernels/matmul_sm90.cu (wgmma + TMA, sm_90a) is compiled and loaded only when asked for.
         let variants = matmul::check_gemm_variants()?;
         if variants.wgmma && arch != "90" {
-            return Err(err(format!("TANDEM_CUDA_GEMM_LARGE=wgmma needs an sm_90 (Hopper) GPU; GPU {device_ordinal} is sm_{arch}")));
+            return Err(err(format!(
+                "TANDEM_CUDA_GEMM_LARGE=wgmma needs an sm_90 (Hopper) GPU; GPU {device_ordinal} is sm_{arch}"
+            )));
         }
         let srcs: Vec<KernelSource> = srcs.into_iter().filter(|s| s.name != "matmul_sm90" || variants.wgmma).collect();
         let device_name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
@@ -627,22 +646,34 @@ impl CudaBackend {
         }
         let wgmma = if variants.wgmma {
             let mut k = |name: &'static str| -> Result<Kernel<CudaFunction>> {
-                let f = funcs.remove(name).ok_or_else(|| err(format!("kernel `{name}` is not in the loaded modules (kernels/matmul_sm90.cu)")))?;
-                f.set_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, matmul::WGMMA_SMEM as i32)
-                    .map_err(drv(&format!("{name}: {} bytes of shared memory", matmul::WGMMA_SMEM)))?;
+                let f = funcs.remove(name).ok_or_else(|| {
+                    err(format!("kernel `{name}` is not in the loaded modules (kernels/matmul_sm90.cu)"))
+                })?;
+                f.set_attribute(
+                    cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    matmul::WGMMA_SMEM as i32,
+                )
+                .map_err(drv(&format!("{name}: {} bytes of shared memory", matmul::WGMMA_SMEM)))?;
                 Ok(Kernel { name, f })
             };
             Some([k(matmul::WGMMA_KERNELS[0])?, k(matmul::WGMMA_KERNELS[1])?])
         } else {
             None
         };
-        let kernels = Kernels::resolve(|name| funcs.remove(name).ok_or_else(|| err(format!("kernel `{name}` is not in the loaded modules (edited kernels/*.cu?)"))))?;
+        let kernels = Kernels::resolve(|name| {
+            funcs
+                .remove(name)
+                .ok_or_else(|| err(format!("kernel `{name}` is not in the loaded modules (edited kernels/*.cu?)")))
+        })?;
         // Tile kernels with more than 48 KiB of dynamic shared memory opt in to it.
         for row in &kernels.matmul_tc {
             for (kern, g) in row.iter().zip(matmul::GEMM_KERNELS) {
                 if g.smem > matmul::SMEM_DEFAULT_LIMIT {
                     kern.f
-                        .set_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, g.smem as i32)
+                        .set_attribute(
+                            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                            g.smem as i32,
+                        )
                         .map_err(drv(&format!("{}: {} bytes of shared memory", kern.name, g.smem)))?;
                 }
             }
@@ -651,7 +682,10 @@ impl CudaBackend {
         for (kern, &bytes) in kernels.attn_tc_deep.iter().zip(&attention::PATD_SMEM) {
             if bytes as u32 > matmul::SMEM_DEFAULT_LIMIT {
                 kern.f
-                    .set_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes as i32)
+                    .set_attribute(
+                        cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        bytes as i32,
+                    )
                     .map_err(drv(&format!("{}: {bytes} bytes of shared memory", kern.name)))?;
             }
         }
@@ -659,14 +693,20 @@ impl CudaBackend {
         for (kern, &bytes) in kernels.attn_tc_shared.iter().zip(&attention::PATS_SMEM) {
             if bytes as u32 > matmul::SMEM_DEFAULT_LIMIT {
                 kern.f
-                    .set_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes as i32)
+                    .set_attribute(
+                        cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        bytes as i32,
+                    )
                     .map_err(drv(&format!("{}: {bytes} bytes of shared memory", kern.name)))?;
             }
         }
         // So does tc at head_dim 256 (four warps, each with a third buffer for q).
         let d256 = &kernels.attn_tc[2];
         d256.f
-            .set_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, attention::PAT_SMEM_D256 as i32)
+            .set_attribute(
+                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                attention::PAT_SMEM_D256 as i32,
+            )
             .map_err(drv(&format!("{}: {} bytes of shared memory", d256.name, attention::PAT_SMEM_D256)))?;
         let attn_variant = attention::check_variant()?;
         if attention::check_d256()? != attention::D256Variant::Partial {
@@ -733,7 +773,6 @@ impl CudaBackend {
         self.stream.synchronize().map_err(drv("synchronize"))
     }
 
-
     /// Kernels this backend has launched since it was created (every enqueue that succeeded):
     /// the difference over one forward is its launch count, what the fused ops bring down.
     pub fn launches(&self) -> u64 {
@@ -798,11 +837,17 @@ impl CudaBackend {
             return Ok(());
         }
         // SAFETY: `buf` holds at least data.len() elements of T (checked above; T is 4 bytes).
-        let mut dst = unsafe { buf.mem.transmute_mut::<T>(data.len()) }.ok_or_else(|| err("write: buffer too small"))?;
+        let mut dst =
+            unsafe { buf.mem.transmute_mut::<T>(data.len()) }.ok_or_else(|| err("write: buffer too small"))?;
         self.stream.memcpy_htod(data, &mut dst).map_err(drv("copy to device"))
     }
 
-    fn read<T: cudarc::driver::DeviceRepr + Default + Clone>(&self, buf: &CudaBuf, elem: Elem, len: usize) -> Result<Vec<T>> {
+    fn read<T: cudarc::driver::DeviceRepr + Default + Clone>(
+        &self,
+        buf: &CudaBuf,
+        elem: Elem,
+        len: usize,
+    ) -> Result<Vec<T>> {
         need(buf, elem, len, "read", "buffer")?;
         let mut out = vec![T::default(); len];
         if len > 0 {
@@ -823,11 +868,23 @@ impl CudaBackend {
 
     /// As [`Self::io_scratch`], with room for `mask_words` words of masks and `rows` indices
     /// when `mask_words` > 0.
-    fn io_scratch_masked(&self, rows: usize, spec_words: usize, mask_words: usize, op: &str) -> Result<std::sync::MutexGuard<'_, IoScratch>> {
-        let mut s = self.io_scratch.lock().map_err(|_| err(format!("{op}: scratch lock poisoned by an earlier panic")))?;
+    fn io_scratch_masked(
+        &self,
+        rows: usize,
+        spec_words: usize,
+        mask_words: usize,
+        op: &str,
+    ) -> Result<std::sync::MutexGuard<'_, IoScratch>> {
+        let mut s =
+            self.io_scratch.lock().map_err(|_| err(format!("{op}: scratch lock poisoned by an earlier panic")))?;
         let short = |b: &Option<CudaBuf>, n: usize| n > 0 && b.as_ref().is_none_or(|b| b.len < n);
         let index_rows = if mask_words > 0 { rows } else { 0 };
-        if s.fixed && (short(&s.ids, rows) || short(&s.specs, spec_words) || short(&s.masks, mask_words) || short(&s.mask_index, index_rows)) {
+        if s.fixed
+            && (short(&s.ids, rows)
+                || short(&s.specs, spec_words)
+                || short(&s.masks, mask_words)
+                || short(&s.mask_index, index_rows))
+        {
             return Err(err(format!("{op}: {rows} logit rows exceed the workspace reserved at load")));
         }
         if short(&s.ids, rows) {
@@ -869,31 +926,47 @@ fn compile_modules(srcs: &[KernelSource], arch: &str, include: Option<&std::path
                     if cubin {
                         match compile_cubin_cached(src, arch, include) {
                             Ok(c) => return Ok(Image::Cubin(c)),
-                            Err(e) => tracing::warn!("{}.cu: no cubin for sm_{arch}, loading PTX instead: {e}", src.name),
+                            Err(e) => {
+                                tracing::warn!("{}.cu: no cubin for sm_{arch}, loading PTX instead: {e}", src.name)
+                            }
                         }
                     }
                     compile_ptx_cached(src, arch, include).map(Image::Ptx)
                 })
             })
             .collect();
-        jobs.into_iter().map(|j| j.join().unwrap_or_else(|_| Err(err("a kernel compile thread panicked (see stderr)")))).collect()
+        jobs.into_iter()
+            .map(|j| j.join().unwrap_or_else(|_| Err(err("a kernel compile thread panicked (see stderr)"))))
+            .collect()
     })
 }
 
-fn load_module(ctx: &Arc<CudaContext>, src: &KernelSource, image: Image, funcs: &mut HashMap<String, CudaFunction>) -> Result<()> {
+fn load_module(
+    ctx: &Arc<CudaContext>,
+    src: &KernelSource,
+    image: Image,
+    funcs: &mut HashMap<String, CudaFunction>,
+) -> Result<()> {
     // A cubin names no entries we can read cheaply: look up every kernel the backend launches
     // (those of other files are absent and skipped). PTX lists its own.
     let (module, names, cubin) = match image {
         Image::Cubin(c) => (
-            ctx.load_module(cudarc::nvrtc::Ptx::from_binary(c)).map_err(drv(&format!("loading the cubin of {}.cu", src.name)))?,
-            kernel_names().into_iter().chain(matmul::WGMMA_KERNELS).filter(|n| !funcs.contains_key(*n)).map(str::to_string).collect::<Vec<_>>(),
+            ctx.load_module(cudarc::nvrtc::Ptx::from_binary(c))
+                .map_err(drv(&format!("loading the cubin of {}.cu", src.name)))?,
+            kernel_names()
+                .into_iter()
+                .chain(matmul::WGMMA_KERNELS)
+                .filter(|n| !funcs.contains_key(*n))
+                .map(str::to_string)
+                .collect::<Vec<_>>(),
             true,
         ),
         Image::Ptx(ptx) => {
             let names = ptx_entries(&ptx);
-            let m = ctx
-                .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
-                .map_err(drv(&format!("loading the PTX of {}.cu (driver older than the NVRTC that made it?)", src.name)))?;
+            let m = ctx.load_module(cudarc::nvrtc::Ptx::from_src(ptx)).map_err(drv(&format!(
+                "loading the PTX of {}.cu (driver older than the NVRTC that made it?)",
+                src.name
+            )))?;
             (m, names, false)
         }
     };
@@ -980,21 +1053,39 @@ impl Backend for CudaBackend {
                 return Ok(None);
             }
             // SAFETY: scratch contents are unspecified; every kernel writes what it later reads.
-            let mem = unsafe { self.stream.alloc::<u8>(bytes) }.map_err(drv(&format!("{OP}: {what} of {bytes} bytes for {l:?}")))?;
+            let mem = unsafe { self.stream.alloc::<u8>(bytes) }
+                .map_err(drv(&format!("{OP}: {what} of {bytes} bytes for {l:?}")))?;
             Ok(Some(mem))
         };
         let mut a = self.scratch.lock().map_err(|_| err(format!("{OP}: scratch lock poisoned by an earlier panic")))?;
         // Dropped first, so that a second reservation never holds both sizes at once.
         *a = AttnScratch::default();
         let counter_bytes = attention::workspace(l).2;
-        let counters = if counter_bytes > 0 { Some(self.stream.alloc_zeros::<u8>(counter_bytes).map_err(drv(&format!("{OP}: attention counters")))?) } else { None };
-        *a = AttnScratch { part_out: alloc(out, "attention partials")?, part_ml: alloc(ml, "attention (max, sum) pairs")?, counters, fixed: true };
-        let mut m = self.mm_scratch.lock().map_err(|_| err(format!("{OP}: scratch lock poisoned by an earlier panic")))?;
+        let counters = if counter_bytes > 0 {
+            Some(self.stream.alloc_zeros::<u8>(counter_bytes).map_err(drv(&format!("{OP}: attention counters")))?)
+        } else {
+            None
+        };
+        *a = AttnScratch {
+            part_out: alloc(out, "attention partials")?,
+            part_ml: alloc(ml, "attention (max, sum) pairs")?,
+            counters,
+            fixed: true,
+        };
+        let mut m =
+            self.mm_scratch.lock().map_err(|_| err(format!("{OP}: scratch lock poisoned by an earlier panic")))?;
         *m = MatmulScratch::default();
-        let counters = self.stream.alloc_zeros::<u8>(GEMM_COUNTERS * 4).map_err(drv(&format!("{OP}: split-K counters")))?;
-        *m = MatmulScratch { xa: alloc(xa, "matmul x in 16 bits")?, part: alloc(part, "split-K workspace")?, counters: Some(counters), fixed: true };
+        let counters =
+            self.stream.alloc_zeros::<u8>(GEMM_COUNTERS * 4).map_err(drv(&format!("{OP}: split-K counters")))?;
+        *m = MatmulScratch {
+            xa: alloc(xa, "matmul x in 16 bits")?,
+            part: alloc(part, "split-K workspace")?,
+            counters: Some(counters),
+            fixed: true,
+        };
         let rows = l.max_logit_rows.max(1);
-        let mut io = self.io_scratch.lock().map_err(|_| err(format!("{OP}: scratch lock poisoned by an earlier panic")))?;
+        let mut io =
+            self.io_scratch.lock().map_err(|_| err(format!("{OP}: scratch lock poisoned by an earlier panic")))?;
         // Every row may be constrained: a mask of the largest output width (the vocabulary) each.
         let mask_words = rows * l.max_n.div_ceil(32);
         let argmax_part_words = 2 * rows * l.max_n.div_ceil(ARGMAX_CHUNK).max(1);
@@ -1017,10 +1108,17 @@ impl Backend for CudaBackend {
             fixed: true,
         };
         let moe_bytes = moe::workspace(l.max_tokens, l.moe.as_ref());
-        let mut ms = self.moe_scratch.lock().map_err(|_| err(format!("{OP}: scratch lock poisoned by an earlier panic")))?;
+        let mut ms =
+            self.moe_scratch.lock().map_err(|_| err(format!("{OP}: scratch lock poisoned by an earlier panic")))?;
         *ms = moe::MoeScratch::default();
         *ms = moe::MoeScratch { mem: alloc(moe_bytes, "routed mixture-of-experts scratch")?, fixed: true };
-        let io_bytes = (rows * (5 + SPEC_WORDS + 2 * MAX_TOP_LOGPROBS) + 1 + mask_words + EDIT_RECORDS * (EDIT_WORDS + 1) + argmax_part_words + sample_ws_words) * 4;
+        let io_bytes = (rows * (5 + SPEC_WORDS + 2 * MAX_TOP_LOGPROBS)
+            + 1
+            + mask_words
+            + EDIT_RECORDS * (EDIT_WORDS + 1)
+            + argmax_part_words
+            + sample_ws_words)
+            * 4;
         // The allocations are stream-ordered: wait, so that free_memory sees them.
         self.synchronize()?;
         Ok((out + ml + counter_bytes + xa + part + GEMM_COUNTERS * 4 + io_bytes + moe_bytes) as u64)
@@ -1048,13 +1146,18 @@ impl Backend for CudaBackend {
         const OP: &str = "alloc_u32_group";
         let total = layout.total();
         // SAFETY: contents are unspecified until the first upload, which writes what it uses.
-        let base = Arc::new(unsafe { self.stream.alloc::<u8>((total * 4).max(4)) }.map_err(drv(&format!("{OP}: {total} u32")))?);
-        let parts = (0..layout.regions()).map(|i| self.u32_view(&base, layout.offset(i), layout.len(i))).collect::<Result<Vec<_>>>()?;
+        let base = Arc::new(
+            unsafe { self.stream.alloc::<u8>((total * 4).max(4)) }.map_err(drv(&format!("{OP}: {total} u32")))?,
+        );
+        let parts = (0..layout.regions())
+            .map(|i| self.u32_view(&base, layout.offset(i), layout.len(i)))
+            .collect::<Result<Vec<_>>>()?;
         let mut whole = self.u32_view(&base, 0, total)?;
         // Plain page-locked memory, not write-combined: the host also reads it (tests), and
         // write-combined reads are uncached.
         // SAFETY: zeroed below before anyone reads it.
-        let mut host = unsafe { self.ctx.alloc_pinned_with_flags::<u32>(total.max(1), 0) }.map_err(drv(&format!("{OP}: {total} u32 of page-locked memory")))?;
+        let mut host = unsafe { self.ctx.alloc_pinned_with_flags::<u32>(total.max(1), 0) }
+            .map_err(drv(&format!("{OP}: {total} u32 of page-locked memory")))?;
         host.as_mut_slice().map_err(drv(OP))?.fill(0);
         let copied = self.ctx.new_event(None).map_err(drv(&format!("{OP}: creating the copy's event")))?;
         whole.staging = Some(Box::new(Staging { host, copied }));
@@ -1063,7 +1166,11 @@ impl Backend for CudaBackend {
 
     fn u32_staging<'a>(&self, group: &'a mut U32Group<CudaBuf>) -> Result<&'a mut [u32]> {
         const OP: &str = "u32_staging";
-        let st = group.carved.as_mut().and_then(|w| w.staging.as_deref_mut()).ok_or_else(|| err(format!("{OP}: a group this backend did not carve")))?;
+        let st = group
+            .carved
+            .as_mut()
+            .and_then(|w| w.staging.as_deref_mut())
+            .ok_or_else(|| err(format!("{OP}: a group this backend did not carve")))?;
         // The last upload's copy may still be reading it.
         st.copied.synchronize().map_err(drv(&format!("{OP}: waiting for the last metadata copy")))?;
         st.host.as_mut_slice().map_err(drv(OP))
@@ -1089,7 +1196,8 @@ impl Backend for CudaBackend {
         // SAFETY: dst is the group's allocation of layout.total() >= end u32 (span checked
         // `used` against the layout); src is page-locked and nobody writes it until `copied`
         // has completed (u32_staging waits for it, and so does Staging's drop before freeing).
-        unsafe { cudarc::driver::result::memcpy_htod_async(dst, src, self.stream.cu_stream()) }.map_err(drv(&format!("{OP}: copy of {end} u32 to device")))?;
+        unsafe { cudarc::driver::result::memcpy_htod_async(dst, src, self.stream.cu_stream()) }
+            .map_err(drv(&format!("{OP}: copy of {end} u32 to device")))?;
         st.copied.record(&self.stream).map_err(drv(&format!("{OP}: recording the copy's event")))
     }
 
@@ -1131,12 +1239,23 @@ impl Backend for CudaBackend {
         let n = geometry.layer_elems();
         match buf.elem {
             // bf16 widens to f32 exactly: the top half of the f32 bits.
-            Elem::BF16 => Ok(self.read::<u16>(buf, Elem::BF16, n)?.into_iter().map(|b| f32::from_bits(u32::from(b) << 16)).collect()),
+            Elem::BF16 => Ok(self
+                .read::<u16>(buf, Elem::BF16, n)?
+                .into_iter()
+                .map(|b| f32::from_bits(u32::from(b) << 16))
+                .collect()),
             _ => self.read(buf, Elem::F32, n),
         }
     }
 
-    fn embedding(&self, table: &CudaBuf, ids: &CudaBuf, out: &mut CudaBuf, num_tokens: usize, hidden: usize) -> Result<()> {
+    fn embedding(
+        &self,
+        table: &CudaBuf,
+        ids: &CudaBuf,
+        out: &mut CudaBuf,
+        num_tokens: usize,
+        hidden: usize,
+    ) -> Result<()> {
         const OP: &str = "embedding";
         if num_tokens == 0 || hidden == 0 {
             return Ok(());
@@ -1148,7 +1267,11 @@ impl Backend for CudaBackend {
         need(ids, Elem::U32, num_tokens, OP, "ids")?;
         need(out, Elem::F32, num_tokens * hidden, OP, "out")?;
         let k = &self.kernels.embedding[wi];
-        let (t, h, v) = (i32_of(num_tokens, OP, "num_tokens")?, i32_of(hidden, OP, "hidden")?, i32_of(table.len / hidden, OP, "vocab")?);
+        let (t, h, v) = (
+            i32_of(num_tokens, OP, "num_tokens")?,
+            i32_of(hidden, OP, "hidden")?,
+            i32_of(table.len / hidden, OP, "vocab")?,
+        );
         let mut l = self.launch_args(&k.f);
         l.arg(&*table.mem).arg(&*ids.mem).arg(&mut *out.mem).arg(&t).arg(&h).arg(&v);
         // SAFETY: argument list matches the kernel signature; lengths checked above.
@@ -1207,7 +1330,16 @@ impl Backend for CudaBackend {
     }
 
     /// kernels/rms_norm.cu `add_rms_norm_<w>`: one launch, the bits of add then rms_norm.
-    fn add_rms_norm(&self, acc: &mut CudaBuf, x: &CudaBuf, w: &CudaBuf, out: &mut CudaBuf, rows: usize, dim: usize, eps: f32) -> Result<()> {
+    fn add_rms_norm(
+        &self,
+        acc: &mut CudaBuf,
+        x: &CudaBuf,
+        w: &CudaBuf,
+        out: &mut CudaBuf,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+    ) -> Result<()> {
         const OP: &str = "add_rms_norm";
         if rows == 0 || dim == 0 {
             return Ok(());
@@ -1228,13 +1360,32 @@ impl Backend for CudaBackend {
 
     /// One [nq + 2 nkv, hidden] weight (bf16/f16 only; f32 weights are not fused), gathered on
     /// the device from the three mappings.
-    fn fuse_qkv(&self, q: &TensorView, k: &TensorView, v: &TensorView, bias: Option<[&TensorView; 3]>) -> Result<Option<tandem_core::backend::WeightAndBias<CudaBuf>>> {
+    fn fuse_qkv(
+        &self,
+        q: &TensorView,
+        k: &TensorView,
+        v: &TensorView,
+        bias: Option<[&TensorView; 3]>,
+    ) -> Result<Option<tandem_core::backend::WeightAndBias<CudaBuf>>> {
         self.fuse_qkv_weights(q, k, v, bias)
     }
 
     /// One GEMM whose epilogue routes each column to q, k or v (kernels/matmul.cu EPI_QKV).
     /// With `norm`, the GEMM forms rms_norm(h) * gamma itself (x is not read).
-    fn qkv_proj(&self, x: &CudaBuf, w: &CudaBuf, bias: Option<&CudaBuf>, q: &mut CudaBuf, k: &mut CudaBuf, v: &mut CudaBuf, m: usize, nq: usize, nkv: usize, hidden: usize, norm: Option<tandem_core::backend::NormIn<'_, CudaBuf>>) -> Result<()> {
+    fn qkv_proj(
+        &self,
+        x: &CudaBuf,
+        w: &CudaBuf,
+        bias: Option<&CudaBuf>,
+        q: &mut CudaBuf,
+        k: &mut CudaBuf,
+        v: &mut CudaBuf,
+        m: usize,
+        nq: usize,
+        nkv: usize,
+        hidden: usize,
+        norm: Option<tandem_core::backend::NormIn<'_, CudaBuf>>,
+    ) -> Result<()> {
         self.gemm("qkv_proj", x, w, bias, GemmOut::Qkv { q, k, v, nq, nkv }, m, nq + 2 * nkv, hidden, norm)
     }
 
@@ -1245,8 +1396,28 @@ impl Backend for CudaBackend {
 
     /// One GEMM whose epilogue writes act(gate) * up (kernels/matmul.cu EPI_SILU, EPI_GEGLU).
     /// With `norm`, the GEMM forms rms_norm(h) * gamma itself (x is not read).
-    fn gate_up_act(&self, act: tandem_core::config::Activation, x: &CudaBuf, w: &CudaBuf, out: &mut CudaBuf, m: usize, inter: usize, hidden: usize, norm: Option<tandem_core::backend::NormIn<'_, CudaBuf>>) -> Result<()> {
-        self.gemm("gate_up_act", x, w, None, GemmOut::GateUp { out, inter, act }, m, matmul::fuse_gate_up_rows(inter), hidden, norm)
+    fn gate_up_act(
+        &self,
+        act: tandem_core::config::Activation,
+        x: &CudaBuf,
+        w: &CudaBuf,
+        out: &mut CudaBuf,
+        m: usize,
+        inter: usize,
+        hidden: usize,
+        norm: Option<tandem_core::backend::NormIn<'_, CudaBuf>>,
+    ) -> Result<()> {
+        self.gemm(
+            "gate_up_act",
+            x,
+            w,
+            None,
+            GemmOut::GateUp { out, inter, act },
+            m,
+            matmul::fuse_gate_up_rows(inter),
+            hidden,
+            norm,
+        )
     }
 
     /// Up to FUSE_NORM_MAX_TOKENS tokens (see there): a layer is then 5 launches. The fused
@@ -1257,7 +1428,16 @@ impl Backend for CudaBackend {
     }
 
     /// One GEMM whose epilogue adds into h and writes h * gamma (kernels/matmul.cu EPI_RESID).
-    fn matmul_residual(&self, x: &CudaBuf, w: &CudaBuf, h: &mut CudaBuf, next_norm: Option<(&CudaBuf, &mut CudaBuf)>, m: usize, n: usize, k: usize) -> Result<()> {
+    fn matmul_residual(
+        &self,
+        x: &CudaBuf,
+        w: &CudaBuf,
+        h: &mut CudaBuf,
+        next_norm: Option<(&CudaBuf, &mut CudaBuf)>,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<()> {
         if w.elem == Elem::F32 {
             return Err(err("matmul_residual: f32 weights take the SIMT kernel, which has no residual epilogue (the model fuses norms only with fused 16-bit projections)"));
         }
@@ -1267,7 +1447,20 @@ impl Backend for CudaBackend {
     /// One GEMM with rope and the cache write in its epilogue (kernels/matmul.cu EPI_QKV_ROPE)
     /// where every head fits one output tile (head_dim divides 64, or 128 on the 128-wide
     /// kernels), else qkv_proj then rope_kv_write: the same bits either way.
-    fn qkv_rope_kv_write(&self, x: &CudaBuf, w: &CudaBuf, bias: Option<&CudaBuf>, q: &mut CudaBuf, k: &mut CudaBuf, v: &mut CudaBuf, m: usize, nq: usize, hidden: usize, norm: Option<tandem_core::backend::NormIn<'_, CudaBuf>>, kv: tandem_core::backend::KvDest<'_, CudaBuf>) -> Result<()> {
+    fn qkv_rope_kv_write(
+        &self,
+        x: &CudaBuf,
+        w: &CudaBuf,
+        bias: Option<&CudaBuf>,
+        q: &mut CudaBuf,
+        k: &mut CudaBuf,
+        v: &mut CudaBuf,
+        m: usize,
+        nq: usize,
+        hidden: usize,
+        norm: Option<tandem_core::backend::NormIn<'_, CudaBuf>>,
+        kv: tandem_core::backend::KvDest<'_, CudaBuf>,
+    ) -> Result<()> {
         const OP: &str = "qkv_rope_kv_write";
         let g = kv.geometry;
         if g.head_dim == 0 || !nq.is_multiple_of(g.head_dim) {
@@ -1283,7 +1476,20 @@ impl Backend for CudaBackend {
 
     /// kernels/kv_write.cu `rope_kv_write_<kv>`: rope and the cache write in one launch; k is
     /// left unrotated (the contract allows it: read K from the cache).
-    fn rope_kv_write(&self, q: &mut CudaBuf, k: &mut CudaBuf, v: &CudaBuf, k_cache: &mut CudaBuf, v_cache: &mut CudaBuf, positions: &CudaBuf, inv_freq: &CudaBuf, slots: &CudaBuf, num_tokens: usize, q_heads: usize, g: KvGeometry) -> Result<()> {
+    fn rope_kv_write(
+        &self,
+        q: &mut CudaBuf,
+        k: &mut CudaBuf,
+        v: &CudaBuf,
+        k_cache: &mut CudaBuf,
+        v_cache: &mut CudaBuf,
+        positions: &CudaBuf,
+        inv_freq: &CudaBuf,
+        slots: &CudaBuf,
+        num_tokens: usize,
+        q_heads: usize,
+        g: KvGeometry,
+    ) -> Result<()> {
         const OP: &str = "rope_kv_write";
         let (kvh, d) = (g.num_kv_heads, g.head_dim);
         if num_tokens == 0 || d == 0 {
@@ -1300,21 +1506,53 @@ impl Backend for CudaBackend {
         need(inv_freq, Elem::F32, d / 2, OP, "inv_freq")?;
         need(slots, Elem::U32, num_tokens, OP, "slots")?;
         i32_of(num_tokens * (q_heads + kvh) * d, OP, "elements")?;
-        let (t, qh, kh, di, ns) = (i32_of(num_tokens, OP, "T")?, i32_of(q_heads, OP, "q_heads")?, i32_of(kvh, OP, "kv_heads")?, i32_of(d, OP, "head_dim")?, g.slots() as u64);
+        let (t, qh, kh, di, ns) = (
+            i32_of(num_tokens, OP, "T")?,
+            i32_of(q_heads, OP, "q_heads")?,
+            i32_of(kvh, OP, "kv_heads")?,
+            i32_of(d, OP, "head_dim")?,
+            g.slots() as u64,
+        );
         let mut l = self.launch_args(&kern.f);
-        l.arg(&mut *q.mem).arg(&*k.mem).arg(&*v.mem).arg(&mut *k_cache.mem).arg(&mut *v_cache.mem).arg(&*positions.mem).arg(&*inv_freq.mem).arg(&*slots.mem);
+        l.arg(&mut *q.mem)
+            .arg(&*k.mem)
+            .arg(&*v.mem)
+            .arg(&mut *k_cache.mem)
+            .arg(&mut *v_cache.mem)
+            .arg(&*positions.mem)
+            .arg(&*inv_freq.mem)
+            .arg(&*slots.mem);
         l.arg(&t).arg(&qh).arg(&kh).arg(&di).arg(&ns);
         // SAFETY: as in embedding.
         let r = unsafe { l.launch(cfg((t as u32, 1, 1), 128)) };
         self.launched(kern.name, r)
     }
 
-    fn matmul(&self, x: &CudaBuf, w: &CudaBuf, bias: Option<&CudaBuf>, out: &mut CudaBuf, m: usize, n: usize, k: usize) -> Result<()> {
+    fn matmul(
+        &self,
+        x: &CudaBuf,
+        w: &CudaBuf,
+        bias: Option<&CudaBuf>,
+        out: &mut CudaBuf,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<()> {
         need(out, Elem::F32, m * n, "matmul", "out")?;
         self.gemm("matmul", x, w, bias, GemmOut::Plain(out), m, n, k, None)
     }
 
-    fn rope(&self, q: &mut CudaBuf, k: &mut CudaBuf, positions: &CudaBuf, inv_freq: &CudaBuf, num_tokens: usize, q_heads: usize, kv_heads: usize, head_dim: usize) -> Result<()> {
+    fn rope(
+        &self,
+        q: &mut CudaBuf,
+        k: &mut CudaBuf,
+        positions: &CudaBuf,
+        inv_freq: &CudaBuf,
+        num_tokens: usize,
+        q_heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+    ) -> Result<()> {
         const OP: &str = "rope";
         if num_tokens == 0 || head_dim == 0 {
             return Ok(());
@@ -1328,7 +1566,12 @@ impl Backend for CudaBackend {
         need(inv_freq, Elem::F32, head_dim / 2, OP, "inv_freq")?;
         i32_of(num_tokens * (q_heads + kv_heads) * head_dim, OP, "elements")?;
         let f = &self.kernels.rope.f;
-        let (t, qh, kh, d) = (i32_of(num_tokens, OP, "T")?, i32_of(q_heads, OP, "q_heads")?, i32_of(kv_heads, OP, "kv_heads")?, i32_of(head_dim, OP, "head_dim")?);
+        let (t, qh, kh, d) = (
+            i32_of(num_tokens, OP, "T")?,
+            i32_of(q_heads, OP, "q_heads")?,
+            i32_of(kv_heads, OP, "kv_heads")?,
+            i32_of(head_dim, OP, "head_dim")?,
+        );
         let mut l = self.launch_args(f);
         l.arg(&mut *q.mem).arg(&mut *k.mem).arg(&*positions.mem).arg(&*inv_freq.mem).arg(&t).arg(&qh).arg(&kh).arg(&d);
         // SAFETY: as in embedding.
@@ -1385,14 +1628,27 @@ impl Backend for CudaBackend {
         self.launched(OP, r)
     }
 
-    fn moe_route(&self, logits: &CudaBuf, weights: &mut CudaBuf, rows: usize, experts: usize, top_k: usize, renormalize: bool) -> Result<()> {
+    fn moe_route(
+        &self,
+        logits: &CudaBuf,
+        weights: &mut CudaBuf,
+        rows: usize,
+        experts: usize,
+        top_k: usize,
+        renormalize: bool,
+    ) -> Result<()> {
         const OP: &str = "moe_route";
         if rows == 0 || experts == 0 {
             return Ok(());
         }
         need(logits, Elem::F32, rows * experts, OP, "logits")?;
         need(weights, Elem::F32, rows * experts, OP, "weights")?;
-        let (ri, ei, ki, rn) = (i32_of(rows, OP, "rows")?, i32_of(experts, OP, "experts")?, i32_of(top_k.min(experts), OP, "top_k")?, renormalize as i32);
+        let (ri, ei, ki, rn) = (
+            i32_of(rows, OP, "rows")?,
+            i32_of(experts, OP, "experts")?,
+            i32_of(top_k.min(experts), OP, "top_k")?,
+            renormalize as i32,
+        );
         i32_of(rows * experts, OP, "rows * experts")?;
         let f = &self.kernels.moe_route.f;
         let mut l = self.stream.launch_builder(f);
@@ -1402,7 +1658,17 @@ impl Backend for CudaBackend {
         self.launched(OP, r)
     }
 
-    fn moe_accumulate(&self, acc: &mut CudaBuf, y: &CudaBuf, weights: &CudaBuf, rows: usize, dim: usize, expert: usize, experts: usize, first: bool) -> Result<()> {
+    fn moe_accumulate(
+        &self,
+        acc: &mut CudaBuf,
+        y: &CudaBuf,
+        weights: &CudaBuf,
+        rows: usize,
+        dim: usize,
+        expert: usize,
+        experts: usize,
+        first: bool,
+    ) -> Result<()> {
         const OP: &str = "moe_accumulate";
         let len = rows * dim;
         if len == 0 {
@@ -1414,7 +1680,13 @@ impl Backend for CudaBackend {
         need(acc, Elem::F32, len, OP, "acc")?;
         need(y, Elem::F32, len, OP, "y")?;
         need(weights, Elem::F32, rows * experts, OP, "weights")?;
-        let (n, di, xi, ei, fi) = (len as u64, i32_of(dim, OP, "dim")?, i32_of(expert, OP, "expert")?, i32_of(experts, OP, "experts")?, first as i32);
+        let (n, di, xi, ei, fi) = (
+            len as u64,
+            i32_of(dim, OP, "dim")?,
+            i32_of(expert, OP, "expert")?,
+            i32_of(experts, OP, "experts")?,
+            first as i32,
+        );
         let f = &self.kernels.moe_accumulate.f;
         let mut l = self.stream.launch_builder(f);
         l.arg(&mut *acc.mem).arg(&*y.mem).arg(&*weights.mem).arg(&n).arg(&di).arg(&xi).arg(&ei).arg(&fi);
@@ -1423,15 +1695,40 @@ impl Backend for CudaBackend {
         self.launched(OP, r)
     }
 
-    fn moe_prepare(&self, experts: &[tandem_core::backend::MoeExpert<'_, CudaBuf>], hidden: usize, inter: usize) -> Result<Option<CudaBuf>> {
+    fn moe_prepare(
+        &self,
+        experts: &[tandem_core::backend::MoeExpert<'_, CudaBuf>],
+        hidden: usize,
+        inter: usize,
+    ) -> Result<Option<CudaBuf>> {
         self.moe_table(experts, hidden, inter)
     }
 
-    fn moe_routed(&self, table: &CudaBuf, experts: &[tandem_core::backend::MoeExpert<'_, CudaBuf>], x: &CudaBuf, weights: &CudaBuf, out: &mut CudaBuf, rows: usize, hidden: usize, inter: usize, top_k: usize) -> Result<()> {
+    fn moe_routed(
+        &self,
+        table: &CudaBuf,
+        experts: &[tandem_core::backend::MoeExpert<'_, CudaBuf>],
+        x: &CudaBuf,
+        weights: &CudaBuf,
+        out: &mut CudaBuf,
+        rows: usize,
+        hidden: usize,
+        inter: usize,
+        top_k: usize,
+    ) -> Result<()> {
         self.moe_routed_impl(table, experts, x, weights, out, rows, hidden, inter, top_k)
     }
 
-    fn kv_write(&self, k: &CudaBuf, v: &CudaBuf, k_cache: &mut CudaBuf, v_cache: &mut CudaBuf, slots: &CudaBuf, num_tokens: usize, g: KvGeometry) -> Result<()> {
+    fn kv_write(
+        &self,
+        k: &CudaBuf,
+        v: &CudaBuf,
+        k_cache: &mut CudaBuf,
+        v_cache: &mut CudaBuf,
+        slots: &CudaBuf,
+        num_tokens: usize,
+        g: KvGeometry,
+    ) -> Result<()> {
         const OP: &str = "kv_write";
         let row = g.num_kv_heads * g.head_dim;
         if num_tokens == 0 || row == 0 {
@@ -1444,7 +1741,14 @@ impl Backend for CudaBackend {
         let f = &kern.f;
         let (t, rl, ns) = (i32_of(num_tokens, OP, "T")?, i32_of(row, OP, "kv_heads*head_dim")?, g.slots() as u64);
         let mut l = self.launch_args(f);
-        l.arg(&*k.mem).arg(&*v.mem).arg(&mut *k_cache.mem).arg(&mut *v_cache.mem).arg(&*slots.mem).arg(&t).arg(&rl).arg(&ns);
+        l.arg(&*k.mem)
+            .arg(&*v.mem)
+            .arg(&mut *k_cache.mem)
+            .arg(&mut *v_cache.mem)
+            .arg(&*slots.mem)
+            .arg(&t)
+            .arg(&rl)
+            .arg(&ns);
         // SAFETY: as in embedding.
         let r = unsafe { l.launch(cfg((t as u32, 1, 1), 128)) };
         self.launched(kern.name, r)
@@ -1466,7 +1770,9 @@ impl Backend for CudaBackend {
         let (ri, vi) = (i32_of(rows, OP, "rows")?, i32_of(vocab, OP, "vocab")?);
         i32_of(rows * vocab, OP, "rows*vocab")?;
         let mut io = self.io_scratch(rows, 0, OP)?;
-        let IoScratch { ids: Some(ids), argmax_part, fixed, .. } = &mut *io else { return Err(err(format!("{OP}: id buffer missing after allocation"))) };
+        let IoScratch { ids: Some(ids), argmax_part, fixed, .. } = &mut *io else {
+            return Err(err(format!("{OP}: id buffer missing after allocation")));
+        };
         if argmax_multi() {
             let chunks = vocab.div_ceil(ARGMAX_CHUNK);
             let words = 2 * rows * chunks;
@@ -1538,7 +1844,14 @@ impl Backend for CudaBackend {
         self.read_u32(ids, rows)
     }
 
-    fn sample_masked(&self, logits: &CudaBuf, rows: usize, vocab: usize, specs: &[SampleSpec], masks: &RowMasks) -> Result<Vec<u32>> {
+    fn sample_masked(
+        &self,
+        logits: &CudaBuf,
+        rows: usize,
+        vocab: usize,
+        specs: &[SampleSpec],
+        masks: &RowMasks,
+    ) -> Result<Vec<u32>> {
         const OP: &str = "sample_masked";
         if masks.is_empty() {
             return self.sample(logits, rows, vocab, specs);
@@ -1556,7 +1869,15 @@ impl Backend for CudaBackend {
         self.sample_edited(logits, rows, vocab, specs, masks)
     }
 
-    fn sample_logprobs(&self, logits: &CudaBuf, rows: usize, vocab: usize, specs: &[SampleSpec], masks: &RowMasks, top_n: &[Option<usize>]) -> Result<(Vec<u32>, Vec<Option<TokenLogprobs>>)> {
+    fn sample_logprobs(
+        &self,
+        logits: &CudaBuf,
+        rows: usize,
+        vocab: usize,
+        specs: &[SampleSpec],
+        masks: &RowMasks,
+        top_n: &[Option<usize>],
+    ) -> Result<(Vec<u32>, Vec<Option<TokenLogprobs>>)> {
         self.sample_with_logprobs(logits, rows, vocab, specs, masks, top_n)
     }
 }
@@ -1574,19 +1895,33 @@ mod kernel_table_tests {
         assert_eq!(names.len(), 84); // 50 + 11 routed-MoE + 6 decode GEMM + 2 m128_w64 + 8 sampler/argmax + 2 tc_deep and 2 tc_shared attention variants + gelu_tanh_mul and scale (Gemma 3) + tc attention at head_dim 256
         let k = Kernels::<&'static str>::resolve(Ok).unwrap();
         assert_eq!(k.embedding.map(|x| x.f), ["embedding_f32", "embedding_bf16", "embedding_f16"]);
-        assert_eq!([Elem::F32, Elem::BF16, Elem::F16].map(|e| k.rms_norm[weight_index(e)].f), ["rms_norm_f32", "rms_norm_bf16", "rms_norm_f16"]);
+        assert_eq!(
+            [Elem::F32, Elem::BF16, Elem::F16].map(|e| k.rms_norm[weight_index(e)].f),
+            ["rms_norm_f32", "rms_norm_bf16", "rms_norm_f16"]
+        );
         for (m, want) in [(1, "matmul_tc_f16_m16"), (17, "matmul_tc_f16_m64_occ4"), (129, "matmul_tc_f16_m128_occ2")] {
             assert_eq!(k.matmul_tc[weight_index(Elem::F16) - 1][gemm_kernel(m, matmul::GEMM_BN).index].f, want);
         }
-        for (m, want) in [(1, "matmul_tc_bf16_m16_n128"), (17, "matmul_tc_bf16_m64_n128"), (129, "matmul_tc_bf16_m64_n128")] {
+        for (m, want) in
+            [(1, "matmul_tc_bf16_m16_n128"), (17, "matmul_tc_bf16_m64_n128"), (129, "matmul_tc_bf16_m64_n128")]
+        {
             assert_eq!(k.matmul_tc[weight_index(Elem::BF16) - 1][gemm_kernel(m, matmul::GEMM_BN_WIDE).index].f, want);
         }
         assert_eq!(k.matmul_x[weight_index(Elem::BF16) - 1].f, "matmul_x_bf16");
         assert_eq!((k.kv_write[0].f, k.kv_write[1].f), ("kv_write_f32", "kv_write_bf16"));
-        assert_eq!((k.attn_partial[0].f, k.attn_partial[1].f), ("paged_attention_partial_f32", "paged_attention_partial_bf16"));
-        assert_eq!(k.attn_tc.map(|x| x.f), ["paged_attention_tc_d64", "paged_attention_tc_d128", "paged_attention_tc_d256"]);
+        assert_eq!(
+            (k.attn_partial[0].f, k.attn_partial[1].f),
+            ("paged_attention_partial_f32", "paged_attention_partial_bf16")
+        );
+        assert_eq!(
+            k.attn_tc.map(|x| x.f),
+            ["paged_attention_tc_d64", "paged_attention_tc_d128", "paged_attention_tc_d256"]
+        );
         // moe.rs indexes gemm_tc by [bf16, f16][m16, m64].
-        assert_eq!(k.moe.gemm_tc.map(|r| r.map(|x| x.f)), [["moe_gemm_bf16_m16", "moe_gemm_bf16_m64"], ["moe_gemm_f16_m16", "moe_gemm_f16_m64"]]);
+        assert_eq!(
+            k.moe.gemm_tc.map(|r| r.map(|x| x.f)),
+            [["moe_gemm_bf16_m16", "moe_gemm_bf16_m64"], ["moe_gemm_f16_m16", "moe_gemm_f16_m64"]]
+        );
     }
 }
 
@@ -1595,7 +1930,18 @@ mod workspace_tests {
     use super::*;
 
     fn limits(max_tokens: usize, max_context: usize) -> WorkspaceLimits {
-        WorkspaceLimits { max_tokens, max_seqs: 64, max_logit_rows: 192, max_context, num_heads: 32, head_dim: 64, max_k: 8192, max_n: 128256, kv_dtype: KvDtype::F32, moe: None }
+        WorkspaceLimits {
+            max_tokens,
+            max_seqs: 64,
+            max_logit_rows: 192,
+            max_context,
+            num_heads: 32,
+            head_dim: 64,
+            max_k: 8192,
+            max_n: 128256,
+            kv_dtype: KvDtype::F32,
+            moe: None,
+        }
     }
 
     /// The reservation covers what paged_attention and matmul ask for at the limits (the
@@ -1638,13 +1984,32 @@ mod error_tests {
     #[test]
     fn sticky_codes_are_fatal_and_named_by_op() {
         use CUresult::*;
-        for code in [CUDA_ERROR_ILLEGAL_ADDRESS, CUDA_ERROR_LAUNCH_FAILED, CUDA_ERROR_ECC_UNCORRECTABLE, CUDA_ERROR_MISALIGNED_ADDRESS, CUDA_ERROR_ILLEGAL_INSTRUCTION, CUDA_ERROR_ASSERT, CUDA_ERROR_HARDWARE_STACK_ERROR, CUDA_ERROR_CONTEXT_IS_DESTROYED] {
+        for code in [
+            CUDA_ERROR_ILLEGAL_ADDRESS,
+            CUDA_ERROR_LAUNCH_FAILED,
+            CUDA_ERROR_ECC_UNCORRECTABLE,
+            CUDA_ERROR_MISALIGNED_ADDRESS,
+            CUDA_ERROR_ILLEGAL_INSTRUCTION,
+            CUDA_ERROR_ASSERT,
+            CUDA_ERROR_HARDWARE_STACK_ERROR,
+            CUDA_ERROR_CONTEXT_IS_DESTROYED,
+        ] {
             let e = driver_error("launching rms_norm_bf16", code, "an illegal memory access was encountered");
             assert!(e.is_fatal(), "{code:?} must be fatal");
             let m = e.to_string();
-            assert!(m.contains("launching rms_norm_bf16") && m.contains(&format!("{code:?}")) && m.contains("restart"), "{m}");
+            assert!(
+                m.contains("launching rms_norm_bf16") && m.contains(&format!("{code:?}")) && m.contains("restart"),
+                "{m}"
+            );
         }
-        for code in [CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_FOUND, CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, CUDA_ERROR_INVALID_PTX, CUDA_ERROR_NO_BINARY_FOR_GPU] {
+        for code in [
+            CUDA_ERROR_OUT_OF_MEMORY,
+            CUDA_ERROR_INVALID_VALUE,
+            CUDA_ERROR_NOT_FOUND,
+            CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES,
+            CUDA_ERROR_INVALID_PTX,
+            CUDA_ERROR_NO_BINARY_FOR_GPU,
+        ] {
             let e = driver_error("matmul: x scratch of 64 bytes", code, "detail");
             assert!(!e.is_fatal(), "{code:?} must not stop the engine");
             assert!(e.to_string().contains("matmul: x scratch of 64 bytes"), "{e}");

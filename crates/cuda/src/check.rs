@@ -42,7 +42,10 @@ pub fn check_kernels_filtered(kernels_dir: &Path, archs: &[&str], only: Option<&
         return Err(Error::backend("cuda", tc.nvrtc_missing_message()));
     }
     let ptxas = tc.ptxas.clone().ok_or_else(|| {
-        Error::backend("cuda", "ptxas not found: run kernels/install-toolchain.sh (wheel nvidia-cuda-nvcc==13.0.88) or set TANDEM_PTXAS")
+        Error::backend(
+            "cuda",
+            "ptxas not found: run kernels/install-toolchain.sh (wheel nvidia-cuda-nvcc==13.0.88) or set TANDEM_PTXAS",
+        )
     })?;
     let mut srcs = sources::from_dir(kernels_dir)?;
     if let Some(f) = only {
@@ -133,7 +136,12 @@ pub fn parse_ptxas(text: &str, file: &str, arch: &str) -> Vec<KernelReport> {
             }
         } else if line.contains("Used ") && line.contains("registers") {
             if let Some(r) = out.last_mut() {
-                r.registers = line.split("Used ").nth(1).and_then(|s| s.split(' ').next()).and_then(|s| s.parse().ok()).unwrap_or(0);
+                r.registers = line
+                    .split("Used ")
+                    .nth(1)
+                    .and_then(|s| s.split(' ').next())
+                    .and_then(|s| s.parse().ok())
+                    .unwrap_or(0);
                 r.shared_bytes = num_before(line, "bytes smem").unwrap_or(0);
             }
         }
@@ -163,7 +171,11 @@ pub fn format_table(reports: &[KernelReport]) -> String {
     let w = reports.iter().map(|r| r.kernel.len()).max().unwrap_or(6).max(6);
     let fw = reports.iter().map(|r| r.file.len()).max().unwrap_or(4).max(4);
     let mut s = String::new();
-    let _ = writeln!(s, "{:<fw$}  {:<w$}  {:<6}  {:>4}  {:>4}  {:>6}  {:>5}  {:>6}  {:>6}", "file", "kernel", "arch", "mma", "regs", "smem", "stack", "spill>", "spill<");
+    let _ = writeln!(
+        s,
+        "{:<fw$}  {:<w$}  {:<6}  {:>4}  {:>4}  {:>6}  {:>5}  {:>6}  {:>6}",
+        "file", "kernel", "arch", "mma", "regs", "smem", "stack", "spill>", "spill<"
+    );
     for r in reports {
         let _ = writeln!(
             s,
@@ -193,7 +205,17 @@ ptxas info    : Used 10 registers, used 0 barriers, 372 bytes cmem[0]\n";
         assert_eq!(r.len(), 2);
         assert_eq!(
             r[0],
-            KernelReport { file: "x.cu".into(), kernel: "rms_norm_bf16".into(), arch: "sm_90".into(), mma: 0, registers: 20, shared_bytes: 128, stack_bytes: 8, spill_stores: 4, spill_loads: 12 }
+            KernelReport {
+                file: "x.cu".into(),
+                kernel: "rms_norm_bf16".into(),
+                arch: "sm_90".into(),
+                mma: 0,
+                registers: 20,
+                shared_bytes: 128,
+                stack_bytes: 8,
+                spill_stores: 4,
+                spill_loads: 12
+            }
         );
         assert_eq!((r[1].kernel.as_str(), r[1].registers, r[1].shared_bytes, r[1].spill_loads), ("add", 10, 0, 0));
     }

@@ -29,7 +29,10 @@ const CUBIN_OPTIONS: &[&str] = &["-std=c++17", "--fmad=false"];
 /// `"90"`, `"sm_90"`, `"compute_90"` -> `"90"`.
 pub fn arch_number(arch: &str) -> Result<String> {
     let n = arch.trim_start_matches("compute_").trim_start_matches("sm_");
-    if n.len() >= 2 && n.chars().all(|c| c.is_ascii_alphanumeric()) && n.chars().next().is_some_and(|c| c.is_ascii_digit()) {
+    if n.len() >= 2
+        && n.chars().all(|c| c.is_ascii_alphanumeric())
+        && n.chars().next().is_some_and(|c| c.is_ascii_digit())
+    {
         Ok(n.to_string())
     } else {
         Err(Error::backend("cuda", format!("architecture `{arch}` is not like sm_90, compute_80 or 90")))
@@ -60,7 +63,11 @@ fn ensure_nvrtc() -> Result<()> {
 /// elsewhere its body is compiled out (it tests `__CUDA_ARCH_FEAT_SM90_ALL`) and the module is
 /// empty. Every other file takes `arch` as it is.
 pub fn arch_for(name: &str, arch: &str) -> String {
-    if name == "matmul_sm90" && arch == "90" { "90a".to_string() } else { arch.to_string() }
+    if name == "matmul_sm90" && arch == "90" {
+        "90a".to_string()
+    } else {
+        arch.to_string()
+    }
 }
 
 /// NVRTC's options: `base`, the target (`compute_90` or `sm_90`), the include folder.
@@ -81,7 +88,11 @@ pub fn compile_ptx(src: &KernelSource, arch: &str, include_dir: Option<&PathBuf>
     if src.text.contains('\0') {
         return Err(Error::backend("cuda", format!("{}.cu: contains a NUL byte", src.name)));
     }
-    let opts = cudarc::nvrtc::CompileOptions { options: options.clone(), name: Some(format!("{}.cu", src.name)), ..Default::default() };
+    let opts = cudarc::nvrtc::CompileOptions {
+        options: options.clone(),
+        name: Some(format!("{}.cu", src.name)),
+        ..Default::default()
+    };
     // cudarc unwraps inside its error path; keep any such panic from reaching the caller.
     let res = std::panic::catch_unwind(|| cudarc::nvrtc::compile_ptx_with_opts(&src.text, opts))
         .map_err(|_| Error::backend("cuda", format!("{}.cu: NVRTC panicked (see stderr)", src.name)))?;
@@ -101,9 +112,13 @@ pub fn compile_cubin(src: &KernelSource, arch: &str, include_dir: Option<&PathBu
     ensure_nvrtc()?;
     let arch = arch_for(&src.name, &arch_number(arch)?);
     let options = nvrtc_options(CUBIN_OPTIONS, format!("sm_{arch}"), include_dir);
-    let fail = |what: &str, e: &dyn std::fmt::Debug| Error::backend("cuda", format!("{}.cu for sm_{arch}: {what}: {e:?}", src.name));
-    let text = std::ffi::CString::new(src.text.as_str()).map_err(|_| Error::backend("cuda", format!("{}.cu: contains a NUL byte", src.name)))?;
-    let name = std::ffi::CString::new(format!("{}.cu", src.name)).map_err(|_| Error::backend("cuda", format!("{}: a NUL byte in the name", src.name)))?;
+    let fail = |what: &str, e: &dyn std::fmt::Debug| {
+        Error::backend("cuda", format!("{}.cu for sm_{arch}: {what}: {e:?}", src.name))
+    };
+    let text = std::ffi::CString::new(src.text.as_str())
+        .map_err(|_| Error::backend("cuda", format!("{}.cu: contains a NUL byte", src.name)))?;
+    let name = std::ffi::CString::new(format!("{}.cu", src.name))
+        .map_err(|_| Error::backend("cuda", format!("{}: a NUL byte in the name", src.name)))?;
     let prog = result::create_program(&text, Some(&name)).map_err(|e| fail("nvrtcCreateProgram", &e))?;
     /// Destroys the program on every path out.
     struct Program(sys::nvrtcProgram);
@@ -117,8 +132,13 @@ pub fn compile_cubin(src: &KernelSource, arch: &str, include_dir: Option<&PathBu
     // SAFETY: a live program; options are plain strings.
     if let Err(e) = unsafe { result::compile_program(prog.0, &options) } {
         // SAFETY: a live program.
-        let log = unsafe { result::get_program_log(prog.0) }.map(|l| l.iter().map(|&c| c as u8 as char).collect::<String>()).unwrap_or_default();
-        return Err(Error::backend("cuda", format!("{}.cu for sm_{arch} does not compile ({e:?}):\n{}", src.name, log.trim_end_matches('\0'))));
+        let log = unsafe { result::get_program_log(prog.0) }
+            .map(|l| l.iter().map(|&c| c as u8 as char).collect::<String>())
+            .unwrap_or_default();
+        return Err(Error::backend(
+            "cuda",
+            format!("{}.cu for sm_{arch} does not compile ({e:?}):\n{}", src.name, log.trim_end_matches('\0')),
+        ));
     }
     let mut size = 0usize;
     // SAFETY: out-parameter written by the library.
@@ -127,7 +147,10 @@ pub fn compile_cubin(src: &KernelSource, arch: &str, include_dir: Option<&PathBu
     // SAFETY: the buffer holds the `size` bytes the library reported.
     unsafe { sys::nvrtcGetCUBIN(prog.0, cubin.as_mut_ptr().cast()) }.result().map_err(|e| fail("nvrtcGetCUBIN", &e))?;
     if cubin.len() < 4 || cubin[..4] != *b"\x7fELF" {
-        return Err(Error::backend("cuda", format!("{}.cu for sm_{arch}: NVRTC returned no cubin ({} bytes)", src.name, cubin.len())));
+        return Err(Error::backend(
+            "cuda",
+            format!("{}.cu for sm_{arch}: NVRTC returned no cubin ({} bytes)", src.name, cubin.len()),
+        ));
     }
     Ok(cubin)
 }
@@ -135,7 +158,13 @@ pub fn compile_cubin(src: &KernelSource, arch: &str, include_dir: Option<&PathBu
 /// Like [`compile_ptx`], but returns the cached PTX when source, arch, options and NVRTC
 /// version are unchanged. A cache that cannot be read or written is skipped with a warning.
 pub fn compile_ptx_cached(src: &KernelSource, arch: &str, include_dir: Option<&PathBuf>) -> Result<String> {
-    let bytes = cached(src, arch, "ptx", |b| String::from_utf8_lossy(b).contains(".entry"), || compile_ptx(src, arch, include_dir).map(String::into_bytes))?;
+    let bytes = cached(
+        src,
+        arch,
+        "ptx",
+        |b| String::from_utf8_lossy(b).contains(".entry"),
+        || compile_ptx(src, arch, include_dir).map(String::into_bytes),
+    )?;
     String::from_utf8(bytes).map_err(|_| Error::backend("cuda", format!("{}.cu: cached PTX is not text", src.name)))
 }
 
@@ -145,14 +174,22 @@ pub fn compile_cubin_cached(src: &KernelSource, arch: &str, include_dir: Option<
 }
 
 /// The file `<name>-<arch>-<hash>.<ext>` of the cache: read when `valid`, else made and written.
-fn cached(src: &KernelSource, arch: &str, ext: &str, valid: impl Fn(&[u8]) -> bool, make: impl FnOnce() -> Result<Vec<u8>>) -> Result<Vec<u8>> {
+fn cached(
+    src: &KernelSource,
+    arch: &str,
+    ext: &str,
+    valid: impl Fn(&[u8]) -> bool,
+    make: impl FnOnce() -> Result<Vec<u8>>,
+) -> Result<Vec<u8>> {
     let Some(dir) = cache_dir() else { return make() };
     let (maj, min) = nvrtc_version()?;
     let mut h = Sha256::new();
     // The PTX key is as it always was (no kind in it), so caches made before cubins stay valid.
     let kind = if ext == "ptx" { String::new() } else { format!("kind {ext}") };
     let options = if ext == "ptx" { OPTIONS } else { CUBIN_OPTIONS };
-    for part in [src.text.as_str(), arch_number(arch)?.as_str(), &options.join(" "), &format!("nvrtc {maj}.{min}"), &kind] {
+    for part in
+        [src.text.as_str(), arch_number(arch)?.as_str(), &options.join(" "), &format!("nvrtc {maj}.{min}"), &kind]
+    {
         if part.is_empty() {
             continue;
         }
@@ -168,7 +205,9 @@ fn cached(src: &KernelSource, arch: &str, ext: &str, valid: impl Fn(&[u8]) -> bo
     }
     let bytes = make()?;
     let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    let written = std::fs::create_dir_all(&dir).and_then(|_| std::fs::write(&tmp, &bytes)).and_then(|_| std::fs::rename(&tmp, &path));
+    let written = std::fs::create_dir_all(&dir)
+        .and_then(|_| std::fs::write(&tmp, &bytes))
+        .and_then(|_| std::fs::rename(&tmp, &path));
     if let Err(e) = written {
         tracing::warn!("kernel cache {}: {e}", dir.display());
     }

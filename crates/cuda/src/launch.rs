@@ -17,12 +17,25 @@ use std::ffi::c_void;
 use std::marker::PhantomData;
 
 use cudarc::driver::sys;
-use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DriverError, LaunchConfig};
+use cudarc::driver::{
+    CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DriverError, LaunchConfig,
+};
 
 /// The kernel files whose every kernel waits before it reads (kernels/*.cu stems). Not
 /// sampling.cu, moe.cu and matmul_sm90.cu: their kernels are launched plain, which is always
 /// correct (a plain launch waits for everything before it).
-pub(crate) const PDL_FILES: &[&str] = &["add", "argmax", "embedding", "gather_rows", "kv_write", "matmul", "paged_attention", "rms_norm", "rope", "silu_mul"];
+pub(crate) const PDL_FILES: &[&str] = &[
+    "add",
+    "argmax",
+    "embedding",
+    "gather_rows",
+    "kv_write",
+    "matmul",
+    "paged_attention",
+    "rms_norm",
+    "rope",
+    "silu_mul",
+];
 
 /// `TANDEM_CUDA_PDL`: unset, empty or `0` off (the default); `1` on. Anything else is an error,
 /// not a silent default.
@@ -125,7 +138,14 @@ impl<'a> Launch<'a> {
             .collect();
         let f = self.func.cu_function();
         if !self.pdl {
-            return cudarc::driver::result::launch_kernel(f, cfg.grid_dim, cfg.block_dim, cfg.shared_mem_bytes, self.stream.cu_stream(), &mut ptrs);
+            return cudarc::driver::result::launch_kernel(
+                f,
+                cfg.grid_dim,
+                cfg.block_dim,
+                cfg.shared_mem_bytes,
+                self.stream.cu_stream(),
+                &mut ptrs,
+            );
         }
         // SAFETY: a plain C struct and union; every field read below is set.
         let mut attr: sys::CUlaunchAttribute = std::mem::zeroed();

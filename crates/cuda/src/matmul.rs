@@ -7,12 +7,14 @@
 //! A child module of `backend`, so it shares that module's private helpers.
 
 use cudarc::driver::{DevicePtr, DeviceRepr, LaunchConfig};
+use tandem_core::backend::{DType, KvDest, NormIn};
 use tandem_core::config::Activation;
 use tandem_core::weights::TensorView;
-use tandem_core::backend::{DType, KvDest, NormIn};
 use tandem_core::Result;
 
-use super::{drv, err, i32_of, need, need_act, need_kv, need_weight, u32_of, cfg, CudaBackend, CudaBuf, Elem, MatmulScratch};
+use super::{
+    cfg, drv, err, i32_of, need, need_act, need_kv, need_weight, u32_of, CudaBackend, CudaBuf, Elem, MatmulScratch,
+};
 
 /// The tensor-core matmul (kernels/matmul.cu): output columns per block, k per pipeline tile.
 /// GEMM_BN is also the unit in which [`k_slices`] counts column tiles, whatever the width of
@@ -64,26 +66,35 @@ pub(super) struct GemmKernel {
     /// Its place in [`Kernels`]' `matmul_tc` rows (m16, m64, m128, m16_n128, m64_n128).
     pub(super) index: usize,
 }
-pub(super) const GEMM_M16: GemmKernel = GemmKernel { rows: 16, cols: 64, threads: 128, smem: 4 * (16 + 64) * 40 * 2, index: 0 };
-pub(super) const GEMM_M64: GemmKernel = GemmKernel { rows: 64, cols: 64, threads: 128, smem: 4 * (64 + 64) * 40 * 2, index: 1 };
-pub(super) const GEMM_M128: GemmKernel = GemmKernel { rows: 128, cols: 64, threads: 256, smem: 3 * (128 + 64) * 40 * 2, index: 2 };
+pub(super) const GEMM_M16: GemmKernel =
+    GemmKernel { rows: 16, cols: 64, threads: 128, smem: 4 * (16 + 64) * 40 * 2, index: 0 };
+pub(super) const GEMM_M64: GemmKernel =
+    GemmKernel { rows: 64, cols: 64, threads: 128, smem: 4 * (64 + 64) * 40 * 2, index: 1 };
+pub(super) const GEMM_M128: GemmKernel =
+    GemmKernel { rows: 128, cols: 64, threads: 256, smem: 3 * (128 + 64) * 40 * 2, index: 2 };
 /// The rope epilogue's 128-column tiles: 46080 bytes each, within the 48 KiB a launch gets
 /// without opting in, with room for the staged f32 tile (64 x 129 floats); a 128 x 128 tile
 /// would not fit, so m64_n128 serves every m above 16 (kernels/matmul.cu `GemmM16N128`).
-pub(super) const GEMM_M16_N128: GemmKernel = GemmKernel { rows: 16, cols: 128, threads: 256, smem: 4 * (16 + 128) * 40 * 2, index: 3 };
-pub(super) const GEMM_M64_N128: GemmKernel = GemmKernel { rows: 64, cols: 128, threads: 256, smem: 3 * (64 + 128) * 40 * 2, index: 4 };
+pub(super) const GEMM_M16_N128: GemmKernel =
+    GemmKernel { rows: 16, cols: 128, threads: 256, smem: 4 * (16 + 128) * 40 * 2, index: 3 };
+pub(super) const GEMM_M64_N128: GemmKernel =
+    GemmKernel { rows: 64, cols: 128, threads: 256, smem: 3 * (64 + 128) * 40 * 2, index: 4 };
 
 /// Variants the GPU check times beside the defaults (kernels/matmul.cu, "Variants"): the same
 /// warp-level arithmetic and k order, so the same bits; only speed differs.
 /// Their shared memory adds the slice total (rows x cols floats) to the stages.
 /// m128_n128: 128 x 128 tile, 8 warps of 64 x 32, 4 stages (147456 bytes: opt-in).
-pub(super) const GEMM_M128_N128: GemmKernel = GemmKernel { rows: 128, cols: 128, threads: 256, smem: 4 * (128 + 128) * 40 * 2 + 128 * 128 * 4, index: 5 };
+pub(super) const GEMM_M128_N128: GemmKernel =
+    GemmKernel { rows: 128, cols: 128, threads: 256, smem: 4 * (128 + 128) * 40 * 2 + 128 * 128 * 4, index: 5 };
 /// m128_occ2: m128's tile, 4 stages (94208 bytes: opt-in), registers capped for 2 blocks an SM.
-pub(super) const GEMM_M128_OCC2: GemmKernel = GemmKernel { rows: 128, cols: 64, threads: 256, smem: 4 * (128 + 64) * 40 * 2 + 128 * 64 * 4, index: 6 };
+pub(super) const GEMM_M128_OCC2: GemmKernel =
+    GemmKernel { rows: 128, cols: 64, threads: 256, smem: 4 * (128 + 64) * 40 * 2 + 128 * 64 * 4, index: 6 };
 /// m64_occ4: m64's tile, 3 stages (47104 bytes), registers capped for 4 blocks an SM.
-pub(super) const GEMM_M64_OCC4: GemmKernel = GemmKernel { rows: 64, cols: 64, threads: 128, smem: 3 * (64 + 64) * 40 * 2 + 64 * 64 * 4, index: 7 };
+pub(super) const GEMM_M64_OCC4: GemmKernel =
+    GemmKernel { rows: 64, cols: 64, threads: 128, smem: 3 * (64 + 64) * 40 * 2 + 64 * 64 * 4, index: 7 };
 /// m16_s8: m16 with 8 stages (51200 bytes: opt-in), twice the weight bytes in flight.
-pub(super) const GEMM_M16_S8: GemmKernel = GemmKernel { rows: 16, cols: 64, threads: 128, smem: 8 * (16 + 64) * 40 * 2, index: 8 };
+pub(super) const GEMM_M16_S8: GemmKernel =
+    GemmKernel { rows: 16, cols: 64, threads: 128, smem: 8 * (16 + 64) * 40 * 2, index: 8 };
 /// The decode GEMV variants (kernels/matmul.cu, "Decode GEMV variants"; issue 25 item 1): m16's
 /// grid, slices and bits, x staged once per block, the weights streamed through registers
 /// (16-byte loads, D = 4 or 8 chunks of 32 k ahead, twice that at most), no pipeline in shared
@@ -91,27 +102,55 @@ pub(super) const GEMM_M16_S8: GemmKernel = GemmKernel { rows: 16, cols: 64, thre
 /// most a launch may take (the opt-in set at load, within sm_80's and sm_90's limits): a launch
 /// that would need more, or whose weight rows are not 16-byte aligned (k % 8 != 0), takes m16.
 pub(super) const GEMV_SMEM_MAX: u32 = 147456;
-pub(super) const GEMM_M16_GEMV4: GemmKernel = GemmKernel { rows: 16, cols: 64, threads: 128, smem: GEMV_SMEM_MAX, index: 9 };
-pub(super) const GEMM_M16_GEMV8: GemmKernel = GemmKernel { rows: 16, cols: 64, threads: 128, smem: GEMV_SMEM_MAX, index: 10 };
+pub(super) const GEMM_M16_GEMV4: GemmKernel =
+    GemmKernel { rows: 16, cols: 64, threads: 128, smem: GEMV_SMEM_MAX, index: 9 };
+pub(super) const GEMM_M16_GEMV8: GemmKernel =
+    GemmKernel { rows: 16, cols: 64, threads: 128, smem: GEMV_SMEM_MAX, index: 10 };
 /// m16_x1: m16 with x staged once per block (issue 25 item 1), the weights still through m16's
 /// 4-stage cp.async pipeline (any k); shared memory per launch as the GEMV variants, plus the
 /// stages ([`gemv_smem`]).
-pub(super) const GEMM_M16_X1: GemmKernel = GemmKernel { rows: 16, cols: 64, threads: 128, smem: GEMV_SMEM_MAX, index: 11 };
+pub(super) const GEMM_M16_X1: GemmKernel =
+    GemmKernel { rows: 16, cols: 64, threads: 128, smem: GEMV_SMEM_MAX, index: 11 };
 /// m128_w64 (kernels/matmul.cu, "large-m loop variant"): 128 x 128 tile, 4 warps of 64 x 64, 6
 /// stages of 32 k consumed two per barrier, addresses worked out once per block; the slice total
 /// in shared memory (188416 bytes: opt-in), one block per SM. 128 wide, so it serves the rope
 /// epilogue above 128 rows too, as m128_n128 does.
-pub(super) const GEMM_M128_W64: GemmKernel = GemmKernel { rows: 128, cols: 128, threads: 128, smem: 6 * (128 + 128) * 40 * 2 + 128 * 128 * 4, index: 12 };
+pub(super) const GEMM_M128_W64: GemmKernel =
+    GemmKernel { rows: 128, cols: 128, threads: 128, smem: 6 * (128 + 128) * 40 * 2 + 128 * 128 * 4, index: 12 };
 /// m16_x1's weight stages: 4 x 64 rows x 40 elements x 2 bytes.
 const X1_W_BYTES: usize = 4 * GEMM_BN * 40 * 2;
 /// Every tile kernel, in [`GemmKernel::index`] order (the `matmul_tc` rows of `Kernels`).
 pub(super) const GEMM_KERNELS: [&GemmKernel; 13] = [
-    &GEMM_M16, &GEMM_M64, &GEMM_M128, &GEMM_M16_N128, &GEMM_M64_N128, &GEMM_M128_N128, &GEMM_M128_OCC2, &GEMM_M64_OCC4, &GEMM_M16_S8, &GEMM_M16_GEMV4, &GEMM_M16_GEMV8, &GEMM_M16_X1,
+    &GEMM_M16,
+    &GEMM_M64,
+    &GEMM_M128,
+    &GEMM_M16_N128,
+    &GEMM_M64_N128,
+    &GEMM_M128_N128,
+    &GEMM_M128_OCC2,
+    &GEMM_M64_OCC4,
+    &GEMM_M16_S8,
+    &GEMM_M16_GEMV4,
+    &GEMM_M16_GEMV8,
+    &GEMM_M16_X1,
     &GEMM_M128_W64,
 ];
 /// The name suffix of each tile kernel, in index order (`matmul_tc_<dt>_<suffix>`).
-pub(super) const GEMM_SUFFIXES: [&str; 13] =
-    ["m16", "m64", "m128", "m16_n128", "m64_n128", "m128_n128", "m128_occ2", "m64_occ4", "m16_s8", "m16_gemv4", "m16_gemv8", "m16_x1", "m128_w64"];
+pub(super) const GEMM_SUFFIXES: [&str; 13] = [
+    "m16",
+    "m64",
+    "m128",
+    "m16_n128",
+    "m64_n128",
+    "m128_n128",
+    "m128_occ2",
+    "m64_occ4",
+    "m16_s8",
+    "m16_gemv4",
+    "m16_gemv8",
+    "m16_x1",
+    "m128_w64",
+];
 
 /// Whether `g` is one of the GEMV variants or m16_x1 (shared memory per launch, [`gemv_smem`]).
 pub(super) fn is_gemv(g: &GemmKernel) -> bool {
@@ -159,9 +198,14 @@ impl PartialEq for GemmKernel {
 /// 2026-12-04): m128_occ2 gave prefill 2048 49.0k tok/s against m128's 30.9k and m128_n128's
 /// 47.0k, every GEMM at m >= 256 1.2-1.9x faster; m64_occ4 gave decode at batch 64 9.7k tok/s
 /// against m64's 8.9k; m16_s8 lost to m16 (decode batch 1 327 against 378 tok/s).
-pub(super) const GEMM_DEFAULT_VARIANTS: GemmVariants = GemmVariants { large: &GEMM_M128_OCC2, mid: &GEMM_M64_OCC4, small: &GEMM_M16, wgmma: false };
+pub(super) const GEMM_DEFAULT_VARIANTS: GemmVariants =
+    GemmVariants { large: &GEMM_M128_OCC2, mid: &GEMM_M64_OCC4, small: &GEMM_M16, wgmma: false };
 
-fn parse_gemm_variants(large: Option<&str>, mid: Option<&str>, small: Option<&str>) -> std::result::Result<GemmVariants, String> {
+fn parse_gemm_variants(
+    large: Option<&str>,
+    mid: Option<&str>,
+    small: Option<&str>,
+) -> std::result::Result<GemmVariants, String> {
     let mut v = GEMM_DEFAULT_VARIANTS;
     if let Some(l) = large.filter(|s| !s.is_empty()) {
         v.large = match l {
@@ -173,7 +217,11 @@ fn parse_gemm_variants(large: Option<&str>, mid: Option<&str>, small: Option<&st
                 v.wgmma = true;
                 &GEMM_M128_OCC2
             }
-            _ => return Err(format!("TANDEM_CUDA_GEMM_LARGE={l}: one of m128_occ2 (the default), m128, m128_n128, m128_w64, wgmma (sm_90)")),
+            _ => {
+                return Err(format!(
+                "TANDEM_CUDA_GEMM_LARGE={l}: one of m128_occ2 (the default), m128, m128_n128, m128_w64, wgmma (sm_90)"
+            ))
+            }
         };
     }
     if let Some(m) = mid.filter(|s| !s.is_empty()) {
@@ -190,7 +238,11 @@ fn parse_gemm_variants(large: Option<&str>, mid: Option<&str>, small: Option<&st
             "m16_gemv4" => &GEMM_M16_GEMV4,
             "m16_gemv8" => &GEMM_M16_GEMV8,
             "m16_x1" => &GEMM_M16_X1,
-            _ => return Err(format!("TANDEM_CUDA_GEMM_SMALL={m}: one of m16 (the default), m16_s8, m16_gemv4, m16_gemv8, m16_x1")),
+            _ => {
+                return Err(format!(
+                    "TANDEM_CUDA_GEMM_SMALL={m}: one of m16 (the default), m16_s8, m16_gemv4, m16_gemv8, m16_x1"
+                ))
+            }
         };
     }
     Ok(v)
@@ -200,7 +252,11 @@ static GEMM_VARIANTS: std::sync::OnceLock<std::result::Result<GemmVariants, Stri
 fn gemm_variants() -> &'static std::result::Result<GemmVariants, String> {
     GEMM_VARIANTS.get_or_init(|| {
         let var = |n: &str| std::env::var(n).ok();
-        parse_gemm_variants(var("TANDEM_CUDA_GEMM_LARGE").as_deref(), var("TANDEM_CUDA_GEMM_MID").as_deref(), var("TANDEM_CUDA_GEMM_SMALL").as_deref())
+        parse_gemm_variants(
+            var("TANDEM_CUDA_GEMM_LARGE").as_deref(),
+            var("TANDEM_CUDA_GEMM_MID").as_deref(),
+            var("TANDEM_CUDA_GEMM_SMALL").as_deref(),
+        )
     })
 }
 /// The variants in use, or the error naming a bad TANDEM_CUDA_GEMM_* value (checked at load).
@@ -221,7 +277,13 @@ pub(super) fn gemm_kernel_of(m: usize, cols: usize, v: &GemmVariants) -> &'stati
         (true, 0..=16) => &GEMM_M16_N128,
         // m128_n128 and m128_w64 are 128 wide: where one is the large kernel, it serves the rope epilogue too.
         (true, 17..=SPLIT_MAX_ROWS) => &GEMM_M64_N128,
-        (true, _) => if v.large.cols == GEMM_BN_WIDE { v.large } else { &GEMM_M64_N128 },
+        (true, _) => {
+            if v.large.cols == GEMM_BN_WIDE {
+                v.large
+            } else {
+                &GEMM_M64_N128
+            }
+        }
     }
 }
 
@@ -262,7 +324,11 @@ fn tma_map(op: &str, addr: u64, bf16: bool, rows: usize, cols: usize, pitch: usi
     let strides: [u64; 1] = [(pitch * 2) as u64];
     let bx: [u32; 2] = [64, WGMMA_TILE as u32];
     let es: [u32; 2] = [1, 1];
-    let dt = if bf16 { sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 } else { sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16 };
+    let dt = if bf16 {
+        sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+    } else {
+        sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+    };
     // SAFETY: every pointer is to a local array of the length rank 2 asks for; `map` is written.
     let r = unsafe {
         sys::cuTensorMapEncodeTiled(
@@ -324,7 +390,15 @@ pub(super) fn gemm_plan_of(m: usize, n: usize, k: usize, mut kernel: &'static Ge
             smem = need as u32;
         }
     }
-    GemmPlan { kernel, slices, slice_len, split, direct: m <= SPLIT_MAX_ROWS, grid: (n.div_ceil(kernel.cols), m.div_ceil(kernel.rows), if split { slices } else { 1 }), smem }
+    GemmPlan {
+        kernel,
+        slices,
+        slice_len,
+        split,
+        direct: m <= SPLIT_MAX_ROWS,
+        grid: (n.div_ceil(kernel.cols), m.div_ceil(kernel.rows), if split { slices } else { 1 }),
+        smem,
+    }
 }
 
 /// Arrival counters of the in-kernel split-K fold, one per output tile of a split launch
@@ -353,7 +427,11 @@ pub(super) fn rope_in_epilogue(head_dim: usize) -> bool {
 /// The output tile's width for the rope epilogue at `head_dim` (where [`rope_in_epilogue`]):
 /// the 64-wide kernels wherever a head fits them (more blocks for a decode step), else 128.
 pub(super) fn rope_tile_cols(head_dim: usize) -> usize {
-    if head_dim > 0 && GEMM_BN.is_multiple_of(head_dim) { GEMM_BN } else { GEMM_BN_WIDE }
+    if head_dim > 0 && GEMM_BN.is_multiple_of(head_dim) {
+        GEMM_BN
+    } else {
+        GEMM_BN_WIDE
+    }
 }
 
 /// kernels/matmul.cu `RopeKv`, passed by value (all zeros where the epilogue is another).
@@ -414,7 +492,14 @@ pub(super) fn gate_up_source(r: usize, inter: usize) -> Option<(bool, usize)> {
 impl CudaBackend {
     /// A weight gathered on the device from the parts' mappings, row range by row range
     /// (`runs`: (source, first row, rows) in order), so no host copy of the whole is made.
-    fn gather_weight(&self, dtype: DType, row_bytes: usize, total_rows: usize, runs: &[(&TensorView, usize, usize)], op: &str) -> Result<CudaBuf> {
+    fn gather_weight(
+        &self,
+        dtype: DType,
+        row_bytes: usize,
+        total_rows: usize,
+        runs: &[(&TensorView, usize, usize)],
+        op: &str,
+    ) -> Result<CudaBuf> {
         let elem = Elem::of(dtype);
         let mut b = self.alloc(elem, total_rows * row_bytes / elem.size())?;
         let mut at = 0;
@@ -427,10 +512,23 @@ impl CudaBackend {
         Ok(b)
     }
 
-    pub(super) fn fuse_qkv_weights(&self, q: &TensorView, k: &TensorView, v: &TensorView, bias: Option<[&TensorView; 3]>) -> Result<Option<(CudaBuf, Option<CudaBuf>)>> {
+    pub(super) fn fuse_qkv_weights(
+        &self,
+        q: &TensorView,
+        k: &TensorView,
+        v: &TensorView,
+        bias: Option<[&TensorView; 3]>,
+    ) -> Result<Option<(CudaBuf, Option<CudaBuf>)>> {
         const OP: &str = "fuse_qkv";
         // f32 weights take the SIMT kernel, which has no epilogues: the model runs three matmuls.
-        if q.dtype == DType::F32 || k.dtype != q.dtype || v.dtype != q.dtype || q.shape.len() != 2 || k.shape.len() != 2 || k.shape != v.shape || k.shape[1] != q.shape[1] {
+        if q.dtype == DType::F32
+            || k.dtype != q.dtype
+            || v.dtype != q.dtype
+            || q.shape.len() != 2
+            || k.shape.len() != 2
+            || k.shape != v.shape
+            || k.shape[1] != q.shape[1]
+        {
             return Ok(None);
         }
         let (nq, nkv, hidden) = (q.shape[0], k.shape[0], q.shape[1]);
@@ -439,11 +537,21 @@ impl CudaBackend {
         let b = match bias {
             None => None,
             Some(bs) => {
-                if bs.iter().any(|b| b.dtype != bs[0].dtype) || bs[0].numel() != nq || bs[1].numel() != nkv || bs[2].numel() != nkv {
+                if bs.iter().any(|b| b.dtype != bs[0].dtype)
+                    || bs[0].numel() != nq
+                    || bs[1].numel() != nkv
+                    || bs[2].numel() != nkv
+                {
                     return Ok(None);
                 }
                 let es = Elem::of(bs[0].dtype).size();
-                Some(self.gather_weight(bs[0].dtype, es, nq + 2 * nkv, &[(bs[0], 0, nq), (bs[1], 0, nkv), (bs[2], 0, nkv)], OP)?)
+                Some(self.gather_weight(
+                    bs[0].dtype,
+                    es,
+                    nq + 2 * nkv,
+                    &[(bs[0], 0, nq), (bs[1], 0, nkv), (bs[2], 0, nkv)],
+                    OP,
+                )?)
             }
         };
         Ok(Some((w, b)))
@@ -484,7 +592,18 @@ impl CudaBackend {
     /// xa, with no matmul_x pass at any m). With `norm` (m <= SPLIT_MAX_ROWS only), the input
     /// is rms_norm(norm.h) * norm.gamma, formed in the kernel, and x is not read.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn gemm(&self, op: &str, x: &CudaBuf, w: &CudaBuf, bias: Option<&CudaBuf>, dst: GemmOut<'_>, m: usize, n: usize, k: usize, norm: Option<NormIn<'_, CudaBuf>>) -> Result<()> {
+    pub(super) fn gemm(
+        &self,
+        op: &str,
+        x: &CudaBuf,
+        w: &CudaBuf,
+        bias: Option<&CudaBuf>,
+        dst: GemmOut<'_>,
+        m: usize,
+        n: usize,
+        k: usize,
+        norm: Option<NormIn<'_, CudaBuf>>,
+    ) -> Result<()> {
         if m == 0 || n == 0 {
             return Ok(());
         }
@@ -502,7 +621,10 @@ impl CudaBackend {
         let x16 = norm.is_none() && x.elem != Elem::F32;
         if x16 {
             if x.elem != w.elem {
-                return Err(err(format!("{op}: x holds {:?}, but {:?} weights take f32 x or x of their own type", x.elem, w.elem)));
+                return Err(err(format!(
+                    "{op}: x holds {:?}, but {:?} weights take f32 x or x of their own type",
+                    x.elem, w.elem
+                )));
             }
             need(x, w.elem, m * k, op, "x")?;
         } else {
@@ -524,7 +646,9 @@ impl CudaBackend {
         let bias_mem = bias.map(|b| &*b.mem).unwrap_or(&*w.mem);
         if w.elem == Elem::F32 {
             let GemmOut::Plain(out) = dst else {
-                return Err(err(format!("{op}: f32 weights have no fused epilogue (fuse_qkv / fuse_gate_up give none for them)")));
+                return Err(err(format!(
+                    "{op}: f32 weights have no fused epilogue (fuse_qkv / fuse_gate_up give none for them)"
+                )));
             };
             // f32 weights: the SIMT kernel for every m (exact f32, see kernels/matmul.cu).
             let grid = (u32_of(n.div_ceil(64), op, "blocks")?, u32_of(m.div_ceil(64), op, "blocks")?, 1);
@@ -553,27 +677,41 @@ impl CudaBackend {
             return Err(err(format!("{op}: m = {m}, k = {k} exceed the launch grid")));
         }
         if split && (grid.0 * grid.1) as usize > GEMM_COUNTERS {
-            return Err(err(format!("{op}: {} output tiles exceed the split-K counters (k_slices broke its bound)", grid.0 * grid.1)));
+            return Err(err(format!(
+                "{op}: {} output tiles exceed the split-K counters (k_slices broke its bound)",
+                grid.0 * grid.1
+            )));
         }
-        let mut s = self.mm_scratch.lock().map_err(|_| err(format!("{op}: scratch lock poisoned by an earlier panic")))?;
+        let mut s =
+            self.mm_scratch.lock().map_err(|_| err(format!("{op}: scratch lock poisoned by an earlier panic")))?;
         let xa_bytes = if direct || x16 { 16 } else { m * kp * 2 };
         if s.fixed && s.xa.as_ref().is_none_or(|b| b.len() < xa_bytes) {
             return Err(err(format!("{op}: m = {m}, k = {k} need {xa_bytes} bytes of x scratch, beyond the workspace reserved at load (max_num_batched_tokens?)")));
         }
         if s.xa.as_ref().is_none_or(|b| b.len() < xa_bytes) {
             // SAFETY: matmul_x writes every element the tile kernel reads (kp columns of m rows).
-            s.xa = Some(unsafe { self.stream.alloc::<u8>(xa_bytes) }.map_err(drv(&format!("{op}: x scratch of {xa_bytes} bytes")))?);
+            s.xa = Some(
+                unsafe { self.stream.alloc::<u8>(xa_bytes) }
+                    .map_err(drv(&format!("{op}: x scratch of {xa_bytes} bytes")))?,
+            );
         }
         if split && s.part.is_none() {
             let bytes = GEMM_PART_FLOATS * 4;
             // SAFETY: each split launch writes every partial its fold reads.
-            s.part = Some(unsafe { self.stream.alloc::<u8>(bytes) }.map_err(drv(&format!("{op}: split-K workspace of {bytes} bytes")))?);
+            s.part = Some(
+                unsafe { self.stream.alloc::<u8>(bytes) }
+                    .map_err(drv(&format!("{op}: split-K workspace of {bytes} bytes")))?,
+            );
         }
         if s.counters.is_none() {
-            s.counters = Some(self.stream.alloc_zeros::<u8>(GEMM_COUNTERS * 4).map_err(drv(&format!("{op}: split-K counters")))?);
+            s.counters = Some(
+                self.stream.alloc_zeros::<u8>(GEMM_COUNTERS * 4).map_err(drv(&format!("{op}: split-K counters")))?,
+            );
         }
         if split && slices * m * n > GEMM_PART_FLOATS {
-            return Err(err(format!("{op}: {slices} slices of {m}x{n} exceed the split-K workspace (k_slices broke its bound)")));
+            return Err(err(format!(
+                "{op}: {slices} slices of {m}x{n} exceed the split-K workspace (k_slices broke its bound)"
+            )));
         }
         let MatmulScratch { xa: Some(xa), part, counters: Some(counters), .. } = &mut *s else {
             return Err(err(format!("{op}: scratch missing after allocation")));
@@ -596,7 +734,8 @@ impl CudaBackend {
                 let x_addr = if x16 { x.mem.device_ptr(&self.stream).0 } else { xa.device_ptr(&self.stream).0 };
                 let xm = tma_map(op, x_addr, wi == 1, m, k, k)?;
                 let wm = tma_map(op, w.mem.device_ptr(&self.stream).0, wi == 1, n, k, k)?;
-                let grid = (u32_of(n.div_ceil(WGMMA_TILE), op, "blocks")?, u32_of(m.div_ceil(WGMMA_TILE), op, "blocks")?, 1);
+                let grid =
+                    (u32_of(n.div_ceil(WGMMA_TILE), op, "blocks")?, u32_of(m.div_ceil(WGMMA_TILE), op, "blocks")?, 1);
                 if grid.1 > 65535 {
                     return Err(err(format!("{op}: m = {m} needs more than 65535 row tiles")));
                 }
@@ -637,7 +776,10 @@ impl CudaBackend {
         let act_out = |b: &CudaBuf, len: usize, what: &str| -> Result<i32> {
             need_act(b, len, op, what)?;
             if b.elem != Elem::F32 && b.elem != w.elem {
-                return Err(err(format!("{op}: `{what}` holds {:?}; with {:?} weights it is f32 or {:?}", b.elem, w.elem, w.elem)));
+                return Err(err(format!(
+                    "{op}: `{what}` holds {:?}; with {:?} weights it is f32 or {:?}",
+                    b.elem, w.elem, w.elem
+                )));
             }
             Ok(i32::from(b.elem != Elem::F32))
         };
@@ -669,8 +811,16 @@ impl CudaBackend {
             }
             GemmOut::QkvRope { q, nq, nkv, kv } => {
                 let g = kv.geometry;
-                if nq + 2 * nkv != n || !rope_in_epilogue(g.head_dim) || !nq.is_multiple_of(g.head_dim) || nkv != g.num_kv_heads * g.head_dim || !cols.is_multiple_of(g.head_dim) {
-                    return Err(err(format!("{op}: nq {nq}, nkv {nkv}, head_dim {} do not fit the rope epilogue of a {n}-row fused weight", g.head_dim)));
+                if nq + 2 * nkv != n
+                    || !rope_in_epilogue(g.head_dim)
+                    || !nq.is_multiple_of(g.head_dim)
+                    || nkv != g.num_kv_heads * g.head_dim
+                    || !cols.is_multiple_of(g.head_dim)
+                {
+                    return Err(err(format!(
+                        "{op}: nq {nq}, nkv {nkv}, head_dim {} do not fit the rope epilogue of a {n}-row fused weight",
+                        g.head_dim
+                    )));
                 }
                 need(q, Elem::F32, m * nq, op, "q")?;
                 need(kv.positions, Elem::U32, m, op, "positions")?;
@@ -703,7 +853,10 @@ impl CudaBackend {
             }
             GemmOut::GateUp { out, inter, act } => {
                 if fuse_gate_up_rows(inter) != n || bias_code != 0 {
-                    return Err(err(format!("{op}: the fused gate/up weight has {n} rows, {inter} outputs need {} (and no bias)", fuse_gate_up_rows(inter))));
+                    return Err(err(format!(
+                        "{op}: the fused gate/up weight has {n} rows, {inter} outputs need {} (and no bias)",
+                        fuse_gate_up_rows(inter)
+                    )));
                 }
                 act16 = act_out(out, m * inter, "out")?;
                 l.arg(&mut *out.mem).arg(&null).arg(&null);
@@ -717,7 +870,8 @@ impl CudaBackend {
         l.arg(&epi).arg(&en0).arg(&en1).arg(ep_gamma).arg(&ep_gamma_code).arg(&act16);
         if let Some((_, _, _, grid)) = wg {
             l.arg(&mi).arg(&ni).arg(&ki).arg(&li).arg(&rope);
-            let launch = LaunchConfig { grid_dim: grid, block_dim: (WGMMA_THREADS, 1, 1), shared_mem_bytes: WGMMA_SMEM };
+            let launch =
+                LaunchConfig { grid_dim: grid, block_dim: (WGMMA_THREADS, 1, 1), shared_mem_bytes: WGMMA_SMEM };
             // SAFETY: the argument list matches matmul_wgmma_<dt>'s; the tensor maps cover x
             // [m, k] and w [n, k] (checked above); each output holds what its epilogue writes.
             let r = unsafe { l.launch(launch) };
@@ -800,7 +954,10 @@ mod matmul_tests {
                 assert!(len.is_multiple_of(GEMM_BK) && len >= GEMM_BK);
                 assert!((s - 1) * len < k.max(1) && s * len >= k, "n {n} k {k}: {s} x {len}");
                 if s > 1 {
-                    assert!(s * SPLIT_MAX_ROWS * n <= GEMM_PART_FLOATS, "n {n} k {k}: {s} slices overflow the workspace");
+                    assert!(
+                        s * SPLIT_MAX_ROWS * n <= GEMM_PART_FLOATS,
+                        "n {n} k {k}: {s} slices overflow the workspace"
+                    );
                 }
             }
         }
@@ -810,29 +967,59 @@ mod matmul_tests {
         assert_eq!(gemm_kernel(128, GEMM_BN).rows, 64);
         assert_eq!(gemm_kernel(129, GEMM_BN).rows, 128);
         let d = GEMM_DEFAULT_VARIANTS;
-        assert_eq!((gemm_kernel_of(16, GEMM_BN, &d), gemm_kernel_of(17, GEMM_BN, &d), gemm_kernel_of(129, GEMM_BN, &d)), (&GEMM_M16, &GEMM_M64_OCC4, &GEMM_M128_OCC2));
+        assert_eq!(
+            (gemm_kernel_of(16, GEMM_BN, &d), gemm_kernel_of(17, GEMM_BN, &d), gemm_kernel_of(129, GEMM_BN, &d)),
+            (&GEMM_M16, &GEMM_M64_OCC4, &GEMM_M128_OCC2)
+        );
         let v = parse_gemm_variants(Some("m128_n128"), Some("m64_occ4"), None).unwrap();
-        assert_eq!((gemm_kernel_of(129, GEMM_BN, &v), gemm_kernel_of(2048, GEMM_BN_WIDE, &v)), (&GEMM_M128_N128, &GEMM_M128_N128));
-        assert_eq!((gemm_kernel_of(17, GEMM_BN, &v), gemm_kernel_of(128, GEMM_BN_WIDE, &v), gemm_kernel_of(16, GEMM_BN, &v)), (&GEMM_M64_OCC4, &GEMM_M64_N128, &GEMM_M16));
+        assert_eq!(
+            (gemm_kernel_of(129, GEMM_BN, &v), gemm_kernel_of(2048, GEMM_BN_WIDE, &v)),
+            (&GEMM_M128_N128, &GEMM_M128_N128)
+        );
+        assert_eq!(
+            (gemm_kernel_of(17, GEMM_BN, &v), gemm_kernel_of(128, GEMM_BN_WIDE, &v), gemm_kernel_of(16, GEMM_BN, &v)),
+            (&GEMM_M64_OCC4, &GEMM_M64_N128, &GEMM_M16)
+        );
         let v = parse_gemm_variants(Some("m128"), Some("m64"), Some("m16_s8")).unwrap();
-        assert_eq!((gemm_kernel_of(129, GEMM_BN, &v), gemm_kernel_of(129, GEMM_BN_WIDE, &v), gemm_kernel_of(64, GEMM_BN, &v)), (&GEMM_M128, &GEMM_M64_N128, &GEMM_M64));
-        assert_eq!((gemm_kernel_of(16, GEMM_BN, &v), gemm_kernel_of(16, GEMM_BN_WIDE, &v)), (&GEMM_M16_S8, &GEMM_M16_N128));
+        assert_eq!(
+            (gemm_kernel_of(129, GEMM_BN, &v), gemm_kernel_of(129, GEMM_BN_WIDE, &v), gemm_kernel_of(64, GEMM_BN, &v)),
+            (&GEMM_M128, &GEMM_M64_N128, &GEMM_M64)
+        );
+        assert_eq!(
+            (gemm_kernel_of(16, GEMM_BN, &v), gemm_kernel_of(16, GEMM_BN_WIDE, &v)),
+            (&GEMM_M16_S8, &GEMM_M16_N128)
+        );
         assert!(parse_gemm_variants(Some("m256"), None, None).unwrap_err().contains("TANDEM_CUDA_GEMM_LARGE=m256"));
         let v = parse_gemm_variants(Some("m128_w64"), None, None).unwrap();
-        assert_eq!((gemm_kernel_of(129, GEMM_BN, &v), gemm_kernel_of(2048, GEMM_BN_WIDE, &v)), (&GEMM_M128_W64, &GEMM_M128_W64));
-        assert_eq!((gemm_kernel_of(128, GEMM_BN, &v), gemm_kernel_of(128, GEMM_BN_WIDE, &v)), (&GEMM_M64_OCC4, &GEMM_M64_N128));
+        assert_eq!(
+            (gemm_kernel_of(129, GEMM_BN, &v), gemm_kernel_of(2048, GEMM_BN_WIDE, &v)),
+            (&GEMM_M128_W64, &GEMM_M128_W64)
+        );
+        assert_eq!(
+            (gemm_kernel_of(128, GEMM_BN, &v), gemm_kernel_of(128, GEMM_BN_WIDE, &v)),
+            (&GEMM_M64_OCC4, &GEMM_M64_N128)
+        );
         assert_eq!(GEMM_M128_W64.smem, 188416, "kernels/matmul.cu GemmM128W64::SMEM_BYTES");
         let w = parse_gemm_variants(Some("wgmma"), None, None).unwrap();
         assert!(w.wgmma && w.large == &GEMM_M128_OCC2, "wgmma keeps m128_occ2 where it does not apply");
         assert!(!GEMM_DEFAULT_VARIANTS.wgmma, "the wgmma kernel is off by default");
         assert_eq!(WGMMA_SMEM, 198208, "kernels/matmul_sm90.cu WGMMA_SMEM_BYTES (with the 8 warps' staged rows)");
         assert!(wgmma_applies(129, 2048, false) && !wgmma_applies(128, 2048, false));
-        assert!(!wgmma_applies(2048, 2044, false) && !wgmma_applies(2048, 2048, true) && !wgmma_applies(2048, 0, false));
+        assert!(
+            !wgmma_applies(2048, 2044, false) && !wgmma_applies(2048, 2048, true) && !wgmma_applies(2048, 0, false)
+        );
         assert!(parse_gemm_variants(None, Some("x"), None).unwrap_err().contains("TANDEM_CUDA_GEMM_MID=x"));
         assert!(parse_gemm_variants(None, None, Some("m8")).unwrap_err().contains("TANDEM_CUDA_GEMM_SMALL=m8"));
         for (name, g) in [("m16_gemv4", &GEMM_M16_GEMV4), ("m16_gemv8", &GEMM_M16_GEMV8), ("m16_x1", &GEMM_M16_X1)] {
             let v = parse_gemm_variants(None, None, Some(name)).unwrap();
-            assert_eq!((gemm_kernel_of(16, GEMM_BN, &v), gemm_kernel_of(16, GEMM_BN_WIDE, &v), gemm_kernel_of(17, GEMM_BN, &v)), (g, &GEMM_M16_N128, &GEMM_M64_OCC4));
+            assert_eq!(
+                (
+                    gemm_kernel_of(16, GEMM_BN, &v),
+                    gemm_kernel_of(16, GEMM_BN_WIDE, &v),
+                    gemm_kernel_of(17, GEMM_BN, &v)
+                ),
+                (g, &GEMM_M16_N128, &GEMM_M64_OCC4)
+            );
         }
         assert_eq!(parse_gemm_variants(Some(""), None, None).unwrap(), GEMM_DEFAULT_VARIANTS);
         for (i, g) in GEMM_KERNELS.iter().enumerate() {
@@ -853,29 +1040,47 @@ mod matmul_tests {
             for k in [1, 136, 999, 1000, 2048, 3584, 4096, 5120, 8192] {
                 for m in [1, 2, 7, 16, 17, 64, 128, 129, 200, 2048] {
                     let (narrow, wide) = (gemm_plan(m, n, k, GEMM_BN), gemm_plan(m, n, k, GEMM_BN_WIDE));
-                    assert_eq!((wide.slices, wide.slice_len, wide.split, wide.direct), (narrow.slices, narrow.slice_len, narrow.split, narrow.direct), "m {m} n {n} k {k}");
+                    assert_eq!(
+                        (wide.slices, wide.slice_len, wide.split, wide.direct),
+                        (narrow.slices, narrow.slice_len, narrow.split, narrow.direct),
+                        "m {m} n {n} k {k}"
+                    );
                     assert_eq!((wide.grid.0, wide.grid.2), (n.div_ceil(128), narrow.grid.2), "m {m} n {n} k {k}");
                     assert!(wide.grid.0 * wide.kernel.cols >= n && wide.grid.1 * wide.kernel.rows >= m);
                     if wide.split {
-                        assert!(wide.grid.0 * wide.grid.1 <= GEMM_COUNTERS && wide.slices * m * n <= GEMM_PART_FLOATS, "m {m} n {n} k {k}");
+                        assert!(
+                            wide.grid.0 * wide.grid.1 <= GEMM_COUNTERS && wide.slices * m * n <= GEMM_PART_FLOATS,
+                            "m {m} n {n} k {k}"
+                        );
                     }
                 }
             }
         }
         // Llama-3.1-8B's q/k/v (4096 + 2 x 1024 rows, hidden 4096): 3 slices of 1376 either way.
-        assert_eq!((gemm_plan(1, 6144, 4096, GEMM_BN_WIDE).slices, gemm_plan(1, 6144, 4096, GEMM_BN_WIDE).slice_len), (3, 1376));
+        assert_eq!(
+            (gemm_plan(1, 6144, 4096, GEMM_BN_WIDE).slices, gemm_plan(1, 6144, 4096, GEMM_BN_WIDE).slice_len),
+            (3, 1376)
+        );
     }
 
     /// The GEMV variants' shared memory per launch (the same table is asserted on the emulator,
     /// kernels/emu/matmul_test.h `slices_table`), and where they give way to m16.
     #[test]
     fn gemv_variants_plan() {
-        for ((m, k, len, split), want) in [((1, 2048, 256, true), 4688), ((16, 2048, 2048, false), 69952), ((7, 1000, 352, true), 9200), ((3, 40, 64, false), 4592)] {
+        for ((m, k, len, split), want) in [
+            ((1, 2048, 256, true), 4688),
+            ((16, 2048, 2048, false), 69952),
+            ((7, 1000, 352, true), 9200),
+            ((3, 40, 64, false), 4592),
+        ] {
             for g in [&GEMM_M16_GEMV4, &GEMM_M16_GEMV8] {
                 assert_eq!(gemv_smem(g, m, k, len, split), want, "gemv_smem({g:?}, {m}, {k}, {len}, {split})");
             }
         }
-        assert_eq!((gemv_smem(&GEMM_M16_X1, 1, 2048, 256, true), gemv_smem(&GEMM_M16_X1, 16, 1001, 352, true)), (25168, 36160));
+        assert_eq!(
+            (gemv_smem(&GEMM_M16_X1, 1, 2048, 256, true), gemv_smem(&GEMM_M16_X1, 16, 1001, 352, true)),
+            (25168, 36160)
+        );
         // m16_x1 takes any k (its weights go through m16's own copies).
         let p = gemm_plan_of(1, 72, 1001, &GEMM_M16_X1);
         assert_eq!((p.kernel, p.smem as usize), (&GEMM_M16_X1, gemv_smem(&GEMM_M16_X1, 1, 1001, p.slice_len, p.split)));
@@ -884,7 +1089,11 @@ mod matmul_tests {
             // Llama-3.2-1B's decode GEMMs at one token: the variant, m16's grid and slices.
             for (n, k) in [(3072, 2048), (2048, 2048), (16384, 2048), (2048, 8192), (128256, 2048), (128256, 4096)] {
                 let (p, base) = (gemm_plan_of(1, n, k, g), gemm_plan_of(1, n, k, &GEMM_M16));
-                assert_eq!((p.kernel, p.grid, p.slices, p.slice_len, p.split), (g, base.grid, base.slices, base.slice_len, base.split), "n {n} k {k}");
+                assert_eq!(
+                    (p.kernel, p.grid, p.slices, p.slice_len, p.split),
+                    (g, base.grid, base.slices, base.slice_len, base.split),
+                    "n {n} k {k}"
+                );
                 assert_eq!(p.smem as usize, gemv_smem(g, 1, k, p.slice_len, p.split));
             }
             // Weight rows not 16-byte aligned, and x too long for the shared memory: m16.
@@ -908,4 +1117,3 @@ mod matmul_tests {
         }
     }
 }
-

@@ -13,7 +13,7 @@ use tandem_core::backend::{MoeExpert, MoeLimits};
 use tandem_core::Result;
 
 use super::matmul::{fuse_gate_up_rows, k_slices, GEMM_BN};
-use super::{drv, err, i32_of, need, u32_of, cfg, CudaBackend, CudaBuf, Elem};
+use super::{cfg, drv, err, i32_of, need, u32_of, CudaBackend, CudaBuf, Elem};
 
 /// Tokens per block of the grouping kernels (kernels/moe.cu MOE_CHUNK).
 pub(super) const MOE_CHUNK: usize = 64;
@@ -81,7 +81,14 @@ pub(super) struct Layout {
 
 /// The scratch of `rows` tokens: f32 weights need gate, up and act f32 `[padded, inter]`,
 /// 16-bit ones only the silu output in 16 bits.
-pub(super) fn layout(rows: usize, experts: usize, top_k: usize, hidden: usize, inter: usize, f32_weights: bool) -> Layout {
+pub(super) fn layout(
+    rows: usize,
+    experts: usize,
+    top_k: usize,
+    hidden: usize,
+    inter: usize,
+    f32_weights: bool,
+) -> Layout {
     let bm = routed_bm(rows, experts, top_k, f32_weights);
     let padded = routed_rows(rows, experts, top_k, bm);
     let chunks = rows.div_ceil(MOE_CHUNK);
@@ -91,7 +98,11 @@ pub(super) fn layout(rows: usize, experts: usize, top_k: usize, hidden: usize, i
         at += bytes.max(4).div_ceil(256) * 256;
         o
     };
-    let (xg_bytes, act_bytes) = if f32_weights { (padded * hidden * 4, padded * inter * 4) } else { (padded * hidden.div_ceil(8) * 8 * 2, padded * inter * 2) };
+    let (xg_bytes, act_bytes) = if f32_weights {
+        (padded * hidden * 4, padded * inter * 4)
+    } else {
+        (padded * hidden.div_ceil(8) * 8 * 2, padded * inter * 2)
+    };
     let rank = take(rows * experts * 4);
     let sel = take(rows * top_k * 4);
     let cnt = take(chunks * experts * 4);
@@ -112,7 +123,10 @@ pub(super) fn layout(rows: usize, experts: usize, top_k: usize, hidden: usize, i
 pub(super) fn workspace(max_tokens: usize, m: Option<&MoeLimits>) -> usize {
     match m {
         Some(m) if max_tokens > 0 && m.experts > 0 => {
-            let (a, b) = (layout(max_tokens, m.experts, m.top_k, m.hidden, m.inter, true), layout(max_tokens, m.experts, m.top_k, m.hidden, m.inter, false));
+            let (a, b) = (
+                layout(max_tokens, m.experts, m.top_k, m.hidden, m.inter, true),
+                layout(max_tokens, m.experts, m.top_k, m.hidden, m.inter, false),
+            );
             a.bytes.max(b.bytes)
         }
         _ => 0,
@@ -127,7 +141,12 @@ pub(super) struct MoeScratch {
 }
 
 impl CudaBackend {
-    pub(super) fn moe_table(&self, experts: &[MoeExpert<'_, CudaBuf>], hidden: usize, inter: usize) -> Result<Option<CudaBuf>> {
+    pub(super) fn moe_table(
+        &self,
+        experts: &[MoeExpert<'_, CudaBuf>],
+        hidden: usize,
+        inter: usize,
+    ) -> Result<Option<CudaBuf>> {
         const OP: &str = "moe_prepare";
         if self.moe_path == MoePath::Dense || experts.is_empty() {
             return Ok(None);
@@ -136,8 +155,12 @@ impl CudaBackend {
         let elem = e0.down.elem;
         // 16-bit: the fused gate/up weight (fuse_gate_up gives one for every 16-bit MLP);
         // f32: gate and up apart. Anything else (mixed types) runs every expert.
-        let fused = elem != Elem::F32 && experts.iter().all(|x| x.up.is_none() && x.gate.elem == elem && x.down.elem == elem);
-        let split = elem == Elem::F32 && experts.iter().all(|x| x.up.is_some_and(|u| u.elem == elem) && x.gate.elem == elem && x.down.elem == elem);
+        let fused =
+            elem != Elem::F32 && experts.iter().all(|x| x.up.is_none() && x.gate.elem == elem && x.down.elem == elem);
+        let split = elem == Elem::F32
+            && experts
+                .iter()
+                .all(|x| x.up.is_some_and(|u| u.elem == elem) && x.gate.elem == elem && x.down.elem == elem);
         if !fused && !split {
             tracing::info!("cuda: a mixture of experts with mixed weight types runs every expert over every token");
             return Ok(None);
@@ -165,7 +188,18 @@ impl CudaBackend {
     }
 
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn moe_routed_impl(&self, table: &CudaBuf, experts: &[MoeExpert<'_, CudaBuf>], x: &CudaBuf, weights: &CudaBuf, out: &mut CudaBuf, rows: usize, hidden: usize, inter: usize, top_k: usize) -> Result<()> {
+    pub(super) fn moe_routed_impl(
+        &self,
+        table: &CudaBuf,
+        experts: &[MoeExpert<'_, CudaBuf>],
+        x: &CudaBuf,
+        weights: &CudaBuf,
+        out: &mut CudaBuf,
+        rows: usize,
+        hidden: usize,
+        inter: usize,
+        top_k: usize,
+    ) -> Result<()> {
         const OP: &str = "moe_routed";
         let ne = experts.len();
         if rows == 0 || hidden == 0 {
@@ -182,7 +216,10 @@ impl CudaBackend {
         need(out, Elem::F32, rows * hidden, OP, "out")?;
         let x16 = x.elem != Elem::F32;
         if x16 && (f32w || x.elem != elem) {
-            return Err(err(format!("{OP}: x holds {:?}, but {elem:?} weights take f32 x or x of their own type", x.elem)));
+            return Err(err(format!(
+                "{OP}: x holds {:?}, but {elem:?} weights take f32 x or x of their own type",
+                x.elem
+            )));
         }
         need(x, x.elem, rows * hidden, OP, "x")?;
         let bm = routed_bm(rows, ne, k, f32w);
@@ -190,14 +227,21 @@ impl CudaBackend {
         let tiles = padded / bm;
         let chunks = rows.div_ceil(MOE_CHUNK);
         let lay = layout(rows, ne, k, hidden, inter, f32w);
-        let (ri, ei, ki, di, ii) = (i32_of(rows, OP, "rows")?, i32_of(ne, OP, "experts")?, i32_of(k, OP, "top_k")?, i32_of(hidden, OP, "hidden")?, i32_of(inter, OP, "inter")?);
+        let (ri, ei, ki, di, ii) = (
+            i32_of(rows, OP, "rows")?,
+            i32_of(ne, OP, "experts")?,
+            i32_of(k, OP, "top_k")?,
+            i32_of(hidden, OP, "hidden")?,
+            i32_of(inter, OP, "inter")?,
+        );
         i32_of(rows * ne, OP, "rows * experts")?;
         i32_of(padded * hidden.max(inter).div_ceil(8) * 8, OP, "padded rows * width")?;
         let (ci, bmi, ti) = (i32_of(chunks, OP, "chunks")?, i32_of(bm, OP, "bm")?, i32_of(tiles, OP, "tiles")?);
         if tiles > 65535 {
             return Err(err(format!("{OP}: {rows} tokens need {tiles} row tiles, beyond the launch grid")));
         }
-        let mut s = self.moe_scratch.lock().map_err(|_| err(format!("{OP}: scratch lock poisoned by an earlier panic")))?;
+        let mut s =
+            self.moe_scratch.lock().map_err(|_| err(format!("{OP}: scratch lock poisoned by an earlier panic")))?;
         if s.mem.as_ref().is_none_or(|m| m.len() < lay.bytes) {
             if s.fixed {
                 return Err(err(format!("{OP}: {rows} tokens need {} bytes of scratch, beyond the workspace reserved at load (max_num_batched_tokens?)", lay.bytes)));
@@ -206,12 +250,16 @@ impl CudaBackend {
             // SAFETY: every kernel below writes what a later one reads (the grouping kernels
             // every word of their outputs; gather every row a GEMM reads; the GEMMs every row
             // below seg_end, all the combine reads).
-            s.mem = Some(unsafe { self.stream.alloc::<u8>(lay.bytes) }.map_err(drv(&format!("{OP}: scratch of {} bytes", lay.bytes)))?);
+            s.mem = Some(
+                unsafe { self.stream.alloc::<u8>(lay.bytes) }
+                    .map_err(drv(&format!("{OP}: scratch of {} bytes", lay.bytes)))?,
+            );
         }
         let Some(mem) = s.mem.as_ref() else { return Err(err(format!("{OP}: scratch missing after allocation"))) };
         let base = mem.device_ptr(&self.stream).0;
         let at = |o: usize| base + o as u64;
-        let (rank, sel, cnt, bse, seg, tile_expert, slot) = (at(lay.rank), at(lay.sel), at(lay.cnt), at(lay.base), at(lay.seg), at(lay.tile_expert), at(lay.slot));
+        let (rank, sel, cnt, bse, seg, tile_expert, slot) =
+            (at(lay.rank), at(lay.sel), at(lay.cnt), at(lay.base), at(lay.seg), at(lay.tile_expert), at(lay.slot));
         let (xg, gate, up, act, y) = (at(lay.xg), at(lay.gate), at(lay.up), at(lay.act), at(lay.y));
         let seg_end = seg + 4 * ne as u64;
         let tab = table.mem.device_ptr(&self.stream).0;
@@ -248,7 +296,9 @@ impl CudaBackend {
         // SAFETY: as above.
         self.launched(kr.gather.name, unsafe { l.launch(cfg((u32_of(rows, OP, "blocks")?, 1, 1), 256)) })?;
         // 6: the grouped GEMMs.
-        let grid = |n: usize, w: usize| -> Result<(u32, u32, u32)> { Ok((u32_of(n.div_ceil(w), OP, "blocks")?, tiles as u32, 1)) };
+        let grid = |n: usize, w: usize| -> Result<(u32, u32, u32)> {
+            Ok((u32_of(n.div_ceil(w), OP, "blocks")?, tiles as u32, 1))
+        };
         if f32w {
             let (tg, tu, td) = (tab, tab + 8 * ne as u64, tab + 16 * ne as u64);
             for (t, dst) in [(tg, gate), (tu, up)] {
@@ -269,22 +319,67 @@ impl CudaBackend {
             self.launched(kr.gemm_f32.name, unsafe { l.launch(cfg(grid(hidden, 64)?, 256)) })?;
         } else {
             let g = &kr.gemm_tc[if elem == Elem::BF16 { 0 } else { 1 }][if bm == 16 { 0 } else { 1 }];
-            let (threads, smem) = if bm == 16 { (super::matmul::GEMM_M16.threads, super::matmul::GEMM_M16.smem) } else { (super::matmul::GEMM_M64.threads, super::matmul::GEMM_M64.smem) };
+            let (threads, smem) = if bm == 16 {
+                (super::matmul::GEMM_M16.threads, super::matmul::GEMM_M16.smem)
+            } else {
+                (super::matmul::GEMM_M64.threads, super::matmul::GEMM_M64.smem)
+            };
             let nf = fuse_gate_up_rows(inter);
             let (s_gu, l_gu) = k_slices(nf, hidden);
             let (s_d, l_d) = k_slices(hidden, inter);
             let (td, one) = (tab + 8 * ne as u64, 1i32);
             let (epi_silu, epi_plain, zero) = (super::matmul::EPI_SILU, super::matmul::EPI_PLAIN, 0i32);
             let nfi = i32_of(nf, OP, "gate/up rows")?;
-            let (lgu, sgu, ld, sd) = (i32_of(l_gu, OP, "slice")?, i32_of(s_gu, OP, "slices")?, i32_of(l_d, OP, "slice")?, i32_of(s_d, OP, "slices")?);
+            let (lgu, sgu, ld, sd) = (
+                i32_of(l_gu, OP, "slice")?,
+                i32_of(s_gu, OP, "slices")?,
+                i32_of(l_d, OP, "slice")?,
+                i32_of(s_d, OP, "slices")?,
+            );
             let mut l = self.stream.launch_builder(&g.f);
-            l.arg(&xg).arg(&tab).arg(&tile_expert).arg(&seg_end).arg(&act).arg(&epi_silu).arg(&ii).arg(&one).arg(&nfi).arg(&di).arg(&kpi).arg(&lgu).arg(&sgu);
+            l.arg(&xg)
+                .arg(&tab)
+                .arg(&tile_expert)
+                .arg(&seg_end)
+                .arg(&act)
+                .arg(&epi_silu)
+                .arg(&ii)
+                .arg(&one)
+                .arg(&nfi)
+                .arg(&di)
+                .arg(&kpi)
+                .arg(&lgu)
+                .arg(&sgu);
             // SAFETY: as above; dynamic shared memory as the tile's GemmShape expects (under 48 KiB).
-            self.launched(g.name, unsafe { l.launch(LaunchConfig { grid_dim: grid(nf, GEMM_BN)?, block_dim: (threads, 1, 1), shared_mem_bytes: smem }) })?;
+            self.launched(g.name, unsafe {
+                l.launch(LaunchConfig {
+                    grid_dim: grid(nf, GEMM_BN)?,
+                    block_dim: (threads, 1, 1),
+                    shared_mem_bytes: smem,
+                })
+            })?;
             let mut l = self.stream.launch_builder(&g.f);
-            l.arg(&act).arg(&td).arg(&tile_expert).arg(&seg_end).arg(&y).arg(&epi_plain).arg(&zero).arg(&zero).arg(&di).arg(&ii).arg(&ii).arg(&ld).arg(&sd);
+            l.arg(&act)
+                .arg(&td)
+                .arg(&tile_expert)
+                .arg(&seg_end)
+                .arg(&y)
+                .arg(&epi_plain)
+                .arg(&zero)
+                .arg(&zero)
+                .arg(&di)
+                .arg(&ii)
+                .arg(&ii)
+                .arg(&ld)
+                .arg(&sd);
             // SAFETY: as above.
-            self.launched(g.name, unsafe { l.launch(LaunchConfig { grid_dim: grid(hidden, GEMM_BN)?, block_dim: (threads, 1, 1), shared_mem_bytes: smem }) })?;
+            self.launched(g.name, unsafe {
+                l.launch(LaunchConfig {
+                    grid_dim: grid(hidden, GEMM_BN)?,
+                    block_dim: (threads, 1, 1),
+                    shared_mem_bytes: smem,
+                })
+            })?;
         }
         // 7: the combine.
         let mut l = self.stream.launch_builder(&kr.combine.f);

@@ -23,9 +23,13 @@ impl CudaBackend {
         const OP: &str = "logit_edits";
         let (start, words) = masks.edit_words();
         let records = *start.last().unwrap_or(&0) as usize;
-        let mut s = self.io_scratch.lock().map_err(|_| err(format!("{OP}: scratch lock poisoned by an earlier panic")))?;
+        let mut s =
+            self.io_scratch.lock().map_err(|_| err(format!("{OP}: scratch lock poisoned by an earlier panic")))?;
         let short = |b: &Option<CudaBuf>, n: usize| b.as_ref().is_none_or(|b| b.len < n);
-        if short(&s.edit_start, start.len()) || short(&s.edits, words.len().max(1)) || short(&s.edit_saved, records.max(1)) {
+        if short(&s.edit_start, start.len())
+            || short(&s.edits, words.len().max(1))
+            || short(&s.edit_saved, records.max(1))
+        {
             if s.fixed {
                 return Ok(false);
             }
@@ -68,17 +72,28 @@ impl CudaBackend {
     }
 
     /// Samples the (already edited) logits: `sample` without masks, `sample_masked` with them.
-    pub(super) fn sample_edited(&self, logits: &CudaBuf, rows: usize, vocab: usize, specs: &[SampleSpec], masks: &RowMasks) -> Result<Vec<u32>> {
+    pub(super) fn sample_edited(
+        &self,
+        logits: &CudaBuf,
+        rows: usize,
+        vocab: usize,
+        specs: &[SampleSpec],
+        masks: &RowMasks,
+    ) -> Result<Vec<u32>> {
         const OP: &str = "sample_masked";
         if masks.bits.is_empty() {
             return self.sample(logits, rows, vocab, specs);
         }
-        let (ri, vi, wi) = (i32_of(rows, OP, "rows")?, i32_of(vocab, OP, "vocab")?, i32_of(masks.words, OP, "mask words")?);
+        let (ri, vi, wi) =
+            (i32_of(rows, OP, "rows")?, i32_of(vocab, OP, "vocab")?, i32_of(masks.words, OP, "mask words")?);
         i32_of(rows * vocab, OP, "rows*vocab")?;
         let words: Vec<u32> = specs.iter().flat_map(SampleSpec::to_words).collect();
         let index: Vec<u32> = masks.index.iter().map(|&i| i as u32).collect();
         let mut io = self.io_scratch_masked(rows, words.len(), masks.bits.len(), OP)?;
-        let IoScratch { ids: Some(_), specs: Some(spec_buf), masks: Some(mask_buf), mask_index: Some(index_buf), .. } = &mut *io else {
+        let IoScratch {
+            ids: Some(_), specs: Some(spec_buf), masks: Some(mask_buf), mask_index: Some(index_buf), ..
+        } = &mut *io
+        else {
             return Err(err(format!("{OP}: id, spec or mask buffer missing after allocation")));
         };
         // Only the constrained rows' masks go up (`RowMasks` packs them).
@@ -89,12 +104,23 @@ impl CudaBackend {
             let IoScratch { ids: Some(ids), .. } = &*io else { return Err(err(format!("{OP}: id buffer missing"))) };
             return self.read_u32(ids, rows);
         }
-        let IoScratch { ids: Some(ids), specs: Some(spec_buf), masks: Some(mask_buf), mask_index: Some(index_buf), .. } = &mut *io else {
+        let IoScratch {
+            ids: Some(ids), specs: Some(spec_buf), masks: Some(mask_buf), mask_index: Some(index_buf), ..
+        } = &mut *io
+        else {
             return Err(err(format!("{OP}: id, spec or mask buffer missing after allocation")));
         };
-        let f = if super::sampler_radix() { &self.kernels.sample_masked_radix.f } else { &self.kernels.sample_masked.f };
+        let f =
+            if super::sampler_radix() { &self.kernels.sample_masked_radix.f } else { &self.kernels.sample_masked.f };
         let mut l = self.stream.launch_builder(f);
-        l.arg(&*logits.mem).arg(&*spec_buf.mem).arg(&mut *ids.mem).arg(&ri).arg(&vi).arg(&*mask_buf.mem).arg(&*index_buf.mem).arg(&wi);
+        l.arg(&*logits.mem)
+            .arg(&*spec_buf.mem)
+            .arg(&mut *ids.mem)
+            .arg(&ri)
+            .arg(&vi)
+            .arg(&*mask_buf.mem)
+            .arg(&*index_buf.mem)
+            .arg(&wi);
         // SAFETY: as in `sample`; masks hold `words` words per packed row, the index one i32 a
         // row, each below the packed count (`RowMasks::check`).
         let r = unsafe { l.launch(cfg((ri as u32, 1, 1), SAMPLE_LANES as u32)) };
@@ -106,7 +132,14 @@ impl CudaBackend {
     /// `sample_mc_*` (the specs, and with `masked` the masks, already in `io`): twelve launches
     /// of fixed shape, nothing read back. False, with nothing launched, when the workspace
     /// reserved at load is short of `rows` (the caller then takes the one-CTA kernel: same ids).
-    pub(super) fn sample_multi(&self, io: &mut IoScratch, logits: &CudaBuf, rows: usize, vocab: usize, masked: bool) -> Result<bool> {
+    pub(super) fn sample_multi(
+        &self,
+        io: &mut IoScratch,
+        logits: &CudaBuf,
+        rows: usize,
+        vocab: usize,
+        masked: bool,
+    ) -> Result<bool> {
         const OP: &str = "sample_mc";
         let words = rows * SMC_WORDS;
         if !io.fixed && io.sample_ws.as_ref().is_none_or(|b| b.len < words) {
@@ -137,20 +170,44 @@ impl CudaBackend {
         self.launched(k.sample_mc_max.name, r)?;
         for p in 0..4i32 {
             let mut l = self.stream.launch_builder(&k.sample_mc_topk.f);
-            l.arg(&*logits.mem).arg(&*spec_buf.mem).arg(&mut *ws.mem).arg(&ri).arg(&vi).arg(&*mask_buf.mem).arg(&*index_buf.mem).arg(&wi).arg(&p);
+            l.arg(&*logits.mem)
+                .arg(&*spec_buf.mem)
+                .arg(&mut *ws.mem)
+                .arg(&ri)
+                .arg(&vi)
+                .arg(&*mask_buf.mem)
+                .arg(&*index_buf.mem)
+                .arg(&wi)
+                .arg(&p);
             // SAFETY: as above.
             let r = unsafe { l.launch(cfg(grid, SAMPLE_LANES as u32)) };
             self.launched(k.sample_mc_topk.name, r)?;
         }
         for q in 0..SMC_PASSES {
             let mut l = self.stream.launch_builder(&k.sample_mc_topp.f);
-            l.arg(&*logits.mem).arg(&*spec_buf.mem).arg(&mut *ws.mem).arg(&ri).arg(&vi).arg(&*mask_buf.mem).arg(&*index_buf.mem).arg(&wi).arg(&q);
+            l.arg(&*logits.mem)
+                .arg(&*spec_buf.mem)
+                .arg(&mut *ws.mem)
+                .arg(&ri)
+                .arg(&vi)
+                .arg(&*mask_buf.mem)
+                .arg(&*index_buf.mem)
+                .arg(&wi)
+                .arg(&q);
             // SAFETY: as above.
             let r = unsafe { l.launch(cfg(grid, SAMPLE_LANES as u32)) };
             self.launched(k.sample_mc_topp.name, r)?;
         }
         let mut l = self.stream.launch_builder(&k.sample_mc_draw.f);
-        l.arg(&*logits.mem).arg(&*spec_buf.mem).arg(&mut *ws.mem).arg(&mut *ids.mem).arg(&ri).arg(&vi).arg(&*mask_buf.mem).arg(&*index_buf.mem).arg(&wi);
+        l.arg(&*logits.mem)
+            .arg(&*spec_buf.mem)
+            .arg(&mut *ws.mem)
+            .arg(&mut *ids.mem)
+            .arg(&ri)
+            .arg(&vi)
+            .arg(&*mask_buf.mem)
+            .arg(&*index_buf.mem)
+            .arg(&wi);
         // SAFETY: as above; writes ids[0..rows].
         let r = unsafe { l.launch(cfg((ri as u32, 1, 1), SAMPLE_LANES as u32)) };
         self.launched(k.sample_mc_draw.name, r)?;
@@ -159,10 +216,22 @@ impl CudaBackend {
 
     /// `Backend::sample_logprobs`: edits, the sample, the edits undone, then `logprobs` for the
     /// rows that ask (on the ids the sample left in the id buffer).
-    pub(super) fn sample_with_logprobs(&self, logits: &CudaBuf, rows: usize, vocab: usize, specs: &[SampleSpec], masks: &RowMasks, top_n: &[Option<usize>]) -> Result<(Vec<u32>, Vec<Option<TokenLogprobs>>)> {
+    pub(super) fn sample_with_logprobs(
+        &self,
+        logits: &CudaBuf,
+        rows: usize,
+        vocab: usize,
+        specs: &[SampleSpec],
+        masks: &RowMasks,
+        top_n: &[Option<usize>],
+    ) -> Result<(Vec<u32>, Vec<Option<TokenLogprobs>>)> {
         const OP: &str = "sample_logprobs";
         if top_n.len() != rows || specs.len() != rows || vocab == 0 {
-            return Err(err(format!("{OP}: {} specs and {} logprob counts for {rows} rows of vocabulary {vocab}", specs.len(), top_n.len())));
+            return Err(err(format!(
+                "{OP}: {} specs and {} logprob counts for {rows} rows of vocabulary {vocab}",
+                specs.len(),
+                top_n.len()
+            )));
         }
         if !masks.index.is_empty() || !masks.edits.is_empty() {
             masks.check(rows, vocab).map_err(|m| err(format!("{OP}: {m}")))?;
@@ -187,9 +256,15 @@ impl CudaBackend {
         }
         let k = MAX_TOP_LOGPROBS;
         let want: Vec<u32> = top_n.iter().map(|n| n.map_or(u32::MAX, |n| n.min(k) as u32)).collect();
-        let mut s = self.io_scratch.lock().map_err(|_| err(format!("{OP}: scratch lock poisoned by an earlier panic")))?;
+        let mut s =
+            self.io_scratch.lock().map_err(|_| err(format!("{OP}: scratch lock poisoned by an earlier panic")))?;
         let short = |b: &Option<CudaBuf>, n: usize| b.as_ref().is_none_or(|b| b.len < n);
-        if short(&s.top_n, rows) || short(&s.lp, rows) || short(&s.top_ids, rows * k) || short(&s.top_lp, rows * k) || short(&s.ids, rows) {
+        if short(&s.top_n, rows)
+            || short(&s.lp, rows)
+            || short(&s.top_ids, rows * k)
+            || short(&s.top_lp, rows * k)
+            || short(&s.ids, rows)
+        {
             if s.fixed {
                 return Err(err(format!("{OP}: {rows} logit rows exceed the workspace reserved at load")));
             }
@@ -198,7 +273,9 @@ impl CudaBackend {
             s.top_ids = Some(self.alloc(Elem::U32, rows * k)?);
             s.top_lp = Some(self.alloc(Elem::F32, rows * k)?);
         }
-        let IoScratch { ids: Some(id_buf), top_n: Some(tn), lp: Some(lp), top_ids: Some(ti), top_lp: Some(tl), .. } = &mut *s else {
+        let IoScratch { ids: Some(id_buf), top_n: Some(tn), lp: Some(lp), top_ids: Some(ti), top_lp: Some(tl), .. } =
+            &mut *s
+        else {
             return Err(err(format!("{OP}: logprob buffers missing after allocation")));
         };
         // The sample left `ids` in the id buffer; write them again anyway (a host fallback
@@ -207,7 +284,14 @@ impl CudaBackend {
         self.write_u32(tn, &want)?;
         let (ri, vi) = (i32_of(rows, OP, "rows")?, i32_of(vocab, OP, "vocab")?);
         let mut l = self.stream.launch_builder(&self.kernels.logprobs.f);
-        l.arg(&*logits.mem).arg(&*id_buf.mem).arg(&*tn.mem).arg(&mut *lp.mem).arg(&mut *ti.mem).arg(&mut *tl.mem).arg(&ri).arg(&vi);
+        l.arg(&*logits.mem)
+            .arg(&*id_buf.mem)
+            .arg(&*tn.mem)
+            .arg(&mut *lp.mem)
+            .arg(&mut *ti.mem)
+            .arg(&mut *tl.mem)
+            .arg(&ri)
+            .arg(&vi);
         // SAFETY: one id and one count a row, the outputs rows and rows x MAX_TOP_LOGPROBS long.
         let r = unsafe { l.launch(cfg((ri as u32, 1, 1), SAMPLE_LANES as u32)) };
         self.launched("logprobs", r)?;
@@ -231,8 +315,15 @@ mod tests {
     #[test]
     fn multi_sampler_constants_match_the_kernel() {
         let src = crate::sources::EMBEDDED.iter().find(|(n, _)| *n == "sampling").map(|(_, s)| *s).unwrap();
-        for (name, v) in [("SMC_WORDS", super::SMC_WORDS as u64), ("SMC_CTAS", super::SMC_CTAS as u64), ("SMC_PASSES", super::SMC_PASSES as u64)] {
-            assert!(src.lines().any(|l| l.trim_start().starts_with(&format!("#define {name} {v}"))), "kernels/sampling.cu does not define {name} {v}");
+        for (name, v) in [
+            ("SMC_WORDS", super::SMC_WORDS as u64),
+            ("SMC_CTAS", super::SMC_CTAS as u64),
+            ("SMC_PASSES", super::SMC_PASSES as u64),
+        ] {
+            assert!(
+                src.lines().any(|l| l.trim_start().starts_with(&format!("#define {name} {v}"))),
+                "kernels/sampling.cu does not define {name} {v}"
+            );
         }
     }
 }

@@ -53,7 +53,9 @@ pub fn embedded() -> Vec<KernelSource> {
     EMBEDDED
         .iter()
         .map(|(name, text)| {
-            let text = paste_kernel_includes(&format!("{name}.cu"), text, |f| EMBEDDED.iter().find(|(n, _)| format!("{n}.cu") == f).map(|(_, t)| t.to_string()));
+            let text = paste_kernel_includes(&format!("{name}.cu"), text, |f| {
+                EMBEDDED.iter().find(|(n, _)| format!("{n}.cu") == f).map(|(_, t)| t.to_string())
+            });
             KernelSource { name: name.to_string(), text: preprocess(&format!("{name}.cu"), &text, EMBEDDED_HEADER) }
         })
         .collect()
@@ -65,10 +67,8 @@ pub fn from_dir(dir: &Path) -> Result<Vec<KernelSource>> {
     let header_path = dir.join(HEADER_NAME);
     let header = read(&header_path)?;
     let entries = std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))?;
-    let mut files: Vec<PathBuf> = entries
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "cu"))
-        .collect();
+    let mut files: Vec<PathBuf> =
+        entries.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "cu")).collect();
     files.sort();
     if files.is_empty() {
         return Err(Error::backend("cuda", format!("no .cu files in {}", dir.display())));
@@ -154,11 +154,20 @@ mod tests {
     #[test]
     fn kernel_includes_are_pasted_without_their_header() {
         let src = "#include \"common.cuh\"\n#include \"b.cu\"\nint y;\n";
-        let out = paste_kernel_includes("a.cu", src, |f| (f == "b.cu").then(|| "#include \"common.cuh\"\nint x;\n".to_string()));
+        let out = paste_kernel_includes("a.cu", src, |f| {
+            (f == "b.cu").then(|| "#include \"common.cuh\"\nint x;\n".to_string())
+        });
         assert_eq!(out, "#include \"common.cuh\"\n#line 1 \"b.cu\"\n\nint x;\n#line 3 \"a.cu\"\nint y;\n");
         let moe = embedded().into_iter().find(|k| k.name == "moe").unwrap();
-        assert!(moe.text.contains("matmul_tc_impl") && !moe.text.contains("#include \"matmul.cu\""), "moe.cu: matmul.cu not pasted in");
-        assert_eq!(moe.text.matches("__device__ __forceinline__ float warp_sum").count(), 1, "moe.cu: the header pasted twice");
+        assert!(
+            moe.text.contains("matmul_tc_impl") && !moe.text.contains("#include \"matmul.cu\""),
+            "moe.cu: matmul.cu not pasted in"
+        );
+        assert_eq!(
+            moe.text.matches("__device__ __forceinline__ float warp_sum").count(),
+            1,
+            "moe.cu: the header pasted twice"
+        );
     }
 
     #[test]

@@ -23,7 +23,11 @@ const NVRTC_SONAME: &str = "libnvrtc.so.13";
 impl Toolchain {
     pub fn discover() -> Toolchain {
         let env_path = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
-        let mut t = Toolchain { lib_dir: env_path("TANDEM_CUDA_LIB"), include_dir: env_path("TANDEM_CUDA_INCLUDE"), ptxas: env_path("TANDEM_PTXAS") };
+        let mut t = Toolchain {
+            lib_dir: env_path("TANDEM_CUDA_LIB"),
+            include_dir: env_path("TANDEM_CUDA_INCLUDE"),
+            ptxas: env_path("TANDEM_PTXAS"),
+        };
         for root in venv_candidates() {
             if let Some(cu) = wheel_root(&root) {
                 fill(&mut t, cu.join("lib"), cu.join("include"), cu.join("bin/ptxas"));
@@ -100,7 +104,10 @@ fn venv_candidates() -> Vec<PathBuf> {
 /// `<venv>/lib/python3.*/site-packages/nvidia/cu13`, if present.
 fn wheel_root(venv: &Path) -> Option<PathBuf> {
     let lib = std::fs::read_dir(venv.join("lib")).ok()?;
-    let mut pys: Vec<PathBuf> = lib.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("python3"))).collect();
+    let mut pys: Vec<PathBuf> = lib
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("python3")))
+        .collect();
     pys.sort();
     pys.into_iter().map(|p| p.join("site-packages/nvidia/cu13")).find(|p| p.is_dir())
 }

@@ -23,7 +23,12 @@ fn main() {
 
     // 1. The scheduler alone.
     let now = Instant::now();
-    let mut s = Scheduler::new(SchedulerConfig { num_blocks: blocks, max_num_batched_tokens: 16384, max_num_seqs: SEQS, ..Default::default() });
+    let mut s = Scheduler::new(SchedulerConfig {
+        num_blocks: blocks,
+        max_num_batched_tokens: 16384,
+        max_num_seqs: SEQS,
+        ..Default::default()
+    });
     for i in 0..SEQS as u64 {
         let prompt: Vec<u32> = (0..64).map(|t| (t + i as u32 * 64) % 250).collect();
         s.add(Sequence::new(i, i, 0, prompt, Arc::new(SamplingParams::greedy(100_000)), 100_000, 0, i, i, now));
@@ -69,7 +74,8 @@ fn engine_step_us(blocks: usize, delay: std::time::Duration, async_scheduling: b
     let mut m = FakeModel::new(fake_config(256, &[], 1 << 20), blocks, 16, 16384, SEQS);
     m.null = true;
     m.delay = delay;
-    let decode: tandem_engine::DecodeFn = Arc::new(|ids: &[u32]| ids.iter().map(|&i| char::from(b'a' + (i % 26) as u8)).collect());
+    let decode: tandem_engine::DecodeFn =
+        Arc::new(|ids: &[u32]| ids.iter().map(|&i| char::from(b'a' + (i % 26) as u8)).collect());
     let mut e = Engine::new(Box::new(m), decode, EngineConfig { async_scheduling, ..Default::default() }).unwrap();
     let mut streams = Vec::new();
     for i in 0..SEQS as u32 {

@@ -172,7 +172,14 @@ impl BlockManager {
     /// Starts a block table: references the `hits` (counting the prefix-cache query of
     /// `num_prompt_tokens`), then appends fresh blocks up to `num_tokens` tokens.
     /// Call [`Self::can_allocate`] first; returns false (changing nothing) if blocks run out.
-    pub fn allocate(&mut self, table: &mut Vec<u32>, hashes: &mut Vec<u64>, hits: &[CachedBlock], num_tokens: usize, num_prompt_tokens: usize) -> bool {
+    pub fn allocate(
+        &mut self,
+        table: &mut Vec<u32>,
+        hashes: &mut Vec<u64>,
+        hits: &[CachedBlock],
+        num_tokens: usize,
+        num_prompt_tokens: usize,
+    ) -> bool {
         debug_assert!(table.is_empty() && hashes.is_empty(), "allocate on a live block table");
         if !self.can_allocate(hits, num_tokens) {
             return false;
@@ -315,7 +322,10 @@ impl BlockManager {
             }
             let want_in_pool = u32::from(blk.ref_count == 0);
             if in_pool[i] != want_in_pool {
-                return Err(format!("block {i}: ref_count {} but in the free pool {} times", blk.ref_count, in_pool[i]));
+                return Err(format!(
+                    "block {i}: ref_count {} but in the free pool {} times",
+                    blk.ref_count, in_pool[i]
+                ));
             }
             if self.free.contains(&(i as u32)) && blk.cached.is_some() {
                 return Err(format!("block {i} is cached but on the clean free list"));

@@ -182,7 +182,11 @@ mod tests {
         assert_eq!(t.push_keeping(&d, 3, &stops, true), Some("cd".into()));
         assert_eq!(t.take_new(&stops, true), "abcd");
         // A token that completes the stop string and runs past it: cut right after the stop.
-        let both: DecodeFn = Arc::new(|ids: &[u32]| ids.iter().map(|&i| if i == 9 { "dxy".to_string() } else { ((b'a' + i as u8) as char).to_string() }).collect());
+        let both: DecodeFn = Arc::new(|ids: &[u32]| {
+            ids.iter()
+                .map(|&i| if i == 9 { "dxy".to_string() } else { ((b'a' + i as u8) as char).to_string() })
+                .collect()
+        });
         let mut t = OutputText::new(&[]);
         t.push_keeping(&both, 2, &stops, true);
         assert_eq!(t.push_keeping(&both, 9, &stops, true), Some("cd".into()));

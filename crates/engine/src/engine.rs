@@ -29,16 +29,18 @@ use std::time::{Duration, Instant};
 use tandem_core::ModelRunner;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
+use crate::constraint::{apply_mask, mask_words};
 use crate::detokenize::DecodeFn;
 use crate::metrics::{RequestMetrics, Stats};
-use crate::sampler::{apply_penalties, has_edits, logprobs, needs_host, penalty_edits, sample, spec, SampleSpec, TokenLogprobs};
-use tandem_core::sampling::LogitEdit;
+use crate::sampler::{
+    apply_penalties, has_edits, logprobs, needs_host, penalty_edits, sample, spec, SampleSpec, TokenLogprobs,
+};
 use crate::sampling_params::SamplingParams;
 use crate::scheduler::{BatchMode, LongPrefill, Policy, PrefillLimits, Scheduler, SchedulerConfig, SchedulerOutput};
-use crate::constraint::{apply_mask, mask_words};
-use tandem_core::sampling::RowMasks;
 use crate::sequence::{FinishReason, GuideState, IdMap, RequestId, SeqId, Sequence};
 use crate::worker::{worker_gone, Worker, PLACEHOLDER};
+use tandem_core::sampling::LogitEdit;
+use tandem_core::sampling::RowMasks;
 
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
@@ -101,7 +103,9 @@ impl Default for EngineConfig {
 fn prefill_limits(cfg: &EngineConfig, max_model_len: usize) -> Result<PrefillLimits, EngineError> {
     let (n, l) = (cfg.max_num_partial_prefills, cfg.max_long_partial_prefills);
     if l > 0 && n > 0 && l > n {
-        return Err(EngineError::Config(format!("max_long_partial_prefills ({l}) must be <= max_num_partial_prefills ({n})")));
+        return Err(EngineError::Config(format!(
+            "max_long_partial_prefills ({l}) must be <= max_num_partial_prefills ({n})"
+        )));
     }
     let long = match cfg.long_prefill_token_threshold {
         Some(0) => LongPrefill::Off,
@@ -126,7 +130,9 @@ pub enum SubmitError {
     EmptyPrompt,
     #[error("prompt token {index} is id {id}, outside the vocabulary of {vocab}")]
     TokenOutOfVocab { index: usize, id: u32, vocab: usize },
-    #[error("prompt ({prompt} tokens) + max_tokens ({max_tokens}) exceeds the maximum context of {max_model_len} tokens")]
+    #[error(
+        "prompt ({prompt} tokens) + max_tokens ({max_tokens}) exceeds the maximum context of {max_model_len} tokens"
+    )]
     TooLong { prompt: usize, max_tokens: usize, max_model_len: usize },
     #[error("request needs {needed} KV blocks ({copies} completion(s) of {tokens} tokens) but the pool has {pool}")]
     NeverFits { needed: usize, copies: usize, tokens: usize, pool: usize },
@@ -176,7 +182,19 @@ pub struct RequestOutput {
 
 impl RequestOutput {
     fn new(request_id: RequestId, index: usize) -> Self {
-        RequestOutput { request_id, index, token_ids: vec![], text: String::new(), logprobs: vec![], prompt_logprobs: None, prompt_ranks: Vec::new(), finish_reason: None, finished: false, usage: None, metrics: None }
+        RequestOutput {
+            request_id,
+            index,
+            token_ids: vec![],
+            text: String::new(),
+            logprobs: vec![],
+            prompt_logprobs: None,
+            prompt_ranks: Vec::new(),
+            finish_reason: None,
+            finished: false,
+            usage: None,
+            metrics: None,
+        }
     }
 }
 
@@ -261,7 +279,8 @@ fn compute_masks(jobs: Vec<MaskJob>, vocab: usize, threads: usize) -> Vec<MaskDo
         chunks.push(it.by_ref().take(per).collect());
     }
     std::thread::scope(|sc| {
-        let hs: Vec<_> = chunks.into_iter().map(|c| sc.spawn(move || c.into_iter().map(one).collect::<Vec<_>>())).collect();
+        let hs: Vec<_> =
+            chunks.into_iter().map(|c| sc.spawn(move || c.into_iter().map(one).collect::<Vec<_>>())).collect();
         hs.into_iter().flat_map(|h| h.join().expect("computing a mask panicked")).collect()
     })
 }
@@ -389,18 +408,26 @@ impl Engine {
             match v {
                 None => Ok(cap),
                 Some(0) => Err(EngineError::Config(format!("{name} must be positive"))),
-                Some(x) if x > cap => Err(EngineError::Config(format!("{name} = {x} exceeds the model runner's limit of {cap}"))),
+                Some(x) if x > cap => {
+                    Err(EngineError::Config(format!("{name} = {x} exceeds the model runner's limit of {cap}")))
+                }
                 Some(x) => Ok(x),
             }
         };
-        let max_num_batched_tokens = pick(cfg.max_num_batched_tokens, runner.max_batch_tokens(), "max_num_batched_tokens")?;
+        let max_num_batched_tokens =
+            pick(cfg.max_num_batched_tokens, runner.max_batch_tokens(), "max_num_batched_tokens")?;
         let max_num_seqs = pick(cfg.max_num_seqs, runner.max_seqs(), "max_num_seqs")?;
         if geo.num_blocks == 0 || !(geo.block_size == 16 || geo.block_size == 32) {
-            return Err(EngineError::Config(format!("KV pool of {} blocks of {} tokens: need >= 1 block of 16 or 32 tokens", geo.num_blocks, geo.block_size)));
+            return Err(EngineError::Config(format!(
+                "KV pool of {} blocks of {} tokens: need >= 1 block of 16 or 32 tokens",
+                geo.num_blocks, geo.block_size
+            )));
         }
         if let BatchMode::Static { batch_size, .. } = cfg.mode {
             if batch_size == 0 || batch_size > max_num_seqs {
-                return Err(EngineError::Config(format!("static batch_size {batch_size} must be in 1..={max_num_seqs} (max_num_seqs)")));
+                return Err(EngineError::Config(format!(
+                    "static batch_size {batch_size} must be in 1..={max_num_seqs} (max_num_seqs)"
+                )));
             }
         }
         let model = runner.config();
@@ -410,7 +437,11 @@ impl Engine {
             return Err(EngineError::Config("max_model_len must be positive".into()));
         }
         if pool_len < model.max_position_embeddings.min(cfg.max_model_len.unwrap_or(usize::MAX)) {
-            tracing::info!(max_model_len, model = model.max_position_embeddings, "the KV pool holds {pool_len} tokens: max_model_len capped to {max_model_len}");
+            tracing::info!(
+                max_model_len,
+                model = model.max_position_embeddings,
+                "the KV pool holds {pool_len} tokens: max_model_len capped to {max_model_len}"
+            );
         }
         let prompt_logit_rows = runner.max_logit_rows().saturating_sub(max_num_seqs);
         let limits = Limits {
@@ -437,7 +468,8 @@ impl Engine {
         });
         let (eos, vocab) = (model.eos_token_ids.clone(), model.vocab_size);
         let runner = Arc::new(Mutex::new(runner));
-        let worker = Worker::spawn(runner.clone()).map_err(|e| EngineError::Config(format!("cannot start the model worker thread: {e}")))?;
+        let worker = Worker::spawn(runner.clone())
+            .map_err(|e| EngineError::Config(format!("cannot start the model worker thread: {e}")))?;
         if cfg.kv_events.is_some() {
             scheduler.bm.record_events();
         }
@@ -491,12 +523,37 @@ impl Engine {
         Ok(RequestStream { id, rx, abort: None, finished: false })
     }
 
-    fn enqueue(&mut self, id: RequestId, req: Request, max_tokens: usize, tx: UnboundedSender<RequestOutput>, arrival: Instant) {
+    fn enqueue(
+        &mut self,
+        id: RequestId,
+        req: Request,
+        max_tokens: usize,
+        tx: UnboundedSender<RequestOutput>,
+        arrival: Instant,
+    ) {
         let seed = self.request_seed(&req.params, id);
         let params = Arc::new(req.params);
-        let mut seq = Sequence::new(self.next_seq, id, 0, req.prompt, params, max_tokens, req.priority, self.next_arrival, seed, arrival);
+        let mut seq = Sequence::new(
+            self.next_seq,
+            id,
+            0,
+            req.prompt,
+            params,
+            max_tokens,
+            req.priority,
+            self.next_arrival,
+            seed,
+            arrival,
+        );
         let guide = start_guide(&mut seq);
-        let state = RequestState { tx, live: vec![seq.id], unforked: 1..seq.params.n, prompt_tokens: seq.num_prompt_tokens, completion_tokens: 0, metrics: None };
+        let state = RequestState {
+            tx,
+            live: vec![seq.id],
+            unforked: 1..seq.params.n,
+            prompt_tokens: seq.num_prompt_tokens,
+            completion_tokens: 0,
+            metrics: None,
+        };
         self.next_seq += 1;
         self.next_arrival += 1;
         self.requests.insert(id, state);
@@ -615,7 +672,12 @@ impl Engine {
         self.failure.get().is_none()
             && self.scheduler.seqs().all(|s| {
                 let b = banned(&self.eos, s);
-                s.guide.is_none() && s.params.guided.is_none() && s.params.prompt_logprobs.is_none() && s.params.logprobs.is_none() && !needs_host(&s.params, &b, false) && !has_edits(&s.params, &b)
+                s.guide.is_none()
+                    && s.params.guided.is_none()
+                    && s.params.prompt_logprobs.is_none()
+                    && s.params.logprobs.is_none()
+                    && !needs_host(&s.params, &b, false)
+                    && !has_edits(&s.params, &b)
             })
     }
 
@@ -623,7 +685,8 @@ impl Engine {
     fn drop_ended(&self, out: &mut SchedulerOutput) {
         out.seqs.retain(|s| self.scheduler.seq(s.seq).is_some());
         out.num_tokens = out.seqs.iter().map(|s| s.num_tokens).sum();
-        out.num_logit_rows = out.seqs.iter().map(|s| if s.all_logits { s.num_tokens } else { usize::from(s.sample) }).sum();
+        out.num_logit_rows =
+            out.seqs.iter().map(|s| if s.all_logits { s.num_tokens } else { usize::from(s.sample) }).sum();
         out.extra_logit_rows = out.seqs.iter().filter(|s| s.all_logits).map(|s| s.num_tokens - 1).sum();
     }
 
@@ -640,7 +703,9 @@ impl Engine {
             .iter()
             .enumerate()
             .filter(|(_, &t)| t == PLACEHOLDER)
-            .map(|(i, _)| prev.and_then(|p| p.row_of.get(&out.seqs[batch.token_seq[i] as usize].seq)).map(|&row| (i as u32, row)))
+            .map(|(i, _)| {
+                prev.and_then(|p| p.row_of.get(&out.seqs[batch.token_seq[i] as usize].seq)).map(|&row| (i as u32, row))
+            })
             .collect();
         let Some(fill) = fill else {
             self.land_all();
@@ -747,14 +812,20 @@ impl Engine {
         };
         let (vocab, runner) = (self.vocab, &mut **guard);
         let (result, masks) = std::thread::scope(|sc| {
-            let mut handle = (!jobs.is_empty()).then(|| sc.spawn(move || {
-                let threads = mask_threads(jobs.len(), std::thread::available_parallelism().map_or(1, |n| n.get()));
-                compute_masks(jobs, vocab, threads)
-            }));
+            let mut handle = (!jobs.is_empty()).then(|| {
+                sc.spawn(move || {
+                    let threads = mask_threads(jobs.len(), std::thread::available_parallelism().map_or(1, |n| n.get()));
+                    compute_masks(jobs, vocab, threads)
+                })
+            });
             let mut joined: Option<Vec<MaskDone>> = None;
-            let join = |h: &mut Option<std::thread::ScopedJoinHandle<'_, Vec<MaskDone>>>| h.take().map(|h| h.join().expect("computing a mask panicked")).unwrap_or_default();
+            let join = |h: &mut Option<std::thread::ScopedJoinHandle<'_, Vec<MaskDone>>>| {
+                h.take().map(|h| h.join().expect("computing a mask panicked")).unwrap_or_default()
+            };
             let result = match device {
-                Some(DeviceSampling { specs, edits, top_n }) if handle.is_some() || !edits.is_empty() || top_n.iter().any(Option::is_some) => {
+                Some(DeviceSampling { specs, edits, top_n })
+                    if handle.is_some() || !edits.is_empty() || top_n.iter().any(Option::is_some) =>
+                {
                     // Masked and edited rows sample on the device too: only their masks and
                     // edits go up.
                     let mut edits = Some(edits);
@@ -771,7 +842,9 @@ impl Engine {
                         Ok(m)
                     };
                     if top_n.iter().any(Option::is_some) {
-                        runner.forward_sampled_logprobs(&batch, &specs, &mut provide, &top_n).map(|(ids, lps)| Sampled::IdsLogprobs(ids, lps))
+                        runner
+                            .forward_sampled_logprobs(&batch, &specs, &mut provide, &top_n)
+                            .map(|(ids, lps)| Sampled::IdsLogprobs(ids, lps))
                     } else {
                         runner.forward_sampled_masked(&batch, &specs, &mut provide).map(Sampled::Ids)
                     }
@@ -796,9 +869,15 @@ impl Engine {
             }
         }
         match result.map_err(|e| self.forward_error(e))? {
-            Sampled::Ids(ids) if ids.len() != rows => Err(format!("model returned {} token ids for {rows} rows", ids.len())),
-            Sampled::IdsLogprobs(ids, lps) if ids.len() != rows || lps.len() != rows => Err(format!("model returned {} token ids and {} logprobs for {rows} rows", ids.len(), lps.len())),
-            Sampled::Logits(l) if l.len() != rows * self.vocab => Err(format!("model returned {} logits for {rows} rows of vocabulary {}", l.len(), self.vocab)),
+            Sampled::Ids(ids) if ids.len() != rows => {
+                Err(format!("model returned {} token ids for {rows} rows", ids.len()))
+            }
+            Sampled::IdsLogprobs(ids, lps) if ids.len() != rows || lps.len() != rows => {
+                Err(format!("model returned {} token ids and {} logprobs for {rows} rows", ids.len(), lps.len()))
+            }
+            Sampled::Logits(l) if l.len() != rows * self.vocab => {
+                Err(format!("model returned {} logits for {rows} rows of vocabulary {}", l.len(), self.vocab))
+            }
             ok => Ok(ok),
         }
     }
@@ -891,7 +970,11 @@ impl Engine {
                 }
             }
         }
-        if sample { rows.pop() } else { None }
+        if sample {
+            rows.pop()
+        } else {
+            None
+        }
     }
 
     /// After a fatal error: every request left (waiting, or running outside the failed batch)
@@ -911,7 +994,8 @@ impl Engine {
         if let Ok(mut s) = self.stats.lock() {
             s.forward_errors_total += 1;
         }
-        let reqs: Vec<RequestId> = out.seqs.iter().filter_map(|s| self.scheduler.seq(s.seq)).map(|s| s.request_id).collect();
+        let reqs: Vec<RequestId> =
+            out.seqs.iter().filter_map(|s| self.scheduler.seq(s.seq)).map(|s| s.request_id).collect();
         for r in reqs {
             self.end_request(r, FinishReason::Error(format!("model forward failed: {err}")));
         }
@@ -992,7 +1076,13 @@ impl Engine {
             reason = Some(FinishReason::Stop { stop_string: None, stop_token: Some(token) });
         } else if let Some(s) = seq.text.push_keeping(decode, token, stops, p.include_stop_str_in_output) {
             reason = Some(FinishReason::Stop { stop_string: Some(s), stop_token: None });
-        } else if guide_done && !eos.is_empty() && !p.ignore_eos && before + 1 >= p.min_tokens && before + 2 <= seq.max_tokens && seq.num_prompt_tokens + before + 2 <= max_model_len {
+        } else if guide_done
+            && !eos.is_empty()
+            && !p.ignore_eos
+            && before + 1 >= p.min_tokens
+            && before + 2 <= seq.max_tokens
+            && seq.num_prompt_tokens + before + 2 <= max_model_len
+        {
             // The grammar is complete; as vLLM, the model samples the end-of-sequence token it
             // forces next (counted as an output token, left out of the text).
             if let Some(g) = seq.guide.as_mut() {
@@ -1042,10 +1132,22 @@ impl Engine {
     /// Starts completions 1..n of a request off its first sequence's computed prompt.
     fn fork_completions(&mut self, parent: SeqId, rid: RequestId, n: usize) {
         let Some(p) = self.scheduler.seq(parent) else { return };
-        let (prompt, params, max_tokens, priority, arrival) = (p.prompt().to_vec(), p.params.clone(), p.max_tokens, p.priority, p.times.arrival);
+        let (prompt, params, max_tokens, priority, arrival) =
+            (p.prompt().to_vec(), p.params.clone(), p.max_tokens, p.priority, p.times.arrival);
         let seed = self.request_seed(&params, rid);
         for index in 1..n {
-            let mut child = Sequence::new(self.next_seq, rid, index, prompt.clone(), params.clone(), max_tokens, priority, self.next_arrival, seed, arrival);
+            let mut child = Sequence::new(
+                self.next_seq,
+                rid,
+                index,
+                prompt.clone(),
+                params.clone(),
+                max_tokens,
+                priority,
+                self.next_arrival,
+                seed,
+                arrival,
+            );
             if let Err(e) = start_guide(&mut child) {
                 // Each completion starts its own constraint; one that cannot fails the request.
                 return self.end_request(rid, FinishReason::Error(format!("cannot start the constraint: {e}")));
@@ -1142,7 +1244,11 @@ enum Command {
 
 impl Engine {
     /// Runs the engine on its own thread.
-    pub fn spawn(runner: Box<dyn ModelRunner>, decode: DecodeFn, cfg: EngineConfig) -> Result<EngineHandle, EngineError> {
+    pub fn spawn(
+        runner: Box<dyn ModelRunner>,
+        decode: DecodeFn,
+        cfg: EngineConfig,
+    ) -> Result<EngineHandle, EngineError> {
         let engine = Engine::new(runner, decode, cfg)?;
         let (tx, rx) = mpsc::channel();
         let inner = HandleInner {
@@ -1184,7 +1290,10 @@ impl Engine {
             if self.step() == 0 && self.has_work() {
                 // Nothing could run: a static batch is gathering, or every candidate is
                 // protected from preemption for a few more steps.
-                let wait = self.scheduler.next_deadline().map_or(Duration::from_millis(1), |d| d.saturating_duration_since(Instant::now()));
+                let wait = self
+                    .scheduler
+                    .next_deadline()
+                    .map_or(Duration::from_millis(1), |d| d.saturating_duration_since(Instant::now()));
                 if let Ok(cmd) = rx.recv_timeout(wait.max(Duration::from_micros(50))) {
                     if !self.handle(cmd) {
                         return;
@@ -1201,7 +1310,10 @@ impl Engine {
                 self.enqueue(id, *req, max_tokens, tx, arrival);
                 // Submitted before the handle saw the failure: it still gets its one final output.
                 if let Some(f) = self.failure.get().cloned() {
-                    self.end_request(id, FinishReason::Error(format!("the engine stopped after a fatal device error: {f}")));
+                    self.end_request(
+                        id,
+                        FinishReason::Error(format!("the engine stopped after a fatal device error: {f}")),
+                    );
                     self.update_stats();
                 }
             }
@@ -1372,7 +1484,8 @@ mod mask_tests {
     /// Split over 4 threads (10 jobs each), every job comes back with its own mask.
     #[test]
     fn masks_computed_in_parallel_belong_to_their_rows() {
-        let jobs: Vec<MaskJob> = (0..40).map(|i| (i, 100 + i as u64, AllowedTokens(vec![i as u32]).start().unwrap())).collect();
+        let jobs: Vec<MaskJob> =
+            (0..40).map(|i| (i, 100 + i as u64, AllowedTokens(vec![i as u32]).start().unwrap())).collect();
         let mut done = compute_masks(jobs, 64, 4);
         assert_eq!(done.len(), 40);
         done.sort_by_key(|d| d.row);

@@ -56,9 +56,29 @@ fn mix(h: u64, x: u64) -> u64 {
 }
 
 impl FakeModel {
-    pub fn new(cfg: ModelConfig, num_blocks: usize, block_size: usize, max_batch_tokens: usize, max_seqs: usize) -> Self {
+    pub fn new(
+        cfg: ModelConfig,
+        num_blocks: usize,
+        block_size: usize,
+        max_batch_tokens: usize,
+        max_seqs: usize,
+    ) -> Self {
         let geometry = KvGeometry { num_blocks, block_size, num_kv_heads: 1, head_dim: 4 };
-        FakeModel { cfg, geometry, max_batch_tokens, max_seqs, kv: vec![(u32::MAX, u32::MAX); num_blocks * block_size], null: false, calls: 0, fail_calls: vec![], fatal_calls: vec![], batch_sizes: vec![], delay: std::time::Duration::ZERO, per_token: std::time::Duration::ZERO, forward_times: None }
+        FakeModel {
+            cfg,
+            geometry,
+            max_batch_tokens,
+            max_seqs,
+            kv: vec![(u32::MAX, u32::MAX); num_blocks * block_size],
+            null: false,
+            calls: 0,
+            fail_calls: vec![],
+            fatal_calls: vec![],
+            batch_sizes: vec![],
+            delay: std::time::Duration::ZERO,
+            per_token: std::time::Duration::ZERO,
+            forward_times: None,
+        }
     }
 
     fn history_hash(tokens: impl Iterator<Item = (u32, u32)>) -> u64 {
@@ -137,7 +157,11 @@ impl FakeModel {
             return Err(Error::backend("fake", format!("injected failure on call {call}")));
         }
         if b.num_tokens() > self.max_batch_tokens || b.num_seqs() > self.max_seqs {
-            return Err(Error::Batch(format!("{} tokens / {} seqs over the fake's limits", b.num_tokens(), b.num_seqs())));
+            return Err(Error::Batch(format!(
+                "{} tokens / {} seqs over the fake's limits",
+                b.num_tokens(),
+                b.num_seqs()
+            )));
         }
         let mut logits = vec![0.0f32; b.logit_rows.len() * vocab];
         if self.null {

@@ -29,7 +29,9 @@ pub mod worker;
 
 pub use constraint::{Constraint, ConstraintFactory, Guided};
 pub use detokenize::{tokenizer_decode_fn, DecodeFn};
-pub use engine::{Engine, EngineConfig, EngineError, EngineHandle, Request, RequestOutput, RequestStream, SubmitError, Usage};
+pub use engine::{
+    Engine, EngineConfig, EngineError, EngineHandle, Request, RequestOutput, RequestStream, SubmitError, Usage,
+};
 pub use metrics::{RequestMetrics, Stats};
 pub use sampling_params::{InvalidParam, SamplingParams};
 pub use scheduler::{BatchMode, Policy};

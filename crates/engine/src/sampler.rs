@@ -35,7 +35,11 @@ pub fn rank(logits: &[f32], token: u32) -> u32 {
 
 /// Whether the row's logits are edited before sampling: a penalty, `logit_bias` or a ban.
 pub fn has_edits(p: &SamplingParams, banned: &[u32]) -> bool {
-    p.repetition_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 || !p.logit_bias.is_empty() || !banned.is_empty()
+    p.repetition_penalty != 1.0
+        || p.presence_penalty != 0.0
+        || p.frequency_penalty != 0.0
+        || !p.logit_bias.is_empty()
+        || !banned.is_empty()
 }
 
 /// The row's penalties, `logit_bias` and bans as one [`LogitEdit`] per token (ascending), in
@@ -43,7 +47,13 @@ pub fn has_edits(p: &SamplingParams, banned: &[u32]) -> bool {
 /// output, `frequency_penalty * count + presence_penalty` subtracted for each output token,
 /// the bias added (a token named twice in `logit_bias`: the last value, as in a JSON map),
 /// then the bans. Tokens at or past `vocab` are left out.
-pub fn penalty_edits(p: &SamplingParams, prompt: &[u32], output: &[u32], banned: &[u32], vocab: usize) -> Vec<LogitEdit> {
+pub fn penalty_edits(
+    p: &SamplingParams,
+    prompt: &[u32],
+    output: &[u32],
+    banned: &[u32],
+    vocab: usize,
+) -> Vec<LogitEdit> {
     let mut edits: BTreeMap<u32, LogitEdit> = BTreeMap::new();
     let in_vocab = |t: &u32| (*t as usize) < vocab;
     fn at(edits: &mut BTreeMap<u32, LogitEdit>, t: u32) -> &mut LogitEdit {
@@ -152,7 +162,9 @@ mod tests {
     #[test]
     fn the_draw_is_keyed_by_seed_completion_and_token() {
         let l: Vec<f32> = (0..50).map(|i| (i % 7) as f32 * 0.3).collect();
-        let text = |seed: u64, c: usize| (0..40).map(|i| sample(&l, &spec(&SamplingParams::default(), seed, c, i))).collect::<Vec<_>>();
+        let text = |seed: u64, c: usize| {
+            (0..40).map(|i| sample(&l, &spec(&SamplingParams::default(), seed, c, i))).collect::<Vec<_>>()
+        };
         assert_eq!(text(5, 0), text(5, 0));
         assert_ne!(text(5, 0), text(5, 1));
         assert_ne!(text(5, 0), text(6, 0));
@@ -175,13 +187,22 @@ mod tests {
     #[test]
     fn rows_with_edits_under_a_constraint_need_the_host() {
         assert!(!needs_host(&SamplingParams::default(), &[], false));
-        assert!(!needs_host(&params(|p| {
-            p.top_k = 5;
-            p.top_p = 0.5;
-            p.min_p = 0.1;
-        }), &[], true));
+        assert!(!needs_host(
+            &params(|p| {
+                p.top_k = 5;
+                p.top_p = 0.5;
+                p.min_p = 0.1;
+            }),
+            &[],
+            true
+        ));
         assert!(!needs_host(&params(|p| p.logprobs = Some(0)), &[], true));
-        for p in [params(|p| p.repetition_penalty = 1.1), params(|p| p.presence_penalty = 0.5), params(|p| p.frequency_penalty = -0.5), params(|p| p.logit_bias = vec![(3, 1.0)])] {
+        for p in [
+            params(|p| p.repetition_penalty = 1.1),
+            params(|p| p.presence_penalty = 0.5),
+            params(|p| p.frequency_penalty = -0.5),
+            params(|p| p.logit_bias = vec![(3, 1.0)]),
+        ] {
             assert!(has_edits(&p, &[]) && !needs_host(&p, &[], false) && needs_host(&p, &[], true), "{p:?}");
         }
         assert!(has_edits(&SamplingParams::default(), &[2]) && needs_host(&SamplingParams::default(), &[2], true));
@@ -201,9 +222,15 @@ mod tests {
         let e = penalty_edits(&p, &[7, 2, 7, 99], &[2, 2, 5], &[5, 100], 10);
         let tokens: Vec<u32> = e.iter().map(|e| e.token).collect();
         assert_eq!(tokens, vec![2, 4, 5, 7, 9]);
-        assert_eq!(e[0], LogitEdit { token: 2, repetition: Some(1.5), subtract: Some(0.5 * 2.0 + 0.25), bias: None, ban: false });
+        assert_eq!(
+            e[0],
+            LogitEdit { token: 2, repetition: Some(1.5), subtract: Some(0.5 * 2.0 + 0.25), bias: None, ban: false }
+        );
         assert_eq!(e[1], LogitEdit { token: 4, bias: Some(-2.0), ..Default::default() });
-        assert_eq!(e[2], LogitEdit { token: 5, repetition: Some(1.5), subtract: Some(0.5 + 0.25), bias: None, ban: true });
+        assert_eq!(
+            e[2],
+            LogitEdit { token: 5, repetition: Some(1.5), subtract: Some(0.5 + 0.25), bias: None, ban: true }
+        );
         assert_eq!(e[3].repetition, Some(1.5));
         assert!(penalty_edits(&SamplingParams::default(), &[1, 2], &[3], &[], 10).is_empty());
     }

@@ -125,7 +125,10 @@ impl SamplingParams {
             return bad("n", format!("`n` must be in [1, {MAX_N}], got {}", self.n));
         }
         if !(0.0..=MAX_TEMPERATURE).contains(&self.temperature) {
-            return bad("temperature", format!("`temperature` must be in [0, {MAX_TEMPERATURE}], got {}", self.temperature));
+            return bad(
+                "temperature",
+                format!("`temperature` must be in [0, {MAX_TEMPERATURE}], got {}", self.temperature),
+            );
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             return bad("top_p", format!("`top_p` must be in (0, 1], got {}", self.top_p));
@@ -134,17 +137,32 @@ impl SamplingParams {
             return bad("min_p", format!("`min_p` must be in [0, 1], got {}", self.min_p));
         }
         if !(self.repetition_penalty > 0.0 && self.repetition_penalty <= MAX_REPETITION_PENALTY) {
-            return bad("repetition_penalty", format!("`repetition_penalty` must be in (0, {MAX_REPETITION_PENALTY}], got {}", self.repetition_penalty));
+            return bad(
+                "repetition_penalty",
+                format!(
+                    "`repetition_penalty` must be in (0, {MAX_REPETITION_PENALTY}], got {}",
+                    self.repetition_penalty
+                ),
+            );
         }
         if !(-2.0..=2.0).contains(&self.presence_penalty) {
-            return bad("presence_penalty", format!("`presence_penalty` must be in [-2, 2], got {}", self.presence_penalty));
+            return bad(
+                "presence_penalty",
+                format!("`presence_penalty` must be in [-2, 2], got {}", self.presence_penalty),
+            );
         }
         if !(-2.0..=2.0).contains(&self.frequency_penalty) {
-            return bad("frequency_penalty", format!("`frequency_penalty` must be in [-2, 2], got {}", self.frequency_penalty));
+            return bad(
+                "frequency_penalty",
+                format!("`frequency_penalty` must be in [-2, 2], got {}", self.frequency_penalty),
+            );
         }
         // Scoring a prompt (echo with logprobs) may generate nothing.
         if self.max_tokens == Some(0) && self.prompt_logprobs.is_none() {
-            return bad("max_tokens", "`max_tokens` must be at least 1 unless prompt logprobs are asked for, got 0".into());
+            return bad(
+                "max_tokens",
+                "`max_tokens` must be at least 1 unless prompt logprobs are asked for, got 0".into(),
+            );
         }
         if let Some(m) = self.max_tokens.filter(|&m| self.min_tokens > m) {
             return bad("min_tokens", format!("`min_tokens` ({}) must not exceed `max_tokens` ({m})", self.min_tokens));
@@ -172,7 +190,13 @@ mod tests {
     #[test]
     fn validate_names_the_field() {
         assert!(SamplingParams::default().validate().is_ok());
-        let edges = SamplingParams { n: MAX_N, temperature: MAX_TEMPERATURE, repetition_penalty: MAX_REPETITION_PENALTY, logprobs: Some(MAX_LOGPROBS), ..Default::default() };
+        let edges = SamplingParams {
+            n: MAX_N,
+            temperature: MAX_TEMPERATURE,
+            repetition_penalty: MAX_REPETITION_PENALTY,
+            logprobs: Some(MAX_LOGPROBS),
+            ..Default::default()
+        };
         assert!(edges.validate().is_ok(), "the ends of each range are accepted");
         let bad = |f: fn(&mut SamplingParams), field: &str, range: &str| {
             let mut p = SamplingParams::default();

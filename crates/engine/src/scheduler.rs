@@ -95,7 +95,8 @@ pub struct PrefillLimits {
 impl PrefillLimits {
     /// No limit at all: the scheduler as it was before these flags (the default of a bare
     /// `SchedulerConfig`; the engine's default is [`PrefillLimits::tandem`]).
-    pub const OFF: PrefillLimits = PrefillLimits { long: LongPrefill::Off, max_num_partial_prefills: 0, max_long_partial_prefills: 0 };
+    pub const OFF: PrefillLimits =
+        PrefillLimits { long: LongPrefill::Off, max_num_partial_prefills: 0, max_long_partial_prefills: 0 };
 
     /// What `tandem serve` and the library use unless told otherwise.
     pub fn tandem() -> PrefillLimits {
@@ -176,7 +177,18 @@ pub struct Scheduler {
 impl Scheduler {
     pub fn new(cfg: SchedulerConfig) -> Self {
         let bm = BlockManager::new(cfg.num_blocks, cfg.block_size, cfg.enable_prefix_caching);
-        Scheduler { cfg, bm, seqs: IdMap::default(), waiting: BTreeMap::new(), running: Vec::new(), step: 0, num_preemptions: 0, num_prompt_tokens: 0, in_flight_from: None, retired: Vec::new() }
+        Scheduler {
+            cfg,
+            bm,
+            seqs: IdMap::default(),
+            waiting: BTreeMap::new(),
+            running: Vec::new(),
+            step: 0,
+            num_preemptions: 0,
+            num_prompt_tokens: 0,
+            in_flight_from: None,
+            retired: Vec::new(),
+        }
     }
 
     pub fn config(&self) -> &SchedulerConfig {
@@ -338,7 +350,9 @@ impl Scheduler {
     /// The earliest moment a static batch could start, when one is pending.
     pub fn next_deadline(&self) -> Option<Instant> {
         match self.cfg.mode {
-            BatchMode::Static { max_wait, .. } if self.running.is_empty() => self.oldest_waiting_arrival().map(|t| t + max_wait),
+            BatchMode::Static { max_wait, .. } if self.running.is_empty() => {
+                self.oldest_waiting_arrival().map(|t| t + max_wait)
+            }
             _ => None,
         }
     }
@@ -391,7 +405,8 @@ impl Scheduler {
 
     /// Running sequences with part of their prompt still to compute, and how many are long.
     fn partial_prefills(&self) -> (usize, usize) {
-        let partial = self.running.iter().map(|id| &self.seqs[id]).filter(|q| q.num_computed_tokens < q.num_prompt_tokens);
+        let partial =
+            self.running.iter().map(|id| &self.seqs[id]).filter(|q| q.num_computed_tokens < q.num_prompt_tokens);
         partial.fold((0, 0), |(n, l), q| (n + 1, l + usize::from(self.is_long(q))))
     }
 
@@ -402,7 +417,11 @@ impl Scheduler {
         for id in ids {
             let Some(seq) = self.seqs.get(&id) else { continue };
             let left = seq.num_uncomputed();
-            if seq.status != SeqStatus::Running || seq.scheduled_at_step == self.step || left == 0 || (left == 1) != decodes {
+            if seq.status != SeqStatus::Running
+                || seq.scheduled_at_step == self.step
+                || left == 0
+                || (left == 1) != decodes
+            {
                 continue;
             }
             let cap = if decodes { usize::MAX } else { prefill_cap };
@@ -426,7 +445,8 @@ impl Scheduler {
             }
             let key = self.running_key(id);
             // Candidates: running, not `id`, not already given tokens this step.
-            let less_important = |r: &SeqId| *r != id && self.seqs[r].scheduled_at_step != self.step && self.running_key(*r) > key;
+            let less_important =
+                |r: &SeqId| *r != id && self.seqs[r].scheduled_at_step != self.step && self.running_key(*r) > key;
             let victim = self.running.iter().rev().copied().find(|r| less_important(r) && !self.is_protected(*r));
             if let Some(v) = victim {
                 self.preempt(v, out);
@@ -455,7 +475,11 @@ impl Scheduler {
     /// when that step comes back; it is recomputed on resume, and no step that preempts admits.
     fn preempt(&mut self, id: SeqId, out: &mut SchedulerOutput) {
         // The anti-thrashing rule; the randomized tests run with debug assertions on.
-        debug_assert!(!self.is_protected(id), "seq {id} preempted {} steps after resuming", self.step - self.seqs[&id].resumed_at_step.unwrap_or(0));
+        debug_assert!(
+            !self.is_protected(id),
+            "seq {id} preempted {} steps after resuming",
+            self.step - self.seqs[&id].resumed_at_step.unwrap_or(0)
+        );
         self.running.retain(|&r| r != id);
         let key = self.waiting_key(&self.seqs[&id]);
         let seq = self.seqs.get_mut(&id).expect("preempted sequence exists");
@@ -473,7 +497,8 @@ impl Scheduler {
             BatchMode::Continuous => true,
             BatchMode::Static { batch_size, max_wait } => {
                 self.running.is_empty()
-                    && (self.waiting.len() >= batch_size || self.oldest_waiting_arrival().is_some_and(|t| now >= t + max_wait))
+                    && (self.waiting.len() >= batch_size
+                        || self.oldest_waiting_arrival().is_some_and(|t| now >= t + max_wait))
             }
         }
     }
@@ -621,13 +646,27 @@ impl Scheduler {
             let in_waiting = self.waiting.values().filter(|&&w| w == *id).count();
             let in_running = self.running.iter().filter(|&&r| r == *id).count();
             match s.status {
-                SeqStatus::Waiting if in_waiting == 1 && in_running == 0 && s.block_table.is_empty() && s.num_computed_tokens == 0 => {}
+                SeqStatus::Waiting
+                    if in_waiting == 1 && in_running == 0 && s.block_table.is_empty() && s.num_computed_tokens == 0 => {
+                }
                 SeqStatus::Running if in_running == 1 && in_waiting == 0 => {
-                    if s.num_computed_tokens > s.num_tokens() || self.bm.blocks_for(s.num_computed_tokens) > s.block_table.len() {
-                        return Err(format!("seq {id}: {} computed of {} tokens with {} blocks", s.num_computed_tokens, s.num_tokens(), s.block_table.len()));
+                    if s.num_computed_tokens > s.num_tokens()
+                        || self.bm.blocks_for(s.num_computed_tokens) > s.block_table.len()
+                    {
+                        return Err(format!(
+                            "seq {id}: {} computed of {} tokens with {} blocks",
+                            s.num_computed_tokens,
+                            s.num_tokens(),
+                            s.block_table.len()
+                        ));
                     }
                 }
-                st => return Err(format!("seq {id}: status {st:?}, in waiting {in_waiting}x, in running {in_running}x, {} blocks", s.block_table.len())),
+                st => {
+                    return Err(format!(
+                        "seq {id}: status {st:?}, in waiting {in_waiting}x, in running {in_running}x, {} blocks",
+                        s.block_table.len()
+                    ))
+                }
             }
         }
         if self.waiting.len() + self.running.len() != self.seqs.len() {

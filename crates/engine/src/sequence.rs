@@ -45,7 +45,10 @@ pub enum SeqStatus {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FinishReason {
     /// EOS, a stop token id, or the stop string given.
-    Stop { stop_string: Option<String>, stop_token: Option<u32> },
+    Stop {
+        stop_string: Option<String>,
+        stop_token: Option<u32>,
+    },
     /// `max_tokens`, or the context or pool limit.
     Length,
     Abort,
@@ -136,7 +139,18 @@ impl std::fmt::Debug for GuideState {
 
 impl Sequence {
     #[allow(clippy::too_many_arguments)]
-    pub fn new(id: SeqId, request_id: RequestId, index: usize, prompt: Vec<u32>, params: Arc<SamplingParams>, max_tokens: usize, priority: i32, arrival_order: u64, seed: u64, arrival: Instant) -> Self {
+    pub fn new(
+        id: SeqId,
+        request_id: RequestId,
+        index: usize,
+        prompt: Vec<u32>,
+        params: Arc<SamplingParams>,
+        max_tokens: usize,
+        priority: i32,
+        arrival_order: u64,
+        seed: u64,
+        arrival: Instant,
+    ) -> Self {
         Sequence {
             id,
             request_id,
@@ -152,7 +166,13 @@ impl Sequence {
             priority,
             arrival_order,
             seed,
-            times: SeqTimes { arrival, first_scheduled: None, first_token: None, last_token: None, inter_token: Vec::new() },
+            times: SeqTimes {
+                arrival,
+                first_scheduled: None,
+                first_token: None,
+                last_token: None,
+                inter_token: Vec::new(),
+            },
             resumed_at_step: None,
             num_preemptions: 0,
             scheduled_at_step: 0,

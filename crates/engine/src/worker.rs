@@ -66,7 +66,12 @@ impl Worker {
 
     /// Sends an overlapped step: `forward_sampled` of `batch` once the tokens at `fill`'s
     /// indices hold the previous overlapped step's ids.
-    pub fn dispatch(&self, batch: ForwardBatch, specs: Vec<SampleSpec>, fill: Vec<(u32, u32)>) -> mpsc::Receiver<Result<Vec<u32>>> {
+    pub fn dispatch(
+        &self,
+        batch: ForwardBatch,
+        specs: Vec<SampleSpec>,
+        fill: Vec<(u32, u32)>,
+    ) -> mpsc::Receiver<Result<Vec<u32>>> {
         let (reply, rx) = mpsc::channel();
         // A send fails only when the thread is gone; the reply channel then says so.
         if let Some(tx) = &self.tx {
@@ -94,7 +99,10 @@ mod tests {
     use tandem_core::sampling::SampleSpec;
 
     fn greedy(n: usize) -> Vec<SampleSpec> {
-        vec![SampleSpec { temperature: 0.0, top_k: 0, top_p: 1.0, min_p: 0.0, seed: 0, completion: 0, token_index: 0 }; n]
+        vec![
+            SampleSpec { temperature: 0.0, top_k: 0, top_p: 1.0, min_p: 0.0, seed: 0, completion: 0, token_index: 0 };
+            n
+        ]
     }
 
     /// One sequence, two decode steps sent back to back: the second's token is the first's

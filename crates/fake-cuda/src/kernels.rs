@@ -79,7 +79,10 @@ pub fn all() -> &'static HashMap<&'static str, HostKernel> {
                 let sig = sig.to_bytes();
                 // SAFETY: the generated arrays: a size per parameter, two words per pointer.
                 let (sizes, pointers) = unsafe {
-                    (std::slice::from_raw_parts(e.sizes, sig.len()), std::slice::from_raw_parts(e.ptrs as *const [u32; 2], e.nptrs as usize))
+                    (
+                        std::slice::from_raw_parts(e.sizes, sig.len()),
+                        std::slice::from_raw_parts(e.ptrs as *const [u32; 2], e.nptrs as usize),
+                    )
                 };
                 m.insert(name, HostKernel { file, sig, sizes, pointers, run: e.run });
             }

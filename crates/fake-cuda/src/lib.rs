@@ -45,7 +45,9 @@ mod state;
 
 use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void, CStr};
 
-use cudarc::driver::sys::{CUcontext, CUdevice, CUdeviceptr, CUevent, CUfunction, CUgraph, CUgraphExec, CUmodule, CUresult, CUstream};
+use cudarc::driver::sys::{
+    CUcontext, CUdevice, CUdeviceptr, CUevent, CUfunction, CUgraph, CUgraphExec, CUmodule, CUresult, CUstream,
+};
 
 use state::{fail, with, Res};
 
@@ -97,7 +99,10 @@ pub unsafe extern "C" fn cuDeviceGetCount(n: *mut c_int) -> CUresult {
 pub unsafe extern "C" fn cuDeviceGet(dev: *mut CUdevice, ordinal: c_int) -> CUresult {
     call(|_| {
         if ordinal != 0 {
-            return Err(fail(CUresult::CUDA_ERROR_INVALID_DEVICE, &format!("cuDeviceGet: device {ordinal} (the fake driver has one, 0)")));
+            return Err(fail(
+                CUresult::CUDA_ERROR_INVALID_DEVICE,
+                &format!("cuDeviceGet: device {ordinal} (the fake driver has one, 0)"),
+            ));
         }
         out(dev, 0)
     })
@@ -245,7 +250,10 @@ pub unsafe extern "C" fn cuStreamSynchronize(stream: CUstream) -> CUresult {
 pub unsafe extern "C" fn cuStreamWaitEvent(stream: CUstream, event: CUevent, flags: c_uint) -> CUresult {
     ctx_call("cuStreamWaitEvent", |s| {
         if flags != 0 {
-            return Err(fail(CUresult::CUDA_ERROR_INVALID_VALUE, "cuStreamWaitEvent: flags other than 0 are not modelled"));
+            return Err(fail(
+                CUresult::CUDA_ERROR_INVALID_VALUE,
+                "cuStreamWaitEvent: flags other than 0 are not modelled",
+            ));
         }
         s.wait_event(stream as usize, event as usize)
     })
@@ -365,18 +373,35 @@ pub unsafe extern "C" fn cuMemsetD8Async(dst: CUdeviceptr, value: u8, n: usize, 
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuMemcpyHtoDAsync_v2(dst: CUdeviceptr, src: *const c_void, n: usize, stream: CUstream) -> CUresult {
+pub unsafe extern "C" fn cuMemcpyHtoDAsync_v2(
+    dst: CUdeviceptr,
+    src: *const c_void,
+    n: usize,
+    stream: CUstream,
+) -> CUresult {
     ctx_call("cuMemcpyHtoDAsync_v2", |s| s.copy_htod(dst as usize, src as usize, n, stream as usize))
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuMemcpyDtoHAsync_v2(dst: *mut c_void, src: CUdeviceptr, n: usize, stream: CUstream) -> CUresult {
+pub unsafe extern "C" fn cuMemcpyDtoHAsync_v2(
+    dst: *mut c_void,
+    src: CUdeviceptr,
+    n: usize,
+    stream: CUstream,
+) -> CUresult {
     ctx_call("cuMemcpyDtoHAsync_v2", |s| s.copy_dtoh(dst as usize, src as usize, n, stream as usize))
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuMemcpyDtoDAsync_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: CUstream) -> CUresult {
-    ctx_call("cuMemcpyDtoDAsync_v2", |s| s.enqueue(stream as usize, state::Op::DtoD { dst: dst as usize, src: src as usize, n }))
+pub unsafe extern "C" fn cuMemcpyDtoDAsync_v2(
+    dst: CUdeviceptr,
+    src: CUdeviceptr,
+    n: usize,
+    stream: CUstream,
+) -> CUresult {
+    ctx_call("cuMemcpyDtoDAsync_v2", |s| {
+        s.enqueue(stream as usize, state::Op::DtoD { dst: dst as usize, src: src as usize, n })
+    })
 }
 
 // ---- tensor maps (TMA) ---------------------------------------------------------------------
@@ -401,7 +426,9 @@ pub unsafe extern "C" fn cuTensorMapEncodeTiled(
     _l2: cudarc::driver::sys::CUtensorMapL2promotion,
     oob: cudarc::driver::sys::CUtensorMapFloatOOBfill,
 ) -> CUresult {
-    use cudarc::driver::sys::{CUtensorMapDataType as D, CUtensorMapFloatOOBfill as O, CUtensorMapInterleave as I, CUtensorMapSwizzle as S};
+    use cudarc::driver::sys::{
+        CUtensorMapDataType as D, CUtensorMapFloatOOBfill as O, CUtensorMapInterleave as I, CUtensorMapSwizzle as S,
+    };
     let bad = |m: &str| fail(CUresult::CUDA_ERROR_INVALID_VALUE, &format!("cuTensorMapEncodeTiled: {m}"));
     if map.is_null() || dims.is_null() || strides.is_null() || boxes.is_null() || elem_strides.is_null() {
         return bad("a null pointer");
@@ -425,8 +452,21 @@ pub unsafe extern "C" fn cuTensorMapEncodeTiled(
     if *elem_strides != 1 || *elem_strides.add(1) != 1 {
         return bad("element strides other than 1 are not modelled");
     }
-    if base as usize % 16 != 0 || st % 16 != 0 || d0 == 0 || d1 == 0 || st < d0 * elem || b0 == 0 || b1 == 0 || b0 > 256 || b1 > 256 || (b0 * elem) % 16 != 0 || (swz == 3 && b0 * elem > 128) {
-        return bad(&format!("address {base:p}, dims [{d0}, {d1}], row stride {st}, box [{b0}, {b1}]: outside what the driver accepts"));
+    if base as usize % 16 != 0
+        || st % 16 != 0
+        || d0 == 0
+        || d1 == 0
+        || st < d0 * elem
+        || b0 == 0
+        || b1 == 0
+        || b0 > 256
+        || b1 > 256
+        || (b0 * elem) % 16 != 0
+        || (swz == 3 && b0 * elem > 128)
+    {
+        return bad(&format!(
+            "address {base:p}, dims [{d0}, {d1}], row stride {st}, box [{b0}, {b1}]: outside what the driver accepts"
+        ));
     }
     // wgmma.h TensorMap2d: tag, base, dim0, dim1, stride1 (u64 each), box0, box1, elem bytes, swizzle (u32 each).
     let mut w = [0u64; 16];
@@ -451,7 +491,10 @@ pub unsafe extern "C" fn cuModuleLoadData(module: *mut CUmodule, image: *const c
         }
         let head = std::slice::from_raw_parts(image as *const u8, 4);
         if head == b"\x7fELF" {
-            return Err(fail(CUresult::CUDA_ERROR_NOT_SUPPORTED, "cuModuleLoadData: a cubin; the fake driver loads PTX text only"));
+            return Err(fail(
+                CUresult::CUDA_ERROR_NOT_SUPPORTED,
+                "cuModuleLoadData: a cubin; the fake driver loads PTX text only",
+            ));
         }
         let text = CStr::from_ptr(image as *const c_char).to_string_lossy();
         let id = s.load_module(&text)?;
@@ -505,7 +548,10 @@ pub unsafe extern "C" fn cuLaunchKernel(
 ) -> CUresult {
     ctx_call("cuLaunchKernel", |s| {
         if !extra.is_null() {
-            return Err(fail(CUresult::CUDA_ERROR_INVALID_VALUE, "cuLaunchKernel: `extra` is not modelled; pass kernelParams"));
+            return Err(fail(
+                CUresult::CUDA_ERROR_INVALID_VALUE,
+                "cuLaunchKernel: `extra` is not modelled; pass kernelParams",
+            ));
         }
         let op = s.make_launch(f as usize, [gx, gy, gz], [bx, by, bz], smem, params as *const *const c_void, false)?;
         s.enqueue(stream as usize, op)
@@ -516,13 +562,21 @@ pub unsafe extern "C" fn cuLaunchKernel(
 /// (a kernel launched with it after another runs as that one's programmatic dependent:
 /// state.rs `run_pair`); any other attribute is refused, by id.
 #[no_mangle]
-pub unsafe extern "C" fn cuLaunchKernelEx(config: *const cudarc::driver::sys::CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult {
+pub unsafe extern "C" fn cuLaunchKernelEx(
+    config: *const cudarc::driver::sys::CUlaunchConfig,
+    f: CUfunction,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
     ctx_call("cuLaunchKernelEx", |s| {
         if config.is_null() {
             return Err(fail(CUresult::CUDA_ERROR_INVALID_VALUE, "cuLaunchKernelEx: config is null"));
         }
         if !extra.is_null() {
-            return Err(fail(CUresult::CUDA_ERROR_INVALID_VALUE, "cuLaunchKernelEx: `extra` is not modelled; pass kernelParams"));
+            return Err(fail(
+                CUresult::CUDA_ERROR_INVALID_VALUE,
+                "cuLaunchKernelEx: `extra` is not modelled; pass kernelParams",
+            ));
         }
         let c = &*config;
         if c.numAttrs > 0 && c.attrs.is_null() {
@@ -535,7 +589,12 @@ pub unsafe extern "C" fn cuLaunchKernelEx(config: *const cudarc::driver::sys::CU
                 cudarc::driver::sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION => {
                     pdl = a.value.programmaticStreamSerializationAllowed != 0;
                 }
-                other => return Err(fail(CUresult::CUDA_ERROR_INVALID_VALUE, &format!("cuLaunchKernelEx: launch attribute {other:?} is not modelled"))),
+                other => {
+                    return Err(fail(
+                        CUresult::CUDA_ERROR_INVALID_VALUE,
+                        &format!("cuLaunchKernelEx: launch attribute {other:?} is not modelled"),
+                    ))
+                }
             }
         }
         let grid = [c.gridDimX, c.gridDimY, c.gridDimZ];
@@ -548,10 +607,17 @@ pub unsafe extern "C" fn cuLaunchKernelEx(config: *const cudarc::driver::sys::CU
 // ---- graphs --------------------------------------------------------------------------------
 
 #[no_mangle]
-pub unsafe extern "C" fn cuGraphInstantiateWithFlags(exec: *mut CUgraphExec, graph: CUgraph, flags: c_ulonglong) -> CUresult {
+pub unsafe extern "C" fn cuGraphInstantiateWithFlags(
+    exec: *mut CUgraphExec,
+    graph: CUgraph,
+    flags: c_ulonglong,
+) -> CUresult {
     ctx_call("cuGraphInstantiateWithFlags", |s| {
         if flags != 0 {
-            return Err(fail(CUresult::CUDA_ERROR_INVALID_VALUE, "cuGraphInstantiateWithFlags: flags other than 0 are not modelled"));
+            return Err(fail(
+                CUresult::CUDA_ERROR_INVALID_VALUE,
+                "cuGraphInstantiateWithFlags: flags other than 0 are not modelled",
+            ));
         }
         let id = s.instantiate(graph as usize)?;
         out(exec, id as CUgraphExec)

@@ -34,7 +34,14 @@ fn map(bytes: usize) -> Res<Region> {
     let map_len = pages + PAGE;
     // SAFETY: a fresh private anonymous mapping; the guard page is ours.
     unsafe {
-        let m = libc::mmap(std::ptr::null_mut(), map_len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE, -1, 0);
+        let m = libc::mmap(
+            std::ptr::null_mut(),
+            map_len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        );
         if m == libc::MAP_FAILED {
             return Err(fail(CUresult::CUDA_ERROR_OUT_OF_MEMORY, &format!("mmap of {map_len} bytes failed")));
         }
@@ -77,7 +84,11 @@ impl Memory {
         if self.used + Self::charge(bytes) > self.total {
             return Err(fail(
                 CUresult::CUDA_ERROR_OUT_OF_MEMORY,
-                &format!("{bytes} bytes asked, {} of {} free (TANDEM_FAKE_CUDA_MEMORY_MB sets the fake device's memory)", self.total - self.used, self.total),
+                &format!(
+                    "{bytes} bytes asked, {} of {} free (TANDEM_FAKE_CUDA_MEMORY_MB sets the fake device's memory)",
+                    self.total - self.used,
+                    self.total
+                ),
             ));
         }
         let r = map(bytes)?;
@@ -88,7 +99,10 @@ impl Memory {
 
     pub fn free_device(&mut self, base: usize) -> Res<()> {
         let Some(r) = self.device.remove(&base) else {
-            return Err(fail(CUresult::CUDA_ERROR_INVALID_VALUE, &format!("free of {base:#x}, which is not the start of a live device allocation")));
+            return Err(fail(
+                CUresult::CUDA_ERROR_INVALID_VALUE,
+                &format!("free of {base:#x}, which is not the start of a live device allocation"),
+            ));
         };
         self.used -= Self::charge(r.size);
         retire(&r);
@@ -103,7 +117,10 @@ impl Memory {
 
     pub fn free_host(&mut self, base: usize) -> Res<()> {
         let Some(r) = self.host.remove(&base) else {
-            return Err(fail(CUresult::CUDA_ERROR_INVALID_VALUE, &format!("cuMemFreeHost of {base:#x}, which is not page-locked memory from cuMemHostAlloc")));
+            return Err(fail(
+                CUresult::CUDA_ERROR_INVALID_VALUE,
+                &format!("cuMemFreeHost of {base:#x}, which is not page-locked memory from cuMemHostAlloc"),
+            ));
         };
         retire(&r);
         Ok(())

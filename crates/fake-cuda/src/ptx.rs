@@ -96,7 +96,8 @@ fn param(line: &str) -> Option<Param> {
             name => {
                 let t = elem?;
                 let n = type_bytes(t)?;
-                let count: usize = name.split('[').skip(1).map(|d| d.trim_end_matches(']').parse::<usize>().unwrap_or(1)).product();
+                let count: usize =
+                    name.split('[').skip(1).map(|d| d.trim_end_matches(']').parse::<usize>().unwrap_or(1)).product();
                 return Some(match (t, name.contains('[')) {
                     (".u32" | ".s32" | ".b32", false) => Param::B32,
                     (".u64" | ".s64" | ".b64", false) => Param::B64,
@@ -144,7 +145,8 @@ pub fn parse(ptx: &str) -> Result<Vec<Entry>, String> {
         if name.is_empty() {
             return Err(format!("line {}: an .entry without a name", i + 1));
         }
-        let mut e = Entry { name, params: vec![], max_threads: None, req_threads: None, static_smem: 0, dynamic_smem: false };
+        let mut e =
+            Entry { name, params: vec![], max_threads: None, req_threads: None, static_smem: 0, dynamic_smem: false };
         // Parameters up to the closing parenthesis (the `(` line may carry none).
         let mut j = i;
         if !rest.contains(')') {

@@ -35,16 +35,38 @@ thread_local! {
 #[derive(Clone)]
 pub enum Op {
     Launch(Arc<Launch>),
-    Memset { dst: usize, value: u8, n: usize },
+    Memset {
+        dst: usize,
+        value: u8,
+        n: usize,
+    },
     /// From page-locked memory (read when the copy runs) or pageable memory (read at the call).
-    HtoD { dst: usize, src: Src, n: usize },
+    HtoD {
+        dst: usize,
+        src: Src,
+        n: usize,
+    },
     /// To page-locked memory, or to pageable memory (the call waits for it).
-    DtoH { dst: usize, src: usize, n: usize, pinned: bool },
-    DtoD { dst: usize, src: usize, n: usize },
-    Free { base: usize },
+    DtoH {
+        dst: usize,
+        src: usize,
+        n: usize,
+        pinned: bool,
+    },
+    DtoD {
+        dst: usize,
+        src: usize,
+        n: usize,
+    },
+    Free {
+        base: usize,
+    },
     Record,
     /// Waits for the work of `stream` before `seq`.
-    Wait { stream: usize, seq: u64 },
+    Wait {
+        stream: usize,
+        seq: u64,
+    },
     Graph(Arc<Vec<Op>>),
 }
 
@@ -265,7 +287,10 @@ impl State {
         self.stream(stream)?;
         if self.streams[&stream].capture.is_some() {
             let msg = format!("synchronizing stream {stream:#x} while it captures");
-            self.streams.get_mut(&stream).and_then(|s| s.capture.as_mut()).map(|c| c.invalid.get_or_insert(msg.clone()));
+            self.streams
+                .get_mut(&stream)
+                .and_then(|s| s.capture.as_mut())
+                .map(|c| c.invalid.get_or_insert(msg.clone()));
             return Err(fail(CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, &msg));
         }
         self.drain_to(stream, u64::MAX)
@@ -324,7 +349,9 @@ impl State {
             Op::Launch(l) => self.run(l),
             Op::Memset { dst, value, n } => {
                 if !self.mem.device_range(*dst, *n) {
-                    return Err(illegal(format!("memset of {n} bytes at {dst:#x}: not inside one live device allocation")));
+                    return Err(illegal(format!(
+                        "memset of {n} bytes at {dst:#x}: not inside one live device allocation"
+                    )));
                 }
                 // SAFETY: checked to lie inside a live mapping of ours.
                 unsafe { std::ptr::write_bytes(*dst as *mut u8, *value, *n) };
@@ -332,12 +359,16 @@ impl State {
             }
             Op::HtoD { dst, src, n } => {
                 if !self.mem.device_range(*dst, *n) {
-                    return Err(illegal(format!("copy of {n} bytes to the device at {dst:#x}: not inside one live device allocation")));
+                    return Err(illegal(format!(
+                        "copy of {n} bytes to the device at {dst:#x}: not inside one live device allocation"
+                    )));
                 }
                 match src {
                     Src::Pinned(p) => {
                         if !self.mem.host_range(*p, *n) {
-                            return Err(illegal(format!("copy of {n} bytes from page-locked memory at {p:#x}, freed before the copy ran")));
+                            return Err(illegal(format!(
+                                "copy of {n} bytes from page-locked memory at {p:#x}, freed before the copy ran"
+                            )));
                         }
                         // SAFETY: both ranges checked live.
                         unsafe { std::ptr::copy(*p as *const u8, *dst as *mut u8, *n) };
@@ -349,10 +380,14 @@ impl State {
             }
             Op::DtoH { dst, src, n, pinned } => {
                 if !self.mem.device_range(*src, *n) {
-                    return Err(illegal(format!("copy of {n} bytes to the host from {src:#x}: not inside one live device allocation")));
+                    return Err(illegal(format!(
+                        "copy of {n} bytes to the host from {src:#x}: not inside one live device allocation"
+                    )));
                 }
                 if *pinned && !self.mem.host_range(*dst, *n) {
-                    return Err(illegal(format!("copy of {n} bytes to page-locked memory at {dst:#x}, freed before the copy ran")));
+                    return Err(illegal(format!(
+                        "copy of {n} bytes to page-locked memory at {dst:#x}, freed before the copy ran"
+                    )));
                 }
                 // SAFETY: the source is checked live; the destination is page-locked memory
                 // checked live, or pageable memory the caller is blocked on.
@@ -361,7 +396,9 @@ impl State {
             }
             Op::DtoD { dst, src, n } => {
                 if !self.mem.device_range(*dst, *n) || !self.mem.device_range(*src, *n) {
-                    return Err(illegal(format!("device copy of {n} bytes {src:#x} -> {dst:#x}: not inside live device allocations")));
+                    return Err(illegal(format!(
+                        "device copy of {n} bytes {src:#x} -> {dst:#x}: not inside live device allocations"
+                    )));
                 }
                 // SAFETY: both ranges checked live.
                 unsafe { std::ptr::copy(*src as *const u8, *dst as *mut u8, *n) };
@@ -464,12 +501,18 @@ impl State {
         RUNNING.store(std::ptr::null_mut(), Ordering::SeqCst);
         self.pdl_pairs += 1;
         if self.pdl_pairs == 1 {
-            eprintln!("fake-cuda: {} ran as a programmatic dependent of {} (first of such pairs; kernels/README.md)", d.name, p.name);
+            eprintln!(
+                "fake-cuda: {} ran as a programmatic dependent of {} (first of such pairs; kernels/README.md)",
+                d.name, p.name
+            );
         }
         if ran_late != 0 && !self.pdl_late {
             return Err(fail(
                 CUresult::CUDA_ERROR_LAUNCH_FAILED,
-                &format!("kernel {} (a programmatic dependent of {}) finished a block without any thread at PDL_WAIT", d.name, p.name),
+                &format!(
+                    "kernel {} (a programmatic dependent of {}) finished a block without any thread at PDL_WAIT",
+                    d.name, p.name
+                ),
             ));
         }
         Self::check_waited(d, waits)
@@ -516,7 +559,10 @@ impl State {
     }
 
     fn event(&self, id: usize) -> Res<Option<(usize, u64)>> {
-        self.events.get(&id).copied().ok_or_else(|| fail(CUresult::CUDA_ERROR_INVALID_HANDLE, &format!("event {id:#x} does not exist")))
+        self.events
+            .get(&id)
+            .copied()
+            .ok_or_else(|| fail(CUresult::CUDA_ERROR_INVALID_HANDLE, &format!("event {id:#x} does not exist")))
     }
 
     pub fn destroy_event(&mut self, id: usize) -> Res<()> {
@@ -557,7 +603,10 @@ impl State {
 
     pub fn free_device_async(&mut self, base: usize, stream: usize) -> Res<()> {
         if self.mem.device_at(base).is_none_or(|r| r.base != base) {
-            return Err(fail(CUresult::CUDA_ERROR_INVALID_VALUE, &format!("cuMemFreeAsync of {base:#x}: not a live device allocation")));
+            return Err(fail(
+                CUresult::CUDA_ERROR_INVALID_VALUE,
+                &format!("cuMemFreeAsync of {base:#x}: not a live device allocation"),
+            ));
         }
         self.enqueue(stream, Op::Free { base })
     }
@@ -601,16 +650,21 @@ impl State {
     // ---- modules and launches --------------------------------------------------------------
 
     pub fn load_module(&mut self, text: &str) -> Res<usize> {
-        let entries = ptx::parse(text).map_err(|e| fail(CUresult::CUDA_ERROR_INVALID_PTX, &format!("cuModuleLoadData: {e}")))?;
+        let entries =
+            ptx::parse(text).map_err(|e| fail(CUresult::CUDA_ERROR_INVALID_PTX, &format!("cuModuleLoadData: {e}")))?;
         if entries.is_empty() {
-            return Err(fail(CUresult::CUDA_ERROR_INVALID_PTX, "cuModuleLoadData: no .entry in the image (PTX text expected)"));
+            return Err(fail(
+                CUresult::CUDA_ERROR_INVALID_PTX,
+                "cuModuleLoadData: no .entry in the image (PTX text expected)",
+            ));
         }
         let host = kernels::all();
         let mut funcs = vec![];
         for e in entries {
             let kernel = host.get(e.name.as_str()).copied();
             if let Some(k) = &kernel {
-                let same = k.sig.len() == e.params.len() && e.params.iter().zip(k.sig.iter().zip(k.sizes)).all(|(p, (&c, &n))| p.matches(c, n));
+                let same = k.sig.len() == e.params.len()
+                    && e.params.iter().zip(k.sig.iter().zip(k.sizes)).all(|(p, (&c, &n))| p.matches(c, n));
                 if !same {
                     return Err(fail(
                         CUresult::CUDA_ERROR_INVALID_PTX,
@@ -634,7 +688,10 @@ impl State {
     }
 
     pub fn unload_module(&mut self, id: usize) -> Res<()> {
-        let funcs = self.modules.remove(&id).ok_or_else(|| fail(CUresult::CUDA_ERROR_INVALID_HANDLE, &format!("module {id:#x} does not exist")))?;
+        let funcs = self
+            .modules
+            .remove(&id)
+            .ok_or_else(|| fail(CUresult::CUDA_ERROR_INVALID_HANDLE, &format!("module {id:#x} does not exist")))?;
         for f in funcs {
             self.funcs.remove(&f);
         }
@@ -642,16 +699,19 @@ impl State {
     }
 
     pub fn get_function(&mut self, module: usize, name: &str) -> Res<usize> {
-        let funcs = self.modules.get(&module).ok_or_else(|| fail(CUresult::CUDA_ERROR_INVALID_HANDLE, &format!("module {module:#x} does not exist")))?;
-        funcs
-            .iter()
-            .copied()
-            .find(|f| self.funcs[f].entry.name == name)
-            .ok_or_else(|| fail(CUresult::CUDA_ERROR_NOT_FOUND, &format!("cuModuleGetFunction: no kernel `{name}` in the module")))
+        let funcs = self
+            .modules
+            .get(&module)
+            .ok_or_else(|| fail(CUresult::CUDA_ERROR_INVALID_HANDLE, &format!("module {module:#x} does not exist")))?;
+        funcs.iter().copied().find(|f| self.funcs[f].entry.name == name).ok_or_else(|| {
+            fail(CUresult::CUDA_ERROR_NOT_FOUND, &format!("cuModuleGetFunction: no kernel `{name}` in the module"))
+        })
     }
 
     fn func(&self, id: usize) -> Res<&Func> {
-        self.funcs.get(&id).ok_or_else(|| fail(CUresult::CUDA_ERROR_INVALID_HANDLE, &format!("function {id:#x} does not exist")))
+        self.funcs
+            .get(&id)
+            .ok_or_else(|| fail(CUresult::CUDA_ERROR_INVALID_HANDLE, &format!("function {id:#x} does not exist")))
     }
 
     pub fn function_attribute(&self, id: usize, attrib: i32) -> Res<i32> {
@@ -660,19 +720,33 @@ impl State {
             0 => f.entry.max_threads.unwrap_or(1024) as i32,
             1 => f.entry.static_smem as i32,
             8 => f.max_dynamic_smem as i32,
-            _ => return Err(fail(CUresult::CUDA_ERROR_NOT_SUPPORTED, &format!("cuFuncGetAttribute: attribute {attrib} is not modelled"))),
+            _ => {
+                return Err(fail(
+                    CUresult::CUDA_ERROR_NOT_SUPPORTED,
+                    &format!("cuFuncGetAttribute: attribute {attrib} is not modelled"),
+                ))
+            }
         })
     }
 
     pub fn set_function_attribute(&mut self, id: usize, attrib: i32, value: i32) -> Res<()> {
-        let f = self.funcs.get_mut(&id).ok_or_else(|| fail(CUresult::CUDA_ERROR_INVALID_HANDLE, &format!("function {id:#x} does not exist")))?;
+        let f = self
+            .funcs
+            .get_mut(&id)
+            .ok_or_else(|| fail(CUresult::CUDA_ERROR_INVALID_HANDLE, &format!("function {id:#x} does not exist")))?;
         match attrib {
             8 if value >= 0 && value as usize + f.entry.static_smem <= OPTIN_SMEM_LIMIT => {
                 f.max_dynamic_smem = value as usize;
                 Ok(())
             }
-            8 => Err(fail(CUresult::CUDA_ERROR_INVALID_VALUE, &format!("{}: {value} bytes of dynamic shared memory exceed the opt-in limit", f.entry.name))),
-            _ => Err(fail(CUresult::CUDA_ERROR_NOT_SUPPORTED, &format!("cuFuncSetAttribute: attribute {attrib} is not modelled"))),
+            8 => Err(fail(
+                CUresult::CUDA_ERROR_INVALID_VALUE,
+                &format!("{}: {value} bytes of dynamic shared memory exceed the opt-in limit", f.entry.name),
+            )),
+            _ => Err(fail(
+                CUresult::CUDA_ERROR_NOT_SUPPORTED,
+                &format!("cuFuncSetAttribute: attribute {attrib} is not modelled"),
+            )),
         }
     }
 
@@ -680,28 +754,54 @@ impl State {
     ///
     /// # Safety
     /// `params` is cuLaunchKernel's `kernelParams`.
-    pub unsafe fn make_launch(&mut self, id: usize, grid: [u32; 3], block: [u32; 3], smem: u32, params: *const *const c_void, pdl: bool) -> Res<Op> {
+    pub unsafe fn make_launch(
+        &mut self,
+        id: usize,
+        grid: [u32; 3],
+        block: [u32; 3],
+        smem: u32,
+        params: *const *const c_void,
+        pdl: bool,
+    ) -> Res<Op> {
         need_context("cuLaunchKernel")?;
         let f = self.func(id)?;
         let name = f.entry.name.clone();
         let bad = |code: CUresult, msg: String| fail(code, &format!("launching {name}: {msg}"));
         let Some(kernel) = f.kernel else {
-            return Err(bad(CUresult::CUDA_ERROR_NOT_FOUND, "no host build of this kernel in the fake driver (rebuild tandem-fake-cuda)".into()));
+            return Err(bad(
+                CUresult::CUDA_ERROR_NOT_FOUND,
+                "no host build of this kernel in the fake driver (rebuild tandem-fake-cuda)".into(),
+            ));
         };
         if grid.contains(&0) || block.contains(&0) {
             return Err(bad(CUresult::CUDA_ERROR_INVALID_VALUE, format!("an empty grid {grid:?} or block {block:?}")));
         }
-        if grid[0] > i32::MAX as u32 || grid[1] > 65535 || grid[2] > 65535 || block[0] > 1024 || block[1] > 1024 || block[2] > 64 {
-            return Err(bad(CUresult::CUDA_ERROR_INVALID_VALUE, format!("grid {grid:?} or block {block:?} beyond the device's limits")));
+        if grid[0] > i32::MAX as u32
+            || grid[1] > 65535
+            || grid[2] > 65535
+            || block[0] > 1024
+            || block[1] > 1024
+            || block[2] > 64
+        {
+            return Err(bad(
+                CUresult::CUDA_ERROR_INVALID_VALUE,
+                format!("grid {grid:?} or block {block:?} beyond the device's limits"),
+            ));
         }
         let threads = block[0] * block[1] * block[2];
         let bound = f.entry.max_threads.unwrap_or(1024);
         if threads > bound {
-            return Err(bad(CUresult::CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, format!("{threads} threads a block, but its launch bounds allow {bound}")));
+            return Err(bad(
+                CUresult::CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES,
+                format!("{threads} threads a block, but its launch bounds allow {bound}"),
+            ));
         }
         if let Some(req) = f.entry.req_threads {
             if threads != req {
-                return Err(bad(CUresult::CUDA_ERROR_INVALID_VALUE, format!("{threads} threads a block, but it requires {req}")));
+                return Err(bad(
+                    CUresult::CUDA_ERROR_INVALID_VALUE,
+                    format!("{threads} threads a block, but it requires {req}"),
+                ));
             }
         }
         let smem = smem as usize;
@@ -709,11 +809,17 @@ impl State {
         if smem > f.max_dynamic_smem || f.entry.static_smem + smem > limit {
             return Err(bad(
                 CUresult::CUDA_ERROR_INVALID_VALUE,
-                format!("{} bytes of static and {smem} of dynamic shared memory exceed what it may use ({} dynamic)", f.entry.static_smem, f.max_dynamic_smem),
+                format!(
+                    "{} bytes of static and {smem} of dynamic shared memory exceed what it may use ({} dynamic)",
+                    f.entry.static_smem, f.max_dynamic_smem
+                ),
             ));
         }
         if f.entry.dynamic_smem && smem == 0 {
-            return Err(bad(CUresult::CUDA_ERROR_INVALID_VALUE, "it uses dynamic shared memory, the launch gives none".into()));
+            return Err(bad(
+                CUresult::CUDA_ERROR_INVALID_VALUE,
+                "it uses dynamic shared memory, the launch gives none".into(),
+            ));
         }
         if !kernel.sig.is_empty() && params.is_null() {
             return Err(bad(CUresult::CUDA_ERROR_INVALID_VALUE, "kernelParams is null".into()));
@@ -755,13 +861,22 @@ impl State {
         self.stream(stream)?;
         let st = self.streams.get_mut(&stream).expect("checked");
         let Some(c) = st.capture.take() else {
-            return Err(fail(CUresult::CUDA_ERROR_ILLEGAL_STATE, "cuStreamEndCapture on a stream that is not capturing"));
+            return Err(fail(
+                CUresult::CUDA_ERROR_ILLEGAL_STATE,
+                "cuStreamEndCapture on a stream that is not capturing",
+            ));
         };
         if c.mode == 1 && c.thread != std::thread::current().id() {
-            return Err(fail(CUresult::CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD, "cuStreamEndCapture from another thread than the one that began it"));
+            return Err(fail(
+                CUresult::CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD,
+                "cuStreamEndCapture from another thread than the one that began it",
+            ));
         }
         if let Some(why) = c.invalid {
-            return Err(fail(CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, &format!("the capture was invalidated: {why}")));
+            return Err(fail(
+                CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
+                &format!("the capture was invalidated: {why}"),
+            ));
         }
         let id = self.handle();
         self.graphs.insert(id, Arc::new(c.ops));
@@ -769,7 +884,10 @@ impl State {
     }
 
     pub fn capture_status(&self, stream: usize) -> Res<i32> {
-        let st = self.streams.get(&stream).ok_or_else(|| fail(CUresult::CUDA_ERROR_INVALID_HANDLE, &format!("stream {stream:#x} does not exist")))?;
+        let st = self
+            .streams
+            .get(&stream)
+            .ok_or_else(|| fail(CUresult::CUDA_ERROR_INVALID_HANDLE, &format!("stream {stream:#x} does not exist")))?;
         Ok(match &st.capture {
             None => 0,
             Some(c) if c.invalid.is_none() => 1,
@@ -778,22 +896,34 @@ impl State {
     }
 
     pub fn instantiate(&mut self, graph: usize) -> Res<usize> {
-        let ops = self.graphs.get(&graph).cloned().ok_or_else(|| fail(CUresult::CUDA_ERROR_INVALID_HANDLE, &format!("graph {graph:#x} does not exist")))?;
+        let ops =
+            self.graphs.get(&graph).cloned().ok_or_else(|| {
+                fail(CUresult::CUDA_ERROR_INVALID_HANDLE, &format!("graph {graph:#x} does not exist"))
+            })?;
         let id = self.handle();
         self.execs.insert(id, ops);
         Ok(id)
     }
 
     pub fn exec(&self, id: usize) -> Res<Arc<Vec<Op>>> {
-        self.execs.get(&id).cloned().ok_or_else(|| fail(CUresult::CUDA_ERROR_INVALID_HANDLE, &format!("graph exec {id:#x} does not exist")))
+        self.execs
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| fail(CUresult::CUDA_ERROR_INVALID_HANDLE, &format!("graph exec {id:#x} does not exist")))
     }
 
     pub fn destroy_graph(&mut self, id: usize) -> Res<()> {
-        self.graphs.remove(&id).map(|_| ()).ok_or_else(|| fail(CUresult::CUDA_ERROR_INVALID_HANDLE, &format!("graph {id:#x} does not exist")))
+        self.graphs
+            .remove(&id)
+            .map(|_| ())
+            .ok_or_else(|| fail(CUresult::CUDA_ERROR_INVALID_HANDLE, &format!("graph {id:#x} does not exist")))
     }
 
     pub fn destroy_exec(&mut self, id: usize) -> Res<()> {
-        self.execs.remove(&id).map(|_| ()).ok_or_else(|| fail(CUresult::CUDA_ERROR_INVALID_HANDLE, &format!("graph exec {id:#x} does not exist")))
+        self.execs
+            .remove(&id)
+            .map(|_| ())
+            .ok_or_else(|| fail(CUresult::CUDA_ERROR_INVALID_HANDLE, &format!("graph exec {id:#x} does not exist")))
     }
 }
 
@@ -821,11 +951,12 @@ pub fn device_attribute(a: i32) -> Res<i32> {
         (A::CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS, 1),
         (A::CU_DEVICE_ATTRIBUTE_INTEGRATED, 0),
     ];
-    table
-        .iter()
-        .find(|(k, _)| *k as i32 == a)
-        .map(|(_, v)| *v)
-        .ok_or_else(|| fail(CUresult::CUDA_ERROR_NOT_SUPPORTED, &format!("cuDeviceGetAttribute: attribute {a} is not modelled by the fake driver")))
+    table.iter().find(|(k, _)| *k as i32 == a).map(|(_, v)| *v).ok_or_else(|| {
+        fail(
+            CUresult::CUDA_ERROR_NOT_SUPPORTED,
+            &format!("cuDeviceGetAttribute: attribute {a} is not modelled by the fake driver"),
+        )
+    })
 }
 
 /// (name, description) of a result code, as static C strings.
@@ -850,11 +981,14 @@ pub fn error_text(e: CUresult) -> (&'static std::ffi::CStr, &'static std::ffi::C
         CUDA_ERROR_NOT_SUPPORTED => "operation not supported",
         CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED => "operation not permitted when stream is capturing",
         CUDA_ERROR_STREAM_CAPTURE_INVALIDATED => "operation failed due to a previous error during capture",
-        CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD => "attempt to terminate a thread-local capture sequence from another thread",
+        CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD => {
+            "attempt to terminate a thread-local capture sequence from another thread"
+        }
         CUDA_ERROR_ILLEGAL_STATE => "the operation is not permitted in the current state",
         _ => "an error of the tandem fake CUDA driver",
     };
-    let leak = |s: String| -> &'static std::ffi::CStr { Box::leak(CString::new(s).unwrap_or_default().into_boxed_c_str()) };
+    let leak =
+        |s: String| -> &'static std::ffi::CStr { Box::leak(CString::new(s).unwrap_or_default().into_boxed_c_str()) };
     let n = leak(format!("{e:?}"));
     let d = leak(desc.to_string());
     t.push((code, n, d));
@@ -897,11 +1031,16 @@ fn install_fault_handler() {
                 libc::sigaction(sig, &dfl, std::ptr::null_mut());
                 return;
             }
-            let old = if sig == libc::SIGSEGV { (*std::ptr::addr_of!(OLD_SEGV)).assume_init() } else { (*std::ptr::addr_of!(OLD_BUS)).assume_init() };
+            let old = if sig == libc::SIGSEGV {
+                (*std::ptr::addr_of!(OLD_SEGV)).assume_init()
+            } else {
+                (*std::ptr::addr_of!(OLD_BUS)).assume_init()
+            };
             if old.sa_sigaction == libc::SIG_DFL || old.sa_sigaction == libc::SIG_IGN {
                 libc::sigaction(sig, &old, std::ptr::null_mut());
             } else if old.sa_flags & libc::SA_SIGINFO != 0 {
-                let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) = std::mem::transmute(old.sa_sigaction);
+                let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+                    std::mem::transmute(old.sa_sigaction);
                 f(sig, info, ctx);
             } else {
                 let f: extern "C" fn(libc::c_int) = std::mem::transmute(old.sa_sigaction);

@@ -70,7 +70,19 @@ fn the_fake_driver_queues_checks_and_refuses() {
         let htod: unsafe extern "C" fn(u64, *const c_void, usize, usize) -> R = d.f("cuMemcpyHtoDAsync_v2");
         let dtoh: unsafe extern "C" fn(*mut c_void, u64, usize, usize) -> R = d.f("cuMemcpyDtoHAsync_v2");
         let memset: unsafe extern "C" fn(u64, u8, usize, usize) -> R = d.f("cuMemsetD8Async");
-        type Launch = unsafe extern "C" fn(usize, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, usize, *mut *mut c_void, *mut *mut c_void) -> R;
+        type Launch = unsafe extern "C" fn(
+            usize,
+            c_uint,
+            c_uint,
+            c_uint,
+            c_uint,
+            c_uint,
+            c_uint,
+            c_uint,
+            usize,
+            *mut *mut c_void,
+            *mut *mut c_void,
+        ) -> R;
         let launch: Launch = d.f("cuLaunchKernel");
         let begin: unsafe extern "C" fn(usize, c_int) -> R = d.f("cuStreamBeginCapture_v2");
         let end: unsafe extern "C" fn(usize, *mut usize) -> R = d.f("cuStreamEndCapture");
@@ -112,15 +124,23 @@ fn the_fake_driver_queues_checks_and_refuses() {
         assert_eq!(htod(x, pinned, n * 4, s), SUCCESS);
         assert_eq!(memset(acc, 0, n * 4, s), SUCCESS);
         let len = n as u64;
-        let mut args: [*mut c_void; 3] = [&mut acc as *mut u64 as *mut c_void, &mut x as *mut u64 as *mut c_void, &len as *const u64 as *mut c_void];
+        let mut args: [*mut c_void; 3] =
+            [&mut acc as *mut u64 as *mut c_void, &mut x as *mut u64 as *mut c_void, &len as *const u64 as *mut c_void];
         let blocks = n.div_ceil(256) as c_uint;
         assert_eq!(launch(f, blocks, 1, 1, 256, 1, 1, 0, s, args.as_mut_ptr(), std::ptr::null_mut()), SUCCESS);
         host.iter_mut().for_each(|v| *v += 1000.0); // before any wait: the copy sees this
         assert_eq!(dtoh(back.as_mut_ptr() as *mut c_void, acc, n * 4, s), SUCCESS);
-        assert!(back.iter().enumerate().all(|(i, &v)| v == i as f32 + 1000.0), "the copy ran before the host waited: {:?}", &back[..4]);
+        assert!(
+            back.iter().enumerate().all(|(i, &v)| v == i as f32 + 1000.0),
+            "the copy ran before the host waited: {:?}",
+            &back[..4]
+        );
 
         // Launch bounds (.maxntid 256) and shared memory (48 KiB without opting in).
-        assert_eq!(launch(f, 1, 1, 1, 512, 1, 1, 0, s, args.as_mut_ptr(), std::ptr::null_mut()), LAUNCH_OUT_OF_RESOURCES);
+        assert_eq!(
+            launch(f, 1, 1, 1, 512, 1, 1, 0, s, args.as_mut_ptr(), std::ptr::null_mut()),
+            LAUNCH_OUT_OF_RESOURCES
+        );
         assert_eq!(launch(f, 1, 1, 1, 256, 1, 1, 64 << 10, s, args.as_mut_ptr(), std::ptr::null_mut()), INVALID_VALUE);
 
         // Capture refuses allocation from the capturing thread, and the capture is lost.
@@ -140,18 +160,23 @@ fn the_fake_driver_queues_checks_and_refuses() {
         assert_eq!(graph_launch(exec, s), SUCCESS);
         assert_eq!(sync(s), SUCCESS);
         assert_eq!(dtoh(back.as_mut_ptr() as *mut c_void, acc, n * 4, s), SUCCESS);
-        assert!(back.iter().enumerate().all(|(i, &v)| v == 2.0 * (i as f32 + 1000.0)), "the replay did not add x again");
+        assert!(
+            back.iter().enumerate().all(|(i, &v)| v == 2.0 * (i as f32 + 1000.0)),
+            "the replay did not add x again"
+        );
         // Programmatic dependent launch: add(acc, x), then add(y, acc) launched with the
         // programmatic-stream-serialization attribute (cuLaunchKernelEx). The dependent runs
         // first in the fake and its primary at its first block's PDL_WAIT (add waits at the
         // top), so y sees the new acc; eagerly and replayed from a graph (the pairing
         // alternates between replays), and an attribute the fake does not model is refused.
         use cudarc::driver::sys::{CUlaunchAttribute, CUlaunchAttributeID, CUlaunchConfig};
-        let launch_ex: unsafe extern "C" fn(*const CUlaunchConfig, usize, *mut *mut c_void, *mut *mut c_void) -> R = d.f("cuLaunchKernelEx");
+        let launch_ex: unsafe extern "C" fn(*const CUlaunchConfig, usize, *mut *mut c_void, *mut *mut c_void) -> R =
+            d.f("cuLaunchKernelEx");
         let mut y = 0u64;
         assert_eq!(alloc(&mut y, n * 4, s), SUCCESS);
         assert_eq!(memset(y, 0, n * 4, s), SUCCESS);
-        let mut dep: [*mut c_void; 3] = [&mut y as *mut u64 as *mut c_void, &mut acc as *mut u64 as *mut c_void, &len as *const u64 as *mut c_void];
+        let mut dep: [*mut c_void; 3] =
+            [&mut y as *mut u64 as *mut c_void, &mut acc as *mut u64 as *mut c_void, &len as *const u64 as *mut c_void];
         let mut attr: CUlaunchAttribute = std::mem::zeroed();
         attr.id = CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
         attr.value.programmaticStreamSerializationAllowed = 1;
@@ -197,7 +222,11 @@ fn the_fake_driver_queues_checks_and_refuses() {
         assert_eq!(dtoh(got.as_mut_ptr() as *mut c_void, acc, n * 4, s), SUCCESS);
         assert_eq!(got, want);
         (*cfg.attrs).id = CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
-        assert_eq!(launch_ex(&cfg, f, dep.as_mut_ptr(), std::ptr::null_mut()), INVALID_VALUE, "an attribute the fake does not model");
+        assert_eq!(
+            launch_ex(&cfg, f, dep.as_mut_ptr(), std::ptr::null_mut()),
+            INVALID_VALUE,
+            "an attribute the fake does not model"
+        );
 
         assert_eq!(free(x, s), SUCCESS);
         assert_eq!(graph_launch(exec, s), SUCCESS);

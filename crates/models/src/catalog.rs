@@ -55,7 +55,9 @@ impl Catalog {
                 let name = header
                     .strip_suffix(']')
                     .and_then(|h| h.trim().strip_prefix("model."))
-                    .filter(|name| !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'))
+                    .filter(|name| {
+                        !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+                    })
                     .ok_or_else(|| err(n, format!("expected a table header `[model.NAME]`, found `{line}`")))?;
                 if tables.iter().any(|t| t.0 == name) {
                     return Err(err(n, format!("model `{name}` is defined twice")));
@@ -63,7 +65,8 @@ impl Catalog {
                 tables.push((name.to_string(), Default::default(), n));
                 continue;
             }
-            let (key, value) = line.split_once('=').ok_or_else(|| err(n, format!("expected `key = \"value\"`, found `{line}`")))?;
+            let (key, value) =
+                line.split_once('=').ok_or_else(|| err(n, format!("expected `key = \"value\"`, found `{line}`")))?;
             let key = key.trim();
             let value = parse_string(value.trim()).map_err(|m| err(n, format!("value of `{key}`: {m}")))?;
             match tables.last_mut() {
@@ -81,8 +84,17 @@ impl Catalog {
         }
         let mut models = vec![];
         for (name, fields, line) in tables {
-            let get = |i: usize| fields[i].clone().ok_or_else(|| err(line, format!("model `{name}` has no `{}`", FIELDS[i])));
-            let e = CatalogEntry { package: get(0)?, version: get(1)?, wheel: get(2)?, file: get(3)?, sha256: get(4)?, dir: get(5)?, name };
+            let get =
+                |i: usize| fields[i].clone().ok_or_else(|| err(line, format!("model `{name}` has no `{}`", FIELDS[i])));
+            let e = CatalogEntry {
+                package: get(0)?,
+                version: get(1)?,
+                wheel: get(2)?,
+                file: get(3)?,
+                sha256: get(4)?,
+                dir: get(5)?,
+                name,
+            };
             if e.sha256.len() != 64 || !e.sha256.chars().all(|c| c.is_ascii_digit() || ('a'..='f').contains(&c)) {
                 return Err(err(line, format!("model `{}`: sha256 must be 64 lowercase hex digits", e.name)));
             }
@@ -151,9 +163,10 @@ mod tests {
     #[test]
     fn errors_name_the_line() {
         let p = Path::new("cat.toml");
-        let ok = "default = \"a\"\n[model.a]\npackage = \"p\" # c\nversion = \"1\"\nwheel = \"w\"\nfile = \"f\"\nsha256 = \"".to_string()
-            + &"0".repeat(64)
-            + "\"\ndir = \"A\"\n";
+        let ok =
+            "default = \"a\"\n[model.a]\npackage = \"p\" # c\nversion = \"1\"\nwheel = \"w\"\nfile = \"f\"\nsha256 = \""
+                .to_string()
+                + &"0".repeat(64) + "\"\ndir = \"A\"\n";
         let c = Catalog::parse(&ok, p).unwrap();
         assert_eq!(c.models[0].package, "p");
         let cases = [

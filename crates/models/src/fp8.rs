@@ -32,7 +32,11 @@ pub fn encode_e4m3(x: f32) -> u8 {
         i
     } else {
         let (lo, hi) = (a - t[i - 1], t[i] - a);
-        if lo < hi || (lo == hi && (i - 1) % 2 == 0) { i - 1 } else { i }
+        if lo < hi || (lo == hi && (i - 1) % 2 == 0) {
+            i - 1
+        } else {
+            i
+        }
     };
     sign | code as u8
 }
@@ -40,7 +44,10 @@ pub fn encode_e4m3(x: f32) -> u8 {
 /// Whether a tensor is a projection that FP8 checkpoints store in 8 bits: the attention and MLP
 /// projections and experts (never the embedding, the head, norms or a router).
 fn quantized(name: &str, shape: &[usize]) -> bool {
-    shape.len() == 2 && name.starts_with("model.layers.") && (name.ends_with("_proj.weight") || [".w1.weight", ".w2.weight", ".w3.weight"].iter().any(|s| name.ends_with(s)))
+    shape.len() == 2
+        && name.starts_with("model.layers.")
+        && (name.ends_with("_proj.weight")
+            || [".w1.weight", ".w2.weight", ".w3.weight"].iter().any(|s| name.ends_with(s)))
 }
 
 /// Rewrites the model in `dir` (its safetensors and config.json) with its projections in FP8,
@@ -58,7 +65,11 @@ pub fn quantize_dir(dir: &Path, block: [usize; 2]) -> Result<usize> {
         let shape = w.shape(name).expect("listed").to_vec();
         if quantized(name, &shape) {
             specs.push(TensorSpec::e4m3(name, &shape));
-            specs.push(TensorSpec::new(format!("{}_scale_inv", name), tandem_core::DType::F32, &[shape[0].div_ceil(br), shape[1].div_ceil(bc)]));
+            specs.push(TensorSpec::new(
+                format!("{}_scale_inv", name),
+                tandem_core::DType::F32,
+                &[shape[0].div_ceil(br), shape[1].div_ceil(bc)],
+            ));
             count += 1;
         } else {
             specs.push(TensorSpec::new(name, w.get(name, &shape)?.dtype, &shape));
@@ -99,7 +110,8 @@ pub fn quantize_dir(dir: &Path, block: [usize; 2]) -> Result<usize> {
     std::fs::rename(&tmp, &st).map_err(|e| Error::io(&st, e))?;
     let cfg_path = dir.join("config.json");
     let text = std::fs::read_to_string(&cfg_path).map_err(|e| Error::io(&cfg_path, e))?;
-    let mut cfg: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::config(&cfg_path, format!("not valid JSON: {e}")))?;
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| Error::config(&cfg_path, format!("not valid JSON: {e}")))?;
     cfg["quantization_config"] = serde_json::json!({ "quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3", "weight_block_size": [br, bc] });
     crate::convert::write_json(&cfg_path, &cfg)?;
     Ok(count)
@@ -137,12 +149,16 @@ mod tests {
     fn quantized_model_reads_back_within_e4m3_error() {
         let dir = std::env::temp_dir().join(format!("tandem-fp8-q-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        crate::random_model::write_random_model(&dir, crate::random_model::Shape::Tiny, 3, tandem_core::DType::F32).unwrap();
+        crate::random_model::write_random_model(&dir, crate::random_model::Shape::Tiny, 3, tandem_core::DType::F32)
+            .unwrap();
         let before = Weights::open(&dir).unwrap();
-        let orig: Vec<(String, Vec<usize>, Vec<f32>)> = before.names().map(|n| {
-            let s = before.shape(n).unwrap().to_vec();
-            (n.to_string(), s.clone(), before.get(n, &s).unwrap().to_f32())
-        }).collect();
+        let orig: Vec<(String, Vec<usize>, Vec<f32>)> = before
+            .names()
+            .map(|n| {
+                let s = before.shape(n).unwrap().to_vec();
+                (n.to_string(), s.clone(), before.get(n, &s).unwrap().to_f32())
+            })
+            .collect();
         drop(before);
         let n = quantize_dir(&dir, [32, 32]).unwrap();
         assert_eq!(n, 2 * 7, "7 projections a layer, 2 layers");
@@ -166,7 +182,8 @@ mod tests {
             }
             assert!(worst > 0.0, "{name}: rounding happened");
         }
-        let cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+        let cfg: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
         assert_eq!(cfg["quantization_config"]["weight_block_size"], serde_json::json!([32, 32]));
         std::fs::remove_dir_all(&dir).ok();
     }
@@ -180,7 +197,11 @@ mod tests {
         let write = |specs: Vec<TensorSpec>| {
             let mut w = SafetensorsWriter::new(std::fs::File::create(&st).unwrap(), &st, specs).unwrap();
             for s in w.specs().to_vec() {
-                if s.e4m3 { w.push_raw(&vec![0x38; s.numel()]).unwrap() } else { w.push(&vec![0.5; s.numel()]).unwrap() }
+                if s.e4m3 {
+                    w.push_raw(&vec![0x38; s.numel()]).unwrap()
+                } else {
+                    w.push(&vec![0.5; s.numel()]).unwrap()
+                }
             }
             w.finish().unwrap();
         };
@@ -196,7 +217,10 @@ mod tests {
             assert!(e.contains(want) && e.contains("model.safetensors") && e.contains("F8_E4M3"), "{e}");
         }
         // A per-tensor scale, then the same weight read back.
-        write(vec![TensorSpec::e4m3(up, &[4, 6]), TensorSpec::new(format!("{up}_scale"), tandem_core::DType::F32, &[1])]);
+        write(vec![
+            TensorSpec::e4m3(up, &[4, 6]),
+            TensorSpec::new(format!("{up}_scale"), tandem_core::DType::F32, &[1]),
+        ]);
         let w = Weights::open(&dir).unwrap();
         assert_eq!(w.get(up, &[4, 6]).unwrap().to_f32(), vec![0.5; 24], "1.0 * 0.5, in bf16 (no embedding to follow)");
         assert_eq!(w.get(up, &[4, 6]).unwrap().dtype, tandem_core::DType::BF16);

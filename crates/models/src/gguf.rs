@@ -214,11 +214,15 @@ impl GgufFile {
         // ggml quantises along rows: a block never spans two rows.
         if let Some((block, _)) = t.ggml_type.block_layout() {
             if t.dims[0] % block != 0 {
-                return Err(Error::tensor(&self.path, &t.name, format!(
-                    "rows of {} elements are not a whole number of {} blocks ({block} elements each)",
-                    t.dims[0],
-                    t.ggml_type.name()
-                )));
+                return Err(Error::tensor(
+                    &self.path,
+                    &t.name,
+                    format!(
+                        "rows of {} elements are not a whole number of {} blocks ({block} elements each)",
+                        t.dims[0],
+                        t.ggml_type.name()
+                    ),
+                ));
             }
         }
         let size = t.ggml_type.byte_size(t.numel()).map_err(|msg| Error::tensor(&self.path, &t.name, msg))?;
@@ -243,7 +247,8 @@ impl GgufFile {
     pub fn tensor_f32(&self, t: &TensorInfo) -> Result<Vec<f32>> {
         t.ggml_type.check_dequantizable().map_err(|msg| Error::tensor(&self.path, &t.name, msg))?;
         let bytes = self.tensor_bytes(t)?;
-        crate::quant::dequantize(t.ggml_type, bytes, t.numel() as usize).map_err(|msg| Error::tensor(&self.path, &t.name, msg))
+        crate::quant::dequantize(t.ggml_type, bytes, t.numel() as usize)
+            .map_err(|msg| Error::tensor(&self.path, &t.name, msg))
     }
 }
 
@@ -290,7 +295,11 @@ impl<'a> Cursor<'a> {
     fn check_count(&self, count: u64, min_size: usize, what: &str) -> std::result::Result<usize, String> {
         match count.checked_mul(min_size as u64) {
             Some(b) if b <= self.remaining() as u64 => Ok(count as usize),
-            _ => Err(format!("{what} claims {count} items at offset {}, more than the {} bytes left", self.pos, self.remaining())),
+            _ => Err(format!(
+                "{what} claims {count} items at offset {}, more than the {} bytes left",
+                self.pos,
+                self.remaining()
+            )),
         }
     }
     fn string(&mut self, what: &str) -> std::result::Result<String, String> {
@@ -312,7 +321,9 @@ fn parse(buf: &[u8]) -> std::result::Result<Parsed, String> {
     match version {
         2 | 3 => {}
         1 => return Err("GGUF version 1 (32-bit counts) is not supported; re-export the file as version 3".into()),
-        v if v.swap_bytes() <= 3 => return Err(format!("big-endian GGUF (version {}) is not supported", v.swap_bytes())),
+        v if v.swap_bytes() <= 3 => {
+            return Err(format!("big-endian GGUF (version {}) is not supported", v.swap_bytes()))
+        }
         v => return Err(format!("unknown GGUF version {v} (2 and 3 are supported)")),
     }
     let n_tensors = c.u64("the tensor count")?;
@@ -361,7 +372,10 @@ fn parse(buf: &[u8]) -> std::result::Result<Parsed, String> {
     }
     let data_offset = (c.pos as u64).div_ceil(alignment) * alignment;
     if data_offset > buf.len() as u64 {
-        return Err(format!("the data section would start at byte {data_offset}, past the end of the file ({} bytes)", buf.len()));
+        return Err(format!(
+            "the data section would start at byte {data_offset}, past the end of the file ({} bytes)",
+            buf.len()
+        ));
     }
     Ok(Parsed { version, metadata, tensors, alignment, data_offset })
 }

@@ -50,18 +50,30 @@ impl GgufTokenizer {
                 *t = "\u{2581}".repeat(t.chars().count());
             }
         }
-        let merges = if sentencepiece && g.get("tokenizer.ggml.merges").is_none() { sentencepiece_merges(&vocab) } else { Self::merges(g)? };
+        let merges = if sentencepiece && g.get("tokenizer.ggml.merges").is_none() {
+            sentencepiece_merges(&vocab)
+        } else {
+            Self::merges(g)?
+        };
         let types: Vec<i64> = match g.get("tokenizer.ggml.token_type") {
             None => vec![1; vocab.len()],
             Some(_) => g
                 .get_array("tokenizer.ggml.token_type")?
                 .iter()
                 .enumerate()
-                .map(|(i, v)| v.as_f64().map(|x| x as i64).ok_or_else(|| err(format!("tokenizer.ggml.token_type[{i}] is not an integer"))))
+                .map(|(i, v)| {
+                    v.as_f64()
+                        .map(|x| x as i64)
+                        .ok_or_else(|| err(format!("tokenizer.ggml.token_type[{i}] is not an integer")))
+                })
                 .collect::<Result<_>>()?,
         };
         if types.len() != vocab.len() {
-            return Err(err(format!("tokenizer.ggml.token_type has {} entries for {} tokens", types.len(), vocab.len())));
+            return Err(err(format!(
+                "tokenizer.ggml.token_type has {} entries for {} tokens",
+                types.len(),
+                vocab.len()
+            )));
         }
         let added: Vec<AddedToken> = types
             .iter()
@@ -117,7 +129,10 @@ impl GgufTokenizer {
             .enumerate()
             .map(|(i, m)| match m.split_once(' ') {
                 Some((a, b)) if !a.is_empty() && !b.is_empty() => Ok((a.to_string(), b.to_string())),
-                _ => Err(Error::config(&g.path, format!("tokenizer.ggml.merges[{i}] is {m:?}, expected two tokens separated by one space"))),
+                _ => Err(Error::config(
+                    &g.path,
+                    format!("tokenizer.ggml.merges[{i}] is {m:?}, expected two tokens separated by one space"),
+                )),
             })
             .collect()
     }
@@ -174,7 +189,11 @@ fn strings(g: &GgufFile, key: &str) -> Result<Vec<String>> {
     g.get_array(key)?
         .iter()
         .enumerate()
-        .map(|(i, v)| v.as_str().map(String::from).ok_or_else(|| Error::config(&g.path, format!("{key}[{i}] is a {}, expected a string", v.type_name()))))
+        .map(|(i, v)| {
+            v.as_str()
+                .map(String::from)
+                .ok_or_else(|| Error::config(&g.path, format!("{key}[{i}] is a {}, expected a string", v.type_name())))
+        })
         .collect()
 }
 
@@ -214,17 +233,39 @@ pub(crate) mod tests {
     /// byte tokens `<0x00>`.. (ids 6..=261), then pieces: `hello` is 273, `▁world` 278, and a
     /// token of two spaces, spelled with real spaces as llama.cpp writes it, 279.
     pub(crate) fn tiny_gemma_tokenizer_meta() -> Vec<(&'static str, Value)> {
-        let mut tokens: Vec<String> = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"].map(String::from).to_vec();
+        let mut tokens: Vec<String> =
+            ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"].map(String::from).to_vec();
         tokens.extend((0..256).map(|b| format!("<0x{b:02X}>")));
-        let pieces = ["\u{2581}", "h", "e", "l", "o", "w", "r", "d", "he", "ll", "hell", "hello", "\u{2581}w", "or", "ld", "\u{2581}wor", "\u{2581}world", "  "];
+        let pieces = [
+            "\u{2581}",
+            "h",
+            "e",
+            "l",
+            "o",
+            "w",
+            "r",
+            "d",
+            "he",
+            "ll",
+            "hell",
+            "hello",
+            "\u{2581}w",
+            "or",
+            "ld",
+            "\u{2581}wor",
+            "\u{2581}world",
+            "  ",
+        ];
         tokens.extend(pieces.map(String::from));
         let types: Vec<Value> = (0..tokens.len())
-            .map(|i| Value::I32(match i {
-                3 => 2,
-                0..=5 => 3,
-                6..=261 => 6,
-                _ => 1,
-            }))
+            .map(|i| {
+                Value::I32(match i {
+                    3 => 2,
+                    0..=5 => 3,
+                    6..=261 => 6,
+                    _ => 1,
+                })
+            })
             .collect();
         vec![
             ("general.architecture", s("gemma3")),
@@ -253,7 +294,21 @@ pub(crate) mod tests {
         assert_eq!(t.vocab[279], "\u{2581}\u{2581}", "spaces respelled");
         // Merges by the merged token's id: he, ll, hell, hello, ▁w, or, ld, ▁wor, ▁world, ▁▁.
         let m: Vec<String> = t.merges.iter().map(|(a, b)| format!("{a} {b}")).collect();
-        assert_eq!(m, ["h e", "l l", "he ll", "hell o", "\u{2581} w", "o r", "l d", "\u{2581}w or", "\u{2581}wor ld", "\u{2581} \u{2581}"]);
+        assert_eq!(
+            m,
+            [
+                "h e",
+                "l l",
+                "he ll",
+                "hell o",
+                "\u{2581} w",
+                "o r",
+                "l d",
+                "\u{2581}w or",
+                "\u{2581}wor ld",
+                "\u{2581} \u{2581}"
+            ]
+        );
         let tok = tokenizers::Tokenizer::from_bytes(t.tokenizer_json().to_string().as_bytes()).unwrap();
         let ids = |text: &str, special: bool| tok.encode(text, special).unwrap().get_ids().to_vec();
         assert_eq!(ids("hello world", false), [273, 278]);

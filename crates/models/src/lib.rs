@@ -20,8 +20,8 @@
 pub mod catalog;
 pub mod convert;
 pub mod family;
-pub mod fp8;
 pub mod fetch;
+pub mod fp8;
 pub mod gguf;
 pub mod gguf_tokenizer;
 pub mod quant;

@@ -128,11 +128,17 @@ impl GgmlType {
 
     /// Bytes that `numel` elements of this type occupy.
     pub fn byte_size(self, numel: u64) -> Result<u64, String> {
-        let (block, bytes) = self.block_layout().ok_or_else(|| format!("type {} has no known block layout", self.name()))?;
+        let (block, bytes) =
+            self.block_layout().ok_or_else(|| format!("type {} has no known block layout", self.name()))?;
         if numel % block != 0 {
-            return Err(format!("{numel} elements is not a whole number of {} blocks ({block} elements each)", self.name()));
+            return Err(format!(
+                "{numel} elements is not a whole number of {} blocks ({block} elements each)",
+                self.name()
+            ));
         }
-        (numel / block).checked_mul(bytes).ok_or_else(|| format!("{numel} elements of {} overflow a byte count", self.name()))
+        (numel / block)
+            .checked_mul(bytes)
+            .ok_or_else(|| format!("{numel} elements of {} overflow a byte count", self.name()))
     }
 }
 
@@ -191,9 +197,13 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8], numel: usize) -> Result<Vec<f32>, 
         return Err(format!("{numel} elements of {} need {need} bytes, got {}", ty.name(), bytes.len()));
     }
     let f: fn(&[u8], &mut [f32]) = match ty {
-        GgmlType::F32 => return Ok(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()),
+        GgmlType::F32 => {
+            return Ok(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+        }
         GgmlType::F16 => return Ok(bytes.chunks_exact(2).map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32()).collect()),
-        GgmlType::BF16 => return Ok(bytes.chunks_exact(2).map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect()),
+        GgmlType::BF16 => {
+            return Ok(bytes.chunks_exact(2).map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect())
+        }
         GgmlType::Q8_0 => block_q8_0,
         GgmlType::Q4_0 => block_q4_0,
         GgmlType::Q4_1 => block_q4_1,

@@ -142,41 +142,158 @@ impl Shape {
         match self {
             Shape::Tiny => base,
             Shape::TinyTied => Dims { tied: true, kv_heads: 1, ..base },
-            Shape::TinyHd128 => Dims { hidden: 256, intermediate: 512, layers: 4, heads: 2, kv_heads: 1, head_dim: 128, rope_theta: 500000.0, ..base },
-            Shape::SmallHd64 => Dims { hidden: 576, intermediate: 1536, heads: 9, kv_heads: 3, head_dim: 64, tied: true, rope_theta: 100000.0, ..base },
+            Shape::TinyHd128 => Dims {
+                hidden: 256,
+                intermediate: 512,
+                layers: 4,
+                heads: 2,
+                kv_heads: 1,
+                head_dim: 128,
+                rope_theta: 500000.0,
+                ..base
+            },
+            Shape::SmallHd64 => Dims {
+                hidden: 576,
+                intermediate: 1536,
+                heads: 9,
+                kv_heads: 3,
+                head_dim: 64,
+                tied: true,
+                rope_theta: 100000.0,
+                ..base
+            },
             Shape::Smollm2_135m => Dims {
-                vocab: 49152, hidden: 576, intermediate: 1536, layers: 30, heads: 9, kv_heads: 3, head_dim: 64,
-                tied: true, rope_theta: 100000.0, max_pos: 8192, ..base
+                vocab: 49152,
+                hidden: 576,
+                intermediate: 1536,
+                layers: 30,
+                heads: 9,
+                kv_heads: 3,
+                head_dim: 64,
+                tied: true,
+                rope_theta: 100000.0,
+                max_pos: 8192,
+                ..base
             },
             Shape::Qwen25_05b => Dims {
-                arch: Family::Qwen2, vocab: 151936, hidden: 896, intermediate: 4864, layers: 24, heads: 14, kv_heads: 2,
-                head_dim: 64, tied: true, rope_theta: 1000000.0, rms_eps: 1e-6, max_pos: 32768, ..base
+                arch: Family::Qwen2,
+                vocab: 151936,
+                hidden: 896,
+                intermediate: 4864,
+                layers: 24,
+                heads: 14,
+                kv_heads: 2,
+                head_dim: 64,
+                tied: true,
+                rope_theta: 1000000.0,
+                rms_eps: 1e-6,
+                max_pos: 32768,
+                ..base
             },
             Shape::Llama32_1b => Dims {
-                vocab: 128256, hidden: 2048, intermediate: 8192, layers: 16, heads: 32, kv_heads: 8, head_dim: 64,
-                tied: true, rope_theta: 500000.0, llama3_scaling: true, max_pos: 131072, ..base
+                vocab: 128256,
+                hidden: 2048,
+                intermediate: 8192,
+                layers: 16,
+                heads: 32,
+                kv_heads: 8,
+                head_dim: 64,
+                tied: true,
+                rope_theta: 500000.0,
+                llama3_scaling: true,
+                max_pos: 131072,
+                ..base
             },
             Shape::Llama3_8b => Dims {
-                vocab: 128256, hidden: 4096, intermediate: 14336, layers: 32, heads: 32, kv_heads: 8, head_dim: 128,
-                rope_theta: 500000.0, max_pos: 8192, ..base
+                vocab: 128256,
+                hidden: 4096,
+                intermediate: 14336,
+                layers: 32,
+                heads: 32,
+                kv_heads: 8,
+                head_dim: 128,
+                rope_theta: 500000.0,
+                max_pos: 8192,
+                ..base
             },
-            Shape::TinyQwen3 => Dims { arch: Family::Qwen3, head_dim: 32, tied: true, rope_theta: 1000000.0, rms_eps: 1e-6, ..base },
-            Shape::TinyQwen3Moe => Dims { arch: Family::Qwen3Moe, head_dim: 32, intermediate: 48, experts: 8, top_k: 2, rope_theta: 1000000.0, rms_eps: 1e-6, ..base },
-            Shape::TinyMixtral => Dims { arch: Family::Mixtral, intermediate: 96, experts: 4, top_k: 2, rope_theta: 1000000.0, ..base },
+            Shape::TinyQwen3 => {
+                Dims { arch: Family::Qwen3, head_dim: 32, tied: true, rope_theta: 1000000.0, rms_eps: 1e-6, ..base }
+            }
+            Shape::TinyQwen3Moe => Dims {
+                arch: Family::Qwen3Moe,
+                head_dim: 32,
+                intermediate: 48,
+                experts: 8,
+                top_k: 2,
+                rope_theta: 1000000.0,
+                rms_eps: 1e-6,
+                ..base
+            },
+            Shape::TinyMixtral => {
+                Dims { arch: Family::Mixtral, intermediate: 96, experts: 4, top_k: 2, rope_theta: 1000000.0, ..base }
+            }
             Shape::Qwen3_30bA3b2l => Dims {
-                arch: Family::Qwen3Moe, vocab: 151936, hidden: 2048, intermediate: 768, experts: 128, top_k: 8, layers: 2, heads: 32, kv_heads: 4,
-                head_dim: 128, rope_theta: 1000000.0, rms_eps: 1e-6, max_pos: 40960, ..base
+                arch: Family::Qwen3Moe,
+                vocab: 151936,
+                hidden: 2048,
+                intermediate: 768,
+                experts: 128,
+                top_k: 8,
+                layers: 2,
+                heads: 32,
+                kv_heads: 4,
+                head_dim: 128,
+                rope_theta: 1000000.0,
+                rms_eps: 1e-6,
+                max_pos: 40960,
+                ..base
             },
             Shape::TinyMistral => Dims { arch: Family::Mistral, window: 16, ..base },
             Shape::TinyMistralHd128 => Dims { arch: Family::Mistral, window: 16, ..Shape::TinyHd128.dims() },
-            Shape::TinyQwen2 => Dims { arch: Family::Qwen2, tied: true, rope_theta: 1000000.0, rms_eps: 1e-6, window: 16, window_from: 1, ..base },
-            Shape::TinyGemma3 => Dims { arch: Family::Gemma3, head_dim: 32, tied: true, rope_theta: 1000000.0, rms_eps: 1e-6, window: 16, ..base },
-            Shape::TinyGemma3Hd256 => {
-                Dims { arch: Family::Gemma3, heads: 4, kv_heads: 1, head_dim: 256, tied: true, rope_theta: 1000000.0, rms_eps: 1e-6, window: 16, ..base }
-            }
+            Shape::TinyQwen2 => Dims {
+                arch: Family::Qwen2,
+                tied: true,
+                rope_theta: 1000000.0,
+                rms_eps: 1e-6,
+                window: 16,
+                window_from: 1,
+                ..base
+            },
+            Shape::TinyGemma3 => Dims {
+                arch: Family::Gemma3,
+                head_dim: 32,
+                tied: true,
+                rope_theta: 1000000.0,
+                rms_eps: 1e-6,
+                window: 16,
+                ..base
+            },
+            Shape::TinyGemma3Hd256 => Dims {
+                arch: Family::Gemma3,
+                heads: 4,
+                kv_heads: 1,
+                head_dim: 256,
+                tied: true,
+                rope_theta: 1000000.0,
+                rms_eps: 1e-6,
+                window: 16,
+                ..base
+            },
             Shape::Gemma3_1b => Dims {
-                arch: Family::Gemma3, vocab: 262144, hidden: 1152, intermediate: 6912, layers: 26, heads: 4, kv_heads: 1, head_dim: 256,
-                tied: true, rope_theta: 1000000.0, rms_eps: 1e-6, max_pos: 32768, window: 512, ..base
+                arch: Family::Gemma3,
+                vocab: 262144,
+                hidden: 1152,
+                intermediate: 6912,
+                layers: 26,
+                heads: 4,
+                kv_heads: 1,
+                head_dim: 256,
+                tied: true,
+                rope_theta: 1000000.0,
+                rms_eps: 1e-6,
+                max_pos: 32768,
+                window: 512,
+                ..base
             },
         }
     }
@@ -263,7 +380,10 @@ fn tensor_plan(d: &Dims, dtype: DType) -> Vec<(TensorSpec, Fill)> {
         Family::Gemma3 => (Fill { mean: 0.0, std: head.std / 8.0 }, Fill { mean: 7.0, std: 0.1 }),
         _ => (head, norm),
     };
-    let mut plan = vec![t("model.embed_tokens.weight".into(), &[d.vocab, h], embed), t("model.norm.weight".into(), &[h], final_norm)];
+    let mut plan = vec![
+        t("model.embed_tokens.weight".into(), &[d.vocab, h], embed),
+        t("model.norm.weight".into(), &[h], final_norm),
+    ];
     if !d.tied {
         plan.push(t("lm_head.weight".into(), &[d.vocab, h], head));
     }
@@ -283,7 +403,11 @@ fn tensor_plan(d: &Dims, dtype: DType) -> Vec<(TensorSpec, Fill)> {
             f if f.moe() => {
                 // Router logits of std ~1.5: clear winners, not one expert for every token.
                 let (block, [gate, up, down]) = f.moe_names();
-                plan.push(t(format!("{p}.{block}.gate.weight"), &[d.experts, h], Fill { mean: 0.0, std: 1.5 / (h as f32).sqrt() }));
+                plan.push(t(
+                    format!("{p}.{block}.gate.weight"),
+                    &[d.experts, h],
+                    Fill { mean: 0.0, std: 1.5 / (h as f32).sqrt() },
+                ));
                 for e in 0..d.experts {
                     plan.push(t(format!("{p}.{block}.experts.{e}.{gate}.weight"), &[inter, h], proj(h)));
                     plan.push(t(format!("{p}.{block}.experts.{e}.{up}.weight"), &[inter, h], proj(h)));
@@ -333,11 +457,18 @@ pub fn gen_model(shape: &str, seed: u64, dtype: &str, out: &Path) -> std::result
         other => return Err(format!("unknown dtype `{other}` (bf16, f32, fp8 or fp8-f32)")),
     };
     let start = std::time::Instant::now();
-    let sum = write_random_model(out, s, seed, dt).map_err(|e| format!("writing a random {shape} model to {}: {e}", out.display()))?;
+    let sum = write_random_model(out, s, seed, dt)
+        .map_err(|e| format!("writing a random {shape} model to {}: {e}", out.display()))?;
     if let Some(block) = fp8 {
-        crate::fp8::quantize_dir(out, block).map_err(|e| format!("writing {shape}'s projections in FP8 in {}: {e}", out.display()))?;
+        crate::fp8::quantize_dir(out, block)
+            .map_err(|e| format!("writing {shape}'s projections in FP8 in {}: {e}", out.display()))?;
     }
-    Ok(format!("{shape} seed {seed} {dtype}: {} parameters, {:.1} MB, {:.1} s", sum.parameters, sum.bytes as f64 / 1e6, start.elapsed().as_secs_f64()))
+    Ok(format!(
+        "{shape} seed {seed} {dtype}: {} parameters, {:.1} MB, {:.1} s",
+        sum.parameters,
+        sum.bytes as f64 / 1e6,
+        start.elapsed().as_secs_f64()
+    ))
 }
 
 /// Writes a random model of `shape` into `dir` (created if needed).
@@ -347,7 +478,11 @@ pub fn write_random_model(dir: &Path, shape: Shape, seed: u64, dtype: DType) -> 
     let plan = tensor_plan(&d, dtype);
     let st_path = dir.join("model.safetensors");
     let file = std::fs::File::create(&st_path).map_err(|e| Error::io(&st_path, e))?;
-    let mut w = SafetensorsWriter::new(BufWriter::with_capacity(1 << 20, file), &st_path, plan.iter().map(|(s, _)| s.clone()).collect())?;
+    let mut w = SafetensorsWriter::new(
+        BufWriter::with_capacity(1 << 20, file),
+        &st_path,
+        plan.iter().map(|(s, _)| s.clone()).collect(),
+    )?;
     let order: Vec<TensorSpec> = w.specs().to_vec();
     let mut parameters = 0;
     let mut chunk = Vec::with_capacity(1 << 16);
@@ -367,9 +502,15 @@ pub fn write_random_model(dir: &Path, shape: Shape, seed: u64, dtype: DType) -> 
     w.finish()?;
     write_json(&dir.join("config.json"), &config_json(shape, &d, dtype))?;
     let tok = RandomTokenizer::build(d.vocab).map_err(|m| Error::config(dir.join("tokenizer.json"), m))?;
-    write_json(&dir.join("tokenizer.json"), &bpe_tokenizer_json(&tok.vocab, &tok.merges, &tok.added, PreTokenizer::ByteLevel))?;
+    write_json(
+        &dir.join("tokenizer.json"),
+        &bpe_tokenizer_json(&tok.vocab, &tok.merges, &tok.added, PreTokenizer::ByteLevel),
+    )?;
     write_json(&dir.join("tokenizer_config.json"), &tokenizer_config_json(&d))?;
-    write_json(&dir.join("generation_config.json"), &json!({ "bos_token_id": BOS, "eos_token_id": EOS, "pad_token_id": EOS }))?;
+    write_json(
+        &dir.join("generation_config.json"),
+        &json!({ "bos_token_id": BOS, "eos_token_id": EOS, "pad_token_id": EOS }),
+    )?;
     let bytes = std::fs::metadata(&st_path).map_err(|e| Error::io(&st_path, e))?.len();
     Ok(RandomModelSummary { parameters, bytes })
 }
@@ -541,10 +682,12 @@ impl RandomTokenizer {
                 }
             }
             // Most frequent pair; ties go to the first in sorted order, so training is deterministic.
-            let Some(((a, b), count)) = pairs.into_iter().fold(None, |best: Option<((&str, &str), usize)>, (p, n)| match best {
-                Some((_, bn)) if bn >= n => best,
-                _ => Some((p, n)),
-            }) else {
+            let Some(((a, b), count)) =
+                pairs.into_iter().fold(None, |best: Option<((&str, &str), usize)>, (p, n)| match best {
+                    Some((_, bn)) if bn >= n => best,
+                    _ => Some((p, n)),
+                })
+            else {
                 break;
             };
             if count < 2 {
@@ -552,23 +695,21 @@ impl RandomTokenizer {
             }
             let (a, b) = (a.to_string(), b.to_string());
             let joined = format!("{a}{b}");
-            words = words
-                .into_iter()
-                .fold(std::collections::BTreeMap::new(), |mut acc, (w, n)| {
-                    let mut out = Vec::with_capacity(w.len());
-                    let mut i = 0;
-                    while i < w.len() {
-                        if i + 1 < w.len() && w[i] == a && w[i + 1] == b {
-                            out.push(joined.clone());
-                            i += 2;
-                        } else {
-                            out.push(w[i].clone());
-                            i += 1;
-                        }
+            words = words.into_iter().fold(std::collections::BTreeMap::new(), |mut acc, (w, n)| {
+                let mut out = Vec::with_capacity(w.len());
+                let mut i = 0;
+                while i < w.len() {
+                    if i + 1 < w.len() && w[i] == a && w[i + 1] == b {
+                        out.push(joined.clone());
+                        i += 2;
+                    } else {
+                        out.push(w[i].clone());
+                        i += 1;
                     }
-                    *acc.entry(out).or_default() += n;
-                    acc
-                });
+                }
+                *acc.entry(out).or_default() += n;
+                acc
+            });
             if known.insert(joined.clone()) {
                 vocab.push(joined);
             }
@@ -579,7 +720,11 @@ impl RandomTokenizer {
             vocab.push(format!("<|reserved_{n}|>"));
             n += 1;
         }
-        let added = SPECIALS.iter().enumerate().map(|(id, s)| AddedToken { id: id as u32, content: s.to_string(), special: true }).collect();
+        let added = SPECIALS
+            .iter()
+            .enumerate()
+            .map(|(id, s)| AddedToken { id: id as u32, content: s.to_string(), special: true })
+            .collect();
         let t = RandomTokenizer { vocab, merges, added };
         check_bpe(&t.vocab, &t.merges, &t.added)?;
         Ok(t)
@@ -591,7 +736,15 @@ impl RandomTokenizer {
 fn split_words(text: &str) -> Vec<String> {
     let mut out = vec![];
     let mut cur = String::new();
-    let class = |c: char| if c.is_whitespace() { 0 } else if c.is_alphanumeric() { 1 } else { 2 };
+    let class = |c: char| {
+        if c.is_whitespace() {
+            0
+        } else if c.is_alphanumeric() {
+            1
+        } else {
+            2
+        }
+    };
     for c in text.chars() {
         let joins = match cur.chars().last() {
             None => true,
@@ -625,7 +778,17 @@ mod tests {
         let a = tmp("a");
         let s = write_random_model(&a, Shape::Tiny, 1, DType::BF16).unwrap();
         let cfg = ModelConfig::from_file(&a.join("config.json")).unwrap();
-        assert_eq!((cfg.vocab_size, cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim), (384, 64, 2, 4, 2, 16));
+        assert_eq!(
+            (
+                cfg.vocab_size,
+                cfg.hidden_size,
+                cfg.num_hidden_layers,
+                cfg.num_attention_heads,
+                cfg.num_key_value_heads,
+                cfg.head_dim
+            ),
+            (384, 64, 2, 4, 2, 16)
+        );
         assert!(!cfg.tie_word_embeddings);
         let w = Weights::open(&a).unwrap();
         let q = w.get("model.layers.1.self_attn.q_proj.weight", &[64, 64]).unwrap().to_f32();
@@ -640,12 +803,17 @@ mod tests {
         // Same seed: same bytes. Another seed: other weights.
         let b = tmp("b");
         write_random_model(&b, Shape::Tiny, 1, DType::BF16).unwrap();
-        for f in ["model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"] {
+        for f in
+            ["model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"]
+        {
             assert_eq!(std::fs::read(a.join(f)).unwrap(), std::fs::read(b.join(f)).unwrap(), "{f}");
         }
         let c = tmp("c");
         write_random_model(&c, Shape::Tiny, 2, DType::BF16).unwrap();
-        assert_ne!(std::fs::read(a.join("model.safetensors")).unwrap(), std::fs::read(c.join("model.safetensors")).unwrap());
+        assert_ne!(
+            std::fs::read(a.join("model.safetensors")).unwrap(),
+            std::fs::read(c.join("model.safetensors")).unwrap()
+        );
     }
 
     /// Golden data (HF logits for the tiny model) is computed once and committed; it stays valid
@@ -682,11 +850,15 @@ mod tests {
         // Merges were learnt: fewer tokens than bytes.
         assert!(enc.get_ids().len() < text.len() / 2, "{:?}", enc.get_ids());
         assert_eq!(tok.decode(enc.get_ids(), false).unwrap(), text);
-        let tc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(d.join("tokenizer_config.json")).unwrap()).unwrap();
+        let tc: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(d.join("tokenizer_config.json")).unwrap()).unwrap();
         assert!(tc["chat_template"].as_str().unwrap().contains("<|im_start|>"));
         let core_tok = tandem_core::tokenizer::Tokenizer::from_dir(&d).unwrap();
         let msgs = [json!({"role": "user", "content": "Hi"})];
-        assert_eq!(core_tok.apply_chat_template(&msgs, true).unwrap(), "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+        assert_eq!(
+            core_tok.apply_chat_template(&msgs, true).unwrap(),
+            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+        );
     }
 
     #[test]
@@ -698,7 +870,12 @@ mod tests {
             let cfg = ModelConfig::from_json(&config_json(shape, &d, DType::BF16).to_string()).unwrap();
             assert_eq!(cfg.head_dim, d.head_dim, "{}", shape.name());
             let plan = tensor_plan(&d, DType::BF16);
-            assert_eq!(plan.iter().any(|(s, _)| s.name.ends_with("q_proj.bias")), cfg.attention_bias, "{}", shape.name());
+            assert_eq!(
+                plan.iter().any(|(s, _)| s.name.ends_with("q_proj.bias")),
+                cfg.attention_bias,
+                "{}",
+                shape.name()
+            );
             assert_eq!(plan.iter().any(|(s, _)| s.name == "lm_head.weight"), !cfg.tie_word_embeddings);
         }
         let d = Shape::Llama32_1b.dims();

@@ -32,7 +32,11 @@ impl TensorSpec {
         self.shape.iter().product()
     }
     fn elem_size(&self) -> usize {
-        if self.e4m3 { 1 } else { self.dtype.size() }
+        if self.e4m3 {
+            1
+        } else {
+            self.dtype.size()
+        }
     }
     fn tag(&self) -> &'static str {
         match (self.e4m3, self.dtype) {
@@ -94,7 +98,15 @@ impl<W: Write> SafetensorsWriter<W> {
             return Err(Error::config(&self.path, format!("{n} values pushed after the last tensor")));
         };
         if spec.e4m3 != raw {
-            return Err(Error::tensor(&self.path, &spec.name, if raw { "bytes pushed into a tensor of values" } else { "values pushed into an FP8 tensor (push_raw)" }));
+            return Err(Error::tensor(
+                &self.path,
+                &spec.name,
+                if raw {
+                    "bytes pushed into a tensor of values"
+                } else {
+                    "values pushed into an FP8 tensor (push_raw)"
+                },
+            ));
         }
         let left = spec.numel() - self.done_in_current;
         if n > left {
@@ -119,7 +131,11 @@ impl<W: Write> SafetensorsWriter<W> {
     /// Checks that every tensor was written in full and flushes.
     pub fn finish(mut self) -> Result<W> {
         if let Some(spec) = self.specs.get(self.current) {
-            return Err(Error::tensor(&self.path, &spec.name, format!("only {} of {} values written", self.done_in_current, spec.numel())));
+            return Err(Error::tensor(
+                &self.path,
+                &spec.name,
+                format!("only {} of {} values written", self.done_in_current, spec.numel()),
+            ));
         }
         self.out.flush().map_err(|e| Error::io(&self.path, e))?;
         Ok(self.out)

@@ -28,7 +28,8 @@ pub enum PreTokenizer {
 }
 
 /// Qwen2's split pattern, as its tokenizer.json gives it.
-const QWEN2_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const QWEN2_PATTERN: &str =
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// The 256 printable characters GPT-2's byte-level BPE uses for bytes 0..=255, in byte order.
 /// Printable Latin-1 bytes stand for themselves; the others are shifted to U+0100 and up.
@@ -57,7 +58,12 @@ pub fn to_byte_level(text: &str) -> String {
 /// `tokenizer.json` as a JSON value. `vocab[i]` is the token with id `i`. The caller has checked
 /// that tokens are unique and that every merge's parts and result are in the vocabulary
 /// ([`check_bpe`]).
-pub fn bpe_tokenizer_json(vocab: &[String], merges: &[(String, String)], added: &[AddedToken], pre: PreTokenizer) -> Json {
+pub fn bpe_tokenizer_json(
+    vocab: &[String],
+    merges: &[(String, String)],
+    added: &[AddedToken],
+    pre: PreTokenizer,
+) -> Json {
     let byte_level = json!({ "type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true });
     let pre_tokenizer = match pre {
         PreTokenizer::ByteLevel => byte_level,
@@ -119,10 +125,17 @@ pub fn bpe_tokenizer_json(vocab: &[String], merges: &[(String, String)], added: 
 /// `GemmaTokenizer` builds it: BPE with byte fallback (`<0x0A>` tokens for bytes the vocabulary
 /// lacks), spaces normalised to `▁` with no prefix space, and a post-processor that puts `bos`
 /// first where the tokenizer adds one. Same preconditions as [`bpe_tokenizer_json`].
-pub fn gemma_tokenizer_json(vocab: &[String], merges: &[(String, String)], added: &[AddedToken], unk: Option<&str>, bos: Option<(&str, u32)>) -> Json {
+pub fn gemma_tokenizer_json(
+    vocab: &[String],
+    merges: &[(String, String)],
+    added: &[AddedToken],
+    unk: Option<&str>,
+    bos: Option<(&str, u32)>,
+) -> Json {
     let mut json = bpe_tokenizer_json(vocab, merges, added, PreTokenizer::ByteLevel);
     json["normalizer"] = json!({ "type": "Replace", "pattern": { "String": " " }, "content": "\u{2581}" });
-    json["pre_tokenizer"] = json!({ "type": "Split", "pattern": { "String": " " }, "behavior": "MergedWithPrevious", "invert": false });
+    json["pre_tokenizer"] =
+        json!({ "type": "Split", "pattern": { "String": " " }, "behavior": "MergedWithPrevious", "invert": false });
     json["decoder"] = json!({
         "type": "Sequence",
         "decoders": [
@@ -169,7 +182,12 @@ pub fn check_bpe(vocab: &[String], merges: &[(String, String)], added: &[AddedTo
     }
     for t in added {
         if vocab.get(t.id as usize) != Some(&t.content) {
-            return Err(format!("added token {:?} has id {}, where the vocabulary holds {:?}", t.content, t.id, vocab.get(t.id as usize)));
+            return Err(format!(
+                "added token {:?} has id {}, where the vocabulary holds {:?}",
+                t.content,
+                t.id,
+                vocab.get(t.id as usize)
+            ));
         }
     }
     Ok(())

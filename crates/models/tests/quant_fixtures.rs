@@ -13,7 +13,8 @@ fn read(name: &str) -> Vec<u8> {
 fn check(ty: GgmlType) {
     let name = ty.name();
     let blocks = read(&format!("{name}.bin"));
-    let want: Vec<f32> = read(&format!("{name}.f32")).chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+    let want: Vec<f32> =
+        read(&format!("{name}.f32")).chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
     let (per, size) = ty.block_layout().unwrap();
     assert_eq!(blocks.len() as u64 / size * per, want.len() as u64, "{name}: fixture sizes disagree");
     let got = dequantize(ty, &blocks, want.len()).unwrap();
@@ -21,7 +22,11 @@ fn check(ty: GgmlType) {
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
         if g.to_bits() != w.to_bits() {
             if bad < 8 {
-                eprintln!("{name} element {i} (block {}, offset {}): got {g:e}, gguf {w:e}", i as u64 / per, i as u64 % per);
+                eprintln!(
+                    "{name} element {i} (block {}, offset {}): got {g:e}, gguf {w:e}",
+                    i as u64 / per,
+                    i as u64 % per
+                );
             }
             bad += 1;
         }
@@ -82,7 +87,12 @@ fn truncated_k_quant_blocks_are_errors() {
     for ty in [GgmlType::Q2K, GgmlType::Q3K, GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K] {
         let blocks = read(&format!("{}.bin", ty.name()));
         for cut in [1, 2, 17, 100] {
-            let e = dequantize(ty, &blocks[..blocks.len() - cut], blocks.len() / ty.block_layout().unwrap().1 as usize * 256).unwrap_err();
+            let e = dequantize(
+                ty,
+                &blocks[..blocks.len() - cut],
+                blocks.len() / ty.block_layout().unwrap().1 as usize * 256,
+            )
+            .unwrap_err();
             assert!(e.contains(&ty.name()) && e.contains("bytes"), "{e}");
         }
     }

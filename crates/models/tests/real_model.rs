@@ -20,7 +20,14 @@ fn smollm2_shapes_load_in_core() {
     let cfg = ModelConfig::from_file(&dir.join("config.json")).unwrap();
     assert_eq!(cfg.architecture, "LlamaForCausalLM");
     assert_eq!(
-        (cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.vocab_size, cfg.head_dim),
+        (
+            cfg.num_hidden_layers,
+            cfg.hidden_size,
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.vocab_size,
+            cfg.head_dim
+        ),
         (30, 576, 9, 3, 49152, 64)
     );
     assert_eq!(cfg.intermediate_size, 1536);

@@ -30,7 +30,8 @@ const CONTEXT: usize = 1000;
 
 /// The old model.rs `upload`: six writes into separate buffers.
 fn six_writes(b: &RefBackend, bufs: &mut [<RefBackend as Backend>::Buf], batch: &ForwardBatch) {
-    let parts: [&[u32]; 6] = [&batch.tokens, &batch.positions, &batch.slots, &batch.token_seq, &batch.block_tables, &batch.logit_rows];
+    let parts: [&[u32]; 6] =
+        [&batch.tokens, &batch.positions, &batch.slots, &batch.token_seq, &batch.block_tables, &batch.logit_rows];
     for (buf, p) in bufs.iter_mut().zip(parts) {
         b.write_u32(buf, p).unwrap();
     }
@@ -67,8 +68,13 @@ fn main() {
     let caps = [MAX_TOKENS, MAX_TOKENS, MAX_TOKENS, MAX_TOKENS, MAX_SEQS * MAX_BLOCKS_CAP, LOGIT_ROWS];
     let mut separate: Vec<_> = caps.iter().map(|&c| b.alloc_u32(c).unwrap()).collect();
     let pad = PadRows { scratch_block: 1 << 20, stride: 8192 / BLOCK, block_size: BLOCK as u32 };
-    println!("us per upload (reference backend; before: pad_decode + six write_u32, after: staging + one upload_u32_group)");
-    println!("{:>6} {:>5} | {:>14} {:>13} {:>12} | {:>16} {:>15}", "bucket", "real", "padded before", "padded after", "(stage only)", "unpadded before", "unpadded after");
+    println!(
+        "us per upload (reference backend; before: pad_decode + six write_u32, after: staging + one upload_u32_group)"
+    );
+    println!(
+        "{:>6} {:>5} | {:>14} {:>13} {:>12} | {:>16} {:>15}",
+        "bucket", "real", "padded before", "padded after", "(stage only)", "unpadded before", "unpadded after"
+    );
     for (bucket, real) in [(1usize, 1usize), (64, 49), (256, 200)] {
         let batch = decode_batch(real);
         let padded_before = time(|| {
@@ -76,13 +82,16 @@ fn main() {
             six_writes(&b, &mut separate, &p);
         });
         let padded_after = time(|| {
-            let used = staging.stage_padded(b.u32_staging(&mut group).unwrap(), black_box(&batch), pad, bucket).unwrap();
+            let used =
+                staging.stage_padded(b.u32_staging(&mut group).unwrap(), black_box(&batch), pad, bucket).unwrap();
             b.upload_u32_group(&mut group, &used).unwrap();
         });
         // What the host does on CUDA besides queueing the copy: the reference's upload is a
         // memcpy of the span, CUDA's a DMA from the page-locked memory.
         let padded_stage = time(|| {
-            black_box(staging.stage_padded(b.u32_staging(&mut group).unwrap(), black_box(&batch), pad, bucket).unwrap());
+            black_box(
+                staging.stage_padded(b.u32_staging(&mut group).unwrap(), black_box(&batch), pad, bucket).unwrap(),
+            );
         });
         let unpadded_before = time(|| six_writes(&b, &mut separate, black_box(&batch)));
         let unpadded_after = time(|| {

@@ -20,7 +20,10 @@ pub enum RefBuf {
     F32(Vec<f32>),
     U32(Vec<u32>),
     /// A weight in its stored dtype, either still in the file mapping or owned.
-    Weight { dtype: DType, bytes: WeightBytes },
+    Weight {
+        dtype: DType,
+        bytes: WeightBytes,
+    },
 }
 
 pub enum WeightBytes {
@@ -228,7 +231,16 @@ impl Backend for RefBackend {
         Ok(())
     }
 
-    fn matmul(&self, x: &RefBuf, w: &RefBuf, bias: Option<&RefBuf>, out: &mut RefBuf, m: usize, n: usize, k: usize) -> Result<()> {
+    fn matmul(
+        &self,
+        x: &RefBuf,
+        w: &RefBuf,
+        bias: Option<&RefBuf>,
+        out: &mut RefBuf,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<()> {
         let (dtype, wb) = w.weight_bytes()?;
         need("matmul w", wb.len() / dtype.size(), n * k)?;
         let bias = match bias {
@@ -280,7 +292,17 @@ impl Backend for RefBackend {
         Ok(())
     }
 
-    fn rope(&self, q: &mut RefBuf, k: &mut RefBuf, positions: &RefBuf, inv_freq: &RefBuf, t: usize, qh: usize, kvh: usize, hd: usize) -> Result<()> {
+    fn rope(
+        &self,
+        q: &mut RefBuf,
+        k: &mut RefBuf,
+        positions: &RefBuf,
+        inv_freq: &RefBuf,
+        t: usize,
+        qh: usize,
+        kvh: usize,
+        hd: usize,
+    ) -> Result<()> {
         let (pos, freq) = (u32s(positions)?, f32s(inv_freq)?);
         let half = hd / 2;
         need("rope inv_freq", freq.len(), half)?;
@@ -330,7 +352,16 @@ impl Backend for RefBackend {
         Ok(())
     }
 
-    fn kv_write(&self, k: &RefBuf, v: &RefBuf, kc: &mut RefBuf, vc: &mut RefBuf, slots: &RefBuf, t: usize, g: KvGeometry) -> Result<()> {
+    fn kv_write(
+        &self,
+        k: &RefBuf,
+        v: &RefBuf,
+        kc: &mut RefBuf,
+        vc: &mut RefBuf,
+        slots: &RefBuf,
+        t: usize,
+        g: KvGeometry,
+    ) -> Result<()> {
         let w = g.num_kv_heads * g.head_dim;
         let slots = u32s(slots)?;
         need("kv_write slots", slots.len(), t)?;
@@ -420,7 +451,23 @@ mod tests {
         let seq = b.alloc_u32(1).unwrap();
         let mut tables = b.alloc_u32(2).unwrap();
         b.write_u32(&mut tables, &[0, 7]).unwrap(); // block 7 of 2
-        let args = AttnArgs { q: &q, k_cache: &kc, v_cache: &vc, positions: &pos, token_seq: &seq, block_tables: &tables, num_tokens: 1, num_seqs: 1, max_blocks: 2, max_context: 6, decode_tokens: 1, num_heads: 1, geometry: g, scale: 1.0, window: 0 };
+        let args = AttnArgs {
+            q: &q,
+            k_cache: &kc,
+            v_cache: &vc,
+            positions: &pos,
+            token_seq: &seq,
+            block_tables: &tables,
+            num_tokens: 1,
+            num_seqs: 1,
+            max_blocks: 2,
+            max_context: 6,
+            decode_tokens: 1,
+            num_heads: 1,
+            geometry: g,
+            scale: 1.0,
+            window: 0,
+        };
         let mut out = b.alloc_f32(2).unwrap();
         let e = b.paged_attention(&args, &mut out).unwrap_err();
         assert!(e.to_string().contains("block 7"), "{e}");
@@ -444,7 +491,23 @@ mod tests {
         let mut tables = b.alloc_u32(2).unwrap();
         b.write_u32(&mut tables, &[0, 1]).unwrap();
         for (window, want) in [(0, 3.0), (1, 6.0), (2, 5.5), (3, 5.0), (7, 3.0), (100, 3.0)] {
-            let args = AttnArgs { q: &q, k_cache: &kc, v_cache: &vc, positions: &pos, token_seq: &seq, block_tables: &tables, num_tokens: 1, num_seqs: 1, max_blocks: 2, max_context: 7, decode_tokens: 1, num_heads: 1, geometry: g, scale: 1.0, window };
+            let args = AttnArgs {
+                q: &q,
+                k_cache: &kc,
+                v_cache: &vc,
+                positions: &pos,
+                token_seq: &seq,
+                block_tables: &tables,
+                num_tokens: 1,
+                num_seqs: 1,
+                max_blocks: 2,
+                max_context: 7,
+                decode_tokens: 1,
+                num_heads: 1,
+                geometry: g,
+                scale: 1.0,
+                window,
+            };
             let mut out = b.alloc_f32(1).unwrap();
             b.paged_attention(&args, &mut out).unwrap();
             assert_eq!(b.read_f32(&out, 1).unwrap(), [want], "window {window}");

@@ -35,7 +35,14 @@ struct Replay<B: Backend> {
 
 impl<B: Backend> Replay<B> {
     fn new(inner: B) -> Self {
-        Replay { inner, recording: Mutex::new(None), graphs: Mutex::new(vec![]), replays: AtomicUsize::new(0), fail_capture_after: None, fail_replays: false }
+        Replay {
+            inner,
+            recording: Mutex::new(None),
+            graphs: Mutex::new(vec![]),
+            replays: AtomicUsize::new(0),
+            fail_capture_after: None,
+            fail_replays: false,
+        }
     }
     /// Runs `f` now, or records it while capturing.
     fn op(&self, f: impl Fn(&B) -> Result<()> + Send + Sync + 'static) -> Result<()> {
@@ -80,7 +87,12 @@ impl<B: Backend> Backend for Replay<B> {
         Ok(())
     }
     fn end_capture(&self) -> Result<GraphId> {
-        let ops = self.recording.lock().unwrap().take().ok_or_else(|| Error::backend("replay", "end_capture without begin_capture"))?;
+        let ops = self
+            .recording
+            .lock()
+            .unwrap()
+            .take()
+            .ok_or_else(|| Error::backend("replay", "end_capture without begin_capture"))?;
         let mut g = self.graphs.lock().unwrap();
         if self.fail_capture_after == Some(g.len()) {
             return Err(Error::backend("replay", "injected capture failure"));
@@ -90,7 +102,13 @@ impl<B: Backend> Backend for Replay<B> {
     }
     fn replay(&self, graph: GraphId) -> Result<()> {
         self.no_io("replay")?;
-        let ops = self.graphs.lock().unwrap().get(graph.0).cloned().ok_or_else(|| Error::backend("replay", format!("no graph {graph:?}")))?;
+        let ops = self
+            .graphs
+            .lock()
+            .unwrap()
+            .get(graph.0)
+            .cloned()
+            .ok_or_else(|| Error::backend("replay", format!("no graph {graph:?}")))?;
         if self.fail_replays {
             return Err(Error::backend("replay", "injected replay failure"));
         }
@@ -135,7 +153,14 @@ impl<B: Backend> Backend for Replay<B> {
         self.no_io("read_kv")?;
         self.inner.read_kv(&buf.lock().unwrap(), g)
     }
-    fn embedding(&self, table: &Self::Buf, ids: &Self::Buf, out: &mut Self::Buf, t: usize, hidden: usize) -> Result<()> {
+    fn embedding(
+        &self,
+        table: &Self::Buf,
+        ids: &Self::Buf,
+        out: &mut Self::Buf,
+        t: usize,
+        hidden: usize,
+    ) -> Result<()> {
         let (table, ids, out) = (table.clone(), ids.clone(), out.clone());
         self.op(move |b| b.embedding(&table.lock().unwrap(), &ids.lock().unwrap(), &mut out.lock().unwrap(), t, hidden))
     }
@@ -143,7 +168,15 @@ impl<B: Backend> Backend for Replay<B> {
         let (src, rows, out) = (src.clone(), rows.clone(), out.clone());
         self.op(move |b| b.gather_rows(&src.lock().unwrap(), &rows.lock().unwrap(), &mut out.lock().unwrap(), n, dim))
     }
-    fn rms_norm(&self, x: &Self::Buf, w: &Self::Buf, out: &mut Self::Buf, rows: usize, dim: usize, eps: f32) -> Result<()> {
+    fn rms_norm(
+        &self,
+        x: &Self::Buf,
+        w: &Self::Buf,
+        out: &mut Self::Buf,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+    ) -> Result<()> {
         let (x, w, out) = (x.clone(), w.clone(), out.clone());
         self.op(move |b| b.rms_norm(&x.lock().unwrap(), &w.lock().unwrap(), &mut out.lock().unwrap(), rows, dim, eps))
     }
@@ -151,16 +184,46 @@ impl<B: Backend> Backend for Replay<B> {
         let (acc, x) = (acc.clone(), x.clone());
         self.op(move |b| b.add(&mut acc.lock().unwrap(), &x.lock().unwrap(), len))
     }
-    fn matmul(&self, x: &Self::Buf, w: &Self::Buf, bias: Option<&Self::Buf>, out: &mut Self::Buf, m: usize, n: usize, k: usize) -> Result<()> {
+    fn matmul(
+        &self,
+        x: &Self::Buf,
+        w: &Self::Buf,
+        bias: Option<&Self::Buf>,
+        out: &mut Self::Buf,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<()> {
         let (x, w, bias, out) = (x.clone(), w.clone(), bias.cloned(), out.clone());
         self.op(move |b| {
             let bias = bias.as_ref().map(|b| b.lock().unwrap());
             b.matmul(&x.lock().unwrap(), &w.lock().unwrap(), bias.as_deref(), &mut out.lock().unwrap(), m, n, k)
         })
     }
-    fn rope(&self, q: &mut Self::Buf, k: &mut Self::Buf, positions: &Self::Buf, inv_freq: &Self::Buf, t: usize, qh: usize, kvh: usize, hd: usize) -> Result<()> {
+    fn rope(
+        &self,
+        q: &mut Self::Buf,
+        k: &mut Self::Buf,
+        positions: &Self::Buf,
+        inv_freq: &Self::Buf,
+        t: usize,
+        qh: usize,
+        kvh: usize,
+        hd: usize,
+    ) -> Result<()> {
         let (q, k, positions, inv_freq) = (q.clone(), k.clone(), positions.clone(), inv_freq.clone());
-        self.op(move |b| b.rope(&mut q.lock().unwrap(), &mut k.lock().unwrap(), &positions.lock().unwrap(), &inv_freq.lock().unwrap(), t, qh, kvh, hd))
+        self.op(move |b| {
+            b.rope(
+                &mut q.lock().unwrap(),
+                &mut k.lock().unwrap(),
+                &positions.lock().unwrap(),
+                &inv_freq.lock().unwrap(),
+                t,
+                qh,
+                kvh,
+                hd,
+            )
+        })
     }
     fn silu_mul(&self, gate: &Self::Buf, up: &Self::Buf, out: &mut Self::Buf, len: usize) -> Result<()> {
         let (gate, up, out) = (gate.clone(), up.clone(), out.clone());
@@ -174,16 +237,64 @@ impl<B: Backend> Backend for Replay<B> {
         let x = x.clone();
         self.op(move |b| b.scale(&mut x.lock().unwrap(), factor, len))
     }
-    fn kv_write(&self, k: &Self::Buf, v: &Self::Buf, kc: &mut Self::Buf, vc: &mut Self::Buf, slots: &Self::Buf, t: usize, g: KvGeometry) -> Result<()> {
+    fn kv_write(
+        &self,
+        k: &Self::Buf,
+        v: &Self::Buf,
+        kc: &mut Self::Buf,
+        vc: &mut Self::Buf,
+        slots: &Self::Buf,
+        t: usize,
+        g: KvGeometry,
+    ) -> Result<()> {
         let (k, v, kc, vc, slots) = (k.clone(), v.clone(), kc.clone(), vc.clone(), slots.clone());
-        self.op(move |b| b.kv_write(&k.lock().unwrap(), &v.lock().unwrap(), &mut kc.lock().unwrap(), &mut vc.lock().unwrap(), &slots.lock().unwrap(), t, g))
+        self.op(move |b| {
+            b.kv_write(
+                &k.lock().unwrap(),
+                &v.lock().unwrap(),
+                &mut kc.lock().unwrap(),
+                &mut vc.lock().unwrap(),
+                &slots.lock().unwrap(),
+                t,
+                g,
+            )
+        })
     }
     fn paged_attention(&self, a: &AttnArgs<'_, Self>, out: &mut Self::Buf) -> Result<()> {
         let bufs = [a.q, a.k_cache, a.v_cache, a.positions, a.token_seq, a.block_tables].map(Arc::clone);
-        let (out, (num_tokens, num_seqs, max_blocks, max_context, decode_tokens, num_heads, geometry, scale, window)) = (out.clone(), (a.num_tokens, a.num_seqs, a.max_blocks, a.max_context, a.decode_tokens, a.num_heads, a.geometry, a.scale, a.window));
+        let (out, (num_tokens, num_seqs, max_blocks, max_context, decode_tokens, num_heads, geometry, scale, window)) = (
+            out.clone(),
+            (
+                a.num_tokens,
+                a.num_seqs,
+                a.max_blocks,
+                a.max_context,
+                a.decode_tokens,
+                a.num_heads,
+                a.geometry,
+                a.scale,
+                a.window,
+            ),
+        );
         self.op(move |b| {
             let g = bufs.each_ref().map(|x| x.lock().unwrap());
-            let args = AttnArgs::<B> { q: &*g[0], k_cache: &*g[1], v_cache: &*g[2], positions: &*g[3], token_seq: &*g[4], block_tables: &*g[5], num_tokens, num_seqs, max_blocks, max_context, decode_tokens, num_heads, geometry, scale, window };
+            let args = AttnArgs::<B> {
+                q: &*g[0],
+                k_cache: &*g[1],
+                v_cache: &*g[2],
+                positions: &*g[3],
+                token_seq: &*g[4],
+                block_tables: &*g[5],
+                num_tokens,
+                num_seqs,
+                max_blocks,
+                max_context,
+                decode_tokens,
+                num_heads,
+                geometry,
+                scale,
+                window,
+            };
             b.paged_attention(&args, &mut out.lock().unwrap())
         })
     }
@@ -206,7 +317,16 @@ fn model_dir(tag: &str) -> PathBuf {
 /// max_seqs 8: buckets 1, 2, 4, 8. A padded step serves contexts up to 32 tokens (2 blocks):
 /// the later steps of the longest prompt run eagerly, the others padded.
 fn opts(graphs: bool, pad_decode: bool) -> LoadOptions {
-    LoadOptions { max_batch_tokens: 128, max_seqs: 8, num_kv_blocks: SEQS * PER_SEQ, block_size: BLOCK, graphs, pad_decode, graph_max_context: PAD_CONTEXT, ..Default::default() }
+    LoadOptions {
+        max_batch_tokens: 128,
+        max_seqs: 8,
+        num_kv_blocks: SEQS * PER_SEQ,
+        block_size: BLOCK,
+        graphs,
+        pad_decode,
+        graph_max_context: PAD_CONTEXT,
+        ..Default::default()
+    }
 }
 
 /// Sequences with their own blocks; `done[i]` tokens of each have their K/V in the cache.
@@ -218,7 +338,11 @@ struct Seqs {
 impl Seqs {
     fn new() -> Self {
         let lens = [3usize, 17, 1, 30, 9, 22];
-        let tokens = lens.iter().enumerate().map(|(s, &n)| (0..n).map(|i| ((s * 31 + i * 7 + 5) % 250) as u32).collect()).collect();
+        let tokens = lens
+            .iter()
+            .enumerate()
+            .map(|(s, &n)| (0..n).map(|i| ((s * 31 + i * 7 + 5) % 250) as u32).collect())
+            .collect();
         Seqs { tokens, done: vec![0; SEQS] }
     }
     fn table(s: usize) -> Vec<u32> {
@@ -252,7 +376,8 @@ fn lockstep(a: &mut dyn ModelRunner, b: &mut dyn ModelRunner) -> (usize, usize) 
         let within = batch.positions.iter().all(|&p| (p as usize) < PAD_CONTEXT);
         let (la, lb) = (a.forward(&batch).unwrap(), b.forward(&batch).unwrap());
         assert_eq!(la.len(), which.len() * vocab);
-        let (ba, bb): (Vec<u32>, Vec<u32>) = (la.iter().map(|x| x.to_bits()).collect(), lb.iter().map(|x| x.to_bits()).collect());
+        let (ba, bb): (Vec<u32>, Vec<u32>) =
+            (la.iter().map(|x| x.to_bits()).collect(), lb.iter().map(|x| x.to_bits()).collect());
         assert!(ba == bb, "step over {which:?} (positions {:?}): logits differ", batch.positions);
         let ids: Vec<u32> = la.chunks_exact(vocab).map(tandem_core::backend::argmax_row).collect();
         seqs.advance(which, &ids);
@@ -260,7 +385,8 @@ fn lockstep(a: &mut dyn ModelRunner, b: &mut dyn ModelRunner) -> (usize, usize) 
     };
     step(&[0, 1, 2], &mut seqs);
     step(&[3, 4, 5], &mut seqs);
-    let plan: [&[usize]; 8] = [&[0], &[2, 0], &[1, 3, 5], &[0, 1, 2, 3, 4, 5], &[4], &[5, 4, 3, 2, 1], &[2, 3], &[0, 1, 2, 3, 4, 5]];
+    let plan: [&[usize]; 8] =
+        [&[0], &[2, 0], &[1, 3, 5], &[0, 1, 2, 3, 4, 5], &[4], &[5, 4, 3, 2, 1], &[2, 3], &[0, 1, 2, 3, 4, 5]];
     let (mut n, mut within) = (0, 0);
     for _round in 0..3 {
         for which in plan {
@@ -312,7 +438,13 @@ fn replayed_decode_steps_give_the_eager_logits() {
     let replays = graphed.backend().replays.load(Ordering::Relaxed);
     // Every decode step within the bound replayed its bucket's graph; the others ran eagerly.
     assert_eq!(replays, within, "{replays} replays over {steps} decode steps, {within} within the bound");
-    let differ = eager.read_kv_pool().unwrap().iter().zip(&graphed.read_kv_pool().unwrap()).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+    let differ = eager
+        .read_kv_pool()
+        .unwrap()
+        .iter()
+        .zip(&graphed.read_kv_pool().unwrap())
+        .filter(|(x, y)| x.to_bits() != y.to_bits())
+        .count();
     assert_eq!(differ, 0);
     // Graphs off: the same backend, every step eager and unpadded.
     let off = load(Replay::new(RefBackend::new()), &dir, opts(false, false));

@@ -19,7 +19,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use tandem_server::engine_client::{CompletionDelta, EngineClient, EngineStats, EngineUpdate, FinishReason, GenerateRequest, RequestId, Submission, SubmitRefusal};
+use tandem_server::engine_client::{
+    CompletionDelta, EngineClient, EngineStats, EngineUpdate, FinishReason, GenerateRequest, RequestId, Submission,
+    SubmitRefusal,
+};
 use tandem_server::{Server, ServerConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -60,8 +63,20 @@ impl EmitEngine {
                     o.left -= 1;
                     let finish = (o.left == 0).then_some(FinishReason::Length);
                     o.stamps.push(Instant::now());
-                    let d = CompletionDelta { index: 0, text: format!(" r{}", o.id), token_ids: vec![7], logprobs: vec![], prompt_logprobs: None, finish, stop_string: None };
-                    let _ = o.tx.send(EngineUpdate { deltas: vec![d], queue_time: Some(Duration::ZERO), num_preemptions: None });
+                    let d = CompletionDelta {
+                        index: 0,
+                        text: format!(" r{}", o.id),
+                        token_ids: vec![7],
+                        logprobs: vec![],
+                        prompt_logprobs: None,
+                        finish,
+                        stop_string: None,
+                    };
+                    let _ = o.tx.send(EngineUpdate {
+                        deltas: vec![d],
+                        queue_time: Some(Duration::ZERO),
+                        num_preemptions: None,
+                    });
                 }
                 let (done, still): (Vec<Open>, Vec<Open>) = open.drain(..).partition(|o| o.left == 0);
                 open = still;
@@ -148,7 +163,11 @@ async fn stream_client(addr: SocketAddr, tokens: usize) -> (RequestId, Vec<Insta
             let at = i + p + pat.len();
             let Some(end) = tail[at..].iter().position(|&b| b == b'"') else { break };
             // The stand-in engine's tokens read ` r<id>`; the real engine's ` w<n>`.
-            id = id.or_else(|| std::str::from_utf8(&tail[at..at + end]).ok().and_then(|x| x.strip_prefix('r')?.parse().ok())).or(Some(u64::MAX));
+            id = id
+                .or_else(|| {
+                    std::str::from_utf8(&tail[at..at + end]).ok().and_then(|x| x.strip_prefix('r')?.parse().ok())
+                })
+                .or(Some(u64::MAX));
             got.push(now);
             i = at + end;
         }
@@ -197,7 +216,14 @@ fn summary(mut v: Vec<f64>) -> String {
     v.sort_by(f64::total_cmp);
     let pct = |p: f64| v[((v.len() - 1) as f64 * p) as usize];
     let mean = v.iter().sum::<f64>() / v.len() as f64;
-    format!("n={} mean={mean:.1}us p50={:.1}us p90={:.1}us p99={:.1}us max={:.1}us", v.len(), pct(0.5), pct(0.9), pct(0.99), pct(1.0))
+    format!(
+        "n={} mean={mean:.1}us p50={:.1}us p90={:.1}us p99={:.1}us max={:.1}us",
+        v.len(),
+        pct(0.5),
+        pct(0.9),
+        pct(0.99),
+        pct(1.0)
+    )
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -207,7 +233,8 @@ async fn main() {
     let conns: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(32);
     let engine = EmitEngine::start(Duration::from_micros(1000));
     let sent = engine.sent.clone();
-    let config = ServerConfig { addr: ([127, 0, 0, 1], 0).into(), vocab_size: 8, max_model_len: 100_000, ..Default::default() };
+    let config =
+        ServerConfig { addr: ([127, 0, 0, 1], 0).into(), vocab_size: 8, max_model_len: 100_000, ..Default::default() };
     let server = Server::bind(config, engine, tokenizer(), "bench".into()).await.unwrap();
     let addr = server.local_addr().unwrap();
     tokio::spawn(server.run(std::future::pending()));
@@ -220,7 +247,11 @@ async fn main() {
     for t in tasks {
         total += t.await.unwrap();
     }
-    println!("/health: {total} requests in {:.2}s over {conns} keep-alive connections = {:.0} req/s", t.elapsed().as_secs_f64(), total as f64 / t.elapsed().as_secs_f64());
+    println!(
+        "/health: {total} requests in {:.2}s over {conns} keep-alive connections = {:.0} req/s",
+        t.elapsed().as_secs_f64(),
+        total as f64 / t.elapsed().as_secs_f64()
+    );
 
     // 2. added latency per streamed token
     for streams in [1usize, 64] {
@@ -239,17 +270,39 @@ async fn main() {
             assert_eq!(a.len(), s.len(), "every token arrived");
             lat.extend(a.iter().zip(s.iter()).map(|(a, s)| (*a - *s).as_secs_f64() * 1e6));
         }
-        println!("engine send -> client receive, {streams} stream(s) x {tokens} tokens (one engine step per ms): {}", summary(lat));
+        println!(
+            "engine send -> client receive, {streams} stream(s) x {tokens} tokens (one engine step per ms): {}",
+            summary(lat)
+        );
     }
 
     // 3. the real engine
     let tok = tokenizer();
     let ends = Arc::new(Mutex::new(Vec::new()));
-    let fake = tandem_engine::fake_model::FakeModel::new(tandem_engine::fake_model::fake_config(64, &[], 4096), 512, 16, 512, 64);
+    let fake = tandem_engine::fake_model::FakeModel::new(
+        tandem_engine::fake_model::fake_config(64, &[], 4096),
+        512,
+        16,
+        512,
+        64,
+    );
     let model = StampModel { inner: fake, delay: Duration::from_millis(1), ends: ends.clone() };
-    let handle = tandem_engine::Engine::spawn(Box::new(model), tandem_server::engine_adapter::decode_fn(tok.clone()), Default::default()).unwrap();
-    let config = ServerConfig { addr: ([127, 0, 0, 1], 0).into(), vocab_size: 64, max_model_len: handle.max_model_len(), ..Default::default() };
-    let server = Server::bind(config, tandem_server::engine_adapter::TandemEngine::ready(handle.clone()), tok, "bench".into()).await.unwrap();
+    let handle = tandem_engine::Engine::spawn(
+        Box::new(model),
+        tandem_server::engine_adapter::decode_fn(tok.clone()),
+        Default::default(),
+    )
+    .unwrap();
+    let config = ServerConfig {
+        addr: ([127, 0, 0, 1], 0).into(),
+        vocab_size: 64,
+        max_model_len: handle.max_model_len(),
+        ..Default::default()
+    };
+    let server =
+        Server::bind(config, tandem_server::engine_adapter::TandemEngine::ready(handle.clone()), tok, "bench".into())
+            .await
+            .unwrap();
     let addr = server.local_addr().unwrap();
     tokio::spawn(server.run(std::future::pending()));
     let tokens = 300;

@@ -32,7 +32,14 @@ async fn main() -> std::io::Result<()> {
     let mut fake = FakeModel::new(fake_config(VOCAB, &[2], max_len), (2 * max_len / 16).max(1024), 16, 1024, 128);
     fake.delay = delay; // paced like a real model
     let handle = Engine::spawn(Box::new(fake), decode_fn(tok.clone()), EngineConfig::default()).expect("engine starts");
-    let config = ServerConfig { addr, max_model_len: handle.max_model_len(), vocab_size: VOCAB, api_key: std::env::var("TANDEM_API_KEY").ok(), shutdown_grace: Duration::from_secs(5), ..Default::default() };
+    let config = ServerConfig {
+        addr,
+        max_model_len: handle.max_model_len(),
+        vocab_size: VOCAB,
+        api_key: std::env::var("TANDEM_API_KEY").ok(),
+        shutdown_grace: Duration::from_secs(5),
+        ..Default::default()
+    };
     println!("serving model `fake` on http://{addr}");
     serve(config, TandemEngine::ready(handle.clone()), tok, "fake".into(), shutdown_signal()).await?;
     handle.shutdown();

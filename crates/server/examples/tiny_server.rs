@@ -23,7 +23,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     let addr = args.get(1).map_or("127.0.0.1:8124", String::as_str).parse()?;
     let dir = std::env::temp_dir().join(format!("tandem-tiny-server-{}", std::process::id()));
-    tandem_models::random_model::write_random_model(&dir, tandem_models::random_model::Shape::Tiny, 1, tandem_core::DType::F32)?;
+    tandem_models::random_model::write_random_model(
+        &dir,
+        tandem_models::random_model::Shape::Tiny,
+        1,
+        tandem_core::DType::F32,
+    )?;
     let cfg = ModelConfig::from_file(&dir.join("config.json"))?;
     let mut tok = Tokenizer::from_dir(&dir)?;
     tok.add_eos_ids(&cfg.eos_token_ids);
@@ -31,7 +36,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let opts = LoadOptions { max_seqs: 16, max_batch_tokens: 512, num_kv_blocks: 256, ..LoadOptions::default() };
     let model = LlamaModel::load(tandem_reference::RefBackend::new(), &dir, opts)?;
     let handle = Engine::spawn(Box::new(model), decode_fn(tok.clone()), EngineConfig::default())?;
-    let config = ServerConfig { addr, max_model_len: handle.max_model_len(), vocab_size: cfg.vocab_size, shutdown_grace: Duration::from_secs(5), ..Default::default() };
+    let config = ServerConfig {
+        addr,
+        max_model_len: handle.max_model_len(),
+        vocab_size: cfg.vocab_size,
+        shutdown_grace: Duration::from_secs(5),
+        ..Default::default()
+    };
     let server = Server::bind(config, TandemEngine::ready(handle.clone()), tok.clone(), "tiny".into()).await?;
     server.set_structured(Structured::from_model_dir(&dir, &tok.eos_ids).map(Arc::new).map_err(|e| e.to_string()));
     println!("serving model `tiny` on http://{}", server.local_addr()?);

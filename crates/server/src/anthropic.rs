@@ -93,9 +93,15 @@ fn text_of_blocks(v: &Value, param: &str) -> Result<String, ApiError> {
                 let p = format!("{param}[{j}]");
                 match (b.get("type").and_then(Value::as_str), b.get("text")) {
                     (Some("text"), Some(Value::String(t))) => text.push_str(t),
-                    (Some("text"), _) => return Err(ApiError::invalid(&format!("{p}.text"), format!("`{p}.text` must be a string"))),
-                    (Some(other), _) => return Err(unsupported(&format!("{p}.type"), &format!("{other:?} blocks are"))),
-                    (None, _) => return Err(ApiError::invalid(&format!("{p}.type"), format!("`{p}.type` is required"))),
+                    (Some("text"), _) => {
+                        return Err(ApiError::invalid(&format!("{p}.text"), format!("`{p}.text` must be a string")))
+                    }
+                    (Some(other), _) => {
+                        return Err(unsupported(&format!("{p}.type"), &format!("{other:?} blocks are")))
+                    }
+                    (None, _) => {
+                        return Err(ApiError::invalid(&format!("{p}.type"), format!("`{p}.type` is required")))
+                    }
                 }
             }
             Ok(text)
@@ -125,11 +131,18 @@ fn template_messages(f: &Fields) -> Result<Vec<Value>, ApiError> {
             // A system message mid-conversation (Claude Code sends them, beta
             // `mid-conversation-system`): text only, a system message where it stands.
             Some("system") => {
-                let content = m.get("content").ok_or_else(|| ApiError::invalid(&format!("{p}.content"), format!("`{p}.content` is required")))?;
+                let content = m
+                    .get("content")
+                    .ok_or_else(|| ApiError::invalid(&format!("{p}.content"), format!("`{p}.content` is required")))?;
                 out.push(json!({"role": "system", "content": text_of_blocks(content, &format!("{p}.content"))?}));
                 continue;
             }
-            _ => return Err(ApiError::invalid(&format!("{p}.role"), format!("`{p}.role` must be \"user\", \"assistant\" or \"system\""))),
+            _ => {
+                return Err(ApiError::invalid(
+                    &format!("{p}.role"),
+                    format!("`{p}.role` must be \"user\", \"assistant\" or \"system\""),
+                ))
+            }
         };
         let blocks = match m.get("content") {
             Some(Value::String(s)) => {
@@ -167,7 +180,10 @@ fn template_messages(f: &Fields) -> Result<Vec<Value>, ApiError> {
                 ("assistant", Some("thinking" | "redacted_thinking")) => {}
                 ("user", Some("tool_result")) => {
                     let Some(Value::String(id)) = field("tool_use_id") else {
-                        return Err(ApiError::invalid(&format!("{bp}.tool_use_id"), format!("`{bp}.tool_use_id` must be a string")));
+                        return Err(ApiError::invalid(
+                            &format!("{bp}.tool_use_id"),
+                            format!("`{bp}.tool_use_id` must be a string"),
+                        ));
                     };
                     if let Some(v) = field("is_error").filter(|v| !v.is_boolean()) {
                         return Err(wrong_type(&format!("{bp}.is_error"), "a boolean", v));
@@ -183,7 +199,9 @@ fn template_messages(f: &Fields) -> Result<Vec<Value>, ApiError> {
                     out.push(json!({"role": "tool", "tool_call_id": id, "content": content}));
                     pushed = true;
                 }
-                (_, Some(other)) => return Err(unsupported(&format!("{bp}.type"), &format!("{other:?} blocks in {role} messages are"))),
+                (_, Some(other)) => {
+                    return Err(unsupported(&format!("{bp}.type"), &format!("{other:?} blocks in {role} messages are")))
+                }
                 (_, None) => return Err(ApiError::invalid(&format!("{bp}.type"), format!("`{bp}.type` is required"))),
             }
         }
@@ -253,7 +271,12 @@ fn tools(f: &Fields) -> Result<Option<Tools>, ApiError> {
         }
         let name = match t.get("name") {
             Some(Value::String(n)) if !n.is_empty() => n.clone(),
-            Some(Value::String(_)) | None => return Err(ApiError::invalid(&format!("{p}.name"), format!("`{p}.name` is required and must not be empty"))),
+            Some(Value::String(_)) | None => {
+                return Err(ApiError::invalid(
+                    &format!("{p}.name"),
+                    format!("`{p}.name` is required and must not be empty"),
+                ))
+            }
             Some(v) => return Err(wrong_type(&format!("{p}.name"), "a string", v)),
         };
         if functions.iter().any(|(n, _)| *n == name) {
@@ -267,7 +290,9 @@ fn tools(f: &Fields) -> Result<Option<Tools>, ApiError> {
         let schema = match t.get("input_schema") {
             Some(s @ Value::Object(_)) => s.clone(),
             Some(v) => return Err(wrong_type(&format!("{p}.input_schema"), "a JSON schema object", v)),
-            None => return Err(ApiError::invalid(&format!("{p}.input_schema"), format!("`{p}.input_schema` is required"))),
+            None => {
+                return Err(ApiError::invalid(&format!("{p}.input_schema"), format!("`{p}.input_schema` is required")))
+            }
         };
         let mut func = json!({"name": name, "parameters": schema});
         if !description.is_null() {
@@ -276,7 +301,11 @@ fn tools(f: &Fields) -> Result<Option<Tools>, ApiError> {
         openai.push(json!({"type": "function", "function": func}));
         functions.push((name, schema));
     }
-    let forced = f.get("tool_choice").and_then(|c| c.get("type")).and_then(Value::as_str).is_some_and(|t| t == "any" || t == "tool");
+    let forced = f
+        .get("tool_choice")
+        .and_then(|c| c.get("type"))
+        .and_then(Value::as_str)
+        .is_some_and(|t| t == "any" || t == "tool");
     if functions.is_empty() && forced {
         return Err(ApiError::invalid("tool_choice", "`tool_choice` \"any\" or \"tool\" needs `tools`"));
     }
@@ -293,15 +322,29 @@ fn tools(f: &Fields) -> Result<Option<Tools>, ApiError> {
                 Some("any") => ToolChoice::Required,
                 Some("tool") => {
                     let Some(Value::String(name)) = c.get("name") else {
-                        return Err(ApiError::invalid("tool_choice.name", "`tool_choice.name` must be a string with `\"type\": \"tool\"`"));
+                        return Err(ApiError::invalid(
+                            "tool_choice.name",
+                            "`tool_choice.name` must be a string with `\"type\": \"tool\"`",
+                        ));
                     };
                     if !functions.iter().any(|(n, _)| n == name) {
                         let known: Vec<&str> = functions.iter().map(|(n, _)| n.as_str()).collect();
-                        return Err(ApiError::invalid("tool_choice.name", format!("`tool_choice.name` is {name:?}, which is not among the tools: [{}]", known.join(", "))));
+                        return Err(ApiError::invalid(
+                            "tool_choice.name",
+                            format!(
+                                "`tool_choice.name` is {name:?}, which is not among the tools: [{}]",
+                                known.join(", ")
+                            ),
+                        ));
                     }
                     ToolChoice::Named(name.clone())
                 }
-                _ => return Err(ApiError::invalid("tool_choice.type", "`tool_choice.type` must be \"auto\", \"any\", \"tool\" or \"none\"")),
+                _ => {
+                    return Err(ApiError::invalid(
+                        "tool_choice.type",
+                        "`tool_choice.type` must be \"auto\", \"any\", \"tool\" or \"none\"",
+                    ))
+                }
             }
         }
         Some(v) => return Err(wrong_type("tool_choice", "an object", v)),
@@ -348,7 +391,9 @@ fn params(state: &AppState, f: &Fields) -> Result<ParsedParams, ApiError> {
     }
     match f.get("max_tokens") {
         None => return Err(ApiError::invalid("max_tokens", "`max_tokens` is required")),
-        Some(v) if v.as_i64().is_some_and(|m| m < 1) => return Err(ApiError::invalid("max_tokens", format!("`max_tokens` must be at least 1, got {v}"))),
+        Some(v) if v.as_i64().is_some_and(|m| m < 1) => {
+            return Err(ApiError::invalid("max_tokens", format!("`max_tokens` must be at least 1, got {v}")))
+        }
         Some(v) => m.insert("max_tokens".into(), v.clone()),
     };
     match f.get("stop_sequences") {
@@ -357,7 +402,12 @@ fn params(state: &AppState, f: &Fields) -> Result<ParsedParams, ApiError> {
             for (i, s) in a.iter().enumerate() {
                 match s {
                     Value::String(s) if !s.is_empty() => {}
-                    Value::String(_) => return Err(ApiError::invalid(&format!("stop_sequences[{i}]"), format!("`stop_sequences[{i}]` must not be empty"))),
+                    Value::String(_) => {
+                        return Err(ApiError::invalid(
+                            &format!("stop_sequences[{i}]"),
+                            format!("`stop_sequences[{i}]` must not be empty"),
+                        ))
+                    }
                     v => return Err(wrong_type(&format!("stop_sequences[{i}]"), "a string", v)),
                 }
             }
@@ -365,10 +415,16 @@ fn params(state: &AppState, f: &Fields) -> Result<ParsedParams, ApiError> {
         }
         Some(v) => return Err(wrong_type("stop_sequences", "a list of strings", v)),
     }
-    let p = parse_params(&Fields(&m), Api::Chat, state.config.vocab_size, &state.config.sampling_defaults).map_err(|e| match e.param.as_deref() {
-        Some("stop") => ApiError { param: Some("stop_sequences".into()), message: e.message.replace("`stop`", "`stop_sequences`"), ..e },
-        _ => e,
-    })?;
+    let p = parse_params(&Fields(&m), Api::Chat, state.config.vocab_size, &state.config.sampling_defaults).map_err(
+        |e| match e.param.as_deref() {
+            Some("stop") => ApiError {
+                param: Some("stop_sequences".into()),
+                message: e.message.replace("`stop`", "`stop_sequences`"),
+                ..e
+            },
+            _ => e,
+        },
+    )?;
     Ok(p)
 }
 
@@ -387,11 +443,18 @@ fn output_format(f: &Fields) -> Result<Option<GuideRequest>, ApiError> {
     };
     match format.get("type").and_then(Value::as_str) {
         Some("json_schema") => {}
-        _ => return Err(ApiError::invalid("output_config.format.type", "`output_config.format.type` must be \"json_schema\"")),
+        _ => {
+            return Err(ApiError::invalid(
+                "output_config.format.type",
+                "`output_config.format.type` must be \"json_schema\"",
+            ))
+        }
     }
     let param = "output_config.format.schema";
     match format.get("schema") {
-        Some(s @ Value::Object(_)) => Ok(Some(GuideRequest { spec: GuideSpec::JsonSchema(s.clone()), param: param.into() })),
+        Some(s @ Value::Object(_)) => {
+            Ok(Some(GuideRequest { spec: GuideSpec::JsonSchema(s.clone()), param: param.into() }))
+        }
         Some(v) => Err(wrong_type(param, "a JSON schema object", v)),
         None => Err(ApiError::invalid(param, format!("`{param}` is required"))),
     }
@@ -416,7 +479,9 @@ fn job(state: &AppState, body: &[u8]) -> Result<Job, ApiError> {
     let msgs = template_messages(&f)?;
     let kwargs = thinking_kwargs(&f);
     let mut job = match Job::chat_from(state, p.clone(), guide.clone(), tools.as_ref(), &msgs, true, kwargs.as_ref()) {
-        Err(e) if e.message.starts_with(TEMPLATE_ERROR) && has_late_system(&msgs) => Job::chat_from(state, p, guide, tools.as_ref(), &fold_system(&msgs), true, kwargs.as_ref())?,
+        Err(e) if e.message.starts_with(TEMPLATE_ERROR) && has_late_system(&msgs) => {
+            Job::chat_from(state, p, guide, tools.as_ref(), &fold_system(&msgs), true, kwargs.as_ref())?
+        }
         other => other?,
     };
     // The room the context leaves caps `max_tokens`. A prompt that fills it is refused in
@@ -439,7 +504,9 @@ pub fn count_tokens(state: &AppState, body: &[u8]) -> Result<Value, ApiError> {
     let msgs = template_messages(&f)?;
     let kwargs = thinking_kwargs(&f);
     let ids = match render_chat(state, &msgs, tools.as_ref(), true, kwargs.as_ref()) {
-        Err(e) if e.message.starts_with(TEMPLATE_ERROR) && has_late_system(&msgs) => render_chat(state, &fold_system(&msgs), tools.as_ref(), true, kwargs.as_ref())?,
+        Err(e) if e.message.starts_with(TEMPLATE_ERROR) && has_late_system(&msgs) => {
+            render_chat(state, &fold_system(&msgs), tools.as_ref(), true, kwargs.as_ref())?
+        }
         other => other?,
     };
     Ok(json!({"input_tokens": ids.len()}))
@@ -466,7 +533,12 @@ fn new_id(prefix: &str) -> String {
 }
 
 /// The answer's content blocks, `stop_reason` and `stop_sequence`.
-fn answer(tool_output: Option<&ToolOutput>, text: &str, finish: &FinishReason, stop_string: Option<&str>) -> (Vec<Value>, &'static str, Option<String>) {
+fn answer(
+    tool_output: Option<&ToolOutput>,
+    text: &str,
+    finish: &FinishReason,
+    stop_string: Option<&str>,
+) -> (Vec<Value>, &'static str, Option<String>) {
     let (content, calls, openai_finish) = tool_message(tool_output, text, finish.as_str());
     let mut blocks = Vec::new();
     if let Some(c) = content.filter(|c| !c.is_empty()) {
@@ -496,13 +568,18 @@ fn answer(tool_output: Option<&ToolOutput>, text: &str, finish: &FinishReason, s
 }
 
 /// `POST /v1/messages`.
-pub async fn messages(state: &Arc<AppState>, req: Request<Incoming>, start: Instant) -> Result<Response<ResponseBody>, ApiError> {
+pub async fn messages(
+    state: &Arc<AppState>,
+    req: Request<Incoming>,
+    start: Instant,
+) -> Result<Response<ResponseBody>, ApiError> {
     ready(state)?;
     let job = compiled(state, tokenizer_call(state, req, job).await?).await?;
     let reqs = job.requests(state)?;
     let id = new_id("msg_");
     let mut run = Run::start(state.clone(), reqs, "messages", id.clone(), start)?;
-    let request_id = hyper::header::HeaderValue::from_str(&id).map_err(|e| ApiError::internal(format!("bad response id: {e}")))?;
+    let request_id =
+        hyper::header::HeaderValue::from_str(&id).map_err(|e| ApiError::internal(format!("bad response id: {e}")))?;
     let mut r = if job.p.stream {
         sse_response(run, Box::new(MessageStream::new(&job, id, state.model_name.clone())))
     } else {
@@ -512,7 +589,12 @@ pub async fn messages(state: &Arc<AppState>, req: Request<Incoming>, start: Inst
             Some(r) => r.split(&c.text),
             None => (None, c.text),
         };
-        let (mut content, reason, seq) = answer(job.tool_output.as_ref(), &text, c.finish.as_ref().unwrap_or(&FinishReason::Stop), c.stop_string.as_deref());
+        let (mut content, reason, seq) = answer(
+            job.tool_output.as_ref(),
+            &text,
+            c.finish.as_ref().unwrap_or(&FinishReason::Stop),
+            c.stop_string.as_deref(),
+        );
         if let Some(t) = thinking {
             content.insert(0, json!({"type": "thinking", "thinking": t, "signature": ""}));
         }
@@ -575,7 +657,19 @@ impl MessageStream {
         };
         let input_tokens = job.prompts.first().map_or(0, Vec::len);
         let reasoning = job.reasoning.map(ReasoningStream::new);
-        MessageStream { id, model, input_tokens, tool_output: job.tool_output.clone(), mode, reasoning, open: None, blocks: 0, finish: None, stop_string: None, failed: false }
+        MessageStream {
+            id,
+            model,
+            input_tokens,
+            tool_output: job.tool_output.clone(),
+            mode,
+            reasoning,
+            open: None,
+            blocks: 0,
+            finish: None,
+            stop_string: None,
+            failed: false,
+        }
     }
 
     fn start_block(&mut self, out: &mut String, block: Value) {
@@ -587,7 +681,11 @@ impl MessageStream {
             _ => "text",
         };
         self.open = Some((index, kind));
-        push_event(out, "content_block_start", &json!({"type": "content_block_start", "index": index, "content_block": block}));
+        push_event(
+            out,
+            "content_block_start",
+            &json!({"type": "content_block_start", "index": index, "content_block": block}),
+        );
     }
 
     fn delta(out: &mut String, index: usize, delta: Value) {
@@ -618,7 +716,11 @@ impl MessageStream {
             Some((i, k)) if k == kind => i,
             _ => {
                 self.stop_block(out);
-                let block = if kind == "thinking" { json!({"type": "thinking", "thinking": "", "signature": ""}) } else { json!({"type": "text", "text": ""}) };
+                let block = if kind == "thinking" {
+                    json!({"type": "thinking", "thinking": "", "signature": ""})
+                } else {
+                    json!({"type": "text", "text": ""})
+                };
                 self.start_block(out, block);
                 self.blocks - 1
             }
@@ -630,7 +732,11 @@ impl MessageStream {
     fn whole_block(&mut self, out: &mut String, block: &Value) {
         if block["type"] == "tool_use" {
             self.start_block(out, json!({"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}));
-            Self::delta(out, self.blocks - 1, json!({"type": "input_json_delta", "partial_json": block["input"].to_string()}));
+            Self::delta(
+                out,
+                self.blocks - 1,
+                json!({"type": "input_json_delta", "partial_json": block["input"].to_string()}),
+            );
         } else {
             self.start_block(out, json!({"type": "text", "text": ""}));
             Self::delta(out, self.blocks - 1, json!({"type": "text_delta", "text": block["text"]}));
@@ -700,9 +806,16 @@ impl MessageStream {
                     match e {
                         CallEvent::Start { name, .. } => {
                             self.stop_block(out);
-                            self.start_block(out, json!({"type": "tool_use", "id": new_id("toolu_"), "name": name, "input": {}}));
+                            self.start_block(
+                                out,
+                                json!({"type": "tool_use", "id": new_id("toolu_"), "name": name, "input": {}}),
+                            );
                         }
-                        CallEvent::Args { piece, .. } => Self::delta(out, self.blocks - 1, json!({"type": "input_json_delta", "partial_json": piece})),
+                        CallEvent::Args { piece, .. } => Self::delta(
+                            out,
+                            self.blocks - 1,
+                            json!({"type": "input_json_delta", "partial_json": piece}),
+                        ),
                     }
                 }
             }
@@ -750,7 +863,8 @@ impl MessageStream {
                 (reason, None)
             }
             Mode::Auto(AutoCalls { text, sent, .. }) => {
-                let (blocks, reason, seq) = answer(self.tool_output.as_ref(), &text, &finish, self.stop_string.as_deref());
+                let (blocks, reason, seq) =
+                    answer(self.tool_output.as_ref(), &text, &finish, self.stop_string.as_deref());
                 if blocks.iter().any(|b| b["type"] == "tool_use") {
                     // The content before the calls went out already.
                     self.stop_block(out);
@@ -773,7 +887,11 @@ impl MessageStream {
                 (reason, None)
             }
         };
-        push_event(out, "message_delta", &json!({"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": seq}, "usage": {"output_tokens": output_tokens}}));
+        push_event(
+            out,
+            "message_delta",
+            &json!({"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": seq}, "usage": {"output_tokens": output_tokens}}),
+        );
         push_event(out, "message_stop", &json!({"type": "message_stop"}));
     }
 }
@@ -816,9 +934,19 @@ mod tests {
     #[test]
     fn late_system_messages_fold_for_strict_templates() {
         let m = |role: &str, text: &str| json!({"role": role, "content": text});
-        let msgs = vec![m("system", "a"), m("system", "b"), m("user", "hi"), m("system", "c"), m("assistant", "yo"), m("system", "d")];
+        let msgs = vec![
+            m("system", "a"),
+            m("system", "b"),
+            m("user", "hi"),
+            m("system", "c"),
+            m("assistant", "yo"),
+            m("system", "d"),
+        ];
         assert!(has_late_system(&msgs) && !has_late_system(&msgs[..3]));
-        assert_eq!(fold_system(&msgs), vec![m("system", "a\n\nb"), m("user", "hi\n\nc"), m("assistant", "yo"), m("user", "d")]);
+        assert_eq!(
+            fold_system(&msgs),
+            vec![m("system", "a\n\nb"), m("user", "hi\n\nc"), m("assistant", "yo"), m("user", "d")]
+        );
     }
 
     #[test]
@@ -826,14 +954,38 @@ mod tests {
         let cases = [
             (json!({}), "messages", "required"),
             (json!({"messages": []}), "messages", "empty"),
-            (json!({"messages": [{"role": "tool", "content": "x"}]}), "messages[0].role", "\"user\", \"assistant\" or \"system\""),
-            (json!({"messages": [{"role": "system", "content": [{"type": "image"}]}]}), "messages[0].content[0].type", "not supported"),
-            (json!({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}), "messages[0].content[0].type", "not supported"),
-            (json!({"messages": [{"role": "user", "content": [{"type": "tool_use", "id": "a", "name": "b"}]}]}), "messages[0].content[0].type", "not supported"),
+            (
+                json!({"messages": [{"role": "tool", "content": "x"}]}),
+                "messages[0].role",
+                "\"user\", \"assistant\" or \"system\"",
+            ),
+            (
+                json!({"messages": [{"role": "system", "content": [{"type": "image"}]}]}),
+                "messages[0].content[0].type",
+                "not supported",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}),
+                "messages[0].content[0].type",
+                "not supported",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": [{"type": "tool_use", "id": "a", "name": "b"}]}]}),
+                "messages[0].content[0].type",
+                "not supported",
+            ),
             (json!({"messages": [{"role": "user", "content": 5}]}), "messages[0].content", "a string or a list"),
-            (json!({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}), "messages[1]", "prefill"),
+            (
+                json!({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}),
+                "messages[1]",
+                "prefill",
+            ),
             (json!({"system": 3, "messages": [{"role": "user", "content": "a"}]}), "system", "a string or a list"),
-            (json!({"messages": [{"role": "user", "content": [{"type": "tool_result"}]}]}), "messages[0].content[0].tool_use_id", "a string"),
+            (
+                json!({"messages": [{"role": "user", "content": [{"type": "tool_result"}]}]}),
+                "messages[0].content[0].tool_use_id",
+                "a string",
+            ),
         ];
         for (body, param, msg) in cases {
             let e = msgs(body.clone()).unwrap_err();
@@ -848,10 +1000,21 @@ mod tests {
         let t = json!([{"name": "get", "description": "weather", "input_schema": {"type": "object"}, "cache_control": {"type": "ephemeral"}}]);
         let got = f(json!({"tools": t})).unwrap().unwrap();
         assert_eq!(got.choice, ToolChoice::Auto);
-        assert_eq!(got.list, vec![json!({"type": "function", "function": {"name": "get", "description": "weather", "parameters": {"type": "object"}}})]);
-        assert_eq!(f(json!({"tools": t, "tool_choice": {"type": "any"}})).unwrap().unwrap().choice, ToolChoice::Required);
+        assert_eq!(
+            got.list,
+            vec![
+                json!({"type": "function", "function": {"name": "get", "description": "weather", "parameters": {"type": "object"}}})
+            ]
+        );
+        assert_eq!(
+            f(json!({"tools": t, "tool_choice": {"type": "any"}})).unwrap().unwrap().choice,
+            ToolChoice::Required
+        );
         assert_eq!(f(json!({"tools": t, "tool_choice": {"type": "none"}})).unwrap().unwrap().choice, ToolChoice::None);
-        assert_eq!(f(json!({"tools": t, "tool_choice": {"type": "tool", "name": "get"}})).unwrap().unwrap().choice, ToolChoice::Named("get".into()));
+        assert_eq!(
+            f(json!({"tools": t, "tool_choice": {"type": "tool", "name": "get"}})).unwrap().unwrap().choice,
+            ToolChoice::Named("get".into())
+        );
         assert_eq!(f(json!({"tool_choice": {"type": "auto"}})).unwrap(), None);
         let cases = [
             (json!({"tools": t, "tool_choice": {"type": "tool", "name": "put"}}), "tool_choice.name"),
@@ -879,11 +1042,23 @@ mod tests {
         assert_eq!(answer(None, "", &FinishReason::Stop, None).0, Vec::<Value>::new(), "no empty text block");
         let named = ToolOutput::Named("get".into());
         let (b, r, _) = answer(Some(&named), "{\"city\": \"Oslo\"}", &FinishReason::Stop, None);
-        assert_eq!((b[0]["type"].as_str(), &b[0]["name"], &b[0]["input"], r), (Some("tool_use"), &json!("get"), &json!({"city": "Oslo"}), "tool_use"));
+        assert_eq!(
+            (b[0]["type"].as_str(), &b[0]["name"], &b[0]["input"], r),
+            (Some("tool_use"), &json!("get"), &json!({"city": "Oslo"}), "tool_use")
+        );
         assert!(b[0]["id"].as_str().unwrap().starts_with("toolu_") && b[0]["id"].as_str().unwrap().len() == 30);
         let (b, r, _) = answer(Some(&named), "{\"city\": \"Os", &FinishReason::Length, None);
-        assert_eq!((b, r), (vec![json!({"type": "text", "text": "{\"city\": \"Os"})], "max_tokens"), "a cut call is its text");
-        let (b, r, _) = answer(Some(&ToolOutput::Required), "[{\"name\": \"get\", \"parameters\": {}}, {\"name\": \"now\", \"parameters\": {}}]", &FinishReason::Stop, None);
+        assert_eq!(
+            (b, r),
+            (vec![json!({"type": "text", "text": "{\"city\": \"Os"})], "max_tokens"),
+            "a cut call is its text"
+        );
+        let (b, r, _) = answer(
+            Some(&ToolOutput::Required),
+            "[{\"name\": \"get\", \"parameters\": {}}, {\"name\": \"now\", \"parameters\": {}}]",
+            &FinishReason::Stop,
+            None,
+        );
         assert_eq!((b.len(), r), (2, "tool_use"));
     }
 
@@ -891,7 +1066,9 @@ mod tests {
     fn output_config_format_is_a_schema_constraint() {
         let f = |v: Value| output_format(&Fields(v.as_object().unwrap()));
         let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
-        let g = f(json!({"output_config": {"effort": "low", "format": {"type": "json_schema", "schema": schema}}})).unwrap().unwrap();
+        let g = f(json!({"output_config": {"effort": "low", "format": {"type": "json_schema", "schema": schema}}}))
+            .unwrap()
+            .unwrap();
         assert_eq!((g.spec, g.param.as_str()), (GuideSpec::JsonSchema(schema), "output_config.format.schema"));
         assert_eq!(f(json!({"output_config": {"effort": "high"}})).unwrap(), None);
         for (body, param) in [
@@ -909,41 +1086,99 @@ mod tests {
         stream_with(tool_output, None, pieces, finish)
     }
 
-    fn stream_with(tool_output: Option<ToolOutput>, reasoning: Option<ReasoningParser>, pieces: &[&str], finish: FinishReason) -> Vec<(String, Value)> {
+    fn stream_with(
+        tool_output: Option<ToolOutput>,
+        reasoning: Option<ReasoningParser>,
+        pieces: &[&str],
+        finish: FinishReason,
+    ) -> Vec<(String, Value)> {
         let p = parse_params(&Fields(&Map::new()), Api::Chat, 100, &Default::default()).unwrap();
-        let job = Job { api: Api::Chat, prompts: vec![vec![1, 2, 3]], p, multi: false, echo_texts: vec![], guide: None, tool_output, reasoning };
+        let job = Job {
+            api: Api::Chat,
+            prompts: vec![vec![1, 2, 3]],
+            p,
+            multi: false,
+            echo_texts: vec![],
+            guide: None,
+            tool_output,
+            reasoning,
+        };
         let mut s = MessageStream::new(&job, "msg_x".into(), "m".into());
         let mut out = s.head();
         for (i, t) in pieces.iter().enumerate() {
             let last = i + 1 == pieces.len();
-            let d = CompletionDelta { index: 0, text: t.to_string(), token_ids: vec![], logprobs: vec![], prompt_logprobs: None, finish: last.then(|| finish.clone()), stop_string: None };
+            let d = CompletionDelta {
+                index: 0,
+                text: t.to_string(),
+                token_ids: vec![],
+                logprobs: vec![],
+                prompt_logprobs: None,
+                finish: last.then(|| finish.clone()),
+                stop_string: None,
+            };
             s.delta_events(&mut out, &d);
         }
         s.end_events(&mut out, pieces.len());
-        out.trim_end().split("\n\n").map(|e| {
-            let (name, data) = e.split_once('\n').unwrap();
-            (name.trim_start_matches("event: ").to_string(), serde_json::from_str(data.trim_start_matches("data: ")).unwrap())
-        }).filter(|(n, _)| n != "ping").collect()
+        out.trim_end()
+            .split("\n\n")
+            .map(|e| {
+                let (name, data) = e.split_once('\n').unwrap();
+                (
+                    name.trim_start_matches("event: ").to_string(),
+                    serde_json::from_str(data.trim_start_matches("data: ")).unwrap(),
+                )
+            })
+            .filter(|(n, _)| n != "ping")
+            .collect()
     }
 
     fn texts(ev: &[(String, Value)]) -> Vec<String> {
-        ev.iter().filter(|(_, d)| d["delta"]["type"] == "text_delta").map(|(_, d)| d["delta"]["text"].as_str().unwrap().to_string()).collect()
+        ev.iter()
+            .filter(|(_, d)| d["delta"]["type"] == "text_delta")
+            .map(|(_, d)| d["delta"]["text"].as_str().unwrap().to_string())
+            .collect()
     }
 
     #[test]
     fn hermes_calls_stream_their_content_then_their_input() {
-        let pieces = ["Sure.", "\n<tool", "_call>{\"name\": \"get\", ", "\"arguments\": {\"city\": \"Oslo\"}}</tool_call>"];
+        let pieces =
+            ["Sure.", "\n<tool", "_call>{\"name\": \"get\", ", "\"arguments\": {\"city\": \"Oslo\"}}</tool_call>"];
         let ev = stream(Some(ToolOutput::Auto(ToolParser::Hermes)), &pieces, FinishReason::Stop);
         let names: Vec<&str> = ev.iter().map(|(n, _)| n.as_str()).collect();
-        assert_eq!(names, ["message_start", "content_block_start", "content_block_delta", "content_block_delta", "content_block_stop", "content_block_start", "content_block_delta", "content_block_stop", "message_delta", "message_stop"]);
+        assert_eq!(
+            names,
+            [
+                "message_start",
+                "content_block_start",
+                "content_block_delta",
+                "content_block_delta",
+                "content_block_stop",
+                "content_block_start",
+                "content_block_delta",
+                "content_block_stop",
+                "message_delta",
+                "message_stop"
+            ]
+        );
         assert_eq!(texts(&ev), ["Sure.", "\n"], "the content streams; the tag's start is held until it is known");
         let tool = &ev[5].1["content_block"];
-        assert_eq!((tool["type"].as_str(), tool["name"].as_str(), ev[5].1["index"].as_u64()), (Some("tool_use"), Some("get"), Some(1)));
-        assert_eq!(ev[6].1["delta"], json!({"type": "input_json_delta", "partial_json": "{\"city\": \"Oslo\"}"}), "the input as sampled");
+        assert_eq!(
+            (tool["type"].as_str(), tool["name"].as_str(), ev[5].1["index"].as_u64()),
+            (Some("tool_use"), Some("get"), Some(1))
+        );
+        assert_eq!(
+            ev[6].1["delta"],
+            json!({"type": "input_json_delta", "partial_json": "{\"city\": \"Oslo\"}"}),
+            "the input as sampled"
+        );
         assert_eq!(ev[8].1["delta"]["stop_reason"], "tool_use");
 
         // A `<tool` that grows into something else, and markup that does not parse: all text.
-        let ev = stream(Some(ToolOutput::Auto(ToolParser::Hermes)), &["a <tool", "s> b", " <tool_call>{broken"], FinishReason::Length);
+        let ev = stream(
+            Some(ToolOutput::Auto(ToolParser::Hermes)),
+            &["a <tool", "s> b", " <tool_call>{broken"],
+            FinishReason::Length,
+        );
         assert_eq!(texts(&ev).concat(), "a <tools> b <tool_call>{broken");
         assert_eq!(texts(&ev)[..2], ["a ", "<tools> b"], "held only while it may be the tag");
         assert_eq!(ev.last().map(|(n, _)| n.as_str()), Some("message_stop"));
@@ -953,13 +1188,39 @@ mod tests {
     /// "any": each call a `tool_use` block whose input streams as sampled, in pieces.
     #[test]
     fn any_calls_stream_their_input() {
-        let pieces = ["[{\"name\": \"get\", \"para", "meters\": {\"city\"", ": \"Oslo\"}}, {\"name\": \"now\", \"parameters\": {}}]"];
+        let pieces = [
+            "[{\"name\": \"get\", \"para",
+            "meters\": {\"city\"",
+            ": \"Oslo\"}}, {\"name\": \"now\", \"parameters\": {}}]",
+        ];
         let ev = stream(Some(ToolOutput::Required), &pieces, FinishReason::Stop);
         let names: Vec<&str> = ev.iter().map(|(n, _)| n.as_str()).collect();
-        assert_eq!(names, ["message_start", "content_block_start", "content_block_delta", "content_block_delta", "content_block_stop", "content_block_start", "content_block_delta", "content_block_stop", "message_delta", "message_stop"]);
-        let input = |i: u64| -> String { ev.iter().filter(|(_, d)| d["index"] == i && d["delta"]["type"] == "input_json_delta").map(|(_, d)| d["delta"]["partial_json"].as_str().unwrap()).collect() };
+        assert_eq!(
+            names,
+            [
+                "message_start",
+                "content_block_start",
+                "content_block_delta",
+                "content_block_delta",
+                "content_block_stop",
+                "content_block_start",
+                "content_block_delta",
+                "content_block_stop",
+                "message_delta",
+                "message_stop"
+            ]
+        );
+        let input = |i: u64| -> String {
+            ev.iter()
+                .filter(|(_, d)| d["index"] == i && d["delta"]["type"] == "input_json_delta")
+                .map(|(_, d)| d["delta"]["partial_json"].as_str().unwrap())
+                .collect()
+        };
         assert_eq!((input(0), input(1)), ("{\"city\": \"Oslo\"}".to_string(), "{}".to_string()));
-        assert_eq!((ev[1].1["content_block"]["name"].as_str(), ev[5].1["content_block"]["name"].as_str()), (Some("get"), Some("now")));
+        assert_eq!(
+            (ev[1].1["content_block"]["name"].as_str(), ev[5].1["content_block"]["name"].as_str()),
+            (Some("get"), Some("now"))
+        );
         assert_eq!(ev[8].1["delta"]["stop_reason"], "tool_use");
         // Cut: the call begun is a block with partial input, stop_reason max_tokens.
         let ev = stream(Some(ToolOutput::Required), &pieces[..2], FinishReason::Length);
@@ -970,32 +1231,69 @@ mod tests {
     #[test]
     fn disabled_thinking_reaches_the_template() {
         let kw = |v: Value| thinking_kwargs(&Fields(v.as_object().unwrap()));
-        assert_eq!(kw(json!({"thinking": {"type": "disabled"}})), Some(Map::from_iter([("enable_thinking".to_string(), json!(false))])));
+        assert_eq!(
+            kw(json!({"thinking": {"type": "disabled"}})),
+            Some(Map::from_iter([("enable_thinking".to_string(), json!(false))]))
+        );
         assert_eq!(kw(json!({"thinking": {"type": "adaptive"}})), None);
         assert_eq!(kw(json!({})), None);
     }
 
     #[test]
     fn thinking_streams_as_its_own_block() {
-        let pieces = ["<thi", "nk>\nOslo is in", " Norway.\n</thi", "nk>\n\n<tool_call>{\"name\": \"get\", \"arguments\": {}}</tool_call>"];
-        let ev = stream_with(Some(ToolOutput::Auto(ToolParser::Hermes)), Some(ReasoningParser::Qwen3), &pieces, FinishReason::Stop);
-        let starts: Vec<(u64, &str)> = ev.iter().filter(|(n, _)| n == "content_block_start").map(|(_, d)| (d["index"].as_u64().unwrap(), d["content_block"]["type"].as_str().unwrap())).collect();
+        let pieces = [
+            "<thi",
+            "nk>\nOslo is in",
+            " Norway.\n</thi",
+            "nk>\n\n<tool_call>{\"name\": \"get\", \"arguments\": {}}</tool_call>",
+        ];
+        let ev = stream_with(
+            Some(ToolOutput::Auto(ToolParser::Hermes)),
+            Some(ReasoningParser::Qwen3),
+            &pieces,
+            FinishReason::Stop,
+        );
+        let starts: Vec<(u64, &str)> = ev
+            .iter()
+            .filter(|(n, _)| n == "content_block_start")
+            .map(|(_, d)| (d["index"].as_u64().unwrap(), d["content_block"]["type"].as_str().unwrap()))
+            .collect();
         assert_eq!(starts, [(0, "thinking"), (1, "tool_use")], "the blank after </think> is no text block");
-        let thinking: String = ev.iter().filter(|(_, d)| d["delta"]["type"] == "thinking_delta").map(|(_, d)| d["delta"]["thinking"].as_str().unwrap()).collect();
+        let thinking: String = ev
+            .iter()
+            .filter(|(_, d)| d["delta"]["type"] == "thinking_delta")
+            .map(|(_, d)| d["delta"]["thinking"].as_str().unwrap())
+            .collect();
         assert_eq!(thinking, "\nOslo is in Norway.\n");
-        assert!(ev.iter().all(|(n, d)| n != "content_block_delta" || d["index"] == 0 || d["delta"]["type"] != "thinking_delta"));
+        assert!(ev
+            .iter()
+            .all(|(n, d)| n != "content_block_delta" || d["index"] == 0 || d["delta"]["type"] != "thinking_delta"));
         assert_eq!(ev[ev.len() - 2].1["delta"]["stop_reason"], "tool_use");
         // An answer that is all thinking (cut short): one thinking block, closed.
         let ev = stream_with(None, Some(ReasoningParser::DeepSeekR1), &["Hmm, ", "let me"], FinishReason::Length);
         let names: Vec<&str> = ev.iter().map(|(n, _)| n.as_str()).collect();
-        assert_eq!(names, ["message_start", "content_block_start", "content_block_delta", "content_block_delta", "content_block_stop", "message_delta", "message_stop"]);
+        assert_eq!(
+            names,
+            [
+                "message_start",
+                "content_block_start",
+                "content_block_delta",
+                "content_block_delta",
+                "content_block_stop",
+                "message_delta",
+                "message_stop"
+            ]
+        );
     }
 
     #[test]
     fn plain_and_forced_streams() {
         let ev = stream(None, &["Hel", "lo"], FinishReason::Stop);
         assert_eq!(texts(&ev), ["Hel", "lo"]);
-        assert_eq!(ev[ev.len() - 2].1, json!({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": null}, "usage": {"output_tokens": 2}}));
+        assert_eq!(
+            ev[ev.len() - 2].1,
+            json!({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": null}, "usage": {"output_tokens": 2}})
+        );
         let ev = stream(Some(ToolOutput::Named("get".into())), &["{\"a\"", ": 1}"], FinishReason::Stop);
         let json: String = ev.iter().filter_map(|(_, d)| d["delta"]["partial_json"].as_str()).collect();
         assert_eq!((json.as_str(), ev[1].1["content_block"]["name"].as_str()), ("{\"a\": 1}", Some("get")));
@@ -1008,7 +1306,10 @@ mod tests {
     #[test]
     fn errors_take_anthropics_shape() {
         let e = error_body(&ApiError::invalid("max_tokens", "`max_tokens` is required"));
-        assert_eq!(e, json!({"type": "error", "error": {"type": "invalid_request_error", "message": "`max_tokens` is required"}}));
+        assert_eq!(
+            e,
+            json!({"type": "error", "error": {"type": "invalid_request_error", "message": "`max_tokens` is required"}})
+        );
         assert_eq!(error_body(&ApiError::unauthorized())["error"]["type"], "authentication_error");
         assert_eq!(error_body(&ApiError::unknown_model("x", "y"))["error"]["type"], "not_found_error");
         assert_eq!(error_body(&ApiError::overloaded(1, 1))["error"]["type"], "rate_limit_error");

@@ -97,7 +97,11 @@ impl SseStream {
             }
         }
         if out.is_empty() {
-            if self.run.is_none() { Poll::Ready(None) } else { Poll::Pending }
+            if self.run.is_none() {
+                Poll::Ready(None)
+            } else {
+                Poll::Pending
+            }
         } else {
             Poll::Ready(Some(Bytes::from(out)))
         }

@@ -10,12 +10,15 @@
 
 use std::sync::{Arc, OnceLock};
 
-use tandem_engine::{EngineHandle, Request, RequestOutput, RequestStream, SamplingParams, SubmitError};
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use tandem_engine::{EngineHandle, Request, RequestOutput, RequestStream, SamplingParams, SubmitError};
 
-use crate::engine_client::{CompletionDelta, EngineClient, EngineStats, EngineUpdate, FinishReason, GenerateRequest, RequestId, Submission, SubmitRefusal, TokenLogprob, UpdateSource};
+use crate::engine_client::{
+    CompletionDelta, EngineClient, EngineStats, EngineUpdate, FinishReason, GenerateRequest, RequestId, Submission,
+    SubmitRefusal, TokenLogprob, UpdateSource,
+};
 
 #[derive(Default)]
 pub struct TandemEngine {
@@ -88,9 +91,22 @@ fn to_update(o: RequestOutput) -> EngineUpdate {
     });
     let logprobs = o.logprobs.into_iter().map(to_logprob).collect();
     let ranks = o.prompt_ranks;
-    let prompt_logprobs = o.prompt_logprobs.map(|v| v.into_iter().enumerate().map(|(i, l)| l.map(|l| TokenLogprob { rank: ranks.get(i).copied().filter(|&r| r > 0), ..to_logprob(l) })).collect());
+    let prompt_logprobs = o.prompt_logprobs.map(|v| {
+        v.into_iter()
+            .enumerate()
+            .map(|(i, l)| l.map(|l| TokenLogprob { rank: ranks.get(i).copied().filter(|&r| r > 0), ..to_logprob(l) }))
+            .collect()
+    });
     EngineUpdate {
-        deltas: vec![CompletionDelta { index: o.index, text: o.text, token_ids: o.token_ids, logprobs, prompt_logprobs, finish, stop_string }],
+        deltas: vec![CompletionDelta {
+            index: o.index,
+            text: o.text,
+            token_ids: o.token_ids,
+            logprobs,
+            prompt_logprobs,
+            finish,
+            stop_string,
+        }],
         queue_time: o.metrics.as_ref().and_then(|m| m.queue_time),
         num_preemptions: o.metrics.map(|m| m.num_preemptions),
     }
@@ -135,12 +151,16 @@ impl UpdateSource for StreamSource {
 
 impl EngineClient for TandemEngine {
     fn submit(&self, req: GenerateRequest) -> Result<Submission, SubmitRefusal> {
-        let Some(h) = self.handle.get() else { return Err(SubmitRefusal::Stopped("the model is still loading".into())) };
-        let stream = h.submit(Request { prompt: req.prompt, params: to_engine_params(&req.params), priority: req.priority }).map_err(|e| match e {
-            SubmitError::Overloaded { .. } => SubmitRefusal::Overloaded(e.to_string()),
-            SubmitError::Stopped(_) => SubmitRefusal::Stopped(e.to_string()),
-            _ => SubmitRefusal::Invalid(e.to_string()),
-        })?;
+        let Some(h) = self.handle.get() else {
+            return Err(SubmitRefusal::Stopped("the model is still loading".into()));
+        };
+        let stream = h
+            .submit(Request { prompt: req.prompt, params: to_engine_params(&req.params), priority: req.priority })
+            .map_err(|e| match e {
+                SubmitError::Overloaded { .. } => SubmitRefusal::Overloaded(e.to_string()),
+                SubmitError::Stopped(_) => SubmitRefusal::Stopped(e.to_string()),
+                _ => SubmitRefusal::Invalid(e.to_string()),
+            })?;
         let id = stream.id();
         Ok(Submission { id, updates: Box::new(StreamSource::new(stream)) })
     }
@@ -246,7 +266,11 @@ mod tests {
             index: 1,
             token_ids: vec![3],
             text: " a".into(),
-            logprobs: vec![tandem_engine::sampler::TokenLogprobs { token: 3, logprob: -0.5, top: vec![(3, -0.5), (4, -1.0)] }],
+            logprobs: vec![tandem_engine::sampler::TokenLogprobs {
+                token: 3,
+                logprob: -0.5,
+                top: vec![(3, -0.5), (4, -1.0)],
+            }],
             prompt_logprobs: None,
             prompt_ranks: Vec::new(),
             finish_reason: Some(tandem_engine::FinishReason::Stop { stop_string: Some("b".into()), stop_token: None }),
@@ -257,8 +281,14 @@ mod tests {
         let u = to_update(o);
         assert_eq!(u.deltas.len(), 1);
         let d = &u.deltas[0];
-        assert_eq!((d.index, d.text.as_str(), d.token_ids.as_slice(), d.finish.clone()), (1, " a", &[3u32][..], Some(FinishReason::Stop)));
+        assert_eq!(
+            (d.index, d.text.as_str(), d.token_ids.as_slice(), d.finish.clone()),
+            (1, " a", &[3u32][..], Some(FinishReason::Stop))
+        );
         assert_eq!(d.stop_string.as_deref(), Some("b"), "the stop string that ended the text");
-        assert_eq!(d.logprobs, vec![TokenLogprob { token: 3, logprob: -0.5, top: vec![(3, -0.5), (4, -1.0)], rank: None }]);
+        assert_eq!(
+            d.logprobs,
+            vec![TokenLogprob { token: 3, logprob: -0.5, top: vec![(3, -0.5), (4, -1.0)], rank: None }]
+        );
     }
 }

@@ -21,12 +21,23 @@ pub struct ApiError {
 
 impl ApiError {
     fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
-        ApiError { status, message: message.into(), kind, param: None, code: None, status_code: false, retry_after: None }
+        ApiError {
+            status,
+            message: message.into(),
+            kind,
+            param: None,
+            code: None,
+            status_code: false,
+            retry_after: None,
+        }
     }
 
     /// 400 naming the field at fault.
     pub fn invalid(param: &str, message: impl Into<String>) -> Self {
-        ApiError { param: Some(param.to_string()), ..Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", message) }
+        ApiError {
+            param: Some(param.to_string()),
+            ..Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
+        }
     }
     /// 400 about the request as a whole (e.g. malformed JSON).
     pub fn bad_request(message: impl Into<String>) -> Self {
@@ -37,7 +48,11 @@ impl ApiError {
         ApiError {
             param: Some("model".into()),
             status_code: true,
-            ..Self::new(StatusCode::NOT_FOUND, "NotFoundError", format!("The model `{requested}` does not exist; this server serves `{served}`."))
+            ..Self::new(
+                StatusCode::NOT_FOUND,
+                "NotFoundError",
+                format!("The model `{requested}` does not exist; this server serves `{served}`."),
+            )
         }
     }
     /// 400 for a request the context cannot hold, in vLLM's words and with OpenAI's
@@ -58,17 +73,29 @@ impl ApiError {
     pub fn unauthorized() -> Self {
         ApiError {
             code: Some("invalid_api_key"),
-            ..Self::new(StatusCode::UNAUTHORIZED, "authentication_error", "missing or wrong API key: send `Authorization: Bearer <key>` or `x-api-key: <key>`")
+            ..Self::new(
+                StatusCode::UNAUTHORIZED,
+                "authentication_error",
+                "missing or wrong API key: send `Authorization: Bearer <key>` or `x-api-key: <key>`",
+            )
         }
     }
     pub fn not_found(path: &str) -> Self {
         Self::new(StatusCode::NOT_FOUND, "not_found_error", format!("no route for path `{path}`"))
     }
     pub fn method_not_allowed(method: &str, path: &str, allowed: &str) -> Self {
-        Self::new(StatusCode::METHOD_NOT_ALLOWED, "invalid_request_error", format!("method {method} is not allowed on `{path}`; use {allowed}"))
+        Self::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "invalid_request_error",
+            format!("method {method} is not allowed on `{path}`; use {allowed}"),
+        )
     }
     pub fn too_large(limit: usize) -> Self {
-        Self::new(StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", format!("request body exceeds the limit of {limit} bytes"))
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            format!("request body exceeds the limit of {limit} bytes"),
+        )
     }
     /// 408: the client did not send its request in time, or the request ran past its bound.
     pub fn timeout(message: impl Into<String>) -> Self {
@@ -78,7 +105,11 @@ impl ApiError {
         ApiError {
             code: Some("rate_limit_exceeded"),
             retry_after: Some(retry_after),
-            ..Self::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", format!("the server queue is full ({queued} requests waiting); retry later"))
+            ..Self::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit_error",
+                format!("the server queue is full ({queued} requests waiting); retry later"),
+            )
         }
     }
     pub fn unavailable(message: impl Into<String>) -> Self {

@@ -29,14 +29,22 @@ use tandem_engine::block_manager::KvEvent;
 /// Binds `endpoint` (`tcp://HOST:PORT`; `*` for every interface) and publishes every batch
 /// `events` yields, until its sender is dropped. Returns the bound address.
 pub fn spawn(endpoint: &str, events: Receiver<Vec<KvEvent>>, block_size: usize) -> io::Result<SocketAddr> {
-    let hostport = endpoint.strip_prefix("tcp://").ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, format!("KV events endpoint `{endpoint}`: expected tcp://HOST:PORT")))?;
+    let hostport = endpoint.strip_prefix("tcp://").ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("KV events endpoint `{endpoint}`: expected tcp://HOST:PORT"),
+        )
+    })?;
     let hostport = hostport.replacen('*', "0.0.0.0", 1);
     let addr = hostport
         .to_socket_addrs()
         .map_err(|e| io::Error::new(e.kind(), format!("KV events endpoint `{endpoint}`: {e}")))?
         .next()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, format!("KV events endpoint `{endpoint}`: no address")))?;
-    let listener = TcpListener::bind(addr).map_err(|e| io::Error::new(e.kind(), format!("cannot listen for KV event subscribers on {addr}: {e}")))?;
+        .ok_or_else(|| {
+            io::Error::new(io::ErrorKind::InvalidInput, format!("KV events endpoint `{endpoint}`: no address"))
+        })?;
+    let listener = TcpListener::bind(addr)
+        .map_err(|e| io::Error::new(e.kind(), format!("cannot listen for KV event subscribers on {addr}: {e}")))?;
     let local = listener.local_addr()?;
     let subscribers: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
     let subs = subscribers.clone();
@@ -254,7 +262,10 @@ mod tests {
 
     #[test]
     fn a_batch_in_msgpack_map_form() {
-        let b = encode_batch(&[KvEvent::Stored { hash: u64::MAX, parent: None, tokens: vec![1, 300] }, KvEvent::Removed { hash: 5 }], 2);
+        let b = encode_batch(
+            &[KvEvent::Stored { hash: u64::MAX, parent: None, tokens: vec![1, 300] }, KvEvent::Removed { hash: 5 }],
+            2,
+        );
         // [ts, [ {8 entries}, {3 entries} ], 0]
         assert_eq!(b[0], 0x93);
         assert_eq!(b[1], 0xcb);

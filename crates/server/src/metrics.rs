@@ -10,9 +10,9 @@
 //! window: from a sample of the counters taken at least [`THROUGHPUT_WINDOW`] before the scrape
 //! (or the oldest there is: start-up, or the previous scrape when scrapes are rarer) to now.
 
+use std::collections::VecDeque;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -20,10 +20,18 @@ use crate::engine_client::EngineStats;
 
 /// vLLM 0.32's bucket bounds (`vllm/v1/metrics/buckets.py`), so that a dashboard's quantiles
 /// read the same.
-const TTFT_BUCKETS: &[f64] = &[0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0];
-const ITL_BUCKETS: &[f64] = &[0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0];
-const REQUEST_BUCKETS: &[f64] = &[0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0];
-const ITERATION_TOKENS_BUCKETS: &[f64] = &[1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0];
+const TTFT_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+    160.0, 640.0, 2560.0,
+];
+const ITL_BUCKETS: &[f64] =
+    &[0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0];
+const REQUEST_BUCKETS: &[f64] = &[
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0,
+    1920.0, 7680.0,
+];
+const ITERATION_TOKENS_BUCKETS: &[f64] =
+    &[1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0];
 const PARAMS_N_BUCKETS: &[f64] = &[1.0, 2.0, 5.0, 10.0, 20.0];
 const PREEMPTIONS_BUCKETS: &[f64] = &[1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 20.0];
 
@@ -59,7 +67,10 @@ struct HistogramState {
 
 impl Histogram {
     fn new(bounds: &[f64]) -> Self {
-        Histogram { bounds: bounds.to_vec(), inner: Mutex::new(HistogramState { counts: vec![0; bounds.len() + 1], ..Default::default() }) }
+        Histogram {
+            bounds: bounds.to_vec(),
+            inner: Mutex::new(HistogramState { counts: vec![0; bounds.len() + 1], ..Default::default() }),
+        }
     }
 
     pub fn observe(&self, v: f64) {
@@ -97,7 +108,11 @@ fn format_float(v: f64) -> String {
     if v.is_nan() {
         "NaN".into()
     } else if v.is_infinite() {
-        if v > 0.0 { "+Inf".into() } else { "-Inf".into() }
+        if v > 0.0 {
+            "+Inf".into()
+        } else {
+            "-Inf".into()
+        }
     } else {
         format!("{v}")
     }
@@ -212,14 +227,22 @@ impl Metrics {
             self.decode_time.observe(d);
             self.inference_time.observe(i);
             // vLLM: the prefill's token is not a decode's.
-            self.time_per_output_token.observe(if r.generation_tokens > 1 { d / (r.generation_tokens - 1) as f64 } else { 0.0 });
+            self.time_per_output_token.observe(if r.generation_tokens > 1 {
+                d / (r.generation_tokens - 1) as f64
+            } else {
+                0.0
+            });
         }
     }
 
     /// Prompt and generation tokens per second over the recent window ending at `now`
     /// (see the module comment); records a sample of the counters when the newest is old.
     pub fn throughput(&self, now: Instant) -> (f64, f64) {
-        let cur = TokenSample { at: now, prompt: self.prompt_tokens.load(Ordering::Relaxed), generation: self.generation_tokens.load(Ordering::Relaxed) };
+        let cur = TokenSample {
+            at: now,
+            prompt: self.prompt_tokens.load(Ordering::Relaxed),
+            generation: self.generation_tokens.load(Ordering::Relaxed),
+        };
         let mut q = self.samples.lock().unwrap_or_else(|e| e.into_inner());
         // Keep the newest sample at least a window old as the base, and none older.
         while q.len() > 1 && q[1].at + THROUGHPUT_WINDOW <= now {
@@ -235,7 +258,10 @@ impl Metrics {
             return (0.0, 0.0);
         }
         // Counters only grow; saturate anyway so a sample taken out of order reads 0, not huge.
-        ((cur.prompt.saturating_sub(base.prompt)) as f64 / secs, (cur.generation.saturating_sub(base.generation)) as f64 / secs)
+        (
+            (cur.prompt.saturating_sub(base.prompt)) as f64 / secs,
+            (cur.generation.saturating_sub(base.generation)) as f64 / secs,
+        )
     }
 
     pub fn count_finished(&self, reason: &str) {
@@ -257,8 +283,16 @@ impl Metrics {
         gauge("tandem:batch_size", "Sequences in the most recent engine step.", stats.batch_size as f64);
         let (prompt_rate, generation_rate) = self.throughput(Instant::now());
         gauge("vllm:avg_prompt_throughput_toks_per_s", "Average prefill throughput in tokens/s.", prompt_rate);
-        gauge("vllm:avg_generation_throughput_toks_per_s", "Average generation throughput in tokens/s.", generation_rate);
-        gauge("tandem:server_queued_requests", "Requests submitted by the server without output yet (bounded by max_queued_requests).", server_queued as f64);
+        gauge(
+            "vllm:avg_generation_throughput_toks_per_s",
+            "Average generation throughput in tokens/s.",
+            generation_rate,
+        );
+        gauge(
+            "tandem:server_queued_requests",
+            "Requests submitted by the server without output yet (bounded by max_queued_requests).",
+            server_queued as f64,
+        );
         // Every waiting request waits for capacity: nothing here defers one (no LoRA budget,
         // no KV transfer).
         let _ = writeln!(out, "# HELP vllm:num_requests_waiting_by_reason Number of waiting requests by reason.\n# TYPE vllm:num_requests_waiting_by_reason gauge");
@@ -279,8 +313,16 @@ impl Metrics {
             let _ = writeln!(out, "# HELP {name}_total {help}\n# TYPE {name}_total counter\n{name}_total{{{l}}} {v}");
         };
         let prompt_tokens = self.prompt_tokens.load(Ordering::Relaxed);
-        counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", stats.prefix_cache_queries);
-        counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", stats.prefix_cache_hits);
+        counter(
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            stats.prefix_cache_queries,
+        );
+        counter(
+            "vllm:prefix_cache_hits",
+            "Prefix cache hits, in terms of number of cached tokens.",
+            stats.prefix_cache_hits,
+        );
         // No KV connector and no multi-modal inputs: these stay 0.
         counter("vllm:external_prefix_cache_queries", "External prefix cache queries from KV connector cross-instance cache sharing, in terms of number of queried tokens.", 0);
         counter("vllm:external_prefix_cache_hits", "External prefix cache hits from KV connector cross-instance cache sharing, in terms of number of cached tokens.", 0);
@@ -288,11 +330,27 @@ impl Metrics {
         counter("vllm:mm_cache_hits", "Multi-modal cache hits, in terms of number of cached items.", 0);
         counter("vllm:num_preemptions", "Cumulative number of preemptions from the engine.", stats.num_preemptions);
         counter("vllm:prompt_tokens", "Number of prefill tokens processed.", prompt_tokens);
-        counter("vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external).", stats.prefix_cache_hits);
-        counter("vllm:generation_tokens", "Number of generation tokens processed.", self.generation_tokens.load(Ordering::Relaxed));
-        counter("tandem:async_steps", "Engine steps sent to the model ahead of the previous step's postprocessing (async scheduling).", stats.async_steps);
+        counter(
+            "vllm:prompt_tokens_cached",
+            "Number of cached prompt tokens (local + external).",
+            stats.prefix_cache_hits,
+        );
+        counter(
+            "vllm:generation_tokens",
+            "Number of generation tokens processed.",
+            self.generation_tokens.load(Ordering::Relaxed),
+        );
+        counter(
+            "tandem:async_steps",
+            "Engine steps sent to the model ahead of the previous step's postprocessing (async scheduling).",
+            stats.async_steps,
+        );
         counter("tandem:sync_steps", "Engine steps whose forward and postprocessing ran one after the other (async scheduling off, or a step that needed host-side results).", stats.sync_steps);
-        counter("tandem:structured_output_masks", "Token masks computed for structured output (one per constrained token).", stats.guided_masks_total);
+        counter(
+            "tandem:structured_output_masks",
+            "Token masks computed for structured output (one per constrained token).",
+            stats.guided_masks_total,
+        );
         let _ = writeln!(
             out,
             "# HELP tandem:structured_output_mask_seconds_total Time spent computing structured-output masks (beside the forward, on helper threads).\n# TYPE tandem:structured_output_mask_seconds_total counter\ntandem:structured_output_mask_seconds_total{{{l}}} {}",
@@ -301,35 +359,108 @@ impl Metrics {
         // Prompt tokens by where their KV came from: the local prefix cache, or computed.
         let cached = stats.prefix_cache_hits.min(prompt_tokens);
         let _ = writeln!(out, "# HELP vllm:prompt_tokens_by_source_total Number of prompt tokens by source.\n# TYPE vllm:prompt_tokens_by_source_total counter");
-        for (src, v) in [("local_compute", prompt_tokens - cached), ("local_cache_hit", cached), ("external_kv_transfer", 0)] {
+        for (src, v) in
+            [("local_compute", prompt_tokens - cached), ("local_cache_hit", cached), ("external_kv_transfer", 0)]
+        {
             let _ = writeln!(out, "vllm:prompt_tokens_by_source_total{{{l},source=\"{src}\"}} {v}");
         }
         let _ = writeln!(out, "# HELP vllm:prompt_tokens_cached_by_source_total Prefix-cache hit tokens by the cache tier that supplied them.\n# TYPE vllm:prompt_tokens_cached_by_source_total counter");
-        for (src, v) in [("device", stats.prefix_cache_hits), ("host", 0), ("p2p", 0), ("disk", 0), ("external_unspecified", 0)] {
+        for (src, v) in
+            [("device", stats.prefix_cache_hits), ("host", 0), ("p2p", 0), ("disk", 0), ("external_unspecified", 0)]
+        {
             let _ = writeln!(out, "vllm:prompt_tokens_cached_by_source_total{{{l},source=\"{src}\"}} {v}");
         }
         let _ = writeln!(out, "# HELP vllm:request_success_total Count of successfully processed requests.\n# TYPE vllm:request_success_total counter");
         for (i, r) in FINISH_REASONS.iter().enumerate() {
-            let _ = writeln!(out, "vllm:request_success_total{{{l},finished_reason=\"{r}\"}} {}", self.finished[i].load(Ordering::Relaxed));
+            let _ = writeln!(
+                out,
+                "vllm:request_success_total{{{l},finished_reason=\"{r}\"}} {}",
+                self.finished[i].load(Ordering::Relaxed)
+            );
         }
         let m = &self.model_label;
         let _ = writeln!(out, "# HELP vllm:admission_rejections_total Requests rejected at admission because a queue limit was reached.\n# TYPE vllm:admission_rejections_total counter");
         let _ = writeln!(out, "vllm:admission_rejections_total{{{m},reason=\"max_num_queued_reqs\"}} {}\nvllm:admission_rejections_total{{{m},reason=\"max_num_queued_tokens\"}} 0", self.admission_rejected.load(Ordering::Relaxed));
-        self.request_prompt_tokens.render(&mut out, "vllm:request_prompt_tokens", "Number of prefill tokens processed.", l);
-        self.request_generation_tokens.render(&mut out, "vllm:request_generation_tokens", "Number of generation tokens processed.", l);
+        self.request_prompt_tokens.render(
+            &mut out,
+            "vllm:request_prompt_tokens",
+            "Number of prefill tokens processed.",
+            l,
+        );
+        self.request_generation_tokens.render(
+            &mut out,
+            "vllm:request_generation_tokens",
+            "Number of generation tokens processed.",
+            l,
+        );
         self.iteration_tokens(&mut out, stats);
-        self.request_max_generation_tokens.render(&mut out, "vllm:request_max_num_generation_tokens", "Histogram of maximum number of requested generation tokens.", l);
+        self.request_max_generation_tokens.render(
+            &mut out,
+            "vllm:request_max_num_generation_tokens",
+            "Histogram of maximum number of requested generation tokens.",
+            l,
+        );
         self.request_params_n.render(&mut out, "vllm:request_params_n", "Histogram of the n request parameter.", l);
-        self.request_params_max_tokens.render(&mut out, "vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.", l);
-        self.ttft.render(&mut out, "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", l);
-        self.itl.render(&mut out, "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", l);
-        self.time_per_output_token.render(&mut out, "vllm:request_time_per_output_token_seconds", "Histogram of time_per_output_token_seconds per request.", l);
-        self.e2e.render(&mut out, "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", l);
-        self.queue.render(&mut out, "vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", l);
-        self.inference_time.render(&mut out, "vllm:request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request.", l);
-        self.prefill_time.render(&mut out, "vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.", l);
-        self.decode_time.render(&mut out, "vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.", l);
-        self.request_preemptions.render(&mut out, "vllm:request_num_preemptions", "Histogram of the number of times a request was preempted.", l);
+        self.request_params_max_tokens.render(
+            &mut out,
+            "vllm:request_params_max_tokens",
+            "Histogram of the max_tokens request parameter.",
+            l,
+        );
+        self.ttft.render(
+            &mut out,
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            l,
+        );
+        self.itl.render(
+            &mut out,
+            "vllm:inter_token_latency_seconds",
+            "Histogram of inter-token latency in seconds.",
+            l,
+        );
+        self.time_per_output_token.render(
+            &mut out,
+            "vllm:request_time_per_output_token_seconds",
+            "Histogram of time_per_output_token_seconds per request.",
+            l,
+        );
+        self.e2e.render(
+            &mut out,
+            "vllm:e2e_request_latency_seconds",
+            "Histogram of e2e request latency in seconds.",
+            l,
+        );
+        self.queue.render(
+            &mut out,
+            "vllm:request_queue_time_seconds",
+            "Histogram of time spent in WAITING phase for request.",
+            l,
+        );
+        self.inference_time.render(
+            &mut out,
+            "vllm:request_inference_time_seconds",
+            "Histogram of time spent in RUNNING phase for request.",
+            l,
+        );
+        self.prefill_time.render(
+            &mut out,
+            "vllm:request_prefill_time_seconds",
+            "Histogram of time spent in PREFILL phase for request.",
+            l,
+        );
+        self.decode_time.render(
+            &mut out,
+            "vllm:request_decode_time_seconds",
+            "Histogram of time spent in DECODE phase for request.",
+            l,
+        );
+        self.request_preemptions.render(
+            &mut out,
+            "vllm:request_num_preemptions",
+            "Histogram of the number of times a request was preempted.",
+            l,
+        );
         out
     }
 
@@ -347,7 +478,15 @@ impl Metrics {
             prev = c;
         }
         counts.push(bins.iter().sum::<u64>() - prev);
-        render_histogram(out, "vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.", &self.labels, ITERATION_TOKENS_BUCKETS, &counts, stats.iteration_tokens_sum as f64);
+        render_histogram(
+            out,
+            "vllm:iteration_tokens_total",
+            "Histogram of number of tokens per engine_step.",
+            &self.labels,
+            ITERATION_TOKENS_BUCKETS,
+            &counts,
+            stats.iteration_tokens_sum as f64,
+        );
     }
 }
 
@@ -381,10 +520,14 @@ mod tests {
         for k in [0, 1, 3, 4, 16] {
             bins[k] += 1;
         }
-        let text = Metrics::new("m").render(&EngineStats { iteration_tokens: bins, iteration_tokens_sum: 40020, ..Default::default() }, 0);
+        let text = Metrics::new("m")
+            .render(&EngineStats { iteration_tokens: bins, iteration_tokens_sum: 40020, ..Default::default() }, 0);
         let l = "model_name=\"m\",engine=\"0\"";
         for (le, want) in [("1", 1), ("8", 3), ("16", 4), ("16384", 4), ("+Inf", 5)] {
-            assert!(text.contains(&format!("vllm:iteration_tokens_total_bucket{{{l},le=\"{le}\"}} {want}\n")), "{le}: {text}");
+            assert!(
+                text.contains(&format!("vllm:iteration_tokens_total_bucket{{{l},le=\"{le}\"}} {want}\n")),
+                "{le}: {text}"
+            );
         }
         assert!(text.contains(&format!("vllm:iteration_tokens_total_sum{{{l}}} 40020\n")));
     }
@@ -419,7 +562,12 @@ mod tests {
     #[test]
     fn async_and_sync_steps_are_counters() {
         let text = Metrics::new("m").render(&EngineStats { async_steps: 7, sync_steps: 2, ..Default::default() }, 0);
-        assert!(text.contains("# TYPE tandem:async_steps_total counter\ntandem:async_steps_total{model_name=\"m\",engine=\"0\"} 7\n"), "{text}");
+        assert!(
+            text.contains(
+                "# TYPE tandem:async_steps_total counter\ntandem:async_steps_total{model_name=\"m\",engine=\"0\"} 7\n"
+            ),
+            "{text}"
+        );
         assert!(text.contains("tandem:sync_steps_total{model_name=\"m\",engine=\"0\"} 2\n"), "{text}");
     }
 }

@@ -14,9 +14,9 @@ use tandem_core::tokenizer::Tokenizer;
 use crate::engine_client::{EngineUpdate, FinishReason, GenerateRequest, TokenLogprob};
 use crate::error::ApiError;
 use crate::params::{parse_params, Api, Fields, ParsedParams};
+use crate::reasoning::{ReasoningParser, ReasoningStream};
 use crate::run::Run;
 use crate::server::AppState;
-use crate::reasoning::{ReasoningParser, ReasoningStream};
 use crate::structured::{self, GuideRequest, ToolCall, ToolChoice};
 use crate::tool_parser::ToolParser;
 use crate::tool_stream::{CallEvent, CallStream};
@@ -59,7 +59,9 @@ pub fn tool_message(out: Option<&ToolOutput>, text: &str, finish: &str) -> (Opti
         None => plain,
         // vLLM reports the engine's finish for a named function ("stop"), as OpenAI does for a
         // forced call; the arguments are the text whatever it is (cut short by `length`, say).
-        Some(ToolOutput::Named(name)) => (None, vec![ToolCall { name: name.clone(), arguments: text.to_string() }], finish.to_string()),
+        Some(ToolOutput::Named(name)) => {
+            (None, vec![ToolCall { name: name.clone(), arguments: text.to_string() }], finish.to_string())
+        }
         Some(ToolOutput::Required) if finish == "stop" => match structured::parse_required(text) {
             Some(calls) => (None, calls, "tool_calls".into()),
             None => plain,
@@ -67,7 +69,9 @@ pub fn tool_message(out: Option<&ToolOutput>, text: &str, finish: &str) -> (Opti
         // Cut short (`max_tokens`): the calls as far as they were written, not the array's text.
         Some(ToolOutput::Required) => (None, crate::tool_stream::partial_calls(text), finish.to_string()),
         Some(ToolOutput::Auto(p)) => match p.parse(text) {
-            Some((content, calls)) if !calls.is_empty() => (content, calls, if finish == "stop" { "tool_calls".into() } else { finish.to_string() }),
+            Some((content, calls)) if !calls.is_empty() => {
+                (content, calls, if finish == "stop" { "tool_calls".into() } else { finish.to_string() })
+            }
             _ => plain,
         },
     }
@@ -114,7 +118,10 @@ fn check_ids(ids: Vec<u32>, vocab: usize, param: &str) -> Result<Vec<u32>, ApiEr
         return Err(ApiError::invalid(param, format!("`{param}` must not be empty")));
     }
     if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab) {
-        return Err(ApiError::invalid(param, format!("`{param}` holds token id {bad}, outside the vocabulary [0, {vocab})")));
+        return Err(ApiError::invalid(
+            param,
+            format!("`{param}` holds token id {bad}, outside the vocabulary [0, {vocab})"),
+        ));
     }
     Ok(ids)
 }
@@ -125,15 +132,31 @@ fn token_ids(v: &Value) -> Option<Vec<u32>> {
 
 /// A completions prompt: a string, a list of strings, token ids, or a list of token-id lists.
 fn parse_prompts(v: Option<&Value>, param: &str, tok: &Tokenizer, vocab: usize) -> Result<Vec<Vec<u32>>, ApiError> {
-    let shape = || ApiError::invalid(param, format!("`{param}` must be a string, a list of strings, a list of token ids, or a list of lists of token ids"));
-    let encode = |s: &str| tok.encode(s, true).map_err(|e| ApiError::invalid(param, format!("cannot tokenize `{param}`: {e}")));
+    let shape = || {
+        ApiError::invalid(
+            param,
+            format!(
+                "`{param}` must be a string, a list of strings, a list of token ids, or a list of lists of token ids"
+            ),
+        )
+    };
+    let encode =
+        |s: &str| tok.encode(s, true).map_err(|e| ApiError::invalid(param, format!("cannot tokenize `{param}`: {e}")));
     let prompts = match v {
         None => return Err(ApiError::invalid(param, format!("`{param}` is required"))),
         Some(Value::String(s)) => vec![encode(s)?],
-        Some(Value::Array(a)) if a.is_empty() => return Err(ApiError::invalid(param, format!("`{param}` must not be an empty list"))),
-        Some(Value::Array(a)) if a.iter().all(Value::is_string) => a.iter().map(|s| encode(s.as_str().unwrap_or_default())).collect::<Result<_, _>>()?,
-        Some(Value::Array(a)) if a.iter().all(Value::is_number) => vec![token_ids(v.unwrap_or(&Value::Null)).ok_or_else(shape)?],
-        Some(Value::Array(a)) if a.iter().all(Value::is_array) => a.iter().map(|p| token_ids(p).ok_or_else(shape)).collect::<Result<_, _>>()?,
+        Some(Value::Array(a)) if a.is_empty() => {
+            return Err(ApiError::invalid(param, format!("`{param}` must not be an empty list")))
+        }
+        Some(Value::Array(a)) if a.iter().all(Value::is_string) => {
+            a.iter().map(|s| encode(s.as_str().unwrap_or_default())).collect::<Result<_, _>>()?
+        }
+        Some(Value::Array(a)) if a.iter().all(Value::is_number) => {
+            vec![token_ids(v.unwrap_or(&Value::Null)).ok_or_else(shape)?]
+        }
+        Some(Value::Array(a)) if a.iter().all(Value::is_array) => {
+            a.iter().map(|p| token_ids(p).ok_or_else(shape)).collect::<Result<_, _>>()?
+        }
         Some(_) => return Err(shape()),
     };
     prompts.into_iter().map(|p| check_ids(p, vocab, param)).collect()
@@ -143,7 +166,9 @@ fn parse_prompts(v: Option<&Value>, param: &str, tok: &Tokenizer, vocab: usize) 
 fn echo_texts(v: Option<&Value>, prompts: &[Vec<u32>], tok: &Tokenizer) -> Vec<String> {
     match v {
         Some(Value::String(s)) => vec![s.clone()],
-        Some(Value::Array(a)) if a.iter().all(Value::is_string) => a.iter().map(|s| s.as_str().unwrap_or_default().to_string()).collect(),
+        Some(Value::Array(a)) if a.iter().all(Value::is_string) => {
+            a.iter().map(|s| s.as_str().unwrap_or_default().to_string()).collect()
+        }
         _ => prompts.iter().map(|p| tok.decode(p, false).unwrap_or_default()).collect(),
     }
 }
@@ -162,7 +187,10 @@ pub(crate) fn normalize_messages(v: Option<&Value>) -> Result<Vec<Value>, ApiErr
             return Err(ApiError::invalid(&format!("messages[{i}]"), format!("`messages[{i}]` must be an object")));
         };
         if !obj.get("role").is_some_and(Value::is_string) {
-            return Err(ApiError::invalid(&format!("messages[{i}].role"), format!("`messages[{i}].role` must be a string")));
+            return Err(ApiError::invalid(
+                &format!("messages[{i}].role"),
+                format!("`messages[{i}].role` must be a string"),
+            ));
         }
         let mut obj = obj.clone();
         let content = match obj.get("content") {
@@ -173,12 +201,22 @@ pub(crate) fn normalize_messages(v: Option<&Value>) -> Result<Vec<Value>, ApiErr
                 for p in parts {
                     match (p.get("type").and_then(Value::as_str), p.get("text").and_then(Value::as_str)) {
                         (Some("text"), Some(t)) => text.push_str(t),
-                        _ => return Err(ApiError::invalid(&format!("messages[{i}].content"), "only text content parts (`{\"type\": \"text\", \"text\": ...}`) are supported")),
+                        _ => {
+                            return Err(ApiError::invalid(
+                                &format!("messages[{i}].content"),
+                                "only text content parts (`{\"type\": \"text\", \"text\": ...}`) are supported",
+                            ))
+                        }
                     }
                 }
                 Value::String(text)
             }
-            Some(_) => return Err(ApiError::invalid(&format!("messages[{i}].content"), format!("`messages[{i}].content` must be a string or a list of text parts"))),
+            Some(_) => {
+                return Err(ApiError::invalid(
+                    &format!("messages[{i}].content"),
+                    format!("`messages[{i}].content` must be a string or a list of text parts"),
+                ))
+            }
         };
         obj.insert("content".into(), content);
         // transformers' templates read a call's arguments as a mapping; OpenAI sends a JSON
@@ -186,7 +224,9 @@ pub(crate) fn normalize_messages(v: Option<&Value>) -> Result<Vec<Value>, ApiErr
         if let Some(Value::Array(calls)) = obj.get_mut("tool_calls") {
             for c in calls.iter_mut() {
                 if let Some(a) = c.get_mut("function").and_then(|f| f.get_mut("arguments")) {
-                    if let Some(v) = a.as_str().and_then(|s| serde_json::from_str::<Value>(s).ok()).filter(Value::is_object) {
+                    if let Some(v) =
+                        a.as_str().and_then(|s| serde_json::from_str::<Value>(s).ok()).filter(Value::is_object)
+                    {
                         *a = v;
                     }
                 }
@@ -199,24 +239,50 @@ pub(crate) fn normalize_messages(v: Option<&Value>) -> Result<Vec<Value>, ApiErr
 
 /// The prompt's ids of a chat: messages (and tools, and `chat_template_kwargs`) through the
 /// model's chat template.
-pub(crate) fn render_chat(state: &AppState, msgs: &[Value], tools: Option<&structured::Tools>, add_gen: bool, kwargs: Option<&Map<String, Value>>) -> Result<Vec<u32>, ApiError> {
+pub(crate) fn render_chat(
+    state: &AppState,
+    msgs: &[Value],
+    tools: Option<&structured::Tools>,
+    add_gen: bool,
+    kwargs: Option<&Map<String, Value>>,
+) -> Result<Vec<u32>, ApiError> {
     render_chat_continued(state, msgs, tools, add_gen, false, kwargs)
 }
 
 /// [`render_chat`], with the last message left open when `continue_final` (vLLM's
 /// `continue_final_message`).
-pub(crate) fn render_chat_continued(state: &AppState, msgs: &[Value], tools: Option<&structured::Tools>, add_gen: bool, continue_final: bool, kwargs: Option<&Map<String, Value>>) -> Result<Vec<u32>, ApiError> {
+pub(crate) fn render_chat_continued(
+    state: &AppState,
+    msgs: &[Value],
+    tools: Option<&structured::Tools>,
+    add_gen: bool,
+    continue_final: bool,
+    kwargs: Option<&Map<String, Value>>,
+) -> Result<Vec<u32>, ApiError> {
     let text = chat_text(state, msgs, tools, add_gen, continue_final, kwargs)?;
     // The template writes the BOS itself.
-    state.tokenizer.encode(&text, false).map_err(|e| ApiError::invalid("messages", format!("cannot tokenize the rendered chat: {e}")))
+    state
+        .tokenizer
+        .encode(&text, false)
+        .map_err(|e| ApiError::invalid("messages", format!("cannot tokenize the rendered chat: {e}")))
 }
 
 /// The rendered chat text. With `continue_final`, what follows the last message's content is
 /// cut off (its end-of-turn markup), as transformers' `continue_final_message` cuts it: after
 /// the last place the content, stripped, appears.
-pub(crate) fn chat_text(state: &AppState, msgs: &[Value], tools: Option<&structured::Tools>, add_gen: bool, continue_final: bool, kwargs: Option<&Map<String, Value>>) -> Result<String, ApiError> {
+pub(crate) fn chat_text(
+    state: &AppState,
+    msgs: &[Value],
+    tools: Option<&structured::Tools>,
+    add_gen: bool,
+    continue_final: bool,
+    kwargs: Option<&Map<String, Value>>,
+) -> Result<String, ApiError> {
     if continue_final && add_gen {
-        return Err(ApiError::invalid("continue_final_message", "Cannot set both `continue_final_message` and `add_generation_prompt` to True."));
+        return Err(ApiError::invalid(
+            "continue_final_message",
+            "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+        ));
     }
     let text = state
         .tokenizer
@@ -230,7 +296,11 @@ pub(crate) fn chat_text(state: &AppState, msgs: &[Value], tools: Option<&structu
         return Err(ApiError::invalid("continue_final_message", "`continue_final_message` is set but the final message does not appear in the chat after applying the chat template"));
     };
     // The content kept whole (trailing whitespace too) when it has no leading whitespace.
-    let end = if last.trim_start().len() == last.len() && text[at..].starts_with(last) { at + last.len() } else { at + last.trim().len() };
+    let end = if last.trim_start().len() == last.len() && text[at..].starts_with(last) {
+        at + last.len()
+    } else {
+        at + last.trim().len()
+    };
     Ok(text[..end].to_string())
 }
 
@@ -245,7 +315,16 @@ impl Job {
         let guide = structured::parse_guide(&f)?;
         let prompts = parse_prompts(f.get("prompt"), "prompt", &state.tokenizer, vocab)?;
         let echo_texts = if p.echo { echo_texts(f.get("prompt"), &prompts, &state.tokenizer) } else { Vec::new() };
-        Ok(Job { api: Api::Completions, prompts, p, multi: false, echo_texts, guide, tool_output: None, reasoning: None })
+        Ok(Job {
+            api: Api::Completions,
+            prompts,
+            p,
+            multi: false,
+            echo_texts,
+            guide,
+            tool_output: None,
+            reasoning: None,
+        })
     }
 
     pub fn chat(state: &AppState, body: &[u8]) -> Result<Job, ApiError> {
@@ -268,7 +347,12 @@ impl Job {
         let kwargs = match f.get("chat_template_kwargs") {
             None => None,
             Some(Value::Object(o)) => Some(o),
-            Some(v) => return Err(ApiError::invalid("chat_template_kwargs", format!("`chat_template_kwargs` must be an object, got {}", crate::params::type_name(v)))),
+            Some(v) => {
+                return Err(ApiError::invalid(
+                    "chat_template_kwargs",
+                    format!("`chat_template_kwargs` must be an object, got {}", crate::params::type_name(v)),
+                ))
+            }
         };
         Job::chat_from(state, p, guide, tools.as_ref(), &msgs, add_gen, kwargs)
     }
@@ -277,7 +361,15 @@ impl Job {
     /// arguments as mappings), its tools and structured-output form: what chat completions and
     /// the Anthropic Messages API share. A forced tool choice becomes the constraint, and says
     /// how the answer's text is read for calls.
-    pub(crate) fn chat_from(state: &AppState, p: ParsedParams, mut guide: Option<GuideRequest>, tools: Option<&structured::Tools>, msgs: &[Value], add_gen: bool, kwargs: Option<&Map<String, Value>>) -> Result<Job, ApiError> {
+    pub(crate) fn chat_from(
+        state: &AppState,
+        p: ParsedParams,
+        mut guide: Option<GuideRequest>,
+        tools: Option<&structured::Tools>,
+        msgs: &[Value],
+        add_gen: bool,
+        kwargs: Option<&Map<String, Value>>,
+    ) -> Result<Job, ApiError> {
         let mut tool_output = None;
         if let Some(t) = tools {
             if let Some(g) = t.guide() {
@@ -286,11 +378,18 @@ impl Job {
                         ToolChoice::Named(n) => format!("naming {n:?}"),
                         _ => "\"required\"".to_string(),
                     };
-                    return Err(ApiError::invalid(&other.param, format!("`tool_choice` {choice} constrains the answer already; `{}` cannot be given with it", other.param)));
+                    return Err(ApiError::invalid(
+                        &other.param,
+                        format!(
+                            "`tool_choice` {choice} constrains the answer already; `{}` cannot be given with it",
+                            other.param
+                        ),
+                    ));
                 }
                 guide = Some(g);
             }
-            let markup = state.tokenizer.chat_template().is_some_and(|c| structured::template_has_tool_calls(c.source()));
+            let markup =
+                state.tokenizer.chat_template().is_some_and(|c| structured::template_has_tool_calls(c.source()));
             tool_output = match &t.choice {
                 ToolChoice::Required => Some(ToolOutput::Required),
                 ToolChoice::Named(n) => Some(ToolOutput::Named(n.clone())),
@@ -308,7 +407,16 @@ impl Job {
             let tail = state.tokenizer.decode(&ids[ids.len().saturating_sub(8)..], false).unwrap_or_default();
             r.for_prompt(&tail)
         });
-        Ok(Job { api: Api::Chat, prompts: vec![check_ids(ids, state.config.vocab_size, "messages")?], p, multi: false, echo_texts: Vec::new(), guide, tool_output, reasoning })
+        Ok(Job {
+            api: Api::Chat,
+            prompts: vec![check_ids(ids, state.config.vocab_size, "messages")?],
+            p,
+            multi: false,
+            echo_texts: Vec::new(),
+            guide,
+            tool_output,
+            reasoning,
+        })
     }
 
     pub fn generate(state: &AppState, body: &[u8]) -> Result<Job, ApiError> {
@@ -322,18 +430,39 @@ impl Job {
         let p = parse_params(&f, Api::Generate, vocab, &state.config.sampling_defaults)?;
         let guide = structured::parse_guide(&f)?;
         if p.params.n != 1 {
-            return Err(ApiError::invalid("n", "`/generate` answers one text per prompt; use /v1/completions for n > 1"));
+            return Err(ApiError::invalid(
+                "n",
+                "`/generate` answers one text per prompt; use /v1/completions for n > 1",
+            ));
         }
         let (prompts, multi) = match (f.get("prompt"), f.get("prompts")) {
             (Some(_), Some(_)) => return Err(ApiError::invalid("prompts", "give `prompt` or `prompts`, not both")),
             (Some(v @ Value::String(_)), None) => (parse_prompts(Some(v), "prompt", &state.tokenizer, vocab)?, false),
-            (Some(v), None) if token_ids(v).is_some() => (parse_prompts(Some(v), "prompt", &state.tokenizer, vocab)?, false),
-            (Some(_), None) => return Err(ApiError::invalid("prompt", "`prompt` must be a string or a list of token ids; use `prompts` for several")),
+            (Some(v), None) if token_ids(v).is_some() => {
+                (parse_prompts(Some(v), "prompt", &state.tokenizer, vocab)?, false)
+            }
+            (Some(_), None) => {
+                return Err(ApiError::invalid(
+                    "prompt",
+                    "`prompt` must be a string or a list of token ids; use `prompts` for several",
+                ))
+            }
             (None, Some(v @ Value::Array(_))) => (parse_prompts(Some(v), "prompts", &state.tokenizer, vocab)?, true),
-            (None, Some(_)) => return Err(ApiError::invalid("prompts", "`prompts` must be a list of strings or of token-id lists")),
+            (None, Some(_)) => {
+                return Err(ApiError::invalid("prompts", "`prompts` must be a list of strings or of token-id lists"))
+            }
             (None, None) => return Err(ApiError::invalid("prompt", "`prompt` (or `prompts`) is required")),
         };
-        Ok(Job { api: Api::Generate, prompts, p, multi, echo_texts: Vec::new(), guide, tool_output: None, reasoning: None })
+        Ok(Job {
+            api: Api::Generate,
+            prompts,
+            p,
+            multi,
+            echo_texts: Vec::new(),
+            guide,
+            tool_output: None,
+            reasoning: None,
+        })
     }
 
     /// Compiles the structured-output form into the engine's constraint: a 400 naming its
@@ -341,7 +470,9 @@ impl Job {
     /// Compiling a large schema can take milliseconds: the router runs this on the blocking pool.
     pub fn compile_guide(&mut self, state: &AppState) -> Result<(), ApiError> {
         let Some(g) = &self.guide else { return Ok(()) };
-        let s = state.structured().map_err(|why| ApiError::invalid(&g.param, format!("structured output is not available: {why}")))?;
+        let s = state
+            .structured()
+            .map_err(|why| ApiError::invalid(&g.param, format!("structured output is not available: {why}")))?;
         let guided = s.compile(&g.spec).map_err(|e| ApiError::invalid(&g.param, format!("`{}`: {e}", g.param)))?;
         self.p.params.guided = Some(guided);
         Ok(())
@@ -379,7 +510,13 @@ impl Job {
                     },
                 };
                 if self.p.params.min_tokens > max_tokens {
-                    return Err(ApiError::invalid("min_tokens", format!("`min_tokens` ({}) exceeds the {max_tokens} output tokens the context leaves", self.p.params.min_tokens)));
+                    return Err(ApiError::invalid(
+                        "min_tokens",
+                        format!(
+                            "`min_tokens` ({}) exceeds the {max_tokens} output tokens the context leaves",
+                            self.p.params.min_tokens
+                        ),
+                    ));
                 }
                 let mut params = self.p.params.clone();
                 params.max_tokens = max_tokens;
@@ -431,7 +568,13 @@ fn completion_logprobs(tok: &Tokenizer, lps: &[TokenLogprob], offset: &mut usize
 
 /// Completions' logprobs for an echoed prompt followed by the generated tokens: the prompt's
 /// first token has no logprob (null), as in OpenAI's legacy API that lm-evaluation-harness reads.
-fn echo_logprobs(tok: &Tokenizer, prompt: &[u32], prompt_lps: Option<&[Option<TokenLogprob>]>, lps: &[TokenLogprob], offset: &mut usize) -> Value {
+fn echo_logprobs(
+    tok: &Tokenizer,
+    prompt: &[u32],
+    prompt_lps: Option<&[Option<TokenLogprob>]>,
+    lps: &[TokenLogprob],
+    offset: &mut usize,
+) -> Value {
     let mut tokens = Vec::new();
     let mut token_logprobs = Vec::new();
     let mut top = Vec::new();
@@ -453,7 +596,12 @@ fn echo_logprobs(tok: &Tokenizer, prompt: &[u32], prompt_lps: Option<&[Option<To
         tokens.push(Value::String(t));
     }
     let gen = completion_logprobs(tok, lps, offset);
-    for (key, list) in [("tokens", &mut tokens), ("token_logprobs", &mut token_logprobs), ("top_logprobs", &mut top), ("text_offset", &mut offsets)] {
+    for (key, list) in [
+        ("tokens", &mut tokens),
+        ("token_logprobs", &mut token_logprobs),
+        ("top_logprobs", &mut top),
+        ("text_offset", &mut offsets),
+    ] {
         if let Some(a) = gen.get(key).and_then(Value::as_array) {
             list.extend(a.iter().cloned());
         }
@@ -475,7 +623,8 @@ fn top_map(tok: &Tokenizer, lp: &TokenLogprob, text: &str) -> Value {
 /// rank, decoded_token}}` holding the prompt's own token and the top N (ranked 1..N, the
 /// prompt's token by the engine's count, else by its place among the top).
 fn vllm_prompt_logprobs(tok: &Tokenizer, lps: &[Option<TokenLogprob>]) -> Value {
-    let entry = |id: u32, l: f32, rank: Option<u32>| json!({"logprob": l, "rank": rank, "decoded_token": token_text(tok, id)});
+    let entry =
+        |id: u32, l: f32, rank: Option<u32>| json!({"logprob": l, "rank": rank, "decoded_token": token_text(tok, id)});
     Value::Array(
         lps.iter()
             .map(|lp| match lp {
@@ -543,10 +692,17 @@ pub struct ChoiceAcc {
 
 /// vLLM's `stop_reason`: the stop string or stop token id that ended a choice; null for
 /// anything else (EOS, a complete grammar, `length`).
-fn stop_reason(finish: Option<&FinishReason>, stop_string: Option<&str>, last_token: Option<u32>, stop_ids: &[u32]) -> Value {
+fn stop_reason(
+    finish: Option<&FinishReason>,
+    stop_string: Option<&str>,
+    last_token: Option<u32>,
+    stop_ids: &[u32],
+) -> Value {
     match (finish, stop_string) {
         (Some(FinishReason::Stop), Some(s)) => json!(s),
-        (Some(FinishReason::Stop), None) => last_token.filter(|t| stop_ids.contains(t)).map_or(Value::Null, |t| json!(t)),
+        (Some(FinishReason::Stop), None) => {
+            last_token.filter(|t| stop_ids.contains(t)).map_or(Value::Null, |t| json!(t))
+        }
         _ => Value::Null,
     }
 }
@@ -674,7 +830,9 @@ pub fn response(job: &Job, meta: &ResponseMeta, run: &Run, choices: Vec<ChoiceAc
             }
             v
         }
-        Api::Generate if job.multi => json!({"texts": choices.iter().map(|c| c.text.clone()).collect::<Vec<_>>(), "usage": usage}),
+        Api::Generate if job.multi => {
+            json!({"texts": choices.iter().map(|c| c.text.clone()).collect::<Vec<_>>(), "usage": usage})
+        }
         Api::Generate => json!({"text": choices.first().map(|c| c.text.clone()).unwrap_or_default(), "usage": usage}),
     }
 }
@@ -757,7 +915,11 @@ impl StreamFormatter {
     pub fn new(job: &Job, meta: ResponseMeta, tok: Arc<Tokenizer>) -> Self {
         let num_choices = job.prompts.len() * job.p.params.n;
         let object = if job.api == Api::Chat { "chat.completion.chunk" } else { "text_completion" };
-        let mut envelope = format!("data: {{\"id\":{},\"object\":\"{object}\",\"created\":{},\"model\":", Value::from(meta.id.as_str()), meta.created);
+        let mut envelope = format!(
+            "data: {{\"id\":{},\"object\":\"{object}\",\"created\":{},\"model\":",
+            Value::from(meta.id.as_str()),
+            meta.created
+        );
         push_json_str(&mut envelope, &meta.model);
         envelope.push_str(",\"choices\":[");
         StreamFormatter {
@@ -785,7 +947,10 @@ impl StreamFormatter {
                     Some(ToolOutput::Required) => Some(CallStream::new(None)),
                     _ => None,
                 };
-                vec![ReadChoice { reasoning: job.reasoning.map(ReasoningStream::new), calls, ..Default::default() }; num_choices]
+                vec![
+                    ReadChoice { reasoning: job.reasoning.map(ReasoningStream::new), calls, ..Default::default() };
+                    num_choices
+                ]
             } else {
                 Vec::new()
             },
@@ -812,7 +977,11 @@ impl StreamFormatter {
         out.push(']');
         if self.continuous_usage {
             let (p, c) = self.usage_now;
-            let _ = write!(out, ",\"usage\":{{\"prompt_tokens\":{p},\"completion_tokens\":{c},\"total_tokens\":{}}}", p + c);
+            let _ = write!(
+                out,
+                ",\"usage\":{{\"prompt_tokens\":{p},\"completion_tokens\":{c},\"total_tokens\":{}}}",
+                p + c
+            );
         } else if self.include_usage {
             out.push_str(",\"usage\":null");
         }
@@ -863,7 +1032,8 @@ impl StreamFormatter {
                 continue; // text held back (a possible stop string): nothing to say yet
             }
             self.echoed[index] = true;
-            let text: std::borrow::Cow<str> = if echo { format!("{}{}", self.echo_texts[prompt], d.text).into() } else { d.text.as_str().into() };
+            let text: std::borrow::Cow<str> =
+                if echo { format!("{}{}", self.echo_texts[prompt], d.text).into() } else { d.text.as_str().into() };
             let finish = d.finish.as_ref().map(|f| f.as_str());
             if self.api == Api::Generate {
                 let _ = write!(out, "data: {{\"index\":{index},\"text\":");
@@ -897,7 +1067,13 @@ impl StreamFormatter {
             if self.want_logprobs {
                 let lp = match self.api {
                     Api::Chat => json!({"content": chat_logprob_entries(&self.tok, &d.logprobs)}),
-                    _ if echo => echo_logprobs(&self.tok, &self.prompts[prompt], self.prompt_lps[prompt].as_deref(), &d.logprobs, &mut self.offsets[index]),
+                    _ if echo => echo_logprobs(
+                        &self.tok,
+                        &self.prompts[prompt],
+                        self.prompt_lps[prompt].as_deref(),
+                        &d.logprobs,
+                        &mut self.offsets[index],
+                    ),
                     _ => completion_logprobs(&self.tok, &d.logprobs, &mut self.offsets[index]),
                 };
                 let _ = write!(out, "{lp}");
@@ -914,7 +1090,12 @@ impl StreamFormatter {
             }
             match finish {
                 Some(f) => {
-                    let sr = stop_reason(d.finish.as_ref(), d.stop_string.as_deref(), d.token_ids.last().copied(), &self.stop_ids);
+                    let sr = stop_reason(
+                        d.finish.as_ref(),
+                        d.stop_string.as_deref(),
+                        d.token_ids.last().copied(),
+                        &self.stop_ids,
+                    );
                     let _ = write!(out, ",\"finish_reason\":\"{f}\",\"stop_reason\":{sr}}}");
                 }
                 None => out.push_str(",\"finish_reason\":null,\"stop_reason\":null}"),
@@ -960,7 +1141,8 @@ impl StreamFormatter {
                     }
                     CallEvent::Args { index: k, piece } => match entries.last_mut() {
                         Some(last) if last["index"] == k && last.get("id").is_none() => {
-                            let joined = format!("{}{piece}", last["function"]["arguments"].as_str().unwrap_or_default());
+                            let joined =
+                                format!("{}{piece}", last["function"]["arguments"].as_str().unwrap_or_default());
                             last["function"]["arguments"] = json!(joined);
                         }
                         _ => entries.push(json!({"index": k, "function": {"arguments": piece}})),
@@ -977,7 +1159,11 @@ impl StreamFormatter {
         rc.sent = end;
         let lps = if self.tool_output.is_some() {
             rc.lps.extend(d.logprobs.iter().cloned());
-            if done { std::mem::take(&mut rc.lps) } else { Vec::new() }
+            if done {
+                std::mem::take(&mut rc.lps)
+            } else {
+                Vec::new()
+            }
         } else {
             d.logprobs.clone()
         };
@@ -1001,7 +1187,13 @@ impl StreamFormatter {
                 fin = "tool_calls".into();
             }
             // Calls the stream did not follow (a format sent whole, or more than it saw).
-            entries.extend(calls.iter().enumerate().skip(streamed).map(|(k, t)| structured::tool_call_json(t, &structured::tool_call_id(), Some(k))));
+            entries.extend(
+                calls
+                    .iter()
+                    .enumerate()
+                    .skip(streamed)
+                    .map(|(k, t)| structured::tool_call_json(t, &structured::tool_call_id(), Some(k))),
+            );
             finish = Some(fin);
         }
         if !content.is_empty() {
@@ -1031,10 +1223,16 @@ impl StreamFormatter {
             let fin = if k == last { finish.clone() } else { None };
             // vLLM's stop_reason: the stop string or stop token id that ended the choice, on
             // the chunk that carries the finish; null elsewhere.
-            let sr = if k == last { stop_reason(d.finish.as_ref(), d.stop_string.as_deref(), d.token_ids.last().copied(), &self.stop_ids) } else { Value::Null };
-            let mut v = json!({"index": index, "delta": delta, "logprobs": lp, "finish_reason": fin, "stop_reason": sr});
+            let sr = if k == last {
+                stop_reason(d.finish.as_ref(), d.stop_string.as_deref(), d.token_ids.last().copied(), &self.stop_ids)
+            } else {
+                Value::Null
+            };
+            let mut v =
+                json!({"index": index, "delta": delta, "logprobs": lp, "finish_reason": fin, "stop_reason": sr});
             if first && self.explicit_prompt_lps {
-                v["prompt_logprobs"] = self.prompt_lps[prompt].as_deref().map_or(Value::Null, |l| vllm_prompt_logprobs(&self.tok, l));
+                v["prompt_logprobs"] =
+                    self.prompt_lps[prompt].as_deref().map_or(Value::Null, |l| vllm_prompt_logprobs(&self.tok, l));
             }
             out.push(v);
         }
@@ -1044,7 +1242,10 @@ impl StreamFormatter {
     pub fn tail(&mut self, out: &mut String, run: &Run) {
         if self.include_usage && self.api != Api::Generate {
             let object = if self.api == Api::Chat { "chat.completion.chunk" } else { "text_completion" };
-            push_event(out, &json!({"id": self.meta.id, "object": object, "created": self.meta.created, "model": self.meta.model, "choices": [], "usage": usage(run)}));
+            push_event(
+                out,
+                &json!({"id": self.meta.id, "object": object, "created": self.meta.created, "model": self.meta.model, "choices": [], "usage": usage(run)}),
+            );
         }
         out.push_str("data: [DONE]\n\n");
     }

@@ -37,7 +37,11 @@ impl<'a> Fields<'a> {
             None => Ok(None),
             Some(Value::Number(n)) => {
                 let x = n.as_f64().unwrap_or(f64::NAN) as f32;
-                if x.is_finite() { Ok(Some(x)) } else { Err(ApiError::invalid(name, format!("`{name}` must be a finite number"))) }
+                if x.is_finite() {
+                    Ok(Some(x))
+                } else {
+                    Err(ApiError::invalid(name, format!("`{name}` must be a finite number")))
+                }
             }
             Some(v) => Err(ApiError::invalid(name, format!("`{name}` must be a number, got {}", type_name(v)))),
         }
@@ -58,7 +62,9 @@ impl<'a> Fields<'a> {
     /// An integer in `lo..=hi`.
     pub fn int_in(&self, name: &str, lo: i64, hi: i64) -> Result<Option<i64>, ApiError> {
         match self.i64(name)? {
-            Some(i) if i < lo || i > hi => Err(ApiError::invalid(name, format!("`{name}` must be in [{lo}, {hi}], got {i}"))),
+            Some(i) if i < lo || i > hi => {
+                Err(ApiError::invalid(name, format!("`{name}` must be in [{lo}, {hi}], got {i}")))
+            }
             other => Ok(other),
         }
     }
@@ -159,7 +165,9 @@ pub fn parse_params(f: &Fields, api: Api, vocab: usize, defaults: &SamplingDefau
     p.seed = match f.get("seed") {
         None => None,
         // Negative seeds are accepted as their two's-complement bits, like numpy's.
-        Some(Value::Number(n)) if n.as_u64().is_some() || n.as_i64().is_some() => Some(n.as_u64().unwrap_or_else(|| n.as_i64().unwrap_or(0) as u64)),
+        Some(Value::Number(n)) if n.as_u64().is_some() || n.as_i64().is_some() => {
+            Some(n.as_u64().unwrap_or_else(|| n.as_i64().unwrap_or(0) as u64))
+        }
         Some(_) => return Err(ApiError::invalid("seed", "`seed` must be an integer")),
     };
     p.stop = match f.get("stop") {
@@ -167,9 +175,21 @@ pub fn parse_params(f: &Fields, api: Api, vocab: usize, defaults: &SamplingDefau
         Some(Value::String(s)) => vec![s.clone()],
         Some(Value::Array(a)) => a
             .iter()
-            .map(|v| v.as_str().map(String::from).ok_or_else(|| ApiError::invalid("stop", format!("`stop` must be a string or a list of strings, found {}", type_name(v)))))
+            .map(|v| {
+                v.as_str().map(String::from).ok_or_else(|| {
+                    ApiError::invalid(
+                        "stop",
+                        format!("`stop` must be a string or a list of strings, found {}", type_name(v)),
+                    )
+                })
+            })
             .collect::<Result<_, _>>()?,
-        Some(v) => return Err(ApiError::invalid("stop", format!("`stop` must be a string or a list of strings, got {}", type_name(v)))),
+        Some(v) => {
+            return Err(ApiError::invalid(
+                "stop",
+                format!("`stop` must be a string or a list of strings, got {}", type_name(v)),
+            ))
+        }
     };
     p.stop_token_ids = match f.get("stop_token_ids") {
         None => Vec::new(),
@@ -177,25 +197,43 @@ pub fn parse_params(f: &Fields, api: Api, vocab: usize, defaults: &SamplingDefau
             .iter()
             .map(|v| match v.as_u64() {
                 Some(id) if (id as usize) < vocab => Ok(id as u32),
-                _ => Err(ApiError::invalid("stop_token_ids", format!("`stop_token_ids` holds {v}, not a token id of the vocabulary [0, {vocab})"))),
+                _ => Err(ApiError::invalid(
+                    "stop_token_ids",
+                    format!("`stop_token_ids` holds {v}, not a token id of the vocabulary [0, {vocab})"),
+                )),
             })
             .collect::<Result<_, _>>()?,
-        Some(v) => return Err(ApiError::invalid("stop_token_ids", format!("`stop_token_ids` must be a list of integers, got {}", type_name(v)))),
+        Some(v) => {
+            return Err(ApiError::invalid(
+                "stop_token_ids",
+                format!("`stop_token_ids` must be a list of integers, got {}", type_name(v)),
+            ))
+        }
     };
     p.ignore_eos = f.bool("ignore_eos")?.unwrap_or(false);
 
     // Chat's newer name wins over the deprecated one.
-    let max_name = if api == Api::Chat && f.get("max_completion_tokens").is_some() { "max_completion_tokens" } else { "max_tokens" };
+    let max_name = if api == Api::Chat && f.get("max_completion_tokens").is_some() {
+        "max_completion_tokens"
+    } else {
+        "max_tokens"
+    };
     // 0 is allowed where the prompt alone is the answer: completions with `echo` (scoring).
     let echo = api == Api::Completions && f.bool("echo")?.unwrap_or(false);
     let max_tokens = f.int_in(max_name, 0, i64::MAX)?.map(|m| m as usize);
     if max_tokens == Some(0) && !echo {
-        return Err(ApiError::invalid(max_name, format!("`{max_name}` must be at least 1 (0 is allowed only with `echo`), got 0")));
+        return Err(ApiError::invalid(
+            max_name,
+            format!("`{max_name}` must be at least 1 (0 is allowed only with `echo`), got 0"),
+        ));
     }
     if let Some(m) = f.int_in("min_tokens", 0, i64::MAX)? {
         p.min_tokens = m as usize;
         if let Some(max) = max_tokens.filter(|&max| max < p.min_tokens) {
-            return Err(ApiError::invalid("min_tokens", format!("`min_tokens` ({m}) must not exceed `{max_name}` ({max})")));
+            return Err(ApiError::invalid(
+                "min_tokens",
+                format!("`min_tokens` ({m}) must not exceed `{max_name}` ({max})"),
+            ));
         }
     }
     p.logprobs = match api {
@@ -204,7 +242,9 @@ pub fn parse_params(f: &Fields, api: Api, vocab: usize, defaults: &SamplingDefau
             let top = f.int_in("top_logprobs", 0, MAX_LOGPROBS as i64)?;
             match (f.bool("logprobs")?.unwrap_or(false), top) {
                 (true, top) => Some(top.unwrap_or(0) as usize),
-                (false, Some(_)) => return Err(ApiError::invalid("top_logprobs", "`top_logprobs` needs `logprobs: true`")),
+                (false, Some(_)) => {
+                    return Err(ApiError::invalid("top_logprobs", "`top_logprobs` needs `logprobs: true`"))
+                }
                 (false, None) => None,
             }
         }
@@ -221,17 +261,25 @@ pub fn parse_params(f: &Fields, api: Api, vocab: usize, defaults: &SamplingDefau
     }
     p.logit_bias = match f.object("logit_bias")? {
         None => Vec::new(),
-        Some(o) => o
-            .0
-            .iter()
-            .map(|(k, v)| {
-                let id = k.parse::<u32>().ok().filter(|&id| (id as usize) < vocab).ok_or_else(|| ApiError::invalid("logit_bias", format!("`logit_bias` key {k:?} is not a token id of the vocabulary [0, {vocab})")))?;
-                match v.as_f64() {
-                    Some(b) if (-100.0..=100.0).contains(&b) => Ok((id, b as f32)),
-                    _ => Err(ApiError::invalid("logit_bias", format!("`logit_bias` of token {id} must be a number in [-100, 100], got {v}"))),
-                }
-            })
-            .collect::<Result<_, _>>()?,
+        Some(o) => {
+            o.0.iter()
+                .map(|(k, v)| {
+                    let id = k.parse::<u32>().ok().filter(|&id| (id as usize) < vocab).ok_or_else(|| {
+                        ApiError::invalid(
+                            "logit_bias",
+                            format!("`logit_bias` key {k:?} is not a token id of the vocabulary [0, {vocab})"),
+                        )
+                    })?;
+                    match v.as_f64() {
+                        Some(b) if (-100.0..=100.0).contains(&b) => Ok((id, b as f32)),
+                        _ => Err(ApiError::invalid(
+                            "logit_bias",
+                            format!("`logit_bias` of token {id} must be a number in [-100, 100], got {v}"),
+                        )),
+                    }
+                })
+                .collect::<Result<_, _>>()?
+        }
     };
     p.include_stop_str_in_output = f.bool("include_stop_str_in_output")?.unwrap_or(false);
     // The ranges: the engine's own check, so that what the server accepts the engine accepts.
@@ -243,7 +291,11 @@ pub fn parse_params(f: &Fields, api: Api, vocab: usize, defaults: &SamplingDefau
     let stream = f.bool("stream")?.unwrap_or(false);
     let (include_usage, continuous_usage) = match f.object("stream_options")? {
         Some(o) => {
-            let flag = |name: &str| o.bool(name).map_err(|e| ApiError { param: Some(format!("stream_options.{name}")), ..e }).map(|b| b.unwrap_or(false));
+            let flag = |name: &str| {
+                o.bool(name)
+                    .map_err(|e| ApiError { param: Some(format!("stream_options.{name}")), ..e })
+                    .map(|b| b.unwrap_or(false))
+            };
             let include = flag("include_usage")?;
             // vLLM: continuous usage only together with `include_usage`.
             (include, include && flag("continuous_usage_stats")?)
@@ -252,13 +304,33 @@ pub fn parse_params(f: &Fields, api: Api, vocab: usize, defaults: &SamplingDefau
     };
     let continue_final_message = api == Api::Chat && f.bool("continue_final_message")?.unwrap_or(false);
     let best_of = match f.int_in("best_of", 1, MAX_N as i64)?.map(|b| b as usize) {
-        Some(b) if b < p.n => return Err(ApiError::invalid("best_of", format!("`best_of` ({b}) must be at least `n` ({})", p.n))),
-        Some(b) if b > p.n && stream => return Err(ApiError::invalid("best_of", "`best_of` > `n` cannot be streamed (the best are known only at the end)")),
-        Some(b) if b > p.n && api != Api::Completions => return Err(ApiError::invalid("best_of", "`best_of` is read on completions only")),
+        Some(b) if b < p.n => {
+            return Err(ApiError::invalid("best_of", format!("`best_of` ({b}) must be at least `n` ({})", p.n)))
+        }
+        Some(b) if b > p.n && stream => {
+            return Err(ApiError::invalid(
+                "best_of",
+                "`best_of` > `n` cannot be streamed (the best are known only at the end)",
+            ))
+        }
+        Some(b) if b > p.n && api != Api::Completions => {
+            return Err(ApiError::invalid("best_of", "`best_of` is read on completions only"))
+        }
         Some(b) if b > p.n => Some(b),
         _ => None,
     };
-    Ok(ParsedParams { params: p, max_tokens, priority, stream, include_usage, echo, explicit_prompt_logprobs, continue_final_message, continuous_usage, best_of })
+    Ok(ParsedParams {
+        params: p,
+        max_tokens,
+        priority,
+        stream,
+        include_usage,
+        echo,
+        explicit_prompt_logprobs,
+        continue_final_message,
+        continuous_usage,
+        best_of,
+    })
 }
 
 #[cfg(test)]
@@ -272,12 +344,26 @@ mod tests {
 
     #[test]
     fn generation_config_defaults_sit_under_the_request() {
-        let d = SamplingDefaults { temperature: Some(0.6), top_p: Some(0.9), top_k: Some(20), min_p: None, repetition_penalty: Some(1.1), max_tokens: Some(64) };
+        let d = SamplingDefaults {
+            temperature: Some(0.6),
+            top_p: Some(0.9),
+            top_k: Some(20),
+            min_p: None,
+            repetition_penalty: Some(1.1),
+            max_tokens: Some(64),
+        };
         let f = |v: Value| parse_params(&Fields(v.as_object().unwrap()), Api::Chat, 100, &d).unwrap();
         let p = f(json!({}));
-        assert_eq!((p.params.temperature, p.params.top_p, p.params.top_k, p.params.min_p, p.params.repetition_penalty), (0.6, 0.9, 20, 0.0, 1.1));
+        assert_eq!(
+            (p.params.temperature, p.params.top_p, p.params.top_k, p.params.min_p, p.params.repetition_penalty),
+            (0.6, 0.9, 20, 0.0, 1.1)
+        );
         let p = f(json!({"temperature": 0, "top_k": -1, "top_p": null}));
-        assert_eq!((p.params.temperature, p.params.top_k, p.params.top_p), (0.0, 0, 0.9), "the request's own values win; null is absent");
+        assert_eq!(
+            (p.params.temperature, p.params.top_k, p.params.top_p),
+            (0.0, 0, 0.9),
+            "the request's own values win; null is absent"
+        );
     }
 
     #[test]
@@ -299,7 +385,9 @@ mod tests {
 
     #[test]
     fn chat_names() {
-        let p = parse(json!({"max_tokens": 3, "max_completion_tokens": 9, "logprobs": true, "top_logprobs": 2}), Api::Chat).unwrap();
+        let p =
+            parse(json!({"max_tokens": 3, "max_completion_tokens": 9, "logprobs": true, "top_logprobs": 2}), Api::Chat)
+                .unwrap();
         assert_eq!((p.max_tokens, p.params.logprobs), (Some(9), Some(2)));
         let p = parse(json!({"logprobs": true}), Api::Chat).unwrap();
         assert_eq!(p.params.logprobs, Some(0));
@@ -310,16 +398,30 @@ mod tests {
     #[test]
     fn echo_scoring_and_logit_bias() {
         let p = parse(json!({"echo": true, "max_tokens": 0, "logprobs": 3}), Api::Completions).unwrap();
-        assert_eq!((p.echo, p.max_tokens, p.params.logprobs, p.params.prompt_logprobs), (true, Some(0), Some(3), Some(3)));
+        assert_eq!(
+            (p.echo, p.max_tokens, p.params.logprobs, p.params.prompt_logprobs),
+            (true, Some(0), Some(3), Some(3))
+        );
         let p = parse(json!({"echo": true, "max_tokens": 0}), Api::Completions).unwrap();
         assert_eq!(p.params.prompt_logprobs, Some(0));
         let p = parse(json!({"echo": true, "max_tokens": 2}), Api::Completions).unwrap();
         assert_eq!(p.params.prompt_logprobs, None, "echo without logprobs needs no scoring");
-        let p = parse(json!({"prompt_logprobs": 2, "logit_bias": {"7": -100, "3": 2.5}, "include_stop_str_in_output": true}), Api::Chat).unwrap();
+        let p = parse(
+            json!({"prompt_logprobs": 2, "logit_bias": {"7": -100, "3": 2.5}, "include_stop_str_in_output": true}),
+            Api::Chat,
+        )
+        .unwrap();
         let mut bias = p.params.logit_bias.clone();
         bias.sort_by_key(|b| b.0);
-        assert_eq!((p.params.prompt_logprobs, bias, p.params.include_stop_str_in_output), (Some(2), vec![(3, 2.5), (7, -100.0)], true));
-        assert_eq!(parse(json!({"echo": true, "max_tokens": 0}), Api::Chat).unwrap_err().param.as_deref(), Some("max_tokens"), "chat has no echo");
+        assert_eq!(
+            (p.params.prompt_logprobs, bias, p.params.include_stop_str_in_output),
+            (Some(2), vec![(3, 2.5), (7, -100.0)], true)
+        );
+        assert_eq!(
+            parse(json!({"echo": true, "max_tokens": 0}), Api::Chat).unwrap_err().param.as_deref(),
+            Some("max_tokens"),
+            "chat has no echo"
+        );
     }
 
     #[test]

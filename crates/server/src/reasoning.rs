@@ -81,7 +81,9 @@ impl ReasoningParser {
         match text[body..].find(CLOSE) {
             Some(e) => Parts { reasoning: body..body + e, content: Some(body + e + CLOSE.len()) },
             None if done => Parts { reasoning: body..text.len(), content: None },
-            None => Parts { reasoning: body..(text.len() - partial_tail(&text[body..], CLOSE)).max(body), content: None },
+            None => {
+                Parts { reasoning: body..(text.len() - partial_tail(&text[body..], CLOSE)).max(body), content: None }
+            }
         }
     }
 
@@ -115,7 +117,8 @@ impl ReasoningStream {
         self.text.push_str(piece);
         let p = self.parser.parts(&self.text, done);
         let from = self.reasoning_sent.max(p.reasoning.start);
-        let reasoning = if p.reasoning.end > from { self.text[from..p.reasoning.end].to_string() } else { String::new() };
+        let reasoning =
+            if p.reasoning.end > from { self.text[from..p.reasoning.end].to_string() } else { String::new() };
         self.reasoning_sent = self.reasoning_sent.max(p.reasoning.end);
         let content = match p.content {
             Some(c) => {
@@ -148,19 +151,31 @@ mod tests {
         // that repeats one answers an empty reasoning.
         assert_eq!(q.split("<think>\n\n</think>\n\nHi."), (s("\n\n"), "\n\nHi.".to_string()));
         assert_eq!(q.split("<think>\nStill thinking when cut"), (s("\nStill thinking when cut"), String::new()));
-        assert_eq!(q.split("Plain, then </think> stray"), (None, "Plain, then </think> stray".to_string()), "qwen3 needs the opening tag");
+        assert_eq!(
+            q.split("Plain, then </think> stray"),
+            (None, "Plain, then </think> stray".to_string()),
+            "qwen3 needs the opening tag"
+        );
         let r1 = ReasoningParser::DeepSeekR1;
         // DeepSeek-R1's template opens the block in the prompt: the answer starts inside it.
         assert_eq!(r1.split("Okay, 2+2 is 4.\n</think>\n\n**4**"), (s("Okay, 2+2 is 4.\n"), "\n\n**4**".to_string()));
         assert_eq!(r1.split(QWEN3), (s("\nThe user asks for 2+2. That is 4.\n"), "\n\nThe answer is 4.".to_string()));
-        assert_eq!(r1.split("Thinking with no end"), (s("Thinking with no end"), String::new()), "no </think>: all reasoning, as vLLM");
+        assert_eq!(
+            r1.split("Thinking with no end"),
+            (s("Thinking with no end"), String::new()),
+            "no </think>: all reasoning, as vLLM"
+        );
     }
 
     #[test]
     fn a_prompt_that_opens_the_block() {
         let q = ReasoningParser::Qwen3;
         assert_eq!(q.for_prompt("<|im_start|>assistant\n<think>\n"), ReasoningParser::DeepSeekR1);
-        assert_eq!(q.for_prompt("<|im_start|>assistant\n<think>\n\n</think>\n\n"), q, "thinking off: the block is closed");
+        assert_eq!(
+            q.for_prompt("<|im_start|>assistant\n<think>\n\n</think>\n\n"),
+            q,
+            "thinking off: the block is closed"
+        );
         assert_eq!(q.for_prompt("<|im_start|>assistant\n"), q);
         assert_eq!(ReasoningParser::DeepSeekR1.for_prompt("x"), ReasoningParser::DeepSeekR1);
     }
@@ -179,8 +194,15 @@ mod tests {
     #[test]
     fn streams_split_at_awkward_places() {
         let q = ReasoningParser::Qwen3;
-        assert_eq!(stream(q, &["<thi", "nk>\nThe user asks", " for 2+2. That is 4.\n</th", "ink>", "\n\nThe answer is 4."]), ("\nThe user asks for 2+2. That is 4.\n".into(), "\n\nThe answer is 4.".into()));
-        assert_eq!(stream(q, &["<", "b>bold</b>"]), (String::new(), "<b>bold</b>".into()), "a `<` that is not `<think>` is content");
+        assert_eq!(
+            stream(q, &["<thi", "nk>\nThe user asks", " for 2+2. That is 4.\n</th", "ink>", "\n\nThe answer is 4."]),
+            ("\nThe user asks for 2+2. That is 4.\n".into(), "\n\nThe answer is 4.".into())
+        );
+        assert_eq!(
+            stream(q, &["<", "b>bold</b>"]),
+            (String::new(), "<b>bold</b>".into()),
+            "a `<` that is not `<think>` is content"
+        );
         // Every cut of every answer gives the whole answer's split.
         for p in [ReasoningParser::Qwen3, ReasoningParser::DeepSeekR1] {
             for text in [QWEN3, "Okay, 2+2 is 4.\n</think>\n\n**4**", "Just an answer <think>", "<think>cut</thi"] {
@@ -188,7 +210,11 @@ mod tests {
                 let want = (r.unwrap_or_default(), c);
                 for a in (0..=text.len()).filter(|&i| text.is_char_boundary(i)) {
                     for b in (a..=text.len()).filter(|&i| text.is_char_boundary(i)) {
-                        assert_eq!(stream(p, &[&text[..a], &text[a..b], &text[b..]]), want, "{p:?} {text:?} cut at {a}, {b}");
+                        assert_eq!(
+                            stream(p, &[&text[..a], &text[a..b], &text[b..]]),
+                            want,
+                            "{p:?} {text:?} cut at {a}, {b}"
+                        );
                     }
                 }
             }

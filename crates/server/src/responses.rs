@@ -177,7 +177,15 @@ fn unsupported(param: &str, what: &str) -> ApiError {
 
 /// A 404 in OpenAI's words for a response id it does not know.
 fn no_such_response(id: &str) -> ApiError {
-    ApiError { status: StatusCode::NOT_FOUND, message: format!("Response with id '{id}' not found."), kind: "invalid_request_error", param: None, code: None, status_code: false, retry_after: None }
+    ApiError {
+        status: StatusCode::NOT_FOUND,
+        message: format!("Response with id '{id}' not found."),
+        kind: "invalid_request_error",
+        param: None,
+        code: None,
+        status_code: false,
+        retry_after: None,
+    }
 }
 
 /// Fields whose meaning is not served: refused when set, rather than silently ignored.
@@ -221,13 +229,25 @@ fn text_of(v: &Value, param: &str) -> Result<String, ApiError> {
                 let pp = format!("{param}[{j}]");
                 let Some(o) = p.as_object() else { return Err(wrong_type(&pp, "an object", p)) };
                 match o.get("type").and_then(Value::as_str) {
-                    Some("input_text" | "output_text" | "text" | "summary_text" | "reasoning_text") => match o.get("text") {
-                        Some(Value::String(t)) => text.push_str(t),
-                        _ => return Err(ApiError::invalid(&format!("{pp}.text"), format!("`{pp}.text` must be a string"))),
-                    },
+                    Some("input_text" | "output_text" | "text" | "summary_text" | "reasoning_text") => {
+                        match o.get("text") {
+                            Some(Value::String(t)) => text.push_str(t),
+                            _ => {
+                                return Err(ApiError::invalid(
+                                    &format!("{pp}.text"),
+                                    format!("`{pp}.text` must be a string"),
+                                ))
+                            }
+                        }
+                    }
                     Some("refusal") => match o.get("refusal") {
                         Some(Value::String(t)) => text.push_str(t),
-                        _ => return Err(ApiError::invalid(&format!("{pp}.refusal"), format!("`{pp}.refusal` must be a string"))),
+                        _ => {
+                            return Err(ApiError::invalid(
+                                &format!("{pp}.refusal"),
+                                format!("`{pp}.refusal` must be a string"),
+                            ))
+                        }
                     },
                     Some(other) => return Err(unsupported(&format!("{pp}.type"), &format!("{other:?} content is"))),
                     None => return Err(ApiError::invalid(&format!("{pp}.type"), format!("`{pp}.type` is required"))),
@@ -272,16 +292,24 @@ fn input_messages(v: Option<&Value>) -> Result<Vec<Value>, ApiError> {
                 let role = match field("role").and_then(Value::as_str) {
                     Some(r @ ("user" | "assistant" | "system")) => r,
                     Some("developer") => "system",
-                    _ => return Err(ApiError::invalid(&format!("{p}.role"), format!("`{p}.role` must be \"user\", \"assistant\", \"system\" or \"developer\""))),
+                    _ => {
+                        return Err(ApiError::invalid(
+                            &format!("{p}.role"),
+                            format!("`{p}.role` must be \"user\", \"assistant\", \"system\" or \"developer\""),
+                        ))
+                    }
                 };
                 let content = match field("content") {
                     Some(c) => text_of(c, &format!("{p}.content"))?,
-                    None => return Err(ApiError::invalid(&format!("{p}.content"), format!("`{p}.content` is required"))),
+                    None => {
+                        return Err(ApiError::invalid(&format!("{p}.content"), format!("`{p}.content` is required")))
+                    }
                 };
                 out.push(json!({"role": role, "content": content}));
             }
             "function_call" => {
-                let (Some(Value::String(call_id)), Some(Value::String(name))) = (field("call_id"), field("name")) else {
+                let (Some(Value::String(call_id)), Some(Value::String(name))) = (field("call_id"), field("name"))
+                else {
                     return Err(ApiError::invalid(&p, format!("`{p}` needs a string `call_id` and `name`")));
                 };
                 let args = match field("arguments") {
@@ -291,10 +319,12 @@ fn input_messages(v: Option<&Value>) -> Result<Vec<Value>, ApiError> {
                 };
                 let call = json!({"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments_value(&args)}});
                 match out.last_mut() {
-                    Some(last) if last["role"] == "assistant" => match last.get_mut("tool_calls").and_then(Value::as_array_mut) {
-                        Some(calls) => calls.push(call),
-                        None => last["tool_calls"] = json!([call]),
-                    },
+                    Some(last) if last["role"] == "assistant" => {
+                        match last.get_mut("tool_calls").and_then(Value::as_array_mut) {
+                            Some(calls) => calls.push(call),
+                            None => last["tool_calls"] = json!([call]),
+                        }
+                    }
                     _ => out.push(json!({"role": "assistant", "content": "", "tool_calls": [call]})),
                 }
             }
@@ -336,14 +366,28 @@ fn tools(f: &Fields) -> Result<(Option<Tools>, HashMap<String, String>), ApiErro
         match o.get("type").and_then(Value::as_str) {
             Some("function") => flat.push((t, p, None)),
             Some("namespace") => {
-                let Some(Value::String(ns)) = o.get("name") else { return Err(ApiError::invalid(&format!("{p}.name"), format!("`{p}.name` must be a string"))) };
-                let Some(Value::Array(inner)) = o.get("tools") else { return Err(ApiError::invalid(&format!("{p}.tools"), format!("`{p}.tools` must be a list of function tools"))) };
+                let Some(Value::String(ns)) = o.get("name") else {
+                    return Err(ApiError::invalid(&format!("{p}.name"), format!("`{p}.name` must be a string")));
+                };
+                let Some(Value::Array(inner)) = o.get("tools") else {
+                    return Err(ApiError::invalid(
+                        &format!("{p}.tools"),
+                        format!("`{p}.tools` must be a list of function tools"),
+                    ));
+                };
                 for (j, t) in inner.iter().enumerate() {
                     flat.push((t, format!("{p}.tools[{j}]"), Some(ns.clone())));
                 }
             }
-            Some(other) => return Err(unsupported(&format!("{p}.type"), &format!("{other:?} tools are (only \"function\" tools, and namespaces of them, are served)"))),
-            None => return Err(ApiError::invalid(&format!("{p}.type"), format!("`{p}.type` is required (\"function\")"))),
+            Some(other) => {
+                return Err(unsupported(
+                    &format!("{p}.type"),
+                    &format!("{other:?} tools are (only \"function\" tools, and namespaces of them, are served)"),
+                ))
+            }
+            None => {
+                return Err(ApiError::invalid(&format!("{p}.type"), format!("`{p}.type` is required (\"function\")")))
+            }
         }
     }
     let mut chat_tools = Vec::with_capacity(flat.len());
@@ -373,7 +417,12 @@ fn tools(f: &Fields) -> Result<(Option<Tools>, HashMap<String, String>), ApiErro
         Some(Value::Object(c)) => match c.get("type").and_then(Value::as_str) {
             Some("function") => match c.get("name") {
                 Some(Value::String(n)) => Some(json!({"type": "function", "function": {"name": n}})),
-                _ => return Err(ApiError::invalid("tool_choice.name", "`tool_choice.name` must be a string with `\"type\": \"function\"`")),
+                _ => {
+                    return Err(ApiError::invalid(
+                        "tool_choice.name",
+                        "`tool_choice.name` must be a string with `\"type\": \"function\"`",
+                    ))
+                }
             },
             Some(other) => return Err(unsupported("tool_choice.type", &format!("{other:?} is"))),
             None => return Err(ApiError::invalid("tool_choice.type", "`tool_choice.type` is required")),
@@ -390,9 +439,18 @@ fn tools(f: &Fields) -> Result<(Option<Tools>, HashMap<String, String>), ApiErro
     // The chat path's checks, their field names put back in this API's shape.
     let tools = structured::parse_tools(&Fields(&m)).map_err(|e| {
         // `tools[k]` of the flattened list is the field it came from.
-        let k = e.param.as_deref().and_then(|p| p.strip_prefix("tools[")).and_then(|p| p.split(']').next()).and_then(|k| k.parse::<usize>().ok());
+        let k = e
+            .param
+            .as_deref()
+            .and_then(|p| p.strip_prefix("tools["))
+            .and_then(|p| p.split(']').next())
+            .and_then(|k| k.parse::<usize>().ok());
         let fix = |s: &str| {
-            let s = s.replace(".function.name", ".name").replace(".function.parameters", ".parameters").replace(".function.description", ".description").replace("tool_choice.function.name", "tool_choice.name");
+            let s = s
+                .replace(".function.name", ".name")
+                .replace(".function.parameters", ".parameters")
+                .replace(".function.description", ".description")
+                .replace("tool_choice.function.name", "tool_choice.name");
             match k.and_then(|k| flat.get(k).map(|f| (k, &f.1))) {
                 Some((k, p)) => s.replace(&format!("tools[{k}]"), p),
                 None => s,
@@ -421,19 +479,29 @@ fn text_format(f: &Fields) -> Result<Option<GuideRequest>, ApiError> {
             match format.get("name") {
                 Some(Value::String(n)) if !n.is_empty() => {}
                 Some(v) if !v.is_string() => return Err(wrong_type("text.format.name", "a string", v)),
-                _ => return Err(ApiError::invalid("text.format.name", "`text.format.name` is required with `\"type\": \"json_schema\"`")),
+                _ => {
+                    return Err(ApiError::invalid(
+                        "text.format.name",
+                        "`text.format.name` is required with `\"type\": \"json_schema\"`",
+                    ))
+                }
             }
             if let Some(v) = format.get("strict").filter(|v| !v.is_boolean() && !v.is_null()) {
                 return Err(wrong_type("text.format.strict", "a boolean", v));
             }
             let param = "text.format.schema";
             match format.get("schema") {
-                Some(s @ (Value::Object(_) | Value::Bool(_))) => Ok(Some(GuideRequest { spec: GuideSpec::JsonSchema(s.clone()), param: param.into() })),
+                Some(s @ (Value::Object(_) | Value::Bool(_))) => {
+                    Ok(Some(GuideRequest { spec: GuideSpec::JsonSchema(s.clone()), param: param.into() }))
+                }
                 Some(v) => Err(wrong_type(param, "a JSON schema object", v)),
                 None => Err(ApiError::invalid(param, format!("`{param}` is required"))),
             }
         }
-        Some(other) => Err(ApiError::invalid("text.format.type", format!("`text.format.type` must be \"text\", \"json_object\" or \"json_schema\", got {other:?}"))),
+        Some(other) => Err(ApiError::invalid(
+            "text.format.type",
+            format!("`text.format.type` must be \"text\", \"json_object\" or \"json_schema\", got {other:?}"),
+        )),
         None => Err(ApiError::invalid("text.format.type", "`text.format.type` is required")),
     }
 }
@@ -442,7 +510,21 @@ fn text_format(f: &Fields) -> Result<Option<GuideRequest>, ApiError> {
 fn params(state: &AppState, f: &Fields) -> Result<crate::params::ParsedParams, ApiError> {
     let mut m = Map::new();
     for name in [
-        "temperature", "top_p", "stream", "top_k", "min_p", "seed", "stop", "stop_token_ids", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "min_tokens", "ignore_eos", "priority",
+        "temperature",
+        "top_p",
+        "stream",
+        "top_k",
+        "min_p",
+        "seed",
+        "stop",
+        "stop_token_ids",
+        "presence_penalty",
+        "frequency_penalty",
+        "repetition_penalty",
+        "logit_bias",
+        "min_tokens",
+        "ignore_eos",
+        "priority",
     ] {
         if let Some(v) = f.get(name).filter(|v| !v.is_null()) {
             m.insert(name.into(), v.clone());
@@ -451,8 +533,15 @@ fn params(state: &AppState, f: &Fields) -> Result<crate::params::ParsedParams, A
     if let Some(v) = f.get("max_output_tokens").filter(|v| !v.is_null()) {
         m.insert("max_tokens".into(), v.clone());
     }
-    parse_params(&Fields(&m), Api::Chat, state.config.vocab_size, &state.config.sampling_defaults).map_err(|e| match e.param.as_deref() {
-        Some("max_tokens") => ApiError { param: Some("max_output_tokens".into()), message: e.message.replace("`max_tokens`", "`max_output_tokens`"), ..e },
+    parse_params(&Fields(&m), Api::Chat, state.config.vocab_size, &state.config.sampling_defaults).map_err(|e| match e
+        .param
+        .as_deref()
+    {
+        Some("max_tokens") => ApiError {
+            param: Some("max_output_tokens".into()),
+            message: e.message.replace("`max_tokens`", "`max_output_tokens`"),
+            ..e
+        },
         _ => e,
     })
 }
@@ -504,7 +593,10 @@ fn parse(state: &AppState, body: &[u8]) -> Result<Parsed, ApiError> {
         Some("none" | "minimal") => Some(Map::from_iter([("enable_thinking".to_string(), json!(false))])),
         _ => None,
     };
-    let mut job = Job::chat_from(state, p, guide, tools.as_ref(), &msgs, true, kwargs.as_ref()).map_err(|e| match e.param.as_deref() {
+    let mut job = Job::chat_from(state, p, guide, tools.as_ref(), &msgs, true, kwargs.as_ref()).map_err(|e| match e
+        .param
+        .as_deref()
+    {
         Some("messages") => ApiError { param: Some("input".into()), ..e },
         _ => e,
     })?;
@@ -521,10 +613,16 @@ fn parse(state: &AppState, body: &[u8]) -> Result<Parsed, ApiError> {
     echo.insert("metadata".into(), f.get("metadata").cloned().filter(|v| !v.is_null()).unwrap_or(json!({})));
     echo.insert("parallel_tool_calls".into(), json!(f.bool("parallel_tool_calls")?.unwrap_or(true)));
     echo.insert("previous_response_id".into(), f.get("previous_response_id").cloned().unwrap_or(Value::Null));
-    echo.insert("reasoning".into(), f.get("reasoning").cloned().filter(|v| !v.is_null()).unwrap_or(json!({"effort": null, "summary": null})));
+    echo.insert(
+        "reasoning".into(),
+        f.get("reasoning").cloned().filter(|v| !v.is_null()).unwrap_or(json!({"effort": null, "summary": null})),
+    );
     echo.insert("store".into(), json!(store));
     echo.insert("temperature".into(), json!(params.temperature));
-    echo.insert("text".into(), f.get("text").cloned().filter(|v| !v.is_null()).unwrap_or(json!({"format": {"type": "text"}})));
+    echo.insert(
+        "text".into(),
+        f.get("text").cloned().filter(|v| !v.is_null()).unwrap_or(json!({"format": {"type": "text"}})),
+    );
     echo.insert("tool_choice".into(), f.get("tool_choice").cloned().filter(|v| !v.is_null()).unwrap_or(json!("auto")));
     echo.insert("tools".into(), f.get("tools").cloned().filter(|v| !v.is_null()).unwrap_or(json!([])));
     echo.insert("top_p".into(), json!(params.top_p));
@@ -591,7 +689,13 @@ fn output_items(env: &Envelope, job: &Job, text: &str, finish: &FinishReason) ->
     }
     for c in &calls {
         let complete = matches!(finish, FinishReason::Stop) && serde_json::from_str::<Value>(&c.arguments).is_ok();
-        items.push(env.call_item(&new_id("fc_"), &structured::tool_call_id(), &c.name, &c.arguments, if complete { "completed" } else { "incomplete" }));
+        items.push(env.call_item(
+            &new_id("fc_"),
+            &structured::tool_call_id(),
+            &c.name,
+            &c.arguments,
+            if complete { "completed" } else { "incomplete" },
+        ));
     }
     items
 }
@@ -650,14 +754,20 @@ fn usage(state: &AppState, run: &Run, items: &[Value]) -> Value {
     let reasoning: usize = items
         .iter()
         .filter(|i| i["type"] == "reasoning")
-        .map(|i| state.tokenizer.encode(i["content"][0]["text"].as_str().unwrap_or_default(), false).map_or(0, |t| t.len()))
+        .map(|i| {
+            state.tokenizer.encode(i["content"][0]["text"].as_str().unwrap_or_default(), false).map_or(0, |t| t.len())
+        })
         .sum();
     json!({"input_tokens": run.prompt_tokens, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": run.completion_tokens,
            "output_tokens_details": {"reasoning_tokens": reasoning.min(run.completion_tokens)}, "total_tokens": run.prompt_tokens + run.completion_tokens})
 }
 
 /// `POST /v1/responses`.
-pub async fn create(state: &Arc<AppState>, req: Request<Incoming>, start: Instant) -> Result<Response<ResponseBody>, ApiError> {
+pub async fn create(
+    state: &Arc<AppState>,
+    req: Request<Incoming>,
+    start: Instant,
+) -> Result<Response<ResponseBody>, ApiError> {
     ready(state)?;
     let parsed = tokenizer_call(state, req, parse).await?;
     let Parsed { job, messages, store, echo, namespaces } = parsed;
@@ -665,7 +775,8 @@ pub async fn create(state: &Arc<AppState>, req: Request<Incoming>, start: Instan
     let reqs = job.requests(state)?;
     let env = Envelope { id: new_id("resp_"), created: now_secs(), model: state.model_name.clone(), echo, namespaces };
     let mut run = Run::start(state.clone(), reqs, "input", env.id.clone(), start)?;
-    let request_id = hyper::header::HeaderValue::from_str(&env.id).map_err(|e| ApiError::internal(format!("bad response id: {e}")))?;
+    let request_id = hyper::header::HeaderValue::from_str(&env.id)
+        .map_err(|e| ApiError::internal(format!("bad response id: {e}")))?;
     let mut r = if job.p.stream {
         sse_response(run, Box::new(ResponseStream::new(state.clone(), &job, env, store.then_some(messages))))
     } else {
@@ -693,7 +804,9 @@ pub fn by_id(state: &AppState, method: &Method, id: &str) -> Result<Response<Res
             Some(s) => Ok(json_response(StatusCode::OK, &s.response)),
             None => Err(no_such_response(id)),
         },
-        Method::DELETE if state.responses.remove(id) => Ok(json_response(StatusCode::OK, &json!({"id": id, "object": "response", "deleted": true}))),
+        Method::DELETE if state.responses.remove(id) => {
+            Ok(json_response(StatusCode::OK, &json!({"id": id, "object": "response", "deleted": true})))
+        }
         Method::DELETE => Err(no_such_response(id)),
         _ => Err(ApiError::method_not_allowed(method.as_str(), &format!("/v1/responses/{id}"), "GET or DELETE")),
     }
@@ -747,7 +860,19 @@ impl ResponseStream {
             Some(ToolOutput::Auto(p)) => Mode::Auto(AutoCalls::new(*p)),
             None => Mode::Text,
         };
-        ResponseStream { state, env, messages, tool_output: job.tool_output.clone(), mode, reasoning: job.reasoning.map(ReasoningStream::new), seq: 0, items: Vec::new(), open: None, finish: None, failed: false }
+        ResponseStream {
+            state,
+            env,
+            messages,
+            tool_output: job.tool_output.clone(),
+            mode,
+            reasoning: job.reasoning.map(ReasoningStream::new),
+            seq: 0,
+            items: Vec::new(),
+            open: None,
+            finish: None,
+            failed: false,
+        }
     }
 
     fn event(&mut self, out: &mut String, kind: &str, mut v: Value) {
@@ -774,7 +899,11 @@ impl ResponseStream {
             Open::Call => None,
         };
         if let Some(part) = part {
-            self.event(out, "response.content_part.added", json!({"item_id": id, "output_index": index, "content_index": 0, "part": part}));
+            self.event(
+                out,
+                "response.content_part.added",
+                json!({"item_id": id, "output_index": index, "content_index": 0, "part": part}),
+            );
         }
         self.open = Some((kind, item, String::new()));
     }
@@ -786,8 +915,12 @@ impl ResponseStream {
         }
         if self.open.as_ref().map(|(k, _, _)| k) != Some(&kind) {
             let item = match kind {
-                Open::Message => json!({"type": "message", "id": new_id("msg_"), "status": "in_progress", "role": "assistant", "content": []}),
-                _ => json!({"type": "reasoning", "id": new_id("rs_"), "summary": [], "content": [], "status": "in_progress"}),
+                Open::Message => {
+                    json!({"type": "message", "id": new_id("msg_"), "status": "in_progress", "role": "assistant", "content": []})
+                }
+                _ => {
+                    json!({"type": "reasoning", "id": new_id("rs_"), "summary": [], "content": [], "status": "in_progress"})
+                }
             };
             self.open_item(out, kind, item);
         }
@@ -813,7 +946,11 @@ impl ResponseStream {
         let Some((Open::Call, item, text)) = self.open.as_mut() else { return };
         text.push_str(piece);
         let id = item["id"].clone();
-        self.event(out, "response.function_call_arguments.delta", json!({"item_id": id, "output_index": index, "delta": piece}));
+        self.event(
+            out,
+            "response.function_call_arguments.delta",
+            json!({"item_id": id, "output_index": index, "delta": piece}),
+        );
     }
 
     /// Closes the open item: its done events, and its final form kept for the response.
@@ -823,20 +960,42 @@ impl ResponseStream {
         let id = item["id"].as_str().unwrap_or_default().to_string();
         let done = match kind {
             Open::Message => {
-                self.event(out, "response.output_text.done", json!({"item_id": id, "output_index": index, "content_index": 0, "text": text, "logprobs": []}));
-                self.event(out, "response.content_part.done", json!({"item_id": id, "output_index": index, "content_index": 0, "part": output_text(&text)}));
+                self.event(
+                    out,
+                    "response.output_text.done",
+                    json!({"item_id": id, "output_index": index, "content_index": 0, "text": text, "logprobs": []}),
+                );
+                self.event(
+                    out,
+                    "response.content_part.done",
+                    json!({"item_id": id, "output_index": index, "content_index": 0, "part": output_text(&text)}),
+                );
                 message_item(&id, &text, status)
             }
             Open::Reasoning => {
-                self.event(out, "response.reasoning_text.done", json!({"item_id": id, "output_index": index, "content_index": 0, "text": text}));
+                self.event(
+                    out,
+                    "response.reasoning_text.done",
+                    json!({"item_id": id, "output_index": index, "content_index": 0, "text": text}),
+                );
                 self.event(out, "response.content_part.done", json!({"item_id": id, "output_index": index, "content_index": 0, "part": {"type": "reasoning_text", "text": text}}));
                 reasoning_item(&id, &text, status)
             }
             Open::Call => {
                 let name = item["name"].as_str().unwrap_or_default();
                 let complete = status == "completed" && serde_json::from_str::<Value>(&text).is_ok();
-                self.event(out, "response.function_call_arguments.done", json!({"item_id": id, "output_index": index, "name": name, "arguments": text}));
-                self.env.call_item(&id, item["call_id"].as_str().unwrap_or_default(), name, &text, if complete { "completed" } else { "incomplete" })
+                self.event(
+                    out,
+                    "response.function_call_arguments.done",
+                    json!({"item_id": id, "output_index": index, "name": name, "arguments": text}),
+                );
+                self.env.call_item(
+                    &id,
+                    item["call_id"].as_str().unwrap_or_default(),
+                    name,
+                    &text,
+                    if complete { "completed" } else { "incomplete" },
+                )
             }
         };
         self.event(out, "response.output_item.done", json!({"output_index": index, "item": done}));

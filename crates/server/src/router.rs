@@ -12,7 +12,10 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::Incoming;
-use hyper::header::{HeaderName, HeaderValue, ALLOW, AUTHORIZATION, CACHE_CONTROL, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, ORIGIN, RETRY_AFTER};
+use hyper::header::{
+    HeaderName, HeaderValue, ALLOW, AUTHORIZATION, CACHE_CONTROL, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, ORIGIN,
+    RETRY_AFTER,
+};
 use hyper::{Method, Request, Response, StatusCode};
 use serde_json::json;
 
@@ -127,65 +130,81 @@ async fn route(state: Arc<AppState>, req: Request<Incoming>) -> Response<Respons
     // Anthropic's paths answer errors in Anthropic's shape, and so does `/v1/models` asked by
     // an Anthropic client (its SDKs send `anthropic-version`).
     let anthropic_client = req.headers().contains_key(ANTHROPIC_VERSION);
-    let anthropic = path == "/v1/messages" || path.starts_with("/v1/messages/") || (anthropic_client && path.starts_with("/v1/models"));
-    let error_response = |e: &ApiError| if anthropic { error_response_with(e, &crate::anthropic::error_body(e)) } else { error_response(e) };
-    let route = match path.as_str() {
-        // Open to all, as in vLLM: load balancers and version probes carry no key.
-        "/health" => {
-            return match method {
-                Method::GET | Method::HEAD => health(&state),
-                _ => error_response(&ApiError::method_not_allowed(method.as_str(), &path, "GET")).with_allow("GET, HEAD"),
-            };
-        }
-        // vLLM's (SageMaker's) liveness probe: /health's answer, to GET and POST.
-        "/ping" => {
-            return match method {
-                Method::GET | Method::HEAD | Method::POST => health(&state),
-                _ => error_response(&ApiError::method_not_allowed(method.as_str(), &path, "GET or POST")).with_allow("GET, HEAD, POST"),
-            };
-        }
-        "/version" => {
-            let r = match method {
-                Method::GET | Method::HEAD => json_response(StatusCode::OK, &json!({"version": env!("CARGO_PKG_VERSION")})),
-                _ => error_response(&ApiError::method_not_allowed(method.as_str(), &path, "GET")).with_allow("GET, HEAD"),
-            };
-            log_plain(&method, &path, r.status(), start);
-            return r;
-        }
-        "/v1/completions" => Route::Generate(Api::Completions),
-        "/v1/chat/completions" => Route::Generate(Api::Chat),
-        "/generate" => Route::Generate(Api::Generate),
-        "/v1/responses" => Route::Responses,
-        p if p.starts_with("/v1/responses/") => Route::Response(p["/v1/responses/".len()..].to_string()),
-        "/v1/messages" => Route::Messages,
-        "/v1/messages/count_tokens" => Route::CountTokens,
-        "/tokenize" => Route::Tokenize,
-        "/detokenize" => Route::Detokenize,
-        "/v1/models" => Route::Models,
-        p if p.starts_with("/v1/models/") => Route::Model(p["/v1/models/".len()..].to_string()),
-        "/metrics" => Route::Metrics,
-        p if crate::worker_api::serves(p) => {
-            let r = if crate::worker_api::open(p) || authorized(&state, &req) {
-                crate::worker_api::route(&state, req).await.unwrap_or_else(|e| error_response(&e))
-            } else {
-                error_response(&ApiError::unauthorized())
-            };
-            log_plain(&method, &path, r.status(), start);
-            return r;
-        }
-        _ => {
-            let r = error_response(&ApiError::not_found(&path));
-            log_plain(&method, &path, r.status(), start);
-            return r;
+    let anthropic = path == "/v1/messages"
+        || path.starts_with("/v1/messages/")
+        || (anthropic_client && path.starts_with("/v1/models"));
+    let error_response = |e: &ApiError| {
+        if anthropic {
+            error_response_with(e, &crate::anthropic::error_body(e))
+        } else {
+            error_response(e)
         }
     };
+    let route =
+        match path.as_str() {
+            // Open to all, as in vLLM: load balancers and version probes carry no key.
+            "/health" => {
+                return match method {
+                    Method::GET | Method::HEAD => health(&state),
+                    _ => error_response(&ApiError::method_not_allowed(method.as_str(), &path, "GET"))
+                        .with_allow("GET, HEAD"),
+                };
+            }
+            // vLLM's (SageMaker's) liveness probe: /health's answer, to GET and POST.
+            "/ping" => {
+                return match method {
+                    Method::GET | Method::HEAD | Method::POST => health(&state),
+                    _ => error_response(&ApiError::method_not_allowed(method.as_str(), &path, "GET or POST"))
+                        .with_allow("GET, HEAD, POST"),
+                };
+            }
+            "/version" => {
+                let r = match method {
+                    Method::GET | Method::HEAD => {
+                        json_response(StatusCode::OK, &json!({"version": env!("CARGO_PKG_VERSION")}))
+                    }
+                    _ => error_response(&ApiError::method_not_allowed(method.as_str(), &path, "GET"))
+                        .with_allow("GET, HEAD"),
+                };
+                log_plain(&method, &path, r.status(), start);
+                return r;
+            }
+            "/v1/completions" => Route::Generate(Api::Completions),
+            "/v1/chat/completions" => Route::Generate(Api::Chat),
+            "/generate" => Route::Generate(Api::Generate),
+            "/v1/responses" => Route::Responses,
+            p if p.starts_with("/v1/responses/") => Route::Response(p["/v1/responses/".len()..].to_string()),
+            "/v1/messages" => Route::Messages,
+            "/v1/messages/count_tokens" => Route::CountTokens,
+            "/tokenize" => Route::Tokenize,
+            "/detokenize" => Route::Detokenize,
+            "/v1/models" => Route::Models,
+            p if p.starts_with("/v1/models/") => Route::Model(p["/v1/models/".len()..].to_string()),
+            "/metrics" => Route::Metrics,
+            p if crate::worker_api::serves(p) => {
+                let r = if crate::worker_api::open(p) || authorized(&state, &req) {
+                    crate::worker_api::route(&state, req).await.unwrap_or_else(|e| error_response(&e))
+                } else {
+                    error_response(&ApiError::unauthorized())
+                };
+                log_plain(&method, &path, r.status(), start);
+                return r;
+            }
+            _ => {
+                let r = error_response(&ApiError::not_found(&path));
+                log_plain(&method, &path, r.status(), start);
+                return r;
+            }
+        };
     if !authorized(&state, &req) {
         let r = error_response(&ApiError::unauthorized());
         log_plain(&method, &path, r.status(), start);
         return r;
     }
     let r = match route {
-        Route::Models | Route::Model(_) | Route::Metrics if method != Method::GET => error_response(&ApiError::method_not_allowed(method.as_str(), &path, "GET")).with_allow("GET"),
+        Route::Models | Route::Model(_) | Route::Metrics if method != Method::GET => {
+            error_response(&ApiError::method_not_allowed(method.as_str(), &path, "GET")).with_allow("GET")
+        }
         Route::Metrics => metrics(&state),
         Route::Models if anthropic => json_response(StatusCode::OK, &crate::anthropic::models(&state)),
         Route::Models => models(&state),
@@ -194,11 +213,21 @@ async fn route(state: Arc<AppState>, req: Request<Incoming>) -> Response<Respons
         Route::Model(id) => json_response(StatusCode::OK, &model_entry(&state, &id)),
         Route::Response(id) => crate::responses::by_id(&state, &method, &id).unwrap_or_else(|e| {
             let r = error_response(&e);
-            if e.status == StatusCode::METHOD_NOT_ALLOWED { r.with_allow("GET, DELETE") } else { r }
+            if e.status == StatusCode::METHOD_NOT_ALLOWED {
+                r.with_allow("GET, DELETE")
+            } else {
+                r
+            }
         }),
-        _ if method != Method::POST => error_response(&ApiError::method_not_allowed(method.as_str(), &path, "POST")).with_allow("POST"),
+        _ if method != Method::POST => {
+            error_response(&ApiError::method_not_allowed(method.as_str(), &path, "POST")).with_allow("POST")
+        }
         Route::Tokenize | Route::Detokenize => {
-            let f = if matches!(route, Route::Tokenize) { crate::tokenization::tokenize } else { crate::tokenization::detokenize };
+            let f = if matches!(route, Route::Tokenize) {
+                crate::tokenization::tokenize
+            } else {
+                crate::tokenization::detokenize
+            };
             match tokenizer_call(&state, req, f).await {
                 Ok(v) => json_response(StatusCode::OK, &v),
                 Err(e) => error_response(&e),
@@ -228,11 +257,17 @@ async fn route(state: Arc<AppState>, req: Request<Incoming>) -> Response<Respons
 
 /// Reads the body and runs `f` on it: on the blocking pool when the body is large, since
 /// tokenizing a long text takes milliseconds that other requests' streams would wait behind.
-pub(crate) async fn tokenizer_call<T: Send + 'static>(state: &Arc<AppState>, req: Request<Incoming>, f: fn(&AppState, &[u8]) -> Result<T, ApiError>) -> Result<T, ApiError> {
+pub(crate) async fn tokenizer_call<T: Send + 'static>(
+    state: &Arc<AppState>,
+    req: Request<Incoming>,
+    f: fn(&AppState, &[u8]) -> Result<T, ApiError>,
+) -> Result<T, ApiError> {
     let body = read_body(state, req).await?;
     if body.len() > BLOCKING_PARSE_BYTES {
         let st = state.clone();
-        tokio::task::spawn_blocking(move || f(&st, &body)).await.map_err(|e| ApiError::internal(format!("the tokenizer task failed: {e}")))?
+        tokio::task::spawn_blocking(move || f(&st, &body))
+            .await
+            .map_err(|e| ApiError::internal(format!("the tokenizer task failed: {e}")))?
     } else {
         f(state, &body)
     }
@@ -276,7 +311,10 @@ fn model_entry(state: &AppState, id: &str) -> serde_json::Value {
 
 /// One entry per served name (vLLM lists each of `--served-model-name a b`).
 fn models(state: &AppState) -> Response<ResponseBody> {
-    let data: Vec<_> = std::iter::once(&state.model_name).chain(&state.config.served_model_names).map(|n| model_entry(state, n)).collect();
+    let data: Vec<_> = std::iter::once(&state.model_name)
+        .chain(&state.config.served_model_names)
+        .map(|n| model_entry(state, n))
+        .collect();
     json_response(StatusCode::OK, &json!({"object": "list", "data": data}))
 }
 
@@ -321,7 +359,12 @@ pub(crate) async fn compiled(state: &Arc<AppState>, mut job: Job) -> Result<Job,
     Ok(job)
 }
 
-async fn generate(state: &Arc<AppState>, api: Api, req: Request<Incoming>, start: Instant) -> Result<Response<ResponseBody>, ApiError> {
+async fn generate(
+    state: &Arc<AppState>,
+    api: Api,
+    req: Request<Incoming>,
+    start: Instant,
+) -> Result<Response<ResponseBody>, ApiError> {
     ready(state)?;
     let parse = match api {
         Api::Completions => Job::completions,
@@ -343,7 +386,8 @@ async fn generate(state: &Arc<AppState>, api: Api, req: Request<Incoming>, start
     };
     let mut run = Run::start(state.clone(), reqs, job.prompt_param(), meta.id.clone(), start)?;
     // The id of the log line, for clients to quote.
-    let request_id = HeaderValue::from_str(&meta.id).map_err(|e| ApiError::internal(format!("bad response id: {e}")))?;
+    let request_id =
+        HeaderValue::from_str(&meta.id).map_err(|e| ApiError::internal(format!("bad response id: {e}")))?;
     let mut r = if job.p.stream {
         sse_response(run, Box::new(StreamFormatter::new(&job, meta, state.tokenizer.clone())))
     } else {

@@ -20,7 +20,9 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use crate::engine_client::{CompletionDelta, EngineUpdate, FinishReason, GenerateRequest, RequestId, SubmitRefusal, UpdateSource};
+use crate::engine_client::{
+    CompletionDelta, EngineUpdate, FinishReason, GenerateRequest, RequestId, SubmitRefusal, UpdateSource,
+};
 use crate::error::ApiError;
 use crate::server::AppState;
 
@@ -115,7 +117,13 @@ impl Run {
     /// Submits one engine request per prompt. Fails with 429 when the queue is full (nothing
     /// submitted then), and with 400, 429 or 500 when the engine refuses (see
     /// [`SubmitRefusal`]); `prompt_param` names the prompt's field in such errors.
-    pub fn start(state: Arc<AppState>, reqs: Vec<GenerateRequest>, prompt_param: &str, label: String, start: Instant) -> Result<Run, ApiError> {
+    pub fn start(
+        state: Arc<AppState>,
+        reqs: Vec<GenerateRequest>,
+        prompt_param: &str,
+        label: String,
+        start: Instant,
+    ) -> Result<Run, ApiError> {
         let k = reqs.len();
         let seqs = k * reqs.first().map_or(1, |r| r.params.n);
         let admit = Admission::of(&state.config);
@@ -200,14 +208,20 @@ impl Run {
                     self.account(p, &upd);
                     return Poll::Ready(Some((p, upd)));
                 }
-                Poll::Ready(None) => match self.end_early(p, FinishReason::Error("the engine stopped before finishing this request".into())) {
+                Poll::Ready(None) => match self
+                    .end_early(p, FinishReason::Error("the engine stopped before finishing this request".into()))
+                {
                     Some(upd) => return Poll::Ready(Some((p, upd))),
                     None => continue,
                 },
                 Poll::Pending => {}
             }
         }
-        if all_done { Poll::Ready(None) } else { Poll::Pending }
+        if all_done {
+            Poll::Ready(None)
+        } else {
+            Poll::Pending
+        }
     }
 
     /// Arms the time bound's timer, or notes that it has passed (the timer wakes `cx` then).
@@ -230,7 +244,15 @@ impl Run {
         self.subs[p].closed = true;
         let deltas: Vec<CompletionDelta> = (0..self.n)
             .filter(|&i| self.finishes[p * self.n + i].is_none())
-            .map(|index| CompletionDelta { index, text: String::new(), token_ids: vec![], logprobs: vec![], prompt_logprobs: None, finish: Some(reason.clone()), stop_string: None })
+            .map(|index| CompletionDelta {
+                index,
+                text: String::new(),
+                token_ids: vec![],
+                logprobs: vec![],
+                prompt_logprobs: None,
+                finish: Some(reason.clone()),
+                stop_string: None,
+            })
             .collect();
         if deltas.is_empty() {
             return None;
@@ -309,7 +331,11 @@ impl Run {
             let tokens = self.choice_tokens[c];
             most = most.max(tokens);
             let phases = match (scheduled, self.first_token_at[c], self.last_token[c]) {
-                (Some(s), Some(first), Some(last)) => Some((first.saturating_duration_since(s).as_secs_f64(), (last - first).as_secs_f64(), last.saturating_duration_since(s).as_secs_f64())),
+                (Some(s), Some(first), Some(last)) => Some((
+                    first.saturating_duration_since(s).as_secs_f64(),
+                    (last - first).as_secs_f64(),
+                    last.saturating_duration_since(s).as_secs_f64(),
+                )),
                 _ => None,
             };
             m.observe_finished(&crate::metrics::FinishedRequest {

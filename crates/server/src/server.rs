@@ -70,7 +70,8 @@ impl AppState {
 
     /// Whether `name` is one this server answers to as a request's `model`.
     pub fn serves(&self, name: &str) -> bool {
-        name == self.model_name || self.config.served_model_names.iter().chain(&self.config.model_aliases).any(|n| n == name)
+        name == self.model_name
+            || self.config.served_model_names.iter().chain(&self.config.model_aliases).any(|n| n == name)
     }
 
     /// The structured-output compiler, or why this server has none.
@@ -78,7 +79,9 @@ impl AppState {
         match self.structured.get() {
             Some(Ok(s)) => Ok(s),
             Some(Err(why)) => Err(why),
-            None => Err("this server was started without structured-output support (no tokenizer was given to it for that)"),
+            None => {
+                Err("this server was started without structured-output support (no tokenizer was given to it for that)")
+            }
         }
     }
 }
@@ -90,15 +93,25 @@ pub struct Server {
 }
 
 impl Server {
-    pub async fn bind(config: ServerConfig, engine: Arc<dyn EngineClient>, tokenizer: Arc<Tokenizer>, model_name: String) -> std::io::Result<Server> {
+    pub async fn bind(
+        config: ServerConfig,
+        engine: Arc<dyn EngineClient>,
+        tokenizer: Arc<Tokenizer>,
+        model_name: String,
+    ) -> std::io::Result<Server> {
         let listener = TcpListener::bind(config.addr)
             .await
             .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {}: {e}", config.addr)))?;
         // Response ids only need to differ between restarts, not be secret.
-        let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+        let seed =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
         let state = Arc::new(AppState {
             metrics: Metrics::for_model(&model_name, config.max_model_len),
-            responses: crate::responses::ResponseStore::new(config.responses_capacity, config.responses_max_bytes, config.responses_ttl),
+            responses: crate::responses::ResponseStore::new(
+                config.responses_capacity,
+                config.responses_max_bytes,
+                config.responses_ttl,
+            ),
             config,
             engine,
             tokenizer,
@@ -188,7 +201,11 @@ impl Server {
         drop(listener);
         let _ = stop_tx.send(true);
         let grace = state.config.shutdown_grace;
-        tracing::info!("shutting down: {} connections open, {}s for running requests", conns.len(), grace.as_secs_f32());
+        tracing::info!(
+            "shutting down: {} connections open, {}s for running requests",
+            conns.len(),
+            grace.as_secs_f32()
+        );
         let drained = tokio::time::timeout(grace, async { while conns.join_next().await.is_some() {} }).await;
         if drained.is_err() {
             let ids: Vec<RequestId> = state.live.lock().unwrap_or_else(|e| e.into_inner()).iter().copied().collect();
@@ -197,7 +214,10 @@ impl Server {
                 state.engine.abort(id);
             }
             // Aborted streams end promptly; a client that stopped reading does not hold us.
-            if tokio::time::timeout(Duration::from_secs(2), async { while conns.join_next().await.is_some() {} }).await.is_err() {
+            if tokio::time::timeout(Duration::from_secs(2), async { while conns.join_next().await.is_some() {} })
+                .await
+                .is_err()
+            {
                 conns.abort_all();
             }
         }
@@ -245,7 +265,13 @@ impl Body for TrackedBody {
 }
 
 /// Binds `config.addr` and serves until `shutdown` resolves.
-pub async fn serve(config: ServerConfig, engine: Arc<dyn EngineClient>, tokenizer: Arc<Tokenizer>, model_name: String, shutdown: impl Future<Output = ()>) -> std::io::Result<()> {
+pub async fn serve(
+    config: ServerConfig,
+    engine: Arc<dyn EngineClient>,
+    tokenizer: Arc<Tokenizer>,
+    model_name: String,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
     let server = Server::bind(config, engine, tokenizer, model_name).await?;
     tracing::info!("listening on http://{}", server.local_addr()?);
     server.run(shutdown).await

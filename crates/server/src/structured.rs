@@ -54,8 +54,12 @@ fn schema_value(v: &Value, param: &str) -> Result<Value, ApiError> {
 /// asks for the schema as written (`structured_outputs.disable_additional_properties: false`).
 pub fn strict_schema(v: &mut Value) {
     let Value::Object(o) = v else { return };
-    let is_object = o.contains_key("properties") || o.get("type").is_some_and(|t| t == "object" || t.as_array().is_some_and(|a| a.iter().any(|x| x == "object")));
-    let open_said = ["additionalProperties", "unevaluatedProperties", "patternProperties", "allOf"].iter().any(|k| o.contains_key(*k));
+    let is_object = o.contains_key("properties")
+        || o.get("type")
+            .is_some_and(|t| t == "object" || t.as_array().is_some_and(|a| a.iter().any(|x| x == "object")));
+    let open_said = ["additionalProperties", "unevaluatedProperties", "patternProperties", "allOf"]
+        .iter()
+        .any(|k| o.contains_key(*k));
     if is_object && !open_said {
         o.insert("additionalProperties".into(), Value::Bool(false));
     }
@@ -117,7 +121,10 @@ fn choice_value(v: &Value, param: &str) -> Result<Vec<String>, ApiError> {
     if a.is_empty() {
         return Err(ApiError::invalid(param, format!("`{param}` must not be empty")));
     }
-    a.iter().enumerate().map(|(i, c)| c.as_str().map(String::from).ok_or_else(|| wrong_type(&format!("{param}[{i}]"), "a string", c))).collect()
+    a.iter()
+        .enumerate()
+        .map(|(i, c)| c.as_str().map(String::from).ok_or_else(|| wrong_type(&format!("{param}[{i}]"), "a string", c)))
+        .collect()
 }
 
 /// OpenAI's `response_format`: `text` (no constraint), `json_object`, `json_schema`.
@@ -130,19 +137,36 @@ fn response_format(rf: &Value) -> Result<Option<GuideRequest>, ApiError> {
         Some(v) => return Err(wrong_type("response_format.type", "a string", v)),
     };
     match ty {
-        None => Err(ApiError::invalid("response_format.type", "`response_format.type` is required: \"text\", \"json_object\" or \"json_schema\"")),
+        None => Err(ApiError::invalid(
+            "response_format.type",
+            "`response_format.type` is required: \"text\", \"json_object\" or \"json_schema\"",
+        )),
         Some("text") => Ok(None),
         Some("json_object") => Ok(Some(GuideRequest { spec: GuideSpec::JsonObject, param: "response_format".into() })),
         Some("json_schema") => {
             let js = match f.get("json_schema") {
-                None => return Err(ApiError::invalid("response_format.json_schema", "`response_format.json_schema` is required with `\"type\": \"json_schema\"`")),
+                None => {
+                    return Err(ApiError::invalid(
+                        "response_format.json_schema",
+                        "`response_format.json_schema` is required with `\"type\": \"json_schema\"`",
+                    ))
+                }
                 Some(Value::Object(js)) => js,
                 Some(v) => return Err(wrong_type("response_format.json_schema", "an object", v)),
             };
             let js = Fields(js);
             match js.get("name") {
-                None => return Err(ApiError::invalid("response_format.json_schema.name", "`response_format.json_schema.name` is required")),
-                Some(Value::String(n)) if n.is_empty() || n.len() > 64 || !n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') => {
+                None => {
+                    return Err(ApiError::invalid(
+                        "response_format.json_schema.name",
+                        "`response_format.json_schema.name` is required",
+                    ))
+                }
+                Some(Value::String(n))
+                    if n.is_empty()
+                        || n.len() > 64
+                        || !n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') =>
+                {
                     return Err(ApiError::invalid("response_format.json_schema.name", format!("`response_format.json_schema.name` must be 1 to 64 of a-z, A-Z, 0-9, `_` and `-`, got {n:?}")));
                 }
                 Some(Value::String(_)) => {}
@@ -156,12 +180,20 @@ fn response_format(rf: &Value) -> Result<Option<GuideRequest>, ApiError> {
             }
             let param = "response_format.json_schema.schema";
             let schema = match js.get("schema") {
-                None => return Err(ApiError::invalid(param, format!("`{param}` is required: this server constrains the output to it"))),
+                None => {
+                    return Err(ApiError::invalid(
+                        param,
+                        format!("`{param}` is required: this server constrains the output to it"),
+                    ))
+                }
                 Some(v) => schema_value(v, param)?,
             };
             Ok(Some(GuideRequest { spec: GuideSpec::JsonSchema(schema), param: param.into() }))
         }
-        Some(other) => Err(ApiError::invalid("response_format.type", format!("`response_format.type` must be \"text\", \"json_object\" or \"json_schema\", got {other:?}"))),
+        Some(other) => Err(ApiError::invalid(
+            "response_format.type",
+            format!("`response_format.type` must be \"text\", \"json_object\" or \"json_schema\", got {other:?}"),
+        )),
     }
 }
 
@@ -205,13 +237,23 @@ fn structured_outputs(v: &Value) -> Result<Vec<GuideRequest>, ApiError> {
                 }
                 v => return Err(wrong_type(&param, "a boolean", v)),
             },
-            "whitespace_pattern" | "structural_tag" => return Err(ApiError::invalid(&param, format!("`{param}` is not supported by this server"))),
-            other => return Err(ApiError::invalid(&param, format!("`structured_outputs` has no field `{other}` (json, regex, choice, grammar, json_object)"))),
+            "whitespace_pattern" | "structural_tag" => {
+                return Err(ApiError::invalid(&param, format!("`{param}` is not supported by this server")))
+            }
+            other => {
+                return Err(ApiError::invalid(
+                    &param,
+                    format!("`structured_outputs` has no field `{other}` (json, regex, choice, grammar, json_object)"),
+                ))
+            }
         };
         out.push(GuideRequest { spec, param });
     }
     if out.is_empty() {
-        return Err(ApiError::invalid("structured_outputs", "`structured_outputs` must give one of `json`, `regex`, `choice`, `grammar` or `json_object: true`"));
+        return Err(ApiError::invalid(
+            "structured_outputs",
+            "`structured_outputs` must give one of `json`, `regex`, `choice`, `grammar` or `json_object: true`",
+        ));
     }
     if !as_written {
         out = out.into_iter().map(strict).collect();
@@ -221,7 +263,9 @@ fn structured_outputs(v: &Value) -> Result<Vec<GuideRequest>, ApiError> {
         // regex, choice and grammar spell their whitespace out already).
         for g in &mut out {
             g.spec = match std::mem::replace(&mut g.spec, GuideSpec::JsonObject) {
-                GuideSpec::JsonObject => GuideSpec::JsonSchema(json!({"type": "object", "x-guidance": {"whitespace_flexible": false}})),
+                GuideSpec::JsonObject => {
+                    GuideSpec::JsonSchema(json!({"type": "object", "x-guidance": {"whitespace_flexible": false}}))
+                }
                 GuideSpec::JsonSchema(Value::Object(mut o)) => {
                     let xg = o.entry("x-guidance").or_insert_with(|| json!({}));
                     if let Some(xg) = xg.as_object_mut() {
@@ -244,16 +288,28 @@ pub fn parse_guide(f: &Fields) -> Result<Option<GuideRequest>, ApiError> {
         forms.extend(response_format(rf)?.map(strict));
     }
     if let Some(v) = f.get("guided_json") {
-        forms.push(strict(GuideRequest { spec: GuideSpec::JsonSchema(schema_value(v, "guided_json")?), param: "guided_json".into() }));
+        forms.push(strict(GuideRequest {
+            spec: GuideSpec::JsonSchema(schema_value(v, "guided_json")?),
+            param: "guided_json".into(),
+        }));
     }
     if let Some(v) = f.get("guided_regex") {
-        forms.push(GuideRequest { spec: GuideSpec::Regex(string_value(v, "guided_regex")?), param: "guided_regex".into() });
+        forms.push(GuideRequest {
+            spec: GuideSpec::Regex(string_value(v, "guided_regex")?),
+            param: "guided_regex".into(),
+        });
     }
     if let Some(v) = f.get("guided_choice") {
-        forms.push(GuideRequest { spec: GuideSpec::Choice(choice_value(v, "guided_choice")?), param: "guided_choice".into() });
+        forms.push(GuideRequest {
+            spec: GuideSpec::Choice(choice_value(v, "guided_choice")?),
+            param: "guided_choice".into(),
+        });
     }
     if let Some(v) = f.get("guided_grammar") {
-        forms.push(GuideRequest { spec: GuideSpec::Lark(string_value(v, "guided_grammar")?), param: "guided_grammar".into() });
+        forms.push(GuideRequest {
+            spec: GuideSpec::Lark(string_value(v, "guided_grammar")?),
+            param: "guided_grammar".into(),
+        });
     }
     if let Some(v) = f.get("structured_outputs") {
         forms.extend(structured_outputs(v)?);
@@ -270,7 +326,14 @@ pub fn parse_guide(f: &Fields) -> Result<Option<GuideRequest>, ApiError> {
 fn one_form(mut forms: Vec<GuideRequest>) -> Result<Option<GuideRequest>, ApiError> {
     if forms.len() > 1 {
         let names: Vec<String> = forms.iter().map(|g| format!("`{}`", g.param)).collect();
-        return Err(ApiError::invalid(&forms[1].param, format!("a request may give one structured-output form, this one gives {}: {}", forms.len(), names.join(", "))));
+        return Err(ApiError::invalid(
+            &forms[1].param,
+            format!(
+                "a request may give one structured-output form, this one gives {}: {}",
+                forms.len(),
+                names.join(", ")
+            ),
+        ));
     }
     Ok(forms.pop())
 }
@@ -321,7 +384,12 @@ pub fn parse_tools(f: &Fields) -> Result<Option<Tools>, ApiError> {
         let Value::Object(o) = t else { return Err(wrong_type(&p, "an object", t)) };
         match o.get("type") {
             Some(Value::String(s)) if s == "function" => {}
-            Some(v) if !v.is_null() => return Err(ApiError::invalid(&format!("{p}.type"), format!("`{p}.type` must be \"function\", got {v}"))),
+            Some(v) if !v.is_null() => {
+                return Err(ApiError::invalid(
+                    &format!("{p}.type"),
+                    format!("`{p}.type` must be \"function\", got {v}"),
+                ))
+            }
             _ => return Err(ApiError::invalid(&format!("{p}.type"), format!("`{p}.type` is required (\"function\")"))),
         }
         let func = match o.get("function") {
@@ -331,9 +399,19 @@ pub fn parse_tools(f: &Fields) -> Result<Option<Tools>, ApiError> {
         };
         let name = match func.get("name") {
             Some(Value::String(n)) if !n.is_empty() => n.clone(),
-            Some(Value::String(_)) => return Err(ApiError::invalid(&format!("{p}.function.name"), format!("`{p}.function.name` must not be empty"))),
+            Some(Value::String(_)) => {
+                return Err(ApiError::invalid(
+                    &format!("{p}.function.name"),
+                    format!("`{p}.function.name` must not be empty"),
+                ))
+            }
             Some(v) => return Err(wrong_type(&format!("{p}.function.name"), "a string", v)),
-            None => return Err(ApiError::invalid(&format!("{p}.function.name"), format!("`{p}.function.name` is required"))),
+            None => {
+                return Err(ApiError::invalid(
+                    &format!("{p}.function.name"),
+                    format!("`{p}.function.name` is required"),
+                ))
+            }
         };
         if functions.iter().any(|(n, _)| *n == name) {
             return Err(ApiError::invalid(&format!("{p}.function.name"), format!("two tools are named {name:?}")));
@@ -381,7 +459,10 @@ impl Tools {
             ToolChoice::None | ToolChoice::Auto => None,
             ToolChoice::Named(name) => {
                 let i = self.functions.iter().position(|(n, _)| n == name)?;
-                Some(strict(GuideRequest { spec: GuideSpec::JsonSchema(self.functions[i].1.clone()), param: format!("tools[{i}].function.parameters") }))
+                Some(strict(GuideRequest {
+                    spec: GuideSpec::JsonSchema(self.functions[i].1.clone()),
+                    param: format!("tools[{i}].function.parameters"),
+                }))
             }
             ToolChoice::Required => {
                 let any: Vec<Value> = self
@@ -502,21 +583,62 @@ mod tests {
         let cases = [
             (json!({"response_format": {"type": "text"}}), None),
             (json!({"response_format": {"type": "json_object"}}), Some((GuideSpec::JsonObject, "response_format"))),
-            (json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x_1", "schema": schema, "strict": true}}}), Some((GuideSpec::JsonSchema(schema.clone()), "response_format.json_schema.schema"))),
+            (
+                json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x_1", "schema": schema, "strict": true}}}),
+                Some((GuideSpec::JsonSchema(schema.clone()), "response_format.json_schema.schema")),
+            ),
             (json!({"guided_json": schema}), Some((GuideSpec::JsonSchema(schema.clone()), "guided_json"))),
             (json!({"guided_json": schema.to_string()}), Some((GuideSpec::JsonSchema(schema.clone()), "guided_json"))),
             (json!({"guided_regex": "a+"}), Some((GuideSpec::Regex("a+".into()), "guided_regex"))),
-            (json!({"guided_choice": ["x", "y"]}), Some((GuideSpec::Choice(vec!["x".into(), "y".into()]), "guided_choice"))),
-            (json!({"guided_grammar": "start: \"a\""}), Some((GuideSpec::Lark("start: \"a\"".into()), "guided_grammar"))),
-            (json!({"structured_outputs": {"json": schema}}), Some((GuideSpec::JsonSchema(schema.clone()), "structured_outputs.json"))),
-            (json!({"structured_outputs": {"regex": "b", "disable_fallback": true}}), Some((GuideSpec::Regex("b".into()), "structured_outputs.regex"))),
-            (json!({"structured_outputs": {"choice": ["z"]}}), Some((GuideSpec::Choice(vec!["z".into()]), "structured_outputs.choice"))),
-            (json!({"structured_outputs": {"grammar": "g"}}), Some((GuideSpec::Lark("g".into()), "structured_outputs.grammar"))),
-            (json!({"structured_outputs": {"json_object": true}}), Some((GuideSpec::JsonObject, "structured_outputs.json_object"))),
+            (
+                json!({"guided_choice": ["x", "y"]}),
+                Some((GuideSpec::Choice(vec!["x".into(), "y".into()]), "guided_choice")),
+            ),
+            (
+                json!({"guided_grammar": "start: \"a\""}),
+                Some((GuideSpec::Lark("start: \"a\"".into()), "guided_grammar")),
+            ),
+            (
+                json!({"structured_outputs": {"json": schema}}),
+                Some((GuideSpec::JsonSchema(schema.clone()), "structured_outputs.json")),
+            ),
+            (
+                json!({"structured_outputs": {"regex": "b", "disable_fallback": true}}),
+                Some((GuideSpec::Regex("b".into()), "structured_outputs.regex")),
+            ),
+            (
+                json!({"structured_outputs": {"choice": ["z"]}}),
+                Some((GuideSpec::Choice(vec!["z".into()]), "structured_outputs.choice")),
+            ),
+            (
+                json!({"structured_outputs": {"grammar": "g"}}),
+                Some((GuideSpec::Lark("g".into()), "structured_outputs.grammar")),
+            ),
+            (
+                json!({"structured_outputs": {"json_object": true}}),
+                Some((GuideSpec::JsonObject, "structured_outputs.json_object")),
+            ),
             (json!({"guided_json": null, "response_format": null}), None),
-            (json!({"structured_outputs": {"json_object": true, "disable_any_whitespace": true}}), Some((GuideSpec::JsonSchema(json!({"type": "object", "x-guidance": {"whitespace_flexible": false}})), "structured_outputs.json_object"))),
-            (json!({"structured_outputs": {"json": {"type": "object", "x-guidance": {"lenient": true}}, "disable_any_whitespace": true}}), Some((GuideSpec::JsonSchema(json!({"type": "object", "x-guidance": {"lenient": true, "whitespace_flexible": false}, "additionalProperties": false})), "structured_outputs.json"))),
-            (json!({"structured_outputs": {"regex": "a b", "disable_any_whitespace": true}}), Some((GuideSpec::Regex("a b".into()), "structured_outputs.regex"))),
+            (
+                json!({"structured_outputs": {"json_object": true, "disable_any_whitespace": true}}),
+                Some((
+                    GuideSpec::JsonSchema(json!({"type": "object", "x-guidance": {"whitespace_flexible": false}})),
+                    "structured_outputs.json_object",
+                )),
+            ),
+            (
+                json!({"structured_outputs": {"json": {"type": "object", "x-guidance": {"lenient": true}}, "disable_any_whitespace": true}}),
+                Some((
+                    GuideSpec::JsonSchema(
+                        json!({"type": "object", "x-guidance": {"lenient": true, "whitespace_flexible": false}, "additionalProperties": false}),
+                    ),
+                    "structured_outputs.json",
+                )),
+            ),
+            (
+                json!({"structured_outputs": {"regex": "a b", "disable_any_whitespace": true}}),
+                Some((GuideSpec::Regex("a b".into()), "structured_outputs.regex")),
+            ),
         ];
         for (body, want) in cases {
             let got = guide(body.clone()).unwrap_or_else(|e| panic!("{body}: {e:?}"));
@@ -543,13 +665,23 @@ mod tests {
             "d": {"allOf": [{"type": "object", "properties": {"p": {"type": "object", "additionalProperties": false}}}, {"properties": {"q": {}}}]},
             "e": {"anyOf": [{"type": "object", "additionalProperties": false}, {"type": "string"}]}
         }, "$defs": {"t": {"type": "object", "additionalProperties": false}}});
-        for body in [json!({"guided_json": open}), json!({"structured_outputs": {"json": open}}), json!({"structured_outputs": {"json": open, "disable_additional_properties": true}}), json!({"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": open}}})] {
+        for body in [
+            json!({"guided_json": open}),
+            json!({"structured_outputs": {"json": open}}),
+            json!({"structured_outputs": {"json": open, "disable_additional_properties": true}}),
+            json!({"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": open}}}),
+        ] {
             assert_eq!(guide(body.clone()).unwrap().unwrap().spec, GuideSpec::JsonSchema(want.clone()), "{body}");
         }
-        let g = guide(json!({"structured_outputs": {"json": open, "disable_additional_properties": false}})).unwrap().unwrap();
+        let g = guide(json!({"structured_outputs": {"json": open, "disable_additional_properties": false}}))
+            .unwrap()
+            .unwrap();
         assert_eq!(g.spec, GuideSpec::JsonSchema(open.clone()));
         let t = tools(json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"x": {}}}}}], "tool_choice": {"type": "function", "function": {"name": "f"}}})).unwrap().unwrap();
-        assert_eq!(t.guide().unwrap().spec, GuideSpec::JsonSchema(json!({"type": "object", "properties": {"x": {}}, "additionalProperties": false})));
+        assert_eq!(
+            t.guide().unwrap().spec,
+            GuideSpec::JsonSchema(json!({"type": "object", "properties": {"x": {}}, "additionalProperties": false}))
+        );
     }
 
     #[test]
@@ -559,11 +691,31 @@ mod tests {
             (json!({"response_format": {}}), "response_format.type", "required"),
             (json!({"response_format": {"type": "yaml"}}), "response_format.type", "\"yaml\""),
             (json!({"response_format": {"type": "json_schema"}}), "response_format.json_schema", "required"),
-            (json!({"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}}), "response_format.json_schema.name", "required"),
-            (json!({"response_format": {"type": "json_schema", "json_schema": {"name": "a b", "schema": {}}}}), "response_format.json_schema.name", "1 to 64"),
-            (json!({"response_format": {"type": "json_schema", "json_schema": {"name": "a"}}}), "response_format.json_schema.schema", "required"),
-            (json!({"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": 3}}}), "response_format.json_schema.schema", "JSON schema"),
-            (json!({"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {}, "strict": "yes"}}}), "response_format.json_schema.strict", "boolean"),
+            (
+                json!({"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}}),
+                "response_format.json_schema.name",
+                "required",
+            ),
+            (
+                json!({"response_format": {"type": "json_schema", "json_schema": {"name": "a b", "schema": {}}}}),
+                "response_format.json_schema.name",
+                "1 to 64",
+            ),
+            (
+                json!({"response_format": {"type": "json_schema", "json_schema": {"name": "a"}}}),
+                "response_format.json_schema.schema",
+                "required",
+            ),
+            (
+                json!({"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": 3}}}),
+                "response_format.json_schema.schema",
+                "JSON schema",
+            ),
+            (
+                json!({"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {}, "strict": "yes"}}}),
+                "response_format.json_schema.strict",
+                "boolean",
+            ),
             (json!({"guided_json": "{not json"}), "guided_json", "not JSON"),
             (json!({"guided_json": [1]}), "guided_json", "JSON schema"),
             (json!({"guided_regex": 5}), "guided_regex", "a string"),
@@ -575,10 +727,26 @@ mod tests {
             (json!({"structured_outputs": {}}), "structured_outputs", "one of"),
             (json!({"structured_outputs": {"json_object": "yes"}}), "structured_outputs.json_object", "boolean"),
             (json!({"structured_outputs": {"xml": "a"}}), "structured_outputs.xml", "no field"),
-            (json!({"structured_outputs": {"regex": "a", "disable_any_whitespace": 1}}), "structured_outputs.disable_any_whitespace", "boolean"),
-            (json!({"structured_outputs": {"regex": "a", "disable_additional_properties": 1}}), "structured_outputs.disable_additional_properties", "boolean"),
-            (json!({"structured_outputs": {"regex": "a", "choice": ["b"]}}), "structured_outputs.choice", "one structured-output form"),
-            (json!({"guided_regex": "a", "response_format": {"type": "json_object"}}), "guided_regex", "`response_format`, `guided_regex`"),
+            (
+                json!({"structured_outputs": {"regex": "a", "disable_any_whitespace": 1}}),
+                "structured_outputs.disable_any_whitespace",
+                "boolean",
+            ),
+            (
+                json!({"structured_outputs": {"regex": "a", "disable_additional_properties": 1}}),
+                "structured_outputs.disable_additional_properties",
+                "boolean",
+            ),
+            (
+                json!({"structured_outputs": {"regex": "a", "choice": ["b"]}}),
+                "structured_outputs.choice",
+                "one structured-output form",
+            ),
+            (
+                json!({"guided_regex": "a", "response_format": {"type": "json_object"}}),
+                "guided_regex",
+                "`response_format`, `guided_regex`",
+            ),
             (json!({"guided_whitespace_pattern": " "}), "guided_whitespace_pattern", "not supported"),
         ];
         for (body, field, msg) in cases {
@@ -596,10 +764,15 @@ mod tests {
         assert_eq!(got.functions[1], ("now".to_string(), json!({"type": "object", "properties": {}})));
         assert_eq!(got.guide(), None);
         assert_eq!(tools(json!({"tools": t, "tool_choice": "none"})).unwrap().unwrap().choice, ToolChoice::None);
-        let named = tools(json!({"tools": t, "tool_choice": {"type": "function", "function": {"name": "get"}}})).unwrap().unwrap();
+        let named = tools(json!({"tools": t, "tool_choice": {"type": "function", "function": {"name": "get"}}}))
+            .unwrap()
+            .unwrap();
         let mut closed = got.functions[0].1.clone();
         strict_schema(&mut closed);
-        assert_eq!(named.guide().unwrap(), GuideRequest { spec: GuideSpec::JsonSchema(closed), param: "tools[0].function.parameters".into() });
+        assert_eq!(
+            named.guide().unwrap(),
+            GuideRequest { spec: GuideSpec::JsonSchema(closed), param: "tools[0].function.parameters".into() }
+        );
         let req = tools(json!({"tools": t, "tool_choice": "required"})).unwrap().unwrap().guide().unwrap();
         let GuideSpec::JsonSchema(s) = req.spec else { panic!() };
         assert_eq!(s["items"]["anyOf"][1]["properties"]["name"]["enum"], json!(["now"]));
@@ -613,10 +786,22 @@ mod tests {
             (json!({"tools": [{"type": "retrieval"}]}), "tools[0].type", "\"function\""),
             (json!({"tools": [{"type": "function"}]}), "tools[0].function", "required"),
             (json!({"tools": [{"type": "function", "function": {"name": 3}}]}), "tools[0].function.name", "a string"),
-            (json!({"tools": [{"type": "function", "function": {"name": "a", "parameters": []}}]}), "tools[0].function.parameters", "schema"),
-            (json!({"tools": [{"type": "function", "function": {"name": "a"}}, {"type": "function", "function": {"name": "a"}}]}), "tools[1].function.name", "two tools"),
+            (
+                json!({"tools": [{"type": "function", "function": {"name": "a", "parameters": []}}]}),
+                "tools[0].function.parameters",
+                "schema",
+            ),
+            (
+                json!({"tools": [{"type": "function", "function": {"name": "a"}}, {"type": "function", "function": {"name": "a"}}]}),
+                "tools[1].function.name",
+                "two tools",
+            ),
             (json!({"tools": t, "tool_choice": "always"}), "tool_choice", "\"always\""),
-            (json!({"tools": t, "tool_choice": {"type": "function", "function": {"name": "nope"}}}), "tool_choice.function.name", "not among the tools: get, now"),
+            (
+                json!({"tools": t, "tool_choice": {"type": "function", "function": {"name": "nope"}}}),
+                "tool_choice.function.name",
+                "not among the tools: get, now",
+            ),
             (json!({"tools": t, "tool_choice": {"type": "function"}}), "tool_choice.function.name", "a string"),
             (json!({"tools": t, "tool_choice": 1}), "tool_choice", "a string or an object"),
         ];
@@ -632,19 +817,35 @@ mod tests {
         let text = "Let me look.\n<tool_call>\n{\"name\": \"get\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>{\"name\": \"now\"}</tool_call>\n";
         let (content, calls) = parse_hermes(text).unwrap();
         assert_eq!(content.as_deref(), Some("Let me look."));
-        assert_eq!(calls, vec![ToolCall { name: "get".into(), arguments: "{\"city\":\"Paris\"}".into() }, ToolCall { name: "now".into(), arguments: "{}".into() }]);
+        assert_eq!(
+            calls,
+            vec![
+                ToolCall { name: "get".into(), arguments: "{\"city\":\"Paris\"}".into() },
+                ToolCall { name: "now".into(), arguments: "{}".into() }
+            ]
+        );
         let (content, calls) = parse_hermes("<tool_call>{\"name\": \"get\", \"arguments\": {}}").unwrap();
         assert_eq!((content, calls.len()), (None, 1), "an unclosed last block still counts");
         assert_eq!(parse_hermes("no calls here"), None);
-        assert_eq!(parse_hermes("<tool_call>{\"name\": \"get\", \"argum</tool_call>"), None, "broken JSON: plain content");
+        assert_eq!(
+            parse_hermes("<tool_call>{\"name\": \"get\", \"argum</tool_call>"),
+            None,
+            "broken JSON: plain content"
+        );
         assert_eq!(parse_hermes("<tool_call>{\"arguments\": {}}</tool_call>"), None, "no name");
         assert_eq!(parse_hermes("<tool_call>{\"name\": \"a\"}</tool_call> and more"), None, "text after the calls");
-        assert!(template_has_tool_calls("{% if tools %}<tool_call>{% endif %}") && !template_has_tool_calls("{{ messages }}"));
+        assert!(
+            template_has_tool_calls("{% if tools %}<tool_call>{% endif %}")
+                && !template_has_tool_calls("{{ messages }}")
+        );
     }
 
     #[test]
     fn required_answers_parse() {
-        let calls = parse_required("[{\"name\": \"get\", \"parameters\": {\"city\": \"Oslo\"}}, {\"name\": \"now\", \"parameters\": {}}]").unwrap();
+        let calls = parse_required(
+            "[{\"name\": \"get\", \"parameters\": {\"city\": \"Oslo\"}}, {\"name\": \"now\", \"parameters\": {}}]",
+        )
+        .unwrap();
         assert_eq!(calls[0], ToolCall { name: "get".into(), arguments: "{\"city\":\"Oslo\"}".into() });
         assert_eq!(calls[1].arguments, "{}");
         assert_eq!(parse_required("[]"), None);

@@ -10,7 +10,10 @@ pub const SPECIALS: [&str; 5] = ["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_e
 
 /// `vocab - 5` ordinary words after the special tokens: a few English ones, then `w0`, `w1`, …
 pub fn words(vocab: usize) -> Vec<String> {
-    let mut w: Vec<String> = ["hello", "world", "user", "assistant", "system", "the", "cat", "sat", "on", "mat"].iter().map(|s| s.to_string()).collect();
+    let mut w: Vec<String> = ["hello", "world", "user", "assistant", "system", "the", "cat", "sat", "on", "mat"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
     w.truncate(vocab.saturating_sub(SPECIALS.len()));
     let mut i = 0;
     while SPECIALS.len() + w.len() < vocab {

@@ -31,7 +31,8 @@ pub fn tokenize(state: &AppState, body: &[u8]) -> Result<Value, ApiError> {
                 return Err(ApiError::invalid("prompt", "`prompt` must be a string"));
             };
             let special = f.bool("add_special_tokens")?.unwrap_or(true);
-            tok.encode(text, special).map_err(|e| ApiError::invalid("prompt", format!("cannot tokenize `prompt`: {e}")))?
+            tok.encode(text, special)
+                .map_err(|e| ApiError::invalid("prompt", format!("cannot tokenize `prompt`: {e}")))?
         }
         (None, Some(m)) => {
             // Rendered as chat renders them, so that the count is the prompt's.
@@ -42,11 +43,17 @@ pub fn tokenize(state: &AppState, body: &[u8]) -> Result<Value, ApiError> {
             let kwargs = match f.get("chat_template_kwargs") {
                 None => None,
                 Some(Value::Object(o)) => Some(o),
-                Some(v) => return Err(ApiError::invalid("chat_template_kwargs", format!("`chat_template_kwargs` must be an object, got {}", crate::params::type_name(v)))),
+                Some(v) => {
+                    return Err(ApiError::invalid(
+                        "chat_template_kwargs",
+                        format!("`chat_template_kwargs` must be an object, got {}", crate::params::type_name(v)),
+                    ))
+                }
             };
             let text = chat_text(state, &msgs, tools.as_ref(), add_gen, continue_final, kwargs)?;
             let special = f.bool("add_special_tokens")?.unwrap_or(false);
-            tok.encode(&text, special).map_err(|e| ApiError::invalid("messages", format!("cannot tokenize the rendered chat: {e}")))?
+            tok.encode(&text, special)
+                .map_err(|e| ApiError::invalid("messages", format!("cannot tokenize the rendered chat: {e}")))?
         }
     };
     let token_strs = if f.bool("return_token_strs")? == Some(true) {
@@ -54,7 +61,9 @@ pub fn tokenize(state: &AppState, body: &[u8]) -> Result<Value, ApiError> {
     } else {
         Value::Null
     };
-    Ok(json!({"count": tokens.len(), "max_model_len": state.config.max_model_len, "tokens": tokens, "token_strs": token_strs}))
+    Ok(
+        json!({"count": tokens.len(), "max_model_len": state.config.max_model_len, "tokens": tokens, "token_strs": token_strs}),
+    )
 }
 
 pub fn detokenize(state: &AppState, body: &[u8]) -> Result<Value, ApiError> {
@@ -65,12 +74,21 @@ pub fn detokenize(state: &AppState, body: &[u8]) -> Result<Value, ApiError> {
     let shape = || ApiError::invalid("tokens", "`tokens` must be a list of token ids");
     let ids: Vec<u32> = match f.get("tokens") {
         None => return Err(ApiError::invalid("tokens", "`tokens` is required")),
-        Some(Value::Array(a)) => a.iter().map(|t| t.as_u64().filter(|&t| t <= u32::MAX as u64).map(|t| t as u32).ok_or_else(shape)).collect::<Result<_, _>>()?,
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|t| t.as_u64().filter(|&t| t <= u32::MAX as u64).map(|t| t as u32).ok_or_else(shape))
+            .collect::<Result<_, _>>()?,
         Some(_) => return Err(shape()),
     };
     if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab) {
-        return Err(ApiError::invalid("tokens", format!("`tokens` holds token id {bad}, outside the vocabulary [0, {vocab})")));
+        return Err(ApiError::invalid(
+            "tokens",
+            format!("`tokens` holds token id {bad}, outside the vocabulary [0, {vocab})"),
+        ));
     }
-    let text = state.tokenizer.decode(&ids, false).map_err(|e| ApiError::invalid("tokens", format!("cannot decode `tokens`: {e}")))?;
+    let text = state
+        .tokenizer
+        .decode(&ids, false)
+        .map_err(|e| ApiError::invalid("tokens", format!("cannot decode `tokens`: {e}")))?;
     Ok(json!({"prompt": text}))
 }

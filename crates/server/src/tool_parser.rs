@@ -347,7 +347,10 @@ mod tests {
         let two = "{\"name\": \"a\", \"parameters\": {\"x\": 1}}; {\"name\": \"b\", \"parameters\": {\"nested\": {\"y\": [1, 2]}}}";
         assert_eq!(p.parse(two), Some((None, vec![call("a", "{\"x\":1}"), call("b", "{\"nested\":{\"y\":[1,2]}}")])));
         let before = "Let me check the weather.\n{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}";
-        assert_eq!(p.parse(before), Some((Some("Let me check the weather.".into()), vec![call("get_weather", "{\"city\":\"Oslo\"}")])));
+        assert_eq!(
+            p.parse(before),
+            Some((Some("Let me check the weather.".into()), vec![call("get_weather", "{\"city\":\"Oslo\"}")]))
+        );
         assert_eq!(p.parse("The capital of France is Paris."), None);
         assert_eq!(p.parse("{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Par"), None, "cut short: content");
         assert_eq!(p.parse("{\"city\": \"Paris\"}"), None, "JSON that is not a call");
@@ -406,9 +409,19 @@ mod tests {
         let one = "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>";
         assert_eq!(p.parse(one), Some((None, vec![call("get_weather", "{\"city\":\"Paris\",\"days\":3}")])));
         let two = "I'll run both.\n<tool_call>\n<function=read_file>\n<parameter=path>\nsrc/main.rs\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=list>\n</function>\n</tool_call>";
-        assert_eq!(p.parse(two), Some((Some("I'll run both.".into()), vec![call("read_file", "{\"path\":\"src/main.rs\"}"), call("list", "{}")])));
+        assert_eq!(
+            p.parse(two),
+            Some((
+                Some("I'll run both.".into()),
+                vec![call("read_file", "{\"path\":\"src/main.rs\"}"), call("list", "{}")]
+            ))
+        );
         let multi = "<tool_call>\n<function=write>\n<parameter=text>\nline 1\nline 2\n</parameter>\n<parameter=opts>\n{\"force\": true}\n</parameter>\n</function>";
-        assert_eq!(p.parse(multi), Some((None, vec![call("write", "{\"text\":\"line 1\\nline 2\",\"opts\":{\"force\":true}}")])), "an unclosed last block counts");
+        assert_eq!(
+            p.parse(multi),
+            Some((None, vec![call("write", "{\"text\":\"line 1\\nline 2\",\"opts\":{\"force\":true}}")])),
+            "an unclosed last block counts"
+        );
         assert_eq!(p.parse("No tools needed."), None);
         assert_eq!(p.parse("<tool_call>\n{\"name\": \"a\"}\n</tool_call>"), None, "hermes JSON is not this format");
         assert_eq!(p.parse("<tool_call>\n<function=>\n</function>\n</tool_call>"), None, "no name");
@@ -423,7 +436,10 @@ mod tests {
             assert_eq!(streamed(p, &["é", "<"]), "é");
         }
         let h = ToolParser::Hermes;
-        assert_eq!(h.parse("<tool_call>{\"name\": \"get\", \"arguments\": {}}</tool_call>"), Some((None, vec![call("get", "{}")])));
+        assert_eq!(
+            h.parse("<tool_call>{\"name\": \"get\", \"arguments\": {}}</tool_call>"),
+            Some((None, vec![call("get", "{}")]))
+        );
         assert_eq!(h.parse("plain"), None);
     }
 
@@ -434,7 +450,10 @@ mod tests {
         let cases = [
             (ToolParser::Llama3Json, "Checking.\n<|python_tag|>{\"name\": \"a\", \"parameters\": {\"q\": \"x\"}}"),
             (ToolParser::Mistral, "Checking.[TOOL_CALLS][{\"name\": \"a\", \"arguments\": {}}]"),
-            (ToolParser::Qwen3Xml, "Checking.\n<tool_call>\n<function=a>\n<parameter=q>\nx\n</parameter>\n</function>\n</tool_call>"),
+            (
+                ToolParser::Qwen3Xml,
+                "Checking.\n<tool_call>\n<function=a>\n<parameter=q>\nx\n</parameter>\n</function>\n</tool_call>",
+            ),
             (ToolParser::Hermes, "Checking.\n<tool_call>{\"name\": \"a\", \"arguments\": {}}</tool_call>"),
         ];
         for (p, text) in cases {

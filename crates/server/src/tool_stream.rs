@@ -75,7 +75,19 @@ impl CallStream {
     /// that opens at the top level, or inside a top-level array, is a call with a `name` and
     /// its arguments under `parameters` or `arguments` ("required"; the JSON tool parsers).
     pub fn new(named: Option<String>) -> Self {
-        CallStream { named, text: String::new(), pos: 0, stack: Vec::new(), call_level: None, in_str: false, esc: false, str_start: 0, expect: Expect::After, key: String::new(), calls: Vec::new() }
+        CallStream {
+            named,
+            text: String::new(),
+            pos: 0,
+            stack: Vec::new(),
+            call_level: None,
+            in_str: false,
+            esc: false,
+            str_start: 0,
+            expect: Expect::After,
+            key: String::new(),
+            calls: Vec::new(),
+        }
     }
 
     /// Takes the next piece of the answer; answers what can be said now.
@@ -164,7 +176,10 @@ impl CallStream {
                                 if let Some(c) = self.calls.last_mut() {
                                     if self.key == "name" && c.name.is_none() {
                                         c.name = Some(s);
-                                    } else if ARGS_KEYS.contains(&self.key.as_str()) && c.args_start.is_none() && c.args_text.is_none() {
+                                    } else if ARGS_KEYS.contains(&self.key.as_str())
+                                        && c.args_start.is_none()
+                                        && c.args_text.is_none()
+                                    {
                                         c.args_text = Some(s);
                                     }
                                 }
@@ -200,11 +215,15 @@ impl CallStream {
                     if self.call_level == Some(depth + 1) {
                         // The call object closed; without arguments it takes none.
                         self.call_level = None;
-                        if let Some(c) = self.calls.last_mut().filter(|c| c.args_start.is_none() && c.args_text.is_none()) {
+                        if let Some(c) =
+                            self.calls.last_mut().filter(|c| c.args_start.is_none() && c.args_text.is_none())
+                        {
                             c.args_text = Some("{}".into());
                         }
                     } else if self.call_level == Some(depth) && ARGS_KEYS.contains(&self.key.as_str()) {
-                        if let Some(c) = self.calls.last_mut().filter(|c| c.args_start.is_some() && c.args_end.is_none()) {
+                        if let Some(c) =
+                            self.calls.last_mut().filter(|c| c.args_start.is_some() && c.args_end.is_none())
+                        {
                             c.args_end = Some(i + 1);
                             self.expect = Expect::After;
                         }
@@ -309,25 +328,42 @@ mod tests {
         for step in [1, 2, 3, 7, 500] {
             let (starts, args) = run(None, text, step);
             assert_eq!(starts, vec![(0, "get_weather".to_string()), (1, "now".to_string())], "step {step}");
-            assert_eq!(args, vec![r#"{"city": "Os]lo\"}{", "days": [1, {"x": 2}]}"#.to_string(), "{}".to_string()], "step {step}");
+            assert_eq!(
+                args,
+                vec![r#"{"city": "Os]lo\"}{", "days": [1, {"x": 2}]}"#.to_string(), "{}".to_string()],
+                "step {step}"
+            );
         }
         let parsed = crate::structured::parse_required(text).unwrap();
         let streamed = partial_calls(text);
         for (p, s) in parsed.iter().zip(&streamed) {
-            let (a, b): (serde_json::Value, serde_json::Value) = (serde_json::from_str(&p.arguments).unwrap(), serde_json::from_str(&s.arguments).unwrap());
+            let (a, b): (serde_json::Value, serde_json::Value) =
+                (serde_json::from_str(&p.arguments).unwrap(), serde_json::from_str(&s.arguments).unwrap());
             assert_eq!((&p.name, a), (&s.name, b));
         }
     }
 
     #[test]
     fn a_cut_answer_is_partial_calls() {
-        assert_eq!(partial_calls(r#"[{"name": "get", "parameters": {"city": "Os"#), vec![ToolCall { name: "get".into(), arguments: r#"{"city": "Os"#.into() }]);
-        assert_eq!(partial_calls(r#"[{"name": "get", "param"#), vec![ToolCall { name: "get".into(), arguments: String::new() }]);
+        assert_eq!(
+            partial_calls(r#"[{"name": "get", "parameters": {"city": "Os"#),
+            vec![ToolCall { name: "get".into(), arguments: r#"{"city": "Os"#.into() }]
+        );
+        assert_eq!(
+            partial_calls(r#"[{"name": "get", "param"#),
+            vec![ToolCall { name: "get".into(), arguments: String::new() }]
+        );
         assert_eq!(partial_calls(r#"[{"name": "ge"#), vec![]);
         // The name is announced only once whole; arguments held until then.
         let mut s = CallStream::new(None);
         assert_eq!(s.push(r#"[{"name": "g"#), vec![]);
-        assert_eq!(s.push(r#"et", "parameters": {"a""#), vec![CallEvent::Start { index: 0, name: "get".into() }, CallEvent::Args { index: 0, piece: r#"{"a""#.into() }]);
+        assert_eq!(
+            s.push(r#"et", "parameters": {"a""#),
+            vec![
+                CallEvent::Start { index: 0, name: "get".into() },
+                CallEvent::Args { index: 0, piece: r#"{"a""#.into() }
+            ]
+        );
     }
 
     /// "auto" answers in the JSON formats, from where the parser says the calls begin.
@@ -350,8 +386,12 @@ mod tests {
             assert_eq!(parsed.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(), ["get", "now"]);
         }
         // A `name` inside the arguments is no call's name; markup not yet certain is no start.
-        let (starts, args) = run(None, "{\"name\": \"f\", \"arguments\": {\"name\": \"x\", \"l\": [{\"name\": \"y\"}]}}", 2);
-        assert_eq!((starts, args), (vec![(0, "f".to_string())], vec!["{\"name\": \"x\", \"l\": [{\"name\": \"y\"}]}".to_string()]));
+        let (starts, args) =
+            run(None, "{\"name\": \"f\", \"arguments\": {\"name\": \"x\", \"l\": [{\"name\": \"y\"}]}}", 2);
+        assert_eq!(
+            (starts, args),
+            (vec![(0, "f".to_string())], vec!["{\"name\": \"x\", \"l\": [{\"name\": \"y\"}]}".to_string()])
+        );
         // Arguments written as a JSON string, or left out: as the parsers read them, whole.
         let text = "<tool_call>{\"name\": \"f\", \"arguments\": \"{\\\"a\\\": 1}\"}</tool_call>\n<tool_call>{\"name\": \"g\"}</tool_call>";
         let (_, parsed) = ToolParser::Hermes.parse(text).unwrap();

@@ -37,7 +37,16 @@ const HEALTH_GENERATE_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// True for the paths this module answers.
 pub(crate) fn serves(path: &str) -> bool {
-    matches!(path, "/get_load" | "/get_server_info" | "/server_info" | "/get_model_info" | "/model_info" | "/health_generate" | "/flush_cache")
+    matches!(
+        path,
+        "/get_load"
+            | "/get_server_info"
+            | "/server_info"
+            | "/get_model_info"
+            | "/model_info"
+            | "/health_generate"
+            | "/flush_cache"
+    )
 }
 
 /// True for the paths open without the API key.
@@ -136,7 +145,9 @@ async fn health_generate(state: &AppState) -> Result<(), ApiError> {
                 Some(u) => {
                     if let Some(f) = u.deltas.iter().find_map(|d| d.finish.clone()) {
                         return match f {
-                            FinishReason::Error(m) => Err(ApiError::unavailable(format!("the probe request failed: {m}"))),
+                            FinishReason::Error(m) => {
+                                Err(ApiError::unavailable(format!("the probe request failed: {m}")))
+                            }
                             FinishReason::Abort => Err(ApiError::unavailable("the probe request was aborted")),
                             FinishReason::Stop | FinishReason::Length => Ok(()),
                         };
@@ -148,5 +159,10 @@ async fn health_generate(state: &AppState) -> Result<(), ApiError> {
     };
     let r = tokio::time::timeout(HEALTH_GENERATE_TIMEOUT, wait).await;
     probe.2 = r.is_ok();
-    r.unwrap_or_else(|_| Err(ApiError::unavailable(format!("the probe request produced no token within {} s", HEALTH_GENERATE_TIMEOUT.as_secs()))))
+    r.unwrap_or_else(|_| {
+        Err(ApiError::unavailable(format!(
+            "the probe request produced no token within {} s",
+            HEALTH_GENERATE_TIMEOUT.as_secs()
+        )))
+    })
 }

@@ -37,7 +37,15 @@ async fn each_request_logs_one_line_at_its_end() {
     let lines: Vec<&str> = text.lines().filter(|l| l.contains("request finished")).collect();
     assert_eq!(lines.len(), 2, "{text}");
     let first = lines[0];
-    for field in [format!("id={id}"), "status=200".into(), "prompt_tokens=2".into(), "completion_tokens=3".into(), "queue_ms=".into(), "ttft_ms=".into(), "total_ms=".into()] {
+    for field in [
+        format!("id={id}"),
+        "status=200".into(),
+        "prompt_tokens=2".into(),
+        "completion_tokens=3".into(),
+        "queue_ms=".into(),
+        "ttft_ms=".into(),
+        "total_ms=".into(),
+    ] {
         assert!(first.contains(&field), "{field} missing in {first}");
     }
     assert!(lines[1].contains("completion_tokens=2"), "{}", lines[1]);

@@ -55,7 +55,8 @@ pub fn to_lark(src: &str) -> Result<String, String> {
         if names.contains_key(n) {
             return Err(format!("rule `{n}` is defined twice"));
         }
-        let clean: String = n.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '_' }).collect();
+        let clean: String =
+            n.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '_' }).collect();
         names.insert(n.clone(), format!("g{i}_{clean}"));
     }
     let Some(root) = names.get("root") else { return Err("a GBNF grammar needs a `root` rule".into()) };
@@ -75,7 +76,9 @@ pub fn to_lark(src: &str) -> Result<String, String> {
                 out.push(' ');
             }
             match t {
-                Tok::Name(r) => out.push_str(names.get(r).ok_or_else(|| format!("rule `{r}` is used but not defined"))?),
+                Tok::Name(r) => {
+                    out.push_str(names.get(r).ok_or_else(|| format!("rule `{r}` is used but not defined"))?)
+                }
                 Tok::Str(s) => out.push_str(&serde_json::to_string(s).expect("a string serialises")),
                 Tok::Regex(r) => {
                     out.push('/');
@@ -173,7 +176,10 @@ fn lex(src: &str) -> Result<Vec<Tok>, String> {
             '{' => {
                 let close = cs[i..].iter().position(|&x| x == '}').ok_or("a `{` repeat is not closed")?;
                 let inner: String = cs[i + 1..i + close].iter().filter(|c| !c.is_whitespace()).collect();
-                let ok = !inner.is_empty() && inner.chars().all(|c| c.is_ascii_digit() || c == ',') && inner.matches(',').count() <= 1 && !inner.starts_with(',');
+                let ok = !inner.is_empty()
+                    && inner.chars().all(|c| c.is_ascii_digit() || c == ',')
+                    && inner.matches(',').count() <= 1
+                    && !inner.starts_with(',');
                 if !ok {
                     return Err(format!("`{{{inner}}}` is not a repeat (`{{m}}`, `{{m,}}` or `{{m,n}}`)"));
                 }
@@ -197,7 +203,10 @@ fn lex(src: &str) -> Result<Vec<Tok>, String> {
 fn escape(s: &[char]) -> Result<(char, usize), String> {
     let hex = |n: usize| -> Result<(char, usize), String> {
         let digits: String = s.iter().skip(2).take(n).collect();
-        let v = u32::from_str_radix(&digits, 16).ok().filter(|_| digits.len() == n).ok_or_else(|| format!("bad escape `\\{}{digits}`", s[1]))?;
+        let v = u32::from_str_radix(&digits, 16)
+            .ok()
+            .filter(|_| digits.len() == n)
+            .ok_or_else(|| format!("bad escape `\\{}{digits}`", s[1]))?;
         char::from_u32(v).map(|c| (c, 2 + n)).ok_or_else(|| format!("escape `\\{}{digits}` is not a character", s[1]))
     };
     match s.get(1) {

@@ -50,7 +50,9 @@ impl GuideSpec {
 
     fn grammar(&self) -> Result<TopLevelGrammar, GuideError> {
         Ok(match self {
-            GuideSpec::JsonObject => TopLevelGrammar::from_json_schema(bounded_whitespace(serde_json::json!({"type": "object"}))),
+            GuideSpec::JsonObject => {
+                TopLevelGrammar::from_json_schema(bounded_whitespace(serde_json::json!({"type": "object"})))
+            }
             GuideSpec::JsonSchema(schema) => {
                 if !(schema.is_object() || schema.is_boolean()) {
                     return Err(GuideError::new(self.kind(), "a JSON schema must be an object or a boolean".into()));
@@ -63,11 +65,14 @@ impl GuideSpec {
                     return Err(GuideError::new(self.kind(), "the list of choices is empty".into()));
                 }
                 // Lark string literals take JSON's escapes, so any choice is quoted exactly.
-                let alts: Vec<String> = choices.iter().map(|c| serde_json::to_string(c).expect("a string serialises")).collect();
+                let alts: Vec<String> =
+                    choices.iter().map(|c| serde_json::to_string(c).expect("a string serialises")).collect();
                 TopLevelGrammar::from_lark(format!("start: {}", alts.join(" | ")))
             }
             // vLLM's default backend (xgrammar) takes GBNF; llguidance takes Lark.
-            GuideSpec::Lark(g) if gbnf::looks_like_gbnf(g) => TopLevelGrammar::from_lark(gbnf::to_lark(g).map_err(|e| GuideError::new(self.kind(), format!("GBNF: {e}")))?),
+            GuideSpec::Lark(g) if gbnf::looks_like_gbnf(g) => TopLevelGrammar::from_lark(
+                gbnf::to_lark(g).map_err(|e| GuideError::new(self.kind(), format!("GBNF: {e}")))?,
+            ),
             GuideSpec::Lark(g) => TopLevelGrammar::from_lark(g.clone()),
         })
     }
@@ -82,7 +87,9 @@ pub const MAX_JSON_WHITESPACE: usize = 20;
 
 fn bounded_whitespace(mut schema: serde_json::Value) -> serde_json::Value {
     if let Some(o) = schema.as_object_mut() {
-        o.entry("x-guidance").or_insert_with(|| serde_json::json!({"whitespace_pattern": format!("[\\x20\\x0A\\x0D\\x09]{{1,{MAX_JSON_WHITESPACE}}}")}));
+        o.entry("x-guidance").or_insert_with(
+            || serde_json::json!({"whitespace_pattern": format!("[\\x20\\x0A\\x0D\\x09]{{1,{MAX_JSON_WHITESPACE}}}")}),
+        );
     }
     schema
 }
@@ -119,9 +126,12 @@ impl Structured {
     /// From the text of a `tokenizer.json` (byte-level BPE or byte-fallback) and the ids that
     /// end generation.
     pub fn from_tokenizer_json(text: &str, eos_ids: &[u32]) -> Result<Self, String> {
-        let json: serde_json::Value = serde_json::from_str(text).map_err(|e| format!("tokenizer.json is not valid JSON: {e}"))?;
-        let words = llguidance::token_bytes_from_tokenizer_json(&json).map_err(|e| format!("cannot read the tokens of tokenizer.json: {e}"))?;
-        let &eos = eos_ids.first().ok_or("the model names no EOS token: a finished grammar would have nothing to end with")?;
+        let json: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| format!("tokenizer.json is not valid JSON: {e}"))?;
+        let words = llguidance::token_bytes_from_tokenizer_json(&json)
+            .map_err(|e| format!("cannot read the tokens of tokenizer.json: {e}"))?;
+        let &eos =
+            eos_ids.first().ok_or("the model names no EOS token: a finished grammar would have nothing to end with")?;
         if let Some(&bad) = eos_ids.iter().find(|&&t| t as usize >= words.len()) {
             return Err(format!("EOS id {bad} is outside the tokenizer's {} tokens", words.len()));
         }

@@ -29,7 +29,8 @@ struct Setup {
 }
 
 fn setup(dir: &Path) -> Setup {
-    let opts = LoadOptions { max_batch_tokens: 512, max_seqs: 64, num_kv_blocks: 2048, block_size: 16, ..Default::default() };
+    let opts =
+        LoadOptions { max_batch_tokens: 512, max_seqs: 64, num_kv_blocks: 2048, block_size: 16, ..Default::default() };
     let runner: Box<dyn ModelRunner> = Box::new(LlamaModel::load(RefBackend::new(), dir, opts).unwrap());
     let mut tok = Tokenizer::from_dir(dir).unwrap();
     tok.add_eos_ids(&runner.config().eos_token_ids);
@@ -61,7 +62,13 @@ fn variants(prompt: &[u32], spec: &GuideSpec, s: &Structured, max_tokens: usize)
     (0..15u64)
         .map(|i| {
             let temperature = if i == 0 { 0.0 } else { 0.5 + (i % 3) as f32 * 0.5 };
-            let params = SamplingParams { temperature, seed: Some(i), max_tokens: Some(max_tokens), guided: Some(s.compile(spec).unwrap()), ..Default::default() };
+            let params = SamplingParams {
+                temperature,
+                seed: Some(i),
+                max_tokens: Some(max_tokens),
+                guided: Some(s.compile(spec).unwrap()),
+                ..Default::default()
+            };
             Request { prompt: prompt.to_vec(), params, priority: 0 }
         })
         .collect()
@@ -93,7 +100,12 @@ fn every_form_gives_valid_text_greedy_and_sampled() {
     let choices = vec!["red".to_string(), "green".into(), "blue \"sky\"\n".into(), "r".into()];
     let lark = "start: \"[\" num (\",\" num)? (\",\" num)? \"]\"\nnum: /[0-9]{1,2}/";
 
-    let forms = [GuideSpec::JsonSchema(schema.clone()), GuideSpec::Regex(rx.into()), GuideSpec::Choice(choices.clone()), GuideSpec::Lark(lark.into())];
+    let forms = [
+        GuideSpec::JsonSchema(schema.clone()),
+        GuideSpec::Regex(rx.into()),
+        GuideSpec::Choice(choices.clone()),
+        GuideSpec::Lark(lark.into()),
+    ];
     let mut reqs = vec![];
     for f in &forms {
         reqs.extend(variants(&prompt, f, &s.structured, 600));
@@ -107,7 +119,8 @@ fn every_form_gives_valid_text_greedy_and_sampled() {
         assert!(ended_by_grammar(fin), "{form} #{k}: finished with {fin:?}, text {text:?}");
         match k / 15 {
             0 => {
-                let v: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{form} #{k}: {text:?} is not JSON: {e}"));
+                let v: Value =
+                    serde_json::from_str(text).unwrap_or_else(|e| panic!("{form} #{k}: {text:?} is not JSON: {e}"));
                 assert!(validator.is_valid(&v), "{form} #{k}: {v} does not validate");
             }
             1 => assert!(whole_rx.is_match(text), "{form} #{k}: {text:?}"),
@@ -156,14 +169,27 @@ fn a_constrained_batch_leaves_an_unconstrained_request_as_it_is_alone() {
     let dir = tiny("mixed");
     let mut s = setup(&dir);
     let prompt = s.tokenizer.encode("Hello there", false).unwrap();
-    let free = || Request { prompt: prompt.clone(), params: SamplingParams { temperature: 0.8, seed: Some(99), max_tokens: Some(24), ignore_eos: true, ..Default::default() }, priority: 0 };
+    let free = || Request {
+        prompt: prompt.clone(),
+        params: SamplingParams {
+            temperature: 0.8,
+            seed: Some(99),
+            max_tokens: Some(24),
+            ignore_eos: true,
+            ..Default::default()
+        },
+        priority: 0,
+    };
     let alone = run(&mut s.engine, vec![free()]);
     let mut reqs = variants(&prompt, &GuideSpec::Regex("[0-9]{3,8}".into()), &s.structured, 24);
     reqs.insert(7, free());
     let together = run(&mut s.engine, reqs);
     assert_eq!(together[7], alone[0]);
     for (i, (t, f)) in together.iter().enumerate().filter(|(i, _)| *i != 7) {
-        assert!(ended_by_grammar(f) && (3..=8).contains(&t.len()) && t.chars().all(|c| c.is_ascii_digit()), "#{i}: {f:?} {t:?}");
+        assert!(
+            ended_by_grammar(f) && (3..=8).contains(&t.len()) && t.chars().all(|c| c.is_ascii_digit()),
+            "#{i}: {f:?} {t:?}"
+        );
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -176,7 +202,12 @@ fn bad_specs_are_errors_naming_the_form() {
         (GuideSpec::Regex("(ab".into()), "regex"),
         (GuideSpec::JsonSchema(json!({"type": "strin"})), "json_schema"),
         (GuideSpec::JsonSchema(json!("not a schema")), "json_schema"),
-        (GuideSpec::JsonSchema(json!({"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}, "required": ["a"]})), "json_schema"),
+        (
+            GuideSpec::JsonSchema(
+                json!({"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}, "required": ["a"]}),
+            ),
+            "json_schema",
+        ),
         (GuideSpec::Lark("start: foo".into()), "grammar"),
         (GuideSpec::Lark("start: \"a".into()), "grammar"),
         (GuideSpec::Choice(vec![]), "choice"),
@@ -205,13 +236,21 @@ fn smollm2_writes_schema_valid_json() {
         "additionalProperties": false
     });
     let validator = jsonschema::validator_for(&schema).unwrap();
-    let msgs = [json!({"role": "user", "content": "Give the capital of France as JSON with city, country and population_millions."})];
+    let msgs = [
+        json!({"role": "user", "content": "Give the capital of France as JSON with city, country and population_millions."}),
+    ];
     let text = s.tokenizer.apply_chat_template(&msgs, true).unwrap();
     let prompt = s.tokenizer.encode(&text, false).unwrap();
     let reqs: Vec<Request> = (0..4u64)
         .map(|i| Request {
             prompt: prompt.clone(),
-            params: SamplingParams { temperature: [0.0, 0.7, 1.0, 1.3][i as usize], seed: Some(i), max_tokens: Some(80), guided: Some(s.structured.compile(&GuideSpec::JsonSchema(schema.clone())).unwrap()), ..Default::default() },
+            params: SamplingParams {
+                temperature: [0.0, 0.7, 1.0, 1.3][i as usize],
+                seed: Some(i),
+                max_tokens: Some(80),
+                guided: Some(s.structured.compile(&GuideSpec::JsonSchema(schema.clone())).unwrap()),
+                ..Default::default()
+            },
             priority: 0,
         })
         .collect();

@@ -11,14 +11,16 @@ use std::path::{Path, PathBuf};
 
 use tandem::{Backend, LlmBuilder, Output, SamplingParams};
 
-pub const PROMPTS: [&str; 4] = ["The capital of France is", "Write a haiku about the sea:", "def fibonacci(n):", "The three primary colours are"];
+pub const PROMPTS: [&str; 4] =
+    ["The capital of France is", "Write a haiku about the sea:", "def fibonacci(n):", "The three primary colours are"];
 
 /// Loads the model, generates a completion for each of [`PROMPTS`] and writes them in order.
 pub fn run(model: &Path, backend: Backend, out: &mut dyn Write) -> Result<Vec<Output>, Box<dyn std::error::Error>> {
     let llm = LlmBuilder::new(model).backend(backend).max_num_seqs(8).build()?;
     writeln!(out, "loaded {} on {} ({})", model.display(), llm.backend(), llm.device())?;
     // A seeded sample: the same text each run, whatever else shares the batch.
-    let params = SamplingParams { temperature: 0.7, top_p: 0.9, seed: Some(1234), max_tokens: Some(24), ..Default::default() };
+    let params =
+        SamplingParams { temperature: 0.7, top_p: 0.9, seed: Some(1234), max_tokens: Some(24), ..Default::default() };
     let t = std::time::Instant::now();
     let outputs = llm.generate(PROMPTS, &params)?;
     let secs = t.elapsed().as_secs_f64();
@@ -38,8 +40,15 @@ pub fn parse_args(args: impl Iterator<Item = String>) -> Result<(PathBuf, Backen
     while let Some(a) = args.next() {
         match a.as_str() {
             "--model" => model = args.next().map(PathBuf::from),
-            "--backend" => backend = args.next().ok_or("--backend needs a value")?.parse().map_err(|e: tandem::Error| e.to_string())?,
-            other => return Err(format!("unknown argument {other:?}; usage: --model DIR [--backend auto|reference|wgpu|cuda]")),
+            "--backend" => {
+                backend =
+                    args.next().ok_or("--backend needs a value")?.parse().map_err(|e: tandem::Error| e.to_string())?
+            }
+            other => {
+                return Err(format!(
+                    "unknown argument {other:?}; usage: --model DIR [--backend auto|reference|wgpu|cuda]"
+                ))
+            }
         }
     }
     Ok((model.ok_or("--model DIR is required")?, backend))

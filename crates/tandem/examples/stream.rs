@@ -61,7 +61,13 @@ pub async fn run(model: &Path, backend: Backend, out: &mut dyn Write) -> Result<
     let stats = settled(&llm).await;
     writeln!(out, "stream A, read to its end: {full_tokens} tokens: {full_text:?}")?;
     writeln!(out, "stream B, dropped after {dropped_after} items")?;
-    writeln!(out, "engine: {} aborted, {} finished by length, KV usage {:.0}%", stats.requests_abort_total, stats.requests_length_total, stats.kv_usage * 100.0)?;
+    writeln!(
+        out,
+        "engine: {} aborted, {} finished by length, KV usage {:.0}%",
+        stats.requests_abort_total,
+        stats.requests_length_total,
+        stats.kv_usage * 100.0
+    )?;
     Ok(Summary { full_text, full_tokens, dropped_after, stats })
 }
 
@@ -85,8 +91,15 @@ pub fn parse_args(args: impl Iterator<Item = String>) -> Result<(PathBuf, Backen
     while let Some(a) = args.next() {
         match a.as_str() {
             "--model" => model = args.next().map(PathBuf::from),
-            "--backend" => backend = args.next().ok_or("--backend needs a value")?.parse().map_err(|e: tandem::Error| e.to_string())?,
-            other => return Err(format!("unknown argument {other:?}; usage: --model DIR [--backend auto|reference|wgpu|cuda]")),
+            "--backend" => {
+                backend =
+                    args.next().ok_or("--backend needs a value")?.parse().map_err(|e: tandem::Error| e.to_string())?
+            }
+            other => {
+                return Err(format!(
+                    "unknown argument {other:?}; usage: --model DIR [--backend auto|reference|wgpu|cuda]"
+                ))
+            }
         }
     }
     Ok((model.ok_or("--model DIR is required")?, backend))

@@ -52,7 +52,10 @@ impl fmt::Display for Backend {
 impl FromStr for Backend {
     type Err = Error;
     fn from_str(s: &str) -> Result<Backend> {
-        Backend::ALL.into_iter().find(|b| b.name() == s).ok_or_else(|| Error::Config(format!("unknown backend {s:?}: expected auto, reference, wgpu or cuda")))
+        Backend::ALL
+            .into_iter()
+            .find(|b| b.name() == s)
+            .ok_or_else(|| Error::Config(format!("unknown backend {s:?}: expected auto, reference, wgpu or cuda")))
     }
 }
 
@@ -67,7 +70,10 @@ pub struct LoadedModel {
 
 impl fmt::Debug for LoadedModel {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LoadedModel").field("backend", &self.backend).field("device", &self.device).finish_non_exhaustive()
+        f.debug_struct("LoadedModel")
+            .field("backend", &self.backend)
+            .field("device", &self.device)
+            .finish_non_exhaustive()
     }
 }
 
@@ -100,7 +106,9 @@ fn open_auto() -> Opened {
         // No driver is the ordinary case on a machine without an NVIDIA GPU; a driver that
         // fails is worth a warning.
         Err(e) if e.to_string().contains(tandem_cuda::backend::NO_DRIVER) => tracing::debug!("backend auto: {e}"),
-        Err(e) => tracing::warn!("backend auto: a CUDA driver is present but the CUDA backend did not start ({e}); trying wgpu"),
+        Err(e) => tracing::warn!(
+            "backend auto: a CUDA driver is present but the CUDA backend did not start ({e}); trying wgpu"
+        ),
     }
     match tandem_wgpu::WgpuBackend::new() {
         Ok(b) => return Opened::Wgpu(b),
@@ -146,7 +154,11 @@ pub fn load_model(backend: Backend, dir: &Path, mut opts: LoadOptions) -> Result
         opts.max_batch_tokens = n;
     }
     Ok(match opened {
-        Opened::Reference(b) => LoadedModel { runner: Box::new(LlamaModel::load(b, dir, opts)?), backend: Backend::Reference, device: "CPU".into() },
+        Opened::Reference(b) => LoadedModel {
+            runner: Box::new(LlamaModel::load(b, dir, opts)?),
+            backend: Backend::Reference,
+            device: "CPU".into(),
+        },
         Opened::Wgpu(b) => {
             let device = b.adapter().to_string();
             LoadedModel { runner: Box::new(LlamaModel::load(b, dir, opts)?), backend: Backend::Wgpu, device }

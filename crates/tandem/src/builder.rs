@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tandem_core::model::LoadOptions;
-use tandem_core::KvDtype;
 use tandem_core::tokenizer::Tokenizer;
+use tandem_core::KvDtype;
 use tandem_engine::{BatchMode, Engine, EngineConfig, Policy};
 
 use crate::backend::{load_model, Backend};
@@ -177,7 +177,10 @@ impl LlmBuilder {
     /// The sizes fixed when the model is loaded.
     pub fn load_options(&self) -> Result<LoadOptions> {
         if self.max_num_seqs == 0 || self.max_num_batched_tokens == Some(0) {
-            return Err(Error::Config(format!("max_num_seqs ({}) and max_num_batched_tokens (0) must be positive", self.max_num_seqs)));
+            return Err(Error::Config(format!(
+                "max_num_seqs ({}) and max_num_batched_tokens (0) must be positive",
+                self.max_num_seqs
+            )));
         }
         if !(self.block_size == 16 || self.block_size == 32) {
             return Err(Error::Config(format!("block_size must be 16 or 32, got {}", self.block_size)));
@@ -185,10 +188,22 @@ impl LlmBuilder {
         let (num_kv_blocks, gpu_memory_utilization) = match self.kv_memory {
             KvMemory::Blocks(0) => return Err(Error::Config("num_kv_blocks must be positive".into())),
             KvMemory::Blocks(n) => (n, 0.9),
-            KvMemory::Fraction(f) if !(f > 0.0 && f <= 1.0) => return Err(Error::Config(format!("gpu_memory_utilization must be in (0, 1], got {f}"))),
+            KvMemory::Fraction(f) if !(f > 0.0 && f <= 1.0) => {
+                return Err(Error::Config(format!("gpu_memory_utilization must be in (0, 1], got {f}")))
+            }
             KvMemory::Fraction(f) => (0, f),
         };
-        Ok(LoadOptions { max_batch_tokens: self.max_num_batched_tokens.unwrap_or(0), max_seqs: self.max_num_seqs, num_kv_blocks, block_size: self.block_size, gpu_memory_utilization, max_model_len: self.max_model_len, kv_dtype: self.kv_dtype, graphs: !self.enforce_eager, ..LoadOptions::default() })
+        Ok(LoadOptions {
+            max_batch_tokens: self.max_num_batched_tokens.unwrap_or(0),
+            max_seqs: self.max_num_seqs,
+            num_kv_blocks,
+            block_size: self.block_size,
+            gpu_memory_utilization,
+            max_model_len: self.max_model_len,
+            kv_dtype: self.kv_dtype,
+            graphs: !self.enforce_eager,
+            ..LoadOptions::default()
+        })
     }
 
     /// The engine's settings.
@@ -224,8 +239,20 @@ impl LlmBuilder {
         // A generation config that cannot be read fails the build, naming the file, as serve does.
         let defaults = crate::llm::sampling_defaults(tandem_core::GenerationConfig::from_dir(&self.model)?.as_ref());
         tracing::info!(backend = loaded.backend.name(), device = %loaded.device, kv_blocks = geo.num_blocks, load_ms = t0.elapsed().as_millis() as u64, "loaded {}", self.model.display());
-        let handle = Engine::spawn(loaded.runner, tandem_engine::tokenizer_decode_fn(tok.clone()), self.engine_config()).map_err(|e| Error::Config(e.to_string()))?;
-        Ok(Arc::new(Core { handle, tok, backend: loaded.backend, device: loaded.device, kv_blocks: geo.num_blocks, kv_dtype, defaults, model_dir: self.model.clone(), structured: Default::default() }))
+        let handle =
+            Engine::spawn(loaded.runner, tandem_engine::tokenizer_decode_fn(tok.clone()), self.engine_config())
+                .map_err(|e| Error::Config(e.to_string()))?;
+        Ok(Arc::new(Core {
+            handle,
+            tok,
+            backend: loaded.backend,
+            device: loaded.device,
+            kv_blocks: geo.num_blocks,
+            kv_dtype,
+            defaults,
+            model_dir: self.model.clone(),
+            structured: Default::default(),
+        }))
     }
 
     /// Loads the model and starts the engine, for offline (blocking) use.

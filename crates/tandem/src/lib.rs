@@ -67,7 +67,9 @@ pub use output::{Completion, Message, Output, Prompt};
 pub use tandem_core::model::{LoadOptions, ModelRunner};
 pub use tandem_core::KvDtype;
 pub use tandem_engine::sampler::TokenLogprobs;
-pub use tandem_engine::{FinishReason, Guided, InvalidParam, Policy, RequestOutput, SamplingParams, Stats, SubmitError, Usage};
+pub use tandem_engine::{
+    FinishReason, Guided, InvalidParam, Policy, RequestOutput, SamplingParams, Stats, SubmitError, Usage,
+};
 
 /// The crates underneath, for what this API does not cover.
 pub use tandem_core as core;

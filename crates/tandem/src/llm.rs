@@ -54,7 +54,9 @@ impl Drop for Core {
 
 impl Core {
     fn guide(&self, spec: &GuideSpec) -> Result<Guided> {
-        let s = self.structured.get_or_init(|| Structured::from_model_dir(&self.model_dir, &self.tok.eos_ids).map(Arc::new).map_err(|e| e.to_string()));
+        let s = self.structured.get_or_init(|| {
+            Structured::from_model_dir(&self.model_dir, &self.tok.eos_ids).map(Arc::new).map_err(|e| e.to_string())
+        });
         match s {
             Ok(s) => Ok(s.compile(spec)?),
             Err(e) => Err(Error::Config(format!("structured output is unavailable for this model: {e}"))),
@@ -75,7 +77,9 @@ impl Core {
 
     fn encode_chat_with(&self, messages: &[Message], opts: &ChatOptions) -> Result<Vec<u32>> {
         if opts.add_generation_prompt && opts.continue_final_message {
-            return Err(Error::Config("Cannot set both `continue_final_message` and `add_generation_prompt` to True.".into()));
+            return Err(Error::Config(
+                "Cannot set both `continue_final_message` and `add_generation_prompt` to True.".into(),
+            ));
         }
         let msgs: Vec<serde_json::Value> = messages.iter().map(Message::to_json).collect();
         let mut text = self.tok.apply_chat_template(&msgs, opts.add_generation_prompt)?;
@@ -83,8 +87,14 @@ impl Core {
             // As transformers cuts it (and the server's chat): after the last place the final
             // message's content, stripped, appears.
             let last = messages.last().map_or("", |m| m.content.as_str());
-            let at = text.rfind(last.trim()).ok_or_else(|| Error::Config("continue_final_message: the final message does not appear in the rendered chat".into()))?;
-            let end = if last.trim_start().len() == last.len() && text[at..].starts_with(last) { at + last.len() } else { at + last.trim().len() };
+            let at = text.rfind(last.trim()).ok_or_else(|| {
+                Error::Config("continue_final_message: the final message does not appear in the rendered chat".into())
+            })?;
+            let end = if last.trim_start().len() == last.len() && text[at..].starts_with(last) {
+                at + last.len()
+            } else {
+                at + last.trim().len()
+            };
             text.truncate(end);
         }
         // The template writes the BOS itself (as the server's chat endpoint does).
@@ -100,8 +110,16 @@ impl Core {
         params.validate()?;
         // All submitted before any is awaited, so that they share the engine's batches. Should
         // one be refused, dropping the streams already open aborts those requests.
-        let streams = prompts.iter().enumerate().map(|(i, p)| self.submit(i, p.clone(), params, 0)).collect::<Result<Vec<_>>>()?;
-        Ok(prompts.into_iter().zip(streams).map(|(p, s)| Output::collect(p, params.n, params.logprobs.is_some(), s)).collect())
+        let streams = prompts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| self.submit(i, p.clone(), params, 0))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(prompts
+            .into_iter()
+            .zip(streams)
+            .map(|(p, s)| Output::collect(p, params.n, params.logprobs.is_some(), s))
+            .collect())
     }
 }
 
@@ -160,22 +178,38 @@ impl Llm {
     /// One output per prompt, in the order given; the prompts may mix the forms of [`Prompt`].
     /// A bad parameter is [`Error::InvalidParam`] and nothing is submitted; a prompt the engine
     /// refuses is [`Error::Refused`] with its index.
-    pub fn generate<P: Into<Prompt>>(&self, prompts: impl IntoIterator<Item = P>, params: &SamplingParams) -> Result<Vec<Output>> {
+    pub fn generate<P: Into<Prompt>>(
+        &self,
+        prompts: impl IntoIterator<Item = P>,
+        params: &SamplingParams,
+    ) -> Result<Vec<Output>> {
         let ids = prompts.into_iter().map(|p| self.core.encode(p.into())).collect::<Result<Vec<_>>>()?;
         self.core.run_all(ids, params)
     }
 
     /// One output per conversation, each rendered through the model's chat template with the
     /// assistant's turn opened (as the server's `/v1/chat/completions` does).
-    pub fn chat<C: AsRef<[Message]>>(&self, conversations: impl IntoIterator<Item = C>, params: &SamplingParams) -> Result<Vec<Output>> {
+    pub fn chat<C: AsRef<[Message]>>(
+        &self,
+        conversations: impl IntoIterator<Item = C>,
+        params: &SamplingParams,
+    ) -> Result<Vec<Output>> {
         self.generate(conversations.into_iter().map(|c| Prompt::Chat(c.as_ref().to_vec())), params)
     }
 
     /// [`Llm::chat`] with vLLM's `LLM.chat` options: `continue_final_message` continues the
     /// last (assistant) message instead of closing it (a prefill); `add_generation_prompt:
     /// false` opens no assistant turn. Both true is an error, as in vLLM.
-    pub fn chat_with<C: AsRef<[Message]>>(&self, conversations: impl IntoIterator<Item = C>, params: &SamplingParams, opts: &ChatOptions) -> Result<Vec<Output>> {
-        let ids = conversations.into_iter().map(|c| self.core.encode_chat_with(c.as_ref(), opts)).collect::<Result<Vec<_>>>()?;
+    pub fn chat_with<C: AsRef<[Message]>>(
+        &self,
+        conversations: impl IntoIterator<Item = C>,
+        params: &SamplingParams,
+        opts: &ChatOptions,
+    ) -> Result<Vec<Output>> {
+        let ids = conversations
+            .into_iter()
+            .map(|c| self.core.encode_chat_with(c.as_ref(), opts))
+            .collect::<Result<Vec<_>>>()?;
         self.core.run_all(ids, params)
     }
 
@@ -243,7 +277,12 @@ impl AsyncLlm {
 
     /// As [`AsyncLlm::generate`]; under [`tandem_engine::Policy::Priority`] a lower value is
     /// served first.
-    pub fn generate_with_priority(&self, prompt: impl Into<Prompt>, params: &SamplingParams, priority: i32) -> Result<OutputStream> {
+    pub fn generate_with_priority(
+        &self,
+        prompt: impl Into<Prompt>,
+        params: &SamplingParams,
+        priority: i32,
+    ) -> Result<OutputStream> {
         let ids = self.core.encode(prompt.into())?;
         self.stream(ids, params, priority)
     }
@@ -267,7 +306,13 @@ impl AsyncLlm {
     fn stream(&self, ids: Vec<u32>, params: &SamplingParams, priority: i32) -> Result<OutputStream> {
         params.validate()?;
         let inner = self.core.submit(0, ids.clone(), params, priority)?;
-        Ok(OutputStream { inner, prompt_token_ids: ids, n: params.n, want_logprobs: params.logprobs.is_some(), _core: self.core.clone() })
+        Ok(OutputStream {
+            inner,
+            prompt_token_ids: ids,
+            n: params.n,
+            want_logprobs: params.logprobs.is_some(),
+            _core: self.core.clone(),
+        })
     }
 
     pub fn tokenizer(&self) -> &Tokenizer {

@@ -107,7 +107,12 @@ impl Output {
     }
 
     /// Gathers a request's incremental outputs into the finished whole.
-    pub(crate) fn collect(prompt_token_ids: Vec<u32>, n: usize, want_logprobs: bool, mut stream: RequestStream) -> Output {
+    pub(crate) fn collect(
+        prompt_token_ids: Vec<u32>,
+        n: usize,
+        want_logprobs: bool,
+        mut stream: RequestStream,
+    ) -> Output {
         let mut acc = Accumulator::new(prompt_token_ids, n, want_logprobs);
         while let Some(o) = pollster::block_on(stream.recv()) {
             if acc.push(o) {
@@ -128,7 +133,13 @@ pub(crate) struct Accumulator {
 impl Accumulator {
     pub(crate) fn new(prompt_token_ids: Vec<u32>, n: usize, want_logprobs: bool) -> Self {
         let completions = (0..n.max(1))
-            .map(|index| Completion { index, text: String::new(), token_ids: vec![], finish_reason: FinishReason::Abort, logprobs: want_logprobs.then(Vec::new) })
+            .map(|index| Completion {
+                index,
+                text: String::new(),
+                token_ids: vec![],
+                finish_reason: FinishReason::Abort,
+                logprobs: want_logprobs.then(Vec::new),
+            })
             .collect();
         let usage = Usage { prompt_tokens: prompt_token_ids.len(), completion_tokens: 0 };
         Accumulator { out: Output { prompt_token_ids, completions, usage }, finished: vec![false; n.max(1)] }

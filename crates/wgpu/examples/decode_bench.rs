@@ -20,7 +20,11 @@ use tandem_wgpu::WgpuBackend;
 /// process's threads, so this is the work done, whatever else the machine is running.
 fn cpu_secs() -> f64 {
     let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return 0.0 };
-    tasks.filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("schedstat")).ok()).filter_map(|s| s.split_whitespace().next()?.parse::<f64>().ok()).sum::<f64>() * 1e-9
+    tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<f64>().ok())
+        .sum::<f64>()
+        * 1e-9
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -47,7 +51,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let d = std::env::temp_dir().join("tandem-bench-smollm2-135m-random");
                 if !d.join("model.safetensors").exists() {
                     eprintln!("no converted SmolLM2-135M; writing a random model of its shape to {}", d.display());
-                    tandem_models::random_model::write_random_model(&d, tandem_models::random_model::Shape::Smollm2_135m, 7, DType::BF16)?;
+                    tandem_models::random_model::write_random_model(
+                        &d,
+                        tandem_models::random_model::Shape::Smollm2_135m,
+                        7,
+                        DType::BF16,
+                    )?;
                 }
                 d
             }
@@ -57,7 +66,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("adapter: {}", backend.adapter());
     println!("model:   {}", dir.display());
     let block_size = 16;
-    let opts = LoadOptions { max_batch_tokens: prompt.max(16), max_seqs: 1, num_kv_blocks: (prompt + steps * 2).div_ceil(block_size) + 1, block_size, ..Default::default() };
+    let opts = LoadOptions {
+        max_batch_tokens: prompt.max(16),
+        max_seqs: 1,
+        num_kv_blocks: (prompt + steps * 2).div_ceil(block_size) + 1,
+        block_size,
+        ..Default::default()
+    };
     let t0 = Instant::now();
     let mut m = LlamaModel::<WgpuBackend>::load(backend, &dir, opts)?;
     println!("load:    {:.2} s", t0.elapsed().as_secs_f64());
@@ -72,13 +87,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("prefill: {prompt} tokens in {:.3} s (first call compiles the pipelines)", t0.elapsed().as_secs_f64());
 
     let mut pos = prompt;
-    let step = |m: &mut LlamaModel<WgpuBackend>, pos: &mut usize, next: &mut u32| -> Result<(), Box<dyn std::error::Error>> {
-        let mut b = ForwardBatch { max_blocks: blocks.len(), ..Default::default() };
-        b.push_seq(&[*next], *pos, &blocks, block_size, true);
-        *next = m.forward_argmax(&b)?[0];
-        *pos += 1;
-        Ok(())
-    };
+    let step =
+        |m: &mut LlamaModel<WgpuBackend>, pos: &mut usize, next: &mut u32| -> Result<(), Box<dyn std::error::Error>> {
+            let mut b = ForwardBatch { max_blocks: blocks.len(), ..Default::default() };
+            b.push_seq(&[*next], *pos, &blocks, block_size, true);
+            *next = m.forward_argmax(&b)?[0];
+            *pos += 1;
+            Ok(())
+        };
     for _ in 0..2 {
         step(&mut m, &mut pos, &mut next)?; // warm-up
     }
@@ -90,10 +106,24 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let secs = t0.elapsed().as_secs_f64();
     let cpu = cpu_secs() - c0;
     let st = m.backend().stats();
-    println!("decode:  {steps} tokens in {secs:.3} s = {:.2} tok/s ({:.2} ms/token), batch 1, context {}..{}", steps as f64 / secs, secs * 1e3 / steps as f64, prompt, pos);
-    println!("cpu:     {:.2} ms/token over all threads ({:.2} cores busy on average)", cpu * 1e3 / steps as f64, cpu / secs);
+    println!(
+        "decode:  {steps} tokens in {secs:.3} s = {:.2} tok/s ({:.2} ms/token), batch 1, context {}..{}",
+        steps as f64 / secs,
+        secs * 1e3 / steps as f64,
+        prompt,
+        pos
+    );
+    println!(
+        "cpu:     {:.2} ms/token over all threads ({:.2} cores busy on average)",
+        cpu * 1e3 / steps as f64,
+        cpu / secs
+    );
     // Recording (host side, before the submit) against waiting for the device.
-    println!("host:    {:.2} ms/token recording, {:.2} ms/token waiting for the device", (secs - st.wait_secs) * 1e3 / steps as f64, st.wait_secs * 1e3 / steps as f64);
+    println!(
+        "host:    {:.2} ms/token recording, {:.2} ms/token waiting for the device",
+        (secs - st.wait_secs) * 1e3 / steps as f64,
+        st.wait_secs * 1e3 / steps as f64
+    );
     // Prefill again, pipelines warm: the same prompt over the same slots (the cache is rewritten
     // with the same values; the decode above is finished with it).
     let t0 = Instant::now();
@@ -101,14 +131,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let warm = t0.elapsed().as_secs_f64();
     println!("prefill: {prompt} tokens in {warm:.3} s warm = {:.1} tok/s", prompt as f64 / warm);
     let total: u64 = st.dispatches.values().sum();
-    println!("per token: {:.0} dispatches, {:.1} submits", total as f64 / steps as f64, st.submits as f64 / steps as f64);
+    println!(
+        "per token: {:.0} dispatches, {:.1} submits",
+        total as f64 / steps as f64,
+        st.submits as f64 / steps as f64
+    );
     for (k, n) in &st.dispatches {
         println!("  {k:<16} {:>6.1} dispatches/token", *n as f64 / steps as f64);
     }
 
     if let Some(knobs) = ab {
         // The same model on a backend opened under the other knobs (set only while it opens).
-        let pairs: Vec<(String, String)> = knobs.split_whitespace().filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let pairs: Vec<(String, String)> = knobs
+            .split_whitespace()
+            .filter_map(|kv| kv.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         let saved: Vec<_> = pairs.iter().map(|(k, _)| (k.clone(), std::env::var_os(k))).collect();
         for (k, v) in &pairs {
             // SAFETY: single-threaded here; the backend reads its knobs while it opens.
@@ -182,7 +220,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let wall = t0.elapsed().as_secs_f64();
         let st = m.backend().stats();
         let dev: f64 = st.device_secs.values().sum();
-        println!("profile over {steps} tokens: wall {:.2} ms/token, inside dispatches {:.2} ms/token", wall * 1e3 / steps as f64, dev * 1e3 / steps as f64);
+        println!(
+            "profile over {steps} tokens: wall {:.2} ms/token, inside dispatches {:.2} ms/token",
+            wall * 1e3 / steps as f64,
+            dev * 1e3 / steps as f64
+        );
         print_profile(&st, steps);
         m.backend().reset_stats();
         let t0 = Instant::now();
@@ -190,7 +232,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let wall = t0.elapsed().as_secs_f64();
         let st = m.backend().stats();
         let dev: f64 = st.device_secs.values().sum();
-        println!("profile of one {prompt}-token prefill: wall {:.2} ms/token, inside dispatches {:.2} ms/token", wall * 1e3 / prompt as f64, dev * 1e3 / prompt as f64);
+        println!(
+            "profile of one {prompt}-token prefill: wall {:.2} ms/token, inside dispatches {:.2} ms/token",
+            wall * 1e3 / prompt as f64,
+            dev * 1e3 / prompt as f64
+        );
         print_profile(&st, prompt);
     }
     Ok(())
@@ -202,6 +248,11 @@ fn print_profile(st: &tandem_wgpu::Stats, per: usize) {
     rows.sort_by(|a, b| b.1.total_cmp(a.1));
     for (k, s) in rows {
         let n = st.dispatches.get(k).copied().unwrap_or(0);
-        println!("  {k:<16} {:>7.3} ms/token {:>5.1}%  {:>7.1} us/dispatch", s * 1e3 / per as f64, 100.0 * s / dev, s * 1e6 / n.max(1) as f64);
+        println!(
+            "  {k:<16} {:>7.3} ms/token {:>5.1}%  {:>7.1} us/dispatch",
+            s * 1e3 / per as f64,
+            100.0 * s / dev,
+            s * 1e6 / n.max(1) as f64
+        );
     }
 }

@@ -11,7 +11,6 @@
 //! probe is how that was measured (see shaders/README.md and docs/bench-cpu.md). It replaces
 //! the first session's tex_probe (storage against texture at one decode shape).
 
-
 use wgpu::util::DeviceExt;
 
 const N: u32 = 49152;
@@ -54,7 +53,12 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>) {
 "#;
 
 fn row_kernel(decl: &str, term: &str, extra: &str, wg: u32) -> String {
-    format!("{COMMON}{ROW_KERNEL}").replace("WDECL", decl).replace("TERM", term).replace("EXTRA", extra).replace("TEXW", &format!("{TEX_W}u")).replace("WG", &format!("{wg}u"))
+    format!("{COMMON}{ROW_KERNEL}")
+        .replace("WDECL", decl)
+        .replace("TERM", term)
+        .replace("EXTRA", extra)
+        .replace("TEXW", &format!("{TEX_W}u"))
+        .replace("WG", &format!("{wg}u"))
 }
 
 const MADE_UP: &str = "vec4<u32>(0x3f803f80u ^ (i & 0xffu), 0x3f803f80u ^ j, 0x3f803f80u + j, 0x3f803f80u)";
@@ -112,7 +116,12 @@ const FMA_STEP: &str = "var s = acc[t]; s = fma(a.x, lo(q.x), s); s = fma(a.y, h
     s = fma(b.x, lo(q.z), s); s = fma(b.y, hi(q.z), s); s = fma(b.z, lo(q.w), s); s = fma(b.w, hi(q.w), s); acc[t] = s;";
 
 fn rt_kernel(decl: &str, load: &str, step: &str, addr: &str, wg: u32) -> String {
-    format!("{COMMON}{RT_KERNEL}").replace("WDECL", decl).replace("LOAD", load).replace("STEP", step).replace("ADDR", addr).replace("WG", &format!("{wg}u"))
+    format!("{COMMON}{RT_KERNEL}")
+        .replace("WDECL", decl)
+        .replace("LOAD", load)
+        .replace("STEP", step)
+        .replace("ADDR", addr)
+        .replace("WG", &format!("{wg}u"))
 }
 
 /// Rows of 576 bf16 (72 texels) in one 64 KiB uniform window, and windows per dispatch.
@@ -140,7 +149,11 @@ fn ksplit_shader(wg: u32, rps: u32) -> String {
     let mut s = format!("{COMMON}\n{STORAGE_TEXTURE_DECL}\n");
     s += &format!("@compute @workgroup_size({wg})\nfn main(@builtin(workgroup_id) g: vec3<u32>, @builtin(local_invocation_index) li: u32, @builtin(subgroup_invocation_id) lane: u32) {{\n");
     for u in 0..upl {
-        s += &format!("    let xa{u} = x[2u * (lane + {}u)];\n    let xb{u} = x[2u * (lane + {}u) + 1u];\n", u * 8, u * 8);
+        s += &format!(
+            "    let xa{u} = x[2u * (lane + {}u)];\n    let xb{u} = x[2u * (lane + {}u) + 1u];\n",
+            u * 8,
+            u * 8
+        );
     }
     s += &format!("    let r0 = (g.x * {}u + li / 8u) * {rps}u;\n    for (var rr = 0u; rr < {rps}u; rr++) {{\n        let r = r0 + rr;\n        let base = r * {}u + lane;\n        var acc = 0.0;\n", wg / 8, K / 8);
     for u in 0..upl {
@@ -154,7 +167,11 @@ fn ksplit_shader(wg: u32, rps: u32) -> String {
 /// process's threads, so this is the work done, whatever else the machine runs.
 fn cpu_secs() -> f64 {
     let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return 0.0 };
-    tasks.filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("schedstat")).ok()).filter_map(|s| s.split_whitespace().next()?.parse::<f64>().ok()).sum::<f64>() * 1e-9
+    tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<f64>().ok())
+        .sum::<f64>()
+        * 1e-9
 }
 
 /// The device, the shared buffers and the expected result; runs and times one variant.
@@ -170,8 +187,18 @@ struct Probe {
 
 impl Probe {
     fn pipeline(&self, src: &str) -> wgpu::ComputePipeline {
-        let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor { label: None, source: wgpu::ShaderSource::Wgsl(src.into()) });
-        self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor { label: None, layout: None, module: &module, entry_point: Some("main"), compilation_options: Default::default(), cache: None })
+        let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: None,
+            source: wgpu::ShaderSource::Wgsl(src.into()),
+        });
+        self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: None,
+            layout: None,
+            module: &module,
+            entry_point: Some("main"),
+            compilation_options: Default::default(),
+            cache: None,
+        })
     }
 
     /// Params, x, out, and the weights at binding 3.
@@ -190,7 +217,13 @@ impl Probe {
 
     /// Best of four runs of `dispatches` (bind group, workgroups in x and y), in CPU-seconds;
     /// checks the first `check_rows` outputs against the host result.
-    fn time(&self, name: &str, pipe: &wgpu::ComputePipeline, dispatches: &[(&wgpu::BindGroup, u32, u32)], check_rows: usize) -> f64 {
+    fn time(
+        &self,
+        name: &str,
+        pipe: &wgpu::ComputePipeline,
+        dispatches: &[(&wgpu::BindGroup, u32, u32)],
+        check_rows: usize,
+    ) -> f64 {
         let mut best = f64::MAX;
         for _ in 0..4 {
             let t = cpu_secs();
@@ -228,10 +261,17 @@ impl Probe {
             sample_count: 1,
             dimension: wgpu::TextureDimension::D2,
             format: wgpu::TextureFormat::Rgba32Uint,
-            usage: wgpu::TextureUsages::TEXTURE_BINDING | wgpu::TextureUsages::STORAGE_BINDING | wgpu::TextureUsages::COPY_DST,
+            usage: wgpu::TextureUsages::TEXTURE_BINDING
+                | wgpu::TextureUsages::STORAGE_BINDING
+                | wgpu::TextureUsages::COPY_DST,
             view_formats: &[],
         };
-        let tex = self.device.create_texture_with_data(&self.queue, &desc, wgpu::util::TextureDataOrder::LayerMajor, bytemuck::cast_slice(&padded));
+        let tex = self.device.create_texture_with_data(
+            &self.queue,
+            &desc,
+            wgpu::util::TextureDataOrder::LayerMajor,
+            bytemuck::cast_slice(&padded),
+        );
         tex.create_view(&Default::default())
     }
 
@@ -241,18 +281,28 @@ impl Probe {
 }
 
 fn report(label: &str, secs: f64, weight_bytes: usize) {
-    println!("{label:<34}: {:7.2} ms  {:5.2} GB/s of bf16 weights per CPU-second", secs * 1e3, weight_bytes as f64 / 1e9 / secs);
+    println!(
+        "{label:<34}: {:7.2} ms  {:5.2} GB/s of bf16 weights per CPU-second",
+        secs * 1e3,
+        weight_bytes as f64 / 1e9 / secs
+    );
 }
 
 fn main() {
     let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
     desc.backends = wgpu::Backends::VULKAN;
     let instance = wgpu::Instance::new(desc);
-    let adapter = pollster::block_on(instance.request_adapter(&wgpu::RequestAdapterOptions::default())).expect("adapter");
+    let adapter =
+        pollster::block_on(instance.request_adapter(&wgpu::RequestAdapterOptions::default())).expect("adapter");
     println!("adapter: {:?}", adapter.get_info().name);
     let limits = adapter.limits();
     let required_features = adapter.features() & wgpu::Features::SUBGROUP;
-    let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor { required_limits: limits, required_features, ..Default::default() })).expect("device");
+    let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+        required_limits: limits,
+        required_features,
+        ..Default::default()
+    }))
+    .expect("device");
 
     // Weights: bf16 of a small deterministic pattern; x = 1/(j+1).
     let words = (N * K / 2) as usize;
@@ -275,11 +325,21 @@ fn main() {
                 .sum()
         })
         .collect();
-    let new_buf = |size: u64, u: wgpu::BufferUsages| device.create_buffer(&wgpu::BufferDescriptor { label: None, size, usage: u, mapped_at_creation: false });
+    let new_buf = |size: u64, u: wgpu::BufferUsages| {
+        device.create_buffer(&wgpu::BufferDescriptor { label: None, size, usage: u, mapped_at_creation: false })
+    };
     let out = new_buf(N as u64 * 4, wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC);
     let read = new_buf(N as u64 * 4, wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST);
-    let params = device.create_buffer_init(&wgpu::util::BufferInitDescriptor { label: None, contents: bytemuck::cast_slice(&[N, K, 0, 0]), usage: wgpu::BufferUsages::UNIFORM });
-    let xbuf = device.create_buffer_init(&wgpu::util::BufferInitDescriptor { label: None, contents: bytemuck::cast_slice(&x), usage: wgpu::BufferUsages::UNIFORM });
+    let params = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+        label: None,
+        contents: bytemuck::cast_slice(&[N, K, 0, 0]),
+        usage: wgpu::BufferUsages::UNIFORM,
+    });
+    let xbuf = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+        label: None,
+        contents: bytemuck::cast_slice(&x),
+        usage: wgpu::BufferUsages::UNIFORM,
+    });
     let pr = Probe { device, queue, params, xbuf, out, read, want };
     let wbuf = pr.buffer(bytemuck::cast_slice(&w), wgpu::BufferUsages::STORAGE);
     let view = pr.texture(&w);
@@ -299,7 +359,9 @@ fn main() {
     let dispatches = N / per;
     let ubo = pr.buffer(bytemuck::cast_slice(&w), wgpu::BufferUsages::UNIFORM);
     let win_bytes = (WIN_ROWS * K * 2) as u64;
-    let pbufs: Vec<wgpu::Buffer> = (0..dispatches).map(|d| pr.buffer(bytemuck::cast_slice(&[d * per, K, 0, 0]), wgpu::BufferUsages::UNIFORM)).collect();
+    let pbufs: Vec<wgpu::Buffer> = (0..dispatches)
+        .map(|d| pr.buffer(bytemuck::cast_slice(&[d * per, K, 0, 0]), wgpu::BufferUsages::UNIFORM))
+        .collect();
     for wg in [8u32, 16] {
         let pipe = pr.pipeline(&ubo_shader(wg));
         let bgs: Vec<wgpu::BindGroup> = (0..dispatches)
@@ -311,9 +373,20 @@ fn main() {
                 ];
                 for b in 0..WINS {
                     let off = (d * WINS + b) as u64 * win_bytes;
-                    entries.push(wgpu::BindGroupEntry { binding: b + 3, resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer: &ubo, offset: off, size: std::num::NonZeroU64::new(win_bytes) }) });
+                    entries.push(wgpu::BindGroupEntry {
+                        binding: b + 3,
+                        resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                            buffer: &ubo,
+                            offset: off,
+                            size: std::num::NonZeroU64::new(win_bytes),
+                        }),
+                    });
                 }
-                pr.device.create_bind_group(&wgpu::BindGroupDescriptor { label: None, layout: &pipe.get_bind_group_layout(0), entries: &entries })
+                pr.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                    label: None,
+                    layout: &pipe.get_bind_group_layout(0),
+                    entries: &entries,
+                })
             })
             .collect();
         let list: Vec<_> = bgs.iter().map(|bg| (bg, WIN_ROWS.div_ceil(wg), WINS)).collect();
@@ -335,8 +408,10 @@ fn main() {
         }
         let tview = pr.texture(&tiled);
         let tbuf = pr.buffer(bytemuck::cast_slice(&tiled), wgpu::BufferUsages::STORAGE);
-        let (rowmajor, tiled_addr) = ("(g.x * WG * 8u + t * WG + li) * kt + j", "(g.x * kt + j) * WG * 8u + t * WG + li");
-        let (stor, texd, stexd) = ((STORAGE_DECL, STORAGE_LOAD), (TEXTURE_DECL, TEXTURE_LOAD), (STORAGE_TEXTURE_DECL, STORAGE_TEXTURE_LOAD));
+        let (rowmajor, tiled_addr) =
+            ("(g.x * WG * 8u + t * WG + li) * kt + j", "(g.x * kt + j) * WG * 8u + t * WG + li");
+        let (stor, texd, stexd) =
+            ((STORAGE_DECL, STORAGE_LOAD), (TEXTURE_DECL, TEXTURE_LOAD), (STORAGE_TEXTURE_DECL, STORAGE_TEXTURE_LOAD));
         for (name, (decl, load), step, addr, res) in [
             ("rowmajor", stor, DOT_STEP, rowmajor, wgpu::BindingResource::Buffer(wbuf.as_entire_buffer_binding())),
             ("tiled", stor, DOT_STEP, tiled_addr, wgpu::BindingResource::Buffer(tbuf.as_entire_buffer_binding())),
@@ -348,7 +423,11 @@ fn main() {
         ] {
             let pipe = pr.pipeline(&rt_kernel(decl, load, step, addr, wg));
             let bg = pr.bind(&pipe, res);
-            report(&format!("WG {wg:3} RT 8 {name}"), pr.time(name, &pipe, &[(&bg, N / (wg * 8), 1)], N as usize), whole);
+            report(
+                &format!("WG {wg:3} RT 8 {name}"),
+                pr.time(name, &pipe, &[(&bg, N / (wg * 8), 1)], N as usize),
+                whole,
+            );
         }
     }
 
@@ -358,15 +437,29 @@ fn main() {
         let storage = wgpu::BindingResource::Buffer(wbuf.as_entire_buffer_binding());
         for (name, src, res, check) in [
             ("storage", row_kernel(STORAGE_DECL, "dot8(w[i], j)", "0.0", wg), storage.clone(), true),
-            ("texture", row_kernel(TEXTURE_DECL, "dot8(textureLoad(w, vec2<u32>(i % TEXW, i / TEXW), 0), j)", "0.0", wg), wgpu::BindingResource::TextureView(&view), true),
-            ("no-load", row_kernel(STORAGE_DECL, &format!("dot8({MADE_UP}, j)"), "f32(w[0].x)", wg), storage.clone(), false),
+            (
+                "texture",
+                row_kernel(TEXTURE_DECL, "dot8(textureLoad(w, vec2<u32>(i % TEXW, i / TEXW), 0), j)", "0.0", wg),
+                wgpu::BindingResource::TextureView(&view),
+                true,
+            ),
+            (
+                "no-load",
+                row_kernel(STORAGE_DECL, &format!("dot8({MADE_UP}, j)"), "f32(w[0].x)", wg),
+                storage.clone(),
+                false,
+            ),
             ("alu", row_kernel(STORAGE_DECL, &alu_term, "f32(w[0].x)", wg), storage.clone(), false),
             ("same-row", format!("{COMMON}{SAME_ROW}"), storage, false),
         ] {
             let pipe = pr.pipeline(&src);
             let bg = pr.bind(&pipe, res);
             let groups = if name == "same-row" { N } else { N.div_ceil(wg) };
-            report(&format!("WG {wg:3} {name}"), pr.time(name, &pipe, &[(&bg, groups, 1)], if check { N as usize } else { 0 }), whole);
+            report(
+                &format!("WG {wg:3} {name}"),
+                pr.time(name, &pipe, &[(&bg, groups, 1)], if check { N as usize } else { 0 }),
+                whole,
+            );
         }
     }
 }

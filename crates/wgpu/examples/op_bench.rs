@@ -24,7 +24,11 @@ fn cpu_secs() -> f64 {
 }
 
 /// (wall, cpu) seconds per call.
-fn time(b: &WgpuBackend, reps: usize, mut f: impl FnMut() -> tandem_core::Result<()>) -> tandem_core::Result<(f64, f64)> {
+fn time(
+    b: &WgpuBackend,
+    reps: usize,
+    mut f: impl FnMut() -> tandem_core::Result<()>,
+) -> tandem_core::Result<(f64, f64)> {
     f()?;
     b.sync()?; // compile and warm
     let (t0, c0) = (Instant::now(), cpu_secs());

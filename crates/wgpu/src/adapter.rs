@@ -56,7 +56,10 @@ pub(crate) fn requested_backends() -> Result<(wgpu::Backends, String)> {
     let lower = spec.trim().to_ascii_lowercase();
     let backends = if lower == "all" { wgpu::Backends::all() } else { wgpu::Backends::from_comma_list(&lower) };
     if backends.is_empty() {
-        return Err(Error::backend(NAME, format!("{BACKENDS_ENV}={spec:?} names no wgpu backend (try vulkan, metal, dx12, gl or all)")));
+        return Err(Error::backend(
+            NAME,
+            format!("{BACKENDS_ENV}={spec:?} names no wgpu backend (try vulkan, metal, dx12, gl or all)"),
+        ));
     }
     Ok((backends, lower))
 }
@@ -106,9 +109,17 @@ pub(crate) fn open() -> Result<Gpu> {
     })?;
     let info = adapter.get_info();
     if !backends.contains(info.backend.into()) {
-        return Err(Error::backend(NAME, format!("asked for {spec} but wgpu offered {} on {:?}", info.name, info.backend)));
+        return Err(Error::backend(
+            NAME,
+            format!("asked for {spec} but wgpu offered {} on {:?}", info.name, info.backend),
+        ));
     }
-    let summary = AdapterSummary { name: info.name.clone(), backend: info.backend, device_type: info.device_type, driver: info.driver.clone() };
+    let summary = AdapterSummary {
+        name: info.name.clone(),
+        backend: info.backend,
+        device_type: info.device_type,
+        driver: info.driver.clone(),
+    };
     let limits = adapter.limits();
     let texel_weights = adapter
         .get_texture_format_features(wgpu::TextureFormat::Rgba32Uint)
@@ -133,6 +144,8 @@ pub(crate) fn open() -> Result<Gpu> {
         }
     }));
     tracing::info!(adapter = %summary, "wgpu device opened");
-    let worker_pin = (summary.device_type == wgpu::DeviceType::Cpu).then(|| crate::affinity::WorkerPin::new(&threads_before)).flatten();
+    let worker_pin = (summary.device_type == wgpu::DeviceType::Cpu)
+        .then(|| crate::affinity::WorkerPin::new(&threads_before))
+        .flatten();
     Ok(Gpu { device, queue, limits, summary, texel_weights, uncaptured, worker_pin })
 }

@@ -50,7 +50,11 @@ const MAX_WINDOWS: u32 = 8;
 enum State {
     Waiting,
     /// CPU time of each candidate when the window opened, at `at` dispatches.
-    Measuring { at: u64, cpu: Vec<(i32, u64)>, windows: u32 },
+    Measuring {
+        at: u64,
+        cpu: Vec<(i32, u64)>,
+        windows: u32,
+    },
     Done,
 }
 
@@ -85,11 +89,16 @@ impl WorkerPin {
         let Ok(mut state) = self.state.try_lock() else { return };
         match &*state {
             State::Done => {}
-            State::Waiting if dispatches >= PIN_AFTER_DISPATCHES => *state = State::Measuring { at: dispatches, cpu: self.snapshot(), windows: 1 },
+            State::Waiting if dispatches >= PIN_AFTER_DISPATCHES => {
+                *state = State::Measuring { at: dispatches, cpu: self.snapshot(), windows: 1 }
+            }
             State::Waiting => {}
             State::Measuring { at, cpu, windows } if dispatches >= at + WINDOW_DISPATCHES => {
                 let now = self.snapshot();
-                let deltas: Vec<(i32, u64)> = now.iter().filter_map(|&(t, ns)| Some((t, ns.saturating_sub(cpu.iter().find(|(u, _)| *u == t)?.1)))).collect();
+                let deltas: Vec<(i32, u64)> = now
+                    .iter()
+                    .filter_map(|&(t, ns)| Some((t, ns.saturating_sub(cpu.iter().find(|(u, _)| *u == t)?.1))))
+                    .collect();
                 match workers(deltas) {
                     Some(w) => {
                         pin_all(&w);
@@ -229,7 +238,8 @@ mod tests {
                 })
                 .unwrap()
         };
-        let handles = [spawn("worker-a", 9), spawn("worker-b", 9), spawn("llvmpipe-0", 9), spawn("queue", 0), spawn("idle", 0)];
+        let handles =
+            [spawn("worker-a", 9), spawn("worker-b", 9), spawn("llvmpipe-0", 9), spawn("queue", 0), spawn("idle", 0)];
         let tids: std::collections::HashMap<&str, i32> = (0..5).map(|_| rx.recv().unwrap()).collect();
         let pin = WorkerPin::new(&before).expect("new threads seen");
         pin.maybe_pin(PIN_AFTER_DISPATCHES - 1);
@@ -237,7 +247,8 @@ mod tests {
         std::thread::sleep(std::time::Duration::from_millis(400));
         assert!(tids.values().all(|&t| affinity_of(t) == cpus), "pinned before the window closed");
         pin.maybe_pin(PIN_AFTER_DISPATCHES + WINDOW_DISPATCHES);
-        let by_name: std::collections::HashMap<&str, Vec<usize>> = tids.iter().map(|(&n, &t)| (n, affinity_of(t))).collect();
+        let by_name: std::collections::HashMap<&str, Vec<usize>> =
+            tids.iter().map(|(&n, &t)| (n, affinity_of(t))).collect();
         stop.store(true, Ordering::Relaxed);
         for h in handles {
             h.join().unwrap();

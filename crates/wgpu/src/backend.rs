@@ -96,13 +96,30 @@ const UNIFORM_WINDOW: u64 = 65536;
 #[derive(Clone, Copy)]
 enum Out<'a> {
     Plain(&'a wgpu::Buffer),
-    Split { q: &'a wgpu::Buffer, k: &'a wgpu::Buffer, v: &'a wgpu::Buffer, nq: usize, nkv: usize },
+    Split {
+        q: &'a wgpu::Buffer,
+        k: &'a wgpu::Buffer,
+        v: &'a wgpu::Buffer,
+        nq: usize,
+        nkv: usize,
+    },
     /// A fused gate/up projection: out, and whether the activation is gelu_tanh (else silu).
     GateUp(&'a wgpu::Buffer, bool),
     /// A fused q/k/v projection with rope and the KV write in its epilogue (`MatmulOut::SplitRope`).
-    SplitRope { q: &'a wgpu::Buffer, nq: usize, nkv: usize, head_dim: usize, caches: KvPair<'a>, kv: [&'a wgpu::Buffer; 3], num_slots: usize },
+    SplitRope {
+        q: &'a wgpu::Buffer,
+        nq: usize,
+        nkv: usize,
+        head_dim: usize,
+        caches: KvPair<'a>,
+        kv: [&'a wgpu::Buffer; 3],
+        num_slots: usize,
+    },
     /// `h += x w^T`, and `hg = h * gamma` with the next norm's gamma (`MatmulOut::Residual`).
-    Residual { h: &'a wgpu::Buffer, next_norm: Option<(&'a WgpuBuf, &'a wgpu::Buffer)> },
+    Residual {
+        h: &'a wgpu::Buffer,
+        next_norm: Option<(&'a WgpuBuf, &'a wgpu::Buffer)>,
+    },
 }
 
 /// A fused gate/up weight pairs blocks of this many gate rows with the up rows of the same
@@ -126,7 +143,11 @@ struct Chunk {
 }
 
 fn gcd(a: u64, b: u64) -> u64 {
-    if b == 0 { a } else { gcd(b, a % b) }
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
 }
 
 fn err(msg: impl Into<String>) -> Error {
@@ -171,7 +192,9 @@ impl WgpuBackend {
         // Tuning knobs; the defaults were measured on lavapipe (op_bench, SmolLM2 shapes): 8 rows
         // per lane cut CPU time by about a third against 4, and 16-lane workgroups still give
         // two or more workgroups for the smallest projection (192 rows).
-        let knob = |name: &str, default: u32| std::env::var(name).ok().and_then(|v| v.parse().ok()).filter(|v| (0..=256).contains(v)).unwrap_or(default);
+        let knob = |name: &str, default: u32| {
+            std::env::var(name).ok().and_then(|v| v.parse().ok()).filter(|v| (0..=256).contains(v)).unwrap_or(default)
+        };
         let matmul_wg = knob("TANDEM_WGPU_MATMUL_WG", 16).max(1);
         let matmul_rt = knob("TANDEM_WGPU_MATMUL_RT", 8).max(1);
         // 8 x 4 against 4 x 4 at m = 128 on lavapipe (SmolLM2, tiled weights): prefill 47-51
@@ -183,7 +206,9 @@ impl WgpuBackend {
         // Measured on lavapipe (SmolLM2 decode, batch 1): see buffer::Texels. Not measured on
         // a GPU, where buffers stay the default.
         let texel_default = u32::from(gpu.summary.device_type == wgpu::DeviceType::Cpu);
-        let texel_weights = tiled_weights && gpu.texel_weights && opts.texel_weights.unwrap_or(knob("TANDEM_WGPU_TEXELS", texel_default) == 1);
+        let texel_weights = tiled_weights
+            && gpu.texel_weights
+            && opts.texel_weights.unwrap_or(knob("TANDEM_WGPU_TEXELS", texel_default) == 1);
         Ok(WgpuBackend {
             rec: Recorder::new(gpu, pipelines),
             max_binding,
@@ -227,17 +252,37 @@ impl WgpuBackend {
         if rows * cols != values.len() {
             return Err(err(format!("weight_matrix_from_f32: {} values for a [{rows}, {cols}] matrix", values.len())));
         }
-        self.weight_from_bytes(dtype, values.len(), &dtype.from_f32(values), None, Some(&[rows, cols]), self.texel_weights)
+        self.weight_from_bytes(
+            dtype,
+            values.len(),
+            &dtype.from_f32(values),
+            None,
+            Some(&[rows, cols]),
+            self.texel_weights,
+        )
     }
 
     /// Like [`WgpuBackend::weight_matrix_from_f32`], in a texture (`texels`, where the adapter
     /// can) or a buffer whatever this backend's default (tests cover every layout).
-    pub fn weight_matrix_from_f32_in(&self, dtype: DType, values: &[f32], rows: usize, cols: usize, texels: bool) -> Result<WgpuBuf> {
+    pub fn weight_matrix_from_f32_in(
+        &self,
+        dtype: DType,
+        values: &[f32],
+        rows: usize,
+        cols: usize,
+        texels: bool,
+    ) -> Result<WgpuBuf> {
         if rows * cols != values.len() {
-            return Err(err(format!("weight_matrix_from_f32_in: {} values for a [{rows}, {cols}] matrix", values.len())));
+            return Err(err(format!(
+                "weight_matrix_from_f32_in: {} values for a [{rows}, {cols}] matrix",
+                values.len()
+            )));
         }
         if texels && !(self.tiled_weights && self.rec.gpu.texel_weights) {
-            return Err(err(format!("adapter {} cannot hold weights in rgba32uint storage textures (or TANDEM_WGPU_TILED=0)", self.adapter())));
+            return Err(err(format!(
+                "adapter {} cannot hold weights in rgba32uint storage textures (or TANDEM_WGPU_TILED=0)",
+                self.adapter()
+            )));
         }
         self.weight_from_bytes(dtype, values.len(), &dtype.from_f32(values), None, Some(&[rows, cols]), texels)
     }
@@ -288,17 +333,26 @@ impl WgpuBackend {
         let pad = if kind == BufKind::F32 && self.uniform_x { UNIFORM_WINDOW } else { 0 };
         let size = bytes.next_multiple_of(16).max(16) + pad;
         if size > limits.max_buffer_size {
-            return Err(err(format!("{what}: {size} bytes exceed the adapter's max_buffer_size of {}", limits.max_buffer_size)));
+            return Err(err(format!(
+                "{what}: {size} bytes exceed the adapter's max_buffer_size of {}",
+                limits.max_buffer_size
+            )));
         }
         // Weights may be bound in row chunks; everything else is bound whole.
         if !matches!(kind, BufKind::Weight(_)) && size - pad > self.max_binding {
-            return Err(err(format!("{what}: {size} bytes exceed the largest storage binding ({} bytes)", self.max_binding)));
+            return Err(err(format!(
+                "{what}: {size} bytes exceed the largest storage binding ({} bytes)",
+                self.max_binding
+            )));
         }
         let buf = self.rec.gpu.device.create_buffer(&wgpu::BufferDescriptor {
             label: None,
             size,
             // Uniform too: matmul reads small activations through the uniform path.
-            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::UNIFORM
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
         Ok(WgpuBuf { buf, kind, len, name: None, tiled: None, texels: None })
@@ -306,11 +360,20 @@ impl WgpuBackend {
 
     /// A weight from its bytes; a matrix (`shape` of two dims with whole 16-byte rows) is
     /// stored tiled (see [`Tiled`]), in a texture when `texels`; anything else as it comes.
-    fn weight_from_bytes(&self, dtype: DType, len: usize, bytes: &[u8], name: Option<&str>, shape: Option<&[usize]>, texels: bool) -> Result<WgpuBuf> {
+    fn weight_from_bytes(
+        &self,
+        dtype: DType,
+        len: usize,
+        bytes: &[u8],
+        name: Option<&str>,
+        shape: Option<&[usize]>,
+        texels: bool,
+    ) -> Result<WgpuBuf> {
         if let Some(t) = shape.and_then(|s| self.tiling(s, dtype)).filter(|t| t.rows * t.cols == len) {
             return self.tiled_weight(dtype, t, name, texels, &|r| t.row_of(dtype, bytes, r));
         }
-        let what = name.map_or_else(|| format!("a {} weight of {len} elements", dtype.name()), |n| format!("tensor `{n}`"));
+        let what =
+            name.map_or_else(|| format!("a {} weight of {len} elements", dtype.name()), |n| format!("tensor `{n}`"));
         let size = (bytes.len() as u64).next_multiple_of(16).max(16);
         let buf = self.mapped_weight_buffer(&what, name, size)?;
         {
@@ -347,7 +410,9 @@ impl WgpuBackend {
     /// that fails this stays row-major, so that it can still be bound in row chunks).
     fn tiling(&self, shape: &[usize], dtype: DType) -> Option<Tiled> {
         let align = self.rec.gpu.limits.min_storage_buffer_offset_alignment as u64;
-        Tiled::for_matrix(shape, dtype).filter(|t| self.tiled_weights && t.tile_bytes(dtype) <= self.max_binding && t.tile_bytes(dtype) % align == 0)
+        Tiled::for_matrix(shape, dtype).filter(|t| {
+            self.tiled_weights && t.tile_bytes(dtype) <= self.max_binding && t.tile_bytes(dtype) % align == 0
+        })
     }
 
     /// Whether a tiled matrix will be bound whole (a texture, or a buffer within one binding):
@@ -363,11 +428,19 @@ impl WgpuBackend {
 
     /// A tiled weight matrix whose row `r` holds `row(r)` (`None`: zeros): in a texture when
     /// `texels` and it fits one, else in a buffer.
-    fn tiled_weight(&self, dtype: DType, t: Tiled, name: Option<&str>, texels: bool, row: &RowSource<'_>) -> Result<WgpuBuf> {
+    fn tiled_weight(
+        &self,
+        dtype: DType,
+        t: Tiled,
+        name: Option<&str>,
+        texels: bool,
+        row: &RowSource<'_>,
+    ) -> Result<WgpuBuf> {
         if texels && self.fits_texture(t, dtype) {
             return self.texel_weight(dtype, name, t, row);
         }
-        let what = name.map_or_else(|| format!("a [{}, {}] {} matrix", t.rows, t.cols, dtype.name()), |n| format!("tensor `{n}`"));
+        let what = name
+            .map_or_else(|| format!("a [{}, {}] {} matrix", t.rows, t.cols, dtype.name()), |n| format!("tensor `{n}`"));
         let size = t.bytes(dtype);
         let buf = self.mapped_weight_buffer(&what, name, size)?;
         {
@@ -382,7 +455,14 @@ impl WgpuBackend {
             }
         }
         buf.unmap();
-        Ok(WgpuBuf { buf, kind: BufKind::Weight(dtype), len: t.rows * t.cols, name: name.map(String::from), tiled: Some(t), texels: None })
+        Ok(WgpuBuf {
+            buf,
+            kind: BufKind::Weight(dtype),
+            len: t.rows * t.cols,
+            name: name.map(String::from),
+            tiled: Some(t),
+            texels: None,
+        })
     }
 
     /// A tiled weight matrix into a texture of TEXEL_ROW texels per row, written a band of
@@ -393,7 +473,8 @@ impl WgpuBackend {
         let units = t.bytes(dtype) as usize / 16;
         let height = Texels::rows_for(units);
         let gpu = &self.rec.gpu;
-        let texels = Texels::new(&gpu.device, name, height, wgpu::TextureUsages::COPY_DST | wgpu::TextureUsages::COPY_SRC);
+        let texels =
+            Texels::new(&gpu.device, name, height, wgpu::TextureUsages::COPY_DST | wgpu::TextureUsages::COPY_SRC);
         let texture = &texels.texture;
         let mut band = vec![0u8; BAND_ROWS * TEXEL_ROW * 16];
         for y0 in (0..height).step_by(BAND_ROWS) {
@@ -401,15 +482,36 @@ impl WgpuBackend {
             let band = &mut band[..rows * TEXEL_ROW * 16];
             t.fill_units(dtype, row, y0 * TEXEL_ROW, band);
             gpu.queue.write_texture(
-                wgpu::TexelCopyTextureInfo { texture, mip_level: 0, origin: wgpu::Origin3d { x: 0, y: y0 as u32, z: 0 }, aspect: wgpu::TextureAspect::All },
+                wgpu::TexelCopyTextureInfo {
+                    texture,
+                    mip_level: 0,
+                    origin: wgpu::Origin3d { x: 0, y: y0 as u32, z: 0 },
+                    aspect: wgpu::TextureAspect::All,
+                },
                 band,
-                wgpu::TexelCopyBufferLayout { offset: 0, bytes_per_row: Some((TEXEL_ROW * 16) as u32), rows_per_image: Some(rows as u32) },
+                wgpu::TexelCopyBufferLayout {
+                    offset: 0,
+                    bytes_per_row: Some((TEXEL_ROW * 16) as u32),
+                    rows_per_image: Some(rows as u32),
+                },
                 wgpu::Extent3d { width: TEXEL_ROW as u32, height: rows as u32, depth_or_array_layers: 1 },
             );
             gpu.queue.submit([]);
         }
-        let buf = self.rec.gpu.device.create_buffer(&wgpu::BufferDescriptor { label: name, size: 16, usage: wgpu::BufferUsages::STORAGE, mapped_at_creation: false });
-        Ok(WgpuBuf { buf, kind: BufKind::Weight(dtype), len: t.rows * t.cols, name: name.map(String::from), tiled: Some(t), texels: Some(texels) })
+        let buf = self.rec.gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: name,
+            size: 16,
+            usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
+        });
+        Ok(WgpuBuf {
+            buf,
+            kind: BufKind::Weight(dtype),
+            len: t.rows * t.cols,
+            name: name.map(String::from),
+            tiled: Some(t),
+            texels: Some(texels),
+        })
     }
 
     /// The matmul's block for m rows of x and depth k: (WG lanes, RT weight rows and MT x rows
@@ -437,14 +539,26 @@ impl WgpuBackend {
         // Loop iterations one invocation runs (every loop counts; see LOOP_LIMIT).
         let iterations = |mt: u32, rt: u32| -> usize {
             let (mt, rt) = (mt as usize, rt as usize);
-            let setup = mt + rt + mt * rt + rt * (1 + mt) + if norm { mt * (k / 4 / wg as usize + wg as usize + rt + 2) } else { 0 };
-            if k % 8 == 0 { k / 8 * (1 + rt + mt + mt * rt) + setup } else { k * (1 + mt + mt * rt) + setup }
+            let setup = mt
+                + rt
+                + mt * rt
+                + rt * (1 + mt)
+                + if norm { mt * (k / 4 / wg as usize + wg as usize + rt + 2) } else { 0 };
+            if k % 8 == 0 {
+                k / 8 * (1 + rt + mt + mt * rt) + setup
+            } else {
+                k * (1 + mt + mt * rt) + setup
+            }
         };
         // Under a loop limit, halve the block (x rows first) until the loops fit; a paired
         // (gate/up) block keeps its rows.
         let min_rt = if paired { rt } else { 1 };
         while self.loop_limit.is_some_and(|l| iterations(mt, rt) > l) && mt * rt > min_rt {
-            if mt >= rt || rt <= min_rt { mt = (mt / 2).max(1) } else { rt = (rt / 2).max(1) }
+            if mt >= rt || rt <= min_rt {
+                mt = (mt / 2).max(1)
+            } else {
+                rt = (rt / 2).max(1)
+            }
         }
         self.check_loops(op, &format!("k = {k}"), iterations(mt, rt))?;
         Ok((wg, rt, mt))
@@ -454,7 +568,18 @@ impl WgpuBackend {
     /// weight the stacked/paired rows `out` describes). With `norm` = (h, eps), x is h * gamma
     /// and the results are scaled by 1 / rms(h) (`NormIn`).
     #[allow(clippy::too_many_arguments)]
-    fn matmul_to(&self, op: &str, x: &WgpuBuf, w: &WgpuBuf, bias: Option<&WgpuBuf>, out: Out<'_>, norm: Option<(&WgpuBuf, f32)>, m: usize, n: usize, k: usize) -> Result<()> {
+    fn matmul_to(
+        &self,
+        op: &str,
+        x: &WgpuBuf,
+        w: &WgpuBuf,
+        bias: Option<&WgpuBuf>,
+        out: Out<'_>,
+        norm: Option<(&WgpuBuf, f32)>,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<()> {
         if m == 0 || n == 0 {
             return Ok(());
         }
@@ -475,7 +600,9 @@ impl WgpuBackend {
             None => None,
         };
         let norm_h = match norm {
-            Some(_) if !k.is_multiple_of(4) => return Err(err(format!("{op}: a fused norm needs k % 4 == 0 (k = {k}; fuses_norm says so)"))),
+            Some(_) if !k.is_multiple_of(4) => {
+                return Err(err(format!("{op}: a fused norm needs k % 4 == 0 (k = {k}; fuses_norm says so)")))
+            }
             Some((h, _)) => Some(want_f32(op, "norm h", h, m * k)?),
             None => None,
         };
@@ -500,7 +627,11 @@ impl WgpuBackend {
             false => None,
         };
         let x_tex = scratch.as_deref_mut().and_then(|g| self.x_scratch(g, x_rows));
-        let window_rows = if x_tex.is_none() && self.uniform_x && k % 8 == 0 { (UNIFORM_WINDOW as usize / (k * 4)) / mt as usize * mt as usize } else { 0 };
+        let window_rows = if x_tex.is_none() && self.uniform_x && k % 8 == 0 {
+            (UNIFORM_WINDOW as usize / (k * 4)) / mt as usize * mt as usize
+        } else {
+            0
+        };
         let uniform_x = window_rows > 0;
         let prelude = Prelude::new().constant("MT", mt).constant("RT", rt).constant("WG", wg);
         let prelude = match &x_tex {
@@ -526,7 +657,13 @@ impl WgpuBackend {
                 let cache_access = if caches.texels() { shaders::Access::TexelsWrite } else { RW };
                 extra.extend([cache_access; 2].into_iter().zip(caches.binds()));
                 extra.extend([R, R, R].into_iter().zip(kv.map(Bind::all)));
-                MatmulOut::SplitRope { nq: nq as u32, nkv: nkv as u32, head_dim: head_dim as u32, first: first_out, texels: caches.texels() }
+                MatmulOut::SplitRope {
+                    nq: nq as u32,
+                    nkv: nkv as u32,
+                    head_dim: head_dim as u32,
+                    first: first_out,
+                    texels: caches.texels(),
+                }
             }
             Out::Residual { next_norm, .. } => MatmulOut::Residual {
                 next_norm: next_norm.zip(gamma_dtype).map(|((g, hg), d)| {
@@ -540,7 +677,11 @@ impl WgpuBackend {
             3 + extra.len() as u32
         });
         let extra_access: Vec<shaders::Access> = extra.iter().map(|(a, _)| *a).collect();
-        let prelude = prelude.weight_matrix("w", dtype, Self::layout(w), 2).optional_weight("bias", 4, bias_dtype).matmul_out(to).norm_in(norm_binding);
+        let prelude = prelude
+            .weight_matrix("w", dtype, Self::layout(w), 2)
+            .optional_weight("bias", 4, bias_dtype)
+            .matmul_out(to)
+            .norm_in(norm_binding);
         let x_access = match (&x_tex, uniform_x) {
             (Some(_), _) => shaders::Access::Texels,
             (None, true) => shaders::Access::Uniform,
@@ -551,14 +692,21 @@ impl WgpuBackend {
             self.rec.copy_to_texture(x_b, &t.texture, x_rows as u32)?;
         }
         let out_b = match out {
-            Out::Plain(b) | Out::GateUp(b, _) | Out::Split { q: b, .. } | Out::SplitRope { q: b, .. } | Out::Residual { h: b, .. } => b,
+            Out::Plain(b)
+            | Out::GateUp(b, _)
+            | Out::Split { q: b, .. }
+            | Out::SplitRope { q: b, .. }
+            | Out::Residual { h: b, .. } => b,
         };
         let block = if uniform_x { window_rows } else { m };
         let eps = norm.map_or(0.0, |(_, e)| e);
         let num_slots = if let Out::SplitRope { num_slots, .. } = out { num_slots as u32 } else { 0 };
         let chunks = self.chunks(op, w, w_rows, k)?;
         if !matches!(out, Out::Plain(_)) && chunks.len() > 1 {
-            return Err(err(format!("{op}: fused weight {} is bound in chunks; fuse_* never makes such a weight", w.label())));
+            return Err(err(format!(
+                "{op}: fused weight {} is bound in chunks; fuse_* never makes such a weight",
+                w.label()
+            )));
         }
         for b0 in (0..m).step_by(block) {
             let rows_here = block.min(m - b0);
@@ -574,7 +722,16 @@ impl WgpuBackend {
                 (None, false) => Bind::all(x_b),
             };
             for c in &chunks {
-                let params = [rows_here as u32, n as u32, k as u32, c.row0 as u32, c.rows as u32, b0 as u32, eps.to_bits(), num_slots];
+                let params = [
+                    rows_here as u32,
+                    n as u32,
+                    k as u32,
+                    c.row0 as u32,
+                    c.rows as u32,
+                    b0 as u32,
+                    eps.to_bits(),
+                    num_slots,
+                ];
                 let mut binds = vec![xb, Self::weight_bind(w, c), Bind::all(out_b)];
                 binds.extend(extra.iter().map(|(_, b)| *b));
                 let grid = Grid::XY(groups(c.rows, (wg * rt) as usize), groups(rows_here, mt as usize));
@@ -592,7 +749,12 @@ impl WgpuBackend {
         }
         if g.as_ref().is_none_or(|t| (t.texture.size().height as usize) < rows) {
             let max = self.rec.gpu.limits.max_texture_dimension_2d as usize;
-            *g = Some(Texels::new(&self.rec.gpu.device, Some("tandem matmul x"), rows.next_power_of_two().min(max), wgpu::TextureUsages::COPY_DST));
+            *g = Some(Texels::new(
+                &self.rec.gpu.device,
+                Some("tandem matmul x"),
+                rows.next_power_of_two().min(max),
+                wgpu::TextureUsages::COPY_DST,
+            ));
         }
         g.as_ref()
     }
@@ -654,7 +816,12 @@ impl WgpuBackend {
         let BufKind::Weight(dtype) = w.kind else { return Err(err(format!("{op}: {} is not a weight", w.label()))) };
         if let Some(t) = w.tiled {
             if (t.rows, t.cols) != (rows, row_elems) {
-                return Err(err(format!("{op}: weight {} is a [{}, {}] matrix; the op asked for [{rows}, {row_elems}]", w.label(), t.rows, t.cols)));
+                return Err(err(format!(
+                    "{op}: weight {} is a [{}, {}] matrix; the op asked for [{rows}, {row_elems}]",
+                    w.label(),
+                    t.rows,
+                    t.cols
+                )));
             }
         }
         if w.texels.is_some() || w.buf.size() <= self.max_binding {
@@ -706,7 +873,10 @@ fn want_f32<'a>(op: &str, what: &str, b: &'a WgpuBuf, need: usize) -> Result<&'a
         return Err(err(format!("{op}: {what} must be an f32 buffer, got {}", b.label())));
     }
     if b.texels.is_some() {
-        return Err(err(format!("{op}: {what} is {}, kept in a texture: only kv_write, rope_kv_write, paged_attention and read_kv take it", b.label())));
+        return Err(err(format!(
+            "{op}: {what} is {}, kept in a texture: only kv_write, rope_kv_write, paged_attention and read_kv take it",
+            b.label()
+        )));
     }
     if b.len < need {
         return Err(err(format!("{op}: {what} needs {need} elements, {} has {}", b.label(), b.len)));
@@ -737,7 +907,11 @@ impl<'a> KvPair<'a> {
 fn want_kv<'a>(op: &str, k: &'a WgpuBuf, v: &'a WgpuBuf, g: KvGeometry) -> Result<KvPair<'a>> {
     for (what, b) in [("k_cache", k), ("v_cache", v)] {
         if b.kind != BufKind::F32 || b.len < g.layer_elems() {
-            return Err(err(format!("{op}: {what} must be a KV cache of {} f32 (from alloc_kv), got {}", g.layer_elems(), b.label())));
+            return Err(err(format!(
+                "{op}: {what} must be a KV cache of {} f32 (from alloc_kv), got {}",
+                g.layer_elems(),
+                b.label()
+            )));
         }
     }
     match (&k.texels, &v.texels) {
@@ -774,15 +948,35 @@ fn groups(items: usize, per: usize) -> u64 {
 impl WgpuBackend {
     /// A gated activation `out = act(gate) * up` over f32 `[len]` by its scalar and vec4 kernels
     /// (the vec4 one where len is a multiple of 4).
-    fn gated(&self, op: &str, [scalar, vec4]: [shaders::Kernel; 2], gate: &WgpuBuf, up: &WgpuBuf, out: &mut WgpuBuf, len: usize) -> Result<()> {
+    fn gated(
+        &self,
+        op: &str,
+        [scalar, vec4]: [shaders::Kernel; 2],
+        gate: &WgpuBuf,
+        up: &WgpuBuf,
+        out: &mut WgpuBuf,
+        len: usize,
+    ) -> Result<()> {
         let g_b = want_f32(op, "gate", gate, len)?;
         let u_b = want_f32(op, "up", up, len)?;
         let o_b = want_f32(op, "out", out, len)?;
         to_u32(op, "len", len)?;
         let binds = [Bind::all(g_b), Bind::all(u_b), Bind::all(o_b)];
         match len % 4 {
-            0 => self.rec.dispatch(vec4, &Prelude::new().gated_acts(), &[len as u32], &binds, Grid::Linear(groups(len / 4, 64))),
-            _ => self.rec.dispatch(scalar, &Prelude::new().gated_acts(), &[len as u32], &binds, Grid::Linear(groups(len, 64))),
+            0 => self.rec.dispatch(
+                vec4,
+                &Prelude::new().gated_acts(),
+                &[len as u32],
+                &binds,
+                Grid::Linear(groups(len / 4, 64)),
+            ),
+            _ => self.rec.dispatch(
+                scalar,
+                &Prelude::new().gated_acts(),
+                &[len as u32],
+                &binds,
+                Grid::Linear(groups(len, 64)),
+            ),
         }
     }
 }
@@ -806,12 +1000,18 @@ impl Backend for WgpuBackend {
     fn upload_weight(&self, t: &TensorView) -> Result<WgpuBuf> {
         let numel = t.numel();
         if t.bytes().len() != numel * t.dtype.size() {
-            return Err(Error::tensor(&t.path, &t.name, format!("{} bytes for {numel} {} values", t.bytes().len(), t.dtype.name())));
+            return Err(Error::tensor(
+                &t.path,
+                &t.name,
+                format!("{} bytes for {numel} {} values", t.bytes().len(), t.dtype.name()),
+            ));
         }
-        self.weight_from_bytes(t.dtype, numel, t.bytes(), Some(&t.name), Some(&t.shape), self.texel_weights).map_err(|e| match e {
-            Error::Backend { msg, .. } => Error::tensor(&t.path, &t.name, msg),
-            other => other,
-        })
+        self.weight_from_bytes(t.dtype, numel, t.bytes(), Some(&t.name), Some(&t.shape), self.texel_weights).map_err(
+            |e| match e {
+                Error::Backend { msg, .. } => Error::tensor(&t.path, &t.name, msg),
+                other => other,
+            },
+        )
     }
 
     fn weight_from_f32(&self, dtype: DType, values: &[f32]) -> Result<WgpuBuf> {
@@ -832,10 +1032,23 @@ impl Backend for WgpuBackend {
         // In texels when asked and each head is whole vec4s (a texel never spans two heads);
         // a cache taller than the adapter's largest texture stays a buffer.
         let rows = Texels::rows_for(len.div_ceil(4));
-        if self.kv_texels && g.head_dim.is_multiple_of(4) && rows <= self.rec.gpu.limits.max_texture_dimension_2d as usize {
+        if self.kv_texels
+            && g.head_dim.is_multiple_of(4)
+            && rows <= self.rec.gpu.limits.max_texture_dimension_2d as usize
+        {
             // Textures start zeroed, like buffers.
-            let texels = Texels::new(&self.rec.gpu.device, Some(&what), rows.max(1), wgpu::TextureUsages::COPY_SRC | wgpu::TextureUsages::COPY_DST);
-            let buf = self.rec.gpu.device.create_buffer(&wgpu::BufferDescriptor { label: Some(&what), size: 16, usage: wgpu::BufferUsages::STORAGE, mapped_at_creation: false });
+            let texels = Texels::new(
+                &self.rec.gpu.device,
+                Some(&what),
+                rows.max(1),
+                wgpu::TextureUsages::COPY_SRC | wgpu::TextureUsages::COPY_DST,
+            );
+            let buf = self.rec.gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(&what),
+                size: 16,
+                usage: wgpu::BufferUsages::STORAGE,
+                mapped_at_creation: false,
+            });
             return Ok(WgpuBuf { buf, kind: BufKind::F32, len, name: None, tiled: None, texels: Some(texels) });
         }
         self.create(BufKind::F32, len, len as u64 * 4, &what)
@@ -845,7 +1058,11 @@ impl Backend for WgpuBackend {
         if let (BufKind::F32, Some(tx)) = (buf.kind, &buf.texels) {
             // A KV cache in texels: whole texels only.
             if data.len() > buf.len || !data.len().is_multiple_of(4) {
-                return Err(err(format!("write_f32: {} values into a KV cache of {} kept in texels (a multiple of 4 up to its size)", data.len(), buf.len)));
+                return Err(err(format!(
+                    "write_f32: {} values into a KV cache of {} kept in texels (a multiple of 4 up to its size)",
+                    data.len(),
+                    buf.len
+                )));
             }
             return self.rec.write_texels(&tx.texture, bytemuck::cast_slice(data));
         }
@@ -900,7 +1117,14 @@ impl Backend for WgpuBackend {
         self.read_f32(buf, g.layer_elems())
     }
 
-    fn embedding(&self, table: &WgpuBuf, ids: &WgpuBuf, out: &mut WgpuBuf, num_tokens: usize, hidden: usize) -> Result<()> {
+    fn embedding(
+        &self,
+        table: &WgpuBuf,
+        ids: &WgpuBuf,
+        out: &mut WgpuBuf,
+        num_tokens: usize,
+        hidden: usize,
+    ) -> Result<()> {
         let op = "embedding";
         if hidden == 0 {
             return Err(err("embedding: hidden size 0"));
@@ -958,7 +1182,16 @@ impl Backend for WgpuBackend {
 
     /// One pass per row on CPU adapters (the lane kernel); elsewhere, or when dim % 8 != 0,
     /// the add and the norm as two ops.
-    fn add_rms_norm(&self, acc: &mut WgpuBuf, x: &WgpuBuf, w: &WgpuBuf, out: &mut WgpuBuf, rows: usize, dim: usize, eps: f32) -> Result<()> {
+    fn add_rms_norm(
+        &self,
+        acc: &mut WgpuBuf,
+        x: &WgpuBuf,
+        w: &WgpuBuf,
+        out: &mut WgpuBuf,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+    ) -> Result<()> {
         if !(self.lane_kernels && dim % 8 == 0) {
             return tandem_core::backend::add_then_rms_norm(self, acc, x, w, out, rows, dim, eps);
         }
@@ -984,26 +1217,58 @@ impl Backend for WgpuBackend {
         to_u32(op, "len", len)?;
         let binds = [Bind::all(acc_b), Bind::all(x_b)];
         let vec4 = len % 4 == 0;
-        self.rec.dispatch(shaders::ADD, &Prelude::new().elems(vec4), &[len as u32], &binds, Grid::Linear(groups(if vec4 { len / 4 } else { len }, 64)))
+        self.rec.dispatch(
+            shaders::ADD,
+            &Prelude::new().elems(vec4),
+            &[len as u32],
+            &binds,
+            Grid::Linear(groups(if vec4 { len / 4 } else { len }, 64)),
+        )
     }
 
-    fn matmul(&self, x: &WgpuBuf, w: &WgpuBuf, bias: Option<&WgpuBuf>, out: &mut WgpuBuf, m: usize, n: usize, k: usize) -> Result<()> {
+    fn matmul(
+        &self,
+        x: &WgpuBuf,
+        w: &WgpuBuf,
+        bias: Option<&WgpuBuf>,
+        out: &mut WgpuBuf,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<()> {
         let out_b = want_f32("matmul", "out", out, m * n)?;
         self.matmul_to("matmul", x, w, bias, Out::Plain(out_b), None, m, n, k)
     }
 
-    fn fuse_qkv(&self, q: &TensorView, k: &TensorView, v: &TensorView, bias: Option<[&TensorView; 3]>) -> Result<Option<tandem_core::backend::WeightAndBias<WgpuBuf>>> {
+    fn fuse_qkv(
+        &self,
+        q: &TensorView,
+        k: &TensorView,
+        v: &TensorView,
+        bias: Option<[&TensorView; 3]>,
+    ) -> Result<Option<tandem_core::backend::WeightAndBias<WgpuBuf>>> {
         if !self.fuse {
             return Ok(None);
         }
-        let Some(t) = stack_shape(&[q, k, v]).and_then(|shape| self.tiling(&shape, q.dtype)).filter(|t| self.in_one_binding(*t, q.dtype)) else { return Ok(None) };
+        let Some(t) = stack_shape(&[q, k, v])
+            .and_then(|shape| self.tiling(&shape, q.dtype))
+            .filter(|t| self.in_one_binding(*t, q.dtype))
+        else {
+            return Ok(None);
+        };
         let (nq, nkv) = (q.shape[0], k.shape[0]);
         if v.shape[0] != nkv {
             return Ok(None);
         }
         let name = q.name.replace("q_proj", "qkv_proj");
         let row = |r: usize| {
-            let (src, i) = if r < nq { (q, r) } else if r < nq + nkv { (k, r - nq) } else { (v, r - nq - nkv) };
+            let (src, i) = if r < nq {
+                (q, r)
+            } else if r < nq + nkv {
+                (k, r - nq)
+            } else {
+                (v, r - nq - nkv)
+            };
             t.row_of(q.dtype, src.bytes(), i)
         };
         let w = self.tiled_weight(q.dtype, t, Some(&name), self.texel_weights, &row)?;
@@ -1015,19 +1280,49 @@ impl Backend for WgpuBackend {
                 }
                 let bytes: Vec<u8> = bs.iter().flat_map(|b| b.bytes().iter().copied()).collect();
                 let len = bs.iter().map(|b| b.numel()).sum();
-                Some(self.weight_from_bytes(bs[0].dtype, len, &bytes, Some(&name.replace("weight", "bias")), None, false)?)
+                Some(self.weight_from_bytes(
+                    bs[0].dtype,
+                    len,
+                    &bytes,
+                    Some(&name.replace("weight", "bias")),
+                    None,
+                    false,
+                )?)
             }
         };
         Ok(Some((w, b)))
     }
 
-    fn qkv_proj(&self, x: &WgpuBuf, w: &WgpuBuf, bias: Option<&WgpuBuf>, q: &mut WgpuBuf, k: &mut WgpuBuf, v: &mut WgpuBuf, m: usize, nq: usize, nkv: usize, hidden: usize, norm: Option<NormIn<'_, WgpuBuf>>) -> Result<()> {
+    fn qkv_proj(
+        &self,
+        x: &WgpuBuf,
+        w: &WgpuBuf,
+        bias: Option<&WgpuBuf>,
+        q: &mut WgpuBuf,
+        k: &mut WgpuBuf,
+        v: &mut WgpuBuf,
+        m: usize,
+        nq: usize,
+        nkv: usize,
+        hidden: usize,
+        norm: Option<NormIn<'_, WgpuBuf>>,
+    ) -> Result<()> {
         let op = "qkv_proj";
         let q_b = want_f32(op, "q", q, m * nq)?;
         let k_b = want_f32(op, "k", k, m * nkv)?;
         let v_b = want_f32(op, "v", v, m * nkv)?;
         to_u32(op, "m * (nq + 2 nkv)", m * (nq + 2 * nkv))?;
-        self.matmul_to(op, x, w, bias, Out::Split { q: q_b, k: k_b, v: v_b, nq, nkv }, norm.map(|n| (n.h, n.eps)), m, nq + 2 * nkv, hidden)
+        self.matmul_to(
+            op,
+            x,
+            w,
+            bias,
+            Out::Split { q: q_b, k: k_b, v: v_b, nq, nkv },
+            norm.map(|n| (n.h, n.eps)),
+            m,
+            nq + 2 * nkv,
+            hidden,
+        )
     }
 
     fn fuse_gate_up(&self, gate: &TensorView, up: &TensorView) -> Result<Option<WgpuBuf>> {
@@ -1039,29 +1334,63 @@ impl Backend for WgpuBackend {
         // block padded with zero rows (see matmul.wgsl, PAIRS).
         let h = GATE_UP_HALF;
         let rows = inter.div_ceil(h) * 2 * h;
-        let Some(t) = self.tiling(&[rows, cols], gate.dtype).filter(|t| self.in_one_binding(*t, gate.dtype)) else { return Ok(None) };
+        let Some(t) = self.tiling(&[rows, cols], gate.dtype).filter(|t| self.in_one_binding(*t, gate.dtype)) else {
+            return Ok(None);
+        };
         let row = |r: usize| {
             let (block, i) = (r / (2 * h), r % (2 * h));
             let (src, out) = if i < h { (gate, block * h + i) } else { (up, block * h + i - h) };
-            if out < inter { t.row_of(gate.dtype, src.bytes(), out) } else { None }
+            if out < inter {
+                t.row_of(gate.dtype, src.bytes(), out)
+            } else {
+                None
+            }
         };
         let name = gate.name.replace("gate_proj", "gate_up_proj");
         self.tiled_weight(gate.dtype, t, Some(&name), self.texel_weights, &row).map(Some)
     }
 
-    fn gate_up_act(&self, act: Activation, x: &WgpuBuf, w: &WgpuBuf, out: &mut WgpuBuf, m: usize, inter: usize, hidden: usize, norm: Option<NormIn<'_, WgpuBuf>>) -> Result<()> {
+    fn gate_up_act(
+        &self,
+        act: Activation,
+        x: &WgpuBuf,
+        w: &WgpuBuf,
+        out: &mut WgpuBuf,
+        m: usize,
+        inter: usize,
+        hidden: usize,
+        norm: Option<NormIn<'_, WgpuBuf>>,
+    ) -> Result<()> {
         let op = "gate_up_act";
         let out_b = want_f32(op, "out", out, m * inter)?;
         let rows = inter.div_ceil(GATE_UP_HALF) * 2 * GATE_UP_HALF;
         match w.tiled {
             Some(t) if t.rows == rows && t.cols == hidden => {}
-            _ => return Err(err(format!("{op}: weight {} is not a fused [{inter}, {hidden}] gate/up pair from fuse_gate_up", w.label()))),
+            _ => {
+                return Err(err(format!(
+                    "{op}: weight {} is not a fused [{inter}, {hidden}] gate/up pair from fuse_gate_up",
+                    w.label()
+                )))
+            }
         }
         let gelu = act == Activation::GeluTanh;
         self.matmul_to(op, x, w, None, Out::GateUp(out_b, gelu), norm.map(|n| (n.h, n.eps)), m, inter, hidden)
     }
 
-    fn qkv_rope_kv_write(&self, x: &WgpuBuf, w: &WgpuBuf, bias: Option<&WgpuBuf>, q: &mut WgpuBuf, k: &mut WgpuBuf, v: &mut WgpuBuf, m: usize, nq: usize, hidden: usize, norm: Option<NormIn<'_, WgpuBuf>>, kv: KvDest<'_, WgpuBuf>) -> Result<()> {
+    fn qkv_rope_kv_write(
+        &self,
+        x: &WgpuBuf,
+        w: &WgpuBuf,
+        bias: Option<&WgpuBuf>,
+        q: &mut WgpuBuf,
+        k: &mut WgpuBuf,
+        v: &mut WgpuBuf,
+        m: usize,
+        nq: usize,
+        hidden: usize,
+        norm: Option<NormIn<'_, WgpuBuf>>,
+        kv: KvDest<'_, WgpuBuf>,
+    ) -> Result<()> {
         let op = "qkv_rope_kv_write";
         let g = kv.geometry;
         let (hd, nkv) = (g.head_dim, g.num_kv_heads * g.head_dim);
@@ -1073,12 +1402,26 @@ impl Backend for WgpuBackend {
         let (wg, rt, _) = self.matmul_block(op, false, m, hidden, norm.is_some())?;
         if !(self.fuse_rope && ((wg * rt) as usize).is_multiple_of(hd) && (hd / 2).is_multiple_of(wg as usize)) {
             self.qkv_proj(x, w, bias, q, k, v, m, nq, nkv, hidden, norm)?;
-            return self.rope_kv_write(q, k, v, kv.k_cache, kv.v_cache, kv.positions, kv.inv_freq, kv.slots, m, nq / hd, g);
+            return self.rope_kv_write(
+                q,
+                k,
+                v,
+                kv.k_cache,
+                kv.v_cache,
+                kv.positions,
+                kv.inv_freq,
+                kv.slots,
+                m,
+                nq / hd,
+                g,
+            );
         }
         let q_b = want_f32(op, "q", q, m * nq)?;
         let caches = want_kv(op, kv.k_cache, kv.v_cache, g)?;
         if caches.texels() && !hd.is_multiple_of(4) {
-            return Err(err(format!("{op}: caches in textures need head_dim % 4 == 0 (head_dim {hd}; alloc_kv says so)")));
+            return Err(err(format!(
+                "{op}: caches in textures need head_dim % 4 == 0 (head_dim {hd}; alloc_kv says so)"
+            )));
         }
         let p_b = want_u32(op, "positions", kv.positions, m)?;
         let f_b = want_f32(op, "inv_freq", kv.inv_freq, hd / 2)?;
@@ -1096,7 +1439,16 @@ impl Backend for WgpuBackend {
         self.fuse_norm && hidden.is_multiple_of(4) && tokens <= self.fuse_norm_rows
     }
 
-    fn matmul_residual(&self, x: &WgpuBuf, w: &WgpuBuf, h: &mut WgpuBuf, next_norm: Option<(&WgpuBuf, &mut WgpuBuf)>, m: usize, n: usize, k: usize) -> Result<()> {
+    fn matmul_residual(
+        &self,
+        x: &WgpuBuf,
+        w: &WgpuBuf,
+        h: &mut WgpuBuf,
+        next_norm: Option<(&WgpuBuf, &mut WgpuBuf)>,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<()> {
         let op = "matmul_residual";
         if !self.fuse_norm {
             return Err(err(format!("{op}: residual fusion is off (TANDEM_WGPU_FUSE_NORM=0)")));
@@ -1105,7 +1457,10 @@ impl Backend for WgpuBackend {
         let next_norm = match next_norm {
             Some((g, hg)) => {
                 if g.buf.size() > self.max_binding || g.tiled.is_some() {
-                    return Err(err(format!("{op}: norm weight {} must be a vector within one storage binding", g.label())));
+                    return Err(err(format!(
+                        "{op}: norm weight {} must be a vector within one storage binding",
+                        g.label()
+                    )));
                 }
                 Some((g, want_f32(op, "hg", hg, m * n)?))
             }
@@ -1114,7 +1469,17 @@ impl Backend for WgpuBackend {
         self.matmul_to(op, x, w, None, Out::Residual { h: h_b, next_norm }, None, m, n, k)
     }
 
-    fn rope(&self, q: &mut WgpuBuf, k: &mut WgpuBuf, positions: &WgpuBuf, inv_freq: &WgpuBuf, num_tokens: usize, q_heads: usize, kv_heads: usize, head_dim: usize) -> Result<()> {
+    fn rope(
+        &self,
+        q: &mut WgpuBuf,
+        k: &mut WgpuBuf,
+        positions: &WgpuBuf,
+        inv_freq: &WgpuBuf,
+        num_tokens: usize,
+        q_heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+    ) -> Result<()> {
         let op = "rope";
         if head_dim % 2 != 0 {
             return Err(err(format!("rope: head_dim {head_dim} is odd")));
@@ -1133,7 +1498,20 @@ impl Backend for WgpuBackend {
         self.rec.dispatch(shaders::ROPE, &prelude, &params, &binds, Grid::Linear(groups(items, 64)))
     }
 
-    fn rope_kv_write(&self, q: &mut WgpuBuf, k: &mut WgpuBuf, v: &WgpuBuf, k_cache: &mut WgpuBuf, v_cache: &mut WgpuBuf, positions: &WgpuBuf, inv_freq: &WgpuBuf, slots: &WgpuBuf, num_tokens: usize, q_heads: usize, g: KvGeometry) -> Result<()> {
+    fn rope_kv_write(
+        &self,
+        q: &mut WgpuBuf,
+        k: &mut WgpuBuf,
+        v: &WgpuBuf,
+        k_cache: &mut WgpuBuf,
+        v_cache: &mut WgpuBuf,
+        positions: &WgpuBuf,
+        inv_freq: &WgpuBuf,
+        slots: &WgpuBuf,
+        num_tokens: usize,
+        q_heads: usize,
+        g: KvGeometry,
+    ) -> Result<()> {
         let op = "rope_kv_write";
         let (kv_heads, head_dim) = (g.num_kv_heads, g.head_dim);
         if head_dim % 2 != 0 {
@@ -1152,7 +1530,8 @@ impl Backend for WgpuBackend {
         to_u32(op, "cache elements", g.layer_elems())?;
         let params = [num_tokens as u32, q_heads as u32, kv_heads as u32, head_dim as u32, g.slots() as u32];
         let [kc, vc] = kv.binds();
-        let binds = [Bind::all(q_b), Bind::all(k_b), Bind::all(p_b), Bind::all(f_b), Bind::all(v_b), kc, vc, Bind::all(s_b)];
+        let binds =
+            [Bind::all(q_b), Bind::all(k_b), Bind::all(p_b), Bind::all(f_b), Bind::all(v_b), kc, vc, Bind::all(s_b)];
         let prelude = Prelude::new().sincos().kv_cache(6, kv.texels(), true);
         match kv.texels() {
             // q's pairs, then k and v a vec4 at a time (see rope.wgsl).
@@ -1181,10 +1560,24 @@ impl Backend for WgpuBackend {
         to_u32(op, "len", len)?;
         let params = [len as u32, factor.to_bits()];
         let vec4 = len % 4 == 0;
-        self.rec.dispatch(shaders::SCALE, &Prelude::new().elems(vec4), &params, &[Bind::all(x_b)], Grid::Linear(groups(if vec4 { len / 4 } else { len }, 64)))
+        self.rec.dispatch(
+            shaders::SCALE,
+            &Prelude::new().elems(vec4),
+            &params,
+            &[Bind::all(x_b)],
+            Grid::Linear(groups(if vec4 { len / 4 } else { len }, 64)),
+        )
     }
 
-    fn moe_route(&self, logits: &WgpuBuf, weights: &mut WgpuBuf, rows: usize, experts: usize, top_k: usize, renormalize: bool) -> Result<()> {
+    fn moe_route(
+        &self,
+        logits: &WgpuBuf,
+        weights: &mut WgpuBuf,
+        rows: usize,
+        experts: usize,
+        top_k: usize,
+        renormalize: bool,
+    ) -> Result<()> {
         let op = "moe_route";
         if rows == 0 || experts == 0 {
             return Ok(());
@@ -1193,10 +1586,26 @@ impl Backend for WgpuBackend {
         let w_b = want_f32(op, "weights", weights, rows * experts)?;
         to_u32(op, "rows * experts", rows * experts)?;
         let params = [rows as u32, experts as u32, top_k.min(experts) as u32, renormalize as u32];
-        self.rec.dispatch(shaders::MOE_ROUTE, &Prelude::new(), &params, &[Bind::all(l_b), Bind::all(w_b)], Grid::Linear(groups(rows, 64)))
+        self.rec.dispatch(
+            shaders::MOE_ROUTE,
+            &Prelude::new(),
+            &params,
+            &[Bind::all(l_b), Bind::all(w_b)],
+            Grid::Linear(groups(rows, 64)),
+        )
     }
 
-    fn moe_accumulate(&self, acc: &mut WgpuBuf, y: &WgpuBuf, weights: &WgpuBuf, rows: usize, dim: usize, expert: usize, experts: usize, first: bool) -> Result<()> {
+    fn moe_accumulate(
+        &self,
+        acc: &mut WgpuBuf,
+        y: &WgpuBuf,
+        weights: &WgpuBuf,
+        rows: usize,
+        dim: usize,
+        expert: usize,
+        experts: usize,
+        first: bool,
+    ) -> Result<()> {
         let op = "moe_accumulate";
         if rows == 0 || dim == 0 {
             return Ok(());
@@ -1209,10 +1618,25 @@ impl Backend for WgpuBackend {
         let w_b = want_f32(op, "weights", weights, rows * experts)?;
         to_u32(op, "rows * dim", rows * dim)?;
         let params = [(rows * dim) as u32, dim as u32, expert as u32, experts as u32, first as u32];
-        self.rec.dispatch(shaders::MOE_ACCUMULATE, &Prelude::new(), &params, &[Bind::all(a_b), Bind::all(y_b), Bind::all(w_b)], Grid::Linear(groups(rows * dim, 64)))
+        self.rec.dispatch(
+            shaders::MOE_ACCUMULATE,
+            &Prelude::new(),
+            &params,
+            &[Bind::all(a_b), Bind::all(y_b), Bind::all(w_b)],
+            Grid::Linear(groups(rows * dim, 64)),
+        )
     }
 
-    fn kv_write(&self, k: &WgpuBuf, v: &WgpuBuf, k_cache: &mut WgpuBuf, v_cache: &mut WgpuBuf, slots: &WgpuBuf, num_tokens: usize, g: KvGeometry) -> Result<()> {
+    fn kv_write(
+        &self,
+        k: &WgpuBuf,
+        v: &WgpuBuf,
+        k_cache: &mut WgpuBuf,
+        v_cache: &mut WgpuBuf,
+        slots: &WgpuBuf,
+        num_tokens: usize,
+        g: KvGeometry,
+    ) -> Result<()> {
         let op = "kv_write";
         let kv_dim = g.num_kv_heads * g.head_dim;
         let k_b = want_f32(op, "k", k, num_tokens * kv_dim)?;
@@ -1226,8 +1650,20 @@ impl Backend for WgpuBackend {
         let prelude = Prelude::new().kv_cache(3, kv.texels(), true);
         match kv.texels() {
             // A texel cache is written a vec4 at a time (alloc_kv made head_dim a multiple of 4).
-            true => self.rec.dispatch(shaders::KV_WRITE_T, &prelude, &params, &binds, Grid::Linear(groups(num_tokens * kv_dim / 4, 64))),
-            false => self.rec.dispatch(shaders::KV_WRITE, &prelude, &params, &binds, Grid::Linear(groups(num_tokens * kv_dim, 64))),
+            true => self.rec.dispatch(
+                shaders::KV_WRITE_T,
+                &prelude,
+                &params,
+                &binds,
+                Grid::Linear(groups(num_tokens * kv_dim / 4, 64)),
+            ),
+            false => self.rec.dispatch(
+                shaders::KV_WRITE,
+                &prelude,
+                &params,
+                &binds,
+                Grid::Linear(groups(num_tokens * kv_dim, 64)),
+            ),
         }
     }
 
@@ -1277,7 +1713,8 @@ impl Backend for WgpuBackend {
         // lavapipe: 1024 x 65 iterations, just past the limit.)
         let keys = a.max_context.max(1);
         let hv = hd / 4;
-        let lane_iters = |gq: usize| keys.div_ceil(8) * (2 * hv * (1 + gq) + 3 * gq + 1) + 3 * gq * hv + 8 * 2 * gq + 32;
+        let lane_iters =
+            |gq: usize| keys.div_ceil(8) * (2 * hv * (1 + gq) + 3 * gq + 1) + 3 * gq * hv + 8 * 2 * gq + 32;
         let group_iters = keys.div_ceil(64) * (hd + 5 * 64 + 1) + 4;
         let fits = |gq: usize| self.loop_limit.is_none_or(|l| lane_iters(gq) <= l);
         // The lane kernel serves GQ query heads of one kv head per workgroup, so each K and V
@@ -1296,13 +1733,21 @@ impl Backend for WgpuBackend {
             .find(|&d| wg_bytes(d) <= max_wg && fits(d));
         match gq {
             Some(gq) if self.lane_kernels && hd % 4 == 0 => {
-                let prelude = Prelude::new().constant("HV", hv as u32).constant("GQ", gq as u32).kv_cache(2, kv.texels(), false).lane_attention(hv, gq);
+                let prelude = Prelude::new()
+                    .constant("HV", hv as u32)
+                    .constant("GQ", gq as u32)
+                    .kv_cache(2, kv.texels(), false)
+                    .lane_attention(hv, gq);
                 self.rec.dispatch(lane_kernel, &prelude, &params, &binds, Grid::Linear((t * nh / gq) as u64))
             }
             _ => {
                 self.check_loops(op, &format!("context {keys}, head_dim {hd}"), group_iters)?;
                 // The lane kernel's declarations in the same file need HV and GQ to compile.
-                let prelude = Prelude::new().constant("HV", hv.max(1) as u32).constant("GQ", 1).kv_cache(2, kv.texels(), false).lane_attention(hv.max(1), 1);
+                let prelude = Prelude::new()
+                    .constant("HV", hv.max(1) as u32)
+                    .constant("GQ", 1)
+                    .kv_cache(2, kv.texels(), false)
+                    .lane_attention(hv.max(1), 1);
                 self.rec.dispatch(group_kernel, &prelude, &params, &binds, Grid::Linear((t * nh) as u64))
             }
         }
@@ -1322,7 +1767,13 @@ impl Backend for WgpuBackend {
         let g = self.argmax_out.lock().map_err(|_| err("argmax scratch lock poisoned"))?;
         let out = g.as_ref().ok_or_else(|| err("argmax scratch missing"))?;
         let binds = [Bind::all(l_b), Bind::all(&out.buf)];
-        self.rec.dispatch(shaders::ARGMAX, &Prelude::new(), &[rows as u32, vocab as u32], &binds, Grid::Linear(rows as u64))?;
+        self.rec.dispatch(
+            shaders::ARGMAX,
+            &Prelude::new(),
+            &[rows as u32, vocab as u32],
+            &binds,
+            Grid::Linear(rows as u64),
+        )?;
         let bytes = self.rec.read(&out.buf, rows as u64 * 4)?;
         Ok(bytes.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
     }

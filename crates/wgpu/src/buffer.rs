@@ -201,7 +201,13 @@ impl WgpuBuf {
 
 impl std::fmt::Debug for WgpuBuf {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WgpuBuf").field("kind", &self.kind).field("len", &self.len).field("name", &self.name).field("tiled", &self.tiled).field("texels", &self.texels.is_some()).finish()
+        f.debug_struct("WgpuBuf")
+            .field("kind", &self.kind)
+            .field("len", &self.len)
+            .field("name", &self.name)
+            .field("tiled", &self.tiled)
+            .field("texels", &self.texels.is_some())
+            .finish()
     }
 }
 

@@ -115,7 +115,11 @@ impl Recorder {
         let profiler = gpu.device.features().contains(wgpu::Features::TIMESTAMP_QUERY).then(|| {
             let bytes = PROFILE_CAP as u64 * 8;
             Profiler {
-                queries: gpu.device.create_query_set(&wgpu::QuerySetDescriptor { label: Some("tandem profile"), ty: wgpu::QueryType::Timestamp, count: PROFILE_CAP }),
+                queries: gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
+                    label: Some("tandem profile"),
+                    ty: wgpu::QueryType::Timestamp,
+                    count: PROFILE_CAP,
+                }),
                 resolve: gpu.device.create_buffer(&wgpu::BufferDescriptor {
                     label: Some("tandem profile resolve"),
                     size: bytes,
@@ -131,7 +135,8 @@ impl Recorder {
                 period_ns: gpu.queue.get_timestamp_period() as f64,
             }
         });
-        let sleepy_wait = gpu.summary.device_type == wgpu::DeviceType::Cpu && std::env::var_os("TANDEM_WGPU_BLOCKING_WAIT").is_none();
+        let sleepy_wait =
+            gpu.summary.device_type == wgpu::DeviceType::Cpu && std::env::var_os("TANDEM_WGPU_BLOCKING_WAIT").is_none();
         Recorder {
             pipelines,
             params_buf,
@@ -168,21 +173,34 @@ impl Recorder {
     /// Records one dispatch of `kernel` over `groups` workgroups (folded into 2-D when it
     /// exceeds the per-dimension limit; kernels compute `wg.y * nwg.x + wg.x`), or over an
     /// explicit `[x, y]` grid.
-    pub fn dispatch(&self, kernel: Kernel, prelude: &Prelude, params: &[u32], binds: &[Bind<'_>], grid: Grid) -> Result<()> {
+    pub fn dispatch(
+        &self,
+        kernel: Kernel,
+        prelude: &Prelude,
+        params: &[u32],
+        binds: &[Bind<'_>],
+        grid: Grid,
+    ) -> Result<()> {
         let [gx, gy] = match grid {
             Grid::Linear(0) | Grid::XY(0, _) | Grid::XY(_, 0) => return Ok(()),
             Grid::Linear(n) => self.fold(kernel, n)?,
             Grid::XY(x, y) => {
                 let max = self.gpu.limits.max_compute_workgroups_per_dimension as u64;
                 if x > max || y > max {
-                    return Err(Error::backend(NAME, format!("{}: grid {x}x{y} exceeds {max} workgroups per dimension", kernel.name)));
+                    return Err(Error::backend(
+                        NAME,
+                        format!("{}: grid {x}x{y} exceeds {max} workgroups per dimension", kernel.name),
+                    ));
                 }
                 [x as u32, y as u32]
             }
         };
         debug_assert_eq!(binds.len(), kernel.bindings.len());
         if params.len() * 4 > PARAMS_BYTES as usize {
-            return Err(Error::backend(NAME, format!("{}: {} parameter words exceed the block", kernel.name, params.len())));
+            return Err(Error::backend(
+                NAME,
+                format!("{}: {} parameter words exceed the block", kernel.name, params.len()),
+            ));
         }
         let pipeline: Arc<Pipeline> = self.pipelines.get(&self.gpu.device, kernel, prelude)?;
         let max_binding = self.gpu.limits.max_storage_buffer_binding_size;
@@ -199,7 +217,10 @@ impl Recorder {
             let (buf, range) = match *b {
                 Bind::Buf { buf, range } => (buf, range),
                 Bind::Texels(view) => {
-                    entries.push(wgpu::BindGroupEntry { binding: i as u32 + 1, resource: wgpu::BindingResource::TextureView(view) });
+                    entries.push(wgpu::BindGroupEntry {
+                        binding: i as u32 + 1,
+                        resource: wgpu::BindingResource::TextureView(view),
+                    });
                     continue;
                 }
             };
@@ -215,7 +236,11 @@ impl Recorder {
             }
             entries.push(wgpu::BindGroupEntry {
                 binding: i as u32 + 1,
-                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer: buf, offset, size: NonZeroU64::new(size) }),
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer: buf,
+                    offset,
+                    size: NonZeroU64::new(size),
+                }),
             });
         }
         // The model binds the same buffers every step: reuse bind groups (a bounded cache; a
@@ -251,7 +276,8 @@ impl Recorder {
         let mut p = lock(&self.pending, "recorder")?;
         let offset = (p.params.len() as u64).next_multiple_of(self.param_align);
         let profiling = self.profiling.load(Ordering::Relaxed);
-        if offset + PARAMS_BYTES > self.params_buf.size() || (profiling && (p.timed.len() as u32 + 1) * 2 > PROFILE_CAP) {
+        if offset + PARAMS_BYTES > self.params_buf.size() || (profiling && (p.timed.len() as u32 + 1) * 2 > PROFILE_CAP)
+        {
             self.submit_locked(&mut p)?;
         }
         if profiling {
@@ -261,7 +287,11 @@ impl Recorder {
             (Some(pr), true) => {
                 let i = p.timed.len() as u32 * 2;
                 p.timed.push(kernel.name);
-                Some(wgpu::ComputePassTimestampWrites { query_set: &pr.queries, beginning_of_pass_write_index: Some(i), end_of_pass_write_index: Some(i + 1) })
+                Some(wgpu::ComputePassTimestampWrites {
+                    query_set: &pr.queries,
+                    beginning_of_pass_write_index: Some(i),
+                    end_of_pass_write_index: Some(i + 1),
+                })
             }
             _ => None,
         };
@@ -270,10 +300,15 @@ impl Recorder {
         p.params.extend(params.iter().flat_map(|w| w.to_le_bytes()));
         p.params.resize((offset + PARAMS_BYTES) as usize, 0);
         let device = &self.gpu.device;
-        let encoder = p.encoder.get_or_insert_with(|| device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("tandem") }));
+        let encoder = p.encoder.get_or_insert_with(|| {
+            device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("tandem") })
+        });
         if timestamps.is_some() {
             // Timed: a pass of its own, with timestamps at its start and end.
-            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(kernel.name), timestamp_writes: timestamps });
+            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some(kernel.name),
+                timestamp_writes: timestamps,
+            });
             pass.set_pipeline(&pipeline.pipeline);
             pass.set_bind_group(0, &bind_group, &[offset as u32]);
             pass.dispatch_workgroups(gx, gy, 1);
@@ -281,7 +316,14 @@ impl Recorder {
             // Consecutive dispatches share one pass (wgpu orders their buffer accesses inside it).
             if p.pass.is_none() {
                 let encoder = p.encoder.as_mut().expect("encoder was just created");
-                p.pass = Some(encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("tandem"), timestamp_writes: None }).forget_lifetime());
+                p.pass = Some(
+                    encoder
+                        .begin_compute_pass(&wgpu::ComputePassDescriptor {
+                            label: Some("tandem"),
+                            timestamp_writes: None,
+                        })
+                        .forget_lifetime(),
+                );
             }
             let pass = p.pass.as_mut().expect("pass was just begun");
             pass.set_pipeline(&pipeline.pipeline);
@@ -342,7 +384,10 @@ impl Recorder {
             .map_err(|_| Error::backend(NAME, "profile mapping was dropped"))?
             .map_err(|e| Error::backend(NAME, format!("mapping the profile: {e}")))?;
         {
-            let view = pr.readback.get_mapped_range(0..bytes).map_err(|e| Error::backend(NAME, format!("reading the profile: {e}")))?;
+            let view = pr
+                .readback
+                .get_mapped_range(0..bytes)
+                .map_err(|e| Error::backend(NAME, format!("reading the profile: {e}")))?;
             let ts: &[u64] = bytemuck::cast_slice(&view);
             if let Ok(mut s) = self.stats.lock() {
                 for (i, name) in timed.iter().enumerate() {
@@ -381,7 +426,15 @@ impl Recorder {
         let width = texture.size().width as usize;
         let texels = bytes.len() / 16;
         if !bytes.len().is_multiple_of(16) || texels.div_ceil(width) > texture.size().height as usize {
-            return Err(Error::backend(NAME, format!("write of {} bytes into a texture of {}x{} 16-byte texels", bytes.len(), width, texture.size().height)));
+            return Err(Error::backend(
+                NAME,
+                format!(
+                    "write of {} bytes into a texture of {}x{} 16-byte texels",
+                    bytes.len(),
+                    width,
+                    texture.size().height
+                ),
+            ));
         }
         let mut p = lock(&self.pending, "recorder")?;
         if p.encoder.is_some() {
@@ -390,9 +443,18 @@ impl Recorder {
         let (full, rest) = (texels / width, texels % width);
         let put = |y: usize, w: usize, h: usize, data: &[u8]| {
             self.gpu.queue.write_texture(
-                wgpu::TexelCopyTextureInfo { texture, mip_level: 0, origin: wgpu::Origin3d { x: 0, y: y as u32, z: 0 }, aspect: wgpu::TextureAspect::All },
+                wgpu::TexelCopyTextureInfo {
+                    texture,
+                    mip_level: 0,
+                    origin: wgpu::Origin3d { x: 0, y: y as u32, z: 0 },
+                    aspect: wgpu::TextureAspect::All,
+                },
                 data,
-                wgpu::TexelCopyBufferLayout { offset: 0, bytes_per_row: Some((w * 16) as u32), rows_per_image: Some(h as u32) },
+                wgpu::TexelCopyBufferLayout {
+                    offset: 0,
+                    bytes_per_row: Some((w * 16) as u32),
+                    rows_per_image: Some(h as u32),
+                },
                 wgpu::Extent3d { width: w as u32, height: h as u32, depth_or_array_layers: 1 },
             )
         };
@@ -408,7 +470,9 @@ impl Recorder {
     /// The pending encoder with no pass open (a copy is recorded outside any pass).
     fn encoder_outside_pass<'p>(&self, p: &'p mut Pending) -> &'p mut wgpu::CommandEncoder {
         p.pass = None; // ends the open pass, releasing the encoder
-        p.encoder.get_or_insert_with(|| self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("tandem") }))
+        p.encoder.get_or_insert_with(|| {
+            self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("tandem") })
+        })
     }
 
     /// Records a copy of a whole texture of 16-byte texels into `buf` (row after row), after
@@ -419,7 +483,14 @@ impl Recorder {
         let encoder = self.encoder_outside_pass(&mut p);
         encoder.copy_texture_to_buffer(
             texture.as_image_copy(),
-            wgpu::TexelCopyBufferInfo { buffer: buf, layout: wgpu::TexelCopyBufferLayout { offset: 0, bytes_per_row: Some(size.width * 16), rows_per_image: Some(size.height) } },
+            wgpu::TexelCopyBufferInfo {
+                buffer: buf,
+                layout: wgpu::TexelCopyBufferLayout {
+                    offset: 0,
+                    bytes_per_row: Some(size.width * 16),
+                    rows_per_image: Some(size.height),
+                },
+            },
             size,
         );
         Ok(())
@@ -432,7 +503,14 @@ impl Recorder {
         let mut p = lock(&self.pending, "recorder")?;
         let encoder = self.encoder_outside_pass(&mut p);
         encoder.copy_buffer_to_texture(
-            wgpu::TexelCopyBufferInfo { buffer: buf, layout: wgpu::TexelCopyBufferLayout { offset: 0, bytes_per_row: Some(width * 16), rows_per_image: Some(rows) } },
+            wgpu::TexelCopyBufferInfo {
+                buffer: buf,
+                layout: wgpu::TexelCopyBufferLayout {
+                    offset: 0,
+                    bytes_per_row: Some(width * 16),
+                    rows_per_image: Some(rows),
+                },
+            },
             texture.as_image_copy(),
             wgpu::Extent3d { width, height: rows, depth_or_array_layers: 1 },
         );
@@ -474,7 +552,9 @@ impl Recorder {
             let mapped = rx.recv().map_err(|_| Error::backend(NAME, "buffer mapping was dropped"))?;
             mapped.map_err(|e| Error::backend(NAME, format!("mapping the staging buffer: {e}")))?;
             {
-                let view = st.get_mapped_range(0..size).map_err(|e| Error::backend(NAME, format!("reading the staging buffer: {e}")))?;
+                let view = st
+                    .get_mapped_range(0..size)
+                    .map_err(|e| Error::backend(NAME, format!("reading the staging buffer: {e}")))?;
                 out.extend_from_slice(&view[..len as usize]);
             }
             st.unmap();

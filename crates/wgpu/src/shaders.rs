@@ -113,16 +113,20 @@ pub(crate) enum MatmulOut {
 }
 pub(crate) const ROPE: Kernel = k("rope", &[RW, RW, R, R]);
 /// rope fused with kv_write: q, k, positions, inv_freq, v, k_cache, v_cache, slots.
-pub(crate) const ROPE_KV_WRITE: Kernel = Kernel { name: "rope", entry: "rope_kv_write", bindings: &[RW, RW, R, R, R, RW, RW, R] };
+pub(crate) const ROPE_KV_WRITE: Kernel =
+    Kernel { name: "rope", entry: "rope_kv_write", bindings: &[RW, RW, R, R, R, RW, RW, R] };
 pub(crate) const SILU_MUL: Kernel = k("silu_mul", &[R, R, RW]);
 pub(crate) const KV_WRITE: Kernel = k("kv_write", &[R, R, RW, RW, R]);
 pub(crate) const PAGED_ATTENTION: Kernel = k("paged_attention", &[R, R, R, R, R, R, RW]);
-pub(crate) const PAGED_ATTENTION_LANE: Kernel = Kernel { name: "paged_attention", entry: "paged_attention_lane", bindings: &[R, R, R, R, R, R, RW] };
+pub(crate) const PAGED_ATTENTION_LANE: Kernel =
+    Kernel { name: "paged_attention", entry: "paged_attention_lane", bindings: &[R, R, R, R, R, R, RW] };
 /// The KV cache in texels (see [`Prelude::kv_cache`]): the caches are textures.
 pub(crate) const KV_WRITE_T: Kernel = Kernel { name: "kv_write", entry: "kv_write_t", bindings: &[R, R, TW, TW, R] };
-pub(crate) const ROPE_KV_WRITE_T: Kernel = Kernel { name: "rope", entry: "rope_kv_write_t", bindings: &[RW, RW, R, R, R, TW, TW, R] };
+pub(crate) const ROPE_KV_WRITE_T: Kernel =
+    Kernel { name: "rope", entry: "rope_kv_write_t", bindings: &[RW, RW, R, R, R, TW, TW, R] };
 pub(crate) const PAGED_ATTENTION_T: Kernel = k("paged_attention", &[R, T, T, R, R, R, RW]);
-pub(crate) const PAGED_ATTENTION_LANE_T: Kernel = Kernel { name: "paged_attention", entry: "paged_attention_lane", bindings: &[R, T, T, R, R, R, RW] };
+pub(crate) const PAGED_ATTENTION_LANE_T: Kernel =
+    Kernel { name: "paged_attention", entry: "paged_attention_lane", bindings: &[R, T, T, R, R, R, RW] };
 pub(crate) const SILU_MUL4: Kernel = Kernel { name: "silu_mul", entry: "silu_mul4", bindings: &[R, R, RW] };
 pub(crate) const GELU_TANH_MUL: Kernel = Kernel { name: "silu_mul", entry: "gelu_tanh_mul", bindings: &[R, R, RW] };
 pub(crate) const GELU_TANH_MUL4: Kernel = Kernel { name: "silu_mul", entry: "gelu_tanh_mul4", bindings: &[R, R, RW] };
@@ -130,7 +134,8 @@ pub(crate) const GELU_TANH_MUL4: Kernel = Kernel { name: "silu_mul", entry: "gel
 pub(crate) const SCALE: Kernel = Kernel { name: "add", entry: "scale", bindings: &[RW] };
 pub(crate) const RMS_NORM_LANE: Kernel = Kernel { name: "rms_norm", entry: "rms_norm_lane", bindings: &[R, R, RW] };
 /// Bindings: acc (updated), w, out, x.
-pub(crate) const ADD_RMS_NORM_LANE: Kernel = Kernel { name: "rms_norm", entry: "add_rms_norm_lane", bindings: &[RW, R, RW, R] };
+pub(crate) const ADD_RMS_NORM_LANE: Kernel =
+    Kernel { name: "rms_norm", entry: "add_rms_norm_lane", bindings: &[RW, R, RW, R] };
 pub(crate) const ARGMAX: Kernel = k("argmax", &[R, RW]);
 /// Bindings: logits, weights.
 pub(crate) const MOE_ROUTE: Kernel = Kernel { name: "moe", entry: "moe_route", bindings: &[R, RW] };
@@ -283,7 +288,8 @@ impl Prelude {
     pub fn optional_weight(mut self, name: &str, binding: u32, dtype: Option<DType>) -> Self {
         match dtype {
             Some(d) => {
-                self.0.push_str(&format!("@group(0) @binding({binding}) var<storage, read> {name}: array<{name}_t>;\n"));
+                self.0
+                    .push_str(&format!("@group(0) @binding({binding}) var<storage, read> {name}: array<{name}_t>;\n"));
                 self.weight(name, d)
             }
             None => {
@@ -538,7 +544,8 @@ impl Prelude {
                 }
             }
             MatmulOut::Residual { next_norm: None } => {
-                "const PAIRS: bool = false;\nfn store_out(row: u32, col: u32, v: f32) { out[row * p.n + col] += v; }\n".to_string()
+                "const PAIRS: bool = false;\nfn store_out(row: u32, col: u32, v: f32) { out[row * p.n + col] += v; }\n"
+                    .to_string()
             }
             MatmulOut::Residual { next_norm: Some((binding, dtype)) } => {
                 self = self.optional_weight("gamma", binding, Some(dtype));
@@ -586,7 +593,11 @@ impl Prelude {
     /// add.wgsl's element type `elem_t` and `ELEMS`, the values in one: `vec4<f32>` and 4 with
     /// `vec4` (one invocation a vec4), else `f32` and 1.
     pub fn elems(mut self, vec4: bool) -> Self {
-        self.0.push_str(if vec4 { "alias elem_t = vec4<f32>;\nconst ELEMS: u32 = 4u;\n" } else { "alias elem_t = f32;\nconst ELEMS: u32 = 1u;\n" });
+        self.0.push_str(if vec4 {
+            "alias elem_t = vec4<f32>;\nconst ELEMS: u32 = 4u;\n"
+        } else {
+            "alias elem_t = f32;\nconst ELEMS: u32 = 1u;\n"
+        });
         self
     }
 
@@ -644,7 +655,8 @@ impl Pipelines {
             None => format!("shaders/{}.wgsl (compiled in)", kernel.name),
         };
         let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let desc = wgpu::ShaderModuleDescriptor { label: Some(kernel.name), source: wgpu::ShaderSource::Wgsl(source.into()) };
+        let desc =
+            wgpu::ShaderModuleDescriptor { label: Some(kernel.name), source: wgpu::ShaderSource::Wgsl(source.into()) };
         let module = if self.checked {
             device.create_shader_module(desc)
         } else {
@@ -685,7 +697,8 @@ impl Pipelines {
                 count: None,
             });
         }
-        let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: Some(kernel.name), entries: &entries });
+        let layout = device
+            .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: Some(kernel.name), entries: &entries });
         let pl = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
             label: Some(kernel.name),
             bind_group_layouts: &[Some(&layout)],

@@ -52,16 +52,24 @@ pub fn run(mut a: Args) -> Result<()> {
     let mut backend = serde_json::Value::Null;
     for &c in &a.concurrency {
         for mode in ["static", "continuous"] {
-            let ea = EngineArgs { max_num_seqs: c, max_num_batched_tokens: Some(a.engine.max_num_batched_tokens.unwrap_or(512).max(c)), scheduler: mode.into(), ..a.engine.clone() };
+            let ea = EngineArgs {
+                max_num_seqs: c,
+                max_num_batched_tokens: Some(a.engine.max_num_batched_tokens.unwrap_or(512).max(c)),
+                scheduler: mode.into(),
+                ..a.engine.clone()
+            };
             let started = model_source::start_engine(&model, &ea)?;
             backend = started.backend_json(ea.backend);
             offline::warm_up(&started.handle, &prompts, a.warmup)?;
-            let r = offline::run(&started.handle, &prompts, c, &format!("{mode} C={c}"), Duration::from_secs(a.timeout_s))?;
+            let r =
+                offline::run(&started.handle, &prompts, c, &format!("{mode} C={c}"), Duration::from_secs(a.timeout_s))?;
             runs.push((c, mode, r));
         }
     }
 
-    let fig = |c: usize, mode: &str| runs.iter().find(|(rc, m, _)| *rc == c && *m == mode).map(|(_, _, r)| r.figures()).expect("every run was made");
+    let fig = |c: usize, mode: &str| {
+        runs.iter().find(|(rc, m, _)| *rc == c && *m == mode).map(|(_, _, r)| r.figures()).expect("every run was made")
+    };
     let mut rows = vec![];
     let mut table = vec![];
     for &c in &a.concurrency {
@@ -105,14 +113,33 @@ pub fn run(mut a: Args) -> Result<()> {
         title: "median end-to-end latency".into(),
         x_label: "concurrency".into(),
         y_label: "ms".into(),
-        series: vec![series("static", &|f| f.e2e.map_or(f64::NAN, |s| s.median)), series("continuous", &|f| f.e2e.map_or(f64::NAN, |s| s.median))],
+        series: vec![
+            series("static", &|f| f.e2e.map_or(f64::NAN, |s| s.median)),
+            series("continuous", &|f| f.e2e.map_or(f64::NAN, |s| s.median)),
+        ],
     };
     if let Err(e) = plot::draw(&report::out_path(&a.out, &stem, "png")?, &[tput, lat]) {
         eprintln!("no plot: {e:#}");
     }
 
-    println!("### static vs continuous batching: {} on {} ({})\n", model.label, a.engine.backend.name(), a.workload.describe());
-    let header = ["C", "static tok/s", "continuous tok/s", "ratio", "static E2E p50 (ms)", "cont. E2E p50 (ms)", "static TTFT p50 (ms)", "cont. TTFT p50 (ms)", "static TPOT p50 (ms)", "cont. TPOT p50 (ms)"];
+    println!(
+        "### static vs continuous batching: {} on {} ({})\n",
+        model.label,
+        a.engine.backend.name(),
+        a.workload.describe()
+    );
+    let header = [
+        "C",
+        "static tok/s",
+        "continuous tok/s",
+        "ratio",
+        "static E2E p50 (ms)",
+        "cont. E2E p50 (ms)",
+        "static TTFT p50 (ms)",
+        "cont. TTFT p50 (ms)",
+        "static TPOT p50 (ms)",
+        "cont. TPOT p50 (ms)",
+    ];
     println!("{}", markdown_table(&header, &rows));
     let errors: usize = runs.iter().map(|(_, _, r)| r.figures().errors).sum();
     if errors > 0 {

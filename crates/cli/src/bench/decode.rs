@@ -122,7 +122,12 @@ pub fn run(mut a: Args) -> Result<()> {
     let model = model_source::resolve(a.model.as_deref(), &a.random)?;
     let total = a.prompt_len + a.max_tokens;
     if total > model.config.max_position_embeddings {
-        bail!("--prompt-len {} + --max-tokens {} exceeds the model's context of {}", a.prompt_len, a.max_tokens, model.config.max_position_embeddings);
+        bail!(
+            "--prompt-len {} + --max-tokens {} exceeds the model's context of {}",
+            a.prompt_len,
+            a.max_tokens,
+            model.config.max_position_embeddings
+        );
     }
     let max_batch = *a.batch_sizes.last().expect("checked non-empty");
     let block_size = 16;
@@ -141,7 +146,13 @@ pub fn run(mut a: Args) -> Result<()> {
     let (mut runner, device) = model_source::load_runner(a.backend, &model.dir, opts)?;
     let load_s = t.elapsed().as_secs_f64();
     let (kv, act) = (runner.kv_dtype(), runner.activation_dtypes().x);
-    eprintln!("loaded {} on {} ({device}) in {load_s:.2} s, {} KV cache, {} matmul inputs", model.label, a.backend.name(), kv.name(), act.name());
+    eprintln!(
+        "loaded {} on {} ({device}) in {load_s:.2} s, {} KV cache, {} matmul inputs",
+        model.label,
+        a.backend.name(),
+        kv.name(),
+        act.name()
+    );
     let seqs = sequences(a.seed, model.config.vocab_size, a.prompt_len, max_batch, blocks_per_seq);
     let steps = a.max_tokens - 1;
 
@@ -153,7 +164,10 @@ pub fn run(mut a: Args) -> Result<()> {
     for &b in &a.batch_sizes {
         decode(runner.as_mut(), &seqs[..b], &first[..b], a.prompt_len, steps.min(3))?;
     }
-    eprintln!("warm-up: {max_batch} prompts prefilled, a few steps at each batch size, in {:.1} s", t.elapsed().as_secs_f64());
+    eprintln!(
+        "warm-up: {max_batch} prompts prefilled, a few steps at each batch size, in {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
     // Kernels one decode step launches, where the backend counts them (the fused layers' aim).
     let mut launches = Map::new();
     for &b in &a.batch_sizes {
@@ -164,7 +178,11 @@ pub fn run(mut a: Args) -> Result<()> {
         }
     }
     if let Some(n) = launches.values().next().and_then(Value::as_u64) {
-        eprintln!("launches per decode step at batch {}: {n} ({:.1} per layer)", a.batch_sizes[0], n as f64 / model.config.num_hidden_layers.max(1) as f64);
+        eprintln!(
+            "launches per decode step at batch {}: {n} ({:.1} per layer)",
+            a.batch_sizes[0],
+            n as f64 / model.config.num_hidden_layers.max(1) as f64
+        );
     }
 
     // With the baseline, one HF run follows each of ours (a fresh process with the cores to
@@ -177,8 +195,17 @@ pub fn run(mut a: Args) -> Result<()> {
         let t = Instant::now();
         prefill(runner.as_mut(), &seqs[..1])?;
         let prefill_s = t.elapsed().as_secs_f64();
-        let decode_s = a.batch_sizes.iter().map(|&b| Ok(decode(runner.as_mut(), &seqs[..b], &first[..b], a.prompt_len, steps)?.0)).collect::<Result<Vec<_>>>()?;
-        let per_batch: Vec<String> = a.batch_sizes.iter().zip(&decode_s).map(|(b, s)| format!("batch {b} {:.1} tok/s", (b * steps) as f64 / s)).collect();
+        let decode_s = a
+            .batch_sizes
+            .iter()
+            .map(|&b| Ok(decode(runner.as_mut(), &seqs[..b], &first[..b], a.prompt_len, steps)?.0))
+            .collect::<Result<Vec<_>>>()?;
+        let per_batch: Vec<String> = a
+            .batch_sizes
+            .iter()
+            .zip(&decode_s)
+            .map(|(b, s)| format!("batch {b} {:.1} tok/s", (b * steps) as f64 / s))
+            .collect();
         eprintln!("run {}/{}: prefill {:.1} ms; decode {}", i + 1, a.runs, prefill_s * 1e3, per_batch.join(", "));
         runs.push(Run { prefill_s, decode_s });
         if a.hf_baseline && hf_error.is_none() {
@@ -194,7 +221,12 @@ pub fn run(mut a: Args) -> Result<()> {
     drop(runner);
 
     let prefill_rate = Rate::of(runs.iter().map(|r| a.prompt_len as f64 / r.prefill_s).collect());
-    let decode_rates: Vec<Rate> = a.batch_sizes.iter().enumerate().map(|(i, &b)| Rate::of(runs.iter().map(|r| (b * steps) as f64 / r.decode_s[i]).collect())).collect();
+    let decode_rates: Vec<Rate> = a
+        .batch_sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &b)| Rate::of(runs.iter().map(|r| (b * steps) as f64 / r.decode_s[i]).collect()))
+        .collect();
     let mut results = json!({
         "prefill_tokens_per_s": prefill_rate.to_json(),
         // The smallest batch size (batch 1 by default), where earlier reports kept it.
@@ -218,11 +250,23 @@ pub fn run(mut a: Args) -> Result<()> {
 
     println!("### decode: {} on {} ({device}), {} prompt + {} output tokens per sequence ({steps} timed decode steps), {} runs\n", model.label, a.backend.name(), a.prompt_len, a.max_tokens, a.runs);
     if let Some(hf) = &hf {
-        println!("HF: transformers {}, torch {}, {} on {}, {} threads\n", hf["transformers"].as_str().unwrap_or("?"), hf["torch"].as_str().unwrap_or("?"), hf["dtype"].as_str().unwrap_or("?"), hf["device"].as_str().unwrap_or("?"), hf["threads"]);
+        println!(
+            "HF: transformers {}, torch {}, {} on {}, {} threads\n",
+            hf["transformers"].as_str().unwrap_or("?"),
+            hf["torch"].as_str().unwrap_or("?"),
+            hf["dtype"].as_str().unwrap_or("?"),
+            hf["device"].as_str().unwrap_or("?"),
+            hf["threads"]
+        );
     }
-    let mut rows = vec![row("prefill tok/s".into(), prefill_rate, hf.as_ref().and_then(|h| h["prefill_tokens_per_s"].as_f64()))];
+    let mut rows =
+        vec![row("prefill tok/s".into(), prefill_rate, hf.as_ref().and_then(|h| h["prefill_tokens_per_s"].as_f64()))];
     for (i, &b) in a.batch_sizes.iter().enumerate() {
-        rows.push(row(format!("decode tok/s batch {b}"), decode_rates[i], hf.as_ref().and_then(|h| h["decode_tokens_per_s"][b.to_string()].as_f64())));
+        rows.push(row(
+            format!("decode tok/s batch {b}"),
+            decode_rates[i],
+            hf.as_ref().and_then(|h| h["decode_tokens_per_s"][b.to_string()].as_f64()),
+        ));
     }
     println!("{}", markdown_table(&["", "tandem median", "tandem best", "HF", "tandem/HF"], &rows));
     Ok(())
@@ -275,7 +319,13 @@ fn prefill(runner: &mut dyn ModelRunner, seqs: &[Seq]) -> Result<Vec<u32>> {
 /// `steps` greedy decode steps of every sequence in `seqs`, one forward per step carrying one
 /// token per sequence, from `first` at position `start`; returns the seconds they took and
 /// each sequence's last chosen token.
-fn decode(runner: &mut dyn ModelRunner, seqs: &[Seq], first: &[u32], start: usize, steps: usize) -> Result<(f64, Vec<u32>)> {
+fn decode(
+    runner: &mut dyn ModelRunner,
+    seqs: &[Seq],
+    first: &[u32],
+    start: usize,
+    steps: usize,
+) -> Result<(f64, Vec<u32>)> {
     let block_size = runner.kv_geometry().block_size;
     let greedy = vec![SampleSpec::greedy(); seqs.len()];
     let mut next = first.to_vec();
@@ -308,7 +358,14 @@ fn row(name: String, ours: Rate, hf: Option<f64>) -> Vec<String> {
 /// One run of the HF baseline (its own warm-up, then one timed run).
 fn hf_round(a: &Args, model_dir: &std::path::Path) -> Result<Value> {
     let threads = a.hf_threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let spec = DecodeSpec { prompt_len: a.prompt_len, max_tokens: a.max_tokens, batch_sizes: &a.batch_sizes, runs: 1, seed: a.seed, threads };
+    let spec = DecodeSpec {
+        prompt_len: a.prompt_len,
+        max_tokens: a.max_tokens,
+        batch_sizes: &a.batch_sizes,
+        runs: 1,
+        seed: a.seed,
+        threads,
+    };
     hf_baseline::run_decode(&a.python, &a.hf_script, model_dir, &spec, &a.hf_args)
 }
 
@@ -324,7 +381,11 @@ fn hf_figures(a: &Args, rounds: Vec<Value>, error: Option<String>, results: &mut
     let median = |get: &dyn Fn(&Value) -> Option<f64>| -> Value {
         let mut v: Vec<f64> = rounds.iter().filter_map(get).collect();
         v.sort_by(|x, y| x.total_cmp(y));
-        if v.is_empty() { Value::Null } else { json!(percentile(&v, 50.0)) }
+        if v.is_empty() {
+            Value::Null
+        } else {
+            json!(percentile(&v, 50.0))
+        }
     };
     let mut hf = first;
     hf["prefill_tokens_per_s"] = median(&|r| r["prefill_tokens_per_s"].as_f64());
@@ -359,7 +420,13 @@ mod tests {
         tandem_models::write_random_model(&dir, tandem_models::Shape::Tiny, 1, tandem_core::DType::F32).unwrap();
         let (prompt_len, max_tokens, batch, block_size) = (11usize, 6, 3, 4);
         let per_seq = (prompt_len + max_tokens).div_ceil(block_size);
-        let opts = LoadOptions { max_batch_tokens: 8, max_seqs: batch, num_kv_blocks: batch * per_seq, block_size, ..Default::default() };
+        let opts = LoadOptions {
+            max_batch_tokens: 8,
+            max_seqs: batch,
+            num_kv_blocks: batch * per_seq,
+            block_size,
+            ..Default::default()
+        };
         let (mut runner, _) = model_source::load_runner(BackendKind::Reference, &dir, opts).unwrap();
         let seqs = sequences(7, runner.config().vocab_size, prompt_len, batch, per_seq);
         let first = prefill(runner.as_mut(), &seqs).unwrap();

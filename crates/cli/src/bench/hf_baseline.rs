@@ -13,12 +13,26 @@ use super::workload::Prompt;
 
 /// `bench throughput`'s baseline: `script` over `prompts` (written to a temporary file) in
 /// static batches of `batch`.
-pub fn run(python: &str, script: &Path, model_dir: &Path, prompts: &[Prompt], batch: usize, extra: &[String]) -> Result<Value> {
+pub fn run(
+    python: &str,
+    script: &Path,
+    model_dir: &Path,
+    prompts: &[Prompt],
+    batch: usize,
+    extra: &[String],
+) -> Result<Value> {
     check_script(script)?;
     let file = std::env::temp_dir().join(format!("tandem-bench-prompts-{}.json", std::process::id()));
     write_prompts(&file, prompts)?;
     eprintln!("running the HF baseline: {python} {} (batch {batch}) ...", script.display());
-    let args = ["--model".to_string(), model_dir.display().to_string(), "--prompts-file".into(), file.display().to_string(), "--batch-size".into(), batch.to_string()];
+    let args = [
+        "--model".to_string(),
+        model_dir.display().to_string(),
+        "--prompts-file".into(),
+        file.display().to_string(),
+        "--batch-size".into(),
+        batch.to_string(),
+    ];
     let out = run_script(python, script, &args, extra);
     let _ = std::fs::remove_file(&file);
     let v = out?;
@@ -50,7 +64,11 @@ pub struct DecodeSpec<'a> {
 pub fn run_decode(python: &str, script: &Path, model_dir: &Path, spec: &DecodeSpec, extra: &[String]) -> Result<Value> {
     check_script(script)?;
     let sizes = spec.batch_sizes.iter().map(|b| b.to_string()).collect::<Vec<_>>().join(",");
-    eprintln!("running the HF baseline: {python} {} (batch sizes {sizes}, {} threads) ...", script.display(), spec.threads);
+    eprintln!(
+        "running the HF baseline: {python} {} (batch sizes {sizes}, {} threads) ...",
+        script.display(),
+        spec.threads
+    );
     let args = [
         ("--model", model_dir.display().to_string()),
         ("--prompt-len", spec.prompt_len.to_string()),
@@ -76,7 +94,10 @@ pub fn run_decode(python: &str, script: &Path, model_dir: &Path, spec: &DecodeSp
 
 fn check_script(script: &Path) -> Result<()> {
     if !script.exists() {
-        bail!("{}: the baseline script is not there (run from the repository root, or give --hf-script)", script.display());
+        bail!(
+            "{}: the baseline script is not there (run from the repository root, or give --hf-script)",
+            script.display()
+        );
     }
     Ok(())
 }
@@ -95,6 +116,10 @@ fn run_script(python: &str, script: &Path, args: &[String], extra: &[String]) ->
         bail!("{} exited with {}", script.display(), out.status);
     }
     let text = String::from_utf8_lossy(&out.stdout);
-    let last = text.lines().rev().find(|l| l.trim_start().starts_with('{')).with_context(|| format!("{} printed no JSON line", script.display()))?;
+    let last = text
+        .lines()
+        .rev()
+        .find(|l| l.trim_start().starts_with('{'))
+        .with_context(|| format!("{} printed no JSON line", script.display()))?;
     serde_json::from_str(last).with_context(|| format!("{} printed invalid JSON: {last}", script.display()))
 }

@@ -16,7 +16,11 @@ use hyper_util::rt::TokioIo;
 pub fn loopback(host: &str, port: u16) -> Result<SocketAddr> {
     let ip: IpAddr = match host {
         "localhost" => Ipv4Addr::LOCALHOST.into(),
-        h => h.trim_start_matches('[').trim_end_matches(']').parse().map_err(|_| anyhow!("--host {host}: only 127.0.0.1, ::1 or localhost are allowed"))?,
+        h => h
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse()
+            .map_err(|_| anyhow!("--host {host}: only 127.0.0.1, ::1 or localhost are allowed"))?,
     };
     if !ip.is_loopback() {
         bail!("--host {host}: not a loopback address; this benchmark only loads a server on this machine");
@@ -101,7 +105,11 @@ impl SseSplitter {
         while let Some(end) = find_blank_line(&self.buf) {
             let event: Vec<u8> = self.buf.drain(..end.0 + end.1).collect();
             let text = String::from_utf8_lossy(&event[..end.0]);
-            let data: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("data:")).map(|d| d.strip_prefix(' ').unwrap_or(d)).collect();
+            let data: Vec<&str> = text
+                .lines()
+                .filter_map(|l| l.strip_prefix("data:"))
+                .map(|d| d.strip_prefix(' ').unwrap_or(d))
+                .collect();
             if !data.is_empty() {
                 out.push(data.join("\n"));
             }

@@ -143,7 +143,13 @@ fn values(seed: u64, n: usize, scale: f32) -> Vec<f32> {
 
 fn gemms<B: Backend>(b: &B, s: Shape, a: &Args, dtype: DType, rows: &mut Vec<Row>) -> Result<()> {
     let kv = s.kv_heads * s.head_dim;
-    let list = [("qkv", s.hidden + 2 * kv, s.hidden), ("o", s.hidden, s.hidden), ("gate_up", 2 * s.inter, s.hidden), ("down", s.hidden, s.inter), ("lm_head", s.vocab, s.hidden)];
+    let list = [
+        ("qkv", s.hidden + 2 * kv, s.hidden),
+        ("o", s.hidden, s.hidden),
+        ("gate_up", 2 * s.inter, s.hidden),
+        ("down", s.hidden, s.inter),
+        ("lm_head", s.vocab, s.hidden),
+    ];
     let wbytes = match dtype {
         DType::F32 => 4.0,
         _ => 2.0,
@@ -162,9 +168,17 @@ fn gemms<B: Backend>(b: &B, s: Shape, a: &Args, dtype: DType, rows: &mut Vec<Row
             b.rms_norm(&xf, &ones, &mut x, m, k, 1e-5)?;
             drop(xf);
             let mut out = b.alloc_f32(m * n)?;
-            let us = time(b, a.min_ms, || b.matmul(&x, &w, None, &mut out, m, n, k)).with_context(|| format!("{name} m={m}"))?;
+            let us = time(b, a.min_ms, || b.matmul(&x, &w, None, &mut out, m, n, k))
+                .with_context(|| format!("{name} m={m}"))?;
             let bytes = n as f64 * k as f64 * wbytes + (m * k * x_dtype.size()) as f64 + (m * n) as f64 * 4.0;
-            rows.push(Row { op: format!("gemm {name}"), case: format!("m={m} n={n} k={k}"), us, bytes, flops: 2.0 * (m * n * k) as f64, spec: json!({"kind": "gemm", "m": m, "n": n, "k": k, "x_dtype": x_dtype.name()}) });
+            rows.push(Row {
+                op: format!("gemm {name}"),
+                case: format!("m={m} n={n} k={k}"),
+                us,
+                bytes,
+                flops: 2.0 * (m * n * k) as f64,
+                spec: json!({"kind": "gemm", "m": m, "n": n, "k": k, "x_dtype": x_dtype.name()}),
+            });
         }
     }
     Ok(())
@@ -184,10 +198,19 @@ fn attention_variant(a: &Args) -> Option<String> {
 }
 
 /// Attention over `seqs` sequences of `ctx` tokens each, the last `q_len` of each in the step.
-fn attention<B: Backend>(b: &B, s: Shape, a: &Args, seqs: usize, ctx: usize, q_len: usize, rows: &mut Vec<Row>) -> Result<()> {
+fn attention<B: Backend>(
+    b: &B,
+    s: Shape,
+    a: &Args,
+    seqs: usize,
+    ctx: usize,
+    q_len: usize,
+    rows: &mut Vec<Row>,
+) -> Result<()> {
     let block = 16;
     let max_blocks = ctx.div_ceil(block);
-    let g = KvGeometry { num_blocks: seqs * max_blocks, block_size: block, num_kv_heads: s.kv_heads, head_dim: s.head_dim };
+    let g =
+        KvGeometry { num_blocks: seqs * max_blocks, block_size: block, num_kv_heads: s.kv_heads, head_dim: s.head_dim };
     let kv_vals = values(7, g.layer_elems(), 1.0);
     // The backend's default KV element type (bf16 on CUDA), as serving uses it.
     let kv_dtype = b.kv_dtypes()[0];
@@ -216,14 +239,34 @@ fn attention<B: Backend>(b: &B, s: Shape, a: &Args, seqs: usize, ctx: usize, q_l
     b.write_u32(&mut tb, &seq_of)?;
     b.write_u32(&mut bt, &table)?;
     let mut out = b.alloc_f32(t * s.heads * s.head_dim)?;
-    let args = AttnArgs { q: &q, k_cache: &k_cache, v_cache: &v_cache, positions: &pb, token_seq: &tb, block_tables: &bt, num_tokens: t, num_seqs: seqs, max_blocks, max_context: ctx, decode_tokens: if q_len == 1 { t } else { 0 }, num_heads: s.heads, geometry: g, scale: 1.0 / (s.head_dim as f32).sqrt(), window: 0 };
+    let args = AttnArgs {
+        q: &q,
+        k_cache: &k_cache,
+        v_cache: &v_cache,
+        positions: &pb,
+        token_seq: &tb,
+        block_tables: &bt,
+        num_tokens: t,
+        num_seqs: seqs,
+        max_blocks,
+        max_context: ctx,
+        decode_tokens: if q_len == 1 { t } else { 0 },
+        num_heads: s.heads,
+        geometry: g,
+        scale: 1.0 / (s.head_dim as f32).sqrt(),
+        window: 0,
+    };
     let us = time(b, a.min_ms, || b.paged_attention(&args, &mut out))?;
     let kv_bytes = 2.0 * (seqs * ctx * per) as f64 * kv_dtype.size() as f64;
     let io = 2.0 * (t * s.heads * s.head_dim) as f64 * 4.0;
     // Causal prefill does half the square; decode one query row per sequence.
     let pairs = if q_len == 1 { (seqs * ctx) as f64 } else { seqs as f64 * (q_len * (q_len + 1) / 2) as f64 };
     let flops = 4.0 * pairs * (s.heads * s.head_dim) as f64;
-    let (op, mut case) = if q_len == 1 { ("attention decode", format!("batch={seqs} ctx={ctx} kv={}", kv_dtype.name())) } else { ("attention prefill", format!("tokens={q_len} kv={}", kv_dtype.name())) };
+    let (op, mut case) = if q_len == 1 {
+        ("attention decode", format!("batch={seqs} ctx={ctx} kv={}", kv_dtype.name()))
+    } else {
+        ("attention prefill", format!("tokens={q_len} kv={}", kv_dtype.name()))
+    };
     // The CUDA attention variant (TANDEM_CUDA_ATTENTION), named when one is picked, so that
     // gpu/tune.sh's tables of tc and tc_deep side by side say which row is which.
     if let Some(v) = attention_variant(a) {
@@ -239,17 +282,42 @@ fn sampling<B: Backend>(b: &B, s: Shape, a: &Args, batch: usize, rows: &mut Vec<
     let mut logits = b.alloc_f32(n)?;
     b.write_f32(&mut logits, &values(11 + batch as u64, n, 8.0))?;
     let bytes = n as f64 * 4.0;
-    let us = time(b, a.min_ms, || b.argmax(&logits, batch, s.vocab).map(drop)).with_context(|| format!("argmax batch={batch}"))?;
-    rows.push(Row { op: "argmax".into(), case: format!("batch={batch} vocab={}", s.vocab), us, bytes, flops: 0.0, spec: json!({"kind": "argmax", "batch": batch, "vocab": s.vocab}) });
+    let us = time(b, a.min_ms, || b.argmax(&logits, batch, s.vocab).map(drop))
+        .with_context(|| format!("argmax batch={batch}"))?;
+    rows.push(Row {
+        op: "argmax".into(),
+        case: format!("batch={batch} vocab={}", s.vocab),
+        us,
+        bytes,
+        flops: 0.0,
+        spec: json!({"kind": "argmax", "batch": batch, "vocab": s.vocab}),
+    });
     for (name, top_k, top_p) in [("top-p 0.9", 0u32, 0.9f32), ("top-k 50 top-p 0.9", 50, 0.9)] {
         let mut step = 0u32;
         let us = time(b, a.min_ms, || {
             step += 1;
-            let specs: Vec<SampleSpec> = (0..batch as u32).map(|r| SampleSpec { temperature: 1.0, top_k, top_p, min_p: 0.0, seed: 7 + r as u64, completion: 0, token_index: step }).collect();
+            let specs: Vec<SampleSpec> = (0..batch as u32)
+                .map(|r| SampleSpec {
+                    temperature: 1.0,
+                    top_k,
+                    top_p,
+                    min_p: 0.0,
+                    seed: 7 + r as u64,
+                    completion: 0,
+                    token_index: step,
+                })
+                .collect();
             b.sample(&logits, batch, s.vocab, &specs).map(drop)
         })
         .with_context(|| format!("sample {name} batch={batch}"))?;
-        rows.push(Row { op: format!("sample {name}"), case: format!("batch={batch} vocab={}", s.vocab), us, bytes, flops: 0.0, spec: json!({"kind": "sample", "batch": batch, "vocab": s.vocab, "top_k": top_k, "top_p": top_p}) });
+        rows.push(Row {
+            op: format!("sample {name}"),
+            case: format!("batch={batch} vocab={}", s.vocab),
+            us,
+            bytes,
+            flops: 0.0,
+            spec: json!({"kind": "sample", "batch": batch, "vocab": s.vocab, "top_k": top_k, "top_p": top_p}),
+        });
     }
     Ok(())
 }
@@ -310,7 +378,14 @@ pub fn run(a: Args) -> Result<()> {
         .iter()
         .map(|r| {
             let f = floor(r);
-            vec![r.op.clone(), r.case.clone(), format!("{:.1}", r.us), format!("{:.1}", r.bytes / r.us / 1e3), format!("{:.2}", r.flops / r.us / 1e6), f.map_or("-".into(), |f| format!("{:.0}%", 100.0 * f / r.us))]
+            vec![
+                r.op.clone(),
+                r.case.clone(),
+                format!("{:.1}", r.us),
+                format!("{:.1}", r.bytes / r.us / 1e3),
+                format!("{:.2}", r.flops / r.us / 1e6),
+                f.map_or("-".into(), |f| format!("{:.0}%", 100.0 * f / r.us)),
+            ]
         })
         .collect();
     let results: Vec<Value> = rows
@@ -318,7 +393,13 @@ pub fn run(a: Args) -> Result<()> {
         .map(|r| json!({"op": r.op, "case": r.case, "us": r.us, "bytes": r.bytes, "flops": r.flops, "floor_us": floor(r), "frac_of_floor": floor(r).map(|f| f / r.us), "torch": r.spec}))
         .collect();
     let settings = json!({"shape": a.shape, "dtype": a.dtype, "min_ms": a.min_ms, "bandwidth_gbs": a.bandwidth_gbs, "peak_tflops": a.peak_tflops, "cuda_attention": attention_variant(&a)});
-    let rep = report::build("kernels", json!({"name": a.backend.name(), "device": device}), json!({"shape": a.shape}), settings, json!(results));
+    let rep = report::build(
+        "kernels",
+        json!({"name": a.backend.name(), "device": device}),
+        json!({"shape": a.shape}),
+        settings,
+        json!(results),
+    );
     report::write_json(&a.out, &format!("kernels-{}-{}", a.backend.name(), a.shape), &rep)?;
     println!("### kernel lab: {} on {} ({device})\n", a.shape, a.backend.name());
     println!("{}", markdown_table(&["op", "case", "us", "GB/s", "TFLOP/s", "of floor"], &table));

@@ -78,7 +78,12 @@ pub fn run(a: Args) -> Result<()> {
         v.sort_by(|a, b| a.total_cmp(b));
         (v[0], percentile(&v, 50.0))
     };
-    let parts: [Part; 4] = [("config.json", |p| p.config), ("tokenizer.json", |p| p.tokenizer), ("safetensors headers + mmap", |p| p.weights), ("total", |p| p.total)];
+    let parts: [Part; 4] = [
+        ("config.json", |p| p.config),
+        ("tokenizer.json", |p| p.tokenizer),
+        ("safetensors headers + mmap", |p| p.weights),
+        ("total", |p| p.total),
+    ];
     let mut rows = vec![];
     let mut results = serde_json::Map::new();
     for (name, f) in parts {
@@ -91,14 +96,35 @@ pub fn run(a: Args) -> Result<()> {
     results.insert("tensors".into(), json!(runs[0].tensors));
     results.insert("target_ms".into(), json!(a.target_ms));
     results.insert("meets_target".into(), json!(med < a.target_ms));
-    let bytes: u64 = std::fs::read_dir(&model.dir)?.filter_map(|e| e.ok()).filter(|e| e.path().extension().is_some_and(|x| x == "safetensors")).filter_map(|e| e.metadata().ok()).map(|m| m.len()).sum();
+    let bytes: u64 = std::fs::read_dir(&model.dir)?
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().extension().is_some_and(|x| x == "safetensors"))
+        .filter_map(|e| e.metadata().ok())
+        .map(|m| m.len())
+        .sum();
     results.insert("safetensors_bytes".into(), json!(bytes));
 
     let settings = json!({"runs": a.runs, "warm": true});
-    let rep = report::build("load", json!({"name": "none", "device": "none (no compute)"}), model.to_json(&a.random), settings, results.into());
+    let rep = report::build(
+        "load",
+        json!({"name": "none", "device": "none (no compute)"}),
+        model.to_json(&a.random),
+        settings,
+        results.into(),
+    );
     report::write_json(&a.out, &format!("load-{}", model.label), &rep)?;
-    println!("### load: {} ({:.1} MB of safetensors, {} tensors), warm, {} runs\n", model.label, bytes as f64 / 1e6, runs[0].tensors, a.runs);
+    println!(
+        "### load: {} ({:.1} MB of safetensors, {} tensors), warm, {} runs\n",
+        model.label,
+        bytes as f64 / 1e6,
+        runs[0].tensors,
+        a.runs
+    );
     println!("{}", markdown_table(&["part", "min (ms)", "median (ms)"], &rows));
-    println!("total: min {min:.2} ms, median {med:.2} ms (target < {} ms: {})", a.target_ms, if med < a.target_ms { "met" } else { "NOT met" });
+    println!(
+        "total: min {min:.2} ms, median {med:.2} ms (target < {} ms: {})",
+        a.target_ms,
+        if med < a.target_ms { "met" } else { "NOT met" }
+    );
     Ok(())
 }

@@ -96,7 +96,8 @@ fn random_model_dir(name: &str, r: &RandomModelArgs) -> Result<PathBuf> {
     let tmp = cache.join(format!(".{}-seed{}-bf16.{}", shape.name(), r.model_seed, std::process::id()));
     let t = Instant::now();
     eprintln!("writing a random {} model (seed {}) to {} ...", shape.name(), r.model_seed, dir.display());
-    tandem_models::write_random_model(&tmp, shape, r.model_seed, DType::BF16).with_context(|| format!("writing a random {} model to {}", shape.name(), tmp.display()))?;
+    tandem_models::write_random_model(&tmp, shape, r.model_seed, DType::BF16)
+        .with_context(|| format!("writing a random {} model to {}", shape.name(), tmp.display()))?;
     match std::fs::rename(&tmp, &dir) {
         Ok(()) => {}
         // Another run wrote it meanwhile: use theirs.
@@ -114,7 +115,9 @@ fn random_model_dir(name: &str, r: &RandomModelArgs) -> Result<PathBuf> {
 pub fn load_runner(kind: BackendKind, dir: &Path, opts: LoadOptions) -> Result<(Box<dyn ModelRunner>, String)> {
     let m = backends::load_model(kind, dir, opts)?;
     let device = match m.backend {
-        tandem::Backend::Reference => format!("CPU reference ({})", super::report::machine()["cpu"].as_str().unwrap_or("unknown")),
+        tandem::Backend::Reference => {
+            format!("CPU reference ({})", super::report::machine()["cpu"].as_str().unwrap_or("unknown"))
+        }
         _ => m.device,
     };
     Ok((m.runner, device))
@@ -150,8 +153,17 @@ pub fn start_engine(model: &ModelInfo, ea: &EngineArgs) -> Result<Started> {
     tok.add_eos_ids(&model.config.eos_token_ids);
     let (runner, device) = load_runner(ea.backend, &model.dir, ea.load_options())?;
     let (geo, kv_dtype) = (runner.kv_geometry(), runner.kv_dtype());
-    let handle = Engine::spawn(runner, tandem_server::engine_adapter::decode_fn(Arc::new(tok)), ea.engine_config(None)?).map_err(|e| anyhow!("{e}"))?;
-    Ok(Started { handle, device, load_s: t.elapsed().as_secs_f64(), kv_blocks: geo.num_blocks, block_size: geo.block_size, kv_dtype })
+    let handle =
+        Engine::spawn(runner, tandem_server::engine_adapter::decode_fn(Arc::new(tok)), ea.engine_config(None)?)
+            .map_err(|e| anyhow!("{e}"))?;
+    Ok(Started {
+        handle,
+        device,
+        load_s: t.elapsed().as_secs_f64(),
+        kv_blocks: geo.num_blocks,
+        block_size: geo.block_size,
+        kv_dtype,
+    })
 }
 
 /// The engine settings as the report records them.

@@ -116,7 +116,9 @@ fn greedy_forced(output_len: usize) -> SamplingParams {
 pub fn warm_up(handle: &EngineHandle, prompts: &[Prompt], n: usize) -> Result<()> {
     for p in prompts.iter().take(n) {
         let ids: Vec<u32> = p.ids.iter().rev().copied().collect();
-        let mut s = handle.submit(Request { prompt: ids, params: greedy_forced(p.output_len.min(4)), priority: 0 }).context("warm-up request")?;
+        let mut s = handle
+            .submit(Request { prompt: ids, params: greedy_forced(p.output_len.min(4)), priority: 0 })
+            .context("warm-up request")?;
         while let Some(o) = s.blocking_recv() {
             if let Some(FinishReason::Error(e)) = &o.finish_reason {
                 bail!("warm-up request failed: {e}");
@@ -130,13 +132,27 @@ pub fn warm_up(handle: &EngineHandle, prompts: &[Prompt], n: usize) -> Result<()
 }
 
 /// Runs every prompt, at most `concurrency` at a time; gives up after `timeout`.
-pub fn run(handle: &EngineHandle, prompts: &[Prompt], concurrency: usize, label: &str, timeout: Duration) -> Result<RunResult> {
+pub fn run(
+    handle: &EngineHandle,
+    prompts: &[Prompt],
+    concurrency: usize,
+    label: &str,
+    timeout: Duration,
+) -> Result<RunResult> {
     run_guided(handle, prompts, &[], concurrency, label, timeout)
 }
 
 /// As [`run`], prompt `i` constrained by `guides[i]` where that is given.
-pub fn run_guided(handle: &EngineHandle, prompts: &[Prompt], guides: &[Option<Guided>], concurrency: usize, label: &str, timeout: Duration) -> Result<RunResult> {
-    let guides: Arc<Vec<Option<Guided>>> = Arc::new((0..prompts.len()).map(|i| guides.get(i).cloned().flatten()).collect());
+pub fn run_guided(
+    handle: &EngineHandle,
+    prompts: &[Prompt],
+    guides: &[Option<Guided>],
+    concurrency: usize,
+    label: &str,
+    timeout: Duration,
+) -> Result<RunResult> {
+    let guides: Arc<Vec<Option<Guided>>> =
+        Arc::new((0..prompts.len()).map(|i| guides.get(i).cloned().flatten()).collect());
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let prompts: Arc<Vec<Prompt>> = Arc::new(prompts.to_vec());
     let n = prompts.len();
@@ -196,8 +212,14 @@ pub fn run_guided(handle: &EngineHandle, prompts: &[Prompt], guides: &[Option<Gu
     // The engine's own high-water mark catches steps between two samples (a short run can
     // finish inside one tick); the warm-up's requests are smaller than the run's.
     let kv_peak = kv_peak.max(after.kv_usage).max(after.kv_usage_peak);
-    progress.finish(done.load(Ordering::Relaxed), &format!("{:.0} tok/s", tokens.load(Ordering::Relaxed) as f64 / wall_s));
-    Ok(RunResult { records, wall_s, kv_usage_peak: Some(kv_peak), preemptions: Some(after.preemptions_total - before.preemptions_total) })
+    progress
+        .finish(done.load(Ordering::Relaxed), &format!("{:.0} tok/s", tokens.load(Ordering::Relaxed) as f64 / wall_s));
+    Ok(RunResult {
+        records,
+        wall_s,
+        kv_usage_peak: Some(kv_peak),
+        preemptions: Some(after.preemptions_total - before.preemptions_total),
+    })
 }
 
 async fn one_request(h: &EngineHandle, p: &Prompt, guided: Option<Guided>, tokens: &AtomicUsize) -> RequestRecord {

@@ -56,7 +56,8 @@ pub struct Panel {
     pub series: Vec<Series>,
 }
 
-const COLORS: [RGBColor; 4] = [RGBColor(31, 119, 180), RGBColor(214, 39, 40), RGBColor(44, 160, 44), RGBColor(255, 127, 14)];
+const COLORS: [RGBColor; 4] =
+    [RGBColor(31, 119, 180), RGBColor(214, 39, 40), RGBColor(44, 160, 44), RGBColor(255, 127, 14)];
 
 /// Draws the panels side by side into a PNG.
 pub fn draw(path: &Path, panels: &[Panel]) -> Result<()> {
@@ -107,17 +108,27 @@ fn draw_panel(area: &Area, p: &Panel, text: bool) -> Result<(), Box<dyn std::err
         let c = COLORS[i % COLORS.len()];
         let line = chart.draw_series(LineSeries::new(s.points.iter().copied(), c.stroke_width(2)))?;
         if text {
-            line.label(s.name.as_str()).legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
+            line.label(s.name.as_str())
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
         }
         chart.draw_series(s.points.iter().map(|&(x, y)| Circle::new((x, y), 4, c.filled())))?;
         if text {
             for (&(x, y), l) in s.points.iter().zip(&s.point_labels) {
-                chart.draw_series(std::iter::once(Text::new(l.clone(), (x, y), ("sans-serif", 12).into_font().color(&c))))?;
+                chart.draw_series(std::iter::once(Text::new(
+                    l.clone(),
+                    (x, y),
+                    ("sans-serif", 12).into_font().color(&c),
+                )))?;
             }
         }
     }
     if text && p.series.len() > 1 {
-        chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).label_font(("sans-serif", 13)).draw()?;
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .label_font(("sans-serif", 13))
+            .draw()?;
     }
     Ok(())
 }

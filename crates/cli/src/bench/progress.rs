@@ -31,7 +31,8 @@ impl Progress {
         const WIDTH: usize = 30;
         let filled = (done * WIDTH).checked_div(self.total).unwrap_or(WIDTH).min(WIDTH);
         let bar: String = "#".repeat(filled) + &".".repeat(WIDTH - filled);
-        let line = format!("{} [{bar}] {done}/{} {:.1}s {extra}", self.label, self.total, self.start.elapsed().as_secs_f64());
+        let line =
+            format!("{} [{bar}] {done}/{} {:.1}s {extra}", self.label, self.total, self.start.elapsed().as_secs_f64());
         let mut err = std::io::stderr().lock();
         let _ = if self.tty { write!(err, "\r{line}\x1b[K") } else { writeln!(err, "{line}") };
         let _ = err.flush();

@@ -15,7 +15,12 @@ pub fn machine() -> Value {
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split_once(':')).map(|(_, v)| v.trim().to_string()))
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
         .unwrap_or_else(|| "unknown".into());
     let os = std::fs::read_to_string("/etc/os-release")
         .ok()
@@ -23,10 +28,16 @@ pub fn machine() -> Value {
         .unwrap_or_else(|| std::env::consts::OS.into());
     let mem_gib = std::fs::read_to_string("/proc/meminfo")
         .ok()
-        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("MemTotal:").and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())))
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix("MemTotal:").and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+            })
+        })
         .map(|kb| (kb / (1024.0 * 1024.0) * 10.0).round() / 10.0);
     // Other work on a shared box skews every figure: record how busy it was.
-    let loadavg = std::fs::read_to_string("/proc/loadavg").ok().map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "));
+    let loadavg = std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "));
     json!({"cores": cores, "cpu": cpu, "memory_gib": mem_gib, "os": os, "arch": std::env::consts::ARCH, "loadavg_1_5_15m": loadavg})
 }
 
@@ -110,7 +121,8 @@ pub fn sanitize(s: &str) -> String {
 
 /// A Markdown table.
 pub fn markdown_table(header: &[&str], rows: &[Vec<String>]) -> String {
-    let mut s = format!("| {} |\n|{}|\n", header.join(" | "), header.iter().map(|_| "---").collect::<Vec<_>>().join("|"));
+    let mut s =
+        format!("| {} |\n|{}|\n", header.join(" | "), header.iter().map(|_| "---").collect::<Vec<_>>().join("|"));
     for r in rows {
         s += &format!("| {} |\n", r.join(" | "));
     }

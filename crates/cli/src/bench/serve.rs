@@ -107,7 +107,8 @@ pub fn run(a: Args) -> Result<()> {
         bail!("--max-concurrency must be at least 1");
     }
     let named = a.engine.model.is_some() || a.random.random_shape.is_some();
-    let model = if named || a.spawn { Some(model_source::resolve(a.engine.model.as_deref(), &a.random)?) } else { None };
+    let model =
+        if named || a.spawn { Some(model_source::resolve(a.engine.model.as_deref(), &a.random)?) } else { None };
     let (vocab, max_len) = match (&model, a.vocab_size) {
         (Some(m), _) => (m.config.vocab_size, m.config.max_position_embeddings),
         (None, Some(v)) => (v, usize::MAX),
@@ -121,10 +122,18 @@ pub fn run(a: Args) -> Result<()> {
         let addr = loopback("127.0.0.1", free_port()?)?;
         let exe = std::env::current_exe().context("finding the tandem binary")?;
         let mut cmd = Command::new(exe);
-        cmd.args(["serve", "--host", "127.0.0.1", "--port", &addr.port().to_string(), "--max-queued-requests", &n.max(256).to_string()])
-            .args(model_source::engine_flags(&a.engine, &m.dir))
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit());
+        cmd.args([
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &addr.port().to_string(),
+            "--max-queued-requests",
+            &n.max(256).to_string(),
+        ])
+        .args(model_source::engine_flags(&a.engine, &m.dir))
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit());
         eprintln!("spawning tandem serve on {addr} ({} on {})", m.label, a.engine.backend.name());
         (addr, Some(Spawned(cmd.spawn().context("spawning tandem serve")?)))
     } else {
@@ -136,7 +145,8 @@ pub fn run(a: Args) -> Result<()> {
         let wait = if a.spawn { a.startup_timeout_s } else { 10 };
         wait_for_server(addr, server.as_mut(), Duration::from_secs(wait)).await?;
         for p in prompts.iter().take(a.warmup) {
-            let r = one_request(addr, &a.endpoint, &Prompt { ids: p.ids.clone(), output_len: p.output_len.min(4) }).await;
+            let r =
+                one_request(addr, &a.endpoint, &Prompt { ids: p.ids.clone(), output_len: p.output_len.min(4) }).await;
             if let Some(e) = r.error {
                 bail!("warm-up request failed: {e}");
             }
@@ -158,7 +168,9 @@ pub fn run(a: Args) -> Result<()> {
         format!("{:.2}", res.wall_s),
     ]];
     let backend = match &model {
-        Some(_) if a.spawn => json!({"name": a.engine.backend.name(), "device": "see the server's log", "spawned": true}),
+        Some(_) if a.spawn => {
+            json!({"name": a.engine.backend.name(), "device": "see the server's log", "spawned": true})
+        }
         _ => json!({"name": "unknown (external server)", "device": "unknown"}),
     };
     let model_json = model.as_ref().map_or(json!({"vocab_size": vocab}), |m| m.to_json(&a.random));
@@ -175,11 +187,19 @@ pub fn run(a: Args) -> Result<()> {
     let label = model.as_ref().map_or("external".to_string(), |m| m.label.clone());
     report::write_json(&a.out, &format!("serve-{label}"), &rep)?;
     let rate = if a.request_rate.is_finite() { format!("{} req/s", a.request_rate) } else { "all at once".into() };
-    println!("### serve: {label} over HTTP ({}; arrivals {rate}; max concurrency {})\n", a.workload.describe(), a.max_concurrency.map_or("none".into(), |c| c.to_string()));
+    println!(
+        "### serve: {label} over HTTP ({}; arrivals {rate}; max concurrency {})\n",
+        a.workload.describe(),
+        a.max_concurrency.map_or("none".into(), |c| c.to_string())
+    );
     println!("{}", markdown_table(&["completed", "errors", "req/s", "output tok/s", "total tok/s", "wall (s)"], &rows));
     println!("{}", super::throughput::latency_table(&f));
     if f.errors > 0 {
-        bail!("{} of {n} requests failed; first: {}", f.errors, res.records.iter().find_map(|r| r.error.clone()).unwrap_or_default());
+        bail!(
+            "{} of {n} requests failed; first: {}",
+            f.errors,
+            res.records.iter().find_map(|r| r.error.clone()).unwrap_or_default()
+        );
     }
     Ok(())
 }
@@ -254,7 +274,9 @@ async fn one_request(addr: SocketAddr, endpoint: &str, p: &Prompt) -> RequestRec
         if let Some(e) = v.get("error") {
             rec.error.get_or_insert_with(|| e.to_string());
         }
-        let has_text = v["choices"].as_array().is_some_and(|cs| cs.iter().any(|c| c["text"].as_str().or(c["delta"]["content"].as_str()).is_some_and(|t| !t.is_empty())));
+        let has_text = v["choices"].as_array().is_some_and(|cs| {
+            cs.iter().any(|c| c["text"].as_str().or(c["delta"]["content"].as_str()).is_some_and(|t| !t.is_empty()))
+        });
         if has_text {
             match last {
                 None => rec.ttft = Some(now),

@@ -45,11 +45,25 @@ pub fn run(a: Args) -> Result<()> {
     let mut runs: Vec<(usize, RunResult)> = vec![];
     let mut backend = serde_json::Value::Null;
     for &m in &a.max_num_seqs_values {
-        let ea = EngineArgs { max_num_seqs: m, max_num_batched_tokens: Some(a.engine.max_num_batched_tokens.unwrap_or(512).max(m)), scheduler: "continuous".into(), ..a.engine.clone() };
+        let ea = EngineArgs {
+            max_num_seqs: m,
+            max_num_batched_tokens: Some(a.engine.max_num_batched_tokens.unwrap_or(512).max(m)),
+            scheduler: "continuous".into(),
+            ..a.engine.clone()
+        };
         let started = model_source::start_engine(&model, &ea)?;
         backend = started.backend_json(ea.backend);
         offline::warm_up(&started.handle, &prompts, a.warmup)?;
-        runs.push((m, offline::run(&started.handle, &prompts, usize::MAX, &format!("max_num_seqs={m}"), Duration::from_secs(a.timeout_s))?));
+        runs.push((
+            m,
+            offline::run(
+                &started.handle,
+                &prompts,
+                usize::MAX,
+                &format!("max_num_seqs={m}"),
+                Duration::from_secs(a.timeout_s),
+            )?,
+        ));
     }
 
     let rows: Vec<Vec<String>> = runs
@@ -77,7 +91,11 @@ pub fn run(a: Args) -> Result<()> {
 
     let point = |pick: &dyn Fn(&offline::Figures) -> f64| Series {
         name: "continuous".into(),
-        points: runs.iter().map(|(_, r)| r.figures()).map(|f| (f.tpot.map_or(f64::NAN, |s| s.median), pick(&f))).collect(),
+        points: runs
+            .iter()
+            .map(|(_, r)| r.figures())
+            .map(|f| (f.tpot.map_or(f64::NAN, |s| s.median), pick(&f)))
+            .collect(),
         point_labels: runs.iter().map(|(m, _)| format!(" {m}")).collect(),
     };
     let panel = Panel {
@@ -91,7 +109,17 @@ pub fn run(a: Args) -> Result<()> {
     }
 
     println!("### max_num_seqs sweep: {} on {} ({})\n", model.label, a.engine.backend.name(), a.workload.describe());
-    let header = ["max_num_seqs", "output tok/s", "req/s", "TPOT p50 (ms)", "TPOT p99 (ms)", "TTFT p50 (ms)", "E2E p50 (ms)", "KV peak", "preemptions"];
+    let header = [
+        "max_num_seqs",
+        "output tok/s",
+        "req/s",
+        "TPOT p50 (ms)",
+        "TPOT p99 (ms)",
+        "TTFT p50 (ms)",
+        "E2E p50 (ms)",
+        "KV peak",
+        "preemptions",
+    ];
     println!("{}", markdown_table(&header, &rows));
     let errors: usize = runs.iter().map(|(_, r)| r.figures().errors).sum();
     if errors > 0 {

@@ -69,7 +69,12 @@ fn bench_schema() -> serde_json::Value {
 
 /// One constraint per prompt for the chosen fraction (request `i` is constrained when the
 /// running count `floor((i + 1) * f)` steps up), all compiled from one spec.
-fn guides(model_dir: &std::path::Path, eos: &[u32], n: usize, fraction: f64) -> Result<Vec<Option<tandem_engine::Guided>>> {
+fn guides(
+    model_dir: &std::path::Path,
+    eos: &[u32],
+    n: usize,
+    fraction: f64,
+) -> Result<Vec<Option<tandem_engine::Guided>>> {
     if !(0.0..=1.0).contains(&fraction) {
         anyhow::bail!("--guided-fraction must be in [0, 1], got {fraction}");
     }
@@ -109,7 +114,14 @@ pub fn run(a: Args) -> Result<()> {
     offline::warm_up(&started.handle, &prompts, a.warmup)?;
     let guides = guides(&model.dir, &model.config.eos_token_ids, prompts.len(), a.guided_fraction)?;
     let before = started.handle.stats();
-    let res = offline::run_guided(&started.handle, &prompts, &guides, usize::MAX, "throughput", Duration::from_secs(a.timeout_s))?;
+    let res = offline::run_guided(
+        &started.handle,
+        &prompts,
+        &guides,
+        usize::MAX,
+        "throughput",
+        Duration::from_secs(a.timeout_s),
+    )?;
     let f = res.figures();
     let mut results = res.to_json();
     let after = started.handle.stats();
@@ -170,14 +182,31 @@ pub fn run(a: Args) -> Result<()> {
     }
 
     let settings = json!({"engine": model_source::engine_json(&a.engine), "workload": a.workload.to_json(), "warmup": a.warmup, "guided_fraction": a.guided_fraction});
-    let rep = report::build("throughput", started.backend_json(a.engine.backend), model.to_json(&a.random), settings, results);
+    let rep = report::build(
+        "throughput",
+        started.backend_json(a.engine.backend),
+        model.to_json(&a.random),
+        settings,
+        results,
+    );
     let stem = format!("throughput-{}-{}", a.engine.backend.name(), model.label);
     report::write_json(&a.out, &stem, &rep)?;
     println!("### throughput: {} on {} ({})\n", model.label, a.engine.backend.name(), a.workload.describe());
-    println!("{}", markdown_table(&["engine", "requests", "req/s", "output tok/s", "total tok/s", "KV peak", "preemptions"], &rows));
+    println!(
+        "{}",
+        markdown_table(
+            &["engine", "requests", "req/s", "output tok/s", "total tok/s", "KV peak", "preemptions"],
+            &rows
+        )
+    );
     println!("{}", latency_table(&f));
     if f.errors > 0 {
-        anyhow::bail!("{} of {} requests failed; first: {}", f.errors, prompts.len(), res.records.iter().find_map(|r| r.error.clone()).unwrap_or_default());
+        anyhow::bail!(
+            "{} of {} requests failed; first: {}",
+            f.errors,
+            prompts.len(),
+            res.records.iter().find_map(|r| r.error.clone()).unwrap_or_default()
+        );
     }
     Ok(())
 }
@@ -187,7 +216,15 @@ pub fn latency_table(f: &offline::Figures) -> String {
     use super::latency::cell;
     let rows: Vec<Vec<String>> = [("TTFT", f.ttft), ("TPOT", f.tpot), ("ITL", f.itl), ("E2E", f.e2e)]
         .into_iter()
-        .map(|(name, s)| vec![format!("{name} (ms)"), cell(s, |s| s.mean), cell(s, |s| s.median), cell(s, |s| s.p90), cell(s, |s| s.p99)])
+        .map(|(name, s)| {
+            vec![
+                format!("{name} (ms)"),
+                cell(s, |s| s.mean),
+                cell(s, |s| s.median),
+                cell(s, |s| s.p90),
+                cell(s, |s| s.p99),
+            ]
+        })
         .collect();
     markdown_table(&["latency", "mean", "median", "p90", "p99"], &rows)
 }

@@ -66,8 +66,12 @@ impl WorkloadArgs {
     pub fn to_json(&self) -> Value {
         let (lo, hi) = self.output_range();
         match self.workload {
-            WorkloadKind::Random => json!({"workload": "random", "num_prompts": self.num_prompts(), "input_len": self.input_len, "output_len": self.output_len, "seed": self.seed}),
-            WorkloadKind::Mixed => json!({"workload": "mixed", "num_prompts": self.num_prompts(), "min_len": self.min_len, "max_len": self.max_len, "min_output_len": lo, "max_output_len": hi, "seed": self.seed}),
+            WorkloadKind::Random => {
+                json!({"workload": "random", "num_prompts": self.num_prompts(), "input_len": self.input_len, "output_len": self.output_len, "seed": self.seed})
+            }
+            WorkloadKind::Mixed => {
+                json!({"workload": "mixed", "num_prompts": self.num_prompts(), "min_len": self.min_len, "max_len": self.max_len, "min_output_len": lo, "max_output_len": hi, "seed": self.seed})
+            }
         }
     }
 
@@ -75,9 +79,18 @@ impl WorkloadArgs {
     pub fn describe(&self) -> String {
         let (lo, hi) = self.output_range();
         match self.workload {
-            WorkloadKind::Random => format!("random, {} prompts, {} in / {} out", self.num_prompts(), self.input_len, self.output_len),
-            WorkloadKind::Mixed if (lo, hi) == (self.min_len, self.max_len) => format!("mixed, {} prompts, lengths uniform in {}..={}", self.num_prompts(), self.min_len, self.max_len),
-            WorkloadKind::Mixed => format!("mixed, {} prompts, {}..={} in / {lo}..={hi} out", self.num_prompts(), self.min_len, self.max_len),
+            WorkloadKind::Random => {
+                format!("random, {} prompts, {} in / {} out", self.num_prompts(), self.input_len, self.output_len)
+            }
+            WorkloadKind::Mixed if (lo, hi) == (self.min_len, self.max_len) => {
+                format!("mixed, {} prompts, lengths uniform in {}..={}", self.num_prompts(), self.min_len, self.max_len)
+            }
+            WorkloadKind::Mixed => format!(
+                "mixed, {} prompts, {}..={} in / {lo}..={hi} out",
+                self.num_prompts(),
+                self.min_len,
+                self.max_len
+            ),
         }
     }
 
@@ -156,7 +169,17 @@ mod tests {
     use super::*;
 
     fn args(workload: WorkloadKind, n: usize) -> WorkloadArgs {
-        WorkloadArgs { workload, num_prompts: Some(n), input_len: 16, output_len: 8, min_len: 100, max_len: 1024, min_output_len: None, max_output_len: None, seed: 3 }
+        WorkloadArgs {
+            workload,
+            num_prompts: Some(n),
+            input_len: 16,
+            output_len: 8,
+            min_len: 100,
+            max_len: 1024,
+            min_output_len: None,
+            max_output_len: None,
+            seed: 3,
+        }
     }
 
     #[test]
@@ -183,7 +206,13 @@ mod tests {
 
     #[test]
     fn mixed_outputs_can_have_their_own_range() {
-        let a = WorkloadArgs { min_len: 16, max_len: 1024, min_output_len: Some(16), max_output_len: Some(512), ..args(WorkloadKind::Mixed, 256) };
+        let a = WorkloadArgs {
+            min_len: 16,
+            max_len: 1024,
+            min_output_len: Some(16),
+            max_output_len: Some(512),
+            ..args(WorkloadKind::Mixed, 256)
+        };
         let p = a.prompts(49152, 4096).unwrap();
         assert!(p.iter().all(|p| (16..=1024).contains(&p.ids.len()) && (16..=512).contains(&p.output_len)));
         assert!(p.iter().map(|p| p.output_len).max().unwrap() > 450, "outputs reach the top of their range");

@@ -97,7 +97,11 @@ fn invariance(shape: tandem_models::random_model::Shape) {
             // Request 7 is long: 300 tokens, prefilled in chunks of the 64-token budget.
             let extra = if i == 7 { 300 } else { 2 + (i * 7) % 29 };
             p.extend((0..extra).map(|j| (j * 101 + i * 13 + 1) % vocab));
-            Request { prompt: p, params: SamplingParams { ignore_eos: true, ..SamplingParams::greedy(10) }, priority: 0 }
+            Request {
+                prompt: p,
+                params: SamplingParams { ignore_eos: true, ..SamplingParams::greedy(10) },
+                priority: 0,
+            }
         })
         .collect();
 
@@ -113,7 +117,10 @@ fn invariance(shape: tandem_models::random_model::Shape) {
     let cfg = EngineConfig { max_num_batched_tokens: Some(64), max_num_seqs: Some(32), ..Default::default() };
     let mut crowd = Engine::new(runner(&dir, 40, 64, 32).unwrap(), no_text(), cfg).unwrap();
     let (got, st) = run(&mut crowd, &reqs);
-    println!("preemptions {}, prefix-cache hits {} of {} tokens, {} steps", st.preemptions_total, st.prefix_cache_hits_total, st.prefix_cache_queries_total, st.steps_total);
+    println!(
+        "preemptions {}, prefix-cache hits {} of {} tokens, {} steps",
+        st.preemptions_total, st.prefix_cache_hits_total, st.prefix_cache_queries_total, st.steps_total
+    );
     assert!(st.preemptions_total > 0, "the pool should force preemption");
     assert!(st.prefix_cache_hits_total > 0, "the shared prefix should hit the cache");
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {

@@ -30,7 +30,11 @@ fn bench_env(out: &Path, args: &[&str], env: &[(&str, &str)]) -> String {
         .output()
         .expect("run tandem");
     let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
-    assert!(o.status.success(), "tandem bench {args:?} failed\nstdout:\n{stdout}\nstderr:\n{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "tandem bench {args:?} failed\nstdout:\n{stdout}\nstderr:\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     stdout
 }
 
@@ -53,7 +57,10 @@ const TINY: &[&str] = &["--random-shape", "tiny", "--backend", "reference"];
 #[test]
 fn throughput_reports_positive_throughput_and_every_token() {
     let out = dir("throughput");
-    let md = bench(&out, &[&["throughput"], TINY, &["--num-prompts", "8", "--input-len", "16", "--output-len", "8"]].concat());
+    let md = bench(
+        &out,
+        &[&["throughput"], TINY, &["--num-prompts", "8", "--input-len", "16", "--output-len", "8"]].concat(),
+    );
     let v = report(&out, "throughput-reference-tiny");
     let r = &v["results"];
     assert_eq!(r["completed"], 8);
@@ -67,7 +74,10 @@ fn throughput_reports_positive_throughput_and_every_token() {
     assert_eq!(r["tpot_ms"]["n"], 8);
     assert_eq!(v["backend"]["name"], "reference");
     // What the cache stored, as the runner reports it (gpu/summarize.py counts KV bytes by it).
-    assert_eq!((v["backend"]["kv_cache_dtype"].as_str(), v["backend"]["kv_elem_bytes"].as_u64()), (Some("f32"), Some(4)));
+    assert_eq!(
+        (v["backend"]["kv_cache_dtype"].as_str(), v["backend"]["kv_elem_bytes"].as_u64()),
+        (Some("f32"), Some(4))
+    );
     assert_eq!(v["model"]["random_shape"], "tiny");
     assert!(md.contains("| tandem (reference) | 8/8 |"), "{md}");
 }
@@ -88,7 +98,15 @@ fn compare_and_sweep_write_tables_and_plots() {
     assert!(md.contains("static tok/s"), "{md}");
     assert_png(&out.join("compare-reference-tiny.png"));
 
-    let md = bench(&out, &[&["sweep"], TINY, &["--num-prompts", "8", "--input-len", "8", "--output-len", "6", "--max-num-seqs-values", "2,8"]].concat());
+    let md = bench(
+        &out,
+        &[
+            &["sweep"],
+            TINY,
+            &["--num-prompts", "8", "--input-len", "8", "--output-len", "6", "--max-num-seqs-values", "2,8"],
+        ]
+        .concat(),
+    );
     let v = report(&out, "sweep-reference-tiny");
     let runs = v["results"]["runs"].as_array().unwrap();
     assert_eq!(runs.iter().map(|r| r["max_num_seqs"].as_u64().unwrap()).collect::<Vec<_>>(), [2, 8]);
@@ -97,14 +115,53 @@ fn compare_and_sweep_write_tables_and_plots() {
     assert_png(&out.join("sweep-reference-tiny.png"));
 
     // Where no font can be found the plot is still drawn, without text.
-    bench_env(&out, &[&["sweep"], TINY, &["--num-prompts", "4", "--input-len", "8", "--output-len", "4", "--max-num-seqs-values", "2,4", "--name", "no-font"]].concat(), &[("TANDEM_PLOT_FONT", "none")]);
+    bench_env(
+        &out,
+        &[
+            &["sweep"],
+            TINY,
+            &[
+                "--num-prompts",
+                "4",
+                "--input-len",
+                "8",
+                "--output-len",
+                "4",
+                "--max-num-seqs-values",
+                "2,4",
+                "--name",
+                "no-font",
+            ],
+        ]
+        .concat(),
+        &[("TANDEM_PLOT_FONT", "none")],
+    );
     assert_png(&out.join("no-font.png"));
 }
 
 #[test]
 fn serve_streams_from_a_spawned_server() {
     let out = dir("serve");
-    let md = bench(&out, &[&["serve", "--spawn"], TINY, &["--num-prompts", "6", "--input-len", "12", "--output-len", "5", "--max-concurrency", "3", "--request-rate", "50"]].concat());
+    let md = bench(
+        &out,
+        &[
+            &["serve", "--spawn"],
+            TINY,
+            &[
+                "--num-prompts",
+                "6",
+                "--input-len",
+                "12",
+                "--output-len",
+                "5",
+                "--max-concurrency",
+                "3",
+                "--request-rate",
+                "50",
+            ],
+        ]
+        .concat(),
+    );
     let v = report(&out, "serve-tiny");
     let r = &v["results"];
     assert_eq!(r["completed"], 6, "{r}");
@@ -123,7 +180,19 @@ fn serve_fails_at_once_when_its_spawned_server_exits() {
     let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("bench-models");
     let t = std::time::Instant::now();
     let o = Command::new(env!("CARGO_BIN_EXE_tandem"))
-        .args(["bench", "serve", "--spawn", "--random-shape", "tiny", "--backend", "reference", "--kv-cache-dtype", "bf16", "--num-prompts", "1"])
+        .args([
+            "bench",
+            "serve",
+            "--spawn",
+            "--random-shape",
+            "tiny",
+            "--backend",
+            "reference",
+            "--kv-cache-dtype",
+            "bf16",
+            "--num-prompts",
+            "1",
+        ])
         .args(["--output-dir", out.to_str().unwrap(), "--model-cache", cache.to_str().unwrap()])
         .env("RUST_LOG", "warn")
         .output()
@@ -138,8 +207,24 @@ fn serve_fails_at_once_when_its_spawned_server_exits() {
 fn mixed_throughput_writes_the_prompts_it_ran_with_their_own_output_range() {
     let out = dir("mixed-prompts");
     let file = out.join("prompts.json");
-    let args = ["--workload", "mixed", "--num-prompts", "6", "--min-len", "4", "--max-len", "20", "--min-output-len", "2", "--max-output-len", "5"];
-    bench(&out, &[&["throughput"], TINY, &args, &["--write-prompts", file.to_str().unwrap(), "--name", "mixed"]].concat());
+    let args = [
+        "--workload",
+        "mixed",
+        "--num-prompts",
+        "6",
+        "--min-len",
+        "4",
+        "--max-len",
+        "20",
+        "--min-output-len",
+        "2",
+        "--max-output-len",
+        "5",
+    ];
+    bench(
+        &out,
+        &[&["throughput"], TINY, &args, &["--write-prompts", file.to_str().unwrap(), "--name", "mixed"]].concat(),
+    );
     let v = report(&out, "mixed");
     assert_eq!(v["settings"]["workload"]["max_output_len"], 5, "{}", v["settings"]);
     let p: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
@@ -173,7 +258,26 @@ fn load_and_decode_report_their_figures() {
     assert!(v["results"]["tensors"].as_u64().unwrap() > 10);
 
     // A 20-token prompt in chunks of 8: the prefill packs and splits prompts across forwards.
-    let md = bench(&out, &[&["decode"], TINY, &["--prompt-len", "20", "--max-tokens", "10", "--runs", "2", "--batch-sizes", "1,4", "--max-num-batched-tokens", "8"]].concat());
+    let md = bench(
+        &out,
+        &[
+            &["decode"],
+            TINY,
+            &[
+                "--prompt-len",
+                "20",
+                "--max-tokens",
+                "10",
+                "--runs",
+                "2",
+                "--batch-sizes",
+                "1,4",
+                "--max-num-batched-tokens",
+                "8",
+            ],
+        ]
+        .concat(),
+    );
     let v = report(&out, "decode-reference-tiny");
     let r = &v["results"];
     assert!(r["prefill_tokens_per_s"]["median"].as_f64().unwrap() > 0.0);
@@ -185,7 +289,10 @@ fn load_and_decode_report_their_figures() {
     assert_eq!(r["decode_tokens_per_s"]["batch_size"], 1);
     assert!(r["decode_tokens_per_s"]["median"].as_f64().unwrap() > 0.0);
     assert_eq!(r["decode_steps"], 9);
-    assert_eq!((v["backend"]["kv_cache_dtype"].as_str(), v["backend"]["kv_elem_bytes"].as_u64()), (Some("f32"), Some(4)));
+    assert_eq!(
+        (v["backend"]["kv_cache_dtype"].as_str(), v["backend"]["kv_elem_bytes"].as_u64()),
+        (Some("f32"), Some(4))
+    );
     assert_eq!(r["runs"].as_array().unwrap().len(), 2);
     assert!(r.get("hf_baseline").is_none());
     assert!(md.contains("| decode tok/s batch 4 |") && md.contains("| - | - |"), "{md}");
@@ -194,7 +301,25 @@ fn load_and_decode_report_their_figures() {
 #[test]
 fn decode_reports_its_figures_when_the_hf_baseline_fails() {
     let out = dir("decode-hf");
-    let md = bench(&out, &[&["decode"], TINY, &["--prompt-len", "8", "--max-tokens", "3", "--runs", "1", "--hf-baseline", "--hf-script", "no/such/hf_decode.py"]].concat());
+    let md = bench(
+        &out,
+        &[
+            &["decode"],
+            TINY,
+            &[
+                "--prompt-len",
+                "8",
+                "--max-tokens",
+                "3",
+                "--runs",
+                "1",
+                "--hf-baseline",
+                "--hf-script",
+                "no/such/hf_decode.py",
+            ],
+        ]
+        .concat(),
+    );
     let v = report(&out, "decode-reference-tiny");
     let r = &v["results"];
     assert!(r["hf_baseline"]["error"].as_str().is_some_and(|e| e.contains("no/such/hf_decode.py")), "{r}");
@@ -223,7 +348,27 @@ fn decode_interleaves_the_hf_rounds_and_takes_their_median() {
         ),
     )
     .unwrap();
-    let md = bench(&out, &[&["decode"], TINY, &["--prompt-len", "8", "--max-tokens", "3", "--runs", "3", "--hf-baseline", "--python", "python3", "--hf-script", script.to_str().unwrap()]].concat());
+    let md = bench(
+        &out,
+        &[
+            &["decode"],
+            TINY,
+            &[
+                "--prompt-len",
+                "8",
+                "--max-tokens",
+                "3",
+                "--runs",
+                "3",
+                "--hf-baseline",
+                "--python",
+                "python3",
+                "--hf-script",
+                script.to_str().unwrap(),
+            ],
+        ]
+        .concat(),
+    );
     let r = &report(&out, "decode-reference-tiny")["results"];
     assert_eq!(std::fs::read_to_string(&counter).unwrap(), "3", "one HF round per run");
     assert_eq!(r["hf_baseline"]["decode_tokens_per_s"]["1"].as_f64(), Some(20.0), "{r}");
@@ -239,13 +384,29 @@ fn decode_interleaves_the_hf_rounds_and_takes_their_median() {
 #[test]
 fn throughput_with_half_the_requests_guided_reports_the_mask_cost() {
     let out = dir("throughput-guided");
-    let md = bench(&out, &[&["throughput"], TINY, &["--num-prompts", "8", "--input-len", "16", "--output-len", "8", "--guided-fraction", "0.5"]].concat());
+    let md = bench(
+        &out,
+        &[
+            &["throughput"],
+            TINY,
+            &["--num-prompts", "8", "--input-len", "16", "--output-len", "8", "--guided-fraction", "0.5"],
+        ]
+        .concat(),
+    );
     let v = report(&out, "throughput-reference-tiny");
     let (r, g) = (&v["results"], &v["results"]["guided"]);
-    assert_eq!((r["completed"].as_u64(), r["errors"].as_u64(), r["output_tokens"].as_u64()), (Some(8), Some(0), Some(64)), "{r}");
+    assert_eq!(
+        (r["completed"].as_u64(), r["errors"].as_u64(), r["output_tokens"].as_u64()),
+        (Some(8), Some(0), Some(64)),
+        "{r}"
+    );
     assert_eq!(g["requests"], 4);
     assert_eq!(g["masks"], 4 * 8, "one mask per constrained token: {g}");
-    assert!(g["mask_us_p99"].as_f64().unwrap() >= g["mask_us_p50"].as_f64().unwrap() && g["mask_us_p50"].as_f64().unwrap() > 0.0, "{g}");
+    assert!(
+        g["mask_us_p99"].as_f64().unwrap() >= g["mask_us_p50"].as_f64().unwrap()
+            && g["mask_us_p50"].as_f64().unwrap() > 0.0,
+        "{g}"
+    );
     assert!(md.contains("guided: 4 of 8 requests, 32 masks"), "{md}");
 }
 
@@ -255,7 +416,32 @@ fn throughput_with_half_the_requests_guided_reports_the_mask_cost() {
 #[test]
 fn kernel_lab_times_every_case() {
     let out = dir("kernels");
-    let args = ["bench", "kernels", "--backend", "reference", "--shape", "tiny", "--m", "1,7", "--attn-batch", "2", "--attn-context", "40", "--attn-prefill", "33", "--sample-batch", "3", "--min-ms", "1", "--bandwidth-gbs", "10", "--peak-tflops", "0.1", "--output-dir", out.to_str().unwrap()];
+    let args = [
+        "bench",
+        "kernels",
+        "--backend",
+        "reference",
+        "--shape",
+        "tiny",
+        "--m",
+        "1,7",
+        "--attn-batch",
+        "2",
+        "--attn-context",
+        "40",
+        "--attn-prefill",
+        "33",
+        "--sample-batch",
+        "3",
+        "--min-ms",
+        "1",
+        "--bandwidth-gbs",
+        "10",
+        "--peak-tflops",
+        "0.1",
+        "--output-dir",
+        out.to_str().unwrap(),
+    ];
     let o = Command::new(env!("CARGO_BIN_EXE_tandem")).args(args).output().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let v = report(&out, "kernels-reference-tiny");
@@ -268,20 +454,64 @@ fn kernel_lab_times_every_case() {
     assert_eq!(rows[0]["torch"], serde_json::json!({"kind": "gemm", "m": 1, "n": 128, "k": 64, "x_dtype": "f32"}));
     assert_eq!(rows[11]["op"], "attention prefill");
     assert_eq!(rows[12]["torch"], serde_json::json!({"kind": "argmax", "batch": 3, "vocab": 384}));
-    assert_eq!((rows[13]["op"].as_str(), rows[14]["op"].as_str()), (Some("sample top-p 0.9"), Some("sample top-k 50 top-p 0.9")));
+    assert_eq!(
+        (rows[13]["op"].as_str(), rows[14]["op"].as_str()),
+        (Some("sample top-p 0.9"), Some("sample top-k 50 top-p 0.9"))
+    );
     let only = dir("kernels-sampling");
-    let o = Command::new(env!("CARGO_BIN_EXE_tandem")).args(["bench", "kernels", "--backend", "reference", "--shape", "tiny", "--only-sampling", "--sample-batch", "1,2", "--min-ms", "1", "--output-dir", only.to_str().unwrap()]).output().unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_tandem"))
+        .args([
+            "bench",
+            "kernels",
+            "--backend",
+            "reference",
+            "--shape",
+            "tiny",
+            "--only-sampling",
+            "--sample-batch",
+            "1,2",
+            "--min-ms",
+            "1",
+            "--output-dir",
+            only.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let v = report(&only, "kernels-reference-tiny");
     let ops: Vec<&str> = v["results"].as_array().unwrap().iter().map(|r| r["op"].as_str().unwrap()).collect();
     assert_eq!(ops, ["argmax", "sample top-p 0.9", "sample top-k 50 top-p 0.9"].repeat(2), "{v}");
     // --only-attention: the decode and prefill attention cases alone (gpu/tune.sh's variants).
     let only = dir("kernels-attention");
-    let o = Command::new(env!("CARGO_BIN_EXE_tandem")).args(["bench", "kernels", "--backend", "reference", "--shape", "tiny", "--only-attention", "--attn-batch", "2", "--attn-context", "40", "--attn-prefill", "33,17", "--min-ms", "1", "--output-dir", only.to_str().unwrap()]).output().unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_tandem"))
+        .args([
+            "bench",
+            "kernels",
+            "--backend",
+            "reference",
+            "--shape",
+            "tiny",
+            "--only-attention",
+            "--attn-batch",
+            "2",
+            "--attn-context",
+            "40",
+            "--attn-prefill",
+            "33,17",
+            "--min-ms",
+            "1",
+            "--output-dir",
+            only.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let v = report(&only, "kernels-reference-tiny");
     let ops: Vec<&str> = v["results"].as_array().unwrap().iter().map(|r| r["op"].as_str().unwrap()).collect();
     assert_eq!(ops, ["attention decode", "attention prefill", "attention prefill"], "{v}");
-    let bad = Command::new(env!("CARGO_BIN_EXE_tandem")).args(["bench", "kernels", "--backend", "reference", "--shape", "llama-9"]).output().unwrap();
+    let bad = Command::new(env!("CARGO_BIN_EXE_tandem"))
+        .args(["bench", "kernels", "--backend", "reference", "--shape", "llama-9"])
+        .output()
+        .unwrap();
     assert!(!bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("known shapes"));
 }

@@ -22,7 +22,13 @@ fn vllm_flags_tandem_lacks_are_errors_that_name_them() {
 fn values_tandem_does_not_implement_are_refused_before_loading() {
     let dir = std::env::temp_dir().join(format!("tandem-serve-flags-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    tandem_models::random_model::write_random_model(&dir, tandem_models::random_model::Shape::Tiny, 3, tandem_core::DType::F32).unwrap();
+    tandem_models::random_model::write_random_model(
+        &dir,
+        tandem_models::random_model::Shape::Tiny,
+        3,
+        tandem_core::DType::F32,
+    )
+    .unwrap();
     let d = dir.to_str().unwrap();
     let cases: [(&[&str], &str); 14] = [
         (&["--dtype", "bfloat16"], "stores its weights as float32"),
@@ -34,14 +40,41 @@ fn values_tandem_does_not_implement_are_refused_before_loading() {
         // A bf16 cache is CUDA's: the reference refuses it at load, naming what it stores.
         (&["--kv-cache-dtype", "bfloat16"], "a bf16 KV cache is not supported on reference (it stores f32"),
         (&["--generation-config", "/nonexistent"], "no generation_config.json there"),
-        (&["--enable-auto-tool-choice", "--tool-call-parser", "deepseek_v3"], "--tool-call-parser deepseek_v3: tandem parses hermes, llama3_json, mistral, qwen3_xml"),
+        (
+            &["--enable-auto-tool-choice", "--tool-call-parser", "deepseek_v3"],
+            "--tool-call-parser deepseek_v3: tandem parses hermes, llama3_json, mistral, qwen3_xml",
+        ),
         (&["--reasoning-parser", "granite"], "--reasoning-parser granite: tandem parses qwen3, deepseek_r1"),
         // The parsers tandem has are taken: the start goes on to the next check (which fails
         // here on purpose, before anything is served).
-        (&["--tool-call-parser", "llama3_json", "--reasoning-parser", "qwen3", "--generation-config", "/nonexistent"], "no generation_config.json there"),
-        (&["--enable-auto-tool-choice", "--tool-call-parser", "mistral", "--reasoning-parser", "deepseek_r1", "--generation-config", "/nonexistent"], "no generation_config.json there"),
+        (
+            &[
+                "--tool-call-parser",
+                "llama3_json",
+                "--reasoning-parser",
+                "qwen3",
+                "--generation-config",
+                "/nonexistent",
+            ],
+            "no generation_config.json there",
+        ),
+        (
+            &[
+                "--enable-auto-tool-choice",
+                "--tool-call-parser",
+                "mistral",
+                "--reasoning-parser",
+                "deepseek_r1",
+                "--generation-config",
+                "/nonexistent",
+            ],
+            "no generation_config.json there",
+        ),
         // vLLM's partial-prefill flags are taken, with vLLM's rule between them.
-        (&["--max-num-partial-prefills", "1", "--max-long-partial-prefills", "2"], "max_long_partial_prefills (2) must be <= max_num_partial_prefills (1)"),
+        (
+            &["--max-num-partial-prefills", "1", "--max-long-partial-prefills", "2"],
+            "max_long_partial_prefills (2) must be <= max_num_partial_prefills (1)",
+        ),
         (&["--max-num-partial-prefills", "0"], "--max-num-partial-prefills"),
     ];
     for (extra, want) in cases {

@@ -34,7 +34,8 @@ fn request(port: u16, method: &str, path: &str, body: Option<&Value>) -> (u16, S
     let text = String::from_utf8_lossy(&raw).into_owned();
     let status = text[9..12].parse().unwrap();
     let (head, rest) = text.split_once("\r\n\r\n").unwrap();
-    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") { unchunk(rest) } else { rest.to_string() };
+    let body =
+        if head.to_ascii_lowercase().contains("transfer-encoding: chunked") { unchunk(rest) } else { rest.to_string() };
     (status, body)
 }
 
@@ -89,13 +90,23 @@ fn start(model: &std::path::Path) -> Option<Server> {
 fn wgpu_server_answers_like_a_client_expects() {
     let model = std::env::temp_dir().join(format!("tandem-serve-test-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&model);
-    tandem_models::random_model::write_random_model(&model, tandem_models::random_model::Shape::Tiny, 1, tandem_core::DType::F32).unwrap();
+    tandem_models::random_model::write_random_model(
+        &model,
+        tandem_models::random_model::Shape::Tiny,
+        1,
+        tandem_core::DType::F32,
+    )
+    .unwrap();
     let Some(mut server) = start(&model) else { return };
     let port = server.port;
 
     let (status, body) = request(port, "GET", "/v1/models", None);
     assert_eq!(status, 200);
-    assert_eq!(serde_json::from_str::<Value>(&body).unwrap()["data"][0]["max_model_len"], 300, "--max-model-len is the context limit: {body}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["data"][0]["max_model_len"],
+        300,
+        "--max-model-len is the context limit: {body}"
+    );
 
     let req = json!({"model": "tiny", "prompt": "hello world", "max_tokens": 8, "temperature": 0, "ignore_eos": true});
     let (status, body) = request(port, "POST", "/v1/completions", Some(&req));
@@ -117,20 +128,27 @@ fn wgpu_server_answers_like_a_client_expects() {
         .collect();
     assert_eq!(streamed, text, "streamed text differs from the whole response");
 
-    let chat = json!({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0});
+    let chat =
+        json!({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0});
     let (status, body) = request(port, "POST", "/v1/chat/completions", Some(&chat));
     assert_eq!(status, 200, "{body}");
     let v: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["choices"][0]["message"]["role"], "assistant");
 
-    let (status, body) = request(port, "POST", "/v1/completions", Some(&json!({"model": "tiny", "prompt": "x", "top_p": 3})));
+    let (status, body) =
+        request(port, "POST", "/v1/completions", Some(&json!({"model": "tiny", "prompt": "x", "top_p": 3})));
     assert_eq!(status, 400);
     assert!(body.contains("top_p"), "{body}");
 
     let (status, metrics) = request(port, "GET", "/metrics", None);
     assert_eq!(status, 200);
     let gauge = |name: &str| -> f64 {
-        metrics.lines().find(|l| l.starts_with(name)).and_then(|l| l.rsplit(' ').next()).and_then(|v| v.parse().ok()).unwrap_or(f64::NAN)
+        metrics
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(f64::NAN)
     };
     assert_eq!(gauge("vllm:num_requests_running"), 0.0, "{metrics}");
     assert_eq!(gauge("vllm:kv_cache_usage_perc"), 0.0, "{metrics}");
@@ -166,10 +184,16 @@ fn wgpu_serves_each_family() {
         tandem_models::random_model::write_random_model(&model, shape, 1, tandem_core::DType::F32).unwrap();
         let Some(server) = start(&model) else { return };
         let port = server.port;
-        let req = json!({"model": "tiny", "prompt": "hello world", "max_tokens": 6, "temperature": 0, "ignore_eos": true});
+        let req =
+            json!({"model": "tiny", "prompt": "hello world", "max_tokens": 6, "temperature": 0, "ignore_eos": true});
         let (status, body) = request(port, "POST", "/v1/completions", Some(&req));
         assert_eq!(status, 200, "{}: {body}", shape.name());
-        assert_eq!(serde_json::from_str::<Value>(&body).unwrap()["usage"]["completion_tokens"], 6, "{}: {body}", shape.name());
+        assert_eq!(
+            serde_json::from_str::<Value>(&body).unwrap()["usage"]["completion_tokens"],
+            6,
+            "{}: {body}",
+            shape.name()
+        );
         let prompt_tokens = |kwargs: Value| {
             let chat = json!({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "temperature": 0, "chat_template_kwargs": kwargs});
             let (status, body) = request(port, "POST", "/v1/chat/completions", Some(&chat));
@@ -180,7 +204,11 @@ fn wgpu_serves_each_family() {
         if matches!(shape, Shape::TinyMixtral | Shape::TinyMistral | Shape::TinyGemma3) {
             assert_eq!(not, thinking, "{}: the template has no thinking switch", shape.name());
         } else {
-            assert!(not > thinking, "{}: enable_thinking false gave {not} prompt tokens, the default {thinking}", shape.name());
+            assert!(
+                not > thinking,
+                "{}: enable_thinking false gave {not} prompt tokens, the default {thinking}",
+                shape.name()
+            );
         }
         drop(server);
         let _ = std::fs::remove_dir_all(&model);

@@ -163,4 +163,3 @@ impl Op for PagedAttention {
         Ok(vec![Output::f32("out", read_guarded(b, &out, len, "out")?)])
     }
 }
-

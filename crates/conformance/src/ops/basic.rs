@@ -4,8 +4,8 @@ use tandem_core::backend::Backend;
 use tandem_core::{DType, Result};
 
 use super::{
-    limits, poisoned, read_guarded, round_to, untouched_f32, untouched_u32, upload_f32, upload_guarded, upload_u32, weight, Cost,
-    Launch, Op,
+    limits, poisoned, read_guarded, round_to, untouched_f32, untouched_u32, upload_f32, upload_guarded, upload_u32,
+    weight, Cost, Launch, Op,
 };
 use crate::compare::Output;
 use crate::rng::Rng;
@@ -87,7 +87,12 @@ impl Op for GatherRows {
     fn generate(&self, rng: &mut Rng) -> Self::Inputs {
         (rng.normals(self.src_rows * self.dim, 1.0), ids_with_edges(rng, self.n, self.src_rows))
     }
-    fn exec<B: Backend>(&self, b: &B, (host_src, host_rows): &Self::Inputs, launch: &mut Launch) -> Result<Vec<Output>> {
+    fn exec<B: Backend>(
+        &self,
+        b: &B,
+        (host_src, host_rows): &Self::Inputs,
+        launch: &mut Launch,
+    ) -> Result<Vec<Output>> {
         let len = self.n * self.dim;
         let src = upload_f32(b, host_src)?;
         let rows = upload_u32(b, host_rows)?;
@@ -116,8 +121,14 @@ impl Op for RmsNorm {
     type Inputs = (Vec<f32>, Vec<f32>); // x [rows, dim], w [dim]
     const NAME: &'static str = "rms_norm";
     fn params(&self) -> String {
-        format!("w={} rows={} dim={} eps={:e} x_scale={}", self.dtype.name(), self.rows, self.dim, self.eps, self.x_scale)
-            + if self.from_file { " upload=file" } else { "" }
+        format!(
+            "w={} rows={} dim={} eps={:e} x_scale={}",
+            self.dtype.name(),
+            self.rows,
+            self.dim,
+            self.eps,
+            self.x_scale
+        ) + if self.from_file { " upload=file" } else { "" }
     }
     fn limit(&self) -> f64 {
         limits::weight(self.dtype).min(limits::F32)
@@ -235,7 +246,10 @@ impl Op for AddRmsNorm {
         let mut out = poisoned(b, n)?;
         launch.run(b, || b.add_rms_norm(&mut acc, &x, &w, &mut out, self.rows, self.dim, self.eps))?;
         untouched_f32(b, &x, host_x, "x")?;
-        Ok(vec![Output::f32("acc", read_guarded(b, &acc, n, "acc")?), Output::f32("out", read_guarded(b, &out, n, "out")?)])
+        Ok(vec![
+            Output::f32("acc", read_guarded(b, &acc, n, "acc")?),
+            Output::f32("out", read_guarded(b, &out, n, "out")?),
+        ])
     }
 }
 
@@ -299,7 +313,13 @@ impl Op for GeluTanhMul {
 
 /// A gated activation's run: gate and up uploaded, `op(gate, up, out)` launched into a poisoned
 /// out, the inputs checked untouched.
-fn run_gated<B: Backend>(b: &B, (host_gate, host_up): &(Vec<f32>, Vec<f32>), len: usize, launch: &mut Launch, op: impl Fn(&B::Buf, &B::Buf, &mut B::Buf) -> Result<()>) -> Result<Vec<Output>> {
+fn run_gated<B: Backend>(
+    b: &B,
+    (host_gate, host_up): &(Vec<f32>, Vec<f32>),
+    len: usize,
+    launch: &mut Launch,
+    op: impl Fn(&B::Buf, &B::Buf, &mut B::Buf) -> Result<()>,
+) -> Result<Vec<Output>> {
     let gate = upload_f32(b, host_gate)?;
     let up = upload_f32(b, host_up)?;
     let mut out = poisoned(b, len)?;

@@ -38,17 +38,33 @@ fn cache_inputs(rng: &mut Rng, g: KvGeometry, tokens: usize, max_pos: usize) -> 
 }
 
 /// q, then each cache split into the written slots (in token order) and the others.
-fn cache_outputs<B: Backend>(b: &B, g: KvGeometry, q: &B::Buf, q_len: usize, kc: &B::Buf, vc: &B::Buf, slots: &[u32]) -> Result<Vec<Output>> {
+fn cache_outputs<B: Backend>(
+    b: &B,
+    g: KvGeometry,
+    q: &B::Buf,
+    q_len: usize,
+    kc: &B::Buf,
+    vc: &B::Buf,
+    slots: &[u32],
+) -> Result<Vec<Output>> {
     let row = g.num_kv_heads * g.head_dim;
     let mut written = vec![false; g.slots()];
     for &s in slots {
         written[s as usize] = true;
     }
     let mut out = vec![Output::f32("q", read_guarded(b, q, q_len, "q")?)];
-    for (name_at, name_rest, cache) in [("k_cache[slots]", "k_cache[other]", kc), ("v_cache[slots]", "v_cache[other]", vc)] {
+    for (name_at, name_rest, cache) in
+        [("k_cache[slots]", "k_cache[other]", kc), ("v_cache[slots]", "v_cache[other]", vc)]
+    {
         let c = read_cache(b, cache, g, name_at)?;
-        out.push(Output::f32(name_at, slots.iter().flat_map(|&s| c[s as usize * row..][..row].iter().copied()).collect()));
-        out.push(Output::f32(name_rest, (0..g.slots()).filter(|&s| !written[s]).flat_map(|s| c[s * row..][..row].iter().copied()).collect()));
+        out.push(Output::f32(
+            name_at,
+            slots.iter().flat_map(|&s| c[s as usize * row..][..row].iter().copied()).collect(),
+        ));
+        out.push(Output::f32(
+            name_rest,
+            (0..g.slots()).filter(|&s| !written[s]).flat_map(|s| c[s * row..][..row].iter().copied()).collect(),
+        ));
     }
     Ok(out)
 }
@@ -71,7 +87,13 @@ impl Op for RopeKvWrite {
     type Inputs = RopeKvInputs;
     const NAME: &'static str = "rope_kv_write";
     fn params(&self) -> String {
-        format!("{} q_heads={} T={} max_pos={}", geometry_params(&self.geometry), self.q_heads, self.tokens, self.max_pos)
+        format!(
+            "{} q_heads={} T={} max_pos={}",
+            geometry_params(&self.geometry),
+            self.q_heads,
+            self.tokens,
+            self.max_pos
+        )
     }
     fn limit(&self) -> f64 {
         // The cache dtype is the backend's choice (a bf16 cache is honest): the KV limit,
@@ -98,10 +120,13 @@ impl Op for RopeKvWrite {
         let c = &x.cache;
         let (mut kc, mut vc) = filled_cache(b, g, &c.old_k, &c.old_v)?;
         let (mut k, v) = (upload_f32(b, &x.k)?, upload_f32(b, &x.v)?);
-        let (positions, inv_freq, slots) = (upload_u32(b, &c.positions)?, upload_f32(b, &c.inv_freq)?, upload_u32(b, &c.slots)?);
+        let (positions, inv_freq, slots) =
+            (upload_u32(b, &c.positions)?, upload_f32(b, &c.inv_freq)?, upload_u32(b, &c.slots)?);
         // In place on q: every launch rotates it again (perf mode discards the outputs).
         let mut q = super::upload_guarded(b, &x.q)?;
-        launch.run(b, || b.rope_kv_write(&mut q, &mut k, &v, &mut kc, &mut vc, &positions, &inv_freq, &slots, t, self.q_heads, g))?;
+        launch.run(b, || {
+            b.rope_kv_write(&mut q, &mut k, &v, &mut kc, &mut vc, &positions, &inv_freq, &slots, t, self.q_heads, g)
+        })?;
         untouched_u32(b, &slots, &c.slots, "slots")?;
         cache_outputs(b, g, &q, x.q.len(), &kc, &vc, &c.slots)
     }
@@ -117,8 +142,8 @@ pub struct QkvRopeKvWrite {
 }
 
 pub struct QkvInputs {
-    x: Vec<f32>,              // [T, hidden]
-    w: [Vec<f32>; 3],         // q [nq, hidden], k and v [nkv, hidden], rounded to dtype
+    x: Vec<f32>,                 // [T, hidden]
+    w: [Vec<f32>; 3],            // q [nq, hidden], k and v [nkv, hidden], rounded to dtype
     bias: Option<[Vec<f32>; 3]>, // f32
     cache: CacheInputs,
 }
@@ -149,7 +174,10 @@ impl Op for QkvRopeKvWrite {
     fn cost(&self) -> Cost {
         let (nq, nkv) = self.dims();
         let n = (nq + 2 * nkv) as f64;
-        Cost { bytes: n * self.hidden as f64 * self.dtype.size() as f64, flops: 2.0 * n * (self.hidden * self.tokens) as f64 }
+        Cost {
+            bytes: n * self.hidden as f64 * self.dtype.size() as f64,
+            flops: 2.0 * n * (self.hidden * self.tokens) as f64,
+        }
     }
     fn generate(&self, rng: &mut Rng) -> Self::Inputs {
         let (nq, nkv) = self.dims();
@@ -198,12 +226,20 @@ impl Op for QkvRopeKvWrite {
         };
         let (mut kc, mut vc) = filled_cache(b, g, &c.old_k, &c.old_v)?;
         let xb = upload_f32(b, &x.x)?;
-        let (positions, inv_freq, slots) = (upload_u32(b, &c.positions)?, upload_f32(b, &c.inv_freq)?, upload_u32(b, &c.slots)?);
+        let (positions, inv_freq, slots) =
+            (upload_u32(b, &c.positions)?, upload_f32(b, &c.inv_freq)?, upload_u32(b, &c.slots)?);
         let (mut q, mut k, mut v) = (poisoned(b, t * nq)?, poisoned(b, t * nkv)?, poisoned(b, t * nkv)?);
         launch.run(b, || {
             match &proj {
                 Proj::Fused(w, wb) => {
-                    let kv = KvDest { k_cache: &mut kc, v_cache: &mut vc, positions: &positions, inv_freq: &inv_freq, slots: &slots, geometry: g };
+                    let kv = KvDest {
+                        k_cache: &mut kc,
+                        v_cache: &mut vc,
+                        positions: &positions,
+                        inv_freq: &inv_freq,
+                        slots: &slots,
+                        geometry: g,
+                    };
                     b.qkv_rope_kv_write(&xb, w, wb.as_ref(), &mut q, &mut k, &mut v, t, nq, h, None, kv)?;
                 }
                 Proj::Parts(w, wb) => {
@@ -211,7 +247,19 @@ impl Op for QkvRopeKvWrite {
                     b.matmul(&xb, &w[0], bias(0), &mut q, t, nq, h)?;
                     b.matmul(&xb, &w[1], bias(1), &mut k, t, nkv, h)?;
                     b.matmul(&xb, &w[2], bias(2), &mut v, t, nkv, h)?;
-                    b.rope_kv_write(&mut q, &mut k, &v, &mut kc, &mut vc, &positions, &inv_freq, &slots, t, self.q_heads, g)?;
+                    b.rope_kv_write(
+                        &mut q,
+                        &mut k,
+                        &v,
+                        &mut kc,
+                        &mut vc,
+                        &positions,
+                        &inv_freq,
+                        &slots,
+                        t,
+                        self.q_heads,
+                        g,
+                    )?;
                 }
             }
             Ok(())

@@ -25,7 +25,10 @@ pub(crate) fn filled_cache<B: Backend>(b: &B, g: KvGeometry, k: &[f32], v: &[f32
 pub(crate) fn read_cache<B: Backend>(b: &B, buf: &B::Buf, g: KvGeometry, what: &str) -> Result<Vec<f32>> {
     let v = b.read_kv(buf, g)?;
     if v.len() != g.layer_elems() {
-        return Err(Error::backend(b.name(), format!("read_kv({what}) gave {} values, want {}", v.len(), g.layer_elems())));
+        return Err(Error::backend(
+            b.name(),
+            format!("read_kv({what}) gave {} values, want {}", v.len(), g.layer_elems()),
+        ));
     }
     Ok(v)
 }
@@ -91,11 +94,14 @@ impl Op for KvWrite {
             written[s as usize] = true;
         }
         let mut out = vec![];
-        for (name_at, name_rest, cache) in [("k_cache[slots]", "k_cache[other]", &kc), ("v_cache[slots]", "v_cache[other]", &vc)] {
+        for (name_at, name_rest, cache) in
+            [("k_cache[slots]", "k_cache[other]", &kc), ("v_cache[slots]", "v_cache[other]", &vc)]
+        {
             let c = read_cache(b, cache, g, name_at)?; // [slots, row]
-            // Written rows in token order, so that element i of token t lines up on both sides.
+                                                       // Written rows in token order, so that element i of token t lines up on both sides.
             let at: Vec<f32> = x.slots.iter().flat_map(|&s| c[s as usize * row..][..row].iter().copied()).collect();
-            let rest: Vec<f32> = (0..g.slots()).filter(|&s| !written[s]).flat_map(|s| c[s * row..][..row].iter().copied()).collect();
+            let rest: Vec<f32> =
+                (0..g.slots()).filter(|&s| !written[s]).flat_map(|s| c[s * row..][..row].iter().copied()).collect();
             out.push(Output::f32(name_at, at));
             out.push(Output::f32(name_rest, rest));
         }

@@ -4,7 +4,9 @@ use tandem_core::backend::Backend;
 use tandem_core::config::Activation;
 use tandem_core::{DType, Result};
 
-use super::{limits, poisoned, read_guarded, round_to, untouched_f32, upload_f32, upload_guarded, weight, Cost, Launch, Op};
+use super::{
+    limits, poisoned, read_guarded, round_to, untouched_f32, upload_f32, upload_guarded, weight, Cost, Launch, Op,
+};
 use crate::compare::Output;
 use crate::rng::Rng;
 
@@ -19,8 +21,8 @@ pub struct Matmul {
 }
 
 pub struct MatmulInputs {
-    x: Vec<f32>,          // [m, k]
-    w: Vec<f32>,          // [n, k]
+    x: Vec<f32>,            // [m, k]
+    w: Vec<f32>,            // [n, k]
     bias: Option<Vec<f32>>, // [n]
 }
 
@@ -181,7 +183,10 @@ impl Op for ResidualNormGateUp {
     }
     fn cost(&self) -> Cost {
         let (m, d, k, i) = (self.m as f64, self.hidden as f64, self.k as f64, self.inter as f64);
-        Cost { bytes: (d * k + 2.0 * i * d) * self.dtype.size() as f64 + 4.0 * m * (k + 2.0 * d + i), flops: 2.0 * m * (d * k + 2.0 * i * d) }
+        Cost {
+            bytes: (d * k + 2.0 * i * d) * self.dtype.size() as f64 + 4.0 * m * (k + 2.0 * d + i),
+            flops: 2.0 * m * (d * k + 2.0 * i * d),
+        }
     }
     fn generate(&self, rng: &mut Rng) -> Self::Inputs {
         let (d, k, i) = (self.hidden, self.k, self.inter);
@@ -211,13 +216,27 @@ impl Op for ResidualNormGateUp {
         match fused_gu {
             Some(w) if b.fuses_norm(d, m) => launch.run(b, || {
                 b.matmul_residual(&xb, &wo, &mut h, Some((&gamma, &mut n)), m, d, k)?;
-                b.gate_up_act(Activation::Silu, &n, &w, &mut act, m, inter, d, Some(tandem_core::backend::NormIn { h: &h, gamma: &gamma, eps: RESIDUAL_NORM_EPS }))
+                b.gate_up_act(
+                    Activation::Silu,
+                    &n,
+                    &w,
+                    &mut act,
+                    m,
+                    inter,
+                    d,
+                    Some(tandem_core::backend::NormIn { h: &h, gamma: &gamma, eps: RESIDUAL_NORM_EPS }),
+                )
             })?,
             fused => {
                 let mut o = poisoned(b, m * d)?;
                 let mut split = match fused {
                     Some(_) => None,
-                    None => Some((b.upload_weight(&gv)?, b.upload_weight(&uv)?, poisoned(b, m * inter)?, poisoned(b, m * inter)?)),
+                    None => Some((
+                        b.upload_weight(&gv)?,
+                        b.upload_weight(&uv)?,
+                        poisoned(b, m * inter)?,
+                        poisoned(b, m * inter)?,
+                    )),
                 };
                 launch.run(b, || {
                     b.matmul(&xb, &wo, None, &mut o, m, d, k)?;
@@ -229,12 +248,18 @@ impl Op for ResidualNormGateUp {
                             b.matmul(&n, wu, None, u, m, inter, d)?;
                             b.silu_mul(g, u, &mut act, m * inter)
                         }
-                        (None, None) => Err(tandem_core::Error::backend(b.name(), "residual_norm_gate_up: neither a fused nor a split gate/up weight")),
+                        (None, None) => Err(tandem_core::Error::backend(
+                            b.name(),
+                            "residual_norm_gate_up: neither a fused nor a split gate/up weight",
+                        )),
                     }
                 })?
             }
         }
         untouched_f32(b, &xb, &x.x, "x")?;
-        Ok(vec![Output::f32("h", read_guarded(b, &h, m * d, "h")?), Output::f32("act", read_guarded(b, &act, m * inter, "act")?)])
+        Ok(vec![
+            Output::f32("h", read_guarded(b, &h, m * d, "h")?),
+            Output::f32("act", read_guarded(b, &act, m * inter, "act")?),
+        ])
     }
 }

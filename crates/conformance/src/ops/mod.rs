@@ -183,7 +183,13 @@ pub(crate) fn read_guarded<B: Backend>(b: &B, buf: &B::Buf, len: usize, what: &s
 
 /// A weight on `b`: through `upload_weight` from a real safetensors file (the path the model
 /// takes) when `from_file`, else through `weight_from_f32`.
-pub(crate) fn weight<B: Backend>(b: &B, dtype: DType, shape: &[usize], values: &[f32], from_file: bool) -> Result<B::Buf> {
+pub(crate) fn weight<B: Backend>(
+    b: &B,
+    dtype: DType,
+    shape: &[usize],
+    values: &[f32],
+    from_file: bool,
+) -> Result<B::Buf> {
     if from_file {
         upload_from_file(b, dtype, shape, values)
     } else {
@@ -196,7 +202,11 @@ pub(crate) fn weight<B: Backend>(b: &B, dtype: DType, shape: &[usize], values: &
 /// at 2 mod 4 in the mapping, as they can in real checkpoints.
 fn upload_from_file<B: Backend>(b: &B, dtype: DType, shape: &[usize], values: &[f32]) -> Result<B::Buf> {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
-    let dir = std::env::temp_dir().join(format!("tandem-conformance-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)));
+    let dir = std::env::temp_dir().join(format!(
+        "tandem-conformance-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
     std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
     let name = match dtype {
         DType::F32 => "F32",
@@ -247,7 +257,9 @@ pub(crate) fn untouched_f32<B: Backend>(b: &B, buf: &B::Buf, host: &[f32], what:
     short_read(b, now.len(), host.len(), what)?;
     match (0..host.len()).find(|&i| now[i].to_bits() != host[i].to_bits()) {
         None => Ok(()),
-        Some(i) => Err(Error::backend(b.name(), format!("input {what} was modified at [{i}]: {} became {}", host[i], now[i]))),
+        Some(i) => {
+            Err(Error::backend(b.name(), format!("input {what} was modified at [{i}]: {} became {}", host[i], now[i])))
+        }
     }
 }
 
@@ -257,7 +269,9 @@ pub(crate) fn untouched_u32<B: Backend>(b: &B, buf: &B::Buf, host: &[u32], what:
     short_read(b, now.len(), host.len(), what)?;
     match (0..host.len()).find(|&i| now[i] != host[i]) {
         None => Ok(()),
-        Some(i) => Err(Error::backend(b.name(), format!("input {what} was modified at [{i}]: {} became {}", host[i], now[i]))),
+        Some(i) => {
+            Err(Error::backend(b.name(), format!("input {what} was modified at [{i}]: {} became {}", host[i], now[i])))
+        }
     }
 }
 

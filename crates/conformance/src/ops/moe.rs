@@ -24,7 +24,14 @@ impl Op for MoeRoute {
     type Inputs = Vec<f32>; // logits [rows, experts]
     const NAME: &'static str = "moe_route";
     fn params(&self) -> String {
-        format!("rows={} experts={} top_k={} renormalize={} ties={}", self.rows, self.experts, self.top_k, self.renormalize, if self.ties { "yes" } else { "no" })
+        format!(
+            "rows={} experts={} top_k={} renormalize={} ties={}",
+            self.rows,
+            self.experts,
+            self.top_k,
+            self.renormalize,
+            if self.ties { "yes" } else { "no" }
+        )
     }
     fn limit(&self) -> f64 {
         limits::F32
@@ -69,7 +76,10 @@ impl Op for MoeAccumulate {
     type Inputs = (Vec<f32>, Vec<f32>, Vec<f32>); // acc [rows, dim], y [rows, dim], weights [rows, experts]
     const NAME: &'static str = "moe_accumulate";
     fn params(&self) -> String {
-        format!("rows={} dim={} expert={} experts={} first={}", self.rows, self.dim, self.expert, self.experts, self.first)
+        format!(
+            "rows={} dim={} expert={} experts={} first={}",
+            self.rows, self.dim, self.expert, self.experts, self.first
+        )
     }
     fn limit(&self) -> f64 {
         limits::F32
@@ -80,16 +90,25 @@ impl Op for MoeAccumulate {
     }
     fn generate(&self, rng: &mut Rng) -> Self::Inputs {
         // Routing weights as routing leaves them: most 0, the rest in (0, 1].
-        let w = (0..self.rows * self.experts).map(|_| if rng.below(3) == 0 { rng.uniform(0.0, 1.0) } else { 0.0 }).collect();
+        let w = (0..self.rows * self.experts)
+            .map(|_| if rng.below(3) == 0 { rng.uniform(0.0, 1.0) } else { 0.0 })
+            .collect();
         (rng.normals(self.rows * self.dim, 1.0), rng.normals(self.rows * self.dim, 1.0), w)
     }
-    fn exec<B: Backend>(&self, b: &B, (host_acc, host_y, host_w): &Self::Inputs, launch: &mut Launch) -> Result<Vec<Output>> {
+    fn exec<B: Backend>(
+        &self,
+        b: &B,
+        (host_acc, host_y, host_w): &Self::Inputs,
+        launch: &mut Launch,
+    ) -> Result<Vec<Output>> {
         let n = self.rows * self.dim;
         // With `first` the accumulator's old values must not matter: start it poisoned.
         let mut acc = if self.first { poisoned(b, n)? } else { upload_guarded(b, host_acc)? };
         let y = upload_f32(b, host_y)?;
         let w = upload_f32(b, host_w)?;
-        launch.run(b, || b.moe_accumulate(&mut acc, &y, &w, self.rows, self.dim, self.expert, self.experts, self.first))?;
+        launch.run(b, || {
+            b.moe_accumulate(&mut acc, &y, &w, self.rows, self.dim, self.expert, self.experts, self.first)
+        })?;
         untouched_f32(b, &y, host_y, "y")?;
         untouched_f32(b, &w, host_w, "weights")?;
         Ok(vec![Output::f32("acc", read_guarded(b, &acc, n, "acc")?)])
@@ -147,9 +166,13 @@ impl Op for MoeRouted {
         4.0 * limits::weight(self.dtype)
     }
     fn cost(&self) -> Cost {
-        let (m, d, i, k) = (self.rows as f64, self.hidden as f64, self.inter as f64, self.top_k.min(self.experts) as f64);
+        let (m, d, i, k) =
+            (self.rows as f64, self.hidden as f64, self.inter as f64, self.top_k.min(self.experts) as f64);
         let used = (self.rows * self.top_k).min(self.experts) as f64;
-        Cost { bytes: used * 3.0 * d * i * self.dtype.size() as f64 + 4.0 * m * (2.0 * d + self.experts as f64), flops: 2.0 * m * k * 3.0 * d * i }
+        Cost {
+            bytes: used * 3.0 * d * i * self.dtype.size() as f64 + 4.0 * m * (2.0 * d + self.experts as f64),
+            flops: 2.0 * m * k * 3.0 * d * i,
+        }
     }
     fn generate(&self, rng: &mut Rng) -> Self::Inputs {
         let (e, d, i) = (self.experts, self.hidden, self.inter);
@@ -193,10 +216,13 @@ impl Op for MoeRouted {
         // The every-expert path, as layers::Moe::forward runs it without a table.
         let dense = || -> Result<Vec<f32>> {
             let mut out = poisoned(b, m * d)?;
-            let (mut g, mut u, mut act, mut y) = (poisoned(b, m * i)?, poisoned(b, m * i)?, poisoned(b, m * i)?, poisoned(b, m * d)?);
+            let (mut g, mut u, mut act, mut y) =
+                (poisoned(b, m * i)?, poisoned(b, m * i)?, poisoned(b, m * i)?, poisoned(b, m * d)?);
             for (e, (gu, down)) in mlps.iter().enumerate() {
                 match gu {
-                    GateUp::Fused(w) => b.gate_up_act(tandem_core::config::Activation::Silu, &xb, w, &mut act, m, i, d, None)?,
+                    GateUp::Fused(w) => {
+                        b.gate_up_act(tandem_core::config::Activation::Silu, &xb, w, &mut act, m, i, d, None)?
+                    }
                     GateUp::Split(wg, wu) => {
                         b.matmul(&xb, wg, None, &mut g, m, i, d)?;
                         b.matmul(&xb, wu, None, &mut u, m, i, d)?;
@@ -209,7 +235,10 @@ impl Op for MoeRouted {
             read_guarded(b, &out, m * d, "out (every expert)")
         };
         let Some(table) = b.moe_prepare(&refs, d, i)? else {
-            launch.skip(format!("{} has no routed path (moe_prepare gave no table: every expert runs over every token)", b.name()));
+            launch.skip(format!(
+                "{} has no routed path (moe_prepare gave no table: every expert runs over every token)",
+                b.name()
+            ));
             return Ok(vec![Output::f32("out", dense()?)]);
         };
         let mut out = poisoned(b, m * d)?;
@@ -219,8 +248,12 @@ impl Op for MoeRouted {
         untouched_f32(b, &wb, &x.weights, "weights")?;
         let every = dense()?;
         // Bitwise, but an exact zero may differ in sign (routed skips the 0-weight terms).
-        if let Some(j) = (0..m * d).find(|&j| routed[j].to_bits() != every[j].to_bits() && !(routed[j] == 0.0 && every[j] == 0.0)) {
-            let n = (0..m * d).filter(|&j| routed[j].to_bits() != every[j].to_bits() && !(routed[j] == 0.0 && every[j] == 0.0)).count();
+        if let Some(j) =
+            (0..m * d).find(|&j| routed[j].to_bits() != every[j].to_bits() && !(routed[j] == 0.0 && every[j] == 0.0))
+        {
+            let n = (0..m * d)
+                .filter(|&j| routed[j].to_bits() != every[j].to_bits() && !(routed[j] == 0.0 && every[j] == 0.0))
+                .count();
             return Err(tandem_core::Error::backend(
                 b.name(),
                 format!("moe_routed: {n} of {} values differ from the every-expert path's bits, first at [{j}] (token {}): {} against {}", m * d, j / d, routed[j], every[j]),

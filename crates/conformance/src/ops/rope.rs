@@ -3,7 +3,9 @@
 use tandem_core::backend::Backend;
 use tandem_core::Result;
 
-use super::{limits, read_guarded, untouched_f32, untouched_u32, upload_f32, upload_guarded, upload_u32, Cost, Launch, Op};
+use super::{
+    limits, read_guarded, untouched_f32, untouched_u32, upload_f32, upload_guarded, upload_u32, Cost, Launch, Op,
+};
 use crate::compare::Output;
 use crate::rng::Rng;
 
@@ -49,7 +51,8 @@ impl Op for Rope {
     fn generate(&self, rng: &mut Rng) -> Self::Inputs {
         let half = self.head_dim / 2;
         // The model's own formula: theta^(-2i/head_dim), computed in f64 then stored as f32.
-        let inv_freq = (0..half).map(|i| (self.theta as f64).powf(-2.0 * i as f64 / self.head_dim as f64) as f32).collect();
+        let inv_freq =
+            (0..half).map(|i| (self.theta as f64).powf(-2.0 * i as f64 / self.head_dim as f64) as f32).collect();
         let mut positions: Vec<u32> = (0..self.tokens).map(|_| rng.below(self.max_pos) as u32).collect();
         // Position 0 (identity rotation) and the largest one are both worth seeing.
         if self.tokens >= 2 {

@@ -132,7 +132,16 @@ impl<B: Backend> Backend for Faulty<B> {
         }
         self.inner.add(acc, x, len)
     }
-    fn matmul(&self, x: &B::Buf, w: &B::Buf, bias: Option<&B::Buf>, out: &mut B::Buf, m: usize, n: usize, k: usize) -> Result<()> {
+    fn matmul(
+        &self,
+        x: &B::Buf,
+        w: &B::Buf,
+        bias: Option<&B::Buf>,
+        out: &mut B::Buf,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<()> {
         match self.fault {
             Fault::MatmulDropsKTail => {
                 let mut xs = self.inner.read_f32(x, m * k)?;
@@ -150,7 +159,17 @@ impl<B: Backend> Backend for Faulty<B> {
             _ => self.inner.matmul(x, w, bias, out, m, n, k),
         }
     }
-    fn rope(&self, q: &mut B::Buf, k: &mut B::Buf, pos: &B::Buf, inv_freq: &B::Buf, t: usize, qh: usize, kh: usize, hd: usize) -> Result<()> {
+    fn rope(
+        &self,
+        q: &mut B::Buf,
+        k: &mut B::Buf,
+        pos: &B::Buf,
+        inv_freq: &B::Buf,
+        t: usize,
+        qh: usize,
+        kh: usize,
+        hd: usize,
+    ) -> Result<()> {
         if self.fault == Fault::RopePanics {
             panic!("rope: injected panic");
         }
@@ -177,7 +196,18 @@ impl<B: Backend> Backend for Faulty<B> {
     }
     /// Every expert over every token with the routing weights (the last non-zero one of each
     /// row zeroed for MoeRoutedDropsLast), as layers::Moe runs them.
-    fn moe_routed(&self, _table: &B::Buf, experts: &[MoeExpert<'_, B::Buf>], x: &B::Buf, weights: &B::Buf, out: &mut B::Buf, rows: usize, hidden: usize, inter: usize, _top_k: usize) -> Result<()> {
+    fn moe_routed(
+        &self,
+        _table: &B::Buf,
+        experts: &[MoeExpert<'_, B::Buf>],
+        x: &B::Buf,
+        weights: &B::Buf,
+        out: &mut B::Buf,
+        rows: usize,
+        hidden: usize,
+        inter: usize,
+        _top_k: usize,
+    ) -> Result<()> {
         let ne = experts.len();
         let mut w = self.inner.read_f32(weights, rows * ne)?;
         if self.fault == Fault::MoeRoutedDropsLast {
@@ -188,9 +218,15 @@ impl<B: Backend> Backend for Faulty<B> {
             }
         }
         let wb = self.f32_buf(&w)?;
-        let (mut g, mut u, mut act, mut y) = (self.inner.alloc_f32(rows * inter)?, self.inner.alloc_f32(rows * inter)?, self.inner.alloc_f32(rows * inter)?, self.inner.alloc_f32(rows * hidden)?);
+        let (mut g, mut u, mut act, mut y) = (
+            self.inner.alloc_f32(rows * inter)?,
+            self.inner.alloc_f32(rows * inter)?,
+            self.inner.alloc_f32(rows * inter)?,
+            self.inner.alloc_f32(rows * hidden)?,
+        );
         for (e, ex) in experts.iter().enumerate() {
-            let up = ex.up.ok_or_else(|| Error::backend("faulty", "moe_routed: the reference keeps gate and up apart"))?;
+            let up =
+                ex.up.ok_or_else(|| Error::backend("faulty", "moe_routed: the reference keeps gate and up apart"))?;
             self.inner.matmul(x, ex.gate, None, &mut g, rows, inter, hidden)?;
             self.inner.matmul(x, up, None, &mut u, rows, inter, hidden)?;
             self.inner.silu_mul(&g, &u, &mut act, rows * inter)?;
@@ -199,7 +235,16 @@ impl<B: Backend> Backend for Faulty<B> {
         }
         Ok(())
     }
-    fn kv_write(&self, k: &B::Buf, v: &B::Buf, kc: &mut B::Buf, vc: &mut B::Buf, slots: &B::Buf, t: usize, g: KvGeometry) -> Result<()> {
+    fn kv_write(
+        &self,
+        k: &B::Buf,
+        v: &B::Buf,
+        kc: &mut B::Buf,
+        vc: &mut B::Buf,
+        slots: &B::Buf,
+        t: usize,
+        g: KvGeometry,
+    ) -> Result<()> {
         match self.fault {
             Fault::KvWriteSkipsLastToken => self.inner.kv_write(k, v, kc, vc, slots, t - 1, g),
             Fault::KvWriteVFromK => self.inner.kv_write(k, k, kc, vc, slots, t, g),
@@ -261,7 +306,10 @@ fn faulty_op(fault: Fault) -> &'static str {
     match fault {
         Fault::RmsNormScaled | Fault::RmsNormSkipsLast => "rms_norm",
         Fault::MatmulDropsKTail | Fault::MatmulSkipsLastRow => "matmul",
-        Fault::AttentionExcludesSelf | Fault::AttentionIgnoresBlockTable | Fault::AttentionIgnoresWindow | Fault::AttentionWindowOneWide => "paged_attention",
+        Fault::AttentionExcludesSelf
+        | Fault::AttentionIgnoresBlockTable
+        | Fault::AttentionIgnoresWindow
+        | Fault::AttentionWindowOneWide => "paged_attention",
         Fault::KvWriteSkipsLastToken | Fault::KvWriteVFromK => "kv_write",
         Fault::SiluMulWritesPastEnd => "silu_mul",
         Fault::AddErrors => "add",
@@ -309,7 +357,9 @@ fn a_fault_in_one_op_fails_that_op_only() {
     // add_rms_norm where the backend does not fuse norms), so those faults reach them too;
     // every other op is independent of every other.
     let kv_downstream = &["paged_attention", "rope_kv_write", "qkv_rope_kv_write"][..];
-    for (fault, downstream) in [(Fault::RmsNormScaled, &["add_rms_norm", "residual_norm_gate_up"][..]), (Fault::KvWriteVFromK, kv_downstream)] {
+    for (fault, downstream) in
+        [(Fault::RmsNormScaled, &["add_rms_norm", "residual_norm_gate_up"][..]), (Fault::KvWriteVFromK, kv_downstream)]
+    {
         let op = faulty_op(fault);
         let (results, _) = run_with(fault, None);
         assert_eq!(results.len(), cases().len());
@@ -358,7 +408,9 @@ fn attention_window_faults_are_caught_by_every_windowed_case() {
         assert!(windowed >= 4, "{fault:?}: {windowed} windowed cases\n{text}");
         for r in &results {
             match (r.params.contains("window="), r.failure.as_deref()) {
-                (true, Some(msg)) => assert!(msg.contains("nmse"), "{fault:?}: `{}` failed for another reason: {msg}", r.params),
+                (true, Some(msg)) => {
+                    assert!(msg.contains("nmse"), "{fault:?}: `{}` failed for another reason: {msg}", r.params)
+                }
                 (true, None) => panic!("{fault:?}: windowed case `{}` passed\n{text}", r.params),
                 (false, Some(msg)) => panic!("{fault:?}: case `{}` without a window failed: {msg}", r.params),
                 (false, None) => {}

@@ -43,7 +43,8 @@ fn gemma3_golden_catches_its_own_pieces_missing() {
 fn gemma3_multimodal_layout_runs_its_text_model() {
     let dir = golden::golden_model("tiny-gemma3");
     let g = GoldenFile::load(&golden::golden_dir().join("tiny-gemma3.json")).unwrap();
-    let text: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    let text: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
     let wrapped = serde_json::json!({"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3", "text_config": text,
         "vision_config": {"model_type": "siglip_vision_model"}, "mm_tokens_per_image": 256});
     let cfg = tandem_core::ModelConfig::from_json(&wrapped.to_string()).unwrap();
@@ -86,9 +87,17 @@ fn tiny_qwen3_chat_template_enable_thinking() {
     let g = GoldenFile::load(&golden::golden_dir().join("tiny-qwen3.json")).unwrap();
     let tok = tandem_core::tokenizer::Tokenizer::from_dir(&dir).unwrap();
     assert_eq!(g.chat_render.len(), 6);
-    assert!(g.chat_render.iter().any(|c| c.text.contains("<think>")), "enable_thinking false must write the empty think block");
+    assert!(
+        g.chat_render.iter().any(|c| c.text.contains("<think>")),
+        "enable_thinking false must write the empty think block"
+    );
     for c in &g.chat_render {
-        assert_eq!(tok.apply_chat_template_with_kwargs(&c.messages, None, true, c.kwargs.as_ref()).unwrap(), c.text, "kwargs {:?}", c.kwargs);
+        assert_eq!(
+            tok.apply_chat_template_with_kwargs(&c.messages, None, true, c.kwargs.as_ref()).unwrap(),
+            c.text,
+            "kwargs {:?}",
+            c.kwargs
+        );
     }
 }
 
@@ -104,7 +113,8 @@ fn tiny_gemma3_chat_template() {
     for c in &g.chat_render {
         assert_eq!(tok.apply_chat_template(&c.messages, true).unwrap(), c.text);
     }
-    let twice: Vec<serde_json::Value> = serde_json::from_str(r#"[{"role":"user","content":"a"},{"role":"user","content":"b"}]"#).unwrap();
+    let twice: Vec<serde_json::Value> =
+        serde_json::from_str(r#"[{"role":"user","content":"a"},{"role":"user","content":"b"}]"#).unwrap();
     let e = tok.apply_chat_template(&twice, true).unwrap_err().to_string();
     assert!(e.contains("must alternate"), "{e}");
 }
@@ -159,14 +169,17 @@ fn smollm2_golden_catches_broken_weights() {
 
     let mut w = open();
     for l in 0..cfg.num_hidden_layers {
-        for (p, heads, rows) in [("q", cfg.num_attention_heads, cfg.q_dim()), ("k", cfg.num_key_value_heads, cfg.kv_dim())] {
+        for (p, heads, rows) in
+            [("q", cfg.num_attention_heads, cfg.q_dim()), ("k", cfg.num_key_value_heads, cfg.kv_dim())]
+        {
             let name = format!("model.layers.{l}.self_attn.{p}_proj.weight");
             let t = w.get(&name, &[rows, cfg.hidden_size]).unwrap();
             let permuted = tandem_models::convert::rope_permute(&t.to_f32(), heads, cfg.hidden_size);
             w.replace(&name, t.dtype, &t.shape.clone(), &permuted).unwrap();
         }
     }
-    let e = golden::check_weights(RefBackend::new(), cfg, &w, &g, 1e-3).expect_err("Q/K in llama.cpp's order must fail");
+    let e =
+        golden::check_weights(RefBackend::new(), cfg, &w, &g, 1e-3).expect_err("Q/K in llama.cpp's order must fail");
     println!("Q/K not un-permuted: {e}");
 }
 
@@ -184,10 +197,17 @@ fn new_family_goldens_catch_their_own_pieces_missing() {
         let w = tandem_core::weights::Weights::open(&dir).unwrap();
         (g, cfg, w)
     };
-    let told = |cfg: tandem_core::ModelConfig, w: &tandem_core::weights::Weights, g: &GoldenFile| match golden::check_weights(RefBackend::new(), cfg, w, g, 1e-3) {
-        Err(e) => Some(e),
-        Ok(lines) => lines.iter().find(|l| !l.contains("diverged at None")).cloned(),
-    };
+    let told =
+        |cfg: tandem_core::ModelConfig, w: &tandem_core::weights::Weights, g: &GoldenFile| match golden::check_weights(
+            RefBackend::new(),
+            cfg,
+            w,
+            g,
+            1e-3,
+        ) {
+            Err(e) => Some(e),
+            Ok(lines) => lines.iter().find(|l| !l.contains("diverged at None")).cloned(),
+        };
     let (g, cfg, mut w) = load("tiny-qwen3", 3);
     assert_eq!(told(cfg.clone(), &w, &g), None, "as written");
     for l in 0..cfg.num_hidden_layers {
@@ -197,12 +217,18 @@ fn new_family_goldens_catch_their_own_pieces_missing() {
             w.replace(&name, t.dtype, &t.shape.clone(), &vec![1.0; cfg.head_dim]).unwrap();
         }
     }
-    println!("qwen3, q/k norm weights 1: {}", told(cfg, &w, &g).expect("Qwen3 without its q/k norm weights must be told"));
+    println!(
+        "qwen3, q/k norm weights 1: {}",
+        told(cfg, &w, &g).expect("Qwen3 without its q/k norm weights must be told")
+    );
 
     let (g, mut cfg, w) = load("tiny-qwen3-moe", 4);
     assert_eq!(told(cfg.clone(), &w, &g), None, "as written");
     cfg.moe.as_mut().unwrap().norm_topk_prob = false;
-    println!("qwen3-moe, norm_topk_prob false: {}", told(cfg, &w, &g).expect("Qwen3-MoE without renormalisation must be told"));
+    println!(
+        "qwen3-moe, norm_topk_prob false: {}",
+        told(cfg, &w, &g).expect("Qwen3-MoE without renormalisation must be told")
+    );
 
     let (g, mut cfg, w) = load("tiny-mixtral", 5);
     assert_eq!(told(cfg.clone(), &w, &g), None, "as written");

@@ -18,7 +18,11 @@ fn reference_passes_against_itself() {
     assert!(routed >= 4);
     assert_eq!(rep.passed, cases().len() - routed);
     assert_eq!(rep.skipped_cases, routed);
-    assert!(rep.results.iter().filter(|r| r.op == "moe_routed").all(|r| r.skipped.as_deref().is_some_and(|s| s.contains("no routed path"))));
+    assert!(rep
+        .results
+        .iter()
+        .filter(|r| r.op == "moe_routed")
+        .all(|r| r.skipped.as_deref().is_some_and(|s| s.contains("no routed path"))));
     assert_eq!(rep.failed, 0);
     let last = text.lines().last().unwrap();
     assert_eq!(last, format!("reference: {} passed, 0 failed, {routed} skipped", cases().len() - routed));
@@ -26,7 +30,11 @@ fn reference_passes_against_itself() {
     // Counted once a run, with the count: one skip line for the lot, not one a case.
     let notes = rep.skip_notes();
     assert_eq!(notes.len(), 1, "{notes:?}");
-    assert!(notes[0].starts_with(&format!("op suite on reference: {routed} moe_routed cases skipped: ")) && notes[0].contains("no routed path"), "{notes:?}");
+    assert!(
+        notes[0].starts_with(&format!("op suite on reference: {routed} moe_routed cases skipped: "))
+            && notes[0].contains("no routed path"),
+        "{notes:?}"
+    );
     // One line per case plus the header and the summary.
     assert_eq!(text.lines().count(), cases().len() + 2);
     assert!(text.lines().next().unwrap().contains("seed 42"));
@@ -37,7 +45,26 @@ fn suite_covers_every_op_with_enough_cases() {
     let all = cases();
     assert!(all.len() >= 60, "only {} cases", all.len());
     let ops: HashSet<&str> = all.iter().map(|c| c.op).collect();
-    for op in ["embedding", "gather_rows", "rms_norm", "add", "add_rms_norm", "matmul", "gate_up_silu", "gate_up_gelu", "rope", "silu_mul", "gelu_tanh_mul", "scale", "kv_write", "paged_attention", "argmax", "moe_route", "moe_accumulate", "moe_routed"] {
+    for op in [
+        "embedding",
+        "gather_rows",
+        "rms_norm",
+        "add",
+        "add_rms_norm",
+        "matmul",
+        "gate_up_silu",
+        "gate_up_gelu",
+        "rope",
+        "silu_mul",
+        "gelu_tanh_mul",
+        "scale",
+        "kv_write",
+        "paged_attention",
+        "argmax",
+        "moe_route",
+        "moe_accumulate",
+        "moe_routed",
+    ] {
         assert!(ops.contains(op), "no case for {op}");
     }
     // Labels must be unique: a case's seed and the filter both go by its label.
@@ -45,10 +72,15 @@ fn suite_covers_every_op_with_enough_cases() {
     assert_eq!(labels.len(), all.len(), "two cases share a label");
     // The shapes the brief asks for.
     let has = |op: &str, part: &str| all.iter().any(|c| c.op == op && c.params.contains(part));
-    for part in ["m=1 ", "m=3 ", "m=16 ", "m=37 ", "m=128 ", "n=77 ", "n=1 ", "k=1000", "bias=yes", "bias=no", "w=f16", "w=bf16", "w=f32"] {
+    for part in [
+        "m=1 ", "m=3 ", "m=16 ", "m=37 ", "m=128 ", "n=77 ", "n=1 ", "k=1000", "bias=yes", "bias=no", "w=f16",
+        "w=bf16", "w=f32",
+    ] {
         assert!(has("matmul", part), "no matmul case with {part}");
     }
-    for part in ["block_size=16", "block_size=32", "gqa=1 ", "gqa=3 ", "gqa=4 ", "head_dim=64", "head_dim=128", "[20+13"] {
+    for part in
+        ["block_size=16", "block_size=32", "gqa=1 ", "gqa=3 ", "gqa=4 ", "head_dim=64", "head_dim=128", "[20+13"]
+    {
         assert!(has("paged_attention", part), "no attention case with {part}");
     }
     for part in ["block_size=16", "block_size=32"] {

@@ -68,14 +68,29 @@ impl<B: Backend> Backend for Variant<B> {
     fn read_kv(&self, buf: &Self::Buf, g: KvGeometry) -> Result<Vec<f32>> {
         self.inner.read_kv(&buf.inner, g)
     }
-    fn embedding(&self, table: &Self::Buf, ids: &Self::Buf, out: &mut Self::Buf, t: usize, hidden: usize) -> Result<()> {
+    fn embedding(
+        &self,
+        table: &Self::Buf,
+        ids: &Self::Buf,
+        out: &mut Self::Buf,
+        t: usize,
+        hidden: usize,
+    ) -> Result<()> {
         self.inner.embedding(&table.inner, &ids.inner, &mut out.inner, t, hidden)
     }
     fn gather_rows(&self, src: &Self::Buf, rows: &Self::Buf, out: &mut Self::Buf, n: usize, dim: usize) -> Result<()> {
         self.inner.gather_rows(&src.inner, &rows.inner, &mut out.inner, n, dim)
     }
     /// f32 sum of squares, in order; f32 reciprocal square root.
-    fn rms_norm(&self, x: &Self::Buf, w: &Self::Buf, out: &mut Self::Buf, rows: usize, dim: usize, eps: f32) -> Result<()> {
+    fn rms_norm(
+        &self,
+        x: &Self::Buf,
+        w: &Self::Buf,
+        out: &mut Self::Buf,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+    ) -> Result<()> {
         let xs = self.read_f32(x, rows * dim)?;
         let (_, wv) = self.weight(w);
         let mut o = vec![0f32; rows * dim];
@@ -94,7 +109,16 @@ impl<B: Backend> Backend for Variant<B> {
     }
     /// Activations rounded to the weight dtype (as bf16/f16 tensor cores take them), f32
     /// accumulation in plain order, bias added last.
-    fn matmul(&self, x: &Self::Buf, w: &Self::Buf, bias: Option<&Self::Buf>, out: &mut Self::Buf, m: usize, n: usize, k: usize) -> Result<()> {
+    fn matmul(
+        &self,
+        x: &Self::Buf,
+        w: &Self::Buf,
+        bias: Option<&Self::Buf>,
+        out: &mut Self::Buf,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<()> {
         let (dtype, wv) = self.weight(w);
         let xs = round(*dtype, &self.read_f32(x, m * k)?);
         let bv = bias.map(|b| &self.weight(b).1);
@@ -108,7 +132,17 @@ impl<B: Backend> Backend for Variant<B> {
         self.write_f32(out, &o)
     }
     /// Angles, sin and cos all in f32.
-    fn rope(&self, q: &mut Self::Buf, k: &mut Self::Buf, pos: &Self::Buf, inv_freq: &Self::Buf, t: usize, qh: usize, kh: usize, hd: usize) -> Result<()> {
+    fn rope(
+        &self,
+        q: &mut Self::Buf,
+        k: &mut Self::Buf,
+        pos: &Self::Buf,
+        inv_freq: &Self::Buf,
+        t: usize,
+        qh: usize,
+        kh: usize,
+        hd: usize,
+    ) -> Result<()> {
         let pos = self.read_u32(pos, t)?;
         let freq = self.read_f32(inv_freq, hd / 2)?;
         for (buf, heads) in [(q, qh), (k, kh)] {
@@ -146,7 +180,16 @@ impl<B: Backend> Backend for Variant<B> {
         self.inner.scale(&mut x.inner, factor, len)
     }
     /// A bf16 cache: values are rounded on the way in.
-    fn kv_write(&self, k: &Self::Buf, v: &Self::Buf, kc: &mut Self::Buf, vc: &mut Self::Buf, slots: &Self::Buf, t: usize, g: KvGeometry) -> Result<()> {
+    fn kv_write(
+        &self,
+        k: &Self::Buf,
+        v: &Self::Buf,
+        kc: &mut Self::Buf,
+        vc: &mut Self::Buf,
+        slots: &Self::Buf,
+        t: usize,
+        g: KvGeometry,
+    ) -> Result<()> {
         let row = g.num_kv_heads * g.head_dim;
         let mut kb = self.inner.alloc_f32(t * row)?;
         let mut vb = self.inner.alloc_f32(t * row)?;
@@ -175,14 +218,21 @@ impl<B: Backend> Backend for Variant<B> {
             // The window's first key (HF's sliding window: the last `window` positions).
             let first = if a.window > 0 { ctx.saturating_sub(a.window) } else { 0 };
             let table = &tables[seq[i] as usize * a.max_blocks..][..a.max_blocks];
-            let row = |j: usize, kh: usize| (table[j / g.block_size] as usize * g.block_size + j % g.block_size) * g.num_kv_heads * hd + kh * hd;
+            let row = |j: usize, kh: usize| {
+                (table[j / g.block_size] as usize * g.block_size + j % g.block_size) * g.num_kv_heads * hd + kh * hd
+            };
             for h in 0..heads {
                 let kh = h / group;
                 let qh = &q[(i * heads + h) * hd..][..hd];
                 let (mut m, mut l, mut acc) = (f32::NEG_INFINITY, 0f32, vec![0f32; hd]);
                 for tile in (first / 64 * 64..ctx).step_by(64) {
                     let keys = tile.max(first)..(tile + 64).min(ctx);
-                    let s: Vec<f32> = keys.clone().map(|j| qh.iter().zip(&kc[row(j, kh)..][..hd]).fold(0f32, |s, (x, y)| s + x * y) * a.scale * log2e).collect();
+                    let s: Vec<f32> = keys
+                        .clone()
+                        .map(|j| {
+                            qh.iter().zip(&kc[row(j, kh)..][..hd]).fold(0f32, |s, (x, y)| s + x * y) * a.scale * log2e
+                        })
+                        .collect();
                     let m2 = s.iter().fold(m, |x, &y| x.max(y));
                     let alpha = (m - m2).exp2();
                     let p: Vec<f32> = s.iter().map(|&x| (x - m2).exp2()).collect();
@@ -208,11 +258,19 @@ fn honest_variants_pass_every_limit() {
     let rep = run(&Variant { inner: RefBackend::new() }, None, 2024, &mut out);
     let text = String::from_utf8(out).unwrap();
     print!("{text}");
-    assert!(rep.ok(), "{}", rep.failures().map(|r| format!("{} {}: {:?}\n", r.op, r.params, r.failure)).collect::<String>());
+    assert!(
+        rep.ok(),
+        "{}",
+        rep.failures().map(|r| format!("{} {}: {:?}\n", r.op, r.params, r.failure)).collect::<String>()
+    );
     // The variants really differ from the reference where they should (else this test proves
     // nothing about the limits): f32 matmul order, bf16 activations, bf16 cache, f32 rope.
     let nmse_of = |op: &str, part: &str| {
-        rep.results.iter().filter(|r| r.op == op && r.params.contains(part)).map(|r| r.nmse.unwrap()).fold(0.0, f64::max)
+        rep.results
+            .iter()
+            .filter(|r| r.op == op && r.params.contains(part))
+            .map(|r| r.nmse.unwrap())
+            .fold(0.0, f64::max)
     };
     assert!(nmse_of("matmul", "w=f32") > 0.0);
     assert!(nmse_of("matmul", "w=bf16") > 1e-7, "bf16 activations should cost ~1e-6");

@@ -12,13 +12,23 @@ use super::Family;
 use crate::backend::Backend;
 use crate::error::Result;
 
-pub(super) const FAMILIES: &[Family] = &[Family { scaled_embedding: true, norm_plus_one: true, ..Family::new("Gemma3ForCausalLM", "gemma3_text") }];
+pub(super) const FAMILIES: &[Family] =
+    &[Family { scaled_embedding: true, norm_plus_one: true, ..Family::new("Gemma3ForCausalLM", "gemma3_text") }];
 
 /// Layer `i` under HF's names.
 pub(super) fn layer<B: Backend>(ld: &mut Loader<'_, B>, i: usize) -> Result<Layer<B>> {
     let p = format!("model.layers.{i}");
     let attn = ld.attention(&format!("{p}.self_attn"), AttnOptions { bias: ld.cfg.attention_bias, qk_norm: true })?;
     let mlp = ld.mlp(&format!("{p}.mlp"), MLP_NAMES, ld.cfg.intermediate_size)?;
-    let out_norms = Some((ld.norm(&format!("{p}.post_attention_layernorm.weight"))?, ld.norm(&format!("{p}.post_feedforward_layernorm.weight"))?));
-    Ok(Layer { input_norm: ld.norm(&format!("{p}.input_layernorm.weight"))?, attn, post_norm: ld.norm(&format!("{p}.pre_feedforward_layernorm.weight"))?, ffn: Ffn::Dense(mlp), out_norms })
+    let out_norms = Some((
+        ld.norm(&format!("{p}.post_attention_layernorm.weight"))?,
+        ld.norm(&format!("{p}.post_feedforward_layernorm.weight"))?,
+    ));
+    Ok(Layer {
+        input_norm: ld.norm(&format!("{p}.input_layernorm.weight"))?,
+        attn,
+        post_norm: ld.norm(&format!("{p}.pre_feedforward_layernorm.weight"))?,
+        ffn: Ffn::Dense(mlp),
+        out_norms,
+    })
 }

@@ -92,7 +92,9 @@ impl<B: Backend> Layer<B> {
     /// Whether this layer's projections are the fused ones the norm-fused path needs
     /// (`Backend::fuses_norm`): fused q/k/v and a dense MLP with fused gate/up.
     pub fn fully_fused(&self) -> bool {
-        self.out_norms.is_none() && matches!(self.attn.qkv, Qkv::Fused { .. }) && matches!(&self.ffn, Ffn::Dense(Mlp { gate_up: GateUp::Fused(_), .. }))
+        self.out_norms.is_none()
+            && matches!(self.attn.qkv, Qkv::Fused { .. })
+            && matches!(&self.ffn, Ffn::Dense(Mlp { gate_up: GateUp::Fused(_), .. }))
     }
 }
 
@@ -113,7 +115,16 @@ impl<B: Backend> Attention<B> {
     /// it, the projection lands in the raw buffers, each head is normed into q and k, then
     /// `rope_kv_write`, so every backend runs it with the ops it already has.
     #[allow(clippy::too_many_arguments)]
-    pub fn project(&self, b: &B, c: &ModelConfig, x: &B::Buf, norm: Option<NormIn<'_, B::Buf>>, bufs: QkvBufs<'_, B>, kv: KvDest<'_, B::Buf>, t: usize) -> Result<()> {
+    pub fn project(
+        &self,
+        b: &B,
+        c: &ModelConfig,
+        x: &B::Buf,
+        norm: Option<NormIn<'_, B::Buf>>,
+        bufs: QkvBufs<'_, B>,
+        kv: KvDest<'_, B::Buf>,
+        t: usize,
+    ) -> Result<()> {
         let (d, qd, kvd, hd) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.head_dim);
         let QkvBufs { q, k, v, raw } = bufs;
         match (&self.qk_norm, raw) {
@@ -123,7 +134,19 @@ impl<B: Backend> Attention<B> {
                     b.matmul(x, wq, q_bias.as_ref(), q, t, qd, d)?;
                     b.matmul(x, wk, k_bias.as_ref(), k, t, kvd, d)?;
                     b.matmul(x, wv, v_bias.as_ref(), v, t, kvd, d)?;
-                    b.rope_kv_write(q, k, v, kv.k_cache, kv.v_cache, kv.positions, kv.inv_freq, kv.slots, t, c.num_attention_heads, kv.geometry)
+                    b.rope_kv_write(
+                        q,
+                        k,
+                        v,
+                        kv.k_cache,
+                        kv.v_cache,
+                        kv.positions,
+                        kv.inv_freq,
+                        kv.slots,
+                        t,
+                        c.num_attention_heads,
+                        kv.geometry,
+                    )
                 }
             },
             (Some((q_norm, k_norm)), Some((q_raw, k_raw))) => {
@@ -138,7 +161,19 @@ impl<B: Backend> Attention<B> {
                 // Each head's row of head_dim values is one row of the norm.
                 b.rms_norm(q_raw, q_norm, q, t * c.num_attention_heads, hd, c.rms_norm_eps)?;
                 b.rms_norm(k_raw, k_norm, k, t * c.num_key_value_heads, hd, c.rms_norm_eps)?;
-                b.rope_kv_write(q, k, v, kv.k_cache, kv.v_cache, kv.positions, kv.inv_freq, kv.slots, t, c.num_attention_heads, kv.geometry)
+                b.rope_kv_write(
+                    q,
+                    k,
+                    v,
+                    kv.k_cache,
+                    kv.v_cache,
+                    kv.positions,
+                    kv.inv_freq,
+                    kv.slots,
+                    t,
+                    c.num_attention_heads,
+                    kv.geometry,
+                )
             }
             (Some(_), None) => Err(crate::error::Error::backend(b.name(), "q/k norm without its scratch buffers")),
         }
@@ -190,7 +225,8 @@ impl<'a, B: Backend> Loader<'a, B> {
         let (b, c) = (self.b, self.cfg);
         let (d, qd, kvd) = (c.hidden_size, c.q_dim(), c.kv_dim());
         let view = |n: &str, shape: &[usize]| self.w.get(&format!("{prefix}.{n}"), shape);
-        let (qv, kv, vv) = (view("q_proj.weight", &[qd, d])?, view("k_proj.weight", &[kvd, d])?, view("v_proj.weight", &[kvd, d])?);
+        let (qv, kv, vv) =
+            (view("q_proj.weight", &[qd, d])?, view("k_proj.weight", &[kvd, d])?, view("v_proj.weight", &[kvd, d])?);
         let biases = match opt.bias {
             true => Some([view("q_proj.bias", &[qd])?, view("k_proj.bias", &[kvd])?, view("v_proj.bias", &[kvd])?]),
             false => None,
@@ -199,12 +235,22 @@ impl<'a, B: Backend> Loader<'a, B> {
             Some((w, bias)) => Qkv::Fused { w, bias },
             None => {
                 let bias = |i: usize| biases.as_ref().map(|bs| b.upload_weight(&bs[i])).transpose();
-                Qkv::Split { q: b.upload_weight(&qv)?, k: b.upload_weight(&kv)?, v: b.upload_weight(&vv)?, q_bias: bias(0)?, k_bias: bias(1)?, v_bias: bias(2)? }
+                Qkv::Split {
+                    q: b.upload_weight(&qv)?,
+                    k: b.upload_weight(&kv)?,
+                    v: b.upload_weight(&vv)?,
+                    q_bias: bias(0)?,
+                    k_bias: bias(1)?,
+                    v_bias: bias(2)?,
+                }
             }
         };
         self.x_readers.extend([qv.dtype, kv.dtype, vv.dtype]);
         let qk_norm = match opt.qk_norm {
-            true => Some((self.norm_of(&format!("{prefix}.q_norm.weight"), c.head_dim)?, self.norm_of(&format!("{prefix}.k_norm.weight"), c.head_dim)?)),
+            true => Some((
+                self.norm_of(&format!("{prefix}.q_norm.weight"), c.head_dim)?,
+                self.norm_of(&format!("{prefix}.k_norm.weight"), c.head_dim)?,
+            )),
             false => None,
         };
         Ok(Attention { qkv, o: self.tensor(&format!("{prefix}.o_proj.weight"), &[d, qd])?, qk_norm })
@@ -214,7 +260,10 @@ impl<'a, B: Backend> Loader<'a, B> {
     /// (`{prefix}.{name}.weight`).
     pub fn mlp(&mut self, prefix: &str, [gate, up, down]: [&str; 3], inter: usize) -> Result<Mlp<B>> {
         let (b, d) = (self.b, self.cfg.hidden_size);
-        let (gv, uv) = (self.w.get(&format!("{prefix}.{gate}.weight"), &[inter, d])?, self.w.get(&format!("{prefix}.{up}.weight"), &[inter, d])?);
+        let (gv, uv) = (
+            self.w.get(&format!("{prefix}.{gate}.weight"), &[inter, d])?,
+            self.w.get(&format!("{prefix}.{up}.weight"), &[inter, d])?,
+        );
         let dv = self.w.get(&format!("{prefix}.{down}.weight"), &[d, inter])?;
         self.x_readers.extend([gv.dtype, uv.dtype]);
         self.act_readers.push(dv.dtype);
@@ -230,15 +279,24 @@ impl<'a, B: Backend> Loader<'a, B> {
     /// at `{prefix}.experts.{e}` with projections named `names` (as [`Loader::mlp`]), all of
     /// the config's `moe` settings.
     pub fn moe(&mut self, prefix: &str, router: &str, names: [&str; 3]) -> Result<Moe<B>> {
-        let m = self.cfg.moe.clone().ok_or_else(|| crate::error::Error::config(std::path::Path::new("config.json"), "a mixture-of-experts layer without its settings"))?;
+        let m = self.cfg.moe.clone().ok_or_else(|| {
+            crate::error::Error::config(
+                std::path::Path::new("config.json"),
+                "a mixture-of-experts layer without its settings",
+            )
+        })?;
         let rv = self.w.get(&format!("{prefix}.{router}.weight"), &[m.num_experts, self.cfg.hidden_size])?;
         self.x_readers.push(rv.dtype);
         let router = self.b.upload_weight(&rv)?;
-        let experts = (0..m.num_experts).map(|e| self.mlp(&format!("{prefix}.experts.{e}"), names, m.intermediate_size)).collect::<Result<Vec<_>>>()?;
+        let experts = (0..m.num_experts)
+            .map(|e| self.mlp(&format!("{prefix}.experts.{e}"), names, m.intermediate_size))
+            .collect::<Result<Vec<_>>>()?;
         // The routed path (Backend::moe_routed) computes silu: another activation runs the
         // experts one by one.
         let routed = match self.cfg.activation {
-            Activation::Silu => self.b.moe_prepare(&expert_refs(&experts), self.cfg.hidden_size, m.intermediate_size)?,
+            Activation::Silu => {
+                self.b.moe_prepare(&expert_refs(&experts), self.cfg.hidden_size, m.intermediate_size)?
+            }
             Activation::GeluTanh => None,
         };
         Ok(Moe { router, experts, top_k: m.top_k, renormalize: m.norm_topk_prob, routed })
@@ -264,7 +322,17 @@ impl<B: Backend> Mlp<B> {
     /// `act = act(gate(x)) * up(x)` (fused where the backend fuses; `norm` as in
     /// [`Backend::gate_up_act`]).
     #[allow(clippy::too_many_arguments)]
-    pub fn activation(&self, b: &B, x: &B::Buf, gate: &mut B::Buf, up: &mut B::Buf, act: &mut B::Buf, t: usize, d: usize, norm: Option<NormIn<'_, B::Buf>>) -> Result<()> {
+    pub fn activation(
+        &self,
+        b: &B,
+        x: &B::Buf,
+        gate: &mut B::Buf,
+        up: &mut B::Buf,
+        act: &mut B::Buf,
+        t: usize,
+        d: usize,
+        norm: Option<NormIn<'_, B::Buf>>,
+    ) -> Result<()> {
         let inter = self.inter;
         match &self.gate_up {
             GateUp::Fused(w) => b.gate_up_act(self.act, x, w, act, t, inter, d, norm),
@@ -285,7 +353,9 @@ impl<B: Backend> Moe<B> {
     /// its output scaled and added.
     pub fn forward(&self, b: &B, bufs: FfnBufs<'_, B>, t: usize, d: usize) -> Result<()> {
         let FfnBufs { x, gate, up, act, out, moe } = bufs;
-        let Some((logits, weights, y)) = moe else { return Err(crate::error::Error::backend(b.name(), "a mixture of experts without its scratch buffers")) };
+        let Some((logits, weights, y)) = moe else {
+            return Err(crate::error::Error::backend(b.name(), "a mixture of experts without its scratch buffers"));
+        };
         let n = self.experts.len();
         b.matmul(x, &self.router, None, logits, t, n, d)?;
         b.moe_route(logits, weights, t, n, self.top_k, self.renormalize)?;

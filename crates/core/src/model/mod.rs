@@ -20,7 +20,9 @@ mod qwen3_moe;
 
 use std::path::Path;
 
-use crate::backend::{kv_dtype_names, AttnArgs, Backend, DType, GraphId, KvDest, KvDtype, KvGeometry, NormIn, U32Group, WorkspaceLimits};
+use crate::backend::{
+    kv_dtype_names, AttnArgs, Backend, DType, GraphId, KvDest, KvDtype, KvGeometry, NormIn, U32Group, WorkspaceLimits,
+};
 use crate::batch::ForwardBatch;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
@@ -52,7 +54,12 @@ impl Family {
 
 /// Every architecture this build runs, family file by family file.
 pub fn families() -> impl Iterator<Item = &'static Family> {
-    llama::FAMILIES.iter().chain(qwen3::FAMILIES).chain(qwen3_moe::FAMILIES).chain(mixtral::FAMILIES).chain(gemma3::FAMILIES)
+    llama::FAMILIES
+        .iter()
+        .chain(qwen3::FAMILIES)
+        .chain(qwen3_moe::FAMILIES)
+        .chain(mixtral::FAMILIES)
+        .chain(gemma3::FAMILIES)
 }
 
 /// What the engine needs from a loaded model, whatever the backend. Object-safe.
@@ -101,7 +108,12 @@ pub trait ModelRunner: Send {
     /// can compute the masks while the device runs; its error fails the step. The ids equal
     /// [`crate::sampling::sample_rows_masked`] of what [`ModelRunner::forward`] would return.
     /// The default: `forward`, then the host.
-    fn forward_sampled_masked(&mut self, batch: &ForwardBatch, specs: &[SampleSpec], masks: &mut dyn FnMut() -> Result<RowMasks>) -> Result<Vec<u32>> {
+    fn forward_sampled_masked(
+        &mut self,
+        batch: &ForwardBatch,
+        specs: &[SampleSpec],
+        masks: &mut dyn FnMut() -> Result<RowMasks>,
+    ) -> Result<Vec<u32>> {
         let (logits, vocab) = host_logits(self, batch, specs)?;
         let m = masks()?;
         m.check(specs.len(), vocab).map_err(Error::Batch)?;
@@ -111,7 +123,13 @@ pub trait ModelRunner: Send {
     /// the sampled token's logprob and top `n` of the raw logits
     /// ([`crate::sampling::logprobs_row`]), computed where the logits are. The default:
     /// `forward`, then the host.
-    fn forward_sampled_logprobs(&mut self, batch: &ForwardBatch, specs: &[SampleSpec], masks: &mut dyn FnMut() -> Result<RowMasks>, top_n: &[Option<usize>]) -> Result<(Vec<u32>, Vec<Option<TokenLogprobs>>)> {
+    fn forward_sampled_logprobs(
+        &mut self,
+        batch: &ForwardBatch,
+        specs: &[SampleSpec],
+        masks: &mut dyn FnMut() -> Result<RowMasks>,
+        top_n: &[Option<usize>],
+    ) -> Result<(Vec<u32>, Vec<Option<TokenLogprobs>>)> {
         if top_n.len() != specs.len() {
             return Err(Error::Batch(format!("{} logprob counts for {} rows", top_n.len(), specs.len())));
         }
@@ -126,12 +144,20 @@ pub trait ModelRunner: Send {
 
 /// The default samplers' start: the specs checked, the forward run, its logits (and the
 /// vocabulary, at least 1) checked against the rows.
-fn host_logits<M: ModelRunner + ?Sized>(m: &mut M, batch: &ForwardBatch, specs: &[SampleSpec]) -> Result<(Vec<f32>, usize)> {
+fn host_logits<M: ModelRunner + ?Sized>(
+    m: &mut M,
+    batch: &ForwardBatch,
+    specs: &[SampleSpec],
+) -> Result<(Vec<f32>, usize)> {
     check_specs(batch, specs)?;
     let logits = m.forward(batch)?;
     let vocab = m.config().vocab_size.max(1);
     if logits.len() != specs.len() * vocab {
-        return Err(Error::Batch(format!("forward returned {} logits for {} rows of vocabulary {vocab}", logits.len(), specs.len())));
+        return Err(Error::Batch(format!(
+            "forward returned {} logits for {} rows of vocabulary {vocab}",
+            logits.len(),
+            specs.len()
+        )));
     }
     Ok((logits, vocab))
 }
@@ -205,18 +231,30 @@ struct Padding {
 impl Padding {
     /// A padded step of `rows` rows: what its launches depend on.
     fn shape(&self, rows: usize) -> StepShape {
-        StepShape { tokens: rows, seqs: rows, logit_rows: rows, max_blocks: self.stride, max_context: self.max_context, decodes: rows }
+        StepShape {
+            tokens: rows,
+            seqs: rows,
+            logit_rows: rows,
+            max_blocks: self.stride,
+            max_context: self.max_context,
+            decodes: rows,
+        }
     }
     /// What its padding rows are, for the staging layout.
     fn rows(&self, block_size: usize) -> PadRows {
         // A block size beyond u32 makes the scratch slot overflow: an error when staged.
-        PadRows { scratch_block: self.scratch_block, stride: self.stride, block_size: u32::try_from(block_size).unwrap_or(u32::MAX) }
+        PadRows {
+            scratch_block: self.scratch_block,
+            stride: self.stride,
+            block_size: u32::try_from(block_size).unwrap_or(u32::MAX),
+        }
     }
 }
 
 /// Batch-size buckets up to `cap`: 1, 2, 4, ... below cap, then cap.
 fn buckets(cap: usize) -> Vec<usize> {
-    let mut v: Vec<usize> = std::iter::successors(Some(1usize), |b| b.checked_mul(2)).take_while(|&b| b < cap).collect();
+    let mut v: Vec<usize> =
+        std::iter::successors(Some(1usize), |b| b.checked_mul(2)).take_while(|&b| b < cap).collect();
     v.push(cap);
     v
 }
@@ -233,7 +271,6 @@ struct StepShape {
     decodes: usize,
 }
 
-
 /// KV pool size for backends that cannot report free memory (reference, wgpu).
 pub const AUTO_KV_BYTES: u64 = 1 << 30;
 
@@ -246,7 +283,11 @@ pub fn kv_block_bytes(cfg: &ModelConfig, block_size: usize, dtype: KvDtype) -> u
 
 /// The pool's block count: planned from the device's memory where it was measured
 /// ([`plan_kv_blocks`]), else [`AUTO_KV_BYTES`] worth, never more than `need.max_blocks`.
-pub fn kv_pool_blocks(measured: Option<&DeviceMemory>, gpu_memory_utilization: f32, need: &KvNeed) -> std::result::Result<usize, String> {
+pub fn kv_pool_blocks(
+    measured: Option<&DeviceMemory>,
+    gpu_memory_utilization: f32,
+    need: &KvNeed,
+) -> std::result::Result<usize, String> {
     let blocks = match measured {
         Some(m) => plan_kv_blocks(m, gpu_memory_utilization, need)?,
         None => ((AUTO_KV_BYTES / need.block_bytes.max(1)) as usize).min(need.max_blocks),
@@ -259,7 +300,19 @@ pub fn kv_pool_blocks(measured: Option<&DeviceMemory>, gpu_memory_utilization: f
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        LoadOptions { max_batch_tokens: 512, max_seqs: 64, num_kv_blocks: 256, block_size: 16, gpu_memory_utilization: 0.9, max_model_len: None, prompt_logit_rows: DEFAULT_PROMPT_LOGIT_ROWS, kv_dtype: None, graphs: true, pad_decode: false, graph_max_context: DEFAULT_GRAPH_MAX_CONTEXT }
+        LoadOptions {
+            max_batch_tokens: 512,
+            max_seqs: 64,
+            num_kv_blocks: 256,
+            block_size: 16,
+            gpu_memory_utilization: 0.9,
+            max_model_len: None,
+            prompt_logit_rows: DEFAULT_PROMPT_LOGIT_ROWS,
+            kv_dtype: None,
+            graphs: true,
+            pad_decode: false,
+            graph_max_context: DEFAULT_GRAPH_MAX_CONTEXT,
+        }
     }
 }
 
@@ -285,19 +338,19 @@ fn stored_as<B: Backend>(b: &B, readers: &[DType]) -> DType {
 
 /// Activation and metadata buffers, allocated once for the largest batch.
 struct Scratch<B: Backend> {
-    h: B::Buf,    // [T, hidden] residual stream
-    x: B::Buf,    // [T, hidden] normed (ActDtypes::x)
-    q: B::Buf,    // [T, q_dim]
-    k: B::Buf,    // [T, kv_dim]
-    v: B::Buf,    // [T, kv_dim]
-    attn: B::Buf, // [T, q_dim]
-    o: B::Buf,    // [T, hidden]
-    gate: B::Buf, // [T, intermediate]
-    up: B::Buf,   // [T, intermediate]
-    act: B::Buf,  // [T, intermediate] (ActDtypes::act)
-    last: B::Buf, // [S, hidden] rows that need logits
+    h: B::Buf,           // [T, hidden] residual stream
+    x: B::Buf,           // [T, hidden] normed (ActDtypes::x)
+    q: B::Buf,           // [T, q_dim]
+    k: B::Buf,           // [T, kv_dim]
+    v: B::Buf,           // [T, kv_dim]
+    attn: B::Buf,        // [T, q_dim]
+    o: B::Buf,           // [T, hidden]
+    gate: B::Buf,        // [T, intermediate]
+    up: B::Buf,          // [T, intermediate]
+    act: B::Buf,         // [T, intermediate] (ActDtypes::act)
+    last: B::Buf,        // [S, hidden] rows that need logits
     last_normed: B::Buf, // [S, hidden] (ActDtypes::last_normed)
-    logits: B::Buf, // [S, vocab]
+    logits: B::Buf,      // [S, vocab]
     /// The raw q and k projections `[T, q_dim]`, `[T, kv_dim]`, for a family that norms them
     /// per head before rope (`layers::AttnOptions::qk_norm`).
     qk_raw: Option<(B::Buf, B::Buf)>,
@@ -360,11 +413,20 @@ impl<B: Backend> Model<B> {
             return Err(Error::Batch(format!("load options must be positive: {opts:?}")));
         }
         // inter: the widest MLP (dense, or one expert), what the activation buffers hold.
-        let (d, qd, kvd, inter, vocab) = (cfg.hidden_size, cfg.q_dim(), cfg.kv_dim(), cfg.max_intermediate(), cfg.vocab_size);
+        let (d, qd, kvd, inter, vocab) =
+            (cfg.hidden_size, cfg.q_dim(), cfg.kv_dim(), cfg.max_intermediate(), cfg.vocab_size);
         let b = &backend;
         let kv_dtype = opts.kv_dtype.or_else(|| b.kv_dtypes().first().copied()).unwrap_or(KvDtype::F32);
         if !b.kv_dtypes().contains(&kv_dtype) {
-            return Err(Error::backend(b.name(), format!("a {} KV cache is not supported on {} (it stores {}; a bf16 cache needs --backend cuda)", kv_dtype.name(), b.name(), kv_dtype_names(b.kv_dtypes()))));
+            return Err(Error::backend(
+                b.name(),
+                format!(
+                    "a {} KV cache is not supported on {} (it stores {}; a bf16 cache needs --backend cuda)",
+                    kv_dtype.name(),
+                    b.name(),
+                    kv_dtype_names(b.kv_dtypes())
+                ),
+            ));
         }
         let graphs_on = opts.graphs && b.supports_graphs();
         let padding = graphs_on || opts.pad_decode;
@@ -396,7 +458,8 @@ impl<B: Backend> Model<B> {
             (gemma3::FAMILIES, gemma3::layer),
             (llama::FAMILIES, llama::layer),
         ];
-        let found = table.into_iter().find_map(|(fams, layer)| Some((fams.iter().find(|f| f.architecture == arch)?, layer)));
+        let found =
+            table.into_iter().find_map(|(fams, layer)| Some((fams.iter().find(|f| f.architecture == arch)?, layer)));
         let Some((family, layer)) = found else {
             return Err(Error::config(Path::new("config.json"), format!("no model layer for architecture `{arch}`")));
         };
@@ -429,9 +492,15 @@ impl<B: Backend> Model<B> {
         let rows = sq + opts.prompt_logit_rows;
         let max_context = opts.max_model_len.unwrap_or(usize::MAX).min(cfg.max_position_embeddings).max(1);
         let max_blocks_cap = max_context.div_ceil(opts.block_size).max(1);
-        let bt_len = sq.checked_mul(max_blocks_cap).ok_or_else(|| Error::Batch(format!("{sq} sequences x {max_blocks_cap} blocks overflow")))?;
+        let bt_len = sq
+            .checked_mul(max_blocks_cap)
+            .ok_or_else(|| Error::Batch(format!("{sq} sequences x {max_blocks_cap} blocks overflow")))?;
         let meta_layout = meta::layout(t, rows, bt_len)?;
-        let act_dtypes = ActDtypes { x: stored_as(b, &x_readers), act: stored_as(b, &act_readers), last_normed: stored_as(b, &[head_reader]) };
+        let act_dtypes = ActDtypes {
+            x: stored_as(b, &x_readers),
+            act: stored_as(b, &act_readers),
+            last_normed: stored_as(b, &[head_reader]),
+        };
         let s = Scratch {
             h: b.alloc_f32(t * d)?,
             x: b.alloc_activation(act_dtypes.x, t * d)?,
@@ -449,13 +518,18 @@ impl<B: Backend> Model<B> {
             qk_raw: if qk_norm { Some((b.alloc_f32(t * qd)?, b.alloc_f32(t * kvd)?)) } else { None },
             pre_norm: if out_norms { Some(b.alloc_f32(t * d)?) } else { None },
             moe: match &cfg.moe {
-                Some(m) => Some((b.alloc_f32(t * m.num_experts)?, b.alloc_f32(t * m.num_experts)?, b.alloc_f32(t * d)?)),
+                Some(m) => {
+                    Some((b.alloc_f32(t * m.num_experts)?, b.alloc_f32(t * m.num_experts)?, b.alloc_f32(t * d)?))
+                }
                 None => None,
             },
             meta: b.alloc_u32_group(&meta_layout)?,
         };
         if s.meta.parts.len() != meta::REGIONS {
-            return Err(Error::backend(b.name(), format!("alloc_u32_group gave {} buffers for {} regions", s.meta.parts.len(), meta::REGIONS)));
+            return Err(Error::backend(
+                b.name(),
+                format!("alloc_u32_group gave {} buffers for {} regions", s.meta.parts.len(), meta::REGIONS),
+            ));
         }
         let limits = WorkspaceLimits {
             max_tokens: t,
@@ -466,23 +540,40 @@ impl<B: Backend> Model<B> {
             head_dim: cfg.head_dim,
             // Only an f32 x needs scratch (a 16-bit copy for the tensor cores above 128 rows):
             // the attention output always, the others where they are stored in f32.
-            max_k: [(true, qd), (act_dtypes.x == DType::F32, d), (act_dtypes.act == DType::F32, inter), (act_dtypes.last_normed == DType::F32, d)]
-                .into_iter()
-                .filter_map(|(f32_x, k)| f32_x.then_some(k))
-                .max()
-                .unwrap_or(qd),
+            max_k: [
+                (true, qd),
+                (act_dtypes.x == DType::F32, d),
+                (act_dtypes.act == DType::F32, inter),
+                (act_dtypes.last_normed == DType::F32, d),
+            ]
+            .into_iter()
+            .filter_map(|(f32_x, k)| f32_x.then_some(k))
+            .max()
+            .unwrap_or(qd),
             max_n: vocab.max(qd + 2 * kvd).max(2 * inter).max(d).max(cfg.moe.as_ref().map_or(0, |m| m.num_experts)),
             kv_dtype,
-            moe: cfg.moe.as_ref().map(|m| crate::backend::MoeLimits { experts: m.num_experts, top_k: m.top_k, hidden: d, inter: m.intermediate_size }),
+            moe: cfg.moe.as_ref().map(|m| crate::backend::MoeLimits {
+                experts: m.num_experts,
+                top_k: m.top_k,
+                hidden: d,
+                inter: m.intermediate_size,
+            }),
         };
         let workspace = b.reserve_workspace(&limits)?;
         if workspace > 0 {
             tracing::info!(mib = workspace >> 20, ?limits, "step workspace reserved");
         }
-        let mut geometry = KvGeometry { num_blocks: opts.num_kv_blocks, block_size: opts.block_size, num_kv_heads: cfg.num_key_value_heads, head_dim: cfg.head_dim };
+        let mut geometry = KvGeometry {
+            num_blocks: opts.num_kv_blocks,
+            block_size: opts.block_size,
+            num_kv_heads: cfg.num_key_value_heads,
+            head_dim: cfg.head_dim,
+        };
         if geometry.num_blocks == 0 {
             let measured = match (b.total_memory(), free_before_weights, free_after_weights, b.free_memory()) {
-                (Some(total), Some(free_before_weights), Some(free_after_weights), Some(free_now)) => Some(DeviceMemory { total, free_before_weights, free_after_weights, free_now }),
+                (Some(total), Some(free_before_weights), Some(free_after_weights), Some(free_now)) => {
+                    Some(DeviceMemory { total, free_before_weights, free_after_weights, free_now })
+                }
                 _ => None,
             };
             // Never more than every sequence at full context needs.
@@ -490,16 +581,36 @@ impl<B: Backend> Model<B> {
             let block_bytes = kv_block_bytes(&cfg, opts.block_size, kv_dtype);
             // The padding's scratch block comes out of the same memory.
             let extra = padding as usize;
-            let need = KvNeed { block_bytes, min_blocks: max_blocks_cap + extra, max_blocks: useful + extra, max_context: limits.max_context };
-            geometry.num_blocks = kv_pool_blocks(measured.as_ref(), opts.gpu_memory_utilization, &need).map_err(|e| Error::backend(b.name(), e))?.saturating_sub(extra).max(1);
-            tracing::info!(blocks = geometry.num_blocks, block_size = opts.block_size, kv_dtype = kv_dtype.name(), mib = (geometry.num_blocks as u64 * block_bytes) >> 20, "KV cache sized");
+            let need = KvNeed {
+                block_bytes,
+                min_blocks: max_blocks_cap + extra,
+                max_blocks: useful + extra,
+                max_context: limits.max_context,
+            };
+            geometry.num_blocks = kv_pool_blocks(measured.as_ref(), opts.gpu_memory_utilization, &need)
+                .map_err(|e| Error::backend(b.name(), e))?
+                .saturating_sub(extra)
+                .max(1);
+            tracing::info!(
+                blocks = geometry.num_blocks,
+                block_size = opts.block_size,
+                kv_dtype = kv_dtype.name(),
+                mib = (geometry.num_blocks as u64 * block_bytes) >> 20,
+                "KV cache sized"
+            );
         }
         let kv_view = geometry;
         let pad = padding.then(|| {
             // A padded step's context bound, whole blocks, never beyond the context limit.
-            let stride = opts.graph_max_context.min(limits.max_context).div_ceil(opts.block_size).clamp(1, max_blocks_cap);
+            let stride =
+                opts.graph_max_context.min(limits.max_context).div_ceil(opts.block_size).clamp(1, max_blocks_cap);
             geometry.num_blocks += 1;
-            Padding { buckets: buckets(sq.min(t)), scratch_block: kv_view.num_blocks as u32, stride, max_context: stride * opts.block_size }
+            Padding {
+                buckets: buckets(sq.min(t)),
+                scratch_block: kv_view.num_blocks as u32,
+                stride,
+                max_context: stride * opts.block_size,
+            }
         });
         let mut caches = Vec::with_capacity(cfg.num_hidden_layers);
         for _ in 0..cfg.num_hidden_layers {
@@ -507,7 +618,29 @@ impl<B: Backend> Model<B> {
         }
         let graphs = vec![None; pad.as_ref().map_or(0, |p| p.buckets.len())];
         let staging = MetaStaging::new(meta_layout, sq);
-        let mut model = Model { backend, cfg, opts, geometry, kv_dtype, matmul_operand, act_dtypes, max_blocks_cap, embed, lm_head, final_norm, inv_freq, local_inv_freq, embed_scale, layers, caches, s, kv_view, pad, graphs, staging };
+        let mut model = Model {
+            backend,
+            cfg,
+            opts,
+            geometry,
+            kv_dtype,
+            matmul_operand,
+            act_dtypes,
+            max_blocks_cap,
+            embed,
+            lm_head,
+            final_norm,
+            inv_freq,
+            local_inv_freq,
+            embed_scale,
+            layers,
+            caches,
+            s,
+            kv_view,
+            pad,
+            graphs,
+            staging,
+        };
         if graphs_on {
             model.capture_graphs()?;
         }
@@ -525,7 +658,11 @@ impl<B: Backend> Model<B> {
         let launches_before = self.backend.launch_count();
         for (i, &rows) in pad.buckets.iter().enumerate().rev() {
             if start.elapsed() > CAPTURE_BUDGET {
-                tracing::warn!(budget_s = CAPTURE_BUDGET.as_secs(), left = i + 1, "graph capture over its time budget: the smaller decode buckets run eagerly");
+                tracing::warn!(
+                    budget_s = CAPTURE_BUDGET.as_secs(),
+                    left = i + 1,
+                    "graph capture over its time budget: the smaller decode buckets run eagerly"
+                );
                 break;
             }
             match self.capture_bucket(&pad, rows) {
@@ -538,7 +675,8 @@ impl<B: Backend> Model<B> {
             }
         }
         self.backend.sync()?;
-        let captured: Vec<usize> = pad.buckets.iter().zip(&self.graphs).filter(|(_, g)| g.is_some()).map(|(b, _)| *b).collect();
+        let captured: Vec<usize> =
+            pad.buckets.iter().zip(&self.graphs).filter(|(_, g)| g.is_some()).map(|(b, _)| *b).collect();
         tracing::info!(ms = start.elapsed().as_millis() as u64, ?captured, max_context = pad.max_context, launches = ?launches_before.zip(self.backend.launch_count()).map(|(a, b)| b - a), "decode graphs captured");
         Ok(())
     }
@@ -547,7 +685,11 @@ impl<B: Backend> Model<B> {
     /// eagerly, then records it.
     fn capture_bucket(&mut self, pad: &Padding, rows: usize) -> Result<GraphId> {
         let shape = pad.shape(rows);
-        self.upload_padded(&ForwardBatch { max_blocks: pad.stride, ..Default::default() }, pad.rows(self.opts.block_size), rows)?;
+        self.upload_padded(
+            &ForwardBatch { max_blocks: pad.stride, ..Default::default() },
+            pad.rows(self.opts.block_size),
+            rows,
+        )?;
         self.launch(shape)?;
         self.backend.begin_capture()?;
         let recorded = self.launch(shape);
@@ -562,7 +704,11 @@ impl<B: Backend> Model<B> {
         let pad = self.pad.as_ref()?;
         let n = batch.num_tokens();
         let in_order = |v: &[u32]| v.iter().enumerate().all(|(i, &x)| x as usize == i);
-        if batch.num_seqs() != n || batch.logit_rows.len() != n || !in_order(&batch.token_seq) || !in_order(&batch.logit_rows) {
+        if batch.num_seqs() != n
+            || batch.logit_rows.len() != n
+            || !in_order(&batch.token_seq)
+            || !in_order(&batch.logit_rows)
+        {
             return None;
         }
         if batch.positions.iter().any(|&p| p as usize >= pad.max_context) {
@@ -626,7 +772,14 @@ impl<B: Backend> Model<B> {
         }
         self.upload(batch)?;
         let max_context = batch.positions.iter().copied().max().unwrap_or(0) as usize + 1;
-        self.launch(StepShape { tokens: batch.num_tokens(), seqs: batch.num_seqs(), logit_rows: batch.logit_rows.len(), max_blocks: batch.max_blocks, max_context, decodes: crate::batch::leading_decodes(&batch.token_seq) })
+        self.launch(StepShape {
+            tokens: batch.num_tokens(),
+            seqs: batch.num_seqs(),
+            logit_rows: batch.logit_rows.len(),
+            max_blocks: batch.max_blocks,
+            max_context,
+            decodes: crate::batch::leading_decodes(&batch.token_seq),
+        })
     }
 
     /// The step's metadata into its buffers: staged in the group's host memory, then one
@@ -650,7 +803,14 @@ impl<B: Backend> Model<B> {
     fn launch(&mut self, shape: StepShape) -> Result<()> {
         let (b, c, s) = (&self.backend, &self.cfg, &mut self.s);
         let m = &s.meta.parts;
-        let (ids, positions, slots, token_seq, block_tables, logit_rows) = (&m[meta::TOKENS], &m[meta::POSITIONS], &m[meta::SLOTS], &m[meta::TOKEN_SEQ], &m[meta::BLOCK_TABLES], &m[meta::LOGIT_ROWS]);
+        let (ids, positions, slots, token_seq, block_tables, logit_rows) = (
+            &m[meta::TOKENS],
+            &m[meta::POSITIONS],
+            &m[meta::SLOTS],
+            &m[meta::TOKEN_SEQ],
+            &m[meta::BLOCK_TABLES],
+            &m[meta::LOGIT_ROWS],
+        );
         let t = shape.tokens;
         let (d, qd) = (c.hidden_size, c.q_dim());
         let n_out = shape.logit_rows;
@@ -687,7 +847,14 @@ impl<B: Backend> Model<B> {
                 (Some(local), true) => local,
                 _ => &self.inv_freq,
             };
-            let kv = KvDest { k_cache: &mut *k_cache, v_cache: &mut *v_cache, positions, inv_freq, slots, geometry: self.geometry };
+            let kv = KvDest {
+                k_cache: &mut *k_cache,
+                v_cache: &mut *v_cache,
+                positions,
+                inv_freq,
+                slots,
+                geometry: self.geometry,
+            };
             let bufs = QkvBufs { q: &mut s.q, k: &mut s.k, v: &mut s.v, raw: s.qk_raw.as_mut().map(|(q, k)| (q, k)) };
             layer.attn.project(b, c, &s.x, norm, bufs, kv, t)?;
             let args = AttnArgs {
@@ -724,13 +891,31 @@ impl<B: Backend> Model<B> {
                         b.matmul_residual(&s.act, &mlp.down, &mut s.h, next, t, d, mlp.inter)?;
                     } else {
                         let ffn_out = layer.out_norms.as_ref().map(|(_, f)| f);
-                        project_out(b, &s.act, &mlp.down, ffn_out, &mut s.pre_norm, &mut s.o, t, d, mlp.inter, c.rms_norm_eps)?;
+                        project_out(
+                            b,
+                            &s.act,
+                            &mlp.down,
+                            ffn_out,
+                            &mut s.pre_norm,
+                            &mut s.o,
+                            t,
+                            d,
+                            mlp.inter,
+                            c.rms_norm_eps,
+                        )?;
                         mlp_pending = true;
                     }
                 }
                 Ffn::Moe(moe) => {
                     // Never with fused norms (`Layer::fully_fused` is false): out is added below.
-                    let bufs = FfnBufs { x: &s.x, gate: &mut s.gate, up: &mut s.up, act: &mut s.act, out: &mut s.o, moe: s.moe.as_mut().map(|(l, w, y)| (l, w, y)) };
+                    let bufs = FfnBufs {
+                        x: &s.x,
+                        gate: &mut s.gate,
+                        up: &mut s.up,
+                        act: &mut s.act,
+                        out: &mut s.o,
+                        moe: s.moe.as_mut().map(|(l, w, y)| (l, w, y)),
+                    };
                     moe.forward(b, bufs, t, d)?;
                     mlp_pending = true;
                 }
@@ -754,16 +939,27 @@ impl<B: Backend> Model<B> {
             return Err(Error::Batch("empty batch".into()));
         }
         if batch.num_tokens() > o.max_batch_tokens {
-            return Err(Error::Batch(format!("{} tokens, at most {} per forward", batch.num_tokens(), o.max_batch_tokens)));
+            return Err(Error::Batch(format!(
+                "{} tokens, at most {} per forward",
+                batch.num_tokens(),
+                o.max_batch_tokens
+            )));
         }
         if batch.num_seqs() > o.max_seqs {
             return Err(Error::Batch(format!("{} sequences, at most {} per forward", batch.num_seqs(), o.max_seqs)));
         }
         if batch.logit_rows.len() > o.max_seqs + o.prompt_logit_rows {
-            return Err(Error::Batch(format!("{} logit rows, at most {} per forward", batch.logit_rows.len(), o.max_seqs + o.prompt_logit_rows)));
+            return Err(Error::Batch(format!(
+                "{} logit rows, at most {} per forward",
+                batch.logit_rows.len(),
+                o.max_seqs + o.prompt_logit_rows
+            )));
         }
         if batch.max_blocks > self.max_blocks_cap {
-            return Err(Error::Batch(format!("{} blocks per sequence, at most {}", batch.max_blocks, self.max_blocks_cap)));
+            return Err(Error::Batch(format!(
+                "{} blocks per sequence, at most {}",
+                batch.max_blocks, self.max_blocks_cap
+            )));
         }
         batch.validate(self.cfg.vocab_size, self.kv_view.slots(), self.kv_view.block_size)
     }
@@ -780,7 +976,18 @@ impl<B: Backend> Model<B> {
 /// norm (sandwich norms, `layers::Layer::out_norms`) the product lands in `pre` and is normed
 /// into `out`, so that the residual add that follows adds the normed output.
 #[allow(clippy::too_many_arguments)]
-fn project_out<B: Backend>(b: &B, x: &B::Buf, w: &B::Buf, out_norm: Option<&B::Buf>, pre: &mut Option<B::Buf>, out: &mut B::Buf, t: usize, n: usize, k: usize, eps: f32) -> Result<()> {
+fn project_out<B: Backend>(
+    b: &B,
+    x: &B::Buf,
+    w: &B::Buf,
+    out_norm: Option<&B::Buf>,
+    pre: &mut Option<B::Buf>,
+    out: &mut B::Buf,
+    t: usize,
+    n: usize,
+    k: usize,
+    eps: f32,
+) -> Result<()> {
     match (out_norm, pre) {
         (Some(gamma), Some(pre)) => {
             b.matmul(x, w, None, pre, t, n, k)?;
@@ -844,7 +1051,12 @@ impl<B: Backend> ModelRunner for Model<B> {
         }
         self.backend.sample(&self.s.logits, specs.len(), self.cfg.vocab_size, specs)
     }
-    fn forward_sampled_masked(&mut self, batch: &ForwardBatch, specs: &[SampleSpec], masks: &mut dyn FnMut() -> Result<RowMasks>) -> Result<Vec<u32>> {
+    fn forward_sampled_masked(
+        &mut self,
+        batch: &ForwardBatch,
+        specs: &[SampleSpec],
+        masks: &mut dyn FnMut() -> Result<RowMasks>,
+    ) -> Result<Vec<u32>> {
         check_specs(batch, specs)?;
         self.check(batch)?;
         // Recorded (on a device: launched) before the masks are asked for, so they are computed
@@ -858,7 +1070,13 @@ impl<B: Backend> ModelRunner for Model<B> {
         m.check(specs.len(), self.cfg.vocab_size).map_err(Error::Batch)?;
         self.backend.sample_masked(&self.s.logits, specs.len(), self.cfg.vocab_size, specs, &m)
     }
-    fn forward_sampled_logprobs(&mut self, batch: &ForwardBatch, specs: &[SampleSpec], masks: &mut dyn FnMut() -> Result<RowMasks>, top_n: &[Option<usize>]) -> Result<(Vec<u32>, Vec<Option<TokenLogprobs>>)> {
+    fn forward_sampled_logprobs(
+        &mut self,
+        batch: &ForwardBatch,
+        specs: &[SampleSpec],
+        masks: &mut dyn FnMut() -> Result<RowMasks>,
+        top_n: &[Option<usize>],
+    ) -> Result<(Vec<u32>, Vec<Option<TokenLogprobs>>)> {
         check_specs(batch, specs)?;
         if top_n.len() != specs.len() {
             return Err(Error::Batch(format!("{} logprob counts for {} rows", top_n.len(), specs.len())));
@@ -899,9 +1117,19 @@ mod kv_pool_tests {
         assert_eq!(kv_block_bytes(&c, 16, KvDtype::F32), 16 * 2 * 16 * 512 * 4);
         assert_eq!(kv_block_bytes(&c, 16, KvDtype::Bf16), 16 * 2 * 16 * 512 * 2);
         // An H200-like device: 0.9 of 140 GiB less 1 GiB context, 2.5 GiB weights, 1.5 GiB workspace.
-        let m = DeviceMemory { total: 140 * GIB, free_before_weights: 139 * GIB, free_after_weights: 139 * GIB - 5 * GIB / 2, free_now: 135 * GIB };
+        let m = DeviceMemory {
+            total: 140 * GIB,
+            free_before_weights: 139 * GIB,
+            free_after_weights: 139 * GIB - 5 * GIB / 2,
+            free_now: 135 * GIB,
+        };
         let blocks = |dtype: KvDtype, measured: Option<&DeviceMemory>| {
-            let need = KvNeed { block_bytes: kv_block_bytes(&c, 16, dtype), min_blocks: 8, max_blocks: usize::MAX, max_context: 128 };
+            let need = KvNeed {
+                block_bytes: kv_block_bytes(&c, 16, dtype),
+                min_blocks: 8,
+                max_blocks: usize::MAX,
+                max_context: 128,
+            };
             kv_pool_blocks(measured, 0.9, &need).unwrap()
         };
         let (f32_blocks, bf16_blocks) = (blocks(KvDtype::F32, Some(&m)), blocks(KvDtype::Bf16, Some(&m)));
@@ -910,8 +1138,18 @@ mod kv_pool_tests {
         assert_eq!(blocks(KvDtype::F32, None), 1024);
         assert_eq!(blocks(KvDtype::Bf16, None), 2048);
         // A pool that could not hold one sequence in f32 can in bf16.
-        let need = |dtype| KvNeed { block_bytes: kv_block_bytes(&c, 16, dtype), min_blocks: 24000, max_blocks: usize::MAX, max_context: 384000 };
-        let small = DeviceMemory { total: 24 * GIB, free_before_weights: 23 * GIB, free_after_weights: 21 * GIB, free_now: 20 * GIB };
+        let need = |dtype| KvNeed {
+            block_bytes: kv_block_bytes(&c, 16, dtype),
+            min_blocks: 24000,
+            max_blocks: usize::MAX,
+            max_context: 384000,
+        };
+        let small = DeviceMemory {
+            total: 24 * GIB,
+            free_before_weights: 23 * GIB,
+            free_after_weights: 21 * GIB,
+            free_now: 20 * GIB,
+        };
         assert!(kv_pool_blocks(Some(&small), 0.9, &need(KvDtype::F32)).is_err());
         assert!(kv_pool_blocks(Some(&small), 0.9, &need(KvDtype::Bf16)).is_ok());
     }

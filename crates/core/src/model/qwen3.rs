@@ -15,5 +15,11 @@ pub(super) fn layer<B: Backend>(ld: &mut Loader<'_, B>, i: usize) -> Result<Laye
     let p = format!("model.layers.{i}");
     let attn = ld.attention(&format!("{p}.self_attn"), AttnOptions { bias: ld.cfg.attention_bias, qk_norm: true })?;
     let mlp = ld.mlp(&format!("{p}.mlp"), MLP_NAMES, ld.cfg.intermediate_size)?;
-    Ok(Layer { input_norm: ld.norm(&format!("{p}.input_layernorm.weight"))?, attn, post_norm: ld.norm(&format!("{p}.post_attention_layernorm.weight"))?, ffn: Ffn::Dense(mlp), out_norms: None })
+    Ok(Layer {
+        input_norm: ld.norm(&format!("{p}.input_layernorm.weight"))?,
+        attn,
+        post_norm: ld.norm(&format!("{p}.post_attention_layernorm.weight"))?,
+        ffn: Ffn::Dense(mlp),
+        out_norms: None,
+    })
 }

@@ -18,5 +18,11 @@ pub(super) fn layer<B: Backend>(ld: &mut Loader<'_, B>, i: usize) -> Result<Laye
         true => Ffn::Moe(ld.moe(&format!("{p}.mlp"), "gate", MLP_NAMES)?),
         false => Ffn::Dense(ld.mlp(&format!("{p}.mlp"), MLP_NAMES, ld.cfg.intermediate_size)?),
     };
-    Ok(Layer { input_norm: ld.norm(&format!("{p}.input_layernorm.weight"))?, attn, post_norm: ld.norm(&format!("{p}.post_attention_layernorm.weight"))?, ffn, out_norms: None })
+    Ok(Layer {
+        input_norm: ld.norm(&format!("{p}.input_layernorm.weight"))?,
+        attn,
+        post_norm: ld.norm(&format!("{p}.post_attention_layernorm.weight"))?,
+        ffn,
+        out_norms: None,
+    })
 }

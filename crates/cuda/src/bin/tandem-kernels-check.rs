@@ -60,7 +60,12 @@ fn main() -> ExitCode {
             print!("{}", format_table(&reports));
             let spilled: Vec<_> = reports.iter().filter(|r| r.spill_stores + r.spill_loads > 0).collect();
             let files = reports.iter().map(|r| &r.file).collect::<std::collections::BTreeSet<_>>().len();
-            println!("{} kernels in {files} files, {} architectures; {} with spills", reports.len() / archs.len().max(1), archs.len(), spilled.len());
+            println!(
+                "{} kernels in {files} files, {} architectures; {} with spills",
+                reports.len() / archs.len().max(1),
+                archs.len(),
+                spilled.len()
+            );
             if no_spills && !spilled.is_empty() {
                 eprintln!("spills found (--no-spills)");
                 return ExitCode::FAILURE;
@@ -126,6 +131,10 @@ fn reexec_with_loader_path() {
         paths.extend(std::env::split_paths(&old));
     }
     let Ok(joined) = std::env::join_paths(paths) else { return };
-    let err = std::process::Command::new(exe).args(std::env::args_os().skip(1)).env("LD_LIBRARY_PATH", joined).env(GUARD, "1").exec();
+    let err = std::process::Command::new(exe)
+        .args(std::env::args_os().skip(1))
+        .env("LD_LIBRARY_PATH", joined)
+        .env(GUARD, "1")
+        .exec();
     eprintln!("could not re-execute with LD_LIBRARY_PATH set: {err}");
 }

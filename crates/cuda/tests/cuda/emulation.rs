@@ -31,7 +31,10 @@ fn kernels_match_reference_in_host_emulation() {
     let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
     let have = Command::new(&cxx).arg("--version").output().is_ok_and(|o| o.status.success());
     if !have {
-        assert!(!std::env::var("TANDEM_REQUIRE_EMU").is_ok_and(|v| v == "1"), "TANDEM_REQUIRE_EMU=1 but no C++ compiler `{cxx}`");
+        assert!(
+            !std::env::var("TANDEM_REQUIRE_EMU").is_ok_and(|v| v == "1"),
+            "TANDEM_REQUIRE_EMU=1 but no C++ compiler `{cxx}`"
+        );
         tandem_core::skip::note(format!("kernel emulation: no C++ compiler `{cxx}`"));
         return;
     }
@@ -39,11 +42,19 @@ fn kernels_match_reference_in_host_emulation() {
     let out = Command::new("bash").arg(&script).output().expect("running kernels/emu/run.sh");
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     println!("{text}");
-    assert!(out.status.success(), "kernel emulation failed:\n{}", text.lines().filter(|l| !l.starts_with("ok ")).collect::<Vec<_>>().join("\n"));
+    assert!(
+        out.status.success(),
+        "kernel emulation failed:\n{}",
+        text.lines().filter(|l| !l.starts_with("ok ")).collect::<Vec<_>>().join("\n")
+    );
     assert!(text.contains("checks, 0 failed"), "unexpected emulation output:\n{text}");
     assert!(text.contains("deadlock at a barrier reported"), "the deadlocking kernel was not reported:\n{text}");
     // The fake driver's block order (kernels/emu/interleave_test.cpp): 5 checks, none failed.
-    assert_eq!(text.lines().filter(|l| l.starts_with("ok   interleave: ")).count(), 5, "the interleaved block order checks did not all pass:\n{text}");
+    assert_eq!(
+        text.lines().filter(|l| l.starts_with("ok   interleave: ")).count(),
+        5,
+        "the interleaved block order checks did not all pass:\n{text}"
+    );
     // A check that silently stopped running (a case list emptied, a test not called) lowers it.
     let count = text.lines().find_map(|l| l.strip_suffix(" checks, 0 failed")?.trim().parse::<usize>().ok());
     assert!(count.is_some_and(|n| n >= 249), "expected at least 249 emulator checks, got {count:?}");

@@ -187,7 +187,11 @@ fn matmul_rows_do_not_depend_on_the_batch() {
                 let alone = run(1, r);
                 for (m, out) in &batches {
                     if r < *m {
-                        assert_eq!(alone[..], out[r * n..(r + 1) * n], "{dtype:?} n {n} k {k}: row {r} alone != row {r} of m = {m}");
+                        assert_eq!(
+                            alone[..],
+                            out[r * n..(r + 1) * n],
+                            "{dtype:?} n {n} k {k}: row {r} alone != row {r} of m = {m}"
+                        );
                     }
                 }
             }
@@ -208,7 +212,10 @@ fn fused_gemm_rows_do_not_depend_on_the_batch() {
         let mut ws = tandem_core::weights::Weights::empty();
         ws.replace("gate", dtype, &[inter, h], &rng.vec(inter * h, 0.05)).unwrap();
         ws.replace("up", dtype, &[inter, h], &rng.vec(inter * h, 0.05)).unwrap();
-        let wgu = cuda.fuse_gate_up(&ws.get("gate", &[inter, h]).unwrap(), &ws.get("up", &[inter, h]).unwrap()).unwrap().expect("cuda fuses gate/up");
+        let wgu = cuda
+            .fuse_gate_up(&ws.get("gate", &[inter, h]).unwrap(), &ws.get("up", &[inter, h]).unwrap())
+            .unwrap()
+            .expect("cuda fuses gate/up");
         let wo = cuda.weight_from_f32(dtype, &rng.vec(h * h, 0.05)).unwrap();
         let gamma = cuda.weight_from_f32(dtype, &rng.vec(h, 1.0)).unwrap();
         let (x, h0) = (rng.vec(rows * h, 1.0), rng.vec(rows * h, 2.0));
@@ -223,17 +230,38 @@ fn fused_gemm_rows_do_not_depend_on_the_batch() {
             cuda.write_f32(&mut hb, &h0[first * h..(first + m) * h]).unwrap();
             let mut hg = cuda.alloc_f32(m * h).unwrap();
             cuda.matmul_residual(&xb, &wo, &mut hb, Some((&gamma, &mut hg)), m, h, h).unwrap();
-            (cuda.read_f32(&act, m * inter).unwrap(), cuda.read_f32(&hb, m * h).unwrap(), cuda.read_f32(&hg, m * h).unwrap(), cuda.read_f32(&geglu, m * inter).unwrap())
+            (
+                cuda.read_f32(&act, m * inter).unwrap(),
+                cuda.read_f32(&hb, m * h).unwrap(),
+                cuda.read_f32(&hg, m * h).unwrap(),
+                cuda.read_f32(&geglu, m * inter).unwrap(),
+            )
         };
         let batches: Vec<_> = [17, rows].iter().map(|&m| (m, run(m, 0))).collect();
         for r in [0, 16, 200, 299] {
             let (a, hh, g, gg) = run(1, r);
             for (m, (ba, bh, bg, bgg)) in &batches {
                 if r < *m {
-                    assert_eq!(a[..], ba[r * inter..(r + 1) * inter], "{dtype:?} gate_up_act silu: row {r} alone != row {r} of m = {m}");
-                    assert_eq!(gg[..], bgg[r * inter..(r + 1) * inter], "{dtype:?} gate_up_act GeGLU: row {r} alone != row {r} of m = {m}");
-                    assert_eq!(hh[..], bh[r * h..(r + 1) * h], "{dtype:?} matmul_residual h: row {r} alone != row {r} of m = {m}");
-                    assert_eq!(g[..], bg[r * h..(r + 1) * h], "{dtype:?} matmul_residual h * gamma: row {r} alone != row {r} of m = {m}");
+                    assert_eq!(
+                        a[..],
+                        ba[r * inter..(r + 1) * inter],
+                        "{dtype:?} gate_up_act silu: row {r} alone != row {r} of m = {m}"
+                    );
+                    assert_eq!(
+                        gg[..],
+                        bgg[r * inter..(r + 1) * inter],
+                        "{dtype:?} gate_up_act GeGLU: row {r} alone != row {r} of m = {m}"
+                    );
+                    assert_eq!(
+                        hh[..],
+                        bh[r * h..(r + 1) * h],
+                        "{dtype:?} matmul_residual h: row {r} alone != row {r} of m = {m}"
+                    );
+                    assert_eq!(
+                        g[..],
+                        bg[r * h..(r + 1) * h],
+                        "{dtype:?} matmul_residual h * gamma: row {r} alone != row {r} of m = {m}"
+                    );
                 }
             }
         }
@@ -249,7 +277,17 @@ fn masked_sampling_matches_the_host() {
     let (rows, vocab) = (16, 49152);
     let mut rng = Rng(7);
     let logits = rng.vec(rows * vocab, 8.0);
-    let specs: Vec<SampleSpec> = (0..rows).map(|r| SampleSpec { temperature: [0.0, 0.7, 1.0, 1.5][r % 4], top_k: [0, 40][r % 2], top_p: [1.0, 0.9][r % 3 / 2], min_p: 0.0, seed: 11 + r as u64, completion: 0, token_index: r as u32 }).collect();
+    let specs: Vec<SampleSpec> = (0..rows)
+        .map(|r| SampleSpec {
+            temperature: [0.0, 0.7, 1.0, 1.5][r % 4],
+            top_k: [0, 40][r % 2],
+            top_p: [1.0, 0.9][r % 3 / 2],
+            min_p: 0.0,
+            seed: 11 + r as u64,
+            completion: 0,
+            token_index: r as u32,
+        })
+        .collect();
     let mut masks = RowMasks::none(rows, vocab);
     for r in (0..rows).filter(|r| r % 3 != 0) {
         let m: Vec<u32> = (0..masks.words).map(|w| if (w + r) % 5 == 0 { 0x5555_5555 } else { 0 }).collect();
@@ -297,8 +335,13 @@ fn masked_sampling_matches_the_host() {
     let (ids, lps) = b.sample_logprobs(&buf, rows, vocab, &specs, &masks, &top_n).unwrap();
     assert_eq!(ids, sample_rows_masked(&logits, vocab, &specs, &masks), "ids with logprobs");
     for r in 0..rows {
-        let want = top_n[r].map(|n| tandem_core::sampling::logprobs_row(&logits[r * vocab..(r + 1) * vocab], ids[r], n));
-        let bits = |l: &Option<tandem_core::sampling::TokenLogprobs>| l.as_ref().map(|l| (l.token, l.logprob.to_bits(), l.top.iter().map(|(t, x)| (*t, x.to_bits())).collect::<Vec<_>>()));
+        let want =
+            top_n[r].map(|n| tandem_core::sampling::logprobs_row(&logits[r * vocab..(r + 1) * vocab], ids[r], n));
+        let bits = |l: &Option<tandem_core::sampling::TokenLogprobs>| {
+            l.as_ref().map(|l| {
+                (l.token, l.logprob.to_bits(), l.top.iter().map(|(t, x)| (*t, x.to_bits())).collect::<Vec<_>>())
+            })
+        };
         assert_eq!(bits(&lps[r]), bits(&want), "row {r} logprobs");
     }
 }

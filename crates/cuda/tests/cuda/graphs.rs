@@ -26,17 +26,30 @@ fn graph_replays_give_the_eager_logits_and_launch_counts() {
     let Some(a) = gpu() else { return };
     let Some(b) = gpu() else { return };
     let dir = crate::random_model(crate::shape_hd64());
-    let opts = |graphs| LoadOptions { max_batch_tokens: 256, max_seqs: 8, num_kv_blocks: SEQS * PER_SEQ, block_size: BLOCK, graphs, graph_max_context: PAD_CONTEXT, ..Default::default() };
+    let opts = |graphs| LoadOptions {
+        max_batch_tokens: 256,
+        max_seqs: 8,
+        num_kv_blocks: SEQS * PER_SEQ,
+        block_size: BLOCK,
+        graphs,
+        graph_max_context: PAD_CONTEXT,
+        ..Default::default()
+    };
     let mut eager = LlamaModel::<CudaBackend>::load(a, &dir, opts(false)).unwrap();
     let mut graphed = LlamaModel::<CudaBackend>::load(b, &dir, opts(true)).unwrap();
     assert_eq!(graphed.decode_buckets(), vec![(1, true), (2, true), (4, true), (8, true)], "every bucket captured");
     let vocab = eager.config().vocab_size;
     let lens = [5usize, 40, 1, 60, 17, 33];
-    let mut tokens: Vec<Vec<u32>> = lens.iter().enumerate().map(|(s, &n)| (0..n).map(|i| ((s * 131 + i * 17 + 3) % 300) as u32).collect()).collect();
+    let mut tokens: Vec<Vec<u32>> = lens
+        .iter()
+        .enumerate()
+        .map(|(s, &n)| (0..n).map(|i| ((s * 131 + i * 17 + 3) % 300) as u32).collect())
+        .collect();
     let mut done = [0usize; SEQS];
     let table = |s: usize| (0..PER_SEQ).map(|b| (s * PER_SEQ + b) as u32).collect::<Vec<_>>();
     let (mut t_eager, mut t_graph, mut replayed, mut decode_steps) = (0f64, 0f64, 0usize, 0usize);
-    let plan: [&[usize]; 8] = [&[0, 1, 2], &[3, 4, 5], &[0], &[2, 0], &[1, 3, 5], &[0, 1, 2, 3, 4, 5], &[5, 4, 3, 2, 1], &[2, 3]];
+    let plan: [&[usize]; 8] =
+        [&[0, 1, 2], &[3, 4, 5], &[0], &[2, 0], &[1, 3, 5], &[0, 1, 2, 3, 4, 5], &[5, 4, 3, 2, 1], &[2, 3]];
     for round in 0..4 {
         for (i, which) in plan.iter().enumerate() {
             if round > 0 && i < 2 {
@@ -54,7 +67,11 @@ fn graph_replays_give_the_eager_logits_and_launch_counts() {
             let lg = graphed.forward(&batch).unwrap();
             let (t2, g1) = (Instant::now(), graphed.backend().launches());
             let same = le.iter().zip(&lg).all(|(x, y)| x.to_bits() == y.to_bits());
-            assert!(same && le.len() == lg.len(), "step {which:?} at positions {:?}: graphed logits differ from eager", batch.positions);
+            assert!(
+                same && le.len() == lg.len(),
+                "step {which:?} at positions {:?}: graphed logits differ from eager",
+                batch.positions
+            );
             if decode {
                 assert_eq!(g1 - g0, l1 - l0, "step {which:?}: a replay counts the kernels an eager step launches");
                 decode_steps += 1;
@@ -68,6 +85,9 @@ fn graph_replays_give_the_eager_logits_and_launch_counts() {
             }
         }
     }
-    assert!(replayed > 0 && replayed < decode_steps, "{replayed} of {decode_steps} decode steps within the graphs' bound");
+    assert!(
+        replayed > 0 && replayed < decode_steps,
+        "{replayed} of {decode_steps} decode steps within the graphs' bound"
+    );
     println!("{decode_steps} decode steps ({replayed} replayed): eager {:.3} ms, graphs {:.3} ms a step (incl. logits read-back)", t_eager * 1e3 / decode_steps as f64, t_graph * 1e3 / decode_steps as f64);
 }

@@ -16,17 +16,37 @@ fn every_kernel_compiles_and_assembles_without_spills() {
         tandem_core::skip::note(format!("kernel compile check: {msg}"));
         return;
     }
-    let out = Command::new(env!("CARGO_BIN_EXE_tandem-kernels-check")).args(["--arch", "sm_80,sm_90", "--no-spills"]).output().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_tandem-kernels-check"))
+        .args(["--arch", "sm_80,sm_90", "--no-spills"])
+        .output()
+        .unwrap();
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     println!("{text}");
     assert!(out.status.success(), "kernel check failed:\n{text}");
-    for kernel in ["matmul_tc_bf16_m16", "matmul_tc_f16_m128", "matmul_tiled_f32", "add_rms_norm_bf16", "rope_kv_write_bf16", "rope_kv_write_f32", "paged_attention_partial_f32", "paged_attention_partial_bf16", "argmax", "rope", "kv_write_f32", "kv_write_bf16"] {
+    for kernel in [
+        "matmul_tc_bf16_m16",
+        "matmul_tc_f16_m128",
+        "matmul_tiled_f32",
+        "add_rms_norm_bf16",
+        "rope_kv_write_bf16",
+        "rope_kv_write_f32",
+        "paged_attention_partial_f32",
+        "paged_attention_partial_bf16",
+        "argmax",
+        "rope",
+        "kv_write_f32",
+        "kv_write_bf16",
+    ] {
         assert!(text.contains(kernel), "report lacks {kernel}");
     }
     assert!(text.contains("sm_80") && text.contains("sm_90"));
     // The kernels the backend resolves at start-up are exactly those the sources define: a
     // renamed or removed kernel fails here rather than at start-up on a GPU.
-    let compiled: std::collections::BTreeSet<&str> = text.lines().filter(|l| l.split_whitespace().nth(2) == Some("sm_90")).filter_map(|l| l.split_whitespace().nth(1)).collect();
+    let compiled: std::collections::BTreeSet<&str> = text
+        .lines()
+        .filter(|l| l.split_whitespace().nth(2) == Some("sm_90"))
+        .filter_map(|l| l.split_whitespace().nth(1))
+        .collect();
     let resolved: std::collections::BTreeSet<&str> = tandem_cuda::backend::kernel_names().into_iter().collect();
     assert_eq!(resolved, compiled, "kernels resolved at start-up vs kernels compiled");
     // The tensor-core kernels really hold mma instructions (the `mma` column of the table).
@@ -36,7 +56,13 @@ fn every_kernel_compiles_and_assembles_without_spills() {
             .filter_map(|l| l.split_whitespace().nth(3)?.parse().ok())
             .collect()
     };
-    for kernel in ["matmul_tc_bf16_m16", "matmul_tc_bf16_m64", "matmul_tc_f16_m128", "matmul_tc_bf16_m16_n128", "matmul_tc_f16_m64_n128"] {
+    for kernel in [
+        "matmul_tc_bf16_m16",
+        "matmul_tc_bf16_m64",
+        "matmul_tc_f16_m128",
+        "matmul_tc_bf16_m16_n128",
+        "matmul_tc_f16_m64_n128",
+    ] {
         let counts = mma_of(kernel);
         assert!(!counts.is_empty() && counts.iter().all(|&c| c > 0), "{kernel}: mma counts {counts:?}");
     }
@@ -67,7 +93,11 @@ fn fill_cache_writes_sm90_cubins_that_the_cache_returns() {
         .unwrap();
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "{text}");
-    let mut cubins: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|x| x == "cubin")).collect();
+    let mut cubins: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "cubin"))
+        .collect();
     cubins.sort();
     // --only add: add.cu alone (a second of NVRTC; the whole set takes over a minute here).
     assert_eq!(cubins.len(), 1, "{cubins:?}");
@@ -78,9 +108,16 @@ fn fill_cache_writes_sm90_cubins_that_the_cache_returns() {
     }
     // A second fill finds every cubin under the backend's key and rewrites none (a cubin made
     // again would be written through a temporary file and renamed: a new modification time).
-    let stamps = |ps: &[std::path::PathBuf]| ps.iter().map(|p| std::fs::metadata(p).unwrap().modified().unwrap()).collect::<Vec<_>>();
+    let stamps = |ps: &[std::path::PathBuf]| {
+        ps.iter().map(|p| std::fs::metadata(p).unwrap().modified().unwrap()).collect::<Vec<_>>()
+    };
     let before = stamps(&cubins);
-    let again = Command::new(env!("CARGO_BIN_EXE_tandem-kernels-check")).args(["--fill-cache", "90", "--only", "add", "--dir"]).arg(&kernels).env("TANDEM_PTX_CACHE", &dir).output().unwrap();
+    let again = Command::new(env!("CARGO_BIN_EXE_tandem-kernels-check"))
+        .args(["--fill-cache", "90", "--only", "add", "--dir"])
+        .arg(&kernels)
+        .env("TANDEM_PTX_CACHE", &dir)
+        .output()
+        .unwrap();
     assert!(again.status.success());
     assert_eq!(stamps(&cubins), before, "the second fill recompiled instead of reading the cache");
     let _ = std::fs::remove_dir_all(&dir);

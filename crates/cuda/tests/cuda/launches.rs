@@ -30,7 +30,8 @@ fn shapes() -> [Shape; 2] {
 fn model(test: &str, shape: Shape) -> Option<LlamaModel<CudaBackend>> {
     let gpu = crate::gpu_or_skip(test)?;
     let dir = crate::random_model(shape);
-    let opts = LoadOptions { max_batch_tokens: 64, max_seqs: 4, num_kv_blocks: 16, block_size: 16, ..Default::default() };
+    let opts =
+        LoadOptions { max_batch_tokens: 64, max_seqs: 4, num_kv_blocks: 16, block_size: 16, ..Default::default() };
     Some(LlamaModel::<CudaBackend>::load(gpu, &dir, opts).unwrap())
 }
 
@@ -69,8 +70,16 @@ fn decode_step_launches(shape: Shape) {
     println!("{}: one decode step: {one} kernels at 1 token, {three} at 3 tokens, over {layers} layers (head_dim {head_dim})", shape.name());
     // Outside the layers: the embedding, layer 0's input norm, gather_rows of the logit rows, the
     // final norm, the lm_head GEMM, argmax; unfused also the last residual add.
-    assert!(one <= 5 * layers + 6, "{}: {one} launches at 1 token for {layers} layers: more than 5 per layer (+ 6 outside)", shape.name());
-    assert!(three <= 7 * layers + 7, "{}: {three} launches at 3 tokens for {layers} layers: more than 7 per layer (+ 7 outside)", shape.name());
+    assert!(
+        one <= 5 * layers + 6,
+        "{}: {one} launches at 1 token for {layers} layers: more than 5 per layer (+ 6 outside)",
+        shape.name()
+    );
+    assert!(
+        three <= 7 * layers + 7,
+        "{}: {three} launches at 3 tokens for {layers} layers: more than 7 per layer (+ 7 outside)",
+        shape.name()
+    );
 }
 
 #[test]
@@ -98,7 +107,10 @@ fn fused_norms_bitwise(shape: Shape) {
         three.push_seq(&[9], 20, &[2 * s, 2 * s + 1], 16, true);
     }
     let t = model.forward(&three).unwrap();
-    assert!(model.backend().fuses_norm(model.config().hidden_size, 1) && !model.backend().fuses_norm(model.config().hidden_size, 3));
+    assert!(
+        model.backend().fuses_norm(model.config().hidden_size, 1)
+            && !model.backend().fuses_norm(model.config().hidden_size, 3)
+    );
     let same = a.iter().zip(&t[..vocab]).all(|(x, y)| x.to_bits() == y.to_bits());
     assert!(same, "{}: sequence 0's logits differ between the fused (alone) and unfused (3-token) steps", shape.name());
 }
@@ -115,11 +127,17 @@ fn activations_stored_in_bf16_give_the_f32_bits() {
         let Some(mut gpu32) = crate::gpu_or_skip("activations in bf16") else { return };
         gpu32.set_f32_activations(true);
         let dir = crate::random_model(shape);
-        let opts = LoadOptions { max_batch_tokens: 256, max_seqs: 4, num_kv_blocks: 64, block_size: 16, ..Default::default() };
+        let opts =
+            LoadOptions { max_batch_tokens: 256, max_seqs: 4, num_kv_blocks: 64, block_size: 16, ..Default::default() };
         let mut m16 = LlamaModel::<CudaBackend>::load(gpu16, &dir, opts).unwrap();
         let mut m32 = LlamaModel::<CudaBackend>::load(gpu32, &dir, opts).unwrap();
         assert_eq!(m16.activation_dtypes().x, DType::BF16, "{}", shape.name());
-        assert_eq!((m16.activation_dtypes().act, m16.activation_dtypes().last_normed), (DType::BF16, DType::BF16), "{}", shape.name());
+        assert_eq!(
+            (m16.activation_dtypes().act, m16.activation_dtypes().last_normed),
+            (DType::BF16, DType::BF16),
+            "{}",
+            shape.name()
+        );
         assert_eq!(m32.activation_dtypes().x, DType::F32, "{}", shape.name());
         let tables: Vec<Vec<u32>> = (0..3u32).map(|s| (16 * s..16 * s + 16).collect()).collect();
         let mut prefill = ForwardBatch { max_blocks: 16, ..Default::default() };
@@ -127,14 +145,22 @@ fn activations_stored_in_bf16_give_the_f32_bits() {
         prefill.push_seq(&prompt(1), 0, &tables[1], 16, true);
         prefill.push_seq(&prompt(2), 0, &tables[2], 16, true);
         let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
-        assert!(bits(m16.forward(&prefill).unwrap()) == bits(m32.forward(&prefill).unwrap()), "{}: prefill logits differ", shape.name());
+        assert!(
+            bits(m16.forward(&prefill).unwrap()) == bits(m32.forward(&prefill).unwrap()),
+            "{}: prefill logits differ",
+            shape.name()
+        );
         for seqs in [1usize, 3] {
             let mut step = ForwardBatch { max_blocks: 16, ..Default::default() };
             for (s, table) in tables.iter().enumerate().take(seqs) {
                 let pos = if s == 0 { 200 } else { 20 };
                 step.push_seq(&[7 + s as u32], pos, table, 16, true);
             }
-            assert!(bits(m16.forward(&step).unwrap()) == bits(m32.forward(&step).unwrap()), "{}: decode logits at {seqs} tokens differ", shape.name());
+            assert!(
+                bits(m16.forward(&step).unwrap()) == bits(m32.forward(&step).unwrap()),
+                "{}: decode logits at {seqs} tokens differ",
+                shape.name()
+            );
         }
     }
 }
@@ -147,14 +173,23 @@ fn qkv_rope_kv_write_is_one_launch_at_head_dim_64_and_128_with_the_unfused_bits(
     let Some(b) = crate::gpu_or_skip("qkv_rope_kv_write launches") else { return };
     // Deterministic values in [-scale, scale): a weight's rows differ, no zeros.
     let vals = |len: usize, seed: u64, scale: f32| -> Vec<f32> {
-        (0..len as u64).map(|i| ((i.wrapping_mul(2654435761).wrapping_add(seed * 97)) % 2001) as f32 / 1000.0 - 1.0).map(|v| v * scale).collect()
+        (0..len as u64)
+            .map(|i| ((i.wrapping_mul(2654435761).wrapping_add(seed * 97)) % 2001) as f32 / 1000.0 - 1.0)
+            .map(|v| v * scale)
+            .collect()
     };
     for (hd, q_heads, kv_heads, hidden) in [(64, 8, 2, 512), (128, 8, 2, 1024)] {
         let g = KvGeometry { num_blocks: 16, block_size: 16, num_kv_heads: kv_heads, head_dim: hd };
         let (nq, nkv) = (q_heads * hd, kv_heads * hd);
         let mut ws = Weights::empty();
         for (i, (name, rows)) in [("q", nq), ("k", nkv), ("v", nkv)].into_iter().enumerate() {
-            ws.replace(name, DType::BF16, &[rows, hidden], &vals(rows * hidden, i as u64, 1.0 / (hidden as f32).sqrt())).unwrap();
+            ws.replace(
+                name,
+                DType::BF16,
+                &[rows, hidden],
+                &vals(rows * hidden, i as u64, 1.0 / (hidden as f32).sqrt()),
+            )
+            .unwrap();
             ws.replace(&format!("{name}.bias"), DType::BF16, &[rows], &vals(rows, 10 + i as u64, 0.5)).unwrap();
         }
         let t = |name: &str, shape: &[usize]| ws.get(name, shape).unwrap();
@@ -174,24 +209,58 @@ fn qkv_rope_kv_write_is_one_launch_at_head_dim_64_and_128_with_the_unfused_bits(
                 let all: Vec<u32> = (0..g.slots() as u32).collect();
                 let cache = || {
                     let (mut kc, mut vc) = (b.alloc_kv_as(g, kv_dtype).unwrap(), b.alloc_kv_as(g, kv_dtype).unwrap());
-                    b.kv_write(&upload_f32(&b, &old.0), &upload_f32(&b, &old.1), &mut kc, &mut vc, &upload_u32(&b, &all), g.slots(), g).unwrap();
+                    b.kv_write(
+                        &upload_f32(&b, &old.0),
+                        &upload_f32(&b, &old.1),
+                        &mut kc,
+                        &mut vc,
+                        &upload_u32(&b, &all),
+                        g.slots(),
+                        g,
+                    )
+                    .unwrap();
                     (kc, vc)
                 };
-                let scratch = || (upload_f32(&b, &vec![f32::NAN; m * nq]), upload_f32(&b, &vec![f32::NAN; m * nkv]), upload_f32(&b, &vec![f32::NAN; m * nkv]));
+                let scratch = || {
+                    (
+                        upload_f32(&b, &vec![f32::NAN; m * nq]),
+                        upload_f32(&b, &vec![f32::NAN; m * nkv]),
+                        upload_f32(&b, &vec![f32::NAN; m * nkv]),
+                    )
+                };
                 let ((mut kc, mut vc), (mut q, mut k, mut v)) = (cache(), scratch());
                 let before = b.launches();
-                let kv = KvDest { k_cache: &mut kc, v_cache: &mut vc, positions: &positions, inv_freq: &inv_freq, slots: &slots, geometry: g };
+                let kv = KvDest {
+                    k_cache: &mut kc,
+                    v_cache: &mut vc,
+                    positions: &positions,
+                    inv_freq: &inv_freq,
+                    slots: &slots,
+                    geometry: g,
+                };
                 b.qkv_rope_kv_write(&x, &w, bias.as_ref(), &mut q, &mut k, &mut v, m, nq, hidden, None, kv).unwrap();
                 let launches = b.launches() - before;
                 let ((mut kc2, mut vc2), (mut q2, mut k2, mut v2)) = (cache(), scratch());
                 b.qkv_proj(&x, &w, bias.as_ref(), &mut q2, &mut k2, &mut v2, m, nq, nkv, hidden, None).unwrap();
-                b.rope_kv_write(&mut q2, &mut k2, &v2, &mut kc2, &mut vc2, &positions, &inv_freq, &slots, m, q_heads, g).unwrap();
+                b.rope_kv_write(
+                    &mut q2, &mut k2, &v2, &mut kc2, &mut vc2, &positions, &inv_freq, &slots, m, q_heads, g,
+                )
+                .unwrap();
                 let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
                 let what = format!("head_dim {hd}, m {m}, {kv_dtype:?} cache");
                 assert_eq!(launches, want_launches, "{what}: qkv_rope_kv_write launched {launches} kernels");
-                assert!(bits(b.read_f32(&q, m * nq).unwrap()) == bits(b.read_f32(&q2, m * nq).unwrap()), "{what}: q differs from qkv_proj + rope_kv_write");
-                assert!(bits(b.read_kv(&kc, g).unwrap()) == bits(b.read_kv(&kc2, g).unwrap()), "{what}: the K cache differs");
-                assert!(bits(b.read_kv(&vc, g).unwrap()) == bits(b.read_kv(&vc2, g).unwrap()), "{what}: the V cache differs");
+                assert!(
+                    bits(b.read_f32(&q, m * nq).unwrap()) == bits(b.read_f32(&q2, m * nq).unwrap()),
+                    "{what}: q differs from qkv_proj + rope_kv_write"
+                );
+                assert!(
+                    bits(b.read_kv(&kc, g).unwrap()) == bits(b.read_kv(&kc2, g).unwrap()),
+                    "{what}: the K cache differs"
+                );
+                assert!(
+                    bits(b.read_kv(&vc, g).unwrap()) == bits(b.read_kv(&vc2, g).unwrap()),
+                    "{what}: the V cache differs"
+                );
             }
         }
     }

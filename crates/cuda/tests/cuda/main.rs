@@ -40,7 +40,10 @@ pub(crate) fn random_model(shape: tandem_models::random_model::Shape) -> std::pa
     if made.is_empty() {
         for e in std::fs::read_dir(&tmp).into_iter().flatten().flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
-            let pid = name.strip_prefix("tandem-cuda-tests-").and_then(|r| r.rsplit('-').next()).and_then(|p| p.parse::<u32>().ok());
+            let pid = name
+                .strip_prefix("tandem-cuda-tests-")
+                .and_then(|r| r.rsplit('-').next())
+                .and_then(|p| p.parse::<u32>().ok());
             if pid.is_some_and(|p| !std::path::Path::new(&format!("/proc/{p}")).exists()) {
                 let _ = std::fs::remove_dir_all(e.path());
             }

@@ -13,15 +13,25 @@ use tandem_models::random_model::{write_random_model, Shape};
 
 #[test]
 fn routed_experts_give_the_every_expert_bits() {
-    for (shape, dtype) in [(Shape::TinyQwen3Moe, DType::BF16), (Shape::TinyQwen3Moe, DType::F32), (Shape::TinyMixtral, DType::BF16)] {
+    for (shape, dtype) in
+        [(Shape::TinyQwen3Moe, DType::BF16), (Shape::TinyQwen3Moe, DType::F32), (Shape::TinyMixtral, DType::BF16)]
+    {
         let Some(routed) = crate::gpu_or_skip("routed experts") else { return };
         let Some(mut dense) = crate::gpu_or_skip("routed experts") else { return };
         dense.set_moe_routed(false);
         let name = format!("{} {dtype:?}", shape.name());
-        let dir = std::env::temp_dir().join(format!("tandem-cuda-moe-{}-{dtype:?}-{}", shape.name(), std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("tandem-cuda-moe-{}-{dtype:?}-{}", shape.name(), std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         write_random_model(&dir, shape, 5, dtype).unwrap();
-        let opts = LoadOptions { max_batch_tokens: 128, max_seqs: 4, num_kv_blocks: 32, block_size: 16, graphs: false, ..Default::default() };
+        let opts = LoadOptions {
+            max_batch_tokens: 128,
+            max_seqs: 4,
+            num_kv_blocks: 32,
+            block_size: 16,
+            graphs: false,
+            ..Default::default()
+        };
         let mut mr = LlamaModel::<CudaBackend>::load(routed, &dir, opts).unwrap();
         let mut md = LlamaModel::<CudaBackend>::load(dense, &dir, opts).unwrap();
         let tables: Vec<Vec<u32>> = (0..3u32).map(|s| (8 * s..8 * s + 8).collect()).collect();
@@ -32,7 +42,10 @@ fn routed_experts_give_the_every_expert_bits() {
             prefill.push_seq(&toks, 0, table, 16, true);
         }
         let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
-        assert!(bits(mr.forward(&prefill).unwrap()) == bits(md.forward(&prefill).unwrap()), "{name}: prefill logits differ between routed and dense");
+        assert!(
+            bits(mr.forward(&prefill).unwrap()) == bits(md.forward(&prefill).unwrap()),
+            "{name}: prefill logits differ between routed and dense"
+        );
         let mut rows = Vec::new();
         for seqs in [1usize, 3] {
             let mut step = ForwardBatch { max_blocks: 8, ..Default::default() };
@@ -40,7 +53,10 @@ fn routed_experts_give_the_every_expert_bits() {
                 step.push_seq(&[11 + s as u32], lens[s] as usize, table, 16, true);
             }
             let r = bits(mr.forward(&step).unwrap());
-            assert!(r == bits(md.forward(&step).unwrap()), "{name}: decode logits at {seqs} tokens differ between routed and dense");
+            assert!(
+                r == bits(md.forward(&step).unwrap()),
+                "{name}: decode logits at {seqs} tokens differ between routed and dense"
+            );
             rows.push(r);
         }
         let vocab = rows[0].len();

@@ -16,7 +16,8 @@ fn cuda_matches_the_reference_on_every_op() {
             return;
         }
     };
-    let seed = std::env::var("TANDEM_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(tandem_conformance::fresh_seed);
+    let seed =
+        std::env::var("TANDEM_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(tandem_conformance::fresh_seed);
     let filter = std::env::var("TANDEM_OPS").ok();
     println!("cuda on {} (sm_{}), seed {seed}", backend.device_name(), backend.arch());
     let report = tandem_conformance::run(&backend, filter.as_deref(), seed, &mut std::io::stdout());

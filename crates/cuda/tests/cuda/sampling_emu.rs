@@ -12,7 +12,9 @@
 use std::path::Path;
 use std::process::Command;
 
-use tandem_core::sampling::{logprobs_row, sample_row, sample_rows_masked, LogitEdit, RowMasks, SampleSpec, MAX_TOP_LOGPROBS};
+use tandem_core::sampling::{
+    logprobs_row, sample_row, sample_rows_masked, LogitEdit, RowMasks, SampleSpec, MAX_TOP_LOGPROBS,
+};
 
 struct SplitMix(u64);
 impl SplitMix {
@@ -39,7 +41,11 @@ fn case(r: &mut SplitMix, vocab: usize) -> (Vec<f32>, SampleSpec) {
     let mut l: Vec<f32> = (0..vocab)
         .map(|_| {
             let x = (r.unit() * 2.0 - 1.0) * scale;
-            if coarse { (x * 8.0).round() / 8.0 } else { x }
+            if coarse {
+                (x * 8.0).round() / 8.0
+            } else {
+                x
+            }
         })
         .collect();
     match r.next() % 10 {
@@ -79,7 +85,10 @@ fn masked_input(cases: &[(Vec<f32>, SampleSpec)], vocab: usize, masks: &RowMasks
 fn sampling_kernel_matches_the_host_sampler_bitwise() {
     let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
     if !Command::new(&cxx).arg("--version").output().is_ok_and(|o| o.status.success()) {
-        assert!(!std::env::var("TANDEM_REQUIRE_EMU").is_ok_and(|v| v == "1"), "TANDEM_REQUIRE_EMU=1 but no C++ compiler `{cxx}`");
+        assert!(
+            !std::env::var("TANDEM_REQUIRE_EMU").is_ok_and(|v| v == "1"),
+            "TANDEM_REQUIRE_EMU=1 but no C++ compiler `{cxx}`"
+        );
         tandem_core::skip::note(format!("sampling kernel emulation: no C++ compiler `{cxx}`"));
         return;
     }
@@ -88,7 +97,14 @@ fn sampling_kernel_matches_the_host_sampler_bitwise() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../kernels/emu/sample_io.cpp");
     let build = |name: &str, defs: &[&str]| {
         let exe = dir.join(name);
-        let out = Command::new(&cxx).args(["-std=c++20", "-O1", "-pthread", "-Wall", "-Wno-unused-function"]).args(defs).arg("-o").arg(&exe).arg(&src).output().unwrap();
+        let out = Command::new(&cxx)
+            .args(["-std=c++20", "-O1", "-pthread", "-Wall", "-Wno-unused-function"])
+            .args(defs)
+            .arg("-o")
+            .arg(&exe)
+            .arg(&src)
+            .output()
+            .unwrap();
         assert!(out.status.success(), "building {}:\n{}", src.display(), String::from_utf8_lossy(&out.stderr));
         exe
     };
@@ -109,7 +125,10 @@ fn sampling_kernel_matches_the_host_sampler_bitwise() {
     for b in 1..=2 {
         let broken = build(&format!("sample_io_smc_break{b}"), &[&format!("-DSMC_BREAK={b}")]);
         let wrong = mismatches(&broken, &dir, "multi");
-        assert!(wrong > 0, "SMC_BREAK={b}: the broken multi-CTA sampler gave the host's ids on every row: the check cannot see it");
+        assert!(
+            wrong > 0,
+            "SMC_BREAK={b}: the broken multi-CTA sampler gave the host's ids on every row: the check cannot see it"
+        );
         println!("SMC_BREAK={b}: {wrong} ids differ from the host's (as they must)");
     }
 
@@ -132,7 +151,8 @@ fn mismatches(exe: &Path, dir: &Path, variant: &str) -> usize {
         std::fs::write(&inp, &bytes).unwrap();
         let run = Command::new(exe).env("TANDEM_CUDA_SAMPLER", variant).arg(&inp).arg(&outp).output().unwrap();
         assert!(run.status.success(), "sample_io failed: {}", String::from_utf8_lossy(&run.stderr));
-        let got: Vec<u32> = std::fs::read(&outp).unwrap().chunks_exact(4).map(|b| u32::from_le_bytes(b.try_into().unwrap())).collect();
+        let got: Vec<u32> =
+            std::fs::read(&outp).unwrap().chunks_exact(4).map(|b| u32::from_le_bytes(b.try_into().unwrap())).collect();
         wrong += cases.iter().zip(&got).filter(|((l, s), g)| sample_row(l, s) != **g).count();
     }
     wrong
@@ -145,7 +165,13 @@ fn check_variant(exe: &Path, dir: &Path, variant: &str, big: &[usize], fewer: us
     let mut r = SplitMix(std::env::var("TANDEM_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(20261201));
     let mut total = 0;
     for vocab in [1usize, 7, 255, 256, 257, 1000, 5000].into_iter().chain(big) {
-        let rows = (if vocab > 5000 { 8 } else if vocab >= 1000 { 24 } else { 40 }) / fewer;
+        let rows = (if vocab > 5000 {
+            8
+        } else if vocab >= 1000 {
+            24
+        } else {
+            40
+        }) / fewer;
         let cases: Vec<_> = (0..rows).map(|_| case(&mut r, vocab)).collect();
         let mut bytes = Vec::new();
         bytes.extend((rows as u32).to_le_bytes());
@@ -156,7 +182,8 @@ fn check_variant(exe: &Path, dir: &Path, variant: &str, big: &[usize], fewer: us
         std::fs::write(&inp, &bytes).unwrap();
         let run = Command::new(exe).env("TANDEM_CUDA_SAMPLER", variant).arg(&inp).arg(&outp).output().unwrap();
         assert!(run.status.success(), "sample_io failed: {}", String::from_utf8_lossy(&run.stderr));
-        let got: Vec<u32> = std::fs::read(&outp).unwrap().chunks_exact(4).map(|b| u32::from_le_bytes(b.try_into().unwrap())).collect();
+        let got: Vec<u32> =
+            std::fs::read(&outp).unwrap().chunks_exact(4).map(|b| u32::from_le_bytes(b.try_into().unwrap())).collect();
         assert_eq!(got.len(), rows);
         for (i, ((l, s), g)) in cases.iter().zip(&got).enumerate() {
             let want = sample_row(l, s);
@@ -188,7 +215,8 @@ fn check_variant(exe: &Path, dir: &Path, variant: &str, big: &[usize], fewer: us
         std::fs::write(&inp, &bytes).unwrap();
         let run = Command::new(exe).env("TANDEM_CUDA_SAMPLER", variant).arg(&inp).arg(&outp).output().unwrap();
         assert!(run.status.success(), "sample_io (masked) failed: {}", String::from_utf8_lossy(&run.stderr));
-        let got: Vec<u32> = std::fs::read(&outp).unwrap().chunks_exact(4).map(|b| u32::from_le_bytes(b.try_into().unwrap())).collect();
+        let got: Vec<u32> =
+            std::fs::read(&outp).unwrap().chunks_exact(4).map(|b| u32::from_le_bytes(b.try_into().unwrap())).collect();
         let logits: Vec<f32> = cases.iter().flat_map(|c| c.0.iter().copied()).collect();
         let specs: Vec<SampleSpec> = cases.iter().map(|c| c.1).collect();
         let want = sample_rows_masked(&logits, vocab, &specs, &masks);
@@ -245,7 +273,8 @@ fn check_variant(exe: &Path, dir: &Path, variant: &str, big: &[usize], fewer: us
         std::fs::write(&inp, &bytes).unwrap();
         let run = Command::new(exe).env("TANDEM_CUDA_SAMPLER", variant).arg(&inp).arg(&outp).output().unwrap();
         assert!(run.status.success(), "sample_io (edited) failed: {}", String::from_utf8_lossy(&run.stderr));
-        let words_out: Vec<u32> = std::fs::read(&outp).unwrap().chunks_exact(4).map(|b| u32::from_le_bytes(b.try_into().unwrap())).collect();
+        let words_out: Vec<u32> =
+            std::fs::read(&outp).unwrap().chunks_exact(4).map(|b| u32::from_le_bytes(b.try_into().unwrap())).collect();
         let k = MAX_TOP_LOGPROBS;
         assert_eq!(words_out.len(), rows + rows * vocab + rows + 2 * rows * k);
         let logits: Vec<f32> = cases.iter().flat_map(|c| c.0.iter().copied()).collect();
@@ -258,7 +287,14 @@ fn check_variant(exe: &Path, dir: &Path, variant: &str, big: &[usize], fewer: us
         }
         let got_logits = &words_out[rows..rows + rows * vocab];
         for (i, (g, w)) in got_logits.iter().zip(&want_logits).enumerate() {
-            assert_eq!(*g, w.to_bits(), "edited logit {i} (row {}, token {}): kernel {}, host {w}", i / vocab, i % vocab, f32::from_bits(*g));
+            assert_eq!(
+                *g,
+                w.to_bits(),
+                "edited logit {i} (row {}, token {}): kernel {}, host {w}",
+                i / vocab,
+                i % vocab,
+                f32::from_bits(*g)
+            );
         }
         let specs: Vec<SampleSpec> = cases.iter().map(|c| c.1).collect();
         let want = sample_rows_masked(&logits, vocab, &specs, &masks);
@@ -271,14 +307,24 @@ fn check_variant(exe: &Path, dir: &Path, variant: &str, big: &[usize], fewer: us
                 continue;
             }
             let w = logprobs_row(&logits[row * vocab..(row + 1) * vocab], want[row], top_n[row] as usize);
-            assert_eq!(lp_tok[row], w.logprob.to_bits(), "row {row} logprob: kernel {}, host {}", f32::from_bits(lp_tok[row]), w.logprob);
-            let got: Vec<(u32, u32)> = (0..k).map(|i| (top_ids[row * k + i], top_lp[row * k + i])).take_while(|(t, _)| *t != u32::MAX).collect();
+            assert_eq!(
+                lp_tok[row],
+                w.logprob.to_bits(),
+                "row {row} logprob: kernel {}, host {}",
+                f32::from_bits(lp_tok[row]),
+                w.logprob
+            );
+            let got: Vec<(u32, u32)> = (0..k)
+                .map(|i| (top_ids[row * k + i], top_lp[row * k + i]))
+                .take_while(|(t, _)| *t != u32::MAX)
+                .collect();
             let host: Vec<(u32, u32)> = w.top.iter().map(|(t, l)| (*t, l.to_bits())).collect();
             assert_eq!(got, host, "row {row} top {}", top_n[row]);
             logprob_rows += 1;
         }
         let plain = RowMasks { edits: vec![], ..masks.clone() };
-        edited += want.iter().zip(sample_rows_masked(&logits, vocab, &specs, &plain)).filter(|(a, b)| **a != *b).count();
+        edited +=
+            want.iter().zip(sample_rows_masked(&logits, vocab, &specs, &plain)).filter(|(a, b)| **a != *b).count();
         total += rows;
     }
     assert!(edited > 0, "no edit changed any id: the edited cases prove nothing");

@@ -43,7 +43,8 @@ fn staging_is_not_rewritten_before_its_copy_ran() {
     }
     for (step, out) in outs.iter().enumerate() {
         let got = b.read_f32(out, tokens * hidden).unwrap();
-        let want: Vec<f32> = (0..tokens).flat_map(|i| table[id(step, i) * hidden..(id(step, i) + 1) * hidden].to_vec()).collect();
+        let want: Vec<f32> =
+            (0..tokens).flat_map(|i| table[id(step, i) * hidden..(id(step, i) + 1) * hidden].to_vec()).collect();
         assert_eq!(got, want, "step {step}: the embedding did not read the ids staged for it");
     }
 }

@@ -62,7 +62,8 @@ pub struct Collected {
 }
 
 pub fn collect(outs: &[RequestOutput], n: usize) -> Collected {
-    let mut c = Collected { tokens: vec![vec![]; n], text: vec![String::new(); n], finals: vec![], finish: vec![None; n] };
+    let mut c =
+        Collected { tokens: vec![vec![]; n], text: vec![String::new(); n], finals: vec![], finish: vec![None; n] };
     for o in outs {
         assert!(c.finals.is_empty(), "output after the final one: {o:?}");
         c.tokens[o.index].extend(&o.token_ids);

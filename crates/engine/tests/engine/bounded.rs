@@ -30,7 +30,12 @@ fn spawn(budget: usize) -> (tandem_engine::EngineHandle, ForwardTimes) {
     let mut model = fake(512, budget, 8);
     model.per_token = PER_TOKEN;
     model.forward_times = Some(log.clone());
-    let cfg = EngineConfig { max_num_batched_tokens: Some(budget), max_model_len: Some(4096), enable_prefix_caching: false, ..Default::default() };
+    let cfg = EngineConfig {
+        max_num_batched_tokens: Some(budget),
+        max_model_len: Some(4096),
+        enable_prefix_caching: false,
+        ..Default::default()
+    };
     (tandem_engine::Engine::spawn(Box::new(model), letters(), cfg).unwrap(), log)
 }
 
@@ -49,7 +54,8 @@ fn an_abandoned_prefill_frees_the_device_within_one_step() {
     let freed = t.elapsed();
     // Let any step still running land, then read what the model ran after the abort.
     std::thread::sleep(STEP * 2);
-    let after: Vec<(Duration, usize)> = log.lock().unwrap().iter().filter(|(s, _, _)| *s > t).map(|(s, _, n)| (*s - t, *n)).collect();
+    let after: Vec<(Duration, usize)> =
+        log.lock().unwrap().iter().filter(|(s, _, _)| *s > t).map(|(s, _, n)| (*s - t, *n)).collect();
     h.shutdown();
     println!("KV freed {freed:?} after the abort (a step is {STEP:?}); forwards started after it: {after:?}");
     assert!(freed <= STEP + SLACK, "KV freed {freed:?} after the abort, more than a step ({STEP:?}) + {SLACK:?}");
@@ -60,10 +66,12 @@ fn an_abandoned_prefill_frees_the_device_within_one_step() {
 fn a_newcomer_gets_its_first_token_within_two_steps_of_a_long_prefill() {
     let first_token = |budget: usize| -> (Duration, Vec<u32>) {
         let (h, _) = spawn(budget);
-        let mut long = h.submit(Request { prompt: prompt(2048, 1), params: SamplingParams::greedy(4), priority: 0 }).unwrap();
+        let mut long =
+            h.submit(Request { prompt: prompt(2048, 1), params: SamplingParams::greedy(4), priority: 0 }).unwrap();
         std::thread::sleep(Duration::from_millis(150));
         let t = Instant::now();
-        let mut short = h.submit(Request { prompt: prompt(2, 2), params: SamplingParams::greedy(4), priority: 0 }).unwrap();
+        let mut short =
+            h.submit(Request { prompt: prompt(2, 2), params: SamplingParams::greedy(4), priority: 0 }).unwrap();
         let mut ttft = None;
         let mut outs = Vec::new();
         while let Some(o) = short.blocking_recv() {
@@ -83,6 +91,10 @@ fn a_newcomer_gets_its_first_token_within_two_steps_of_a_long_prefill() {
     // A budget holding the whole prompt: one 2-second step that the newcomer waits out.
     let (whole, _) = first_token(2048);
     println!("first token of a 2-token request during a 2,048-token prefill: budget {BUDGET}: {small:?}; budget 2048: {whole:?} (a {BUDGET}-token step is {STEP:?})");
-    assert!(small <= STEP * 2 + SLACK, "budget {BUDGET}: first token after {small:?}, more than two steps ({:?}) + {SLACK:?}", STEP * 2);
+    assert!(
+        small <= STEP * 2 + SLACK,
+        "budget {BUDGET}: first token after {small:?}, more than two steps ({:?}) + {SLACK:?}",
+        STEP * 2
+    );
     assert!(whole > Duration::from_secs(1), "budget 2048: the newcomer should have waited out the prefill ({whole:?})");
 }

@@ -43,7 +43,11 @@ fn greedy_outputs_match_the_oracle_alone_and_in_a_crowd_under_memory_pressure() 
         let f = &c.finals[0];
         assert_eq!(f.usage.unwrap().completion_tokens, want.len());
         let stopped_on_eos = want.last() == Some(&EOS) && want.len() < r.params.max_tokens.unwrap();
-        let reason = if stopped_on_eos { FinishReason::Stop { stop_string: None, stop_token: Some(EOS) } } else { FinishReason::Length };
+        let reason = if stopped_on_eos {
+            FinishReason::Stop { stop_string: None, stop_token: Some(EOS) }
+        } else {
+            FinishReason::Length
+        };
         assert_eq!(f.finish_reason, Some(reason));
         let m = f.metrics.as_ref().unwrap();
         assert!(m.time_to_first_token.is_some() && m.queue_time.is_some());
@@ -63,7 +67,14 @@ fn greedy_outputs_match_the_oracle_alone_and_in_a_crowd_under_memory_pressure() 
 fn a_seed_gives_the_same_text_whatever_the_batch() {
     let sampled = |seed: u64| Request {
         prompt: prompt(20, 3),
-        params: SamplingParams { temperature: 1.0, top_p: 0.95, seed: Some(seed), max_tokens: Some(30), ignore_eos: true, ..Default::default() },
+        params: SamplingParams {
+            temperature: 1.0,
+            top_p: 0.95,
+            seed: Some(seed),
+            max_tokens: Some(30),
+            ignore_eos: true,
+            ..Default::default()
+        },
         priority: 0,
     };
     let mut alone = engine(fake(64, 64, 16), EngineConfig::default());
@@ -95,7 +106,13 @@ fn stop_strings_are_cut_and_never_streamed() {
     let stop = text[12..15].to_string();
     let cut = text.find(&stop).unwrap();
     let mut e = engine(fake(64, 64, 8), EngineConfig::default());
-    let params = SamplingParams { temperature: 0.0, max_tokens: Some(40), ignore_eos: true, stop: vec![stop.clone()], ..Default::default() };
+    let params = SamplingParams {
+        temperature: 0.0,
+        max_tokens: Some(40),
+        ignore_eos: true,
+        stop: vec![stop.clone()],
+        ..Default::default()
+    };
     let mut s = e.add_request(Request { prompt: p, params, priority: 0 }).unwrap();
     run_to_idle(&mut e);
     let outs = drain(&mut s);
@@ -118,9 +135,22 @@ fn stop_token_ids_min_tokens_and_logprobs() {
     let stop_id = want[k];
     let first = want.iter().position(|&t| t == stop_id).unwrap();
     let mut e = engine(fake(64, 64, 8), EngineConfig::default());
-    let base = SamplingParams { temperature: 0.0, max_tokens: Some(20), ignore_eos: true, stop_token_ids: vec![stop_id], logprobs: Some(3), ..Default::default() };
+    let base = SamplingParams {
+        temperature: 0.0,
+        max_tokens: Some(20),
+        ignore_eos: true,
+        stop_token_ids: vec![stop_id],
+        logprobs: Some(3),
+        ..Default::default()
+    };
     let mut a = e.add_request(Request { prompt: p.clone(), params: base.clone(), priority: 0 }).unwrap();
-    let mut b = e.add_request(Request { prompt: p.clone(), params: SamplingParams { min_tokens: first + 1, ..base }, priority: 0 }).unwrap();
+    let mut b = e
+        .add_request(Request {
+            prompt: p.clone(),
+            params: SamplingParams { min_tokens: first + 1, ..base },
+            priority: 0,
+        })
+        .unwrap();
     run_to_idle(&mut e);
     let oa = drain(&mut a);
     let ca = collect(&oa, 1);
@@ -141,12 +171,23 @@ fn stop_token_ids_min_tokens_and_logprobs() {
 fn n_completions_share_the_prompt_blocks() {
     let mut e = engine(fake(32, 64, 8), EngineConfig::default());
     let p = prompt(40, 2);
-    let params = SamplingParams { n: 3, temperature: 1.0, seed: Some(7), max_tokens: Some(12), ignore_eos: true, ..Default::default() };
+    let params = SamplingParams {
+        n: 3,
+        temperature: 1.0,
+        seed: Some(7),
+        max_tokens: Some(12),
+        ignore_eos: true,
+        ..Default::default()
+    };
     let mut s = e.add_request(Request { prompt: p.clone(), params, priority: 0 }).unwrap();
     e.step(); // prefill; completion 0 samples, 1 and 2 are forked
     let sched = e.scheduler();
     assert_eq!(sched.num_running(), 3);
-    assert_eq!((sched.bm.ref_count(0), sched.bm.ref_count(1), sched.bm.ref_count(2)), (3, 3, 1), "full prompt blocks shared, the tail not");
+    assert_eq!(
+        (sched.bm.ref_count(0), sched.bm.ref_count(1), sched.bm.ref_count(2)),
+        (3, 3, 1),
+        "full prompt blocks shared, the tail not"
+    );
     assert_eq!(sched.bm.num_free(), 32 - 3, "children get their tail blocks when they first run");
     run_to_idle(&mut e);
     let outs = drain(&mut s);
@@ -158,7 +199,13 @@ fn n_completions_share_the_prompt_blocks() {
     assert_eq!(e.scheduler().bm.num_free(), 32);
     // Greedy completions are all the oracle's.
     let mut e = engine(fake(32, 64, 8), EngineConfig::default());
-    let mut s = e.add_request(Request { prompt: p.clone(), params: SamplingParams { n: 2, ..SamplingParams::greedy(9) }, priority: 0 }).unwrap();
+    let mut s = e
+        .add_request(Request {
+            prompt: p.clone(),
+            params: SamplingParams { n: 2, ..SamplingParams::greedy(9) },
+            priority: 0,
+        })
+        .unwrap();
     run_to_idle(&mut e);
     let c = collect(&drain(&mut s), 2);
     let want = FakeModel::greedy(&model_config(), &p, 9, false);
@@ -195,13 +242,22 @@ fn requests_that_can_never_fit_are_refused_at_submission() {
     // 8 blocks of 16 = 128 tokens of pool; the model's context is 4096.
     let mut e = engine(fake(8, 64, 8), EngineConfig { max_pending_requests: Some(2), ..Default::default() });
     let err = |e: &mut tandem_engine::Engine, r: Request| e.add_request(r).err().expect("refused");
-    assert_eq!(err(&mut e, greedy_req(prompt(100, 1), 29)), SubmitError::TooLong { prompt: 100, max_tokens: 29, max_model_len: 128 });
+    assert_eq!(
+        err(&mut e, greedy_req(prompt(100, 1), 29)),
+        SubmitError::TooLong { prompt: 100, max_tokens: 29, max_model_len: 128 }
+    );
     assert_eq!(err(&mut e, greedy_req(vec![], 4)), SubmitError::EmptyPrompt);
     assert_eq!(err(&mut e, greedy_req(vec![1, 64], 4)), SubmitError::TokenOutOfVocab { index: 1, id: 64, vocab: 64 });
     let bad = Request { prompt: vec![1], params: SamplingParams { top_p: 0.0, ..Default::default() }, priority: 0 };
     assert!(matches!(err(&mut e, bad), SubmitError::InvalidParams(m) if m.field == "top_p"));
     // max_tokens left out: whatever the context leaves.
-    let mut s = e.add_request(Request { prompt: prompt(100, 1), params: SamplingParams { max_tokens: None, ignore_eos: true, temperature: 0.0, ..Default::default() }, priority: 0 }).unwrap();
+    let mut s = e
+        .add_request(Request {
+            prompt: prompt(100, 1),
+            params: SamplingParams { max_tokens: None, ignore_eos: true, temperature: 0.0, ..Default::default() },
+            priority: 0,
+        })
+        .unwrap();
     let _t = e.add_request(greedy_req(vec![1], 1)).unwrap();
     assert!(matches!(err(&mut e, greedy_req(vec![1], 1)), SubmitError::Overloaded { pending: 2, limit: 2 }));
     run_to_idle(&mut e);
@@ -209,9 +265,11 @@ fn requests_that_can_never_fit_are_refused_at_submission() {
     assert!(e.add_request(greedy_req(vec![1], 1)).is_ok(), "finished requests leave the bound");
 
     // Static mode reserves all n completions: 3 x 80 tokens = 15 blocks > 8.
-    let stat = EngineConfig { mode: BatchMode::Static { batch_size: 4, max_wait: Duration::ZERO }, ..Default::default() };
+    let stat =
+        EngineConfig { mode: BatchMode::Static { batch_size: 4, max_wait: Duration::ZERO }, ..Default::default() };
     let mut e = engine(fake(8, 64, 8), stat);
-    let r = Request { prompt: prompt(40, 1), params: SamplingParams { n: 3, ..SamplingParams::greedy(40) }, priority: 0 };
+    let r =
+        Request { prompt: prompt(40, 1), params: SamplingParams { n: 3, ..SamplingParams::greedy(40) }, priority: 0 };
     assert_eq!(err(&mut e, r), SubmitError::NeverFits { needed: 15, copies: 3, tokens: 80, pool: 8 });
 }
 
@@ -264,7 +322,12 @@ fn token_budget_is_never_exceeded() {
     }
     let sizes = std::sync::Arc::new(std::sync::Mutex::new(vec![]));
     let spy = Spy(fake(64, 256, 16), sizes.clone());
-    let mut e = tandem_engine::Engine::new(Box::new(spy), letters(), EngineConfig { max_num_batched_tokens: Some(24), ..Default::default() }).unwrap();
+    let mut e = tandem_engine::Engine::new(
+        Box::new(spy),
+        letters(),
+        EngineConfig { max_num_batched_tokens: Some(24), ..Default::default() },
+    )
+    .unwrap();
     let mut d = e.add_request(greedy_req(prompt(5, 2), 30)).unwrap();
     let mut s = e.add_request(greedy_req(prompt(100, 1), 3)).unwrap();
     for _ in 0..5 {
@@ -319,7 +382,11 @@ fn threaded_handle(cfg: EngineConfig) {
         assert_eq!(c.tokens[0], FakeModel::greedy(&model_config(), &p, 10, false));
     }
     // A dropped stream aborts its request.
-    let long = Request { prompt: prompt(5, 1), params: SamplingParams { ignore_eos: true, ..SamplingParams::greedy(1000) }, priority: 0 };
+    let long = Request {
+        prompt: prompt(5, 1),
+        params: SamplingParams { ignore_eos: true, ..SamplingParams::greedy(1000) },
+        priority: 0,
+    };
     let mut s = h.submit(long).unwrap();
     s.blocking_recv().unwrap();
     drop(s);
@@ -329,7 +396,13 @@ fn threaded_handle(cfg: EngineConfig) {
         std::thread::sleep(Duration::from_millis(1));
     }
     // Shutdown ends what is still open with a final output.
-    let mut s = h.submit(Request { prompt: prompt(5, 2), params: SamplingParams { ignore_eos: true, ..SamplingParams::greedy(1000) }, priority: 0 }).unwrap();
+    let mut s = h
+        .submit(Request {
+            prompt: prompt(5, 2),
+            params: SamplingParams { ignore_eos: true, ..SamplingParams::greedy(1000) },
+            priority: 0,
+        })
+        .unwrap();
     s.blocking_recv().unwrap();
     h.shutdown();
     let rest: Vec<_> = std::iter::from_fn(|| s.blocking_recv()).collect();
@@ -344,7 +417,14 @@ fn a_fatal_forward_error_fails_every_request_and_stops_the_engine() {
     let mut e = engine(m, EngineConfig::default());
     // Two run (max_seqs 2); the third waits; the fourth (n = 2) waits with an unforked sibling.
     let mut streams: Vec<_> = (0..3).map(|i| e.add_request(greedy_req(prompt(10, i), 5)).unwrap()).collect();
-    streams.push(e.add_request(Request { prompt: prompt(6, 7), params: SamplingParams { n: 2, ..SamplingParams::greedy(5) }, priority: 0 }).unwrap());
+    streams.push(
+        e.add_request(Request {
+            prompt: prompt(6, 7),
+            params: SamplingParams { n: 2, ..SamplingParams::greedy(5) },
+            priority: 0,
+        })
+        .unwrap(),
+    );
     e.step(); // call 0: fine
     assert!(e.failure().is_none());
     e.step(); // call 1: the device is lost
@@ -361,7 +441,9 @@ fn a_fatal_forward_error_fails_every_request_and_stops_the_engine() {
             assert!(matches!(f, Some(FinishReason::Error(m)) if m.contains("illegal address")), "request {i}: {f:?}");
         }
     }
-    assert!(matches!(e.add_request(greedy_req(prompt(4, 1), 2)), Err(SubmitError::Stopped(m)) if m.contains("illegal address")));
+    assert!(
+        matches!(e.add_request(greedy_req(prompt(4, 1), 2)), Err(SubmitError::Stopped(m)) if m.contains("illegal address"))
+    );
     assert_eq!(e.step(), 0, "no forward after the failure");
     let st = e.stats();
     // Completions ended: the two in the batch and one of each waiting request (an unforked
@@ -382,13 +464,18 @@ fn threaded_engine_refuses_submissions_after_a_fatal_error() {
     assert!(matches!(&c.finish[0], Some(FinishReason::Error(m)) if m.contains("illegal address")));
     // The failure is set before the failed request's final output is sent.
     assert!(h.failure().is_some_and(|f| f.contains("illegal address")));
-    assert!(matches!(h.submit(greedy_req(prompt(8, 2), 4)), Err(SubmitError::Stopped(m)) if m.contains("illegal address")));
+    assert!(
+        matches!(h.submit(greedy_req(prompt(8, 2), 4)), Err(SubmitError::Stopped(m)) if m.contains("illegal address"))
+    );
     h.shutdown();
 }
 
 #[test]
 fn threaded_static_batch_waits_for_max_wait_then_runs() {
-    let cfg = EngineConfig { mode: BatchMode::Static { batch_size: 4, max_wait: Duration::from_millis(40) }, ..Default::default() };
+    let cfg = EngineConfig {
+        mode: BatchMode::Static { batch_size: 4, max_wait: Duration::from_millis(40) },
+        ..Default::default()
+    };
     let h = tandem_engine::Engine::spawn(Box::new(fake(64, 64, 8)), letters(), cfg).unwrap();
     let mut s = h.submit(greedy_req(prompt(8, 1), 4)).unwrap();
     let outs: Vec<_> = std::iter::from_fn(|| s.blocking_recv()).collect();
@@ -424,8 +511,24 @@ fn a_short_request_is_not_held_behind_a_long_prefill() {
         usize::MAX
     };
     let base = EngineConfig { max_num_batched_tokens: Some(512), max_model_len: Some(4096), ..Default::default() };
-    assert_eq!(first_token_step(base.clone()), 1, "the default: half the budget for the long prompt while the short one waits");
-    assert!(first_token_step(EngineConfig { long_prefill_token_threshold: Some(0), ..base.clone() }) >= 4, "no threshold: behind the 2,048-token prefill");
-    assert_eq!(first_token_step(EngineConfig { long_prefill_token_threshold: Some(256), ..base.clone() }), 1, "vLLM's threshold");
-    assert!(tandem_engine::Engine::new(Box::new(fake(512, 512, 8)), letters(), EngineConfig { max_num_partial_prefills: 1, max_long_partial_prefills: 2, ..base }).is_err());
+    assert_eq!(
+        first_token_step(base.clone()),
+        1,
+        "the default: half the budget for the long prompt while the short one waits"
+    );
+    assert!(
+        first_token_step(EngineConfig { long_prefill_token_threshold: Some(0), ..base.clone() }) >= 4,
+        "no threshold: behind the 2,048-token prefill"
+    );
+    assert_eq!(
+        first_token_step(EngineConfig { long_prefill_token_threshold: Some(256), ..base.clone() }),
+        1,
+        "vLLM's threshold"
+    );
+    assert!(tandem_engine::Engine::new(
+        Box::new(fake(512, 512, 8)),
+        letters(),
+        EngineConfig { max_num_partial_prefills: 1, max_long_partial_prefills: 2, ..base }
+    )
+    .is_err());
 }

@@ -10,7 +10,9 @@ use std::path::PathBuf;
 use common::*;
 use tandem_core::model::LoadOptions;
 use tandem_core::{DType, LlamaModel, ModelRunner};
-use tandem_engine::{Constraint, ConstraintFactory, Engine, EngineConfig, FinishReason, Guided, Request, SamplingParams};
+use tandem_engine::{
+    Constraint, ConstraintFactory, Engine, EngineConfig, FinishReason, Guided, Request, SamplingParams,
+};
 use tandem_models::random_model::{write_random_model, Shape};
 use tandem_reference::RefBackend;
 
@@ -92,7 +94,13 @@ fn a_constrained_request_changes_nothing_for_its_neighbours() {
     let vocab = 384u32;
     let free = |i: u32| Request {
         prompt: prompt(i, vocab),
-        params: SamplingParams { seed: Some(7 + i as u64), temperature: if i.is_multiple_of(2) { 0.0 } else { 0.9 }, ignore_eos: true, max_tokens: Some(10), ..Default::default() },
+        params: SamplingParams {
+            seed: Some(7 + i as u64),
+            temperature: if i.is_multiple_of(2) { 0.0 } else { 0.9 },
+            ignore_eos: true,
+            max_tokens: Some(10),
+            ..Default::default()
+        },
         priority: 0,
     };
     // Each unconstrained request alone.
@@ -149,7 +157,14 @@ fn a_complete_grammar_ends_with_the_eos_it_forces() {
     let mut e = engine(&dir, 64, 64);
     // The random model's eos_token_id; the grammar's tokens (3 mod 5) never include it.
     let eos = 2;
-    let params = SamplingParams { n: 2, temperature: 1.0, seed: Some(5), max_tokens: Some(20), guided: guided(Modular { modulus: 5, residue: 3, len: Some(4), dead_at: None }), ..Default::default() };
+    let params = SamplingParams {
+        n: 2,
+        temperature: 1.0,
+        seed: Some(5),
+        max_tokens: Some(20),
+        guided: guided(Modular { modulus: 5, residue: 3, len: Some(4), dead_at: None }),
+        ..Default::default()
+    };
     let mut s = e.add_request(Request { prompt: prompt(1, 384), params, priority: 0 }).unwrap();
     run_to_idle(&mut e);
     let got = collect(&drain(&mut s), 2);
@@ -160,11 +175,19 @@ fn a_complete_grammar_ends_with_the_eos_it_forces() {
         assert_eq!(got.finish[i], Some(FinishReason::Stop { stop_string: None, stop_token: Some(eos) }));
     }
     // With room for no more token than the grammar's, it ends as the grammar completes.
-    let params = SamplingParams { temperature: 0.0, max_tokens: Some(4), guided: guided(Modular { modulus: 5, residue: 3, len: Some(4), dead_at: None }), ..Default::default() };
+    let params = SamplingParams {
+        temperature: 0.0,
+        max_tokens: Some(4),
+        guided: guided(Modular { modulus: 5, residue: 3, len: Some(4), dead_at: None }),
+        ..Default::default()
+    };
     let mut s = e.add_request(Request { prompt: prompt(1, 384), params, priority: 0 }).unwrap();
     run_to_idle(&mut e);
     let got = collect(&drain(&mut s), 1);
-    assert_eq!((got.tokens[0].len(), got.finish[0].clone()), (4, Some(FinishReason::Stop { stop_string: None, stop_token: None })));
+    assert_eq!(
+        (got.tokens[0].len(), got.finish[0].clone()),
+        (4, Some(FinishReason::Stop { stop_string: None, stop_token: None }))
+    );
     assert_eq!(e.scheduler().bm.usage(), 0.0);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -174,7 +197,15 @@ fn the_grammar_decides_the_end_and_n_completions_each_follow_it() {
     let dir = model_dir("end");
     let mut e = engine(&dir, 64, 64);
     // Finished after 4 tokens: "stop", though max_tokens allows 20.
-    let params = SamplingParams { n: 3, temperature: 1.0, seed: Some(5), max_tokens: Some(20), ignore_eos: true, guided: guided(Modular { modulus: 5, residue: 2, len: Some(4), dead_at: None }), ..Default::default() };
+    let params = SamplingParams {
+        n: 3,
+        temperature: 1.0,
+        seed: Some(5),
+        max_tokens: Some(20),
+        ignore_eos: true,
+        guided: guided(Modular { modulus: 5, residue: 2, len: Some(4), dead_at: None }),
+        ..Default::default()
+    };
     let mut s = e.add_request(Request { prompt: prompt(1, 384), params, priority: 0 }).unwrap();
     run_to_idle(&mut e);
     let got = collect(&drain(&mut s), 3);
@@ -192,9 +223,21 @@ fn the_grammar_decides_the_end_and_n_completions_each_follow_it() {
 fn a_grammar_that_admits_nothing_ends_with_an_error_and_frees_its_blocks() {
     let dir = model_dir("dead");
     let mut e = engine(&dir, 64, 64);
-    let params = SamplingParams { temperature: 0.0, max_tokens: Some(20), ignore_eos: true, guided: guided(Modular { modulus: 2, residue: 0, len: None, dead_at: Some(3) }), ..Default::default() };
+    let params = SamplingParams {
+        temperature: 0.0,
+        max_tokens: Some(20),
+        ignore_eos: true,
+        guided: guided(Modular { modulus: 2, residue: 0, len: None, dead_at: Some(3) }),
+        ..Default::default()
+    };
     let mut s = e.add_request(Request { prompt: prompt(2, 384), params, priority: 0 }).unwrap();
-    let mut other = e.add_request(Request { prompt: prompt(3, 384), params: SamplingParams { ignore_eos: true, ..SamplingParams::greedy(8) }, priority: 0 }).unwrap();
+    let mut other = e
+        .add_request(Request {
+            prompt: prompt(3, 384),
+            params: SamplingParams { ignore_eos: true, ..SamplingParams::greedy(8) },
+            priority: 0,
+        })
+        .unwrap();
     run_to_idle(&mut e);
     let got = collect(&drain(&mut s), 1);
     assert_eq!(got.tokens[0].len(), 3);

@@ -51,14 +51,18 @@ fn crowd(salt: u32) -> Vec<Request> {
         .map(|i| {
             let mut p = if i % 4 == 0 { prompt(40, 1) } else { vec![] };
             p.extend(prompt(1 + ((i + salt) as usize * 13) % 45, i + salt));
-            let mut params = SamplingParams { max_tokens: Some(3 + ((i + salt) as usize * 7) % 30), ..Default::default() };
+            let mut params =
+                SamplingParams { max_tokens: Some(3 + ((i + salt) as usize * 7) % 30), ..Default::default() };
             match i % 6 {
                 0 => params.temperature = 0.0,
                 1 => (params.temperature, params.seed) = (1.0, Some(7 + salt as u64)),
                 2 => (params.temperature, params.top_p, params.top_k, params.seed) = (0.8, 0.9, 8, Some(i as u64)),
                 3 => (params.temperature, params.min_p, params.stop) = (1.2, 0.05, vec!["ab".into(), "q".into()]),
                 4 => (params.temperature, params.n, params.seed, params.ignore_eos) = (1.0, 3, Some(99), true),
-                _ => (params.stop_token_ids, params.include_stop_str_in_output, params.stop) = (vec![5, 17], true, vec!["c".into()]),
+                _ => {
+                    (params.stop_token_ids, params.include_stop_str_in_output, params.stop) =
+                        (vec![5, 17], true, vec!["c".into()])
+                }
             }
             Request { prompt: p, params, priority: 0 }
         })
@@ -81,7 +85,10 @@ fn outputs_are_the_same_with_async_scheduling_on_and_off() {
         assert_eq!((s.async_steps_total, o.sync_steps_total), (0, 0), "salt {salt}: {s:?} {o:?}");
         assert!(o.async_steps_total > 0);
         if blocks < 20 {
-            assert!(s.preemptions_total > 0 && o.preemptions_total > 0, "salt {salt}: the pool should force preemption");
+            assert!(
+                s.preemptions_total > 0 && o.preemptions_total > 0,
+                "salt {salt}: the pool should force preemption"
+            );
         }
         for e in [&sync, &overlapped] {
             assert_eq!(e.scheduler().bm.num_free(), blocks, "salt {salt}: blocks leaked");
@@ -99,9 +106,15 @@ fn rows_that_need_the_host_fall_back_to_synchronous_steps_with_the_same_outputs(
     let mut reqs = vec![];
     let host = |params: SamplingParams, len: usize| Request { prompt: prompt(len, 3), params, priority: 0 };
     reqs.push(host(SamplingParams { logprobs: Some(2), ..SamplingParams::greedy(4) }, 9));
-    reqs.push(host(SamplingParams { repetition_penalty: 1.3, temperature: 1.0, seed: Some(3), ..SamplingParams::greedy(5) }, 30));
+    reqs.push(host(
+        SamplingParams { repetition_penalty: 1.3, temperature: 1.0, seed: Some(3), ..SamplingParams::greedy(5) },
+        30,
+    ));
     reqs.push(host(SamplingParams { min_tokens: 4, ..SamplingParams::greedy(6) }, 12));
-    reqs.push(host(SamplingParams { guided: Some(Guided::new(AllowedTokens(vec![3, 4, 5, 63]))), ..SamplingParams::greedy(6) }, 14));
+    reqs.push(host(
+        SamplingParams { guided: Some(Guided::new(AllowedTokens(vec![3, 4, 5, 63]))), ..SamplingParams::greedy(6) },
+        14,
+    ));
     reqs.push(host(SamplingParams { prompt_logprobs: Some(1), ..SamplingParams::greedy(3) }, 20));
     reqs.extend(crowd(5));
     let cfg = EngineConfig { seed: 5, ..Default::default() };
@@ -121,7 +134,13 @@ fn a_finished_sequence_keeps_its_blocks_until_its_last_step_lands_and_emits_noth
     let cfg = model_config();
     let mut e = engine(fake(8, 64, 4), EngineConfig { async_scheduling: true, ..Default::default() });
     let p = prompt(20, 4);
-    let mut s = e.add_request(Request { prompt: p.clone(), params: SamplingParams { ignore_eos: true, ..SamplingParams::greedy(3) }, priority: 0 }).unwrap();
+    let mut s = e
+        .add_request(Request {
+            prompt: p.clone(),
+            params: SamplingParams { ignore_eos: true, ..SamplingParams::greedy(3) },
+            priority: 0,
+        })
+        .unwrap();
     let mut outs = vec![];
     while !outs.iter().any(|o: &RequestOutput| o.finished) {
         e.step();
@@ -149,7 +168,9 @@ fn a_finished_sequence_keeps_its_blocks_until_its_last_step_lands_and_emits_noth
 #[test]
 fn aborts_mid_flight_end_each_request_once_and_free_every_block() {
     let cfg = model_config();
-    let reqs: Vec<Request> = (0..12u32).map(|i| Request { prompt: prompt(5 + i as usize * 3, i), params: SamplingParams::greedy(40), priority: 0 }).collect();
+    let reqs: Vec<Request> = (0..12u32)
+        .map(|i| Request { prompt: prompt(5 + i as usize * 3, i), params: SamplingParams::greedy(40), priority: 0 })
+        .collect();
     for abort_at in [1usize, 2, 3, 5, 8] {
         let mut e = engine(fake(40, 64, 8), EngineConfig { async_scheduling: true, ..Default::default() });
         let mut streams: Vec<_> = reqs.iter().map(|r| e.add_request(r.clone()).unwrap()).collect();
@@ -199,12 +220,19 @@ fn a_failed_step_in_flight_fails_its_requests_once_and_the_engine_goes_on() {
     let mut m = fake(32, 64, 8);
     m.fail_calls = vec![3];
     let mut e = engine(m, EngineConfig { async_scheduling: true, ..Default::default() });
-    let reqs: Vec<Request> = (0..6u32).map(|i| Request { prompt: prompt(4 + i as usize, i), params: SamplingParams::greedy(10), priority: 0 }).collect();
+    let reqs: Vec<Request> = (0..6u32)
+        .map(|i| Request { prompt: prompt(4 + i as usize, i), params: SamplingParams::greedy(10), priority: 0 })
+        .collect();
     let mut streams: Vec<_> = reqs.iter().map(|r| e.add_request(r.clone()).unwrap()).collect();
     run_to_idle(&mut e);
-    let errors = streams.iter_mut().map(|s| collect(&drain(s), 1).finish[0].clone()).filter(|f| matches!(f, Some(FinishReason::Error(_)))).count();
+    let errors = streams
+        .iter_mut()
+        .map(|s| collect(&drain(s), 1).finish[0].clone())
+        .filter(|f| matches!(f, Some(FinishReason::Error(_))))
+        .count();
     assert!(errors > 0);
-    let mut after = e.add_request(Request { prompt: prompt(6, 9), params: SamplingParams::greedy(5), priority: 0 }).unwrap();
+    let mut after =
+        e.add_request(Request { prompt: prompt(6, 9), params: SamplingParams::greedy(5), priority: 0 }).unwrap();
     run_to_idle(&mut e);
     assert_eq!(collect(&drain(&mut after), 1).tokens[0], FakeModel::greedy(&model_config(), &prompt(6, 9), 5, false));
     assert_eq!(e.scheduler().bm.num_free(), 32);
@@ -226,8 +254,18 @@ fn postprocessing_runs_during_the_next_forward_only_with_async_scheduling() {
             log.lock().unwrap().push(Instant::now());
             letters(ids)
         });
-        let mut e = Engine::new(Box::new(m), decode, EngineConfig { async_scheduling: on, ..Default::default() }).unwrap();
-        let mut streams: Vec<_> = (0..3).map(|i| e.add_request(Request { prompt: prompt(6, i), params: SamplingParams { ignore_eos: true, ..SamplingParams::greedy(6) }, priority: 0 }).unwrap()).collect();
+        let mut e =
+            Engine::new(Box::new(m), decode, EngineConfig { async_scheduling: on, ..Default::default() }).unwrap();
+        let mut streams: Vec<_> = (0..3)
+            .map(|i| {
+                e.add_request(Request {
+                    prompt: prompt(6, i),
+                    params: SamplingParams { ignore_eos: true, ..SamplingParams::greedy(6) },
+                    priority: 0,
+                })
+                .unwrap()
+            })
+            .collect();
         run_to_idle(&mut e);
         for s in &mut streams {
             assert_eq!(collect(&drain(s), 1).tokens[0].len(), 6);
@@ -253,9 +291,11 @@ fn the_reference_model_gives_the_same_outputs_with_async_scheduling() {
     use tandem_core::{DType, LlamaModel};
     let dir = std::env::temp_dir().join(format!("tandem-engine-overlap-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    tandem_models::random_model::write_random_model(&dir, tandem_models::random_model::Shape::Tiny, 11, DType::F32).unwrap();
+    tandem_models::random_model::write_random_model(&dir, tandem_models::random_model::Shape::Tiny, 11, DType::F32)
+        .unwrap();
     let runner = || {
-        let opts = LoadOptions { max_batch_tokens: 24, max_seqs: 16, num_kv_blocks: 14, block_size: 16, ..Default::default() };
+        let opts =
+            LoadOptions { max_batch_tokens: 24, max_seqs: 16, num_kv_blocks: 14, block_size: 16, ..Default::default() };
         Box::new(LlamaModel::load(tandem_reference::RefBackend::new(), &dir, opts).unwrap())
     };
     let vocab = tandem_core::ModelRunner::config(runner().as_ref()).vocab_size as u32;
@@ -264,7 +304,13 @@ fn the_reference_model_gives_the_same_outputs_with_async_scheduling() {
         .map(|i| {
             let mut p = if i % 2 == 0 { shared.clone() } else { vec![] };
             p.extend((0..3 + i * 5).map(|j| (j * 101 + i * 7 + 1) % vocab));
-            let mut params = SamplingParams { temperature: [0.0, 1.0, 0.7][i as usize % 3], seed: Some(50 + i as u64), ignore_eos: true, max_tokens: Some(10), ..Default::default() };
+            let mut params = SamplingParams {
+                temperature: [0.0, 1.0, 0.7][i as usize % 3],
+                seed: Some(50 + i as u64),
+                ignore_eos: true,
+                max_tokens: Some(10),
+                ..Default::default()
+            };
             match i {
                 1 => params.top_k = 5,
                 2 => params.top_p = 0.8,

@@ -45,13 +45,15 @@ fn run_case(seed: u64, async_scheduling: bool) -> Case {
         ..Default::default()
     };
     let mut e = engine(FakeModel::new(model_config(), num_blocks, block_size, budget, max_seqs), cfg);
-    let prefixes: Vec<Vec<u32>> = (0..3).map(|_| (0..16 + below(&mut r, 24)).map(|_| below(&mut r, 60) as u32).collect()).collect();
+    let prefixes: Vec<Vec<u32>> =
+        (0..3).map(|_| (0..16 + below(&mut r, 24)).map(|_| below(&mut r, 60) as u32).collect()).collect();
     let mut live = vec![];
     let mut done = vec![];
     for step in 0..3000 {
         if step < 80 {
             for _ in 0..below(&mut r, 3) {
-                let mut prompt = if below(&mut r, 2) == 0 { prefixes[below(&mut r, 3) as usize].clone() } else { vec![] };
+                let mut prompt =
+                    if below(&mut r, 2) == 0 { prefixes[below(&mut r, 3) as usize].clone() } else { vec![] };
                 prompt.extend((0..1 + below(&mut r, 40)).map(|_| below(&mut r, 64) as u32));
                 prompt.truncate(slots / 2);
                 prompt.truncate(200);
@@ -70,7 +72,9 @@ fn run_case(seed: u64, async_scheduling: bool) -> Case {
                 match e.add_request(req.clone()) {
                     Ok(s) => live.push((req, s)),
                     // Static batches reserve n copies; those may not fit a tiny pool.
-                    Err(err) => assert!(matches!(mode, BatchMode::Static { .. }) && req.params.n > 1, "seed {seed}: {err}"),
+                    Err(err) => {
+                        assert!(matches!(mode, BatchMode::Static { .. }) && req.params.n > 1, "seed {seed}: {err}")
+                    }
                 }
             }
         }
@@ -105,7 +109,8 @@ fn run_case(seed: u64, async_scheduling: bool) -> Case {
         }
         finished += 1;
         if req.params.temperature == 0.0 {
-            let want = FakeModel::greedy(&model_config(), &req.prompt, req.params.max_tokens.unwrap(), req.params.ignore_eos);
+            let want =
+                FakeModel::greedy(&model_config(), &req.prompt, req.params.max_tokens.unwrap(), req.params.ignore_eos);
             for t in &c.tokens {
                 assert_eq!(t, &want, "seed {seed}: greedy output differs from the oracle");
             }

@@ -33,7 +33,8 @@ fn runner(dir: &Path, num_kv_blocks: usize, max_batch_tokens: usize) -> Box<dyn 
 /// With `pad_decode`, decode steps are padded to their batch-size bucket (what CUDA graphs
 /// replay; crates/core/src/model.rs, `Padding`).
 fn runner_padded(dir: &Path, num_kv_blocks: usize, max_batch_tokens: usize, pad_decode: bool) -> Box<dyn ModelRunner> {
-    let opts = LoadOptions { max_batch_tokens, max_seqs: 16, num_kv_blocks, block_size: 16, pad_decode, ..Default::default() };
+    let opts =
+        LoadOptions { max_batch_tokens, max_seqs: 16, num_kv_blocks, block_size: 16, pad_decode, ..Default::default() };
     Box::new(LlamaModel::load(RefBackend::new(), dir, opts).unwrap())
 }
 
@@ -84,7 +85,11 @@ fn greedy_invariance(dir: &Path) {
         .map(|i| {
             let mut p = if i % 2 == 0 { shared.clone() } else { vec![] };
             p.extend((0..3 + i * 5).map(|j| (j * 101 + i * 7 + 1) % vocab));
-            Request { prompt: p, params: SamplingParams { ignore_eos: true, ..SamplingParams::greedy(12) }, priority: 0 }
+            Request {
+                prompt: p,
+                params: SamplingParams { ignore_eos: true, ..SamplingParams::greedy(12) },
+                priority: 0,
+            }
         })
         .collect();
 
@@ -136,21 +141,49 @@ fn prompt_logprobs_match_one_whole_forward_when_chunked_among_others() {
     b.push_seq(&prompt, 0, &[0, 1, 2], 16, false);
     b.logit_rows = (0..prompt.len() as u32).collect();
     let rows = {
-        let opts = LoadOptions { max_batch_tokens: 64, max_seqs: 16, num_kv_blocks: 16, block_size: 16, prompt_logit_rows: 64, ..Default::default() };
+        let opts = LoadOptions {
+            max_batch_tokens: 64,
+            max_seqs: 16,
+            num_kv_blocks: 16,
+            block_size: 16,
+            prompt_logit_rows: 64,
+            ..Default::default()
+        };
         whole = Box::new(LlamaModel::load(RefBackend::new(), &dir, opts).unwrap());
         whole.forward(&b).unwrap()
     };
-    let want: Vec<f64> = (1..prompt.len()).map(|i| log_softmax_at(&rows[(i - 1) * vocab..i * vocab], prompt[i])).collect();
+    let want: Vec<f64> =
+        (1..prompt.len()).map(|i| log_softmax_at(&rows[(i - 1) * vocab..i * vocab], prompt[i])).collect();
 
     // Scored in chunks of at most 1 + 4 rows, beside greedy requests that share its prefix (a
     // cache hit it must not take) under a 12-token budget.
-    let opts = LoadOptions { max_batch_tokens: 12, max_seqs: 4, num_kv_blocks: 40, block_size: 16, prompt_logit_rows: 4, ..Default::default() };
-    let mut e = Engine::new(Box::new(LlamaModel::load(RefBackend::new(), &dir, opts).unwrap()), letters(), EngineConfig::default()).unwrap();
-    let greedy = Request { prompt: prompt[..40].to_vec(), params: SamplingParams { ignore_eos: true, ..SamplingParams::greedy(6) }, priority: 0 };
+    let opts = LoadOptions {
+        max_batch_tokens: 12,
+        max_seqs: 4,
+        num_kv_blocks: 40,
+        block_size: 16,
+        prompt_logit_rows: 4,
+        ..Default::default()
+    };
+    let mut e = Engine::new(
+        Box::new(LlamaModel::load(RefBackend::new(), &dir, opts).unwrap()),
+        letters(),
+        EngineConfig::default(),
+    )
+    .unwrap();
+    let greedy = Request {
+        prompt: prompt[..40].to_vec(),
+        params: SamplingParams { ignore_eos: true, ..SamplingParams::greedy(6) },
+        priority: 0,
+    };
     let mut first = e.add_request(greedy.clone()).unwrap();
     run_to_idle(&mut e);
     let alone = collect(&drain(&mut first), 1).tokens[0].clone();
-    let scored = |max_tokens| Request { prompt: prompt.clone(), params: SamplingParams { prompt_logprobs: Some(2), ignore_eos: true, ..SamplingParams::greedy(max_tokens) }, priority: 0 };
+    let scored = |max_tokens| Request {
+        prompt: prompt.clone(),
+        params: SamplingParams { prompt_logprobs: Some(2), ignore_eos: true, ..SamplingParams::greedy(max_tokens) },
+        priority: 0,
+    };
     let mut s0 = e.add_request(scored(0)).unwrap();
     let mut s1 = e.add_request(scored(3)).unwrap();
     let mut g = e.add_request(greedy).unwrap();
@@ -193,7 +226,13 @@ fn seeded_tokens_are_the_same_alone_and_in_a_batch() {
         .map(|i| {
             let mut p = if i % 2 == 0 { shared.clone() } else { vec![] };
             p.extend((0..3 + i * 5).map(|j| (j * 101 + i * 7 + 1) % vocab));
-            let mut params = SamplingParams { temperature: [1.0, 0.7, 1.3][i as usize % 3], seed: Some(1000 + i as u64), ignore_eos: true, max_tokens: Some(12), ..Default::default() };
+            let mut params = SamplingParams {
+                temperature: [1.0, 0.7, 1.3][i as usize % 3],
+                seed: Some(1000 + i as u64),
+                ignore_eos: true,
+                max_tokens: Some(12),
+                ..Default::default()
+            };
             match i {
                 1 => params.top_k = 5,
                 2 => params.top_p = 0.8,
@@ -223,7 +262,8 @@ fn seeded_tokens_are_the_same_alone_and_in_a_batch() {
         want.push(run_all(&mut alone, std::slice::from_ref(r)).remove(0));
     }
     let greedy: Vec<u32> = {
-        let r = Request { params: SamplingParams { ignore_eos: true, ..SamplingParams::greedy(12) }, ..reqs[0].clone() };
+        let r =
+            Request { params: SamplingParams { ignore_eos: true, ..SamplingParams::greedy(12) }, ..reqs[0].clone() };
         let mut e = Engine::new(runner(&dir, 64, 256), letters(), EngineConfig::default()).unwrap();
         run_all(&mut e, &[r]).remove(0).remove(0)
     };
@@ -249,7 +289,8 @@ fn seeded_tokens_are_the_same_alone_and_in_a_batch() {
     };
     for (r, w) in reqs.iter().zip(&want) {
         let device = Request { params: SamplingParams { logprobs: Some(3), ..r.params.clone() }, ..r.clone() };
-        let host = Request { params: SamplingParams { prompt_logprobs: Some(0), ..device.params.clone() }, ..r.clone() };
+        let host =
+            Request { params: SamplingParams { prompt_logprobs: Some(0), ..device.params.clone() }, ..r.clone() };
         let (d, h) = (run_lp(&device), run_lp(&host));
         let tokens = |o: &[RequestOutput]| collect(o, r.params.n).tokens;
         assert_eq!(&tokens(&d), w, "device path with logprobs and alone differ");
@@ -257,7 +298,14 @@ fn seeded_tokens_are_the_same_alone_and_in_a_batch() {
         // (completion, token, logprob bits, top ids and logprob bits) of every output token.
         type Bits = (usize, u32, u32, Vec<(u32, u32)>);
         let lps = |o: &[RequestOutput]| {
-            let mut v: Vec<Bits> = o.iter().flat_map(|o| o.logprobs.iter().map(move |l| (o.index, l.token, l.logprob.to_bits(), l.top.iter().map(|(t, x)| (*t, x.to_bits())).collect()))).collect();
+            let mut v: Vec<Bits> = o
+                .iter()
+                .flat_map(|o| {
+                    o.logprobs.iter().map(move |l| {
+                        (o.index, l.token, l.logprob.to_bits(), l.top.iter().map(|(t, x)| (*t, x.to_bits())).collect())
+                    })
+                })
+                .collect();
             v.sort();
             v
         };
@@ -356,10 +404,29 @@ mod metered {
         fn add(&self, acc: &mut RefBuf, x: &RefBuf, len: usize) -> Result<()> {
             self.inner.add(acc, x, len)
         }
-        fn matmul(&self, x: &RefBuf, w: &RefBuf, bias: Option<&RefBuf>, out: &mut RefBuf, m: usize, n: usize, k: usize) -> Result<()> {
+        fn matmul(
+            &self,
+            x: &RefBuf,
+            w: &RefBuf,
+            bias: Option<&RefBuf>,
+            out: &mut RefBuf,
+            m: usize,
+            n: usize,
+            k: usize,
+        ) -> Result<()> {
             self.inner.matmul(x, w, bias, out, m, n, k)
         }
-        fn rope(&self, q: &mut RefBuf, k: &mut RefBuf, positions: &RefBuf, inv_freq: &RefBuf, t: usize, qh: usize, kh: usize, d: usize) -> Result<()> {
+        fn rope(
+            &self,
+            q: &mut RefBuf,
+            k: &mut RefBuf,
+            positions: &RefBuf,
+            inv_freq: &RefBuf,
+            t: usize,
+            qh: usize,
+            kh: usize,
+            d: usize,
+        ) -> Result<()> {
             self.inner.rope(q, k, positions, inv_freq, t, qh, kh, d)
         }
         fn silu_mul(&self, gate: &RefBuf, up: &RefBuf, out: &mut RefBuf, len: usize) -> Result<()> {
@@ -371,7 +438,16 @@ mod metered {
         fn scale(&self, x: &mut RefBuf, factor: f32, len: usize) -> Result<()> {
             self.inner.scale(x, factor, len)
         }
-        fn kv_write(&self, k: &RefBuf, v: &RefBuf, kc: &mut RefBuf, vc: &mut RefBuf, slots: &RefBuf, t: usize, g: KvGeometry) -> Result<()> {
+        fn kv_write(
+            &self,
+            k: &RefBuf,
+            v: &RefBuf,
+            kc: &mut RefBuf,
+            vc: &mut RefBuf,
+            slots: &RefBuf,
+            t: usize,
+            g: KvGeometry,
+        ) -> Result<()> {
             self.inner.kv_write(k, v, kc, vc, slots, t, g)
         }
         fn paged_attention(&self, a: &AttnArgs<'_, Self>, out: &mut RefBuf) -> Result<()> {
@@ -403,14 +479,33 @@ mod metered {
 #[test]
 fn the_kv_pool_is_what_the_utilization_of_total_memory_leaves() {
     let dir = model_dir("memory");
-    let metered = |total: u64, workspace: u64| Metered { inner: RefBackend::new(), total, other: 1 << 20, workspace, used: 0.into(), reserved: Default::default() };
-    let opts = LoadOptions { max_batch_tokens: 64, max_seqs: 4, num_kv_blocks: 0, block_size: 16, gpu_memory_utilization: 0.5, max_model_len: Some(100), ..Default::default() };
+    let metered = |total: u64, workspace: u64| Metered {
+        inner: RefBackend::new(),
+        total,
+        other: 1 << 20,
+        workspace,
+        used: 0.into(),
+        reserved: Default::default(),
+    };
+    let opts = LoadOptions {
+        max_batch_tokens: 64,
+        max_seqs: 4,
+        num_kv_blocks: 0,
+        block_size: 16,
+        gpu_memory_utilization: 0.5,
+        max_model_len: Some(100),
+        ..Default::default()
+    };
     // On a large device the pool is all any sequence could use: 4 sequences x 7 blocks.
     let big = LlamaModel::load(metered(1 << 30, 3 << 20), &dir, opts).unwrap();
     assert_eq!(big.kv_geometry().num_blocks, 4 * 7);
     assert_eq!(big.max_context(), 112);
     let l = big.backend().reserved.lock().unwrap().expect("the model reserves its workspace");
-    assert_eq!((l.max_tokens, l.max_seqs, l.max_context), (64, 4, 112), "limits from the load options (100 tokens in 16-token blocks)");
+    assert_eq!(
+        (l.max_tokens, l.max_seqs, l.max_context),
+        (64, 4, 112),
+        "limits from the load options (100 tokens in 16-token blocks)"
+    );
     let cfg = big.config();
     let block_bytes = (2 * cfg.num_hidden_layers * 16 * cfg.kv_dim() * 4) as u64;
     let resident = big.backend().used.load(std::sync::atomic::Ordering::Relaxed) - 28 * block_bytes + (1 << 20);
@@ -422,6 +517,11 @@ fn the_kv_pool_is_what_the_utilization_of_total_memory_leaves() {
 
     // Workspace beyond the budget: refused, saying what to lower.
     let err = LlamaModel::load(metered(64 << 20, 40 << 20), &dir, opts).err().expect("cannot fit").to_string();
-    assert!(err.contains("max_num_batched_tokens") && err.contains("max_model_len") && err.contains("gpu_memory_utilization"), "{err}");
+    assert!(
+        err.contains("max_num_batched_tokens")
+            && err.contains("max_model_len")
+            && err.contains("gpu_memory_utilization"),
+        "{err}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }

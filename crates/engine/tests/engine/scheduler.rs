@@ -5,12 +5,20 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tandem_engine::scheduler::{BatchMode, LongPrefill, Policy, PrefillLimits, ScheduledSeq, Scheduler, SchedulerConfig, SchedulerOutput};
+use tandem_engine::scheduler::{
+    BatchMode, LongPrefill, Policy, PrefillLimits, ScheduledSeq, Scheduler, SchedulerConfig, SchedulerOutput,
+};
 use tandem_engine::sequence::{SeqId, Sequence};
 use tandem_engine::SamplingParams;
 
 fn cfg(num_blocks: usize, budget: usize) -> SchedulerConfig {
-    SchedulerConfig { num_blocks, max_num_batched_tokens: budget, max_num_seqs: 8, resume_protect_steps: 4, ..Default::default() }
+    SchedulerConfig {
+        num_blocks,
+        max_num_batched_tokens: budget,
+        max_num_seqs: 8,
+        resume_protect_steps: 4,
+        ..Default::default()
+    }
 }
 
 /// Sequence `id` with a prompt of `len` tokens `base, base+1, ...`.
@@ -25,7 +33,8 @@ fn step(s: &mut Scheduler, now: Instant) -> SchedulerOutput {
     for sc in out.seqs.iter().filter(|sc| sc.sample) {
         s.seq_mut(sc.seq).unwrap().append_token(7, now);
     }
-    let done: Vec<SeqId> = s.seq_ids().filter(|&i| s.seq(i).is_some_and(|q| q.num_output_tokens() >= q.max_tokens)).collect();
+    let done: Vec<SeqId> =
+        s.seq_ids().filter(|&i| s.seq(i).is_some_and(|q| q.num_output_tokens() >= q.max_tokens)).collect();
     for id in done {
         s.remove(id);
     }
@@ -299,7 +308,8 @@ fn the_long_prefill_threshold_caps_every_chunk() {
 #[test]
 fn partial_prefills_are_bounded() {
     let now = Instant::now();
-    let limits = PrefillLimits { long: LongPrefill::Threshold(8), max_num_partial_prefills: 1, max_long_partial_prefills: 0 };
+    let limits =
+        PrefillLimits { long: LongPrefill::Threshold(8), max_num_partial_prefills: 1, max_long_partial_prefills: 0 };
     let mut s = Scheduler::new(with_prefill(cfg(20, 32), limits));
     s.add(seq(1, 20, 0, 2, 0, now));
     s.add(seq(2, 20, 100, 2, 0, now));
@@ -318,12 +328,17 @@ fn partial_prefills_are_bounded() {
 #[test]
 fn short_prompts_pass_a_held_back_long_one() {
     let now = Instant::now();
-    let limits = PrefillLimits { long: LongPrefill::Threshold(8), max_num_partial_prefills: 2, max_long_partial_prefills: 1 };
+    let limits =
+        PrefillLimits { long: LongPrefill::Threshold(8), max_num_partial_prefills: 2, max_long_partial_prefills: 1 };
     let mut s = Scheduler::new(with_prefill(cfg(20, 32), limits));
     s.add(seq(1, 30, 0, 2, 0, now));
     assert_eq!(step(&mut s, now).seqs, vec![sched(1, 8, false)]);
     s.add(seq(2, 30, 100, 2, 0, now));
     s.add(seq(3, 5, 200, 2, 0, now));
-    assert_eq!(step(&mut s, now).seqs, vec![sched(1, 8, false), sched(3, 5, true)], "2 is long and held back; 3 passes it");
+    assert_eq!(
+        step(&mut s, now).seqs,
+        vec![sched(1, 8, false), sched(3, 5, true)],
+        "2 is long and held back; 3 passes it"
+    );
     assert!(s.seq(2).is_some_and(|q| q.num_computed_tokens == 0));
 }

@@ -3,12 +3,12 @@
 //! port 0, and a small hyper HTTP/1.1 client.
 #![allow(dead_code)]
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Mutex;
 use std::sync::Arc;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -22,9 +22,9 @@ use tandem_core::ModelConfig;
 use tandem_engine::fake_model::{fake_config, FakeModel};
 use tandem_engine::{Engine, EngineConfig, EngineHandle};
 use tandem_server::engine_adapter::{decode_fn, TandemEngine};
+use tandem_server::engine_client::{EngineStats, EngineUpdate, GenerateRequest, RequestId, Submission, SubmitRefusal};
 use tandem_server::{EngineClient, Server, ServerConfig};
 use tokio::net::TcpStream;
-use tandem_server::engine_client::{EngineStats, EngineUpdate, GenerateRequest, RequestId, Submission, SubmitRefusal};
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::oneshot;
 
@@ -36,7 +36,11 @@ static DIRS: AtomicUsize = AtomicUsize::new(0);
 
 /// The tiny word-level tokenizer with a ChatML template, in a fresh temp dir.
 pub fn tokenizer_dir() -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("tandem-server-test-{}-{}", std::process::id(), DIRS.fetch_add(1, Ordering::SeqCst)));
+    let dir = std::env::temp_dir().join(format!(
+        "tandem-server-test-{}-{}",
+        std::process::id(),
+        DIRS.fetch_add(1, Ordering::SeqCst)
+    ));
     tandem_server::test_support::write_tiny_tokenizer(&dir, VOCAB).unwrap();
     dir
 }
@@ -61,7 +65,12 @@ pub struct Setup {
 
 impl Default for Setup {
     fn default() -> Self {
-        let config = ServerConfig { addr: SocketAddr::from(([127, 0, 0, 1], 0)), max_model_len: MAX_LEN, vocab_size: VOCAB, ..Default::default() };
+        let config = ServerConfig {
+            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            max_model_len: MAX_LEN,
+            vocab_size: VOCAB,
+            ..Default::default()
+        };
         Setup { delay: Duration::ZERO, num_blocks: 512, fail_calls: vec![], fatal_calls: vec![], config }
     }
 }
@@ -142,7 +151,13 @@ impl Client {
         Client { sender, conn }
     }
 
-    pub async fn send(&mut self, method: &str, path: &str, headers: &[(&str, &str)], body: impl Into<Bytes>) -> Response<Incoming> {
+    pub async fn send(
+        &mut self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: impl Into<Bytes>,
+    ) -> Response<Incoming> {
         let mut b = Request::builder().method(method).uri(path).header("host", "localhost");
         for (k, v) in headers {
             b = b.header(*k, *v);
@@ -167,14 +182,21 @@ pub struct Reply {
 
 impl Reply {
     pub fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
     }
     pub fn text(&self) -> String {
         String::from_utf8_lossy(&self.body).into_owned()
     }
 }
 
-pub async fn request(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: impl Into<Bytes>) -> Reply {
+pub async fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: impl Into<Bytes>,
+) -> Reply {
     let mut c = Client::connect(addr).await;
     let r = c.send(method, path, headers, body).await;
     let (parts, body) = r.into_parts();
@@ -258,4 +280,3 @@ impl EngineClient for StallEngine {
         true
     }
 }
-

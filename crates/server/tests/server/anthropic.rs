@@ -22,7 +22,8 @@ fn events(r: &Reply) -> Vec<(String, Value)> {
         .map(|e| {
             let (name, data) = e.split_once('\n').unwrap_or_else(|| panic!("one event line and one data line: {e:?}"));
             let name = name.strip_prefix("event: ").unwrap_or_else(|| panic!("{e:?}")).to_string();
-            let data: Value = serde_json::from_str(data.strip_prefix("data: ").unwrap_or_else(|| panic!("{e:?}"))).unwrap();
+            let data: Value =
+                serde_json::from_str(data.strip_prefix("data: ").unwrap_or_else(|| panic!("{e:?}"))).unwrap();
             assert_eq!(data["type"], name.as_str(), "{e}");
             (name, data)
         })
@@ -65,7 +66,13 @@ fn anthropic_error(r: &Reply, status: u16, kind: &str) -> String {
 }
 
 fn prompt(s: &TestServer, system: &str, user: &str) -> Vec<u32> {
-    let rendered = s.tokenizer.apply_chat_template(&[json!({"role": "system", "content": system}), json!({"role": "user", "content": user})], true).unwrap();
+    let rendered = s
+        .tokenizer
+        .apply_chat_template(
+            &[json!({"role": "system", "content": system}), json!({"role": "user", "content": user})],
+            true,
+        )
+        .unwrap();
     s.tokenizer.encode(&rendered, false).unwrap()
 }
 
@@ -91,23 +98,49 @@ async fn messages_whole_and_streamed() {
     let mut sbody = body.clone();
     sbody["stream"] = json!(true);
     let ev = events(&post(s.addr, "/v1/messages", &sbody).await);
-    assert_eq!(shape(&ev), ["message_start", "content_block_start", "content_block_delta", "content_block_stop", "message_delta", "message_stop"]);
+    assert_eq!(
+        shape(&ev),
+        [
+            "message_start",
+            "content_block_start",
+            "content_block_delta",
+            "content_block_stop",
+            "message_delta",
+            "message_stop"
+        ]
+    );
     assert!(ev.iter().filter(|(n, _)| n == "content_block_delta").count() >= 2, "tokens arrive in several deltas");
     let start = &ev[0].1["message"];
     assert!(start["id"].as_str().unwrap().starts_with("msg_"));
-    assert_eq!((start["content"].clone(), start["stop_reason"].clone(), start["usage"]["input_tokens"].clone()), (json!([]), Value::Null, json!(ids.len())));
+    assert_eq!(
+        (start["content"].clone(), start["stop_reason"].clone(), start["usage"]["input_tokens"].clone()),
+        (json!([]), Value::Null, json!(ids.len()))
+    );
     let block = ev.iter().find(|(n, _)| n == "content_block_start").unwrap();
-    assert_eq!(block.1, json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}));
+    assert_eq!(
+        block.1,
+        json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})
+    );
     assert_eq!(deltas(&ev, "text_delta", "text"), vec![want]);
     let md = &ev.iter().find(|(n, _)| n == "message_delta").unwrap().1;
-    assert_eq!((md["delta"]["stop_reason"].clone(), md["delta"]["stop_sequence"].clone(), md["usage"]["output_tokens"].clone()), (json!("max_tokens"), Value::Null, json!(6)));
+    assert_eq!(
+        (
+            md["delta"]["stop_reason"].clone(),
+            md["delta"]["stop_sequence"].clone(),
+            md["usage"]["output_tokens"].clone()
+        ),
+        (json!("max_tokens"), Value::Null, json!(6))
+    );
 
     // Claude Code asks for more than a small model's context holds: trimmed to the room left.
     let r = post(s.addr, "/v1/messages", &json!({"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 32000, "temperature": 0})).await;
     assert_eq!(r.status, 200, "{}", r.text());
     let v = r.json();
     assert_eq!(v["stop_reason"], "max_tokens");
-    assert_eq!(v["usage"]["input_tokens"].as_u64().unwrap() + v["usage"]["output_tokens"].as_u64().unwrap(), MAX_LEN as u64);
+    assert_eq!(
+        v["usage"]["input_tokens"].as_u64().unwrap() + v["usage"]["output_tokens"].as_u64().unwrap(),
+        MAX_LEN as u64
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -129,7 +162,10 @@ async fn stop_sequences_name_the_one_that_stopped() {
     let ev = events(&post(s.addr, "/v1/messages", &sbody).await);
     assert_eq!(deltas(&ev, "text_delta", "text"), vec![want.to_string()], "the stop sequence is never streamed");
     let md = &ev.iter().find(|(n, _)| n == "message_delta").unwrap().1;
-    assert_eq!((md["delta"]["stop_reason"].clone(), md["delta"]["stop_sequence"].clone()), (json!("stop_sequence"), json!(stop)));
+    assert_eq!(
+        (md["delta"]["stop_reason"].clone(), md["delta"]["stop_sequence"].clone()),
+        (json!("stop_sequence"), json!(stop))
+    );
 
     let v = post(s.addr, "/v1/messages", &json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stop_sequences": ["never there"]})).await.json();
     assert_eq!((v["stop_reason"].clone(), v["stop_sequence"].clone()), (json!("max_tokens"), Value::Null));
@@ -145,7 +181,11 @@ async fn count_tokens_is_the_prompt_that_runs() {
     let mut gen = body.clone();
     gen["max_tokens"] = json!(1);
     assert_eq!(post(s.addr, "/v1/messages", &gen).await.json()["usage"]["input_tokens"].as_u64(), Some(n));
-    let msg = anthropic_error(&post(s.addr, "/v1/messages/count_tokens", &json!({"model": MODEL})).await, 400, "invalid_request_error");
+    let msg = anthropic_error(
+        &post(s.addr, "/v1/messages/count_tokens", &json!({"model": MODEL})).await,
+        400,
+        "invalid_request_error",
+    );
     assert!(msg.contains("`messages` is required"), "{msg}");
 }
 
@@ -157,14 +197,25 @@ async fn x_api_key_and_bearer_both_work() {
     let body = json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).to_string();
     for path in ["/v1/messages", "/v1/messages/count_tokens"] {
         anthropic_error(&request(s.addr, "POST", path, &[], body.clone()).await, 401, "authentication_error");
-        anthropic_error(&request(s.addr, "POST", path, &[("x-api-key", "wrong")], body.clone()).await, 401, "authentication_error");
+        anthropic_error(
+            &request(s.addr, "POST", path, &[("x-api-key", "wrong")], body.clone()).await,
+            401,
+            "authentication_error",
+        );
         for h in [("x-api-key", "sekrit"), ("authorization", "Bearer sekrit")] {
             let r = request(s.addr, "POST", path, &[h, ("anthropic-version", "2023-06-01")], body.clone()).await;
             assert_eq!(r.status, 200, "{h:?}: {}", r.text());
         }
     }
     // The OpenAI routes take the Anthropic header too.
-    let r = request(s.addr, "POST", "/v1/completions", &[("x-api-key", "sekrit")], json!({"prompt": "hi", "max_tokens": 2}).to_string()).await;
+    let r = request(
+        s.addr,
+        "POST",
+        "/v1/completions",
+        &[("x-api-key", "sekrit")],
+        json!({"prompt": "hi", "max_tokens": 2}).to_string(),
+    )
+    .await;
     assert_eq!(r.status, 200, "{}", r.text());
 }
 
@@ -178,21 +229,67 @@ async fn bad_requests_are_4xx_in_anthropics_shape() {
         (json!({"model": "claude-x", "messages": user, "max_tokens": 2}), 404, "not_found_error", "claude-x"),
         (json!({"model": MODEL, "messages": user}), 400, "invalid_request_error", "`max_tokens` is required"),
         (json!({"model": MODEL, "messages": user, "max_tokens": 0}), 400, "invalid_request_error", "max_tokens"),
-        (json!({"model": MODEL, "messages": user, "max_tokens": 2, "temperature": "hot"}), 400, "invalid_request_error", "temperature"),
-        (json!({"model": MODEL, "messages": user, "max_tokens": 2, "top_k": 1.5}), 400, "invalid_request_error", "top_k"),
-        (json!({"model": MODEL, "messages": user, "max_tokens": 2, "stop_sequences": "x"}), 400, "invalid_request_error", "stop_sequences"),
-        (json!({"model": MODEL, "messages": user, "max_tokens": 2, "stop_sequences": [""]}), 400, "invalid_request_error", "stop_sequences[0]"),
-        (json!({"model": MODEL, "messages": user, "max_tokens": 2, "mcp_servers": [{"url": "x"}]}), 400, "invalid_request_error", "mcp_servers"),
-        (json!({"model": MODEL, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}], "max_tokens": 2}), 400, "invalid_request_error", "messages[0].content[0].type"),
-        (json!({"model": MODEL, "messages": user, "max_tokens": 2, "tools": [{"name": "f"}]}), 400, "invalid_request_error", "tools[0].input_schema"),
-        (json!({"model": MODEL, "messages": user, "max_tokens": 2, "tool_choice": {"type": "tool", "name": "f"}}), 400, "invalid_request_error", "needs `tools`"),
-        (json!({"model": MODEL, "messages": [{"role": "user", "content": long}], "max_tokens": 2}), 400, "invalid_request_error", "prompt is too long: "),
+        (
+            json!({"model": MODEL, "messages": user, "max_tokens": 2, "temperature": "hot"}),
+            400,
+            "invalid_request_error",
+            "temperature",
+        ),
+        (
+            json!({"model": MODEL, "messages": user, "max_tokens": 2, "top_k": 1.5}),
+            400,
+            "invalid_request_error",
+            "top_k",
+        ),
+        (
+            json!({"model": MODEL, "messages": user, "max_tokens": 2, "stop_sequences": "x"}),
+            400,
+            "invalid_request_error",
+            "stop_sequences",
+        ),
+        (
+            json!({"model": MODEL, "messages": user, "max_tokens": 2, "stop_sequences": [""]}),
+            400,
+            "invalid_request_error",
+            "stop_sequences[0]",
+        ),
+        (
+            json!({"model": MODEL, "messages": user, "max_tokens": 2, "mcp_servers": [{"url": "x"}]}),
+            400,
+            "invalid_request_error",
+            "mcp_servers",
+        ),
+        (
+            json!({"model": MODEL, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}], "max_tokens": 2}),
+            400,
+            "invalid_request_error",
+            "messages[0].content[0].type",
+        ),
+        (
+            json!({"model": MODEL, "messages": user, "max_tokens": 2, "tools": [{"name": "f"}]}),
+            400,
+            "invalid_request_error",
+            "tools[0].input_schema",
+        ),
+        (
+            json!({"model": MODEL, "messages": user, "max_tokens": 2, "tool_choice": {"type": "tool", "name": "f"}}),
+            400,
+            "invalid_request_error",
+            "needs `tools`",
+        ),
+        (
+            json!({"model": MODEL, "messages": [{"role": "user", "content": long}], "max_tokens": 2}),
+            400,
+            "invalid_request_error",
+            "prompt is too long: ",
+        ),
     ];
     for (body, status, kind, msg) in cases {
         let m = anthropic_error(&post(s.addr, "/v1/messages", &body).await, status, kind);
         assert!(m.contains(msg), "{body}: {m}");
     }
-    let m = anthropic_error(&request(s.addr, "POST", "/v1/messages", &[], "{not json").await, 400, "invalid_request_error");
+    let m =
+        anthropic_error(&request(s.addr, "POST", "/v1/messages", &[], "{not json").await, 400, "invalid_request_error");
     assert!(m.contains("not valid JSON"), "{m}");
     anthropic_error(&request(s.addr, "GET", "/v1/messages", &[], "").await, 405, "invalid_request_error");
     anthropic_error(&request(s.addr, "POST", "/v1/messages/batches", &[], "{}").await, 404, "not_found_error");
@@ -203,7 +300,11 @@ async fn bad_requests_are_4xx_in_anthropics_shape() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_streaming_client_that_leaves_aborts_its_request() {
-    crate::lifecycle::streaming_client_that_leaves_aborts("/v1/messages", json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "stream": true})).await;
+    crate::lifecycle::streaming_client_that_leaves_aborts(
+        "/v1/messages",
+        json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "stream": true}),
+    )
+    .await;
 }
 
 mod tools {
@@ -232,7 +333,8 @@ mod tools {
 
     /// Checks a message's `tool_use` blocks against the tools; returns (id, name, input).
     fn tool_uses(v: &Value) -> Vec<(String, String, Value)> {
-        let uses: Vec<_> = v["content"].as_array().unwrap().iter().filter(|b| b["type"] == "tool_use").cloned().collect();
+        let uses: Vec<_> =
+            v["content"].as_array().unwrap().iter().filter(|b| b["type"] == "tool_use").cloned().collect();
         assert!(!uses.is_empty(), "{v}");
         uses.iter()
             .map(|b| {
@@ -252,7 +354,9 @@ mod tools {
         let t = start(tiny_dir(), true).await;
         for temperature in [0.0, 1.0] {
             // A named tool: its input streams as input_json_delta from the first token.
-            let body = ask(json!({"tool_choice": {"type": "tool", "name": "get_time"}, "temperature": temperature, "top_k": 40}));
+            let body = ask(
+                json!({"tool_choice": {"type": "tool", "name": "get_time"}, "temperature": temperature, "top_k": 40}),
+            );
             let r = post(t.addr, "/v1/messages", &body).await;
             assert_eq!(r.status, 200, "{}", r.text());
             let v = r.json();
@@ -262,9 +366,22 @@ mod tools {
             let mut sbody = body.clone();
             sbody["stream"] = json!(true);
             let ev = events(&post(t.addr, "/v1/messages", &sbody).await);
-            assert_eq!(shape(&ev), ["message_start", "content_block_start", "content_block_delta", "content_block_stop", "message_delta", "message_stop"]);
+            assert_eq!(
+                shape(&ev),
+                [
+                    "message_start",
+                    "content_block_start",
+                    "content_block_delta",
+                    "content_block_stop",
+                    "message_delta",
+                    "message_stop"
+                ]
+            );
             let block = &ev.iter().find(|(n, _)| n == "content_block_start").unwrap().1["content_block"];
-            assert_eq!((block["type"].clone(), block["name"].clone(), block["input"].clone()), (json!("tool_use"), json!("get_time"), json!({})));
+            assert_eq!(
+                (block["type"].clone(), block["name"].clone(), block["input"].clone()),
+                (json!("tool_use"), json!("get_time"), json!({}))
+            );
             let input: Value = serde_json::from_str(&deltas(&ev, "input_json_delta", "partial_json")[0]).unwrap();
             validate(&schema("get_time"), &input.to_string());
             if temperature == 0.0 {
@@ -280,8 +397,15 @@ mod tools {
             let mut sbody = body.clone();
             sbody["stream"] = json!(true);
             let ev = events(&post(t.addr, "/v1/messages", &sbody).await);
-            let starts = ev.iter().filter(|(n, d)| n == "content_block_start" && d["content_block"]["type"] == "tool_use");
-            let streamed: Vec<(String, Value)> = deltas(&ev, "input_json_delta", "partial_json").iter().zip(starts).map(|(j, (_, d))| (d["content_block"]["name"].as_str().unwrap().to_string(), serde_json::from_str(j).unwrap())).collect();
+            let starts =
+                ev.iter().filter(|(n, d)| n == "content_block_start" && d["content_block"]["type"] == "tool_use");
+            let streamed: Vec<(String, Value)> = deltas(&ev, "input_json_delta", "partial_json")
+                .iter()
+                .zip(starts)
+                .map(|(j, (_, d))| {
+                    (d["content_block"]["name"].as_str().unwrap().to_string(), serde_json::from_str(j).unwrap())
+                })
+                .collect();
             for (name, input) in &streamed {
                 validate(&schema(name), &input.to_string());
             }
@@ -304,7 +428,17 @@ mod tools {
         let mut sbody = body.clone();
         sbody["stream"] = json!(true);
         let ev = events(&post(t.addr, "/v1/messages", &sbody).await);
-        assert_eq!(shape(&ev), ["message_start", "content_block_start", "content_block_delta", "content_block_stop", "message_delta", "message_stop"]);
+        assert_eq!(
+            shape(&ev),
+            [
+                "message_start",
+                "content_block_start",
+                "content_block_delta",
+                "content_block_stop",
+                "message_delta",
+                "message_stop"
+            ]
+        );
         assert!(ev.iter().filter(|(n, _)| n == "content_block_delta").count() >= 2, "it streams");
         assert_eq!(json!([{"type": "text", "text": deltas(&ev, "text_delta", "text")[0]}]), v["content"]);
     }
@@ -312,7 +446,13 @@ mod tools {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn tool_use_then_tool_result_round_trips() {
         let t = start(tool_dir(), true).await;
-        let v = post(t.addr, "/v1/messages", &ask(json!({"tool_choice": {"type": "tool", "name": "get_weather"}, "temperature": 0}))).await.json();
+        let v = post(
+            t.addr,
+            "/v1/messages",
+            &ask(json!({"tool_choice": {"type": "tool", "name": "get_weather"}, "temperature": 0})),
+        )
+        .await
+        .json();
         let calls = tool_uses(&v);
         let (id, _, input) = &calls[0];
         // The answer goes back as the assistant's turn, with the result in the next user turn.
@@ -334,13 +474,19 @@ mod tools {
         ]);
         let openai_tools: Vec<Value> = weather().as_array().unwrap().iter().map(|t| json!({"type": "function", "function": {"name": t["name"], "description": t.get("description"), "parameters": t["input_schema"]}})).collect();
         let tk = post(t.addr, "/tokenize", &json!({"messages": openai, "tools": openai_tools})).await.json();
-        let n = post(t.addr, "/v1/messages/count_tokens", &json!({"model": "tiny", "messages": convo, "tools": weather()})).await.json();
+        let n =
+            post(t.addr, "/v1/messages/count_tokens", &json!({"model": "tiny", "messages": convo, "tools": weather()}))
+                .await
+                .json();
         assert_eq!(n["input_tokens"], tk["count"], "count_tokens renders as chat does");
         assert_eq!(answer["usage"]["input_tokens"], tk["count"]);
         let ids: Vec<u32> = tk["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect();
         let rendered = tandem_core::tokenizer::Tokenizer::from_dir(tool_dir()).unwrap().decode(&ids, false).unwrap();
         let city = input["city"].as_str().unwrap();
-        assert!(rendered.contains(&format!("<tool_call>get_weather:{city}</tool_call>")), "the call's input reaches the template as a mapping: {rendered}");
+        assert!(
+            rendered.contains(&format!("<tool_call>get_weather:{city}</tool_call>")),
+            "the call's input reaches the template as a mapping: {rendered}"
+        );
         assert!(rendered.contains("<|im_start|>tool\nsunny<|im_end|>"), "{rendered}");
     }
 }
@@ -375,7 +521,12 @@ async fn late_system_messages_fold_for_a_strict_template() {
     cfg["chat_template"] = json!("{% for m in messages %}{% if m['role'] == 'system' and not loop.first %}{{ raise_exception('system only first') }}{% endif %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}");
     std::fs::write(&path, cfg.to_string()).unwrap();
     let tok = Arc::new(Tokenizer::from_dir(&dir).unwrap());
-    let handle = Engine::spawn(Box::new(FakeModel::new(model_config(), 512, 16, 512, 128)), decode_fn(tok.clone()), EngineConfig::default()).unwrap();
+    let handle = Engine::spawn(
+        Box::new(FakeModel::new(model_config(), 512, 16, 512, 128)),
+        decode_fn(tok.clone()),
+        EngineConfig::default(),
+    )
+    .unwrap();
     let mut config = Setup::default().config;
     config.max_model_len = handle.max_model_len();
     let mut s = TestServer::with_client(config, TandemEngine::ready(handle.clone()), tok.clone()).await;
@@ -384,7 +535,12 @@ async fn late_system_messages_fold_for_a_strict_template() {
     let body = json!({"model": MODEL, "system": "world", "messages": [{"role": "user", "content": "hello"}, {"role": "system", "content": "the cat"}], "max_tokens": 2});
     let r = post(s.addr, "/v1/messages", &body).await;
     assert_eq!(r.status, 200, "{}", r.text());
-    let folded = tok.apply_chat_template(&[json!({"role": "system", "content": "world"}), json!({"role": "user", "content": "hello\n\nthe cat"})], true).unwrap();
+    let folded = tok
+        .apply_chat_template(
+            &[json!({"role": "system", "content": "world"}), json!({"role": "user", "content": "hello\n\nthe cat"})],
+            true,
+        )
+        .unwrap();
     let n = tok.encode(&folded, false).unwrap().len();
     assert_eq!(r.json()["usage"]["input_tokens"], n);
     assert_eq!(post(s.addr, "/v1/messages/count_tokens", &body).await.json()["input_tokens"], n);

@@ -26,10 +26,20 @@ async fn health_models_and_metrics() {
     assert!(r.headers["content-type"].to_str().unwrap().starts_with("text/plain; version=0.0.4"));
     let text = r.text();
     for name in [
-        "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "vllm:prefix_cache_queries_total",
-        "vllm:prefix_cache_hits_total", "vllm:num_preemptions_total", "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
-        "vllm:time_to_first_token_seconds_count", "vllm:inter_token_latency_seconds_count", "vllm:e2e_request_latency_seconds_count",
-        "vllm:request_queue_time_seconds_count", "tandem:batch_size", "tandem:server_queued_requests",
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:prefix_cache_queries_total",
+        "vllm:prefix_cache_hits_total",
+        "vllm:num_preemptions_total",
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
+        "vllm:time_to_first_token_seconds_count",
+        "vllm:inter_token_latency_seconds_count",
+        "vllm:e2e_request_latency_seconds_count",
+        "vllm:request_queue_time_seconds_count",
+        "tandem:batch_size",
+        "tandem:server_queued_requests",
     ] {
         metric(&text, &format!("{name}{{model_name=\"{MODEL}\",engine=\"0\"}}"));
     }
@@ -39,7 +49,9 @@ async fn health_models_and_metrics() {
 async fn completion_is_the_models_greedy_text() {
     let s = TestServer::start(Setup::default()).await;
     let prompt = "hello world the cat";
-    let r = post(s.addr, "/v1/completions", &json!({"model": MODEL, "prompt": prompt, "max_tokens": 7, "temperature": 0})).await;
+    let r =
+        post(s.addr, "/v1/completions", &json!({"model": MODEL, "prompt": prompt, "max_tokens": 7, "temperature": 0}))
+            .await;
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.headers["content-type"], "application/json");
     let v = r.json();
@@ -62,7 +74,12 @@ async fn prompt_forms_and_n() {
     let a = prompt_ids(&s.tokenizer, "the cat sat");
     let b: Vec<u32> = vec![7, 8, 9, 10, 11];
     // A list of two prompts (text, token ids) with n = 2: four choices, prompt-major.
-    let r = post(s.addr, "/v1/completions", &json!({"prompt": [a.clone(), b.clone()], "n": 2, "max_tokens": 4, "temperature": 0})).await;
+    let r = post(
+        s.addr,
+        "/v1/completions",
+        &json!({"prompt": [a.clone(), b.clone()], "n": 2, "max_tokens": 4, "temperature": 0}),
+    )
+    .await;
     assert_eq!(r.status, 200, "{}", r.text());
     let v = r.json();
     let ch = v["choices"].as_array().unwrap();
@@ -77,7 +94,12 @@ async fn prompt_forms_and_n() {
     // Token ids alone, and a list of strings.
     let r = post(s.addr, "/v1/completions", &json!({"prompt": b, "max_tokens": 3, "temperature": 0})).await;
     assert_eq!(r.json()["choices"][0]["text"], expected_text(&s.tokenizer, &b, &greedy_ids(&b, 3)).as_str());
-    let r = post(s.addr, "/v1/completions", &json!({"prompt": ["the cat sat", "hello"], "max_tokens": 3, "temperature": 0})).await;
+    let r = post(
+        s.addr,
+        "/v1/completions",
+        &json!({"prompt": ["the cat sat", "hello"], "max_tokens": 3, "temperature": 0}),
+    )
+    .await;
     assert_eq!(r.json()["choices"].as_array().unwrap().len(), 2);
 }
 
@@ -89,7 +111,10 @@ async fn seeded_sampling_is_reproducible() {
     let y = post(s.addr, "/v1/completions", &body).await.json();
     assert_eq!(x["choices"], y["choices"]);
     let texts: Vec<&str> = x["choices"].as_array().unwrap().iter().map(|c| c["text"].as_str().unwrap()).collect();
-    assert!(texts[0] != texts[1] || texts[1] != texts[2], "three samples of 12 tokens at temperature 1 all agree: {texts:?}");
+    assert!(
+        texts[0] != texts[1] || texts[1] != texts[2],
+        "three samples of 12 tokens at temperature 1 all agree: {texts:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -126,7 +151,12 @@ async fn streamed_completion_matches_whole_and_ends_with_done() {
 async fn chat_whole_and_streamed() {
     let s = TestServer::start(Setup::default()).await;
     let msgs = json!([{"role": "system", "content": "the cat"}, {"role": "user", "content": [{"type": "text", "text": "hello world"}]}]);
-    let r = post(s.addr, "/v1/chat/completions", &json!({"model": MODEL, "messages": msgs, "max_completion_tokens": 6, "temperature": 0})).await;
+    let r = post(
+        s.addr,
+        "/v1/chat/completions",
+        &json!({"model": MODEL, "messages": msgs, "max_completion_tokens": 6, "temperature": 0}),
+    )
+    .await;
     assert_eq!(r.status, 200, "{}", r.text());
     let v = r.json();
     assert!(v["id"].as_str().unwrap().starts_with("chatcmpl-"));
@@ -134,13 +164,24 @@ async fn chat_whole_and_streamed() {
     let m = &v["choices"][0]["message"];
     assert_eq!(m["role"], "assistant");
     // The prompt is the rendered template, encoded without adding a BOS.
-    let rendered = s.tokenizer.apply_chat_template(&[json!({"role": "system", "content": "the cat"}), json!({"role": "user", "content": "hello world"})], true).unwrap();
+    let rendered = s
+        .tokenizer
+        .apply_chat_template(
+            &[json!({"role": "system", "content": "the cat"}), json!({"role": "user", "content": "hello world"})],
+            true,
+        )
+        .unwrap();
     let ids = s.tokenizer.encode(&rendered, false).unwrap();
     assert_eq!(v["usage"]["prompt_tokens"], ids.len());
     assert_eq!(m["content"], expected_text(&s.tokenizer, &ids, &greedy_ids(&ids, 6)).as_str());
     assert_eq!(v["choices"][0]["finish_reason"], "length");
 
-    let r = post(s.addr, "/v1/chat/completions", &json!({"messages": msgs, "max_tokens": 6, "temperature": 0, "stream": true, "n": 2})).await;
+    let r = post(
+        s.addr,
+        "/v1/chat/completions",
+        &json!({"messages": msgs, "max_tokens": 6, "temperature": 0, "stream": true, "n": 2}),
+    )
+    .await;
     let ev = sse_json(&r.text());
     assert_eq!(ev[0]["object"], "chat.completion.chunk");
     assert_eq!(ev[0]["choices"].as_array().unwrap().len(), 2);
@@ -171,7 +212,13 @@ async fn chat_whole_and_streamed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn logprobs_shapes() {
     let s = TestServer::start(Setup::default()).await;
-    let v = post(s.addr, "/v1/completions", &json!({"prompt": "hello world", "max_tokens": 4, "temperature": 0, "logprobs": 3})).await.json();
+    let v = post(
+        s.addr,
+        "/v1/completions",
+        &json!({"prompt": "hello world", "max_tokens": 4, "temperature": 0, "logprobs": 3}),
+    )
+    .await
+    .json();
     let lp = &v["choices"][0]["logprobs"];
     assert_eq!(lp["tokens"].as_array().unwrap().len(), 4);
     assert_eq!(lp["token_logprobs"].as_array().unwrap().len(), 4);
@@ -204,10 +251,18 @@ async fn stop_strings_cut_the_text() {
     let stop = words[words.len() / 2];
     let cut = &full[..full.find(stop).unwrap()];
     for stream in [false, true] {
-        let r = post(s.addr, "/v1/completions", &json!({"prompt": "the mat", "max_tokens": 20, "temperature": 0, "stop": [stop, "zzz"], "stream": stream})).await;
+        let r = post(
+            s.addr,
+            "/v1/completions",
+            &json!({"prompt": "the mat", "max_tokens": 20, "temperature": 0, "stop": [stop, "zzz"], "stream": stream}),
+        )
+        .await;
         let (text, finish) = if stream {
             let ev = sse_json(&r.text());
-            (ev.iter().map(|e| e["choices"][0]["text"].as_str().unwrap().to_string()).collect::<String>(), ev.last().unwrap()["choices"][0]["finish_reason"].clone())
+            (
+                ev.iter().map(|e| e["choices"][0]["text"].as_str().unwrap().to_string()).collect::<String>(),
+                ev.last().unwrap()["choices"][0]["finish_reason"].clone(),
+            )
         } else {
             let v = r.json();
             (v["choices"][0]["text"].as_str().unwrap().to_string(), v["choices"][0]["finish_reason"].clone())
@@ -225,10 +280,18 @@ async fn generate_endpoint() {
     let ids = prompt_ids(&s.tokenizer, "hello world");
     let want = expected_text(&s.tokenizer, &ids, &greedy_ids(&ids, 5));
     assert_eq!(one.json()["text"], want.as_str());
-    let many = post(s.addr, "/generate", &json!({"prompts": ["hello world", "the cat"], "max_tokens": 5, "temperature": 0})).await.json();
+    let many =
+        post(s.addr, "/generate", &json!({"prompts": ["hello world", "the cat"], "max_tokens": 5, "temperature": 0}))
+            .await
+            .json();
     assert_eq!(many["texts"][0], want.as_str());
     assert_eq!(many["texts"].as_array().unwrap().len(), 2);
-    let r = post(s.addr, "/generate", &json!({"prompts": ["hello world", "the cat"], "max_tokens": 5, "temperature": 0, "stream": true})).await;
+    let r = post(
+        s.addr,
+        "/generate",
+        &json!({"prompts": ["hello world", "the cat"], "max_tokens": 5, "temperature": 0, "stream": true}),
+    )
+    .await;
     let mut texts = [String::new(), String::new()];
     for e in sse_json(&r.text()) {
         texts[e["index"].as_u64().unwrap() as usize] += e["text"].as_str().unwrap();
@@ -240,7 +303,12 @@ async fn generate_endpoint() {
 /// Parses a Prometheus text exposition strictly enough to catch format mistakes: comment
 /// lines, metric names, label syntax, numeric values, and histogram bucket rules.
 fn check_exposition(text: &str) -> usize {
-    let name_ok = |n: &str| !n.is_empty() && n.chars().enumerate().all(|(i, c)| c.is_ascii_alphabetic() || c == '_' || c == ':' || (i > 0 && c.is_ascii_digit()));
+    let name_ok = |n: &str| {
+        !n.is_empty()
+            && n.chars()
+                .enumerate()
+                .all(|(i, c)| c.is_ascii_alphabetic() || c == '_' || c == ':' || (i > 0 && c.is_ascii_digit()))
+    };
     let mut typed = std::collections::HashMap::new();
     let mut samples = 0;
     let mut last_bucket: Option<(String, f64, f64)> = None; // (series, le, count)
@@ -298,7 +366,10 @@ fn check_exposition(text: &str) -> usize {
             rest = &body[end + 1..];
             rest = rest.strip_prefix(',').unwrap_or(rest);
         }
-        let family = ["_bucket", "_sum", "_count"].iter().find_map(|s| name.strip_suffix(s)).filter(|f| typed.get(*f).is_some_and(|t| t == "histogram"));
+        let family = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|s| name.strip_suffix(s))
+            .filter(|f| typed.get(*f).is_some_and(|t| t == "histogram"));
         match family {
             Some(_) if name.ends_with("_bucket") => {
                 let le: f64 = match le.expect("bucket without le") {
@@ -314,7 +385,10 @@ fn check_exposition(text: &str) -> usize {
             }
             Some(_) if name.ends_with("_count") => {
                 let (s, le, c) = last_bucket.take().expect("count after buckets");
-                assert!(s.starts_with(name.trim_end_matches("_count")) && le.is_infinite() && c == v, "+Inf bucket equals count: {line}");
+                assert!(
+                    s.starts_with(name.trim_end_matches("_count")) && le.is_infinite() && c == v,
+                    "+Inf bucket equals count: {line}"
+                );
             }
             Some(_) => {}
             None => assert!(typed.contains_key(name), "sample without TYPE: {line}"),
@@ -328,7 +402,12 @@ fn check_exposition(text: &str) -> usize {
 async fn metrics_count_tokens_and_parse() {
     let s = TestServer::start(Setup::default()).await;
     for _ in 0..3 {
-        let r = post(s.addr, "/v1/completions", &json!({"prompt": "hello world the cat", "max_tokens": 5, "temperature": 0})).await;
+        let r = post(
+            s.addr,
+            "/v1/completions",
+            &json!({"prompt": "hello world the cat", "max_tokens": 5, "temperature": 0}),
+        )
+        .await;
         assert_eq!(r.status, 200);
     }
     let text = get(s.addr, "/metrics").await.text();
@@ -340,7 +419,13 @@ async fn metrics_count_tokens_and_parse() {
     assert_eq!(metric(&text, &format!("vllm:time_to_first_token_seconds_count{l}")), 3.0);
     assert_eq!(metric(&text, &format!("vllm:inter_token_latency_seconds_count{l}")), 12.0);
     assert_eq!(metric(&text, &format!("vllm:request_queue_time_seconds_count{l}")), 3.0);
-    assert_eq!(metric(&text, &format!("vllm:request_success_total{{model_name=\"{MODEL}\",engine=\"0\",finished_reason=\"length\"}}")), 3.0);
+    assert_eq!(
+        metric(
+            &text,
+            &format!("vllm:request_success_total{{model_name=\"{MODEL}\",engine=\"0\",finished_reason=\"length\"}}")
+        ),
+        3.0
+    );
     // The same prompt three times: the later ones hit the prefix cache (full blocks only; 4
     // tokens fill none), so queries count and hits stay 0 here.
     assert_eq!(metric(&text, &format!("vllm:prefix_cache_queries_total{l}")), 12.0);

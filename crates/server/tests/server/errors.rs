@@ -44,20 +44,60 @@ async fn bad_requests_are_400_naming_the_field() {
         ("/v1/chat/completions", json!({"messages": "hi"}), Some("messages"), "list"),
         ("/v1/chat/completions", json!({"messages": []}), Some("messages"), "empty"),
         ("/v1/chat/completions", json!({"messages": [{"content": "x"}]}), Some("messages[0].role"), "string"),
-        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": 7}]}), Some("messages[0].content"), "string"),
-        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}), Some("top_logprobs"), "logprobs"),
-        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0}), Some("max_completion_tokens"), "at least 1"),
-        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "x"}], "echo": true}), Some("echo"), "not supported on chat"),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": 7}]}),
+            Some("messages[0].content"),
+            "string",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}),
+            Some("top_logprobs"),
+            "logprobs",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0}),
+            Some("max_completion_tokens"),
+            "at least 1",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "x"}], "echo": true}),
+            Some("echo"),
+            "not supported on chat",
+        ),
         ("/v1/completions", json!({"prompt": "hi", "n": 3, "best_of": 2}), Some("best_of"), "at least `n`"),
         ("/v1/completions", json!({"prompt": "hi", "best_of": 2, "stream": true}), Some("best_of"), "streamed"),
         ("/v1/completions", json!({"prompt": "hi", "logit_bias": {"5": 500}}), Some("logit_bias"), "[-100, 100]"),
         ("/v1/completions", json!({"prompt": "hi", "logit_bias": {"99999": 1}}), Some("logit_bias"), "vocabulary"),
-        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}), Some("tools[0].function"), "required"),
-        ("/v1/completions", json!({"prompt": "hi", "tools": [{"type": "function"}]}), Some("tools"), "chat completions only"),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}),
+            Some("tools[0].function"),
+            "required",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "hi", "tools": [{"type": "function"}]}),
+            Some("tools"),
+            "chat completions only",
+        ),
         // This server was given no structured-output compiler (a word-level test tokenizer).
-        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}), Some("response_format"), "not available"),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}),
+            Some("response_format"),
+            "not available",
+        ),
         ("/v1/completions", json!({"prompt": "hi", "guided_regex": "a+"}), Some("guided_regex"), "not available"),
-        ("/v1/completions", json!({"prompt": "hi", "response_format": {"type": "xml"}}), Some("response_format.type"), "\"xml\""),
+        (
+            "/v1/completions",
+            json!({"prompt": "hi", "response_format": {"type": "xml"}}),
+            Some("response_format.type"),
+            "\"xml\"",
+        ),
         ("/generate", json!({"prompt": "hi", "n": 2}), Some("n"), "one text"),
         ("/generate", json!({"text": "hi"}), Some("prompt"), "required"),
         ("/generate", json!({"prompts": "hi"}), Some("prompts"), "list"),
@@ -69,7 +109,10 @@ async fn bad_requests_are_400_naming_the_field() {
         assert_eq!(e["type"], "invalid_request_error");
     }
     // An unknown model is 404 in vLLM's shape (its clients read `code` as the status).
-    for (path, body) in [("/v1/completions", json!({"prompt": "hi", "model": "gpt-9"})), ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "x"}], "model": "gpt-9"}))] {
+    for (path, body) in [
+        ("/v1/completions", json!({"prompt": "hi", "model": "gpt-9"})),
+        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "x"}], "model": "gpt-9"})),
+    ] {
         let e = error_of(&post(s.addr, path, &body).await, 404);
         assert_eq!(e["type"], "NotFoundError", "{e}");
         assert_eq!(e["param"], "model");
@@ -112,7 +155,13 @@ async fn api_key_guards_everything_but_health() {
     let s = TestServer::start(setup).await;
     assert_eq!(get(s.addr, "/health").await.status, 200);
     let body = json!({"prompt": "hi", "max_tokens": 2}).to_string();
-    for (m, p) in [("GET", "/v1/models"), ("GET", "/metrics"), ("POST", "/v1/completions"), ("POST", "/v1/chat/completions"), ("POST", "/generate")] {
+    for (m, p) in [
+        ("GET", "/v1/models"),
+        ("GET", "/metrics"),
+        ("POST", "/v1/completions"),
+        ("POST", "/v1/chat/completions"),
+        ("POST", "/generate"),
+    ] {
         let e = error_of(&request(s.addr, m, p, &[], body.clone()).await, 401);
         assert_eq!(e["code"], "invalid_api_key");
         error_of(&request(s.addr, m, p, &[("authorization", "Bearer wrong")], body.clone()).await, 401);
@@ -133,7 +182,13 @@ async fn engine_failure_is_500_and_the_server_keeps_serving() {
     let r = post(s.addr, "/v1/completions", &json!({"prompt": "hi", "max_tokens": 3})).await;
     assert_eq!(r.status, 200, "{}", r.text());
     let text = get(s.addr, "/metrics").await.text();
-    assert_eq!(metric(&text, &format!("vllm:request_success_total{{model_name=\"{MODEL}\",engine=\"0\",finished_reason=\"error\"}}")), 1.0);
+    assert_eq!(
+        metric(
+            &text,
+            &format!("vllm:request_success_total{{model_name=\"{MODEL}\",engine=\"0\",finished_reason=\"error\"}}")
+        ),
+        1.0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -164,12 +219,22 @@ async fn a_lost_device_fails_the_request_and_health_turns_503() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_is_503_until_the_engine_is_set() {
     let engine = tandem_server::engine_adapter::TandemEngine::loading();
-    let config = ServerConfig { addr: ([127, 0, 0, 1], 0).into(), max_model_len: MAX_LEN, vocab_size: VOCAB, ..Default::default() };
+    let config = ServerConfig {
+        addr: ([127, 0, 0, 1], 0).into(),
+        max_model_len: MAX_LEN,
+        vocab_size: VOCAB,
+        ..Default::default()
+    };
     let s = TestServer::with_client(config, engine.clone(), tokenizer()).await;
     error_of(&get(s.addr, "/health").await, 503);
     error_of(&post(s.addr, "/v1/completions", &json!({"prompt": "hi"})).await, 503);
     let fake = tandem_engine::fake_model::FakeModel::new(model_config(), 64, 16, 256, 16);
-    let h = tandem_engine::Engine::spawn(Box::new(fake), tandem_server::engine_adapter::decode_fn(s.tokenizer.clone()), Default::default()).unwrap();
+    let h = tandem_engine::Engine::spawn(
+        Box::new(fake),
+        tandem_server::engine_adapter::decode_fn(s.tokenizer.clone()),
+        Default::default(),
+    )
+    .unwrap();
     engine.set(h.clone());
     assert_eq!(get(s.addr, "/health").await.status, 200);
     assert_eq!(post(s.addr, "/v1/completions", &json!({"prompt": "hi", "max_tokens": 2})).await.status, 200);
@@ -198,7 +263,12 @@ async fn chunked_body_over_the_limit_is_413_and_keep_alive_survives_errors() {
 
     // One keep-alive connection: an error does not end it.
     let mut c = Client::connect(s.addr).await;
-    for (body, want) in [("{bad", 400u16), ("{\"prompt\": \"hi\", \"max_tokens\": 2}", 200), ("{\"prompt\": \"hi\", \"n\": 0}", 400), ("{\"prompt\": \"hi\", \"max_tokens\": 1}", 200)] {
+    for (body, want) in [
+        ("{bad", 400u16),
+        ("{\"prompt\": \"hi\", \"max_tokens\": 2}", 200),
+        ("{\"prompt\": \"hi\", \"n\": 0}", 400),
+        ("{\"prompt\": \"hi\", \"max_tokens\": 1}", 200),
+    ] {
         let r = c.send("POST", "/v1/completions", &[], body.to_string()).await;
         assert_eq!(r.status(), want, "{body}");
         http_body_util::BodyExt::collect(r.into_body()).await.unwrap();

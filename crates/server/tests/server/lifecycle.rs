@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 use common::*;
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
-use tandem_server::engine_client::{EngineClient, EngineStats, EngineUpdate, GenerateRequest, RequestId, Submission, SubmitRefusal};
+use tandem_server::engine_client::{
+    EngineClient, EngineStats, EngineUpdate, GenerateRequest, RequestId, Submission, SubmitRefusal,
+};
 use tandem_server::ServerConfig;
 
 fn l() -> String {
@@ -23,12 +25,17 @@ async fn wait_idle(s: &TestServer) -> Duration {
     let mut m = String::new();
     while t.elapsed() < Duration::from_secs(2) {
         m = get(s.addr, "/metrics").await.text();
-        if metric(&m, &format!("vllm:num_requests_running{}", l())) == 0.0 && metric(&m, &format!("vllm:kv_cache_usage_perc{}", l())) == 0.0 {
+        if metric(&m, &format!("vllm:num_requests_running{}", l())) == 0.0
+            && metric(&m, &format!("vllm:kv_cache_usage_perc{}", l())) == 0.0
+        {
             return t.elapsed();
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    panic!("the engine did not go idle within 2 s:\n{}", m.lines().filter(|l| !l.starts_with('#') && !l.contains("_bucket")).collect::<Vec<_>>().join("\n"));
+    panic!(
+        "the engine did not go idle within 2 s:\n{}",
+        m.lines().filter(|l| !l.starts_with('#') && !l.contains("_bucket")).collect::<Vec<_>>().join("\n")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -73,7 +80,12 @@ async fn streaming_client_that_leaves_aborts_its_request() {
 /// The Responses and Messages routes' disconnect tests.
 pub async fn streaming_client_that_leaves_aborts(path: &str, body: Value) {
     let engine = Arc::new(StallEngine::default());
-    let config = ServerConfig { addr: ([127, 0, 0, 1], 0).into(), max_model_len: MAX_LEN, vocab_size: VOCAB, ..Default::default() };
+    let config = ServerConfig {
+        addr: ([127, 0, 0, 1], 0).into(),
+        max_model_len: MAX_LEN,
+        vocab_size: VOCAB,
+        ..Default::default()
+    };
     let s = TestServer::with_client(config, engine.clone(), tokenizer()).await;
     let mut c = Client::connect(s.addr).await;
     let r = c.send("POST", path, &[], body.to_string()).await;
@@ -91,7 +103,12 @@ pub async fn streaming_client_that_leaves_aborts(path: &str, body: Value) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn non_streaming_client_that_leaves_aborts_its_request() {
     let engine = Arc::new(StallEngine::default());
-    let config = ServerConfig { addr: ([127, 0, 0, 1], 0).into(), max_model_len: MAX_LEN, vocab_size: VOCAB, ..Default::default() };
+    let config = ServerConfig {
+        addr: ([127, 0, 0, 1], 0).into(),
+        max_model_len: MAX_LEN,
+        vocab_size: VOCAB,
+        ..Default::default()
+    };
     let s = TestServer::with_client(config, engine.clone(), tokenizer()).await;
     let mut c = Client::connect(s.addr).await;
     let pending = tokio::spawn(async move {
@@ -116,10 +133,19 @@ async fn non_streaming_client_that_leaves_aborts_its_request() {
 async fn full_queue_answers_429_at_once() {
     let engine = Arc::new(StallEngine::default());
     // One may run and one may wait: two in all.
-    let config = ServerConfig { addr: ([127, 0, 0, 1], 0).into(), max_model_len: MAX_LEN, vocab_size: VOCAB, max_num_seqs: 1, max_queued_requests: 1, ..Default::default() };
+    let config = ServerConfig {
+        addr: ([127, 0, 0, 1], 0).into(),
+        max_model_len: MAX_LEN,
+        vocab_size: VOCAB,
+        max_num_seqs: 1,
+        max_queued_requests: 1,
+        ..Default::default()
+    };
     let s = TestServer::with_client(config, engine.clone(), tokenizer()).await;
     let addr = s.addr;
-    let waiting: Vec<_> = (0..2).map(|_| tokio::spawn(async move { post(addr, "/v1/completions", &json!({"prompt": "hi"})).await })).collect();
+    let waiting: Vec<_> = (0..2)
+        .map(|_| tokio::spawn(async move { post(addr, "/v1/completions", &json!({"prompt": "hi"})).await }))
+        .collect();
     let t = Instant::now();
     while engine.open.lock().unwrap().len() < 2 {
         assert!(t.elapsed() < Duration::from_secs(2));
@@ -146,7 +172,11 @@ async fn full_queue_answers_429_at_once() {
     }
     // Slots are free again: a request is accepted (and stalls) rather than refused.
     let mut c = Client::connect(s.addr).await;
-    let r = tokio::time::timeout(Duration::from_millis(200), c.send("POST", "/v1/completions", &[], json!({"prompt": "hi"}).to_string())).await;
+    let r = tokio::time::timeout(
+        Duration::from_millis(200),
+        c.send("POST", "/v1/completions", &[], json!({"prompt": "hi"}).to_string()),
+    )
+    .await;
     assert!(r.is_err(), "accepted into the queue, so no answer yet");
 }
 
@@ -156,13 +186,26 @@ async fn full_queue_answers_429_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_queue_bound_counts_only_what_waits_beyond_the_running_set() {
     let engine = Arc::new(StallEngine::default());
-    let config = ServerConfig { addr: ([127, 0, 0, 1], 0).into(), max_model_len: MAX_LEN, vocab_size: VOCAB, max_num_seqs: 8, max_queued_requests: 4, ..Default::default() };
+    let config = ServerConfig {
+        addr: ([127, 0, 0, 1], 0).into(),
+        max_model_len: MAX_LEN,
+        vocab_size: VOCAB,
+        max_num_seqs: 8,
+        max_queued_requests: 4,
+        ..Default::default()
+    };
     let s = TestServer::with_client(config, engine.clone(), tokenizer()).await;
     let addr = s.addr;
-    let open: Vec<_> = (0..12).map(|_| tokio::spawn(async move { post(addr, "/v1/completions", &json!({"prompt": "hi"})).await })).collect();
+    let open: Vec<_> = (0..12)
+        .map(|_| tokio::spawn(async move { post(addr, "/v1/completions", &json!({"prompt": "hi"})).await }))
+        .collect();
     let t = Instant::now();
     while engine.open.lock().unwrap().len() < 12 {
-        assert!(t.elapsed() < Duration::from_secs(5), "8 running + 4 waiting must all be accepted, got {}", engine.open.lock().unwrap().len());
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "8 running + 4 waiting must all be accepted, got {}",
+            engine.open.lock().unwrap().len()
+        );
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     let r = post(s.addr, "/v1/completions", &json!({"prompt": "hi"})).await;
@@ -229,7 +272,9 @@ async fn read_stream(mut body: hyper::body::Incoming) -> String {
 async fn shutdown_lets_running_requests_finish() {
     let mut s = TestServer::start(Setup { delay: Duration::from_millis(3), ..Default::default() }).await;
     let mut c = Client::connect(s.addr).await;
-    let r = c.send("POST", "/v1/completions", &[], json!({"prompt": "hi", "max_tokens": 30, "stream": true}).to_string()).await;
+    let r = c
+        .send("POST", "/v1/completions", &[], json!({"prompt": "hi", "max_tokens": 30, "stream": true}).to_string())
+        .await;
     let mut body = r.into_body();
     let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
     s.shutdown();
@@ -248,7 +293,9 @@ async fn shutdown_aborts_what_outlives_the_deadline() {
     setup.config.shutdown_grace = Duration::from_millis(100);
     let mut s = TestServer::start(setup).await;
     let mut c = Client::connect(s.addr).await;
-    let r = c.send("POST", "/v1/completions", &[], json!({"prompt": "hi", "max_tokens": 200, "stream": true}).to_string()).await;
+    let r = c
+        .send("POST", "/v1/completions", &[], json!({"prompt": "hi", "max_tokens": 200, "stream": true}).to_string())
+        .await;
     let mut body = r.into_body();
     let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
     let t = Instant::now();
@@ -269,7 +316,15 @@ struct DyingEngine;
 impl EngineClient for DyingEngine {
     fn submit(&self, req: GenerateRequest) -> Result<Submission, SubmitRefusal> {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let d = tandem_server::engine_client::CompletionDelta { index: 0, text: " hello".into(), token_ids: vec![5], logprobs: vec![], prompt_logprobs: None, finish: None, stop_string: None };
+        let d = tandem_server::engine_client::CompletionDelta {
+            index: 0,
+            text: " hello".into(),
+            token_ids: vec![5],
+            logprobs: vec![],
+            prompt_logprobs: None,
+            finish: None,
+            stop_string: None,
+        };
         tx.send(EngineUpdate { deltas: vec![d], queue_time: None, num_preemptions: None }).unwrap();
         assert_eq!(req.params.n, 2);
         Ok(Submission::channel(1, rx))
@@ -285,17 +340,31 @@ impl EngineClient for DyingEngine {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_engine_stream_that_ends_early_fails_its_choices() {
-    let config = ServerConfig { addr: ([127, 0, 0, 1], 0).into(), max_model_len: MAX_LEN, vocab_size: VOCAB, ..Default::default() };
+    let config = ServerConfig {
+        addr: ([127, 0, 0, 1], 0).into(),
+        max_model_len: MAX_LEN,
+        vocab_size: VOCAB,
+        ..Default::default()
+    };
     let s = TestServer::with_client(config, Arc::new(DyingEngine), tokenizer()).await;
     let r = post(s.addr, "/v1/completions", &json!({"prompt": "hi", "n": 2})).await;
     assert_eq!(r.status, 500, "{}", r.text());
     assert!(r.json()["error"]["message"].as_str().unwrap().contains("engine stopped"));
-    let r = post(s.addr, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "hi"}], "n": 2, "stream": true})).await;
+    let r = post(
+        s.addr,
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "hi"}], "n": 2, "stream": true}),
+    )
+    .await;
     assert_eq!(r.status, 200);
     let ev = sse_json(&r.text());
     assert_eq!(ev[1]["choices"][0]["delta"]["content"], " hello");
     let errors = ev.iter().filter(|e| e.get("error").is_some()).count();
-    let finishes: Vec<&Value> = ev.iter().flat_map(|e| e["choices"].as_array().into_iter().flatten()).filter_map(|c| c.get("finish_reason").filter(|f| !f.is_null())).collect();
+    let finishes: Vec<&Value> = ev
+        .iter()
+        .flat_map(|e| e["choices"].as_array().into_iter().flatten())
+        .filter_map(|c| c.get("finish_reason").filter(|f| !f.is_null()))
+        .collect();
     assert_eq!(errors, 1, "one error event for the request");
     assert_eq!(finishes, vec!["error", "error"], "both choices end");
 }

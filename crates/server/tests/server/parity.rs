@@ -24,7 +24,8 @@ async fn served_names_and_aliases() {
         let r = post(s.addr, "/v1/completions", &json!({"model": name, "prompt": "hi", "max_tokens": 2})).await;
         assert_eq!(r.status, 200, "{name}: {}", r.text());
         assert_eq!(r.json()["model"], MODEL, "vLLM reports the first served name");
-        let r = post(s.addr, "/v1/chat/completions", &json!({"model": name, "messages": chat("hi"), "max_tokens": 2})).await;
+        let r = post(s.addr, "/v1/chat/completions", &json!({"model": name, "messages": chat("hi"), "max_tokens": 2}))
+            .await;
         assert_eq!(r.status, 200, "{name}: {}", r.text());
         assert_eq!(get(s.addr, &format!("/v1/models/{name}")).await.status, 200);
     }
@@ -42,12 +43,14 @@ async fn served_names_and_aliases() {
 async fn max_tokens_past_the_context_is_trimmed() {
     let s = TestServer::start(Setup::default()).await;
     let ctx = get(s.addr, "/v1/models").await.json()["data"][0]["max_model_len"].as_u64().unwrap();
-    let r = post(s.addr, "/v1/completions", &json!({"prompt": "hi there", "max_tokens": 100_000, "temperature": 0})).await;
+    let r =
+        post(s.addr, "/v1/completions", &json!({"prompt": "hi there", "max_tokens": 100_000, "temperature": 0})).await;
     assert_eq!(r.status, 200, "{}", r.text());
     let v = r.json();
     assert_eq!(v["choices"][0]["finish_reason"], "length");
     assert_eq!(v["usage"]["total_tokens"].as_u64(), Some(ctx), "{v}");
-    let r = post(s.addr, "/v1/chat/completions", &json!({"messages": chat("hi"), "max_completion_tokens": 100_000})).await;
+    let r =
+        post(s.addr, "/v1/chat/completions", &json!({"messages": chat("hi"), "max_completion_tokens": 100_000})).await;
     assert_eq!(r.status, 200, "{}", r.text());
     let v = r.json();
     assert_eq!(v["choices"][0]["finish_reason"], "length");
@@ -72,7 +75,11 @@ async fn context_overflow_is_recognisable() {
         let r = post(s.addr, path, &body).await;
         assert_eq!(r.status, 400, "{path}: {}", r.text());
         let e = &r.json()["error"];
-        assert_eq!((e["code"].as_str(), e["param"].as_str(), e["type"].as_str()), (Some("context_length_exceeded"), Some(param), Some("invalid_request_error")), "{e}");
+        assert_eq!(
+            (e["code"].as_str(), e["param"].as_str(), e["type"].as_str()),
+            (Some("context_length_exceeded"), Some(param), Some("invalid_request_error")),
+            "{e}"
+        );
         let m = e["message"].as_str().unwrap();
         if prompt > 0 {
             assert_eq!(m, format!("This model's maximum context length is {ctx} tokens. However, you requested {} tokens ({prompt} in the messages, {completion} in the completion). Please reduce the length of the messages or completion.", prompt + completion));
@@ -91,7 +98,8 @@ async fn continue_final_message_prefills_the_answer() {
     let msgs = json!([{"role": "user", "content": "hello"}, {"role": "assistant", "content": "the cat"}]);
     let tok = &s.tokenizer;
     let open = tok.encode("<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\nthe cat", false).unwrap();
-    let closed = tok.encode("<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\nthe cat<|im_end|>\n", false).unwrap();
+    let closed =
+        tok.encode("<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\nthe cat<|im_end|>\n", false).unwrap();
     let r = post(s.addr, "/tokenize", &json!({"messages": msgs, "continue_final_message": true})).await;
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["tokens"], json!(open));
@@ -104,7 +112,12 @@ async fn continue_final_message_prefills_the_answer() {
     assert_eq!(v["usage"]["prompt_tokens"].as_u64(), Some(open.len() as u64), "{v}");
     assert_eq!(v["choices"][0]["message"]["content"], expected_text(tok, &open, &greedy_ids(&open, 4)).as_str());
     for path in ["/v1/chat/completions", "/tokenize"] {
-        let r = post(s.addr, path, &json!({"messages": msgs, "continue_final_message": true, "add_generation_prompt": true})).await;
+        let r = post(
+            s.addr,
+            path,
+            &json!({"messages": msgs, "continue_final_message": true, "add_generation_prompt": true}),
+        )
+        .await;
         assert_eq!(r.status, 400, "{}", r.text());
         let e = &r.json()["error"];
         assert_eq!(e["message"], "Cannot set both `continue_final_message` and `add_generation_prompt` to True.");
@@ -129,15 +142,31 @@ async fn ping_is_health() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn best_of_keeps_the_n_most_likely() {
     let s = TestServer::start(Setup::default()).await;
-    let all = post(s.addr, "/v1/completions", &json!({"prompt": "the cat", "n": 4, "max_tokens": 6, "temperature": 1.5, "seed": 7, "logprobs": 0})).await.json();
+    let all = post(
+        s.addr,
+        "/v1/completions",
+        &json!({"prompt": "the cat", "n": 4, "max_tokens": 6, "temperature": 1.5, "seed": 7, "logprobs": 0}),
+    )
+    .await
+    .json();
     let mut cands: Vec<(f64, String)> = all["choices"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|c| (c["logprobs"]["token_logprobs"].as_array().unwrap().iter().map(|l| l.as_f64().unwrap()).sum(), c["text"].as_str().unwrap().to_string()))
+        .map(|c| {
+            (
+                c["logprobs"]["token_logprobs"].as_array().unwrap().iter().map(|l| l.as_f64().unwrap()).sum(),
+                c["text"].as_str().unwrap().to_string(),
+            )
+        })
         .collect();
     cands.sort_by(|a, b| b.0.total_cmp(&a.0));
-    let r = post(s.addr, "/v1/completions", &json!({"prompt": "the cat", "n": 2, "best_of": 4, "max_tokens": 6, "temperature": 1.5, "seed": 7})).await;
+    let r = post(
+        s.addr,
+        "/v1/completions",
+        &json!({"prompt": "the cat", "n": 2, "best_of": 4, "max_tokens": 6, "temperature": 1.5, "seed": 7}),
+    )
+    .await;
     assert_eq!(r.status, 200, "{}", r.text());
     let v = r.json();
     let texts: Vec<&str> = v["choices"].as_array().unwrap().iter().map(|c| c["text"].as_str().unwrap()).collect();
@@ -155,22 +184,59 @@ async fn stop_reason_and_null_keys() {
     let prompt: Vec<u32> = vec![5, 6, 7];
     let ids = greedy_ids(&prompt, 8);
     let stop_word = s.tokenizer.decode(&[ids[2]], false).unwrap();
-    let r = post(s.addr, "/v1/completions", &json!({"prompt": prompt, "max_tokens": 8, "temperature": 0, "stop": [stop_word.trim()]})).await.json();
+    let r = post(
+        s.addr,
+        "/v1/completions",
+        &json!({"prompt": prompt, "max_tokens": 8, "temperature": 0, "stop": [stop_word.trim()]}),
+    )
+    .await
+    .json();
     assert_eq!(r["choices"][0]["finish_reason"], "stop", "{r}");
     assert_eq!(r["choices"][0]["stop_reason"], stop_word.trim(), "{r}");
-    assert!(r["choices"][0]["prompt_logprobs"].is_null() && r["choices"][0]["token_ids"].is_null() && r["choices"][0].get("token_ids").is_some(), "{r}");
-    let r = post(s.addr, "/v1/completions", &json!({"prompt": prompt, "max_tokens": 8, "temperature": 0, "stop_token_ids": [ids[3]]})).await.json();
-    assert_eq!((r["choices"][0]["finish_reason"].as_str(), r["choices"][0]["stop_reason"].as_u64()), (Some("stop"), Some(ids[3] as u64)), "{r}");
+    assert!(
+        r["choices"][0]["prompt_logprobs"].is_null()
+            && r["choices"][0]["token_ids"].is_null()
+            && r["choices"][0].get("token_ids").is_some(),
+        "{r}"
+    );
+    let r = post(
+        s.addr,
+        "/v1/completions",
+        &json!({"prompt": prompt, "max_tokens": 8, "temperature": 0, "stop_token_ids": [ids[3]]}),
+    )
+    .await
+    .json();
+    assert_eq!(
+        (r["choices"][0]["finish_reason"].as_str(), r["choices"][0]["stop_reason"].as_u64()),
+        (Some("stop"), Some(ids[3] as u64)),
+        "{r}"
+    );
     let r = post(s.addr, "/v1/completions", &json!({"prompt": prompt, "max_tokens": 2})).await.json();
     assert!(r["choices"][0]["stop_reason"].is_null() && r["choices"][0].get("stop_reason").is_some(), "{r}");
-    let r = post(s.addr, "/v1/chat/completions", &json!({"messages": chat("hi"), "max_tokens": 8, "temperature": 0, "stop_token_ids": [ids[0]]})).await.json();
+    let r = post(
+        s.addr,
+        "/v1/chat/completions",
+        &json!({"messages": chat("hi"), "max_tokens": 8, "temperature": 0, "stop_token_ids": [ids[0]]}),
+    )
+    .await
+    .json();
     let c = &r["choices"][0];
     for key in ["refusal", "reasoning"] {
         assert!(c["message"].get(key).is_some_and(Value::is_null), "{key}: {r}");
     }
-    assert!(c.get("stop_reason").is_some() && c.get("token_ids").is_some_and(Value::is_null) && r.get("prompt_logprobs").is_some_and(Value::is_null), "{r}");
+    assert!(
+        c.get("stop_reason").is_some()
+            && c.get("token_ids").is_some_and(Value::is_null)
+            && r.get("prompt_logprobs").is_some_and(Value::is_null),
+        "{r}"
+    );
     // Streamed: the finishing chunk names it.
-    let r = post(s.addr, "/v1/completions", &json!({"prompt": prompt, "max_tokens": 8, "temperature": 0, "stop_token_ids": [ids[3]], "stream": true})).await;
+    let r = post(
+        s.addr,
+        "/v1/completions",
+        &json!({"prompt": prompt, "max_tokens": 8, "temperature": 0, "stop_token_ids": [ids[3]], "stream": true}),
+    )
+    .await;
     let ev = sse_json(&r.text());
     let last = ev.iter().rev().find(|e| !e["choices"][0]["finish_reason"].is_null()).unwrap();
     assert_eq!(last["choices"][0]["stop_reason"].as_u64(), Some(ids[3] as u64), "{ev:?}");
@@ -182,15 +248,24 @@ async fn stop_reason_and_null_keys() {
 async fn continuous_usage_stats() {
     let s = TestServer::start(Setup::default()).await;
     for (path, body) in [
-        ("/v1/completions", json!({"prompt": [5, 6, 7], "max_tokens": 4, "stream": true, "stream_options": {"include_usage": true, "continuous_usage_stats": true}})),
-        ("/v1/chat/completions", json!({"messages": chat("hi"), "max_tokens": 4, "stream": true, "stream_options": {"include_usage": true, "continuous_usage_stats": true}})),
+        (
+            "/v1/completions",
+            json!({"prompt": [5, 6, 7], "max_tokens": 4, "stream": true, "stream_options": {"include_usage": true, "continuous_usage_stats": true}}),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": chat("hi"), "max_tokens": 4, "stream": true, "stream_options": {"include_usage": true, "continuous_usage_stats": true}}),
+        ),
     ] {
         let ev = sse_json(&post(s.addr, path, &body).await.text());
         let mut seen = Vec::new();
         for e in &ev {
             let u = &e["usage"];
             assert!(u.is_object(), "{path}: every chunk has usage: {e}");
-            assert_eq!(u["total_tokens"].as_u64(), Some(u["prompt_tokens"].as_u64().unwrap() + u["completion_tokens"].as_u64().unwrap()));
+            assert_eq!(
+                u["total_tokens"].as_u64(),
+                Some(u["prompt_tokens"].as_u64().unwrap() + u["completion_tokens"].as_u64().unwrap())
+            );
             seen.push(u["completion_tokens"].as_u64().unwrap());
         }
         assert!(seen.windows(2).all(|w| w[0] <= w[1]), "{path}: {seen:?}");
@@ -198,7 +273,15 @@ async fn continuous_usage_stats() {
         assert!(seen.iter().any(|&c| c > 0 && c < 4), "{path}: counts grow chunk by chunk: {seen:?}");
     }
     // Without `continuous_usage_stats`, chunks carry `usage: null` as before.
-    let ev = sse_json(&post(s.addr, "/v1/completions", &json!({"prompt": [5, 6], "max_tokens": 3, "stream": true, "stream_options": {"include_usage": true}})).await.text());
+    let ev = sse_json(
+        &post(
+            s.addr,
+            "/v1/completions",
+            &json!({"prompt": [5, 6], "max_tokens": 3, "stream": true, "stream_options": {"include_usage": true}}),
+        )
+        .await
+        .text(),
+    );
     assert!(ev[0]["usage"].is_null());
 }
 
@@ -206,7 +289,11 @@ async fn continuous_usage_stats() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streamed_echo_carries_prompt_token_ids() {
     let s = TestServer::start(Setup::default()).await;
-    let ev = sse_json(&post(s.addr, "/v1/completions", &json!({"prompt": [5, 6, 7], "max_tokens": 3, "echo": true, "stream": true})).await.text());
+    let ev = sse_json(
+        &post(s.addr, "/v1/completions", &json!({"prompt": [5, 6, 7], "max_tokens": 3, "echo": true, "stream": true}))
+            .await
+            .text(),
+    );
     assert_eq!(ev[0]["choices"][0]["prompt_token_ids"], json!([5, 6, 7]), "{:?}", ev[0]);
     assert!(ev[1..].iter().all(|e| e["choices"][0].get("prompt_token_ids").is_none()));
 }
@@ -215,9 +302,16 @@ async fn streamed_echo_carries_prompt_token_ids() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tool_choice_none_without_tools() {
     let s = TestServer::start(Setup::default()).await;
-    let r = post(s.addr, "/v1/chat/completions", &json!({"messages": chat("hi"), "max_tokens": 2, "tool_choice": "none"})).await;
+    let r =
+        post(s.addr, "/v1/chat/completions", &json!({"messages": chat("hi"), "max_tokens": 2, "tool_choice": "none"}))
+            .await;
     assert_eq!(r.status, 200, "{}", r.text());
-    let r = post(s.addr, "/v1/chat/completions", &json!({"messages": chat("hi"), "max_tokens": 2, "tool_choice": "required"})).await;
+    let r = post(
+        s.addr,
+        "/v1/chat/completions",
+        &json!({"messages": chat("hi"), "max_tokens": 2, "tool_choice": "required"}),
+    )
+    .await;
     assert_eq!(r.status, 400, "{}", r.text());
 }
 
@@ -286,22 +380,41 @@ async fn vllm_grafana_dashboard_finds_every_series() {
     let label = format!("model_name=\"{MODEL}\"");
     for text in [&during, &after] {
         for n in &names {
-            let found = text.lines().any(|l| l.strip_prefix(n.as_str()).is_some_and(|r| r.starts_with('{') && r.contains(&label)));
+            let found = text
+                .lines()
+                .any(|l| l.strip_prefix(n.as_str()).is_some_and(|r| r.starts_with('{') && r.contains(&label)));
             assert!(found, "no series {n}{{{label}}} in /metrics:\n{text}");
         }
     }
-    assert!(metric(&during, &format!("vllm:num_requests_running{{{label},engine=\"0\"}}")) > 0.0, "under load: {during}");
+    assert!(
+        metric(&during, &format!("vllm:num_requests_running{{{label},engine=\"0\"}}")) > 0.0,
+        "under load: {during}"
+    );
     // Eight finished requests (six, two of them with n = 2), each in the per-request histograms.
     let l = format!("{{{label},engine=\"0\"}}");
-    for h in ["vllm:request_prompt_tokens", "vllm:request_generation_tokens", "vllm:request_time_per_output_token_seconds", "vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds", "vllm:request_inference_time_seconds", "vllm:request_params_max_tokens"] {
+    for h in [
+        "vllm:request_prompt_tokens",
+        "vllm:request_generation_tokens",
+        "vllm:request_time_per_output_token_seconds",
+        "vllm:request_prefill_time_seconds",
+        "vllm:request_decode_time_seconds",
+        "vllm:request_inference_time_seconds",
+        "vllm:request_params_max_tokens",
+    ] {
         assert_eq!(metric(&after, &format!("{h}_count{l}")), 8.0, "{h}: {after}");
     }
     assert_eq!(metric(&after, &format!("vllm:request_generation_tokens_sum{l}")), 96.0);
     assert_eq!(metric(&after, &format!("vllm:request_max_num_generation_tokens_count{l}")), 6.0, "one per prompt");
     assert_eq!(metric(&after, &format!("vllm:request_params_n_sum{l}")), 8.0);
     assert!(metric(&after, &format!("vllm:iteration_tokens_total_count{l}")) > 0.0);
-    assert!(metric(&after, &format!("vllm:request_decode_time_seconds_sum{l}")) > 0.0, "decodes took time (5 ms a step)");
-    assert!(after.contains("vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"512\",engine=\"0\"} 1\n"), "{after}");
+    assert!(
+        metric(&after, &format!("vllm:request_decode_time_seconds_sum{l}")) > 0.0,
+        "decodes took time (5 ms a step)"
+    );
+    assert!(
+        after.contains("vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"512\",engine=\"0\"} 1\n"),
+        "{after}"
+    );
 }
 
 /// vLLM's `rank` in `prompt_logprobs` entries: the top N ranked 1..N, the prompt's token by its
@@ -310,7 +423,8 @@ async fn vllm_grafana_dashboard_finds_every_series() {
 async fn prompt_logprobs_carry_rank() {
     let s = TestServer::start(Setup::default()).await;
     let prompt: Vec<u32> = vec![5, 9, 13, 7, 30, 31, 6];
-    let v = post(s.addr, "/v1/completions", &json!({"prompt": prompt, "max_tokens": 1, "prompt_logprobs": 5})).await.json();
+    let v =
+        post(s.addr, "/v1/completions", &json!({"prompt": prompt, "max_tokens": 1, "prompt_logprobs": 5})).await.json();
     let pl = v["choices"][0]["prompt_logprobs"].as_array().unwrap().clone();
     assert!(pl[0].is_null());
     let (mut inside, mut outside) = (0, 0);
@@ -319,7 +433,11 @@ async fn prompt_logprobs_carry_rank() {
         let own = &e[&prompt[p].to_string()];
         let rank = own["rank"].as_u64().unwrap_or_else(|| panic!("position {p}: {e:?}"));
         // The top entries, best first, ranked 1..5.
-        let mut top: Vec<(u64, f64)> = e.iter().filter(|(k, _)| **k != prompt[p].to_string()).map(|(_, x)| (x["rank"].as_u64().unwrap(), x["logprob"].as_f64().unwrap())).collect();
+        let mut top: Vec<(u64, f64)> = e
+            .iter()
+            .filter(|(k, _)| **k != prompt[p].to_string())
+            .map(|(_, x)| (x["rank"].as_u64().unwrap(), x["logprob"].as_f64().unwrap()))
+            .collect();
         top.sort_by_key(|t| t.0);
         let own_lp = own["logprob"].as_f64().unwrap();
         if rank <= 5 {
@@ -332,7 +450,9 @@ async fn prompt_logprobs_carry_rank() {
         }
     }
     // And against 20 top entries: a rank up to 20 is the token's place among them.
-    let v = post(s.addr, "/v1/completions", &json!({"prompt": prompt, "max_tokens": 1, "prompt_logprobs": 20})).await.json();
+    let v = post(s.addr, "/v1/completions", &json!({"prompt": prompt, "max_tokens": 1, "prompt_logprobs": 20}))
+        .await
+        .json();
     for (p, e) in v["choices"][0]["prompt_logprobs"].as_array().unwrap().iter().enumerate().skip(1) {
         let e = e.as_object().unwrap();
         let rank = e[&prompt[p].to_string()]["rank"].as_u64().unwrap();

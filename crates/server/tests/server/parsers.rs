@@ -10,7 +10,9 @@ use std::sync::Arc;
 
 use common::*;
 use serde_json::{json, Value};
-use tandem_server::engine_client::{CompletionDelta, EngineStats, EngineUpdate, FinishReason, GenerateRequest, RequestId, Submission, SubmitRefusal};
+use tandem_server::engine_client::{
+    CompletionDelta, EngineStats, EngineUpdate, FinishReason, GenerateRequest, RequestId, Submission, SubmitRefusal,
+};
 use tandem_server::reasoning::ReasoningParser;
 use tandem_server::tool_parser::ToolParser;
 use tandem_server::{EngineClient, ServerConfig};
@@ -27,7 +29,15 @@ impl EngineClient for ScriptEngine {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         for (i, p) in self.pieces.iter().enumerate() {
             let last = i + 1 == self.pieces.len();
-            let d = CompletionDelta { index: 0, text: p.clone(), token_ids: vec![5], logprobs: vec![], prompt_logprobs: None, finish: last.then_some(FinishReason::Stop), stop_string: None };
+            let d = CompletionDelta {
+                index: 0,
+                text: p.clone(),
+                token_ids: vec![5],
+                logprobs: vec![],
+                prompt_logprobs: None,
+                finish: last.then_some(FinishReason::Stop),
+                stop_string: None,
+            };
             let _ = tx.send(EngineUpdate { deltas: vec![d], queue_time: None, num_preemptions: None });
         }
         Ok(Submission::channel(id, rx))
@@ -42,8 +52,16 @@ impl EngineClient for ScriptEngine {
 }
 
 async fn server(tools: Option<ToolParser>, reasoning: Option<ReasoningParser>, pieces: &[&str]) -> TestServer {
-    let config = ServerConfig { addr: ([127, 0, 0, 1], 0).into(), max_model_len: MAX_LEN, vocab_size: VOCAB, tool_call_parser: tools, reasoning_parser: reasoning, ..Default::default() };
-    let engine = Arc::new(ScriptEngine { pieces: pieces.iter().map(|s| s.to_string()).collect(), next: AtomicU64::new(0) });
+    let config = ServerConfig {
+        addr: ([127, 0, 0, 1], 0).into(),
+        max_model_len: MAX_LEN,
+        vocab_size: VOCAB,
+        tool_call_parser: tools,
+        reasoning_parser: reasoning,
+        ..Default::default()
+    };
+    let engine =
+        Arc::new(ScriptEngine { pieces: pieces.iter().map(|s| s.to_string()).collect(), next: AtomicU64::new(0) });
     TestServer::with_client(config, engine, tokenizer()).await
 }
 
@@ -64,7 +82,8 @@ fn joined(deltas: &[Value], key: &str) -> String {
     deltas.iter().filter_map(|d| d[key].as_str()).collect()
 }
 
-const LLAMA: &[&str] = &["Let me check.", "\n", "{\"name\": \"get_", "weather\", \"parameters\": ", "{\"city\": \"Paris\"}}"];
+const LLAMA: &[&str] =
+    &["Let me check.", "\n", "{\"name\": \"get_", "weather\", \"parameters\": ", "{\"city\": \"Paris\"}}"];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn llama3_json_calls_come_as_tool_calls() {
@@ -75,7 +94,10 @@ async fn llama3_json_calls_come_as_tool_calls() {
     let c = &v["choices"][0];
     assert_eq!(c["finish_reason"], "tool_calls", "{v}");
     assert_eq!(c["message"]["content"], "Let me check.");
-    assert_eq!(c["message"]["tool_calls"][0]["function"], json!({"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}));
+    assert_eq!(
+        c["message"]["tool_calls"][0]["function"],
+        json!({"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"})
+    );
     assert!(c["message"].get("reasoning_content").is_none(), "no reasoning parser: no field");
 
     // Streamed: the text before the call as it comes; the call named once its name is whole,
@@ -86,23 +108,46 @@ async fn llama3_json_calls_come_as_tool_calls() {
     assert_eq!(joined(&d, "content"), "Let me check.\n");
     assert_eq!(d[0]["content"], "Let me check.", "the content streams before the call is done");
     let calls: Vec<&Value> = d.iter().filter_map(|d| d.get("tool_calls")).map(|c| &c[0]).collect();
-    assert_eq!(calls[0], &json!({"index": 0, "id": calls[0]["id"], "type": "function", "function": {"name": "get_weather", "arguments": ""}}));
+    assert_eq!(
+        calls[0],
+        &json!({"index": 0, "id": calls[0]["id"], "type": "function", "function": {"name": "get_weather", "arguments": ""}})
+    );
     let args: Vec<&str> = calls[1..].iter().map(|c| c["function"]["arguments"].as_str().unwrap()).collect();
     assert_eq!(args, ["{\"city\": \"Paris\"}"], "the arguments as sampled");
 
     // /v1/responses streams the same call as function_call_arguments deltas.
     let body = json!({"model": MODEL, "input": "hello world", "stream": true, "tools": [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}]});
     let body = post(s.addr, "/v1/responses", &body).await.text();
-    let ev: Vec<Value> = body.trim_end().split("\n\n").map(|e| serde_json::from_str(e.split_once("\ndata: ").unwrap().1).unwrap()).collect();
+    let ev: Vec<Value> = body
+        .trim_end()
+        .split("\n\n")
+        .map(|e| serde_json::from_str(e.split_once("\ndata: ").unwrap().1).unwrap())
+        .collect();
     let kinds: Vec<&str> = ev.iter().map(|e| e["type"].as_str().unwrap()).collect();
-    let text: String = ev.iter().filter(|e| e["type"] == "response.output_text.delta").map(|e| e["delta"].as_str().unwrap()).collect();
+    let text: String =
+        ev.iter().filter(|e| e["type"] == "response.output_text.delta").map(|e| e["delta"].as_str().unwrap()).collect();
     assert_eq!(text, "Let me check.\n");
-    let added = ev.iter().find(|e| e["type"] == "response.output_item.added" && e["item"]["type"] == "function_call").unwrap_or_else(|| panic!("{kinds:?}"));
+    let added = ev
+        .iter()
+        .find(|e| e["type"] == "response.output_item.added" && e["item"]["type"] == "function_call")
+        .unwrap_or_else(|| panic!("{kinds:?}"));
     assert_eq!((added["output_index"].as_u64(), added["item"]["name"].as_str()), (Some(1), Some("get_weather")));
-    let args: String = ev.iter().filter(|e| e["type"] == "response.function_call_arguments.delta").map(|e| e["delta"].as_str().unwrap()).collect();
+    let args: String = ev
+        .iter()
+        .filter(|e| e["type"] == "response.function_call_arguments.delta")
+        .map(|e| e["delta"].as_str().unwrap())
+        .collect();
     assert_eq!(args, "{\"city\": \"Paris\"}");
     let done = &ev.last().unwrap()["response"];
-    assert_eq!((done["status"].as_str(), done["output"][1]["status"].as_str(), done["output"][0]["content"][0]["text"].as_str()), (Some("completed"), Some("completed"), Some("Let me check.\n")), "{done}");
+    assert_eq!(
+        (
+            done["status"].as_str(),
+            done["output"][1]["status"].as_str(),
+            done["output"][0]["content"][0]["text"].as_str()
+        ),
+        (Some("completed"), Some("completed"), Some("Let me check.\n")),
+        "{done}"
+    );
 
     // /v1/messages reads the same answer with the same parser.
     let body = json!({"model": MODEL, "max_tokens": 20, "messages": [{"role": "user", "content": "hello world"}],
@@ -110,7 +155,10 @@ async fn llama3_json_calls_come_as_tool_calls() {
     let v = post(s.addr, "/v1/messages", &body).await.json();
     assert_eq!(v["stop_reason"], "tool_use", "{v}");
     assert_eq!(v["content"][0], json!({"type": "text", "text": "Let me check."}));
-    assert_eq!((v["content"][1]["type"].as_str(), v["content"][1]["input"].clone()), (Some("tool_use"), json!({"city": "Paris"})));
+    assert_eq!(
+        (v["content"][1]["type"].as_str(), v["content"][1]["input"].clone()),
+        (Some("tool_use"), json!({"city": "Paris"}))
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -153,21 +201,39 @@ async fn qwen3_thinking_goes_to_reasoning_content() {
     // /v1/messages: a thinking block before the text, whole and streamed.
     let body = json!({"model": MODEL, "max_tokens": 20, "messages": [{"role": "user", "content": "hello world"}]});
     let v = post(s.addr, "/v1/messages", &body).await.json();
-    assert_eq!(v["content"], json!([{"type": "thinking", "thinking": "\nThe user greets. Answer.\n", "signature": ""}, {"type": "text", "text": "\n\nHello there."}]), "{v}");
+    assert_eq!(
+        v["content"],
+        json!([{"type": "thinking", "thinking": "\nThe user greets. Answer.\n", "signature": ""}, {"type": "text", "text": "\n\nHello there."}]),
+        "{v}"
+    );
     let mut sbody = body.clone();
     sbody["stream"] = json!(true);
     let text = post(s.addr, "/v1/messages", &sbody).await.text();
-    let thinking: String = text.lines().filter_map(|l| l.strip_prefix("data: ")).map(|d| serde_json::from_str::<Value>(d).unwrap()).filter(|d| d["delta"]["type"] == "thinking_delta").map(|d| d["delta"]["thinking"].as_str().unwrap().to_string()).collect();
+    let thinking: String = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(|d| serde_json::from_str::<Value>(d).unwrap())
+        .filter(|d| d["delta"]["type"] == "thinking_delta")
+        .map(|d| d["delta"]["thinking"].as_str().unwrap().to_string())
+        .collect();
     assert_eq!(thinking, "\nThe user greets. Answer.\n");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reasoning_then_a_call() {
-    let pieces = ["Okay, weather in Paris.\n", "</think>\n\n", "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}]"];
+    let pieces = [
+        "Okay, weather in Paris.\n",
+        "</think>\n\n",
+        "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}]",
+    ];
     let s = server(Some(ToolParser::Mistral), Some(ReasoningParser::DeepSeekR1), &pieces).await;
     let v = post(s.addr, "/v1/chat/completions", &chat(false)).await.json();
     let c = &v["choices"][0];
-    assert_eq!((c["finish_reason"].as_str(), c["message"]["content"].clone()), (Some("tool_calls"), Value::Null), "{v}");
+    assert_eq!(
+        (c["finish_reason"].as_str(), c["message"]["content"].clone()),
+        (Some("tool_calls"), Value::Null),
+        "{v}"
+    );
     assert_eq!(c["message"]["reasoning_content"], "Okay, weather in Paris.\n");
     assert_eq!(c["message"]["tool_calls"][0]["function"]["arguments"], "{\"city\":\"Paris\"}");
     let (d, finish) = deltas(&post(s.addr, "/v1/chat/completions", &chat(true)).await.text());

@@ -27,7 +27,8 @@ fn events(r: &Reply) -> Vec<(String, Value)> {
         .map(|e| {
             let (name, data) = e.split_once('\n').unwrap_or_else(|| panic!("one event line and one data line: {e:?}"));
             let name = name.strip_prefix("event: ").unwrap_or_else(|| panic!("{e:?}")).to_string();
-            let data: Value = serde_json::from_str(data.strip_prefix("data: ").unwrap_or_else(|| panic!("{e:?}"))).unwrap();
+            let data: Value =
+                serde_json::from_str(data.strip_prefix("data: ").unwrap_or_else(|| panic!("{e:?}"))).unwrap();
             assert_eq!(data["type"], name.as_str(), "{e}");
             (name, data)
         })
@@ -58,7 +59,10 @@ fn openai_error(r: &Reply, status: u16) -> Value {
     assert_eq!(r.status, status, "{}", r.text());
     let v = r.json();
     let e = &v["error"];
-    assert!(e["message"].is_string() && e["type"].is_string() && e.get("param").is_some() && e.get("code").is_some(), "OpenAI's error shape: {v}");
+    assert!(
+        e["message"].is_string() && e["type"].is_string() && e.get("param").is_some() && e.get("code").is_some(),
+        "OpenAI's error shape: {v}"
+    );
     e.clone()
 }
 
@@ -68,7 +72,13 @@ fn prompt(s: &TestServer, msgs: &[Value]) -> Vec<u32> {
 }
 
 fn output_text(v: &Value) -> String {
-    v["output"].as_array().unwrap().iter().filter(|i| i["type"] == "message").map(|i| i["content"][0]["text"].as_str().unwrap()).collect()
+    v["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| i["type"] == "message")
+        .map(|i| i["content"][0]["text"].as_str().unwrap())
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -79,35 +89,70 @@ async fn responses_whole_and_streamed() {
     let r = post(s.addr, "/v1/responses", &body).await;
     assert_eq!(r.status, 200, "{}", r.text());
     let v = r.json();
-    let ids = prompt(&s, &[json!({"role": "system", "content": "the cat"}), json!({"role": "user", "content": "hello world"})]);
+    let ids = prompt(
+        &s,
+        &[json!({"role": "system", "content": "the cat"}), json!({"role": "user", "content": "hello world"})],
+    );
     let want = expected_text(&s.tokenizer, &ids, &greedy_ids(&ids, 6));
     let id = v["id"].as_str().unwrap();
     assert!(id.starts_with("resp_") && id.len() == 29, "{id}");
     assert_eq!(r.headers["x-request-id"], id);
-    assert_eq!((v["object"].as_str(), v["status"].as_str(), v["incomplete_details"].clone()), (Some("response"), Some("incomplete"), json!({"reason": "max_output_tokens"})), "{v}");
-    assert_eq!((v["instructions"].clone(), v["metadata"].clone(), v["max_output_tokens"].clone(), v["model"].clone()), (json!("the cat"), json!({"k": "v"}), json!(6), json!(MODEL)));
+    assert_eq!(
+        (v["object"].as_str(), v["status"].as_str(), v["incomplete_details"].clone()),
+        (Some("response"), Some("incomplete"), json!({"reason": "max_output_tokens"})),
+        "{v}"
+    );
+    assert_eq!(
+        (v["instructions"].clone(), v["metadata"].clone(), v["max_output_tokens"].clone(), v["model"].clone()),
+        (json!("the cat"), json!({"k": "v"}), json!(6), json!(MODEL))
+    );
     let out = v["output"].as_array().unwrap();
     assert_eq!(out.len(), 1, "{v}");
-    assert_eq!((out[0]["type"].as_str(), out[0]["role"].as_str(), out[0]["content"][0]["type"].as_str()), (Some("message"), Some("assistant"), Some("output_text")));
+    assert_eq!(
+        (out[0]["type"].as_str(), out[0]["role"].as_str(), out[0]["content"][0]["type"].as_str()),
+        (Some("message"), Some("assistant"), Some("output_text"))
+    );
     assert_eq!(output_text(&v), want);
-    assert_eq!(v["usage"], json!({"input_tokens": ids.len(), "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 6, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": ids.len() + 6}));
+    assert_eq!(
+        v["usage"],
+        json!({"input_tokens": ids.len(), "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 6, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": ids.len() + 6})
+    );
 
     let mut sbody = body.clone();
     sbody["stream"] = json!(true);
     let ev = events(&post(s.addr, "/v1/responses", &sbody).await);
     assert_eq!(
         shape(&ev),
-        ["response.created", "response.in_progress", "response.output_item.added", "response.content_part.added", "response.output_text.delta", "response.output_text.done", "response.content_part.done", "response.output_item.done", "response.incomplete"]
+        [
+            "response.created",
+            "response.in_progress",
+            "response.output_item.added",
+            "response.content_part.added",
+            "response.output_text.delta",
+            "response.output_text.done",
+            "response.content_part.done",
+            "response.output_item.done",
+            "response.incomplete"
+        ]
     );
-    assert!(ev.iter().filter(|(n, _)| n == "response.output_text.delta").count() >= 2, "tokens arrive in several deltas");
+    assert!(
+        ev.iter().filter(|(n, _)| n == "response.output_text.delta").count() >= 2,
+        "tokens arrive in several deltas"
+    );
     assert_eq!(ev[0].1["response"]["status"], "in_progress");
     assert_eq!(concat(&ev, "response.output_text.delta"), want);
     let done = &ev.iter().find(|(n, _)| n == "response.output_text.done").unwrap().1;
     assert_eq!(done["text"], want.as_str());
     let item_id = &ev[2].1["item"]["id"];
-    assert!(ev.iter().filter(|(n, _)| n.contains("output_text") || n.contains("content_part")).all(|(_, d)| &d["item_id"] == item_id && d["output_index"] == 0));
+    assert!(ev
+        .iter()
+        .filter(|(n, _)| n.contains("output_text") || n.contains("content_part"))
+        .all(|(_, d)| &d["item_id"] == item_id && d["output_index"] == 0));
     let last = &ev.last().unwrap().1["response"];
-    assert_eq!((output_text(last), last["usage"]["output_tokens"].clone(), last["id"].clone()), (want.clone(), json!(6), ev[0].1["response"]["id"].clone()));
+    assert_eq!(
+        (output_text(last), last["usage"]["output_tokens"].clone(), last["id"].clone()),
+        (want.clone(), json!(6), ev[0].1["response"]["id"].clone())
+    );
 
     // A bare string is one user message; no `max_output_tokens`: what the context leaves.
     let v = post(s.addr, "/v1/responses", &json!({"input": "hello", "temperature": 0})).await.json();
@@ -122,18 +167,36 @@ async fn stored_responses_continue_and_can_be_read_and_deleted() {
     assert_eq!(get(s.addr, &format!("/v1/responses/{id}")).await.json(), first);
 
     // The follow-up sees the first input and answer, not its instructions.
-    let second = post(s.addr, "/v1/responses", &json!({"model": MODEL, "input": "sat", "previous_response_id": id, "max_output_tokens": 2, "temperature": 0})).await.json();
+    let second = post(
+        s.addr,
+        "/v1/responses",
+        &json!({"model": MODEL, "input": "sat", "previous_response_id": id, "max_output_tokens": 2, "temperature": 0}),
+    )
+    .await
+    .json();
     assert_eq!(second["previous_response_id"], id);
-    let convo = [json!({"role": "user", "content": "hello world"}), json!({"role": "assistant", "content": output_text(&first)}), json!({"role": "user", "content": "sat"})];
+    let convo = [
+        json!({"role": "user", "content": "hello world"}),
+        json!({"role": "assistant", "content": output_text(&first)}),
+        json!({"role": "user", "content": "sat"}),
+    ];
     let ids = prompt(&s, &convo);
     assert_eq!(second["usage"]["input_tokens"], ids.len(), "{second}");
     assert_eq!(output_text(&second), expected_text(&s.tokenizer, &ids, &greedy_ids(&ids, 2)));
     // Streamed answers are stored too, and chains go on.
-    let ev = events(&post(s.addr, "/v1/responses", &json!({"input": "mat", "previous_response_id": second["id"], "max_output_tokens": 2, "stream": true})).await);
+    let ev = events(
+        &post(
+            s.addr,
+            "/v1/responses",
+            &json!({"input": "mat", "previous_response_id": second["id"], "max_output_tokens": 2, "stream": true}),
+        )
+        .await,
+    );
     let third = ev.last().unwrap().1["response"].clone();
     assert_eq!(get(s.addr, &format!("/v1/responses/{}", third["id"].as_str().unwrap())).await.json(), third);
 
-    let unstored = post(s.addr, "/v1/responses", &json!({"input": "hi", "max_output_tokens": 1, "store": false})).await.json();
+    let unstored =
+        post(s.addr, "/v1/responses", &json!({"input": "hi", "max_output_tokens": 1, "store": false})).await.json();
     assert_eq!(unstored["store"], false);
     openai_error(&get(s.addr, &format!("/v1/responses/{}", unstored["id"].as_str().unwrap())).await, 404);
 
@@ -143,7 +206,10 @@ async fn stored_responses_continue_and_can_be_read_and_deleted() {
     assert!(e["message"].as_str().unwrap().contains(id), "{e}");
     openai_error(&request(s.addr, "DELETE", &format!("/v1/responses/{id}"), &[], "").await, 404);
     let e = openai_error(&post(s.addr, "/v1/responses", &json!({"input": "x", "previous_response_id": id})).await, 400);
-    assert_eq!((e["param"].as_str(), e["code"].as_str()), (Some("previous_response_id"), Some("previous_response_not_found")));
+    assert_eq!(
+        (e["param"].as_str(), e["code"].as_str()),
+        (Some("previous_response_id"), Some("previous_response_not_found"))
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -154,29 +220,49 @@ async fn the_store_is_bounded_by_count_bytes_and_age() {
     let s = TestServer::start(setup).await;
     let mut ids = Vec::new();
     for _ in 0..3 {
-        ids.push(post(s.addr, "/v1/responses", &json!({"input": "hi", "max_output_tokens": 1})).await.json()["id"].as_str().unwrap().to_string());
+        ids.push(
+            post(s.addr, "/v1/responses", &json!({"input": "hi", "max_output_tokens": 1})).await.json()["id"]
+                .as_str()
+                .unwrap()
+                .to_string(),
+        );
     }
     openai_error(&get(s.addr, &format!("/v1/responses/{}", ids[0])).await, 404);
     assert_eq!(get(s.addr, &format!("/v1/responses/{}", ids[2])).await.status, 200);
     let l = format!("{{model_name=\"{MODEL}\",engine=\"0\"}}");
     let m = get(s.addr, "/metrics").await.text();
-    assert_eq!((metric(&m, &format!("tandem:responses_evicted_total{l}")), metric(&m, &format!("tandem:responses_stored{l}"))), (1.0, 2.0), "{m}");
+    assert_eq!(
+        (metric(&m, &format!("tandem:responses_evicted_total{l}")), metric(&m, &format!("tandem:responses_stored{l}"))),
+        (1.0, 2.0),
+        "{m}"
+    );
     let bytes = metric(&m, &format!("tandem:responses_stored_bytes{l}"));
     assert!(bytes > 2.0 * 500.0, "two responses' JSON: {bytes} bytes");
     tokio::time::sleep(Duration::from_millis(500)).await;
     openai_error(&get(s.addr, &format!("/v1/responses/{}", ids[2])).await, 404);
     let m = get(s.addr, "/metrics").await.text();
-    assert_eq!((metric(&m, &format!("tandem:responses_evicted_total{l}")), metric(&m, &format!("tandem:responses_stored{l}"))), (3.0, 0.0), "{m}");
+    assert_eq!(
+        (metric(&m, &format!("tandem:responses_evicted_total{l}")), metric(&m, &format!("tandem:responses_stored{l}"))),
+        (3.0, 0.0),
+        "{m}"
+    );
     assert_eq!(metric(&m, &format!("tandem:responses_stored_bytes{l}")), 0.0);
 
     // A byte bound: a response larger than the whole store is not kept (and counted).
     let mut setup = Setup::default();
     setup.config.responses_max_bytes = 300;
     let s = TestServer::start(setup).await;
-    let id = post(s.addr, "/v1/responses", &json!({"input": "hi", "max_output_tokens": 1})).await.json()["id"].as_str().unwrap().to_string();
+    let id = post(s.addr, "/v1/responses", &json!({"input": "hi", "max_output_tokens": 1})).await.json()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
     openai_error(&get(s.addr, &format!("/v1/responses/{id}")).await, 404);
     let m = get(s.addr, "/metrics").await.text();
-    assert_eq!((metric(&m, &format!("tandem:responses_evicted_total{l}")), metric(&m, &format!("tandem:responses_stored{l}"))), (1.0, 0.0), "{m}");
+    assert_eq!(
+        (metric(&m, &format!("tandem:responses_evicted_total{l}")), metric(&m, &format!("tandem:responses_stored{l}"))),
+        (1.0, 0.0),
+        "{m}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -190,7 +276,11 @@ async fn reasoning_comes_as_a_reasoning_item() {
     let ids = prompt(&s, &[json!({"role": "user", "content": "hello world"})]);
     let want = expected_text(&s.tokenizer, &ids, &greedy_ids(&ids, 5));
     let out = v["output"].as_array().unwrap();
-    assert_eq!((out.len(), out[0]["type"].as_str(), out[0]["content"][0]["text"].as_str()), (1, Some("reasoning"), Some(want.as_str())), "{v}");
+    assert_eq!(
+        (out.len(), out[0]["type"].as_str(), out[0]["content"][0]["text"].as_str()),
+        (1, Some("reasoning"), Some(want.as_str())),
+        "{v}"
+    );
     assert!(v["usage"]["output_tokens_details"]["reasoning_tokens"].as_u64().unwrap() > 0, "{v}");
     let mut sbody = body.clone();
     sbody["stream"] = json!(true);
@@ -211,7 +301,11 @@ async fn bad_requests_are_4xx_in_openais_shape() {
         (json!({"input": 3}), 400, "input"),
         (json!({"input": []}), 400, "input"),
         (json!({"input": [{"role": "tool", "content": "x"}]}), 400, "input[0].role"),
-        (json!({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}), 400, "input[0].content[0].type"),
+        (
+            json!({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}),
+            400,
+            "input[0].content[0].type",
+        ),
         (json!({"input": [{"type": "item_reference", "id": "x"}]}), 400, "input[0].type"),
         (json!({"input": [{"type": "function_call", "name": "f"}]}), 400, "input[0]"),
         (json!({"input": "hi", "max_output_tokens": 0}), 400, "max_output_tokens"),
@@ -223,8 +317,16 @@ async fn bad_requests_are_4xx_in_openais_shape() {
         (json!({"input": "hi", "instructions": 5}), 400, "instructions"),
         (json!({"input": "hi", "tools": [{"type": "web_search"}]}), 400, "tools[0].type"),
         (json!({"input": "hi", "tools": [{"type": "function", "parameters": {}}]}), 400, "tools[0].name"),
-        (json!({"input": "hi", "tools": [f[0], {"type": "namespace", "name": "ns", "tools": [{"type": "function", "name": "g"}, {"type": "function", "parameters": {}}]}]}), 400, "tools[1].tools[1].name"),
-        (json!({"input": "hi", "tools": [{"type": "namespace", "name": "ns", "tools": [{"type": "web_search"}]}]}), 400, "tools[0].tools[0].type"),
+        (
+            json!({"input": "hi", "tools": [f[0], {"type": "namespace", "name": "ns", "tools": [{"type": "function", "name": "g"}, {"type": "function", "parameters": {}}]}]}),
+            400,
+            "tools[1].tools[1].name",
+        ),
+        (
+            json!({"input": "hi", "tools": [{"type": "namespace", "name": "ns", "tools": [{"type": "web_search"}]}]}),
+            400,
+            "tools[0].tools[0].type",
+        ),
         (json!({"input": "hi", "tools": f, "tool_choice": {"type": "function", "name": "g"}}), 400, "tool_choice.name"),
         (json!({"input": "hi", "tool_choice": "required"}), 400, "tool_choice"),
         (json!({"input": "hi", "text": {"format": {"type": "json_schema", "schema": {}}}}), 400, "text.format.name"),
@@ -242,12 +344,20 @@ async fn bad_requests_are_4xx_in_openais_shape() {
     assert_eq!(r.headers["allow"], "GET, DELETE");
     openai_error(&r, 405);
     let text = get(s.addr, "/metrics").await.text();
-    assert_eq!(metric(&text, &format!("tandem:server_queued_requests{{model_name=\"{MODEL}\",engine=\"0\"}}")), 0.0, "nothing leaked");
+    assert_eq!(
+        metric(&text, &format!("tandem:server_queued_requests{{model_name=\"{MODEL}\",engine=\"0\"}}")),
+        0.0,
+        "nothing leaked"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_streaming_client_that_leaves_aborts_its_request() {
-    crate::lifecycle::streaming_client_that_leaves_aborts("/v1/responses", json!({"input": "hi", "max_output_tokens": 5, "stream": true})).await;
+    crate::lifecycle::streaming_client_that_leaves_aborts(
+        "/v1/responses",
+        json!({"input": "hi", "max_output_tokens": 5, "stream": true}),
+    )
+    .await;
 }
 
 mod tools {
@@ -276,14 +386,19 @@ mod tools {
 
     /// A response's function_call items, checked against the tools: (name, arguments).
     fn calls(v: &Value) -> Vec<(String, String)> {
-        let items: Vec<&Value> = v["output"].as_array().unwrap().iter().filter(|i| i["type"] == "function_call").collect();
+        let items: Vec<&Value> =
+            v["output"].as_array().unwrap().iter().filter(|i| i["type"] == "function_call").collect();
         assert!(!items.is_empty(), "{v}");
         items
             .iter()
             .map(|i| {
-                assert!(i["id"].as_str().unwrap().starts_with("fc_") && i["call_id"].as_str().unwrap().starts_with("call_"), "{i}");
+                assert!(
+                    i["id"].as_str().unwrap().starts_with("fc_") && i["call_id"].as_str().unwrap().starts_with("call_"),
+                    "{i}"
+                );
                 assert_eq!(i["status"], "completed", "{i}");
-                let (name, args) = (i["name"].as_str().unwrap().to_string(), i["arguments"].as_str().unwrap().to_string());
+                let (name, args) =
+                    (i["name"].as_str().unwrap().to_string(), i["arguments"].as_str().unwrap().to_string());
                 validate(&schema(&name), &args);
                 (name, args)
             })
@@ -305,14 +420,26 @@ mod tools {
             let mut sbody = body.clone();
             sbody["stream"] = json!(true);
             let ev = events(&post(t.addr, "/v1/responses", &sbody).await);
-            let added: Vec<&Value> = ev.iter().filter(|(n, d)| n == "response.output_item.added" && d["item"]["type"] == "function_call").map(|(_, d)| &d["item"]).collect();
+            let added: Vec<&Value> = ev
+                .iter()
+                .filter(|(n, d)| n == "response.output_item.added" && d["item"]["type"] == "function_call")
+                .map(|(_, d)| &d["item"])
+                .collect();
             assert_eq!(added.len(), whole.len(), "{choice}");
             assert!(added.iter().all(|i| i["arguments"] == "" && i["status"] == "in_progress"));
             let mut streamed = Vec::new();
             for (k, item) in added.iter().enumerate() {
-                let pieces: Vec<&str> = ev.iter().filter(|(n, d)| n == "response.function_call_arguments.delta" && d["item_id"] == item["id"]).map(|(_, d)| d["delta"].as_str().unwrap()).collect();
+                let pieces: Vec<&str> = ev
+                    .iter()
+                    .filter(|(n, d)| n == "response.function_call_arguments.delta" && d["item_id"] == item["id"])
+                    .map(|(_, d)| d["delta"].as_str().unwrap())
+                    .collect();
                 assert!(pieces.len() > 1, "{choice}: call {k}'s arguments in several deltas: {pieces:?}");
-                let done = &ev.iter().find(|(n, d)| n == "response.function_call_arguments.done" && d["item_id"] == item["id"]).unwrap().1;
+                let done = &ev
+                    .iter()
+                    .find(|(n, d)| n == "response.function_call_arguments.done" && d["item_id"] == item["id"])
+                    .unwrap()
+                    .1;
                 assert_eq!(done["arguments"], pieces.concat());
                 streamed.push((item["name"].as_str().unwrap().to_string(), pieces.concat()));
             }
@@ -330,7 +457,9 @@ mod tools {
         let ns = json!([{"type": "function", "name": "get_time", "parameters": schema("get_time")},
                         {"type": "namespace", "name": "weather", "description": "Weather tools", "tools": [weather()[0].clone()]}]);
         for stream in [false, true] {
-            let body = ask(json!({"tools": ns, "tool_choice": {"type": "function", "name": "get_weather"}, "temperature": 0, "stream": stream}));
+            let body = ask(
+                json!({"tools": ns, "tool_choice": {"type": "function", "name": "get_weather"}, "temperature": 0, "stream": stream}),
+            );
             let r = post(t.addr, "/v1/responses", &body).await;
             let v = if stream { events(&r).last().unwrap().1["response"].clone() } else { r.json() };
             let (name, args) = calls(&v).remove(0);
@@ -342,7 +471,13 @@ mod tools {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn function_call_then_output_round_trips() {
         let t = start(tool_dir(), true).await;
-        let v = post(t.addr, "/v1/responses", &ask(json!({"tool_choice": {"type": "function", "name": "get_weather"}, "temperature": 0}))).await.json();
+        let v = post(
+            t.addr,
+            "/v1/responses",
+            &ask(json!({"tool_choice": {"type": "function", "name": "get_weather"}, "temperature": 0})),
+        )
+        .await
+        .json();
         let item = v["output"].as_array().unwrap().iter().find(|i| i["type"] == "function_call").unwrap().clone();
         let input: Value = serde_json::from_str(item["arguments"].as_str().unwrap()).unwrap();
         // The call goes back as an input item, with its output after it.
@@ -351,7 +486,12 @@ mod tools {
             item,
             {"type": "function_call_output", "call_id": item["call_id"], "output": "sunny"}
         ]);
-        let r = post(t.addr, "/v1/responses", &json!({"model": "tiny", "input": next, "tools": weather(), "tool_choice": "none", "max_output_tokens": 4})).await;
+        let r = post(
+            t.addr,
+            "/v1/responses",
+            &json!({"model": "tiny", "input": next, "tools": weather(), "tool_choice": "none", "max_output_tokens": 4}),
+        )
+        .await;
         assert_eq!(r.status, 200, "{}", r.text());
         let answer = r.json();
         assert_eq!(answer["output"][0]["type"], "message", "{answer}");
@@ -367,7 +507,10 @@ mod tools {
         let ids: Vec<u32> = tk["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect();
         let rendered = tandem_core::tokenizer::Tokenizer::from_dir(tool_dir()).unwrap().decode(&ids, false).unwrap();
         let city = input["city"].as_str().unwrap();
-        assert!(rendered.contains(&format!("<tool_call>get_weather:{city}</tool_call>")), "the call's arguments reach the template as a mapping: {rendered}");
+        assert!(
+            rendered.contains(&format!("<tool_call>get_weather:{city}</tool_call>")),
+            "the call's arguments reach the template as a mapping: {rendered}"
+        );
         assert!(rendered.contains("<|im_start|>tool\nsunny<|im_end|>"), "{rendered}");
         // The same through previous_response_id: the stored call, then its output.
         let r = post(t.addr, "/v1/responses", &json!({"model": "tiny", "previous_response_id": v["id"], "input": [{"type": "function_call_output", "call_id": item["call_id"], "output": "sunny"}], "tools": weather(), "tool_choice": "none", "max_output_tokens": 4})).await;
@@ -394,7 +537,12 @@ mod tools {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn chat_streams_forced_calls_and_cuts_them_as_calls() {
         let t = start(tiny_dir(), true).await;
-        let chat_tools: Vec<Value> = weather().as_array().unwrap().iter().map(|t| json!({"type": "function", "function": {"name": t["name"], "parameters": t["parameters"]}})).collect();
+        let chat_tools: Vec<Value> = weather()
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| json!({"type": "function", "function": {"name": t["name"], "parameters": t["parameters"]}}))
+            .collect();
         let body = json!({"model": "tiny", "messages": [{"role": "user", "content": "Weather?"}], "tools": chat_tools, "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
                           "temperature": 0, "max_tokens": 300, "logit_bias": no_whitespace()});
         let v = post(t.addr, "/v1/chat/completions", &body).await.json();
@@ -402,7 +550,8 @@ mod tools {
         validate(&schema("get_weather"), &whole);
         let mut sbody = body.clone();
         sbody["stream"] = json!(true);
-        let (calls, pieces, finish) = streamed_calls(&sse_json(&post(t.addr, "/v1/chat/completions", &sbody).await.text()));
+        let (calls, pieces, finish) =
+            streamed_calls(&sse_json(&post(t.addr, "/v1/chat/completions", &sbody).await.text()));
         assert_eq!((calls.len(), finish.as_deref()), (1, Some("stop")));
         assert!(pieces > 1, "the arguments come in {pieces} chunks");
         assert_eq!(calls[0]["function"]["arguments"], whole, "a named call's streamed arguments are its text");
@@ -413,16 +562,28 @@ mod tools {
             cut["max_tokens"] = json!(8);
             let v = post(t.addr, "/v1/chat/completions", &cut).await.json();
             let c = &v["choices"][0];
-            assert_eq!((c["finish_reason"].as_str(), c["message"]["content"].clone()), (Some("length"), Value::Null), "{choice}: {v}");
+            assert_eq!(
+                (c["finish_reason"].as_str(), c["message"]["content"].clone()),
+                (Some("length"), Value::Null),
+                "{choice}: {v}"
+            );
             let calls = c["message"]["tool_calls"].as_array().cloned().unwrap_or_default();
-            assert!(calls.iter().all(|c| c["function"]["name"] == "get_weather" || c["function"]["name"] == "get_time"), "{v}");
+            assert!(
+                calls.iter().all(|c| c["function"]["name"] == "get_weather" || c["function"]["name"] == "get_time"),
+                "{v}"
+            );
             cut["stream"] = json!(true);
-            let (streamed, _, finish) = streamed_calls(&sse_json(&post(t.addr, "/v1/chat/completions", &cut).await.text()));
+            let (streamed, _, finish) =
+                streamed_calls(&sse_json(&post(t.addr, "/v1/chat/completions", &cut).await.text()));
             assert_eq!(finish.as_deref(), Some("length"), "{choice}");
             let names = |c: &[Value]| c.iter().map(|c| c["function"]["name"].clone()).collect::<Vec<_>>();
             assert_eq!(names(&streamed), names(&calls), "{choice}");
             if choice.is_object() {
-                assert!(!calls.is_empty() && serde_json::from_str::<Value>(calls[0]["function"]["arguments"].as_str().unwrap()).is_err(), "a cut call's arguments are partial: {v}");
+                assert!(
+                    !calls.is_empty()
+                        && serde_json::from_str::<Value>(calls[0]["function"]["arguments"].as_str().unwrap()).is_err(),
+                    "a cut call's arguments are partial: {v}"
+                );
                 assert_eq!(streamed[0]["function"]["arguments"], calls[0]["function"]["arguments"]);
             }
         }

@@ -29,7 +29,13 @@ pub(crate) fn tiny_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let dir = std::env::temp_dir().join(format!("tandem-structured-test-{}", std::process::id()));
-        tandem_models::random_model::write_random_model(&dir, tandem_models::random_model::Shape::Tiny, 1, tandem_core::DType::F32).expect("writing the tiny model");
+        tandem_models::random_model::write_random_model(
+            &dir,
+            tandem_models::random_model::Shape::Tiny,
+            1,
+            tandem_core::DType::F32,
+        )
+        .expect("writing the tiny model");
         dir
     })
 }
@@ -48,7 +54,8 @@ pub(crate) fn tool_dir() -> &'static Path {
         for f in ["config.json", "model.safetensors", "tokenizer.json", "generation_config.json"] {
             std::fs::copy(src.join(f), dir.join(f)).unwrap();
         }
-        let mut cfg: Value = serde_json::from_str(&std::fs::read_to_string(src.join("tokenizer_config.json")).unwrap()).unwrap();
+        let mut cfg: Value =
+            serde_json::from_str(&std::fs::read_to_string(src.join("tokenizer_config.json")).unwrap()).unwrap();
         cfg["chat_template"] = json!(TOOL_TEMPLATE);
         std::fs::write(dir.join("tokenizer_config.json"), cfg.to_string()).unwrap();
         dir
@@ -80,7 +87,12 @@ pub(crate) async fn start(dir: &Path, structured: bool) -> Tiny {
     let opts = LoadOptions { max_seqs: 16, max_batch_tokens: 512, num_kv_blocks: 256, ..LoadOptions::default() };
     let model = LlamaModel::load(tandem_reference::RefBackend::new(), dir, opts).unwrap();
     let engine = Engine::spawn(Box::new(model), decode_fn(tok.clone()), EngineConfig::default()).unwrap();
-    let config = ServerConfig { addr: SocketAddr::from(([127, 0, 0, 1], 0)), max_model_len: engine.max_model_len(), vocab_size: cfg.vocab_size, ..Default::default() };
+    let config = ServerConfig {
+        addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+        max_model_len: engine.max_model_len(),
+        vocab_size: cfg.vocab_size,
+        ..Default::default()
+    };
     let server = Server::bind(config, TandemEngine::ready(engine.clone()), tok.clone(), "tiny".into()).await.unwrap();
     if structured {
         server.set_structured(Structured::from_model_dir(dir, &tok.eos_ids).map(Arc::new).map_err(|e| e.to_string()));
@@ -164,7 +176,11 @@ async fn texts(addr: SocketAddr, path: &str, body: &Value) -> Vec<(String, Strin
         .unwrap()
         .iter()
         .map(|c| {
-            let text = if path.contains("chat") { c["message"]["content"].as_str().unwrap_or_default() } else { c["text"].as_str().unwrap() };
+            let text = if path.contains("chat") {
+                c["message"]["content"].as_str().unwrap_or_default()
+            } else {
+                c["text"].as_str().unwrap()
+            };
             (text.to_string(), c["finish_reason"].as_str().unwrap().to_string())
         })
         .collect()
@@ -175,8 +191,14 @@ async fn json_schema_forms_validate_across_seeds_and_temperatures() {
     let t = start(tiny_dir(), true).await;
     let schema = person_schema();
     let forms = [
-        ("/v1/chat/completions", json!({"response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": schema, "strict": true}}})),
-        ("/v1/completions", json!({"response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": schema}}})),
+        (
+            "/v1/chat/completions",
+            json!({"response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": schema, "strict": true}}}),
+        ),
+        (
+            "/v1/completions",
+            json!({"response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": schema}}}),
+        ),
         ("/v1/completions", json!({"guided_json": schema})),
         ("/v1/chat/completions", json!({"guided_json": schema.to_string()})),
         ("/v1/chat/completions", json!({"structured_outputs": {"json": schema}})),
@@ -197,7 +219,12 @@ async fn json_schema_forms_validate_across_seeds_and_temperatures() {
     }
     // Every constrained token computed a mask, and /metrics counts them.
     let text = common::get(t.addr, "/metrics").await.text();
-    let series = |name: &str| text.lines().find(|l| l.starts_with(name)).and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).unwrap_or_else(|| panic!("no {name} in\n{text}"));
+    let series = |name: &str| {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+    };
     let masks = series("tandem:structured_output_masks_total{");
     let generated = series("vllm:generation_tokens_total{");
     assert!(masks >= generated && generated > 0.0, "masks {masks}, generated tokens {generated}");
@@ -247,28 +274,52 @@ async fn json_object_regex_choice_and_grammar_hold() {
                 b[k] = v;
                 b
             };
-            for (text, finish) in texts(t.addr, "/v1/completions", &completion(with("guided_regex", json!("(yes|no)-[0-9]{1,3}")))).await {
+            for (text, finish) in
+                texts(t.addr, "/v1/completions", &completion(with("guided_regex", json!("(yes|no)-[0-9]{1,3}")))).await
+            {
                 assert!(finish == "stop" && is_regex_match(&text), "regex: {text:?} ({finish})");
             }
-            for (text, finish) in texts(t.addr, "/v1/chat/completions", &chat(with("structured_outputs", json!({"regex": "(yes|no)-[0-9]{1,3}"})))).await {
+            for (text, finish) in texts(
+                t.addr,
+                "/v1/chat/completions",
+                &chat(with("structured_outputs", json!({"regex": "(yes|no)-[0-9]{1,3}"}))),
+            )
+            .await
+            {
                 assert!(finish == "stop" && is_regex_match(&text), "structured_outputs.regex: {text:?} ({finish})");
             }
-            for (text, finish) in texts(t.addr, "/v1/chat/completions", &chat(with("guided_choice", json!(colors)))).await {
+            for (text, finish) in
+                texts(t.addr, "/v1/chat/completions", &chat(with("guided_choice", json!(colors)))).await
+            {
                 assert!(finish == "stop" && colors.contains(&text.as_str()), "choice: {text:?} ({finish})");
             }
-            for (text, finish) in texts(t.addr, "/v1/completions", &completion(with("structured_outputs", json!({"choice": colors})))).await {
-                assert!(finish == "stop" && colors.contains(&text.as_str()), "structured_outputs.choice: {text:?} ({finish})");
+            for (text, finish) in
+                texts(t.addr, "/v1/completions", &completion(with("structured_outputs", json!({"choice": colors}))))
+                    .await
+            {
+                assert!(
+                    finish == "stop" && colors.contains(&text.as_str()),
+                    "structured_outputs.choice: {text:?} ({finish})"
+                );
             }
-            for (text, finish) in texts(t.addr, "/v1/completions", &completion(with("guided_grammar", json!(grammar)))).await {
+            for (text, finish) in
+                texts(t.addr, "/v1/completions", &completion(with("guided_grammar", json!(grammar)))).await
+            {
                 assert!(finish == "stop" && is_tuple(&text), "grammar: {text:?} ({finish})");
             }
-            for (text, finish) in texts(t.addr, "/v1/chat/completions", &chat(with("structured_outputs", json!({"grammar": grammar})))).await {
+            for (text, finish) in
+                texts(t.addr, "/v1/chat/completions", &chat(with("structured_outputs", json!({"grammar": grammar}))))
+                    .await
+            {
                 assert!(finish == "stop" && is_tuple(&text), "structured_outputs.grammar: {text:?} ({finish})");
             }
             // Any object: keys and strings are unbounded, so a random model may run out of
             // tokens first; what it finished must be an object, and what it did not, the start
             // of one.
-            for (form, path) in [(json!({"response_format": {"type": "json_object"}}), "/v1/chat/completions"), (json!({"structured_outputs": {"json_object": true}}), "/v1/completions")] {
+            for (form, path) in [
+                (json!({"response_format": {"type": "json_object"}}), "/v1/chat/completions"),
+                (json!({"structured_outputs": {"json_object": true}}), "/v1/completions"),
+            ] {
                 let mut b = s.clone();
                 for (k, v) in form.as_object().unwrap() {
                     b[k] = v.clone();
@@ -276,7 +327,8 @@ async fn json_object_regex_choice_and_grammar_hold() {
                 let body = if path.contains("chat") { chat(b) } else { completion(b) };
                 for (text, finish) in texts(t.addr, path, &body).await {
                     if finish == "stop" {
-                        let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("json_object: not JSON ({e}): {text:?}"));
+                        let v: Value = serde_json::from_str(&text)
+                            .unwrap_or_else(|e| panic!("json_object: not JSON ({e}): {text:?}"));
                         assert!(v.is_object(), "json_object: {text:?}");
                         json_objects_done += 1;
                     } else {
@@ -319,7 +371,9 @@ async fn streaming_and_n_choices_are_constrained_too() {
         }
         assert_eq!(streamed, whole, "seed {seed}: the stream carries the same constrained texts");
         // Completions, streamed, with n = 2 of a choice.
-        let body = completion(json!({"guided_choice": ["left", "right", "up", "down"], "temperature": 1.5, "seed": seed, "n": 2, "stream": true}));
+        let body = completion(
+            json!({"guided_choice": ["left", "right", "up", "down"], "temperature": 1.5, "seed": seed, "n": 2, "stream": true}),
+        );
         let r = post(t.addr, "/v1/completions", &body).await;
         let mut texts = [String::new(), String::new()];
         for ev in sse_json(&r.text()) {
@@ -346,13 +400,25 @@ async fn bad_specs_are_400s_naming_their_field() {
     let cases = [
         (json!({"guided_regex": "(unclosed"}), "guided_regex", "invalid regex"),
         (json!({"guided_json": {"type": "nonsense"}}), "guided_json", "invalid json_schema"),
-        (json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer", "minimum": 5, "maximum": 3}}}}), "response_format.json_schema.schema", "invalid json_schema"),
+        (
+            json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer", "minimum": 5, "maximum": 3}}}}),
+            "response_format.json_schema.schema",
+            "invalid json_schema",
+        ),
         (json!({"guided_grammar": "start: missing_rule"}), "guided_grammar", "invalid grammar"),
         (json!({"structured_outputs": {"grammar": "start: ("}}), "structured_outputs.grammar", "invalid grammar"),
         (json!({"guided_choice": []}), "guided_choice", "empty"),
         (json!({"guided_json": "{"}), "guided_json", "not JSON"),
-        (json!({"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}}), "response_format.json_schema.name", "required"),
-        (json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}), "response_format.json_schema.schema", "required"),
+        (
+            json!({"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}}),
+            "response_format.json_schema.name",
+            "required",
+        ),
+        (
+            json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}),
+            "response_format.json_schema.schema",
+            "required",
+        ),
         (json!({"guided_regex": "a", "guided_choice": ["a"]}), "guided_choice", "one structured-output form"),
     ];
     for (form, field, msg) in cases {
@@ -378,7 +444,9 @@ async fn a_server_without_the_compiler_says_so() {
     let e = &r.json()["error"];
     assert_eq!(e["param"], "response_format");
     assert!(e["message"].as_str().unwrap().contains("not available"), "{e}");
-    let ok = texts(t.addr, "/v1/chat/completions", &chat(json!({"response_format": {"type": "text"}, "max_tokens": 4}))).await;
+    let ok =
+        texts(t.addr, "/v1/chat/completions", &chat(json!({"response_format": {"type": "text"}, "max_tokens": 4})))
+            .await;
     assert_eq!(ok.len(), 1, "text needs no compiler");
 }
 
@@ -391,7 +459,9 @@ fn weather_tools() -> Value {
 }
 
 fn tool_schema(tools: &Value, name: &str) -> Value {
-    tools.as_array().unwrap().iter().find(|t| t["function"]["name"] == name).unwrap_or_else(|| panic!("no tool {name}"))["function"]["parameters"].clone()
+    tools.as_array().unwrap().iter().find(|t| t["function"]["name"] == name).unwrap_or_else(|| panic!("no tool {name}"))
+        ["function"]["parameters"]
+        .clone()
 }
 
 /// Checks a message's tool calls against the declared tools; returns (name, arguments).
@@ -404,7 +474,10 @@ fn check_calls(tools: &Value, calls: &Value) -> Vec<(String, String)> {
             assert!(c["id"].as_str().unwrap().starts_with("call_"), "{c}");
             assert_eq!(c["type"], "function");
             let name = c["function"]["name"].as_str().unwrap().to_string();
-            let args = c["function"]["arguments"].as_str().unwrap_or_else(|| panic!("arguments are a JSON string: {c}")).to_string();
+            let args = c["function"]["arguments"]
+                .as_str()
+                .unwrap_or_else(|| panic!("arguments are a JSON string: {c}"))
+                .to_string();
             validate(&tool_schema(tools, &name), &args);
             (name, args)
         })
@@ -426,16 +499,26 @@ pub(crate) fn streamed_calls(events: &[Value]) -> (Vec<Value>, usize, Option<Str
     let mut finish = None;
     for ev in events {
         for ch in ev["choices"].as_array().unwrap().iter().filter(|c| c["index"] == 0) {
-            assert!(ch["delta"].get("content").is_none_or(|c| c == "" || c.is_null()), "no content beside the calls: {ch}");
+            assert!(
+                ch["delta"].get("content").is_none_or(|c| c == "" || c.is_null()),
+                "no content beside the calls: {ch}"
+            );
             for call in ch["delta"].get("tool_calls").and_then(Value::as_array).into_iter().flatten() {
                 let k = call["index"].as_u64().unwrap() as usize;
                 if call.get("id").is_some() {
                     assert_eq!(k, calls.len(), "calls start in order: {call}");
-                    assert_eq!((call["type"].as_str(), call["function"]["arguments"].as_str()), (Some("function"), Some("")), "a call's first chunk: {call}");
+                    assert_eq!(
+                        (call["type"].as_str(), call["function"]["arguments"].as_str()),
+                        (Some("function"), Some("")),
+                        "a call's first chunk: {call}"
+                    );
                     assert!(call["function"]["name"].is_string(), "{call}");
                     calls.push(call.clone());
                 } else {
-                    assert!(call.get("type").is_none() && call["function"].get("name").is_none(), "later chunks carry arguments only: {call}");
+                    assert!(
+                        call.get("type").is_none() && call["function"].get("name").is_none(),
+                        "later chunks carry arguments only: {call}"
+                    );
                     let piece = call["function"]["arguments"].as_str().unwrap();
                     let args = format!("{}{piece}", calls[k]["function"]["arguments"].as_str().unwrap());
                     calls[k]["function"]["arguments"] = json!(args);
@@ -454,7 +537,9 @@ async fn tool_choice_required_and_named_give_valid_calls() {
     let tools = weather_tools();
     for &temperature in &TEMPERATURES {
         for &seed in &SEEDS {
-            let body = chat(json!({"tools": tools, "tool_choice": "required", "temperature": temperature, "seed": seed, "max_tokens": 300}));
+            let body = chat(
+                json!({"tools": tools, "tool_choice": "required", "temperature": temperature, "seed": seed, "max_tokens": 300}),
+            );
             let r = post(t.addr, "/v1/chat/completions", &body).await;
             assert_eq!(r.status, 200, "{}", r.text());
             let c = &r.json()["choices"][0];
@@ -469,9 +554,15 @@ async fn tool_choice_required_and_named_give_valid_calls() {
             let (calls, pieces, finish) = streamed_calls(&sse_json(&r.text()));
             assert_eq!(finish.as_deref(), Some("tool_calls"));
             assert!(pieces > calls.len(), "arguments come in several chunks: {pieces} for {} calls", calls.len());
-            assert_eq!(same_json(check_calls(&tools, &Value::Array(calls))), same_json(whole), "t={temperature} seed={seed}: streamed calls equal the whole answer's");
+            assert_eq!(
+                same_json(check_calls(&tools, &Value::Array(calls))),
+                same_json(whole),
+                "t={temperature} seed={seed}: streamed calls equal the whole answer's"
+            );
 
-            let body = chat(json!({"tools": tools, "tool_choice": {"type": "function", "function": {"name": "get_time"}}, "temperature": temperature, "seed": seed, "n": 2}));
+            let body = chat(
+                json!({"tools": tools, "tool_choice": {"type": "function", "function": {"name": "get_time"}}, "temperature": temperature, "seed": seed, "n": 2}),
+            );
             let r = post(t.addr, "/v1/chat/completions", &body).await;
             assert_eq!(r.status, 200, "{}", r.text());
             for c in r.json()["choices"].as_array().unwrap() {
@@ -500,13 +591,19 @@ async fn tools_reach_the_template_and_auto_parses_tool_call_blocks() {
     assert!(with_tools > bare, "the template renders the tools: {with_tools} vs {bare} tokens");
 
     // "none": tools rendered, text unparsed, even a text that holds a call.
-    let call_rx = r#"<tool_call>\{"name": "get_weather", "arguments": \{"city": "(Paris|Oslo)", "days": [1-7]\}\}</tool_call>"#;
-    let body = json!({"messages": msgs, "tools": tools, "tool_choice": "none", "guided_regex": call_rx, "max_tokens": 200});
+    let call_rx =
+        r#"<tool_call>\{"name": "get_weather", "arguments": \{"city": "(Paris|Oslo)", "days": [1-7]\}\}</tool_call>"#;
+    let body =
+        json!({"messages": msgs, "tools": tools, "tool_choice": "none", "guided_regex": call_rx, "max_tokens": 200});
     let r = post(t.addr, "/v1/chat/completions", &body).await;
     assert_eq!(r.status, 200, "{}", r.text());
     let c = &r.json()["choices"][0];
     assert_eq!(r.json()["usage"]["prompt_tokens"], with_tools, "chat renders tools as /tokenize does");
-    assert!(c["message"].get("tool_calls").is_none() && c["message"]["content"].as_str().unwrap().starts_with("<tool_call>"), "{c}");
+    assert!(
+        c["message"].get("tool_calls").is_none()
+            && c["message"]["content"].as_str().unwrap().starts_with("<tool_call>"),
+        "{c}"
+    );
     assert_eq!(c["finish_reason"], "stop");
 
     // "auto" (the default with tools): the template writes <tool_call>, so blocks are parsed.
@@ -531,7 +628,9 @@ async fn tools_reach_the_template_and_auto_parses_tool_call_blocks() {
         assert_eq!(calls[0].0, "get_weather");
     }
     // "auto" on free text: plain content, the engine's finish.
-    let r = post(t.addr, "/v1/chat/completions", &json!({"messages": msgs, "tools": tools, "max_tokens": 8, "seed": 1})).await;
+    let r =
+        post(t.addr, "/v1/chat/completions", &json!({"messages": msgs, "tools": tools, "max_tokens": 8, "seed": 1}))
+            .await;
     let c = &r.json()["choices"][0];
     assert!(c["message"]["content"].is_string() && c["message"].get("tool_calls").is_none(), "{c}");
 
@@ -546,7 +645,10 @@ async fn tools_reach_the_template_and_auto_parses_tool_call_blocks() {
     let ids: Vec<u32> = r.json()["tokens"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
     let tok = Tokenizer::from_dir(tool_dir()).unwrap();
     let rendered = tok.decode(&ids, false).unwrap();
-    assert!(rendered.contains("<tool_call>get_weather:Oslo</tool_call>"), "the call's arguments reach the template as a mapping: {rendered}");
+    assert!(
+        rendered.contains("<tool_call>get_weather:Oslo</tool_call>"),
+        "the call's arguments reach the template as a mapping: {rendered}"
+    );
     assert!(rendered.contains("<|im_start|>tool\nsunny<|im_end|>"), "{rendered}");
     let r = post(t.addr, "/v1/chat/completions", &json!({"messages": convo, "tools": tools, "max_tokens": 4})).await;
     assert_eq!(r.status, 200, "{}", r.text());
@@ -558,12 +660,28 @@ async fn bad_tool_requests_are_400s() {
     let tools = weather_tools();
     let bad_schema = json!([{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"x": {"type": "nonsense"}}}}}]);
     let cases = [
-        (json!({"tools": tools, "tool_choice": {"type": "function", "function": {"name": "get_stock"}}}), "tool_choice.function.name", "not among the tools"),
+        (
+            json!({"tools": tools, "tool_choice": {"type": "function", "function": {"name": "get_stock"}}}),
+            "tool_choice.function.name",
+            "not among the tools",
+        ),
         (json!({"tool_choice": "required"}), "tool_choice", "needs `tools`"),
         (json!({"tools": bad_schema, "tool_choice": "required"}), "tools", "invalid json_schema"),
-        (json!({"tools": bad_schema, "tool_choice": {"type": "function", "function": {"name": "f"}}}), "tools[0].function.parameters", "invalid json_schema"),
-        (json!({"tools": [{"type": "function", "function": {"parameters": {}}}]}), "tools[0].function.name", "required"),
-        (json!({"tools": tools, "tool_choice": "required", "guided_regex": "a"}), "guided_regex", "constrains the answer already"),
+        (
+            json!({"tools": bad_schema, "tool_choice": {"type": "function", "function": {"name": "f"}}}),
+            "tools[0].function.parameters",
+            "invalid json_schema",
+        ),
+        (
+            json!({"tools": [{"type": "function", "function": {"parameters": {}}}]}),
+            "tools[0].function.name",
+            "required",
+        ),
+        (
+            json!({"tools": tools, "tool_choice": "required", "guided_regex": "a"}),
+            "guided_regex",
+            "constrains the answer already",
+        ),
     ];
     for (extra, field, msg) in cases {
         let r = post(t.addr, "/v1/chat/completions", &chat(extra.clone())).await;
@@ -573,18 +691,31 @@ async fn bad_tool_requests_are_400s() {
         assert!(e["message"].as_str().unwrap().contains(msg), "{extra}: {e}");
     }
     let r = post(t.addr, "/v1/completions", &completion(json!({"tools": tools}))).await;
-    assert_eq!((r.status.as_u16(), r.json()["error"]["param"].clone()), (400, json!("tools")), "tools are a chat field");
+    assert_eq!(
+        (r.status.as_u16(), r.json()["error"]["param"].clone()),
+        (400, json!("tools")),
+        "tools are a chat field"
+    );
 }
 
 /// The converted SmolLM2-135M-Instruct: `$TANDEM_SMOLLM2_DIR`, else `models/SmolLM2-135M-Instruct`;
 /// absent, the test says so (counted) unless `TANDEM_REQUIRE_MODEL` makes that a failure.
 fn smollm2_dir() -> Option<PathBuf> {
-    let dir = std::env::var_os("TANDEM_SMOLLM2_DIR").map(PathBuf::from).unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct"));
+    let dir = std::env::var_os("TANDEM_SMOLLM2_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct"));
     if dir.join("config.json").exists() {
         return Some(dir);
     }
-    assert!(std::env::var_os("TANDEM_REQUIRE_MODEL").is_none(), "TANDEM_REQUIRE_MODEL is set but {} holds no model", dir.display());
-    tandem_core::skip::note(format!("structured output on SmolLM2: no model at {} (run `cargo xtask fetch-model`)", dir.display()));
+    assert!(
+        std::env::var_os("TANDEM_REQUIRE_MODEL").is_none(),
+        "TANDEM_REQUIRE_MODEL is set but {} holds no model",
+        dir.display()
+    );
+    tandem_core::skip::note(format!(
+        "structured output on SmolLM2: no model at {} (run `cargo xtask fetch-model`)",
+        dir.display()
+    ));
     None
 }
 
@@ -602,13 +733,31 @@ async fn smollm2_writes_valid_json_and_tool_calls() {
         }
         b
     };
-    let got = texts(t.addr, "/v1/chat/completions", &ask("Describe a person as JSON.", json!({"response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": schema}}}))).await;
+    let got = texts(
+        t.addr,
+        "/v1/chat/completions",
+        &ask(
+            "Describe a person as JSON.",
+            json!({"response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": schema}}}),
+        ),
+    )
+    .await;
     assert_eq!(got[0].1, "stop", "{got:?}");
     validate(&schema, &got[0].0);
-    let got = texts(t.addr, "/v1/chat/completions", &ask("What is the capital of France?", json!({"guided_choice": ["Paris", "London", "Berlin"]}))).await;
+    let got = texts(
+        t.addr,
+        "/v1/chat/completions",
+        &ask("What is the capital of France?", json!({"guided_choice": ["Paris", "London", "Berlin"]})),
+    )
+    .await;
     assert!(["Paris", "London", "Berlin"].contains(&got[0].0.as_str()) && got[0].1 == "stop", "{got:?}");
     let tools = weather_tools();
-    let r = post(t.addr, "/v1/chat/completions", &ask("What is the weather in Paris this week?", json!({"tools": tools, "tool_choice": "required"}))).await;
+    let r = post(
+        t.addr,
+        "/v1/chat/completions",
+        &ask("What is the weather in Paris this week?", json!({"tools": tools, "tool_choice": "required"})),
+    )
+    .await;
     assert_eq!(r.status, 200, "{}", r.text());
     let c = &r.json()["choices"][0];
     assert_eq!(c["finish_reason"], "tool_calls", "{c}");
@@ -620,21 +769,29 @@ async fn smollm2_writes_valid_json_and_tool_calls() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn constrained_neighbours_leave_other_requests_alone() {
     let t = start(tiny_dir(), true).await;
-    let plain = [json!({"prompt": "The cat sat", "max_tokens": 32, "temperature": 0}), json!({"prompt": "Once upon", "max_tokens": 32, "temperature": 1.0, "seed": 7})];
+    let plain = [
+        json!({"prompt": "The cat sat", "max_tokens": 32, "temperature": 0}),
+        json!({"prompt": "Once upon", "max_tokens": 32, "temperature": 1.0, "seed": 7}),
+    ];
     let mut solo = Vec::new();
     for body in &plain {
         solo.push(texts(t.addr, "/v1/completions", body).await);
     }
     let guided = completion(json!({"guided_json": person_schema(), "temperature": 1.0, "seed": 3, "n": 4}));
     for round in 0..3 {
-        let tool_call = chat(json!({"tools": weather_tools(), "tool_choice": "required", "temperature": 0.7, "seed": round}));
+        let tool_call =
+            chat(json!({"tools": weather_tools(), "tool_choice": "required", "temperature": 0.7, "seed": round}));
         let (a, b, g1, g2) = tokio::join!(
             texts(t.addr, "/v1/completions", &plain[0]),
             texts(t.addr, "/v1/completions", &plain[1]),
             texts(t.addr, "/v1/completions", &guided),
             texts(t.addr, "/v1/chat/completions", &tool_call)
         );
-        assert_eq!((&a, &b), (&solo[0], &solo[1]), "round {round}: the unconstrained texts changed beside constrained requests");
+        assert_eq!(
+            (&a, &b),
+            (&solo[0], &solo[1]),
+            "round {round}: the unconstrained texts changed beside constrained requests"
+        );
         for (text, _) in g1 {
             validate(&person_schema(), &text);
         }
@@ -651,7 +808,8 @@ async fn unlisted_properties_are_not_generated() {
     let t = start(tiny_dir(), true).await;
     let tok = Tokenizer::from_dir(tiny_dir()).unwrap();
     let mut bias = no_whitespace();
-    let comma: Vec<u32> = (0..tok.vocab_size() as u32).filter(|&id| tok.decode(&[id], false).is_ok_and(|t| t == ",")).collect();
+    let comma: Vec<u32> =
+        (0..tok.vocab_size() as u32).filter(|&id| tok.decode(&[id], false).is_ok_and(|t| t == ",")).collect();
     assert!(!comma.is_empty());
     for id in comma {
         bias[id.to_string()] = json!(8);
@@ -659,8 +817,12 @@ async fn unlisted_properties_are_not_generated() {
     let schema = json!({"type": "object", "properties": {"a": {"type": "integer", "maximum": 99}}, "required": ["a"]});
     let (mut strict_whole, mut loose_extra) = (0, 0);
     for seed in 1..=3u64 {
-        for (so, strict) in [(json!({"json": schema}), true), (json!({"json": schema, "disable_additional_properties": false}), false)] {
-            let body = completion(json!({"structured_outputs": so, "n": 4, "seed": seed, "temperature": 1.0, "max_tokens": 40, "logit_bias": bias}));
+        for (so, strict) in
+            [(json!({"json": schema}), true), (json!({"json": schema, "disable_additional_properties": false}), false)]
+        {
+            let body = completion(
+                json!({"structured_outputs": so, "n": 4, "seed": seed, "temperature": 1.0, "max_tokens": 40, "logit_bias": bias}),
+            );
             for (text, finish) in texts(t.addr, "/v1/completions", &body).await {
                 if strict {
                     let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text:?} ({finish})"));
@@ -683,23 +845,47 @@ async fn gbnf_grammars_hold() {
     let t = start(tiny_dir(), true).await;
     let yes_no = "root ::= \"yes\" | \"no\"";
     let code = "root ::= \"id-\" digit{2,4} tail # a comment\ndigit ::= [0-9]\ntail ::= (\"!\" | [?.])";
-    let code_ok = |t: &str| t.strip_prefix("id-").is_some_and(|r| r.len() >= 3 && r.len() <= 5 && r[..r.len() - 1].bytes().all(|b| b.is_ascii_digit()) && r.ends_with(['!', '?', '.']));
+    let code_ok = |t: &str| {
+        t.strip_prefix("id-").is_some_and(|r| {
+            r.len() >= 3
+                && r.len() <= 5
+                && r[..r.len() - 1].bytes().all(|b| b.is_ascii_digit())
+                && r.ends_with(['!', '?', '.'])
+        })
+    };
     for seed in 1..=3u64 {
         for (field, g) in [("structured_outputs", json!({"grammar": yes_no})), ("guided_grammar", json!(yes_no))] {
-            for (text, finish) in texts(t.addr, "/v1/completions", &completion(json!({field: g, "n": 3, "seed": seed, "temperature": 1.0}))).await {
+            for (text, finish) in texts(
+                t.addr,
+                "/v1/completions",
+                &completion(json!({field: g, "n": 3, "seed": seed, "temperature": 1.0})),
+            )
+            .await
+            {
                 assert!(text == "yes" || text == "no", "{text:?}");
                 assert_eq!(finish, "stop");
             }
         }
-        for (text, finish) in texts(t.addr, "/v1/chat/completions", &chat(json!({"structured_outputs": {"grammar": code}, "n": 3, "seed": seed, "temperature": 1.0}))).await {
+        for (text, finish) in texts(
+            t.addr,
+            "/v1/chat/completions",
+            &chat(json!({"structured_outputs": {"grammar": code}, "n": 3, "seed": seed, "temperature": 1.0})),
+        )
+        .await
+        {
             assert!(code_ok(&text), "{text:?}");
             assert_eq!(finish, "stop");
         }
     }
-    let r = post(t.addr, "/v1/completions", &completion(json!({"structured_outputs": {"grammar": "root ::= item"}}))).await;
+    let r =
+        post(t.addr, "/v1/completions", &completion(json!({"structured_outputs": {"grammar": "root ::= item"}}))).await;
     assert_eq!(r.status, 400, "{}", r.text());
     assert_eq!(r.json()["error"]["param"], "structured_outputs.grammar");
-    assert!(r.json()["error"]["message"].as_str().unwrap().contains("GBNF: rule `item` is used but not defined"), "{}", r.text());
+    assert!(
+        r.json()["error"]["message"].as_str().unwrap().contains("GBNF: rule `item` is used but not defined"),
+        "{}",
+        r.text()
+    );
 }
 
 /// Issue 28: as vLLM (xgrammar), a completion whose grammar completed samples the EOS token the

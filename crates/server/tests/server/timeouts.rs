@@ -16,7 +16,6 @@ use tandem_server::ServerConfig;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-
 fn config() -> ServerConfig {
     ServerConfig { addr: ([127, 0, 0, 1], 0).into(), max_model_len: MAX_LEN, vocab_size: VOCAB, ..Default::default() }
 }
@@ -31,7 +30,9 @@ async fn read_to_close(sock: &mut TcpStream, limit: Duration) -> String {
     let mut buf = [0u8; 4096];
     let t = Instant::now();
     loop {
-        let left = limit.checked_sub(t.elapsed()).unwrap_or_else(|| panic!("still open after {limit:?}; got {:?}", String::from_utf8_lossy(&out)));
+        let left = limit
+            .checked_sub(t.elapsed())
+            .unwrap_or_else(|| panic!("still open after {limit:?}; got {:?}", String::from_utf8_lossy(&out)));
         match tokio::time::timeout(left, sock.read(&mut buf)).await {
             Ok(Ok(0)) | Ok(Err(_)) => return String::from_utf8_lossy(&out).into_owned(),
             Ok(Ok(n)) => out.extend_from_slice(&buf[..n]),
@@ -48,7 +49,9 @@ async fn wait_idle(s: &TestServer) {
     let t = Instant::now();
     loop {
         let m = get(s.addr, "/metrics").await.text();
-        if metric(&m, &format!("vllm:num_requests_running{}", l())) == 0.0 && metric(&m, &format!("vllm:kv_cache_usage_perc{}", l())) == 0.0 {
+        if metric(&m, &format!("vllm:num_requests_running{}", l())) == 0.0
+            && metric(&m, &format!("vllm:kv_cache_usage_perc{}", l())) == 0.0
+        {
             return;
         }
         assert!(t.elapsed() < Duration::from_secs(2), "the engine did not go idle");
@@ -68,7 +71,12 @@ async fn a_body_that_stops_half_way_is_408_and_the_connection_closed() {
     ] {
         let mut sock = TcpStream::connect(s.addr).await.unwrap();
         let t = Instant::now();
-        sock.write_all(format!("POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n{framing}\r\n{part}").as_bytes()).await.unwrap();
+        sock.write_all(
+            format!("POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n{framing}\r\n{part}")
+                .as_bytes(),
+        )
+        .await
+        .unwrap();
         let reply = read_to_close(&mut sock, Duration::from_secs(5)).await;
         let took = t.elapsed();
         assert!(reply.starts_with("HTTP/1.1 408"), "{path}: {reply}");
@@ -100,14 +108,24 @@ async fn a_stream_past_the_request_timeout_ends_every_choice_with_abort() {
         .collect();
     let mut sorted = finishes.clone();
     sorted.sort();
-    assert_eq!(sorted, vec![(0, "abort".to_string()), (1, "abort".to_string())], "both choices end, once each: {finishes:?}");
+    assert_eq!(
+        sorted,
+        vec![(0, "abort".to_string()), (1, "abort".to_string())],
+        "both choices end, once each: {finishes:?}"
+    );
     let usage = &ev.last().unwrap()["usage"];
     let produced = usage["completion_tokens"].as_u64().unwrap();
     assert!(produced > 0 && produced < 400, "cut off mid-way: {usage}");
     assert!(took >= Duration::from_millis(500) && took < Duration::from_secs(3), "{took:?}");
     eprintln!("stream cut at the 500 ms bound after {took:?}, {produced} tokens");
     let m = get(s.addr, "/metrics").await.text();
-    assert_eq!(metric(&m, &format!("vllm:request_success_total{{model_name=\"{MODEL}\",engine=\"0\",finished_reason=\"abort\"}}")), 2.0);
+    assert_eq!(
+        metric(
+            &m,
+            &format!("vllm:request_success_total{{model_name=\"{MODEL}\",engine=\"0\",finished_reason=\"abort\"}}")
+        ),
+        2.0
+    );
     assert!(metric(&m, &format!("vllm:generation_tokens_total{}", l())) < 400.0);
     wait_idle(&s).await;
 }
@@ -117,7 +135,12 @@ async fn a_whole_response_past_the_request_timeout_answers_its_text_with_abort()
     let mut setup = Setup { delay: Duration::from_millis(10), ..Default::default() };
     setup.config.request_timeout = Some(Duration::from_millis(500));
     let s = TestServer::start(setup).await;
-    let r = post(s.addr, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "hi"}], "ignore_eos": true})).await;
+    let r = post(
+        s.addr,
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "hi"}], "ignore_eos": true}),
+    )
+    .await;
     assert_eq!(r.status, 200, "{}", r.text());
     let v = r.json();
     assert_eq!(v["choices"][0]["finish_reason"], "abort", "{v}");
@@ -141,13 +164,21 @@ async fn a_request_with_nothing_by_its_timeout_is_408_and_aborted() {
     assert!(took >= Duration::from_millis(200) && took < Duration::from_secs(2), "{took:?}");
     assert_eq!(*engine.aborted.lock().unwrap(), vec![0], "the engine request is aborted (its KV freed)");
     // Streamed, the headers left at once, so the bound ends the stream instead: abort, [DONE].
-    let r = post(s.addr, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "hi"}], "stream": true})).await;
+    let r =
+        post(s.addr, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "hi"}], "stream": true}))
+            .await;
     assert_eq!(r.status, 200);
     let ev = sse_json(&r.text());
     assert_eq!(ev.last().unwrap()["choices"][0]["finish_reason"], "abort", "{ev:?}");
     assert_eq!(*engine.aborted.lock().unwrap(), vec![0, 1]);
     let m = get(s.addr, "/metrics").await.text();
-    assert_eq!(metric(&m, &format!("vllm:request_success_total{{model_name=\"{MODEL}\",engine=\"0\",finished_reason=\"abort\"}}")), 2.0);
+    assert_eq!(
+        metric(
+            &m,
+            &format!("vllm:request_success_total{{model_name=\"{MODEL}\",engine=\"0\",finished_reason=\"abort\"}}")
+        ),
+        2.0
+    );
     assert_eq!(metric(&m, &format!("tandem:server_queued_requests{}", l())), 0.0, "queue slots released");
 }
 
@@ -158,7 +189,9 @@ async fn without_a_request_timeout_nothing_is_cut() {
     let mut c = Client::connect(s.addr).await;
     // The request stays in flight while we look: dropping it first would close the connection,
     // and the server's abort of a vanished client could race the check below.
-    let pending = tokio::spawn(async move { c.send("POST", "/v1/completions", &[], json!({"prompt": "hi"}).to_string()).await.status() });
+    let pending = tokio::spawn(async move {
+        c.send("POST", "/v1/completions", &[], json!({"prompt": "hi"}).to_string()).await.status()
+    });
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(!pending.is_finished(), "no answer: the request still waits on the engine");
     assert!(engine.aborted.lock().unwrap().is_empty());
@@ -182,7 +215,14 @@ async fn shutdown_drops_idle_connections_and_exits_when_the_last_stream_ends() {
     let mut silent = TcpStream::connect(s.addr).await.unwrap();
     // A stream in flight, which must finish whole.
     let mut c = Client::connect(s.addr).await;
-    let r = c.send("POST", "/v1/completions", &[], json!({"prompt": "hi", "max_tokens": 40, "stream": true, "ignore_eos": true}).to_string()).await;
+    let r = c
+        .send(
+            "POST",
+            "/v1/completions",
+            &[],
+            json!({"prompt": "hi", "max_tokens": 40, "stream": true, "ignore_eos": true}).to_string(),
+        )
+        .await;
     let mut body = r.into_body();
     let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
     tokio::time::sleep(Duration::from_millis(20)).await; // every socket above is accepted by now
@@ -202,10 +242,19 @@ async fn shutdown_drops_idle_connections_and_exits_when_the_last_stream_ends() {
     let ev = sse_json(&(String::from_utf8_lossy(&first).into_owned() + &String::from_utf8_lossy(&rest)));
     assert_eq!(ev.last().unwrap()["choices"][0]["finish_reason"], "length", "the stream in flight drained whole");
     let task = s.task.take().unwrap();
-    tokio::time::timeout(Duration::from_secs(5), task).await.expect("the server exits once the stream ends").unwrap().unwrap();
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .expect("the server exits once the stream ends")
+        .unwrap()
+        .unwrap();
     let exit = t.elapsed();
-    eprintln!("shutdown: idle sockets closed by {closed_idle:?}, stream ended at {stream_end:?}, server exited at {exit:?}");
-    assert!(exit - stream_end < Duration::from_secs(1), "exit {exit:?} long after the last stream ended at {stream_end:?}");
+    eprintln!(
+        "shutdown: idle sockets closed by {closed_idle:?}, stream ended at {stream_end:?}, server exited at {exit:?}"
+    );
+    assert!(
+        exit - stream_end < Duration::from_secs(1),
+        "exit {exit:?} long after the last stream ended at {stream_end:?}"
+    );
     // The keep-alive client sees its connection closed too.
     let t = Instant::now();
     while !idle.conn.is_finished() {

@@ -24,7 +24,9 @@ async fn tokenize_and_detokenize_in_vllms_shapes() {
     let v = r.json();
     let want = tok.encode(text, true).unwrap();
     assert_eq!(v, json!({"count": want.len(), "max_model_len": MAX_LEN, "tokens": want, "token_strs": null}));
-    let v = post(s.addr, "/tokenize", &json!({"prompt": text, "add_special_tokens": false, "return_token_strs": true})).await.json();
+    let v = post(s.addr, "/tokenize", &json!({"prompt": text, "add_special_tokens": false, "return_token_strs": true}))
+        .await
+        .json();
     let plain = tok.encode(text, false).unwrap();
     assert_eq!(v["tokens"], json!(plain));
     let strs: Vec<String> = plain.iter().map(|&t| tok.id_to_token(t).unwrap()).collect();
@@ -39,7 +41,8 @@ async fn tokenize_and_detokenize_in_vllms_shapes() {
     assert_eq!(v["count"], chat["usage"]["prompt_tokens"], "{v} vs {chat}");
     let rendered = tok.apply_chat_template(chat_msgs().as_array().unwrap(), true).unwrap();
     assert_eq!(v["tokens"], json!(tok.encode(&rendered, false).unwrap()));
-    let no_gen = post(s.addr, "/tokenize", &json!({"messages": chat_msgs(), "add_generation_prompt": false})).await.json();
+    let no_gen =
+        post(s.addr, "/tokenize", &json!({"messages": chat_msgs(), "add_generation_prompt": false})).await.json();
     assert!(no_gen["count"].as_u64().unwrap() < v["count"].as_u64().unwrap(), "without the assistant header: {no_gen}");
 
     // Detokenize turns the ids back into the text, special tokens kept.
@@ -48,7 +51,10 @@ async fn tokenize_and_detokenize_in_vllms_shapes() {
     assert_eq!(r.status, 200, "{}", r.text());
     let back: Vec<u32> = serde_json::from_value(ids).unwrap();
     assert_eq!(r.json(), json!({"prompt": tok.decode(&back, false).unwrap()}));
-    assert_eq!(post(s.addr, "/detokenize", &json!({"tokens": want})).await.json()["prompt"], tok.decode(&want, false).unwrap().as_str());
+    assert_eq!(
+        post(s.addr, "/detokenize", &json!({"tokens": want})).await.json()["prompt"],
+        tok.decode(&want, false).unwrap().as_str()
+    );
     assert_eq!(post(s.addr, "/detokenize", &json!({"tokens": []})).await.json(), json!({"prompt": ""}));
 }
 
@@ -60,7 +66,12 @@ async fn tokenizer_endpoints_refuse_bad_input_naming_the_field() {
         ("/tokenize", json!({"prompt": 5}), 400, "prompt"),
         ("/tokenize", json!({"prompt": "x", "messages": chat_msgs()}), 400, "messages"),
         ("/tokenize", json!({"messages": "hi"}), 400, "messages"),
-        ("/tokenize", json!({"messages": chat_msgs(), "continue_final_message": true, "add_generation_prompt": true}), 400, "continue_final_message"),
+        (
+            "/tokenize",
+            json!({"messages": chat_msgs(), "continue_final_message": true, "add_generation_prompt": true}),
+            400,
+            "continue_final_message",
+        ),
         ("/tokenize", json!({"prompt": "x", "add_special_tokens": "yes"}), 400, "add_special_tokens"),
         ("/tokenize", json!({"prompt": "x", "model": "gpt-9"}), 404, "model"),
         ("/detokenize", json!({}), 400, "tokens"),
@@ -91,9 +102,23 @@ async fn tokenizer_endpoints_need_the_api_key_and_version_does_not() {
         let r = post(s.addr, path, &body).await;
         assert_eq!(r.status, 401, "{path}");
     }
-    let r = request(s.addr, "POST", "/tokenize", &[("authorization", "Bearer sekrit")], json!({"prompt": "hi"}).to_string()).await;
+    let r = request(
+        s.addr,
+        "POST",
+        "/tokenize",
+        &[("authorization", "Bearer sekrit")],
+        json!({"prompt": "hi"}).to_string(),
+    )
+    .await;
     assert_eq!(r.status, 200, "{}", r.text());
-    let r = request(s.addr, "POST", "/detokenize", &[("authorization", "Bearer sekrit")], json!({"tokens": [5]}).to_string()).await;
+    let r = request(
+        s.addr,
+        "POST",
+        "/detokenize",
+        &[("authorization", "Bearer sekrit")],
+        json!({"tokens": [5]}).to_string(),
+    )
+    .await;
     assert_eq!(r.status, 200, "{}", r.text());
     // /version is open, as in vLLM (like /health).
     let r = get(s.addr, "/version").await;
@@ -137,7 +162,14 @@ async fn cors_is_off_by_default() {
     assert_eq!(r.status, 200);
     assert!(r.headers.get("access-control-allow-origin").is_none());
     // No preflight either: OPTIONS is not a method served here.
-    let r = request(s.addr, "OPTIONS", "/v1/completions", &[("origin", "https://app.example"), ("access-control-request-method", "POST")], "").await;
+    let r = request(
+        s.addr,
+        "OPTIONS",
+        "/v1/completions",
+        &[("origin", "https://app.example"), ("access-control-request-method", "POST")],
+        "",
+    )
+    .await;
     assert_eq!(r.status, 405);
     assert!(r.headers.get("access-control-allow-origin").is_none());
 }
@@ -152,7 +184,18 @@ async fn cors_for_listed_origins_with_preflight_before_the_api_key() {
     let preflight = |origin: &'static str, method: &'static str| {
         let addr = s.addr;
         async move {
-            request(addr, "OPTIONS", "/v1/chat/completions", &[("origin", origin), ("access-control-request-method", method), ("access-control-request-headers", "authorization, content-type")], "").await
+            request(
+                addr,
+                "OPTIONS",
+                "/v1/chat/completions",
+                &[
+                    ("origin", origin),
+                    ("access-control-request-method", method),
+                    ("access-control-request-headers", "authorization, content-type"),
+                ],
+                "",
+            )
+            .await
         }
     };
     // The preflight carries no key and is answered all the same.
@@ -174,7 +217,14 @@ async fn cors_for_listed_origins_with_preflight_before_the_api_key() {
     assert!(r.headers.get("access-control-allow-methods").is_none());
     // The actual requests: allowed origins get the header (and can read X-Request-Id), others not.
     let auth = ("authorization", "Bearer sekrit");
-    let r = request(s.addr, "POST", "/v1/chat/completions", &[auth, ("origin", "http://localhost:3000")], json!({"messages": chat_msgs(), "max_tokens": 2}).to_string()).await;
+    let r = request(
+        s.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[auth, ("origin", "http://localhost:3000")],
+        json!({"messages": chat_msgs(), "max_tokens": 2}).to_string(),
+    )
+    .await;
     assert_eq!(r.status, 200);
     assert_eq!(r.headers["access-control-allow-origin"], "http://localhost:3000");
     assert_eq!(r.headers["access-control-expose-headers"], "x-request-id");
@@ -192,11 +242,25 @@ async fn cors_for_any_origin() {
     let mut setup = Setup::default();
     setup.config.allowed_origins = vec!["*".into()];
     let s = TestServer::start(setup).await;
-    let r = request(s.addr, "OPTIONS", "/tokenize", &[("origin", "https://anywhere.example"), ("access-control-request-method", "POST")], "").await;
+    let r = request(
+        s.addr,
+        "OPTIONS",
+        "/tokenize",
+        &[("origin", "https://anywhere.example"), ("access-control-request-method", "POST")],
+        "",
+    )
+    .await;
     assert_eq!(r.status, 200);
     assert_eq!(r.headers["access-control-allow-origin"], "*");
     assert!(r.headers.get("vary").is_none(), "the answer does not depend on the origin");
-    let r = request(s.addr, "POST", "/v1/completions", &[("origin", "https://anywhere.example")], json!({"prompt": "hi", "max_tokens": 1, "stream": true}).to_string()).await;
+    let r = request(
+        s.addr,
+        "POST",
+        "/v1/completions",
+        &[("origin", "https://anywhere.example")],
+        json!({"prompt": "hi", "max_tokens": 1, "stream": true}).to_string(),
+    )
+    .await;
     assert_eq!(r.status, 200);
     assert_eq!(r.headers["access-control-allow-origin"], "*");
     // A request without Origin (not from a browser) gets none.
@@ -208,7 +272,10 @@ async fn throughput_gauges_follow_the_token_counters() {
     let t = Instant::now();
     let s = TestServer::start(Setup::default()).await;
     for _ in 0..3 {
-        assert_eq!(post(s.addr, "/v1/completions", &json!({"prompt": "hello world the cat", "max_tokens": 5})).await.status, 200);
+        assert_eq!(
+            post(s.addr, "/v1/completions", &json!({"prompt": "hello world the cat", "max_tokens": 5})).await.status,
+            200
+        );
     }
     let text = get(s.addr, "/metrics").await.text();
     let elapsed = t.elapsed().as_secs_f64();

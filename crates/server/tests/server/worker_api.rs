@@ -21,7 +21,9 @@ async fn get_load_counts_the_tokens_of_requests_in_flight() {
     let prompt_tokens = s.tokenizer.encode(prompt, true).unwrap().len();
     let addr = s.addr;
     // Two completions of one prompt, 40 tokens each at 20 ms a step: in flight for most of a second.
-    let run = tokio::spawn(async move { post(addr, "/v1/completions", &json!({"prompt": prompt, "max_tokens": 40, "n": 2})).await });
+    let run = tokio::spawn(async move {
+        post(addr, "/v1/completions", &json!({"prompt": prompt, "max_tokens": 40, "n": 2})).await
+    });
     let t0 = Instant::now();
     let busy = loop {
         let v = get(s.addr, "/get_load").await.json();
@@ -79,7 +81,12 @@ async fn health_generate_generates_and_flush_cache_says_why_not() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn while_loading_health_generate_is_503_and_load_is_zero() {
     let engine = tandem_server::engine_adapter::TandemEngine::loading();
-    let config = ServerConfig { addr: ([127, 0, 0, 1], 0).into(), max_model_len: MAX_LEN, vocab_size: VOCAB, ..Default::default() };
+    let config = ServerConfig {
+        addr: ([127, 0, 0, 1], 0).into(),
+        max_model_len: MAX_LEN,
+        vocab_size: VOCAB,
+        ..Default::default()
+    };
     let s = TestServer::with_client(config, engine, tokenizer()).await;
     let h = get(s.addr, "/health_generate").await;
     assert_eq!(h.status, 503, "{}", h.text());

@@ -21,7 +21,11 @@ fn offline_example_prints_the_batch_in_order() {
     let lines: Vec<&str> = text.lines().collect();
     assert!(lines[0].starts_with("loaded ") && lines[0].contains(" on reference (CPU)"), "{text}");
     for (i, p) in offline::PROMPTS.iter().enumerate() {
-        assert!(lines[1 + i].starts_with(&format!("{p:?} -> {:?}", outputs[i].completions[0].text)), "line {}: {text}", 1 + i);
+        assert!(
+            lines[1 + i].starts_with(&format!("{p:?} -> {:?}", outputs[i].completions[0].text)),
+            "line {}: {text}",
+            1 + i
+        );
         assert!(outputs[i].usage.completion_tokens >= 1);
     }
     assert!(lines[1 + offline::PROMPTS.len()].contains("tok/s for the batch"), "{text}");

@@ -9,10 +9,19 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use tandem::{ChatOptions, Error, FinishReason, Message, Prompt, SamplingParams};
 
-const PROMPTS: [&str; 5] = ["The capital of France is", "1, 2, 3,", "def main():", "Once upon a time, in a land far away, there lived", "a"];
+const PROMPTS: [&str; 5] =
+    ["The capital of France is", "1, 2, 3,", "def main():", "Once upon a time, in a land far away, there lived", "a"];
 
 fn sampled(max_tokens: usize) -> SamplingParams {
-    SamplingParams { temperature: 0.9, top_p: 0.95, top_k: 50, seed: Some(42), max_tokens: Some(max_tokens), ignore_eos: true, ..Default::default() }
+    SamplingParams {
+        temperature: 0.9,
+        top_p: 0.95,
+        top_k: 50,
+        seed: Some(42),
+        max_tokens: Some(max_tokens),
+        ignore_eos: true,
+        ..Default::default()
+    }
 }
 
 #[test]
@@ -31,7 +40,11 @@ fn generate_returns_one_output_per_prompt_in_order() {
         assert_eq!((c.token_ids.len(), &c.finish_reason), (12, &FinishReason::Length));
         assert_eq!(out.usage.completion_tokens, 12);
         assert_eq!(out.usage.prompt_tokens, out.prompt_token_ids.len());
-        assert_eq!(c.text, llm.tokenizer().decode(&c.token_ids, true).unwrap(), "the streamed text pieces add up to the decoded whole");
+        assert_eq!(
+            c.text,
+            llm.tokenizer().decode(&c.token_ids, true).unwrap(),
+            "the streamed text pieces add up to the decoded whole"
+        );
         assert!(c.logprobs.is_none(), "not asked for");
     }
     // Different prompts, different samples: the outputs are not all one.
@@ -54,7 +67,11 @@ fn n_completions_and_logprobs() {
         }
     }
     assert_eq!(out.usage.completion_tokens, 18);
-    assert!(out.completions[0].token_ids != out.completions[1].token_ids || out.completions[1].token_ids != out.completions[2].token_ids, "three streams of one seed differ");
+    assert!(
+        out.completions[0].token_ids != out.completions[1].token_ids
+            || out.completions[1].token_ids != out.completions[2].token_ids,
+        "three streams of one seed differ"
+    );
 }
 
 #[test]
@@ -63,7 +80,8 @@ fn chat_goes_through_the_template() {
     let convo = vec![Message::system("You are terse."), Message::user("What is the capital of France?")];
     let params = SamplingParams::greedy(10);
     let out = llm.chat([convo.clone()], &params).unwrap().remove(0);
-    let msgs: Vec<serde_json::Value> = convo.iter().map(|m| serde_json::json!({"role": m.role, "content": m.content})).collect();
+    let msgs: Vec<serde_json::Value> =
+        convo.iter().map(|m| serde_json::json!({"role": m.role, "content": m.content})).collect();
     let rendered = llm.tokenizer().apply_chat_template(&msgs, true).unwrap();
     assert!(rendered.ends_with("<|im_start|>assistant\n"), "{rendered:?}");
     let ids = llm.tokenizer().encode(&rendered, false).unwrap();
@@ -83,7 +101,8 @@ fn chat_continues_the_final_message() {
     let params = SamplingParams::greedy(4);
     let cont = ChatOptions { add_generation_prompt: false, continue_final_message: true };
     let out = llm.chat_with([convo.clone()], &params, &cont).unwrap().remove(0);
-    let msgs: Vec<serde_json::Value> = convo.iter().map(|m| serde_json::json!({"role": m.role, "content": m.content})).collect();
+    let msgs: Vec<serde_json::Value> =
+        convo.iter().map(|m| serde_json::json!({"role": m.role, "content": m.content})).collect();
     let closed = llm.tokenizer().apply_chat_template(&msgs, false).unwrap();
     let open = &closed[..closed.rfind("The colour is").unwrap() + "The colour is".len()];
     assert!(open.len() < closed.len(), "the template closes the turn: {closed:?}");
@@ -91,7 +110,10 @@ fn chat_continues_the_final_message() {
     let direct = llm.generate([Prompt::Tokens(out.prompt_token_ids.clone())], &params).unwrap().remove(0);
     assert_eq!(out.completions, direct.completions);
     let no_gen = ChatOptions { add_generation_prompt: false, continue_final_message: false };
-    assert_eq!(llm.chat_with([convo.clone()], &params, &no_gen).unwrap()[0].prompt_token_ids, llm.tokenizer().encode(&closed, false).unwrap());
+    assert_eq!(
+        llm.chat_with([convo.clone()], &params, &no_gen).unwrap()[0].prompt_token_ids,
+        llm.tokenizer().encode(&closed, false).unwrap()
+    );
     let both = ChatOptions { add_generation_prompt: true, continue_final_message: true };
     assert!(llm.chat_with([convo], &params, &both).unwrap_err().to_string().contains("Cannot set both"));
 }
@@ -175,7 +197,9 @@ fn a_bad_parameter_is_an_error_naming_the_field() {
     }
     // Prompts the engine refuses name their index; nothing was left running.
     let vocab = llm.tokenizer().vocab_size() as u32;
-    let e = llm.generate([Prompt::from("fine"), Prompt::Tokens(vec![1, vocab + 5])], &SamplingParams::greedy(4)).unwrap_err();
+    let e = llm
+        .generate([Prompt::from("fine"), Prompt::Tokens(vec![1, vocab + 5])], &SamplingParams::greedy(4))
+        .unwrap_err();
     assert!(matches!(e, Error::Refused { index: 1, source: tandem::SubmitError::TokenOutOfVocab { .. } }), "{e:?}");
     let e = llm.generate([Prompt::Tokens(vec![])], &SamplingParams::greedy(4)).unwrap_err();
     assert!(matches!(e, Error::Refused { index: 0, source: tandem::SubmitError::EmptyPrompt }), "{e:?}");
@@ -205,16 +229,36 @@ fn bad_builder_settings_are_errors() {
 fn guided_generation_through_the_library() {
     let dir = std::env::temp_dir().join(format!("tandem-lib-guided-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    tandem_models::random_model::write_random_model(&dir, tandem_models::random_model::Shape::Tiny, 4, tandem_core::DType::F32).unwrap();
-    let llm = tandem::LlmBuilder::new(&dir).backend(tandem::Backend::Reference).max_num_seqs(8).num_kv_blocks(256).build().unwrap();
+    tandem_models::random_model::write_random_model(
+        &dir,
+        tandem_models::random_model::Shape::Tiny,
+        4,
+        tandem_core::DType::F32,
+    )
+    .unwrap();
+    let llm = tandem::LlmBuilder::new(&dir)
+        .backend(tandem::Backend::Reference)
+        .max_num_seqs(8)
+        .num_kv_blocks(256)
+        .build()
+        .unwrap();
     let schema = serde_json::json!({"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["ok", "n"], "additionalProperties": false});
     let guided = llm.guide(&tandem::GuideSpec::JsonSchema(schema)).unwrap();
     for (t, seed) in [(0.0, 0), (1.0, 1), (1.0, 2)] {
-        let params = tandem::SamplingParams { temperature: t, seed: Some(seed), max_tokens: Some(300), guided: Some(guided.clone()), ..Default::default() };
+        let params = tandem::SamplingParams {
+            temperature: t,
+            seed: Some(seed),
+            max_tokens: Some(300),
+            guided: Some(guided.clone()),
+            ..Default::default()
+        };
         let out = llm.generate(["Reply in JSON:"], &params).unwrap();
         let text = out[0].text();
         let v: serde_json::Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
-        assert!(v["ok"].is_boolean() && v["n"].as_u64().is_some_and(|n| n <= 9) && v.as_object().unwrap().len() == 2, "{v}");
+        assert!(
+            v["ok"].is_boolean() && v["n"].as_u64().is_some_and(|n| n <= 9) && v.as_object().unwrap().len() == 2,
+            "{v}"
+        );
     }
     let err = llm.guide(&tandem::GuideSpec::Regex("[a-".into())).unwrap_err();
     assert!(matches!(err, tandem::Error::Guide(ref g) if g.kind == "regex"), "{err}");
@@ -227,7 +271,10 @@ fn guided_generation_through_the_library() {
 #[test]
 fn the_kv_cache_dtype_reaches_the_load() {
     assert_eq!(common::builder().load_options().unwrap().kv_dtype, None, "default: the backend's choice");
-    assert_eq!(common::builder().kv_cache_dtype(tandem::KvDtype::F32).load_options().unwrap().kv_dtype, Some(tandem::KvDtype::F32));
+    assert_eq!(
+        common::builder().kv_cache_dtype(tandem::KvDtype::F32).load_options().unwrap().kv_dtype,
+        Some(tandem::KvDtype::F32)
+    );
     let llm = common::builder().kv_cache_dtype(tandem::KvDtype::F32).build().unwrap();
     assert_eq!(llm.kv_cache_dtype(), tandem::KvDtype::F32);
     let e = common::builder().kv_cache_dtype(tandem::KvDtype::Bf16).build().err().expect("refused");
@@ -243,7 +290,11 @@ fn generation_config_gives_the_default_sampling_params() {
     let plain = common::builder().build().unwrap();
     let d = plain.default_sampling_params();
     let base = SamplingParams::default();
-    assert_eq!((d.temperature, d.top_p, d.top_k, d.max_tokens), (base.temperature, base.top_p, base.top_k, base.max_tokens), "the tiny model's file has no sampling fields");
+    assert_eq!(
+        (d.temperature, d.top_p, d.top_k, d.max_tokens),
+        (base.temperature, base.top_p, base.top_k, base.max_tokens),
+        "the tiny model's file has no sampling fields"
+    );
 
     let dir = std::env::temp_dir().join(format!("tandem-lib-genconfig-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -281,8 +332,18 @@ fn the_step_budget_defaults_to_the_backends() {
     let m = load_model(Backend::Reference, common::tiny_model(), opts(100)).unwrap();
     assert_eq!(m.runner.max_batch_tokens(), 100);
     // Through the builder: none given is the backend's, and the engine runs with it.
-    let llm = tandem::LlmBuilder::new(common::tiny_model()).backend(Backend::Reference).max_num_seqs(8).num_kv_blocks(64).build().unwrap();
-    let out = llm.generate([Prompt::Tokens((0..100).map(|i| 10 + i % 50).collect())], &SamplingParams { max_tokens: Some(2), ..Default::default() }).unwrap();
+    let llm = tandem::LlmBuilder::new(common::tiny_model())
+        .backend(Backend::Reference)
+        .max_num_seqs(8)
+        .num_kv_blocks(64)
+        .build()
+        .unwrap();
+    let out = llm
+        .generate(
+            [Prompt::Tokens((0..100).map(|i| 10 + i % 50).collect())],
+            &SamplingParams { max_tokens: Some(2), ..Default::default() },
+        )
+        .unwrap();
     assert_eq!(out[0].prompt_token_ids.len(), 100);
     // 100 prompt tokens in steps of 32: four prefill steps at least (the last also samples),
     // where a 512-token budget takes one; the decode step may land after `generate` returns.

@@ -26,7 +26,12 @@ fn start_server(rt: &tokio::runtime::Runtime) -> (SocketAddr, tokio::sync::onesh
     tok.add_eos_ids(&cfg.eos_token_ids);
     let tok = Arc::new(tok);
     let handle = tandem_engine::Engine::spawn(loaded.runner, decode_fn(tok.clone()), b.engine_config()).unwrap();
-    let config = ServerConfig { addr: SocketAddr::from(([127, 0, 0, 1], 0)), max_model_len: handle.max_model_len(), vocab_size: cfg.vocab_size, ..Default::default() };
+    let config = ServerConfig {
+        addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+        max_model_len: handle.max_model_len(),
+        vocab_size: cfg.vocab_size,
+        ..Default::default()
+    };
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let addr = rt.block_on(async {
         let server = Server::bind(config, TandemEngine::ready(handle), tok, MODEL.into()).await.unwrap();
@@ -70,7 +75,12 @@ fn assert_same(server: &Value, lib: &[Output], n: usize, text_of: impl Fn(&Value
             assert_eq!(s["finish_reason"], finish_name(&c.finish_reason), "prompt {p} completion {i}");
             if let Some(lp) = &c.logprobs {
                 // JSON carries the f32 in its shortest form: back to f32, it is the same bits.
-                let server_lp: Vec<f32> = s["logprobs"]["token_logprobs"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect();
+                let server_lp: Vec<f32> = s["logprobs"]["token_logprobs"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.as_f64().unwrap() as f32)
+                    .collect();
                 let ours: Vec<f32> = lp.iter().map(|l| l.logprob).collect();
                 assert_eq!(server_lp, ours, "prompt {p} completion {i}: the same tokens, so the same logprobs");
             }
@@ -90,7 +100,16 @@ fn library_outputs_equal_the_servers_for_a_fixed_seed() {
 
     // Completions: two prompts, two sampled completions each, a stop string, logprobs.
     let prompts = ["The capital of France is", "def main():"];
-    let params = SamplingParams { n: 2, temperature: 0.9, top_p: 0.95, top_k: 40, seed: Some(1234), max_tokens: Some(14), logprobs: Some(1), ..Default::default() };
+    let params = SamplingParams {
+        n: 2,
+        temperature: 0.9,
+        top_p: 0.95,
+        top_k: 40,
+        seed: Some(1234),
+        max_tokens: Some(14),
+        logprobs: Some(1),
+        ..Default::default()
+    };
     let body = json!({"model": MODEL, "prompt": prompts, "n": 2, "temperature": 0.9, "top_p": 0.95, "top_k": 40, "seed": 1234, "max_tokens": 14, "logprobs": 1});
     let server = post(addr, "/v1/completions", &body);
     let lib = llm.generate(prompts, &params).unwrap();

@@ -76,7 +76,12 @@ pub fn assert_close(what: &str, got: &[f32], want: &[f64], limit: f64) {
     let den: f64 = want.iter().map(|w| w * w).sum::<f64>().max(1e-30);
     let nmse = num / den;
     eprintln!("{what}: nmse {nmse:.3e}");
-    assert!(nmse <= limit, "{what}: nmse {nmse:.3e} > {limit:.0e}; first elements got {:?} want {:?}", &got[..got.len().min(4)], &want[..want.len().min(4)]);
+    assert!(
+        nmse <= limit,
+        "{what}: nmse {nmse:.3e} > {limit:.0e}; first elements got {:?} want {:?}",
+        &got[..got.len().min(4)],
+        &want[..want.len().min(4)]
+    );
 }
 
 /// Values as the device sees them after storing in `dtype`.

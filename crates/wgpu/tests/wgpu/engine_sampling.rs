@@ -23,7 +23,8 @@ fn runner(dir: &Path, num_kv_blocks: usize, max_batch_tokens: usize) -> Option<B
 }
 
 fn engine(runner: Box<dyn ModelRunner>, cfg: EngineConfig) -> Engine {
-    let text: tandem_engine::DecodeFn = Arc::new(|ids: &[u32]| ids.iter().map(|i| char::from(b'a' + (i % 26) as u8)).collect());
+    let text: tandem_engine::DecodeFn =
+        Arc::new(|ids: &[u32]| ids.iter().map(|i| char::from(b'a' + (i % 26) as u8)).collect());
     Engine::new(runner, text, cfg).unwrap()
 }
 
@@ -61,7 +62,13 @@ fn wgpu_seeded_tokens_are_the_same_alone_and_together_and_on_either_path() {
         .map(|i| {
             let mut p = if i % 2 == 0 { shared.clone() } else { vec![] };
             p.extend((0..4 + i * 9).map(|j| (j * 101 + i * 13 + 1) % vocab));
-            let mut params = SamplingParams { temperature: [1.0, 0.8][i as usize % 2], seed: Some(7 + i as u64), ignore_eos: true, max_tokens: Some(8), ..Default::default() };
+            let mut params = SamplingParams {
+                temperature: [1.0, 0.8][i as usize % 2],
+                seed: Some(7 + i as u64),
+                ignore_eos: true,
+                max_tokens: Some(8),
+                ..Default::default()
+            };
             match i {
                 1 => params.top_k = 8,
                 2 => params.top_p = 0.85,
@@ -83,7 +90,10 @@ fn wgpu_seeded_tokens_are_the_same_alone_and_together_and_on_either_path() {
     let mut crowd = engine(runner(&dir, 9, 32).unwrap(), cfg);
     let got = run(&mut crowd, &reqs);
     let st = crowd.stats();
-    println!("preemptions {}, prefix-cache hits {} tokens, {} steps", st.preemptions_total, st.prefix_cache_hits_total, st.steps_total);
+    println!(
+        "preemptions {}, prefix-cache hits {} tokens, {} steps",
+        st.preemptions_total, st.prefix_cache_hits_total, st.steps_total
+    );
     assert!(st.preemptions_total > 0, "the pool should force preemption");
     assert!(st.prefix_cache_hits_total > 0, "the shared prefix should hit the cache");
     assert_eq!(got, want);
@@ -92,12 +102,19 @@ fn wgpu_seeded_tokens_are_the_same_alone_and_together_and_on_either_path() {
     // sampled there): the others still get the ids the device gave them alone.
     let allowed: Vec<u32> = (0..vocab).filter(|t| t % 7 == 3).collect();
     let guided = Request {
-        params: SamplingParams { seed: Some(1), ignore_eos: true, max_tokens: Some(10), guided: Some(Guided::new(AllowedTokens(allowed))), ..Default::default() },
+        params: SamplingParams {
+            seed: Some(1),
+            ignore_eos: true,
+            max_tokens: Some(10),
+            guided: Some(Guided::new(AllowedTokens(allowed))),
+            ..Default::default()
+        },
         ..reqs[1].clone()
     };
     let mut mixed = reqs.clone();
     mixed.insert(3, guided);
-    let mut e = engine(runner(&dir, 64, 64).unwrap(), EngineConfig { max_num_batched_tokens: Some(64), ..Default::default() });
+    let mut e =
+        engine(runner(&dir, 64, 64).unwrap(), EngineConfig { max_num_batched_tokens: Some(64), ..Default::default() });
     let mut got = run(&mut e, &mixed);
     let constrained = got.remove(3);
     assert_eq!(got, want, "a constrained neighbour changed the ids");
@@ -105,8 +122,10 @@ fn wgpu_seeded_tokens_are_the_same_alone_and_together_and_on_either_path() {
     assert!(constrained[0].iter().all(|t| t % 7 == 3), "the mask was not applied: {constrained:?}");
 
     // The same requests asking for logprobs take the host path; greedy ones the device argmax.
-    let greedy = Request { params: SamplingParams { ignore_eos: true, ..SamplingParams::greedy(8) }, ..reqs[0].clone() };
-    let mut e = engine(runner(&dir, 64, 256).unwrap(), EngineConfig { enable_prefix_caching: false, ..Default::default() });
+    let greedy =
+        Request { params: SamplingParams { ignore_eos: true, ..SamplingParams::greedy(8) }, ..reqs[0].clone() };
+    let mut e =
+        engine(runner(&dir, 64, 256).unwrap(), EngineConfig { enable_prefix_caching: false, ..Default::default() });
     for r in [&greedy, &reqs[0], &reqs[2]] {
         let on_model = run(&mut e, std::slice::from_ref(r)).remove(0);
         let with_logprobs = Request { params: SamplingParams { logprobs: Some(1), ..r.params.clone() }, ..r.clone() };

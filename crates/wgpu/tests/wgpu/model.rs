@@ -45,8 +45,8 @@ fn run_case(shape: Shape, dtype: DType, block_size: usize) {
         [21, 35], // prefill of both, the second ending mid-block
         [1, 1],   // decode
         [1, 1],
-        [1, 10],  // a decode token next to a prefill chunk over a cached prefix
-        [0, 1],   // one sequence alone
+        [1, 10], // a decode token next to a prefill chunk over a cached prefix
+        [0, 1],  // one sequence alone
         [1, 1],
     ];
     for (step, news) in steps.iter().enumerate() {
@@ -68,13 +68,19 @@ fn run_case(shape: Shape, dtype: DType, block_size: usize) {
         let want = ref_model.forward(&batch).unwrap();
         assert_eq!(got.len(), batch.logit_rows.len() * vocab);
         let want64: Vec<f64> = want.iter().map(|&x| x as f64).collect();
-        assert_close(&format!("{} {} bs{block_size} step {step} {news:?}", shape.name(), dtype.name()), &got, &want64, 1e-7);
+        assert_close(
+            &format!("{} {} bs{block_size} step {step} {news:?}", shape.name(), dtype.name()),
+            &got,
+            &want64,
+            1e-7,
+        );
         // Re-running the batch rewrites the same K/V into the same slots, so the greedy ids
         // computed on the device must be the reference's argmax wherever the top two differ clearly.
         let ids = wgpu_model.forward_argmax(&batch).unwrap();
         for (r, row) in want.chunks_exact(vocab).enumerate() {
             let best = tandem_core::backend::argmax_row(row);
-            let second = row.iter().enumerate().filter(|(i, _)| *i as u32 != best).map(|(_, v)| *v).fold(f32::MIN, f32::max);
+            let second =
+                row.iter().enumerate().filter(|(i, _)| *i as u32 != best).map(|(_, v)| *v).fold(f32::MIN, f32::max);
             if row[best as usize] - second > 1e-3 {
                 assert_eq!(ids[r], best, "step {step} row {r}: device argmax");
             }
@@ -105,7 +111,8 @@ fn tiny_f16_block16() {
 fn a_forward_that_reads_nothing_back_leaves_the_device_idle() {
     let dir = temp_dir("idle");
     write_random_model(&dir, Shape::Tiny, 5, DType::F32).unwrap();
-    let opts = LoadOptions { max_batch_tokens: 64, max_seqs: 2, num_kv_blocks: 8, block_size: 16, ..Default::default() };
+    let opts =
+        LoadOptions { max_batch_tokens: 64, max_seqs: 2, num_kv_blocks: 8, block_size: 16, ..Default::default() };
     let Some(gpu) = common::open(Default::default()) else { return };
     let mut model = LlamaModel::<WgpuBackend>::load(gpu, &dir, opts).unwrap();
     for chunk in 0..3usize {
@@ -113,7 +120,10 @@ fn a_forward_that_reads_nothing_back_leaves_the_device_idle() {
         let tokens: Vec<u32> = (0..16).map(|i| (i * 7 + chunk as u32) % 50).collect();
         batch.push_seq(&tokens, chunk * 16, &[0, 1, 2, 3], 16, false);
         assert!(model.forward(&batch).unwrap().is_empty());
-        assert!(model.backend().is_idle().unwrap(), "chunk {chunk}: work still queued on the device after forward returned");
+        assert!(
+            model.backend().is_idle().unwrap(),
+            "chunk {chunk}: work still queued on the device after forward returned"
+        );
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -126,7 +136,8 @@ fn decode_logits_are_bitwise_the_same_alone_and_in_a_batch() {
     for dtype in [DType::BF16, DType::F32] {
         let dir = temp_dir(&format!("alone-batch-{}", dtype.name()));
         write_random_model(&dir, Shape::Tiny, 11, dtype).unwrap();
-        let opts = LoadOptions { max_batch_tokens: 128, max_seqs: 4, num_kv_blocks: 12, block_size: 16, ..Default::default() };
+        let opts =
+            LoadOptions { max_batch_tokens: 128, max_seqs: 4, num_kv_blocks: 12, block_size: 16, ..Default::default() };
         let Some(gpu) = common::open(Default::default()) else { return };
         let mut model = LlamaModel::<WgpuBackend>::load(gpu, &dir, opts).unwrap();
         let vocab = model.config().vocab_size;
@@ -145,7 +156,12 @@ fn decode_logits_are_bitwise_the_same_alone_and_in_a_batch() {
         };
         let (alone, together) = (step(&mut model, 1), step(&mut model, 3));
         let differ = alone.iter().zip(&together[..vocab]).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
-        assert_eq!(differ, 0, "{}: {differ} of {vocab} logits of sequence 0 differ between its step alone and in a batch of 3", dtype.name());
+        assert_eq!(
+            differ,
+            0,
+            "{}: {differ} of {vocab} logits of sequence 0 differ between its step alone and in a batch of 3",
+            dtype.name()
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

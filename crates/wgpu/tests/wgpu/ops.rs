@@ -41,7 +41,8 @@ fn embedding() {
         let table = rng.vec(vocab * hidden, 1.0);
         let ids: Vec<u32> = (0..t).map(|_| rng.below(vocab) as u32).collect();
         let r = round_to(dtype, &table);
-        let want: Vec<f64> = ids.iter().flat_map(|&i| r[i as usize * hidden..][..hidden].iter().map(|&x| x as f64)).collect();
+        let want: Vec<f64> =
+            ids.iter().flat_map(|&i| r[i as usize * hidden..][..hidden].iter().map(|&x| x as f64)).collect();
         for w in weight_layouts(b, dtype, &table, vocab, hidden) {
             let mut out = poisoned(b, t * hidden);
             b.embedding(&w, &u32_buf(b, &ids), &mut out, t, hidden).unwrap();
@@ -127,7 +128,12 @@ fn rms_norm_cases(lane: bool) {
                     want[r * dim + i] = row[i] as f64 * inv * wr[i] as f64;
                 }
             }
-            assert_close(&format!("rms_norm {rows}x{dim} {}", dtype.name()), &b.read_f32(&out, rows * dim).unwrap(), &want, 1e-12);
+            assert_close(
+                &format!("rms_norm {rows}x{dim} {}", dtype.name()),
+                &b.read_f32(&out, rows * dim).unwrap(),
+                &want,
+                1e-12,
+            );
         }
     }
 }
@@ -155,7 +161,8 @@ fn silu_mul() {
         let (g, u) = (rng.vec(n, 8.0), rng.vec(n, 2.0));
         let mut out = poisoned(b, n);
         b.silu_mul(&f32_buf(b, &g), &f32_buf(b, &u), &mut out, n).unwrap();
-        let want: Vec<f64> = g.iter().zip(&u).map(|(&g, &u)| (g as f64) / (1.0 + (-g as f64).exp()) * u as f64).collect();
+        let want: Vec<f64> =
+            g.iter().zip(&u).map(|(&g, &u)| (g as f64) / (1.0 + (-g as f64).exp()) * u as f64).collect();
         assert_close(&format!("silu_mul {n}"), &b.read_f32(&out, n).unwrap(), &want, 1e-12);
     }
 }
@@ -170,14 +177,22 @@ fn gelu_tanh_mul() {
         let mut out = poisoned(b, n);
         b.gelu_tanh_mul(&f32_buf(b, &g), &f32_buf(b, &u), &mut out, n).unwrap();
         let c = (2.0 / std::f64::consts::PI).sqrt();
-        let want: Vec<f64> = g.iter().zip(&u).map(|(&g, &u)| (g as f64, u as f64)).map(|(g, u)| 0.5 * g * (1.0 + (c * (g + 0.044715 * g * g * g)).tanh()) * u).collect();
+        let want: Vec<f64> = g
+            .iter()
+            .zip(&u)
+            .map(|(&g, &u)| (g as f64, u as f64))
+            .map(|(g, u)| 0.5 * g * (1.0 + (c * (g + 0.044715 * g * g * g)).tanh()) * u)
+            .collect();
         assert_close(&format!("gelu_tanh_mul {n}"), &b.read_f32(&out, n).unwrap(), &want, 1e-12);
     }
     let (g, u) = ([-40.0f32, -12.0, 0.0, 12.0, 40.0], [1.0f32; 5]);
     let mut out = poisoned(b, 5);
     b.gelu_tanh_mul(&f32_buf(b, &g), &f32_buf(b, &u), &mut out, 5).unwrap();
     let got = b.read_f32(&out, 5).unwrap();
-    assert!(got[0] == 0.0 && got[1] == 0.0 && got[2] == 0.0 && got[3] == 12.0 && got[4] == 40.0, "saturated gelu_tanh: {got:?}");
+    assert!(
+        got[0] == 0.0 && got[1] == 0.0 && got[2] == 0.0 && got[3] == 12.0 && got[4] == 40.0,
+        "saturated gelu_tanh: {got:?}"
+    );
 }
 
 /// In place over the first len values only; bitwise the f32 products.
@@ -220,7 +235,12 @@ fn check_matmul(b: &WgpuBackend, rng: &mut Rng, m: usize, n: usize, k: usize, dt
     for wb in weight_layouts(b, dtype, &w, n, k) {
         let mut out = poisoned(b, m * n);
         b.matmul(&x_buf, &wb, bb.as_ref(), &mut out, m, n, k).unwrap();
-        let what = format!("matmul m{m} n{n} k{k} {} bias {:?} {}", dtype.name(), bias_dtype.map(|d| d.name()), layout(b, &wb));
+        let what = format!(
+            "matmul m{m} n{n} k{k} {} bias {:?} {}",
+            dtype.name(),
+            bias_dtype.map(|d| d.name()),
+            layout(b, &wb)
+        );
         assert_close(&what, &b.read_f32(&out, m * n).unwrap(), &want, 1e-10);
     }
 }
@@ -269,7 +289,9 @@ fn matmul_and_embedding_texels_across_bands() {
 fn texel_and_buffer_backends(what: &str) -> Vec<WgpuBackend> {
     let mut backends = Vec::new();
     for texels in [true, false] {
-        if let Some(b) = common::open(WgpuOptions { texel_weights: Some(texels), fuse_norm: Some(true), ..Default::default() }) {
+        if let Some(b) =
+            common::open(WgpuOptions { texel_weights: Some(texels), fuse_norm: Some(true), ..Default::default() })
+        {
             if texels && !b.can_hold_texels() {
                 eprintln!("{what} in textures skipped: adapter {} cannot hold weights in textures", b.adapter());
                 continue;
@@ -286,7 +308,9 @@ fn fused_qkv_and_gate_up() {
     let mut rng = Rng::new("fused_qkv_and_gate_up");
     for b in &backends {
         let where_ = if b.texel_weights() { "texels" } else { "buffer" };
-        for (dtype, nq, nkv, hidden, bias) in [(DType::BF16, 96, 32, 64, false), (DType::F16, 200, 40, 136, true), (DType::F32, 72, 24, 40, true)] {
+        for (dtype, nq, nkv, hidden, bias) in
+            [(DType::BF16, 96, 32, 64, false), (DType::F16, 200, 40, 136, true), (DType::F32, 72, 24, 40, true)]
+        {
             let mut ws = tandem_core::weights::Weights::empty();
             let parts: Vec<(String, usize)> = vec![("q".into(), nq), ("k".into(), nkv), ("v".into(), nkv)];
             let mut vals = Vec::new();
@@ -300,7 +324,10 @@ fn fused_qkv_and_gate_up() {
             let view = |n: &str, shape: &[usize]| ws.get(n, shape).unwrap();
             let (qv, kv, vv) = (view("q", &[nq, hidden]), view("k", &[nkv, hidden]), view("v", &[nkv, hidden]));
             let (qb, kb, vb) = (view("q.bias", &[nq]), view("k.bias", &[nkv]), view("v.bias", &[nkv]));
-            let (w, wb) = b.fuse_qkv(&qv, &kv, &vv, bias.then_some([&qb, &kb, &vb])).unwrap().expect("the wgpu backend fuses q/k/v");
+            let (w, wb) = b
+                .fuse_qkv(&qv, &kv, &vv, bias.then_some([&qb, &kb, &vb]))
+                .unwrap()
+                .expect("the wgpu backend fuses q/k/v");
             assert_eq!(wb.is_some(), bias);
             for m in [1, 2, 3, 33] {
                 let x = rng.vec(m * hidden, 1.0);
@@ -310,7 +337,8 @@ fn fused_qkv_and_gate_up() {
                     let want: Vec<f64> = (0..m * rows)
                         .map(|i| {
                             let (t, r) = (i / rows, i % rows);
-                            let dot: f64 = (0..hidden).map(|c| x[t * hidden + c] as f64 * wv[r * hidden + c] as f64).sum();
+                            let dot: f64 =
+                                (0..hidden).map(|c| x[t * hidden + c] as f64 * wv[r * hidden + c] as f64).sum();
                             dot + if bias { bv[r] as f64 } else { 0.0 }
                         })
                         .collect();
@@ -324,8 +352,14 @@ fn fused_qkv_and_gate_up() {
             let (g, u) = (rng.vec(inter * hidden, 0.5), rng.vec(inter * hidden, 0.5));
             ws.replace("gate", dtype, &[inter, hidden], &g).unwrap();
             ws.replace("up", dtype, &[inter, hidden], &u).unwrap();
-            let w = b.fuse_gate_up(&ws.get("gate", &[inter, hidden]).unwrap(), &ws.get("up", &[inter, hidden]).unwrap()).unwrap().expect("the wgpu backend fuses gate/up");
-            let (wg, wu) = (b.upload_weight(&ws.get("gate", &[inter, hidden]).unwrap()).unwrap(), b.upload_weight(&ws.get("up", &[inter, hidden]).unwrap()).unwrap());
+            let w = b
+                .fuse_gate_up(&ws.get("gate", &[inter, hidden]).unwrap(), &ws.get("up", &[inter, hidden]).unwrap())
+                .unwrap()
+                .expect("the wgpu backend fuses gate/up");
+            let (wg, wu) = (
+                b.upload_weight(&ws.get("gate", &[inter, hidden]).unwrap()).unwrap(),
+                b.upload_weight(&ws.get("up", &[inter, hidden]).unwrap()).unwrap(),
+            );
             let (g, u) = (round_to(dtype, &g), round_to(dtype, &u));
             for m in [1, 2, 5, 40] {
                 let x = rng.vec(m * hidden, 1.0);
@@ -336,11 +370,18 @@ fn fused_qkv_and_gate_up() {
                     let want: Vec<f64> = (0..m * inter)
                         .map(|i| {
                             let (t, r) = (i / inter, i % inter);
-                            let dot = |w: &[f32]| -> f64 { (0..hidden).map(|c| x[t * hidden + c] as f64 * w[r * hidden + c] as f64).sum() };
+                            let dot = |w: &[f32]| -> f64 {
+                                (0..hidden).map(|c| x[t * hidden + c] as f64 * w[r * hidden + c] as f64).sum()
+                            };
                             let gv = dot(&g);
                             let a = match act {
                                 Activation::Silu => gv / (1.0 + (-gv).exp()),
-                                Activation::GeluTanh => 0.5 * gv * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (gv + 0.044715 * gv * gv * gv)).tanh()),
+                                Activation::GeluTanh => {
+                                    0.5 * gv
+                                        * (1.0
+                                            + ((2.0 / std::f64::consts::PI).sqrt() * (gv + 0.044715 * gv * gv * gv))
+                                                .tanh())
+                                }
                             };
                             a * dot(&u)
                         })
@@ -350,7 +391,8 @@ fn fused_qkv_and_gate_up() {
                     assert_close(&what, &got, &want, 1e-10);
                     // The activation is silu_mul's / gelu_tanh_mul's (shaders.rs GATED_ACTS):
                     // the two projections then the elementwise op give the same bits.
-                    let (mut gb, mut ub, mut unfused) = (poisoned(b, m * inter), poisoned(b, m * inter), poisoned(b, m * inter));
+                    let (mut gb, mut ub, mut unfused) =
+                        (poisoned(b, m * inter), poisoned(b, m * inter), poisoned(b, m * inter));
                     b.matmul(&xb, &wg, None, &mut gb, m, inter, hidden).unwrap();
                     b.matmul(&xb, &wu, None, &mut ub, m, inter, hidden).unwrap();
                     match act {
@@ -360,12 +402,28 @@ fn fused_qkv_and_gate_up() {
                     .unwrap();
                     let unfused = b.read_f32(&unfused, m * inter).unwrap();
                     let differ = got.iter().zip(&unfused).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
-                    assert_eq!(differ, 0, "{what}: {differ} of {} values differ from matmul, matmul, then the activation op", got.len());
+                    assert_eq!(
+                        differ,
+                        0,
+                        "{what}: {differ} of {} values differ from matmul, matmul, then the activation op",
+                        got.len()
+                    );
                 }
             }
             // A plain weight is refused, not misread.
             let plain = b.weight_matrix_from_f32(dtype, &g, inter, hidden).unwrap();
-            assert!(b.gate_up_act(Activation::Silu, &f32_buf(b, &vec![0.0; hidden]), &plain, &mut poisoned(b, inter), 1, inter, hidden, None).is_err());
+            assert!(b
+                .gate_up_act(
+                    Activation::Silu,
+                    &f32_buf(b, &vec![0.0; hidden]),
+                    &plain,
+                    &mut poisoned(b, inter),
+                    1,
+                    inter,
+                    hidden,
+                    None
+                )
+                .is_err());
         }
     }
 }
@@ -417,8 +475,12 @@ fn fused_residual_and_norm_chain() {
             b.upload_weight(&w).unwrap()
         };
         let (w_o, w_d) = (upload("o", d, qd), upload("down", d, inter));
-        let w_gu = b.fuse_gate_up(&view("gate", &[inter, d]), &view("up", &[inter, d])).unwrap().expect("fused gate/up");
-        let (w_qkv, _) = b.fuse_qkv(&view("q", &[nq, d]), &view("k", &[nkv, d]), &view("v", &[nkv, d]), None).unwrap().expect("fused qkv");
+        let w_gu =
+            b.fuse_gate_up(&view("gate", &[inter, d]), &view("up", &[inter, d])).unwrap().expect("fused gate/up");
+        let (w_qkv, _) = b
+            .fuse_qkv(&view("q", &[nq, d]), &view("k", &[nkv, d]), &view("v", &[nkv, d]), None)
+            .unwrap()
+            .expect("fused qkv");
         let (gp, gi) = (b.weight_from_f32(dtype, &g_post).unwrap(), b.weight_from_f32(dtype, &g_in).unwrap());
         for m in [1, 2, 3, 37] {
             let what = |x: &str| format!("{x} {where_} m{m}");
@@ -426,7 +488,11 @@ fn fused_residual_and_norm_chain() {
             // Host.
             let h1: Vec<f64> = f64s(&h0).iter().zip(mm(&f64s(&attn), &wo, d, qd)).map(|(a, b)| a + b).collect();
             let x1 = norm(&h1, &g_post);
-            let act: Vec<f64> = mm(&x1, &wg, inter, d).iter().zip(mm(&x1, &wu, inter, d)).map(|(g, u)| g / (1.0 + (-g).exp()) * u).collect();
+            let act: Vec<f64> = mm(&x1, &wg, inter, d)
+                .iter()
+                .zip(mm(&x1, &wu, inter, d))
+                .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
+                .collect();
             let h2: Vec<f64> = h1.iter().zip(mm(&act, &wd, d, inter)).map(|(a, b)| a + b).collect();
             let x2 = norm(&h2, &g_in);
             let hg2: Vec<f64> = h2.iter().enumerate().map(|(i, v)| v * g_in[i % d] as f64).collect();
@@ -434,13 +500,36 @@ fn fused_residual_and_norm_chain() {
             let (mut h, mut hg) = (f32_buf(b, &h0), poisoned(b, m * d));
             let mut act_d = poisoned(b, m * inter);
             b.matmul_residual(&f32_buf(b, &attn), &w_o, &mut h, Some((&gp, &mut hg)), m, d, qd).unwrap();
-            b.gate_up_act(Activation::Silu, &hg, &w_gu, &mut act_d, m, inter, d, Some(NormIn { h: &h, gamma: &gp, eps })).unwrap();
+            b.gate_up_act(
+                Activation::Silu,
+                &hg,
+                &w_gu,
+                &mut act_d,
+                m,
+                inter,
+                d,
+                Some(NormIn { h: &h, gamma: &gp, eps }),
+            )
+            .unwrap();
             assert_close(&what("act"), &b.read_f32(&act_d, m * inter).unwrap(), &act, 1e-10);
             b.matmul_residual(&act_d, &w_d, &mut h, Some((&gi, &mut hg)), m, d, inter).unwrap();
             assert_close(&what("h"), &b.read_f32(&h, m * d).unwrap(), &h2, 1e-10);
             assert_close(&what("h * gamma"), &b.read_f32(&hg, m * d).unwrap(), &hg2, 1e-10);
             let (mut q, mut k, mut v) = (poisoned(b, m * nq), poisoned(b, m * nkv), poisoned(b, m * nkv));
-            b.qkv_proj(&hg, &w_qkv, None, &mut q, &mut k, &mut v, m, nq, nkv, d, Some(NormIn { h: &h, gamma: &gi, eps })).unwrap();
+            b.qkv_proj(
+                &hg,
+                &w_qkv,
+                None,
+                &mut q,
+                &mut k,
+                &mut v,
+                m,
+                nq,
+                nkv,
+                d,
+                Some(NormIn { h: &h, gamma: &gi, eps }),
+            )
+            .unwrap();
             for (got, w, rows, name) in [(&q, &wq, nq, "q"), (&k, &wk, nkv, "k"), (&v, &wv, nkv, "v")] {
                 assert_close(&what(name), &b.read_f32(got, m * rows).unwrap(), &mm(&x2, w, rows, d), 1e-10);
             }
@@ -473,8 +562,17 @@ fn qkv_rope_kv_write_equals_the_ops_it_fuses() {
             }
             let view = |n: &str, shape: &[usize]| ws.get(n, shape).unwrap();
             let biases = [view("q.bias", &[nq]), view("k.bias", &[nkv]), view("v.bias", &[nkv])];
-            let (w, wb) = b.fuse_qkv(&view("q", &[nq, hidden]), &view("k", &[nkv, hidden]), &view("v", &[nkv, hidden]), bias.then_some([&biases[0], &biases[1], &biases[2]])).unwrap().expect("fused qkv");
-            let inv_freq = f32_buf(b, &(0..hd / 2).map(|i| 10_000f32.powf(-2.0 * i as f32 / hd as f32)).collect::<Vec<_>>());
+            let (w, wb) = b
+                .fuse_qkv(
+                    &view("q", &[nq, hidden]),
+                    &view("k", &[nkv, hidden]),
+                    &view("v", &[nkv, hidden]),
+                    bias.then_some([&biases[0], &biases[1], &biases[2]]),
+                )
+                .unwrap()
+                .expect("fused qkv");
+            let inv_freq =
+                f32_buf(b, &(0..hd / 2).map(|i| 10_000f32.powf(-2.0 * i as f32 / hd as f32)).collect::<Vec<_>>());
             for (m, with_norm) in [(1, false), (2, true), (37, true)] {
                 let x = rng.vec(m * hidden, 1.0);
                 let h = f32_buf(b, &rng.vec(m * hidden, 1.0));
@@ -492,11 +590,20 @@ fn qkv_rope_kv_write_equals_the_ops_it_fuses() {
                     b.write_f32(&mut vc, &vc0).unwrap();
                     let xb = f32_buf(b, &x);
                     if fused {
-                        let kv = KvDest { k_cache: &mut kc, v_cache: &mut vc, positions: &positions, inv_freq: &inv_freq, slots: &slots, geometry: g };
-                        b.qkv_rope_kv_write(&xb, &w, wb.as_ref(), &mut q, &mut k, &mut v, m, nq, hidden, norm, kv).unwrap();
+                        let kv = KvDest {
+                            k_cache: &mut kc,
+                            v_cache: &mut vc,
+                            positions: &positions,
+                            inv_freq: &inv_freq,
+                            slots: &slots,
+                            geometry: g,
+                        };
+                        b.qkv_rope_kv_write(&xb, &w, wb.as_ref(), &mut q, &mut k, &mut v, m, nq, hidden, norm, kv)
+                            .unwrap();
                     } else {
                         b.qkv_proj(&xb, &w, wb.as_ref(), &mut q, &mut k, &mut v, m, nq, nkv, hidden, norm).unwrap();
-                        b.rope_kv_write(&mut q, &mut k, &v, &mut kc, &mut vc, &positions, &inv_freq, &slots, m, qh, g).unwrap();
+                        b.rope_kv_write(&mut q, &mut k, &v, &mut kc, &mut vc, &positions, &inv_freq, &slots, m, qh, g)
+                            .unwrap();
                     }
                     let k_written = b.read_f32(&k, m * nkv).unwrap().iter().any(|v| v.to_bits() != POISON.to_bits());
                     (b.read_f32(&q, m * nq).unwrap(), b.read_kv(&kc, g).unwrap(), b.read_kv(&vc, g).unwrap(), k_written)
@@ -531,7 +638,9 @@ fn matmul_batches_from_threads() {
         for x in &xs {
             let (wb, wr) = (&wb, &wr);
             s.spawn(move || {
-                let want: Vec<f64> = (0..m * n).map(|i| (0..k).map(|l| x[i / n * k + l] as f64 * wr[i % n * k + l] as f64).sum()).collect();
+                let want: Vec<f64> = (0..m * n)
+                    .map(|i| (0..k).map(|l| x[i / n * k + l] as f64 * wr[i % n * k + l] as f64).sum())
+                    .collect();
                 let xb = f32_buf(b, x);
                 for _ in 0..25 {
                     let mut out = poisoned(b, m * n);
@@ -566,7 +675,11 @@ fn matmul_prefill_shapes_and_bias() {
 #[test]
 fn matmul_and_embedding_chunked_weights() {
     // Textures are never chunked: buffers here.
-    let Some(b) = common::open(WgpuOptions { max_storage_binding: Some(4096), texel_weights: Some(false), ..Default::default() }) else { return };
+    let Some(b) =
+        common::open(WgpuOptions { max_storage_binding: Some(4096), texel_weights: Some(false), ..Default::default() })
+    else {
+        return;
+    };
     let mut rng = Rng::new("matmul_chunked");
     // 300 rows x 96 bf16 = 57600 bytes: about 15 chunks of 4096 bytes. A tile of 64 such rows
     // is 12 KiB, more than a binding, so that matrix stays row-major.
@@ -575,7 +688,10 @@ fn matmul_and_embedding_chunked_weights() {
     // 300 rows of 32 bytes: tiles of 2 KiB, two per chunk; the last chunk and tile are partial.
     check_matmul(&b, &mut rng, 2, 300, 16, DType::BF16, None);
     check_matmul(&b, &mut rng, 3, 300, 8, DType::F32, None);
-    assert!(b.is_tiled(&b.weight_matrix_from_f32(DType::BF16, &[0.5; 300 * 16], 300, 16).unwrap()), "the tiled chunk path ran");
+    assert!(
+        b.is_tiled(&b.weight_matrix_from_f32(DType::BF16, &[0.5; 300 * 16], 300, 16).unwrap()),
+        "the tiled chunk path ran"
+    );
     let (vocab, hidden, t) = (500, 40, 9);
     let table = rng.vec(vocab * hidden, 1.0);
     let mut ids: Vec<u32> = (0..t).map(|_| rng.below(vocab) as u32).collect();
@@ -608,7 +724,8 @@ fn rope() {
         let t = 7;
         let half = head_dim / 2;
         let theta = 10000.0f64;
-        let inv_freq: Vec<f32> = (0..half).map(|i| (1.0 / theta.powf(2.0 * i as f64 / head_dim as f64)) as f32).collect();
+        let inv_freq: Vec<f32> =
+            (0..half).map(|i| (1.0 / theta.powf(2.0 * i as f64 / head_dim as f64)) as f32).collect();
         let mut positions: Vec<u32> = (0..t).map(|_| rng.below(8192) as u32).collect();
         positions[0] = 0;
         let q0 = rng.vec(t * qh * head_dim, 1.0);
@@ -720,7 +837,15 @@ fn rope_kv_write_on(b: &WgpuBackend) {
 /// One attention case: `seqs` = (context length, tokens of it in this batch), so a sequence
 /// with n tokens in the batch has queries at positions len-n..len (a decode token when n = 1,
 /// a prefill chunk over a cached prefix when n < len, a fresh prefill when n = len).
-fn check_attention(b: &WgpuBackend, rng: &mut Rng, head_dim: usize, block_size: usize, kv_heads: usize, gqa: usize, seqs: &[(usize, usize)]) {
+fn check_attention(
+    b: &WgpuBackend,
+    rng: &mut Rng,
+    head_dim: usize,
+    block_size: usize,
+    kv_heads: usize,
+    gqa: usize,
+    seqs: &[(usize, usize)],
+) {
     let heads = kv_heads * gqa;
     let max_blocks = seqs.iter().map(|s| s.0.div_ceil(block_size)).max().unwrap() + 1;
     let num_blocks = seqs.iter().map(|s| s.0.div_ceil(block_size)).sum::<usize>() + 3;
@@ -799,13 +924,20 @@ fn check_attention(b: &WgpuBackend, rng: &mut Rng, head_dim: usize, block_size: 
 fn attention_cases(lane: bool) {
     // KV caches in textures (where the adapter can hold them: CPU adapters) and in buffers.
     for texels in [true, false] {
-        let Some(b) = common::open(WgpuOptions { lane_kernels: Some(lane), texel_weights: Some(texels), ..Default::default() }) else { return };
+        let Some(b) =
+            common::open(WgpuOptions { lane_kernels: Some(lane), texel_weights: Some(texels), ..Default::default() })
+        else {
+            return;
+        };
         if texels && !b.can_hold_texels() {
             eprintln!("paged_attention with caches in textures skipped: adapter {} cannot hold them", b.adapter());
             continue;
         }
         if std::env::var_os("TANDEM_WGPU_KV_TEXELS").is_none() {
-            let in_texture = b.alloc_kv(KvGeometry { num_blocks: 1, block_size: 16, num_kv_heads: 1, head_dim: 64 }).unwrap().in_texture();
+            let in_texture = b
+                .alloc_kv(KvGeometry { num_blocks: 1, block_size: 16, num_kv_heads: 1, head_dim: 64 })
+                .unwrap()
+                .in_texture();
             assert_eq!(in_texture, texels, "KV cache in a texture");
         }
         attention_cases_on(&b, lane, texels);
