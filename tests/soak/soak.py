@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """An hour's soak of `tandem serve` under mixed load (issue 29, item 4). Run by hand:
 
-    python3 tests/soak/soak.py --tandem target/debug/tandem --minutes 60 --out docs/soak-DATE
+    python3 tests/soak/soak.py --tandem target/debug/tandem --minutes 60 --out docs/results/soak-DATE
 
 It starts the server (the default model on wgpu unless told otherwise, a small KV pool so that
 preemption happens, a request timeout), then keeps `--concurrency` clients busy with a mix:
