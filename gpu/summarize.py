@@ -2,7 +2,7 @@
 """The last part of gpu/check.sh: every step's verdict, the ceilings, and each benchmark held
 against its floor, as OUT/results.json (everything) and OUT/summary.txt (the table, also printed).
 
-Floors (docs/gpu-check.md; GPU.md "Correct first, then fast"):
+Floors (docs/gpu-check.md, "Method" and "Reading the table"):
   - a decode step reads every weight once (a tied embedding once, as the lm_head; an untied
     one only for its rows) plus the KV cache of its context: bytes / measured copy bandwidth;
     its FLOPs / measured bf16 matmul rate; the floor is the larger.
