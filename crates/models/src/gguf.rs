@@ -213,7 +213,7 @@ impl GgufFile {
     pub fn tensor_bytes(&self, t: &TensorInfo) -> Result<&[u8]> {
         // ggml quantises along rows: a block never spans two rows.
         if let Some((block, _)) = t.ggml_type.block_layout() {
-            if t.dims[0] % block != 0 {
+            if !t.dims[0].is_multiple_of(block) {
                 return Err(Error::tensor(
                     &self.path,
                     &t.name,
@@ -506,7 +506,7 @@ pub(crate) mod writer {
             offset = (offset + bytes.len() as u64).div_ceil(alignment) * alignment;
         }
         let pad = |out: &mut Vec<u8>| {
-            while out.len() as u64 % alignment != 0 {
+            while !(out.len() as u64).is_multiple_of(alignment) {
                 out.push(0);
             }
         };

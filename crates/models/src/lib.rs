@@ -14,9 +14,6 @@
 //! Architecture invariant: this crate writes model directories and knows nothing of backends,
 //! the engine or HTTP. What it writes is read back with `tandem_core`'s own loaders.
 
-// `x % n == 0` stays: `is_multiple_of` needs Rust 1.87 and the workspace promises 1.85.
-#![allow(clippy::manual_is_multiple_of)]
-
 pub mod catalog;
 pub mod convert;
 pub mod family;

@@ -130,7 +130,7 @@ impl GgmlType {
     pub fn byte_size(self, numel: u64) -> Result<u64, String> {
         let (block, bytes) =
             self.block_layout().ok_or_else(|| format!("type {} has no known block layout", self.name()))?;
-        if numel % block != 0 {
+        if !numel.is_multiple_of(block) {
             return Err(format!(
                 "{numel} elements is not a whole number of {} blocks ({block} elements each)",
                 self.name()
@@ -487,7 +487,7 @@ mod tests {
     fn q8_k_by_hand() {
         // f32 d = -0.25, q = i - 128 over the block; the 32 bytes of block sums are ignored.
         let mut bytes = (-0.25f32).to_le_bytes().to_vec();
-        bytes.extend((0..256).map(|i| (i as i32 - 128) as i8 as u8));
+        bytes.extend((0..256).map(|i| (i - 128) as i8 as u8));
         bytes.extend([0xa5u8; 32]);
         let x = dequantize(GgmlType::Q8K, &bytes, 256).unwrap();
         for (i, v) in x.iter().enumerate() {

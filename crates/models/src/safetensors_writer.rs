@@ -156,7 +156,7 @@ fn header_json(specs: &[TensorSpec]) -> String {
     }
     let mut text = serde_json::Value::Object(map).to_string();
     // The data section starts 8-aligned, so that f32 tensors can be viewed in place.
-    while text.len() % 8 != 0 {
+    while !text.len().is_multiple_of(8) {
         text.push(' ');
     }
     text
