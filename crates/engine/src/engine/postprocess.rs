@@ -307,3 +307,62 @@ fn token_output(seq: &mut Sequence, drawn: Drawn, before: usize, ends: bool, dec
     }
     o
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::constraint::{AllowedTokens, ConstraintFactory};
+    use crate::sequence::GuideState;
+
+    /// A sequence over a vocabulary of 8 whose constraint allows token 3, with `mask`.
+    fn guided(mask: Option<Result<Vec<u32>, String>>) -> Sequence {
+        let mut seq =
+            Sequence::new(1, 1, 0, vec![1, 2], Arc::new(SamplingParams::default()), 4, 0, 0, 0, Instant::now());
+        seq.guide = Some(GuideState { constraint: AllowedTokens(vec![3]).start().unwrap(), mask });
+        seq
+    }
+
+    const ONLY_3: u32 = 1 << 3;
+
+    #[test]
+    fn an_unconstrained_row_passes_the_check() {
+        let mut seq = guided(None);
+        seq.guide = None;
+        assert_eq!(check_constraint(&mut seq, None), Ok(()));
+        assert_eq!(check_constraint(&mut seq, Some(&mut [0.0; 8])), Ok(()));
+    }
+
+    #[test]
+    fn a_missing_or_failed_mask_fails_both_paths() {
+        for host in [false, true] {
+            let (mut r1, mut r2) = ([0.0f32; 8], [0.0f32; 8]);
+            let e = check_constraint(&mut guided(None), host.then_some(&mut r1[..])).unwrap_err();
+            assert_eq!(e, "no mask was computed for a constrained row");
+            let e = check_constraint(&mut guided(Some(Err("bad".into()))), host.then_some(&mut r2[..])).unwrap_err();
+            assert_eq!(e, "the constraint failed: bad");
+        }
+    }
+
+    #[test]
+    fn a_device_row_needs_a_mask_that_allows_some_token() {
+        assert_eq!(check_constraint(&mut guided(Some(Ok(vec![ONLY_3]))), None), Ok(()));
+        let e = check_constraint(&mut guided(Some(Ok(vec![0]))), None).unwrap_err();
+        assert_eq!(e, "the constraint admits no token here");
+    }
+
+    /// On the host the mask is applied to the penalized logits: a ban that took the only
+    /// allowed token leaves nothing.
+    #[test]
+    fn a_host_row_is_masked_and_needs_a_finite_logit_left() {
+        let mut row = [1.0f32; 8];
+        assert_eq!(check_constraint(&mut guided(Some(Ok(vec![ONLY_3]))), Some(&mut row)), Ok(()));
+        assert_eq!(row.iter().filter(|x| x.is_finite()).count(), 1);
+        assert!(row[3].is_finite());
+        let mut banned = [1.0f32; 8];
+        banned[3] = f32::NEG_INFINITY;
+        let e = check_constraint(&mut guided(Some(Ok(vec![ONLY_3]))), Some(&mut banned)).unwrap_err();
+        assert_eq!(e, "the constraint admits no token here");
+    }
+}
