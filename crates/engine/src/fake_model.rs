@@ -15,7 +15,7 @@ pub struct FakeModel {
     geometry: KvGeometry,
     max_batch_tokens: usize,
     max_seqs: usize,
-    /// [slots] (token, position) last written; u32::MAX marks an empty slot.
+    /// `[slots]` (token, position) last written; u32::MAX marks an empty slot.
     kv: Vec<(u32, u32)>,
     /// Skip the KV cache and hashing; logits are all zero (benchmarks of the engine alone).
     pub null: bool,
