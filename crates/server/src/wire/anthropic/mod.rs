@@ -7,7 +7,7 @@
 //!   `tool_calls` with their input as a mapping, `tool_result` blocks `role: "tool"` messages,
 //!   a mid-conversation `system` message a system message, folded into the user turn for a
 //!   template that refuses it), rendered by the model's chat template
-//!   ([`crate::job::Job::chat_from`]);
+//!   (`Job::chat_from` in [`crate::job`]);
 //! - `tools` become the chat path's [`crate::structured::Tools`] (`input_schema` is the parameters schema) and
 //!   `tool_choice` its choice: `auto` -> auto (read by `--tool-call-parser`, or Hermes
 //!   `<tool_call>` blocks where the template writes them), `any` -> required, `tool` -> the named function, `none` -> none;
@@ -26,9 +26,9 @@
 //! With `--reasoning-parser`, the answer's `<think>` block is a `thinking` block before the
 //! text (an empty `signature`: there is nothing to sign), streamed as `thinking_delta`s.
 //!
-//! Streaming ([`MessageStream`]): text and tools' input stream as sampled (a named tool, "any",
+//! Streaming (`MessageStream`): text and tools' input stream as sampled (a named tool, "any",
 //! and "auto" with a tool parser once its markup is certain; text up to where it may begin). `GET
-//! /v1/models` asked with `anthropic-version` answers in Anthropic's shape ([`models`]).
+//! /v1/models` asked with `anthropic-version` answers in Anthropic's shape (`models`).
 
 mod answer;
 mod request;

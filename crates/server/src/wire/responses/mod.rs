@@ -3,7 +3,7 @@
 //! coding agents talk to the server unmodified. docs/openai-compat.md has the tables.
 //!
 //! A request is read into the chat path's own pieces and runs as a chat completion does
-//! ([`crate::job::Job::chat_from`]):
+//! (`Job::chat_from` in [`crate::job`]):
 //! - `instructions` is a system message first; `input` a user message (a string) or a list of
 //!   items: messages (`role` user, assistant, system or developer; content a string or text
 //!   parts), `function_call` items (an assistant's `tool_calls`, arguments as a mapping),
@@ -17,7 +17,7 @@
 //!
 //! The answer is output items: a `reasoning` item (with `--reasoning-parser`), a `message` with
 //! `output_text`, and `function_call` items. `max_output_tokens` cut: status `incomplete`.
-//! Streamed ([`ResponseStream`]) as `response.created`, `response.in_progress`, per item
+//! Streamed (`ResponseStream`) as `response.created`, `response.in_progress`, per item
 //! `response.output_item.added`, its parts and deltas, `response.output_item.done`, then
 //! `response.completed` (or `response.incomplete`, or `response.failed` on an engine failure),
 //! every event with its `sequence_number`.
