@@ -14,8 +14,8 @@ use crate::engine_client::EngineUpdate;
 use crate::run::Run;
 
 /// One API's event format: what a stream sends before any token, per engine update, and at
-/// the end. OpenAI's chunks ([`crate::openai::StreamFormatter`]) and Anthropic's events
-/// ([`crate::anthropic::MessageStream`]).
+/// the end: each wire format in [`crate::wire`] writes its own (OpenAI's chunks, Anthropic's
+/// events, the Responses API's events).
 pub trait EventFormat: Send {
     fn head(&mut self) -> String;
     fn update(&mut self, out: &mut String, run: &Run, prompt: usize, upd: &EngineUpdate);

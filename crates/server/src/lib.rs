@@ -10,12 +10,17 @@
 //! - [`router`]: routes, API key, body limits and read timeout, `X-Request-Id`.
 //! - [`cors`]: CORS headers and preflights, behind `ServerConfig::allowed_origins`.
 //! - [`tokenization`]: `/tokenize` and `/detokenize`.
-//! - [`openai`]: request parsing and the response and chunk formats.
-//! - [`anthropic`]: Anthropic's Messages API (`/v1/messages`, `/v1/messages/count_tokens`),
-//!   read into the chat path's pieces; its event stream and error shape.
-//! - [`responses`]: OpenAI's Responses API (`/v1/responses`, `GET`/`DELETE` by id), read into
-//!   the chat path's pieces; its output items, event stream and bounded store.
+//! - [`state`]: what every handler shares ([`AppState`]).
+//! - [`pipeline`]: the one skeleton every generation endpoint runs (ready, tokenize, compile,
+//!   start, stream or collect), generic over the wire format's request.
+//! - [`job`]: a request read and tokenized, ready to submit; [`chat`]: the chat template.
+//! - [`answer`]: how an answer's text is read into content, tool calls and the finish.
+//! - [`wire`]: the wire formats (OpenAI's completions and chat, Anthropic's Messages, OpenAI's
+//!   Responses), each only reading requests and writing answers.
+//! - [`response_store`]: the Responses API's bounded store.
+//! - [`reply`]: JSON, error and event-stream responses.
 //! - [`tool_stream`]: tool calls' arguments read as they are sampled, for the streams.
+//! - [`fields`]: a JSON body read field by field, and the errors that name a field.
 //! - [`params`]: sampling fields, type- and range-checked.
 //! - [`structured`]: structured-output forms and tools to a `GuideSpec`; tool calls read back.
 //! - [`run`]: one request's engine submissions, merged; aborts them when dropped or past the
@@ -50,30 +55,37 @@
 //! Architecture invariant: this is the only crate that knows HTTP and JSON; nothing of either
 //! crosses [`engine_client::EngineClient`].
 
-pub mod anthropic;
+pub mod answer;
 pub mod body;
+pub mod chat;
 pub mod config;
 pub mod cors;
 pub mod engine_adapter;
 pub mod engine_client;
 pub mod error;
+pub mod fields;
+pub mod job;
 pub mod kv_events;
 pub mod metrics;
-pub mod openai;
 pub mod params;
+pub mod pipeline;
 pub mod reasoning;
-pub mod responses;
+pub mod reply;
+pub mod response_store;
 pub mod router;
 pub mod run;
 pub mod server;
+pub mod state;
 pub mod structured;
 pub mod test_support;
 pub mod tokenization;
 pub mod tool_parser;
 pub mod tool_stream;
+pub mod wire;
 pub mod worker_api;
 
 pub use config::ServerConfig;
 pub use engine_client::EngineClient;
 pub use error::ApiError;
-pub use server::{serve, shutdown_signal, AppState, Server};
+pub use server::{serve, shutdown_signal, Server};
+pub use state::AppState;

@@ -3,96 +3,15 @@
 //! `null` counts as absent (clients send it for "default"). Unknown fields are ignored, as
 //! OpenAI's own server does for fields it has dropped.
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use crate::config::SamplingDefaults;
 use crate::engine_client::RequestParams;
 use crate::error::ApiError;
+use crate::fields::{type_name, Fields};
 
 /// The ranges are the engine's: [`tandem_engine::SamplingParams::validate`] checks them.
 pub use tandem_engine::sampling_params::{MAX_LOGPROBS, MAX_N};
-
-/// A JSON object read field by field.
-pub struct Fields<'a>(pub &'a Map<String, Value>);
-
-/// How an error names the JSON type a field was given.
-pub(crate) fn type_name(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
-
-impl<'a> Fields<'a> {
-    pub fn get(&self, name: &str) -> Option<&'a Value> {
-        self.0.get(name).filter(|v| !v.is_null())
-    }
-
-    pub fn f32(&self, name: &str) -> Result<Option<f32>, ApiError> {
-        match self.get(name) {
-            None => Ok(None),
-            Some(Value::Number(n)) => {
-                let x = n.as_f64().unwrap_or(f64::NAN) as f32;
-                if x.is_finite() {
-                    Ok(Some(x))
-                } else {
-                    Err(ApiError::invalid(name, format!("`{name}` must be a finite number")))
-                }
-            }
-            Some(v) => Err(ApiError::invalid(name, format!("`{name}` must be a number, got {}", type_name(v)))),
-        }
-    }
-
-    pub fn i64(&self, name: &str) -> Result<Option<i64>, ApiError> {
-        match self.get(name) {
-            None => Ok(None),
-            Some(Value::Number(n)) => match n.as_i64() {
-                Some(i) => Ok(Some(i)),
-                None if n.as_u64().is_some() => Err(ApiError::invalid(name, format!("`{name}` is too large, got {n}"))),
-                None => Err(ApiError::invalid(name, format!("`{name}` must be an integer, got {n}"))),
-            },
-            Some(v) => Err(ApiError::invalid(name, format!("`{name}` must be an integer, got {}", type_name(v)))),
-        }
-    }
-
-    /// An integer in `lo..=hi`.
-    pub fn int_in(&self, name: &str, lo: i64, hi: i64) -> Result<Option<i64>, ApiError> {
-        match self.i64(name)? {
-            Some(i) if i < lo || i > hi => {
-                Err(ApiError::invalid(name, format!("`{name}` must be in [{lo}, {hi}], got {i}")))
-            }
-            other => Ok(other),
-        }
-    }
-
-    pub fn bool(&self, name: &str) -> Result<Option<bool>, ApiError> {
-        match self.get(name) {
-            None => Ok(None),
-            Some(Value::Bool(b)) => Ok(Some(*b)),
-            Some(v) => Err(ApiError::invalid(name, format!("`{name}` must be a boolean, got {}", type_name(v)))),
-        }
-    }
-
-    pub fn str(&self, name: &str) -> Result<Option<&'a str>, ApiError> {
-        match self.get(name) {
-            None => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s)),
-            Some(v) => Err(ApiError::invalid(name, format!("`{name}` must be a string, got {}", type_name(v)))),
-        }
-    }
-
-    pub fn object(&self, name: &str) -> Result<Option<Fields<'a>>, ApiError> {
-        match self.get(name) {
-            None => Ok(None),
-            Some(Value::Object(o)) => Ok(Some(Fields(o))),
-            Some(v) => Err(ApiError::invalid(name, format!("`{name}` must be an object, got {}", type_name(v)))),
-        }
-    }
-}
 
 /// Which API's conventions the body follows (they differ in `max_tokens` and `logprobs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -7,55 +7,28 @@
 use std::convert::Infallible;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::Incoming;
-use hyper::header::{
-    HeaderName, HeaderValue, ALLOW, AUTHORIZATION, CACHE_CONTROL, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, ORIGIN,
-    RETRY_AFTER,
-};
+use hyper::header::{HeaderName, HeaderValue, ALLOW, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, ORIGIN};
 use hyper::{Method, Request, Response, StatusCode};
 use serde_json::json;
 
-use crate::body::{EventFormat, ResponseBody, SseStream};
+use crate::body::ResponseBody;
 use crate::error::ApiError;
-use crate::openai::{collect, response, Job, ResponseMeta, StreamFormatter};
 use crate::params::Api;
-use crate::run::Run;
-use crate::server::AppState;
+use crate::pipeline::{serve, tokenizer_call};
+use crate::reply::{error_response_with, json_response, X_REQUEST_ID};
+use crate::state::AppState;
+use crate::wire::common::now_secs;
+use crate::wire::openai::OpenAi;
+use crate::wire::{anthropic, responses};
 
-const JSON: &str = "application/json";
-pub(crate) const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
 const ANTHROPIC_VERSION: HeaderName = HeaderName::from_static("anthropic-version");
-/// Bodies larger than this are parsed and tokenized on the blocking pool.
-const BLOCKING_PARSE_BYTES: usize = 16 << 10;
-
-pub(crate) fn json_response(status: StatusCode, v: &serde_json::Value) -> Response<ResponseBody> {
-    let mut r = Response::new(ResponseBody::full(v.to_string()));
-    *r.status_mut() = status;
-    r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(JSON));
-    r
-}
 
 fn error_response(e: &ApiError) -> Response<ResponseBody> {
     error_response_with(e, &e.body())
-}
-
-/// An error's response with `body` in some API's error shape (OpenAI's, Anthropic's).
-pub(crate) fn error_response_with(e: &ApiError, body: &serde_json::Value) -> Response<ResponseBody> {
-    let mut r = json_response(e.status, body);
-    if let Some(s) = e.retry_after {
-        r.headers_mut().insert(RETRY_AFTER, HeaderValue::from(s));
-    }
-    // RFC 9110: a 408 means the server closes the connection rather than keep waiting (for a
-    // stalled body, the rest of it is never read).
-    if e.status == StatusCode::REQUEST_TIMEOUT {
-        r.headers_mut().insert(CONNECTION, HeaderValue::from_static("close"));
-    }
-    r
 }
 
 /// Compares without an early exit, so response time says nothing about how much matched.
@@ -69,23 +42,6 @@ fn authorized(state: &AppState, req: &Request<Incoming>) -> bool {
     // Anthropic's clients send the key as `x-api-key`.
     let x_api_key = req.headers().get(X_API_KEY).and_then(|v| v.to_str().ok());
     [bearer, x_api_key].into_iter().flatten().any(|g| constant_time_eq(g.trim().as_bytes(), key.as_bytes()))
-}
-
-pub(crate) async fn read_body(state: &AppState, req: Request<Incoming>) -> Result<Bytes, ApiError> {
-    let limit = state.config.max_body_bytes;
-    let declared = req.headers().get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit as u64) {
-        return Err(ApiError::too_large(limit));
-    }
-    let timeout = state.config.body_read_timeout;
-    let Ok(read) = tokio::time::timeout(timeout, Limited::new(req.into_body(), limit).collect()).await else {
-        return Err(ApiError::timeout(format!("the request body did not arrive within {} s", timeout.as_secs_f32())));
-    };
-    match read {
-        Ok(b) => Ok(b.to_bytes()),
-        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => Err(ApiError::too_large(limit)),
-        Err(e) => Err(ApiError::bad_request(format!("cannot read the request body: {e}"))),
-    }
 }
 
 /// The one entry point hyper calls. Never fails: every error is a response.
@@ -135,7 +91,7 @@ async fn route(state: Arc<AppState>, req: Request<Incoming>) -> Response<Respons
         || (anthropic_client && path.starts_with("/v1/models"));
     let error_response = |e: &ApiError| {
         if anthropic {
-            error_response_with(e, &crate::anthropic::error_body(e))
+            error_response_with(e, &anthropic::error_body(e))
         } else {
             error_response(e)
         }
@@ -206,12 +162,12 @@ async fn route(state: Arc<AppState>, req: Request<Incoming>) -> Response<Respons
             error_response(&ApiError::method_not_allowed(method.as_str(), &path, "GET")).with_allow("GET")
         }
         Route::Metrics => metrics(&state),
-        Route::Models if anthropic => json_response(StatusCode::OK, &crate::anthropic::models(&state)),
+        Route::Models if anthropic => json_response(StatusCode::OK, &anthropic::models(&state)),
         Route::Models => models(&state),
         Route::Model(id) if !state.serves(&id) => error_response(&ApiError::unknown_model(&id, &state.model_name)),
-        Route::Model(_) if anthropic => json_response(StatusCode::OK, &crate::anthropic::model_info(&state)),
+        Route::Model(_) if anthropic => json_response(StatusCode::OK, &anthropic::model_info(&state)),
         Route::Model(id) => json_response(StatusCode::OK, &model_entry(&state, &id)),
-        Route::Response(id) => crate::responses::by_id(&state, &method, &id).unwrap_or_else(|e| {
+        Route::Response(id) => responses::by_id(&state, &method, &id).unwrap_or_else(|e| {
             let r = error_response(&e);
             if e.status == StatusCode::METHOD_NOT_ALLOWED {
                 r.with_allow("GET, DELETE")
@@ -233,44 +189,33 @@ async fn route(state: Arc<AppState>, req: Request<Incoming>) -> Response<Respons
                 Err(e) => error_response(&e),
             }
         }
-        Route::Generate(api) => match generate(&state, api, req, start).await {
-            // The run logs itself when it ends.
+        Route::Generate(api) => {
+            let parse: fn(&AppState, &[u8]) -> Result<OpenAi, ApiError> = match api {
+                Api::Completions => OpenAi::completions,
+                Api::Chat => OpenAi::chat,
+                Api::Generate => OpenAi::generate,
+            };
+            match serve(&state, req, start, parse).await {
+                // The run logs itself when it ends.
+                Ok(r) => return r,
+                Err(e) => error_response(&e),
+            }
+        }
+        Route::Messages => match serve(&state, req, start, anthropic::Messages::parse).await {
             Ok(r) => return r,
             Err(e) => error_response(&e),
         },
-        Route::Messages => match crate::anthropic::messages(&state, req, start).await {
+        Route::Responses => match serve(&state, req, start, responses::Create::parse).await {
             Ok(r) => return r,
             Err(e) => error_response(&e),
         },
-        Route::Responses => match crate::responses::create(&state, req, start).await {
-            Ok(r) => return r,
-            Err(e) => error_response(&e),
-        },
-        Route::CountTokens => match tokenizer_call(&state, req, crate::anthropic::count_tokens).await {
+        Route::CountTokens => match tokenizer_call(&state, req, anthropic::count_tokens).await {
             Ok(v) => json_response(StatusCode::OK, &v),
             Err(e) => error_response(&e),
         },
     };
     log_plain(&method, &path, r.status(), start);
     r
-}
-
-/// Reads the body and runs `f` on it: on the blocking pool when the body is large, since
-/// tokenizing a long text takes milliseconds that other requests' streams would wait behind.
-pub(crate) async fn tokenizer_call<T: Send + 'static>(
-    state: &Arc<AppState>,
-    req: Request<Incoming>,
-    f: fn(&AppState, &[u8]) -> Result<T, ApiError>,
-) -> Result<T, ApiError> {
-    let body = read_body(state, req).await?;
-    if body.len() > BLOCKING_PARSE_BYTES {
-        let st = state.clone();
-        tokio::task::spawn_blocking(move || f(&st, &body))
-            .await
-            .map_err(|e| ApiError::internal(format!("the tokenizer task failed: {e}")))?
-    } else {
-        f(state, &body)
-    }
 }
 
 trait WithAllow {
@@ -304,7 +249,7 @@ fn health(state: &AppState) -> Response<ResponseBody> {
 
 /// The served model under the name `id` as OpenAI's (and vLLM's) model object.
 fn model_entry(state: &AppState, id: &str) -> serde_json::Value {
-    let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let created = now_secs();
     let root = state.config.model_root.as_deref().unwrap_or(&state.model_name);
     json!({"id": id, "object": "model", "created": created, "owned_by": "tandem", "root": root, "parent": null, "max_model_len": state.max_model_len()})
 }
@@ -324,77 +269,4 @@ fn metrics(state: &AppState) -> Response<ResponseBody> {
     let mut r = Response::new(ResponseBody::full(text));
     r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));
     r
-}
-
-/// A streamed response: `fmt`'s events as the run's updates come. The body owns the run, so
-/// a client that leaves aborts it.
-pub(crate) fn sse_response(run: Run, fmt: Box<dyn EventFormat>) -> Response<ResponseBody> {
-    let mut r = Response::new(ResponseBody::Sse(Box::new(SseStream::new(run, fmt))));
-    let h = r.headers_mut();
-    h.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
-    h.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    r
-}
-
-/// 503 while the model loads or after the engine stopped.
-pub(crate) fn ready(state: &AppState) -> Result<(), ApiError> {
-    if !state.engine.is_ready() {
-        return Err(ApiError::unavailable("the model is still loading"));
-    }
-    if let Some(f) = state.engine.failure() {
-        return Err(ApiError::unavailable(format!("the engine stopped: {f}")));
-    }
-    Ok(())
-}
-
-/// The job with its structured-output form compiled, if it has one.
-pub(crate) async fn compiled(state: &Arc<AppState>, mut job: Job) -> Result<Job, ApiError> {
-    if job.guide.is_some() {
-        // Compiling a grammar can take milliseconds: off the threads that stream tokens.
-        let st = state.clone();
-        job = tokio::task::spawn_blocking(move || job.compile_guide(&st).map(|()| job))
-            .await
-            .map_err(|e| ApiError::internal(format!("the structured-output compile task failed: {e}")))??;
-    }
-    Ok(job)
-}
-
-async fn generate(
-    state: &Arc<AppState>,
-    api: Api,
-    req: Request<Incoming>,
-    start: Instant,
-) -> Result<Response<ResponseBody>, ApiError> {
-    ready(state)?;
-    let parse = match api {
-        Api::Completions => Job::completions,
-        Api::Chat => Job::chat,
-        Api::Generate => Job::generate,
-    };
-    let job = compiled(state, tokenizer_call(state, req, parse).await?).await?;
-    let reqs = job.requests(state)?;
-    let n = state.next_id.fetch_add(1, Ordering::Relaxed);
-    let prefix = match api {
-        Api::Completions => "cmpl",
-        Api::Chat => "chatcmpl",
-        Api::Generate => "gen",
-    };
-    let meta = ResponseMeta {
-        id: format!("{prefix}-{n:016x}"),
-        created: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
-        model: state.model_name.clone(),
-    };
-    let mut run = Run::start(state.clone(), reqs, job.prompt_param(), meta.id.clone(), start)?;
-    // The id of the log line, for clients to quote.
-    let request_id =
-        HeaderValue::from_str(&meta.id).map_err(|e| ApiError::internal(format!("bad response id: {e}")))?;
-    let mut r = if job.p.stream {
-        sse_response(run, Box::new(StreamFormatter::new(&job, meta, state.tokenizer.clone())))
-    } else {
-        // If the client leaves, hyper drops this future, and with it `run`, which aborts.
-        let choices = collect(&mut run).await?;
-        json_response(StatusCode::OK, &response(&job, &meta, &run, choices, &state.tokenizer))
-    };
-    r.headers_mut().insert(X_REQUEST_ID, request_id);
-    Ok(r)
 }

@@ -11,7 +11,7 @@
 //! (their KV is freed then) and ends their choices with finish_reason "abort". What the client
 //! sees: a stream gets those finishes and then `[DONE]` as usual (its headers left at once);
 //! a whole response is 200 with the text produced so far when any token was produced, else
-//! 408 (nothing was sent yet, so the status can still say it), see [`crate::openai::collect`].
+//! 408 (nothing was sent yet, so the status can still say it), see [`crate::pipeline::collect`].
 
 use std::future::Future;
 use std::pin::Pin;
@@ -24,7 +24,7 @@ use crate::engine_client::{
     CompletionDelta, EngineUpdate, FinishReason, GenerateRequest, RequestId, SubmitRefusal, UpdateSource,
 };
 use crate::error::ApiError;
-use crate::server::AppState;
+use crate::state::AppState;
 
 struct Sub {
     id: RequestId,

@@ -33,58 +33,8 @@ use crate::body::ResponseBody;
 use crate::config::ServerConfig;
 use crate::engine_client::{EngineClient, RequestId};
 use crate::metrics::Metrics;
-
-/// What every request handler shares.
-pub struct AppState {
-    pub config: ServerConfig,
-    pub engine: Arc<dyn EngineClient>,
-    pub tokenizer: Arc<Tokenizer>,
-    pub model_name: String,
-    pub metrics: Metrics,
-    /// Engine requests submitted that have produced no output yet (a gauge).
-    pub queued: AtomicUsize,
-    /// Sequences (prompts x completions) submitted and not finished: bounded by
-    /// `max_num_seqs + max_queued_requests` (see `run.rs`).
-    pub in_flight: AtomicUsize,
-    /// Prompt tokens (times `n`) and generated tokens of the requests in flight: the load
-    /// SGLang's `/get_load` reports as `num_tokens` (see `worker_api.rs`).
-    pub tokens_in_flight: AtomicUsize,
-    /// Engine requests in flight, so that shutdown can abort what outlives its deadline.
-    pub live: Mutex<HashSet<RequestId>>,
-    /// Source of response ids.
-    pub next_id: AtomicU64,
-    /// What compiles structured-output specs for this model's tokenizer, once the binary gave
-    /// it (see [`Server::set_structured`]); `Err` says why there is none (a tokenizer
-    /// llguidance cannot read), and structured requests are answered 400 with it.
-    pub structured: OnceLock<Result<Arc<Structured>, String>>,
-    /// Stored `/v1/responses` answers (`store`, `previous_response_id`).
-    pub responses: crate::responses::ResponseStore,
-}
-
-impl AppState {
-    /// The context limit in force: the engine's once it is loaded (the KV pool or
-    /// `--max-model-len` may cap the model's), else the configured one.
-    pub fn max_model_len(&self) -> usize {
-        self.engine.max_model_len().unwrap_or(self.config.max_model_len)
-    }
-
-    /// Whether `name` is one this server answers to as a request's `model`.
-    pub fn serves(&self, name: &str) -> bool {
-        name == self.model_name
-            || self.config.served_model_names.iter().chain(&self.config.model_aliases).any(|n| n == name)
-    }
-
-    /// The structured-output compiler, or why this server has none.
-    pub fn structured(&self) -> Result<&Arc<Structured>, &str> {
-        match self.structured.get() {
-            Some(Ok(s)) => Ok(s),
-            Some(Err(why)) => Err(why),
-            None => {
-                Err("this server was started without structured-output support (no tokenizer was given to it for that)")
-            }
-        }
-    }
-}
+use crate::response_store::ResponseStore;
+use crate::state::AppState;
 
 /// A bound server, not yet serving: lets tests bind port 0 and learn the address first.
 pub struct Server {
@@ -107,11 +57,7 @@ impl Server {
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
         let state = Arc::new(AppState {
             metrics: Metrics::for_model(&model_name, config.max_model_len),
-            responses: crate::responses::ResponseStore::new(
-                config.responses_capacity,
-                config.responses_max_bytes,
-                config.responses_ttl,
-            ),
+            responses: ResponseStore::new(config.responses_capacity, config.responses_max_bytes, config.responses_ttl),
             config,
             engine,
             tokenizer,

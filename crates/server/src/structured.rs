@@ -20,17 +20,13 @@ use serde_json::{json, Map, Value};
 use tandem_structured::GuideSpec;
 
 use crate::error::ApiError;
-use crate::params::Fields;
+use crate::fields::{wrong_type, Fields};
 
 /// A structured-output form, and the request field it came from (errors name it).
 #[derive(Debug, Clone, PartialEq)]
 pub struct GuideRequest {
     pub spec: GuideSpec,
     pub param: String,
-}
-
-fn wrong_type(param: &str, want: &str, got: &Value) -> ApiError {
-    ApiError::invalid(param, format!("`{param}` must be {want}, got {}", crate::params::type_name(got)))
 }
 
 /// A JSON schema given as an object (or boolean), or as a string holding one (vLLM accepts both).

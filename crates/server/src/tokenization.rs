@@ -13,10 +13,11 @@
 
 use serde_json::{json, Value};
 
+use crate::chat::{chat_text, normalize_messages};
 use crate::error::ApiError;
-use crate::openai::{chat_text, check_served, normalize_messages, parse_json};
-use crate::params::Fields;
-use crate::server::AppState;
+use crate::fields::Fields;
+use crate::state::AppState;
+use crate::wire::common::{check_served, parse_json};
 
 pub fn tokenize(state: &AppState, body: &[u8]) -> Result<Value, ApiError> {
     let o = parse_json(body)?;
@@ -46,7 +47,7 @@ pub fn tokenize(state: &AppState, body: &[u8]) -> Result<Value, ApiError> {
                 Some(v) => {
                     return Err(ApiError::invalid(
                         "chat_template_kwargs",
-                        format!("`chat_template_kwargs` must be an object, got {}", crate::params::type_name(v)),
+                        format!("`chat_template_kwargs` must be an object, got {}", crate::fields::type_name(v)),
                     ))
                 }
             };

@@ -29,8 +29,8 @@ use serde_json::json;
 use crate::body::ResponseBody;
 use crate::engine_client::{FinishReason, GenerateRequest, RequestParams};
 use crate::error::ApiError;
-use crate::router::json_response;
-use crate::server::AppState;
+use crate::reply::json_response;
+use crate::state::AppState;
 
 /// How long `/health_generate` waits for its one token.
 const HEALTH_GENERATE_TIMEOUT: Duration = Duration::from_secs(20);
@@ -122,7 +122,7 @@ fn model_info(state: &AppState) -> serde_json::Value {
 /// One greedy token through the engine, bypassing the queue bound (a probe must not be refused
 /// because clients filled the queue: that is load, not ill health).
 async fn health_generate(state: &AppState) -> Result<(), ApiError> {
-    crate::router::ready(state)?;
+    crate::pipeline::ready(state)?;
     let prompt = state.tokenizer.encode("ping", false).ok().filter(|t| !t.is_empty()).unwrap_or_else(|| vec![0]);
     let params = RequestParams { temperature: 0.0, max_tokens: 1, ignore_eos: true, ..RequestParams::default() };
     let mut sub = state
