@@ -268,7 +268,7 @@ pub fn check_weights<B: tandem_core::Backend>(
         block_size: 16,
         ..Default::default()
     };
-    let mut model = tandem_core::LlamaModel::from_weights(backend, cfg, weights, opts).map_err(|e| e.to_string())?;
+    let mut model = tandem_core::Model::from_weights(backend, cfg, weights, opts).map_err(|e| e.to_string())?;
     let mut lines = vec![];
     for (i, case) in golden.cases.iter().enumerate() {
         let o = check_case(&mut model, case, logprob_tol)
