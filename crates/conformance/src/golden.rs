@@ -151,6 +151,7 @@ pub const GOLDEN_MODELS: &[(&str, u64, tandem_core::DType)] = {
         ("tiny-qwen2", 7, F32),
         ("tiny-gemma3", 8, F32),
         ("tiny-fp8", 9, F32),
+        ("tiny-phi3", 10, F32),
     ]
 };
 
@@ -214,6 +215,11 @@ macro_rules! golden_tests {
         #[test]
         fn tiny_fp8_blocks() {
             $check("tiny-fp8");
+        }
+        /// Phi-3: q/k/v and gate/up each one weight in the checkpoint, split at load.
+        #[test]
+        fn tiny_phi3_f32() {
+            $check("tiny-phi3");
         }
     };
 }
