@@ -15,6 +15,8 @@ cargo xtask gen-model --shape tiny-qwen3 --seed 3 --out target/golden/tiny-qwen3
 "$VENV/bin/python" tests/hf_golden.py --model target/golden/tiny-qwen3 --out tests/golden/tiny-qwen3.json --raw-ids
 cargo xtask gen-model --shape tiny-qwen3-moe --seed 4 --out target/golden/tiny-qwen3-moe --dtype f32
 "$VENV/bin/python" tests/hf_golden.py --model target/golden/tiny-qwen3-moe --out tests/golden/tiny-qwen3-moe.json --raw-ids
+# The same model as transformers itself saves it (5.x: `num_local_experts`), for the config-key aliases.
+"$VENV/bin/python" tests/save_with_transformers.py --model target/golden/tiny-qwen3-moe --out tests/golden/tiny-qwen3-moe-tf5
 cargo xtask gen-model --shape tiny-mixtral --seed 5 --out target/golden/tiny-mixtral --dtype f32
 "$VENV/bin/python" tests/hf_golden.py --model target/golden/tiny-mixtral --out tests/golden/tiny-mixtral.json --raw-ids
 # Sliding windows shorter than the prompts: Mistral (every layer), Qwen2 (layer 1 of 2).
