@@ -15,6 +15,8 @@ cargo xtask gen-model --shape tiny-qwen3 --seed 3 --out target/golden/tiny-qwen3
 "$VENV/bin/python" tests/hf_golden.py --model target/golden/tiny-qwen3 --out tests/golden/tiny-qwen3.json --raw-ids
 cargo xtask gen-model --shape tiny-qwen3-moe --seed 4 --out target/golden/tiny-qwen3-moe --dtype f32
 "$VENV/bin/python" tests/hf_golden.py --model target/golden/tiny-qwen3-moe --out tests/golden/tiny-qwen3-moe.json --raw-ids
+# The same model as transformers itself saves it (5.x: `num_local_experts`), for the config-key aliases.
+"$VENV/bin/python" tests/save_with_transformers.py --model target/golden/tiny-qwen3-moe --out tests/golden/tiny-qwen3-moe-tf5
 cargo xtask gen-model --shape tiny-mixtral --seed 5 --out target/golden/tiny-mixtral --dtype f32
 "$VENV/bin/python" tests/hf_golden.py --model target/golden/tiny-mixtral --out tests/golden/tiny-mixtral.json --raw-ids
 # Sliding windows shorter than the prompts: Mistral (every layer), Qwen2 (layer 1 of 2).
@@ -25,6 +27,9 @@ cargo xtask gen-model --shape tiny-qwen2 --seed 7 --out target/golden/tiny-qwen2
 # Gemma 3: a sliding layer and a global one, GeGLU, sandwich norms, the scaled embedding.
 cargo xtask gen-model --shape tiny-gemma3 --seed 8 --out target/golden/tiny-gemma3 --dtype f32
 "$VENV/bin/python" tests/hf_golden.py --model target/golden/tiny-gemma3 --out tests/golden/tiny-gemma3.json --raw-ids
+# Phi-3: q/k/v and gate/up each one weight in the checkpoint (split at load).
+cargo xtask gen-model --shape tiny-phi3 --seed 10 --out target/golden/tiny-phi3 --dtype f32
+"$VENV/bin/python" tests/hf_golden.py --model target/golden/tiny-phi3 --out tests/golden/tiny-phi3.json --raw-ids
 # FP8 projections (e4m3, 32 x 32 block scales); HF dequantizes them on the CPU (needs accelerate).
 cargo xtask gen-model --shape tiny --seed 9 --out target/golden/tiny-fp8 --dtype fp8-f32
 "$VENV/bin/python" tests/hf_golden.py --model target/golden/tiny-fp8 --out tests/golden/tiny-fp8.json --raw-ids

@@ -28,7 +28,7 @@ use tandem_conformance::numerics::Bf16Numerics;
 use tandem_conformance::rng::Rng;
 use tandem_core::backend::{DType, KvDtype};
 use tandem_core::greedy::{self, Step};
-use tandem_core::model::{LlamaModel, LoadOptions};
+use tandem_core::model::{LoadOptions, Model};
 use tandem_core::ModelRunner;
 use tandem_engine::{Engine, EngineConfig, FinishReason, Request, SamplingParams};
 
@@ -175,7 +175,7 @@ pub fn run(a: Args) -> Result<()> {
             );
         }
         Box::new(
-            LlamaModel::load(Bf16Numerics::new(), &a.model, under_opts)
+            Model::load(Bf16Numerics::new(), &a.model, under_opts)
                 .with_context(|| format!("loading {} on the bf16-rounding reference", a.model.display()))?,
         )
     } else {

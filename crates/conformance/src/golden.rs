@@ -151,6 +151,7 @@ pub const GOLDEN_MODELS: &[(&str, u64, tandem_core::DType)] = {
         ("tiny-qwen2", 7, F32),
         ("tiny-gemma3", 8, F32),
         ("tiny-fp8", 9, F32),
+        ("tiny-phi3", 10, F32),
     ]
 };
 
@@ -215,6 +216,11 @@ macro_rules! golden_tests {
         fn tiny_fp8_blocks() {
             $check("tiny-fp8");
         }
+        /// Phi-3: q/k/v and gate/up each one weight in the checkpoint, split at load.
+        #[test]
+        fn tiny_phi3_f32() {
+            $check("tiny-phi3");
+        }
     };
 }
 
@@ -268,7 +274,7 @@ pub fn check_weights<B: tandem_core::Backend>(
         block_size: 16,
         ..Default::default()
     };
-    let mut model = tandem_core::LlamaModel::from_weights(backend, cfg, weights, opts).map_err(|e| e.to_string())?;
+    let mut model = tandem_core::Model::from_weights(backend, cfg, weights, opts).map_err(|e| e.to_string())?;
     let mut lines = vec![];
     for (i, case) in golden.cases.iter().enumerate() {
         let o = check_case(&mut model, case, logprob_tol)

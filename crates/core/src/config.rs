@@ -1,5 +1,7 @@
 //! `config.json` of a model whose family the model layer runs (`crate::model::families`:
-//! Llama, Mistral, Qwen2, SmolLM, Qwen3, Qwen3-MoE, Mixtral, Gemma 3).
+//! Llama, Mistral, Qwen2, SmolLM, Qwen3, Qwen3-MoE, Mixtral, Gemma 3): the fields every family
+//! has, read here; what one family adds, defaults or refuses is its file's rules
+//! (`crate::model::Family::rules`).
 
 use std::path::Path;
 
@@ -98,51 +100,62 @@ pub struct ModelConfig {
     pub local_rope: Option<LocalRope>,
 }
 
+/// `config.json` as serde reads it, every field optional: the generic fields
+/// [`ModelConfig::from_json`] reads, and those a family's rules read
+/// ([`crate::model::Family::rules`]). A key transformers also writes under another name is read
+/// under either ([`crate::model::Family::key_aliases`]).
 #[derive(Deserialize)]
-struct Raw {
-    architectures: Option<Vec<String>>,
-    model_type: Option<String>,
-    vocab_size: Option<usize>,
-    hidden_size: Option<usize>,
-    intermediate_size: Option<usize>,
-    num_hidden_layers: Option<usize>,
-    num_attention_heads: Option<usize>,
-    num_key_value_heads: Option<usize>,
-    head_dim: Option<usize>,
-    rms_norm_eps: Option<f64>,
-    rope_theta: Option<f64>,
-    rope_scaling: Option<serde_json::Value>,
-    rope_parameters: Option<serde_json::Value>,
-    max_position_embeddings: Option<usize>,
-    tie_word_embeddings: Option<bool>,
-    attention_bias: Option<bool>,
-    torch_dtype: Option<String>,
-    dtype: Option<String>,
-    bos_token_id: Option<serde_json::Value>,
-    eos_token_id: Option<serde_json::Value>,
+pub(crate) struct RawConfig {
+    pub vocab_size: Option<usize>,
+    pub hidden_size: Option<usize>,
+    pub intermediate_size: Option<usize>,
+    pub num_hidden_layers: Option<usize>,
+    pub num_attention_heads: Option<usize>,
+    pub num_key_value_heads: Option<usize>,
+    pub head_dim: Option<usize>,
+    pub rms_norm_eps: Option<f64>,
+    pub rope_theta: Option<f64>,
+    pub rope_scaling: Option<serde_json::Value>,
+    pub rope_parameters: Option<serde_json::Value>,
+    pub max_position_embeddings: Option<usize>,
+    pub tie_word_embeddings: Option<bool>,
+    pub attention_bias: Option<bool>,
+    pub torch_dtype: Option<String>,
+    pub dtype: Option<String>,
+    pub bos_token_id: Option<serde_json::Value>,
+    pub eos_token_id: Option<serde_json::Value>,
     // Mixture of experts (Mixtral: num_local_experts; Qwen3-MoE: num_experts and the rest).
-    num_local_experts: Option<usize>,
-    num_experts: Option<usize>,
-    num_experts_per_tok: Option<usize>,
-    moe_intermediate_size: Option<usize>,
-    norm_topk_prob: Option<bool>,
-    decoder_sparse_step: Option<usize>,
-    mlp_only_layers: Option<Vec<usize>>,
+    pub num_local_experts: Option<usize>,
+    pub num_experts: Option<usize>,
+    pub num_experts_per_tok: Option<usize>,
+    pub moe_intermediate_size: Option<usize>,
+    pub norm_topk_prob: Option<bool>,
+    pub decoder_sparse_step: Option<usize>,
+    pub mlp_only_layers: Option<Vec<usize>>,
     // Sliding-window attention (see `ModelConfig::layer_windows`).
     #[serde(default, deserialize_with = "present")]
-    sliding_window: Option<serde_json::Value>,
-    use_sliding_window: Option<bool>,
-    max_window_layers: Option<usize>,
-    layer_types: Option<Vec<String>>,
-    hidden_act: Option<String>,
+    pub sliding_window: Option<serde_json::Value>,
+    pub use_sliding_window: Option<bool>,
+    pub max_window_layers: Option<usize>,
+    pub layer_types: Option<Vec<String>>,
+    pub hidden_act: Option<String>,
     // Gemma 3.
-    hidden_activation: Option<String>,
-    query_pre_attn_scalar: Option<f64>,
-    rope_local_base_freq: Option<f64>,
-    sliding_window_pattern: Option<usize>,
-    final_logit_softcapping: Option<f64>,
-    attn_logit_softcapping: Option<f64>,
-    use_bidirectional_attention: Option<bool>,
+    pub hidden_activation: Option<String>,
+    pub query_pre_attn_scalar: Option<f64>,
+    pub rope_local_base_freq: Option<f64>,
+    pub sliding_window_pattern: Option<usize>,
+    pub final_logit_softcapping: Option<f64>,
+    pub attn_logit_softcapping: Option<f64>,
+    pub use_bidirectional_attention: Option<bool>,
+}
+
+/// A required positive field.
+pub(crate) fn req(v: Option<usize>, name: &str) -> std::result::Result<usize, String> {
+    match v {
+        Some(0) => Err(format!("`{name}` must be positive")),
+        Some(x) => Ok(x),
+        None => Err(format!("missing field `{name}`")),
+    }
 }
 
 impl ModelConfig {
@@ -151,29 +164,14 @@ impl ModelConfig {
         Self::from_json(&text).map_err(|msg| Error::config(path, msg))
     }
 
+    /// The generic fields, then the family's rules ([`crate::model::Family::rules`]): its MoE
+    /// block, sliding windows, defaults and refusals.
     pub fn from_json(text: &str) -> std::result::Result<Self, String> {
         let value: serde_json::Value =
             serde_json::from_str(text).map_err(|e| format!("not a valid config.json: {e}"))?;
-        let raw: Raw =
-            serde_json::from_value(gemma3_text(value)?).map_err(|e| format!("not a valid config.json: {e}"))?;
-        let architecture = match (&raw.architectures, &raw.model_type) {
-            (Some(a), _) if !a.is_empty() => a[0].clone(),
-            (_, Some(t)) => crate::model::families()
-                .find(|f| f.model_type == t)
-                .map_or_else(|| t.clone(), |f| f.architecture.to_string()),
-            _ => return Err("neither `architectures` nor `model_type` is given".into()),
-        };
-        if !crate::model::families().any(|f| f.architecture == architecture) {
-            let supported: Vec<&str> = crate::model::families().map(|f| f.architecture).collect();
-            return Err(format!("unsupported architecture `{architecture}` (supported: {})", supported.join(", ")));
-        }
-        fn req(v: Option<usize>, name: &str) -> std::result::Result<usize, String> {
-            match v {
-                Some(0) => Err(format!("`{name}` must be positive")),
-                Some(x) => Ok(x),
-                None => Err(format!("missing field `{name}`")),
-            }
-        }
+        let family = crate::model::family_of(&value)?;
+        let value = family.read_keys((family.prepare)(value)?);
+        let raw: RawConfig = serde_json::from_value(value).map_err(|e| format!("not a valid config.json: {e}"))?;
         let hidden_size = req(raw.hidden_size, "hidden_size")?;
         let num_attention_heads = req(raw.num_attention_heads, "num_attention_heads")?;
         let num_key_value_heads = raw.num_key_value_heads.unwrap_or(num_attention_heads);
@@ -194,101 +192,34 @@ impl ModelConfig {
         if head_dim % 2 != 0 {
             return Err(format!("head_dim ({head_dim}) must be even for rotary embeddings"));
         }
-        // transformers 5 moves rope settings into `rope_parameters`; older files use the top level.
-        // Gemma 3's (transformers 5) has one entry per layer type; the global one is the model's.
-        let per_type = raw
-            .rope_parameters
-            .as_ref()
-            .filter(|p| p.get("full_attention").is_some() || p.get("sliding_attention").is_some());
-        let params = match per_type {
-            Some(p) => p.get("full_attention").filter(|v| !v.is_null()),
-            None => raw.rope_parameters.as_ref(),
-        };
+        let params = raw.global_rope_parameters();
         let rope_theta = raw
             .rope_theta
             .or_else(|| params.and_then(|p| p.get("rope_theta")).and_then(|v| v.as_f64()))
             .unwrap_or(10000.0) as f32;
         let scaling_json = raw.rope_scaling.as_ref().filter(|v| !v.is_null()).or(params);
         let rope_scaling = parse_rope_scaling(scaling_json)?;
-        let architecture_is_qwen2 = architecture == "Qwen2ForCausalLM";
         let intermediate_size = req(raw.intermediate_size, "intermediate_size")?;
         let num_hidden_layers = req(raw.num_hidden_layers, "num_hidden_layers")?;
-        let moe = match architecture.as_str() {
-            "MixtralForCausalLM" => Some(MoeConfig {
-                num_experts: req(raw.num_local_experts, "num_local_experts")?,
-                top_k: req(raw.num_experts_per_tok, "num_experts_per_tok")?,
-                intermediate_size,
-                norm_topk_prob: true,
-                dense_layers: vec![],
-            }),
-            "Qwen3MoeForCausalLM" => {
-                // HF: layer i is sparse unless listed in mlp_only_layers, and (i + 1) a multiple of decoder_sparse_step.
-                let step = raw.decoder_sparse_step.unwrap_or(1).max(1);
-                let only = raw.mlp_only_layers.clone().unwrap_or_default();
-                Some(MoeConfig {
-                    num_experts: req(raw.num_experts, "num_experts")?,
-                    top_k: req(raw.num_experts_per_tok, "num_experts_per_tok")?,
-                    intermediate_size: req(raw.moe_intermediate_size, "moe_intermediate_size")?,
-                    norm_topk_prob: raw.norm_topk_prob.unwrap_or(false),
-                    dense_layers: (0..num_hidden_layers).filter(|i| only.contains(i) || (i + 1) % step != 0).collect(),
-                })
-            }
-            _ => None,
-        };
-        if let Some(m) = &moe {
-            if m.top_k > m.num_experts {
-                return Err(format!("num_experts_per_tok ({}) exceeds the {} experts", m.top_k, m.num_experts));
-            }
-        }
-        let layer_windows = layer_windows(&architecture, &raw, num_hidden_layers)?;
-        let gemma3 = architecture == "Gemma3ForCausalLM";
-        let activation = match (gemma3, raw.hidden_activation.as_deref().or(raw.hidden_act.as_deref())) {
-            (true, None) => Activation::GeluTanh,
-            (false, None) => Activation::Silu,
-            (_, Some("silu" | "swish")) => Activation::Silu,
-            (_, Some("gelu_pytorch_tanh" | "gelu_tanh")) => Activation::GeluTanh,
-            (_, Some(other)) => {
+        // Checked for every family, whether or not it slides.
+        raw.sliding_window()?;
+        let activation = match raw.hidden_activation.as_deref().or(raw.hidden_act.as_deref()) {
+            None | Some("silu" | "swish") => Activation::Silu,
+            Some("gelu_pytorch_tanh" | "gelu_tanh") => Activation::GeluTanh,
+            Some(other) => {
                 return Err(format!("unsupported MLP activation `{other}` (supported: silu, gelu_pytorch_tanh)"))
             }
         };
-        let mut local_rope = None;
-        let mut query_pre_attn_scalar = None;
-        if gemma3 {
-            for (name, v) in [
-                ("final_logit_softcapping", raw.final_logit_softcapping),
-                ("attn_logit_softcapping", raw.attn_logit_softcapping),
-            ] {
-                if let Some(v) = v {
-                    return Err(format!("`{name}` ({v}) is not supported (Gemma 3 checkpoints leave it null)"));
-                }
-            }
-            if raw.use_bidirectional_attention == Some(true) {
-                return Err("`use_bidirectional_attention` is not supported (a causal language model attends to earlier tokens only)".into());
-            }
-            query_pre_attn_scalar = Some(raw.query_pre_attn_scalar.unwrap_or(256.0) as f32);
-            // The sliding layers' rope: `rope_parameters.sliding_attention` (transformers 5) or
-            // `rope_local_base_freq` (older files), never scaled.
-            let local = per_type.and_then(|p| p.get("sliding_attention")).filter(|v| !v.is_null());
-            let theta = local
-                .and_then(|p| p.get("rope_theta"))
-                .and_then(|v| v.as_f64())
-                .or(raw.rope_local_base_freq)
-                .unwrap_or(10000.0) as f32;
-            local_rope = Some(LocalRope {
-                theta,
-                scaling: parse_rope_scaling(local)?,
-                layers: gemma3_sliding(&raw, num_hidden_layers)?,
-            });
-        }
-        Ok(ModelConfig {
-            layer_windows,
+        let mut cfg = ModelConfig {
+            architecture: family.architecture.to_string(),
+            layer_windows: vec![0; num_hidden_layers],
             activation,
-            query_pre_attn_scalar,
-            local_rope,
+            query_pre_attn_scalar: None,
+            local_rope: None,
             vocab_size: req(raw.vocab_size, "vocab_size")?,
             intermediate_size,
             num_hidden_layers,
-            moe,
+            moe: None,
             hidden_size,
             num_attention_heads,
             num_key_value_heads,
@@ -298,12 +229,18 @@ impl ModelConfig {
             rope_scaling,
             max_position_embeddings: raw.max_position_embeddings.unwrap_or(4096),
             tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(false),
-            attention_bias: raw.attention_bias.unwrap_or(architecture_is_qwen2),
-            dtype: raw.dtype.or(raw.torch_dtype),
+            attention_bias: raw.attention_bias.unwrap_or(false),
+            dtype: raw.dtype.clone().or(raw.torch_dtype.clone()),
             bos_token_id: ids(raw.bos_token_id.as_ref()).first().copied(),
             eos_token_ids: ids(raw.eos_token_id.as_ref()),
-            architecture,
-        })
+        };
+        (family.rules)(&raw, &mut cfg)?;
+        if let Some(m) = &cfg.moe {
+            if m.top_k > m.num_experts {
+                return Err(format!("num_experts_per_tok ({}) exceeds the {} experts", m.top_k, m.num_experts));
+            }
+        }
+        Ok(cfg)
     }
 
     /// Rotary inverse frequencies, one per pair of dimensions (head_dim / 2), scaling applied.
@@ -381,111 +318,71 @@ impl ModelConfig {
     }
 }
 
-/// Gemma 3's text model as the model layer reads it: a multimodal checkpoint
-/// (`Gemma3ForConditionalGeneration`, `model_type` gemma3: the 4B, 12B and 27B releases) gives its
-/// `text_config` (the token ids and dtype from the top level where it has none; its weights
-/// answer to the text model's names, see `Weights::get`), and the fields a Gemma 3 text config
-/// leaves out take `Gemma3TextConfig`'s defaults (the released files rely on them). Any other
-/// config is returned as it is.
-fn gemma3_text(mut v: serde_json::Value) -> std::result::Result<serde_json::Value, String> {
-    use serde_json::{json, Value};
-    let arch = v.get("architectures").and_then(|a| a.get(0)).and_then(Value::as_str).map(String::from);
-    let model_type = v.get("model_type").and_then(Value::as_str).map(String::from);
-    let multimodal = match (arch.as_deref(), model_type.as_deref()) {
-        (Some(a), _) => a == "Gemma3ForConditionalGeneration",
-        (None, t) => t == Some("gemma3"),
-    };
-    if multimodal {
-        let Some(Value::Object(mut text)) = v.get("text_config").cloned() else {
-            return Err("Gemma3ForConditionalGeneration without a `text_config` object".into());
-        };
-        for k in ["bos_token_id", "eos_token_id", "pad_token_id", "torch_dtype", "dtype", "tie_word_embeddings"] {
-            if let (false, Some(x)) = (text.contains_key(k), v.get(k)) {
-                text.insert(k.into(), x.clone());
-            }
-        }
-        text.insert("architectures".into(), json!(["Gemma3ForCausalLM"]));
-        v = Value::Object(text);
-    } else if arch.as_deref() != Some("Gemma3ForCausalLM")
-        && !(arch.is_none() && model_type.as_deref() == Some("gemma3_text"))
-    {
-        return Ok(v);
-    }
-    let Value::Object(o) = &mut v else { return Err("config.json is not a JSON object".into()) };
-    let defaults = json!({
-        "vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
-        "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "max_position_embeddings": 131072,
-        "rms_norm_eps": 1e-6, "bos_token_id": 2, "eos_token_id": 1, "tie_word_embeddings": true,
-        "query_pre_attn_scalar": 256, "sliding_window": 4096
-    });
-    if !o.contains_key("rope_parameters") {
-        o.entry("rope_theta").or_insert(json!(1000000.0));
-    }
-    if let Value::Object(d) = defaults {
-        for (k, x) in d {
-            o.entry(k).or_insert(x);
-        }
-    }
-    Ok(v)
-}
-
 /// A field that may be null, kept apart from an absent one (`Some(Null)` vs `None`).
 fn present<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Option<serde_json::Value>, D::Error> {
     serde_json::Value::deserialize(d).map(Some)
 }
 
-/// Each layer's sliding window (0: none), as HF's configuration and modeling code of the
-/// family apply `sliding_window` (see [`ModelConfig::layer_windows`]).
-fn layer_windows(arch: &str, raw: &Raw, layers: usize) -> std::result::Result<Vec<usize>, String> {
-    let value = match &raw.sliding_window {
-        None => None,
-        Some(serde_json::Value::Null) => Some(None),
-        Some(v) => match v.as_u64() {
-            Some(0) | None => return Err(format!("`sliding_window` must be a positive integer or null, not {v}")),
-            Some(n) => Some(Some(n as usize)),
-        },
-    };
-    let use_sw = raw.use_sliding_window.unwrap_or(false);
-    let sliding_types = || layer_types(raw, layers, |i| i >= raw.max_window_layers.unwrap_or(28));
-    let (window, sliding) = match arch {
-        "MistralForCausalLM" => (value.unwrap_or(Some(4096)), vec![true; layers]),
-        "MixtralForCausalLM" => (value.flatten(), vec![true; layers]),
-        "Qwen3MoeForCausalLM" => (if use_sw { value.unwrap_or(Some(4096)) } else { None }, vec![true; layers]),
-        "Qwen2ForCausalLM" | "Qwen3ForCausalLM" => {
-            (if use_sw { value.unwrap_or(Some(4096)) } else { None }, sliding_types()?)
-        }
-        "Gemma3ForCausalLM" => (value.unwrap_or(Some(4096)), gemma3_sliding(raw, layers)?),
-        _ => (None, vec![false; layers]),
-    };
-    Ok(match window {
-        Some(w) => sliding.iter().map(|&s| if s { w } else { 0 }).collect(),
-        None => vec![0; layers],
-    })
-}
+impl RawConfig {
+    /// `sliding_window`: None where absent, `Some(None)` where null, else the positive window.
+    pub fn sliding_window(&self) -> std::result::Result<Option<Option<usize>>, String> {
+        Ok(match &self.sliding_window {
+            None => None,
+            Some(serde_json::Value::Null) => Some(None),
+            Some(v) => match v.as_u64() {
+                Some(0) | None => return Err(format!("`sliding_window` must be a positive integer or null, not {v}")),
+                Some(n) => Some(Some(n as usize)),
+            },
+        })
+    }
 
-/// Which layers slide, from `layer_types`, else `default(i)`.
-fn layer_types(raw: &Raw, layers: usize, default: impl Fn(usize) -> bool) -> std::result::Result<Vec<bool>, String> {
-    match &raw.layer_types {
-        Some(t) if t.len() != layers => Err(format!("`layer_types` lists {} layers, the model has {layers}", t.len())),
-        Some(t) => t
-            .iter()
-            .map(|k| match k.as_str() {
-                "sliding_attention" => Ok(true),
-                "full_attention" => Ok(false),
-                other => Err(format!(
-                    "unsupported layer type `{other}` in `layer_types` (supported: full_attention, sliding_attention)"
-                )),
-            })
-            .collect(),
-        None => Ok((0..layers).map(default).collect()),
+    /// Which layers slide, from `layer_types`, else `default(i)`.
+    pub fn layer_types(
+        &self,
+        layers: usize,
+        default: impl Fn(usize) -> bool,
+    ) -> std::result::Result<Vec<bool>, String> {
+        match &self.layer_types {
+            Some(t) if t.len() != layers => {
+                Err(format!("`layer_types` lists {} layers, the model has {layers}", t.len()))
+            }
+            Some(t) => t
+                .iter()
+                .map(|k| match k.as_str() {
+                    "sliding_attention" => Ok(true),
+                    "full_attention" => Ok(false),
+                    other => Err(format!(
+                        "unsupported layer type `{other}` in `layer_types` (supported: full_attention, sliding_attention)"
+                    )),
+                })
+                .collect(),
+            None => Ok((0..layers).map(default).collect()),
+        }
+    }
+
+    /// transformers 5's `rope_parameters` per layer type (Gemma 3), where it has that shape.
+    pub fn rope_parameters_per_type(&self) -> Option<&serde_json::Value> {
+        self.rope_parameters
+            .as_ref()
+            .filter(|p| p.get("full_attention").is_some() || p.get("sliding_attention").is_some())
+    }
+
+    /// The model's rope settings: transformers 5's `rope_parameters` (older files use the top
+    /// level); where it has one entry per layer type, the global one.
+    fn global_rope_parameters(&self) -> Option<&serde_json::Value> {
+        match self.rope_parameters_per_type() {
+            Some(p) => p.get("full_attention").filter(|v| !v.is_null()),
+            None => self.rope_parameters.as_ref(),
+        }
     }
 }
 
-/// Gemma 3's sliding layers: `layer_types`, else every layer but each `sliding_window_pattern`th
-/// (6: five local layers, then a global one).
-fn gemma3_sliding(raw: &Raw, layers: usize) -> std::result::Result<Vec<bool>, String> {
-    let pattern = raw.sliding_window_pattern.unwrap_or(6).max(1);
-    layer_types(raw, layers, |i| (i + 1) % pattern != 0)
+/// Each layer's window: `window` on the `sliding` layers, 0 elsewhere and everywhere without one.
+pub(crate) fn windows(window: Option<usize>, sliding: &[bool]) -> Vec<usize> {
+    match window {
+        Some(w) => sliding.iter().map(|&s| if s { w } else { 0 }).collect(),
+        None => vec![0; sliding.len()],
+    }
 }
 
 fn ids(v: Option<&serde_json::Value>) -> Vec<u32> {
@@ -496,7 +393,7 @@ fn ids(v: Option<&serde_json::Value>) -> Vec<u32> {
     }
 }
 
-fn parse_rope_scaling(v: Option<&serde_json::Value>) -> std::result::Result<RopeScaling, String> {
+pub(crate) fn parse_rope_scaling(v: Option<&serde_json::Value>) -> std::result::Result<RopeScaling, String> {
     let Some(v) = v else { return Ok(RopeScaling::None) };
     let kind = v.get("rope_type").or_else(|| v.get("type")).and_then(|t| t.as_str()).unwrap_or("default");
     let num = |k: &str| v.get(k).and_then(|x| x.as_f64());
@@ -687,6 +584,57 @@ mod tests {
         assert_eq!((c.layer_windows[5], c.local_rope.as_ref().unwrap().theta), (0, 10000.0));
         let e = ModelConfig::from_json(r#"{"architectures":["Gemma3ForConditionalGeneration"]}"#).unwrap_err();
         assert!(e.contains("text_config"), "{e}");
+    }
+
+    /// Each family's config keys that transformers writes under two names (its config class's
+    /// `attribute_map`: Qwen3-MoE and Mixtral's `num_experts` / `num_local_experts`) read the
+    /// same under either: a directory saved by transformers 4.x and one saved by 5.x.
+    #[test]
+    fn every_family_reads_its_aliased_keys_under_either_name() {
+        let base = r#""hidden_size":64,"intermediate_size":96,"num_hidden_layers":2,"num_attention_heads":4,
+            "num_key_value_heads":2,"vocab_size":100,"num_experts_per_tok":2,"moe_intermediate_size":48"#;
+        let mut checked = 0;
+        for f in crate::model::families() {
+            let spelled = |pick: fn(&(&'static str, &'static str)) -> &'static str| {
+                let keys: String = f.key_aliases.iter().map(|k| format!(r#","{}":4"#, pick(k))).collect();
+                format!(r#"{{"architectures":["{}"],{base}{keys}}}"#, f.architecture)
+            };
+            let (old, new) = (spelled(|k| k.0), spelled(|k| k.1));
+            let a = ModelConfig::from_json(&old).unwrap_or_else(|e| panic!("{}: {e}", f.architecture));
+            let b = ModelConfig::from_json(&new).unwrap_or_else(|e| panic!("{}: {e}", f.architecture));
+            assert_eq!(a, b, "{}", f.architecture);
+            checked += f.key_aliases.len();
+        }
+        assert!(checked >= 2, "{checked} aliased keys");
+        // What transformers 5.25 writes for Qwen3-MoE, and the released checkpoints' spelling.
+        for key in ["num_local_experts", "num_experts"] {
+            for arch in ["Qwen3MoeForCausalLM", "MixtralForCausalLM"] {
+                let c = ModelConfig::from_json(&format!(r#"{{"architectures":["{arch}"],{base},"{key}":8}}"#)).unwrap();
+                assert_eq!(c.moe.unwrap().num_experts, 8, "{arch} {key}");
+            }
+        }
+    }
+
+    /// Phi-3 mini's config.json: plain rope, a window on every layer; longrope (the 128k
+    /// releases) and a partial rotary factor are refused, naming the field.
+    #[test]
+    fn phi3_configs() {
+        let base = r#""architectures":["Phi3ForCausalLM"],"model_type":"phi3","hidden_size":3072,"intermediate_size":8192,
+            "num_hidden_layers":4,"num_attention_heads":32,"num_key_value_heads":32,"vocab_size":32064,"rms_norm_eps":1e-5,
+            "rope_theta":10000.0,"max_position_embeddings":4096,"original_max_position_embeddings":4096,"hidden_act":"silu""#;
+        let c = ModelConfig::from_json(&format!(r#"{{{base},"sliding_window":2047,"rope_scaling":null}}"#)).unwrap();
+        assert_eq!((c.head_dim, c.layer_windows.clone(), c.attention_bias), (96, vec![2047; 4], false));
+        assert_eq!(
+            (c.rope_scaling.clone(), c.activation, c.tie_word_embeddings),
+            (RopeScaling::None, Activation::Silu, false)
+        );
+        let longrope = r#","rope_scaling":{"type":"longrope","short_factor":[1.0],"long_factor":[1.0]}"#;
+        let e = ModelConfig::from_json(&format!("{{{base}{longrope}}}")).unwrap_err();
+        assert!(e.contains("rope_scaling") && e.contains("longrope"), "{e}");
+        let e = ModelConfig::from_json(&format!(r#"{{{base},"partial_rotary_factor":0.5}}"#)).unwrap_err();
+        assert!(e.contains("partial_rotary_factor"), "{e}");
+        let v5 = r#","rope_parameters":{"rope_type":"default","rope_theta":10000.0,"partial_rotary_factor":1.0}"#;
+        assert_eq!(ModelConfig::from_json(&format!("{{{base}{v5}}}")).unwrap().rope_theta, 10000.0);
     }
 
     #[test]

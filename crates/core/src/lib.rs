@@ -32,4 +32,4 @@ pub use backend::{Backend, DType, KvDtype, WorkspaceLimits};
 pub use batch::ForwardBatch;
 pub use config::{GenerationConfig, ModelConfig};
 pub use error::{Error, Result};
-pub use model::{LlamaModel, ModelRunner};
+pub use model::{Model, ModelRunner};

@@ -162,3 +162,94 @@ mod tests {
         }
     }
 }
+
+/// KV pool size for backends that cannot report free memory (reference, wgpu).
+pub const AUTO_KV_BYTES: u64 = 1 << 30;
+
+/// Bytes of one KV block: K and V, every layer, `block_size` tokens of `kv_heads * head_dim`
+/// elements of `dtype`. A bf16 cache's block is half an f32 one, so the same memory holds twice
+/// the blocks.
+pub fn kv_block_bytes(cfg: &crate::config::ModelConfig, block_size: usize, dtype: crate::backend::KvDtype) -> u64 {
+    (2 * cfg.num_hidden_layers * block_size * cfg.kv_dim() * dtype.size()) as u64
+}
+
+/// The pool's block count: planned from the device's memory where it was measured
+/// ([`plan_kv_blocks`]), else [`AUTO_KV_BYTES`] worth, never more than `need.max_blocks`.
+pub fn kv_pool_blocks(
+    measured: Option<&DeviceMemory>,
+    gpu_memory_utilization: f32,
+    need: &KvNeed,
+) -> std::result::Result<usize, String> {
+    let blocks = match measured {
+        Some(m) => plan_kv_blocks(m, gpu_memory_utilization, need)?,
+        None => ((AUTO_KV_BYTES / need.block_bytes.max(1)) as usize).min(need.max_blocks),
+    };
+    if blocks == 0 {
+        return Err(format!("AUTO_KV_BYTES holds no KV block of {} bytes; pass num_kv_blocks", need.block_bytes));
+    }
+    Ok(blocks)
+}
+
+#[cfg(test)]
+mod kv_pool_tests {
+    use super::*;
+    use crate::backend::KvDtype;
+    use crate::config::ModelConfig;
+
+    const GIB: u64 = 1 << 30;
+
+    /// Llama-3.2-1B's KV shape: 16 layers, 8 kv heads of 64.
+    fn llama_1b() -> ModelConfig {
+        ModelConfig::from_json(
+            r#"{"architectures":["LlamaForCausalLM"],"hidden_size":2048,"intermediate_size":8192,"num_hidden_layers":16,
+            "num_attention_heads":32,"num_key_value_heads":8,"head_dim":64,"vocab_size":128256,"max_position_embeddings":131072}"#,
+        )
+        .unwrap()
+    }
+
+    /// 2 x layers x kv_heads x head_dim x element size per token: 64 KiB (f32) and 32 KiB (bf16)
+    /// for this shape, so the same memory holds exactly twice the bf16 blocks, on a measured
+    /// device and where the backend cannot tell (AUTO_KV_BYTES).
+    #[test]
+    fn a_bf16_pool_has_twice_the_blocks_of_an_f32_one() {
+        let c = llama_1b();
+        assert_eq!(kv_block_bytes(&c, 16, KvDtype::F32), 16 * 2 * 16 * 512 * 4);
+        assert_eq!(kv_block_bytes(&c, 16, KvDtype::Bf16), 16 * 2 * 16 * 512 * 2);
+        // An H200-like device: 0.9 of 140 GiB less 1 GiB context, 2.5 GiB weights, 1.5 GiB workspace.
+        let m = DeviceMemory {
+            total: 140 * GIB,
+            free_before_weights: 139 * GIB,
+            free_after_weights: 139 * GIB - 5 * GIB / 2,
+            free_now: 135 * GIB,
+        };
+        let blocks = |dtype: KvDtype, measured: Option<&DeviceMemory>| {
+            let need = KvNeed {
+                block_bytes: kv_block_bytes(&c, 16, dtype),
+                min_blocks: 8,
+                max_blocks: usize::MAX,
+                max_context: 128,
+            };
+            kv_pool_blocks(measured, 0.9, &need).unwrap()
+        };
+        let (f32_blocks, bf16_blocks) = (blocks(KvDtype::F32, Some(&m)), blocks(KvDtype::Bf16, Some(&m)));
+        assert_eq!(f32_blocks, ((140.0 * 0.9 - 5.0) * GIB as f64) as usize / (16 * 2 * 16 * 512 * 4));
+        assert_eq!(bf16_blocks, 2 * f32_blocks, "{bf16_blocks} bf16 blocks vs {f32_blocks} f32");
+        assert_eq!(blocks(KvDtype::F32, None), 1024);
+        assert_eq!(blocks(KvDtype::Bf16, None), 2048);
+        // A pool that could not hold one sequence in f32 can in bf16.
+        let need = |dtype| KvNeed {
+            block_bytes: kv_block_bytes(&c, 16, dtype),
+            min_blocks: 24000,
+            max_blocks: usize::MAX,
+            max_context: 384000,
+        };
+        let small = DeviceMemory {
+            total: 24 * GIB,
+            free_before_weights: 23 * GIB,
+            free_after_weights: 21 * GIB,
+            free_now: 20 * GIB,
+        };
+        assert!(kv_pool_blocks(Some(&small), 0.9, &need(KvDtype::F32)).is_err());
+        assert!(kv_pool_blocks(Some(&small), 0.9, &need(KvDtype::Bf16)).is_ok());
+    }
+}

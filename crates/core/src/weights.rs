@@ -55,6 +55,27 @@ impl TensorView {
     pub fn mapping(&self) -> (Arc<Mmap>, Range<usize>) {
         (self.owner.clone(), self.range.clone())
     }
+    /// Rows `rows` of this tensor (its outermost dimension): a view of those bytes, named
+    /// `{name}[a..b]`. A fused projection (Phi-3's `qkv_proj`) is split this way at load.
+    pub fn rows(&self, rows: Range<usize>) -> Result<TensorView> {
+        let outer = self.shape.first().copied().unwrap_or(0);
+        if rows.start > rows.end || rows.end > outer {
+            return Err(Error::tensor(&self.path, &self.name, format!("rows {rows:?} of {outer}")));
+        }
+        let row_bytes = self.shape[1..].iter().product::<usize>() * self.dtype.size();
+        let start = self.range.start + rows.start * row_bytes;
+        let mut shape = self.shape.clone();
+        shape[0] = rows.len();
+        Ok(TensorView {
+            name: format!("{}[{}..{}]", self.name, rows.start, rows.end),
+            dtype: self.dtype,
+            shape,
+            path: self.path.clone(),
+            owner: self.owner.clone(),
+            range: start..start + rows.len() * row_bytes,
+        })
+    }
+
     /// Values as f32 (a copy; for tests, tools and small tensors).
     pub fn to_f32(&self) -> Vec<f32> {
         self.dtype.to_f32(self.bytes())

@@ -25,7 +25,7 @@ use std::time::Instant;
 use serde_json::json;
 use tandem_core::{DType, Error, Result};
 
-use crate::family::Family;
+use crate::family::{named, CheckpointNames, Family, GEMMA3, QWEN3_MOE};
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::gguf_tokenizer::GgufTokenizer;
 use crate::safetensors_writer::{SafetensorsWriter, TensorSpec};
@@ -82,7 +82,7 @@ struct MoeParams {
 /// Hyper-parameters read from `{arch}.*` metadata.
 #[derive(Debug, Clone, PartialEq)]
 struct LlamaParams {
-    family: Family,
+    family: &'static Family,
     layers: usize,
     hidden: usize,
     intermediate: usize,
@@ -99,10 +99,13 @@ struct LlamaParams {
 impl LlamaParams {
     fn from_gguf(g: &GgufFile) -> Result<Self> {
         let name = g.get_str("general.architecture")?;
-        let Some(family) = Family::from_gguf(name, g.get(&format!("{name}.expert_count")).is_some()) else {
+        let Some(family) = crate::family::from_gguf(name, g.get(&format!("{name}.expert_count")).is_some()) else {
             return Err(Error::config(
                 &g.path,
-                format!("general.architecture is `{name}`; this converter reads {}", Family::GGUF_NAMES.join(", ")),
+                format!(
+                    "general.architecture is `{name}`; this converter reads {}",
+                    crate::family::GGUF_NAMES.join(", ")
+                ),
             ));
         };
         let k = family.gguf_name();
@@ -127,7 +130,7 @@ impl LlamaParams {
             match kind {
                 "none" => {}
                 // Gemma 3's global layers (HF's rope_scaling applies to those only, as llama.cpp's).
-                "linear" if family == Family::Gemma3 => {
+                "linear" if family.is(GEMMA3) => {
                     let factor = f("rope.scaling.factor")?;
                     if !(factor.is_finite() && factor > 0.0) {
                         return Err(Error::config(
@@ -165,7 +168,7 @@ impl LlamaParams {
             ));
         }
         let intermediate = u("feed_forward_length").or_else(|e| {
-            if family == Family::Qwen3Moe {
+            if family.is(QWEN3_MOE) {
                 u("expert_feed_forward_length")
             } else {
                 Err(e)
@@ -175,7 +178,7 @@ impl LlamaParams {
             true => {
                 let experts = u("expert_count")?;
                 let top_k = u("expert_used_count")?;
-                let ff = if family == Family::Qwen3Moe { u("expert_feed_forward_length")? } else { intermediate };
+                let ff = if family.is(QWEN3_MOE) { u("expert_feed_forward_length")? } else { intermediate };
                 if experts == 0 || top_k == 0 || top_k > experts || experts > g.tensors.len() * 1024 {
                     return Err(Error::config(
                         &g.path,
@@ -186,7 +189,7 @@ impl LlamaParams {
             }
             false => None,
         };
-        let gemma = if family == Family::Gemma3 {
+        let gemma = if family.is(GEMMA3) {
             if has("attention.value_length") && u("attention.value_length")? != head_dim {
                 return Err(Error::config(
                     &g.path,
@@ -249,8 +252,7 @@ fn hf_names(gguf: &str, p: &LlamaParams) -> Option<Vec<(String, Take)>> {
         _ => None,
     };
     if let Some(t) = top {
-        let take =
-            if p.family == Family::Gemma3 && gguf == "output_norm.weight" { Take::MinusOne } else { Take::Whole };
+        let take = if p.family.is(GEMMA3) && gguf == "output_norm.weight" { Take::MinusOne } else { Take::Whole };
         return Some(vec![(t.to_string(), take)]);
     }
     let rest = gguf.strip_prefix("blk.")?;
@@ -265,7 +267,7 @@ fn hf_names(gguf: &str, p: &LlamaParams) -> Option<Vec<(String, Take)>> {
     }
     let unpermute = |n: usize| if p.family.gguf_permuted() { Take::Unpermute(n) } else { Take::Whole };
     let at = |hf: &str| format!("model.layers.{layer}.{hf}.{kind}");
-    if p.family == Family::Gemma3 && kind == "weight" {
+    if p.family.is(GEMMA3) && kind == "weight" {
         // Gemma's sandwich norms: llama.cpp's `ffn_norm` is HF's pre-feedforward norm here
         // (tensor_mapping.py's FFN_PRE_NORM), not the Llama post-attention norm.
         let hf = match part {
@@ -438,7 +440,7 @@ pub fn convert_gguf(
         if p.family.qk_norm() {
             parts.extend(["attn_q_norm", "attn_k_norm"]);
         }
-        if p.family == Family::Gemma3 {
+        if p.family.is(GEMMA3) {
             parts.extend(["post_attention_norm", "post_ffw_norm"]);
         }
         // A MoE model's layer may keep a dense MLP (Qwen3-MoE's mlp_only_layers).
@@ -556,7 +558,7 @@ fn config_json(
     if let Some(m) = &p.moe {
         let o = c.as_object_mut().expect("an object");
         o.insert("num_experts_per_tok".into(), json!(m.top_k));
-        if p.family == Family::Qwen3Moe {
+        if p.family.is(QWEN3_MOE) {
             // llama.cpp's qwen3moe graph renormalises the kept weights, as Qwen3-MoE's configs
             // ask (norm_topk_prob: true); GGUF does not carry the flag.
             o.insert("num_experts".into(), json!(m.experts));
@@ -586,8 +588,8 @@ fn gemma3_config_json(p: &LlamaParams, gm: &GemmaParams, tok: &GgufTokenizer, ti
         full = json!({ "rope_type": "linear", "factor": f32_json(f), "rope_theta": f32_json(p.rope_theta) });
     }
     json!({
-        "architectures": [Family::Gemma3.hf_names().0],
-        "model_type": Family::Gemma3.hf_names().1,
+        "architectures": [named(GEMMA3).hf_names().0],
+        "model_type": named(GEMMA3).hf_names().1,
         "vocab_size": tok.vocab.len(),
         "hidden_size": p.hidden,
         "intermediate_size": p.intermediate,
@@ -625,8 +627,8 @@ fn gemma3_config_json(p: &LlamaParams, gm: &GemmaParams, tok: &GgufTokenizer, ti
 /// `eos_token_id`: the file's EOS, except for Gemma 3, whose turn end also stops generation in
 /// llama.cpp (and in HF's configs): a list there when it holds more than one id.
 fn eos_json(p: &LlamaParams, tok: &GgufTokenizer) -> serde_json::Value {
-    match p.family {
-        Family::Gemma3 => match tok.end_ids().as_slice() {
+    match p.family.architecture {
+        GEMMA3 => match tok.end_ids().as_slice() {
             [] => serde_json::Value::Null,
             [one] => json!(one),
             many => json!(many),
@@ -670,6 +672,7 @@ pub(crate) fn write_json(path: &Path, v: &serde_json::Value) -> Result<()> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::family::{LLAMA, QWEN3};
     use crate::gguf::{writer, Value};
     use crate::gguf_tokenizer::tests::{tiny_gemma_tokenizer_meta, tiny_gguf_tokenizer_meta};
     use tandem_core::weights::Weights;
@@ -899,7 +902,7 @@ pub(crate) mod tests {
             num_kv_blocks: 8,
             ..Default::default()
         };
-        tandem_core::LlamaModel::load(tandem_reference::RefBackend::new(), &out, opts).unwrap();
+        tandem_core::Model::load(tandem_reference::RefBackend::new(), &out, opts).unwrap();
         std::fs::remove_dir_all(&root).unwrap();
     }
 
@@ -1026,7 +1029,7 @@ pub(crate) mod tests {
             num_kv_blocks: 8,
             ..Default::default()
         };
-        tandem_core::LlamaModel::load(tandem_reference::RefBackend::new(), &out, opts).unwrap();
+        tandem_core::Model::load(tandem_reference::RefBackend::new(), &out, opts).unwrap();
 
         // The same file with an IQ4_XS down projection: refused before anything is written,
         // naming the tensor, the type and what is supported.
@@ -1115,7 +1118,7 @@ pub(crate) mod tests {
         let e = convert(&p2, &root.join("o2")).unwrap_err().to_string();
         assert!(e.contains("`blk.0.ffn_up.weight`") && e.contains("missing"), "{e}");
         let params = LlamaParams {
-            family: Family::Llama,
+            family: named(LLAMA),
             layers: 1,
             hidden: 8,
             intermediate: 8,
@@ -1131,12 +1134,10 @@ pub(crate) mod tests {
         assert!(hf_names("blk.0.attn_qkv.weight", &params).is_none());
         // Qwen3's q/k norms are no Llama tensors.
         assert!(hf_names("blk.0.attn_q_norm.weight", &params).is_none());
-        assert!(
-            hf_names("blk.0.attn_q_norm.weight", &LlamaParams { family: Family::Qwen3, ..params.clone() }).is_some()
-        );
+        assert!(hf_names("blk.0.attn_q_norm.weight", &LlamaParams { family: named(QWEN3), ..params.clone() }).is_some());
         // Gemma's sandwich norms are no Llama tensors; Gemma's ffn_norm is its pre-feedforward norm.
         assert!(hf_names("blk.0.post_ffw_norm.weight", &params).is_none());
-        let gemma = LlamaParams { family: Family::Gemma3, ..params.clone() };
+        let gemma = LlamaParams { family: named(GEMMA3), ..params.clone() };
         assert_eq!(
             hf_names("blk.0.ffn_norm.weight", &gemma),
             Some(vec![("model.layers.0.pre_feedforward_layernorm.weight".into(), Take::MinusOne)])
@@ -1339,7 +1340,7 @@ pub(crate) mod tests {
             num_kv_blocks: 8,
             ..Default::default()
         };
-        tandem_core::LlamaModel::load(tandem_reference::RefBackend::new(), &out, opts).unwrap();
+        tandem_core::Model::load(tandem_reference::RefBackend::new(), &out, opts).unwrap();
         let tc: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(out.join("tokenizer_config.json")).unwrap()).unwrap();
         assert_eq!(
@@ -1534,8 +1535,8 @@ pub(crate) mod tests {
             num_kv_blocks: 16,
             ..Default::default()
         };
-        let mut a = tandem_core::LlamaModel::load(tandem_reference::RefBackend::new(), &hf, opts()).unwrap();
-        let mut b = tandem_core::LlamaModel::load(tandem_reference::RefBackend::new(), &conv, opts()).unwrap();
+        let mut a = tandem_core::Model::load(tandem_reference::RefBackend::new(), &hf, opts()).unwrap();
+        let mut b = tandem_core::Model::load(tandem_reference::RefBackend::new(), &conv, opts()).unwrap();
         let mut worst = 0f32;
         // Prompts past the window (16), so the sliding layers slide.
         for (k, len) in [1usize, 17, 40].into_iter().enumerate() {

@@ -14,7 +14,7 @@ use serde_json::json;
 use tandem_core::{DType, Error, Result};
 
 use crate::convert::write_json;
-use crate::family::Family;
+use crate::family::{named, CheckpointNames, Family, GEMMA3, LLAMA, MISTRAL, MIXTRAL, PHI3, QWEN2, QWEN3, QWEN3_MOE};
 use crate::safetensors_writer::{SafetensorsWriter, TensorSpec};
 use crate::tokenizer_json::{bpe_tokenizer_json, byte_level_alphabet, check_bpe, AddedToken, PreTokenizer};
 
@@ -68,10 +68,13 @@ pub enum Shape {
     /// 262,144-token vocabulary (tied), windows of 512 on five layers of every six, rope 1e4 /
     /// 1e6 unscaled (2.0 GB in bf16).
     Gemma3_1b,
+    /// Phi-3: tiny's layer with q/k/v in one weight (`qkv_proj`) and gate/up in one
+    /// (`gate_up_proj`), untied.
+    TinyPhi3,
 }
 
 impl Shape {
-    pub const ALL: [Shape; 18] = [
+    pub const ALL: [Shape; 19] = [
         Shape::Tiny,
         Shape::TinyTied,
         Shape::TinyHd128,
@@ -90,6 +93,7 @@ impl Shape {
         Shape::TinyGemma3,
         Shape::TinyGemma3Hd256,
         Shape::Gemma3_1b,
+        Shape::TinyPhi3,
     ];
 
     pub fn name(self) -> &'static str {
@@ -112,6 +116,7 @@ impl Shape {
             Shape::TinyGemma3 => "tiny-gemma3",
             Shape::TinyGemma3Hd256 => "tiny-gemma3-hd256",
             Shape::Gemma3_1b => "gemma-3-1b",
+            Shape::TinyPhi3 => "tiny-phi3",
         }
     }
 
@@ -121,7 +126,7 @@ impl Shape {
 
     fn dims(self) -> Dims {
         let base = Dims {
-            arch: Family::Llama,
+            arch: named(LLAMA),
             experts: 0,
             top_k: 0,
             vocab: 384,
@@ -176,7 +181,7 @@ impl Shape {
                 ..base
             },
             Shape::Qwen25_05b => Dims {
-                arch: Family::Qwen2,
+                arch: named(QWEN2),
                 vocab: 151936,
                 hidden: 896,
                 intermediate: 4864,
@@ -217,10 +222,10 @@ impl Shape {
                 ..base
             },
             Shape::TinyQwen3 => {
-                Dims { arch: Family::Qwen3, head_dim: 32, tied: true, rope_theta: 1000000.0, rms_eps: 1e-6, ..base }
+                Dims { arch: named(QWEN3), head_dim: 32, tied: true, rope_theta: 1000000.0, rms_eps: 1e-6, ..base }
             }
             Shape::TinyQwen3Moe => Dims {
-                arch: Family::Qwen3Moe,
+                arch: named(QWEN3_MOE),
                 head_dim: 32,
                 intermediate: 48,
                 experts: 8,
@@ -230,10 +235,10 @@ impl Shape {
                 ..base
             },
             Shape::TinyMixtral => {
-                Dims { arch: Family::Mixtral, intermediate: 96, experts: 4, top_k: 2, rope_theta: 1000000.0, ..base }
+                Dims { arch: named(MIXTRAL), intermediate: 96, experts: 4, top_k: 2, rope_theta: 1000000.0, ..base }
             }
             Shape::Qwen3_30bA3b2l => Dims {
-                arch: Family::Qwen3Moe,
+                arch: named(QWEN3_MOE),
                 vocab: 151936,
                 hidden: 2048,
                 intermediate: 768,
@@ -248,10 +253,10 @@ impl Shape {
                 max_pos: 40960,
                 ..base
             },
-            Shape::TinyMistral => Dims { arch: Family::Mistral, window: 16, ..base },
-            Shape::TinyMistralHd128 => Dims { arch: Family::Mistral, window: 16, ..Shape::TinyHd128.dims() },
+            Shape::TinyMistral => Dims { arch: named(MISTRAL), window: 16, ..base },
+            Shape::TinyMistralHd128 => Dims { arch: named(MISTRAL), window: 16, ..Shape::TinyHd128.dims() },
             Shape::TinyQwen2 => Dims {
-                arch: Family::Qwen2,
+                arch: named(QWEN2),
                 tied: true,
                 rope_theta: 1000000.0,
                 rms_eps: 1e-6,
@@ -260,7 +265,7 @@ impl Shape {
                 ..base
             },
             Shape::TinyGemma3 => Dims {
-                arch: Family::Gemma3,
+                arch: named(GEMMA3),
                 head_dim: 32,
                 tied: true,
                 rope_theta: 1000000.0,
@@ -269,7 +274,7 @@ impl Shape {
                 ..base
             },
             Shape::TinyGemma3Hd256 => Dims {
-                arch: Family::Gemma3,
+                arch: named(GEMMA3),
                 heads: 4,
                 kv_heads: 1,
                 head_dim: 256,
@@ -280,7 +285,7 @@ impl Shape {
                 ..base
             },
             Shape::Gemma3_1b => Dims {
-                arch: Family::Gemma3,
+                arch: named(GEMMA3),
                 vocab: 262144,
                 hidden: 1152,
                 intermediate: 6912,
@@ -295,6 +300,7 @@ impl Shape {
                 window: 512,
                 ..base
             },
+            Shape::TinyPhi3 => Dims { arch: named(PHI3), max_pos: 4096, ..base },
         }
     }
 }
@@ -302,7 +308,7 @@ impl Shape {
 #[derive(Debug, Clone, Copy)]
 struct Dims {
     /// Which family's config and tensor names the shape is written with.
-    arch: Family,
+    arch: &'static Family,
     /// Experts per MoE layer (0: a dense MLP); `intermediate` is then each expert's width.
     experts: usize,
     /// Experts per token.
@@ -365,7 +371,7 @@ fn tensor_plan(d: &Dims, dtype: DType) -> Vec<(TensorSpec, Fill)> {
     // which hides masking and position bugs. Norms sit around 1 with noise, so they matter too.
     let proj = |fan_in: usize| Fill { mean: 0.0, std: 1.0 / (fan_in as f32).sqrt() };
     // Gemma stores its norms as w - 1 (HF multiplies by 1 + w).
-    let norm = Fill { mean: if d.arch == Family::Gemma3 { 0.0 } else { 1.0 }, std: 0.1 };
+    let norm = Fill { mean: if d.arch.is(GEMMA3) { 0.0 } else { 1.0 }, std: 0.1 };
     let bias = Fill { mean: 0.0, std: 0.1 };
     let t = |name: String, shape: &[usize], fill: Fill| (TensorSpec::new(name, dtype, shape), fill);
     // Logits of std ~2 after the final norm: a clear argmax most of the time, not always. The
@@ -376,8 +382,8 @@ fn tensor_plan(d: &Dims, dtype: DType) -> Vec<(TensorSpec, Fill)> {
     // unit-RMS (normed) outputs: at the head's scale the token itself would win every step. Its
     // table gets 1/8 of it (rows of RMS 0.25 once scaled) and its final norm 1 + w = 8, so the
     // tied head's logits keep std ~2.
-    let (embed, final_norm) = match d.arch {
-        Family::Gemma3 => (Fill { mean: 0.0, std: head.std / 8.0 }, Fill { mean: 7.0, std: 0.1 }),
+    let (embed, final_norm) = match d.arch.architecture {
+        GEMMA3 => (Fill { mean: 0.0, std: head.std / 8.0 }, Fill { mean: 7.0, std: 0.1 }),
         _ => (head, norm),
     };
     let mut plan = vec![
@@ -391,13 +397,17 @@ fn tensor_plan(d: &Dims, dtype: DType) -> Vec<(TensorSpec, Fill)> {
         let p = format!("model.layers.{i}");
         plan.push(t(format!("{p}.input_layernorm.weight"), &[h], norm));
         plan.push(t(format!("{p}.post_attention_layernorm.weight"), &[h], norm));
-        if d.arch == Family::Gemma3 {
+        if d.arch.is(GEMMA3) {
             plan.push(t(format!("{p}.pre_feedforward_layernorm.weight"), &[h], norm));
             plan.push(t(format!("{p}.post_feedforward_layernorm.weight"), &[h], norm));
         }
-        plan.push(t(format!("{p}.self_attn.q_proj.weight"), &[q, h], proj(h)));
-        plan.push(t(format!("{p}.self_attn.k_proj.weight"), &[kv, h], proj(h)));
-        plan.push(t(format!("{p}.self_attn.v_proj.weight"), &[kv, h], proj(h)));
+        if d.arch.is(PHI3) {
+            plan.push(t(format!("{p}.self_attn.qkv_proj.weight"), &[q + 2 * kv, h], proj(h)));
+        } else {
+            plan.push(t(format!("{p}.self_attn.q_proj.weight"), &[q, h], proj(h)));
+            plan.push(t(format!("{p}.self_attn.k_proj.weight"), &[kv, h], proj(h)));
+            plan.push(t(format!("{p}.self_attn.v_proj.weight"), &[kv, h], proj(h)));
+        }
         plan.push(t(format!("{p}.self_attn.o_proj.weight"), &[h, q], proj(q)));
         match d.arch {
             f if f.moe() => {
@@ -414,6 +424,10 @@ fn tensor_plan(d: &Dims, dtype: DType) -> Vec<(TensorSpec, Fill)> {
                     plan.push(t(format!("{p}.{block}.experts.{e}.{down}.weight"), &[h, inter], proj(inter)));
                 }
             }
+            f if f.is(PHI3) => {
+                plan.push(t(format!("{p}.mlp.gate_up_proj.weight"), &[2 * inter, h], proj(h)));
+                plan.push(t(format!("{p}.mlp.down_proj.weight"), &[h, inter], proj(inter)));
+            }
             _ => {
                 plan.push(t(format!("{p}.mlp.gate_proj.weight"), &[inter, h], proj(h)));
                 plan.push(t(format!("{p}.mlp.up_proj.weight"), &[inter, h], proj(h)));
@@ -424,7 +438,7 @@ fn tensor_plan(d: &Dims, dtype: DType) -> Vec<(TensorSpec, Fill)> {
             plan.push(t(format!("{p}.self_attn.q_norm.weight"), &[d.head_dim], norm));
             plan.push(t(format!("{p}.self_attn.k_norm.weight"), &[d.head_dim], norm));
         }
-        if d.arch == Family::Qwen2 {
+        if d.arch.is(QWEN2) {
             plan.push(t(format!("{p}.self_attn.q_proj.bias"), &[q], bias));
             plan.push(t(format!("{p}.self_attn.k_proj.bias"), &[kv], bias));
             plan.push(t(format!("{p}.self_attn.v_proj.bias"), &[kv], bias));
@@ -552,7 +566,7 @@ fn config_json(shape: Shape, d: &Dims, dtype: DType) -> serde_json::Value {
         "rope_scaling": rope_scaling,
         "max_position_embeddings": d.max_pos,
         "tie_word_embeddings": d.tied,
-        "attention_bias": d.arch == Family::Qwen2,
+        "attention_bias": d.arch.is(QWEN2),
         "attention_dropout": 0.0,
         "initializer_range": 0.02,
         "use_cache": true,
@@ -562,19 +576,19 @@ fn config_json(shape: Shape, d: &Dims, dtype: DType) -> serde_json::Value {
         "torch_dtype": match dtype { DType::F32 => "float32", DType::BF16 => "bfloat16", DType::F16 => "float16" },
         "tandem_random_shape": shape.name(),
     });
-    match d.arch {
-        Family::Qwen2 | Family::Qwen3 | Family::Qwen3Moe if d.window > 0 => {
+    match d.arch.architecture {
+        QWEN2 | QWEN3 | QWEN3_MOE if d.window > 0 => {
             c["use_sliding_window"] = json!(true);
             c["sliding_window"] = json!(d.window);
             c["max_window_layers"] = json!(d.window_from);
         }
-        Family::Qwen2 | Family::Qwen3 | Family::Qwen3Moe => {
+        QWEN2 | QWEN3 | QWEN3_MOE => {
             c["use_sliding_window"] = json!(false);
             c["sliding_window"] = serde_json::Value::Null;
         }
-        Family::Mistral => c["sliding_window"] = if d.window > 0 { json!(d.window) } else { serde_json::Value::Null },
-        Family::Llama => c["mlp_bias"] = json!(false),
-        Family::Gemma3 => {
+        MISTRAL => c["sliding_window"] = if d.window > 0 { json!(d.window) } else { serde_json::Value::Null },
+        LLAMA => c["mlp_bias"] = json!(false),
+        GEMMA3 => {
             // The format of Gemma 3's released config.json files (transformers 5 reads it too).
             c["hidden_activation"] = json!("gelu_pytorch_tanh");
             c.as_object_mut().map(|o| o.remove("hidden_act"));
@@ -592,14 +606,19 @@ fn config_json(shape: Shape, d: &Dims, dtype: DType) -> serde_json::Value {
             c["final_logit_softcapping"] = serde_json::Value::Null;
             c["attn_logit_softcapping"] = serde_json::Value::Null;
         }
-        Family::Mixtral => {
+        MIXTRAL => {
             c["sliding_window"] = serde_json::Value::Null;
             c["num_local_experts"] = json!(d.experts);
             c["num_experts_per_tok"] = json!(d.top_k);
             c["router_aux_loss_coef"] = json!(0.0);
         }
+        PHI3 => {
+            c["sliding_window"] = if d.window > 0 { json!(d.window) } else { serde_json::Value::Null };
+            c["original_max_position_embeddings"] = json!(d.max_pos);
+        }
+        _ => {}
     }
-    if d.arch == Family::Qwen3Moe {
+    if d.arch.is(QWEN3_MOE) {
         c["num_experts"] = json!(d.experts);
         c["num_experts_per_tok"] = json!(d.top_k);
         c["moe_intermediate_size"] = json!(d.intermediate);
@@ -625,9 +644,9 @@ fn tokenizer_config_json(d: &Dims) -> serde_json::Value {
         "add_prefix_space": false,
         "added_tokens_decoder": decoder,
         "bos_token": SPECIALS[BOS as usize],
-        "chat_template": match d.arch {
-            Family::Qwen3 | Family::Qwen3Moe => QWEN3_CHAT_TEMPLATE,
-            Family::Gemma3 => GEMMA3_CHAT_TEMPLATE,
+        "chat_template": match d.arch.architecture {
+            QWEN3 | QWEN3_MOE => QWEN3_CHAT_TEMPLATE,
+            GEMMA3 => GEMMA3_CHAT_TEMPLATE,
             _ => CHAT_TEMPLATE,
         },
         "clean_up_tokenization_spaces": false,

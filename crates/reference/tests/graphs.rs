@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use tandem_core::backend::{AttnArgs, GraphId, KvDtype, KvGeometry};
 use tandem_core::model::LoadOptions;
 use tandem_core::weights::TensorView;
-use tandem_core::{Backend, DType, Error, ForwardBatch, LlamaModel, ModelRunner, Result};
+use tandem_core::{Backend, DType, Error, ForwardBatch, Model, ModelRunner, Result};
 use tandem_models::random_model::{write_random_model, Shape};
 use tandem_reference::RefBackend;
 
@@ -397,8 +397,8 @@ fn lockstep(a: &mut dyn ModelRunner, b: &mut dyn ModelRunner) -> (usize, usize) 
     (n, within)
 }
 
-fn load<B: Backend>(b: B, dir: &Path, o: LoadOptions) -> LlamaModel<B> {
-    LlamaModel::load(b, dir, o).unwrap()
+fn load<B: Backend>(b: B, dir: &Path, o: LoadOptions) -> Model<B> {
+    Model::load(b, dir, o).unwrap()
 }
 
 #[test]

@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tandem_core::model::{LlamaModel, LoadOptions};
+use tandem_core::model::{LoadOptions, Model};
 use tandem_core::tokenizer::Tokenizer;
 use tandem_core::ModelConfig;
 use tandem_engine::{Engine, EngineConfig};
@@ -34,7 +34,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     tok.add_eos_ids(&cfg.eos_token_ids);
     let tok = Arc::new(tok);
     let opts = LoadOptions { max_seqs: 16, max_batch_tokens: 512, num_kv_blocks: 256, ..LoadOptions::default() };
-    let model = LlamaModel::load(tandem_reference::RefBackend::new(), &dir, opts)?;
+    let model = Model::load(tandem_reference::RefBackend::new(), &dir, opts)?;
     let handle = Engine::spawn(Box::new(model), decode_fn(tok.clone()), EngineConfig::default())?;
     let config = ServerConfig {
         addr,

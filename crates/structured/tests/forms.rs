@@ -9,7 +9,7 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 use tandem_core::model::LoadOptions;
 use tandem_core::tokenizer::Tokenizer;
-use tandem_core::{DType, LlamaModel, ModelRunner};
+use tandem_core::{DType, Model, ModelRunner};
 use tandem_engine::{tokenizer_decode_fn, Engine, EngineConfig, FinishReason, Request, RequestOutput, SamplingParams};
 use tandem_models::random_model::{write_random_model, Shape};
 use tandem_reference::RefBackend;
@@ -31,7 +31,7 @@ struct Setup {
 fn setup(dir: &Path) -> Setup {
     let opts =
         LoadOptions { max_batch_tokens: 512, max_seqs: 64, num_kv_blocks: 2048, block_size: 16, ..Default::default() };
-    let runner: Box<dyn ModelRunner> = Box::new(LlamaModel::load(RefBackend::new(), dir, opts).unwrap());
+    let runner: Box<dyn ModelRunner> = Box::new(Model::load(RefBackend::new(), dir, opts).unwrap());
     let mut tok = Tokenizer::from_dir(dir).unwrap();
     tok.add_eos_ids(&runner.config().eos_token_ids);
     let tokenizer = Arc::new(tok);

@@ -12,7 +12,7 @@ use std::path::Path;
 use std::str::FromStr;
 
 use tandem_core::model::{LoadOptions, ModelRunner};
-use tandem_core::LlamaModel;
+use tandem_core::Model;
 
 use crate::error::{Error, Result};
 
@@ -155,17 +155,17 @@ pub fn load_model(backend: Backend, dir: &Path, mut opts: LoadOptions) -> Result
     }
     Ok(match opened {
         Opened::Reference(b) => LoadedModel {
-            runner: Box::new(LlamaModel::load(b, dir, opts)?),
+            runner: Box::new(Model::load(b, dir, opts)?),
             backend: Backend::Reference,
             device: "CPU".into(),
         },
         Opened::Wgpu(b) => {
             let device = b.adapter().to_string();
-            LoadedModel { runner: Box::new(LlamaModel::load(b, dir, opts)?), backend: Backend::Wgpu, device }
+            LoadedModel { runner: Box::new(Model::load(b, dir, opts)?), backend: Backend::Wgpu, device }
         }
         Opened::Cuda(b) => {
             let device = format!("{} (sm_{})", b.device_name(), b.arch());
-            LoadedModel { runner: Box::new(LlamaModel::load(b, dir, opts)?), backend: Backend::Cuda, device }
+            LoadedModel { runner: Box::new(Model::load(b, dir, opts)?), backend: Backend::Cuda, device }
         }
     })
 }

@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use tandem_core::model::LoadOptions;
-use tandem_core::{DType, ForwardBatch, LlamaModel, ModelRunner};
+use tandem_core::{DType, ForwardBatch, Model, ModelRunner};
 use tandem_wgpu::WgpuBackend;
 
 /// CPU time of every thread of this process (Linux). On a software Vulkan the device is this
@@ -74,7 +74,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ..Default::default()
     };
     let t0 = Instant::now();
-    let mut m = LlamaModel::<WgpuBackend>::load(backend, &dir, opts)?;
+    let mut m = Model::<WgpuBackend>::load(backend, &dir, opts)?;
     println!("load:    {:.2} s", t0.elapsed().as_secs_f64());
     let vocab = m.config().vocab_size as u32;
     let blocks: Vec<u32> = (0..opts.num_kv_blocks as u32).collect();
@@ -88,7 +88,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let mut pos = prompt;
     let step =
-        |m: &mut LlamaModel<WgpuBackend>, pos: &mut usize, next: &mut u32| -> Result<(), Box<dyn std::error::Error>> {
+        |m: &mut Model<WgpuBackend>, pos: &mut usize, next: &mut u32| -> Result<(), Box<dyn std::error::Error>> {
             let mut b = ForwardBatch { max_blocks: blocks.len(), ..Default::default() };
             b.push_seq(&[*next], *pos, &blocks, block_size, true);
             *next = m.forward_argmax(&b)?[0];
@@ -160,7 +160,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 None => unsafe { std::env::remove_var(&k) },
             }
         }
-        let mut m2 = LlamaModel::<WgpuBackend>::load(other?, &dir, opts)?;
+        let mut m2 = Model::<WgpuBackend>::load(other?, &dir, opts)?;
         let mut next2 = m2.forward_argmax(&b)?[0];
         let mut pos2 = prompt;
         for _ in 0..2 {
@@ -169,7 +169,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // A fresh default model, opened after the other: the first device opened in a process
         // measured ~5% slower in an A/A run (same knobs both sides), whichever it was.
         drop(m);
-        let mut m = LlamaModel::<WgpuBackend>::load(WgpuBackend::new()?, &dir, opts)?;
+        let mut m = Model::<WgpuBackend>::load(WgpuBackend::new()?, &dir, opts)?;
         let mut next1 = m.forward_argmax(&b)?[0];
         let mut pos1 = prompt;
         for _ in 0..2 {

@@ -156,7 +156,7 @@ fn gemms<B: Backend>(b: &B, s: Shape, a: &Args, dtype: DType, rows: &mut Vec<Row
     };
     for (name, n, k) in list {
         let w = b.weight_from_f32(dtype, &values(n as u64, n * k, 0.05))?;
-        // x as the model stores it (LlamaModel's ActDtypes): in the backend's activation type,
+        // x as the model stores it (Model's ActDtypes): in the backend's activation type,
         // except o's input, the attention output, which stays f32. A 16-bit x is written the
         // way the model writes it, by rms_norm (gamma 1) from f32 values.
         let x_dtype = if name == "o" { DType::F32 } else { b.activation_dtype(dtype) };

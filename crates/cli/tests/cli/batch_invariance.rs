@@ -9,7 +9,7 @@
 use std::path::Path;
 
 use tandem_core::model::LoadOptions;
-use tandem_core::{DType, LlamaModel, ModelRunner};
+use tandem_core::{DType, Model, ModelRunner};
 use tandem_engine::{Engine, EngineConfig, Request, SamplingParams};
 
 fn wgpu() -> Option<tandem_wgpu::WgpuBackend> {
@@ -25,7 +25,7 @@ fn wgpu() -> Option<tandem_wgpu::WgpuBackend> {
 
 fn runner(dir: &Path, num_kv_blocks: usize, max_batch_tokens: usize, max_seqs: usize) -> Option<Box<dyn ModelRunner>> {
     let opts = LoadOptions { max_batch_tokens, max_seqs, num_kv_blocks, block_size: 16, ..Default::default() };
-    Some(Box::new(LlamaModel::load(wgpu()?, dir, opts).unwrap()))
+    Some(Box::new(Model::load(wgpu()?, dir, opts).unwrap()))
 }
 
 /// Runs `reqs` to the end on `e`; the tokens of each, and the engine's counters.

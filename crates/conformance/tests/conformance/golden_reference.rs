@@ -235,3 +235,19 @@ fn new_family_goldens_catch_their_own_pieces_missing() {
     cfg.moe.as_mut().unwrap().top_k = 1;
     println!("mixtral, top 1: {}", told(cfg, &w, &g).expect("Mixtral on one expert must be told"));
 }
+
+/// A Qwen3-MoE directory saved by transformers 5.25 itself (tests/save_with_transformers.py
+/// over tiny-qwen3-moe: its config.json says `num_local_experts` where the released files say
+/// `num_experts`, and `rope_parameters`) loads and passes tiny-qwen3-moe's golden.
+#[test]
+fn qwen3_moe_saved_by_transformers5_passes_its_golden() {
+    let dir = golden::golden_dir().join("tiny-qwen3-moe-tf5");
+    let text = std::fs::read_to_string(dir.join("config.json")).unwrap();
+    assert!(text.contains("\"num_local_experts\"") && !text.contains("\"num_experts\""), "{text}");
+    let cfg = tandem_core::ModelConfig::from_file(&dir.join("config.json")).unwrap();
+    assert_eq!(cfg.moe.as_ref().map(|m| m.num_experts), Some(8));
+    let w = tandem_core::weights::Weights::open(&dir).unwrap();
+    let g = GoldenFile::load(&golden::golden_dir().join("tiny-qwen3-moe.json")).unwrap();
+    let lines = golden::check_weights(RefBackend::new(), cfg, &w, &g, 1e-3).unwrap();
+    assert!(lines.iter().all(|l| l.contains("diverged at None")), "{lines:?}");
+}

@@ -7,7 +7,7 @@
 use crate::backend::{Backend, DType, KvDest, MoeExpert, NormIn};
 use crate::config::{Activation, ModelConfig};
 use crate::error::Result;
-use crate::weights::Weights;
+use crate::weights::{TensorView, Weights};
 
 /// One decoder layer: pre-norm attention, then pre-norm feed-forward, each added to the
 /// residual stream; where the family has them (Gemma 3), the attention's and the feed-forward's
@@ -89,6 +89,18 @@ pub(crate) enum Ffn<B: Backend> {
 }
 
 impl<B: Backend> Layer<B> {
+    /// A pre-norm layer: `input_norm`, attention, `post_norm` (the feed-forward's input norm),
+    /// the feed-forward block; optional pieces are added with the `with_` methods.
+    pub fn new(input_norm: B::Buf, attn: Attention<B>, post_norm: B::Buf, ffn: Ffn<B>) -> Self {
+        Layer { input_norm, attn, post_norm, ffn, out_norms: None }
+    }
+
+    /// The layer with norms on the attention's and the feed-forward's outputs ("sandwich"
+    /// norms, Gemma 3).
+    pub fn with_out_norms(self, attn_out: B::Buf, ffn_out: B::Buf) -> Self {
+        Layer { out_norms: Some((attn_out, ffn_out)), ..self }
+    }
+
     /// Whether this layer's projections are the fused ones the norm-fused path needs
     /// (`Backend::fuses_norm`): fused q/k/v and a dense MLP with fused gate/up.
     pub fn fully_fused(&self) -> bool {
@@ -222,15 +234,39 @@ impl<'a, B: Backend> Loader<'a, B> {
     /// Attention under `prefix` with HF's names: `{q,k,v,o}_proj.weight`, `{q,k,v}_proj.bias`
     /// where `opt.bias`, `{q,k}_norm.weight` where `opt.qk_norm`.
     pub fn attention(&mut self, prefix: &str, opt: AttnOptions) -> Result<Attention<B>> {
-        let (b, c) = (self.b, self.cfg);
+        let c = self.cfg;
         let (d, qd, kvd) = (c.hidden_size, c.q_dim(), c.kv_dim());
         let view = |n: &str, shape: &[usize]| self.w.get(&format!("{prefix}.{n}"), shape);
-        let (qv, kv, vv) =
-            (view("q_proj.weight", &[qd, d])?, view("k_proj.weight", &[kvd, d])?, view("v_proj.weight", &[kvd, d])?);
+        let qkv =
+            [view("q_proj.weight", &[qd, d])?, view("k_proj.weight", &[kvd, d])?, view("v_proj.weight", &[kvd, d])?];
         let biases = match opt.bias {
             true => Some([view("q_proj.bias", &[qd])?, view("k_proj.bias", &[kvd])?, view("v_proj.bias", &[kvd])?]),
             false => None,
         };
+        self.attention_of(prefix, qkv, biases, opt)
+    }
+
+    /// Attention under `prefix` whose q, k and v projections are one weight `{prefix}.{fused}.weight`
+    /// (`[q_dim + 2 kv_dim, hidden]`, q's rows then k's then v's: Phi-3's `qkv_proj`), split at
+    /// load; the rest as [`Loader::attention`] (no biases).
+    pub fn attention_fused(&mut self, prefix: &str, fused: &str, opt: AttnOptions) -> Result<Attention<B>> {
+        let c = self.cfg;
+        let (d, qd, kvd) = (c.hidden_size, c.q_dim(), c.kv_dim());
+        let w = self.w.get(&format!("{prefix}.{fused}.weight"), &[qd + 2 * kvd, d])?;
+        let qkv = [w.rows(0..qd)?, w.rows(qd..qd + kvd)?, w.rows(qd + kvd..qd + 2 * kvd)?];
+        self.attention_of(prefix, qkv, None, AttnOptions { bias: false, ..opt })
+    }
+
+    /// Attention from its q, k, v weights (and biases), its o and q/k norms under `prefix`.
+    fn attention_of(
+        &mut self,
+        prefix: &str,
+        [qv, kv, vv]: [TensorView; 3],
+        biases: Option<[TensorView; 3]>,
+        opt: AttnOptions,
+    ) -> Result<Attention<B>> {
+        let (b, c) = (self.b, self.cfg);
+        let (d, qd) = (c.hidden_size, c.q_dim());
         let qkv = match b.fuse_qkv(&qv, &kv, &vv, biases.as_ref().map(|[x, y, z]| [x, y, z]))? {
             Some((w, bias)) => Qkv::Fused { w, bias },
             None => {
@@ -259,12 +295,27 @@ impl<'a, B: Backend> Loader<'a, B> {
     /// A gated MLP of width `inter` under `prefix`, its projections named `gate`, `up`, `down`
     /// (`{prefix}.{name}.weight`).
     pub fn mlp(&mut self, prefix: &str, [gate, up, down]: [&str; 3], inter: usize) -> Result<Mlp<B>> {
-        let (b, d) = (self.b, self.cfg.hidden_size);
+        let d = self.cfg.hidden_size;
         let (gv, uv) = (
             self.w.get(&format!("{prefix}.{gate}.weight"), &[inter, d])?,
             self.w.get(&format!("{prefix}.{up}.weight"), &[inter, d])?,
         );
         let dv = self.w.get(&format!("{prefix}.{down}.weight"), &[d, inter])?;
+        self.mlp_of(gv, uv, dv, inter)
+    }
+
+    /// A gated MLP of width `inter` under `prefix` whose gate and up projections are one weight
+    /// `{prefix}.{gate_up}.weight` (`[2 inter, hidden]`, the gate's rows first: Phi-3's
+    /// `gate_up_proj`), split at load, and its down projection `{prefix}.{down}.weight`.
+    pub fn mlp_fused(&mut self, prefix: &str, [gate_up, down]: [&str; 2], inter: usize) -> Result<Mlp<B>> {
+        let d = self.cfg.hidden_size;
+        let w = self.w.get(&format!("{prefix}.{gate_up}.weight"), &[2 * inter, d])?;
+        let dv = self.w.get(&format!("{prefix}.{down}.weight"), &[d, inter])?;
+        self.mlp_of(w.rows(0..inter)?, w.rows(inter..2 * inter)?, dv, inter)
+    }
+
+    fn mlp_of(&mut self, gv: TensorView, uv: TensorView, dv: TensorView, inter: usize) -> Result<Mlp<B>> {
+        let b = self.b;
         self.x_readers.extend([gv.dtype, uv.dtype]);
         self.act_readers.push(dv.dtype);
         let act = self.cfg.activation;

@@ -8,7 +8,7 @@
 use std::time::Instant;
 
 use tandem_core::model::LoadOptions;
-use tandem_core::{ForwardBatch, LlamaModel, ModelRunner};
+use tandem_core::{ForwardBatch, Model, ModelRunner};
 use tandem_cuda::CudaBackend;
 
 fn gpu() -> Option<CudaBackend> {
@@ -35,8 +35,8 @@ fn graph_replays_give_the_eager_logits_and_launch_counts() {
         graph_max_context: PAD_CONTEXT,
         ..Default::default()
     };
-    let mut eager = LlamaModel::<CudaBackend>::load(a, &dir, opts(false)).unwrap();
-    let mut graphed = LlamaModel::<CudaBackend>::load(b, &dir, opts(true)).unwrap();
+    let mut eager = Model::<CudaBackend>::load(a, &dir, opts(false)).unwrap();
+    let mut graphed = Model::<CudaBackend>::load(b, &dir, opts(true)).unwrap();
     assert_eq!(graphed.decode_buckets(), vec![(1, true), (2, true), (4, true), (8, true)], "every bucket captured");
     let vocab = eager.config().vocab_size;
     let lens = [5usize, 40, 1, 60, 17, 33];

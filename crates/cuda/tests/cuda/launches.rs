@@ -18,7 +18,7 @@
 use tandem_core::backend::{Backend, KvDest, KvGeometry};
 use tandem_core::model::LoadOptions;
 use tandem_core::weights::Weights;
-use tandem_core::{DType, ForwardBatch, KvDtype, LlamaModel, ModelRunner};
+use tandem_core::{DType, ForwardBatch, KvDtype, Model, ModelRunner};
 use tandem_cuda::CudaBackend;
 use tandem_models::random_model::Shape;
 
@@ -27,12 +27,12 @@ fn shapes() -> [Shape; 2] {
     [crate::shape_hd64(), Shape::TinyHd128]
 }
 
-fn model(test: &str, shape: Shape) -> Option<LlamaModel<CudaBackend>> {
+fn model(test: &str, shape: Shape) -> Option<Model<CudaBackend>> {
     let gpu = crate::gpu_or_skip(test)?;
     let dir = crate::random_model(shape);
     let opts =
         LoadOptions { max_batch_tokens: 64, max_seqs: 4, num_kv_blocks: 16, block_size: 16, ..Default::default() };
-    Some(LlamaModel::<CudaBackend>::load(gpu, &dir, opts).unwrap())
+    Some(Model::<CudaBackend>::load(gpu, &dir, opts).unwrap())
 }
 
 fn prompt(seed: u32) -> Vec<u32> {
@@ -57,7 +57,7 @@ fn decode_step_launches(shape: Shape) {
         batch.push_seq(&prompt(s), 0, &[2 * s, 2 * s + 1], 16, true);
     }
     model.forward_argmax(&batch).unwrap();
-    let count = |model: &mut LlamaModel<CudaBackend>, seqs: u32| {
+    let count = |model: &mut Model<CudaBackend>, seqs: u32| {
         let mut step = ForwardBatch { max_blocks: 2, ..Default::default() };
         for s in 0..seqs {
             step.push_seq(&[5], 20, &[2 * s, 2 * s + 1], 16, true);
@@ -129,8 +129,8 @@ fn activations_stored_in_bf16_give_the_f32_bits() {
         let dir = crate::random_model(shape);
         let opts =
             LoadOptions { max_batch_tokens: 256, max_seqs: 4, num_kv_blocks: 64, block_size: 16, ..Default::default() };
-        let mut m16 = LlamaModel::<CudaBackend>::load(gpu16, &dir, opts).unwrap();
-        let mut m32 = LlamaModel::<CudaBackend>::load(gpu32, &dir, opts).unwrap();
+        let mut m16 = Model::<CudaBackend>::load(gpu16, &dir, opts).unwrap();
+        let mut m32 = Model::<CudaBackend>::load(gpu32, &dir, opts).unwrap();
         assert_eq!(m16.activation_dtypes().x, DType::BF16, "{}", shape.name());
         assert_eq!(
             (m16.activation_dtypes().act, m16.activation_dtypes().last_normed),

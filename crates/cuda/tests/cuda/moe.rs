@@ -7,7 +7,7 @@
 //! (TANDEM_REQUIRE_CUDA=1 fails).
 
 use tandem_core::model::LoadOptions;
-use tandem_core::{DType, ForwardBatch, LlamaModel, ModelRunner};
+use tandem_core::{DType, ForwardBatch, Model, ModelRunner};
 use tandem_cuda::CudaBackend;
 use tandem_models::random_model::{write_random_model, Shape};
 
@@ -32,8 +32,8 @@ fn routed_experts_give_the_every_expert_bits() {
             graphs: false,
             ..Default::default()
         };
-        let mut mr = LlamaModel::<CudaBackend>::load(routed, &dir, opts).unwrap();
-        let mut md = LlamaModel::<CudaBackend>::load(dense, &dir, opts).unwrap();
+        let mut mr = Model::<CudaBackend>::load(routed, &dir, opts).unwrap();
+        let mut md = Model::<CudaBackend>::load(dense, &dir, opts).unwrap();
         let tables: Vec<Vec<u32>> = (0..3u32).map(|s| (8 * s..8 * s + 8).collect()).collect();
         let lens = [40u32, 5, 9];
         let mut prefill = ForwardBatch { max_blocks: 8, ..Default::default() };

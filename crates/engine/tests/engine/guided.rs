@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use common::*;
 use tandem_core::model::LoadOptions;
-use tandem_core::{DType, LlamaModel, ModelRunner};
+use tandem_core::{DType, Model, ModelRunner};
 use tandem_engine::{
     Constraint, ConstraintFactory, Engine, EngineConfig, FinishReason, Guided, Request, SamplingParams,
 };
@@ -25,7 +25,7 @@ fn model_dir(test: &str) -> PathBuf {
 
 fn engine(dir: &std::path::Path, num_kv_blocks: usize, max_batch_tokens: usize) -> Engine {
     let opts = LoadOptions { max_batch_tokens, max_seqs: 16, num_kv_blocks, block_size: 16, ..Default::default() };
-    let runner: Box<dyn ModelRunner> = Box::new(LlamaModel::load(RefBackend::new(), dir, opts).unwrap());
+    let runner: Box<dyn ModelRunner> = Box::new(Model::load(RefBackend::new(), dir, opts).unwrap());
     let cfg = EngineConfig { max_num_batched_tokens: Some(max_batch_tokens), ..Default::default() };
     Engine::new(runner, letters(), cfg).unwrap()
 }

@@ -288,7 +288,7 @@ fn postprocessing_runs_during_the_next_forward_only_with_async_scheduling() {
 #[test]
 fn the_reference_model_gives_the_same_outputs_with_async_scheduling() {
     use tandem_core::model::LoadOptions;
-    use tandem_core::{DType, LlamaModel};
+    use tandem_core::{DType, Model};
     let dir = std::env::temp_dir().join(format!("tandem-engine-overlap-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     tandem_models::random_model::write_random_model(&dir, tandem_models::random_model::Shape::Tiny, 11, DType::F32)
@@ -296,7 +296,7 @@ fn the_reference_model_gives_the_same_outputs_with_async_scheduling() {
     let runner = || {
         let opts =
             LoadOptions { max_batch_tokens: 24, max_seqs: 16, num_kv_blocks: 14, block_size: 16, ..Default::default() };
-        Box::new(LlamaModel::load(tandem_reference::RefBackend::new(), &dir, opts).unwrap())
+        Box::new(Model::load(tandem_reference::RefBackend::new(), &dir, opts).unwrap())
     };
     let vocab = tandem_core::ModelRunner::config(runner().as_ref()).vocab_size as u32;
     let shared: Vec<u32> = (0..35).map(|i| (i * 37 + 5) % vocab).collect();

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use common::*;
 use tandem_core::model::LoadOptions;
-use tandem_core::{DType, ForwardBatch, LlamaModel, ModelRunner};
+use tandem_core::{DType, ForwardBatch, Model, ModelRunner};
 use tandem_engine::{Engine, EngineConfig, Request, RequestOutput, SamplingParams};
 use tandem_models::random_model::{write_random_model, Shape};
 use tandem_reference::RefBackend;
@@ -35,7 +35,7 @@ fn runner(dir: &Path, num_kv_blocks: usize, max_batch_tokens: usize) -> Box<dyn 
 fn runner_padded(dir: &Path, num_kv_blocks: usize, max_batch_tokens: usize, pad_decode: bool) -> Box<dyn ModelRunner> {
     let opts =
         LoadOptions { max_batch_tokens, max_seqs: 16, num_kv_blocks, block_size: 16, pad_decode, ..Default::default() };
-    Box::new(LlamaModel::load(RefBackend::new(), dir, opts).unwrap())
+    Box::new(Model::load(RefBackend::new(), dir, opts).unwrap())
 }
 
 fn run(e: &mut Engine, reqs: &[Request]) -> (Vec<Vec<u32>>, u64, u64) {
@@ -149,7 +149,7 @@ fn prompt_logprobs_match_one_whole_forward_when_chunked_among_others() {
             prompt_logit_rows: 64,
             ..Default::default()
         };
-        whole = Box::new(LlamaModel::load(RefBackend::new(), &dir, opts).unwrap());
+        whole = Box::new(Model::load(RefBackend::new(), &dir, opts).unwrap());
         whole.forward(&b).unwrap()
     };
     let want: Vec<f64> =
@@ -165,12 +165,9 @@ fn prompt_logprobs_match_one_whole_forward_when_chunked_among_others() {
         prompt_logit_rows: 4,
         ..Default::default()
     };
-    let mut e = Engine::new(
-        Box::new(LlamaModel::load(RefBackend::new(), &dir, opts).unwrap()),
-        letters(),
-        EngineConfig::default(),
-    )
-    .unwrap();
+    let mut e =
+        Engine::new(Box::new(Model::load(RefBackend::new(), &dir, opts).unwrap()), letters(), EngineConfig::default())
+            .unwrap();
     let greedy = Request {
         prompt: prompt[..40].to_vec(),
         params: SamplingParams { ignore_eos: true, ..SamplingParams::greedy(6) },
@@ -497,7 +494,7 @@ fn the_kv_pool_is_what_the_utilization_of_total_memory_leaves() {
         ..Default::default()
     };
     // On a large device the pool is all any sequence could use: 4 sequences x 7 blocks.
-    let big = LlamaModel::load(metered(1 << 30, 3 << 20), &dir, opts).unwrap();
+    let big = Model::load(metered(1 << 30, 3 << 20), &dir, opts).unwrap();
     assert_eq!(big.kv_geometry().num_blocks, 4 * 7);
     assert_eq!(big.max_context(), 112);
     let l = big.backend().reserved.lock().unwrap().expect("the model reserves its workspace");
@@ -512,11 +509,11 @@ fn the_kv_pool_is_what_the_utilization_of_total_memory_leaves() {
     // A device whose half holds everything else and 10.5 blocks: the pool gets 10. Sized from
     // free memory instead, it would get half of what is free (far more than 10).
     let total = 2 * (resident + 10 * block_bytes + block_bytes / 2);
-    let m = LlamaModel::load(metered(total, 3 << 20), &dir, opts).unwrap();
+    let m = Model::load(metered(total, 3 << 20), &dir, opts).unwrap();
     assert_eq!(m.kv_geometry().num_blocks, 10, "{resident} bytes resident of {total}");
 
     // Workspace beyond the budget: refused, saying what to lower.
-    let err = LlamaModel::load(metered(64 << 20, 40 << 20), &dir, opts).err().expect("cannot fit").to_string();
+    let err = Model::load(metered(64 << 20, 40 << 20), &dir, opts).err().expect("cannot fit").to_string();
     assert!(
         err.contains("max_num_batched_tokens")
             && err.contains("max_model_len")

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 use serde_json::{json, Value};
-use tandem_core::model::{LlamaModel, LoadOptions};
+use tandem_core::model::{LoadOptions, Model};
 use tandem_core::tokenizer::Tokenizer;
 use tandem_core::ModelConfig;
 use tandem_engine::{Engine, EngineConfig, EngineHandle};
@@ -85,7 +85,7 @@ pub(crate) async fn start(dir: &Path, structured: bool) -> Tiny {
     tok.add_eos_ids(&cfg.eos_token_ids);
     let tok = Arc::new(tok);
     let opts = LoadOptions { max_seqs: 16, max_batch_tokens: 512, num_kv_blocks: 256, ..LoadOptions::default() };
-    let model = LlamaModel::load(tandem_reference::RefBackend::new(), dir, opts).unwrap();
+    let model = Model::load(tandem_reference::RefBackend::new(), dir, opts).unwrap();
     let engine = Engine::spawn(Box::new(model), decode_fn(tok.clone()), EngineConfig::default()).unwrap();
     let config = ServerConfig {
         addr: SocketAddr::from(([127, 0, 0, 1], 0)),

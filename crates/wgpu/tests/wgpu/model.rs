@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use common::{assert_close, Rng};
 use tandem_core::model::LoadOptions;
-use tandem_core::{DType, ForwardBatch, LlamaModel, ModelRunner};
+use tandem_core::{DType, ForwardBatch, Model, ModelRunner};
 use tandem_models::random_model::{write_random_model, Shape};
 use tandem_reference::RefBackend;
 use tandem_wgpu::WgpuBackend;
@@ -31,8 +31,8 @@ fn run_case(shape: Shape, dtype: DType, block_size: usize) {
     write_random_model(&dir, shape, rng.next_u64(), dtype).unwrap();
     let opts = LoadOptions { max_batch_tokens: 128, max_seqs: 4, num_kv_blocks: 24, block_size, ..Default::default() };
     let Some(gpu) = common::open(Default::default()) else { return };
-    let mut wgpu_model = LlamaModel::<WgpuBackend>::load(gpu, &dir, opts).unwrap();
-    let mut ref_model = LlamaModel::<RefBackend>::load(RefBackend::new(), &dir, opts).unwrap();
+    let mut wgpu_model = Model::<WgpuBackend>::load(gpu, &dir, opts).unwrap();
+    let mut ref_model = Model::<RefBackend>::load(RefBackend::new(), &dir, opts).unwrap();
     let vocab = wgpu_model.config().vocab_size;
 
     let mut free: Vec<u32> = (0..opts.num_kv_blocks as u32).collect();
@@ -114,7 +114,7 @@ fn a_forward_that_reads_nothing_back_leaves_the_device_idle() {
     let opts =
         LoadOptions { max_batch_tokens: 64, max_seqs: 2, num_kv_blocks: 8, block_size: 16, ..Default::default() };
     let Some(gpu) = common::open(Default::default()) else { return };
-    let mut model = LlamaModel::<WgpuBackend>::load(gpu, &dir, opts).unwrap();
+    let mut model = Model::<WgpuBackend>::load(gpu, &dir, opts).unwrap();
     for chunk in 0..3usize {
         let mut batch = ForwardBatch { max_blocks: 4, ..Default::default() };
         let tokens: Vec<u32> = (0..16).map(|i| (i * 7 + chunk as u32) % 50).collect();
@@ -139,7 +139,7 @@ fn decode_logits_are_bitwise_the_same_alone_and_in_a_batch() {
         let opts =
             LoadOptions { max_batch_tokens: 128, max_seqs: 4, num_kv_blocks: 12, block_size: 16, ..Default::default() };
         let Some(gpu) = common::open(Default::default()) else { return };
-        let mut model = LlamaModel::<WgpuBackend>::load(gpu, &dir, opts).unwrap();
+        let mut model = Model::<WgpuBackend>::load(gpu, &dir, opts).unwrap();
         let vocab = model.config().vocab_size;
         let prompt = |s: u32| -> Vec<u32> { (0..21).map(|i| (i * 5 + 1 + 13 * s) % 200).collect() };
         let mut batch = ForwardBatch { max_blocks: 2, ..Default::default() };
@@ -147,7 +147,7 @@ fn decode_logits_are_bitwise_the_same_alone_and_in_a_batch() {
             batch.push_seq(&prompt(s), 0, &[2 * s, 2 * s + 1], 16, true);
         }
         model.forward(&batch).unwrap();
-        let step = |model: &mut LlamaModel<WgpuBackend>, seqs: u32| {
+        let step = |model: &mut Model<WgpuBackend>, seqs: u32| {
             let mut b = ForwardBatch { max_blocks: 2, ..Default::default() };
             for s in 0..seqs {
                 b.push_seq(&[17 + s], 21, &[2 * s, 2 * s + 1], 16, true);
