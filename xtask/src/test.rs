@@ -214,7 +214,7 @@ fn format_check(root: &Path, tally: &mut Tally) -> Result<()> {
 /// The clients the client checks run, pinned: what is checked is these versions' behaviour
 /// (the `anthropic` SDK's event accumulation; `openai`'s `chat.completions.parse` and
 /// `responses.parse`, which older clients lack; the Agents SDK's calls through it).
-const CLIENT_PACKAGES: [&str; 3] = ["openai==3.63.0", "anthropic==2.17.0", "openai-agents==0.24.0"];
+const CLIENT_PACKAGES: [&str; 3] = ["openai==3.60.0", "anthropic==2.17.0", "openai-agents==0.24.0"];
 
 /// A Python that imports `packages` at their pinned versions: `venv`'s, with them installed
 /// there when it has not.
