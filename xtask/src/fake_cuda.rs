@@ -250,11 +250,12 @@ pub fn group(root: &Path, tandem: Option<PathBuf>) -> Result<Tally> {
         None => build_tandem(root)?,
     };
     let models = target_dir(root).join("fake-cuda/models");
-    // The op suite at a fixed seed: at fresh seeds the bf16 matmul cases with n = 1, k = 1000
-    // miss their NMSE limit on about half the runs (one or three outputs, so one output's
-    // cancellation decides; the same bits in every block order, so it is the suite's limit
-    // against x rounded to bf16, not the driver), which would make this group fail by chance. `cargo xtask fake-cuda -- test-ops --backend cuda` draws a seed.
-    let seed = std::env::var("TANDEM_FAKE_CUDA_OPS_SEED").unwrap_or_else(|_| "7812165423275311652".into());
+    // The op suite at a fresh seed each run, printed (TANDEM_FAKE_CUDA_OPS_SEED replays it). It
+    // ran at one pinned seed while the bf16 matmul cases with n = 1, k = 1000 missed their limit
+    // on fresh seeds (x rounded to bf16: one output's cancellation decided); x is drawn exact in
+    // the weight type since, and fresh seeds pass.
+    let seed = std::env::var("TANDEM_FAKE_CUDA_OPS_SEED").unwrap_or_else(|_| fresh_seed().to_string());
+    println!("fake-cuda: the op suite's seed is {seed} (TANDEM_FAKE_CUDA_OPS_SEED={seed} replays it)");
     let mut commands: Vec<(String, Vec<String>)> = vec![(
         format!("op suite on cuda (seed {seed})"),
         ["test-ops", "--backend", "cuda", "--seed", &seed].map(String::from).to_vec(),
@@ -427,6 +428,16 @@ pub fn group(root: &Path, tandem: Option<PathBuf>) -> Result<Tally> {
         t.elapsed().as_secs_f64()
     );
     Ok(total)
+}
+
+/// A seed from the clock and the process id (SplitMix64's finaliser), as `tandem test-ops` draws
+/// one.
+fn fresh_seed() -> u64 {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    let mut z = (nanos ^ u64::from(std::process::id())).wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 /// One HTTP/1.1 exchange on a fresh connection; returns the status line's code and the body
