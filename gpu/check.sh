@@ -125,11 +125,12 @@ fi
 
 # The CUDA crate's GPU-only tests (they skip on a machine without a GPU, so only here do they
 # run): bitwise batch invariance of matmul rows and attention, graphs vs eager, launches per
-# layer, fused norms and 16-bit activations bitwise, the metadata staging. TANDEM_REQUIRE_CUDA=1
+# layer, fused norms and 16-bit activations bitwise, the metadata staging, the routed experts'
+# bits against every expert's (the MoE default). TANDEM_REQUIRE_CUDA=1
 # turns a skip into a failure; one test at a time, so each holds the GPU alone.
 if [ "$BACKEND" = cuda ] && [ -x "$HERE/cuda-tests" ]; then
     PICK='test result|panicked|FAILED' step "cuda tests (GPU-only)" 120 env TANDEM_REQUIRE_CUDA=1 "$HERE/cuda-tests" --test-threads 1 \
-        gpu_invariance:: graphs:: launches:: staging::
+        gpu_invariance:: graphs:: launches:: staging:: moe::
 elif [ "$BACKEND" = cuda ]; then
     printf 'cuda tests (GPU-only)\t125\t0\tskipped: no cuda-tests beside check.sh (cargo xtask gpu-bundle builds it)\n' >>"$STEPS"
 fi

@@ -528,10 +528,15 @@ def main():
     model_dir = os.path.join(work, "tiny")
     subprocess.run([args.tandem, "gen-model", "--shape", "tiny", "--dtype", "f32", "--out", model_dir], check=True, stdout=subprocess.DEVNULL)
     failed = []
+    # The count `cargo xtask test` adds to its closing line: each scenario on each router one
+    # check; after a failure the router's remaining scenarios count as skipped.
+    scenarios = 8
+    passed, skipped, why = 0, 0, []
     for kind in args.routers.split(","):
         t_router = time.monotonic()
         replicas = [Replica(args.tandem, model_dir, work, i) for i in range(3)]
         router = Router(kind, args.bin_dir, work)
+        done = 0
         try:
             for r in replicas:
                 r.start(wait=False)
@@ -540,24 +545,36 @@ def main():
             router.start("round_robin", replicas)
             tag = f"{kind}-{os.getpid()}"
             scenario_a(router, replicas, tag)
+            done += 1
             scenario_c(router, replicas, args.concurrency)
+            done += 1
             scenario_d(router, replicas, args.concurrency)
+            done += 1
             router.stop()
             router.start("round_robin", replicas, extra=["--disable-retries"])
             scenario_c(router, replicas, args.concurrency, retries=False)
+            done += 1
             scenario_d_planned(router, replicas, args.concurrency)
+            done += 1
             router.stop()
             router.start("cache_aware", replicas)
             scenario_b(router, replicas, tag)
+            done += 1
             router.stop()
             scenario_e(kind, args.bin_dir, work, args.tandem, args.real_model or model_dir, model_dir)
+            done += 1
             if args.real_model:
                 scenario_f(kind, args.bin_dir, work, args.tandem, args.real_model)
+                done += 1
             else:
                 log("SKIPPED (f): no default model (--real-model or TANDEM_SMOLLM2_DIR)")
+                skipped += 1
+                why.append(f"{kind}-router (f): no default model")
             log(f"{kind}-router: all scenarios passed in {time.monotonic() - t_router:.0f} s")
         except Exception as e:
             failed.append(kind)
+            skipped += scenarios - done - 1
+            why.append(f"{kind}-router: {scenarios - done - 1} scenario(s) not run after a failure")
             log(f"FAILED {kind}-router: {type(e).__name__}: {e}")
             for p in [router.logpath if router.proc else None, *[r.logpath for r in replicas]]:
                 if p and os.path.exists(p):
@@ -567,7 +584,9 @@ def main():
             router.stop()
             for r in replicas:
                 r.stop()
+        passed += done
     log(f"done in {time.monotonic() - t_all:.0f} s; " + (f"FAILED: {failed} (logs in {work})" if failed else "all passed"))
+    print(f"router-test: {passed} passed, {len(failed)} failed, {skipped} skipped" + (f" (skipped: {'; '.join(why)})" if why else ""), flush=True)
     if not failed:
         shutil.rmtree(work, ignore_errors=True)
     sys.exit(1 if failed else 0)

@@ -13,16 +13,17 @@
 //! target/fake-cuda/ptx unless TANDEM_PTX_CACHE says otherwise.
 
 use std::ffi::OsString;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 
+use crate::test::{run_echoed, Tally};
+
 #[derive(clap::Args)]
 pub struct Args {
-    /// Run crates/cuda's GPU-only tests (gpu_invariance, graphs, launches, staging) on it.
+    /// Run crates/cuda's GPU-only tests (gpu_invariance, graphs, launches, staging, moe) on it.
     #[arg(long)]
     tests: bool,
     /// Run the group `cargo xtask test` runs on it.
@@ -38,14 +39,15 @@ pub fn run(a: Args) -> Result<()> {
     let env = prepare(&root)?;
     if a.tests {
         let c = cuda_tests(&root, &env)?;
-        if c.failed > 0 {
-            bail!("{} GPU-only test(s) failed on the fake driver", c.failed);
+        println!("{}", c.report());
+        if !c.failed.is_empty() {
+            bail!("{} GPU-only test(s) failed on the fake driver", c.failed_count());
         }
     }
     if a.group {
         let c = group(&root, None)?;
-        println!("fake-cuda group: {} passed, {} failed", c.passed, c.failed);
-        if c.failed > 0 {
+        println!("{}", c.report());
+        if !c.failed.is_empty() {
             bail!("the fake-driver group failed");
         }
     }
@@ -155,44 +157,34 @@ fn build_tandem(root: &Path) -> Result<PathBuf> {
     Ok(target_dir(root).join("debug/tandem"))
 }
 
-/// Tests passed and failed, from libtest's "test result:" lines or one per command.
-#[derive(Default, Clone, Copy)]
-pub struct Counts {
-    pub passed: u64,
-    pub failed: u64,
-}
-
-/// Runs `cmd`, echoing its output, and counts libtest's results.
-fn run_counted(mut cmd: Command, what: &str) -> Result<(Counts, bool)> {
+/// Runs a `cargo test` command, echoing its output, and counts it (xtask/src/test/count.rs):
+/// a test that noted a skip is a skip, not a pass; a run that died without a failing test is
+/// one failure.
+fn run_counted(mut cmd: Command, what: &str) -> Result<Tally> {
     let t = Instant::now();
-    let mut child = cmd.stdout(Stdio::piped()).spawn().with_context(|| format!("running {what}"))?;
-    let mut c = Counts::default();
-    for line in BufReader::new(child.stdout.take().expect("piped")).lines() {
-        let line = line?;
-        println!("{line}");
-        if let Some(rest) = line.strip_prefix("test result: ") {
-            let count = |word: &str| {
-                rest.split(';')
-                    .find_map(|p| p.trim().strip_suffix(word)?.trim().rsplit(' ').next()?.parse::<u64>().ok())
-                    .unwrap_or(0)
-            };
-            c.passed += count(" passed");
-            c.failed += count(" failed");
-        }
+    static RUNS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let log = std::env::temp_dir().join(format!("tandem-skips-fake-cuda-{}-{n}.log", std::process::id()));
+    let _ = std::fs::remove_file(&log);
+    cmd.env("TANDEM_SKIP_LOG", &log);
+    let (lines, ok) = run_echoed(cmd, what)?;
+    let mut c = crate::test::libtest(&lines, &std::fs::read_to_string(&log).unwrap_or_default());
+    let _ = std::fs::remove_file(&log);
+    if !ok && c.failed.is_empty() {
+        c.fail(1, format!("{what}: exited with an error and no failing test"));
     }
-    let ok = child.wait()?.success();
     println!("fake-cuda: {what}: {} in {:.0} s", if ok { "ok" } else { "FAILED" }, t.elapsed().as_secs_f64());
-    Ok((c, ok))
+    Ok(c)
 }
 
 /// crates/cuda's GPU-only test modules, one thread (the driver runs one kernel at a time); then
 /// the batch-invariance module (row bits against other rows: the split-K and attention folds by
 /// the last block) twice more under other block orders (`TANDEM_FAKE_CUDA_SEED`: each launch
 /// draws its blocks' start order and interleaving from the seed and its launch count).
-pub fn cuda_tests(root: &Path, env: &FakeEnv) -> Result<Counts> {
-    let mut total = Counts::default();
+pub fn cuda_tests(root: &Path, env: &FakeEnv) -> Result<Tally> {
+    let mut total = Tally::default();
     let runs: [(&str, Option<&str>, &[&str]); 3] = [
-        ("crates/cuda GPU-only tests", None, &["gpu_invariance::", "graphs::", "launches::", "staging::"]),
+        ("crates/cuda GPU-only tests", None, &["gpu_invariance::", "graphs::", "launches::", "staging::", "moe::"]),
         ("crates/cuda batch invariance, block order seed 2", Some("2"), &["gpu_invariance::"]),
         ("crates/cuda batch invariance, block order seed 3", Some("3"), &["gpu_invariance::"]),
     ];
@@ -205,10 +197,7 @@ pub fn cuda_tests(root: &Path, env: &FakeEnv) -> Result<Counts> {
         if let Some(seed) = seed {
             cmd.env("TANDEM_FAKE_CUDA_SEED", seed);
         }
-        let (c, ok) = run_counted(cmd, what)?;
-        total.passed += c.passed;
-        // Died without a result line (a fault, an abort): one failure.
-        total.failed += c.failed + u64::from(!ok && c.failed == 0);
+        total.add(run_counted(cmd, what)?);
     }
     // The sampling and argmax variants (a process-wide switch each): the same ids as the host.
     for (sampler, argmax) in [("radix", "multi"), ("multi", "one")] {
@@ -225,12 +214,10 @@ pub fn cuda_tests(root: &Path, env: &FakeEnv) -> Result<Counts> {
             "--test-threads",
             "1",
         ]);
-        let (v, ok) = run_counted(
+        total.add(run_counted(
             cmd,
             &format!("crates/cuda sampling with TANDEM_CUDA_SAMPLER={sampler} TANDEM_CUDA_ARGMAX={argmax}"),
-        )?;
-        total.passed += v.passed;
-        total.failed += v.failed + u64::from(!ok && v.failed == 0);
+        )?);
     }
     Ok(total)
 }
@@ -249,7 +236,7 @@ pub fn cuda_tests(root: &Path, env: &FakeEnv) -> Result<Counts> {
 /// ([`preempt_check`]). Each `tandem` command counts as one test. `tandem`: a binary already
 /// built (a workspace `cargo test` builds one; building `-p tandem-cli` alone resolves other
 /// features and recompiles much).
-pub fn group(root: &Path, tandem: Option<PathBuf>) -> Result<Counts> {
+pub fn group(root: &Path, tandem: Option<PathBuf>) -> Result<Tally> {
     let t = Instant::now();
     let env = prepare(root)?;
     let mut total = cuda_tests(root, &env)?;
@@ -257,19 +244,18 @@ pub fn group(root: &Path, tandem: Option<PathBuf>) -> Result<Counts> {
     // before the library is built (crates/fake-cuda/tests/driver.rs says why).
     let mut own = Command::new(env!("CARGO"));
     own.current_dir(root).args(["test", "-p", "tandem-fake-cuda"]);
-    let (c, ok) = run_counted(own, "the fake driver's own test")?;
-    total.passed += c.passed;
-    total.failed += c.failed + u64::from(!ok && c.failed == 0);
+    total.add(run_counted(own, "the fake driver's own test")?);
     let tandem = match tandem {
         Some(t) => t,
         None => build_tandem(root)?,
     };
     let models = target_dir(root).join("fake-cuda/models");
-    // The op suite at a fixed seed: at fresh seeds the bf16 matmul cases with n = 1, k = 1000
-    // miss their NMSE limit on about half the runs (one or three outputs, so one output's
-    // cancellation decides; the same bits in every block order, so it is the suite's limit
-    // against x rounded to bf16, not the driver), which would make this group fail by chance. `cargo xtask fake-cuda -- test-ops --backend cuda` draws a seed.
-    let seed = std::env::var("TANDEM_FAKE_CUDA_OPS_SEED").unwrap_or_else(|_| "7812165423275311652".into());
+    // The op suite at a fresh seed each run, printed (TANDEM_FAKE_CUDA_OPS_SEED replays it). It
+    // ran at one pinned seed while the bf16 matmul cases with n = 1, k = 1000 missed their limit
+    // on fresh seeds (x rounded to bf16: one output's cancellation decided); x is drawn exact in
+    // the weight type since, and fresh seeds pass.
+    let seed = std::env::var("TANDEM_FAKE_CUDA_OPS_SEED").unwrap_or_else(|_| fresh_seed().to_string());
+    println!("fake-cuda: the op suite's seed is {seed} (TANDEM_FAKE_CUDA_OPS_SEED={seed} replays it)");
     let mut commands: Vec<(String, Vec<String>)> = vec![(
         format!("op suite on cuda (seed {seed})"),
         ["test-ops", "--backend", "cuda", "--seed", &seed].map(String::from).to_vec(),
@@ -411,11 +397,11 @@ pub fn group(root: &Path, tandem: Option<PathBuf>) -> Result<Counts> {
         match r {
             Ok(()) => {
                 println!("fake-cuda: {what}: ok");
-                total.passed += 1;
+                total.pass(1);
             }
             Err(e) => {
                 println!("fake-cuda: {what}: FAILED: {e:#}");
-                total.failed += 1;
+                total.fail(1, format!("fake-cuda: {what}: {e:#}"));
             }
         }
     }
@@ -429,15 +415,29 @@ pub fn group(root: &Path, tandem: Option<PathBuf>) -> Result<Counts> {
             args.remove(0);
         }
         cmd.current_dir(root).args(&args);
-        let (_, ok) = run_counted(cmd, &what)?;
-        if ok {
-            total.passed += 1;
-        } else {
-            total.failed += 1;
-        }
+        let t = Instant::now();
+        let (_, ok) = run_echoed(cmd, &what)?;
+        println!("fake-cuda: {what}: {} in {:.0} s", if ok { "ok" } else { "FAILED" }, t.elapsed().as_secs_f64());
+        total.step(&format!("fake-cuda: {what}"), ok);
     }
-    println!("fake-cuda group: {} passed, {} failed in {:.0} s", total.passed, total.failed, t.elapsed().as_secs_f64());
+    println!(
+        "fake-cuda group: {} passed, {} failed, {} skipped in {:.0} s",
+        total.passed,
+        total.failed_count(),
+        total.skipped_count(),
+        t.elapsed().as_secs_f64()
+    );
     Ok(total)
+}
+
+/// A seed from the clock and the process id (SplitMix64's finaliser), as `tandem test-ops` draws
+/// one.
+fn fresh_seed() -> u64 {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    let mut z = (nanos ^ u64::from(std::process::id())).wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 /// One HTTP/1.1 exchange on a fresh connection; returns the status line's code and the body

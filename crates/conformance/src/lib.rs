@@ -117,10 +117,10 @@ pub fn run_against<B: Backend, R: Backend>(
         }
         rep.results.push(r);
     }
-    // Counted where `cargo xtask test` collects skips, too: a line per op and reason, with
-    // how many cases it skipped.
+    // Listed where `cargo xtask test` collects skips, too: a line per op and reason, with how
+    // many cases it skipped; the run itself (a test, a `tandem test-ops`) counts its cases.
     for line in rep.skip_notes() {
-        tandem_core::skip::note(line);
+        tandem_core::skip::note_part(line);
     }
     if rep.failed > 0 {
         report::say(out, &format!("rerun one failing case with: --seed {seed} --op \"<op> <params as printed>\""));

@@ -12,7 +12,6 @@ import urllib.request
 
 import openai
 
-import client_checks
 from client_checks import check
 
 base, model = sys.argv[1], sys.argv[2]
@@ -160,7 +159,7 @@ if structured_base is not None:
         i += 1
     check(len(bias) >= 3, f"the tiny tokenizer's whitespace tokens: {sorted(bias)}")
 
-    parse = tiny.chat.completions.parse if hasattr(tiny.chat.completions, "parse") else tiny.beta.chat.completions.parse
+    parse = tiny.chat.completions.parse
     ask = [{"role": "user", "content": "Describe a person."}]
     for seed in (1, 2, 3):
         r = parse(model=tiny_model, messages=ask, response_format=Person, temperature=1.0, seed=seed, max_tokens=200, logit_bias=bias)
@@ -219,9 +218,8 @@ if structured_base is not None:
     rj = tiny.responses.create(model=tiny_model, input="Describe a person.", text={"format": {"type": "json_schema", "name": "person", "schema": {**Person.model_json_schema(), "additionalProperties": False}, "strict": True}},
                                temperature=1.0, max_output_tokens=200, extra_body={"seed": 7, "logit_bias": bias})
     check(isinstance(Person.model_validate_json(rj.output_text), Person), f"responses: text.format json_schema: {rj.output_text}")
-    if hasattr(tiny.responses, "parse"):
-        rp = tiny.responses.parse(model=tiny_model, input="Describe a person.", text_format=Person, temperature=1.0, max_output_tokens=200, extra_body={"seed": 8, "logit_bias": bias})
-        check(isinstance(rp.output_parsed, Person), f"responses.parse gives a Person: {rp.output_parsed}")
+    rp = tiny.responses.parse(model=tiny_model, input="Describe a person.", text_format=Person, temperature=1.0, max_output_tokens=200, extra_body={"seed": 8, "logit_bias": bias})
+    check(isinstance(rp.output_parsed, Person), f"responses.parse gives a Person: {rp.output_parsed}")
 
     try:
         tiny.chat.completions.create(model=tiny_model, messages=ask, extra_body={"guided_regex": "(unclosed"})
@@ -229,4 +227,3 @@ if structured_base is not None:
     except openai.BadRequestError as e:
         check(e.status_code == 400 and e.body["param"] == "guided_regex", f"a bad regex is a 400 naming guided_regex: {e.body['message']}")
 
-print(f"all {client_checks.passed} checks passed")

@@ -11,9 +11,11 @@
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 py="${1:-python3}"
-"$py" -c "import openai" || { echo "needs the openai package: python3 -m venv v && v/bin/pip install openai"; exit 2; }
+# The versions `cargo xtask test` pins (xtask/src/test.rs, CLIENT_PACKAGES): the checks call
+# `chat.completions.parse` and `responses.parse`, which older clients lack.
+"$py" -c "import openai" || { echo "needs the openai package: python3 -m venv v && v/bin/pip install openai==3.60.0"; exit 2; }
 "$py" -c "import anthropic" || { echo "needs the anthropic package: python3 -m venv v && v/bin/pip install anthropic==2.17.0"; exit 2; }
-"$py" -c "import agents" || { echo "needs the openai-agents package: python3 -m venv v && v/bin/pip install openai-agents"; exit 2; }
+"$py" -c "import agents" || { echo "needs the openai-agents package: python3 -m venv v && v/bin/pip install openai-agents==0.24.0"; exit 2; }
 if [ -n "${TANDEM_EXAMPLES_DIR:-}" ]; then
     examples="$TANDEM_EXAMPLES_DIR"
 else

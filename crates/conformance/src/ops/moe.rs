@@ -160,8 +160,10 @@ impl Op for MoeRouted {
             self.renormalize
         )
     }
-    /// As residual_norm_gate_up's: a backend that rounds activations to the weight type rounds
-    /// x into gate/up and act into down, and a token sums top_k such outputs.
+    /// Four times a single GEMM's: a backend that rounds activations to the weight type rounds
+    /// x into gate/up (1 + limits::SILU_GAIN roundings' worth in act, as in
+    /// residual_norm_gate_up) and act into down (1 more): 3.1 in each expert's output, and a
+    /// token's sum of top_k such outputs keeps that NMSE; 4 leaves some more for few rows.
     fn limit(&self) -> f64 {
         4.0 * limits::weight(self.dtype)
     }

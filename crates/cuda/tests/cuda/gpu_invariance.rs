@@ -129,8 +129,11 @@ fn long_context_attention_matches_reference() {
     toks.extend((500..530).map(|p| (3u32, p)));
     let q = rng.vec(toks.len() * a.heads * a.g.head_dim, 2.0);
     let want = a.run(&RefBackend::new(), KvDtype::F32, &q, &toks, 4);
-    // f32: the reference's arithmetic; bf16: each K/V element off by at most 2^-8 relative,
-    // the op suite's attention limit (the emulator holds it to a per-element bound).
+    // f32: the reference's arithmetic; bf16: each K/V element off by at most 2^-8 relative
+    // (with the tensor-core kernel q and p too). The expected NMSE is at most 10 roundings'
+    // worth (limits::ATTENTION_ROUNDINGS in crates/conformance: 2.75e-5), and with hundreds of
+    // keys and 34 tokens it stays near that, so 5e-5 here (the op suite's limit, 2e-4, also
+    // covers cases of a few keys); the emulator holds the kernel to a per-element bound.
     for (dtype, limit) in [(KvDtype::F32, 1e-7), (KvDtype::Bf16, 5e-5)] {
         let got = a.run(&cuda, dtype, &q, &toks, 4);
         assert!(got.iter().all(|x| x.is_finite()), "{dtype:?}: non-finite output");

@@ -6,27 +6,44 @@ use std::sync::OnceLock;
 
 use tandem_wgpu::{WgpuBackend, WgpuOptions};
 
-/// The shared backend, or None (with the reason printed) when no adapter exists. Panics only
-/// where the run demands wgpu: then absence is a failure, not a skip.
+/// The shared backend, or None when no adapter exists; each test that gets None notes itself
+/// skipped (and returns). Panics only where the run demands wgpu: then absence is a failure,
+/// not a skip.
 pub fn backend() -> Option<&'static WgpuBackend> {
-    static B: OnceLock<Option<WgpuBackend>> = OnceLock::new();
-    B.get_or_init(|| open(WgpuOptions::default())).as_ref()
-}
-
-pub fn open(opts: WgpuOptions) -> Option<WgpuBackend> {
-    match WgpuBackend::with_options(opts) {
-        Ok(b) => {
-            eprintln!("wgpu adapter: {}", b.adapter());
-            Some(b)
-        }
+    static B: OnceLock<Result<WgpuBackend, String>> = OnceLock::new();
+    match B.get_or_init(|| opened(WgpuBackend::with_options(WgpuOptions::default()).map_err(|e| e.to_string()))) {
+        Ok(b) => Some(b),
         Err(e) => {
-            if std::env::var("TANDEM_REQUIRE_WGPU").as_deref() == Ok("1") {
-                panic!("TANDEM_REQUIRE_WGPU=1 but the wgpu backend is unavailable: {e}");
-            }
-            tandem_core::skip::note(format!("no wgpu adapter ({e}); set TANDEM_REQUIRE_WGPU=1 to make this a failure"));
+            skipped(e);
             None
         }
     }
+}
+
+/// A backend with `opts`, or None (the calling test noted skipped) when no adapter exists.
+pub fn open(opts: WgpuOptions) -> Option<WgpuBackend> {
+    match opened(WgpuBackend::with_options(opts).map_err(|e| e.to_string())) {
+        Ok(b) => Some(b),
+        Err(e) => {
+            skipped(&e);
+            None
+        }
+    }
+}
+
+fn opened(r: Result<WgpuBackend, String>) -> Result<WgpuBackend, String> {
+    match &r {
+        Ok(b) => eprintln!("wgpu adapter: {}", b.adapter()),
+        Err(e) if std::env::var("TANDEM_REQUIRE_WGPU").as_deref() == Ok("1") => {
+            panic!("TANDEM_REQUIRE_WGPU=1 but the wgpu backend is unavailable: {e}")
+        }
+        Err(_) => {}
+    }
+    r
+}
+
+fn skipped(e: &str) {
+    tandem_core::skip::note(format!("no wgpu adapter ({e}); set TANDEM_REQUIRE_WGPU=1 to make this a failure"));
 }
 
 /// SplitMix64: small, seedable, good enough for test data.
