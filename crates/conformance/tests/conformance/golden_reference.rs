@@ -23,7 +23,8 @@ fn gemma3_golden_catches_its_own_pieces_missing() {
         Ok(lines) => lines.iter().find(|l| !l.contains("diverged at None")).cloned(),
     };
     assert_eq!(told(cfg.clone()), None, "as written");
-    let wrong: [(&str, fn(&mut tandem_core::ModelConfig)); 4] = [
+    type Edit = fn(&mut tandem_core::ModelConfig);
+    let wrong: [(&str, Edit); 4] = [
         ("no local rope", |c| c.local_rope = None),
         ("scale head_dim^-1/2", |c| c.query_pre_attn_scalar = None),
         ("no window", |c| c.layer_windows.iter_mut().for_each(|w| *w = 0)),
