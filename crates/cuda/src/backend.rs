@@ -23,7 +23,10 @@ use cudarc::driver::{
     CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, DriverError, LaunchConfig, PinnedHostSlice,
     PushKernelArg,
 };
-use tandem_core::backend::{AttnArgs, Backend, DType, KvDtype, KvGeometry, U32Group, U32Layout, WorkspaceLimits};
+use tandem_core::backend::{
+    AttnArgs, DType, Device, FusedOps, KvDtype, KvGeometry, Ops, Sampling, Storage, U32Group, U32Layout,
+    WorkspaceLimits,
+};
 use tandem_core::sampling::{
     RowMasks, SampleSpec, TokenLogprobs, EDIT_WORDS, MAX_TOP_LOGPROBS, SAMPLE_LANES, SPEC_WORDS,
 };
@@ -210,7 +213,7 @@ fn need(b: &CudaBuf, elem: Elem, need: usize, op: &str, what: &str) -> Result<()
     Ok(())
 }
 
-/// An activation output (f32, bf16 or f16: [`Backend::activation_dtype`]) of at least `need`
+/// An activation output (f32, bf16 or f16: [`Storage::activation_dtype`]) of at least `need`
 /// elements; returns kernels/common.cuh `store_act`'s code for it.
 pub(crate) fn need_act(b: &CudaBuf, need: usize, op: &str, what: &str) -> Result<i32> {
     if b.elem == Elem::U32 {
@@ -265,7 +268,7 @@ fn cfg(grid: (u32, u32, u32), block: u32) -> LaunchConfig {
 
 /// Scratch of the split attention: partial outputs, (max, sum) pairs and one arrival counter
 /// per (token, head) for the in-kernel combine (zeroed once; every launch leaves them 0). Sized once by
-/// [`Backend::reserve_workspace`] (the model does, before the KV pool); grown on demand only
+/// [`Device::reserve_workspace`] (the model does, before the KV pool); grown on demand only
 /// where nothing reserved it (ops called directly: tests, `tandem test-ops`).
 #[derive(Default)]
 struct AttnScratch {
@@ -984,9 +987,7 @@ fn load_module(
     Ok(())
 }
 
-impl Backend for CudaBackend {
-    type Buf = CudaBuf;
-
+impl Device for CudaBackend {
     fn name(&self) -> &'static str {
         "cuda"
     }
@@ -1009,28 +1010,6 @@ impl Backend for CudaBackend {
 
     fn launch_count(&self) -> Option<u64> {
         Some(self.launches())
-    }
-
-    fn matmul_operand(&self, weight: DType) -> DType {
-        // kernels/matmul.cu: bf16 and f16 weights take the tensor cores with x rounded to their
-        // type; f32 weights take the f32 SIMT kernel.
-        match weight {
-            DType::BF16 | DType::F16 => weight,
-            _ => DType::F32,
-        }
-    }
-
-    /// The tensor cores' operand type: every reader of the activation rounds it so, so it is
-    /// stored so (half the bytes, the same bits; kernels/common.cuh `store_act`).
-    fn activation_dtype(&self, weight: DType) -> DType {
-        if self.f32_activations {
-            return DType::F32;
-        }
-        self.matmul_operand(weight)
-    }
-
-    fn alloc_activation(&self, dtype: DType, len: usize) -> Result<CudaBuf> {
-        self.alloc(Elem::of(dtype), len)
     }
 
     fn sync(&self) -> Result<()> {
@@ -1122,6 +1101,32 @@ impl Backend for CudaBackend {
         // The allocations are stream-ordered: wait, so that free_memory sees them.
         self.synchronize()?;
         Ok((out + ml + counter_bytes + xa + part + GEMM_COUNTERS * 4 + io_bytes + moe_bytes) as u64)
+    }
+}
+
+impl Storage for CudaBackend {
+    type Buf = CudaBuf;
+
+    fn matmul_operand(&self, weight: DType) -> DType {
+        // kernels/matmul.cu: bf16 and f16 weights take the tensor cores with x rounded to their
+        // type; f32 weights take the f32 SIMT kernel.
+        match weight {
+            DType::BF16 | DType::F16 => weight,
+            _ => DType::F32,
+        }
+    }
+
+    /// The tensor cores' operand type: every reader of the activation rounds it so, so it is
+    /// stored so (half the bytes, the same bits; kernels/common.cuh `store_act`).
+    fn activation_dtype(&self, weight: DType) -> DType {
+        if self.f32_activations {
+            return DType::F32;
+        }
+        self.matmul_operand(weight)
+    }
+
+    fn alloc_activation(&self, dtype: DType, len: usize) -> Result<CudaBuf> {
+        self.alloc(Elem::of(dtype), len)
     }
 
     fn upload_weight(&self, t: &TensorView) -> Result<CudaBuf> {
@@ -1247,7 +1252,9 @@ impl Backend for CudaBackend {
             _ => self.read(buf, Elem::F32, n),
         }
     }
+}
 
+impl Ops for CudaBackend {
     fn embedding(
         &self,
         table: &CudaBuf,
@@ -1329,6 +1336,214 @@ impl Backend for CudaBackend {
         self.launched(OP, r)
     }
 
+    fn matmul(
+        &self,
+        x: &CudaBuf,
+        w: &CudaBuf,
+        bias: Option<&CudaBuf>,
+        out: &mut CudaBuf,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<()> {
+        need(out, Elem::F32, m * n, "matmul", "out")?;
+        self.gemm("matmul", x, w, bias, GemmOut::Plain(out), m, n, k, None)
+    }
+
+    fn rope(
+        &self,
+        q: &mut CudaBuf,
+        k: &mut CudaBuf,
+        positions: &CudaBuf,
+        inv_freq: &CudaBuf,
+        num_tokens: usize,
+        q_heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+    ) -> Result<()> {
+        const OP: &str = "rope";
+        if num_tokens == 0 || head_dim == 0 {
+            return Ok(());
+        }
+        if !head_dim.is_multiple_of(2) {
+            return Err(err(format!("{OP}: head_dim = {head_dim} is odd")));
+        }
+        need(q, Elem::F32, num_tokens * q_heads * head_dim, OP, "q")?;
+        need(k, Elem::F32, num_tokens * kv_heads * head_dim, OP, "k")?;
+        need(positions, Elem::U32, num_tokens, OP, "positions")?;
+        need(inv_freq, Elem::F32, head_dim / 2, OP, "inv_freq")?;
+        i32_of(num_tokens * (q_heads + kv_heads) * head_dim, OP, "elements")?;
+        let f = &self.kernels.rope.f;
+        let (t, qh, kh, d) = (
+            i32_of(num_tokens, OP, "T")?,
+            i32_of(q_heads, OP, "q_heads")?,
+            i32_of(kv_heads, OP, "kv_heads")?,
+            i32_of(head_dim, OP, "head_dim")?,
+        );
+        let mut l = self.launch_args(f);
+        l.arg(&mut *q.mem).arg(&mut *k.mem).arg(&*positions.mem).arg(&*inv_freq.mem).arg(&t).arg(&qh).arg(&kh).arg(&d);
+        // SAFETY: as in embedding.
+        let r = unsafe { l.launch(cfg((t as u32, 1, 1), 128)) };
+        self.launched(OP, r)
+    }
+
+    fn silu_mul(&self, gate: &CudaBuf, up: &CudaBuf, out: &mut CudaBuf, len: usize) -> Result<()> {
+        const OP: &str = "silu_mul";
+        if len == 0 {
+            return Ok(());
+        }
+        need(gate, Elem::F32, len, OP, "gate")?;
+        need(up, Elem::F32, len, OP, "up")?;
+        let code = need_act(out, len, OP, "out")?;
+        let f = &self.kernels.silu_mul.f;
+        let n = len as u64;
+        let mut l = self.launch_args(f);
+        l.arg(&*gate.mem).arg(&*up.mem).arg(&mut *out.mem).arg(&code).arg(&n);
+        // SAFETY: as in embedding.
+        let r = unsafe { l.launch(Self::elementwise_cfg(len, OP)?) };
+        self.launched(OP, r)
+    }
+
+    fn gelu_tanh_mul(&self, gate: &CudaBuf, up: &CudaBuf, out: &mut CudaBuf, len: usize) -> Result<()> {
+        const OP: &str = "gelu_tanh_mul";
+        if len == 0 {
+            return Ok(());
+        }
+        need(gate, Elem::F32, len, OP, "gate")?;
+        need(up, Elem::F32, len, OP, "up")?;
+        let code = need_act(out, len, OP, "out")?;
+        let f = &self.kernels.gelu_tanh_mul.f;
+        let n = len as u64;
+        let mut l = self.launch_args(f);
+        l.arg(&*gate.mem).arg(&*up.mem).arg(&mut *out.mem).arg(&code).arg(&n);
+        // SAFETY: as in embedding.
+        let r = unsafe { l.launch(Self::elementwise_cfg(len, OP)?) };
+        self.launched(OP, r)
+    }
+
+    fn scale(&self, x: &mut CudaBuf, factor: f32, len: usize) -> Result<()> {
+        const OP: &str = "scale";
+        if len == 0 {
+            return Ok(());
+        }
+        need(x, Elem::F32, len, OP, "x")?;
+        let f = &self.kernels.scale.f;
+        let n = len as u64;
+        let mut l = self.launch_args(f);
+        l.arg(&mut *x.mem).arg(&factor).arg(&n);
+        // SAFETY: as in embedding.
+        let r = unsafe { l.launch(Self::elementwise_cfg(len, OP)?) };
+        self.launched(OP, r)
+    }
+
+    fn moe_route(
+        &self,
+        logits: &CudaBuf,
+        weights: &mut CudaBuf,
+        rows: usize,
+        experts: usize,
+        top_k: usize,
+        renormalize: bool,
+    ) -> Result<()> {
+        const OP: &str = "moe_route";
+        if rows == 0 || experts == 0 {
+            return Ok(());
+        }
+        need(logits, Elem::F32, rows * experts, OP, "logits")?;
+        need(weights, Elem::F32, rows * experts, OP, "weights")?;
+        let (ri, ei, ki, rn) = (
+            i32_of(rows, OP, "rows")?,
+            i32_of(experts, OP, "experts")?,
+            i32_of(top_k.min(experts), OP, "top_k")?,
+            renormalize as i32,
+        );
+        i32_of(rows * experts, OP, "rows * experts")?;
+        let f = &self.kernels.moe_route.f;
+        let mut l = self.stream.launch_builder(f);
+        l.arg(&*logits.mem).arg(&mut *weights.mem).arg(&ri).arg(&ei).arg(&ki).arg(&rn);
+        // SAFETY: as in embedding.
+        let r = unsafe { l.launch(cfg((u32_of(rows.div_ceil(64), OP, "blocks")?, 1, 1), 64)) };
+        self.launched(OP, r)
+    }
+
+    fn moe_accumulate(
+        &self,
+        acc: &mut CudaBuf,
+        y: &CudaBuf,
+        weights: &CudaBuf,
+        rows: usize,
+        dim: usize,
+        expert: usize,
+        experts: usize,
+        first: bool,
+    ) -> Result<()> {
+        const OP: &str = "moe_accumulate";
+        let len = rows * dim;
+        if len == 0 {
+            return Ok(());
+        }
+        if expert >= experts {
+            return Err(err(format!("{OP}: expert {expert} of {experts}")));
+        }
+        need(acc, Elem::F32, len, OP, "acc")?;
+        need(y, Elem::F32, len, OP, "y")?;
+        need(weights, Elem::F32, rows * experts, OP, "weights")?;
+        let (n, di, xi, ei, fi) = (
+            len as u64,
+            i32_of(dim, OP, "dim")?,
+            i32_of(expert, OP, "expert")?,
+            i32_of(experts, OP, "experts")?,
+            first as i32,
+        );
+        let f = &self.kernels.moe_accumulate.f;
+        let mut l = self.stream.launch_builder(f);
+        l.arg(&mut *acc.mem).arg(&*y.mem).arg(&*weights.mem).arg(&n).arg(&di).arg(&xi).arg(&ei).arg(&fi);
+        // SAFETY: as in embedding.
+        let r = unsafe { l.launch(Self::elementwise_cfg(len, OP)?) };
+        self.launched(OP, r)
+    }
+
+    fn kv_write(
+        &self,
+        k: &CudaBuf,
+        v: &CudaBuf,
+        k_cache: &mut CudaBuf,
+        v_cache: &mut CudaBuf,
+        slots: &CudaBuf,
+        num_tokens: usize,
+        g: KvGeometry,
+    ) -> Result<()> {
+        const OP: &str = "kv_write";
+        let row = g.num_kv_heads * g.head_dim;
+        if num_tokens == 0 || row == 0 {
+            return Ok(());
+        }
+        need(k, Elem::F32, num_tokens * row, OP, "k")?;
+        need(v, Elem::F32, num_tokens * row, OP, "v")?;
+        let kern = &self.kernels.kv_write[need_kv(k_cache, v_cache, g, OP)?];
+        need(slots, Elem::U32, num_tokens, OP, "slots")?;
+        let f = &kern.f;
+        let (t, rl, ns) = (i32_of(num_tokens, OP, "T")?, i32_of(row, OP, "kv_heads*head_dim")?, g.slots() as u64);
+        let mut l = self.launch_args(f);
+        l.arg(&*k.mem)
+            .arg(&*v.mem)
+            .arg(&mut *k_cache.mem)
+            .arg(&mut *v_cache.mem)
+            .arg(&*slots.mem)
+            .arg(&t)
+            .arg(&rl)
+            .arg(&ns);
+        // SAFETY: as in embedding.
+        let r = unsafe { l.launch(cfg((t as u32, 1, 1), 128)) };
+        self.launched(kern.name, r)
+    }
+
+    fn paged_attention(&self, a: &AttnArgs<'_, Self>, out: &mut CudaBuf) -> Result<()> {
+        self.attention(a, out)
+    }
+}
+
+impl FusedOps for CudaBackend {
     /// kernels/rms_norm.cu `add_rms_norm_<w>`: one launch, the bits of add then rms_norm.
     fn add_rms_norm(
         &self,
@@ -1528,173 +1743,6 @@ impl Backend for CudaBackend {
         self.launched(kern.name, r)
     }
 
-    fn matmul(
-        &self,
-        x: &CudaBuf,
-        w: &CudaBuf,
-        bias: Option<&CudaBuf>,
-        out: &mut CudaBuf,
-        m: usize,
-        n: usize,
-        k: usize,
-    ) -> Result<()> {
-        need(out, Elem::F32, m * n, "matmul", "out")?;
-        self.gemm("matmul", x, w, bias, GemmOut::Plain(out), m, n, k, None)
-    }
-
-    fn rope(
-        &self,
-        q: &mut CudaBuf,
-        k: &mut CudaBuf,
-        positions: &CudaBuf,
-        inv_freq: &CudaBuf,
-        num_tokens: usize,
-        q_heads: usize,
-        kv_heads: usize,
-        head_dim: usize,
-    ) -> Result<()> {
-        const OP: &str = "rope";
-        if num_tokens == 0 || head_dim == 0 {
-            return Ok(());
-        }
-        if !head_dim.is_multiple_of(2) {
-            return Err(err(format!("{OP}: head_dim = {head_dim} is odd")));
-        }
-        need(q, Elem::F32, num_tokens * q_heads * head_dim, OP, "q")?;
-        need(k, Elem::F32, num_tokens * kv_heads * head_dim, OP, "k")?;
-        need(positions, Elem::U32, num_tokens, OP, "positions")?;
-        need(inv_freq, Elem::F32, head_dim / 2, OP, "inv_freq")?;
-        i32_of(num_tokens * (q_heads + kv_heads) * head_dim, OP, "elements")?;
-        let f = &self.kernels.rope.f;
-        let (t, qh, kh, d) = (
-            i32_of(num_tokens, OP, "T")?,
-            i32_of(q_heads, OP, "q_heads")?,
-            i32_of(kv_heads, OP, "kv_heads")?,
-            i32_of(head_dim, OP, "head_dim")?,
-        );
-        let mut l = self.launch_args(f);
-        l.arg(&mut *q.mem).arg(&mut *k.mem).arg(&*positions.mem).arg(&*inv_freq.mem).arg(&t).arg(&qh).arg(&kh).arg(&d);
-        // SAFETY: as in embedding.
-        let r = unsafe { l.launch(cfg((t as u32, 1, 1), 128)) };
-        self.launched(OP, r)
-    }
-
-    fn silu_mul(&self, gate: &CudaBuf, up: &CudaBuf, out: &mut CudaBuf, len: usize) -> Result<()> {
-        const OP: &str = "silu_mul";
-        if len == 0 {
-            return Ok(());
-        }
-        need(gate, Elem::F32, len, OP, "gate")?;
-        need(up, Elem::F32, len, OP, "up")?;
-        let code = need_act(out, len, OP, "out")?;
-        let f = &self.kernels.silu_mul.f;
-        let n = len as u64;
-        let mut l = self.launch_args(f);
-        l.arg(&*gate.mem).arg(&*up.mem).arg(&mut *out.mem).arg(&code).arg(&n);
-        // SAFETY: as in embedding.
-        let r = unsafe { l.launch(Self::elementwise_cfg(len, OP)?) };
-        self.launched(OP, r)
-    }
-
-    fn gelu_tanh_mul(&self, gate: &CudaBuf, up: &CudaBuf, out: &mut CudaBuf, len: usize) -> Result<()> {
-        const OP: &str = "gelu_tanh_mul";
-        if len == 0 {
-            return Ok(());
-        }
-        need(gate, Elem::F32, len, OP, "gate")?;
-        need(up, Elem::F32, len, OP, "up")?;
-        let code = need_act(out, len, OP, "out")?;
-        let f = &self.kernels.gelu_tanh_mul.f;
-        let n = len as u64;
-        let mut l = self.launch_args(f);
-        l.arg(&*gate.mem).arg(&*up.mem).arg(&mut *out.mem).arg(&code).arg(&n);
-        // SAFETY: as in embedding.
-        let r = unsafe { l.launch(Self::elementwise_cfg(len, OP)?) };
-        self.launched(OP, r)
-    }
-
-    fn scale(&self, x: &mut CudaBuf, factor: f32, len: usize) -> Result<()> {
-        const OP: &str = "scale";
-        if len == 0 {
-            return Ok(());
-        }
-        need(x, Elem::F32, len, OP, "x")?;
-        let f = &self.kernels.scale.f;
-        let n = len as u64;
-        let mut l = self.launch_args(f);
-        l.arg(&mut *x.mem).arg(&factor).arg(&n);
-        // SAFETY: as in embedding.
-        let r = unsafe { l.launch(Self::elementwise_cfg(len, OP)?) };
-        self.launched(OP, r)
-    }
-
-    fn moe_route(
-        &self,
-        logits: &CudaBuf,
-        weights: &mut CudaBuf,
-        rows: usize,
-        experts: usize,
-        top_k: usize,
-        renormalize: bool,
-    ) -> Result<()> {
-        const OP: &str = "moe_route";
-        if rows == 0 || experts == 0 {
-            return Ok(());
-        }
-        need(logits, Elem::F32, rows * experts, OP, "logits")?;
-        need(weights, Elem::F32, rows * experts, OP, "weights")?;
-        let (ri, ei, ki, rn) = (
-            i32_of(rows, OP, "rows")?,
-            i32_of(experts, OP, "experts")?,
-            i32_of(top_k.min(experts), OP, "top_k")?,
-            renormalize as i32,
-        );
-        i32_of(rows * experts, OP, "rows * experts")?;
-        let f = &self.kernels.moe_route.f;
-        let mut l = self.stream.launch_builder(f);
-        l.arg(&*logits.mem).arg(&mut *weights.mem).arg(&ri).arg(&ei).arg(&ki).arg(&rn);
-        // SAFETY: as in embedding.
-        let r = unsafe { l.launch(cfg((u32_of(rows.div_ceil(64), OP, "blocks")?, 1, 1), 64)) };
-        self.launched(OP, r)
-    }
-
-    fn moe_accumulate(
-        &self,
-        acc: &mut CudaBuf,
-        y: &CudaBuf,
-        weights: &CudaBuf,
-        rows: usize,
-        dim: usize,
-        expert: usize,
-        experts: usize,
-        first: bool,
-    ) -> Result<()> {
-        const OP: &str = "moe_accumulate";
-        let len = rows * dim;
-        if len == 0 {
-            return Ok(());
-        }
-        if expert >= experts {
-            return Err(err(format!("{OP}: expert {expert} of {experts}")));
-        }
-        need(acc, Elem::F32, len, OP, "acc")?;
-        need(y, Elem::F32, len, OP, "y")?;
-        need(weights, Elem::F32, rows * experts, OP, "weights")?;
-        let (n, di, xi, ei, fi) = (
-            len as u64,
-            i32_of(dim, OP, "dim")?,
-            i32_of(expert, OP, "expert")?,
-            i32_of(experts, OP, "experts")?,
-            first as i32,
-        );
-        let f = &self.kernels.moe_accumulate.f;
-        let mut l = self.stream.launch_builder(f);
-        l.arg(&mut *acc.mem).arg(&*y.mem).arg(&*weights.mem).arg(&n).arg(&di).arg(&xi).arg(&ei).arg(&fi);
-        // SAFETY: as in embedding.
-        let r = unsafe { l.launch(Self::elementwise_cfg(len, OP)?) };
-        self.launched(OP, r)
-    }
-
     fn moe_prepare(
         &self,
         experts: &[tandem_core::backend::MoeExpert<'_, CudaBuf>],
@@ -1718,46 +1766,9 @@ impl Backend for CudaBackend {
     ) -> Result<()> {
         self.moe_routed_impl(table, experts, x, weights, out, rows, hidden, inter, top_k)
     }
+}
 
-    fn kv_write(
-        &self,
-        k: &CudaBuf,
-        v: &CudaBuf,
-        k_cache: &mut CudaBuf,
-        v_cache: &mut CudaBuf,
-        slots: &CudaBuf,
-        num_tokens: usize,
-        g: KvGeometry,
-    ) -> Result<()> {
-        const OP: &str = "kv_write";
-        let row = g.num_kv_heads * g.head_dim;
-        if num_tokens == 0 || row == 0 {
-            return Ok(());
-        }
-        need(k, Elem::F32, num_tokens * row, OP, "k")?;
-        need(v, Elem::F32, num_tokens * row, OP, "v")?;
-        let kern = &self.kernels.kv_write[need_kv(k_cache, v_cache, g, OP)?];
-        need(slots, Elem::U32, num_tokens, OP, "slots")?;
-        let f = &kern.f;
-        let (t, rl, ns) = (i32_of(num_tokens, OP, "T")?, i32_of(row, OP, "kv_heads*head_dim")?, g.slots() as u64);
-        let mut l = self.launch_args(f);
-        l.arg(&*k.mem)
-            .arg(&*v.mem)
-            .arg(&mut *k_cache.mem)
-            .arg(&mut *v_cache.mem)
-            .arg(&*slots.mem)
-            .arg(&t)
-            .arg(&rl)
-            .arg(&ns);
-        // SAFETY: as in embedding.
-        let r = unsafe { l.launch(cfg((t as u32, 1, 1), 128)) };
-        self.launched(kern.name, r)
-    }
-
-    fn paged_attention(&self, a: &AttnArgs<'_, Self>, out: &mut CudaBuf) -> Result<()> {
-        self.attention(a, out)
-    }
-
+impl Sampling for CudaBackend {
     fn argmax(&self, logits: &CudaBuf, rows: usize, vocab: usize) -> Result<Vec<u32>> {
         const OP: &str = "argmax";
         if rows == 0 {

@@ -1,4 +1,4 @@
-//! CUDA graphs: the backend side of `Backend::begin_capture` / `end_capture` / `replay`.
+//! CUDA graphs: the backend side of `Device::begin_capture` / `end_capture` / `replay`.
 //!
 //! The model captures each decode bucket once at load (crates/core/src/model.rs, `Padding`):
 //! the step's launches are recorded on our stream (thread-local capture mode: only this

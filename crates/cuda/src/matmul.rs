@@ -1,6 +1,6 @@
 //! The tensor-core and f32 matmul launchers of [`CudaBackend`] (kernels/matmul.cu): the plain
-//! projection (`Backend::matmul`) and the fused q/k/v and gate/up projections
-//! (`Backend::fuse_qkv` / `qkv_proj`, `fuse_gate_up` / `gate_up_act`), the residual add
+//! projection (`Ops::matmul`) and the fused q/k/v and gate/up projections
+//! (`FusedOps::fuse_qkv` / `qkv_proj`, `fuse_gate_up` / `gate_up_act`), the residual add
 //! (`matmul_residual`) and the input norm (`NormIn`) where `fuses_norm` says so, one GEMM
 //! launch each for m <= 128 (x read in-kernel, split K folded in-kernel), two above
 //! (matmul_x first).
@@ -588,7 +588,7 @@ impl CudaBackend {
     }
 
     /// One projection: x [m, k] times w [n, k] into `dst` (the epilogue). x is f32, or stored
-    /// in w's 16-bit type (`Backend::activation_dtype`: the tile kernel then reads it as its
+    /// in w's 16-bit type (`Storage::activation_dtype`: the tile kernel then reads it as its
     /// xa, with no matmul_x pass at any m). With `norm` (m <= SPLIT_MAX_ROWS only), the input
     /// is rms_norm(norm.h) * norm.gamma, formed in the kernel, and x is not read.
     #[allow(clippy::too_many_arguments)]

@@ -1,6 +1,6 @@
 //! The routed mixture of experts of [`CudaBackend`] (kernels/moe.cu, the comment at its top):
-//! `Backend::moe_prepare` (a device table of the experts' weight pointers, at load) and
-//! `Backend::moe_routed` (tokens grouped per expert on the device, the experts' GEMMs as one
+//! `FusedOps::moe_prepare` (a device table of the experts' weight pointers, at load) and
+//! `FusedOps::moe_routed` (tokens grouped per expert on the device, the experts' GEMMs as one
 //! grouped launch each on matmul.cu's tile code, the combine in ascending expert id), picked by
 //! `TANDEM_CUDA_MOE` (`routed`, the default, or `dense`: every expert over every token). The
 //! launches and their sizes depend on the step's shape only, so decode steps are still captured

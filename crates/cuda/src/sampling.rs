@@ -4,7 +4,7 @@
 //! so that only ids and the asked logprobs leave the device. A child module of `backend`.
 
 use cudarc::driver::PushKernelArg;
-use tandem_core::backend::Backend;
+use tandem_core::backend::{Sampling, Storage};
 use tandem_core::sampling::{logprobs_rows, sample_rows_masked, RowMasks, SampleSpec, TokenLogprobs, MAX_TOP_LOGPROBS};
 use tandem_core::Result;
 
@@ -50,7 +50,7 @@ impl CudaBackend {
         // SAFETY: start holds rows + 1 record offsets into `eb`'s records (and `saved`'s floats);
         // each record's token is below vocab (`RowMasks::check`) and the kernel skips any that is
         // not; a row edits each token once, so no two threads write the same logit. The logits
-        // are edited in place: `Backend::sample_masked` leaves them unspecified.
+        // are edited in place: `Sampling::sample_masked` leaves them unspecified.
         let r = unsafe { l.launch(cfg((ri as u32, 1, 1), SAMPLE_LANES as u32)) };
         self.launched(OP, r)?;
         Ok(true)
@@ -214,7 +214,7 @@ impl CudaBackend {
         Ok(true)
     }
 
-    /// `Backend::sample_logprobs`: edits, the sample, the edits undone, then `logprobs` for the
+    /// `Sampling::sample_logprobs`: edits, the sample, the edits undone, then `logprobs` for the
     /// rows that ask (on the ids the sample left in the id buffer).
     pub(super) fn sample_with_logprobs(
         &self,

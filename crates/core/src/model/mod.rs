@@ -80,12 +80,12 @@ pub trait ModelRunner: Send {
     fn max_logit_rows(&self) -> usize {
         self.max_seqs()
     }
-    /// Kernels the backend has launched so far, where it counts them ([`Backend::launch_count`]).
+    /// Kernels the backend has launched so far, where it counts them ([`Device::launch_count`]).
     fn launch_count(&self) -> Option<u64> {
         None
     }
     /// What a projection's input is rounded to before it meets this model's weights
-    /// ([`Backend::matmul_operand`]): f32 (no rounding) unless the backend computes in 16 bits.
+    /// ([`Storage::matmul_operand`]): f32 (no rounding) unless the backend computes in 16 bits.
     fn matmul_operand(&self) -> DType {
         DType::F32
     }
@@ -188,10 +188,10 @@ pub struct LoadOptions {
     /// Logit rows beyond `max_seqs` one forward can return, for requests that score their
     /// prompt (prompt logprobs): `[max_seqs + prompt_logit_rows, vocab]` f32 of scratch.
     pub prompt_logit_rows: usize,
-    /// The KV cache's element type; None: the backend's default (`Backend::kv_dtypes()[0]`:
+    /// The KV cache's element type; None: the backend's default (`Storage::kv_dtypes()[0]`:
     /// bf16 on CUDA, f32 elsewhere). A type the backend does not store fails the load.
     pub kv_dtype: Option<KvDtype>,
-    /// Capture each decode bucket once at load and replay it ([`Backend::supports_graphs`]:
+    /// Capture each decode bucket once at load and replay it ([`Device::supports_graphs`]:
     /// CUDA graphs); false runs every step eagerly (`--enforce-eager`). With graphs, decode
     /// steps are padded to their bucket (`pad_decode`). Backends that do not capture ignore it.
     pub graphs: bool,
@@ -436,7 +436,7 @@ impl<B: Backend> Model<B> {
         // What this backend rounds a projection's input to, for weights of this model's type.
         let matmul_operand = b.matmul_operand(embed_view.dtype);
         let embed = b.upload_weight(&embed_view)?;
-        // The weight types each stored activation meets (Backend::activation_dtype): x feeds
+        // The weight types each stored activation meets (Storage::activation_dtype): x feeds
         // q/k/v and gate/up, act feeds down, the final norm's rows feed the head.
         let mut head_reader = embed_view.dtype;
         let lm_head = if w.contains("lm_head.weight") && !cfg.tie_word_embeddings {
@@ -821,7 +821,7 @@ impl<B: Backend> Model<B> {
         if let Some(scale) = self.embed_scale {
             b.scale(&mut s.h, scale, t * d)?;
         }
-        // Where the backend fuses norms into the fused projections (`Backend::fuses_norm`),
+        // Where the backend fuses norms into the fused projections (`FusedOps::fuses_norm`),
         // each residual add happens in the projection that produces it (`matmul_residual`,
         // which also writes h ∘ gamma of the next norm into x) and each norm in the projection
         // that consumes it (`NormIn`): per layer, o and down, then qkv and gate/up, with no

@@ -21,7 +21,8 @@ fn carved_u32_groups_stage_and_upload_like_separate_buffers() {
 /// slower than the host).
 #[test]
 fn staging_is_not_rewritten_before_its_copy_ran() {
-    use tandem_core::backend::{Backend, U32Layout};
+    use tandem_core::backend::prelude::*;
+    use tandem_core::backend::U32Layout;
     let Some(b) = crate::gpu_or_skip("cuda staging event") else { return };
     let (tokens, vocab, hidden) = (4usize, 8usize, 4usize);
     let layout = U32Layout::new(&[tokens]).unwrap();
