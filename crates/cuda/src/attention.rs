@@ -12,13 +12,16 @@
 //! `f32` above still wins) — the default stays `partial` until a GPU times both.
 //! Which one serves a model depends only on the model, the cache type and those switches,
 //! never on the step, so a token's bits never follow the batch.
-//! A child module of `backend`, so it shares that module's private helpers.
 
 use cudarc::driver::{CudaSlice, LaunchConfig};
 use tandem_core::backend::{AttnArgs, KvDtype, WorkspaceLimits};
 use tandem_core::Result;
 
-use super::{cfg, drv, err, i32_of, need, need_kv, u32_of, AttnScratch, CudaBackend, CudaBuf, Elem};
+use crate::buf::{need, need_kv, CudaBuf, Elem};
+use crate::device::CudaBackend;
+use crate::error::{drv, err};
+use crate::launch::{cfg, i32_of, u32_of};
+use crate::workspace::AttnScratch;
 
 /// `paged_attention_partial`'s partitions (kernels/paged_attention.cu): the longest (PA_PART),
 /// the shortest (PA_MIN_PART), and how many a context up to PA_MAX_SPLITS * PA_PART keys is

@@ -15,7 +15,8 @@ use cudarc::driver::CudaGraph;
 use tandem_core::backend::GraphId;
 use tandem_core::Result;
 
-use super::{drv, err, CudaBackend};
+use crate::device::CudaBackend;
+use crate::error::{drv, err};
 
 /// A captured step and the kernels it launches (what a replay adds to the launch counter).
 struct Captured {

@@ -167,6 +167,19 @@ impl<'a> Launch<'a> {
     }
 }
 
+pub(crate) fn i32_of(v: usize, op: &str, what: &str) -> tandem_core::Result<i32> {
+    i32::try_from(v)
+        .map_err(|_| crate::error::err(format!("{op}: {what} = {v} exceeds the kernels' 32-bit index range")))
+}
+
+pub(crate) fn u32_of(v: usize, op: &str, what: &str) -> tandem_core::Result<u32> {
+    u32::try_from(v).map_err(|_| crate::error::err(format!("{op}: {what} = {v} exceeds a launch dimension")))
+}
+
+pub(crate) fn cfg(grid: (u32, u32, u32), block: u32) -> LaunchConfig {
+    LaunchConfig { grid_dim: grid, block_dim: (block, 1, 1), shared_mem_bytes: 0 }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,14 +1,20 @@
 //! The sampling launchers of [`CudaBackend`] beyond `sample` and `argmax` (kernels/sampling.cu):
 //! the logit edits (penalties, `logit_bias`, bans) applied in place before sampling, the
 //! masked sample, and the logprobs of the raw logits after it (`logit_restore`, `logprobs`),
-//! so that only ids and the asked logprobs leave the device. A child module of `backend`.
+//! so that only ids and the asked logprobs leave the device.
 
 use cudarc::driver::PushKernelArg;
 use tandem_core::backend::{Sampling, Storage};
-use tandem_core::sampling::{logprobs_rows, sample_rows_masked, RowMasks, SampleSpec, TokenLogprobs, MAX_TOP_LOGPROBS};
+use tandem_core::sampling::{
+    logprobs_rows, sample_rows_masked, RowMasks, SampleSpec, TokenLogprobs, MAX_TOP_LOGPROBS, SAMPLE_LANES,
+};
 use tandem_core::Result;
 
-use super::{cfg, err, i32_of, need, CudaBackend, CudaBuf, Elem, IoScratch, SAMPLE_LANES, SMC_WORDS};
+use crate::buf::{need, CudaBuf, Elem};
+use crate::device::CudaBackend;
+use crate::error::err;
+use crate::launch::{cfg, i32_of};
+use crate::workspace::IoScratch;
 
 /// CTAs a row of the multi-CTA sampler, and its top-p passes (kernels/sampling.cu SMC_CTAS,
 /// SMC_PASSES).
@@ -100,7 +106,7 @@ impl CudaBackend {
         self.write_u32(spec_buf, &words)?;
         self.write_u32(mask_buf, &masks.bits)?;
         self.write_u32(index_buf, &index)?;
-        if super::sampler_multi() && self.sample_multi(&mut io, logits, rows, vocab, true)? {
+        if sampler_multi() && self.sample_multi(&mut io, logits, rows, vocab, true)? {
             let IoScratch { ids: Some(ids), .. } = &*io else { return Err(err(format!("{OP}: id buffer missing"))) };
             return self.read_u32(ids, rows);
         }
@@ -110,8 +116,7 @@ impl CudaBackend {
         else {
             return Err(err(format!("{OP}: id, spec or mask buffer missing after allocation")));
         };
-        let f =
-            if super::sampler_radix() { &self.kernels.sample_masked_radix.f } else { &self.kernels.sample_masked.f };
+        let f = if sampler_radix() { &self.kernels.sample_masked_radix.f } else { &self.kernels.sample_masked.f };
         let mut l = self.stream.launch_builder(f);
         l.arg(&*logits.mem)
             .arg(&*spec_buf.mem)
@@ -308,6 +313,37 @@ impl CudaBackend {
         Ok((ids, out))
     }
 }
+
+/// `TANDEM_CUDA_SAMPLER=radix`: sampled rows take kernels/sampling.cu `sample_radix` /
+/// `sample_masked_radix` (top-k by a radix select, top-p 4 key bits a pass: the same ids as
+/// the bisecting `sample`, bit for bit, in about a quarter of the passes); anything else keeps
+/// `sample` (the default until an H200 measures both: gpu/tune.sh times them side by side).
+pub(crate) fn sampler_radix() -> bool {
+    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *V.get_or_init(|| std::env::var("TANDEM_CUDA_SAMPLER").is_ok_and(|v| v == "radix"))
+}
+
+/// `TANDEM_CUDA_SAMPLER=multi`: sampled rows take kernels/sampling.cu `sample_mc_*` (64 CTAs a
+/// row, twelve launches, the same ids as `sample`), with [`SMC_WORDS`] words of workspace a
+/// row, reserved at load; a step the reservation does not cover takes `sample` (same ids).
+pub(crate) fn sampler_multi() -> bool {
+    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *V.get_or_init(|| std::env::var("TANDEM_CUDA_SAMPLER").is_ok_and(|v| v == "multi"))
+}
+
+/// Workspace words a row of the multi-CTA sampler (kernels/sampling.cu SMC_WORDS).
+pub(crate) const SMC_WORDS: usize = 10400;
+
+/// `TANDEM_CUDA_ARGMAX=multi`: greedy rows take kernels/argmax.cu `argmax_partial` (a CTA per
+/// 4,096 logits) and `argmax_fold` (the same ids); anything else the one-CTA-a-row `argmax`
+/// (the default until an H200 measures both).
+pub(crate) fn argmax_multi() -> bool {
+    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *V.get_or_init(|| std::env::var("TANDEM_CUDA_ARGMAX").is_ok_and(|v| v == "multi"))
+}
+
+/// Logits one `argmax_partial` CTA folds (kernels/argmax.cu AMX_CHUNK).
+pub(crate) const ARGMAX_CHUNK: usize = 4096;
 
 #[cfg(test)]
 mod tests {
