@@ -25,6 +25,7 @@ use crate::error::{drv, err, NO_DRIVER};
 use crate::kernels::{compile_modules, load_module, Image, Kernel, Kernels};
 use crate::launch::{cfg, u32_of};
 use crate::sources::{self, KernelSource};
+use crate::switches::Switches;
 use crate::toolchain::Toolchain;
 use crate::workspace::{AttnScratch, IoScratch, MatmulScratch};
 use crate::{attention, compile::compile_ptx_cached, gemm, graph, launch, moe};
@@ -54,6 +55,8 @@ pub struct CudaBackend {
     /// Keep every activation in f32 (`TANDEM_CUDA_ACTIVATIONS=f32`, or
     /// [`CudaBackend::set_f32_activations`]): the same bits, more bytes; for checks.
     pub(crate) f32_activations: bool,
+    /// The `TANDEM_CUDA_*` switches as this load read them (switches.rs).
+    pub(crate) switches: Switches,
     pub(crate) arch: String,
     pub(crate) device_name: String,
 }
@@ -95,7 +98,9 @@ impl CudaBackend {
         }
         let arch = format!("{maj}{min}");
         // kernels/matmul_sm90.cu (wgmma + TMA, sm_90a) is compiled and loaded only when asked for.
-        let variants = gemm::check_gemm_variants()?;
+        let switches = Switches::from_env()?;
+        switches.log();
+        let variants = switches.gemm;
         if variants.wgmma && arch != "90" {
             return Err(err(format!(
                 "TANDEM_CUDA_GEMM_LARGE=wgmma needs an sm_90 (Hopper) GPU; GPU {device_ordinal} is sm_{arch}"
@@ -104,9 +109,9 @@ impl CudaBackend {
         let srcs: Vec<KernelSource> = srcs.into_iter().filter(|s| s.name != "matmul_sm90" || variants.wgmma).collect();
         let device_name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
         let include = Toolchain::discover().include_dir;
-        let images = compile_modules(&srcs, &arch, include.as_ref())?;
+        let images = compile_modules(&srcs, &arch, include.as_ref(), switches.cubin)?;
         let mut funcs = HashMap::new();
-        let pdl_on = launch::pdl_switch().map_err(err)?;
+        let pdl_on = switches.pdl;
         if pdl_on && maj < 9 {
             tracing::warn!("TANDEM_CUDA_PDL=1: GPU {device_ordinal} is sm_{arch}, below sm_90; launching without it");
         }
@@ -204,22 +209,9 @@ impl CudaBackend {
                 attention::PAT_SMEM_D256 as i32,
             )
             .map_err(drv(&format!("{}: {} bytes of shared memory", d256.name, attention::PAT_SMEM_D256)))?;
-        let attn_variant = attention::check_variant()?;
-        if attention::check_d256()? != attention::D256Variant::Partial {
-            tracing::info!("cuda: attention at head_dim 256 on the tensor cores (TANDEM_CUDA_ATTENTION_D256=tc)");
-        }
-        if attn_variant != attention::AttnVariant::Tc {
-            tracing::info!("cuda: attention {attn_variant:?} (TANDEM_CUDA_ATTENTION)");
-        }
-        if variants != gemm::GEMM_DEFAULT_VARIANTS {
-            tracing::info!("cuda: GEMM tile kernels {variants:?} (TANDEM_CUDA_GEMM_LARGE / _MID / _SMALL)");
-        }
-        let sync_each = std::env::var("TANDEM_CUDA_SYNC").is_ok_and(|v| v == "1");
-        let f32_activations = std::env::var("TANDEM_CUDA_ACTIVATIONS").is_ok_and(|v| v == "f32");
-        let moe_path = moe::moe_path(std::env::var("TANDEM_CUDA_MOE").ok().as_deref())?;
-        if moe_path != moe::MOE_DEFAULT {
-            tracing::info!("cuda: mixture of experts {moe_path:?} (TANDEM_CUDA_MOE)");
-        }
+        let sync_each = switches.sync;
+        let f32_activations = switches.f32_activations;
+        let moe_path = switches.moe;
         tracing::info!("cuda: {device_name} (sm_{arch}), {loaded} kernels from {} files", srcs.len());
         Ok(CudaBackend {
             ctx,
@@ -237,6 +229,7 @@ impl CudaBackend {
             sync_each,
             pdl,
             f32_activations,
+            switches,
             arch,
             device_name,
         })

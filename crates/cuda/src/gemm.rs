@@ -3,10 +3,6 @@
 //! serves an m, and the launch plan (K slices, split, grid) of one GEMM; the wgmma kernel's
 //! shape. The launchers are matmul.rs'.
 
-use tandem_core::Result;
-
-use crate::error::err;
-
 /// The tensor-core matmul (kernels/matmul.cu): output columns per block, k per pipeline tile.
 /// GEMM_BN is also the unit in which [`k_slices`] counts column tiles, whatever the width of
 /// the kernel launched.
@@ -165,7 +161,7 @@ pub(crate) const SMEM_DEFAULT_LIMIT: u32 = 48 * 1024;
 /// by TANDEM_CUDA_GEMM_LARGE (m128_occ2, m128, m128_n128, m128_w64, wgmma), TANDEM_CUDA_GEMM_MID (m64_occ4, m64)
 /// and TANDEM_CUDA_GEMM_SMALL (m16, m16_s8, m16_gemv4, m16_gemv8, m16_x1), so the kernel lab can time
 /// them side by side.
-/// Read once per process; [`check_gemm_variants`] turns a bad name into a load error.
+/// Read once at load (switches.rs), where a bad name is a load error.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct GemmVariants {
     pub(crate) large: &'static GemmKernel,
@@ -192,7 +188,7 @@ impl PartialEq for GemmKernel {
 pub(crate) const GEMM_DEFAULT_VARIANTS: GemmVariants =
     GemmVariants { large: &GEMM_M128_OCC2, mid: &GEMM_M64_OCC4, small: &GEMM_M16, wgmma: false };
 
-fn parse_gemm_variants(
+pub(crate) fn parse_gemm_variants(
     large: Option<&str>,
     mid: Option<&str>,
     small: Option<&str>,
@@ -239,26 +235,11 @@ fn parse_gemm_variants(
     Ok(v)
 }
 
-static GEMM_VARIANTS: std::sync::OnceLock<std::result::Result<GemmVariants, String>> = std::sync::OnceLock::new();
-fn gemm_variants() -> &'static std::result::Result<GemmVariants, String> {
-    GEMM_VARIANTS.get_or_init(|| {
-        let var = |n: &str| std::env::var(n).ok();
-        parse_gemm_variants(
-            var("TANDEM_CUDA_GEMM_LARGE").as_deref(),
-            var("TANDEM_CUDA_GEMM_MID").as_deref(),
-            var("TANDEM_CUDA_GEMM_SMALL").as_deref(),
-        )
-    })
-}
-/// The variants in use, or the error naming a bad TANDEM_CUDA_GEMM_* value (checked at load).
-pub(crate) fn check_gemm_variants() -> Result<GemmVariants> {
-    gemm_variants().clone().map_err(err)
-}
-
 /// Tile shapes may follow m, and the tile's width (`cols`: GEMM_BN, or GEMM_BN_WIDE for the
 /// rope epilogue at head_dim 128); the reduction order does not.
+#[cfg(test)]
 pub(crate) fn gemm_kernel(m: usize, cols: usize) -> &'static GemmKernel {
-    gemm_kernel_of(m, cols, gemm_variants().as_ref().unwrap_or(&GEMM_DEFAULT_VARIANTS))
+    gemm_kernel_of(m, cols, &GEMM_DEFAULT_VARIANTS)
 }
 pub(crate) fn gemm_kernel_of(m: usize, cols: usize, v: &GemmVariants) -> &'static GemmKernel {
     match (cols == GEMM_BN_WIDE, m) {
@@ -313,8 +294,8 @@ pub(crate) struct GemmPlan {
 
 /// The launch of an m x n x k GEMM on `cols`-wide tiles. Slices come from (n, k) alone, so
 /// every tile width and every m gives an output the same K slices.
-pub(crate) fn gemm_plan(m: usize, n: usize, k: usize, cols: usize) -> GemmPlan {
-    gemm_plan_of(m, n, k, gemm_kernel(m, cols))
+pub(crate) fn gemm_plan(m: usize, n: usize, k: usize, cols: usize, v: &GemmVariants) -> GemmPlan {
+    gemm_plan_of(m, n, k, gemm_kernel_of(m, cols, v))
 }
 /// [`gemm_plan`] with the kernel given; a GEMV variant that cannot serve (k % 8 != 0 for the
 /// register-streaming ones, or more shared memory than [`GEMV_SMEM_MAX`]) gives way to m16,
@@ -467,7 +448,10 @@ mod tests {
         for n in (128..40_000).step_by(128 * 7).chain([768, 6144, 4096 + 2 * 1024, 3584 + 2 * 512, 128]) {
             for k in [1, 136, 999, 1000, 2048, 3584, 4096, 5120, 8192] {
                 for m in [1, 2, 7, 16, 17, 64, 128, 129, 200, 2048] {
-                    let (narrow, wide) = (gemm_plan(m, n, k, GEMM_BN), gemm_plan(m, n, k, GEMM_BN_WIDE));
+                    let (narrow, wide) = (
+                        gemm_plan(m, n, k, GEMM_BN, &GEMM_DEFAULT_VARIANTS),
+                        gemm_plan(m, n, k, GEMM_BN_WIDE, &GEMM_DEFAULT_VARIANTS),
+                    );
                     assert_eq!(
                         (wide.slices, wide.slice_len, wide.split, wide.direct),
                         (narrow.slices, narrow.slice_len, narrow.split, narrow.direct),
@@ -486,7 +470,10 @@ mod tests {
         }
         // Llama-3.1-8B's q/k/v (4096 + 2 x 1024 rows, hidden 4096): 3 slices of 1376 either way.
         assert_eq!(
-            (gemm_plan(1, 6144, 4096, GEMM_BN_WIDE).slices, gemm_plan(1, 6144, 4096, GEMM_BN_WIDE).slice_len),
+            (
+                gemm_plan(1, 6144, 4096, GEMM_BN_WIDE, &GEMM_DEFAULT_VARIANTS).slices,
+                gemm_plan(1, 6144, 4096, GEMM_BN_WIDE, &GEMM_DEFAULT_VARIANTS).slice_len
+            ),
             (3, 1376)
         );
     }

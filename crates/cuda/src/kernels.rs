@@ -44,7 +44,7 @@ pub(crate) struct Kernels<F> {
     pub(crate) attn_tc_deep: [Kernel<F>; 2],
     pub(crate) attn_tc_shared: [Kernel<F>; 2],
     pub(crate) argmax: Kernel<F>,
-    /// `TANDEM_CUDA_ARGMAX=multi`: per-chunk partials, then a fold a row ([`argmax_multi`]).
+    /// `TANDEM_CUDA_ARGMAX=multi`: per-chunk partials, then a fold a row.
     pub(crate) argmax_partial: Kernel<F>,
     pub(crate) argmax_fold: Kernel<F>,
     pub(crate) moe_route: Kernel<F>,
@@ -52,10 +52,10 @@ pub(crate) struct Kernels<F> {
     pub(crate) moe: MoeKernels<F>,
     pub(crate) sample: Kernel<F>,
     pub(crate) sample_masked: Kernel<F>,
-    /// `TANDEM_CUDA_SAMPLER=radix`: the same ids in fewer passes ([`sampler_radix`]).
+    /// `TANDEM_CUDA_SAMPLER=radix`: the same ids in fewer passes.
     pub(crate) sample_radix: Kernel<F>,
     pub(crate) sample_masked_radix: Kernel<F>,
-    /// `TANDEM_CUDA_SAMPLER=multi`: the same ids with 64 CTAs a row ([`sampler_multi`]).
+    /// `TANDEM_CUDA_SAMPLER=multi`: the same ids with 64 CTAs a row.
     pub(crate) sample_mc_max: Kernel<F>,
     pub(crate) sample_mc_topk: Kernel<F>,
     pub(crate) sample_mc_topp: Kernel<F>,
@@ -199,8 +199,8 @@ pub(crate) fn compile_modules(
     srcs: &[KernelSource],
     arch: &str,
     include: Option<&std::path::PathBuf>,
+    cubin: bool,
 ) -> Result<Vec<Image>> {
-    let cubin = std::env::var("TANDEM_CUDA_CUBIN").map_or(true, |v| v != "0");
     std::thread::scope(|s| {
         let jobs: Vec<_> = srcs
             .iter()

@@ -39,11 +39,7 @@ pub(crate) const PDL_FILES: &[&str] = &[
 
 /// `TANDEM_CUDA_PDL`: unset, empty or `0` off (the default); `1` on. Anything else is an error,
 /// not a silent default.
-pub(crate) fn pdl_switch() -> std::result::Result<bool, String> {
-    parse_pdl(std::env::var("TANDEM_CUDA_PDL").ok().as_deref())
-}
-
-fn parse_pdl(v: Option<&str>) -> std::result::Result<bool, String> {
+pub(crate) fn parse_pdl(v: Option<&str>) -> std::result::Result<bool, String> {
     match v.map(str::trim) {
         None | Some("") | Some("0") => Ok(false),
         Some("1") => Ok(true),

@@ -12,6 +12,7 @@
 //! - `ops`: the `Ops`, `FusedOps` and `Sampling` of the backend, delegating to the launchers of
 //!   `attention`, `matmul`, `moe` and `sampling`; `launch` and `graph` under them.
 //! - `error`: the driver's errors, and which of them lose the device.
+//! - `switches`: the `TANDEM_CUDA_*` variant switches, read once at load ([`SWITCHES`]).
 //!
 //! Architecture invariant: this crate builds and links without any CUDA installed (cudarc
 //! loads libcuda and libnvrtc at run time); without a driver, [`CudaBackend::new`] returns an
@@ -32,6 +33,7 @@ mod moe;
 mod ops;
 mod sampling;
 pub mod sources;
+mod switches;
 pub mod toolchain;
 mod workspace;
 
@@ -40,3 +42,4 @@ pub use check::{check_kernels, KernelReport};
 pub use device::CudaBackend;
 pub use error::NO_DRIVER;
 pub use kernels::kernel_names;
+pub use switches::{Switch, SWITCHES};

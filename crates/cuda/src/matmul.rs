@@ -329,7 +329,8 @@ impl CudaBackend {
             _ => GEMM_BN,
         };
         // Up to SPLIT_MAX_ROWS rows the tile kernel reads x f32 itself (no matmul_x launch).
-        let GemmPlan { kernel: g, slices, slice_len, split, direct, grid, smem } = gemm_plan(m, n, k, cols);
+        let GemmPlan { kernel: g, slices, slice_len, split, direct, grid, smem } =
+            gemm_plan(m, n, k, cols, &self.switches.gemm);
         let grid = (u32_of(grid.0, op, "blocks")?, u32_of(grid.1, op, "blocks")?, u32_of(grid.2, op, "blocks")?);
         if grid.1 > 65535 || grid.2 > 65535 {
             return Err(err(format!("{op}: m = {m}, k = {k} exceed the launch grid")));

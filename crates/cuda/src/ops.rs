@@ -13,7 +13,8 @@ use crate::device::CudaBackend;
 use crate::error::err;
 use crate::launch::{cfg, i32_of, u32_of};
 use crate::matmul::{self, GemmOut};
-use crate::sampling::{argmax_multi, sampler_multi, sampler_radix, ARGMAX_CHUNK};
+use crate::sampling::ARGMAX_CHUNK;
+use crate::switches::Sampler;
 use crate::workspace::IoScratch;
 
 impl Ops for CudaBackend {
@@ -546,7 +547,7 @@ impl Sampling for CudaBackend {
         let IoScratch { ids: Some(ids), argmax_part, fixed, .. } = &mut *io else {
             return Err(err(format!("{OP}: id buffer missing after allocation")));
         };
-        if argmax_multi() {
+        if self.switches.argmax_multi {
             let chunks = vocab.div_ceil(ARGMAX_CHUNK);
             let words = 2 * rows * chunks;
             if !*fixed && argmax_part.as_ref().is_none_or(|b| b.len < words) {
@@ -601,14 +602,15 @@ impl Sampling for CudaBackend {
             return Err(err(format!("{OP}: id or spec buffer missing after allocation")));
         };
         self.write_u32(spec_buf, &words)?;
-        if sampler_multi() && self.sample_multi(&mut io, logits, rows, vocab, false)? {
+        if self.switches.sampler == Sampler::Multi && self.sample_multi(&mut io, logits, rows, vocab, false)? {
             let IoScratch { ids: Some(ids), .. } = &*io else { return Err(err(format!("{OP}: id buffer missing"))) };
             return self.read_u32(ids, rows);
         }
         let IoScratch { ids: Some(ids), specs: Some(spec_buf), .. } = &mut *io else {
             return Err(err(format!("{OP}: id or spec buffer missing after allocation")));
         };
-        let f = if sampler_radix() { &self.kernels.sample_radix.f } else { &self.kernels.sample.f };
+        let f =
+            if self.switches.sampler == Sampler::Radix { &self.kernels.sample_radix.f } else { &self.kernels.sample.f };
         let mut l = self.stream.launch_builder(f);
         l.arg(&*logits.mem).arg(&*spec_buf.mem).arg(&mut *ids.mem).arg(&ri).arg(&vi);
         // SAFETY: as in embedding; specs hold SPEC_WORDS words a row, ids one a row.

@@ -14,6 +14,7 @@ use crate::buf::{need, CudaBuf, Elem};
 use crate::device::CudaBackend;
 use crate::error::err;
 use crate::launch::{cfg, i32_of};
+use crate::switches::Sampler;
 use crate::workspace::IoScratch;
 
 /// CTAs a row of the multi-CTA sampler, and its top-p passes (kernels/sampling.cu SMC_CTAS,
@@ -106,7 +107,7 @@ impl CudaBackend {
         self.write_u32(spec_buf, &words)?;
         self.write_u32(mask_buf, &masks.bits)?;
         self.write_u32(index_buf, &index)?;
-        if sampler_multi() && self.sample_multi(&mut io, logits, rows, vocab, true)? {
+        if self.switches.sampler == Sampler::Multi && self.sample_multi(&mut io, logits, rows, vocab, true)? {
             let IoScratch { ids: Some(ids), .. } = &*io else { return Err(err(format!("{OP}: id buffer missing"))) };
             return self.read_u32(ids, rows);
         }
@@ -116,7 +117,11 @@ impl CudaBackend {
         else {
             return Err(err(format!("{OP}: id, spec or mask buffer missing after allocation")));
         };
-        let f = if sampler_radix() { &self.kernels.sample_masked_radix.f } else { &self.kernels.sample_masked.f };
+        let f = if self.switches.sampler == Sampler::Radix {
+            &self.kernels.sample_masked_radix.f
+        } else {
+            &self.kernels.sample_masked.f
+        };
         let mut l = self.stream.launch_builder(f);
         l.arg(&*logits.mem)
             .arg(&*spec_buf.mem)
@@ -314,33 +319,8 @@ impl CudaBackend {
     }
 }
 
-/// `TANDEM_CUDA_SAMPLER=radix`: sampled rows take kernels/sampling.cu `sample_radix` /
-/// `sample_masked_radix` (top-k by a radix select, top-p 4 key bits a pass: the same ids as
-/// the bisecting `sample`, bit for bit, in about a quarter of the passes); anything else keeps
-/// `sample` (the default until an H200 measures both: gpu/tune.sh times them side by side).
-pub(crate) fn sampler_radix() -> bool {
-    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *V.get_or_init(|| std::env::var("TANDEM_CUDA_SAMPLER").is_ok_and(|v| v == "radix"))
-}
-
-/// `TANDEM_CUDA_SAMPLER=multi`: sampled rows take kernels/sampling.cu `sample_mc_*` (64 CTAs a
-/// row, twelve launches, the same ids as `sample`), with [`SMC_WORDS`] words of workspace a
-/// row, reserved at load; a step the reservation does not cover takes `sample` (same ids).
-pub(crate) fn sampler_multi() -> bool {
-    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *V.get_or_init(|| std::env::var("TANDEM_CUDA_SAMPLER").is_ok_and(|v| v == "multi"))
-}
-
 /// Workspace words a row of the multi-CTA sampler (kernels/sampling.cu SMC_WORDS).
 pub(crate) const SMC_WORDS: usize = 10400;
-
-/// `TANDEM_CUDA_ARGMAX=multi`: greedy rows take kernels/argmax.cu `argmax_partial` (a CTA per
-/// 4,096 logits) and `argmax_fold` (the same ids); anything else the one-CTA-a-row `argmax`
-/// (the default until an H200 measures both).
-pub(crate) fn argmax_multi() -> bool {
-    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *V.get_or_init(|| std::env::var("TANDEM_CUDA_ARGMAX").is_ok_and(|v| v == "multi"))
-}
 
 /// Logits one `argmax_partial` CTA folds (kernels/argmax.cu AMX_CHUNK).
 pub(crate) const ARGMAX_CHUNK: usize = 4096;

@@ -11,7 +11,8 @@ use crate::buf::{CudaBuf, Elem};
 use crate::device::CudaBackend;
 use crate::error::{drv, err};
 use crate::gemm::{GEMM_COUNTERS, GEMM_PART_FLOATS};
-use crate::sampling::{sampler_multi, ARGMAX_CHUNK, SMC_WORDS};
+use crate::sampling::{ARGMAX_CHUNK, SMC_WORDS};
+use crate::switches::{Sampler, Switches};
 use crate::{attention, moe};
 
 /// Scratch of the split attention: partial outputs, (max, sum) pairs and one arrival counter
@@ -63,7 +64,7 @@ pub(crate) struct IoScratch {
     pub(crate) top_lp: Option<CudaBuf>,
     /// `TANDEM_CUDA_ARGMAX=multi`: each row's per-chunk (value, index) pairs, two words each.
     pub(crate) argmax_part: Option<CudaBuf>,
-    /// `TANDEM_CUDA_SAMPLER=multi`: SMC_WORDS words a row ([`sampler_multi`]).
+    /// `TANDEM_CUDA_SAMPLER=multi`: SMC_WORDS words a row.
     pub(crate) sample_ws: Option<CudaBuf>,
     pub(crate) fixed: bool,
 }
@@ -74,8 +75,8 @@ pub(crate) const EDIT_RECORDS: usize = 1 << 18;
 
 /// Bytes of the step workspace for `l`: (attention partial outputs, attention (max, sum)
 /// pairs, matmul x in 16 bits, split-K partials); the attention's is [`attention::workspace`].
-pub(crate) fn workspace_bytes(l: &WorkspaceLimits) -> (usize, usize, usize, usize) {
-    let (out, ml, _) = attention::workspace(l);
+pub(crate) fn workspace_bytes(l: &WorkspaceLimits, sw: &Switches) -> (usize, usize, usize, usize) {
+    let (out, ml, _) = attention::workspace(l, sw);
     let m = l.max_tokens.max(l.max_logit_rows);
     let xa = (m * l.max_k.div_ceil(8) * 8 * 2).max(16);
     (out, ml, xa, GEMM_PART_FLOATS * 4)
@@ -85,7 +86,7 @@ impl CudaBackend {
     /// `Device::reserve_workspace`: every scratch below, sized for `l` and fixed.
     pub(crate) fn reserve(&self, l: &WorkspaceLimits) -> Result<u64> {
         const OP: &str = "reserve_workspace";
-        let (out, ml, xa, part) = workspace_bytes(l);
+        let (out, ml, xa, part) = workspace_bytes(l, &self.switches);
         let alloc = |bytes: usize, what: &str| -> Result<Option<CudaSlice<u8>>> {
             if bytes == 0 {
                 return Ok(None);
@@ -98,7 +99,7 @@ impl CudaBackend {
         let mut a = self.scratch.lock().map_err(|_| err(format!("{OP}: scratch lock poisoned by an earlier panic")))?;
         // Dropped first, so that a second reservation never holds both sizes at once.
         *a = AttnScratch::default();
-        let counter_bytes = attention::workspace(l).2;
+        let counter_bytes = attention::workspace(l, &self.switches).2;
         let counters = if counter_bytes > 0 {
             Some(self.stream.alloc_zeros::<u8>(counter_bytes).map_err(drv(&format!("{OP}: attention counters")))?)
         } else {
@@ -128,7 +129,7 @@ impl CudaBackend {
         let mask_words = rows * l.max_n.div_ceil(32);
         let argmax_part_words = 2 * rows * l.max_n.div_ceil(ARGMAX_CHUNK).max(1);
         // Only under the switch: 40.6 KiB a logit row.
-        let sample_ws_words = if sampler_multi() { rows * SMC_WORDS } else { 0 };
+        let sample_ws_words = if self.switches.sampler == Sampler::Multi { rows * SMC_WORDS } else { 0 };
         *io = IoScratch {
             ids: Some(self.alloc(Elem::U32, rows)?),
             specs: Some(self.alloc(Elem::U32, rows * SPEC_WORDS)?),
@@ -236,7 +237,7 @@ mod tests {
     #[test]
     fn workspace_covers_the_largest_step_and_follows_the_limits() {
         let l = limits(512, 8192);
-        let (out, ml, xa, part) = workspace_bytes(&l);
+        let (out, ml, xa, part) = workspace_bytes(&l, &Switches::default());
         let parts = attention::pa_max_parts(8192);
         assert_eq!(parts, 16);
         assert_eq!(out, 512 * 32 * parts * 64 * 4);
@@ -249,14 +250,15 @@ mod tests {
             assert!(t * 32 * p * 64 * 4 <= out && t * 32 * p * 2 * 4 <= ml, "t {t} ctx {ctx}");
         }
         // A short context limit takes the direct path: no attention scratch at all.
-        let (out, ml, ..) = workspace_bytes(&limits(512, 64));
+        let (out, ml, ..) = workspace_bytes(&limits(512, 64), &Switches::default());
         assert_eq!((out, ml), (0, 0));
         // The logit rows can exceed the tokens (prompt logprobs): x scratch covers them.
-        let (.., xa, _) = workspace_bytes(&WorkspaceLimits { max_logit_rows: 1000, ..limits(16, 64) });
+        let (.., xa, _) =
+            workspace_bytes(&WorkspaceLimits { max_logit_rows: 1000, ..limits(16, 64) }, &Switches::default());
         assert_eq!(xa, 1000 * 8192 * 2);
         // 2,048 tokens over a 131k context: about 4.3 GB of attention partials, now counted
         // before the KV pool rather than allocated mid-serving.
-        let (out, ..) = workspace_bytes(&limits(2048, 131072));
+        let (out, ..) = workspace_bytes(&limits(2048, 131072), &Switches::default());
         assert_eq!(out, 2048 * 32 * 256 * 64 * 4);
     }
 }
