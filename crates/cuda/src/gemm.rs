@@ -411,7 +411,7 @@ mod tests {
         assert_eq!(GEMM_M128_W64.smem, 188416, "kernels/matmul.cu GemmM128W64::SMEM_BYTES");
         let w = parse_gemm_variants(Some("wgmma"), None, None).unwrap();
         assert!(w.wgmma && w.large == &GEMM_M128_OCC2, "wgmma keeps m128_occ2 where it does not apply");
-        assert!(!GEMM_DEFAULT_VARIANTS.wgmma, "the wgmma kernel is off by default");
+        const { assert!(!GEMM_DEFAULT_VARIANTS.wgmma, "the wgmma kernel is off by default") };
         assert_eq!(WGMMA_SMEM, 198208, "kernels/matmul_sm90.cu WGMMA_SMEM_BYTES (with the 8 warps' staged rows)");
         assert!(wgmma_applies(129, 2048, false) && !wgmma_applies(128, 2048, false));
         assert!(

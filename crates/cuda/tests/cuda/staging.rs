@@ -34,8 +34,8 @@ fn staging_is_not_rewritten_before_its_copy_ran() {
     let mut outs = vec![];
     for step in 0..2 {
         let s = b.u32_staging(&mut g).unwrap();
-        for i in 0..tokens {
-            s[i] = id(step, i) as u32;
+        for (i, v) in s.iter_mut().take(tokens).enumerate() {
+            *v = id(step, i) as u32;
         }
         b.upload_u32_group(&mut g, &[tokens]).unwrap();
         let mut out = b.alloc_f32(tokens * hidden).unwrap();
