@@ -11,7 +11,7 @@
 //! only the numerics are emulated, not the bytes: pool sizes and speed mean nothing here.
 
 use half::{bf16, f16};
-use tandem_core::backend::{AttnArgs, Backend, DType, KvGeometry};
+use tandem_core::backend::{AttnArgs, DType, Device, FusedOps, KvGeometry, Ops, Sampling, Storage};
 use tandem_core::error::Result;
 use tandem_core::weights::TensorView;
 use tandem_reference::{RefBackend, RefBuf};
@@ -74,12 +74,14 @@ fn inner_args<'a>(a: &AttnArgs<'a, Bf16Numerics>) -> AttnArgs<'a, B> {
     }
 }
 
-impl Backend for Bf16Numerics {
-    type Buf = RefBuf;
-
+impl Device for Bf16Numerics {
     fn name(&self) -> &'static str {
         self.inner.name()
     }
+}
+
+impl Storage for Bf16Numerics {
+    type Buf = RefBuf;
     fn matmul_operand(&self, weight: DType) -> DType {
         match weight {
             DType::BF16 | DType::F16 => weight,
@@ -116,6 +118,9 @@ impl Backend for Bf16Numerics {
     fn read_kv(&self, buf: &RefBuf, geometry: KvGeometry) -> Result<Vec<f32>> {
         self.inner.read_kv(buf, geometry)
     }
+}
+
+impl Ops for Bf16Numerics {
     fn embedding(
         &self,
         table: &RefBuf,
@@ -194,6 +199,10 @@ impl Backend for Bf16Numerics {
         self.inner.paged_attention(&inner_args(args), out)
     }
 }
+
+impl FusedOps for Bf16Numerics {}
+
+impl Sampling for Bf16Numerics {}
 
 #[cfg(test)]
 mod tests {

@@ -1,4 +1,4 @@
-//! The u32 groups a step's metadata travels in ([`Backend::alloc_u32_group`]), checked on any
+//! The u32 groups a step's metadata travels in ([`Storage::alloc_u32_group`]), checked on any
 //! backend: each region reads back what was staged for it, a second upload of shorter
 //! prefixes leaves the rest of each region as it was, the staging memory keeps what the host
 //! left in it, a count beyond a region is an error that copies nothing, and an op reading a

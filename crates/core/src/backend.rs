@@ -3,14 +3,14 @@
 //! Buffers are flat and typed; shapes are passed with each call and written in comments as
 //! `[rows, cols]`, outermost first. Activations are f32. Weights keep the dtype they were stored
 //! in (bf16, f16 or f32); each backend converts on the fly. Ops may run asynchronously: results
-//! are only guaranteed visible to the host after [`Backend::read_f32`] / [`Backend::read_u32`].
+//! are only guaranteed visible to the host after [`Storage::read_f32`] / [`Storage::read_u32`].
 //!
 //! Weight layout follows `torch.nn.Linear`: a projection is `[out_features, in_features]`, and
 //! `matmul` computes `y = x · Wᵀ`.
 //!
 //! The paged KV cache: one K and one V buffer per layer, each `[num_blocks, block_size,
 //! num_kv_heads, head_dim]`, of the [`KvDtype`] chosen at load among those the backend
-//! stores ([`Backend::kv_dtypes`]); its layout is the backend's. A token's *slot* is
+//! stores ([`Storage::kv_dtypes`]); its layout is the backend's. A token's *slot* is
 //! `block_id * block_size + offset_in_block`.
 
 use half::{bf16, f16};
@@ -114,7 +114,7 @@ impl KvGeometry {
 /// chunks (with or without a cached prefix) are the same thing here. With a sliding `window`
 /// of `w > 0` keys it attends to positions `max(0, p + 1 - w)..=p` only (HF's
 /// `sliding_window_overlay`: key `j` is seen when `j > p - w`).
-pub struct AttnArgs<'a, B: Backend + ?Sized> {
+pub struct AttnArgs<'a, B: Storage + ?Sized> {
     /// `[T, num_heads, head_dim]`
     pub q: &'a B::Buf,
     pub k_cache: &'a B::Buf,
@@ -142,11 +142,11 @@ pub struct AttnArgs<'a, B: Backend + ?Sized> {
     pub window: usize,
 }
 
-/// A fused weight and its fused bias, if the parts had biases (see [`Backend::fuse_qkv`]).
+/// A fused weight and its fused bias, if the parts had biases (see [`FusedOps::fuse_qkv`]).
 pub type WeightAndBias<T> = (T, Option<T>);
 
-/// Where [`Backend::qkv_rope_kv_write`] sends k and v: rotated (k) and written into the paged
-/// KV cache of one layer at `slots`, as [`Backend::rope_kv_write`] does.
+/// Where [`FusedOps::qkv_rope_kv_write`] sends k and v: rotated (k) and written into the paged
+/// KV cache of one layer at `slots`, as [`FusedOps::rope_kv_write`] does.
 #[derive(Debug)]
 pub struct KvDest<'a, Buf> {
     pub k_cache: &'a mut Buf,
@@ -160,9 +160,9 @@ pub struct KvDest<'a, Buf> {
     pub geometry: KvGeometry,
 }
 
-/// The RMS norm a fused projection applies to its input ([`Backend::fuses_norm`]): the
+/// The RMS norm a fused projection applies to its input ([`FusedOps::fuses_norm`]): the
 /// projection of `rms_norm(h) · gamma` without a norm op in between. The projection's x is
-/// `h ∘ gamma` (as [`Backend::matmul_residual`] writes it); a backend may scale each row's
+/// `h ∘ gamma` (as [`FusedOps::matmul_residual`] writes it); a backend may scale each row's
 /// result by `1 / sqrt(mean(h_row²) + eps)` (wgpu), or ignore x and form `rms_norm(h) · gamma`
 /// from `h` and `gamma` itself as its `rms_norm` would (CUDA: the unfused path's bits, so a
 /// token's result does not depend on whether its step fused the norm).
@@ -183,7 +183,7 @@ impl<Buf> Clone for NormIn<'_, Buf> {
 }
 impl<Buf> Copy for NormIn<'_, Buf> {}
 
-/// The largest forward the model will run: what [`Backend::reserve_workspace`] sizes for.
+/// The largest forward the model will run: what [`Device::reserve_workspace`] sizes for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WorkspaceLimits {
     /// Tokens per forward (`max_num_batched_tokens`).
@@ -197,7 +197,7 @@ pub struct WorkspaceLimits {
     pub num_heads: usize,
     pub head_dim: usize,
     /// Largest reduction length of any matmul whose x is stored in f32 (q_dim, and hidden or
-    /// intermediate where those inputs are f32: [`Backend::activation_dtype`]); an x stored in
+    /// intermediate where those inputs are f32: [`Storage::activation_dtype`]); an x stored in
     /// the weights' 16-bit type is read as it is.
     pub max_k: usize,
     /// Widest matmul output (the vocabulary or the fused projections).
@@ -219,7 +219,7 @@ pub struct MoeLimits {
 }
 
 /// One expert of a mixture of experts as the model holds it: its fused gate/up weight
-/// ([`Backend::fuse_gate_up`]; `up` None) or gate and up apart, and down.
+/// ([`FusedOps::fuse_gate_up`]; `up` None) or gate and up apart, and down.
 pub struct MoeExpert<'a, Buf> {
     pub gate: &'a Buf,
     pub up: Option<&'a Buf>,
@@ -299,8 +299,8 @@ impl U32Layout {
 }
 
 /// The device buffers of one [`U32Layout`] and the host staging memory they are uploaded from
-/// ([`Backend::alloc_u32_group`]): the host writes the staging memory in the layout
-/// ([`Backend::u32_staging`]), then [`Backend::upload_u32_group`] copies what it used.
+/// ([`Storage::alloc_u32_group`]): the host writes the staging memory in the layout
+/// ([`Storage::u32_staging`]), then [`Storage::upload_u32_group`] copies what it used.
 pub struct U32Group<Buf> {
     /// Region `i`'s device buffer, `layout.len(i)` elements: a buffer of its own, or a view
     /// into one allocation. Ops take these like any other buffer.
@@ -326,15 +326,12 @@ impl<Buf> U32Group<Buf> {
     }
 }
 
-/// A step recorded by [`Backend::end_capture`], which [`Backend::replay`] runs again.
+/// A step recorded by [`Device::end_capture`], which [`Device::replay`] runs again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct GraphId(pub usize);
 
-/// A compute backend. Every method that can fail returns an error instead of panicking.
-pub trait Backend: Send + 'static {
-    /// A device buffer. Its dtype and length are fixed at creation.
-    type Buf: Send + 'static;
-
+/// The device itself: its name and memory, the workspace, graph capture, and waiting for queued work.
+pub trait Device {
     fn name(&self) -> &'static str;
 
     /// Bytes of device memory free now, if known.
@@ -342,7 +339,7 @@ pub trait Backend: Send + 'static {
         None
     }
 
-    /// Bytes of device memory in all, if known; with [`Backend::free_memory`] it sizes the KV
+    /// Bytes of device memory in all, if known; with [`Device::free_memory`] it sizes the KV
     /// pool as a fraction of the total (`crate::memory`).
     fn total_memory(&self) -> Option<u64> {
         None
@@ -356,37 +353,6 @@ pub trait Backend: Send + 'static {
         Ok(0)
     }
 
-    /// The element type a matmul rounds its activation operand `x` to before it meets weights
-    /// stored as `weight` (round to nearest even); f32, the default, is no rounding. The CUDA
-    /// backend's tensor cores take 16-bit operands, so it rounds x to bf16 or f16 with such
-    /// weights: the whole-model compare sets its limits by this (and by the KV element type).
-    fn matmul_operand(&self, _weight: DType) -> DType {
-        DType::F32
-    }
-
-    /// The element type this backend stores an activation in when every matmul that reads it
-    /// has weights of type `weight` (the norms' outputs, the MLP activation, the final norm's
-    /// rows): f32, the default, or [`Backend::matmul_operand`]'s 16-bit type, where storing the
-    /// value already rounded gives the matmul the bits it would have formed from the f32 one
-    /// (so the choice changes bytes moved, never a token). The ops that write such a buffer
-    /// (`rms_norm`, `add_rms_norm`, `silu_mul`, `gelu_tanh_mul`, `gate_up_act`, `matmul_residual`'s hg) store
-    /// into it rounded to nearest even, and the matmuls read it as it is; a 16-bit activation
-    /// buffer is only ever written by those ops and read by matmuls.
-    fn activation_dtype(&self, _weight: DType) -> DType {
-        DType::F32
-    }
-    /// An activation buffer of `len` elements of `dtype` (contents unspecified): f32 is
-    /// [`Backend::alloc_f32`]; another type only where [`Backend::activation_dtype`] gives it.
-    fn alloc_activation(&self, dtype: DType, len: usize) -> Result<Self::Buf> {
-        match dtype {
-            DType::F32 => self.alloc_f32(len),
-            other => Err(Error::backend(
-                self.name(),
-                format!("alloc_activation: this backend stores activations in f32, not {other:?}"),
-            )),
-        }
-    }
-
     /// Kernels (or dispatches) launched since the backend was created, where it counts them; the
     /// difference over a forward is that forward's launch count (`tandem bench decode` reports it
     /// per step). None, the default, where it does not count.
@@ -394,12 +360,12 @@ pub trait Backend: Send + 'static {
         None
     }
 
-    /// Whether [`Backend::begin_capture`] works here: the model then captures its padded decode
+    /// Whether [`Device::begin_capture`] works here: the model then captures its padded decode
     /// steps once at load and replays them. The default is no (every step runs eagerly).
     fn supports_graphs(&self) -> bool {
         false
     }
-    /// Starts recording: the ops called until [`Backend::end_capture`] are recorded, not run
+    /// Starts recording: the ops called until [`Device::end_capture`] are recorded, not run
     /// (a backend may also run them, but nothing may depend on it). They name their buffers
     /// by identity and their scalars by value: a replay reads what the buffers hold then, so
     /// whatever varies per step must live in a buffer written before the replay. Uploads
@@ -407,14 +373,14 @@ pub trait Backend: Send + 'static {
     fn begin_capture(&self) -> Result<()> {
         Err(Error::backend(self.name(), "begin_capture: this backend does not capture graphs"))
     }
-    /// Ends the recording [`Backend::begin_capture`] started, whether or not its ops succeeded
+    /// Ends the recording [`Device::begin_capture`] started, whether or not its ops succeeded
     /// (a failed op leaves the capture to be ended here, and this then fails), and returns the
-    /// recorded graph for [`Backend::replay`].
+    /// recorded graph for [`Device::replay`].
     fn end_capture(&self) -> Result<GraphId> {
         Err(Error::backend(self.name(), "end_capture: this backend does not capture graphs"))
     }
     /// Queues the ops `graph` recorded again, on the buffers' current contents. A replay counts
-    /// its kernels in [`Backend::launch_count`].
+    /// its kernels in [`Device::launch_count`].
     fn replay(&self, graph: GraphId) -> Result<()> {
         Err(Error::backend(self.name(), format!("replay: this backend does not capture graphs ({graph:?})")))
     }
@@ -425,6 +391,43 @@ pub trait Backend: Send + 'static {
     /// within one step.
     fn sync(&self) -> Result<()> {
         Ok(())
+    }
+}
+
+/// Buffers: allocation, uploads and read-backs, and the element types the backend stores.
+pub trait Storage: Device {
+    /// A device buffer. Its dtype and length are fixed at creation.
+    type Buf: Send + 'static;
+
+    /// The element type a matmul rounds its activation operand `x` to before it meets weights
+    /// stored as `weight` (round to nearest even); f32, the default, is no rounding. The CUDA
+    /// backend's tensor cores take 16-bit operands, so it rounds x to bf16 or f16 with such
+    /// weights: the whole-model compare sets its limits by this (and by the KV element type).
+    fn matmul_operand(&self, _weight: DType) -> DType {
+        DType::F32
+    }
+
+    /// The element type this backend stores an activation in when every matmul that reads it
+    /// has weights of type `weight` (the norms' outputs, the MLP activation, the final norm's
+    /// rows): f32, the default, or [`Storage::matmul_operand`]'s 16-bit type, where storing the
+    /// value already rounded gives the matmul the bits it would have formed from the f32 one
+    /// (so the choice changes bytes moved, never a token). The ops that write such a buffer
+    /// (`rms_norm`, `add_rms_norm`, `silu_mul`, `gelu_tanh_mul`, `gate_up_act`, `matmul_residual`'s hg) store
+    /// into it rounded to nearest even, and the matmuls read it as it is; a 16-bit activation
+    /// buffer is only ever written by those ops and read by matmuls.
+    fn activation_dtype(&self, _weight: DType) -> DType {
+        DType::F32
+    }
+    /// An activation buffer of `len` elements of `dtype` (contents unspecified): f32 is
+    /// [`Storage::alloc_f32`]; another type only where [`Storage::activation_dtype`] gives it.
+    fn alloc_activation(&self, dtype: DType, len: usize) -> Result<Self::Buf> {
+        match dtype {
+            DType::F32 => self.alloc_f32(len),
+            other => Err(Error::backend(
+                self.name(),
+                format!("alloc_activation: this backend stores activations in f32, not {other:?}"),
+            )),
+        }
     }
 
     /// Makes a weight tensor available to the backend (keeps its dtype).
@@ -439,7 +442,7 @@ pub trait Backend: Send + 'static {
     /// metadata: model.rs `upload`). A backend may carve them out of one device allocation and
     /// stage them in memory of its own, so that one copy writes them all (CUDA: page-locked
     /// memory, one asynchronous copy). The default: a buffer per region, staged in a host Vec
-    /// and written region by region ([`Backend::write_u32`]).
+    /// and written region by region ([`Storage::write_u32`]).
     fn alloc_u32_group(&self, layout: &U32Layout) -> Result<U32Group<Self::Buf>> {
         let parts = (0..layout.regions()).map(|i| self.alloc_u32(layout.len(i))).collect::<Result<Vec<_>>>()?;
         Ok(U32Group::separate(layout.clone(), parts))
@@ -486,7 +489,7 @@ pub trait Backend: Send + 'static {
     /// One layer's K or V cache buffer for `geometry` in the backend's default KV element type,
     /// `kv_dtypes()[0]` (contents unspecified).
     fn alloc_kv(&self, geometry: KvGeometry) -> Result<Self::Buf>;
-    /// As [`Backend::alloc_kv`], in `dtype`; a type not in [`Backend::kv_dtypes`] is an error.
+    /// As [`Storage::alloc_kv`], in `dtype`; a type not in [`Storage::kv_dtypes`] is an error.
     /// The buffer knows its type: every op that touches the cache follows it.
     fn alloc_kv_as(&self, geometry: KvGeometry, dtype: KvDtype) -> Result<Self::Buf> {
         if self.kv_dtypes().first() == Some(&dtype) {
@@ -510,7 +513,10 @@ pub trait Backend: Send + 'static {
     fn read_u32(&self, buf: &Self::Buf, len: usize) -> Result<Vec<u32>>;
     /// Reads a KV buffer back as f32, whatever it stores (tests compare caches across backends).
     fn read_kv(&self, buf: &Self::Buf, geometry: KvGeometry) -> Result<Vec<f32>>;
+}
 
+/// The op families every backend implements.
+pub trait Ops: Storage {
     /// `out[t, :] = table[ids[t], :]`; table `[vocab, hidden]` (weight dtype), ids u32 `[T]`.
     fn embedding(
         &self,
@@ -523,7 +529,7 @@ pub trait Backend: Send + 'static {
     /// `out[i, :] = src[rows[i], :]`; f32 `[_, dim]`, rows u32 `[n]`.
     fn gather_rows(&self, src: &Self::Buf, rows: &Self::Buf, out: &mut Self::Buf, n: usize, dim: usize) -> Result<()>;
     /// `out[r, :] = x[r, :] / sqrt(mean(x[r, :]²) + eps) * w`; x f32 `[rows, dim]`, w weight
-    /// `[dim]`, out `[rows, dim]` f32 or of [`Backend::activation_dtype`] (stored rounded).
+    /// `[dim]`, out `[rows, dim]` f32 or of [`Storage::activation_dtype`] (stored rounded).
     fn rms_norm(
         &self,
         x: &Self::Buf,
@@ -535,26 +541,8 @@ pub trait Backend: Send + 'static {
     ) -> Result<()>;
     /// `acc += x`, elementwise over `len` f32 values (the residual add).
     fn add(&self, acc: &mut Self::Buf, x: &Self::Buf, len: usize) -> Result<()>;
-    /// The residual add and the norm after it in one op: `acc += x`, then
-    /// `out = rms_norm(acc) * w`; acc, x f32 `[rows, dim]`, out as [`Backend::rms_norm`]'s,
-    /// w weight `[dim]`. The default
-    /// calls [`Backend::add`] then [`Backend::rms_norm`]; a backend may fuse them (one pass,
-    /// one launch fewer per residual).
-    #[allow(clippy::too_many_arguments)]
-    fn add_rms_norm(
-        &self,
-        acc: &mut Self::Buf,
-        x: &Self::Buf,
-        w: &Self::Buf,
-        out: &mut Self::Buf,
-        rows: usize,
-        dim: usize,
-        eps: f32,
-    ) -> Result<()> {
-        add_then_rms_norm(self, acc, x, w, out, rows, dim, eps)
-    }
     /// `out[m, n] = Σ_k x[m, k] · w[n, k] (+ bias[n])`; x `[m, k]` f32 or of
-    /// [`Backend::activation_dtype`] for w's type, w weight `[n, k]`, bias weight `[n]`, out f32.
+    /// [`Storage::activation_dtype`] for w's type, w weight `[n, k]`, bias weight `[n]`, out f32.
     #[allow(clippy::too_many_arguments)]
     fn matmul(
         &self,
@@ -566,100 +554,6 @@ pub trait Backend: Send + 'static {
         n: usize,
         k: usize,
     ) -> Result<()>;
-    /// The q, k and v projections (`[nq, hidden]`, `[nkv, hidden]` twice) as one weight for
-    /// [`Backend::qkv_proj`], and their biases (when given) as one bias; `None`, the default,
-    /// when this backend does not fuse them (the model then runs three matmuls). A backend fuses
-    /// to launch one kernel where there were three (vLLM's merged QKV projection).
-    fn fuse_qkv(
-        &self,
-        _q: &TensorView,
-        _k: &TensorView,
-        _v: &TensorView,
-        _bias: Option<[&TensorView; 3]>,
-    ) -> Result<Option<WeightAndBias<Self::Buf>>> {
-        Ok(None)
-    }
-    /// `q = x Wq^T (+ bq)`, `k = x Wk^T (+ bk)`, `v = x Wv^T (+ bv)` with the weight and bias
-    /// from [`Backend::fuse_qkv`]; x f32 `[m, hidden]`, q `[m, nq]`, k and v `[m, nkv]`.
-    /// With `norm` (only where [`Backend::fuses_norm`]), x is `h ∘ gamma`: see [`NormIn`].
-    #[allow(clippy::too_many_arguments)]
-    fn qkv_proj(
-        &self,
-        _x: &Self::Buf,
-        _w: &Self::Buf,
-        _bias: Option<&Self::Buf>,
-        _q: &mut Self::Buf,
-        _k: &mut Self::Buf,
-        _v: &mut Self::Buf,
-        _m: usize,
-        _nq: usize,
-        _nkv: usize,
-        _hidden: usize,
-        _norm: Option<NormIn<'_, Self::Buf>>,
-    ) -> Result<()> {
-        Err(Error::backend(
-            self.name(),
-            "qkv_proj: this backend does not fuse the q, k, v projections (fuse_qkv gave none)",
-        ))
-    }
-    /// The gate and up projections (`[inter, hidden]` each) as one weight for
-    /// [`Backend::gate_up_act`]; `None`, the default, when this backend does not fuse them.
-    fn fuse_gate_up(&self, _gate: &TensorView, _up: &TensorView) -> Result<Option<Self::Buf>> {
-        Ok(None)
-    }
-    /// `out = act(x Wg^T) * (x Wu^T)` with the weight from [`Backend::fuse_gate_up`]: the two
-    /// projections and the activation in one op, the activation's formula that of
-    /// [`Backend::silu_mul`] (`Activation::Silu`) or [`Backend::gelu_tanh_mul`]
-    /// (`Activation::GeluTanh`); x `[m, hidden]` as [`Backend::matmul`]'s, out `[m, inter]` f32
-    /// or of [`Backend::activation_dtype`] (stored rounded).
-    /// With `norm` (only where [`Backend::fuses_norm`]), x is `h ∘ gamma`: see [`NormIn`].
-    #[allow(clippy::too_many_arguments)]
-    fn gate_up_act(
-        &self,
-        _act: Activation,
-        _x: &Self::Buf,
-        _w: &Self::Buf,
-        _out: &mut Self::Buf,
-        _m: usize,
-        _inter: usize,
-        _hidden: usize,
-        _norm: Option<NormIn<'_, Self::Buf>>,
-    ) -> Result<()> {
-        Err(Error::backend(
-            self.name(),
-            "gate_up_act: this backend does not fuse the gate and up projections (fuse_gate_up gave none)",
-        ))
-    }
-    /// Whether this backend fuses the residual adds and RMS norms into the projections
-    /// ([`Backend::matmul_residual`], and the `norm` of [`Backend::qkv_proj`] and
-    /// [`Backend::gate_up_act`]) for a forward pass of `tokens` tokens at this hidden size. The
-    /// default is no: the model then runs `add_rms_norm` between them. Fused, a layer launches
-    /// two ops fewer, but each projection block recomputes its rows' norm, which pays only for
-    /// few rows (wgpu: decode steps of one or two tokens).
-    fn fuses_norm(&self, _hidden: usize, _tokens: usize) -> bool {
-        false
-    }
-    /// The residual add fused into a projection: `h[m, n] += Σ_k x[m, k] · w[n, k]`; with
-    /// `next_norm = Some((gamma, hg))` also `hg = h ∘ gamma` (the next norm's input, see
-    /// [`NormIn`]). x `[m, k]` as [`Backend::matmul`]'s, w weight `[n, k]`, h f32 `[m, n]`, hg
-    /// `[m, n]` f32 or of [`Backend::activation_dtype`], gamma weight `[n]`.
-    /// Only where [`Backend::fuses_norm`].
-    #[allow(clippy::too_many_arguments)]
-    fn matmul_residual(
-        &self,
-        _x: &Self::Buf,
-        _w: &Self::Buf,
-        _h: &mut Self::Buf,
-        _next_norm: Option<(&Self::Buf, &mut Self::Buf)>,
-        _m: usize,
-        _n: usize,
-        _k: usize,
-    ) -> Result<()> {
-        Err(Error::backend(
-            self.name(),
-            "matmul_residual: this backend does not fuse residual adds (fuses_norm is false)",
-        ))
-    }
     /// Rotary embedding in place, HF "rotate half" layout: dimension `i` pairs with `i + head_dim/2`.
     /// q f32 `[T, q_heads, head_dim]`, k f32 `[T, kv_heads, head_dim]`, positions u32 `[T]`,
     /// inv_freq f32 `[head_dim/2]`; angle = position · `inv_freq[i]`.
@@ -676,11 +570,11 @@ pub trait Backend: Send + 'static {
         head_dim: usize,
     ) -> Result<()>;
     /// `out = silu(gate) * up`, elementwise over `len` values; gate, up f32, out f32 or of
-    /// [`Backend::activation_dtype`] (stored rounded).
+    /// [`Storage::activation_dtype`] (stored rounded).
     fn silu_mul(&self, gate: &Self::Buf, up: &Self::Buf, out: &mut Self::Buf, len: usize) -> Result<()>;
     /// `out = gelu_tanh(gate) * up` (GeGLU: Gemma's MLP), elementwise over `len` values, with
     /// PyTorch's `gelu(approximate="tanh")`: `0.5·g·(1 + tanh(√(2/π)·(g + 0.044715·g³)))`;
-    /// types as [`Backend::silu_mul`]'s.
+    /// types as [`Ops::silu_mul`]'s.
     fn gelu_tanh_mul(&self, gate: &Self::Buf, up: &Self::Buf, out: &mut Self::Buf, len: usize) -> Result<()>;
     /// `x *= factor`, elementwise over `len` f32 values (Gemma's scaled embedding).
     fn scale(&self, x: &mut Self::Buf, factor: f32, len: usize) -> Result<()>;
@@ -696,59 +590,6 @@ pub trait Backend: Send + 'static {
         num_tokens: usize,
         geometry: KvGeometry,
     ) -> Result<()>;
-    /// [`qkv_proj`](Backend::qkv_proj) then [`rope_kv_write`](Backend::rope_kv_write): the
-    /// attention's input projection, rope, and the KV-cache write. Afterwards q holds the
-    /// rotated queries; k and v are scratch (a backend that fuses all of it into the projection's
-    /// epilogue, as wgpu does where each head's rows fit one lane, never writes them). The
-    /// default runs the two ops.
-    #[allow(clippy::too_many_arguments)]
-    fn qkv_rope_kv_write(
-        &self,
-        x: &Self::Buf,
-        w: &Self::Buf,
-        bias: Option<&Self::Buf>,
-        q: &mut Self::Buf,
-        k: &mut Self::Buf,
-        v: &mut Self::Buf,
-        m: usize,
-        nq: usize,
-        hidden: usize,
-        norm: Option<NormIn<'_, Self::Buf>>,
-        kv: KvDest<'_, Self::Buf>,
-    ) -> Result<()> {
-        let g = kv.geometry;
-        if g.head_dim == 0 || !nq.is_multiple_of(g.head_dim) {
-            return Err(Error::backend(
-                self.name(),
-                format!("qkv_rope_kv_write: nq {nq} is not a multiple of head_dim {}", g.head_dim),
-            ));
-        }
-        self.qkv_proj(x, w, bias, q, k, v, m, nq, g.num_kv_heads * g.head_dim, hidden, norm)?;
-        self.rope_kv_write(q, k, v, kv.k_cache, kv.v_cache, kv.positions, kv.inv_freq, kv.slots, m, nq / g.head_dim, g)
-    }
-    /// [`rope`](Backend::rope) then [`kv_write`](Backend::kv_write) in one step: q rotated in
-    /// place, k rotated and written with v into the caches at `slots`. Afterwards k holds either
-    /// the rotated or the original values (a fused kernel need not write it back), so read K
-    /// from the cache. The default runs the two ops; a backend that fuses them saves a launch
-    /// per layer (wgpu: one dispatch instead of two).
-    #[allow(clippy::too_many_arguments)]
-    fn rope_kv_write(
-        &self,
-        q: &mut Self::Buf,
-        k: &mut Self::Buf,
-        v: &Self::Buf,
-        k_cache: &mut Self::Buf,
-        v_cache: &mut Self::Buf,
-        positions: &Self::Buf,
-        inv_freq: &Self::Buf,
-        slots: &Self::Buf,
-        num_tokens: usize,
-        q_heads: usize,
-        geometry: KvGeometry,
-    ) -> Result<()> {
-        self.rope(q, k, positions, inv_freq, num_tokens, q_heads, geometry.num_kv_heads, geometry.head_dim)?;
-        self.kv_write(k, v, k_cache, v_cache, slots, num_tokens, geometry)
-    }
     /// A mixture of experts' routing: router logits f32 `[rows, experts]` to dense routing
     /// weights f32 `[rows, experts]`, as HF transformers' Mixtral and Qwen3-MoE route: a softmax
     /// over every expert, the `top_k` largest probabilities kept (the lower index first on
@@ -793,10 +634,183 @@ pub trait Backend: Send + 'static {
         moe_accumulate_rows(&mut a, &yv, &w, dim, expert, experts, first);
         self.write_f32(acc, &a)
     }
+    /// Paged attention; out f32 `[T, num_heads, head_dim]`. See [`AttnArgs`].
+    fn paged_attention(&self, args: &AttnArgs<'_, Self>, out: &mut Self::Buf) -> Result<()>;
+}
+
+/// Fused and model-specific ops. Each has a default composed from [`Ops`] (or one that says the
+/// backend does not fuse, where a companion method gives the model nothing to fuse with), which a
+/// backend overrides where it has a faster kernel.
+pub trait FusedOps: Ops {
+    /// The residual add and the norm after it in one op: `acc += x`, then
+    /// `out = rms_norm(acc) * w`; acc, x f32 `[rows, dim]`, out as [`Ops::rms_norm`]'s,
+    /// w weight `[dim]`. The default
+    /// calls [`Ops::add`] then [`Ops::rms_norm`]; a backend may fuse them (one pass,
+    /// one launch fewer per residual).
+    #[allow(clippy::too_many_arguments)]
+    fn add_rms_norm(
+        &self,
+        acc: &mut Self::Buf,
+        x: &Self::Buf,
+        w: &Self::Buf,
+        out: &mut Self::Buf,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+    ) -> Result<()> {
+        add_then_rms_norm(self, acc, x, w, out, rows, dim, eps)
+    }
+    /// The q, k and v projections (`[nq, hidden]`, `[nkv, hidden]` twice) as one weight for
+    /// [`FusedOps::qkv_proj`], and their biases (when given) as one bias; `None`, the default,
+    /// when this backend does not fuse them (the model then runs three matmuls). A backend fuses
+    /// to launch one kernel where there were three (vLLM's merged QKV projection).
+    fn fuse_qkv(
+        &self,
+        _q: &TensorView,
+        _k: &TensorView,
+        _v: &TensorView,
+        _bias: Option<[&TensorView; 3]>,
+    ) -> Result<Option<WeightAndBias<Self::Buf>>> {
+        Ok(None)
+    }
+    /// `q = x Wq^T (+ bq)`, `k = x Wk^T (+ bk)`, `v = x Wv^T (+ bv)` with the weight and bias
+    /// from [`FusedOps::fuse_qkv`]; x f32 `[m, hidden]`, q `[m, nq]`, k and v `[m, nkv]`.
+    /// With `norm` (only where [`FusedOps::fuses_norm`]), x is `h ∘ gamma`: see [`NormIn`].
+    #[allow(clippy::too_many_arguments)]
+    fn qkv_proj(
+        &self,
+        _x: &Self::Buf,
+        _w: &Self::Buf,
+        _bias: Option<&Self::Buf>,
+        _q: &mut Self::Buf,
+        _k: &mut Self::Buf,
+        _v: &mut Self::Buf,
+        _m: usize,
+        _nq: usize,
+        _nkv: usize,
+        _hidden: usize,
+        _norm: Option<NormIn<'_, Self::Buf>>,
+    ) -> Result<()> {
+        Err(Error::backend(
+            self.name(),
+            "qkv_proj: this backend does not fuse the q, k, v projections (fuse_qkv gave none)",
+        ))
+    }
+    /// The gate and up projections (`[inter, hidden]` each) as one weight for
+    /// [`FusedOps::gate_up_act`]; `None`, the default, when this backend does not fuse them.
+    fn fuse_gate_up(&self, _gate: &TensorView, _up: &TensorView) -> Result<Option<Self::Buf>> {
+        Ok(None)
+    }
+    /// `out = act(x Wg^T) * (x Wu^T)` with the weight from [`FusedOps::fuse_gate_up`]: the two
+    /// projections and the activation in one op, the activation's formula that of
+    /// [`Ops::silu_mul`] (`Activation::Silu`) or [`Ops::gelu_tanh_mul`]
+    /// (`Activation::GeluTanh`); x `[m, hidden]` as [`Ops::matmul`]'s, out `[m, inter]` f32
+    /// or of [`Storage::activation_dtype`] (stored rounded).
+    /// With `norm` (only where [`FusedOps::fuses_norm`]), x is `h ∘ gamma`: see [`NormIn`].
+    #[allow(clippy::too_many_arguments)]
+    fn gate_up_act(
+        &self,
+        _act: Activation,
+        _x: &Self::Buf,
+        _w: &Self::Buf,
+        _out: &mut Self::Buf,
+        _m: usize,
+        _inter: usize,
+        _hidden: usize,
+        _norm: Option<NormIn<'_, Self::Buf>>,
+    ) -> Result<()> {
+        Err(Error::backend(
+            self.name(),
+            "gate_up_act: this backend does not fuse the gate and up projections (fuse_gate_up gave none)",
+        ))
+    }
+    /// Whether this backend fuses the residual adds and RMS norms into the projections
+    /// ([`FusedOps::matmul_residual`], and the `norm` of [`FusedOps::qkv_proj`] and
+    /// [`FusedOps::gate_up_act`]) for a forward pass of `tokens` tokens at this hidden size. The
+    /// default is no: the model then runs `add_rms_norm` between them. Fused, a layer launches
+    /// two ops fewer, but each projection block recomputes its rows' norm, which pays only for
+    /// few rows (wgpu: decode steps of one or two tokens).
+    fn fuses_norm(&self, _hidden: usize, _tokens: usize) -> bool {
+        false
+    }
+    /// The residual add fused into a projection: `h[m, n] += Σ_k x[m, k] · w[n, k]`; with
+    /// `next_norm = Some((gamma, hg))` also `hg = h ∘ gamma` (the next norm's input, see
+    /// [`NormIn`]). x `[m, k]` as [`Ops::matmul`]'s, w weight `[n, k]`, h f32 `[m, n]`, hg
+    /// `[m, n]` f32 or of [`Storage::activation_dtype`], gamma weight `[n]`.
+    /// Only where [`FusedOps::fuses_norm`].
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_residual(
+        &self,
+        _x: &Self::Buf,
+        _w: &Self::Buf,
+        _h: &mut Self::Buf,
+        _next_norm: Option<(&Self::Buf, &mut Self::Buf)>,
+        _m: usize,
+        _n: usize,
+        _k: usize,
+    ) -> Result<()> {
+        Err(Error::backend(
+            self.name(),
+            "matmul_residual: this backend does not fuse residual adds (fuses_norm is false)",
+        ))
+    }
+    /// [`qkv_proj`](FusedOps::qkv_proj) then [`rope_kv_write`](FusedOps::rope_kv_write): the
+    /// attention's input projection, rope, and the KV-cache write. Afterwards q holds the
+    /// rotated queries; k and v are scratch (a backend that fuses all of it into the projection's
+    /// epilogue, as wgpu does where each head's rows fit one lane, never writes them). The
+    /// default runs the two ops.
+    #[allow(clippy::too_many_arguments)]
+    fn qkv_rope_kv_write(
+        &self,
+        x: &Self::Buf,
+        w: &Self::Buf,
+        bias: Option<&Self::Buf>,
+        q: &mut Self::Buf,
+        k: &mut Self::Buf,
+        v: &mut Self::Buf,
+        m: usize,
+        nq: usize,
+        hidden: usize,
+        norm: Option<NormIn<'_, Self::Buf>>,
+        kv: KvDest<'_, Self::Buf>,
+    ) -> Result<()> {
+        let g = kv.geometry;
+        if g.head_dim == 0 || !nq.is_multiple_of(g.head_dim) {
+            return Err(Error::backend(
+                self.name(),
+                format!("qkv_rope_kv_write: nq {nq} is not a multiple of head_dim {}", g.head_dim),
+            ));
+        }
+        self.qkv_proj(x, w, bias, q, k, v, m, nq, g.num_kv_heads * g.head_dim, hidden, norm)?;
+        self.rope_kv_write(q, k, v, kv.k_cache, kv.v_cache, kv.positions, kv.inv_freq, kv.slots, m, nq / g.head_dim, g)
+    }
+    /// [`rope`](Ops::rope) then [`kv_write`](Ops::kv_write) in one step: q rotated in
+    /// place, k rotated and written with v into the caches at `slots`. Afterwards k holds either
+    /// the rotated or the original values (a fused kernel need not write it back), so read K
+    /// from the cache. The default runs the two ops; a backend that fuses them saves a launch
+    /// per layer (wgpu: one dispatch instead of two).
+    #[allow(clippy::too_many_arguments)]
+    fn rope_kv_write(
+        &self,
+        q: &mut Self::Buf,
+        k: &mut Self::Buf,
+        v: &Self::Buf,
+        k_cache: &mut Self::Buf,
+        v_cache: &mut Self::Buf,
+        positions: &Self::Buf,
+        inv_freq: &Self::Buf,
+        slots: &Self::Buf,
+        num_tokens: usize,
+        q_heads: usize,
+        geometry: KvGeometry,
+    ) -> Result<()> {
+        self.rope(q, k, positions, inv_freq, num_tokens, q_heads, geometry.num_kv_heads, geometry.head_dim)?;
+        self.kv_write(k, v, k_cache, v_cache, slots, num_tokens, geometry)
+    }
     /// A backend that can run each expert over only the tokens routed to it (CUDA,
-    /// `TANDEM_CUDA_MOE=routed`) returns what [`Backend::moe_routed`] needs besides the weights
+    /// `TANDEM_CUDA_MOE=routed`) returns what [`FusedOps::moe_routed`] needs besides the weights
     /// (CUDA: a device table of the experts' weight pointers), made once at load; None (the
-    /// default): the model runs every expert over every token ([`Backend::moe_accumulate`]).
+    /// default): the model runs every expert over every token ([`Ops::moe_accumulate`]).
     fn moe_prepare(
         &self,
         _experts: &[MoeExpert<'_, Self::Buf>],
@@ -806,11 +820,11 @@ pub trait Backend: Send + 'static {
         Ok(None)
     }
     /// The routed mixture of experts: `out` f32 `[rows, hidden]` = for each token, over its
-    /// experts (the non-zero routing `weights` f32 `[rows, experts]` of [`Backend::moe_route`])
+    /// experts (the non-zero routing `weights` f32 `[rows, experts]` of [`Ops::moe_route`])
     /// in ascending expert id, weight · down(silu(gate(x)) · up(x)), the first term stored and
     /// the others added; x is the normed input (`ActDtypes::x`). A token's bits depend on its
     /// own values only, and must be those of the every-expert path but for the sign of an
-    /// exact zero. `table` is [`Backend::moe_prepare`]'s.
+    /// exact zero. `table` is [`FusedOps::moe_prepare`]'s.
     #[allow(clippy::too_many_arguments)]
     fn moe_routed(
         &self,
@@ -826,8 +840,10 @@ pub trait Backend: Send + 'static {
     ) -> Result<()> {
         Err(Error::backend(self.name(), "moe_routed: this backend runs every expert (moe_prepare gave no table)"))
     }
-    /// Paged attention; out f32 `[T, num_heads, head_dim]`. See [`AttnArgs`].
-    fn paged_attention(&self, args: &AttnArgs<'_, Self>, out: &mut Self::Buf) -> Result<()>;
+}
+
+/// Turning logits into tokens. The defaults read the logits back and sample on the host.
+pub trait Sampling: Storage {
     /// Index of the largest value in each row of logits f32 `[rows, vocab]` (lowest index on ties).
     fn argmax(&self, logits: &Self::Buf, rows: usize, vocab: usize) -> Result<Vec<u32>> {
         let v = self.read_f32(logits, rows * vocab)?;
@@ -835,7 +851,7 @@ pub trait Backend: Send + 'static {
     }
     /// One token id per row of logits f32 `[rows, vocab]`, row `r` turned into a token by
     /// `specs[r]` exactly as [`crate::sampling::sample_row`] defines it (a backend's kernel
-    /// must give the same ids bit for bit). The default: [`Backend::argmax`] when every row is
+    /// must give the same ids bit for bit). The default: [`Sampling::argmax`] when every row is
     /// greedy (the device argmax where a backend has one), else the logits read back and
     /// sampled on the host.
     fn sample(&self, logits: &Self::Buf, rows: usize, vocab: usize, specs: &[SampleSpec]) -> Result<Vec<u32>> {
@@ -848,7 +864,7 @@ pub trait Backend: Send + 'static {
         let v = self.read_f32(logits, rows * vocab)?;
         Ok(v.chunks_exact(vocab.max(1)).zip(specs).map(|(row, s)| sample_row(row, s)).collect())
     }
-    /// As [`Backend::sample`], row `r` edited by its [`crate::sampling::LogitEdit`]s and then
+    /// As [`Sampling::sample`], row `r` edited by its [`crate::sampling::LogitEdit`]s and then
     /// read with the tokens its mask forbids at -inf (see [`RowMasks`]): the ids of
     /// [`crate::sampling::sample_rows_masked`]. The logits' contents are unspecified afterwards
     /// (a device applies the edits in place). The default reads the logits back and samples on
@@ -871,7 +887,7 @@ pub trait Backend: Send + 'static {
         let v = self.read_f32(logits, rows * vocab)?;
         Ok(sample_rows_masked(&v, vocab, specs, masks))
     }
-    /// As [`Backend::sample_masked`], and for each row with `top_n[r] = Some(n)` the sampled
+    /// As [`Sampling::sample_masked`], and for each row with `top_n[r] = Some(n)` the sampled
     /// token's logprob and the `n` (at most [`crate::sampling::MAX_TOP_LOGPROBS`]) most likely
     /// tokens of the raw logits, before any edit: [`crate::sampling::logprobs_row`], bit for
     /// bit, so that only ids and those values leave the device. The default reads the logits
@@ -901,6 +917,19 @@ pub trait Backend: Send + 'static {
     }
 }
 
+/// A compute backend: the five groups together. Every method that can fail returns an error
+/// instead of panicking. Implemented for every type that implements the five, so `B: Backend`
+/// bounds and `B::Buf` work as one trait; code that calls methods on a concrete backend type
+/// imports the groups with `use tandem_core::backend::prelude::*`.
+pub trait Backend: Device + Storage + Ops + FusedOps + Sampling + Send + 'static {}
+
+impl<T: Device + Storage + Ops + FusedOps + Sampling + Send + 'static> Backend for T {}
+
+/// The five groups of [`Backend`], for code that calls their methods on a concrete type.
+pub mod prelude {
+    pub use super::{Backend, Device, FusedOps, Ops, Sampling, Storage};
+}
+
 /// Index of the largest value: lowest index on ties; NaN never wins (a row of only NaN gives
 /// the last index, as the device kernels do). Max over 8 lanes first so the scan vectorizes:
 /// at 256 rows of a 49k vocabulary this is the host's whole sampling cost.
@@ -922,14 +951,14 @@ pub fn argmax_row(row: &[f32]) -> u32 {
 }
 
 /// PyTorch's `gelu(x, approximate="tanh")` in f32, the order of its CPU kernel:
-/// `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`. The reference's [`Backend::gelu_tanh_mul`].
+/// `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`. The reference's [`Ops::gelu_tanh_mul`].
 pub fn gelu_tanh(x: f32) -> f32 {
     const SQRT_2_OVER_PI: f32 = 0.797_884_6;
     let inner = SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x);
     0.5 * x * (1.0 + inner.tanh())
 }
 
-/// [`Backend::moe_route`] on the host, row by row: `logits` and `out` `[rows, experts]`.
+/// [`Ops::moe_route`] on the host, row by row: `logits` and `out` `[rows, experts]`.
 /// In f32: m = the row's max, e_i = exp(l_i - m), s = Σ e_i in index order, p_i = e_i / s;
 /// then `top_k` times the largest p not yet taken (lowest index on ties), its weight p (or,
 /// with `renormalize`, p / Σ of the taken p, summed in the order taken).
@@ -965,7 +994,7 @@ pub fn moe_route_rows(logits: &[f32], out: &mut [f32], experts: usize, top_k: us
     }
 }
 
-/// [`Backend::moe_accumulate`] on the host: `acc` and `y` `[rows, dim]`, `weights` `[rows, experts]`.
+/// [`Ops::moe_accumulate`] on the host: `acc` and `y` `[rows, dim]`, `weights` `[rows, experts]`.
 pub fn moe_accumulate_rows(
     acc: &mut [f32],
     y: &[f32],
@@ -988,10 +1017,10 @@ pub fn kv_dtype_names(d: &[KvDtype]) -> String {
     d.iter().map(|d| d.name()).collect::<Vec<_>>().join(", ")
 }
 
-/// [`Backend::add_rms_norm`] as two ops: the trait's default, and the path a backend that fuses
+/// [`FusedOps::add_rms_norm`] as two ops: the trait's default, and the path a backend that fuses
 /// it takes for shapes its fused kernel does not cover.
 #[allow(clippy::too_many_arguments)]
-pub fn add_then_rms_norm<B: Backend + ?Sized>(
+pub fn add_then_rms_norm<B: Ops + ?Sized>(
     b: &B,
     acc: &mut B::Buf,
     x: &B::Buf,

@@ -1,7 +1,7 @@
 //! How much device memory the KV pool gets, as vLLM's `--gpu-memory-utilization` means it:
 //! the fraction of the device's TOTAL memory for weights, activations, per-step workspace and
 //! KV together. The model measures free memory before its weights, after them, and after every
-//! buffer a step uses was allocated ([`crate::backend::Backend::reserve_workspace`]); the KV pool
+//! buffer a step uses was allocated ([`crate::backend::Device::reserve_workspace`]); the KV pool
 //! gets what is left of `total * utilization` ([`plan_kv_blocks`]). Nothing a step uses is
 //! allocated later, so nothing runs out of memory mid-serving.
 

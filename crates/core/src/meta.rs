@@ -1,7 +1,7 @@
 //! A step's metadata in one staging layout: the six u32 arrays the ops read (tokens,
 //! positions, slots, token_seq, logit rows, block tables) as regions of one [`U32Layout`],
 //! sized at load. The model writes a step into the backend's staging memory here, then one
-//! [`crate::Backend::upload_u32_group`] copies it (CUDA: one asynchronous copy from page-locked
+//! [`crate::Storage::upload_u32_group`] copies it (CUDA: one asynchronous copy from page-locked
 //! memory into one allocation the six arrays are views of).
 //!
 //! The block tables come last: they are the largest region and the one whose used length varies

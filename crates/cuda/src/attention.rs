@@ -12,13 +12,17 @@
 //! `f32` above still wins) — the default stays `partial` until a GPU times both.
 //! Which one serves a model depends only on the model, the cache type and those switches,
 //! never on the step, so a token's bits never follow the batch.
-//! A child module of `backend`, so it shares that module's private helpers.
 
 use cudarc::driver::{CudaSlice, LaunchConfig};
 use tandem_core::backend::{AttnArgs, KvDtype, WorkspaceLimits};
 use tandem_core::Result;
 
-use super::{cfg, drv, err, i32_of, need, need_kv, u32_of, AttnScratch, CudaBackend, CudaBuf, Elem};
+use crate::buf::{need, need_kv, CudaBuf, Elem};
+use crate::device::CudaBackend;
+use crate::error::{drv, err};
+use crate::launch::{cfg, i32_of, u32_of};
+use crate::switches::Switches;
+use crate::workspace::AttnScratch;
 
 /// `paged_attention_partial`'s partitions (kernels/paged_attention.cu): the longest (PA_PART),
 /// the shortest (PA_MIN_PART), and how many a context up to PA_MAX_SPLITS * PA_PART keys is
@@ -89,7 +93,7 @@ fn pat_max_parts(ctx: usize) -> usize {
 }
 
 /// The attention kernel family `TANDEM_CUDA_ATTENTION` picks (read once; a bad value fails the
-/// backend's load, [`check_variant`]).
+/// backend's load, switches.rs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum AttnVariant {
     /// paged_attention_tc (the default).
@@ -102,7 +106,7 @@ pub(super) enum AttnVariant {
     F32,
 }
 
-fn parse_variant(v: Option<&str>) -> std::result::Result<AttnVariant, String> {
+pub(crate) fn parse_variant(v: Option<&str>) -> std::result::Result<AttnVariant, String> {
     match v.unwrap_or("") {
         "" | "tc" => Ok(AttnVariant::Tc),
         "tc_deep" => Ok(AttnVariant::TcDeep),
@@ -112,20 +116,8 @@ fn parse_variant(v: Option<&str>) -> std::result::Result<AttnVariant, String> {
     }
 }
 
-fn variant_setting() -> &'static std::result::Result<AttnVariant, String> {
-    static V: std::sync::OnceLock<std::result::Result<AttnVariant, String>> = std::sync::OnceLock::new();
-    V.get_or_init(|| parse_variant(std::env::var("TANDEM_CUDA_ATTENTION").ok().as_deref()))
-}
-/// The variant in use, or the error naming a bad TANDEM_CUDA_ATTENTION value (checked at load).
-pub(super) fn check_variant() -> Result<AttnVariant> {
-    variant_setting().clone().map_err(err)
-}
-fn variant() -> AttnVariant {
-    *variant_setting().as_ref().unwrap_or(&AttnVariant::Tc)
-}
-
 /// The kernel `TANDEM_CUDA_ATTENTION_D256` picks at head_dim 256 (read once; a bad value fails
-/// the backend's load, [`check_d256`]).
+/// the backend's load, switches.rs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum D256Variant {
     /// paged_attention_partial (the default until a GPU measures both).
@@ -134,7 +126,7 @@ pub(super) enum D256Variant {
     Tc,
 }
 
-fn parse_d256(v: Option<&str>) -> std::result::Result<D256Variant, String> {
+pub(crate) fn parse_d256(v: Option<&str>) -> std::result::Result<D256Variant, String> {
     match v.unwrap_or("") {
         "" | "partial" => Ok(D256Variant::Partial),
         "tc" => Ok(D256Variant::Tc),
@@ -142,20 +134,10 @@ fn parse_d256(v: Option<&str>) -> std::result::Result<D256Variant, String> {
     }
 }
 
-fn d256_setting() -> &'static std::result::Result<D256Variant, String> {
-    static V: std::sync::OnceLock<std::result::Result<D256Variant, String>> = std::sync::OnceLock::new();
-    V.get_or_init(|| parse_d256(std::env::var("TANDEM_CUDA_ATTENTION_D256").ok().as_deref()))
-}
-/// The head_dim 256 choice, or the error naming a bad TANDEM_CUDA_ATTENTION_D256 value
-/// (checked at load).
-pub(super) fn check_d256() -> Result<D256Variant> {
-    d256_setting().clone().map_err(err)
-}
-
 /// Whether a tensor-core kernel serves a cache of this kind (`need_kv`'s index: 1 is bf16)
 /// and head size. `TANDEM_CUDA_ATTENTION=f32` keeps the f32 kernel (the kernel lab compares).
-fn uses_tc(kv: usize, head_dim: usize) -> bool {
-    uses_tc_with(kv, head_dim, variant(), *d256_setting().as_ref().unwrap_or(&D256Variant::Partial))
+fn uses_tc(kv: usize, head_dim: usize, sw: &Switches) -> bool {
+    uses_tc_with(kv, head_dim, sw.attention, sw.attention_d256)
 }
 fn uses_tc_with(kv: usize, head_dim: usize, v: AttnVariant, d256: D256Variant) -> bool {
     let sized = head_dim == 64 || head_dim == 128 || (head_dim == 256 && d256 == D256Variant::Tc);
@@ -191,10 +173,10 @@ fn tc_max_parts(ctx: usize, v: AttnVariant) -> usize {
 /// The attention scratch for `l`: (partial outputs, (max, sum) pairs, arrival counters), in
 /// bytes. The tensor-core kernel splits only decodes (at most max_seqs tokens a step), and only
 /// into PAT_SPLITS partitions; the f32 kernel may split every token of a step.
-pub(super) fn workspace(l: &WorkspaceLimits) -> (usize, usize, usize) {
+pub(super) fn workspace(l: &WorkspaceLimits, sw: &Switches) -> (usize, usize, usize) {
     let ctx = l.max_context.max(1);
-    if uses_tc(usize::from(l.kv_dtype == KvDtype::Bf16), l.head_dim) {
-        let parts = tc_max_parts(ctx, tc_variant(variant(), l.head_dim));
+    if uses_tc(usize::from(l.kv_dtype == KvDtype::Bf16), l.head_dim, sw) {
+        let parts = tc_max_parts(ctx, tc_variant(sw.attention, l.head_dim));
         if parts == 1 {
             return (0, 0, 0);
         }
@@ -240,7 +222,7 @@ impl CudaBackend {
         i32_of(g.slots(), OP, "num_blocks*block_size")?;
         i32_of(a.max_blocks * g.block_size, OP, "max_blocks*block_size")?;
         let kv = need_kv(a.k_cache, a.v_cache, g, OP)?;
-        if uses_tc(kv, d) {
+        if uses_tc(kv, d, &self.switches) {
             return self.attention_tc(a, out, usize::from(d == 128) + 2 * usize::from(d == 256));
         }
         let partial = &self.kernels.attn_partial[kv];
@@ -362,7 +344,7 @@ impl CudaBackend {
         // dims, counted as groups of their own.
         let groups = kvh * gqa.div_ceil(16) * tc_halves(d);
         let tw = 16 / gqa.min(16);
-        let var = tc_variant(variant(), d);
+        let var = tc_variant(self.switches.attention, d);
         let deep = var == AttnVariant::TcDeep;
         let shared = var == AttnVariant::TcShared;
         // The partition count (the split jobs' stride) follows the context bound alone: fixed
@@ -613,16 +595,16 @@ mod partition_tests {
             kv_dtype: KvDtype::Bf16,
             moe: None,
         };
-        assert_eq!(workspace(&l), (64 * 32 * 16 * 64 * 4, 64 * 32 * 16 * 2 * 4, 64 * 32 * 4));
-        assert_eq!(workspace(&WorkspaceLimits { max_context: 64, ..l }), (0, 0, 0));
+        assert_eq!(workspace(&l, &Switches::default()), (64 * 32 * 16 * 64 * 4, 64 * 32 * 16 * 2 * 4, 64 * 32 * 4));
+        assert_eq!(workspace(&WorkspaceLimits { max_context: 64, ..l }, &Switches::default()), (0, 0, 0));
         let f32 = WorkspaceLimits { kv_dtype: KvDtype::F32, ..l };
-        assert_eq!(workspace(&f32).0, 2048 * 32 * 256 * 64 * 4);
+        assert_eq!(workspace(&f32, &Switches::default()).0, 2048 * 32 * 256 * 64 * 4);
         // head_dim 96 has no tensor-core kernel: the f32 kernel's scratch.
-        assert_eq!(workspace(&WorkspaceLimits { head_dim: 96, ..l }).2, 2048 * 32 * 4);
+        assert_eq!(workspace(&WorkspaceLimits { head_dim: 96, ..l }, &Switches::default()).2, 2048 * 32 * 4);
         // head_dim 256 under the default (TANDEM_CUDA_ATTENTION_D256 unset in tests): the f32
         // kernel's scratch too.
         if std::env::var_os("TANDEM_CUDA_ATTENTION_D256").is_none() {
-            assert_eq!(workspace(&WorkspaceLimits { head_dim: 256, ..l }).2, 2048 * 32 * 4);
+            assert_eq!(workspace(&WorkspaceLimits { head_dim: 256, ..l }, &Switches::default()).2, 2048 * 32 * 4);
         }
     }
 }

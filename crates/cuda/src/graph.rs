@@ -1,4 +1,4 @@
-//! CUDA graphs: the backend side of `Backend::begin_capture` / `end_capture` / `replay`.
+//! CUDA graphs: the backend side of `Device::begin_capture` / `end_capture` / `replay`.
 //!
 //! The model captures each decode bucket once at load (crates/core/src/model.rs, `Padding`):
 //! the step's launches are recorded on our stream (thread-local capture mode: only this
@@ -15,7 +15,8 @@ use cudarc::driver::CudaGraph;
 use tandem_core::backend::GraphId;
 use tandem_core::Result;
 
-use super::{drv, err, CudaBackend};
+use crate::device::CudaBackend;
+use crate::error::{drv, err};
 
 /// A captured step and the kernels it launches (what a replay adds to the launch counter).
 struct Captured {

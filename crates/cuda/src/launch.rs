@@ -39,11 +39,7 @@ pub(crate) const PDL_FILES: &[&str] = &[
 
 /// `TANDEM_CUDA_PDL`: unset, empty or `0` off (the default); `1` on. Anything else is an error,
 /// not a silent default.
-pub(crate) fn pdl_switch() -> std::result::Result<bool, String> {
-    parse_pdl(std::env::var("TANDEM_CUDA_PDL").ok().as_deref())
-}
-
-fn parse_pdl(v: Option<&str>) -> std::result::Result<bool, String> {
+pub(crate) fn parse_pdl(v: Option<&str>) -> std::result::Result<bool, String> {
     match v.map(str::trim) {
         None | Some("") | Some("0") => Ok(false),
         Some("1") => Ok(true),
@@ -165,6 +161,19 @@ impl<'a> Launch<'a> {
         };
         sys::cuLaunchKernelEx(&lc, f, ptrs.as_mut_ptr(), std::ptr::null_mut()).result()
     }
+}
+
+pub(crate) fn i32_of(v: usize, op: &str, what: &str) -> tandem_core::Result<i32> {
+    i32::try_from(v)
+        .map_err(|_| crate::error::err(format!("{op}: {what} = {v} exceeds the kernels' 32-bit index range")))
+}
+
+pub(crate) fn u32_of(v: usize, op: &str, what: &str) -> tandem_core::Result<u32> {
+    u32::try_from(v).map_err(|_| crate::error::err(format!("{op}: {what} = {v} exceeds a launch dimension")))
+}
+
+pub(crate) fn cfg(grid: (u32, u32, u32), block: u32) -> LaunchConfig {
+    LaunchConfig { grid_dim: grid, block_dim: (block, 1, 1), shared_mem_bytes: 0 }
 }
 
 #[cfg(test)]

@@ -4,17 +4,42 @@
 //! - [`toolchain`]: where libnvrtc, the CUDA headers and ptxas are.
 //! - [`compile`]: NVRTC to PTX, cached on disk by source hash and architecture.
 //! - [`check`]: the GPU-less compile check (NVRTC + `ptxas -v` register/spill report).
-//! - [`backend`]: [`CudaBackend`], the `tandem_core::Backend` on an NVIDIA GPU.
+//! - `device`: [`CudaBackend`], the `tandem_core::Backend` on an NVIDIA GPU: the context,
+//!   the stream, memory and graphs (its [`Device`](tandem_core::backend::Device)).
+//! - `buf`: [`CudaBuf`], its views and staging, and the backend's `Storage`.
+//! - `kernels`: the kernel table, every handle resolved once at load.
+//! - `workspace`: the step scratch, reserved at load.
+//! - `ops`: the `Ops`, `FusedOps` and `Sampling` of the backend, delegating to the launchers of
+//!   `attention`, `matmul`, `moe` and `sampling`; `launch` and `graph` under them.
+//! - `error`: the driver's errors, and which of them lose the device.
+//! - `switches`: the `TANDEM_CUDA_*` variant switches, read once at load ([`SWITCHES`]).
 //!
 //! Architecture invariant: this crate builds and links without any CUDA installed (cudarc
 //! loads libcuda and libnvrtc at run time); without a driver, [`CudaBackend::new`] returns an
 //! error that says so, never a panic.
 
-pub mod backend;
+mod attention;
+mod buf;
 pub mod check;
 pub mod compile;
+mod device;
+mod error;
+mod gemm;
+mod graph;
+mod kernels;
+mod launch;
+mod matmul;
+mod moe;
+mod ops;
+mod sampling;
 pub mod sources;
+mod switches;
 pub mod toolchain;
+mod workspace;
 
-pub use backend::{CudaBackend, CudaBuf};
+pub use buf::{CudaBuf, Elem};
 pub use check::{check_kernels, KernelReport};
+pub use device::CudaBackend;
+pub use error::NO_DRIVER;
+pub use kernels::kernel_names;
+pub use switches::{Switch, SWITCHES};

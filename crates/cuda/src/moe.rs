@@ -1,19 +1,22 @@
 //! The routed mixture of experts of [`CudaBackend`] (kernels/moe.cu, the comment at its top):
-//! `Backend::moe_prepare` (a device table of the experts' weight pointers, at load) and
-//! `Backend::moe_routed` (tokens grouped per expert on the device, the experts' GEMMs as one
+//! `FusedOps::moe_prepare` (a device table of the experts' weight pointers, at load) and
+//! `FusedOps::moe_routed` (tokens grouped per expert on the device, the experts' GEMMs as one
 //! grouped launch each on matmul.cu's tile code, the combine in ascending expert id), picked by
 //! `TANDEM_CUDA_MOE` (`routed`, the default, or `dense`: every expert over every token). The
 //! launches and their sizes depend on the step's shape only, so decode steps are still captured
 //! as graphs; the scratch is reserved at load with the rest of the workspace
 //! (`WorkspaceLimits::moe`). kernels/emu/moe_test.h mirrors [`routed_rows`] and the launches.
-//! A child module of `backend`, so it shares that module's private helpers.
 
 use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 use tandem_core::backend::{MoeExpert, MoeLimits};
 use tandem_core::Result;
 
-use super::matmul::{fuse_gate_up_rows, k_slices, GEMM_BN};
-use super::{cfg, drv, err, i32_of, need, u32_of, CudaBackend, CudaBuf, Elem};
+use crate::buf::{need, CudaBuf, Elem};
+use crate::device::CudaBackend;
+use crate::error::{drv, err};
+use crate::gemm::{k_slices, GEMM_BN};
+use crate::launch::{cfg, i32_of, u32_of};
+use crate::matmul::fuse_gate_up_rows;
 
 /// Tokens per block of the grouping kernels (kernels/moe.cu MOE_CHUNK).
 pub(super) const MOE_CHUNK: usize = 64;
@@ -320,15 +323,15 @@ impl CudaBackend {
         } else {
             let g = &kr.gemm_tc[if elem == Elem::BF16 { 0 } else { 1 }][if bm == 16 { 0 } else { 1 }];
             let (threads, smem) = if bm == 16 {
-                (super::matmul::GEMM_M16.threads, super::matmul::GEMM_M16.smem)
+                (crate::gemm::GEMM_M16.threads, crate::gemm::GEMM_M16.smem)
             } else {
-                (super::matmul::GEMM_M64.threads, super::matmul::GEMM_M64.smem)
+                (crate::gemm::GEMM_M64.threads, crate::gemm::GEMM_M64.smem)
             };
             let nf = fuse_gate_up_rows(inter);
             let (s_gu, l_gu) = k_slices(nf, hidden);
             let (s_d, l_d) = k_slices(hidden, inter);
             let (td, one) = (tab + 8 * ne as u64, 1i32);
-            let (epi_silu, epi_plain, zero) = (super::matmul::EPI_SILU, super::matmul::EPI_PLAIN, 0i32);
+            let (epi_silu, epi_plain, zero) = (crate::matmul::EPI_SILU, crate::matmul::EPI_PLAIN, 0i32);
             let nfi = i32_of(nf, OP, "gate/up rows")?;
             let (lgu, sgu, ld, sd) = (
                 i32_of(l_gu, OP, "slice")?,

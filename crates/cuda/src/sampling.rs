@@ -1,14 +1,21 @@
 //! The sampling launchers of [`CudaBackend`] beyond `sample` and `argmax` (kernels/sampling.cu):
 //! the logit edits (penalties, `logit_bias`, bans) applied in place before sampling, the
 //! masked sample, and the logprobs of the raw logits after it (`logit_restore`, `logprobs`),
-//! so that only ids and the asked logprobs leave the device. A child module of `backend`.
+//! so that only ids and the asked logprobs leave the device.
 
 use cudarc::driver::PushKernelArg;
-use tandem_core::backend::Backend;
-use tandem_core::sampling::{logprobs_rows, sample_rows_masked, RowMasks, SampleSpec, TokenLogprobs, MAX_TOP_LOGPROBS};
+use tandem_core::backend::{Sampling, Storage};
+use tandem_core::sampling::{
+    logprobs_rows, sample_rows_masked, RowMasks, SampleSpec, TokenLogprobs, MAX_TOP_LOGPROBS, SAMPLE_LANES,
+};
 use tandem_core::Result;
 
-use super::{cfg, err, i32_of, need, CudaBackend, CudaBuf, Elem, IoScratch, SAMPLE_LANES, SMC_WORDS};
+use crate::buf::{need, CudaBuf, Elem};
+use crate::device::CudaBackend;
+use crate::error::err;
+use crate::launch::{cfg, i32_of};
+use crate::switches::Sampler;
+use crate::workspace::IoScratch;
 
 /// CTAs a row of the multi-CTA sampler, and its top-p passes (kernels/sampling.cu SMC_CTAS,
 /// SMC_PASSES).
@@ -50,7 +57,7 @@ impl CudaBackend {
         // SAFETY: start holds rows + 1 record offsets into `eb`'s records (and `saved`'s floats);
         // each record's token is below vocab (`RowMasks::check`) and the kernel skips any that is
         // not; a row edits each token once, so no two threads write the same logit. The logits
-        // are edited in place: `Backend::sample_masked` leaves them unspecified.
+        // are edited in place: `Sampling::sample_masked` leaves them unspecified.
         let r = unsafe { l.launch(cfg((ri as u32, 1, 1), SAMPLE_LANES as u32)) };
         self.launched(OP, r)?;
         Ok(true)
@@ -100,7 +107,7 @@ impl CudaBackend {
         self.write_u32(spec_buf, &words)?;
         self.write_u32(mask_buf, &masks.bits)?;
         self.write_u32(index_buf, &index)?;
-        if super::sampler_multi() && self.sample_multi(&mut io, logits, rows, vocab, true)? {
+        if self.switches.sampler == Sampler::Multi && self.sample_multi(&mut io, logits, rows, vocab, true)? {
             let IoScratch { ids: Some(ids), .. } = &*io else { return Err(err(format!("{OP}: id buffer missing"))) };
             return self.read_u32(ids, rows);
         }
@@ -110,8 +117,11 @@ impl CudaBackend {
         else {
             return Err(err(format!("{OP}: id, spec or mask buffer missing after allocation")));
         };
-        let f =
-            if super::sampler_radix() { &self.kernels.sample_masked_radix.f } else { &self.kernels.sample_masked.f };
+        let f = if self.switches.sampler == Sampler::Radix {
+            &self.kernels.sample_masked_radix.f
+        } else {
+            &self.kernels.sample_masked.f
+        };
         let mut l = self.stream.launch_builder(f);
         l.arg(&*logits.mem)
             .arg(&*spec_buf.mem)
@@ -214,7 +224,7 @@ impl CudaBackend {
         Ok(true)
     }
 
-    /// `Backend::sample_logprobs`: edits, the sample, the edits undone, then `logprobs` for the
+    /// `Sampling::sample_logprobs`: edits, the sample, the edits undone, then `logprobs` for the
     /// rows that ask (on the ids the sample left in the id buffer).
     pub(super) fn sample_with_logprobs(
         &self,
@@ -308,6 +318,12 @@ impl CudaBackend {
         Ok((ids, out))
     }
 }
+
+/// Workspace words a row of the multi-CTA sampler (kernels/sampling.cu SMC_WORDS).
+pub(crate) const SMC_WORDS: usize = 10400;
+
+/// Logits one `argmax_partial` CTA folds (kernels/argmax.cu AMX_CHUNK).
+pub(crate) const ARGMAX_CHUNK: usize = 4096;
 
 #[cfg(test)]
 mod tests {

@@ -17,8 +17,9 @@
 use std::hint::black_box;
 use std::time::Instant;
 
+use tandem_core::backend::prelude::*;
 use tandem_core::meta::{self, MetaStaging, PadRows};
-use tandem_core::{Backend, ForwardBatch};
+use tandem_core::ForwardBatch;
 use tandem_reference::RefBackend;
 
 const MAX_TOKENS: usize = 8192;
@@ -29,7 +30,7 @@ const BLOCK: usize = 16;
 const CONTEXT: usize = 1000;
 
 /// The old model.rs `upload`: six writes into separate buffers.
-fn six_writes(b: &RefBackend, bufs: &mut [<RefBackend as Backend>::Buf], batch: &ForwardBatch) {
+fn six_writes(b: &RefBackend, bufs: &mut [<RefBackend as Storage>::Buf], batch: &ForwardBatch) {
     let parts: [&[u32]; 6] =
         [&batch.tokens, &batch.positions, &batch.slots, &batch.token_seq, &batch.block_tables, &batch.logit_rows];
     for (buf, p) in bufs.iter_mut().zip(parts) {

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use half::{bf16, f16};
 use memmap2::Mmap;
-use tandem_core::backend::{AttnArgs, Backend, DType, KvGeometry};
+use tandem_core::backend::{AttnArgs, DType, Device, FusedOps, KvGeometry, Ops, Sampling, Storage};
 use tandem_core::error::{Error, Result};
 use tandem_core::weights::TensorView;
 
@@ -128,12 +128,14 @@ impl Default for RefBackend {
     }
 }
 
-impl Backend for RefBackend {
-    type Buf = RefBuf;
-
+impl Device for RefBackend {
     fn name(&self) -> &'static str {
         "reference"
     }
+}
+
+impl Storage for RefBackend {
+    type Buf = RefBuf;
 
     fn upload_weight(&self, t: &TensorView) -> Result<RefBuf> {
         let (map, range) = t.mapping();
@@ -176,7 +178,9 @@ impl Backend for RefBackend {
     fn read_kv(&self, buf: &RefBuf, g: KvGeometry) -> Result<Vec<f32>> {
         self.read_f32(buf, g.layer_elems())
     }
+}
 
+impl Ops for RefBackend {
     fn embedding(&self, table: &RefBuf, ids: &RefBuf, out: &mut RefBuf, t: usize, hidden: usize) -> Result<()> {
         let (dtype, bytes) = table.weight_bytes()?;
         let rows = bytes.len() / (dtype.size() * hidden);
@@ -436,6 +440,10 @@ impl Backend for RefBackend {
         Ok(())
     }
 }
+
+impl FusedOps for RefBackend {}
+
+impl Sampling for RefBackend {}
 
 #[cfg(test)]
 mod tests {

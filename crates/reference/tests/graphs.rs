@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tandem_core::backend::{AttnArgs, GraphId, KvDtype, KvGeometry};
+use tandem_core::backend::{Device, FusedOps, Ops, Sampling, Storage};
 use tandem_core::model::LoadOptions;
 use tandem_core::weights::TensorView;
 use tandem_core::{Backend, DType, Error, ForwardBatch, Model, ModelRunner, Result};
@@ -70,8 +71,7 @@ fn shared<T>(r: Result<T>) -> Result<Shared<T>> {
     r.map(|b| Arc::new(Mutex::new(b)))
 }
 
-impl<B: Backend> Backend for Replay<B> {
-    type Buf = Shared<B::Buf>;
+impl<B: Backend> Device for Replay<B> {
     fn name(&self) -> &'static str {
         "replay"
     }
@@ -115,6 +115,10 @@ impl<B: Backend> Backend for Replay<B> {
         self.replays.fetch_add(1, Ordering::Relaxed);
         ops.iter().try_for_each(|op| op(&self.inner))
     }
+}
+
+impl<B: Backend> Storage for Replay<B> {
+    type Buf = Shared<B::Buf>;
     fn upload_weight(&self, t: &TensorView) -> Result<Self::Buf> {
         shared(self.inner.upload_weight(t))
     }
@@ -153,6 +157,9 @@ impl<B: Backend> Backend for Replay<B> {
         self.no_io("read_kv")?;
         self.inner.read_kv(&buf.lock().unwrap(), g)
     }
+}
+
+impl<B: Backend> Ops for Replay<B> {
     fn embedding(
         &self,
         table: &Self::Buf,
@@ -299,6 +306,10 @@ impl<B: Backend> Backend for Replay<B> {
         })
     }
 }
+
+impl<B: Backend> FusedOps for Replay<B> {}
+
+impl<B: Backend> Sampling for Replay<B> {}
 
 const BLOCK: usize = 16;
 /// Blocks per sequence: 4 x 16 = 64 tokens of context.

@@ -105,7 +105,7 @@ fn open_auto() -> Opened {
         Ok(b) => return Opened::Cuda(b),
         // No driver is the ordinary case on a machine without an NVIDIA GPU; a driver that
         // fails is worth a warning.
-        Err(e) if e.to_string().contains(tandem_cuda::backend::NO_DRIVER) => tracing::debug!("backend auto: {e}"),
+        Err(e) if e.to_string().contains(tandem_cuda::NO_DRIVER) => tracing::debug!("backend auto: {e}"),
         Err(e) => tracing::warn!(
             "backend auto: a CUDA driver is present but the CUDA backend did not start ({e}); trying wgpu"
         ),

@@ -7,8 +7,9 @@
 
 use std::time::Instant;
 
+use tandem_core::backend::prelude::*;
 use tandem_core::backend::{AttnArgs, KvGeometry};
-use tandem_core::{Backend, DType};
+use tandem_core::DType;
 use tandem_wgpu::WgpuBackend;
 
 /// CPU time of every thread of this process so far (Linux; 0 elsewhere). On a software

@@ -3,7 +3,7 @@
 
 mod common;
 
-use tandem_core::Backend;
+use tandem_core::backend::prelude::*;
 use tandem_wgpu::{WgpuBackend, WgpuOptions};
 
 #[test]

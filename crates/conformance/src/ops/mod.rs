@@ -319,6 +319,7 @@ pub(crate) fn untouched_u32<B: Backend>(b: &B, buf: &B::Buf, host: &[u32], what:
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tandem_core::backend::prelude::*;
     use tandem_reference::RefBackend;
 
     #[test]

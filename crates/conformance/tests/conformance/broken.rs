@@ -4,7 +4,7 @@
 //! case of the faulty op as FAIL, and every case of the other ops as ok.
 
 use tandem_conformance::{cases, run, CaseResult};
-use tandem_core::backend::{AttnArgs, Backend, DType, KvGeometry, MoeExpert};
+use tandem_core::backend::{AttnArgs, Backend, DType, Device, FusedOps, KvGeometry, MoeExpert, Ops, Sampling, Storage};
 use tandem_core::weights::TensorView;
 use tandem_core::{Error, Result};
 use tandem_reference::RefBackend;
@@ -70,11 +70,14 @@ impl<B: Backend> Faulty<B> {
     }
 }
 
-impl<B: Backend> Backend for Faulty<B> {
-    type Buf = B::Buf;
+impl<B: Backend> Device for Faulty<B> {
     fn name(&self) -> &'static str {
         "faulty"
     }
+}
+
+impl<B: Backend> Storage for Faulty<B> {
+    type Buf = B::Buf;
     fn upload_weight(&self, t: &TensorView) -> Result<B::Buf> {
         self.inner.upload_weight(t)
     }
@@ -105,6 +108,9 @@ impl<B: Backend> Backend for Faulty<B> {
     fn read_kv(&self, buf: &B::Buf, g: KvGeometry) -> Result<Vec<f32>> {
         self.inner.read_kv(buf, g)
     }
+}
+
+impl<B: Backend> Ops for Faulty<B> {
     fn embedding(&self, table: &B::Buf, ids: &B::Buf, out: &mut B::Buf, t: usize, hidden: usize) -> Result<()> {
         self.inner.embedding(table, ids, out, t, hidden)
     }
@@ -188,53 +194,6 @@ impl<B: Backend> Backend for Faulty<B> {
     fn scale(&self, x: &mut B::Buf, factor: f32, len: usize) -> Result<()> {
         self.inner.scale(x, factor, len)
     }
-    fn moe_prepare(&self, experts: &[MoeExpert<'_, B::Buf>], hidden: usize, inter: usize) -> Result<Option<B::Buf>> {
-        match self.fault {
-            Fault::MoeRoutedExact | Fault::MoeRoutedDropsLast => Ok(Some(self.inner.alloc_u32(1)?)),
-            _ => self.inner.moe_prepare(experts, hidden, inter),
-        }
-    }
-    /// Every expert over every token with the routing weights (the last non-zero one of each
-    /// row zeroed for MoeRoutedDropsLast), as layers::Moe runs them.
-    fn moe_routed(
-        &self,
-        _table: &B::Buf,
-        experts: &[MoeExpert<'_, B::Buf>],
-        x: &B::Buf,
-        weights: &B::Buf,
-        out: &mut B::Buf,
-        rows: usize,
-        hidden: usize,
-        inter: usize,
-        _top_k: usize,
-    ) -> Result<()> {
-        let ne = experts.len();
-        let mut w = self.inner.read_f32(weights, rows * ne)?;
-        if self.fault == Fault::MoeRoutedDropsLast {
-            for row in w.chunks_exact_mut(ne) {
-                if let Some(j) = row.iter().rposition(|&v| v != 0.0) {
-                    row[j] = 0.0;
-                }
-            }
-        }
-        let wb = self.f32_buf(&w)?;
-        let (mut g, mut u, mut act, mut y) = (
-            self.inner.alloc_f32(rows * inter)?,
-            self.inner.alloc_f32(rows * inter)?,
-            self.inner.alloc_f32(rows * inter)?,
-            self.inner.alloc_f32(rows * hidden)?,
-        );
-        for (e, ex) in experts.iter().enumerate() {
-            let up =
-                ex.up.ok_or_else(|| Error::backend("faulty", "moe_routed: the reference keeps gate and up apart"))?;
-            self.inner.matmul(x, ex.gate, None, &mut g, rows, inter, hidden)?;
-            self.inner.matmul(x, up, None, &mut u, rows, inter, hidden)?;
-            self.inner.silu_mul(&g, &u, &mut act, rows * inter)?;
-            self.inner.matmul(&act, ex.down, None, &mut y, rows, hidden, inter)?;
-            self.inner.moe_accumulate(out, &y, &wb, rows, hidden, e, ne, e == 0)?;
-        }
-        Ok(())
-    }
     fn kv_write(
         &self,
         k: &B::Buf,
@@ -289,6 +248,59 @@ impl<B: Backend> Backend for Faulty<B> {
         };
         self.inner.paged_attention(&args, out)
     }
+}
+
+impl<B: Backend> FusedOps for Faulty<B> {
+    fn moe_prepare(&self, experts: &[MoeExpert<'_, B::Buf>], hidden: usize, inter: usize) -> Result<Option<B::Buf>> {
+        match self.fault {
+            Fault::MoeRoutedExact | Fault::MoeRoutedDropsLast => Ok(Some(self.inner.alloc_u32(1)?)),
+            _ => self.inner.moe_prepare(experts, hidden, inter),
+        }
+    }
+    /// Every expert over every token with the routing weights (the last non-zero one of each
+    /// row zeroed for MoeRoutedDropsLast), as layers::Moe runs them.
+    fn moe_routed(
+        &self,
+        _table: &B::Buf,
+        experts: &[MoeExpert<'_, B::Buf>],
+        x: &B::Buf,
+        weights: &B::Buf,
+        out: &mut B::Buf,
+        rows: usize,
+        hidden: usize,
+        inter: usize,
+        _top_k: usize,
+    ) -> Result<()> {
+        let ne = experts.len();
+        let mut w = self.inner.read_f32(weights, rows * ne)?;
+        if self.fault == Fault::MoeRoutedDropsLast {
+            for row in w.chunks_exact_mut(ne) {
+                if let Some(j) = row.iter().rposition(|&v| v != 0.0) {
+                    row[j] = 0.0;
+                }
+            }
+        }
+        let wb = self.f32_buf(&w)?;
+        let (mut g, mut u, mut act, mut y) = (
+            self.inner.alloc_f32(rows * inter)?,
+            self.inner.alloc_f32(rows * inter)?,
+            self.inner.alloc_f32(rows * inter)?,
+            self.inner.alloc_f32(rows * hidden)?,
+        );
+        for (e, ex) in experts.iter().enumerate() {
+            let up =
+                ex.up.ok_or_else(|| Error::backend("faulty", "moe_routed: the reference keeps gate and up apart"))?;
+            self.inner.matmul(x, ex.gate, None, &mut g, rows, inter, hidden)?;
+            self.inner.matmul(x, up, None, &mut u, rows, inter, hidden)?;
+            self.inner.silu_mul(&g, &u, &mut act, rows * inter)?;
+            self.inner.matmul(&act, ex.down, None, &mut y, rows, hidden, inter)?;
+            self.inner.moe_accumulate(out, &y, &wb, rows, hidden, e, ne, e == 0)?;
+        }
+        Ok(())
+    }
+}
+
+impl<B: Backend> Sampling for Faulty<B> {
     fn argmax(&self, logits: &B::Buf, rows: usize, vocab: usize) -> Result<Vec<u32>> {
         let ids = self.inner.argmax(logits, rows, vocab)?;
         if self.fault != Fault::ArgmaxLastOnTie {

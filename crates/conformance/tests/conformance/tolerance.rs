@@ -5,7 +5,7 @@
 //! headroom under each limit can be read off.
 
 use tandem_conformance::run;
-use tandem_core::backend::{AttnArgs, Backend, DType, KvGeometry};
+use tandem_core::backend::{AttnArgs, Backend, DType, Device, FusedOps, KvGeometry, Ops, Sampling, Storage};
 use tandem_core::weights::TensorView;
 use tandem_core::Result;
 use tandem_reference::RefBackend;
@@ -33,11 +33,14 @@ fn round(dtype: DType, v: &[f32]) -> Vec<f32> {
     dtype.to_f32(&dtype.from_f32(v))
 }
 
-impl<B: Backend> Backend for Variant<B> {
-    type Buf = VBuf<B::Buf>;
+impl<B: Backend> Device for Variant<B> {
     fn name(&self) -> &'static str {
         "variant"
     }
+}
+
+impl<B: Backend> Storage for Variant<B> {
+    type Buf = VBuf<B::Buf>;
     fn upload_weight(&self, t: &TensorView) -> Result<Self::Buf> {
         Ok(VBuf { inner: self.inner.upload_weight(t)?, weight: Some((t.dtype, t.to_f32())) })
     }
@@ -68,6 +71,9 @@ impl<B: Backend> Backend for Variant<B> {
     fn read_kv(&self, buf: &Self::Buf, g: KvGeometry) -> Result<Vec<f32>> {
         self.inner.read_kv(&buf.inner, g)
     }
+}
+
+impl<B: Backend> Ops for Variant<B> {
     fn embedding(
         &self,
         table: &Self::Buf,
@@ -251,6 +257,10 @@ impl<B: Backend> Backend for Variant<B> {
         self.write_f32(out, &o)
     }
 }
+
+impl<B: Backend> FusedOps for Variant<B> {}
+
+impl<B: Backend> Sampling for Variant<B> {}
 
 #[test]
 fn honest_variants_pass_every_limit() {

@@ -248,7 +248,7 @@ enum Pending {
 }
 
 /// The residual adds and the norms that follow them, in one place. Where the backend fuses
-/// norms into the projections (`Backend::fuses_norm`), each residual add happens in the
+/// norms into the projections (`FusedOps::fuses_norm`), each residual add happens in the
 /// projection that produces it (`matmul_residual`, which also writes `h ∘ gamma` of the next
 /// norm into x) and each norm in the projection that consumes it (`NormIn`): per layer, o and
 /// down, then qkv and gate/up, with no norm op between. Otherwise each block's output is added

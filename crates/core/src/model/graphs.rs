@@ -1,5 +1,5 @@
 //! Graph buckets: decode steps padded to a batch-size bucket so that each bucket's step has
-//! one shape, captured once at load and replayed ([`crate::backend::Backend::supports_graphs`]).
+//! one shape, captured once at load and replayed ([`crate::backend::Device::supports_graphs`]).
 
 use super::Model;
 use crate::backend::{Backend, GraphId};

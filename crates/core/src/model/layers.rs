@@ -27,7 +27,7 @@ pub(crate) struct Layer<B: Backend> {
 /// A family's decoder layer `i`, read by the loader (each family file's `layer`).
 pub(crate) type LayerFn<B> = fn(&mut Loader<'_, B>, usize) -> Result<Layer<B>>;
 
-/// The attention projections: one weight when the backend fuses them (`Backend::fuse_qkv`).
+/// The attention projections: one weight when the backend fuses them (`FusedOps::fuse_qkv`).
 pub(crate) enum Qkv<B: Backend> {
     Fused { w: B::Buf, bias: Option<B::Buf> },
     Split { q: B::Buf, k: B::Buf, v: B::Buf, q_bias: Option<B::Buf>, k_bias: Option<B::Buf>, v_bias: Option<B::Buf> },
@@ -64,16 +64,16 @@ pub(crate) struct Mlp<B: Backend> {
     pub act: Activation,
 }
 
-/// A mixture of experts: a router (`[experts, hidden]`), its routing ([`Backend::moe_route`]:
+/// A mixture of experts: a router (`[experts, hidden]`), its routing ([`Ops::moe_route`]:
 /// softmax, top-k, renormalised or not), and gated-MLP experts whose outputs are added, each
-/// scaled by its routing weight, in expert order ([`Backend::moe_accumulate`]).
+/// scaled by its routing weight, in expert order ([`Ops::moe_accumulate`]).
 ///
 /// Every expert runs over every token of the step, and a weight of 0 adds nothing: a token's
 /// result depends on its own routing only, never on which other tokens share its experts
 /// (batch invariance), and the step's ops follow from its shape alone (graph capture). The
 /// price is compute: `experts / top_k` times the dense work of the routed experts. A backend
-/// with a routed path ([`Backend::moe_prepare`] gave `routed`) runs each expert over its own
-/// tokens instead ([`Backend::moe_routed`]), with the same bits.
+/// with a routed path ([`FusedOps::moe_prepare`] gave `routed`) runs each expert over its own
+/// tokens instead ([`FusedOps::moe_routed`]), with the same bits.
 pub(crate) struct Moe<B: Backend> {
     pub router: B::Buf,
     pub experts: Vec<Mlp<B>>,
@@ -102,7 +102,7 @@ impl<B: Backend> Layer<B> {
     }
 
     /// Whether this layer's projections are the fused ones the norm-fused path needs
-    /// (`Backend::fuses_norm`): fused q/k/v and a dense MLP with fused gate/up.
+    /// (`FusedOps::fuses_norm`): fused q/k/v and a dense MLP with fused gate/up.
     pub fn fully_fused(&self) -> bool {
         self.out_norms.is_none()
             && matches!(self.attn.qkv, Qkv::Fused { .. })
@@ -342,7 +342,7 @@ impl<'a, B: Backend> Loader<'a, B> {
         let experts = (0..m.num_experts)
             .map(|e| self.mlp(&format!("{prefix}.experts.{e}"), names, m.intermediate_size))
             .collect::<Result<Vec<_>>>()?;
-        // The routed path (Backend::moe_routed) computes silu: another activation runs the
+        // The routed path (FusedOps::moe_routed) computes silu: another activation runs the
         // experts one by one.
         let routed = match self.cfg.activation {
             Activation::Silu => {
@@ -371,7 +371,7 @@ pub(crate) struct FfnBufs<'a, B: Backend> {
 
 impl<B: Backend> Mlp<B> {
     /// `act = act(gate(x)) * up(x)` (fused where the backend fuses; `norm` as in
-    /// [`Backend::gate_up_act`]).
+    /// [`FusedOps::gate_up_act`]).
     #[allow(clippy::too_many_arguments)]
     pub fn activation(
         &self,
@@ -423,7 +423,7 @@ impl<B: Backend> Moe<B> {
     }
 }
 
-/// The experts' weights as [`Backend::moe_prepare`] and [`Backend::moe_routed`] take them.
+/// The experts' weights as [`FusedOps::moe_prepare`] and [`FusedOps::moe_routed`] take them.
 fn expert_refs<B: Backend>(experts: &[Mlp<B>]) -> Vec<MoeExpert<'_, B::Buf>> {
     experts
         .iter()

@@ -119,7 +119,7 @@ impl<B: Backend> Model<B> {
         // What this backend rounds a projection's input to, for weights of this model's type.
         let matmul_operand = b.matmul_operand(embed_view.dtype);
         let embed = b.upload_weight(&embed_view)?;
-        // The weight types each stored activation meets (Backend::activation_dtype): x feeds
+        // The weight types each stored activation meets (Storage::activation_dtype): x feeds
         // q/k/v and gate/up, act feeds down, the final norm's rows feed the head.
         let mut head_reader = embed_view.dtype;
         let lm_head = if w.contains("lm_head.weight") && !cfg.tie_word_embeddings {

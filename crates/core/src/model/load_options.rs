@@ -21,10 +21,10 @@ pub struct LoadOptions {
     /// Logit rows beyond `max_seqs` one forward can return, for requests that score their
     /// prompt (prompt logprobs): `[max_seqs + prompt_logit_rows, vocab]` f32 of scratch.
     pub prompt_logit_rows: usize,
-    /// The KV cache's element type; None: the backend's default (`Backend::kv_dtypes()[0]`:
+    /// The KV cache's element type; None: the backend's default (`Storage::kv_dtypes()[0]`:
     /// bf16 on CUDA, f32 elsewhere). A type the backend does not store fails the load.
     pub kv_dtype: Option<KvDtype>,
-    /// Capture each decode bucket once at load and replay it ([`crate::backend::Backend::supports_graphs`]:
+    /// Capture each decode bucket once at load and replay it ([`crate::backend::Device::supports_graphs`]:
     /// CUDA graphs); false runs every step eagerly (`--enforce-eager`). With graphs, decode
     /// steps are padded to their bucket (`pad_decode`). Backends that do not capture ignore it.
     pub graphs: bool,

@@ -26,12 +26,12 @@ pub trait ModelRunner: Send {
     fn max_logit_rows(&self) -> usize {
         self.max_seqs()
     }
-    /// Kernels the backend has launched so far, where it counts them ([`Backend::launch_count`]).
+    /// Kernels the backend has launched so far, where it counts them ([`Device::launch_count`]).
     fn launch_count(&self) -> Option<u64> {
         None
     }
     /// What a projection's input is rounded to before it meets this model's weights
-    /// ([`Backend::matmul_operand`]): f32 (no rounding) unless the backend computes in 16 bits.
+    /// ([`Storage::matmul_operand`]): f32 (no rounding) unless the backend computes in 16 bits.
     fn matmul_operand(&self) -> DType {
         DType::F32
     }

@@ -5,7 +5,8 @@
 //! m128), the split-K workspace fold and the in-register fold (kernels/matmul.cu's contract).
 //! Without a driver each test prints SKIPPED; TANDEM_REQUIRE_CUDA=1 turns that into a failure.
 
-use tandem_core::backend::{AttnArgs, Backend, KvDtype, KvGeometry};
+use tandem_core::backend::prelude::*;
+use tandem_core::backend::{AttnArgs, KvDtype, KvGeometry};
 use tandem_core::config::Activation;
 use tandem_core::DType;
 use tandem_cuda::CudaBackend;

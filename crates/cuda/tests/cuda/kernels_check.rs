@@ -47,7 +47,7 @@ fn every_kernel_compiles_and_assembles_without_spills() {
         .filter(|l| l.split_whitespace().nth(2) == Some("sm_90"))
         .filter_map(|l| l.split_whitespace().nth(1))
         .collect();
-    let resolved: std::collections::BTreeSet<&str> = tandem_cuda::backend::kernel_names().into_iter().collect();
+    let resolved: std::collections::BTreeSet<&str> = tandem_cuda::kernel_names().into_iter().collect();
     assert_eq!(resolved, compiled, "kernels resolved at start-up vs kernels compiled");
     // The tensor-core kernels really hold mma instructions (the `mma` column of the table).
     let mma_of = |kernel: &str| -> Vec<u32> {

@@ -15,7 +15,8 @@
 //! for bit; and the model stores its matmul inputs in bf16 with the f32 activations' bits. Without a
 //! driver each test prints SKIPPED (TANDEM_REQUIRE_CUDA=1 fails).
 
-use tandem_core::backend::{Backend, KvDest, KvGeometry};
+use tandem_core::backend::prelude::*;
+use tandem_core::backend::{KvDest, KvGeometry};
 use tandem_core::model::LoadOptions;
 use tandem_core::weights::Weights;
 use tandem_core::{DType, ForwardBatch, KvDtype, Model, ModelRunner};
@@ -115,7 +116,7 @@ fn fused_norms_bitwise(shape: Shape) {
     assert!(same, "{}: sequence 0's logits differ between the fused (alone) and unfused (3-token) steps", shape.name());
 }
 
-/// The activations a matmul reads are stored in bf16 by default (`Backend::activation_dtype`)
+/// The activations a matmul reads are stored in bf16 by default (`Storage::activation_dtype`)
 /// and in f32 with `set_f32_activations`; the tokens' bits are the same (the stored value is
 /// the GEMM's own rounding, kernels/common.cuh `store_act`): logits of a 200-token prefill
 /// (the m128 tile kernel, no matmul_x pass) and of decode steps at 1 token (fused norms) and 3
@@ -266,13 +267,13 @@ fn qkv_rope_kv_write_is_one_launch_at_head_dim_64_and_128_with_the_unfused_bits(
     }
 }
 
-fn upload_f32(b: &CudaBackend, data: &[f32]) -> <CudaBackend as Backend>::Buf {
+fn upload_f32(b: &CudaBackend, data: &[f32]) -> <CudaBackend as Storage>::Buf {
     let mut buf = b.alloc_f32(data.len().max(1)).unwrap();
     b.write_f32(&mut buf, data).unwrap();
     buf
 }
 
-fn upload_u32(b: &CudaBackend, data: &[u32]) -> <CudaBackend as Backend>::Buf {
+fn upload_u32(b: &CudaBackend, data: &[u32]) -> <CudaBackend as Storage>::Buf {
     let mut buf = b.alloc_u32(data.len().max(1)).unwrap();
     b.write_u32(&mut buf, data).unwrap();
     buf

@@ -1,8 +1,8 @@
 //! Without libcuda, `CudaBackend::new` must return the documented error, not panic. With a
 //! driver (a GPU machine), it must not claim the driver is missing.
 
-use tandem_cuda::backend::NO_DRIVER;
 use tandem_cuda::CudaBackend;
+use tandem_cuda::NO_DRIVER;
 
 fn driver_present() -> bool {
     // SAFETY: only tries to dlopen the driver library.

@@ -139,8 +139,8 @@ fn sampling_kernel_matches_the_host_sampler_bitwise() {
 fn mismatches(exe: &Path, dir: &Path, variant: &str) -> usize {
     let mut r = SplitMix(20261205);
     let mut wrong = 0;
-    for vocab in [1000usize] {
-        let rows = 24;
+    {
+        let (vocab, rows) = (1000usize, 24);
         let cases: Vec<_> = (0..rows).map(|_| case(&mut r, vocab)).collect();
         let mut bytes = Vec::new();
         bytes.extend((rows as u32).to_le_bytes());

@@ -21,7 +21,8 @@ fn carved_u32_groups_stage_and_upload_like_separate_buffers() {
 /// slower than the host).
 #[test]
 fn staging_is_not_rewritten_before_its_copy_ran() {
-    use tandem_core::backend::{Backend, U32Layout};
+    use tandem_core::backend::prelude::*;
+    use tandem_core::backend::U32Layout;
     let Some(b) = crate::gpu_or_skip("cuda staging event") else { return };
     let (tokens, vocab, hidden) = (4usize, 8usize, 4usize);
     let layout = U32Layout::new(&[tokens]).unwrap();
@@ -33,8 +34,8 @@ fn staging_is_not_rewritten_before_its_copy_ran() {
     let mut outs = vec![];
     for step in 0..2 {
         let s = b.u32_staging(&mut g).unwrap();
-        for i in 0..tokens {
-            s[i] = id(step, i) as u32;
+        for (i, v) in s.iter_mut().take(tokens).enumerate() {
+            *v = id(step, i) as u32;
         }
         b.upload_u32_group(&mut g, &[tokens]).unwrap();
         let mut out = b.alloc_f32(tokens * hidden).unwrap();

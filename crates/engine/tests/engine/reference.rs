@@ -327,7 +327,7 @@ struct Metered {
 mod metered {
     use super::Metered;
     use std::sync::atomic::Ordering;
-    use tandem_core::backend::{AttnArgs, Backend, KvGeometry};
+    use tandem_core::backend::{AttnArgs, Device, FusedOps, KvGeometry, Ops, Sampling, Storage};
     use tandem_core::weights::TensorView;
     use tandem_core::{DType, Result, WorkspaceLimits};
     use tandem_reference::RefBuf;
@@ -338,8 +338,7 @@ mod metered {
         }
     }
 
-    impl Backend for Metered {
-        type Buf = RefBuf;
+    impl Device for Metered {
         fn name(&self) -> &'static str {
             "metered"
         }
@@ -354,6 +353,10 @@ mod metered {
             self.take(self.workspace as usize);
             Ok(self.workspace)
         }
+    }
+
+    impl Storage for Metered {
+        type Buf = RefBuf;
         fn upload_weight(&self, t: &TensorView) -> Result<RefBuf> {
             self.take(t.bytes().len());
             self.inner.upload_weight(t)
@@ -389,6 +392,9 @@ mod metered {
         fn read_kv(&self, buf: &RefBuf, g: KvGeometry) -> Result<Vec<f32>> {
             self.inner.read_kv(buf, g)
         }
+    }
+
+    impl Ops for Metered {
         fn embedding(&self, table: &RefBuf, ids: &RefBuf, out: &mut RefBuf, t: usize, hidden: usize) -> Result<()> {
             self.inner.embedding(table, ids, out, t, hidden)
         }
@@ -468,6 +474,10 @@ mod metered {
             self.inner.paged_attention(&r, out)
         }
     }
+
+    impl FusedOps for Metered {}
+
+    impl Sampling for Metered {}
 }
 
 /// Start-up on a device of known size: the pool takes what `gpu_memory_utilization` of the

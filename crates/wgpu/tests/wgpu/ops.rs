@@ -5,9 +5,10 @@
 use crate::common;
 
 use common::{assert_close, backend, round_to, Rng, POISON};
+use tandem_core::backend::prelude::*;
 use tandem_core::backend::{AttnArgs, KvDest, KvGeometry, NormIn};
 use tandem_core::config::Activation;
-use tandem_core::{Backend, DType};
+use tandem_core::DType;
 use tandem_wgpu::{WgpuBackend, WgpuBuf, WgpuOptions};
 
 const DTYPES: [DType; 3] = [DType::BF16, DType::F16, DType::F32];

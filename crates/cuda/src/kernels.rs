@@ -1,0 +1,312 @@
+//! The kernel table: every kernel file compiled (a cubin, or PTX the driver compiles), loaded,
+//! and each kernel the ops launch resolved once to a handle ([`Kernels`]), so a launch costs no
+//! lookup and a kernel missing from the modules fails start-up by name.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaFunction};
+use tandem_core::Result;
+
+use crate::buf::Elem;
+use crate::compile::{compile_cubin_cached, compile_ptx_cached, ptx_entries};
+use crate::error::{drv, err};
+use crate::gemm;
+use crate::sources::KernelSource;
+
+/// A kernel resolved once at load, with its name for launch errors.
+pub(crate) struct Kernel<F> {
+    pub(crate) name: &'static str,
+    pub(crate) f: F,
+}
+
+/// Every kernel the ops launch, looked up once when the modules load (a kernel missing from
+/// them fails start-up, naming it), so a launch costs no string formatting or map lookup.
+/// Arrays are indexed by weight kind (f32, bf16, f16: [`weight_index`]), 16-bit weight kind
+/// (bf16, f16), tile kernel ([`GemmKernel::index`]) or KV cache kind (f32, bf16).
+pub(crate) struct Kernels<F> {
+    pub(crate) embedding: [Kernel<F>; 3],
+    pub(crate) rms_norm: [Kernel<F>; 3],
+    pub(crate) add_rms_norm: [Kernel<F>; 3],
+    pub(crate) gather_rows: Kernel<F>,
+    pub(crate) add: Kernel<F>,
+    pub(crate) silu_mul: Kernel<F>,
+    pub(crate) gelu_tanh_mul: Kernel<F>,
+    pub(crate) scale: Kernel<F>,
+    pub(crate) rope: Kernel<F>,
+    pub(crate) matmul_tiled_f32: Kernel<F>,
+    pub(crate) matmul_x: [Kernel<F>; 2],
+    pub(crate) matmul_tc: [[Kernel<F>; 13]; 2],
+    pub(crate) kv_write: [Kernel<F>; 2],
+    pub(crate) rope_kv_write: [Kernel<F>; 2],
+    pub(crate) attn_partial: [Kernel<F>; 2],
+    pub(crate) attn_tc: [Kernel<F>; 3],
+    pub(crate) attn_tc_deep: [Kernel<F>; 2],
+    pub(crate) attn_tc_shared: [Kernel<F>; 2],
+    pub(crate) argmax: Kernel<F>,
+    /// `TANDEM_CUDA_ARGMAX=multi`: per-chunk partials, then a fold a row.
+    pub(crate) argmax_partial: Kernel<F>,
+    pub(crate) argmax_fold: Kernel<F>,
+    pub(crate) moe_route: Kernel<F>,
+    pub(crate) moe_accumulate: Kernel<F>,
+    pub(crate) moe: MoeKernels<F>,
+    pub(crate) sample: Kernel<F>,
+    pub(crate) sample_masked: Kernel<F>,
+    /// `TANDEM_CUDA_SAMPLER=radix`: the same ids in fewer passes.
+    pub(crate) sample_radix: Kernel<F>,
+    pub(crate) sample_masked_radix: Kernel<F>,
+    /// `TANDEM_CUDA_SAMPLER=multi`: the same ids with 64 CTAs a row.
+    pub(crate) sample_mc_max: Kernel<F>,
+    pub(crate) sample_mc_topk: Kernel<F>,
+    pub(crate) sample_mc_topp: Kernel<F>,
+    pub(crate) sample_mc_draw: Kernel<F>,
+    pub(crate) logit_edits: Kernel<F>,
+    pub(crate) logit_restore: Kernel<F>,
+    pub(crate) logprobs: Kernel<F>,
+}
+
+/// The routed mixture of experts' kernels (kernels/moe.cu, moe.rs); gemm_tc by 16-bit weight
+/// kind (bf16, f16) and row tile (m16, m64).
+pub(crate) struct MoeKernels<F> {
+    pub(crate) select: Kernel<F>,
+    pub(crate) count: Kernel<F>,
+    pub(crate) offsets: Kernel<F>,
+    pub(crate) scatter: Kernel<F>,
+    pub(crate) gather: Kernel<F>,
+    pub(crate) gemm_tc: [[Kernel<F>; 2]; 2],
+    pub(crate) gemm_f32: Kernel<F>,
+    pub(crate) combine: Kernel<F>,
+}
+
+impl<F> Kernels<F> {
+    /// The one list of kernel names: `take` finds each (the loaded modules, or a test that
+    /// only collects the names).
+    pub(crate) fn resolve(mut take: impl FnMut(&'static str) -> Result<F>) -> Result<Self> {
+        let mut k = |name: &'static str| -> Result<Kernel<F>> { Ok(Kernel { name, f: take(name)? }) };
+        Ok(Kernels {
+            embedding: [k("embedding_f32")?, k("embedding_bf16")?, k("embedding_f16")?],
+            rms_norm: [k("rms_norm_f32")?, k("rms_norm_bf16")?, k("rms_norm_f16")?],
+            add_rms_norm: [k("add_rms_norm_f32")?, k("add_rms_norm_bf16")?, k("add_rms_norm_f16")?],
+            gather_rows: k("gather_rows")?,
+            add: k("add")?,
+            silu_mul: k("silu_mul")?,
+            gelu_tanh_mul: k("gelu_tanh_mul")?,
+            scale: k("scale")?,
+            rope: k("rope")?,
+            matmul_tiled_f32: k("matmul_tiled_f32")?,
+            matmul_x: [k("matmul_x_bf16")?, k("matmul_x_f16")?],
+            matmul_tc: [
+                [
+                    k("matmul_tc_bf16_m16")?,
+                    k("matmul_tc_bf16_m64")?,
+                    k("matmul_tc_bf16_m128")?,
+                    k("matmul_tc_bf16_m16_n128")?,
+                    k("matmul_tc_bf16_m64_n128")?,
+                    k("matmul_tc_bf16_m128_n128")?,
+                    k("matmul_tc_bf16_m128_occ2")?,
+                    k("matmul_tc_bf16_m64_occ4")?,
+                    k("matmul_tc_bf16_m16_s8")?,
+                    k("matmul_tc_bf16_m16_gemv4")?,
+                    k("matmul_tc_bf16_m16_gemv8")?,
+                    k("matmul_tc_bf16_m16_x1")?,
+                    k("matmul_tc_bf16_m128_w64")?,
+                ],
+                [
+                    k("matmul_tc_f16_m16")?,
+                    k("matmul_tc_f16_m64")?,
+                    k("matmul_tc_f16_m128")?,
+                    k("matmul_tc_f16_m16_n128")?,
+                    k("matmul_tc_f16_m64_n128")?,
+                    k("matmul_tc_f16_m128_n128")?,
+                    k("matmul_tc_f16_m128_occ2")?,
+                    k("matmul_tc_f16_m64_occ4")?,
+                    k("matmul_tc_f16_m16_s8")?,
+                    k("matmul_tc_f16_m16_gemv4")?,
+                    k("matmul_tc_f16_m16_gemv8")?,
+                    k("matmul_tc_f16_m16_x1")?,
+                    k("matmul_tc_f16_m128_w64")?,
+                ],
+            ],
+            kv_write: [k("kv_write_f32")?, k("kv_write_bf16")?],
+            rope_kv_write: [k("rope_kv_write_f32")?, k("rope_kv_write_bf16")?],
+            attn_partial: [k("paged_attention_partial_f32")?, k("paged_attention_partial_bf16")?],
+            attn_tc: [k("paged_attention_tc_d64")?, k("paged_attention_tc_d128")?, k("paged_attention_tc_d256")?],
+            attn_tc_deep: [k("paged_attention_tc_deep_d64")?, k("paged_attention_tc_deep_d128")?],
+            attn_tc_shared: [k("paged_attention_tc_shared_d64")?, k("paged_attention_tc_shared_d128")?],
+            argmax: k("argmax")?,
+            argmax_partial: k("argmax_partial")?,
+            argmax_fold: k("argmax_fold")?,
+            moe_route: k("moe_route")?,
+            moe_accumulate: k("moe_accumulate")?,
+            moe: MoeKernels {
+                select: k("moe_select")?,
+                count: k("moe_count")?,
+                offsets: k("moe_offsets")?,
+                scatter: k("moe_scatter")?,
+                gather: k("moe_gather")?,
+                gemm_tc: [
+                    [k("moe_gemm_bf16_m16")?, k("moe_gemm_bf16_m64")?],
+                    [k("moe_gemm_f16_m16")?, k("moe_gemm_f16_m64")?],
+                ],
+                gemm_f32: k("moe_gemm_f32")?,
+                combine: k("moe_combine")?,
+            },
+            sample: k("sample")?,
+            sample_masked: k("sample_masked")?,
+            sample_radix: k("sample_radix")?,
+            sample_masked_radix: k("sample_masked_radix")?,
+            sample_mc_max: k("sample_mc_max")?,
+            sample_mc_topk: k("sample_mc_topk")?,
+            sample_mc_topp: k("sample_mc_topp")?,
+            sample_mc_draw: k("sample_mc_draw")?,
+            logit_edits: k("logit_edits")?,
+            logit_restore: k("logit_restore")?,
+            logprobs: k("logprobs")?,
+        })
+    }
+}
+
+/// Every kernel name the backend launches (what start-up resolves); tests/cuda/kernels_check.rs
+/// holds them against what NVRTC compiled, so a renamed kernel fails without a GPU.
+pub fn kernel_names() -> Vec<&'static str> {
+    let mut names = vec![];
+    let _ = Kernels::<()>::resolve(|n| {
+        names.push(n);
+        Ok(())
+    });
+    names
+}
+
+/// The index of a weight kind in [`Kernels`]' per-weight arrays (f32, bf16, f16).
+pub(crate) fn weight_index(e: Elem) -> usize {
+    match e {
+        Elem::F32 | Elem::U32 => 0,
+        Elem::BF16 => 1,
+        Elem::F16 => 2,
+    }
+}
+
+/// A compiled kernel file: a cubin for the device's own architecture (the default), or PTX the
+/// driver compiles at load (`TANDEM_CUDA_CUBIN=0`, or where NVRTC could not make a cubin).
+pub(crate) enum Image {
+    Cubin(Vec<u8>),
+    Ptx(String),
+}
+
+/// Every kernel file compiled (or read from the cache, compile.rs) on its own thread: NVRTC
+/// programs are independent, and a cold start's time is then the slowest file's, not the sum.
+pub(crate) fn compile_modules(
+    srcs: &[KernelSource],
+    arch: &str,
+    include: Option<&std::path::PathBuf>,
+    cubin: bool,
+) -> Result<Vec<Image>> {
+    std::thread::scope(|s| {
+        let jobs: Vec<_> = srcs
+            .iter()
+            .map(|src| {
+                s.spawn(move || -> Result<Image> {
+                    if cubin {
+                        match compile_cubin_cached(src, arch, include) {
+                            Ok(c) => return Ok(Image::Cubin(c)),
+                            Err(e) => {
+                                tracing::warn!("{}.cu: no cubin for sm_{arch}, loading PTX instead: {e}", src.name)
+                            }
+                        }
+                    }
+                    compile_ptx_cached(src, arch, include).map(Image::Ptx)
+                })
+            })
+            .collect();
+        jobs.into_iter()
+            .map(|j| j.join().unwrap_or_else(|_| Err(err("a kernel compile thread panicked (see stderr)"))))
+            .collect()
+    })
+}
+
+pub(crate) fn load_module(
+    ctx: &Arc<CudaContext>,
+    src: &KernelSource,
+    image: Image,
+    funcs: &mut HashMap<String, CudaFunction>,
+) -> Result<()> {
+    // A cubin names no entries we can read cheaply: look up every kernel the backend launches
+    // (those of other files are absent and skipped). PTX lists its own.
+    let (module, names, cubin) = match image {
+        Image::Cubin(c) => (
+            ctx.load_module(cudarc::nvrtc::Ptx::from_binary(c))
+                .map_err(drv(&format!("loading the cubin of {}.cu", src.name)))?,
+            kernel_names()
+                .into_iter()
+                .chain(gemm::WGMMA_KERNELS)
+                .filter(|n| !funcs.contains_key(*n))
+                .map(str::to_string)
+                .collect::<Vec<_>>(),
+            true,
+        ),
+        Image::Ptx(ptx) => {
+            let names = ptx_entries(&ptx);
+            let m = ctx.load_module(cudarc::nvrtc::Ptx::from_src(ptx)).map_err(drv(&format!(
+                "loading the PTX of {}.cu (driver older than the NVRTC that made it?)",
+                src.name
+            )))?;
+            (m, names, false)
+        }
+    };
+    for name in names {
+        match module.load_function(&name) {
+            Ok(f) => {
+                funcs.insert(name, f);
+            }
+            // A cubin's lookup misses the kernels of other files; one missing everywhere fails
+            // Kernels::resolve, by name.
+            Err(_) if cubin => {}
+            Err(e) => return Err(drv(&format!("{}.cu: kernel {name}", src.name))(e)),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gemm::gemm_kernel;
+
+    /// One name per kernel, each once; the per-kind arrays line up with their index functions.
+    #[test]
+    fn every_kernel_is_named_once() {
+        let names = kernel_names();
+        let unique: std::collections::BTreeSet<_> = names.iter().collect();
+        assert_eq!(unique.len(), names.len(), "{names:?}");
+        assert_eq!(names.len(), 84); // 50 + 11 routed-MoE + 6 decode GEMM + 2 m128_w64 + 8 sampler/argmax + 2 tc_deep and 2 tc_shared attention variants + gelu_tanh_mul and scale (Gemma 3) + tc attention at head_dim 256
+        let k = Kernels::<&'static str>::resolve(Ok).unwrap();
+        assert_eq!(k.embedding.map(|x| x.f), ["embedding_f32", "embedding_bf16", "embedding_f16"]);
+        assert_eq!(
+            [Elem::F32, Elem::BF16, Elem::F16].map(|e| k.rms_norm[weight_index(e)].f),
+            ["rms_norm_f32", "rms_norm_bf16", "rms_norm_f16"]
+        );
+        for (m, want) in [(1, "matmul_tc_f16_m16"), (17, "matmul_tc_f16_m64_occ4"), (129, "matmul_tc_f16_m128_occ2")] {
+            assert_eq!(k.matmul_tc[weight_index(Elem::F16) - 1][gemm_kernel(m, gemm::GEMM_BN).index].f, want);
+        }
+        for (m, want) in
+            [(1, "matmul_tc_bf16_m16_n128"), (17, "matmul_tc_bf16_m64_n128"), (129, "matmul_tc_bf16_m64_n128")]
+        {
+            assert_eq!(k.matmul_tc[weight_index(Elem::BF16) - 1][gemm_kernel(m, gemm::GEMM_BN_WIDE).index].f, want);
+        }
+        assert_eq!(k.matmul_x[weight_index(Elem::BF16) - 1].f, "matmul_x_bf16");
+        assert_eq!((k.kv_write[0].f, k.kv_write[1].f), ("kv_write_f32", "kv_write_bf16"));
+        assert_eq!(
+            (k.attn_partial[0].f, k.attn_partial[1].f),
+            ("paged_attention_partial_f32", "paged_attention_partial_bf16")
+        );
+        assert_eq!(
+            k.attn_tc.map(|x| x.f),
+            ["paged_attention_tc_d64", "paged_attention_tc_d128", "paged_attention_tc_d256"]
+        );
+        // moe.rs indexes gemm_tc by [bf16, f16][m16, m64].
+        assert_eq!(
+            k.moe.gemm_tc.map(|r| r.map(|x| x.f)),
+            [["moe_gemm_bf16_m16", "moe_gemm_bf16_m64"], ["moe_gemm_f16_m16", "moe_gemm_f16_m64"]]
+        );
+    }
+}

@@ -1,0 +1,302 @@
+//! The CUDA backend's variant switches: the `TANDEM_CUDA_*` environment variables that pick a
+//! kernel variant or a check mode, read once when a [`CudaBackend`](crate::CudaBackend) loads
+//! ([`Switches::from_env`]), logged once, and passed to where they are used. [`SWITCHES`] lists
+//! each variable, its values and its default. A value a switch does not know fails the load
+//! where its table entry says so (the variant switches); the on/off ones take anything else as
+//! their default. Every variant gives the same tokens, bit for bit (the kernels' contract); the
+//! switches choose speed, or a check mode.
+
+use tandem_core::Result;
+
+use crate::attention::{self, AttnVariant, D256Variant};
+use crate::error::err;
+use crate::gemm::{self, GemmVariants, GEMM_DEFAULT_VARIANTS};
+use crate::launch;
+use crate::moe::{self, MoePath, MOE_DEFAULT};
+
+/// One variable of the table: its name, the values it takes and its default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Switch {
+    pub name: &'static str,
+    pub values: &'static str,
+    pub default: &'static str,
+    pub what: &'static str,
+}
+
+/// Every switch, in the order [`Switches::from_env`] reads them.
+pub const SWITCHES: &[Switch] = &[
+    Switch {
+        name: "TANDEM_CUDA_GEMM_LARGE",
+        values: "m128_occ2, m128, m128_n128, m128_w64, wgmma (sm_90 only)",
+        default: "m128_occ2",
+        what: "the tile kernel of GEMMs over more than 128 rows",
+    },
+    Switch {
+        name: "TANDEM_CUDA_GEMM_MID",
+        values: "m64_occ4, m64",
+        default: "m64_occ4",
+        what: "the tile kernel of GEMMs over 17 to 128 rows",
+    },
+    Switch {
+        name: "TANDEM_CUDA_GEMM_SMALL",
+        values: "m16, m16_s8, m16_gemv4, m16_gemv8, m16_x1",
+        default: "m16",
+        what: "the tile kernel of GEMMs over at most 16 rows",
+    },
+    Switch {
+        name: "TANDEM_CUDA_ATTENTION",
+        values: "tc, tc_deep, tc_shared, f32",
+        default: "tc",
+        what: "the attention kernel of a bf16 cache",
+    },
+    Switch {
+        name: "TANDEM_CUDA_ATTENTION_D256",
+        values: "partial, tc",
+        default: "partial",
+        what: "the attention kernel at head_dim 256",
+    },
+    Switch {
+        name: "TANDEM_CUDA_PDL",
+        values: "0, 1",
+        default: "0",
+        what: "programmatic dependent launch (sm_90+; ignored, with a warning, below)",
+    },
+    Switch {
+        name: "TANDEM_CUDA_MOE",
+        values: "routed, dense",
+        default: "routed",
+        what: "each expert over its own tokens, or every expert over every token",
+    },
+    Switch {
+        name: "TANDEM_CUDA_SAMPLER",
+        values: "radix, multi; anything else: the bisecting `sample`",
+        default: "bisect",
+        what: "the kernel of sampled (not greedy) rows",
+    },
+    Switch {
+        name: "TANDEM_CUDA_ARGMAX",
+        values: "multi; anything else: one CTA a row",
+        default: "one CTA a row",
+        what: "the kernel of greedy rows",
+    },
+    Switch {
+        name: "TANDEM_CUDA_SYNC",
+        values: "1; anything else: off",
+        default: "off",
+        what: "a synchronize after every launch, so a fault names its kernel",
+    },
+    Switch {
+        name: "TANDEM_CUDA_ACTIVATIONS",
+        values: "f32; anything else: the weights' 16-bit type where matmuls read them",
+        default: "16-bit",
+        what: "how activations are stored (the same bits either way)",
+    },
+    Switch {
+        name: "TANDEM_CUDA_CUBIN",
+        values: "0: PTX the driver compiles; anything else: a cubin",
+        default: "cubin",
+        what: "what NVRTC makes of each kernel file",
+    },
+];
+
+/// Which kernel samples the rows that are not greedy (`TANDEM_CUDA_SAMPLER`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sampler {
+    /// kernels/sampling.cu `sample` / `sample_masked` (the default).
+    Bisect,
+    /// `sample_radix` / `sample_masked_radix`: top-k by a radix select, top-p 4 key bits a
+    /// pass; the same ids in about a quarter of the passes.
+    Radix,
+    /// `sample_mc_*`: 64 CTAs a row, twelve launches, the same ids, with workspace reserved at
+    /// load (a step it does not cover takes `sample`).
+    Multi,
+}
+
+/// The switches as one load read them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Switches {
+    /// `TANDEM_CUDA_GEMM_LARGE` / `_MID` / `_SMALL`.
+    pub gemm: GemmVariants,
+    /// `TANDEM_CUDA_ATTENTION`.
+    pub attention: AttnVariant,
+    /// `TANDEM_CUDA_ATTENTION_D256`.
+    pub attention_d256: D256Variant,
+    /// `TANDEM_CUDA_PDL=1` (whether the GPU can is the backend's to decide).
+    pub pdl: bool,
+    /// `TANDEM_CUDA_MOE`.
+    pub moe: MoePath,
+    /// `TANDEM_CUDA_SAMPLER`.
+    pub sampler: Sampler,
+    /// `TANDEM_CUDA_ARGMAX=multi`: greedy rows take `argmax_partial` (a CTA per 4,096 logits)
+    /// and `argmax_fold`, the same ids.
+    pub argmax_multi: bool,
+    /// `TANDEM_CUDA_SYNC=1`.
+    pub sync: bool,
+    /// `TANDEM_CUDA_ACTIVATIONS=f32`.
+    pub f32_activations: bool,
+    /// Not `TANDEM_CUDA_CUBIN=0`.
+    pub cubin: bool,
+}
+
+impl Default for Switches {
+    /// Every switch at its default (what an empty environment reads).
+    fn default() -> Self {
+        Switches {
+            gemm: GEMM_DEFAULT_VARIANTS,
+            attention: AttnVariant::Tc,
+            attention_d256: D256Variant::Partial,
+            pdl: false,
+            moe: MOE_DEFAULT,
+            sampler: Sampler::Bisect,
+            argmax_multi: false,
+            sync: false,
+            f32_activations: false,
+            cubin: true,
+        }
+    }
+}
+
+impl Switches {
+    /// The switches of this process's environment; a value a variant switch does not know is
+    /// an error that names the variable and its values.
+    pub fn from_env() -> Result<Self> {
+        Self::read(|name| std::env::var(name).ok())
+    }
+
+    /// The switches `var` gives (a variable's value, None where unset).
+    pub fn read(var: impl Fn(&str) -> Option<String>) -> Result<Self> {
+        let gemm = gemm::parse_gemm_variants(
+            var("TANDEM_CUDA_GEMM_LARGE").as_deref(),
+            var("TANDEM_CUDA_GEMM_MID").as_deref(),
+            var("TANDEM_CUDA_GEMM_SMALL").as_deref(),
+        )
+        .map_err(err)?;
+        let attention = attention::parse_variant(var("TANDEM_CUDA_ATTENTION").as_deref()).map_err(err)?;
+        let attention_d256 = attention::parse_d256(var("TANDEM_CUDA_ATTENTION_D256").as_deref()).map_err(err)?;
+        let pdl = launch::parse_pdl(var("TANDEM_CUDA_PDL").as_deref()).map_err(err)?;
+        let moe = moe::moe_path(var("TANDEM_CUDA_MOE").as_deref())?;
+        let sampler = match var("TANDEM_CUDA_SAMPLER").as_deref() {
+            Some("radix") => Sampler::Radix,
+            Some("multi") => Sampler::Multi,
+            _ => Sampler::Bisect,
+        };
+        Ok(Switches {
+            gemm,
+            attention,
+            attention_d256,
+            pdl,
+            moe,
+            sampler,
+            argmax_multi: var("TANDEM_CUDA_ARGMAX").as_deref() == Some("multi"),
+            sync: var("TANDEM_CUDA_SYNC").as_deref() == Some("1"),
+            f32_activations: var("TANDEM_CUDA_ACTIVATIONS").as_deref() == Some("f32"),
+            cubin: var("TANDEM_CUDA_CUBIN").as_deref() != Some("0"),
+        })
+    }
+
+    /// The switches away from their defaults, one `NAME: value` each (empty: all defaults).
+    pub fn changed(&self) -> Vec<String> {
+        let d = Switches::default();
+        let mut out = vec![];
+        if self.gemm != d.gemm {
+            out.push(format!("TANDEM_CUDA_GEMM_LARGE / _MID / _SMALL: {:?}", self.gemm));
+        }
+        if self.attention != d.attention {
+            out.push(format!("TANDEM_CUDA_ATTENTION: {:?}", self.attention));
+        }
+        if self.attention_d256 != d.attention_d256 {
+            out.push(format!("TANDEM_CUDA_ATTENTION_D256: {:?}", self.attention_d256));
+        }
+        if self.pdl != d.pdl {
+            out.push("TANDEM_CUDA_PDL: 1".into());
+        }
+        if self.moe != d.moe {
+            out.push(format!("TANDEM_CUDA_MOE: {:?}", self.moe));
+        }
+        if self.sampler != d.sampler {
+            out.push(format!("TANDEM_CUDA_SAMPLER: {:?}", self.sampler));
+        }
+        if self.argmax_multi != d.argmax_multi {
+            out.push("TANDEM_CUDA_ARGMAX: multi".into());
+        }
+        if self.sync != d.sync {
+            out.push("TANDEM_CUDA_SYNC: 1".into());
+        }
+        if self.f32_activations != d.f32_activations {
+            out.push("TANDEM_CUDA_ACTIVATIONS: f32".into());
+        }
+        if self.cubin != d.cubin {
+            out.push("TANDEM_CUDA_CUBIN: 0".into());
+        }
+        out
+    }
+
+    /// One line at load: the switches set away from their defaults.
+    pub fn log(&self) {
+        let changed = self.changed();
+        if changed.is_empty() {
+            tracing::info!("cuda: every TANDEM_CUDA_* switch at its default");
+        } else {
+            tracing::info!("cuda: switches {}", changed.join(", "));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(vars: &[(&str, &str)]) -> Result<Switches> {
+        Switches::read(|n| vars.iter().find(|(k, _)| *k == n).map(|(_, v)| v.to_string()))
+    }
+
+    /// An empty environment reads the defaults, and the table names every switch read.
+    #[test]
+    fn defaults_and_the_table_agree() {
+        assert_eq!(read(&[]).unwrap(), Switches::default());
+        assert!(Switches::default().changed().is_empty());
+        let names: Vec<_> = SWITCHES.iter().map(|s| s.name).collect();
+        assert_eq!(names.len(), 12);
+        let src = include_str!("switches.rs");
+        for n in &names {
+            assert!(src.matches(&format!("var(\"{n}\")")).count() == 1, "{n} is read once");
+        }
+    }
+
+    /// Each switch keeps its meaning: the values it knows, and what it does with others.
+    #[test]
+    fn values_read_as_before() {
+        let s = read(&[
+            ("TANDEM_CUDA_GEMM_SMALL", "m16_x1"),
+            ("TANDEM_CUDA_ATTENTION", "tc_shared"),
+            ("TANDEM_CUDA_ATTENTION_D256", "tc"),
+            ("TANDEM_CUDA_PDL", "1"),
+            ("TANDEM_CUDA_MOE", "dense"),
+            ("TANDEM_CUDA_SAMPLER", "multi"),
+            ("TANDEM_CUDA_ARGMAX", "multi"),
+            ("TANDEM_CUDA_SYNC", "1"),
+            ("TANDEM_CUDA_ACTIVATIONS", "f32"),
+            ("TANDEM_CUDA_CUBIN", "0"),
+        ])
+        .unwrap();
+        assert_eq!(s.attention, AttnVariant::TcShared);
+        assert_eq!(s.attention_d256, D256Variant::Tc);
+        assert!(s.pdl && s.argmax_multi && s.sync && s.f32_activations && !s.cubin);
+        assert_eq!((s.moe, s.sampler), (MoePath::Dense, Sampler::Multi));
+        assert_eq!(s.changed().len(), 10);
+        // The on/off switches take anything else as off; the variant switches refuse it.
+        let s =
+            read(&[("TANDEM_CUDA_SAMPLER", "fast"), ("TANDEM_CUDA_SYNC", "yes"), ("TANDEM_CUDA_CUBIN", "")]).unwrap();
+        assert_eq!(s, Switches::default());
+        for (k, v) in [
+            ("TANDEM_CUDA_GEMM_LARGE", "m256"),
+            ("TANDEM_CUDA_ATTENTION", "x"),
+            ("TANDEM_CUDA_ATTENTION_D256", "x"),
+            ("TANDEM_CUDA_PDL", "2"),
+            ("TANDEM_CUDA_MOE", "sparse"),
+        ] {
+            let e = read(&[(k, v)]).unwrap_err().to_string();
+            assert!(e.contains(k), "{e}");
+        }
+    }
+}
