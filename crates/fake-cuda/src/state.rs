@@ -3,8 +3,8 @@
 //! sticky error after a fault.
 //!
 //! This file holds the state itself, the lock, memory and copies, and the device's answers;
-//! the rest is one file a noun: [`stream`], [`event`], [`module`], [`launch`], [`graph`],
-//! [`fault`] (the handler that names a faulting kernel).
+//! the rest is one file a noun: `stream`, `event`, `module`, `launch`, `graph`,
+//! `fault` (the handler that names a faulting kernel).
 
 use std::cell::Cell;
 use std::collections::HashMap;

@@ -3,8 +3,8 @@
 //! naming the op and buffer, never an out-of-bounds access on the device.
 //!
 //! This file holds the backend's state, its construction and the `Backend` impl; the methods
-//! live in one file per group of the trait: [`device`], [`storage`], [`ops`], [`fused_ops`],
-//! [`sampling`]. The projections all run through [`matmul`]; [`operand`] holds the host-side
+//! live in one file per group of the trait: `device`, `storage`, `ops`, `fused_ops`,
+//! `sampling`. The projections all run through `matmul`; `operand` holds the host-side
 //! checks every op starts with.
 
 use std::path::PathBuf;
