@@ -452,8 +452,8 @@ pub unsafe extern "C" fn cuTensorMapEncodeTiled(
     if *elem_strides != 1 || *elem_strides.add(1) != 1 {
         return bad("element strides other than 1 are not modelled");
     }
-    if base as usize % 16 != 0
-        || st % 16 != 0
+    if !(base as usize).is_multiple_of(16)
+        || !st.is_multiple_of(16)
         || d0 == 0
         || d1 == 0
         || st < d0 * elem
@@ -461,7 +461,7 @@ pub unsafe extern "C" fn cuTensorMapEncodeTiled(
         || b1 == 0
         || b0 > 256
         || b1 > 256
-        || (b0 * elem) % 16 != 0
+        || !(b0 * elem).is_multiple_of(16)
         || (swz == 3 && b0 * elem > 128)
     {
         return bad(&format!(
@@ -470,7 +470,7 @@ pub unsafe extern "C" fn cuTensorMapEncodeTiled(
     }
     // wgmma.h TensorMap2d: tag, base, dim0, dim1, stride1 (u64 each), box0, box1, elem bytes, swizzle (u32 each).
     let mut w = [0u64; 16];
-    w[0] = 0x746d_6170_3264_00;
+    w[0] = 0x74_6d61_7032_6400;
     w[1] = base as u64;
     w[2] = d0;
     w[3] = d1;

@@ -320,7 +320,7 @@ fn main() {
                 .map(|j| {
                     let e = r * K as usize + j;
                     let word = w[e / 2];
-                    f32::from_bits(if e % 2 == 0 { word << 16 } else { word & 0xffff0000 }) * x[j]
+                    f32::from_bits(if e.is_multiple_of(2) { word << 16 } else { word & 0xffff0000 }) * x[j]
                 })
                 .sum()
         })

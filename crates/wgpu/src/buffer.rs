@@ -44,7 +44,9 @@ impl Tiled {
     /// The tiled layout for a `[rows, cols]` matrix of `dtype`, if its rows are whole units.
     pub fn for_matrix(shape: &[usize], dtype: DType) -> Option<Tiled> {
         match *shape {
-            [rows, cols] if rows > 0 && cols > 0 && (cols * dtype.size()) % 16 == 0 => Some(Tiled { rows, cols }),
+            [rows, cols] if rows > 0 && cols > 0 && (cols * dtype.size()).is_multiple_of(16) => {
+                Some(Tiled { rows, cols })
+            }
             _ => None,
         }
     }
@@ -227,8 +229,8 @@ mod tests {
         // Unit 2 of row 65: tile 1, unit 2, row 1 of the tile.
         let d = ((3 + 2) * 64 + 1) * 16;
         assert_eq!(&dst[d..d + 16], &src[65 * 48 + 32..65 * 48 + 48]);
-        // The padding rows of the last tile are zeros.
-        let pad = ((3 + 0) * 64 + 6) * 16;
+        // The padding rows of the last tile are zeros (tile 1, unit 0, row 6 of the tile).
+        let pad = (3 * 64 + 6) * 16;
         assert!(dst[pad..pad + 16].iter().all(|&b| b == 0));
         assert_eq!(t.untile(DType::BF16, &dst), src);
         assert_eq!(Tiled::for_matrix(&[4, 6], DType::BF16), None, "rows of 12 bytes are not whole units");

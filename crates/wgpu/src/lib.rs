@@ -8,7 +8,10 @@
 //!   prelude, the pipeline cache.
 //! - [`recorder`]: one pending command encoder, the per-submit parameter arena, reads and writes.
 //! - [`buffer`]: [`WgpuBuf`], the backend's buffer type.
-//! - [`backend`]: [`WgpuBackend`] and its ops.
+//! - [`backend`]: [`WgpuBackend`]: its state, its construction and the `Backend` impl, whose
+//!   methods live one file per group of the trait (`device`, `storage`, `ops`, `fused_ops`,
+//!   `sampling`); `matmul`, the kernel every projection runs through; `operand`, the host-side
+//!   checks each op starts with.
 //! - `affinity`: lavapipe's compute workers pinned one per CPU (CPU adapters on Linux).
 //!
 //! Architecture invariant: ops only record; the device runs them when something is read

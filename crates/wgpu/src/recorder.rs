@@ -410,7 +410,7 @@ impl Recorder {
         if p.encoder.is_some() {
             self.submit_locked(&mut p)?;
         }
-        if bytes.len() % 4 == 0 {
+        if bytes.len().is_multiple_of(4) {
             self.gpu.queue.write_buffer(buf, 0, bytes);
         } else {
             let mut padded = bytes.to_vec();
