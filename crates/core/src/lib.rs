@@ -26,6 +26,7 @@ pub mod model;
 pub mod sampling;
 pub mod skip;
 pub mod tokenizer;
+pub mod u32_group;
 pub mod weights;
 
 pub use backend::{Backend, DType, KvDtype, WorkspaceLimits};

@@ -10,10 +10,10 @@
 use std::path::PathBuf;
 use std::sync::Mutex;
 
+use tandem_core::backend::prelude::*;
 use tandem_core::backend::{AttnArgs, KvDest, KvGeometry, NormIn, WeightAndBias};
 use tandem_core::config::Activation;
 use tandem_core::weights::TensorView;
-use tandem_core::backend::prelude::*;
 use tandem_core::{DType, Error, Result};
 
 use crate::adapter;
