@@ -77,7 +77,7 @@ pub struct SpeculativeConfig {
 }
 
 impl SpeculativeConfig {
-    /// N-gram prompt lookup with `k` drafts and vLLM's default n-gram lengths.
+    /// N-gram prompt lookup with `k` drafts, looking up n-grams of 1 to 4 tokens.
     pub fn ngram(k: usize) -> Self {
         SpeculativeConfig {
             method: SpeculativeMethod::Ngram,
@@ -85,6 +85,48 @@ impl SpeculativeConfig {
             prompt_lookup_min: 1,
             prompt_lookup_max: 4,
         }
+    }
+
+    /// vLLM's `--speculative-config` JSON object. `method` and `num_speculative_tokens` are
+    /// required; an n-gram length left out takes the other's value, both left out take vLLM's
+    /// 5. A method this engine does not have, or any other field, is refused by name.
+    pub fn from_json(json: &str) -> Result<Self, String> {
+        let v: serde_json::Value =
+            serde_json::from_str(json).map_err(|e| format!("speculative config: not JSON: {e}"))?;
+        let obj = v.as_object().ok_or("speculative config: expected a JSON object")?;
+        let count = |field: &str| -> Result<Option<usize>, String> {
+            match obj.get(field) {
+                None | Some(serde_json::Value::Null) => Ok(None),
+                Some(x) => x
+                    .as_u64()
+                    .map(|n| Some(n as usize))
+                    .ok_or_else(|| format!("speculative config: {field} must be a non-negative integer, got {x}")),
+            }
+        };
+        for field in obj.keys() {
+            if !["method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"].contains(&field.as_str())
+            {
+                return Err(format!("speculative config: field `{field}` is not supported"));
+            }
+        }
+        let method = match obj.get("method").map(|m| m.as_str()) {
+            Some(Some("ngram")) => SpeculativeMethod::Ngram,
+            Some(Some(other)) => {
+                return Err(format!("speculative config: method `{other}` is not supported (supported: ngram)"))
+            }
+            Some(None) => return Err("speculative config: method must be a string".into()),
+            None => return Err("speculative config: method is required (supported: ngram)".into()),
+        };
+        let k = count("num_speculative_tokens")?.ok_or("speculative config: num_speculative_tokens is required")?;
+        let (min, max) = match (count("prompt_lookup_min")?, count("prompt_lookup_max")?) {
+            (None, None) => (5, 5),
+            (Some(n), None) | (None, Some(n)) => (n, n),
+            (Some(a), Some(b)) => (a, b),
+        };
+        let cfg =
+            SpeculativeConfig { method, num_speculative_tokens: k, prompt_lookup_min: min, prompt_lookup_max: max };
+        cfg.validate()?;
+        Ok(cfg)
     }
 
     /// Checks the settings; the error names the field.
@@ -213,6 +255,33 @@ mod tests {
         assert_eq!(accepted_len(&[1, 2, 3], &[1, 2, 3, 5]), 3);
         assert_eq!(accepted_len(&[1, 2, 3], &[9, 2, 3, 5]), 0);
         assert_eq!(accepted_len(&[], &[9]), 0);
+    }
+
+    #[test]
+    fn vllm_json_is_read_and_what_is_not_honoured_is_refused_by_name() {
+        let c = SpeculativeConfig::from_json(r#"{"method": "ngram", "num_speculative_tokens": 3}"#).unwrap();
+        assert_eq!((c.num_speculative_tokens, c.prompt_lookup_min, c.prompt_lookup_max), (3, 5, 5));
+        let c = SpeculativeConfig::from_json(
+            r#"{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 6}"#,
+        )
+        .unwrap();
+        assert_eq!((c.num_speculative_tokens, c.prompt_lookup_min, c.prompt_lookup_max), (4, 2, 6));
+        let c =
+            SpeculativeConfig::from_json(r#"{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}"#)
+                .unwrap();
+        assert_eq!((c.prompt_lookup_min, c.prompt_lookup_max), (3, 3));
+        for (json, names) in [
+            (r#"{"method": "eagle3", "num_speculative_tokens": 3}"#, "eagle3"),
+            (r#"{"method": "ngram", "num_speculative_tokens": 3, "model": "x"}"#, "model"),
+            (r#"{"method": "ngram"}"#, "num_speculative_tokens"),
+            (r#"{"num_speculative_tokens": 3}"#, "method"),
+            (r#"{"method": "ngram", "num_speculative_tokens": -1}"#, "num_speculative_tokens"),
+            (r#"{"method": "ngram", "num_speculative_tokens": 0}"#, "num_speculative_tokens"),
+            (r#"[1]"#, "object"),
+        ] {
+            let e = SpeculativeConfig::from_json(json).unwrap_err();
+            assert!(e.contains(names), "{json}: {e}");
+        }
     }
 
     #[test]

@@ -13,7 +13,9 @@ use common::*;
 use tandem_core::model::LoadOptions;
 use tandem_core::{DType, LlamaModel, ModelRunner};
 use tandem_engine::speculative::SpeculativeConfig;
-use tandem_engine::{Engine, EngineConfig, FinishReason, Request, SamplingParams, Stats};
+use tandem_engine::{
+    Constraint, ConstraintFactory, Engine, EngineConfig, FinishReason, Guided, Request, SamplingParams, Stats,
+};
 use tandem_models::random_model::{write_random_model, Shape};
 use tandem_reference::RefBackend;
 
@@ -276,6 +278,60 @@ fn fake_model_answers_match_its_oracle_with_drafts() {
         check_counters(&st, 3);
         assert!(st.spec_decode_num_drafts_total > 0);
     }
+}
+
+/// Allows only odd tokens.
+struct Odd;
+
+impl ConstraintFactory for Odd {
+    fn start(&self) -> Result<Box<dyn Constraint>, String> {
+        Ok(Box::new(Odd))
+    }
+    fn kind(&self) -> &str {
+        "odd"
+    }
+}
+
+impl Constraint for Odd {
+    fn fill_mask(&mut self, mask: &mut [u32]) -> Result<(), String> {
+        mask.fill(0xAAAA_AAAA);
+        Ok(())
+    }
+    fn commit(&mut self, token: u32) -> Result<(), String> {
+        match token % 2 {
+            1 => Ok(()),
+            _ => Err(format!("token {token} was not allowed")),
+        }
+    }
+    fn is_finished(&self) -> bool {
+        false
+    }
+}
+
+/// Structured output beside speculating requests: the constrained rows are found among the
+/// draft rows (its mask goes to its own row), and every answer is as without drafts.
+#[test]
+fn structured_output_beside_drafts_keeps_every_answer() {
+    let dir = model_dir("guided");
+    let vocab = runner(&dir, 4, 16).config().vocab_size as u32;
+    let ps = prompts(vocab);
+    let mut reqs = vec![];
+    for (i, p) in ps.iter().enumerate() {
+        reqs.push(greedy(p.clone(), 24));
+        let mut g = greedy(p.clone(), 16);
+        g.params.guided = Some(Guided::new(Odd));
+        if i % 2 == 1 {
+            g.params.temperature = 1.0;
+            g.params.seed = Some(i as u64);
+        }
+        reqs.push(g);
+    }
+    let want = run(&mut Engine::new(runner(&dir, 64, 256), letters(), EngineConfig::default()).unwrap(), &reqs);
+    assert!(want.iter().skip(1).step_by(2).all(|a| a.0.iter().all(|t| t % 2 == 1)));
+    let mut e = Engine::new(runner(&dir, 64, 256), letters(), spec_on(4, EngineConfig::default())).unwrap();
+    assert_eq!(run(&mut e, &reqs), want);
+    assert!(e.stats().spec_decode_num_accepted_tokens_total > 0);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
