@@ -14,6 +14,7 @@ use tandem_core::tokenizer::Tokenizer;
 use tandem_core::KvDtype;
 use tandem_engine::engine::{Engine, EngineConfig};
 use tandem_engine::scheduler::{BatchMode, Policy};
+use tandem_engine::speculative::SpeculativeConfig;
 use tandem_server::engine_adapter::{decode_fn, TandemEngine};
 use tandem_server::reasoning::{self, ReasoningParser};
 use tandem_server::tool_parser::{self, ToolParser};
@@ -90,6 +91,11 @@ pub struct EngineArgs {
     /// held-back long one go first (default: no limit).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_long_partial_prefills: Option<u64>,
+    /// vLLM's JSON, e.g. `{"method": "ngram", "num_speculative_tokens": 4}` (also
+    /// `prompt_lookup_min`, `prompt_lookup_max`): greedy answers stay bitwise the same. Other
+    /// methods and fields are refused by name.
+    #[arg(long, value_parser = SpeculativeConfig::from_json)]
+    pub speculative_config: Option<SpeculativeConfig>,
 }
 
 /// `--kv-cache-dtype`: None is `auto` (the backend's default, `Backend::kv_dtypes()[0]`).
@@ -155,6 +161,7 @@ impl EngineArgs {
             long_prefill_token_threshold: self.long_prefill_token_threshold,
             max_num_partial_prefills: self.max_num_partial_prefills.unwrap_or(0) as usize,
             max_long_partial_prefills: self.max_long_partial_prefills.unwrap_or(0) as usize,
+            speculative: self.speculative_config,
             ..Default::default()
         })
     }
@@ -592,5 +599,22 @@ mod tests {
         assert!(!on(&["--no-async-scheduling"]));
         assert!(!on(&["--async-scheduling", "--no-async-scheduling"]));
         assert!(on(&["--no-async-scheduling", "--async-scheduling"]));
+    }
+
+    /// `--speculative-config` takes vLLM's JSON; what the engine cannot honour stops the start.
+    #[test]
+    fn speculative_config_flag() {
+        #[derive(clap::Parser)]
+        struct P {
+            #[command(flatten)]
+            e: EngineArgs,
+        }
+        let parse =
+            |args: &[&str]| <P as clap::Parser>::try_parse_from(std::iter::once("tandem").chain(args.iter().copied()));
+        assert_eq!(parse(&[]).unwrap().e.engine_config(None).unwrap().speculative, None);
+        let p = parse(&["--speculative-config", r#"{"method": "ngram", "num_speculative_tokens": 3}"#]).unwrap();
+        assert_eq!(p.e.engine_config(None).unwrap().speculative.map(|s| s.num_speculative_tokens), Some(3));
+        let e = parse(&["--speculative-config", r#"{"method": "eagle3", "num_speculative_tokens": 3}"#]).err().unwrap();
+        assert!(e.to_string().contains("eagle3"), "{e}");
     }
 }

@@ -6,6 +6,7 @@
 
 use crate::block_manager::KvEvent;
 use crate::scheduler::{BatchMode, LongPrefill, Policy, PrefillLimits};
+use crate::speculative::SpeculativeConfig;
 
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
@@ -39,6 +40,8 @@ pub struct EngineConfig {
     /// Where to send the prefix cache's changes, one batch per step that had any (KV-cache
     /// events for routers; see `tandem_server::kv_events`). None: not recorded.
     pub kv_events: Option<std::sync::mpsc::Sender<Vec<KvEvent>>>,
+    /// Speculative decoding (see [`crate::speculative`]); None: off.
+    pub speculative: Option<SpeculativeConfig>,
 }
 
 impl Default for EngineConfig {
@@ -58,6 +61,7 @@ impl Default for EngineConfig {
             max_num_partial_prefills: 0,
             max_long_partial_prefills: 0,
             kv_events: None,
+            speculative: None,
         }
     }
 }

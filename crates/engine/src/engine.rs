@@ -23,11 +23,13 @@
 //! Here: the engine's state, building it, admitting requests, the step, and how requests and
 //! completions end. The step's parts are submodules: `forward` (the model call, and the masks
 //! computed meanwhile), `postprocess` (tokens into sequences and outputs), `overlap` (the
-//! async-scheduling pipeline); `thread` runs the engine behind an [`EngineHandle`].
+//! async-scheduling pipeline), `speculate` (drafts proposed before the schedule, verified
+//! after the forward); `thread` runs the engine behind an [`EngineHandle`].
 
 mod forward;
 mod overlap;
 mod postprocess;
+mod speculate;
 mod thread;
 
 use std::collections::VecDeque;
@@ -40,6 +42,7 @@ use tandem_core::ModelRunner;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 
 use self::overlap::InFlight;
+use self::speculate::Speculator;
 pub(crate) use self::thread::Command;
 use crate::admission::Admission;
 pub use crate::admission::SubmitError;
@@ -84,6 +87,8 @@ pub struct Engine {
     failure: Arc<OnceLock<String>>,
     /// Where each step's prefix-cache changes go (`EngineConfig::kv_events`).
     kv_events: Option<Sender<Vec<KvEvent>>>,
+    /// Speculative decoding, when configured (`EngineConfig::speculative`).
+    speculator: Option<Speculator>,
 }
 
 impl Engine {
@@ -138,6 +143,14 @@ impl Engine {
             max_pending: cfg.max_pending_requests,
         };
         let prefill = prefill_limits(&cfg, max_model_len)?;
+        if let Some(s) = &cfg.speculative {
+            s.validate().map_err(EngineError::Config)?;
+        }
+        let speculator = cfg.speculative.map(|cfg| Speculator { cfg, proposer: cfg.proposer() });
+        let stats = Stats {
+            spec_decode_num_accepted_tokens_per_pos: vec![0; cfg.speculative.map_or(0, |s| s.num_speculative_tokens)],
+            ..Stats::default()
+        };
         tracing::info!(?prefill, max_num_batched_tokens, "prefill scheduling");
         let mut scheduler = Scheduler::new(SchedulerConfig {
             max_num_batched_tokens,
@@ -170,7 +183,7 @@ impl Engine {
             decode,
             admission,
             requests: IdMap::default(),
-            stats: Arc::new(Mutex::new(Stats::default())),
+            stats: Arc::new(Mutex::new(stats)),
             pending: Arc::new(AtomicUsize::new(0)),
             next_request: Arc::new(AtomicU64::new(1)),
             next_seq: 1,
@@ -178,6 +191,7 @@ impl Engine {
             seed: cfg.seed,
             generation_tokens: 0,
             failure: Arc::new(OnceLock::new()),
+            speculator,
         })
     }
 
@@ -292,6 +306,7 @@ impl Engine {
     }
 
     fn step_sync(&mut self) -> usize {
+        self.propose_drafts();
         let out = self.scheduler.schedule(Instant::now());
         // The step's KV high-water mark: taken now, before finished sequences free blocks.
         let scheduled_usage = self.scheduler.bm.usage();

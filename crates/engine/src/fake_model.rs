@@ -33,6 +33,8 @@ pub struct FakeModel {
     pub per_token: std::time::Duration,
     /// When set, each forward's start and end instants and its token count are pushed here.
     pub forward_times: Option<ForwardTimes>,
+    /// Logit rows a forward may return beyond one per sequence (prompt logprobs, drafts).
+    pub spare_logit_rows: usize,
 }
 
 /// Where a fake model logs each forward's (start, end, tokens).
@@ -78,6 +80,7 @@ impl FakeModel {
             delay: std::time::Duration::ZERO,
             per_token: std::time::Duration::ZERO,
             forward_times: None,
+            spare_logit_rows: 0,
         }
     }
 
@@ -131,6 +134,9 @@ impl ModelRunner for FakeModel {
     }
     fn max_seqs(&self) -> usize {
         self.max_seqs
+    }
+    fn max_logit_rows(&self) -> usize {
+        self.max_seqs + self.spare_logit_rows
     }
 
     fn forward(&mut self, b: &ForwardBatch) -> Result<Vec<f32>> {

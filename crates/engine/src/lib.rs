@@ -13,6 +13,7 @@
 //! - [`block_manager`]: ref-counted KV blocks and the prefix cache.
 //! - [`sequence`]: one prompt and its output, with its block table and timings.
 //! - [`sampler`], [`sampling_params`]: logits to tokens.
+//! - [`speculative`]: speculative decoding: draft proposers, who gets drafts, acceptance.
 //! - [`constraint`]: structured output as the engine sees it (a mask per constrained row);
 //!   `masks` computes a step's masks on helper threads while the forward runs.
 //! - [`detokenize`]: streamed text and stop strings.
@@ -39,6 +40,7 @@ pub mod sampler;
 pub mod sampling_params;
 pub mod scheduler;
 pub mod sequence;
+pub mod speculative;
 pub mod worker;
 
 pub use admission::SubmitError;
@@ -53,3 +55,4 @@ pub use request_stream::RequestStream;
 pub use sampling_params::{InvalidParam, SamplingParams};
 pub use scheduler::{BatchMode, Policy};
 pub use sequence::{FinishReason, RequestId};
+pub use speculative::{SpeculativeConfig, SpeculativeMethod};

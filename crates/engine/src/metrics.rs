@@ -48,6 +48,13 @@ pub struct Stats {
     /// (vLLM's `vllm:iteration_tokens_total`) are sums of these.
     pub iteration_tokens: [u64; ITERATION_TOKEN_BINS],
     pub iteration_tokens_sum: u64,
+    /// Speculative decoding (vLLM's `spec_decode_*` counters): sequence-steps verified with
+    /// drafts, draft tokens verified, drafts accepted, and per draft position how often the
+    /// draft there was accepted.
+    pub spec_decode_num_drafts_total: u64,
+    pub spec_decode_num_draft_tokens_total: u64,
+    pub spec_decode_num_accepted_tokens_total: u64,
+    pub spec_decode_num_accepted_tokens_per_pos: Vec<u64>,
 }
 
 /// Bins of [`Stats::iteration_tokens`]: up to 2^15 tokens a step, then one overflow bin.
@@ -66,6 +73,20 @@ impl Stats {
                 self.guided_mask_seconds.pop_front();
             }
             self.guided_mask_seconds.push_back(t);
+        }
+    }
+
+    /// Records one verification: `drafts` draft tokens, the first `accepted` of them kept.
+    pub fn record_verification(&mut self, drafts: usize, accepted: usize) {
+        self.spec_decode_num_drafts_total += 1;
+        self.spec_decode_num_draft_tokens_total += drafts as u64;
+        self.spec_decode_num_accepted_tokens_total += accepted as u64;
+        let per_pos = &mut self.spec_decode_num_accepted_tokens_per_pos;
+        if per_pos.len() < drafts {
+            per_pos.resize(drafts, 0);
+        }
+        for n in &mut per_pos[..accepted] {
+            *n += 1;
         }
     }
 

@@ -138,6 +138,23 @@ pub struct ScheduledSeq {
     pub sample: bool,
     /// Every token of the chunk gets a logit row (prompt logprobs), not only a sampled last.
     pub all_logits: bool,
+    /// Of `num_tokens`, the draft tokens at the end (speculative decoding): the sequence's
+    /// `draft`, each with a logit row of its own, as the last committed token has.
+    pub num_draft: usize,
+}
+
+impl ScheduledSeq {
+    /// Logit rows the chunk takes: every token's (prompt logprobs), the last committed token's
+    /// and each draft's, the last token's when it samples, or none.
+    pub fn logit_rows(&self) -> usize {
+        if self.all_logits {
+            self.num_tokens
+        } else if self.sample {
+            1 + self.num_draft
+        } else {
+            0
+        }
+    }
 }
 
 #[derive(Debug, Default, Clone)]
@@ -386,6 +403,18 @@ impl Scheduler {
         budget.min(1 + self.cfg.prompt_logit_rows - out.extra_logit_rows)
     }
 
+    /// Draft tokens a decode of `seq` may add this step: its drafts, as far as the token budget
+    /// (after its own token), the spare logit rows and the free blocks go (drafts never
+    /// preempt anyone).
+    fn drafts_cap(&self, seq: &Sequence, out: &SchedulerOutput) -> usize {
+        let rows = self.cfg.prompt_logit_rows.saturating_sub(out.extra_logit_rows);
+        let mut d = seq.draft.len().min(self.budget_left(out).saturating_sub(1)).min(rows);
+        while d > 0 && !self.bm.can_append(&seq.block_table, seq.num_computed_tokens + 1 + d) {
+            d -= 1;
+        }
+        d
+    }
+
     /// Most tokens one prefill chunk may take this step (PrefillLimits): `waiting_behind`
     /// sequences wait to be admitted after it.
     fn prefill_cap(&self, waiting_behind: bool) -> usize {
@@ -429,8 +458,9 @@ impl Scheduler {
             if n == 0 || out.seqs.len() >= self.cfg.max_num_seqs {
                 return;
             }
-            if self.make_room(id, seq.num_computed_tokens + n, out) {
-                self.push(out, id, n);
+            let drafts = if decodes { self.drafts_cap(seq, out) } else { 0 };
+            if self.make_room(id, seq.num_computed_tokens + n + drafts, out) {
+                self.push(out, id, n + drafts, drafts);
             }
         }
     }
@@ -484,6 +514,7 @@ impl Scheduler {
         let key = self.waiting_key(&self.seqs[&id]);
         let seq = self.seqs.get_mut(&id).expect("preempted sequence exists");
         self.bm.free(&mut seq.block_table, &mut seq.block_hashes);
+        seq.draft.clear();
         seq.num_computed_tokens = 0;
         seq.num_preemptions += 1;
         seq.status = SeqStatus::Waiting;
@@ -573,22 +604,24 @@ impl Scheduler {
             }
             self.insert_running(id);
             if n > 0 {
-                self.push(out, id, n);
+                self.push(out, id, n, 0);
             }
         }
     }
 
-    fn push(&mut self, out: &mut SchedulerOutput, id: SeqId, n: usize) {
+    /// Schedules `n` tokens of `id`, the last `num_draft` of them its drafts (the drafts it
+    /// had beyond those are dropped).
+    fn push(&mut self, out: &mut SchedulerOutput, id: SeqId, n: usize, num_draft: usize) {
         let seq = self.seqs.get_mut(&id).expect("scheduled sequence exists");
         seq.scheduled_at_step = self.step;
-        let sample = seq.num_computed_tokens + n == seq.num_tokens();
+        seq.draft.truncate(num_draft);
+        let sample = seq.num_computed_tokens + n - num_draft == seq.num_tokens();
         let all_logits = seq.wants_prompt_logits();
-        out.seqs.push(ScheduledSeq { seq: id, num_tokens: n, sample, all_logits });
+        let s = ScheduledSeq { seq: id, num_tokens: n, sample, all_logits, num_draft };
+        out.seqs.push(s);
         out.num_tokens += n;
-        out.num_logit_rows += if all_logits { n } else { usize::from(sample) };
-        if all_logits {
-            out.extra_logit_rows += n - 1;
-        }
+        out.num_logit_rows += s.logit_rows();
+        out.extra_logit_rows += s.logit_rows().saturating_sub(1);
     }
 
     /// The flattened batch for the model: each scheduled chunk with its positions and table.
@@ -612,29 +645,42 @@ impl Scheduler {
             let table = &seq.block_table;
             b.block_tables[row * max_blocks..row * max_blocks + table.len()].copy_from_slice(table);
             let start = seq.num_computed_tokens;
-            for pos in start..start + s.num_tokens {
-                if s.all_logits {
+            let end = start + s.num_tokens;
+            for pos in start..end {
+                if s.all_logits || (s.sample && pos + s.num_draft >= end - 1) {
                     b.logit_rows.push(b.tokens.len() as u32);
                 }
-                b.tokens.push(seq.tokens[pos]);
+                b.tokens.push(seq.tokens.get(pos).copied().unwrap_or_else(|| seq.draft[pos - seq.tokens.len()]));
                 b.positions.push(pos as u32);
                 b.slots.push(table[pos / bs] * bs as u32 + (pos % bs) as u32);
                 b.token_seq.push(row as u32);
-            }
-            if s.sample && !s.all_logits {
-                b.logit_rows.push(b.tokens.len() as u32 - 1);
             }
         }
         b
     }
 
     /// After the forward: the scheduled tokens are in the cache now; full blocks join the
-    /// prefix cache.
+    /// prefix cache. Drafts are not counted yet: [`Scheduler::settle_drafts`] counts those the
+    /// target accepted.
     pub fn complete_step(&mut self, out: &SchedulerOutput) {
         for s in &out.seqs {
             let Some(seq) = self.seqs.get_mut(&s.seq) else { continue };
-            seq.num_computed_tokens += s.num_tokens;
+            seq.num_computed_tokens += s.num_tokens - s.num_draft;
             self.bm.cache_full_blocks(&seq.block_table, &mut seq.block_hashes, &seq.tokens, seq.num_computed_tokens);
+        }
+    }
+
+    /// After a verified step: `id`'s drafts are gone (those accepted are committed tokens now,
+    /// counted in `num_computed_tokens`), its newly full blocks join the prefix cache, and the
+    /// blocks past what its tokens need (allocated for rejected drafts) go back to the pool.
+    pub fn settle_drafts(&mut self, id: SeqId) {
+        let Some(seq) = self.seqs.get_mut(&id) else { return };
+        seq.draft.clear();
+        self.bm.cache_full_blocks(&seq.block_table, &mut seq.block_hashes, &seq.tokens, seq.num_computed_tokens);
+        let keep = self.bm.blocks_for(seq.num_tokens()).max(self.bm.blocks_for(seq.num_computed_tokens));
+        if seq.block_table.len() > keep {
+            let mut tail = seq.block_table.split_off(keep);
+            self.bm.free(&mut tail, &mut Vec::new());
         }
     }
 

@@ -122,6 +122,9 @@ pub struct Sequence {
     pub prompt_ranks: Vec<u32>,
     /// The constraint of a guided request, and the mask it gave for this step's sample.
     pub guide: Option<GuideState>,
+    /// Draft tokens to verify after `tokens` this step (speculative decoding): not committed,
+    /// cleared once the step is verified or the sequence is preempted.
+    pub draft: Vec<u32>,
 }
 
 /// A sequence's constraint and its mask for the row being sampled.
@@ -181,6 +184,7 @@ impl Sequence {
             prompt_logprobs: (index == 0 && params.prompt_logprobs.is_some()).then(|| vec![None]),
             prompt_ranks: vec![0],
             guide: None,
+            draft: Vec::new(),
             params,
         }
     }

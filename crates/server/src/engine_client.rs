@@ -196,6 +196,12 @@ pub struct EngineStats {
     /// The KV pool: tokens a block holds and blocks (0 when unknown).
     pub block_size: usize,
     pub num_blocks: usize,
+    /// Speculative decoding (cumulative): verifications, draft tokens, accepted drafts, and
+    /// accepted drafts per position (empty: speculation off).
+    pub spec_decode_num_drafts: u64,
+    pub spec_decode_num_draft_tokens: u64,
+    pub spec_decode_num_accepted_tokens: u64,
+    pub spec_decode_num_accepted_tokens_per_pos: Vec<u64>,
 }
 
 /// Why the engine refused a request outright.

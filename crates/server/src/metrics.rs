@@ -351,6 +351,20 @@ impl Metrics {
             "Token masks computed for structured output (one per constrained token).",
             stats.guided_masks_total,
         );
+        if !stats.spec_decode_num_accepted_tokens_per_pos.is_empty() {
+            counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", stats.spec_decode_num_drafts);
+            counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", stats.spec_decode_num_draft_tokens);
+            counter(
+                "vllm:spec_decode_num_accepted_tokens",
+                "Number of accepted tokens.",
+                stats.spec_decode_num_accepted_tokens,
+            );
+            let name = "vllm:spec_decode_num_accepted_tokens_per_pos_total";
+            let _ = writeln!(out, "# HELP {name} Accepted tokens per draft position.\n# TYPE {name} counter");
+            for (p, v) in stats.spec_decode_num_accepted_tokens_per_pos.iter().enumerate() {
+                let _ = writeln!(out, "{name}{{{l},position=\"{p}\"}} {v}");
+            }
+        }
         let _ = writeln!(
             out,
             "# HELP tandem:structured_output_mask_seconds_total Time spent computing structured-output masks (beside the forward, on helper threads).\n# TYPE tandem:structured_output_mask_seconds_total counter\ntandem:structured_output_mask_seconds_total{{{l}}} {}",
@@ -556,6 +570,28 @@ mod tests {
         assert_eq!(m.throughput(t0 + s(73)), (0.0, 10.0));
         // Nothing new since: 0, not the old rate.
         assert_eq!(m.throughput(t0 + s(90)).1, 0.0);
+    }
+
+    /// vLLM's speculative-decoding counters, only when speculation is on.
+    #[test]
+    fn spec_decode_counters_when_speculating() {
+        assert!(!Metrics::new("m").render(&EngineStats::default(), 0).contains("spec_decode"));
+        let st = EngineStats {
+            spec_decode_num_drafts: 5,
+            spec_decode_num_draft_tokens: 12,
+            spec_decode_num_accepted_tokens: 7,
+            spec_decode_num_accepted_tokens_per_pos: vec![4, 3],
+            ..Default::default()
+        };
+        let text = Metrics::new("m").render(&st, 0);
+        for line in [
+            "vllm:spec_decode_num_drafts_total{model_name=\"m\",engine=\"0\"} 5",
+            "vllm:spec_decode_num_draft_tokens_total{model_name=\"m\",engine=\"0\"} 12",
+            "vllm:spec_decode_num_accepted_tokens_total{model_name=\"m\",engine=\"0\"} 7",
+            "vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"m\",engine=\"0\",position=\"1\"} 3",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} not in\n{text}");
+        }
     }
 
     /// The engine's step counters of async scheduling, as Prometheus counters.

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use tandem_core::model::LoadOptions;
 use tandem_core::tokenizer::Tokenizer;
 use tandem_core::KvDtype;
-use tandem_engine::{BatchMode, Engine, EngineConfig, Policy};
+use tandem_engine::{BatchMode, Engine, EngineConfig, Policy, SpeculativeConfig};
 
 use crate::backend::{load_model, Backend};
 use crate::error::{Error, Result};
@@ -53,6 +53,7 @@ pub struct LlmBuilder {
     long_prefill_token_threshold: Option<usize>,
     max_num_partial_prefills: usize,
     max_long_partial_prefills: usize,
+    speculative: Option<SpeculativeConfig>,
 }
 
 impl LlmBuilder {
@@ -76,6 +77,7 @@ impl LlmBuilder {
             long_prefill_token_threshold: None,
             max_num_partial_prefills: 0,
             max_long_partial_prefills: 0,
+            speculative: None,
         }
     }
 
@@ -112,6 +114,13 @@ impl LlmBuilder {
     /// vLLM's `max_long_partial_prefills`: of those, at most `n` long ones (default: no limit).
     pub fn max_long_partial_prefills(mut self, n: usize) -> Self {
         self.max_long_partial_prefills = n;
+        self
+    }
+    /// Speculative decoding (vLLM's `speculative_config`; default off): greedy answers stay
+    /// bitwise the same. [`SpeculativeConfig::from_json`] reads vLLM's JSON; a config the
+    /// engine cannot honour fails the build, naming the field.
+    pub fn speculative_config(mut self, c: SpeculativeConfig) -> Self {
+        self.speculative = Some(c);
         self
     }
     /// Tokens per KV block: 16 (default) or 32.
@@ -185,6 +194,9 @@ impl LlmBuilder {
         if !(self.block_size == 16 || self.block_size == 32) {
             return Err(Error::Config(format!("block_size must be 16 or 32, got {}", self.block_size)));
         }
+        if let Some(s) = &self.speculative {
+            s.validate().map_err(Error::Config)?;
+        }
         let (num_kv_blocks, gpu_memory_utilization) = match self.kv_memory {
             KvMemory::Blocks(0) => return Err(Error::Config("num_kv_blocks must be positive".into())),
             KvMemory::Blocks(n) => (n, 0.9),
@@ -223,6 +235,7 @@ impl LlmBuilder {
             long_prefill_token_threshold: self.long_prefill_token_threshold,
             max_num_partial_prefills: self.max_num_partial_prefills,
             max_long_partial_prefills: self.max_long_partial_prefills,
+            speculative: self.speculative,
             ..Default::default()
         }
     }

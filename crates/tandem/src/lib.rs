@@ -68,7 +68,8 @@ pub use tandem_core::model::{LoadOptions, ModelRunner};
 pub use tandem_core::KvDtype;
 pub use tandem_engine::sampler::TokenLogprobs;
 pub use tandem_engine::{
-    FinishReason, Guided, InvalidParam, Policy, RequestOutput, SamplingParams, Stats, SubmitError, Usage,
+    FinishReason, Guided, InvalidParam, Policy, RequestOutput, SamplingParams, SpeculativeConfig, Stats, SubmitError,
+    Usage,
 };
 
 /// The crates underneath, for what this API does not cover.

@@ -43,18 +43,16 @@ impl Engine {
         let batch = self.scheduler.forward_batch(out);
         let rows = batch.logit_rows.len();
         // The constraints of the rows sampled this step give their masks while the model runs
-        // (row: the index among the sampled rows, which is the spec's on the device path).
-        let jobs: Vec<MaskJob> = out
-            .seqs
-            .iter()
-            .filter(|s| s.sample)
-            .enumerate()
-            .filter_map(|(row, s)| {
-                let seq = self.scheduler.seq_mut(s.seq)?;
-                let g = seq.guide.take()?;
-                Some((row, s.seq, g.constraint))
-            })
-            .collect();
+        // (row: the index among the sampled rows, which is the spec's on the device path; a
+        // decode with drafts has a row for each).
+        let mut jobs: Vec<MaskJob> = Vec::new();
+        let mut row = 0;
+        for s in out.seqs.iter().filter(|s| s.sample) {
+            if let Some(g) = self.scheduler.seq_mut(s.seq).and_then(|seq| seq.guide.take()) {
+                jobs.push((row, s.seq, g.constraint));
+            }
+            row += 1 + s.num_draft;
+        }
         let device = self.device_specs(out);
         // Synchronous: the forward runs on this thread, the runner borrowed from the worker
         // (idle: nothing is in flight), which saves two thread hand-offs a step (measured
@@ -158,6 +156,12 @@ impl Engine {
             }
             top_n.push(seq.params.logprobs);
             specs.push(spec(&seq.params, seq.seed, seq.index, seq.num_output_tokens()));
+            // Each draft's row: the target's token after it (no edits, no logprobs: see
+            // `crate::speculative::drafts_allowed`).
+            for i in 1..=s.num_draft {
+                top_n.push(None);
+                specs.push(spec(&seq.params, seq.seed, seq.index, seq.num_output_tokens() + i));
+            }
         }
         Some(DeviceSampling { specs, edits, top_n })
     }

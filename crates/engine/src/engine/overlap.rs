@@ -73,6 +73,7 @@ impl Engine {
     /// waiting ones too, so that whatever the scheduler picks can be sampled on the device.
     fn can_overlap(&self) -> bool {
         self.failure.get().is_none()
+            && !self.may_draft()
             && self.scheduler.seqs().all(|s| {
                 let b = banned(&self.eos, s);
                 s.guide.is_none()
@@ -88,9 +89,8 @@ impl Engine {
     fn drop_ended(&self, out: &mut SchedulerOutput) {
         out.seqs.retain(|s| self.scheduler.seq(s.seq).is_some());
         out.num_tokens = out.seqs.iter().map(|s| s.num_tokens).sum();
-        out.num_logit_rows =
-            out.seqs.iter().map(|s| if s.all_logits { s.num_tokens } else { usize::from(s.sample) }).sum();
-        out.extra_logit_rows = out.seqs.iter().filter(|s| s.all_logits).map(|s| s.num_tokens - 1).sum();
+        out.num_logit_rows = out.seqs.iter().map(|s| s.logit_rows()).sum();
+        out.extra_logit_rows = out.seqs.iter().map(|s| s.logit_rows().saturating_sub(1)).sum();
     }
 
     /// Sends `out` to the worker without waiting, and moves the scheduler's view past it: its

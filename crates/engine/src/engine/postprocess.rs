@@ -43,21 +43,35 @@ impl Engine {
         let now = Instant::now();
         match sampled {
             Sampled::Ids(ids) => {
-                let seqs = out.seqs.iter().filter(|s| s.sample).map(|s| s.seq);
-                for (id, token) in seqs.zip(ids) {
-                    self.sample_and_emit(id, Pick::Token(token, None), None, now);
+                let mut ids = ids.into_iter();
+                for s in out.seqs.iter().filter(|s| s.sample) {
+                    if s.num_draft > 0 {
+                        let verified: Vec<u32> = ids.by_ref().take(1 + s.num_draft).collect();
+                        self.emit_verified(s.seq, &verified, now);
+                    } else if let Some(token) = ids.next() {
+                        self.sample_and_emit(s.seq, Pick::Token(token, None), None, now);
+                    }
                 }
             }
             Sampled::IdsLogprobs(ids, lps) => {
-                let seqs = out.seqs.iter().filter(|s| s.sample).map(|s| s.seq);
-                for ((id, token), lp) in seqs.zip(ids).zip(lps) {
-                    self.sample_and_emit(id, Pick::Token(token, lp), None, now);
+                let mut rows = ids.into_iter().zip(lps);
+                for s in out.seqs.iter().filter(|s| s.sample) {
+                    if s.num_draft > 0 {
+                        let verified: Vec<u32> = rows.by_ref().take(1 + s.num_draft).map(|r| r.0).collect();
+                        self.emit_verified(s.seq, &verified, now);
+                    } else if let Some((token, lp)) = rows.next() {
+                        self.sample_and_emit(s.seq, Pick::Token(token, lp), None, now);
+                    }
                 }
             }
             Sampled::Logits(mut logits) => {
                 let mut rows = logits.chunks_exact_mut(self.vocab.max(1));
                 for s in out.seqs.iter().filter(|s| s.sample || s.all_logits) {
-                    if s.all_logits {
+                    if s.num_draft > 0 {
+                        let chunk: Vec<&mut [f32]> = rows.by_ref().take(1 + s.num_draft).collect();
+                        let verified = self.greedy_ids(s.seq, chunk);
+                        self.emit_verified(s.seq, &verified, now);
+                    } else if s.all_logits {
                         let chunk: Vec<&mut [f32]> = rows.by_ref().take(s.num_tokens).collect();
                         if let Some(row) = self.score_prompt(s.seq, s.num_tokens, chunk) {
                             self.sample_and_emit(s.seq, Pick::Row(row), None, now);
@@ -69,6 +83,14 @@ impl Engine {
                 }
             }
         }
+    }
+
+    /// The tokens a decode with drafts samples from its rows on the host (one per row; greedy,
+    /// with no edits: see `crate::speculative::drafts_allowed`).
+    fn greedy_ids(&self, id: SeqId, rows: Vec<&mut [f32]>) -> Vec<u32> {
+        let Some(seq) = self.scheduler.seq(id) else { return Vec::new() };
+        let out = seq.num_output_tokens();
+        rows.iter().enumerate().map(|(i, row)| sample(row, &spec(&seq.params, seq.seed, seq.index, out + i))).collect()
     }
 
     /// Records prompt logprobs from the rows of a chunk that computed every position (row `j`

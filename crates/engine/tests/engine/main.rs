@@ -13,3 +13,4 @@ mod overlap;
 mod property;
 mod reference;
 mod scheduler;
+mod speculative;

@@ -43,7 +43,7 @@ fn step(s: &mut Scheduler, now: Instant) -> SchedulerOutput {
 }
 
 fn sched(seq: SeqId, num_tokens: usize, sample: bool) -> ScheduledSeq {
-    ScheduledSeq { seq, num_tokens, sample, all_logits: false }
+    ScheduledSeq { seq, num_tokens, sample, all_logits: false, num_draft: 0 }
 }
 
 fn table(s: &Scheduler, id: SeqId) -> Vec<u32> {

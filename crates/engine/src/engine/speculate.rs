@@ -1,0 +1,81 @@
+//! The engine's two speculative-decoding steps (the design is in [`crate::speculative`]):
+//! proposing each eligible decode's drafts before the schedule, and, after the forward,
+//! committing the target's ids that the drafts earned and rolling back the rest.
+
+use std::time::Instant;
+
+use super::postprocess::Pick;
+use super::{banned, Engine};
+use crate::sequence::{SeqId, SeqStatus};
+use crate::speculative::{accepted_len, drafts_allowed, DraftProposer, SpeculativeConfig};
+
+/// The engine's speculative decoding: its settings and where drafts come from.
+pub(super) struct Speculator {
+    pub(super) cfg: SpeculativeConfig,
+    pub(super) proposer: Box<dyn DraftProposer>,
+}
+
+impl Engine {
+    /// Whether some sequence may get drafts (the engine then runs steps synchronously: drafts
+    /// come from the tokens the step before committed).
+    pub(super) fn may_draft(&self) -> bool {
+        self.speculator.is_some() && self.scheduler.seqs().any(|s| drafts_allowed(s, &banned(&self.eos, s)))
+    }
+
+    /// Gives each running decode that may have drafts up to `k` of them, fewer when the running
+    /// decodes with `k + 1` tokens each would not fit the token budget, none when they would
+    /// not fit with one draft each; and no more than its `max_tokens` and the context leave
+    /// room for after the target's own token.
+    pub(super) fn propose_drafts(&mut self) {
+        let Some(sp) = &self.speculator else { return };
+        let max_model_len = self.admission.max_model_len;
+        let budget = self.scheduler.config().max_num_batched_tokens;
+        let decodes: Vec<SeqId> = self
+            .scheduler
+            .running()
+            .iter()
+            .copied()
+            .filter(|&id| {
+                self.scheduler.seq(id).is_some_and(|s| s.status == SeqStatus::Running && s.num_uncomputed() == 1)
+            })
+            .collect();
+        let share = (budget / decodes.len().max(1)).saturating_sub(1);
+        let k = sp.cfg.num_speculative_tokens.min(share);
+        for id in decodes {
+            let Some(seq) = self.scheduler.seq_mut(id) else { continue };
+            seq.draft.clear();
+            if k == 0 || !drafts_allowed(seq, &banned(&self.eos, seq)) {
+                continue;
+            }
+            let room = (seq.max_tokens.saturating_sub(seq.num_output_tokens() + 1))
+                .min(max_model_len.saturating_sub(seq.num_tokens() + 1));
+            seq.draft = sp.proposer.propose(&seq.tokens, k.min(room));
+        }
+    }
+
+    /// Commits a verified decode: `ids[i]` is the target's token after the committed tokens and
+    /// drafts `0..i`. The target's ids up to and including the first that differs from its
+    /// draft are emitted in order, each through the ordinary path (so a stop or a length limit
+    /// ends the sequence at the same token as without drafts); the accepted drafts' KV counts
+    /// as computed; the rest is rolled back ([`crate::scheduler::Scheduler::settle_drafts`]).
+    pub(super) fn emit_verified(&mut self, id: SeqId, ids: &[u32], now: Instant) {
+        let Some(seq) = self.scheduler.seq(id) else { return };
+        if ids.is_empty() {
+            return;
+        }
+        let drafts = seq.draft.len();
+        let accepted = accepted_len(&seq.draft, &ids[..ids.len() - 1]);
+        if let Ok(mut st) = self.stats.lock() {
+            st.record_verification(drafts, accepted);
+        }
+        for (i, &token) in ids[..=accepted].iter().enumerate() {
+            self.sample_and_emit(id, Pick::Token(token, None), None, now);
+            // Ended (a stop, its length, or its caller left): its blocks are freed already.
+            let Some(seq) = self.scheduler.seq_mut(id) else { return };
+            if i < accepted {
+                seq.num_computed_tokens += 1;
+            }
+        }
+        self.scheduler.settle_drafts(id);
+    }
+}

@@ -1,0 +1,295 @@
+//! Speculative decoding: draft tokens proposed cheaply on the host, verified by the target
+//! model in one forward, kept only where the target agrees, so a greedy answer is bitwise the
+//! same with speculation on as off.
+//!
+//! Why it can be exact: Tandem's kernels are batch-invariant (a row's logits do not depend on
+//! what else is in the forward, nor on how a sequence's tokens are chunked), so the logits the
+//! target gives position `p` in a verification forward are the logits it would give `p` in a
+//! plain decode step. Greedy acceptance by exact match then keeps precisely the tokens plain
+//! decoding would have produced.
+//!
+//! How a step runs with drafts:
+//! 1. Propose (`Engine::propose_drafts`, before the schedule): each running decode sequence
+//!    that [`drafts_allowed`] gets up to `k` draft tokens from the [`DraftProposer`] in
+//!    `Sequence::draft` (kept outside `Sequence::tokens`, which hold only what is committed).
+//!    `k` is cut so that the bonus token still fits `max_tokens`, and adapts to load: when
+//!    the running decodes with `k + 1` tokens each would not fit the token budget, each gets
+//!    `budget / decodes - 1` drafts (none when that is 0).
+//! 2. Schedule: a decode with `d` drafts is one chunk of `1 + d` tokens (its last committed
+//!    token, then the drafts) under the token budget; its block table grows to hold them, and
+//!    every position gets a logit row (the extra `d` rows come out of the runner's spare logit
+//!    rows, which prompt logprobs use too). Budget or rows short: fewer drafts.
+//! 3. Forward: each of the `1 + d` rows is sampled greedily where the logits are (or on the
+//!    host from the logits, when some other row of the step needs the host): id `i` is the
+//!    target's own next token after the committed tokens and drafts `0..i`.
+//! 4. Verify ([`accepted_len`]): `a` = how many leading drafts equal the target's ids. The
+//!    target's ids `0..=a` are committed one by one through the ordinary emit path, so EOS,
+//!    stop tokens, stop strings, `max_tokens` and the context limit end the sequence at the
+//!    same token as without speculation (what follows is dropped).
+//! 5. Roll back (`Scheduler::settle_drafts`): the KV of the last committed token and the `a`
+//!    accepted drafts is kept (`num_computed_tokens` counts them); the slots of rejected drafts
+//!    are simply written over when those positions are computed with the real tokens; blocks
+//!    allocated only for rejected drafts go back to the pool; and the prefix cache registers a
+//!    block only once every token in it is committed and computed, so it never records a block
+//!    holding a rejected draft.
+//!
+//! Preemption drops a sequence's drafts with its blocks; an abort or a finished sequence frees
+//! its blocks as always, drafts included.
+//!
+//! Who gets drafts (this first slice, [`drafts_allowed`]): greedy requests only, with one
+//! completion, no structured output, no logprobs or prompt logprobs, and no penalty,
+//! `logit_bias` or ban in force. Every other request is scheduled with no drafts (`k = 0`), so
+//! it runs exactly as without speculation. While any sequence may get drafts the engine does
+//! not overlap steps (async scheduling): proposing needs the previous step's tokens.
+//!
+//! Counters (vLLM's): drafts (sequence-steps verified with at least one draft), draft tokens,
+//! accepted tokens, and accepted tokens per draft position, in [`crate::Stats`].
+
+use crate::sampler::has_edits;
+use crate::sequence::Sequence;
+
+/// Where draft tokens come from (vLLM's `"method"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpeculativeMethod {
+    /// Prompt lookup: the continuation of an earlier occurrence of the newest n-gram.
+    Ngram,
+}
+
+impl SpeculativeMethod {
+    /// vLLM's name of the method.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            SpeculativeMethod::Ngram => "ngram",
+        }
+    }
+}
+
+/// vLLM's `--speculative-config`, the part this engine honours.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpeculativeConfig {
+    pub method: SpeculativeMethod,
+    /// Most draft tokens per sequence and step (`k`).
+    pub num_speculative_tokens: usize,
+    /// Shortest n-gram looked up.
+    pub prompt_lookup_min: usize,
+    /// Longest n-gram looked up.
+    pub prompt_lookup_max: usize,
+}
+
+impl SpeculativeConfig {
+    /// N-gram prompt lookup with `k` drafts, looking up n-grams of 1 to 4 tokens.
+    pub fn ngram(k: usize) -> Self {
+        SpeculativeConfig {
+            method: SpeculativeMethod::Ngram,
+            num_speculative_tokens: k,
+            prompt_lookup_min: 1,
+            prompt_lookup_max: 4,
+        }
+    }
+
+    /// vLLM's `--speculative-config` JSON object. `method` and `num_speculative_tokens` are
+    /// required; an n-gram length left out takes the other's value, both left out take vLLM's
+    /// 5. A method this engine does not have, or any other field, is refused by name.
+    pub fn from_json(json: &str) -> Result<Self, String> {
+        let v: serde_json::Value =
+            serde_json::from_str(json).map_err(|e| format!("speculative config: not JSON: {e}"))?;
+        let obj = v.as_object().ok_or("speculative config: expected a JSON object")?;
+        let count = |field: &str| -> Result<Option<usize>, String> {
+            match obj.get(field) {
+                None | Some(serde_json::Value::Null) => Ok(None),
+                Some(x) => x
+                    .as_u64()
+                    .map(|n| Some(n as usize))
+                    .ok_or_else(|| format!("speculative config: {field} must be a non-negative integer, got {x}")),
+            }
+        };
+        for field in obj.keys() {
+            if !["method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"].contains(&field.as_str())
+            {
+                return Err(format!("speculative config: field `{field}` is not supported"));
+            }
+        }
+        let method = match obj.get("method").map(|m| m.as_str()) {
+            Some(Some("ngram")) => SpeculativeMethod::Ngram,
+            Some(Some(other)) => {
+                return Err(format!("speculative config: method `{other}` is not supported (supported: ngram)"))
+            }
+            Some(None) => return Err("speculative config: method must be a string".into()),
+            None => return Err("speculative config: method is required (supported: ngram)".into()),
+        };
+        let k = count("num_speculative_tokens")?.ok_or("speculative config: num_speculative_tokens is required")?;
+        let (min, max) = match (count("prompt_lookup_min")?, count("prompt_lookup_max")?) {
+            (None, None) => (5, 5),
+            (Some(n), None) | (None, Some(n)) => (n, n),
+            (Some(a), Some(b)) => (a, b),
+        };
+        let cfg =
+            SpeculativeConfig { method, num_speculative_tokens: k, prompt_lookup_min: min, prompt_lookup_max: max };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Checks the settings; the error names the field.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.num_speculative_tokens == 0 {
+            return Err("speculative config: num_speculative_tokens must be positive".into());
+        }
+        if self.prompt_lookup_min == 0 {
+            return Err("speculative config: prompt_lookup_min must be positive".into());
+        }
+        if self.prompt_lookup_max < self.prompt_lookup_min {
+            return Err(format!(
+                "speculative config: prompt_lookup_max ({}) must be >= prompt_lookup_min ({})",
+                self.prompt_lookup_max, self.prompt_lookup_min
+            ));
+        }
+        Ok(())
+    }
+
+    /// The proposer this config describes.
+    pub fn proposer(&self) -> Box<dyn DraftProposer> {
+        match self.method {
+            SpeculativeMethod::Ngram => {
+                Box::new(NgramProposer { min: self.prompt_lookup_min, max: self.prompt_lookup_max })
+            }
+        }
+    }
+}
+
+/// Proposes draft tokens for a sequence from its committed tokens (prompt then output).
+pub trait DraftProposer: Send {
+    /// At most `k` tokens likely to follow `tokens`; fewer or none when it has no guess.
+    fn propose(&self, tokens: &[u32], k: usize) -> Vec<u32>;
+}
+
+/// Prompt lookup (vLLM's `ngram`): the longest suffix of the tokens, of length in
+/// `[min, max]`, that also occurs earlier; the tokens that followed its latest earlier
+/// occurrence are the drafts.
+#[derive(Debug, Clone, Copy)]
+pub struct NgramProposer {
+    pub min: usize,
+    pub max: usize,
+}
+
+impl DraftProposer for NgramProposer {
+    fn propose(&self, tokens: &[u32], k: usize) -> Vec<u32> {
+        let len = tokens.len();
+        if k == 0 || self.min == 0 {
+            return Vec::new();
+        }
+        for n in (self.min..=self.max.min(len.saturating_sub(1))).rev() {
+            let suffix = &tokens[len - n..];
+            // Latest earlier occurrence that has at least one token after it (a start before
+            // `len - n`; the suffix itself is excluded).
+            if let Some(start) = (0..len - n).rev().find(|&s| &tokens[s..s + n] == suffix) {
+                let from = start + n;
+                return tokens[from..(from + k).min(len)].to_vec();
+            }
+        }
+        Vec::new()
+    }
+}
+
+/// Whether a sequence may carry drafts: greedy, one completion, nothing that needs the logits
+/// on the host or edits them (see the module docs). `banned`: the tokens it may not produce yet.
+pub fn drafts_allowed(seq: &Sequence, banned: &[u32]) -> bool {
+    let p = &seq.params;
+    p.temperature < tandem_core::sampling::GREEDY_BELOW
+        && p.n == 1
+        && p.guided.is_none()
+        && seq.guide.is_none()
+        && p.logprobs.is_none()
+        && p.prompt_logprobs.is_none()
+        && !has_edits(p, banned)
+}
+
+/// How many leading drafts the target's ids confirm (`ids[i]`: the target's token after the
+/// committed tokens and drafts `0..i`).
+pub fn accepted_len(drafts: &[u32], ids: &[u32]) -> usize {
+    drafts.iter().zip(ids).take_while(|(d, t)| d == t).count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ngram(min: usize, max: usize) -> NgramProposer {
+        NgramProposer { min, max }
+    }
+
+    #[test]
+    fn proposes_what_followed_the_longest_matching_suffix() {
+        // Suffix [2, 3] occurred at 1..3, followed by 4, 5, 6.
+        let t = [1, 2, 3, 4, 5, 6, 9, 2, 3];
+        assert_eq!(ngram(1, 3).propose(&t, 3), vec![4, 5, 6]);
+        assert_eq!(ngram(1, 3).propose(&t, 2), vec![4, 5]);
+    }
+
+    #[test]
+    fn prefers_the_longer_ngram_and_the_latest_occurrence() {
+        // 1-gram [3] latest earlier at 5 (followed by 8); 2-gram [2, 3] at 1 (followed by 4).
+        let t = [1, 2, 3, 4, 0, 3, 8, 2, 3];
+        assert_eq!(ngram(1, 2).propose(&t, 1), vec![4]);
+        assert_eq!(ngram(1, 1).propose(&t, 1), vec![8]);
+    }
+
+    #[test]
+    fn proposes_nothing_without_a_match_of_min_length() {
+        assert!(ngram(1, 3).propose(&[1, 2, 3, 4], 3).is_empty());
+        assert!(ngram(3, 3).propose(&[1, 2, 9, 1, 2], 3).is_empty());
+        assert!(ngram(1, 3).propose(&[], 3).is_empty());
+        assert!(ngram(1, 3).propose(&[5, 5], 0).is_empty());
+    }
+
+    #[test]
+    fn drafts_stop_at_the_end_of_the_tokens() {
+        // A repeated token: the drafts run up to the end of what is known.
+        assert_eq!(ngram(1, 2).propose(&[7, 7, 7], 5), vec![7]);
+        assert_eq!(ngram(1, 1).propose(&[7, 7, 7], 5), vec![7]);
+        assert_eq!(ngram(1, 1).propose(&[4, 7, 1, 2, 7], 5), vec![1, 2, 7]);
+    }
+
+    #[test]
+    fn acceptance_is_the_matching_prefix() {
+        assert_eq!(accepted_len(&[1, 2, 3], &[1, 2, 4, 5]), 2);
+        assert_eq!(accepted_len(&[1, 2, 3], &[1, 2, 3, 5]), 3);
+        assert_eq!(accepted_len(&[1, 2, 3], &[9, 2, 3, 5]), 0);
+        assert_eq!(accepted_len(&[], &[9]), 0);
+    }
+
+    #[test]
+    fn vllm_json_is_read_and_what_is_not_honoured_is_refused_by_name() {
+        let c = SpeculativeConfig::from_json(r#"{"method": "ngram", "num_speculative_tokens": 3}"#).unwrap();
+        assert_eq!((c.num_speculative_tokens, c.prompt_lookup_min, c.prompt_lookup_max), (3, 5, 5));
+        let c = SpeculativeConfig::from_json(
+            r#"{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 6}"#,
+        )
+        .unwrap();
+        assert_eq!((c.num_speculative_tokens, c.prompt_lookup_min, c.prompt_lookup_max), (4, 2, 6));
+        let c =
+            SpeculativeConfig::from_json(r#"{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}"#)
+                .unwrap();
+        assert_eq!((c.prompt_lookup_min, c.prompt_lookup_max), (3, 3));
+        for (json, names) in [
+            (r#"{"method": "eagle3", "num_speculative_tokens": 3}"#, "eagle3"),
+            (r#"{"method": "ngram", "num_speculative_tokens": 3, "model": "x"}"#, "model"),
+            (r#"{"method": "ngram"}"#, "num_speculative_tokens"),
+            (r#"{"num_speculative_tokens": 3}"#, "method"),
+            (r#"{"method": "ngram", "num_speculative_tokens": -1}"#, "num_speculative_tokens"),
+            (r#"{"method": "ngram", "num_speculative_tokens": 0}"#, "num_speculative_tokens"),
+            (r#"[1]"#, "object"),
+        ] {
+            let e = SpeculativeConfig::from_json(json).unwrap_err();
+            assert!(e.contains(names), "{json}: {e}");
+        }
+    }
+
+    #[test]
+    fn validation_names_the_field() {
+        assert!(SpeculativeConfig::ngram(3).validate().is_ok());
+        let e = SpeculativeConfig { num_speculative_tokens: 0, ..SpeculativeConfig::ngram(3) }.validate();
+        assert!(e.unwrap_err().contains("num_speculative_tokens"));
+        let e = SpeculativeConfig { prompt_lookup_min: 5, ..SpeculativeConfig::ngram(3) }.validate();
+        assert!(e.unwrap_err().contains("prompt_lookup_max"));
+    }
+}
