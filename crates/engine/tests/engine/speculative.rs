@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use common::*;
 use tandem_core::model::LoadOptions;
-use tandem_core::{DType, LlamaModel, ModelRunner};
+use tandem_core::{DType, Model, ModelRunner};
 use tandem_engine::speculative::SpeculativeConfig;
 use tandem_engine::{
     Constraint, ConstraintFactory, Engine, EngineConfig, FinishReason, Guided, Request, SamplingParams, Stats,
@@ -28,7 +28,7 @@ fn model_dir(test: &str) -> PathBuf {
 
 fn runner(dir: &Path, num_kv_blocks: usize, max_batch_tokens: usize) -> Box<dyn ModelRunner> {
     let opts = LoadOptions { max_batch_tokens, max_seqs: 16, num_kv_blocks, block_size: 16, ..Default::default() };
-    Box::new(LlamaModel::load(RefBackend::new(), dir, opts).unwrap())
+    Box::new(Model::load(RefBackend::new(), dir, opts).unwrap())
 }
 
 fn spec_on(k: usize, cfg: EngineConfig) -> EngineConfig {
