@@ -308,6 +308,7 @@ impl Engine {
     fn step_sync(&mut self) -> usize {
         self.propose_drafts();
         let out = self.scheduler.schedule(Instant::now());
+        self.record_attention(&out);
         // The step's KV high-water mark: taken now, before finished sequences free blocks.
         let scheduled_usage = self.scheduler.bm.usage();
         if !out.is_empty() {
@@ -316,6 +317,16 @@ impl Engine {
         }
         self.record_step(out.seqs.len(), out.num_tokens, scheduled_usage, false);
         out.seqs.len()
+    }
+
+    /// The attention work of a step just scheduled (its sequences' computed counts are still
+    /// the chunks' starts).
+    fn record_attention(&self, out: &SchedulerOutput) {
+        let chunks =
+            out.seqs.iter().filter_map(|s| self.scheduler.seq(s.seq).map(|q| (q.num_computed_tokens, s.num_tokens)));
+        if let Ok(mut st) = self.stats.lock() {
+            st.record_attention(chunks);
+        }
     }
 
     fn record_step(&self, batch: usize, tokens: usize, scheduled_usage: f32, overlapped: bool) {
@@ -409,7 +420,9 @@ impl Engine {
         let Some(r) = self.requests.get_mut(&seq.request_id) else { return };
         r.live.retain(|&s| s != id);
         if seq.index == 0 {
-            r.metrics = Some(RequestMetrics::from_times(&seq.times, now, seq.num_preemptions));
+            let mut m = RequestMetrics::from_times(&seq.times, now, seq.num_preemptions);
+            m.num_cached_tokens = seq.num_cached_tokens;
+            r.metrics = Some(m);
         }
         if let Ok(mut s) = self.stats.lock() {
             s.count_finish(&reason);

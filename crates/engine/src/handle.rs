@@ -19,6 +19,8 @@ use crate::sequence::RequestId;
 /// What the handles share with the engine thread.
 pub(crate) struct HandleInner {
     pub(crate) cmd: mpsc::Sender<Command>,
+    /// The served model's configuration (its shape, for the server's per-step estimates).
+    pub(crate) model: Arc<tandem_core::ModelConfig>,
     pub(crate) admission: Admission,
     pub(crate) stats: Arc<Mutex<Stats>>,
     pub(crate) failure: Arc<OnceLock<String>>,
@@ -76,6 +78,11 @@ impl EngineHandle {
     /// Longest prompt + output the engine accepts.
     pub fn max_model_len(&self) -> usize {
         self.inner.admission.max_model_len
+    }
+
+    /// The served model's configuration.
+    pub fn model_config(&self) -> &tandem_core::ModelConfig {
+        &self.inner.model
     }
 
     /// The KV pool: tokens a block holds, and blocks.

@@ -55,6 +55,11 @@ pub struct Stats {
     pub spec_decode_num_draft_tokens_total: u64,
     pub spec_decode_num_accepted_tokens_total: u64,
     pub spec_decode_num_accepted_tokens_per_pos: Vec<u64>,
+    /// Attention work of the steps so far: keys attended, summed over every token computed
+    /// (a token at position `p` attends to `p + 1`), and KV rows read, summed over each
+    /// step's sequences (a sequence reads its context up to the chunk's end once a step).
+    pub attended_keys_total: u64,
+    pub kv_rows_read_total: u64,
 }
 
 /// Bins of [`Stats::iteration_tokens`]: up to 2^15 tokens a step, then one overflow bin.
@@ -100,6 +105,17 @@ impl Stats {
         self.iteration_tokens_sum += tokens as u64;
     }
 
+    /// Records the attention work of one scheduled step: per sequence, its chunk of `tokens`
+    /// starting at position `start`.
+    pub fn record_attention(&mut self, chunks: impl IntoIterator<Item = (usize, usize)>) {
+        for (start, tokens) in chunks {
+            let (start, end) = (start as u64, (start + tokens) as u64);
+            // Positions start..end attend to start+1 ..= end keys.
+            self.attended_keys_total += (end * (end + 1) - start * (start + 1)) / 2;
+            self.kv_rows_read_total += end;
+        }
+    }
+
     pub fn count_finish(&mut self, reason: &FinishReason) {
         match reason {
             FinishReason::Stop { .. } => self.requests_stop_total += 1,
@@ -122,6 +138,8 @@ pub struct RequestMetrics {
     /// Arrival to the final output.
     pub e2e: Duration,
     pub num_preemptions: u32,
+    /// Prompt tokens found in the prefix cache at first admission; None if never admitted.
+    pub num_cached_tokens: Option<usize>,
 }
 
 impl RequestMetrics {
@@ -132,6 +150,7 @@ impl RequestMetrics {
             inter_token_seconds: t.inter_token.clone(),
             e2e: now - t.arrival,
             num_preemptions,
+            num_cached_tokens: None,
         }
     }
 }
@@ -141,6 +160,15 @@ mod tests {
     use super::*;
 
     /// Bin k holds (2^(k-1), 2^k] tokens; beyond 2^15 the overflow bin; empty steps are not steps.
+    /// A 3-token prompt chunk from position 0 attends 1 + 2 + 3 keys and reads 3 KV rows; a
+    /// decode at position 3 attends 4 and reads 4.
+    #[test]
+    fn attention_work_counts_keys_and_rows() {
+        let mut s = Stats::default();
+        s.record_attention([(0, 3), (3, 1)]);
+        assert_eq!((s.attended_keys_total, s.kv_rows_read_total), (6 + 4, 3 + 4));
+    }
+
     #[test]
     fn iteration_tokens_fall_in_power_of_two_bins() {
         let mut s = Stats::default();

@@ -595,6 +595,7 @@ impl Scheduler {
             }
             self.waiting.remove(&key);
             seq.num_computed_tokens = cached;
+            seq.num_cached_tokens.get_or_insert(cached);
             seq.status = SeqStatus::Running;
             seq.times.first_scheduled.get_or_insert(now);
             if seq.num_preemptions > 0 {

@@ -107,6 +107,9 @@ pub struct Sequence {
     /// Scheduler step at which the sequence last resumed after a preemption.
     pub resumed_at_step: Option<u64>,
     pub num_preemptions: u32,
+    /// Prompt tokens found in the prefix cache when the sequence was first admitted (None
+    /// until then); the rest of the prompt's KV was computed.
+    pub num_cached_tokens: Option<usize>,
     /// Scheduler step that last gave this sequence tokens to compute (0: never).
     pub scheduled_at_step: u64,
     /// Whether the `n - 1` siblings were forked off this sequence already.
@@ -162,6 +165,7 @@ impl Sequence {
             text: OutputText::new(&prompt),
             tokens: prompt,
             num_computed_tokens: 0,
+            num_cached_tokens: None,
             block_table: Vec::new(),
             block_hashes: Vec::new(),
             status: SeqStatus::Waiting,

@@ -75,7 +75,7 @@ impl EmitEngine {
                     let _ = o.tx.send(EngineUpdate {
                         deltas: vec![d],
                         queue_time: Some(Duration::ZERO),
-                        num_preemptions: None,
+                        ..Default::default()
                     });
                 }
                 let (done, still): (Vec<Open>, Vec<Open>) = open.drain(..).partition(|o| o.left == 0);

@@ -12,6 +12,7 @@
 //!   from where it is sure they begin ([`AutoCalls`]); at the end the rest is calls or text.
 
 use crate::job::{Job, ToolOutput};
+use crate::metrics::ToolParseTally;
 use crate::reasoning::ReasoningStream;
 use crate::structured::{self, ToolCall};
 use crate::tool_stream::{AutoCalls, CallEvent, CallStream};
@@ -81,6 +82,7 @@ pub struct Finish {
 #[derive(Debug, Clone)]
 pub struct AnswerReader {
     tool_output: Option<ToolOutput>,
+    tool_parses: Option<ToolParseTally>,
     reasoning: Option<ReasoningStream>,
     mode: Mode,
     /// The text after any reasoning, and how much of it went out as text, for [`Mode::Text`]
@@ -99,6 +101,7 @@ impl AnswerReader {
         };
         AnswerReader {
             tool_output: job.tool_output.clone(),
+            tool_parses: job.tool_parses.clone(),
             reasoning: job.reasoning.map(ReasoningStream::new),
             mode,
             text: String::new(),
@@ -129,7 +132,13 @@ impl AnswerReader {
                 self.text.push_str(&content);
                 (String::new(), cs.push(&content))
             }
-            Mode::Auto(auto) => auto.push(&content),
+            Mode::Auto(auto) => {
+                let (certain, calls) = auto.push(&content);
+                if let Some(t) = &self.tool_parses {
+                    t.count(true, !calls.is_empty());
+                }
+                (certain, calls)
+            }
         };
         if !certain.is_empty() {
             out.push(Event::Text(certain));

@@ -19,6 +19,7 @@ use crate::engine_client::{
     CompletionDelta, EngineClient, EngineStats, EngineUpdate, FinishReason, GenerateRequest, RequestId, Submission,
     SubmitRefusal, TokenLogprob, UpdateSource,
 };
+use crate::step_estimate;
 
 #[derive(Default)]
 pub struct TandemEngine {
@@ -108,7 +109,8 @@ fn to_update(o: RequestOutput) -> EngineUpdate {
             stop_string,
         }],
         queue_time: o.metrics.as_ref().and_then(|m| m.queue_time),
-        num_preemptions: o.metrics.map(|m| m.num_preemptions),
+        num_preemptions: o.metrics.as_ref().map(|m| m.num_preemptions),
+        num_cached_tokens: o.metrics.as_ref().and_then(|m| m.num_cached_tokens),
     }
 }
 
@@ -194,6 +196,15 @@ impl EngineClient for TandemEngine {
             spec_decode_num_draft_tokens: s.spec_decode_num_draft_tokens_total,
             spec_decode_num_accepted_tokens: s.spec_decode_num_accepted_tokens_total,
             spec_decode_num_accepted_tokens_per_pos: s.spec_decode_num_accepted_tokens_per_pos,
+            step_estimate: Some(step_estimate::estimate(
+                h.model_config(),
+                &step_estimate::StepCounts {
+                    steps: s.async_steps_total + s.sync_steps_total,
+                    tokens: s.iteration_tokens_sum,
+                    attended_keys: s.attended_keys_total,
+                    kv_rows_read: s.kv_rows_read_total,
+                },
+            )),
         }
     }
 

@@ -140,6 +140,9 @@ pub struct EngineUpdate {
     pub queue_time: Option<Duration>,
     /// With the request's last update, when known: how many times it was preempted.
     pub num_preemptions: Option<u32>,
+    /// With the request's last update, when known: prompt tokens found in the prefix cache
+    /// when it was first scheduled.
+    pub num_cached_tokens: Option<usize>,
 }
 
 /// Where a request's updates come from: polled by the response body itself, so that a token
@@ -202,6 +205,9 @@ pub struct EngineStats {
     pub spec_decode_num_draft_tokens: u64,
     pub spec_decode_num_accepted_tokens: u64,
     pub spec_decode_num_accepted_tokens_per_pos: Vec<u64>,
+    /// The analytic work of the steps so far (vLLM's `estimated_*_per_gpu`), when the
+    /// engine's model shape is known.
+    pub step_estimate: Option<crate::step_estimate::StepEstimate>,
 }
 
 /// Why the engine refused a request outright.

@@ -8,6 +8,7 @@ use serde_json::{Map, Value};
 use crate::chat::render_chat_continued;
 use crate::engine_client::GenerateRequest;
 use crate::error::ApiError;
+use crate::metrics::{ToolParseTally, ToolRequestType};
 use crate::params::{Api, ParsedParams};
 use crate::reasoning::ReasoningParser;
 use crate::state::AppState;
@@ -31,6 +32,8 @@ pub struct Job {
     pub tool_output: Option<ToolOutput>,
     /// Chat with `--reasoning-parser`: the answer's thinking is split out of its content.
     pub reasoning: Option<ReasoningParser>,
+    /// With [`ToolOutput::Auto`]: where the tool parser's reads of the answer are counted.
+    pub tool_parses: Option<ToolParseTally>,
 }
 
 /// How a chat answer's text becomes tool calls.
@@ -116,9 +119,18 @@ impl Job {
             multi: false,
             echo_texts: Vec::new(),
             guide,
+            tool_parses: matches!(tool_output, Some(ToolOutput::Auto(_)))
+                .then(|| state.metrics.tool_parse_tally(ToolRequestType::ChatCompletions)),
             tool_output,
             reasoning,
         })
+    }
+
+    /// Counts one read of an answer by the tool-call parser (with `tool_choice: "auto"`).
+    pub fn count_tool_parse(&self, streaming: bool, found_call: bool) {
+        if let Some(t) = &self.tool_parses {
+            t.count(streaming, found_call);
+        }
     }
 
     /// Compiles the structured-output form into the engine's constraint: a 400 naming its

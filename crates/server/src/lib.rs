@@ -76,6 +76,7 @@ pub mod router;
 pub mod run;
 pub mod server;
 pub mod state;
+pub mod step_estimate;
 pub mod structured;
 pub mod test_support;
 pub mod tokenization;

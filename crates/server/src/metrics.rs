@@ -3,18 +3,12 @@
 //! Written by hand rather than through prometheus-client: vLLM's names contain ':', which that
 //! crate's registry does not let us keep verbatim, and the format is small. Counters the server
 //! sees itself (tokens, latencies) live here; gauges of the engine's state are read from
-//! [`EngineStats`] at scrape time.
-//!
-//! vLLM's throughput gauges (`vllm:avg_prompt_throughput_toks_per_s`,
-//! `vllm:avg_generation_throughput_toks_per_s`) are rates of the token counters over a recent
-//! window: from a sample of the counters taken at least [`THROUGHPUT_WINDOW`] before the scrape
-//! (or the oldest there is: start-up, or the previous scrape when scrapes are rarer) to now.
+//! [`EngineStats`] at scrape time. vLLM 0.32 has no throughput gauges (its v0 engine's
+//! `avg_*_throughput_toks_per_s`): a dashboard takes the rate of the token counters.
 
-use std::collections::VecDeque;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
 
 use crate::engine_client::EngineStats;
 
@@ -123,24 +117,13 @@ fn escape_label(v: &str) -> String {
     v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
-/// The span the throughput gauges average over, when scrapes come at least this often.
-pub const THROUGHPUT_WINDOW: Duration = Duration::from_secs(10);
-/// Samples of the counters are kept at most this often, so that fast scrapers keep few.
-const SAMPLE_EVERY: Duration = Duration::from_secs(1);
-
-/// The token counters at one instant.
-#[derive(Debug, Clone, Copy)]
-struct TokenSample {
-    at: Instant,
-    prompt: u64,
-    generation: u64,
-}
-
 /// One finished request (one choice: vLLM counts each of `n` completions as a request) as
 /// vLLM's per-request histograms see it. Times are `None` where the request never got there.
 #[derive(Debug, Clone, Default)]
 pub struct FinishedRequest {
     pub prompt_tokens: usize,
+    /// Prompt tokens whose KV came from the prefix cache at admission, when the engine says.
+    pub cached_tokens: Option<usize>,
     pub generation_tokens: usize,
     pub max_tokens_param: usize,
     /// First scheduled to first token, first to last token, first scheduled to last token.
@@ -174,8 +157,54 @@ pub struct Metrics {
     pub decode_time: Histogram,
     pub inference_time: Histogram,
     pub request_preemptions: Histogram,
-    /// Oldest first; never empty (the first is taken at start-up).
-    samples: Mutex<VecDeque<TokenSample>>,
+    /// vLLM's `vllm:request_prefill_kv_computed_tokens`: per request, prompt tokens whose KV
+    /// was computed (not found in the prefix cache).
+    pub request_prefill_kv_computed: Histogram,
+    /// `vllm:tool_call_parser_invocations_total`, see [`ToolParseTally`].
+    tool_parses: Arc<ToolParseCounts>,
+}
+
+/// vLLM's `request_type` label of the tool-parser counter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ToolRequestType {
+    ChatCompletions,
+    Responses,
+    Other,
+}
+
+impl ToolRequestType {
+    const ALL: [ToolRequestType; 3] =
+        [ToolRequestType::ChatCompletions, ToolRequestType::Responses, ToolRequestType::Other];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            ToolRequestType::ChatCompletions => "chat_completions",
+            ToolRequestType::Responses => "responses",
+            ToolRequestType::Other => "other",
+        }
+    }
+}
+
+/// `vllm:tool_call_parser_invocations_total`, one counter a label combination.
+type ToolParseCounts = [AtomicU64; 12];
+
+fn tool_parse_index(request_type: ToolRequestType, streaming: bool, found_call: bool) -> usize {
+    let t = ToolRequestType::ALL.iter().position(|&t| t == request_type).unwrap_or(2);
+    t * 4 + usize::from(streaming) * 2 + usize::from(found_call)
+}
+
+/// Where one request counts its answers' reads by the tool-call parser (vLLM counts one a
+/// choice read whole, one a delta read while streaming).
+#[derive(Debug, Clone)]
+pub struct ToolParseTally {
+    counts: Arc<ToolParseCounts>,
+    pub request_type: ToolRequestType,
+}
+
+impl ToolParseTally {
+    pub fn count(&self, streaming: bool, found_call: bool) {
+        self.counts[tool_parse_index(self.request_type, streaming, found_call)].fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 pub const FINISH_REASONS: [&str; 4] = ["stop", "length", "abort", "error"];
@@ -211,14 +240,23 @@ impl Metrics {
             decode_time: Histogram::new(REQUEST_BUCKETS),
             inference_time: Histogram::new(REQUEST_BUCKETS),
             request_preemptions: Histogram::new(PREEMPTIONS_BUCKETS),
-            samples: Mutex::new(VecDeque::from([TokenSample { at: Instant::now(), prompt: 0, generation: 0 }])),
+            request_prefill_kv_computed: Histogram::new(&tokens),
+            tool_parses: Default::default(),
         }
+    }
+
+    /// A request's tally of tool-parser reads.
+    pub fn tool_parse_tally(&self, request_type: ToolRequestType) -> ToolParseTally {
+        ToolParseTally { counts: self.tool_parses.clone(), request_type }
     }
 
     /// A finished request's histograms (vLLM's `FinishedRequestStats`).
     pub fn observe_finished(&self, r: &FinishedRequest) {
         self.request_prompt_tokens.observe(r.prompt_tokens as f64);
         self.request_generation_tokens.observe(r.generation_tokens as f64);
+        if let Some(cached) = r.cached_tokens {
+            self.request_prefill_kv_computed.observe(r.prompt_tokens.saturating_sub(cached) as f64);
+        }
         if r.max_tokens_param > 0 {
             self.request_params_max_tokens.observe(r.max_tokens_param as f64);
         }
@@ -233,35 +271,6 @@ impl Metrics {
                 0.0
             });
         }
-    }
-
-    /// Prompt and generation tokens per second over the recent window ending at `now`
-    /// (see the module comment); records a sample of the counters when the newest is old.
-    pub fn throughput(&self, now: Instant) -> (f64, f64) {
-        let cur = TokenSample {
-            at: now,
-            prompt: self.prompt_tokens.load(Ordering::Relaxed),
-            generation: self.generation_tokens.load(Ordering::Relaxed),
-        };
-        let mut q = self.samples.lock().unwrap_or_else(|e| e.into_inner());
-        // Keep the newest sample at least a window old as the base, and none older.
-        while q.len() > 1 && q[1].at + THROUGHPUT_WINDOW <= now {
-            q.pop_front();
-        }
-        let base = q[0];
-        if q.back().is_some_and(|b| b.at + SAMPLE_EVERY <= now) {
-            q.push_back(cur);
-        }
-        drop(q);
-        let secs = now.saturating_duration_since(base.at).as_secs_f64();
-        if secs <= 0.0 {
-            return (0.0, 0.0);
-        }
-        // Counters only grow; saturate anyway so a sample taken out of order reads 0, not huge.
-        (
-            (cur.prompt.saturating_sub(base.prompt)) as f64 / secs,
-            (cur.generation.saturating_sub(base.generation)) as f64 / secs,
-        )
     }
 
     pub fn count_finished(&self, reason: &str) {
@@ -281,13 +290,6 @@ impl Metrics {
         gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", stats.num_waiting as f64);
         gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", stats.kv_cache_usage);
         gauge("tandem:batch_size", "Sequences in the most recent engine step.", stats.batch_size as f64);
-        let (prompt_rate, generation_rate) = self.throughput(Instant::now());
-        gauge("vllm:avg_prompt_throughput_toks_per_s", "Average prefill throughput in tokens/s.", prompt_rate);
-        gauge(
-            "vllm:avg_generation_throughput_toks_per_s",
-            "Average generation throughput in tokens/s.",
-            generation_rate,
-        );
         gauge(
             "tandem:server_queued_requests",
             "Requests submitted by the server without output yet (bounded by max_queued_requests).",
@@ -370,6 +372,15 @@ impl Metrics {
             "# HELP tandem:structured_output_mask_seconds_total Time spent computing structured-output masks (beside the forward, on helper threads).\n# TYPE tandem:structured_output_mask_seconds_total counter\ntandem:structured_output_mask_seconds_total{{{l}}} {}",
             format_float(stats.guided_mask_seconds_total)
         );
+        if let Some(e) = stats.step_estimate {
+            for (name, help, v) in [
+                ("vllm:estimated_flops_per_gpu_total", "Estimated floating-point operations of the engine's steps (analytic, from the model's shape; see docs/openai-compat.md).", e.flops),
+                ("vllm:estimated_read_bytes_per_gpu_total", "Estimated bytes read from device memory by the engine's steps (weights once a step, KV context).", e.read_bytes),
+                ("vllm:estimated_write_bytes_per_gpu_total", "Estimated bytes written to device memory by the engine's steps (KV of the tokens computed).", e.write_bytes),
+            ] {
+                let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name}{{{l}}} {}", format_float(v));
+            }
+        }
         // Prompt tokens by where their KV came from: the local prefix cache, or computed.
         let cached = stats.prefix_cache_hits.min(prompt_tokens);
         let _ = writeln!(out, "# HELP vllm:prompt_tokens_by_source_total Number of prompt tokens by source.\n# TYPE vllm:prompt_tokens_by_source_total counter");
@@ -393,6 +404,18 @@ impl Metrics {
             );
         }
         let m = &self.model_label;
+        let _ = writeln!(out, "# HELP vllm:tool_call_parser_invocations_total Tool-call parser invocations, by mode, outcome and request type.\n# TYPE vllm:tool_call_parser_invocations_total counter");
+        for request_type in ToolRequestType::ALL {
+            for streaming in [false, true] {
+                for found_call in [true, false] {
+                    let v =
+                        self.tool_parses[tool_parse_index(request_type, streaming, found_call)].load(Ordering::Relaxed);
+                    let mode = if streaming { "streaming" } else { "non_streaming" };
+                    let outcome = if found_call { "tool_call" } else { "no_tool_call" };
+                    let _ = writeln!(out, "vllm:tool_call_parser_invocations_total{{{m},mode=\"{mode}\",outcome=\"{outcome}\",request_type=\"{}\"}} {v}", request_type.as_str());
+                }
+            }
+        }
         let _ = writeln!(out, "# HELP vllm:admission_rejections_total Requests rejected at admission because a queue limit was reached.\n# TYPE vllm:admission_rejections_total counter");
         let _ = writeln!(out, "vllm:admission_rejections_total{{{m},reason=\"max_num_queued_reqs\"}} {}\nvllm:admission_rejections_total{{{m},reason=\"max_num_queued_tokens\"}} 0", self.admission_rejected.load(Ordering::Relaxed));
         self.request_prompt_tokens.render(
@@ -405,6 +428,12 @@ impl Metrics {
             &mut out,
             "vllm:request_generation_tokens",
             "Number of generation tokens processed.",
+            l,
+        );
+        self.request_prefill_kv_computed.render(
+            &mut out,
+            "vllm:request_prefill_kv_computed_tokens",
+            "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
             l,
         );
         self.iteration_tokens(&mut out, stats);
@@ -544,32 +573,6 @@ mod tests {
             );
         }
         assert!(text.contains(&format!("vllm:iteration_tokens_total_sum{{{l}}} 40020\n")));
-    }
-
-    #[test]
-    fn throughput_is_the_counters_rate_over_the_recent_window() {
-        let m = Metrics::new("m");
-        let t0 = m.samples.lock().unwrap()[0].at;
-        let s = Duration::from_secs;
-        m.prompt_tokens.store(100, Ordering::Relaxed);
-        m.generation_tokens.store(50, Ordering::Relaxed);
-        // Since start-up: 100 and 50 tokens in 2 s; this scrape keeps a sample at +2 s.
-        assert_eq!(m.throughput(t0 + s(2)), (50.0, 25.0));
-        // Scrapes every second from +3 s to +12 s, with 10 generation tokens each second.
-        for k in 3..=12u64 {
-            m.generation_tokens.store(50 + 10 * (k - 2), Ordering::Relaxed);
-            m.throughput(t0 + s(k));
-        }
-        // At +13 s the base is the sample of +3 s (the newest at least 10 s old): the 100 prompt
-        // tokens of the first 2 s no longer count.
-        m.generation_tokens.store(160, Ordering::Relaxed);
-        assert_eq!(m.throughput(t0 + s(13)), (0.0, 10.0));
-        assert!(m.samples.lock().unwrap().len() <= 12, "few samples kept");
-        // A scraper that comes back after a minute gets the rate since its previous scrape.
-        m.generation_tokens.store(760, Ordering::Relaxed);
-        assert_eq!(m.throughput(t0 + s(73)), (0.0, 10.0));
-        // Nothing new since: 0, not the old rate.
-        assert_eq!(m.throughput(t0 + s(90)).1, 0.0);
     }
 
     /// vLLM's speculative-decoding counters, only when speculation is on.

@@ -104,6 +104,8 @@ pub struct Run {
     max_tokens: Vec<usize>,
     prompt_queue: Vec<Option<Duration>>,
     preemptions: Vec<Option<u32>>,
+    /// Per prompt: its prompt tokens found in the prefix cache, from the engine's last update.
+    cached_tokens: Vec<Option<usize>>,
     /// When the engine requests were submitted (their queue time counts from there).
     submitted: Instant,
     start: Instant,
@@ -151,6 +153,7 @@ impl Run {
             max_tokens: reqs.iter().map(|r| r.params.max_tokens).collect(),
             prompt_queue: vec![None; k],
             preemptions: vec![None; k],
+            cached_tokens: vec![None; k],
             submitted: Instant::now(),
             start,
             first_token: None,
@@ -257,7 +260,7 @@ impl Run {
         if deltas.is_empty() {
             return None;
         }
-        let upd = EngineUpdate { deltas, queue_time: None, num_preemptions: None };
+        let upd = EngineUpdate { deltas, ..Default::default() };
         self.account(p, &upd);
         Some(upd)
     }
@@ -286,6 +289,9 @@ impl Run {
         }
         if upd.num_preemptions.is_some() {
             self.preemptions[p] = upd.num_preemptions;
+        }
+        if upd.num_cached_tokens.is_some() {
+            self.cached_tokens[p] = upd.num_cached_tokens;
         }
         for d in &upd.deltas {
             let c = p * self.n + d.index;
@@ -340,6 +346,7 @@ impl Run {
             };
             m.observe_finished(&crate::metrics::FinishedRequest {
                 prompt_tokens: self.prompt_lens[p],
+                cached_tokens: self.cached_tokens[p],
                 generation_tokens: tokens,
                 max_tokens_param: self.max_tokens[p],
                 prefill: phases.map(|t| t.0),

@@ -9,6 +9,10 @@
 //! - `/detokenize` takes `{"tokens": [...]}` and answers `{"prompt": text}` (special tokens
 //!   kept, as vLLM's decode keeps them).
 //!
+//! A body with both `prompt` and `messages` is read as the `prompt` form (the other fields
+//! ignored), as vLLM reads it: its request type is a union whose first member, the completion
+//! form, accepts such a body.
+//!
 //! A `model` other than the served one is 404, as on the generation endpoints.
 
 use serde_json::{json, Value};
@@ -25,9 +29,10 @@ pub fn tokenize(state: &AppState, body: &[u8]) -> Result<Value, ApiError> {
     check_served(&f, state)?;
     let tok = &state.tokenizer;
     let tokens = match (f.get("prompt"), f.get("messages")) {
-        (Some(_), Some(_)) => return Err(ApiError::invalid("messages", "give `prompt` or `messages`, not both")),
         (None, None) => return Err(ApiError::invalid("prompt", "`prompt` (or `messages`) is required")),
-        (Some(p), None) => {
+        // With both, the prompt is tokenized and `messages` ignored, as vLLM's request union
+        // (the completion form first) reads such a body.
+        (Some(p), _) => {
             let Some(text) = p.as_str() else {
                 return Err(ApiError::invalid("prompt", "`prompt` must be a string"));
             };

@@ -39,6 +39,7 @@ impl Engine {
             return landed.max(self.step_sync());
         }
         let mut out = self.scheduler.schedule(Instant::now());
+        self.record_attention(&out);
         let scheduled_usage = self.scheduler.bm.usage();
         let sent = out.seqs.len();
         let sent_tokens = out.num_tokens;

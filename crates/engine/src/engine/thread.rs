@@ -33,10 +33,12 @@ impl Engine {
         decode: DecodeFn,
         cfg: EngineConfig,
     ) -> Result<EngineHandle, EngineError> {
+        let model = std::sync::Arc::new(runner.config().clone());
         let engine = Engine::new(runner, decode, cfg)?;
         let (tx, rx) = mpsc::channel();
         let inner = HandleInner {
             cmd: tx,
+            model,
             admission: engine.admission.clone(),
             stats: engine.stats.clone(),
             failure: engine.failure.clone(),

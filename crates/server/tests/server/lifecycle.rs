@@ -325,7 +325,7 @@ impl EngineClient for DyingEngine {
             finish: None,
             stop_string: None,
         };
-        tx.send(EngineUpdate { deltas: vec![d], queue_time: None, num_preemptions: None }).unwrap();
+        tx.send(EngineUpdate { deltas: vec![d], ..Default::default() }).unwrap();
         assert_eq!(req.params.n, 2);
         Ok(Submission::channel(1, rx))
     }

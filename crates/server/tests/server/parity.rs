@@ -1,6 +1,6 @@
-//! Issue 28: the same request answered as vLLM 0.32 answers it, one test per difference the
-//! side-by-side run found (model ids, `max_tokens` past the context, `continue_final_message`,
-//! the overflow error, the smaller fields).
+//! The same request answered as vLLM 0.32 answers it, one test per difference found beside it
+//! (model ids, `max_tokens` past the context, `continue_final_message`, the overflow error, the
+//! smaller fields, echo's prompt logprobs, `/tokenize` with both forms, the /metrics families).
 
 use crate::common;
 
@@ -466,4 +466,125 @@ async fn prompt_logprobs_carry_rank() {
         }
     }
     assert_eq!(inside + outside, prompt.len() - 1);
+}
+
+/// Completions with `echo` and `logprobs` score the prompt: as in vLLM 0.32, each choice also
+/// carries those scores in `prompt_logprobs` (one entry a prompt token, the first null);
+/// without `logprobs` nothing is scored and the field stays null.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn echo_with_logprobs_fills_prompt_logprobs() {
+    let s = TestServer::start(Setup::default()).await;
+    let prompt: Vec<u32> = vec![5, 9, 13, 7];
+    for max_tokens in [0, 2] {
+        let body = json!({"prompt": prompt, "echo": true, "logprobs": 1, "max_tokens": max_tokens});
+        let r = post(s.addr, "/v1/completions", &body).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        let v = r.json();
+        let pl = v["choices"][0]["prompt_logprobs"].as_array().unwrap_or_else(|| panic!("{v}")).clone();
+        assert_eq!(pl.len(), prompt.len(), "{v}");
+        assert!(pl[0].is_null());
+        // The same scores as the echoed `logprobs` entries of the prompt.
+        let lps = &v["choices"][0]["logprobs"]["token_logprobs"];
+        for (p, e) in pl.iter().enumerate().skip(1) {
+            let own = e[&prompt[p].to_string()]["logprob"].as_f64().unwrap();
+            assert!((own - lps[p].as_f64().unwrap()).abs() < 1e-4, "position {p}: {e} against {lps}");
+        }
+        // Kept on purpose: nothing generated, nothing counted (vLLM counts one token at 0).
+        let completion = v["usage"]["completion_tokens"].as_u64().unwrap();
+        assert_eq!(completion, max_tokens, "{v}");
+    }
+    let v = post(s.addr, "/v1/completions", &json!({"prompt": prompt, "echo": true, "max_tokens": 2})).await.json();
+    assert!(v["choices"][0]["prompt_logprobs"].is_null(), "{v}");
+}
+
+/// `/tokenize` with both `prompt` and `messages` answers as vLLM 0.32 does: its request type
+/// is a union whose first member (the completion form) takes such a body, so the prompt is
+/// tokenized and `messages` ignored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokenize_with_prompt_and_messages_reads_the_prompt() {
+    let s = TestServer::start(Setup::default()).await;
+    let alone = post(s.addr, "/tokenize", &json!({"prompt": "hello world the cat"})).await;
+    assert_eq!(alone.status, 200, "{}", alone.text());
+    let both = post(s.addr, "/tokenize", &json!({"prompt": "hello world the cat", "messages": chat("hi")})).await;
+    assert_eq!(both.status, 200, "{}", both.text());
+    assert_eq!(both.json(), alone.json());
+}
+
+/// vLLM 0.32's /metrics families: the prefill KV computed per request (prompt tokens less
+/// the prefix cache's), the tool parser's invocations with every label combination from the
+/// start, and none of the v0 engine's throughput gauges.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_families_of_vllm_0_32() {
+    let s = TestServer::start(Setup::default()).await;
+    let before = get(s.addr, "/metrics").await.text();
+    let m = format!("model_name=\"{MODEL}\"");
+    for request_type in ["chat_completions", "responses", "other"] {
+        for mode in ["streaming", "non_streaming"] {
+            for outcome in ["tool_call", "no_tool_call"] {
+                let series = format!("vllm:tool_call_parser_invocations_total{{{m},mode=\"{mode}\",outcome=\"{outcome}\",request_type=\"{request_type}\"}}");
+                assert_eq!(metric(&before, &series), 0.0, "{before}");
+            }
+        }
+    }
+    assert!(!before.contains("throughput_toks_per_s"), "vLLM 0.32 has no throughput gauges: {before}");
+    // The same 40-token prompt twice: the second finds two 16-token blocks cached.
+    let prompt: Vec<u32> = (0..40).map(|i| 5 + i % 50).collect();
+    for _ in 0..2 {
+        let r = post(s.addr, "/v1/completions", &json!({"prompt": prompt, "max_tokens": 2})).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    let after = get(s.addr, "/metrics").await.text();
+    let l = format!("{{{m},engine=\"0\"}}");
+    assert!(after.contains("# TYPE vllm:request_prefill_kv_computed_tokens histogram\n"), "{after}");
+    assert_eq!(metric(&after, &format!("vllm:request_prefill_kv_computed_tokens_count{l}")), 2.0, "{after}");
+    let hits = metric(&after, &format!("vllm:prefix_cache_hits_total{l}"));
+    assert_eq!(hits, 32.0, "{after}");
+    assert_eq!(metric(&after, &format!("vllm:request_prefill_kv_computed_tokens_sum{l}")), 80.0 - hits, "{after}");
+}
+
+/// `vllm:tool_call_parser_invocations_total` counts the parser's reads: one a choice answered
+/// whole, one a delta streamed, by whether it found a call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_parser_invocations_are_counted() {
+    use crate::parsers::{chat as tool_chat, server, LLAMA};
+    use tandem_server::tool_parser::ToolParser;
+    let s = server(Some(ToolParser::Llama3Json), None, LLAMA).await;
+    assert_eq!(post(s.addr, "/v1/chat/completions", &tool_chat(false)).await.status, 200);
+    let r = post(s.addr, "/v1/chat/completions", &tool_chat(true)).await;
+    assert_eq!(r.status, 200);
+    let _ = r.text();
+    let text = get(s.addr, "/metrics").await.text();
+    let series = |mode: &str, outcome: &str| {
+        metric(&text, &format!("vllm:tool_call_parser_invocations_total{{model_name=\"{MODEL}\",mode=\"{mode}\",outcome=\"{outcome}\",request_type=\"chat_completions\"}}"))
+    };
+    assert_eq!((series("non_streaming", "tool_call"), series("non_streaming", "no_tool_call")), (1.0, 0.0), "{text}");
+    // One a delta read (updates that arrive together are read as one): the text before the
+    // call finds none, the call's pieces do once it is named.
+    let streamed = series("streaming", "tool_call") + series("streaming", "no_tool_call");
+    assert!((1.0..=LLAMA.len() as f64).contains(&streamed), "{text}");
+    assert!(series("streaming", "tool_call") >= 1.0, "{text}");
+}
+
+/// vLLM's `estimated_*_per_gpu` counters, from the model's shape and the engine's steps: KV
+/// written is exactly each computed token's K and V rows; reads and FLOPs grow with the work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn step_estimates_follow_the_work() {
+    let s = TestServer::start(Setup::default()).await;
+    let l = format!("{{model_name=\"{MODEL}\",engine=\"0\"}}");
+    let read = |t: &str, n: &str| metric(t, &format!("vllm:estimated_{n}_per_gpu_total{l}"));
+    let before = get(s.addr, "/metrics").await.text();
+    for n in ["flops", "read_bytes", "write_bytes"] {
+        assert!(before.contains(&format!("# TYPE vllm:estimated_{n}_per_gpu_total counter\n")), "{before}");
+        assert_eq!(read(&before, n), 0.0);
+    }
+    let r = post(s.addr, "/v1/completions", &json!({"prompt": "hello world the cat", "max_tokens": 5})).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let after = get(s.addr, "/metrics").await.text();
+    let tokens = metric(&after, &format!("vllm:iteration_tokens_total_sum{l}"));
+    // The fake model: one layer, one KV head of 4 dimensions, 2-byte weights and KV.
+    let cfg = model_config();
+    let kv_row = (2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 2) as f64;
+    assert_eq!(read(&after, "write_bytes"), tokens * kv_row, "{after}");
+    assert!(read(&after, "read_bytes") > read(&after, "write_bytes"), "{after}");
+    assert!(read(&after, "flops") > 0.0, "{after}");
 }

@@ -18,7 +18,7 @@ use tandem_server::tool_parser::ToolParser;
 use tandem_server::{EngineClient, ServerConfig};
 
 /// Answers each request with `pieces`, one token and one update each, then a stop.
-struct ScriptEngine {
+pub(crate) struct ScriptEngine {
     pieces: Vec<String>,
     next: AtomicU64,
 }
@@ -38,7 +38,7 @@ impl EngineClient for ScriptEngine {
                 finish: last.then_some(FinishReason::Stop),
                 stop_string: None,
             };
-            let _ = tx.send(EngineUpdate { deltas: vec![d], queue_time: None, num_preemptions: None });
+            let _ = tx.send(EngineUpdate { deltas: vec![d], ..Default::default() });
         }
         Ok(Submission::channel(id, rx))
     }
@@ -51,7 +51,11 @@ impl EngineClient for ScriptEngine {
     }
 }
 
-async fn server(tools: Option<ToolParser>, reasoning: Option<ReasoningParser>, pieces: &[&str]) -> TestServer {
+pub(crate) async fn server(
+    tools: Option<ToolParser>,
+    reasoning: Option<ReasoningParser>,
+    pieces: &[&str],
+) -> TestServer {
     let config = ServerConfig {
         addr: ([127, 0, 0, 1], 0).into(),
         max_model_len: MAX_LEN,
@@ -65,7 +69,7 @@ async fn server(tools: Option<ToolParser>, reasoning: Option<ReasoningParser>, p
     TestServer::with_client(config, engine, tokenizer()).await
 }
 
-fn chat(stream: bool) -> Value {
+pub(crate) fn chat(stream: bool) -> Value {
     json!({"model": MODEL, "messages": [{"role": "user", "content": "hello world"}], "stream": stream, "max_tokens": 20,
            "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]})
 }
@@ -82,7 +86,7 @@ fn joined(deltas: &[Value], key: &str) -> String {
     deltas.iter().filter_map(|d| d[key].as_str()).collect()
 }
 
-const LLAMA: &[&str] =
+pub(crate) const LLAMA: &[&str] =
     &["Let me check.", "\n", "{\"name\": \"get_", "weather\", \"parameters\": ", "{\"city\": \"Paris\"}}"];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,10 +1,8 @@
 //! What vLLM's clients rely on beyond OpenAI's API (issue 15): `/tokenize`, `/detokenize`,
 //! `/version`, the client's `X-Request-Id` echoed, CORS behind `allowed_origins`, an unknown
-//! model as vLLM's 404, and vLLM's throughput gauges in /metrics.
+//! model as vLLM's 404.
 
 use crate::common;
-
-use std::time::Instant;
 
 use common::*;
 use serde_json::{json, Value};
@@ -64,7 +62,6 @@ async fn tokenizer_endpoints_refuse_bad_input_naming_the_field() {
     let cases: Vec<(&str, Value, u16, &str)> = vec![
         ("/tokenize", json!({}), 400, "prompt"),
         ("/tokenize", json!({"prompt": 5}), 400, "prompt"),
-        ("/tokenize", json!({"prompt": "x", "messages": chat_msgs()}), 400, "messages"),
         ("/tokenize", json!({"messages": "hi"}), 400, "messages"),
         (
             "/tokenize",
@@ -265,26 +262,4 @@ async fn cors_for_any_origin() {
     assert_eq!(r.headers["access-control-allow-origin"], "*");
     // A request without Origin (not from a browser) gets none.
     assert!(get(s.addr, "/v1/models").await.headers.get("access-control-allow-origin").is_none());
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn throughput_gauges_follow_the_token_counters() {
-    let t = Instant::now();
-    let s = TestServer::start(Setup::default()).await;
-    for _ in 0..3 {
-        assert_eq!(
-            post(s.addr, "/v1/completions", &json!({"prompt": "hello world the cat", "max_tokens": 5})).await.status,
-            200
-        );
-    }
-    let text = get(s.addr, "/metrics").await.text();
-    let elapsed = t.elapsed().as_secs_f64();
-    let l = format!("{{model_name=\"{MODEL}\",engine=\"0\"}}");
-    let gen = metric(&text, &format!("vllm:avg_generation_throughput_toks_per_s{l}"));
-    let prompt = metric(&text, &format!("vllm:avg_prompt_throughput_toks_per_s{l}"));
-    assert!(text.contains("# TYPE vllm:avg_generation_throughput_toks_per_s gauge\n"));
-    // The first scrape averages since start-up, which is inside the test's own span.
-    assert!(gen >= 15.0 / elapsed, "{gen} tok/s; 15 tokens in {elapsed} s");
-    assert!(prompt >= 12.0 / elapsed, "{prompt} tok/s; 12 tokens in {elapsed} s");
-    assert!(gen.is_finite() && prompt.is_finite());
 }

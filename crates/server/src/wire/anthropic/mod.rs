@@ -97,6 +97,7 @@ impl WireRequest for Messages {
             c.finish.as_ref().unwrap_or(&FinishReason::Stop),
             c.stop_string.as_deref(),
         );
+        job.count_tool_parse(false, content.iter().any(|b| b["type"] == "tool_use"));
         if let Some(t) = thinking {
             content.insert(0, json!({"type": "thinking", "thinking": t, "signature": ""}));
         }

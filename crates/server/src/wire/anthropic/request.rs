@@ -415,6 +415,9 @@ pub(super) fn job(state: &AppState, body: &[u8]) -> Result<Job, ApiError> {
         }
         other => other?,
     };
+    if let Some(t) = &mut job.tool_parses {
+        t.request_type = crate::metrics::ToolRequestType::Other;
+    }
     // The room the context leaves caps `max_tokens`. A prompt that fills it is refused in
     // Anthropic's words: Claude Code reads "prompt is too long" as its cue to compact.
     let (ctx, len) = (state.max_model_len(), job.prompts[0].len());

@@ -290,6 +290,7 @@ mod tests {
             guide: None,
             tool_output,
             reasoning,
+            tool_parses: None,
         };
         let mut s = MessageStream::new(&job, "msg_x".into(), "m".into());
         let mut out = s.head();

@@ -106,7 +106,17 @@ fn completions(state: &AppState, body: &[u8]) -> Result<Job, ApiError> {
     let guide = structured::parse_guide(&f)?;
     let prompts = parse_prompts(f.get("prompt"), "prompt", &state.tokenizer, vocab)?;
     let echo_texts = if p.echo { echo_texts(f.get("prompt"), &prompts, &state.tokenizer) } else { Vec::new() };
-    Ok(Job { api: Api::Completions, prompts, p, multi: false, echo_texts, guide, tool_output: None, reasoning: None })
+    Ok(Job {
+        api: Api::Completions,
+        prompts,
+        p,
+        multi: false,
+        echo_texts,
+        guide,
+        tool_output: None,
+        reasoning: None,
+        tool_parses: None,
+    })
 }
 
 /// A `/v1/chat/completions` body as a job.
@@ -172,7 +182,17 @@ fn generate(state: &AppState, body: &[u8]) -> Result<Job, ApiError> {
         }
         (None, None) => return Err(ApiError::invalid("prompt", "`prompt` (or `prompts`) is required")),
     };
-    Ok(Job { api: Api::Generate, prompts, p, multi, echo_texts: Vec::new(), guide, tool_output: None, reasoning: None })
+    Ok(Job {
+        api: Api::Generate,
+        prompts,
+        p,
+        multi,
+        echo_texts: Vec::new(),
+        guide,
+        tool_output: None,
+        reasoning: None,
+        tool_parses: None,
+    })
 }
 
 /// An OpenAI request (completions, chat completions, `/generate`) as the pipeline runs it.

@@ -89,9 +89,10 @@ pub fn response(job: &Job, meta: &ResponseMeta, run: &Run, choices: Vec<ChoiceAc
                         }
                         None => (c.text.clone(), if want_lp { completion_logprobs(tok, &c.logprobs, &mut 0) } else { Value::Null }),
                     };
-                    // vLLM's null keys: `prompt_logprobs` unless asked, `token_ids`.
+                    // vLLM's null keys: `prompt_logprobs` unless the prompt was scored (asked,
+                    // or `echo` with `logprobs`), `token_ids`.
                     let mut choice = json!({"index": i, "text": text, "logprobs": lp, "finish_reason": finish(c), "stop_reason": stop_reason(c), "prompt_logprobs": null, "token_ids": null});
-                    if job.p.explicit_prompt_logprobs {
+                    if job.p.explicit_prompt_logprobs || (job.p.echo && want_lp) {
                         choice["prompt_logprobs"] = c.prompt_logprobs.as_deref().map_or(Value::Null, |l| vllm_prompt_logprobs(tok, l));
                     }
                     choice
@@ -111,6 +112,7 @@ pub fn response(job: &Job, meta: &ResponseMeta, run: &Run, choices: Vec<ChoiceAc
                         None => (None, c.text.clone()),
                     };
                     let (content, calls, finish) = tool_message(job.tool_output.as_ref(), &text, finish(c));
+                    job.count_tool_parse(false, !calls.is_empty());
                     // vLLM: an answer that was all thinking has null content.
                     let content = content.filter(|c| !(job.reasoning.is_some() && c.is_empty()));
                     // vLLM's null keys: `refusal`, and `reasoning` without a reasoning parser.

@@ -61,6 +61,7 @@ pub(super) fn output_items(env: &Envelope, job: &Job, text: &str, finish: &Finis
         items.push(reasoning_item(&new_id("rs_"), &r, item_status));
     }
     let (content, calls, _) = tool_message(job.tool_output.as_ref(), &text, finish.as_str());
+    job.count_tool_parse(false, !calls.is_empty());
     // An empty answer is still a message; empty text beside reasoning or calls is none.
     let nothing_else = calls.is_empty() && items.is_empty();
     if let Some(c) = content.filter(|c| !c.is_empty() || nothing_else) {

@@ -419,6 +419,9 @@ pub(super) fn parse(state: &AppState, body: &[u8]) -> Result<Parsed, ApiError> {
         Some("messages") => ApiError { param: Some("input".into()), ..e },
         _ => e,
     })?;
+    if let Some(t) = &mut job.tool_parses {
+        t.request_type = crate::metrics::ToolRequestType::Responses;
+    }
     // The room the context leaves caps `max_output_tokens`; only a prompt that fills it is refused.
     let (ctx, len) = (state.max_model_len(), job.prompts[0].len());
     if len >= ctx {
