@@ -1,6 +1,6 @@
 //! `cargo xtask convert-gguf --gguf FILE --out DIR`: a local GGUF (llama, qwen2, qwen3, qwen3moe, gemma3) to a Hugging Face
 //! directory (what fetch-model does after downloading, without the catalog). Tensor types: see
-//! `tandem_models::quant::SUPPORTED` (the K-quants and the older 32-value types included).
+//! `tandem_model_files::quant::SUPPORTED` (the K-quants and the older 32-value types included).
 
 use std::path::PathBuf;
 
@@ -17,7 +17,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let s = tandem_models::convert_gguf(&args.gguf, &args.out, &mut |done, total, name| {
+    let s = tandem_model_files::convert_gguf(&args.gguf, &args.out, &mut |done, total, name| {
         eprint!("\r  [{:3}%] {done}/{total} {name:<60}", done * 100 / total);
         if done == total {
             eprintln!();

@@ -12,7 +12,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let dir = tandem_models::fetch_default(&args.models_dir).context("fetch-model failed")?;
+    let dir = tandem_model_files::fetch_default(&args.models_dir).context("fetch-model failed")?;
     println!("{}", dir.display());
     Ok(())
 }

@@ -20,7 +20,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let line = tandem_models::random_model::gen_model(&args.shape, args.seed, &args.dtype, &args.out)
+    let line = tandem_model_files::random_model::gen_model(&args.shape, args.seed, &args.dtype, &args.out)
         .map_err(anyhow::Error::msg)?;
     eprintln!("{line}");
     println!("{}", args.out.display());

@@ -19,7 +19,7 @@ pub fn run(a: Args) -> Result<()> {
     // A model given as `--model DIR`, or positionally first as `vllm serve MODEL` takes it.
     let positional = args.first().is_some_and(|a| !a.starts_with('-'));
     if !positional && !args.iter().any(|x| x == "--model" || x.starts_with("--model=")) {
-        let dir = tandem_models::fetch::fetch_default(&root.join("models"))?;
+        let dir = tandem_model_files::fetch::fetch_default(&root.join("models"))?;
         args.extend(["--model".to_string(), dir.display().to_string()]);
     }
     let st = Command::new(env!("CARGO"))

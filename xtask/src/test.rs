@@ -50,7 +50,7 @@ pub fn run(a: Args) -> Result<()> {
     let mut tally = Tally::default();
     format_check(&root, &mut tally)?;
     let t_model = Instant::now();
-    let model = tandem_models::fetch::fetch_default(&root.join("models")).context("fetching the default model")?;
+    let model = tandem_model_files::fetch::fetch_default(&root.join("models")).context("fetching the default model")?;
     println!("default model ready in {:.0} s", t_model.elapsed().as_secs_f64());
     let t0 = Instant::now();
     let ci = std::env::var_os("CI").is_some();

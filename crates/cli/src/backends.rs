@@ -49,6 +49,6 @@ impl BackendKind {
 pub fn resolve_model(model: Option<&Path>) -> Result<std::path::PathBuf> {
     match model {
         Some(p) => Ok(p.to_path_buf()),
-        None => tandem_models::fetch::fetch_default(&crate::models_dir()).context("fetching the default model"),
+        None => tandem_model_files::fetch::fetch_default(&crate::models_dir()).context("fetching the default model"),
     }
 }

@@ -774,7 +774,8 @@ mod tests {
     #[test]
     fn batch_invariance_passes_on_the_reference_and_fails_on_a_batch_variant_runner() {
         let dir = std::env::temp_dir().join(format!("tandem-compare-test-{}", std::process::id()));
-        tandem_models::write_random_model(&dir, tandem_models::Shape::Tiny, 1, tandem_core::DType::F32).unwrap();
+        tandem_model_files::write_random_model(&dir, tandem_model_files::Shape::Tiny, 1, tandem_core::DType::F32)
+            .unwrap();
         let a = tiny_args(&dir);
         let prompts = make_prompts(&dir, a.prompts, a.seed).unwrap();
         let reqs = make_requests(&prompts, a.batch, 384, a.seed);
@@ -813,7 +814,8 @@ mod tests {
     #[test]
     fn bf16_numerics_need_the_bf16_limits_and_stay_well_inside_them() {
         let dir = std::env::temp_dir().join(format!("tandem-compare-bf16-{}", std::process::id()));
-        tandem_models::write_random_model(&dir, tandem_models::Shape::Tiny, 1, tandem_core::DType::BF16).unwrap();
+        tandem_model_files::write_random_model(&dir, tandem_model_files::Shape::Tiny, 1, tandem_core::DType::BF16)
+            .unwrap();
         let json = dir.join("compare.json");
         let a = Args {
             numerics: "bf16".into(),

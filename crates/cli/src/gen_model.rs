@@ -22,7 +22,7 @@ pub struct Args {
 
 pub fn run(a: Args) -> anyhow::Result<()> {
     let line =
-        tandem_models::random_model::gen_model(&a.shape, a.seed, &a.dtype, &a.out).map_err(anyhow::Error::msg)?;
+        tandem_model_files::random_model::gen_model(&a.shape, a.seed, &a.dtype, &a.out).map_err(anyhow::Error::msg)?;
     eprintln!("{line}");
     println!("{}", a.out.display());
     Ok(())

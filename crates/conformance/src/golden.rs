@@ -128,10 +128,10 @@ pub fn random_model(shape: &str, seed: u64, dtype: tandem_core::DType) -> std::p
     if !dir.join("config.json").exists() {
         // `<shape>-fp8`: the shape with its projections in FP8, as `gen-model --dtype fp8-f32`.
         let (base, fp8) = shape.strip_suffix("-fp8").map_or((shape, false), |b| (b, true));
-        let s = tandem_models::random_model::Shape::parse(base).unwrap_or_else(|| panic!("unknown shape {shape}"));
-        tandem_models::random_model::write_random_model(&dir, s, seed, dtype).expect("writing the random model");
+        let s = tandem_model_files::random_model::Shape::parse(base).unwrap_or_else(|| panic!("unknown shape {shape}"));
+        tandem_model_files::random_model::write_random_model(&dir, s, seed, dtype).expect("writing the random model");
         if fp8 {
-            tandem_models::fp8::quantize_dir(&dir, [32, 32]).expect("writing the projections in FP8");
+            tandem_model_files::fp8::quantize_dir(&dir, [32, 32]).expect("writing the projections in FP8");
         }
     }
     dir

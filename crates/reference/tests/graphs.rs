@@ -17,7 +17,7 @@ use tandem_core::backend::{Device, FusedOps, Ops, Sampling, Storage};
 use tandem_core::model::LoadOptions;
 use tandem_core::weights::TensorView;
 use tandem_core::{Backend, DType, Error, ForwardBatch, Model, ModelRunner, Result};
-use tandem_models::random_model::{write_random_model, Shape};
+use tandem_model_files::random_model::{write_random_model, Shape};
 use tandem_reference::RefBackend;
 
 type Shared<T> = Arc<Mutex<T>>;

@@ -23,9 +23,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     let addr = args.get(1).map_or("127.0.0.1:8124", String::as_str).parse()?;
     let dir = std::env::temp_dir().join(format!("tandem-tiny-server-{}", std::process::id()));
-    tandem_models::random_model::write_random_model(
+    tandem_model_files::random_model::write_random_model(
         &dir,
-        tandem_models::random_model::Shape::Tiny,
+        tandem_model_files::random_model::Shape::Tiny,
         1,
         tandem_core::DType::F32,
     )?;

@@ -11,7 +11,7 @@ use tandem_core::model::LoadOptions;
 use tandem_core::tokenizer::Tokenizer;
 use tandem_core::{DType, Model, ModelRunner};
 use tandem_engine::{tokenizer_decode_fn, Engine, EngineConfig, FinishReason, Request, RequestOutput, SamplingParams};
-use tandem_models::random_model::{write_random_model, Shape};
+use tandem_model_files::random_model::{write_random_model, Shape};
 use tandem_reference::RefBackend;
 use tandem_structured::{GuideSpec, Structured};
 
@@ -222,7 +222,7 @@ fn bad_specs_are_errors_naming_the_form() {
 }
 
 fn smollm2() -> Option<PathBuf> {
-    tandem_models::fetch::installed_default(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models"))
+    tandem_model_files::fetch::installed_default(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models"))
 }
 
 #[test]

@@ -10,7 +10,7 @@
 //! use tandem::{Backend, LlmBuilder, Message, SamplingParams};
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! # let dir = std::env::temp_dir().join(format!("tandem-doctest-{}", std::process::id()));
-//! # tandem_models::random_model::write_random_model(&dir, tandem_models::random_model::Shape::Tiny, 1, tandem_core::DType::F32)?;
+//! # tandem_model_files::random_model::write_random_model(&dir, tandem_model_files::random_model::Shape::Tiny, 1, tandem_core::DType::F32)?;
 //! // `dir` holds a Hugging Face model: config.json, safetensors, tokenizer (here a tiny random one).
 //! let llm = LlmBuilder::new(&dir).backend(Backend::Reference).max_num_seqs(8).num_kv_blocks(64).build()?;
 //! let params = SamplingParams { temperature: 0.8, seed: Some(7), max_tokens: Some(8), ..Default::default() };

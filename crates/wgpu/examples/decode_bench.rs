@@ -51,9 +51,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let d = std::env::temp_dir().join("tandem-bench-smollm2-135m-random");
                 if !d.join("model.safetensors").exists() {
                     eprintln!("no converted SmolLM2-135M; writing a random model of its shape to {}", d.display());
-                    tandem_models::random_model::write_random_model(
+                    tandem_model_files::random_model::write_random_model(
                         &d,
-                        tandem_models::random_model::Shape::Smollm2_135m,
+                        tandem_model_files::random_model::Shape::Smollm2_135m,
                         7,
                         DType::BF16,
                     )?;

@@ -417,7 +417,8 @@ mod tests {
     #[test]
     fn batched_steps_choose_what_one_sequence_greedy_chooses() {
         let dir = std::env::temp_dir().join(format!("tandem-bench-decode-test-{}", std::process::id()));
-        tandem_models::write_random_model(&dir, tandem_models::Shape::Tiny, 1, tandem_core::DType::F32).unwrap();
+        tandem_model_files::write_random_model(&dir, tandem_model_files::Shape::Tiny, 1, tandem_core::DType::F32)
+            .unwrap();
         let (prompt_len, max_tokens, batch, block_size) = (11usize, 6, 3, 4);
         let per_seq = (prompt_len + max_tokens).div_ceil(block_size);
         let opts = LoadOptions {

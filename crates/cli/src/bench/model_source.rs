@@ -12,7 +12,7 @@ use tandem_core::model::{LoadOptions, ModelRunner};
 use tandem_core::tokenizer::Tokenizer;
 use tandem_core::{DType, ModelConfig};
 use tandem_engine::{Engine, EngineHandle};
-use tandem_models::Shape;
+use tandem_model_files::Shape;
 
 use crate::backends::{self, BackendKind};
 use crate::serve::EngineArgs;
@@ -96,7 +96,7 @@ fn random_model_dir(name: &str, r: &RandomModelArgs) -> Result<PathBuf> {
     let tmp = cache.join(format!(".{}-seed{}-bf16.{}", shape.name(), r.model_seed, std::process::id()));
     let t = Instant::now();
     eprintln!("writing a random {} model (seed {}) to {} ...", shape.name(), r.model_seed, dir.display());
-    tandem_models::write_random_model(&tmp, shape, r.model_seed, DType::BF16)
+    tandem_model_files::write_random_model(&tmp, shape, r.model_seed, DType::BF16)
         .with_context(|| format!("writing a random {} model to {}", shape.name(), tmp.display()))?;
     match std::fs::rename(&tmp, &dir) {
         Ok(()) => {}

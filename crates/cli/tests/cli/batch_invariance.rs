@@ -54,38 +54,38 @@ fn no_text() -> tandem_engine::DecodeFn {
 
 #[test]
 fn wgpu_greedy_tokens_are_the_same_alone_and_among_31_others() {
-    invariance(tandem_models::random_model::Shape::Tiny);
+    invariance(tandem_model_files::random_model::Shape::Tiny);
 }
 
 /// The same for each family beyond Llama.
 #[test]
 fn wgpu_qwen3_greedy_tokens_are_the_same_alone_and_among_31_others() {
-    invariance(tandem_models::random_model::Shape::TinyQwen3);
+    invariance(tandem_model_files::random_model::Shape::TinyQwen3);
 }
 
 #[test]
 fn wgpu_moe_greedy_tokens_are_the_same_alone_and_among_31_others() {
-    invariance(tandem_models::random_model::Shape::TinyQwen3Moe);
-    invariance(tandem_models::random_model::Shape::TinyMixtral);
+    invariance(tandem_model_files::random_model::Shape::TinyQwen3Moe);
+    invariance(tandem_model_files::random_model::Shape::TinyMixtral);
 }
 
 /// Sliding windows of 16 keys, shorter than the prompts.
 #[test]
 fn wgpu_window_greedy_tokens_are_the_same_alone_and_among_31_others() {
-    invariance(tandem_models::random_model::Shape::TinyMistral);
-    invariance(tandem_models::random_model::Shape::TinyQwen2);
+    invariance(tandem_model_files::random_model::Shape::TinyMistral);
+    invariance(tandem_model_files::random_model::Shape::TinyQwen2);
 }
 
 /// Gemma 3: a sliding and a global layer with their own ropes, GeGLU, sandwich norms.
 #[test]
 fn wgpu_gemma3_greedy_tokens_are_the_same_alone_and_among_31_others() {
-    invariance(tandem_models::random_model::Shape::TinyGemma3);
+    invariance(tandem_model_files::random_model::Shape::TinyGemma3);
 }
 
-fn invariance(shape: tandem_models::random_model::Shape) {
+fn invariance(shape: tandem_model_files::random_model::Shape) {
     let dir = std::env::temp_dir().join(format!("tandem-invariance-{}-{}", shape.name(), std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    tandem_models::random_model::write_random_model(&dir, shape, 1, DType::F32).unwrap();
+    tandem_model_files::random_model::write_random_model(&dir, shape, 1, DType::F32).unwrap();
     let Some(probe) = runner(&dir, 4, 16, 1) else { return };
     let vocab = probe.config().vocab_size as u32;
     drop(probe);

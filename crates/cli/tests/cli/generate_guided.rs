@@ -8,9 +8,9 @@ use std::process::Command;
 fn model() -> PathBuf {
     let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("generate-guided-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
-    tandem_models::random_model::write_random_model(
+    tandem_model_files::random_model::write_random_model(
         &d,
-        tandem_models::random_model::Shape::Tiny,
+        tandem_model_files::random_model::Shape::Tiny,
         2,
         tandem_core::DType::F32,
     )

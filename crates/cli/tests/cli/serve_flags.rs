@@ -22,9 +22,9 @@ fn vllm_flags_tandem_lacks_are_errors_that_name_them() {
 fn values_tandem_does_not_implement_are_refused_before_loading() {
     let dir = std::env::temp_dir().join(format!("tandem-serve-flags-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    tandem_models::random_model::write_random_model(
+    tandem_model_files::random_model::write_random_model(
         &dir,
-        tandem_models::random_model::Shape::Tiny,
+        tandem_model_files::random_model::Shape::Tiny,
         3,
         tandem_core::DType::F32,
     )

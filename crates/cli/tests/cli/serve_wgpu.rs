@@ -90,9 +90,9 @@ fn start(model: &std::path::Path) -> Option<Server> {
 fn wgpu_server_answers_like_a_client_expects() {
     let model = std::env::temp_dir().join(format!("tandem-serve-test-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&model);
-    tandem_models::random_model::write_random_model(
+    tandem_model_files::random_model::write_random_model(
         &model,
-        tandem_models::random_model::Shape::Tiny,
+        tandem_model_files::random_model::Shape::Tiny,
         1,
         tandem_core::DType::F32,
     )
@@ -177,11 +177,11 @@ fn wgpu_server_answers_like_a_client_expects() {
 /// prompt tokens).
 #[test]
 fn wgpu_serves_each_family() {
-    use tandem_models::random_model::Shape;
+    use tandem_model_files::random_model::Shape;
     for shape in [Shape::TinyQwen3, Shape::TinyQwen3Moe, Shape::TinyMixtral, Shape::TinyMistral, Shape::TinyGemma3] {
         let model = std::env::temp_dir().join(format!("tandem-serve-{}-{}", shape.name(), std::process::id()));
         let _ = std::fs::remove_dir_all(&model);
-        tandem_models::random_model::write_random_model(&model, shape, 1, tandem_core::DType::F32).unwrap();
+        tandem_model_files::random_model::write_random_model(&model, shape, 1, tandem_core::DType::F32).unwrap();
         let Some(server) = start(&model) else { return };
         let port = server.port;
         let req =

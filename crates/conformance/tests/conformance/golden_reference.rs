@@ -175,7 +175,7 @@ fn smollm2_golden_catches_broken_weights() {
         {
             let name = format!("model.layers.{l}.self_attn.{p}_proj.weight");
             let t = w.get(&name, &[rows, cfg.hidden_size]).unwrap();
-            let permuted = tandem_models::convert::rope_permute(&t.to_f32(), heads, cfg.hidden_size);
+            let permuted = tandem_model_files::convert::rope_permute(&t.to_f32(), heads, cfg.hidden_size);
             w.replace(&name, t.dtype, &t.shape.clone(), &permuted).unwrap();
         }
     }

@@ -7,7 +7,7 @@
 //! rules and config-key aliases) and its layer builder (`layer`, built from
 //! [`layers::Loader`]'s pieces through [`layers::Layer::new`]). The one list of families is
 //! the `family_list!` line below. Adding a family: its file, its line there, a seeded shape in
-//! `tandem-models`' random_model.rs, and golden data from HF transformers
+//! `tandem-model-files`' random_model.rs, and golden data from HF transformers
 //! (tests/make_golden.sh).
 //!
 //! The rest, one noun a file: [`runner`] (what the engine needs of a loaded model), [`load`]

@@ -21,7 +21,7 @@ use tandem_core::model::LoadOptions;
 use tandem_core::weights::Weights;
 use tandem_core::{DType, ForwardBatch, KvDtype, Model, ModelRunner};
 use tandem_cuda::CudaBackend;
-use tandem_models::random_model::Shape;
+use tandem_model_files::random_model::Shape;
 
 /// The shapes counted: head_dim 64 (the 64-wide rope epilogue) and 128 (the 128-wide one).
 fn shapes() -> [Shape; 2] {

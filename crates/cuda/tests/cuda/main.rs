@@ -31,7 +31,7 @@ pub(crate) fn gpu_or_skip(test: &str) -> Option<tandem_cuda::CudaBackend> {
 /// shared by every test that loads one (on a GPU the head_dim-64 shape is SmolLM2-135M's: 270 MB
 /// written once, not once a test). The folders of earlier runs whose process is gone are removed
 /// when the first is made.
-pub(crate) fn random_model(shape: tandem_models::random_model::Shape) -> std::path::PathBuf {
+pub(crate) fn random_model(shape: tandem_model_files::random_model::Shape) -> std::path::PathBuf {
     use std::sync::Mutex;
     static MADE: Mutex<Vec<String>> = Mutex::new(Vec::new());
     let tmp = std::env::temp_dir();
@@ -51,7 +51,7 @@ pub(crate) fn random_model(shape: tandem_models::random_model::Shape) -> std::pa
     }
     if !made.contains(&shape.name().to_string()) {
         let _ = std::fs::remove_dir_all(&dir);
-        tandem_models::random_model::write_random_model(&dir, shape, 7, tandem_core::DType::BF16).unwrap();
+        tandem_model_files::random_model::write_random_model(&dir, shape, 7, tandem_core::DType::BF16).unwrap();
         made.push(shape.name().to_string());
     }
     dir
@@ -60,8 +60,8 @@ pub(crate) fn random_model(shape: tandem_models::random_model::Shape) -> std::pa
 /// The head_dim-64 model shape of the GPU tests: SmolLM2-135M's on a GPU, its layer in a
 /// 2-layer, 384-token model on the fake driver (`cargo xtask fake-cuda` sets
 /// TANDEM_FAKE_CUDA=1), where every kernel runs on the host emulator.
-pub(crate) fn shape_hd64() -> tandem_models::random_model::Shape {
-    use tandem_models::random_model::Shape;
+pub(crate) fn shape_hd64() -> tandem_model_files::random_model::Shape {
+    use tandem_model_files::random_model::Shape;
     if std::env::var("TANDEM_FAKE_CUDA").is_ok_and(|v| v == "1") {
         Shape::SmallHd64
     } else {

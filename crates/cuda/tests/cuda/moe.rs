@@ -9,7 +9,7 @@
 use tandem_core::model::LoadOptions;
 use tandem_core::{DType, ForwardBatch, Model, ModelRunner};
 use tandem_cuda::CudaBackend;
-use tandem_models::random_model::{write_random_model, Shape};
+use tandem_model_files::random_model::{write_random_model, Shape};
 
 #[test]
 fn routed_experts_give_the_every_expert_bits() {

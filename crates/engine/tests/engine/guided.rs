@@ -13,7 +13,7 @@ use tandem_core::{DType, Model, ModelRunner};
 use tandem_engine::{
     Constraint, ConstraintFactory, Engine, EngineConfig, FinishReason, Guided, Request, SamplingParams,
 };
-use tandem_models::random_model::{write_random_model, Shape};
+use tandem_model_files::random_model::{write_random_model, Shape};
 use tandem_reference::RefBackend;
 
 fn model_dir(test: &str) -> PathBuf {

@@ -291,8 +291,13 @@ fn the_reference_model_gives_the_same_outputs_with_async_scheduling() {
     use tandem_core::{DType, Model};
     let dir = std::env::temp_dir().join(format!("tandem-engine-overlap-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    tandem_models::random_model::write_random_model(&dir, tandem_models::random_model::Shape::Tiny, 11, DType::F32)
-        .unwrap();
+    tandem_model_files::random_model::write_random_model(
+        &dir,
+        tandem_model_files::random_model::Shape::Tiny,
+        11,
+        DType::F32,
+    )
+    .unwrap();
     let runner = || {
         let opts =
             LoadOptions { max_batch_tokens: 24, max_seqs: 16, num_kv_blocks: 14, block_size: 16, ..Default::default() };

@@ -11,7 +11,7 @@ use common::*;
 use tandem_core::model::LoadOptions;
 use tandem_core::{DType, ForwardBatch, Model, ModelRunner};
 use tandem_engine::{Engine, EngineConfig, Request, RequestOutput, SamplingParams};
-use tandem_models::random_model::{write_random_model, Shape};
+use tandem_model_files::random_model::{write_random_model, Shape};
 use tandem_reference::RefBackend;
 
 /// A model of its own per test (tests run in parallel and each removes its directory).

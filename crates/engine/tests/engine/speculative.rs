@@ -16,7 +16,7 @@ use tandem_engine::speculative::SpeculativeConfig;
 use tandem_engine::{
     Constraint, ConstraintFactory, Engine, EngineConfig, FinishReason, Guided, Request, SamplingParams, Stats,
 };
-use tandem_models::random_model::{write_random_model, Shape};
+use tandem_model_files::random_model::{write_random_model, Shape};
 use tandem_reference::RefBackend;
 
 fn model_dir(test: &str) -> PathBuf {

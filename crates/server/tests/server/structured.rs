@@ -29,9 +29,9 @@ pub(crate) fn tiny_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let dir = std::env::temp_dir().join(format!("tandem-structured-test-{}", std::process::id()));
-        tandem_models::random_model::write_random_model(
+        tandem_model_files::random_model::write_random_model(
             &dir,
-            tandem_models::random_model::Shape::Tiny,
+            tandem_model_files::random_model::Shape::Tiny,
             1,
             tandem_core::DType::F32,
         )

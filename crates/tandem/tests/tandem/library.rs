@@ -229,9 +229,9 @@ fn bad_builder_settings_are_errors() {
 fn guided_generation_through_the_library() {
     let dir = std::env::temp_dir().join(format!("tandem-lib-guided-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    tandem_models::random_model::write_random_model(
+    tandem_model_files::random_model::write_random_model(
         &dir,
-        tandem_models::random_model::Shape::Tiny,
+        tandem_model_files::random_model::Shape::Tiny,
         4,
         tandem_core::DType::F32,
     )

@@ -15,7 +15,7 @@ use tandem_core::model::LoadOptions;
 use tandem_core::{DType, Model, ModelRunner};
 use tandem_engine::constraint::AllowedTokens;
 use tandem_engine::{Engine, EngineConfig, FinishReason, Guided, Request, SamplingParams};
-use tandem_models::random_model::{write_random_model, Shape};
+use tandem_model_files::random_model::{write_random_model, Shape};
 
 fn runner(dir: &Path, num_kv_blocks: usize, max_batch_tokens: usize) -> Option<Box<dyn ModelRunner>> {
     let opts = LoadOptions { max_batch_tokens, max_seqs: 8, num_kv_blocks, block_size: 16, ..Default::default() };

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use common::{assert_close, Rng};
 use tandem_core::model::LoadOptions;
 use tandem_core::{DType, ForwardBatch, Model, ModelRunner};
-use tandem_models::random_model::{write_random_model, Shape};
+use tandem_model_files::random_model::{write_random_model, Shape};
 use tandem_reference::RefBackend;
 use tandem_wgpu::WgpuBackend;
 

@@ -11,7 +11,7 @@ use tandem_core::weights::Weights;
 use tandem_core::ModelConfig;
 
 fn installed() -> Option<PathBuf> {
-    tandem_models::fetch::installed_default(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models"))
+    tandem_model_files::fetch::installed_default(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models"))
 }
 
 #[test]

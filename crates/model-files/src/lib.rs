@@ -1,4 +1,4 @@
-//! tandem-models: where model directories come from.
+//! tandem-model-files: where model directories come from.
 //!
 //! - [`gguf`]: GGUF files (llama.cpp's format), mapped and parsed; [`quant`]: ggml types to f32.
 //! - [`convert`]: a GGUF (llama, qwen2, qwen3, qwen3moe, gemma3) to a Hugging Face directory

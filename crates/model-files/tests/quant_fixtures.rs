@@ -3,7 +3,7 @@
 //! the committed make.py there; CI only reads the files). Every value must match bitwise.
 
 use std::path::Path;
-use tandem_models::quant::{dequantize, GgmlType};
+use tandem_model_files::quant::{dequantize, GgmlType};
 
 fn read(name: &str) -> Vec<u8> {
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gguf-quants").join(name);
