@@ -29,3 +29,12 @@ fn smollm2_135m() {
         golden::assert_golden(b, "smollm2-135m", &dir, 1e-3);
     }
 }
+
+/// The Qwen3-MoE directory transformers 5.25 saved (`num_local_experts`, `rope_parameters`)
+/// passes tiny-qwen3-moe's golden on wgpu too.
+#[test]
+fn qwen3_moe_saved_by_transformers5() {
+    if let Some(b) = wgpu() {
+        golden::assert_golden(b, "tiny-qwen3-moe", &golden::golden_dir().join("tiny-qwen3-moe-tf5"), 1e-3);
+    }
+}
