@@ -95,7 +95,12 @@ impl EngineClient for ScriptedEngine {
                 };
                 let delta =
                     CompletionDelta { index, text, token_ids: ids, logprobs, prompt_logprobs, finish, stop_string };
-                let _ = tx.send(EngineUpdate { deltas: vec![delta], queue_time: None, num_preemptions: None });
+                let _ = tx.send(EngineUpdate {
+                    deltas: vec![delta],
+                    queue_time: None,
+                    num_preemptions: None,
+                    num_cached_tokens: None,
+                });
                 if end {
                     break;
                 }
