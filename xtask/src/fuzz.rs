@@ -7,9 +7,14 @@
 //!
 //! - `cargo xtask fuzz` (what `cargo xtask test` runs): every target's committed regression
 //!   inputs (fuzz/regressions/<target>/, each a finding since fixed) replayed, then every target
-//!   fuzzed for `--seconds` (default 20) from its committed corpus into a scratch corpus.
-//! - `cargo xtask fuzz --target T --seconds 1800 --keep`: a long run by hand; new corpus
-//!   entries go into fuzz/corpus/T (minimise with `cargo fuzz cmin` before committing).
+//!   fuzzed for `--seconds` (default 20) from its committed corpus into a scratch corpus, with
+//!   libFuzzer's mutations drawn from a fixed seed ([`CI_SEED`]): libFuzzer on one thread is
+//!   deterministic for a given binary, corpus and seed, so the test command explores the same
+//!   inputs on every run of a commit (a slower machine, a prefix of them) and passes or fails
+//!   the same way; new ground is broken by the runs by hand below, never by CI's luck.
+//! - `cargo xtask fuzz --target T --seconds 1800 --keep --seed 0`: a long run by hand (seed 0:
+//!   libFuzzer draws one and prints it); new corpus entries go into fuzz/corpus/T (minimise with
+//!   `cargo fuzz cmin` before committing).
 //!
 //! A crash leaves its input under fuzz/artifacts/<target>/ and fails the task.
 
@@ -26,6 +31,9 @@ pub const TARGETS: &[&str] = &["gguf", "safetensors", "config_json", "tokenizer_
 /// single allocation over 1 GiB or an RSS over 2 GiB is a finding, as is one input taking 10 s.
 const LIMITS: &[&str] = &["-max_len=65536", "-malloc_limit_mb=1024", "-rss_limit_mb=2048", "-timeout=10"];
 
+/// The mutation seed of the test command's runs (any fixed value; 0 asks libFuzzer for a fresh one).
+pub const CI_SEED: u32 = 1;
+
 #[derive(clap::Args)]
 pub struct Args {
     /// One target (default: all).
@@ -37,6 +45,9 @@ pub struct Args {
     /// Keep what the run finds in fuzz/corpus/<target> (a long run by hand).
     #[arg(long)]
     keep: bool,
+    /// libFuzzer's mutation seed; 0 draws a fresh one (printed in its log).
+    #[arg(long, default_value_t = CI_SEED)]
+    seed: u32,
 }
 
 pub struct Outcome {
@@ -45,7 +56,7 @@ pub struct Outcome {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let o = fuzz(&crate::workspace_root(), a.target.as_deref(), a.seconds, a.keep)?;
+    let o = fuzz(&crate::workspace_root(), a.target.as_deref(), a.seconds, a.keep, a.seed)?;
     if let Some(why) = o.skipped {
         println!("SKIPPED fuzzing: {why}");
     }
@@ -60,7 +71,7 @@ fn nightly() -> Command {
 }
 
 /// Builds, replays the regressions and fuzzes; `Outcome::skipped` says why nothing ran.
-pub fn fuzz(root: &Path, only: Option<&str>, seconds: u64, keep: bool) -> Result<Outcome> {
+pub fn fuzz(root: &Path, only: Option<&str>, seconds: u64, keep: bool, seed: u32) -> Result<Outcome> {
     let dir = root.join("fuzz");
     let targets: Vec<&str> = match only {
         Some(t) if TARGETS.contains(&t) => vec![t],
@@ -122,6 +133,7 @@ pub fn fuzz(root: &Path, only: Option<&str>, seconds: u64, keep: bool) -> Result
             .current_dir(&dir)
             .args(LIMITS)
             .arg(format!("-max_total_time={seconds}"))
+            .arg(format!("-seed={seed}"))
             .arg(format!("-artifact_prefix={}/", artifacts.display()))
             .arg("-print_final_stats=1")
             .arg(&write)
@@ -146,7 +158,10 @@ pub fn fuzz(root: &Path, only: Option<&str>, seconds: u64, keep: bool) -> Result
             let tail: Vec<&str> = tail.into_iter().rev().collect();
             bail!("fuzz target {t} found a crash (input under fuzz/artifacts/{t}):\n{}", tail.join("\n"));
         }
-        println!("fuzz {t}: {runs} inputs in {:.0} s, coverage {cov}, no crash", t1.elapsed().as_secs_f64());
+        println!(
+            "fuzz {t}: {runs} inputs in {:.0} s (seed {seed}), coverage {cov}, no crash",
+            t1.elapsed().as_secs_f64()
+        );
         passed += 1;
     }
     Ok(Outcome { passed, skipped: None })

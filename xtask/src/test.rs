@@ -150,7 +150,7 @@ pub fn run(a: Args) -> Result<()> {
     if whole {
         let t4 = Instant::now();
         let seconds = std::env::var("TANDEM_FUZZ_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(20);
-        match crate::fuzz::fuzz(&root, None, seconds, false) {
+        match crate::fuzz::fuzz(&root, None, seconds, false, crate::fuzz::CI_SEED) {
             Ok(o) => {
                 tally.pass(o.passed);
                 if let Some(why) = o.skipped {

@@ -150,6 +150,20 @@ pub(crate) struct RawConfig {
 }
 
 /// A required positive field.
+/// The widest a hidden, MLP or vocabulary dimension may be (the largest released models stay
+/// under 2^19); with [`MAX_COUNT`] it keeps every product the loader forms (heads x head_dim,
+/// vocab x hidden, tokens x experts) far inside `usize` and the kernels' 32-bit offsets per row.
+const MAX_WIDTH: usize = 1 << 24;
+/// The most heads, layers, experts, or elements of one head a config may name.
+const MAX_COUNT: usize = 1 << 16;
+
+fn at_most(name: &str, v: usize, max: usize) -> std::result::Result<(), String> {
+    if v > max {
+        return Err(format!("{name} ({v}) is larger than any model Tandem can hold (at most {max})"));
+    }
+    Ok(())
+}
+
 pub(crate) fn req(v: Option<usize>, name: &str) -> std::result::Result<usize, String> {
     match v {
         Some(0) => Err(format!("`{name}` must be positive")),
@@ -201,6 +215,13 @@ impl ModelConfig {
         let rope_scaling = parse_rope_scaling(scaling_json)?;
         let intermediate_size = req(raw.intermediate_size, "intermediate_size")?;
         let num_hidden_layers = req(raw.num_hidden_layers, "num_hidden_layers")?;
+        let vocab_size = req(raw.vocab_size, "vocab_size")?;
+        at_most("hidden_size", hidden_size, MAX_WIDTH)?;
+        at_most("intermediate_size", intermediate_size, MAX_WIDTH)?;
+        at_most("vocab_size", vocab_size, MAX_WIDTH)?;
+        at_most("num_attention_heads", num_attention_heads, MAX_COUNT)?;
+        at_most("head_dim", head_dim, MAX_COUNT)?;
+        at_most("num_hidden_layers", num_hidden_layers, MAX_COUNT)?;
         // Checked for every family, whether or not it slides.
         raw.sliding_window()?;
         let activation = match raw.hidden_activation.as_deref().or(raw.hidden_act.as_deref()) {
@@ -216,7 +237,7 @@ impl ModelConfig {
             activation,
             query_pre_attn_scalar: None,
             local_rope: None,
-            vocab_size: req(raw.vocab_size, "vocab_size")?,
+            vocab_size,
             intermediate_size,
             num_hidden_layers,
             moe: None,
@@ -236,6 +257,8 @@ impl ModelConfig {
         };
         (family.rules)(&raw, &mut cfg)?;
         if let Some(m) = &cfg.moe {
+            at_most("the number of experts", m.num_experts, MAX_COUNT)?;
+            at_most("the experts' intermediate_size", m.intermediate_size, MAX_WIDTH)?;
             if m.top_k > m.num_experts {
                 return Err(format!("num_experts_per_tok ({}) exceeds the {} experts", m.top_k, m.num_experts));
             }
@@ -427,6 +450,23 @@ mod tests {
         assert_eq!(c.rope_theta, 100000.0);
         assert!(c.tie_word_embeddings && !c.attention_bias);
         assert_eq!(c.dtype.as_deref(), Some("bfloat16"));
+    }
+
+    /// A size no model has is refused before anything multiplies it (a fuzzing finding: heads x
+    /// head_dim overflowed).
+    #[test]
+    fn sizes_beyond_any_model_are_refused_naming_the_field() {
+        let big = SMOL.replace(
+            r#""num_attention_heads":9,"num_key_value_heads":3"#,
+            r#""num_attention_heads":4611686018427387904,"num_key_value_heads":1,"head_dim":8"#,
+        );
+        let e = ModelConfig::from_json(&big).unwrap_err();
+        assert!(e.contains("num_attention_heads (4611686018427387904)"), "{e}");
+        let e = ModelConfig::from_json(&SMOL.replace("49152", "99999999999")).unwrap_err();
+        assert!(e.contains("vocab_size"), "{e}");
+        let e = ModelConfig::from_json(&SMOL.replace(r#""num_hidden_layers":30"#, r#""num_hidden_layers":70000"#))
+            .unwrap_err();
+        assert!(e.contains("num_hidden_layers"), "{e}");
     }
 
     #[test]
