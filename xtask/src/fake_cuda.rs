@@ -254,7 +254,10 @@ pub fn group(root: &Path, tandem: Option<PathBuf>) -> Result<Tally> {
     // ran at one pinned seed while the bf16 matmul cases with n = 1, k = 1000 missed their limit
     // on fresh seeds (x rounded to bf16: one output's cancellation decided); x is drawn exact in
     // the weight type since, and fresh seeds pass.
-    let seed = std::env::var("TANDEM_FAKE_CUDA_OPS_SEED").unwrap_or_else(|_| fresh_seed().to_string());
+    // Under `cargo xtask test`, TANDEM_TEST_SEED pins it with every other suite's.
+    let seed = std::env::var("TANDEM_FAKE_CUDA_OPS_SEED")
+        .or_else(|_| std::env::var("TANDEM_TEST_SEED"))
+        .unwrap_or_else(|_| fresh_seed().to_string());
     println!("fake-cuda: the op suite's seed is {seed} (TANDEM_FAKE_CUDA_OPS_SEED={seed} replays it)");
     let mut commands: Vec<(String, Vec<String>)> = vec![(
         format!("op suite on cuda (seed {seed})"),

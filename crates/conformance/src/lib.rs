@@ -52,8 +52,12 @@ pub mod staging;
 pub use case::{cases, Case, CaseResult, PerfResult};
 pub use report::{PerfReport, Report};
 
-/// A seed for runs that were not given one (time-based; it is printed, so a failure can be rerun).
+/// A seed for runs that were not given one: `TANDEM_TEST_SEED` where set (the test command pins
+/// it), else time-based; it is printed, so a failure can be rerun.
 pub fn fresh_seed() -> u64 {
+    if let Some(seed) = std::env::var("TANDEM_TEST_SEED").ok().and_then(|s| s.parse().ok()) {
+        return seed;
+    }
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
     rng::mix(nanos ^ std::process::id() as u64)
 }
