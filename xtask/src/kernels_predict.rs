@@ -154,6 +154,32 @@ fn calibration_table(scored: &[Scored]) -> String {
     s
 }
 
+/// Per variant: timings, median and worst |error|, median signed error.
+fn variant_summary(scored: &[Scored]) -> String {
+    let mut variants: Vec<&str> = scored.iter().map(|s| s.timing.variant.as_str()).collect();
+    variants.sort();
+    variants.dedup();
+    let mut s = String::from(
+        "| variant | timings | median abs error | worst abs error | median signed error |\n|---|---|---|---|---|\n",
+    );
+    for v in variants {
+        let mine: Vec<&Scored> = scored.iter().filter(|x| x.timing.variant == v).collect();
+        let mut abs: Vec<f64> = mine.iter().map(|x| x.error().abs()).collect();
+        let mut signed: Vec<f64> = mine.iter().map(|x| x.error()).collect();
+        abs.sort_by(|a, b| a.total_cmp(b));
+        signed.sort_by(|a, b| a.total_cmp(b));
+        let _ = writeln!(
+            s,
+            "| {v} | {} | {:.0}% | {:.0}% | {:+.0}% |",
+            mine.len(),
+            abs[abs.len() / 2] * 100.0,
+            abs[abs.len() - 1] * 100.0,
+            signed[signed.len() / 2] * 100.0
+        );
+    }
+    s
+}
+
 fn prediction_table(rows: &[Row]) -> String {
     let mut s = String::from(
         "| kind | variant | case | predicted us | bound | waves | blocks/SM | default's predicted us |\n|---|---|---|---|---|---|---|---|\n",
@@ -219,6 +245,8 @@ pub fn run(write: bool) -> Result<()> {
         timings.len()
     );
     print!("{}", calibration_table(&scored));
+    println!();
+    print!("{}", variant_summary(&scored));
     println!("\nfitted on every timing: {}\n", fmt_params(&params));
     let rows = untimed(&params);
     println!("### predictions for the variants no GPU has timed (PREDICTIONS, not measurements)\n");
@@ -226,6 +254,19 @@ pub fn run(write: bool) -> Result<()> {
     let line = calibration_line(&scored);
     if write {
         write_predictions(&root, &rows, &params, &line)?;
+        let cal = root.join("docs/gpu/perf-model-calibration.md");
+        let mut c = String::from(
+            "# The performance model's calibration (generated)\n\n\
+             `cargo xtask kernels --predict --write`: every committed H200 timing beside the model's\n\
+             leave-one-variant-out prediction (the variant's own timings never fitted). What the model\n\
+             is: docs/perf-model.md.\n\n",
+        );
+        let _ = writeln!(c, "`{line}`\n");
+        c.push_str(&variant_summary(&scored));
+        let _ = writeln!(c, "\nParameters fitted on every timing: {}.\n", fmt_params(&params));
+        c.push_str(&calibration_table(&scored));
+        std::fs::write(&cal, c)?;
+        println!("wrote {}", cal.display());
     }
     println!("\n{line}");
     Ok(())

@@ -291,8 +291,10 @@ pub fn attention_prefill(v: AttnVariant, s: AttnShape, tokens: usize) -> Launch 
 /// The samplers and argmax (kernels/sampling.cu, argmax.cu) over `batch` rows of `vocab` f32
 /// logits: `passes` reads of the row by one CTA of 256 threads (bisect: 32 top-k + 32 top-p
 /// bisection passes and the draw; radix: 4 + 8 and the draw; multi: 64 CTAs a row, 12 launches,
-/// 4 + 6 passes over a 64th of the row each). Each pass streams the row from L2 at 16 bytes
-/// per thread per round trip. SIMT steps: one per element a pass, 8 instructions each assumed.
+/// 4 + 6 passes over a 64th of the row each). The row (513 KB at 128256) stays in L2: each
+/// pass streams it through the CTA at 4 loads of 16 bytes a thread in flight, one dependent L2
+/// round (`fold_round_us`) each; the first read comes from DRAM. SIMT steps: one per element a
+/// pass, 8 instructions each assumed. Coarse: no sampler has been timed.
 pub fn sampler(name: &'static str, batch: usize, vocab: usize) -> Launch {
     let (ctas, passes, launches) = match name {
         "argmax" => (1, 1.0, 1),
@@ -317,8 +319,8 @@ pub fn sampler(name: &'static str, batch: usize, vocab: usize) -> Launch {
         kernel,
         blocks: batch * ctas,
         mmas_per_block: passes * per_cta as f64,
-        trips_per_block: passes * (per_cta as f64 * 4.0 / (256.0 * 16.0)).ceil(),
-        fold_rounds: 0.0,
+        trips_per_block: (per_cta as f64 * 4.0 / (256.0 * 64.0)).ceil(),
+        fold_rounds: passes * (per_cta as f64 * 4.0 / (256.0 * 64.0)).ceil(),
         longest: 1.0,
         dram_bytes: (batch * vocab * 4) as f64,
         l2_bytes: passes * (batch * vocab * 4) as f64,
@@ -338,11 +340,13 @@ pub fn moe(tokens: usize, experts: usize, top_k: usize, hidden: usize, inter: us
     let used = pairs.min(experts);
     let t = tile_named(if bm == 16 { "m16" } else { "m64" }).expect("a tile of the table");
     let grouped = |n: usize, k: usize| {
-        let mut l = gemm(&t, padded, n, k, false);
-        // Grid: column tiles x row tiles x slices, as a plain GEMM of `padded` rows, but every
-        // used expert's weights are read once.
-        let (slices, _) = k_slices(n, k);
-        l.blocks = n.div_ceil(t.cols) * (padded / bm) * slices;
+        // One row tile's GEMM (split K as a plain GEMM of bm rows), repeated over the padded
+        // layout's row tiles; every used expert's weights read once from DRAM.
+        let mut l = gemm(&t, bm, n, k, false);
+        let row_tiles = (padded / bm) as f64;
+        l.blocks *= padded / bm;
+        l.l2_bytes *= row_tiles;
+        l.tensor_flops *= row_tiles;
         l.dram_bytes = (used * n * k * 2 + padded * k * 2 + padded * n * 4) as f64;
         l.trips_per_block += 1.0; // the tile-to-expert map and the gathered rows
         l
