@@ -22,11 +22,25 @@ fn loss(p: &Params, data: &[(Launch, f64)]) -> f64 {
 }
 
 /// Coordinate descent over the six parameters in log steps, each kept in a physical range.
+/// Started from the prior at several issue rates (the loss is flat in some directions), the
+/// best kept.
 pub fn fit(data: &[(Launch, f64)]) -> Params {
-    let mut p = PRIOR;
+    let mut best = PRIOR;
     if data.is_empty() {
-        return p;
+        return best;
     }
+    let mut best_loss = f64::INFINITY;
+    for w in [2.5, 5.0, 10.0, 20.0] {
+        let p = descend(Params { issue_cycles: w, ..PRIOR }, data);
+        let l = loss(&p, data);
+        if l < best_loss {
+            (best, best_loss) = (p, l);
+        }
+    }
+    best
+}
+
+fn descend(mut p: Params, data: &[(Launch, f64)]) -> Params {
     // Physical ranges: a launch back to back costs 1-5 us, a loaded DRAM round trip 0.3-2 us,
     // a warp issues every 1-40 cycles, the L2 moves 1-12 TB/s.
     let ranges = [(1.0, 5.0), (0.3, 2.0), (1.0, 40.0), (0.3, 1.0), (1000.0, 12000.0), (0.01, 2.0)];

@@ -8,7 +8,8 @@
 //! - issue: instructions (mma count x instructions per mma, from SASS or ncu counters) over
 //!   the SM's issue rate, which falls below 4 a cycle when too few warps hide the latency of
 //!   dependent instructions (`issue_cycles` cycles a warp between issues), in waves over 132
-//!   SMs at the occupancy registers and shared memory allow;
+//!   SMs at the occupancy registers and shared memory allow; plus, per wave, the first stage's
+//!   arrival before anything issues, and the split-K fold after;
 //! - L2: the bytes the blocks' tiles load (each block reads its rows of x and its columns of
 //!   w for its whole K range, so an operand is read once per tile across), over `l2_gbs`;
 //! - latency: each block's chain of dependent memory round trips (pipeline refills), each
@@ -182,7 +183,12 @@ pub fn predict(l: &Launch, hw: &Hw, p: &Params) -> Prediction {
     let ipc = (warps_sm / p.issue_cycles).min(4.0);
     let issue_cycles = resident as f64 * l.mmas_per_block * k.ipm / ipc;
     let block_us = issue_cycles / (hw.clock_ghz * 1e3);
-    let issue_us = (w as f64 * block_us).max(block_us * l.longest);
+    // Issuing cannot start before a wave's first stage arrives, and the fold follows it.
+    let issue_us = if l.mmas_per_block > 0.0 {
+        (w as f64 * block_us).max(block_us * l.longest) + w as f64 * p.mem_latency_us + l.fold_rounds * p.fold_round_us
+    } else {
+        0.0
+    };
     let chain_us = l.trips_per_block * p.mem_latency_us;
     let latency_us = (w as f64 * chain_us).max(chain_us * l.longest) + l.fold_rounds * p.fold_round_us;
     let dram_us = roofline_us(l.dram_bytes, hw.copy_gbs * 1e3 * p.dram_eff);
