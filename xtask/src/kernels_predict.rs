@@ -10,7 +10,9 @@ use std::path::Path;
 
 use anyhow::{bail, Result};
 
-use crate::perf_calibration::{calibration_line, fit, launch_of, leave_one_variant_out, Scored};
+use crate::perf_calibration::{
+    calibration_line, fit, launch_of, leave_one_variant_out, rank_agreement, Scored, RANK_TIE,
+};
 use crate::perf_cases::{
     attention_decode, attention_prefill, gemm, moe, sampler, tile_named, AttnShape, AttnVariant, GEMMA3_1B, LLAMA_1B,
     LLAMA_8B,
@@ -252,6 +254,11 @@ pub fn run(write: bool) -> Result<()> {
     println!("### predictions for the variants no GPU has timed (PREDICTIONS, not measurements)\n");
     print!("{}", prediction_table(&rows));
     let line = calibration_line(&scored);
+    let (strict, cases) = rank_agreement(&scored, 0.0);
+    let strict_line = format!(
+        "rank agreement in strict order (the last line lets measured times within {:.0}% go either way): {strict}/{cases}",
+        RANK_TIE * 100.0
+    );
     if write {
         write_predictions(&root, &rows, &params, &line)?;
         let cal = root.join("docs/gpu/perf-model-calibration.md");
@@ -261,14 +268,15 @@ pub fn run(write: bool) -> Result<()> {
              leave-one-variant-out prediction (the variant's own timings never fitted). What the model\n\
              is: docs/perf-model.md.\n\n",
         );
-        let _ = writeln!(c, "`{line}`\n");
+        let _ = writeln!(c, "`{line}`\n\n{strict_line}.\n");
         c.push_str(&variant_summary(&scored));
         let _ = writeln!(c, "\nParameters fitted on every timing: {}.\n", fmt_params(&params));
         c.push_str(&calibration_table(&scored));
         std::fs::write(&cal, c)?;
         println!("wrote {}", cal.display());
     }
-    println!("\n{line}");
+    println!("\n{strict_line}");
+    println!("{line}");
     Ok(())
 }
 
