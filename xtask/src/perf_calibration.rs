@@ -2,7 +2,10 @@
 //! judged leave-one-variant-out (each variant's timings predicted by the parameters fitted on
 //! every other variant's), with the error figures and the variant rank agreement.
 
-use crate::perf_cases::{attention_decode, attention_prefill, gemm, tile_named, AttnVariant, LLAMA_1B};
+use crate::perf_cases::{
+    attention_decode, attention_prefill, gemm, sampler, tile_named, AttnShape, AttnVariant, GEMMA3_1B, LLAMA_1B,
+    LLAMA_8B,
+};
 use crate::perf_model::{predict, Launch, Params, Prediction, H200, PRIOR};
 use crate::perf_timings::{Case, Timing};
 
@@ -11,9 +14,41 @@ pub fn launch_of(t: &Timing) -> Option<Launch> {
     match &t.case {
         // The lab's o projection reads f32 x (the attention output), as the model does.
         Case::Gemm { op, m, n, k } => tile_named(&t.variant).map(|tile| gemm(&tile, *m, *n, *k, op == "o")),
-        Case::AttnDecode { batch, ctx } => Some(attention_decode(AttnVariant::Tc, LLAMA_1B, *batch, *ctx)),
-        Case::AttnPrefill { tokens } => Some(attention_prefill(AttnVariant::Tc, LLAMA_1B, *tokens)),
+        Case::AttnDecode { batch, ctx, d } => {
+            attn_of(&t.variant, *d).map(|(v, s)| attention_decode(v, s, *batch, *ctx))
+        }
+        Case::AttnPrefill { tokens, d } => attn_of(&t.variant, *d).map(|(v, s)| attention_prefill(v, s, *tokens)),
+        Case::Sample { batch, vocab, .. } => {
+            let name = match t.variant.as_str() {
+                "argmax" => "argmax",
+                "argmax_multi" => "argmax_multi",
+                "sample_bisect" => "sample_bisect",
+                "sample_radix" => "sample_radix",
+                "sample_multi" => "sample_multi",
+                _ => return None,
+            };
+            Some(sampler(name, *batch, *vocab))
+        }
     }
+}
+
+/// The attention kernel and shape of a timing's variant (`attn tc`, `attn d256 partial`, ...)
+/// at head_dim `d`.
+fn attn_of(variant: &str, d: usize) -> Option<(AttnVariant, AttnShape)> {
+    let shape = match d {
+        64 => LLAMA_1B,
+        128 => LLAMA_8B,
+        256 => GEMMA3_1B,
+        _ => return None,
+    };
+    let v = match variant.strip_prefix("attn ")? {
+        "tc" | "d256 tc" => AttnVariant::Tc,
+        "tc_deep" => AttnVariant::TcDeep,
+        "tc_shared" => AttnVariant::TcShared,
+        "f32" | "d256 partial" => AttnVariant::Partial,
+        _ => return None,
+    };
+    Some((v, shape))
 }
 
 /// |log(predicted / measured)| summed: the fit's loss (symmetric in over- and under-shoot).
