@@ -37,21 +37,23 @@ const SRC_SASS_OCC2: &str = "SASS main loop (kernels/matmul.cu: 152 per 16 HMMA)
 const SRC_ASSUMED_M64: &str = "assumed: m64's ncu figure (same tile code)";
 
 /// Every GEMM tile variant the lab can name (crates/cuda/src/gemm.rs GEMM_SUFFIXES and the
-/// wgmma kernel). Registers: ptxas sm_90 (ncu agreed where it ran); shared memory: gemm.rs.
+/// wgmma kernel). Registers: ptxas 13.0 for sm_90 on kernels/matmul.cu as of 2026-12-06 (the
+/// cubin's EIATTR_REGCOUNT; ncu's 2026-12-04 figures, 158-164, agree within a few); shared
+/// memory: gemm.rs (the GEMV variants' at k = 2048).
 /// Instructions per mma: ncu's executed instructions over the mma count of the 2026-12-04
 /// profiles (m128, m128_n128, m64), the SASS counts written up in kernels/matmul.cu (m128_occ2,
 /// m128_w64), else the figure of the kernel sharing its tile code, marked "assumed".
 pub const TILES: [Tile; 11] = [
-    tile("m16", 16, 64, 128, 128, 4 * (16 + 64) * 80, 4, 29.0, SRC_ASSUMED_M64),
-    tile("m16_s8", 16, 64, 128, 128, 8 * (16 + 64) * 80, 8, 29.0, SRC_ASSUMED_M64),
-    tile("m16_x1", 16, 64, 128, 128, 4 * 64 * 80 + 16 * 65 * 4 + 16 * 2056 * 2, 4, 29.0, SRC_ASSUMED_M64),
-    tile("m16_gemv4", 16, 64, 128, 128, 16 * 65 * 4 + 16 * 2056 * 2, 4, 29.0, SRC_ASSUMED_M64),
-    tile("m16_gemv8", 16, 64, 128, 168, 16 * 65 * 4 + 16 * 2056 * 2, 8, 29.0, SRC_ASSUMED_M64),
-    tile("m64", 64, 64, 128, 160, 4 * (64 + 64) * 80, 4, 29.0, "ncu counters, m=64 qkv (fold included)"),
-    tile("m64_occ4", 64, 64, 128, 128, 3 * (64 + 64) * 80 + 64 * 64 * 4, 3, 29.0, SRC_ASSUMED_M64),
-    tile("m128", 128, 64, 256, 158, 3 * (128 + 64) * 80, 3, 21.9, "ncu counters, m=2048 qkv"),
-    tile("m128_occ2", 128, 64, 256, 128, 4 * (128 + 64) * 80 + 128 * 64 * 4, 4, 9.5, SRC_SASS_OCC2),
-    tile("m128_n128", 128, 128, 256, 164, 4 * (128 + 128) * 80 + 128 * 128 * 4, 4, 11.9, "ncu counters, m=2048 qkv"),
+    tile("m16", 16, 64, 128, 80, 4 * (16 + 64) * 80, 4, 29.0, SRC_ASSUMED_M64),
+    tile("m16_s8", 16, 64, 128, 96, 8 * (16 + 64) * 80, 8, 29.0, SRC_ASSUMED_M64),
+    tile("m16_x1", 16, 64, 128, 72, 4 * 64 * 80 + 16 * 65 * 4 + 16 * 2056 * 2, 4, 29.0, SRC_ASSUMED_M64),
+    tile("m16_gemv4", 16, 64, 128, 126, 16 * 65 * 4 + 16 * 2056 * 2, 4, 29.0, SRC_ASSUMED_M64),
+    tile("m16_gemv8", 16, 64, 128, 184, 16 * 65 * 4 + 16 * 2056 * 2, 8, 29.0, SRC_ASSUMED_M64),
+    tile("m64", 64, 64, 128, 159, 4 * (64 + 64) * 80, 4, 29.0, "ncu counters, m=64 qkv (fold included)"),
+    tile("m64_occ4", 64, 64, 128, 126, 3 * (64 + 64) * 80 + 64 * 64 * 4, 3, 29.0, SRC_ASSUMED_M64),
+    tile("m128", 128, 64, 256, 164, 3 * (128 + 64) * 80, 3, 21.9, "ncu counters, m=2048 qkv"),
+    tile("m128_occ2", 128, 64, 256, 126, 4 * (128 + 64) * 80 + 128 * 64 * 4, 4, 9.5, SRC_SASS_OCC2),
+    tile("m128_n128", 128, 128, 256, 165, 4 * (128 + 128) * 80 + 128 * 128 * 4, 4, 11.9, "ncu counters, m=2048 qkv"),
     tile(
         "m128_w64",
         128,
