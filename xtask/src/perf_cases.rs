@@ -156,7 +156,9 @@ pub const LLAMA_8B: AttnShape = AttnShape { heads: 32, kv_heads: 8, head_dim: 12
 pub const GEMMA3_1B: AttnShape = AttnShape { heads: 4, kv_heads: 1, head_dim: 256 };
 
 /// The attention variants (crates/cuda/src/attention.rs): warps a block, keys a stage, stages,
-/// partitions at most, and the kernel facts. Instructions per mma: ncu's counters on
+/// partitions at most, and the kernel facts. Registers: ptxas 13.0 for sm_90 (tandem-kernels-check
+/// on 2026-12-06: tc 168 / 210 / 243 at d64 / d128 / d256, tc_deep 168, tc_shared 168 / 210,
+/// partial 40 with 17024 bytes of static shared memory). Instructions per mma: ncu's counters on
 /// tc_d64's decode (0.60 IPC x 5678 cycles x 132 SMs over 16384 mma), the same figure assumed
 /// for the others; `partial` is SIMT: its "mma" is one key x 32 dims of one head (a warp FMA
 /// step), 3 instructions each assumed.
@@ -187,7 +189,7 @@ fn attn_kernel(v: AttnVariant, d: usize) -> (Kernel, usize, usize) {
     match (v, d) {
         (AttnVariant::Tc, 256) => (k("tc_d256", 128, 243, 4 * 3 * 16 * 264 * 2, 2, TC_IPM, ASSUMED), 4, 16),
         (AttnVariant::Tc, _) => {
-            (k("tc", 128, if d == 64 { 168 } else { 232 }, 4 * 2 * 16 * (d + 8) * 2, 2, TC_IPM, SRC), 4, 16)
+            (k("tc", 128, if d == 64 { 168 } else { 210 }, 4 * 2 * 16 * (d + 8) * 2, 2, TC_IPM, SRC), 4, 16)
         }
         (AttnVariant::TcDeep, _) => {
             let (stages, smem) = if d == 64 { (8, 17 * 16 * 72 * 2 + 32) } else { (6, 13 * 16 * 136 * 2 + 24) };
@@ -195,7 +197,7 @@ fn attn_kernel(v: AttnVariant, d: usize) -> (Kernel, usize, usize) {
         }
         (AttnVariant::TcShared, _) => {
             let (stages, smem) = if d == 64 { (3, 3 * 2 * 64 * 72 * 2 + 80) } else { (2, 2 * 2 * 64 * 136 * 2 + 64) };
-            (k("tc_shared", 128, 168, smem, stages, TC_IPM, ASSUMED), 4, 16)
+            (k("tc_shared", 128, if d == 64 { 168 } else { 210 }, smem, stages, TC_IPM, ASSUMED), 4, 16)
         }
         (AttnVariant::Partial, _) => {
             (k("partial", 128, 64, d * 4 * 4, 1, 3.0, "assumed: 3 instructions a warp FMA step"), 4, 16)
