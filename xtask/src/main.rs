@@ -15,6 +15,11 @@ mod fuzz;
 mod gen_model;
 mod gpu_bundle;
 mod kernels;
+mod kernels_predict;
+mod perf_calibration;
+mod perf_cases;
+mod perf_model;
+mod perf_timings;
 mod serve;
 mod test;
 
@@ -42,7 +47,8 @@ enum Task {
     Test(test::Args),
     /// Serve the default (or a given) model over HTTP: `tandem serve` in a release build.
     Serve(serve::Args),
-    /// The CUDA kernels' compile check (NVRTC + ptxas; no GPU needed).
+    /// The CUDA kernels' compile check (NVRTC + ptxas; no GPU needed), or `--predict`: the
+    /// CPU performance model calibrated against the committed H200 timings.
     Kernels(kernels::Args),
     /// The CUDA backend on the fake driver (crates/fake-cuda), no GPU: `-- ARGS` runs a `tandem`
     /// command on it, `--tests` crates/cuda's GPU-only tests.
