@@ -1,6 +1,7 @@
 //! Speculative decoding: draft tokens proposed cheaply on the host, verified by the target
 //! model in one forward, kept only where the target agrees, so a greedy answer is bitwise the
-//! same with speculation on as off.
+//! same with speculation on as off, and a sampled one keeps its distribution (a seeded one its
+//! very tokens).
 //!
 //! Why it can be exact: Tandem's kernels are batch-invariant (a row's logits do not depend on
 //! what else is in the forward, nor on how a sequence's tokens are chunked), so the logits the
@@ -19,9 +20,11 @@
 //!    token, then the drafts) under the token budget; its block table grows to hold them, and
 //!    every position gets a logit row (the extra `d` rows come out of the runner's spare logit
 //!    rows, which prompt logprobs use too). Budget or rows short: fewer drafts.
-//! 3. Forward: each of the `1 + d` rows is sampled greedily where the logits are (or on the
-//!    host from the logits, when some other row of the step needs the host): id `i` is the
-//!    target's own next token after the committed tokens and drafts `0..i`.
+//! 3. Forward: each of the `1 + d` rows is sampled as a plain decode would sample it, where
+//!    the logits are (or on the host from the logits, when some other row of the step needs
+//!    the host): row `i` with the request's own spec for output token `j + i` (`j`: its outputs
+//!    so far), so id `i` is the token the target draws after the committed tokens and drafts
+//!    `0..i`.
 //! 4. Verify ([`accepted_len`]): `a` = how many leading drafts equal the target's ids. The
 //!    target's ids `0..=a` are committed one by one through the ordinary emit path, so EOS,
 //!    stop tokens, stop strings, `max_tokens` and the context limit end the sequence at the
@@ -36,11 +39,29 @@
 //! Preemption drops a sequence's drafts with its blocks; an abort or a finished sequence frees
 //! its blocks as always, drafts included.
 //!
-//! Who gets drafts (this first slice, [`drafts_allowed`]): greedy requests only, with one
-//! completion, no structured output, no logprobs or prompt logprobs, and no penalty,
-//! `logit_bias` or ban in force. Every other request is scheduled with no drafts (`k = 0`), so
-//! it runs exactly as without speculation. While any sequence may get drafts the engine does
-//! not overlap steps (async scheduling): proposing needs the previous step's tokens.
+//! Sampled requests (temperature above [`tandem_core::sampling::GREEDY_BELOW`], with top-k,
+//! top-p and min-p as the sampler applies them) are verified by the same rule, which is
+//! rejection sampling for a draft that is a point mass. Let `p` be the target's processed
+//! distribution at a drafted position and `d` the draft (n-gram and suffix drafts are
+//! deterministic: the draft distribution `q` puts all its mass on `d`). Standard speculative
+//! sampling accepts `d` with probability `min(1, p(d) / q(d)) = p(d)`, and on rejection draws
+//! from the residual `max(0, p - q)` renormalised, which is `p` with `d` removed. Here the
+//! target's token `x` is drawn from `p` with the request's own keyed uniform (seed, completion,
+//! token index), and `d` is accepted iff `x == d`; otherwise `x` is the token. Then
+//! `P(accept) = P(x = d) = p(d)`, and given a rejection `x` is distributed as `p` conditioned
+//! on `x != d`: `p` with `d` removed, renormalised. After `d` drafts all accepted, the bonus
+//! token is `x` at the last row, a draw from `p` there. So the rule is the standard one, and
+//! more: every token is the draw that plain decoding makes from the same logits with the same
+//! key (the logits are bitwise the same, see above), so a seeded sampled request gives the
+//! same tokens with speculation on as off, not only the same distribution, and the
+//! architecture's rule that a sampled token is a function of (seed, completion, token index)
+//! and its row's logits holds with drafts too.
+//!
+//! Who gets drafts ([`drafts_allowed`]): requests with one completion, no structured output,
+//! no logprobs or prompt logprobs, and no penalty, `logit_bias` or ban in force, greedy or
+//! sampled. Every other request is scheduled with no drafts (`k = 0`), so it runs exactly as
+//! without speculation. While any sequence may get drafts the engine does not overlap steps
+//! (async scheduling): proposing needs the previous step's tokens.
 //!
 //! Counters (vLLM's): drafts (sequence-steps verified with at least one draft), draft tokens,
 //! accepted tokens, and accepted tokens per draft position, in [`crate::Stats`].
@@ -190,12 +211,12 @@ impl DraftProposer for NgramProposer {
     }
 }
 
-/// Whether a sequence may carry drafts: greedy, one completion, nothing that needs the logits
-/// on the host or edits them (see the module docs). `banned`: the tokens it may not produce yet.
+/// Whether a sequence may carry drafts: one completion, nothing that needs the logits on the
+/// host or edits them (see the module docs); greedy or sampled. `banned`: the tokens it may
+/// not produce yet.
 pub fn drafts_allowed(seq: &Sequence, banned: &[u32]) -> bool {
     let p = &seq.params;
-    p.temperature < tandem_core::sampling::GREEDY_BELOW
-        && p.n == 1
+    p.n == 1
         && p.guided.is_none()
         && seq.guide.is_none()
         && p.logprobs.is_none()
@@ -204,7 +225,9 @@ pub fn drafts_allowed(seq: &Sequence, banned: &[u32]) -> bool {
 }
 
 /// How many leading drafts the target's ids confirm (`ids[i]`: the target's token after the
-/// committed tokens and drafts `0..i`).
+/// committed tokens and drafts `0..i`, drawn from its processed distribution with the
+/// request's key for that output token). For a sampled request this is rejection sampling of
+/// point-mass drafts (the module docs have the argument); for a greedy one, exact match.
 pub fn accepted_len(drafts: &[u32], ids: &[u32]) -> usize {
     drafts.iter().zip(ids).take_while(|(d, t)| d == t).count()
 }

@@ -102,8 +102,10 @@ fn greedy_answers_are_identical_with_and_without_drafts() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Sampled, logprobs and n > 1 requests get no drafts and keep their answers; the greedy ones
-/// beside them speculate. With async scheduling on the engine runs such steps synchronously.
+/// Logprobs and n > 1 requests get no drafts and keep their answers; the greedy and the seeded
+/// sampled ones beside them speculate and keep theirs too, token for token (a sampled token is
+/// the draw plain decoding makes: see `tandem_engine::speculative`). With async scheduling on
+/// the engine runs such steps synchronously.
 #[test]
 fn mixed_batches_keep_every_answer() {
     let dir = model_dir("mixed");
