@@ -146,7 +146,7 @@ impl Engine {
         if let Some(s) = &cfg.speculative {
             s.validate().map_err(EngineError::Config)?;
         }
-        let speculator = cfg.speculative.map(|cfg| Speculator { cfg, proposer: cfg.proposer() });
+        let speculator = cfg.speculative.map(Speculator::new);
         let stats = Stats {
             spec_decode_num_accepted_tokens_per_pos: vec![0; cfg.speculative.map_or(0, |s| s.num_speculative_tokens)],
             ..Stats::default()

@@ -13,9 +13,11 @@
 //! 1. Propose (`Engine::propose_drafts`, before the schedule): each running decode sequence
 //!    that [`drafts_allowed`] gets up to `k` draft tokens from the [`DraftProposer`] in
 //!    `Sequence::draft` (kept outside `Sequence::tokens`, which hold only what is committed).
-//!    `k` is cut so that the bonus token still fits `max_tokens`, and adapts to load: when
-//!    the running decodes with `k + 1` tokens each would not fit the token budget, each gets
-//!    `budget / decodes - 1` drafts (none when that is 0).
+//!    `k` is cut so that the bonus token still fits `max_tokens`, and adapts to load and to
+//!    acceptance ([`draft_length`]: fewer drafts as the running batch grows, none for a
+//!    sequence whose recent drafts were mostly rejected); and when the running decodes with
+//!    `k + 1` tokens each would not fit the token budget, each gets `budget / decodes - 1`
+//!    drafts (none when that is 0).
 //! 2. Schedule: a decode with `d` drafts is one chunk of `1 + d` tokens (its last committed
 //!    token, then the drafts) under the token budget; its block table grows to hold them, and
 //!    every position gets a logit row (the extra `d` rows come out of the runner's spare logit
@@ -66,6 +68,9 @@
 //! Counters (vLLM's): drafts (sequence-steps verified with at least one draft), draft tokens,
 //! accepted tokens, and accepted tokens per draft position, in [`crate::Stats`].
 
+mod draft_length;
+
+pub use self::draft_length::{load_cap, Acceptance, DRAFT_ROWS};
 use crate::sampler::has_edits;
 use crate::sequence::Sequence;
 

@@ -345,3 +345,23 @@ fn a_bad_config_is_refused_naming_the_field() {
     let err = Engine::new(Box::new(fake(16, 64, 4)), letters(), cfg).err().unwrap();
     assert!(err.to_string().contains("prompt_lookup_min"), "{err}");
 }
+
+/// The draft length adapts to load: with more decodes running than
+/// `speculative::DRAFT_ROWS / 2`, none gets a draft; with few, they do; the answers are the
+/// fake model's own either way.
+#[test]
+fn a_large_batch_gets_no_drafts() {
+    let cfg = model_config();
+    let reqs = |n: usize| -> Vec<Request> { (0..n).map(|i| greedy([5, 6, 7].repeat(3 + i % 4), 12)).collect() };
+    for (n, drafts) in [(4, true), (tandem_engine::speculative::DRAFT_ROWS / 2 + 1, false)] {
+        let mut model = fake(2048, 1024, n);
+        model.spare_logit_rows = 512;
+        let mut e = engine(model, spec_on(3, EngineConfig::default()));
+        let rs = reqs(n);
+        let got = run(&mut e, &rs);
+        for (r, g) in rs.iter().zip(&got) {
+            assert_eq!(g.0, tandem_engine::fake_model::FakeModel::greedy(&cfg, &r.prompt, g.0.len(), true));
+        }
+        assert_eq!(e.stats().spec_decode_num_drafts_total > 0, drafts, "{n} decodes");
+    }
+}
