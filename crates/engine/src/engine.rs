@@ -417,6 +417,9 @@ impl Engine {
     fn end_seq(&mut self, id: SeqId, reason: FinishReason, mut o: RequestOutput) {
         let now = Instant::now();
         let Some(seq) = self.scheduler.remove(id) else { return };
+        if let Some(sp) = &mut self.speculator {
+            sp.record_output(&seq);
+        }
         let Some(r) = self.requests.get_mut(&seq.request_id) else { return };
         r.live.retain(|&s| s != id);
         if seq.index == 0 {

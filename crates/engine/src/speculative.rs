@@ -69,8 +69,10 @@
 //! accepted tokens, and accepted tokens per draft position, in [`crate::Stats`].
 
 mod draft_length;
+mod suffix;
 
 pub use self::draft_length::{load_cap, Acceptance, DRAFT_ROWS};
+pub use self::suffix::{SuffixProposer, MAX_CACHED_TOKENS};
 use crate::sampler::has_edits;
 use crate::sequence::Sequence;
 
@@ -79,6 +81,9 @@ use crate::sequence::Sequence;
 pub enum SpeculativeMethod {
     /// Prompt lookup: the continuation of an earlier occurrence of the newest n-gram.
     Ngram,
+    /// Suffix decoding: the most frequent continuation of the longest match of the newest
+    /// tokens in the sequence and in earlier requests' outputs ([`SuffixProposer`]).
+    Suffix,
 }
 
 impl SpeculativeMethod {
@@ -86,12 +91,17 @@ impl SpeculativeMethod {
     pub fn as_str(&self) -> &'static str {
         match self {
             SpeculativeMethod::Ngram => "ngram",
+            SpeculativeMethod::Suffix => "suffix",
         }
     }
 }
 
-/// vLLM's `--speculative-config`, the part this engine honours.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The methods `from_json` knows, for its error messages.
+const METHODS: &str = "ngram, suffix";
+
+/// vLLM's `--speculative-config`, the part this engine honours. The n-gram fields apply to
+/// `ngram`, the `suffix_decoding_*` fields to `suffix` (with vLLM's names and defaults).
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SpeculativeConfig {
     pub method: SpeculativeMethod,
     /// Most draft tokens per sequence and step (`k`).
@@ -100,6 +110,14 @@ pub struct SpeculativeConfig {
     pub prompt_lookup_min: usize,
     /// Longest n-gram looked up.
     pub prompt_lookup_max: usize,
+    /// Longest match plus draft (vLLM's default 24).
+    pub suffix_decoding_max_tree_depth: usize,
+    /// Finished requests whose outputs are kept for lookup (vLLM's default 10000; 0: none).
+    pub suffix_decoding_max_cached_requests: usize,
+    /// A draft is at most this times its match's length (vLLM's default 1.0).
+    pub suffix_decoding_max_spec_factor: f32,
+    /// A draft stops before its estimated probability falls under this (vLLM's default 0.1).
+    pub suffix_decoding_min_token_prob: f32,
 }
 
 impl SpeculativeConfig {
@@ -110,12 +128,23 @@ impl SpeculativeConfig {
             num_speculative_tokens: k,
             prompt_lookup_min: 1,
             prompt_lookup_max: 4,
+            suffix_decoding_max_tree_depth: 24,
+            suffix_decoding_max_cached_requests: 10000,
+            suffix_decoding_max_spec_factor: 1.0,
+            suffix_decoding_min_token_prob: 0.1,
         }
     }
 
-    /// vLLM's `--speculative-config` JSON object. `method` and `num_speculative_tokens` are
-    /// required; an n-gram length left out takes the other's value, both left out take vLLM's
-    /// 5. A method this engine does not have, or any other field, is refused by name.
+    /// Suffix decoding with at most `k` drafts and vLLM's defaults otherwise.
+    pub fn suffix(k: usize) -> Self {
+        SpeculativeConfig { method: SpeculativeMethod::Suffix, ..Self::ngram(k) }
+    }
+
+    /// vLLM's `--speculative-config` JSON object. `method` is required, and
+    /// `num_speculative_tokens` too for `ngram` (for `suffix` it defaults, as in vLLM, to
+    /// `suffix_decoding_max_tree_depth`); an n-gram length left out takes the other's value,
+    /// both left out take vLLM's 5. A method this engine does not have, any other field, or a
+    /// field of the other method is refused by name.
     pub fn from_json(json: &str) -> Result<Self, String> {
         let v: serde_json::Value =
             serde_json::from_str(json).map_err(|e| format!("speculative config: not JSON: {e}"))?;
@@ -129,34 +158,88 @@ impl SpeculativeConfig {
                     .ok_or_else(|| format!("speculative config: {field} must be a non-negative integer, got {x}")),
             }
         };
-        for field in obj.keys() {
-            if !["method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"].contains(&field.as_str())
-            {
+        let number = |field: &str| -> Result<Option<f32>, String> {
+            match obj.get(field) {
+                None | Some(serde_json::Value::Null) => Ok(None),
+                Some(x) => x
+                    .as_f64()
+                    .map(|n| Some(n as f32))
+                    .ok_or_else(|| format!("speculative config: {field} must be a number, got {x}")),
+            }
+        };
+        let method = match obj.get("method").map(|m| m.as_str()) {
+            Some(Some("ngram")) => SpeculativeMethod::Ngram,
+            Some(Some("suffix")) => SpeculativeMethod::Suffix,
+            Some(Some(other)) => {
+                return Err(format!("speculative config: method `{other}` is not supported (supported: {METHODS})"))
+            }
+            Some(None) => return Err("speculative config: method must be a string".into()),
+            None => return Err(format!("speculative config: method is required (supported: {METHODS})")),
+        };
+        let ngram_fields = ["prompt_lookup_min", "prompt_lookup_max"];
+        let suffix_fields = [
+            "suffix_decoding_max_tree_depth",
+            "suffix_decoding_max_cached_requests",
+            "suffix_decoding_max_spec_factor",
+            "suffix_decoding_min_token_prob",
+        ];
+        for field in obj.keys().map(String::as_str) {
+            let (own, other) = match method {
+                SpeculativeMethod::Ngram => (&ngram_fields[..], &suffix_fields[..]),
+                SpeculativeMethod::Suffix => (&suffix_fields[..], &ngram_fields[..]),
+            };
+            if other.contains(&field) {
+                return Err(format!(
+                    "speculative config: field `{field}` does not apply to method {}",
+                    method.as_str()
+                ));
+            }
+            if !own.contains(&field) && !["method", "num_speculative_tokens"].contains(&field) {
                 return Err(format!("speculative config: field `{field}` is not supported"));
             }
         }
-        let method = match obj.get("method").map(|m| m.as_str()) {
-            Some(Some("ngram")) => SpeculativeMethod::Ngram,
-            Some(Some(other)) => {
-                return Err(format!("speculative config: method `{other}` is not supported (supported: ngram)"))
+        let mut cfg = SpeculativeConfig { method, ..Self::ngram(0) };
+        match method {
+            SpeculativeMethod::Ngram => {
+                cfg.num_speculative_tokens =
+                    count("num_speculative_tokens")?.ok_or("speculative config: num_speculative_tokens is required")?;
+                (cfg.prompt_lookup_min, cfg.prompt_lookup_max) =
+                    match (count("prompt_lookup_min")?, count("prompt_lookup_max")?) {
+                        (None, None) => (5, 5),
+                        (Some(n), None) | (None, Some(n)) => (n, n),
+                        (Some(a), Some(b)) => (a, b),
+                    };
             }
-            Some(None) => return Err("speculative config: method must be a string".into()),
-            None => return Err("speculative config: method is required (supported: ngram)".into()),
-        };
-        let k = count("num_speculative_tokens")?.ok_or("speculative config: num_speculative_tokens is required")?;
-        let (min, max) = match (count("prompt_lookup_min")?, count("prompt_lookup_max")?) {
-            (None, None) => (5, 5),
-            (Some(n), None) | (None, Some(n)) => (n, n),
-            (Some(a), Some(b)) => (a, b),
-        };
-        let cfg =
-            SpeculativeConfig { method, num_speculative_tokens: k, prompt_lookup_min: min, prompt_lookup_max: max };
+            SpeculativeMethod::Suffix => {
+                let c = &mut cfg;
+                c.suffix_decoding_max_tree_depth =
+                    count("suffix_decoding_max_tree_depth")?.unwrap_or(c.suffix_decoding_max_tree_depth);
+                c.suffix_decoding_max_cached_requests =
+                    count("suffix_decoding_max_cached_requests")?.unwrap_or(c.suffix_decoding_max_cached_requests);
+                c.suffix_decoding_max_spec_factor =
+                    number("suffix_decoding_max_spec_factor")?.unwrap_or(c.suffix_decoding_max_spec_factor);
+                c.suffix_decoding_min_token_prob =
+                    number("suffix_decoding_min_token_prob")?.unwrap_or(c.suffix_decoding_min_token_prob);
+                c.num_speculative_tokens = count("num_speculative_tokens")?.unwrap_or(c.suffix_decoding_max_tree_depth);
+            }
+        }
         cfg.validate()?;
         Ok(cfg)
     }
 
     /// Checks the settings; the error names the field.
     pub fn validate(&self) -> Result<(), String> {
+        if self.suffix_decoding_max_tree_depth == 0 {
+            return Err("speculative config: suffix_decoding_max_tree_depth must be positive".into());
+        }
+        let factor = self.suffix_decoding_max_spec_factor;
+        if !(factor.is_finite() && factor >= 0.0) {
+            return Err(format!("speculative config: suffix_decoding_max_spec_factor ({factor}) must be >= 0"));
+        }
+        let p = self.suffix_decoding_min_token_prob;
+        if !(0.0..=1.0).contains(&p) {
+            return Err(format!("speculative config: suffix_decoding_min_token_prob ({p}) must be in [0, 1]"));
+        }
         if self.num_speculative_tokens == 0 {
             return Err("speculative config: num_speculative_tokens must be positive".into());
         }
@@ -178,6 +261,12 @@ impl SpeculativeConfig {
             SpeculativeMethod::Ngram => {
                 Box::new(NgramProposer { min: self.prompt_lookup_min, max: self.prompt_lookup_max })
             }
+            SpeculativeMethod::Suffix => Box::new(SuffixProposer::new(
+                self.suffix_decoding_max_tree_depth,
+                self.suffix_decoding_max_spec_factor,
+                self.suffix_decoding_min_token_prob,
+                self.suffix_decoding_max_cached_requests,
+            )),
         }
     }
 }
@@ -186,6 +275,10 @@ impl SpeculativeConfig {
 pub trait DraftProposer: Send {
     /// At most `k` tokens likely to follow `tokens`; fewer or none when it has no guess.
     fn propose(&self, tokens: &[u32], k: usize) -> Vec<u32>;
+
+    /// A finished sequence's output (every committed output token), for proposers that learn
+    /// from earlier requests; the default keeps nothing.
+    fn record_output(&mut self, _output: &[u32]) {}
 }
 
 /// Prompt lookup (vLLM's `ngram`): the longest suffix of the tokens, of length in
@@ -300,6 +393,19 @@ mod tests {
         assert_eq!((c.prompt_lookup_min, c.prompt_lookup_max), (3, 3));
         for (json, names) in [
             (r#"{"method": "eagle3", "num_speculative_tokens": 3}"#, "eagle3"),
+            (
+                r#"{"method": "ngram", "num_speculative_tokens": 3, "suffix_decoding_max_tree_depth": 8}"#,
+                "suffix_decoding_max_tree_depth",
+            ),
+            (r#"{"method": "suffix", "prompt_lookup_max": 3}"#, "prompt_lookup_max"),
+            (r#"{"method": "suffix", "suffix_decoding_max_tree_depth": 0}"#, "suffix_decoding_max_tree_depth"),
+            (r#"{"method": "suffix", "suffix_decoding_min_token_prob": 1.5}"#, "suffix_decoding_min_token_prob"),
+            (r#"{"method": "suffix", "suffix_decoding_max_spec_factor": -1}"#, "suffix_decoding_max_spec_factor"),
+            (r#"{"method": "suffix", "suffix_decoding_max_spec_factor": "x"}"#, "suffix_decoding_max_spec_factor"),
+            (
+                r#"{"method": "suffix", "suffix_decoding_max_cached_requests": -1}"#,
+                "suffix_decoding_max_cached_requests",
+            ),
             (r#"{"method": "ngram", "num_speculative_tokens": 3, "model": "x"}"#, "model"),
             (r#"{"method": "ngram"}"#, "num_speculative_tokens"),
             (r#"{"num_speculative_tokens": 3}"#, "method"),
@@ -310,6 +416,24 @@ mod tests {
             let e = SpeculativeConfig::from_json(json).unwrap_err();
             assert!(e.contains(names), "{json}: {e}");
         }
+    }
+
+    #[test]
+    fn vllm_suffix_json_takes_vllms_defaults() {
+        let c = SpeculativeConfig::from_json(r#"{"method": "suffix"}"#).unwrap();
+        assert_eq!(c, SpeculativeConfig::suffix(24), "num_speculative_tokens defaults to the tree depth");
+        let c = SpeculativeConfig::from_json(
+            r#"{"method": "suffix", "num_speculative_tokens": 6, "suffix_decoding_max_tree_depth": 16,
+                "suffix_decoding_max_cached_requests": 0, "suffix_decoding_max_spec_factor": 2,
+                "suffix_decoding_min_token_prob": 0.25}"#,
+        )
+        .unwrap();
+        assert_eq!(c.method, SpeculativeMethod::Suffix);
+        assert_eq!((c.num_speculative_tokens, c.suffix_decoding_max_tree_depth), (6, 16));
+        assert_eq!(c.suffix_decoding_max_cached_requests, 0);
+        assert_eq!((c.suffix_decoding_max_spec_factor, c.suffix_decoding_min_token_prob), (2.0, 0.25));
+        let c = SpeculativeConfig::from_json(r#"{"method": "suffix", "suffix_decoding_max_tree_depth": 7}"#).unwrap();
+        assert_eq!(c.num_speculative_tokens, 7);
     }
 
     #[test]

@@ -7,8 +7,9 @@ use std::time::Instant;
 
 use super::postprocess::Pick;
 use super::{banned, Engine};
-use crate::sequence::{SeqId, SeqStatus};
+use crate::sequence::{SeqId, SeqStatus, Sequence};
 use crate::speculative::{accepted_len, drafts_allowed, load_cap, Acceptance, DraftProposer, SpeculativeConfig};
+use crate::worker::PLACEHOLDER;
 
 /// The engine's speculative decoding: its settings, where drafts come from, and each decoding
 /// sequence's recent acceptance.
@@ -21,6 +22,15 @@ pub(super) struct Speculator {
 impl Speculator {
     pub(super) fn new(cfg: SpeculativeConfig) -> Self {
         Speculator { cfg, proposer: cfg.proposer(), acceptance: HashMap::new() }
+    }
+
+    /// Hands an ended sequence's committed output to the proposer (with async scheduling its
+    /// tokens may end in placeholders of a step still in flight: those are left out).
+    pub(super) fn record_output(&mut self, seq: &Sequence) {
+        let out = seq.output();
+        let committed = out.iter().position(|&t| t == PLACEHOLDER).unwrap_or(out.len());
+        self.proposer.record_output(&out[..committed]);
+        self.acceptance.remove(&seq.id);
     }
 }
 

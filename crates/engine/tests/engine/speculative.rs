@@ -365,3 +365,78 @@ fn a_large_batch_gets_no_drafts() {
         assert_eq!(e.stats().spec_decode_num_drafts_total > 0, drafts, "{n} decodes");
     }
 }
+
+/// Suffix decoding: the same answers as without drafts, alone and in a batch; and a request
+/// whose answer an earlier request already gave drafts it from that output: a second pass
+/// over the same prompts accepts more than the first, unless the cache of outputs is off.
+#[test]
+fn suffix_drafts_keep_answers_and_learn_from_earlier_outputs() {
+    let dir = model_dir("suffix");
+    let vocab = runner(&dir, 4, 16).config().vocab_size as u32;
+    let reqs: Vec<Request> = prompts(vocab).into_iter().map(|p| greedy(p, 40)).collect();
+    let want = run(&mut Engine::new(runner(&dir, 64, 256), letters(), EngineConfig::default()).unwrap(), &reqs);
+    let suffix = |cached: usize| EngineConfig {
+        speculative: Some(SpeculativeConfig {
+            suffix_decoding_max_cached_requests: cached,
+            ..SpeculativeConfig::suffix(6)
+        }),
+        ..Default::default()
+    };
+    let mut e = Engine::new(runner(&dir, 64, 256), letters(), suffix(100)).unwrap();
+    assert_eq!(run(&mut e, &reqs), want, "in a batch");
+    check_counters(&e.stats(), 6);
+    for cached in [100, 0] {
+        let mut e = Engine::new(runner(&dir, 64, 256), letters(), suffix(cached)).unwrap();
+        let mut accepted = vec![];
+        for pass in 0..2 {
+            let before = e.stats().spec_decode_num_accepted_tokens_total;
+            for (r, w) in reqs.iter().zip(&want) {
+                assert_eq!(&run(&mut e, std::slice::from_ref(r))[0], w, "pass {pass}, alone");
+            }
+            accepted.push(e.stats().spec_decode_num_accepted_tokens_total - before);
+        }
+        assert!(accepted[0] > 0, "{accepted:?}");
+        if cached > 0 {
+            assert!(accepted[1] > accepted[0], "earlier outputs should help: {accepted:?}");
+        } else {
+            assert_eq!(accepted[1], accepted[0], "no cache: the second pass drafts as the first");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The fake model's oracle with suffix drafts (its next token depends on every K/V read back).
+#[test]
+fn fake_model_answers_match_its_oracle_with_suffix_drafts() {
+    let cfg = model_config();
+    let mut rng = Rng::new(9);
+    let reqs: Vec<Request> = (0..12)
+        .map(|i| {
+            let len = 3 + (rng.next_u64() % 40) as usize;
+            let prompt: Vec<u32> = if i % 2 == 0 {
+                [5, 6, 7, 8].repeat(len / 4 + 1)
+            } else {
+                (0..len).map(|_| (rng.next_u64() % 60) as u32).collect()
+            };
+            greedy(prompt, 20 + i * 3)
+        })
+        .collect();
+    let mut model = fake(200, 256, 8);
+    model.spare_logit_rows = 64;
+    let e_cfg = EngineConfig {
+        speculative: Some(SpeculativeConfig::suffix(8)),
+        max_num_batched_tokens: Some(256),
+        ..Default::default()
+    };
+    let mut e = engine(model, e_cfg);
+    for _ in 0..2 {
+        let got = run(&mut e, &reqs);
+        for (r, g) in reqs.iter().zip(&got) {
+            assert_eq!(g.0, tandem_engine::fake_model::FakeModel::greedy(&cfg, &r.prompt, g.0.len(), true));
+            assert_eq!(g.0.len(), r.params.max_tokens.unwrap());
+        }
+    }
+    let st = e.stats();
+    check_counters(&st, 8);
+    assert!(st.spec_decode_num_accepted_tokens_total > 0);
+}
