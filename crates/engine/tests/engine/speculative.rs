@@ -440,3 +440,65 @@ fn fake_model_answers_match_its_oracle_with_suffix_drafts() {
     check_counters(&st, 8);
     assert!(st.spec_decode_num_accepted_tokens_total > 0);
 }
+
+/// Preemption and abort with sampled requests and both draft sources: a pool too small for
+/// everyone preempts sequences that carry drafts, one request is aborted mid-way, and every
+/// other answer (greedy, or sampled with a seed) is still the one its prompt gets alone
+/// without drafts; no block leaks.
+#[test]
+fn preemption_and_abort_keep_sampled_and_suffix_answers() {
+    let dir = model_dir("preempt-sampled");
+    let vocab = runner(&dir, 4, 16).config().vocab_size as u32;
+    let mut reqs: Vec<Request> = vec![];
+    for (i, p) in prompts(vocab).into_iter().enumerate() {
+        reqs.push(greedy(p.clone(), 36));
+        let params = SamplingParams {
+            temperature: 0.8,
+            top_p: 0.9,
+            seed: Some(100 + i as u64),
+            max_tokens: Some(36),
+            ignore_eos: true,
+            ..Default::default()
+        };
+        reqs.push(Request { prompt: p, params, priority: 0 });
+    }
+    let alone = EngineConfig { enable_prefix_caching: false, ..Default::default() };
+    let want: Vec<Answer> = reqs
+        .iter()
+        .map(|r| {
+            run(&mut Engine::new(runner(&dir, 64, 256), letters(), alone.clone()).unwrap(), std::slice::from_ref(r))
+                .remove(0)
+        })
+        .collect();
+    for spec in [SpeculativeConfig::ngram(4), SpeculativeConfig::suffix(4)] {
+        let cfg = EngineConfig { max_num_batched_tokens: Some(32), speculative: Some(spec), ..Default::default() };
+        let mut e = Engine::new(runner(&dir, 14, 32), letters(), cfg).unwrap();
+        let mut gone = e.add_request(greedy(prompts(vocab)[0].clone(), 150)).unwrap();
+        let mut streams: Vec<_> = reqs.iter().map(|r| e.add_request(r.clone()).unwrap()).collect();
+        let mut steps = 0;
+        while e.stats().spec_decode_num_drafts_total == 0 || steps < 12 {
+            e.step();
+            e.scheduler().check_invariants().unwrap();
+            steps += 1;
+            assert!(steps < 10_000, "no drafts");
+        }
+        e.abort(gone.id());
+        run_to_idle(&mut e);
+        assert_eq!(collect(&drain(&mut gone), 1).finish[0], Some(FinishReason::Abort));
+        let got: Vec<Answer> = streams
+            .iter_mut()
+            .map(|s| {
+                let c = collect(&drain(s), 1);
+                (c.tokens[0].clone(), c.text[0].clone(), c.finish[0].clone())
+            })
+            .collect();
+        assert_eq!(got, want, "{:?}", spec.method);
+        let st = e.stats();
+        assert!(st.preemptions_total > 0, "{:?}: the pool should force preemption", spec.method);
+        assert!(st.spec_decode_num_accepted_tokens_total > 0, "{:?}", spec.method);
+        check_counters(&st, 4);
+        let bm = &e.scheduler().bm;
+        assert_eq!(bm.num_free(), bm.num_blocks(), "{:?}: a block leaked", spec.method);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
