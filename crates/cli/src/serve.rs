@@ -92,8 +92,9 @@ pub struct EngineArgs {
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_long_partial_prefills: Option<u64>,
     /// vLLM's JSON, e.g. `{"method": "ngram", "num_speculative_tokens": 4}` (also
-    /// `prompt_lookup_min`, `prompt_lookup_max`): greedy answers stay bitwise the same. Other
-    /// methods and fields are refused by name.
+    /// `prompt_lookup_min`, `prompt_lookup_max`) or `{"method": "suffix"}` (also the
+    /// `suffix_decoding_*` fields): greedy answers stay bitwise the same, sampled ones keep
+    /// their distribution. Other methods and fields are refused by name.
     #[arg(long, value_parser = SpeculativeConfig::from_json)]
     pub speculative_config: Option<SpeculativeConfig>,
 }

@@ -146,7 +146,7 @@ impl Engine {
         if let Some(s) = &cfg.speculative {
             s.validate().map_err(EngineError::Config)?;
         }
-        let speculator = cfg.speculative.map(|cfg| Speculator { cfg, proposer: cfg.proposer() });
+        let speculator = cfg.speculative.map(Speculator::new);
         let stats = Stats {
             spec_decode_num_accepted_tokens_per_pos: vec![0; cfg.speculative.map_or(0, |s| s.num_speculative_tokens)],
             ..Stats::default()
@@ -417,6 +417,9 @@ impl Engine {
     fn end_seq(&mut self, id: SeqId, reason: FinishReason, mut o: RequestOutput) {
         let now = Instant::now();
         let Some(seq) = self.scheduler.remove(id) else { return };
+        if let Some(sp) = &mut self.speculator {
+            sp.record_output(&seq);
+        }
         let Some(r) = self.requests.get_mut(&seq.request_id) else { return };
         r.live.retain(|&s| s != id);
         if seq.index == 0 {

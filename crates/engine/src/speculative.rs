@@ -1,6 +1,7 @@
 //! Speculative decoding: draft tokens proposed cheaply on the host, verified by the target
 //! model in one forward, kept only where the target agrees, so a greedy answer is bitwise the
-//! same with speculation on as off.
+//! same with speculation on as off, and a sampled one keeps its distribution (a seeded one its
+//! very tokens).
 //!
 //! Why it can be exact: Tandem's kernels are batch-invariant (a row's logits do not depend on
 //! what else is in the forward, nor on how a sequence's tokens are chunked), so the logits the
@@ -12,16 +13,20 @@
 //! 1. Propose (`Engine::propose_drafts`, before the schedule): each running decode sequence
 //!    that [`drafts_allowed`] gets up to `k` draft tokens from the [`DraftProposer`] in
 //!    `Sequence::draft` (kept outside `Sequence::tokens`, which hold only what is committed).
-//!    `k` is cut so that the bonus token still fits `max_tokens`, and adapts to load: when
-//!    the running decodes with `k + 1` tokens each would not fit the token budget, each gets
-//!    `budget / decodes - 1` drafts (none when that is 0).
+//!    `k` is cut so that the bonus token still fits `max_tokens`, and adapts to load and to
+//!    acceptance ([`draft_length`]: fewer drafts as the running batch grows, none for a
+//!    sequence whose recent drafts were mostly rejected); and when the running decodes with
+//!    `k + 1` tokens each would not fit the token budget, each gets `budget / decodes - 1`
+//!    drafts (none when that is 0).
 //! 2. Schedule: a decode with `d` drafts is one chunk of `1 + d` tokens (its last committed
 //!    token, then the drafts) under the token budget; its block table grows to hold them, and
 //!    every position gets a logit row (the extra `d` rows come out of the runner's spare logit
 //!    rows, which prompt logprobs use too). Budget or rows short: fewer drafts.
-//! 3. Forward: each of the `1 + d` rows is sampled greedily where the logits are (or on the
-//!    host from the logits, when some other row of the step needs the host): id `i` is the
-//!    target's own next token after the committed tokens and drafts `0..i`.
+//! 3. Forward: each of the `1 + d` rows is sampled as a plain decode would sample it, where
+//!    the logits are (or on the host from the logits, when some other row of the step needs
+//!    the host): row `i` with the request's own spec for output token `j + i` (`j`: its outputs
+//!    so far), so id `i` is the token the target draws after the committed tokens and drafts
+//!    `0..i`.
 //! 4. Verify ([`accepted_len`]): `a` = how many leading drafts equal the target's ids. The
 //!    target's ids `0..=a` are committed one by one through the ordinary emit path, so EOS,
 //!    stop tokens, stop strings, `max_tokens` and the context limit end the sequence at the
@@ -36,15 +41,38 @@
 //! Preemption drops a sequence's drafts with its blocks; an abort or a finished sequence frees
 //! its blocks as always, drafts included.
 //!
-//! Who gets drafts (this first slice, [`drafts_allowed`]): greedy requests only, with one
-//! completion, no structured output, no logprobs or prompt logprobs, and no penalty,
-//! `logit_bias` or ban in force. Every other request is scheduled with no drafts (`k = 0`), so
-//! it runs exactly as without speculation. While any sequence may get drafts the engine does
-//! not overlap steps (async scheduling): proposing needs the previous step's tokens.
+//! Sampled requests (temperature above [`tandem_core::sampling::GREEDY_BELOW`], with top-k,
+//! top-p and min-p as the sampler applies them) are verified by the same rule, which is
+//! rejection sampling for a draft that is a point mass. Let `p` be the target's processed
+//! distribution at a drafted position and `d` the draft (n-gram and suffix drafts are
+//! deterministic: the draft distribution `q` puts all its mass on `d`). Standard speculative
+//! sampling accepts `d` with probability `min(1, p(d) / q(d)) = p(d)`, and on rejection draws
+//! from the residual `max(0, p - q)` renormalised, which is `p` with `d` removed. Here the
+//! target's token `x` is drawn from `p` with the request's own keyed uniform (seed, completion,
+//! token index), and `d` is accepted iff `x == d`; otherwise `x` is the token. Then
+//! `P(accept) = P(x = d) = p(d)`, and given a rejection `x` is distributed as `p` conditioned
+//! on `x != d`: `p` with `d` removed, renormalised. After `d` drafts all accepted, the bonus
+//! token is `x` at the last row, a draw from `p` there. So the rule is the standard one, and
+//! more: every token is the draw that plain decoding makes from the same logits with the same
+//! key (the logits are bitwise the same, see above), so a seeded sampled request gives the
+//! same tokens with speculation on as off, not only the same distribution, and the
+//! architecture's rule that a sampled token is a function of (seed, completion, token index)
+//! and its row's logits holds with drafts too.
+//!
+//! Who gets drafts ([`drafts_allowed`]): requests with one completion, no structured output,
+//! no logprobs or prompt logprobs, and no penalty, `logit_bias` or ban in force, greedy or
+//! sampled. Every other request is scheduled with no drafts (`k = 0`), so it runs exactly as
+//! without speculation. While any sequence may get drafts the engine does not overlap steps
+//! (async scheduling): proposing needs the previous step's tokens.
 //!
 //! Counters (vLLM's): drafts (sequence-steps verified with at least one draft), draft tokens,
 //! accepted tokens, and accepted tokens per draft position, in [`crate::Stats`].
 
+mod draft_length;
+mod suffix;
+
+pub use self::draft_length::{load_cap, Acceptance, DRAFT_ROWS};
+pub use self::suffix::{SuffixProposer, MAX_CACHED_TOKENS};
 use crate::sampler::has_edits;
 use crate::sequence::Sequence;
 
@@ -53,6 +81,9 @@ use crate::sequence::Sequence;
 pub enum SpeculativeMethod {
     /// Prompt lookup: the continuation of an earlier occurrence of the newest n-gram.
     Ngram,
+    /// Suffix decoding: the most frequent continuation of the longest match of the newest
+    /// tokens in the sequence and in earlier requests' outputs ([`SuffixProposer`]).
+    Suffix,
 }
 
 impl SpeculativeMethod {
@@ -60,12 +91,17 @@ impl SpeculativeMethod {
     pub fn as_str(&self) -> &'static str {
         match self {
             SpeculativeMethod::Ngram => "ngram",
+            SpeculativeMethod::Suffix => "suffix",
         }
     }
 }
 
-/// vLLM's `--speculative-config`, the part this engine honours.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The methods `from_json` knows, for its error messages.
+const METHODS: &str = "ngram, suffix";
+
+/// vLLM's `--speculative-config`, the part this engine honours. The n-gram fields apply to
+/// `ngram`, the `suffix_decoding_*` fields to `suffix` (with vLLM's names and defaults).
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SpeculativeConfig {
     pub method: SpeculativeMethod,
     /// Most draft tokens per sequence and step (`k`).
@@ -74,6 +110,14 @@ pub struct SpeculativeConfig {
     pub prompt_lookup_min: usize,
     /// Longest n-gram looked up.
     pub prompt_lookup_max: usize,
+    /// Longest match plus draft (vLLM's default 24).
+    pub suffix_decoding_max_tree_depth: usize,
+    /// Finished requests whose outputs are kept for lookup (vLLM's default 10000; 0: none).
+    pub suffix_decoding_max_cached_requests: usize,
+    /// A draft is at most this times its match's length (vLLM's default 1.0).
+    pub suffix_decoding_max_spec_factor: f32,
+    /// A draft stops before its estimated probability falls under this (vLLM's default 0.1).
+    pub suffix_decoding_min_token_prob: f32,
 }
 
 impl SpeculativeConfig {
@@ -84,12 +128,23 @@ impl SpeculativeConfig {
             num_speculative_tokens: k,
             prompt_lookup_min: 1,
             prompt_lookup_max: 4,
+            suffix_decoding_max_tree_depth: 24,
+            suffix_decoding_max_cached_requests: 10000,
+            suffix_decoding_max_spec_factor: 1.0,
+            suffix_decoding_min_token_prob: 0.1,
         }
     }
 
-    /// vLLM's `--speculative-config` JSON object. `method` and `num_speculative_tokens` are
-    /// required; an n-gram length left out takes the other's value, both left out take vLLM's
-    /// 5. A method this engine does not have, or any other field, is refused by name.
+    /// Suffix decoding with at most `k` drafts and vLLM's defaults otherwise.
+    pub fn suffix(k: usize) -> Self {
+        SpeculativeConfig { method: SpeculativeMethod::Suffix, ..Self::ngram(k) }
+    }
+
+    /// vLLM's `--speculative-config` JSON object. `method` is required, and
+    /// `num_speculative_tokens` too for `ngram` (for `suffix` it defaults, as in vLLM, to
+    /// `suffix_decoding_max_tree_depth`); an n-gram length left out takes the other's value,
+    /// both left out take vLLM's 5. A method this engine does not have, any other field, or a
+    /// field of the other method is refused by name.
     pub fn from_json(json: &str) -> Result<Self, String> {
         let v: serde_json::Value =
             serde_json::from_str(json).map_err(|e| format!("speculative config: not JSON: {e}"))?;
@@ -103,34 +158,88 @@ impl SpeculativeConfig {
                     .ok_or_else(|| format!("speculative config: {field} must be a non-negative integer, got {x}")),
             }
         };
-        for field in obj.keys() {
-            if !["method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"].contains(&field.as_str())
-            {
+        let number = |field: &str| -> Result<Option<f32>, String> {
+            match obj.get(field) {
+                None | Some(serde_json::Value::Null) => Ok(None),
+                Some(x) => x
+                    .as_f64()
+                    .map(|n| Some(n as f32))
+                    .ok_or_else(|| format!("speculative config: {field} must be a number, got {x}")),
+            }
+        };
+        let method = match obj.get("method").map(|m| m.as_str()) {
+            Some(Some("ngram")) => SpeculativeMethod::Ngram,
+            Some(Some("suffix")) => SpeculativeMethod::Suffix,
+            Some(Some(other)) => {
+                return Err(format!("speculative config: method `{other}` is not supported (supported: {METHODS})"))
+            }
+            Some(None) => return Err("speculative config: method must be a string".into()),
+            None => return Err(format!("speculative config: method is required (supported: {METHODS})")),
+        };
+        let ngram_fields = ["prompt_lookup_min", "prompt_lookup_max"];
+        let suffix_fields = [
+            "suffix_decoding_max_tree_depth",
+            "suffix_decoding_max_cached_requests",
+            "suffix_decoding_max_spec_factor",
+            "suffix_decoding_min_token_prob",
+        ];
+        for field in obj.keys().map(String::as_str) {
+            let (own, other) = match method {
+                SpeculativeMethod::Ngram => (&ngram_fields[..], &suffix_fields[..]),
+                SpeculativeMethod::Suffix => (&suffix_fields[..], &ngram_fields[..]),
+            };
+            if other.contains(&field) {
+                return Err(format!(
+                    "speculative config: field `{field}` does not apply to method {}",
+                    method.as_str()
+                ));
+            }
+            if !own.contains(&field) && !["method", "num_speculative_tokens"].contains(&field) {
                 return Err(format!("speculative config: field `{field}` is not supported"));
             }
         }
-        let method = match obj.get("method").map(|m| m.as_str()) {
-            Some(Some("ngram")) => SpeculativeMethod::Ngram,
-            Some(Some(other)) => {
-                return Err(format!("speculative config: method `{other}` is not supported (supported: ngram)"))
+        let mut cfg = SpeculativeConfig { method, ..Self::ngram(0) };
+        match method {
+            SpeculativeMethod::Ngram => {
+                cfg.num_speculative_tokens =
+                    count("num_speculative_tokens")?.ok_or("speculative config: num_speculative_tokens is required")?;
+                (cfg.prompt_lookup_min, cfg.prompt_lookup_max) =
+                    match (count("prompt_lookup_min")?, count("prompt_lookup_max")?) {
+                        (None, None) => (5, 5),
+                        (Some(n), None) | (None, Some(n)) => (n, n),
+                        (Some(a), Some(b)) => (a, b),
+                    };
             }
-            Some(None) => return Err("speculative config: method must be a string".into()),
-            None => return Err("speculative config: method is required (supported: ngram)".into()),
-        };
-        let k = count("num_speculative_tokens")?.ok_or("speculative config: num_speculative_tokens is required")?;
-        let (min, max) = match (count("prompt_lookup_min")?, count("prompt_lookup_max")?) {
-            (None, None) => (5, 5),
-            (Some(n), None) | (None, Some(n)) => (n, n),
-            (Some(a), Some(b)) => (a, b),
-        };
-        let cfg =
-            SpeculativeConfig { method, num_speculative_tokens: k, prompt_lookup_min: min, prompt_lookup_max: max };
+            SpeculativeMethod::Suffix => {
+                let c = &mut cfg;
+                c.suffix_decoding_max_tree_depth =
+                    count("suffix_decoding_max_tree_depth")?.unwrap_or(c.suffix_decoding_max_tree_depth);
+                c.suffix_decoding_max_cached_requests =
+                    count("suffix_decoding_max_cached_requests")?.unwrap_or(c.suffix_decoding_max_cached_requests);
+                c.suffix_decoding_max_spec_factor =
+                    number("suffix_decoding_max_spec_factor")?.unwrap_or(c.suffix_decoding_max_spec_factor);
+                c.suffix_decoding_min_token_prob =
+                    number("suffix_decoding_min_token_prob")?.unwrap_or(c.suffix_decoding_min_token_prob);
+                c.num_speculative_tokens = count("num_speculative_tokens")?.unwrap_or(c.suffix_decoding_max_tree_depth);
+            }
+        }
         cfg.validate()?;
         Ok(cfg)
     }
 
     /// Checks the settings; the error names the field.
     pub fn validate(&self) -> Result<(), String> {
+        if self.suffix_decoding_max_tree_depth == 0 {
+            return Err("speculative config: suffix_decoding_max_tree_depth must be positive".into());
+        }
+        let factor = self.suffix_decoding_max_spec_factor;
+        if !(factor.is_finite() && factor >= 0.0) {
+            return Err(format!("speculative config: suffix_decoding_max_spec_factor ({factor}) must be >= 0"));
+        }
+        let p = self.suffix_decoding_min_token_prob;
+        if !(0.0..=1.0).contains(&p) {
+            return Err(format!("speculative config: suffix_decoding_min_token_prob ({p}) must be in [0, 1]"));
+        }
         if self.num_speculative_tokens == 0 {
             return Err("speculative config: num_speculative_tokens must be positive".into());
         }
@@ -152,6 +261,12 @@ impl SpeculativeConfig {
             SpeculativeMethod::Ngram => {
                 Box::new(NgramProposer { min: self.prompt_lookup_min, max: self.prompt_lookup_max })
             }
+            SpeculativeMethod::Suffix => Box::new(SuffixProposer::new(
+                self.suffix_decoding_max_tree_depth,
+                self.suffix_decoding_max_spec_factor,
+                self.suffix_decoding_min_token_prob,
+                self.suffix_decoding_max_cached_requests,
+            )),
         }
     }
 }
@@ -160,6 +275,10 @@ impl SpeculativeConfig {
 pub trait DraftProposer: Send {
     /// At most `k` tokens likely to follow `tokens`; fewer or none when it has no guess.
     fn propose(&self, tokens: &[u32], k: usize) -> Vec<u32>;
+
+    /// A finished sequence's output (every committed output token), for proposers that learn
+    /// from earlier requests; the default keeps nothing.
+    fn record_output(&mut self, _output: &[u32]) {}
 }
 
 /// Prompt lookup (vLLM's `ngram`): the longest suffix of the tokens, of length in
@@ -190,12 +309,12 @@ impl DraftProposer for NgramProposer {
     }
 }
 
-/// Whether a sequence may carry drafts: greedy, one completion, nothing that needs the logits
-/// on the host or edits them (see the module docs). `banned`: the tokens it may not produce yet.
+/// Whether a sequence may carry drafts: one completion, nothing that needs the logits on the
+/// host or edits them (see the module docs); greedy or sampled. `banned`: the tokens it may
+/// not produce yet.
 pub fn drafts_allowed(seq: &Sequence, banned: &[u32]) -> bool {
     let p = &seq.params;
-    p.temperature < tandem_core::sampling::GREEDY_BELOW
-        && p.n == 1
+    p.n == 1
         && p.guided.is_none()
         && seq.guide.is_none()
         && p.logprobs.is_none()
@@ -204,7 +323,9 @@ pub fn drafts_allowed(seq: &Sequence, banned: &[u32]) -> bool {
 }
 
 /// How many leading drafts the target's ids confirm (`ids[i]`: the target's token after the
-/// committed tokens and drafts `0..i`).
+/// committed tokens and drafts `0..i`, drawn from its processed distribution with the
+/// request's key for that output token). For a sampled request this is rejection sampling of
+/// point-mass drafts (the module docs have the argument); for a greedy one, exact match.
 pub fn accepted_len(drafts: &[u32], ids: &[u32]) -> usize {
     drafts.iter().zip(ids).take_while(|(d, t)| d == t).count()
 }
@@ -272,6 +393,19 @@ mod tests {
         assert_eq!((c.prompt_lookup_min, c.prompt_lookup_max), (3, 3));
         for (json, names) in [
             (r#"{"method": "eagle3", "num_speculative_tokens": 3}"#, "eagle3"),
+            (
+                r#"{"method": "ngram", "num_speculative_tokens": 3, "suffix_decoding_max_tree_depth": 8}"#,
+                "suffix_decoding_max_tree_depth",
+            ),
+            (r#"{"method": "suffix", "prompt_lookup_max": 3}"#, "prompt_lookup_max"),
+            (r#"{"method": "suffix", "suffix_decoding_max_tree_depth": 0}"#, "suffix_decoding_max_tree_depth"),
+            (r#"{"method": "suffix", "suffix_decoding_min_token_prob": 1.5}"#, "suffix_decoding_min_token_prob"),
+            (r#"{"method": "suffix", "suffix_decoding_max_spec_factor": -1}"#, "suffix_decoding_max_spec_factor"),
+            (r#"{"method": "suffix", "suffix_decoding_max_spec_factor": "x"}"#, "suffix_decoding_max_spec_factor"),
+            (
+                r#"{"method": "suffix", "suffix_decoding_max_cached_requests": -1}"#,
+                "suffix_decoding_max_cached_requests",
+            ),
             (r#"{"method": "ngram", "num_speculative_tokens": 3, "model": "x"}"#, "model"),
             (r#"{"method": "ngram"}"#, "num_speculative_tokens"),
             (r#"{"num_speculative_tokens": 3}"#, "method"),
@@ -282,6 +416,24 @@ mod tests {
             let e = SpeculativeConfig::from_json(json).unwrap_err();
             assert!(e.contains(names), "{json}: {e}");
         }
+    }
+
+    #[test]
+    fn vllm_suffix_json_takes_vllms_defaults() {
+        let c = SpeculativeConfig::from_json(r#"{"method": "suffix"}"#).unwrap();
+        assert_eq!(c, SpeculativeConfig::suffix(24), "num_speculative_tokens defaults to the tree depth");
+        let c = SpeculativeConfig::from_json(
+            r#"{"method": "suffix", "num_speculative_tokens": 6, "suffix_decoding_max_tree_depth": 16,
+                "suffix_decoding_max_cached_requests": 0, "suffix_decoding_max_spec_factor": 2,
+                "suffix_decoding_min_token_prob": 0.25}"#,
+        )
+        .unwrap();
+        assert_eq!(c.method, SpeculativeMethod::Suffix);
+        assert_eq!((c.num_speculative_tokens, c.suffix_decoding_max_tree_depth), (6, 16));
+        assert_eq!(c.suffix_decoding_max_cached_requests, 0);
+        assert_eq!((c.suffix_decoding_max_spec_factor, c.suffix_decoding_min_token_prob), (2.0, 0.25));
+        let c = SpeculativeConfig::from_json(r#"{"method": "suffix", "suffix_decoding_max_tree_depth": 7}"#).unwrap();
+        assert_eq!(c.num_speculative_tokens, 7);
     }
 
     #[test]

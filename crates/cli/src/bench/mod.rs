@@ -8,6 +8,8 @@
 //! - [`sweep`]: `max_num_seqs` against throughput and latency.
 //! - [`load`]: time to open and map a model; [`decode`]: the model runner alone, prefill
 //!   tokens/s and decode tokens/s at several batch sizes, optionally beside HF transformers.
+//! - [`speculative`]: tokens per forward and tokens/s without and with speculative decoding,
+//!   on a copy-heavy and a free-text workload.
 //! - [`kernels`]: the kernel lab (GEMMs and attention at a model's shapes; gpu/kernel_lab.py
 //!   puts torch's figures beside them).
 
@@ -24,6 +26,7 @@ mod plot;
 mod progress;
 mod report;
 mod serve;
+mod speculative;
 mod sweep;
 mod throughput;
 mod workload;
@@ -55,6 +58,8 @@ enum Kind {
     Decode(decode::Args),
     /// The kernel lab: each GEMM and attention kernel at a model's shapes, timed alone.
     Kernels(kernels::Args),
+    /// Speculative decoding's acceptance and speed, with and without it, in one run.
+    Speculative(speculative::Args),
 }
 
 /// Where a report goes.
@@ -77,5 +82,6 @@ pub fn run(a: Args) -> Result<()> {
         Kind::Load(a) => load::run(a),
         Kind::Decode(a) => decode::run(a),
         Kind::Kernels(a) => kernels::run(a),
+        Kind::Speculative(a) => speculative::run(a),
     }
 }

@@ -69,7 +69,7 @@ impl Engine {
                 for s in out.seqs.iter().filter(|s| s.sample || s.all_logits) {
                     if s.num_draft > 0 {
                         let chunk: Vec<&mut [f32]> = rows.by_ref().take(1 + s.num_draft).collect();
-                        let verified = self.greedy_ids(s.seq, chunk);
+                        let verified = self.verified_ids(s.seq, chunk);
                         self.emit_verified(s.seq, &verified, now);
                     } else if s.all_logits {
                         let chunk: Vec<&mut [f32]> = rows.by_ref().take(s.num_tokens).collect();
@@ -85,9 +85,10 @@ impl Engine {
         }
     }
 
-    /// The tokens a decode with drafts samples from its rows on the host (one per row; greedy,
-    /// with no edits: see `crate::speculative::drafts_allowed`).
-    fn greedy_ids(&self, id: SeqId, rows: Vec<&mut [f32]>) -> Vec<u32> {
+    /// The tokens a decode with drafts samples from its rows on the host: row `i` as output
+    /// token `j + i` with the request's spec (no edits: see
+    /// `crate::speculative::drafts_allowed`), the ids the device would give.
+    fn verified_ids(&self, id: SeqId, rows: Vec<&mut [f32]>) -> Vec<u32> {
         let Some(seq) = self.scheduler.seq(id) else { return Vec::new() };
         let out = seq.num_output_tokens();
         rows.iter().enumerate().map(|(i, row)| sample(row, &spec(&seq.params, seq.seed, seq.index, out + i))).collect()

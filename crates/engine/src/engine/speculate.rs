@@ -2,17 +2,36 @@
 //! proposing each eligible decode's drafts before the schedule, and, after the forward,
 //! committing the target's ids that the drafts earned and rolling back the rest.
 
+use std::collections::HashMap;
 use std::time::Instant;
 
 use super::postprocess::Pick;
 use super::{banned, Engine};
-use crate::sequence::{SeqId, SeqStatus};
-use crate::speculative::{accepted_len, drafts_allowed, DraftProposer, SpeculativeConfig};
+use crate::sequence::{SeqId, SeqStatus, Sequence};
+use crate::speculative::{accepted_len, drafts_allowed, load_cap, Acceptance, DraftProposer, SpeculativeConfig};
+use crate::worker::PLACEHOLDER;
 
-/// The engine's speculative decoding: its settings and where drafts come from.
+/// The engine's speculative decoding: its settings, where drafts come from, and each decoding
+/// sequence's recent acceptance.
 pub(super) struct Speculator {
     pub(super) cfg: SpeculativeConfig,
     pub(super) proposer: Box<dyn DraftProposer>,
+    pub(super) acceptance: HashMap<SeqId, Acceptance>,
+}
+
+impl Speculator {
+    pub(super) fn new(cfg: SpeculativeConfig) -> Self {
+        Speculator { cfg, proposer: cfg.proposer(), acceptance: HashMap::new() }
+    }
+
+    /// Hands an ended sequence's committed output to the proposer (with async scheduling its
+    /// tokens may end in placeholders of a step still in flight: those are left out).
+    pub(super) fn record_output(&mut self, seq: &Sequence) {
+        let out = seq.output();
+        let committed = out.iter().position(|&t| t == PLACEHOLDER).unwrap_or(out.len());
+        self.proposer.record_output(&out[..committed]);
+        self.acceptance.remove(&seq.id);
+    }
 }
 
 impl Engine {
@@ -22,12 +41,14 @@ impl Engine {
         self.speculator.is_some() && self.scheduler.seqs().any(|s| drafts_allowed(s, &banned(&self.eos, s)))
     }
 
-    /// Gives each running decode that may have drafts up to `k` of them, fewer when the running
-    /// decodes with `k + 1` tokens each would not fit the token budget, none when they would
-    /// not fit with one draft each; and no more than its `max_tokens` and the context leave
-    /// room for after the target's own token.
+    /// Gives each running decode that may have drafts up to `k` of them: fewer as the running
+    /// decodes grow in number ([`load_cap`]), as far as its recent acceptance makes them worth
+    /// it ([`Acceptance::allow`]), fewer when the running decodes with `k + 1` tokens each
+    /// would not fit the token budget, none when they would not fit with one draft each; and
+    /// no more than its `max_tokens` and the context leave room for after the target's own
+    /// token.
     pub(super) fn propose_drafts(&mut self) {
-        let Some(sp) = &self.speculator else { return };
+        let Some(sp) = &mut self.speculator else { return };
         let max_model_len = self.admission.max_model_len;
         let budget = self.scheduler.config().max_num_batched_tokens;
         let decodes: Vec<SeqId> = self
@@ -40,16 +61,21 @@ impl Engine {
             })
             .collect();
         let share = (budget / decodes.len().max(1)).saturating_sub(1);
-        let k = sp.cfg.num_speculative_tokens.min(share);
+        let k = sp.cfg.num_speculative_tokens;
+        let k = k.min(share).min(load_cap(k, decodes.len()));
+        sp.acceptance.retain(|id, _| self.scheduler.seq(*id).is_some());
         for id in decodes {
             let Some(seq) = self.scheduler.seq_mut(id) else { continue };
             seq.draft.clear();
-            if k == 0 || !drafts_allowed(seq, &banned(&self.eos, seq)) {
+            if !drafts_allowed(seq, &banned(&self.eos, seq)) {
                 continue;
             }
+            let d = sp.acceptance.entry(id).or_default().allow(k);
             let room = (seq.max_tokens.saturating_sub(seq.num_output_tokens() + 1))
                 .min(max_model_len.saturating_sub(seq.num_tokens() + 1));
-            seq.draft = sp.proposer.propose(&seq.tokens, k.min(room));
+            if d > 0 && room > 0 {
+                seq.draft = sp.proposer.propose(&seq.tokens, d.min(room));
+            }
         }
     }
 
@@ -67,6 +93,9 @@ impl Engine {
         let accepted = accepted_len(&seq.draft, &ids[..ids.len() - 1]);
         if let Ok(mut st) = self.stats.lock() {
             st.record_verification(drafts, accepted);
+        }
+        if let Some(sp) = &mut self.speculator {
+            sp.acceptance.entry(id).or_default().record(drafts, accepted);
         }
         for (i, &token) in ids[..=accepted].iter().enumerate() {
             self.sample_and_emit(id, Pick::Token(token, None), None, now);

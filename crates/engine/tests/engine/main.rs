@@ -14,3 +14,4 @@ mod property;
 mod reference;
 mod scheduler;
 mod speculative;
+mod speculative_sampled;

@@ -102,8 +102,10 @@ fn greedy_answers_are_identical_with_and_without_drafts() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Sampled, logprobs and n > 1 requests get no drafts and keep their answers; the greedy ones
-/// beside them speculate. With async scheduling on the engine runs such steps synchronously.
+/// Logprobs and n > 1 requests get no drafts and keep their answers; the greedy and the seeded
+/// sampled ones beside them speculate and keep theirs too, token for token (a sampled token is
+/// the draw plain decoding makes: see `tandem_engine::speculative`). With async scheduling on
+/// the engine runs such steps synchronously.
 #[test]
 fn mixed_batches_keep_every_answer() {
     let dir = model_dir("mixed");
@@ -342,4 +344,161 @@ fn a_bad_config_is_refused_naming_the_field() {
     };
     let err = Engine::new(Box::new(fake(16, 64, 4)), letters(), cfg).err().unwrap();
     assert!(err.to_string().contains("prompt_lookup_min"), "{err}");
+}
+
+/// The draft length adapts to load: with more decodes running than
+/// `speculative::DRAFT_ROWS / 2`, none gets a draft; with few, they do; the answers are the
+/// fake model's own either way.
+#[test]
+fn a_large_batch_gets_no_drafts() {
+    let cfg = model_config();
+    let reqs = |n: usize| -> Vec<Request> { (0..n).map(|i| greedy([5, 6, 7].repeat(3 + i % 4), 12)).collect() };
+    for (n, drafts) in [(4, true), (tandem_engine::speculative::DRAFT_ROWS / 2 + 1, false)] {
+        let mut model = fake(2048, 1024, n);
+        model.spare_logit_rows = 512;
+        let mut e = engine(model, spec_on(3, EngineConfig::default()));
+        let rs = reqs(n);
+        let got = run(&mut e, &rs);
+        for (r, g) in rs.iter().zip(&got) {
+            assert_eq!(g.0, tandem_engine::fake_model::FakeModel::greedy(&cfg, &r.prompt, g.0.len(), true));
+        }
+        assert_eq!(e.stats().spec_decode_num_drafts_total > 0, drafts, "{n} decodes");
+    }
+}
+
+/// Suffix decoding: the same answers as without drafts, alone and in a batch; and a request
+/// whose answer an earlier request already gave drafts it from that output: a second pass
+/// over the same prompts accepts more than the first, unless the cache of outputs is off.
+#[test]
+fn suffix_drafts_keep_answers_and_learn_from_earlier_outputs() {
+    let dir = model_dir("suffix");
+    let vocab = runner(&dir, 4, 16).config().vocab_size as u32;
+    let reqs: Vec<Request> = prompts(vocab).into_iter().map(|p| greedy(p, 40)).collect();
+    let want = run(&mut Engine::new(runner(&dir, 64, 256), letters(), EngineConfig::default()).unwrap(), &reqs);
+    let suffix = |cached: usize| EngineConfig {
+        speculative: Some(SpeculativeConfig {
+            suffix_decoding_max_cached_requests: cached,
+            ..SpeculativeConfig::suffix(6)
+        }),
+        ..Default::default()
+    };
+    let mut e = Engine::new(runner(&dir, 64, 256), letters(), suffix(100)).unwrap();
+    assert_eq!(run(&mut e, &reqs), want, "in a batch");
+    check_counters(&e.stats(), 6);
+    for cached in [100, 0] {
+        let mut e = Engine::new(runner(&dir, 64, 256), letters(), suffix(cached)).unwrap();
+        let mut accepted = vec![];
+        for pass in 0..2 {
+            let before = e.stats().spec_decode_num_accepted_tokens_total;
+            for (r, w) in reqs.iter().zip(&want) {
+                assert_eq!(&run(&mut e, std::slice::from_ref(r))[0], w, "pass {pass}, alone");
+            }
+            accepted.push(e.stats().spec_decode_num_accepted_tokens_total - before);
+        }
+        assert!(accepted[0] > 0, "{accepted:?}");
+        if cached > 0 {
+            assert!(accepted[1] > accepted[0], "earlier outputs should help: {accepted:?}");
+        } else {
+            assert_eq!(accepted[1], accepted[0], "no cache: the second pass drafts as the first");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The fake model's oracle with suffix drafts (its next token depends on every K/V read back).
+#[test]
+fn fake_model_answers_match_its_oracle_with_suffix_drafts() {
+    let cfg = model_config();
+    let mut rng = Rng::new(9);
+    let reqs: Vec<Request> = (0..12)
+        .map(|i| {
+            let len = 3 + (rng.next_u64() % 40) as usize;
+            let prompt: Vec<u32> = if i % 2 == 0 {
+                [5, 6, 7, 8].repeat(len / 4 + 1)
+            } else {
+                (0..len).map(|_| (rng.next_u64() % 60) as u32).collect()
+            };
+            greedy(prompt, 20 + i * 3)
+        })
+        .collect();
+    let mut model = fake(200, 256, 8);
+    model.spare_logit_rows = 64;
+    let e_cfg = EngineConfig {
+        speculative: Some(SpeculativeConfig::suffix(8)),
+        max_num_batched_tokens: Some(256),
+        ..Default::default()
+    };
+    let mut e = engine(model, e_cfg);
+    for _ in 0..2 {
+        let got = run(&mut e, &reqs);
+        for (r, g) in reqs.iter().zip(&got) {
+            assert_eq!(g.0, tandem_engine::fake_model::FakeModel::greedy(&cfg, &r.prompt, g.0.len(), true));
+            assert_eq!(g.0.len(), r.params.max_tokens.unwrap());
+        }
+    }
+    let st = e.stats();
+    check_counters(&st, 8);
+    assert!(st.spec_decode_num_accepted_tokens_total > 0);
+}
+
+/// Preemption and abort with sampled requests and both draft sources: a pool too small for
+/// everyone preempts sequences that carry drafts, one request is aborted mid-way, and every
+/// other answer (greedy, or sampled with a seed) is still the one its prompt gets alone
+/// without drafts; no block leaks.
+#[test]
+fn preemption_and_abort_keep_sampled_and_suffix_answers() {
+    let dir = model_dir("preempt-sampled");
+    let vocab = runner(&dir, 4, 16).config().vocab_size as u32;
+    let mut reqs: Vec<Request> = vec![];
+    for (i, p) in prompts(vocab).into_iter().enumerate() {
+        reqs.push(greedy(p.clone(), 36));
+        let params = SamplingParams {
+            temperature: 0.8,
+            top_p: 0.9,
+            seed: Some(100 + i as u64),
+            max_tokens: Some(36),
+            ignore_eos: true,
+            ..Default::default()
+        };
+        reqs.push(Request { prompt: p, params, priority: 0 });
+    }
+    let alone = EngineConfig { enable_prefix_caching: false, ..Default::default() };
+    let want: Vec<Answer> = reqs
+        .iter()
+        .map(|r| {
+            run(&mut Engine::new(runner(&dir, 64, 256), letters(), alone.clone()).unwrap(), std::slice::from_ref(r))
+                .remove(0)
+        })
+        .collect();
+    for spec in [SpeculativeConfig::ngram(4), SpeculativeConfig::suffix(4)] {
+        let cfg = EngineConfig { max_num_batched_tokens: Some(32), speculative: Some(spec), ..Default::default() };
+        let mut e = Engine::new(runner(&dir, 14, 32), letters(), cfg).unwrap();
+        let mut gone = e.add_request(greedy(prompts(vocab)[0].clone(), 150)).unwrap();
+        let mut streams: Vec<_> = reqs.iter().map(|r| e.add_request(r.clone()).unwrap()).collect();
+        let mut steps = 0;
+        while e.stats().spec_decode_num_drafts_total == 0 || steps < 12 {
+            e.step();
+            e.scheduler().check_invariants().unwrap();
+            steps += 1;
+            assert!(steps < 10_000, "no drafts");
+        }
+        e.abort(gone.id());
+        run_to_idle(&mut e);
+        assert_eq!(collect(&drain(&mut gone), 1).finish[0], Some(FinishReason::Abort));
+        let got: Vec<Answer> = streams
+            .iter_mut()
+            .map(|s| {
+                let c = collect(&drain(s), 1);
+                (c.tokens[0].clone(), c.text[0].clone(), c.finish[0].clone())
+            })
+            .collect();
+        assert_eq!(got, want, "{:?}", spec.method);
+        let st = e.stats();
+        assert!(st.preemptions_total > 0, "{:?}: the pool should force preemption", spec.method);
+        assert!(st.spec_decode_num_accepted_tokens_total > 0, "{:?}", spec.method);
+        check_counters(&st, 4);
+        let bm = &e.scheduler().bm;
+        assert_eq!(bm.num_free(), bm.num_blocks(), "{:?}: a block leaked", spec.method);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
