@@ -184,10 +184,8 @@ fn link(target: &Path, at: &Path) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{convert, scratch, tiny_llama_meta, tiny_q4_k_m_gguf};
+    use super::super::tests::{convert, scratch, tiny_q4_k_m_gguf};
     use super::*;
-    use crate::gguf::writer;
-    use crate::gguf_tokenizer::tests::tiny_gguf_tokenizer_meta;
     use tandem_core::greedy::{generate, Step};
     use tandem_core::model::LoadOptions;
     use tandem_core::{Model, ModelConfig};
@@ -243,48 +241,28 @@ mod tests {
         assert!(dir.join(GGUF_WEIGHTS).exists() && !dir.join("model.safetensors").exists());
         let cfg = ModelConfig::from_file(&dir.join("config.json")).unwrap();
         let kept = greedy(cfg.clone(), &w);
-        let wide = greedy(cfg, &dequantized(&w));
+        let wide = greedy(cfg.clone(), &dequantized(&w));
         assert_eq!(bits(&kept), bits(&wide));
+
+        // A weight in a layout the backend does not run is refused at load, naming the layout,
+        // the weight and the backend (here FP8, which no backend runs kept yet).
+        let mut w = w;
+        let up = "model.layers.0.mlp.up_proj.weight";
+        let fp8 = QuantLayout::Fp8E4m3(tandem_core::quant_layout::Fp8Scales::Tensor);
+        w.insert_quantized(up, fp8, &[256, 256], &[0x38; 256 * 256], gguf.clone()).unwrap();
+        let opts = LoadOptions { max_batch_tokens: 16, max_seqs: 2, num_kv_blocks: 8, ..Default::default() };
+        let e = Model::from_weights(RefBackend::new(), cfg, &w, opts).err().unwrap().to_string();
+        assert!(e.contains(up) && e.contains("FP8 e4m3") && e.contains("reference"), "{e}");
         std::fs::remove_dir_all(&root).unwrap();
     }
 
-    /// A Q8_0 file whose every value is exact in bf16 (scales powers of two, norms of few
-    /// bits) serves kept quantized with the greedy ids and logits of its converted bf16
+    /// A Q8_0 file whose every value is exact in bf16 (`crate::tiny_gguf`) serves kept quantized with the greedy ids and logits of its converted bf16
     /// directory, bit for bit.
     #[test]
     fn a_q8_0_file_serves_as_its_converted_directory() {
         let root = scratch("kept-q8");
         let gguf = root.join("tiny-q8_0.gguf");
-        let (hidden, heads, kv, hd, ffn, vocab) = (64usize, 2usize, 1usize, 32usize, 96usize, 261usize);
-        let q8 = |rows: usize, cols: usize, salt: usize| {
-            let mut out = vec![];
-            for b in 0..rows * cols / 32 {
-                out.extend(half::f16::from_f32(1.0 / 1024.0).to_le_bytes());
-                out.extend((0..32).map(|i| ((b * 32 + i) * 2654435761usize).wrapping_add(salt * 97) as u8));
-            }
-            out
-        };
-        let norm = |salt: usize| {
-            (0..hidden).flat_map(|i| (1.0 + ((i + salt) % 8) as f32 / 16.0).to_le_bytes()).collect::<Vec<u8>>()
-        };
-        let d = |rows: usize, cols: usize| vec![cols as u64, rows as u64];
-        let tensors = vec![
-            ("token_embd.weight", d(vocab, hidden), 8, q8(vocab, hidden, 1)),
-            ("output.weight", d(vocab, hidden), 8, q8(vocab, hidden, 2)),
-            ("output_norm.weight", vec![hidden as u64], 0, norm(3)),
-            ("blk.0.attn_norm.weight", vec![hidden as u64], 0, norm(4)),
-            ("blk.0.attn_q.weight", d(heads * hd, hidden), 8, q8(heads * hd, hidden, 5)),
-            ("blk.0.attn_k.weight", d(kv * hd, hidden), 8, q8(kv * hd, hidden, 6)),
-            ("blk.0.attn_v.weight", d(kv * hd, hidden), 8, q8(kv * hd, hidden, 7)),
-            ("blk.0.attn_output.weight", d(hidden, heads * hd), 8, q8(hidden, heads * hd, 8)),
-            ("blk.0.ffn_norm.weight", vec![hidden as u64], 0, norm(9)),
-            ("blk.0.ffn_gate.weight", d(ffn, hidden), 8, q8(ffn, hidden, 10)),
-            ("blk.0.ffn_up.weight", d(ffn, hidden), 8, q8(ffn, hidden, 11)),
-            ("blk.0.ffn_down.weight", d(hidden, ffn), 8, q8(hidden, ffn, 12)),
-        ];
-        let mut meta = tiny_llama_meta(hidden, ffn, heads, kv, 10000.0);
-        meta.extend(tiny_gguf_tokenizer_meta());
-        std::fs::write(&gguf, writer::file(&meta, &tensors, 32)).unwrap();
+        crate::tiny_gguf::write_tiny_gguf(&gguf, 0).unwrap();
 
         let w = gguf_weights(&gguf).unwrap();
         assert_eq!(w.quantized().count(), 9);

@@ -61,7 +61,7 @@ pub(crate) fn tiny_llama_gguf(path: &Path, tied: bool, skip: Option<&str>) -> (V
 }
 
 /// A one-layer llama's `llama.*` hyper-parameters (context 256, RMS eps 1e-5).
-pub(crate) fn tiny_llama_meta(hidden: usize, ffn: usize, heads: usize, kv: usize, rope_theta: f32) -> Meta {
+fn tiny_llama_meta(hidden: usize, ffn: usize, heads: usize, kv: usize, rope_theta: f32) -> Meta {
     arch_meta(
         "llama",
         vec![
