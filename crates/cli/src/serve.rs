@@ -24,7 +24,7 @@ use crate::backends::{self, BackendKind};
 
 #[derive(clap::Args, Clone)]
 pub struct EngineArgs {
-    /// A Hugging Face model directory, or a GGUF file (served kept quantized), (default: the
+    /// A Hugging Face model directory, or a GGUF file (served kept quantized) (default: the
     /// default model, fetched when absent).
     #[arg(long)]
     pub model: Option<PathBuf>,
