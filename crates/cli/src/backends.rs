@@ -45,10 +45,11 @@ impl BackendKind {
     }
 }
 
-/// The model directory: the one given, else the default model (fetched when absent).
+/// The model directory: the one given (for a GGUF file, the directory of its metadata beside a
+/// link to it: `tandem::model_dir`), else the default model (fetched when absent).
 pub fn resolve_model(model: Option<&Path>) -> Result<std::path::PathBuf> {
     match model {
-        Some(p) => Ok(p.to_path_buf()),
+        Some(p) => Ok(tandem::model_dir(p)?),
         None => tandem_model_files::fetch::fetch_default(&crate::models_dir()).context("fetching the default model"),
     }
 }

@@ -18,7 +18,8 @@ use crate::backends::{self, BackendKind};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// A Hugging Face model directory (default: the default model, fetched when absent).
+    /// A Hugging Face model directory, or a GGUF file (served kept quantized) (default: the
+    /// default model, fetched when absent).
     #[arg(long)]
     model: Option<PathBuf>,
     /// Prompt text, sent as is.

@@ -24,7 +24,8 @@ use crate::backends::{self, BackendKind};
 
 #[derive(clap::Args, Clone)]
 pub struct EngineArgs {
-    /// A Hugging Face model directory (default: the default model, fetched when absent).
+    /// A Hugging Face model directory, or a GGUF file (served kept quantized) (default: the
+    /// default model, fetched when absent).
     #[arg(long)]
     pub model: Option<PathBuf>,
     /// `auto`: cuda where a driver is found, else wgpu where an adapter is, else reference.
@@ -170,7 +171,7 @@ impl EngineArgs {
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// The model directory, as `vllm serve MODEL` takes it (or `--model DIR`).
+    /// The model directory or GGUF file, as `vllm serve MODEL` takes it (or `--model DIR`).
     #[arg(value_name = "MODEL_DIR", conflicts_with = "model")]
     model_dir: Option<PathBuf>,
     #[command(flatten)]
@@ -221,6 +222,10 @@ pub struct Args {
     /// vLLM's; only 1 (one device) is supported.
     #[arg(long, visible_alias = "tp", default_value_t = 1)]
     tensor_parallel_size: usize,
+    /// vLLM's: `gguf` serves a GGUF file's weights kept in their stored layouts (detected from
+    /// the file when not given). Other methods are refused by name.
+    #[arg(long, short = 'q')]
+    quantization: Option<String>,
     /// vLLM's: prefix caching is on by default (`--no-enable-prefix-caching` turns it off).
     #[arg(long, conflicts_with = "no_prefix_caching")]
     enable_prefix_caching: bool,
@@ -250,8 +255,6 @@ pub struct Args {
 
 /// vLLM `serve` flags that tandem does not implement: refused by name, never ignored.
 const VLLM_UNSUPPORTED: &[&str] = &[
-    "--quantization",
-    "-q",
     "--pipeline-parallel-size",
     "-pp",
     "--data-parallel-size",
@@ -309,6 +312,17 @@ pub fn refuse_vllm_only_flags(args: &[String]) -> Result<()> {
 impl Args {
     /// The vLLM-compatibility flags that tandem accepts only with values it implements.
     fn check_vllm_values(&self, cfg: &tandem_core::ModelConfig, dir: &std::path::Path) -> Result<()> {
+        match self.quantization.as_deref() {
+            None => {}
+            Some("gguf") if tandem::is_gguf_dir(dir) => {}
+            Some("gguf") => {
+                anyhow::bail!("--quantization gguf: {} is not a GGUF file (serve FILE.gguf)", dir.display())
+            }
+            Some(other) => anyhow::bail!(
+                "--quantization {other}: not supported (tandem serves gguf files kept quantized; FP8 checkpoints are \
+                 detected from config.json and widened at load)"
+            ),
+        }
         if self.tensor_parallel_size != 1 {
             anyhow::bail!(
                 "--tensor-parallel-size {}: tandem runs on one device; only 1 is supported",

@@ -9,10 +9,11 @@ use tandem_core::DType;
 use crate::compare::compare;
 use crate::ops::{
     Add, AddRmsNorm, Argmax, Embedding, GateUpGelu, GateUpSilu, GatherRows, GeluTanhMul, KvWrite, Launch, Matmul,
-    MoeAccumulate, MoeRoute, MoeRouted, Op, PagedAttention, QkvRopeKvWrite, ResidualNormGateUp, RmsNorm, Rope,
-    RopeKvWrite, Scale, SeqChunk, SiluMul,
+    MoeAccumulate, MoeRoute, MoeRouted, Op, PagedAttention, QkvRopeKvWrite, QuantMatmul, ResidualNormGateUp, RmsNorm,
+    Rope, RopeKvWrite, Scale, SeqChunk, SiluMul,
 };
 use crate::rng::{hash_str, mix, Rng};
+use tandem_core::quant_layout::QuantLayout;
 
 enum Spec {
     Embedding(Embedding),
@@ -36,6 +37,7 @@ enum Spec {
     MoeRoute(MoeRoute),
     MoeAccumulate(MoeAccumulate),
     MoeRouted(MoeRouted),
+    QuantMatmul(QuantMatmul),
 }
 
 /// Calls `$body` with `$o` bound to the op inside whichever variant `$spec` is.
@@ -63,6 +65,7 @@ macro_rules! dispatch {
             Spec::MoeRoute($o) => $body,
             Spec::MoeAccumulate($o) => $body,
             Spec::MoeRouted($o) => $body,
+            Spec::QuantMatmul($o) => $body,
         }
     };
 }
@@ -376,6 +379,13 @@ pub fn cases() -> Vec<Case> {
             Spec::Matmul,
         ));
         v.push(Case::new(Matmul { dtype, m: 129, n: 1536, k: 576, bias: false, from_file: false }, Spec::Matmul));
+    }
+    // Weights kept in a GGUF block layout: decode (m = 1, 3) and prefill (m = 37) rows, n odd,
+    // k a few 256-value super-blocks (SmolLM2's 576 is not one, so 512 and 1536).
+    for layout in QuantLayout::GGUF {
+        for (m, n, k) in [(1, 77, 512), (3, 33, 1536), (37, 77, 512)] {
+            v.push(Case::new(QuantMatmul { layout, m, n, k }, Spec::QuantMatmul));
+        }
     }
     // The LM head: a wide n.
     for (dtype, m) in [(BF16, 1), (F32, 3)] {

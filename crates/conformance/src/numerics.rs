@@ -151,7 +151,7 @@ impl Ops for Bf16Numerics {
         k: usize,
     ) -> Result<()> {
         let dtype = match w {
-            RefBuf::Weight { dtype, .. } => *dtype,
+            RefBuf::Weight { format, .. } => format.dtype,
             _ => DType::F32,
         };
         match self.matmul_operand(dtype) {

@@ -2,6 +2,7 @@
 //!
 //! - [`config`]: a Hugging Face `config.json`, parsed and validated.
 //! - [`weights`]: safetensors files mapped with memmap2; tensors are views, never copies.
+//! - [`quant_layout`]: the quantized weight layouts, and which backend runs each ([`quant_block`] decodes them).
 //! - [`backend`]: the narrow interface every compute backend implements (one method per op).
 //! - [`batch`]: the flattened batch the engine hands to a model (tokens, positions, slots, block tables).
 //! - [`meta`]: a step's metadata (tokens, positions, slots, block tables...) in one staging layout.
@@ -23,6 +24,8 @@ pub mod greedy;
 pub mod memory;
 pub mod meta;
 pub mod model;
+pub mod quant_block;
+pub mod quant_layout;
 pub mod sampling;
 pub mod skip;
 pub mod tokenizer;

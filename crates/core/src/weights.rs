@@ -1,6 +1,9 @@
 //! Safetensors weights, mapped with memmap2. A tensor is a view into the mapping: the bytes go
 //! from the page cache to the backend without an intermediate copy. FP8 weights (crate::fp8)
 //! are the exception: dequantized once at open into anonymous memory, then views like any other.
+//! A tensor may also be kept in a quantized layout (`crate::quant_layout`, a GGUF file's blocks):
+//! its view holds the raw bytes and says the layout, and only a backend that runs the layout
+//! takes it.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -13,6 +16,7 @@ use memmap2::Mmap;
 use crate::backend::DType;
 use crate::error::{Error, Result};
 use crate::fp8::{Fp8Format, Fp8Scheme};
+use crate::quant_layout::QuantLayout;
 
 struct Entry {
     file: usize,
@@ -20,6 +24,8 @@ struct Entry {
     shape: Vec<usize>,
     /// Absolute byte range in the file.
     range: Range<usize>,
+    /// The layout the bytes are kept in, when quantized (`dtype` is then what they decode to).
+    quant: Option<QuantLayout>,
 }
 
 /// All tensors of a model directory (`model.safetensors`, or the shards listed in
@@ -39,6 +45,9 @@ pub struct TensorView {
     pub dtype: DType,
     pub shape: Vec<usize>,
     pub path: PathBuf,
+    /// The layout the bytes are kept in, when quantized: `dtype` is then the type the values
+    /// decode to (f32), and a row is [`QuantLayout::row_bytes`] long.
+    pub quant: Option<QuantLayout>,
     owner: Arc<Mmap>,
     range: Range<usize>,
 }
@@ -62,7 +71,8 @@ impl TensorView {
         if rows.start > rows.end || rows.end > outer {
             return Err(Error::tensor(&self.path, &self.name, format!("rows {rows:?} of {outer}")));
         }
-        let row_bytes = self.shape[1..].iter().product::<usize>() * self.dtype.size();
+        let row_bytes =
+            row_bytes(self.dtype, self.quant, &self.shape).map_err(|m| Error::tensor(&self.path, &self.name, m))?;
         let start = self.range.start + rows.start * row_bytes;
         let mut shape = self.shape.clone();
         shape[0] = rows.len();
@@ -71,14 +81,39 @@ impl TensorView {
             dtype: self.dtype,
             shape,
             path: self.path.clone(),
+            quant: self.quant,
             owner: self.owner.clone(),
             range: start..start + rows.len() * row_bytes,
         })
     }
 
-    /// Values as f32 (a copy; for tests, tools and small tensors).
+    /// Values as f32 (a copy; for tests, tools and small tensors). A quantized tensor is
+    /// decoded block by block; bytes that are not whole blocks decode to an empty Vec (a view
+    /// is checked when it is made, so only a hand-made view can be so).
     pub fn to_f32(&self) -> Vec<f32> {
-        self.dtype.to_f32(self.bytes())
+        match self.quant {
+            None => self.dtype.to_f32(self.bytes()),
+            Some(q) => {
+                let mut out = vec![0f32; self.numel()];
+                match q.dequantize(self.bytes(), &mut out) {
+                    Ok(()) => out,
+                    Err(_) => vec![],
+                }
+            }
+        }
+    }
+}
+
+/// Bytes of one row (the outermost dimension's step) of a tensor of `shape` stored as `dtype`,
+/// or as `quant` when quantized.
+fn row_bytes(dtype: DType, quant: Option<QuantLayout>, shape: &[usize]) -> std::result::Result<usize, String> {
+    let inner = shape.get(1..).unwrap_or(&[]).iter().product::<usize>();
+    match quant {
+        None => Ok(inner * dtype.size()),
+        Some(q) => match shape {
+            [_, .., cols] if shape.len() >= 2 => Ok(q.row_bytes(*cols)? * (inner / cols.max(&1))),
+            _ => Err(format!("a {} tensor must have rows (shape {shape:?})", q.name())),
+        },
     }
 }
 
@@ -86,6 +121,70 @@ impl Weights {
     /// No tensors; [`Weights::replace`] adds them (tests and tools).
     pub fn empty() -> Self {
         Weights { files: vec![], tensors: BTreeMap::new(), fp8: BTreeMap::new() }
+    }
+
+    /// Maps `path` read-only (a file whose tensors [`Weights::insert_mapped`] then lists) and
+    /// returns its index.
+    pub fn add_mapping(&mut self, path: &Path) -> Result<usize> {
+        let file = File::open(path).map_err(|e| Error::io(path, e))?;
+        // SAFETY: the file is opened read-only; we rely on nobody truncating weights under a running server.
+        let mmap = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+        self.files.push((path.to_path_buf(), Arc::new(mmap)));
+        Ok(self.files.len() - 1)
+    }
+
+    /// Tensor `name` as the bytes `range` of mapping `file` ([`Weights::add_mapping`]): of
+    /// `dtype`, or kept in layout `quant` (rows of whole blocks). The range must lie in the
+    /// mapping and hold exactly `shape`.
+    pub fn insert_mapped(
+        &mut self,
+        name: &str,
+        file: usize,
+        dtype: DType,
+        quant: Option<QuantLayout>,
+        shape: &[usize],
+        range: Range<usize>,
+    ) -> Result<()> {
+        let Some((path, mmap)) = self.files.get(file) else {
+            return Err(Error::tensor("<memory>", name, format!("no mapping {file}")));
+        };
+        let rows = shape.first().copied().unwrap_or(1);
+        let need = row_bytes(dtype, quant, shape).map_err(|m| Error::tensor(path, name, m))?;
+        let need = if shape.is_empty() { dtype.size() } else { need * rows };
+        if range.end > mmap.len() || range.len() != need {
+            return Err(Error::tensor(
+                path,
+                name,
+                format!("bytes {range:?} do not hold shape {shape:?} ({need} bytes) in a mapping of {}", mmap.len()),
+            ));
+        }
+        self.tensors.insert(name.to_string(), Entry { file, dtype, shape: shape.to_vec(), range, quant });
+        Ok(())
+    }
+
+    /// Tensor `name` kept in layout `quant` from `bytes` copied into an anonymous mapping (a
+    /// quantized tensor whose rows had to be reordered); `path` is what errors name.
+    pub fn insert_quantized(
+        &mut self,
+        name: &str,
+        quant: QuantLayout,
+        shape: &[usize],
+        bytes: &[u8],
+        path: PathBuf,
+    ) -> Result<()> {
+        self.insert_owned(name, DType::F32, shape, bytes, path)?;
+        let file = self.files.len() - 1;
+        self.insert_mapped(name, file, DType::F32, Some(quant), shape, 0..bytes.len())
+    }
+
+    /// The names and layouts of the tensors kept quantized.
+    pub fn quantized(&self) -> impl Iterator<Item = (&str, QuantLayout)> {
+        self.tensors.iter().filter_map(|(n, e)| e.quant.map(|q| (n.as_str(), q)))
+    }
+
+    /// Bytes the listed tensors take as stored (what a backend that keeps them so holds).
+    pub fn stored_bytes(&self) -> u64 {
+        self.tensors.values().map(|e| e.range.len() as u64).sum()
     }
 
     /// Opens every safetensors file of a model directory.
@@ -163,7 +262,7 @@ impl Weights {
                     format!("shape {:?} needs {} bytes, header gives {}", info.shape, numel * elem, e - s),
                 ));
             }
-            let entry = Entry { file: file_idx, dtype, shape: info.shape.clone(), range };
+            let entry = Entry { file: file_idx, dtype, shape: info.shape.clone(), range, quant: None };
             match fp8 {
                 Some(f) => {
                     self.fp8.insert(name.to_string(), (f, entry));
@@ -199,7 +298,7 @@ impl Weights {
         let mmap = anon.make_read_only().map_err(|e| Error::io("<anonymous mapping>", e))?;
         self.tensors.insert(
             name.to_string(),
-            Entry { file: self.files.len(), dtype, shape: shape.to_vec(), range: 0..bytes.len() },
+            Entry { file: self.files.len(), dtype, shape: shape.to_vec(), range: 0..bytes.len(), quant: None },
         );
         self.files.push((path, Arc::new(mmap)));
         Ok(())
@@ -282,6 +381,7 @@ impl Weights {
             dtype: e.dtype,
             shape: e.shape.clone(),
             path: path.clone(),
+            quant: e.quant,
             owner: mmap.clone(),
             range: e.range.clone(),
         })

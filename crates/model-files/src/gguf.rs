@@ -429,7 +429,6 @@ fn read_value(c: &mut Cursor, ty: u32, key: &str, depth: usize) -> std::result::
 }
 
 /// Writes GGUF v3 files; for tests (hand-made files) and small fixtures, not a full exporter.
-#[cfg(test)]
 pub(crate) mod writer {
     use super::*;
 

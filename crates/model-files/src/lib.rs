@@ -24,6 +24,7 @@ pub mod gguf_tokenizer;
 pub mod quant;
 pub mod random_model;
 pub mod safetensors_writer;
+pub mod tiny_gguf;
 pub mod tokenizer_json;
 
 pub use convert::convert_gguf;

@@ -1,7 +1,9 @@
 //! The reference backend: plain Rust, f32 activations, f64 where a sum is long, written to be
 //! read. It is the oracle the op conformance suite holds every other backend to, and it can
 //! serve (slowly). Weights stay where the safetensors mapping put them and are widened to f32
-//! as they are read.
+//! as they are read. A weight kept quantized (a GGUF block layout, `tandem_core::quant_layout`)
+//! is dequantized a row at a time into the same scratch row a bf16 weight is widened into, and
+//! dotted in the same order: a matmul on it gives the bits of "dequantize, then multiply".
 //!
 //! Architecture invariant: no `unsafe`, no SIMD intrinsics, no cleverness beyond splitting a
 //! matmul's output rows across threads.
@@ -13,17 +15,44 @@ use half::{bf16, f16};
 use memmap2::Mmap;
 use tandem_core::backend::{AttnArgs, DType, Device, FusedOps, KvGeometry, Ops, Sampling, Storage};
 use tandem_core::error::{Error, Result};
+use tandem_core::quant_layout::QuantLayout;
 use tandem_core::weights::TensorView;
 
 /// A buffer of the reference backend.
 pub enum RefBuf {
     F32(Vec<f32>),
     U32(Vec<u32>),
-    /// A weight in its stored dtype, either still in the file mapping or owned.
+    /// A weight in its stored dtype (or quantized layout), either still in the file mapping or owned.
     Weight {
-        dtype: DType,
+        format: Format,
         bytes: WeightBytes,
     },
+}
+
+/// How a weight's bytes hold its values: a dtype, or a quantized layout decoding to f32.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Format {
+    pub dtype: DType,
+    pub quant: Option<QuantLayout>,
+}
+
+impl Format {
+    fn plain(dtype: DType) -> Self {
+        Format { dtype, quant: None }
+    }
+
+    /// Bytes of a row of `k` values.
+    fn row_bytes(self, k: usize) -> Result<usize> {
+        match self.quant {
+            None => Ok(k * self.dtype.size()),
+            Some(q) => q.row_bytes(k).map_err(err),
+        }
+    }
+
+    /// Whole rows of `k` values in `len` bytes (a layout's rows must be whole blocks).
+    fn rows_in(self, len: usize, k: usize) -> Result<usize> {
+        Ok(len / self.row_bytes(k)?.max(1))
+    }
 }
 
 pub enum WeightBytes {
@@ -32,11 +61,11 @@ pub enum WeightBytes {
 }
 
 impl RefBuf {
-    fn weight_bytes(&self) -> Result<(DType, &[u8])> {
+    fn weight_bytes(&self) -> Result<(Format, &[u8])> {
         match self {
-            RefBuf::Weight { dtype, bytes: WeightBytes::Mapped(m, r) } => Ok((*dtype, &m[r.clone()])),
-            RefBuf::Weight { dtype, bytes: WeightBytes::Owned(v) } => Ok((*dtype, v)),
-            RefBuf::F32(v) => Ok((DType::F32, bytemuck::cast_slice(v))),
+            RefBuf::Weight { format, bytes: WeightBytes::Mapped(m, r) } => Ok((*format, &m[r.clone()])),
+            RefBuf::Weight { format, bytes: WeightBytes::Owned(v) } => Ok((*format, v)),
+            RefBuf::F32(v) => Ok((Format::plain(DType::F32), bytemuck::cast_slice(v))),
             RefBuf::U32(_) => Err(err("a u32 buffer was passed where a weight is expected")),
         }
     }
@@ -71,11 +100,15 @@ fn need(what: &str, have: usize, want: usize) -> Result<()> {
     Ok(())
 }
 
-/// A weight matrix's row `[k]` widened to f32 into `dst`.
-fn widen_row(dtype: DType, bytes: &[u8], row: usize, k: usize, dst: &mut [f32]) {
-    let sz = dtype.size();
-    let src = &bytes[row * k * sz..(row + 1) * k * sz];
-    match dtype {
+/// A weight matrix's row `[k]` widened (or dequantized) to f32 into `dst`; the caller has
+/// checked that `bytes` holds the row ([`Format::rows_in`]).
+fn widen_row(format: Format, bytes: &[u8], row: usize, k: usize, dst: &mut [f32]) -> Result<()> {
+    let rb = format.row_bytes(k)?;
+    let src = bytes.get(row * rb..(row + 1) * rb).ok_or_else(|| err(format!("weight row {row} is out of range")))?;
+    if let Some(q) = format.quant {
+        return q.dequantize(src, &mut dst[..k]).map_err(err);
+    }
+    match format.dtype {
         DType::F32 => {
             for (d, c) in dst.iter_mut().zip(src.chunks_exact(4)) {
                 *d = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
@@ -92,6 +125,7 @@ fn widen_row(dtype: DType, bytes: &[u8], row: usize, k: usize, dst: &mut [f32]) 
             }
         }
     }
+    Ok(())
 }
 
 /// Dot product: eight f32 lanes (so the compiler can vectorise), summed in f64 at the end.
@@ -139,10 +173,10 @@ impl Storage for RefBackend {
 
     fn upload_weight(&self, t: &TensorView) -> Result<RefBuf> {
         let (map, range) = t.mapping();
-        Ok(RefBuf::Weight { dtype: t.dtype, bytes: WeightBytes::Mapped(map, range) })
+        Ok(RefBuf::Weight { format: Format { dtype: t.dtype, quant: t.quant }, bytes: WeightBytes::Mapped(map, range) })
     }
     fn weight_from_f32(&self, dtype: DType, values: &[f32]) -> Result<RefBuf> {
-        Ok(RefBuf::Weight { dtype, bytes: WeightBytes::Owned(dtype.from_f32(values)) })
+        Ok(RefBuf::Weight { format: Format::plain(dtype), bytes: WeightBytes::Owned(dtype.from_f32(values)) })
     }
     fn alloc_f32(&self, len: usize) -> Result<RefBuf> {
         Ok(RefBuf::F32(vec![0.0; len]))
@@ -182,8 +216,8 @@ impl Storage for RefBackend {
 
 impl Ops for RefBackend {
     fn embedding(&self, table: &RefBuf, ids: &RefBuf, out: &mut RefBuf, t: usize, hidden: usize) -> Result<()> {
-        let (dtype, bytes) = table.weight_bytes()?;
-        let rows = bytes.len() / (dtype.size() * hidden);
+        let (format, bytes) = table.weight_bytes()?;
+        let rows = format.rows_in(bytes.len(), hidden)?;
         let ids = u32s(ids)?;
         let out = f32s_mut(out)?;
         need("embedding ids", ids.len(), t)?;
@@ -192,7 +226,7 @@ impl Ops for RefBackend {
             if id as usize >= rows {
                 return Err(err(format!("embedding: token id {id} >= {rows} rows")));
             }
-            widen_row(dtype, bytes, id as usize, hidden, &mut out[i * hidden..(i + 1) * hidden]);
+            widen_row(format, bytes, id as usize, hidden, &mut out[i * hidden..(i + 1) * hidden])?;
         }
         Ok(())
     }
@@ -209,9 +243,10 @@ impl Ops for RefBackend {
     }
 
     fn rms_norm(&self, x: &RefBuf, w: &RefBuf, out: &mut RefBuf, rows: usize, dim: usize, eps: f32) -> Result<()> {
-        let (dtype, wb) = w.weight_bytes()?;
+        let (format, wb) = w.weight_bytes()?;
+        need("rms_norm w", format.rows_in(wb.len(), dim)?, 1)?;
         let mut wf = vec![0f32; dim];
-        widen_row(dtype, wb, 0, dim, &mut wf);
+        widen_row(format, wb, 0, dim, &mut wf)?;
         let (x, out) = (f32s(x)?, f32s_mut(out)?);
         need("rms_norm x", x.len(), rows * dim)?;
         need("rms_norm out", out.len(), rows * dim)?;
@@ -245,14 +280,14 @@ impl Ops for RefBackend {
         n: usize,
         k: usize,
     ) -> Result<()> {
-        let (dtype, wb) = w.weight_bytes()?;
-        need("matmul w", wb.len() / dtype.size(), n * k)?;
+        let (format, wb) = w.weight_bytes()?;
+        need("matmul w rows", format.rows_in(wb.len(), k)?, n)?;
         let bias = match bias {
             Some(b) => {
                 let (bd, bb) = b.weight_bytes()?;
-                need("matmul bias", bb.len() / bd.size(), n)?;
+                need("matmul bias", bd.rows_in(bb.len(), n)?, 1)?;
                 let mut v = vec![0f32; n];
-                widen_row(bd, bb, 0, n, &mut v);
+                widen_row(bd, bb, 0, n, &mut v)?;
                 Some(v)
             }
             None => None,
@@ -263,29 +298,30 @@ impl Ops for RefBackend {
         // Split the output columns (weight rows) across threads; each thread widens one weight
         // row at a time and dots it with every input row.
         let chunk = n.div_ceil(self.threads).max(1);
-        let mut cols: Vec<Vec<f32>> = Vec::new();
+        let mut cols: Result<Vec<Vec<f32>>> = Ok(Vec::new());
         std::thread::scope(|s| {
             let handles: Vec<_> = (0..n)
                 .step_by(chunk)
                 .map(|start| {
                     let end = (start + chunk).min(n);
                     let bias = bias.as_deref();
-                    s.spawn(move || {
+                    s.spawn(move || -> Result<Vec<f32>> {
                         let mut row = vec![0f32; k];
                         let mut res = vec![0f32; m * (end - start)]; // [m, end-start]
                         for j in start..end {
-                            widen_row(dtype, wb, j, k, &mut row);
+                            widen_row(format, wb, j, k, &mut row)?;
                             let b = bias.map_or(0.0, |b| b[j]);
                             for i in 0..m {
                                 res[i * (end - start) + (j - start)] = dot(&x[i * k..(i + 1) * k], &row) + b;
                             }
                         }
-                        res
+                        Ok(res)
                     })
                 })
                 .collect();
-            cols = handles.into_iter().map(|h| h.join().expect("matmul worker panicked")).collect();
+            cols = handles.into_iter().map(|h| h.join().expect("matmul worker panicked")).collect::<Result<_>>();
         });
+        let cols = cols?;
         for (ci, res) in cols.iter().enumerate() {
             let start = ci * chunk;
             let width = res.len() / m.max(1);

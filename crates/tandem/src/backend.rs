@@ -6,13 +6,19 @@
 //! found, else the reference backend, with a warning saying how slow that is and how to get a
 //! faster one. Probing never panics: the CUDA backend checks for the driver library before it
 //! touches the driver API.
+//!
+//! A GGUF file stands for a model directory ([`model_dir`]): its metadata files are written once
+//! into a cache directory beside a link to the file, and its weights load from the file kept in
+//! their stored layouts (`tandem_core::quant_layout`), on a backend that runs them.
 
 use std::fmt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
+use tandem_core::backend::Backend as Compute;
 use tandem_core::model::{LoadOptions, ModelRunner};
-use tandem_core::Model;
+use tandem_core::{Model, ModelConfig};
+use tandem_model_files::convert::{gguf_model_dir, gguf_weights, is_gguf, GGUF_WEIGHTS};
 
 use crate::error::{Error, Result};
 
@@ -143,7 +149,35 @@ fn default_batch_tokens(b: &Opened) -> (usize, &'static str) {
 /// Loads the model in `dir` (config.json, safetensors, tokenizer) on `backend`.
 /// `opts.max_batch_tokens` 0 takes the backend's default step budget ([`GPU_BATCH_TOKENS`],
 /// [`CPU_BATCH_TOKENS`]), logged.
+/// The model directory `path` stands for: `path` itself, or for a GGUF file the directory of
+/// its metadata (made once under `$TANDEM_CACHE/gguf`, else `~/.cache/tandem/gguf`).
+pub fn model_dir(path: &Path) -> Result<PathBuf> {
+    if !is_gguf(path) {
+        return Ok(path.to_path_buf());
+    }
+    let cache = tandem_model_files::fetch::cache_dir().join("gguf");
+    let dir = gguf_model_dir(path, &cache).map_err(|e| Error::Config(e.to_string()))?;
+    tracing::info!("serving {} kept quantized; its metadata is in {}", path.display(), dir.display());
+    Ok(dir)
+}
+
+/// Whether the model directory `dir` serves a GGUF file ([`model_dir`] made it).
+pub fn is_gguf_dir(dir: &Path) -> bool {
+    dir.join(GGUF_WEIGHTS).exists()
+}
+
+/// `dir`'s model on `b`: its safetensors, or the GGUF file it links to, kept quantized.
+fn load_on<B: Compute>(b: B, dir: &Path, opts: LoadOptions) -> Result<Model<B>> {
+    if !is_gguf_dir(dir) {
+        return Ok(Model::load(b, dir, opts)?);
+    }
+    let cfg = ModelConfig::from_file(&dir.join("config.json"))?;
+    let weights = gguf_weights(&dir.join(GGUF_WEIGHTS))?;
+    Ok(Model::from_weights(b, cfg, &weights, opts)?)
+}
+
 pub fn load_model(backend: Backend, dir: &Path, mut opts: LoadOptions) -> Result<LoadedModel> {
+    let dir = &model_dir(dir)?;
     if !dir.join("config.json").exists() {
         return Err(Error::Config(format!("{}: not a model directory (no config.json)", dir.display())));
     }
@@ -154,18 +188,16 @@ pub fn load_model(backend: Backend, dir: &Path, mut opts: LoadOptions) -> Result
         opts.max_batch_tokens = n;
     }
     Ok(match opened {
-        Opened::Reference(b) => LoadedModel {
-            runner: Box::new(Model::load(b, dir, opts)?),
-            backend: Backend::Reference,
-            device: "CPU".into(),
-        },
+        Opened::Reference(b) => {
+            LoadedModel { runner: Box::new(load_on(b, dir, opts)?), backend: Backend::Reference, device: "CPU".into() }
+        }
         Opened::Wgpu(b) => {
             let device = b.adapter().to_string();
-            LoadedModel { runner: Box::new(Model::load(b, dir, opts)?), backend: Backend::Wgpu, device }
+            LoadedModel { runner: Box::new(load_on(b, dir, opts)?), backend: Backend::Wgpu, device }
         }
         Opened::Cuda(b) => {
             let device = format!("{} (sm_{})", b.device_name(), b.arch());
-            LoadedModel { runner: Box::new(Model::load(b, dir, opts)?), backend: Backend::Cuda, device }
+            LoadedModel { runner: Box::new(load_on(b, dir, opts)?), backend: Backend::Cuda, device }
         }
     })
 }

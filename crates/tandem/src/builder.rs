@@ -57,8 +57,9 @@ pub struct LlmBuilder {
 }
 
 impl LlmBuilder {
-    /// A Hugging Face model directory: `config.json`, safetensors, `tokenizer.json` (convert a
-    /// GGUF file first with `tandem`'s `convert-gguf`, or fetch one with `fetch-model`).
+    /// A Hugging Face model directory (`config.json`, safetensors, `tokenizer.json`; fetch one
+    /// with `fetch-model`), or a GGUF file, served with its weights kept quantized where the
+    /// backend runs their layouts (the reference does; see `tandem_core::quant_layout`).
     pub fn new(model_dir: impl AsRef<Path>) -> Self {
         LlmBuilder {
             model: model_dir.as_ref().to_path_buf(),
@@ -240,8 +241,9 @@ impl LlmBuilder {
         }
     }
 
-    fn start(self) -> Result<Arc<Core>> {
+    fn start(mut self) -> Result<Arc<Core>> {
         let opts = self.load_options()?;
+        self.model = crate::backend::model_dir(&self.model)?;
         let mut tok = Tokenizer::from_dir(&self.model)?;
         let t0 = Instant::now();
         let loaded = load_model(self.backend, &self.model, opts)?;

@@ -58,7 +58,7 @@ pub mod error;
 pub mod llm;
 pub mod output;
 
-pub use backend::{load_model, Backend, LoadedModel};
+pub use backend::{is_gguf_dir, load_model, model_dir, Backend, LoadedModel};
 pub use builder::{KvMemory, LlmBuilder, Scheduler};
 pub use error::{Error, Result};
 pub use llm::{AsyncLlm, ChatOptions, Llm, OutputStream};

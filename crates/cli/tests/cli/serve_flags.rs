@@ -10,7 +10,7 @@ fn serve(args: &[&str]) -> (i32, String) {
 
 #[test]
 fn vllm_flags_tandem_lacks_are_errors_that_name_them() {
-    for flag in ["--quantization", "--enable-lora", "--tokenizer=/x", "--trust-remote-code"] {
+    for flag in ["--pipeline-parallel-size", "--enable-lora", "--tokenizer=/x", "--trust-remote-code"] {
         let (code, err) = serve(&["some/dir", flag]);
         let name = flag.split('=').next().unwrap();
         assert_eq!(code, 2, "{flag}: {err}");
@@ -30,7 +30,7 @@ fn values_tandem_does_not_implement_are_refused_before_loading() {
     )
     .unwrap();
     let d = dir.to_str().unwrap();
-    let cases: [(&[&str], &str); 14] = [
+    let cases: [(&[&str], &str); 16] = [
         (&["--dtype", "bfloat16"], "stores its weights as float32"),
         (&["--dtype", "int8"], "expected auto, bfloat16, float16 or float32"),
         (&["--tensor-parallel-size", "2"], "only 1 is supported"),
@@ -76,6 +76,9 @@ fn values_tandem_does_not_implement_are_refused_before_loading() {
             "max_long_partial_prefills (2) must be <= max_num_partial_prefills (1)",
         ),
         (&["--max-num-partial-prefills", "0"], "--max-num-partial-prefills"),
+        // vLLM's --quantization: gguf is taken for a GGUF file only; other methods are named.
+        (&["--quantization", "gguf"], "is not a GGUF file"),
+        (&["-q", "awq"], "--quantization awq: not supported"),
     ];
     for (extra, want) in cases {
         let mut args = vec![d, "--backend", "reference", "--port", "0"];

@@ -19,6 +19,7 @@ mod fused;
 mod kv;
 mod matmul;
 mod moe;
+mod quant_matmul;
 mod rope;
 
 pub use attention::{PagedAttention, SeqChunk};
@@ -27,6 +28,7 @@ pub use fused::{QkvRopeKvWrite, RopeKvWrite};
 pub use kv::KvWrite;
 pub use matmul::{GateUp, GateUpGelu, GateUpSilu, Matmul, ResidualNormGateUp};
 pub use moe::{MoeAccumulate, MoeRoute, MoeRouted};
+pub use quant_matmul::{random_blocks, QuantMatmul};
 pub use rope::Rope;
 
 /// Extra elements after every output: poisoned like the output, and required to stay poisoned,

@@ -111,6 +111,13 @@ impl<B: Backend> Model<B> {
                 ),
             ));
         }
+        // A weight kept quantized goes only to a backend that runs its layout (crate::quant_layout).
+        let mut quantized = 0usize;
+        for (name, layout) in w.quantized() {
+            layout.check_backend(b.name(), name)?;
+            quantized += 1;
+        }
+        tracing::info!(bytes = w.stored_bytes(), quantized, "model weights");
         let graphs_on = opts.graphs && b.supports_graphs();
         let padding = graphs_on || opts.pad_decode;
         let free_before_weights = b.free_memory();

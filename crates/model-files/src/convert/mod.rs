@@ -44,6 +44,7 @@ pub struct ConvertSummary {
 }
 
 mod config;
+mod gguf_dir;
 mod params;
 mod tensors;
 #[cfg(test)]
@@ -51,6 +52,7 @@ pub(crate) mod tests;
 
 pub(crate) use config::write_json;
 use config::*;
+pub use gguf_dir::{gguf_model_dir, gguf_weights, is_gguf, GGUF_WEIGHTS};
 use params::*;
 use tensors::*;
 pub use tensors::{rope_permute, rope_unpermute};
@@ -66,12 +68,68 @@ pub fn convert_gguf(
     let g = GgufFile::open(gguf_path)?;
     let p = LlamaParams::from_gguf(&g)?;
     let tok = GgufTokenizer::from_gguf(&g)?;
-    let vocab = tok.vocab.len();
+    let Plan { tensors: plan, tied, dense_layers } = plan(&g, &p, tok.vocab.len())?;
+    let shape_of = |t: &TensorInfo, take: Take| match take {
+        Take::Expert(_) => t.torch_shape()[1..].to_vec(),
+        _ => t.torch_shape(),
+    };
 
+    // Every tensor's type is checked before anything is written: an IQ-quantised file fails at
+    // once, naming the tensor, its type and the supported list.
+    for (t, _) in plan.values() {
+        t.ggml_type.check_dequantizable().map_err(|m| Error::tensor(&g.path, &t.name, m))?;
+    }
+    std::fs::create_dir_all(out_dir).map_err(|e| Error::io(out_dir, e))?;
+    let st_path = out_dir.join("model.safetensors");
+    let file = std::fs::File::create(&st_path).map_err(|e| Error::io(&st_path, e))?;
+    let specs =
+        plan.iter().map(|(name, (t, take))| TensorSpec::new(name.clone(), DType::BF16, &shape_of(t, *take))).collect();
+    let mut w = SafetensorsWriter::new(BufWriter::with_capacity(1 << 20, file), &st_path, specs)?;
+    let order: Vec<String> = w.specs().iter().map(|s| s.name.clone()).collect();
+    let mut parameters = 0;
+    for (k, name) in order.iter().enumerate() {
+        let (t, take) = plan[name];
+        let values = match take {
+            Take::Whole => g.tensor_f32(t)?,
+            Take::MinusOne => g.tensor_f32(t)?.into_iter().map(|x| x - 1.0).collect(),
+            Take::Unpermute(n) => {
+                let cols = if t.dims.len() == 1 { 1 } else { t.dims[0] as usize };
+                rope_unpermute(&g.tensor_f32(t)?, n, cols)
+            }
+            // One expert's rows: a whole number of quantisation blocks (rows never share one).
+            Take::Expert(e) => {
+                let per = (t.dims[0] * t.dims[1]) as usize;
+                let bytes = g.tensor_bytes(t)?;
+                let size = t.ggml_type.byte_size(per as u64).map_err(|m| Error::tensor(&g.path, &t.name, m))? as usize;
+                let slice = &bytes[e * size..(e + 1) * size];
+                crate::quant::dequantize(t.ggml_type, slice, per).map_err(|m| Error::tensor(&g.path, &t.name, m))?
+            }
+        };
+        parameters += values.len();
+        w.push(&values)?;
+        progress(k + 1, order.len(), name);
+    }
+    w.finish()?;
+
+    let plan = Plan { tensors: plan, tied, dense_layers };
+    write_metadata(&g, &p, &tok, &plan, out_dir)?;
+    Ok(ConvertSummary { tensors: order.len(), parameters, tied, seconds: start.elapsed().as_secs_f64() })
+}
+
+/// What a GGUF file becomes: every HF tensor with the GGUF tensor it comes from and how, whether
+/// the head is tied to the embedding, and the layers with a dense MLP.
+struct Plan<'g> {
+    tensors: std::collections::HashMap<String, (&'g TensorInfo, Take)>,
+    tied: bool,
+    dense_layers: Vec<usize>,
+}
+
+/// The [`Plan`] of `g`, every tensor's name, shape and presence checked (its type is not).
+fn plan<'g>(g: &'g GgufFile, p: &LlamaParams, vocab: usize) -> Result<Plan<'g>> {
     let mut plan: std::collections::HashMap<String, (&TensorInfo, Take)> =
         std::collections::HashMap::with_capacity(g.tensors.len());
     for t in &g.tensors {
-        let Some(names) = hf_names(&t.name, &p) else {
+        let Some(names) = hf_names(&t.name, p) else {
             return Err(Error::tensor(
                 &g.path,
                 &t.name,
@@ -155,60 +213,22 @@ pub fn convert_gguf(
             format!("missing ({}.block_count is {})", p.family.gguf_name(), p.layers),
         ));
     }
-    let shape_of = |t: &TensorInfo, take: Take| match take {
-        Take::Expert(_) => t.torch_shape()[1..].to_vec(),
-        _ => t.torch_shape(),
-    };
+    Ok(Plan { tensors: plan, tied, dense_layers })
+}
 
-    // Every tensor's type is checked before anything is written: an IQ-quantised file fails at
-    // once, naming the tensor, its type and the supported list.
-    for (t, _) in plan.values() {
-        t.ggml_type.check_dequantizable().map_err(|m| Error::tensor(&g.path, &t.name, m))?;
-    }
-    std::fs::create_dir_all(out_dir).map_err(|e| Error::io(out_dir, e))?;
-    let st_path = out_dir.join("model.safetensors");
-    let file = std::fs::File::create(&st_path).map_err(|e| Error::io(&st_path, e))?;
-    let specs =
-        plan.iter().map(|(name, (t, take))| TensorSpec::new(name.clone(), DType::BF16, &shape_of(t, *take))).collect();
-    let mut w = SafetensorsWriter::new(BufWriter::with_capacity(1 << 20, file), &st_path, specs)?;
-    let order: Vec<String> = w.specs().iter().map(|s| s.name.clone()).collect();
-    let mut parameters = 0;
-    for (k, name) in order.iter().enumerate() {
-        let (t, take) = plan[name];
-        let values = match take {
-            Take::Whole => g.tensor_f32(t)?,
-            Take::MinusOne => g.tensor_f32(t)?.into_iter().map(|x| x - 1.0).collect(),
-            Take::Unpermute(n) => {
-                let cols = if t.dims.len() == 1 { 1 } else { t.dims[0] as usize };
-                rope_unpermute(&g.tensor_f32(t)?, n, cols)
-            }
-            // One expert's rows: a whole number of quantisation blocks (rows never share one).
-            Take::Expert(e) => {
-                let per = (t.dims[0] * t.dims[1]) as usize;
-                let bytes = g.tensor_bytes(t)?;
-                let size = t.ggml_type.byte_size(per as u64).map_err(|m| Error::tensor(&g.path, &t.name, m))? as usize;
-                let slice = &bytes[e * size..(e + 1) * size];
-                crate::quant::dequantize(t.ggml_type, slice, per).map_err(|m| Error::tensor(&g.path, &t.name, m))?
-            }
-        };
-        parameters += values.len();
-        w.push(&values)?;
-        progress(k + 1, order.len(), name);
-    }
-    w.finish()?;
-
+/// The metadata files of a converted directory, all but `model.safetensors`, into `out_dir`.
+fn write_metadata(g: &GgufFile, p: &LlamaParams, tok: &GgufTokenizer, plan: &Plan, out_dir: &Path) -> Result<()> {
     write_json(
         &out_dir.join("config.json"),
-        &config_json(&p, &tok, tied, &dense_layers, g.tensor("blk.0.attn_q.bias").is_some()),
+        &config_json(p, tok, plan.tied, &plan.dense_layers, g.tensor("blk.0.attn_q.bias").is_some()),
     )?;
     write_json(&out_dir.join("tokenizer.json"), &tok.tokenizer_json())?;
-    write_json(&out_dir.join("tokenizer_config.json"), &tokenizer_config_json(&tok, p.context))?;
+    write_json(&out_dir.join("tokenizer_config.json"), &tokenizer_config_json(tok, p.context))?;
     let mut gen = serde_json::Map::new();
     gen.insert("bos_token_id".into(), json!(tok.bos_id));
-    gen.insert("eos_token_id".into(), eos_json(&p, &tok));
+    gen.insert("eos_token_id".into(), eos_json(p, tok));
     if let Some(pad) = tok.pad_id {
         gen.insert("pad_token_id".into(), json!(pad));
     }
-    write_json(&out_dir.join("generation_config.json"), &serde_json::Value::Object(gen))?;
-    Ok(ConvertSummary { tensors: order.len(), parameters, tied, seconds: start.elapsed().as_secs_f64() })
+    write_json(&out_dir.join("generation_config.json"), &serde_json::Value::Object(gen))
 }

@@ -256,7 +256,10 @@ fn kquant_blocks(ty: crate::quant::GgmlType, numel: usize, seed: u64, f16_at: &[
 /// Q6_K for V, down, the embedding and the output; norms F32. Hidden 256 (a K-quant row is
 /// whole 256-value super-blocks), 2 heads of 128, 1 KV head, ffn 256. `replace` swaps one
 /// tensor's type id (bytes kept), to test refusals.
-fn tiny_q4_k_m_gguf(path: &Path, replace: Option<(&str, u32)>) -> std::collections::HashMap<&'static str, Vec<f32>> {
+pub(crate) fn tiny_q4_k_m_gguf(
+    path: &Path,
+    replace: Option<(&str, u32)>,
+) -> std::collections::HashMap<&'static str, Vec<f32>> {
     use crate::quant::{dequantize, GgmlType};
     let (hidden, heads, kv, hd, ffn, vocab) = (256usize, 2usize, 1usize, 128usize, 256usize, 261usize);
     let f32b = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
@@ -462,14 +465,14 @@ fn unknown_tensors_and_architectures_are_named() {
 type Meta = Vec<(&'static str, Value)>;
 
 /// An empty scratch folder for one test, by tag and process.
-fn scratch(tag: &str) -> std::path::PathBuf {
+pub(crate) fn scratch(tag: &str) -> std::path::PathBuf {
     let root = std::env::temp_dir().join(format!("tandem-convert-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&root).unwrap();
     root
 }
 
 /// `convert_gguf` without progress reports.
-fn convert(gguf: &Path, out: &Path) -> Result<ConvertSummary> {
+pub(crate) fn convert(gguf: &Path, out: &Path) -> Result<ConvertSummary> {
     convert_gguf(gguf, out, &mut |_, _, _| {})
 }
 

@@ -7,5 +7,6 @@
 mod common;
 
 mod examples;
+mod gguf;
 mod library;
 mod server;
