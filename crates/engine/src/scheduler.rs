@@ -640,6 +640,7 @@ impl Scheduler {
             block_tables: vec![0; out.seqs.len() * max_blocks], // [num_seqs, max_blocks]
             max_blocks,
             logit_rows: Vec::with_capacity(out.num_logit_rows),
+            adapters: Vec::new(),
         };
         for (row, s) in out.seqs.iter().enumerate() {
             let seq = &self.seqs[&s.seq];
