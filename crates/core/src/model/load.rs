@@ -388,6 +388,11 @@ impl<B: Backend> Model<B> {
         }
     }
 
+    /// Which LoRA slots hold an adapter (empty without LoRA).
+    pub fn lora_slots(&self) -> Vec<bool> {
+        self.lora.as_ref().map_or_else(Vec::new, |l| (0..l.limits().max_loras).map(|s| l.occupied(s)).collect())
+    }
+
     /// The LoRA limits the model was loaded with, if any.
     pub fn lora_limits(&self) -> Option<LoraLimits> {
         self.lora.as_ref().map(LoraSlots::limits)
