@@ -33,6 +33,15 @@ cargo xtask gen-model --shape tiny-phi3 --seed 10 --out target/golden/tiny-phi3 
 # FP8 projections (e4m3, 32 x 32 block scales); HF dequantizes them on the CPU (needs accelerate).
 cargo xtask gen-model --shape tiny --seed 9 --out target/golden/tiny-fp8 --dtype fp8-f32
 "$VENV/bin/python" tests/hf_golden.py --model target/golden/tiny-fp8 --out tests/golden/tiny-fp8.json --raw-ids
+# LoRA adapters made by peft itself (B drawn nonzero) over golden models, with peft's greedy ids
+# (needs `pip install peft`): tests/golden/lora/NAME/ and NAME.json.
+LORA="$VENV/bin/python tests/lora_golden.py"
+$LORA --model target/golden/tiny --adapter-out tests/golden/lora/tiny-all --out tests/golden/lora/tiny-all.json --targets q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj --rank 8 --alpha 16 --seed 1
+$LORA --model target/golden/tiny --adapter-out tests/golden/lora/tiny-rs --out tests/golden/lora/tiny-rs.json --regex --targets '.*\.(q_proj|v_proj|down_proj)' --rank 4 --alpha 8 --rslora --seed 2
+$LORA --model target/golden/tiny-phi3 --adapter-out tests/golden/lora/tiny-phi3-fused --out tests/golden/lora/tiny-phi3-fused.json --targets qkv_proj,o_proj,gate_up_proj,down_proj --rank 4 --alpha 8 --seed 3
+$LORA --model target/golden/tiny-qwen3 --adapter-out tests/golden/lora/tiny-qwen3-attn --out tests/golden/lora/tiny-qwen3-attn.json --targets q_proj,k_proj,v_proj,o_proj --rank 8 --alpha 8 --seed 4
+$LORA --model target/golden/tiny-gemma3 --adapter-out tests/golden/lora/tiny-gemma3-all --out tests/golden/lora/tiny-gemma3-all.json --targets q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj --rank 4 --alpha 8 --seed 5
+rm -f tests/golden/lora/*/README.md
 MODEL=$(cargo xtask fetch-model | tail -n 1)
 GGUF=$(find "${TANDEM_CACHE:-$HOME/.cache/tandem}" -name 'SmolLM2-135M-Instruct.Q4_1.gguf' | head -n 1)
 "$VENV/bin/python" tests/hf_golden.py --model "$MODEL" --out tests/golden/smollm2-135m.json ${GGUF:+--gguf "$GGUF"}

@@ -82,8 +82,19 @@ fn top5(lp: &[f64]) -> Vec<u32> {
 
 /// Runs one golden case on `runner` and applies the rule. Err says what failed and where.
 pub fn check_case(runner: &mut dyn ModelRunner, case: &GoldenCase, logprob_tol: f64) -> Result<CaseOutcome, String> {
-    let steps = tandem_core::greedy::generate(runner, &case.prompt_ids, case.greedy.len(), &[], true, |_| {})
-        .map_err(|e| e.to_string())?;
+    check_case_with(runner, None, case, logprob_tol)
+}
+
+/// As [`check_case`], the sequence using LoRA slot `adapter` where given.
+pub fn check_case_with(
+    runner: &mut dyn ModelRunner,
+    adapter: Option<u32>,
+    case: &GoldenCase,
+    logprob_tol: f64,
+) -> Result<CaseOutcome, String> {
+    let steps =
+        tandem_core::greedy::generate_with(runner, adapter, &case.prompt_ids, case.greedy.len(), &[], true, |_| {})
+            .map_err(|e| e.to_string())?;
     let ours: Vec<u32> = steps.iter().map(|s| s.id).collect();
     let mut max_err: f64 = 0.0;
     let mut diverged_at = None;

@@ -25,7 +25,8 @@
 //!   the seed) and `exec` (upload, poison, run, read back), shared by both backends.
 //! - `compare.rs`: NMSE, NaN/Inf and exact index comparison. `report.rs`: printing.
 //! - `staging.rs`: [`staging::check_u32_group`], the u32 groups a step's metadata travels in.
-//! - `golden.rs`: layer 2 (whole model against HF transformers), separate from the op suite.
+//! - `golden.rs`: layer 2 (whole model against HF transformers), separate from the op suite;
+//!   `lora_golden.rs` the same for LoRA adapters against HF transformers + peft.
 //!
 //! To add a case, add a line to [`cases`]; to add an op, write an [`ops::Op`] and a `Spec`
 //! variant in `case.rs`. To check one op on one backend: `tandem test-ops --backend wgpu
@@ -43,6 +44,7 @@ use tandem_reference::RefBackend;
 mod case;
 pub mod compare;
 pub mod golden;
+pub mod lora_golden;
 pub mod numerics;
 pub mod ops;
 mod report;

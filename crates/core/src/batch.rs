@@ -18,6 +18,8 @@ pub struct ForwardBatch {
     pub max_blocks: usize,
     /// Tokens whose logits are wanted, in the order the logits come back.
     pub logit_rows: Vec<u32>,
+    /// The LoRA slot of each sequence `[num_seqs]` (None: the base model); empty: none uses one.
+    pub adapters: Vec<Option<u32>>,
 }
 
 /// How many of the first tokens are each a whole sequence of one token (token i is sequence

@@ -22,8 +22,22 @@ pub fn generate(
     max_tokens: usize,
     stop_ids: &[u32],
     keep_logits: bool,
+    on_token: impl FnMut(u32),
+) -> Result<Vec<Step>> {
+    generate_with(runner, None, prompt, max_tokens, stop_ids, keep_logits, on_token)
+}
+
+/// As [`generate`], the sequence using LoRA slot `adapter` where given.
+pub fn generate_with(
+    runner: &mut dyn ModelRunner,
+    adapter: Option<u32>,
+    prompt: &[u32],
+    max_tokens: usize,
+    stop_ids: &[u32],
+    keep_logits: bool,
     mut on_token: impl FnMut(u32),
 ) -> Result<Vec<Step>> {
+    let adapters = if adapter.is_some() { vec![adapter] } else { vec![] };
     let g = runner.kv_geometry();
     let total = prompt.len() + max_tokens;
     if prompt.is_empty() {
@@ -45,6 +59,7 @@ pub fn generate(
         let end = (done + chunk).min(prompt.len());
         let mut b = ForwardBatch { max_blocks: table.len(), ..Default::default() };
         b.push_seq(&prompt[done..end], done, &table, g.block_size, end == prompt.len());
+        b.adapters.clone_from(&adapters);
         logits = runner.forward(&b)?;
         done = end;
     }
@@ -57,6 +72,7 @@ pub fn generate(
         }
         let mut b = ForwardBatch { max_blocks: table.len(), ..Default::default() };
         b.push_seq(&[id], pos, &table, g.block_size, true);
+        b.adapters.clone_from(&adapters);
         logits = runner.forward(&b)?;
     }
     Ok(steps)

@@ -6,6 +6,7 @@
 //! - [`backend`]: the narrow interface every compute backend implements (one method per op).
 //! - [`batch`]: the flattened batch the engine hands to a model (tokens, positions, slots, block tables).
 //! - [`meta`]: a step's metadata (tokens, positions, slots, block tables...) in one staging layout.
+//! - [`lora`]: LoRA adapters (PEFT's format) and the per-row update a forward adds with them.
 //! - [`model`]: the Llama-family forward pass, written once against [`backend::Backend`].
 //! - [`sampling`]: logits to token ids (Philox draws, f32 arithmetic a device kernel repeats bit for bit).
 //! - [`memory`]: the KV pool's share of device memory (`--gpu-memory-utilization` of the total).
@@ -21,6 +22,7 @@ pub mod detokenizer;
 pub mod error;
 pub mod fp8;
 pub mod greedy;
+pub mod lora;
 pub mod memory;
 pub mod meta;
 pub mod model;

@@ -230,6 +230,7 @@ mod tests {
             block_tables: r(BLOCK_TABLES),
             max_blocks,
             logit_rows: r(LOGIT_ROWS),
+            adapters: vec![],
         }
     }
 

@@ -24,6 +24,8 @@ pub enum SubmitError {
     NeverFits { needed: usize, copies: usize, tokens: usize, pool: usize },
     #[error("overloaded: {pending} requests pending (limit {limit}); retry later")]
     Overloaded { pending: usize, limit: usize },
+    #[error("LoRA slot {slot} holds no adapter")]
+    UnknownAdapter { slot: u32 },
     #[error("the engine has stopped: {0}")]
     Stopped(String),
 }
@@ -39,12 +41,19 @@ pub(crate) struct Admission {
     pub(crate) static_mode: bool,
     /// `EngineConfig::max_pending_requests`.
     pub(crate) max_pending: Option<usize>,
+    /// Which LoRA slots of the model hold an adapter (`ModelRunner::lora_slots`).
+    pub(crate) lora_slots: Vec<bool>,
 }
 
 impl Admission {
     /// Checks a request; returns the resolved `max_tokens`.
-    pub(crate) fn check(&self, req: &Request) -> Result<usize, SubmitError> {
+    pub(crate) fn check(&self, req: &Request, adapter: Option<u32>) -> Result<usize, SubmitError> {
         req.params.validate().map_err(SubmitError::InvalidParams)?;
+        if let Some(slot) = adapter {
+            if !self.lora_slots.get(slot as usize).copied().unwrap_or(false) {
+                return Err(SubmitError::UnknownAdapter { slot });
+            }
+        }
         let p = req.prompt.len();
         if p == 0 {
             return Err(SubmitError::EmptyPrompt);

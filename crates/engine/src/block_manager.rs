@@ -44,6 +44,15 @@ pub fn block_hash(parent: u64, tokens: &[u32]) -> u64 {
     h.finish()
 }
 
+/// Where the prefix-hash chain of a sequence under LoRA slot `adapter` starts: 0 for the base
+/// model, a hash of the slot otherwise.
+pub fn adapter_root(adapter: Option<u32>) -> u64 {
+    match adapter {
+        None => 0,
+        Some(slot) => block_hash(u64::MAX, &[slot]),
+    }
+}
+
 #[derive(Debug, Clone, Default)]
 struct Block {
     ref_count: u32,
@@ -142,11 +151,18 @@ impl BlockManager {
     /// The longest cached prefix of `tokens`, in full blocks, leaving at least one token to
     /// compute (its logits are needed). Read-only: nothing is referenced until [`Self::allocate`].
     pub fn find_cached_prefix(&self, tokens: &[u32]) -> Vec<CachedBlock> {
+        self.find_cached_prefix_under(0, tokens)
+    }
+
+    /// [`Self::find_cached_prefix`] for a chain that starts from `root` instead of 0 (a
+    /// sequence under a LoRA adapter: [`adapter_root`]), so prefixes under different adapters,
+    /// whose K/V differ, never share blocks.
+    pub fn find_cached_prefix_under(&self, root: u64, tokens: &[u32]) -> Vec<CachedBlock> {
         let mut hits = Vec::new();
         if !self.enable_prefix_caching || tokens.is_empty() {
             return hits;
         }
-        let mut parent = 0u64;
+        let mut parent = root;
         for chunk in tokens[..tokens.len() - 1].chunks_exact(self.block_size) {
             let hash = block_hash(parent, chunk);
             let Some(&block) = self.cache.get(&hash) else { break };
@@ -217,13 +233,26 @@ impl BlockManager {
     /// Registers the blocks of `table` that are now full of computed tokens in the prefix
     /// cache. `hashes` holds the chain for the blocks already registered and grows here.
     pub fn cache_full_blocks(&mut self, table: &[u32], hashes: &mut Vec<u64>, tokens: &[u32], num_computed: usize) {
+        self.cache_full_blocks_under(0, table, hashes, tokens, num_computed)
+    }
+
+    /// [`Self::cache_full_blocks`] for a chain that starts from `root` (see
+    /// [`Self::find_cached_prefix_under`]).
+    pub fn cache_full_blocks_under(
+        &mut self,
+        root: u64,
+        table: &[u32],
+        hashes: &mut Vec<u64>,
+        tokens: &[u32],
+        num_computed: usize,
+    ) {
         if !self.enable_prefix_caching {
             return;
         }
         let full = (num_computed / self.block_size).min(table.len());
         while hashes.len() < full {
             let i = hashes.len();
-            let parent = hashes.last().copied().unwrap_or(0);
+            let parent = hashes.last().copied().unwrap_or(root);
             let chunk = &tokens[i * self.block_size..(i + 1) * self.block_size];
             let hash = block_hash(parent, chunk);
             let block = table[i];

@@ -141,6 +141,7 @@ impl Engine {
             block_size: geo.block_size,
             static_mode: matches!(cfg.mode, BatchMode::Static { .. }),
             max_pending: cfg.max_pending_requests,
+            lora_slots: runner.lora_slots(),
         };
         let prefill = prefill_limits(&cfg, max_model_len)?;
         if let Some(s) = &cfg.speculative {
@@ -211,14 +212,23 @@ impl Engine {
 
     /// Checks and queues a request (synchronous use; threads go through [`EngineHandle`]).
     pub fn add_request(&mut self, req: Request) -> Result<RequestStream, SubmitError> {
+        self.add_request_with_adapter(req, None)
+    }
+
+    /// As [`Self::add_request`], under LoRA slot `adapter` (see [`EngineHandle::submit_with_adapter`]).
+    pub fn add_request_with_adapter(
+        &mut self,
+        req: Request,
+        adapter: Option<u32>,
+    ) -> Result<RequestStream, SubmitError> {
         if let Some(f) = self.failure.get() {
             return Err(SubmitError::Stopped(f.clone()));
         }
-        let max_tokens = self.admission.check(&req)?;
+        let max_tokens = self.admission.check(&req, adapter)?;
         self.admission.reserve(&self.pending)?;
         let id = self.next_request.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = unbounded_channel();
-        self.enqueue(id, req, max_tokens, tx, Instant::now());
+        self.enqueue(id, req, adapter, max_tokens, tx, Instant::now());
         Ok(RequestStream::new(id, rx, None))
     }
 
@@ -226,6 +236,7 @@ impl Engine {
         &mut self,
         id: RequestId,
         req: Request,
+        adapter: Option<u32>,
         max_tokens: usize,
         tx: UnboundedSender<RequestOutput>,
         arrival: Instant,
@@ -244,6 +255,7 @@ impl Engine {
             seed,
             arrival,
         );
+        seq.adapter = adapter;
         let guide = start_guide(&mut seq);
         let state = RequestState {
             tx,
@@ -382,8 +394,8 @@ impl Engine {
     /// Starts completions 1..n of a request off its first sequence's computed prompt.
     fn fork_completions(&mut self, parent: SeqId, rid: RequestId, n: usize) {
         let Some(p) = self.scheduler.seq(parent) else { return };
-        let (prompt, params, max_tokens, priority, arrival) =
-            (p.prompt().to_vec(), p.params.clone(), p.max_tokens, p.priority, p.times.arrival);
+        let (prompt, params, max_tokens, priority, arrival, adapter) =
+            (p.prompt().to_vec(), p.params.clone(), p.max_tokens, p.priority, p.times.arrival, p.adapter);
         let seed = self.request_seed(&params, rid);
         for index in 1..n {
             let mut child = Sequence::new(
@@ -398,6 +410,7 @@ impl Engine {
                 seed,
                 arrival,
             );
+            child.adapter = adapter;
             if let Err(e) = start_guide(&mut child) {
                 // Each completion starts its own constraint; one that cannot fails the request.
                 return self.end_request(rid, FinishReason::Error(format!("cannot start the constraint: {e}")));

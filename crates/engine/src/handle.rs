@@ -44,15 +44,24 @@ impl EngineHandle {
 
     /// Checks the request now and queues it; its outputs arrive on the returned stream.
     pub fn submit(&self, req: Request) -> Result<RequestStream, SubmitError> {
+        self.submit_with_adapter(req, None)
+    }
+
+    /// As [`Self::submit`], the request run under LoRA slot `adapter` of the model (None: the
+    /// base model); a slot that holds no adapter is refused here.
+    pub fn submit_with_adapter(&self, req: Request, adapter: Option<u32>) -> Result<RequestStream, SubmitError> {
         let h = &self.inner;
         if let Some(f) = h.failure.get() {
             return Err(SubmitError::Stopped(f.clone()));
         }
-        let max_tokens = h.admission.check(&req)?;
+        let max_tokens = h.admission.check(&req, adapter)?;
         h.admission.reserve(&h.pending)?;
         let id = h.next_request.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = unbounded_channel();
-        if h.cmd.send(Command::Submit { id, req: Box::new(req), max_tokens, tx, arrival: Instant::now() }).is_err() {
+        if h.cmd
+            .send(Command::Submit { id, req: Box::new(req), adapter, max_tokens, tx, arrival: Instant::now() })
+            .is_err()
+        {
             h.pending.fetch_sub(1, Ordering::AcqRel);
             return Err(SubmitError::Stopped("the engine thread has exited".into()));
         }

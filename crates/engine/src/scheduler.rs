@@ -308,7 +308,7 @@ impl Scheduler {
     pub fn cache_computed(&mut self, id: SeqId, num_computed: usize) {
         if let Some(seq) = self.seqs.get_mut(&id) {
             let n = num_computed.min(seq.num_computed_tokens);
-            self.bm.cache_full_blocks(&seq.block_table, &mut seq.block_hashes, &seq.tokens, n);
+            self.bm.cache_full_blocks_under(seq.cache_root(), &seq.block_table, &mut seq.block_hashes, &seq.tokens, n);
         }
     }
 
@@ -564,7 +564,11 @@ impl Scheduler {
             let cap = self.chunk_cap(&self.seqs[&id], out).min(prefill_cap);
             let seq = self.seqs.get_mut(&id).expect("waiting sequence exists");
             // Prompt scoring needs the logits of every position: nothing may come from the cache.
-            let hits = if seq.wants_prompt_logits() { Vec::new() } else { self.bm.find_cached_prefix(&seq.tokens) };
+            let hits = if seq.wants_prompt_logits() {
+                Vec::new()
+            } else {
+                self.bm.find_cached_prefix_under(seq.cache_root(), &seq.tokens)
+            };
             let cached = hits.len() * self.cfg.block_size;
             let n = (seq.num_tokens() - cached).min(cap);
             // A prompt this step leaves unfinished is one more partial prefill.
@@ -640,7 +644,11 @@ impl Scheduler {
             block_tables: vec![0; out.seqs.len() * max_blocks], // [num_seqs, max_blocks]
             max_blocks,
             logit_rows: Vec::with_capacity(out.num_logit_rows),
+            adapters: Vec::new(),
         };
+        if out.seqs.iter().any(|s| self.seqs[&s.seq].adapter.is_some()) {
+            b.adapters = out.seqs.iter().map(|s| self.seqs[&s.seq].adapter).collect();
+        }
         for (row, s) in out.seqs.iter().enumerate() {
             let seq = &self.seqs[&s.seq];
             let table = &seq.block_table;
@@ -667,7 +675,14 @@ impl Scheduler {
         for s in &out.seqs {
             let Some(seq) = self.seqs.get_mut(&s.seq) else { continue };
             seq.num_computed_tokens += s.num_tokens - s.num_draft;
-            self.bm.cache_full_blocks(&seq.block_table, &mut seq.block_hashes, &seq.tokens, seq.num_computed_tokens);
+            let root = seq.cache_root();
+            self.bm.cache_full_blocks_under(
+                root,
+                &seq.block_table,
+                &mut seq.block_hashes,
+                &seq.tokens,
+                seq.num_computed_tokens,
+            );
         }
     }
 
@@ -677,7 +692,14 @@ impl Scheduler {
     pub fn settle_drafts(&mut self, id: SeqId) {
         let Some(seq) = self.seqs.get_mut(&id) else { return };
         seq.draft.clear();
-        self.bm.cache_full_blocks(&seq.block_table, &mut seq.block_hashes, &seq.tokens, seq.num_computed_tokens);
+        let root = seq.cache_root();
+        self.bm.cache_full_blocks_under(
+            root,
+            &seq.block_table,
+            &mut seq.block_hashes,
+            &seq.tokens,
+            seq.num_computed_tokens,
+        );
         let keep = self.bm.blocks_for(seq.num_tokens()).max(self.bm.blocks_for(seq.num_computed_tokens));
         if seq.block_table.len() > keep {
             let mut tail = seq.block_table.split_off(keep);

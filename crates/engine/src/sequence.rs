@@ -92,6 +92,8 @@ pub struct Sequence {
     pub block_table: Vec<u32>,
     /// Chained prefix hashes of the leading full blocks (see `BlockManager::cache_full_blocks`).
     pub block_hashes: Vec<u64>,
+    /// The LoRA slot this sequence runs under (None: the base model).
+    pub adapter: Option<u32>,
     pub status: SeqStatus,
     pub params: Arc<SamplingParams>,
     /// Output tokens allowed (the request's `max_tokens`, or what the context leaves).
@@ -144,6 +146,11 @@ impl std::fmt::Debug for GuideState {
 }
 
 impl Sequence {
+    /// Where this sequence's prefix-hash chain starts (`BlockManager::find_cached_prefix_under`).
+    pub fn cache_root(&self) -> u64 {
+        crate::block_manager::adapter_root(self.adapter)
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         id: SeqId,
@@ -168,6 +175,7 @@ impl Sequence {
             num_cached_tokens: None,
             block_table: Vec::new(),
             block_hashes: Vec::new(),
+            adapter: None,
             status: SeqStatus::Waiting,
             max_tokens,
             priority,

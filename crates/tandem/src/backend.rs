@@ -16,11 +16,13 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use tandem_core::backend::Backend as Compute;
+use tandem_core::lora::LoraAdapter;
 use tandem_core::model::{LoadOptions, ModelRunner};
 use tandem_core::{Model, ModelConfig};
 use tandem_model_files::convert::{gguf_model_dir, gguf_weights, is_gguf, GGUF_WEIGHTS};
 
 use crate::error::{Error, Result};
+use crate::lora_modules::LoraModules;
 
 /// Which backend runs the model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -166,17 +168,21 @@ pub fn is_gguf_dir(dir: &Path) -> bool {
     dir.join(GGUF_WEIGHTS).exists()
 }
 
-/// `dir`'s model on `b`: its safetensors, or the GGUF file it links to, kept quantized.
-fn load_on<B: Compute>(b: B, dir: &Path, opts: LoadOptions) -> Result<Model<B>> {
-    if !is_gguf_dir(dir) {
-        return Ok(Model::load(b, dir, opts)?);
-    }
-    let cfg = ModelConfig::from_file(&dir.join("config.json"))?;
-    let weights = gguf_weights(&dir.join(GGUF_WEIGHTS))?;
-    Ok(Model::from_weights(b, cfg, &weights, opts)?)
+pub fn load_model(backend: Backend, dir: &Path, opts: LoadOptions) -> Result<LoadedModel> {
+    load_model_with_lora(backend, dir, opts, None)
 }
 
-pub fn load_model(backend: Backend, dir: &Path, mut opts: LoadOptions) -> Result<LoadedModel> {
+/// As [`load_model`], with LoRA slots and the adapters of `lora` in them (adapter `i` in slot
+/// `i`) where given; an adapter that does not fit fails the load, naming the adapter.
+pub fn load_model_with_lora(
+    backend: Backend,
+    dir: &Path,
+    mut opts: LoadOptions,
+    lora: Option<&LoraModules>,
+) -> Result<LoadedModel> {
+    if let Some(l) = lora {
+        l.validate()?;
+    }
     let dir = &model_dir(dir)?;
     if !dir.join("config.json").exists() {
         return Err(Error::Config(format!("{}: not a model directory (no config.json)", dir.display())));
@@ -189,17 +195,39 @@ pub fn load_model(backend: Backend, dir: &Path, mut opts: LoadOptions) -> Result
     }
     Ok(match opened {
         Opened::Reference(b) => {
-            LoadedModel { runner: Box::new(load_on(b, dir, opts)?), backend: Backend::Reference, device: "CPU".into() }
+            LoadedModel { runner: load_on(b, dir, opts, lora)?, backend: Backend::Reference, device: "CPU".into() }
         }
         Opened::Wgpu(b) => {
             let device = b.adapter().to_string();
-            LoadedModel { runner: Box::new(load_on(b, dir, opts)?), backend: Backend::Wgpu, device }
+            LoadedModel { runner: load_on(b, dir, opts, lora)?, backend: Backend::Wgpu, device }
         }
         Opened::Cuda(b) => {
             let device = format!("{} (sm_{})", b.device_name(), b.arch());
-            LoadedModel { runner: Box::new(load_on(b, dir, opts)?), backend: Backend::Cuda, device }
+            LoadedModel { runner: load_on(b, dir, opts, lora)?, backend: Backend::Cuda, device }
         }
     })
+}
+
+/// `dir`'s model on `b`: its safetensors, or the GGUF file it links to, kept quantized; with
+/// LoRA slots and the adapters of `lora` in them where given.
+fn load_on<B: Compute>(
+    b: B,
+    dir: &Path,
+    opts: LoadOptions,
+    lora: Option<&LoraModules>,
+) -> Result<Box<dyn ModelRunner>> {
+    let cfg = ModelConfig::from_file(&dir.join("config.json"))?;
+    let weights = match is_gguf_dir(dir) {
+        true => gguf_weights(&dir.join(GGUF_WEIGHTS))?,
+        false => tandem_core::weights::Weights::open(dir)?,
+    };
+    let Some(l) = lora else { return Ok(Box::new(Model::from_weights(b, cfg, &weights, opts)?)) };
+    let mut m = Model::from_weights_lora(b, cfg.clone(), &weights, opts, Some(l.limits))?;
+    for (slot, (name, path)) in l.modules.iter().enumerate() {
+        let adapter = LoraAdapter::load(path, &cfg).map_err(|e| Error::Config(format!("LoRA module {name:?}: {e}")))?;
+        m.load_lora(slot, &adapter).map_err(|e| Error::Config(format!("LoRA module {name:?}: {e}")))?;
+    }
+    Ok(Box::new(m))
 }
 
 #[cfg(test)]
@@ -213,6 +241,30 @@ mod tests {
         }
         let e = "tpu".parse::<Backend>().unwrap_err();
         assert!(e.to_string().contains("unknown backend \"tpu\""), "{e}");
+    }
+
+    #[test]
+    fn lora_modules_load_into_their_slots_and_a_bad_one_is_named() {
+        let dir = std::env::temp_dir().join(format!("tandem-lib-lora-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        tandem_model_files::random_model::write_random_model(
+            &dir,
+            tandem_model_files::random_model::Shape::Tiny,
+            3,
+            tandem_core::DType::F32,
+        )
+        .unwrap();
+        let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/golden/lora");
+        let opts = LoadOptions { max_batch_tokens: 16, max_seqs: 2, num_kv_blocks: 4, ..Default::default() };
+        let limits = tandem_core::lora::LoraLimits { max_loras: 2, max_rank: 8 };
+        let lora = LoraModules { limits, modules: vec![("rs".into(), golden.join("tiny-rs"))] };
+        let m = load_model_with_lora(Backend::Reference, &dir, opts, Some(&lora)).unwrap();
+        assert_eq!(m.runner.lora_slots(), vec![true, false]);
+        let small = tandem_core::lora::LoraLimits { max_loras: 2, max_rank: 4 };
+        let lora = LoraModules { limits: small, modules: vec![("all".into(), golden.join("tiny-all"))] };
+        let e = load_model_with_lora(Backend::Reference, &dir, opts, Some(&lora)).err().unwrap().to_string();
+        assert!(e.contains("LoRA module \"all\"") && e.contains("--max-lora-rank"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -49,6 +49,7 @@
 //! - [`backend`]: [`Backend`] (`auto`, `reference`, `wgpu`, `cuda`) and [`load_model`], the one
 //!   wiring from a model directory to a loaded model (the CLI and the server load through it).
 //! - [`builder`]: [`LlmBuilder`], the engine's settings.
+//! - [`lora_modules`]: [`LoraModules`], the LoRA adapters served with the model (vLLM's flags).
 //! - [`llm`]: [`Llm`], [`AsyncLlm`], [`OutputStream`].
 //! - [`output`]: [`Prompt`], [`Message`], [`Output`], [`Completion`].
 
@@ -56,12 +57,14 @@ pub mod backend;
 pub mod builder;
 pub mod error;
 pub mod llm;
+pub mod lora_modules;
 pub mod output;
 
-pub use backend::{is_gguf_dir, load_model, model_dir, Backend, LoadedModel};
+pub use backend::{is_gguf_dir, load_model, load_model_with_lora, model_dir, Backend, LoadedModel};
 pub use builder::{KvMemory, LlmBuilder, Scheduler};
 pub use error::{Error, Result};
 pub use llm::{AsyncLlm, ChatOptions, Llm, OutputStream};
+pub use lora_modules::LoraModules;
 pub use output::{Completion, Message, Output, Prompt};
 
 pub use tandem_core::model::{LoadOptions, ModelRunner};

@@ -5,5 +5,6 @@
 
 mod broken;
 mod golden_reference;
+mod lora_reference;
 mod reference_self;
 mod tolerance;

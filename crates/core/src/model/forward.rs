@@ -8,7 +8,10 @@ use super::load::Scratch;
 use super::Model;
 use crate::backend::{AttnArgs, Backend, KvDest, NormIn};
 use crate::batch::ForwardBatch;
+use crate::config::ModelConfig;
 use crate::error::{Error, Result};
+use crate::lora::slots::{check_adapters, LoraAt};
+use crate::lora::Proj;
 use crate::meta::{self, PadRows};
 
 impl<B: Backend> Model<B> {
@@ -22,6 +25,9 @@ impl<B: Backend> Model<B> {
             let rows = pad.buckets[i];
             let (shape, pad_rows) = (pad.shape(rows), pad.rows(self.opts.block_size));
             self.upload_padded(batch, pad_rows, rows)?;
+            if let Some(lora) = &mut self.lora {
+                lora.stage(&self.backend, batch, rows)?;
+            }
             return match self.graphs[i] {
                 Some(g) => match self.backend.replay(g) {
                     // A replay that could not be queued queued nothing: run the step eagerly,
@@ -37,6 +43,9 @@ impl<B: Backend> Model<B> {
             };
         }
         self.upload(batch)?;
+        if let Some(lora) = &mut self.lora {
+            lora.stage(&self.backend, batch, batch.num_tokens())?;
+        }
         let max_context = batch.positions.iter().copied().max().unwrap_or(0) as usize + 1;
         self.launch(StepShape {
             tokens: batch.num_tokens(),
@@ -73,7 +82,9 @@ impl<B: Backend> Model<B> {
         if let Some(scale) = self.embed_scale {
             b.scale(&mut self.s.h, scale, t * d)?;
         }
-        let mut residual = Residual::new(b.fuses_norm(d, t) && self.layers.iter().all(Layer::fully_fused));
+        // Adapters update the projections' outputs before the norms: never folded into them.
+        let fold = self.lora.is_none() && b.fuses_norm(d, t) && self.layers.iter().all(Layer::fully_fused);
+        let mut residual = Residual::new(fold);
         for l in 0..self.layers.len() {
             self.attention(l, shape, &mut residual)?;
             self.mlp(l, t, &mut residual)?;
@@ -87,6 +98,7 @@ impl<B: Backend> Model<B> {
     fn attention(&mut self, l: usize, shape: StepShape, residual: &mut Residual) -> Result<()> {
         let (b, c, s) = (&self.backend, &self.cfg, &mut self.s);
         let (layer, (k_cache, v_cache)) = (&self.layers[l], &mut self.caches[l]);
+        let mut lora = self.lora.as_mut().map(|slots| LoraAt { slots, layer: l });
         let m = &s.meta.parts;
         let (positions, slots) = (&m[meta::POSITIONS], &m[meta::SLOTS]);
         let (t, qd, eps) = (shape.tokens, c.q_dim(), c.rms_norm_eps);
@@ -105,7 +117,7 @@ impl<B: Backend> Model<B> {
             geometry: self.geometry,
         };
         let bufs = QkvBufs { q: &mut s.q, k: &mut s.k, v: &mut s.v, raw: s.qk_raw.as_mut().map(|(q, k)| (q, k)) };
-        layer.attn.project(b, c, &s.x, norm, bufs, kv, t)?;
+        layer.attn.project(b, c, &s.x, norm, bufs, kv, t, lora.as_mut())?;
         let args = AttnArgs {
             q: &s.q,
             k_cache,
@@ -126,7 +138,7 @@ impl<B: Backend> Model<B> {
         b.paged_attention(&args, &mut s.attn)?;
         let out =
             BlockOut { from: Source::Attn, w: &layer.attn.o, k: qd, norm: layer.out_norms.as_ref().map(|(a, _)| a) };
-        residual.output(b, s, out, Some(&layer.post_norm), t, c.hidden_size, eps)
+        residual.output(b, s, out, Some(&layer.post_norm), t, c, lora.as_mut().map(|l| (l, Proj::O)))
     }
 
     /// Layer `l`'s feed-forward block: its input norm, the MLP or the experts, the output into
@@ -134,11 +146,12 @@ impl<B: Backend> Model<B> {
     fn mlp(&mut self, l: usize, t: usize, residual: &mut Residual) -> Result<()> {
         let (b, c, s) = (&self.backend, &self.cfg, &mut self.s);
         let (layer, d, eps) = (&self.layers[l], c.hidden_size, c.rms_norm_eps);
+        let mut lora = self.lora.as_mut().map(|slots| LoraAt { slots, layer: l });
         let folded = residual.norm(b, &mut s.h, &s.o, &layer.post_norm, &mut s.x, t, d, eps)?;
         match &layer.ffn {
             Ffn::Dense(mlp) => {
                 let norm = folded.then_some(NormIn { h: &s.h, gamma: &layer.post_norm, eps });
-                mlp.activation(b, &s.x, &mut s.gate, &mut s.up, &mut s.act, t, d, norm)?;
+                mlp.activation(b, c, &s.x, &mut s.gate, &mut s.up, &mut s.act, t, norm, lora.as_mut())?;
                 let next = self.layers.get(l + 1).map(|n| &n.input_norm);
                 let out = BlockOut {
                     from: Source::Act,
@@ -146,7 +159,7 @@ impl<B: Backend> Model<B> {
                     k: mlp.inter,
                     norm: layer.out_norms.as_ref().map(|(_, f)| f),
                 };
-                residual.output(b, s, out, next, t, d, eps)
+                residual.output(b, s, out, next, t, c, lora.as_mut().map(|l| (l, Proj::Down)))
             }
             Ffn::Moe(moe) => {
                 // Never with fused norms (`Layer::fully_fused` is false): out is added later.
@@ -158,7 +171,7 @@ impl<B: Backend> Model<B> {
                     out: &mut s.o,
                     moe: s.moe.as_mut().map(|(l, w, y)| (l, w, y)),
                 };
-                moe.forward(b, bufs, t, d)?;
+                moe.forward(b, c, bufs, t)?;
                 residual.output_in_o();
                 Ok(())
             }
@@ -206,7 +219,8 @@ impl<B: Backend> Model<B> {
                 batch.max_blocks, self.max_blocks_cap
             )));
         }
-        batch.validate(self.cfg.vocab_size, self.kv_view.slots(), self.kv_view.block_size)
+        batch.validate(self.cfg.vocab_size, self.kv_view.slots(), self.kv_view.block_size)?;
+        check_adapters(batch, self.lora.as_ref())
     }
 
     /// Greedy ids for the logit rows, computed where the logits are (only ids leave the device).
@@ -289,7 +303,8 @@ impl Residual {
     }
 
     /// A block's output projection: added into `h` by the projection where norms are fused
-    /// (with `next`, the following block's input norm, folded into x), else left in `o`.
+    /// (with `next`, the following block's input norm, folded into x), else left in `o`, the
+    /// adapters' update of projection `lora.1` added before the output's norm.
     #[allow(clippy::too_many_arguments)]
     fn output<B: Backend>(
         &mut self,
@@ -298,9 +313,10 @@ impl Residual {
         out: BlockOut<'_, B::Buf>,
         next: Option<&B::Buf>,
         t: usize,
-        d: usize,
-        eps: f32,
+        c: &ModelConfig,
+        lora: Option<(&mut LoraAt<'_, B>, Proj)>,
     ) -> Result<()> {
+        let (d, eps) = (c.hidden_size, c.rms_norm_eps);
         let from = match out.from {
             Source::Attn => &s.attn,
             Source::Act => &s.act,
@@ -313,9 +329,17 @@ impl Residual {
         match (out.norm, &mut s.pre_norm) {
             (Some(gamma), Some(pre)) => {
                 b.matmul(from, out.w, None, pre, t, d, out.k)?;
+                if let Some((l, p)) = lora {
+                    l.apply(b, c, p, from, pre, t)?;
+                }
                 b.rms_norm(pre, gamma, &mut s.o, t, d, eps)?;
             }
-            _ => b.matmul(from, out.w, None, &mut s.o, t, d, out.k)?,
+            _ => {
+                b.matmul(from, out.w, None, &mut s.o, t, d, out.k)?;
+                if let Some((l, p)) = lora {
+                    l.apply(b, c, p, from, &mut s.o, t)?;
+                }
+            }
         }
         self.pending = Pending::OutputInO;
         Ok(())

@@ -7,6 +7,8 @@
 use crate::backend::{Backend, DType, KvDest, MoeExpert, NormIn};
 use crate::config::{Activation, ModelConfig};
 use crate::error::Result;
+use crate::lora::slots::LoraAt;
+use crate::lora::Proj;
 use crate::weights::{TensorView, Weights};
 
 /// One decoder layer: pre-norm attention, then pre-norm feed-forward, each added to the
@@ -123,9 +125,10 @@ pub(crate) struct QkvBufs<'a, B: Backend> {
 impl<B: Backend> Attention<B> {
     /// q, k and v of `t` tokens from `x` (or, with `norm`, from `h ∘ gamma`: see [`NormIn`]),
     /// q/k normed where the family says so, rotated, and K/V written into the layer's cache.
-    /// Without q/k norm this is the backend's `qkv_rope_kv_write` (fused where it fuses); with
-    /// it, the projection lands in the raw buffers, each head is normed into q and k, then
-    /// `rope_kv_write`, so every backend runs it with the ops it already has.
+    /// Without q/k norm or adapters this is the backend's `qkv_rope_kv_write` (fused where it
+    /// fuses); otherwise the projection lands in q, k, v (or the raw buffers), the adapters'
+    /// updates are added there ([`LoraAt`]), each head is normed into q and k where the family
+    /// norms them, then `rope_kv_write`, so every backend runs it with the ops it already has.
     #[allow(clippy::too_many_arguments)]
     pub fn project(
         &self,
@@ -136,40 +139,42 @@ impl<B: Backend> Attention<B> {
         bufs: QkvBufs<'_, B>,
         kv: KvDest<'_, B::Buf>,
         t: usize,
+        mut lora: Option<&mut LoraAt<'_, B>>,
     ) -> Result<()> {
-        let (d, qd, kvd, hd) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.head_dim);
+        let (d, qd, hd) = (c.hidden_size, c.q_dim(), c.head_dim);
         let QkvBufs { q, k, v, raw } = bufs;
+        if let (None, Qkv::Fused { w, bias }, None) = (&self.qk_norm, &self.qkv, &lora) {
+            return b.qkv_rope_kv_write(x, w, bias.as_ref(), q, k, v, t, qd, d, norm, kv);
+        }
+        let mut updates = |b: &B, q: &mut B::Buf, k: &mut B::Buf, v: &mut B::Buf| -> Result<()> {
+            if let Some(l) = lora.as_deref_mut() {
+                l.apply(b, c, Proj::Q, x, q, t)?;
+                l.apply(b, c, Proj::K, x, k, t)?;
+                l.apply(b, c, Proj::V, x, v, t)?;
+            }
+            Ok(())
+        };
         match (&self.qk_norm, raw) {
-            (None, _) => match &self.qkv {
-                Qkv::Fused { w, bias } => b.qkv_rope_kv_write(x, w, bias.as_ref(), q, k, v, t, qd, d, norm, kv),
-                Qkv::Split { q: wq, k: wk, v: wv, q_bias, k_bias, v_bias } => {
-                    b.matmul(x, wq, q_bias.as_ref(), q, t, qd, d)?;
-                    b.matmul(x, wk, k_bias.as_ref(), k, t, kvd, d)?;
-                    b.matmul(x, wv, v_bias.as_ref(), v, t, kvd, d)?;
-                    b.rope_kv_write(
-                        q,
-                        k,
-                        v,
-                        kv.k_cache,
-                        kv.v_cache,
-                        kv.positions,
-                        kv.inv_freq,
-                        kv.slots,
-                        t,
-                        c.num_attention_heads,
-                        kv.geometry,
-                    )
-                }
-            },
+            (None, _) => {
+                self.qkv_only(b, c, x, norm, q, k, v, t)?;
+                updates(b, q, k, v)?;
+                b.rope_kv_write(
+                    q,
+                    k,
+                    v,
+                    kv.k_cache,
+                    kv.v_cache,
+                    kv.positions,
+                    kv.inv_freq,
+                    kv.slots,
+                    t,
+                    c.num_attention_heads,
+                    kv.geometry,
+                )
+            }
             (Some((q_norm, k_norm)), Some((q_raw, k_raw))) => {
-                match &self.qkv {
-                    Qkv::Fused { w, bias } => b.qkv_proj(x, w, bias.as_ref(), q_raw, k_raw, v, t, qd, kvd, d, norm)?,
-                    Qkv::Split { q: wq, k: wk, v: wv, q_bias, k_bias, v_bias } => {
-                        b.matmul(x, wq, q_bias.as_ref(), q_raw, t, qd, d)?;
-                        b.matmul(x, wk, k_bias.as_ref(), k_raw, t, kvd, d)?;
-                        b.matmul(x, wv, v_bias.as_ref(), v, t, kvd, d)?;
-                    }
-                }
+                self.qkv_only(b, c, x, norm, q_raw, k_raw, v, t)?;
+                updates(b, q_raw, k_raw, v)?;
                 // Each head's row of head_dim values is one row of the norm.
                 b.rms_norm(q_raw, q_norm, q, t * c.num_attention_heads, hd, c.rms_norm_eps)?;
                 b.rms_norm(k_raw, k_norm, k, t * c.num_key_value_heads, hd, c.rms_norm_eps)?;
@@ -190,6 +195,30 @@ impl<B: Backend> Attention<B> {
             (Some(_), None) => Err(crate::error::Error::backend(b.name(), "q/k norm without its scratch buffers")),
         }
     }
+
+    /// The q, k and v projections alone (fused where the backend fused them at load).
+    #[allow(clippy::too_many_arguments)]
+    fn qkv_only(
+        &self,
+        b: &B,
+        c: &ModelConfig,
+        x: &B::Buf,
+        norm: Option<NormIn<'_, B::Buf>>,
+        q: &mut B::Buf,
+        k: &mut B::Buf,
+        v: &mut B::Buf,
+        t: usize,
+    ) -> Result<()> {
+        let (d, qd, kvd) = (c.hidden_size, c.q_dim(), c.kv_dim());
+        match &self.qkv {
+            Qkv::Fused { w, bias } => b.qkv_proj(x, w, bias.as_ref(), q, k, v, t, qd, kvd, d, norm),
+            Qkv::Split { q: wq, k: wk, v: wv, q_bias, k_bias, v_bias } => {
+                b.matmul(x, wq, q_bias.as_ref(), q, t, qd, d)?;
+                b.matmul(x, wk, k_bias.as_ref(), k, t, kvd, d)?;
+                b.matmul(x, wv, v_bias.as_ref(), v, t, kvd, d)
+            }
+        }
+    }
 }
 
 /// Reads a family's pieces from a checkpoint onto a backend, and notes the weight types each
@@ -205,11 +234,14 @@ pub(crate) struct Loader<'a, B: Backend> {
     /// RMS norm weights are stored as `w - 1`: the norm multiplies by `1 + w` (Gemma). The
     /// loader uploads `1 + w` in f32 (HF adds in f32 too), so every backend's norm is the plain one.
     pub norm_plus_one: bool,
+    /// Gate and up stay apart even where the backend fuses them (`FusedOps::fuse_gate_up`):
+    /// LoRA updates each before the activation.
+    pub split_gate_up: bool,
 }
 
 impl<'a, B: Backend> Loader<'a, B> {
     pub fn new(b: &'a B, w: &'a Weights, cfg: &'a ModelConfig) -> Self {
-        Loader { b, w, cfg, x_readers: vec![], act_readers: vec![], norm_plus_one: false }
+        Loader { b, w, cfg, x_readers: vec![], act_readers: vec![], norm_plus_one: false, split_gate_up: false }
     }
 
     /// A weight of this exact shape, uploaded.
@@ -319,7 +351,8 @@ impl<'a, B: Backend> Loader<'a, B> {
         self.x_readers.extend([gv.dtype, uv.dtype]);
         self.act_readers.push(dv.dtype);
         let act = self.cfg.activation;
-        let gate_up = match b.fuse_gate_up(&gv, &uv)? {
+        let fused = if self.split_gate_up { None } else { b.fuse_gate_up(&gv, &uv)? };
+        let gate_up = match fused {
             Some(w) => GateUp::Fused(w),
             None => GateUp::Split { gate: b.upload_weight(&gv)?, up: b.upload_weight(&uv)? },
         };
@@ -371,25 +404,34 @@ pub(crate) struct FfnBufs<'a, B: Backend> {
 
 impl<B: Backend> Mlp<B> {
     /// `act = act(gate(x)) * up(x)` (fused where the backend fuses; `norm` as in
-    /// [`FusedOps::gate_up_act`]).
+    /// [`FusedOps::gate_up_act`]), the adapters' updates added to gate and up (which the
+    /// loader then keeps apart: [`Loader::split_gate_up`]).
     #[allow(clippy::too_many_arguments)]
     pub fn activation(
         &self,
         b: &B,
+        c: &ModelConfig,
         x: &B::Buf,
         gate: &mut B::Buf,
         up: &mut B::Buf,
         act: &mut B::Buf,
         t: usize,
-        d: usize,
         norm: Option<NormIn<'_, B::Buf>>,
+        lora: Option<&mut LoraAt<'_, B>>,
     ) -> Result<()> {
-        let inter = self.inter;
-        match &self.gate_up {
-            GateUp::Fused(w) => b.gate_up_act(self.act, x, w, act, t, inter, d, norm),
-            GateUp::Split { gate: wg, up: wu } => {
+        let (inter, d) = (self.inter, c.hidden_size);
+        match (&self.gate_up, lora) {
+            (GateUp::Fused(w), None) => b.gate_up_act(self.act, x, w, act, t, inter, d, norm),
+            (GateUp::Fused(_), Some(_)) => {
+                Err(crate::error::Error::backend(b.name(), "LoRA over a fused gate/up projection (load it split)"))
+            }
+            (GateUp::Split { gate: wg, up: wu }, lora) => {
                 b.matmul(x, wg, None, gate, t, inter, d)?;
                 b.matmul(x, wu, None, up, t, inter, d)?;
+                if let Some(l) = lora {
+                    l.apply(b, c, Proj::Gate, x, gate, t)?;
+                    l.apply(b, c, Proj::Up, x, up, t)?;
+                }
                 match self.act {
                     Activation::Silu => b.silu_mul(gate, up, act, t * inter),
                     Activation::GeluTanh => b.gelu_tanh_mul(gate, up, act, t * inter),
@@ -402,7 +444,8 @@ impl<B: Backend> Mlp<B> {
 impl<B: Backend> Moe<B> {
     /// The block's output for `t` tokens into `bufs.out`: route, then every expert in order,
     /// its output scaled and added.
-    pub fn forward(&self, b: &B, bufs: FfnBufs<'_, B>, t: usize, d: usize) -> Result<()> {
+    pub fn forward(&self, b: &B, c: &ModelConfig, bufs: FfnBufs<'_, B>, t: usize) -> Result<()> {
+        let d = c.hidden_size;
         let FfnBufs { x, gate, up, act, out, moe } = bufs;
         let Some((logits, weights, y)) = moe else {
             return Err(crate::error::Error::backend(b.name(), "a mixture of experts without its scratch buffers"));
@@ -415,7 +458,7 @@ impl<B: Backend> Moe<B> {
             return b.moe_routed(table, &expert_refs(&self.experts), x, weights, out, t, d, inter, self.top_k);
         }
         for (e, mlp) in self.experts.iter().enumerate() {
-            mlp.activation(b, x, gate, up, act, t, d, None)?;
+            mlp.activation(b, c, x, gate, up, act, t, None, None)?;
             b.matmul(act, &mlp.down, None, y, t, d, mlp.inter)?;
             b.moe_accumulate(out, y, weights, t, d, e, n, e == 0)?;
         }

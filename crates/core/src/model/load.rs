@@ -9,6 +9,8 @@ use super::{layer_builder, ActDtypes, LoadOptions, FAMILIES};
 use crate::backend::{kv_dtype_names, Backend, DType, GraphId, KvDtype, KvGeometry, U32Group, WorkspaceLimits};
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
+use crate::lora::slots::{LoraDtypes, LoraSlots};
+use crate::lora::{LoraAdapter, LoraLimits};
 use crate::memory::{kv_block_bytes, kv_pool_blocks, DeviceMemory, KvNeed};
 use crate::meta::{self, MetaStaging};
 use crate::weights::Weights;
@@ -81,6 +83,8 @@ pub struct Model<B: Backend> {
     /// Writes each step into `s.meta`'s staging memory (and knows how much of each padded
     /// block-table row there already is the scratch block).
     pub(super) staging: MetaStaging,
+    /// The LoRA adapter slots, where the model was loaded with them.
+    pub(super) lora: Option<LoraSlots<B>>,
 }
 
 impl<B: Backend> Model<B> {
@@ -92,6 +96,26 @@ impl<B: Backend> Model<B> {
     }
 
     pub fn from_weights(backend: B, cfg: ModelConfig, w: &Weights, opts: LoadOptions) -> Result<Self> {
+        Self::from_weights_lora(backend, cfg, w, opts, None)
+    }
+
+    /// Loads `dir` with `lora` adapter slots (empty; [`Model::load_lora`] fills them).
+    pub fn load_with_lora(backend: B, dir: &Path, opts: LoadOptions, lora: LoraLimits) -> Result<Self> {
+        let cfg = ModelConfig::from_file(&dir.join("config.json"))?;
+        let weights = Weights::open(dir)?;
+        Self::from_weights_lora(backend, cfg, &weights, opts, Some(lora))
+    }
+
+    /// As [`Model::from_weights`], with adapter slots where `lora` is given: then gate and up
+    /// stay apart, norms are never folded into the projections, and no graph is captured (the
+    /// updates follow the loaded adapters, not the step's shape alone).
+    pub fn from_weights_lora(
+        backend: B,
+        cfg: ModelConfig,
+        w: &Weights,
+        opts: LoadOptions,
+        lora: Option<LoraLimits>,
+    ) -> Result<Self> {
         if opts.max_batch_tokens == 0 || opts.max_seqs == 0 || opts.block_size == 0 || opts.max_model_len == Some(0) {
             return Err(Error::Batch(format!("load options must be positive: {opts:?}")));
         }
@@ -118,7 +142,7 @@ impl<B: Backend> Model<B> {
             quantized += 1;
         }
         tracing::info!(bytes = w.stored_bytes(), quantized, "model weights");
-        let graphs_on = opts.graphs && b.supports_graphs();
+        let graphs_on = opts.graphs && b.supports_graphs() && lora.is_none();
         let padding = graphs_on || opts.pad_decode;
         let free_before_weights = b.free_memory();
         let up = |name: &str, shape: &[usize]| -> Result<B::Buf> { b.upload_weight(&w.get(name, shape)?) };
@@ -146,6 +170,7 @@ impl<B: Backend> Model<B> {
             return Err(Error::config(Path::new("config.json"), format!("no model layer for architecture `{arch}`")));
         };
         ld.norm_plus_one = family.norm_plus_one;
+        ld.split_gate_up = lora.is_some();
         let layers = (0..cfg.num_hidden_layers).map(|i| layer(&mut ld, i)).collect::<Result<Vec<_>>>()?;
         let qk_norm = layers.iter().any(|l| l.attn.qk_norm.is_some());
         let out_norms = layers.iter().any(|l| l.out_norms.is_some());
@@ -182,6 +207,18 @@ impl<B: Backend> Model<B> {
             x: stored_as(b, &x_readers),
             act: stored_as(b, &act_readers),
             last_normed: stored_as(b, &[head_reader]),
+        };
+        let lora = match lora {
+            Some(limits) => {
+                let common = |readers: &[DType], stored: DType| match (stored, readers.first()) {
+                    (DType::F32, _) | (_, None) => DType::F32,
+                    (_, Some(&d)) => d,
+                };
+                let dtypes =
+                    LoraDtypes { x: common(&x_readers, act_dtypes.x), act: common(&act_readers, act_dtypes.act) };
+                Some(LoraSlots::new(b, limits, dtypes, t, qd.max(kvd).max(d).max(inter))?)
+            }
+            None => None,
         };
         let s = Scratch {
             h: b.alloc_f32(t * d)?,
@@ -322,6 +359,7 @@ impl<B: Backend> Model<B> {
             pad,
             graphs,
             staging,
+            lora,
         };
         if graphs_on {
             model.capture_graphs()?;
@@ -339,6 +377,32 @@ impl<B: Backend> Model<B> {
             out.extend_from_slice(&self.backend.read_kv(v, self.geometry)?[..n]);
         }
         Ok(out)
+    }
+
+    /// Puts `adapter` into LoRA slot `slot` (what a batch's `adapters` name), replacing what
+    /// was there; refused where the model has no slots, or the slot or the rank is over the limit.
+    pub fn load_lora(&mut self, slot: usize, adapter: &LoraAdapter) -> Result<()> {
+        match &mut self.lora {
+            Some(l) => l.load(&self.backend, slot, adapter),
+            None => Err(Error::config(&adapter.dir, "the model was loaded without LoRA slots (--enable-lora)")),
+        }
+    }
+
+    /// Empties LoRA slot `slot`.
+    pub fn unload_lora(&mut self, slot: usize) {
+        if let Some(l) = &mut self.lora {
+            l.unload(slot);
+        }
+    }
+
+    /// Which LoRA slots hold an adapter (empty without LoRA).
+    pub fn lora_slots(&self) -> Vec<bool> {
+        self.lora.as_ref().map_or_else(Vec::new, |l| (0..l.limits().max_loras).map(|s| l.occupied(s)).collect())
+    }
+
+    /// The LoRA limits the model was loaded with, if any.
+    pub fn lora_limits(&self) -> Option<LoraLimits> {
+        self.lora.as_ref().map(LoraSlots::limits)
     }
 
     pub fn backend(&self) -> &B {

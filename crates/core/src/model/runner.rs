@@ -41,6 +41,11 @@ pub trait ModelRunner: Send {
     }
     /// Runs the batch, writing K/V into the cache; returns f32 logits `[logit_rows.len(), vocab]`.
     fn forward(&mut self, batch: &ForwardBatch) -> Result<Vec<f32>>;
+    /// Which LoRA slots hold an adapter (what a batch's `adapters` may name); empty where the
+    /// model has none.
+    fn lora_slots(&self) -> Vec<bool> {
+        Vec::new()
+    }
     /// Runs the batch and turns logit row `r` into a token id by `specs[r]` (one spec per
     /// logit row) where the logits are, so that only ids leave the device. The ids equal
     /// [`sample_row`] of the rows [`ModelRunner::forward`] would return. The default is that:
@@ -156,6 +161,9 @@ impl<B: Backend> ModelRunner for Model<B> {
     }
     fn max_logit_rows(&self) -> usize {
         self.opts.max_seqs + self.opts.prompt_logit_rows
+    }
+    fn lora_slots(&self) -> Vec<bool> {
+        self.lora_slots()
     }
     fn forward(&mut self, batch: &ForwardBatch) -> Result<Vec<f32>> {
         self.check(batch)?;

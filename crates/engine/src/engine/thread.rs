@@ -19,7 +19,15 @@ use crate::sequence::{FinishReason, RequestId};
 /// What a handle or a stream tells the engine thread.
 pub(crate) enum Command {
     /// A request the handle has admitted (`max_tokens` resolved).
-    Submit { id: RequestId, req: Box<Request>, max_tokens: usize, tx: UnboundedSender<RequestOutput>, arrival: Instant },
+    /// `adapter`: the LoRA slot it runs under (`EngineHandle::submit_with_adapter`).
+    Submit {
+        id: RequestId,
+        req: Box<Request>,
+        adapter: Option<u32>,
+        max_tokens: usize,
+        tx: UnboundedSender<RequestOutput>,
+        arrival: Instant,
+    },
     /// Ends a request (`EngineHandle::abort`, or its stream dropped before the end).
     Abort(RequestId),
     /// Aborts every open request and ends the thread.
@@ -94,8 +102,8 @@ impl Engine {
     /// False on shutdown.
     fn handle(&mut self, cmd: Command) -> bool {
         match cmd {
-            Command::Submit { id, req, max_tokens, tx, arrival } => {
-                self.enqueue(id, *req, max_tokens, tx, arrival);
+            Command::Submit { id, req, adapter, max_tokens, tx, arrival } => {
+                self.enqueue(id, *req, adapter, max_tokens, tx, arrival);
                 // Submitted before the handle saw the failure: it still gets its one final output.
                 if let Some(f) = self.failure.get().cloned() {
                     self.end_request(

@@ -7,5 +7,6 @@
 mod common;
 
 mod engine_sampling;
+mod lora;
 mod model;
 mod ops;

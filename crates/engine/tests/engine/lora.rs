@@ -1,0 +1,105 @@
+//! LoRA adapters through the engine: requests under different adapters and the base model
+//! share steps and the prefix cache, and each gets what it gets alone; the prefix cache keys
+//! on the adapter (the same prompt under another adapter has other K/V).
+
+use crate::common;
+
+use std::path::{Path, PathBuf};
+
+use common::*;
+use tandem_core::lora::{LoraAdapter, LoraLimits};
+use tandem_core::model::LoadOptions;
+use tandem_core::{DType, Model, ModelConfig};
+use tandem_engine::{Engine, EngineConfig, Request, SamplingParams, SubmitError};
+use tandem_model_files::random_model::{write_random_model, Shape};
+use tandem_reference::RefBackend;
+
+fn model_dir(test: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("tandem-engine-lora-{test}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    write_random_model(&d, Shape::Tiny, 11, DType::F32).unwrap();
+    d
+}
+
+/// A PEFT adapter of tests/golden/lora (made for the tiny shape, so it fits any tiny model).
+fn adapter(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/golden/lora").join(name)
+}
+
+/// The tiny model with `tiny-all` in slot 0 and `tiny-rs` in slot 1.
+fn lora_model(dir: &Path, max_batch_tokens: usize, num_kv_blocks: usize) -> Model<RefBackend> {
+    let opts = LoadOptions { max_batch_tokens, max_seqs: 8, num_kv_blocks, block_size: 16, ..Default::default() };
+    let limits = LoraLimits { max_loras: 2, max_rank: 8 };
+    let mut m = Model::load_with_lora(RefBackend::new(), dir, opts, limits).unwrap();
+    let cfg = ModelConfig::from_file(&dir.join("config.json")).unwrap();
+    m.load_lora(0, &LoraAdapter::load(&adapter("tiny-all"), &cfg).unwrap()).unwrap();
+    m.load_lora(1, &LoraAdapter::load(&adapter("tiny-rs"), &cfg).unwrap()).unwrap();
+    m
+}
+
+fn request(prompt: &[u32], max_tokens: usize) -> Request {
+    Request {
+        prompt: prompt.to_vec(),
+        params: SamplingParams { ignore_eos: true, ..SamplingParams::greedy(max_tokens) },
+        priority: 0,
+    }
+}
+
+#[test]
+fn adapters_share_steps_and_the_prefix_cache_and_each_gets_its_own_answer() {
+    let dir = model_dir("mixed");
+    let steps = 8;
+    let long: Vec<u32> = (0..40u32).map(|i| (i * 37 + 5) % 384).collect();
+    let short: Vec<u32> = vec![7, 8, 9, 250];
+    // Each prompt under each adapter alone: the oracle.
+    let oracle = |prompt: &[u32], a: Option<u32>| -> Vec<u32> {
+        let mut m = lora_model(&dir, 64, 16);
+        let s = tandem_core::greedy::generate_with(&mut m, a, prompt, steps, &[], false, |_| {}).unwrap();
+        s.iter().map(|s| s.id).collect()
+    };
+    let adapters = [None, Some(0), Some(1)];
+    let want_long: Vec<Vec<u32>> = adapters.iter().map(|&a| oracle(&long, a)).collect();
+    let want_short: Vec<Vec<u32>> = adapters.iter().map(|&a| oracle(&short, a)).collect();
+    assert!(want_long[0] != want_long[1] && want_long[0] != want_long[2] && want_long[1] != want_long[2]);
+
+    // 12-token chunks: the long prompt is prefilled over several steps beside the others.
+    let mut e = Engine::new(Box::new(lora_model(&dir, 12, 64)), letters(), EngineConfig::default()).unwrap();
+    let run = |e: &mut Engine, reqs: &[(&[u32], Option<u32>)]| -> Vec<Vec<u32>> {
+        let mut streams: Vec<_> =
+            reqs.iter().map(|&(p, a)| e.add_request_with_adapter(request(p, steps), a).unwrap()).collect();
+        run_to_idle(e);
+        streams.iter_mut().map(|s| collect(&drain(s), 1).tokens[0].clone()).collect()
+    };
+    // The base model first: its full blocks of the long prompt enter the prefix cache.
+    assert_eq!(run(&mut e, &[(&long, None)]), vec![want_long[0].clone()]);
+    let hits_before = e.stats().prefix_cache_hits_total;
+    // The same prompt under each adapter must not take the base model's blocks.
+    let got = run(&mut e, &[(&long, Some(0)), (&short, Some(1)), (&long, Some(1)), (&short, None)]);
+    assert_eq!(got, vec![want_long[1].clone(), want_short[2].clone(), want_long[2].clone(), want_short[0].clone()]);
+    assert_eq!(e.stats().prefix_cache_hits_total, hits_before, "no hit across adapters");
+    // Again, all mixed: now each finds its own adapter's blocks.
+    let got = run(&mut e, &[(&long, Some(1)), (&long, None), (&short, Some(0)), (&long, Some(0))]);
+    assert_eq!(got, vec![want_long[2].clone(), want_long[0].clone(), want_short[1].clone(), want_long[1].clone()]);
+    assert!(e.stats().prefix_cache_hits_total > hits_before, "each adapter hits its own prefix");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_request_for_an_empty_slot_is_refused_at_submit() {
+    let dir = model_dir("refused");
+    let opts =
+        LoadOptions { max_batch_tokens: 16, max_seqs: 4, num_kv_blocks: 8, block_size: 16, ..Default::default() };
+    let limits = LoraLimits { max_loras: 2, max_rank: 8 };
+    let mut m = Model::load_with_lora(RefBackend::new(), &dir, opts, limits).unwrap();
+    let cfg = ModelConfig::from_file(&dir.join("config.json")).unwrap();
+    m.load_lora(1, &LoraAdapter::load(&adapter("tiny-rs"), &cfg).unwrap()).unwrap();
+    let mut e = Engine::new(Box::new(m), letters(), EngineConfig::default()).unwrap();
+    for slot in [0, 2] {
+        let r = e.add_request_with_adapter(request(&[1, 2, 3], 2), Some(slot));
+        assert_eq!(r.err(), Some(SubmitError::UnknownAdapter { slot }));
+    }
+    let mut ok = e.add_request_with_adapter(request(&[1, 2, 3], 2), Some(1)).unwrap();
+    run_to_idle(&mut e);
+    assert_eq!(collect(&drain(&mut ok), 1).tokens[0].len(), 2);
+    let _ = std::fs::remove_dir_all(&dir);
+}
