@@ -22,6 +22,8 @@
 #   TANDEM_CHECK_BACKEND     cuda (default), wgpu or reference: the latter two are dry runs
 #   TANDEM_CHECK_BENCH_SHAPE llama-3.2-1b (default); a small shape for dry runs
 #   TANDEM_CHECK_SMALL=1     dry run sizes: fewer compare steps, tiny benchmarks
+#   TANDEM_CHECK_SMALL=2     rehearsal sizes (the fake driver, `cargo xtask gpu-rehearsal`): as 1,
+#                            with the fewest tokens each benchmark and lab case can take
 #   TANDEM_CHECK_BUDGET_S    seconds for all steps together (default 480: one 10-minute call
 #                            of 600 s, less the machine's start-up and the summary, with margin)
 #   TANDEM_CHECK_GROUPS      comma list of step groups to run (default all): correctness,
@@ -40,6 +42,8 @@
 #   TANDEM_CHECK_SMOL        0 skips the smollm2-135m compare (default 1)
 #   TANDEM_CHECK_COMPARE_ARGS  extra `tandem compare` arguments (rehearsals: fewer prompts and steps)
 #   TANDEM_KERNEL_DIR        passed through: kernel sources to use instead of the built-in ones
+#   TANDEM_PTX_CACHE         the kernel cache (default WORK/ptx-cache; the rehearsal passes the
+#                            fake driver's, so NVRTC does not compile every kernel again)
 
 set -u
 OUT=${1:?usage: check.sh OUT_DIR}
@@ -55,7 +59,7 @@ WORK=${TANDEM_CHECK_WORK:-/tmp/tandem-check}
 PY=${TANDEM_CHECK_PYTHON:-python3}
 export PYTHONUNBUFFERED=1
 export RUST_LOG=${RUST_LOG:-info}
-export TANDEM_PTX_CACHE=$WORK/ptx-cache
+export TANDEM_PTX_CACHE=${TANDEM_PTX_CACHE:-$WORK/ptx-cache}
 # The bundle's cubins for sm_90, compiled by the same NVRTC version (the cache key holds it),
 # so the first process skips NVRTC and the driver's JIT (over 120 s on a fresh H200).
 if [ -d "$HERE/ptx-cache" ]; then mkdir -p "$TANDEM_PTX_CACHE" && cp -n "$HERE"/ptx-cache/* "$TANDEM_PTX_CACHE"/ 2>/dev/null; fi
@@ -158,7 +162,7 @@ fi
 
 # Dry runs on a CPU adapter: the 135M model's compare shrinks to fit a few minutes.
 SMOL_ARGS=(--steps 16)
-[ "$SMALL" = 1 ] && SMOL_ARGS=(--steps 8 --prompts 3 --batch 8)
+[ "$SMALL" != 0 ] && SMOL_ARGS=(--steps 8 --prompts 3 --batch 8)
 # shellcheck disable=SC2206  # the arguments are words
 CMP_EXTRA=(${TANDEM_CHECK_COMPARE_ARGS:-})
 # hf_compare.py needs torch + transformers in $PY; without them its steps say so and skip.
@@ -197,7 +201,7 @@ fi # want correctness
 # starting it only to be killed with nothing written (docs/gpu-check.md, "Budget").
 if [ "$HAVE_HF" != 1 ] && ! tmo 60 "$PY" -c 'import torch' 2>/dev/null; then
     printf 'ceilings\t125\t0\tskipped: no torch in %s (no floors)\n' "$PY" >>"$STEPS"
-elif [ "$SMALL" = 1 ]; then
+elif [ "$SMALL" != 0 ]; then
     step "ceilings" 120 "$PY" "$HERE/ceilings.py" --copy-mib 64 --n 1024 --reps 5 --allow-cpu
 else
     step "ceilings" 120 "$PY" "$HERE/ceilings.py"                                          # ~10 s
@@ -214,14 +218,14 @@ HF_CUDA=$(tmo 120 "$PY" -c 'import torch, transformers; print(int(torch.cuda.is_
 hf_skip() {
     local why=
     if [ -z "$HF_CUDA" ]; then why="no torch + transformers in $PY"
-    elif [ "$HF_CUDA" != 1 ] && [ "$SMALL" != 1 ]; then why="torch sees no CUDA device (HF peers run on the CPU only in dry runs)"
+    elif [ "$HF_CUDA" != 1 ] && [ "$SMALL" = 0 ]; then why="torch sees no CUDA device (HF peers run on the CPU only in dry runs)"
     fi
     [ -z "$why" ] && return 1
     for n in "$@"; do printf '%s\t125\t0\tskipped: %s\n' "$n" "$why" >>"$STEPS"; done
     say "HF peers skipped: $why"
     return 0
 }
-if [ "$SMALL" = 1 ]; then
+if [ "$SMALL" != 0 ]; then
     DEC1=(--prompt-len 64 --max-tokens 16 --batch-sizes 1,64 --runs 2 --max-num-batched-tokens 1024)
     DEC1E=(--prompt-len 64 --max-tokens 16 --batch-sizes 1 --runs 1 --max-num-batched-tokens 1024)
     DEC2=(--prompt-len 64 --max-tokens 16 --batch-sizes 8,256 --runs 2 --max-num-batched-tokens 2048)
@@ -251,7 +255,14 @@ else
     CMPS=(100 50 200)
     SRV=(--input-len 512 --output-len 128 --num-prompts 128 --max-concurrency 64 --max-num-seqs 64 --max-num-batched-tokens 2048)
 fi
-HF_COMPILE=${TANDEM_CHECK_HF_COMPILE:-$([ "$SMALL" = 1 ] && echo 0 || echo 1)}
+if [ "$SMALL" = 2 ]; then
+    # The fake driver runs every CUDA thread on the CPU: a handful of tokens per benchmark.
+    DEC1=(--prompt-len 16 --max-tokens 4 --batch-sizes 1,4 --runs 1 --max-num-batched-tokens 256)
+    DEC1E=(--prompt-len 16 --max-tokens 4 --batch-sizes 1 --runs 1 --max-num-batched-tokens 256)
+    DEC2=(--prompt-len 16 --max-tokens 4 --batch-sizes 8 --runs 1 --max-num-batched-tokens 256)
+    PRE=(--prompt-len 64 --max-tokens 2 --runs 1 --max-num-batched-tokens 256)
+fi
+HF_COMPILE=${TANDEM_CHECK_HF_COMPILE:-$([ "$SMALL" != 0 ] && echo 0 || echo 1)}
 HF_MAX_BATCHES=${TANDEM_CHECK_HF_MAX_BATCHES:-0}
 if "$BIN" bench --help >/dev/null 2>&1; then
     BM=(--backend "$BACKEND" --model "$BENCH_DIR")
@@ -296,7 +307,8 @@ kernel_lab() { # kernel_lab SHAPE...
     [ "${BW%.*}" -gt 0 ] 2>/dev/null && CEIL+=(--bandwidth-gbs "$BW")
     [ "${PK%.*}" -gt 0 ] 2>/dev/null && CEIL+=(--peak-tflops "$PK")
     local TORCH_CPU=()
-    if [ "$SMALL" = 1 ]; then LAB=(--m 1,64 --attn-batch 1,8 --attn-context 256 --attn-prefill 128 --min-ms 20); TORCH_CPU=(--allow-cpu); else LAB=(--min-ms 100); fi
+    if [ "$SMALL" != 0 ]; then LAB=(--m 1,64 --attn-batch 1,8 --attn-context 256 --attn-prefill 128 --min-ms 20); TORCH_CPU=(--allow-cpu); else LAB=(--min-ms 100); fi
+    [ "$SMALL" = 2 ] && LAB=(--m 1,16 --attn-batch 1 --attn-context 64 --attn-prefill 32 --sample-batch 1 --min-ms 1)
     for KS in "$@"; do
         NEED=20 PICK='attention prefill' step "kernel lab $KS" 150 "$BIN" bench kernels --backend "$BACKEND" --shape "$KS" "${LAB[@]}" "${CEIL[@]}" --output-dir "$BENCH_OUT" --name "kernels-$KS"
         if [ "$HAVE_HF" != 1 ]; then
@@ -306,7 +318,7 @@ kernel_lab() { # kernel_lab SHAPE...
         fi
     done
 }
-if [ "$SMALL" = 1 ]; then kernel_lab tiny; else kernel_lab llama-3.2-1b; fi
+if [ "$SMALL" != 0 ]; then kernel_lab tiny; else kernel_lab llama-3.2-1b; fi
 
 # compare_at C: static against continuous at concurrency C, 2 x C requests (`tandem bench compare`).
 compare_at() {
@@ -327,7 +339,7 @@ if "$BIN" bench --help >/dev/null 2>&1 && want decode; then
 fi
 compare_at "${CMPS[1]}"
 compare_at "${CMPS[2]}"
-[ "$SMALL" = 1 ] || kernel_lab llama-3.1-8b
+[ "$SMALL" != 0 ] || kernel_lab llama-3.1-8b
 
 # ---------------------------------------------------------------- the table, last
 tmo 120 python3 "$HERE/summarize.py" --work "$WORK" --out "$OUT" --compares "$EXTRA" --bench-model "$BENCH_DIR" --backend "$BACKEND" >"$WORK/raw/summary.out" 2>&1

@@ -37,7 +37,8 @@
 # and prefill 2048 timed on qwen3-30b-a3b-2l, Qwen3-30B-A3B's layer in 2 layers).
 # TANDEM_TUNE_SMALL=1: rehearsal sizes (`cargo xtask gpu-rehearsal` on the fake driver): the
 # tiny shape everywhere, short prompts and contexts, one run each; TANDEM_TUNE_OPS: only the op
-# suite's cases matching this; TANDEM_TUNE_CUDA_TESTS: the GPU-only test filters of each variant
+# suite's cases matching this; TANDEM_TUNE_COMPARE_ARGS: more `tandem compare` arguments (the
+# rehearsal's fewer prompts and steps); TANDEM_TUNE_CUDA_TESTS: the GPU-only test filters of each variant
 # (default gpu_invariance:: graphs:: launches::); TANDEM_OPS_SEED: the op suite's seed (pinned,
 # gpu/lib.sh). Every step has its own timeout: a hang costs that step, and the table says
 # TIMEOUT beside it.
@@ -58,13 +59,13 @@ WORK=${TANDEM_CHECK_WORK:-/tmp/tandem-check}
 PY=${TANDEM_CHECK_PYTHON:-python3}
 BIN=${TANDEM_BIN:-$HERE/tandem}
 export PYTHONUNBUFFERED=1 RUST_LOG=${RUST_LOG:-info}
-export TANDEM_PTX_CACHE=$WORK/ptx-cache
+export TANDEM_PTX_CACHE=${TANDEM_PTX_CACHE:-$WORK/ptx-cache}
 SMALL=${TANDEM_TUNE_SMALL:-0}
 if [ "$SMALL" = 1 ]; then
     SHAPE=tiny; SHAPE_8B=tiny; MOE_SHAPE=tiny-qwen3-moe
-    LAB_M=1,64; MIN_MS=1; AB=1,8; ACTX=128; APRE=64; SB=1,8
+    LAB_M=1,16; MIN_MS=1; AB=1,4; ACTX=64; APRE=32; SB=1,4
     PRE=(--prompt-len 64 --max-tokens 2 --runs 1 --max-num-batched-tokens 256)
-    DEC=(--prompt-len 16 --max-tokens 4 --batch-sizes 1,8 --runs 1 --max-num-batched-tokens 256)
+    DEC=(--prompt-len 16 --max-tokens 4 --batch-sizes 1,4 --runs 1 --max-num-batched-tokens 256)
 else
     SHAPE=llama-3.2-1b; SHAPE_8B=llama-3.1-8b; MOE_SHAPE=qwen3-30b-a3b-2l
     LAB_M=1,64,256,2048; MIN_MS=50; AB=1,8,64; ACTX=1024,4096,16384; APRE=512,2048; SB=1,64
@@ -72,6 +73,8 @@ else
     DEC=(--prompt-len 512 --max-tokens 64 --batch-sizes 1,64 --runs 2 --max-num-batched-tokens 2048)
 fi
 OPS_FILTER=(); [ -n "${TANDEM_TUNE_OPS:-}" ] && OPS_FILTER=(--op "$TANDEM_TUNE_OPS")
+# shellcheck disable=SC2206  # the arguments are words
+CMP_EXTRA=(${TANDEM_TUNE_COMPARE_ARGS:-})
 # shellcheck disable=SC2206  # the filters are words
 CUDA_TESTS=(${TANDEM_TUNE_CUDA_TESTS:-gpu_invariance:: graphs:: launches::})
 . "$HERE/lib.sh"
@@ -111,7 +114,7 @@ for v in $VARIANTS; do
     E=(env TANDEM_CUDA_GEMM_LARGE="$L" TANDEM_CUDA_GEMM_MID="$M" TANDEM_CUDA_GEMM_SMALL="$S")
     NEED=20 step "test-ops [$v]" 120 "${E[@]}" "$BIN" test-ops --backend cuda --seed "$OPS_SEED" "${OPS_FILTER[@]}"
     [ -x "$HERE/cuda-tests" ] && NEED=20 PICK='test result|panicked|FAILED' step "cuda tests [$v]" 90 "${E[@]}" TANDEM_REQUIRE_CUDA=1 "$HERE/cuda-tests" --test-threads 1 "${CUDA_TESTS[@]}"
-    NEED=10 step "compare tiny [$v]" 60 "${E[@]}" "$BIN" compare --backend cuda --model "$TINY"
+    NEED=10 step "compare tiny [$v]" 60 "${E[@]}" "$BIN" compare --backend cuda --model "$TINY" "${CMP_EXTRA[@]}"
 done
 # The attention variants (TANDEM_CUDA_ATTENTION) other than the default: the op suite and the
 # GPU-only tests (graphs:: replays a captured step with the variant's partition count).
@@ -128,7 +131,7 @@ done
 # tests (graphs:: replays captured steps, whose kernel edges become programmatic) and a compare.
 if [ "${TANDEM_TUNE_PDL:-1}" = 1 ]; then
     [ -x "$HERE/cuda-tests" ] && NEED=20 PICK='test result|panicked|FAILED' step "cuda tests [pdl 1]" 90 env TANDEM_CUDA_PDL=1 TANDEM_REQUIRE_CUDA=1 "$HERE/cuda-tests" --test-threads 1 gpu_invariance:: graphs::
-    NEED=10 step "compare tiny [pdl 1]" 60 env TANDEM_CUDA_PDL=1 "$BIN" compare --backend cuda --model "$TINY"
+    NEED=10 step "compare tiny [pdl 1]" 60 env TANDEM_CUDA_PDL=1 "$BIN" compare --backend cuda --model "$TINY" "${CMP_EXTRA[@]}"
 fi
 [ -n "$GEN_PID" ] && wait "$GEN_PID"
 
@@ -166,7 +169,7 @@ if [ "${TANDEM_TUNE_MOE:-1}" = 1 ]; then
     [ -e "$MOE_TINY/config.json" ] || step "gen-model tiny-qwen3-moe" 30 "$BIN" gen-model --shape tiny-qwen3-moe --seed 1 --dtype bf16 --out "$MOE_TINY"
     [ -e "$MOE_DIR/config.json" ] || NEED=30 step "gen-model $MOE_SHAPE" 120 "$BIN" gen-model --shape "$MOE_SHAPE" --seed 1 --dtype bf16 --out "$MOE_DIR"
     for P in routed dense; do
-        NEED=10 step "compare tiny-qwen3-moe [moe $P]" 60 env TANDEM_CUDA_MOE=$P "$BIN" compare --backend cuda --model "$MOE_TINY"
+        NEED=10 step "compare tiny-qwen3-moe [moe $P]" 60 env TANDEM_CUDA_MOE=$P "$BIN" compare --backend cuda --model "$MOE_TINY" "${CMP_EXTRA[@]}"
         NEED=15 PICK='prefill tok/s' step "prefill 2048 [moe $P]" 60 env TANDEM_CUDA_MOE=$P "$BIN" bench decode --backend cuda --model "$MOE_DIR" "${PRE[@]}" --output-dir "$WORK/raw" --name "moe-prefill-$P"
         grep -E '^\| prefill tok/s' "$WORK/logs/prefill_2048__moe_${P}_.log" 2>/dev/null | awk -F'|' -v v="moe $P" '{gsub(/^ +| +$/, "", $3); print v "\tprefill 2048 tok/s\t" $3}' >>"$OUT/tune.tsv"
         NEED=20 PICK='decode tok/s' step "decode b1,b64 [moe $P]" 60 env TANDEM_CUDA_MOE=$P "$BIN" bench decode --backend cuda --model "$MOE_DIR" "${DEC[@]}" --output-dir "$WORK/raw" --name "moe-decode-$P"
