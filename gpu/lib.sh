@@ -1,17 +1,54 @@
 #!/usr/bin/env bash
 # gpu/lib.sh — what check.sh and tune.sh share; sourced, never run. The caller sets BUDGET
-# (seconds for all steps), WORK and PY, then calls begin_run.
+# (seconds for all steps), WORK, OUT and PY, then calls begin_run.
+#
+# What comes back from a device call is at most 8 files, no more than 2 folders down
+# (docs/gpu-check.md, "What comes back"). So OUT only ever holds the few files a script names
+# (its log, its summary, latest.json); everything else a step writes goes to $EXTRA or
+# $WORK/raw and is packed into one archive in OUT at the end (pack_run). A call cut short
+# before that still returns what OUT holds, and never more than 8 files.
 
-# begin_run LOGFILE: fresh $WORK/logs and $WORK/raw, LOG (the whole log, emptied), STEPS
-# ($WORK/raw/steps.tsv, emptied) and T0 (the budget's start).
+# The op suite's seed: pinned, so a failure on the GPU replays here (`tandem test-ops --seed`).
+OPS_SEED=${TANDEM_OPS_SEED:-1}
+
+# begin_run LOGFILE ARCHIVE: fresh $WORK/logs, $WORK/raw and $EXTRA ($WORK/extra, the files
+# that go into OUT/ARCHIVE.tar.gz), LOG (the whole log, emptied), STEPS ($WORK/raw/steps.tsv,
+# emptied) and T0 (the budget's start).
 begin_run() {
-    rm -rf "$WORK/logs" "$WORK/raw"
-    mkdir -p "$WORK/logs" "$WORK/raw" "$WORK/models"
+    rm -rf "$WORK/logs" "$WORK/raw" "$WORK/extra"
+    EXTRA=$WORK/extra
+    ARCHIVE=$2
+    mkdir -p "$WORK/logs" "$WORK/raw" "$WORK/models" "$EXTRA"
     LOG=$1
     STEPS=$WORK/raw/steps.tsv
     : >"$LOG"
     : >"$STEPS"
+    rm -f "$OUT/$ARCHIVE.tar.gz"
     T0=$(date +%s)
+}
+
+# tmo SECONDS CMD...: CMD under `timeout` outside a step (machine facts, probes), so that a
+# hung driver or python costs SECONDS, not the call.
+tmo() {
+    local s=$1; shift
+    timeout -k 5 "$s" "$@"
+}
+
+# pack_run: $EXTRA, $WORK/raw and $WORK/logs into OUT/$ARCHIVE.tar.gz (the models and the
+# kernel cache stay behind), then a line saying what OUT holds against the device's limits.
+pack_run() {
+    local tmp="$OUT/.$ARCHIVE.tar.gz.part"
+    if tmo 120 tar -czf "$tmp" -C "$WORK" extra raw logs 2>>"$LOG"; then
+        mv "$tmp" "$OUT/$ARCHIVE.tar.gz"
+    else
+        rm -f "$tmp"
+        say "packing $ARCHIVE.tar.gz failed: the files beside it in $OUT are all that comes back"
+    fi
+    local n deep big
+    n=$(find "$OUT" -type f | wc -l)
+    deep=$(find "$OUT" -mindepth 4 -type f | wc -l)
+    big=$(find "$OUT" -type f -size +16M | wc -l)
+    say "$OUT holds $n files ($deep more than 2 folders down, $big over 16 MiB): a device call returns at most 8, 2 folders down, 16 MiB each"
 }
 
 say() { echo "$*" | tee -a "$LOG"; }
@@ -38,6 +75,10 @@ step() {
     local rc=$?
     local secs
     secs=$(awk -v a="$s" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+    # `timeout` answers 124 when TERM ended the step, 137 when it had to KILL it 10 s later;
+    # both are the step's timeout (a step that was killed by something else before its limit
+    # keeps its 137).
+    if [ $rc -eq 137 ] && awk -v t="$secs" -v l="$limit" 'BEGIN { exit !(t >= l) }'; then rc=124; fi
     cat "$slog" >>"$LOG"
     echo "----- $name: rc=$rc in ${secs}s" >>"$LOG"
     # The last line that looks like a verdict, else the last line.
@@ -59,7 +100,7 @@ find_lib() {
     for d in /usr/local/cuda-13*/lib64; do dirs+=("$d"); done
     while read -r d; do
         for x in "$d"/nvidia/*/lib; do dirs+=("$x"); done
-    done < <($PY -c 'import site; print("\n".join(site.getsitepackages()))' 2>/dev/null)
+    done < <(tmo 30 "$PY" -c 'import site; print("\n".join(site.getsitepackages()))' 2>/dev/null)
     for d in "${dirs[@]}"; do
         [ -e "$d/$so" ] && { echo "$d"; return 0; }
     done

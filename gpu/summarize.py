@@ -128,6 +128,19 @@ TARGETS = [
 ]
 
 
+# What marks a latest.json from the fake driver (check.sh on crates/fake-cuda: env.txt's
+# fake_driver line), so that it is never mistaken for a measurement.
+FAKE_MARK = {
+    "fake_driver": True,
+    "gpu": "none: the tandem fake driver (crates/fake-cuda), kernels run by the CPU emulator",
+    "not_a_measurement": "a rehearsal on the fake driver: these figures time a CPU emulator, not a GPU",
+}
+
+
+def is_fake(env):
+    return env.get("fake_driver") == "1"
+
+
 def meets(op, value, target):
     if op == ">=":
         return value >= target
@@ -141,6 +154,10 @@ def latest_fields(env, measured, labs):
     did not measure is absent, never guessed (docs/gpu-check.md defines each). `measured` holds
     the figures main() derived from the benchmark reports; None means not measured."""
     out = {k: env.get(k) for k in ("date", "gpu", "driver", "commit") if env.get(k)}
+    if is_fake(env):
+        # Kernels run by the CPU emulator: every figure below is the fake's. merge_latest.py
+        # refuses a file marked so; nothing here is ever a measurement.
+        out.update(FAKE_MARK)
     out.update({k: v for k, v in measured.items() if v is not None})
     lab = (labs.get("llama-3.2-1b") or {}).get("results") or []
 
@@ -212,7 +229,9 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--bench-model", required=True)
     ap.add_argument("--backend", required=True)
+    ap.add_argument("--compares", help="where compare-*.json and hf-tiny.json are (default: --out)")
     a = ap.parse_args()
+    cmp_dir = a.compares or a.out
     raw = os.path.join(a.work, "raw")
 
     steps = []
@@ -395,12 +414,12 @@ def main():
             measured["serve_tpot_p99_s"] = p99_s(sr.get("tpot_ms"))
 
     compares = {}
-    for name in sorted(os.listdir(a.out)):
+    for name in sorted(os.listdir(cmp_dir)):
         if name.startswith("compare-") and name.endswith(".json"):
-            c = load_json(os.path.join(a.out, name)) or {}
+            c = load_json(os.path.join(cmp_dir, name)) or {}
             nm = [x for p in c.get("prompts", []) for x in (p.get("nmse") or [])]
             compares[name] = {"passed": c.get("passed"), "failed": c.get("failed"), "max_nmse": max(nm) if nm else None, "batch": c.get("batch"), "kv_cache_dtype": c.get("kv_cache_dtype")}
-    hf = load_json(os.path.join(a.out, "hf-tiny.json"))
+    hf = load_json(os.path.join(cmp_dir, "hf-tiny.json"))
     measured["batch_invariant"], why = batch_invariance(compares)
     if why:
         notes.append(f"batch_invariant not set: {why}")
@@ -437,6 +456,8 @@ def main():
         f.write("\n")
 
     out = []
+    if is_fake(env):
+        out.append("== FAKE DRIVER (crates/fake-cuda): a rehearsal, not a measurement; latest.json is marked fake_driver ==")
     out.append(f"== tandem GPU check: backend {a.backend}, {env.get('gpu', 'no GPU')} (driver {env.get('driver', '-')}), commit {env.get('commit', '?')[:12]}, {env.get('date', '?')} ==")
     out.append(f"{'step':<34} {'result':<8} {'secs':>6}  detail")
     for s in steps:

@@ -35,8 +35,16 @@
 # TANDEM_TUNE_NCU=0 to skip ncu, TANDEM_TUNE_MOE=0 to skip the mixture-of-experts paths
 # (TANDEM_CUDA_MOE=routed against dense: tiny-qwen3-moe compared on both, then decode b1 / b64
 # and prefill 2048 timed on qwen3-30b-a3b-2l, Qwen3-30B-A3B's layer in 2 layers).
+# TANDEM_TUNE_SMALL=1: rehearsal sizes (`cargo xtask gpu-rehearsal` on the fake driver): the
+# tiny shape everywhere, short prompts and contexts, one run each; TANDEM_TUNE_OPS: only the op
+# suite's cases matching this; TANDEM_TUNE_COMPARE_ARGS: more `tandem compare` arguments (the
+# rehearsal's fewer prompts and steps); TANDEM_TUNE_CUDA_TESTS: the GPU-only test filters of each variant
+# (default gpu_invariance:: graphs:: launches::); TANDEM_OPS_SEED: the op suite's seed (pinned,
+# gpu/lib.sh). Every step has its own timeout: a hang costs that step, and the table says
+# TIMEOUT beside it.
 # Writes OUT_DIR/tune.log (everything), OUT_DIR/tune.tsv (one row per variant and case) and
-# OUT_DIR/ncu-*.txt; prints the table last.
+# OUT_DIR/tune-files.tar.gz (ncu-*.txt, each step's log, the raw reports): three files, so that
+# a call that ran check.sh first returns eight (gpu/lib.sh); prints the table last.
 
 set -u
 OUT=${1:?usage: tune.sh OUT_DIR}
@@ -51,26 +59,49 @@ WORK=${TANDEM_CHECK_WORK:-/tmp/tandem-check}
 PY=${TANDEM_CHECK_PYTHON:-python3}
 BIN=${TANDEM_BIN:-$HERE/tandem}
 export PYTHONUNBUFFERED=1 RUST_LOG=${RUST_LOG:-info}
-export TANDEM_PTX_CACHE=$WORK/ptx-cache
+export TANDEM_PTX_CACHE=${TANDEM_PTX_CACHE:-$WORK/ptx-cache}
+SMALL=${TANDEM_TUNE_SMALL:-0}
+if [ "$SMALL" = 1 ]; then
+    SHAPE=tiny; SHAPE_8B=tiny; MOE_SHAPE=tiny-qwen3-moe
+    LAB_M=1,16; MIN_MS=1; AB=1,4; ACTX=64; APRE=32; SB=1,4
+    PRE=(--prompt-len 64 --max-tokens 2 --runs 1 --max-num-batched-tokens 256)
+    DEC=(--prompt-len 16 --max-tokens 4 --batch-sizes 1,4 --runs 1 --max-num-batched-tokens 256)
+else
+    SHAPE=llama-3.2-1b; SHAPE_8B=llama-3.1-8b; MOE_SHAPE=qwen3-30b-a3b-2l
+    LAB_M=1,64,256,2048; MIN_MS=50; AB=1,8,64; ACTX=1024,4096,16384; APRE=512,2048; SB=1,64
+    PRE=(--prompt-len 2048 --max-tokens 2 --runs 2 --max-num-batched-tokens 2048)
+    DEC=(--prompt-len 512 --max-tokens 64 --batch-sizes 1,64 --runs 2 --max-num-batched-tokens 2048)
+fi
+OPS_FILTER=(); [ -n "${TANDEM_TUNE_OPS:-}" ] && OPS_FILTER=(--op "$TANDEM_TUNE_OPS")
+# shellcheck disable=SC2206  # the arguments are words
+CMP_EXTRA=(${TANDEM_TUNE_COMPARE_ARGS:-})
+# shellcheck disable=SC2206  # the filters are words
+CUDA_TESTS=(${TANDEM_TUNE_CUDA_TESTS:-gpu_invariance:: graphs:: launches::})
 . "$HERE/lib.sh"
-begin_run "$OUT/tune.log"
+# check.sh's ceilings (the copy floor below), kept across begin_run, which empties raw/.
+CEIL_JSON=$(cat "$WORK/raw/ceilings.json" 2>/dev/null)
+begin_run "$OUT/tune.log" tune-files
+[ -n "$CEIL_JSON" ] && echo "$CEIL_JSON" >"$WORK/raw/ceilings.json"
+# gpu/kernel_lab.py (torch SDPA beside ours) needs torch in $PY; without it those steps are left out.
+HAVE_TORCH=$(tmo 120 "$PY" -c 'import torch; print(1)' 2>/dev/null | tail -n 1)
 mkdir -p "$TANDEM_PTX_CACHE"
 [ -d "$HERE/ptx-cache" ] && cp -n "$HERE"/ptx-cache/* "$TANDEM_PTX_CACHE"/ 2>/dev/null
 
 {
     echo "tandem tuning round, budget ${BUDGET}s, variants: $VARIANTS"
     echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ), commit: $(cat "$HERE/COMMIT" 2>/dev/null || echo unknown)"
-    nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv,noheader 2>&1
+    [ "${TANDEM_FAKE_CUDA:-0}" = 1 ] && echo "FAKE DRIVER (crates/fake-cuda): a rehearsal; every timing below is the CPU emulator's, not a measurement"
+    command -v nvidia-smi >/dev/null && tmo 30 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv,noheader 2>&1
 } | tee -a "$LOG"
 : >"$WORK/raw/env.txt"
 cuda_libs
 
-BENCH_DIR=$WORK/models/bench-llama-3.2-1b-bf16
+BENCH_DIR=$WORK/models/bench-$SHAPE-bf16
 TINY=$WORK/models/tiny-bf16
 GEN_PID=
 if [ ! -e "$BENCH_DIR/config.json" ]; then
     rm -rf "$BENCH_DIR"
-    "$BIN" gen-model --shape llama-3.2-1b --seed 1 --dtype bf16 --out "$BENCH_DIR" >"$WORK/logs/gen-bench.log" 2>&1 &
+    step "gen-model bench $SHAPE" 150 "$BIN" gen-model --shape "$SHAPE" --seed 1 --dtype bf16 --out "$BENCH_DIR" &
     GEN_PID=$!
 fi
 [ -e "$TINY/config.json" ] || step "gen-model tiny" 30 "$BIN" gen-model --shape tiny --seed 1 --dtype bf16 --out "$TINY"
@@ -81,26 +112,26 @@ fi
 for v in $VARIANTS; do
     IFS=: read -r L M S <<<"$v"
     E=(env TANDEM_CUDA_GEMM_LARGE="$L" TANDEM_CUDA_GEMM_MID="$M" TANDEM_CUDA_GEMM_SMALL="$S")
-    NEED=20 step "test-ops [$v]" 120 "${E[@]}" "$BIN" test-ops --backend cuda
-    [ -x "$HERE/cuda-tests" ] && NEED=20 PICK='test result|panicked|FAILED' step "cuda tests [$v]" 90 "${E[@]}" TANDEM_REQUIRE_CUDA=1 "$HERE/cuda-tests" --test-threads 1 gpu_invariance:: graphs:: launches::
-    NEED=10 step "compare tiny [$v]" 60 "${E[@]}" "$BIN" compare --backend cuda --model "$TINY"
+    NEED=20 step "test-ops [$v]" 120 "${E[@]}" "$BIN" test-ops --backend cuda --seed "$OPS_SEED" "${OPS_FILTER[@]}"
+    [ -x "$HERE/cuda-tests" ] && NEED=20 PICK='test result|panicked|FAILED' step "cuda tests [$v]" 90 "${E[@]}" TANDEM_REQUIRE_CUDA=1 "$HERE/cuda-tests" --test-threads 1 "${CUDA_TESTS[@]}"
+    NEED=10 step "compare tiny [$v]" 60 "${E[@]}" "$BIN" compare --backend cuda --model "$TINY" "${CMP_EXTRA[@]}"
 done
 # The attention variants (TANDEM_CUDA_ATTENTION) other than the default: the op suite and the
 # GPU-only tests (graphs:: replays a captured step with the variant's partition count).
 for av in $ATTN_VARIANTS; do
     [ "$av" = tc ] && continue
-    NEED=20 step "test-ops [attn $av]" 120 env TANDEM_CUDA_ATTENTION="$av" "$BIN" test-ops --backend cuda
+    NEED=20 step "test-ops [attn $av]" 120 env TANDEM_CUDA_ATTENTION="$av" "$BIN" test-ops --backend cuda --seed "$OPS_SEED" "${OPS_FILTER[@]}"
     [ -x "$HERE/cuda-tests" ] && NEED=20 PICK='test result|panicked|FAILED' step "cuda tests [attn $av]" 90 env TANDEM_CUDA_ATTENTION="$av" TANDEM_REQUIRE_CUDA=1 "$HERE/cuda-tests" --test-threads 1 gpu_invariance:: graphs::
 done
 for dv in $ATTN_D256_VARIANTS; do
     [ "$dv" = partial ] && continue
-    NEED=10 step "test-ops [attn d256 $dv]" 60 env TANDEM_CUDA_ATTENTION_D256="$dv" "$BIN" test-ops --backend cuda --op head_dim=256
+    NEED=10 step "test-ops [attn d256 $dv]" 60 env TANDEM_CUDA_ATTENTION_D256="$dv" "$BIN" test-ops --backend cuda --seed "$OPS_SEED" --op head_dim=256
 done
 # Programmatic dependent launch (TANDEM_CUDA_PDL=1, sm_90+; kernels/README.md): the GPU-only
 # tests (graphs:: replays captured steps, whose kernel edges become programmatic) and a compare.
 if [ "${TANDEM_TUNE_PDL:-1}" = 1 ]; then
     [ -x "$HERE/cuda-tests" ] && NEED=20 PICK='test result|panicked|FAILED' step "cuda tests [pdl 1]" 90 env TANDEM_CUDA_PDL=1 TANDEM_REQUIRE_CUDA=1 "$HERE/cuda-tests" --test-threads 1 gpu_invariance:: graphs::
-    NEED=10 step "compare tiny [pdl 1]" 60 env TANDEM_CUDA_PDL=1 "$BIN" compare --backend cuda --model "$TINY"
+    NEED=10 step "compare tiny [pdl 1]" 60 env TANDEM_CUDA_PDL=1 "$BIN" compare --backend cuda --model "$TINY" "${CMP_EXTRA[@]}"
 fi
 [ -n "$GEN_PID" ] && wait "$GEN_PID"
 
@@ -109,11 +140,11 @@ fi
 for v in $VARIANTS; do
     IFS=: read -r L M S <<<"$v"
     E=(env TANDEM_CUDA_GEMM_LARGE="$L" TANDEM_CUDA_GEMM_MID="$M" TANDEM_CUDA_GEMM_SMALL="$S")
-    NEED=15 PICK='attention prefill' step "kernel lab [$v]" 60 "${E[@]}" "$BIN" bench kernels --backend cuda --shape llama-3.2-1b --m 1,64,256,2048 --attn-batch 1 --attn-context 1024 --attn-prefill 512 --min-ms 50 --output-dir "$WORK/raw" --name "lab-$L-$M-$S"
+    NEED=15 PICK='attention prefill' step "kernel lab [$v]" 60 "${E[@]}" "$BIN" bench kernels --backend cuda --shape "$SHAPE" --m "$LAB_M" --attn-batch 1 --attn-context "${ACTX%%,*}" --attn-prefill "${APRE%%,*}" --min-ms "$MIN_MS" --output-dir "$WORK/raw" --name "lab-$L-$M-$S"
     grep -E '^\| gemm' "$WORK/logs/kernel_lab__${v//:/_}_.log" 2>/dev/null | awk -F'|' -v v="$v" '{gsub(/^ +| +$/, "", $2); gsub(/^ +| +$/, "", $3); gsub(/^ +| +$/, "", $4); print v "\t" $2 " " $3 "\t" $4}' >>"$OUT/tune.tsv"
-    NEED=15 PICK='prefill tok/s' step "prefill 2048 [$v]" 60 "${E[@]}" "$BIN" bench decode --backend cuda --model "$BENCH_DIR" --prompt-len 2048 --max-tokens 2 --runs 2 --max-num-batched-tokens 2048 --output-dir "$WORK/raw" --name "prefill-$L-$M-$S"
+    NEED=15 PICK='prefill tok/s' step "prefill 2048 [$v]" 60 "${E[@]}" "$BIN" bench decode --backend cuda --model "$BENCH_DIR" "${PRE[@]}" --output-dir "$WORK/raw" --name "prefill-$L-$M-$S"
     grep -E '^\| prefill tok/s' "$WORK/logs/prefill_2048__${v//:/_}_.log" 2>/dev/null | awk -F'|' -v v="$v" '{gsub(/^ +| +$/, "", $3); print v "\tprefill 2048 tok/s\t" $3}' >>"$OUT/tune.tsv"
-    NEED=20 PICK='decode tok/s' step "decode b1,b64 [$v]" 60 "${E[@]}" "$BIN" bench decode --backend cuda --model "$BENCH_DIR" --prompt-len 512 --max-tokens 64 --batch-sizes 1,64 --runs 2 --max-num-batched-tokens 2048 --output-dir "$WORK/raw" --name "decode-$L-$M-$S"
+    NEED=20 PICK='decode tok/s' step "decode b1,b64 [$v]" 60 "${E[@]}" "$BIN" bench decode --backend cuda --model "$BENCH_DIR" "${DEC[@]}" --output-dir "$WORK/raw" --name "decode-$L-$M-$S"
     grep -E '^\| decode tok/s' "$WORK/logs/decode_b1_b64__${v//:/_}_.log" 2>/dev/null | awk -F'|' -v v="$v" '{gsub(/^ +| +$/, "", $2); gsub(/^ +| +$/, "", $3); print v "\t" $2 "\t" $3}' >>"$OUT/tune.tsv"
 done
 
@@ -122,7 +153,7 @@ done
 #     kernel's prologue, the decode GEMMs' first weight loads, overlaps the previous one's tail).
 if [ "${TANDEM_TUNE_PDL:-1}" = 1 ]; then
     for P in 0 1; do
-        NEED=20 PICK='decode tok/s' step "decode b1,b64 [pdl $P]" 60 env TANDEM_CUDA_PDL=$P "$BIN" bench decode --backend cuda --model "$BENCH_DIR" --prompt-len 512 --max-tokens 64 --batch-sizes 1,64 --runs 2 --max-num-batched-tokens 2048 --output-dir "$WORK/raw" --name "decode-pdl-$P"
+        NEED=20 PICK='decode tok/s' step "decode b1,b64 [pdl $P]" 60 env TANDEM_CUDA_PDL=$P "$BIN" bench decode --backend cuda --model "$BENCH_DIR" "${DEC[@]}" --output-dir "$WORK/raw" --name "decode-pdl-$P"
         grep -E '^\| decode tok/s' "$WORK/logs/decode_b1_b64__pdl_${P}_.log" 2>/dev/null | awk -F'|' -v v="pdl $P" '{gsub(/^ +| +$/, "", $2); gsub(/^ +| +$/, "", $3); print v "\t" $2 "\t" $3}' >>"$OUT/tune.tsv"
     done
 else
@@ -134,14 +165,14 @@ fi
 #     (kernels/emu/moe_test.h): the compare on both, then the timings, one row per path.
 if [ "${TANDEM_TUNE_MOE:-1}" = 1 ]; then
     MOE_TINY=$WORK/models/tiny-qwen3-moe-bf16
-    MOE_DIR=$WORK/models/qwen3-30b-a3b-2l-bf16
+    MOE_DIR=$WORK/models/$MOE_SHAPE-bf16
     [ -e "$MOE_TINY/config.json" ] || step "gen-model tiny-qwen3-moe" 30 "$BIN" gen-model --shape tiny-qwen3-moe --seed 1 --dtype bf16 --out "$MOE_TINY"
-    [ -e "$MOE_DIR/config.json" ] || NEED=30 step "gen-model qwen3-30b-a3b-2l" 120 "$BIN" gen-model --shape qwen3-30b-a3b-2l --seed 1 --dtype bf16 --out "$MOE_DIR"
+    [ -e "$MOE_DIR/config.json" ] || NEED=30 step "gen-model $MOE_SHAPE" 120 "$BIN" gen-model --shape "$MOE_SHAPE" --seed 1 --dtype bf16 --out "$MOE_DIR"
     for P in routed dense; do
-        NEED=10 step "compare tiny-qwen3-moe [moe $P]" 60 env TANDEM_CUDA_MOE=$P "$BIN" compare --backend cuda --model "$MOE_TINY"
-        NEED=15 PICK='prefill tok/s' step "prefill 2048 [moe $P]" 60 env TANDEM_CUDA_MOE=$P "$BIN" bench decode --backend cuda --model "$MOE_DIR" --prompt-len 2048 --max-tokens 2 --runs 2 --max-num-batched-tokens 2048 --output-dir "$WORK/raw" --name "moe-prefill-$P"
+        NEED=10 step "compare tiny-qwen3-moe [moe $P]" 60 env TANDEM_CUDA_MOE=$P "$BIN" compare --backend cuda --model "$MOE_TINY" "${CMP_EXTRA[@]}"
+        NEED=15 PICK='prefill tok/s' step "prefill 2048 [moe $P]" 60 env TANDEM_CUDA_MOE=$P "$BIN" bench decode --backend cuda --model "$MOE_DIR" "${PRE[@]}" --output-dir "$WORK/raw" --name "moe-prefill-$P"
         grep -E '^\| prefill tok/s' "$WORK/logs/prefill_2048__moe_${P}_.log" 2>/dev/null | awk -F'|' -v v="moe $P" '{gsub(/^ +| +$/, "", $3); print v "\tprefill 2048 tok/s\t" $3}' >>"$OUT/tune.tsv"
-        NEED=20 PICK='decode tok/s' step "decode b1,b64 [moe $P]" 60 env TANDEM_CUDA_MOE=$P "$BIN" bench decode --backend cuda --model "$MOE_DIR" --prompt-len 512 --max-tokens 64 --batch-sizes 1,64 --runs 2 --max-num-batched-tokens 2048 --output-dir "$WORK/raw" --name "moe-decode-$P"
+        NEED=20 PICK='decode tok/s' step "decode b1,b64 [moe $P]" 60 env TANDEM_CUDA_MOE=$P "$BIN" bench decode --backend cuda --model "$MOE_DIR" "${DEC[@]}" --output-dir "$WORK/raw" --name "moe-decode-$P"
         grep -E '^\| decode tok/s' "$WORK/logs/decode_b1_b64__moe_${P}_.log" 2>/dev/null | awk -F'|' -v v="moe $P" '{gsub(/^ +| +$/, "", $2); gsub(/^ +| +$/, "", $3); print v "\t" $2 "\t" $3}' >>"$OUT/tune.tsv"
     done
 else
@@ -156,7 +187,7 @@ for v in ${TANDEM_TUNE_SAMPLERS:-bisect:one radix:multi multi:multi}; do
     IFS=: read -r SV AV <<<"$v"
     E=(env TANDEM_CUDA_SAMPLER="$SV" TANDEM_CUDA_ARGMAX="$AV")
     [ -x "$HERE/cuda-tests" ] && NEED=10 PICK='test result|panicked|FAILED' step "sampling ids [$v]" 60 "${E[@]}" TANDEM_REQUIRE_CUDA=1 "$HERE/cuda-tests" --test-threads 1 gpu_invariance::masked_sampling
-    NEED=10 PICK='sample|argmax' step "sampling lab [$v]" 60 "${E[@]}" "$BIN" bench kernels --backend cuda --shape llama-3.2-1b --only-sampling --sample-batch 1,64 --min-ms 50 --output-dir "$WORK/raw" --name "lab-sampling-$SV-$AV"
+    NEED=10 PICK='sample|argmax' step "sampling lab [$v]" 60 "${E[@]}" "$BIN" bench kernels --backend cuda --shape "$SHAPE" --only-sampling --sample-batch "$SB" --min-ms "$MIN_MS" --output-dir "$WORK/raw" --name "lab-sampling-$SV-$AV"
     grep -E '^\| (sample|argmax)' "$WORK/logs/sampling_lab__${v//:/_}_.log" 2>/dev/null | awk -F'|' -v v="$v" '{gsub(/^ +| +$/, "", $2); gsub(/^ +| +$/, "", $3); gsub(/^ +| +$/, "", $4); print v "\t" $2 " " $3 "\t" $4}' >>"$OUT/tune.tsv"
 done
 
@@ -165,13 +196,13 @@ done
 #     (llama-3.1-8b) (`bench kernels --only-attention`, then gpu/kernel_lab.py on its report:
 #     ours, torch's, torch/ours), then the whole 1B model's prefill 2048 with it.
 for av in $ATTN_VARIANTS; do
-    for shp in llama-3.2-1b llama-3.1-8b; do
-        NEED=15 PICK='attention prefill' step "prefill attention [$av $shp]" 60 env TANDEM_CUDA_ATTENTION="$av" "$BIN" bench kernels --backend cuda --shape "$shp" --only-attention --attn-batch 1 --attn-context 1024 --attn-prefill 512,2048 --min-ms 20 --output-dir "$WORK/raw" --name "pattn-$av-$shp"
-        [ -f "$WORK/raw/pattn-$av-$shp.json" ] && NEED=15 PICK='attention prefill' step "prefill attention torch [$av $shp]" 60 "$PY" "$HERE/kernel_lab.py" "$WORK/raw/pattn-$av-$shp.json" --min-ms 20 --out "$WORK/raw/pattn-torch-$av-$shp.json"
+    for shp in $(printf '%s\n' "$SHAPE" "$SHAPE_8B" | uniq); do
+        NEED=15 PICK='attention prefill' step "prefill attention [$av $shp]" 60 env TANDEM_CUDA_ATTENTION="$av" "$BIN" bench kernels --backend cuda --shape "$shp" --only-attention --attn-batch 1 --attn-context "${ACTX%%,*}" --attn-prefill "$APRE" --min-ms "$MIN_MS" --output-dir "$WORK/raw" --name "pattn-$av-$shp"
+        [ -f "$WORK/raw/pattn-$av-$shp.json" ] && [ "$HAVE_TORCH" = 1 ] && NEED=15 PICK='attention prefill' step "prefill attention torch [$av $shp]" 60 "$PY" "$HERE/kernel_lab.py" "$WORK/raw/pattn-$av-$shp.json" --min-ms 20 --out "$WORK/raw/pattn-torch-$av-$shp.json"
         grep -E '^\| attention prefill' "$WORK/logs/prefill_attention_torch__${av}_${shp}_.log" 2>/dev/null | awk -F'|' -v v="attn $av" '{gsub(/^ +| +$/, "", $3); gsub(/^ +| +$/, "", $4); gsub(/^ +| +$/, "", $5); gsub(/^ +| +$/, "", $6); print v "\tprefill " $3 "\t" $4 " us, torch " $5 " us, torch/ours " $6}' >>"$OUT/tune.tsv"
     done
     [ "$av" = tc ] && continue  # the GEMM loop above timed the default's
-    NEED=15 PICK='prefill tok/s' step "prefill 2048 [attn $av]" 60 env TANDEM_CUDA_ATTENTION="$av" "$BIN" bench decode --backend cuda --model "$BENCH_DIR" --prompt-len 2048 --max-tokens 2 --runs 2 --max-num-batched-tokens 2048 --output-dir "$WORK/raw" --name "prefill-attn-$av"
+    NEED=15 PICK='prefill tok/s' step "prefill 2048 [attn $av]" 60 env TANDEM_CUDA_ATTENTION="$av" "$BIN" bench decode --backend cuda --model "$BENCH_DIR" "${PRE[@]}" --output-dir "$WORK/raw" --name "prefill-attn-$av"
     grep -E '^\| prefill tok/s' "$WORK/logs/prefill_2048__attn_${av}_.log" 2>/dev/null | awk -F'|' -v v="attn $av" '{gsub(/^ +| +$/, "", $3); print v "\tprefill 2048 tok/s\t" $3}' >>"$OUT/tune.tsv"
 done
 
@@ -181,18 +212,20 @@ done
 BW=${TANDEM_TUNE_BW_GBS:-$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1])).get("copy_gbps") or 4200)' "$WORK/raw/ceilings.json" 2>/dev/null || echo 4200)}
 for av in $ATTN_VARIANTS; do
     [ "$av" = tc_shared ] && continue  # its decodes are tc's split jobs
-    for shp in llama-3.2-1b llama-3.1-8b; do
+    for shp in $(printf '%s\n' "$SHAPE" "$SHAPE_8B" | uniq); do
         # The 8B shape's batch 64 at 16k would fill 8.6 GB of cache from the host: batch 1 and 8 only.
-        AB=1,8,64
-        [ "$shp" = llama-3.1-8b ] && AB=1,8
-        NEED=15 PICK='attention decode' step "attention lab [$av $shp]" 90 env TANDEM_CUDA_ATTENTION="$av" "$BIN" bench kernels --backend cuda --shape "$shp" --m 1 --attn-batch "$AB" --attn-context 1024,4096,16384 --attn-prefill 512 --min-ms 20 --bandwidth-gbs "$BW" --output-dir "$WORK/raw" --name "attn-$av-$shp"
+        B_=$AB
+        [ "$shp" = llama-3.1-8b ] && B_=1,8
+        NEED=15 PICK='attention decode' step "attention lab [$av $shp]" 90 env TANDEM_CUDA_ATTENTION="$av" "$BIN" bench kernels --backend cuda --shape "$shp" --m 1 --attn-batch "$B_" --attn-context "$ACTX" --attn-prefill "${APRE%%,*}" --min-ms "$MIN_MS" --bandwidth-gbs "$BW" --output-dir "$WORK/raw" --name "attn-$av-$shp"
         grep -E '^\| attention' "$WORK/logs/attention_lab__${av}_${shp}_.log" 2>/dev/null | awk -F'|' -v v="attn $av" '{gsub(/^ +| +$/, "", $2); gsub(/^ +| +$/, "", $3); gsub(/^ +| +$/, "", $4); gsub(/^ +| +$/, "", $7); print v "\t" $2 " " $3 "\t" $4 " us, " $7 " of floor"}' >>"$OUT/tune.tsv"
     done
 done
 # 2e. Head_dim 256 (gemma-3-1b: 4 heads over 1 KV head): TANDEM_CUDA_ATTENTION_D256=partial
 #     (the default, the f32 kernel) beside tc (paged_attention_tc_d256), the same cases.
+# Rehearsal sizes: the attention only (gemma-3-1b's GEMMs and vocabulary are no tiny shape).
+D256_ONLY=(--m 1 --sample-batch 1); [ "$SMALL" = 1 ] && D256_ONLY=(--only-attention)
 for dv in $ATTN_D256_VARIANTS; do
-    NEED=15 PICK='attention decode' step "attention lab [d256 $dv gemma-3-1b]" 90 env TANDEM_CUDA_ATTENTION_D256="$dv" "$BIN" bench kernels --backend cuda --shape gemma-3-1b --m 1 --attn-batch 1,8,64 --attn-context 1024,4096,16384 --attn-prefill 512 --sample-batch 1 --min-ms 20 --bandwidth-gbs "$BW" --output-dir "$WORK/raw" --name "attn-d256-$dv-gemma-3-1b"
+    NEED=15 PICK='attention decode' step "attention lab [d256 $dv gemma-3-1b]" 90 env TANDEM_CUDA_ATTENTION_D256="$dv" "$BIN" bench kernels --backend cuda --shape gemma-3-1b "${D256_ONLY[@]}" --attn-batch "$AB" --attn-context "$ACTX" --attn-prefill "${APRE%%,*}" --min-ms "$MIN_MS" --bandwidth-gbs "$BW" --output-dir "$WORK/raw" --name "attn-d256-$dv-gemma-3-1b"
     grep -E '^\| attention' "$WORK/logs/attention_lab__d256_${dv}_gemma-3-1b_.log" 2>/dev/null | awk -F'|' -v v="attn d256 $dv" '{gsub(/^ +| +$/, "", $2); gsub(/^ +| +$/, "", $3); gsub(/^ +| +$/, "", $4); gsub(/^ +| +$/, "", $7); print v "\t" $2 " " $3 "\t" $4 " us, " $7 " of floor"}' >>"$OUT/tune.tsv"
 done
 
@@ -200,12 +233,13 @@ done
 #    default kernels, and the m128_n128 variant at 2048), the decode attention at batch 1, and
 #    the decode GEMM at m = 1 (m16 and m16_gemv4).
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -n 1)
+[ "$SMALL" = 1 ] && NCU=
 if [ "${TANDEM_TUNE_NCU:-1}" = 1 ] && [ -n "$NCU" ]; then
     SECTIONS=(--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis)
     ncu_case() { # ncu_case NAME KERNEL_REGEX M [ENV...]
         local name=$1 re=$2 m=$3; shift 3
         NEED=25 PICK='==PROF==|Error|error' step "ncu $name" 60 env "$@" "$NCU" --clock-control none "${SECTIONS[@]}" -k "regex:$re" -c 1 "$BIN" bench kernels --backend cuda --shape llama-3.2-1b --m "$m" --attn-batch 1 --attn-context 1024 --attn-prefill 512 --min-ms 1
-        cp "$WORK/logs/ncu_$(printf '%s' "$name" | tr -c 'A-Za-z0-9_.-' '_').log" "$OUT/ncu-$name.txt" 2>/dev/null
+        cp "$WORK/logs/ncu_$(printf '%s' "$name" | tr -c 'A-Za-z0-9_.-' '_').log" "$EXTRA/ncu-$name.txt" 2>/dev/null
     }
     ncu_case m2048-m128 'matmul_tc_bf16_m128$' 2048
     ncu_case m2048-m128_n128 'matmul_tc_bf16_m128_n128' 2048 TANDEM_CUDA_GEMM_LARGE=m128_n128
@@ -221,6 +255,8 @@ else
     printf 'ncu\t125\t0\tskipped: %s\n' "$([ -n "$NCU" ] && echo 'TANDEM_TUNE_NCU=0' || echo 'no ncu on this machine')" >>"$STEPS"
 fi
 
+pack_run
+
 # The table, last.
 echo
 echo "== steps =="
@@ -229,5 +265,5 @@ echo
 echo "== variants (LARGE:MID:SMALL; attn VARIANT) =="
 awk -F'\t' '{ printf "%-26s %-40s %s\n", $1, $2, $3 }' "$OUT/tune.tsv"
 FAILED=$(awk -F'\t' '$2 != 0 && $2 != 125' "$STEPS" | wc -l)
-echo "tune: $(awk -F'\t' '$2 == 0' "$STEPS" | wc -l) steps ok, $FAILED failed, $(elapsed) s; logs in $OUT"
+echo "tune: $(awk -F'\t' '$2 == 0' "$STEPS" | wc -l) steps ok, $FAILED failed, $(awk -F'\t' '$2 == 125' "$STEPS" | wc -l) skipped, $(elapsed) s; files in $OUT"
 [ "$FAILED" -eq 0 ]

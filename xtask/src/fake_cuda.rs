@@ -84,7 +84,7 @@ impl FakeEnv {
     }
 }
 
-fn target_dir(root: &Path) -> PathBuf {
+pub(crate) fn target_dir(root: &Path) -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR").map(|d| root.join(d)).unwrap_or_else(|| root.join("target"))
 }
 
@@ -146,7 +146,7 @@ fn find_nvrtc(venv: &Path) -> Option<PathBuf> {
     None
 }
 
-fn build_tandem(root: &Path) -> Result<PathBuf> {
+pub(crate) fn build_tandem(root: &Path) -> Result<PathBuf> {
     let st = Command::new(env!("CARGO"))
         .current_dir(root)
         .args(["build", "--quiet", "-p", "tandem-cli", "--bin", "tandem"])
@@ -233,7 +233,8 @@ pub fn cuda_tests(root: &Path, env: &FakeEnv) -> Result<Tally> {
 /// head_dim-256 attention cases with `TANDEM_CUDA_ATTENTION_D256=tc`: the tensor-core attention
 /// at head_dim 256), and
 /// `tandem serve` answering requests ([`serve_check`]) and preempting over HTTP
-/// ([`preempt_check`]). Each `tandem` command counts as one test. `tandem`: a binary already
+/// ([`preempt_check`]), and the GPU call rehearsed (`cargo xtask gpu-rehearsal`: check.sh and
+/// a short tune.sh leave at most 8 files). Each `tandem` command counts as one test. `tandem`: a binary already
 /// built (a workspace `cargo test` builds one; building `-p tandem-cli` alone resolves other
 /// features and recompiles much).
 pub fn group(root: &Path, tandem: Option<PathBuf>) -> Result<Tally> {
@@ -396,6 +397,16 @@ pub fn group(root: &Path, tandem: Option<PathBuf>) -> Result<Tally> {
             preempt_check(&env, &tandem, &models.join("tiny-qwen3")),
         ),
     ];
+    // The next GPU call, rehearsed: the bundle's check.sh and a short tune.sh at tiny shapes,
+    // what they leave held to what a device call returns (xtask/src/gpu_rehearsal.rs).
+    let what = "the GPU call rehearsed (cargo xtask gpu-rehearsal: <= 8 files, latest.json marked fake)";
+    match crate::gpu_rehearsal::rehearse(root, &env, &tandem, &target_dir(root).join("gpu-rehearsal/out")) {
+        Ok(r) => {
+            println!("{}", r.line());
+            total.step(&format!("fake-cuda: {what}"), r.problems.is_empty());
+        }
+        Err(e) => total.fail(1, format!("fake-cuda: {what}: {e:#}")),
+    }
     for (what, r) in serve_checks {
         match r {
             Ok(()) => {

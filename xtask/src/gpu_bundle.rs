@@ -4,7 +4,9 @@
 //! gpu/*.py and bench/*.py (the HF peers), the kernel sources (for `TANDEM_KERNEL_DIR`) and a
 //! COMMIT file. That machine has no Rust toolchain and no network,
 //! and at most 64 MiB travels with the working tree, so the bundle must be small and whole.
-//! Prints its size and the exact device `run` call (docs/gpu-check.md).
+//! Prints its size and the exact device `run` call (docs/gpu-check.md). `cargo xtask
+//! gpu-rehearsal` lays out the same folder ([`assemble`]) from debug builds and runs it on the
+//! fake driver.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -40,15 +42,9 @@ pub fn run(a: Args) -> Result<()> {
     if !bin.is_file() {
         bail!("{}: no release binary (run without --no-build)", bin.display());
     }
-    let tests = cuda_test_binary(&root, a.no_build)?;
+    let tests = cuda_test_binary(&root, a.no_build, true)?;
     let out = root.join(&a.out);
-    if out.exists() {
-        std::fs::remove_dir_all(&out).with_context(|| format!("removing the old {}", out.display()))?;
-    }
-    std::fs::create_dir_all(out.join("kernels")).with_context(|| format!("creating {}", out.display()))?;
-
-    copy(&bin, &out.join("tandem"))?;
-    copy(&tests, &out.join("cuda-tests"))?;
+    let Assembled { scripts, kernel_files: cu } = assemble(&root, &out, &bin, &tests, false)?;
     // The release profile strips already; `strip` again is a no-op then, and a guard if the
     // profile ever changes (an unstripped binary with debug info is ~200 MB).
     for b in ["tandem", "cuda-tests"] {
@@ -56,42 +52,6 @@ pub fn run(a: Args) -> Result<()> {
             Ok(s) if s.success() => {}
             Ok(s) => eprintln!("warning: strip {b} exited with {s}; bundling it as built"),
             Err(e) => eprintln!("warning: no strip ({e}); bundling {b} as built"),
-        }
-    }
-    let gpu = root.join("gpu");
-    let mut scripts = 0;
-    for e in std::fs::read_dir(&gpu).with_context(|| format!("reading {}", gpu.display()))? {
-        let p = e?.path();
-        let ext = p.extension().and_then(|x| x.to_str()).unwrap_or("");
-        if ext == "py" || ext == "sh" {
-            copy(&p, &out.join(p.file_name().unwrap_or_default()))?;
-            scripts += 1;
-        }
-    }
-    // The HF transformers peers (bench/hf_*.py) sit beside check.sh in the bundle; it looks
-    // there first, then in ../bench of a checkout.
-    let bench = root.join("bench");
-    for e in std::fs::read_dir(&bench).with_context(|| format!("reading {}", bench.display()))? {
-        let p = e?.path();
-        if p.extension().and_then(|x| x.to_str()) == Some("py") {
-            let dest = out.join(p.file_name().unwrap_or_default());
-            if dest.exists() {
-                bail!("{} and gpu/ both have {}: the bundle is flat", p.display(), dest.display());
-            }
-            copy(&p, &dest)?;
-            scripts += 1;
-        }
-    }
-    if !out.join("check.sh").is_file() {
-        bail!("gpu/check.sh is missing: the bundle would have nothing to run");
-    }
-    let kernels = root.join("kernels");
-    let mut cu = 0;
-    for e in std::fs::read_dir(&kernels).with_context(|| format!("reading {}", kernels.display()))? {
-        let p = e?.path();
-        if matches!(p.extension().and_then(|x| x.to_str()), Some("cu" | "cuh")) {
-            copy(&p, &out.join("kernels").join(p.file_name().unwrap_or_default()))?;
-            cu += 1;
         }
     }
     let cached = fill_ptx_cache(&root, &out.join("ptx-cache"));
@@ -134,12 +94,20 @@ pub fn run(a: Args) -> Result<()> {
     println!();
     // check.sh keeps its steps inside 480 s (TANDEM_CHECK_BUDGET_S); a step cut at the budget
     // may take 10 s more to die, then the summary: 570 s stays under the 600 s a call may run.
+    // Without kind="nvidia-h200" a call may land on an H100, whose figures are not the H200's.
     println!("device call (one H200, at most about 8 minutes of steps; timeout leaves room for the summary):");
     println!(
-        r#"  run(command="bash {}/check.sh $OUT", carry=["{}"], timeout_s=570)"#,
+        r#"  run(command="bash {}/check.sh $OUT", carry=["{}"], kind="nvidia-h200", timeout_s=570)"#,
         a.out.display(),
         a.out.display()
     );
+    println!("then the tuning round (after `cargo xtask gpu-rehearsal` has run both on the fake driver):");
+    println!(
+        r#"  run(command="bash {}/tune.sh $OUT", carry=["{}"], kind="nvidia-h200", timeout_s=400)"#,
+        a.out.display(),
+        a.out.display()
+    );
+    println!("each returns at most 8 files; merge latest.json with: python3 gpu/merge_latest.py OUT/latest.json");
     println!("dry run here:  XDG_RUNTIME_DIR=/tmp/xdg TANDEM_CHECK_BACKEND=wgpu TANDEM_CHECK_BENCH_SHAPE=tiny TANDEM_CHECK_SMALL=1 bash {}/check.sh /tmp/check-out", a.out.display());
     Ok(())
 }
@@ -184,12 +152,13 @@ fn fill_ptx_cache(root: &Path, dir: &Path) -> String {
     }
 }
 
-/// The release build of crates/cuda/tests/cuda (the `cuda` test target), built here unless
-/// `no_build` (then the newest one already in target/release/deps). Cargo names the file
-/// `cuda-<hash>`; with a build, its JSON messages say which.
-fn cuda_test_binary(root: &Path, no_build: bool) -> Result<PathBuf> {
+/// The build of crates/cuda/tests/cuda (the `cuda` test target), release or debug, built here
+/// unless `no_build` (then the newest one already in target/<profile>/deps). Cargo names the
+/// file `cuda-<hash>`; with a build, its JSON messages say which.
+pub fn cuda_test_binary(root: &Path, no_build: bool, release: bool) -> Result<PathBuf> {
+    let profile = if release { "release" } else { "debug" };
     if no_build {
-        let deps = root.join("target/release/deps");
+        let deps = root.join("target").join(profile).join("deps");
         let mut found: Vec<(std::time::SystemTime, PathBuf)> = vec![];
         for e in std::fs::read_dir(&deps).with_context(|| format!("reading {}", deps.display()))? {
             let p = e?.path();
@@ -202,14 +171,18 @@ fn cuda_test_binary(root: &Path, no_build: bool) -> Result<PathBuf> {
             anyhow::anyhow!("no release build of the cuda tests in {} (run without --no-build)", deps.display())
         });
     }
+    let mut args = vec!["test", "-p", "tandem-cuda", "--test", "cuda", "--no-run", "--message-format=json"];
+    if release {
+        args.insert(1, "--release");
+    }
     let o = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .args(["test", "--release", "-p", "tandem-cuda", "--test", "cuda", "--no-run", "--message-format=json"])
+        .args(&args)
         .current_dir(root)
         .stderr(std::process::Stdio::inherit())
         .output()
-        .context("running cargo test --release -p tandem-cuda --test cuda --no-run")?;
+        .with_context(|| format!("running cargo {}", args.join(" ")))?;
     if !o.status.success() {
-        bail!("cargo test --release -p tandem-cuda --test cuda --no-run failed ({})", o.status);
+        bail!("cargo {} failed ({})", args.join(" "), o.status);
     }
     // The artifact line of the `cuda` test target carries "executable":"<path>".
     let out = String::from_utf8_lossy(&o.stdout);
@@ -220,6 +193,67 @@ fn cuda_test_binary(root: &Path, no_build: bool) -> Result<PathBuf> {
         })
         .find_map(|l| l.split_once(key).and_then(|(_, rest)| rest.split_once('"')).map(|(p, _)| PathBuf::from(p)))
         .ok_or_else(|| anyhow::anyhow!("cargo built the cuda tests but named no executable"))
+}
+
+/// What [`assemble`] put in the folder.
+pub struct Assembled {
+    pub scripts: usize,
+    pub kernel_files: usize,
+}
+
+/// The bundle's layout in `out` (emptied first): `tandem` and `cuda-tests` (copies, or links
+/// to them with `link`), gpu/*.sh and gpu/*.py and bench/*.py beside them (the bundle is flat),
+/// and kernels/*.cu, *.cuh. The caller adds COMMIT and, for the GPU, the kernel cache.
+pub fn assemble(root: &Path, out: &Path, tandem: &Path, tests: &Path, link: bool) -> Result<Assembled> {
+    if out.exists() {
+        std::fs::remove_dir_all(out).with_context(|| format!("removing the old {}", out.display()))?;
+    }
+    std::fs::create_dir_all(out.join("kernels")).with_context(|| format!("creating {}", out.display()))?;
+    for (from, name) in [(tandem, "tandem"), (tests, "cuda-tests")] {
+        if link {
+            std::os::unix::fs::symlink(from, out.join(name))
+                .with_context(|| format!("linking {} as {}", from.display(), out.join(name).display()))?;
+        } else {
+            copy(from, &out.join(name))?;
+        }
+    }
+    let gpu = root.join("gpu");
+    let mut scripts = 0;
+    for e in std::fs::read_dir(&gpu).with_context(|| format!("reading {}", gpu.display()))? {
+        let p = e?.path();
+        let ext = p.extension().and_then(|x| x.to_str()).unwrap_or("");
+        if ext == "py" || ext == "sh" {
+            copy(&p, &out.join(p.file_name().unwrap_or_default()))?;
+            scripts += 1;
+        }
+    }
+    // The HF transformers peers (bench/hf_*.py) sit beside check.sh in the bundle; it looks
+    // there first, then in ../bench of a checkout.
+    let bench = root.join("bench");
+    for e in std::fs::read_dir(&bench).with_context(|| format!("reading {}", bench.display()))? {
+        let p = e?.path();
+        if p.extension().and_then(|x| x.to_str()) == Some("py") {
+            let dest = out.join(p.file_name().unwrap_or_default());
+            if dest.exists() {
+                bail!("{} and gpu/ both have {}: the bundle is flat", p.display(), dest.display());
+            }
+            copy(&p, &dest)?;
+            scripts += 1;
+        }
+    }
+    if !out.join("check.sh").is_file() {
+        bail!("gpu/check.sh is missing: the bundle would have nothing to run");
+    }
+    let kernels = root.join("kernels");
+    let mut kernel_files = 0;
+    for e in std::fs::read_dir(&kernels).with_context(|| format!("reading {}", kernels.display()))? {
+        let p = e?.path();
+        if matches!(p.extension().and_then(|x| x.to_str()), Some("cu" | "cuh")) {
+            copy(&p, &out.join("kernels").join(p.file_name().unwrap_or_default()))?;
+            kernel_files += 1;
+        }
+    }
+    Ok(Assembled { scripts, kernel_files })
 }
 
 fn copy(from: &Path, to: &Path) -> Result<()> {

@@ -14,6 +14,7 @@ mod fetch_model;
 mod fuzz;
 mod gen_model;
 mod gpu_bundle;
+mod gpu_rehearsal;
 mod kernels;
 mod kernels_predict;
 mod perf_calibration;
@@ -55,6 +56,9 @@ enum Task {
     FakeCuda(fake_cuda::Args),
     /// Build the release binary and put it, the GPU check scripts and the kernels in bundle/.
     GpuBundle(gpu_bundle::Args),
+    /// The GPU call rehearsed on the fake driver: the bundle's check.sh and a short tune.sh at
+    /// tiny shapes, leaving in OUT exactly what the device would return (<= 8 files).
+    GpuRehearsal(gpu_rehearsal::Args),
     /// The fuzz targets in fuzz/ (cargo-fuzz on nightly): regressions replayed, then each
     /// target fuzzed for `--seconds`.
     Fuzz(fuzz::Args),
@@ -76,6 +80,7 @@ fn main() -> anyhow::Result<()> {
         Task::Serve(a) => serve::run(a),
         Task::Kernels(a) => kernels::run(a),
         Task::GpuBundle(a) => gpu_bundle::run(a),
+        Task::GpuRehearsal(a) => gpu_rehearsal::run(a),
         Task::FakeCuda(a) => fake_cuda::run(a),
         Task::Fuzz(a) => fuzz::run(a),
         Task::Bench(a) => bench::run(a),

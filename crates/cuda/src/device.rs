@@ -321,6 +321,8 @@ impl Device for CudaBackend {
     }
 
     fn sync(&self) -> Result<()> {
+        // On the fake driver a failed capture is an error (graph.rs says why).
+        self.capture_failed_on_fake()?;
         self.synchronize()
     }
 

@@ -91,3 +91,28 @@ fn graph_replays_give_the_eager_logits_and_launch_counts() {
     );
     println!("{decode_steps} decode steps ({replayed} replayed): eager {:.3} ms, graphs {:.3} ms a step (incl. logits read-back)", t_eager * 1e3 / decode_steps as f64, t_graph * 1e3 / decode_steps as f64);
 }
+
+/// An allocation inside a capture is refused on either driver: the fake refuses the call, and its
+/// failed capture is an error at the next sync (no silent eager fallback); real CUDA would
+/// record it as a memory node, which `end_capture` refuses.
+#[test]
+fn an_allocation_inside_a_capture_is_an_error_on_either_driver() {
+    use tandem_core::backend::{Device, Storage};
+    let Some(b) = gpu() else { return };
+    let fake = b.device_name().ends_with("(tandem fake driver)");
+    b.begin_capture().unwrap();
+    let alloc = b.alloc_f32(1024).map(drop);
+    let ended = b.end_capture();
+    if fake {
+        assert!(alloc.is_err(), "the fake driver allocated while capturing");
+        assert!(ended.is_err(), "a capture whose allocation was refused ended well on the fake driver");
+        let e = b.sync().expect_err("a failed capture on the fake driver must be an error at the next sync");
+        assert!(e.to_string().contains("failed on the fake driver"), "{e}");
+    } else {
+        let e = ended.expect_err("a captured step that allocates was accepted");
+        assert!(e.to_string().contains("allocates device memory"), "{e}");
+    }
+    b.sync().expect("the failure is reported once; the backend works on");
+    let v = b.weight_from_f32(tandem_core::DType::F32, &[1.0, 2.0]).unwrap();
+    assert_eq!(b.read_f32(&v, 2).unwrap(), vec![1.0, 2.0]);
+}
