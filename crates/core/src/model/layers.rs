@@ -158,19 +158,6 @@ impl<B: Backend> Attention<B> {
             (None, _) => {
                 self.qkv_only(b, c, x, norm, q, k, v, t)?;
                 updates(b, q, k, v)?;
-                b.rope_kv_write(
-                    q,
-                    k,
-                    v,
-                    kv.k_cache,
-                    kv.v_cache,
-                    kv.positions,
-                    kv.inv_freq,
-                    kv.slots,
-                    t,
-                    c.num_attention_heads,
-                    kv.geometry,
-                )
             }
             (Some((q_norm, k_norm)), Some((q_raw, k_raw))) => {
                 self.qkv_only(b, c, x, norm, q_raw, k_raw, v, t)?;
@@ -178,22 +165,24 @@ impl<B: Backend> Attention<B> {
                 // Each head's row of head_dim values is one row of the norm.
                 b.rms_norm(q_raw, q_norm, q, t * c.num_attention_heads, hd, c.rms_norm_eps)?;
                 b.rms_norm(k_raw, k_norm, k, t * c.num_key_value_heads, hd, c.rms_norm_eps)?;
-                b.rope_kv_write(
-                    q,
-                    k,
-                    v,
-                    kv.k_cache,
-                    kv.v_cache,
-                    kv.positions,
-                    kv.inv_freq,
-                    kv.slots,
-                    t,
-                    c.num_attention_heads,
-                    kv.geometry,
-                )
             }
-            (Some(_), None) => Err(crate::error::Error::backend(b.name(), "q/k norm without its scratch buffers")),
+            (Some(_), None) => {
+                return Err(crate::error::Error::backend(b.name(), "q/k norm without its scratch buffers"))
+            }
         }
+        b.rope_kv_write(
+            q,
+            k,
+            v,
+            kv.k_cache,
+            kv.v_cache,
+            kv.positions,
+            kv.inv_freq,
+            kv.slots,
+            t,
+            c.num_attention_heads,
+            kv.geometry,
+        )
     }
 
     /// The q, k and v projections alone (fused where the backend fused them at load).
