@@ -1,7 +1,8 @@
 //! `tandem generate`: prompts through the library's engine (`tandem::Llm`).
 //!
 //! One `--prompt` or `--chat` streams its completion's text to stdout. `--prompts-file FILE`
-//! (one prompt a line, or JSONL whose objects carry a `prompt` string or a `messages` list)
+//! (one prompt a line, or JSONL whose objects carry a `prompt` string or token-id list, or a
+//! `messages` list)
 //! submits every prompt at once, so the engine batches them, and writes one JSON line per
 //! prompt, in the file's order; `--jsonl` does the same for a single prompt. `--json-schema`,
 //! `--json-object`, `--regex`, `--choice` or `--grammar` constrain every completion (structured
@@ -209,7 +210,8 @@ fn flag_of(spec: &GuideSpec) -> &'static str {
 }
 
 /// The prompts of a file. A file whose first non-empty line is a JSON object is JSONL (each
-/// line `{"prompt": "..."}` or `{"messages": [{"role": ..., "content": ...}, ...]}`); any other
+/// line `{"prompt": "..."}`, `{"prompt": [token ids]}` or `{"messages": [{"role": ..., "content":
+/// ...}, ...]}`); any other
 /// file is one prompt a line. Empty lines are skipped.
 fn read_prompts(path: &Path) -> Result<Vec<Entry>> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
@@ -249,8 +251,20 @@ fn parse_entry(v: &Value) -> Result<Entry> {
                 .collect::<Result<Vec<_>>>()?;
             Ok(Entry { prompt: Prompt::Chat(msgs), echo: ("messages", v["messages"].clone()) })
         }
+        // Token ids, sent as they are (vLLM's completions take a prompt this way too).
+        (Some(Value::Array(ids)), None) if !ids.is_empty() => {
+            let ids = ids
+                .iter()
+                .enumerate()
+                .map(|(k, t)| match t.as_u64().and_then(|t| u32::try_from(t).ok()) {
+                    Some(t) => Ok(t),
+                    None => bail!("prompt[{k}] must be a token id (an integer in 0..2^32)"),
+                })
+                .collect::<Result<Vec<_>>>()?;
+            Ok(Entry { prompt: Prompt::Tokens(ids), echo: ("prompt", v["prompt"].clone()) })
+        }
         (Some(_), Some(_)) => bail!("give `prompt` or `messages`, not both"),
-        (Some(_), None) => bail!("`prompt` must be a string"),
+        (Some(_), None) => bail!("`prompt` must be a string or a non-empty list of token ids"),
         (None, Some(_)) => bail!("`messages` must be a non-empty list"),
         (None, None) => bail!("each line needs a `prompt` string or a `messages` list"),
     }
@@ -317,10 +331,12 @@ mod tests {
         );
         let jsonl = read_prompts(&file(
             "a.jsonl",
-            "{\"prompt\": \"hi\"}\n{\"messages\": [{\"role\": \"user\", \"content\": \"yo\"}], \"id\": 3}\n",
+            "{\"prompt\": \"hi\"}\n{\"messages\": [{\"role\": \"user\", \"content\": \"yo\"}], \"id\": 3}\n\
+             {\"prompt\": [1, 42, 4294967295]}\n",
         ))
         .unwrap();
         assert_eq!(jsonl[0].prompt, Prompt::Text("hi".into()));
+        assert_eq!(jsonl[2].prompt, Prompt::Tokens(vec![1, 42, u32::MAX]));
         assert_eq!(jsonl[1].prompt, Prompt::Chat(vec![Message::user("yo")]));
         assert_eq!(jsonl[1].echo.0, "messages");
     }
@@ -330,6 +346,9 @@ mod tests {
         for (body, msg) in [
             ("{\"prompt\": \"ok\"}\nplain text\n", ":2: not JSON"),
             ("{\"prompt\": 3}\n", ":1"),
+            ("{\"prompt\": [1, -2]}\n", "prompt[1] must be a token id"),
+            ("{\"prompt\": [4294967296]}\n", "prompt[0] must be a token id"),
+            ("{\"prompt\": []}\n", "non-empty list of token ids"),
             ("{\"messages\": []}\n", "non-empty"),
             ("{\"messages\": [{\"role\": \"user\"}]}\n", "messages[0]"),
             ("{\"text\": \"x\"}\n", "`prompt` string"),
