@@ -1,7 +1,14 @@
 //! The JSON files a converted directory holds besides the weights: config.json,
 //! tokenizer_config.json and the end-of-sequence ids.
 
-use super::*;
+use std::path::Path;
+
+use serde_json::json;
+use tandem_core::{Error, Result};
+
+use super::params::{GemmaParams, LlamaParams};
+use crate::family::{named, CheckpointNames, GEMMA3, QWEN3_MOE};
+use crate::gguf_tokenizer::GgufTokenizer;
 
 /// f32 as the shortest decimal that reads back to it, so config.json says 1e-05, not
 /// 9.999999747378752e-06.

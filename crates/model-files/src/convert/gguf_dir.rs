@@ -13,6 +13,14 @@
 //! so everything that reads a model directory (tokenizer, chat template, generation defaults,
 //! structured output) reads this one, and the loader takes the weights from the link.
 
+use tandem_core::{DType, Error, Result};
+
+use super::params::LlamaParams;
+use super::tensors::{rope_unpermute, Take};
+use super::{plan, write_metadata};
+use crate::gguf::GgufFile;
+use crate::gguf_tokenizer::GgufTokenizer;
+
 use std::path::{Path, PathBuf};
 
 use sha2::Digest;
@@ -20,7 +28,6 @@ use sha2::Digest;
 use tandem_core::quant_layout::QuantLayout;
 use tandem_core::weights::Weights;
 
-use super::*;
 use crate::quant::GgmlType;
 
 /// The name of the link to the GGUF file in a directory [`gguf_model_dir`] made: a model

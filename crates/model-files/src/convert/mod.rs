@@ -25,7 +25,7 @@ use std::time::Instant;
 use serde_json::json;
 use tandem_core::{DType, Error, Result};
 
-use crate::family::{named, CheckpointNames, Family, GEMMA3, QWEN3_MOE};
+use crate::family::{CheckpointNames, GEMMA3};
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::gguf_tokenizer::GgufTokenizer;
 use crate::safetensors_writer::{SafetensorsWriter, TensorSpec};

@@ -1,7 +1,10 @@
 //! What a GGUF's metadata says about the model, read once: the Llama-family shape, a mixture
 //! of experts' counts, Gemma 3's attention layout.
 
-use super::*;
+use tandem_core::{Error, Result};
+
+use crate::family::{CheckpointNames, Family, GEMMA3, QWEN3_MOE};
+use crate::gguf::GgufFile;
 
 /// Gemma 3's attention layout. llama.cpp's loader (src/llama-model.cpp, `LLM_ARCH_GEMMA3` in
 /// `load_hparams`) reads only the window from the file and fixes the rest for the architecture:

@@ -1,6 +1,7 @@
 //! GGUF tensor names onto HF's, and the row permutation llama.cpp applies to Q and K.
 
-use super::*;
+use super::params::LlamaParams;
+use crate::family::{CheckpointNames, GEMMA3};
 
 /// What a GGUF tensor becomes besides renamed: rows un-permuted (Q and K of a Llama, with the
 /// head count), one expert's slice of a merged expert tensor, or a Gemma norm less one.

@@ -1,4 +1,5 @@
 use super::*;
+use crate::family::named;
 use crate::family::{LLAMA, QWEN3};
 use crate::gguf::{writer, Value};
 use crate::gguf_tokenizer::tests::{tiny_gemma_tokenizer_meta, tiny_gguf_tokenizer_meta};
