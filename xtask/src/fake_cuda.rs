@@ -232,8 +232,9 @@ pub fn cuda_tests(root: &Path, env: &FakeEnv) -> Result<Tally> {
 /// `tc_shared` (its shared-memory opt-in too); tiny-gemma3-hd256 and the op suite's
 /// head_dim-256 attention cases with `TANDEM_CUDA_ATTENTION_D256=tc`: the tensor-core attention
 /// at head_dim 256), and
-/// `tandem serve` answering requests ([`serve_check`]) and preempting over HTTP
-/// ([`preempt_check`]), and the GPU call rehearsed (`cargo xtask gpu-rehearsal`: check.sh and
+/// `tandem serve` answering requests ([`serve_check`]), preempting over HTTP
+/// ([`preempt_check`]) and speculating with the greedy text unchanged ([`speculative_check`]),
+/// and the GPU call rehearsed (`cargo xtask gpu-rehearsal`: check.sh and
 /// a short tune.sh leave at most 8 files). Each `tandem` command counts as one test. `tandem`: a binary already
 /// built (a workspace `cargo test` builds one; building `-p tandem-cli` alone resolves other
 /// features and recompiles much).
@@ -395,6 +396,10 @@ pub fn group(root: &Path, tandem: Option<PathBuf>) -> Result<Tally> {
         (
             "tandem serve on cuda, preempted by a small KV pool",
             preempt_check(&env, &tandem, &models.join("tiny-qwen3")),
+        ),
+        (
+            "tandem serve on cuda with --speculative-config: the same greedy text",
+            speculative_check(&env, &tandem, &models.join("tiny-hd128")),
         ),
     ];
     // The next GPU call, rehearsed: the bundle's check.sh and a short tune.sh at tiny shapes,
@@ -633,4 +638,58 @@ fn preempt_check(env: &FakeEnv, tandem: &Path, model: &Path) -> Result<()> {
             Ok(())
         },
     )
+}
+
+/// Speculative decoding over HTTP: `tandem serve --backend cuda` without and then with
+/// `--speculative-config` (n-gram, 3 drafts). A prompt's greedy text, whole and streamed, must
+/// be the one the server without drafts gave (the verification forward scores the drafts as
+/// extra rows; batch invariance makes their logits a plain decode's), and
+/// vllm:spec_decode_num_accepted_tokens_total must show drafts accepted.
+fn speculative_check(env: &FakeEnv, tandem: &Path, model: &Path) -> Result<()> {
+    // One prompt that repeats (drafts found), whole and streamed: each server start and request
+    // is slow on the emulator.
+    let prompts = ["the cat sat on the mat, the cat sat on the mat, the cat sat"];
+    let answers = |port: u16, name: &str| -> Result<Vec<String>> {
+        let mut out = vec![];
+        for p in prompts {
+            for stream in [false, true] {
+                let r = format!(
+                    r#"{{"model":"{name}","prompt":"{p}","max_tokens":16,"temperature":0,"ignore_eos":true,"stream":{stream}}}"#
+                );
+                let (code, body) = http(port, "POST", "/v1/completions", &r)?;
+                if code != 200 {
+                    bail!("a completion (stream {stream}): {code} {body}");
+                }
+                // The text pieces as the server escaped them, joined (whole: one piece).
+                let text: String = body
+                    .split(r#""text":""#)
+                    .skip(1)
+                    .filter_map(|rest| rest.split_once(r#"","#).map(|(t, _)| t.to_string()))
+                    .collect();
+                out.push(text);
+            }
+        }
+        Ok(out)
+    };
+    let mut want = vec![];
+    with_server(env, tandem, model, &["--max-num-seqs", "4"], |port, name| {
+        want = answers(port, name)?;
+        Ok(())
+    })?;
+    let spec = r#"{"method":"ngram","num_speculative_tokens":3,"prompt_lookup_min":1,"prompt_lookup_max":3}"#;
+    with_server(env, tandem, model, &["--max-num-seqs", "4", "--speculative-config", spec], |port, name| {
+        let got = answers(port, name)?;
+        if got != want {
+            bail!("with drafts the answers (whole, streamed per prompt) are {got:?}, without {want:?}");
+        }
+        let (code, body) = http(port, "GET", "/metrics", "")?;
+        let line = body.lines().find(|l| l.starts_with("vllm:spec_decode_num_accepted_tokens_total{"));
+        match line.and_then(|l| l.rsplit(' ').next()).and_then(|v| v.parse::<f64>().ok()) {
+            Some(v) if code == 200 && v > 0.0 => {
+                println!("fake-cuda: speculation over HTTP: the same greedy text, {v} drafts accepted");
+                Ok(())
+            }
+            v => bail!("vllm:spec_decode_num_accepted_tokens_total is {v:?} ({code}): no draft was accepted"),
+        }
+    })
 }

@@ -261,7 +261,6 @@ const VLLM_UNSUPPORTED: &[&str] = &[
     "-dp",
     "--enable-lora",
     "--lora-modules",
-    "--speculative-config",
     "--tokenizer",
     "--tokenizer-mode",
     "--trust-remote-code",

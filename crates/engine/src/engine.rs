@@ -507,8 +507,14 @@ impl Drop for Engine {
 /// Tokens a sequence may not produce yet: EOS (unless ignored) and its stop tokens, while it
 /// has fewer than `min_tokens` outputs.
 fn banned(eos: &[u32], seq: &Sequence) -> Vec<u32> {
+    banned_at(eos, seq, seq.num_output_tokens())
+}
+
+/// The tokens `seq` may not produce as output token `index` (its stop tokens under
+/// `min_tokens`); [`banned`] at its next index.
+fn banned_at(eos: &[u32], seq: &Sequence, index: usize) -> Vec<u32> {
     let p = &seq.params;
-    if seq.num_output_tokens() >= p.min_tokens {
+    if index >= p.min_tokens {
         return vec![];
     }
     eos.iter().filter(|_| !p.ignore_eos).chain(&p.stop_token_ids).copied().collect()

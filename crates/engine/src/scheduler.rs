@@ -302,9 +302,10 @@ impl Scheduler {
         held as f32 / self.bm.num_blocks().max(1) as f32
     }
 
-    /// Registers in the prefix cache the full blocks of `id` up to `num_computed` tokens: the
-    /// overlapped engine does it when the step that wrote them has come back, never before,
-    /// so no other sequence hits a block whose K/V is not written (or whose step failed).
+    /// Registers in the prefix cache the full blocks of `id` up to `num_computed` tokens (at
+    /// most its computed ones; `usize::MAX`: all of those): the overlapped engine does it when
+    /// the step that wrote them has come back, never before, so no other sequence hits a block
+    /// whose K/V is not written (or whose step failed).
     pub fn cache_computed(&mut self, id: SeqId, num_computed: usize) {
         if let Some(seq) = self.seqs.get_mut(&id) {
             let n = num_computed.min(seq.num_computed_tokens);
@@ -675,14 +676,7 @@ impl Scheduler {
         for s in &out.seqs {
             let Some(seq) = self.seqs.get_mut(&s.seq) else { continue };
             seq.num_computed_tokens += s.num_tokens - s.num_draft;
-            let root = seq.cache_root();
-            self.bm.cache_full_blocks_under(
-                root,
-                &seq.block_table,
-                &mut seq.block_hashes,
-                &seq.tokens,
-                seq.num_computed_tokens,
-            );
+            self.cache_computed(s.seq, usize::MAX);
         }
     }
 
@@ -692,19 +686,12 @@ impl Scheduler {
     pub fn settle_drafts(&mut self, id: SeqId) {
         let Some(seq) = self.seqs.get_mut(&id) else { return };
         seq.draft.clear();
-        let root = seq.cache_root();
-        self.bm.cache_full_blocks_under(
-            root,
-            &seq.block_table,
-            &mut seq.block_hashes,
-            &seq.tokens,
-            seq.num_computed_tokens,
-        );
         let keep = self.bm.blocks_for(seq.num_tokens()).max(self.bm.blocks_for(seq.num_computed_tokens));
         if seq.block_table.len() > keep {
             let mut tail = seq.block_table.split_off(keep);
             self.bm.free(&mut tail, &mut Vec::new());
         }
+        self.cache_computed(id, usize::MAX);
     }
 
     /// Pool and queue invariants (tests call this after every step).

@@ -59,10 +59,15 @@
 //! architecture's rule that a sampled token is a function of (seed, completion, token index)
 //! and its row's logits holds with drafts too.
 //!
-//! Who gets drafts ([`drafts_allowed`]): requests with one completion, no structured output,
-//! no logprobs or prompt logprobs, and no penalty, `logit_bias` or ban in force, greedy or
-//! sampled. Every other request is scheduled with no drafts (`k = 0`), so it runs exactly as
-//! without speculation. While any sequence may get drafts the engine does not overlap steps
+//! Who gets drafts ([`drafts_allowed`]): every request but those with structured output or
+//! prompt logprobs, greedy or sampled. Row `i` of a drafted decode is sampled with the
+//! penalties, `logit_bias` and bans of output token `j + i` as if drafts `0..i` had been
+//! emitted (the output they count is the committed output followed by those drafts, and a
+//! `min_tokens` ban lifts at the row where it would lift), and its logprobs, when asked, are
+//! that row's, so every emitted token and its logprobs are what plain decoding gives. A
+//! request with `n > 1` drafts in each completion on its own (each is its own sequence once
+//! forked). Structured output and prompt logprobs are scheduled with no drafts (`k = 0`), so
+//! they run exactly as without speculation. While any sequence may get drafts the engine does not overlap steps
 //! (async scheduling): proposing needs the previous step's tokens.
 //!
 //! Counters (vLLM's): drafts (sequence-steps verified with at least one draft), draft tokens,
@@ -73,7 +78,6 @@ mod suffix;
 
 pub use self::draft_length::{load_cap, Acceptance, DRAFT_ROWS};
 pub use self::suffix::{SuffixProposer, MAX_CACHED_TOKENS};
-use crate::sampler::has_edits;
 use crate::sequence::Sequence;
 
 /// Where draft tokens come from (vLLM's `"method"`).
@@ -309,17 +313,12 @@ impl DraftProposer for NgramProposer {
     }
 }
 
-/// Whether a sequence may carry drafts: one completion, nothing that needs the logits on the
-/// host or edits them (see the module docs); greedy or sampled. `banned`: the tokens it may
-/// not produce yet.
-pub fn drafts_allowed(seq: &Sequence, banned: &[u32]) -> bool {
+/// Whether a sequence may carry drafts: anything but structured output and prompt logprobs
+/// (see the module docs); greedy or sampled, with logprobs, penalties, bans and `logit_bias`,
+/// any `n` (each completion drafts on its own).
+pub fn drafts_allowed(seq: &Sequence) -> bool {
     let p = &seq.params;
-    p.n == 1
-        && p.guided.is_none()
-        && seq.guide.is_none()
-        && p.logprobs.is_none()
-        && p.prompt_logprobs.is_none()
-        && !has_edits(p, banned)
+    p.guided.is_none() && seq.guide.is_none() && p.prompt_logprobs.is_none()
 }
 
 /// How many leading drafts the target's ids confirm (`ids[i]`: the target's token after the

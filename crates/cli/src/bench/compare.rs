@@ -4,12 +4,11 @@
 //! batch of C and runs it to its longest output, continuous mode refills as requests end.
 //! The default workload is `mixed`: with equal lengths the two modes would do the same work.
 
-use std::time::Duration;
-
 use anyhow::{bail, Result};
 use serde_json::json;
 
 use super::latency::cell;
+use super::measured::{measure, with_max_num_seqs};
 use super::model_source::{self, RandomModelArgs};
 use super::offline::{self, RunResult};
 use super::plot::{self, Panel, Series};
@@ -52,18 +51,10 @@ pub fn run(mut a: Args) -> Result<()> {
     let mut backend = serde_json::Value::Null;
     for &c in &a.concurrency {
         for mode in ["static", "continuous"] {
-            let ea = EngineArgs {
-                max_num_seqs: c,
-                max_num_batched_tokens: Some(a.engine.max_num_batched_tokens.unwrap_or(512).max(c)),
-                scheduler: mode.into(),
-                ..a.engine.clone()
-            };
-            let started = model_source::start_engine(&model, &ea)?;
-            backend = started.backend_json(ea.backend);
-            offline::warm_up(&started.handle, &prompts, a.warmup)?;
-            let r =
-                offline::run(&started.handle, &prompts, c, &format!("{mode} C={c}"), Duration::from_secs(a.timeout_s))?;
-            runs.push((c, mode, r));
+            let ea = with_max_num_seqs(&a.engine, c, mode);
+            let m = measure(&model, &ea, &prompts, a.warmup, c, &format!("{mode} C={c}"), a.timeout_s)?;
+            backend = m.backend;
+            runs.push((c, mode, m.result));
         }
     }
 

@@ -37,8 +37,10 @@ pub struct Args {
     /// Model shape: llama-3.2-1b, llama-3.1-8b, gemma-3-1b (head_dim 256) or tiny.
     #[arg(long, default_value = "llama-3.2-1b")]
     shape: String,
-    /// GEMM widths (tokens in the step).
-    #[arg(long, value_delimiter = ',', default_value = "1,8,64,256,512,2048")]
+    /// GEMM widths (tokens in the step). 3, 5, 24, 40, 96 and 160 are speculative decoding's
+    /// verification steps: `b * (k + 1)` rows for `b` of 1, 8 and 32 decodes with `k` of 2 and 4
+    /// drafts each.
+    #[arg(long, value_delimiter = ',', default_value = "1,3,5,8,24,40,64,96,160,256,512,2048")]
     m: Vec<usize>,
     /// Decode attention: sequences in the batch.
     #[arg(long, value_delimiter = ',', default_value = "1,8,64")]
@@ -46,6 +48,13 @@ pub struct Args {
     /// Decode attention: each sequence's context.
     #[arg(long, value_delimiter = ',', default_value = "1024,4096")]
     attn_context: Vec<usize>,
+    /// Verification attention (speculative decoding): sequences in the batch, each scoring its
+    /// last token and its `k` drafts (`k + 1` query rows) over the first `--attn-context`.
+    #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
+    verify_batch: Vec<usize>,
+    /// Verification attention: drafts per sequence (`k`); empty for none.
+    #[arg(long, value_delimiter = ',', default_value = "2,4")]
+    verify_k: Vec<usize>,
     /// Prefill attention: prompt lengths (one sequence, causal over itself).
     #[arg(long, value_delimiter = ',', default_value = "512,2048")]
     attn_prefill: Vec<usize>,
@@ -259,11 +268,20 @@ fn attention<B: Backend>(
     let us = time(b, a.min_ms, || b.paged_attention(&args, &mut out))?;
     let kv_bytes = 2.0 * (seqs * ctx * per) as f64 * kv_dtype.size() as f64;
     let io = 2.0 * (t * s.heads * s.head_dim) as f64 * 4.0;
-    // Causal prefill does half the square; decode one query row per sequence.
-    let pairs = if q_len == 1 { (seqs * ctx) as f64 } else { seqs as f64 * (q_len * (q_len + 1) / 2) as f64 };
+    // Causal prefill does half the square; decode one query row per sequence; verification
+    // `q_len` rows each over the context before it and the rows up to itself.
+    let pairs = if q_len == 1 {
+        (seqs * ctx) as f64
+    } else if q_len == ctx {
+        seqs as f64 * (q_len * (q_len + 1) / 2) as f64
+    } else {
+        seqs as f64 * (q_len * (ctx - q_len) + q_len * (q_len + 1) / 2) as f64
+    };
     let flops = 4.0 * pairs * (s.heads * s.head_dim) as f64;
     let (op, mut case) = if q_len == 1 {
         ("attention decode", format!("batch={seqs} ctx={ctx} kv={}", kv_dtype.name()))
+    } else if q_len < ctx {
+        ("attention verify", format!("batch={seqs} ctx={ctx} rows={q_len} kv={}", kv_dtype.name()))
     } else {
         ("attention prefill", format!("tokens={q_len} kv={}", kv_dtype.name()))
     };
@@ -338,6 +356,13 @@ fn lab<B: Backend>(b: &B, a: &Args) -> Result<Vec<Row>> {
         for &bs in &a.attn_batch {
             for &ctx in &a.attn_context {
                 attention(b, s, a, bs, ctx, 1, &mut rows)?;
+            }
+        }
+        if let Some(&ctx) = a.attn_context.first() {
+            for &bs in &a.verify_batch {
+                for &k in &a.verify_k {
+                    attention(b, s, a, bs, ctx, k + 1, &mut rows)?;
+                }
             }
         }
         for &t in &a.attn_prefill {

@@ -20,6 +20,7 @@ mod http_client;
 mod kernels;
 mod latency;
 mod load;
+mod measured;
 mod model_source;
 mod offline;
 mod plot;

@@ -12,15 +12,13 @@
 //! the speed-up in tokens/s over the run without speculation. The JSON also has the engine's
 //! steps.
 
-use std::time::Duration;
-
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 use tandem_core::tokenizer::Tokenizer;
 use tandem_engine::speculative::SpeculativeConfig;
 
+use super::measured::measure;
 use super::model_source::{self, RandomModelArgs};
-use super::offline;
 use super::report::{self, markdown_table};
 use super::workload::Prompt;
 use super::OutputArgs;
@@ -159,26 +157,22 @@ pub fn run(mut a: Args) -> Result<()> {
     for (workload, ps) in &workloads {
         for c in &configs {
             let ea = EngineArgs { speculative_config: *c, ..a.engine.clone() };
-            let started = model_source::start_engine(&model, &ea)?;
-            backend = started.backend_json(ea.backend);
-            // Warm-up on other prompts (reversed), so first touches stay out of the run.
-            offline::warm_up(&started.handle, ps, 1)?;
-            let before = started.handle.stats();
             let label = format!("{workload}, {}", describe(c));
-            let r = offline::run(&started.handle, ps, a.concurrency, &label, Duration::from_secs(a.timeout_s))?;
-            let after = started.handle.stats();
-            let f = r.figures();
+            // One warm-up request (a prompt reversed), so first touches stay out of the run.
+            let m = measure(&model, &ea, ps, 1, a.concurrency, &label, a.timeout_s)?;
+            backend = m.backend;
+            let f = m.result.figures();
             if f.errors > 0 {
-                let first = r.records.iter().find_map(|r| r.error.clone()).unwrap_or_default();
+                let first = m.result.records.iter().find_map(|r| r.error.clone()).unwrap_or_default();
                 bail!("{label}: {} requests failed: {first}", f.errors);
             }
-            let d = |x: fn(&tandem_engine::Stats) -> u64| x(&after) - x(&before);
+            let d = |x: fn(&tandem_engine::Stats) -> u64| x(&m.after) - x(&m.before);
             runs.push(Run {
                 workload,
                 config: describe(c),
                 output_tokens: f.output_tokens,
                 steps: d(|s| s.sync_steps_total + s.async_steps_total),
-                wall_s: r.wall_s,
+                wall_s: m.result.wall_s,
                 drafts: d(|s| s.spec_decode_num_drafts_total),
                 draft_tokens: d(|s| s.spec_decode_num_draft_tokens_total),
                 accepted: d(|s| s.spec_decode_num_accepted_tokens_total),

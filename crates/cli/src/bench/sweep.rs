@@ -2,12 +2,11 @@
 //! every prompt submitted at once; throughput against per-token latency (TPOT), one point per
 //! setting. A larger batch buys throughput with latency until the device is saturated.
 
-use std::time::Duration;
-
 use anyhow::{bail, Result};
 use serde_json::json;
 
 use super::latency::cell;
+use super::measured::{measure, with_max_num_seqs};
 use super::model_source::{self, RandomModelArgs};
 use super::offline::{self, RunResult};
 use super::plot::{self, Panel, Series};
@@ -45,25 +44,10 @@ pub fn run(a: Args) -> Result<()> {
     let mut runs: Vec<(usize, RunResult)> = vec![];
     let mut backend = serde_json::Value::Null;
     for &m in &a.max_num_seqs_values {
-        let ea = EngineArgs {
-            max_num_seqs: m,
-            max_num_batched_tokens: Some(a.engine.max_num_batched_tokens.unwrap_or(512).max(m)),
-            scheduler: "continuous".into(),
-            ..a.engine.clone()
-        };
-        let started = model_source::start_engine(&model, &ea)?;
-        backend = started.backend_json(ea.backend);
-        offline::warm_up(&started.handle, &prompts, a.warmup)?;
-        runs.push((
-            m,
-            offline::run(
-                &started.handle,
-                &prompts,
-                usize::MAX,
-                &format!("max_num_seqs={m}"),
-                Duration::from_secs(a.timeout_s),
-            )?,
-        ));
+        let ea = with_max_num_seqs(&a.engine, m, "continuous");
+        let r = measure(&model, &ea, &prompts, a.warmup, usize::MAX, &format!("max_num_seqs={m}"), a.timeout_s)?;
+        backend = r.backend;
+        runs.push((m, r.result));
     }
 
     let rows: Vec<Vec<String>> = runs

@@ -431,6 +431,10 @@ fn kernel_lab_times_every_case() {
         "40",
         "--attn-prefill",
         "33",
+        "--verify-batch",
+        "2",
+        "--verify-k",
+        "3",
         "--sample-batch",
         "3",
         "--min-ms",
@@ -446,16 +450,18 @@ fn kernel_lab_times_every_case() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let v = report(&out, "kernels-reference-tiny");
     let rows = v["results"].as_array().unwrap();
-    assert_eq!(rows.len(), 5 * 2 + 2 + 3, "{rows:?}");
+    assert_eq!(rows.len(), 5 * 2 + 3 + 3, "{rows:?}");
     for r in rows {
         let (us, frac) = (r["us"].as_f64().unwrap(), r["frac_of_floor"].as_f64().unwrap());
         assert!(us > 0.0 && frac > 0.0 && r["torch"]["kind"].is_string(), "{r}");
     }
     assert_eq!(rows[0]["torch"], serde_json::json!({"kind": "gemm", "m": 1, "n": 128, "k": 64, "x_dtype": "f32"}));
-    assert_eq!(rows[11]["op"], "attention prefill");
-    assert_eq!(rows[12]["torch"], serde_json::json!({"kind": "argmax", "batch": 3, "vocab": 384}));
+    assert_eq!(rows[11]["op"], "attention verify");
+    assert_eq!(rows[11]["torch"]["q_len"], 4, "k = 3: the last token and 3 drafts");
+    assert_eq!(rows[12]["op"], "attention prefill");
+    assert_eq!(rows[13]["torch"], serde_json::json!({"kind": "argmax", "batch": 3, "vocab": 384}));
     assert_eq!(
-        (rows[13]["op"].as_str(), rows[14]["op"].as_str()),
+        (rows[14]["op"].as_str(), rows[15]["op"].as_str()),
         (Some("sample top-p 0.9"), Some("sample top-k 50 top-p 0.9"))
     );
     let only = dir("kernels-sampling");
@@ -481,7 +487,8 @@ fn kernel_lab_times_every_case() {
     let v = report(&only, "kernels-reference-tiny");
     let ops: Vec<&str> = v["results"].as_array().unwrap().iter().map(|r| r["op"].as_str().unwrap()).collect();
     assert_eq!(ops, ["argmax", "sample top-p 0.9", "sample top-k 50 top-p 0.9"].repeat(2), "{v}");
-    // --only-attention: the decode and prefill attention cases alone (gpu/tune.sh's variants).
+    // --only-attention: the decode, verification and prefill attention cases alone (gpu/tune.sh's
+    // variants); by default verification at b of 1, 8, 32 and k of 2, 4.
     let only = dir("kernels-attention");
     let o = Command::new(env!("CARGO_BIN_EXE_tandem"))
         .args([
@@ -508,7 +515,10 @@ fn kernel_lab_times_every_case() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let v = report(&only, "kernels-reference-tiny");
     let ops: Vec<&str> = v["results"].as_array().unwrap().iter().map(|r| r["op"].as_str().unwrap()).collect();
-    assert_eq!(ops, ["attention decode", "attention prefill", "attention prefill"], "{v}");
+    let mut want = vec!["attention decode"];
+    want.extend(["attention verify"; 6]);
+    want.extend(["attention prefill"; 2]);
+    assert_eq!(ops, want, "{v}");
     let bad = Command::new(env!("CARGO_BIN_EXE_tandem"))
         .args(["bench", "kernels", "--backend", "reference", "--shape", "llama-9"])
         .output()

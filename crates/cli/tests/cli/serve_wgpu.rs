@@ -53,6 +53,11 @@ fn unchunk(mut s: &str) -> String {
 }
 
 fn start(model: &std::path::Path) -> Option<Server> {
+    start_with(model, &[])
+}
+
+/// [`start`] with more flags.
+fn start_with(model: &std::path::Path, flags: &[&str]) -> Option<Server> {
     if tandem_wgpu::WgpuBackend::new().is_err() {
         assert!(std::env::var_os("TANDEM_REQUIRE_WGPU").is_none(), "TANDEM_REQUIRE_WGPU is set but wgpu cannot start");
         tandem_core::skip::note("serve on wgpu: no adapter");
@@ -65,6 +70,7 @@ fn start(model: &std::path::Path) -> Option<Server> {
         .arg(model)
         .args(["--backend", "wgpu", "--port", &port.to_string()])
         .args(["--num-kv-blocks", "64", "--max-num-seqs", "8", "--served-model-name", "tiny", "--max-model-len", "300"])
+        .args(flags)
         .env("RUST_LOG", "info")
         .stderr(Stdio::piped())
         .spawn()
@@ -213,4 +219,71 @@ fn wgpu_serves_each_family() {
         drop(server);
         let _ = std::fs::remove_dir_all(&model);
     }
+}
+
+/// With `--speculative-config` (n-gram drafts, then suffix) a greedy completion's text is the
+/// server's without it, whole and streamed, and /metrics counts the drafts.
+#[test]
+fn wgpu_server_with_speculation_gives_the_same_greedy_text() {
+    let model = std::env::temp_dir().join(format!("tandem-serve-spec-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&model);
+    tandem_model_files::random_model::write_random_model(
+        &model,
+        tandem_model_files::random_model::Shape::Tiny,
+        1,
+        tandem_core::DType::F32,
+    )
+    .unwrap();
+    let prompts = ["the cat sat on the mat, the cat sat on the mat, the cat sat", "hello world", "a b c a b c a b"];
+    // Each prompt's text whole, then streamed.
+    let answers = |port: u16| -> Vec<(String, String)> {
+        prompts
+            .iter()
+            .map(|p| {
+                let req = json!({"model": "tiny", "prompt": p, "max_tokens": 24, "temperature": 0, "ignore_eos": true});
+                let (status, body) = request(port, "POST", "/v1/completions", Some(&req));
+                assert_eq!(status, 200, "{body}");
+                let whole =
+                    serde_json::from_str::<Value>(&body).unwrap()["choices"][0]["text"].as_str().unwrap().to_string();
+                let mut streamed_req = req.clone();
+                streamed_req["stream"] = json!(true);
+                let (status, body) = request(port, "POST", "/v1/completions", Some(&streamed_req));
+                assert_eq!(status, 200, "{body}");
+                let streamed: String = body
+                    .lines()
+                    .filter_map(|l| l.strip_prefix("data: "))
+                    .filter(|d| *d != "[DONE]")
+                    .map(|d| {
+                        serde_json::from_str::<Value>(d).unwrap()["choices"][0]["text"]
+                            .as_str()
+                            .unwrap_or("")
+                            .to_string()
+                    })
+                    .collect();
+                (whole, streamed)
+            })
+            .collect()
+    };
+    let Some(plain) = start(&model) else { return };
+    let want = answers(plain.port);
+    drop(plain);
+    for (i, w) in want.iter().enumerate() {
+        assert_eq!(w.0, w.1, "prompt {i}: streamed text differs from the whole response");
+    }
+    for config in [
+        r#"{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}"#,
+        r#"{"method": "suffix", "num_speculative_tokens": 4}"#,
+    ] {
+        let Some(server) = start_with(&model, &["--speculative-config", config]) else { return };
+        assert_eq!(answers(server.port), want, "{config}");
+        let (status, metrics) = request(server.port, "GET", "/metrics", None);
+        assert_eq!(status, 200);
+        let drafts = metrics
+            .lines()
+            .find(|l| l.starts_with("vllm:spec_decode_num_drafts_total"))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok());
+        assert!(drafts.is_some_and(|d| d > 0.0), "{config}: no drafts counted: {metrics}");
+    }
+    let _ = std::fs::remove_dir_all(&model);
 }

@@ -5,7 +5,8 @@
 
 use tandem_core::sampling::{LogitEdit, RowMasks};
 
-use super::{banned, Engine};
+use super::speculate::drafted_output;
+use super::{banned, banned_at, Engine};
 use crate::masks::{admits_some, compute_masks, mask_threads, MaskDone, MaskJob};
 use crate::sampler::{has_edits, needs_host, penalty_edits, spec, SampleSpec, TokenLogprobs};
 use crate::scheduler::SchedulerOutput;
@@ -147,20 +148,20 @@ impl Engine {
                 return None;
             }
             let seq = self.scheduler.seq(s.seq)?;
-            let b = banned(&self.eos, seq);
-            if needs_host(&seq.params, &b, seq.guide.is_some() || seq.params.guided.is_some()) {
+            if needs_host(&seq.params, &banned(&self.eos, seq), seq.guide.is_some() || seq.params.guided.is_some()) {
                 return None;
             }
-            if has_edits(&seq.params, &b) {
-                edits.push((specs.len(), penalty_edits(&seq.params, seq.prompt(), seq.output(), &b, self.vocab)));
-            }
-            top_n.push(seq.params.logprobs);
-            specs.push(spec(&seq.params, seq.seed, seq.index, seq.num_output_tokens()));
-            // Each draft's row: the target's token after it (no edits, no logprobs: see
-            // `crate::speculative::drafts_allowed`).
-            for i in 1..=s.num_draft {
-                top_n.push(None);
-                specs.push(spec(&seq.params, seq.seed, seq.index, seq.num_output_tokens() + i));
+            // The sequence's row, then each draft's: row `i` samples output token `j + i` with
+            // the penalties and bans it would have had drafts `0..i` been emitted.
+            let j = seq.num_output_tokens();
+            for i in 0..=s.num_draft {
+                let b = banned_at(&self.eos, seq, j + i);
+                if has_edits(&seq.params, &b) {
+                    let output = drafted_output(seq, i);
+                    edits.push((specs.len(), penalty_edits(&seq.params, seq.prompt(), &output, &b, self.vocab)));
+                }
+                top_n.push(seq.params.logprobs);
+                specs.push(spec(&seq.params, seq.seed, seq.index, j + i));
             }
         }
         Some(DeviceSampling { specs, edits, top_n })

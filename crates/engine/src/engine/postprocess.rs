@@ -8,12 +8,13 @@
 use std::time::Instant;
 
 use super::forward::Sampled;
-use super::{banned, Engine};
+use super::speculate::drafted_output;
+use super::{banned, banned_at, Engine};
 use crate::constraint::{apply_mask, EndOnly};
 use crate::detokenize::DecodeFn;
 use crate::masks::admits_some;
 use crate::request::RequestOutput;
-use crate::sampler::{apply_penalties, logprobs, rank, sample, spec, TokenLogprobs};
+use crate::sampler::{apply_penalties, has_edits, logprobs, rank, sample, spec, TokenLogprobs};
 use crate::sampling_params::SamplingParams;
 use crate::scheduler::SchedulerOutput;
 use crate::sequence::{FinishReason, RequestId, SeqId, Sequence};
@@ -46,8 +47,8 @@ impl Engine {
                 let mut ids = ids.into_iter();
                 for s in out.seqs.iter().filter(|s| s.sample) {
                     if s.num_draft > 0 {
-                        let verified: Vec<u32> = ids.by_ref().take(1 + s.num_draft).collect();
-                        self.emit_verified(s.seq, &verified, now);
+                        let verified = ids.by_ref().take(1 + s.num_draft).map(|t| (t, None)).collect();
+                        self.emit_verified(s.seq, verified, now);
                     } else if let Some(token) = ids.next() {
                         self.sample_and_emit(s.seq, Pick::Token(token, None), None, now);
                     }
@@ -57,8 +58,8 @@ impl Engine {
                 let mut rows = ids.into_iter().zip(lps);
                 for s in out.seqs.iter().filter(|s| s.sample) {
                     if s.num_draft > 0 {
-                        let verified: Vec<u32> = rows.by_ref().take(1 + s.num_draft).map(|r| r.0).collect();
-                        self.emit_verified(s.seq, &verified, now);
+                        let verified = rows.by_ref().take(1 + s.num_draft).collect();
+                        self.emit_verified(s.seq, verified, now);
                     } else if let Some((token, lp)) = rows.next() {
                         self.sample_and_emit(s.seq, Pick::Token(token, lp), None, now);
                     }
@@ -69,8 +70,8 @@ impl Engine {
                 for s in out.seqs.iter().filter(|s| s.sample || s.all_logits) {
                     if s.num_draft > 0 {
                         let chunk: Vec<&mut [f32]> = rows.by_ref().take(1 + s.num_draft).collect();
-                        let verified = self.verified_ids(s.seq, chunk);
-                        self.emit_verified(s.seq, &verified, now);
+                        let verified = self.verified_picks(s.seq, chunk);
+                        self.emit_verified(s.seq, verified, now);
                     } else if s.all_logits {
                         let chunk: Vec<&mut [f32]> = rows.by_ref().take(s.num_tokens).collect();
                         if let Some(row) = self.score_prompt(s.seq, s.num_tokens, chunk) {
@@ -85,13 +86,25 @@ impl Engine {
         }
     }
 
-    /// The tokens a decode with drafts samples from its rows on the host: row `i` as output
-    /// token `j + i` with the request's spec (no edits: see
-    /// `crate::speculative::drafts_allowed`), the ids the device would give.
-    fn verified_ids(&self, id: SeqId, rows: Vec<&mut [f32]>) -> Vec<u32> {
+    /// The tokens (and logprobs, when asked) a decode with drafts samples from its rows on the
+    /// host: row `i` as output token `j + i`, with the penalties and bans it would have had
+    /// drafts `0..i` been emitted and the request's spec, as [`draw`] samples a plain row; its
+    /// logprobs from the row before penalties, as [`token_output`] gives them.
+    fn verified_picks(&self, id: SeqId, rows: Vec<&mut [f32]>) -> Vec<(u32, Option<TokenLogprobs>)> {
         let Some(seq) = self.scheduler.seq(id) else { return Vec::new() };
-        let out = seq.num_output_tokens();
-        rows.iter().enumerate().map(|(i, row)| sample(row, &spec(&seq.params, seq.seed, seq.index, out + i))).collect()
+        let (p, j) = (&seq.params, seq.num_output_tokens());
+        rows.into_iter()
+            .enumerate()
+            .map(|(i, row)| {
+                let raw = p.logprobs.map(|_| row.to_vec());
+                let b = banned_at(&self.eos, seq, j + i);
+                if has_edits(p, &b) {
+                    apply_penalties(row, p, seq.prompt(), &drafted_output(seq, i), &b);
+                }
+                let token = sample(row, &spec(p, seq.seed, seq.index, j + i));
+                (token, p.logprobs.zip(raw).map(|(n, raw)| logprobs(&raw, token, n)))
+            })
+            .collect()
     }
 
     /// Records prompt logprobs from the rows of a chunk that computed every position (row `j`

@@ -2,11 +2,13 @@
 //! proposing each eligible decode's drafts before the schedule, and, after the forward,
 //! committing the target's ids that the drafts earned and rolling back the rest.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::time::Instant;
 
 use super::postprocess::Pick;
-use super::{banned, Engine};
+use super::Engine;
+use crate::sampler::TokenLogprobs;
 use crate::sequence::{SeqId, SeqStatus, Sequence};
 use crate::speculative::{accepted_len, drafts_allowed, load_cap, Acceptance, DraftProposer, SpeculativeConfig};
 use crate::worker::PLACEHOLDER;
@@ -38,7 +40,7 @@ impl Engine {
     /// Whether some sequence may get drafts (the engine then runs steps synchronously: drafts
     /// come from the tokens the step before committed).
     pub(super) fn may_draft(&self) -> bool {
-        self.speculator.is_some() && self.scheduler.seqs().any(|s| drafts_allowed(s, &banned(&self.eos, s)))
+        self.speculator.is_some() && self.scheduler.seqs().any(drafts_allowed)
     }
 
     /// Gives each running decode that may have drafts up to `k` of them: fewer as the running
@@ -67,7 +69,7 @@ impl Engine {
         for id in decodes {
             let Some(seq) = self.scheduler.seq_mut(id) else { continue };
             seq.draft.clear();
-            if !drafts_allowed(seq, &banned(&self.eos, seq)) {
+            if !drafts_allowed(seq) {
                 continue;
             }
             let d = sp.acceptance.entry(id).or_default().allow(k);
@@ -79,17 +81,19 @@ impl Engine {
         }
     }
 
-    /// Commits a verified decode: `ids[i]` is the target's token after the committed tokens and
-    /// drafts `0..i`. The target's ids up to and including the first that differs from its
-    /// draft are emitted in order, each through the ordinary path (so a stop or a length limit
-    /// ends the sequence at the same token as without drafts); the accepted drafts' KV counts
-    /// as computed; the rest is rolled back ([`crate::scheduler::Scheduler::settle_drafts`]).
-    pub(super) fn emit_verified(&mut self, id: SeqId, ids: &[u32], now: Instant) {
+    /// Commits a verified decode: `picks[i]` is the target's token after the committed tokens
+    /// and drafts `0..i` (with its logprobs when the request asked). The target's tokens up to
+    /// and including the first that differs from its draft are emitted in order, each through
+    /// the ordinary path (so a stop or a length limit ends the sequence at the same token as
+    /// without drafts); the accepted drafts' KV counts as computed; the rest is rolled back
+    /// ([`crate::scheduler::Scheduler::settle_drafts`]).
+    pub(super) fn emit_verified(&mut self, id: SeqId, picks: Vec<(u32, Option<TokenLogprobs>)>, now: Instant) {
         let Some(seq) = self.scheduler.seq(id) else { return };
-        if ids.is_empty() {
+        if picks.is_empty() {
             return;
         }
         let drafts = seq.draft.len();
+        let ids: Vec<u32> = picks.iter().map(|p| p.0).collect();
         let accepted = accepted_len(&seq.draft, &ids[..ids.len() - 1]);
         if let Ok(mut st) = self.stats.lock() {
             st.record_verification(drafts, accepted);
@@ -97,8 +101,8 @@ impl Engine {
         if let Some(sp) = &mut self.speculator {
             sp.acceptance.entry(id).or_default().record(drafts, accepted);
         }
-        for (i, &token) in ids[..=accepted].iter().enumerate() {
-            self.sample_and_emit(id, Pick::Token(token, None), None, now);
+        for (i, (token, lp)) in picks.into_iter().take(accepted + 1).enumerate() {
+            self.sample_and_emit(id, Pick::Token(token, lp), None, now);
             // Ended (a stop, its length, or its caller left): its blocks are freed already.
             let Some(seq) = self.scheduler.seq_mut(id) else { return };
             if i < accepted {
@@ -106,5 +110,14 @@ impl Engine {
             }
         }
         self.scheduler.settle_drafts(id);
+    }
+}
+
+/// The output a draft row's penalties see: `seq`'s committed output followed by its first `i`
+/// drafts (what the output would be had those drafts been emitted).
+pub(super) fn drafted_output(seq: &Sequence, i: usize) -> Cow<'_, [u32]> {
+    match i {
+        0 => Cow::Borrowed(seq.output()),
+        _ => Cow::Owned([seq.output(), &seq.draft[..i]].concat()),
     }
 }

@@ -15,4 +15,5 @@ mod property;
 mod reference;
 mod scheduler;
 mod speculative;
+mod speculative_kinds;
 mod speculative_sampled;

@@ -102,8 +102,8 @@ fn greedy_answers_are_identical_with_and_without_drafts() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Logprobs and n > 1 requests get no drafts and keep their answers; the greedy and the seeded
-/// sampled ones beside them speculate and keep theirs too, token for token (a sampled token is
+/// Logprobs and n > 1 requests keep their answers beside greedy and seeded sampled ones, all
+/// speculating, token for token (a sampled token is
 /// the draw plain decoding makes: see `tandem_engine::speculative`). With async scheduling on
 /// the engine runs such steps synchronously.
 #[test]

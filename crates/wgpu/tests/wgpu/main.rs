@@ -7,6 +7,7 @@
 mod common;
 
 mod engine_sampling;
+mod engine_speculative;
 mod lora;
 mod model;
 mod ops;
