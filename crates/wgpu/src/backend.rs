@@ -4,7 +4,7 @@
 //!
 //! This file holds the backend's state, its construction and the `Backend` impl; the methods
 //! live in one file per group of the trait: `device`, `storage`, `ops`, `fused_ops`,
-//! `sampling`. The projections all run through `matmul`; `operand` holds the host-side
+//! `sampling`; `quant` runs weights kept in a GGUF block layout. The projections all run through `matmul`; `operand` holds the host-side
 //! checks every op starts with.
 
 use std::path::PathBuf;
@@ -26,6 +26,7 @@ mod fused_ops;
 mod matmul;
 mod operand;
 mod ops;
+mod quant;
 mod sampling;
 mod storage;
 

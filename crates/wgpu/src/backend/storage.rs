@@ -11,6 +11,9 @@ use crate::buffer::{BufKind, RowSource, Texels, Tiled, WgpuBuf, TEXEL_ROW};
 
 impl WgpuBackend {
     pub(super) fn upload_weight(&self, t: &TensorView) -> Result<WgpuBuf> {
+        if let Some(layout) = t.quant {
+            return self.upload_quantized(t, layout);
+        }
         let numel = t.numel();
         if t.bytes().len() != numel * t.dtype.size() {
             return Err(Error::tensor(
@@ -115,6 +118,7 @@ impl WgpuBackend {
                 let bytes = self.rec.read(&buf.buf, (len * d.size()) as u64)?;
                 Ok(d.to_f32(&bytes))
             }
+            BufKind::Quant(q) => self.read_quantized(buf, q, len),
             BufKind::U32 => Err(err(format!("read_f32: {} holds u32 values", buf.label()))),
         }
     }

@@ -10,3 +10,4 @@ mod engine_sampling;
 mod lora;
 mod model;
 mod ops;
+mod quant;
