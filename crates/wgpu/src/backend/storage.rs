@@ -30,6 +30,17 @@ impl WgpuBackend {
         )
     }
 
+    /// Counts a weight uploaded for the model toward `Device::weight_bytes`: its buffer's bytes
+    /// and, for one held in a texture, the texture's.
+    pub(super) fn held(&self, w: WgpuBuf) -> WgpuBuf {
+        let texture = w.texels.as_ref().map_or(0, |t| {
+            let s = t.texture.size();
+            s.width as u64 * s.height as u64 * 16
+        });
+        self.weight_bytes.fetch_add(w.buf.size() + texture, std::sync::atomic::Ordering::Relaxed);
+        w
+    }
+
     pub(super) fn weight_from_f32(&self, dtype: DType, values: &[f32]) -> Result<WgpuBuf> {
         self.weight_from_bytes(dtype, values.len(), &dtype.from_f32(values), None, None, false)
     }
