@@ -241,6 +241,14 @@ pub trait Device {
         None
     }
 
+    /// Bytes the weights this backend has uploaded take where it holds them (device buffers,
+    /// textures, or the mapped file), counted since it was created; the difference over a load
+    /// is that model's weights as held (`tandem:model_weights_bytes`). None, the default, where
+    /// the backend does not count.
+    fn weight_bytes(&self) -> Option<u64> {
+        None
+    }
+
     /// Bytes of device memory in all, if known; with [`Device::free_memory`] it sizes the KV
     /// pool as a fraction of the total (`crate::memory`).
     fn total_memory(&self) -> Option<u64> {

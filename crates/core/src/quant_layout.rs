@@ -45,6 +45,8 @@ pub enum QuantLayout {
 
 /// The reference backend's name (`Device::name`).
 const REFERENCE: &str = "reference";
+/// The wgpu backend's name: its kernels read the GGUF blocks (shaders/quant_block.wgsl).
+const WGPU: &str = "wgpu";
 
 impl QuantLayout {
     /// Every GGUF block layout, in the order messages list them.
@@ -127,7 +129,7 @@ impl QuantLayout {
             | QuantLayout::Q5_1
             | QuantLayout::Q4K
             | QuantLayout::Q5K
-            | QuantLayout::Q6K => &[REFERENCE],
+            | QuantLayout::Q6K => &[REFERENCE, WGPU],
             QuantLayout::Fp8E4m3(_) | QuantLayout::Int4Group { .. } => &[],
         }
     }
@@ -218,8 +220,9 @@ mod tests {
     #[test]
     fn a_backend_without_the_layout_is_refused_naming_both() {
         assert!(QuantLayout::Q4K.check_backend("reference", "w").is_ok());
-        let e = QuantLayout::Q4K.check_backend("wgpu", "model.layers.0.mlp.up_proj.weight").unwrap_err().to_string();
-        assert!(e.contains("Q4_K") && e.contains("wgpu") && e.contains("up_proj") && e.contains("reference"), "{e}");
+        assert!(QuantLayout::Q4K.check_backend("wgpu", "w").is_ok());
+        let e = QuantLayout::Q4K.check_backend("metal", "model.layers.0.mlp.up_proj.weight").unwrap_err().to_string();
+        assert!(e.contains("Q4_K") && e.contains("metal") && e.contains("up_proj") && e.contains("reference"), "{e}");
         let e = QuantLayout::Int4Group { group: 128 }.check_backend("reference", "w").unwrap_err().to_string();
         assert!(e.contains("int4 (groups of 128)") && e.contains("no backend yet"), "{e}");
     }

@@ -21,6 +21,8 @@ pub(crate) struct HandleInner {
     pub(crate) cmd: mpsc::Sender<Command>,
     /// The served model's configuration (its shape, for the server's per-step estimates).
     pub(crate) model: Arc<tandem_core::ModelConfig>,
+    /// Bytes the backend holds for the model's weights, where it counts them.
+    pub(crate) weights_bytes: Option<u64>,
     pub(crate) admission: Admission,
     pub(crate) stats: Arc<Mutex<Stats>>,
     pub(crate) failure: Arc<OnceLock<String>>,
@@ -87,6 +89,11 @@ impl EngineHandle {
     /// Longest prompt + output the engine accepts.
     pub fn max_model_len(&self) -> usize {
         self.inner.admission.max_model_len
+    }
+
+    /// Bytes the backend holds for the served model's weights (`ModelRunner::weights_bytes`).
+    pub fn weights_bytes(&self) -> Option<u64> {
+        self.inner.weights_bytes
     }
 
     /// The served model's configuration.

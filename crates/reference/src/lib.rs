@@ -147,12 +147,15 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 
 pub struct RefBackend {
     threads: usize,
+    /// Bytes of the weights uploaded so far (`Device::weight_bytes`): the file's bytes, which
+    /// stay mapped (quantized ones too).
+    weight_bytes: std::sync::atomic::AtomicU64,
 }
 
 impl RefBackend {
     pub fn new() -> Self {
         let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-        RefBackend { threads }
+        RefBackend { threads, weight_bytes: Default::default() }
     }
 }
 
@@ -166,6 +169,10 @@ impl Device for RefBackend {
     fn name(&self) -> &'static str {
         "reference"
     }
+
+    fn weight_bytes(&self) -> Option<u64> {
+        Some(self.weight_bytes.load(std::sync::atomic::Ordering::Relaxed))
+    }
 }
 
 impl Storage for RefBackend {
@@ -173,6 +180,7 @@ impl Storage for RefBackend {
 
     fn upload_weight(&self, t: &TensorView) -> Result<RefBuf> {
         let (map, range) = t.mapping();
+        self.weight_bytes.fetch_add(range.len() as u64, std::sync::atomic::Ordering::Relaxed);
         Ok(RefBuf::Weight { format: Format { dtype: t.dtype, quant: t.quant }, bytes: WeightBytes::Mapped(map, range) })
     }
     fn weight_from_f32(&self, dtype: DType, values: &[f32]) -> Result<RefBuf> {

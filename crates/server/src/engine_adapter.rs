@@ -192,6 +192,7 @@ impl EngineClient for TandemEngine {
             iteration_tokens_sum: s.iteration_tokens_sum,
             block_size: h.kv_blocks().0,
             num_blocks: h.kv_blocks().1,
+            weights_bytes: h.weights_bytes(),
             spec_decode_num_drafts: s.spec_decode_num_drafts_total,
             spec_decode_num_draft_tokens: s.spec_decode_num_draft_tokens_total,
             spec_decode_num_accepted_tokens: s.spec_decode_num_accepted_tokens_total,

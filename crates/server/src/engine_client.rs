@@ -199,6 +199,8 @@ pub struct EngineStats {
     /// The KV pool: tokens a block holds and blocks (0 when unknown).
     pub block_size: usize,
     pub num_blocks: usize,
+    /// Bytes the backend holds for the model's weights (None when it does not count them).
+    pub weights_bytes: Option<u64>,
     /// Speculative decoding (cumulative): verifications, draft tokens, accepted drafts, and
     /// accepted drafts per position (empty: speculation off).
     pub spec_decode_num_drafts: u64,

@@ -290,6 +290,13 @@ impl Metrics {
         gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", stats.num_waiting as f64);
         gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", stats.kv_cache_usage);
         gauge("tandem:batch_size", "Sequences in the most recent engine step.", stats.batch_size as f64);
+        if let Some(bytes) = stats.weights_bytes {
+            gauge(
+                "tandem:model_weights_bytes",
+                "Bytes the backend holds for the model's weights (quantized ones as stored).",
+                bytes as f64,
+            );
+        }
         gauge(
             "tandem:server_queued_requests",
             "Requests submitted by the server without output yet (bounded by max_queued_requests).",
@@ -595,6 +602,15 @@ mod tests {
         ] {
             assert!(text.lines().any(|l| l == line), "{line} not in\n{text}");
         }
+    }
+
+    /// The weights' bytes as the backend holds them, a gauge, only where the backend counts them.
+    #[test]
+    fn model_weights_bytes_is_a_gauge_when_known() {
+        assert!(!Metrics::new("m").render(&EngineStats::default(), 0).contains("model_weights_bytes"));
+        let text = Metrics::new("m").render(&EngineStats { weights_bytes: Some(123456), ..Default::default() }, 0);
+        assert!(text.contains("# TYPE tandem:model_weights_bytes gauge\n"), "{text}");
+        assert!(text.contains("tandem:model_weights_bytes{model_name=\"m\",engine=\"0\"} 123456\n"), "{text}");
     }
 
     /// The engine's step counters of async scheduling, as Prometheus counters.

@@ -4,7 +4,7 @@
 //!
 //! This file holds the backend's state, its construction and the `Backend` impl; the methods
 //! live in one file per group of the trait: `device`, `storage`, `ops`, `fused_ops`,
-//! `sampling`. The projections all run through `matmul`; `operand` holds the host-side
+//! `sampling`; `quant` runs weights kept in a GGUF block layout. The projections all run through `matmul`; `operand` holds the host-side
 //! checks every op starts with.
 
 use std::path::PathBuf;
@@ -26,6 +26,7 @@ mod fused_ops;
 mod matmul;
 mod operand;
 mod ops;
+mod quant;
 mod sampling;
 mod storage;
 
@@ -94,6 +95,8 @@ pub struct WgpuBackend {
     /// KV caches in textures ([`Texels`], 4 f32 per texel) rather than storage buffers: on a
     /// CPU-side Vulkan attention's K and V loads become gathers instead of lane-by-lane loops.
     kv_texels: bool,
+    /// Bytes of the weight buffers and textures uploaded so far (`Device::weight_bytes`).
+    weight_bytes: std::sync::atomic::AtomicU64,
 }
 
 /// llvmpipe/lavapipe ends every loop of a shader once the invocation has run 65535 loop
@@ -177,6 +180,7 @@ impl WgpuBackend {
             // Measured on lavapipe (SmolLM2 decode): see docs/bench-cpu.md, "fifth session".
             kv_texels: texel_weights && knob("TANDEM_WGPU_KV_TEXELS", 1) == 1,
             x_scratch: Mutex::new(None),
+            weight_bytes: Default::default(),
         })
     }
 
@@ -196,6 +200,10 @@ impl Device for WgpuBackend {
         WgpuBackend::free_memory(self)
     }
 
+    fn weight_bytes(&self) -> Option<u64> {
+        Some(self.weight_bytes.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
     fn sync(&self) -> Result<()> {
         WgpuBackend::sync(self)
     }
@@ -205,7 +213,7 @@ impl Storage for WgpuBackend {
     type Buf = WgpuBuf;
 
     fn upload_weight(&self, t: &TensorView) -> Result<WgpuBuf> {
-        WgpuBackend::upload_weight(self, t)
+        WgpuBackend::upload_weight(self, t).map(|w| self.held(w))
     }
 
     fn weight_from_f32(&self, dtype: DType, values: &[f32]) -> Result<WgpuBuf> {
@@ -373,7 +381,8 @@ impl FusedOps for WgpuBackend {
         v: &TensorView,
         bias: Option<[&TensorView; 3]>,
     ) -> Result<Option<WeightAndBias<WgpuBuf>>> {
-        WgpuBackend::fuse_qkv(self, q, k, v, bias)
+        let fused = WgpuBackend::fuse_qkv(self, q, k, v, bias)?;
+        Ok(fused.map(|(w, bias)| (self.held(w), bias.map(|b| self.held(b)))))
     }
 
     fn qkv_proj(
@@ -394,7 +403,7 @@ impl FusedOps for WgpuBackend {
     }
 
     fn fuse_gate_up(&self, gate: &TensorView, up: &TensorView) -> Result<Option<WgpuBuf>> {
-        WgpuBackend::fuse_gate_up(self, gate, up)
+        Ok(WgpuBackend::fuse_gate_up(self, gate, up)?.map(|w| self.held(w)))
     }
 
     fn gate_up_act(

@@ -1,5 +1,6 @@
 //! The device buffer type of the wgpu backend: a wgpu buffer, what it holds and how many.
 
+use tandem_core::quant_layout::QuantLayout;
 use tandem_core::DType;
 
 /// What a buffer holds. Activations, the KV cache and metadata are 4-byte elements; weights keep
@@ -9,6 +10,9 @@ pub enum BufKind {
     F32,
     U32,
     Weight(DType),
+    /// A weight kept in a GGUF block layout: the file's bytes as they are (rows of whole
+    /// blocks, one after another); `len` counts the values they decode to.
+    Quant(QuantLayout),
 }
 
 impl BufKind {
@@ -17,6 +21,7 @@ impl BufKind {
             BufKind::F32 => "f32".into(),
             BufKind::U32 => "u32".into(),
             BufKind::Weight(d) => format!("{} weight", d.name()),
+            BufKind::Quant(q) => format!("{} weight (kept quantized)", q.name()),
         }
     }
 }

@@ -6,6 +6,7 @@ use std::num::NonZeroU64;
 use std::path::PathBuf;
 use std::sync::Mutex;
 
+use tandem_core::quant_layout::QuantLayout;
 use tandem_core::{DType, Error, Result};
 
 use crate::adapter::NAME;
@@ -29,6 +30,9 @@ const EMBEDDED: &[(&str, &str)] = &[
     ("paged_attention", include_str!("../../../shaders/paged_attention.wgsl")),
     ("argmax", include_str!("../../../shaders/argmax.wgsl")),
     ("moe", include_str!("../../../shaders/moe.wgsl")),
+    ("quant_block", include_str!("../../../shaders/quant_block.wgsl")),
+    ("quant_matmul", include_str!("../../../shaders/quant_matmul.wgsl")),
+    ("quant_embedding", include_str!("../../../shaders/quant_embedding.wgsl")),
 ];
 
 /// How a kernel uses one storage binding.
@@ -142,6 +146,12 @@ pub(crate) const MOE_ROUTE: Kernel = Kernel { name: "moe", entry: "moe_route", b
 /// Bindings: acc (updated), y, routing weights.
 pub(crate) const MOE_ACCUMULATE: Kernel = Kernel { name: "moe", entry: "moe_accumulate", bindings: &[RW, R, R] };
 
+/// A weight kept in a GGUF block layout: x, the blocks, out (then the bias, when given).
+pub(crate) const QUANT_MATMUL: Kernel = k("quant_matmul", &[R, R, RW]);
+pub(crate) const QUANT_MATMUL_BIAS: Kernel = k("quant_matmul", &[R, R, RW, R]);
+/// Bindings: the table's blocks, ids, out.
+pub(crate) const QUANT_EMBEDDING: Kernel = k("quant_embedding", &[R, R, RW]);
+
 /// How a weight matrix is laid out on the device (see `crate::buffer`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum MatrixLayout {
@@ -160,6 +170,10 @@ fn gelu_tanh(g: f32) -> f32 {\n\
 \x20   let inner = clamp(0.7978846 * (g + 0.044715 * g * g * g), -10.0, 10.0);\n\
 \x20   return 0.5 * g * (1.0 + tanh(inner));\n\
 }\n";
+
+/// How a prelude from [`Prelude::quant_block`] starts its decoder: the pipeline then adds
+/// shaders/quant_block.wgsl, which defines the `decode4_*` it names.
+const QUANT_DECODE: &str = "fn decode4";
 
 /// Declarations prepended to a kernel's source; equal preludes share a pipeline.
 #[derive(Debug, Default, Clone, PartialEq, Eq, Hash)]
@@ -601,6 +615,29 @@ impl Prelude {
         self
     }
 
+    /// The GGUF block decoders (shaders/quant_block.wgsl, which the pipeline puts after the
+    /// prelude) for a weight in `layout`: `BLOCK_BYTES`, `BLOCK_ELEMS` and `decode4(base, e)`.
+    /// `None` for a layout that keeps its scales beside the weight (no block decoder).
+    pub fn quant_block(mut self, layout: QuantLayout) -> Option<Self> {
+        let f = match layout {
+            QuantLayout::Q8_0 => "q8_0",
+            QuantLayout::Q4_0 => "q4_0",
+            QuantLayout::Q4_1 => "q4_1",
+            QuantLayout::Q5_0 => "q5_0",
+            QuantLayout::Q5_1 => "q5_1",
+            QuantLayout::Q4K => "q4_k",
+            QuantLayout::Q5K => "q5_k",
+            QuantLayout::Q6K => "q6_k",
+            QuantLayout::Fp8E4m3(_) | QuantLayout::Int4Group { .. } => return None,
+        };
+        self.0.push_str(&format!(
+            "const BLOCK_BYTES: u32 = {}u;\nconst BLOCK_ELEMS: u32 = {}u;\n{QUANT_DECODE}(base: u32, e: u32) -> vec4<f32> {{ return decode4_{f}(base, e); }}\n",
+            layout.block_bytes(),
+            layout.block_elems()
+        ));
+        Some(self)
+    }
+
     pub fn constant(mut self, name: &str, value: u32) -> Self {
         self.0.push_str(&format!("const {name}: u32 = {value}u;\n"));
         self
@@ -649,7 +686,11 @@ impl Pipelines {
         if let Some(p) = cache.get(&key) {
             return Ok(p.clone());
         }
-        let source = format!("{}\n{}", prelude.0, self.source(kernel.name)?);
+        let decoders = match prelude.0.contains(QUANT_DECODE) {
+            true => self.source("quant_block")?,
+            false => String::new(),
+        };
+        let source = format!("{}\n{decoders}\n{}", prelude.0, self.source(kernel.name)?);
         let where_ = match &self.dir {
             Some(d) => d.join(format!("{}.wgsl", kernel.name)).display().to_string(),
             None => format!("shaders/{}.wgsl (compiled in)", kernel.name),

@@ -64,7 +64,8 @@ impl ModelInfo {
 pub fn resolve(model: Option<&Path>, r: &RandomModelArgs) -> Result<ModelInfo> {
     let (dir, label) = match (model, &r.random_shape) {
         (Some(_), Some(_)) => bail!("give --model or --random-shape, not both"),
-        (Some(dir), None) => (dir.to_path_buf(), super::report::dir_label(dir)),
+        // A GGUF file: the directory of its metadata beside a link to it (served kept quantized).
+        (Some(dir), None) => (backends::resolve_model(Some(dir))?, super::report::dir_label(dir)),
         (None, Some(shape)) => (random_model_dir(shape, r)?, shape.clone()),
         (None, None) => {
             let dir = backends::resolve_model(None)?;

@@ -61,6 +61,8 @@ pub struct Model<B: Backend> {
     pub(super) geometry: KvGeometry,
     pub(super) kv_dtype: KvDtype,
     pub(super) matmul_operand: DType,
+    /// Bytes the backend holds for the weights (`Device::weight_bytes` over the load).
+    pub(super) weights_bytes: Option<u64>,
     pub(super) act_dtypes: ActDtypes,
     pub(super) max_blocks_cap: usize,
     pub(super) embed: B::Buf,
@@ -142,6 +144,7 @@ impl<B: Backend> Model<B> {
             quantized += 1;
         }
         tracing::info!(bytes = w.stored_bytes(), quantized, "model weights");
+        let held_before = b.weight_bytes();
         let graphs_on = opts.graphs && b.supports_graphs() && lora.is_none();
         let padding = graphs_on || opts.pad_decode;
         let free_before_weights = b.free_memory();
@@ -194,6 +197,10 @@ impl<B: Backend> Model<B> {
             }
         });
         let free_after_weights = b.free_memory();
+        let weights_bytes = held_before.zip(b.weight_bytes()).map(|(before, after)| after.saturating_sub(before));
+        if let Some(bytes) = weights_bytes {
+            tracing::info!(bytes, backend = b.name(), "model weights held");
+        }
         let t = opts.max_batch_tokens;
         let sq = opts.max_seqs;
         let rows = sq + opts.prompt_logit_rows;
@@ -344,6 +351,7 @@ impl<B: Backend> Model<B> {
             geometry,
             kv_dtype,
             matmul_operand,
+            weights_bytes,
             act_dtypes,
             max_blocks_cap,
             embed,

@@ -22,6 +22,10 @@ pub trait ModelRunner: Send {
     fn max_batch_tokens(&self) -> usize;
     /// Most sequences one forward accepts.
     fn max_seqs(&self) -> usize;
+    /// Bytes the backend holds for the weights, where it counts them (`Device::weight_bytes`).
+    fn weights_bytes(&self) -> Option<u64> {
+        None
+    }
     /// Most logit rows one forward returns (at least `max_seqs`; the rest serve prompt logprobs).
     fn max_logit_rows(&self) -> usize {
         self.max_seqs()
@@ -140,6 +144,9 @@ impl<B: Backend> ModelRunner for Model<B> {
     }
     fn launch_count(&self) -> Option<u64> {
         self.backend.launch_count()
+    }
+    fn weights_bytes(&self) -> Option<u64> {
+        self.weights_bytes
     }
     fn matmul_operand(&self) -> DType {
         self.matmul_operand

@@ -42,11 +42,13 @@ impl Engine {
         cfg: EngineConfig,
     ) -> Result<EngineHandle, EngineError> {
         let model = std::sync::Arc::new(runner.config().clone());
+        let weights_bytes = runner.weights_bytes();
         let engine = Engine::new(runner, decode, cfg)?;
         let (tx, rx) = mpsc::channel();
         let inner = HandleInner {
             cmd: tx,
             model,
+            weights_bytes,
             admission: engine.admission.clone(),
             stats: engine.stats.clone(),
             failure: engine.failure.clone(),

@@ -61,7 +61,8 @@ impl WgpuBackend {
         v: &TensorView,
         bias: Option<[&TensorView; 3]>,
     ) -> Result<Option<tandem_core::backend::WeightAndBias<WgpuBuf>>> {
-        if !self.fuse {
+        // Weights kept quantized run apart (the fused kernels read 16-bit rows).
+        if !self.fuse || [q, k, v].iter().any(|t| t.quant.is_some()) {
             return Ok(None);
         }
         let Some(t) = stack_shape(&[q, k, v])
@@ -140,7 +141,9 @@ impl WgpuBackend {
     }
 
     pub(super) fn fuse_gate_up(&self, gate: &TensorView, up: &TensorView) -> Result<Option<WgpuBuf>> {
-        if !self.fuse || gate.shape != up.shape || gate.dtype != up.dtype {
+        // Weights kept quantized run apart (the fused kernels read 16-bit rows).
+        if !self.fuse || gate.shape != up.shape || gate.dtype != up.dtype || gate.quant.is_some() || up.quant.is_some()
+        {
             return Ok(None);
         }
         let [inter, cols] = gate.shape[..] else { return Ok(None) };

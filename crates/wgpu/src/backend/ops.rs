@@ -7,7 +7,7 @@ use tandem_core::Result;
 use super::matmul::Out;
 use super::operand::{err, groups, to_u32, want_f32, want_kv, want_u32, want_weight};
 use super::WgpuBackend;
-use crate::buffer::WgpuBuf;
+use crate::buffer::{BufKind, WgpuBuf};
 use crate::recorder::{Bind, Grid};
 use crate::shaders::{self, Prelude};
 
@@ -22,6 +22,9 @@ impl WgpuBackend {
         num_tokens: usize,
         hidden: usize,
     ) -> Result<()> {
+        if let BufKind::Quant(_) = table.kind {
+            return self.quant_embedding(table, ids, out, num_tokens, hidden);
+        }
         let op = "embedding";
         if hidden == 0 {
             return Err(err("embedding: hidden size 0"));
@@ -118,6 +121,9 @@ impl WgpuBackend {
         n: usize,
         k: usize,
     ) -> Result<()> {
+        if let BufKind::Quant(_) = w.kind {
+            return self.quant_matmul(x, w, bias, out, m, n, k);
+        }
         let out_b = want_f32("matmul", "out", out, m * n)?;
         self.matmul_to("matmul", x, w, bias, Out::Plain(out_b), None, m, n, k)
     }

@@ -11,6 +11,9 @@ use crate::buffer::{BufKind, RowSource, Texels, Tiled, WgpuBuf, TEXEL_ROW};
 
 impl WgpuBackend {
     pub(super) fn upload_weight(&self, t: &TensorView) -> Result<WgpuBuf> {
+        if let Some(layout) = t.quant {
+            return self.upload_quantized(t, layout);
+        }
         let numel = t.numel();
         if t.bytes().len() != numel * t.dtype.size() {
             return Err(Error::tensor(
@@ -25,6 +28,17 @@ impl WgpuBackend {
                 other => other,
             },
         )
+    }
+
+    /// Counts a weight uploaded for the model toward `Device::weight_bytes`: its buffer's bytes
+    /// and, for one held in a texture, the texture's.
+    pub(super) fn held(&self, w: WgpuBuf) -> WgpuBuf {
+        let texture = w.texels.as_ref().map_or(0, |t| {
+            let s = t.texture.size();
+            s.width as u64 * s.height as u64 * 16
+        });
+        self.weight_bytes.fetch_add(w.buf.size() + texture, std::sync::atomic::Ordering::Relaxed);
+        w
     }
 
     pub(super) fn weight_from_f32(&self, dtype: DType, values: &[f32]) -> Result<WgpuBuf> {
@@ -115,6 +129,7 @@ impl WgpuBackend {
                 let bytes = self.rec.read(&buf.buf, (len * d.size()) as u64)?;
                 Ok(d.to_f32(&bytes))
             }
+            BufKind::Quant(q) => self.read_quantized(buf, q, len),
             BufKind::U32 => Err(err(format!("read_f32: {} holds u32 values", buf.label()))),
         }
     }

@@ -11,3 +11,4 @@ mod engine_speculative;
 mod lora;
 mod model;
 mod ops;
+mod quant;
