@@ -45,6 +45,8 @@ pub enum QuantLayout {
 
 /// The reference backend's name (`Device::name`).
 const REFERENCE: &str = "reference";
+/// The CUDA backend's name: kernels/quant_matmul.cu runs every GGUF block layout.
+const CUDA: &str = "cuda";
 
 impl QuantLayout {
     /// Every GGUF block layout, in the order messages list them.
@@ -127,7 +129,7 @@ impl QuantLayout {
             | QuantLayout::Q5_1
             | QuantLayout::Q4K
             | QuantLayout::Q5K
-            | QuantLayout::Q6K => &[REFERENCE],
+            | QuantLayout::Q6K => &[REFERENCE, CUDA],
             QuantLayout::Fp8E4m3(_) | QuantLayout::Int4Group { .. } => &[],
         }
     }
@@ -218,6 +220,9 @@ mod tests {
     #[test]
     fn a_backend_without_the_layout_is_refused_naming_both() {
         assert!(QuantLayout::Q4K.check_backend("reference", "w").is_ok());
+        for l in QuantLayout::GGUF {
+            assert!(l.check_backend("cuda", "w").is_ok(), "{}", l.name());
+        }
         let e = QuantLayout::Q4K.check_backend("wgpu", "model.layers.0.mlp.up_proj.weight").unwrap_err().to_string();
         assert!(e.contains("Q4_K") && e.contains("wgpu") && e.contains("up_proj") && e.contains("reference"), "{e}");
         let e = QuantLayout::Int4Group { group: 128 }.check_backend("reference", "w").unwrap_err().to_string();
