@@ -60,43 +60,43 @@ __device__ __forceinline__ void qm_scale_min_k4(const u8* sc, int j, int& s, int
     }
 }
 
-// Layout codes (the kernel name's suffix): block elements and bytes, and the decode of unit `u`
-// of a row (elements 32u .. 32u + 31) into v.
+// Layout codes (the kernel name's suffix): block elements and bytes (QLayout), and `qm_decode`
+// of sub-block s of one block (32 values) into v, an overload per layout.
 enum { QL_Q8_0, QL_Q4_0, QL_Q4_1, QL_Q5_0, QL_Q5_1, QL_Q4_K, QL_Q5_K, QL_Q6_K };
 
 template <int L> struct QLayout;
 
 template <> struct QLayout<QL_Q8_0> {
     static constexpr int elems = 32, bytes = 34;
-    __device__ static void decode(const u8* b, int, float* v) {
-        const float d = qm_f16(b);
-        for (int l = 0; l < 32; ++l) v[l] = d * (float)(signed char)b[2 + l];
-    }
 };
+__device__ __forceinline__ void qm_decode(QLayout<QL_Q8_0>, const u8* b, int, float* v) {
+    const float d = qm_f16(b);
+    for (int l = 0; l < 32; ++l) v[l] = d * (float)(signed char)b[2 + l];
+}
 
 template <> struct QLayout<QL_Q4_0> {
     static constexpr int elems = 32, bytes = 18;
-    __device__ static void decode(const u8* b, int, float* v) {
-        const float d = qm_f16(b);
-        for (int j = 0; j < 16; ++j) {
-            const int q = b[2 + j];
-            v[j] = d * (float)((q & 0x0f) - 8);
-            v[j + 16] = d * (float)((q >> 4) - 8);
-        }
-    }
 };
+__device__ __forceinline__ void qm_decode(QLayout<QL_Q4_0>, const u8* b, int, float* v) {
+    const float d = qm_f16(b);
+    for (int j = 0; j < 16; ++j) {
+        const int q = b[2 + j];
+        v[j] = d * (float)((q & 0x0f) - 8);
+        v[j + 16] = d * (float)((q >> 4) - 8);
+    }
+}
 
 template <> struct QLayout<QL_Q4_1> {
     static constexpr int elems = 32, bytes = 20;
-    __device__ static void decode(const u8* b, int, float* v) {
-        const float d = qm_f16(b), m = qm_f16(b + 2);
-        for (int j = 0; j < 16; ++j) {
-            const int q = b[4 + j];
-            v[j] = d * (float)(q & 0x0f) + m;
-            v[j + 16] = d * (float)(q >> 4) + m;
-        }
-    }
 };
+__device__ __forceinline__ void qm_decode(QLayout<QL_Q4_1>, const u8* b, int, float* v) {
+    const float d = qm_f16(b), m = qm_f16(b + 2);
+    for (int j = 0; j < 16; ++j) {
+        const int q = b[4 + j];
+        v[j] = d * (float)(q & 0x0f) + m;
+        v[j + 16] = d * (float)(q >> 4) + m;
+    }
+}
 
 // The 5-bit values of Q5_0 / Q5_1: low nibbles as Q4_0's, bit i of qh is element i's fifth bit.
 __device__ __forceinline__ void qm_q5_values(const u8* qh_bytes, const u8* qs, int* q) {
@@ -109,23 +109,23 @@ __device__ __forceinline__ void qm_q5_values(const u8* qh_bytes, const u8* qs, i
 
 template <> struct QLayout<QL_Q5_0> {
     static constexpr int elems = 32, bytes = 22;
-    __device__ static void decode(const u8* b, int, float* v) {
-        const float d = qm_f16(b);
-        int q[32];
-        qm_q5_values(b + 2, b + 6, q);
-        for (int l = 0; l < 32; ++l) v[l] = d * (float)(q[l] - 16);
-    }
 };
+__device__ __forceinline__ void qm_decode(QLayout<QL_Q5_0>, const u8* b, int, float* v) {
+    const float d = qm_f16(b);
+    int q[32];
+    qm_q5_values(b + 2, b + 6, q);
+    for (int l = 0; l < 32; ++l) v[l] = d * (float)(q[l] - 16);
+}
 
 template <> struct QLayout<QL_Q5_1> {
     static constexpr int elems = 32, bytes = 24;
-    __device__ static void decode(const u8* b, int, float* v) {
-        const float d = qm_f16(b), m = qm_f16(b + 2);
-        int q[32];
-        qm_q5_values(b + 4, b + 8, q);
-        for (int l = 0; l < 32; ++l) v[l] = d * (float)q[l] + m;
-    }
 };
+__device__ __forceinline__ void qm_decode(QLayout<QL_Q5_1>, const u8* b, int, float* v) {
+    const float d = qm_f16(b), m = qm_f16(b + 2);
+    int q[32];
+    qm_q5_values(b + 4, b + 8, q);
+    for (int l = 0; l < 32; ++l) v[l] = d * (float)q[l] + m;
+}
 
 // Q4_K and Q5_K share the header (d, dmin, 12 scale bytes) and the nibble layout; Q5_K adds 32
 // bytes of fifth bits before the nibbles.
@@ -147,38 +147,42 @@ __device__ __forceinline__ void qm_decode_k45(const u8* b, int s, float* v) {
 
 template <> struct QLayout<QL_Q4_K> {
     static constexpr int elems = 256, bytes = 144;
-    __device__ static void decode(const u8* b, int s, float* v) { qm_decode_k45<false>(b, s, v); }
 };
+__device__ __forceinline__ void qm_decode(QLayout<QL_Q4_K>, const u8* b, int s, float* v) {
+    qm_decode_k45<false>(b, s, v);
+}
 
 template <> struct QLayout<QL_Q5_K> {
     static constexpr int elems = 256, bytes = 176;
-    __device__ static void decode(const u8* b, int s, float* v) { qm_decode_k45<true>(b, s, v); }
 };
+__device__ __forceinline__ void qm_decode(QLayout<QL_Q5_K>, const u8* b, int s, float* v) {
+    qm_decode_k45<true>(b, s, v);
+}
 
 // Q6_K: 128 bytes ql, 64 bytes qh, 16 i8 scales (one per 16 values), f16 d. Sub-block s is
 // quarter s % 4 of half s / 4.
 template <> struct QLayout<QL_Q6_K> {
     static constexpr int elems = 256, bytes = 210;
-    __device__ static void decode(const u8* b, int s, float* v) {
-        const float d = qm_f16(b + 208);
-        const int h = s / 4, q4 = s % 4;
-        const u8* ql = b + h * 64 + (q4 % 2) * 32;
-        const u8* qh = b + 128 + h * 32;
-        const int lshift = 4 * (q4 / 2), hshift = 2 * q4;
-        const float d0 = d * (float)(signed char)b[192 + h * 8 + q4 * 2];
-        const float d1 = d * (float)(signed char)b[192 + h * 8 + q4 * 2 + 1];
-        for (int l = 0; l < 32; ++l) {
-            const int q = (((ql[l] >> lshift) & 0x0f) | (((qh[l] >> hshift) & 3) << 4)) - 32;
-            v[l] = (l < 16 ? d0 : d1) * (float)q;
-        }
-    }
 };
+__device__ __forceinline__ void qm_decode(QLayout<QL_Q6_K>, const u8* b, int s, float* v) {
+    const float d = qm_f16(b + 208);
+    const int h = s / 4, q4 = s % 4;
+    const u8* ql = b + h * 64 + (q4 % 2) * 32;
+    const u8* qh = b + 128 + h * 32;
+    const int lshift = 4 * (q4 / 2), hshift = 2 * q4;
+    const float d0 = d * (float)(signed char)b[192 + h * 8 + q4 * 2];
+    const float d1 = d * (float)(signed char)b[192 + h * 8 + q4 * 2 + 1];
+    for (int l = 0; l < 32; ++l) {
+        const int q = (((ql[l] >> lshift) & 0x0f) | (((qh[l] >> hshift) & 3) << 4)) - 32;
+        v[l] = (l < 16 ? d0 : d1) * (float)q;
+    }
+}
 
 // Unit u of a row starting at `row`: its block's bytes and the sub-block within.
 template <int L>
 __device__ __forceinline__ void qm_decode_unit(const u8* row, int u, float* v) {
     constexpr int per = QLayout<L>::elems / 32;
-    QLayout<L>::decode(row + (size_t)(u / per) * QLayout<L>::bytes, u % per, v);
+    qm_decode(QLayout<L>(), row + (size_t)(u / per) * QLayout<L>::bytes, u % per, v);
 }
 
 template <int L>
