@@ -13,6 +13,7 @@
 #include "../matmul.cu"
 #include "../moe.cu"
 #include "../paged_attention.cu"
+#include "../quant_matmul.cu"
 #include "../rms_norm.cu"
 #include "../rope.cu"
 #include "../sampling.cu"
@@ -28,6 +29,7 @@
 #include "matmul_test.h"
 #include "moe_test.h"
 #include "primitives_test.h"
+#include "quant_test.h"
 
 static int failures = 0, checks = 0;
 static uint64_t rng_state = 12345;
@@ -905,6 +907,7 @@ int main() {
     mmtest::small_variant = 0;
     test_fused_small_ops();
     test_sampling();
+    quanttest::run_all(expect_true);
     std::printf("%d checks, %d failed\n", checks, failures);
     return failures == 0 ? 0 : 1;
 }

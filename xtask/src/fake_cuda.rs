@@ -23,7 +23,7 @@ use crate::test::{run_echoed, Tally};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Run crates/cuda's GPU-only tests (gpu_invariance, graphs, launches, staging, moe) on it.
+    /// Run crates/cuda's GPU-only tests (gpu_invariance, graphs, launches, staging, moe, quant) on it.
     #[arg(long)]
     tests: bool,
     /// Run the group `cargo xtask test` runs on it.
@@ -184,7 +184,11 @@ fn run_counted(mut cmd: Command, what: &str) -> Result<Tally> {
 pub fn cuda_tests(root: &Path, env: &FakeEnv) -> Result<Tally> {
     let mut total = Tally::default();
     let runs: [(&str, Option<&str>, &[&str]); 3] = [
-        ("crates/cuda GPU-only tests", None, &["gpu_invariance::", "graphs::", "launches::", "staging::", "moe::"]),
+        (
+            "crates/cuda GPU-only tests",
+            None,
+            &["gpu_invariance::", "graphs::", "launches::", "staging::", "moe::", "quant::"],
+        ),
         ("crates/cuda batch invariance, block order seed 2", Some("2"), &["gpu_invariance::"]),
         ("crates/cuda batch invariance, block order seed 3", Some("3"), &["gpu_invariance::"]),
     ];

@@ -14,8 +14,8 @@ use crate::perf_calibration::{
     calibration_line, fit, launch_of, leave_one_variant_out, rank_agreement, Scored, RANK_TIE,
 };
 use crate::perf_cases::{
-    attention_decode, attention_prefill, gemm, moe, sampler, tile_named, AttnShape, AttnVariant, GEMMA3_1B, LLAMA_1B,
-    LLAMA_8B,
+    attention_decode, attention_prefill, gemm, moe, quant_gemv, quant_weight_bytes, sampler, tile_named, AttnShape,
+    AttnVariant, GEMMA3_1B, LLAMA_1B, LLAMA_8B, Q4_K, Q8_0,
 };
 use crate::perf_model::{predict, Launch, Params, Prediction, H200};
 use crate::perf_timings::load;
@@ -63,6 +63,20 @@ pub fn untimed(params: &Params) -> Vec<Row> {
                     let d = gemm(&tile(default), m, n, k, op == "o");
                     rows.push(row("gemm", v, format!("{op} m={m} n={n} k={k}"), &l, params, Some(&d)));
                 }
+            }
+        }
+    }
+    // GGUF weights kept quantized (kernels/quant_matmul.cu), Q4_K and Q8_0, beside the bf16
+    // GEMM's default tile at the same m; the case names the quantized floor (the weight's bytes
+    // over the H200's measured copy bandwidth).
+    for q in [Q4_K, Q8_0] {
+        for &(op, n, k) in &LAB_GEMMS {
+            for m in [1, 8, 64, 512] {
+                let l = quant_gemv(q, m, n, k);
+                let d = gemm(&tile(default_tile(m)), m, n, k, op == "o");
+                let floor = quant_weight_bytes(q, n, k) / (H200.copy_gbs * 1e3);
+                let case = format!("{op} m={m} n={n} k={k} floor={floor:.1}us");
+                rows.push(row("quant", &format!("quant_matmul_{}", q.0), case, &l, params, Some(&d)));
             }
         }
     }
@@ -122,6 +136,16 @@ pub fn untimed(params: &Params) -> Vec<Row> {
         }
     }
     rows
+}
+
+/// The bf16 GEMM's default tile at m rows (crates/cuda/src/gemm.rs: m16 up to 16, m64_occ4 to
+/// 128, m128_occ2 above).
+fn default_tile(m: usize) -> &'static str {
+    match m {
+        0..=16 => "m16",
+        17..=128 => "m64_occ4",
+        _ => "m128_occ2",
+    }
 }
 
 fn fmt_params(p: &Params) -> String {
@@ -327,6 +351,8 @@ mod tests {
             "argmax_multi",
             "sample_radix",
             "sample_multi",
+            "quant_matmul_q4_k",
+            "quant_matmul_q8_0",
         ] {
             assert!(rows.iter().any(|r| r.variant == v), "{v} has no prediction");
         }

@@ -361,6 +361,56 @@ pub fn moe(tokens: usize, experts: usize, top_k: usize, hidden: usize, inter: us
     (grouped(2 * inter, hidden), grouped(hidden, inter))
 }
 
+/// A GGUF block layout as the quant kernel sees it: (name, values a block, bytes a block).
+pub type QuantBlocks = (&'static str, usize, usize);
+pub const Q4_K: QuantBlocks = ("q4_k", 256, 144);
+pub const Q8_0: QuantBlocks = ("q8_0", 32, 34);
+
+/// crates/cuda/src/quant.rs' grid: output columns (a warp each) and x rows a block.
+const QM_WARPS: usize = 4;
+const QM_ROWS: usize = 8;
+
+/// The weight's bytes in layout `q`: what a decode step must read (the quantized floor's bytes).
+pub fn quant_weight_bytes(q: QuantBlocks, n: usize, k: usize) -> f64 {
+    (n * k / q.1 * q.2) as f64
+}
+
+/// One m x n x k matmul on a weight kept in `q` (kernels/quant_matmul.cu): a warp per output
+/// column and 8 rows of x, each lane decoding a 32-value unit at a time and adding its products
+/// per row; a block's weight rows are read once per 8-row block of x (L2 above the first).
+/// A SIMT kernel: its "mmas" are a lane's element-steps (k / 32 a warp, four warps a block),
+/// each about 6 instructions to decode the weight value plus 4 a row of x (load, widen,
+/// multiply, add: --fmad=false). Registers: ptxas 13.0 for sm_90 on kernels/quant_matmul.cu
+/// (2026-12-07: 64 for q4_k and q8_0, no spills).
+pub fn quant_gemv(q: QuantBlocks, m: usize, n: usize, k: usize) -> Launch {
+    let rows = m.min(QM_ROWS);
+    let row_blocks = m.div_ceil(QM_ROWS);
+    let w = quant_weight_bytes(q, n, k);
+    let kernel = Kernel {
+        name: q.0,
+        threads: 32 * QM_WARPS,
+        regs: 64,
+        smem: 0,
+        stages: 1,
+        ipm: 6.0 + 4.0 * rows as f64,
+        ipm_source: "assumed: 6 instructions to decode a weight value, 4 a row of x",
+        wgmma: false,
+    };
+    Launch {
+        kernel,
+        blocks: n.div_ceil(QM_WARPS) * row_blocks,
+        mmas_per_block: (QM_WARPS * k / 32) as f64,
+        // A lane's units one after another: a dependent round trip a unit (32 lanes: 1024 values).
+        trips_per_block: 1.0 + k.div_ceil(1024) as f64,
+        fold_rounds: 0.0,
+        longest: 1.0,
+        dram_bytes: w + (m * k * 4 + m * n * 4) as f64,
+        l2_bytes: w * row_blocks as f64 + (n.div_ceil(QM_WARPS) * row_blocks * rows * k * 4) as f64,
+        tensor_flops: 0.0,
+        launches: 1,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

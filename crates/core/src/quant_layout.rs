@@ -47,6 +47,8 @@ pub enum QuantLayout {
 const REFERENCE: &str = "reference";
 /// The wgpu backend's name: its kernels read the GGUF blocks (shaders/quant_block.wgsl).
 const WGPU: &str = "wgpu";
+/// The CUDA backend's name: kernels/quant_matmul.cu runs every GGUF block layout.
+const CUDA: &str = "cuda";
 
 impl QuantLayout {
     /// Every GGUF block layout, in the order messages list them.
@@ -129,7 +131,7 @@ impl QuantLayout {
             | QuantLayout::Q5_1
             | QuantLayout::Q4K
             | QuantLayout::Q5K
-            | QuantLayout::Q6K => &[REFERENCE, WGPU],
+            | QuantLayout::Q6K => &[REFERENCE, WGPU, CUDA],
             QuantLayout::Fp8E4m3(_) | QuantLayout::Int4Group { .. } => &[],
         }
     }
@@ -220,7 +222,10 @@ mod tests {
     #[test]
     fn a_backend_without_the_layout_is_refused_naming_both() {
         assert!(QuantLayout::Q4K.check_backend("reference", "w").is_ok());
-        assert!(QuantLayout::Q4K.check_backend("wgpu", "w").is_ok());
+        for l in QuantLayout::GGUF {
+            assert!(l.check_backend("wgpu", "w").is_ok(), "{}", l.name());
+            assert!(l.check_backend("cuda", "w").is_ok(), "{}", l.name());
+        }
         let e = QuantLayout::Q4K.check_backend("metal", "model.layers.0.mlp.up_proj.weight").unwrap_err().to_string();
         assert!(e.contains("Q4_K") && e.contains("metal") && e.contains("up_proj") && e.contains("reference"), "{e}");
         let e = QuantLayout::Int4Group { group: 128 }.check_backend("reference", "w").unwrap_err().to_string();

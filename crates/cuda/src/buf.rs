@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaEvent, CudaSlice, DevicePtr, PinnedHostSlice};
 use tandem_core::backend::{DType, KvDtype, KvGeometry, Storage, U32Group, U32Layout};
+use tandem_core::quant_layout::QuantLayout;
 use tandem_core::weights::TensorView;
 use tandem_core::Result;
 
@@ -22,6 +23,8 @@ pub enum Elem {
     U32,
     BF16,
     F16,
+    /// A weight kept in a GGUF block layout (quant.rs): `len` counts its bytes.
+    Quant(QuantLayout),
 }
 
 impl Elem {
@@ -29,6 +32,7 @@ impl Elem {
         match self {
             Elem::F32 | Elem::U32 => 4,
             Elem::BF16 | Elem::F16 => 2,
+            Elem::Quant(_) => 1,
         }
     }
     pub(crate) fn of(d: DType) -> Elem {
@@ -44,7 +48,7 @@ impl Elem {
             Elem::F32 => 1,
             Elem::BF16 => 2,
             Elem::F16 => 3,
-            Elem::U32 => 0,
+            Elem::U32 | Elem::Quant(_) => 0,
         }
     }
 }
@@ -141,6 +145,12 @@ pub(crate) fn need_act(b: &CudaBuf, need: usize, op: &str, what: &str) -> Result
 pub(crate) fn need_weight(b: &CudaBuf, need: usize, op: &str, what: &str) -> Result<usize> {
     if b.elem == Elem::U32 {
         return Err(err(format!("{op}: `{what}` holds u32, expected a weight (f32, bf16 or f16)")));
+    }
+    if let Elem::Quant(q) = b.elem {
+        return Err(err(format!(
+            "{op}: `{what}` is kept as {}, which this op does not take (only matmul and embedding do)",
+            q.name()
+        )));
     }
     if b.len < need {
         return Err(err(format!("{op}: `{what}` has {} elements, needs {need}", b.len)));
@@ -252,6 +262,10 @@ impl Storage for CudaBackend {
     }
 
     fn upload_weight(&self, t: &TensorView) -> Result<CudaBuf> {
+        if let Some(q) = t.quant {
+            // Kept as stored: the blocks' bytes (quant.rs reads them).
+            return self.upload_bytes(Elem::Quant(q), t.bytes());
+        }
         self.upload_bytes(Elem::of(t.dtype), t.bytes())
     }
 

@@ -63,6 +63,9 @@ pub(crate) struct Kernels<F> {
     pub(crate) logit_edits: Kernel<F>,
     pub(crate) logit_restore: Kernel<F>,
     pub(crate) logprobs: Kernel<F>,
+    /// kernels/quant_matmul.cu, by [`crate::quant::quant_index`] (QuantLayout::GGUF's order).
+    pub(crate) quant_matmul: [Kernel<F>; 8],
+    pub(crate) quant_embedding: [Kernel<F>; 8],
 }
 
 /// The routed mixture of experts' kernels (kernels/moe.cu, moe.rs); gemm_tc by 16-bit weight
@@ -162,8 +165,44 @@ impl<F> Kernels<F> {
             logit_edits: k("logit_edits")?,
             logit_restore: k("logit_restore")?,
             logprobs: k("logprobs")?,
+            quant_matmul: quant_kernels(&mut k, QUANT_MATMUL)?,
+            quant_embedding: quant_kernels(&mut k, QUANT_EMBEDDING)?,
         })
     }
+}
+
+/// kernels/quant_matmul.cu's kernels, in QuantLayout::GGUF's order (quant.rs `QUANT_SUFFIXES`).
+const QUANT_MATMUL: [&str; 8] = [
+    "quant_matmul_q8_0",
+    "quant_matmul_q4_0",
+    "quant_matmul_q4_1",
+    "quant_matmul_q5_0",
+    "quant_matmul_q5_1",
+    "quant_matmul_q4_k",
+    "quant_matmul_q5_k",
+    "quant_matmul_q6_k",
+];
+const QUANT_EMBEDDING: [&str; 8] = [
+    "quant_embedding_q8_0",
+    "quant_embedding_q4_0",
+    "quant_embedding_q4_1",
+    "quant_embedding_q5_0",
+    "quant_embedding_q5_1",
+    "quant_embedding_q4_k",
+    "quant_embedding_q5_k",
+    "quant_embedding_q6_k",
+];
+
+/// The eight kernels of `names`, each found by `k`.
+fn quant_kernels<F>(
+    k: &mut impl FnMut(&'static str) -> Result<Kernel<F>>,
+    names: [&'static str; 8],
+) -> Result<[Kernel<F>; 8]> {
+    let mut out = Vec::with_capacity(8);
+    for n in names {
+        out.push(k(n)?);
+    }
+    out.try_into().map_err(|_| err("quant kernels: eight expected"))
 }
 
 /// Every kernel name the backend launches (what start-up resolves); tests/cuda/kernels_check.rs
@@ -183,6 +222,7 @@ pub(crate) fn weight_index(e: Elem) -> usize {
         Elem::F32 | Elem::U32 => 0,
         Elem::BF16 => 1,
         Elem::F16 => 2,
+        Elem::Quant(_) => 0,
     }
 }
 
@@ -278,7 +318,7 @@ mod tests {
         let names = kernel_names();
         let unique: std::collections::BTreeSet<_> = names.iter().collect();
         assert_eq!(unique.len(), names.len(), "{names:?}");
-        assert_eq!(names.len(), 84); // 50 + 11 routed-MoE + 6 decode GEMM + 2 m128_w64 + 8 sampler/argmax + 2 tc_deep and 2 tc_shared attention variants + gelu_tanh_mul and scale (Gemma 3) + tc attention at head_dim 256
+        assert_eq!(names.len(), 100); // 16 quant (matmul and embedding, 8 GGUF layouts) + 50 + 11 routed-MoE + 6 decode GEMM + 2 m128_w64 + 8 sampler/argmax + 2 tc_deep and 2 tc_shared attention variants + gelu_tanh_mul and scale (Gemma 3) + tc attention at head_dim 256
         let k = Kernels::<&'static str>::resolve(Ok).unwrap();
         assert_eq!(k.embedding.map(|x| x.f), ["embedding_f32", "embedding_bf16", "embedding_f16"]);
         assert_eq!(
@@ -294,6 +334,10 @@ mod tests {
             assert_eq!(k.matmul_tc[weight_index(Elem::BF16) - 1][gemm_kernel(m, gemm::GEMM_BN_WIDE).index].f, want);
         }
         assert_eq!(k.matmul_x[weight_index(Elem::BF16) - 1].f, "matmul_x_bf16");
+        for (i, s) in crate::quant::QUANT_SUFFIXES.into_iter().enumerate() {
+            assert_eq!(k.quant_matmul[i].f, format!("quant_matmul_{s}"));
+            assert_eq!(k.quant_embedding[i].f, format!("quant_embedding_{s}"));
+        }
         assert_eq!((k.kv_write[0].f, k.kv_write[1].f), ("kv_write_f32", "kv_write_bf16"));
         assert_eq!(
             (k.attn_partial[0].f, k.attn_partial[1].f),

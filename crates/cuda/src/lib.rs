@@ -10,7 +10,7 @@
 //! - `kernels`: the kernel table, every handle resolved once at load.
 //! - `workspace`: the step scratch, reserved at load.
 //! - `ops`: the `Ops`, `FusedOps` and `Sampling` of the backend, delegating to the launchers of
-//!   `attention`, `matmul`, `moe` and `sampling`; `launch` and `graph` under them.
+//!   `attention`, `matmul`, `moe`, `quant` and `sampling`; `launch` and `graph` under them.
 //! - `error`: the driver's errors, and which of them lose the device.
 //! - `switches`: the `TANDEM_CUDA_*` variant switches, read once at load ([`SWITCHES`]).
 //!
@@ -31,6 +31,7 @@ mod launch;
 mod matmul;
 mod moe;
 mod ops;
+mod quant;
 mod sampling;
 pub mod sources;
 mod switches;

@@ -265,6 +265,9 @@ impl CudaBackend {
         if m == 0 || n == 0 {
             return Ok(());
         }
+        if let Elem::Quant(layout) = w.elem {
+            return self.quant_gemm(op, x, w, layout, bias, dst, m, n, k, norm);
+        }
         let (x, norm_code) = match norm {
             Some(nm) => {
                 if m > SPLIT_MAX_ROWS || w.elem == Elem::F32 {

@@ -30,6 +30,9 @@ impl Ops for CudaBackend {
         if num_tokens == 0 || hidden == 0 {
             return Ok(());
         }
+        if let Elem::Quant(layout) = table.elem {
+            return self.quant_embedding(table, layout, ids, out, num_tokens, hidden);
+        }
         let wi = need_weight(table, hidden, OP, "table")?;
         if !table.len.is_multiple_of(hidden) {
             return Err(err(format!("{OP}: table has {} elements, not a multiple of hidden = {hidden}", table.len)));

@@ -41,6 +41,7 @@ pub const EMBEDDED: &[(&str, &str)] = embed!(
     "matmul_sm90",
     "moe",
     "paged_attention",
+    "quant_matmul",
     "rms_norm",
     "rope",
     "sampling",

@@ -22,8 +22,12 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
+use tandem_conformance::ops::random_blocks;
+use tandem_conformance::rng::Rng;
 use tandem_core::backend::{AttnArgs, Backend, KvGeometry};
+use tandem_core::quant_layout::QuantLayout;
 use tandem_core::sampling::SampleSpec;
+use tandem_core::weights::Weights;
 use tandem_core::DType;
 
 use super::report::{self, markdown_table};
@@ -67,7 +71,8 @@ pub struct Args {
     /// Only the attention cases (gpu/tune.sh's attention variants: decode and prefill).
     #[arg(long, conflicts_with = "only_sampling")]
     only_attention: bool,
-    /// Weight dtype of the GEMMs.
+    /// Weight dtype of the GEMMs: bf16, f16, f32, or a GGUF layout the weights are kept in
+    /// (q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k: random blocks; x in f32).
     #[arg(long, default_value = "bf16")]
     dtype: String,
     /// Time each case for at least this long.
@@ -150,7 +155,24 @@ fn values(seed: u64, n: usize, scale: f32) -> Vec<f32> {
         .collect()
 }
 
-fn gemms<B: Backend>(b: &B, s: Shape, a: &Args, dtype: DType, rows: &mut Vec<Row>) -> Result<()> {
+/// A weight of `n` rows of `k` values kept in `layout`: random blocks (the op suite's), uploaded
+/// as a model's GGUF tensor is.
+fn quant_weight<B: Backend>(b: &B, layout: QuantLayout, n: usize, k: usize) -> Result<B::Buf> {
+    let blocks = n * k / layout.block_elems();
+    let bytes = random_blocks(layout, blocks, k, &mut Rng::new(n as u64));
+    let mut ws = Weights::empty();
+    ws.insert_quantized("w", layout, &[n, k], &bytes, "<kernel lab>".into())?;
+    Ok(b.upload_weight(&ws.get("w", &[n, k])?)?)
+}
+
+fn gemms<B: Backend>(
+    b: &B,
+    s: Shape,
+    a: &Args,
+    dtype: DType,
+    quant: Option<QuantLayout>,
+    rows: &mut Vec<Row>,
+) -> Result<()> {
     let kv = s.kv_heads * s.head_dim;
     let list = [
         ("qkv", s.hidden + 2 * kv, s.hidden),
@@ -164,7 +186,11 @@ fn gemms<B: Backend>(b: &B, s: Shape, a: &Args, dtype: DType, rows: &mut Vec<Row
         _ => 2.0,
     };
     for (name, n, k) in list {
-        let w = b.weight_from_f32(dtype, &values(n as u64, n * k, 0.05))?;
+        let (w, wbytes) = match quant {
+            // The quantized floor: the blocks' bytes, scales included.
+            Some(l) => (quant_weight(b, l, n, k)?, l.row_bytes(k).map_err(anyhow::Error::msg)? as f64 / k as f64),
+            None => (b.weight_from_f32(dtype, &values(n as u64, n * k, 0.05))?, wbytes),
+        };
         // x as the model stores it (Model's ActDtypes): in the backend's activation type,
         // except o's input, the attention output, which stays f32. A 16-bit x is written the
         // way the model writes it, by rms_norm (gamma 1) from f32 values.
@@ -342,16 +368,18 @@ fn sampling<B: Backend>(b: &B, s: Shape, a: &Args, batch: usize, rows: &mut Vec<
 
 fn lab<B: Backend>(b: &B, a: &Args) -> Result<Vec<Row>> {
     let s = shape(&a.shape)?;
+    let quant = QuantLayout::GGUF.into_iter().find(|l| l.name().to_lowercase() == a.dtype);
     let dtype = match a.dtype.as_str() {
         "bf16" => DType::BF16,
         "f16" => DType::F16,
         "f32" => DType::F32,
-        d => bail!("--dtype {d}: bf16, f16 or f32"),
+        _ if quant.is_some() => DType::F32,
+        d => bail!("--dtype {d}: bf16, f16, f32 or a GGUF layout (q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k)"),
     };
     let mut rows = vec![];
     if !a.only_sampling {
         if !a.only_attention {
-            gemms(b, s, a, dtype, &mut rows)?;
+            gemms(b, s, a, dtype, quant, &mut rows)?;
         }
         for &bs in &a.attn_batch {
             for &ctx in &a.attn_context {

@@ -11,6 +11,7 @@ mod launches;
 mod moe;
 mod no_driver;
 mod ops;
+mod quant;
 mod sampling_emu;
 mod staging;
 
