@@ -157,7 +157,10 @@ impl EngineClient for TandemEngine {
             return Err(SubmitRefusal::Stopped("the model is still loading".into()));
         };
         let stream = h
-            .submit(Request { prompt: req.prompt, params: to_engine_params(&req.params), priority: req.priority })
+            .submit_with_adapter(
+                Request { prompt: req.prompt, params: to_engine_params(&req.params), priority: req.priority },
+                req.params.adapter,
+            )
             .map_err(|e| match e {
                 SubmitError::Overloaded { .. } => SubmitRefusal::Overloaded(e.to_string()),
                 SubmitError::Stopped(_) => SubmitRefusal::Stopped(e.to_string()),
@@ -248,6 +251,7 @@ mod tests {
             logit_bias: vec![(5, -2.0)],
             include_stop_str_in_output: true,
             guided: None,
+            adapter: None,
         };
         let want = SamplingParams {
             n: 3,

@@ -41,6 +41,8 @@ pub struct AppState {
     pub structured: OnceLock<Result<Arc<Structured>, String>>,
     /// Stored `/v1/responses` answers (`store`, `previous_response_id`).
     pub responses: ResponseStore,
+    /// The LoRA adapters served, by name.
+    pub lora: crate::lora::LoraTable,
 }
 
 impl AppState {
@@ -54,6 +56,15 @@ impl AppState {
     pub fn serves(&self, name: &str) -> bool {
         name == self.model_name
             || self.config.served_model_names.iter().chain(&self.config.model_aliases).any(|n| n == name)
+    }
+
+    /// What a request's `model` asks for: `Ok(None)` the base model, `Ok(Some(slot))` a LoRA
+    /// adapter, `Err(())` nothing served here.
+    pub fn resolve(&self, name: &str) -> Result<Option<u32>, ()> {
+        if self.serves(name) {
+            return Ok(None);
+        }
+        self.lora.slot(name).map(Some).ok_or(())
     }
 
     /// The structured-output compiler, or why this server has none.
