@@ -509,6 +509,7 @@ pub fn run(mut a: Args) -> Result<()> {
         model_aliases: names.aliases,
         model_root: Some(names.root),
         lora_adapters: lora.as_ref().map_or_else(Vec::new, served_adapters),
+        max_loras: lora.as_ref().map_or(0, |l| l.limits.max_loras),
         ..Default::default()
     };
     let mut engine_cfg = a.engine.engine_config(None)?;

@@ -61,6 +61,8 @@ pub struct ServerConfig {
     pub model_root: Option<String>,
     /// The LoRA adapters served at start (`--lora-modules`), each in its engine slot.
     pub lora_adapters: Vec<crate::lora::ServedAdapter>,
+    /// `--max-loras` where LoRA is enabled (`vllm:lora_requests_info` is exported then); 0: off.
+    pub max_loras: usize,
 }
 
 /// What a request that leaves a field out gets instead of the API's default: vLLM's
@@ -128,6 +130,7 @@ impl Default for ServerConfig {
             model_aliases: Vec::new(),
             model_root: None,
             lora_adapters: Vec::new(),
+            max_loras: 0,
         }
     }
 }

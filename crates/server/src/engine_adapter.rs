@@ -208,6 +208,8 @@ impl EngineClient for TandemEngine {
                     kv_rows_read: s.kv_rows_read_total,
                 },
             )),
+            running_lora_adapters: s.running_adapters,
+            waiting_lora_adapters: s.waiting_adapters,
         }
     }
 

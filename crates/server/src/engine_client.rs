@@ -211,6 +211,9 @@ pub struct EngineStats {
     /// The analytic work of the steps so far (vLLM's `estimated_*_per_gpu`), when the
     /// engine's model shape is known.
     pub step_estimate: Option<crate::step_estimate::StepEstimate>,
+    /// The LoRA slots of the running and of the waiting requests, each once.
+    pub running_lora_adapters: Vec<u32>,
+    pub waiting_lora_adapters: Vec<u32>,
 }
 
 /// Why the engine refused a request outright.

@@ -6,6 +6,8 @@
 
 use std::sync::RwLock;
 
+use crate::engine_client::EngineStats;
+
 /// One adapter the server serves.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServedAdapter {
@@ -46,6 +48,18 @@ impl LoraTable {
         self.read().clone()
     }
 
+    /// vLLM's `vllm:lora_requests_info`: a gauge whose labels name the adapters of the running
+    /// and of the waiting requests (comma-separated) and `--max-loras`, its value the time of
+    /// the report (Unix seconds).
+    pub fn render_info(&self, max_loras: usize, stats: &EngineStats, now: u64) -> String {
+        let names = |slots: &[u32]| slots.iter().filter_map(|&s| self.name_of(s)).collect::<Vec<_>>().join(",");
+        format!(
+            "# HELP vllm:lora_requests_info Running stats on lora requests.\n# TYPE vllm:lora_requests_info gauge\nvllm:lora_requests_info{{max_lora=\"{max_loras}\",waiting_lora_adapters=\"{}\",running_lora_adapters=\"{}\"}} {now}\n",
+            names(&stats.waiting_lora_adapters),
+            names(&stats.running_lora_adapters),
+        )
+    }
+
     fn read(&self) -> std::sync::RwLockReadGuard<'_, Vec<ServedAdapter>> {
         // A writer that panicked left the table as it was (each write is one push or remove).
         self.adapters.read().unwrap_or_else(|e| e.into_inner())
@@ -63,5 +77,17 @@ mod tests {
         assert_eq!((t.slot("rs"), t.slot("nope")), (Some(1), None));
         assert_eq!((t.name_of(0).as_deref(), t.name_of(5)), (Some("sql"), None));
         assert_eq!(t.list().len(), 2);
+    }
+
+    #[test]
+    fn lora_requests_info_names_running_and_waiting_adapters() {
+        let a = |name: &str, slot| ServedAdapter { name: name.into(), root: "/d".into(), parent: None, slot };
+        let t = LoraTable::new(vec![a("sql", 0), a("rs", 1)]);
+        let st =
+            EngineStats { running_lora_adapters: vec![0, 1], waiting_lora_adapters: vec![1], ..Default::default() };
+        let text = t.render_info(2, &st, 1700000000);
+        let want = "vllm:lora_requests_info{max_lora=\"2\",waiting_lora_adapters=\"rs\",running_lora_adapters=\"sql,rs\"} 1700000000";
+        assert!(text.lines().any(|l| l == want), "{text}");
+        assert!(text.contains("# TYPE vllm:lora_requests_info gauge"), "{text}");
     }
 }

@@ -279,7 +279,11 @@ fn models(state: &AppState) -> Response<ResponseBody> {
 }
 
 fn metrics(state: &AppState) -> Response<ResponseBody> {
-    let mut text = state.metrics.render(&state.engine.stats(), state.queued.load(Ordering::Relaxed));
+    let stats = state.engine.stats();
+    let mut text = state.metrics.render(&stats, state.queued.load(Ordering::Relaxed));
+    if state.config.max_loras > 0 {
+        text.push_str(&state.lora.render_info(state.config.max_loras, &stats, now_secs()));
+    }
     text.push_str(&state.responses.render(&state.model_name));
     let mut r = Response::new(ResponseBody::full(text));
     r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));

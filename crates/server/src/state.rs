@@ -67,6 +67,11 @@ impl AppState {
         self.lora.slot(name).map(Some).ok_or(())
     }
 
+    /// The name answers report for a request under `adapter`: the adapter's, or the model's.
+    pub fn answer_model(&self, adapter: Option<u32>) -> String {
+        adapter.and_then(|s| self.lora.name_of(s)).unwrap_or_else(|| self.model_name.clone())
+    }
+
     /// The structured-output compiler, or why this server has none.
     pub fn structured(&self) -> Result<&Arc<Structured>, &str> {
         match self.structured.get() {

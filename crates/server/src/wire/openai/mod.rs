@@ -241,8 +241,11 @@ impl WireRequest for OpenAi {
             Api::Chat => "chatcmpl",
             Api::Generate => "gen",
         };
-        let meta =
-            ResponseMeta { id: format!("{prefix}-{n:016x}"), created: now_secs(), model: state.model_name.clone() };
+        let meta = ResponseMeta {
+            id: format!("{prefix}-{n:016x}"),
+            created: now_secs(),
+            model: state.answer_model(self.job.p.params.adapter),
+        };
         let id = meta.id.clone();
         self.meta = Some(meta);
         id
