@@ -164,7 +164,7 @@ async fn route(state: Arc<AppState>, req: Request<Incoming>) -> Response<Respons
         Route::Metrics => metrics(&state),
         Route::Models if anthropic => json_response(StatusCode::OK, &anthropic::models(&state)),
         Route::Models => models(&state),
-        Route::Model(id) if state.resolve(&id).is_err() => {
+        Route::Model(id) if state.resolve(&id).is_none() => {
             error_response(&ApiError::unknown_model(&id, &state.model_name))
         }
         Route::Model(id) if !state.serves(&id) => json_response(StatusCode::OK, &adapter_entry(&state, &id)),

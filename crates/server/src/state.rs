@@ -58,13 +58,13 @@ impl AppState {
             || self.config.served_model_names.iter().chain(&self.config.model_aliases).any(|n| n == name)
     }
 
-    /// What a request's `model` asks for: `Ok(None)` the base model, `Ok(Some(slot))` a LoRA
-    /// adapter, `Err(())` nothing served here.
-    pub fn resolve(&self, name: &str) -> Result<Option<u32>, ()> {
+    /// What a request's `model` asks for: `Some(None)` the base model, `Some(Some(slot))` a
+    /// LoRA adapter, `None` nothing served here.
+    pub fn resolve(&self, name: &str) -> Option<Option<u32>> {
         if self.serves(name) {
-            return Ok(None);
+            return Some(None);
         }
-        self.lora.slot(name).map(Some).ok_or(())
+        self.lora.slot(name).map(Some)
     }
 
     /// The name answers report for a request under `adapter`: the adapter's, or the model's.

@@ -23,7 +23,7 @@ pub(crate) fn parse_json(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
 /// names one.
 pub(crate) fn check_served(f: &Fields, state: &AppState) -> Result<Option<u32>, ApiError> {
     match f.str("model")? {
-        Some(m) => state.resolve(m).map_err(|()| ApiError::unknown_model(m, &state.model_name)),
+        Some(m) => state.resolve(m).ok_or_else(|| ApiError::unknown_model(m, &state.model_name)),
         None => Ok(None),
     }
 }

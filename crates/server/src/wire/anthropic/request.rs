@@ -308,7 +308,7 @@ fn refuse_unsupported(f: &Fields) -> Result<(), ApiError> {
 fn check_model(f: &Fields, state: &AppState) -> Result<Option<u32>, ApiError> {
     match f.str("model")? {
         None => Err(ApiError::invalid("model", "`model` is required")),
-        Some(m) => state.resolve(m).map_err(|()| ApiError::unknown_model(m, &state.model_name)),
+        Some(m) => state.resolve(m).ok_or_else(|| ApiError::unknown_model(m, &state.model_name)),
     }
 }
 
