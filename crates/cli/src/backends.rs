@@ -32,6 +32,17 @@ pub fn load(kind: BackendKind, dir: &Path, opts: LoadOptions) -> Result<Box<dyn 
     Ok(load_model(kind, dir, opts)?.runner)
 }
 
+/// As [`load`], with LoRA slots and `lora`'s adapters in them where given; an adapter that
+/// does not fit is an error naming it, its file and what does not fit.
+pub fn load_with_lora(
+    kind: BackendKind,
+    dir: &Path,
+    opts: LoadOptions,
+    lora: Option<&tandem::LoraModules>,
+) -> Result<Box<dyn ModelRunner>> {
+    Ok(tandem::load_model_with_lora(kind.into(), dir, opts, lora)?.runner)
+}
+
 /// As [`load`], keeping which backend ran (what `auto` chose) and the device's name.
 pub fn load_model(kind: BackendKind, dir: &Path, opts: LoadOptions) -> Result<tandem::LoadedModel> {
     let m = tandem::load_model(kind.into(), dir, opts)?;

@@ -242,6 +242,23 @@ pub struct Args {
     /// with or without it.
     #[arg(long)]
     enable_auto_tool_choice: bool,
+    /// vLLM's: serve LoRA adapters over the model (`--lora-modules`; a request names one as its
+    /// `model`).
+    #[arg(long)]
+    enable_lora: bool,
+    /// vLLM's: `name=path` (a PEFT directory), or `{"name": "a", "path": "DIR",
+    /// "base_model_name": "M"}`; several may follow one flag.
+    #[arg(long, num_args = 1.., value_parser = parse_lora_module)]
+    lora_modules: Vec<tandem::LoraModule>,
+    /// vLLM's: adapters on the device at once.
+    #[arg(long, default_value_t = 1)]
+    max_loras: usize,
+    /// vLLM's: the largest adapter rank served.
+    #[arg(long, default_value_t = 16)]
+    max_lora_rank: usize,
+    /// vLLM's: adapters kept in host memory (default: --max-loras).
+    #[arg(long)]
+    max_cpu_loras: Option<usize>,
     /// vLLM's tool-call parser for "auto": `hermes` (`<tool_call>{...}</tool_call>`: Qwen2.5,
     /// Hermes, SmolLM3), `llama3_json` (Llama 3.x JSON calls), `mistral` (`[TOOL_CALLS]`) or
     /// `qwen3_xml` (Qwen3-Coder's `<function=...>` calls).
@@ -253,14 +270,16 @@ pub struct Args {
     reasoning_parser: Option<String>,
 }
 
+fn parse_lora_module(v: &str) -> std::result::Result<tandem::LoraModule, String> {
+    tandem::LoraModule::parse(v).map_err(|e| e.to_string())
+}
+
 /// vLLM `serve` flags that tandem does not implement: refused by name, never ignored.
 const VLLM_UNSUPPORTED: &[&str] = &[
     "--pipeline-parallel-size",
     "-pp",
     "--data-parallel-size",
     "-dp",
-    "--enable-lora",
-    "--lora-modules",
     "--tokenizer",
     "--tokenizer-mode",
     "--trust-remote-code",
@@ -349,6 +368,21 @@ impl Args {
         }
     }
 
+    /// `--enable-lora` and its flags as the model loader takes them (`None`: LoRA off).
+    fn lora(&self, cfg: &tandem_core::ModelConfig) -> Result<Option<tandem::LoraModules>> {
+        let given = !self.lora_modules.is_empty() || self.max_cpu_loras.is_some();
+        if !self.enable_lora {
+            if given {
+                anyhow::bail!("--lora-modules and --max-cpu-loras need --enable-lora");
+            }
+            return Ok(None);
+        }
+        let limits = tandem_core::lora::LoraLimits { max_loras: self.max_loras, max_rank: self.max_lora_rank };
+        let m = tandem::LoraModules { limits, max_cpu_loras: self.max_cpu_loras, modules: self.lora_modules.clone() };
+        m.check(cfg)?;
+        Ok(Some(m))
+    }
+
     fn sampling_defaults(&self, dir: &std::path::Path) -> Result<tandem_server::config::SamplingDefaults> {
         let from = match self.generation_config.as_str() {
             "vllm" => return Ok(Default::default()),
@@ -368,6 +402,17 @@ impl Args {
         }
         Ok(d)
     }
+}
+
+/// The adapters of `--lora-modules` as the server lists them, adapter `i` in slot `i`.
+fn served_adapters(l: &tandem::LoraModules) -> Vec<tandem_server::lora::ServedAdapter> {
+    let adapter = |(slot, m): (usize, &tandem::LoraModule)| tandem_server::lora::ServedAdapter {
+        name: m.name.clone(),
+        root: m.path.to_string_lossy().into_owned(),
+        parent: m.base_model_name.clone(),
+        slot: slot as u32,
+    };
+    l.modules.iter().enumerate().map(adapter).collect()
 }
 
 /// The names the model is served under, as `vllm serve` names it.
@@ -432,6 +477,7 @@ pub fn run(mut a: Args) -> Result<()> {
         tracing::info!("--enforce-eager: no CUDA graphs, every step runs eagerly");
     }
     let sampling_defaults = a.sampling_defaults(&dir)?;
+    let lora = a.lora(&cfg)?;
     let timeout = match a.request_timeout_s {
         Some(t) if !(t.is_finite() && t > 0.0) => {
             anyhow::bail!("--request-timeout-s {t}: expected a positive number of seconds")
@@ -461,6 +507,8 @@ pub fn run(mut a: Args) -> Result<()> {
         served_model_names: names.others,
         model_aliases: names.aliases,
         model_root: Some(names.root),
+        lora_adapters: lora.as_ref().map_or_else(Vec::new, served_adapters),
+        max_loras: lora.as_ref().map_or(0, |l| l.limits.max_loras),
         ..Default::default()
     };
     let mut engine_cfg = a.engine.engine_config(None)?;
@@ -499,7 +547,7 @@ pub fn run(mut a: Args) -> Result<()> {
                 }
             };
             let _ = state.structured.set(structured);
-            let runner = backends::load(backend, &dir, load_opts)?;
+            let runner = backends::load_with_lora(backend, &dir, load_opts, lora.as_ref())?;
             let (kv, geo) = (runner.kv_dtype(), runner.kv_geometry());
             tracing::info!(
                 kv_cache_dtype = kv.name(),

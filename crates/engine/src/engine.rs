@@ -480,6 +480,7 @@ impl Engine {
         if let Ok(mut st) = self.stats.lock() {
             st.num_running = s.num_running();
             st.num_waiting = s.num_waiting();
+            (st.running_adapters, st.waiting_adapters) = s.adapters_in_use();
             st.kv_usage = s.kv_usage();
             st.prefix_cache_queries_total = s.bm.prefix_queries_tokens;
             st.prefix_cache_hits_total = s.bm.prefix_hits_tokens;

@@ -11,6 +11,9 @@ use crate::sequence::{FinishReason, SeqTimes};
 pub struct Stats {
     pub num_running: usize,
     pub num_waiting: usize,
+    /// The LoRA slots the running and the waiting sequences use, each once, ascending.
+    pub running_adapters: Vec<u32>,
+    pub waiting_adapters: Vec<u32>,
     /// Fraction of KV blocks held by sequences, in [0, 1].
     pub kv_usage: f32,
     /// Highest `kv_usage` seen right after scheduling a step (the step's high-water mark, before

@@ -217,6 +217,16 @@ impl Scheduler {
     pub fn num_running(&self) -> usize {
         self.running.len()
     }
+    /// The LoRA slots of the running and of the waiting sequences, each once, ascending.
+    pub fn adapters_in_use(&self) -> (Vec<u32>, Vec<u32>) {
+        let slots = |ids: &mut dyn Iterator<Item = &SeqId>| {
+            let mut v: Vec<u32> = ids.filter_map(|id| self.seqs.get(id).and_then(|s| s.adapter)).collect();
+            v.sort_unstable();
+            v.dedup();
+            v
+        };
+        (slots(&mut self.running.iter()), slots(&mut self.waiting.values()))
+    }
     pub fn has_work(&self) -> bool {
         !self.seqs.is_empty()
     }

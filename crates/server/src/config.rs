@@ -59,6 +59,10 @@ pub struct ServerConfig {
     pub model_aliases: Vec<String>,
     /// `root` of `/v1/models` entries (vLLM: the model path); the served name when `None`.
     pub model_root: Option<String>,
+    /// The LoRA adapters served at start (`--lora-modules`), each in its engine slot.
+    pub lora_adapters: Vec<crate::lora::ServedAdapter>,
+    /// `--max-loras` where LoRA is enabled (`vllm:lora_requests_info` is exported then); 0: off.
+    pub max_loras: usize,
 }
 
 /// What a request that leaves a field out gets instead of the API's default: vLLM's
@@ -125,6 +129,8 @@ impl Default for ServerConfig {
             served_model_names: Vec::new(),
             model_aliases: Vec::new(),
             model_root: None,
+            lora_adapters: Vec::new(),
+            max_loras: 0,
         }
     }
 }

@@ -157,7 +157,10 @@ impl EngineClient for TandemEngine {
             return Err(SubmitRefusal::Stopped("the model is still loading".into()));
         };
         let stream = h
-            .submit(Request { prompt: req.prompt, params: to_engine_params(&req.params), priority: req.priority })
+            .submit_with_adapter(
+                Request { prompt: req.prompt, params: to_engine_params(&req.params), priority: req.priority },
+                req.params.adapter,
+            )
             .map_err(|e| match e {
                 SubmitError::Overloaded { .. } => SubmitRefusal::Overloaded(e.to_string()),
                 SubmitError::Stopped(_) => SubmitRefusal::Stopped(e.to_string()),
@@ -206,6 +209,8 @@ impl EngineClient for TandemEngine {
                     kv_rows_read: s.kv_rows_read_total,
                 },
             )),
+            running_lora_adapters: s.running_adapters,
+            waiting_lora_adapters: s.waiting_adapters,
         }
     }
 
@@ -249,6 +254,7 @@ mod tests {
             logit_bias: vec![(5, -2.0)],
             include_stop_str_in_output: true,
             guided: None,
+            adapter: None,
         };
         let want = SamplingParams {
             n: 3,

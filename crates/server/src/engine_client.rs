@@ -43,6 +43,8 @@ pub struct RequestParams {
     /// Structured output: the compiled constraint (an opaque engine object; the server builds
     /// it from the request's JSON form in `structured.rs`).
     pub guided: Option<tandem_engine::Guided>,
+    /// The LoRA slot of the adapter the request's `model` names (None: the base model).
+    pub adapter: Option<u32>,
 }
 
 impl Default for RequestParams {
@@ -67,6 +69,7 @@ impl Default for RequestParams {
             logit_bias: Vec::new(),
             include_stop_str_in_output: false,
             guided: None,
+            adapter: None,
         }
     }
 }
@@ -210,6 +213,9 @@ pub struct EngineStats {
     /// The analytic work of the steps so far (vLLM's `estimated_*_per_gpu`), when the
     /// engine's model shape is known.
     pub step_estimate: Option<crate::step_estimate::StepEstimate>,
+    /// The LoRA slots of the running and of the waiting requests, each once.
+    pub running_lora_adapters: Vec<u32>,
+    pub waiting_lora_adapters: Vec<u32>,
 }
 
 /// Why the engine refused a request outright.

@@ -29,6 +29,7 @@
 //! - [`metrics`]: vLLM-named metrics in the Prometheus text format.
 //! - [`worker_api`]: what vLLM's and SGLang's routers ask a worker (`/get_load`,
 //!   `/get_server_info`, `/get_model_info`, `/health_generate`, `/flush_cache`).
+//! - [`lora`]: the LoRA adapters served, by name (a request's `model`).
 //! - [`test_support`]: a tiny tokenizer for tests, examples and benchmarks.
 //! - [`engine_client`]: the narrow interface to the engine; [`engine_adapter`] implements it for
 //!   `tandem_engine`.
@@ -66,6 +67,7 @@ pub mod error;
 pub mod fields;
 pub mod job;
 pub mod kv_events;
+pub mod lora;
 pub mod metrics;
 pub mod params;
 pub mod pipeline;

@@ -164,7 +164,10 @@ async fn route(state: Arc<AppState>, req: Request<Incoming>) -> Response<Respons
         Route::Metrics => metrics(&state),
         Route::Models if anthropic => json_response(StatusCode::OK, &anthropic::models(&state)),
         Route::Models => models(&state),
-        Route::Model(id) if !state.serves(&id) => error_response(&ApiError::unknown_model(&id, &state.model_name)),
+        Route::Model(id) if state.resolve(&id).is_none() => {
+            error_response(&ApiError::unknown_model(&id, &state.model_name))
+        }
+        Route::Model(id) if !state.serves(&id) => json_response(StatusCode::OK, &adapter_entry(&state, &id)),
         Route::Model(_) if anthropic => json_response(StatusCode::OK, &anthropic::model_info(&state)),
         Route::Model(id) => json_response(StatusCode::OK, &model_entry(&state, &id)),
         Route::Response(id) => responses::by_id(&state, &method, &id).unwrap_or_else(|e| {
@@ -254,17 +257,33 @@ fn model_entry(state: &AppState, id: &str) -> serde_json::Value {
     json!({"id": id, "object": "model", "created": created, "owned_by": "tandem", "root": root, "parent": null, "max_model_len": state.max_model_len()})
 }
 
-/// One entry per served name (vLLM lists each of `--served-model-name a b`).
+/// LoRA adapter `name` as vLLM lists one: `root` its directory, `parent` the base model.
+fn adapter_entry(state: &AppState, name: &str) -> serde_json::Value {
+    let a = state.lora.list().into_iter().find(|a| a.name == name);
+    let (root, parent) = match a {
+        Some(a) => (a.root, a.parent.unwrap_or_else(|| state.model_name.clone())),
+        None => (String::new(), state.model_name.clone()),
+    };
+    json!({"id": name, "object": "model", "created": now_secs(), "owned_by": "tandem", "root": root, "parent": parent, "max_model_len": state.max_model_len()})
+}
+
+/// One entry per served name (vLLM lists each of `--served-model-name a b`), then one per
+/// LoRA adapter.
 fn models(state: &AppState) -> Response<ResponseBody> {
     let data: Vec<_> = std::iter::once(&state.model_name)
         .chain(&state.config.served_model_names)
         .map(|n| model_entry(state, n))
+        .chain(state.lora.list().iter().map(|a| adapter_entry(state, &a.name)))
         .collect();
     json_response(StatusCode::OK, &json!({"object": "list", "data": data}))
 }
 
 fn metrics(state: &AppState) -> Response<ResponseBody> {
-    let mut text = state.metrics.render(&state.engine.stats(), state.queued.load(Ordering::Relaxed));
+    let stats = state.engine.stats();
+    let mut text = state.metrics.render(&stats, state.queued.load(Ordering::Relaxed));
+    if state.config.max_loras > 0 {
+        text.push_str(&state.lora.render_info(state.config.max_loras, &stats, now_secs()));
+    }
     text.push_str(&state.responses.render(&state.model_name));
     let mut r = Response::new(ResponseBody::full(text));
     r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));

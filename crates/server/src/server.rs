@@ -56,6 +56,7 @@ impl Server {
         let seed =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
         let state = Arc::new(AppState {
+            lora: crate::lora::LoraTable::new(config.lora_adapters.clone()),
             metrics: Metrics::for_model(&model_name, config.max_model_len),
             responses: ResponseStore::new(config.responses_capacity, config.responses_max_bytes, config.responses_ttl),
             config,

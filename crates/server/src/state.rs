@@ -41,6 +41,8 @@ pub struct AppState {
     pub structured: OnceLock<Result<Arc<Structured>, String>>,
     /// Stored `/v1/responses` answers (`store`, `previous_response_id`).
     pub responses: ResponseStore,
+    /// The LoRA adapters served, by name.
+    pub lora: crate::lora::LoraTable,
 }
 
 impl AppState {
@@ -54,6 +56,20 @@ impl AppState {
     pub fn serves(&self, name: &str) -> bool {
         name == self.model_name
             || self.config.served_model_names.iter().chain(&self.config.model_aliases).any(|n| n == name)
+    }
+
+    /// What a request's `model` asks for: `Some(None)` the base model, `Some(Some(slot))` a
+    /// LoRA adapter, `None` nothing served here.
+    pub fn resolve(&self, name: &str) -> Option<Option<u32>> {
+        if self.serves(name) {
+            return Some(None);
+        }
+        self.lora.slot(name).map(Some)
+    }
+
+    /// The name answers report for a request under `adapter`: the adapter's, or the model's.
+    pub fn answer_model(&self, adapter: Option<u32>) -> String {
+        adapter.and_then(|s| self.lora.name_of(s)).unwrap_or_else(|| self.model_name.clone())
     }
 
     /// The structured-output compiler, or why this server has none.

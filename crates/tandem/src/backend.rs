@@ -223,9 +223,10 @@ fn load_on<B: Compute>(
     };
     let Some(l) = lora else { return Ok(Box::new(Model::from_weights(b, cfg, &weights, opts)?)) };
     let mut m = Model::from_weights_lora(b, cfg.clone(), &weights, opts, Some(l.limits))?;
-    for (slot, (name, path)) in l.modules.iter().enumerate() {
-        let adapter = LoraAdapter::load(path, &cfg).map_err(|e| Error::Config(format!("LoRA module {name:?}: {e}")))?;
-        m.load_lora(slot, &adapter).map_err(|e| Error::Config(format!("LoRA module {name:?}: {e}")))?;
+    for (slot, module) in l.modules.iter().enumerate() {
+        let named = |e| Error::Config(format!("LoRA module {:?}: {e}", module.name));
+        let adapter = LoraAdapter::load(&module.path, &cfg).map_err(named)?;
+        m.load_lora(slot, &adapter).map_err(named)?;
     }
     Ok(Box::new(m))
 }
@@ -243,6 +244,10 @@ mod tests {
         assert!(e.to_string().contains("unknown backend \"tpu\""), "{e}");
     }
 
+    fn module(name: &str, path: std::path::PathBuf) -> crate::lora_modules::LoraModule {
+        crate::lora_modules::LoraModule { name: name.into(), path, base_model_name: None }
+    }
+
     #[test]
     fn lora_modules_load_into_their_slots_and_a_bad_one_is_named() {
         let dir = std::env::temp_dir().join(format!("tandem-lib-lora-{}", std::process::id()));
@@ -257,11 +262,11 @@ mod tests {
         let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/golden/lora");
         let opts = LoadOptions { max_batch_tokens: 16, max_seqs: 2, num_kv_blocks: 4, ..Default::default() };
         let limits = tandem_core::lora::LoraLimits { max_loras: 2, max_rank: 8 };
-        let lora = LoraModules { limits, modules: vec![("rs".into(), golden.join("tiny-rs"))] };
+        let lora = LoraModules { modules: vec![module("rs", golden.join("tiny-rs"))], ..LoraModules::new(limits) };
         let m = load_model_with_lora(Backend::Reference, &dir, opts, Some(&lora)).unwrap();
         assert_eq!(m.runner.lora_slots(), vec![true, false]);
         let small = tandem_core::lora::LoraLimits { max_loras: 2, max_rank: 4 };
-        let lora = LoraModules { limits: small, modules: vec![("all".into(), golden.join("tiny-all"))] };
+        let lora = LoraModules { modules: vec![module("all", golden.join("tiny-all"))], ..LoraModules::new(small) };
         let e = load_model_with_lora(Backend::Reference, &dir, opts, Some(&lora)).err().unwrap().to_string();
         assert!(e.contains("LoRA module \"all\"") && e.contains("--max-lora-rank"), "{e}");
         let _ = std::fs::remove_dir_all(&dir);

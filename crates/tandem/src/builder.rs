@@ -9,9 +9,10 @@ use tandem_core::tokenizer::Tokenizer;
 use tandem_core::KvDtype;
 use tandem_engine::{BatchMode, Engine, EngineConfig, Policy, SpeculativeConfig};
 
-use crate::backend::{load_model, Backend};
+use crate::backend::{load_model_with_lora, Backend};
 use crate::error::{Error, Result};
 use crate::llm::{AsyncLlm, Core, Llm};
+use crate::lora_modules::LoraModules;
 
 /// How many KV blocks the pool holds.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -54,6 +55,7 @@ pub struct LlmBuilder {
     max_num_partial_prefills: usize,
     max_long_partial_prefills: usize,
     speculative: Option<SpeculativeConfig>,
+    lora: Option<LoraModules>,
 }
 
 impl LlmBuilder {
@@ -79,6 +81,7 @@ impl LlmBuilder {
             max_num_partial_prefills: 0,
             max_long_partial_prefills: 0,
             speculative: None,
+            lora: None,
         }
     }
 
@@ -141,6 +144,13 @@ impl LlmBuilder {
     }
     pub fn kv_memory(mut self, m: KvMemory) -> Self {
         self.kv_memory = m;
+        self
+    }
+    /// LoRA adapters over the model (vLLM's `enable_lora`, `lora_modules`, `max_loras`,
+    /// `max_lora_rank`): adapter `i` in slot `i`, a bad one failing the build naming it.
+    /// [`Llm::lora_slot`] gives a name's slot for `EngineHandle::submit_with_adapter`.
+    pub fn lora(mut self, modules: LoraModules) -> Self {
+        self.lora = Some(modules);
         self
     }
     /// Run every step eagerly (vLLM's `enforce_eager`): no CUDA graphs. By default the CUDA
@@ -246,7 +256,7 @@ impl LlmBuilder {
         self.model = crate::backend::model_dir(&self.model)?;
         let mut tok = Tokenizer::from_dir(&self.model)?;
         let t0 = Instant::now();
-        let loaded = load_model(self.backend, &self.model, opts)?;
+        let loaded = load_model_with_lora(self.backend, &self.model, opts, self.lora.as_ref())?;
         tok.add_eos_ids(&loaded.runner.config().eos_token_ids.clone());
         let tok = Arc::new(tok);
         let geo = loaded.runner.kv_geometry();
@@ -267,6 +277,7 @@ impl LlmBuilder {
             defaults,
             model_dir: self.model.clone(),
             structured: Default::default(),
+            lora: self.lora.take(),
         }))
     }
 

@@ -64,7 +64,7 @@ pub use backend::{is_gguf_dir, load_model, load_model_with_lora, model_dir, Back
 pub use builder::{KvMemory, LlmBuilder, Scheduler};
 pub use error::{Error, Result};
 pub use llm::{AsyncLlm, ChatOptions, Llm, OutputStream};
-pub use lora_modules::LoraModules;
+pub use lora_modules::{LoraModule, LoraModules};
 pub use output::{Completion, Message, Output, Prompt};
 
 pub use tandem_core::model::{LoadOptions, ModelRunner};

@@ -44,6 +44,8 @@ pub(crate) struct Core {
     pub model_dir: std::path::PathBuf,
     /// Built at the first structured-output request (it reads tokenizer.json again).
     pub structured: OnceLock<std::result::Result<Arc<Structured>, String>>,
+    /// The LoRA adapters it was built with ([`crate::LlmBuilder::lora`]).
+    pub lora: Option<crate::LoraModules>,
 }
 
 impl Drop for Core {
@@ -258,6 +260,11 @@ impl Llm {
     /// priority, aborting by id).
     pub fn engine(&self) -> &EngineHandle {
         &self.core.handle
+    }
+    /// The LoRA slot of the adapter built in under `name` ([`crate::LlmBuilder::lora`]), for
+    /// `engine().submit_with_adapter`.
+    pub fn lora_slot(&self, name: &str) -> Option<u32> {
+        self.core.lora.as_ref().and_then(|l| l.slot(name))
     }
 }
 

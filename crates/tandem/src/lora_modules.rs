@@ -1,57 +1,125 @@
 //! The LoRA adapters a model is served with, as vLLM takes them: `--enable-lora`,
-//! `--lora-modules name=path` (or its JSON form `{"name": ..., "path": ...}`), `--max-loras`
-//! and `--max-lora-rank`. Adapter `i` of the list is loaded into LoRA slot `i` of the model at
-//! load ([`crate::backend::load_model_with_lora`]); a request names it by its name.
+//! `--lora-modules name=path` (or its JSON form `{"name": ..., "path": ..., "base_model_name":
+//! ...}`), `--max-loras`, `--max-lora-rank` and `--max-cpu-loras`. Adapter `i` of the list is
+//! loaded into LoRA slot `i` of the model at load ([`crate::backend::load_model_with_lora`]); a
+//! request names it by its name.
 
 use std::path::PathBuf;
 
-use tandem_core::lora::LoraLimits;
+use tandem_core::lora::{LoraAdapter, LoraLimits};
+use tandem_core::ModelConfig;
 
 use crate::error::{Error, Result};
+
+/// One `--lora-modules` entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoraModule {
+    /// What a request's `model` names it by.
+    pub name: String,
+    /// The PEFT directory (`adapter_config.json`, `adapter_model.safetensors`).
+    pub path: PathBuf,
+    /// The JSON form's `base_model_name`: `parent` in `/v1/models` (the served model otherwise).
+    pub base_model_name: Option<String>,
+}
 
 /// Adapters to load with the model, and the slots' limits.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LoraModules {
     pub limits: LoraLimits,
-    /// `(name, adapter directory)`, slot `i` for entry `i`.
-    pub modules: Vec<(String, PathBuf)>,
+    /// vLLM's `--max-cpu-loras`: adapters kept in host memory; `None` is `max_loras`.
+    pub max_cpu_loras: Option<usize>,
+    /// Slot `i` for entry `i`.
+    pub modules: Vec<LoraModule>,
 }
 
-impl LoraModules {
-    /// One `--lora-modules` value: `name=path`, or `{"name": "...", "path": "..."}`.
-    pub fn parse_module(s: &str) -> Result<(String, PathBuf)> {
+impl LoraModule {
+    /// One `--lora-modules` value: `name=path`, or `{"name": "...", "path": "...",
+    /// "base_model_name": "..."}`.
+    pub fn parse(s: &str) -> Result<LoraModule> {
         let bad = |why: &str| Error::Config(format!("--lora-modules {s:?}: {why}"));
-        let (name, path) = if s.trim_start().starts_with('{') {
+        let (name, path, base_model_name) = if s.trim_start().starts_with('{') {
             let v: serde_json::Value = serde_json::from_str(s).map_err(|e| bad(&format!("not valid JSON: {e}")))?;
-            let field = |k: &str| v.get(k).and_then(|x| x.as_str()).map(String::from);
-            (field("name").ok_or_else(|| bad("no \"name\""))?, field("path").ok_or_else(|| bad("no \"path\""))?)
+            let Some(o) = v.as_object() else { return Err(bad("expected a JSON object")) };
+            if let Some(k) = o.keys().find(|k| !["name", "path", "base_model_name"].contains(&k.as_str())) {
+                return Err(bad(&format!("unknown field {k:?} (name, path, base_model_name)")));
+            }
+            let field = |k: &str| match o.get(k) {
+                None | Some(serde_json::Value::Null) => Ok(None),
+                Some(serde_json::Value::String(x)) => Ok(Some(x.clone())),
+                Some(_) => Err(bad(&format!("\"{k}\" must be a string"))),
+            };
+            let name = field("name")?.ok_or_else(|| bad("no \"name\""))?;
+            let path = field("path")?.ok_or_else(|| bad("no \"path\""))?;
+            (name, path, field("base_model_name")?)
         } else {
             let (n, p) = s.split_once('=').ok_or_else(|| bad("expected name=path"))?;
-            (n.to_string(), p.to_string())
+            (n.to_string(), p.to_string(), None)
         };
         if name.is_empty() || path.is_empty() {
             return Err(bad("the name and the path must not be empty"));
         }
-        Ok((name, PathBuf::from(path)))
+        Ok(LoraModule { name, path: PathBuf::from(path), base_model_name })
+    }
+}
+
+impl LoraModules {
+    /// No adapters yet, with vLLM's limits.
+    pub fn new(limits: LoraLimits) -> Self {
+        LoraModules { limits, max_cpu_loras: None, modules: Vec::new() }
     }
 
     /// The slot of adapter `name`, if it is one of these.
     pub fn slot(&self, name: &str) -> Option<u32> {
-        self.modules.iter().position(|(n, _)| n == name).map(|i| i as u32)
+        self.modules.iter().position(|m| m.name == name).map(|i| i as u32)
     }
 
-    /// Checks the list against the limits: no more adapters than slots, names unique.
+    /// `--max-cpu-loras`, its default applied.
+    pub fn max_cpu_loras(&self) -> usize {
+        self.max_cpu_loras.unwrap_or(self.limits.max_loras)
+    }
+
+    /// Checks the list against the limits: positive limits, no more adapters than slots,
+    /// names unique.
     pub fn validate(&self) -> Result<()> {
-        if self.modules.len() > self.limits.max_loras {
+        let LoraLimits { max_loras, max_rank } = self.limits;
+        if max_loras == 0 || max_rank == 0 {
             return Err(Error::Config(format!(
-                "{} LoRA modules, but --max-loras is {} (every adapter is loaded at start)",
-                self.modules.len(),
-                self.limits.max_loras
+                "--max-loras ({max_loras}) and --max-lora-rank ({max_rank}) must be positive"
             )));
         }
-        for (i, (n, _)) in self.modules.iter().enumerate() {
-            if self.modules[..i].iter().any(|(m, _)| m == n) {
-                return Err(Error::Config(format!("LoRA module name {n:?} given twice")));
+        if self.max_cpu_loras() < max_loras {
+            return Err(Error::Config(format!(
+                "--max-cpu-loras ({}) must be >= --max-loras ({max_loras})",
+                self.max_cpu_loras()
+            )));
+        }
+        if self.modules.len() > max_loras {
+            return Err(Error::Config(format!(
+                "{} LoRA modules, but --max-loras is {max_loras} (every adapter is loaded at start)",
+                self.modules.len(),
+            )));
+        }
+        for (i, m) in self.modules.iter().enumerate() {
+            if self.modules[..i].iter().any(|o| o.name == m.name) {
+                return Err(Error::Config(format!("LoRA module name {:?} given twice", m.name)));
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads every adapter (memory-mapped) against the base model `cfg` and the rank limit,
+    /// before anything is loaded: the first that does not fit is an error naming it, its file
+    /// and what does not fit.
+    pub fn check(&self, cfg: &ModelConfig) -> Result<()> {
+        self.validate()?;
+        for m in &self.modules {
+            let named = |e| Error::Config(format!("LoRA module {:?}: {e}", m.name));
+            let a = LoraAdapter::load(&m.path, cfg).map_err(named)?;
+            if a.rank > self.limits.max_rank {
+                return Err(named(tandem_core::Error::config(
+                    m.path.join("adapter_config.json"),
+                    format!("rank {} is over the limit {} (--max-lora-rank)", a.rank, self.limits.max_rank),
+                )));
             }
         }
         Ok(())
@@ -64,11 +132,13 @@ mod tests {
 
     #[test]
     fn both_forms_parse_and_bad_ones_are_named() {
-        assert_eq!(LoraModules::parse_module("sql=/a/b").unwrap(), ("sql".into(), PathBuf::from("/a/b")));
+        let m = LoraModule::parse("sql=/a/b").unwrap();
+        assert_eq!((m.name.as_str(), m.path.to_str(), m.base_model_name), ("sql", Some("/a/b"), None));
         let json = r#"{"name": "sql", "path": "/a/b", "base_model_name": "m"}"#;
-        assert_eq!(LoraModules::parse_module(json).unwrap(), ("sql".into(), PathBuf::from("/a/b")));
-        for bad in ["sql", "=/a", "sql=", r#"{"name": "x"}"#, "{nope"] {
-            let e = LoraModules::parse_module(bad).unwrap_err().to_string();
+        let m = LoraModule::parse(json).unwrap();
+        assert_eq!((m.name.as_str(), m.path.to_str(), m.base_model_name.as_deref()), ("sql", Some("/a/b"), Some("m")));
+        for bad in ["sql", "=/a", "sql=", r#"{"name": "x"}"#, "{nope", r#"{"name": "x", "path": "/p", "rank": 8}"#] {
+            let e = LoraModule::parse(bad).unwrap_err().to_string();
             assert!(e.contains("--lora-modules"), "{bad}: {e}");
         }
     }
@@ -77,11 +147,17 @@ mod tests {
     fn more_modules_than_slots_or_a_name_twice_is_refused() {
         let m = |names: &[&str], max_loras| LoraModules {
             limits: LoraLimits { max_loras, max_rank: 16 },
-            modules: names.iter().map(|n| (n.to_string(), PathBuf::from("/x"))).collect(),
+            max_cpu_loras: None,
+            modules: names
+                .iter()
+                .map(|n| LoraModule { name: n.to_string(), path: PathBuf::from("/x"), base_model_name: None })
+                .collect(),
         };
         assert!(m(&["a", "b"], 2).validate().is_ok());
         assert_eq!(m(&["a", "b"], 2).slot("b"), Some(1));
         assert!(m(&["a", "b"], 1).validate().unwrap_err().to_string().contains("--max-loras is 1"));
         assert!(m(&["a", "a"], 2).validate().unwrap_err().to_string().contains("twice"));
+        let few_cpu = LoraModules { max_cpu_loras: Some(1), ..m(&["a"], 2) };
+        assert!(few_cpu.validate().unwrap_err().to_string().contains("--max-cpu-loras (1) must be >= --max-loras (2)"));
     }
 }

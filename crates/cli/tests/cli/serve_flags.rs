@@ -10,7 +10,7 @@ fn serve(args: &[&str]) -> (i32, String) {
 
 #[test]
 fn vllm_flags_tandem_lacks_are_errors_that_name_them() {
-    for flag in ["--pipeline-parallel-size", "--enable-lora", "--tokenizer=/x", "--trust-remote-code"] {
+    for flag in ["--pipeline-parallel-size", "--swap-space", "--tokenizer=/x", "--trust-remote-code"] {
         let (code, err) = serve(&["some/dir", flag]);
         let name = flag.split('=').next().unwrap();
         assert_eq!(code, 2, "{flag}: {err}");
@@ -91,5 +91,45 @@ fn values_tandem_does_not_implement_are_refused_before_loading() {
     let (code, err) = serve(&[d, "--model", d]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("cannot be used with"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// vLLM's LoRA flags: an adapter that does not fit stops the start with an error naming the
+/// adapter, its file and what does not fit; flags that need `--enable-lora` say so.
+#[test]
+fn lora_flags_refuse_what_does_not_fit_naming_the_adapter() {
+    let dir = std::env::temp_dir().join(format!("tandem-serve-lora-flags-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    tandem_model_files::random_model::write_random_model(
+        &dir,
+        tandem_model_files::random_model::Shape::Tiny,
+        3,
+        tandem_core::DType::F32,
+    )
+    .unwrap();
+    let d = dir.to_str().unwrap();
+    let golden = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/golden/lora");
+    let all = format!("all={}", golden.join("tiny-all").display());
+    let rs = format!("rs={}", golden.join("tiny-rs").display());
+    let json = format!(r#"{{"name": "rs", "path": "{}", "base_model_name": "m"}}"#, golden.join("tiny-rs").display());
+    let cases: [(&[&str], &str); 7] = [
+        (&["--lora-modules", &rs], "--lora-modules and --max-cpu-loras need --enable-lora"),
+        (&["--enable-lora", "--max-lora-rank", "4", "--lora-modules", &all], "LoRA module \"all\""),
+        (&["--enable-lora", "--max-lora-rank", "4", "--lora-modules", &all], "adapter_config.json"),
+        (&["--enable-lora", "--max-lora-rank", "4", "--lora-modules", &all], "--max-lora-rank"),
+        (&["--enable-lora", "--lora-modules", "x=/nonexistent/adapter"], "LoRA module \"x\""),
+        (&["--enable-lora", "--lora-modules", &rs, &json], "--max-loras is 1"),
+        (
+            &["--enable-lora", "--max-loras", "2", "--max-cpu-loras", "1"],
+            "--max-cpu-loras (1) must be >= --max-loras (2)",
+        ),
+    ];
+    for (extra, want) in cases {
+        let mut args = vec![d, "--backend", "reference", "--port", "0"];
+        args.extend_from_slice(extra);
+        let (code, err) = serve(&args);
+        assert_ne!(code, 0, "{extra:?}");
+        assert!(err.contains(want), "{extra:?}: {err}");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -103,3 +103,19 @@ fn a_request_for_an_empty_slot_is_refused_at_submit() {
     assert_eq!(collect(&drain(&mut ok), 1).tokens[0].len(), 2);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn the_stats_name_the_adapters_running_and_waiting() {
+    let dir = model_dir("stats");
+    let cfg = EngineConfig { max_num_seqs: Some(1), ..Default::default() };
+    let mut e = Engine::new(Box::new(lora_model(&dir, 16, 16)), letters(), cfg).unwrap();
+    let mut a = e.add_request_with_adapter(request(&[1, 2, 3], 4), Some(1)).unwrap();
+    let mut b = e.add_request_with_adapter(request(&[4, 5, 6], 4), Some(0)).unwrap();
+    e.step();
+    let st = e.stats();
+    assert_eq!((st.running_adapters, st.waiting_adapters), (vec![1], vec![0]));
+    run_to_idle(&mut e);
+    assert_eq!(collect(&drain(&mut a), 1).tokens[0].len(), 4);
+    assert_eq!(collect(&drain(&mut b), 1).tokens[0].len(), 4);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -19,11 +19,12 @@ pub(crate) fn parse_json(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
 }
 
 /// A request's `model`, when given, must be a name the server answers to (`--served-model-name
-/// a b`, and the model directory's base name).
-pub(crate) fn check_served(f: &Fields, state: &AppState) -> Result<(), ApiError> {
+/// a b`, the model directory's base name, or a LoRA adapter's): the adapter's slot, if it
+/// names one.
+pub(crate) fn check_served(f: &Fields, state: &AppState) -> Result<Option<u32>, ApiError> {
     match f.str("model")? {
-        Some(m) if !state.serves(m) => Err(ApiError::unknown_model(m, &state.model_name)),
-        _ => Ok(()),
+        Some(m) => state.resolve(m).ok_or_else(|| ApiError::unknown_model(m, &state.model_name)),
+        None => Ok(None),
     }
 }
 

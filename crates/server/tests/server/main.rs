@@ -10,6 +10,7 @@ mod anthropic;
 mod endpoints;
 mod errors;
 mod lifecycle;
+mod lora;
 mod parity;
 mod parsers;
 mod responses;

@@ -81,7 +81,8 @@ impl WireRequest for Messages {
     }
 
     fn stream(self, state: &Arc<AppState>) -> Box<dyn EventFormat> {
-        Box::new(MessageStream::new(&self.job, self.id, state.model_name.clone()))
+        let model = state.answer_model(self.job.p.params.adapter);
+        Box::new(MessageStream::new(&self.job, self.id, model))
     }
 
     fn whole(self, state: &AppState, run: &Run, mut choices: Vec<ChoiceAcc>) -> Value {
@@ -101,7 +102,7 @@ impl WireRequest for Messages {
         if let Some(t) = thinking {
             content.insert(0, json!({"type": "thinking", "thinking": t, "signature": ""}));
         }
-        json!({"id": id, "type": "message", "role": "assistant", "content": content, "model": state.model_name, "stop_reason": reason, "stop_sequence": seq,
+        json!({"id": id, "type": "message", "role": "assistant", "content": content, "model": state.answer_model(job.p.params.adapter), "stop_reason": reason, "stop_sequence": seq,
                "usage": {"input_tokens": run.prompt_tokens, "output_tokens": run.completion_tokens}})
     }
 }

@@ -304,11 +304,11 @@ fn refuse_unsupported(f: &Fields) -> Result<(), ApiError> {
     Ok(())
 }
 
-fn check_model(f: &Fields, state: &AppState) -> Result<(), ApiError> {
+/// The LoRA adapter's slot where `model` names one.
+fn check_model(f: &Fields, state: &AppState) -> Result<Option<u32>, ApiError> {
     match f.str("model")? {
         None => Err(ApiError::invalid("model", "`model` is required")),
-        Some(m) if !state.serves(m) => Err(ApiError::unknown_model(m, &state.model_name)),
-        Some(_) => Ok(()),
+        Some(m) => state.resolve(m).ok_or_else(|| ApiError::unknown_model(m, &state.model_name)),
     }
 }
 
@@ -402,9 +402,10 @@ fn thinking_kwargs(f: &Fields) -> Option<Map<String, Value>> {
 pub(super) fn job(state: &AppState, body: &[u8]) -> Result<Job, ApiError> {
     let o = parse_json(body)?;
     let f = Fields(&o);
-    check_model(&f, state)?;
+    let adapter = check_model(&f, state)?;
     refuse_unsupported(&f)?;
-    let p = params(state, &f)?;
+    let mut p = params(state, &f)?;
+    p.params.adapter = adapter;
     let guide = output_format(&f)?;
     let tools = tools(&f)?;
     let msgs = template_messages(&f)?;

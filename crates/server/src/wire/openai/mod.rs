@@ -99,10 +99,11 @@ fn echo_texts(v: Option<&Value>, prompts: &[Vec<u32>], tok: &Tokenizer) -> Vec<S
 fn completions(state: &AppState, body: &[u8]) -> Result<Job, ApiError> {
     let o = parse_json(body)?;
     let f = Fields(&o);
-    check_served(&f, state)?;
+    let adapter = check_served(&f, state)?;
     refuse_unsupported(&f, Api::Completions)?;
     let vocab = state.config.vocab_size;
-    let p = parse_params(&f, Api::Completions, vocab, &state.config.sampling_defaults)?;
+    let mut p = parse_params(&f, Api::Completions, vocab, &state.config.sampling_defaults)?;
+    p.params.adapter = adapter;
     let guide = structured::parse_guide(&f)?;
     let prompts = parse_prompts(f.get("prompt"), "prompt", &state.tokenizer, vocab)?;
     let echo_texts = if p.echo { echo_texts(f.get("prompt"), &prompts, &state.tokenizer) } else { Vec::new() };
@@ -123,13 +124,14 @@ fn completions(state: &AppState, body: &[u8]) -> Result<Job, ApiError> {
 fn chat(state: &AppState, body: &[u8]) -> Result<Job, ApiError> {
     let o = parse_json(body)?;
     let f = Fields(&o);
-    check_served(&f, state)?;
+    let adapter = check_served(&f, state)?;
     refuse_unsupported(&f, Api::Chat)?;
     if f.bool("echo")? == Some(true) {
         return Err(ApiError::invalid("echo", "`echo` is not supported on chat completions"));
     }
     let vocab = state.config.vocab_size;
-    let p = parse_params(&f, Api::Chat, vocab, &state.config.sampling_defaults)?;
+    let mut p = parse_params(&f, Api::Chat, vocab, &state.config.sampling_defaults)?;
+    p.params.adapter = adapter;
     let guide = structured::parse_guide(&f)?;
     let tools = structured::parse_tools(&f)?;
     let msgs = normalize_messages(f.get("messages"))?;
@@ -239,8 +241,11 @@ impl WireRequest for OpenAi {
             Api::Chat => "chatcmpl",
             Api::Generate => "gen",
         };
-        let meta =
-            ResponseMeta { id: format!("{prefix}-{n:016x}"), created: now_secs(), model: state.model_name.clone() };
+        let meta = ResponseMeta {
+            id: format!("{prefix}-{n:016x}"),
+            created: now_secs(),
+            model: state.answer_model(self.job.p.params.adapter),
+        };
         let id = meta.id.clone();
         self.meta = Some(meta);
         id

@@ -87,7 +87,7 @@ impl WireRequest for Create {
         let env = Envelope {
             id: new_id("resp_"),
             created: now_secs(),
-            model: state.model_name.clone(),
+            model: state.answer_model(self.parsed.job.p.params.adapter),
             echo: std::mem::take(&mut self.parsed.echo),
             namespaces: std::mem::take(&mut self.parsed.namespaces),
         };

@@ -380,9 +380,10 @@ pub(super) struct Parsed {
 pub(super) fn parse(state: &AppState, body: &[u8]) -> Result<Parsed, ApiError> {
     let o = parse_json(body)?;
     let f = Fields(&o);
-    check_served(&f, state)?;
+    let adapter = check_served(&f, state)?;
     refuse_unsupported(&f)?;
-    let p = params(state, &f)?;
+    let mut p = params(state, &f)?;
+    p.params.adapter = adapter;
     let guide = text_format(&f)?;
     let (tools, namespaces) = tools(&f)?;
     let store = f.bool("store")?.unwrap_or(true);
