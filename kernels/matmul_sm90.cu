@@ -58,9 +58,11 @@
 //     lm_head): a fold needs a second set of 128 registers, which 384 threads cannot hold. The
 //     producer warpgroup gives registers back (setmaxnreg.dec 40) and the consumers take them
 //     (setmaxnreg.inc 232): 40 x 128 + 232 x 256 = 64512 of the SM's 65536;
-//   - the staged epilogues (rope, silu) of a 128 x 256 tile run over its two 128-column halves
-//     in turn, through the same 16 x 129 floats a warp (a head or a gate/up pair never crosses a
-//     128-column boundary: head_dim divides 128, pairs lie in 64-column groups).
+//   - every epilogue stages the warp's rows (+ bias) in its 16 x 129 floats, a 128-column half
+//     at a time (a 128 x 256 tile: two halves in turn; a head or a gate/up pair never crosses a
+//     128-column boundary: head_dim divides 128, pairs lie in 64-column groups), then applies
+//     matmul.cu's function for it (rope tile, silu tile, or epilogue_store element by element,
+//     lanes along a row): one inlined copy of each, not one per accumulator register.
 //   Shared memory: WGMMA_WS_SMEM(BN) (198208 bytes at 128, 214576 at 256).
 // Test hooks (kernels/emu/sm90_test.cpp defines TANDEM_WGMMA_BREAK as a variable it sets from its
 // argument, N = 1..9; everywhere else it is the constant 0; each must be caught):
@@ -346,33 +348,40 @@ __device__ void matmul_wgmma_ws_impl(const TmaMap* xmap, const TmaMap* wmap, con
             else return acc[q];
         };
         // Accumulator fragment as in matmul_wgmma_impl: register q at row 16 v + g + 8 ((q / 2) % 2),
-        // column 8 (q / 4) + 2 t + q % 2; warp v holds its 16 rows x all BN columns.
+        // column 8 (q / 4) + 2 t + q % 2; warp v holds its 16 rows x all BN columns. Every
+        // epilogue goes through the warp's staged 16 x 128 floats (+ bias), one 128-column half
+        // at a time, so each epilogue function is inlined once: the rope and silu tiles as in
+        // matmul_wgmma_impl, the others by matmul.cu's epilogue_store from the staged values
+        // (the same value the registers hold: total + bias, so the same bits).
         const int wr0 = m0 + 64 * cw + 16 * v;
-        if (ep.kind == EPI_QKV_ROPE || ep.kind == EPI_SILU || ep.kind == EPI_GEGLU) {
-            const bool add_bias = bias_dtype != 0;
+        const bool add_bias = bias_dtype != 0;
+#pragma unroll 1
+        for (int h = 0; h < BN / 128; ++h) {
+            const int nh = n0 + (TANDEM_WGMMA_BREAK == 10 ? 0 : 128 * h);
+            auto put = [&](int q, float x) {
+                const int rl = g + 8 * ((q / 2) % 2), cl = 8 * (q / 4) + 2 * t + q % 2, c = nh + cl;
+                Cs[rl * (WGMMA_BN + 1) + cl] = add_bias && c < n ? x + load_bias(bias, bias_dtype, c) : x;
+            };
+            if (h == 0) {
 #pragma unroll
-            for (int h = 0; h < BN / 128; ++h) {
-                const int nh = n0 + (TANDEM_WGMMA_BREAK == 10 ? 0 : 128 * h);
+                for (int q = 0; q < 64; ++q) put(q, val(q));
+            } else if constexpr (BN == 256) {
 #pragma unroll
-                for (int q = 0; q < 64; ++q) {
-                    const int rl = g + 8 * ((q / 2) % 2), cl = 8 * (q / 4) + 2 * t + q % 2, c = nh + cl;
-                    const float x = val(64 * h + q);
-                    Cs[rl * (WGMMA_BN + 1) + cl] = add_bias && c < n ? x + load_bias(bias, bias_dtype, c) : x;
-                }
-                __syncwarp();
-                if (ep.kind == EPI_QKV_ROPE) epilogue_rope_tile<16, WGMMA_BN, 32>(Cs, lane, wr0, nh, m, n, ep, rk);
-                else epilogue_silu_tile<T, 16, WGMMA_BN, 32>(Cs, lane, wr0, nh, m, ep);
-                __syncwarp();  // Cs is rewritten by the next half or tile
+                for (int q = 0; q < 64; ++q) put(q, val(64 + q));
             }
-            continue;
-        }
-#pragma unroll
-        for (int q = 0; q < ACC; ++q) {
-            const int cq = TANDEM_WGMMA_BREAK == 10 ? q % 64 : q;
-            const int r = wr0 + g + 8 * ((q / 2) % 2), c = n0 + 8 * (cq / 4) + 2 * t + q % 2;
-            if (r >= m || c >= n) continue;
-            const float x = val(q);
-            epilogue_store<T>(ep, r, c, n, bias_dtype ? x + load_bias(bias, bias_dtype, c) : x);
+            __syncwarp();
+            if (ep.kind == EPI_QKV_ROPE) {
+                epilogue_rope_tile<16, WGMMA_BN, 32>(Cs, lane, wr0, nh, m, n, ep, rk);
+            } else if (ep.kind == EPI_SILU || ep.kind == EPI_GEGLU) {
+                epilogue_silu_tile<T, 16, WGMMA_BN, 32>(Cs, lane, wr0, nh, m, ep);
+            } else {
+#pragma unroll 1
+                for (int e = lane; e < 16 * WGMMA_BN; e += 32) {
+                    const int rl = e / WGMMA_BN, cl = e % WGMMA_BN, r = wr0 + rl, c = nh + cl;
+                    if (r < m && c < n) epilogue_store<T>(ep, r, c, n, Cs[rl * (WGMMA_BN + 1) + cl]);
+                }
+            }
+            __syncwarp();  // Cs is rewritten by the next half or tile
         }
     }
 }
