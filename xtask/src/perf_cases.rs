@@ -182,7 +182,7 @@ fn gemm_persistent(t: &Tile, m: usize, n: usize, k: usize, x_f32: bool, wide: bo
     let mut w = if wide { WGMMA_WS_WIDE } else { *t };
     w.kernel.wgmma = true;
     let tiles = m.div_ceil(w.rows) * n.div_ceil(w.cols);
-    let blocks = tiles.min(SMS).max(1);
+    let blocks = tiles.clamp(1, SMS);
     let per_block = tiles.div_ceil(blocks) as f64;
     let k_tiles = k.div_ceil(GEMM_BK) as f64;
     let pre = x_f32 && m > SPLIT_MAX_ROWS;
