@@ -20,6 +20,8 @@
 # projection above 128 rows, fused epilogues included, takes wgmma with the switch), and
 # m128_w64:m64_occ4:m16 (LARGE=m128_w64: the mma.sync large-m loop with 64 x 64 warp tiles and
 # addresses worked out once, ~2.3 SASS instructions per mma against m128_occ2's ~9.5; same bits),
+# wgmma_ws:m64_occ4:m16 (LARGE=wgmma_ws: the persistent warp-specialised wgmma kernels, one block
+# an SM walking tiles, 128 x 256 tiles where a GEMM has one K slice; same bits in the emulator),
 # TANDEM_TUNE_SAMPLERS (SAMPLER:ARGMAX pairs, default "bisect:one radix:multi multi:multi"),
 # TANDEM_TUNE_ATTN_VARIANTS (space-separated TANDEM_CUDA_ATTENTION values, default "tc tc_deep
 # tc_shared": the decode attention timed side by side at ctx 1024/4096/16384 and batch 1/8/64,
@@ -52,7 +54,7 @@ mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 HERE=$(cd "$(dirname "$0")" && pwd)
 BUDGET=${TANDEM_TUNE_BUDGET_S:-300}
-VARIANTS=${TANDEM_TUNE_VARIANTS:-"m128_occ2:m64_occ4:m16 m128_occ2:m64_occ4:m16_gemv4 m128_occ2:m64_occ4:m16_gemv8 m128_occ2:m64_occ4:m16_x1 wgmma:m64_occ4:m16 m128_w64:m64_occ4:m16"}
+VARIANTS=${TANDEM_TUNE_VARIANTS:-"m128_occ2:m64_occ4:m16 m128_occ2:m64_occ4:m16_gemv4 m128_occ2:m64_occ4:m16_gemv8 m128_occ2:m64_occ4:m16_x1 wgmma:m64_occ4:m16 wgmma_ws:m64_occ4:m16 m128_w64:m64_occ4:m16"}
 ATTN_VARIANTS=${TANDEM_TUNE_ATTN_VARIANTS:-"tc tc_deep tc_shared"}
 ATTN_D256_VARIANTS=${TANDEM_TUNE_ATTN_D256_VARIANTS:-"partial tc"}
 WORK=${TANDEM_CHECK_WORK:-/tmp/tandem-check}
@@ -244,6 +246,7 @@ if [ "${TANDEM_TUNE_NCU:-1}" = 1 ] && [ -n "$NCU" ]; then
     ncu_case m2048-m128 'matmul_tc_bf16_m128$' 2048
     ncu_case m2048-m128_n128 'matmul_tc_bf16_m128_n128' 2048 TANDEM_CUDA_GEMM_LARGE=m128_n128
     ncu_case m2048-wgmma 'matmul_wgmma_bf16' 2048 TANDEM_CUDA_GEMM_LARGE=wgmma
+    ncu_case m2048-wgmma_ws 'matmul_wgmma_ws' 2048 TANDEM_CUDA_GEMM_LARGE=wgmma_ws
     ncu_case m2048-m128_w64 'matmul_tc_bf16_m128_w64' 2048 TANDEM_CUDA_GEMM_LARGE=m128_w64
     ncu_case m64-m64 'matmul_tc_bf16_m64$' 64
     ncu_case attn-decode 'paged_attention_tc' 1

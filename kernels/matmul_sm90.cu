@@ -45,6 +45,25 @@
 //   bits 4-9, so each stage starts 1024-aligned), STAGES x (16 KiB of x + 16 KiB of w), the
 //   2 x STAGES mbarriers, then 8 warps x 16 x 129 floats: WGMMA_SMEM_BYTES = 198208 (opt-in;
 //   one block per SM, as the 384-thread bound and 132 KiB of stages already gave).
+// The persistent, warp-specialised kernels `matmul_wgmma_ws_<dt>` (128 x 128 tiles) and
+// `matmul_wgmma_ws256_<dt>` (128 x 256 tiles) (TANDEM_CUDA_GEMM_LARGE=wgmma_ws; off by default):
+// the same arithmetic and epilogues per output tile as matmul_wgmma_<dt>, but
+//   - a persistent tile scheduler: grid = min(tiles, SMs) blocks (matmul.rs passes the device's
+//     SM count), block b takes tiles b, b + gridDim.x, ... of the row-major (row tile, column
+//     tile) order; the producer's and the consumers' stage counter runs on across tiles (stage
+//     it % STAGES, phase (it / STAGES) & 1), so the TMA loads of the next tile overlap this
+//     tile's epilogue; the consumers release a tile's last stage once its wgmma group is done;
+//   - 128 x 256 tiles (m64n256k16, 128 accumulators a consumer thread, 3 stages of 48 KiB) only
+//     where the GEMM has ONE K slice (matmul.rs `wgmma_ws_wide`: slice_len >= k, e.g. the
+//     lm_head): a fold needs a second set of 128 registers, which 384 threads cannot hold. The
+//     producer warpgroup gives registers back (setmaxnreg.dec 40) and the consumers take them
+//     (setmaxnreg.inc 232): 40 x 128 + 232 x 256 = 64512 of the SM's 65536;
+//   - every epilogue stages the warp's rows (+ bias) in its 16 x 129 floats, a 128-column half
+//     at a time (a 128 x 256 tile: two halves in turn; a head or a gate/up pair never crosses a
+//     128-column boundary: head_dim divides 128, pairs lie in 64-column groups), then applies
+//     matmul.cu's function for it (rope tile, silu tile, or epilogue_store element by element,
+//     lanes along a row): one inlined copy of each, not one per accumulator register.
+//   Shared memory: WGMMA_WS_SMEM(BN) (198208 bytes at 128, 214576 at 256).
 // Test hooks (kernels/emu/sm90_test.cpp defines TANDEM_WGMMA_BREAK as a variable it sets from its
 // argument, N = 1..9; everywhere else it is the constant 0; each must be caught):
 //   1 a wrong accumulator fragment index in the epilogue, 2 the wgmma wait before a stage is
@@ -52,7 +71,9 @@
 //   say no swizzle, 5 the producer arrives without expect_tx, 6 the staged tile (rope) without
 //   the bias, 7 a warp's staged rows placed without its warpgroup's 64-row offset (rope, silu),
 //   8 every epilogue stored as the plain one (qkv, rope, silu, residual), 9 the stage of the
-//   tile whose wgmma group is still in flight released (not the previous tile's).
+//   tile whose wgmma group is still in flight released (not the previous tile's); the
+//   persistent kernels: 10 the second 128-column half of a 128 x 256 tile stored over the first,
+//   11 the accumulators not cleared between a block's tiles.
 #include "common.cuh"
 // matmul.cu's device code (Epilogue, RopeKv, epilogue_store and the staged-tile epilogues), not
 // its kernels: the epilogues are applied by the same functions the mma.sync kernels call.
@@ -213,4 +234,168 @@ __device__ void matmul_wgmma_impl(const TmaMap* xmap, const TmaMap* wmap, const 
     }
 MATMUL_WGMMA(bf16, bf16_t)
 MATMUL_WGMMA(f16, f16_t)
+// ---- the persistent, warp-specialised kernels (header: "The persistent ...") ----------------
+#define WGMMA_WS_STAGES(BN) ((BN) == 256 ? 3 : 4)
+#define WGMMA_WS_SMEM(BN) (1024 + WGMMA_WS_STAGES(BN) * (WGMMA_BM + (BN)) * WGMMA_BK * 2 + 2 * WGMMA_WS_STAGES(BN) * 8 + 8 * WGMMA_CS_FLOATS * 4)
+
+template <typename T, int BN>
+__device__ void matmul_wgmma_ws_impl(const TmaMap* xmap, const TmaMap* wmap, const void* __restrict__ bias, int bias_dtype, const Epilogue& ep, int m,
+                                     int n, int k, int slice_len, const RopeKv& rk) {
+    constexpr int STAGES = WGMMA_WS_STAGES(BN), A_ELEMS = WGMMA_BM * WGMMA_BK, B_ELEMS = BN * WGMMA_BK, ACC = BN / 2;
+    // 128-wide tiles fold K slices in registers; 256-wide ones serve one-slice GEMMs only.
+    constexpr bool FOLD = BN == 128;
+    TANDEM_DYNAMIC_SMEM(raw);
+    unsigned char* base = raw + ((1024u - (smem_u32(raw) & 1023u)) & 1023u);
+    u16* As = reinterpret_cast<u16*>(base);
+    u16* Bs = As + STAGES * A_ELEMS;
+    u64* full = reinterpret_cast<u64*>(Bs + STAGES * B_ELEMS);
+    u64* empty = full + STAGES;
+    const int wg = threadIdx.x / 128;
+    const int ntn = (n + BN - 1) / BN, ntiles = ((m + WGMMA_BM - 1) / WGMMA_BM) * ntn;
+    const int nt = (k + WGMMA_BK - 1) / WGMMA_BK;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(&full[s], 1);
+            mbar_init(&empty[s], 8);  // one arrival per consumer warp
+        }
+        mbar_init_fence();
+    }
+    __syncthreads();
+
+    if (wg == 0) {  // the producer: thread 0 walks every k tile of every tile of this block
+        if (BN == 256) setmaxnreg_dec<40>();
+        if (threadIdx.x != 0) return;
+        int it = 0;
+        for (int tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
+            const int m0 = (tile / ntn) * WGMMA_BM, n0 = (tile % ntn) * BN;
+            for (int i = 0; i < nt; ++i, ++it) {
+                const int s = it % STAGES;
+                mbar_wait(&empty[s], ((it / STAGES) & 1) ^ 1);
+                mbar_arrive_expect_tx(&full[s], (A_ELEMS + B_ELEMS) * 2);
+                tma_load_2d(As + s * A_ELEMS, xmap, i * WGMMA_BK, m0, &full[s]);
+                tma_load_2d(Bs + s * B_ELEMS, wmap, i * WGMMA_BK, n0, &full[s]);
+            }
+        }
+        return;
+    }
+    if (BN == 256) setmaxnreg_inc<232>();
+
+    const int cw = wg - 1, lane = threadIdx.x & 31;
+    const int v = (threadIdx.x % 128) / 32, g = lane >> 2, t = lane & 3;
+    float* Cs = reinterpret_cast<float*>(empty + STAGES) + (4 * cw + v) * WGMMA_CS_FLOATS;
+    auto release = [&](int st) {
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&empty[st]);
+    };
+    float acc[ACC], total[FOLD ? ACC : 1];
+#pragma unroll
+    for (int q = 0; q < ACC; ++q) acc[q] = 0.0f;
+    int it = 0;
+    for (int tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
+        const int m0 = (tile / ntn) * WGMMA_BM, n0 = (tile % ntn) * BN;
+        if (TANDEM_WGMMA_BREAK != 11) {
+#pragma unroll
+            for (int q = 0; q < ACC; ++q) acc[q] = 0.0f;
+        }
+        bool first_slice = true;
+        int next_fold = slice_len, held = -1;
+        for (int i = 0; i < nt; ++i, ++it) {
+            const int s = it % STAGES;
+            mbar_wait(&full[s], (it / STAGES) & 1);
+            const u32 a0 = smem_u32(As + s * A_ELEMS) + (u32)cw * 64 * 128, b0 = smem_u32(Bs + s * B_ELEMS);
+            wgmma_fence_regs(acc);
+            wgmma_fence();
+#pragma unroll
+            for (int j = 0; j < WGMMA_BK / 16; ++j) {
+                const int kc = i * WGMMA_BK + 16 * j;
+                if (kc >= k) break;
+                if constexpr (FOLD) {
+                    if (kc == next_fold) {  // a K slice ends before this step: fold it (matmul.cu's order)
+                        next_fold += slice_len;
+                        wgmma_commit();
+                        wgmma_wait<0>();
+                        wgmma_fence_regs(acc);
+#pragma unroll
+                        for (int q = 0; q < ACC; ++q) {
+                            total[q] = first_slice ? acc[q] : total[q] + acc[q];
+                            acc[q] = 0.0f;
+                        }
+                        first_slice = false;
+                        wgmma_fence_regs(acc);
+                        wgmma_fence();
+                    }
+                }
+                const u64 da = wgmma_desc(a0 + 32 * j, 16, 1024, 1), db = wgmma_desc(b0 + 32 * j, 16, 1024, 1);
+                if constexpr (BN == 256) wgmma_m64n256k16(T{}, acc, da, db);
+                else wgmma_m64n128k16(T{}, acc, da, db);
+            }
+            wgmma_commit();
+            wgmma_wait<1>();  // every group but this k tile's has completed: free the previous stage
+            wgmma_fence_regs(acc);
+            if (held >= 0) release(held);
+            held = s;
+        }
+        wgmma_wait<0>();
+        wgmma_fence_regs(acc);
+        if (held >= 0) release(held);  // the producer may refill it with the next tile's k tiles
+        if constexpr (FOLD) {
+            if (nt > 0)
+#pragma unroll
+                for (int q = 0; q < ACC; ++q) total[q] = first_slice ? acc[q] : total[q] + acc[q];
+        }
+        auto val = [&](int q) -> float {
+            if constexpr (FOLD) return total[q];
+            else return acc[q];
+        };
+        // Accumulator fragment as in matmul_wgmma_impl: register q at row 16 v + g + 8 ((q / 2) % 2),
+        // column 8 (q / 4) + 2 t + q % 2; warp v holds its 16 rows x all BN columns. Every
+        // epilogue goes through the warp's staged 16 x 128 floats (+ bias), one 128-column half
+        // at a time, so each epilogue function is inlined once: the rope and silu tiles as in
+        // matmul_wgmma_impl, the others by matmul.cu's epilogue_store from the staged values
+        // (the same value the registers hold: total + bias, so the same bits).
+        const int wr0 = m0 + 64 * cw + 16 * v;
+        const bool add_bias = bias_dtype != 0;
+#pragma unroll 1
+        for (int h = 0; h < BN / 128; ++h) {
+            const int nh = n0 + (TANDEM_WGMMA_BREAK == 10 ? 0 : 128 * h);
+            auto put = [&](int q, float x) {
+                const int rl = g + 8 * ((q / 2) % 2), cl = 8 * (q / 4) + 2 * t + q % 2, c = nh + cl;
+                Cs[rl * (WGMMA_BN + 1) + cl] = add_bias && c < n ? x + load_bias(bias, bias_dtype, c) : x;
+            };
+            if (h == 0) {
+#pragma unroll
+                for (int q = 0; q < 64; ++q) put(q, val(q));
+            } else if constexpr (BN == 256) {
+#pragma unroll
+                for (int q = 0; q < 64; ++q) put(q, val(64 + q));
+            }
+            __syncwarp();
+            if (ep.kind == EPI_QKV_ROPE) {
+                epilogue_rope_tile<16, WGMMA_BN, 32>(Cs, lane, wr0, nh, m, n, ep, rk);
+            } else if (ep.kind == EPI_SILU || ep.kind == EPI_GEGLU) {
+                epilogue_silu_tile<T, 16, WGMMA_BN, 32>(Cs, lane, wr0, nh, m, ep);
+            } else {
+#pragma unroll 1
+                for (int e = lane; e < 16 * WGMMA_BN; e += 32) {
+                    const int rl = e / WGMMA_BN, cl = e % WGMMA_BN, r = wr0 + rl, c = nh + cl;
+                    if (r < m && c < n) epilogue_store<T>(ep, r, c, n, Cs[rl * (WGMMA_BN + 1) + cl]);
+                }
+            }
+            __syncwarp();  // Cs is rewritten by the next half or tile
+        }
+    }
+}
+
+#define MATMUL_WGMMA_WS(NAME, DT, T, BN)                                                                                            \
+    extern "C" __global__ void __launch_bounds__(WGMMA_THREADS, 1)                                                                  \
+        NAME##_##DT(const __grid_constant__ TmaMap xmap, const __grid_constant__ TmaMap wmap, const void* bias, int bias_dtype,      \
+                    float* out0, float* out1, float* out2, int epi, int en0, int en1, const void* ep_gamma, int ep_gamma_dtype,         \
+                    int ep_act16, int m, int n, int k, int slice_len, RopeKv rope_kv) {                                             \
+        const Epilogue ep{out0, out1, out2, epi, en0, en1, ep_gamma, ep_gamma_dtype, ep_act16};                                      \
+        matmul_wgmma_ws_impl<T, BN>(&xmap, &wmap, bias, bias_dtype, ep, m, n, k, slice_len, rope_kv);                               \
+    }
+MATMUL_WGMMA_WS(matmul_wgmma_ws, bf16, bf16_t, 128)
+MATMUL_WGMMA_WS(matmul_wgmma_ws, f16, f16_t, 128)
+MATMUL_WGMMA_WS(matmul_wgmma_ws256, bf16, bf16_t, 256)
+MATMUL_WGMMA_WS(matmul_wgmma_ws256, f16, f16_t, 256)
 #endif

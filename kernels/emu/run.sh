@@ -8,7 +8,8 @@
 # and its model of programmatic dependent launch with a read above the wait and a defeated wait,
 # which must be caught (pdl_test.cpp).
 # sm90_test.cpp: the emulated wgmma / TMA / mbarrier and the wgmma GEMM (kernels/matmul_sm90.cu),
-# then the same program with each of that kernel's nine deliberate breaks (argument 1..9),
+# then the same program with each of its kernels' eleven deliberate breaks (argument 1..11; 10, 11:
+# the persistent kernels matmul_wgmma_ws*),
 # which must be caught.
 # Needs only a C++20 compiler; no GPU, no CUDA. Each program runs on one core (the emulator's
 # CUDA threads are fibers), so they run side by side: about half a minute on 2 cores.
@@ -75,7 +76,7 @@ breaks() {
         echo "FAIL the emulator tests did not catch TANDEM_MOE_BREAK=1"
         s=1
     fi
-    for b in 1 2 3 4 5 6 7 8 9; do
+    for b in 1 2 3 4 5 6 7 8 9 10 11; do
         if ! "$out-sm90" $b > "$out.sm90" 2>&1; then
             cat "$out.sm90"
             echo "FAIL the emulator tests did not catch TANDEM_WGMMA_BREAK=$b"

@@ -20,7 +20,7 @@
 #include "cuda_emu.h"
 
 static int wgmma_break = 0;
-constexpr int WGMMA_BREAKS = 9;  // matmul_sm90.cu's test hooks 1..9
+constexpr int WGMMA_BREAKS = 11;  // matmul_sm90.cu's test hooks 1..11 (10, 11: the persistent kernels)
 #define TANDEM_WGMMA_BREAK wgmma_break
 #include "../matmul.cu"
 #include "../matmul_sm90.cu"
@@ -260,6 +260,10 @@ void misuse_aborts() {
 // ---- the GEMM --------------------------------------------------------------------------------
 // matmul.rs's wgmma launch: x f32 -> xa (matmul_x), the tensor maps, grid (ceil(n/128),
 // ceil(m/128)), 384 threads, WGMMA_SMEM_BYTES; the epilogue's arguments as the tile kernels take them.
+// `ws_bn` 128 or 256: the persistent kernels matmul_wgmma_ws(256)_<dt> instead, on `ws_blocks`
+// blocks (matmul.rs: min(tiles, SMs); here few, so that each block walks several tiles).
+int ws_bn = 0;
+unsigned ws_blocks = 3;
 void run_wgmma_ep(int dt, const float* x, const uint16_t* w, const uint16_t* bias, int m, int n, int k, const Epilogue& ep, const RopeKv& rk) {
     const int kp = (k + 7) / 8 * 8;
     std::vector<uint16_t> xa((size_t)m * kp + 8, 0xffff);
@@ -267,18 +271,32 @@ void run_wgmma_ep(int dt, const float* x, const uint16_t* w, const uint16_t* bia
         if (dt == 1) matmul_x_bf16(x, xa.data(), m, k, kp);
         else matmul_x_f16(x, xa.data(), m, k, kp);
     });
+    const int bn = ws_bn ? ws_bn : WGMMA_BN;
     TmaMap xm, wm;
     const bool ok = emu::encode_tensor_map_2d(&xm, xa.data(), 2, (uint64_t)k, (uint64_t)m, (uint64_t)kp * 2, WGMMA_BK, WGMMA_BM, 3) &&
-                    emu::encode_tensor_map_2d(&wm, w, 2, (uint64_t)k, (uint64_t)n, (uint64_t)k * 2, WGMMA_BK, WGMMA_BN, 3);
+                    emu::encode_tensor_map_2d(&wm, w, 2, (uint64_t)k, (uint64_t)n, (uint64_t)k * 2, WGMMA_BK, (uint32_t)bn, 3);
     if (!ok) return;
     const int bias_code = bias ? dt + 1 : 0;
     const void* bp = bias ? (const void*)bias : (const void*)w;
     const int slice_len = mmtest::k_slices(n, k).len;
+    if (ws_bn) {
+        const unsigned tiles = (unsigned)(((n + bn - 1) / bn) * ((m + WGMMA_BM - 1) / WGMMA_BM));
+        const dim3 grid{std::min(tiles, ws_blocks), 1, 1};
+        launch(grid, dim3{WGMMA_THREADS, 1, 1}, [&] {
+            auto f = ws_bn == 256 ? (dt == 1 ? matmul_wgmma_ws256_bf16 : matmul_wgmma_ws256_f16) : (dt == 1 ? matmul_wgmma_ws_bf16 : matmul_wgmma_ws_f16);
+            f(xm, wm, bp, bias_code, ep.out0, ep.out1, ep.out2, ep.kind, ep.n0, ep.n1, ep.gamma, ep.gamma_dtype, ep.act16, m, n, k, slice_len, rk);
+        }, WGMMA_WS_SMEM(ws_bn));
+        return;
+    }
     const dim3 grid{(unsigned)((n + WGMMA_BN - 1) / WGMMA_BN), (unsigned)((m + WGMMA_BM - 1) / WGMMA_BM), 1};
     launch(grid, dim3{WGMMA_THREADS, 1, 1}, [&] {
         if (dt == 1) matmul_wgmma_bf16(xm, wm, bp, bias_code, ep.out0, ep.out1, ep.out2, ep.kind, ep.n0, ep.n1, ep.gamma, ep.gamma_dtype, ep.act16, m, n, k, slice_len, rk);
         else matmul_wgmma_f16(xm, wm, bp, bias_code, ep.out0, ep.out1, ep.out2, ep.kind, ep.n0, ep.n1, ep.gamma, ep.gamma_dtype, ep.act16, m, n, k, slice_len, rk);
     }, WGMMA_SMEM_BYTES);
+}
+std::string kernel_name(int dt) {
+    const char* v = ws_bn == 256 ? "matmul_wgmma_ws256_" : ws_bn ? "matmul_wgmma_ws_" : "matmul_wgmma_";
+    return std::string(v) + (dt == 1 ? "bf16" : "f16") + (ws_bn ? " (" + std::to_string(ws_blocks) + " blocks)" : std::string());
 }
 std::vector<float> run_wgmma(const mmtest::Problem& p) {
     std::vector<float> out((size_t)p.m * p.n, NAN);
@@ -350,7 +368,7 @@ void epi_case(const EpCase& e) {
         wrote = wrote && (i > 0 || std::memcmp(got.b[0].data(), init[0].data(), 4 * len) != 0);
     }
     char buf[384];
-    std::snprintf(buf, sizeof buf, "matmul_wgmma_%s %s m=%d n=%d k=%d%s%s%s%s%s: every output bitwise equal to %s", dt == 1 ? "bf16" : "f16", epi_name(e.kind), m, n,
+    std::snprintf(buf, sizeof buf, "%s %s m=%d n=%d k=%d%s%s%s%s%s: every output bitwise equal to %s", kernel_name(dt).c_str(), epi_name(e.kind), m, n,
                   k, e.bias ? " bias" : "", e.hd ? (" head_dim " + std::to_string(e.hd)).c_str() : "", e.kind == EPI_QKV_ROPE ? (e.cache_bf16 ? " bf16 cache" : " f32 cache") : "",
                   e.act16 ? " act16" : "", e.no_hg ? " no hg" : "", kernel.c_str());
     check(buf, same && wrote);
@@ -371,13 +389,13 @@ void gemm_case(int dt, int m, int n, int k, bool bias) {
     const mmtest::Problem p = mmtest::problem(dt, m, n, k, bias);
     const auto got = run_wgmma(p);
     const mmtest::Slices sl = mmtest::k_slices(n, k);
-    mmtest::check_f64(check, std::string("matmul_wgmma_") + (dt == 1 ? "bf16" : "f16") + " slices " + std::to_string(sl.count) + " of " +
+    mmtest::check_f64(check, kernel_name(dt) + " slices " + std::to_string(sl.count) + " of " +
                                  std::to_string(sl.len),
                       p, got, sl.count);
     if (wgmma_break) return;
     std::string kernel;
     const auto ref = mmtest::run(dt, p.x.data(), p.w.data(), p.bias ? p.b.data() : nullptr, m, n, k, &kernel);
-    check("matmul_wgmma m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k) + ": bitwise equal to " + kernel,
+    check(kernel_name(dt) + " m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k) + ": bitwise equal to " + kernel,
           std::memcmp(got.data(), ref.data(), 4 * got.size()) == 0);
 }
 }  // namespace
@@ -420,13 +438,47 @@ int main(int argc, char** argv) {
         gemm_case(2, 137, 264, 1000, false);
         gemm_case(1, 5, 72, 1000, true);  // m <= 128: the mma.sync path splits K there; the bits agree
         for (const EpCase& e : EPI_CASES) epi_case(e);
+        // The persistent kernels, on 3 blocks (and on 1 and 7): 128 x 128 tiles at every shape
+        // and epilogue above; 128 x 256 tiles where the GEMM has one K slice (k < 512 here).
+        check("matmul_wgmma_ws shared memory: 198208 bytes at 128 x 128, 214576 at 128 x 256 (matmul.rs WGMMA_WS_SMEM)",
+              WGMMA_WS_SMEM(128) == 198208 && WGMMA_WS_SMEM(256) == 214576);
+        ws_bn = 128;
+        gemm_case(1, 200, 200, 1000, true);
+        gemm_case(2, 300, 130, 40, true);
+        gemm_case(2, 137, 264, 1000, false);
+        ws_blocks = 1;
+        gemm_case(1, 300, 520, 136, false);
+        ws_blocks = 3;
+        for (const EpCase& e : EPI_CASES) epi_case(e);
+        ws_bn = 256;
+        for (unsigned b : {3u, 7u}) {
+            ws_blocks = b;
+            gemm_case(1, 300, 600, 136, true);
+            gemm_case(2, 200, 264, 40, false);
+        }
+        ws_blocks = 3;
+        gemm_case(2, 137, 520, 480, true);
+        for (const EpCase& e : EPI_CASES)
+            if (mmtest::k_slices(e.kind == EPI_SILU ? (e.n0 + 31) / 32 * 64 : e.kind == EPI_RESID ? e.n0 : e.n0 + 2 * e.n1, e.k).count == 1) epi_case(e);
         std::printf("sm90: %d checks, %d failed\n", checks, failures);
         return failures == 0 ? 0 : 1;
     }
     // Breaks 6-8 are in the fused epilogues: the cases of the epilogues each reaches, every one
     // of which must catch it. The others: plain GEMMs with more k tiles than stages, so that
     // every stage is refilled (break 2 needs it).
-    if (wgmma_break >= 6 && wgmma_break <= 8) {
+    if (wgmma_break == 10 || wgmma_break == 11) {
+        // The persistent kernels' hooks: 10 the 128 x 256 tiles (plain and staged epilogues),
+        // 11 either width over several tiles a block.
+        ws_bn = 256;
+        in_child("matmul_wgmma_ws256 m=300 n=600 k=136", [&] { gemm_case(1, 300, 600, 136, true); });
+        in_child("matmul_wgmma_ws256 EPI_SILU m=137 k=136", [&] { epi_case(EpCase{EPI_SILU, 2, 137, 160, 0, 136, false, 0, true}); });
+        in_child("matmul_wgmma_ws256 EPI_QKV_ROPE m=300 k=136", [&] { epi_case(EpCase{EPI_QKV_ROPE, 2, 300, 512, 128, 136, true, 128}); });
+        if (wgmma_break == 11) {
+            ws_bn = 128;
+            in_child("matmul_wgmma_ws m=200 n=200 k=1000", [&] { gemm_case(1, 200, 200, 1000, true); });
+            in_child("matmul_wgmma_ws EPI_RESID m=200 k=1000", [&] { epi_case(EpCase{EPI_RESID, 1, 200, 200, 0, 1000, false}); });
+        }
+    } else if (wgmma_break >= 6 && wgmma_break <= 8) {
         for (const EpCase& e : EPI_CASES) {
             const bool reach = wgmma_break == 8 || e.kind == EPI_QKV_ROPE || (wgmma_break == 7 && e.kind == EPI_SILU);
             if (!reach || (wgmma_break == 6 && !e.bias)) continue;

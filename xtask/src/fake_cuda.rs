@@ -278,21 +278,22 @@ pub fn group(root: &Path, tandem: Option<PathBuf>) -> Result<Tally> {
         format!("op suite on cuda, TANDEM_CUDA_PDL=1 (seed {seed})"),
         ["TANDEM_CUDA_PDL=1", "test-ops", "--backend", "cuda", "--seed", &seed].map(String::from).to_vec(),
     ));
-    commands.push((
-        "matmul on cuda, TANDEM_CUDA_GEMM_LARGE=wgmma".into(),
-        ["TANDEM_CUDA_GEMM_LARGE=wgmma", "test-ops", "--backend", "cuda", "--op", "matmul", "--seed", &seed]
-            .map(String::from)
-            .to_vec(),
-    ));
-    // Its fused epilogues: the suite's gate/up + silu at m = 200 and q/k/v + rope + KV write at
-    // T = 200 (about a second each).
-    for cases in ["m=200", "T=200"] {
+    // So do the persistent, warp-specialised kernels (wgmma_ws: 128 x 256 tiles where a GEMM
+    // has one K slice).
+    for large in ["wgmma", "wgmma_ws"] {
+        let env = format!("TANDEM_CUDA_GEMM_LARGE={large}");
         commands.push((
-            format!("op suite cases {cases} on cuda, TANDEM_CUDA_GEMM_LARGE=wgmma"),
-            ["TANDEM_CUDA_GEMM_LARGE=wgmma", "test-ops", "--backend", "cuda", "--op", cases, "--seed", &seed]
-                .map(String::from)
-                .to_vec(),
+            format!("matmul on cuda, {env}"),
+            [&env, "test-ops", "--backend", "cuda", "--op", "matmul", "--seed", &seed].map(String::from).to_vec(),
         ));
+        // Its fused epilogues: the suite's gate/up + silu at m = 200 and q/k/v + rope + KV write at
+        // T = 200 (about a second each).
+        for cases in ["m=200", "T=200"] {
+            commands.push((
+                format!("op suite cases {cases} on cuda, {env}"),
+                [&env, "test-ops", "--backend", "cuda", "--op", cases, "--seed", &seed].map(String::from).to_vec(),
+            ));
+        }
     }
     // paged_attention_tc_d256 (off by default): the suite's head_dim-256 attention cases.
     commands.push((

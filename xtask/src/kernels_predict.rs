@@ -54,7 +54,7 @@ pub fn untimed(params: &Params) -> Vec<Row> {
     // same m beside each (m16 / m128_occ2).
     for (variants, default, ms) in [
         (&["m16_x1", "m16_gemv4", "m16_gemv8"][..], "m16", &[1usize, 8][..]),
-        (&["m128_w64", "wgmma"][..], "m128_occ2", &[256, 512, 2048][..]),
+        (&["m128_w64", "wgmma", "wgmma_ws"][..], "m128_occ2", &[256, 512, 2048][..]),
     ] {
         for v in variants {
             for &(op, n, k) in &LAB_GEMMS {
@@ -343,6 +343,7 @@ mod tests {
             "m16_gemv8",
             "m128_w64",
             "wgmma",
+            "wgmma_ws",
             "tc_deep",
             "tc_shared",
             "tc_d256",

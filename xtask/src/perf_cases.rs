@@ -81,6 +81,35 @@ pub const WGMMA: Tile = tile(
     "assumed: ~16 instructions per wgmma (64 mma equivalents)",
 );
 
+/// The persistent, warp-specialised wgmma kernels (kernels/matmul_sm90.cu `matmul_wgmma_ws*`):
+/// 128 x 128 tiles (4 stages), or 128 x 256 (3 stages, [`WGMMA_WS_WIDE`]) where the GEMM has one
+/// K slice; one block an SM at most, each walking its tiles with the pipeline kept full across
+/// them. Registers: launch bound 384 x 1 (168), the wide tiles' consumers 232 by setmaxnreg.
+pub const WGMMA_WS: Tile = tile(
+    "wgmma_ws",
+    128,
+    128,
+    384,
+    168,
+    1024 + 4 * 2 * 128 * 64 * 2 + 64 + 8 * 16 * 129 * 4,
+    4,
+    0.25,
+    "assumed: the wgmma kernel's figure (the same k loop)",
+);
+pub const WGMMA_WS_WIDE: Tile = tile(
+    "wgmma_ws",
+    128,
+    256,
+    384,
+    168,
+    1024 + 3 * (128 + 256) * 64 * 2 + 48 + 8 * 16 * 129 * 4,
+    3,
+    0.25,
+    "assumed: the wgmma kernel's figure (the same k loop)",
+);
+/// SMs of the H200 the persistent grid covers.
+const SMS: usize = 132;
+
 #[allow(clippy::too_many_arguments)] // a table row: every field is one column of TILES
 const fn tile(
     name: &'static str,
@@ -97,8 +126,8 @@ const fn tile(
 }
 
 pub fn tile_named(name: &str) -> Option<Tile> {
-    if name == "wgmma" {
-        let mut w = WGMMA;
+    if name == "wgmma" || name == "wgmma_ws" {
+        let mut w = if name == "wgmma" { WGMMA } else { WGMMA_WS };
         w.kernel.wgmma = true;
         return Some(w);
     }
@@ -113,6 +142,9 @@ pub fn tile_named(name: &str) -> Option<Tile> {
 /// launch rounds it first (a second launch, x read in f32 and written in bf16).
 pub fn gemm(t: &Tile, m: usize, n: usize, k: usize, x_f32: bool) -> Launch {
     let (slices, slice_len) = k_slices(n, k);
+    if t.kernel.name == "wgmma_ws" {
+        return gemm_persistent(t, m, n, k, x_f32, slices == 1);
+    }
     let split = m <= SPLIT_MAX_ROWS && slices > 1 && !t.kernel.wgmma;
     let row_tiles = m.div_ceil(t.rows);
     let blocks = n.div_ceil(t.cols) * row_tiles * if split { slices } else { 1 };
@@ -140,6 +172,30 @@ pub fn gemm(t: &Tile, m: usize, n: usize, k: usize, x_f32: bool) -> Launch {
         dram_bytes: (n * k * 2 + m * k * 2 + m * n * 4 + if pre { m * k * 6 } else { 0 }) as f64,
         l2_bytes: tiles * ((t.rows + t.cols) * k * 2) as f64,
         tensor_flops: 2.0 * padded_m * n as f64 * k as f64,
+        launches: if pre { 2 } else { 1 },
+    }
+}
+
+/// [`gemm`] on the persistent kernels: min(tiles, SMs) blocks, each walking ceil(tiles /
+/// blocks) tiles back to back (its mmas and pipeline refills add up; one first trip a block).
+fn gemm_persistent(t: &Tile, m: usize, n: usize, k: usize, x_f32: bool, wide: bool) -> Launch {
+    let mut w = if wide { WGMMA_WS_WIDE } else { *t };
+    w.kernel.wgmma = true;
+    let tiles = m.div_ceil(w.rows) * n.div_ceil(w.cols);
+    let blocks = tiles.clamp(1, SMS);
+    let per_block = tiles.div_ceil(blocks) as f64;
+    let k_tiles = k.div_ceil(GEMM_BK) as f64;
+    let pre = x_f32 && m > SPLIT_MAX_ROWS;
+    Launch {
+        kernel: w.kernel,
+        blocks,
+        mmas_per_block: per_block * (w.rows * w.cols) as f64 * k as f64 / (16.0 * 8.0 * 16.0),
+        trips_per_block: 1.0 + per_block * (k_tiles / w.kernel.stages as f64).ceil(),
+        fold_rounds: 0.0,
+        longest: 1.0,
+        dram_bytes: (n * k * 2 + m * k * 2 + m * n * 4 + if pre { m * k * 6 } else { 0 }) as f64,
+        l2_bytes: tiles as f64 * ((w.rows + w.cols) * k * 2) as f64,
+        tensor_flops: 2.0 * (m.div_ceil(w.rows) * w.rows) as f64 * n as f64 * k as f64,
         launches: if pre { 2 } else { 1 },
     }
 }

@@ -30,6 +30,14 @@ use crate::toolchain::Toolchain;
 use crate::workspace::{AttnScratch, IoScratch, MatmulScratch};
 use crate::{attention, compile::compile_ptx_cached, gemm, graph, launch, moe};
 
+/// The persistent wgmma kernels (kernels/matmul_sm90.cu `matmul_wgmma_ws*`): `[dtype]` each,
+/// bf16 then f16, and the SM count their grid covers (gemm.rs `wgmma_ws_grid`).
+pub(crate) struct WgmmaWs {
+    pub(crate) tile: [Kernel<CudaFunction>; 2],
+    pub(crate) wide: [Kernel<CudaFunction>; 2],
+    pub(crate) sms: usize,
+}
+
 pub struct CudaBackend {
     pub(crate) ctx: Arc<CudaContext>,
     pub(crate) stream: Arc<CudaStream>,
@@ -37,6 +45,9 @@ pub struct CudaBackend {
     /// kernels/matmul_sm90.cu's `matmul_wgmma_bf16` / `_f16`, loaded only with
     /// TANDEM_CUDA_GEMM_LARGE=wgmma on an sm_90 GPU (matmul.rs `wgmma_applies`).
     pub(crate) wgmma: Option<[Kernel<CudaFunction>; 2]>,
+    /// The persistent, warp-specialised wgmma kernels, loaded only with
+    /// TANDEM_CUDA_GEMM_LARGE=wgmma_ws on an sm_90 GPU.
+    pub(crate) wgmma_ws: Option<WgmmaWs>,
     pub(crate) scratch: Mutex<AttnScratch>,
     pub(crate) mm_scratch: Mutex<MatmulScratch>,
     pub(crate) io_scratch: Mutex<IoScratch>,
@@ -101,12 +112,14 @@ impl CudaBackend {
         let switches = Switches::from_env()?;
         switches.log();
         let variants = switches.gemm;
-        if variants.wgmma && arch != "90" {
+        let sm90 = variants.wgmma || variants.wgmma_ws;
+        if sm90 && arch != "90" {
+            let which = if variants.wgmma { "wgmma" } else { "wgmma_ws" };
             return Err(err(format!(
-                "TANDEM_CUDA_GEMM_LARGE=wgmma needs an sm_90 (Hopper) GPU; GPU {device_ordinal} is sm_{arch}"
+                "TANDEM_CUDA_GEMM_LARGE={which} needs an sm_90 (Hopper) GPU; GPU {device_ordinal} is sm_{arch}"
             )));
         }
-        let srcs: Vec<KernelSource> = srcs.into_iter().filter(|s| s.name != "matmul_sm90" || variants.wgmma).collect();
+        let srcs: Vec<KernelSource> = srcs.into_iter().filter(|s| s.name != "matmul_sm90" || sm90).collect();
         let device_name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
         let include = Toolchain::discover().include_dir;
         let images = compile_modules(&srcs, &arch, include.as_ref(), switches.cubin)?;
@@ -145,19 +158,31 @@ impl CudaBackend {
         if !pdl.is_empty() {
             tracing::info!("cuda: programmatic dependent launch for {} kernels (TANDEM_CUDA_PDL)", pdl.len());
         }
+        let mut sm90_kernel = |name: &'static str, smem: u32| -> Result<Kernel<CudaFunction>> {
+            let f = funcs
+                .remove(name)
+                .ok_or_else(|| err(format!("kernel `{name}` is not in the loaded modules (kernels/matmul_sm90.cu)")))?;
+            f.set_attribute(
+                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem as i32,
+            )
+            .map_err(drv(&format!("{name}: {smem} bytes of shared memory")))?;
+            Ok(Kernel { name, f })
+        };
         let wgmma = if variants.wgmma {
-            let mut k = |name: &'static str| -> Result<Kernel<CudaFunction>> {
-                let f = funcs.remove(name).ok_or_else(|| {
-                    err(format!("kernel `{name}` is not in the loaded modules (kernels/matmul_sm90.cu)"))
-                })?;
-                f.set_attribute(
-                    cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    gemm::WGMMA_SMEM as i32,
-                )
-                .map_err(drv(&format!("{name}: {} bytes of shared memory", gemm::WGMMA_SMEM)))?;
-                Ok(Kernel { name, f })
-            };
-            Some([k(gemm::WGMMA_KERNELS[0])?, k(gemm::WGMMA_KERNELS[1])?])
+            let k = &mut sm90_kernel;
+            Some([k(gemm::WGMMA_KERNELS[0], gemm::WGMMA_SMEM)?, k(gemm::WGMMA_KERNELS[1], gemm::WGMMA_SMEM)?])
+        } else {
+            None
+        };
+        let wgmma_ws = if variants.wgmma_ws {
+            let k = &mut sm90_kernel;
+            let [[t0, t1], [w0, w1]] = gemm::WGMMA_WS_KERNELS;
+            let [s0, s1] = gemm::WGMMA_WS_SMEM;
+            let sms = ctx
+                .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+                .map_err(drv("the multiprocessor count"))?;
+            Some(WgmmaWs { tile: [k(t0, s0)?, k(t1, s0)?], wide: [k(w0, s1)?, k(w1, s1)?], sms: sms.max(1) as usize })
         } else {
             None
         };
@@ -218,6 +243,7 @@ impl CudaBackend {
             stream,
             kernels,
             wgmma,
+            wgmma_ws,
             scratch: Mutex::new(AttnScratch::default()),
             mm_scratch: Mutex::new(MatmulScratch::default()),
             io_scratch: Mutex::new(IoScratch::default()),

@@ -158,7 +158,7 @@ pub(crate) const SMEM_DEFAULT_LIMIT: u32 = 48 * 1024;
 
 /// Which tile kernel serves m > 128 rows (`large`), 17..=128 rows (`mid`) and up to 16
 /// (`small`) on 64-wide tiles: the defaults ([`GEMM_DEFAULT_VARIANTS`]), or the variants named
-/// by TANDEM_CUDA_GEMM_LARGE (m128_occ2, m128, m128_n128, m128_w64, wgmma), TANDEM_CUDA_GEMM_MID (m64_occ4, m64)
+/// by TANDEM_CUDA_GEMM_LARGE (m128_occ2, m128, m128_n128, m128_w64, wgmma, wgmma_ws), TANDEM_CUDA_GEMM_MID (m64_occ4, m64)
 /// and TANDEM_CUDA_GEMM_SMALL (m16, m16_s8, m16_gemv4, m16_gemv8, m16_x1), so the kernel lab can time
 /// them side by side.
 /// Read once at load (switches.rs), where a bad name is a load error.
@@ -170,6 +170,10 @@ pub(crate) struct GemmVariants {
     /// TANDEM_CUDA_GEMM_LARGE=wgmma: m > 128 takes kernels/matmul_sm90.cu's wgmma + TMA kernel
     /// (sm_90 only) where it applies ([`wgmma_applies`]); `large` (the default) serves the rest.
     pub(crate) wgmma: bool,
+    /// TANDEM_CUDA_GEMM_LARGE=wgmma_ws: m > 128 takes the persistent, warp-specialised wgmma
+    /// kernels (`matmul_wgmma_ws_<dt>`, and `matmul_wgmma_ws256_<dt>` where [`wgmma_ws_wide`])
+    /// where [`wgmma_applies`]; `large` serves the rest. Excludes `wgmma`.
+    pub(crate) wgmma_ws: bool,
 }
 impl std::fmt::Debug for GemmKernel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -186,7 +190,7 @@ impl PartialEq for GemmKernel {
 /// 47.0k, every GEMM at m >= 256 1.2-1.9x faster; m64_occ4 gave decode at batch 64 9.7k tok/s
 /// against m64's 8.9k; m16_s8 lost to m16 (decode batch 1 327 against 378 tok/s).
 pub(crate) const GEMM_DEFAULT_VARIANTS: GemmVariants =
-    GemmVariants { large: &GEMM_M128_OCC2, mid: &GEMM_M64_OCC4, small: &GEMM_M16, wgmma: false };
+    GemmVariants { large: &GEMM_M128_OCC2, mid: &GEMM_M64_OCC4, small: &GEMM_M16, wgmma: false, wgmma_ws: false };
 
 pub(crate) fn parse_gemm_variants(
     large: Option<&str>,
@@ -204,9 +208,13 @@ pub(crate) fn parse_gemm_variants(
                 v.wgmma = true;
                 &GEMM_M128_OCC2
             }
+            "wgmma_ws" => {
+                v.wgmma_ws = true;
+                &GEMM_M128_OCC2
+            }
             _ => {
                 return Err(format!(
-                "TANDEM_CUDA_GEMM_LARGE={l}: one of m128_occ2 (the default), m128, m128_n128, m128_w64, wgmma (sm_90)"
+                "TANDEM_CUDA_GEMM_LARGE={l}: one of m128_occ2 (the default), m128, m128_n128, m128_w64, wgmma, wgmma_ws (sm_90)"
             ))
             }
         };
@@ -268,6 +276,30 @@ pub(crate) const WGMMA_THREADS: u32 = 384;
 pub(crate) const WGMMA_SMEM: u32 = 1024 + 4 * 2 * 128 * 64 * 2 + 2 * 4 * 8 + 8 * 16 * (128 + 1) * 4;
 const _: () = assert!(WGMMA_SMEM <= 227 * 1024, "within an sm_90 block's opt-in shared memory");
 pub(crate) const WGMMA_KERNELS: [&str; 2] = ["matmul_wgmma_bf16", "matmul_wgmma_f16"];
+/// The persistent, warp-specialised wgmma kernels (kernels/matmul_sm90.cu `matmul_wgmma_ws_<dt>`,
+/// 128 x 128 tiles, and `matmul_wgmma_ws256_<dt>`, 128 x 256): 384 threads, 4 stages of 32 KiB
+/// or 3 of 48 KiB, the rest as [`WGMMA_SMEM`] (`WGMMA_WS_SMEM(BN)`; sm90_test.cpp checks both).
+/// Grid: [`wgmma_ws_grid`].
+pub(crate) const WGMMA_WS_SMEM: [u32; 2] = [
+    1024 + 4 * (128 + 128) * 64 * 2 + 2 * 4 * 8 + 8 * 16 * (128 + 1) * 4,
+    1024 + 3 * (128 + 256) * 64 * 2 + 2 * 3 * 8 + 8 * 16 * (128 + 1) * 4,
+];
+const _: () = assert!(WGMMA_WS_SMEM[1] <= 227 * 1024, "within an sm_90 block's opt-in shared memory");
+/// `[tile][dtype]`: the 128-wide kernels, then the 256-wide; bf16 then f16.
+pub(crate) const WGMMA_WS_KERNELS: [[&str; 2]; 2] =
+    [["matmul_wgmma_ws_bf16", "matmul_wgmma_ws_f16"], ["matmul_wgmma_ws256_bf16", "matmul_wgmma_ws256_f16"]];
+/// Whether the persistent kernel takes 128 x 256 tiles: only where the GEMM has one K slice
+/// (a 256-wide consumer holds 128 accumulators a thread, and no second set to fold slices in).
+/// A function of (n, k) only, as the slices are: the bits never depend on it.
+pub(crate) fn wgmma_ws_wide(n: usize, k: usize) -> bool {
+    k_slices(n, k).0 == 1
+}
+/// The persistent kernel's grid: one block a tile up to one block an SM; each block walks
+/// tiles b, b + grid, ... (kernels/matmul_sm90.cu).
+pub(crate) fn wgmma_ws_grid(m: usize, n: usize, wide: bool, sms: usize) -> usize {
+    let tiles = m.div_ceil(WGMMA_TILE) * n.div_ceil(if wide { 2 * WGMMA_TILE } else { WGMMA_TILE });
+    tiles.min(sms.max(1))
+}
 /// Where the wgmma kernel may serve a GEMM (else the mma.sync kernel does, with the same bits
 /// by the contract): m > 128 (no split K; the input norm is fused only up to
 /// FUSE_NORM_MAX_TOKENS rows, so never here, but a norm is refused all the same), 16-bit
@@ -412,6 +444,15 @@ mod tests {
         let w = parse_gemm_variants(Some("wgmma"), None, None).unwrap();
         assert!(w.wgmma && w.large == &GEMM_M128_OCC2, "wgmma keeps m128_occ2 where it does not apply");
         const { assert!(!GEMM_DEFAULT_VARIANTS.wgmma, "the wgmma kernel is off by default") };
+        let ws = parse_gemm_variants(Some("wgmma_ws"), None, None).unwrap();
+        assert!(ws.wgmma_ws && !ws.wgmma && ws.large == &GEMM_M128_OCC2);
+        const { assert!(!GEMM_DEFAULT_VARIANTS.wgmma_ws, "the persistent wgmma kernels are off by default") };
+        assert_eq!(WGMMA_WS_SMEM, [198208, 214576], "kernels/matmul_sm90.cu WGMMA_WS_SMEM(128), (256)");
+        // The lm_head (one slice) takes the wide tiles; a Llama-3.2-1B projection (8 slices) not.
+        assert!(wgmma_ws_wide(128256, 2048) && !wgmma_ws_wide(2048, 2048) && wgmma_ws_wide(600, 136));
+        assert_eq!(wgmma_ws_grid(2048, 2048, false, 132), 132);
+        assert_eq!(wgmma_ws_grid(300, 600, true, 132), 9);
+        assert_eq!(wgmma_ws_grid(129, 128, false, 132), 2);
         assert_eq!(WGMMA_SMEM, 198208, "kernels/matmul_sm90.cu WGMMA_SMEM_BYTES (with the 8 warps' staged rows)");
         assert!(wgmma_applies(129, 2048, false) && !wgmma_applies(128, 2048, false));
         assert!(

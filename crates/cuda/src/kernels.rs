@@ -279,6 +279,7 @@ pub(crate) fn load_module(
             kernel_names()
                 .into_iter()
                 .chain(gemm::WGMMA_KERNELS)
+                .chain(gemm::WGMMA_WS_KERNELS.into_iter().flatten())
                 .filter(|n| !funcs.contains_key(*n))
                 .map(str::to_string)
                 .collect::<Vec<_>>(),

@@ -27,14 +27,14 @@ unsafe impl DeviceRepr for TmaArg {}
 impl crate::launch::Plain for TmaArg {}
 
 /// cuTensorMapEncodeTiled for a row-major 16-bit matrix [rows, cols] with row pitch `pitch`
-/// elements: boxes of 64 columns (128 bytes, the 128-byte swizzle's width) x 128 rows, out of
-/// bounds read as zeros.
-fn tma_map(op: &str, addr: u64, bf16: bool, rows: usize, cols: usize, pitch: usize) -> Result<TmaArg> {
+/// elements: boxes of 64 columns (128 bytes, the 128-byte swizzle's width) x `box_rows` rows
+/// (128, or 256 for the wide tiles' weights), out of bounds read as zeros.
+fn tma_map(op: &str, addr: u64, bf16: bool, rows: usize, cols: usize, pitch: usize, box_rows: u32) -> Result<TmaArg> {
     use cudarc::driver::sys;
     let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();
     let dims: [u64; 2] = [cols as u64, rows as u64];
     let strides: [u64; 1] = [(pitch * 2) as u64];
-    let bx: [u32; 2] = [64, WGMMA_TILE as u32];
+    let bx: [u32; 2] = [64, box_rows];
     let es: [u32; 2] = [1, 1];
     let dt = if bf16 {
         sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
@@ -389,21 +389,35 @@ impl CudaBackend {
         }
         // TANDEM_CUDA_GEMM_LARGE=wgmma: the wgmma + TMA kernel where it applies, with the same
         // epilogue arguments; its tensor maps replace x, xa and w at the head of the list.
-        let wg = match &self.wgmma {
-            Some(kerns) if wgmma_applies(m, k, norm.is_some()) => {
-                let kern = &kerns[wi - 1];
-                // kp == k here (k % 8 == 0): xa (or x stored in 16 bits) is [m, k].
-                let x_addr = if x16 { x.mem.device_ptr(&self.stream).0 } else { xa.device_ptr(&self.stream).0 };
-                let xm = tma_map(op, x_addr, wi == 1, m, k, k)?;
-                let wm = tma_map(op, w.mem.device_ptr(&self.stream).0, wi == 1, n, k, k)?;
-                let grid =
-                    (u32_of(n.div_ceil(WGMMA_TILE), op, "blocks")?, u32_of(m.div_ceil(WGMMA_TILE), op, "blocks")?, 1);
-                if grid.1 > 65535 {
-                    return Err(err(format!("{op}: m = {m} needs more than 65535 row tiles")));
-                }
-                Some((kern, xm, wm, grid))
+        // TANDEM_CUDA_GEMM_LARGE=wgmma_ws: the persistent kernels, 128 x 256 tiles where the
+        // GEMM has one K slice, one block an SM at most.
+        let wg = if !wgmma_applies(m, k, norm.is_some()) {
+            None
+        } else if let Some(kerns) = &self.wgmma {
+            let kern = &kerns[wi - 1];
+            // kp == k here (k % 8 == 0): xa (or x stored in 16 bits) is [m, k].
+            let x_addr = if x16 { x.mem.device_ptr(&self.stream).0 } else { xa.device_ptr(&self.stream).0 };
+            let xm = tma_map(op, x_addr, wi == 1, m, k, k, WGMMA_TILE as u32)?;
+            let wm = tma_map(op, w.mem.device_ptr(&self.stream).0, wi == 1, n, k, k, WGMMA_TILE as u32)?;
+            let grid =
+                (u32_of(n.div_ceil(WGMMA_TILE), op, "blocks")?, u32_of(m.div_ceil(WGMMA_TILE), op, "blocks")?, 1);
+            if grid.1 > 65535 {
+                return Err(err(format!("{op}: m = {m} needs more than 65535 row tiles")));
             }
-            _ => None,
+            Some((kern, xm, wm, grid, WGMMA_SMEM))
+        } else if let Some(ws) = &self.wgmma_ws {
+            let wide = wgmma_ws_wide(n, k);
+            let kern = if wide { &ws.wide[wi - 1] } else { &ws.tile[wi - 1] };
+            let x_addr = if x16 { x.mem.device_ptr(&self.stream).0 } else { xa.device_ptr(&self.stream).0 };
+            let xm = tma_map(op, x_addr, wi == 1, m, k, k, WGMMA_TILE as u32)?;
+            let box_rows = if wide { 2 * WGMMA_TILE } else { WGMMA_TILE } as u32;
+            let wm = tma_map(op, w.mem.device_ptr(&self.stream).0, wi == 1, n, k, k, box_rows)?;
+            // The kernel counts tiles in i32.
+            i32_of(m.div_ceil(WGMMA_TILE) * n.div_ceil(box_rows as usize), op, "tiles")?;
+            let grid = (u32_of(wgmma_ws_grid(m, n, wide, ws.sms), op, "blocks")?, 1, 1);
+            Some((kern, xm, wm, grid, WGMMA_WS_SMEM[usize::from(wide)]))
+        } else {
+            None
         };
         // A null pointer where the kernel reads nothing: x when it reads xa, unused outputs.
         let null = 0u64;
@@ -413,7 +427,7 @@ impl CudaBackend {
         };
         let (li, si) = (i32_of(slice_len, op, "slice_len")?, i32_of(slices, op, "slices")?);
         let mut l = self.launch_args(&kern.f);
-        if let Some((_, xm, wm, _)) = &wg {
+        if let Some((_, xm, wm, ..)) = &wg {
             l.arg(xm).arg(wm);
         } else {
             if direct && !x16 {
@@ -530,11 +544,11 @@ impl CudaBackend {
             }
         }
         l.arg(&epi).arg(&en0).arg(&en1).arg(ep_gamma).arg(&ep_gamma_code).arg(&act16);
-        if let Some((_, _, _, grid)) = wg {
+        if let Some((_, _, _, grid, smem)) = wg {
             l.arg(&mi).arg(&ni).arg(&ki).arg(&li).arg(&rope);
-            let launch =
-                LaunchConfig { grid_dim: grid, block_dim: (WGMMA_THREADS, 1, 1), shared_mem_bytes: WGMMA_SMEM };
-            // SAFETY: the argument list matches matmul_wgmma_<dt>'s; the tensor maps cover x
+            let launch = LaunchConfig { grid_dim: grid, block_dim: (WGMMA_THREADS, 1, 1), shared_mem_bytes: smem };
+            // SAFETY: the argument list matches matmul_wgmma_<dt>'s (and matmul_wgmma_ws*'s,
+            // the same list); the tensor maps cover x
             // [m, k] and w [n, k] (checked above); each output holds what its epilogue writes.
             let r = unsafe { l.launch(launch) };
             return self.launched(kern.name, r);

@@ -27,7 +27,7 @@ pub struct Switch {
 pub const SWITCHES: &[Switch] = &[
     Switch {
         name: "TANDEM_CUDA_GEMM_LARGE",
-        values: "m128_occ2, m128, m128_n128, m128_w64, wgmma (sm_90 only)",
+        values: "m128_occ2, m128, m128_n128, m128_w64, wgmma, wgmma_ws (sm_90 only)",
         default: "m128_occ2",
         what: "the tile kernel of GEMMs over more than 128 rows",
     },
