@@ -111,16 +111,20 @@ impl KvCacheDtype {
     }
 }
 
-/// vLLM's spellings where they mean what ours do; its fp8 caches are named in the refusal.
+/// vLLM's spellings where they mean what ours do: `fp8` is e4m3 as vLLM's is (scale 1.0); its
+/// other fp8 caches (`fp8_inc`, `fp8_ds_mla`) are refused by name. Whether the backend stores
+/// the type is checked at load, naming both.
 pub fn parse_kv_cache_dtype(v: &str) -> std::result::Result<KvCacheDtype, String> {
     match v.to_ascii_lowercase().as_str() {
         "auto" => Ok(KvCacheDtype(None)),
         "bf16" | "bfloat16" => Ok(KvCacheDtype(Some(KvDtype::Bf16))),
         "f32" | "fp32" | "float32" | "float" => Ok(KvCacheDtype(Some(KvDtype::F32))),
-        fp8 if fp8.starts_with("fp8") => Err(format!(
-            "{v}: an fp8 KV cache is not supported; tandem stores bf16 (cuda) or f32 (use auto, bf16 or f32)"
-        )),
-        _ => Err(format!("{v}: expected auto, bf16 (bfloat16) or f32 (float32)")),
+        "fp8" | "fp8_e4m3" => Ok(KvCacheDtype(Some(KvDtype::Fp8E4m3))),
+        "fp8_e5m2" => Ok(KvCacheDtype(Some(KvDtype::Fp8E5m2))),
+        fp8 if fp8.starts_with("fp8") => {
+            Err(format!("{v}: this fp8 KV cache is not supported (use fp8, fp8_e4m3 or fp8_e5m2)"))
+        }
+        _ => Err(format!("{v}: expected auto, bf16 (bfloat16), f32 (float32), fp8 (fp8_e4m3) or fp8_e5m2")),
     }
 }
 
@@ -587,8 +591,9 @@ pub fn run(mut a: Args) -> Result<()> {
 mod tests {
     use super::*;
 
-    /// vLLM's `auto` and our spellings of the two caches; fp8 is refused by name, anything else
-    /// lists what is accepted; `flag()` gives back a value the parser takes.
+    /// vLLM's `auto`, `fp8`, `fp8_e4m3`, `fp8_e5m2` and our spellings of the others; vLLM's other
+    /// fp8 caches are refused by name, anything else lists what is accepted; `flag()` gives back
+    /// a value the parser takes.
     #[test]
     fn kv_cache_dtype_spellings() {
         for (v, want) in [
@@ -599,13 +604,16 @@ mod tests {
             ("f32", Some(KvDtype::F32)),
             ("float32", Some(KvDtype::F32)),
             ("fp32", Some(KvDtype::F32)),
+            ("fp8", Some(KvDtype::Fp8E4m3)),
+            ("FP8_E4M3", Some(KvDtype::Fp8E4m3)),
+            ("fp8_e5m2", Some(KvDtype::Fp8E5m2)),
         ] {
             let got = parse_kv_cache_dtype(v).unwrap();
             assert_eq!(got, KvCacheDtype(want), "{v}");
             assert_eq!(parse_kv_cache_dtype(got.flag()).unwrap(), got);
         }
-        for v in ["fp8", "fp8_e4m3", "fp8_e5m2"] {
-            assert!(parse_kv_cache_dtype(v).unwrap_err().contains("an fp8 KV cache is not supported"), "{v}");
+        for v in ["fp8_inc", "fp8_ds_mla"] {
+            assert!(parse_kv_cache_dtype(v).unwrap_err().contains("this fp8 KV cache is not supported"), "{v}");
         }
         assert!(parse_kv_cache_dtype("half").unwrap_err().contains("expected auto, bf16"));
     }

@@ -21,6 +21,7 @@ pub mod config;
 pub mod detokenizer;
 pub mod error;
 pub mod fp8;
+pub mod fp8_round;
 pub mod greedy;
 pub mod lora;
 pub mod memory;

@@ -236,6 +236,12 @@ mod kv_pool_tests {
         assert_eq!(bf16_blocks, 2 * f32_blocks, "{bf16_blocks} bf16 blocks vs {f32_blocks} f32");
         assert_eq!(blocks(KvDtype::F32, None), 1024);
         assert_eq!(blocks(KvDtype::Bf16, None), 2048);
+        // An fp8 cache's element is one byte: twice bf16's blocks in the same memory.
+        for fp8 in [KvDtype::Fp8E4m3, KvDtype::Fp8E5m2] {
+            assert_eq!(kv_block_bytes(&c, 16, fp8), 16 * 2 * 16 * 512);
+            assert_eq!(blocks(fp8, Some(&m)), 2 * bf16_blocks);
+            assert_eq!(blocks(fp8, None), 4096);
+        }
         // A pool that could not hold one sequence in f32 can in bf16.
         let need = |dtype| KvNeed {
             block_bytes: kv_block_bytes(&c, 16, dtype),

@@ -356,6 +356,12 @@ impl Storage for CudaBackend {
         let elem = match dtype {
             KvDtype::F32 => Elem::F32,
             KvDtype::Bf16 => Elem::BF16,
+            KvDtype::Fp8E4m3 | KvDtype::Fp8E5m2 => {
+                return Err(err(format!(
+                    "alloc_kv: a {} KV cache is not supported here (this backend stores bf16, f32)",
+                    dtype.name()
+                )))
+            }
         };
         self.alloc(elem, geometry.layer_elems())
     }

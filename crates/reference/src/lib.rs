@@ -5,6 +5,9 @@
 //! is dequantized a row at a time into the same scratch row a bf16 weight is widened into, and
 //! dotted in the same order: a matmul on it gives the bits of "dequantize, then multiply".
 //!
+//! The KV cache is f32 (bit for bit what was written) or FP8 (one byte an element, rounded as
+//! [`tandem_core::fp8_round`] rounds, read back through the format's table times the scale).
+//!
 //! Architecture invariant: no `unsafe`, no SIMD intrinsics, no cleverness beyond splitting a
 //! matmul's output rows across threads.
 
@@ -13,8 +16,10 @@ use std::sync::Arc;
 
 use half::{bf16, f16};
 use memmap2::Mmap;
-use tandem_core::backend::{AttnArgs, DType, Device, FusedOps, KvGeometry, Ops, Sampling, Storage};
+use tandem_core::backend::{AttnArgs, DType, Device, FusedOps, KvDtype, KvGeometry, Ops, Sampling, Storage};
 use tandem_core::error::{Error, Result};
+use tandem_core::fp8::Fp8Format;
+use tandem_core::fp8_round::{self, KV_SCALE};
 use tandem_core::quant_layout::QuantLayout;
 use tandem_core::weights::TensorView;
 
@@ -22,6 +27,8 @@ use tandem_core::weights::TensorView;
 pub enum RefBuf {
     F32(Vec<f32>),
     U32(Vec<u32>),
+    /// An fp8 KV cache: one byte an element.
+    Fp8Kv(Fp8Format, Vec<u8>),
     /// A weight in its stored dtype (or quantized layout), either still in the file mapping or owned.
     Weight {
         format: Format,
@@ -66,7 +73,7 @@ impl RefBuf {
             RefBuf::Weight { format, bytes: WeightBytes::Mapped(m, r) } => Ok((*format, &m[r.clone()])),
             RefBuf::Weight { format, bytes: WeightBytes::Owned(v) } => Ok((*format, v)),
             RefBuf::F32(v) => Ok((Format::plain(DType::F32), bytemuck::cast_slice(v))),
-            RefBuf::U32(_) => Err(err("a u32 buffer was passed where a weight is expected")),
+            RefBuf::U32(_) | RefBuf::Fp8Kv(..) => Err(err("a u32 or KV buffer was passed where a weight is expected")),
         }
     }
 }
@@ -93,6 +100,42 @@ fn u32s(b: &RefBuf) -> Result<&[u32]> {
         _ => Err(err("expected a u32 buffer")),
     }
 }
+/// One layer's K or V cache as attention reads it: f32 values, or fp8 bytes and their values'
+/// table (scale applied).
+enum KvRead<'a> {
+    F32(&'a [f32]),
+    Fp8(&'a [u8], Box<[f32; 256]>),
+}
+
+impl<'a> KvRead<'a> {
+    fn of(b: &'a RefBuf) -> Result<Self> {
+        match b {
+            RefBuf::F32(v) => Ok(KvRead::F32(v)),
+            RefBuf::Fp8Kv(f, v) => {
+                Ok(KvRead::Fp8(v, Box::new(std::array::from_fn(|i| fp8_round::dequantize(*f, i as u8, KV_SCALE)))))
+            }
+            _ => Err(err("expected a KV cache buffer")),
+        }
+    }
+    fn len(&self) -> usize {
+        match self {
+            KvRead::F32(v) => v.len(),
+            KvRead::Fp8(v, _) => v.len(),
+        }
+    }
+    /// Elements `o..o + n`: borrowed when f32, decoded into `scratch` when fp8.
+    fn row<'s>(&'s self, o: usize, n: usize, scratch: &'s mut Vec<f32>) -> &'s [f32] {
+        match self {
+            KvRead::F32(v) => &v[o..o + n],
+            KvRead::Fp8(v, table) => {
+                scratch.clear();
+                scratch.extend(v[o..o + n].iter().map(|&b| table[b as usize]));
+                scratch
+            }
+        }
+    }
+}
+
 fn need(what: &str, have: usize, want: usize) -> Result<()> {
     if have < want {
         return Err(err(format!("{what}: buffer has {have} elements, op needs {want}")));
@@ -192,8 +235,21 @@ impl Storage for RefBackend {
     fn alloc_u32(&self, len: usize) -> Result<RefBuf> {
         Ok(RefBuf::U32(vec![0; len]))
     }
+    fn kv_dtypes(&self) -> &'static [KvDtype] {
+        &[KvDtype::F32, KvDtype::Fp8E4m3, KvDtype::Fp8E5m2]
+    }
     fn alloc_kv(&self, g: KvGeometry) -> Result<RefBuf> {
         Ok(RefBuf::F32(vec![0.0; g.layer_elems()]))
+    }
+    fn alloc_kv_as(&self, g: KvGeometry, dtype: KvDtype) -> Result<RefBuf> {
+        match dtype.fp8() {
+            Some(f) => Ok(RefBuf::Fp8Kv(f, vec![0; g.layer_elems()])),
+            None if dtype == KvDtype::F32 => self.alloc_kv(g),
+            None => Err(err(format!(
+                "alloc_kv: a {} KV cache is not supported here (this backend stores f32, fp8_e4m3, fp8_e5m2)",
+                dtype.name()
+            ))),
+        }
     }
     fn write_f32(&self, buf: &mut RefBuf, data: &[f32]) -> Result<()> {
         let dst = f32s_mut(buf)?;
@@ -218,7 +274,9 @@ impl Storage for RefBackend {
         Ok(v[..len].to_vec())
     }
     fn read_kv(&self, buf: &RefBuf, g: KvGeometry) -> Result<Vec<f32>> {
-        self.read_f32(buf, g.layer_elems())
+        let kv = KvRead::of(buf)?;
+        need("read_kv", kv.len(), g.layer_elems())?;
+        Ok(kv.row(0, g.layer_elems(), &mut Vec::new()).to_vec())
     }
 }
 
@@ -413,14 +471,23 @@ impl Ops for RefBackend {
         let w = g.num_kv_heads * g.head_dim;
         let slots = u32s(slots)?;
         need("kv_write slots", slots.len(), t)?;
-        for (src, dst) in [(f32s(k)?, f32s_mut(kc)?), (f32s(v)?, f32s_mut(vc)?)] {
+        for (src, dst) in [(f32s(k)?, kc), (f32s(v)?, vc)] {
             need("kv_write src", src.len(), t * w)?;
             for (i, &s) in slots[..t].iter().enumerate() {
                 let s = s as usize;
                 if s >= g.slots() {
                     return Err(err(format!("kv_write: slot {s} >= {} slots", g.slots())));
                 }
-                dst[s * w..(s + 1) * w].copy_from_slice(&src[i * w..(i + 1) * w]);
+                let src = &src[i * w..(i + 1) * w];
+                match dst {
+                    RefBuf::F32(d) => d[s * w..(s + 1) * w].copy_from_slice(src),
+                    RefBuf::Fp8Kv(f, d) => {
+                        for (o, &x) in d[s * w..(s + 1) * w].iter_mut().zip(src) {
+                            *o = fp8_round::quantize(*f, x, KV_SCALE);
+                        }
+                    }
+                    _ => return Err(err("kv_write: expected a KV cache buffer")),
+                }
             }
         }
         Ok(())
@@ -430,7 +497,7 @@ impl Ops for RefBackend {
         let g = a.geometry;
         let (hd, heads, kvh, bs) = (g.head_dim, a.num_heads, g.num_kv_heads, g.block_size);
         let group = heads / kvh;
-        let (q, kc, vc) = (f32s(a.q)?, f32s(a.k_cache)?, f32s(a.v_cache)?);
+        let (q, kc, vc) = (f32s(a.q)?, KvRead::of(a.k_cache)?, KvRead::of(a.v_cache)?);
         let (pos, tseq, tables) = (u32s(a.positions)?, u32s(a.token_seq)?, u32s(a.block_tables)?);
         let out = f32s_mut(out)?;
         need("attention q", q.len(), a.num_tokens * heads * hd)?;
@@ -439,6 +506,7 @@ impl Ops for RefBackend {
         need("attention positions", pos.len().min(tseq.len()), a.num_tokens)?;
         need("attention out", out.len(), a.num_tokens * heads * hd)?;
         let mut scores = Vec::new();
+        let mut row = Vec::new();
         for t in 0..a.num_tokens {
             let (p, s) = (pos[t] as usize, tseq[t] as usize);
             if s >= a.num_seqs || p / bs >= a.max_blocks {
@@ -460,7 +528,7 @@ impl Ops for RefBackend {
                 scores.clear();
                 for j in lo..=p {
                     let o = key(j);
-                    scores.push(dot(qv, &kc[o..o + hd]) as f64 * a.scale as f64);
+                    scores.push(dot(qv, kc.row(o, hd, &mut row)) as f64 * a.scale as f64);
                 }
                 let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                 let mut denom = 0.0;
@@ -471,9 +539,9 @@ impl Ops for RefBackend {
                 let o = &mut out[(t * heads + h) * hd..(t * heads + h + 1) * hd];
                 let mut acc = vec![0f64; hd];
                 for (j, w) in scores.iter().enumerate() {
-                    let off = key(lo + j);
-                    for (d, av) in acc.iter_mut().enumerate() {
-                        *av += w * vc[off + d] as f64;
+                    let vr = vc.row(key(lo + j), hd, &mut row);
+                    for (av, &x) in acc.iter_mut().zip(vr) {
+                        *av += w * x as f64;
                     }
                 }
                 for (d, av) in acc.iter().enumerate() {
@@ -523,6 +591,75 @@ mod tests {
         let mut out = b.alloc_f32(2).unwrap();
         let e = b.paged_attention(&args, &mut out).unwrap_err();
         assert!(e.to_string().contains("block 7"), "{e}");
+    }
+
+    /// An fp8 cache holds each written value rounded as `fp8_round` rounds, and attention over
+    /// it is attention over an f32 cache holding those rounded values, bit for bit.
+    #[test]
+    fn fp8_cache_is_an_f32_cache_of_the_rounded_values() {
+        let b = RefBackend::new();
+        let g = KvGeometry { num_blocks: 2, block_size: 4, num_kv_heads: 2, head_dim: 4 };
+        let (t, w) = (5, 8);
+        let val = |i: usize, s: f32| ((i * 37 % 23) as f32 - 11.0) * s + if i % 7 == 0 { 600.0 } else { 0.0 };
+        let kx: Vec<f32> = (0..t * w).map(|i| val(i, 0.173)).collect();
+        let vx: Vec<f32> = (0..t * w).map(|i| val(i + 3, 0.291)).collect();
+        let up = |v: &[f32]| {
+            let mut x = b.alloc_f32(v.len()).unwrap();
+            b.write_f32(&mut x, v).unwrap();
+            x
+        };
+        let ups = |v: &[u32]| {
+            let mut x = b.alloc_u32(v.len()).unwrap();
+            b.write_u32(&mut x, v).unwrap();
+            x
+        };
+        let (k, v) = (up(&kx), up(&vx));
+        let slots = ups(&[4, 5, 6, 7, 0]);
+        for dtype in [KvDtype::Fp8E4m3, KvDtype::Fp8E5m2] {
+            let f = dtype.fp8().unwrap();
+            let (mut kc, mut vc) = (b.alloc_kv_as(g, dtype).unwrap(), b.alloc_kv_as(g, dtype).unwrap());
+            b.kv_write(&k, &v, &mut kc, &mut vc, &slots, t, g).unwrap();
+            // The same values, rounded on the host, in an f32 cache.
+            let (mut kf, mut vf) = (b.alloc_kv(g).unwrap(), b.alloc_kv(g).unwrap());
+            let round = |x: &[f32]| x.iter().map(|&x| f.decode(fp8_round::encode(f, x))).collect::<Vec<_>>();
+            b.kv_write(&up(&round(&kx)), &up(&round(&vx)), &mut kf, &mut vf, &slots, t, g).unwrap();
+            assert_eq!(b.read_kv(&kc, g).unwrap(), b.read_kv(&kf, g).unwrap(), "{}", dtype.name());
+            assert_eq!(b.read_kv(&vc, g).unwrap(), b.read_kv(&vf, g).unwrap(), "{}", dtype.name());
+            if f == Fp8Format::E4M3 {
+                // Token 0's first element (598.1, in slot 4) saturates to 448.
+                assert_eq!(b.read_kv(&kc, g).unwrap()[4 * w], 448.0);
+            }
+            // Two tokens of one sequence at positions 3 and 4 (blocks 1 then 0).
+            let q = up(&(0..2 * 4 * 4).map(|i| (i as f32 * 0.07).sin()).collect::<Vec<_>>());
+            let (pos, seq, tables) = (ups(&[3, 4]), ups(&[0, 0]), ups(&[1, 0]));
+            let args = |kc, vc| AttnArgs {
+                q: &q,
+                k_cache: kc,
+                v_cache: vc,
+                positions: &pos,
+                token_seq: &seq,
+                block_tables: &tables,
+                num_tokens: 2,
+                num_seqs: 1,
+                max_blocks: 2,
+                max_context: 8,
+                decode_tokens: 0,
+                num_heads: 4,
+                geometry: g,
+                scale: 0.5,
+                window: 0,
+            };
+            let (mut o8, mut of) = (b.alloc_f32(32).unwrap(), b.alloc_f32(32).unwrap());
+            b.paged_attention(&args(&kc, &vc), &mut o8).unwrap();
+            b.paged_attention(&args(&kf, &vf), &mut of).unwrap();
+            let (o8, of) = (b.read_f32(&o8, 32).unwrap(), b.read_f32(&of, 32).unwrap());
+            assert_eq!(
+                o8.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                of.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+            );
+        }
+        let Err(e) = b.alloc_kv_as(g, KvDtype::Bf16) else { panic!("a bf16 cache was allocated") };
+        assert!(e.to_string().contains("bf16"), "{e}");
     }
 
     /// A sliding window of w keys: the token at position p sees keys p + 1 - w..=p (HF's

@@ -34,9 +34,9 @@ fn values_tandem_does_not_implement_are_refused_before_loading() {
         (&["--dtype", "bfloat16"], "stores its weights as float32"),
         (&["--dtype", "int8"], "expected auto, bfloat16, float16 or float32"),
         (&["--tensor-parallel-size", "2"], "only 1 is supported"),
-        (&["--kv-cache-dtype", "fp8"], "an fp8 KV cache is not supported"),
-        (&["--kv-cache-dtype", "fp8_e4m3"], "an fp8 KV cache is not supported"),
-        (&["--kv-cache-dtype", "int4"], "expected auto, bf16 (bfloat16) or f32 (float32)"),
+        (&["--kv-cache-dtype", "fp8_inc"], "fp8_inc: this fp8 KV cache is not supported"),
+        (&["--kv-cache-dtype", "fp8_ds_mla"], "fp8_ds_mla: this fp8 KV cache is not supported"),
+        (&["--kv-cache-dtype", "int4"], "expected auto, bf16 (bfloat16), f32 (float32), fp8 (fp8_e4m3) or fp8_e5m2"),
         // A bf16 cache is CUDA's: the reference refuses it at load, naming what it stores.
         (&["--kv-cache-dtype", "bfloat16"], "a bf16 KV cache is not supported on reference (it stores f32"),
         (&["--generation-config", "/nonexistent"], "no generation_config.json there"),
