@@ -9,6 +9,7 @@ mod common;
 mod bounded;
 mod engine;
 mod guided;
+mod kv_fp8;
 mod lora;
 mod overlap;
 mod property;
