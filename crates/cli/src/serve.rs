@@ -76,8 +76,9 @@ pub struct EngineArgs {
     #[arg(long, overrides_with = "async_scheduling")]
     pub no_async_scheduling: bool,
     /// What the KV cache stores: `auto` (bf16 on cuda, f32 elsewhere), `bf16`/`bfloat16`
-    /// (cuda only) or `f32`/`float32` (every backend; on cuda for checks). vLLM's fp8 values
-    /// are refused by name.
+    /// (cuda only), `f32`/`float32` (every backend; on cuda for checks), or vLLM's `fp8`
+    /// (`fp8_e4m3`) and `fp8_e5m2`: one byte an element, scale 1.0 (the reference only, so
+    /// far; another backend refuses it at load).
     #[arg(long, default_value = "auto", value_parser = parse_kv_cache_dtype)]
     pub kv_cache_dtype: KvCacheDtype,
     /// vLLM's: no prefill chunk longer than this, and a prompt longer than this is long; 0: no

@@ -10,4 +10,5 @@ mod golden_wgpu;
 mod gpu_scripts;
 mod ops_wgpu;
 mod serve_flags;
+mod serve_kv_fp8;
 mod serve_wgpu;

@@ -24,7 +24,7 @@ impl Drop for Server {
 }
 
 /// One HTTP/1.1 request on a fresh connection; (status, body).
-fn request(port: u16, method: &str, path: &str, body: Option<&Value>) -> (u16, String) {
+pub(crate) fn request(port: u16, method: &str, path: &str, body: Option<&Value>) -> (u16, String) {
     let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
     let payload = body.map(|b| b.to_string()).unwrap_or_default();
