@@ -600,7 +600,7 @@ mod tests {
         let b = RefBackend::new();
         let g = KvGeometry { num_blocks: 2, block_size: 4, num_kv_heads: 2, head_dim: 4 };
         let (t, w) = (5, 8);
-        let val = |i: usize, s: f32| ((i * 37 % 23) as f32 - 11.0) * s + if i % 7 == 0 { 600.0 } else { 0.0 };
+        let val = |i: usize, s: f32| ((i * 37 % 23) as f32 - 11.0) * s + if i.is_multiple_of(7) { 600.0 } else { 0.0 };
         let kx: Vec<f32> = (0..t * w).map(|i| val(i, 0.173)).collect();
         let vx: Vec<f32> = (0..t * w).map(|i| val(i + 3, 0.291)).collect();
         let up = |v: &[f32]| {
