@@ -137,6 +137,9 @@ impl<B: Backend> Storage for Replay<B> {
     fn alloc_kv(&self, g: KvGeometry) -> Result<Self::Buf> {
         shared(self.inner.alloc_kv(g))
     }
+    fn alloc_kv_as(&self, g: KvGeometry, dtype: KvDtype) -> Result<Self::Buf> {
+        shared(self.inner.alloc_kv_as(g, dtype))
+    }
     fn write_f32(&self, buf: &mut Self::Buf, data: &[f32]) -> Result<()> {
         self.no_io("write_f32")?;
         self.inner.write_f32(&mut buf.lock().unwrap(), data)
@@ -460,6 +463,29 @@ fn replayed_decode_steps_give_the_eager_logits() {
     // Graphs off: the same backend, every step eager and unpadded.
     let off = load(Replay::new(RefBackend::new()), &dir, opts(false, false));
     assert_eq!(off.decode_buckets(), vec![]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The same with an fp8 cache: padded steps and replayed graphs give the eager steps' logits,
+/// and every block the engine owns holds bitwise what the eager run wrote.
+#[test]
+fn fp8_kv_padded_and_replayed_decode_give_the_eager_logits() {
+    let dir = model_dir("fp8");
+    let fp8 = |o: LoadOptions| LoadOptions { kv_dtype: Some(KvDtype::Fp8E4m3), ..o };
+    let mut eager = load(RefBackend::new(), &dir, fp8(opts(false, false)));
+    let mut padded = load(RefBackend::new(), &dir, fp8(opts(false, true)));
+    let (steps, within) = lockstep(&mut eager, &mut padded);
+    assert!(within > 0 && within < steps, "{within} of {steps} steps padded");
+    let bits = |m: &dyn Fn() -> Vec<f32>| m().iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&|| eager.read_kv_pool().unwrap()), bits(&|| padded.read_kv_pool().unwrap()));
+    let mut eager = load(RefBackend::new(), &dir, fp8(opts(false, false)));
+    let mut graphed = load(Replay::new(RefBackend::new()), &dir, fp8(opts(true, false)));
+    let (_, within) = lockstep(&mut eager, &mut graphed);
+    assert_eq!(graphed.backend().replays.load(Ordering::Relaxed), within);
+    assert_eq!(bits(&|| eager.read_kv_pool().unwrap()), bits(&|| graphed.read_kv_pool().unwrap()));
+    // The cache is fp8: its values are e4m3 values.
+    let f = tandem_core::fp8::Fp8Format::E4M3;
+    assert!(eager.read_kv_pool().unwrap().iter().all(|&v| f.decode(tandem_core::fp8_round::encode(f, v)) == v));
     let _ = std::fs::remove_dir_all(&dir);
 }
 
