@@ -114,7 +114,7 @@ pub struct Args {
     /// Write prompts and results here (input of gpu/hf_compare.py).
     #[arg(long)]
     json: Option<PathBuf>,
-    /// What B's KV cache stores: auto (bf16 on cuda, f32 elsewhere), bf16 or f32 (as `serve`).
+    /// What B's KV cache stores: auto (bf16 on cuda, f32 elsewhere), bf16, f32 or fp8 (as `serve`).
     /// The side it is held against keeps its own default.
     #[arg(long, default_value = "auto", value_parser = crate::serve::parse_kv_cache_dtype)]
     kv_cache_dtype: crate::serve::KvCacheDtype,

@@ -60,7 +60,7 @@ pub struct Args {
     /// always eager).
     #[arg(long)]
     enforce_eager: bool,
-    /// What the KV cache stores: auto (bf16 on cuda, f32 elsewhere), bf16 or f32 (as `serve`).
+    /// What the KV cache stores: auto (bf16 on cuda, f32 elsewhere), bf16, f32 or fp8 (as `serve`).
     #[arg(long, default_value = "auto", value_parser = crate::serve::parse_kv_cache_dtype)]
     kv_cache_dtype: crate::serve::KvCacheDtype,
     /// Also run bench/hf_decode.py (HF transformers, the same measurements) on the same model
