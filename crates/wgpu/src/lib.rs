@@ -12,6 +12,7 @@
 //!   methods live one file per group of the trait (`device`, `storage`, `ops`, `fused_ops`,
 //!   `sampling`); `matmul`, the kernel every projection runs through; `operand`, the host-side
 //!   checks each op starts with.
+//! - [`fp8_codec`]: WGSL fp8 encode/decode, bit-exact with the reference, for fp8 KV caches.
 //! - `affinity`: lavapipe's compute workers pinned one per CPU (CPU adapters on Linux).
 //!
 //! Architecture invariant: ops only record; the device runs them when something is read
@@ -21,6 +22,7 @@ pub mod adapter;
 mod affinity;
 pub mod backend;
 pub mod buffer;
+pub mod fp8_codec;
 pub mod recorder;
 pub mod shaders;
 
