@@ -22,6 +22,7 @@ pub mod detokenizer;
 pub mod error;
 pub mod fp8;
 pub mod greedy;
+pub mod int4;
 pub mod lora;
 pub mod memory;
 pub mod meta;
