@@ -56,7 +56,7 @@ pub fn random_blocks(layout: QuantLayout, blocks: usize, k: usize, rng: &mut Rng
         if let QuantLayout::Int4Group { .. } = layout {
             // An f32 scale, a zero point in 0..=15 and three bytes of padding (tandem_core::int4).
             block[..4].copy_from_slice(&(scale * rng.uniform(0.25, 1.0)).to_le_bytes());
-            block[4] = block[4] % 16;
+            block[4] %= 16;
             block[5..8].fill(0);
         }
         for &at in f16_fields(layout) {
