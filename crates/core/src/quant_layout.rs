@@ -48,7 +48,8 @@ pub enum QuantLayout {
 
 /// The reference backend's name (`Device::name`).
 const REFERENCE: &str = "reference";
-/// The wgpu backend's name: its kernels read the GGUF blocks (shaders/quant_block.wgsl).
+/// The wgpu backend's name: its kernels read the GGUF blocks (shaders/quant_block.wgsl) and
+/// int4 groups (shaders/quant_int4.wgsl).
 const WGPU: &str = "wgpu";
 /// The CUDA backend's name: kernels/quant_matmul.cu runs every GGUF block layout.
 const CUDA: &str = "cuda";
@@ -135,7 +136,7 @@ impl QuantLayout {
             | QuantLayout::Q4K
             | QuantLayout::Q5K
             | QuantLayout::Q6K => &[REFERENCE, WGPU, CUDA],
-            QuantLayout::Int4Group { .. } => &[REFERENCE],
+            QuantLayout::Int4Group { .. } => &[REFERENCE, WGPU],
             QuantLayout::Fp8E4m3(_) => &[],
         }
     }
@@ -236,7 +237,7 @@ mod tests {
         let int4 = QuantLayout::Int4Group { group: 128 };
         assert!(int4.check_backend("reference", "w").is_ok());
         let e = int4.check_backend("metal", "w").unwrap_err().to_string();
-        assert!(e.contains("int4 (groups of 128)") && e.contains("runs on: reference"), "{e}");
+        assert!(e.contains("int4 (groups of 128)") && e.contains("runs on: reference, wgpu"), "{e}");
         let e = QuantLayout::Fp8E4m3(Fp8Scales::Tensor).check_backend("reference", "w").unwrap_err().to_string();
         assert!(e.contains("no backend yet"), "{e}");
     }

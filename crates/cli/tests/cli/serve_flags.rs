@@ -78,7 +78,9 @@ fn values_tandem_does_not_implement_are_refused_before_loading() {
         (&["--max-num-partial-prefills", "0"], "--max-num-partial-prefills"),
         // vLLM's --quantization: gguf is taken for a GGUF file only; other methods are named.
         (&["--quantization", "gguf"], "is not a GGUF file"),
-        (&["-q", "awq"], "--quantization awq: not supported"),
+        (&["-q", "awq"], "--quantization awq: "),
+        (&["-q", "gptq_marlin"], "does not describe an int4 gptq checkpoint"),
+        (&["-q", "bitsandbytes"], "--quantization bitsandbytes: not supported"),
     ];
     for (extra, want) in cases {
         let mut args = vec![d, "--backend", "reference", "--port", "0"];
