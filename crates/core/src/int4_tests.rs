@@ -252,3 +252,60 @@ fn configs_are_read_and_unsupported_schemes_named() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A directory with one safetensors file holding `tensors` (name, dtype, shape, bytes) and a
+/// config.json with `quant` as its quantization_config.
+fn write_dir(
+    tag: &str,
+    quant: &str,
+    tensors: &[(&str, safetensors::Dtype, Vec<usize>, Vec<u8>)],
+) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("tandem-int4-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("config.json"), format!(r#"{{"quantization_config": {quant}}}"#)).unwrap();
+    let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
+        .iter()
+        .map(|(n, d, s, b)| (n.to_string(), safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap()))
+        .collect();
+    safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
+    dir
+}
+
+#[test]
+fn weights_open_converts_an_awq_file_and_names_what_is_wrong() {
+    use crate::weights::Weights;
+    use safetensors::Dtype::{F16, I32};
+    let t = truth(8, 32, 32, 4);
+    let (mut qweight, mut qzeros) = (vec![], vec![]);
+    let order = [0usize, 2, 4, 6, 1, 3, 5, 7];
+    for i in 0..32 {
+        qweight.extend_from_slice(&(0..8).fold(0u32, |w, k| w | (t.q[order[k]][i] as u32) << (4 * k)).to_le_bytes());
+    }
+    qzeros.extend_from_slice(&(0..8).fold(0u32, |w, k| w | (t.z[order[k]][0] as u32) << (4 * k)).to_le_bytes());
+    let scales: Vec<u8> = t.scales_in_out().iter().flat_map(|&s| half::f16::from_f32(s).to_le_bytes()).collect();
+    let awq = r#"{"quant_method": "awq", "bits": 4, "group_size": 32, "version": "gemm"}"#;
+    let parts = vec![
+        ("m.up.qweight", I32, vec![32, 1], qweight),
+        ("m.up.qzeros", I32, vec![1, 1], qzeros),
+        ("m.up.scales", F16, vec![1, 8], scales),
+    ];
+    let dir = write_dir("awq", awq, &parts);
+    let w = Weights::open(&dir).unwrap();
+    let up = w.get("m.up.weight", &[8, 32]).unwrap();
+    assert_eq!(up.quant, Some(QuantLayout::Int4Group { group: 32 }));
+    assert_eq!(up.to_f32(), t.expected());
+    assert!(!w.contains("m.up.qweight") && !w.contains("m.up.scales"));
+    std::fs::remove_dir_all(&dir).unwrap();
+
+    // Without its zero points: the weight and the missing tensor are named.
+    let dir = write_dir("awq-missing", awq, &[parts[0].clone(), parts[2].clone()]);
+    let e = Weights::open(&dir).err().expect("refused").to_string();
+    assert!(e.contains("m.up.weight") && e.contains("`qzeros` is missing") && e.contains("awq"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+
+    // An integer tensor outside an int4 checkpoint is still refused by dtype.
+    let dir = write_dir("plain", "null", &[parts[0].clone()]);
+    let e = Weights::open(&dir).err().expect("refused").to_string();
+    assert!(e.contains("m.up.qweight") && e.contains("dtype I32 is not supported"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

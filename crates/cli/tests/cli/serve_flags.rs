@@ -30,7 +30,7 @@ fn values_tandem_does_not_implement_are_refused_before_loading() {
     )
     .unwrap();
     let d = dir.to_str().unwrap();
-    let cases: [(&[&str], &str); 16] = [
+    let cases: [(&[&str], &str); 18] = [
         (&["--dtype", "bfloat16"], "stores its weights as float32"),
         (&["--dtype", "int8"], "expected auto, bfloat16, float16 or float32"),
         (&["--tensor-parallel-size", "2"], "only 1 is supported"),
