@@ -33,6 +33,11 @@ cargo xtask gen-model --shape tiny-phi3 --seed 10 --out target/golden/tiny-phi3 
 # FP8 projections (e4m3, 32 x 32 block scales); HF dequantizes them on the CPU (needs accelerate).
 cargo xtask gen-model --shape tiny --seed 9 --out target/golden/tiny-fp8 --dtype fp8-f32
 "$VENV/bin/python" tests/hf_golden.py --model target/golden/tiny-fp8 --out tests/golden/tiny-fp8.json --raw-ids
+# Int4 checkpoints (needs `pip install compressed-tensors`): compressed-tensors' own compressor
+# writes tests/golden/int4/ct, the same 4-bit values go to int4/awq and int4/gptq, and HF runs
+# compressed-tensors' dequantized weights for int4/ct.json.
+cargo xtask gen-model --shape tiny --seed 11 --out target/golden/tiny-int4-src --dtype f32
+"$VENV/bin/python" tests/int4_golden.py --model target/golden/tiny-int4-src --out tests/golden/int4
 # LoRA adapters made by peft itself (B drawn nonzero) over golden models, with peft's greedy ids
 # (needs `pip install peft`): tests/golden/lora/NAME/ and NAME.json.
 LORA="$VENV/bin/python tests/lora_golden.py"

@@ -227,8 +227,10 @@ pub struct Args {
     /// vLLM's; only 1 (one device) is supported.
     #[arg(long, visible_alias = "tp", default_value_t = 1)]
     tensor_parallel_size: usize,
-    /// vLLM's: `gguf` serves a GGUF file's weights kept in their stored layouts (detected from
-    /// the file when not given). Other methods are refused by name.
+    /// vLLM's: `gguf` serves a GGUF file's weights kept in their stored layouts; `awq`, `gptq`
+    /// and `compressed-tensors` (also `awq_marlin`, `gptq_marlin`) an int4 checkpoint kept
+    /// 4-bit. Detected from the file or config.json when not given; other methods are refused
+    /// by name.
     #[arg(long, short = 'q')]
     quantization: Option<String>,
     /// vLLM's: prefix caching is on by default (`--no-enable-prefix-caching` turns it off).
@@ -341,9 +343,21 @@ impl Args {
             Some("gguf") => {
                 anyhow::bail!("--quantization gguf: {} is not a GGUF file (serve FILE.gguf)", dir.display())
             }
+            Some(m @ ("awq" | "awq_marlin" | "gptq" | "gptq_marlin" | "compressed-tensors")) => {
+                let config = dir.join("config.json");
+                let found = tandem_core::int4::format_of(&config)?;
+                if found.map(|f| f.name()) != Some(m.trim_end_matches("_marlin")) {
+                    anyhow::bail!(
+                        "--quantization {m}: {} does not describe an int4 {} checkpoint (its quantization_config: {})",
+                        config.display(),
+                        m.trim_end_matches("_marlin"),
+                        found.map_or("none of awq, gptq, compressed-tensors pack-quantized", |f| f.name())
+                    )
+                }
+            }
             Some(other) => anyhow::bail!(
-                "--quantization {other}: not supported (tandem serves gguf files kept quantized; FP8 checkpoints are \
-                 detected from config.json and widened at load)"
+                "--quantization {other}: not supported (tandem serves gguf files kept quantized, and int4 awq, gptq \
+                 and compressed-tensors checkpoints; FP8 checkpoints are detected from config.json and widened at load)"
             ),
         }
         if self.tensor_parallel_size != 1 {

@@ -387,6 +387,12 @@ pub fn cases() -> Vec<Case> {
             v.push(Case::new(QuantMatmul { layout, m, n, k }, Spec::QuantMatmul));
         }
     }
+    // Int4 weights (AWQ, GPTQ, compressed-tensors, converted at load): groups of 32 and 128.
+    for group in [32, 128] {
+        for (m, n, k) in [(1, 77, 512), (3, 33, 1536), (37, 77, 512)] {
+            v.push(Case::new(QuantMatmul { layout: QuantLayout::Int4Group { group }, m, n, k }, Spec::QuantMatmul));
+        }
+    }
     // The LM head: a wide n.
     for (dtype, m) in [(BF16, 1), (F32, 3)] {
         v.push(Case::new(Matmul { dtype, m, n: 49152, k: 576, bias: false, from_file: false }, Spec::Matmul));

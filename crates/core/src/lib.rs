@@ -23,6 +23,7 @@ pub mod error;
 pub mod fp8;
 pub mod fp8_round;
 pub mod greedy;
+pub mod int4;
 pub mod lora;
 pub mod memory;
 pub mod meta;

@@ -7,10 +7,12 @@
 //! Q5_K_M mixes whole) keep every scale inside the block, so a weight is its raw bytes, rows
 //! laid out one after another (a block never spans two rows), and [`QuantLayout::dequantize`]
 //! turns any run of whole blocks into values with `crate::quant_block`'s decoders. FP8 e4m3
-//! (scale per tensor, per output channel or per block) and int4 with group scales and zero
-//! points (AWQ, GPTQ, compressed-tensors `pack-quantized`) keep their scales in tensors of their
-//! own; they are listed here so that the table is whole, and no backend runs them kept quantized
-//! yet (FP8 checkpoints are widened at load by `crate::fp8`, int4 ones are refused).
+//! (scale per tensor, per output channel or per block) keeps its scales in tensors of its own;
+//! it is listed here so that the table is whole, and no backend runs it kept quantized yet (FP8
+//! checkpoints are widened at load by `crate::fp8`). Int4 with group scales and zero points
+//! (AWQ, GPTQ, compressed-tensors `pack-quantized`) is converted at load into blocks of our own
+//! that hold each group's scale and zero point (`crate::int4`), so it is decoded block by block
+//! like the GGUF layouts.
 
 use crate::error::{Error, Result};
 use crate::quant_block::*;
@@ -37,7 +39,8 @@ pub enum QuantLayout {
     /// e4m3 values, one byte each; f32 scales in a tensor beside the weight.
     Fp8E4m3(Fp8Scales),
     /// Eight 4-bit values a u32, with a scale and a zero point per group of `group` input
-    /// elements of a row (AWQ, GPTQ, compressed-tensors `pack-quantized`) in tensors beside it.
+    /// elements of a row (AWQ, GPTQ, compressed-tensors `pack-quantized`), each group a block
+    /// that starts with its f32 scale and its zero point (`crate::int4`).
     Int4Group {
         group: usize,
     },
@@ -45,7 +48,8 @@ pub enum QuantLayout {
 
 /// The reference backend's name (`Device::name`).
 const REFERENCE: &str = "reference";
-/// The wgpu backend's name: its kernels read the GGUF blocks (shaders/quant_block.wgsl).
+/// The wgpu backend's name: its kernels read the GGUF blocks (shaders/quant_block.wgsl) and
+/// int4 groups (shaders/quant_int4.wgsl).
 const WGPU: &str = "wgpu";
 /// The CUDA backend's name: kernels/quant_matmul.cu runs every GGUF block layout.
 const CUDA: &str = "cuda";
@@ -104,8 +108,8 @@ impl QuantLayout {
         }
     }
 
-    /// Bytes one block takes in the weight tensor itself (the GGUF layouts' in-block scales
-    /// included; FP8's and int4's scales and zero points are in tensors of their own).
+    /// Bytes one block takes in the weight tensor itself (the in-block scales included; FP8's
+    /// scales are in tensors of their own).
     pub fn block_bytes(self) -> usize {
         match self {
             QuantLayout::Q8_0 => 34,
@@ -117,7 +121,7 @@ impl QuantLayout {
             QuantLayout::Q5K => 176,
             QuantLayout::Q6K => 210,
             QuantLayout::Fp8E4m3(_) => 1,
-            QuantLayout::Int4Group { group } => group / 2,
+            QuantLayout::Int4Group { group } => crate::int4::HEADER_BYTES + group / 2,
         }
     }
 
@@ -132,7 +136,8 @@ impl QuantLayout {
             | QuantLayout::Q4K
             | QuantLayout::Q5K
             | QuantLayout::Q6K => &[REFERENCE, WGPU, CUDA],
-            QuantLayout::Fp8E4m3(_) | QuantLayout::Int4Group { .. } => &[],
+            QuantLayout::Int4Group { .. } => &[REFERENCE, WGPU],
+            QuantLayout::Fp8E4m3(_) => &[],
         }
     }
 
@@ -167,9 +172,9 @@ impl QuantLayout {
         Ok(cols / block * self.block_bytes())
     }
 
-    /// The values of whole blocks: `bytes` holds `dst.len() / block_elems()` blocks. Only the
-    /// GGUF layouts, whose scales are in the block, are decoded here; a length that is not a
-    /// whole number of blocks is an error.
+    /// The values of whole blocks: `bytes` holds `dst.len() / block_elems()` blocks. The
+    /// layouts whose scales are in the block (GGUF's, int4's) are decoded here; a length that is
+    /// not a whole number of blocks is an error.
     pub fn dequantize(self, bytes: &[u8], dst: &mut [f32]) -> std::result::Result<(), String> {
         let f: fn(&[u8], &mut [f32]) = match self {
             QuantLayout::Q8_0 => block_q8_0,
@@ -180,6 +185,7 @@ impl QuantLayout {
             QuantLayout::Q4K => block_q4_k,
             QuantLayout::Q5K => block_q5_k,
             QuantLayout::Q6K => block_q6_k,
+            QuantLayout::Int4Group { group } if group > 0 && group.is_multiple_of(8) => crate::int4::block_int4,
             other => {
                 return Err(format!("{} keeps its scales beside the weight: not decoded block by block", other.name()))
             }
@@ -228,8 +234,12 @@ mod tests {
         }
         let e = QuantLayout::Q4K.check_backend("metal", "model.layers.0.mlp.up_proj.weight").unwrap_err().to_string();
         assert!(e.contains("Q4_K") && e.contains("metal") && e.contains("up_proj") && e.contains("reference"), "{e}");
-        let e = QuantLayout::Int4Group { group: 128 }.check_backend("reference", "w").unwrap_err().to_string();
-        assert!(e.contains("int4 (groups of 128)") && e.contains("no backend yet"), "{e}");
+        let int4 = QuantLayout::Int4Group { group: 128 };
+        assert!(int4.check_backend("reference", "w").is_ok());
+        let e = int4.check_backend("metal", "w").unwrap_err().to_string();
+        assert!(e.contains("int4 (groups of 128)") && e.contains("runs on: reference, wgpu"), "{e}");
+        let e = QuantLayout::Fp8E4m3(Fp8Scales::Tensor).check_backend("reference", "w").unwrap_err().to_string();
+        assert!(e.contains("no backend yet"), "{e}");
     }
 
     #[test]

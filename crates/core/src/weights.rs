@@ -36,6 +36,25 @@ pub struct Weights {
     /// FP8 tensors as the files store them, until [`Weights::dequantize_fp8`] turns each into
     /// an entry of `tensors`.
     fp8: BTreeMap<String, (Fp8Format, Entry)>,
+    /// Integer tensors (an int4 checkpoint's packed words, shapes and group indices) by name,
+    /// with their safetensors dtype, until [`Weights::convert_int4`] consumes them.
+    ints: BTreeMap<String, (IntType, Entry)>,
+}
+
+/// An integer tensor's element type, as safetensors names it.
+#[derive(Clone, Copy)]
+enum IntType {
+    I32,
+    I64,
+}
+
+impl IntType {
+    fn size(self) -> usize {
+        match self {
+            IntType::I32 => 4,
+            IntType::I64 => 8,
+        }
+    }
 }
 
 /// One tensor: its dtype, its shape (outermost first, as in PyTorch) and its bytes in the mapping.
@@ -120,7 +139,7 @@ fn row_bytes(dtype: DType, quant: Option<QuantLayout>, shape: &[usize]) -> std::
 impl Weights {
     /// No tensors; [`Weights::replace`] adds them (tests and tools).
     pub fn empty() -> Self {
-        Weights { files: vec![], tensors: BTreeMap::new(), fp8: BTreeMap::new() }
+        Weights { files: vec![], tensors: BTreeMap::new(), fp8: BTreeMap::new(), ints: BTreeMap::new() }
     }
 
     /// Maps `path` read-only (a file whose tensors [`Weights::insert_mapped`] then lists) and
@@ -208,12 +227,18 @@ impl Weights {
             return Err(Error::config(dir, "no model.safetensors or model.safetensors.index.json in this directory"));
         };
         // Read first: an unsupported quantisation is named before any tensor's dtype is refused.
-        let scheme = crate::fp8::scheme_of(&dir.join("config.json"))?;
+        let config = dir.join("config.json");
+        let int4 = crate::int4::format_of(&config)?;
+        let scheme = if int4.is_some() { None } else { crate::fp8::scheme_of(&config)? };
         let mut w = Weights::empty();
         for name in names {
             w.add_file(&dir.join(name))?;
         }
         w.dequantize_fp8(scheme.unwrap_or_default())?;
+        if let Some(format) = int4 {
+            w.convert_int4(format)?;
+        }
+        w.refuse_ints()?;
         Ok(w)
     }
 
@@ -227,13 +252,16 @@ impl Weights {
         let data_start = 8 + header_len;
         let file_idx = self.files.len();
         for (name, info) in meta.tensors() {
-            let (dtype, fp8) = match info.dtype {
-                safetensors::Dtype::F32 => (DType::F32, None),
-                safetensors::Dtype::BF16 => (DType::BF16, None),
-                safetensors::Dtype::F16 => (DType::F16, None),
+            let (dtype, fp8, int) = match info.dtype {
+                safetensors::Dtype::F32 => (DType::F32, None, None),
+                safetensors::Dtype::BF16 => (DType::BF16, None, None),
+                safetensors::Dtype::F16 => (DType::F16, None, None),
                 // Sized as one byte here; the entry moves to `fp8` below.
-                safetensors::Dtype::F8_E4M3 => (DType::F32, Some(Fp8Format::E4M3)),
-                safetensors::Dtype::F8_E5M2 => (DType::F32, Some(Fp8Format::E5M2)),
+                safetensors::Dtype::F8_E4M3 => (DType::F32, Some(Fp8Format::E4M3), None),
+                safetensors::Dtype::F8_E5M2 => (DType::F32, Some(Fp8Format::E5M2), None),
+                // Kept aside for an int4 checkpoint's conversion; refused if it leaves them.
+                safetensors::Dtype::I32 => (DType::F32, None, Some(IntType::I32)),
+                safetensors::Dtype::I64 => (DType::F32, None, Some(IntType::I64)),
                 other => {
                     return Err(Error::tensor(
                         path,
@@ -244,7 +272,11 @@ impl Weights {
                     ))
                 }
             };
-            let elem = if fp8.is_some() { 1 } else { dtype.size() };
+            let elem = match (fp8, int) {
+                (Some(_), _) => 1,
+                (_, Some(i)) => i.size(),
+                _ => dtype.size(),
+            };
             let (s, e) = info.data_offsets;
             let range = data_start + s..data_start + e;
             if range.end > mmap.len() {
@@ -263,11 +295,14 @@ impl Weights {
                 ));
             }
             let entry = Entry { file: file_idx, dtype, shape: info.shape.clone(), range, quant: None };
-            match fp8 {
-                Some(f) => {
+            match (fp8, int) {
+                (Some(f), _) => {
                     self.fp8.insert(name.to_string(), (f, entry));
                 }
-                None => {
+                (_, Some(i)) => {
+                    self.ints.insert(name.to_string(), (i, entry));
+                }
+                (None, None) => {
                     self.tensors.insert(name.to_string(), entry);
                 }
             }
@@ -330,6 +365,73 @@ impl Weights {
             self.insert_owned(&name, target, &e.shape, &target.from_f32(&values), path.clone())?;
         }
         Ok(())
+    }
+
+    /// Every int4 weight of a checkpoint in `format` (crate::int4: AWQ's or GPTQ's `X.qweight`
+    /// and its parts, compressed-tensors' `X.weight_packed` and its parts) becomes `X.weight`,
+    /// kept 4-bit in [`QuantLayout::Int4Group`]; the parts are no longer listed.
+    pub fn convert_int4(&mut self, format: crate::int4::Int4Format) -> Result<()> {
+        use crate::int4::Int4Format;
+        let (key, parts): (&str, &[&str]) = match format {
+            Int4Format::Awq => ("qweight", &["qweight", "qzeros", "scales"]),
+            Int4Format::Gptq { .. } => ("qweight", &["qweight", "qzeros", "scales", "g_idx"]),
+            Int4Format::CompressedTensors => {
+                ("weight_packed", &["weight_packed", "weight_scale", "weight_zero_point", "weight_shape"])
+            }
+        };
+        let stems: Vec<String> = self
+            .ints
+            .keys()
+            .filter_map(|n| n.strip_suffix(key).and_then(|s| s.strip_suffix('.')).map(String::from))
+            .collect();
+        for stem in stems {
+            let path = self.files[self.ints[&format!("{stem}.{key}")].1.file].0.clone();
+            let int = |suffix: &str| {
+                let (t, e) = self.ints.get(&format!("{stem}.{suffix}"))?;
+                let bytes = &self.files[e.file].1[e.range.clone()];
+                let values = match t {
+                    IntType::I32 => {
+                        bytes.chunks_exact(4).map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64).collect()
+                    }
+                    IntType::I64 => bytes.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().unwrap())).collect(),
+                };
+                Some((e.shape.clone(), values))
+            };
+            let val = |suffix: &str| {
+                let e = self.tensors.get(&format!("{stem}.{suffix}"))?;
+                Some((e.shape.clone(), e.dtype.to_f32(&self.files[e.file].1[e.range.clone()])))
+            };
+            let converted = crate::int4::convert(format, &crate::int4::Parts { int: &int, val: &val });
+            let (shape, group, bytes) = converted.map_err(|m| {
+                Error::tensor(&path, format!("{stem}.weight"), format!("{} int4 weight: {m}", format.name()))
+            })?;
+            for p in parts {
+                let name = format!("{stem}.{p}");
+                self.ints.remove(&name);
+                self.tensors.remove(&name);
+            }
+            self.insert_quantized(&format!("{stem}.weight"), QuantLayout::Int4Group { group }, &shape, &bytes, path)?;
+        }
+        Ok(())
+    }
+
+    /// `Err` naming an integer tensor no conversion consumed: only an int4 checkpoint's parts
+    /// may be integers.
+    pub fn refuse_ints(&self) -> Result<()> {
+        match self.ints.iter().next() {
+            None => Ok(()),
+            Some((name, (t, e))) => Err(Error::tensor(
+                &self.files[e.file].0,
+                name,
+                format!(
+                    "dtype {} is not supported (bf16, f16, f32, and FP8 weights with their scales, are; integer tensors only as an int4 checkpoint's parts)",
+                    match t {
+                        IntType::I32 => "I32",
+                        IntType::I64 => "I64",
+                    }
+                ),
+            )),
+        }
     }
 
     pub fn contains(&self, name: &str) -> bool {

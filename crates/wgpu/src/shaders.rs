@@ -31,6 +31,7 @@ const EMBEDDED: &[(&str, &str)] = &[
     ("argmax", include_str!("../../../shaders/argmax.wgsl")),
     ("moe", include_str!("../../../shaders/moe.wgsl")),
     ("quant_block", include_str!("../../../shaders/quant_block.wgsl")),
+    ("quant_int4", include_str!("../../../shaders/quant_int4.wgsl")),
     ("quant_matmul", include_str!("../../../shaders/quant_matmul.wgsl")),
     ("quant_embedding", include_str!("../../../shaders/quant_embedding.wgsl")),
 ];
@@ -628,6 +629,8 @@ impl Prelude {
             QuantLayout::Q4K => "q4_k",
             QuantLayout::Q5K => "q5_k",
             QuantLayout::Q6K => "q6_k",
+            // shaders/quant_int4.wgsl: the group is BLOCK_ELEMS.
+            QuantLayout::Int4Group { group } if group > 0 && group % 8 == 0 => "int4",
             QuantLayout::Fp8E4m3(_) | QuantLayout::Int4Group { .. } => return None,
         };
         self.0.push_str(&format!(
@@ -687,7 +690,7 @@ impl Pipelines {
             return Ok(p.clone());
         }
         let decoders = match prelude.0.contains(QUANT_DECODE) {
-            true => self.source("quant_block")?,
+            true => self.source("quant_block")? + "\n" + &self.source("quant_int4")?,
             false => String::new(),
         };
         let source = format!("{}\n{decoders}\n{}", prelude.0, self.source(kernel.name)?);

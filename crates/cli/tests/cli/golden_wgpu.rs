@@ -38,3 +38,14 @@ fn qwen3_moe_saved_by_transformers5() {
         golden::assert_golden(b, "tiny-qwen3-moe", &golden::golden_dir().join("tiny-qwen3-moe-tf5"), 1e-3);
     }
 }
+
+/// The int4 checkpoints of tests/golden/int4 (compressed-tensors' own, and the same values in
+/// AWQ's and GPTQ's layouts), kept 4-bit on wgpu, pass the golden HF transformers wrote.
+#[test]
+fn int4_checkpoints_kept_quantized() {
+    for format in ["ct", "awq", "gptq"] {
+        if let Some(b) = wgpu() {
+            golden::assert_golden(b, "int4/ct", &golden::golden_dir().join("int4").join(format), 1e-3);
+        }
+    }
+}

@@ -30,7 +30,7 @@ fn values_tandem_does_not_implement_are_refused_before_loading() {
     )
     .unwrap();
     let d = dir.to_str().unwrap();
-    let cases: [(&[&str], &str); 16] = [
+    let cases: [(&[&str], &str); 18] = [
         (&["--dtype", "bfloat16"], "stores its weights as float32"),
         (&["--dtype", "int8"], "expected auto, bfloat16, float16 or float32"),
         (&["--tensor-parallel-size", "2"], "only 1 is supported"),
@@ -78,7 +78,9 @@ fn values_tandem_does_not_implement_are_refused_before_loading() {
         (&["--max-num-partial-prefills", "0"], "--max-num-partial-prefills"),
         // vLLM's --quantization: gguf is taken for a GGUF file only; other methods are named.
         (&["--quantization", "gguf"], "is not a GGUF file"),
-        (&["-q", "awq"], "--quantization awq: not supported"),
+        (&["-q", "awq"], "--quantization awq: "),
+        (&["-q", "gptq_marlin"], "does not describe an int4 gptq checkpoint"),
+        (&["-q", "bitsandbytes"], "--quantization bitsandbytes: not supported"),
     ];
     for (extra, want) in cases {
         let mut args = vec![d, "--backend", "reference", "--port", "0"];

@@ -1,5 +1,6 @@
 //! `out[m, n] = Σ_k x[m, k] · w[n, k]` with `w` kept in a quantized layout (a GGUF block
-//! layout, `tandem_core::quant_layout`): the backend reads the blocks as they are stored.
+//! layout, or int4 groups, `tandem_core::quant_layout`): the backend reads the blocks as they
+//! are stored.
 //!
 //! The reference dequantizes each weight row on the fly and dots it in the order its bf16 path
 //! uses, so it gives the bits of "dequantize, then multiply" (checked below); a backend that
@@ -52,6 +53,12 @@ pub fn random_blocks(layout: QuantLayout, blocks: usize, k: usize, rng: &mut Rng
     };
     let scale = 1.0 / (span * (k as f32).sqrt());
     for block in out.chunks_exact_mut(bb) {
+        if let QuantLayout::Int4Group { .. } = layout {
+            // An f32 scale, a zero point in 0..=15 and three bytes of padding (tandem_core::int4).
+            block[..4].copy_from_slice(&(scale * rng.uniform(0.25, 1.0)).to_le_bytes());
+            block[4] %= 16;
+            block[5..8].fill(0);
+        }
         for &at in f16_fields(layout) {
             let v = half::f16::from_f32(scale * rng.uniform(0.25, 1.0));
             block[at..at + 2].copy_from_slice(&v.to_le_bytes());
@@ -112,11 +119,13 @@ mod tests {
     use tandem_reference::RefBackend;
 
     /// On the reference, a matmul on the kept blocks gives the bits of the same matmul on an f32
-    /// weight holding the dequantized values, for every GGUF layout, at decode and prefill.
+    /// weight holding the dequantized values, for every GGUF layout and int4 groups, at decode
+    /// and prefill.
     #[test]
     fn the_reference_equals_dequantize_then_multiply_bitwise() {
         let b = RefBackend::new();
-        for layout in QuantLayout::GGUF {
+        let int4 = [QuantLayout::Int4Group { group: 32 }, QuantLayout::Int4Group { group: 128 }];
+        for layout in QuantLayout::GGUF.into_iter().chain(int4) {
             for (m, n, k) in [(1, 7, 512), (5, 3, 256)] {
                 let op = QuantMatmul { layout, m, n, k };
                 let inputs = op.generate(&mut Rng::new(11));
@@ -133,6 +142,28 @@ mod tests {
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(got), bits(&want), "{}", op.params());
             }
+        }
+    }
+
+    /// An int4 row's result is the same bits alone and in a batch of any size.
+    #[test]
+    fn an_int4_row_is_the_same_bits_alone_and_batched() {
+        let b = RefBackend::new();
+        let (n, k) = (45, 256);
+        let layout = QuantLayout::Int4Group { group: 64 };
+        let mut rng = Rng::new(5);
+        let w = quantized_weight(&b, layout, [n, k], &random_blocks(layout, n * k / 64, k, &mut rng)).unwrap();
+        let x = rng.normals(37 * k, 1.0);
+        let run = |rows: &[f32], m: usize| {
+            let xb = upload_f32(&b, rows).unwrap();
+            let mut out = b.alloc_f32(m * n).unwrap();
+            b.matmul(&xb, &w, None, &mut out, m, n, k).unwrap();
+            b.read_f32(&out, m * n).unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        };
+        let all = run(&x, 37);
+        for (row, m) in [(0, 1), (2, 3), (12, 11), (36, 37)] {
+            let got = run(&x[(row + 1 - m) * k..(row + 1) * k], m);
+            assert_eq!(got[(m - 1) * n..], all[row * n..(row + 1) * n], "row {row} m {m}");
         }
     }
 

@@ -5,6 +5,7 @@
 
 mod broken;
 mod golden_reference;
+mod int4_reference;
 mod lora_reference;
 mod reference_self;
 mod tolerance;

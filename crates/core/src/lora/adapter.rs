@@ -96,6 +96,7 @@ impl LoraAdapter {
         }
         let mut w = Weights::empty();
         w.add_file(&file)?;
+        w.refuse_ints()?;
         Self::from_parts(dir, &config, &w, cfg)
     }
 

@@ -1,6 +1,7 @@
-//! Weights kept in a GGUF block layout (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K): the
-//! file's bytes go to the device as they are, and the matmul and the embedding decode the blocks
-//! in registers (shaders/quant_block.wgsl), so a weight takes its file's bytes, not the 2-4x of
+//! Weights kept in a GGUF block layout (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) or in
+//! int4 groups (`tandem_core::int4`'s blocks, shaders/quant_int4.wgsl): the bytes go to the
+//! device as they are, and the matmul and the embedding decode the blocks in registers
+//! (shaders/quant_block.wgsl), so a weight takes its file's bytes, not the 2-4x of
 //! its 16- or 32-bit values. The projections of such a model are never fused at load (the fused
 //! kernels read 16-bit rows), so every projection comes here through `Ops::matmul`.
 
@@ -29,8 +30,8 @@ impl WgpuBackend {
     /// least one word past the last block (the decoders' unaligned reads may touch it).
     pub(super) fn upload_quantized(&self, t: &TensorView, layout: QuantLayout) -> Result<WgpuBuf> {
         let cols = t.shape.last().copied().unwrap_or(0);
-        if !QuantLayout::GGUF.contains(&layout) {
-            return Err(Error::tensor(&t.path, &t.name, format!("{} is not a GGUF block layout", layout.name())));
+        if !QuantLayout::GGUF.contains(&layout) && !matches!(layout, QuantLayout::Int4Group { .. }) {
+            return Err(Error::tensor(&t.path, &t.name, format!("{} has no block decoder on wgpu", layout.name())));
         }
         let row = layout.row_bytes(cols).map_err(|m| Error::tensor(&t.path, &t.name, m))?;
         let rows = t.numel() / cols.max(1);

@@ -8,6 +8,7 @@ mod common;
 
 mod engine_sampling;
 mod engine_speculative;
+mod int4;
 mod lora;
 mod model;
 mod ops;
