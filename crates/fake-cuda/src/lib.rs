@@ -38,6 +38,7 @@
 
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
+mod cublaslt;
 mod kernels;
 mod memory;
 mod ptx;
