@@ -237,7 +237,7 @@ pub fn cuda_tests(root: &Path, env: &FakeEnv) -> Result<Tally> {
 /// tiny-mistral-hd128, a window of 16 keys on the tensor-core attention, with `tc_deep` and
 /// `tc_shared` (its shared-memory opt-in too); tiny-gemma3-hd256 and the op suite's
 /// head_dim-256 attention cases with `TANDEM_CUDA_ATTENTION_D256=tc`: the tensor-core attention
-/// at head_dim 256), and
+/// at head_dim 256; tiny-hd128 with `TANDEM_CUDA_GEMM=cublaslt`, the fake's CPU cuBLASLt), and
 /// `tandem serve` answering requests ([`serve_check`]), preempting over HTTP
 /// ([`preempt_check`]) and speculating with the greedy text unchanged ([`speculative_check`]),
 /// and the GPU call rehearsed (`cargo xtask gpu-rehearsal`: check.sh and
