@@ -36,7 +36,7 @@
 #   TANDEM_CHECK_OPS         only the op suite's cases matching this (`test-ops --op`; default all)
 #   TANDEM_OPS_SEED          the op suite's seed (default 1, pinned: gpu/lib.sh)
 #   TANDEM_CHECK_CUDA_TESTS  the GPU-only test filters (default gpu_invariance:: graphs::
-#                            launches:: staging:: moe::)
+#                            launches:: staging:: moe:: cublaslt::)
 #   TANDEM_CHECK_FAMILIES    the model families compared (default tiny-qwen3 tiny-qwen3-moe
 #                            tiny-mistral tiny-gemma3)
 #   TANDEM_CHECK_SMOL        0 skips the smollm2-135m compare (default 1)
@@ -153,7 +153,7 @@ fi
 # bits against every expert's (the MoE default). TANDEM_REQUIRE_CUDA=1
 # turns a skip into a failure; one test at a time, so each holds the GPU alone.
 # shellcheck disable=SC2206  # the filters are words
-CUDA_TESTS=(${TANDEM_CHECK_CUDA_TESTS:-gpu_invariance:: graphs:: launches:: staging:: moe::})
+CUDA_TESTS=(${TANDEM_CHECK_CUDA_TESTS:-gpu_invariance:: graphs:: launches:: staging:: moe:: cublaslt::})
 if [ "$BACKEND" = cuda ] && [ -x "$HERE/cuda-tests" ]; then
     PICK='test result|panicked|FAILED' step "cuda tests (GPU-only)" 120 env TANDEM_REQUIRE_CUDA=1 "$HERE/cuda-tests" --test-threads 1 "${CUDA_TESTS[@]}"
 elif [ "$BACKEND" = cuda ]; then

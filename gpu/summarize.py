@@ -116,6 +116,8 @@ TARGETS = [
     ("decode_b256_frac", None, None, "of the decode floor, batch 256"),
     ("prefill_2048_frac", ">=", 0.60, "of the prefill floor (bf16 matmul rate), 2048 tokens"),
     ("gemm_prefill_vs_torch", ">=", 0.9, "torch time / ours, GEMMs at m >= 512 (geomean)"),
+    ("gemm_prefill_vs_cublaslt", ">=", 0.9, "cuBLASLt time / ours in the same process, GEMMs at m >= 512 (geomean)"),
+    ("gemm_decode_vs_cublaslt", None, None, "cuBLASLt time / ours in the same process, GEMMs at m <= 64 (geomean)"),
     ("gemm_decode_frac_min", ">=", 0.85, "least fraction of floor, GEMMs at m <= 64"),
     ("attn_decode_frac_min", ">=", 0.70, "least fraction of floor, decode attention, ctx >= 1024"),
     ("hf_b1_tok_s", None, None, "HF generate, static cache + torch.compile, batch 1, tok/s"),
@@ -167,6 +169,10 @@ def latest_fields(env, measured, labs):
     ratios = [r["torch_over_ours"] for r in lab if r["op"].startswith("gemm") and m_of(r) >= 512 and r.get("torch_over_ours")]
     if ratios:
         out["gemm_prefill_vs_torch"] = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+    for field, keep in (("gemm_prefill_vs_cublaslt", lambda m: m >= 512), ("gemm_decode_vs_cublaslt", lambda m: 0 < m <= 64)):
+        lt = [r["cublaslt_us"] / r["us"] for r in lab if r["op"].startswith("gemm") and keep(m_of(r)) and r.get("cublaslt_us") and r.get("us")]
+        if lt:
+            out[field] = math.exp(sum(math.log(x) for x in lt) / len(lt))
     dec = [r["frac_of_floor"] for r in lab if r["op"].startswith("gemm") and 0 < m_of(r) <= 64 and r.get("frac_of_floor") is not None]
     if dec:
         out["gemm_decode_frac_min"] = min(dec)
@@ -446,6 +452,10 @@ def main():
     for name in sorted(os.listdir(raw)):
         if name.startswith("kernel-lab-") and name.endswith(".json"):
             labs[name[len("kernel-lab-"):-len(".json")]] = load_json(os.path.join(raw, name))
+    # Without torch the lab's own report (ours and cuBLASLt, no torch column) stands in.
+    for name in sorted(os.listdir(bench)) if os.path.isdir(bench) else []:
+        if name.startswith("kernels-") and name.endswith(".json"):
+            labs.setdefault(name[len("kernels-"):-len(".json")], load_json(os.path.join(bench, name)))
     doc["kernel_lab"] = labs
     with open(os.path.join(a.out, "results.json"), "w") as f:
         json.dump(doc, f, indent=1)

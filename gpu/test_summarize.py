@@ -87,10 +87,10 @@ def full_inputs():
         "raw/bench/serve.json": {"settings": {"max_concurrency": 64}, "results": {"completed": 8, "errors": 0, "output_tokens_per_s": 80.0, "ttft_ms": lat(250.0), "tpot_ms": lat(12.5)}},
         "out/compare-tiny.json": {"passed": 5, "failed": 0, "prompts": [], "batch": batch},
         "raw/kernel-lab-llama-3.2-1b.json": {"results": [
-            {"op": "gemm qkv", "torch": {"m": 512}, "torch_over_ours": 0.5, "frac_of_floor": 0.3},
-            {"op": "gemm down", "torch": {"m": 2048}, "torch_over_ours": 2.0, "frac_of_floor": 0.6},
-            {"op": "gemm qkv", "torch": {"m": 1}, "torch_over_ours": 1.0, "frac_of_floor": 0.8},
-            {"op": "gemm o", "torch": {"m": 64}, "torch_over_ours": 1.0, "frac_of_floor": 0.7},
+            {"op": "gemm qkv", "torch": {"m": 512}, "torch_over_ours": 0.5, "frac_of_floor": 0.3, "us": 10.0, "cublaslt_us": 5.0},
+            {"op": "gemm down", "torch": {"m": 2048}, "torch_over_ours": 2.0, "frac_of_floor": 0.6, "us": 10.0, "cublaslt_us": 40.0},
+            {"op": "gemm qkv", "torch": {"m": 1}, "torch_over_ours": 1.0, "frac_of_floor": 0.8, "us": 4.0, "cublaslt_us": 2.0},
+            {"op": "gemm o", "torch": {"m": 64}, "torch_over_ours": 1.0, "frac_of_floor": 0.7, "us": 4.0, "cublaslt_us": 2.0},
             {"op": "attention decode", "torch": {"ctx": 1024}, "frac_of_floor": 0.4},
             {"op": "attention decode", "torch": {"ctx": 256}, "frac_of_floor": 0.1}]},
     }
@@ -107,7 +107,8 @@ GIVES = {
     "raw/bench/compare-c100.json": ["continuous_vs_static_c100"],
     "raw/bench/serve.json": ["serve_ttft_p99_s", "serve_tpot_p99_s"],
     "out/compare-tiny.json": ["batch_invariant"],
-    "raw/kernel-lab-llama-3.2-1b.json": ["gemm_prefill_vs_torch", "gemm_decode_frac_min", "attn_decode_frac_min"],
+    "raw/kernel-lab-llama-3.2-1b.json": ["gemm_prefill_vs_torch", "gemm_decode_frac_min", "attn_decode_frac_min",
+                                         "gemm_prefill_vs_cublaslt", "gemm_decode_vs_cublaslt"],
 }
 
 
@@ -150,6 +151,8 @@ def check_latest():
     assert abs(latest["serve_ttft_p99_s"] - 0.25) < 1e-12 and abs(latest["serve_tpot_p99_s"] - 0.0125) < 1e-12, latest
     assert abs(latest["gemm_prefill_vs_torch"] - 1.0) < 1e-12 and latest["gemm_decode_frac_min"] == 0.7 and latest["attn_decode_frac_min"] == 0.4, latest
     assert 0 < latest["prefill_2048_frac"], latest
+    # cuBLASLt time over ours: geomean of 0.5 and 4 at m >= 512, of 0.5 and 0.5 at m <= 64.
+    assert abs(latest["gemm_prefill_vs_cublaslt"] - 2 ** 0.5) < 1e-12 and abs(latest["gemm_decode_vs_cublaslt"] - 0.5) < 1e-12, latest
     # The table shows each field beside its target, and whether it met it.
     row = next(line for line in text.splitlines() if line.startswith("continuous_vs_static_c100"))
     assert ">= 3.0" in row and " yes " in row, row

@@ -137,12 +137,13 @@ if [ "${TANDEM_TUNE_PDL:-1}" = 1 ]; then
 fi
 [ -n "$GEN_PID" ] && wait "$GEN_PID"
 
-# 2. Timings: the GEMM lab at the m each variant changes, prefill 2048 and decode b1 / b64.
+# 2. Timings: the GEMM lab at the m each variant changes, prefill 2048 and decode b1 / b64
+# (cuBLASLt, the same for every variant, is timed once, by check.sh's kernel lab: --no-cublaslt here).
 : >"$OUT/tune.tsv"
 for v in $VARIANTS; do
     IFS=: read -r L M S <<<"$v"
     E=(env TANDEM_CUDA_GEMM_LARGE="$L" TANDEM_CUDA_GEMM_MID="$M" TANDEM_CUDA_GEMM_SMALL="$S")
-    NEED=15 PICK='attention prefill' step "kernel lab [$v]" 60 "${E[@]}" "$BIN" bench kernels --backend cuda --shape "$SHAPE" --m "$LAB_M" --attn-batch 1 --attn-context "${ACTX%%,*}" --attn-prefill "${APRE%%,*}" --min-ms "$MIN_MS" --output-dir "$WORK/raw" --name "lab-$L-$M-$S"
+    NEED=15 PICK='attention prefill' step "kernel lab [$v]" 60 "${E[@]}" "$BIN" bench kernels --backend cuda --no-cublaslt --shape "$SHAPE" --m "$LAB_M" --attn-batch 1 --attn-context "${ACTX%%,*}" --attn-prefill "${APRE%%,*}" --min-ms "$MIN_MS" --output-dir "$WORK/raw" --name "lab-$L-$M-$S"
     grep -E '^\| gemm' "$WORK/logs/kernel_lab__${v//:/_}_.log" 2>/dev/null | awk -F'|' -v v="$v" '{gsub(/^ +| +$/, "", $2); gsub(/^ +| +$/, "", $3); gsub(/^ +| +$/, "", $4); print v "\t" $2 " " $3 "\t" $4}' >>"$OUT/tune.tsv"
     NEED=15 PICK='prefill tok/s' step "prefill 2048 [$v]" 60 "${E[@]}" "$BIN" bench decode --backend cuda --model "$BENCH_DIR" "${PRE[@]}" --output-dir "$WORK/raw" --name "prefill-$L-$M-$S"
     grep -E '^\| prefill tok/s' "$WORK/logs/prefill_2048__${v//:/_}_.log" 2>/dev/null | awk -F'|' -v v="$v" '{gsub(/^ +| +$/, "", $3); print v "\tprefill 2048 tok/s\t" $3}' >>"$OUT/tune.tsv"
@@ -218,7 +219,7 @@ for av in $ATTN_VARIANTS; do
         # The 8B shape's batch 64 at 16k would fill 8.6 GB of cache from the host: batch 1 and 8 only.
         B_=$AB
         [ "$shp" = llama-3.1-8b ] && B_=1,8
-        NEED=15 PICK='attention decode' step "attention lab [$av $shp]" 90 env TANDEM_CUDA_ATTENTION="$av" "$BIN" bench kernels --backend cuda --shape "$shp" --m 1 --attn-batch "$B_" --attn-context "$ACTX" --attn-prefill "${APRE%%,*}" --min-ms "$MIN_MS" --bandwidth-gbs "$BW" --output-dir "$WORK/raw" --name "attn-$av-$shp"
+        NEED=15 PICK='attention decode' step "attention lab [$av $shp]" 90 env TANDEM_CUDA_ATTENTION="$av" "$BIN" bench kernels --backend cuda --no-cublaslt --shape "$shp" --m 1 --attn-batch "$B_" --attn-context "$ACTX" --attn-prefill "${APRE%%,*}" --min-ms "$MIN_MS" --bandwidth-gbs "$BW" --output-dir "$WORK/raw" --name "attn-$av-$shp"
         grep -E '^\| attention' "$WORK/logs/attention_lab__${av}_${shp}_.log" 2>/dev/null | awk -F'|' -v v="attn $av" '{gsub(/^ +| +$/, "", $2); gsub(/^ +| +$/, "", $3); gsub(/^ +| +$/, "", $4); gsub(/^ +| +$/, "", $7); print v "\t" $2 " " $3 "\t" $4 " us, " $7 " of floor"}' >>"$OUT/tune.tsv"
     done
 done
@@ -227,7 +228,7 @@ done
 # Rehearsal sizes: the attention only (gemma-3-1b's GEMMs and vocabulary are no tiny shape).
 D256_ONLY=(--m 1 --sample-batch 1); [ "$SMALL" = 1 ] && D256_ONLY=(--only-attention)
 for dv in $ATTN_D256_VARIANTS; do
-    NEED=15 PICK='attention decode' step "attention lab [d256 $dv gemma-3-1b]" 90 env TANDEM_CUDA_ATTENTION_D256="$dv" "$BIN" bench kernels --backend cuda --shape gemma-3-1b "${D256_ONLY[@]}" --attn-batch "$AB" --attn-context "$ACTX" --attn-prefill "${APRE%%,*}" --min-ms "$MIN_MS" --bandwidth-gbs "$BW" --output-dir "$WORK/raw" --name "attn-d256-$dv-gemma-3-1b"
+    NEED=15 PICK='attention decode' step "attention lab [d256 $dv gemma-3-1b]" 90 env TANDEM_CUDA_ATTENTION_D256="$dv" "$BIN" bench kernels --backend cuda --no-cublaslt --shape gemma-3-1b "${D256_ONLY[@]}" --attn-batch "$AB" --attn-context "$ACTX" --attn-prefill "${APRE%%,*}" --min-ms "$MIN_MS" --bandwidth-gbs "$BW" --output-dir "$WORK/raw" --name "attn-d256-$dv-gemma-3-1b"
     grep -E '^\| attention' "$WORK/logs/attention_lab__d256_${dv}_gemma-3-1b_.log" 2>/dev/null | awk -F'|' -v v="attn d256 $dv" '{gsub(/^ +| +$/, "", $2); gsub(/^ +| +$/, "", $3); gsub(/^ +| +$/, "", $4); gsub(/^ +| +$/, "", $7); print v "\t" $2 " " $3 "\t" $4 " us, " $7 " of floor"}' >>"$OUT/tune.tsv"
 done
 
@@ -240,7 +241,7 @@ if [ "${TANDEM_TUNE_NCU:-1}" = 1 ] && [ -n "$NCU" ]; then
     SECTIONS=(--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis)
     ncu_case() { # ncu_case NAME KERNEL_REGEX M [ENV...]
         local name=$1 re=$2 m=$3; shift 3
-        NEED=25 PICK='==PROF==|Error|error' step "ncu $name" 60 env "$@" "$NCU" --clock-control none "${SECTIONS[@]}" -k "regex:$re" -c 1 "$BIN" bench kernels --backend cuda --shape llama-3.2-1b --m "$m" --attn-batch 1 --attn-context 1024 --attn-prefill 512 --min-ms 1
+        NEED=25 PICK='==PROF==|Error|error' step "ncu $name" 60 env "$@" "$NCU" --clock-control none "${SECTIONS[@]}" -k "regex:$re" -c 1 "$BIN" bench kernels --backend cuda --no-cublaslt --shape llama-3.2-1b --m "$m" --attn-batch 1 --attn-context 1024 --attn-prefill 512 --min-ms 1
         cp "$WORK/logs/ncu_$(printf '%s' "$name" | tr -c 'A-Za-z0-9_.-' '_').log" "$EXTRA/ncu-$name.txt" 2>/dev/null
     }
     ncu_case m2048-m128 'matmul_tc_bf16_m128$' 2048

@@ -11,7 +11,10 @@
 set -euo pipefail
 
 # 13.0.x only: a newer NVRTC emits PTX that the 580 driver on our GPU cannot load.
-WHEELS=(nvidia-cuda-nvrtc==13.0.88 nvidia-cuda-runtime==13.0.96 nvidia-cuda-nvcc==13.0.88)
+# nvidia-cublas: libcublasLt.so.13, loaded at run time only by TANDEM_CUDA_GEMM=cublaslt and
+# `tandem bench kernels` (the peer of our GEMMs); the cuBLAS of the CUDA 13.0 update whose
+# runtime is pinned beside it.
+WHEELS=(nvidia-cuda-nvrtc==13.0.88 nvidia-cuda-runtime==13.0.96 nvidia-cuda-nvcc==13.0.88 nvidia-cublas==13.1.0.3)
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${TANDEM_CUDA_VENV:-$repo/.venv-cuda}"
@@ -44,6 +47,7 @@ missing=0
 [ -e "$lib/libnvrtc.so.13" ] || { echo "missing: $lib/libnvrtc.so.13" >&2; missing=1; }
 [ -e "$inc/cuda_bf16.h" ] || { echo "missing: $inc/cuda_bf16.h" >&2; missing=1; }
 [ -x "$bin/ptxas" ] || { echo "missing: $bin/ptxas" >&2; missing=1; }
+[ -e "$lib/libcublasLt.so.13" ] || { echo "missing: $lib/libcublasLt.so.13" >&2; missing=1; }
 if [ "$missing" -ne 0 ]; then
     echo "the wheels installed but not where expected; look under $site/nvidia" >&2
     exit 1

@@ -108,7 +108,9 @@ pub fn prepare(root: &Path) -> Result<FakeEnv> {
     let built = target.join("debug/libcuda.so");
     let lib_dir = target.join("fake-cuda/lib");
     std::fs::create_dir_all(&lib_dir)?;
-    for name in ["libcuda.so", "libcuda.so.1"] {
+    // The fake exports cuBLASLt's entry points too (crates/fake-cuda/src/cublaslt.rs): the same file,
+    // so the one loaded library shares its memory and streams.
+    for name in ["libcuda.so", "libcuda.so.1", "libcublasLt.so", "libcublasLt.so.13"] {
         let link = lib_dir.join(name);
         let _ = std::fs::remove_file(&link);
         std::os::unix::fs::symlink(&built, &link).with_context(|| format!("linking {}", link.display()))?;
@@ -187,7 +189,7 @@ pub fn cuda_tests(root: &Path, env: &FakeEnv) -> Result<Tally> {
         (
             "crates/cuda GPU-only tests",
             None,
-            &["gpu_invariance::", "graphs::", "launches::", "staging::", "moe::", "quant::"],
+            &["gpu_invariance::", "graphs::", "launches::", "staging::", "moe::", "quant::", "cublaslt::"],
         ),
         ("crates/cuda batch invariance, block order seed 2", Some("2"), &["gpu_invariance::"]),
         ("crates/cuda batch invariance, block order seed 3", Some("3"), &["gpu_invariance::"]),
@@ -235,7 +237,7 @@ pub fn cuda_tests(root: &Path, env: &FakeEnv) -> Result<Tally> {
 /// tiny-mistral-hd128, a window of 16 keys on the tensor-core attention, with `tc_deep` and
 /// `tc_shared` (its shared-memory opt-in too); tiny-gemma3-hd256 and the op suite's
 /// head_dim-256 attention cases with `TANDEM_CUDA_ATTENTION_D256=tc`: the tensor-core attention
-/// at head_dim 256), and
+/// at head_dim 256; tiny-hd128 with `TANDEM_CUDA_GEMM=cublaslt`, the fake's CPU cuBLASLt), and
 /// `tandem serve` answering requests ([`serve_check`]), preempting over HTTP
 /// ([`preempt_check`]) and speculating with the greedy text unchanged ([`speculative_check`]),
 /// and the GPU call rehearsed (`cargo xtask gpu-rehearsal`: check.sh and
@@ -384,6 +386,14 @@ pub fn group(root: &Path, tandem: Option<PathBuf>) -> Result<Tally> {
                 .chain([dir.to_string_lossy().into_owned()])
                 .collect(),
             ));
+            // cuBLASLt (TANDEM_CUDA_GEMM=cublaslt: the fake's CPU GEMM behind libcublasLt.so.13):
+            // every projection plain, against the reference by compare's tolerance rule (a
+            // different summation order); no batch check, as it promises no batch invariance.
+            let mut lt: Vec<String> = ["TANDEM_CUDA_GEMM=cublaslt", "compare"].map(String::from).to_vec();
+            lt.extend(args[1..args.len() - 4].iter().cloned());
+            lt.extend(["--batch", "0", "--model"].map(String::from));
+            lt.push(dir.to_string_lossy().into_owned());
+            commands.push((format!("compare cuda (TANDEM_CUDA_GEMM=cublaslt) vs reference, {shape}"), lt));
             // The tc_deep attention variant (TANDEM_CUDA_ATTENTION; head_dim 128: its
             // shared-memory opt-in), through the same compare (tc_shared: on tiny-mistral-hd128).
             let mut deep = vec!["TANDEM_CUDA_ATTENTION=tc_deep".to_string()];

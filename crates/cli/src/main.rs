@@ -23,6 +23,11 @@ use clap::{Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
+    /// The CUDA backend's projections: `ours` (the default: our kernels, batch-invariant) or
+    /// `cublaslt` (NVIDIA's cuBLASLt: not batch-invariant, a row's bits may depend on its
+    /// batch). Sets TANDEM_CUDA_GEMM for this process.
+    #[arg(long, global = true, value_parser = ["ours", "cublaslt"])]
+    gemm: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -59,6 +64,10 @@ fn main() -> ExitCode {
         }
     }
     let cli = Cli::parse();
+    if let Some(g) = &cli.gemm {
+        // Before any thread or backend exists: the backend reads it at load (switches.rs).
+        std::env::set_var("TANDEM_CUDA_GEMM", g);
+    }
     let res = match cli.cmd {
         Cmd::Generate(a) => generate::run(a),
         Cmd::TestOps(a) => test_ops::run(a),

@@ -48,6 +48,10 @@ pub struct CudaBackend {
     /// The persistent, warp-specialised wgmma kernels, loaded only with
     /// TANDEM_CUDA_GEMM_LARGE=wgmma_ws on an sm_90 GPU.
     pub(crate) wgmma_ws: Option<WgmmaWs>,
+    /// cuBLASLt (cublaslt.rs), opened only with TANDEM_CUDA_GEMM=cublaslt or
+    /// [`CudaBackend::set_gemm_cublaslt`]: where present it computes every plain 16-bit
+    /// projection without bias, and the fused projections are declined.
+    pub(crate) cublaslt: Option<crate::cublaslt::CublasLt>,
     pub(crate) scratch: Mutex<AttnScratch>,
     pub(crate) mm_scratch: Mutex<MatmulScratch>,
     pub(crate) io_scratch: Mutex<IoScratch>,
@@ -234,6 +238,7 @@ impl CudaBackend {
                 attention::PAT_SMEM_D256 as i32,
             )
             .map_err(drv(&format!("{}: {} bytes of shared memory", d256.name, attention::PAT_SMEM_D256)))?;
+        let cublaslt = if switches.cublaslt { Some(crate::cublaslt::CublasLt::open(&stream)?) } else { None };
         let sync_each = switches.sync;
         let f32_activations = switches.f32_activations;
         let moe_path = switches.moe;
@@ -244,6 +249,7 @@ impl CudaBackend {
             kernels,
             wgmma,
             wgmma_ws,
+            cublaslt,
             scratch: Mutex::new(AttnScratch::default()),
             mm_scratch: Mutex::new(MatmulScratch::default()),
             io_scratch: Mutex::new(IoScratch::default()),
@@ -266,6 +272,24 @@ impl CudaBackend {
     /// tests check by loading one model each way.
     pub fn set_f32_activations(&mut self, on: bool) {
         self.f32_activations = on;
+    }
+
+    /// Computes the plain 16-bit projections through cuBLASLt (`on`), or through our tile
+    /// kernels, for models loaded after this call (TANDEM_CUDA_GEMM's choice otherwise): the
+    /// fused projections are declined while it is on. Not batch-invariant (cublaslt.rs). An
+    /// error names the library when it is absent.
+    pub fn set_gemm_cublaslt(&mut self, on: bool) -> Result<()> {
+        self.cublaslt = match (on, self.cublaslt.take()) {
+            (false, _) => None,
+            (true, Some(lt)) => Some(lt),
+            (true, None) => Some(crate::cublaslt::CublasLt::open(&self.stream)?),
+        };
+        Ok(())
+    }
+
+    /// Whether cuBLASLt computes the plain projections ([`CudaBackend::set_gemm_cublaslt`]).
+    pub fn gemm_cublaslt(&self) -> bool {
+        self.cublaslt.is_some()
     }
 
     /// Routes mixtures of experts (each expert over its own tokens) or runs every expert over

@@ -12,6 +12,8 @@
 //! - `ops`: the `Ops`, `FusedOps` and `Sampling` of the backend, delegating to the launchers of
 //!   `attention`, `matmul`, `moe`, `quant` and `sampling`; `launch` and `graph` under them.
 //! - `error`: the driver's errors, and which of them lose the device.
+//! - [`cublaslt`]: NVIDIA's cuBLASLt as an opt-in GEMM (`TANDEM_CUDA_GEMM=cublaslt`) and the
+//!   peer the kernel lab times against; not batch-invariant.
 //! - `switches`: the `TANDEM_CUDA_*` variant switches, read once at load ([`SWITCHES`]).
 //!
 //! Architecture invariant: this crate builds and links without any CUDA installed (cudarc
@@ -22,6 +24,7 @@ mod attention;
 mod buf;
 pub mod check;
 pub mod compile;
+pub mod cublaslt;
 mod device;
 mod error;
 mod gemm;

@@ -268,6 +268,14 @@ impl CudaBackend {
         if let Elem::Quant(layout) = w.elem {
             return self.quant_gemm(op, x, w, layout, bias, dst, m, n, k, norm);
         }
+        // TANDEM_CUDA_GEMM=cublaslt: a plain 16-bit projection without bias or norm goes to
+        // cuBLASLt; the rest (biases, f32 weights, the epilogues) stays on our kernels.
+        let dst = match (dst, &self.cublaslt, bias, &norm, w.elem) {
+            (GemmOut::Plain(out), Some(lt), None, None, Elem::BF16 | Elem::F16) => {
+                return self.cublaslt_gemm(lt, op, x, w, out, m, n, k)
+            }
+            (dst, ..) => dst,
+        };
         let (x, norm_code) = match norm {
             Some(nm) => {
                 if m > SPLIT_MAX_ROWS || w.elem == Elem::F32 {

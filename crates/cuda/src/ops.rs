@@ -348,6 +348,10 @@ impl FusedOps for CudaBackend {
         v: &TensorView,
         bias: Option<[&TensorView; 3]>,
     ) -> Result<Option<tandem_core::backend::WeightAndBias<CudaBuf>>> {
+        // Under cuBLASLt every projection is a plain GEMM (cublaslt.rs).
+        if self.cublaslt.is_some() {
+            return Ok(None);
+        }
         self.fuse_qkv_weights(q, k, v, bias)
     }
 
@@ -372,6 +376,9 @@ impl FusedOps for CudaBackend {
 
     /// Gate and up interleaved in blocks of 32 rows (matmul.rs `fuse_gate_up_rows`).
     fn fuse_gate_up(&self, gate: &TensorView, up: &TensorView) -> Result<Option<CudaBuf>> {
+        if self.cublaslt.is_some() {
+            return Ok(None);
+        }
         self.fuse_gate_up_weight(gate, up)
     }
 
@@ -404,8 +411,9 @@ impl FusedOps for CudaBackend {
     /// Up to FUSE_NORM_MAX_TOKENS tokens (see there): a layer is then 5 launches. The fused
     /// path gives the unfused path's bits (kernels/matmul.cu `norm_prologue`, EPI_RESID), so
     /// which one a step takes never changes a token.
+    /// Never under cuBLASLt, which has no norm prologue.
     fn fuses_norm(&self, _hidden: usize, tokens: usize) -> bool {
-        tokens <= matmul::FUSE_NORM_MAX_TOKENS
+        self.cublaslt.is_none() && tokens <= matmul::FUSE_NORM_MAX_TOKENS
     }
 
     /// One GEMM whose epilogue adds into h and writes h * gamma (kernels/matmul.cu EPI_RESID).

@@ -26,6 +26,12 @@ pub struct Switch {
 /// Every switch, in the order [`Switches::from_env`] reads them.
 pub const SWITCHES: &[Switch] = &[
     Switch {
+        name: "TANDEM_CUDA_GEMM",
+        values: "ours, cublaslt (NVIDIA's library; not batch-invariant)",
+        default: "ours",
+        what: "who computes the 16-bit projections without bias (`--gemm`)",
+    },
+    Switch {
         name: "TANDEM_CUDA_GEMM_LARGE",
         values: "m128_occ2, m128, m128_n128, m128_w64, wgmma, wgmma_ws (sm_90 only)",
         default: "m128_occ2",
@@ -115,6 +121,9 @@ pub enum Sampler {
 /// The switches as one load read them.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Switches {
+    /// `TANDEM_CUDA_GEMM=cublaslt`: the plain 16-bit projections through cuBLASLt
+    /// (cublaslt.rs), the fused ones declined so that every projection is plain.
+    pub cublaslt: bool,
     /// `TANDEM_CUDA_GEMM_LARGE` / `_MID` / `_SMALL`.
     pub gemm: GemmVariants,
     /// `TANDEM_CUDA_ATTENTION`.
@@ -142,6 +151,7 @@ impl Default for Switches {
     /// Every switch at its default (what an empty environment reads).
     fn default() -> Self {
         Switches {
+            cublaslt: false,
             gemm: GEMM_DEFAULT_VARIANTS,
             attention: AttnVariant::Tc,
             attention_d256: D256Variant::Partial,
@@ -165,6 +175,7 @@ impl Switches {
 
     /// The switches `var` gives (a variable's value, None where unset).
     pub fn read(var: impl Fn(&str) -> Option<String>) -> Result<Self> {
+        let cublaslt = parse_gemm(var("TANDEM_CUDA_GEMM").as_deref()).map_err(err)?;
         let gemm = gemm::parse_gemm_variants(
             var("TANDEM_CUDA_GEMM_LARGE").as_deref(),
             var("TANDEM_CUDA_GEMM_MID").as_deref(),
@@ -181,6 +192,7 @@ impl Switches {
             _ => Sampler::Bisect,
         };
         Ok(Switches {
+            cublaslt,
             gemm,
             attention,
             attention_d256,
@@ -198,6 +210,9 @@ impl Switches {
     pub fn changed(&self) -> Vec<String> {
         let d = Switches::default();
         let mut out = vec![];
+        if self.cublaslt != d.cublaslt {
+            out.push("TANDEM_CUDA_GEMM: cublaslt".into());
+        }
         if self.gemm != d.gemm {
             out.push(format!("TANDEM_CUDA_GEMM_LARGE / _MID / _SMALL: {:?}", self.gemm));
         }
@@ -242,6 +257,15 @@ impl Switches {
     }
 }
 
+/// `TANDEM_CUDA_GEMM`: whether cuBLASLt computes the plain projections (unset or empty: ours).
+pub(crate) fn parse_gemm(v: Option<&str>) -> std::result::Result<bool, String> {
+    match v.unwrap_or("") {
+        "" | "ours" => Ok(false),
+        "cublaslt" => Ok(true),
+        o => Err(format!("TANDEM_CUDA_GEMM={o}: one of ours (the default), cublaslt")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -256,7 +280,7 @@ mod tests {
         assert_eq!(read(&[]).unwrap(), Switches::default());
         assert!(Switches::default().changed().is_empty());
         let names: Vec<_> = SWITCHES.iter().map(|s| s.name).collect();
-        assert_eq!(names.len(), 12);
+        assert_eq!(names.len(), 13);
         let src = include_str!("switches.rs");
         for n in &names {
             assert!(src.matches(&format!("var(\"{n}\")")).count() == 1, "{n} is read once");
@@ -267,6 +291,7 @@ mod tests {
     #[test]
     fn values_read_as_before() {
         let s = read(&[
+            ("TANDEM_CUDA_GEMM", "cublaslt"),
             ("TANDEM_CUDA_GEMM_SMALL", "m16_x1"),
             ("TANDEM_CUDA_ATTENTION", "tc_shared"),
             ("TANDEM_CUDA_ATTENTION_D256", "tc"),
@@ -281,14 +306,16 @@ mod tests {
         .unwrap();
         assert_eq!(s.attention, AttnVariant::TcShared);
         assert_eq!(s.attention_d256, D256Variant::Tc);
-        assert!(s.pdl && s.argmax_multi && s.sync && s.f32_activations && !s.cubin);
+        assert!(s.cublaslt && s.pdl && s.argmax_multi && s.sync && s.f32_activations && !s.cubin);
         assert_eq!((s.moe, s.sampler), (MoePath::Dense, Sampler::Multi));
-        assert_eq!(s.changed().len(), 10);
+        assert_eq!(s.changed().len(), 11);
         // The on/off switches take anything else as off; the variant switches refuse it.
         let s =
             read(&[("TANDEM_CUDA_SAMPLER", "fast"), ("TANDEM_CUDA_SYNC", "yes"), ("TANDEM_CUDA_CUBIN", "")]).unwrap();
         assert_eq!(s, Switches::default());
+        assert!(!read(&[("TANDEM_CUDA_GEMM", "ours")]).unwrap().cublaslt);
         for (k, v) in [
+            ("TANDEM_CUDA_GEMM", "cublas"),
             ("TANDEM_CUDA_GEMM_LARGE", "m256"),
             ("TANDEM_CUDA_ATTENTION", "x"),
             ("TANDEM_CUDA_ATTENTION_D256", "x"),

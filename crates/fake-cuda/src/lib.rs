@@ -32,12 +32,16 @@
 //!   at PDL_WAIT (cuda_emu.h `Pdl`), so a read of the primary's output above the wait reads
 //!   stale memory; such a kernel that never waits fails the launch.
 //!
+//! It also exports the cuBLASLt entry points the backend calls (`cublaslt`), a GEMM on the CPU
+//! from the fake device memory, so `libcublasLt.so.13` may be a link to this same library.
+//!
 //! What it cannot tell: the GPU memory model and races between blocks or warps (blocks and
 //! threads switch only at barriers), the hardware's rounding inside an mma,
 //! FMA contraction, register pressure and speed. kernels/README.md says how to use it.
 
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
+mod cublaslt;
 mod kernels;
 mod memory;
 mod ptx;

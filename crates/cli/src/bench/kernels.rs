@@ -16,6 +16,11 @@
 //! step's does. The variant is the process's (`TANDEM_CUDA_SAMPLER`, `TANDEM_CUDA_ARGMAX`;
 //! gpu/tune.sh times each).
 //!
+//! cuBLASLt: on CUDA, with bf16 or f16 weights, each GEMM case is timed again through cuBLASLt
+//! in the same process (`CudaBackend::set_gemm_cublaslt`; no torch), and the table shows its
+//! time over ours ("vs cuBLASLt": above 1, ours is faster); `--no-cublaslt` skips it, and a
+//! missing libcublasLt.so.13 is a note on stderr, not a failure.
+//!
 //! Shapes: `llama-3.2-1b`, `llama-3.1-8b` (the GPU's), `tiny` (for the CPU test of this harness).
 
 use std::time::Instant;
@@ -84,6 +89,9 @@ pub struct Args {
     /// Measured tensor-core peak, TFLOP/s.
     #[arg(long)]
     peak_tflops: Option<f64>,
+    /// Do not time the GEMMs again through cuBLASLt (CUDA only).
+    #[arg(long)]
+    no_cublaslt: bool,
     #[command(flatten)]
     out: OutputArgs,
 }
@@ -119,6 +127,8 @@ struct Row {
     flops: f64,
     /// What torch is asked to time (gpu/kernel_lab.py).
     spec: Value,
+    /// The same GEMM through cuBLASLt, microseconds (CUDA, 16-bit weights).
+    cublaslt_us: Option<f64>,
 }
 
 /// Mean microseconds per call of `f`: one warm-up, then calls until `min_ms` have passed.
@@ -213,6 +223,7 @@ fn gemms<B: Backend>(
                 bytes,
                 flops: 2.0 * (m * n * k) as f64,
                 spec: json!({"kind": "gemm", "m": m, "n": n, "k": k, "x_dtype": x_dtype.name()}),
+                cublaslt_us: None,
             });
         }
     }
@@ -316,7 +327,7 @@ fn attention<B: Backend>(
     if let Some(v) = attention_variant(a) {
         case.push_str(&format!(" attn={v}"));
     }
-    rows.push(Row { op: op.into(), case, us, bytes: kv_bytes + io, flops, spec: json!({"kind": "attention", "batch": seqs, "ctx": ctx, "q_len": q_len, "heads": s.heads, "kv_heads": s.kv_heads, "head_dim": s.head_dim}) });
+    rows.push(Row { op: op.into(), case, us, bytes: kv_bytes + io, flops, spec: json!({"kind": "attention", "batch": seqs, "ctx": ctx, "q_len": q_len, "heads": s.heads, "kv_heads": s.kv_heads, "head_dim": s.head_dim}), cublaslt_us: None });
     Ok(())
 }
 
@@ -335,6 +346,7 @@ fn sampling<B: Backend>(b: &B, s: Shape, a: &Args, batch: usize, rows: &mut Vec<
         bytes,
         flops: 0.0,
         spec: json!({"kind": "argmax", "batch": batch, "vocab": s.vocab}),
+        cublaslt_us: None,
     });
     for (name, top_k, top_p) in [("top-p 0.9", 0u32, 0.9f32), ("top-k 50 top-p 0.9", 50, 0.9)] {
         let mut step = 0u32;
@@ -361,13 +373,14 @@ fn sampling<B: Backend>(b: &B, s: Shape, a: &Args, batch: usize, rows: &mut Vec<
             bytes,
             flops: 0.0,
             spec: json!({"kind": "sample", "batch": batch, "vocab": s.vocab, "top_k": top_k, "top_p": top_p}),
+            cublaslt_us: None,
         });
     }
     Ok(())
 }
 
-fn lab<B: Backend>(b: &B, a: &Args) -> Result<Vec<Row>> {
-    let s = shape(&a.shape)?;
+/// The GEMMs' weight type and GGUF layout (`--dtype`).
+fn gemm_dtype(a: &Args) -> Result<(DType, Option<QuantLayout>)> {
     let quant = QuantLayout::GGUF.into_iter().find(|l| l.name().to_lowercase() == a.dtype);
     let dtype = match a.dtype.as_str() {
         "bf16" => DType::BF16,
@@ -376,6 +389,39 @@ fn lab<B: Backend>(b: &B, a: &Args) -> Result<Vec<Row>> {
         _ if quant.is_some() => DType::F32,
         d => bail!("--dtype {d}: bf16, f16, f32 or a GGUF layout (q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k)"),
     };
+    Ok((dtype, quant))
+}
+
+/// Each GEMM row of `rows` timed again through cuBLASLt on `b` (its `cublaslt_us`), unless
+/// `--no-cublaslt`, the weights are not 16-bit, or cuBLASLt already served them; a missing
+/// library is a note, not a failure.
+fn cublaslt_peer(b: &mut tandem_cuda::CudaBackend, a: &Args, rows: &mut [Row]) -> Result<()> {
+    let (dtype, quant) = gemm_dtype(a)?;
+    if a.no_cublaslt || a.only_sampling || a.only_attention || quant.is_some() || dtype == DType::F32 {
+        return Ok(());
+    }
+    if b.gemm_cublaslt() {
+        eprintln!("kernel lab: TANDEM_CUDA_GEMM=cublaslt: the GEMM rows are cuBLASLt's already");
+        return Ok(());
+    }
+    if let Err(e) = b.set_gemm_cublaslt(true) {
+        eprintln!("kernel lab: cuBLASLt not timed: {e}");
+        return Ok(());
+    }
+    let mut peer = vec![];
+    gemms(&*b, shape(&a.shape)?, a, dtype, None, &mut peer)?;
+    b.set_gemm_cublaslt(false)?;
+    for p in peer {
+        if let Some(r) = rows.iter_mut().find(|r| r.op == p.op && r.case == p.case) {
+            r.cublaslt_us = Some(p.us);
+        }
+    }
+    Ok(())
+}
+
+fn lab<B: Backend>(b: &B, a: &Args) -> Result<Vec<Row>> {
+    let s = shape(&a.shape)?;
+    let (dtype, quant) = gemm_dtype(a)?;
     let mut rows = vec![];
     if !a.only_sampling {
         if !a.only_attention {
@@ -414,9 +460,11 @@ pub fn run(a: Args) -> Result<()> {
             (lab(&b, &a)?, d)
         }
         BackendKind::Cuda | BackendKind::Auto => {
-            let b = tandem_cuda::CudaBackend::new(0).context("opening the CUDA backend")?;
+            let mut b = tandem_cuda::CudaBackend::new(0).context("opening the CUDA backend")?;
             let d = b.device_name().to_string();
-            (lab(&b, &a)?, d)
+            let mut rows = lab(&b, &a)?;
+            cublaslt_peer(&mut b, &a, &mut rows)?;
+            (rows, d)
         }
     };
     let floor = |r: &Row| {
@@ -438,12 +486,13 @@ pub fn run(a: Args) -> Result<()> {
                 format!("{:.1}", r.bytes / r.us / 1e3),
                 format!("{:.2}", r.flops / r.us / 1e6),
                 f.map_or("-".into(), |f| format!("{:.0}%", 100.0 * f / r.us)),
+                r.cublaslt_us.map_or("-".into(), |p| format!("{:.2}x", p / r.us)),
             ]
         })
         .collect();
     let results: Vec<Value> = rows
         .iter()
-        .map(|r| json!({"op": r.op, "case": r.case, "us": r.us, "bytes": r.bytes, "flops": r.flops, "floor_us": floor(r), "frac_of_floor": floor(r).map(|f| f / r.us), "torch": r.spec}))
+        .map(|r| json!({"op": r.op, "case": r.case, "us": r.us, "bytes": r.bytes, "flops": r.flops, "floor_us": floor(r), "frac_of_floor": floor(r).map(|f| f / r.us), "cublaslt_us": r.cublaslt_us, "torch": r.spec}))
         .collect();
     let settings = json!({"shape": a.shape, "dtype": a.dtype, "min_ms": a.min_ms, "bandwidth_gbs": a.bandwidth_gbs, "peak_tflops": a.peak_tflops, "cuda_attention": attention_variant(&a)});
     let rep = report::build(
@@ -455,6 +504,6 @@ pub fn run(a: Args) -> Result<()> {
     );
     report::write_json(&a.out, &format!("kernels-{}-{}", a.backend.name(), a.shape), &rep)?;
     println!("### kernel lab: {} on {} ({device})\n", a.shape, a.backend.name());
-    println!("{}", markdown_table(&["op", "case", "us", "GB/s", "TFLOP/s", "of floor"], &table));
+    println!("{}", markdown_table(&["op", "case", "us", "GB/s", "TFLOP/s", "of floor", "vs cuBLASLt"], &table));
     Ok(())
 }

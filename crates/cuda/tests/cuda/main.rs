@@ -3,6 +3,7 @@
 //! is what a cold CI build spends its time on. Run one module with
 //! `cargo test -p tandem-cuda --test cuda <module>::`.
 
+mod cublaslt;
 mod emulation;
 mod gpu_invariance;
 mod graphs;

@@ -48,6 +48,8 @@ pub enum Op {
         seq: u64,
     },
     Graph(Arc<Vec<Op>>),
+    /// A cuBLASLt GEMM (crate::cublaslt), run on the CPU.
+    Gemm(Arc<crate::cublaslt::Gemm>),
 }
 
 #[derive(Clone)]
@@ -100,7 +102,7 @@ impl State {
         let st = self.streams.get_mut(&stream).expect("checked");
         if let Some(c) = st.capture.as_mut() {
             let refused = match &op {
-                Op::Launch(_) | Op::Memset { .. } | Op::DtoD { .. } => None,
+                Op::Launch(_) | Op::Memset { .. } | Op::DtoD { .. } | Op::Gemm(_) => None,
                 Op::HtoD { src: Src::Pinned(_), .. } => None,
                 Op::HtoD { .. } => Some("a copy from pageable host memory"),
                 Op::DtoH { .. } => Some("a copy to host memory"),
@@ -246,6 +248,7 @@ impl State {
             }
             Op::Free { base } => self.mem.free_device(*base),
             Op::Record => Ok(()),
+            Op::Gemm(g) => g.run(&self.mem),
             Op::Wait { stream, seq } => self.drain_to(*stream, *seq + 1),
             Op::Graph(ops) => {
                 // Kernels followed by programmatic dependents run as pairs (run_pair): from
