@@ -5,16 +5,23 @@
 #
 #   kernels/install-toolchain.sh            # venv at <repo>/.venv-cuda
 #   TANDEM_CUDA_VENV=/some/dir kernels/install-toolchain.sh
+#   kernels/install-toolchain.sh --cublas   # also libcublasLt (423 MB), for --gemm cublaslt
 #
 # Prints shell lines (export ...) that the check binary also understands; `eval` them or pass
 # the venv path to `tandem-kernels-check --venv`.
 set -euo pipefail
 
 # 13.0.x only: a newer NVRTC emits PTX that the 580 driver on our GPU cannot load.
+WHEELS=(nvidia-cuda-nvrtc==13.0.88 nvidia-cuda-runtime==13.0.96 nvidia-cuda-nvcc==13.0.88)
 # nvidia-cublas: libcublasLt.so.13, loaded at run time only by TANDEM_CUDA_GEMM=cublaslt and
 # `tandem bench kernels` (the peer of our GEMMs); the cuBLAS of the CUDA 13.0 update whose
-# runtime is pinned beside it.
-WHEELS=(nvidia-cuda-nvrtc==13.0.88 nvidia-cuda-runtime==13.0.96 nvidia-cuda-nvcc==13.0.88 nvidia-cublas==13.1.0.3)
+# runtime is pinned beside it. Only with --cublas (or TANDEM_CUDA_CUBLAS=1): no test needs it
+# (the fake driver exports its own cuBLASLt) and a machine with CUDA installed has it already.
+cublas=0
+if [ "${1:-}" = "--cublas" ] || [ "${TANDEM_CUDA_CUBLAS:-0}" = "1" ]; then
+    cublas=1
+    WHEELS+=(nvidia-cublas==13.1.0.3)
+fi
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${TANDEM_CUDA_VENV:-$repo/.venv-cuda}"
@@ -47,7 +54,7 @@ missing=0
 [ -e "$lib/libnvrtc.so.13" ] || { echo "missing: $lib/libnvrtc.so.13" >&2; missing=1; }
 [ -e "$inc/cuda_bf16.h" ] || { echo "missing: $inc/cuda_bf16.h" >&2; missing=1; }
 [ -x "$bin/ptxas" ] || { echo "missing: $bin/ptxas" >&2; missing=1; }
-[ -e "$lib/libcublasLt.so.13" ] || { echo "missing: $lib/libcublasLt.so.13" >&2; missing=1; }
+[ "$cublas" -eq 0 ] || [ -e "$lib/libcublasLt.so.13" ] || { echo "missing: $lib/libcublasLt.so.13" >&2; missing=1; }
 if [ "$missing" -ne 0 ]; then
     echo "the wheels installed but not where expected; look under $site/nvidia" >&2
     exit 1

@@ -12,7 +12,8 @@
 //! may depend on how many rows share its step; the kernels' contract (kernels/matmul.cu) does
 //! not hold under this switch. Why it exists: speed now, and a measured peer.
 //!
-//! The library is `libcublasLt.so.13` from the `nvidia-cublas` wheel (kernels/install-toolchain.sh);
+//! The library is `libcublasLt.so.13` of the CUDA install or the `nvidia-cublas` wheel
+//! (`kernels/install-toolchain.sh --cublas`);
 //! it is opened only when the switch asks, and its absence is then a load error naming it.
 
 use std::collections::HashMap;
@@ -38,7 +39,7 @@ pub(crate) const WORKSPACE_BYTES: usize = 32 << 20;
 pub(crate) fn missing_message() -> String {
     format!(
         "TANDEM_CUDA_GEMM=cublaslt (--gemm cublaslt) needs {LIBRARY}, which was not found on the loader path: \
-         install the nvidia-cublas wheel (kernels/install-toolchain.sh pins it) and put its lib folder \
+         install the nvidia-cublas wheel (kernels/install-toolchain.sh --cublas pins it) and put its lib folder \
          (site-packages/nvidia/cu13/lib) on LD_LIBRARY_PATH"
     )
 }
