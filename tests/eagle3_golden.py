@@ -8,6 +8,8 @@ position but the last (random here: the head only reads them), and for several p
 the head's k greedy drafts computed from scratch. Run once by hand, then commit the files:
 
     /tmp/hfvenv/bin/python tests/eagle3_golden.py
+    tandem gen-model --shape tiny --seed 11 --dtype f32 --out /tmp/tiny11
+    /tmp/hfvenv/bin/python tests/eagle3_golden.py --target /tmp/tiny11   # target_hidden.json
 """
 import json
 import os
@@ -134,6 +136,25 @@ def main():
     print(cases)
 
 
-if __name__ == "__main__":
+if __name__ == "__main__" and len(os.sys.argv) == 1:
     with torch.no_grad():
         main()
+
+
+def target_hidden(model_dir):
+    """The hidden states entering each layer of the `tiny` target (seed 11, f32: `tandem
+    gen-model --shape tiny --seed 11 --dtype f32`) for one prompt, HF's output_hidden_states
+    (entry l: the input to layer l), which the forward's aux states must equal."""
+    from transformers import AutoModelForCausalLM
+
+    m = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    tokens = [119, 119, 119, 119, 3, 77, 200, 5, 9, 381, 12, 64]
+    hs = m(torch.tensor([tokens]), output_hidden_states=True).hidden_states
+    out = {"tokens": tokens, "layers": [0, 1], "hidden": [hs[l][0].flatten().tolist() for l in (0, 1)]}
+    with open(os.path.join(OUT, "target_hidden.json"), "w") as f:
+        json.dump(out, f)
+
+
+if __name__ == "__main__" and len(os.sys.argv) > 2 and os.sys.argv[1] == "--target":
+    with torch.no_grad():
+        target_hidden(os.sys.argv[2])

@@ -193,3 +193,41 @@ fn a_head_that_does_not_fit_the_target_is_refused() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The hidden states the forward keeps for a head are HF transformers' `output_hidden_states`
+/// (entry `l`: the input to layer `l`) of the same seeded target and prompt
+/// (tests/golden/eagle3-tiny/target_hidden.json, from tests/eagle3_golden.py --target), in a
+/// prefill chunked in two.
+#[test]
+fn aux_hidden_states_are_transformers_hidden_states() {
+    let dir = model_dir("aux", Shape::Tiny);
+    let text = std::fs::read_to_string(golden_head().join("target_hidden.json")).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let tokens: Vec<u32> = v["tokens"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+    let layers: Vec<usize> = v["layers"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as usize).collect();
+    let want: Vec<Vec<f32>> = v["hidden"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect())
+        .collect();
+    let mut r = runner(&dir, 16);
+    r.set_aux_layers(&layers).unwrap();
+    let (d, w, cut) = (64, 64 * layers.len(), 5);
+    let mut got = vec![];
+    for (start, chunk) in [(0, &tokens[..cut]), (cut, &tokens[cut..])] {
+        let mut b = tandem_core::ForwardBatch { max_blocks: 1, ..Default::default() };
+        b.push_seq(chunk, start, &[0], 16, true);
+        r.forward(&b).unwrap();
+        got.extend(r.take_aux_hidden());
+    }
+    assert_eq!(got.len(), tokens.len() * w);
+    for (j, hf) in want.iter().enumerate() {
+        for (t, row) in hf.chunks_exact(d).enumerate() {
+            let mine = &got[t * w + j * d..t * w + (j + 1) * d];
+            let err = mine.iter().zip(row).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            assert!(err < 1e-4, "layer {} token {t}: max |diff| {err}", layers[j]);
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
