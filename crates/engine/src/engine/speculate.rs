@@ -30,7 +30,7 @@ pub(super) enum DraftSource {
     /// The committed tokens alone (n-gram, suffix).
     Tokens(Box<dyn DraftProposer>),
     /// A draft head on the target's hidden states, which every forward then keeps.
-    Head(DraftHead),
+    Head(Box<DraftHead>),
 }
 
 impl Speculator {
@@ -46,7 +46,7 @@ impl Speculator {
                 runner
                     .set_aux_layers(head.aux_layers())
                     .map_err(|e| format!("speculative config: the draft head needs hidden states: {e}"))?;
-                DraftSource::Head(DraftHead::new(head))
+                DraftSource::Head(Box::new(DraftHead::new(head)))
             }
         };
         Ok(Speculator { cfg, source, acceptance: HashMap::new() })
