@@ -206,6 +206,13 @@ impl Eagle3Head {
         if aux_layers.is_empty() || aux_layers.iter().any(|&l| l >= layers) {
             return Err(bad(format!("aux layers {aux_layers:?} must be layers of the target (0..{layers})")));
         }
+        if cfg.attention_bias {
+            return Err(bad("attention_bias: a head with q/k/v biases is not supported".into()));
+        }
+        let layers_in_head = raw.get("num_hidden_layers").and_then(|v| v.as_u64()).unwrap_or(1);
+        if layers_in_head != 1 {
+            return Err(bad(format!("num_hidden_layers {layers_in_head}: an EAGLE-3 head has one layer")));
+        }
         let norm_before_residual = raw.get("norm_before_residual").and_then(|v| v.as_bool()).unwrap_or(false);
         let t = Tensors::open(dir)?;
         let (d, hd) = (cfg.hidden_size, cfg.head_dim);
@@ -435,6 +442,25 @@ mod tests {
             let e = Eagle3Head::load(&golden(), &cfg).err().unwrap();
             assert!(e.contains(names), "{e}");
         }
+        // The head's own config: what this engine cannot run is refused by name.
+        let dir = std::env::temp_dir().join(format!("tandem-eagle3-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::copy(golden().join("model.safetensors"), dir.join("model.safetensors")).unwrap();
+        let cfg: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(golden().join("config.json")).unwrap()).unwrap();
+        for (key, value, names) in [
+            ("attention_bias", serde_json::json!(true), "attention_bias"),
+            ("num_hidden_layers", serde_json::json!(2), "num_hidden_layers"),
+            ("draft_vocab_size", serde_json::json!(100), "draft_vocab_size"),
+            ("intermediate_size", serde_json::json!(64), "gate_proj"),
+        ] {
+            let mut c = cfg.clone();
+            c[key] = value;
+            std::fs::write(dir.join("config.json"), c.to_string()).unwrap();
+            let e = Eagle3Head::load(&dir, &target(64, 384, 2)).err().unwrap();
+            assert!(e.contains(names), "{key}: {e}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
         let e = Eagle3Head::load(Path::new("/nonexistent-eagle3"), &target(64, 384, 2)).err().unwrap();
         assert!(e.contains("nonexistent-eagle3"), "{e}");
     }
