@@ -273,21 +273,32 @@ impl Eagle3Head {
     }
 
     /// Up to `k` greedy draft tokens after `tokens` (the committed tokens `t_0..t_n-1`), from
-    /// `aux`: the target's aux states of positions `0..n-1` (one row of [`Self::aux_width`]
-    /// each, the last token's not yet computed). Head rows of committed positions not yet in
-    /// `cache` are computed and kept; the draft rows are dropped before returning. None: the
-    /// aux rows do not match the tokens.
-    pub fn propose(&self, cache: &mut HeadCache, tokens: &[u32], aux: &[f32], k: usize) -> Option<Vec<u32>> {
+    /// `aux`: the target's aux states of positions `aux_from..n-1` (one row of
+    /// [`Self::aux_width`] each, the last token's not yet computed). Head rows of committed
+    /// positions not yet in `cache` are computed and kept (so the caller may drop the aux rows
+    /// before the last once this returns); the draft rows are dropped before returning. None:
+    /// the aux rows do not match the tokens, or start after the cache's end.
+    pub fn propose(
+        &self,
+        cache: &mut HeadCache,
+        tokens: &[u32],
+        aux: &[f32],
+        aux_from: usize,
+        k: usize,
+    ) -> Option<Vec<u32>> {
         let w = self.aux_width();
-        let rows = aux.len() / w;
-        if k == 0 || rows == 0 || !aux.len().is_multiple_of(w) || rows + 1 != tokens.len() {
+        let rows = aux_from + aux.len() / w;
+        if k == 0 || aux.is_empty() || !aux.len().is_multiple_of(w) || rows + 1 != tokens.len() {
             return None;
         }
         // The last committed row's output starts the drafts: recompute it.
         cache.truncate(rows - 1);
+        if cache.len() < aux_from {
+            return None;
+        }
         let mut out = None;
         for i in cache.len()..rows {
-            let fc = matvec(&self.fc, &aux[i * w..(i + 1) * w], self.hidden);
+            let fc = matvec(&self.fc, &aux[(i - aux_from) * w..(i - aux_from + 1) * w], self.hidden);
             out = Some(self.row(cache, tokens[i + 1], &fc, i));
         }
         let (mut pre, mut id) = out.expect("at least one row");
@@ -421,15 +432,18 @@ mod tests {
             let k = case["k"].as_u64().unwrap() as usize;
             let want: Vec<u32> =
                 case["drafts"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
-            let got = head.propose(&mut cache, &tokens[..n], &aux[..(n - 1) * w], k).unwrap();
+            // Through the cache only the rows from the last one it holds are needed.
+            let from = cache.len().saturating_sub(1);
+            let got = head.propose(&mut cache, &tokens[..n], &aux[from * w..(n - 1) * w], from, k).unwrap();
             assert_eq!(got, want, "prefix of {n} tokens");
             assert_eq!(cache.len(), n - 1, "only committed rows kept");
             // From scratch gives the same.
-            let fresh = head.propose(&mut HeadCache::default(), &tokens[..n], &aux[..(n - 1) * w], k).unwrap();
+            let fresh = head.propose(&mut HeadCache::default(), &tokens[..n], &aux[..(n - 1) * w], 0, k).unwrap();
             assert_eq!(fresh, want);
         }
-        // Aux rows that do not match the tokens: no drafts.
-        assert!(head.propose(&mut cache, &tokens[..5], &aux[..3 * w], 2).is_none());
+        // Aux rows that do not match the tokens, or that start past the cache: no drafts.
+        assert!(head.propose(&mut cache, &tokens[..5], &aux[..3 * w], 0, 2).is_none());
+        assert!(head.propose(&mut HeadCache::default(), &tokens[..5], &aux[w..4 * w], 1, 2).is_none());
     }
 
     #[test]
