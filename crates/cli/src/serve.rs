@@ -95,7 +95,8 @@ pub struct EngineArgs {
     pub max_long_partial_prefills: Option<u64>,
     /// vLLM's JSON, e.g. `{"method": "ngram", "num_speculative_tokens": 4}` (also
     /// `prompt_lookup_min`, `prompt_lookup_max`) or `{"method": "suffix"}` (also the
-    /// `suffix_decoding_*` fields): greedy answers stay bitwise the same, sampled ones keep
+    /// `suffix_decoding_*` fields) or `{"method": "eagle3", "model": DIR,
+    /// "num_speculative_tokens": 3}` (an EAGLE-3 head): greedy answers stay bitwise the same, sampled ones keep
     /// their distribution. Other methods and fields are refused by name.
     #[arg(long, value_parser = SpeculativeConfig::from_json)]
     pub speculative_config: Option<SpeculativeConfig>,
@@ -168,7 +169,7 @@ impl EngineArgs {
             long_prefill_token_threshold: self.long_prefill_token_threshold,
             max_num_partial_prefills: self.max_num_partial_prefills.unwrap_or(0) as usize,
             max_long_partial_prefills: self.max_long_partial_prefills.unwrap_or(0) as usize,
-            speculative: self.speculative_config,
+            speculative: self.speculative_config.clone(),
             ..Default::default()
         })
     }

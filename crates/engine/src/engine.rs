@@ -147,9 +147,13 @@ impl Engine {
         if let Some(s) = &cfg.speculative {
             s.validate().map_err(EngineError::Config)?;
         }
-        let speculator = cfg.speculative.map(Speculator::new);
         let stats = Stats {
-            spec_decode_num_accepted_tokens_per_pos: vec![0; cfg.speculative.map_or(0, |s| s.num_speculative_tokens)],
+            spec_decode_num_accepted_tokens_per_pos: vec![
+                0;
+                cfg.speculative
+                    .as_ref()
+                    .map_or(0, |s| s.num_speculative_tokens)
+            ],
             ..Stats::default()
         };
         tracing::info!(?prefill, max_num_batched_tokens, "prefill scheduling");
@@ -166,6 +170,13 @@ impl Engine {
             prefill,
         });
         let (eos, vocab) = (model.eos_token_ids.clone(), model.vocab_size);
+        let mut runner = runner;
+        let speculator = cfg
+            .speculative
+            .clone()
+            .map(|s| Speculator::new(s, &mut *runner))
+            .transpose()
+            .map_err(EngineError::Config)?;
         let runner = Arc::new(Mutex::new(runner));
         let worker = Worker::spawn(runner.clone())
             .map_err(|e| EngineError::Config(format!("cannot start the model worker thread: {e}")))?;
@@ -420,6 +431,9 @@ impl Engine {
             if let Some(r) = self.requests.get_mut(&rid) {
                 r.live.push(child.id);
                 r.unforked = 0..0;
+            }
+            if let Some(h) = self.speculator.as_mut().and_then(Speculator::head) {
+                h.fork(parent, child.id);
             }
             self.scheduler.fork(parent, child);
         }

@@ -11,7 +11,8 @@
 //!
 //! How a step runs with drafts:
 //! 1. Propose (`Engine::propose_drafts`, before the schedule): each running decode sequence
-//!    that [`drafts_allowed`] gets up to `k` draft tokens from the [`DraftProposer`] in
+//!    that [`drafts_allowed`] gets up to `k` draft tokens from the [`DraftProposer`] (or the
+//!    [`DraftHead`], which reads the target's hidden states that each forward keeps) in
 //!    `Sequence::draft` (kept outside `Sequence::tokens`, which hold only what is committed).
 //!    `k` is cut so that the bonus token still fits `max_tokens`, and adapts to load and to
 //!    acceptance ([`draft_length`]: fewer drafts as the running batch grows, none for a
@@ -45,7 +46,8 @@
 //! top-p and min-p as the sampler applies them) are verified by the same rule, which is
 //! rejection sampling for a draft that is a point mass. Let `p` be the target's processed
 //! distribution at a drafted position and `d` the draft (n-gram and suffix drafts are
-//! deterministic: the draft distribution `q` puts all its mass on `d`). Standard speculative
+//! deterministic, and so are a draft head's greedy drafts given the committed tokens: the
+//! draft distribution `q` puts all its mass on `d`). Standard speculative
 //! sampling accepts `d` with probability `min(1, p(d) / q(d)) = p(d)`, and on rejection draws
 //! from the residual `max(0, p - q)` renormalised, which is `p` with `d` removed. Here the
 //! target's token `x` is drawn from `p` with the request's own keyed uniform (seed, completion,
@@ -73,9 +75,13 @@
 //! Counters (vLLM's): drafts (sequence-steps verified with at least one draft), draft tokens,
 //! accepted tokens, and accepted tokens per draft position, in [`crate::Stats`].
 
+mod draft_head;
 mod draft_length;
 mod suffix;
 
+use std::path::PathBuf;
+
+pub use self::draft_head::DraftHead;
 pub use self::draft_length::{load_cap, Acceptance, DRAFT_ROWS};
 pub use self::suffix::{SuffixProposer, MAX_CACHED_TOKENS};
 use crate::sequence::Sequence;
@@ -88,6 +94,9 @@ pub enum SpeculativeMethod {
     /// Suffix decoding: the most frequent continuation of the longest match of the newest
     /// tokens in the sequence and in earlier requests' outputs ([`SuffixProposer`]).
     Suffix,
+    /// An EAGLE-3 draft head (a separate model directory, `"model"`), run on the target's
+    /// hidden states ([`DraftHead`]).
+    Eagle3,
 }
 
 impl SpeculativeMethod {
@@ -96,18 +105,22 @@ impl SpeculativeMethod {
         match self {
             SpeculativeMethod::Ngram => "ngram",
             SpeculativeMethod::Suffix => "suffix",
+            SpeculativeMethod::Eagle3 => "eagle3",
         }
     }
 }
 
 /// The methods `from_json` knows, for its error messages.
-const METHODS: &str = "ngram, suffix";
+const METHODS: &str = "ngram, suffix, eagle3";
 
 /// vLLM's `--speculative-config`, the part this engine honours. The n-gram fields apply to
-/// `ngram`, the `suffix_decoding_*` fields to `suffix` (with vLLM's names and defaults).
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// `ngram`, the `suffix_decoding_*` fields to `suffix` (with vLLM's names and defaults),
+/// `model` to `eagle3`.
+#[derive(Debug, Clone, PartialEq)]
 pub struct SpeculativeConfig {
     pub method: SpeculativeMethod,
+    /// The draft head's directory (`eagle3`).
+    pub model: Option<PathBuf>,
     /// Most draft tokens per sequence and step (`k`).
     pub num_speculative_tokens: usize,
     /// Shortest n-gram looked up.
@@ -129,6 +142,7 @@ impl SpeculativeConfig {
     pub fn ngram(k: usize) -> Self {
         SpeculativeConfig {
             method: SpeculativeMethod::Ngram,
+            model: None,
             num_speculative_tokens: k,
             prompt_lookup_min: 1,
             prompt_lookup_max: 4,
@@ -144,8 +158,13 @@ impl SpeculativeConfig {
         SpeculativeConfig { method: SpeculativeMethod::Suffix, ..Self::ngram(k) }
     }
 
+    /// An EAGLE-3 head in `dir` proposing `k` drafts.
+    pub fn eagle3(dir: impl Into<PathBuf>, k: usize) -> Self {
+        SpeculativeConfig { method: SpeculativeMethod::Eagle3, model: Some(dir.into()), ..Self::ngram(k) }
+    }
+
     /// vLLM's `--speculative-config` JSON object. `method` is required, and
-    /// `num_speculative_tokens` too for `ngram` (for `suffix` it defaults, as in vLLM, to
+    /// `num_speculative_tokens` too for `ngram` and `eagle3`, `model` for `eagle3` (for `suffix` it defaults, as in vLLM, to
     /// `suffix_decoding_max_tree_depth`); an n-gram length left out takes the other's value,
     /// both left out take vLLM's 5. A method this engine does not have, any other field, or a
     /// field of the other method is refused by name.
@@ -174,6 +193,7 @@ impl SpeculativeConfig {
         let method = match obj.get("method").map(|m| m.as_str()) {
             Some(Some("ngram")) => SpeculativeMethod::Ngram,
             Some(Some("suffix")) => SpeculativeMethod::Suffix,
+            Some(Some("eagle3")) => SpeculativeMethod::Eagle3,
             Some(Some(other)) => {
                 return Err(format!("speculative config: method `{other}` is not supported (supported: {METHODS})"))
             }
@@ -187,10 +207,15 @@ impl SpeculativeConfig {
             "suffix_decoding_max_spec_factor",
             "suffix_decoding_min_token_prob",
         ];
+        let head_fields = ["model"];
+        let ngram_other = [&suffix_fields[..], &head_fields].concat();
+        let suffix_other = [&ngram_fields[..], &head_fields].concat();
+        let head_other = [&ngram_fields[..], &suffix_fields].concat();
         for field in obj.keys().map(String::as_str) {
             let (own, other) = match method {
-                SpeculativeMethod::Ngram => (&ngram_fields[..], &suffix_fields[..]),
-                SpeculativeMethod::Suffix => (&suffix_fields[..], &ngram_fields[..]),
+                SpeculativeMethod::Ngram => (&ngram_fields[..], &ngram_other[..]),
+                SpeculativeMethod::Suffix => (&suffix_fields[..], &suffix_other[..]),
+                SpeculativeMethod::Eagle3 => (&head_fields[..], &head_other[..]),
             };
             if other.contains(&field) {
                 return Err(format!(
@@ -204,6 +229,19 @@ impl SpeculativeConfig {
         }
         let mut cfg = SpeculativeConfig { method, ..Self::ngram(0) };
         match method {
+            SpeculativeMethod::Eagle3 => {
+                cfg.num_speculative_tokens =
+                    count("num_speculative_tokens")?.ok_or("speculative config: num_speculative_tokens is required")?;
+                cfg.model = match obj.get("model") {
+                    Some(serde_json::Value::String(m)) if !m.is_empty() => Some(PathBuf::from(m)),
+                    Some(x) => return Err(format!("speculative config: model must be a directory name, got {x}")),
+                    None => {
+                        return Err(
+                            "speculative config: model (the draft head's directory) is required for eagle3".into()
+                        )
+                    }
+                };
+            }
             SpeculativeMethod::Ngram => {
                 cfg.num_speculative_tokens =
                     count("num_speculative_tokens")?.ok_or("speculative config: num_speculative_tokens is required")?;
@@ -244,6 +282,9 @@ impl SpeculativeConfig {
         if !(0.0..=1.0).contains(&p) {
             return Err(format!("speculative config: suffix_decoding_min_token_prob ({p}) must be in [0, 1]"));
         }
+        if self.method == SpeculativeMethod::Eagle3 && self.model.is_none() {
+            return Err("speculative config: model (the draft head's directory) is required for eagle3".into());
+        }
         if self.num_speculative_tokens == 0 {
             return Err("speculative config: num_speculative_tokens must be positive".into());
         }
@@ -259,19 +300,21 @@ impl SpeculativeConfig {
         Ok(())
     }
 
-    /// The proposer this config describes.
-    pub fn proposer(&self) -> Box<dyn DraftProposer> {
-        match self.method {
+    /// The proposer this config describes, when its drafts come from the tokens alone (None:
+    /// a draft head, which the engine runs on the target's hidden states).
+    pub fn proposer(&self) -> Option<Box<dyn DraftProposer>> {
+        Some(match self.method {
             SpeculativeMethod::Ngram => {
                 Box::new(NgramProposer { min: self.prompt_lookup_min, max: self.prompt_lookup_max })
             }
+            SpeculativeMethod::Eagle3 => return None,
             SpeculativeMethod::Suffix => Box::new(SuffixProposer::new(
                 self.suffix_decoding_max_tree_depth,
                 self.suffix_decoding_max_spec_factor,
                 self.suffix_decoding_min_token_prob,
                 self.suffix_decoding_max_cached_requests,
             )),
-        }
+        })
     }
 }
 
@@ -391,7 +434,14 @@ mod tests {
                 .unwrap();
         assert_eq!((c.prompt_lookup_min, c.prompt_lookup_max), (3, 3));
         for (json, names) in [
-            (r#"{"method": "eagle3", "num_speculative_tokens": 3}"#, "eagle3"),
+            (r#"{"method": "eagle3", "num_speculative_tokens": 3}"#, "model"),
+            (r#"{"method": "eagle3", "model": "d"}"#, "num_speculative_tokens"),
+            (r#"{"method": "eagle3", "model": 3, "num_speculative_tokens": 3}"#, "model"),
+            (
+                r#"{"method": "eagle3", "model": "d", "num_speculative_tokens": 3, "prompt_lookup_min": 2}"#,
+                "prompt_lookup_min",
+            ),
+            (r#"{"method": "eagle", "num_speculative_tokens": 3}"#, "eagle"),
             (
                 r#"{"method": "ngram", "num_speculative_tokens": 3, "suffix_decoding_max_tree_depth": 8}"#,
                 "suffix_decoding_max_tree_depth",
@@ -415,6 +465,15 @@ mod tests {
             let e = SpeculativeConfig::from_json(json).unwrap_err();
             assert!(e.contains(names), "{json}: {e}");
         }
+    }
+
+    #[test]
+    fn vllm_eagle3_json_names_the_head() {
+        let c =
+            SpeculativeConfig::from_json(r#"{"method": "eagle3", "model": "heads/e3", "num_speculative_tokens": 3}"#)
+                .unwrap();
+        assert_eq!(c, SpeculativeConfig::eagle3("heads/e3", 3));
+        assert!(c.proposer().is_none(), "the engine runs a head, not a token proposer");
     }
 
     #[test]

@@ -246,7 +246,7 @@ impl LlmBuilder {
             long_prefill_token_threshold: self.long_prefill_token_threshold,
             max_num_partial_prefills: self.max_num_partial_prefills,
             max_long_partial_prefills: self.max_long_partial_prefills,
-            speculative: self.speculative,
+            speculative: self.speculative.clone(),
             ..Default::default()
         }
     }

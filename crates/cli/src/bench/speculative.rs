@@ -150,13 +150,13 @@ pub fn run(mut a: Args) -> Result<()> {
     let free: Vec<String> = FREE_TASKS.iter().map(|t| t.to_string()).collect();
     let workloads = [("copy", prompts(&tok, &copy, a.output_len)?), ("free text", prompts(&tok, &free, a.output_len)?)];
     let configs: Vec<Option<SpeculativeConfig>> =
-        std::iter::once(None).chain(a.configs.iter().copied().map(Some)).collect();
+        std::iter::once(None).chain(a.configs.iter().cloned().map(Some)).collect();
 
     let mut runs: Vec<Run> = vec![];
     let mut backend = Value::Null;
     for (workload, ps) in &workloads {
         for c in &configs {
-            let ea = EngineArgs { speculative_config: *c, ..a.engine.clone() };
+            let ea = EngineArgs { speculative_config: c.clone(), ..a.engine.clone() };
             let label = format!("{workload}, {}", describe(c));
             // One warm-up request (a prompt reversed), so first touches stay out of the run.
             let m = measure(&model, &ea, ps, 1, a.concurrency, &label, a.timeout_s)?;

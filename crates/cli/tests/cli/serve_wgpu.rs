@@ -221,8 +221,9 @@ fn wgpu_serves_each_family() {
     }
 }
 
-/// With `--speculative-config` (n-gram drafts, then suffix) a greedy completion's text is the
-/// server's without it, whole and streamed, and /metrics counts the drafts.
+/// With `--speculative-config` (n-gram drafts, then suffix, then an EAGLE-3 head made for this
+/// shape, tests/golden/eagle3-tiny) a greedy completion's text is the server's without it,
+/// whole and streamed, and /metrics counts the drafts.
 #[test]
 fn wgpu_server_with_speculation_gives_the_same_greedy_text() {
     let model = std::env::temp_dir().join(format!("tandem-serve-spec-{}", std::process::id()));
@@ -270,9 +271,12 @@ fn wgpu_server_with_speculation_gives_the_same_greedy_text() {
     for (i, w) in want.iter().enumerate() {
         assert_eq!(w.0, w.1, "prompt {i}: streamed text differs from the whole response");
     }
+    let head = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/golden/eagle3-tiny");
+    let eagle3 = json!({"method": "eagle3", "model": head, "num_speculative_tokens": 3}).to_string();
     for config in [
         r#"{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}"#,
         r#"{"method": "suffix", "num_speculative_tokens": 4}"#,
+        &eagle3,
     ] {
         let Some(server) = start_with(&model, &["--speculative-config", config]) else { return };
         assert_eq!(answers(server.port), want, "{config}");

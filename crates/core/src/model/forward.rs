@@ -20,7 +20,8 @@ impl<B: Backend> Model<B> {
     /// padded to its bucket where padding is on, and replays the bucket's graph where one was
     /// captured; every other step runs as it is.
     pub(super) fn record(&mut self, batch: &ForwardBatch) -> Result<()> {
-        if let Some(i) = self.decode_bucket(batch) {
+        // Keeping aux hidden states reads them back mid-step: never a padded or replayed step.
+        if let Some(i) = self.decode_bucket(batch).filter(|_| self.aux.is_none()) {
             let pad = self.pad.as_ref().expect("decode_bucket implies padding");
             let rows = pad.buckets[i];
             let (shape, pad_rows) = (pad.shape(rows), pad.rows(self.opts.block_size));
@@ -103,6 +104,10 @@ impl<B: Backend> Model<B> {
         let (positions, slots) = (&m[meta::POSITIONS], &m[meta::SLOTS]);
         let (t, qd, eps) = (shape.tokens, c.q_dim(), c.rms_norm_eps);
         let folded = residual.norm(b, &mut s.h, &s.o, &layer.input_norm, &mut s.x, t, c.hidden_size, eps)?;
+        if let Some(aux) = self.aux.as_mut().filter(|a| a.layers.contains(&l)) {
+            // `h` is now the hidden state entering layer `l` (the residual add is done).
+            keep_aux(aux, l, &b.read_f32(&s.h, t * c.hidden_size)?, t, c.hidden_size);
+        }
         let norm = folded.then_some(NormIn { h: &s.h, gamma: &layer.input_norm, eps });
         let inv_freq = match (&self.local_inv_freq, c.uses_local_rope(l)) {
             (Some(local), true) => local,
@@ -228,6 +233,18 @@ impl<B: Backend> Model<B> {
         self.check(batch)?;
         self.record(batch)?;
         self.backend.argmax(&self.s.logits, batch.logit_rows.len(), self.cfg.vocab_size)
+    }
+}
+
+/// Writes layer `l`'s hidden states `h` (`[t, d]`) into each of its places among `aux`'s
+/// rows (a layer named twice fills both).
+fn keep_aux(aux: &mut super::load::AuxHidden, l: usize, h: &[f32], t: usize, d: usize) {
+    let w = aux.layers.len() * d;
+    aux.rows.resize(t * w, 0.0);
+    for (j, _) in aux.layers.iter().enumerate().filter(|(_, &x)| x == l) {
+        for (r, row) in h.chunks_exact(d).enumerate() {
+            aux.rows[r * w + j * d..r * w + (j + 1) * d].copy_from_slice(row);
+        }
     }
 }
 

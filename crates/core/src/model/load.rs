@@ -87,6 +87,16 @@ pub struct Model<B: Backend> {
     pub(super) staging: MetaStaging,
     /// The LoRA adapter slots, where the model was loaded with them.
     pub(super) lora: Option<LoraSlots<B>>,
+    /// The hidden states entering these layers, kept for every token of a forward (a draft
+    /// head reads them; `ModelRunner::set_aux_layers`); None: not kept.
+    pub(super) aux: Option<AuxHidden>,
+}
+
+/// The aux hidden states a forward keeps: the layers, and the last forward's rows
+/// (`[tokens, layers.len() * hidden]`).
+pub(super) struct AuxHidden {
+    pub(super) layers: Vec<usize>,
+    pub(super) rows: Vec<f32>,
 }
 
 impl<B: Backend> Model<B> {
@@ -368,6 +378,7 @@ impl<B: Backend> Model<B> {
             graphs,
             staging,
             lora,
+            aux: None,
         };
         if graphs_on {
             model.capture_graphs()?;

@@ -50,6 +50,18 @@ pub trait ModelRunner: Send {
     fn lora_slots(&self) -> Vec<bool> {
         Vec::new()
     }
+    /// From now on every forward keeps the hidden states entering `layers` (in that order,
+    /// concatenated per token) for [`ModelRunner::take_aux_hidden`]: what an EAGLE-3 draft
+    /// head reads. Empty: keep none (the plain forward). The default refuses.
+    fn set_aux_layers(&mut self, layers: &[usize]) -> Result<()> {
+        let _ = layers;
+        Err(Error::Batch("this model runner does not keep aux hidden states".into()))
+    }
+    /// The last forward's aux hidden states, `[tokens, layers * hidden]` in the batch's token
+    /// order (taken: a second call gives none); empty when none are kept.
+    fn take_aux_hidden(&mut self) -> Vec<f32> {
+        Vec::new()
+    }
     /// Runs the batch and turns logit row `r` into a token id by `specs[r]` (one spec per
     /// logit row) where the logits are, so that only ids leave the device. The ids equal
     /// [`sample_row`] of the rows [`ModelRunner::forward`] would return. The default is that:
@@ -171,6 +183,17 @@ impl<B: Backend> ModelRunner for Model<B> {
     }
     fn lora_slots(&self) -> Vec<bool> {
         self.lora_slots()
+    }
+    fn set_aux_layers(&mut self, layers: &[usize]) -> Result<()> {
+        let n = self.cfg.num_hidden_layers;
+        if let Some(&l) = layers.iter().find(|&&l| l >= n) {
+            return Err(Error::Batch(format!("aux layer {l}: the model has {n} layers")));
+        }
+        self.aux = (!layers.is_empty()).then(|| super::load::AuxHidden { layers: layers.to_vec(), rows: Vec::new() });
+        Ok(())
+    }
+    fn take_aux_hidden(&mut self) -> Vec<f32> {
+        self.aux.as_mut().map(|a| std::mem::take(&mut a.rows)).unwrap_or_default()
     }
     fn forward(&mut self, batch: &ForwardBatch) -> Result<Vec<f32>> {
         self.check(batch)?;

@@ -5,7 +5,7 @@
 
 use tandem_core::sampling::{LogitEdit, RowMasks};
 
-use super::speculate::drafted_output;
+use super::speculate::{drafted_output, Speculator};
 use super::{banned, banned_at, Engine};
 use crate::masks::{admits_some, compute_masks, mask_threads, MaskDone, MaskJob};
 use crate::sampler::{has_edits, needs_host, penalty_edits, spec, SampleSpec, TokenLogprobs};
@@ -108,7 +108,17 @@ impl Engine {
             let masks = joined.take().unwrap_or_else(|| join(&mut handle));
             (result, masks)
         });
+        // A draft head reads the hidden states the forward kept, row by row in batch order.
+        let aux = self.speculator.as_mut().and_then(Speculator::head).map(|_| runner.take_aux_hidden());
         drop(guard);
+        if let (Some(aux), Some(sp)) = (aux, self.speculator.as_mut()) {
+            let sched = &self.scheduler;
+            let chunks =
+                out.seqs.iter().map(|s| (s.seq, sched.seq(s.seq).map_or(0, |q| q.num_computed_tokens), s.num_tokens));
+            if let Some(h) = sp.head() {
+                h.landed(chunks, if result.is_ok() { &aux } else { &[] });
+            }
+        }
         let mut mask_seconds = Vec::with_capacity(masks.len());
         for d in masks {
             mask_seconds.push(d.seconds);

@@ -10,20 +10,54 @@ use super::postprocess::Pick;
 use super::Engine;
 use crate::sampler::TokenLogprobs;
 use crate::sequence::{SeqId, SeqStatus, Sequence};
-use crate::speculative::{accepted_len, drafts_allowed, load_cap, Acceptance, DraftProposer, SpeculativeConfig};
+use crate::speculative::{
+    accepted_len, drafts_allowed, load_cap, Acceptance, DraftHead, DraftProposer, SpeculativeConfig,
+};
 use crate::worker::PLACEHOLDER;
+use tandem_core::eagle3::Eagle3Head;
+use tandem_core::ModelRunner;
 
 /// The engine's speculative decoding: its settings, where drafts come from, and each decoding
 /// sequence's recent acceptance.
 pub(super) struct Speculator {
     pub(super) cfg: SpeculativeConfig,
-    pub(super) proposer: Box<dyn DraftProposer>,
+    pub(super) source: DraftSource,
     pub(super) acceptance: HashMap<SeqId, Acceptance>,
 }
 
+/// Where a speculator's drafts come from.
+pub(super) enum DraftSource {
+    /// The committed tokens alone (n-gram, suffix).
+    Tokens(Box<dyn DraftProposer>),
+    /// A draft head on the target's hidden states, which every forward then keeps.
+    Head(Box<DraftHead>),
+}
+
 impl Speculator {
-    pub(super) fn new(cfg: SpeculativeConfig) -> Self {
-        Speculator { cfg, proposer: cfg.proposer(), acceptance: HashMap::new() }
+    /// The speculator `cfg` describes; a draft head is loaded for `runner`'s model (refused,
+    /// naming what differs, when it does not fit), and the runner told to keep the hidden
+    /// states the head reads.
+    pub(super) fn new(cfg: SpeculativeConfig, runner: &mut dyn ModelRunner) -> Result<Self, String> {
+        let source = match cfg.proposer() {
+            Some(p) => DraftSource::Tokens(p),
+            None => {
+                let dir = cfg.model.as_deref().ok_or("speculative config: model is required")?;
+                let head = Eagle3Head::load(dir, runner.config())?;
+                runner
+                    .set_aux_layers(head.aux_layers())
+                    .map_err(|e| format!("speculative config: the draft head needs hidden states: {e}"))?;
+                DraftSource::Head(Box::new(DraftHead::new(head)))
+            }
+        };
+        Ok(Speculator { cfg, source, acceptance: HashMap::new() })
+    }
+
+    /// The draft head, when drafts come from one.
+    pub(super) fn head(&mut self) -> Option<&mut DraftHead> {
+        match &mut self.source {
+            DraftSource::Head(h) => Some(h),
+            DraftSource::Tokens(_) => None,
+        }
     }
 
     /// Hands an ended sequence's committed output to the proposer (with async scheduling its
@@ -31,7 +65,10 @@ impl Speculator {
     pub(super) fn record_output(&mut self, seq: &Sequence) {
         let out = seq.output();
         let committed = out.iter().position(|&t| t == PLACEHOLDER).unwrap_or(out.len());
-        self.proposer.record_output(&out[..committed]);
+        match &mut self.source {
+            DraftSource::Tokens(p) => p.record_output(&out[..committed]),
+            DraftSource::Head(h) => h.forget(seq.id),
+        }
         self.acceptance.remove(&seq.id);
     }
 }
@@ -66,6 +103,9 @@ impl Engine {
         let k = sp.cfg.num_speculative_tokens;
         let k = k.min(share).min(load_cap(k, decodes.len()));
         sp.acceptance.retain(|id, _| self.scheduler.seq(*id).is_some());
+        if let DraftSource::Head(h) = &mut sp.source {
+            h.retain(|id| self.scheduler.seq(id).is_some());
+        }
         for id in decodes {
             let Some(seq) = self.scheduler.seq_mut(id) else { continue };
             seq.draft.clear();
@@ -76,7 +116,10 @@ impl Engine {
             let room = (seq.max_tokens.saturating_sub(seq.num_output_tokens() + 1))
                 .min(max_model_len.saturating_sub(seq.num_tokens() + 1));
             if d > 0 && room > 0 {
-                seq.draft = sp.proposer.propose(&seq.tokens, d.min(room));
+                seq.draft = match &mut sp.source {
+                    DraftSource::Tokens(p) => p.propose(&seq.tokens, d.min(room)),
+                    DraftSource::Head(h) => h.propose(id, &seq.tokens, seq.num_computed_tokens, d.min(room)),
+                };
             }
         }
     }

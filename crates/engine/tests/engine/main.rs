@@ -16,5 +16,6 @@ mod property;
 mod reference;
 mod scheduler;
 mod speculative;
+mod speculative_eagle3;
 mod speculative_kinds;
 mod speculative_sampled;

@@ -471,7 +471,8 @@ fn preemption_and_abort_keep_sampled_and_suffix_answers() {
         })
         .collect();
     for spec in [SpeculativeConfig::ngram(4), SpeculativeConfig::suffix(4)] {
-        let cfg = EngineConfig { max_num_batched_tokens: Some(32), speculative: Some(spec), ..Default::default() };
+        let cfg =
+            EngineConfig { max_num_batched_tokens: Some(32), speculative: Some(spec.clone()), ..Default::default() };
         let mut e = Engine::new(runner(&dir, 14, 32), letters(), cfg).unwrap();
         let mut gone = e.add_request(greedy(prompts(vocab)[0].clone(), 150)).unwrap();
         let mut streams: Vec<_> = reqs.iter().map(|r| e.add_request(r.clone()).unwrap()).collect();

@@ -86,7 +86,7 @@ fn run(dir: &Path, spec: Option<SpeculativeConfig>, reqs: &[Request]) -> (Vec<An
 fn same_with_drafts(dir: &Path, reqs: &[Request]) -> u64 {
     let spec = Some(SpeculativeConfig::ngram(3));
     let (want, _) = run(dir, None, reqs);
-    let (got, st) = run(dir, spec, reqs);
+    let (got, st) = run(dir, spec.clone(), reqs);
     println!(
         "{} drafts, {} draft tokens, {} accepted",
         st.spec_decode_num_drafts_total,
@@ -96,7 +96,7 @@ fn same_with_drafts(dir: &Path, reqs: &[Request]) -> u64 {
     assert_eq!(got, want, "in a batch");
     assert!(st.spec_decode_num_drafts_total > 0, "no drafts: {st:?}");
     for (r, w) in reqs.iter().zip(&want) {
-        assert_eq!(&run(dir, spec, std::slice::from_ref(r)).0[0], w, "alone: {:?}", r.params);
+        assert_eq!(&run(dir, spec.clone(), std::slice::from_ref(r)).0[0], w, "alone: {:?}", r.params);
     }
     // A constrained row with a penalty is sampled on the host, and so is every row of its steps.
     let host = Request {

@@ -86,7 +86,7 @@ fn wgpu_greedy_answers_are_identical_with_and_without_drafts() {
 
     let want = run(&mut engine(runner(&dir).unwrap(), None), &reqs);
     for spec in [SpeculativeConfig::ngram(2), SpeculativeConfig::ngram(4), SpeculativeConfig::suffix(4)] {
-        let mut e = engine(runner(&dir).unwrap(), Some(spec));
+        let mut e = engine(runner(&dir).unwrap(), Some(spec.clone()));
         assert_eq!(run(&mut e, &reqs), want, "{spec:?}, in a batch");
         let st = e.stats();
         println!(
@@ -103,10 +103,75 @@ fn wgpu_greedy_answers_are_identical_with_and_without_drafts() {
             "{spec:?}: no draft was rejected"
         );
         for (r, w) in reqs.iter().zip(&want) {
-            let mut e = engine(runner(&dir).unwrap(), Some(spec));
+            let mut e = engine(runner(&dir).unwrap(), Some(spec.clone()));
             assert_eq!(&run(&mut e, std::slice::from_ref(r))[0], w, "{spec:?}, alone");
         }
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// An EAGLE-3 head (tests/golden/eagle3-tiny, made for this target's shape) drafting from the
+/// hidden states the wgpu forward keeps: the same greedy answers, in a batch and alone.
+#[test]
+fn wgpu_greedy_answers_are_identical_with_an_eagle3_head() {
+    let dir = std::env::temp_dir().join(format!("tandem-wgpu-eagle3-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    write_random_model(&dir, Shape::Tiny, 11, DType::F32).unwrap();
+    let Some(probe) = runner(&dir) else { return };
+    drop(probe);
+    let head = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/golden/eagle3-tiny");
+    let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(24) };
+    let reqs: Vec<Request> = [vec![119; 4], vec![1, 2, 3], (10..30).collect()]
+        .into_iter()
+        .map(|prompt| Request { prompt, params: params.clone(), priority: 0 })
+        .collect();
+    let want = run(&mut engine(runner(&dir).unwrap(), None), &reqs);
+    let spec = SpeculativeConfig::eagle3(head, 3);
+    let mut e = engine(runner(&dir).unwrap(), Some(spec.clone()));
+    assert_eq!(run(&mut e, &reqs), want, "in a batch");
+    let st = e.stats();
+    assert!(st.spec_decode_num_drafts_total > 0, "the head proposed nothing: {st:?}");
+    for (r, w) in reqs.iter().zip(&want) {
+        let mut e = engine(runner(&dir).unwrap(), Some(spec.clone()));
+        assert_eq!(&run(&mut e, std::slice::from_ref(r))[0], w, "alone");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The hidden states the wgpu forward keeps for a draft head are the reference's (two
+/// prefills, then a decode beside a 3-token verification chunk), on whichever residual path
+/// the backend takes; and the plain forward after turning them off keeps none.
+#[test]
+fn wgpu_aux_hidden_states_match_the_reference() {
+    let dir = std::env::temp_dir().join(format!("tandem-wgpu-aux-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    write_random_model(&dir, Shape::Tiny, 11, DType::F32).unwrap();
+    let Some(mut gpu) = runner(&dir) else { return };
+    let opts =
+        LoadOptions { max_batch_tokens: 256, max_seqs: 8, num_kv_blocks: 64, block_size: 16, ..Default::default() };
+    let mut cpu = Model::load(tandem_reference::RefBackend::new(), &dir, opts).unwrap();
+    let layers = [0, 1, 1];
+    gpu.set_aux_layers(&layers).unwrap();
+    cpu.set_aux_layers(&layers).unwrap();
+    let mut prefill = tandem_core::ForwardBatch { max_blocks: 2, ..Default::default() };
+    prefill.push_seq(&(1..21).collect::<Vec<u32>>(), 0, &[0, 1], 16, true);
+    prefill.push_seq(&[7, 8, 9], 0, &[2, 3], 16, true);
+    let mut next = tandem_core::ForwardBatch { max_blocks: 2, ..Default::default() };
+    next.push_seq(&[40], 20, &[0, 1], 16, true);
+    next.push_seq(&[50, 51, 52], 3, &[2, 3], 16, true);
+    for (i, batch) in [prefill, next].iter().enumerate() {
+        gpu.forward(batch).unwrap();
+        cpu.forward(batch).unwrap();
+        let (got, want) = (gpu.take_aux_hidden(), cpu.take_aux_hidden());
+        assert_eq!(want.len(), batch.num_tokens() * layers.len() * 64, "step {i}: the reference's rows");
+        let want64: Vec<f64> = want.iter().map(|&x| x as f64).collect();
+        common::assert_close(&format!("aux hidden states, step {i}"), &got, &want64, 1e-7);
+    }
+    gpu.set_aux_layers(&[]).unwrap();
+    let mut decode = tandem_core::ForwardBatch { max_blocks: 2, ..Default::default() };
+    decode.push_seq(&[41], 21, &[0, 1], 16, true);
+    gpu.forward(&decode).unwrap();
+    assert!(gpu.take_aux_hidden().is_empty(), "aux rows kept after turning them off");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
