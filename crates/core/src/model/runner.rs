@@ -50,6 +50,13 @@ pub trait ModelRunner: Send {
     fn lora_slots(&self) -> Vec<bool> {
         Vec::new()
     }
+    /// Uploads `adapter` into LoRA slot `slot`, replacing what was there ([`Model::load_lora`]);
+    /// refused where the runner has no slots.
+    fn load_lora(&mut self, _slot: usize, adapter: &crate::lora::LoraAdapter) -> Result<()> {
+        Err(Error::config(&adapter.dir, "the model was loaded without LoRA slots (--enable-lora)"))
+    }
+    /// Empties LoRA slot `slot` ([`Model::unload_lora`]).
+    fn unload_lora(&mut self, _slot: usize) {}
     /// Runs the batch and turns logit row `r` into a token id by `specs[r]` (one spec per
     /// logit row) where the logits are, so that only ids leave the device. The ids equal
     /// [`sample_row`] of the rows [`ModelRunner::forward`] would return. The default is that:
@@ -171,6 +178,12 @@ impl<B: Backend> ModelRunner for Model<B> {
     }
     fn lora_slots(&self) -> Vec<bool> {
         self.lora_slots()
+    }
+    fn load_lora(&mut self, slot: usize, adapter: &crate::lora::LoraAdapter) -> Result<()> {
+        Model::load_lora(self, slot, adapter)
+    }
+    fn unload_lora(&mut self, slot: usize) {
+        Model::unload_lora(self, slot)
     }
     fn forward(&mut self, batch: &ForwardBatch) -> Result<Vec<f32>> {
         self.check(batch)?;
