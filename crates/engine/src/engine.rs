@@ -136,7 +136,8 @@ impl Engine {
             );
         }
         let prompt_logit_rows = runner.max_logit_rows().saturating_sub(max_num_seqs);
-        let adapters = Adapters::new(&runner.lora_slots());
+        let mut adapters = Adapters::new(&runner.lora_slots());
+        adapters.set_max_cpu(cfg.max_cpu_loras);
         let admission = Admission {
             vocab: model.vocab_size,
             max_model_len,
@@ -307,6 +308,7 @@ impl Engine {
     /// and the step runs synchronously, so every request's outputs are the same in both modes.
     /// Returns the sequences sent or landed, whichever is more.
     pub fn step(&mut self) -> usize {
+        self.swap_in_adapters();
         let ran = if self.async_scheduling { self.step_overlapped() } else { self.step_sync() };
         if let Some(tx) = &self.kv_events {
             let events = self.scheduler.bm.take_events();

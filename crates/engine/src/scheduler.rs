@@ -575,6 +575,10 @@ impl Scheduler {
             };
             let Some((key, id)) = next.map(|(k, v)| (*k, *v)) else { break };
             after = Some(key);
+            // Its LoRA adapter waits on the CPU for a slot: so does it (the engine swaps).
+            if self.seqs[&id].adapter.is_some_and(|a| self.adapters.slot_of(a).is_none()) {
+                continue;
+            }
             // A newcomer's own chunk is cut only by a threshold: the half-budget default holds
             // back running prefills for newcomers, not newcomers for each other (two long
             // prompts admitted half each could both outgrow the pool and preempt).

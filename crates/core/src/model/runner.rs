@@ -57,6 +57,10 @@ pub trait ModelRunner: Send {
     }
     /// Empties LoRA slot `slot` ([`Model::unload_lora`]).
     fn unload_lora(&mut self, _slot: usize) {}
+    /// The LoRA limits the slots were made with, where the runner has slots.
+    fn lora_limits(&self) -> Option<crate::lora::LoraLimits> {
+        None
+    }
     /// Runs the batch and turns logit row `r` into a token id by `specs[r]` (one spec per
     /// logit row) where the logits are, so that only ids leave the device. The ids equal
     /// [`sample_row`] of the rows [`ModelRunner::forward`] would return. The default is that:
@@ -184,6 +188,9 @@ impl<B: Backend> ModelRunner for Model<B> {
     }
     fn unload_lora(&mut self, slot: usize) {
         Model::unload_lora(self, slot)
+    }
+    fn lora_limits(&self) -> Option<crate::lora::LoraLimits> {
+        Model::lora_limits(self)
     }
     fn forward(&mut self, batch: &ForwardBatch) -> Result<Vec<f32>> {
         self.check(batch)?;

@@ -131,7 +131,7 @@ impl Engine {
                 self.update_stats();
             }
             Command::LoadAdapter { adapter, reply } => {
-                let _ = reply.send(self.load_adapter(&adapter));
+                let _ = reply.send(self.load_adapter(*adapter));
             }
             Command::UnloadAdapter { id, reply } => {
                 let _ = reply.send(self.unload_adapter(id));
