@@ -264,7 +264,8 @@ pub struct Args {
     /// vLLM's: the largest adapter rank served.
     #[arg(long, default_value_t = 16)]
     max_lora_rank: usize,
-    /// vLLM's: adapters kept in host memory (default: --max-loras).
+    /// vLLM's: most adapters served at once (default: --max-loras); those loaded at run time
+    /// beyond --max-loras wait in host memory and are swapped into a slot a request needs.
     #[arg(long)]
     max_cpu_loras: Option<usize>,
     /// vLLM's tool-call parser for "auto": `hermes` (`<tool_call>{...}</tool_call>`: Qwen2.5,
@@ -529,10 +530,12 @@ pub fn run(mut a: Args) -> Result<()> {
         model_root: Some(names.root),
         lora_adapters: lora.as_ref().map_or_else(Vec::new, served_adapters),
         max_loras: lora.as_ref().map_or(0, |l| l.limits.max_loras),
+        runtime_lora_updating: tandem_server::lora::runtime_updating_allowed(),
         ..Default::default()
     };
     let mut engine_cfg = a.engine.engine_config(None)?;
     engine_cfg.seed = a.seed;
+    engine_cfg.max_cpu_loras = lora.as_ref().map(tandem::LoraModules::max_cpu_loras);
     if let Some(endpoint) = &a.kv_events_endpoint {
         if a.engine.no_prefix_caching {
             anyhow::bail!("--kv-events-endpoint publishes the prefix cache's changes: it needs prefix caching (drop --no-prefix-caching)");

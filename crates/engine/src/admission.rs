@@ -3,6 +3,7 @@
 //! bound on requests pending at once.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
 
 use crate::request::Request;
 use crate::sampling_params::InvalidParam;
@@ -24,6 +25,7 @@ pub enum SubmitError {
     NeverFits { needed: usize, copies: usize, tokens: usize, pool: usize },
     #[error("overloaded: {pending} requests pending (limit {limit}); retry later")]
     Overloaded { pending: usize, limit: usize },
+    /// `slot`: the adapter's id (its slot for the adapters loaded with the model).
     #[error("LoRA slot {slot} holds no adapter")]
     UnknownAdapter { slot: u32 },
     #[error("the engine has stopped: {0}")]
@@ -41,8 +43,8 @@ pub(crate) struct Admission {
     pub(crate) static_mode: bool,
     /// `EngineConfig::max_pending_requests`.
     pub(crate) max_pending: Option<usize>,
-    /// Which LoRA slots of the model hold an adapter (`ModelRunner::lora_slots`).
-    pub(crate) lora_slots: Vec<bool>,
+    /// The LoRA adapter ids a request may name ([`crate::adapters::Adapters`]).
+    pub(crate) adapters: Arc<RwLock<Vec<u32>>>,
 }
 
 impl Admission {
@@ -50,7 +52,7 @@ impl Admission {
     pub(crate) fn check(&self, req: &Request, adapter: Option<u32>) -> Result<usize, SubmitError> {
         req.params.validate().map_err(SubmitError::InvalidParams)?;
         if let Some(slot) = adapter {
-            if !self.lora_slots.get(slot as usize).copied().unwrap_or(false) {
+            if !self.adapters.read().is_ok_and(|k| k.contains(&slot)) {
                 return Err(SubmitError::UnknownAdapter { slot });
             }
         }

@@ -44,12 +44,13 @@ pub fn block_hash(parent: u64, tokens: &[u32]) -> u64 {
     h.finish()
 }
 
-/// Where the prefix-hash chain of a sequence under LoRA slot `adapter` starts: 0 for the base
-/// model, a hash of the slot otherwise.
+/// Where the prefix-hash chain of a sequence under LoRA adapter `adapter` starts: 0 for the
+/// base model, a hash of the adapter's id otherwise (an id, never a slot: a slot is refilled
+/// by another adapter, an id is never reused).
 pub fn adapter_root(adapter: Option<u32>) -> u64 {
     match adapter {
         None => 0,
-        Some(slot) => block_hash(u64::MAX, &[slot]),
+        Some(id) => block_hash(u64::MAX, &[id]),
     }
 }
 

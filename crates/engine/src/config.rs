@@ -42,6 +42,9 @@ pub struct EngineConfig {
     pub kv_events: Option<std::sync::mpsc::Sender<Vec<KvEvent>>>,
     /// Speculative decoding (see [`crate::speculative`]); None: off.
     pub speculative: Option<SpeculativeConfig>,
+    /// vLLM's `--max-cpu-loras`: most LoRA adapters served at once, those beyond the model's
+    /// slots waiting on the CPU for one (see [`crate::adapters`]); None: as many as the slots.
+    pub max_cpu_loras: Option<usize>,
 }
 
 impl Default for EngineConfig {
@@ -62,6 +65,7 @@ impl Default for EngineConfig {
             max_long_partial_prefills: 0,
             kv_events: None,
             speculative: None,
+            max_cpu_loras: None,
         }
     }
 }

@@ -27,6 +27,7 @@
 //! after the forward); `thread` runs the engine behind an [`EngineHandle`].
 
 mod forward;
+mod lora;
 mod overlap;
 mod postprocess;
 mod speculate;
@@ -44,6 +45,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 use self::overlap::InFlight;
 use self::speculate::Speculator;
 pub(crate) use self::thread::Command;
+use crate::adapters::Adapters;
 use crate::admission::Admission;
 pub use crate::admission::SubmitError;
 use crate::block_manager::KvEvent;
@@ -134,6 +136,8 @@ impl Engine {
             );
         }
         let prompt_logit_rows = runner.max_logit_rows().saturating_sub(max_num_seqs);
+        let mut adapters = Adapters::new(&runner.lora_slots());
+        adapters.set_max_cpu(cfg.max_cpu_loras);
         let admission = Admission {
             vocab: model.vocab_size,
             max_model_len,
@@ -141,7 +145,7 @@ impl Engine {
             block_size: geo.block_size,
             static_mode: matches!(cfg.mode, BatchMode::Static { .. }),
             max_pending: cfg.max_pending_requests,
-            lora_slots: runner.lora_slots(),
+            adapters: adapters.known(),
         };
         let prefill = prefill_limits(&cfg, max_model_len)?;
         if let Some(s) = &cfg.speculative {
@@ -169,6 +173,7 @@ impl Engine {
             prompt_logit_rows,
             prefill,
         });
+        scheduler.adapters = adapters;
         let (eos, vocab) = (model.eos_token_ids.clone(), model.vocab_size);
         let mut runner = runner;
         let speculator = cfg
@@ -314,6 +319,7 @@ impl Engine {
     /// and the step runs synchronously, so every request's outputs are the same in both modes.
     /// Returns the sequences sent or landed, whichever is more.
     pub fn step(&mut self) -> usize {
+        self.swap_in_adapters();
         let ran = if self.async_scheduling { self.step_overlapped() } else { self.step_sync() };
         if let Some(tx) = &self.kv_events {
             let events = self.scheduler.bm.take_events();
@@ -321,6 +327,7 @@ impl Engine {
                 let _ = tx.send(events);
             }
         }
+        self.free_unused_adapters();
         self.update_stats();
         if let Ok(mut st) = self.stats.lock() {
             st.steps_total += 1;
@@ -494,7 +501,9 @@ impl Engine {
         if let Ok(mut st) = self.stats.lock() {
             st.num_running = s.num_running();
             st.num_waiting = s.num_waiting();
-            (st.running_adapters, st.waiting_adapters) = s.adapters_in_use();
+            if s.adapters.enabled() {
+                (st.running_adapters, st.waiting_adapters) = s.adapters_in_use();
+            }
             st.kv_usage = s.kv_usage();
             st.prefix_cache_queries_total = s.bm.prefix_queries_tokens;
             st.prefix_cache_hits_total = s.bm.prefix_hits_tokens;

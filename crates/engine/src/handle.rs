@@ -7,7 +7,9 @@ use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
+use tandem_core::lora::LoraAdapter;
 use tokio::sync::mpsc::unbounded_channel;
+use tokio::sync::oneshot;
 
 use crate::admission::{Admission, SubmitError};
 use crate::engine::Command;
@@ -49,8 +51,9 @@ impl EngineHandle {
         self.submit_with_adapter(req, None)
     }
 
-    /// As [`Self::submit`], the request run under LoRA slot `adapter` of the model (None: the
-    /// base model); a slot that holds no adapter is refused here.
+    /// As [`Self::submit`], the request run under LoRA adapter `adapter` (None: the base
+    /// model): the slot of an adapter loaded with the model, or the id [`Self::load_adapter`]
+    /// returned; an adapter not loaded is refused here.
     pub fn submit_with_adapter(&self, req: Request, adapter: Option<u32>) -> Result<RequestStream, SubmitError> {
         let h = &self.inner;
         if let Some(f) = h.failure.get() {
@@ -68,6 +71,24 @@ impl EngineHandle {
             return Err(SubmitError::Stopped("the engine thread has exited".into()));
         }
         Ok(RequestStream::new(id, rx, Some(h.cmd.clone())))
+    }
+
+    /// Puts a LoRA adapter into a free slot of the model, on the engine thread between steps;
+    /// returns the id to submit under ([`Self::submit_with_adapter`]). An error where the model
+    /// has no slots, every slot holds an adapter, or the adapter does not fit them.
+    pub async fn load_adapter(&self, adapter: LoraAdapter) -> Result<u32, String> {
+        let (reply, rx) = oneshot::channel();
+        self.inner.cmd.send(Command::LoadAdapter { adapter: Box::new(adapter), reply }).map_err(|_| stopped())?;
+        rx.await.map_err(|_| stopped())?
+    }
+
+    /// Stops serving LoRA adapter `id`: requests naming it are refused from now on, the ones
+    /// already accepted run to their end, then its slot is emptied. An error where no adapter
+    /// `id` is loaded.
+    pub async fn unload_adapter(&self, id: u32) -> Result<(), String> {
+        let (reply, rx) = oneshot::channel();
+        self.inner.cmd.send(Command::UnloadAdapter { id, reply }).map_err(|_| stopped())?;
+        rx.await.map_err(|_| stopped())?
     }
 
     /// Aborts a request wherever it is; its blocks are freed at the engine's next look at its
@@ -114,4 +135,8 @@ impl EngineHandle {
             let _ = t.join();
         }
     }
+}
+
+fn stopped() -> String {
+    "the engine thread has exited".into()
 }

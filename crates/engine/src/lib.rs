@@ -6,6 +6,7 @@
 //! - [`config`]: [`EngineConfig`], and the [`EngineError`] a bad setting gives.
 //! - [`request`]: what a caller submits ([`Request`]) and what its stream carries back
 //!   ([`RequestOutput`], [`Usage`]).
+//! - [`adapters`]: the LoRA adapters served: slots, never-reused ids, unloading.
 //! - [`admission`]: the checks a request passes before it is queued ([`SubmitError`]).
 //! - [`handle`]: [`EngineHandle`], the cloneable handle to an engine thread.
 //! - [`request_stream`]: [`RequestStream`], one request's outputs; dropping it aborts.
@@ -24,6 +25,7 @@
 //! Architecture invariant: the model is reached only through `tandem_core::ModelRunner`, and
 //! only with a `ForwardBatch`; the scheduler's insides never leave this crate.
 
+pub mod adapters;
 pub mod admission;
 pub mod block_manager;
 pub mod config;

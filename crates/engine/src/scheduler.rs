@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 
 use tandem_core::ForwardBatch;
 
+use crate::adapters::Adapters;
 use crate::block_manager::BlockManager;
 use crate::sequence::{IdMap, SeqId, SeqStatus, Sequence};
 
@@ -189,6 +190,8 @@ pub struct Scheduler {
     /// Block tables (and hashes) of sequences removed while a step still in flight writes
     /// them: (the last such step, table, hashes). Freed when that step has come back.
     retired: Vec<(u64, Vec<u32>, Vec<u64>)>,
+    /// The LoRA adapters and their slots (sequences name adapters by id; a batch by slot).
+    pub adapters: Adapters,
 }
 
 impl Scheduler {
@@ -205,6 +208,7 @@ impl Scheduler {
             num_prompt_tokens: 0,
             in_flight_from: None,
             retired: Vec::new(),
+            adapters: Adapters::new(&[]),
         }
     }
 
@@ -217,7 +221,11 @@ impl Scheduler {
     pub fn num_running(&self) -> usize {
         self.running.len()
     }
-    /// The LoRA slots of the running and of the waiting sequences, each once, ascending.
+    /// Whether a sequence, waiting or running, holds LoRA adapter `id`.
+    pub fn adapter_in_use(&self, id: u32) -> bool {
+        self.seqs.values().any(|s| s.adapter == Some(id))
+    }
+    /// The LoRA adapter ids of the running and of the waiting sequences, each once, ascending.
     pub fn adapters_in_use(&self) -> (Vec<u32>, Vec<u32>) {
         let slots = |ids: &mut dyn Iterator<Item = &SeqId>| {
             let mut v: Vec<u32> = ids.filter_map(|id| self.seqs.get(id).and_then(|s| s.adapter)).collect();
@@ -567,6 +575,10 @@ impl Scheduler {
             };
             let Some((key, id)) = next.map(|(k, v)| (*k, *v)) else { break };
             after = Some(key);
+            // Its LoRA adapter waits on the CPU for a slot: so does it (the engine swaps).
+            if self.seqs[&id].adapter.is_some_and(|a| self.adapters.slot_of(a).is_none()) {
+                continue;
+            }
             // A newcomer's own chunk is cut only by a threshold: the half-budget default holds
             // back running prefills for newcomers, not newcomers for each other (two long
             // prompts admitted half each could both outgrow the pool and preempt).
@@ -658,7 +670,8 @@ impl Scheduler {
             adapters: Vec::new(),
         };
         if out.seqs.iter().any(|s| self.seqs[&s.seq].adapter.is_some()) {
-            b.adapters = out.seqs.iter().map(|s| self.seqs[&s.seq].adapter).collect();
+            let slot = |id: Option<u32>| id.and_then(|id| self.adapters.slot_of(id));
+            b.adapters = out.seqs.iter().map(|s| slot(self.seqs[&s.seq].adapter)).collect();
         }
         for (row, s) in out.seqs.iter().enumerate() {
             let seq = &self.seqs[&s.seq];

@@ -92,7 +92,8 @@ pub struct Sequence {
     pub block_table: Vec<u32>,
     /// Chained prefix hashes of the leading full blocks (see `BlockManager::cache_full_blocks`).
     pub block_hashes: Vec<u64>,
-    /// The LoRA slot this sequence runs under (None: the base model).
+    /// The LoRA adapter this sequence runs under, by its never-reused id
+    /// ([`crate::adapters::Adapters`]; None: the base model).
     pub adapter: Option<u32>,
     pub status: SeqStatus,
     pub params: Arc<SamplingParams>,

@@ -63,6 +63,9 @@ pub struct ServerConfig {
     pub lora_adapters: Vec<crate::lora::ServedAdapter>,
     /// `--max-loras` where LoRA is enabled (`vllm:lora_requests_info` is exported then); 0: off.
     pub max_loras: usize,
+    /// `POST /v1/load_lora_adapter` and `/v1/unload_lora_adapter` are routed (vLLM's
+    /// `VLLM_ALLOW_RUNTIME_LORA_UPDATING`: [`crate::lora::runtime_updating_allowed`]).
+    pub runtime_lora_updating: bool,
 }
 
 /// What a request that leaves a field out gets instead of the API's default: vLLM's
@@ -131,6 +134,7 @@ impl Default for ServerConfig {
             model_root: None,
             lora_adapters: Vec::new(),
             max_loras: 0,
+            runtime_lora_updating: false,
         }
     }
 }

@@ -16,8 +16,8 @@ use std::task::{Context, Poll};
 use tandem_engine::{EngineHandle, Request, RequestOutput, RequestStream, SamplingParams, SubmitError};
 
 use crate::engine_client::{
-    CompletionDelta, EngineClient, EngineStats, EngineUpdate, FinishReason, GenerateRequest, RequestId, Submission,
-    SubmitRefusal, TokenLogprob, UpdateSource,
+    CompletionDelta, EngineClient, EngineStats, EngineUpdate, FinishReason, GenerateRequest, LoraFuture, LoraRefusal,
+    RequestId, Submission, SubmitRefusal, TokenLogprob, UpdateSource,
 };
 use crate::step_estimate;
 
@@ -224,6 +224,26 @@ impl EngineClient for TandemEngine {
 
     fn max_model_len(&self) -> Option<usize> {
         self.handle.get().map(EngineHandle::max_model_len)
+    }
+
+    fn load_lora(&self, dir: std::path::PathBuf) -> LoraFuture<'_, u32> {
+        Box::pin(async move {
+            let h = self.handle.get().ok_or_else(|| LoraRefusal::Invalid("the model is still loading".into()))?;
+            // vLLM's words for a path without an adapter (its clients match on them).
+            if !dir.join("adapter_config.json").is_file() {
+                return Err(LoraRefusal::NotFound(format!("No adapter found for {}", dir.display())));
+            }
+            let adapter = tandem_core::lora::LoraAdapter::load(&dir, h.model_config())
+                .map_err(|e| LoraRefusal::Invalid(e.to_string()))?;
+            h.load_adapter(adapter).await.map_err(LoraRefusal::Invalid)
+        })
+    }
+
+    fn unload_lora(&self, id: u32) -> LoraFuture<'_, ()> {
+        Box::pin(async move {
+            let h = self.handle.get().ok_or_else(|| LoraRefusal::Invalid("the model is still loading".into()))?;
+            h.unload_adapter(id).await.map_err(LoraRefusal::NotFound)
+        })
     }
 }
 

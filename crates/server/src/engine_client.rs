@@ -5,6 +5,9 @@
 //! crate; `engine_adapter.rs` implements it for `tandem_engine`, and tests may plug in their
 //! own. Architecture invariant: no HTTP or JSON type crosses this boundary.
 
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -229,6 +232,18 @@ pub enum SubmitRefusal {
     Stopped(String),
 }
 
+/// Why a LoRA adapter was not loaded or unloaded at run time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LoraRefusal {
+    /// No adapter at the path, or none of that id: answered 404 as vLLM does.
+    NotFound(String),
+    /// Anything else (an adapter that does not fit, no free slot): answered 400.
+    Invalid(String),
+}
+
+/// What [`EngineClient::load_lora`] and [`EngineClient::unload_lora`] return.
+pub type LoraFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, LoraRefusal>> + Send + 'a>>;
+
 /// The engine, as the server sees it. Every method returns at once (no blocking on a step).
 pub trait EngineClient: Send + Sync + 'static {
     /// Queues a request, or refuses it outright.
@@ -247,5 +262,14 @@ pub trait EngineClient: Send + Sync + 'static {
     /// the model's context: the KV pool or `--max-model-len` can cap it).
     fn max_model_len(&self) -> Option<usize> {
         None
+    }
+    /// Loads the PEFT adapter in `dir` into the engine at run time; the id requests name it by.
+    fn load_lora(&self, dir: PathBuf) -> LoraFuture<'_, u32> {
+        let _ = dir;
+        Box::pin(async { Err(LoraRefusal::Invalid("this engine cannot load LoRA adapters at run time".into())) })
+    }
+    /// Stops serving adapter `id` (its running requests finish under it).
+    fn unload_lora(&self, id: u32) -> LoraFuture<'_, ()> {
+        Box::pin(async move { Err(LoraRefusal::NotFound(format!("no LoRA adapter {id} is loaded"))) })
     }
 }

@@ -39,6 +39,11 @@ impl ApiError {
             ..Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
         }
     }
+    /// An error as vLLM answers it: its `type` (`"NotFoundError"`, `"InvalidUserInput"`) and
+    /// the status as an integer `code`.
+    pub fn vllm(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
+        ApiError { status_code: true, ..Self::new(status, kind, message) }
+    }
     /// 400 about the request as a whole (e.g. malformed JSON).
     pub fn bad_request(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)

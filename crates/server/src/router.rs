@@ -77,6 +77,9 @@ enum Route {
     /// OpenAI's Responses API: POST; `/v1/responses/{id}`: GET, DELETE.
     Responses,
     Response(String),
+    /// vLLM's run-time LoRA updates: POST, routed only where allowed.
+    LoadLora,
+    UnloadLora,
 }
 
 async fn route(state: Arc<AppState>, req: Request<Incoming>) -> Response<ResponseBody> {
@@ -137,6 +140,8 @@ async fn route(state: Arc<AppState>, req: Request<Incoming>) -> Response<Respons
             "/v1/models" => Route::Models,
             p if p.starts_with("/v1/models/") => Route::Model(p["/v1/models/".len()..].to_string()),
             "/metrics" => Route::Metrics,
+            "/v1/load_lora_adapter" if state.config.runtime_lora_updating => Route::LoadLora,
+            "/v1/unload_lora_adapter" if state.config.runtime_lora_updating => Route::UnloadLora,
             p if crate::worker_api::serves(p) => {
                 let r = if crate::worker_api::open(p) || authorized(&state, &req) {
                     crate::worker_api::route(&state, req).await.unwrap_or_else(|e| error_response(&e))
@@ -212,6 +217,8 @@ async fn route(state: Arc<AppState>, req: Request<Incoming>) -> Response<Respons
             Ok(r) => return r,
             Err(e) => error_response(&e),
         },
+        Route::LoadLora => crate::lora::load(&state, req).await.unwrap_or_else(|e| error_response(&e)),
+        Route::UnloadLora => crate::lora::unload(&state, req).await.unwrap_or_else(|e| error_response(&e)),
         Route::CountTokens => match tokenizer_call(&state, req, anthropic::count_tokens).await {
             Ok(v) => json_response(StatusCode::OK, &v),
             Err(e) => error_response(&e),

@@ -247,6 +247,7 @@ impl LlmBuilder {
             max_num_partial_prefills: self.max_num_partial_prefills,
             max_long_partial_prefills: self.max_long_partial_prefills,
             speculative: self.speculative.clone(),
+            max_cpu_loras: self.lora.as_ref().map(LoraModules::max_cpu_loras),
             ..Default::default()
         }
     }

@@ -62,6 +62,17 @@ pub trait ModelRunner: Send {
     fn take_aux_hidden(&mut self) -> Vec<f32> {
         Vec::new()
     }
+    /// Uploads `adapter` into LoRA slot `slot`, replacing what was there ([`Model::load_lora`]);
+    /// refused where the runner has no slots.
+    fn load_lora(&mut self, _slot: usize, adapter: &crate::lora::LoraAdapter) -> Result<()> {
+        Err(Error::config(&adapter.dir, "the model was loaded without LoRA slots (--enable-lora)"))
+    }
+    /// Empties LoRA slot `slot` ([`Model::unload_lora`]).
+    fn unload_lora(&mut self, _slot: usize) {}
+    /// The LoRA limits the slots were made with, where the runner has slots.
+    fn lora_limits(&self) -> Option<crate::lora::LoraLimits> {
+        None
+    }
     /// Runs the batch and turns logit row `r` into a token id by `specs[r]` (one spec per
     /// logit row) where the logits are, so that only ids leave the device. The ids equal
     /// [`sample_row`] of the rows [`ModelRunner::forward`] would return. The default is that:
@@ -195,13 +206,22 @@ impl<B: Backend> ModelRunner for Model<B> {
     fn take_aux_hidden(&mut self) -> Vec<f32> {
         self.aux.as_mut().map(|a| std::mem::take(&mut a.rows)).unwrap_or_default()
     }
+    fn load_lora(&mut self, slot: usize, adapter: &crate::lora::LoraAdapter) -> Result<()> {
+        Model::load_lora(self, slot, adapter)
+    }
+    fn unload_lora(&mut self, slot: usize) {
+        Model::unload_lora(self, slot)
+    }
+    fn lora_limits(&self) -> Option<crate::lora::LoraLimits> {
+        Model::lora_limits(self)
+    }
     fn forward(&mut self, batch: &ForwardBatch) -> Result<Vec<f32>> {
         self.check(batch)?;
         self.record(batch)?;
         let n = batch.logit_rows.len() * self.cfg.vocab_size;
         if n == 0 {
             // A prefill chunk that samples nothing: wait for it anyway, so that aborted work
-            // never piles up on the device behind the host (issue 15, finding 5).
+            // never piles up on the device behind the host.
             self.backend.sync()?;
             return Ok(vec![]);
         }

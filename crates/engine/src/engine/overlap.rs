@@ -132,7 +132,7 @@ impl Engine {
     }
 
     /// Takes every step in flight.
-    fn land_all(&mut self) -> usize {
+    pub(super) fn land_all(&mut self) -> usize {
         let mut landed = 0;
         while !self.in_flight.is_empty() {
             landed = landed.max(self.land_one());

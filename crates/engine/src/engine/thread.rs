@@ -6,8 +6,10 @@
 use std::sync::{mpsc, Mutex};
 use std::time::{Duration, Instant};
 
+use tandem_core::lora::LoraAdapter;
 use tandem_core::ModelRunner;
 use tokio::sync::mpsc::UnboundedSender;
+use tokio::sync::oneshot;
 
 use super::Engine;
 use crate::config::{EngineConfig, EngineError};
@@ -30,6 +32,10 @@ pub(crate) enum Command {
     },
     /// Ends a request (`EngineHandle::abort`, or its stream dropped before the end).
     Abort(RequestId),
+    /// Puts a LoRA adapter into a free slot (`EngineHandle::load_adapter`); replies its id.
+    LoadAdapter { adapter: Box<LoraAdapter>, reply: oneshot::Sender<Result<u32, String>> },
+    /// Stops serving a LoRA adapter (`EngineHandle::unload_adapter`).
+    UnloadAdapter { id: u32, reply: oneshot::Sender<Result<(), String>> },
     /// Aborts every open request and ends the thread.
     Shutdown,
 }
@@ -106,6 +112,10 @@ impl Engine {
         match cmd {
             Command::Submit { id, req, adapter, max_tokens, tx, arrival } => {
                 self.enqueue(id, *req, adapter, max_tokens, tx, arrival);
+                if self.refuse_unloaded_adapter(id, adapter) {
+                    self.update_stats();
+                    return true;
+                }
                 // Submitted before the handle saw the failure: it still gets its one final output.
                 if let Some(f) = self.failure.get().cloned() {
                     self.end_request(
@@ -118,6 +128,13 @@ impl Engine {
             Command::Abort(id) => {
                 self.abort(id);
                 // The engine may go idle now; the gauges must not keep showing the aborted request.
+                self.update_stats();
+            }
+            Command::LoadAdapter { adapter, reply } => {
+                let _ = reply.send(self.load_adapter(*adapter));
+            }
+            Command::UnloadAdapter { id, reply } => {
+                let _ = reply.send(self.unload_adapter(id));
                 self.update_stats();
             }
             Command::Shutdown => {

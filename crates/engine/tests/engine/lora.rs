@@ -119,3 +119,113 @@ fn the_stats_name_the_adapters_running_and_waiting() {
     assert_eq!(collect(&drain(&mut b), 1).tokens[0].len(), 4);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The tiny model's `name` adapter, read for loading at run time.
+fn read_adapter(dir: &Path, name: &str) -> LoraAdapter {
+    let cfg = ModelConfig::from_file(&dir.join("config.json")).unwrap();
+    LoraAdapter::load(&adapter(name), &cfg).unwrap()
+}
+
+#[test]
+fn an_adapter_loaded_into_a_freed_slot_never_takes_the_old_adapters_prefix() {
+    let dir = model_dir("reload");
+    let steps = 6;
+    let long: Vec<u32> = (0..40u32).map(|i| (i * 29 + 3) % 384).collect();
+    let alone = |a: Option<u32>| -> Vec<u32> {
+        let mut m = lora_model(&dir, 64, 16);
+        let s = tandem_core::greedy::generate_with(&mut m, a, &long, steps, &[], false, |_| {}).unwrap();
+        s.iter().map(|s| s.id).collect()
+    };
+    let (want_all, want_rs) = (alone(Some(0)), alone(Some(1)));
+    assert_ne!(want_all, want_rs);
+    let mut e = Engine::new(Box::new(lora_model(&dir, 64, 16)), letters(), EngineConfig::default()).unwrap();
+    let run = |e: &mut Engine, a: u32| {
+        let mut s = e.add_request_with_adapter(request(&long, steps), Some(a)).unwrap();
+        run_to_idle(e);
+        collect(&drain(&mut s), 1).tokens[0].clone()
+    };
+    // tiny-all's blocks of the prompt enter the prefix cache under slot 0.
+    assert_eq!(run(&mut e, 0), want_all);
+    e.unload_adapter(0).unwrap();
+    assert_eq!(e.scheduler().adapters.slot_of(0), None, "nothing held it: freed at once");
+    // tiny-rs into the same slot, under a new id: the cached blocks are tiny-all's K/V.
+    let id = e.load_adapter(read_adapter(&dir, "tiny-rs")).unwrap();
+    assert_eq!((id, e.scheduler().adapters.slot_of(id)), (2, Some(0)));
+    let hits = e.stats().prefix_cache_hits_total;
+    assert_eq!(run(&mut e, id), want_rs);
+    assert_eq!(e.stats().prefix_cache_hits_total, hits, "no hit on the unloaded adapter's blocks");
+    assert_eq!(e.scheduler().kv_usage(), 0.0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn unloading_refuses_new_requests_and_frees_the_slot_after_the_running_ones() {
+    let dir = model_dir("unload");
+    let steps = 8;
+    let prompt: Vec<u32> = vec![11, 12, 13, 14, 15];
+    let mut m = lora_model(&dir, 64, 16);
+    let s = tandem_core::greedy::generate_with(&mut m, Some(1), &prompt, steps, &[], false, |_| {}).unwrap();
+    let want: Vec<u32> = s.iter().map(|s| s.id).collect();
+    for async_scheduling in [false, true] {
+        let cfg = EngineConfig { async_scheduling, ..Default::default() };
+        let mut e = Engine::new(Box::new(lora_model(&dir, 64, 16)), letters(), cfg).unwrap();
+        let mut running = e.add_request_with_adapter(request(&prompt, steps), Some(1)).unwrap();
+        let mut waiting = e.add_request_with_adapter(request(&prompt, steps), Some(1)).unwrap();
+        e.step();
+        e.step();
+        e.unload_adapter(1).unwrap();
+        assert!(e.unload_adapter(1).unwrap_err().contains("no LoRA adapter 1"));
+        let r = e.add_request_with_adapter(request(&prompt, 2), Some(1));
+        assert_eq!(r.err(), Some(SubmitError::UnknownAdapter { slot: 1 }), "async {async_scheduling}");
+        assert_eq!(e.scheduler().adapters.slot_of(1), Some(1), "its requests still run");
+        let full = e.load_adapter(read_adapter(&dir, "tiny-all")).unwrap_err();
+        assert!(full.contains("every LoRA slot holds an adapter"), "{full}");
+        run_to_idle(&mut e);
+        for s in [&mut running, &mut waiting] {
+            assert_eq!(collect(&drain(s), 1).tokens[0], want, "async {async_scheduling}");
+        }
+        assert_eq!(e.scheduler().adapters.slot_of(1), None, "freed after its last request");
+        assert_eq!(e.scheduler().kv_usage(), 0.0, "no block leaked");
+        let id = e.load_adapter(read_adapter(&dir, "tiny-rs")).unwrap();
+        assert_eq!(e.scheduler().adapters.slot_of(id), Some(1));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn two_adapters_over_one_slot_take_turns_and_each_answers_as_alone() {
+    let dir = model_dir("swap");
+    let steps = 6;
+    let prompts: [Vec<u32>; 3] = [vec![21, 22, 23, 24], vec![5, 6, 7, 8, 9, 10], vec![100, 101, 102]];
+    let alone = |p: &[u32], a: Option<u32>| -> Vec<u32> {
+        let mut m = lora_model(&dir, 64, 16);
+        let s = tandem_core::greedy::generate_with(&mut m, a, p, steps, &[], false, |_| {}).unwrap();
+        s.iter().map(|s| s.id).collect()
+    };
+    // tiny-all is slot 0 of the oracle model, tiny-rs slot 1.
+    let want = [alone(&prompts[0], Some(0)), alone(&prompts[1], Some(1)), alone(&prompts[2], None)];
+    assert_ne!(want[0], want[1]);
+    for async_scheduling in [false, true] {
+        let opts =
+            LoadOptions { max_batch_tokens: 64, max_seqs: 8, num_kv_blocks: 16, block_size: 16, ..Default::default() };
+        let m = Model::load_with_lora(RefBackend::new(), &dir, opts, LoraLimits { max_loras: 1, max_rank: 8 }).unwrap();
+        let cfg = EngineConfig { async_scheduling, max_cpu_loras: Some(2), ..Default::default() };
+        let mut e = Engine::new(Box::new(m), letters(), cfg).unwrap();
+        let all = e.load_adapter(read_adapter(&dir, "tiny-all")).unwrap();
+        let rs = e.load_adapter(read_adapter(&dir, "tiny-rs")).unwrap();
+        assert_eq!((e.scheduler().adapters.slot_of(all), e.scheduler().adapters.slot_of(rs)), (Some(0), None));
+        let over = e.load_adapter(read_adapter(&dir, "tiny-rs")).unwrap_err();
+        assert!(over.contains("--max-cpu-loras 2"), "{over}");
+        // tiny-rs first in the queue: it takes the slot, tiny-all waits, and takes it back.
+        let mut streams: Vec<_> = [(&prompts[1], Some(rs)), (&prompts[0], Some(all)), (&prompts[2], None)]
+            .into_iter()
+            .map(|(p, a)| e.add_request_with_adapter(request(p, steps), a).unwrap())
+            .collect();
+        run_to_idle(&mut e);
+        let got: Vec<Vec<u32>> = streams.iter_mut().map(|s| collect(&drain(s), 1).tokens[0].clone()).collect();
+        assert_eq!(got, vec![want[1].clone(), want[0].clone(), want[2].clone()], "async {async_scheduling}");
+        assert_eq!(e.scheduler().adapters.slot_of(all), Some(0), "tiny-all swapped back in");
+        assert_eq!(e.scheduler().kv_usage(), 0.0, "no block leaked");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -52,6 +52,11 @@ impl Drop for LoraServer {
 /// A server over the tiny model with adapters `a` (slot 0) and `b` (slot 1, `base_model_name`
 /// "m").
 async fn lora_server(test: &str) -> LoraServer {
+    lora_server_with(test, false).await
+}
+
+/// [`lora_server`], run-time loading routed where `runtime` (`VLLM_ALLOW_RUNTIME_LORA_UPDATING`).
+async fn lora_server_with(test: &str, runtime: bool) -> LoraServer {
     let dir = std::env::temp_dir().join(format!("tandem-server-lora-{test}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     write_random_model(&dir, Shape::Tiny, 5, DType::F32).unwrap();
@@ -71,6 +76,7 @@ async fn lora_server(test: &str) -> LoraServer {
         vocab_size: VOCAB_TINY,
         lora_adapters: vec![served("a", 0, None), served("b", 1, Some("m"))],
         max_loras: 2,
+        runtime_lora_updating: runtime,
         ..Default::default()
     };
     let mut server = TestServer::with_client(config, TandemEngine::ready(handle.clone()), tok.clone()).await;
@@ -152,4 +158,53 @@ async fn an_unknown_model_is_vllms_404_and_models_lists_the_adapters() {
     let m = get(s.server.addr, "/metrics").await.text();
     let idle = "vllm:lora_requests_info{max_lora=\"2\",waiting_lora_adapters=\"\",running_lora_adapters=\"\"}";
     assert!(m.lines().any(|l| l.starts_with(idle)), "{m}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adapters_load_and_unload_at_run_time_as_vllm_answers() {
+    let off = lora_server_with("runtime-off", false).await;
+    let body = json!({"lora_name": "c", "lora_path": adapter_dir("tiny-rs")});
+    assert_eq!(
+        post(off.server.addr, "/v1/load_lora_adapter", &body).await.status,
+        404,
+        "not routed without the switch"
+    );
+    drop(off);
+
+    let s = lora_server_with("runtime", true).await;
+    let addr = s.server.addr;
+    let load = |name: &str, path: PathBuf| json!({"lora_name": name, "lora_path": path});
+    let error = |r: &Reply| r.json()["error"]["message"].as_str().unwrap_or_default().to_string();
+    let r = post(addr, "/v1/load_lora_adapter", &load("a", adapter_dir("tiny-rs"))).await;
+    assert_eq!((r.status.as_u16(), error(&r)), (400, "The lora adapter 'a' has already been loaded.".into()));
+    let r = post(addr, "/v1/load_lora_adapter", &json!({"lora_name": "c"})).await;
+    assert_eq!((r.status.as_u16(), error(&r)), (400, "Both 'lora_name' and 'lora_path' must be provided.".into()));
+    let r = post(addr, "/v1/load_lora_adapter", &load("c", s.dir.join("nowhere"))).await;
+    assert_eq!(r.status, 404, "{}", r.text());
+    assert!(error(&r).contains("No adapter found for"), "{}", r.text());
+    // Both slots hold an adapter.
+    let r = post(addr, "/v1/load_lora_adapter", &load("c", adapter_dir("tiny-rs"))).await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(error(&r).contains("every LoRA slot holds an adapter"), "{}", r.text());
+
+    let r = post(addr, "/v1/unload_lora_adapter", &json!({"lora_name": "a"})).await;
+    assert_eq!((r.status.as_u16(), r.text()), (200, "Success: LoRA adapter 'a' removed successfully.".into()));
+    let gen = |model: &str| json!({"model": model, "prompt": [7, 8, 9, 250, 31], "max_tokens": 5, "temperature": 0, "ignore_eos": true});
+    assert_eq!(post(addr, "/v1/completions", &gen("a")).await.status, 404, "the name is gone at once");
+    let r = post(addr, "/v1/unload_lora_adapter", &json!({"lora_name": "a"})).await;
+    assert_eq!((r.status.as_u16(), error(&r)), (404, "The lora adapter 'a' cannot be found.".into()));
+
+    // tiny-rs again under a new name, in the slot "a" left: answers as tiny-rs alone.
+    let r = post(addr, "/v1/load_lora_adapter", &load("c", adapter_dir("tiny-rs"))).await;
+    assert_eq!((r.status.as_u16(), r.text()), (200, "Success: LoRA adapter 'c' added successfully.".into()));
+    let models = get(addr, "/v1/models").await.json();
+    let ids: Vec<&str> = models["data"].as_array().unwrap().iter().filter_map(|m| m["id"].as_str()).collect();
+    assert_eq!(ids, vec![MODEL, "b", "c"], "{models}");
+    let want = s.tok.decode(&oracle(&s.dir, Some(1), &[7, 8, 9, 250, 31], 5), true).unwrap();
+    for model in ["c", "b"] {
+        let r = post(addr, "/v1/completions", &gen(model)).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.json()["choices"][0]["text"].as_str().unwrap().trim_start(), want, "{model}");
+    }
+    assert_eq!(post(addr, "/v1/completions", &gen(MODEL)).await.status, 200, "the server still serves");
 }
