@@ -7,10 +7,12 @@
 //! Q5_K_M mixes whole) keep every scale inside the block, so a weight is its raw bytes, rows
 //! laid out one after another (a block never spans two rows), and [`QuantLayout::dequantize`]
 //! turns any run of whole blocks into values with `crate::quant_block`'s decoders. FP8 e4m3
-//! (scale per tensor, per output channel or per block) and int4 with group scales and zero
-//! points (AWQ, GPTQ, compressed-tensors `pack-quantized`) keep their scales in tensors of their
-//! own; they are listed here so that the table is whole, and no backend runs them kept quantized
-//! yet (FP8 checkpoints are widened at load by `crate::fp8`, int4 ones are refused).
+//! (scale per tensor, per output channel or per block) is kept as runs of 32 values of a row,
+//! each its f32 scale and its 32 bytes as stored (`crate::fp8::pack_blocks`), so it is a block
+//! layout too (36 bytes a block, 1.125 bytes a value), and every backend runs it. int4 with
+//! group scales and zero points (AWQ, GPTQ, compressed-tensors `pack-quantized`) keeps its
+//! scales in tensors of its own; it is listed here so that the table is whole, and no backend
+//! runs it kept quantized yet (int4 checkpoints are refused).
 
 use crate::error::{Error, Result};
 use crate::quant_block::*;
@@ -34,7 +36,9 @@ pub enum QuantLayout {
     Q4K,
     Q5K,
     Q6K,
-    /// e4m3 values, one byte each; f32 scales in a tensor beside the weight.
+    /// e4m3 values, one byte each, in runs of 32 of a row, each run led by the f32 scale the
+    /// checkpoint gives it (`crate::fp8::pack_blocks`); the payload says where the checkpoint's
+    /// scales applied.
     Fp8E4m3(Fp8Scales),
     /// Eight 4-bit values a u32, with a scale and a zero point per group of `group` input
     /// elements of a row (AWQ, GPTQ, compressed-tensors `pack-quantized`) in tensors beside it.
@@ -94,18 +98,19 @@ impl QuantLayout {
         }
     }
 
-    /// Elements in one block (a group, for int4; one element, for FP8).
+    /// Elements in one block (a group, for int4; a run of 32, for FP8).
     pub fn block_elems(self) -> usize {
         match self {
             QuantLayout::Q8_0 | QuantLayout::Q4_0 | QuantLayout::Q4_1 | QuantLayout::Q5_0 | QuantLayout::Q5_1 => 32,
             QuantLayout::Q4K | QuantLayout::Q5K | QuantLayout::Q6K => 256,
-            QuantLayout::Fp8E4m3(_) => 1,
+            QuantLayout::Fp8E4m3(_) => crate::fp8::BLOCK_ELEMS,
             QuantLayout::Int4Group { group } => group,
         }
     }
 
     /// Bytes one block takes in the weight tensor itself (the GGUF layouts' in-block scales
-    /// included; FP8's and int4's scales and zero points are in tensors of their own).
+    /// included, and FP8's scale leading each run; int4's scales and zero points are in tensors
+    /// of their own).
     pub fn block_bytes(self) -> usize {
         match self {
             QuantLayout::Q8_0 => 34,
@@ -116,7 +121,7 @@ impl QuantLayout {
             QuantLayout::Q4K => 144,
             QuantLayout::Q5K => 176,
             QuantLayout::Q6K => 210,
-            QuantLayout::Fp8E4m3(_) => 1,
+            QuantLayout::Fp8E4m3(_) => crate::fp8::BLOCK_BYTES,
             QuantLayout::Int4Group { group } => group / 2,
         }
     }
@@ -132,7 +137,8 @@ impl QuantLayout {
             | QuantLayout::Q4K
             | QuantLayout::Q5K
             | QuantLayout::Q6K => &[REFERENCE, WGPU, CUDA],
-            QuantLayout::Fp8E4m3(_) | QuantLayout::Int4Group { .. } => &[],
+            QuantLayout::Fp8E4m3(_) => &[REFERENCE, WGPU],
+            QuantLayout::Int4Group { .. } => &[],
         }
     }
 
@@ -167,8 +173,8 @@ impl QuantLayout {
         Ok(cols / block * self.block_bytes())
     }
 
-    /// The values of whole blocks: `bytes` holds `dst.len() / block_elems()` blocks. Only the
-    /// GGUF layouts, whose scales are in the block, are decoded here; a length that is not a
+    /// The values of whole blocks: `bytes` holds `dst.len() / block_elems()` blocks. The GGUF
+    /// and FP8 layouts, whose scales are in the block, are decoded here; a length that is not a
     /// whole number of blocks is an error.
     pub fn dequantize(self, bytes: &[u8], dst: &mut [f32]) -> std::result::Result<(), String> {
         let f: fn(&[u8], &mut [f32]) = match self {
@@ -180,6 +186,7 @@ impl QuantLayout {
             QuantLayout::Q4K => block_q4_k,
             QuantLayout::Q5K => block_q5_k,
             QuantLayout::Q6K => block_q6_k,
+            QuantLayout::Fp8E4m3(_) => crate::fp8::decode_block,
             other => {
                 return Err(format!("{} keeps its scales beside the weight: not decoded block by block", other.name()))
             }
