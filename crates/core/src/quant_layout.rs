@@ -49,9 +49,10 @@ pub enum QuantLayout {
 
 /// The reference backend's name (`Device::name`).
 const REFERENCE: &str = "reference";
-/// The wgpu backend's name: its kernels read the GGUF blocks (shaders/quant_block.wgsl).
+/// The wgpu backend's name: its kernels read the GGUF blocks (shaders/quant_block.wgsl) and
+/// FP8 runs (shaders/quant_fp8.wgsl).
 const WGPU: &str = "wgpu";
-/// The CUDA backend's name: kernels/quant_matmul.cu runs every GGUF block layout.
+/// The CUDA backend's name: kernels/quant_matmul.cu runs every GGUF block layout and FP8.
 const CUDA: &str = "cuda";
 
 impl QuantLayout {
@@ -137,7 +138,7 @@ impl QuantLayout {
             | QuantLayout::Q4K
             | QuantLayout::Q5K
             | QuantLayout::Q6K => &[REFERENCE, WGPU, CUDA],
-            QuantLayout::Fp8E4m3(_) => &[REFERENCE, WGPU],
+            QuantLayout::Fp8E4m3(_) => &[REFERENCE, WGPU, CUDA],
             QuantLayout::Int4Group { .. } => &[],
         }
     }
