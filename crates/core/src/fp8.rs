@@ -98,7 +98,7 @@ pub fn scheme_of(config: &Path) -> Result<Option<Fp8Scheme>> {
         }
     };
     let unsupported = |what: String| {
-        Error::config(config, format!("quantization_config: {what} is not supported (tandem loads FP8 checkpoints, `quant_method` fp8 or compressed-tensors float-quantized, dequantized at load; and GGUF files through `tandem convert`)"))
+        Error::config(config, format!("quantization_config: {what} is not supported (tandem loads FP8 checkpoints, `quant_method` fp8 or compressed-tensors float-quantized, kept in 8 bits; and GGUF files)"))
     };
     match method {
         "fp8" => Ok(Some(Fp8Scheme { block: block_of(q.get("weight_block_size"))? })),
@@ -127,6 +127,14 @@ pub fn scheme_of(config: &Path) -> Result<Option<Fp8Scheme>> {
         }
         other => Err(unsupported(format!("`quant_method` `{other}`"))),
     }
+}
+
+/// `config.json`'s `quantization_config.quant_method` (vLLM's `--quantization` names it), or
+/// None when the file has none or cannot be read.
+pub fn method_of(config: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(config).ok()?;
+    let v = serde_json::from_str::<serde_json::Value>(&text).ok()?;
+    v.get("quantization_config")?.get("quant_method")?.as_str().map(str::to_string)
 }
 
 /// How a scale tensor of `scale_shape` covers a weight of `[rows, cols]`: one scale per
@@ -384,8 +392,11 @@ mod tests {
         let w4 = with(r#"{"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {"g": {"weights": {"num_bits": 4, "type": "float"}}}}"#).unwrap_err().to_string();
         assert!(w4.contains("4-bit float"), "{w4}");
         assert!(with(r#"{"quant_method": "fp8", "weight_block_size": [128]}"#).is_err());
+        with(ct).unwrap();
+        assert_eq!(method_of(&cfg).as_deref(), Some("compressed-tensors"));
         std::fs::write(&cfg, "{\"model_type\": \"llama\"}").unwrap();
         assert_eq!(scheme_of(&cfg).unwrap(), None);
+        assert_eq!(method_of(&cfg), None);
         std::fs::remove_dir_all(&dir).ok();
     }
 }

@@ -4,6 +4,7 @@
 //! `cargo test -p tandem-cuda --test cuda <module>::`.
 
 mod emulation;
+mod fp8;
 mod gpu_invariance;
 mod graphs;
 mod kernels_check;
