@@ -18,7 +18,7 @@ use tandem_core::quant_layout::{Fp8Scales, QuantLayout};
 use tandem_core::weights::Weights;
 use tandem_core::{DType, ForwardBatch, Model, ModelRunner};
 use tandem_reference::RefBackend;
-use tandem_wgpu::{WgpuBackend, WgpuBuf};
+use tandem_wgpu::WgpuBuf;
 
 const LAYOUT: QuantLayout = QuantLayout::Fp8E4m3(Fp8Scales::Block);
 
