@@ -1,4 +1,5 @@
-// quant_matmul.cu — matmul and embedding on weights kept in a GGUF block layout.
+// quant_matmul.cu — matmul and embedding on weights kept in a GGUF block layout, or as FP8 e4m3
+// runs with their scales.
 //
 //   out[r, c] = Σ_k x[r, k] · w[c, k] (+ bias[c])   w: n rows of GGUF blocks, x [m, k] (f32|bf16|f16),
 //                                                   out f32 [m, n]
@@ -7,7 +8,8 @@
 // A weight row is its GGUF bytes as stored (rows one after another, a block never spans two
 // rows: tandem_core::quant_layout). Values are decoded in registers, 32 at a time (a "unit":
 // a whole Q8_0/Q4_0/Q4_1/Q5_0/Q5_1 block, or one of the eight 32-value sub-blocks of a
-// Q4_K/Q5_K/Q6_K super-block), with crates/core/src/quant_block.rs's arithmetic (ggml's order:
+// Q4_K/Q5_K/Q6_K super-block, or an FP8 run: its f32 scale, then 32 e4m3 bytes as the checkpoint
+// stores them, crates/core/src/fp8.rs `pack_blocks`), with crates/core/src/quant_block.rs's arithmetic (ggml's order:
 // a sub-block's scale `d * sc` first, then `scale * q - dmin * m`; no FMA: NVRTC runs with
 // --fmad=false), so a decoded weight has the bits the reference decodes. Activations are not
 // quantized: x is widened to f32 and the dot is f32.
@@ -62,7 +64,7 @@ __device__ __forceinline__ void qm_scale_min_k4(const u8* sc, int j, int& s, int
 
 // Layout codes (the kernel name's suffix): block elements and bytes (QLayout), and `qm_decode`
 // of sub-block s of one block (32 values) into v, an overload per layout.
-enum { QL_Q8_0, QL_Q4_0, QL_Q4_1, QL_Q5_0, QL_Q5_1, QL_Q4_K, QL_Q5_K, QL_Q6_K };
+enum { QL_Q8_0, QL_Q4_0, QL_Q4_1, QL_Q5_0, QL_Q5_1, QL_Q4_K, QL_Q5_K, QL_Q6_K, QL_FP8 };
 
 template <int L> struct QLayout;
 
@@ -178,6 +180,23 @@ __device__ __forceinline__ void qm_decode(QLayout<QL_Q6_K>, const u8* b, int s, 
     }
 }
 
+// FP8 e4m3 (36 bytes, 32 values): f32 scale, 32 e4m3fn bytes; x = bf16(e4m3(q) * scale), the
+// product in f32 then rounded to the nearest bf16 (crates/core/src/fp8.rs decode_block): the bits
+// the widened weight holds.
+template <> struct QLayout<QL_FP8> {
+    static constexpr int elems = 32, bytes = 36;
+};
+__device__ __forceinline__ float qm_e4m3(u32 b) {
+    const u32 e = (b >> 3) & 15u, m = b & 7u;
+    if (e == 15u && m == 7u) return __uint_as_float(0x7fc00000u | ((b & 0x80u) << 24));
+    const float v = e == 0u ? (float)m * 0.001953125f : __uint_as_float(((e + 120u) << 23) | (m << 20));
+    return (b & 0x80u) ? -v : v;
+}
+__device__ __forceinline__ void qm_decode(QLayout<QL_FP8>, const u8* b, int, float* v) {
+    const float scale = __uint_as_float(qm_u32(b));
+    for (int l = 0; l < 32; ++l) v[l] = bf16_bits_to_f32(f32_to_bf16_bits(qm_e4m3(b[4 + l]) * scale));
+}
+
 // Unit u of a row starting at `row`: its block's bytes and the sub-block within.
 template <int L>
 __device__ __forceinline__ void qm_decode_unit(const u8* row, int u, float* v) {
@@ -263,3 +282,4 @@ QUANT_KERNELS(q5_1, QL_Q5_1)
 QUANT_KERNELS(q4_k, QL_Q4_K)
 QUANT_KERNELS(q5_k, QL_Q5_K)
 QUANT_KERNELS(q6_k, QL_Q6_K)
+QUANT_KERNELS(fp8, QL_FP8)

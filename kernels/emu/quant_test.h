@@ -1,4 +1,4 @@
-// quant_test.h — checks kernels/quant_matmul.cu: for every GGUF layout, the embedding kernel's
+// quant_test.h — checks kernels/quant_matmul.cu: for every GGUF layout and FP8 e4m3, the embedding kernel's
 // rows equal a host decode of the same random blocks bitwise (the host decode is written here
 // per element, as ggml-quants.c's dequantize_row_* index it, not per unit as the kernel does),
 // the matmul against a double-precision dot of those values (NMSE), with and without a bias,
@@ -28,6 +28,7 @@ inline const std::vector<Layout>& layouts() {
         {"q4_1", QL_Q4_1, 32, 20, {0, 2}},       {"q5_0", QL_Q5_0, 32, 22, {0}},
         {"q5_1", QL_Q5_1, 32, 24, {0, 2}},       {"q4_k", QL_Q4_K, 256, 144, {0, 2}},
         {"q5_k", QL_Q5_K, 256, 176, {0, 2}},     {"q6_k", QL_Q6_K, 256, 210, {208}},
+        {"fp8", QL_FP8, 32, 36, {}},
     };
     return all;
 }
@@ -50,6 +51,13 @@ inline std::vector<uint8_t> random_rows(const Layout& L, int rows, int cols, uin
             const uint16_t h = small_f16(next(seed));
             b[blk + at] = (uint8_t)h;
             b[blk + at + 1] = (uint8_t)(h >> 8);
+        }
+    if (L.code == QL_FP8)  // a small positive f32 scale; no NaN bytes (S.1111.111)
+        for (size_t blk = 0; blk < b.size(); blk += L.bytes) {
+            const float s = std::ldexp(1.0f + (float)(next(seed) % 1024) / 1024.0f, -12);
+            std::memcpy(&b[blk], &s, 4);
+            for (int i = 4; i < 36; ++i)
+                if ((b[blk + i] & 0x7f) == 0x7f) b[blk + i] -= 1;
         }
     return b;
 }
@@ -89,6 +97,19 @@ inline float host_value(const Layout& L, const uint8_t* b, int e) {
             if (L.code == QL_Q5_K) q |= ((b[16 + l] >> s) & 1) << 4;
             return d1 * (float)q - m1;
         }
+        case QL_FP8: {  // the OCP e4m3fn value times the run's scale, rounded to bf16 (ties to even)
+            float scale;
+            std::memcpy(&scale, b, 4);
+            const int q = b[4 + e], ex = (q >> 3) & 15, mant = q & 7;
+            const float mag = ex == 0 ? std::ldexp((float)mant, -9) : std::ldexp(1.0f + (float)mant / 8.0f, ex - 7);
+            const float v = ((q & 0x80) ? -mag : mag) * scale;
+            uint32_t u;
+            std::memcpy(&u, &v, 4);
+            u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+            float r;
+            std::memcpy(&r, &u, 4);
+            return r;
+        }
         default: {  // Q6_K
             const int h = e / 128, s = (e / 32) % 4, l = e % 32;
             const int low = (b[h * 64 + (s % 2) * 32 + l] >> (4 * (s / 2))) & 15;
@@ -110,12 +131,13 @@ using EmbedFn = void (*)(const u8*, const u32*, float*, int, int, int);
 
 inline MatmulFn matmul_of(int code) {
     const MatmulFn f[] = {quant_matmul_q8_0, quant_matmul_q4_0, quant_matmul_q4_1, quant_matmul_q5_0,
-                          quant_matmul_q5_1, quant_matmul_q4_k, quant_matmul_q5_k, quant_matmul_q6_k};
+                          quant_matmul_q5_1, quant_matmul_q4_k, quant_matmul_q5_k, quant_matmul_q6_k, quant_matmul_fp8};
     return f[code];
 }
 inline EmbedFn embed_of(int code) {
     const EmbedFn f[] = {quant_embedding_q8_0, quant_embedding_q4_0, quant_embedding_q4_1, quant_embedding_q5_0,
-                         quant_embedding_q5_1, quant_embedding_q4_k, quant_embedding_q5_k, quant_embedding_q6_k};
+                         quant_embedding_q5_1, quant_embedding_q4_k, quant_embedding_q5_k, quant_embedding_q6_k,
+                         quant_embedding_fp8};
     return f[code];
 }
 

@@ -228,10 +228,10 @@ pub struct Args {
     /// vLLM's; only 1 (one device) is supported.
     #[arg(long, visible_alias = "tp", default_value_t = 1)]
     tensor_parallel_size: usize,
-    /// vLLM's: `gguf` serves a GGUF file's weights kept in their stored layouts; `awq`, `gptq`
-    /// and `compressed-tensors` (also `awq_marlin`, `gptq_marlin`) an int4 checkpoint kept
-    /// 4-bit. Detected from the file or config.json when not given; other methods are refused
-    /// by name.
+    /// vLLM's: `gguf` serves a GGUF file's weights kept in their stored layouts; `fp8` an FP8
+    /// checkpoint's kept in 8 bits; `awq`, `gptq` (also `awq_marlin`, `gptq_marlin`) an int4
+    /// checkpoint kept 4-bit; `compressed-tensors` either. Detected from the file or config.json
+    /// when not given, and must match what the checkpoint is; other methods are refused by name.
     #[arg(long, short = 'q')]
     quantization: Option<String>,
     /// vLLM's: prefix caching is on by default (`--no-enable-prefix-caching` turns it off).
@@ -339,13 +339,15 @@ pub fn refuse_vllm_only_flags(args: &[String]) -> Result<()> {
 impl Args {
     /// The vLLM-compatibility flags that tandem accepts only with values it implements.
     fn check_vllm_values(&self, cfg: &tandem_core::ModelConfig, dir: &std::path::Path) -> Result<()> {
-        match self.quantization.as_deref() {
-            None => {}
-            Some("gguf") if tandem::is_gguf_dir(dir) => {}
-            Some("gguf") => {
+        let method = tandem_core::fp8::method_of(&dir.join("config.json"));
+        match (self.quantization.as_deref(), method.as_deref()) {
+            (None, _) => {}
+            (Some("gguf"), _) if tandem::is_gguf_dir(dir) => {}
+            (Some("gguf"), _) => {
                 anyhow::bail!("--quantization gguf: {} is not a GGUF file (serve FILE.gguf)", dir.display())
             }
-            Some(m @ ("awq" | "awq_marlin" | "gptq" | "gptq_marlin" | "compressed-tensors")) => {
+            (Some(q @ ("fp8" | "compressed-tensors")), Some(m)) if q == m => {}
+            (Some(m @ ("awq" | "awq_marlin" | "gptq" | "gptq_marlin")), _) => {
                 let config = dir.join("config.json");
                 let found = tandem_core::int4::format_of(&config)?;
                 if found.map(|f| f.name()) != Some(m.trim_end_matches("_marlin")) {
@@ -357,9 +359,18 @@ impl Args {
                     )
                 }
             }
-            Some(other) => anyhow::bail!(
-                "--quantization {other}: not supported (tandem serves gguf files kept quantized, and int4 awq, gptq \
-                 and compressed-tensors checkpoints; FP8 checkpoints are detected from config.json and widened at load)"
+            (Some(q @ ("fp8" | "compressed-tensors")), Some(m)) => anyhow::bail!(
+                "--quantization {q}: {}/config.json says `quant_method` `{m}`; the two must match (as vLLM requires)",
+                dir.display()
+            ),
+            (Some(q @ ("fp8" | "compressed-tensors")), None) => anyhow::bail!(
+                "--quantization {q}: {} is not a {q} checkpoint (config.json has no `quantization_config`); \
+                 quantizing 16-bit weights at load is not supported",
+                dir.display()
+            ),
+            (Some(other), _) => anyhow::bail!(
+                "--quantization {other}: not supported (tandem serves gguf files, fp8, awq, gptq and compressed-tensors \
+                 (FP8 or int4) checkpoints, kept quantized; detected when not given)"
             ),
         }
         if self.tensor_parallel_size != 1 {

@@ -13,7 +13,7 @@ use crate::ops::{
     Rope, RopeKvWrite, Scale, SeqChunk, SiluMul,
 };
 use crate::rng::{hash_str, mix, Rng};
-use tandem_core::quant_layout::QuantLayout;
+use tandem_core::quant_layout::{Fp8Scales, QuantLayout};
 
 enum Spec {
     Embedding(Embedding),
@@ -391,6 +391,13 @@ pub fn cases() -> Vec<Case> {
     for group in [32, 128] {
         for (m, n, k) in [(1, 77, 512), (3, 33, 1536), (37, 77, 512)] {
             v.push(Case::new(QuantMatmul { layout: QuantLayout::Int4Group { group }, m, n, k }, Spec::QuantMatmul));
+        }
+    }
+    // FP8 e4m3 kept in 8 bits, with each scale layout checkpoints ship (SmolLM2's 576 is whole
+    // runs of 32; 128 x 128 blocks leave a ragged last block column).
+    for scales in [Fp8Scales::Tensor, Fp8Scales::Channel, Fp8Scales::Block] {
+        for (m, n, k) in [(1, 77, 576), (3, 33, 1536), (37, 77, 576)] {
+            v.push(Case::new(QuantMatmul { layout: QuantLayout::Fp8E4m3(scales), m, n, k }, Spec::QuantMatmul));
         }
     }
     // The LM head: a wide n.

@@ -11,11 +11,18 @@
 //!
 //! Every one of them means weight[r, c] = fp8(q[r, c]) * scale[block of (r, c)], the product in
 //! f32 (HF transformers' dequantize and vLLM's fallback both do so), then rounded to the type
-//! the model's other weights have (bf16 for every release) as [`crate::DType::from_f32`] rounds:
-//! a W8A16 model from then on. A block grid is cut from the top-left corner, ceil-divided as
-//! vLLM does; without a block size in the config it is derived from the grid's shape, which must
-//! then divide the weight exactly (as HF requires). FP8 GEMMs on Hopper (keeping the weights in
-//! 8 bits) are a backend matter for later; this keeps the checkpoint servable everywhere.
+//! the model's other weights have (bf16 for every release) as [`crate::DType::from_f32`] rounds.
+//! A block grid is cut from the top-left corner, ceil-divided as vLLM does; without a block size
+//! in the config it is derived from the grid's shape, which must then divide the weight exactly
+//! (as HF requires).
+//!
+//! An e4m3 weight of a bf16 model is kept in 8 bits ([`pack_blocks`]): runs of
+//! [`BLOCK_ELEMS`] values of a row, each run its f32 scale (the one the checkpoint gives those
+//! values: a run never crosses a scale block) followed by its bytes as stored. Every backend
+//! decodes a run with [`decode_block`]'s arithmetic (the table value times the scale in f32,
+//! rounded to bf16), so a matmul on the kept bytes gives the bits of the widened weight's. A
+//! weight whose runs would cross a scale block, an e5m2 weight, or a model whose other weights
+//! are f32 or f16 is widened at load as before.
 
 use crate::error::{Error, Result};
 use std::path::Path;
@@ -91,7 +98,7 @@ pub fn scheme_of(config: &Path) -> Result<Option<Fp8Scheme>> {
         }
     };
     let unsupported = |what: String| {
-        Error::config(config, format!("quantization_config: {what} is not supported (tandem loads FP8 checkpoints, `quant_method` fp8 or compressed-tensors float-quantized, dequantized at load; and GGUF files through `tandem convert`)"))
+        Error::config(config, format!("quantization_config: {what} is not supported (tandem loads FP8 checkpoints, `quant_method` fp8 or compressed-tensors float-quantized, kept in 8 bits; and GGUF files)"))
     };
     match method {
         "fp8" => Ok(Some(Fp8Scheme { block: block_of(q.get("weight_block_size"))? })),
@@ -120,6 +127,14 @@ pub fn scheme_of(config: &Path) -> Result<Option<Fp8Scheme>> {
         }
         other => Err(unsupported(format!("`quant_method` `{other}`"))),
     }
+}
+
+/// `config.json`'s `quantization_config.quant_method` (vLLM's `--quantization` names it), or
+/// None when the file has none or cannot be read.
+pub fn method_of(config: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(config).ok()?;
+    let v = serde_json::from_str::<serde_json::Value>(&text).ok()?;
+    v.get("quantization_config")?.get("quant_method")?.as_str().map(str::to_string)
 }
 
 /// How a scale tensor of `scale_shape` covers a weight of `[rows, cols]`: one scale per
@@ -175,6 +190,63 @@ pub fn dequantize(q: &[u8], format: Fp8Format, rows: usize, cols: usize, scale: 
         }
     });
     out
+}
+
+/// Where a scale grid in blocks of `block` applies on a `[rows, cols]` weight, by name.
+pub fn scales_of(rows: usize, cols: usize, block: [usize; 2]) -> crate::quant_layout::Fp8Scales {
+    use crate::quant_layout::Fp8Scales;
+    match block {
+        [br, bc] if br >= rows && bc >= cols => Fp8Scales::Tensor,
+        [1, bc] if bc >= cols => Fp8Scales::Channel,
+        _ => Fp8Scales::Block,
+    }
+}
+
+/// Values in one kept run of an e4m3 weight ([`pack_blocks`]).
+pub const BLOCK_ELEMS: usize = 32;
+/// Bytes of one kept run: its f32 scale (little-endian), then [`BLOCK_ELEMS`] e4m3 bytes.
+pub const BLOCK_BYTES: usize = 4 + BLOCK_ELEMS;
+
+/// The e4m3 table, built once.
+fn e4m3_table() -> &'static [f32; 256] {
+    static TABLE: std::sync::OnceLock<[f32; 256]> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| Fp8Format::E4M3.table())
+}
+
+/// One kept run (`b`: [`BLOCK_BYTES`]) into `o` ([`BLOCK_ELEMS`] values): each byte's e4m3
+/// value times the run's scale in f32, rounded to the nearest bf16 (ties to even), as the
+/// widened weight holds it.
+pub fn decode_block(b: &[u8], o: &mut [f32]) {
+    let table = e4m3_table();
+    let scale = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    for (x, &q) in o.iter_mut().zip(&b[4..BLOCK_BYTES]) {
+        *x = half::bf16::from_f32(table[q as usize] * scale).to_f32();
+    }
+}
+
+/// An e4m3 weight `[rows, cols]` (`q`, row-major bytes) with its scale grid in blocks of
+/// `block`, as kept runs: each row's runs of [`BLOCK_ELEMS`] values, each its scale then its
+/// bytes. None where a run would cross a scale block (`cols` not a multiple of
+/// [`BLOCK_ELEMS`], or a block's column span neither a multiple of it nor the whole row): such a
+/// weight is widened instead.
+pub fn pack_blocks(q: &[u8], rows: usize, cols: usize, scale: &[f32], block: [usize; 2]) -> Option<Vec<u8>> {
+    let [br, bc] = block;
+    if cols == 0 || !cols.is_multiple_of(BLOCK_ELEMS) || !(bc.is_multiple_of(BLOCK_ELEMS) || bc >= cols) {
+        return None;
+    }
+    let grid_cols = cols.div_ceil(bc);
+    if q.len() != rows * cols || scale.len() < rows.div_ceil(br) * grid_cols {
+        return None;
+    }
+    let mut out = Vec::with_capacity(rows * cols / BLOCK_ELEMS * BLOCK_BYTES);
+    for (r, row) in q.chunks_exact(cols).enumerate() {
+        for (i, run) in row.chunks_exact(BLOCK_ELEMS).enumerate() {
+            let s = scale[(r / br) * grid_cols + i * BLOCK_ELEMS / bc];
+            out.extend_from_slice(&s.to_le_bytes());
+            out.extend_from_slice(run);
+        }
+    }
+    Some(out)
 }
 
 #[cfg(test)]
@@ -260,6 +332,38 @@ mod tests {
         }
     }
 
+    /// A kept weight decodes to the bits the widened one holds in bf16, for tensor, channel and
+    /// (ragged) block scales; a run that would cross a block is not kept.
+    #[test]
+    fn kept_runs_decode_to_the_widened_bf16_values() {
+        let (rows, cols) = (5, 192);
+        let q: Vec<u8> = (0..rows * cols).map(|i| (i * 37 % 256) as u8).collect();
+        for (grid, block) in [
+            (vec![0.37f32], [5, 192]),
+            ((0..5).map(|i| 0.01 + i as f32).collect(), [1, 192]),
+            ((0..6).map(|i| 0.3 * (i + 1) as f32).collect(), [2, 128]),
+        ] {
+            let packed = pack_blocks(&q, rows, cols, &grid, block).expect("runs within blocks");
+            assert_eq!(packed.len(), rows * cols / BLOCK_ELEMS * BLOCK_BYTES);
+            let mut got = vec![0f32; rows * cols];
+            for (b, o) in packed.chunks_exact(BLOCK_BYTES).zip(got.chunks_exact_mut(BLOCK_ELEMS)) {
+                decode_block(b, o);
+            }
+            let want = crate::DType::BF16.to_f32(&crate::DType::BF16.from_f32(&dequantize(
+                &q,
+                Fp8Format::E4M3,
+                rows,
+                cols,
+                &grid,
+                block,
+            )));
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "blocks {block:?}");
+        }
+        assert!(pack_blocks(&q, rows, cols, &[1.0; 20], [1, 48]).is_none(), "a run crosses a 48-column block");
+        assert!(pack_blocks(&q[..rows * 100], rows, 100, &[1.0], [5, 100]).is_none(), "100 is not whole runs");
+    }
+
     #[test]
     fn quantization_configs() {
         let dir = std::env::temp_dir().join(format!("tandem-fp8-cfg-{}", std::process::id()));
@@ -288,8 +392,11 @@ mod tests {
         let w4 = with(r#"{"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {"g": {"weights": {"num_bits": 4, "type": "float"}}}}"#).unwrap_err().to_string();
         assert!(w4.contains("4-bit float"), "{w4}");
         assert!(with(r#"{"quant_method": "fp8", "weight_block_size": [128]}"#).is_err());
+        with(ct).unwrap();
+        assert_eq!(method_of(&cfg).as_deref(), Some("compressed-tensors"));
         std::fs::write(&cfg, "{\"model_type\": \"llama\"}").unwrap();
         assert_eq!(scheme_of(&cfg).unwrap(), None);
+        assert_eq!(method_of(&cfg), None);
         std::fs::remove_dir_all(&dir).ok();
     }
 }

@@ -7,12 +7,12 @@
 //! Q5_K_M mixes whole) keep every scale inside the block, so a weight is its raw bytes, rows
 //! laid out one after another (a block never spans two rows), and [`QuantLayout::dequantize`]
 //! turns any run of whole blocks into values with `crate::quant_block`'s decoders. FP8 e4m3
-//! (scale per tensor, per output channel or per block) keeps its scales in tensors of its own;
-//! it is listed here so that the table is whole, and no backend runs it kept quantized yet (FP8
-//! checkpoints are widened at load by `crate::fp8`). Int4 with group scales and zero points
+//! (scale per tensor, per output channel or per block) is kept as runs of 32 values of a row,
+//! each its f32 scale and its 32 bytes as stored (`crate::fp8::pack_blocks`), so it is a block
+//! layout too (36 bytes a block, 1.125 bytes a value). Int4 with group scales and zero points
 //! (AWQ, GPTQ, compressed-tensors `pack-quantized`) is converted at load into blocks of our own
-//! that hold each group's scale and zero point (`crate::int4`), so it is decoded block by block
-//! like the GGUF layouts.
+//! that hold each group's scale and zero point (`crate::int4`). Both are then decoded block by
+//! block like the GGUF layouts.
 
 use crate::error::{Error, Result};
 use crate::quant_block::*;
@@ -36,7 +36,9 @@ pub enum QuantLayout {
     Q4K,
     Q5K,
     Q6K,
-    /// e4m3 values, one byte each; f32 scales in a tensor beside the weight.
+    /// e4m3 values, one byte each, in runs of 32 of a row, each run led by the f32 scale the
+    /// checkpoint gives it (`crate::fp8::pack_blocks`); the payload says where the checkpoint's
+    /// scales applied.
     Fp8E4m3(Fp8Scales),
     /// Eight 4-bit values a u32, with a scale and a zero point per group of `group` input
     /// elements of a row (AWQ, GPTQ, compressed-tensors `pack-quantized`), each group a block
@@ -49,9 +51,9 @@ pub enum QuantLayout {
 /// The reference backend's name (`Device::name`).
 const REFERENCE: &str = "reference";
 /// The wgpu backend's name: its kernels read the GGUF blocks (shaders/quant_block.wgsl) and
-/// int4 groups (shaders/quant_int4.wgsl).
+/// int4 groups (shaders/quant_int4.wgsl) and FP8 runs (shaders/quant_fp8.wgsl).
 const WGPU: &str = "wgpu";
-/// The CUDA backend's name: kernels/quant_matmul.cu runs every GGUF block layout.
+/// The CUDA backend's name: kernels/quant_matmul.cu runs every GGUF block layout and FP8.
 const CUDA: &str = "cuda";
 
 impl QuantLayout {
@@ -98,18 +100,18 @@ impl QuantLayout {
         }
     }
 
-    /// Elements in one block (a group, for int4; one element, for FP8).
+    /// Elements in one block (a group, for int4; a run of 32, for FP8).
     pub fn block_elems(self) -> usize {
         match self {
             QuantLayout::Q8_0 | QuantLayout::Q4_0 | QuantLayout::Q4_1 | QuantLayout::Q5_0 | QuantLayout::Q5_1 => 32,
             QuantLayout::Q4K | QuantLayout::Q5K | QuantLayout::Q6K => 256,
-            QuantLayout::Fp8E4m3(_) => 1,
+            QuantLayout::Fp8E4m3(_) => crate::fp8::BLOCK_ELEMS,
             QuantLayout::Int4Group { group } => group,
         }
     }
 
-    /// Bytes one block takes in the weight tensor itself (the in-block scales included; FP8's
-    /// scales are in tensors of their own).
+    /// Bytes one block takes in the weight tensor itself (the in-block scales included: GGUF's,
+    /// FP8's scale leading each run, int4's scale and zero point leading each group).
     pub fn block_bytes(self) -> usize {
         match self {
             QuantLayout::Q8_0 => 34,
@@ -120,7 +122,7 @@ impl QuantLayout {
             QuantLayout::Q4K => 144,
             QuantLayout::Q5K => 176,
             QuantLayout::Q6K => 210,
-            QuantLayout::Fp8E4m3(_) => 1,
+            QuantLayout::Fp8E4m3(_) => crate::fp8::BLOCK_BYTES,
             QuantLayout::Int4Group { group } => crate::int4::HEADER_BYTES + group / 2,
         }
     }
@@ -136,8 +138,8 @@ impl QuantLayout {
             | QuantLayout::Q4K
             | QuantLayout::Q5K
             | QuantLayout::Q6K => &[REFERENCE, WGPU, CUDA],
+            QuantLayout::Fp8E4m3(_) => &[REFERENCE, WGPU, CUDA],
             QuantLayout::Int4Group { .. } => &[REFERENCE, WGPU],
-            QuantLayout::Fp8E4m3(_) => &[],
         }
     }
 
@@ -172,9 +174,9 @@ impl QuantLayout {
         Ok(cols / block * self.block_bytes())
     }
 
-    /// The values of whole blocks: `bytes` holds `dst.len() / block_elems()` blocks. The
-    /// layouts whose scales are in the block (GGUF's, int4's) are decoded here; a length that is
-    /// not a whole number of blocks is an error.
+    /// The values of whole blocks: `bytes` holds `dst.len() / block_elems()` blocks. Every
+    /// layout keeps its scales in the block (GGUF's, FP8's runs, int4's groups) and is decoded
+    /// here; a length that is not a whole number of blocks is an error.
     pub fn dequantize(self, bytes: &[u8], dst: &mut [f32]) -> std::result::Result<(), String> {
         let f: fn(&[u8], &mut [f32]) = match self {
             QuantLayout::Q8_0 => block_q8_0,
@@ -186,6 +188,7 @@ impl QuantLayout {
             QuantLayout::Q5K => block_q5_k,
             QuantLayout::Q6K => block_q6_k,
             QuantLayout::Int4Group { group } if group > 0 && group.is_multiple_of(8) => crate::int4::block_int4,
+            QuantLayout::Fp8E4m3(_) => crate::fp8::decode_block,
             other => {
                 return Err(format!("{} keeps its scales beside the weight: not decoded block by block", other.name()))
             }

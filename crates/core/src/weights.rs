@@ -1,6 +1,8 @@
 //! Safetensors weights, mapped with memmap2. A tensor is a view into the mapping: the bytes go
 //! from the page cache to the backend without an intermediate copy. FP8 weights (crate::fp8)
-//! are the exception: dequantized once at open into anonymous memory, then views like any other.
+//! are the exception: an e4m3 weight of a bf16 model is repacked once at open into runs that
+//! carry their scales (kept quantized, `QuantLayout::Fp8E4m3`), any other widened once, both
+//! into anonymous memory, then views like any other.
 //! A tensor may also be kept in a quantized layout (`crate::quant_layout`, a GGUF file's blocks):
 //! its view holds the raw bytes and says the layout, and only a backend that runs the layout
 //! takes it.
@@ -339,9 +341,11 @@ impl Weights {
         Ok(())
     }
 
-    /// Every FP8 tensor `X.weight` times its scale (`X.weight_scale_inv`, else `X.weight_scale`;
-    /// crate::fp8 for the layouts), stored in the type of the model's other weights (the
-    /// embedding's; bf16 when it has none). The scale tensors stay listed and unread.
+    /// Every FP8 tensor `X.weight` with its scale (`X.weight_scale_inv`, else `X.weight_scale`;
+    /// crate::fp8 for the layouts): kept in 8 bits with its scales (`QuantLayout::Fp8E4m3`)
+    /// where it is e4m3, the model's other weights (the embedding's; bf16 when it has none) are
+    /// bf16 and `crate::fp8::pack_blocks` takes its grid; else multiplied out and stored in the
+    /// type of the other weights. The scale tensors stay listed and unread.
     pub fn dequantize_fp8(&mut self, scheme: Fp8Scheme) -> Result<()> {
         let pending = std::mem::take(&mut self.fp8);
         let target = self.entry("model.embed_tokens.weight").map_or(DType::BF16, |e| e.dtype);
@@ -360,6 +364,15 @@ impl Weights {
             let block = crate::fp8::block_of(rows, cols, &se.shape, scheme)
                 .map_err(|m| fail(format!("`{scale_name}`: {m}")))?;
             let scale = se.dtype.to_f32(&self.files[se.file].1[se.range.clone()]);
+            let q = &self.files[e.file].1[e.range.clone()];
+            let kept = (format == Fp8Format::E4M3 && target == DType::BF16)
+                .then(|| crate::fp8::pack_blocks(q, rows, cols, &scale, block))
+                .flatten();
+            if let Some(bytes) = kept {
+                let layout = QuantLayout::Fp8E4m3(crate::fp8::scales_of(rows, cols, block));
+                self.insert_quantized(&name, layout, &e.shape, &bytes, path.clone())?;
+                continue;
+            }
             let values =
                 crate::fp8::dequantize(&self.files[e.file].1[e.range.clone()], format, rows, cols, &scale, block);
             self.insert_owned(&name, target, &e.shape, &target.from_f32(&values), path.clone())?;

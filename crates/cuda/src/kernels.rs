@@ -63,9 +63,10 @@ pub(crate) struct Kernels<F> {
     pub(crate) logit_edits: Kernel<F>,
     pub(crate) logit_restore: Kernel<F>,
     pub(crate) logprobs: Kernel<F>,
-    /// kernels/quant_matmul.cu, by [`crate::quant::quant_index`] (QuantLayout::GGUF's order).
-    pub(crate) quant_matmul: [Kernel<F>; 8],
-    pub(crate) quant_embedding: [Kernel<F>; 8],
+    /// kernels/quant_matmul.cu, by [`crate::quant::quant_index`] (QuantLayout::GGUF's order,
+    /// then FP8).
+    pub(crate) quant_matmul: [Kernel<F>; QUANT_KINDS],
+    pub(crate) quant_embedding: [Kernel<F>; QUANT_KINDS],
 }
 
 /// The routed mixture of experts' kernels (kernels/moe.cu, moe.rs); gemm_tc by 16-bit weight
@@ -171,8 +172,12 @@ impl<F> Kernels<F> {
     }
 }
 
-/// kernels/quant_matmul.cu's kernels, in QuantLayout::GGUF's order (quant.rs `QUANT_SUFFIXES`).
-const QUANT_MATMUL: [&str; 8] = [
+/// How many layouts kernels/quant_matmul.cu runs: the GGUF blocks and FP8 e4m3.
+pub(crate) const QUANT_KINDS: usize = 9;
+
+/// kernels/quant_matmul.cu's kernels, in QuantLayout::GGUF's order then FP8 (quant.rs
+/// `QUANT_SUFFIXES`).
+const QUANT_MATMUL: [&str; QUANT_KINDS] = [
     "quant_matmul_q8_0",
     "quant_matmul_q4_0",
     "quant_matmul_q4_1",
@@ -181,8 +186,9 @@ const QUANT_MATMUL: [&str; 8] = [
     "quant_matmul_q4_k",
     "quant_matmul_q5_k",
     "quant_matmul_q6_k",
+    "quant_matmul_fp8",
 ];
-const QUANT_EMBEDDING: [&str; 8] = [
+const QUANT_EMBEDDING: [&str; QUANT_KINDS] = [
     "quant_embedding_q8_0",
     "quant_embedding_q4_0",
     "quant_embedding_q4_1",
@@ -191,18 +197,19 @@ const QUANT_EMBEDDING: [&str; 8] = [
     "quant_embedding_q4_k",
     "quant_embedding_q5_k",
     "quant_embedding_q6_k",
+    "quant_embedding_fp8",
 ];
 
-/// The eight kernels of `names`, each found by `k`.
+/// The kernels of `names`, each found by `k`.
 fn quant_kernels<F>(
     k: &mut impl FnMut(&'static str) -> Result<Kernel<F>>,
-    names: [&'static str; 8],
-) -> Result<[Kernel<F>; 8]> {
-    let mut out = Vec::with_capacity(8);
+    names: [&'static str; QUANT_KINDS],
+) -> Result<[Kernel<F>; QUANT_KINDS]> {
+    let mut out = Vec::with_capacity(QUANT_KINDS);
     for n in names {
         out.push(k(n)?);
     }
-    out.try_into().map_err(|_| err("quant kernels: eight expected"))
+    out.try_into().map_err(|_| err("quant kernels: one a layout expected"))
 }
 
 /// Every kernel name the backend launches (what start-up resolves); tests/cuda/kernels_check.rs
@@ -319,7 +326,7 @@ mod tests {
         let names = kernel_names();
         let unique: std::collections::BTreeSet<_> = names.iter().collect();
         assert_eq!(unique.len(), names.len(), "{names:?}");
-        assert_eq!(names.len(), 100); // 16 quant (matmul and embedding, 8 GGUF layouts) + 50 + 11 routed-MoE + 6 decode GEMM + 2 m128_w64 + 8 sampler/argmax + 2 tc_deep and 2 tc_shared attention variants + gelu_tanh_mul and scale (Gemma 3) + tc attention at head_dim 256
+        assert_eq!(names.len(), 102); // 18 quant (matmul and embedding, 8 GGUF layouts and FP8) + 50 + 11 routed-MoE + 6 decode GEMM + 2 m128_w64 + 8 sampler/argmax + 2 tc_deep and 2 tc_shared attention variants + gelu_tanh_mul and scale (Gemma 3) + tc attention at head_dim 256
         let k = Kernels::<&'static str>::resolve(Ok).unwrap();
         assert_eq!(k.embedding.map(|x| x.f), ["embedding_f32", "embedding_bf16", "embedding_f16"]);
         assert_eq!(

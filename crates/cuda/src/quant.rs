@@ -1,6 +1,6 @@
 //! The launchers of kernels/quant_matmul.cu: a matmul and an embedding on a weight kept in a
-//! GGUF block layout (`tandem_core::quant_layout`), its bytes on the device as the file stores
-//! them. Such a buffer is [`Elem::Quant`], its length counted in bytes; [`CudaBackend::gemm`]
+//! GGUF block layout or as FP8 e4m3 runs with their scales (`tandem_core::quant_layout`), its
+//! bytes on the device as the loader keeps them. Such a buffer is [`Elem::Quant`], its length counted in bytes; [`CudaBackend::gemm`]
 //! and the embedding hand it here. Only the plain epilogue (out f32, optional bias) exists for
 //! it: the model fuses q/k/v and gate/up only for 16-bit weights (`fuse_qkv` gives none for a
 //! quantized one), so a quantized layer runs plain matmuls.
@@ -24,13 +24,18 @@ pub(crate) const QM_WARPS: usize = 4;
 pub(crate) const QM_ROWS: usize = 8;
 
 #[cfg(test)]
-/// The kernels' suffixes, in [`QuantLayout::GGUF`]'s order (the index of [`quant_index`]).
-pub(crate) const QUANT_SUFFIXES: [&str; 8] = ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k"];
+/// The kernels' suffixes, in [`QuantLayout::GGUF`]'s order then FP8 (the index of
+/// [`quant_index`]).
+pub(crate) const QUANT_SUFFIXES: [&str; crate::kernels::QUANT_KINDS] =
+    ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "fp8"];
 
 /// Where `layout`'s kernels are in [`crate::kernels::Kernels`]' quant arrays; None for a layout
-/// CUDA does not run kept quantized (FP8, int4).
+/// CUDA does not run kept quantized (int4).
 pub(crate) fn quant_index(layout: QuantLayout) -> Option<usize> {
-    QuantLayout::GGUF.iter().position(|&l| l == layout)
+    match layout {
+        QuantLayout::Fp8E4m3(_) => Some(QuantLayout::GGUF.len()),
+        _ => QuantLayout::GGUF.iter().position(|&l| l == layout),
+    }
 }
 
 /// Bytes of `rows` rows of `cols` values in `layout`, or an error naming the op and the shape.
@@ -159,6 +164,8 @@ mod tests {
         let src = include_str!("../../../kernels/quant_matmul.cu");
         assert!(src.contains(&format!("#define QM_WARPS {QM_WARPS}\n")));
         assert!(src.contains(&format!("#define QM_ROWS {QM_ROWS}\n")));
+        let fp8 = quant_index(QuantLayout::Fp8E4m3(tandem_core::quant_layout::Fp8Scales::Block));
+        assert_eq!(fp8.map(|i| QUANT_SUFFIXES[i]), Some("fp8"));
         assert_eq!(quant_index(QuantLayout::Int4Group { group: 128 }), None);
     }
 }

@@ -32,6 +32,7 @@ const EMBEDDED: &[(&str, &str)] = &[
     ("moe", include_str!("../../../shaders/moe.wgsl")),
     ("quant_block", include_str!("../../../shaders/quant_block.wgsl")),
     ("quant_int4", include_str!("../../../shaders/quant_int4.wgsl")),
+    ("quant_fp8", include_str!("../../../shaders/quant_fp8.wgsl")),
     ("quant_matmul", include_str!("../../../shaders/quant_matmul.wgsl")),
     ("quant_embedding", include_str!("../../../shaders/quant_embedding.wgsl")),
 ];
@@ -175,6 +176,9 @@ fn gelu_tanh(g: f32) -> f32 {\n\
 /// How a prelude from [`Prelude::quant_block`] starts its decoder: the pipeline then adds
 /// shaders/quant_block.wgsl, which defines the `decode4_*` it names.
 const QUANT_DECODE: &str = "fn decode4";
+
+/// The FP8 decoder's name in a prelude: the pipeline then adds shaders/quant_fp8.wgsl too.
+const FP8_DECODE: &str = "decode4_fp8";
 
 /// Declarations prepended to a kernel's source; equal preludes share a pipeline.
 #[derive(Debug, Default, Clone, PartialEq, Eq, Hash)]
@@ -616,9 +620,10 @@ impl Prelude {
         self
     }
 
-    /// The GGUF block decoders (shaders/quant_block.wgsl, which the pipeline puts after the
-    /// prelude) for a weight in `layout`: `BLOCK_BYTES`, `BLOCK_ELEMS` and `decode4(base, e)`.
-    /// `None` for a layout that keeps its scales beside the weight (no block decoder).
+    /// The block decoders (shaders/quant_block.wgsl, and shaders/quant_fp8.wgsl for FP8, which
+    /// the pipeline puts after the prelude) for a weight in `layout`: `BLOCK_BYTES`,
+    /// `BLOCK_ELEMS` and `decode4(base, e)`. `None` for a layout that keeps its scales beside
+    /// the weight (no block decoder).
     pub fn quant_block(mut self, layout: QuantLayout) -> Option<Self> {
         let f = match layout {
             QuantLayout::Q8_0 => "q8_0",
@@ -631,7 +636,8 @@ impl Prelude {
             QuantLayout::Q6K => "q6_k",
             // shaders/quant_int4.wgsl: the group is BLOCK_ELEMS.
             QuantLayout::Int4Group { group } if group > 0 && group % 8 == 0 => "int4",
-            QuantLayout::Fp8E4m3(_) | QuantLayout::Int4Group { .. } => return None,
+            QuantLayout::Fp8E4m3(_) => "fp8",
+            QuantLayout::Int4Group { .. } => return None,
         };
         self.0.push_str(&format!(
             "const BLOCK_BYTES: u32 = {}u;\nconst BLOCK_ELEMS: u32 = {}u;\n{QUANT_DECODE}(base: u32, e: u32) -> vec4<f32> {{ return decode4_{f}(base, e); }}\n",
@@ -692,6 +698,10 @@ impl Pipelines {
         let decoders = match prelude.0.contains(QUANT_DECODE) {
             true => self.source("quant_block")? + "\n" + &self.source("quant_int4")?,
             false => String::new(),
+        };
+        let decoders = match prelude.0.contains(FP8_DECODE) {
+            true => format!("{decoders}\n{}", self.source("quant_fp8")?),
+            false => decoders,
         };
         let source = format!("{}\n{decoders}\n{}", prelude.0, self.source(kernel.name)?);
         let where_ = match &self.dir {

@@ -30,7 +30,7 @@ fn values_tandem_does_not_implement_are_refused_before_loading() {
     )
     .unwrap();
     let d = dir.to_str().unwrap();
-    let cases: [(&[&str], &str); 18] = [
+    let cases: [(&[&str], &str); 20] = [
         (&["--dtype", "bfloat16"], "stores its weights as float32"),
         (&["--dtype", "int8"], "expected auto, bfloat16, float16 or float32"),
         (&["--tensor-parallel-size", "2"], "only 1 is supported"),
@@ -81,6 +81,8 @@ fn values_tandem_does_not_implement_are_refused_before_loading() {
         (&["-q", "awq"], "--quantization awq: "),
         (&["-q", "gptq_marlin"], "does not describe an int4 gptq checkpoint"),
         (&["-q", "bitsandbytes"], "--quantization bitsandbytes: not supported"),
+        (&["--quantization", "fp8"], "is not a fp8 checkpoint"),
+        (&["--quantization", "compressed-tensors"], "is not a compressed-tensors checkpoint"),
     ];
     for (extra, want) in cases {
         let mut args = vec![d, "--backend", "reference", "--port", "0"];
@@ -89,6 +91,11 @@ fn values_tandem_does_not_implement_are_refused_before_loading() {
         assert_ne!(code, 0, "{extra:?}");
         assert!(err.contains(want), "{extra:?}: {err}");
     }
+    // An FP8 checkpoint: `--quantization` must name what its config.json says.
+    tandem_model_files::fp8::quantize_dir(&dir, [32, 32]).unwrap();
+    let (code, err) = serve(&[d, "--backend", "reference", "--port", "0", "--quantization", "compressed-tensors"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("says `quant_method` `fp8`; the two must match"), "{err}");
     // The positional directory and --model together are ambiguous.
     let (code, err) = serve(&[d, "--model", d]);
     assert_eq!(code, 2, "{err}");

@@ -19,6 +19,7 @@ mod fused;
 mod kv;
 mod matmul;
 mod moe;
+mod quant_fp8;
 mod quant_matmul;
 mod rope;
 

@@ -42,6 +42,9 @@ fn f16_fields(layout: QuantLayout) -> &'static [usize] {
 
 /// `blocks` random blocks of `layout`, scaled so that a row's values are O(1 / √k)·O(q).
 pub fn random_blocks(layout: QuantLayout, blocks: usize, k: usize, rng: &mut Rng) -> Vec<u8> {
+    if let QuantLayout::Fp8E4m3(scales) = layout {
+        return super::quant_fp8::random_fp8_blocks(scales, blocks, k, rng);
+    }
     let bb = layout.block_bytes();
     let mut out: Vec<u8> = (0..blocks * bb).map(|_| rng.next_u64() as u8).collect();
     // The largest quantized magnitude is about 2^bits; scale so that weights are ~1 / √k.
@@ -119,13 +122,15 @@ mod tests {
     use tandem_reference::RefBackend;
 
     /// On the reference, a matmul on the kept blocks gives the bits of the same matmul on an f32
-    /// weight holding the dequantized values, for every GGUF layout and int4 groups, at decode
-    /// and prefill.
+    /// weight holding the dequantized values, for every GGUF layout, FP8 with each scale layout
+    /// and int4 groups, at decode and prefill.
     #[test]
     fn the_reference_equals_dequantize_then_multiply_bitwise() {
+        use tandem_core::quant_layout::Fp8Scales;
         let b = RefBackend::new();
+        let fp8 = [Fp8Scales::Tensor, Fp8Scales::Channel, Fp8Scales::Block].map(QuantLayout::Fp8E4m3);
         let int4 = [QuantLayout::Int4Group { group: 32 }, QuantLayout::Int4Group { group: 128 }];
-        for layout in QuantLayout::GGUF.into_iter().chain(int4) {
+        for layout in QuantLayout::GGUF.into_iter().chain(fp8).chain(int4) {
             for (m, n, k) in [(1, 7, 512), (5, 3, 256)] {
                 let op = QuantMatmul { layout, m, n, k };
                 let inputs = op.generate(&mut Rng::new(11));

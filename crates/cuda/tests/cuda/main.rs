@@ -5,6 +5,7 @@
 
 mod cublaslt;
 mod emulation;
+mod fp8;
 mod gpu_invariance;
 mod graphs;
 mod kernels_check;

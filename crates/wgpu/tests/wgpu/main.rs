@@ -8,6 +8,7 @@ mod common;
 
 mod engine_sampling;
 mod engine_speculative;
+mod fp8;
 mod int4;
 mod lora;
 mod model;

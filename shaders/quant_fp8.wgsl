@@ -1,0 +1,48 @@
+// quant_fp8: the decoder of FP8 e4m3 weights kept in 8 bits (crates/core/src/fp8.rs
+// `pack_blocks`): a row is runs of 32 values, each run its f32 scale (4 bytes, little-endian)
+// then its 32 e4m3 bytes as the checkpoint stores them, so a block is 36 bytes and every block
+// starts at a multiple of 4. The pipeline puts this text after shaders/quant_block.wgsl (whose
+// `qw` words and `bytes4` it uses) where the prelude names `decode4_fp8`.
+//
+// A value is crates/core/src/fp8.rs `decode_block`'s: the byte's e4m3 value (exact in f32) times
+// the run's scale, one f32 multiply, rounded to the nearest bf16 (ties to even), the bits the
+// widened weight holds.
+
+// The e4m3fn value of byte `b`: bias 7, subnormals at exponent 0, S.1111.111 is NaN.
+fn fp8_e4m3(b: u32) -> f32 {
+    let e = (b >> 3u) & 15u;
+    let m = b & 7u;
+    if (e == 15u && m == 7u) {
+        return bitcast<f32>(0x7fc00000u | ((b & 0x80u) << 24u));
+    }
+    var v: f32;
+    if (e == 0u) {
+        v = f32(m) * 0.001953125;
+    } else {
+        v = bitcast<f32>(((e + 120u) << 23u) | (m << 20u));
+    }
+    if ((b & 0x80u) != 0u) {
+        v = -v;
+    }
+    return v;
+}
+
+// `x` rounded to the nearest bf16 (ties to even), as f32; NaN stays NaN.
+fn bf16_round(x: f32) -> f32 {
+    let u = bitcast<u32>(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+        return x;
+    }
+    return bitcast<f32>((u + 0x7fffu + ((u >> 16u) & 1u)) & 0xffff0000u);
+}
+
+fn decode4_fp8(base: u32, e: u32) -> vec4<f32> {
+    let s = bitcast<f32>(qw[base >> 2u]);
+    let v = bytes4(qw[(base + 4u + e) >> 2u], 255u);
+    return vec4<f32>(
+        bf16_round(fp8_e4m3(v.x) * s),
+        bf16_round(fp8_e4m3(v.y) * s),
+        bf16_round(fp8_e4m3(v.z) * s),
+        bf16_round(fp8_e4m3(v.w) * s),
+    );
+}
