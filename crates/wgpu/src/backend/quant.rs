@@ -30,7 +30,9 @@ impl WgpuBackend {
     /// least one word past the last block (the decoders' unaligned reads may touch it).
     pub(super) fn upload_quantized(&self, t: &TensorView, layout: QuantLayout) -> Result<WgpuBuf> {
         let cols = t.shape.last().copied().unwrap_or(0);
-        if !QuantLayout::GGUF.contains(&layout) && !matches!(layout, QuantLayout::Int4Group { .. } | QuantLayout::Fp8E4m3(_)) {
+        if !QuantLayout::GGUF.contains(&layout)
+            && !matches!(layout, QuantLayout::Int4Group { .. } | QuantLayout::Fp8E4m3(_))
+        {
             return Err(Error::tensor(&t.path, &t.name, format!("{} has no block decoder on wgpu", layout.name())));
         }
         let row = layout.row_bytes(cols).map_err(|m| Error::tensor(&t.path, &t.name, m))?;
