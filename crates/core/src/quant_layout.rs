@@ -241,8 +241,11 @@ mod tests {
         assert!(int4.check_backend("reference", "w").is_ok());
         let e = int4.check_backend("metal", "w").unwrap_err().to_string();
         assert!(e.contains("int4 (groups of 128)") && e.contains("runs on: reference, wgpu"), "{e}");
-        let e = QuantLayout::Fp8E4m3(Fp8Scales::Tensor).check_backend("reference", "w").unwrap_err().to_string();
-        assert!(e.contains("no backend yet"), "{e}");
+        let e = int4.check_backend("cuda", "w").unwrap_err().to_string();
+        assert!(e.contains("cuda backend does not run") && e.contains("runs on: reference, wgpu"), "{e}");
+        for backend in ["reference", "wgpu", "cuda"] {
+            assert!(QuantLayout::Fp8E4m3(Fp8Scales::Tensor).check_backend(backend, "w").is_ok(), "FP8 on {backend}");
+        }
     }
 
     #[test]
