@@ -217,7 +217,6 @@ mod tests {
             tandem_core::skip::note(format!("affinity: pinning needs 2 CPUs, this process may use {}", cpus.len()));
             return;
         }
-        let before = threads();
         let stop = Arc::new(AtomicBool::new(false));
         let (tx, rx) = std::sync::mpsc::channel();
         // `duty`: spin this many ms out of every 10.
@@ -241,6 +240,9 @@ mod tests {
         let handles =
             [spawn("worker-a", 9), spawn("worker-b", 9), spawn("llvmpipe-0", 9), spawn("queue", 0), spawn("idle", 0)];
         let tids: std::collections::HashMap<&str, i32> = (0..5).map(|_| rx.recv().unwrap()).collect();
+        // "New" means these five: other tests run in this process at the same time, and a busy
+        // thread of theirs started after a snapshot would be a third worker for two CPUs.
+        let before: BTreeSet<i32> = threads().into_iter().filter(|t| !tids.values().any(|v| v == t)).collect();
         let pin = WorkerPin::new(&before).expect("new threads seen");
         pin.maybe_pin(PIN_AFTER_DISPATCHES - 1);
         pin.maybe_pin(PIN_AFTER_DISPATCHES);
