@@ -25,6 +25,7 @@ pub mod fp8;
 pub mod fp8_round;
 pub mod greedy;
 pub mod int4;
+pub mod kv_dtype;
 pub mod lora;
 pub mod memory;
 pub mod meta;
