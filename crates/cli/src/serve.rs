@@ -96,8 +96,9 @@ pub struct EngineArgs {
     /// vLLM's JSON, e.g. `{"method": "ngram", "num_speculative_tokens": 4}` (also
     /// `prompt_lookup_min`, `prompt_lookup_max`) or `{"method": "suffix"}` (also the
     /// `suffix_decoding_*` fields) or `{"method": "eagle3", "model": DIR,
-    /// "num_speculative_tokens": 3}` (an EAGLE-3 head): greedy answers stay bitwise the same, sampled ones keep
-    /// their distribution. Other methods and fields are refused by name.
+    /// "num_speculative_tokens": 3}` (an EAGLE-3 head) or `{"method": "mtp",
+    /// "num_speculative_tokens": 1}` (the MTP layers the served model ships, MiMo's): greedy
+    /// answers stay bitwise the same, sampled ones keep their distribution. Other methods and fields are refused by name.
     #[arg(long, value_parser = SpeculativeConfig::from_json)]
     pub speculative_config: Option<SpeculativeConfig>,
 }
@@ -545,6 +546,7 @@ pub fn run(mut a: Args) -> Result<()> {
         ..Default::default()
     };
     let mut engine_cfg = a.engine.engine_config(None)?;
+    engine_cfg.speculative = engine_cfg.speculative.map(|s| s.for_target(&dir));
     engine_cfg.seed = a.seed;
     engine_cfg.max_cpu_loras = lora.as_ref().map(tandem::LoraModules::max_cpu_loras);
     if let Some(endpoint) = &a.kv_events_endpoint {

@@ -25,67 +25,29 @@ use safetensors::{Dtype, SafeTensors};
 
 use crate::backend::DType;
 use crate::config::ModelConfig;
+use crate::head_layer::{argmax, matvec, rms_norm, HeadAttention, HeadMlp};
+pub use crate::head_layer::{HeadCache, HeadModel};
 
 /// A loaded EAGLE-3 head (every weight as f32 on the host, row-major `[out, in]`).
 pub struct Eagle3Head {
     hidden: usize,
     /// The target's hidden width (each aux state's).
     target_hidden: usize,
-    heads: usize,
-    kv_heads: usize,
-    head_dim: usize,
-    inter: usize,
     eps: f32,
     draft_vocab: usize,
     norm_before_residual: bool,
     aux_layers: Vec<usize>,
-    inv_freq: Vec<f32>,
     embed: Vec<f32>,
     fc: Vec<f32>,
     input_norm: Vec<f32>,
     hidden_norm: Vec<f32>,
-    q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
-    o: Vec<f32>,
+    attn: HeadAttention,
     post_norm: Vec<f32>,
-    gate: Vec<f32>,
-    up: Vec<f32>,
-    down: Vec<f32>,
+    mlp: HeadMlp,
     norm: Vec<f32>,
     lm_head: Vec<f32>,
     /// Draft id -> offset to its target id.
     d2t: Vec<i64>,
-}
-
-/// One sequence's head KV: a K and a V row (`kv_heads * head_dim` each) per position, the
-/// committed positions' rows first.
-#[derive(Debug, Default, Clone)]
-pub struct HeadCache {
-    k: Vec<f32>,
-    v: Vec<f32>,
-    len: usize,
-}
-
-impl HeadCache {
-    /// Positions whose rows are kept.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Keeps the first `n` positions' rows.
-    pub fn truncate(&mut self, n: usize) {
-        if n < self.len {
-            let w = self.k.len() / self.len.max(1);
-            self.k.truncate(n * w);
-            self.v.truncate(n * w);
-            self.len = n;
-        }
-    }
 }
 
 /// The head's tensors by their canonical names (vLLM's: `midlayer.` read as `layers.0.`, a
@@ -235,160 +197,71 @@ impl Eagle3Head {
         Ok(Eagle3Head {
             hidden: d,
             target_hidden,
-            heads: cfg.num_attention_heads,
-            kv_heads: cfg.num_key_value_heads,
-            head_dim: hd,
-            inter,
             eps: cfg.rms_norm_eps,
             draft_vocab,
             norm_before_residual,
-            inv_freq: cfg.rope_inv_freq(),
             embed,
             fc: t.f32("fc.weight", &[d, fc_in])?,
             input_norm: t.f32("layers.0.input_layernorm.weight", &[d])?,
             hidden_norm: t.f32("layers.0.hidden_norm.weight", &[d])?,
-            q: t.f32("layers.0.self_attn.q_proj.weight", &[qd, 2 * d])?,
-            k: t.f32("layers.0.self_attn.k_proj.weight", &[kvd, 2 * d])?,
-            v: t.f32("layers.0.self_attn.v_proj.weight", &[kvd, 2 * d])?,
-            o: t.f32("layers.0.self_attn.o_proj.weight", &[d, qd])?,
+            attn: HeadAttention {
+                heads: cfg.num_attention_heads,
+                kv_heads: cfg.num_key_value_heads,
+                head_dim: hd,
+                inv_freq: cfg.rope_inv_freq(),
+                q: t.f32("layers.0.self_attn.q_proj.weight", &[qd, 2 * d])?,
+                k: t.f32("layers.0.self_attn.k_proj.weight", &[kvd, 2 * d])?,
+                v: t.f32("layers.0.self_attn.v_proj.weight", &[kvd, 2 * d])?,
+                bias: None,
+                o: t.f32("layers.0.self_attn.o_proj.weight", &[d, qd])?,
+                out: d,
+            },
             post_norm: t.f32("layers.0.post_attention_layernorm.weight", &[d])?,
-            gate: t.f32("layers.0.mlp.gate_proj.weight", &[inter, d])?,
-            up: t.f32("layers.0.mlp.up_proj.weight", &[inter, d])?,
-            down: t.f32("layers.0.mlp.down_proj.weight", &[d, inter])?,
+            mlp: HeadMlp {
+                inter,
+                gate: t.f32("layers.0.mlp.gate_proj.weight", &[inter, d])?,
+                up: t.f32("layers.0.mlp.up_proj.weight", &[inter, d])?,
+                down: t.f32("layers.0.mlp.down_proj.weight", &[d, inter])?,
+            },
             norm: t.f32("norm.weight", &[d])?,
             lm_head: t.f32("lm_head.weight", &[draft_vocab, d])?,
             d2t,
             aux_layers,
         })
     }
+}
 
+impl HeadModel for Eagle3Head {
     /// The target layers whose input hidden states the head reads, in `fc`'s order.
-    pub fn aux_layers(&self) -> &[usize] {
+    fn aux_layers(&self) -> &[usize] {
         &self.aux_layers
     }
 
-    /// Floats of one position's aux states (`aux_layers.len() * target hidden`).
-    pub fn aux_width(&self) -> usize {
+    /// `aux_layers.len() * target hidden`.
+    fn aux_width(&self) -> usize {
         self.aux_layers.len() * self.target_hidden
     }
 
-    /// Up to `k` greedy draft tokens after `tokens` (the committed tokens `t_0..t_n-1`), from
-    /// `aux`: the target's aux states of positions `aux_from..n-1` (one row of
-    /// [`Self::aux_width`] each, the last token's not yet computed). Head rows of committed
-    /// positions not yet in `cache` are computed and kept (so the caller may drop the aux rows
-    /// before the last once this returns); the draft rows are dropped before returning. None:
-    /// the aux rows do not match the tokens, or start after the cache's end.
-    pub fn propose(
-        &self,
-        cache: &mut HeadCache,
-        tokens: &[u32],
-        aux: &[f32],
-        aux_from: usize,
-        k: usize,
-    ) -> Option<Vec<u32>> {
-        let w = self.aux_width();
-        let rows = aux_from + aux.len() / w;
-        if k == 0 || aux.is_empty() || !aux.len().is_multiple_of(w) || rows + 1 != tokens.len() {
-            return None;
-        }
-        // The last committed row's output starts the drafts: recompute it.
-        cache.truncate(rows - 1);
-        if cache.len() < aux_from {
-            return None;
-        }
-        let mut out = None;
-        for i in cache.len()..rows {
-            let fc = matvec(&self.fc, &aux[(i - aux_from) * w..(i - aux_from + 1) * w], self.hidden);
-            out = Some(self.row(cache, tokens[i + 1], &fc, i));
-        }
-        let (mut pre, mut id) = out.expect("at least one row");
-        let mut drafts = vec![id];
-        while drafts.len() < k {
-            let pos = rows + drafts.len() - 1;
-            (pre, id) = self.row(cache, id, &pre, pos);
-            drafts.push(id);
-        }
-        cache.truncate(rows);
-        Some(drafts)
+    /// `fc(aux)`.
+    fn hidden_in(&self, aux: &[f32]) -> Vec<f32> {
+        matvec(&self.fc, aux, self.hidden)
     }
 
-    /// One head row at position `pos`: the token and the hidden input (`fc(aux)` or the
-    /// previous row's pre-norm output); appends its K/V to `cache` and returns its pre-norm
-    /// output and its greedy target id.
+    /// The row's pre-norm output is what a further draft feeds back.
     fn row(&self, cache: &mut HeadCache, token: u32, hidden: &[f32], pos: usize) -> (Vec<f32>, u32) {
-        let (d, hd, eps) = (self.hidden, self.head_dim, self.eps);
+        let (d, eps) = (self.hidden, self.eps);
         let e = &self.embed[token as usize * d..(token as usize + 1) * d];
         let hn = rms_norm(hidden, &self.hidden_norm, eps);
         let mut x = rms_norm(e, &self.input_norm, eps);
         x.extend_from_slice(&hn);
-        let mut q = matvec(&self.q, &x, self.heads * hd);
-        let mut kr = matvec(&self.k, &x, self.kv_heads * hd);
-        let vr = matvec(&self.v, &x, self.kv_heads * hd);
-        rope(&mut q, hd, pos, &self.inv_freq);
-        rope(&mut kr, hd, pos, &self.inv_freq);
-        cache.k.extend_from_slice(&kr);
-        cache.v.extend_from_slice(&vr);
-        cache.len += 1;
-        let (n, kvd, group) = (cache.len, self.kv_heads * hd, self.heads / self.kv_heads);
-        let scale = 1.0 / (hd as f32).sqrt();
-        let mut attn = vec![0f32; self.heads * hd];
-        for h in 0..self.heads {
-            let qh = &q[h * hd..(h + 1) * hd];
-            let kvh = h / group;
-            let scores: Vec<f32> =
-                (0..n).map(|j| dot(qh, &cache.k[j * kvd + kvh * hd..j * kvd + (kvh + 1) * hd]) * scale).collect();
-            let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let p: Vec<f32> = scores.iter().map(|s| (s - max).exp()).collect();
-            let sum: f32 = p.iter().sum();
-            let out = &mut attn[h * hd..(h + 1) * hd];
-            for (j, pj) in p.iter().enumerate() {
-                let vj = &cache.v[j * kvd + kvh * hd..j * kvd + (kvh + 1) * hd];
-                for (o, v) in out.iter_mut().zip(vj) {
-                    *o += pj / sum * v;
-                }
-            }
-        }
+        let attn = self.attn.forward(cache, &x, pos);
         let residual = if self.norm_before_residual { hn } else { hidden.to_vec() };
-        let mut h: Vec<f32> = matvec(&self.o, &attn, d).iter().zip(&residual).map(|(a, r)| a + r).collect();
+        let mut h: Vec<f32> = attn.iter().zip(&residual).map(|(a, r)| a + r).collect();
         let x2 = rms_norm(&h, &self.post_norm, eps);
-        let g = matvec(&self.gate, &x2, self.inter);
-        let u = matvec(&self.up, &x2, self.inter);
-        let act: Vec<f32> = g.iter().zip(&u).map(|(g, u)| g / (1.0 + (-g).exp()) * u).collect();
-        for (hi, m) in h.iter_mut().zip(matvec(&self.down, &act, d)) {
-            *hi += m;
-        }
+        self.mlp.add_to(&mut h, &x2);
         let logits = matvec(&self.lm_head, &rms_norm(&h, &self.norm, eps), self.draft_vocab);
-        // The first largest, as torch.argmax.
-        let best = logits.iter().enumerate().fold(0, |b, (i, &l)| if l > logits[b] { i } else { b });
+        let best = argmax(&logits);
         (h, (best as i64 + self.d2t[best]) as u32)
-    }
-}
-
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
-}
-
-/// `w · x` for `w` of `[rows, x.len()]`.
-fn matvec(w: &[f32], x: &[f32], rows: usize) -> Vec<f32> {
-    (0..rows).map(|r| dot(&w[r * x.len()..(r + 1) * x.len()], x)).collect()
-}
-
-fn rms_norm(x: &[f32], gamma: &[f32], eps: f32) -> Vec<f32> {
-    let ms = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
-    let r = 1.0 / (ms + eps).sqrt();
-    x.iter().zip(gamma).map(|(v, g)| v * r * g).collect()
-}
-
-/// HF's rotate-half rope of every `hd`-wide head in `x` at position `pos`.
-fn rope(x: &mut [f32], hd: usize, pos: usize, inv_freq: &[f32]) {
-    let half = hd / 2;
-    for head in x.chunks_exact_mut(hd) {
-        for (i, f) in inv_freq.iter().enumerate().take(half) {
-            let (s, c) = (pos as f32 * f).sin_cos();
-            let (a, b) = (head[i], head[i + half]);
-            head[i] = a * c - b * s;
-            head[i + half] = b * c + a * s;
-        }
     }
 }
 

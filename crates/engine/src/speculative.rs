@@ -97,6 +97,9 @@ pub enum SpeculativeMethod {
     /// An EAGLE-3 draft head (a separate model directory, `"model"`), run on the target's
     /// hidden states ([`DraftHead`]).
     Eagle3,
+    /// The MTP layers the target's own checkpoint ships (MiMo's `model.mtp_layers.N.*`), run
+    /// on its last hidden states ([`DraftHead`]); `model` is the target's directory.
+    Mtp,
 }
 
 impl SpeculativeMethod {
@@ -106,20 +109,22 @@ impl SpeculativeMethod {
             SpeculativeMethod::Ngram => "ngram",
             SpeculativeMethod::Suffix => "suffix",
             SpeculativeMethod::Eagle3 => "eagle3",
+            SpeculativeMethod::Mtp => "mtp",
         }
     }
 }
 
 /// The methods `from_json` knows, for its error messages.
-const METHODS: &str = "ngram, suffix, eagle3";
+const METHODS: &str = "ngram, suffix, eagle3, mtp";
 
 /// vLLM's `--speculative-config`, the part this engine honours. The n-gram fields apply to
 /// `ngram`, the `suffix_decoding_*` fields to `suffix` (with vLLM's names and defaults),
-/// `model` to `eagle3`.
+/// `model` to `eagle3` and `mtp`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SpeculativeConfig {
     pub method: SpeculativeMethod,
-    /// The draft head's directory (`eagle3`).
+    /// The draft head's directory (`eagle3`), or the target's whose MTP layers draft (`mtp`:
+    /// optional in the JSON, as in vLLM; the server fills in the model it serves).
     pub model: Option<PathBuf>,
     /// Most draft tokens per sequence and step (`k`).
     pub num_speculative_tokens: usize,
@@ -163,6 +168,20 @@ impl SpeculativeConfig {
         SpeculativeConfig { method: SpeculativeMethod::Eagle3, model: Some(dir.into()), ..Self::ngram(k) }
     }
 
+    /// The MTP layers of the model in `dir` (the target's own directory) proposing `k` drafts.
+    pub fn mtp(dir: impl Into<PathBuf>, k: usize) -> Self {
+        SpeculativeConfig { method: SpeculativeMethod::Mtp, model: Some(dir.into()), ..Self::ngram(k) }
+    }
+
+    /// The config with `model` set to `target` (the served model's directory) where the method
+    /// reads the target's own layers and no model was named (vLLM's default for `mtp`).
+    pub fn for_target(mut self, target: &std::path::Path) -> Self {
+        if self.method == SpeculativeMethod::Mtp && self.model.is_none() {
+            self.model = Some(target.to_path_buf());
+        }
+        self
+    }
+
     /// vLLM's `--speculative-config` JSON object. `method` is required, and
     /// `num_speculative_tokens` too for `ngram` and `eagle3`, `model` for `eagle3` (for `suffix` it defaults, as in vLLM, to
     /// `suffix_decoding_max_tree_depth`); an n-gram length left out takes the other's value,
@@ -194,6 +213,7 @@ impl SpeculativeConfig {
             Some(Some("ngram")) => SpeculativeMethod::Ngram,
             Some(Some("suffix")) => SpeculativeMethod::Suffix,
             Some(Some("eagle3")) => SpeculativeMethod::Eagle3,
+            Some(Some("mtp")) => SpeculativeMethod::Mtp,
             Some(Some(other)) => {
                 return Err(format!("speculative config: method `{other}` is not supported (supported: {METHODS})"))
             }
@@ -215,7 +235,7 @@ impl SpeculativeConfig {
             let (own, other) = match method {
                 SpeculativeMethod::Ngram => (&ngram_fields[..], &ngram_other[..]),
                 SpeculativeMethod::Suffix => (&suffix_fields[..], &suffix_other[..]),
-                SpeculativeMethod::Eagle3 => (&head_fields[..], &head_other[..]),
+                SpeculativeMethod::Eagle3 | SpeculativeMethod::Mtp => (&head_fields[..], &head_other[..]),
             };
             if other.contains(&field) {
                 return Err(format!(
@@ -240,6 +260,15 @@ impl SpeculativeConfig {
                             "speculative config: model (the draft head's directory) is required for eagle3".into()
                         )
                     }
+                };
+            }
+            SpeculativeMethod::Mtp => {
+                cfg.num_speculative_tokens =
+                    count("num_speculative_tokens")?.ok_or("speculative config: num_speculative_tokens is required")?;
+                cfg.model = match obj.get("model") {
+                    Some(serde_json::Value::String(m)) if !m.is_empty() => Some(PathBuf::from(m)),
+                    None | Some(serde_json::Value::Null) => None,
+                    Some(x) => return Err(format!("speculative config: model must be a directory name, got {x}")),
                 };
             }
             SpeculativeMethod::Ngram => {
@@ -307,7 +336,7 @@ impl SpeculativeConfig {
             SpeculativeMethod::Ngram => {
                 Box::new(NgramProposer { min: self.prompt_lookup_min, max: self.prompt_lookup_max })
             }
-            SpeculativeMethod::Eagle3 => return None,
+            SpeculativeMethod::Eagle3 | SpeculativeMethod::Mtp => return None,
             SpeculativeMethod::Suffix => Box::new(SuffixProposer::new(
                 self.suffix_decoding_max_tree_depth,
                 self.suffix_decoding_max_spec_factor,
@@ -375,6 +404,7 @@ pub fn accepted_len(drafts: &[u32], ids: &[u32]) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     fn ngram(min: usize, max: usize) -> NgramProposer {
         NgramProposer { min, max }
@@ -474,6 +504,30 @@ mod tests {
                 .unwrap();
         assert_eq!(c, SpeculativeConfig::eagle3("heads/e3", 3));
         assert!(c.proposer().is_none(), "the engine runs a head, not a token proposer");
+    }
+
+    #[test]
+    fn vllm_mtp_json_takes_the_target_as_its_model() {
+        let c = SpeculativeConfig::from_json(r#"{"method": "mtp", "num_speculative_tokens": 2}"#).unwrap();
+        assert_eq!((c.method, c.model, c.num_speculative_tokens), (SpeculativeMethod::Mtp, None, 2));
+        let c =
+            SpeculativeConfig::from_json(r#"{"method": "mtp", "model": "m", "num_speculative_tokens": 1}"#).unwrap();
+        assert_eq!(c, SpeculativeConfig::mtp("m", 1));
+        assert!(c.proposer().is_none(), "the engine runs the MTP layer, not a token proposer");
+        let c = SpeculativeConfig::from_json(r#"{"method": "mtp", "num_speculative_tokens": 2}"#).unwrap();
+        assert_eq!(c.for_target(Path::new("served")), SpeculativeConfig::mtp("served", 2));
+        let named = SpeculativeConfig::mtp("m", 1).for_target(Path::new("served"));
+        assert_eq!(named.model.as_deref(), Some(Path::new("m")), "a named model is kept");
+        let e = SpeculativeConfig::eagle3("h", 1);
+        assert_eq!(e.clone().for_target(Path::new("served")), e, "only mtp reads the target");
+        for (json, names) in [
+            (r#"{"method": "mtp"}"#, "num_speculative_tokens"),
+            (r#"{"method": "mtp", "num_speculative_tokens": 2, "prompt_lookup_max": 3}"#, "prompt_lookup_max"),
+            (r#"{"method": "mtp", "num_speculative_tokens": 2, "model": 5}"#, "model"),
+        ] {
+            let e = SpeculativeConfig::from_json(json).unwrap_err();
+            assert!(e.contains(names), "{json}: {e}");
+        }
     }
 
     #[test]

@@ -154,9 +154,10 @@ pub fn start_engine(model: &ModelInfo, ea: &EngineArgs) -> Result<Started> {
     tok.add_eos_ids(&model.config.eos_token_ids);
     let (runner, device) = load_runner(ea.backend, &model.dir, ea.load_options())?;
     let (geo, kv_dtype) = (runner.kv_geometry(), runner.kv_dtype());
-    let handle =
-        Engine::spawn(runner, tandem_server::engine_adapter::decode_fn(Arc::new(tok)), ea.engine_config(None)?)
-            .map_err(|e| anyhow!("{e}"))?;
+    let mut cfg = ea.engine_config(None)?;
+    cfg.speculative = cfg.speculative.map(|s| s.for_target(&model.dir));
+    let handle = Engine::spawn(runner, tandem_server::engine_adapter::decode_fn(Arc::new(tok)), cfg)
+        .map_err(|e| anyhow!("{e}"))?;
     Ok(Started {
         handle,
         device,

@@ -91,6 +91,11 @@ impl<B: Backend> Model<B> {
             self.mlp(l, t, &mut residual)?;
         }
         residual.finish(&self.backend, &mut self.s, t, d)?;
+        let last = self.layers.len();
+        if let Some(aux) = self.aux.as_mut().filter(|a| a.layers.contains(&last)) {
+            // `h` is now the last layer's output, before the final norm.
+            keep_aux(aux, last, &self.backend.read_f32(&self.s.h, t * d)?, t, d);
+        }
         self.head(shape.logit_rows)
     }
 

@@ -52,7 +52,8 @@ pub trait ModelRunner: Send {
     }
     /// From now on every forward keeps the hidden states entering `layers` (in that order,
     /// concatenated per token) for [`ModelRunner::take_aux_hidden`]: what an EAGLE-3 draft
-    /// head reads. Empty: keep none (the plain forward). The default refuses.
+    /// head reads (layer `num_hidden_layers` names the last layer's output before the final
+    /// norm, what an MTP layer reads). Empty: keep none (the plain forward). The default refuses.
     fn set_aux_layers(&mut self, layers: &[usize]) -> Result<()> {
         let _ = layers;
         Err(Error::Batch("this model runner does not keep aux hidden states".into()))
@@ -197,8 +198,10 @@ impl<B: Backend> ModelRunner for Model<B> {
     }
     fn set_aux_layers(&mut self, layers: &[usize]) -> Result<()> {
         let n = self.cfg.num_hidden_layers;
-        if let Some(&l) = layers.iter().find(|&&l| l >= n) {
-            return Err(Error::Batch(format!("aux layer {l}: the model has {n} layers")));
+        if let Some(&l) = layers.iter().find(|&&l| l > n) {
+            return Err(Error::Batch(format!(
+                "aux layer {l}: the model has {n} layers (layer {n} names their output)"
+            )));
         }
         self.aux = (!layers.is_empty()).then(|| super::load::AuxHidden { layers: layers.to_vec(), rows: Vec::new() });
         Ok(())

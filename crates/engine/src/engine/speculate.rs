@@ -10,11 +10,14 @@ use super::postprocess::Pick;
 use super::Engine;
 use crate::sampler::TokenLogprobs;
 use crate::sequence::{SeqId, SeqStatus, Sequence};
+use crate::speculative::SpeculativeMethod;
 use crate::speculative::{
     accepted_len, drafts_allowed, load_cap, Acceptance, DraftHead, DraftProposer, SpeculativeConfig,
 };
 use crate::worker::PLACEHOLDER;
 use tandem_core::eagle3::Eagle3Head;
+use tandem_core::head_layer::HeadModel;
+use tandem_core::mtp::MtpHead;
 use tandem_core::ModelRunner;
 
 /// The engine's speculative decoding: its settings, where drafts come from, and each decoding
@@ -41,8 +44,16 @@ impl Speculator {
         let source = match cfg.proposer() {
             Some(p) => DraftSource::Tokens(p),
             None => {
-                let dir = cfg.model.as_deref().ok_or("speculative config: model is required")?;
-                let head = Eagle3Head::load(dir, runner.config())?;
+                let dir = cfg.model.as_deref().ok_or(match cfg.method {
+                    SpeculativeMethod::Mtp => {
+                        "speculative config: mtp reads the target's MTP layers: model (the target's directory) is required"
+                    }
+                    _ => "speculative config: model is required",
+                })?;
+                let head: Box<dyn HeadModel> = match cfg.method {
+                    SpeculativeMethod::Mtp => Box::new(MtpHead::load(dir, runner.config())?),
+                    _ => Box::new(Eagle3Head::load(dir, runner.config())?),
+                };
                 runner
                     .set_aux_layers(head.aux_layers())
                     .map_err(|e| format!("speculative config: the draft head needs hidden states: {e}"))?;

@@ -1,5 +1,5 @@
-//! Drafts from a draft head that a checkpoint brings (EAGLE-3: [`Eagle3Head`]): the head
-//! reads the target's hidden states at the aux layers, so each sequence keeps those of its
+//! Drafts from a draft head that a checkpoint brings (EAGLE-3's
+//! [`tandem_core::eagle3::Eagle3Head`], MTP's [`tandem_core::mtp::MtpHead`]): the head reads the target's hidden states at the aux layers, so each sequence keeps those of its
 //! computed positions, taken from each forward ([`DraftHead::landed`]), beside the head's own
 //! KV of those positions ([`HeadCache`]).
 //!
@@ -16,13 +16,13 @@
 
 use std::collections::HashMap;
 
-use tandem_core::eagle3::{Eagle3Head, HeadCache};
+use tandem_core::head_layer::{HeadCache, HeadModel};
 
 use crate::sequence::SeqId;
 
 /// A loaded head and what each sequence keeps for it.
 pub struct DraftHead {
-    head: Eagle3Head,
+    head: Box<dyn HeadModel>,
     seqs: HashMap<SeqId, SeqState>,
 }
 
@@ -37,7 +37,7 @@ struct SeqState {
 }
 
 impl DraftHead {
-    pub fn new(head: Eagle3Head) -> Self {
+    pub fn new(head: Box<dyn HeadModel>) -> Self {
         DraftHead { head, seqs: HashMap::new() }
     }
 
@@ -112,6 +112,7 @@ impl DraftHead {
 mod tests {
     use super::*;
     use std::path::PathBuf;
+    use tandem_core::eagle3::Eagle3Head;
     use tandem_core::ModelConfig;
 
     /// The golden head (tests/golden/eagle3-tiny), its aux width, and one sequence's tokens and
@@ -131,7 +132,7 @@ mod tests {
             serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
         let tokens = v["tokens"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
         let aux = v["aux"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect();
-        let head = DraftHead::new(Eagle3Head::load(&dir, &target).unwrap());
+        let head = DraftHead::new(Box::new(Eagle3Head::load(&dir, &target).unwrap()));
         let fresh = Eagle3Head::load(&dir, &target).unwrap();
         let w = fresh.aux_width();
         (head, fresh, w, tokens, aux)

@@ -18,4 +18,5 @@ mod scheduler;
 mod speculative;
 mod speculative_eagle3;
 mod speculative_kinds;
+mod speculative_mtp;
 mod speculative_sampled;
