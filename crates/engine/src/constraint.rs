@@ -27,11 +27,18 @@ pub trait Constraint: Send {
     fn commit(&mut self, token: u32) -> Result<(), String>;
     /// The grammar is complete and can take no further token: the completion ends here.
     fn is_finished(&self) -> bool;
+    /// A copy in the same state that advances on its own: speculative decoding checks a
+    /// sequence's drafts on one (the real constraint only ever takes committed tokens). None:
+    /// this constraint cannot be copied, and its sequence gets no drafts.
+    fn fork(&self) -> Option<Box<dyn Constraint>> {
+        None
+    }
 }
 
 /// What follows a complete grammar when the model has an end-of-sequence token: that token
 /// alone. vLLM (xgrammar) lets the model sample it and counts it as an output token; the
 /// engine does the same, so that usage agrees (one step more than stopping at once).
+#[derive(Clone)]
 pub struct EndOnly {
     eos: Vec<u32>,
     done: bool,
@@ -62,6 +69,9 @@ impl Constraint for EndOnly {
     }
     fn is_finished(&self) -> bool {
         self.done
+    }
+    fn fork(&self) -> Option<Box<dyn Constraint>> {
+        Some(Box::new(self.clone()))
     }
 }
 
@@ -129,6 +139,14 @@ impl Constraint for AllowedTokens {
     fn is_finished(&self) -> bool {
         false
     }
+    fn fork(&self) -> Option<Box<dyn Constraint>> {
+        Some(Box::new(self.clone()))
+    }
+}
+
+/// Whether `mask` (a bitset as [`Constraint::fill_mask`] writes it) allows `token`.
+pub fn allows(mask: &[u32], token: u32) -> bool {
+    mask.get(token as usize / 32).is_some_and(|w| w >> (token % 32) & 1 == 1)
 }
 
 /// Words in a mask for `vocab` tokens.

@@ -547,7 +547,7 @@ fn banned_at(eos: &[u32], seq: &Sequence, index: usize) -> Vec<u32> {
 /// Starts a guided sequence's constraint (a no-op for the others).
 fn start_guide(seq: &mut Sequence) -> Result<(), String> {
     if let Some(g) = &seq.params.guided {
-        seq.guide = Some(GuideState { constraint: g.0.start()?, mask: None });
+        seq.guide = Some(GuideState { constraint: g.0.start()?, mask: None, drafted: None });
     }
     Ok(())
 }

@@ -138,6 +138,17 @@ pub struct GuideState {
     pub constraint: Box<dyn crate::constraint::Constraint>,
     /// Computed while the step's forward runs; taken when the row is sampled.
     pub mask: Option<Result<Vec<u32>, String>>,
+    /// The masks of a drafted decode's rows, computed when its drafts were checked.
+    pub drafted: Option<DraftMasks>,
+}
+
+/// The masks of a decode's rows under its drafts: `masks[i]` is what the constraint allows
+/// after the committed tokens and drafts `0..i` (one more mask than drafts kept). Valid while
+/// the sequence has `at` committed tokens.
+#[derive(Debug, Clone)]
+pub struct DraftMasks {
+    pub at: usize,
+    pub masks: Vec<Vec<u32>>,
 }
 
 impl std::fmt::Debug for GuideState {

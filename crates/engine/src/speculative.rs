@@ -61,15 +61,20 @@
 //! architecture's rule that a sampled token is a function of (seed, completion, token index)
 //! and its row's logits holds with drafts too.
 //!
-//! Who gets drafts ([`drafts_allowed`]): every request but those with structured output or
-//! prompt logprobs, greedy or sampled. Row `i` of a drafted decode is sampled with the
+//! Who gets drafts ([`drafts_allowed`]): every request but those with prompt logprobs, greedy
+//! or sampled. Row `i` of a drafted decode is sampled with the
 //! penalties, `logit_bias` and bans of output token `j + i` as if drafts `0..i` had been
 //! emitted (the output they count is the committed output followed by those drafts, and a
 //! `min_tokens` ban lifts at the row where it would lift), and its logprobs, when asked, are
 //! that row's, so every emitted token and its logprobs are what plain decoding gives. A
 //! request with `n > 1` drafts in each completion on its own (each is its own sequence once
-//! forked). Structured output and prompt logprobs are scheduled with no drafts (`k = 0`), so
-//! they run exactly as without speculation. While any sequence may get drafts the engine does not overlap steps
+//! forked). Structured output drafts as vLLM's does: the drafts are checked on a copy of the
+//! sequence's constraint (`Constraint::fork`), kept up to the first it rejects (or the first
+//! that completes the grammar), and the mask of each row (what the constraint allows after
+//! the drafts before it) is kept with them, so row `i` is sampled under the mask plain
+//! decoding would have had at output token `j + i`; the real constraint takes only the
+//! emitted tokens. Prompt logprobs are scheduled with no drafts (`k = 0`), so they run
+//! exactly as without speculation. While any sequence may get drafts the engine does not overlap steps
 //! (async scheduling): proposing needs the previous step's tokens.
 //!
 //! Counters (vLLM's): drafts (sequence-steps verified with at least one draft), draft tokens,
@@ -385,12 +390,11 @@ impl DraftProposer for NgramProposer {
     }
 }
 
-/// Whether a sequence may carry drafts: anything but structured output and prompt logprobs
-/// (see the module docs); greedy or sampled, with logprobs, penalties, bans and `logit_bias`,
-/// any `n` (each completion drafts on its own).
+/// Whether a sequence may carry drafts: anything but prompt logprobs (see the module docs);
+/// greedy or sampled, with logprobs, penalties, bans and `logit_bias`, structured output
+/// (drafts cut where its constraint rejects one), any `n` (each completion drafts on its own).
 pub fn drafts_allowed(seq: &Sequence) -> bool {
-    let p = &seq.params;
-    p.guided.is_none() && seq.guide.is_none() && p.prompt_logprobs.is_none()
+    seq.params.prompt_logprobs.is_none()
 }
 
 /// How many leading drafts the target's ids confirm (`ids[i]`: the target's token after the

@@ -211,4 +211,7 @@ impl Constraint for Live {
     fn is_finished(&self) -> bool {
         self.m.is_stopped()
     }
+    fn fork(&self) -> Option<Box<dyn Constraint>> {
+        Some(Box::new(Live { m: self.m.deep_clone() }))
+    }
 }

@@ -45,12 +45,26 @@ impl Engine {
         let rows = batch.logit_rows.len();
         // The constraints of the rows sampled this step give their masks while the model runs
         // (row: the index among the sampled rows, which is the spec's on the device path; a
-        // decode with drafts has a row for each).
+        // decode with drafts has a row for each). A decode whose drafts were checked against
+        // its constraint has its rows' masks already (`ready`).
         let mut jobs: Vec<MaskJob> = Vec::new();
+        let mut ready: Vec<(usize, Vec<u32>)> = Vec::new();
         let mut row = 0;
         for s in out.seqs.iter().filter(|s| s.sample) {
-            if let Some(g) = self.scheduler.seq_mut(s.seq).and_then(|seq| seq.guide.take()) {
-                jobs.push((row, s.seq, g.constraint));
+            let Some(seq) = self.scheduler.seq_mut(s.seq) else {
+                row += 1 + s.num_draft;
+                continue;
+            };
+            let n = seq.num_tokens();
+            match seq.guide.as_mut() {
+                Some(g) if g.drafted.as_ref().is_some_and(|d| d.at == n && d.masks.len() > s.num_draft) => {
+                    let masks = &g.drafted.as_ref().expect("checked").masks;
+                    g.mask = Some(Ok(masks[0].clone()));
+                    ready.extend(masks[..=s.num_draft].iter().enumerate().map(|(i, m)| (row + i, m.clone())));
+                }
+                // No masks for this step's rows yet (any kept are stale): a job computes them.
+                Some(_) => jobs.push((row, s.seq, seq.guide.take().expect("matched").constraint)),
+                None => {}
             }
             row += 1 + s.num_draft;
         }
@@ -77,7 +91,10 @@ impl Engine {
             };
             let result = match device {
                 Some(DeviceSampling { specs, edits, top_n })
-                    if handle.is_some() || !edits.is_empty() || top_n.iter().any(Option::is_some) =>
+                    if handle.is_some()
+                        || !ready.is_empty()
+                        || !edits.is_empty()
+                        || top_n.iter().any(Option::is_some) =>
                 {
                     // Masked and edited rows sample on the device too: only their masks and
                     // edits go up.
@@ -87,6 +104,9 @@ impl Engine {
                         let mut m = RowMasks::none(specs.len(), vocab);
                         for d in done.iter().filter(|d| d.mask.as_ref().is_ok_and(|m| admits_some(m))) {
                             m.set(d.row, d.mask.as_ref().expect("filtered on Ok"));
+                        }
+                        for (row, mask) in ready.iter().filter(|(_, m)| admits_some(m)) {
+                            m.set(*row, mask);
                         }
                         for (row, e) in edits.take().unwrap_or_default() {
                             m.set_edits(row, e);
@@ -123,7 +143,7 @@ impl Engine {
         for d in masks {
             mask_seconds.push(d.seconds);
             if let Some(seq) = self.scheduler.seq_mut(d.seq) {
-                seq.guide = Some(GuideState { constraint: d.constraint, mask: Some(d.mask) });
+                seq.guide = Some(GuideState { constraint: d.constraint, mask: Some(d.mask), drafted: None });
             }
         }
         if !mask_seconds.is_empty() {

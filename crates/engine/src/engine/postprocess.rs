@@ -88,12 +88,17 @@ impl Engine {
 
     /// The tokens (and logprobs, when asked) a decode with drafts samples from its rows on the
     /// host: row `i` as output token `j + i`, with the penalties and bans it would have had
-    /// drafts `0..i` been emitted and the request's spec, as [`draw`] samples a plain row; its
-    /// logprobs from the row before penalties, as [`token_output`] gives them.
-    fn verified_picks(&self, id: SeqId, rows: Vec<&mut [f32]>) -> Vec<(u32, Option<TokenLogprobs>)> {
+    /// drafts `0..i` been emitted, the mask its constraint gives after those drafts, and the
+    /// request's spec, as [`draw`] samples a plain row; its logprobs from the row before
+    /// penalties, as [`token_output`] gives them. A guided row that keeps no finite logit
+    /// gets an empty mask, so that its token fails the constraint check as a plain row's would.
+    fn verified_picks(&mut self, id: SeqId, rows: Vec<&mut [f32]>) -> Vec<(u32, Option<TokenLogprobs>)> {
         let Some(seq) = self.scheduler.seq(id) else { return Vec::new() };
         let (p, j) = (&seq.params, seq.num_output_tokens());
-        rows.into_iter()
+        let masks = seq.guide.as_ref().and_then(|g| g.drafted.as_ref()).map(|d| &d.masks);
+        let mut dead = vec![];
+        let picks = rows
+            .into_iter()
             .enumerate()
             .map(|(i, row)| {
                 let raw = p.logprobs.map(|_| row.to_vec());
@@ -101,10 +106,23 @@ impl Engine {
                 if has_edits(p, &b) {
                     apply_penalties(row, p, seq.prompt(), &drafted_output(seq, i), &b);
                 }
+                if let Some(mask) = masks.and_then(|m| m.get(i)) {
+                    apply_mask(row, mask);
+                    if row.iter().all(|x| *x == f32::NEG_INFINITY) {
+                        dead.push(i);
+                    }
+                }
                 let token = sample(row, &spec(p, seq.seed, seq.index, j + i));
                 (token, p.logprobs.zip(raw).map(|(n, raw)| logprobs(&raw, token, n)))
             })
-            .collect()
+            .collect();
+        let drafted = self.scheduler.seq_mut(id).and_then(|s| s.guide.as_mut()).and_then(|g| g.drafted.as_mut());
+        if let Some(d) = drafted {
+            for i in dead {
+                d.masks[i].fill(0);
+            }
+        }
+        picks
     }
 
     /// Records prompt logprobs from the rows of a chunk that computed every position (row `j`
@@ -356,7 +374,7 @@ mod tests {
     fn guided(mask: Option<Result<Vec<u32>, String>>) -> Sequence {
         let mut seq =
             Sequence::new(1, 1, 0, vec![1, 2], Arc::new(SamplingParams::default()), 4, 0, 0, 0, Instant::now());
-        seq.guide = Some(GuideState { constraint: AllowedTokens(vec![3]).start().unwrap(), mask });
+        seq.guide = Some(GuideState { constraint: AllowedTokens(vec![3]).start().unwrap(), mask, drafted: None });
         seq
     }
 

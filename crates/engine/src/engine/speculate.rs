@@ -8,8 +8,9 @@ use std::time::Instant;
 
 use super::postprocess::Pick;
 use super::Engine;
+use crate::constraint::{allows, mask_words};
 use crate::sampler::TokenLogprobs;
-use crate::sequence::{SeqId, SeqStatus, Sequence};
+use crate::sequence::{DraftMasks, SeqId, SeqStatus, Sequence};
 use crate::speculative::SpeculativeMethod;
 use crate::speculative::{
     accepted_len, drafts_allowed, load_cap, Acceptance, DraftHead, DraftProposer, SpeculativeConfig,
@@ -96,8 +97,10 @@ impl Engine {
     /// it ([`Acceptance::allow`]), fewer when the running decodes with `k + 1` tokens each
     /// would not fit the token budget, none when they would not fit with one draft each; and
     /// no more than its `max_tokens` and the context leave room for after the target's own
-    /// token.
+    /// token. A guided decode keeps its drafts up to the first its constraint rejects
+    /// ([`guide_drafts`]).
     pub(super) fn propose_drafts(&mut self) {
+        let vocab = self.vocab;
         let Some(sp) = &mut self.speculator else { return };
         let max_model_len = self.admission.max_model_len;
         let budget = self.scheduler.config().max_num_batched_tokens;
@@ -120,6 +123,9 @@ impl Engine {
         for id in decodes {
             let Some(seq) = self.scheduler.seq_mut(id) else { continue };
             seq.draft.clear();
+            if let Some(g) = seq.guide.as_mut() {
+                g.drafted = None;
+            }
             if !drafts_allowed(seq) {
                 continue;
             }
@@ -131,6 +137,7 @@ impl Engine {
                     DraftSource::Tokens(p) => p.propose(&seq.tokens, d.min(room)),
                     DraftSource::Head(h) => h.propose(id, &seq.tokens, seq.num_computed_tokens, d.min(room)),
                 };
+                guide_drafts(seq, vocab);
             }
         }
     }
@@ -155,7 +162,13 @@ impl Engine {
         if let Some(sp) = &mut self.speculator {
             sp.acceptance.entry(id).or_default().record(drafts, accepted);
         }
+        let masks = seq.guide.as_ref().and_then(|g| g.drafted.as_ref()).map(|d| d.masks.clone());
         for (i, (token, lp)) in picks.into_iter().take(accepted + 1).enumerate() {
+            // A guided row is checked against its own mask: the constraint's after the drafts
+            // before it (the real constraint takes each token as it is emitted).
+            if let (Some(masks), Some(g)) = (&masks, self.scheduler.seq_mut(id).and_then(|s| s.guide.as_mut())) {
+                g.mask = masks.get(i).cloned().map(Ok);
+            }
             self.sample_and_emit(id, Pick::Token(token, lp), None, now);
             // Ended (a stop, its length, or its caller left): its blocks are freed already.
             let Some(seq) = self.scheduler.seq_mut(id) else { return };
@@ -167,11 +180,135 @@ impl Engine {
     }
 }
 
+/// Cuts a guided sequence's drafts at the first its constraint rejects, checked on a copy of
+/// the constraint (the sequence's own takes only committed tokens), and keeps the masks of its
+/// rows: `masks[i]` allows what may follow the committed tokens and drafts `0..i`. A draft
+/// that completes the grammar is cut too (what follows a complete grammar is decided when it
+/// is committed). A constraint that cannot be copied, or fails on the first mask, leaves no
+/// drafts and no masks (the step's mask job then gives the one row its mask, as without
+/// drafts).
+fn guide_drafts(seq: &mut Sequence, vocab: usize) {
+    let at = seq.num_tokens();
+    let Some(g) = seq.guide.as_mut() else {
+        if seq.params.guided.is_some() {
+            seq.draft.clear();
+        }
+        return;
+    };
+    let Some(mut copy) = g.constraint.fork() else {
+        seq.draft.clear();
+        return;
+    };
+    let mut masks: Vec<Vec<u32>> = Vec::with_capacity(seq.draft.len() + 1);
+    loop {
+        let mut mask = vec![u32::MAX; mask_words(vocab)];
+        if copy.fill_mask(&mut mask).is_err() {
+            // This row has no mask: the draft before it goes.
+            break;
+        }
+        masks.push(mask);
+        let i = masks.len() - 1;
+        let Some(&t) = seq.draft.get(i) else { break };
+        if !allows(&masks[i], t) || copy.commit(t).is_err() || copy.is_finished() {
+            break;
+        }
+    }
+    seq.draft.truncate(masks.len().saturating_sub(1));
+    g.drafted = (!masks.is_empty()).then_some(DraftMasks { at, masks });
+}
+
 /// The output a draft row's penalties see: `seq`'s committed output followed by its first `i`
 /// drafts (what the output would be had those drafts been emitted).
 pub(super) fn drafted_output(seq: &Sequence, i: usize) -> Cow<'_, [u32]> {
     match i {
         0 => Cow::Borrowed(seq.output()),
         _ => Cow::Owned([seq.output(), &seq.draft[..i]].concat()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::constraint::{allows, AllowedTokens, Constraint};
+    use crate::sampling_params::SamplingParams;
+    use crate::sequence::GuideState;
+
+    /// Allows `0` then `1` then `2` ..., finished after `len` tokens; `copyable`: it forks.
+    #[derive(Clone)]
+    struct Counting {
+        next: u32,
+        len: u32,
+        copyable: bool,
+    }
+
+    impl Constraint for Counting {
+        fn fill_mask(&mut self, mask: &mut [u32]) -> Result<(), String> {
+            mask.fill(0);
+            mask[self.next as usize / 32] |= 1 << (self.next % 32);
+            Ok(())
+        }
+        fn commit(&mut self, token: u32) -> Result<(), String> {
+            if token != self.next {
+                return Err(format!("token {token}, expected {}", self.next));
+            }
+            self.next += 1;
+            Ok(())
+        }
+        fn is_finished(&self) -> bool {
+            self.next >= self.len
+        }
+        fn fork(&self) -> Option<Box<dyn Constraint>> {
+            self.copyable.then(|| Box::new(self.clone()) as Box<dyn Constraint>)
+        }
+    }
+
+    fn seq(constraint: Box<dyn Constraint>, draft: Vec<u32>) -> Sequence {
+        let mut s =
+            Sequence::new(1, 1, 0, vec![9, 9], Arc::new(SamplingParams::default()), 16, 0, 0, 0, Instant::now());
+        s.guide = Some(GuideState { constraint, mask: None, drafted: None });
+        s.draft = draft;
+        s
+    }
+
+    #[test]
+    fn drafts_are_cut_at_the_first_the_constraint_rejects_and_each_row_has_its_mask() {
+        let c = || Box::new(Counting { next: 0, len: 10, copyable: true });
+        let mut s = seq(c(), vec![0, 1, 5, 3]);
+        guide_drafts(&mut s, 64);
+        assert_eq!(s.draft, vec![0, 1]);
+        let d = s.guide.as_ref().unwrap().drafted.clone().unwrap();
+        assert_eq!(d.at, 2);
+        assert_eq!(d.masks.len(), 3, "a mask for each kept draft's row and the bonus row");
+        for (i, m) in d.masks.iter().enumerate() {
+            assert!(allows(m, i as u32) && m.iter().map(|w| w.count_ones()).sum::<u32>() == 1, "row {i}");
+        }
+        // The sequence's own constraint took nothing.
+        let mut real = s.guide.take().unwrap().constraint;
+        assert!(real.commit(0).is_ok() && real.commit(2).is_err());
+        // All drafts allowed: all kept.
+        let mut s = seq(c(), vec![0, 1, 2]);
+        guide_drafts(&mut s, 64);
+        assert_eq!((s.draft.len(), s.guide.unwrap().drafted.unwrap().masks.len()), (3, 4));
+    }
+
+    #[test]
+    fn a_draft_that_completes_the_grammar_is_cut_and_an_uncopyable_constraint_drafts_nothing() {
+        let mut s = seq(Box::new(Counting { next: 0, len: 2, copyable: true }), vec![0, 1, 2]);
+        guide_drafts(&mut s, 64);
+        assert_eq!(s.draft, vec![0], "the draft that completes the grammar goes");
+        let mut s = seq(Box::new(Counting { next: 0, len: 9, copyable: false }), vec![0, 1]);
+        guide_drafts(&mut s, 64);
+        assert!(s.draft.is_empty() && s.guide.unwrap().drafted.is_none());
+        // Guided but no constraint started: no drafts.
+        let params = SamplingParams {
+            guided: Some(crate::constraint::Guided::new(AllowedTokens(vec![1]))),
+            ..Default::default()
+        };
+        let mut s = Sequence::new(1, 1, 0, vec![9], Arc::new(params), 16, 0, 0, 0, Instant::now());
+        s.draft = vec![1];
+        guide_drafts(&mut s, 64);
+        assert!(s.draft.is_empty());
     }
 }
