@@ -416,6 +416,10 @@ pub fn group(root: &Path, tandem: Option<PathBuf>) -> Result<Tally> {
             "tandem serve on cuda with --speculative-config: the same greedy text",
             speculative_check(&env, &tandem, &models.join("tiny-hd128")),
         ),
+        (
+            "tandem serve on cuda with an EAGLE-3 head: the same greedy text",
+            head_check(&env, &tandem, &models.join("tiny-seed11-f32"), &root.join("tests/golden/eagle3-tiny")),
+        ),
     ];
     // The next GPU call, rehearsed: the bundle's check.sh and a short tune.sh at tiny shapes,
     // what they leave held to what a device call returns (xtask/src/gpu_rehearsal.rs).
@@ -661,31 +665,7 @@ fn preempt_check(env: &FakeEnv, tandem: &Path, model: &Path) -> Result<()> {
 /// extra rows; batch invariance makes their logits a plain decode's), and
 /// vllm:spec_decode_num_accepted_tokens_total must show drafts accepted.
 fn speculative_check(env: &FakeEnv, tandem: &Path, model: &Path) -> Result<()> {
-    // One prompt that repeats (drafts found), whole and streamed: each server start and request
-    // is slow on the emulator.
-    let prompts = ["the cat sat on the mat, the cat sat on the mat, the cat sat"];
-    let answers = |port: u16, name: &str| -> Result<Vec<String>> {
-        let mut out = vec![];
-        for p in prompts {
-            for stream in [false, true] {
-                let r = format!(
-                    r#"{{"model":"{name}","prompt":"{p}","max_tokens":16,"temperature":0,"ignore_eos":true,"stream":{stream}}}"#
-                );
-                let (code, body) = http(port, "POST", "/v1/completions", &r)?;
-                if code != 200 {
-                    bail!("a completion (stream {stream}): {code} {body}");
-                }
-                // The text pieces as the server escaped them, joined (whole: one piece).
-                let text: String = body
-                    .split(r#""text":""#)
-                    .skip(1)
-                    .filter_map(|rest| rest.split_once(r#"","#).map(|(t, _)| t.to_string()))
-                    .collect();
-                out.push(text);
-            }
-        }
-        Ok(out)
-    };
+    let answers = |port: u16, name: &str| greedy_answers(port, name);
     let mut want = vec![];
     with_server(env, tandem, model, &["--max-num-seqs", "4"], |port, name| {
         want = answers(port, name)?;
@@ -705,6 +685,68 @@ fn speculative_check(env: &FakeEnv, tandem: &Path, model: &Path) -> Result<()> {
                 Ok(())
             }
             v => bail!("vllm:spec_decode_num_accepted_tokens_total is {v:?} ({code}): no draft was accepted"),
+        }
+    })
+}
+
+/// One prompt that repeats (drafts found), whole and streamed, greedy: each answer's text
+/// pieces as the server escaped them, joined (whole: one piece). One prompt: each server
+/// start and request is slow on the emulator.
+fn greedy_answers(port: u16, name: &str) -> Result<Vec<String>> {
+    let p = "the cat sat on the mat, the cat sat on the mat, the cat sat";
+    let mut out = vec![];
+    for stream in [false, true] {
+        let r = format!(
+            r#"{{"model":"{name}","prompt":"{p}","max_tokens":16,"temperature":0,"ignore_eos":true,"stream":{stream}}}"#
+        );
+        let (code, body) = http(port, "POST", "/v1/completions", &r)?;
+        if code != 200 {
+            bail!("a completion (stream {stream}): {code} {body}");
+        }
+        let text: String = body
+            .split(r#""text":""#)
+            .skip(1)
+            .filter_map(|rest| rest.split_once(r#"","#).map(|(t, _)| t.to_string()))
+            .collect();
+        out.push(text);
+    }
+    Ok(out)
+}
+
+/// A draft head over HTTP on the CUDA backend: `tandem serve --backend cuda` on the `tiny`
+/// seed-11 f32 model without and then with tests/golden/eagle3-tiny (the EAGLE-3 head made
+/// for it, random: its drafts are verified but not accepted). The head reads the hidden
+/// states the CUDA forward keeps; the greedy text, whole and streamed, must be the one
+/// without drafts, and vllm:spec_decode_num_drafts_total must show the head proposed.
+fn head_check(env: &FakeEnv, tandem: &Path, model: &Path, head: &Path) -> Result<()> {
+    if !model.join("config.json").exists() {
+        let st = Command::new(tandem)
+            .args(["gen-model", "--shape", "tiny", "--seed", "11", "--dtype", "f32", "--out"])
+            .arg(model)
+            .status()?;
+        if !st.success() {
+            bail!("tandem gen-model --shape tiny --seed 11 failed");
+        }
+    }
+    let mut want = vec![];
+    with_server(env, tandem, model, &["--max-num-seqs", "4"], |port, name| {
+        want = greedy_answers(port, name)?;
+        Ok(())
+    })?;
+    let spec = format!(r#"{{"method":"eagle3","model":"{}","num_speculative_tokens":3}}"#, head.display());
+    with_server(env, tandem, model, &["--max-num-seqs", "4", "--speculative-config", &spec], |port, name| {
+        let got = greedy_answers(port, name)?;
+        if got != want {
+            bail!("with the head's drafts the answers (whole, streamed) are {got:?}, without {want:?}");
+        }
+        let (code, body) = http(port, "GET", "/metrics", "")?;
+        let line = body.lines().find(|l| l.starts_with("vllm:spec_decode_num_drafts_total{"));
+        match line.and_then(|l| l.rsplit(' ').next()).and_then(|v| v.parse::<f64>().ok()) {
+            Some(v) if code == 200 && v > 0.0 => {
+                println!("fake-cuda: an EAGLE-3 head over HTTP: the same greedy text, {v} drafts verified");
+                Ok(())
+            }
+            v => bail!("vllm:spec_decode_num_drafts_total is {v:?} ({code}): the head proposed nothing"),
         }
     })
 }
