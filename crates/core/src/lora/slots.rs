@@ -245,7 +245,7 @@ impl<B: Backend> LoraSlots<B> {
 /// (a load is rare; the interface writes from a buffer's start).
 fn write_region<B: Backend>(b: &B, stack: &mut B::Buf, slot: usize, region: &[f32]) -> Result<()> {
     let n = region.len();
-    let mut host = if slot == 0 { vec![0.0; n] } else { b.read_f32(stack, slot * n)? };
+    let mut host = if slot == 0 { Vec::with_capacity(n) } else { b.read_f32(stack, slot * n)? };
     host.truncate(slot * n);
     host.extend_from_slice(region);
     b.write_f32(stack, &host)
