@@ -66,6 +66,21 @@ def case_fn(torch, spec, dev):
             return idx.gather(1, (p / q).argmax(dim=-1, keepdim=True)).cpu()
 
         return sample
+    if spec["kind"] == "lora":
+        # Each row's adapter gathered and applied by batched matmuls (what a framework without
+        # segmented kernels runs): shrink x A[idx]^T, expand by B[idx]^T, added to y.
+        m, n_in, n_out, slots, r = (spec[k] for k in ("m", "in", "out", "slots", "rank"))
+        x = torch.randn(m, n_in, device=dev, dtype=dt)
+        a = torch.randn(slots, r, n_in, device=dev, dtype=dt) * 0.05
+        bw = torch.randn(slots, n_out, r, device=dev, dtype=dt) * 0.05
+        idx = torch.arange(m, device=dev) % slots
+        y = torch.zeros(m, n_out, device=dev, dtype=dt)
+
+        def lora():
+            u = torch.bmm(x.unsqueeze(1), a[idx].transpose(1, 2))
+            y.add_(torch.bmm(u, bw[idx].transpose(1, 2)).squeeze(1), alpha=2.0)
+
+        return lora
     b, ctx, ql, h, kvh, d = (spec[k] for k in ("batch", "ctx", "q_len", "heads", "kv_heads", "head_dim"))
     q = torch.randn(b, h, ql, d, device=dev, dtype=dt)
     k = torch.randn(b, kvh, ctx, d, device=dev, dtype=dt)

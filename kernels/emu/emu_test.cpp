@@ -10,6 +10,7 @@
 #include "../embedding.cu"
 #include "../gather_rows.cu"
 #include "../kv_write.cu"
+#include "../lora.cu"
 #include "../matmul.cu"
 #include "../moe.cu"
 #include "../paged_attention.cu"
@@ -28,6 +29,7 @@
 #include "fused_test.h"
 #include "matmul_test.h"
 #include "moe_test.h"
+#include "lora_test.h"
 #include "primitives_test.h"
 #include "quant_test.h"
 
@@ -876,6 +878,7 @@ int main() {
     primtest::run_all(expect_true);
     test_moe();
     moetest::run_all(expect_true);
+    loratest::run_all(expect_true);
     test_small_ops();
     test_kv_write();
     test_attention();

@@ -8,7 +8,7 @@ use tandem_core::DType;
 
 use crate::compare::compare;
 use crate::ops::{
-    Add, AddRmsNorm, Argmax, Embedding, GateUpGelu, GateUpSilu, GatherRows, GeluTanhMul, KvWrite, Launch, Matmul,
+    Add, AddRmsNorm, Argmax, Embedding, GateUpGelu, GateUpSilu, GatherRows, GeluTanhMul, KvWrite, Launch, Lora, Matmul,
     MoeAccumulate, MoeRoute, MoeRouted, Op, PagedAttention, QkvRopeKvWrite, QuantMatmul, ResidualNormGateUp, RmsNorm,
     Rope, RopeKvWrite, Scale, SeqChunk, SiluMul,
 };
@@ -37,6 +37,7 @@ enum Spec {
     MoeRoute(MoeRoute),
     MoeAccumulate(MoeAccumulate),
     MoeRouted(MoeRouted),
+    Lora(Lora),
     QuantMatmul(QuantMatmul),
 }
 
@@ -65,6 +66,7 @@ macro_rules! dispatch {
             Spec::MoeRoute($o) => $body,
             Spec::MoeAccumulate($o) => $body,
             Spec::MoeRouted($o) => $body,
+            Spec::Lora($o) => $body,
             Spec::QuantMatmul($o) => $body,
         }
     };
@@ -335,6 +337,19 @@ pub fn cases() -> Vec<Case> {
         (F32, 7, 8, 2, 64, 48, true),
     ] {
         v.push(Case::new(MoeRouted { dtype, rows, experts, top_k, hidden, inter, renormalize }, Spec::MoeRouted));
+    }
+    // The segmented LoRA update: a decode row, a few, a prefill's rows over SmolLM2's q (576)
+    // and down (1536 in) shapes, 4 slots of rank up to 16 (the rest smaller, zero padded), x
+    // rounded to bf16 as CUDA's tensor-core matmul rounds it, and odd widths.
+    for (rows, inp, out, max_loras, max_rank, operand) in [
+        (1, 576, 576, 4, 16, F32),
+        (3, 576, 192, 4, 16, F32),
+        (37, 1536, 576, 4, 16, F32),
+        (37, 576, 1536, 2, 8, BF16),
+        (3, 77, 45, 3, 5, F32),
+        (1, 64, 100, 1, 1, BF16),
+    ] {
+        v.push(Case::new(Lora { rows, inp, out, max_loras, max_rank, operand }, Spec::Lora));
     }
 
     for (tokens, q_heads, kv_heads, head_dim, theta, max_pos) in [

@@ -17,6 +17,7 @@ use half::{bf16, f16};
 
 use crate::config::Activation;
 use crate::error::{Error, Result};
+use crate::lora::segmented::{lora_rows, LoraArgs};
 use crate::sampling::{logprobs_rows, sample_row, sample_rows_masked, RowMasks, SampleSpec, TokenLogprobs};
 use crate::weights::TensorView;
 
@@ -516,6 +517,25 @@ pub trait Ops: Storage {
         let mut a = if first { vec![0.0; rows * dim] } else { self.read_f32(acc, rows * dim)? };
         moe_accumulate_rows(&mut a, &yv, &w, dim, expert, experts, first);
         self.write_f32(acc, &a)
+    }
+    /// Each row's LoRA update added to y f32 `[rows, out]`, from the row's slot of the stacked
+    /// factors ([`crate::lora::segmented`]); `shrink` is f32 scratch `[rows, max_rank]`
+    /// (contents after unspecified). The default reads back and runs the host loop.
+    fn lora(&self, args: &LoraArgs<'_, Self::Buf>, shrink: &mut Self::Buf, y: &mut Self::Buf) -> Result<()> {
+        let _ = shrink;
+        crate::lora::segmented::check(args, "lora")?;
+        if args.rows == 0 || args.out == 0 {
+            return Ok(());
+        }
+        let (l, r) = (args.max_loras, args.max_rank);
+        let x = self.read_f32(args.x, args.rows * args.inp)?;
+        let a = self.read_f32(args.a, l * r * args.inp)?;
+        let b = self.read_f32(args.b, l * args.out * r)?;
+        let slots = self.read_u32(args.slots, args.rows)?;
+        let scales = self.read_f32(args.scales, l)?;
+        let mut yv = self.read_f32(y, args.rows * args.out)?;
+        lora_rows(&x, args.operand, &a, &b, &slots, &scales, &mut yv, (args.inp, args.out, r));
+        self.write_f32(y, &yv)
     }
     /// Paged attention; out f32 `[T, num_heads, head_dim]`. See [`AttnArgs`].
     fn paged_attention(&self, args: &AttnArgs<'_, Self>, out: &mut Self::Buf) -> Result<()>;

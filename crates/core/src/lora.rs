@@ -6,6 +6,8 @@
 //! - [`adapter`]: `adapter_model.safetensors` read through the memory-mapped weights loader, each
 //!   target module mapped onto the model's projections (q, k, v, o, gate, up, down; a fused
 //!   `qkv_proj` or `gate_up_proj` split by rows of B), shapes checked against the base model.
+//! - [`segmented`]: the update as one op per projection, each row reading its own slot of the
+//!   stacked factors (the backends' `lora` op and its host loop).
 //! - [`slots`]: the adapter slots on the device and the per-row update a forward adds to each
 //!   projection, `y += scale · (x Aᵀ) Bᵀ` for the rows of that adapter.
 //!
@@ -15,8 +17,10 @@
 
 pub mod adapter;
 pub mod config;
+pub mod segmented;
 pub mod slots;
 
 pub use adapter::{LoraAdapter, LoraPair, Proj};
 pub use config::{AdapterConfig, Targets};
+pub use segmented::{LoraArgs, NO_SLOT};
 pub use slots::LoraLimits;

@@ -49,6 +49,9 @@ pub(crate) struct Kernels<F> {
     pub(crate) argmax_fold: Kernel<F>,
     pub(crate) moe_route: Kernel<F>,
     pub(crate) moe_accumulate: Kernel<F>,
+    /// By x's type: f32, bf16, f16.
+    pub(crate) lora_shrink: [Kernel<F>; 3],
+    pub(crate) lora_expand: Kernel<F>,
     pub(crate) moe: MoeKernels<F>,
     pub(crate) sample: Kernel<F>,
     pub(crate) sample_masked: Kernel<F>,
@@ -142,6 +145,8 @@ impl<F> Kernels<F> {
             argmax_fold: k("argmax_fold")?,
             moe_route: k("moe_route")?,
             moe_accumulate: k("moe_accumulate")?,
+            lora_shrink: [k("lora_shrink_f32")?, k("lora_shrink_bf16")?, k("lora_shrink_f16")?],
+            lora_expand: k("lora_expand")?,
             moe: MoeKernels {
                 select: k("moe_select")?,
                 count: k("moe_count")?,
@@ -326,7 +331,7 @@ mod tests {
         let names = kernel_names();
         let unique: std::collections::BTreeSet<_> = names.iter().collect();
         assert_eq!(unique.len(), names.len(), "{names:?}");
-        assert_eq!(names.len(), 102); // 18 quant (matmul and embedding, 8 GGUF layouts and FP8) + 50 + 11 routed-MoE + 6 decode GEMM + 2 m128_w64 + 8 sampler/argmax + 2 tc_deep and 2 tc_shared attention variants + gelu_tanh_mul and scale (Gemma 3) + tc attention at head_dim 256
+        assert_eq!(names.len(), 106); // 4 segmented LoRA (shrink by x's type, expand) + 18 quant (matmul and embedding, 8 GGUF layouts and FP8) + 50 + 11 routed-MoE + 6 decode GEMM + 2 m128_w64 + 8 sampler/argmax + 2 tc_deep and 2 tc_shared attention variants + gelu_tanh_mul and scale (Gemma 3) + tc attention at head_dim 256
         let k = Kernels::<&'static str>::resolve(Ok).unwrap();
         assert_eq!(k.embedding.map(|x| x.f), ["embedding_f32", "embedding_bf16", "embedding_f16"]);
         assert_eq!(
@@ -355,6 +360,8 @@ mod tests {
             k.attn_tc.map(|x| x.f),
             ["paged_attention_tc_d64", "paged_attention_tc_d128", "paged_attention_tc_d256"]
         );
+        // lora.rs indexes the shrink kernels by x's type: f32, bf16, f16.
+        assert_eq!(k.lora_shrink.map(|x| x.f), ["lora_shrink_f32", "lora_shrink_bf16", "lora_shrink_f16"]);
         // moe.rs indexes gemm_tc by [bf16, f16][m16, m64].
         assert_eq!(
             k.moe.gemm_tc.map(|r| r.map(|x| x.f)),

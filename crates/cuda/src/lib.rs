@@ -31,6 +31,7 @@ mod gemm;
 mod graph;
 mod kernels;
 mod launch;
+mod lora;
 mod matmul;
 mod moe;
 mod ops;

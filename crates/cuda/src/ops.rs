@@ -4,6 +4,7 @@
 
 use cudarc::driver::PushKernelArg;
 use tandem_core::backend::{AttnArgs, FusedOps, KvGeometry, Ops, Sampling, Storage};
+use tandem_core::lora::LoraArgs;
 use tandem_core::sampling::{RowMasks, SampleSpec, TokenLogprobs, SAMPLE_LANES, SPEC_WORDS};
 use tandem_core::weights::TensorView;
 use tandem_core::Result;
@@ -267,6 +268,10 @@ impl Ops for CudaBackend {
         // SAFETY: as in embedding.
         let r = unsafe { l.launch(Self::elementwise_cfg(len, OP)?) };
         self.launched(OP, r)
+    }
+
+    fn lora(&self, args: &LoraArgs<'_, CudaBuf>, shrink: &mut CudaBuf, y: &mut CudaBuf) -> Result<()> {
+        self.lora_update(args, shrink, y)
     }
 
     fn kv_write(

@@ -37,6 +37,7 @@ pub const EMBEDDED: &[(&str, &str)] = embed!(
     "embedding",
     "gather_rows",
     "kv_write",
+    "lora",
     "matmul",
     "matmul_sm90",
     "moe",

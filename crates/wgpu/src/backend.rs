@@ -13,6 +13,7 @@ use std::sync::Mutex;
 use tandem_core::backend::prelude::*;
 use tandem_core::backend::{AttnArgs, KvDest, KvGeometry, NormIn, WeightAndBias};
 use tandem_core::config::Activation;
+use tandem_core::lora::LoraArgs;
 use tandem_core::weights::TensorView;
 use tandem_core::{DType, Error, Result};
 
@@ -23,6 +24,7 @@ use crate::shaders::{self, Pipelines};
 
 mod device;
 mod fused_ops;
+mod lora;
 mod matmul;
 mod operand;
 mod ops;
@@ -357,6 +359,10 @@ impl Ops for WgpuBackend {
         first: bool,
     ) -> Result<()> {
         WgpuBackend::moe_accumulate(self, acc, y, weights, rows, dim, expert, experts, first)
+    }
+
+    fn lora(&self, args: &LoraArgs<'_, WgpuBuf>, shrink: &mut WgpuBuf, y: &mut WgpuBuf) -> Result<()> {
+        WgpuBackend::lora(self, args, shrink, y)
     }
 }
 

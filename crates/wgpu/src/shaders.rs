@@ -30,6 +30,7 @@ const EMBEDDED: &[(&str, &str)] = &[
     ("paged_attention", include_str!("../../../shaders/paged_attention.wgsl")),
     ("argmax", include_str!("../../../shaders/argmax.wgsl")),
     ("moe", include_str!("../../../shaders/moe.wgsl")),
+    ("lora", include_str!("../../../shaders/lora.wgsl")),
     ("quant_block", include_str!("../../../shaders/quant_block.wgsl")),
     ("quant_int4", include_str!("../../../shaders/quant_int4.wgsl")),
     ("quant_fp8", include_str!("../../../shaders/quant_fp8.wgsl")),
@@ -147,6 +148,10 @@ pub(crate) const ARGMAX: Kernel = k("argmax", &[R, RW]);
 pub(crate) const MOE_ROUTE: Kernel = Kernel { name: "moe", entry: "moe_route", bindings: &[R, RW] };
 /// Bindings: acc (updated), y, routing weights.
 pub(crate) const MOE_ACCUMULATE: Kernel = Kernel { name: "moe", entry: "moe_accumulate", bindings: &[RW, R, R] };
+/// Bindings: x, stacked A, row slots, shrink.
+pub(crate) const LORA_SHRINK: Kernel = Kernel { name: "lora", entry: "lora_shrink", bindings: &[R, R, R, RW] };
+/// Bindings: shrink, stacked B, row slots, slot scales, y (updated).
+pub(crate) const LORA_EXPAND: Kernel = Kernel { name: "lora", entry: "lora_expand", bindings: &[R, R, R, R, RW] };
 
 /// A weight kept in a GGUF block layout: x, the blocks, out (then the bias, when given).
 pub(crate) const QUANT_MATMUL: Kernel = k("quant_matmul", &[R, R, RW]);

@@ -21,6 +21,10 @@
 //! time over ours ("vs cuBLASLt": above 1, ours is faster); `--no-cublaslt` skips it, and a
 //! missing libcublasLt.so.13 is a note on stderr, not a failure.
 //!
+//! LoRA: the segmented update (`Ops::lora`) over the q and down shapes at `--lora-m` rows
+//! (a decode's k + 1 verification rows, and up to 64) spread over `--lora-slots` adapters;
+//! torch's figure is a gathered batched matmul (gpu/kernel_lab.py).
+//!
 //! Shapes: `llama-3.2-1b`, `llama-3.1-8b` (the GPU's), `tiny` (for the CPU test of this harness).
 
 use std::time::Instant;
@@ -70,6 +74,15 @@ pub struct Args {
     /// Sampling and argmax: logit rows (the step's batch) at the shape's vocabulary.
     #[arg(long, value_delimiter = ',', default_value = "1,64")]
     sample_batch: Vec<usize>,
+    /// The segmented LoRA update (`Ops::lora`): rows in the step, spread over the slots in
+    /// turn. 2..5 are a decode's `k + 1` verification rows; empty for none.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,3,4,5,8,16,32,64")]
+    lora_m: Vec<usize>,
+    /// LoRA: adapters loaded (`--max-loras`) and their rank (`--max-lora-rank`).
+    #[arg(long, default_value_t = 4)]
+    lora_slots: usize,
+    #[arg(long, default_value_t = 16)]
+    lora_rank: usize,
     /// Only the argmax and sampling cases (gpu/tune.sh's sampler variants).
     #[arg(long)]
     only_sampling: bool,
@@ -223,6 +236,70 @@ fn gemms<B: Backend>(
                 bytes,
                 flops: 2.0 * (m * n * k) as f64,
                 spec: json!({"kind": "gemm", "m": m, "n": n, "k": k, "x_dtype": x_dtype.name()}),
+                cublaslt_us: None,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The segmented LoRA update over the q projection's and down's shapes (x as the model stores
+/// it for `dtype` weights), `m` rows spread over `--lora-slots` slots of rank `--lora-rank`.
+fn lora<B: Backend>(b: &B, s: Shape, a: &Args, dtype: DType, rows: &mut Vec<Row>) -> Result<()> {
+    let (slots, rank) = (a.lora_slots, a.lora_rank);
+    if a.lora_m.is_empty() || slots == 0 || rank == 0 {
+        return Ok(());
+    }
+    let f32_buf = |v: &[f32]| -> Result<B::Buf> {
+        let mut buf = b.alloc_f32(v.len())?;
+        b.write_f32(&mut buf, v)?;
+        Ok(buf)
+    };
+    let scales = f32_buf(&vec![2.0; slots])?;
+    for (name, out, inp) in [("q", s.heads * s.head_dim, s.hidden), ("down", s.hidden, s.inter)] {
+        let a_stack = f32_buf(&values(inp as u64, slots * rank * inp, 0.05))?;
+        let b_stack = f32_buf(&values(out as u64, slots * out * rank, 0.05))?;
+        let x_dtype = b.activation_dtype(dtype);
+        let operand = b.matmul_operand(dtype);
+        let ones = b.weight_from_f32(dtype, &vec![1.0; inp])?;
+        for &m in &a.lora_m {
+            let mut xf = b.alloc_f32(m * inp)?;
+            b.write_f32(&mut xf, &values(m as u64, m * inp, 1.0))?;
+            let mut x = b.alloc_activation(x_dtype, m * inp)?;
+            b.rms_norm(&xf, &ones, &mut x, m, inp, 1e-5)?;
+            drop(xf);
+            let ids: Vec<u32> = (0..m).map(|t| (t % slots) as u32).collect();
+            let mut idx = b.alloc_u32(m)?;
+            b.write_u32(&mut idx, &ids)?;
+            let mut shrink = b.alloc_f32(m * rank)?;
+            let mut y = b.alloc_f32(m * out)?;
+            b.write_f32(&mut y, &vec![0.0; m * out])?;
+            let args = tandem_core::lora::LoraArgs {
+                x: &x,
+                operand,
+                a: &a_stack,
+                b: &b_stack,
+                slots: &idx,
+                scales: &scales,
+                rows: m,
+                inp,
+                out,
+                max_loras: slots,
+                max_rank: rank,
+            };
+            let us = time(b, a.min_ms, || b.lora(&args, &mut shrink, &mut y))
+                .with_context(|| format!("lora {name} m={m}"))?;
+            // Each row reads its slot's factors (the slots in use read once each at best).
+            let used = m.min(slots) as f64;
+            let bytes =
+                used * (rank * (inp + out)) as f64 * 4.0 + (m * inp * x_dtype.size()) as f64 + (m * out) as f64 * 8.0;
+            rows.push(Row {
+                op: format!("lora {name}"),
+                case: format!("m={m} in={inp} out={out} slots={slots} rank={rank}"),
+                us,
+                bytes,
+                flops: 2.0 * (m * rank * (inp + out)) as f64,
+                spec: json!({"kind": "lora", "m": m, "in": inp, "out": out, "slots": slots, "rank": rank}),
                 cublaslt_us: None,
             });
         }
@@ -446,6 +523,9 @@ fn lab<B: Backend>(b: &B, a: &Args) -> Result<Vec<Row>> {
     if !a.only_attention {
         for &bs in &a.sample_batch {
             sampling(b, s, a, bs, &mut rows)?;
+        }
+        if !a.only_sampling && quant.is_none() {
+            lora(b, s, a, dtype, &mut rows)?;
         }
     }
     Ok(rows)

@@ -411,7 +411,7 @@ fn throughput_with_half_the_requests_guided_reports_the_mask_cost() {
 }
 
 /// The kernel lab runs on any backend: the reference at the tiny shape, every GEMM at each m
-/// and both attention kinds, then argmax and sampling, with floors and fractions when the
+/// and both attention kinds, then argmax and sampling, then the LoRA update, with floors and fractions when the
 /// ceilings are given; `--only-sampling` the last alone.
 #[test]
 fn kernel_lab_times_every_case() {
@@ -437,6 +437,8 @@ fn kernel_lab_times_every_case() {
         "3",
         "--sample-batch",
         "3",
+        "--lora-m",
+        "1,3",
         "--min-ms",
         "1",
         "--bandwidth-gbs",
@@ -450,7 +452,7 @@ fn kernel_lab_times_every_case() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let v = report(&out, "kernels-reference-tiny");
     let rows = v["results"].as_array().unwrap();
-    assert_eq!(rows.len(), 5 * 2 + 3 + 3, "{rows:?}");
+    assert_eq!(rows.len(), 5 * 2 + 3 + 3 + 2 * 2, "{rows:?}");
     for r in rows {
         let (us, frac) = (r["us"].as_f64().unwrap(), r["frac_of_floor"].as_f64().unwrap());
         assert!(us > 0.0 && frac > 0.0 && r["torch"]["kind"].is_string(), "{r}");
@@ -464,6 +466,12 @@ fn kernel_lab_times_every_case() {
         (rows[14]["op"].as_str(), rows[15]["op"].as_str()),
         (Some("sample top-p 0.9"), Some("sample top-k 50 top-p 0.9"))
     );
+    // The segmented LoRA update last: q then down, at each --lora-m, over 4 slots of rank 16.
+    assert_eq!(
+        rows[16]["torch"],
+        serde_json::json!({"kind": "lora", "m": 1, "in": 64, "out": 64, "slots": 4, "rank": 16})
+    );
+    assert_eq!((rows[18]["op"].as_str(), rows[19]["torch"]["m"].as_u64()), (Some("lora down"), Some(3)));
     let only = dir("kernels-sampling");
     let o = Command::new(env!("CARGO_BIN_EXE_tandem"))
         .args([

@@ -195,3 +195,12 @@ fn a_batch_naming_an_adapter_that_is_not_there_is_refused() {
     let e = m.forward(&b).unwrap_err().to_string();
     assert!(e.contains("2 adapters for 1 sequences"), "{e}");
 }
+
+#[test]
+fn the_lora_op_gives_a_row_alone_its_bits_in_a_mixed_batch() {
+    use tandem_conformance::ops::{lora_rows_alone, Lora};
+    for operand in [DType::F32, DType::BF16] {
+        let case = Lora { rows: 37, inp: 576, out: 192, max_loras: 4, max_rank: 16, operand };
+        lora_rows_alone(&RefBackend::new(), &case, 7).unwrap();
+    }
+}

@@ -64,6 +64,7 @@ fn suite_covers_every_op_with_enough_cases() {
         "moe_route",
         "moe_accumulate",
         "moe_routed",
+        "lora",
     ] {
         assert!(ops.contains(op), "no case for {op}");
     }

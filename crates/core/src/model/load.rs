@@ -233,7 +233,7 @@ impl<B: Backend> Model<B> {
                 };
                 let dtypes =
                     LoraDtypes { x: common(&x_readers, act_dtypes.x), act: common(&act_readers, act_dtypes.act) };
-                Some(LoraSlots::new(b, limits, dtypes, t, qd.max(kvd).max(d).max(inter))?)
+                Some(LoraSlots::new(b, limits, dtypes, &cfg, t)?)
             }
             None => None,
         };

@@ -70,3 +70,25 @@ fn lora_mixed_batch_f32_matches_the_reference() {
 fn lora_mixed_batch_bf16_matches_the_reference() {
     run_case(DType::BF16);
 }
+
+/// The segmented LoRA op: each row alone and the rows reversed give a row its bits in the
+/// mixed batch (slots of several ranks, rows with none), with x as it is and rounded to bf16.
+#[test]
+fn lora_op_gives_a_row_alone_its_bits_in_a_mixed_batch() {
+    use tandem_conformance::ops::{lora_rows_alone, Lora};
+    let Some(b) = common::open(Default::default()) else { return };
+    for operand in [DType::F32, DType::BF16] {
+        let case = Lora { rows: 37, inp: 576, out: 192, max_loras: 4, max_rank: 16, operand };
+        lora_rows_alone(&b, &case, 7).unwrap();
+    }
+}
+
+/// The op against the reference's host loop on the conformance suite's lora cases.
+#[test]
+fn lora_op_matches_the_reference() {
+    let Some(b) = common::open(Default::default()) else { return };
+    let mut out = Vec::new();
+    let rep = tandem_conformance::run(&b, Some("lora"), tandem_conformance::fresh_seed(), &mut out);
+    println!("{}", String::from_utf8_lossy(&out));
+    assert!(rep.passed >= 6 && rep.ok(), "{}", rep.summary());
+}
