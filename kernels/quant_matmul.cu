@@ -202,8 +202,9 @@ __device__ __forceinline__ void qm_decode(QLayout<QL_FP8>, const u8* b, int, flo
 // point as a byte (byte 4), 3 bytes of padding, then G / 2 bytes of nibbles, input 2j in the low
 // nibble of byte j and 2j + 1 in its high one. A value is (q - z) * s: the difference exact in
 // f32, one rounding in the product (int4.rs block_int4, the reference's bits). Blocks are 24, 40
-// or 72 bytes and rows whole blocks, so the scale and each unit's 16 nibble bytes (at 8 + 16 s)
-// are 8-byte aligned: they are read as 32-bit words.
+// or 72 bytes and rows whole blocks, and the weight is an allocation of its own (quant.rs hands
+// the buffer's start), so the scale and each unit's 16 nibble bytes (at 8 + 16 s) are 8-byte
+// aligned: they are read as 32-bit words.
 template <int G> struct QInt4 {
     static constexpr int elems = G, bytes = 8 + G / 2;
 };
