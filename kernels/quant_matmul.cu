@@ -1,5 +1,5 @@
-// quant_matmul.cu — matmul and embedding on weights kept in a GGUF block layout, or as FP8 e4m3
-// runs with their scales.
+// quant_matmul.cu — matmul and embedding on weights kept in a GGUF block layout, as FP8 e4m3
+// runs with their scales, or as int4 groups with their scales and zero points.
 //
 //   out[r, c] = Σ_k x[r, k] · w[c, k] (+ bias[c])   w: n rows of GGUF blocks, x [m, k] (f32|bf16|f16),
 //                                                   out f32 [m, n]
@@ -9,7 +9,8 @@
 // rows: tandem_core::quant_layout). Values are decoded in registers, 32 at a time (a "unit":
 // a whole Q8_0/Q4_0/Q4_1/Q5_0/Q5_1 block, or one of the eight 32-value sub-blocks of a
 // Q4_K/Q5_K/Q6_K super-block, or an FP8 run: its f32 scale, then 32 e4m3 bytes as the checkpoint
-// stores them, crates/core/src/fp8.rs `pack_blocks`), with crates/core/src/quant_block.rs's arithmetic (ggml's order:
+// stores them, crates/core/src/fp8.rs `pack_blocks`; or a quarter, half or whole of an int4
+// group of 128, 64 or 32, crates/core/src/int4.rs), with crates/core/src/quant_block.rs's arithmetic (ggml's order:
 // a sub-block's scale `d * sc` first, then `scale * q - dmin * m`; no FMA: NVRTC runs with
 // --fmad=false), so a decoded weight has the bits the reference decodes. Activations are not
 // quantized: x is widened to f32 and the dot is f32.
@@ -64,7 +65,7 @@ __device__ __forceinline__ void qm_scale_min_k4(const u8* sc, int j, int& s, int
 
 // Layout codes (the kernel name's suffix): block elements and bytes (QLayout), and `qm_decode`
 // of sub-block s of one block (32 values) into v, an overload per layout.
-enum { QL_Q8_0, QL_Q4_0, QL_Q4_1, QL_Q5_0, QL_Q5_1, QL_Q4_K, QL_Q5_K, QL_Q6_K, QL_FP8 };
+enum { QL_Q8_0, QL_Q4_0, QL_Q4_1, QL_Q5_0, QL_Q5_1, QL_Q4_K, QL_Q5_K, QL_Q6_K, QL_FP8, QL_INT4_G32, QL_INT4_G64, QL_INT4_G128 };
 
 template <int L> struct QLayout;
 
@@ -197,6 +198,38 @@ __device__ __forceinline__ void qm_decode(QLayout<QL_FP8>, const u8* b, int, flo
     for (int l = 0; l < 32; ++l) v[l] = bf16_bits_to_f32(f32_to_bf16_bits(qm_e4m3(b[4 + l]) * scale));
 }
 
+// Int4 groups (crates/core/src/int4.rs): per group of G inputs an f32 scale (bytes 0..4), the zero
+// point as a byte (byte 4), 3 bytes of padding, then G / 2 bytes of nibbles, input 2j in the low
+// nibble of byte j and 2j + 1 in its high one. A value is (q - z) * s: the difference exact in
+// f32, one rounding in the product (int4.rs block_int4, the reference's bits). Blocks are 24, 40
+// or 72 bytes and rows whole blocks, and the weight is an allocation of its own (quant.rs hands
+// the buffer's start), so the scale and each unit's 16 nibble bytes (at 8 + 16 s) are 8-byte
+// aligned: they are read as 32-bit words.
+template <int G> struct QInt4 {
+    static constexpr int elems = G, bytes = 8 + G / 2;
+};
+template <> struct QLayout<QL_INT4_G32> : QInt4<32> {};
+template <> struct QLayout<QL_INT4_G64> : QInt4<64> {};
+template <> struct QLayout<QL_INT4_G128> : QInt4<128> {};
+__device__ __forceinline__ void qm_decode_int4(const u8* b, int s, float* v) {
+    const float scale = __uint_as_float(*reinterpret_cast<const u32*>(b));
+    const float z = (float)b[4];
+    const u32* q = reinterpret_cast<const u32*>(b + 8 + 16 * s);
+    for (int w = 0; w < 4; ++w) {
+        const u32 word = q[w];
+        for (int i = 0; i < 8; ++i) v[8 * w + i] = ((float)((word >> (4 * i)) & 15u) - z) * scale;
+    }
+}
+__device__ __forceinline__ void qm_decode(QLayout<QL_INT4_G32>, const u8* b, int s, float* v) {
+    qm_decode_int4(b, s, v);
+}
+__device__ __forceinline__ void qm_decode(QLayout<QL_INT4_G64>, const u8* b, int s, float* v) {
+    qm_decode_int4(b, s, v);
+}
+__device__ __forceinline__ void qm_decode(QLayout<QL_INT4_G128>, const u8* b, int s, float* v) {
+    qm_decode_int4(b, s, v);
+}
+
 // Unit u of a row starting at `row`: its block's bytes and the sub-block within.
 template <int L>
 __device__ __forceinline__ void qm_decode_unit(const u8* row, int u, float* v) {
@@ -283,3 +316,6 @@ QUANT_KERNELS(q4_k, QL_Q4_K)
 QUANT_KERNELS(q5_k, QL_Q5_K)
 QUANT_KERNELS(q6_k, QL_Q6_K)
 QUANT_KERNELS(fp8, QL_FP8)
+QUANT_KERNELS(int4_g32, QL_INT4_G32)
+QUANT_KERNELS(int4_g64, QL_INT4_G64)
+QUANT_KERNELS(int4_g128, QL_INT4_G128)

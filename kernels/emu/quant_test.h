@@ -1,4 +1,5 @@
-// quant_test.h — checks kernels/quant_matmul.cu: for every GGUF layout and FP8 e4m3, the embedding kernel's
+// quant_test.h — checks kernels/quant_matmul.cu: for every GGUF layout, FP8 e4m3 and int4 groups
+// of 32, 64 and 128, the embedding kernel's
 // rows equal a host decode of the same random blocks bitwise (the host decode is written here
 // per element, as ggml-quants.c's dequantize_row_* index it, not per unit as the kernel does),
 // the matmul against a double-precision dot of those values (NMSE), with and without a bias,
@@ -28,7 +29,8 @@ inline const std::vector<Layout>& layouts() {
         {"q4_1", QL_Q4_1, 32, 20, {0, 2}},       {"q5_0", QL_Q5_0, 32, 22, {0}},
         {"q5_1", QL_Q5_1, 32, 24, {0, 2}},       {"q4_k", QL_Q4_K, 256, 144, {0, 2}},
         {"q5_k", QL_Q5_K, 256, 176, {0, 2}},     {"q6_k", QL_Q6_K, 256, 210, {208}},
-        {"fp8", QL_FP8, 32, 36, {}},
+        {"fp8", QL_FP8, 32, 36, {}},             {"int4_g32", QL_INT4_G32, 32, 24, {}},
+        {"int4_g64", QL_INT4_G64, 64, 40, {}},   {"int4_g128", QL_INT4_G128, 128, 72, {}},
     };
     return all;
 }
@@ -58,6 +60,15 @@ inline std::vector<uint8_t> random_rows(const Layout& L, int rows, int cols, uin
             std::memcpy(&b[blk], &s, 4);
             for (int i = 4; i < 36; ++i)
                 if ((b[blk + i] & 0x7f) == 0x7f) b[blk + i] -= 1;
+        }
+    if (L.code == QL_INT4_G32 || L.code == QL_INT4_G64 || L.code == QL_INT4_G128)
+        // a small positive f32 scale, a zero point in 0..=16 (GPTQ's stored-minus-one zeros
+        // reach 16), three bytes of padding
+        for (size_t blk = 0; blk < b.size(); blk += L.bytes) {
+            const float s = std::ldexp(1.0f + (float)(next(seed) % 1024) / 1024.0f, -10);
+            std::memcpy(&b[blk], &s, 4);
+            b[blk + 4] = (uint8_t)(next(seed) % 17);
+            b[blk + 5] = b[blk + 6] = b[blk + 7] = 0;
         }
     return b;
 }
@@ -110,6 +121,14 @@ inline float host_value(const Layout& L, const uint8_t* b, int e) {
             std::memcpy(&r, &u, 4);
             return r;
         }
+        case QL_INT4_G32:
+        case QL_INT4_G64:
+        case QL_INT4_G128: {  // (q - z) * s, q the low (e even) or high nibble of byte 8 + e / 2
+            float scale;
+            std::memcpy(&scale, b, 4);
+            const int q = (b[8 + e / 2] >> (4 * (e % 2))) & 15;
+            return (float)(q - (int)b[4]) * scale;
+        }
         default: {  // Q6_K
             const int h = e / 128, s = (e / 32) % 4, l = e % 32;
             const int low = (b[h * 64 + (s % 2) * 32 + l] >> (4 * (s / 2))) & 15;
@@ -131,13 +150,15 @@ using EmbedFn = void (*)(const u8*, const u32*, float*, int, int, int);
 
 inline MatmulFn matmul_of(int code) {
     const MatmulFn f[] = {quant_matmul_q8_0, quant_matmul_q4_0, quant_matmul_q4_1, quant_matmul_q5_0,
-                          quant_matmul_q5_1, quant_matmul_q4_k, quant_matmul_q5_k, quant_matmul_q6_k, quant_matmul_fp8};
+                          quant_matmul_q5_1, quant_matmul_q4_k, quant_matmul_q5_k, quant_matmul_q6_k, quant_matmul_fp8,
+                          quant_matmul_int4_g32, quant_matmul_int4_g64, quant_matmul_int4_g128};
     return f[code];
 }
 inline EmbedFn embed_of(int code) {
     const EmbedFn f[] = {quant_embedding_q8_0, quant_embedding_q4_0, quant_embedding_q4_1, quant_embedding_q5_0,
                          quant_embedding_q5_1, quant_embedding_q4_k, quant_embedding_q5_k, quant_embedding_q6_k,
-                         quant_embedding_fp8};
+                         quant_embedding_fp8,   quant_embedding_int4_g32, quant_embedding_int4_g64,
+                         quant_embedding_int4_g128};
     return f[code];
 }
 

@@ -23,7 +23,8 @@ use crate::test::{run_echoed, Tally};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Run crates/cuda's GPU-only tests (gpu_invariance, graphs, launches, staging, moe, quant, fp8) on it.
+    /// Run crates/cuda's GPU-only tests (gpu_invariance, graphs, launches, staging, moe, quant, fp8,
+    /// int4) on it.
     #[arg(long)]
     tests: bool,
     /// Run the group `cargo xtask test` runs on it.
@@ -189,7 +190,17 @@ pub fn cuda_tests(root: &Path, env: &FakeEnv) -> Result<Tally> {
         (
             "crates/cuda GPU-only tests",
             None,
-            &["gpu_invariance::", "graphs::", "launches::", "staging::", "moe::", "quant::", "fp8::", "cublaslt::"],
+            &[
+                "gpu_invariance::",
+                "graphs::",
+                "launches::",
+                "staging::",
+                "moe::",
+                "quant::",
+                "fp8::",
+                "int4::",
+                "cublaslt::",
+            ],
         ),
         ("crates/cuda batch invariance, block order seed 2", Some("2"), &["gpu_invariance::"]),
         ("crates/cuda batch invariance, block order seed 3", Some("3"), &["gpu_invariance::"]),

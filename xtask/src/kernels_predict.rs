@@ -15,7 +15,7 @@ use crate::perf_calibration::{
 };
 use crate::perf_cases::{
     attention_decode, attention_prefill, gemm, moe, quant_gemv, quant_weight_bytes, sampler, tile_named, AttnShape,
-    AttnVariant, GEMMA3_1B, LLAMA_1B, LLAMA_8B, Q4_K, Q8_0,
+    AttnVariant, GEMMA3_1B, INT4_G128, LLAMA_1B, LLAMA_8B, Q4_K, Q8_0,
 };
 use crate::perf_model::{predict, Launch, Params, Prediction, H200};
 use crate::perf_timings::load;
@@ -78,6 +78,17 @@ pub fn untimed(params: &Params) -> Vec<Row> {
                 let case = format!("{op} m={m} n={n} k={k} floor={floor:.1}us");
                 rows.push(row("quant", &format!("quant_matmul_{}", q.0), case, &l, params, Some(&d)));
             }
+        }
+    }
+    // Int4 groups of 128 (AWQ, GPTQ) at decode: m = 1 and the verification widths k + 1 of 2
+    // and 4 drafts (the kernel lab's `--quant-gemv` rows), beside the bf16 GEMM at the same m.
+    for &(op, n, k) in LAB_GEMMS.iter().filter(|g| g.0 != "lm_head") {
+        for m in [1, 3, 5] {
+            let l = quant_gemv(INT4_G128, m, n, k);
+            let d = gemm(&tile(default_tile(m)), m, n, k, op == "o");
+            let floor = quant_weight_bytes(INT4_G128, n, k) / (H200.copy_gbs * 1e3);
+            let case = format!("{op} m={m} n={n} k={k} floor={floor:.1}us");
+            rows.push(row("quant", "quant_matmul_int4_g128", case, &l, params, Some(&d)));
         }
     }
     // Attention: tc_deep's decodes and tc_shared's prefills beside tc; tc at head_dim 128
@@ -354,6 +365,7 @@ mod tests {
             "sample_multi",
             "quant_matmul_q4_k",
             "quant_matmul_q8_0",
+            "quant_matmul_int4_g128",
         ] {
             assert!(rows.iter().any(|r| r.variant == v), "{v} has no prediction");
         }

@@ -417,10 +417,13 @@ pub fn moe(tokens: usize, experts: usize, top_k: usize, hidden: usize, inter: us
     (grouped(2 * inter, hidden), grouped(hidden, inter))
 }
 
-/// A GGUF block layout as the quant kernel sees it: (name, values a block, bytes a block).
+/// A kept block layout as the quant kernel sees it: (name, values a block, bytes a block).
 pub type QuantBlocks = (&'static str, usize, usize);
 pub const Q4_K: QuantBlocks = ("q4_k", 256, 144);
 pub const Q8_0: QuantBlocks = ("q8_0", 32, 34);
+/// Int4 in groups of 128 (AWQ's and GPTQ's usual group): an f32 scale, a zero byte, 3 bytes of
+/// padding and 64 bytes of nibbles (tandem_core::int4).
+pub const INT4_G128: QuantBlocks = ("int4_g128", 128, 72);
 
 /// crates/cuda/src/quant.rs' grid: output columns (a warp each) and x rows a block.
 const QM_WARPS: usize = 4;
@@ -437,7 +440,7 @@ pub fn quant_weight_bytes(q: QuantBlocks, n: usize, k: usize) -> f64 {
 /// A SIMT kernel: its "mmas" are a lane's element-steps (k / 32 a warp, four warps a block),
 /// each about 6 instructions to decode the weight value plus 4 a row of x (load, widen,
 /// multiply, add: --fmad=false). Registers: ptxas 13.0 for sm_90 on kernels/quant_matmul.cu
-/// (2026-12-07: 64 for q4_k and q8_0, no spills).
+/// (2026-12-07: 64 for q4_k, q8_0 and the int4 groups, no spills).
 pub fn quant_gemv(q: QuantBlocks, m: usize, n: usize, k: usize) -> Launch {
     let rows = m.min(QM_ROWS);
     let row_blocks = m.div_ceil(QM_ROWS);

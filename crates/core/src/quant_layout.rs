@@ -53,7 +53,8 @@ const REFERENCE: &str = "reference";
 /// The wgpu backend's name: its kernels read the GGUF blocks (shaders/quant_block.wgsl) and
 /// int4 groups (shaders/quant_int4.wgsl) and FP8 runs (shaders/quant_fp8.wgsl).
 const WGPU: &str = "wgpu";
-/// The CUDA backend's name: kernels/quant_matmul.cu runs every GGUF block layout and FP8.
+/// The CUDA backend's name: kernels/quant_matmul.cu runs every GGUF block layout, FP8 and int4
+/// groups of [`QuantLayout::INT4_GROUPS_CUDA`] (a kernel a group size).
 const CUDA: &str = "cuda";
 
 impl QuantLayout {
@@ -68,6 +69,10 @@ impl QuantLayout {
         QuantLayout::Q5K,
         QuantLayout::Q6K,
     ];
+
+    /// The int4 group sizes the CUDA backend has kernels for (kernels/quant_matmul.cu
+    /// `quant_matmul_int4_g*`): what AWQ and GPTQ checkpoints use.
+    pub const INT4_GROUPS_CUDA: [usize; 3] = [32, 64, 128];
 
     /// The layout of ggml type id `id` (GGUF's tensor directory), for the ids kept quantized.
     pub fn from_ggml_id(id: u32) -> Option<Self> {
@@ -139,6 +144,7 @@ impl QuantLayout {
             | QuantLayout::Q5K
             | QuantLayout::Q6K => &[REFERENCE, WGPU, CUDA],
             QuantLayout::Fp8E4m3(_) => &[REFERENCE, WGPU, CUDA],
+            QuantLayout::Int4Group { group } if Self::INT4_GROUPS_CUDA.contains(&group) => &[REFERENCE, WGPU, CUDA],
             QuantLayout::Int4Group { .. } => &[REFERENCE, WGPU],
         }
     }
@@ -240,9 +246,13 @@ mod tests {
         let int4 = QuantLayout::Int4Group { group: 128 };
         assert!(int4.check_backend("reference", "w").is_ok());
         let e = int4.check_backend("metal", "w").unwrap_err().to_string();
-        assert!(e.contains("int4 (groups of 128)") && e.contains("runs on: reference, wgpu"), "{e}");
-        let e = int4.check_backend("cuda", "w").unwrap_err().to_string();
-        assert!(e.contains("cuda backend does not run") && e.contains("runs on: reference, wgpu"), "{e}");
+        assert!(e.contains("int4 (groups of 128)") && e.contains("runs on: reference, wgpu, cuda"), "{e}");
+        for group in [32, 64, 128] {
+            assert!(QuantLayout::Int4Group { group }.check_backend("cuda", "w").is_ok(), "groups of {group}");
+        }
+        let e = QuantLayout::Int4Group { group: 256 }.check_backend("cuda", "w").unwrap_err().to_string();
+        assert!(e.contains("int4 (groups of 256)") && e.contains("cuda backend does not run"), "{e}");
+        assert!(e.ends_with("runs on: reference, wgpu)"), "{e}");
         for backend in ["reference", "wgpu", "cuda"] {
             assert!(QuantLayout::Fp8E4m3(Fp8Scales::Tensor).check_backend(backend, "w").is_ok(), "FP8 on {backend}");
         }

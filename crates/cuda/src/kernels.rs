@@ -67,7 +67,7 @@ pub(crate) struct Kernels<F> {
     pub(crate) logit_restore: Kernel<F>,
     pub(crate) logprobs: Kernel<F>,
     /// kernels/quant_matmul.cu, by [`crate::quant::quant_index`] (QuantLayout::GGUF's order,
-    /// then FP8).
+    /// then FP8, then int4 groups of 32, 64 and 128).
     pub(crate) quant_matmul: [Kernel<F>; QUANT_KINDS],
     pub(crate) quant_embedding: [Kernel<F>; QUANT_KINDS],
 }
@@ -177,11 +177,12 @@ impl<F> Kernels<F> {
     }
 }
 
-/// How many layouts kernels/quant_matmul.cu runs: the GGUF blocks and FP8 e4m3.
-pub(crate) const QUANT_KINDS: usize = 9;
+/// How many layouts kernels/quant_matmul.cu runs: the GGUF blocks, FP8 e4m3 and int4 groups of
+/// 32, 64 and 128.
+pub(crate) const QUANT_KINDS: usize = 12;
 
-/// kernels/quant_matmul.cu's kernels, in QuantLayout::GGUF's order then FP8 (quant.rs
-/// `QUANT_SUFFIXES`).
+/// kernels/quant_matmul.cu's kernels, in QuantLayout::GGUF's order, then FP8, then int4 by
+/// group (quant.rs `QUANT_SUFFIXES`).
 const QUANT_MATMUL: [&str; QUANT_KINDS] = [
     "quant_matmul_q8_0",
     "quant_matmul_q4_0",
@@ -192,6 +193,9 @@ const QUANT_MATMUL: [&str; QUANT_KINDS] = [
     "quant_matmul_q5_k",
     "quant_matmul_q6_k",
     "quant_matmul_fp8",
+    "quant_matmul_int4_g32",
+    "quant_matmul_int4_g64",
+    "quant_matmul_int4_g128",
 ];
 const QUANT_EMBEDDING: [&str; QUANT_KINDS] = [
     "quant_embedding_q8_0",
@@ -203,6 +207,9 @@ const QUANT_EMBEDDING: [&str; QUANT_KINDS] = [
     "quant_embedding_q5_k",
     "quant_embedding_q6_k",
     "quant_embedding_fp8",
+    "quant_embedding_int4_g32",
+    "quant_embedding_int4_g64",
+    "quant_embedding_int4_g128",
 ];
 
 /// The kernels of `names`, each found by `k`.
@@ -331,7 +338,7 @@ mod tests {
         let names = kernel_names();
         let unique: std::collections::BTreeSet<_> = names.iter().collect();
         assert_eq!(unique.len(), names.len(), "{names:?}");
-        assert_eq!(names.len(), 106); // 4 segmented LoRA (shrink by x's type, expand) + 18 quant (matmul and embedding, 8 GGUF layouts and FP8) + 50 + 11 routed-MoE + 6 decode GEMM + 2 m128_w64 + 8 sampler/argmax + 2 tc_deep and 2 tc_shared attention variants + gelu_tanh_mul and scale (Gemma 3) + tc attention at head_dim 256
+        assert_eq!(names.len(), 112); // 4 segmented LoRA (shrink by x's type, expand) + 24 quant (matmul and embedding, 8 GGUF layouts, FP8 and int4 groups of 32, 64, 128) + 50 + 11 routed-MoE + 6 decode GEMM + 2 m128_w64 + 8 sampler/argmax + 2 tc_deep and 2 tc_shared attention variants + gelu_tanh_mul and scale (Gemma 3) + tc attention at head_dim 256
         let k = Kernels::<&'static str>::resolve(Ok).unwrap();
         assert_eq!(k.embedding.map(|x| x.f), ["embedding_f32", "embedding_bf16", "embedding_f16"]);
         assert_eq!(

@@ -1,6 +1,7 @@
 //! The launchers of kernels/quant_matmul.cu: a matmul and an embedding on a weight kept in a
-//! GGUF block layout or as FP8 e4m3 runs with their scales (`tandem_core::quant_layout`), its
-//! bytes on the device as the loader keeps them. Such a buffer is [`Elem::Quant`], its length counted in bytes; [`CudaBackend::gemm`]
+//! GGUF block layout, as FP8 e4m3 runs with their scales or as int4 groups with their scales
+//! and zero points (`tandem_core::quant_layout`), its bytes on the device as the loader keeps
+//! them. Such a buffer is [`Elem::Quant`], its length counted in bytes; [`CudaBackend::gemm`]
 //! and the embedding hand it here. Only the plain epilogue (out f32, optional bias) exists for
 //! it: the model fuses q/k/v and gate/up only for 16-bit weights (`fuse_qkv` gives none for a
 //! quantized one), so a quantized layer runs plain matmuls.
@@ -24,16 +25,20 @@ pub(crate) const QM_WARPS: usize = 4;
 pub(crate) const QM_ROWS: usize = 8;
 
 #[cfg(test)]
-/// The kernels' suffixes, in [`QuantLayout::GGUF`]'s order then FP8 (the index of
-/// [`quant_index`]).
+/// The kernels' suffixes, in [`QuantLayout::GGUF`]'s order, then FP8, then int4 by group (the
+/// index of [`quant_index`]).
 pub(crate) const QUANT_SUFFIXES: [&str; crate::kernels::QUANT_KINDS] =
-    ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "fp8"];
+    ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "fp8", "int4_g32", "int4_g64", "int4_g128"];
 
 /// Where `layout`'s kernels are in [`crate::kernels::Kernels`]' quant arrays; None for a layout
-/// CUDA does not run kept quantized (int4).
+/// CUDA does not run kept quantized (int4 groups other than
+/// [`QuantLayout::INT4_GROUPS_CUDA`]).
 pub(crate) fn quant_index(layout: QuantLayout) -> Option<usize> {
     match layout {
         QuantLayout::Fp8E4m3(_) => Some(QuantLayout::GGUF.len()),
+        QuantLayout::Int4Group { group } => {
+            QuantLayout::INT4_GROUPS_CUDA.iter().position(|&g| g == group).map(|i| QuantLayout::GGUF.len() + 1 + i)
+        }
         _ => QuantLayout::GGUF.iter().position(|&l| l == layout),
     }
 }
@@ -153,7 +158,8 @@ impl CudaBackend {
 mod tests {
     use super::*;
 
-    /// The suffixes follow QuantLayout::GGUF (the kernels' names are built from them), and the
+    /// The suffixes follow QuantLayout::GGUF, then FP8 and int4 by group (the kernels' names are
+    /// built from them), exactly the int4 groups the layout table lists for cuda, and the
     /// kernel's tile constants match.
     #[test]
     fn suffixes_follow_the_gguf_order() {
@@ -166,6 +172,18 @@ mod tests {
         assert!(src.contains(&format!("#define QM_ROWS {QM_ROWS}\n")));
         let fp8 = quant_index(QuantLayout::Fp8E4m3(tandem_core::quant_layout::Fp8Scales::Block));
         assert_eq!(fp8.map(|i| QUANT_SUFFIXES[i]), Some("fp8"));
-        assert_eq!(quant_index(QuantLayout::Int4Group { group: 128 }), None);
+        for group in QuantLayout::INT4_GROUPS_CUDA {
+            let i = quant_index(QuantLayout::Int4Group { group });
+            assert_eq!(i.map(|i| QUANT_SUFFIXES[i]), Some(format!("int4_g{group}").as_str()));
+            assert!(QuantLayout::Int4Group { group }.backends().contains(&"cuda"), "{group}");
+            // The kernel's block size is the layout's.
+            let bytes = QuantLayout::Int4Group { group }.block_bytes();
+            assert!(src.contains(&format!("template <> struct QLayout<QL_INT4_G{group}> : QInt4<{group}> {{}};")));
+            assert_eq!(bytes, 8 + group / 2);
+        }
+        for group in [8, 16, 256] {
+            assert_eq!(quant_index(QuantLayout::Int4Group { group }), None, "{group}");
+            assert!(!QuantLayout::Int4Group { group }.backends().contains(&"cuda"), "{group}");
+        }
     }
 }

@@ -25,6 +25,13 @@
 //! (a decode's k + 1 verification rows, and up to 64) spread over `--lora-slots` adapters;
 //! torch's figure is a gathered batched matmul (gpu/kernel_lab.py).
 //!
+//! Quantized decode GEMVs: each layer GEMM (q/k/v, o, gate/up, down; checkpoints keep the
+//! lm_head in 16 bits) on weights kept in each `--quant-gemv` layout (default int4 in groups of
+//! 128, AWQ's and GPTQ's usual group; random blocks, x as the model stores it) at m = 1 and at
+//! each verification width `k + 1` of `--verify-k`, the floor counting the blocks' bytes;
+//! torch times the bf16 GEMM of the same shape beside it. A GEMM whose k is not whole blocks
+//! of the layout is left out with a note.
+//!
 //! Shapes: `llama-3.2-1b`, `llama-3.1-8b` (the GPU's), `tiny` (for the CPU test of this harness).
 
 use std::time::Instant;
@@ -89,10 +96,15 @@ pub struct Args {
     /// Only the attention cases (gpu/tune.sh's attention variants: decode and prefill).
     #[arg(long, conflicts_with = "only_sampling")]
     only_attention: bool,
-    /// Weight dtype of the GEMMs: bf16, f16, f32, or a GGUF layout the weights are kept in
-    /// (q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k: random blocks; x in f32).
+    /// Weight dtype of the GEMMs: bf16, f16, f32, or a layout the weights are kept in (q8_0,
+    /// q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k, int4_g32, int4_g64, int4_g128: random blocks;
+    /// x in f32).
     #[arg(long, default_value = "bf16")]
     dtype: String,
+    /// Quantized decode GEMVs: the layouts (as `--dtype` names them) whose layer GEMMs are
+    /// timed at m = 1 and each `--verify-k` + 1; empty for none.
+    #[arg(long, value_delimiter = ',', default_value = "int4_g128")]
+    quant_gemv: Vec<String>,
     /// Time each case for at least this long.
     #[arg(long, default_value_t = 200.0)]
     min_ms: f64,
@@ -129,6 +141,21 @@ fn shape(name: &str) -> Result<Shape> {
         "tiny" => Shape { hidden: 64, inter: 160, heads: 4, kv_heads: 2, head_dim: 16, vocab: 384 },
         _ => bail!("--shape {name}: known shapes are llama-3.2-1b, llama-3.1-8b, gemma-3-1b, tiny"),
     })
+}
+
+/// The layout `--dtype` and `--quant-gemv` call `name`: a GGUF layout's lower-case name, or
+/// `int4_g<group>` for the int4 groups CUDA runs.
+fn layout_named(name: &str) -> Option<QuantLayout> {
+    let int4 = QuantLayout::INT4_GROUPS_CUDA.map(|group| QuantLayout::Int4Group { group });
+    QuantLayout::GGUF.into_iter().chain(int4).find(|&l| lab_name(l) == name)
+}
+
+/// What [`layout_named`] reads.
+fn lab_name(l: QuantLayout) -> String {
+    match l {
+        QuantLayout::Int4Group { group } => format!("int4_g{group}"),
+        l => l.name().to_lowercase(),
+    }
 }
 
 /// One timed case.
@@ -456,15 +483,62 @@ fn sampling<B: Backend>(b: &B, s: Shape, a: &Args, batch: usize, rows: &mut Vec<
     Ok(())
 }
 
-/// The GEMMs' weight type and GGUF layout (`--dtype`).
+/// The layer GEMMs on weights kept in `layout` at m = 1 and each verification width, x in the
+/// backend's activation type for a 16-bit model (f32 for o's input, as [`gemms`] has it).
+fn quant_gemvs<B: Backend>(b: &B, s: Shape, a: &Args, layout: QuantLayout, rows: &mut Vec<Row>) -> Result<()> {
+    let kv = s.kv_heads * s.head_dim;
+    let list = [
+        ("qkv", s.hidden + 2 * kv, s.hidden),
+        ("o", s.hidden, s.hidden),
+        ("gate_up", 2 * s.inter, s.hidden),
+        ("down", s.hidden, s.inter),
+    ];
+    let mut ms = vec![1];
+    ms.extend(a.verify_k.iter().map(|k| k + 1));
+    let name = lab_name(layout);
+    for (op, n, k) in list {
+        let Ok(row_bytes) = layout.row_bytes(k) else {
+            eprintln!("kernel lab: {op} (k = {k}) is not whole {name} blocks: its quantized GEMV is left out");
+            continue;
+        };
+        let w = quant_weight(b, layout, n, k)?;
+        let x_dtype = if op == "o" { DType::F32 } else { b.activation_dtype(DType::BF16) };
+        let ones = b.weight_from_f32(DType::BF16, &vec![1.0; k])?;
+        for &m in &ms {
+            let mut xf = b.alloc_f32(m * k)?;
+            b.write_f32(&mut xf, &values(m as u64, m * k, 1.0))?;
+            let mut x = b.alloc_activation(x_dtype, m * k)?;
+            b.rms_norm(&xf, &ones, &mut x, m, k, 1e-5)?;
+            drop(xf);
+            let mut out = b.alloc_f32(m * n)?;
+            let us = time(b, a.min_ms, || b.matmul(&x, &w, None, &mut out, m, n, k))
+                .with_context(|| format!("{op} {name} m={m}"))?;
+            rows.push(Row {
+                op: format!("gemv {op} {name}"),
+                case: format!("m={m} n={n} k={k}"),
+                us,
+                bytes: (n * row_bytes) as f64 + (m * k * x_dtype.size()) as f64 + (m * n) as f64 * 4.0,
+                flops: 2.0 * (m * n * k) as f64,
+                spec: json!({"kind": "gemm", "m": m, "n": n, "k": k, "x_dtype": x_dtype.name(), "weights": name}),
+                cublaslt_us: None,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The GEMMs' weight type and kept layout (`--dtype`).
 fn gemm_dtype(a: &Args) -> Result<(DType, Option<QuantLayout>)> {
-    let quant = QuantLayout::GGUF.into_iter().find(|l| l.name().to_lowercase() == a.dtype);
+    let quant = layout_named(&a.dtype);
     let dtype = match a.dtype.as_str() {
         "bf16" => DType::BF16,
         "f16" => DType::F16,
         "f32" => DType::F32,
         _ if quant.is_some() => DType::F32,
-        d => bail!("--dtype {d}: bf16, f16, f32 or a GGUF layout (q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k)"),
+        d => bail!(
+            "--dtype {d}: bf16, f16, f32 or a kept layout (q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k, \
+             int4_g32, int4_g64, int4_g128)"
+        ),
     };
     Ok((dtype, quant))
 }
@@ -503,6 +577,12 @@ fn lab<B: Backend>(b: &B, a: &Args) -> Result<Vec<Row>> {
     if !a.only_sampling {
         if !a.only_attention {
             gemms(b, s, a, dtype, quant, &mut rows)?;
+            for name in a.quant_gemv.iter().filter(|n| !n.is_empty()) {
+                let layout = layout_named(name).with_context(|| {
+                    format!("--quant-gemv {name}: a kept layout (q8_0 ... q6_k, int4_g32, int4_g64, int4_g128)")
+                })?;
+                quant_gemvs(b, s, a, layout, &mut rows)?;
+            }
         }
         for &bs in &a.attn_batch {
             for &ctx in &a.attn_context {

@@ -533,3 +533,72 @@ fn kernel_lab_times_every_case() {
         .unwrap();
     assert!(!bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("known shapes"));
 }
+
+/// The kernel lab's quantized decode GEMVs: each layer GEMM on int4 weights at m = 1 and the
+/// verification width k + 1, the bytes those of the kept blocks; a layout the shape's k is not
+/// whole blocks of (groups of 128 at the tiny shape's k of 64) is left out, saying so.
+#[test]
+fn kernel_lab_times_quantized_gemvs() {
+    let out = dir("kernels-quant");
+    let o = Command::new(env!("CARGO_BIN_EXE_tandem"))
+        .args([
+            "bench",
+            "kernels",
+            "--backend",
+            "reference",
+            "--shape",
+            "tiny",
+            "--m",
+            "1",
+            "--attn-batch",
+            "1",
+            "--attn-context",
+            "16",
+            "--attn-prefill",
+            "16",
+            "--verify-batch",
+            "1",
+            "--verify-k",
+            "3",
+            "--sample-batch",
+            "1",
+            "--quant-gemv",
+            "int4_g32,int4_g128",
+            "--min-ms",
+            "1",
+            "--output-dir",
+            out.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{stderr}");
+    assert!(stderr.contains("qkv (k = 64) is not whole int4_g128 blocks"), "{stderr}");
+    let v = report(&out, "kernels-reference-tiny");
+    let rows: Vec<&serde_json::Value> =
+        v["results"].as_array().unwrap().iter().filter(|r| r["op"].as_str().unwrap().starts_with("gemv")).collect();
+    let cases: Vec<(&str, &str)> =
+        rows.iter().map(|r| (r["op"].as_str().unwrap(), r["case"].as_str().unwrap())).collect();
+    assert_eq!(
+        cases,
+        [
+            ("gemv qkv int4_g32", "m=1 n=128 k=64"),
+            ("gemv qkv int4_g32", "m=4 n=128 k=64"),
+            ("gemv o int4_g32", "m=1 n=64 k=64"),
+            ("gemv o int4_g32", "m=4 n=64 k=64"),
+            ("gemv gate_up int4_g32", "m=1 n=320 k=64"),
+            ("gemv gate_up int4_g32", "m=4 n=320 k=64"),
+            ("gemv down int4_g32", "m=1 n=64 k=160"),
+            ("gemv down int4_g32", "m=4 n=64 k=160"),
+        ]
+    );
+    // qkv at m = 1: 128 rows of 2 blocks of 24 bytes, x and out in f32 on the reference.
+    assert_eq!(rows[0]["bytes"].as_f64(), Some((128 * 2 * 24 + 64 * 4 + 128 * 4) as f64), "{}", rows[0]);
+    assert_eq!(rows[0]["torch"]["weights"], "int4_g32");
+    assert!(rows.iter().all(|r| r["us"].as_f64().unwrap() > 0.0));
+    let bad = Command::new(env!("CARGO_BIN_EXE_tandem"))
+        .args(["bench", "kernels", "--backend", "reference", "--shape", "tiny", "--quant-gemv", "int3"])
+        .output()
+        .unwrap();
+    assert!(!bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("--quant-gemv int3"));
+}

@@ -8,6 +8,7 @@ mod emulation;
 mod fp8;
 mod gpu_invariance;
 mod graphs;
+mod int4;
 mod kernels_check;
 mod launches;
 mod moe;
