@@ -26,6 +26,7 @@ pub mod fp8_round;
 pub mod greedy;
 pub mod int4;
 pub mod kv_dtype;
+pub mod kv_scales;
 pub mod lora;
 pub mod memory;
 pub mod meta;

@@ -244,6 +244,10 @@ impl Storage for WgpuBackend {
         WgpuBackend::alloc_kv_as(self, g, dtype)
     }
 
+    fn alloc_kv_scaled(&self, g: KvGeometry, dtype: KvDtype, scale: f32) -> Result<WgpuBuf> {
+        WgpuBackend::alloc_kv_scaled(self, g, dtype, scale)
+    }
+
     fn write_f32(&self, buf: &mut WgpuBuf, data: &[f32]) -> Result<()> {
         WgpuBackend::write_f32(self, buf, data)
     }

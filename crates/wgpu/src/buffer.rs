@@ -14,9 +14,9 @@ pub enum BufKind {
     /// A weight kept in a GGUF block layout: the file's bytes as they are (rows of whole
     /// blocks, one after another); `len` counts the values they decode to.
     Quant(QuantLayout),
-    /// An fp8 KV cache: one byte an element, four a u32 word (`crate::fp8_codec`); `len`
-    /// counts elements.
-    KvFp8(Fp8Format),
+    /// An fp8 KV cache: one byte an element, four a u32 word (`crate::fp8_codec`), holding
+    /// values divided by the scale whose f32 bits follow; `len` counts elements.
+    KvFp8(Fp8Format, u32),
 }
 
 impl BufKind {
@@ -26,7 +26,7 @@ impl BufKind {
             BufKind::U32 => "u32".into(),
             BufKind::Weight(d) => format!("{} weight", d.name()),
             BufKind::Quant(q) => format!("{} weight (kept quantized)", q.name()),
-            BufKind::KvFp8(f) => format!("{} KV cache", f.name()),
+            BufKind::KvFp8(f, scale) => format!("{} KV cache (scale {})", f.name(), f32::from_bits(scale)),
         }
     }
 }

@@ -435,8 +435,8 @@ impl Prelude {
             k_binding + 1
         ));
         self.0.push_str(if write {
-            "fn k4_store(i: u32, x: vec4<f32>) { k8[i] = fp8x4_encode(x / p.k_scale); }\n\
-             fn v4_store(i: u32, x: vec4<f32>) { v8[i] = fp8x4_encode(x / p.v_scale); }\n"
+            "fn k4_store(i: u32, x: vec4<f32>) { k8[i] = fp8x4_encode(div4_rn(x, p.k_scale)); }\n\
+             fn v4_store(i: u32, x: vec4<f32>) { v8[i] = fp8x4_encode(div4_rn(x, p.v_scale)); }\n"
         } else {
             "fn k4_at(i: u32) -> vec4<f32> { return fp8x4_decode(k8[i]) * p.k_scale; }\n\
              fn v4_at(i: u32) -> vec4<f32> { return fp8x4_decode(v8[i]) * p.v_scale; }\n\

@@ -255,7 +255,7 @@ impl WgpuBackend {
         // caches; otherwise (or with TANDEM_WGPU_FUSE_ROPE=0) the projection and rope_kv_write
         // run apart (an fp8 cache is written by kv_write's encoder).
         let (wg, rt, _) = self.matmul_block(op, false, m, hidden, norm.is_some())?;
-        let fp8 = matches!(kv.k_cache.kind, BufKind::KvFp8(_));
+        let fp8 = matches!(kv.k_cache.kind, BufKind::KvFp8(..));
         if fp8 || !(self.fuse_rope && ((wg * rt) as usize).is_multiple_of(hd) && (hd / 2).is_multiple_of(wg as usize)) {
             self.qkv_proj(x, w, bias, q, k, v, m, nq, nkv, hidden, norm)?;
             return self.rope_kv_write(

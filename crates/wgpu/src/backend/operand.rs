@@ -41,7 +41,8 @@ pub(super) fn want_f32<'a>(op: &str, what: &str, b: &'a WgpuBuf, need: usize) ->
 pub(super) enum KvPair<'a> {
     Bufs(&'a wgpu::Buffer, &'a wgpu::Buffer),
     Texels(&'a wgpu::TextureView, &'a wgpu::TextureView),
-    Fp8(&'a wgpu::Buffer, &'a wgpu::Buffer, Fp8Format),
+    /// The caches, their format and the f32 bits of their scales (k, v).
+    Fp8(&'a wgpu::Buffer, &'a wgpu::Buffer, Fp8Format, [u32; 2]),
 }
 
 impl<'a> KvPair<'a> {
@@ -51,13 +52,20 @@ impl<'a> KvPair<'a> {
     /// The fp8 format of an fp8 pair.
     pub(super) fn fp8(self) -> Option<Fp8Format> {
         match self {
-            KvPair::Fp8(_, _, f) => Some(f),
+            KvPair::Fp8(_, _, f, _) => Some(f),
             _ => None,
+        }
+    }
+    /// The f32 bits of the K and V scales the kernels' params carry (1.0 but for fp8).
+    pub(super) fn scales(self) -> [u32; 2] {
+        match self {
+            KvPair::Fp8(.., s) => s,
+            _ => [1f32.to_bits(); 2],
         }
     }
     pub(super) fn binds(self) -> [Bind<'a>; 2] {
         match self {
-            KvPair::Bufs(k, v) | KvPair::Fp8(k, v, _) => [Bind::all(k), Bind::all(v)],
+            KvPair::Bufs(k, v) | KvPair::Fp8(k, v, ..) => [Bind::all(k), Bind::all(v)],
             KvPair::Texels(k, v) => [Bind::Texels(k), Bind::Texels(v)],
         }
     }
@@ -75,7 +83,7 @@ impl<'a> KvPair<'a> {
 /// textures or fp8 buffers of one format.
 pub(super) fn want_kv<'a>(op: &str, k: &'a WgpuBuf, v: &'a WgpuBuf, g: KvGeometry) -> Result<KvPair<'a>> {
     for (what, b) in [("k_cache", k), ("v_cache", v)] {
-        if !matches!(b.kind, BufKind::F32 | BufKind::KvFp8(_)) || b.len < g.layer_elems() {
+        if !matches!(b.kind, BufKind::F32 | BufKind::KvFp8(..)) || b.len < g.layer_elems() {
             return Err(err(format!(
                 "{op}: {what} must be a KV cache of {} elements (from alloc_kv), got {}",
                 g.layer_elems(),
@@ -85,7 +93,9 @@ pub(super) fn want_kv<'a>(op: &str, k: &'a WgpuBuf, v: &'a WgpuBuf, g: KvGeometr
     }
     match (&k.texels, &v.texels, k.kind, v.kind) {
         (None, None, BufKind::F32, BufKind::F32) => Ok(KvPair::Bufs(&k.buf, &v.buf)),
-        (None, None, BufKind::KvFp8(a), BufKind::KvFp8(b)) if a == b => Ok(KvPair::Fp8(&k.buf, &v.buf, a)),
+        (None, None, BufKind::KvFp8(a, ks), BufKind::KvFp8(b, vs)) if a == b => {
+            Ok(KvPair::Fp8(&k.buf, &v.buf, a, [ks, vs]))
+        }
         (Some(kt), Some(vt), BufKind::F32, BufKind::F32) => Ok(KvPair::Texels(&kt.view, &vt.view)),
         _ => Err(err(format!("{op}: k_cache and v_cache differ in kind ({} and {})", k.label(), v.label()))),
     }

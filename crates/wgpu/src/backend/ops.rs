@@ -2,7 +2,6 @@
 //! kernel dispatched after its buffers are checked on the host.
 
 use tandem_core::backend::{AttnArgs, KvGeometry};
-use tandem_core::fp8_round::KV_SCALE;
 use tandem_core::Result;
 
 use super::matmul::Out;
@@ -198,8 +197,8 @@ impl WgpuBackend {
         let kv = want_kv(op, k_cache, v_cache, g)?;
         let s_b = want_u32(op, "slots", slots, num_tokens)?;
         to_u32(op, "cache elements", g.layer_elems())?;
-        let scale = KV_SCALE.to_bits();
-        let params = [num_tokens as u32, kv_dim as u32, g.slots() as u32, scale, scale];
+        let [ks, vs] = kv.scales();
+        let params = [num_tokens as u32, kv_dim as u32, g.slots() as u32, ks, vs];
         let [kc, vc] = kv.binds();
         let binds = [Bind::all(k_b), Bind::all(v_b), kc, vc, Bind::all(s_b)];
         let prelude = kv.prelude(Prelude::new(), 3, true);
@@ -256,8 +255,8 @@ impl WgpuBackend {
             g.slots() as u32,
             a.scale.to_bits(),
             to_u32(op, "window", a.window)?,
-            KV_SCALE.to_bits(),
-            KV_SCALE.to_bits(),
+            kv.scales()[0],
+            kv.scales()[1],
         ];
         let [kc, vc] = kv.binds();
         let binds = [Bind::all(q_b), kc, vc, Bind::all(p_b), Bind::all(s_b), Bind::all(bt), Bind::all(o_b)];

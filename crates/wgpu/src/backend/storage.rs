@@ -86,9 +86,20 @@ impl WgpuBackend {
     /// buffer of one byte an element (never a texture: the kernels read it a u32 word at a
     /// time, `Prelude::kv_cache_fp8`).
     pub(super) fn alloc_kv_as(&self, g: KvGeometry, dtype: KvDtype) -> Result<WgpuBuf> {
+        self.alloc_kv_scaled(g, dtype, KV_SCALE)
+    }
+
+    /// [`WgpuBackend::alloc_kv_as`] with an fp8 cache's scale (`Storage::alloc_kv_scaled`).
+    pub(super) fn alloc_kv_scaled(&self, g: KvGeometry, dtype: KvDtype, scale: f32) -> Result<WgpuBuf> {
+        if !(scale.is_normal() && scale > 0.0) {
+            return Err(err(format!("alloc_kv: KV scale {scale} is not a positive, finite, normal number")));
+        }
         let Some(format) = dtype.fp8() else {
-            if dtype == KvDtype::F32 {
+            if dtype == KvDtype::F32 && scale == 1.0 {
                 return self.alloc_kv(g);
+            }
+            if dtype == KvDtype::F32 {
+                return Err(err(format!("alloc_kv: an f32 KV cache takes no scale ({scale})")));
             }
             return Err(err(format!(
                 "alloc_kv: a {} KV cache is not supported here (this backend stores {})",
@@ -105,7 +116,8 @@ impl WgpuBackend {
             )));
         }
         let len = g.layer_elems();
-        self.create(BufKind::KvFp8(format), len, len as u64, &format!("{} KV cache {g:?}", dtype.name()))
+        let what = format!("{} KV cache {g:?}", dtype.name());
+        self.create(BufKind::KvFp8(format, scale.to_bits()), len, len as u64, &what)
     }
 
     pub(super) fn write_f32(&self, buf: &mut WgpuBuf, data: &[f32]) -> Result<()> {
@@ -158,7 +170,7 @@ impl WgpuBackend {
             }
             BufKind::Quant(q) => self.read_quantized(buf, q, len),
             BufKind::U32 => Err(err(format!("read_f32: {} holds u32 values", buf.label()))),
-            BufKind::KvFp8(_) => Err(err(format!("read_f32: {} holds fp8 bytes (read_kv decodes it)", buf.label()))),
+            BufKind::KvFp8(..) => Err(err(format!("read_f32: {} holds fp8 bytes (read_kv decodes it)", buf.label()))),
         }
     }
 
@@ -170,9 +182,9 @@ impl WgpuBackend {
 
     pub(super) fn read_kv(&self, buf: &WgpuBuf, g: KvGeometry) -> Result<Vec<f32>> {
         want_kv("read_kv", buf, buf, g)?;
-        if let BufKind::KvFp8(f) = buf.kind {
+        if let BufKind::KvFp8(f, scale) = buf.kind {
             let bytes = self.rec.read(&buf.buf, g.layer_elems() as u64)?;
-            return Ok(bytes.iter().map(|&b| fp8_round::dequantize(f, b, KV_SCALE)).collect());
+            return Ok(bytes.iter().map(|&b| fp8_round::dequantize(f, b, f32::from_bits(scale))).collect());
         }
         self.read_f32(buf, g.layer_elems())
     }

@@ -44,9 +44,17 @@ fn inputs(rng: &mut Rng, f: Fp8Format, n: usize) -> Vec<f32> {
         .collect()
 }
 
-/// Both caches after `kv_write` of k, v at `slots` into fresh `kv` caches.
-fn write<B: Backend>(b: &B, g: KvGeometry, kv: KvDtype, k: &[f32], v: &[f32], slots: &[u32]) -> [Vec<f32>; 2] {
-    let (mut kc, mut vc) = (b.alloc_kv_as(g, kv).unwrap(), b.alloc_kv_as(g, kv).unwrap());
+/// Both caches after `kv_write` of k, v at `slots` into fresh `kv` caches scaled by `scales`.
+fn write<B: Backend>(
+    b: &B,
+    g: KvGeometry,
+    kv: KvDtype,
+    scales: [f32; 2],
+    k: &[f32],
+    v: &[f32],
+    slots: &[u32],
+) -> [Vec<f32>; 2] {
+    let (mut kc, mut vc) = (b.alloc_kv_scaled(g, kv, scales[0]).unwrap(), b.alloc_kv_scaled(g, kv, scales[1]).unwrap());
     let (mut kb, mut vb, mut sb) =
         (b.alloc_f32(k.len()).unwrap(), b.alloc_f32(v.len()).unwrap(), b.alloc_u32(slots.len()).unwrap());
     b.write_f32(&mut kb, k).unwrap();
@@ -70,12 +78,18 @@ fn kv_write_stores_the_references_bytes() {
         rng.shuffle(&mut all);
         let slots = &all[..37];
         let (k, v) = (inputs(&mut rng, f, slots.len() * row), inputs(&mut rng, f, slots.len() * row));
-        let got = write(b, g, kv, &k, &v, slots);
-        let want = write(&RefBackend::new(), g, kv, &k, &v, slots);
-        for (what, got, want) in [("k", &got[0], &want[0]), ("v", &got[1], &want[1])] {
-            let bad = got.iter().zip(want.iter()).position(|(a, b)| a.to_bits() != b.to_bits());
-            assert_eq!(bad, None, "{} {what} cache: element {bad:?} differs", kv.name());
-            assert!(got.iter().any(|x| x.abs() == f.decode(if f == Fp8Format::E4M3 { 0x7e } else { 0x7b })));
+        // Scale 1 (saturated values appear as they are), then scales as checkpoints bring
+        // (not powers of two: the division must round as the reference's f32 `/`).
+        for scales in [[1.0, 1.0], [0.37, 3.0], [0.0123, 17.25]] {
+            let got = write(b, g, kv, scales, &k, &v, slots);
+            let want = write(&RefBackend::new(), g, kv, scales, &k, &v, slots);
+            for (what, got, want) in [("k", &got[0], &want[0]), ("v", &got[1], &want[1])] {
+                let bad = got.iter().zip(want.iter()).position(|(a, b)| a.to_bits() != b.to_bits());
+                assert_eq!(bad, None, "{} {what} cache, scales {scales:?}: element {bad:?} differs", kv.name());
+            }
+            if scales[0] == 1.0 {
+                assert!(got[0].iter().any(|x| x.abs() == f.decode(if f == Fp8Format::E4M3 { 0x7e } else { 0x7b })));
+            }
         }
     }
 }
@@ -224,6 +238,44 @@ fn fp8_greedy_tokens_are_the_same_alone_and_in_a_batch_on_wgpu() {
         match kv {
             KvDtype::F32 => assert!(representable < nonzero.len() / 2, "f32 cache: {representable} fp8 values"),
             _ => assert_eq!(representable, nonzero.len(), "every fp8 cache element is an e5m2 value"),
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A checkpoint's per-layer KV scales on wgpu: every cached value is a fixed point of the fp8
+/// rounding with its own layer's scale.
+#[test]
+fn checkpoint_kv_scales_scale_the_fp8_cache_on_wgpu() {
+    let dir = std::env::temp_dir().join(format!("tandem-wgpu-kvfp8-scales-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    write_random_model(&dir, Shape::Tiny, 11, DType::F32).unwrap();
+    let Some(b) = common::open(Default::default()) else { return };
+    let layers = tandem_core::ModelConfig::from_file(&dir.join("config.json")).unwrap().num_hidden_layers;
+    let scales: Vec<[f32; 2]> = (0..layers).map(|i| [0.037 * (i + 1) as f32, 0.011 + 0.3 * i as f32]).collect();
+    tandem_model_files::fp8::add_kv_scales(&dir, &scales).unwrap();
+    let opts = LoadOptions {
+        max_batch_tokens: 64,
+        max_seqs: 4,
+        num_kv_blocks: 8,
+        block_size: 16,
+        kv_dtype: Some(KvDtype::Fp8E4m3),
+        ..Default::default()
+    };
+    let mut m = Model::load(b, &dir, opts).unwrap();
+    tandem_core::greedy::generate(&mut m, &(1..30).collect::<Vec<u32>>(), 1, &[], false, |_| {}).unwrap();
+    let pool = m.read_kv_pool().unwrap();
+    let per = pool.len() / (2 * layers);
+    let f = Fp8Format::E4M3;
+    let fixed =
+        |v: f32, s: f32| tandem_core::fp8_round::dequantize(f, tandem_core::fp8_round::quantize(f, v, s), s) == v;
+    for (l, [ks, vs]) in scales.iter().enumerate() {
+        for (c, s) in [(0, ks), (1, vs)] {
+            let nonzero: Vec<f32> = pool[(2 * l + c) * per..][..per].iter().copied().filter(|v| *v != 0.0).collect();
+            assert!(nonzero.len() > 50, "layer {l}: {} values", nonzero.len());
+            assert!(nonzero.iter().all(|&v| fixed(v, *s)), "layer {l} cache {c}: not scaled by {s}");
+            let unscaled = nonzero.iter().filter(|&&v| fixed(v, 1.0)).count();
+            assert!(unscaled < nonzero.len() / 2, "layer {l} cache {c}: {unscaled} values as if unscaled");
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
