@@ -3,13 +3,17 @@
 //   (= [num_blocks, block_size, kv_heads, head_dim]); slots u32 [T].
 // One invocation per element of k; a slot past the cache is skipped (validated on the host).
 // kv_write_t (entry point): the same into caches kept in textures, one invocation per vec4 of
-// k (the prelude's k4_store / v4_store, Prelude::kv_cache; kv_dim % 4 == 0).
+// k (the prelude's k4_store / v4_store, Prelude::kv_cache; kv_dim % 4 == 0); also the entry
+// point of an fp8 cache (Prelude::kv_cache_fp8: a vec4 is one u32 word, divided by the scale and
+// rounded to fp8).
 // Check: cargo test -p tandem-wgpu --test ops -- kv_write
 
 struct Params {
     num_tokens: u32,
     kv_dim: u32,     // kv_heads * head_dim
     num_slots: u32,
+    k_scale: f32,    // an fp8 cache's scales (the prelude's k4_store); 1.0 otherwise
+    v_scale: f32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;

@@ -13,7 +13,8 @@
 // dimensions li, li + 64, ..., folds the tile into its running (max, sum, acc) with the online
 // softmax. Two barriers per tile of 64 keys. head_dim <= 256.
 // Both kernels read the caches through the prelude's k_at / v_at / k4_at / v4_at
-// (Prelude::kv_cache): the storage buffers declared here, or textures the prelude declares.
+// (Prelude::kv_cache): the storage buffers declared here, or textures the prelude declares, or
+// an fp8 cache's u32 words (Prelude::kv_cache_fp8), decoded and scaled.
 // Check: cargo test -p tandem-wgpu --test ops -- paged_attention
 
 struct Params {
@@ -27,6 +28,8 @@ struct Params {
     num_slots: u32,
     scale: f32,
     window: u32, // keys a token sees, its own included; 0: the whole context
+    k_scale: f32, // an fp8 cache's scales (the prelude's k_at / k4_at multiply by them)
+    v_scale: f32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;

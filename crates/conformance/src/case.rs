@@ -3,7 +3,7 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Duration;
 
-use tandem_core::backend::{Backend, KvGeometry};
+use tandem_core::backend::{Backend, KvDtype, KvGeometry};
 use tandem_core::DType;
 
 use crate::compare::compare;
@@ -427,7 +427,18 @@ pub fn cases() -> Vec<Case> {
         (geometry(6, 32, 4, 128), 100),
         (geometry(3, 16, 1, 64), 48), // every slot of the cache
     ] {
-        v.push(Case::new(KvWrite { geometry: g, tokens }, Spec::KvWrite));
+        v.push(Case::new(KvWrite { geometry: g, tokens, kv_dtype: None }, Spec::KvWrite));
+    }
+    // An fp8 cache (vLLM's --kv-cache-dtype fp8 / fp8_e5m2): the bytes equal the reference's,
+    // ties, saturation and subnormals among the inputs.
+    for (g, tokens, kv) in [
+        (geometry(10, 16, 2, 64), 1, KvDtype::Fp8E4m3),
+        (geometry(12, 16, 3, 128), 37, KvDtype::Fp8E4m3),
+        (geometry(3, 16, 1, 64), 48, KvDtype::Fp8E4m3),
+        (geometry(8, 32, 1, 64), 5, KvDtype::Fp8E5m2),
+        (geometry(6, 32, 4, 128), 100, KvDtype::Fp8E5m2),
+    ] {
+        v.push(Case::new(KvWrite { geometry: g, tokens, kv_dtype: Some(kv) }, Spec::KvWrite));
     }
 
     // The fused attention-input ops (wgpu: one dispatch, or the q/k/v projection's epilogue,
@@ -505,7 +516,21 @@ pub fn cases() -> Vec<Case> {
     ];
     for (block_size, kv_heads, gqa, head_dim, seqs) in attention {
         v.push(Case::new(
-            PagedAttention { block_size, kv_heads, gqa, head_dim, seqs, spare_blocks: 3, window: 0 },
+            PagedAttention { block_size, kv_heads, gqa, head_dim, seqs, spare_blocks: 3, window: 0, kv_dtype: None },
+            Spec::PagedAttention,
+        ));
+    }
+    // Over an fp8 cache: decodes (SmolLM2's heads), prefill chunks over a prefix beside a
+    // decode, head_dim 128 in e5m2, a window.
+    let fp8 = [
+        (16, 3, 3, 64, vec![d(1), d(17), d(100)], 0, KvDtype::Fp8E4m3),
+        (16, 2, 3, 64, vec![p(20, 13), p(5, 40), d(33)], 0, KvDtype::Fp8E4m3),
+        (32, 2, 4, 128, vec![d(31), p(64, 9)], 0, KvDtype::Fp8E5m2),
+        (16, 2, 3, 64, vec![d(5), d(100), p(60, 37)], 50, KvDtype::Fp8E4m3),
+    ];
+    for (block_size, kv_heads, gqa, head_dim, seqs, window, kv) in fp8 {
+        v.push(Case::new(
+            PagedAttention { block_size, kv_heads, gqa, head_dim, seqs, spare_blocks: 3, window, kv_dtype: Some(kv) },
             Spec::PagedAttention,
         ));
     }
@@ -522,7 +547,7 @@ pub fn cases() -> Vec<Case> {
     ];
     for (block_size, kv_heads, gqa, head_dim, seqs, window) in windowed {
         v.push(Case::new(
-            PagedAttention { block_size, kv_heads, gqa, head_dim, seqs, spare_blocks: 3, window },
+            PagedAttention { block_size, kv_heads, gqa, head_dim, seqs, spare_blocks: 3, window, kv_dtype: None },
             Spec::PagedAttention,
         ));
     }

@@ -389,6 +389,20 @@ pub trait Storage: Device {
         ))
     }
 
+    /// As [`Storage::alloc_kv_as`] for an fp8 `dtype` whose values are stored divided by
+    /// `scale` and read back times it (a checkpoint's per-layer `k_scale` / `v_scale`,
+    /// [`crate::kv_scales`]; `fp8_round::quantize` / `dequantize`). `scale` is positive, finite
+    /// and normal. The default takes only 1.0 (a backend that stores no scale).
+    fn alloc_kv_scaled(&self, geometry: KvGeometry, dtype: KvDtype, scale: f32) -> Result<Self::Buf> {
+        if scale == 1.0 {
+            return self.alloc_kv_as(geometry, dtype);
+        }
+        Err(Error::backend(
+            self.name(),
+            format!("alloc_kv: a {} KV cache with a scale of {scale} is not supported here", dtype.name()),
+        ))
+    }
+
     /// Host to device; `data.len()` may be shorter than the buffer.
     fn write_f32(&self, buf: &mut Self::Buf, data: &[f32]) -> Result<()>;
     fn write_u32(&self, buf: &mut Self::Buf, data: &[u32]) -> Result<()>;

@@ -7,8 +7,8 @@
 //! in f32. This file is that rounding, exactly, for the reference (the oracle) and for tests of
 //! the backends that do it in a kernel or shader.
 //!
-//! The scale is per tensor (one for K, one for V) as vLLM's; it is 1.0 unless a checkpoint
-//! brings `k_scale` / `v_scale`, and tandem reads none yet: [`KV_SCALE`].
+//! The scale is per tensor (one for K, one for V, per layer) as vLLM's: 1.0 ([`KV_SCALE`])
+//! unless a checkpoint brings `k_scale` / `v_scale` ([`crate::kv_scales`]).
 
 use crate::fp8::Fp8Format;
 

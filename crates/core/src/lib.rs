@@ -27,6 +27,7 @@ pub mod greedy;
 pub mod head_layer;
 pub mod int4;
 pub mod kv_dtype;
+pub mod kv_scales;
 pub mod lora;
 pub mod memory;
 pub mod meta;

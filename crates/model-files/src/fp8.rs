@@ -117,6 +117,40 @@ pub fn quantize_dir(dir: &Path, block: [usize; 2]) -> Result<usize> {
     Ok(count)
 }
 
+/// Gives the single-file checkpoint in `dir` per-layer fp8 KV-cache scales, as FP8 checkpoints
+/// ship them (`model.layers.{i}.self_attn.k_scale` / `v_scale`, f32 scalars; what
+/// `tandem_core::kv_scales` reads): `kv_scales.safetensors` beside `model.safetensors`, and a
+/// `model.safetensors.index.json` naming both. For tests of an fp8 KV cache with scales.
+pub fn add_kv_scales(dir: &Path, scales: &[[f32; 2]]) -> Result<()> {
+    let index = dir.join("model.safetensors.index.json");
+    if index.exists() {
+        return Err(Error::config(&index, "add_kv_scales takes a single-file checkpoint"));
+    }
+    let mut map = serde_json::Map::new();
+    for name in Weights::open(dir)?.names() {
+        map.insert(name.to_string(), "model.safetensors".into());
+    }
+    let path = dir.join("kv_scales.safetensors");
+    let mut specs = vec![];
+    let mut value = std::collections::HashMap::new();
+    for (i, [k, v]) in scales.iter().enumerate() {
+        for (n, s) in [("k_scale", k), ("v_scale", v)] {
+            let name = format!("model.layers.{i}.self_attn.{n}");
+            map.insert(name.clone(), "kv_scales.safetensors".into());
+            value.insert(name.clone(), *s);
+            specs.push(TensorSpec::new(name, tandem_core::DType::F32, &[]));
+        }
+    }
+    let file = std::fs::File::create(&path).map_err(|e| Error::io(&path, e))?;
+    let mut w = SafetensorsWriter::new(BufWriter::new(file), &path, specs)?;
+    while let Some(name) = w.current().map(|s| s.name.clone()) {
+        w.push(&[value[&name]])?;
+    }
+    w.finish()?;
+    let text = serde_json::json!({ "weight_map": map }).to_string();
+    std::fs::write(&index, text).map_err(|e| Error::io(&index, e))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -27,8 +27,8 @@ use tandem_core::weights::TensorView;
 pub enum RefBuf {
     F32(Vec<f32>),
     U32(Vec<u32>),
-    /// An fp8 KV cache: one byte an element.
-    Fp8Kv(Fp8Format, Vec<u8>),
+    /// An fp8 KV cache: one byte an element, values stored divided by the scale.
+    Fp8Kv(Fp8Format, f32, Vec<u8>),
     /// A weight in its stored dtype (or quantized layout), either still in the file mapping or owned.
     Weight {
         format: Format,
@@ -82,6 +82,14 @@ fn err(msg: impl Into<String>) -> Error {
     Error::backend("reference", msg)
 }
 
+/// A KV scale must be positive, finite and normal (`Storage::alloc_kv_scaled`).
+fn check_kv_scale(scale: f32) -> Result<()> {
+    if scale.is_normal() && scale > 0.0 {
+        return Ok(());
+    }
+    Err(err(format!("alloc_kv: KV scale {scale} is not a positive, finite, normal number")))
+}
+
 fn f32s(b: &RefBuf) -> Result<&[f32]> {
     match b {
         RefBuf::F32(v) => Ok(v),
@@ -111,8 +119,8 @@ impl<'a> KvRead<'a> {
     fn of(b: &'a RefBuf) -> Result<Self> {
         match b {
             RefBuf::F32(v) => Ok(KvRead::F32(v)),
-            RefBuf::Fp8Kv(f, v) => {
-                Ok(KvRead::Fp8(v, Box::new(std::array::from_fn(|i| fp8_round::dequantize(*f, i as u8, KV_SCALE)))))
+            RefBuf::Fp8Kv(f, scale, v) => {
+                Ok(KvRead::Fp8(v, Box::new(std::array::from_fn(|i| fp8_round::dequantize(*f, i as u8, *scale)))))
             }
             _ => Err(err("expected a KV cache buffer")),
         }
@@ -243,12 +251,20 @@ impl Storage for RefBackend {
     }
     fn alloc_kv_as(&self, g: KvGeometry, dtype: KvDtype) -> Result<RefBuf> {
         match dtype.fp8() {
-            Some(f) => Ok(RefBuf::Fp8Kv(f, vec![0; g.layer_elems()])),
+            Some(f) => Ok(RefBuf::Fp8Kv(f, KV_SCALE, vec![0; g.layer_elems()])),
             None if dtype == KvDtype::F32 => self.alloc_kv(g),
             None => Err(err(format!(
                 "alloc_kv: a {} KV cache is not supported here (this backend stores f32, fp8_e4m3, fp8_e5m2)",
                 dtype.name()
             ))),
+        }
+    }
+    fn alloc_kv_scaled(&self, g: KvGeometry, dtype: KvDtype, scale: f32) -> Result<RefBuf> {
+        check_kv_scale(scale)?;
+        match self.alloc_kv_as(g, dtype)? {
+            RefBuf::Fp8Kv(f, _, v) => Ok(RefBuf::Fp8Kv(f, scale, v)),
+            _ if scale == 1.0 => self.alloc_kv_as(g, dtype),
+            _ => Err(err(format!("alloc_kv: a {} KV cache takes no scale ({scale})", dtype.name()))),
         }
     }
     fn write_f32(&self, buf: &mut RefBuf, data: &[f32]) -> Result<()> {
@@ -481,9 +497,9 @@ impl Ops for RefBackend {
                 let src = &src[i * w..(i + 1) * w];
                 match dst {
                     RefBuf::F32(d) => d[s * w..(s + 1) * w].copy_from_slice(src),
-                    RefBuf::Fp8Kv(f, d) => {
+                    RefBuf::Fp8Kv(f, scale, d) => {
                         for (o, &x) in d[s * w..(s + 1) * w].iter_mut().zip(src) {
-                            *o = fp8_round::quantize(*f, x, KV_SCALE);
+                            *o = fp8_round::quantize(*f, x, *scale);
                         }
                     }
                     _ => return Err(err("kv_write: expected a KV cache buffer")),

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 
 use tandem_core::backend::prelude::*;
-use tandem_core::backend::{AttnArgs, KvDest, KvGeometry, NormIn, WeightAndBias};
+use tandem_core::backend::{AttnArgs, KvDest, KvDtype, KvGeometry, NormIn, WeightAndBias};
 use tandem_core::config::Activation;
 use tandem_core::lora::LoraArgs;
 use tandem_core::weights::TensorView;
@@ -31,6 +31,10 @@ mod ops;
 mod quant;
 mod sampling;
 mod storage;
+
+/// The KV element types this backend stores, its default first: f32 (in buffers or textures),
+/// fp8 e4m3 and e5m2 (u32 words of four bytes, `crate::fp8_codec`).
+const KV_DTYPES: &[KvDtype] = &[KvDtype::F32, KvDtype::Fp8E4m3, KvDtype::Fp8E5m2];
 
 /// Construction options beyond the defaults.
 #[derive(Debug, Clone, Default)]
@@ -232,6 +236,18 @@ impl Storage for WgpuBackend {
 
     fn alloc_kv(&self, g: KvGeometry) -> Result<WgpuBuf> {
         WgpuBackend::alloc_kv(self, g)
+    }
+
+    fn kv_dtypes(&self) -> &'static [KvDtype] {
+        KV_DTYPES
+    }
+
+    fn alloc_kv_as(&self, g: KvGeometry, dtype: KvDtype) -> Result<WgpuBuf> {
+        WgpuBackend::alloc_kv_as(self, g, dtype)
+    }
+
+    fn alloc_kv_scaled(&self, g: KvGeometry, dtype: KvDtype, scale: f32) -> Result<WgpuBuf> {
+        WgpuBackend::alloc_kv_scaled(self, g, dtype, scale)
     }
 
     fn write_f32(&self, buf: &mut WgpuBuf, data: &[f32]) -> Result<()> {

@@ -1,5 +1,6 @@
 //! The device buffer type of the wgpu backend: a wgpu buffer, what it holds and how many.
 
+use tandem_core::fp8::Fp8Format;
 use tandem_core::quant_layout::QuantLayout;
 use tandem_core::DType;
 
@@ -13,6 +14,9 @@ pub enum BufKind {
     /// A weight kept in a GGUF block layout: the file's bytes as they are (rows of whole
     /// blocks, one after another); `len` counts the values they decode to.
     Quant(QuantLayout),
+    /// An fp8 KV cache: one byte an element, four a u32 word (`crate::fp8_codec`), holding
+    /// values divided by the scale whose f32 bits follow; `len` counts elements.
+    KvFp8(Fp8Format, u32),
 }
 
 impl BufKind {
@@ -22,6 +26,7 @@ impl BufKind {
             BufKind::U32 => "u32".into(),
             BufKind::Weight(d) => format!("{} weight", d.name()),
             BufKind::Quant(q) => format!("{} weight (kept quantized)", q.name()),
+            BufKind::KvFp8(f, scale) => format!("{} KV cache (scale {})", f.name(), f32::from_bits(scale)),
         }
     }
 }

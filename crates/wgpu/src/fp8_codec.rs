@@ -5,8 +5,8 @@
 //! f32's bits with integer arithmetic so that every device gives the reference's value exactly:
 //! `fp8_encode` is `tandem_core::fp8_round::encode` (round to nearest, ties to even, saturate to
 //! the largest finite value, NaN stays NaN) and `fp8_decode` is `Fp8Format::decode`. The scale
-//! (`fp8_round::KV_SCALE`, 1.0 today) is the caller's: divide before encoding, multiply after
-//! decoding.
+//! (1.0, or a checkpoint's `k_scale` / `v_scale`: `tandem_core::kv_scales`) is the caller's: divide before encoding, multiply after
+//! decoding; `div_rn` divides as the reference's f32 `/` does (WGSL's `/` may be 2.5 ulp off).
 
 use tandem_core::fp8::Fp8Format;
 
@@ -18,9 +18,49 @@ fn params(format: Fp8Format) -> (u32, u32, u32, u32) {
     }
 }
 
+/// `div_rn(x, s)`: `x / s` rounded to nearest even, as IEEE division gives it, for a positive
+/// normal `s`, by long division of the significands in integers (WGSL's `/` need only be within
+/// 2.5 ulp, and one ulp moves a tie of the fp8 rounding). Where the quotient is not an f32
+/// normal it is what the fp8 rounding makes of it alike: below 2^-126 a signed zero (every fp8
+/// format rounds it to zero), past the f32 range a signed infinity (which saturates). A
+/// subnormal x counts as zero (devices may flush it; its quotient rounds to zero either way for
+/// any scale above 2^-100); infinity and NaN pass through. `div4_rn` is its vec4 form.
+const DIV_RN: &str = "fn div_rn(x: f32, s: f32) -> f32 {\n\
+\x20   let xb = bitcast<u32>(x);\n\
+\x20   let sign = xb & 0x80000000u;\n\
+\x20   let ax = xb & 0x7fffffffu;\n\
+\x20   if (ax >= 0x7f800000u) { return x; }\n\
+\x20   if (ax < 0x00800000u) { return bitcast<f32>(sign); }\n\
+\x20   let sb = bitcast<u32>(s);\n\
+\x20   let ms = (sb & 0x7fffffu) | 0x800000u;\n\
+\x20   var n = (ax & 0x7fffffu) | 0x800000u;\n\
+\x20   var e = i32(ax >> 23u) - i32(sb >> 23u) + 127;\n\
+\x20   if (n < ms) { n = n << 1u; e = e - 1; }\n\
+\x20   // n / ms in [1, 2): 24 bits of quotient and a guard bit, the remainder for the sticky bit.\n\
+\x20   var q = 0u;\n\
+\x20   for (var i = 0u; i < 25u; i++) {\n\
+\x20       q = q << 1u;\n\
+\x20       if (n >= ms) { n = n - ms; q = q | 1u; }\n\
+\x20       n = n << 1u;\n\
+\x20   }\n\
+\x20   let guard = q & 1u;\n\
+\x20   q = q >> 1u;\n\
+\x20   if (guard == 1u && (n != 0u || (q & 1u) == 1u)) {\n\
+\x20       q = q + 1u;\n\
+\x20       if (q == 0x1000000u) { q = q >> 1u; e = e + 1; }\n\
+\x20   }\n\
+\x20   if (e <= 0) { return bitcast<f32>(sign); }\n\
+\x20   if (e >= 255) { return bitcast<f32>(sign | 0x7f800000u); }\n\
+\x20   return bitcast<f32>(sign | (u32(e) << 23u) | (q & 0x7fffffu));\n\
+}\n\
+fn div4_rn(x: vec4<f32>, s: f32) -> vec4<f32> {\n\
+\x20   return vec4<f32>(div_rn(x.x, s), div_rn(x.y, s), div_rn(x.z, s), div_rn(x.w, s));\n\
+}\n";
+
 /// WGSL functions for `format`: `fp8_encode(x: f32) -> u32` (one byte, in the low 8 bits),
-/// `fp8_decode(b: u32) -> f32` (the low 8 bits of `b`), and the packed forms
-/// `fp8x4_encode(x: vec4<f32>) -> u32` / `fp8x4_decode(w: u32) -> vec4<f32>`.
+/// `fp8_decode(b: u32) -> f32` (the low 8 bits of `b`), the packed forms
+/// `fp8x4_encode(x: vec4<f32>) -> u32` / `fp8x4_decode(w: u32) -> vec4<f32>`, and [`DIV_RN`]'s
+/// `div_rn` / `div4_rn`.
 pub fn wgsl(format: Fp8Format) -> String {
     let (man, bias, max_bits, max_byte) = params(format);
     let shift = 23 - man;
@@ -73,7 +113,7 @@ pub fn wgsl(format: Fp8Format) -> String {
         half = (1u32 << (shift - 1)) - 1,
         keep = !((1u32 << shift) - 1),
         exp_off = 127 - bias,
-    )
+    ) + DIV_RN
 }
 
 #[cfg(test)]
@@ -185,6 +225,25 @@ mod tests {
                     "{} decode {b:#04x}: {got} != {want}",
                     f.name()
                 );
+            }
+            // Division by a scale, bit for bit IEEE's (the reference's `x / scale`).
+            for scale in [1.0f32, 0.37, 3.0, 0.0123, 17.25, 1.0e-3] {
+                let body = format!("bitcast<u32>(div_rn(bitcast<f32>(w), bitcast<f32>({:#x}u)))", scale.to_bits());
+                let got = run(&gpu, &prelude, &body, &xs);
+                for (x, got) in xs.iter().zip(&got) {
+                    let (x, got) = (f32::from_bits(*x), f32::from_bits(*got));
+                    // The fp8 rounding is what must agree: a quotient below f32's normals is a
+                    // zero here, and a subnormal x counts as zero.
+                    let want = if x.is_subnormal() { 0.0 * x.signum() } else { x / scale };
+                    if want.is_nan() {
+                        assert!(got.is_nan(), "{x:e} / {scale}: {got}");
+                    } else {
+                        assert_eq!(fp8_round::encode(f, got), fp8_round::encode(f, want), "{x:e} / {scale}");
+                        if want.is_normal() || want.is_infinite() {
+                            assert_eq!(got.to_bits(), want.to_bits(), "{x:e} / {scale}");
+                        }
+                    }
+                }
             }
             // The packed forms: byte j of a word is lane j.
             let words = [0x3a39_3800u32, 0xfe7e_80b8, 0x0108_7f01];

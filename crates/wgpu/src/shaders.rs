@@ -6,6 +6,7 @@ use std::num::NonZeroU64;
 use std::path::PathBuf;
 use std::sync::Mutex;
 
+use tandem_core::fp8::Fp8Format;
 use tandem_core::quant_layout::QuantLayout;
 use tandem_core::{DType, Error, Result};
 
@@ -129,6 +130,8 @@ pub(crate) const PAGED_ATTENTION_LANE: Kernel =
     Kernel { name: "paged_attention", entry: "paged_attention_lane", bindings: &[R, R, R, R, R, R, RW] };
 /// The KV cache in texels (see [`Prelude::kv_cache`]): the caches are textures.
 pub(crate) const KV_WRITE_T: Kernel = Kernel { name: "kv_write", entry: "kv_write_t", bindings: &[R, R, TW, TW, R] };
+/// An fp8 KV cache (`Prelude::kv_cache_fp8`): kv_write_t's vec4 stores into u32 words.
+pub(crate) const KV_WRITE_FP8: Kernel = Kernel { name: "kv_write", entry: "kv_write_t", bindings: &[R, R, RW, RW, R] };
 pub(crate) const ROPE_KV_WRITE_T: Kernel =
     Kernel { name: "rope", entry: "rope_kv_write_t", bindings: &[RW, RW, R, R, R, TW, TW, R] };
 pub(crate) const PAGED_ATTENTION_T: Kernel = k("paged_attention", &[R, T, T, R, R, R, RW]);
@@ -420,6 +423,31 @@ impl Prelude {
             ),
         };
         self.0.push_str(&text);
+        self
+    }
+
+    /// [`Prelude::kv_cache`] for an fp8 cache in storage buffers: 4 elements a u32 word
+    /// (`crate::fp8_codec`), bound at `k_binding` and the one after as `k8` / `v8`. Reading
+    /// decodes and multiplies by the kernel's `p.k_scale` / `p.v_scale`; `k4_store(i, x)` writes
+    /// word `i` from `x / scale` rounded as `tandem_core::fp8_round` rounds. A word holds whole
+    /// vec4s only, so a writer stores a vec4 at a time (no two lanes share a word).
+    pub fn kv_cache_fp8(mut self, k_binding: u32, format: Fp8Format, write: bool) -> Self {
+        let access = if write { "read_write" } else { "read" };
+        self.0.push_str(&crate::fp8_codec::wgsl(format));
+        self.0.push_str(&format!(
+            "@group(0) @binding({k_binding}) var<storage, {access}> k8: array<u32>;\n\
+             @group(0) @binding({}) var<storage, {access}> v8: array<u32>;\n",
+            k_binding + 1
+        ));
+        self.0.push_str(if write {
+            "fn k4_store(i: u32, x: vec4<f32>) { k8[i] = fp8x4_encode(div4_rn(x, p.k_scale)); }\n\
+             fn v4_store(i: u32, x: vec4<f32>) { v8[i] = fp8x4_encode(div4_rn(x, p.v_scale)); }\n"
+        } else {
+            "fn k4_at(i: u32) -> vec4<f32> { return fp8x4_decode(k8[i]) * p.k_scale; }\n\
+             fn v4_at(i: u32) -> vec4<f32> { return fp8x4_decode(v8[i]) * p.v_scale; }\n\
+             fn k_at(i: u32) -> f32 { return fp8_decode(k8[i >> 2u] >> ((i & 3u) << 3u)) * p.k_scale; }\n\
+             fn v_at(i: u32) -> f32 { return fp8_decode(v8[i >> 2u] >> ((i & 3u) << 3u)) * p.v_scale; }\n"
+        });
         self
     }
 

@@ -1,5 +1,6 @@
-//! `tandem serve --kv-cache-dtype fp8` on the reference backend, over loopback: the log says
-//! the KV cache's type and block count, and a greedy completion comes back whole.
+//! `tandem serve --kv-cache-dtype fp8` over loopback: on the reference the log says the KV
+//! cache's type and block count, and a greedy completion comes back whole; on wgpu the same
+//! completion comes back whole, streamed and not, with the same text.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -8,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::serve_wgpu::request;
+use super::serve_wgpu::{request, start_with};
 
 #[test]
 fn fp8_kv_cache_serves_on_the_reference() {
@@ -69,4 +70,36 @@ fn fp8_kv_cache_serves_on_the_reference() {
     if let Err(e) = result {
         std::panic::resume_unwind(e);
     }
+}
+
+#[test]
+fn fp8_kv_cache_serves_on_wgpu() {
+    let model = std::env::temp_dir().join(format!("tandem-serve-kvfp8-wgpu-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&model);
+    tandem_model_files::random_model::write_random_model(
+        &model,
+        tandem_model_files::random_model::Shape::Tiny,
+        1,
+        tandem_core::DType::F32,
+    )
+    .unwrap();
+    let Some(server) = start_with(&model, &["--kv-cache-dtype", "fp8"]) else { return };
+    let req = json!({"model": "tiny", "prompt": "hello world", "max_tokens": 8, "temperature": 0, "ignore_eos": true});
+    let (status, body) = request(server.port, "POST", "/v1/completions", Some(&req));
+    assert_eq!(status, 200, "{body}");
+    let whole: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(whole["usage"]["completion_tokens"], 8, "{body}");
+    let mut streamed = req.clone();
+    streamed["stream"] = json!(true);
+    let (status, body) = request(server.port, "POST", "/v1/completions", Some(&streamed));
+    assert_eq!(status, 200, "{body}");
+    let text: String = body
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str::<Value>(d).unwrap()["choices"][0]["text"].as_str().unwrap_or("").to_string())
+        .collect();
+    assert_eq!(text, whole["choices"][0]["text"].as_str().unwrap(), "{body}");
+    drop(server);
+    let _ = std::fs::remove_dir_all(&model);
 }

@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-struct Server {
+pub(crate) struct Server {
     child: Child,
-    port: u16,
+    pub(crate) port: u16,
 }
 
 impl Drop for Server {
@@ -57,7 +57,7 @@ fn start(model: &std::path::Path) -> Option<Server> {
 }
 
 /// [`start`] with more flags.
-fn start_with(model: &std::path::Path, flags: &[&str]) -> Option<Server> {
+pub(crate) fn start_with(model: &std::path::Path, flags: &[&str]) -> Option<Server> {
     if tandem_wgpu::WgpuBackend::new().is_err() {
         assert!(std::env::var_os("TANDEM_REQUIRE_WGPU").is_none(), "TANDEM_REQUIRE_WGPU is set but wgpu cannot start");
         tandem_core::skip::note("serve on wgpu: no adapter");

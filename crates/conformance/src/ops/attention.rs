@@ -5,10 +5,10 @@
 //! blocks no sequence owns; a backend that reads beyond `positions[t]` or through a padding
 //! entry of the block table (0, which is another sequence's block) gets a different answer.
 
-use tandem_core::backend::{AttnArgs, Backend, KvGeometry};
+use tandem_core::backend::{AttnArgs, Backend, KvDtype, KvGeometry};
 use tandem_core::Result;
 
-use super::kv::filled_cache;
+use super::kv::{filled_cache, kv_param, kv_unsupported};
 use super::{limits, poisoned, read_guarded, untouched_f32, untouched_u32, upload_f32, upload_u32, Cost, Launch, Op};
 use crate::compare::Output;
 use crate::rng::Rng;
@@ -41,6 +41,9 @@ pub struct PagedAttention {
     pub spare_blocks: usize,
     /// Sliding window in keys (`AttnArgs::window`); 0: the whole context.
     pub window: usize,
+    /// The cache's element type; `None`: the backend's default. Both sides hold the same
+    /// cache bits for fp8 (kv_write's case checks that), so the limit stays the f32 one's.
+    pub kv_dtype: Option<KvDtype>,
 }
 
 pub struct AttnInputs {
@@ -73,12 +76,13 @@ impl Op for PagedAttention {
         let seqs: Vec<String> = self.seqs.iter().map(|s| format!("{}+{}", s.cached, s.query)).collect();
         let window = if self.window > 0 { format!(" window={}", self.window) } else { String::new() };
         format!(
-            "block_size={} kv_heads={} gqa={} head_dim={} seqs(cached+query)=[{}]{window}",
+            "block_size={} kv_heads={} gqa={} head_dim={} seqs(cached+query)=[{}]{window}{}",
             self.block_size,
             self.kv_heads,
             self.gqa,
             self.head_dim,
-            seqs.join(",")
+            seqs.join(","),
+            kv_param(self.kv_dtype)
         )
     }
     fn limit(&self) -> f64 {
@@ -132,7 +136,11 @@ impl Op for PagedAttention {
         let g = x.geometry;
         let t = self.num_tokens();
         let len = t * self.heads() * self.head_dim;
-        let (k_cache, v_cache) = filled_cache(b, g, &x.cache_k, &x.cache_v)?;
+        if let Some(why) = kv_unsupported(b, self.kv_dtype) {
+            launch.skip(why);
+            return Ok(vec![]);
+        }
+        let (k_cache, v_cache) = filled_cache(b, g, self.kv_dtype, &x.cache_k, &x.cache_v)?;
         let q = upload_f32(b, &x.q)?;
         let positions = upload_u32(b, &x.positions)?;
         let token_seq = upload_u32(b, &x.token_seq)?;

@@ -118,7 +118,7 @@ impl Op for RopeKvWrite {
     fn exec<B: Backend>(&self, b: &B, x: &Self::Inputs, launch: &mut Launch) -> Result<Vec<Output>> {
         let (g, t) = (self.geometry, self.tokens);
         let c = &x.cache;
-        let (mut kc, mut vc) = filled_cache(b, g, &c.old_k, &c.old_v)?;
+        let (mut kc, mut vc) = filled_cache(b, g, None, &c.old_k, &c.old_v)?;
         let (mut k, v) = (upload_f32(b, &x.k)?, upload_f32(b, &x.v)?);
         let (positions, inv_freq, slots) =
             (upload_u32(b, &c.positions)?, upload_f32(b, &c.inv_freq)?, upload_u32(b, &c.slots)?);
@@ -224,7 +224,7 @@ impl Op for QkvRopeKvWrite {
                 Proj::Parts([up(&qv)?, up(&kv)?, up(&vv)?], bias)
             }
         };
-        let (mut kc, mut vc) = filled_cache(b, g, &c.old_k, &c.old_v)?;
+        let (mut kc, mut vc) = filled_cache(b, g, None, &c.old_k, &c.old_v)?;
         let xb = upload_f32(b, &x.x)?;
         let (positions, inv_freq, slots) =
             (upload_u32(b, &c.positions)?, upload_f32(b, &c.inv_freq)?, upload_u32(b, &c.slots)?);

@@ -4,7 +4,9 @@
 //! case of the faulty op as FAIL, and every case of the other ops as ok.
 
 use tandem_conformance::{cases, run, CaseResult};
-use tandem_core::backend::{AttnArgs, Backend, DType, Device, FusedOps, KvGeometry, MoeExpert, Ops, Sampling, Storage};
+use tandem_core::backend::{
+    AttnArgs, Backend, DType, Device, FusedOps, KvDtype, KvGeometry, MoeExpert, Ops, Sampling, Storage,
+};
 use tandem_core::weights::TensorView;
 use tandem_core::{Error, Result};
 use tandem_reference::RefBackend;
@@ -92,6 +94,12 @@ impl<B: Backend> Storage for Faulty<B> {
     }
     fn alloc_kv(&self, g: KvGeometry) -> Result<B::Buf> {
         self.inner.alloc_kv(g)
+    }
+    fn kv_dtypes(&self) -> &'static [KvDtype] {
+        self.inner.kv_dtypes()
+    }
+    fn alloc_kv_as(&self, g: KvGeometry, dtype: KvDtype) -> Result<B::Buf> {
+        self.inner.alloc_kv_as(g, dtype)
     }
     fn write_f32(&self, buf: &mut B::Buf, data: &[f32]) -> Result<()> {
         self.inner.write_f32(buf, data)

@@ -348,9 +348,29 @@ impl<B: Backend> Model<B> {
                 max_context: stride * opts.block_size,
             }
         });
+        // An fp8 cache takes the checkpoint's per-layer K and V scales where it has them
+        // (crate::kv_scales); any other cache ignores them, as vLLM's does.
+        let scales = match kv_dtype.fp8() {
+            Some(_) => crate::kv_scales::read(w, cfg.num_hidden_layers)?,
+            None => None,
+        };
+        if scales.is_some() && kv_dtype == KvDtype::Fp8E5m2 {
+            return Err(Error::backend(
+                b.name(),
+                "the checkpoint has fp8 KV scales (k_scale / v_scale), which vLLM honours with fp8_e4m3 only: use --kv-cache-dtype fp8",
+            ));
+        }
+        if let Some(s) = &scales {
+            tracing::info!(layers = s.len(), first = ?s.first(), "fp8 KV cache scales from the checkpoint");
+        }
         let mut caches = Vec::with_capacity(cfg.num_hidden_layers);
-        for _ in 0..cfg.num_hidden_layers {
-            caches.push((b.alloc_kv_as(geometry, kv_dtype)?, b.alloc_kv_as(geometry, kv_dtype)?));
+        for i in 0..cfg.num_hidden_layers {
+            caches.push(match scales.as_ref().map(|s| s[i]) {
+                Some([ks, vs]) => {
+                    (b.alloc_kv_scaled(geometry, kv_dtype, ks)?, b.alloc_kv_scaled(geometry, kv_dtype, vs)?)
+                }
+                None => (b.alloc_kv_as(geometry, kv_dtype)?, b.alloc_kv_as(geometry, kv_dtype)?),
+            });
         }
         let graphs = vec![None; pad.as_ref().map_or(0, |p| p.buckets.len())];
         let staging = MetaStaging::new(meta_layout, sq);

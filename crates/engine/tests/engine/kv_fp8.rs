@@ -121,3 +121,45 @@ fn the_cache_holds_fp8_values() {
     assert_eq!(seen, [KvDtype::F32, KvDtype::Fp8E4m3]);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A checkpoint's per-layer `k_scale` / `v_scale`: an fp8 cache stores `x / scale` and reads
+/// it back times the scale (each cached value is a fixed point of that rounding with its own
+/// layer's scale, not of 1.0's), greedy tokens stay the same alone and in a batch, and an
+/// e5m2 cache, which vLLM does not scale, is refused.
+#[test]
+fn checkpoint_kv_scales_scale_the_fp8_cache() {
+    let dir = model_dir("scales", Shape::Tiny);
+    let layers = tandem_core::ModelConfig::from_file(&dir.join("config.json")).unwrap().num_hidden_layers;
+    let scales: Vec<[f32; 2]> = (0..layers).map(|i| [0.037 * (i + 1) as f32, 0.011 + 0.3 * i as f32]).collect();
+    tandem_model_files::fp8::add_kv_scales(&dir, &scales).unwrap();
+    let opts = LoadOptions {
+        max_batch_tokens: 64,
+        max_seqs: 4,
+        num_kv_blocks: 8,
+        block_size: 16,
+        kv_dtype: Some(KvDtype::Fp8E4m3),
+        ..Default::default()
+    };
+    let mut m = Model::load(RefBackend::new(), &dir, opts).unwrap();
+    tandem_core::greedy::generate(&mut m, &(1..30).collect::<Vec<u32>>(), 1, &[], false, |_| {}).unwrap();
+    let pool = m.read_kv_pool().unwrap();
+    let per = pool.len() / (2 * layers); // K then V of every layer
+    let f = tandem_core::fp8::Fp8Format::E4M3;
+    let fixed =
+        |v: f32, s: f32| tandem_core::fp8_round::dequantize(f, tandem_core::fp8_round::quantize(f, v, s), s) == v;
+    for (l, [ks, vs]) in scales.iter().enumerate() {
+        for (c, s) in [(0, ks), (1, vs)] {
+            let part = &pool[(2 * l + c) * per..][..per];
+            let nonzero: Vec<f32> = part.iter().copied().filter(|v| *v != 0.0).collect();
+            assert!(nonzero.len() > 50, "layer {l}: {} values", nonzero.len());
+            assert!(nonzero.iter().all(|&v| fixed(v, *s)), "layer {l} cache {c}: not scaled by {s}");
+            let unscaled = nonzero.iter().filter(|&&v| fixed(v, 1.0)).count();
+            assert!(unscaled < nonzero.len() / 2, "layer {l} cache {c}: {unscaled} values as if unscaled");
+        }
+    }
+    greedy_invariance(&dir, KvDtype::Fp8E4m3);
+    let e5m2 = LoadOptions { kv_dtype: Some(KvDtype::Fp8E5m2), ..opts };
+    let Err(e) = Model::load(RefBackend::new(), &dir, e5m2) else { panic!("e5m2 with checkpoint scales loaded") };
+    assert!(e.to_string().contains("fp8_e4m3 only"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

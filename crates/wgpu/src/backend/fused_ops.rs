@@ -10,7 +10,7 @@ use tandem_core::Result;
 use super::matmul::{Out, GATE_UP_HALF};
 use super::operand::{err, groups, to_u32, want_f32, want_kv, want_u32, want_weight};
 use super::WgpuBackend;
-use crate::buffer::WgpuBuf;
+use crate::buffer::{BufKind, WgpuBuf};
 use crate::recorder::{Bind, Grid};
 use crate::shaders::{self, Prelude};
 
@@ -251,10 +251,12 @@ impl WgpuBackend {
         if hd == 0 || !hd.is_multiple_of(2) || !nq.is_multiple_of(hd) {
             return Err(err(format!("{op}: head_dim {hd} must be even and divide nq {nq}")));
         }
-        // The epilogue needs each head's rows in one lane (see matmul.wgsl's ROPE); otherwise
-        // (or with TANDEM_WGPU_FUSE_ROPE=0) the projection and rope_kv_write run apart.
+        // The epilogue needs each head's rows in one lane (see matmul.wgsl's ROPE) and f32
+        // caches; otherwise (or with TANDEM_WGPU_FUSE_ROPE=0) the projection and rope_kv_write
+        // run apart (an fp8 cache is written by kv_write's encoder).
         let (wg, rt, _) = self.matmul_block(op, false, m, hidden, norm.is_some())?;
-        if !(self.fuse_rope && ((wg * rt) as usize).is_multiple_of(hd) && (hd / 2).is_multiple_of(wg as usize)) {
+        let fp8 = matches!(kv.k_cache.kind, BufKind::KvFp8(..));
+        if fp8 || !(self.fuse_rope && ((wg * rt) as usize).is_multiple_of(hd) && (hd / 2).is_multiple_of(wg as usize)) {
             self.qkv_proj(x, w, bias, q, k, v, m, nq, nkv, hidden, norm)?;
             return self.rope_kv_write(
                 q,
@@ -311,6 +313,11 @@ impl WgpuBackend {
         let k_b = want_f32(op, "k", k, num_tokens * kv_dim)?;
         let v_b = want_f32(op, "v", v, num_tokens * kv_dim)?;
         let kv = want_kv(op, k_cache, v_cache, g)?;
+        if kv.fp8().is_some() {
+            // rope.wgsl writes f32 caches only: an fp8 one takes rope, then kv_write's encoder.
+            self.rope(q, k, positions, inv_freq, num_tokens, q_heads, kv_heads, head_dim)?;
+            return self.kv_write(k, v, k_cache, v_cache, slots, num_tokens, g);
+        }
         let p_b = want_u32(op, "positions", positions, num_tokens)?;
         let f_b = want_f32(op, "inv_freq", inv_freq, half)?;
         let s_b = want_u32(op, "slots", slots, num_tokens)?;

@@ -3,11 +3,13 @@
 //! an error naming the op and the buffer, never an out-of-bounds access on the device.
 
 use tandem_core::backend::KvGeometry;
+use tandem_core::fp8::Fp8Format;
 use tandem_core::{DType, Error, Result};
 
 use crate::adapter::NAME;
 use crate::buffer::{BufKind, WgpuBuf};
 use crate::recorder::Bind;
+use crate::shaders::Prelude;
 
 pub(super) fn err(msg: impl Into<String>) -> Error {
     Error::backend(NAME, msg)
@@ -33,39 +35,68 @@ pub(super) fn want_f32<'a>(op: &str, what: &str, b: &'a WgpuBuf, need: usize) ->
     Ok(&b.buf)
 }
 
-/// A pair of KV caches as the kernels bind them: storage buffers, or textures (`Prelude::kv_cache`).
+/// A pair of KV caches as the kernels bind them: f32 storage buffers, textures
+/// (`Prelude::kv_cache`), or fp8 words in storage buffers (`Prelude::kv_cache_fp8`).
 #[derive(Clone, Copy)]
 pub(super) enum KvPair<'a> {
     Bufs(&'a wgpu::Buffer, &'a wgpu::Buffer),
     Texels(&'a wgpu::TextureView, &'a wgpu::TextureView),
+    /// The caches, their format and the f32 bits of their scales (k, v).
+    Fp8(&'a wgpu::Buffer, &'a wgpu::Buffer, Fp8Format, [u32; 2]),
 }
 
 impl<'a> KvPair<'a> {
     pub(super) fn texels(self) -> bool {
         matches!(self, KvPair::Texels(..))
     }
+    /// The fp8 format of an fp8 pair.
+    pub(super) fn fp8(self) -> Option<Fp8Format> {
+        match self {
+            KvPair::Fp8(_, _, f, _) => Some(f),
+            _ => None,
+        }
+    }
+    /// The f32 bits of the K and V scales the kernels' params carry (1.0 but for fp8).
+    pub(super) fn scales(self) -> [u32; 2] {
+        match self {
+            KvPair::Fp8(.., s) => s,
+            _ => [1f32.to_bits(); 2],
+        }
+    }
     pub(super) fn binds(self) -> [Bind<'a>; 2] {
         match self {
-            KvPair::Bufs(k, v) => [Bind::all(k), Bind::all(v)],
+            KvPair::Bufs(k, v) | KvPair::Fp8(k, v, ..) => [Bind::all(k), Bind::all(v)],
             KvPair::Texels(k, v) => [Bind::Texels(k), Bind::Texels(v)],
+        }
+    }
+    /// `prelude` with this pair's accessors for a kernel binding it at `k_binding` and the one
+    /// after (`write`: k4_store / v4_store; else k_at, k4_at and their v twins).
+    pub(super) fn prelude(self, prelude: Prelude, k_binding: u32, write: bool) -> Prelude {
+        match self.fp8() {
+            Some(f) => prelude.kv_cache_fp8(k_binding, f, write),
+            None => prelude.kv_cache(k_binding, self.texels(), write),
         }
     }
 }
 
-/// The k and v caches of one layer, both of `g`'s size and both buffers or both textures.
+/// The k and v caches of one layer, both of `g`'s size and of one kind: f32 buffers, f32
+/// textures or fp8 buffers of one format.
 pub(super) fn want_kv<'a>(op: &str, k: &'a WgpuBuf, v: &'a WgpuBuf, g: KvGeometry) -> Result<KvPair<'a>> {
     for (what, b) in [("k_cache", k), ("v_cache", v)] {
-        if b.kind != BufKind::F32 || b.len < g.layer_elems() {
+        if !matches!(b.kind, BufKind::F32 | BufKind::KvFp8(..)) || b.len < g.layer_elems() {
             return Err(err(format!(
-                "{op}: {what} must be a KV cache of {} f32 (from alloc_kv), got {}",
+                "{op}: {what} must be a KV cache of {} elements (from alloc_kv), got {}",
                 g.layer_elems(),
                 b.label()
             )));
         }
     }
-    match (&k.texels, &v.texels) {
-        (None, None) => Ok(KvPair::Bufs(&k.buf, &v.buf)),
-        (Some(kt), Some(vt)) => Ok(KvPair::Texels(&kt.view, &vt.view)),
+    match (&k.texels, &v.texels, k.kind, v.kind) {
+        (None, None, BufKind::F32, BufKind::F32) => Ok(KvPair::Bufs(&k.buf, &v.buf)),
+        (None, None, BufKind::KvFp8(a, ks), BufKind::KvFp8(b, vs)) if a == b => {
+            Ok(KvPair::Fp8(&k.buf, &v.buf, a, [ks, vs]))
+        }
+        (Some(kt), Some(vt), BufKind::F32, BufKind::F32) => Ok(KvPair::Texels(&kt.view, &vt.view)),
         _ => Err(err(format!("{op}: k_cache and v_cache differ in kind ({} and {})", k.label(), v.label()))),
     }
 }

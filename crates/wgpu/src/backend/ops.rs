@@ -5,7 +5,7 @@ use tandem_core::backend::{AttnArgs, KvGeometry};
 use tandem_core::Result;
 
 use super::matmul::Out;
-use super::operand::{err, groups, to_u32, want_f32, want_kv, want_u32, want_weight};
+use super::operand::{err, groups, to_u32, want_f32, want_kv, want_u32, want_weight, KvPair};
 use super::WgpuBackend;
 use crate::buffer::{BufKind, WgpuBuf};
 use crate::recorder::{Bind, Grid};
@@ -197,20 +197,23 @@ impl WgpuBackend {
         let kv = want_kv(op, k_cache, v_cache, g)?;
         let s_b = want_u32(op, "slots", slots, num_tokens)?;
         to_u32(op, "cache elements", g.layer_elems())?;
-        let params = [num_tokens as u32, kv_dim as u32, g.slots() as u32];
+        let [ks, vs] = kv.scales();
+        let params = [num_tokens as u32, kv_dim as u32, g.slots() as u32, ks, vs];
         let [kc, vc] = kv.binds();
         let binds = [Bind::all(k_b), Bind::all(v_b), kc, vc, Bind::all(s_b)];
-        let prelude = Prelude::new().kv_cache(3, kv.texels(), true);
-        match kv.texels() {
-            // A texel cache is written a vec4 at a time (alloc_kv made head_dim a multiple of 4).
-            true => self.rec.dispatch(
-                shaders::KV_WRITE_T,
-                &prelude,
-                &params,
-                &binds,
-                Grid::Linear(groups(num_tokens * kv_dim / 4, 64)),
-            ),
-            false => self.rec.dispatch(
+        let prelude = kv.prelude(Prelude::new(), 3, true);
+        // A texel or fp8 cache is written a vec4 at a time (alloc_kv made head_dim a multiple
+        // of 4): a texel is four elements, an fp8 word too.
+        let vec4 = match kv {
+            KvPair::Bufs(..) => None,
+            KvPair::Texels(..) => Some(shaders::KV_WRITE_T),
+            KvPair::Fp8(..) => Some(shaders::KV_WRITE_FP8),
+        };
+        match vec4 {
+            Some(kernel) => {
+                self.rec.dispatch(kernel, &prelude, &params, &binds, Grid::Linear(groups(num_tokens * kv_dim / 4, 64)))
+            }
+            None => self.rec.dispatch(
                 shaders::KV_WRITE,
                 &prelude,
                 &params,
@@ -252,9 +255,12 @@ impl WgpuBackend {
             g.slots() as u32,
             a.scale.to_bits(),
             to_u32(op, "window", a.window)?,
+            kv.scales()[0],
+            kv.scales()[1],
         ];
         let [kc, vc] = kv.binds();
         let binds = [Bind::all(q_b), kc, vc, Bind::all(p_b), Bind::all(s_b), Bind::all(bt), Bind::all(o_b)];
+        // An fp8 cache is bound as buffers, as an f32 one is.
         let (lane_kernel, group_kernel) = match kv.texels() {
             true => (shaders::PAGED_ATTENTION_LANE_T, shaders::PAGED_ATTENTION_T),
             false => (shaders::PAGED_ATTENTION_LANE, shaders::PAGED_ATTENTION),
@@ -286,21 +292,15 @@ impl WgpuBackend {
             .find(|&d| wg_bytes(d) <= max_wg && fits(d));
         match gq {
             Some(gq) if self.lane_kernels && hd % 4 == 0 => {
-                let prelude = Prelude::new()
-                    .constant("HV", hv as u32)
-                    .constant("GQ", gq as u32)
-                    .kv_cache(2, kv.texels(), false)
-                    .lane_attention(hv, gq);
+                let prelude = Prelude::new().constant("HV", hv as u32).constant("GQ", gq as u32);
+                let prelude = kv.prelude(prelude, 2, false).lane_attention(hv, gq);
                 self.rec.dispatch(lane_kernel, &prelude, &params, &binds, Grid::Linear((t * nh / gq) as u64))
             }
             _ => {
                 self.check_loops(op, &format!("context {keys}, head_dim {hd}"), group_iters)?;
                 // The lane kernel's declarations in the same file need HV and GQ to compile.
-                let prelude = Prelude::new()
-                    .constant("HV", hv.max(1) as u32)
-                    .constant("GQ", 1)
-                    .kv_cache(2, kv.texels(), false)
-                    .lane_attention(hv.max(1), 1);
+                let prelude = Prelude::new().constant("HV", hv.max(1) as u32).constant("GQ", 1);
+                let prelude = kv.prelude(prelude, 2, false).lane_attention(hv.max(1), 1);
                 self.rec.dispatch(group_kernel, &prelude, &params, &binds, Grid::Linear((t * nh) as u64))
             }
         }

@@ -1,12 +1,13 @@
 //! The `Storage` group of `WgpuBackend`: buffers and textures, weight uploads (tiled, in
 //! buffers or textures), KV cache allocation, writes and read-back.
 
-use tandem_core::backend::KvGeometry;
+use tandem_core::backend::{kv_dtype_names, KvDtype, KvGeometry};
+use tandem_core::fp8_round::{self, KV_SCALE};
 use tandem_core::weights::TensorView;
 use tandem_core::{DType, Error, Result};
 
 use super::operand::{err, want_f32, want_kv, want_u32};
-use super::{WgpuBackend, UNIFORM_WINDOW};
+use super::{WgpuBackend, KV_DTYPES, UNIFORM_WINDOW};
 use crate::buffer::{BufKind, RowSource, Texels, Tiled, WgpuBuf, TEXEL_ROW};
 
 impl WgpuBackend {
@@ -81,6 +82,44 @@ impl WgpuBackend {
         self.create(BufKind::F32, len, len as u64 * 4, &what)
     }
 
+    /// A KV cache in `dtype`: f32 as [`WgpuBackend::alloc_kv`] makes it, or fp8 in a storage
+    /// buffer of one byte an element (never a texture: the kernels read it a u32 word at a
+    /// time, `Prelude::kv_cache_fp8`).
+    pub(super) fn alloc_kv_as(&self, g: KvGeometry, dtype: KvDtype) -> Result<WgpuBuf> {
+        self.alloc_kv_scaled(g, dtype, KV_SCALE)
+    }
+
+    /// [`WgpuBackend::alloc_kv_as`] with an fp8 cache's scale (`Storage::alloc_kv_scaled`).
+    pub(super) fn alloc_kv_scaled(&self, g: KvGeometry, dtype: KvDtype, scale: f32) -> Result<WgpuBuf> {
+        if !(scale.is_normal() && scale > 0.0) {
+            return Err(err(format!("alloc_kv: KV scale {scale} is not a positive, finite, normal number")));
+        }
+        let Some(format) = dtype.fp8() else {
+            if dtype == KvDtype::F32 && scale == 1.0 {
+                return self.alloc_kv(g);
+            }
+            if dtype == KvDtype::F32 {
+                return Err(err(format!("alloc_kv: an f32 KV cache takes no scale ({scale})")));
+            }
+            return Err(err(format!(
+                "alloc_kv: a {} KV cache is not supported here (this backend stores {})",
+                dtype.name(),
+                kv_dtype_names(KV_DTYPES)
+            )));
+        };
+        // Four elements a word, written a vec4 at a time: a word must never span two heads.
+        if !g.head_dim.is_multiple_of(4) {
+            return Err(err(format!(
+                "alloc_kv: a {} KV cache needs head_dim % 4 == 0 (head_dim {})",
+                dtype.name(),
+                g.head_dim
+            )));
+        }
+        let len = g.layer_elems();
+        let what = format!("{} KV cache {g:?}", dtype.name());
+        self.create(BufKind::KvFp8(format, scale.to_bits()), len, len as u64, &what)
+    }
+
     pub(super) fn write_f32(&self, buf: &mut WgpuBuf, data: &[f32]) -> Result<()> {
         if let (BufKind::F32, Some(tx)) = (buf.kind, &buf.texels) {
             // A KV cache in texels: whole texels only.
@@ -131,6 +170,7 @@ impl WgpuBackend {
             }
             BufKind::Quant(q) => self.read_quantized(buf, q, len),
             BufKind::U32 => Err(err(format!("read_f32: {} holds u32 values", buf.label()))),
+            BufKind::KvFp8(..) => Err(err(format!("read_f32: {} holds fp8 bytes (read_kv decodes it)", buf.label()))),
         }
     }
 
@@ -142,6 +182,10 @@ impl WgpuBackend {
 
     pub(super) fn read_kv(&self, buf: &WgpuBuf, g: KvGeometry) -> Result<Vec<f32>> {
         want_kv("read_kv", buf, buf, g)?;
+        if let BufKind::KvFp8(f, scale) = buf.kind {
+            let bytes = self.rec.read(&buf.buf, g.layer_elems() as u64)?;
+            return Ok(bytes.iter().map(|&b| fp8_round::dequantize(f, b, f32::from_bits(scale))).collect());
+        }
         self.read_f32(buf, g.layer_elems())
     }
 

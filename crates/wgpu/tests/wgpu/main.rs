@@ -10,6 +10,7 @@ mod engine_sampling;
 mod engine_speculative;
 mod fp8;
 mod int4;
+mod kv_fp8;
 mod lora;
 mod model;
 mod ops;
