@@ -265,8 +265,9 @@ pub struct Args {
     /// vLLM's: the largest adapter rank served.
     #[arg(long, default_value_t = 16)]
     max_lora_rank: usize,
-    /// vLLM's: most adapters served at once (default: --max-loras); those loaded at run time
-    /// beyond --max-loras wait in host memory and are swapped into a slot a request needs.
+    /// vLLM's: most adapters kept in host memory (default: --max-loras), the least recently
+    /// used beyond it read again from its directory; adapters beyond --max-loras (named here or
+    /// loaded at run time) wait there and are swapped into a slot a request needs.
     #[arg(long)]
     max_cpu_loras: Option<usize>,
     /// vLLM's tool-call parser for "auto": `hermes` (`<tool_call>{...}</tool_call>`: Qwen2.5,
@@ -437,7 +438,7 @@ impl Args {
     }
 }
 
-/// The adapters of `--lora-modules` as the server lists them, adapter `i` in slot `i`.
+/// The adapters of `--lora-modules` as the server lists them, adapter `i` under engine id `i`.
 fn served_adapters(l: &tandem::LoraModules) -> Vec<tandem_server::lora::ServedAdapter> {
     let adapter = |(slot, m): (usize, &tandem::LoraModule)| tandem_server::lora::ServedAdapter {
         name: m.name.clone(),
@@ -549,6 +550,7 @@ pub fn run(mut a: Args) -> Result<()> {
     engine_cfg.speculative = engine_cfg.speculative.map(|s| s.for_target(&dir));
     engine_cfg.seed = a.seed;
     engine_cfg.max_cpu_loras = lora.as_ref().map(tandem::LoraModules::max_cpu_loras);
+    engine_cfg.lora_modules = lora.as_ref().map_or_else(Vec::new, tandem::LoraModules::dirs);
     if let Some(endpoint) = &a.kv_events_endpoint {
         if a.engine.no_prefix_caching {
             anyhow::bail!("--kv-events-endpoint publishes the prefix cache's changes: it needs prefix caching (drop --no-prefix-caching)");

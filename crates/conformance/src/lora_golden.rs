@@ -6,7 +6,7 @@
 
 use tandem_core::lora::{LoraAdapter, LoraLimits};
 use tandem_core::model::LoadOptions;
-use tandem_core::{Backend, Model};
+use tandem_core::{Backend, ForwardBatch, Model, ModelRunner};
 
 use crate::golden::{check_case_with, golden_dir, golden_model, GoldenCase};
 
@@ -96,4 +96,123 @@ pub fn check_lora<B: Backend>(backend: B, name: &str, logprob_tol: f64) -> Resul
         return Err(format!("{name}: the adapter changed no answer: the check cannot tell it was applied"));
     }
     Ok(lines)
+}
+
+/// Adapter `name`'s golden cases in one batch on `backend`: each case's prompt under the
+/// adapter (slot 1), under the base model, and under `other` (slot 0, an adapter made for the
+/// same model) where given, all prefilled in one forward and decoded together. Each row must
+/// give the ids it gives run alone on the same backend (batch invariance), the adapter's rows
+/// pass the golden rule ([`check_case_with`]) and the base rows give HF's base ids. Returns a
+/// line.
+pub fn check_lora_mixed<B: Backend>(
+    backend: B,
+    name: &str,
+    other: Option<&str>,
+    logprob_tol: f64,
+) -> Result<String, String> {
+    let &(_, model_name) = LORA_GOLDEN.iter().find(|g| g.0 == name).ok_or_else(|| format!("no LoRA golden {name}"))?;
+    let path = golden_dir().join("lora").join(format!("{name}.json"));
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let golden: LoraGolden = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let dir = golden_model(model_name);
+    let cfg = tandem_core::ModelConfig::from_file(&dir.join("config.json")).map_err(|e| e.to_string())?;
+    let w = tandem_core::weights::Weights::open(&dir).map_err(|e| e.to_string())?;
+    // (case, adapter slot) a row; slot 1 is `name`, slot 0 `other`.
+    let mut rows: Vec<(usize, Option<u32>)> = vec![];
+    for i in 0..golden.cases.len() {
+        rows.extend([(i, Some(1)), (i, None)]);
+        if other.is_some() {
+            rows.push((i, Some(0)));
+        }
+    }
+    let block = 16;
+    let longest = golden.cases.iter().map(|c| c.case.prompt_ids.len() + c.case.greedy.len()).max().unwrap_or(1);
+    let per_seq = longest.div_ceil(block);
+    let prompt_tokens: usize = rows.iter().map(|&(i, _)| golden.cases[i].case.prompt_ids.len()).sum();
+    let opts = LoadOptions {
+        max_batch_tokens: prompt_tokens.max(rows.len()),
+        max_seqs: rows.len(),
+        num_kv_blocks: rows.len() * per_seq,
+        block_size: block,
+        ..Default::default()
+    };
+    let limits = LoraLimits { max_loras: 2, max_rank: 8 };
+    let mut model =
+        Model::from_weights_lora(backend, cfg.clone(), &w, opts, Some(limits)).map_err(|e| e.to_string())?;
+    model
+        .load_lora(1, &LoraAdapter::load(&adapter_dir(name), &cfg).map_err(|e| e.to_string())?)
+        .map_err(|e| e.to_string())?;
+    if let Some(o) = other {
+        let a = LoraAdapter::load(&adapter_dir(o), &cfg).map_err(|e| format!("{o}: {e}"))?;
+        model.load_lora(0, &a).map_err(|e| e.to_string())?;
+    }
+    // Each row alone first, on the same model: the adapter's rows by the golden rule.
+    let mut alone = vec![];
+    for &(i, slot) in &rows {
+        let c = &golden.cases[i];
+        let ids = match slot {
+            Some(1) => {
+                check_case_with(&mut model, slot, &c.case, logprob_tol)
+                    .map_err(|e| format!("{name} case {i} alone: {e}"))?
+                    .ours
+            }
+            _ => tandem_core::greedy::generate_with(
+                &mut model,
+                slot,
+                &c.case.prompt_ids,
+                c.case.greedy.len(),
+                &[],
+                false,
+                |_| {},
+            )
+            .map_err(|e| e.to_string())?
+            .iter()
+            .map(|s| s.id)
+            .collect(),
+        };
+        if slot.is_none() && ids != c.base_greedy {
+            return Err(format!("{name} case {i}: the base rows gave {ids:?}, HF's base model {:?}", c.base_greedy));
+        }
+        alone.push(ids);
+    }
+    // Then all together: sequence r owns blocks r*per_seq.. .
+    let tables: Vec<Vec<u32>> =
+        (0..rows.len()).map(|r| ((r * per_seq) as u32..((r + 1) * per_seq) as u32).collect()).collect();
+    let vocab = cfg.vocab_size;
+    let mut batch = ForwardBatch { max_blocks: per_seq, ..Default::default() };
+    let mut lens = vec![];
+    for (r, &(i, _)) in rows.iter().enumerate() {
+        let p = &golden.cases[i].case.prompt_ids;
+        batch.push_seq(p, 0, &tables[r], block, true);
+        lens.push(p.len());
+    }
+    let mut got: Vec<Vec<u32>> = vec![vec![]; rows.len()];
+    let steps = golden.cases.iter().map(|c| c.case.greedy.len()).max().unwrap_or(0);
+    for step in 0..steps {
+        batch.adapters = rows.iter().map(|r| r.1).collect();
+        let logits = model.forward(&batch).map_err(|e| format!("{name} mixed step {step}: {e}"))?;
+        let mut next = ForwardBatch { max_blocks: per_seq, ..Default::default() };
+        for (r, row) in logits.chunks_exact(vocab).enumerate() {
+            let id = tandem_core::backend::argmax_row(row);
+            got[r].push(id);
+            next.push_seq(&[id], lens[r], &tables[r], block, true);
+            lens[r] += 1;
+        }
+        batch = next;
+    }
+    for (r, &(i, slot)) in rows.iter().enumerate() {
+        let want = &alone[r];
+        if got[r][..want.len()] != want[..] {
+            return Err(format!(
+                "{name} case {i} under slot {slot:?}: {:?} in the mixed batch, {want:?} alone",
+                &got[r][..want.len()]
+            ));
+        }
+    }
+    Ok(format!(
+        "{name}: {} rows in one batch ({} cases under it, the base model{}), each as alone",
+        rows.len(),
+        golden.cases.len(),
+        other.map_or(String::new(), |o| format!(" and {o}"))
+    ))
 }

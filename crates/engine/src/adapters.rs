@@ -8,19 +8,34 @@
 //! starts have their slot number as id; each adapter loaded later takes the next id above the
 //! slots.
 //!
-//! More adapters than slots (`--max-cpu-loras` over `--max-loras`): an adapter loaded through
-//! the engine keeps its CPU copy (memory-mapped), and one with no slot waits there; a waiting
-//! sequence's adapter is swapped into a slot that no running sequence's adapter holds, and
-//! the scheduler leaves a sequence waiting while its adapter has no slot (it never fails for
-//! that). The adapters in the slots when the engine starts have no CPU copy: they stay.
+//! More adapters than slots (`--lora-modules` or run-time loads beyond `--max-loras`): each
+//! adapter named with its directory may wait off the device, and a waiting sequence's adapter
+//! is swapped into a slot that no running sequence's adapter holds (the least recently placed
+//! first); the scheduler leaves a sequence waiting while its adapter has no slot (it never
+//! fails for that). `--max-cpu-loras` bounds the CPU copies (memory-mapped) as vLLM's LRU cache
+//! does: beyond it the least recently used copy of an adapter not in a slot is dropped, and
+//! read again from its directory when a request needs it. An adapter put in a slot by the
+//! caller before the engine started, without its directory, has nothing to come back from:
+//! it stays.
 //!
 //! Unloading takes the id away from admission at once; the sequences already holding it run to
 //! their end (as vLLM's running requests keep their adapter), and the slot is emptied once the
 //! last of them is gone and no step in flight can read it.
 
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
 use tandem_core::lora::LoraAdapter;
+
+/// An adapter that can come back into a slot: where to read it, and its CPU copy while the
+/// LRU keeps one.
+struct Held {
+    id: u32,
+    dir: PathBuf,
+    copy: Option<Arc<LoraAdapter>>,
+    /// When it was last loaded or placed (the LRU's clock).
+    used: u64,
+}
 
 /// Slots, ids, and the ids a request may name.
 pub struct Adapters {
@@ -31,11 +46,11 @@ pub struct Adapters {
     next_id: u32,
     /// The ids admission accepts, shared with the handles.
     known: Arc<RwLock<Vec<u32>>>,
-    /// The CPU copies of the adapters loaded through the engine, by id: what a slot is
-    /// refilled from.
-    held: Vec<(u32, Arc<LoraAdapter>)>,
-    /// Most adapters served at once (`--max-cpu-loras`), at least the slots.
+    /// The adapters that can be swapped, by id: what a slot is refilled from.
+    held: Vec<Held>,
+    /// Most CPU copies kept (`--max-cpu-loras`), at least the slots.
     max_cpu: usize,
+    clock: u64,
 }
 
 impl Adapters {
@@ -51,54 +66,98 @@ impl Adapters {
             retired: Vec::new(),
             known: Arc::new(RwLock::new(known)),
             held: Vec::new(),
+            clock: 0,
         }
     }
 
-    /// Serves up to `n` adapters at once (vLLM's `--max-cpu-loras`; None, or fewer than the
-    /// slots: as many as the slots).
-    pub fn set_max_cpu(&mut self, n: Option<usize>) {
-        self.max_cpu = n.unwrap_or(0).max(self.slots.len());
+    /// The adapters named when the engine starts (`--lora-modules`), adapter `i` under id `i`:
+    /// those below the slots sit in their slot already (the caller put them there) and may now
+    /// be swapped out; the others wait, to be read from their directory when a request needs
+    /// them. Called once, before any other adapter is added.
+    pub fn name_at_start(&mut self, dirs: &[PathBuf]) -> Result<(), String> {
+        if self.next_id != self.slots.len() as u32 || !self.held.is_empty() {
+            return Err("adapters were added before those named at start".into());
+        }
+        for (i, dir) in dirs.iter().enumerate() {
+            let id = i as u32;
+            if i < self.slots.len() {
+                if self.slots[i] != Some(id) {
+                    return Err(format!("LoRA adapter {} (id {i}) is not in slot {i}", dir.display()));
+                }
+            } else {
+                self.next_id += 1;
+                self.write_known(|k| k.push(id));
+            }
+            self.held.push(Held { id, dir: dir.clone(), copy: None, used: 0 });
+        }
+        Ok(())
     }
 
-    /// Most adapters served at once.
+    /// Keeps up to `n` CPU copies (vLLM's `--max-cpu-loras`; None, or fewer than the slots: as
+    /// many as the slots).
+    pub fn set_max_cpu(&mut self, n: Option<usize>) {
+        self.max_cpu = n.unwrap_or(0).max(self.slots.len());
+        self.trim();
+    }
+
+    /// Most CPU copies kept.
     pub fn max_cpu(&self) -> usize {
         self.max_cpu
     }
 
-    /// Adapters held: those a request may name, and those unloaded whose requests still run.
-    pub fn num_held(&self) -> usize {
-        self.known.read().map_or(0, |k| k.len()) + self.retired.len()
+    /// The CPU copies kept now.
+    pub fn num_copies(&self) -> usize {
+        self.held.iter().filter(|h| h.copy.is_some()).count()
     }
 
-    /// The CPU copy of adapter `id`, where it has one.
-    pub fn held(&self, id: u32) -> Option<&Arc<LoraAdapter>> {
-        self.held.iter().find(|(i, _)| *i == id).map(|(_, a)| a)
+    /// Where adapter `id` comes back from: its CPU copy where one is kept, and its directory;
+    /// None where it cannot be swapped.
+    pub fn source(&self, id: u32) -> Option<(Option<Arc<LoraAdapter>>, &Path)> {
+        self.held.iter().find(|h| h.id == id).map(|h| (h.copy.clone(), h.dir.as_path()))
     }
 
     /// Whether some adapter a request may name has no slot.
     pub fn any_unplaced(&self) -> bool {
-        self.held.iter().any(|(id, _)| self.slot_of(*id).is_none())
+        self.held.iter().any(|h| self.slot_of(h.id).is_none() && !self.retired.contains(&h.id))
     }
 
-    /// A slot adapter `id` can be swapped into: an empty one, else the first whose adapter
-    /// has a CPU copy to come back from, is not unloaded, and is not `busy`.
+    /// A slot adapter `id` can be swapped into: an empty one, else the least recently placed
+    /// whose adapter can come back, is not unloaded, and is not `busy`.
     pub fn slot_to_swap(&self, busy: impl Fn(u32) -> bool) -> Option<usize> {
         self.free_slot().or_else(|| {
-            self.slots
-                .iter()
-                .position(|s| s.is_some_and(|x| self.held(x).is_some() && !self.retired.contains(&x) && !busy(x)))
+            let swappable = |x: u32| !self.retired.contains(&x) && !busy(x);
+            let used = |x: u32| self.held.iter().find(|h| h.id == x).map(|h| h.used);
+            (0..self.slots.len())
+                .filter_map(|s| {
+                    let x = self.slots[s]?;
+                    Some((used(x)?, s)).filter(|_| swappable(x))
+                })
+                .min()
+                .map(|(_, s)| s)
         })
     }
 
-    /// Empties `slot` (which the caller has emptied); its adapter waits on the CPU.
+    /// Whether an adapter added now could ever take a slot: one is empty, will be emptied (an
+    /// unloaded adapter's), or holds an adapter that can be swapped out.
+    pub fn could_place(&self) -> bool {
+        self.slots.iter().any(|s| s.is_none_or(|x| self.retired.contains(&x) || self.source(x).is_some()))
+    }
+
+    /// Empties `slot` (which the caller has emptied); its adapter waits off the device.
     pub fn clear(&mut self, slot: usize) {
         self.slots[slot] = None;
     }
 
-    /// Puts adapter `id` in `slot` (which the caller has filled); the adapter there before
-    /// keeps its CPU copy and waits for a slot.
-    pub fn place(&mut self, slot: usize, id: u32) {
+    /// Puts adapter `id`, read as `copy`, in `slot` (which the caller has filled); the adapter
+    /// there before waits off the device.
+    pub fn place(&mut self, slot: usize, id: u32, copy: Arc<LoraAdapter>) {
         self.slots[slot] = Some(id);
+        self.clock += 1;
+        let now = self.clock;
+        if let Some(h) = self.held.iter_mut().find(|h| h.id == id) {
+            (h.copy, h.used) = (Some(copy), now);
+        }
+        self.trim();
     }
 
     /// `--max-loras`: the model's slots.
@@ -132,16 +191,35 @@ impl Adapters {
     }
 
     /// Records a new adapter, its CPU copy and the slot the caller has put it in (None: it
-    /// waits on the CPU), and returns its id.
+    /// waits off the device), and returns its id.
     pub fn add(&mut self, adapter: Arc<LoraAdapter>, slot: Option<usize>) -> u32 {
         let id = self.next_id;
         self.next_id += 1;
         if let Some(s) = slot {
             self.slots[s] = Some(id);
         }
-        self.held.push((id, adapter));
+        self.clock += 1;
+        self.held.push(Held { id, dir: adapter.dir.clone(), copy: Some(adapter), used: self.clock });
         self.write_known(|k| k.push(id));
+        self.trim();
         id
+    }
+
+    /// Drops the least recently used CPU copies of adapters in no slot while more than
+    /// `max_cpu` are kept (those in slots are at most the slots, so that always ends there).
+    fn trim(&mut self) {
+        while self.num_copies() > self.max_cpu {
+            let slots = &self.slots;
+            let oldest = self
+                .held
+                .iter_mut()
+                .filter(|h| h.copy.is_some() && !slots.contains(&Some(h.id)))
+                .min_by_key(|h| h.used);
+            match oldest {
+                Some(h) => h.copy = None,
+                None => break,
+            }
+        }
     }
 
     /// Takes `id` away from admission; it stays in its slot (retired) until
@@ -168,7 +246,7 @@ impl Adapters {
                 slots[s] = None;
                 freed.push(s);
             }
-            held.retain(|(i, _)| *i != id);
+            held.retain(|h| h.id != id);
             false
         });
         freed
@@ -215,13 +293,39 @@ mod tests {
         let one = a.add(adapter(), Some(1));
         let two = a.add(adapter(), None);
         assert!(a.any_unplaced() && a.is_known(two) && a.slot_of(two).is_none());
-        // Slot 0's adapter came with the model (no CPU copy): never swapped out.
+        // Slot 0's adapter came with the model (no directory): never swapped out.
         assert_eq!(a.slot_to_swap(|id| id == one), None, "slot 1's adapter is busy");
         assert_eq!(a.slot_to_swap(|_| false), Some(1));
-        a.place(1, two);
+        a.place(1, two, adapter());
         assert_eq!((a.slot_of(two), a.slot_of(one), a.any_unplaced()), (Some(1), None, true));
         assert!(a.retire(one));
         assert!(a.take_unused(|_| false).is_empty(), "no slot to empty");
-        assert!(a.held(one).is_none() && !a.any_unplaced());
+        assert!(a.source(one).is_none() && !a.any_unplaced());
+    }
+
+    #[test]
+    fn adapters_named_at_start_beyond_the_slots_wait_and_the_lru_bounds_the_copies() {
+        let mut a = Adapters::new(&[true, true]);
+        let dirs: Vec<PathBuf> = (0..5).map(|i| PathBuf::from(format!("/a{i}"))).collect();
+        a.name_at_start(&dirs).unwrap();
+        assert!((0..5).all(|i| a.is_known(i)), "every adapter named at start is served");
+        assert_eq!((a.slot_of(1), a.slot_of(2), a.num_copies()), (Some(1), None, 0));
+        assert_eq!(a.source(4).map(|(c, d)| (c.is_none(), d.to_path_buf())), Some((true, dirs[4].clone())));
+        a.set_max_cpu(Some(3));
+        // Least recently placed first: slot 0 (never placed), then slot 1.
+        for (id, want) in [(2, 0), (3, 1), (4, 0)] {
+            let s = a.slot_to_swap(|_| false).unwrap();
+            assert_eq!(s, want, "adapter {id}");
+            a.place(s, id, adapter());
+        }
+        assert_eq!((a.slot_of(4), a.slot_of(3), a.slot_of(2)), (Some(0), Some(1), None));
+        assert_eq!(a.num_copies(), 3);
+        let id = a.add(adapter(), None);
+        assert_eq!((id, a.num_copies()), (5, 3), "adapter 2's copy, the oldest outside a slot, dropped");
+        assert!(a.source(2).is_some_and(|(c, _)| c.is_none()) && a.source(5).is_some_and(|(c, _)| c.is_some()));
+        assert!(a.could_place());
+        let mut b = Adapters::new(&[false, true]);
+        assert!(b.name_at_start(&dirs[..1]).unwrap_err().contains("not in slot 0"));
+        assert!(!Adapters::new(&[true]).could_place(), "a slot filled by the caller, no directory");
     }
 }

@@ -42,9 +42,14 @@ pub struct EngineConfig {
     pub kv_events: Option<std::sync::mpsc::Sender<Vec<KvEvent>>>,
     /// Speculative decoding (see [`crate::speculative`]); None: off.
     pub speculative: Option<SpeculativeConfig>,
-    /// vLLM's `--max-cpu-loras`: most LoRA adapters served at once, those beyond the model's
-    /// slots waiting on the CPU for one (see [`crate::adapters`]); None: as many as the slots.
+    /// vLLM's `--max-cpu-loras`: most CPU copies of LoRA adapters kept, the least recently
+    /// used beyond it read again from their directory when needed (see [`crate::adapters`]);
+    /// None: as many as the slots.
     pub max_cpu_loras: Option<usize>,
+    /// The directories of the LoRA adapters named at start (`--lora-modules`), adapter `i`
+    /// under id `i`: those below the model's slots are in slot `i` already, the others wait
+    /// off the device for a slot; all may be swapped out.
+    pub lora_modules: Vec<std::path::PathBuf>,
 }
 
 impl Default for EngineConfig {
@@ -66,6 +71,7 @@ impl Default for EngineConfig {
             kv_events: None,
             speculative: None,
             max_cpu_loras: None,
+            lora_modules: Vec::new(),
         }
     }
 }

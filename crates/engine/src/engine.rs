@@ -137,6 +137,12 @@ impl Engine {
         }
         let prompt_logit_rows = runner.max_logit_rows().saturating_sub(max_num_seqs);
         let mut adapters = Adapters::new(&runner.lora_slots());
+        if !cfg.lora_modules.is_empty() {
+            if !adapters.enabled() {
+                return Err(EngineError::Config("LoRA modules named, but the model has no LoRA slots".into()));
+            }
+            adapters.name_at_start(&cfg.lora_modules).map_err(EngineError::Config)?;
+        }
         adapters.set_max_cpu(cfg.max_cpu_loras);
         let admission = Admission {
             vocab: model.vocab_size,

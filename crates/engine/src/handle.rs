@@ -73,9 +73,10 @@ impl EngineHandle {
         Ok(RequestStream::new(id, rx, Some(h.cmd.clone())))
     }
 
-    /// Puts a LoRA adapter into a free slot of the model, on the engine thread between steps;
-    /// returns the id to submit under ([`Self::submit_with_adapter`]). An error where the model
-    /// has no slots, every slot holds an adapter, or the adapter does not fit them.
+    /// Puts a LoRA adapter into a free slot of the model, or keeps it off the device until a
+    /// request needs it, on the engine thread between steps; returns the id to submit under
+    /// ([`Self::submit_with_adapter`]). An error where the model has no slots, no slot could
+    /// ever take it, or the adapter does not fit them.
     pub async fn load_adapter(&self, adapter: LoraAdapter) -> Result<u32, String> {
         let (reply, rx) = oneshot::channel();
         self.inner.cmd.send(Command::LoadAdapter { adapter: Box::new(adapter), reply }).map_err(|_| stopped())?;

@@ -8,7 +8,8 @@
 //!   architectures that map onto them.
 //! - [`catalog`]: `models/catalog.toml`, the models the tool knows; [`fetch`]: download, verify,
 //!   convert and install the default model, once.
-//! - [`random_model`]: seeded random models of real shapes, for tests and benchmarks; [`fp8`]:
+//! - [`random_model`]: seeded random models of real shapes, for tests and benchmarks;
+//!   [`random_adapter`]: seeded random LoRA adapters over them (PEFT's format); [`fp8`]:
 //!   their projections rewritten in FP8 (the layout of Qwen3-*-FP8), for the FP8 loader.
 //!
 //! Architecture invariant: this crate writes model directories and knows nothing of backends,
@@ -22,6 +23,7 @@ pub mod fp8;
 pub mod gguf;
 pub mod gguf_tokenizer;
 pub mod quant;
+pub mod random_adapter;
 pub mod random_model;
 pub mod safetensors_writer;
 pub mod tiny_gguf;

@@ -331,7 +331,7 @@ struct Dims {
 }
 
 /// splitmix64: tiny, fast, and good enough for weights.
-struct SplitMix64(u64);
+pub(crate) struct SplitMix64(pub(crate) u64);
 
 impl SplitMix64 {
     fn next_u64(&mut self) -> u64 {
@@ -346,14 +346,14 @@ impl SplitMix64 {
         (self.next_u64() >> 40) as f32 * (1.0 / 16_777_216.0)
     }
     /// Mean 0, standard deviation 1, within +-2*sqrt(3): no outliers to blow up a tiny model.
-    fn normalish(&mut self) -> f32 {
+    pub(crate) fn normalish(&mut self) -> f32 {
         let s = self.uniform() + self.uniform() + self.uniform() + self.uniform();
         (s - 2.0) * 1.732_050_8
     }
 }
 
 /// FNV-1a, to give each tensor name its own stream.
-fn fnv1a(s: &str) -> u64 {
+pub(crate) fn fnv1a(s: &str) -> u64 {
     s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3))
 }
 

@@ -138,6 +138,30 @@ if structured_base is not None:
     tiny = openai.OpenAI(base_url=structured_base, api_key="unused", max_retries=0, timeout=60)
     tiny_model = tiny.models.list().data[0].id
 
+    # LoRA adapters by name (the tiny server is the golden `tiny` model with tests/golden/lora's
+    # tiny-all as `a`, tiny-rs as `b`, over one slot): each answers with HF + peft's greedy ids.
+    listed = {m.id: m for m in tiny.models.list().data}
+    check({"a", "b"} <= set(listed) and listed["a"].model_extra.get("parent") == tiny_model, f"models.list names the adapters with their parent: {sorted(listed)}")
+    here = __file__.rsplit("/", 1)[0]
+
+    def detokenize(ids):
+        req = urllib.request.Request(structured_base.removesuffix("/v1") + "/detokenize", data=json.dumps({"tokens": ids}).encode(), headers={"content-type": "application/json"})
+        return json.load(urllib.request.urlopen(req))["prompt"]
+
+    for name, golden in [("a", "tiny-all"), ("b", "tiny-rs"), ("a", "tiny-all")]:
+        with open(f"{here}/../../../tests/golden/lora/{golden}.json") as f:
+            case = json.load(f)["cases"][1]
+        n = len(case["greedy"])
+        got = tiny.completions.create(model=name, prompt=case["prompt_ids"], max_tokens=n, temperature=0, extra_body={"ignore_eos": True})
+        base = tiny.completions.create(model=tiny_model, prompt=case["prompt_ids"], max_tokens=n, temperature=0, extra_body={"ignore_eos": True})
+        check(got.model == name and got.choices[0].text == detokenize(case["greedy"]), f"model={name!r} answers with {golden}'s peft greedy ids")
+        check(base.choices[0].text == detokenize(case["base_greedy"]) != got.choices[0].text, f"the base model beside {name!r} answers with HF's base ids")
+    try:
+        tiny.completions.create(model="no-such-adapter", prompt="hi", max_tokens=2)
+        check(False, "an unknown adapter is refused")
+    except openai.NotFoundError as e:
+        check(e.status_code == 404 and e.body["param"] == "model", f"an unknown adapter is NotFoundError: {e.body['message']}")
+
     class Person(BaseModel):
         name: constr(max_length=6)
         age: conint(ge=0, le=99)

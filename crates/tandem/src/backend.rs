@@ -172,8 +172,9 @@ pub fn load_model(backend: Backend, dir: &Path, opts: LoadOptions) -> Result<Loa
     load_model_with_lora(backend, dir, opts, None)
 }
 
-/// As [`load_model`], with LoRA slots and the adapters of `lora` in them (adapter `i` in slot
-/// `i`) where given; an adapter that does not fit fails the load, naming the adapter.
+/// As [`load_model`], with LoRA slots and the first `--max-loras` adapters of `lora` in them
+/// (adapter `i` in slot `i`) where given; an adapter that does not fit fails the load, naming
+/// the adapter. Those beyond the slots are the engine's to swap in (`EngineConfig::lora_modules`).
 pub fn load_model_with_lora(
     backend: Backend,
     dir: &Path,
@@ -223,7 +224,7 @@ fn load_on<B: Compute>(
     };
     let Some(l) = lora else { return Ok(Box::new(Model::from_weights(b, cfg, &weights, opts)?)) };
     let mut m = Model::from_weights_lora(b, cfg.clone(), &weights, opts, Some(l.limits))?;
-    for (slot, module) in l.modules.iter().enumerate() {
+    for (slot, module) in l.modules.iter().enumerate().take(l.limits.max_loras) {
         let named = |e| Error::Config(format!("LoRA module {:?}: {e}", module.name));
         let adapter = LoraAdapter::load(&module.path, &cfg).map_err(named)?;
         m.load_lora(slot, &adapter).map_err(named)?;

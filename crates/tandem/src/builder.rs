@@ -147,8 +147,10 @@ impl LlmBuilder {
         self
     }
     /// LoRA adapters over the model (vLLM's `enable_lora`, `lora_modules`, `max_loras`,
-    /// `max_lora_rank`): adapter `i` in slot `i`, a bad one failing the build naming it.
-    /// [`Llm::lora_slot`] gives a name's slot for `EngineHandle::submit_with_adapter`.
+    /// `max_lora_rank`, `max_cpu_loras`): adapter `i` under id `i` (in slot `i` at load for the
+    /// first `max_loras`, the others swapped in when a request needs them), a bad one failing
+    /// the build naming it. [`Llm::lora_slot`] gives a name's id for
+    /// `EngineHandle::submit_with_adapter`.
     pub fn lora(mut self, modules: LoraModules) -> Self {
         self.lora = Some(modules);
         self
@@ -248,6 +250,7 @@ impl LlmBuilder {
             max_long_partial_prefills: self.max_long_partial_prefills,
             speculative: self.speculative.clone(),
             max_cpu_loras: self.lora.as_ref().map(LoraModules::max_cpu_loras),
+            lora_modules: self.lora.as_ref().map_or_else(Vec::new, LoraModules::dirs),
             ..Default::default()
         }
     }

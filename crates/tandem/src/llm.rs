@@ -261,8 +261,8 @@ impl Llm {
     pub fn engine(&self) -> &EngineHandle {
         &self.core.handle
     }
-    /// The LoRA slot of the adapter built in under `name` ([`crate::LlmBuilder::lora`]), for
-    /// `engine().submit_with_adapter`.
+    /// The engine's id of the adapter built in under `name` ([`crate::LlmBuilder::lora`]; its
+    /// slot at load for the first `max_loras`), for `engine().submit_with_adapter`.
     pub fn lora_slot(&self, name: &str) -> Option<u32> {
         self.core.lora.as_ref().and_then(|l| l.slot(name))
     }

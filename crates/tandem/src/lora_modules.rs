@@ -1,8 +1,10 @@
 //! The LoRA adapters a model is served with, as vLLM takes them: `--enable-lora`,
 //! `--lora-modules name=path` (or its JSON form `{"name": ..., "path": ..., "base_model_name":
 //! ...}`), `--max-loras`, `--max-lora-rank` and `--max-cpu-loras`. Adapter `i` of the list is
-//! loaded into LoRA slot `i` of the model at load ([`crate::backend::load_model_with_lora`]); a
-//! request names it by its name.
+//! served under id `i`: the first `--max-loras` are loaded into slot `i` of the model at load
+//! ([`crate::backend::load_model_with_lora`]), the others wait off the device and the engine
+//! swaps each into a slot when a request names it (`EngineConfig::lora_modules`), keeping at
+//! most `--max-cpu-loras` CPU copies as vLLM does. A request names an adapter by its name.
 
 use std::path::PathBuf;
 
@@ -28,7 +30,7 @@ pub struct LoraModules {
     pub limits: LoraLimits,
     /// vLLM's `--max-cpu-loras`: adapters kept in host memory; `None` is `max_loras`.
     pub max_cpu_loras: Option<usize>,
-    /// Slot `i` for entry `i`.
+    /// Id `i` for entry `i` (slot `i` at load for the first `max_loras`).
     pub modules: Vec<LoraModule>,
 }
 
@@ -68,7 +70,8 @@ impl LoraModules {
         LoraModules { limits, max_cpu_loras: None, modules: Vec::new() }
     }
 
-    /// The slot of adapter `name`, if it is one of these.
+    /// The id of adapter `name` (its slot at load, for the first `max_loras`), if it is one of
+    /// these.
     pub fn slot(&self, name: &str) -> Option<u32> {
         self.modules.iter().position(|m| m.name == name).map(|i| i as u32)
     }
@@ -78,8 +81,8 @@ impl LoraModules {
         self.max_cpu_loras.unwrap_or(self.limits.max_loras)
     }
 
-    /// Checks the list against the limits: positive limits, no more adapters than slots,
-    /// names unique.
+    /// Checks the list against the limits: positive limits, names unique. More adapters than
+    /// slots (or than `--max-cpu-loras`) are fine: those beyond wait off the device.
     pub fn validate(&self) -> Result<()> {
         let LoraLimits { max_loras, max_rank } = self.limits;
         if max_loras == 0 || max_rank == 0 {
@@ -93,18 +96,17 @@ impl LoraModules {
                 self.max_cpu_loras()
             )));
         }
-        if self.modules.len() > max_loras {
-            return Err(Error::Config(format!(
-                "{} LoRA modules, but --max-loras is {max_loras} (every adapter is loaded at start)",
-                self.modules.len(),
-            )));
-        }
         for (i, m) in self.modules.iter().enumerate() {
             if self.modules[..i].iter().any(|o| o.name == m.name) {
                 return Err(Error::Config(format!("LoRA module name {:?} given twice", m.name)));
             }
         }
         Ok(())
+    }
+
+    /// The directories of the adapters, adapter `i` under id `i` (`EngineConfig::lora_modules`).
+    pub fn dirs(&self) -> Vec<PathBuf> {
+        self.modules.iter().map(|m| m.path.clone()).collect()
     }
 
     /// Reads every adapter (memory-mapped) against the base model `cfg` and the rank limit,
@@ -144,7 +146,7 @@ mod tests {
     }
 
     #[test]
-    fn more_modules_than_slots_or_a_name_twice_is_refused() {
+    fn more_modules_than_slots_are_served_and_a_name_twice_is_refused() {
         let m = |names: &[&str], max_loras| LoraModules {
             limits: LoraLimits { max_loras, max_rank: 16 },
             max_cpu_loras: None,
@@ -155,7 +157,9 @@ mod tests {
         };
         assert!(m(&["a", "b"], 2).validate().is_ok());
         assert_eq!(m(&["a", "b"], 2).slot("b"), Some(1));
-        assert!(m(&["a", "b"], 1).validate().unwrap_err().to_string().contains("--max-loras is 1"));
+        let beyond = m(&["a", "b", "c"], 1);
+        assert!(beyond.validate().is_ok(), "adapters beyond the slots wait off the device");
+        assert_eq!((beyond.slot("c"), beyond.dirs().len()), (Some(2), 3));
         assert!(m(&["a", "a"], 2).validate().unwrap_err().to_string().contains("twice"));
         let few_cpu = LoraModules { max_cpu_loras: Some(1), ..m(&["a"], 2) };
         assert!(few_cpu.validate().unwrap_err().to_string().contains("--max-cpu-loras (1) must be >= --max-loras (2)"));

@@ -10,6 +10,8 @@
 //!   tokens/s and decode tokens/s at several batch sizes, optionally beside HF transformers.
 //! - [`speculative`]: tokens per forward and tokens/s without and with speculative decoding,
 //!   on a copy-heavy and a free-text workload.
+//! - [`lora`]: throughput with 0 (the base model alone), 1, 4 and 16 LoRA adapters mixed, in
+//!   one run.
 //! - [`kernels`]: the kernel lab (GEMMs and attention at a model's shapes; gpu/kernel_lab.py
 //!   puts torch's figures beside them).
 
@@ -20,6 +22,7 @@ mod http_client;
 mod kernels;
 mod latency;
 mod load;
+mod lora;
 mod measured;
 mod model_source;
 mod offline;
@@ -61,6 +64,8 @@ enum Kind {
     Kernels(kernels::Args),
     /// Speculative decoding's acceptance and speed, with and without it, in one run.
     Speculative(speculative::Args),
+    /// Throughput with 0 (the base model alone), 1, 4 and 16 LoRA adapters mixed, in one run.
+    Lora(lora::Args),
 }
 
 /// Where a report goes.
@@ -84,5 +89,6 @@ pub fn run(a: Args) -> Result<()> {
         Kind::Decode(a) => decode::run(a),
         Kind::Kernels(a) => kernels::run(a),
         Kind::Speculative(a) => speculative::run(a),
+        Kind::Lora(a) => lora::run(a),
     }
 }

@@ -151,8 +151,34 @@ pub fn run_guided(
     label: &str,
     timeout: Duration,
 ) -> Result<RunResult> {
+    run_with(handle, prompts, guides, &[], concurrency, label, timeout)
+}
+
+/// As [`run`], prompt `i` under LoRA adapter `adapters[i]` where that is given.
+pub fn run_adapters(
+    handle: &EngineHandle,
+    prompts: &[Prompt],
+    adapters: &[Option<u32>],
+    concurrency: usize,
+    label: &str,
+    timeout: Duration,
+) -> Result<RunResult> {
+    run_with(handle, prompts, &[], adapters, concurrency, label, timeout)
+}
+
+fn run_with(
+    handle: &EngineHandle,
+    prompts: &[Prompt],
+    guides: &[Option<Guided>],
+    adapters: &[Option<u32>],
+    concurrency: usize,
+    label: &str,
+    timeout: Duration,
+) -> Result<RunResult> {
     let guides: Arc<Vec<Option<Guided>>> =
         Arc::new((0..prompts.len()).map(|i| guides.get(i).cloned().flatten()).collect());
+    let adapters: Arc<Vec<Option<u32>>> =
+        Arc::new((0..prompts.len()).map(|i| adapters.get(i).copied().flatten()).collect());
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let prompts: Arc<Vec<Prompt>> = Arc::new(prompts.to_vec());
     let n = prompts.len();
@@ -165,13 +191,13 @@ pub fn run_guided(
     let records = rt.block_on(async {
         let mut set = tokio::task::JoinSet::new();
         for _ in 0..concurrency.clamp(1, n) {
-            let (h, prompts, guides, next, done, tokens) = (handle.clone(), prompts.clone(), guides.clone(), next.clone(), done.clone(), tokens.clone());
+            let (h, prompts, guides, adapters, next, done, tokens) = (handle.clone(), prompts.clone(), guides.clone(), adapters.clone(), next.clone(), done.clone(), tokens.clone());
             set.spawn(async move {
                 let mut out = Vec::new();
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let Some(p) = prompts.get(i) else { break };
-                    out.push((i, one_request(&h, p, guides[i].clone(), &tokens).await));
+                    out.push((i, one_request(&h, p, guides[i].clone(), adapters[i], &tokens).await));
                     done.fetch_add(1, Ordering::Relaxed);
                 }
                 out
@@ -222,11 +248,17 @@ pub fn run_guided(
     })
 }
 
-async fn one_request(h: &EngineHandle, p: &Prompt, guided: Option<Guided>, tokens: &AtomicUsize) -> RequestRecord {
+async fn one_request(
+    h: &EngineHandle,
+    p: &Prompt,
+    guided: Option<Guided>,
+    adapter: Option<u32>,
+    tokens: &AtomicUsize,
+) -> RequestRecord {
     let t0 = Instant::now();
     let mut rec = RequestRecord { prompt_tokens: p.ids.len(), ..Default::default() };
     let params = SamplingParams { guided, ..greedy_forced(p.output_len) };
-    let mut stream = match h.submit(Request { prompt: p.ids.clone(), params, priority: 0 }) {
+    let mut stream = match h.submit_with_adapter(Request { prompt: p.ids.clone(), params, priority: 0 }, adapter) {
         Ok(s) => s,
         Err(e) => {
             rec.error = Some(e.to_string());

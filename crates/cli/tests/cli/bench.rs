@@ -82,6 +82,27 @@ fn throughput_reports_positive_throughput_and_every_token() {
     assert!(md.contains("| tandem (reference) | 8/8 |"), "{md}");
 }
 
+/// `bench lora`: the base run and the adapter runs in one report, every request answered,
+/// the ratios against the base run of the same invocation.
+#[test]
+fn lora_runs_the_base_and_each_adapter_count() {
+    let out = dir("lora");
+    let small = ["--num-prompts", "6", "--input-len", "12", "--output-len", "4", "--warmup", "1"];
+    let md = bench(&out, &[&["lora"], TINY, &small, &["--adapters", "0,1,3"]].concat());
+    let v = report(&out, "lora-reference-tiny");
+    let runs = v["results"]["runs"].as_array().unwrap();
+    let counts: Vec<u64> = runs.iter().map(|r| r["adapters"].as_u64().unwrap()).collect();
+    assert_eq!(counts, vec![0, 1, 3]);
+    for r in runs {
+        assert_eq!((r["completed"].as_u64(), r["output_tokens"].as_u64()), (Some(6), Some(24)), "{r}");
+        assert!(r["output_tokens_per_s_vs_base"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    assert_eq!(runs[0]["output_tokens_per_s_vs_base"], 1.0);
+    assert_eq!(runs[2]["ranks"], serde_json::json!([8, 16, 8]));
+    assert!(out.join("lora-adapters/tiny-a2-r8/adapter_model.safetensors").exists());
+    assert!(md.contains("| 0 (base, LoRA off) | - |") && md.contains("| 3 | 16, 8 |"), "{md}");
+}
+
 #[test]
 fn compare_and_sweep_write_tables_and_plots() {
     let out = dir("compare");

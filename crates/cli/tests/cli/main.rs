@@ -8,6 +8,7 @@ mod bench;
 mod generate_guided;
 mod golden_wgpu;
 mod gpu_scripts;
+mod lora_golden_wgpu;
 mod ops_wgpu;
 mod serve_flags;
 mod serve_kv_fp8;

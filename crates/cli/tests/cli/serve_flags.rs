@@ -127,7 +127,7 @@ fn lora_flags_refuse_what_does_not_fit_naming_the_adapter() {
         (&["--enable-lora", "--max-lora-rank", "4", "--lora-modules", &all], "adapter_config.json"),
         (&["--enable-lora", "--max-lora-rank", "4", "--lora-modules", &all], "--max-lora-rank"),
         (&["--enable-lora", "--lora-modules", "x=/nonexistent/adapter"], "LoRA module \"x\""),
-        (&["--enable-lora", "--lora-modules", &rs, &json], "--max-loras is 1"),
+        (&["--enable-lora", "--lora-modules", &rs, &json], "LoRA module name \"rs\" given twice"),
         (
             &["--enable-lora", "--max-loras", "2", "--max-cpu-loras", "1"],
             "--max-cpu-loras (1) must be >= --max-loras (2)",

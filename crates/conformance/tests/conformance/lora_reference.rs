@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use tandem_conformance::golden::golden_model;
-use tandem_conformance::lora_golden::{adapter_dir, check_lora, lora_load_options, LORA_GOLDEN};
+use tandem_conformance::lora_golden::{adapter_dir, check_lora, check_lora_mixed, lora_load_options, LORA_GOLDEN};
 use tandem_core::backend::argmax_row;
 use tandem_core::lora::{AdapterConfig, LoraAdapter, LoraLimits};
 use tandem_core::model::ModelRunner;
@@ -51,6 +51,15 @@ fn lora_qwen3_qk_norm_matches_peft() {
 #[test]
 fn lora_gemma3_sandwich_norms_matches_peft() {
     check("tiny-gemma3-all");
+}
+
+/// Each golden case under tiny-all, under the base model and under tiny-rs, in one batch:
+/// every row as alone, the adapter's by the golden rule, the base's HF's ids.
+#[test]
+fn lora_goldens_mixed_with_the_base_and_another_adapter() {
+    for (name, other) in [("tiny-all", Some("tiny-rs")), ("tiny-phi3-fused", None)] {
+        println!("{}", check_lora_mixed(RefBackend::new(), name, other, 1e-3).unwrap_or_else(|e| panic!("{e}")));
+    }
 }
 
 fn tiny() -> (ModelConfig, Weights) {

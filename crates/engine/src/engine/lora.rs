@@ -10,10 +10,10 @@ use super::Engine;
 use crate::sequence::FinishReason;
 
 impl Engine {
-    /// Puts `adapter` into a free LoRA slot, or keeps it on the CPU until a request needs it
-    /// where `--max-cpu-loras` allows more adapters than slots, and returns the id requests
-    /// name it by; an error (for the caller to report) where the model has no slots, as many
-    /// adapters as allowed are served, or the adapter does not fit the slots.
+    /// Puts `adapter` into a free LoRA slot, or keeps it off the device until a request
+    /// needs it and a slot can be swapped, and returns the id requests name it by; an error
+    /// (for the caller to report) where the model has no slots, no slot could ever take it
+    /// (each holds an adapter that cannot be swapped out), or the adapter does not fit.
     pub fn load_adapter(&mut self, adapter: LoraAdapter) -> Result<u32, String> {
         if !self.scheduler.adapters.enabled() {
             return Err("the model was loaded without LoRA slots (--enable-lora)".into());
@@ -21,31 +21,19 @@ impl Engine {
         self.land_all();
         self.free_unused_adapters();
         let a = &self.scheduler.adapters;
-        if a.num_held() >= a.max_cpu() {
+        if !a.could_place() {
             return Err(format!(
-                "every LoRA slot holds an adapter (--max-loras {}) and {} adapters are held \
-                 (--max-cpu-loras {}); unload one first",
-                a.num_slots(),
-                a.num_held(),
-                a.max_cpu()
+                "every LoRA slot holds an adapter loaded with the model that cannot be swapped out \
+                 (--max-loras {}); unload one first",
+                a.num_slots()
             ));
         }
         let slot = a.free_slot();
         let mut runner = self.runner.lock().map_err(|_| "the model worker has stopped".to_string())?;
         match slot {
             Some(slot) => runner.load_lora(slot, &adapter).map_err(|e| e.to_string())?,
-            // On the CPU for now: what a slot would refuse is refused here.
-            None => match runner.lora_limits() {
-                Some(l) if adapter.rank > l.max_rank => {
-                    return Err(format!(
-                        "{}: rank {} is over the limit {} (--max-lora-rank)",
-                        adapter.dir.display(),
-                        adapter.rank,
-                        l.max_rank
-                    ))
-                }
-                _ => {}
-            },
+            // Off the device for now: what a slot would refuse is refused here.
+            None => check_rank(&adapter, runner.lora_limits())?,
         }
         drop(runner);
         Ok(self.scheduler.adapters.add(Arc::new(adapter), slot))
@@ -80,14 +68,22 @@ impl Engine {
                 continue;
             }
             let Some(slot) = self.scheduler.adapters.slot_to_swap(|x| keep.contains(&x)) else { break };
-            let Some(adapter) = self.scheduler.adapters.held(id).cloned() else { continue };
+            let Some((copy, dir)) = self.scheduler.adapters.source(id) else { continue };
+            let dir = dir.to_path_buf();
             let loaded = match self.runner.lock() {
-                Ok(mut r) => r.load_lora(slot, &adapter).map_err(|e| e.to_string()),
+                Ok(mut r) => {
+                    let read = match copy {
+                        Some(a) => Ok(a),
+                        // Its copy left the CPU cache: read again (memory-mapped).
+                        None => LoraAdapter::load(&dir, r.config()).map(Arc::new).map_err(|e| e.to_string()),
+                    };
+                    read.and_then(|a| r.load_lora(slot, &a).map(|()| a).map_err(|e| e.to_string()))
+                }
                 Err(_) => Err("the model worker has stopped".into()),
             };
             match loaded {
-                Ok(()) => {
-                    self.scheduler.adapters.place(slot, id);
+                Ok(a) => {
+                    self.scheduler.adapters.place(slot, id, a);
                     keep.push(id);
                 }
                 Err(e) => self.adapter_refused(slot, id, &e),
@@ -151,5 +147,18 @@ impl Engine {
         }
         self.end_request(rid, FinishReason::Error(format!("LoRA adapter {id} was unloaded")));
         true
+    }
+}
+
+/// What a slot refuses on rank alone, refused before the adapter waits for one.
+fn check_rank(adapter: &LoraAdapter, limits: Option<tandem_core::lora::LoraLimits>) -> Result<(), String> {
+    match limits {
+        Some(l) if adapter.rank > l.max_rank => Err(format!(
+            "{}: rank {} is over the limit {} (--max-lora-rank)",
+            adapter.dir.display(),
+            adapter.rank,
+            l.max_rank
+        )),
+        _ => Ok(()),
     }
 }

@@ -178,8 +178,10 @@ fn unloading_refuses_new_requests_and_frees_the_slot_after_the_running_ones() {
         let r = e.add_request_with_adapter(request(&prompt, 2), Some(1));
         assert_eq!(r.err(), Some(SubmitError::UnknownAdapter { slot: 1 }), "async {async_scheduling}");
         assert_eq!(e.scheduler().adapters.slot_of(1), Some(1), "its requests still run");
-        let full = e.load_adapter(read_adapter(&dir, "tiny-all")).unwrap_err();
-        assert!(full.contains("every LoRA slot holds an adapter"), "{full}");
+        // Slot 0's adapter came with the model (no directory to come back from), slot 1
+        // frees once its requests end: a new adapter waits for it.
+        let waits = e.load_adapter(read_adapter(&dir, "tiny-all")).unwrap();
+        assert_eq!(e.scheduler().adapters.slot_of(waits), None);
         run_to_idle(&mut e);
         for s in [&mut running, &mut waiting] {
             assert_eq!(collect(&drain(s), 1).tokens[0], want, "async {async_scheduling}");
@@ -189,6 +191,10 @@ fn unloading_refuses_new_requests_and_frees_the_slot_after_the_running_ones() {
         let id = e.load_adapter(read_adapter(&dir, "tiny-rs")).unwrap();
         assert_eq!(e.scheduler().adapters.slot_of(id), Some(1));
     }
+    // Both slots hold adapters put there before the engine started: nothing can take one.
+    let mut e = Engine::new(Box::new(lora_model(&dir, 64, 16)), letters(), EngineConfig::default()).unwrap();
+    let pinned = e.load_adapter(read_adapter(&dir, "tiny-rs")).unwrap_err();
+    assert!(pinned.contains("cannot be swapped out"), "{pinned}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -214,8 +220,11 @@ fn two_adapters_over_one_slot_take_turns_and_each_answers_as_alone() {
         let all = e.load_adapter(read_adapter(&dir, "tiny-all")).unwrap();
         let rs = e.load_adapter(read_adapter(&dir, "tiny-rs")).unwrap();
         assert_eq!((e.scheduler().adapters.slot_of(all), e.scheduler().adapters.slot_of(rs)), (Some(0), None));
-        let over = e.load_adapter(read_adapter(&dir, "tiny-rs")).unwrap_err();
-        assert!(over.contains("--max-cpu-loras 2"), "{over}");
+        // A third adapter is served too; --max-cpu-loras 2 keeps two CPU copies (vLLM's LRU),
+        // so tiny-rs, the oldest outside a slot, is read again from its directory below.
+        let third = e.load_adapter(read_adapter(&dir, "tiny-all")).unwrap();
+        assert_eq!((e.scheduler().adapters.slot_of(third), e.scheduler().adapters.num_copies()), (None, 2));
+        assert!(e.scheduler().adapters.source(rs).is_some_and(|(copy, _)| copy.is_none()));
         // tiny-rs first in the queue: it takes the slot, tiny-all waits, and takes it back.
         let mut streams: Vec<_> = [(&prompts[1], Some(rs)), (&prompts[0], Some(all)), (&prompts[2], None)]
             .into_iter()
@@ -227,5 +236,59 @@ fn two_adapters_over_one_slot_take_turns_and_each_answers_as_alone() {
         assert_eq!(e.scheduler().adapters.slot_of(all), Some(0), "tiny-all swapped back in");
         assert_eq!(e.scheduler().kv_usage(), 0.0, "no block leaked");
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn adapters_named_at_start_beyond_the_slots_are_swapped_in_and_answer_as_alone() {
+    let dir = model_dir("named");
+    let steps = 6;
+    let prompts: [Vec<u32>; 4] = [vec![21, 22, 23, 24], vec![5, 6, 7, 8, 9, 10], vec![100, 101, 102], vec![9, 8, 7]];
+    let alone = |p: &[u32], a: Option<u32>| -> Vec<u32> {
+        let mut m = lora_model(&dir, 64, 16);
+        let s = tandem_core::greedy::generate_with(&mut m, a, p, steps, &[], false, |_| {}).unwrap();
+        s.iter().map(|s| s.id).collect()
+    };
+    // The oracle has tiny-all in slot 0 and tiny-rs in slot 1; the engine below one slot, with
+    // tiny-rs, tiny-all and tiny-rs again named at start (ids 0, 1, 2).
+    let want = [alone(&prompts[0], Some(1)), alone(&prompts[1], Some(0)), alone(&prompts[2], None)];
+    let want_again = alone(&prompts[3], Some(1));
+    for async_scheduling in [false, true] {
+        let opts =
+            LoadOptions { max_batch_tokens: 64, max_seqs: 8, num_kv_blocks: 16, block_size: 16, ..Default::default() };
+        let mut m =
+            Model::load_with_lora(RefBackend::new(), &dir, opts, LoraLimits { max_loras: 1, max_rank: 8 }).unwrap();
+        m.load_lora(0, &read_adapter(&dir, "tiny-rs")).unwrap();
+        let cfg = EngineConfig {
+            async_scheduling,
+            max_cpu_loras: Some(1),
+            lora_modules: vec![adapter("tiny-rs"), adapter("tiny-all"), adapter("tiny-rs")],
+            ..Default::default()
+        };
+        let mut e = Engine::new(Box::new(m), letters(), cfg).unwrap();
+        let a = &e.scheduler().adapters;
+        assert_eq!((a.slot_of(0), a.slot_of(1), a.slot_of(2), a.num_copies()), (Some(0), None, None, 0));
+        // tiny-all waits for the slot, then tiny-rs comes back into it under id 2.
+        let reqs = [(&prompts[0], Some(0)), (&prompts[1], Some(1)), (&prompts[2], None), (&prompts[3], Some(2))];
+        let mut streams: Vec<_> =
+            reqs.into_iter().map(|(p, a)| e.add_request_with_adapter(request(p, steps), a).unwrap()).collect();
+        run_to_idle(&mut e);
+        let got: Vec<Vec<u32>> = streams.iter_mut().map(|s| collect(&drain(s), 1).tokens[0].clone()).collect();
+        let mut all = want.to_vec();
+        all.push(want_again.clone());
+        assert_eq!(got, all, "async {async_scheduling}");
+        assert!(e.scheduler().adapters.num_copies() <= 1, "--max-cpu-loras 1");
+        assert_eq!(e.scheduler().kv_usage(), 0.0, "no block leaked");
+    }
+    let bad = EngineConfig { lora_modules: vec![adapter("tiny-rs")], ..Default::default() };
+    let m = Model::load_with_lora(
+        RefBackend::new(),
+        &dir,
+        LoadOptions { max_batch_tokens: 16, max_seqs: 2, num_kv_blocks: 4, ..Default::default() },
+        LoraLimits { max_loras: 1, max_rank: 8 },
+    )
+    .unwrap();
+    let e = Engine::new(Box::new(m), letters(), bad).err().unwrap().to_string();
+    assert!(e.contains("not in slot 0"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
