@@ -158,8 +158,14 @@ pub(crate) const QUANT_MATMUL_BIAS: Kernel = k("quant_matmul", &[R, R, RW, R]);
 pub(crate) const QUANT_EMBEDDING: Kernel = k("quant_embedding", &[R, R, RW]);
 /// A weight in the split layout (`crate::quant_split`), held in a texture: x, the texture, out
 /// (then the bias, when given).
-pub(crate) const QUANT_SPLIT_MATMUL: Kernel = k("quant_split_matmul", &[R, T, RW]);
-pub(crate) const QUANT_SPLIT_MATMUL_BIAS: Kernel = k("quant_split_matmul", &[R, T, RW, R]);
+/// `x`: how x is bound (`Read` or `Uniform`, see [`Prelude::x_vec4`]).
+pub(crate) fn quant_split_matmul_kernel(x: Access, bias: bool) -> Kernel {
+    let mut bindings = vec![x, T, RW];
+    if bias {
+        bindings.push(R);
+    }
+    k("quant_split_matmul", intern(bindings))
+}
 /// Bindings: the table's texture, ids, out.
 pub(crate) const QUANT_SPLIT_EMBEDDING: Kernel = k("quant_split_embedding", &[T, R, RW]);
 

@@ -15,7 +15,7 @@ use tandem_core::weights::TensorView;
 use tandem_core::{DType, Error, Result};
 
 use super::operand::{err, groups, to_u32, want_f32, want_u32, want_weight};
-use super::WgpuBackend;
+use super::{WgpuBackend, UNIFORM_WINDOW};
 use crate::buffer::{BufKind, WgpuBuf};
 use crate::quant_split::QuantSplit;
 use crate::recorder::{Bind, Grid};
@@ -23,6 +23,9 @@ use crate::shaders::{self, Prelude};
 
 /// Lanes per quant_matmul workgroup (one output column each).
 const WG: u32 = 32;
+
+/// Weight rows per lane of the split-layout matmul at decode (m <= 2).
+const SPLIT_DECODE_RT: u32 = 4;
 
 /// Rows `[row0, row0 + rows)` of a quantized weight and the byte range of its buffer bound.
 struct QuantChunk {
@@ -181,24 +184,32 @@ impl WgpuBackend {
         }
         self.check_loops(op, &format!("k = {k}"), iterations(mt))?;
         if let (Some(split), Some(tx)) = (Self::split_of(w), &w.texels) {
+            // At decode each lane takes RT rows, so one x load serves RT of them, and x goes
+            // through a uniform window (every f32 buffer is padded to hold one past its end).
+            let (rt, uniform) = match m <= 2 {
+                true => (
+                    SPLIT_DECODE_RT,
+                    self.uniform_x && (m * k * 4) as u64 <= UNIFORM_WINDOW && x_b.size() >= UNIFORM_WINDOW,
+                ),
+                false => (1, false),
+            };
             let prelude = Prelude::new()
                 .constant("MT", mt as u32)
+                .constant("RT", rt)
                 .constant("WG", WG)
+                .x_vec4("x", 1, uniform.then_some((UNIFORM_WINDOW / 16) as u32))
                 .quant_split(split, 2)
                 .optional_weight("bias", 4, bias_dtype);
-            let kernel = if bias.is_some() { shaders::QUANT_SPLIT_MATMUL_BIAS } else { shaders::QUANT_SPLIT_MATMUL };
+            let x_access = if uniform { shaders::Access::Uniform } else { shaders::Access::Read };
+            let kernel = shaders::quant_split_matmul_kernel(x_access, bias.is_some());
             let params = [m as u32, n as u32, k as u32, split.units_per_row() as u32, split.quant_units() as u32];
-            let mut binds = vec![Bind::all(x_b), Bind::Texels(&tx.view), Bind::all(out_b)];
+            let xb = if uniform { Bind::range(x_b, Some((0, UNIFORM_WINDOW))) } else { Bind::all(x_b) };
+            let mut binds = vec![xb, Bind::Texels(&tx.view), Bind::all(out_b)];
             if let Some(b) = bias {
                 binds.push(Bind::all(&b.buf));
             }
-            return self.rec.dispatch(
-                kernel,
-                &prelude,
-                &params,
-                &binds,
-                Grid::XY(groups(n, WG as usize), groups(m, mt)),
-            );
+            let grid = Grid::XY(groups(n, (WG * rt) as usize), groups(m, mt));
+            return self.rec.dispatch(kernel, &prelude, &params, &binds, grid);
         }
         let prelude = Prelude::new()
             .constant("MT", mt as u32)
