@@ -59,14 +59,7 @@ fn split4_q4_1(hv: vec2<f32>, t: vec4<u32>, j: u32) -> vec4<f32> {
 
 // FP8 e4m3: 16 bytes a unit, element e in byte e; the value rounded to bf16 (quant_fp8.wgsl).
 fn split4_fp8(hv: vec2<f32>, t: vec4<u32>, j: u32) -> vec4<f32> {
-    let v = unit_bytes4(t[j], 255u);
-    let s = hv.x;
-    return vec4<f32>(
-        bf16_round(fp8_e4m3(v.x) * s),
-        bf16_round(fp8_e4m3(v.y) * s),
-        bf16_round(fp8_e4m3(v.z) * s),
-        bf16_round(fp8_e4m3(v.w) * s),
-    );
+    return fp8_e4m3_scaled4(unit_bytes4(t[j], 255u), hv.x);
 }
 
 // Int4: 32 nibbles a unit, element 2b in the low nibble of byte b and 2b + 1 in the high one.

@@ -25,7 +25,7 @@ use crate::shaders::{self, Prelude};
 const WG: u32 = 32;
 
 /// Weight rows per lane of the split-layout matmul at decode (m <= 2).
-const SPLIT_DECODE_RT: u32 = 4;
+const SPLIT_DECODE_RT: u32 = 8;
 
 /// Rows `[row0, row0 + rows)` of a quantized weight and the byte range of its buffer bound.
 struct QuantChunk {
