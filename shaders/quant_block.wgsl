@@ -117,3 +117,15 @@ fn decode4_q6_k(base: u32, e: u32) -> vec4<f32> {
     let dl = qf16(base + 208u) * f32(sc);
     return dl * (vec4<f32>(lo | hi) - 32.0);
 }
+
+// FP8 e4m3 (36 bytes): the f32 scale, then 32 bytes, one a value (shaders/quant_fp8.wgsl).
+fn decode4_fp8(base: u32, e: u32) -> vec4<f32> {
+    let s = bitcast<f32>(qw[base >> 2u]);
+    let v = bytes4(qw[(base + 4u + e) >> 2u], 255u);
+    return vec4<f32>(
+        bf16_round(fp8_e4m3(v.x) * s),
+        bf16_round(fp8_e4m3(v.y) * s),
+        bf16_round(fp8_e4m3(v.z) * s),
+        bf16_round(fp8_e4m3(v.w) * s),
+    );
+}

@@ -1,8 +1,9 @@
-// quant_fp8: the decoder of FP8 e4m3 weights kept in 8 bits (crates/core/src/fp8.rs
+// quant_fp8: the values of FP8 e4m3 weights kept in 8 bits (crates/core/src/fp8.rs
 // `pack_blocks`): a row is runs of 32 values, each run its f32 scale (4 bytes, little-endian)
 // then its 32 e4m3 bytes as the checkpoint stores them, so a block is 36 bytes and every block
-// starts at a multiple of 4. The pipeline puts this text after shaders/quant_block.wgsl (whose
-// `qw` words and `bytes4` it uses) where the prelude names `decode4_fp8`.
+// starts at a multiple of 4. The pipeline puts this text after the block decoders
+// (shaders/quant_block.wgsl's `decode4_fp8`, shaders/quant_split.wgsl's `split4_fp8`), which
+// call the functions here.
 //
 // A value is crates/core/src/fp8.rs `decode_block`'s: the byte's e4m3 value (exact in f32) times
 // the run's scale, one f32 multiply, rounded to the nearest bf16 (ties to even), the bits the
@@ -36,13 +37,17 @@ fn bf16_round(x: f32) -> f32 {
     return bitcast<f32>((u + 0x7fffu + ((u >> 16u) & 1u)) & 0xffff0000u);
 }
 
-fn decode4_fp8(base: u32, e: u32) -> vec4<f32> {
-    let s = bitcast<f32>(qw[base >> 2u]);
-    let v = bytes4(qw[(base + 4u + e) >> 2u], 255u);
-    return vec4<f32>(
-        bf16_round(fp8_e4m3(v.x) * s),
-        bf16_round(fp8_e4m3(v.y) * s),
-        bf16_round(fp8_e4m3(v.z) * s),
-        bf16_round(fp8_e4m3(v.w) * s),
-    );
+// Four bytes' values times `s`, each rounded to bf16: `bf16_round(fp8_e4m3(v[i]) * s)` for each
+// lane of `v`, in vector operations without branches (the split decoder's inner loop).
+fn fp8_e4m3_scaled4(v: vec4<u32>, s: f32) -> vec4<f32> {
+    let mag = v & vec4<u32>(0x7fu);
+    let normal = bitcast<vec4<f32>>((mag << vec4<u32>(20u)) + vec4<u32>(120u << 23u));
+    let sub = vec4<f32>(v & vec4<u32>(7u)) * 0.001953125;
+    var x = select(normal, sub, (v & vec4<u32>(0x78u)) == vec4<u32>(0u));
+    x = select(x, -x, (v & vec4<u32>(0x80u)) != vec4<u32>(0u));
+    let nan = bitcast<vec4<f32>>(vec4<u32>(0x7fc00000u) | ((v & vec4<u32>(0x80u)) << vec4<u32>(24u)));
+    x = select(x, nan, mag == vec4<u32>(0x7fu)) * s;
+    let u = bitcast<vec4<u32>>(x);
+    let r = (u + vec4<u32>(0x7fffu) + ((u >> vec4<u32>(16u)) & vec4<u32>(1u))) & vec4<u32>(0xffff0000u);
+    return select(bitcast<vec4<f32>>(r), x, (u & vec4<u32>(0x7fffffffu)) > vec4<u32>(0x7f800000u));
 }

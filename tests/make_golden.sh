@@ -38,6 +38,10 @@ cargo xtask gen-model --shape tiny --seed 9 --out target/golden/tiny-fp8 --dtype
 # compressed-tensors' dequantized weights for int4/ct.json.
 cargo xtask gen-model --shape tiny --seed 11 --out target/golden/tiny-int4-src --dtype f32
 "$VENV/bin/python" tests/int4_golden.py --model target/golden/tiny-int4-src --out tests/golden/int4
+# FP8 as transformers itself writes and loads it: a bf16 Llama whose projections its own FP8
+# quantizer stores in e4m3 with 128 x 128 block scales (tests/golden/fp8-block), and its greedy
+# ids on its own (dequantizing) load of that directory.
+"$VENV/bin/python" tests/fp8_golden.py --out-model tests/golden/fp8-block --out tests/golden/fp8-block.json
 # LoRA adapters made by peft itself (B drawn nonzero) over golden models, with peft's greedy ids
 # (needs `pip install peft`): tests/golden/lora/NAME/ and NAME.json.
 LORA="$VENV/bin/python tests/lora_golden.py"

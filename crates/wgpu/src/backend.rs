@@ -86,6 +86,9 @@ pub struct WgpuBackend {
     /// Hold tiled weight matrices in textures (see `buffer::Texels`): by default on CPU
     /// adapters that can read rgba32uint storage textures; `TANDEM_WGPU_TEXELS=0|1` decides.
     texel_weights: bool,
+    /// Hold quantized weights whose layout has one in the split layout in textures
+    /// (`crate::quant_split`): with texel weights, unless `TANDEM_WGPU_QUANT_TEXELS=0`.
+    quant_texels: bool,
     /// Fuse the q/k/v and the gate/up projections at load (`TANDEM_WGPU_FUSE=0` keeps them apart).
     fuse: bool,
     /// Fuse the residual adds and norms into the projections (`Backend::fuses_norm`): off by
@@ -179,6 +182,8 @@ impl WgpuBackend {
             loop_limit,
             tiled_weights,
             texel_weights,
+            // Measured on lavapipe (SmolLM2 Q8_0 / Q4_0 decode): docs/results/2026-12-07-quantized.
+            quant_texels: texel_weights && knob("TANDEM_WGPU_QUANT_TEXELS", 1) == 1,
             fuse: knob("TANDEM_WGPU_FUSE", 1) == 1,
             fuse_norm: opts.fuse_norm.unwrap_or(knob("TANDEM_WGPU_FUSE_NORM", 0) == 1),
             fuse_norm_rows: knob("TANDEM_WGPU_FUSE_NORM_ROWS", 2) as usize,

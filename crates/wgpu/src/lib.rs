@@ -12,6 +12,8 @@
 //!   methods live one file per group of the trait (`device`, `storage`, `ops`, `fused_ops`,
 //!   `sampling`); `matmul`, the kernel every projection runs through; `operand`, the host-side
 //!   checks each op starts with.
+//! - [`quant_split`]: quantized weights repacked at upload so that the kernels' loads are
+//!   aligned texels.
 //! - [`fp8_codec`]: WGSL fp8 encode/decode, bit-exact with the reference, for fp8 KV caches.
 //! - `affinity`: lavapipe's compute workers pinned one per CPU (CPU adapters on Linux).
 //!
@@ -23,6 +25,7 @@ mod affinity;
 pub mod backend;
 pub mod buffer;
 pub mod fp8_codec;
+pub mod quant_split;
 pub mod recorder;
 pub mod shaders;
 

@@ -37,6 +37,9 @@ const EMBEDDED: &[(&str, &str)] = &[
     ("quant_fp8", include_str!("../../../shaders/quant_fp8.wgsl")),
     ("quant_matmul", include_str!("../../../shaders/quant_matmul.wgsl")),
     ("quant_embedding", include_str!("../../../shaders/quant_embedding.wgsl")),
+    ("quant_split", include_str!("../../../shaders/quant_split.wgsl")),
+    ("quant_split_matmul", include_str!("../../../shaders/quant_split_matmul.wgsl")),
+    ("quant_split_embedding", include_str!("../../../shaders/quant_split_embedding.wgsl")),
 ];
 
 /// How a kernel uses one storage binding.
@@ -161,6 +164,18 @@ pub(crate) const QUANT_MATMUL: Kernel = k("quant_matmul", &[R, R, RW]);
 pub(crate) const QUANT_MATMUL_BIAS: Kernel = k("quant_matmul", &[R, R, RW, R]);
 /// Bindings: the table's blocks, ids, out.
 pub(crate) const QUANT_EMBEDDING: Kernel = k("quant_embedding", &[R, R, RW]);
+/// A weight in the split layout (`crate::quant_split`), held in a texture: x, the texture, out
+/// (then the bias, when given).
+/// `x`: how x is bound (`Read` or `Uniform`, see [`Prelude::x_vec4`]).
+pub(crate) fn quant_split_matmul_kernel(x: Access, bias: bool) -> Kernel {
+    let mut bindings = vec![x, T, RW];
+    if bias {
+        bindings.push(R);
+    }
+    k("quant_split_matmul", intern(bindings))
+}
+/// Bindings: the table's texture, ids, out.
+pub(crate) const QUANT_SPLIT_EMBEDDING: Kernel = k("quant_split_embedding", &[T, R, RW]);
 
 /// How a weight matrix is laid out on the device (see `crate::buffer`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -185,8 +200,9 @@ fn gelu_tanh(g: f32) -> f32 {\n\
 /// shaders/quant_block.wgsl, which defines the `decode4_*` it names.
 const QUANT_DECODE: &str = "fn decode4";
 
-/// The FP8 decoder's name in a prelude: the pipeline then adds shaders/quant_fp8.wgsl too.
-const FP8_DECODE: &str = "decode4_fp8";
+/// How a prelude from [`Prelude::quant_split`] starts its decoder: the pipeline then adds
+/// shaders/quant_split.wgsl and shaders/quant_fp8.wgsl.
+const SPLIT_DECODE: &str = "fn split4";
 
 /// Declarations prepended to a kernel's source; equal preludes share a pipeline.
 #[derive(Debug, Default, Clone, PartialEq, Eq, Hash)]
@@ -680,6 +696,33 @@ impl Prelude {
         Some(self)
     }
 
+    /// The split-layout decoders (shaders/quant_split.wgsl, which the pipeline puts after the
+    /// prelude) for a weight in `split`, held in a texture bound at `binding` (declared here as
+    /// `qw`, read by `q_unit(i)`): `BLOCK_ELEMS`, `QU`, `HH`, `VJ`, `split_head(h, i)` and
+    /// `split4(hv, t, j)`.
+    pub fn quant_split(mut self, split: crate::quant_split::QuantSplit, binding: u32) -> Self {
+        let (head, f) = match split.layout {
+            QuantLayout::Q8_0 => ("f16", "q8_0"),
+            QuantLayout::Q4_0 => ("f16", "q4_0"),
+            QuantLayout::Q4_1 => ("f16x2", "q4_1"),
+            QuantLayout::Fp8E4m3(_) => ("f32", "fp8"),
+            _ => ("int4", "int4"),
+        };
+        let (log, mask) = (crate::buffer::TEXEL_ROW_LOG2, crate::buffer::TEXEL_ROW - 1);
+        self.0.push_str(&format!(
+            "@group(0) @binding({binding}) var qw: texture_storage_2d<rgba32uint, read>;\n\
+             fn q_unit(i: u32) -> vec4<u32> {{ return textureLoad(qw, vec2<u32>(i & {mask}u, i >> {log}u)); }}\n\
+             const BLOCK_ELEMS: u32 = {}u;\nconst QU: u32 = {}u;\nconst HH: u32 = {}u;\nconst VJ: u32 = {}u;\n\
+             fn split_head(h: vec4<u32>, i: u32) -> vec2<f32> {{ return split_head_{head}(h, i); }}\n\
+             {SPLIT_DECODE}(hv: vec2<f32>, t: vec4<u32>, j: u32) -> vec4<f32> {{ return split4_{f}(hv, t, j); }}\n",
+            split.layout.block_elems(),
+            split.units_per_block(),
+            split.head_halves(),
+            split.values_per_unit() / 4,
+        ));
+        self
+    }
+
     pub fn constant(mut self, name: &str, value: u32) -> Self {
         self.0.push_str(&format!("const {name}: u32 = {value}u;\n"));
         self
@@ -728,13 +771,13 @@ impl Pipelines {
         if let Some(p) = cache.get(&key) {
             return Ok(p.clone());
         }
-        let decoders = match prelude.0.contains(QUANT_DECODE) {
-            true => self.source("quant_block")? + "\n" + &self.source("quant_int4")?,
-            false => String::new(),
-        };
-        let decoders = match prelude.0.contains(FP8_DECODE) {
-            true => format!("{decoders}\n{}", self.source("quant_fp8")?),
-            false => decoders,
+        // The FP8 value functions serve both decoder files (unused functions cost nothing).
+        let decoders = if prelude.0.contains(QUANT_DECODE) {
+            [self.source("quant_block")?, self.source("quant_int4")?, self.source("quant_fp8")?].join("\n")
+        } else if prelude.0.contains(SPLIT_DECODE) {
+            self.source("quant_split")? + "\n" + &self.source("quant_fp8")?
+        } else {
+            String::new()
         };
         let source = format!("{}\n{decoders}\n{}", prelude.0, self.source(kernel.name)?);
         let where_ = match &self.dir {

@@ -4,6 +4,7 @@
 //! `cargo test -p tandem-conformance --test conformance <module>::`.
 
 mod broken;
+mod fp8_reference;
 mod golden_reference;
 mod int4_reference;
 mod lora_reference;

@@ -4,19 +4,29 @@
 //! (shaders/quant_block.wgsl), so a weight takes its file's bytes, not the 2-4x of
 //! its 16- or 32-bit values. The projections of such a model are never fused at load (the fused
 //! kernels read 16-bit rows), so every projection comes here through `Ops::matmul`.
+//!
+//! Where the backend holds weights in textures (CPU adapters), the layouts that have one are
+//! repacked at upload into the split layout (`crate::quant_split`: aligned units of quants,
+//! the headers apart, rows tiled) and read by shaders/quant_split_matmul.wgsl and
+//! quant_split_embedding.wgsl; `TANDEM_WGPU_QUANT_TEXELS=0` keeps the file's bytes in a buffer.
 
 use tandem_core::quant_layout::QuantLayout;
 use tandem_core::weights::TensorView;
-use tandem_core::{Error, Result};
+use tandem_core::{DType, Error, Result};
 
 use super::operand::{err, groups, to_u32, want_f32, want_u32, want_weight};
-use super::WgpuBackend;
+use super::{WgpuBackend, UNIFORM_WINDOW};
 use crate::buffer::{BufKind, WgpuBuf};
+use crate::quant_split::QuantSplit;
 use crate::recorder::{Bind, Grid};
 use crate::shaders::{self, Prelude};
 
 /// Lanes per quant_matmul workgroup (one output column each).
 const WG: u32 = 32;
+
+/// Weight rows per lane of the split-layout matmul at decode (m <= 2). Measured on lavapipe
+/// (SmolLM2 Q8_0 decode, bench.sh): 15.1 tokens/s with 4, 7.7 with 8.
+const SPLIT_DECODE_RT: u32 = 4;
 
 /// Rows `[row0, row0 + rows)` of a quantized weight and the byte range of its buffer bound.
 struct QuantChunk {
@@ -48,6 +58,17 @@ impl WgpuBackend {
                 ),
             ));
         }
+        if let Some(split) = QuantSplit::new(layout, &[rows, cols])
+            .filter(|s| self.quant_texels && self.fits_texture(s.tiled(), DType::F32) && t.shape.len() == 2)
+        {
+            let bytes = split.split(t.bytes());
+            let tiled = split.tiled();
+            let mut w =
+                self.texel_weight(DType::F32, Some(&t.name), tiled, &|r| tiled.row_of(DType::F32, &bytes, r))?;
+            w.kind = BufKind::Quant(layout);
+            w.len = t.numel();
+            return Ok(w);
+        }
         let what = format!("tensor `{}`", t.name);
         let size = (t.bytes().len() as u64 + 4).next_multiple_of(16);
         let buf = self.mapped_weight_buffer(&what, Some(&t.name), size)?;
@@ -73,11 +94,24 @@ impl WgpuBackend {
         let block = layout.block_elems();
         let whole = len.next_multiple_of(block).min(buf.len);
         let bytes = layout.row_bytes(whole).map_err(|m| err(format!("read_f32: {}: {m}", buf.label())))?;
-        let raw = self.rec.read(&buf.buf, (bytes as u64).next_multiple_of(4))?;
+        let raw = match (Self::split_of(buf), &buf.texels) {
+            (Some(split), Some(tx)) => {
+                let tiled = split.tiled();
+                split.join(&tiled.untile(DType::F32, &self.read_texels(tx, tiled.bytes(DType::F32))?))
+            }
+            _ => self.rec.read(&buf.buf, (bytes as u64).next_multiple_of(4))?,
+        };
         let mut out = vec![0f32; whole];
         layout.dequantize(&raw[..bytes], &mut out).map_err(|m| err(format!("read_f32: {}: {m}", buf.label())))?;
         out.truncate(len);
         Ok(out)
+    }
+
+    /// The split layout of a quantized weight held in a texture (`None`: the file's bytes in a
+    /// buffer).
+    fn split_of(w: &WgpuBuf) -> Option<QuantSplit> {
+        let (BufKind::Quant(layout), Some(t), true) = (w.kind, w.tiled, w.texels.is_some()) else { return None };
+        QuantSplit::new(layout, &[t.rows, w.len / t.rows])
     }
 
     /// The layout and row bytes of a quantized weight `[rows, cols]`, checked against its length.
@@ -150,6 +184,34 @@ impl WgpuBackend {
             mt /= 2;
         }
         self.check_loops(op, &format!("k = {k}"), iterations(mt))?;
+        if let (Some(split), Some(tx)) = (Self::split_of(w), &w.texels) {
+            // At decode each lane takes RT rows, so one x load serves RT of them, and x goes
+            // through a uniform window (every f32 buffer is padded to hold one past its end).
+            let (rt, uniform) = match m <= 2 {
+                true => (
+                    SPLIT_DECODE_RT,
+                    self.uniform_x && (m * k * 4) as u64 <= UNIFORM_WINDOW && x_b.size() >= UNIFORM_WINDOW,
+                ),
+                false => (1, false),
+            };
+            let prelude = Prelude::new()
+                .constant("MT", mt as u32)
+                .constant("RT", rt)
+                .constant("WG", WG)
+                .x_vec4("x", 1, uniform.then_some((UNIFORM_WINDOW / 16) as u32))
+                .quant_split(split, 2)
+                .optional_weight("bias", 4, bias_dtype);
+            let x_access = if uniform { shaders::Access::Uniform } else { shaders::Access::Read };
+            let kernel = shaders::quant_split_matmul_kernel(x_access, bias.is_some());
+            let params = [m as u32, n as u32, k as u32, split.units_per_row() as u32, split.quant_units() as u32];
+            let xb = if uniform { Bind::range(x_b, Some((0, UNIFORM_WINDOW))) } else { Bind::all(x_b) };
+            let mut binds = vec![xb, Bind::Texels(&tx.view), Bind::all(out_b)];
+            if let Some(b) = bias {
+                binds.push(Bind::all(&b.buf));
+            }
+            let grid = Grid::XY(groups(n, (WG * rt) as usize), groups(m, mt));
+            return self.rec.dispatch(kernel, &prelude, &params, &binds, grid);
+        }
         let prelude = Prelude::new()
             .constant("MT", mt as u32)
             .constant("WG", WG)
@@ -187,6 +249,19 @@ impl WgpuBackend {
         let ids_b = want_u32(op, "ids", ids, num_tokens)?;
         let out_b = want_f32(op, "out", out, num_tokens * hidden)?;
         to_u32(op, "num_tokens * hidden", num_tokens * hidden)?;
+        if let (Some(split), Some(tx)) = (Self::split_of(table), &table.texels) {
+            let prelude = Prelude::new().quant_split(split, 1);
+            let params = [
+                num_tokens as u32,
+                hidden as u32,
+                vocab as u32,
+                split.units_per_row() as u32,
+                split.quant_units() as u32,
+            ];
+            let binds = [Bind::Texels(&tx.view), Bind::all(ids_b), Bind::all(out_b)];
+            let grid = Grid::Linear(groups(num_tokens * hidden / 4, 64));
+            return self.rec.dispatch(shaders::QUANT_SPLIT_EMBEDDING, &prelude, &params, &binds, grid);
+        }
         let prelude = Prelude::new()
             .quant_block(layout)
             .ok_or_else(|| err(format!("{op}: {} has no block decoder", layout.name())))?;

@@ -15,8 +15,11 @@ use tandem_core::config::ModelConfig;
 use tandem_core::model::LoadOptions;
 use tandem_core::quant_layout::QuantLayout;
 use tandem_core::weights::Weights;
+use tandem_core::DType;
 use tandem_core::{ForwardBatch, Model, ModelRunner};
 use tandem_reference::RefBackend;
+use tandem_wgpu::buffer::{Texels, TEXEL_ROW};
+use tandem_wgpu::quant_split::QuantSplit;
 use tandem_wgpu::{WgpuBackend, WgpuBuf};
 
 /// `n` rows of `k` int4 values in groups of `group`: random nibbles, zero points in 0..=15 and
@@ -125,7 +128,28 @@ fn int4_checkpoints_give_the_references_greedy_ids() {
         let on_device = (backend.weight_bytes().unwrap_or(0) - held_before) as usize;
         eprintln!("{format}: {params} int4 weights in {bytes} bytes, {on_device} held on wgpu");
         assert_eq!(bytes * 4, params * 3, "{format}: 0.75 bytes a weight");
-        assert!(on_device >= bytes && on_device <= bytes + 16 * names.len(), "{format}: {on_device} held for {bytes}");
+        // In a texture (CPU adapters), each weight in the split layout: its rows tiled 64 at a
+        // time, in whole texture rows of 4096 texels (tandem_wgpu::quant_split), plus the
+        // 16-byte placeholder buffer; else the stored bytes padded to 16.
+        let textured: usize = names
+            .iter()
+            .zip(&held)
+            .filter(|(_, w)| w.in_texture())
+            .map(|(name, _)| {
+                let split =
+                    QuantSplit::new(QuantLayout::Int4Group { group: 32 }, weights.shape(name).unwrap()).unwrap();
+                16 + Texels::rows_for(split.tiled().bytes(DType::F32) as usize / 16) * TEXEL_ROW * 16
+            })
+            .sum();
+        if textured > 0 {
+            assert!(held.iter().all(|w| w.in_texture()), "{format}: every int4 weight in a texture or none");
+            assert_eq!(on_device, textured, "{format}: {on_device} held for {bytes} in textures");
+        } else {
+            assert!(
+                on_device >= bytes && on_device <= bytes + 16 * names.len(),
+                "{format}: {on_device} held for {bytes}"
+            );
+        }
         drop(held);
         let mut on_wgpu = Model::from_weights(backend, cfg.clone(), &weights, opts).unwrap();
         let mut on_ref = Model::from_weights(RefBackend::new(), cfg, &weights, opts).unwrap();

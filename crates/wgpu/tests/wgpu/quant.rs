@@ -213,3 +213,41 @@ fn a_q8_0_gguf_model_gives_the_references_greedy_ids() {
 fn a_k_quant_gguf_model_gives_the_references_greedy_ids() {
     same_as_the_reference("tiny-q4_k.gguf", tandem_model_files::tiny_gguf::write_tiny_kquant_gguf);
 }
+
+/// Where weights sit in textures (CPU adapters), Q8_0, Q4_0 and Q4_1 weights are held there in
+/// the split layout (tandem_wgpu::quant_split) and the K-quants stay the file's bytes in a
+/// buffer; the split weight's matmul and embedding give the bits of the same weight kept in a
+/// buffer (`TANDEM_WGPU_QUANT_TEXELS=0`'s layout): the same decoders' arithmetic, the same order.
+#[test]
+fn split_weights_give_the_bits_of_the_files_layout() {
+    let Some(b) = common::backend() else { return };
+    if !b.texel_weights() {
+        return;
+    }
+    let Some(plain) = common::open(WgpuOptions { texel_weights: Some(false), ..Default::default() }) else { return };
+    let mut rng = Rng::new("quant split");
+    let (n, k, m) = (70, 512, 5);
+    let x = rng.vec(m * k, 1.0);
+    for layout in QuantLayout::GGUF {
+        let bytes = random_blocks(layout, n * k / layout.block_elems(), &mut rng);
+        let w = upload(b, layout, n, k, &bytes);
+        let split = tandem_wgpu::quant_split::QuantSplit::new(layout, &[n, k]).is_some();
+        assert_eq!(b.is_texels(&w), split, "{}: in a texture", layout.name());
+        let w_plain = upload(&plain, layout, n, k, &bytes);
+        assert!(!plain.is_texels(&w_plain));
+        for rows in [1, m] {
+            let got = matmul(b, &x[..rows * k], &w, rows, n, k);
+            let want = matmul(&plain, &x[..rows * k], &w_plain, rows, n, k);
+            assert_eq!(bits(&got), bits(&want), "{} matmul, m = {rows}", layout.name());
+        }
+        let ids = [69u32, 0, 64, 3];
+        let embed = |be: &WgpuBackend, t: &WgpuBuf| {
+            let mut id_buf = be.alloc_u32(ids.len()).unwrap();
+            be.write_u32(&mut id_buf, &ids).unwrap();
+            let mut out = f32_buf(be, &vec![common::POISON; ids.len() * k]);
+            be.embedding(t, &id_buf, &mut out, ids.len(), k).unwrap();
+            be.read_f32(&out, ids.len() * k).unwrap()
+        };
+        assert_eq!(bits(&embed(b, &w)), bits(&embed(&plain, &w_plain)), "{} embedding", layout.name());
+    }
+}

@@ -1,0 +1,171 @@
+//! The split layout of a quantized weight held in a texture: each row's blocks repacked at
+//! upload so that every load the kernels make is one aligned 16-byte texel.
+//!
+//! Why: a GGUF block (Q8_0's 34 bytes, Q4_0's 18) puts its scale in front of its quants, so the
+//! quants of most blocks start at an unaligned byte, and a kernel reading them from a storage
+//! buffer makes several loads per four values. On Mesa's lavapipe each such load whose address
+//! differs across lanes runs as a loop over the lanes (see `buffer::Texels`), which made the
+//! kept-quantized decode slower than bf16's. Split, a row is
+//!
+//! - first its blocks' quants, block after block, each a whole number of 16-byte units;
+//! - then its blocks' headers (the bytes before the quants: scales, minimums, zero points),
+//!   packed tight and padded to a whole unit;
+//!
+//! and the rows are tiled and held in a texture as bf16 matrices are ([`Tiled`], [`Texels`]):
+//! a lane reads a unit of its row with one image load. A header of 2, 4 or 8 bytes never
+//! straddles two units, so one load gives a block's scale. The bytes are the file's, moved: a
+//! split row is the original row's length rounded up to a unit, plus the header padding.
+//!
+//! Layouts whose quants are not whole units after a header (Q5_0/Q5_1 and the K-quants: their
+//! high bits or sub-block scales sit among the quants) keep the file's bytes in a buffer
+//! (shaders/quant_block.wgsl).
+//!
+//! [`Texels`]: crate::buffer::Texels
+
+use tandem_core::quant_layout::QuantLayout;
+
+use crate::buffer::Tiled;
+
+/// A `[rows, cols]` weight in `layout`, split (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QuantSplit {
+    pub layout: QuantLayout,
+    pub rows: usize,
+    pub cols: usize,
+    /// Header bytes in front of a block's quants.
+    head: usize,
+    /// Quant bytes of a block (a multiple of 16).
+    quants: usize,
+}
+
+impl QuantSplit {
+    /// The split layout of a `[rows, cols]` weight, if `layout` has one and `cols` is whole
+    /// blocks.
+    pub fn new(layout: QuantLayout, shape: &[usize]) -> Option<QuantSplit> {
+        let (head, quants) = match layout {
+            QuantLayout::Q8_0 => (2, 32),
+            QuantLayout::Q4_0 => (2, 16),
+            QuantLayout::Q4_1 => (4, 16),
+            QuantLayout::Fp8E4m3(_) => (4, 32),
+            QuantLayout::Int4Group { group } if group > 0 && group % 32 == 0 => (8, group / 2),
+            _ => return None,
+        };
+        debug_assert_eq!(head + quants, layout.block_bytes());
+        match *shape {
+            [rows, cols] if rows > 0 && cols > 0 && cols.is_multiple_of(layout.block_elems()) => {
+                Some(QuantSplit { layout, rows, cols, head, quants })
+            }
+            _ => None,
+        }
+    }
+
+    pub fn blocks_per_row(self) -> usize {
+        self.cols / self.layout.block_elems()
+    }
+    /// 16-byte units of a block's quants.
+    pub fn units_per_block(self) -> usize {
+        self.quants / 16
+    }
+    /// Units of a row's quants (the headers start at this unit).
+    pub fn quant_units(self) -> usize {
+        self.blocks_per_row() * self.units_per_block()
+    }
+    /// 16-bit halves of one block's header (1, 2 or 4: a header never straddles two units).
+    pub fn head_halves(self) -> usize {
+        self.head / 2
+    }
+    /// Units of a split row.
+    pub fn units_per_row(self) -> usize {
+        self.quant_units() + (self.blocks_per_row() * self.head).div_ceil(16)
+    }
+    /// Values one unit of quants decodes to.
+    pub fn values_per_unit(self) -> usize {
+        self.layout.block_elems() / self.units_per_block()
+    }
+    /// The tiled matrix the split rows form, as f32 elements (four a unit).
+    pub fn tiled(self) -> Tiled {
+        Tiled { rows: self.rows, cols: self.units_per_row() * 4 }
+    }
+
+    /// A row of the file's blocks (`layout.row_bytes(cols)` bytes) into its split form
+    /// (`units_per_row() * 16` bytes).
+    pub fn split_row(self, src: &[u8], dst: &mut [u8]) {
+        let bb = self.head + self.quants;
+        let heads = self.quant_units() * 16;
+        dst.fill(0);
+        for (b, block) in src.chunks_exact(bb).enumerate() {
+            dst[b * self.quants..(b + 1) * self.quants].copy_from_slice(&block[self.head..]);
+            dst[heads + b * self.head..heads + (b + 1) * self.head].copy_from_slice(&block[..self.head]);
+        }
+    }
+
+    /// A split row back into the file's blocks.
+    pub fn join_row(self, src: &[u8], dst: &mut [u8]) {
+        let bb = self.head + self.quants;
+        let heads = self.quant_units() * 16;
+        for (b, block) in dst.chunks_exact_mut(bb).enumerate() {
+            block[self.head..].copy_from_slice(&src[b * self.quants..(b + 1) * self.quants]);
+            block[..self.head].copy_from_slice(&src[heads + b * self.head..heads + (b + 1) * self.head]);
+        }
+    }
+
+    /// Every row of `src` (the file's bytes) split, one after another.
+    pub fn split(self, src: &[u8]) -> Vec<u8> {
+        let (n, row) = (self.units_per_row() * 16, self.head_and_quants() * self.blocks_per_row());
+        let mut out = vec![0u8; self.rows * n];
+        for (s, d) in src.chunks_exact(row).zip(out.chunks_exact_mut(n)) {
+            self.split_row(s, d);
+        }
+        out
+    }
+
+    /// Split rows `src` (at least `rows` of them) back into the file's bytes.
+    pub fn join(self, src: &[u8]) -> Vec<u8> {
+        let (n, row) = (self.units_per_row() * 16, self.head_and_quants() * self.blocks_per_row());
+        let mut out = vec![0u8; self.rows * row];
+        for (s, d) in src.chunks_exact(n).zip(out.chunks_exact_mut(row)) {
+            self.join_row(s, d);
+        }
+        out
+    }
+
+    fn head_and_quants(self) -> usize {
+        self.head + self.quants
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tandem_core::quant_layout::Fp8Scales;
+
+    #[test]
+    fn split_rows_hold_quants_then_headers_and_join_back() {
+        // Q8_0, 3 rows of 3 blocks: 34-byte blocks, 2 bytes of f16 scale then 32 quants.
+        let s = QuantSplit::new(QuantLayout::Q8_0, &[3, 96]).unwrap();
+        assert_eq!((s.quant_units(), s.units_per_row(), s.head_halves(), s.values_per_unit()), (6, 7, 1, 16));
+        let src: Vec<u8> = (0..3 * 3 * 34).map(|i| (i % 253) as u8).collect();
+        let split = s.split(&src);
+        assert_eq!(split.len(), 3 * 7 * 16);
+        // Row 1, block 2: quants at unit 4 of the row, header at byte 4 of the header unit.
+        let (row, block) = (&split[7 * 16..14 * 16], &src[(3 + 2) * 34..(3 + 3) * 34]);
+        assert_eq!(&row[64..96], &block[2..]);
+        assert_eq!(&row[96 + 4..96 + 6], &block[..2]);
+        assert!(row[96 + 6..].iter().all(|&b| b == 0), "header padding is zeros");
+        assert_eq!(s.join(&split), src);
+    }
+
+    #[test]
+    fn only_layouts_with_whole_quant_units_split() {
+        let fp8 = QuantSplit::new(QuantLayout::Fp8E4m3(Fp8Scales::Block), &[2, 64]).unwrap();
+        assert_eq!((fp8.units_per_block(), fp8.head_halves(), fp8.values_per_unit()), (2, 2, 16));
+        let int4 = QuantSplit::new(QuantLayout::Int4Group { group: 128 }, &[2, 256]).unwrap();
+        assert_eq!((int4.units_per_block(), int4.head_halves(), int4.values_per_unit()), (4, 4, 32));
+        assert_eq!(QuantSplit::new(QuantLayout::Int4Group { group: 16 }, &[2, 64]), None);
+        assert_eq!(QuantSplit::new(QuantLayout::Q4K, &[2, 256]), None);
+        assert_eq!(QuantSplit::new(QuantLayout::Q5_0, &[2, 64]), None);
+        assert_eq!(QuantSplit::new(QuantLayout::Q4_0, &[2, 48]), None, "not whole blocks");
+        let src: Vec<u8> = (0..2 * 2 * 72).map(|i| (i * 7 % 251) as u8).collect();
+        assert_eq!(int4.join(&int4.split(&src)), src);
+    }
+}

@@ -1,0 +1,70 @@
+// quant_split: the decoders of quantized weights in the split layout (crates/wgpu/src/quant_split.rs):
+// a row's block quants first, each a whole number of 16-byte units, then its blocks' headers
+// packed tight, the rows tiled in a texture. The pipeline puts this text (and
+// shaders/quant_fp8.wgsl) after a prelude from `Prelude::quant_split`, which defines
+// BLOCK_ELEMS, QU (units of quants a block), HH (16-bit halves of a header), VJ (groups of four
+// values a unit), `split_head(h, i)` and `split4(hv, t, j)` naming the functions below.
+//
+// split_head_X(h, i): the values a block's header holds, from the unit `h` holding it, whose
+// half `i` it starts at: (scale, 0), (d, m) or (scale, zero point).
+// split4_X(hv, t, j): values 4j..4j+3 of the unit of quants `t`. The arithmetic is
+// shaders/quant_block.wgsl's (and quant_fp8.wgsl's, quant_int4.wgsl's) for the same bytes, so a
+// weight decodes to the same bits in either layout.
+
+// The four bytes of `v`, each masked.
+fn unit_bytes4(v: u32, mask: u32) -> vec4<u32> {
+    return vec4<u32>(v, v >> 8u, v >> 16u, v >> 24u) & vec4<u32>(mask);
+}
+
+// One f16 scale a block (Q8_0, Q4_0).
+fn split_head_f16(h: vec4<u32>, i: u32) -> vec2<f32> {
+    return vec2<f32>(unpack2x16float(h[i >> 1u])[i & 1u], 0.0);
+}
+
+// Q4_1: f16 d then f16 m, one word.
+fn split_head_f16x2(h: vec4<u32>, i: u32) -> vec2<f32> {
+    return unpack2x16float(h[i >> 1u]);
+}
+
+// FP8: an f32 scale.
+fn split_head_f32(h: vec4<u32>, i: u32) -> vec2<f32> {
+    return vec2<f32>(bitcast<f32>(h[i >> 1u]), 0.0);
+}
+
+// Int4: an f32 scale, then the zero point in the low byte of the next word.
+fn split_head_int4(h: vec4<u32>, i: u32) -> vec2<f32> {
+    return vec2<f32>(bitcast<f32>(h[i >> 1u]), f32(h[(i >> 1u) + 1u] & 0xffu));
+}
+
+// Q8_0: 16 signed bytes a unit, element e in byte e.
+fn split4_q8_0(hv: vec2<f32>, t: vec4<u32>, j: u32) -> vec4<f32> {
+    let v = t[j];
+    let q = vec4<i32>(bitcast<i32>(v << 24u), bitcast<i32>(v << 16u), bitcast<i32>(v << 8u), bitcast<i32>(v)) >> vec4<u32>(24u);
+    return hv.x * vec4<f32>(q);
+}
+
+// Q4_0 / Q4_1: the block's 16 nibble bytes are one unit; byte j holds element j (low nibble)
+// and j + 16 (high).
+fn split_nib4(t: vec4<u32>, j: u32) -> vec4<u32> {
+    return unit_bytes4(t[j & 3u] >> ((j >> 2u) * 4u), 15u);
+}
+
+fn split4_q4_0(hv: vec2<f32>, t: vec4<u32>, j: u32) -> vec4<f32> {
+    return hv.x * (vec4<f32>(split_nib4(t, j)) - 8.0);
+}
+
+fn split4_q4_1(hv: vec2<f32>, t: vec4<u32>, j: u32) -> vec4<f32> {
+    return hv.x * vec4<f32>(split_nib4(t, j)) + hv.y;
+}
+
+// FP8 e4m3: 16 bytes a unit, element e in byte e; the value rounded to bf16 (quant_fp8.wgsl).
+fn split4_fp8(hv: vec2<f32>, t: vec4<u32>, j: u32) -> vec4<f32> {
+    return fp8_e4m3_scaled4(unit_bytes4(t[j], 255u), hv.x);
+}
+
+// Int4: 32 nibbles a unit, element 2b in the low nibble of byte b and 2b + 1 in the high one.
+fn split4_int4(hv: vec2<f32>, t: vec4<u32>, j: u32) -> vec4<f32> {
+    let h = t[j >> 1u] >> ((j & 1u) * 16u);
+    let q = vec4<u32>(h, h >> 4u, h >> 8u, h >> 12u) & vec4<u32>(15u);
+    return (vec4<f32>(q) - hv.y) * hv.x;
+}
