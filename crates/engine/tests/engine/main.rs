@@ -7,6 +7,7 @@
 mod common;
 
 mod bounded;
+mod draft_heads;
 mod engine;
 mod guided;
 mod kv_fp8;
