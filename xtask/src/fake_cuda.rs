@@ -199,6 +199,7 @@ pub fn cuda_tests(root: &Path, env: &FakeEnv) -> Result<Tally> {
                 "quant::",
                 "fp8::",
                 "int4::",
+                "lora::",
                 "cublaslt::",
             ],
         ),

@@ -4,6 +4,7 @@
 //! ([`crate::golden::check_case_with`]), and the base model's rows on the same model must stay
 //! the base model's.
 
+use tandem_core::backend::KvDtype;
 use tandem_core::lora::{LoraAdapter, LoraLimits};
 use tandem_core::model::LoadOptions;
 use tandem_core::{Backend, ForwardBatch, Model, ModelRunner};
@@ -58,6 +59,16 @@ pub fn lora_load_options(longest: usize, seqs: usize) -> LoadOptions {
 /// rule, the base model's rows equal to HF's base ids, and the adapter changing some answer.
 /// Returns a line a case.
 pub fn check_lora<B: Backend>(backend: B, name: &str, logprob_tol: f64) -> Result<Vec<String>, String> {
+    check_lora_kv(backend, name, logprob_tol, None)
+}
+
+/// [`check_lora`] with the KV cache held in `kv` (`None`: the backend's default).
+pub fn check_lora_kv<B: Backend>(
+    backend: B,
+    name: &str,
+    logprob_tol: f64,
+    kv: Option<KvDtype>,
+) -> Result<Vec<String>, String> {
     let &(_, model_name) = LORA_GOLDEN.iter().find(|g| g.0 == name).ok_or_else(|| format!("no LoRA golden {name}"))?;
     let path = golden_dir().join("lora").join(format!("{name}.json"));
     let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -68,8 +79,8 @@ pub fn check_lora<B: Backend>(backend: B, name: &str, logprob_tol: f64) -> Resul
     let longest = golden.cases.iter().map(|c| c.case.prompt_ids.len() + c.case.greedy.len()).max().unwrap_or(1);
     let limits = LoraLimits { max_loras: 2, max_rank: 8 };
     let adapter = LoraAdapter::load(&adapter_dir(name), &cfg).map_err(|e| e.to_string())?;
-    let mut model = Model::from_weights_lora(backend, cfg, &w, lora_load_options(longest, 1), Some(limits))
-        .map_err(|e| e.to_string())?;
+    let opts = LoadOptions { kv_dtype: kv, ..lora_load_options(longest, 1) };
+    let mut model = Model::from_weights_lora(backend, cfg, &w, opts, Some(limits)).map_err(|e| e.to_string())?;
     model.load_lora(1, &adapter).map_err(|e| e.to_string())?;
     let mut lines = vec![];
     let mut changed = 0;
@@ -110,6 +121,17 @@ pub fn check_lora_mixed<B: Backend>(
     other: Option<&str>,
     logprob_tol: f64,
 ) -> Result<String, String> {
+    check_lora_mixed_kv(backend, name, other, logprob_tol, None)
+}
+
+/// [`check_lora_mixed`] with the KV cache held in `kv` (`None`: the backend's default).
+pub fn check_lora_mixed_kv<B: Backend>(
+    backend: B,
+    name: &str,
+    other: Option<&str>,
+    logprob_tol: f64,
+    kv: Option<KvDtype>,
+) -> Result<String, String> {
     let &(_, model_name) = LORA_GOLDEN.iter().find(|g| g.0 == name).ok_or_else(|| format!("no LoRA golden {name}"))?;
     let path = golden_dir().join("lora").join(format!("{name}.json"));
     let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -134,6 +156,7 @@ pub fn check_lora_mixed<B: Backend>(
         max_seqs: rows.len(),
         num_kv_blocks: rows.len() * per_seq,
         block_size: block,
+        kv_dtype: kv,
         ..Default::default()
     };
     let limits = LoraLimits { max_loras: 2, max_rank: 8 };

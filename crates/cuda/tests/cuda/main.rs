@@ -11,6 +11,7 @@ mod graphs;
 mod int4;
 mod kernels_check;
 mod launches;
+mod lora;
 mod moe;
 mod no_driver;
 mod ops;
