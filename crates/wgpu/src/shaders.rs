@@ -158,6 +158,10 @@ pub(crate) const MOE_ACCUMULATE: Kernel = Kernel { name: "moe", entry: "moe_accu
 pub(crate) const LORA_SHRINK: Kernel = Kernel { name: "lora", entry: "lora_shrink", bindings: &[R, R, R, RW] };
 /// Bindings: shrink, stacked B, row slots, slot scales, y (updated).
 pub(crate) const LORA_EXPAND: Kernel = Kernel { name: "lora", entry: "lora_expand", bindings: &[R, R, R, R, RW] };
+/// `LORA_SHRINK` reading x and A a vec4 at a time (`in` a multiple of 4).
+pub(crate) const LORA_SHRINK4: Kernel = Kernel { name: "lora", entry: "lora_shrink4", bindings: &[R, R, R, RW] };
+/// `LORA_EXPAND` reading shrink and B a vec4 at a time (`max_rank` a multiple of 4).
+pub(crate) const LORA_EXPAND4: Kernel = Kernel { name: "lora", entry: "lora_expand4", bindings: &[R, R, R, R, RW] };
 
 /// A weight kept in a GGUF block layout: x, the blocks, out (then the bias, when given).
 pub(crate) const QUANT_MATMUL: Kernel = k("quant_matmul", &[R, R, RW]);

@@ -34,15 +34,19 @@ impl WgpuBackend {
         // `check` bounds every size by u32.
         let params = [args.rows, args.inp, args.out, l, r].map(|v| v as u32);
         let params = [params[0], params[1], params[2], params[3], params[4], operand];
+        // The vec4 kernels where every row of x, A, shrink and B starts on a 16-byte boundary;
+        // their sums are the scalar ones', in the same order.
+        let shrink_kernel = if args.inp.is_multiple_of(4) { shaders::LORA_SHRINK4 } else { shaders::LORA_SHRINK };
+        let expand_kernel = if r.is_multiple_of(4) { shaders::LORA_EXPAND4 } else { shaders::LORA_EXPAND };
         self.rec.dispatch(
-            shaders::LORA_SHRINK,
+            shrink_kernel,
             &Prelude::new(),
             &params,
             &[Bind::all(x_b), Bind::all(a_b), Bind::all(s_b), Bind::all(u_b)],
             Grid::Linear(groups(args.rows * r, 64)),
         )?;
         self.rec.dispatch(
-            shaders::LORA_EXPAND,
+            expand_kernel,
             &Prelude::new(),
             &params,
             &[Bind::all(u_b), Bind::all(b_b), Bind::all(s_b), Bind::all(sc_b), Bind::all(y_b)],
