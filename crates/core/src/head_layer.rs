@@ -28,6 +28,20 @@ impl HeadCache {
         self.len == 0
     }
 
+    /// The K and the V rows of positions `from..to` (of those kept).
+    pub fn rows(&self, from: usize, to: usize) -> (&[f32], &[f32]) {
+        let w = self.k.len() / self.len.max(1);
+        let (a, b) = (from.min(self.len) * w, to.min(self.len) * w);
+        (&self.k[a..b], &self.v[a..b])
+    }
+
+    /// Appends `n` positions' K and V rows (`k` and `v` of `n` rows each).
+    pub fn extend(&mut self, k: &[f32], v: &[f32], n: usize) {
+        self.k.extend_from_slice(k);
+        self.v.extend_from_slice(v);
+        self.len += n;
+    }
+
     /// Keeps the first `n` positions' rows.
     pub fn truncate(&mut self, n: usize) {
         if n < self.len {

@@ -144,6 +144,10 @@ impl BlockManager {
     pub fn is_cached(&self, block: u32) -> bool {
         self.blocks[block as usize].cached.is_some()
     }
+    /// Whether a block is cached under prefix hash `hash`.
+    pub fn holds(&self, hash: u64) -> bool {
+        self.cache.contains_key(&hash)
+    }
     /// Blocks needed to hold `num_tokens` tokens.
     pub fn blocks_for(&self, num_tokens: usize) -> usize {
         num_tokens.div_ceil(self.block_size)

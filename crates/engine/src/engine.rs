@@ -185,7 +185,9 @@ impl Engine {
         let speculator = cfg
             .speculative
             .clone()
-            .map(|s| Speculator::new(s, &mut *runner))
+            .map(|s| {
+                Speculator::new(s, &mut *runner, cfg.enable_prefix_caching.then_some((geo.block_size, geo.num_blocks)))
+            })
             .transpose()
             .map_err(EngineError::Config)?;
         let runner = Arc::new(Mutex::new(runner));

@@ -133,8 +133,10 @@ impl Engine {
         drop(guard);
         if let (Some(aux), Some(sp)) = (aux, self.speculator.as_mut()) {
             let sched = &self.scheduler;
-            let chunks =
-                out.seqs.iter().map(|s| (s.seq, sched.seq(s.seq).map_or(0, |q| q.num_computed_tokens), s.num_tokens));
+            let chunks = out.seqs.iter().map(|s| match sched.seq(s.seq) {
+                Some(q) => (s.seq, q.num_computed_tokens, s.num_tokens, q.block_hashes.as_slice()),
+                None => (s.seq, 0, s.num_tokens, &[][..]),
+            });
             if let Some(h) = sp.head() {
                 h.landed(chunks, if result.is_ok() { &aux } else { &[] });
             }

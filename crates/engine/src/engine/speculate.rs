@@ -40,8 +40,13 @@ pub(super) enum DraftSource {
 impl Speculator {
     /// The speculator `cfg` describes; a draft head is loaded for `runner`'s model (refused,
     /// naming what differs, when it does not fit), and the runner told to keep the hidden
-    /// states the head reads.
-    pub(super) fn new(cfg: SpeculativeConfig, runner: &mut dyn ModelRunner) -> Result<Self, String> {
+    /// states the head reads; `blocks`: the KV pool's block size and count, where prefix caching
+    /// is on (the head then keeps its rows of cached blocks).
+    pub(super) fn new(
+        cfg: SpeculativeConfig,
+        runner: &mut dyn ModelRunner,
+        blocks: Option<(usize, usize)>,
+    ) -> Result<Self, String> {
         let source = match cfg.proposer() {
             Some(p) => DraftSource::Tokens(p),
             None => {
@@ -58,7 +63,11 @@ impl Speculator {
                 runner
                     .set_aux_layers(head.aux_layers())
                     .map_err(|e| format!("speculative config: the draft head needs hidden states: {e}"))?;
-                DraftSource::Head(Box::new(DraftHead::new(head)))
+                let mut head = DraftHead::new(head);
+                if let Some((size, count)) = blocks {
+                    head.keep_cached_blocks(size, count);
+                }
+                DraftSource::Head(Box::new(head))
             }
         };
         Ok(Speculator { cfg, source, acceptance: HashMap::new() })
@@ -119,6 +128,7 @@ impl Engine {
         sp.acceptance.retain(|id, _| self.scheduler.seq(*id).is_some());
         if let DraftSource::Head(h) = &mut sp.source {
             h.retain(|id| self.scheduler.seq(id).is_some());
+            h.prune_blocks(|hash| self.scheduler.bm.holds(hash));
         }
         for id in decodes {
             let Some(seq) = self.scheduler.seq_mut(id) else { continue };
@@ -135,7 +145,9 @@ impl Engine {
             if d > 0 && room > 0 {
                 seq.draft = match &mut sp.source {
                     DraftSource::Tokens(p) => p.propose(&seq.tokens, d.min(room)),
-                    DraftSource::Head(h) => h.propose(id, &seq.tokens, seq.num_computed_tokens, d.min(room)),
+                    DraftSource::Head(h) => {
+                        h.propose(id, &seq.tokens, seq.num_computed_tokens, d.min(room), &seq.block_hashes)
+                    }
                 };
                 guide_drafts(seq, vocab);
             }

@@ -52,6 +52,48 @@ fn answers_are_the_same_with_an_eagle3_head() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The same prompt twice, one after the other: the second's first two blocks come from the
+/// prefix cache, and its head drafts from the rows kept with them exactly what it drafted
+/// for the first (the same drafts, accepted at the same positions; the answer unchanged).
+#[test]
+fn a_prefix_cache_hit_drafts_as_the_first_run_did() {
+    let dir = model_dir("prefix", Shape::Tiny);
+    let req = Request { prompt: (0..40).map(|i| (i * 37 + 11) % 384).collect(), params: greedy(30), priority: 0 };
+    let (want, _) = run(&dir, 256, None, std::slice::from_ref(&req));
+    let cfg = EngineConfig { speculative: Some(SpeculativeConfig::eagle3(golden_head(), 3)), ..Default::default() };
+    let mut e = Engine::new(runner(&dir, 256), letters(), cfg).unwrap();
+    let mut once = || {
+        let before = e.stats();
+        let mut s = e.add_request(req.clone()).unwrap();
+        run_to_idle(&mut e);
+        let after = e.stats();
+        let per_pos: Vec<u64> = (0..after.spec_decode_num_accepted_tokens_per_pos.len())
+            .map(|i| {
+                after.spec_decode_num_accepted_tokens_per_pos[i]
+                    - before.spec_decode_num_accepted_tokens_per_pos.get(i).copied().unwrap_or(0)
+            })
+            .collect();
+        let counts = (
+            after.spec_decode_num_drafts_total - before.spec_decode_num_drafts_total,
+            after.spec_decode_num_draft_tokens_total - before.spec_decode_num_draft_tokens_total,
+            after.spec_decode_num_accepted_tokens_total - before.spec_decode_num_accepted_tokens_total,
+            per_pos,
+        );
+        let hits = after.prefix_cache_hits_total - before.prefix_cache_hits_total;
+        (collect(&drain(&mut s), 1).tokens[0].clone(), counts, hits)
+    };
+    let (first, drafted, hits) = once();
+    assert_eq!(hits, 0);
+    let (second, again, hits) = once();
+    assert_eq!(hits, 32, "the second run's first two blocks come from the prefix cache");
+    assert!(drafted.1 > 0, "the head proposed nothing: {drafted:?}");
+    assert_eq!(again, drafted, "(verifications, draft tokens, accepted, accepted per position)");
+    assert_eq!(first, want[0][0].0);
+    assert_eq!(second, want[0][0].0);
+    println!("drafts after a prefix-cache hit: {again:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Writes `tensors` (name, shape, little-endian bytes, safetensors dtype) as a safetensors file.
 fn write_safetensors(path: &Path, tensors: &[(&str, Vec<usize>, Vec<u8>, &str)]) {
     let mut header = serde_json::Map::new();
