@@ -149,6 +149,8 @@ pub struct GuideState {
 pub struct DraftMasks {
     pub at: usize,
     pub masks: Vec<Vec<u32>>,
+    /// The seconds each mask took.
+    pub seconds: Vec<f64>,
 }
 
 impl std::fmt::Debug for GuideState {

@@ -49,6 +49,9 @@ impl Engine {
         // its constraint has its rows' masks already (`ready`).
         let mut jobs: Vec<MaskJob> = Vec::new();
         let mut ready: Vec<(usize, Vec<u32>)> = Vec::new();
+        // Every sampled row's mask counts, a draft row's too (vLLM fills a bitmask row for
+        // each scheduled draft and the row after them).
+        let mut mask_seconds: Vec<f64> = Vec::new();
         let mut row = 0;
         for s in out.seqs.iter().filter(|s| s.sample) {
             let Some(seq) = self.scheduler.seq_mut(s.seq) else {
@@ -61,6 +64,8 @@ impl Engine {
                     let masks = &g.drafted.as_ref().expect("checked").masks;
                     g.mask = Some(Ok(masks[0].clone()));
                     ready.extend(masks[..=s.num_draft].iter().enumerate().map(|(i, m)| (row + i, m.clone())));
+                    let seconds = &g.drafted.as_ref().expect("checked").seconds;
+                    mask_seconds.extend(seconds.iter().take(s.num_draft + 1));
                 }
                 // No masks for this step's rows yet (any kept are stale): a job computes them.
                 Some(_) => jobs.push((row, s.seq, seq.guide.take().expect("matched").constraint)),
@@ -141,7 +146,6 @@ impl Engine {
                 h.landed(chunks, if result.is_ok() { &aux } else { &[] });
             }
         }
-        let mut mask_seconds = Vec::with_capacity(masks.len());
         for d in masks {
             mask_seconds.push(d.seconds);
             if let Some(seq) = self.scheduler.seq_mut(d.seq) {

@@ -212,12 +212,15 @@ fn guide_drafts(seq: &mut Sequence, vocab: usize) {
         return;
     };
     let mut masks: Vec<Vec<u32>> = Vec::with_capacity(seq.draft.len() + 1);
+    let mut seconds = Vec::with_capacity(seq.draft.len() + 1);
     loop {
         let mut mask = vec![u32::MAX; mask_words(vocab)];
+        let t0 = Instant::now();
         if copy.fill_mask(&mut mask).is_err() {
             // This row has no mask: the draft before it goes.
             break;
         }
+        seconds.push(t0.elapsed().as_secs_f64());
         masks.push(mask);
         let i = masks.len() - 1;
         let Some(&t) = seq.draft.get(i) else { break };
@@ -226,7 +229,7 @@ fn guide_drafts(seq: &mut Sequence, vocab: usize) {
         }
     }
     seq.draft.truncate(masks.len().saturating_sub(1));
-    g.drafted = (!masks.is_empty()).then_some(DraftMasks { at, masks });
+    g.drafted = (!masks.is_empty()).then_some(DraftMasks { at, masks, seconds });
 }
 
 /// The output a draft row's penalties see: `seq`'s committed output followed by its first `i`

@@ -336,6 +336,68 @@ fn structured_output_beside_drafts_keeps_every_answer() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Allows every token (a guided request whose answer is the unguided one, so drafts that
+/// repeat the prompt are accepted).
+struct Any;
+
+impl ConstraintFactory for Any {
+    fn start(&self) -> Result<Box<dyn Constraint>, String> {
+        Ok(Box::new(Any))
+    }
+    fn kind(&self) -> &str {
+        "any"
+    }
+}
+
+impl Constraint for Any {
+    fn fill_mask(&mut self, mask: &mut [u32]) -> Result<(), String> {
+        mask.fill(u32::MAX);
+        Ok(())
+    }
+    fn commit(&mut self, _: u32) -> Result<(), String> {
+        Ok(())
+    }
+    fn is_finished(&self) -> bool {
+        false
+    }
+    fn fork(&self) -> Option<Box<dyn Constraint>> {
+        Some(Box::new(Any))
+    }
+}
+
+/// A guided decode's masks count once per row it samples, its draft rows included (as vLLM
+/// fills a bitmask row for each scheduled draft and the one after them): each step a decode
+/// with `d` drafts emits its accepted drafts and one more token, so the masks are the output
+/// tokens less the accepted drafts, plus the draft tokens verified.
+#[test]
+fn guided_masks_count_the_draft_rows() {
+    let dir = model_dir("guided-masks");
+    let vocab = runner(&dir, 4, 16).config().vocab_size as u32;
+    let reqs: Vec<Request> = prompts(vocab)
+        .into_iter()
+        .map(|p| {
+            let mut g = greedy(p, 16);
+            g.params.guided = Some(Guided::new(Any));
+            g
+        })
+        .collect();
+    let mut plain = Engine::new(runner(&dir, 64, 256), letters(), EngineConfig::default()).unwrap();
+    let want = run(&mut plain, &reqs);
+    let outputs: usize = want.iter().map(|a| a.0.len()).sum();
+    assert_eq!(plain.stats().guided_masks_total, outputs as u64, "one mask per token without drafts");
+    let mut e = Engine::new(runner(&dir, 64, 256), letters(), spec_on(4, EngineConfig::default())).unwrap();
+    assert_eq!(run(&mut e, &reqs), want);
+    let st = e.stats();
+    assert!(st.spec_decode_num_accepted_tokens_total > 0, "no draft was accepted: {st:?}");
+    assert_eq!(
+        st.guided_masks_total,
+        outputs as u64 - st.spec_decode_num_accepted_tokens_total + st.spec_decode_num_draft_tokens_total,
+        "{st:?}"
+    );
+    assert_eq!(st.guided_mask_seconds.len() as u64, st.guided_masks_total, "each mask's time is kept");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn a_bad_config_is_refused_naming_the_field() {
     let cfg = EngineConfig {
