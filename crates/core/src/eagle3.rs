@@ -30,24 +30,24 @@ pub use crate::head_layer::{HeadCache, HeadModel};
 
 /// A loaded EAGLE-3 head (every weight as f32 on the host, row-major `[out, in]`).
 pub struct Eagle3Head {
-    hidden: usize,
+    pub(crate) hidden: usize,
     /// The target's hidden width (each aux state's).
-    target_hidden: usize,
-    eps: f32,
-    draft_vocab: usize,
-    norm_before_residual: bool,
-    aux_layers: Vec<usize>,
-    embed: Vec<f32>,
-    fc: Vec<f32>,
-    input_norm: Vec<f32>,
-    hidden_norm: Vec<f32>,
-    attn: HeadAttention,
-    post_norm: Vec<f32>,
-    mlp: HeadMlp,
-    norm: Vec<f32>,
-    lm_head: Vec<f32>,
+    pub(crate) target_hidden: usize,
+    pub(crate) eps: f32,
+    pub(crate) draft_vocab: usize,
+    pub(crate) norm_before_residual: bool,
+    pub(crate) aux_layers: Vec<usize>,
+    pub(crate) embed: Vec<f32>,
+    pub(crate) fc: Vec<f32>,
+    pub(crate) input_norm: Vec<f32>,
+    pub(crate) hidden_norm: Vec<f32>,
+    pub(crate) attn: HeadAttention,
+    pub(crate) post_norm: Vec<f32>,
+    pub(crate) mlp: HeadMlp,
+    pub(crate) norm: Vec<f32>,
+    pub(crate) lm_head: Vec<f32>,
     /// Draft id -> offset to its target id.
-    d2t: Vec<i64>,
+    pub(crate) d2t: Vec<i64>,
 }
 
 /// The head's tensors by their canonical names (vLLM's: `midlayer.` read as `layers.0.`, a

@@ -83,31 +83,52 @@ pub trait HeadModel: Send {
         aux_from: usize,
         k: usize,
     ) -> Option<Vec<u32>> {
-        let w = self.aux_width();
-        let rows = aux_from + aux.len() / w;
-        if k == 0 || aux.is_empty() || !aux.len().is_multiple_of(w) || rows + 1 != tokens.len() {
-            return None;
-        }
-        // The last committed row's output starts the drafts: recompute it.
-        cache.truncate(rows - 1);
-        if cache.len() < aux_from {
-            return None;
-        }
-        let mut out = None;
-        for i in cache.len()..rows {
-            let hidden = self.hidden_in(&aux[(i - aux_from) * w..(i - aux_from + 1) * w]);
-            out = Some(self.row(cache, tokens[i + 1], &hidden, i));
-        }
-        let (mut fed, mut id) = out.expect("at least one row");
-        let mut drafts = vec![id];
-        while drafts.len() < k {
-            let pos = rows + drafts.len() - 1;
-            (fed, id) = self.row(cache, id, &fed, pos);
-            drafts.push(id);
-        }
-        cache.truncate(rows);
-        Some(drafts)
+        let rows =
+            RowFns { hidden_in: &|a: &[f32]| self.hidden_in(a), row: &|c, t, h: &[f32], p| self.row(c, t, h, p) };
+        propose_rows(self.aux_width(), &rows, cache, tokens, aux, aux_from, k)
     }
+}
+
+/// A head's two row functions, as [`HeadModel::hidden_in`] and [`HeadModel::row`].
+pub(crate) struct RowFns<'a> {
+    pub(crate) hidden_in: &'a dyn Fn(&[f32]) -> Vec<f32>,
+    #[allow(clippy::type_complexity)] // the signature of HeadModel::row, spelled out once
+    pub(crate) row: &'a dyn Fn(&mut HeadCache, u32, &[f32], usize) -> (Vec<f32>, u32),
+}
+
+/// [`HeadModel::propose`] over `f`'s rows (shared by the host heads and the device head).
+pub(crate) fn propose_rows(
+    w: usize,
+    f: &RowFns<'_>,
+    cache: &mut HeadCache,
+    tokens: &[u32],
+    aux: &[f32],
+    aux_from: usize,
+    k: usize,
+) -> Option<Vec<u32>> {
+    let rows = aux_from + aux.len() / w.max(1);
+    if w == 0 || k == 0 || aux.is_empty() || !aux.len().is_multiple_of(w) || rows + 1 != tokens.len() {
+        return None;
+    }
+    // The last committed row's output starts the drafts: recompute it.
+    cache.truncate(rows - 1);
+    if cache.len() < aux_from {
+        return None;
+    }
+    let mut out = None;
+    for i in cache.len()..rows {
+        let hidden = (f.hidden_in)(&aux[(i - aux_from) * w..(i - aux_from + 1) * w]);
+        out = Some((f.row)(cache, tokens[i + 1], &hidden, i));
+    }
+    let (mut fed, mut id) = out.expect("at least one row");
+    let mut drafts = vec![id];
+    while drafts.len() < k {
+        let pos = rows + drafts.len() - 1;
+        (fed, id) = (f.row)(cache, id, &fed, pos);
+        drafts.push(id);
+    }
+    cache.truncate(rows);
+    Some(drafts)
 }
 
 /// A head layer's attention: q/k/v (with biases where the layer has them), rope, causal
@@ -142,9 +163,15 @@ impl HeadAttention {
         }
         rope(&mut q, hd, pos, &self.inv_freq);
         rope(&mut kr, hd, pos, &self.inv_freq);
-        cache.k.extend_from_slice(&kr);
-        cache.v.extend_from_slice(&vr);
-        cache.len += 1;
+        cache.extend(&kr, &vr, 1);
+        let attn = self.attend(cache, &q);
+        matvec(&self.o, &attn, self.out)
+    }
+
+    /// Causal attention of roped query `q` (`heads * head_dim`) over every row of `cache`,
+    /// before the output projection.
+    pub(crate) fn attend(&self, cache: &HeadCache, q: &[f32]) -> Vec<f32> {
+        let hd = self.head_dim;
         let (n, kvd, group) = (cache.len, self.kv_heads * hd, self.heads / self.kv_heads);
         let scale = 1.0 / (hd as f32).sqrt();
         let mut attn = vec![0f32; self.heads * hd];
@@ -164,7 +191,7 @@ impl HeadAttention {
                 }
             }
         }
-        matvec(&self.o, &attn, self.out)
+        attn
     }
 }
 

@@ -19,6 +19,7 @@ pub mod batch;
 pub mod chat;
 pub mod config;
 pub mod detokenizer;
+pub mod device_head;
 pub mod eagle3;
 pub mod error;
 pub mod fp8;

@@ -145,6 +145,10 @@ pub struct SpeculativeConfig {
     pub suffix_decoding_max_spec_factor: f32,
     /// A draft stops before its estimated probability falls under this (vLLM's default 0.1).
     pub suffix_decoding_min_token_prob: f32,
+    /// An EAGLE-3 head runs on the target's backend where the runner can hold its weights
+    /// (`ModelRunner::load_draft_head`); false: on the host in f32, whatever the backend.
+    /// Not a vLLM field: the library's choice only.
+    pub head_on_device: bool,
 }
 
 impl SpeculativeConfig {
@@ -160,6 +164,7 @@ impl SpeculativeConfig {
             suffix_decoding_max_cached_requests: 10000,
             suffix_decoding_max_spec_factor: 1.0,
             suffix_decoding_min_token_prob: 0.1,
+            head_on_device: true,
         }
     }
 

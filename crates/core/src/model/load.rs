@@ -90,6 +90,8 @@ pub struct Model<B: Backend> {
     /// The hidden states entering these layers, kept for every token of a forward (a draft
     /// head reads them; `ModelRunner::set_aux_layers`); None: not kept.
     pub(super) aux: Option<AuxHidden>,
+    /// A draft head whose weights are on this backend (`ModelRunner::load_draft_head`).
+    pub(super) draft_head: Option<crate::device_head::DeviceHead<B>>,
 }
 
 /// The aux hidden states a forward keeps: the layers, and the last forward's rows
@@ -399,6 +401,7 @@ impl<B: Backend> Model<B> {
             staging,
             lora,
             aux: None,
+            draft_head: None,
         };
         if graphs_on {
             model.capture_graphs()?;

@@ -6,6 +6,7 @@ use crate::backend::{Backend, DType, KvDtype, KvGeometry};
 use crate::batch::ForwardBatch;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
+use crate::head_layer::HeadCache;
 use crate::sampling::{logprobs_rows, sample_row, sample_rows_masked, RowMasks, SampleSpec, TokenLogprobs};
 
 /// What the engine needs from a loaded model, whatever the backend. Object-safe.
@@ -60,6 +61,22 @@ pub trait ModelRunner: Send {
     }
     /// The last forward's aux hidden states, `[tokens, layers * hidden]` in the batch's token
     /// order (taken: a second call gives none); empty when none are kept.
+    /// Takes an EAGLE-3 head's weights onto this runner's backend, where
+    /// [`Self::propose_draft`] runs it; false: this runner keeps draft heads on the host.
+    fn load_draft_head(&mut self, _head: &crate::eagle3::Eagle3Head) -> Result<bool> {
+        Ok(false)
+    }
+    /// The loaded draft head's proposal (as [`crate::head_layer::HeadModel::propose`]).
+    fn propose_draft(
+        &mut self,
+        _cache: &mut HeadCache,
+        _tokens: &[u32],
+        _aux: &[f32],
+        _aux_from: usize,
+        _k: usize,
+    ) -> Result<Option<Vec<u32>>> {
+        Err(Error::Batch("propose_draft: this runner keeps draft heads on the host".into()))
+    }
     fn take_aux_hidden(&mut self) -> Vec<f32> {
         Vec::new()
     }
@@ -205,6 +222,23 @@ impl<B: Backend> ModelRunner for Model<B> {
         }
         self.aux = (!layers.is_empty()).then(|| super::load::AuxHidden { layers: layers.to_vec(), rows: Vec::new() });
         Ok(())
+    }
+    fn load_draft_head(&mut self, head: &crate::eagle3::Eagle3Head) -> Result<bool> {
+        self.draft_head = Some(crate::device_head::DeviceHead::upload(&self.backend, head)?);
+        Ok(true)
+    }
+    fn propose_draft(
+        &mut self,
+        cache: &mut HeadCache,
+        tokens: &[u32],
+        aux: &[f32],
+        aux_from: usize,
+        k: usize,
+    ) -> Result<Option<Vec<u32>>> {
+        match &self.draft_head {
+            Some(h) => h.propose(&self.backend, cache, tokens, aux, aux_from, k),
+            None => Err(Error::Batch("propose_draft: no draft head was loaded".into())),
+        }
     }
     fn take_aux_hidden(&mut self) -> Vec<f32> {
         self.aux.as_mut().map(|a| std::mem::take(&mut a.rows)).unwrap_or_default()

@@ -56,14 +56,26 @@ impl Speculator {
                     }
                     _ => "speculative config: model is required",
                 })?;
+                let mut on_device = false;
                 let head: Box<dyn HeadModel> = match cfg.method {
                     SpeculativeMethod::Mtp => Box::new(MtpHead::load(dir, runner.config())?),
-                    _ => Box::new(Eagle3Head::load(dir, runner.config())?),
+                    _ => {
+                        let head = Eagle3Head::load(dir, runner.config())?;
+                        if cfg.head_on_device {
+                            on_device = runner
+                                .load_draft_head(&head)
+                                .map_err(|e| format!("speculative config: the draft head's weights: {e}"))?;
+                        }
+                        Box::new(head)
+                    }
                 };
                 runner
                     .set_aux_layers(head.aux_layers())
                     .map_err(|e| format!("speculative config: the draft head needs hidden states: {e}"))?;
                 let mut head = DraftHead::new(head);
+                if on_device {
+                    head.run_on_device();
+                }
                 if let Some((size, count)) = blocks {
                     head.keep_cached_blocks(size, count);
                 }
@@ -111,6 +123,9 @@ impl Engine {
     pub(super) fn propose_drafts(&mut self) {
         let vocab = self.vocab;
         let Some(sp) = &mut self.speculator else { return };
+        // A head on the device runs on the runner (idle: steps run synchronously while drafting).
+        let on_device = matches!(&sp.source, DraftSource::Head(h) if h.on_device());
+        let mut guard = if on_device { self.runner.lock().ok() } else { None };
         let max_model_len = self.admission.max_model_len;
         let budget = self.scheduler.config().max_num_batched_tokens;
         let decodes: Vec<SeqId> = self
@@ -146,7 +161,8 @@ impl Engine {
                 seq.draft = match &mut sp.source {
                     DraftSource::Tokens(p) => p.propose(&seq.tokens, d.min(room)),
                     DraftSource::Head(h) => {
-                        h.propose(id, &seq.tokens, seq.num_computed_tokens, d.min(room), &seq.block_hashes)
+                        let runner = guard.as_deref_mut().map(|r| &mut **r as &mut dyn ModelRunner);
+                        h.propose(id, &seq.tokens, seq.num_computed_tokens, d.min(room), &seq.block_hashes, runner)
                     }
                 };
                 guide_drafts(seq, vocab);

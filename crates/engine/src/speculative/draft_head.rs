@@ -27,6 +27,7 @@
 use std::collections::HashMap;
 
 use tandem_core::head_layer::{HeadCache, HeadModel};
+use tandem_core::ModelRunner;
 
 use crate::sequence::SeqId;
 
@@ -43,6 +44,9 @@ pub struct DraftHead {
     block_size: usize,
     /// Blocks kept at most.
     max_blocks: usize,
+    /// The runner has the head's weights on its backend and proposes there
+    /// ([`ModelRunner::propose_draft`]); `head` stays the host oracle.
+    on_device: bool,
 }
 
 /// One sequence's aux rows (`head.aux_width()` floats per position from `from`) and head
@@ -72,7 +76,18 @@ pub type LandedChunk<'a> = (SeqId, usize, usize, &'a [u64]);
 impl DraftHead {
     /// `head`, keeping no rows of cached blocks.
     pub fn new(head: Box<dyn HeadModel>) -> Self {
-        DraftHead { head, seqs: HashMap::new(), blocks: HashMap::new(), block_size: 0, max_blocks: 0 }
+        DraftHead { head, seqs: HashMap::new(), blocks: HashMap::new(), block_size: 0, max_blocks: 0, on_device: false }
+    }
+
+    /// From now on the runner passed to [`Self::propose`] runs the head (its weights are on
+    /// the runner's backend).
+    pub fn run_on_device(&mut self) {
+        self.on_device = true;
+    }
+
+    /// Whether the runner runs the head.
+    pub fn on_device(&self) -> bool {
+        self.on_device
     }
 
     /// Keeps the head rows of up to `num_blocks` cached blocks of `block_size` tokens (fewer
@@ -122,15 +137,28 @@ impl DraftHead {
 
     /// Up to `k` drafts after `tokens` (committed; the first `computed` have their KV), or
     /// none when the sequence's rows are incomplete. `hashes`: the sequence's block prefix
-    /// hashes, under which the head rows of its full committed blocks are kept.
-    pub fn propose(&mut self, id: SeqId, tokens: &[u32], computed: usize, k: usize, hashes: &[u64]) -> Vec<u32> {
+    /// hashes, under which the head rows of its full committed blocks are kept. `runner` runs
+    /// the head where it was put on the device (a failure there proposes nothing).
+    pub fn propose(
+        &mut self,
+        id: SeqId,
+        tokens: &[u32],
+        computed: usize,
+        k: usize,
+        hashes: &[u64],
+        runner: Option<&mut dyn ModelRunner>,
+    ) -> Vec<u32> {
         let w = self.head.aux_width();
         let Some(s) = self.seqs.get_mut(&id) else { return Vec::new() };
         if s.gap || computed < s.from || s.from + s.aux.len() / w < computed || computed + 1 != tokens.len() {
             return Vec::new();
         }
         s.aux.truncate((computed - s.from) * w);
-        let Some(drafts) = self.head.propose(&mut s.cache, tokens, &s.aux, s.from, k) else { return Vec::new() };
+        let proposed = match runner {
+            Some(r) if self.on_device => r.propose_draft(&mut s.cache, tokens, &s.aux, s.from, k).ok().flatten(),
+            _ => self.head.propose(&mut s.cache, tokens, &s.aux, s.from, k),
+        };
+        let Some(drafts) = proposed else { return Vec::new() };
         if self.block_size > 0 {
             // The aux rows of the blocks' last positions, before they go.
             let b = self.block_size;
@@ -252,26 +280,26 @@ mod tests {
         // A prompt of 8 in chunks of 5 and 3; then one token sampled.
         h.landed([(1, 0, 5, &[][..])].into_iter(), rows(0, 5));
         h.landed([(1, 5, 3, &[][..])].into_iter(), rows(5, 8));
-        assert_eq!(h.propose(1, &tokens[..9], 8, 3, &[]), want(9));
+        assert_eq!(h.propose(1, &tokens[..9], 8, 3, &[], None), want(9));
         // A verification chunk of 1 + 3 drafts (positions 8..12) of which 1 was accepted:
         // computed 10, tokens 11 (rows 10 and 11 were rejected drafts': other values).
         let mut chunk = rows(8, 10).to_vec();
         chunk.extend(vec![9.0; 2 * w]);
         h.landed([(1, 8, 4, &[][..])].into_iter(), &chunk);
-        assert_eq!(h.propose(1, &tokens[..11], 10, 3, &[]), want(11));
+        assert_eq!(h.propose(1, &tokens[..11], 10, 3, &[], None), want(11));
         h.fork(1, 2);
         // Preempted and recomputed from 0 in one chunk of 12 (computed 12, tokens 13).
         h.landed([(1, 0, 12, &[][..])].into_iter(), rows(0, 12));
-        assert_eq!(h.propose(1, &tokens[..13], 12, 3, &[]), want(13));
+        assert_eq!(h.propose(1, &tokens[..13], 12, 3, &[], None), want(13));
         // The fork goes on from what its parent had.
         h.landed([(2, 10, 1, &[][..])].into_iter(), rows(10, 11));
-        assert_eq!(h.propose(2, &tokens[..12], 11, 3, &[]), want(12));
+        assert_eq!(h.propose(2, &tokens[..12], 11, 3, &[], None), want(12));
         // A sequence whose first rows came from the prefix cache: no drafts.
         h.landed([(3, 16, 2, &[][..])].into_iter(), rows(16, 18));
-        assert!(h.propose(3, &tokens[..19], 18, 3, &[]).is_empty());
+        assert!(h.propose(3, &tokens[..19], 18, 3, &[], None).is_empty());
         // A forward that kept no rows leaves a gap too.
         h.landed([(2, 11, 1, &[][..])].into_iter(), &[]);
-        assert!(h.propose(2, &tokens[..13], 12, 3, &[]).is_empty());
+        assert!(h.propose(2, &tokens[..13], 12, 3, &[], None).is_empty());
     }
 
     /// A sequence whose first blocks came from the prefix cache drafts from the head rows an
@@ -287,20 +315,20 @@ mod tests {
         let hashes = [11u64, 22, 33];
         // A prompt of 14 (three full blocks of 4), one token sampled: its blocks are kept.
         h.landed([(1, 0, 14, &hashes[..])].into_iter(), rows(0, 14));
-        assert_eq!(h.propose(1, &tokens[..15], 14, 3, &hashes), want(15));
+        assert_eq!(h.propose(1, &tokens[..15], 14, 3, &hashes, None), want(15));
         assert_eq!(h.kept_blocks(), 3);
         // Hits of two blocks and of one (its last row recomputed from the kept end row).
         for (id, hit) in [(2, 8), (3, 4)] {
             h.landed([(id, hit, 14 - hit, &hashes[..])].into_iter(), rows(hit, 14));
-            assert_eq!(h.propose(id, &tokens[..15], 14, 3, &hashes), want(15), "a hit of {hit}");
+            assert_eq!(h.propose(id, &tokens[..15], 14, 3, &hashes, None), want(15), "a hit of {hit}");
         }
         // Blocks whose rows are not kept, or a store the block manager has emptied: a gap.
         h.landed([(4, 8, 6, &[11u64, 99][..])].into_iter(), rows(8, 14));
-        assert!(h.propose(4, &tokens[..15], 14, 3, &[11, 99]).is_empty());
+        assert!(h.propose(4, &tokens[..15], 14, 3, &[11, 99], None).is_empty());
         h.keep_cached_blocks(4, 3);
         h.prune_blocks(|hash| hash == 11);
         assert_eq!(h.kept_blocks(), 1);
         h.landed([(5, 8, 6, &hashes[..])].into_iter(), rows(8, 14));
-        assert!(h.propose(5, &tokens[..15], 14, 3, &hashes).is_empty());
+        assert!(h.propose(5, &tokens[..15], 14, 3, &hashes, None).is_empty());
     }
 }

@@ -32,23 +32,35 @@ fn model_dir(test: &str, shape: Shape) -> PathBuf {
     d
 }
 
+/// The head on the backend (the default) and on the host (the oracle): the same answers as
+/// without drafts, and the same drafts (every counter equal).
 #[test]
 fn answers_are_the_same_with_an_eagle3_head() {
     let dir = model_dir("same", Shape::Tiny);
     let reqs = requests();
-    let spec = SpeculativeConfig::eagle3(golden_head(), 3);
     let (want, _) = run(&dir, 256, None, &reqs);
-    let (got, st) = run(&dir, 256, Some(spec.clone()), &reqs);
-    assert_eq!(got, want, "in a batch");
-    assert!(st.spec_decode_num_drafts_total > 0, "the head proposed nothing: {st:?}");
-    for (r, w) in reqs.iter().zip(&want) {
-        assert_eq!(&run(&dir, 256, Some(spec.clone()), std::slice::from_ref(r)).0[0], w, "alone");
+    let mut counters = vec![];
+    for on_device in [true, false] {
+        let spec = SpeculativeConfig { head_on_device: on_device, ..SpeculativeConfig::eagle3(golden_head(), 3) };
+        let (got, st) = run(&dir, 256, Some(spec.clone()), &reqs);
+        assert_eq!(got, want, "in a batch, on device {on_device}");
+        assert!(st.spec_decode_num_drafts_total > 0, "the head proposed nothing: {st:?}");
+        counters.push((
+            st.spec_decode_num_drafts_total,
+            st.spec_decode_num_draft_tokens_total,
+            st.spec_decode_num_accepted_tokens_per_pos.clone(),
+        ));
+        for (r, w) in reqs.iter().zip(&want) {
+            assert_eq!(&run(&dir, 256, Some(spec.clone()), std::slice::from_ref(r)).0[0], w, "alone");
+        }
+        // A pool of 10 blocks for 5 sequences of up to 70 tokens: some are preempted and
+        // recomputed, and their drafts start again from the kept rows.
+        let (got, st) = run(&dir, 10, Some(spec), &reqs);
+        assert_eq!(got, want, "under preemption, on device {on_device}");
+        assert!(st.preemptions_total > 0, "nothing was preempted: {st:?}");
     }
-    // A pool of 10 blocks for 5 sequences of up to 70 tokens: some are preempted and
-    // recomputed, and their drafts start again from the kept rows.
-    let (got, st) = run(&dir, 10, Some(spec), &reqs);
-    assert_eq!(got, want, "under preemption");
-    assert!(st.preemptions_total > 0, "nothing was preempted: {st:?}");
+    assert_eq!(counters[0], counters[1], "the device head's drafts are the host head's");
+    println!("(verifications, draft tokens, accepted per position): {:?}", counters[0]);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -60,37 +72,40 @@ fn a_prefix_cache_hit_drafts_as_the_first_run_did() {
     let dir = model_dir("prefix", Shape::Tiny);
     let req = Request { prompt: (0..40).map(|i| (i * 37 + 11) % 384).collect(), params: greedy(30), priority: 0 };
     let (want, _) = run(&dir, 256, None, std::slice::from_ref(&req));
-    let cfg = EngineConfig { speculative: Some(SpeculativeConfig::eagle3(golden_head(), 3)), ..Default::default() };
-    let mut e = Engine::new(runner(&dir, 256), letters(), cfg).unwrap();
-    let mut once = || {
-        let before = e.stats();
-        let mut s = e.add_request(req.clone()).unwrap();
-        run_to_idle(&mut e);
-        let after = e.stats();
-        let per_pos: Vec<u64> = (0..after.spec_decode_num_accepted_tokens_per_pos.len())
-            .map(|i| {
-                after.spec_decode_num_accepted_tokens_per_pos[i]
-                    - before.spec_decode_num_accepted_tokens_per_pos.get(i).copied().unwrap_or(0)
-            })
-            .collect();
-        let counts = (
-            after.spec_decode_num_drafts_total - before.spec_decode_num_drafts_total,
-            after.spec_decode_num_draft_tokens_total - before.spec_decode_num_draft_tokens_total,
-            after.spec_decode_num_accepted_tokens_total - before.spec_decode_num_accepted_tokens_total,
-            per_pos,
-        );
-        let hits = after.prefix_cache_hits_total - before.prefix_cache_hits_total;
-        (collect(&drain(&mut s), 1).tokens[0].clone(), counts, hits)
-    };
-    let (first, drafted, hits) = once();
-    assert_eq!(hits, 0);
-    let (second, again, hits) = once();
-    assert_eq!(hits, 32, "the second run's first two blocks come from the prefix cache");
-    assert!(drafted.1 > 0, "the head proposed nothing: {drafted:?}");
-    assert_eq!(again, drafted, "(verifications, draft tokens, accepted, accepted per position)");
-    assert_eq!(first, want[0][0].0);
-    assert_eq!(second, want[0][0].0);
-    println!("drafts after a prefix-cache hit: {again:?}");
+    for on_device in [true, false] {
+        let spec = SpeculativeConfig { head_on_device: on_device, ..SpeculativeConfig::eagle3(golden_head(), 3) };
+        let cfg = EngineConfig { speculative: Some(spec), ..Default::default() };
+        let mut e = Engine::new(runner(&dir, 256), letters(), cfg).unwrap();
+        let mut once = || {
+            let before = e.stats();
+            let mut s = e.add_request(req.clone()).unwrap();
+            run_to_idle(&mut e);
+            let after = e.stats();
+            let per_pos: Vec<u64> = (0..after.spec_decode_num_accepted_tokens_per_pos.len())
+                .map(|i| {
+                    after.spec_decode_num_accepted_tokens_per_pos[i]
+                        - before.spec_decode_num_accepted_tokens_per_pos.get(i).copied().unwrap_or(0)
+                })
+                .collect();
+            let counts = (
+                after.spec_decode_num_drafts_total - before.spec_decode_num_drafts_total,
+                after.spec_decode_num_draft_tokens_total - before.spec_decode_num_draft_tokens_total,
+                after.spec_decode_num_accepted_tokens_total - before.spec_decode_num_accepted_tokens_total,
+                per_pos,
+            );
+            let hits = after.prefix_cache_hits_total - before.prefix_cache_hits_total;
+            (collect(&drain(&mut s), 1).tokens[0].clone(), counts, hits)
+        };
+        let (first, drafted, hits) = once();
+        assert_eq!(hits, 0);
+        let (second, again, hits) = once();
+        assert_eq!(hits, 32, "the second run's first two blocks come from the prefix cache");
+        assert!(drafted.1 > 0, "the head proposed nothing: {drafted:?}");
+        assert_eq!(again, drafted, "(verifications, draft tokens, accepted, accepted per position)");
+        assert_eq!(first, want[0][0].0);
+        assert_eq!(second, want[0][0].0);
+        println!("drafts after a prefix-cache hit, on device {on_device}: {again:?}");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 
