@@ -6,6 +6,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod draft_head;
 mod engine_sampling;
 mod engine_speculative;
 mod fp8;
