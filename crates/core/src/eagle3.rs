@@ -13,10 +13,12 @@
 //! predicts the token at `i + 2`; each further draft feeds back the head's own pre-norm
 //! output in place of `fc(aux)`.
 //!
-//! It runs on the host in f32, whatever backend runs the target: one layer over a few rows a
-//! step is small beside the target's forward, and the drafts only decide how much of the
-//! target's verified output is kept, never what it is, so a head's precision cannot change an
-//! answer. Its KV is kept per sequence on the host ([`HeadCache`]): the rows of committed
+//! This is the host f32 head, whatever backend runs the target: the oracle, and what runs
+//! where the runner cannot hold the head's weights. [`crate::device_head::DeviceHead`] runs
+//! the same rows on the target's backend (by default: the `lm_head` over the draft vocabulary
+//! alone costs more on the host than a GPU decode step). The drafts only decide how much of
+//! the target's verified output is kept, never what it is, so a head's precision cannot change
+//! an answer. Its KV is kept per sequence on the host ([`HeadCache`]): the rows of committed
 //! positions once (their inputs never change), the draft rows only while proposing.
 
 use std::path::Path;

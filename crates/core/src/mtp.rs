@@ -11,7 +11,7 @@
 //! state at position `i` and predicts the token at `i + 2`; each further draft feeds back the
 //! layer's normed output (vLLM's proposer; vLLM's MiMo runs layer 0 for every draft).
 //!
-//! It runs on the host in f32 with its own per-sequence KV, as the EAGLE-3 head does
+//! It runs on the host in f32 with its own per-sequence KV, as the EAGLE-3 host head does
 //! ([`crate::head_layer`] has the shared pieces and the proposal loop): the drafts only
 //! decide how much of the target's verified output is kept, never what it is.
 

@@ -40,7 +40,8 @@ pub struct Stats {
     pub requests_length_total: u64,
     pub requests_abort_total: u64,
     pub requests_error_total: u64,
-    /// Constraint masks computed (one per constrained token) and the seconds they took.
+    /// Constraint masks computed (one per constrained row sampled, a draft row's included)
+    /// and the seconds they took.
     pub guided_masks_total: u64,
     pub guided_mask_seconds_total: f64,
     /// The most recent mask times (at most [`MASK_SAMPLES`]), for percentiles.
