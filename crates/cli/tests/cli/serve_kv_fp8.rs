@@ -7,19 +7,11 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use super::serve_wgpu::{request, spawn_server, start_with};
+use super::serve_wgpu::{request, spawn_server, start_with, tiny_model};
 
 #[test]
 fn fp8_kv_cache_serves_on_the_reference() {
-    let model = std::env::temp_dir().join(format!("tandem-serve-kvfp8-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&model);
-    tandem_model_files::random_model::write_random_model(
-        &model,
-        tandem_model_files::random_model::Shape::Tiny,
-        1,
-        tandem_core::DType::F32,
-    )
-    .unwrap();
+    let model = tiny_model("tandem-serve-kvfp8");
     // The log line that sizes the pool, passed on.
     let (tx, rx) = mpsc::channel();
     let started = spawn_server(
@@ -62,15 +54,7 @@ fn fp8_kv_cache_serves_on_the_reference() {
 
 #[test]
 fn fp8_kv_cache_serves_on_wgpu() {
-    let model = std::env::temp_dir().join(format!("tandem-serve-kvfp8-wgpu-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&model);
-    tandem_model_files::random_model::write_random_model(
-        &model,
-        tandem_model_files::random_model::Shape::Tiny,
-        1,
-        tandem_core::DType::F32,
-    )
-    .unwrap();
+    let model = tiny_model("tandem-serve-kvfp8-wgpu");
     let Some(server) = start_with(&model, &["--kv-cache-dtype", "fp8"]) else { return };
     let req = json!({"model": "tiny", "prompt": "hello world", "max_tokens": 8, "temperature": 0, "ignore_eos": true});
     let (status, body) = request(server.port, "POST", "/v1/completions", Some(&req));

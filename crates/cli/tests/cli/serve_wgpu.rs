@@ -52,6 +52,20 @@ fn unchunk(mut s: &str) -> String {
     out
 }
 
+/// A seeded random model of `shape` (f32, seed 1), written afresh in the temp folder
+/// `NAME-PID`.
+pub(crate) fn random_model(name: &str, shape: tandem_model_files::random_model::Shape) -> std::path::PathBuf {
+    let model = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&model);
+    tandem_model_files::random_model::write_random_model(&model, shape, 1, tandem_core::DType::F32).unwrap();
+    model
+}
+
+/// [`random_model`] of the tiny shape.
+pub(crate) fn tiny_model(name: &str) -> std::path::PathBuf {
+    random_model(name, tandem_model_files::random_model::Shape::Tiny)
+}
+
 fn start(model: &std::path::Path) -> Option<Server> {
     start_with(model, &[])
 }
@@ -123,15 +137,7 @@ pub(crate) fn spawn_server(
 
 #[test]
 fn wgpu_server_answers_like_a_client_expects() {
-    let model = std::env::temp_dir().join(format!("tandem-serve-test-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&model);
-    tandem_model_files::random_model::write_random_model(
-        &model,
-        tandem_model_files::random_model::Shape::Tiny,
-        1,
-        tandem_core::DType::F32,
-    )
-    .unwrap();
+    let model = tiny_model("tandem-serve-test");
     let Some(mut server) = start(&model) else { return };
     let port = server.port;
 
@@ -214,9 +220,7 @@ fn wgpu_server_answers_like_a_client_expects() {
 fn wgpu_serves_each_family() {
     use tandem_model_files::random_model::Shape;
     for shape in [Shape::TinyQwen3, Shape::TinyQwen3Moe, Shape::TinyMixtral, Shape::TinyMistral, Shape::TinyGemma3] {
-        let model = std::env::temp_dir().join(format!("tandem-serve-{}-{}", shape.name(), std::process::id()));
-        let _ = std::fs::remove_dir_all(&model);
-        tandem_model_files::random_model::write_random_model(&model, shape, 1, tandem_core::DType::F32).unwrap();
+        let model = random_model(&format!("tandem-serve-{}", shape.name()), shape);
         let Some(server) = start(&model) else { return };
         let port = server.port;
         let req =
@@ -255,15 +259,7 @@ fn wgpu_serves_each_family() {
 /// whole and streamed, and /metrics counts the drafts.
 #[test]
 fn wgpu_server_with_speculation_gives_the_same_greedy_text() {
-    let model = std::env::temp_dir().join(format!("tandem-serve-spec-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&model);
-    tandem_model_files::random_model::write_random_model(
-        &model,
-        tandem_model_files::random_model::Shape::Tiny,
-        1,
-        tandem_core::DType::F32,
-    )
-    .unwrap();
+    let model = tiny_model("tandem-serve-spec");
     let prompts = ["the cat sat on the mat, the cat sat on the mat, the cat sat", "hello world", "a b c a b c a b"];
     // Each prompt's text whole, then streamed.
     let answers = |port: u16| -> Vec<(String, String)> {
