@@ -1,5 +1,5 @@
-//! The arguments every in-process engine bench over a workload takes (`tandem bench compare`,
-//! `sweep`, `lora`): the engine, the model (given or random), the workload, where the report
+//! The arguments every in-process engine bench over a workload takes (`tandem bench
+//! throughput`, `compare`, `sweep`, `lora`): the engine, the model (given or random), the workload, where the report
 //! goes, the warm-up and the time limit of one run; and the model and prompts they resolve to.
 //! One struct, so that the benches parse and describe them alike.
 
@@ -20,8 +20,8 @@ pub struct RunArgs {
     pub workload: WorkloadArgs,
     #[command(flatten)]
     pub out: OutputArgs,
-    /// Short warm-up requests before each timed run (under `bench lora`, every adapter gets
-    /// one where there are more adapters).
+    /// Short warm-up requests before each timed run (shader compiles, first touches; under
+    /// `bench lora`, every adapter gets one where there are more adapters).
     #[arg(long, default_value_t = 2)]
     pub warmup: usize,
     /// Give up on one run after this many seconds.
