@@ -36,7 +36,10 @@
 #   TANDEM_CHECK_OPS         only the op suite's cases matching this (`test-ops --op`; default all)
 #   TANDEM_OPS_SEED          the op suite's seed (default 1, pinned: gpu/lib.sh)
 #   TANDEM_CHECK_CUDA_TESTS  the GPU-only test filters (default gpu_invariance:: graphs::
-#                            launches:: staging:: moe:: cublaslt::)
+#                            launches:: staging:: moe:: cublaslt:: quant:: fp8:: int4:: lora::)
+#   TANDEM_GOLDEN_DIR        the golden files the int4 and LoRA CUDA tests read (default: the
+#                            tests/golden of the tree the bundle sits in, else of the working
+#                            directory; the test binary's built-in path is the build machine's)
 #   TANDEM_CHECK_FAMILIES    the model families compared (default tiny-qwen3 tiny-qwen3-moe
 #                            tiny-mistral tiny-gemma3)
 #   TANDEM_CHECK_SMOL        0 skips the smollm2-135m compare (default 1)
@@ -70,7 +73,7 @@ for b in "$HERE/tandem" "$HERE/../target/release/tandem"; do
 done
 BIN=${BIN:-$HERE/tandem}
 
-# begin_run, say, elapsed, step and cuda_libs: gpu/lib.sh, shared with tune.sh.
+# begin_run, say, elapsed, step, cuda_libs and golden_dir: gpu/lib.sh, shared with tune.sh.
 . "$HERE/lib.sh"
 begin_run "$OUT/check.log" check-files
 
@@ -101,6 +104,7 @@ cat "$WORK/raw/env.txt" >>"$LOG"
 head -n 9 "$WORK/raw/env.txt"
 
 cuda_libs
+golden_dir
 
 step "binary starts" 20 "$BIN" --version
 
@@ -150,12 +154,13 @@ fi
 # The CUDA crate's GPU-only tests (they skip on a machine without a GPU, so only here do they
 # run): bitwise batch invariance of matmul rows and attention, graphs vs eager, launches per
 # layer, fused norms and 16-bit activations bitwise, the metadata staging, the routed experts'
-# bits against every expert's (the MoE default). TANDEM_REQUIRE_CUDA=1
+# bits against every expert's (the MoE default), the quantized models (Q8_0, FP8, int4) against
+# the reference and HF's goldens, LoRA against peft's. TANDEM_REQUIRE_CUDA=1
 # turns a skip into a failure; one test at a time, so each holds the GPU alone.
 # shellcheck disable=SC2206  # the filters are words
-CUDA_TESTS=(${TANDEM_CHECK_CUDA_TESTS:-gpu_invariance:: graphs:: launches:: staging:: moe:: cublaslt::})
+CUDA_TESTS=(${TANDEM_CHECK_CUDA_TESTS:-gpu_invariance:: graphs:: launches:: staging:: moe:: cublaslt:: quant:: fp8:: int4:: lora::})
 if [ "$BACKEND" = cuda ] && [ -x "$HERE/cuda-tests" ]; then
-    PICK='test result|panicked|FAILED' step "cuda tests (GPU-only)" 120 env TANDEM_REQUIRE_CUDA=1 "$HERE/cuda-tests" --test-threads 1 "${CUDA_TESTS[@]}"
+    PICK='test result|panicked|FAILED' step "cuda tests (GPU-only)" 180 env TANDEM_REQUIRE_CUDA=1 "$HERE/cuda-tests" --test-threads 1 "${CUDA_TESTS[@]}"
 elif [ "$BACKEND" = cuda ]; then
     printf 'cuda tests (GPU-only)\t125\t0\tskipped: no cuda-tests beside check.sh (cargo xtask gpu-bundle builds it)\n' >>"$STEPS"
 fi

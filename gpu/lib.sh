@@ -120,3 +120,20 @@ cuda_libs() {
     [ -n "$NVRTC_DIR" ] && export TANDEM_CUDA_LIB=$NVRTC_DIR
     printf 'nvrtc_dir\t%s\ncublas_dir\t%s\n' "$NVRTC_DIR" "$CUBLAS_DIR" >>"$WORK/raw/env.txt"
 }
+
+# golden_dir: exports TANDEM_GOLDEN_DIR, the tests/golden the int4 and LoRA CUDA tests read. The
+# test binary knows only the path it was built at; here the tree is a copy at another path. A
+# given TANDEM_GOLDEN_DIR stands; else the tree the bundle sits in, else the working directory's.
+golden_dir() {
+    local g
+    if [ -z "${TANDEM_GOLDEN_DIR:-}" ]; then
+        for g in "$HERE/../tests/golden" "$PWD/tests/golden"; do
+            if [ -d "$g/lora" ]; then
+                TANDEM_GOLDEN_DIR=$(cd "$g" && pwd)
+                break
+            fi
+        done
+    fi
+    export TANDEM_GOLDEN_DIR=${TANDEM_GOLDEN_DIR:-}
+    printf 'golden_dir\t%s\n' "${TANDEM_GOLDEN_DIR:-NOT FOUND}" >>"$WORK/raw/env.txt"
+}

@@ -41,7 +41,7 @@
 # tiny shape everywhere, short prompts and contexts, one run each; TANDEM_TUNE_OPS: only the op
 # suite's cases matching this; TANDEM_TUNE_COMPARE_ARGS: more `tandem compare` arguments (the
 # rehearsal's fewer prompts and steps); TANDEM_TUNE_CUDA_TESTS: the GPU-only test filters of each variant
-# (default gpu_invariance:: graphs:: launches::); TANDEM_OPS_SEED: the op suite's seed (pinned,
+# (default gpu_invariance:: graphs:: launches::; TANDEM_GOLDEN_DIR as for check.sh); TANDEM_OPS_SEED: the op suite's seed (pinned,
 # gpu/lib.sh). Every step has its own timeout: a hang costs that step, and the table says
 # TIMEOUT beside it.
 # Writes OUT_DIR/tune.log (everything), OUT_DIR/tune.tsv (one row per variant and case) and
@@ -97,6 +97,7 @@ mkdir -p "$TANDEM_PTX_CACHE"
 } | tee -a "$LOG"
 : >"$WORK/raw/env.txt"
 cuda_libs
+golden_dir
 
 BENCH_DIR=$WORK/models/bench-$SHAPE-bf16
 TINY=$WORK/models/tiny-bf16

@@ -17,16 +17,15 @@ import os
 import torch
 from safetensors.torch import save_file
 
+from draft_golden import causal_attention, propose, randn, rms as rms_eps, write_expected
+
 OUT = os.path.join(os.path.dirname(__file__), "golden", "eagle3-tiny")
 HIDDEN, VOCAB, DRAFT_VOCAB, HEADS, KV_HEADS, HEAD_DIM, INTER = 64, 384, 128, 4, 2, 16, 96
 AUX = [0, 1, 1]
 EPS, THETA = 1e-5, 10000.0
 
 g = torch.Generator().manual_seed(40)
-
-
-def rnd(*shape, scale=0.2):
-    return torch.randn(*shape, generator=g) * scale
+rnd = randn(g)
 
 
 W = {
@@ -71,17 +70,7 @@ CONFIG = {
 
 
 def rms(x, w):
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS) * w
-
-
-def rope(x, pos):
-    inv = 1.0 / (THETA ** (torch.arange(0, HEAD_DIM, 2, dtype=torch.float32) / HEAD_DIM))
-    f = pos[:, None].float() * inv[None, :]
-    emb = torch.cat([f, f], -1)
-    cos, sin = emb.cos()[:, None, :], emb.sin()[:, None, :]
-    half = HEAD_DIM // 2
-    rot = torch.cat([-x[..., half:], x[..., :half]], -1)
-    return x * cos + rot * sin
+    return rms_eps(x, w, EPS)
 
 
 def head(tokens, hidden, pos):
@@ -93,33 +82,12 @@ def head(tokens, hidden, pos):
     q = (x @ W[p + "self_attn.q_proj.weight"].T).view(n, HEADS, HEAD_DIM)
     k = (x @ W[p + "self_attn.k_proj.weight"].T).view(n, KV_HEADS, HEAD_DIM)
     v = (x @ W[p + "self_attn.v_proj.weight"].T).view(n, KV_HEADS, HEAD_DIM)
-    q, k = rope(q, pos), rope(k, pos)
-    rep = HEADS // KV_HEADS
-    k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-    s = torch.einsum("qhd,khd->hqk", q, k) / HEAD_DIM**0.5
-    s = s.masked_fill(torch.triu(torch.ones(n, n, dtype=torch.bool), 1), float("-inf"))
-    a = torch.einsum("hqk,khd->qhd", s.softmax(-1), v).reshape(n, HEADS * HEAD_DIM)
+    a = causal_attention(q, k, v, pos, THETA)
     h = a @ W[p + "self_attn.o_proj.weight"].T + hidden
     x2 = rms(h, W[p + "post_attention_layernorm.weight"])
     m = (torch.nn.functional.silu(x2 @ W[p + "mlp.gate_proj.weight"].T) * (x2 @ W[p + "mlp.up_proj.weight"].T))
     pre = h + m @ W[p + "mlp.down_proj.weight"].T
     return pre, rms(pre, W["norm.weight"]) @ W["lm_head.weight"].T
-
-
-def propose(tokens, aux, k):
-    """vLLM's proposer, from scratch: row i reads token i + 1 and fc(aux[i]); each draft
-    feeds back the previous row's pre-norm output."""
-    n = len(tokens)
-    toks = torch.tensor(tokens[1:])
-    hidden = aux[: n - 1] @ W["fc.weight"].T
-    drafts = []
-    for _ in range(k):
-        pre, logits = head(toks, hidden, torch.arange(toks.shape[0]))
-        d = int(logits[-1].argmax())
-        drafts.append(d + int(W["d2t"][d]))
-        toks = torch.cat([toks, torch.tensor([drafts[-1]])])
-        hidden = torch.cat([hidden, pre[-1:]])
-    return drafts
 
 
 def main():
@@ -130,10 +98,10 @@ def main():
     n = 24
     tokens = torch.randint(0, VOCAB, (n,), generator=g).tolist()
     aux = torch.randn(n - 1, len(AUX) * HIDDEN, generator=g)
-    cases = [{"len": m, "k": 5, "drafts": propose(tokens[:m], aux, 5)} for m in (2, 6, 7, 12, 24)]
-    with open(os.path.join(OUT, "expected.json"), "w") as f:
-        json.dump({"tokens": tokens, "aux": aux.flatten().tolist(), "cases": cases}, f)
-    print(cases)
+    to_target = lambda d: d + int(W["d2t"][d])
+    fc = lambda m: aux[: m - 1] @ W["fc.weight"].T
+    cases = [{"len": m, "k": 5, "drafts": propose(head, tokens[:m], fc(m), 5, to_target)} for m in (2, 6, 7, 12, 24)]
+    write_expected(OUT, {"tokens": tokens, "aux": aux.flatten().tolist(), "cases": cases})
 
 
 if __name__ == "__main__" and len(os.sys.argv) == 1:

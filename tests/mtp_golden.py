@@ -18,6 +18,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from draft_golden import causal_attention, propose, randn, rms as rms_eps, write_expected
+
 OUT = os.path.join(os.path.dirname(__file__), "golden", "mtp-tiny")
 HIDDEN, VOCAB, HEADS, KV_HEADS, INTER, LAYERS = 64, 384, 4, 2, 160, 2
 HEAD_DIM = HIDDEN // HEADS
@@ -25,10 +27,7 @@ EPS, THETA = 1e-6, 10000.0
 
 torch.manual_seed(41)
 g = torch.Generator().manual_seed(42)
-
-
-def rnd(*shape, scale=0.2):
-    return torch.randn(*shape, generator=g) * scale
+rnd = randn(g)
 
 
 P = "model.mtp_layers.0."
@@ -53,17 +52,7 @@ W = {
 
 
 def rms(x, w):
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS) * w
-
-
-def rope(x, pos):
-    inv = 1.0 / (THETA ** (torch.arange(0, HEAD_DIM, 2, dtype=torch.float32) / HEAD_DIM))
-    f = pos[:, None].float() * inv[None, :]
-    emb = torch.cat([f, f], -1)
-    cos, sin = emb.cos()[:, None, :], emb.sin()[:, None, :]
-    half = HEAD_DIM // 2
-    rot = torch.cat([-x[..., half:], x[..., :half]], -1)
-    return x * cos + rot * sin
+    return rms_eps(x, w, EPS)
 
 
 def mtp(embed, lm_head, tokens, hidden, pos):
@@ -79,33 +68,13 @@ def mtp(embed, lm_head, tokens, hidden, pos):
     q = lin(a_in, "self_attn.q_proj").view(n, HEADS, HEAD_DIM)
     k = lin(a_in, "self_attn.k_proj").view(n, KV_HEADS, HEAD_DIM)
     v = lin(a_in, "self_attn.v_proj").view(n, KV_HEADS, HEAD_DIM)
-    q, k = rope(q, pos), rope(k, pos)
-    rep = HEADS // KV_HEADS
-    k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-    s = torch.einsum("qhd,khd->hqk", q, k) / HEAD_DIM**0.5
-    s = s.masked_fill(torch.triu(torch.ones(n, n, dtype=torch.bool), 1), float("-inf"))
-    a = torch.einsum("hqk,khd->qhd", s.softmax(-1), v).reshape(n, HEADS * HEAD_DIM)
+    a = causal_attention(q, k, v, pos, THETA)
     h = x + a @ W[P + "self_attn.o_proj.weight"].T
     x2 = rms(h, W[P + "post_attention_layernorm.weight"])
     m = torch.nn.functional.silu(x2 @ W[P + "mlp.gate_proj.weight"].T) * (x2 @ W[P + "mlp.up_proj.weight"].T)
     h = h + m @ W[P + "mlp.down_proj.weight"].T
     out = rms(h, W[P + "final_layernorm.weight"])
     return out, out @ lm_head.T
-
-
-def propose(embed, lm_head, tokens, hidden, k):
-    """vLLM's proposer, from scratch: row i reads token i + 1 and the target's hidden state at
-    i, at position i; each draft feeds back the previous row's output."""
-    n = len(tokens)
-    toks = torch.tensor(tokens[1:])
-    h = hidden[: n - 1]
-    drafts = []
-    for _ in range(k):
-        out, logits = mtp(embed, lm_head, toks, h, torch.arange(toks.shape[0]))
-        drafts.append(int(logits[-1].argmax()))
-        toks = torch.cat([toks, torch.tensor([drafts[-1]])])
-        h = torch.cat([h, out[-1:]])
-    return drafts
 
 
 def main():
@@ -150,10 +119,9 @@ def main():
     hook.remove()
     hidden = kept["h"][0]
     embed, lm_head = model.model.embed_tokens.weight, model.lm_head.weight
-    cases = [{"len": m, "k": 4, "drafts": propose(embed, lm_head, tokens[:m], hidden, 4)} for m in (2, 6, 7, 12, 24)]
-    with open(os.path.join(OUT, "expected.json"), "w") as f:
-        json.dump({"tokens": tokens, "hidden": hidden[: n - 1].flatten().tolist(), "cases": cases}, f)
-    print(cases)
+    layer = lambda toks, h, pos: mtp(embed, lm_head, toks, h, pos)
+    cases = [{"len": m, "k": 4, "drafts": propose(layer, tokens[:m], hidden[: m - 1], 4)} for m in (2, 6, 7, 12, 24)]
+    write_expected(OUT, {"tokens": tokens, "hidden": hidden[: n - 1].flatten().tolist(), "cases": cases})
 
 
 if __name__ == "__main__":

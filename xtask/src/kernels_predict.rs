@@ -161,13 +161,14 @@ fn default_tile(m: usize) -> &'static str {
 
 fn fmt_params(p: &Params) -> String {
     format!(
-        "launch {:.2} us, memory round trip {:.2} us, {:.2} cycles between a warp's issues, {:.0}% of copy bandwidth, L2 {:.0} GB/s, fold round {:.3} us",
+        "launch {:.2} us, memory round trip {:.2} us, {:.2} cycles between a warp's issues, {:.0}% of copy bandwidth, L2 {:.0} GB/s, fold round {:.3} us, an mma.sync holds its warp {:.1} cycles",
         p.launch_us,
         p.mem_latency_us,
         p.issue_cycles,
         p.dram_eff * 100.0,
         p.l2_gbs,
-        p.fold_round_us
+        p.fold_round_us,
+        p.mma_cycles
     )
 }
 

@@ -1,4 +1,4 @@
-//! The performance model's calibration: the fit of its four [`Params`] to measured timings,
+//! The performance model's calibration: the fit of its [`Params`] to measured timings,
 //! judged leave-one-variant-out (each variant's timings predicted by the parameters fitted on
 //! every other variant's), with the error figures and the variant rank agreement.
 
@@ -56,7 +56,7 @@ fn loss(p: &Params, data: &[(Launch, f64)]) -> f64 {
     data.iter().map(|(l, us)| (predict(l, &H200, p).us / us).ln().abs()).sum()
 }
 
-/// Coordinate descent over the six parameters in log steps, each kept in a physical range.
+/// Coordinate descent over the seven parameters in log steps, each kept in a physical range.
 /// Started from the prior at several issue rates (the loss is flat in some directions), the
 /// best kept.
 pub fn fit(data: &[(Launch, f64)]) -> Params {
@@ -78,9 +78,10 @@ pub fn fit(data: &[(Launch, f64)]) -> Params {
 fn descend(mut p: Params, data: &[(Launch, f64)]) -> Params {
     // Physical ranges: a launch back to back costs 1-5 us, a loaded DRAM round trip 0.3-2 us,
     // a warp issues every 1-40 cycles, the L2 moves 1-12 TB/s.
-    let ranges = [(1.0, 5.0), (0.3, 2.0), (1.0, 40.0), (0.3, 1.0), (1000.0, 12000.0), (0.01, 2.0)];
+    // an HMMA holds its warp 1-64 cycles.
+    let ranges = [(1.0, 5.0), (0.3, 2.0), (1.0, 40.0), (0.3, 1.0), (1000.0, 12000.0), (0.01, 2.0), (1.0, 64.0)];
     let get = |p: &Params, i: usize| {
-        [p.launch_us, p.mem_latency_us, p.issue_cycles, p.dram_eff, p.l2_gbs, p.fold_round_us][i]
+        [p.launch_us, p.mem_latency_us, p.issue_cycles, p.dram_eff, p.l2_gbs, p.fold_round_us, p.mma_cycles][i]
     };
     let set = |p: &mut Params, i: usize, v: f64| match i {
         0 => p.launch_us = v,
@@ -88,7 +89,8 @@ fn descend(mut p: Params, data: &[(Launch, f64)]) -> Params {
         2 => p.issue_cycles = v,
         3 => p.dram_eff = v,
         4 => p.l2_gbs = v,
-        _ => p.fold_round_us = v,
+        5 => p.fold_round_us = v,
+        _ => p.mma_cycles = v,
     };
     let mut best = loss(&p, data);
     let mut step: f64 = 1.6;
@@ -228,6 +230,7 @@ mod tests {
             dram_eff: 0.8,
             l2_gbs: 3000.0,
             fold_round_us: 0.3,
+            mma_cycles: 12.0,
         };
         let mut data = Vec::new();
         for name in ["m16", "m64", "m128", "m128_occ2"] {

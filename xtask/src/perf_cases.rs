@@ -122,13 +122,19 @@ const fn tile(
     ipm: f64,
     ipm_source: &'static str,
 ) -> Tile {
-    Tile { rows, cols, kernel: Kernel { name, threads, regs, smem, stages, ipm, ipm_source, wgmma: false } }
+    Tile {
+        rows,
+        cols,
+        kernel: Kernel { name, threads, regs, smem, stages, ipm, ipm_source, wgmma: false, mma_sync: true },
+    }
 }
 
 pub fn tile_named(name: &str) -> Option<Tile> {
     if name == "wgmma" || name == "wgmma_ws" {
         let mut w = if name == "wgmma" { WGMMA } else { WGMMA_WS };
         w.kernel.wgmma = true;
+        w.kernel.mma_sync = false;
+        w.kernel.mma_sync = false;
         return Some(w);
     }
     TILES.iter().find(|t| t.kernel.name == name).copied()
@@ -181,6 +187,7 @@ pub fn gemm(t: &Tile, m: usize, n: usize, k: usize, x_f32: bool) -> Launch {
 fn gemm_persistent(t: &Tile, m: usize, n: usize, k: usize, x_f32: bool, wide: bool) -> Launch {
     let mut w = if wide { WGMMA_WS_WIDE } else { *t };
     w.kernel.wgmma = true;
+    w.kernel.mma_sync = false;
     let tiles = m.div_ceil(w.rows) * n.div_ceil(w.cols);
     let blocks = tiles.clamp(1, SMS);
     let per_block = tiles.div_ceil(blocks) as f64;
@@ -239,6 +246,7 @@ fn attn_kernel(v: AttnVariant, d: usize) -> (Kernel, usize, usize) {
         ipm,
         ipm_source: src,
         wgmma: false,
+        mma_sync: true,
     };
     const SRC: &str = "ncu counters, tc_d64 decode b1 ctx 1024";
     const ASSUMED: &str = "assumed: tc_d64's ncu figure";
@@ -256,7 +264,8 @@ fn attn_kernel(v: AttnVariant, d: usize) -> (Kernel, usize, usize) {
             (k("tc_shared", 128, if d == 64 { 168 } else { 210 }, smem, stages, TC_IPM, ASSUMED), 4, 16)
         }
         (AttnVariant::Partial, _) => {
-            (k("partial", 128, 64, d * 4 * 4, 1, 3.0, "assumed: 3 instructions a warp FMA step"), 4, 16)
+            let simt = k("partial", 128, 64, d * 4 * 4, 1, 3.0, "assumed: 3 instructions a warp FMA step");
+            (Kernel { mma_sync: false, ..simt }, 4, 16)
         }
     }
 }
@@ -377,6 +386,7 @@ pub fn sampler(name: &'static str, batch: usize, vocab: usize) -> Launch {
         ipm: 8.0 / 32.0,
         ipm_source: "assumed: 8 instructions an element a pass",
         wgmma: false,
+        mma_sync: false,
     };
     Launch {
         kernel,
@@ -454,6 +464,7 @@ pub fn quant_gemv(q: QuantBlocks, m: usize, n: usize, k: usize) -> Launch {
         ipm: 6.0 + 4.0 * rows as f64,
         ipm_source: "assumed: 6 instructions to decode a weight value, 4 a row of x",
         wgmma: false,
+        mma_sync: false,
     };
     Launch {
         kernel,

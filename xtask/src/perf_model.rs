@@ -8,8 +8,9 @@
 //! - issue: instructions (mma count x instructions per mma, from SASS or ncu counters) over
 //!   the SM's issue rate, which falls below 4 a cycle when too few warps hide the latency of
 //!   dependent instructions (`issue_cycles` cycles a warp between issues), in waves over 132
-//!   SMs at the occupancy registers and shared memory allow; plus, per wave, the first stage's
-//!   arrival before anything issues, and the split-K fold after;
+//!   SMs at the occupancy registers and shared memory allow; plus each mma.sync's hold on its
+//!   warp (`mma_cycles`, the tensor pipe's latency, over the SM's warps that hide it); plus,
+//!   per wave, the first stage's arrival before anything issues, and the split-K fold after;
 //! - L2: the bytes the blocks' tiles load (each block reads its rows of x and its columns of
 //!   w for its whole K range, so an operand is read once per tile across), over `l2_gbs`;
 //! - latency: each block's chain of dependent memory round trips (pipeline refills), each
@@ -18,7 +19,7 @@
 //!   and no shorter than the longest block (a causal prefill's last rows).
 //!
 //! The per-variant inputs (tile, threads, registers, shared memory, stages, instructions per
-//! mma) are static facts from ptxas, the SASS or counters; only the six [`Params`] are fitted,
+//! mma) are static facts from ptxas, the SASS or counters; only the seven [`Params`] are fitted,
 //! on timings of other variants (calibration.rs, leave-one-variant-out).
 
 /// The machine: NVIDIA H200 (sm_90), with the figures measured on it (gpu/ceilings.py,
@@ -51,7 +52,10 @@ pub const H200: Hw = Hw {
 
 /// The fitted constants: launch overhead, one dependent memory round trip under load, the
 /// cycles a warp waits between two issues, the fraction of the copy bandwidth a kernel's
-/// streaming reaches, the L2's bandwidth to the SMs, and one round of the split-K fold.
+/// streaming reaches, the L2's bandwidth to the SMs, one round of the split-K fold, and the
+/// cycles an mma.sync holds its warp beyond its issue (the tensor pipe's latency, which only
+/// other warps hide: ncu measured m128_n128, half m128's instructions an mma, at 5.98 cycles
+/// between a warp's issues against m128's 4.94).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Params {
     pub launch_us: f64,
@@ -60,11 +64,12 @@ pub struct Params {
     pub dram_eff: f64,
     pub l2_gbs: f64,
     pub fold_round_us: f64,
+    pub mma_cycles: f64,
 }
 
 /// Where the fit starts (physical priors: ~3 us a launch, ~1 us a loaded round trip, ~5 cycles
 /// between a warp's issues as ncu measured on the GEMMs, 90% of copy bandwidth, ~4 TB/s of
-/// L2, an L2 round trip of ~0.5 us a fold round).
+/// L2, an L2 round trip of ~0.5 us a fold round, ~16 cycles of an HMMA's latency).
 pub const PRIOR: Params = Params {
     launch_us: 3.0,
     mem_latency_us: 1.0,
@@ -72,6 +77,7 @@ pub const PRIOR: Params = Params {
     dram_eff: 0.9,
     l2_gbs: 4000.0,
     fold_round_us: 0.5,
+    mma_cycles: 16.0,
 };
 
 /// One kernel's static facts.
@@ -90,6 +96,9 @@ pub struct Kernel {
     pub ipm: f64,
     pub ipm_source: &'static str,
     pub wgmma: bool,
+    /// Its counted steps are mma.sync tensor-core instructions, each holding its warp
+    /// [`Params::mma_cycles`] (false: SIMT steps, or wgmma's asynchronous instructions).
+    pub mma_sync: bool,
 }
 
 /// One launch as the model sees it.
@@ -181,7 +190,10 @@ pub fn predict(l: &Launch, hw: &Hw, p: &Params) -> Prediction {
     let resident = per_sm.min(l.blocks.div_ceil(hw.sms)).max(1);
     let warps_sm = (resident * k.threads.div_ceil(32)) as f64;
     let ipc = (warps_sm / p.issue_cycles).min(4.0);
-    let issue_cycles = resident as f64 * l.mmas_per_block * k.ipm / ipc;
+    // Each mma.sync also holds its warp `mma_cycles`: the SM's warps wait on the tensor pipe in
+    // parallel, so the hold costs the SM mma_cycles / warps an mma (few warps: a large share).
+    let hold = if k.mma_sync { p.mma_cycles / warps_sm } else { 0.0 };
+    let issue_cycles = resident as f64 * l.mmas_per_block * (k.ipm / ipc + hold);
     let block_us = issue_cycles / (hw.clock_ghz * 1e3);
     // Issuing cannot start before a wave's first stage arrives, and the fold follows it.
     let issue_us = if l.mmas_per_block > 0.0 {
@@ -231,7 +243,17 @@ mod tests {
     use super::*;
 
     fn kernel(threads: usize, regs: usize, smem: usize) -> Kernel {
-        Kernel { name: "t", threads, regs, smem, stages: 4, ipm: 10.0, ipm_source: "test", wgmma: false }
+        Kernel {
+            name: "t",
+            threads,
+            regs,
+            smem,
+            stages: 4,
+            ipm: 10.0,
+            ipm_source: "test",
+            wgmma: false,
+            mma_sync: false,
+        }
     }
 
     /// ncu's occupancy figures of 2026-12-04: m128 (256 threads, 158 regs, 46 KB) 1 block an
@@ -264,6 +286,7 @@ mod tests {
             dram_eff: 1.0,
             l2_gbs: 8469.6,
             fold_round_us: 0.0,
+            mma_cycles: 0.0,
         };
         // 42.348 MB at 4234.8 GB/s: 10 us of DRAM; no instructions.
         let l = Launch {
@@ -298,6 +321,7 @@ mod tests {
             dram_eff: 1.0,
             l2_gbs: 1e9,
             fold_round_us: 0.0,
+            mma_cycles: 0.0,
         };
         let l = Launch {
             kernel: Kernel { ipm: 1.0, ..kernel(256, 158, 46080) },
@@ -324,5 +348,40 @@ mod tests {
         // A block three times the average sets the time of a single wave.
         let skewed = Launch { longest: 3.0, ..l };
         assert!((predict(&skewed, &H200, &p).issue_us - 3.0).abs() < 1e-9);
+    }
+
+    /// An mma.sync holds its warp `mma_cycles`, which the SM's other warps hide: one block of 8
+    /// warps pays 16 / 8 cycles an mma, two resident blocks (16 warps) half that each, so twice
+    /// the blocks take the same time; SIMT steps pay nothing.
+    #[test]
+    fn an_mma_hold_is_hidden_by_more_warps() {
+        let p = Params {
+            launch_us: 0.0,
+            mem_latency_us: 0.0,
+            issue_cycles: 1.0,
+            dram_eff: 1.0,
+            l2_gbs: 1e9,
+            fold_round_us: 0.0,
+            mma_cycles: 16.0,
+        };
+        let l = Launch {
+            kernel: Kernel { ipm: 0.0, mma_sync: true, ..kernel(256, 158, 46080) },
+            blocks: 132,
+            mmas_per_block: 1760.0,
+            trips_per_block: 0.0,
+            fold_rounds: 0.0,
+            longest: 1.0,
+            dram_bytes: 0.0,
+            l2_bytes: 0.0,
+            tensor_flops: 0.0,
+            launches: 1,
+        };
+        // 1760 mmas x 16 / 8 cycles at 1.76 GHz: 2 us.
+        assert!((predict(&l, &H200, &p).issue_us - 2.0).abs() < 1e-9);
+        let two =
+            Launch { kernel: Kernel { ipm: 0.0, mma_sync: true, ..kernel(256, 64, 0) }, blocks: 264, ..l.clone() };
+        assert!((predict(&two, &H200, &p).issue_us - 2.0).abs() < 1e-9, "{:?}", predict(&two, &H200, &p));
+        let simt = Launch { kernel: Kernel { mma_sync: false, ..l.kernel }, ..l };
+        assert_eq!(predict(&simt, &H200, &p).issue_us, 0.0);
     }
 }

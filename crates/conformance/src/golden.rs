@@ -126,9 +126,14 @@ pub fn check_case_with(
     Ok(CaseOutcome { ours, diverged_at, max_logprob_err: max_err })
 }
 
-/// The golden files shipped in the repository (`tests/golden`).
+/// The golden files shipped in the repository (`tests/golden`): `$TANDEM_GOLDEN_DIR` where set
+/// (a test binary run from a copy of the tree at another path, as gpu/check.sh runs the CUDA
+/// tests on the GPU machine), else those of the tree this crate was built in.
 pub fn golden_dir() -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/golden")
+    match std::env::var_os("TANDEM_GOLDEN_DIR").filter(|d| !d.is_empty()) {
+        Some(d) => std::path::PathBuf::from(d),
+        None => std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/golden"),
+    }
 }
 
 /// A seeded random model written by our own tool (the same call `cargo xtask gen-model`

@@ -9,32 +9,20 @@ use serde_json::json;
 
 use super::latency::cell;
 use super::measured::{measure, with_max_num_seqs};
-use super::model_source::{self, RandomModelArgs};
+use super::model_source;
 use super::offline::{self, RunResult};
 use super::plot::{self, Panel, Series};
 use super::report::{self, markdown_table};
-use super::workload::{WorkloadArgs, WorkloadKind};
-use super::OutputArgs;
-use crate::serve::EngineArgs;
+use super::run_args::RunArgs;
+use super::workload::WorkloadKind;
 
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
-    engine: EngineArgs,
-    #[command(flatten)]
-    random: RandomModelArgs,
-    #[command(flatten)]
-    workload: WorkloadArgs,
-    #[command(flatten)]
-    out: OutputArgs,
+    run: RunArgs,
     /// Requests kept in flight (and `max_num_seqs`), one run per value and mode.
     #[arg(long, value_delimiter = ',', default_value = "50,100,200")]
     concurrency: Vec<usize>,
-    #[arg(long, default_value_t = 2)]
-    warmup: usize,
-    /// Give up on one run after this many seconds.
-    #[arg(long, default_value_t = 3600)]
-    timeout_s: u64,
 }
 
 pub fn run(mut a: Args) -> Result<()> {
@@ -43,16 +31,15 @@ pub fn run(mut a: Args) -> Result<()> {
     }
     // `mixed` unless the user picked a workload explicitly.
     if !std::env::args().any(|x| x == "--workload" || x.starts_with("--workload=")) {
-        a.workload.workload = WorkloadKind::Mixed;
+        a.run.workload.workload = WorkloadKind::Mixed;
     }
-    let model = model_source::resolve(a.engine.model.as_deref(), &a.random)?;
-    let prompts = a.workload.prompts(model.config.vocab_size, model.config.max_position_embeddings)?;
+    let (model, prompts) = a.run.model_and_prompts()?;
     let mut runs: Vec<(usize, &str, RunResult)> = vec![];
     let mut backend = serde_json::Value::Null;
     for &c in &a.concurrency {
         for mode in ["static", "continuous"] {
-            let ea = with_max_num_seqs(&a.engine, c, mode);
-            let m = measure(&model, &ea, &prompts, a.warmup, c, &format!("{mode} C={c}"), a.timeout_s)?;
+            let ea = with_max_num_seqs(&a.run.engine, c, mode);
+            let m = measure(&model, &ea, &prompts, a.run.warmup, c, &format!("{mode} C={c}"), a.run.timeout_s)?;
             backend = m.backend;
             runs.push((c, mode, m.result));
         }
@@ -84,10 +71,10 @@ pub fn run(mut a: Args) -> Result<()> {
         "runs": runs.iter().map(|(c, m, r)| json!({"concurrency": c, "scheduler": m, "result": r.to_json()})).collect::<Vec<_>>(),
         "ratios": table,
     });
-    let settings = json!({"engine": model_source::engine_json(&a.engine), "workload": a.workload.to_json(), "concurrency": a.concurrency, "warmup": a.warmup, "max_num_seqs": "= concurrency"});
-    let rep = report::build("compare", backend, model.to_json(&a.random), settings, results);
-    let stem = format!("compare-{}-{}", a.engine.backend.name(), model.label);
-    report::write_json(&a.out, &stem, &rep)?;
+    let settings = json!({"engine": model_source::engine_json(&a.run.engine), "workload": a.run.workload.to_json(), "concurrency": a.concurrency, "warmup": a.run.warmup, "max_num_seqs": "= concurrency"});
+    let rep = report::build("compare", backend, model.to_json(&a.run.random), settings, results);
+    let stem = format!("compare-{}-{}", a.run.engine.backend.name(), model.label);
+    report::write_json(&a.run.out, &stem, &rep)?;
 
     let series = |mode: &str, pick: &dyn Fn(&offline::Figures) -> f64| Series {
         name: mode.into(),
@@ -95,7 +82,7 @@ pub fn run(mut a: Args) -> Result<()> {
         point_labels: vec![],
     };
     let tput = Panel {
-        title: format!("{} on {}: throughput", model.label, a.engine.backend.name()),
+        title: format!("{} on {}: throughput", model.label, a.run.engine.backend.name()),
         x_label: "concurrency (requests in flight = max_num_seqs)".into(),
         y_label: "output tokens/s".into(),
         series: vec![series("static", &|f| f.output_tokens_per_s), series("continuous", &|f| f.output_tokens_per_s)],
@@ -109,15 +96,15 @@ pub fn run(mut a: Args) -> Result<()> {
             series("continuous", &|f| f.e2e.map_or(f64::NAN, |s| s.median)),
         ],
     };
-    if let Err(e) = plot::draw(&report::out_path(&a.out, &stem, "png")?, &[tput, lat]) {
+    if let Err(e) = plot::draw(&report::out_path(&a.run.out, &stem, "png")?, &[tput, lat]) {
         eprintln!("no plot: {e:#}");
     }
 
     println!(
         "### static vs continuous batching: {} on {} ({})\n",
         model.label,
-        a.engine.backend.name(),
-        a.workload.describe()
+        a.run.engine.backend.name(),
+        a.run.workload.describe()
     );
     let header = [
         "C",

@@ -247,11 +247,7 @@ fn gemms<B: Backend>(
         let x_dtype = if name == "o" { DType::F32 } else { b.activation_dtype(dtype) };
         let ones = b.weight_from_f32(dtype, &vec![1.0; k])?;
         for &m in &a.m {
-            let mut xf = b.alloc_f32(m * k)?;
-            b.write_f32(&mut xf, &values(m as u64, m * k, 1.0))?;
-            let mut x = b.alloc_activation(x_dtype, m * k)?;
-            b.rms_norm(&xf, &ones, &mut x, m, k, 1e-5)?;
-            drop(xf);
+            let x = model_x(b, x_dtype, &ones, m, k)?;
             let mut out = b.alloc_f32(m * n)?;
             let us = time(b, a.min_ms, || b.matmul(&x, &w, None, &mut out, m, n, k))
                 .with_context(|| format!("{name} m={m}"))?;
@@ -268,6 +264,16 @@ fn gemms<B: Backend>(
         }
     }
     Ok(())
+}
+
+/// `m` rows of `k` x as the model writes them: rms_norm (gamma `ones`) of seeded f32 values,
+/// into `x_dtype` (the GEMMs', GEMVs' and LoRA's input alike).
+fn model_x<B: Backend>(b: &B, x_dtype: DType, ones: &B::Buf, m: usize, k: usize) -> Result<B::Buf> {
+    let mut xf = b.alloc_f32(m * k)?;
+    b.write_f32(&mut xf, &values(m as u64, m * k, 1.0))?;
+    let mut x = b.alloc_activation(x_dtype, m * k)?;
+    b.rms_norm(&xf, ones, &mut x, m, k, 1e-5)?;
+    Ok(x)
 }
 
 /// The segmented LoRA update over the q projection's and down's shapes (x as the model stores
@@ -290,11 +296,7 @@ fn lora<B: Backend>(b: &B, s: Shape, a: &Args, dtype: DType, rows: &mut Vec<Row>
         let operand = b.matmul_operand(dtype);
         let ones = b.weight_from_f32(dtype, &vec![1.0; inp])?;
         for &m in &a.lora_m {
-            let mut xf = b.alloc_f32(m * inp)?;
-            b.write_f32(&mut xf, &values(m as u64, m * inp, 1.0))?;
-            let mut x = b.alloc_activation(x_dtype, m * inp)?;
-            b.rms_norm(&xf, &ones, &mut x, m, inp, 1e-5)?;
-            drop(xf);
+            let x = model_x(b, x_dtype, &ones, m, inp)?;
             let ids: Vec<u32> = (0..m).map(|t| (t % slots) as u32).collect();
             let mut idx = b.alloc_u32(m)?;
             b.write_u32(&mut idx, &ids)?;
@@ -505,11 +507,7 @@ fn quant_gemvs<B: Backend>(b: &B, s: Shape, a: &Args, layout: QuantLayout, rows:
         let x_dtype = if op == "o" { DType::F32 } else { b.activation_dtype(DType::BF16) };
         let ones = b.weight_from_f32(DType::BF16, &vec![1.0; k])?;
         for &m in &ms {
-            let mut xf = b.alloc_f32(m * k)?;
-            b.write_f32(&mut xf, &values(m as u64, m * k, 1.0))?;
-            let mut x = b.alloc_activation(x_dtype, m * k)?;
-            b.rms_norm(&xf, &ones, &mut x, m, k, 1e-5)?;
-            drop(xf);
+            let x = model_x(b, x_dtype, &ones, m, k)?;
             let mut out = b.alloc_f32(m * n)?;
             let us = time(b, a.min_ms, || b.matmul(&x, &w, None, &mut out, m, n, k))
                 .with_context(|| format!("{op} {name} m={m}"))?;

@@ -18,36 +18,23 @@ use tandem_core::lora::LoraLimits;
 use tandem_core::tokenizer::Tokenizer;
 use tandem_engine::Engine;
 
-use super::model_source::{self, ModelInfo, RandomModelArgs, Started};
+use super::model_source::{self, ModelInfo, Started};
 use super::offline::{self, Figures};
 use super::report::{self, markdown_table};
-use super::workload::{Prompt, WorkloadArgs};
-use super::OutputArgs;
+use super::run_args::RunArgs;
+use super::workload::Prompt;
 use crate::serve::EngineArgs;
 
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
-    engine: EngineArgs,
-    #[command(flatten)]
-    random: RandomModelArgs,
-    #[command(flatten)]
-    workload: WorkloadArgs,
-    #[command(flatten)]
-    out: OutputArgs,
+    run: RunArgs,
     /// The adapter counts to run, 0 being the base model alone (LoRA off).
     #[arg(long, value_delimiter = ',', default_value = "0,1,4,16")]
     adapters: Vec<usize>,
     /// The adapters' ranks, in turn (adapter `i` has rank `ranks[i % len]`).
     #[arg(long, value_delimiter = ',', default_value = "8,16")]
     ranks: Vec<usize>,
-    /// Short warm-up requests before each timed run (every adapter gets one where there are
-    /// more adapters).
-    #[arg(long, default_value_t = 2)]
-    warmup: usize,
-    /// Give up on one run after this many seconds.
-    #[arg(long, default_value_t = 3600)]
-    timeout_s: u64,
 }
 
 /// One run's figures.
@@ -111,10 +98,9 @@ pub fn run(a: Args) -> Result<()> {
     if a.ranks.is_empty() || a.ranks.contains(&0) {
         bail!("--ranks must name positive ranks");
     }
-    let model = model_source::resolve(a.engine.model.as_deref(), &a.random)?;
-    let prompts = a.workload.prompts(model.config.vocab_size, model.config.max_position_embeddings)?;
+    let (model, prompts) = a.run.model_and_prompts()?;
     let most = a.adapters.iter().copied().max().unwrap_or(0);
-    let root = a.out.output_dir.join("lora-adapters");
+    let root = a.run.out.output_dir.join("lora-adapters");
     let ranks: Vec<usize> = (0..most).map(|i| a.ranks[i % a.ranks.len()]).collect();
     let dirs: Vec<PathBuf> =
         ranks.iter().enumerate().map(|(i, &r)| adapter_dir(&root, &model, i, r)).collect::<Result<_>>()?;
@@ -124,20 +110,20 @@ pub fn run(a: Args) -> Result<()> {
     let mut backend = Value::Null;
     for &n in &a.adapters {
         let started = match n {
-            0 => model_source::start_engine(&model, &a.engine)?,
-            n => start_with_adapters(&model, &a.engine, &dirs[..n], max_rank)?,
+            0 => model_source::start_engine(&model, &a.run.engine)?,
+            n => start_with_adapters(&model, &a.run.engine, &dirs[..n], max_rank)?,
         };
-        backend = started.backend_json(a.engine.backend);
+        backend = started.backend_json(a.run.engine.backend);
         eprintln!("{n} adapters: loaded {} on {} in {:.2} s", model.label, started.device, started.load_s);
         // Warm-up: the first prompts reversed (no prefix hits left behind), 4 tokens each,
         // every adapter at least once.
         let warm: Vec<Prompt> = prompts
             .iter()
             .cycle()
-            .take(a.warmup.max(n).min(a.warmup.max(1) * prompts.len()))
+            .take(a.run.warmup.max(n).min(a.run.warmup.max(1) * prompts.len()))
             .map(|p| Prompt { ids: p.ids.iter().rev().copied().collect(), output_len: p.output_len.min(4) })
             .collect();
-        let timeout = Duration::from_secs(a.timeout_s);
+        let timeout = Duration::from_secs(a.run.timeout_s);
         let w = offline::run_adapters(&started.handle, &warm, &spread(warm.len(), n), usize::MAX, "warm-up", timeout)?;
         if w.figures().errors > 0 {
             bail!(
@@ -178,8 +164,8 @@ pub fn run(a: Args) -> Result<()> {
             ]
         })
         .collect();
-    let settings = json!({"engine": model_source::engine_json(&a.engine), "workload": a.workload.to_json(),
-        "adapters": a.adapters, "ranks": a.ranks, "warmup": a.warmup,
+    let settings = json!({"engine": model_source::engine_json(&a.run.engine), "workload": a.run.workload.to_json(),
+        "adapters": a.adapters, "ranks": a.ranks, "warmup": a.run.warmup,
         "adapter_targets": "q, k, v, o, gate, up, down (attention only over a mixture of experts)",
         "spread": "request i under adapter i % n"});
     let results = json!({"runs": runs.iter().map(|r| {
@@ -189,9 +175,9 @@ pub fn run(a: Args) -> Result<()> {
         v["output_tokens_per_s_vs_base"] = json!(base.map(|b| r.figures.output_tokens_per_s / b));
         v
     }).collect::<Vec<_>>()});
-    let rep = report::build("lora", backend, model.to_json(&a.random), settings, results);
-    report::write_json(&a.out, &format!("lora-{}-{}", a.engine.backend.name(), model.label), &rep)?;
-    println!("### LoRA adapters: {} on {} ({})\n", model.label, a.engine.backend.name(), a.workload.describe());
+    let rep = report::build("lora", backend, model.to_json(&a.run.random), settings, results);
+    report::write_json(&a.run.out, &format!("lora-{}-{}", a.run.engine.backend.name(), model.label), &rep)?;
+    println!("### LoRA adapters: {} on {} ({})\n", model.label, a.run.engine.backend.name(), a.run.workload.describe());
     let header = ["adapters", "ranks", "req/s", "output tok/s", "total tok/s", "TPOT median (ms)", "vs base"];
     println!("{}", markdown_table(&header, &rows));
     Ok(())

@@ -29,6 +29,7 @@ mod offline;
 mod plot;
 mod progress;
 mod report;
+mod run_args;
 mod serve;
 mod speculative;
 mod sweep;

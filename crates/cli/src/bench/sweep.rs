@@ -7,45 +7,32 @@ use serde_json::json;
 
 use super::latency::cell;
 use super::measured::{measure, with_max_num_seqs};
-use super::model_source::{self, RandomModelArgs};
+use super::model_source;
 use super::offline::{self, RunResult};
 use super::plot::{self, Panel, Series};
 use super::report::{self, markdown_table};
-use super::workload::WorkloadArgs;
-use super::OutputArgs;
-use crate::serve::EngineArgs;
+use super::run_args::RunArgs;
 
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
-    engine: EngineArgs,
-    #[command(flatten)]
-    random: RandomModelArgs,
-    #[command(flatten)]
-    workload: WorkloadArgs,
-    #[command(flatten)]
-    out: OutputArgs,
+    run: RunArgs,
     /// The `max_num_seqs` values, one run each.
     #[arg(long, value_delimiter = ',', default_value = "16,32,64,128,256")]
     max_num_seqs_values: Vec<usize>,
-    #[arg(long, default_value_t = 2)]
-    warmup: usize,
-    /// Give up on one run after this many seconds.
-    #[arg(long, default_value_t = 3600)]
-    timeout_s: u64,
 }
 
 pub fn run(a: Args) -> Result<()> {
     if a.max_num_seqs_values.is_empty() || a.max_num_seqs_values.contains(&0) {
         bail!("--max-num-seqs-values needs positive values");
     }
-    let model = model_source::resolve(a.engine.model.as_deref(), &a.random)?;
-    let prompts = a.workload.prompts(model.config.vocab_size, model.config.max_position_embeddings)?;
+    let (model, prompts) = a.run.model_and_prompts()?;
     let mut runs: Vec<(usize, RunResult)> = vec![];
     let mut backend = serde_json::Value::Null;
     for &m in &a.max_num_seqs_values {
-        let ea = with_max_num_seqs(&a.engine, m, "continuous");
-        let r = measure(&model, &ea, &prompts, a.warmup, usize::MAX, &format!("max_num_seqs={m}"), a.timeout_s)?;
+        let ea = with_max_num_seqs(&a.run.engine, m, "continuous");
+        let r =
+            measure(&model, &ea, &prompts, a.run.warmup, usize::MAX, &format!("max_num_seqs={m}"), a.run.timeout_s)?;
         backend = r.backend;
         runs.push((m, r.result));
     }
@@ -68,10 +55,10 @@ pub fn run(a: Args) -> Result<()> {
         })
         .collect();
     let results = json!({"runs": runs.iter().map(|(m, r)| json!({"max_num_seqs": m, "result": r.to_json()})).collect::<Vec<_>>()});
-    let settings = json!({"engine": model_source::engine_json(&a.engine), "workload": a.workload.to_json(), "max_num_seqs_values": a.max_num_seqs_values, "warmup": a.warmup, "scheduler": "continuous"});
-    let rep = report::build("sweep", backend, model.to_json(&a.random), settings, results);
-    let stem = format!("sweep-{}-{}", a.engine.backend.name(), model.label);
-    report::write_json(&a.out, &stem, &rep)?;
+    let settings = json!({"engine": model_source::engine_json(&a.run.engine), "workload": a.run.workload.to_json(), "max_num_seqs_values": a.max_num_seqs_values, "warmup": a.run.warmup, "scheduler": "continuous"});
+    let rep = report::build("sweep", backend, model.to_json(&a.run.random), settings, results);
+    let stem = format!("sweep-{}-{}", a.run.engine.backend.name(), model.label);
+    report::write_json(&a.run.out, &stem, &rep)?;
 
     let point = |pick: &dyn Fn(&offline::Figures) -> f64| Series {
         name: "continuous".into(),
@@ -83,16 +70,21 @@ pub fn run(a: Args) -> Result<()> {
         point_labels: runs.iter().map(|(m, _)| format!(" {m}")).collect(),
     };
     let panel = Panel {
-        title: format!("{} on {}: max_num_seqs sweep", model.label, a.engine.backend.name()),
+        title: format!("{} on {}: max_num_seqs sweep", model.label, a.run.engine.backend.name()),
         x_label: "median time per output token (ms)".into(),
         y_label: "output tokens/s".into(),
         series: vec![point(&|f| f.output_tokens_per_s)],
     };
-    if let Err(e) = plot::draw(&report::out_path(&a.out, &stem, "png")?, &[panel]) {
+    if let Err(e) = plot::draw(&report::out_path(&a.run.out, &stem, "png")?, &[panel]) {
         eprintln!("no plot: {e:#}");
     }
 
-    println!("### max_num_seqs sweep: {} on {} ({})\n", model.label, a.engine.backend.name(), a.workload.describe());
+    println!(
+        "### max_num_seqs sweep: {} on {} ({})\n",
+        model.label,
+        a.run.engine.backend.name(),
+        a.run.workload.describe()
+    );
     let header = [
         "max_num_seqs",
         "output tok/s",

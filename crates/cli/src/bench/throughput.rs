@@ -11,28 +11,15 @@ use std::time::Duration;
 use anyhow::Result;
 use serde_json::json;
 
-use super::model_source::{self, RandomModelArgs};
+use super::model_source;
 use super::report::{self, markdown_table};
-use super::workload::WorkloadArgs;
-use super::{hf_baseline, offline, OutputArgs};
-use crate::serve::EngineArgs;
+use super::run_args::RunArgs;
+use super::{hf_baseline, offline};
 
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
-    pub engine: EngineArgs,
-    #[command(flatten)]
-    pub random: RandomModelArgs,
-    #[command(flatten)]
-    pub workload: WorkloadArgs,
-    #[command(flatten)]
-    pub out: OutputArgs,
-    /// Short warm-up requests before the timed run (shader compiles, first touches).
-    #[arg(long, default_value_t = 2)]
-    pub warmup: usize,
-    /// Give up after this many seconds.
-    #[arg(long, default_value_t = 3600)]
-    pub timeout_s: u64,
+    pub run: RunArgs,
     /// Also run bench/hf_baseline.py (HF transformers `generate`, static batches) on the same
     /// model and prompts, and report our throughput over its.
     #[arg(long)]
@@ -103,15 +90,20 @@ fn mask_percentiles(st: &tandem_engine::Stats, count: usize) -> Option<(f64, f64
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let model = model_source::resolve(a.engine.model.as_deref(), &a.random)?;
-    let prompts = a.workload.prompts(model.config.vocab_size, model.config.max_position_embeddings)?;
+    let (model, prompts) = a.run.model_and_prompts()?;
     if let Some(path) = &a.write_prompts {
         hf_baseline::write_prompts(path, &prompts)?;
         eprintln!("wrote {} prompts to {}", prompts.len(), path.display());
     }
-    let started = model_source::start_engine(&model, &a.engine)?;
-    eprintln!("loaded {} on {} ({}) in {:.2} s", model.label, a.engine.backend.name(), started.device, started.load_s);
-    offline::warm_up(&started.handle, &prompts, a.warmup)?;
+    let started = model_source::start_engine(&model, &a.run.engine)?;
+    eprintln!(
+        "loaded {} on {} ({}) in {:.2} s",
+        model.label,
+        a.run.engine.backend.name(),
+        started.device,
+        started.load_s
+    );
+    offline::warm_up(&started.handle, &prompts, a.run.warmup)?;
     let guides = guides(&model.dir, &model.config.eos_token_ids, prompts.len(), a.guided_fraction)?;
     let before = started.handle.stats();
     let res = offline::run_guided(
@@ -120,7 +112,7 @@ pub fn run(a: Args) -> Result<()> {
         &guides,
         usize::MAX,
         "throughput",
-        Duration::from_secs(a.timeout_s),
+        Duration::from_secs(a.run.timeout_s),
     )?;
     let f = res.figures();
     let mut results = res.to_json();
@@ -147,7 +139,7 @@ pub fn run(a: Args) -> Result<()> {
     }
 
     let mut rows = vec![vec![
-        format!("tandem ({})", a.engine.backend.name()),
+        format!("tandem ({})", a.run.engine.backend.name()),
         format!("{}/{}", f.completed, prompts.len()),
         format!("{:.2}", f.requests_per_s),
         format!("{:.1}", f.output_tokens_per_s),
@@ -156,7 +148,7 @@ pub fn run(a: Args) -> Result<()> {
         res.preemptions.map_or("-".into(), |p| p.to_string()),
     ]];
     if a.hf_baseline {
-        let batch = a.hf_batch_size.unwrap_or(a.engine.max_num_seqs);
+        let batch = a.hf_batch_size.unwrap_or(a.run.engine.max_num_seqs);
         match hf_baseline::run(&a.python, &a.hf_script, &model.dir, &prompts, batch, &a.hf_args) {
             Ok(hf) => {
                 let hf_tps = hf["output_tokens_per_s"].as_f64().unwrap_or(0.0);
@@ -181,17 +173,17 @@ pub fn run(a: Args) -> Result<()> {
         }
     }
 
-    let settings = json!({"engine": model_source::engine_json(&a.engine), "workload": a.workload.to_json(), "warmup": a.warmup, "guided_fraction": a.guided_fraction});
+    let settings = json!({"engine": model_source::engine_json(&a.run.engine), "workload": a.run.workload.to_json(), "warmup": a.run.warmup, "guided_fraction": a.guided_fraction});
     let rep = report::build(
         "throughput",
-        started.backend_json(a.engine.backend),
-        model.to_json(&a.random),
+        started.backend_json(a.run.engine.backend),
+        model.to_json(&a.run.random),
         settings,
         results,
     );
-    let stem = format!("throughput-{}-{}", a.engine.backend.name(), model.label);
-    report::write_json(&a.out, &stem, &rep)?;
-    println!("### throughput: {} on {} ({})\n", model.label, a.engine.backend.name(), a.workload.describe());
+    let stem = format!("throughput-{}-{}", a.run.engine.backend.name(), model.label);
+    report::write_json(&a.run.out, &stem, &rep)?;
+    println!("### throughput: {} on {} ({})\n", model.label, a.run.engine.backend.name(), a.run.workload.describe());
     println!(
         "{}",
         markdown_table(

@@ -52,6 +52,20 @@ fn unchunk(mut s: &str) -> String {
     out
 }
 
+/// A seeded random model of `shape` (f32, seed 1), written afresh in the temp folder
+/// `NAME-PID`.
+pub(crate) fn random_model(name: &str, shape: tandem_model_files::random_model::Shape) -> std::path::PathBuf {
+    let model = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&model);
+    tandem_model_files::random_model::write_random_model(&model, shape, 1, tandem_core::DType::F32).unwrap();
+    model
+}
+
+/// [`random_model`] of the tiny shape.
+pub(crate) fn tiny_model(name: &str) -> std::path::PathBuf {
+    random_model(name, tandem_model_files::random_model::Shape::Tiny)
+}
+
 fn start(model: &std::path::Path) -> Option<Server> {
     start_with(model, &[])
 }
@@ -63,46 +77,67 @@ pub(crate) fn start_with(model: &std::path::Path, flags: &[&str]) -> Option<Serv
         tandem_core::skip::note("serve on wgpu: no adapter");
         return None;
     }
+    // vLLM's spelling: the model directory positional, --max-model-len below the pool's.
+    let args = [
+        &["--backend", "wgpu", "--num-kv-blocks", "64", "--max-num-seqs", "8"][..],
+        &["--served-model-name", "tiny", "--max-model-len", "300"],
+        flags,
+    ]
+    .concat();
+    Some(spawn_server(model, &args, |_| {}).unwrap_or_else(|e| panic!("tandem serve --backend wgpu: {e}")))
+}
+
+/// `tandem serve MODEL --port P ARGS` on a free loopback port (RUST_LOG=info, NO_COLOR), each
+/// log line handed to `on_log` (the log is drained to its end, so the server never blocks on a
+/// full pipe); the server once /health answers 200, or why not: it exited, or 60 s passed.
+pub(crate) fn spawn_server(
+    model: &std::path::Path,
+    args: &[&str],
+    mut on_log: impl FnMut(String) + Send + 'static,
+) -> Result<Server, String> {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let mut child = Command::new(env!("CARGO_BIN_EXE_tandem"))
-        // vLLM's spelling: the model directory positional, --max-model-len below the pool's.
         .arg("serve")
         .arg(model)
-        .args(["--backend", "wgpu", "--port", &port.to_string()])
-        .args(["--num-kv-blocks", "64", "--max-num-seqs", "8", "--served-model-name", "tiny", "--max-model-len", "300"])
-        .args(flags)
+        .args(["--port", &port.to_string()])
+        .args(args)
         .env("RUST_LOG", "info")
+        .env("NO_COLOR", "1")
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    // Keep draining the log so the server never blocks on a full pipe.
     let log = child.stderr.take().unwrap();
-    std::thread::spawn(move || for _ in BufReader::new(log).lines() {});
-    let server = Server { child, port };
+    std::thread::spawn(move || {
+        for line in BufReader::new(log).lines() {
+            match line {
+                Ok(line) => on_log(line),
+                // A line that is not UTF-8 is skipped; the pipe is still read to its end.
+                Err(_) => continue,
+            }
+        }
+    });
+    let mut server = Server { child, port };
     let t0 = Instant::now();
     loop {
         if let Ok(s) = TcpStream::connect(("127.0.0.1", port)) {
             drop(s);
             if request(port, "GET", "/health", None).0 == 200 {
-                return Some(server);
+                return Ok(server);
             }
         }
-        assert!(t0.elapsed() < Duration::from_secs(60), "server not healthy after 60 s");
+        if let Some(status) = server.child.try_wait().unwrap() {
+            return Err(format!("the server exited before it was healthy ({status})"));
+        }
+        if t0.elapsed() > Duration::from_secs(60) {
+            return Err("server not healthy after 60 s".into());
+        }
         std::thread::sleep(Duration::from_millis(100));
     }
 }
 
 #[test]
 fn wgpu_server_answers_like_a_client_expects() {
-    let model = std::env::temp_dir().join(format!("tandem-serve-test-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&model);
-    tandem_model_files::random_model::write_random_model(
-        &model,
-        tandem_model_files::random_model::Shape::Tiny,
-        1,
-        tandem_core::DType::F32,
-    )
-    .unwrap();
+    let model = tiny_model("tandem-serve-test");
     let Some(mut server) = start(&model) else { return };
     let port = server.port;
 
@@ -185,9 +220,7 @@ fn wgpu_server_answers_like_a_client_expects() {
 fn wgpu_serves_each_family() {
     use tandem_model_files::random_model::Shape;
     for shape in [Shape::TinyQwen3, Shape::TinyQwen3Moe, Shape::TinyMixtral, Shape::TinyMistral, Shape::TinyGemma3] {
-        let model = std::env::temp_dir().join(format!("tandem-serve-{}-{}", shape.name(), std::process::id()));
-        let _ = std::fs::remove_dir_all(&model);
-        tandem_model_files::random_model::write_random_model(&model, shape, 1, tandem_core::DType::F32).unwrap();
+        let model = random_model(&format!("tandem-serve-{}", shape.name()), shape);
         let Some(server) = start(&model) else { return };
         let port = server.port;
         let req =
@@ -226,15 +259,7 @@ fn wgpu_serves_each_family() {
 /// whole and streamed, and /metrics counts the drafts.
 #[test]
 fn wgpu_server_with_speculation_gives_the_same_greedy_text() {
-    let model = std::env::temp_dir().join(format!("tandem-serve-spec-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&model);
-    tandem_model_files::random_model::write_random_model(
-        &model,
-        tandem_model_files::random_model::Shape::Tiny,
-        1,
-        tandem_core::DType::F32,
-    )
-    .unwrap();
+    let model = tiny_model("tandem-serve-spec");
     let prompts = ["the cat sat on the mat, the cat sat on the mat, the cat sat", "hello world", "a b c a b c a b"];
     // Each prompt's text whole, then streamed.
     let answers = |port: u16| -> Vec<(String, String)> {
