@@ -129,3 +129,10 @@ fn decode4_fp8(base: u32, e: u32) -> vec4<f32> {
         bf16_round(fp8_e4m3(v.w) * s),
     );
 }
+
+// Values kk..kk+3 (kk a multiple of 4) of the row of blocks starting at byte `base`
+// (quant_tile.wgsl's weight in a buffer).
+fn block_row4(base: u32, kk: u32) -> vec4<f32> {
+    let b = kk / BLOCK_ELEMS;
+    return decode4(base + b * BLOCK_BYTES, kk - b * BLOCK_ELEMS);
+}

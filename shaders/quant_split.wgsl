@@ -68,3 +68,16 @@ fn split4_int4(hv: vec2<f32>, t: vec4<u32>, j: u32) -> vec4<f32> {
     let q = vec4<u32>(h, h >> 4u, h >> 8u, h >> 12u) & vec4<u32>(15u);
     return (vec4<f32>(q) - hv.y) * hv.x;
 }
+
+// Values kk..kk+3 (kk a multiple of 4) of split row r of a weight whose split rows have
+// `units` units, the first `q_units` of them quants, rows tiled 64 a tile
+// (crates/wgpu/src/buffer.rs `Tiled`; quant_tile.wgsl's weight in a texture). The header and
+// the unit are quant_split_matmul.wgsl's, decoded by the same functions.
+fn split_row4(r: u32, kk: u32, units: u32, q_units: u32) -> vec4<f32> {
+    let tile = (r >> 6u) * units;
+    let lane = r & 63u;
+    let hh = (kk / BLOCK_ELEMS) * HH;
+    let hv = split_head(q_unit(((tile + q_units + (hh >> 3u)) << 6u) | lane), hh & 7u);
+    let u = kk / (4u * VJ);
+    return split4(hv, q_unit(((tile + u) << 6u) | lane), (kk >> 2u) - u * VJ);
+}

@@ -29,6 +29,7 @@ mod matmul;
 mod operand;
 mod ops;
 mod quant;
+mod quant_tile;
 mod sampling;
 mod storage;
 
@@ -61,6 +62,11 @@ pub struct WgpuOptions {
     /// 343 of 384 logits differing with it on). On lavapipe it saved no measurable time
     /// (docs/bench-cpu.md, "fewer dispatches per token").
     pub fuse_norm: Option<bool>,
+    /// The quantized matmul's tile kernel (shaders/quant_tile.wgsl) from this many rows of x
+    /// up (0: never); `None`: `TANDEM_WGPU_QUANT_TILE_M`, default 0. Off by default: on
+    /// lavapipe it measured slower than the GEMV kernels at prefill and its pipelines take
+    /// minutes to compile for some decoders (docs/results/2026-12-07-wgpu-quant-prefill).
+    pub quant_tile_m: Option<usize>,
 }
 
 pub struct WgpuBackend {
@@ -89,6 +95,11 @@ pub struct WgpuBackend {
     /// Hold quantized weights whose layout has one in the split layout in textures
     /// (`crate::quant_split`): with texel weights, unless `TANDEM_WGPU_QUANT_TEXELS=0`.
     quant_texels: bool,
+    /// The quantized matmul's tile kernel from this many rows of x up (0: never), and its
+    /// weight rows and k values a step (`TANDEM_WGPU_QUANT_TILE_M`, `_N`, `_KC`).
+    quant_tile_m: usize,
+    quant_tile_n: usize,
+    quant_tile_kc: usize,
     /// Fuse the q/k/v and the gate/up projections at load (`TANDEM_WGPU_FUSE=0` keeps them apart).
     fuse: bool,
     /// Fuse the residual adds and norms into the projections (`Backend::fuses_norm`): off by
@@ -184,6 +195,9 @@ impl WgpuBackend {
             texel_weights,
             // Measured on lavapipe (SmolLM2 Q8_0 / Q4_0 decode): docs/results/2026-12-07-quantized.
             quant_texels: texel_weights && knob("TANDEM_WGPU_QUANT_TEXELS", 1) == 1,
+            quant_tile_m: opts.quant_tile_m.unwrap_or(knob("TANDEM_WGPU_QUANT_TILE_M", 0) as usize),
+            quant_tile_n: (knob("TANDEM_WGPU_QUANT_TILE_N", 32) as usize).next_power_of_two().clamp(8, 64),
+            quant_tile_kc: knob("TANDEM_WGPU_QUANT_TILE_KC", 64) as usize,
             fuse: knob("TANDEM_WGPU_FUSE", 1) == 1,
             fuse_norm: opts.fuse_norm.unwrap_or(knob("TANDEM_WGPU_FUSE_NORM", 0) == 1),
             fuse_norm_rows: knob("TANDEM_WGPU_FUSE_NORM_ROWS", 2) as usize,

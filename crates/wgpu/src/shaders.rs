@@ -40,6 +40,7 @@ const EMBEDDED: &[(&str, &str)] = &[
     ("quant_split", include_str!("../../../shaders/quant_split.wgsl")),
     ("quant_split_matmul", include_str!("../../../shaders/quant_split_matmul.wgsl")),
     ("quant_split_embedding", include_str!("../../../shaders/quant_split_embedding.wgsl")),
+    ("quant_tile", include_str!("../../../shaders/quant_tile.wgsl")),
 ];
 
 /// How a kernel uses one storage binding.
@@ -177,6 +178,15 @@ pub(crate) fn quant_split_matmul_kernel(x: Access, bias: bool) -> Kernel {
         bindings.push(R);
     }
     k("quant_split_matmul", intern(bindings))
+}
+/// The prefill tile kernel for a quantized weight (see [`Prelude::quant_tile_weight`]): x, the
+/// weight (a texture when `texels`, else a buffer), out (then the bias, when given).
+pub(crate) fn quant_tile_kernel(texels: bool, bias: bool) -> Kernel {
+    let mut bindings = vec![R, if texels { T } else { R }, RW];
+    if bias {
+        bindings.push(R);
+    }
+    k("quant_tile", intern(bindings))
 }
 /// Bindings: the table's texture, ids, out.
 pub(crate) const QUANT_SPLIT_EMBEDDING: Kernel = k("quant_split_embedding", &[T, R, RW]);
@@ -725,6 +735,26 @@ impl Prelude {
             split.values_per_unit() / 4,
         ));
         self
+    }
+
+    /// The weight of shaders/quant_tile.wgsl at binding 2 and its `tile_w4(r, kk)`: in the
+    /// split layout in a texture (`split`), or the file's blocks of `layout` in a buffer
+    /// (`None` when `layout` has no block decoder).
+    pub fn quant_tile_weight(self, layout: QuantLayout, split: Option<crate::quant_split::QuantSplit>) -> Option<Self> {
+        let mut out = match split {
+            Some(s) => self.quant_split(s, 2),
+            None => self.quant_block(layout)?,
+        };
+        out.0.push_str(match split {
+            Some(_) => {
+                "fn tile_w4(r: u32, kk: u32) -> vec4<f32> { return split_row4(r, kk, p.row_bytes, p.q_units); }\n"
+            }
+            None => {
+                "@group(0) @binding(2) var<storage, read> qw: array<u32>;\n\
+                     fn tile_w4(r: u32, kk: u32) -> vec4<f32> { return block_row4(r * p.row_bytes, kk); }\n"
+            }
+        });
+        Some(out)
     }
 
     pub fn constant(mut self, name: &str, value: u32) -> Self {

@@ -29,10 +29,10 @@ const WG: u32 = 32;
 const SPLIT_DECODE_RT: u32 = 4;
 
 /// Rows `[row0, row0 + rows)` of a quantized weight and the byte range of its buffer bound.
-struct QuantChunk {
-    row0: usize,
-    rows: usize,
-    range: Option<(u64, u64)>,
+pub(super) struct QuantChunk {
+    pub(super) row0: usize,
+    pub(super) rows: usize,
+    pub(super) range: Option<(u64, u64)>,
 }
 
 impl WgpuBackend {
@@ -109,7 +109,7 @@ impl WgpuBackend {
 
     /// The split layout of a quantized weight held in a texture (`None`: the file's bytes in a
     /// buffer).
-    fn split_of(w: &WgpuBuf) -> Option<QuantSplit> {
+    pub(super) fn split_of(w: &WgpuBuf) -> Option<QuantSplit> {
         let (BufKind::Quant(layout), Some(t), true) = (w.kind, w.tiled, w.texels.is_some()) else { return None };
         QuantSplit::new(layout, &[t.rows, w.len / t.rows])
     }
@@ -128,7 +128,7 @@ impl WgpuBackend {
 
     /// How a quantized weight of `rows` rows of `row_bytes` is bound: whole when it fits one
     /// storage binding, else in chunks of whole rows whose offsets meet the adapter's alignment.
-    fn quant_chunks(&self, op: &str, w: &WgpuBuf, rows: usize, row_bytes: usize) -> Result<Vec<QuantChunk>> {
+    pub(super) fn quant_chunks(&self, op: &str, w: &WgpuBuf, rows: usize, row_bytes: usize) -> Result<Vec<QuantChunk>> {
         if w.buf.size() <= self.max_binding {
             return Ok(vec![QuantChunk { row0: 0, rows, range: None }]);
         }
@@ -176,6 +176,10 @@ impl WgpuBackend {
         to_u32(op, "m * k", m * k)?;
         to_u32(op, "weight bytes", n * row_bytes)?;
         let bias_dtype = bias.map(|b| want_weight(op, "bias", b, n)).transpose()?;
+        if let Some(tile) = self.quant_tile_shape(m, k) {
+            let bias = bias.zip(bias_dtype);
+            return self.quant_tile_matmul(tile, x_b, w, bias, out_b, (m, n, k), (layout, row_bytes));
+        }
         // x rows per invocation: each decoded weight value serves MT of them. Every loop counts
         // toward lavapipe's limit: k / 4 steps, each with MT dots.
         let iterations = |mt: usize| k / 4 * (1 + mt) + k / layout.block_elems() + 3 * mt;

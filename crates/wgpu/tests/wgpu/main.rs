@@ -16,3 +16,4 @@ mod lora;
 mod model;
 mod ops;
 mod quant;
+mod quant_tile;

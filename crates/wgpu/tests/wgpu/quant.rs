@@ -20,7 +20,7 @@ use tandem_reference::RefBackend;
 use tandem_wgpu::{WgpuBackend, WgpuBuf, WgpuOptions};
 
 /// `blocks` pseudo-random blocks of `layout` whose f16 scales (and mins) are small and finite.
-fn random_blocks(layout: QuantLayout, blocks: usize, rng: &mut Rng) -> Vec<u8> {
+pub(crate) fn random_blocks(layout: QuantLayout, blocks: usize, rng: &mut Rng) -> Vec<u8> {
     let bb = layout.block_bytes();
     let mut out: Vec<u8> = (0..blocks * bb).map(|_| rng.next_u64() as u8).collect();
     let fields: &[usize] = match layout {
