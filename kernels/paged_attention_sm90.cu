@@ -19,7 +19,7 @@
 // paged_attention_tc. On the GPU that equality is UNPROVEN until a GPU check compares the two
 // (gpu/tune.sh): the hardware's order inside one instruction is undocumented.
 //
-// Grid (crates/cuda/src/attention.rs `launch_wgmma`): chunk blocks first, then split blocks.
+// Grid (crates/cuda/src/attention.rs `attention_tc`): chunk blocks first, then split blocks.
 //   Chunk block (PAW_THREADS = 384 threads, 3 warpgroups): tokens of ONE sequence (one at a
 //   time when the block's 8 tw tokens span two) and one KV-head group, as tc_shared's blocks but
 //   twice as many rows:
