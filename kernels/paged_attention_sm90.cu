@@ -19,7 +19,11 @@
 // paged_attention_tc. On the GPU that equality is UNPROVEN until a GPU check compares the two
 // (gpu/tune.sh): the hardware's order inside one instruction is undocumented.
 //
-// Grid (crates/cuda/src/attention.rs `attention_tc`): chunk blocks first, then split blocks.
+// Grid (crates/cuda/src/attention.rs `attention_tc`): chunk blocks only, for the tokens from
+// n_split on; the split tokens (decodes, the first n_split) are tc's split jobs, launched right
+// after by paged_attention_tc_d* with num_tokens = n_split (the same bits as tc's own launch:
+// they are the same jobs). Kept out of this kernel because tc's split job needs more registers
+// than 384 threads a block leave (ptxas spilled it here).
 //   Chunk block (PAW_THREADS = 384 threads, 3 warpgroups): tokens of ONE sequence (one at a
 //   time when the block's 8 tw tokens span two) and one KV-head group, as tc_shared's blocks but
 //   twice as many rows:
@@ -51,8 +55,6 @@
 //   - also not checked by the emulator: fence.proxy.async (its memory has one proxy) and the
 //     register split (setmaxnreg: the producer gives registers back at D 256 so that the
 //     consumers' 128 o accumulators fit).
-//   Split block (after the chunk blocks; decodes and the split hint's tokens): warps 0-3 run
-//   tc's split jobs (pat_job, four a block, each with its own stage areas), warps 4-11 return.
 // Shared memory (PawCfg<D>::SMEM, opt-in): NS ring stages of K and V^T tiles (64 x D bf16 each),
 // two Q tiles (64 x D bf16), two P tiles (64 x 64 bf16), NS x 4 u32 bad-key masks, 2 NS
 // mbarriers, 128 bytes of alignment slack: NS = 4 at D 64 (98,560 bytes), 3 at D 128
@@ -83,9 +85,7 @@ struct PawCfg {
     static constexpr int QT = 64 * D * 2, PT = 64 * PAT_TILE * 2;
     static constexpr int Q_AT = NS * 2 * TILE, P_AT = Q_AT + PAW_CONSUMERS * QT, BAD_AT = P_AT + PAW_CONSUMERS * PT;
     static constexpr int BAR_AT = BAD_AT + NS * 16;
-    static constexpr int CHUNK = BAR_AT + 2 * NS * 8;
-    static constexpr int SPLIT = PAT_WARPS * PatCfg<D>::WARP_ELEMS * 2;
-    static constexpr int SMEM = 128 + (CHUNK > SPLIT ? CHUNK : SPLIT);
+    static constexpr int SMEM = 128 + BAR_AT + 2 * NS * 8;
 };
 
 // Byte offset of element (i, k) of a K-major operand whose K extent is kd (no swizzle).
@@ -298,15 +298,13 @@ __device__ __forceinline__ void paw_consume(const PatArgs& a, int t0, int t1, in
     }
 }
 
-// Chunk blocks first (PAW_ROW_WARPS tw tokens and one KV-head group each), then split blocks
-// of PAT_WARPS of tc's split jobs each (stage areas as tc's, inside the same dynamic memory).
+// Chunk blocks (PAW_ROW_WARPS tw tokens and one KV-head group each) for tokens n_split on.
 template <int D>
 __device__ __forceinline__ void paged_attention_wgmma_impl(const PatArgs& a) {
     PDL_WAIT();
     PDL_LAUNCH_DEPENDENTS();
     TANDEM_DYNAMIC_SMEM(smem_raw);
     unsigned char* base = smem_raw + ((128u - (smem_u32(smem_raw) & 127u)) & 127u);
-    const int warp = (int)threadIdx.x >> 5;
     const int H = a.num_heads, KVH = a.num_kv_heads;
     if (KVH < 1 || H % KVH != 0 || a.tw < 1) return;
     const int gqa = H / KVH, HG = (gqa + 15) / 16, groups = KVH * HG;
@@ -314,51 +312,40 @@ __device__ __forceinline__ void paged_attention_wgmma_impl(const PatArgs& a) {
     const int rest = a.num_tokens - a.n_split, bt = PAW_ROW_WARPS * a.tw;
     const long chunk_blocks = (long)((rest + bt - 1) / bt) * groups;
     const long b = (long)blockIdx.x;
-    if (b < chunk_blocks) {
-        constexpr int NS = PawCfg<D>::NS;
-        u64* full = (u64*)(base + PawCfg<D>::BAR_AT);
-        u64* empty = full + NS;
-        if (threadIdx.x == 0) {
-            for (int s = 0; s < NS; ++s) {
-                mbar_init(&full[s], 128);             // every producer thread
-                mbar_init(&empty[s], PAW_ROW_WARPS);  // one arrival per consumer warp
-            }
-            mbar_init_fence();
+    if (b >= chunk_blocks) return;
+    constexpr int NS = PawCfg<D>::NS;
+    u64* full = (u64*)(base + PawCfg<D>::BAR_AT);
+    u64* empty = full + NS;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < NS; ++s) {
+            mbar_init(&full[s], 128);             // every producer thread
+            mbar_init(&empty[s], PAW_ROW_WARPS);  // one arrival per consumer warp
         }
-        __syncthreads();
-        const bool producer = threadIdx.x < 128;
-        if constexpr (D == 256) {
-            if (producer) setmaxnreg_dec<40>();
-            else setmaxnreg_inc<232>();
-        }
-        // The last chunk first: a prompt's last tokens have the longest contexts.
-        const int chunk = (int)((chunk_blocks - 1 - b) / groups), grp = (int)(b % groups), kh = grp / HG, hg = grp % HG;
-        const int G = min(16, gqa - hg * 16), h0 = kh * gqa + hg * 16;
-        const int t_begin = a.n_split + chunk * bt, t_end = min(a.num_tokens, t_begin + bt);
-        int it = 0;  // the block's tile count: ring stage it % NS, phase (it / NS) & 1
-        for (int t0 = t_begin; t0 < t_end;) {
-            int t1 = t0 + 1;
-            while (t1 < t_end && a.token_seq[t1] == a.token_seq[t0]) ++t1;
-            int kb, ke;
-            paw_keys(a, t0, t1, kb, ke);
-            if (producer) {
-                if (kb < ke) paw_produce<D>(a, t0, kh, kb, ke, base, full, empty, it);
-            } else {
-                paw_consume<D>(a, t0, t1, kh, h0, G, kb, ke, base, full, empty, it);
-            }
-            t0 = t1;
-        }
-        return;
+        mbar_init_fence();
     }
-    constexpr int HALVES = PatCfg<D>::HALVES, DV = PatCfg<D>::DV;
-    const int vgroups = groups * HALVES;
-    if (warp >= PAT_WARPS) return;
-    const long sj = (b - chunk_blocks) * PAT_WARPS + warp;
-    if (sj >= (long)a.n_split * vgroups * a.max_parts) return;
-    const int part = (int)(sj % a.max_parts), vg = (int)(sj / a.max_parts % vgroups), t = (int)(sj / a.max_parts / vgroups);
-    const int grp = vg / HALVES, kh = grp / HG, hg = grp % HG;
-    bf16_t* stage = (bf16_t*)base + (size_t)warp * PatCfg<D>::WARP_ELEMS;
-    pat_job<D, DV>(a, t, 1, kh, kh * gqa + hg * 16, min(16, gqa - hg * 16), part, vg, vgroups, stage, vg % HALVES * DV);
+    __syncthreads();
+    const bool producer = threadIdx.x < 128;
+    if constexpr (D == 256) {
+        if (producer) setmaxnreg_dec<40>();
+        else setmaxnreg_inc<232>();
+    }
+    // The last chunk first: a prompt's last tokens have the longest contexts.
+    const int chunk = (int)((chunk_blocks - 1 - b) / groups), grp = (int)(b % groups), kh = grp / HG, hg = grp % HG;
+    const int G = min(16, gqa - hg * 16), h0 = kh * gqa + hg * 16;
+    const int t_begin = a.n_split + chunk * bt, t_end = min(a.num_tokens, t_begin + bt);
+    int it = 0;  // the block's tile count: ring stage it % NS, phase (it / NS) & 1
+    for (int t0 = t_begin; t0 < t_end;) {
+        int t1 = t0 + 1;
+        while (t1 < t_end && a.token_seq[t1] == a.token_seq[t0]) ++t1;
+        int kb, ke;
+        paw_keys(a, t0, t1, kb, ke);
+        if (producer) {
+            if (kb < ke) paw_produce<D>(a, t0, kh, kb, ke, base, full, empty, it);
+        } else {
+            paw_consume<D>(a, t0, t1, kh, h0, G, kb, ke, base, full, empty, it);
+        }
+        t0 = t1;
+    }
 }
 
 #define PAW_KERNEL(D)                                                                                                  \

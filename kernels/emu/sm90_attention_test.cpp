@@ -33,11 +33,12 @@ void check(const std::string& what, bool ok) {
 }
 
 // As the host launches it (crates/cuda/src/attention.rs): 384 threads, chunk blocks of 8 tw
-// tokens (the test's grid, sized for tc_shared's 4 tw, only adds blocks that return at once).
+// tokens (the test's grid, sized for tc_shared's 4 tw, only adds blocks that return at once),
+// then tc's kernel for the split tokens.
 pattest::Variant wgmma() {
     pattest::Variant v{"paged_attention_wgmma", paged_attention_wgmma_d64, paged_attention_wgmma_d128, paged_attention_wgmma_d256, PAW_THREADS / 32,
                        PAT_SPLITS, [](int D) { return (size_t)(D == 64 ? PawCfg<64>::SMEM : D == 128 ? PawCfg<128>::SMEM : PawCfg<256>::SMEM); },
-                       [](int D) { return D > 128 ? 2 : 1; }, true};
+                       [](int D) { return D > 128 ? 2 : 1; }, true, true};
     return v;
 }
 

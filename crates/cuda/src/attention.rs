@@ -16,13 +16,14 @@
 //! Which one serves a model depends only on the model, the cache type and those switches,
 //! never on the step, so a token's bits never follow the batch.
 
-use cudarc::driver::{CudaSlice, LaunchConfig};
+use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig};
 use tandem_core::backend::{AttnArgs, KvDtype, WorkspaceLimits};
 use tandem_core::Result;
 
 use crate::buf::{need, need_kv, CudaBuf, Elem};
 use crate::device::CudaBackend;
 use crate::error::{drv, err};
+use crate::kernels::Kernel;
 use crate::launch::{cfg, i32_of, u32_of};
 use crate::switches::Switches;
 use crate::workspace::AttnScratch;
@@ -410,22 +411,39 @@ impl CudaBackend {
             }
         }
         let split = if parts > 1 { n_split } else { 0 };
-        let warps = (t - n_split).div_ceil(tw) * groups + n_split * groups * parts;
         // tc: PAT_WARPS warp jobs a block; tc_deep: one; tc_shared: chunk blocks of
-        // PATS_WARPS * tw tokens, then PAT_WARPS split jobs a block; wgmma: chunk blocks of
+        // PATS_WARPS * tw tokens, then PAT_WARPS split jobs a block; wgmma: its chunk blocks of
         // PAW_ROW_WARPS * tw tokens (a whole row per head group: no halves at head_dim 256),
-        // then PAT_WARPS split jobs a block.
+        // then tc's kernel for the split tokens alone (num_tokens = n_split: the same split
+        // jobs tc's own launch runs, so the same bits).
         let per_block = if deep { 1 } else { PAT_WARPS };
-        let block_count = if shared {
-            (t - n_split).div_ceil(PATS_WARPS * tw) * groups + (n_split * groups * parts).div_ceil(PAT_WARPS)
-        } else if wgmma {
-            (t - n_split).div_ceil(PAW_ROW_WARPS * tw) * (kvh * gqa.div_ceil(16))
-                + (n_split * groups * parts).div_ceil(PAT_WARPS)
+        let tc_smem = if d == 256 { PAT_SMEM_D256 } else { PAT_WARPS * 2 * PAT_SUB * (d + 8) * 2 };
+        let tc_threads = (PAT_WARPS * 32) as u32;
+        // (kernel, tokens, blocks, threads, dynamic shared memory) of each launch, in order.
+        let mut plan: Vec<(&Kernel<CudaFunction>, usize, usize, u32, usize)> = Vec::with_capacity(2);
+        if wgmma {
+            if t > n_split {
+                let chunk_blocks = (t - n_split).div_ceil(PAW_ROW_WARPS * tw) * (kvh * gqa.div_ceil(16));
+                plan.push((k, t, chunk_blocks, PAW_THREADS, PAW_SMEM[kernel]));
+            }
+            if n_split > 0 {
+                let split_blocks = (n_split * groups * parts).div_ceil(PAT_WARPS);
+                plan.push((&self.kernels.attn_tc[kernel], n_split, split_blocks, tc_threads, tc_smem));
+            }
         } else {
-            warps.div_ceil(per_block)
-        };
-        let blocks = u32_of(block_count, OP, "warp jobs a block")?;
-        let ints = [t, n_split, h, kvh, g.block_size, g.num_blocks, a.num_seqs, a.max_blocks, parts, tw];
+            let block_count = if shared {
+                (t - n_split).div_ceil(PATS_WARPS * tw) * groups + (n_split * groups * parts).div_ceil(PAT_WARPS)
+            } else {
+                let warps = (t - n_split).div_ceil(tw) * groups + n_split * groups * parts;
+                warps.div_ceil(per_block)
+            };
+            let smem = match var {
+                AttnVariant::TcDeep => PATD_SMEM[kernel],
+                AttnVariant::TcShared => PATS_SMEM[kernel],
+                _ => tc_smem,
+            };
+            plan.push((k, t, block_count, (per_block * 32) as u32, smem));
+        }
         let names = [
             "T",
             "n_split",
@@ -438,53 +456,52 @@ impl CudaBackend {
             "parts",
             "tw",
         ];
-        let mut v = [0i32; 10];
-        for i in 0..10 {
-            v[i] = i32_of(ints[i], OP, names[i])?;
-        }
-        let mut l = self.launch_args(&k.f);
-        l.arg(&*a.q.mem)
-            .arg(&*a.k_cache.mem)
-            .arg(&*a.v_cache.mem)
-            .arg(&*a.positions.mem)
-            .arg(&*a.token_seq.mem)
-            .arg(&*a.block_tables.mem);
-        l.arg(&mut *out.mem);
-        let sc = &mut *s;
-        match (&mut sc.part_out, &mut sc.part_ml, &mut sc.counters) {
-            (Some(po), Some(pm), Some(cn)) if split > 0 => {
-                l.arg(&mut *po).arg(&mut *pm).arg(&mut *cn);
-            }
-            // Nothing is split (one partition, or no split tokens): the scratch is never
-            // touched; q stands in for it.
-            _ if split == 0 => {
-                l.arg(&*a.q.mem).arg(&*a.q.mem).arg(&*a.q.mem);
-            }
-            _ => return Err(err(format!("{OP}: scratch missing after allocation"))),
-        }
         let window = i32_of(a.window, OP, "window")?;
-        for x in &v {
-            l.arg(x);
+        for (kern, tokens, block_count, threads, smem) in plan {
+            let blocks = u32_of(block_count, OP, "warp jobs a block")?;
+            let ints = [tokens, n_split, h, kvh, g.block_size, g.num_blocks, a.num_seqs, a.max_blocks, parts, tw];
+            let mut v = [0i32; 10];
+            for i in 0..10 {
+                v[i] = i32_of(ints[i], OP, names[i])?;
+            }
+            let mut l = self.launch_args(&kern.f);
+            l.arg(&*a.q.mem)
+                .arg(&*a.k_cache.mem)
+                .arg(&*a.v_cache.mem)
+                .arg(&*a.positions.mem)
+                .arg(&*a.token_seq.mem)
+                .arg(&*a.block_tables.mem);
+            l.arg(&mut *out.mem);
+            let sc = &mut *s;
+            match (&mut sc.part_out, &mut sc.part_ml, &mut sc.counters) {
+                (Some(po), Some(pm), Some(cn)) if split > 0 => {
+                    l.arg(&mut *po).arg(&mut *pm).arg(&mut *cn);
+                }
+                // Nothing is split (one partition, or no split tokens): the scratch is never
+                // touched; q stands in for it.
+                _ if split == 0 => {
+                    l.arg(&*a.q.mem).arg(&*a.q.mem).arg(&*a.q.mem);
+                }
+                _ => return Err(err(format!("{OP}: scratch missing after allocation"))),
+            }
+            for x in &v {
+                l.arg(x);
+            }
+            l.arg(&a.scale).arg(&window);
+            let launch = LaunchConfig {
+                grid_dim: (blocks.max(1), 1, 1),
+                block_dim: (threads, 1, 1),
+                shared_mem_bytes: smem as u32,
+            };
+            // SAFETY: the argument list matches paged_attention_tc's (and the wgmma variant's,
+            // the same); partials sized for [n_split, H, parts, D] and [n_split, H, parts, 2],
+            // counters for [n_split, groups] (zeroed, and left zero by every launch); `tokens`
+            // of the step's arrays; dynamic shared memory as the kernel's blocks use (tc_deep at
+            // head_dim 128, tc_shared, wgmma, and tc at 256 past 48 KiB: opted in at load).
+            let r = unsafe { l.launch(launch) };
+            self.launched(kern.name, r)?;
         }
-        l.arg(&a.scale).arg(&window);
-        let smem = match var {
-            AttnVariant::TcDeep => PATD_SMEM[kernel],
-            AttnVariant::TcShared => PATS_SMEM[kernel],
-            AttnVariant::Wgmma => PAW_SMEM[kernel],
-            _ if d == 256 => PAT_SMEM_D256,
-            _ => PAT_WARPS * 2 * PAT_SUB * (d + 8) * 2,
-        } as u32;
-        let launch = LaunchConfig {
-            grid_dim: (blocks.max(1), 1, 1),
-            block_dim: (if wgmma { PAW_THREADS } else { (per_block * 32) as u32 }, 1, 1),
-            shared_mem_bytes: smem,
-        };
-        // SAFETY: the argument list matches paged_attention_tc's; partials sized for
-        // [n_split, H, parts, D] and [n_split, H, parts, 2], counters for [n_split, groups]
-        // (zeroed, and left zero by every launch); dynamic shared memory as the kernel's blocks
-        // use (tc_deep at head_dim 128, tc_shared, and tc at 256 past 48 KiB: opted in at load).
-        let r = unsafe { l.launch(launch) };
-        self.launched(k.name, r)
+        Ok(())
     }
 }
 
