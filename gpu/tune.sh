@@ -24,10 +24,13 @@
 # an SM walking tiles, 128 x 256 tiles where a GEMM has one K slice; same bits in the emulator),
 # TANDEM_TUNE_SAMPLERS (SAMPLER:ARGMAX pairs, default "bisect:one radix:multi multi:multi"),
 # TANDEM_TUNE_ATTN_VARIANTS (space-separated TANDEM_CUDA_ATTENTION values, default "tc tc_deep
-# tc_shared": the decode attention timed side by side at ctx 1024/4096/16384 and batch 1/8/64,
-# head_dim 64 and 128, each row's fraction of the copy floor (tc_shared's decodes are tc's: not
-# timed again), and the prefill attention (512 and 2048 tokens) beside torch SDPA; the
-# non-default ones also pass the op suite and the GPU-only tests first),
+# tc_shared wgmma": the decode attention timed side by side at ctx 1024/4096/16384 and batch 1/8/64,
+# head_dim 64 and 128, each row's fraction of the copy floor (tc_shared's and wgmma's decodes
+# are tc's: not timed again), and the prefill attention (512 and 2048 tokens) beside torch SDPA;
+# the non-default ones also pass the op suite and the GPU-only tests first; wgmma is
+# kernels/paged_attention_sm90.cu, prefill on wgmma, sm_90 only, tc's bits in the emulator only:
+# its "cuda tests [attn wgmma]" step is the hardware's bitwise check against tc, and its op
+# suite also runs the head_dim-256 cases with TANDEM_CUDA_ATTENTION_D256=tc),
 # TANDEM_TUNE_ATTN_D256_VARIANTS (TANDEM_CUDA_ATTENTION_D256 values, default "partial tc": the
 # head_dim-256 attention, Gemma 3 1B's shape, timed the same way; tc passes the op suite's
 # head_dim-256 cases first), TANDEM_TUNE_BW_GBS (the copy floor, GB/s; default: check.sh's
@@ -55,7 +58,7 @@ OUT=$(cd "$OUT" && pwd)
 HERE=$(cd "$(dirname "$0")" && pwd)
 BUDGET=${TANDEM_TUNE_BUDGET_S:-300}
 VARIANTS=${TANDEM_TUNE_VARIANTS:-"m128_occ2:m64_occ4:m16 m128_occ2:m64_occ4:m16_gemv4 m128_occ2:m64_occ4:m16_gemv8 m128_occ2:m64_occ4:m16_x1 wgmma:m64_occ4:m16 wgmma_ws:m64_occ4:m16 m128_w64:m64_occ4:m16"}
-ATTN_VARIANTS=${TANDEM_TUNE_ATTN_VARIANTS:-"tc tc_deep tc_shared"}
+ATTN_VARIANTS=${TANDEM_TUNE_ATTN_VARIANTS:-"tc tc_deep tc_shared wgmma"}
 ATTN_D256_VARIANTS=${TANDEM_TUNE_ATTN_D256_VARIANTS:-"partial tc"}
 WORK=${TANDEM_CHECK_WORK:-/tmp/tandem-check}
 PY=${TANDEM_CHECK_PYTHON:-python3}
@@ -125,6 +128,7 @@ for av in $ATTN_VARIANTS; do
     [ "$av" = tc ] && continue
     NEED=20 step "test-ops [attn $av]" 120 env TANDEM_CUDA_ATTENTION="$av" "$BIN" test-ops --backend cuda --seed "$OPS_SEED" "${OPS_FILTER[@]}"
     [ -x "$HERE/cuda-tests" ] && NEED=20 PICK='test result|panicked|FAILED' step "cuda tests [attn $av]" 90 env TANDEM_CUDA_ATTENTION="$av" TANDEM_REQUIRE_CUDA=1 "$HERE/cuda-tests" --test-threads 1 gpu_invariance:: graphs::
+    [ "$av" = wgmma ] && NEED=10 step "test-ops [attn wgmma d256]" 60 env TANDEM_CUDA_ATTENTION=wgmma TANDEM_CUDA_ATTENTION_D256=tc "$BIN" test-ops --backend cuda --seed "$OPS_SEED" --op head_dim=256
 done
 for dv in $ATTN_D256_VARIANTS; do
     [ "$dv" = partial ] && continue
@@ -215,7 +219,7 @@ done
 #     floor (the K/V bytes at TANDEM_TUNE_BW_GBS).
 BW=${TANDEM_TUNE_BW_GBS:-$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1])).get("copy_gbps") or 4200)' "$WORK/raw/ceilings.json" 2>/dev/null || echo 4200)}
 for av in $ATTN_VARIANTS; do
-    [ "$av" = tc_shared ] && continue  # its decodes are tc's split jobs
+    case "$av" in tc_shared | wgmma) continue ;; esac  # their decodes are tc's split jobs
     for shp in $(printf '%s\n' "$SHAPE" "$SHAPE_8B" | uniq); do
         # The 8B shape's batch 64 at 16k would fill 8.6 GB of cache from the host: batch 1 and 8 only.
         B_=$AB

@@ -489,6 +489,41 @@ __device__ __forceinline__ void wgmma_m64n256k16(f16_t, float (&d)[128], u64 des
                  : "l"(desc_a), "l"(desc_b), "n"(1));
 #endif
 }
+// d += A · B, m64n64k16 (kernels/paged_attention_sm90.cu: S = Q·Kᵀ over a 64-key tile, and
+// O += P·V at head_dim 64): 32 f32 accumulators a thread, the same fragment layout.
+#define TANDEM_WGMMA_D32                                                                                                            \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, " \
+    "%27, %28, %29, %30, %31}"
+#define TANDEM_WGMMA_D32_OPS(d)                                                                                                     \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]),          \
+        "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]),         \
+        "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),         \
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+__device__ __forceinline__ void wgmma_m64n64k16(bf16_t, float (&d)[32], u64 desc_a, u64 desc_b) {
+#ifdef TANDEM_HOST_EMU
+    emu::wgmma_issue(d, 64, desc_a, desc_b, false);
+#else
+    asm volatile("{ .reg .pred p; setp.ne.b32 p, %34, 0; wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " TANDEM_WGMMA_D32 ", %32, %33, p, 1, 1, 0, 0; }"
+                 : TANDEM_WGMMA_D32_OPS(d)
+                 : "l"(desc_a), "l"(desc_b), "n"(1));
+#endif
+}
+// A named barrier (bar.sync id, count): `count` threads, whole warps, of the block meet at
+// barrier `id` (1..15; 0 is __syncthreads'). One warpgroup's barrier in the wgmma attention.
+__device__ __forceinline__ void named_barrier_sync(u32 id, u32 count) {
+#ifdef TANDEM_HOST_EMU
+    emu::named_barrier_sync(id, count);
+#else
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory");
+#endif
+}
+// Orders this thread's generic-proxy writes to shared memory before the async proxy's reads
+// (a wgmma operand written with plain stores). The emulator's memory has one proxy: a no-op.
+__device__ __forceinline__ void fence_proxy_async() {
+#ifndef TANDEM_HOST_EMU
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+}
 // setmaxnreg: a warpgroup gives registers back (the TMA producer) or takes them (the wgmma
 // consumers), so that 384 threads fit 128 accumulators a consumer thread. A no-op on the host.
 template <int N>

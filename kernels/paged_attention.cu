@@ -57,7 +57,17 @@
 // Check: tandem-kernels-check --only paged_attention; op suite ops `paged_attention_decode`
 // and `paged_attention_prefill` (GQA 1/3/4, head_dim 64/128/256, block 16/32, contexts mid-block,
 // longer than PART).
+#ifndef TANDEM_PAGED_ATTENTION_CU
+#define TANDEM_PAGED_ATTENTION_CU
 #include "common.cuh"
+
+// TANDEM_PAGED_ATTENTION_DEVICE_ONLY: the device code without the kernels, for a file that
+// builds on it (kernels/paged_attention_sm90.cu).
+#ifdef TANDEM_PAGED_ATTENTION_DEVICE_ONLY
+#define TANDEM_PA_KERNELS 0
+#else
+#define TANDEM_PA_KERNELS 1
+#endif
 
 #define PA_THREADS 128    // threads per query head (one group)
 #define PA_MAX_PACK 4     // query heads of one GQA group per block
@@ -271,10 +281,12 @@ __device__ __forceinline__ void paged_attention_partial_impl(
                                          part_ml, counters, num_tokens, num_heads, num_kv_heads, head_dim, block_size,         \
                                          num_blocks, num_seqs, max_blocks, max_parts, scale, window);                \
     }
+#if TANDEM_PA_KERNELS
 PA_PARTIAL(f32, float)
 PA_PARTIAL(bf16, bf16_t)
+#endif
 
-#ifdef TANDEM_HOST_EMU
+#if defined(TANDEM_HOST_EMU) && TANDEM_PA_KERNELS
 // The former second launch, kept as the emulator's oracle for the in-kernel combine.
 extern "C" __global__ void __launch_bounds__(PA_THREADS)
 paged_attention_combine(const float* __restrict__ part_out, const float* __restrict__ part_ml,
@@ -776,9 +788,11 @@ __device__ __forceinline__ void paged_attention_tc_impl(const PatArgs& a) {
                         window};                                                                                       \
         paged_attention_tc_impl<D>(a);                                                                                 \
     }
+#if TANDEM_PA_KERNELS
 PAT_KERNEL(64)
 PAT_KERNEL(128)
 PAT_KERNEL(256)
+#endif
 
 // ---------------------------------------------------------------------------------------------
 // paged_attention_tc_deep_d{64,128} (TANDEM_CUDA_ATTENTION=tc_deep; `tc` above stays the
@@ -1095,8 +1109,10 @@ __device__ __forceinline__ void paged_attention_tc_deep_impl(const PatArgs& a) {
                         window};                                                                                       \
         paged_attention_tc_deep_impl<D>(a);                                                                            \
     }
+#if TANDEM_PA_KERNELS
 PATD_KERNEL(64)
 PATD_KERNEL(128)
+#endif
 
 // ---------------------------------------------------------------------------------------------
 // paged_attention_tc_shared_d{64,128} (TANDEM_CUDA_ATTENTION=tc_shared; `tc` stays the default
@@ -1367,5 +1383,8 @@ __device__ __forceinline__ void paged_attention_tc_shared_impl(const PatArgs& a)
                         window};                                                                                       \
         paged_attention_tc_shared_impl<D>(a);                                                                          \
     }
+#if TANDEM_PA_KERNELS
 PATS_KERNEL(64)
 PATS_KERNEL(128)
+#endif
+#endif  // TANDEM_PAGED_ATTENTION_CU

@@ -86,6 +86,9 @@ struct Variant {
     size_t (*smem)(int D);
     int (*halves)(int D);
     bool shared = false;
+    // The variant's kernel serves only the chunk tokens; the split tokens are tc's, launched
+    // after it with num_tokens = n_split (the wgmma variant, crates/cuda/src/attention.rs).
+    bool split_by_tc = false;
 };
 inline Variant tc() {
     return {"paged_attention_tc", paged_attention_tc_d64, paged_attention_tc_d128, paged_attention_tc_d256, PAT_WARPS, PAT_SPLITS,
@@ -140,6 +143,14 @@ inline std::vector<float> run(const Variant& var, const Data& d, int n_split, in
           d.H, c.kvh, c.bs, d.num_blocks, d.S, d.max_blocks, parts, tw, scale, c.window);
     }, smem);
     emu::warp_greedy = false;
+    if (var.split_by_tc && n_split > 0) {
+        const Variant t = tc();
+        const unsigned sb = (unsigned)((split_jobs + PAT_WARPS - 1) / PAT_WARPS);
+        launch(dim3{sb, 1, 1}, dim3{PAT_WARPS * 32, 1, 1}, [&] {
+            kernel_of(t, c.D)(q.data(), d.k.data(), d.v.data(), pos.data(), tseq.data(), d.tables.data(), out.data(), po.data(), pm.data(),
+                              counters.data(), n_split, n_split, d.H, c.kvh, c.bs, d.num_blocks, d.S, d.max_blocks, parts, tw, scale, c.window);
+        }, t.smem(c.D));
+    }
     for (u32 v : counters) counters_ok = counters_ok && v == 0;
     return out;
 }

@@ -11,13 +11,16 @@
 # then the same program with each of its kernels' eleven deliberate breaks (argument 1..11; 10, 11:
 # the persistent kernels matmul_wgmma_ws*),
 # which must be caught.
+# sm90_attention_test.cpp: the wgmma prefill attention (kernels/paged_attention_sm90.cu) through
+# attention_tc_test.h's suite, bitwise against paged_attention_tc, then its three deliberate
+# breaks (argument 1..3), which must be caught.
 # Needs only a C++20 compiler; no GPU, no CUDA. Each program runs on one core (the emulator's
 # CUDA threads are fibers), so they run side by side: about half a minute on 2 cores.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 out="${TMPDIR:-/tmp}/tandem-emu-test-$$"
 cxx() { "${CXX:-g++}" -std=c++20 -O1 -pthread -Wall -Wno-unused-function -Wno-unknown-pragmas "$@"; }
-trap 'rm -f "$out" "$out-break1" "$out-break2" "$out-break3" "$out-break4" "$out-break5" "$out-attn1" "$out-attn2" "$out-attn3" "$out-attn4" "$out-attnd1" "$out-attnd2" "$out-attnd3" "$out-attnd4" "$out-attnd5" "$out-attns1" "$out-attns2" "$out-deadlock" "$out-interleave" "$out-pdl" "$out-moe1" "$out-sm90" "$out.sm90" "$out.log" "$out.breaks" "$out.main"' EXIT
+trap 'rm -f "$out" "$out-break1" "$out-break2" "$out-break3" "$out-break4" "$out-break5" "$out-attn1" "$out-attn2" "$out-attn3" "$out-attn4" "$out-attnd1" "$out-attnd2" "$out-attnd3" "$out-attnd4" "$out-attnd5" "$out-attns1" "$out-attns2" "$out-deadlock" "$out-interleave" "$out-pdl" "$out-moe1" "$out-sm90" "$out-sm90a" "$out.sm90" "$out.log" "$out.breaks" "$out.main"' EXIT
 cxx -o "$out" "$here/emu_test.cpp" & p0=$!
 cxx -DTANDEM_GEMM_BREAK=1 -o "$out-break1" "$here/break_test.cpp" & p1=$!
 cxx -DTANDEM_GEMM_BREAK=2 -o "$out-break2" "$here/break_test.cpp" & p2=$!
@@ -30,6 +33,7 @@ cxx -DTANDEM_EMU_STRICT -o "$out-pdl" "$here/pdl_test.cpp" & p7=$!
 wait $p0 && wait $p1 && wait $p2 && wait $p3 && wait $p4 && wait $p5 && wait $p6 && wait $p7 && wait $p8
 cxx -DTANDEM_MOE_BREAK=1 -o "$out-moe1" "$here/moe_break_test.cpp" & pm=$!
 cxx -Wno-psabi -o "$out-sm90" "$here/sm90_test.cpp" & psm=$!
+cxx -Wno-psabi -o "$out-sm90a" "$here/sm90_attention_test.cpp" & psa=$!
 pids=()
 for b in 1 2 3 4; do
     cxx -DTANDEM_PAT_BREAK=$b -o "$out-attn$b" "$here/attn_break_test.cpp" & pids+=($!)
@@ -45,6 +49,7 @@ done
 for p in "${pids[@]}"; do wait "$p"; done
 wait $pm
 wait $psm
+wait $psa
 status=0
 breaks() {
     local s=0
@@ -85,6 +90,15 @@ breaks() {
             tail -n 1 "$out.sm90"
         fi
     done
+    for b in 1 2 3; do
+        if ! "$out-sm90a" $b > "$out.sm90" 2>&1; then
+            cat "$out.sm90"
+            echo "FAIL the emulator tests did not catch TANDEM_PAW_BREAK=$b"
+            s=1
+        else
+            tail -n 1 "$out.sm90"
+        fi
+    done
     # In a subshell, so that the shell's "Aborted" notice lands in the log too.
     if ("$out-deadlock") > "$out.log" 2>&1; then
         echo "FAIL the emulator ran a kernel that deadlocks at a barrier to the end"
@@ -104,6 +118,7 @@ breaks() {
 breaks > "$out.breaks" 2>&1 & pb=$!
 "$out" > "$out.main" 2>&1 || status=1
 "$out-sm90" >> "$out.main" 2>&1 || status=1
+"$out-sm90a" >> "$out.main" 2>&1 || status=1
 wait $pb || status=1
 cat "$out.breaks" "$out.main"
 exit $status

@@ -50,6 +50,8 @@
 //   counted) reads poison. Out-of-bounds box elements are zeros; 128-byte swizzle as above.
 #pragma once
 #include <algorithm>
+#include <map>
+#include <memory>
 
 namespace emu {
 
@@ -252,11 +254,13 @@ struct TmaCopy {
 struct TmaBlock {
     unsigned long serial = 0;
     std::vector<TmaCopy> pending;
+    // The block's named barriers (bar.sync id, count), kept here with its other sm_90 state.
+    std::map<unsigned, std::unique_ptr<Barrier>> named;
 };
 inline TmaBlock& tma_self() {
     if (!block->tma_side) block->tma_side = std::make_shared<TmaBlock>();
     TmaBlock& tma_state = *static_cast<TmaBlock*>(block->tma_side.get());
-    if (tma_state.serial != block_serial) tma_state = TmaBlock{block_serial, {}};
+    if (tma_state.serial != block_serial) tma_state = TmaBlock{block_serial, {}, {}};
     return tma_state;
 }
 inline uint32_t tma_box_bytes(const TensorMap2d& t) { return t.box0 * t.box1 * t.elem_bytes; }
@@ -284,6 +288,16 @@ inline void tma_land(const TmaCopy& c) {
         }
     mbar_complete_tx(c.bar, tma_box_bytes(t));
     ++progress;
+}
+// bar.sync id, count: `count` threads (a multiple of 32, at most the block) meet at barrier
+// `id` (1..15); a barrier used with two counts aborts, as one left waiting deadlocks (reported).
+inline void named_barrier_sync(unsigned id, unsigned count) {
+    if (id == 0 || id > 15) die("bar.sync: barrier id outside 1..15 (0 is __syncthreads')");
+    if (count == 0 || count % 32 || count > blockDim.x * blockDim.y * blockDim.z) die("bar.sync: count not a multiple of 32 within the block");
+    auto& slot = tma_self().named[id];
+    if (!slot) slot = std::make_unique<Barrier>(count);
+    if (slot->count != count) die("bar.sync: one barrier id used with two thread counts");
+    slot->arrive_and_wait();
 }
 // try_wait.parity: lands the copies bound for this barrier if the phase is not complete yet.
 inline bool mbar_try_wait_parity(unsigned long long* p, unsigned parity) {

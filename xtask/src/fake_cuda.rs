@@ -246,10 +246,11 @@ pub fn cuda_tests(root: &Path, env: &FakeEnv) -> Result<Tally> {
 /// per-head q/k norms; tiny-qwen3-moe: the MoE kernels, captured; tiny-gemma3: GeGLU, the
 /// scaled embedding, sandwich norms, two ropes and a window; tiny-hd128 once more with
 /// `TANDEM_CUDA_ATTENTION=tc_deep`, and with `TANDEM_CUDA_PDL=1`, as is the op suite;
-/// tiny-mistral-hd128, a window of 16 keys on the tensor-core attention, with `tc_deep` and
-/// `tc_shared` (its shared-memory opt-in too); tiny-gemma3-hd256 and the op suite's
-/// head_dim-256 attention cases with `TANDEM_CUDA_ATTENTION_D256=tc`: the tensor-core attention
-/// at head_dim 256; tiny-hd128 with `TANDEM_CUDA_GEMM=cublaslt`, the fake's CPU cuBLASLt), and
+/// tiny-mistral-hd128, a window of 16 keys on the tensor-core attention, with `tc_deep`,
+/// `tc_shared` (its shared-memory opt-in too) and `wgmma` (the sm_90a prefill attention, whose
+/// op-suite attention cases also run, head_dim 256 with `TANDEM_CUDA_ATTENTION_D256=tc`);
+/// tiny-gemma3-hd256 and the op suite's head_dim-256 attention cases with
+/// `TANDEM_CUDA_ATTENTION_D256=tc`: the tensor-core attention at head_dim 256; tiny-hd128 with `TANDEM_CUDA_GEMM=cublaslt`, the fake's CPU cuBLASLt), and
 /// `tandem serve` answering requests ([`serve_check`]), preempting over HTTP
 /// ([`preempt_check`]) and speculating with the greedy text unchanged ([`speculative_check`]),
 /// and the GPU call rehearsed (`cargo xtask gpu-rehearsal`: check.sh and
@@ -316,6 +317,31 @@ pub fn group(root: &Path, tandem: Option<PathBuf>) -> Result<Tally> {
             .map(String::from)
             .to_vec(),
     ));
+    // The wgmma prefill attention (kernels/paged_attention_sm90.cu, sm_90a; off by default): the
+    // suite's attention cases (head_dim 64 and 128 on it), and its head_dim-256 kernel with
+    // TANDEM_CUDA_ATTENTION_D256=tc.
+    commands.push((
+        "attention on cuda, TANDEM_CUDA_ATTENTION=wgmma".into(),
+        ["TANDEM_CUDA_ATTENTION=wgmma", "test-ops", "--backend", "cuda", "--op", "paged_attention", "--seed", &seed]
+            .map(String::from)
+            .to_vec(),
+    ));
+    commands.push((
+        "attention at head_dim 256 on cuda, TANDEM_CUDA_ATTENTION=wgmma TANDEM_CUDA_ATTENTION_D256=tc".into(),
+        [
+            "TANDEM_CUDA_ATTENTION=wgmma",
+            "TANDEM_CUDA_ATTENTION_D256=tc",
+            "test-ops",
+            "--backend",
+            "cuda",
+            "--op",
+            "head_dim=256",
+            "--seed",
+            &seed,
+        ]
+        .map(String::from)
+        .to_vec(),
+    ));
     for shape in [
         "tiny-hd128",
         "small-hd64",
@@ -355,7 +381,7 @@ pub fn group(root: &Path, tandem: Option<PathBuf>) -> Result<Tally> {
             // A sliding window (16 keys, shorter than the prompts) on the tensor-core attention
             // variants (tc's own windows are the emulator's and the op suite's): decodes and
             // prefill chunks over a prefix, each token's span cut from its window.
-            for v in ["tc_deep", "tc_shared"] {
+            for v in ["tc_deep", "tc_shared", "wgmma"] {
                 let mut cmd = vec![format!("TANDEM_CUDA_ATTENTION={v}")];
                 cmd.extend(args.clone());
                 commands.push((format!("compare cuda (attention {v}) vs reference, {shape}"), cmd));

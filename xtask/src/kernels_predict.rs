@@ -91,7 +91,7 @@ pub fn untimed(params: &Params) -> Vec<Row> {
             rows.push(row("quant", "quant_matmul_int4_g128", case, &l, params, Some(&d)));
         }
     }
-    // Attention: tc_deep's decodes and tc_shared's prefills beside tc; tc at head_dim 128
+    // Attention: tc_deep's decodes and tc_shared's and wgmma's prefills beside tc; tc at head_dim 128
     // (the 8B shape, never timed); tc_d256 beside partial (the gemma-3-1b shape).
     let shapes: [(&str, AttnShape); 2] = [("d64", LLAMA_1B), ("d128", LLAMA_8B)];
     for (sname, s) in shapes {
@@ -112,6 +112,8 @@ pub fn untimed(params: &Params) -> Vec<Row> {
             let tc = attention_prefill(AttnVariant::Tc, s, tokens);
             let sh = attention_prefill(AttnVariant::TcShared, s, tokens);
             rows.push(row("attention", "tc_shared", case.clone(), &sh, params, Some(&tc)));
+            let wg = attention_prefill(AttnVariant::Wgmma, s, tokens);
+            rows.push(row("attention", "attn_wgmma", case.clone(), &wg, params, Some(&tc)));
             if s.head_dim == 128 {
                 rows.push(row("attention", "tc", case, &tc, params, None));
             }
@@ -125,6 +127,13 @@ pub fn untimed(params: &Params) -> Vec<Row> {
             rows.push(row("attention", "tc_d256", case.clone(), &tc, params, Some(&partial)));
             rows.push(row("attention", "partial d256", case, &partial, params, None));
         }
+    }
+    // The wgmma attention's prefills at head_dim 256 (whole rows a block) beside tc_d256's.
+    for tokens in [512, 2048] {
+        let case = format!("prefill d256 tokens={tokens}");
+        let tc = attention_prefill(AttnVariant::Tc, GEMMA3_1B, tokens);
+        let wg = attention_prefill(AttnVariant::Wgmma, GEMMA3_1B, tokens);
+        rows.push(row("attention", "attn_wgmma", case, &wg, params, Some(&tc)));
     }
     // The routed MoE GEMMs (Qwen3-30B-A3B's layer: hidden 2048, 128 experts of 768, top 8).
     for tokens in [1, 64, 2048] {
@@ -358,6 +367,7 @@ mod tests {
             "wgmma_ws",
             "tc_deep",
             "tc_shared",
+            "attn_wgmma",
             "tc_d256",
             "moe_gemm gate_up",
             "moe_gemm down",

@@ -45,6 +45,7 @@ fn attn_of(variant: &str, d: usize) -> Option<(AttnVariant, AttnShape)> {
         "tc" | "d256 tc" => AttnVariant::Tc,
         "tc_deep" => AttnVariant::TcDeep,
         "tc_shared" => AttnVariant::TcShared,
+        "wgmma" => AttnVariant::Wgmma,
         "f32" | "d256 partial" => AttnVariant::Partial,
         _ => return None,
     };

@@ -230,6 +230,8 @@ pub enum AttnVariant {
     Tc,
     TcDeep,
     TcShared,
+    /// kernels/paged_attention_sm90.cu (prefill chunks on wgmma; decodes as tc).
+    Wgmma,
     Partial,
 }
 
@@ -262,6 +264,29 @@ fn attn_kernel(v: AttnVariant, d: usize) -> (Kernel, usize, usize) {
         (AttnVariant::TcShared, _) => {
             let (stages, smem) = if d == 64 { (3, 3 * 2 * 64 * 72 * 2 + 80) } else { (2, 2 * 2 * 64 * 136 * 2 + 64) };
             (k("tc_shared", 128, if d == 64 { 168 } else { 210 }, smem, stages, TC_IPM, ASSUMED), 4, 16)
+        }
+        // 384 threads (a producer warpgroup, two consumers of 4 row warps each: `per block` counts
+        // the 8 row warps), launch bound 384 x 1 (168 registers), one 64-key K and V^T tile a
+        // stage. Its per-tile SIMT work (mask, softmax, fold) is tc's; what goes is the mma.sync
+        // and ldmatrix issue, one wgmma standing for 32-64 mma.sync's.
+        (AttnVariant::Wgmma, _) => {
+            let stages = match d {
+                64 => 4,
+                128 => 3,
+                _ => 2,
+            };
+            let smem = 128 + stages * 2 * 64 * d * 2 + 2 * 64 * d * 2 + 2 * 64 * 64 * 2 + stages * 32;
+            let mut kern = k(
+                "attn_wgmma",
+                384,
+                168,
+                smem,
+                stages,
+                TC_IPM - 1.5,
+                "assumed: tc_d64's ncu figure less its mma.sync and ldmatrix issue",
+            );
+            kern.wgmma = true;
+            (kern, 8, 16)
         }
         (AttnVariant::Partial, _) => {
             let simt = k("partial", 128, 64, d * 4 * 4, 1, 3.0, "assumed: 3 instructions a warp FMA step");
@@ -328,12 +353,14 @@ pub fn attention_decode(v: AttnVariant, s: AttnShape, batch: usize, ctx: usize) 
 
 /// Prefill attention: one sequence of `tokens` tokens, causal (chunk jobs of 16 rows: 16 / gqa
 /// tokens of one KV head group, walking the keys up to their last token; tc_shared: blocks of
-/// 4 such jobs over consecutive tokens sharing each 64-key tile).
+/// 4 such jobs over consecutive tokens sharing each 64-key tile; wgmma: blocks of 8, whole rows
+/// at head_dim 256, no halves).
 pub fn attention_prefill(v: AttnVariant, s: AttnShape, tokens: usize) -> Launch {
     let (kernel, per_block, _) = attn_kernel(v, s.head_dim);
     let d = s.head_dim;
     let gqa = s.heads / s.kv_heads;
-    let halves = if d > 128 { 2 } else { 1 };
+    let wgmma = v == AttnVariant::Wgmma;
+    let halves = if d > 128 && !wgmma { 2 } else { 1 };
     let groups = s.kv_heads * gqa.div_ceil(16) * halves;
     let tw = 16 / gqa.min(16);
     let jobs = tokens.div_ceil(tw) * groups;
@@ -341,10 +368,10 @@ pub fn attention_prefill(v: AttnVariant, s: AttnShape, tokens: usize) -> Launch 
     // The average job walks half the prompt (rounded to 64-key tiles); the longest the whole.
     let keys = (tokens as f64 / 2.0 / 64.0).ceil() * 64.0 + 32.0;
     let mma_warp = 16.0 * keys * d as f64 / 2048.0 * (1.0 + 1.0 / halves as f64);
-    let keys_a_trip = if v == AttnVariant::TcShared { 64.0 } else { 16.0 };
+    let keys_a_trip = if v == AttnVariant::TcShared || wgmma { 64.0 } else { 16.0 };
     let trips = 1.0 + (keys / keys_a_trip / kernel.stages as f64).ceil();
-    // Each job reads the K/V of its keys (tc_shared: once for the block's 4 jobs).
-    let sharing = if v == AttnVariant::TcShared { per_block as f64 } else { 1.0 };
+    // Each job reads the K/V of its keys (tc_shared, wgmma: once for the block's 4 / 8 jobs).
+    let sharing = if v == AttnVariant::TcShared || wgmma { per_block as f64 } else { 1.0 };
     let longest_keys = (tokens as f64 / 64.0).ceil() * 64.0;
     Launch {
         kernel,

@@ -228,6 +228,8 @@ pub fn parse_ncu(text: &str, source: &str) -> Option<Timing> {
         "attn tc_deep"
     } else if name.starts_with("paged_attention_tc_shared_") {
         "attn tc_shared"
+    } else if name.starts_with("paged_attention_wgmma_") {
+        "attn wgmma"
     } else if name.starts_with("paged_attention_tc_d64") || name.starts_with("paged_attention_tc_d128") {
         "attn tc"
     } else {

@@ -6,20 +6,24 @@
 //! pipeline, one warp a block, up to 32 partitions; the sliding window as tc's);
 //! `=tc_shared` for `paged_attention_tc_shared_d64` / `_d128` (prefill chunks by blocks of 4
 //! warps over consecutive tokens of one sequence sharing each 64-key K/V tile, loaded once
-//! through a multi-stage cp.async ring; tc's bits; decodes as tc); `=f32` keeps the f32 kernel.
+//! through a multi-stage cp.async ring; tc's bits; decodes as tc); `=wgmma` for
+//! kernels/paged_attention_sm90.cu's `paged_attention_wgmma_d64` / `_d128` / `_d256` (sm_90
+//! only: prefill chunks on wgmma, FlashAttention-3 style, a producer warpgroup and two consumer
+//! warpgroups of 64 rows; tc's bits on the emulator; decodes as tc); `=f32` keeps the f32 kernel.
 //! Head_dim 256 (Gemma 2 and 3) runs the f32 kernel unless `TANDEM_CUDA_ATTENTION_D256=tc`
 //! picks `paged_attention_tc_d256` (tc's arithmetic; tc_deep and tc_shared have no d256 and
 //! `f32` above still wins) — the default stays `partial` until a GPU times both.
 //! Which one serves a model depends only on the model, the cache type and those switches,
 //! never on the step, so a token's bits never follow the batch.
 
-use cudarc::driver::{CudaSlice, LaunchConfig};
+use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig};
 use tandem_core::backend::{AttnArgs, KvDtype, WorkspaceLimits};
 use tandem_core::Result;
 
 use crate::buf::{need, need_kv, CudaBuf, Elem};
 use crate::device::CudaBackend;
 use crate::error::{drv, err};
+use crate::kernels::Kernel;
 use crate::launch::{cfg, i32_of, u32_of};
 use crate::switches::Switches;
 use crate::workspace::AttnScratch;
@@ -82,6 +86,22 @@ const PATS_WARPS: usize = 4;
 pub(super) const PATS_SMEM: [usize; 2] =
     [3 * 2 * 64 * (64 + 8) * 2 + 3 * 16 + 32, 2 * 2 * 64 * (128 + 8) * 2 + 2 * 16 + 32];
 
+/// The wgmma variant (kernels/paged_attention_sm90.cu): 384 threads a block, chunk blocks of
+/// PAW_ROW_WARPS * tw tokens (two consumer warpgroups of 4 warps), then PAT_WARPS split jobs a
+/// block; its dynamic shared memory at head_dim 64 / 128 / 256 (PawCfg<D>::SMEM: a ring of 4 /
+/// 3 / 2 stages of a K and a V^T 64-key tile, two Q and two P tiles, the bad-key masks, the
+/// mbarriers, 128 bytes of alignment slack; kernels/emu/sm90_attention_test.cpp checks them).
+const PAW_THREADS: u32 = 384;
+const PAW_ROW_WARPS: usize = 8;
+pub(super) const PAW_SMEM: [usize; 3] = [paw_smem(64, 4), paw_smem(128, 3), paw_smem(256, 2)];
+/// The kernels' names, loaded from the sm_90a module only under `TANDEM_CUDA_ATTENTION=wgmma`.
+pub(crate) const PAW_KERNELS: [&str; 3] =
+    ["paged_attention_wgmma_d64", "paged_attention_wgmma_d128", "paged_attention_wgmma_d256"];
+const fn paw_smem(d: usize, stages: usize) -> usize {
+    let tile = 64 * d * 2;
+    128 + stages * 2 * tile + 2 * tile + 2 * 64 * 64 * 2 + stages * 16 + 2 * stages * 8
+}
+
 /// Partitions enough for every token whose context is at most `ctx` keys, for a kernel that
 /// cuts at most `splits` (PAT_SPLITS for tc, PATD_SPLITS for tc_deep).
 fn pat_max_parts_of(ctx: usize, splits: usize) -> usize {
@@ -102,6 +122,8 @@ pub(super) enum AttnVariant {
     TcDeep,
     /// paged_attention_tc_shared.
     TcShared,
+    /// paged_attention_wgmma (sm_90 only).
+    Wgmma,
     /// paged_attention_partial for every cache.
     F32,
 }
@@ -111,8 +133,9 @@ pub(crate) fn parse_variant(v: Option<&str>) -> std::result::Result<AttnVariant,
         "" | "tc" => Ok(AttnVariant::Tc),
         "tc_deep" => Ok(AttnVariant::TcDeep),
         "tc_shared" => Ok(AttnVariant::TcShared),
+        "wgmma" => Ok(AttnVariant::Wgmma),
         "f32" => Ok(AttnVariant::F32),
-        x => Err(format!("TANDEM_CUDA_ATTENTION={x}: one of tc (the default), tc_deep, tc_shared, f32")),
+        x => Err(format!("TANDEM_CUDA_ATTENTION={x}: one of tc (the default), tc_deep, tc_shared, wgmma, f32")),
     }
 }
 
@@ -148,7 +171,7 @@ fn uses_tc_with(kv: usize, head_dim: usize, v: AttnVariant, d256: D256Variant) -
 /// tc has a head_dim-256 kernel, so tc_deep and tc_shared run tc there (a model's kernel is
 /// fixed by its head size, so each token's bits still follow its own context alone).
 fn tc_variant(v: AttnVariant, head_dim: usize) -> AttnVariant {
-    if head_dim == 256 {
+    if head_dim == 256 && v != AttnVariant::Wgmma {
         AttnVariant::Tc
     } else {
         v
@@ -347,6 +370,7 @@ impl CudaBackend {
         let var = tc_variant(self.switches.attention, d);
         let deep = var == AttnVariant::TcDeep;
         let shared = var == AttnVariant::TcShared;
+        let wgmma = var == AttnVariant::Wgmma;
         // The partition count (the split jobs' stride) follows the context bound alone: fixed
         // for a captured step padded to graph_max_context.
         let parts = tc_max_parts(a.max_context.max(1), var);
@@ -354,6 +378,10 @@ impl CudaBackend {
         let k = match var {
             AttnVariant::TcDeep => &self.kernels.attn_tc_deep[kernel],
             AttnVariant::TcShared => &self.kernels.attn_tc_shared[kernel],
+            AttnVariant::Wgmma => match &self.wgmma_attn {
+                Some(w) => &w[kernel],
+                None => return Err(err(format!("{OP}: TANDEM_CUDA_ATTENTION=wgmma but its kernels were not loaded"))),
+            },
             _ => &self.kernels.attn_tc[kernel],
         };
         let mut s = self.scratch.lock().map_err(|_| err(format!("{OP}: scratch lock poisoned by an earlier panic")))?;
@@ -383,17 +411,39 @@ impl CudaBackend {
             }
         }
         let split = if parts > 1 { n_split } else { 0 };
-        let warps = (t - n_split).div_ceil(tw) * groups + n_split * groups * parts;
         // tc: PAT_WARPS warp jobs a block; tc_deep: one; tc_shared: chunk blocks of
-        // PATS_WARPS * tw tokens, then PAT_WARPS split jobs a block.
+        // PATS_WARPS * tw tokens, then PAT_WARPS split jobs a block; wgmma: its chunk blocks of
+        // PAW_ROW_WARPS * tw tokens (a whole row per head group: no halves at head_dim 256),
+        // then tc's kernel for the split tokens alone (num_tokens = n_split: the same split
+        // jobs tc's own launch runs, so the same bits).
         let per_block = if deep { 1 } else { PAT_WARPS };
-        let block_count = if shared {
-            (t - n_split).div_ceil(PATS_WARPS * tw) * groups + (n_split * groups * parts).div_ceil(PAT_WARPS)
+        let tc_smem = if d == 256 { PAT_SMEM_D256 } else { PAT_WARPS * 2 * PAT_SUB * (d + 8) * 2 };
+        let tc_threads = (PAT_WARPS * 32) as u32;
+        // (kernel, tokens, blocks, threads, dynamic shared memory) of each launch, in order.
+        let mut plan: Vec<(&Kernel<CudaFunction>, usize, usize, u32, usize)> = Vec::with_capacity(2);
+        if wgmma {
+            if t > n_split {
+                let chunk_blocks = (t - n_split).div_ceil(PAW_ROW_WARPS * tw) * (kvh * gqa.div_ceil(16));
+                plan.push((k, t, chunk_blocks, PAW_THREADS, PAW_SMEM[kernel]));
+            }
+            if n_split > 0 {
+                let split_blocks = (n_split * groups * parts).div_ceil(PAT_WARPS);
+                plan.push((&self.kernels.attn_tc[kernel], n_split, split_blocks, tc_threads, tc_smem));
+            }
         } else {
-            warps.div_ceil(per_block)
-        };
-        let blocks = u32_of(block_count, OP, "warp jobs a block")?;
-        let ints = [t, n_split, h, kvh, g.block_size, g.num_blocks, a.num_seqs, a.max_blocks, parts, tw];
+            let block_count = if shared {
+                (t - n_split).div_ceil(PATS_WARPS * tw) * groups + (n_split * groups * parts).div_ceil(PAT_WARPS)
+            } else {
+                let warps = (t - n_split).div_ceil(tw) * groups + n_split * groups * parts;
+                warps.div_ceil(per_block)
+            };
+            let smem = match var {
+                AttnVariant::TcDeep => PATD_SMEM[kernel],
+                AttnVariant::TcShared => PATS_SMEM[kernel],
+                _ => tc_smem,
+            };
+            plan.push((k, t, block_count, (per_block * 32) as u32, smem));
+        }
         let names = [
             "T",
             "n_split",
@@ -406,52 +456,52 @@ impl CudaBackend {
             "parts",
             "tw",
         ];
-        let mut v = [0i32; 10];
-        for i in 0..10 {
-            v[i] = i32_of(ints[i], OP, names[i])?;
-        }
-        let mut l = self.launch_args(&k.f);
-        l.arg(&*a.q.mem)
-            .arg(&*a.k_cache.mem)
-            .arg(&*a.v_cache.mem)
-            .arg(&*a.positions.mem)
-            .arg(&*a.token_seq.mem)
-            .arg(&*a.block_tables.mem);
-        l.arg(&mut *out.mem);
-        let sc = &mut *s;
-        match (&mut sc.part_out, &mut sc.part_ml, &mut sc.counters) {
-            (Some(po), Some(pm), Some(cn)) if split > 0 => {
-                l.arg(&mut *po).arg(&mut *pm).arg(&mut *cn);
-            }
-            // Nothing is split (one partition, or no split tokens): the scratch is never
-            // touched; q stands in for it.
-            _ if split == 0 => {
-                l.arg(&*a.q.mem).arg(&*a.q.mem).arg(&*a.q.mem);
-            }
-            _ => return Err(err(format!("{OP}: scratch missing after allocation"))),
-        }
         let window = i32_of(a.window, OP, "window")?;
-        for x in &v {
-            l.arg(x);
+        for (kern, tokens, block_count, threads, smem) in plan {
+            let blocks = u32_of(block_count, OP, "warp jobs a block")?;
+            let ints = [tokens, n_split, h, kvh, g.block_size, g.num_blocks, a.num_seqs, a.max_blocks, parts, tw];
+            let mut v = [0i32; 10];
+            for i in 0..10 {
+                v[i] = i32_of(ints[i], OP, names[i])?;
+            }
+            let mut l = self.launch_args(&kern.f);
+            l.arg(&*a.q.mem)
+                .arg(&*a.k_cache.mem)
+                .arg(&*a.v_cache.mem)
+                .arg(&*a.positions.mem)
+                .arg(&*a.token_seq.mem)
+                .arg(&*a.block_tables.mem);
+            l.arg(&mut *out.mem);
+            let sc = &mut *s;
+            match (&mut sc.part_out, &mut sc.part_ml, &mut sc.counters) {
+                (Some(po), Some(pm), Some(cn)) if split > 0 => {
+                    l.arg(&mut *po).arg(&mut *pm).arg(&mut *cn);
+                }
+                // Nothing is split (one partition, or no split tokens): the scratch is never
+                // touched; q stands in for it.
+                _ if split == 0 => {
+                    l.arg(&*a.q.mem).arg(&*a.q.mem).arg(&*a.q.mem);
+                }
+                _ => return Err(err(format!("{OP}: scratch missing after allocation"))),
+            }
+            for x in &v {
+                l.arg(x);
+            }
+            l.arg(&a.scale).arg(&window);
+            let launch = LaunchConfig {
+                grid_dim: (blocks.max(1), 1, 1),
+                block_dim: (threads, 1, 1),
+                shared_mem_bytes: smem as u32,
+            };
+            // SAFETY: the argument list matches paged_attention_tc's (and the wgmma variant's,
+            // the same); partials sized for [n_split, H, parts, D] and [n_split, H, parts, 2],
+            // counters for [n_split, groups] (zeroed, and left zero by every launch); `tokens`
+            // of the step's arrays; dynamic shared memory as the kernel's blocks use (tc_deep at
+            // head_dim 128, tc_shared, wgmma, and tc at 256 past 48 KiB: opted in at load).
+            let r = unsafe { l.launch(launch) };
+            self.launched(kern.name, r)?;
         }
-        l.arg(&a.scale).arg(&window);
-        let smem = match var {
-            AttnVariant::TcDeep => PATD_SMEM[kernel],
-            AttnVariant::TcShared => PATS_SMEM[kernel],
-            _ if d == 256 => PAT_SMEM_D256,
-            _ => PAT_WARPS * 2 * PAT_SUB * (d + 8) * 2,
-        } as u32;
-        let launch = LaunchConfig {
-            grid_dim: (blocks.max(1), 1, 1),
-            block_dim: ((per_block * 32) as u32, 1, 1),
-            shared_mem_bytes: smem,
-        };
-        // SAFETY: the argument list matches paged_attention_tc's; partials sized for
-        // [n_split, H, parts, D] and [n_split, H, parts, 2], counters for [n_split, groups]
-        // (zeroed, and left zero by every launch); dynamic shared memory as the kernel's blocks
-        // use (tc_deep at head_dim 128, tc_shared, and tc at 256 past 48 KiB: opted in at load).
-        let r = unsafe { l.launch(launch) };
-        self.launched(k.name, r)
+        Ok(())
     }
 }
 
@@ -519,6 +569,7 @@ mod partition_tests {
         assert_eq!(parse_variant(Some("tc_deep")), Ok(AttnVariant::TcDeep));
         assert_eq!(parse_variant(Some("tc_shared")), Ok(AttnVariant::TcShared));
         assert_eq!(parse_variant(Some("f32")), Ok(AttnVariant::F32));
+        assert_eq!(parse_variant(Some("wgmma")), Ok(AttnVariant::Wgmma));
         assert!(parse_variant(Some("deep")).unwrap_err().contains("tc_deep"));
     }
 
@@ -543,6 +594,7 @@ mod partition_tests {
         assert_eq!(tc_variant(AttnVariant::TcShared, 256), AttnVariant::Tc);
         assert_eq!(tc_variant(AttnVariant::TcDeep, 128), AttnVariant::TcDeep, "tc_deep takes the window itself now");
         assert_eq!(tc_variant(AttnVariant::TcShared, 64), AttnVariant::TcShared);
+        assert_eq!(tc_variant(AttnVariant::Wgmma, 256), AttnVariant::Wgmma, "wgmma has its own head_dim-256 kernel");
         // Four warps of (two K/V stages + q) x 16 rows x (256 + 8) bf16: past 48 KiB.
         assert_eq!(PAT_SMEM_D256, 101_376);
         assert_eq!((tc_halves(64), tc_halves(128), tc_halves(256)), (1, 1, 2));
@@ -577,6 +629,13 @@ mod partition_tests {
             assert_eq!(tc_max_parts(ctx, AttnVariant::TcShared), tc_max_parts(ctx, AttnVariant::Tc), "ctx {ctx}");
         }
         assert_eq!(PATS_SMEM, [55_376, 69_696]);
+        // The wgmma variant: tc's partitions, and kernels/paged_attention_sm90.cu's PawCfg<D>::SMEM
+        // (kernels/emu/sm90_attention_test.cpp checks the same numbers), within the 227 KiB opt-in.
+        for ctx in [1, 64, 65, 1024, 5000] {
+            assert_eq!(tc_max_parts(ctx, AttnVariant::Wgmma), tc_max_parts(ctx, AttnVariant::Tc), "ctx {ctx}");
+        }
+        assert_eq!(PAW_SMEM, [98_560, 147_680, 213_184]);
+        assert!(PAW_SMEM.iter().all(|&b| b <= 227 * 1024));
     }
 
     /// The tensor-core kernel's scratch follows the sequences, not the tokens: 2,048 tokens

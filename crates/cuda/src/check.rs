@@ -59,10 +59,11 @@ pub fn check_kernels_filtered(kernels_dir: &Path, archs: &[&str], only: Option<&
     for src in &srcs {
         for arch in archs {
             let n = arch_number(arch)?;
-            // kernels/matmul_sm90.cu exists only for sm_90a (compile.rs `arch_for`): its module
-            // is empty elsewhere, so only sm_90 checks it (ptxas then assembles for sm_90a).
+            // kernels/matmul_sm90.cu and paged_attention_sm90.cu exist only for sm_90a (compile.rs
+            // `arch_for`): their modules are empty elsewhere, so only sm_90 checks them (ptxas
+            // then assembles for sm_90a).
             let target = crate::compile::arch_for(&src.name, &n);
-            if src.name == "matmul_sm90" && target == n {
+            if crate::compile::is_sm90_only(&src.name) && target == n {
                 continue;
             }
             let ptx = compile_ptx(src, &n, tc.include_dir.as_ref())?;

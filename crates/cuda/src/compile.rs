@@ -58,16 +58,22 @@ fn ensure_nvrtc() -> Result<()> {
 }
 
 /// The architecture `src` is compiled for on a device of `arch` (a number, `arch_number`'s):
-/// kernels/matmul_sm90.cu uses wgmma and TMA, which exist only for the architecture-specific
-/// `sm_90a` (NVRTC `--gpu-architecture=sm_90a`), so on an sm_90 device that file takes `90a`;
+/// kernels/matmul_sm90.cu and kernels/paged_attention_sm90.cu use wgmma (and TMA), which exist
+/// only for the architecture-specific `sm_90a` (NVRTC `--gpu-architecture=sm_90a`), so on an
+/// sm_90 device those files take `90a`;
 /// elsewhere its body is compiled out (it tests `__CUDA_ARCH_FEAT_SM90_ALL`) and the module is
 /// empty. Every other file takes `arch` as it is.
 pub fn arch_for(name: &str, arch: &str) -> String {
-    if name == "matmul_sm90" && arch == "90" {
+    if is_sm90_only(name) && arch == "90" {
         "90a".to_string()
     } else {
         arch.to_string()
     }
+}
+
+/// Whether kernel file `name` exists only for sm_90a (its body compiled out elsewhere).
+pub fn is_sm90_only(name: &str) -> bool {
+    name == "matmul_sm90" || name == "paged_attention_sm90"
 }
 
 /// NVRTC's options: `base`, the target (`compute_90` or `sm_90`), the include folder.
@@ -253,6 +259,9 @@ mod tests {
         assert!(arch_number("x9").is_err());
         assert_eq!(arch_for("matmul_sm90", "90"), "90a");
         assert_eq!(arch_for("matmul_sm90", "80"), "80");
+        assert_eq!(arch_for("paged_attention_sm90", "90"), "90a");
+        assert_eq!(arch_for("paged_attention_sm90", "80"), "80");
+        assert_eq!(arch_for("paged_attention", "90"), "90");
         assert_eq!(arch_for("matmul", "90"), "90");
     }
 

@@ -48,6 +48,9 @@ pub struct CudaBackend {
     /// The persistent, warp-specialised wgmma kernels, loaded only with
     /// TANDEM_CUDA_GEMM_LARGE=wgmma_ws on an sm_90 GPU.
     pub(crate) wgmma_ws: Option<WgmmaWs>,
+    /// kernels/paged_attention_sm90.cu's `paged_attention_wgmma_d64` / `_d128` / `_d256`, loaded
+    /// only with TANDEM_CUDA_ATTENTION=wgmma on an sm_90 GPU (attention.rs).
+    pub(crate) wgmma_attn: Option<[Kernel<CudaFunction>; 3]>,
     /// cuBLASLt (cublaslt.rs), opened only with TANDEM_CUDA_GEMM=cublaslt or
     /// [`CudaBackend::set_gemm_cublaslt`]: where present it computes every plain 16-bit
     /// projection without bias, and the fused projections are declined.
@@ -123,7 +126,17 @@ impl CudaBackend {
                 "TANDEM_CUDA_GEMM_LARGE={which} needs an sm_90 (Hopper) GPU; GPU {device_ordinal} is sm_{arch}"
             )));
         }
-        let srcs: Vec<KernelSource> = srcs.into_iter().filter(|s| s.name != "matmul_sm90" || sm90).collect();
+        // So is kernels/paged_attention_sm90.cu (wgmma prefill attention).
+        let attn_sm90 = switches.attention == attention::AttnVariant::Wgmma;
+        if attn_sm90 && arch != "90" {
+            return Err(err(format!(
+                "TANDEM_CUDA_ATTENTION=wgmma needs an sm_90 (Hopper) GPU; GPU {device_ordinal} is sm_{arch}"
+            )));
+        }
+        let srcs: Vec<KernelSource> = srcs
+            .into_iter()
+            .filter(|s| (s.name != "matmul_sm90" || sm90) && (s.name != "paged_attention_sm90" || attn_sm90))
+            .collect();
         let device_name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
         let include = Toolchain::discover().include_dir;
         let images = compile_modules(&srcs, &arch, include.as_ref(), switches.cubin)?;
@@ -165,7 +178,7 @@ impl CudaBackend {
         let mut sm90_kernel = |name: &'static str, smem: u32| -> Result<Kernel<CudaFunction>> {
             let f = funcs
                 .remove(name)
-                .ok_or_else(|| err(format!("kernel `{name}` is not in the loaded modules (kernels/matmul_sm90.cu)")))?;
+                .ok_or_else(|| err(format!("kernel `{name}` is not in the loaded modules (kernels/*_sm90.cu)")))?;
             f.set_attribute(
                 cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 smem as i32,
@@ -187,6 +200,14 @@ impl CudaBackend {
                 .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
                 .map_err(drv("the multiprocessor count"))?;
             Some(WgmmaWs { tile: [k(t0, s0)?, k(t1, s0)?], wide: [k(w0, s1)?, k(w1, s1)?], sms: sms.max(1) as usize })
+        } else {
+            None
+        };
+        let wgmma_attn = if attn_sm90 {
+            let k = &mut sm90_kernel;
+            let [n0, n1, n2] = attention::PAW_KERNELS;
+            let [s0, s1, s2] = attention::PAW_SMEM.map(|b| b as u32);
+            Some([k(n0, s0)?, k(n1, s1)?, k(n2, s2)?])
         } else {
             None
         };
@@ -249,6 +270,7 @@ impl CudaBackend {
             kernels,
             wgmma,
             wgmma_ws,
+            wgmma_attn,
             cublaslt,
             scratch: Mutex::new(AttnScratch::default()),
             mm_scratch: Mutex::new(MatmulScratch::default()),

@@ -51,7 +51,7 @@ pub const SWITCHES: &[Switch] = &[
     },
     Switch {
         name: "TANDEM_CUDA_ATTENTION",
-        values: "tc, tc_deep, tc_shared, f32",
+        values: "tc, tc_deep, tc_shared, wgmma, f32",
         default: "tc",
         what: "the attention kernel of a bf16 cache",
     },

@@ -1,6 +1,6 @@
 //! Runs every kernel on the CPU through kernels/emu (a C++20 emulation of CUDA threads, block
 //! barriers, warp shuffles, ldmatrix, mma.sync and cp.async) against naive double-precision
-//! references: 1,136 checks (and 78 of the sm90 wgmma GEMMs) covering the emulated primitives against the PTX ISA, the tensor-core
+//! references: 1,136 checks (and 78 of the sm90 wgmma GEMMs, 108 of the sm90 wgmma attention) covering the emulated primitives against the PTX ISA, the tensor-core
 //! matmul at awkward shapes with derived bf16/f16 bounds and bitwise row equality across m,
 //! each other op, kv_write and attention over an f32 and a bf16 cache (round-to-nearest-even
 //! bits, a derived bound against the unrounded values), split attention and its batch
@@ -63,6 +63,16 @@ fn kernels_match_reference_in_host_emulation() {
     let sm90 =
         text.lines().find_map(|l| l.strip_prefix("sm90: ")?.strip_suffix(" checks, 0 failed")?.parse::<usize>().ok());
     assert!(sm90.is_some_and(|n| n >= 78), "expected at least 78 sm90 emulator checks, got {sm90:?}");
+    // The wgmma prefill attention (kernels/emu/sm90_attention_test.cpp) and its three breaks.
+    let attn90 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("sm90 attention: ")?.strip_suffix(" checks, 0 failed")?.parse::<usize>().ok());
+    assert!(attn90.is_some_and(|n| n >= 108), "expected at least 108 sm90 attention checks, got {attn90:?}");
+    for b in 1..=3 {
+        let line = format!("TANDEM_PAW_BREAK={b}: ");
+        let caught = text.lines().find_map(|l| l.strip_prefix(line.as_str())?.split(' ').next()?.parse::<usize>().ok());
+        assert!(caught.is_some_and(|n| n > 0), "the broken wgmma attention build {b} was not caught: {caught:?}");
+    }
     for b in 1..=4 {
         let line = format!("TANDEM_PAT_BREAK={b}: ");
         let caught = text.lines().find_map(|l| l.strip_prefix(line.as_str())?.split(' ').next()?.parse::<usize>().ok());
