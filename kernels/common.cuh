@@ -7,8 +7,8 @@
 //
 // Conventions every kernel follows:
 //   - activations and scores: f32, except those a tensor-core matmul reads, which the backend
-//     may store in the weights' 16-bit format (store_act); the KV cache f32 or bf16 (store_kv /
-//     to_f32); ids, positions, slots, block tables: u32;
+//     may store in the weights' 16-bit format (store_act); the KV cache f32, bf16 or fp8 (store_kv /
+//     to_f32, kv_store / kv_load); ids, positions, slots, block tables: u32;
 //   - weights: f32, bf16 or f16, widened to f32 on load; all sums accumulate in f32;
 //   - element offsets are size_t (a KV cache layer can exceed 2^31 elements);
 //   - an index that would fall outside a buffer writes NaN instead of reading out of bounds,
@@ -215,6 +215,52 @@ __device__ __forceinline__ void store_act(void* out, int act_code, size_t i, flo
 // cache is f32 arithmetic over the rounded values.
 __device__ __forceinline__ void store_kv(float* p, float v) { *p = v; }
 __device__ __forceinline__ void store_kv(bf16_t* p, float v) { p->bits = f32_to_bf16_bits(v); }
+
+// An FP8 KV cache element (Storage::alloc_kv_scaled on an fp8 KvDtype): one byte, e4m3fn or
+// e5m2, holding x / scale rounded to nearest even and saturated to the largest finite value
+// (NaN stays NaN), read back as the byte's value times the scale: crates/core fp8_round.rs's
+// encode and Fp8Format::decode, bit for bit, in plain integer and f32 code (the host emulation
+// and the GPU agree; kernels/emu checks every byte and a sweep of values against a host copy).
+// kv_store / kv_load take the layer's scale; the f32 and bf16 overloads ignore it, so a kernel
+// written with them does over those caches exactly what store_kv / to_f32 do.
+struct fp8e4m3_t { unsigned char bits; };
+struct fp8e5m2_t { unsigned char bits; };
+
+// man: mantissa bits (3, 2); bias (7, 15); max: the largest finite magnitude (448, 57344).
+__device__ __forceinline__ u32 fp8_encode(float x, int man, int bias, float max) {
+    const u32 u = __float_as_uint(x), sign = (u >> 24) & 0x80u;
+    if ((u & 0x7fffffffu) > 0x7f800000u) return sign | 0x7fu;
+    const float a = fminf(__uint_as_float(u & 0x7fffffffu), max);  // max is representable
+    if (a < __uint_as_float((u32)(128 - bias) << 23)) {
+        // Below the smallest normal: a multiple of 2^(1 - bias - man); the product is exact.
+        const float q = a * __uint_as_float((u32)(126 + bias + man) << 23);
+#ifdef TANDEM_HOST_EMU
+        return sign | (u32)std::nearbyint(q);  // default rounding: nearest even
+#else
+        return sign | (u32)rintf(q);
+#endif
+    }
+    const int shift = 23 - man;
+    const u32 bits = __float_as_uint(a), lsb = (bits >> shift) & 1u;
+    const u32 r = (bits + (1u << (shift - 1)) - 1u + lsb) & ~((1u << shift) - 1u);
+    return sign | ((((r >> 23) - 127u + (u32)bias) << man) | ((r >> shift) & ((1u << man) - 1u)));
+}
+// e4m3fn has no infinity (0x7f is NaN); e5m2 keeps IEEE's (exponent 31).
+__device__ __forceinline__ float fp8_decode(u32 b, int man, int bias, bool e4m3) {
+    const u32 sign = (b & 0x80u) << 24, e = (b & 0x7fu) >> man, m = b & ((1u << man) - 1u);
+    if (e4m3 && (b & 0x7fu) == 0x7fu) return nan_f32();
+    if (!e4m3 && e == 31u) return m ? nan_f32() : __uint_as_float(sign | 0x7f800000u);
+    if (e == 0u) return (sign ? -1.0f : 1.0f) * ((float)m * __uint_as_float((u32)(128 - bias - man) << 23));
+    return __uint_as_float(sign | ((e + 127u - (u32)bias) << 23) | (m << (23 - man)));
+}
+__device__ __forceinline__ void kv_store(float* p, float v, float) { *p = v; }
+__device__ __forceinline__ void kv_store(bf16_t* p, float v, float) { store_kv(p, v); }
+__device__ __forceinline__ void kv_store(fp8e4m3_t* p, float v, float scale) { p->bits = (unsigned char)fp8_encode(v / scale, 3, 7, 448.0f); }
+__device__ __forceinline__ void kv_store(fp8e5m2_t* p, float v, float scale) { p->bits = (unsigned char)fp8_encode(v / scale, 2, 15, 57344.0f); }
+__device__ __forceinline__ float kv_load(float v, float) { return v; }
+__device__ __forceinline__ float kv_load(bf16_t v, float) { return to_f32(v); }
+__device__ __forceinline__ float kv_load(fp8e4m3_t v, float scale) { return fp8_decode(v.bits, 3, 7, true) * scale; }
+__device__ __forceinline__ float kv_load(fp8e5m2_t v, float scale) { return fp8_decode(v.bits, 2, 15, false) * scale; }
 
 // One rotate-half pair of rope at angle pos * inv_freq (rope.cu, and kv_write.cu's
 // rope_kv_write, which must give rope's bits). sincosf: full range reduction, no fast math.

@@ -13,13 +13,17 @@
 //   when j > p - w; `window` is a per-layer scalar argument of both kernels, 0: none).
 //     out[t, h, :] = sum_j softmax(score)[j] * V[slot(s, j), kh, :]
 //   slot(s, j) = block_tables[s, j / block_size] * block_size + j % block_size
-//   q, out f32 [T, H, D]; caches [num_blocks, block_size, KVH, D] of f32 or bf16 (kv_write.cu);
+//   q, out f32 [T, H, D]; caches [num_blocks, block_size, KVH, D] of f32, bf16 or fp8 (kv_write.cu);
 //   positions, token_seq u32 [T]; block_tables u32 [num_seqs, max_blocks]. D <= 256.
 //
-// The cache's element type is a template parameter (paged_attention_partial_f32 / _bf16):
-// each K/V element is widened to f32 in registers as it is loaded (exact), so over a bf16 cache
-// the kernel does the same f32 arithmetic, in the same order, on the rounded values; the
-// combine reads only f32 partials and serves both.
+// The cache's element type is a template parameter (paged_attention_partial_f32 / _bf16 /
+// _fp8e4m3 / _fp8e5m2): each K/V element is widened to f32 in registers as it is loaded
+// (common.cuh kv_load: exact for bf16; an fp8 byte decoded exactly, then times the layer's
+// k_scale / v_scale, the fp8 kernels' two extra arguments, one f32 multiply as the reference
+// dequantizes), so over any cache the kernel does the same f32 arithmetic, in the same order,
+// on the values the reference reads; the combine reads only f32 partials and serves all four.
+// The decode is a function of the byte and the scale alone, so the contracts below (decode ==
+// prefill chunk, alone == in a batch) hold over an fp8 cache as over the others.
 //
 // Decode tokens and prefill chunks (with or without a cached prefix) are the same thing: each
 // token sees its own causal context, whose K/V kv_write has already stored.
@@ -136,7 +140,7 @@ __device__ __forceinline__ void paged_attention_partial_impl(
     const u32* __restrict__ positions, const u32* __restrict__ token_seq, const u32* __restrict__ block_tables,
     float* __restrict__ out, float* __restrict__ part_out, float* __restrict__ part_ml, u32* __restrict__ counters, int num_tokens,
     int num_heads, int num_kv_heads, int head_dim, int block_size, int num_blocks, int num_seqs, int max_blocks, int max_parts,
-    float scale, int window) {
+    float scale, int window, float k_scale, float v_scale) {
     PDL_WAIT();
     PDL_LAUNCH_DEPENDENTS();
     // One of each per group (head); the key slots are the same for every head of the block.
@@ -193,7 +197,7 @@ __device__ __forceinline__ void paged_attention_partial_impl(
             slot = (int)blk * block_size + pos % block_size;
             const KV* kp = k_cache + (size_t)slot * slot_stride + head_off;
             float dot = 0.0f;
-            for (int d = lane; d < D; d += 32) dot = fmaf(q_s[d], to_f32(kp[d]), dot);
+            for (int d = lane; d < D; d += 32) dot = fmaf(q_s[d], kv_load(kp[d], k_scale), dot);
             s = warp_sum(dot) * scale;
         } else {
             slot = -1;
@@ -227,7 +231,7 @@ __device__ __forceinline__ void paged_attention_partial_impl(
         if (g < ng) {
             for (int j = g; j < n; j += ng) {
                 const int slot = slot_s[j];
-                const float vv = slot >= 0 ? to_f32(v_cache[(size_t)slot * slot_stride + head_off + d]) : nan_f32();
+                const float vv = slot >= 0 ? kv_load(v_cache[(size_t)slot * slot_stride + head_off + d], v_scale) : nan_f32();
                 acc = fmaf(p_s[j], vv, acc);
             }
         }
@@ -245,7 +249,7 @@ __device__ __forceinline__ void paged_attention_partial_impl(
             float acc = 0.0f;
             for (int j = 0; j < n; ++j) {
                 const int slot = slot_s[j];
-                const float vv = slot >= 0 ? to_f32(v_cache[(size_t)slot * slot_stride + head_off + d]) : nan_f32();
+                const float vv = slot >= 0 ? kv_load(v_cache[(size_t)slot * slot_stride + head_off + d], v_scale) : nan_f32();
                 acc = fmaf(p_s[j], vv, acc);
             }
             dst[d] = direct ? acc / l : acc;
@@ -270,20 +274,24 @@ __device__ __forceinline__ void paged_attention_partial_impl(
     if (tid == 0) counters[row] = 0u;
 }
 
-#define PA_PARTIAL(NAME, KV)                                                                                         \
+// EXTRA: the fp8 kernels' two more parameters (PA_FP8_SCALES); KS, VS: the scales passed on.
+#define PA_FP8_SCALES , float k_scale, float v_scale
+#define PA_PARTIAL(NAME, KV, EXTRA, KS, VS)                                                                          \
     extern "C" __global__ void __launch_bounds__(PA_THREADS * PA_MAX_PACK) paged_attention_partial_##NAME(           \
         const float* __restrict__ q, const KV* __restrict__ k_cache, const KV* __restrict__ v_cache,                 \
         const u32* __restrict__ positions, const u32* __restrict__ token_seq, const u32* __restrict__ block_tables, \
         float* __restrict__ out, float* __restrict__ part_out, float* __restrict__ part_ml, u32* __restrict__ counters, \
         int num_tokens, int num_heads, int num_kv_heads, int head_dim, int block_size, int num_blocks, int num_seqs,   \
-        int max_blocks, int max_parts, float scale, int window) {                                                      \
+        int max_blocks, int max_parts, float scale, int window EXTRA) {                                                \
         paged_attention_partial_impl<KV>(q, k_cache, v_cache, positions, token_seq, block_tables, out, part_out,     \
                                          part_ml, counters, num_tokens, num_heads, num_kv_heads, head_dim, block_size,         \
-                                         num_blocks, num_seqs, max_blocks, max_parts, scale, window);                \
+                                         num_blocks, num_seqs, max_blocks, max_parts, scale, window, KS, VS);        \
     }
 #if TANDEM_PA_KERNELS
-PA_PARTIAL(f32, float)
-PA_PARTIAL(bf16, bf16_t)
+PA_PARTIAL(f32, float, , 1.0f, 1.0f)
+PA_PARTIAL(bf16, bf16_t, , 1.0f, 1.0f)
+PA_PARTIAL(fp8e4m3, fp8e4m3_t, PA_FP8_SCALES, k_scale, v_scale)
+PA_PARTIAL(fp8e5m2, fp8e5m2_t, PA_FP8_SCALES, k_scale, v_scale)
 #endif
 
 #if defined(TANDEM_HOST_EMU) && TANDEM_PA_KERNELS

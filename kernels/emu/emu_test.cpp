@@ -27,6 +27,7 @@
 #include "act16_test.h"
 #include "attention_tc_test.h"
 #include "fused_test.h"
+#include "kv_fp8_test.h"
 #include "matmul_test.h"
 #include "moe_test.h"
 #include "lora_test.h"
@@ -881,6 +882,7 @@ int main() {
     loratest::run_all(expect_true);
     test_small_ops();
     test_kv_write();
+    kvfp8test::run_all(expect_true);
     test_attention();
     pattest::run_all(pattest::tc(), expect_true);
     pattest::run_all(pattest::tc_deep(), expect_true);

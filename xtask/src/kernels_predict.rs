@@ -14,8 +14,8 @@ use crate::perf_calibration::{
     calibration_line, fit, launch_of, leave_one_variant_out, rank_agreement, Scored, RANK_TIE,
 };
 use crate::perf_cases::{
-    attention_decode, attention_prefill, gemm, moe, quant_gemv, quant_weight_bytes, sampler, tile_named, AttnShape,
-    AttnVariant, GEMMA3_1B, INT4_G128, LLAMA_1B, LLAMA_8B, Q4_K, Q8_0,
+    attention_decode, attention_decode_fp8, attention_prefill, gemm, moe, quant_gemv, quant_weight_bytes, sampler,
+    tile_named, AttnShape, AttnVariant, GEMMA3_1B, INT4_G128, LLAMA_1B, LLAMA_8B, Q4_K, Q8_0,
 };
 use crate::perf_model::{predict, Launch, Params, Prediction, H200};
 use crate::perf_timings::load;
@@ -117,6 +117,16 @@ pub fn untimed(params: &Params) -> Vec<Row> {
             if s.head_dim == 128 {
                 rows.push(row("attention", "tc", case, &tc, params, None));
             }
+        }
+    }
+    // Decode over an fp8 KV cache (the partial kernel, decoding bytes) beside tc over bf16, at
+    // the lab's `attention decode fp8` cases (llama-3.2-1b).
+    for b in [1, 8, 64] {
+        for ctx in [1024, 4096] {
+            let case = format!("decode d64 b={b} ctx={ctx}");
+            let tc = attention_decode(AttnVariant::Tc, LLAMA_1B, b, ctx);
+            let fp8 = attention_decode_fp8(LLAMA_1B, b, ctx);
+            rows.push(row("attention", "partial fp8_e4m3", case, &fp8, params, Some(&tc)));
         }
     }
     for b in [1, 8, 64] {

@@ -351,6 +351,20 @@ pub fn attention_decode(v: AttnVariant, s: AttnShape, batch: usize, ctx: usize) 
     }
 }
 
+/// Decode attention over an fp8 KV cache (`--kv-cache-dtype fp8`): the partial kernel, which
+/// crates/cuda/src/attention.rs takes for every fp8 cache, reading one byte a K/V element (half
+/// the DRAM and L2 bytes of a bf16 cache) and decoding each in registers, times the layer's
+/// scale (assumed: twice the partial kernel's instructions a warp FMA step).
+pub fn attention_decode_fp8(s: AttnShape, batch: usize, ctx: usize) -> Launch {
+    let mut l = attention_decode(AttnVariant::Partial, s, batch, ctx);
+    l.dram_bytes /= 2.0;
+    l.l2_bytes /= 2.0;
+    l.kernel.name = "partial_fp8";
+    l.kernel.ipm *= 2.0;
+    l.kernel.ipm_source = "assumed: twice partial's 3 instructions a warp FMA step (the byte's decode)";
+    l
+}
+
 /// Prefill attention: one sequence of `tokens` tokens, causal (chunk jobs of 16 rows: 16 / gqa
 /// tokens of one KV head group, walking the keys up to their last token; tc_shared: blocks of
 /// 4 such jobs over consecutive tokens sharing each 64-key tile; wgmma: blocks of 8, whole rows

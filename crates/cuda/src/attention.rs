@@ -1,7 +1,7 @@
 //! The paged-attention launchers of [`CudaBackend`] (kernels/paged_attention.cu): the
 //! tensor-core kernel (`paged_attention_tc_d64` / `_d128`) over a bf16 cache with head_dim 64
 //! or 128, and the f32 kernel (`paged_attention_partial_f32` / `_bf16`) for everything else
-//! (the f32 cache kept for checks, other head sizes). `TANDEM_CUDA_ATTENTION=tc_deep` swaps the
+//! (the f32 cache kept for checks, the fp8 caches, other head sizes). `TANDEM_CUDA_ATTENTION=tc_deep` swaps the
 //! tensor-core kernel for its variant `paged_attention_tc_deep_d64` / `_d128` (a deeper K+V
 //! pipeline, one warp a block, up to 32 partitions; the sliding window as tc's);
 //! `=tc_shared` for `paged_attention_tc_shared_d64` / `_d128` (prefill chunks by blocks of 4
@@ -20,7 +20,7 @@ use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig};
 use tandem_core::backend::{AttnArgs, KvDtype, WorkspaceLimits};
 use tandem_core::Result;
 
-use crate::buf::{need, need_kv, CudaBuf, Elem};
+use crate::buf::{kv_scales, need, need_kv, CudaBuf, Elem, KV_BF16, KV_FP8_E4M3};
 use crate::device::CudaBackend;
 use crate::error::{drv, err};
 use crate::kernels::Kernel;
@@ -157,14 +157,14 @@ pub(crate) fn parse_d256(v: Option<&str>) -> std::result::Result<D256Variant, St
     }
 }
 
-/// Whether a tensor-core kernel serves a cache of this kind (`need_kv`'s index: 1 is bf16)
-/// and head size. `TANDEM_CUDA_ATTENTION=f32` keeps the f32 kernel (the kernel lab compares).
+/// Whether a tensor-core kernel serves a cache of this kind (`need_kv`'s index: only bf16; an
+/// fp8 cache takes the f32 kernel, which decodes each byte as it loads it) and head size. `TANDEM_CUDA_ATTENTION=f32` keeps the f32 kernel (the kernel lab compares).
 fn uses_tc(kv: usize, head_dim: usize, sw: &Switches) -> bool {
     uses_tc_with(kv, head_dim, sw.attention, sw.attention_d256)
 }
 fn uses_tc_with(kv: usize, head_dim: usize, v: AttnVariant, d256: D256Variant) -> bool {
     let sized = head_dim == 64 || head_dim == 128 || (head_dim == 256 && d256 == D256Variant::Tc);
-    kv == 1 && sized && v != AttnVariant::F32
+    kv == KV_BF16 && sized && v != AttnVariant::F32
 }
 
 /// The tensor-core variant serving `head_dim` under the `TANDEM_CUDA_ATTENTION` value `v`: only
@@ -249,6 +249,7 @@ impl CudaBackend {
             return self.attention_tc(a, out, usize::from(d == 128) + 2 * usize::from(d == 256));
         }
         let partial = &self.kernels.attn_partial[kv];
+        let (ks, vs) = kv_scales(a.k_cache, a.v_cache);
         let parts = pa_max_parts(a.max_context.max(1));
         if parts > 65535 {
             return Err(err(format!("{OP}: max_context = {} is beyond {} tokens", a.max_context, 65535 * PA_PART)));
@@ -289,6 +290,9 @@ impl CudaBackend {
                 .arg(&pi)
                 .arg(&a.scale)
                 .arg(&window);
+            if kv >= KV_FP8_E4M3 {
+                l.arg(&ks).arg(&vs);
+            }
             // SAFETY: as in embedding.
             let r = unsafe { l.launch(cfg(grid, threads)) };
             return self.launched(partial.name, r);
@@ -348,6 +352,9 @@ impl CudaBackend {
             .arg(&pi)
             .arg(&a.scale)
             .arg(&window);
+        if kv >= KV_FP8_E4M3 {
+            l.arg(&ks).arg(&vs);
+        }
         // SAFETY: as in embedding; scratch sized for [T, H, parts, D] and [T, H, parts, 2],
         // counters for [T, H].
         let r = unsafe { l.launch(cfg(grid, threads)) };
@@ -590,6 +597,9 @@ mod partition_tests {
         assert!(!uses_tc_with(0, 256, AttnVariant::Tc, D256Variant::Tc), "an f32 cache keeps the f32 kernel");
         assert!(!uses_tc_with(1, 96, AttnVariant::Tc, D256Variant::Tc));
         assert!(uses_tc_with(1, 128, AttnVariant::Tc, D256Variant::Partial), "the switch leaves 64 and 128 alone");
+        for fp8 in [crate::buf::KV_FP8_E4M3, crate::buf::KV_FP8_E5M2] {
+            assert!(!uses_tc_with(fp8, 128, AttnVariant::Tc, D256Variant::Tc), "an fp8 cache takes the f32 kernel");
+        }
         assert_eq!(tc_variant(AttnVariant::TcDeep, 256), AttnVariant::Tc);
         assert_eq!(tc_variant(AttnVariant::TcShared, 256), AttnVariant::Tc);
         assert_eq!(tc_variant(AttnVariant::TcDeep, 128), AttnVariant::TcDeep, "tc_deep takes the window itself now");

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaEvent, CudaSlice, DevicePtr, PinnedHostSlice};
 use tandem_core::backend::{DType, KvDtype, KvGeometry, Storage, U32Group, U32Layout};
+use tandem_core::fp8::Fp8Format;
 use tandem_core::quant_layout::QuantLayout;
 use tandem_core::weights::TensorView;
 use tandem_core::Result;
@@ -25,6 +26,9 @@ pub enum Elem {
     F16,
     /// A weight kept in a GGUF block layout (quant.rs): `len` counts its bytes.
     Quant(QuantLayout),
+    /// An fp8 KV cache: one byte an element, `x / scale` in `format` (kernels/common.cuh
+    /// `kv_store`); the scale's f32 bits follow (the kernels take it as an argument).
+    Fp8Kv(Fp8Format, u32),
 }
 
 impl Elem {
@@ -32,7 +36,7 @@ impl Elem {
         match self {
             Elem::F32 | Elem::U32 => 4,
             Elem::BF16 | Elem::F16 => 2,
-            Elem::Quant(_) => 1,
+            Elem::Quant(_) | Elem::Fp8Kv(..) => 1,
         }
     }
     pub(crate) fn of(d: DType) -> Elem {
@@ -48,7 +52,7 @@ impl Elem {
             Elem::F32 => 1,
             Elem::BF16 => 2,
             Elem::F16 => 3,
-            Elem::U32 | Elem::Quant(_) => 0,
+            Elem::U32 | Elem::Quant(_) | Elem::Fp8Kv(..) => 0,
         }
     }
 }
@@ -158,21 +162,49 @@ pub(crate) fn need_weight(b: &CudaBuf, need: usize, op: &str, what: &str) -> Res
     Ok(weight_index(b.elem))
 }
 
-/// Both caches of one layer: the same element kind (f32 or bf16), each a whole layer. Returns
-/// that kind's index in [`Kernels`]' per-cache arrays (f32, bf16).
+/// Both caches of one layer: the same element kind (f32, bf16, or fp8 of one format, each
+/// with its own scale), each a whole layer. Returns that kind's index in [`Kernels`]' per-cache
+/// arrays ([`KV_F32`], [`KV_BF16`], [`KV_FP8_E4M3`], [`KV_FP8_E5M2`]).
 pub(crate) fn need_kv(k_cache: &CudaBuf, v_cache: &CudaBuf, g: KvGeometry, op: &str) -> Result<usize> {
     let ci = match k_cache.elem {
-        Elem::F32 => 0,
-        Elem::BF16 => 1,
+        Elem::F32 => KV_F32,
+        Elem::BF16 => KV_BF16,
+        Elem::Fp8Kv(Fp8Format::E4M3, _) => KV_FP8_E4M3,
+        Elem::Fp8Kv(Fp8Format::E5M2, _) => KV_FP8_E5M2,
         other => {
             return Err(err(format!(
-                "{op}: `k_cache` holds {other:?}, expected a KV cache (f32 or bf16, from alloc_kv)"
+                "{op}: `k_cache` holds {other:?}, expected a KV cache (f32, bf16 or fp8, from alloc_kv)"
             )))
         }
     };
+    let same = match (k_cache.elem, v_cache.elem) {
+        (Elem::Fp8Kv(a, _), Elem::Fp8Kv(b, _)) => a == b,
+        (a, b) => a == b,
+    };
+    if !same {
+        return Err(err(format!(
+            "{op}: `k_cache` holds {:?} and `v_cache` {:?}: not one KV cache type",
+            k_cache.elem, v_cache.elem
+        )));
+    }
     need(k_cache, k_cache.elem, g.layer_elems(), op, "k_cache")?;
-    need(v_cache, k_cache.elem, g.layer_elems(), op, "v_cache")?;
+    need(v_cache, v_cache.elem, g.layer_elems(), op, "v_cache")?;
     Ok(ci)
+}
+
+/// [`need_kv`]'s indices: the per-cache kernel arrays of [`Kernels`] in this order.
+pub(crate) const KV_F32: usize = 0;
+pub(crate) const KV_BF16: usize = 1;
+pub(crate) const KV_FP8_E4M3: usize = 2;
+pub(crate) const KV_FP8_E5M2: usize = 3;
+
+/// The (k_scale, v_scale) an fp8 cache pair's kernels take; (1, 1) for f32 and bf16.
+pub(crate) fn kv_scales(k_cache: &CudaBuf, v_cache: &CudaBuf) -> (f32, f32) {
+    let of = |b: &CudaBuf| match b.elem {
+        Elem::Fp8Kv(_, bits) => f32::from_bits(bits),
+        _ => 1.0,
+    };
+    (of(k_cache), of(v_cache))
 }
 
 impl CudaBackend {
@@ -343,9 +375,10 @@ impl Storage for CudaBackend {
     }
 
     /// bf16 first: half the bytes a decode step reads per token of context, twice the blocks
-    /// in the same memory; f32 is kept for checks against the reference.
+    /// in the same memory; f32 is kept for checks against the reference; fp8 (e4m3, e5m2) is
+    /// asked for by name (`--kv-cache-dtype fp8`), never picked by `auto`.
     fn kv_dtypes(&self) -> &'static [KvDtype] {
-        &[KvDtype::Bf16, KvDtype::F32]
+        &[KvDtype::Bf16, KvDtype::F32, KvDtype::Fp8E4m3, KvDtype::Fp8E5m2]
     }
 
     fn alloc_kv(&self, geometry: KvGeometry) -> Result<CudaBuf> {
@@ -353,15 +386,25 @@ impl Storage for CudaBackend {
     }
 
     fn alloc_kv_as(&self, geometry: KvGeometry, dtype: KvDtype) -> Result<CudaBuf> {
-        let elem = match dtype {
-            KvDtype::F32 => Elem::F32,
-            KvDtype::Bf16 => Elem::BF16,
-            KvDtype::Fp8E4m3 | KvDtype::Fp8E5m2 => {
+        self.alloc_kv_scaled(geometry, dtype, tandem_core::fp8_round::KV_SCALE)
+    }
+
+    /// An fp8 cache records its format and scale in its [`Elem`]: kv_write divides by the scale
+    /// and attention multiplies by it (kernels/common.cuh `kv_store` / `kv_load`).
+    fn alloc_kv_scaled(&self, geometry: KvGeometry, dtype: KvDtype, scale: f32) -> Result<CudaBuf> {
+        let elem = match dtype.fp8() {
+            None if scale != 1.0 => {
+                return Err(err(format!("alloc_kv: a {} KV cache takes no scale (given {scale})", dtype.name())))
+            }
+            None if dtype == KvDtype::F32 => Elem::F32,
+            None => Elem::BF16,
+            Some(_) if !(scale.is_normal() && scale > 0.0) => {
                 return Err(err(format!(
-                    "alloc_kv: a {} KV cache is not supported here (this backend stores bf16, f32)",
+                    "alloc_kv: the scale of a {} KV cache must be positive, finite and normal, not {scale}",
                     dtype.name()
                 )))
             }
+            Some(f) => Elem::Fp8Kv(f, scale.to_bits()),
         };
         self.alloc(elem, geometry.layer_elems())
     }
@@ -390,6 +433,12 @@ impl Storage for CudaBackend {
                 .read::<u16>(buf, Elem::BF16, n)?
                 .into_iter()
                 .map(|b| f32::from_bits(u32::from(b) << 16))
+                .collect()),
+            // The byte's value times the scale: what attention reads (fp8_round::dequantize).
+            Elem::Fp8Kv(f, bits) => Ok(self
+                .read::<u8>(buf, buf.elem, n)?
+                .into_iter()
+                .map(|b| tandem_core::fp8_round::dequantize(f, b, f32::from_bits(bits)))
                 .collect()),
             _ => self.read(buf, Elem::F32, n),
         }

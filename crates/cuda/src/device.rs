@@ -8,9 +8,9 @@
 //! `TANDEM_CUDA_SYNC=1` every launch is followed by a synchronize, so an asynchronous fault is
 //! reported against the kernel that caused it.
 //!
-//! The KV cache is bf16 by default, f32 on request (`LoadOptions::kv_dtype`; see
-//! kernels/kv_write.cu): a cache buffer records its element kind, and kv_write and attention
-//! pick their kernel by it. Buffers are untyped device bytes with a recorded element kind, so
+//! The KV cache is bf16 by default, f32 or fp8 (e4m3, e5m2, with a scale) on request
+//! (`LoadOptions::kv_dtype`; see kernels/kv_write.cu): a cache buffer records its element
+//! kind, and kv_write and attention pick their kernel by it. Buffers are untyped device bytes with a recorded element kind, so
 //! one buffer type serves activations, ids, weights of any dtype and KV caches.
 
 use std::collections::HashMap;

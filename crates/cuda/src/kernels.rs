@@ -37,9 +37,11 @@ pub(crate) struct Kernels<F> {
     pub(crate) matmul_tiled_f32: Kernel<F>,
     pub(crate) matmul_x: [Kernel<F>; 2],
     pub(crate) matmul_tc: [[Kernel<F>; 13]; 2],
-    pub(crate) kv_write: [Kernel<F>; 2],
-    pub(crate) rope_kv_write: [Kernel<F>; 2],
-    pub(crate) attn_partial: [Kernel<F>; 2],
+    /// Per cache kind, in buf.rs `need_kv`'s order: f32, bf16, fp8 e4m3, fp8 e5m2 (the fp8
+    /// ones take the layer's k_scale and v_scale as two more arguments).
+    pub(crate) kv_write: [Kernel<F>; 4],
+    pub(crate) rope_kv_write: [Kernel<F>; 4],
+    pub(crate) attn_partial: [Kernel<F>; 4],
     pub(crate) attn_tc: [Kernel<F>; 3],
     pub(crate) attn_tc_deep: [Kernel<F>; 2],
     pub(crate) attn_tc_shared: [Kernel<F>; 2],
@@ -134,9 +136,19 @@ impl<F> Kernels<F> {
                     k("matmul_tc_f16_m128_w64")?,
                 ],
             ],
-            kv_write: [k("kv_write_f32")?, k("kv_write_bf16")?],
-            rope_kv_write: [k("rope_kv_write_f32")?, k("rope_kv_write_bf16")?],
-            attn_partial: [k("paged_attention_partial_f32")?, k("paged_attention_partial_bf16")?],
+            kv_write: [k("kv_write_f32")?, k("kv_write_bf16")?, k("kv_write_fp8e4m3")?, k("kv_write_fp8e5m2")?],
+            rope_kv_write: [
+                k("rope_kv_write_f32")?,
+                k("rope_kv_write_bf16")?,
+                k("rope_kv_write_fp8e4m3")?,
+                k("rope_kv_write_fp8e5m2")?,
+            ],
+            attn_partial: [
+                k("paged_attention_partial_f32")?,
+                k("paged_attention_partial_bf16")?,
+                k("paged_attention_partial_fp8e4m3")?,
+                k("paged_attention_partial_fp8e5m2")?,
+            ],
             attn_tc: [k("paged_attention_tc_d64")?, k("paged_attention_tc_d128")?, k("paged_attention_tc_d256")?],
             attn_tc_deep: [k("paged_attention_tc_deep_d64")?, k("paged_attention_tc_deep_d128")?],
             attn_tc_shared: [k("paged_attention_tc_shared_d64")?, k("paged_attention_tc_shared_d128")?],
@@ -241,7 +253,7 @@ pub(crate) fn weight_index(e: Elem) -> usize {
         Elem::F32 | Elem::U32 => 0,
         Elem::BF16 => 1,
         Elem::F16 => 2,
-        Elem::Quant(_) => 0,
+        Elem::Quant(_) | Elem::Fp8Kv(..) => 0,
     }
 }
 
@@ -358,11 +370,13 @@ mod tests {
             assert_eq!(k.quant_matmul[i].f, format!("quant_matmul_{s}"));
             assert_eq!(k.quant_embedding[i].f, format!("quant_embedding_{s}"));
         }
-        assert_eq!((k.kv_write[0].f, k.kv_write[1].f), ("kv_write_f32", "kv_write_bf16"));
-        assert_eq!(
-            (k.attn_partial[0].f, k.attn_partial[1].f),
-            ("paged_attention_partial_f32", "paged_attention_partial_bf16")
-        );
+        use crate::buf::{KV_BF16, KV_F32, KV_FP8_E4M3, KV_FP8_E5M2};
+        let kinds = [(KV_F32, "f32"), (KV_BF16, "bf16"), (KV_FP8_E4M3, "fp8e4m3"), (KV_FP8_E5M2, "fp8e5m2")];
+        for (i, s) in kinds {
+            assert_eq!(k.kv_write[i].f, format!("kv_write_{s}"));
+            assert_eq!(k.rope_kv_write[i].f, format!("rope_kv_write_{s}"));
+            assert_eq!(k.attn_partial[i].f, format!("paged_attention_partial_{s}"));
+        }
         assert_eq!(
             k.attn_tc.map(|x| x.f),
             ["paged_attention_tc_d64", "paged_attention_tc_d128", "paged_attention_tc_d256"]

@@ -11,7 +11,7 @@ use tandem_core::config::Activation;
 use tandem_core::weights::TensorView;
 use tandem_core::Result;
 
-use crate::buf::{need, need_act, need_kv, need_weight, CudaBuf, Elem};
+use crate::buf::{need, need_act, need_kv, need_weight, CudaBuf, Elem, KV_BF16, KV_F32};
 use crate::device::CudaBackend;
 use crate::error::{drv, err};
 use crate::gemm::*;
@@ -510,7 +510,11 @@ impl CudaBackend {
                 need(kv.positions, Elem::U32, m, op, "positions")?;
                 need(kv.slots, Elem::U32, m, op, "slots")?;
                 need(kv.inv_freq, Elem::F32, g.head_dim / 2, op, "inv_freq")?;
-                let bf16 = need_kv(kv.k_cache, kv.v_cache, g, op)? == 1;
+                let bf16 = match need_kv(kv.k_cache, kv.v_cache, g, op)? {
+                    KV_F32 => false,
+                    KV_BF16 => true,
+                    _ => return Err(err(format!("{op}: the rope epilogue stores an f32 or bf16 cache, not fp8"))),
+                };
                 let ptr = |b: &CudaBuf| b.mem.device_ptr(&self.stream).0;
                 rope = RopeKvArg {
                     positions: ptr(kv.positions),

@@ -9,7 +9,7 @@ use tandem_core::sampling::{RowMasks, SampleSpec, TokenLogprobs, SAMPLE_LANES, S
 use tandem_core::weights::TensorView;
 use tandem_core::Result;
 
-use crate::buf::{need, need_act, need_kv, need_weight, CudaBuf, Elem};
+use crate::buf::{kv_scales, need, need_act, need_kv, need_weight, CudaBuf, Elem, KV_FP8_E4M3};
 use crate::device::CudaBackend;
 use crate::error::err;
 use crate::launch::{cfg, i32_of, u32_of};
@@ -291,10 +291,12 @@ impl Ops for CudaBackend {
         }
         need(k, Elem::F32, num_tokens * row, OP, "k")?;
         need(v, Elem::F32, num_tokens * row, OP, "v")?;
-        let kern = &self.kernels.kv_write[need_kv(k_cache, v_cache, g, OP)?];
+        let kind = need_kv(k_cache, v_cache, g, OP)?;
+        let kern = &self.kernels.kv_write[kind];
         need(slots, Elem::U32, num_tokens, OP, "slots")?;
         let f = &kern.f;
         let (t, rl, ns) = (i32_of(num_tokens, OP, "T")?, i32_of(row, OP, "kv_heads*head_dim")?, g.slots() as u64);
+        let (ks, vs) = kv_scales(k_cache, v_cache);
         let mut l = self.launch_args(f);
         l.arg(&*k.mem)
             .arg(&*v.mem)
@@ -304,6 +306,9 @@ impl Ops for CudaBackend {
             .arg(&t)
             .arg(&rl)
             .arg(&ns);
+        if kind >= KV_FP8_E4M3 {
+            l.arg(&ks).arg(&vs);
+        }
         // SAFETY: as in embedding.
         let r = unsafe { l.launch(cfg((t as u32, 1, 1), 128)) };
         self.launched(kern.name, r)
@@ -440,7 +445,8 @@ impl FusedOps for CudaBackend {
 
     /// One GEMM with rope and the cache write in its epilogue (kernels/matmul.cu EPI_QKV_ROPE)
     /// where every head fits one output tile (head_dim divides 64, or 128 on the 128-wide
-    /// kernels), else qkv_proj then rope_kv_write: the same bits either way.
+    /// kernels), else qkv_proj then rope_kv_write: the same bits either way. An fp8 cache always
+    /// takes the second path (the epilogue stores f32 or bf16).
     fn qkv_rope_kv_write(
         &self,
         x: &CudaBuf,
@@ -461,7 +467,9 @@ impl FusedOps for CudaBackend {
             return Err(err(format!("{OP}: nq {nq} is not a multiple of head_dim {}", g.head_dim)));
         }
         let nkv = g.num_kv_heads * g.head_dim;
-        if matmul::rope_in_epilogue(g.head_dim) && w.elem != Elem::F32 {
+        // An fp8 cache takes the unfused path: the GEMM epilogue stores f32 or bf16 only.
+        let fp8 = need_kv(kv.k_cache, kv.v_cache, g, OP)? >= KV_FP8_E4M3;
+        if matmul::rope_in_epilogue(g.head_dim) && w.elem != Elem::F32 && !fp8 {
             return self.gemm(OP, x, w, bias, GemmOut::QkvRope { q, nq, nkv, kv }, m, nq + 2 * nkv, hidden, norm);
         }
         self.qkv_proj(x, w, bias, q, k, v, m, nq, nkv, hidden, norm)?;
@@ -495,7 +503,9 @@ impl FusedOps for CudaBackend {
         need(q, Elem::F32, num_tokens * q_heads * d, OP, "q")?;
         need(k, Elem::F32, num_tokens * kvh * d, OP, "k")?;
         need(v, Elem::F32, num_tokens * kvh * d, OP, "v")?;
-        let kern = &self.kernels.rope_kv_write[need_kv(k_cache, v_cache, g, OP)?];
+        let kind = need_kv(k_cache, v_cache, g, OP)?;
+        let kern = &self.kernels.rope_kv_write[kind];
+        let (ks, vs) = kv_scales(k_cache, v_cache);
         need(positions, Elem::U32, num_tokens, OP, "positions")?;
         need(inv_freq, Elem::F32, d / 2, OP, "inv_freq")?;
         need(slots, Elem::U32, num_tokens, OP, "slots")?;
@@ -517,6 +527,9 @@ impl FusedOps for CudaBackend {
             .arg(&*inv_freq.mem)
             .arg(&*slots.mem);
         l.arg(&t).arg(&qh).arg(&kh).arg(&di).arg(&ns);
+        if kind >= KV_FP8_E4M3 {
+            l.arg(&ks).arg(&vs);
+        }
         // SAFETY: as in embedding.
         let r = unsafe { l.launch(cfg((t as u32, 1, 1), 128)) };
         self.launched(kern.name, r)

@@ -40,7 +40,7 @@ use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 use tandem_conformance::ops::random_blocks;
 use tandem_conformance::rng::Rng;
-use tandem_core::backend::{AttnArgs, Backend, KvGeometry};
+use tandem_core::backend::{AttnArgs, Backend, KvDtype, KvGeometry};
 use tandem_core::quant_layout::QuantLayout;
 use tandem_core::sampling::SampleSpec;
 use tandem_core::weights::Weights;
@@ -75,6 +75,11 @@ pub struct Args {
     /// Verification attention: drafts per sequence (`k`); empty for none.
     #[arg(long, value_delimiter = ',', default_value = "2,4")]
     verify_k: Vec<usize>,
+    /// Skip decode attention over an fp8 KV cache (`--kv-cache-dtype fp8`: e4m3, scale 1), which
+    /// otherwise times each `--attn-batch` x `--attn-context` case again as `attention decode
+    /// fp8` where the backend stores one.
+    #[arg(long)]
+    no_attn_fp8: bool,
     /// Prefill attention: prompt lengths (one sequence, causal over itself).
     #[arg(long, value_delimiter = ',', default_value = "512,2048")]
     attn_prefill: Vec<usize>,
@@ -349,7 +354,9 @@ fn attention_variant(a: &Args) -> Option<String> {
     matches!(a.backend, BackendKind::Cuda | BackendKind::Auto).then_some(v)
 }
 
-/// Attention over `seqs` sequences of `ctx` tokens each, the last `q_len` of each in the step.
+/// Attention over `seqs` sequences of `ctx` tokens each, the last `q_len` of each in the step,
+/// over a cache of `kv` (None: the backend's default).
+#[allow(clippy::too_many_arguments)] // one case's dimensions, each a plain number
 fn attention<B: Backend>(
     b: &B,
     s: Shape,
@@ -357,6 +364,7 @@ fn attention<B: Backend>(
     seqs: usize,
     ctx: usize,
     q_len: usize,
+    kv: Option<KvDtype>,
     rows: &mut Vec<Row>,
 ) -> Result<()> {
     let block = 16;
@@ -364,8 +372,8 @@ fn attention<B: Backend>(
     let g =
         KvGeometry { num_blocks: seqs * max_blocks, block_size: block, num_kv_heads: s.kv_heads, head_dim: s.head_dim };
     let kv_vals = values(7, g.layer_elems(), 1.0);
-    // The backend's default KV element type (bf16 on CUDA), as serving uses it.
-    let kv_dtype = b.kv_dtypes()[0];
+    // The backend's default KV element type (bf16 on CUDA), as serving uses it, unless asked.
+    let kv_dtype = kv.unwrap_or(b.kv_dtypes()[0]);
     let mut k_cache = b.alloc_kv_as(g, kv_dtype)?;
     let mut v_cache = b.alloc_kv_as(g, kv_dtype)?;
     // Fill the caches through the backend's own write (its layout and element type).
@@ -421,7 +429,9 @@ fn attention<B: Backend>(
         seqs as f64 * (q_len * (ctx - q_len) + q_len * (q_len + 1) / 2) as f64
     };
     let flops = 4.0 * pairs * (s.heads * s.head_dim) as f64;
-    let (op, mut case) = if q_len == 1 {
+    let (op, mut case) = if q_len == 1 && kv_dtype.fp8().is_some() {
+        ("attention decode fp8", format!("batch={seqs} ctx={ctx} kv={}", kv_dtype.name()))
+    } else if q_len == 1 {
         ("attention decode", format!("batch={seqs} ctx={ctx} kv={}", kv_dtype.name()))
     } else if q_len < ctx {
         ("attention verify", format!("batch={seqs} ctx={ctx} rows={q_len} kv={}", kv_dtype.name()))
@@ -433,7 +443,7 @@ fn attention<B: Backend>(
     if let Some(v) = attention_variant(a) {
         case.push_str(&format!(" attn={v}"));
     }
-    rows.push(Row { op: op.into(), case, us, bytes: kv_bytes + io, flops, spec: json!({"kind": "attention", "batch": seqs, "ctx": ctx, "q_len": q_len, "heads": s.heads, "kv_heads": s.kv_heads, "head_dim": s.head_dim}), cublaslt_us: None });
+    rows.push(Row { op: op.into(), case, us, bytes: kv_bytes + io, flops, spec: json!({"kind": "attention", "batch": seqs, "ctx": ctx, "q_len": q_len, "heads": s.heads, "kv_heads": s.kv_heads, "head_dim": s.head_dim, "kv": kv_dtype.name()}), cublaslt_us: None });
     Ok(())
 }
 
@@ -584,18 +594,21 @@ fn lab<B: Backend>(b: &B, a: &Args) -> Result<Vec<Row>> {
         }
         for &bs in &a.attn_batch {
             for &ctx in &a.attn_context {
-                attention(b, s, a, bs, ctx, 1, &mut rows)?;
+                attention(b, s, a, bs, ctx, 1, None, &mut rows)?;
+                if !a.no_attn_fp8 && b.kv_dtypes().contains(&KvDtype::Fp8E4m3) {
+                    attention(b, s, a, bs, ctx, 1, Some(KvDtype::Fp8E4m3), &mut rows)?;
+                }
             }
         }
         if let Some(&ctx) = a.attn_context.first() {
             for &bs in &a.verify_batch {
                 for &k in &a.verify_k {
-                    attention(b, s, a, bs, ctx, k + 1, &mut rows)?;
+                    attention(b, s, a, bs, ctx, k + 1, None, &mut rows)?;
                 }
             }
         }
         for &t in &a.attn_prefill {
-            attention(b, s, a, 1, t, t, &mut rows)?;
+            attention(b, s, a, 1, t, t, None, &mut rows)?;
         }
     }
     if !a.only_attention {

@@ -1,7 +1,7 @@
 //! GPU-only checks the shared op suite does not make: attention over contexts longer than one
 //! partition (the split path: partials combined by the last partition block), compared with the reference, over an f32 and
-//! a bf16 cache; and batch invariance, bit for bit: a token's attention output is the same alone
-//! and in a batch with longer contexts (both caches), and a matmul row is the same whatever the other rows, across every tile kernel (m16 / m64 /
+//! a bf16 cache (and an fp8 one, against the reference's fp8 cache); and batch invariance, bit for bit: a token's attention output is the same alone
+//! and in a batch with longer contexts (every cache type), and a matmul row is the same whatever the other rows, across every tile kernel (m16 / m64 /
 //! m128), the split-K workspace fold and the in-register fold (kernels/matmul.cu's contract).
 //! Without a driver each test prints SKIPPED; TANDEM_REQUIRE_CUDA=1 turns that into a failure.
 
@@ -142,6 +142,16 @@ fn long_context_attention_matches_reference() {
         println!("long-context attention, {dtype:?} cache: {} tokens, NMSE {e:.3e}", toks.len());
         assert!(e < limit, "{dtype:?} cache: NMSE {e:.3e}");
     }
+    // An fp8 cache holds the reference's bytes (kv_write) and reads them back as it does, so
+    // against the reference over the same fp8 cache only the f32 arithmetic's order differs.
+    for dtype in [KvDtype::Fp8E4m3, KvDtype::Fp8E5m2] {
+        let want = a.run(&RefBackend::new(), dtype, &q, &toks, 4);
+        let got = a.run(&cuda, dtype, &q, &toks, 4);
+        assert!(got.iter().all(|x| x.is_finite()), "{dtype:?}: non-finite output");
+        let e = nmse(&got, &want);
+        println!("long-context attention, {dtype:?} cache against the reference's: NMSE {e:.3e}");
+        assert!(e < 1e-7, "{dtype:?} cache: NMSE {e:.3e}");
+    }
 }
 
 #[test]
@@ -156,7 +166,7 @@ fn attention_is_batch_invariant() {
     let qb = rng.vec(row, 2.0);
     let qc = rng.vec(row, 2.0);
     let q: Vec<f32> = [qc.clone(), qa.clone(), qb.clone()].concat();
-    for dtype in [KvDtype::Bf16, KvDtype::F32] {
+    for dtype in [KvDtype::Bf16, KvDtype::F32, KvDtype::Fp8E4m3, KvDtype::Fp8E5m2] {
         let alone_a = a.run(&cuda, dtype, &qa, &[(0, 299)], 3);
         let alone_b = a.run(&cuda, dtype, &qb, &[(1, 899)], 3);
         let batch = a.run(&cuda, dtype, &q, &[(2, 620), (0, 299), (1, 899)], 3);

@@ -10,6 +10,7 @@ mod gpu_invariance;
 mod graphs;
 mod int4;
 mod kernels_check;
+mod kv_fp8;
 mod launches;
 mod lora;
 mod moe;
