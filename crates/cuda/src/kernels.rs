@@ -12,6 +12,7 @@ use crate::buf::Elem;
 use crate::compile::{compile_cubin_cached, compile_ptx_cached, ptx_entries};
 use crate::error::{drv, err};
 use crate::gemm;
+use crate::quant_mma::QUANT_MMA_KINDS;
 use crate::sources::KernelSource;
 
 /// A kernel resolved once at load, with its name for launch errors.
@@ -70,6 +71,9 @@ pub(crate) struct Kernels<F> {
     /// then FP8, then int4 groups of 32, 64 and 128).
     pub(crate) quant_matmul: [Kernel<F>; QUANT_KINDS],
     pub(crate) quant_embedding: [Kernel<F>; QUANT_KINDS],
+    /// kernels/quant_mma.cu, by [`crate::quant_mma::mma_index`] (FP8, then int4 groups of 32,
+    /// 64 and 128) and row tile (m16, m64).
+    pub(crate) quant_mma: [[Kernel<F>; 2]; QUANT_MMA_KINDS],
 }
 
 /// The routed mixture of experts' kernels (kernels/moe.cu, moe.rs); gemm_tc by 16-bit weight
@@ -173,6 +177,12 @@ impl<F> Kernels<F> {
             logprobs: k("logprobs")?,
             quant_matmul: quant_kernels(&mut k, QUANT_MATMUL)?,
             quant_embedding: quant_kernels(&mut k, QUANT_EMBEDDING)?,
+            quant_mma: [
+                [k("quant_mma_fp8_m16")?, k("quant_mma_fp8_m64")?],
+                [k("quant_mma_int4_g32_m16")?, k("quant_mma_int4_g32_m64")?],
+                [k("quant_mma_int4_g64_m16")?, k("quant_mma_int4_g64_m64")?],
+                [k("quant_mma_int4_g128_m16")?, k("quant_mma_int4_g128_m64")?],
+            ],
         })
     }
 }
@@ -338,7 +348,7 @@ mod tests {
         let names = kernel_names();
         let unique: std::collections::BTreeSet<_> = names.iter().collect();
         assert_eq!(unique.len(), names.len(), "{names:?}");
-        assert_eq!(names.len(), 112); // 4 segmented LoRA (shrink by x's type, expand) + 24 quant (matmul and embedding, 8 GGUF layouts, FP8 and int4 groups of 32, 64, 128) + 50 + 11 routed-MoE + 6 decode GEMM + 2 m128_w64 + 8 sampler/argmax + 2 tc_deep and 2 tc_shared attention variants + gelu_tanh_mul and scale (Gemma 3) + tc attention at head_dim 256
+        assert_eq!(names.len(), 120); // 8 quant_mma (FP8 and int4 groups of 32, 64, 128 by row tile m16, m64) + 4 segmented LoRA (shrink by x's type, expand) + 24 quant (matmul and embedding, 8 GGUF layouts, FP8 and int4 groups of 32, 64, 128) + 50 + 11 routed-MoE + 6 decode GEMM + 2 m128_w64 + 8 sampler/argmax + 2 tc_deep and 2 tc_shared attention variants + gelu_tanh_mul and scale (Gemma 3) + tc attention at head_dim 256
         let k = Kernels::<&'static str>::resolve(Ok).unwrap();
         assert_eq!(k.embedding.map(|x| x.f), ["embedding_f32", "embedding_bf16", "embedding_f16"]);
         assert_eq!(
@@ -357,6 +367,19 @@ mod tests {
         for (i, s) in crate::quant::QUANT_SUFFIXES.into_iter().enumerate() {
             assert_eq!(k.quant_matmul[i].f, format!("quant_matmul_{s}"));
             assert_eq!(k.quant_embedding[i].f, format!("quant_embedding_{s}"));
+            let layout = match s {
+                "fp8" => {
+                    Some(tandem_core::quant_layout::QuantLayout::Fp8E4m3(tandem_core::quant_layout::Fp8Scales::Block))
+                }
+                _ => s
+                    .strip_prefix("int4_g")
+                    .map(|g| tandem_core::quant_layout::QuantLayout::Int4Group { group: g.parse().unwrap() }),
+            };
+            if let Some(mi) = layout.and_then(crate::quant_mma::mma_index) {
+                for (ti, bm) in crate::quant_mma::QT_TILES.into_iter().enumerate() {
+                    assert_eq!(k.quant_mma[mi][ti].f, format!("quant_mma_{s}_m{bm}"));
+                }
+            }
         }
         assert_eq!((k.kv_write[0].f, k.kv_write[1].f), ("kv_write_f32", "kv_write_bf16"));
         assert_eq!(

@@ -43,6 +43,7 @@ pub const EMBEDDED: &[(&str, &str)] = embed!(
     "moe",
     "paged_attention",
     "quant_matmul",
+    "quant_mma",
     "rms_norm",
     "rope",
     "sampling",
