@@ -1,5 +1,5 @@
-// quant_mma_test.h — checks kernels/quant_mma.cu, for FP8 e4m3 runs and int4 groups of 32, 64
-// and 128 (the blocks quant_test.h draws): the matmul against a double-precision dot of x
+// quant_mma_test.h — checks kernels/quant_mma.cu, for FP8 e4m3 runs, int4 groups of 32, 64
+// and 128, and GGUF Q8_0, Q4_0 and Q6_K blocks (the blocks quant_test.h draws): the matmul against a double-precision dot of x
 // rounded to bf16 and the host-decoded weights (NMSE), bitwise against a host model of the
 // kernel header's order (each group's k16 partials in ascending k from 0, then
 // total = total + partial * scale in group order, then + bias; the mma's own order as the
@@ -32,6 +32,9 @@ inline const std::vector<Kind>& kinds() {
         {QL_INT4_G32, {quant_mma_int4_g32_m16, quant_mma_int4_g32_m64}},
         {QL_INT4_G64, {quant_mma_int4_g64_m16, quant_mma_int4_g64_m64}},
         {QL_INT4_G128, {quant_mma_int4_g128_m16, quant_mma_int4_g128_m64}},
+        {QL_Q8_0, {quant_mma_q8_0_m16, quant_mma_q8_0_m64}},
+        {QL_Q4_0, {quant_mma_q4_0_m16, quant_mma_q4_0_m64}},
+        {QL_Q6_K, {quant_mma_q6_k_m16, quant_mma_q6_k_m64}},
     };
     return all;
 }
@@ -44,14 +47,34 @@ inline float bits_f32(uint32_t u) {
 inline float bf16_round(float v) { return bf16_bits_to_f32(f32_to_bf16_bits(v)); }
 
 // Element e of a block split as the kernel multiplies it: the integer part (exact in bf16) and
-// the group's scale, written per element from the formats (fp8.rs, int4.rs).
+// the group's scale, written per element from the formats (fp8.rs, int4.rs, ggml-quants.c).
 inline void host_split(const Layout& L, const uint8_t* b, int e, float& q, float& scale) {
+    using quanttest::h16;
+    if (L.code == QL_Q8_0) {
+        q = (float)(int8_t)b[2 + e];
+        scale = h16(b);
+        return;
+    }
+    if (L.code == QL_Q4_0) {
+        q = (float)((e < 16 ? b[2 + e] & 15 : b[2 + e - 16] >> 4) - 8);
+        scale = h16(b);
+        return;
+    }
+    if (L.code == QL_Q6_K) {
+        const int h = e / 128, s = (e / 32) % 4, l = e % 32;
+        const int low = (b[h * 64 + (s % 2) * 32 + l] >> (4 * (s / 2))) & 15;
+        const int high = (b[128 + h * 32 + l] >> (2 * s)) & 3;
+        q = (float)((low | (high << 4)) - 32);
+        scale = h16(b + 208) * (float)(int8_t)b[192 + e / 16];
+        return;
+    }
+    if (L.code == QL_FP8) {  // the reference's decode bf16(e4m3 * scale), scale 1
+        q = quanttest::host_value(L, b, e);
+        scale = 1.0f;
+        return;
+    }
     std::memcpy(&scale, b, 4);
-    if (L.code == QL_FP8) {
-        const int v = b[4 + e], ex = (v >> 3) & 15, mant = v & 7;
-        const float mag = ex == 0 ? std::ldexp((float)mant, -9) : std::ldexp(1.0f + (float)mant / 8.0f, ex - 7);
-        q = (v & 0x80) ? -mag : mag;
-    } else {
+    {
         q = (float)(((b[8 + e / 2] >> (4 * (e % 2))) & 15) - (int)b[4]);
     }
 }
@@ -65,12 +88,13 @@ inline std::vector<float> host_contract(const Layout& L, const std::vector<uint8
     for (int r = 0; r < m; ++r)
         for (int c = 0; c < n; ++c) {
             float total = 0.0f;
-            for (int g0 = 0; g0 < k; g0 += L.elems) {
+            const int group = L.code == QL_Q6_K ? 16 : L.elems;
+            for (int g0 = 0; g0 < k; g0 += group) {
                 const uint8_t* blk = w.data() + (size_t)c * row_bytes + (size_t)(g0 / L.elems) * L.bytes;
                 float part = 0.0f, scale = 0.0f;
-                for (int e = 0; e < L.elems; ++e) {
+                for (int e = 0; e < group; ++e) {
                     float q;
-                    host_split(L, blk, e, q, scale);
+                    host_split(L, blk, g0 % L.elems + e, q, scale);
                     part = part + bf16_round(x[(size_t)r * k + g0 + e]) * q;
                 }
                 const float p = part * scale;
@@ -101,7 +125,7 @@ inline void run_all(const Check& check) {
         const Layout& L = *Lp;
         const std::string tag = std::string("quant_mma ") + L.name + ": ";
         for (auto [m, n, k] : std::vector<std::tuple<int, int, int>>{
-                 {1, 7, 512}, {13, 70, 384}, {16, 64, 256}, {17, 9, 256}, {70, 130, 512}}) {
+                 {1, 7, 512}, {13, 70, 768}, {16, 64, 256}, {17, 9, 256}, {70, 130, 512}}) {
             auto w = quanttest::random_rows(L, n, k, next(seed));
             std::vector<float> x((size_t)m * k), bias(n);
             for (auto& v : x) v = (float)((int64_t)(next(seed) >> 40) - (1 << 23)) / (float)(1 << 23);

@@ -71,8 +71,8 @@ pub(crate) struct Kernels<F> {
     /// then FP8, then int4 groups of 32, 64 and 128).
     pub(crate) quant_matmul: [Kernel<F>; QUANT_KINDS],
     pub(crate) quant_embedding: [Kernel<F>; QUANT_KINDS],
-    /// kernels/quant_mma.cu, by [`crate::quant_mma::mma_index`] (FP8, then int4 groups of 32,
-    /// 64 and 128) and row tile (m16, m64).
+    /// kernels/quant_mma.cu, by [`crate::quant_mma::mma_index`] (FP8, int4 groups of 32, 64
+    /// and 128, Q8_0, Q4_0, Q6_K) and row tile (m16, m64).
     pub(crate) quant_mma: [[Kernel<F>; 2]; QUANT_MMA_KINDS],
 }
 
@@ -182,6 +182,9 @@ impl<F> Kernels<F> {
                 [k("quant_mma_int4_g32_m16")?, k("quant_mma_int4_g32_m64")?],
                 [k("quant_mma_int4_g64_m16")?, k("quant_mma_int4_g64_m64")?],
                 [k("quant_mma_int4_g128_m16")?, k("quant_mma_int4_g128_m64")?],
+                [k("quant_mma_q8_0_m16")?, k("quant_mma_q8_0_m64")?],
+                [k("quant_mma_q4_0_m16")?, k("quant_mma_q4_0_m64")?],
+                [k("quant_mma_q6_k_m16")?, k("quant_mma_q6_k_m64")?],
             ],
         })
     }
@@ -348,7 +351,7 @@ mod tests {
         let names = kernel_names();
         let unique: std::collections::BTreeSet<_> = names.iter().collect();
         assert_eq!(unique.len(), names.len(), "{names:?}");
-        assert_eq!(names.len(), 120); // 8 quant_mma (FP8 and int4 groups of 32, 64, 128 by row tile m16, m64) + 4 segmented LoRA (shrink by x's type, expand) + 24 quant (matmul and embedding, 8 GGUF layouts, FP8 and int4 groups of 32, 64, 128) + 50 + 11 routed-MoE + 6 decode GEMM + 2 m128_w64 + 8 sampler/argmax + 2 tc_deep and 2 tc_shared attention variants + gelu_tanh_mul and scale (Gemma 3) + tc attention at head_dim 256
+        assert_eq!(names.len(), 126); // 14 quant_mma (FP8, int4 groups of 32, 64, 128, Q8_0, Q4_0, Q6_K by row tile m16, m64) + 4 segmented LoRA (shrink by x's type, expand) + 24 quant (matmul and embedding, 8 GGUF layouts, FP8 and int4 groups of 32, 64, 128) + 50 + 11 routed-MoE + 6 decode GEMM + 2 m128_w64 + 8 sampler/argmax + 2 tc_deep and 2 tc_shared attention variants + gelu_tanh_mul and scale (Gemma 3) + tc attention at head_dim 256
         let k = Kernels::<&'static str>::resolve(Ok).unwrap();
         assert_eq!(k.embedding.map(|x| x.f), ["embedding_f32", "embedding_bf16", "embedding_f16"]);
         assert_eq!(
@@ -367,13 +370,13 @@ mod tests {
         for (i, s) in crate::quant::QUANT_SUFFIXES.into_iter().enumerate() {
             assert_eq!(k.quant_matmul[i].f, format!("quant_matmul_{s}"));
             assert_eq!(k.quant_embedding[i].f, format!("quant_embedding_{s}"));
+            use tandem_core::quant_layout::{Fp8Scales, QuantLayout};
             let layout = match s {
-                "fp8" => {
-                    Some(tandem_core::quant_layout::QuantLayout::Fp8E4m3(tandem_core::quant_layout::Fp8Scales::Block))
-                }
-                _ => s
-                    .strip_prefix("int4_g")
-                    .map(|g| tandem_core::quant_layout::QuantLayout::Int4Group { group: g.parse().unwrap() }),
+                "fp8" => Some(QuantLayout::Fp8E4m3(Fp8Scales::Block)),
+                _ => match s.strip_prefix("int4_g") {
+                    Some(g) => Some(QuantLayout::Int4Group { group: g.parse().unwrap() }),
+                    None => QuantLayout::GGUF.into_iter().find(|l| l.name().to_lowercase() == s),
+                },
             };
             if let Some(mi) = layout.and_then(crate::quant_mma::mma_index) {
                 for (ti, bm) in crate::quant_mma::QT_TILES.into_iter().enumerate() {

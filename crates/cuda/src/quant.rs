@@ -8,8 +8,8 @@
 //!
 //! Every row of a matmul is computed by the same warp-local sequence whatever m is (the
 //! kernel's header), so batch invariance holds as it does for the bf16 GEMM. With
-//! `TANDEM_CUDA_QUANT_TC=1`, FP8 and int4 weights take kernels/quant_mma.cu's tensor-core
-//! kernels instead (quant_mma.rs): batch-invariant too, with other bits.
+//! `TANDEM_CUDA_QUANT_TC=1`, FP8, int4, Q8_0, Q4_0 and Q6_K weights take kernels/quant_mma.cu's
+//! tensor-core kernels instead (quant_mma.rs): batch-invariant too, with other bits.
 
 use tandem_core::backend::NormIn;
 use tandem_core::quant_layout::QuantLayout;
@@ -104,7 +104,7 @@ impl CudaBackend {
         };
         let (mi, ni, kk) = (i32_of(m, op, "m")?, i32_of(n, op, "n")?, i32_of(k, op, "k")?);
         i32_of(m * n, op, "m*n")?;
-        // The tensor-core kernels (TANDEM_CUDA_QUANT_TC=1, FP8 and int4) take the GEMV's
+        // The tensor-core kernels (TANDEM_CUDA_QUANT_TC=1, quant_mma.rs' layouts) take the GEMV's
         // argument list; only the kernel and the grid differ.
         let (kern, grid, block) = match self.quant_mma_plan(op, layout, m, n)? {
             Some(plan) => plan,

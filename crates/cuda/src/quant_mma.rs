@@ -1,5 +1,5 @@
-//! The launch plan of kernels/quant_mma.cu: FP8 e4m3 and int4-group weights multiplied on the
-//! tensor cores (each 32-wide step of the weight decoded to bf16 in shared memory and fed to
+//! The launch plan of kernels/quant_mma.cu: FP8 e4m3, int4-group and GGUF Q8_0, Q4_0 and Q6_K
+//! weights multiplied on the tensor cores (each 32-wide step of the weight decoded to bf16 in shared memory and fed to
 //! mma.sync, the groups' partials folded with their scales in ascending order), picked instead
 //! of quant_matmul.cu's GEMV by `TANDEM_CUDA_QUANT_TC=1` ([`crate::switches`]).
 //!
@@ -26,8 +26,9 @@ pub(crate) const QT_WARPS: usize = 4;
 /// The row tiles, by [`Kernels::quant_mma`](crate::kernels::Kernels)'s second index.
 pub(crate) const QT_TILES: [usize; 2] = [16, 64];
 
-/// How many layouts kernels/quant_mma.cu runs: FP8 e4m3, int4 groups of 32, 64 and 128.
-pub(crate) const QUANT_MMA_KINDS: usize = 4;
+/// How many layouts kernels/quant_mma.cu runs: FP8 e4m3, int4 groups of 32, 64 and 128, GGUF
+/// Q8_0, Q4_0 and Q6_K.
+pub(crate) const QUANT_MMA_KINDS: usize = 7;
 
 /// Where `layout`'s kernels are in the quant_mma table; None for a layout only the GEMV runs.
 pub(crate) fn mma_index(layout: QuantLayout) -> Option<usize> {
@@ -36,6 +37,9 @@ pub(crate) fn mma_index(layout: QuantLayout) -> Option<usize> {
         QuantLayout::Int4Group { group: 32 } => Some(1),
         QuantLayout::Int4Group { group: 64 } => Some(2),
         QuantLayout::Int4Group { group: 128 } => Some(3),
+        QuantLayout::Q8_0 => Some(4),
+        QuantLayout::Q4_0 => Some(5),
+        QuantLayout::Q6K => Some(6),
         _ => None,
     }
 }
@@ -95,7 +99,14 @@ mod tests {
             assert_eq!(mma_index(QuantLayout::Int4Group { group: g }), Some(1 + i), "{g}");
         }
         assert_eq!(mma_index(QuantLayout::Int4Group { group: 256 }), None);
-        for l in QuantLayout::GGUF {
+        for (l, i, group) in [(QuantLayout::Q8_0, 4, 32), (QuantLayout::Q4_0, 5, 32), (QuantLayout::Q6K, 6, 16)] {
+            assert_eq!(mma_index(l), Some(i), "{l:?}");
+            let name = l.name().to_lowercase();
+            for bm in QT_TILES {
+                assert!(src.contains(&format!("QUANT_MMA_KERNEL({name}, QT_{}, {group}, {bm})", l.name())), "{l:?}");
+            }
+        }
+        for l in [QuantLayout::Q4_1, QuantLayout::Q5_0, QuantLayout::Q5_1, QuantLayout::Q4K, QuantLayout::Q5K] {
             assert_eq!(mma_index(l), None, "{l:?}");
         }
         assert_eq!((tile_index(1), tile_index(16), tile_index(17), tile_index(4096)), (0, 0, 1, 1));
