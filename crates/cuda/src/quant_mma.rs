@@ -44,6 +44,9 @@ pub(crate) fn mma_index(layout: QuantLayout) -> Option<usize> {
     }
 }
 
+/// A launch of one of the kernels: the kernel, its grid, its block's threads.
+pub(crate) type QuantLaunch<'a> = (&'a Kernel<CudaFunction>, (u32, u32, u32), u32);
+
 /// The row tile of an m-row matmul: its index in [`QT_TILES`].
 pub(crate) fn tile_index(m: usize) -> usize {
     if m <= QT_TILES[0] {
@@ -62,7 +65,7 @@ impl CudaBackend {
         layout: QuantLayout,
         m: usize,
         n: usize,
-    ) -> Result<Option<(&Kernel<CudaFunction>, (u32, u32, u32), u32)>> {
+    ) -> Result<Option<QuantLaunch<'_>>> {
         if !self.switches.quant_tc {
             return Ok(None);
         }
