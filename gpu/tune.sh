@@ -200,10 +200,10 @@ done
 #     prefill m (the kernel lab, --dtype), one row per path and case (docs/gpu/predictions.md,
 #     `quant_mma_*`, predicts them). TANDEM_TUNE_QUANT_TC=0 skips it.
 if [ "${TANDEM_TUNE_QUANT_TC:-1}" = 1 ]; then
-    QDT=int4_g128; [ "$SMALL" = 1 ] && QDT=int4_g32
+    QDT=int4_g128; QM=1,16,512,2048; [ "$SMALL" = 1 ] && QDT=int4_g32 && QM=1,16,40
     for Q in 0 1; do
         NEED=10 step "test-ops [quant_tc $Q]" 60 env TANDEM_CUDA_QUANT_TC=$Q "$BIN" test-ops --backend cuda --seed "$OPS_SEED" --op quant_matmul
-        NEED=15 PICK='^\| gemm' step "quant lab [quant_tc $Q]" 90 env TANDEM_CUDA_QUANT_TC=$Q "$BIN" bench kernels --backend cuda --no-cublaslt --shape "$SHAPE_8B" --dtype "$QDT" --m 1,16,512,2048 --quant-gemv "" --attn-batch 1 --attn-context 1024 --attn-prefill 512 --verify-batch 1 --verify-k 2 --sample-batch 1 --min-ms "$MIN_MS" --output-dir "$WORK/raw" --name "lab-quant-tc-$Q"
+        NEED=15 PICK='^\| gemm' step "quant lab [quant_tc $Q]" 90 env TANDEM_CUDA_QUANT_TC=$Q "$BIN" bench kernels --backend cuda --no-cublaslt --shape "$SHAPE_8B" --dtype "$QDT" --m "$QM" --attn-batch 1 --attn-context 1024 --attn-prefill 512 --verify-batch 1 --verify-k 2 --sample-batch 1 --min-ms "$MIN_MS" --output-dir "$WORK/raw" --name "lab-quant-tc-$Q"
         grep -E '^\| gemm' "$WORK/logs/quant_lab__quant_tc_${Q}_.log" 2>/dev/null | awk -F'|' -v v="quant_tc $Q $QDT" '{gsub(/^ +| +$/, "", $2); gsub(/^ +| +$/, "", $3); gsub(/^ +| +$/, "", $4); print v "\t" $2 " " $3 "\t" $4}' >>"$OUT/tune.tsv"
     done
 fi
