@@ -199,6 +199,20 @@ for v in ${TANDEM_TUNE_SAMPLERS:-bisect:one radix:multi multi:multi}; do
     grep -E '^\| (sample|argmax)' "$WORK/logs/sampling_lab__${v//:/_}_.log" 2>/dev/null | awk -F'|' -v v="$v" '{gsub(/^ +| +$/, "", $2); gsub(/^ +| +$/, "", $3); gsub(/^ +| +$/, "", $4); print v "\t" $2 " " $3 "\t" $4}' >>"$OUT/tune.tsv"
 done
 
+# 2f. FP8 / int4 weights on the tensor cores (TANDEM_CUDA_QUANT_TC=1: kernels/quant_mma.cu, off
+#     by default, other bits than the GEMV's) against the GEMV (0): the op suite's quant_matmul
+#     cases on each path, then the layer GEMMs of $SHAPE_8B on int4 groups of 128 at decode and
+#     prefill m (the kernel lab, --dtype), one row per path and case (docs/gpu/predictions.md,
+#     `quant_mma_*`, predicts them). TANDEM_TUNE_QUANT_TC=0 skips it.
+if [ "${TANDEM_TUNE_QUANT_TC:-1}" = 1 ]; then
+    QDT=int4_g128; QM=1,16,512,2048; [ "$SMALL" = 1 ] && QDT=int4_g32 && QM=1,16,40
+    for Q in 0 1; do
+        NEED=10 step "test-ops [quant_tc $Q]" 60 env TANDEM_CUDA_QUANT_TC=$Q "$BIN" test-ops --backend cuda --seed "$OPS_SEED" --op quant_matmul
+        NEED=15 PICK='^\| gemm' step "quant lab [quant_tc $Q]" 90 env TANDEM_CUDA_QUANT_TC=$Q "$BIN" bench kernels --backend cuda --no-cublaslt --shape "$SHAPE_8B" --dtype "$QDT" --m "$QM" --attn-batch 1 --attn-context 1024 --attn-prefill 512 --verify-batch 1 --verify-k 2 --sample-batch 1 --min-ms "$MIN_MS" --output-dir "$WORK/raw" --name "lab-quant-tc-$Q"
+        grep -E '^\| gemm' "$WORK/logs/quant_lab__quant_tc_${Q}_.log" 2>/dev/null | awk -F'|' -v v="quant_tc $Q $QDT" '{gsub(/^ +| +$/, "", $2); gsub(/^ +| +$/, "", $3); gsub(/^ +| +$/, "", $4); print v "\t" $2 " " $3 "\t" $4}' >>"$OUT/tune.tsv"
+    done
+fi
+
 # 2e. Prefill attention, each variant beside the others and beside torch SDPA on this GPU: one
 #     sequence of 512 and 2048 tokens, causal, at head_dim 64 (llama-3.2-1b) and 128
 #     (llama-3.1-8b) (`bench kernels --only-attention`, then gpu/kernel_lab.py on its report:

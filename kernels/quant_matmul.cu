@@ -22,8 +22,10 @@
 // xor tree. Batch invariance: a row's arithmetic is that sequence whatever m is and whichever
 // rows share its block (no split K, no atomics), so row r has the same bits alone or in any
 // batch. The prefill path (m > QM_ROWS) is this GEMV over blocks of QM_ROWS rows: each weight
-// row is read ceil(m / QM_ROWS) times (from L2 mostly); a tensor-core path that dequantizes
-// tiles into shared memory is not written yet.
+// row is read ceil(m / QM_ROWS) times (from L2 mostly). FP8, int4, Q8_0, Q4_0 and Q6_K have a
+// tensor-core path that decodes tiles into shared memory as bf16 (kernels/quant_mma.cu, behind
+// the switch TANDEM_CUDA_QUANT_TC=1, off by default: other bits); the layouts with a min
+// (Q4_1, Q5_1, Q4_K, Q5_K) and Q5_0 have none yet.
 //
 // Embedding launch: grid (T), block 256: threads stride over the row's units; an id >= vocab
 // writes a NaN row (as embedding.cu).

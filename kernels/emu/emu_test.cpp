@@ -15,6 +15,7 @@
 #include "../moe.cu"
 #include "../paged_attention.cu"
 #include "../quant_matmul.cu"
+#include "../quant_mma.cu"
 #include "../rms_norm.cu"
 #include "../rope.cu"
 #include "../sampling.cu"
@@ -33,6 +34,7 @@
 #include "lora_test.h"
 #include "primitives_test.h"
 #include "quant_test.h"
+#include "quant_mma_test.h"
 
 static int failures = 0, checks = 0;
 static uint64_t rng_state = 12345;
@@ -913,6 +915,7 @@ int main() {
     test_fused_small_ops();
     test_sampling();
     quanttest::run_all(expect_true);
+    quantmmatest::run_all(expect_true);
     std::printf("%d checks, %d failed\n", checks, failures);
     return failures == 0 ? 0 : 1;
 }

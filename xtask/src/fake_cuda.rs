@@ -342,6 +342,14 @@ pub fn group(root: &Path, tandem: Option<PathBuf>) -> Result<Tally> {
         .map(String::from)
         .to_vec(),
     ));
+    // FP8 and int4 weights on the tensor cores (kernels/quant_mma.cu, off by default): the
+    // suite's quantized matmul cases.
+    commands.push((
+        "quant_matmul on cuda, TANDEM_CUDA_QUANT_TC=1".into(),
+        ["TANDEM_CUDA_QUANT_TC=1", "test-ops", "--backend", "cuda", "--op", "quant_matmul", "--seed", &seed]
+            .map(String::from)
+            .to_vec(),
+    ));
     for shape in [
         "tiny-hd128",
         "small-hd64",

@@ -14,8 +14,8 @@ use crate::perf_calibration::{
     calibration_line, fit, launch_of, leave_one_variant_out, rank_agreement, Scored, RANK_TIE,
 };
 use crate::perf_cases::{
-    attention_decode, attention_decode_fp8, attention_prefill, gemm, moe, quant_gemv, quant_weight_bytes, sampler,
-    tile_named, AttnShape, AttnVariant, GEMMA3_1B, INT4_G128, LLAMA_1B, LLAMA_8B, Q4_K, Q8_0,
+    attention_decode, attention_decode_fp8, attention_prefill, gemm, moe, quant_gemv, quant_mma, quant_weight_bytes,
+    sampler, tile_named, AttnShape, AttnVariant, FP8, GEMMA3_1B, INT4_G128, LLAMA_1B, LLAMA_8B, Q4_K, Q8_0,
 };
 use crate::perf_model::{predict, Launch, Params, Prediction, H200};
 use crate::perf_timings::load;
@@ -23,6 +23,10 @@ use crate::perf_timings::load;
 /// The Llama-3.2-1B GEMMs of the kernel lab: (op, n, k).
 const LAB_GEMMS: [(&str, usize, usize); 5] =
     [("qkv", 3072, 2048), ("o", 2048, 2048), ("gate_up", 16384, 2048), ("down", 2048, 8192), ("lm_head", 128256, 2048)];
+
+/// The Llama-3.1-8B layer GEMMs (hidden 4096, intermediate 14336, 8 KV heads of 128): (op, n, k).
+const LAB_GEMMS_8B: [(&str, usize, usize); 4] =
+    [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)];
 
 /// A prediction for an untimed variant, with what it is compared to.
 pub struct Row {
@@ -89,6 +93,20 @@ pub fn untimed(params: &Params) -> Vec<Row> {
             let floor = quant_weight_bytes(INT4_G128, n, k) / (H200.copy_gbs * 1e3);
             let case = format!("{op} m={m} n={n} k={k} floor={floor:.1}us");
             rows.push(row("quant", "quant_matmul_int4_g128", case, &l, params, Some(&d)));
+        }
+    }
+    // FP8 and int4 (groups of 128) on the tensor cores (kernels/quant_mma.cu,
+    // TANDEM_CUDA_QUANT_TC=1) beside the GEMV the layout takes by default, at the Llama-3.1-8B
+    // layer shapes: decode (m = 1, the m16 tile) and prefill (m = 512, 2048, the m64 tile).
+    for q in [INT4_G128, FP8] {
+        for &(op, n, k) in &LAB_GEMMS_8B {
+            for m in [1, 512, 2048] {
+                let l = quant_mma(q, m, n, k);
+                let d = quant_gemv(q, m, n, k);
+                let floor = quant_weight_bytes(q, n, k) / (H200.copy_gbs * 1e3);
+                let case = format!("8b {op} m={m} n={n} k={k} floor={floor:.1}us");
+                rows.push(row("quant", &format!("quant_mma_{}", q.0), case, &l, params, Some(&d)));
+            }
         }
     }
     // Attention: tc_deep's decodes and tc_shared's and wgmma's prefills beside tc; tc at head_dim 128
@@ -387,6 +405,8 @@ mod tests {
             "quant_matmul_q4_k",
             "quant_matmul_q8_0",
             "quant_matmul_int4_g128",
+            "quant_mma_int4_g128",
+            "quant_mma_fp8",
         ] {
             assert!(rows.iter().any(|r| r.variant == v), "{v} has no prediction");
         }

@@ -476,6 +476,9 @@ pub const Q8_0: QuantBlocks = ("q8_0", 32, 34);
 /// padding and 64 bytes of nibbles (tandem_core::int4).
 pub const INT4_G128: QuantBlocks = ("int4_g128", 128, 72);
 
+/// FP8 e4m3 as runs of 32 values, each led by its f32 scale (tandem_core::fp8::pack_blocks).
+pub const FP8: QuantBlocks = ("fp8", 32, 36);
+
 /// crates/cuda/src/quant.rs' grid: output columns (a warp each) and x rows a block.
 const QM_WARPS: usize = 4;
 const QM_ROWS: usize = 8;
@@ -518,6 +521,59 @@ pub fn quant_gemv(q: QuantBlocks, m: usize, n: usize, k: usize) -> Launch {
         dram_bytes: w + (m * k * 4 + m * n * 4) as f64,
         l2_bytes: w * row_blocks as f64 + (n.div_ceil(QM_WARPS) * row_blocks * rows * k * 4) as f64,
         tensor_flops: 0.0,
+        launches: 1,
+    }
+}
+
+/// crates/cuda/src/quant_mma.rs' tile: output columns and warps a block.
+const QT_BN: usize = 64;
+const QT_WARPS: usize = 4;
+
+/// One m x n x k matmul on FP8 or int4 weights through kernels/quant_mma.cu
+/// (`TANDEM_CUDA_QUANT_TC=1`): a block owns 64 columns and 16 (m <= 16) or 64 rows; each
+/// 32-wide step of k it rounds x's tile to bf16 and decodes the weight's 64 x 32 tile into
+/// shared memory (two threads a column, 16 values each), a barrier, then each warp's mmas:
+/// (rows / 16) x 2 fragments x 2 k16 steps. Single-buffered: every step is a dependent round
+/// trip (load, barrier, mma, barrier). The weight is read once per row block (L2 above the
+/// first), x once per column block. Instructions per mma are assumed: about 8 a decoded
+/// weight value and 8 an x element staged, 4 a fragment load, over the block's mmas of a
+/// step. Registers: ptxas 13.0 for sm_90 on kernels/quant_mma.cu (2026-12-07, no spills:
+/// int4_g128 56 (m16) and 123 (m64), fp8 40 and 80; shared memory 6912 and 10752 bytes).
+pub fn quant_mma(q: QuantBlocks, m: usize, n: usize, k: usize) -> Launch {
+    let bm = if m <= 16 { 16 } else { 64 };
+    let frags = bm / 16;
+    let row_blocks = m.div_ceil(bm);
+    let col_blocks = n.div_ceil(QT_BN);
+    let w = quant_weight_bytes(q, n, k);
+    let steps = k.div_ceil(32);
+    let mmas_per_step = (frags * 2 * QT_WARPS * 2) as f64;
+    let warp_instr_per_step = (8 * QT_BN * 32 + 8 * bm * 32) as f64 / 32.0 + (QT_WARPS * 2 * (4 + 4 * frags)) as f64;
+    let kernel = Kernel {
+        name: if bm == 16 { "quant_mma_m16" } else { "quant_mma_m64" },
+        threads: 32 * QT_WARPS,
+        regs: match (q.0, bm) {
+            ("int4_g128", 16) => 56,
+            ("int4_g128", _) => 123,
+            (_, 16) => 40,
+            _ => 80,
+        },
+        smem: (bm + QT_BN) * 40 * 2 + 2 * QT_BN * 4,
+        stages: 1,
+        ipm: warp_instr_per_step / mmas_per_step,
+        ipm_source: "assumed: 8 instructions a decoded weight value, 8 a staged x element, 4 a fragment load",
+        wgmma: false,
+        mma_sync: true,
+    };
+    Launch {
+        kernel,
+        blocks: col_blocks * row_blocks,
+        mmas_per_block: mmas_per_step * steps as f64,
+        trips_per_block: 1.0 + steps as f64,
+        fold_rounds: 0.0,
+        longest: 1.0,
+        dram_bytes: w + (m * k * 4 + m * n * 4) as f64,
+        l2_bytes: w * row_blocks as f64 + (col_blocks * m * k * 4) as f64,
+        tensor_flops: 2.0 * (row_blocks * bm * col_blocks * QT_BN * k) as f64,
         launches: 1,
     }
 }

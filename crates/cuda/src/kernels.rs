@@ -12,6 +12,7 @@ use crate::buf::Elem;
 use crate::compile::{compile_cubin_cached, compile_ptx_cached, ptx_entries};
 use crate::error::{drv, err};
 use crate::gemm;
+use crate::quant_mma::QUANT_MMA_KINDS;
 use crate::sources::KernelSource;
 
 /// A kernel resolved once at load, with its name for launch errors.
@@ -72,6 +73,9 @@ pub(crate) struct Kernels<F> {
     /// then FP8, then int4 groups of 32, 64 and 128).
     pub(crate) quant_matmul: [Kernel<F>; QUANT_KINDS],
     pub(crate) quant_embedding: [Kernel<F>; QUANT_KINDS],
+    /// kernels/quant_mma.cu, by [`crate::quant_mma::mma_index`] (FP8, int4 groups of 32, 64
+    /// and 128, Q8_0, Q4_0, Q6_K) and row tile (m16, m64).
+    pub(crate) quant_mma: [[Kernel<F>; 2]; QUANT_MMA_KINDS],
 }
 
 /// The routed mixture of experts' kernels (kernels/moe.cu, moe.rs); gemm_tc by 16-bit weight
@@ -185,6 +189,15 @@ impl<F> Kernels<F> {
             logprobs: k("logprobs")?,
             quant_matmul: quant_kernels(&mut k, QUANT_MATMUL)?,
             quant_embedding: quant_kernels(&mut k, QUANT_EMBEDDING)?,
+            quant_mma: [
+                [k("quant_mma_fp8_m16")?, k("quant_mma_fp8_m64")?],
+                [k("quant_mma_int4_g32_m16")?, k("quant_mma_int4_g32_m64")?],
+                [k("quant_mma_int4_g64_m16")?, k("quant_mma_int4_g64_m64")?],
+                [k("quant_mma_int4_g128_m16")?, k("quant_mma_int4_g128_m64")?],
+                [k("quant_mma_q8_0_m16")?, k("quant_mma_q8_0_m64")?],
+                [k("quant_mma_q4_0_m16")?, k("quant_mma_q4_0_m64")?],
+                [k("quant_mma_q6_k_m16")?, k("quant_mma_q6_k_m64")?],
+            ],
         })
     }
 }
@@ -350,7 +363,7 @@ mod tests {
         let names = kernel_names();
         let unique: std::collections::BTreeSet<_> = names.iter().collect();
         assert_eq!(unique.len(), names.len(), "{names:?}");
-        assert_eq!(names.len(), 112); // 4 segmented LoRA (shrink by x's type, expand) + 24 quant (matmul and embedding, 8 GGUF layouts, FP8 and int4 groups of 32, 64, 128) + 50 + 11 routed-MoE + 6 decode GEMM + 2 m128_w64 + 8 sampler/argmax + 2 tc_deep and 2 tc_shared attention variants + gelu_tanh_mul and scale (Gemma 3) + tc attention at head_dim 256
+        assert_eq!(names.len(), 132); // 6 fp8 KV cache (kv_write, rope_kv_write, paged_attention_partial by e4m3 / e5m2) + 14 quant_mma (FP8, int4 groups of 32, 64, 128, Q8_0, Q4_0, Q6_K by row tile m16, m64) + 4 segmented LoRA (shrink by x's type, expand) + 24 quant (matmul and embedding, 8 GGUF layouts, FP8 and int4 groups of 32, 64, 128) + 50 + 11 routed-MoE + 6 decode GEMM + 2 m128_w64 + 8 sampler/argmax + 2 tc_deep and 2 tc_shared attention variants + gelu_tanh_mul and scale (Gemma 3) + tc attention at head_dim 256
         let k = Kernels::<&'static str>::resolve(Ok).unwrap();
         assert_eq!(k.embedding.map(|x| x.f), ["embedding_f32", "embedding_bf16", "embedding_f16"]);
         assert_eq!(
@@ -369,6 +382,19 @@ mod tests {
         for (i, s) in crate::quant::QUANT_SUFFIXES.into_iter().enumerate() {
             assert_eq!(k.quant_matmul[i].f, format!("quant_matmul_{s}"));
             assert_eq!(k.quant_embedding[i].f, format!("quant_embedding_{s}"));
+            use tandem_core::quant_layout::{Fp8Scales, QuantLayout};
+            let layout = match s {
+                "fp8" => Some(QuantLayout::Fp8E4m3(Fp8Scales::Block)),
+                _ => match s.strip_prefix("int4_g") {
+                    Some(g) => Some(QuantLayout::Int4Group { group: g.parse().unwrap() }),
+                    None => QuantLayout::GGUF.into_iter().find(|l| l.name().to_lowercase() == s),
+                },
+            };
+            if let Some(mi) = layout.and_then(crate::quant_mma::mma_index) {
+                for (ti, bm) in crate::quant_mma::QT_TILES.into_iter().enumerate() {
+                    assert_eq!(k.quant_mma[mi][ti].f, format!("quant_mma_{s}_m{bm}"));
+                }
+            }
         }
         use crate::buf::{KV_BF16, KV_F32, KV_FP8_E4M3, KV_FP8_E5M2};
         let kinds = [(KV_F32, "f32"), (KV_BF16, "bf16"), (KV_FP8_E4M3, "fp8e4m3"), (KV_FP8_E5M2, "fp8e5m2")];

@@ -7,7 +7,9 @@
 //! quantized one), so a quantized layer runs plain matmuls.
 //!
 //! Every row of a matmul is computed by the same warp-local sequence whatever m is (the
-//! kernel's header), so batch invariance holds as it does for the bf16 GEMM.
+//! kernel's header), so batch invariance holds as it does for the bf16 GEMM. With
+//! `TANDEM_CUDA_QUANT_TC=1`, FP8, int4, Q8_0, Q4_0 and Q6_K weights take kernels/quant_mma.cu's
+//! tensor-core kernels instead (quant_mma.rs): batch-invariant too, with other bits.
 
 use tandem_core::backend::NormIn;
 use tandem_core::quant_layout::QuantLayout;
@@ -102,19 +104,26 @@ impl CudaBackend {
         };
         let (mi, ni, kk) = (i32_of(m, op, "m")?, i32_of(n, op, "n")?, i32_of(k, op, "k")?);
         i32_of(m * n, op, "m*n")?;
-        let grid = (u32_of(n.div_ceil(QM_WARPS), op, "blocks")?, u32_of(m.div_ceil(QM_ROWS), op, "blocks")?, 1);
-        if grid.1 > 65535 {
-            return Err(err(format!("{op}: m = {m} needs more than 65535 row blocks")));
-        }
+        // The tensor-core kernels (TANDEM_CUDA_QUANT_TC=1, quant_mma.rs' layouts) take the GEMV's
+        // argument list; only the kernel and the grid differ.
+        let (kern, grid, block) = match self.quant_mma_plan(op, layout, m, n)? {
+            Some(plan) => plan,
+            None => {
+                let grid = (u32_of(n.div_ceil(QM_WARPS), op, "blocks")?, u32_of(m.div_ceil(QM_ROWS), op, "blocks")?, 1);
+                if grid.1 > 65535 {
+                    return Err(err(format!("{op}: m = {m} needs more than 65535 row blocks")));
+                }
+                (&self.kernels.quant_matmul[ki], grid, (32 * QM_WARPS) as u32)
+            }
+        };
         // Without a bias the kernel never reads the pointer; pass w to have a valid one.
         let bias_mem = bias.map(|b| &*b.mem).unwrap_or(&*w.mem);
-        let kern = &self.kernels.quant_matmul[ki];
         let mut l = self.launch_args(&kern.f);
         l.arg(&*w.mem).arg(&*x.mem).arg(&x_code).arg(bias_mem).arg(&bias_code).arg(&mut *out.mem);
         l.arg(&mi).arg(&ni).arg(&kk);
-        // SAFETY: the argument list matches quant_matmul_<layout>'s signature; w holds n rows
-        // of k values, x m * k, out m * n (checked above).
-        let r = unsafe { l.launch(cfg(grid, (32 * QM_WARPS) as u32)) };
+        // SAFETY: the argument list matches quant_matmul_<layout>'s and quant_mma_<layout>_m<BM>'s
+        // signature; w holds n rows of k values, x m * k, out m * n (checked above).
+        let r = unsafe { l.launch(cfg(grid, block)) };
         self.launched(kern.name, r)
     }
 

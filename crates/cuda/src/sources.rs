@@ -44,6 +44,7 @@ pub const EMBEDDED: &[(&str, &str)] = embed!(
     "paged_attention",
     "paged_attention_sm90",
     "quant_matmul",
+    "quant_mma",
     "rms_norm",
     "rope",
     "sampling",

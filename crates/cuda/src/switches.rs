@@ -4,7 +4,9 @@
 //! each variable, its values and its default. A value a switch does not know fails the load
 //! where its table entry says so (the variant switches); the on/off ones take anything else as
 //! their default. Every variant gives the same tokens, bit for bit (the kernels' contract); the
-//! switches choose speed, or a check mode.
+//! switches choose speed, or a check mode. One exception: `TANDEM_CUDA_QUANT_TC` multiplies
+//! FP8, int4, Q8_0, Q4_0 and Q6_K weights in another order (kernels/quant_mma.cu), so a model
+//! kept in those layouts has other bits with it on; it stays off until a GPU has timed it.
 
 use tandem_core::Result;
 
@@ -103,6 +105,12 @@ pub const SWITCHES: &[Switch] = &[
         default: "cubin",
         what: "what NVRTC makes of each kernel file",
     },
+    Switch {
+        name: "TANDEM_CUDA_QUANT_TC",
+        values: "1; anything else: off",
+        default: "off",
+        what: "FP8, int4, Q8_0, Q4_0 and Q6_K weights on the tensor cores (kernels/quant_mma.cu; other bits than the GEMV's)",
+    },
 ];
 
 /// Which kernel samples the rows that are not greedy (`TANDEM_CUDA_SAMPLER`).
@@ -145,6 +153,9 @@ pub struct Switches {
     pub f32_activations: bool,
     /// Not `TANDEM_CUDA_CUBIN=0`.
     pub cubin: bool,
+    /// `TANDEM_CUDA_QUANT_TC=1`: FP8, int4-group, Q8_0, Q4_0 and Q6_K weights through kernels/quant_mma.cu's
+    /// tensor-core kernels instead of quant_matmul.cu's GEMV (quant_mma.rs).
+    pub quant_tc: bool,
 }
 
 impl Default for Switches {
@@ -162,6 +173,7 @@ impl Default for Switches {
             sync: false,
             f32_activations: false,
             cubin: true,
+            quant_tc: false,
         }
     }
 }
@@ -203,6 +215,7 @@ impl Switches {
             sync: var("TANDEM_CUDA_SYNC").as_deref() == Some("1"),
             f32_activations: var("TANDEM_CUDA_ACTIVATIONS").as_deref() == Some("f32"),
             cubin: var("TANDEM_CUDA_CUBIN").as_deref() != Some("0"),
+            quant_tc: var("TANDEM_CUDA_QUANT_TC").as_deref() == Some("1"),
         })
     }
 
@@ -243,6 +256,9 @@ impl Switches {
         if self.cubin != d.cubin {
             out.push("TANDEM_CUDA_CUBIN: 0".into());
         }
+        if self.quant_tc != d.quant_tc {
+            out.push("TANDEM_CUDA_QUANT_TC: 1".into());
+        }
         out
     }
 
@@ -280,7 +296,7 @@ mod tests {
         assert_eq!(read(&[]).unwrap(), Switches::default());
         assert!(Switches::default().changed().is_empty());
         let names: Vec<_> = SWITCHES.iter().map(|s| s.name).collect();
-        assert_eq!(names.len(), 13);
+        assert_eq!(names.len(), 14);
         let src = include_str!("switches.rs");
         for n in &names {
             assert!(src.matches(&format!("var(\"{n}\")")).count() == 1, "{n} is read once");
@@ -302,16 +318,22 @@ mod tests {
             ("TANDEM_CUDA_SYNC", "1"),
             ("TANDEM_CUDA_ACTIVATIONS", "f32"),
             ("TANDEM_CUDA_CUBIN", "0"),
+            ("TANDEM_CUDA_QUANT_TC", "1"),
         ])
         .unwrap();
         assert_eq!(s.attention, AttnVariant::TcShared);
         assert_eq!(s.attention_d256, D256Variant::Tc);
-        assert!(s.cublaslt && s.pdl && s.argmax_multi && s.sync && s.f32_activations && !s.cubin);
+        assert!(s.cublaslt && s.pdl && s.argmax_multi && s.sync && s.f32_activations && !s.cubin && s.quant_tc);
         assert_eq!((s.moe, s.sampler), (MoePath::Dense, Sampler::Multi));
-        assert_eq!(s.changed().len(), 11);
+        assert_eq!(s.changed().len(), 12);
         // The on/off switches take anything else as off; the variant switches refuse it.
-        let s =
-            read(&[("TANDEM_CUDA_SAMPLER", "fast"), ("TANDEM_CUDA_SYNC", "yes"), ("TANDEM_CUDA_CUBIN", "")]).unwrap();
+        let s = read(&[
+            ("TANDEM_CUDA_SAMPLER", "fast"),
+            ("TANDEM_CUDA_SYNC", "yes"),
+            ("TANDEM_CUDA_CUBIN", ""),
+            ("TANDEM_CUDA_QUANT_TC", "on"),
+        ])
+        .unwrap();
         assert_eq!(s, Switches::default());
         assert!(!read(&[("TANDEM_CUDA_GEMM", "ours")]).unwrap().cublaslt);
         for (k, v) in [
