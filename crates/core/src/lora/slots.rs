@@ -5,9 +5,14 @@
 //! allocated (zeroed) at load; loading an adapter writes its slot's region of each (zeros where
 //! it leaves a projection alone, and in the rank rows past its own). A step stages each row's
 //! slot, and each projection runs one [`crate::backend::Ops::lora`] over every row
-//! ([`super::segmented`]): the launches follow from the step's shape alone (a decode graph
-//! replays them whatever is loaded), the work from the rows, and a row's bits from its own
+//! ([`super::segmented`]): the work follows from the rows, and a row's bits from its own
 //! adapter only, so a request gives the same bits alone and in any mixed batch.
+//!
+//! A step none of whose rows names an adapter runs no LoRA op at all: the op leaves a row
+//! without a slot exactly as it is (no zero is added, so not even a -0.0 changes), and its
+//! shrink scratch is read by nothing else, so skipping it changes no bit. A recorded graph
+//! must hold the op whatever the step it was recorded on ([`LoraSlots::run_always`]); the
+//! model records none while LoRA is on, so today every LoRA step runs eagerly.
 
 use super::adapter::{LoraAdapter, Proj};
 use super::segmented::{round_to, LoraArgs, NO_SLOT};
@@ -76,6 +81,9 @@ pub(crate) struct LoraSlots<B: Backend> {
     rows: B::Buf,
     /// The host copy of `rows`.
     host: Vec<u32>,
+    /// Whether the projections run the op: some row of the staged step has a slot, or a
+    /// recording asked for it ([`LoraSlots::run_always`]).
+    active: bool,
     /// f32 `[T, max_rank]`: `x Aᵀ`.
     shrink: B::Buf,
 }
@@ -116,6 +124,7 @@ impl<B: Backend> LoraSlots<B> {
             scales: zeroed(n)?,
             rows,
             host,
+            active: true,
             shrink: b.alloc_f32(max_tokens * r)?,
         })
     }
@@ -202,7 +211,7 @@ impl<B: Backend> LoraSlots<B> {
     }
 
     /// Writes each row's slot for a step of `rows` rows (the batch's tokens, then padding
-    /// rows with none).
+    /// rows with none); a step where no row has one runs no op ([`LoraSlots::apply`]).
     pub fn stage(&mut self, b: &B, batch: &ForwardBatch, rows: usize) -> Result<()> {
         let host = &mut self.host[..rows];
         host.fill(NO_SLOT);
@@ -215,12 +224,23 @@ impl<B: Backend> LoraSlots<B> {
                 }
             }
         }
+        self.active = host.iter().any(|&s| s != NO_SLOT);
         b.write_u32(&mut self.rows, host)
     }
 
+    /// Every projection runs the op until the next [`LoraSlots::stage`], whatever the rows:
+    /// for a step being recorded, whose replays may carry adapters the recorded step had not.
+    pub fn run_always(&mut self) {
+        self.active = true;
+    }
+
     /// `y += scale · (x Aᵀ) Bᵀ` for projection `p` of layer `layer` over `t` rows, each row
-    /// with its own slot's factors; x `[t, in]`, y f32 `[t, out]`.
+    /// with its own slot's factors; x `[t, in]`, y f32 `[t, out]`. Nothing where no row of
+    /// the staged step has a slot (y is then what the op would leave, bit for bit).
     pub fn apply(&mut self, b: &B, layer: usize, p: Proj, x: &B::Buf, y: &mut B::Buf, t: usize) -> Result<()> {
+        if !self.active {
+            return Ok(());
+        }
         let (out, inp) = self.shapes[p.index()];
         let st = &self.stacks[layer][p.index()];
         let args = LoraArgs {

@@ -112,6 +112,10 @@ impl<B: Backend> Model<B> {
             pad.rows(self.opts.block_size),
             rows,
         )?;
+        // The padding rows name no adapter: the recorded step must still hold the LoRA ops.
+        if let Some(lora) = &mut self.lora {
+            lora.run_always();
+        }
         self.launch(shape)?;
         self.backend.begin_capture()?;
         let recorded = self.launch(shape);

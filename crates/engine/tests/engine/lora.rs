@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use common::*;
 use tandem_core::lora::{LoraAdapter, LoraLimits};
 use tandem_core::model::LoadOptions;
-use tandem_core::{DType, Model, ModelConfig};
+use tandem_core::{DType, ForwardBatch, Model, ModelConfig, ModelRunner};
 use tandem_engine::{Engine, EngineConfig, Request, SamplingParams, SubmitError};
 use tandem_model_files::random_model::{write_random_model, Shape};
 use tandem_reference::RefBackend;
@@ -290,5 +290,57 @@ fn adapters_named_at_start_beyond_the_slots_are_swapped_in_and_answer_as_alone()
     .unwrap();
     let e = Engine::new(Box::new(m), letters(), bad).err().unwrap().to_string();
     assert!(e.contains("not in slot 0"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Logits of two sequences over a prefill and three decodes (each step's argmax fed back),
+/// sequence `i` under `adapters[i]` (empty: the batch names none).
+fn two_seq_logits(m: &mut dyn ModelRunner, adapters: &[Option<u32>]) -> Vec<Vec<f32>> {
+    let vocab = m.config().vocab_size;
+    let prompts: [&[u32]; 2] = [&[5, 9, 77, 300, 2, 18, 40], &[100, 3, 8, 250]];
+    let mut lens: Vec<usize> = prompts.iter().map(|p| p.len()).collect();
+    let mut batch = ForwardBatch { max_blocks: 1, ..Default::default() };
+    for (i, p) in prompts.iter().enumerate() {
+        batch.push_seq(p, 0, &[i as u32], 16, true);
+    }
+    let mut steps = Vec::new();
+    for _ in 0..4 {
+        batch.adapters = adapters.to_vec();
+        let logits = m.forward(&batch).unwrap();
+        let mut next = ForwardBatch { max_blocks: 1, ..Default::default() };
+        for (i, row) in logits.chunks_exact(vocab).enumerate() {
+            next.push_seq(&[tandem_core::backend::argmax_row(row)], lens[i], &[i as u32], 16, true);
+            lens[i] += 1;
+        }
+        steps.push(logits);
+        batch = next;
+    }
+    steps
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// A step where no row names an adapter runs no LoRA op: its logits are bit for bit those of
+/// the model loaded without LoRA, and a base row's are those it gets beside a row whose
+/// adapter makes the op run (the op leaves a row without a slot as it is).
+#[test]
+fn a_step_without_adapters_gives_the_bits_of_lora_off() {
+    let dir = model_dir("base-only");
+    let opts =
+        LoadOptions { max_batch_tokens: 64, max_seqs: 8, num_kv_blocks: 16, block_size: 16, ..Default::default() };
+    let off = two_seq_logits(&mut Model::load(RefBackend::new(), &dir, opts).unwrap(), &[]);
+    let skipped = two_seq_logits(&mut lora_model(&dir, 64, 16), &[]);
+    let named_none = two_seq_logits(&mut lora_model(&dir, 64, 16), &[None, None]);
+    let mixed = two_seq_logits(&mut lora_model(&dir, 64, 16), &[None, Some(0)]);
+    let vocab = ModelConfig::from_file(&dir.join("config.json")).unwrap().vocab_size;
+    for (step, want) in off.iter().enumerate() {
+        assert_eq!(bits(&skipped[step]), bits(want), "step {step}: no adapters named");
+        assert_eq!(bits(&named_none[step]), bits(want), "step {step}: every row under the base model");
+        let (base, adapted) = mixed[step].split_at(vocab);
+        assert_eq!(bits(base), bits(&want[..vocab]), "step {step}: the base row beside an adapter's");
+        assert_ne!(bits(adapted), bits(&want[vocab..]), "step {step}: the adapter's row changes");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -92,3 +92,45 @@ fn lora_op_matches_the_reference() {
     println!("{}", String::from_utf8_lossy(&out));
     assert!(rep.passed >= 6 && rep.ok(), "{}", rep.summary());
 }
+
+/// A step where no row names an adapter runs no LoRA op: a base row's logits are bit for bit
+/// those it gets beside a row under an adapter (where the op runs and leaves it as it is),
+/// over a prefill and three decodes.
+#[test]
+fn lora_base_only_steps_give_a_base_rows_bits_in_a_mixed_batch() {
+    let dir = std::env::temp_dir().join(format!("tandem-wgpu-lora-base-only-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    write_random_model(&dir, Shape::Tiny, 21, DType::BF16).unwrap();
+    let opts =
+        LoadOptions { max_batch_tokens: 64, max_seqs: 4, num_kv_blocks: 8, block_size: 16, ..Default::default() };
+    let run = |adapters: &[Option<u32>]| -> Option<Vec<Vec<f32>>> {
+        let mut m = with_adapters(common::open(Default::default())?, &dir, opts);
+        let vocab = m.config().vocab_size;
+        let prompts: [&[u32]; 2] = [&[5, 9, 77, 300, 2, 18, 40], &[100, 3, 8]];
+        let mut lens: Vec<usize> = prompts.iter().map(|p| p.len()).collect();
+        let mut batch = ForwardBatch { max_blocks: 1, ..Default::default() };
+        for (i, p) in prompts.iter().enumerate() {
+            batch.push_seq(p, 0, &[i as u32], 16, true);
+        }
+        let mut rows = Vec::new();
+        for _ in 0..4 {
+            batch.adapters = adapters.to_vec();
+            let logits = m.forward(&batch).unwrap();
+            let mut next = ForwardBatch { max_blocks: 1, ..Default::default() };
+            for (i, row) in logits.chunks_exact(vocab).enumerate() {
+                next.push_seq(&[tandem_core::backend::argmax_row(row)], lens[i], &[i as u32], 16, true);
+                lens[i] += 1;
+            }
+            rows.push(logits[..vocab].to_vec());
+            batch = next;
+        }
+        Some(rows)
+    };
+    let Some(base_only) = run(&[None, None]) else { return };
+    let mixed = run(&[None, Some(0)]).unwrap();
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    for (step, (a, b)) in base_only.iter().zip(&mixed).enumerate() {
+        assert_eq!(bits(a), bits(b), "step {step}: the base row alone and beside an adapter's");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
