@@ -95,6 +95,11 @@ pub struct WgpuBackend {
     /// Hold quantized weights whose layout has one in the split layout in textures
     /// (`crate::quant_split`): with texel weights, unless `TANDEM_WGPU_QUANT_TEXELS=0`.
     quant_texels: bool,
+    /// Weight rows per lane of the split-layout quantized matmul from three rows of x up
+    /// (`TANDEM_WGPU_QUANT_PREFILL_RT`): each x load then serves that many rows. 4 against 1
+    /// on lavapipe (SmolLM2 Q8_0, 64-token prefill): ~1.3-2.0 s against ~6.5 s; see
+    /// docs/results/2026-12-07-wgpu-quant-prefill.
+    quant_prefill_rt: u32,
     /// The quantized matmul's tile kernel from this many rows of x up (0: never), and its
     /// weight rows and k values a step (`TANDEM_WGPU_QUANT_TILE_M`, `_N`, `_KC`).
     quant_tile_m: usize,
@@ -195,6 +200,7 @@ impl WgpuBackend {
             texel_weights,
             // Measured on lavapipe (SmolLM2 Q8_0 / Q4_0 decode): docs/results/2026-12-07-quantized.
             quant_texels: texel_weights && knob("TANDEM_WGPU_QUANT_TEXELS", 1) == 1,
+            quant_prefill_rt: knob("TANDEM_WGPU_QUANT_PREFILL_RT", 4).max(1),
             quant_tile_m: opts.quant_tile_m.unwrap_or(knob("TANDEM_WGPU_QUANT_TILE_M", 0) as usize),
             quant_tile_n: (knob("TANDEM_WGPU_QUANT_TILE_N", 32) as usize).next_power_of_two().clamp(8, 64),
             quant_tile_kc: knob("TANDEM_WGPU_QUANT_TILE_KC", 64) as usize,

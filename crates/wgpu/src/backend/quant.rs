@@ -189,14 +189,15 @@ impl WgpuBackend {
         }
         self.check_loops(op, &format!("k = {k}"), iterations(mt))?;
         if let (Some(split), Some(tx)) = (Self::split_of(w), &w.texels) {
-            // At decode each lane takes RT rows, so one x load serves RT of them, and x goes
+            // Each lane takes RT rows, so one x load serves RT of them; at decode x also goes
             // through a uniform window (every f32 buffer is padded to hold one past its end).
+            // Prefill with one row a lane took ~5x as long on lavapipe (see the knob).
             let (rt, uniform) = match m <= 2 {
                 true => (
                     SPLIT_DECODE_RT,
                     self.uniform_x && (m * k * 4) as u64 <= UNIFORM_WINDOW && x_b.size() >= UNIFORM_WINDOW,
                 ),
-                false => (1, false),
+                false => (self.quant_prefill_rt, false),
             };
             let prelude = Prelude::new()
                 .constant("MT", mt as u32)
