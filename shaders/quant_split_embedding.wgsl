@@ -41,7 +41,7 @@ fn quant_split_embedding(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_work
     let hh = b * HH;
     let h = unit_at(id, p.q_units + (hh >> 3u));
     let u = g / VJ;
-    let v = split4(split_sub(h, split_head(h, hh & 7u), u), unit_at(id, b * QU + u), g % VJ);
+    let v = split4(split_sub(h, split_head(h, hh & 7u), u), split_bits(h, hh & 7u), unit_at(id, b * QU + u), g % VJ);
     out[i] = v.x;
     out[i + 1u] = v.y;
     out[i + 2u] = v.z;

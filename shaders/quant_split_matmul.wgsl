@@ -64,9 +64,11 @@ fn quant_split_matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invoc
         let hh = b * HH;
         var hd: array<vec4<u32>, RT>;
         var hv: array<vec2<f32>, RT>;
+        var hb: array<u32, RT>;
         for (var t = 0u; t < RT; t++) {
             hd[t] = unit_at(row[t], p.q_units + (hh >> 3u));
             hv[t] = split_head(hd[t], hh & 7u);
+            hb[t] = split_bits(hd[t], hh & 7u);
         }
         for (var u = 0u; u < QU; u++) {
             var tu: array<vec4<u32>, RT>;
@@ -80,7 +82,7 @@ fn quant_split_matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invoc
                 for (var mi = 0u; mi < MT; mi++) {
                     let xv = x4(xrow[mi] + x0 + j);
                     for (var t = 0u; t < RT; t++) {
-                        acc[mi * RT + t] += dot(xv, split4(sv[t], tu[t], j));
+                        acc[mi * RT + t] += dot(xv, split4(sv[t], hb[t], tu[t], j));
                     }
                 }
             }

@@ -23,9 +23,13 @@
 //! would decode to values 64 apart, and the kernels must sum k ascending to give the file
 //! path's bits. Moved, a unit decodes to 32 consecutive values with one (scale, min).
 //!
-//! Layouts whose quants are not whole units after a header (Q5_0/Q5_1, Q5_K, Q6_K: their high
-//! bits or sub-block scales sit among the quants, or the header is not a whole unit) keep the
-//! file's bytes in a buffer (shaders/quant_block.wgsl).
+//! Q5_0's 6-byte header (f16 d, the u32 of fifth bits) is padded at its end to 8 bytes in the
+//! split form, so that headers never straddle two units: 2 bytes a block more than the file.
+//! Q5_1's (f16 d, f16 m, the fifth bits) is 8 already.
+//!
+//! Layouts whose quants are not whole units after a header (Q5_K, Q6_K: their high bits sit
+//! apart from the nibbles, or their header is not a whole unit) keep the file's bytes in a
+//! buffer (shaders/quant_block.wgsl).
 //!
 //! [`Texels`]: crate::buffer::Texels
 
@@ -41,6 +45,8 @@ pub struct QuantSplit {
     pub cols: usize,
     /// Header bytes in front of a block's quants.
     head: usize,
+    /// Bytes a header takes in the split form: `head` padded at its end to 2, 4, 8 or 16.
+    slot: usize,
     /// Quant bytes of a block (a multiple of 16).
     quants: usize,
 }
@@ -55,13 +61,15 @@ impl QuantSplit {
             QuantLayout::Q4_1 => (4, 16),
             QuantLayout::Fp8E4m3(_) => (4, 32),
             QuantLayout::Q4K => (16, 128),
+            QuantLayout::Q5_0 => (6, 16),
+            QuantLayout::Q5_1 => (8, 16),
             QuantLayout::Int4Group { group } if group > 0 && group % 32 == 0 => (8, group / 2),
             _ => return None,
         };
         debug_assert_eq!(head + quants, layout.block_bytes());
         match *shape {
             [rows, cols] if rows > 0 && cols > 0 && cols.is_multiple_of(layout.block_elems()) => {
-                Some(QuantSplit { layout, rows, cols, head, quants })
+                Some(QuantSplit { layout, rows, cols, head, slot: head.next_power_of_two(), quants })
             }
             _ => None,
         }
@@ -78,14 +86,14 @@ impl QuantSplit {
     pub fn quant_units(self) -> usize {
         self.blocks_per_row() * self.units_per_block()
     }
-    /// 16-bit halves of one block's header (1, 2, 4, or 8: a whole unit; a header never
-    /// straddles two units).
+    /// 16-bit halves of one block's header in the split form (1, 2, 4, or 8: a whole unit; a
+    /// header never straddles two units).
     pub fn head_halves(self) -> usize {
-        self.head / 2
+        self.slot / 2
     }
     /// Units of a split row.
     pub fn units_per_row(self) -> usize {
-        self.quant_units() + (self.blocks_per_row() * self.head).div_ceil(16)
+        self.quant_units() + (self.blocks_per_row() * self.slot).div_ceil(16)
     }
     /// Values one unit of quants decodes to.
     pub fn values_per_unit(self) -> usize {
@@ -104,7 +112,7 @@ impl QuantSplit {
         dst.fill(0);
         for (b, block) in src.chunks_exact(bb).enumerate() {
             self.pack_quants(&block[self.head..], &mut dst[b * self.quants..(b + 1) * self.quants]);
-            dst[heads + b * self.head..heads + (b + 1) * self.head].copy_from_slice(&block[..self.head]);
+            dst[heads + b * self.slot..][..self.head].copy_from_slice(&block[..self.head]);
         }
     }
 
@@ -114,7 +122,7 @@ impl QuantSplit {
         let heads = self.quant_units() * 16;
         for (b, block) in dst.chunks_exact_mut(bb).enumerate() {
             self.unpack_quants(&src[b * self.quants..(b + 1) * self.quants], &mut block[self.head..]);
-            block[..self.head].copy_from_slice(&src[heads + b * self.head..heads + (b + 1) * self.head]);
+            block[..self.head].copy_from_slice(&src[heads + b * self.slot..][..self.head]);
         }
     }
 
@@ -203,7 +211,7 @@ mod tests {
         assert_eq!((int4.units_per_block(), int4.head_halves(), int4.values_per_unit()), (4, 4, 32));
         assert_eq!(QuantSplit::new(QuantLayout::Int4Group { group: 16 }, &[2, 64]), None);
         assert_eq!(QuantSplit::new(QuantLayout::Q6K, &[2, 256]), None);
-        assert_eq!(QuantSplit::new(QuantLayout::Q5_0, &[2, 64]), None);
+        assert_eq!(QuantSplit::new(QuantLayout::Q5K, &[2, 256]), None);
         assert_eq!(QuantSplit::new(QuantLayout::Q4_0, &[2, 48]), None, "not whole blocks");
         let src: Vec<u8> = (0..2 * 2 * 72).map(|i| (i * 7 % 251) as u8).collect();
         assert_eq!(int4.join(&int4.split(&src)), src);
@@ -224,6 +232,19 @@ mod tests {
             assert_eq!(unit[j] & 0x0f, block[16 + 32 + j] >> 4, "element {j}");
             assert_eq!(unit[j] >> 4, block[16 + 48 + j] >> 4, "element {}", j + 16);
         }
+        assert_eq!(s.join(&split), src);
+    }
+
+    #[test]
+    fn q5_0_headers_are_padded_to_eight_bytes() {
+        let s = QuantSplit::new(QuantLayout::Q5_0, &[1, 96]).unwrap();
+        assert_eq!((s.quant_units(), s.head_halves(), s.units_per_row()), (3, 4, 5));
+        let src: Vec<u8> = (0..3 * 22).map(|i| (i * 11 % 251 + 1) as u8).collect();
+        let split = s.split(&src);
+        // Block 2: quants in unit 2, header at byte 16 of the header units, then 2 zero bytes.
+        assert_eq!(&split[32..48], &src[2 * 22 + 6..3 * 22]);
+        assert_eq!(&split[48 + 16..48 + 22], &src[2 * 22..2 * 22 + 6]);
+        assert_eq!(&split[48 + 22..48 + 24], &[0, 0]);
         assert_eq!(s.join(&split), src);
     }
 }

@@ -227,9 +227,9 @@ fn a_k_quant_gguf_model_gives_the_references_greedy_ids() {
     same_as_the_reference("tiny-q4_k.gguf", tandem_model_files::tiny_gguf::write_tiny_kquant_gguf);
 }
 
-/// Where weights sit in textures (CPU adapters), Q8_0, Q4_0, Q4_1 and Q4_K weights are held
-/// there in the split layout (tandem_wgpu::quant_split) and the others stay the file's bytes in a
-/// buffer; the split weight's matmul and embedding give the bits of the same weight kept in a
+/// Where weights sit in textures (CPU adapters), Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and Q4_K weights
+/// are held there in the split layout (tandem_wgpu::quant_split) and the others stay the file's
+/// bytes in a buffer; the split weight's matmul and embedding give the bits of the same weight kept in a
 /// buffer (`TANDEM_WGPU_QUANT_TEXELS=0`'s layout): the same decoders' arithmetic, the same order.
 #[test]
 fn split_weights_give_the_bits_of_the_files_layout() {
