@@ -3,10 +3,16 @@
 // packed tight, the rows tiled in a texture. The pipeline puts this text (and
 // shaders/quant_fp8.wgsl) after a prelude from `Prelude::quant_split`, which defines
 // BLOCK_ELEMS, QU (units of quants a block), HH (16-bit halves of a header), VJ (groups of four
-// values a unit), `split_head(h, i)` and `split4(hv, t, j)` naming the functions below.
+// values a unit), `split_head(h, i)`, `split_sub(h, hv, u)`, `split_bits(h, i)` and
+// `split4(hv, hb, t, j)` naming the functions below (`hb`: split_bits's: the fifth bits of
+// Q5_0 / Q5_1, the word after the scales; 0 for the others).
 //
 // split_head_X(h, i): the values a block's header holds, from the unit `h` holding it, whose
 // half `i` it starts at: (scale, 0), (d, m) or (scale, zero point).
+// split_sub_X(h, hv, u): those of the block's unit of quants `u` (0..QU), given the header's unit
+// `h` and split_head's `hv`: `hv` itself where one scale serves the block; Q4_K's sub-block
+// (d * sc, dmin * m).
+// split_bits_X(h, i): the header's bits that are not scales (Q5_0's fifth bits).
 // split4_X(hv, t, j): values 4j..4j+3 of the unit of quants `t`. The arithmetic is
 // shaders/quant_block.wgsl's (and quant_fp8.wgsl's, quant_int4.wgsl's) for the same bytes, so a
 // weight decodes to the same bits in either layout.
@@ -36,6 +42,35 @@ fn split_head_int4(h: vec4<u32>, i: u32) -> vec2<f32> {
     return vec2<f32>(bitcast<f32>(h[i >> 1u]), f32(h[(i >> 1u) + 1u] & 0xffu));
 }
 
+// One scale (or scale and min, or scale and zero point) for the whole block.
+fn split_sub_block(h: vec4<u32>, hv: vec2<f32>, u: u32) -> vec2<f32> {
+    return hv;
+}
+
+// Byte i of Q4_K's 12 bytes of scales and mins, which follow d and dmin in the header's unit.
+fn k4_byte(h: vec4<u32>, i: u32) -> u32 {
+    return (h[1u + (i >> 2u)] >> ((i & 3u) * 8u)) & 0xffu;
+}
+
+// Q4_K: the unit of quants s is sub-block s; its 6-bit (scale, min) as quant_block.wgsl's
+// scale_min_k4, then (d * sc, dmin * m), ggml's order.
+fn split_sub_k4(h: vec4<u32>, hv: vec2<f32>, s: u32) -> vec2<f32> {
+    var sm: vec2<u32>;
+    if (s < 4u) {
+        sm = vec2<u32>(k4_byte(h, s) & 63u, k4_byte(h, s + 4u) & 63u);
+    } else {
+        let b = k4_byte(h, s + 4u);
+        sm = vec2<u32>((b & 15u) | ((k4_byte(h, s - 4u) >> 6u) << 4u), (b >> 4u) | ((k4_byte(h, s) >> 6u) << 4u));
+    }
+    return vec2<f32>(hv.x * f32(sm.x), hv.y * f32(sm.y));
+}
+
+// Q5_0: the u32 of fifth bits after the f16 d, at half i + 1 of its 8-byte slot (unaligned).
+fn split_bits_q5_0(h: vec4<u32>, i: u32) -> u32 {
+    let w = i >> 1u;
+    return (h[w] >> 16u) | (h[w + 1u] << 16u);
+}
+
 // Q8_0: 16 signed bytes a unit, element e in byte e.
 fn split4_q8_0(hv: vec2<f32>, t: vec4<u32>, j: u32) -> vec4<f32> {
     let v = t[j];
@@ -57,6 +92,28 @@ fn split4_q4_1(hv: vec2<f32>, t: vec4<u32>, j: u32) -> vec4<f32> {
     return hv.x * vec4<f32>(split_nib4(t, j)) + hv.y;
 }
 
+// Q5_0 / Q5_1: Q4_0's nibbles, and element e's fifth bit is bit e of `hb`.
+fn split_q5(t: vec4<u32>, j: u32, hb: u32) -> vec4<u32> {
+    let h = hb >> (4u * j);
+    return split_nib4(t, j) | ((vec4<u32>(h, h >> 1u, h >> 2u, h >> 3u) & vec4<u32>(1u)) << vec4<u32>(4u));
+}
+
+// x = d * (q - 16), as quant_block.wgsl's decode4_q5_0.
+fn split4_q5_0(hv: vec2<f32>, t: vec4<u32>, j: u32, hb: u32) -> vec4<f32> {
+    return hv.x * (vec4<f32>(split_q5(t, j, hb)) - 16.0);
+}
+
+// x = d * q + m, as quant_block.wgsl's decode4_q5_1.
+fn split4_q5_1(hv: vec2<f32>, t: vec4<u32>, j: u32, hb: u32) -> vec4<f32> {
+    return hv.x * vec4<f32>(split_q5(t, j, hb)) + hv.y;
+}
+
+// Q4_K: a unit is one sub-block's nibbles in Q4_0's arrangement (crates/wgpu/src/quant_split.rs
+// moves them so); x = d1 * q - m1 with split_sub's (d1, m1), as quant_block.wgsl's decode4_q4_k.
+fn split4_q4_k(sv: vec2<f32>, t: vec4<u32>, j: u32) -> vec4<f32> {
+    return sv.x * vec4<f32>(split_nib4(t, j)) - sv.y;
+}
+
 // FP8 e4m3: 16 bytes a unit, element e in byte e; the value rounded to bf16 (quant_fp8.wgsl).
 fn split4_fp8(hv: vec2<f32>, t: vec4<u32>, j: u32) -> vec4<f32> {
     return fp8_e4m3_scaled4(unit_bytes4(t[j], 255u), hv.x);
@@ -76,8 +133,10 @@ fn split4_int4(hv: vec2<f32>, t: vec4<u32>, j: u32) -> vec4<f32> {
 fn split_row4(r: u32, kk: u32, units: u32, q_units: u32) -> vec4<f32> {
     let tile = (r >> 6u) * units;
     let lane = r & 63u;
-    let hh = (kk / BLOCK_ELEMS) * HH;
-    let hv = split_head(q_unit(((tile + q_units + (hh >> 3u)) << 6u) | lane), hh & 7u);
+    let b = kk / BLOCK_ELEMS;
+    let hh = b * HH;
+    let h = q_unit(((tile + q_units + (hh >> 3u)) << 6u) | lane);
     let u = kk / (4u * VJ);
-    return split4(hv, q_unit(((tile + u) << 6u) | lane), (kk >> 2u) - u * VJ);
+    let sv = split_sub(h, split_head(h, hh & 7u), u - b * QU);
+    return split4(sv, split_bits(h, hh & 7u), q_unit(((tile + u) << 6u) | lane), (kk >> 2u) - u * VJ);
 }

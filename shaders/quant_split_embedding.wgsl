@@ -39,8 +39,9 @@ fn quant_split_embedding(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_work
     let b = d / BLOCK_ELEMS;
     let g = (d % BLOCK_ELEMS) / 4u; // group of four in the block
     let hh = b * HH;
-    let hv = split_head(unit_at(id, p.q_units + (hh >> 3u)), hh & 7u);
-    let v = split4(hv, unit_at(id, b * QU + g / VJ), g % VJ);
+    let h = unit_at(id, p.q_units + (hh >> 3u));
+    let u = g / VJ;
+    let v = split4(split_sub(h, split_head(h, hh & 7u), u), split_bits(h, hh & 7u), unit_at(id, b * QU + u), g % VJ);
     out[i] = v.x;
     out[i + 1u] = v.y;
     out[i + 2u] = v.z;

@@ -13,12 +13,23 @@
 //!
 //! and the rows are tiled and held in a texture as bf16 matrices are ([`Tiled`], [`Texels`]):
 //! a lane reads a unit of its row with one image load. A header of 2, 4 or 8 bytes never
-//! straddles two units, so one load gives a block's scale. The bytes are the file's, moved: a
-//! split row is the original row's length rounded up to a unit, plus the header padding.
+//! straddles two units, and Q4_K's 16 (f16 d, f16 dmin, 12 bytes of 6-bit scales and mins) is
+//! exactly one, so one load gives a block's scales. The bytes are the file's, moved: a split row
+//! is the original row's length rounded up to a unit, plus the header padding.
 //!
-//! Layouts whose quants are not whole units after a header (Q5_0/Q5_1 and the K-quants: their
-//! high bits or sub-block scales sit among the quants) keep the file's bytes in a buffer
-//! (shaders/quant_block.wgsl).
+//! Q4_K's nibbles are also moved within the block, so that each unit holds one 32-value
+//! sub-block in Q4_0's arrangement (byte j: element j low, j + 16 high): the file interleaves
+//! sub-blocks 2i and 2i + 1 as the low and high nibbles of the same 32 bytes, so a unit of them
+//! would decode to values 64 apart, and the kernels must sum k ascending to give the file
+//! path's bits. Moved, a unit decodes to 32 consecutive values with one (scale, min).
+//!
+//! Q5_0's 6-byte header (f16 d, the u32 of fifth bits) is padded at its end to 8 bytes in the
+//! split form, so that headers never straddle two units: 2 bytes a block more than the file.
+//! Q5_1's (f16 d, f16 m, the fifth bits) is 8 already.
+//!
+//! Layouts whose quants are not whole units after a header (Q5_K, Q6_K: their high bits sit
+//! apart from the nibbles, or their header is not a whole unit) keep the file's bytes in a
+//! buffer (shaders/quant_block.wgsl).
 //!
 //! [`Texels`]: crate::buffer::Texels
 
@@ -34,6 +45,8 @@ pub struct QuantSplit {
     pub cols: usize,
     /// Header bytes in front of a block's quants.
     head: usize,
+    /// Bytes a header takes in the split form: `head` padded at its end to 2, 4, 8 or 16.
+    slot: usize,
     /// Quant bytes of a block (a multiple of 16).
     quants: usize,
 }
@@ -47,13 +60,16 @@ impl QuantSplit {
             QuantLayout::Q4_0 => (2, 16),
             QuantLayout::Q4_1 => (4, 16),
             QuantLayout::Fp8E4m3(_) => (4, 32),
+            QuantLayout::Q4K => (16, 128),
+            QuantLayout::Q5_0 => (6, 16),
+            QuantLayout::Q5_1 => (8, 16),
             QuantLayout::Int4Group { group } if group > 0 && group % 32 == 0 => (8, group / 2),
             _ => return None,
         };
         debug_assert_eq!(head + quants, layout.block_bytes());
         match *shape {
             [rows, cols] if rows > 0 && cols > 0 && cols.is_multiple_of(layout.block_elems()) => {
-                Some(QuantSplit { layout, rows, cols, head, quants })
+                Some(QuantSplit { layout, rows, cols, head, slot: head.next_power_of_two(), quants })
             }
             _ => None,
         }
@@ -70,13 +86,14 @@ impl QuantSplit {
     pub fn quant_units(self) -> usize {
         self.blocks_per_row() * self.units_per_block()
     }
-    /// 16-bit halves of one block's header (1, 2 or 4: a header never straddles two units).
+    /// 16-bit halves of one block's header in the split form (1, 2, 4, or 8: a whole unit; a
+    /// header never straddles two units).
     pub fn head_halves(self) -> usize {
-        self.head / 2
+        self.slot / 2
     }
     /// Units of a split row.
     pub fn units_per_row(self) -> usize {
-        self.quant_units() + (self.blocks_per_row() * self.head).div_ceil(16)
+        self.quant_units() + (self.blocks_per_row() * self.slot).div_ceil(16)
     }
     /// Values one unit of quants decodes to.
     pub fn values_per_unit(self) -> usize {
@@ -94,8 +111,8 @@ impl QuantSplit {
         let heads = self.quant_units() * 16;
         dst.fill(0);
         for (b, block) in src.chunks_exact(bb).enumerate() {
-            dst[b * self.quants..(b + 1) * self.quants].copy_from_slice(&block[self.head..]);
-            dst[heads + b * self.head..heads + (b + 1) * self.head].copy_from_slice(&block[..self.head]);
+            self.pack_quants(&block[self.head..], &mut dst[b * self.quants..(b + 1) * self.quants]);
+            dst[heads + b * self.slot..][..self.head].copy_from_slice(&block[..self.head]);
         }
     }
 
@@ -104,8 +121,8 @@ impl QuantSplit {
         let bb = self.head + self.quants;
         let heads = self.quant_units() * 16;
         for (b, block) in dst.chunks_exact_mut(bb).enumerate() {
-            block[self.head..].copy_from_slice(&src[b * self.quants..(b + 1) * self.quants]);
-            block[..self.head].copy_from_slice(&src[heads + b * self.head..heads + (b + 1) * self.head]);
+            self.unpack_quants(&src[b * self.quants..(b + 1) * self.quants], &mut block[self.head..]);
+            block[..self.head].copy_from_slice(&src[heads + b * self.slot..][..self.head]);
         }
     }
 
@@ -131,6 +148,37 @@ impl QuantSplit {
 
     fn head_and_quants(self) -> usize {
         self.head + self.quants
+    }
+
+    /// A block's quants (the file's) into their split units: the same bytes, but for Q4_K,
+    /// whose unit s is sub-block s's 32 nibbles (see the module docs).
+    fn pack_quants(self, src: &[u8], dst: &mut [u8]) {
+        if self.layout != QuantLayout::Q4K {
+            dst.copy_from_slice(src);
+            return;
+        }
+        for (s, unit) in dst.chunks_exact_mut(16).enumerate() {
+            let (run, shift) = (&src[(s / 2) * 32..(s / 2 + 1) * 32], 4 * (s % 2));
+            for (j, byte) in unit.iter_mut().enumerate() {
+                *byte = ((run[j] >> shift) & 0x0f) | (((run[j + 16] >> shift) & 0x0f) << 4);
+            }
+        }
+    }
+
+    /// [`Self::pack_quants`] undone.
+    fn unpack_quants(self, src: &[u8], dst: &mut [u8]) {
+        if self.layout != QuantLayout::Q4K {
+            dst.copy_from_slice(src);
+            return;
+        }
+        for (s, unit) in src.chunks_exact(16).enumerate() {
+            let (run, shift) = (&mut dst[(s / 2) * 32..(s / 2 + 1) * 32], 4 * (s % 2));
+            let keep = 0xf0u8 >> shift;
+            for (j, &byte) in unit.iter().enumerate() {
+                run[j] = (run[j] & keep) | ((byte & 0x0f) << shift);
+                run[j + 16] = (run[j + 16] & keep) | ((byte >> 4) << shift);
+            }
+        }
     }
 }
 
@@ -162,10 +210,41 @@ mod tests {
         let int4 = QuantSplit::new(QuantLayout::Int4Group { group: 128 }, &[2, 256]).unwrap();
         assert_eq!((int4.units_per_block(), int4.head_halves(), int4.values_per_unit()), (4, 4, 32));
         assert_eq!(QuantSplit::new(QuantLayout::Int4Group { group: 16 }, &[2, 64]), None);
-        assert_eq!(QuantSplit::new(QuantLayout::Q4K, &[2, 256]), None);
-        assert_eq!(QuantSplit::new(QuantLayout::Q5_0, &[2, 64]), None);
+        assert_eq!(QuantSplit::new(QuantLayout::Q6K, &[2, 256]), None);
+        assert_eq!(QuantSplit::new(QuantLayout::Q5K, &[2, 256]), None);
         assert_eq!(QuantSplit::new(QuantLayout::Q4_0, &[2, 48]), None, "not whole blocks");
         let src: Vec<u8> = (0..2 * 2 * 72).map(|i| (i * 7 % 251) as u8).collect();
         assert_eq!(int4.join(&int4.split(&src)), src);
+    }
+
+    #[test]
+    fn q4_k_units_hold_one_sub_block_each_and_join_back() {
+        let s = QuantSplit::new(QuantLayout::Q4K, &[2, 512]).unwrap();
+        assert_eq!((s.units_per_block(), s.head_halves(), s.values_per_unit(), s.units_per_row()), (8, 8, 32, 18));
+        let src: Vec<u8> = (0..2 * 2 * 144).map(|i| (i * 13 % 251) as u8).collect();
+        let split = s.split(&src);
+        // Row 0, block 1: its header is unit 17; its unit 3 is sub-block 3, the high nibbles of
+        // the block's quant bytes 32..64, elements 0..16 in the low nibbles.
+        let block = &src[144..288];
+        assert_eq!(&split[17 * 16..18 * 16], &block[..16]);
+        let unit = &split[(8 + 3) * 16..(8 + 4) * 16];
+        for j in 0..16 {
+            assert_eq!(unit[j] & 0x0f, block[16 + 32 + j] >> 4, "element {j}");
+            assert_eq!(unit[j] >> 4, block[16 + 48 + j] >> 4, "element {}", j + 16);
+        }
+        assert_eq!(s.join(&split), src);
+    }
+
+    #[test]
+    fn q5_0_headers_are_padded_to_eight_bytes() {
+        let s = QuantSplit::new(QuantLayout::Q5_0, &[1, 96]).unwrap();
+        assert_eq!((s.quant_units(), s.head_halves(), s.units_per_row()), (3, 4, 5));
+        let src: Vec<u8> = (0..3 * 22).map(|i| (i * 11 % 251 + 1) as u8).collect();
+        let split = s.split(&src);
+        // Block 2: quants in unit 2, header at byte 16 of the header units, then 2 zero bytes.
+        assert_eq!(&split[32..48], &src[2 * 22 + 6..3 * 22]);
+        assert_eq!(&split[48 + 16..48 + 22], &src[2 * 22..2 * 22 + 6]);
+        assert_eq!(&split[48 + 22..48 + 24], &[0, 0]);
+        assert_eq!(s.join(&split), src);
     }
 }

@@ -712,15 +712,24 @@ impl Prelude {
 
     /// The split-layout decoders (shaders/quant_split.wgsl, which the pipeline puts after the
     /// prelude) for a weight in `split`, held in a texture bound at `binding` (declared here as
-    /// `qw`, read by `q_unit(i)`): `BLOCK_ELEMS`, `QU`, `HH`, `VJ`, `split_head(h, i)` and
-    /// `split4(hv, t, j)`.
+    /// `qw`, read by `q_unit(i)`): `BLOCK_ELEMS`, `QU`, `HH`, `VJ`, `split_head(h, i)`,
+    /// `split_sub(h, hv, u)`, `split_bits(h, i)` and `split4(hv, hb, t, j)`.
     pub fn quant_split(mut self, split: crate::quant_split::QuantSplit, binding: u32) -> Self {
-        let (head, f) = match split.layout {
-            QuantLayout::Q8_0 => ("f16", "q8_0"),
-            QuantLayout::Q4_0 => ("f16", "q4_0"),
-            QuantLayout::Q4_1 => ("f16x2", "q4_1"),
-            QuantLayout::Fp8E4m3(_) => ("f32", "fp8"),
-            _ => ("int4", "int4"),
+        let (head, sub, f) = match split.layout {
+            QuantLayout::Q8_0 => ("f16", "block", "q8_0"),
+            QuantLayout::Q4_0 => ("f16", "block", "q4_0"),
+            QuantLayout::Q4_1 => ("f16x2", "block", "q4_1"),
+            QuantLayout::Q5_0 => ("f16", "block", "q5_0"),
+            QuantLayout::Q5_1 => ("f16x2", "block", "q5_1"),
+            QuantLayout::Q4K => ("f16x2", "k4", "q4_k"),
+            QuantLayout::Fp8E4m3(_) => ("f32", "block", "fp8"),
+            _ => ("int4", "block", "int4"),
+        };
+        // Q5_0's and Q5_1's fifth bits ride beside the scales; the other layouts have none.
+        let (bits, decode) = match split.layout {
+            QuantLayout::Q5_0 => ("split_bits_q5_0(h, i)", format!("split4_{f}(hv, t, j, hb)")),
+            QuantLayout::Q5_1 => ("h[(i >> 1u) + 1u]", format!("split4_{f}(hv, t, j, hb)")),
+            _ => ("0u", format!("split4_{f}(hv, t, j)")),
         };
         let (log, mask) = (crate::buffer::TEXEL_ROW_LOG2, crate::buffer::TEXEL_ROW - 1);
         self.0.push_str(&format!(
@@ -728,7 +737,9 @@ impl Prelude {
              fn q_unit(i: u32) -> vec4<u32> {{ return textureLoad(qw, vec2<u32>(i & {mask}u, i >> {log}u)); }}\n\
              const BLOCK_ELEMS: u32 = {}u;\nconst QU: u32 = {}u;\nconst HH: u32 = {}u;\nconst VJ: u32 = {}u;\n\
              fn split_head(h: vec4<u32>, i: u32) -> vec2<f32> {{ return split_head_{head}(h, i); }}\n\
-             {SPLIT_DECODE}(hv: vec2<f32>, t: vec4<u32>, j: u32) -> vec4<f32> {{ return split4_{f}(hv, t, j); }}\n",
+             fn split_sub(h: vec4<u32>, hv: vec2<f32>, u: u32) -> vec2<f32> {{ return split_sub_{sub}(h, hv, u); }}\n\
+             fn split_bits(h: vec4<u32>, i: u32) -> u32 {{ return {bits}; }}\n\
+             {SPLIT_DECODE}(hv: vec2<f32>, hb: u32, t: vec4<u32>, j: u32) -> vec4<f32> {{ return {decode}; }}\n",
             split.layout.block_elems(),
             split.units_per_block(),
             split.head_halves(),

@@ -179,7 +179,10 @@ fn same_as_the_reference(file: &str, write: fn(&std::path::Path, usize) -> tande
 }
 
 /// `tandem:model_weights_bytes` (`Device::weight_bytes` over the load) of a Q4_K / Q6_K file
-/// kept quantized is within 1.15x of its tensors' bytes, on wgpu and on the reference.
+/// kept quantized is within 1.15x of its tensors' bytes, on wgpu and on the reference. Where
+/// wgpu holds weights in textures, a weight in the split layout (Q4_K there) also rounds up to
+/// whole texture rows (`TEXEL_ROW` units, 64 KiB), which the tiny model's tensors (a few KiB)
+/// are far from filling and a real model's (MiBs) make negligible: one row a tensor is allowed.
 #[test]
 fn a_k_quant_models_weights_take_about_their_files_bytes() {
     let root = std::env::temp_dir().join(format!("tandem-wgpu-weight-bytes-{}", std::process::id()));
@@ -195,11 +198,21 @@ fn a_k_quant_models_weights_take_about_their_files_bytes() {
         LoadOptions { max_batch_tokens: 16, max_seqs: 1, num_kv_blocks: 2, block_size: 16, ..Default::default() };
     let on_ref = Model::from_weights(RefBackend::new(), cfg.clone(), &weights, opts).unwrap();
     let Some(gpu) = common::open(Default::default()) else { return };
+    // K-quant rows are whole super-blocks, so a layout splits whatever the tensor's shape.
+    let split = |l| tandem_wgpu::quant_split::QuantSplit::new(l, &[64, 256]).is_some();
+    let rows = if gpu.texel_weights() { weights.quantized().filter(|&(_, l)| split(l)).count() } else { 0 };
+    let texture_rows = (rows * tandem_wgpu::buffer::TEXEL_ROW * 16) as f64;
     let on_wgpu = Model::from_weights(gpu, cfg, &weights, opts).unwrap();
-    for (name, held) in [("reference", on_ref.weights_bytes()), ("wgpu", on_wgpu.weights_bytes())] {
-        let ratio = held.expect("counted") as f64 / stored;
-        eprintln!("{name}: {held:?} bytes held for {stored} stored ({ratio:.3}x)");
-        assert!((1.0..=1.15).contains(&ratio), "{name}: {held:?} bytes held for {stored} stored ({ratio:.3}x)");
+    for (name, held, slack) in
+        [("reference", on_ref.weights_bytes(), 0.0), ("wgpu", on_wgpu.weights_bytes(), texture_rows)]
+    {
+        let held = held.expect("counted") as f64;
+        let ratio = held / stored;
+        eprintln!("{name}: {held} bytes held for {stored} stored ({ratio:.3}x; {slack} bytes of texture rows allowed)");
+        assert!(
+            held >= stored && held <= 1.15 * stored + slack,
+            "{name}: {held} bytes held for {stored} stored ({ratio:.3}x; {slack} bytes of texture rows allowed)"
+        );
     }
     let _ = std::fs::remove_dir_all(&root);
 }
@@ -214,9 +227,9 @@ fn a_k_quant_gguf_model_gives_the_references_greedy_ids() {
     same_as_the_reference("tiny-q4_k.gguf", tandem_model_files::tiny_gguf::write_tiny_kquant_gguf);
 }
 
-/// Where weights sit in textures (CPU adapters), Q8_0, Q4_0 and Q4_1 weights are held there in
-/// the split layout (tandem_wgpu::quant_split) and the K-quants stay the file's bytes in a
-/// buffer; the split weight's matmul and embedding give the bits of the same weight kept in a
+/// Where weights sit in textures (CPU adapters), Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and Q4_K weights
+/// are held there in the split layout (tandem_wgpu::quant_split) and the others stay the file's
+/// bytes in a buffer; the split weight's matmul and embedding give the bits of the same weight kept in a
 /// buffer (`TANDEM_WGPU_QUANT_TEXELS=0`'s layout): the same decoders' arithmetic, the same order.
 #[test]
 fn split_weights_give_the_bits_of_the_files_layout() {
