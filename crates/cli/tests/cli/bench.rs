@@ -473,26 +473,31 @@ fn kernel_lab_times_every_case() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let v = report(&out, "kernels-reference-tiny");
     let rows = v["results"].as_array().unwrap();
-    assert_eq!(rows.len(), 5 * 2 + 3 + 3 + 2 * 2, "{rows:?}");
+    assert_eq!(rows.len(), 5 * 2 + 4 + 3 + 2 * 2, "{rows:?}");
     for r in rows {
         let (us, frac) = (r["us"].as_f64().unwrap(), r["frac_of_floor"].as_f64().unwrap());
         assert!(us > 0.0 && frac > 0.0 && r["torch"]["kind"].is_string(), "{r}");
     }
     assert_eq!(rows[0]["torch"], serde_json::json!({"kind": "gemm", "m": 1, "n": 128, "k": 64, "x_dtype": "f32"}));
-    assert_eq!(rows[11]["op"], "attention verify");
-    assert_eq!(rows[11]["torch"]["q_len"], 4, "k = 3: the last token and 3 drafts");
-    assert_eq!(rows[12]["op"], "attention prefill");
-    assert_eq!(rows[13]["torch"], serde_json::json!({"kind": "argmax", "batch": 3, "vocab": 384}));
+    // Each decode case over an fp8 cache right after it (the reference's fp8 KV).
     assert_eq!(
-        (rows[14]["op"].as_str(), rows[15]["op"].as_str()),
+        (rows[11]["op"].as_str(), rows[11]["torch"]["kv"].as_str()),
+        (Some("attention decode fp8"), Some("fp8_e4m3"))
+    );
+    assert_eq!(rows[12]["op"], "attention verify");
+    assert_eq!(rows[12]["torch"]["q_len"], 4, "k = 3: the last token and 3 drafts");
+    assert_eq!(rows[13]["op"], "attention prefill");
+    assert_eq!(rows[14]["torch"], serde_json::json!({"kind": "argmax", "batch": 3, "vocab": 384}));
+    assert_eq!(
+        (rows[15]["op"].as_str(), rows[16]["op"].as_str()),
         (Some("sample top-p 0.9"), Some("sample top-k 50 top-p 0.9"))
     );
     // The segmented LoRA update last: q then down, at each --lora-m, over 4 slots of rank 16.
     assert_eq!(
-        rows[16]["torch"],
+        rows[17]["torch"],
         serde_json::json!({"kind": "lora", "m": 1, "in": 64, "out": 64, "slots": 4, "rank": 16})
     );
-    assert_eq!((rows[18]["op"].as_str(), rows[19]["torch"]["m"].as_u64()), (Some("lora down"), Some(3)));
+    assert_eq!((rows[19]["op"].as_str(), rows[20]["torch"]["m"].as_u64()), (Some("lora down"), Some(3)));
     let only = dir("kernels-sampling");
     let o = Command::new(env!("CARGO_BIN_EXE_tandem"))
         .args([
