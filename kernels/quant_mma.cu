@@ -64,10 +64,12 @@ typedef unsigned char u8;
 
 // The OCP e4m3fn value of byte b as f32 (S.1111.111 is NaN; no infinities).
 __device__ __forceinline__ float qt_e4m3(u32 b) {
-    const u32 e = (b >> 3) & 15u, m = b & 7u;
-    if (e == 15u && m == 7u) return __uint_as_float(0x7fc00000u | ((b & 0x80u) << 24));
-    const float v = e == 0u ? (float)m * 0.001953125f : __uint_as_float(((e + 120u) << 23) | (m << 20));
-    return (b & 0x80u) ? -v : v;
+    // Selects, no early return: with the NaN case returned early, ptxas for sm_80 put 8 bytes of
+    // quant_mma_fp8_m16 on the stack (a spill the kernel check refuses). The same bits.
+    const u32 e = (b >> 3) & 15u, m = b & 7u, sign = (b & 0x80u) << 24;
+    const float mag = e == 0u ? (float)m * 0.001953125f : __uint_as_float(((e + 120u) << 23) | (m << 20));
+    const u32 bits = (e == 15u && m == 7u) ? 0x7fc00000u : __float_as_uint(mag);
+    return __uint_as_float(bits | sign);
 }
 
 // Layouts (QtLayout: values and bytes a block, values a scale group):
