@@ -11,7 +11,7 @@ use std::path::Path;
 use anyhow::{bail, Result};
 
 use crate::perf_calibration::{
-    calibration_line, fit, launch_of, leave_one_variant_out, rank_agreement, Scored, RANK_TIE,
+    calibration_line, fit, launch_of, leave_one_variant_out, rank_agreement, ranked_cases, Scored, RANK_TIE,
 };
 use crate::perf_cases::{
     attention_decode, attention_decode_fp8, attention_prefill, gemm, moe, quant_gemv, quant_mma, quant_weight_bytes,
@@ -198,14 +198,15 @@ fn default_tile(m: usize) -> &'static str {
 
 fn fmt_params(p: &Params) -> String {
     format!(
-        "launch {:.2} us, memory round trip {:.2} us, {:.2} cycles between a warp's issues, {:.0}% of copy bandwidth, L2 {:.0} GB/s, fold round {:.3} us, an mma.sync holds its warp {:.1} cycles",
+        "launch {:.2} us, memory round trip {:.2} us, {:.2} cycles between a warp's issues, {:.0}% of copy bandwidth, L2 {:.0} GB/s, fold round {:.3} us, an mma.sync holds its warp {:.1} cycles, code fetched at {:.0} GB/s",
         p.launch_us,
         p.mem_latency_us,
         p.issue_cycles,
         p.dram_eff * 100.0,
         p.l2_gbs,
         p.fold_round_us,
-        p.mma_cycles
+        p.mma_cycles,
+        p.fetch_gbs
     )
 }
 
@@ -255,6 +256,20 @@ fn variant_summary(scored: &[Scored]) -> String {
     s
 }
 
+/// Each case timed on two or more variants: the variants in the H200's order, measured and
+/// predicted, and whether the model keeps that order (ties within [`RANK_TIE`] go either way).
+fn rank_table(scored: &[Scored]) -> String {
+    let mut s = String::from(
+        "| case | variants, fastest measured first: measured / predicted us | order kept |\n|---|---|---|\n",
+    );
+    for mut c in ranked_cases(scored, RANK_TIE) {
+        c.variants.sort_by(|a, b| a.1.total_cmp(&b.1));
+        let v: Vec<String> = c.variants.iter().map(|(n, m, p)| format!("{n} {m:.1} / {p:.1}")).collect();
+        let _ = writeln!(s, "| {} | {} | {} |", c.case, v.join(", "), if c.agrees { "yes" } else { "**no**" });
+    }
+    s
+}
+
 fn prediction_table(rows: &[Row]) -> String {
     let mut s = String::from(
         "| kind | variant | case | predicted us | bound | waves | blocks/SM | default's predicted us |\n|---|---|---|---|---|---|---|---|\n",
@@ -280,18 +295,19 @@ fn prediction_table(rows: &[Row]) -> String {
 fn prediction_tsv(rows: &[Row]) -> String {
     let mut s = String::from(
         "# PREDICTIONS of the CPU performance model (cargo xtask kernels --predict --write), not measurements\n\
-         kind\tvariant\tcase\tpredicted_us\tbound\tlaunch_us\tdram_us\tl2_us\ttensor_us\tissue_us\tlatency_us\twaves\tblocks_per_sm\tdefault_predicted_us\tipm_source\n",
+         kind\tvariant\tcase\tpredicted_us\tbound\tlaunch_us\tfetch_us\tdram_us\tl2_us\ttensor_us\tissue_us\tlatency_us\twaves\tblocks_per_sm\tdefault_predicted_us\tipm_source\n",
     );
     for r in rows {
         let _ = writeln!(
             s,
-            "{}\t{}\t{}\t{:.2}\t{}\t{:.2}\t{:.2}\t{:.2}\t{:.2}\t{:.2}\t{:.2}\t{}\t{}\t{}\t{}",
+            "{}\t{}\t{}\t{:.2}\t{}\t{:.2}\t{:.2}\t{:.2}\t{:.2}\t{:.2}\t{:.2}\t{:.2}\t{}\t{}\t{}\t{}",
             r.kind,
             r.variant,
             r.case,
             r.p.us,
             r.p.bound.name(),
             r.p.launch_us,
+            r.p.fetch_us,
             r.p.dram_us,
             r.p.l2_us,
             r.p.tensor_us,
@@ -322,6 +338,8 @@ pub fn run(write: bool) -> Result<()> {
     print!("{}", calibration_table(&scored));
     println!();
     print!("{}", variant_summary(&scored));
+    println!();
+    print!("{}", rank_table(&scored));
     println!("\nfitted on every timing: {}\n", fmt_params(&params));
     let rows = untimed(&params);
     println!("### predictions for the variants no GPU has timed (PREDICTIONS, not measurements)\n");
@@ -343,6 +361,8 @@ pub fn run(write: bool) -> Result<()> {
         );
         let _ = writeln!(c, "`{line}`\n\n{strict_line}.\n");
         c.push_str(&variant_summary(&scored));
+        c.push_str("\nThe variants' order per case (leave-one-variant-out predictions):\n\n");
+        c.push_str(&rank_table(&scored));
         let _ = writeln!(c, "\nParameters fitted on every timing: {}.\n", fmt_params(&params));
         c.push_str(&calibration_table(&scored));
         std::fs::write(&cal, c)?;

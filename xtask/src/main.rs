@@ -19,6 +19,7 @@ mod kernels;
 mod kernels_predict;
 mod perf_calibration;
 mod perf_cases;
+mod perf_code;
 mod perf_model;
 mod perf_timings;
 mod serve;

@@ -57,7 +57,7 @@ fn loss(p: &Params, data: &[(Launch, f64)]) -> f64 {
     data.iter().map(|(l, us)| (predict(l, &H200, p).us / us).ln().abs()).sum()
 }
 
-/// Coordinate descent over the seven parameters in log steps, each kept in a physical range.
+/// Coordinate descent over the eight parameters in log steps, each kept in a physical range.
 /// Started from the prior at several issue rates (the loss is flat in some directions), the
 /// best kept.
 pub fn fit(data: &[(Launch, f64)]) -> Params {
@@ -79,10 +79,21 @@ pub fn fit(data: &[(Launch, f64)]) -> Params {
 fn descend(mut p: Params, data: &[(Launch, f64)]) -> Params {
     // Physical ranges: a launch back to back costs 1-5 us, a loaded DRAM round trip 0.3-2 us,
     // a warp issues every 1-40 cycles, the L2 moves 1-12 TB/s.
-    // an HMMA holds its warp 1-64 cycles.
-    let ranges = [(1.0, 5.0), (0.3, 2.0), (1.0, 40.0), (0.3, 1.0), (1000.0, 12000.0), (0.01, 2.0), (1.0, 64.0)];
+    // an HMMA holds its warp 1-64 cycles, an SM fetches code at 1-120 GB/s (at most its L2
+    // port, 64 bytes a cycle).
+    let ranges =
+        [(1.0, 5.0), (0.3, 2.0), (1.0, 40.0), (0.3, 1.0), (1000.0, 12000.0), (0.01, 2.0), (1.0, 64.0), (1.0, 120.0)];
     let get = |p: &Params, i: usize| {
-        [p.launch_us, p.mem_latency_us, p.issue_cycles, p.dram_eff, p.l2_gbs, p.fold_round_us, p.mma_cycles][i]
+        [
+            p.launch_us,
+            p.mem_latency_us,
+            p.issue_cycles,
+            p.dram_eff,
+            p.l2_gbs,
+            p.fold_round_us,
+            p.mma_cycles,
+            p.fetch_gbs,
+        ][i]
     };
     let set = |p: &mut Params, i: usize, v: f64| match i {
         0 => p.launch_us = v,
@@ -91,7 +102,8 @@ fn descend(mut p: Params, data: &[(Launch, f64)]) -> Params {
         3 => p.dram_eff = v,
         4 => p.l2_gbs = v,
         5 => p.fold_round_us = v,
-        _ => p.mma_cycles = v,
+        6 => p.mma_cycles = v,
+        _ => p.fetch_gbs = v,
     };
     let mut best = loss(&p, data);
     let mut step: f64 = 1.6;
@@ -161,14 +173,21 @@ pub fn error_summary(scored: &[Scored]) -> (f64, f64) {
 /// kernel and case timed in the check and the tuning round of 2026-12-04 differ by 1-2%.
 pub const RANK_TIE: f64 = 0.03;
 
-/// Of the cases timed on two or more variants, how many the model orders as the H200 did
-/// (each variant's mean measured time against its mean predicted time): every pair whose
-/// measured times differ by more than `tie` must keep its order. (agreeing, cases).
-pub fn rank_agreement(scored: &[Scored], tie: f64) -> (usize, usize) {
+/// One case timed on two or more variants: each variant's mean measured and mean predicted
+/// time, and whether every pair measured more than the tie apart keeps the H200's order.
+pub struct RankedCase {
+    pub case: String,
+    /// (variant, mean measured us, mean predicted us)
+    pub variants: Vec<(String, f64, f64)>,
+    pub agrees: bool,
+}
+
+/// The cases timed on two or more variants, each judged as [`rank_agreement`] does.
+pub fn ranked_cases(scored: &[Scored], tie: f64) -> Vec<RankedCase> {
     let mut cases: Vec<String> = scored.iter().map(|s| s.timing.case.label()).collect();
     cases.sort();
     cases.dedup();
-    let (mut agree, mut total) = (0, 0);
+    let mut out = Vec::new();
     for c in cases {
         // (variant, measured sum, predicted sum, count)
         let mut per: Vec<(String, f64, f64, usize)> = Vec::new();
@@ -185,22 +204,27 @@ pub fn rank_agreement(scored: &[Scored], tie: f64) -> (usize, usize) {
         if per.len() < 2 {
             continue;
         }
-        total += 1;
-        let mean = |x: &(String, f64, f64, usize)| (x.1 / x.3 as f64, x.2 / x.3 as f64);
-        let mut ok = true;
-        for (i, a) in per.iter().enumerate() {
-            for b in &per[i + 1..] {
-                let ((ma, pa), (mb, pb)) = (mean(a), mean(b));
-                if (ma - mb).abs() > tie * ma.min(mb) && (ma < mb) != (pa < pb) {
-                    ok = false;
+        let variants: Vec<(String, f64, f64)> =
+            per.into_iter().map(|(v, m, p, n)| (v, m / n as f64, p / n as f64)).collect();
+        let mut agrees = true;
+        for (i, (_, ma, pa)) in variants.iter().enumerate() {
+            for (_, mb, pb) in &variants[i + 1..] {
+                if (ma - mb).abs() > tie * ma.min(*mb) && (ma < mb) != (pa < pb) {
+                    agrees = false;
                 }
             }
         }
-        if ok {
-            agree += 1;
-        }
+        out.push(RankedCase { case: c, variants, agrees });
     }
-    (agree, total)
+    out
+}
+
+/// Of the cases timed on two or more variants, how many the model orders as the H200 did
+/// (each variant's mean measured time against its mean predicted time): every pair whose
+/// measured times differ by more than `tie` must keep its order. (agreeing, cases).
+pub fn rank_agreement(scored: &[Scored], tie: f64) -> (usize, usize) {
+    let cases = ranked_cases(scored, tie);
+    (cases.iter().filter(|c| c.agrees).count(), cases.len())
 }
 
 /// The line the command ends with.
@@ -232,6 +256,7 @@ mod tests {
             l2_gbs: 3000.0,
             fold_round_us: 0.3,
             mma_cycles: 12.0,
+            fetch_gbs: 200.0,
         };
         let mut data = Vec::new();
         for name in ["m16", "m64", "m128", "m128_occ2"] {

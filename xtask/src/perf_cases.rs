@@ -463,6 +463,7 @@ pub fn moe(tokens: usize, experts: usize, top_k: usize, hidden: usize, inter: us
         l.tensor_flops *= row_tiles;
         l.dram_bytes = (used * n * k * 2 + padded * k * 2 + padded * n * 4) as f64;
         l.trips_per_block += 1.0; // the tile-to-expert map and the gathered rows
+        l.kernel.name = if bm == 16 { "moe_gemm_m16" } else { "moe_gemm_m64" }; // its own code size
         l
     };
     (grouped(2 * inter, hidden), grouped(hidden, inter))

@@ -2,7 +2,11 @@
 //! launch, a predicted time on the H200 and the term that bounds it. A tool for deciding which
 //! variant to time next, never a measurement: nothing it prints goes into docs/gpu/latest.json.
 //!
-//! Terms (each in microseconds; the launch costs `launch_us` plus the largest of the others):
+//! Terms (each in microseconds; the launch costs `launch_us` and the fetch of its code plus the
+//! largest of the others):
+//! - fetch: the kernel's machine code (its cubin's `.text` bytes, perf_code.rs) over the rate
+//!   an SM's instruction fetch brings it from L2 (`fetch_gbs`); every SM pays it on every
+//!   launch, and more warps do not hide it;
 //! - DRAM: bytes that must come from or go to HBM over the measured copy bandwidth;
 //! - tensor: tensor-core FLOPs (padded tiles) over the pipe's peak (mma.sync or wgmma);
 //! - issue: instructions (mma count x instructions per mma, from SASS or ncu counters) over
@@ -19,8 +23,8 @@
 //!   and no shorter than the longest block (a causal prefill's last rows).
 //!
 //! The per-variant inputs (tile, threads, registers, shared memory, stages, instructions per
-//! mma) are static facts from ptxas, the SASS or counters; only the seven [`Params`] are fitted,
-//! on timings of other variants (calibration.rs, leave-one-variant-out).
+//! mma, code bytes) are static facts from ptxas, the cubin, the SASS or counters; only the eight
+//! [`Params`] are fitted, on timings of other variants (calibration.rs, leave-one-variant-out).
 
 /// The machine: NVIDIA H200 (sm_90), with the figures measured on it (gpu/ceilings.py,
 /// 2026-12-04: copy 4234.8 GB/s, cuBLAS bf16 769.4 TFLOP/s; ncu: SM clock 1.76 GHz).
@@ -55,7 +59,9 @@ pub const H200: Hw = Hw {
 /// streaming reaches, the L2's bandwidth to the SMs, one round of the split-K fold, and the
 /// cycles an mma.sync holds its warp beyond its issue (the tensor pipe's latency, which only
 /// other warps hide: ncu measured m128_n128, half m128's instructions an mma, at 5.98 cycles
-/// between a warp's issues against m128's 4.94).
+/// between a warp's issues against m128's 4.94), and the rate at which an SM fetches a
+/// kernel's code (ncu on m64 at m = 64, under one wave: 45% of the cycles between a warp's
+/// issues waiting for an instruction fetch).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Params {
     pub launch_us: f64,
@@ -65,11 +71,13 @@ pub struct Params {
     pub l2_gbs: f64,
     pub fold_round_us: f64,
     pub mma_cycles: f64,
+    pub fetch_gbs: f64,
 }
 
 /// Where the fit starts (physical priors: ~3 us a launch, ~1 us a loaded round trip, ~5 cycles
 /// between a warp's issues as ncu measured on the GEMMs, 90% of copy bandwidth, ~4 TB/s of
-/// L2, an L2 round trip of ~0.5 us a fold round, ~16 cycles of an HMMA's latency).
+/// L2, an L2 round trip of ~0.5 us a fold round, ~16 cycles of an HMMA's latency, code at
+/// ~50 GB/s an SM).
 pub const PRIOR: Params = Params {
     launch_us: 3.0,
     mem_latency_us: 1.0,
@@ -78,6 +86,7 @@ pub const PRIOR: Params = Params {
     l2_gbs: 4000.0,
     fold_round_us: 0.5,
     mma_cycles: 16.0,
+    fetch_gbs: 50.0,
 };
 
 /// One kernel's static facts.
@@ -124,6 +133,7 @@ pub struct Launch {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Bound {
     Launch,
+    Fetch,
     Dram,
     L2,
     Tensor,
@@ -135,6 +145,7 @@ impl Bound {
     pub fn name(self) -> &'static str {
         match self {
             Bound::Launch => "launch",
+            Bound::Fetch => "fetch",
             Bound::Dram => "dram",
             Bound::L2 => "l2",
             Bound::Tensor => "tensor",
@@ -149,6 +160,7 @@ pub struct Prediction {
     pub us: f64,
     pub bound: Bound,
     pub launch_us: f64,
+    pub fetch_us: f64,
     pub dram_us: f64,
     pub l2_us: f64,
     pub tensor_us: f64,
@@ -208,6 +220,9 @@ pub fn predict(l: &Launch, hw: &Hw, p: &Params) -> Prediction {
     let peak = if k.wgmma { hw.wgmma_tflops } else { hw.mma_sync_tflops };
     let tensor_us = roofline_us(l.tensor_flops, peak * 1e6);
     let launch_us = p.launch_us * l.launches.max(1) as f64;
+    // The kernel's code, fetched cold by every SM before and while its blocks run: a serial
+    // cost of each launch, like the launch itself.
+    let fetch_us = crate::perf_code::text_bytes(k.name).unwrap_or(0.0) / (p.fetch_gbs * 1e3);
     let terms = [
         (Bound::Dram, dram_us),
         (Bound::L2, l2_us),
@@ -221,13 +236,14 @@ pub fn predict(l: &Launch, hw: &Hw, p: &Params) -> Prediction {
             (bound, top) = (b, t);
         }
     }
-    if launch_us > top {
-        bound = Bound::Launch;
+    if launch_us + fetch_us > top {
+        bound = if fetch_us > launch_us { Bound::Fetch } else { Bound::Launch };
     }
     Prediction {
-        us: launch_us + top,
+        us: launch_us + fetch_us + top,
         bound,
         launch_us,
+        fetch_us,
         dram_us,
         l2_us,
         tensor_us,
@@ -287,6 +303,7 @@ mod tests {
             l2_gbs: 8469.6,
             fold_round_us: 0.0,
             mma_cycles: 0.0,
+            fetch_gbs: f64::INFINITY,
         };
         // 42.348 MB at 4234.8 GB/s: 10 us of DRAM; no instructions.
         let l = Launch {
@@ -322,6 +339,7 @@ mod tests {
             l2_gbs: 1e9,
             fold_round_us: 0.0,
             mma_cycles: 0.0,
+            fetch_gbs: f64::INFINITY,
         };
         let l = Launch {
             kernel: Kernel { ipm: 1.0, ..kernel(256, 158, 46080) },
@@ -363,6 +381,7 @@ mod tests {
             l2_gbs: 1e9,
             fold_round_us: 0.0,
             mma_cycles: 16.0,
+            fetch_gbs: f64::INFINITY,
         };
         let l = Launch {
             kernel: Kernel { ipm: 0.0, mma_sync: true, ..kernel(256, 158, 46080) },
@@ -383,5 +402,40 @@ mod tests {
         assert!((predict(&two, &H200, &p).issue_us - 2.0).abs() < 1e-9, "{:?}", predict(&two, &H200, &p));
         let simt = Launch { kernel: Kernel { mma_sync: false, ..l.kernel }, ..l };
         assert_eq!(predict(&simt, &H200, &p).issue_us, 0.0);
+    }
+
+    /// The fetch term: a kernel's code bytes over the fitted rate, paid once a launch beside
+    /// the launch overhead; a kernel with no measured code pays none.
+    #[test]
+    fn code_fetch_is_a_serial_cost_of_the_launch() {
+        let p = Params {
+            launch_us: 2.0,
+            mem_latency_us: 0.0,
+            issue_cycles: 1.0,
+            dram_eff: 1.0,
+            l2_gbs: 1e9,
+            fold_round_us: 0.0,
+            mma_cycles: 0.0,
+            fetch_gbs: 27.456,
+        };
+        let l = Launch {
+            kernel: Kernel { name: "m16", ipm: 0.0, ..kernel(128, 80, 0) },
+            blocks: 132,
+            mmas_per_block: 0.0,
+            trips_per_block: 0.0,
+            fold_rounds: 0.0,
+            longest: 1.0,
+            dram_bytes: 4234.8e3,
+            l2_bytes: 0.0,
+            tensor_flops: 0.0,
+            launches: 1,
+        };
+        // m16's 274,560 bytes at 27.456 GB/s: 10 us, beside 2 us of launch and 1 us of DRAM.
+        let r = predict(&l, &H200, &p);
+        assert!((r.fetch_us - 10.0).abs() < 1e-9 && (r.us - 13.0).abs() < 1e-9, "{r:?}");
+        assert_eq!(r.bound, Bound::Fetch);
+        let unknown = predict(&Launch { kernel: Kernel { name: "t", ..l.kernel }, ..l }, &H200, &p);
+        assert_eq!((unknown.fetch_us, unknown.bound), (0.0, Bound::Launch));
+        assert!((unknown.us - 3.0).abs() < 1e-9);
     }
 }
