@@ -293,6 +293,12 @@ mod tests {
         assert_eq!(rank_agreement(&scored, RANK_TIE), (1, 1));
         let swapped = vec![s("a", 100.0, 210.0), s("b", 200.0, 150.0)];
         assert_eq!(rank_agreement(&swapped, RANK_TIE), (0, 1));
+        // A variant timed twice counts once, at its means; the case lists each variant.
+        let repeated = vec![s("a", 100.0, 210.0), s("a", 120.0, 190.0), s("b", 200.0, 150.0)];
+        let cases = ranked_cases(&repeated, RANK_TIE);
+        assert_eq!(cases.len(), 1);
+        assert!(!cases[0].agrees);
+        assert_eq!(cases[0].variants, vec![("a".to_string(), 110.0, 200.0), ("b".to_string(), 200.0, 150.0)]);
         // Within the tie, either order agrees; strictly, it does not.
         let close = vec![s("a", 100.0, 120.0), s("b", 102.0, 110.0)];
         assert_eq!((rank_agreement(&close, RANK_TIE), rank_agreement(&close, 0.0)), ((1, 1), (0, 1)));
