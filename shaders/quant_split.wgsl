@@ -2,17 +2,23 @@
 // a row's block quants first, each a whole number of 16-byte units, then its blocks' headers
 // packed tight, the rows tiled in a texture. The pipeline puts this text (and
 // shaders/quant_fp8.wgsl) after a prelude from `Prelude::quant_split`, which defines
-// BLOCK_ELEMS, QU (units of quants a block), HH (16-bit halves of a header), VJ (groups of four
-// values a unit), `split_head(h, i)`, `split_sub(h, hv, u)`, `split_bits(h, i)` and
-// `split4(hv, hb, t, j)` naming the functions below (`hb`: split_bits's: the fifth bits of
-// Q5_0 / Q5_1, the word after the scales; 0 for the others).
+// BLOCK_ELEMS, QU (sub-blocks a block: units of quants that decode to VJ groups of four
+// values), QS (units a block stores: QU, then Q5_K's / Q6_K's high bits and Q6_K's scales),
+// HH (16-bit halves of a header), VJ, HIGH_UNITS (whether a sub-block's high bits sit in a unit
+// of their own: unit QU + u / SUBS_PER_HIGH of its block), SCALE_UNIT (whether the sub-block
+// scales sit in the block's last unit, Q6_K's, rather than in the header), `split_head(h, i)`,
+// `split_sub(h, hv, u)`, `split_bits(h, i)`, `split_high(hb, a, u)` and `split4(hv, hx, t, j)`
+// naming the functions below.
 //
 // split_head_X(h, i): the values a block's header holds, from the unit `h` holding it, whose
 // half `i` it starts at: (scale, 0), (d, m) or (scale, zero point).
-// split_sub_X(h, hv, u): those of the block's unit of quants `u` (0..QU), given the header's unit
-// `h` and split_head's `hv`: `hv` itself where one scale serves the block; Q4_K's sub-block
-// (d * sc, dmin * m).
-// split_bits_X(h, i): the header's bits that are not scales (Q5_0's fifth bits).
+// split_sub_X(h, hv, u): those of the block's sub-block `u` (0..QU), given the unit `h` holding
+// the sub-block scales (the header's, or Q6_K's scales unit) and split_head's `hv`: `hv` itself
+// where one scale serves the block; Q4_K's and Q5_K's sub-block (d * sc, dmin * m); Q6_K's
+// (d * sc) of the sub-block's two halves.
+// split_bits_X(h, i): the header's bits that are not scales (Q5_0's fifth bits), `hb`.
+// split_high_X(hb, a, u): the high bits of sub-block u, `hx`: (hb, 0) where they are the
+// header's (Q5_0 / Q5_1) or absent, else from `a`, the unit holding them (HIGH_UNITS).
 // split4_X(hv, t, j): values 4j..4j+3 of the unit of quants `t`. The arithmetic is
 // shaders/quant_block.wgsl's (and quant_fp8.wgsl's, quant_int4.wgsl's) for the same bytes, so a
 // weight decodes to the same bits in either layout.
@@ -65,6 +71,31 @@ fn split_sub_k4(h: vec4<u32>, hv: vec2<f32>, s: u32) -> vec2<f32> {
     return vec2<f32>(hv.x * f32(sm.x), hv.y * f32(sm.y));
 }
 
+// Q6_K: the i8 scales of sub-block s's two halves of 16 values (bytes 2s, 2s + 1 of the scales
+// unit `h`), times d, as quant_block.wgsl's decode4_q6_k.
+fn split_sub_q6_k(h: vec4<u32>, hv: vec2<f32>, s: u32) -> vec2<f32> {
+    let w = h[s >> 1u] << (16u - (s & 1u) * 16u);
+    let sc = vec2<i32>(bitcast<i32>(w << 8u), bitcast<i32>(w)) >> vec2<u32>(24u);
+    return vec2<f32>(hv.x * f32(sc.x), hv.x * f32(sc.y));
+}
+
+// No high bits apart from the header's.
+fn split_high_head(hb: u32, a: vec4<u32>, u: u32) -> vec2<u32> {
+    return vec2<u32>(hb, 0u);
+}
+
+// Q5_K: sub-block u's 32 fifth bits are word u % 4 of its unit, bit l for element l.
+fn split_high_q5_k(hb: u32, a: vec4<u32>, u: u32) -> vec2<u32> {
+    return vec2<u32>(a[u & 3u], 0u);
+}
+
+// Q6_K: sub-block u's 2-bit highs are 8 bytes of its unit, from byte 8 * (u % 2); byte j holds
+// elements 4j..4j+3, two bits each.
+fn split_high_q6_k(hb: u32, a: vec4<u32>, u: u32) -> vec2<u32> {
+    let w = (u & 1u) * 2u;
+    return vec2<u32>(a[w], a[w + 1u]);
+}
+
 // Q5_0: the u32 of fifth bits after the f16 d, at half i + 1 of its 8-byte slot (unaligned).
 fn split_bits_q5_0(h: vec4<u32>, i: u32) -> u32 {
     let w = i >> 1u;
@@ -114,6 +145,22 @@ fn split4_q4_k(sv: vec2<f32>, t: vec4<u32>, j: u32) -> vec4<f32> {
     return sv.x * vec4<f32>(split_nib4(t, j)) - sv.y;
 }
 
+// Q5_K: Q4_K's unit and sub-block scales, and element e's fifth bit is bit e of `hb` (its
+// sub-block's word); x = d1 * q - m1, as quant_block.wgsl's decode4_q5_k.
+fn split4_q5_k(sv: vec2<f32>, t: vec4<u32>, j: u32, hb: u32) -> vec4<f32> {
+    return sv.x * vec4<f32>(split_q5(t, j, hb)) - sv.y;
+}
+
+// Q6_K: a unit is one sub-block's low nibbles in Q4_0's arrangement, `hx` its 2-bit highs
+// (split_high_q6_k); x = d * sc * (q - 32) with the half's d * sc from split_sub_q6_k, as
+// quant_block.wgsl's decode4_q6_k.
+fn split4_q6_k(sv: vec2<f32>, hx: vec2<u32>, t: vec4<u32>, j: u32) -> vec4<f32> {
+    let v = hx[j >> 2u] >> ((j & 3u) * 8u);
+    let hi = vec4<u32>(v, v >> 2u, v >> 4u, v >> 6u) & vec4<u32>(3u);
+    let dl = select(sv.x, sv.y, j >= 4u);
+    return dl * (vec4<f32>(split_nib4(t, j) | (hi << vec4<u32>(4u))) - 32.0);
+}
+
 // FP8 e4m3: 16 bytes a unit, element e in byte e; the value rounded to bf16 (quant_fp8.wgsl).
 fn split4_fp8(hv: vec2<f32>, t: vec4<u32>, j: u32) -> vec4<f32> {
     return fp8_e4m3_scaled4(unit_bytes4(t[j], 255u), hv.x);
@@ -136,7 +183,16 @@ fn split_row4(r: u32, kk: u32, units: u32, q_units: u32) -> vec4<f32> {
     let b = kk / BLOCK_ELEMS;
     let hh = b * HH;
     let h = q_unit(((tile + q_units + (hh >> 3u)) << 6u) | lane);
-    let u = kk / (4u * VJ);
-    let sv = split_sub(h, split_head(h, hh & 7u), u - b * QU);
-    return split4(sv, split_bits(h, hh & 7u), q_unit(((tile + u) << 6u) | lane), (kk >> 2u) - u * VJ);
+    let u = kk / (4u * VJ) - b * QU;
+    var hs = h;
+    if (SCALE_UNIT) {
+        hs = q_unit(((tile + b * QS + QS - 1u) << 6u) | lane);
+    }
+    var a = vec4<u32>();
+    if (HIGH_UNITS) {
+        a = q_unit(((tile + b * QS + QU + u / SUBS_PER_HIGH) << 6u) | lane);
+    }
+    let sv = split_sub(hs, split_head(h, hh & 7u), u);
+    let hx = split_high(split_bits(h, hh & 7u), a, u);
+    return split4(sv, hx, q_unit(((tile + b * QS + u) << 6u) | lane), (kk >> 2u) % VJ);
 }

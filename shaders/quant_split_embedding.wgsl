@@ -2,7 +2,8 @@
 // layout (crates/wgpu/src/quant_split.rs; shaders/quant_split.wgsl decodes it), held in a
 // texture (the prelude declares it and `q_unit(i)`).
 //   ids u32 [T]; out f32 [T, hidden] (hidden a multiple of the block).
-// One invocation per four output elements: the block's header unit and one unit of quants.
+// One invocation per four output elements: the block's header unit and one unit of quants
+// (and Q6_K's scales unit, Q5_K's / Q6_K's unit of high bits).
 // Check: cargo test -p tandem-wgpu --test wgpu quant::
 
 struct Params {
@@ -41,7 +42,16 @@ fn quant_split_embedding(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_work
     let hh = b * HH;
     let h = unit_at(id, p.q_units + (hh >> 3u));
     let u = g / VJ;
-    let v = split4(split_sub(h, split_head(h, hh & 7u), u), split_bits(h, hh & 7u), unit_at(id, b * QU + u), g % VJ);
+    var hs = h;
+    if (SCALE_UNIT) {
+        hs = unit_at(id, b * QS + QS - 1u);
+    }
+    var a = vec4<u32>();
+    if (HIGH_UNITS) {
+        a = unit_at(id, b * QS + QU + u / SUBS_PER_HIGH);
+    }
+    let hx = split_high(split_bits(h, hh & 7u), a, u);
+    let v = split4(split_sub(hs, split_head(h, hh & 7u), u), hx, unit_at(id, b * QS + u), g % VJ);
     out[i] = v.x;
     out[i + 1u] = v.y;
     out[i + 2u] = v.z;

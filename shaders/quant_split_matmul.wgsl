@@ -8,8 +8,9 @@
 // One invocation per (RT output columns, block of MT rows of x): the workgroup's WG lanes take
 // RT runs of WG consecutive weight rows (lane li: rows li, li + WG, ...), so at each step the
 // lanes' loads lie side by side in the tiled layout. For each block an invocation loads the
-// header's unit once and each unit of quants once per row (aligned texels), takes the unit's
-// scales from the header (`split_sub`: the block's, or a K-quant sub-block's), decodes four values
+// header's unit once and each unit of quants once per row (aligned texels; Q6_K's scales unit
+// once a block, Q5_K's / Q6_K's units of high bits once for the sub-blocks they serve), takes
+// the unit's scales (`split_sub`: the block's, or a K-quant sub-block's), decodes four values
 // at a time in registers, and each value serves the MT rows of x, each x vec4 the RT rows (at
 // decode, RT > 1 is what keeps the x loads from dominating). The loops inside a block have
 // constant trip counts (RT, QU, VJ, MT), so the driver can unroll them.
@@ -63,26 +64,38 @@ fn quant_split_matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invoc
     for (var b = 0u; b < blocks; b++) {
         let hh = b * HH;
         var hd: array<vec4<u32>, RT>;
+        var hs: array<vec4<u32>, RT>;
         var hv: array<vec2<f32>, RT>;
         var hb: array<u32, RT>;
         for (var t = 0u; t < RT; t++) {
             hd[t] = unit_at(row[t], p.q_units + (hh >> 3u));
             hv[t] = split_head(hd[t], hh & 7u);
             hb[t] = split_bits(hd[t], hh & 7u);
+            hs[t] = hd[t];
+            if (SCALE_UNIT) {
+                hs[t] = unit_at(row[t], b * QS + QS - 1u);
+            }
         }
+        var ta: array<vec4<u32>, RT>;
         for (var u = 0u; u < QU; u++) {
             var tu: array<vec4<u32>, RT>;
             var sv: array<vec2<f32>, RT>;
+            var hx: array<vec2<u32>, RT>;
             for (var t = 0u; t < RT; t++) {
-                tu[t] = unit_at(row[t], b * QU + u);
-                sv[t] = split_sub(hd[t], hv[t], u);
+                tu[t] = unit_at(row[t], b * QS + u);
+                // A unit of high bits serves SUBS_PER_HIGH sub-blocks: loaded at the first.
+                if (HIGH_UNITS && u % SUBS_PER_HIGH == 0u) {
+                    ta[t] = unit_at(row[t], b * QS + QU + u / SUBS_PER_HIGH);
+                }
+                sv[t] = split_sub(hs[t], hv[t], u);
+                hx[t] = split_high(hb[t], ta[t], u);
             }
             let x0 = (b * QU + u) * VJ;
             for (var j = 0u; j < VJ; j++) {
                 for (var mi = 0u; mi < MT; mi++) {
                     let xv = x4(xrow[mi] + x0 + j);
                     for (var t = 0u; t < RT; t++) {
-                        acc[mi * RT + t] += dot(xv, split4(sv[t], hb[t], tu[t], j));
+                        acc[mi * RT + t] += dot(xv, split4(sv[t], hx[t], tu[t], j));
                     }
                 }
             }

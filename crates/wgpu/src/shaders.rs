@@ -712,8 +712,9 @@ impl Prelude {
 
     /// The split-layout decoders (shaders/quant_split.wgsl, which the pipeline puts after the
     /// prelude) for a weight in `split`, held in a texture bound at `binding` (declared here as
-    /// `qw`, read by `q_unit(i)`): `BLOCK_ELEMS`, `QU`, `HH`, `VJ`, `split_head(h, i)`,
-    /// `split_sub(h, hv, u)`, `split_bits(h, i)` and `split4(hv, hb, t, j)`.
+    /// `qw`, read by `q_unit(i)`): `BLOCK_ELEMS`, `QU`, `QS`, `HH`, `VJ`, `HIGH_UNITS`,
+    /// `SUBS_PER_HIGH`, `SCALE_UNIT`, `split_head(h, i)`, `split_sub(h, hv, u)`,
+    /// `split_bits(h, i)`, `split_high(hb, a, u)` and `split4(hv, hx, t, j)`.
     pub fn quant_split(mut self, split: crate::quant_split::QuantSplit, binding: u32) -> Self {
         let (head, sub, f) = match split.layout {
             QuantLayout::Q8_0 => ("f16", "block", "q8_0"),
@@ -722,28 +723,43 @@ impl Prelude {
             QuantLayout::Q5_0 => ("f16", "block", "q5_0"),
             QuantLayout::Q5_1 => ("f16x2", "block", "q5_1"),
             QuantLayout::Q4K => ("f16x2", "k4", "q4_k"),
+            QuantLayout::Q5K => ("f16x2", "k4", "q5_k"),
+            QuantLayout::Q6K => ("f16", "q6_k", "q6_k"),
             QuantLayout::Fp8E4m3(_) => ("f32", "block", "fp8"),
             _ => ("int4", "block", "int4"),
         };
-        // Q5_0's and Q5_1's fifth bits ride beside the scales; the other layouts have none.
+        // Q5_0's and Q5_1's fifth bits ride beside the scales, Q5_K's and Q6_K's high bits in
+        // units of their own (`split_high`); the other layouts have none.
         let (bits, decode) = match split.layout {
-            QuantLayout::Q5_0 => ("split_bits_q5_0(h, i)", format!("split4_{f}(hv, t, j, hb)")),
-            QuantLayout::Q5_1 => ("h[(i >> 1u) + 1u]", format!("split4_{f}(hv, t, j, hb)")),
+            QuantLayout::Q5_0 => ("split_bits_q5_0(h, i)", format!("split4_{f}(hv, t, j, hx.x)")),
+            QuantLayout::Q5_1 => ("h[(i >> 1u) + 1u]", format!("split4_{f}(hv, t, j, hx.x)")),
+            QuantLayout::Q5K => ("0u", format!("split4_{f}(hv, t, j, hx.x)")),
+            QuantLayout::Q6K => ("0u", format!("split4_{f}(hv, hx, t, j)")),
             _ => ("0u", format!("split4_{f}(hv, t, j)")),
         };
+        let (high, subs_per_high) = match split.layout {
+            QuantLayout::Q5K => ("q5_k", 4),
+            QuantLayout::Q6K => ("q6_k", 2),
+            _ => ("head", 1),
+        };
+        let scale_unit = split.layout == QuantLayout::Q6K;
         let (log, mask) = (crate::buffer::TEXEL_ROW_LOG2, crate::buffer::TEXEL_ROW - 1);
         self.0.push_str(&format!(
             "@group(0) @binding({binding}) var qw: texture_storage_2d<rgba32uint, read>;\n\
              fn q_unit(i: u32) -> vec4<u32> {{ return textureLoad(qw, vec2<u32>(i & {mask}u, i >> {log}u)); }}\n\
-             const BLOCK_ELEMS: u32 = {}u;\nconst QU: u32 = {}u;\nconst HH: u32 = {}u;\nconst VJ: u32 = {}u;\n\
+             const BLOCK_ELEMS: u32 = {}u;\nconst QU: u32 = {}u;\nconst QS: u32 = {}u;\nconst HH: u32 = {}u;\nconst VJ: u32 = {}u;\n\
+             const HIGH_UNITS: bool = {};\nconst SUBS_PER_HIGH: u32 = {subs_per_high}u;\nconst SCALE_UNIT: bool = {scale_unit};\n\
              fn split_head(h: vec4<u32>, i: u32) -> vec2<f32> {{ return split_head_{head}(h, i); }}\n\
              fn split_sub(h: vec4<u32>, hv: vec2<f32>, u: u32) -> vec2<f32> {{ return split_sub_{sub}(h, hv, u); }}\n\
              fn split_bits(h: vec4<u32>, i: u32) -> u32 {{ return {bits}; }}\n\
-             {SPLIT_DECODE}(hv: vec2<f32>, hb: u32, t: vec4<u32>, j: u32) -> vec4<f32> {{ return {decode}; }}\n",
+             fn split_high(hb: u32, a: vec4<u32>, u: u32) -> vec2<u32> {{ return split_high_{high}(hb, a, u); }}\n\
+             {SPLIT_DECODE}(hv: vec2<f32>, hx: vec2<u32>, t: vec4<u32>, j: u32) -> vec4<f32> {{ return {decode}; }}\n",
             split.layout.block_elems(),
+            split.subs_per_block(),
             split.units_per_block(),
             split.head_halves(),
             split.values_per_unit() / 4,
+            high != "head",
         ));
         self
     }

@@ -180,7 +180,7 @@ fn same_as_the_reference(file: &str, write: fn(&std::path::Path, usize) -> tande
 
 /// `tandem:model_weights_bytes` (`Device::weight_bytes` over the load) of a Q4_K / Q6_K file
 /// kept quantized is within 1.15x of its tensors' bytes, on wgpu and on the reference. Where
-/// wgpu holds weights in textures, a weight in the split layout (Q4_K there) also rounds up to
+/// wgpu holds weights in textures, a weight in the split layout (Q4_K and Q6_K there) also rounds up to
 /// whole texture rows (`TEXEL_ROW` units, 64 KiB), which the tiny model's tensors (a few KiB)
 /// are far from filling and a real model's (MiBs) make negligible: one row a tensor is allowed.
 #[test]
@@ -227,10 +227,11 @@ fn a_k_quant_gguf_model_gives_the_references_greedy_ids() {
     same_as_the_reference("tiny-q4_k.gguf", tandem_model_files::tiny_gguf::write_tiny_kquant_gguf);
 }
 
-/// Where weights sit in textures (CPU adapters), Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and Q4_K weights
-/// are held there in the split layout (tandem_wgpu::quant_split) and the others stay the file's
-/// bytes in a buffer; the split weight's matmul and embedding give the bits of the same weight kept in a
-/// buffer (`TANDEM_WGPU_QUANT_TEXELS=0`'s layout): the same decoders' arithmetic, the same order.
+/// Where weights sit in textures (CPU adapters), every GGUF layout (Q8_0, Q4_0, Q4_1, Q5_0,
+/// Q5_1, Q4_K, Q5_K, Q6_K) is held there in the split layout (tandem_wgpu::quant_split: the
+/// K-quants' nibbles and high bits moved within a block); the split weight's matmul and
+/// embedding give the bits of the same weight kept in a buffer (`TANDEM_WGPU_QUANT_TEXELS=0`'s
+/// layout): the same decoders' arithmetic, the same order.
 #[test]
 fn split_weights_give_the_bits_of_the_files_layout() {
     let Some(b) = common::backend() else { return };
@@ -245,7 +246,8 @@ fn split_weights_give_the_bits_of_the_files_layout() {
         let bytes = random_blocks(layout, n * k / layout.block_elems(), &mut rng);
         let w = upload(b, layout, n, k, &bytes);
         let split = tandem_wgpu::quant_split::QuantSplit::new(layout, &[n, k]).is_some();
-        assert_eq!(b.is_texels(&w), split, "{}: in a texture", layout.name());
+        assert!(split, "{}: a split form", layout.name());
+        assert!(b.is_texels(&w), "{}: in a texture", layout.name());
         let w_plain = upload(&plain, layout, n, k, &bytes);
         assert!(!plain.is_texels(&w_plain));
         for rows in [1, m] {
