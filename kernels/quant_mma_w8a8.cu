@@ -31,11 +31,13 @@
 //   total = 0; total = total + p_j * w_scale_j; ...; out = total * s_r (+ bias[c]).
 //   The row tile (m16 for m <= 16, m64 above) changes how many rows share a block, never this
 //   sequence: row r has the same bits alone, in any batch, and in either tile, given that the
-//   GPU computes every element of every mma the same way (the emulator by construction; the op
-//   suite's quant_matmul with the switch on checks it on hardware). The order of the 32
-//   products inside one mma is the hardware's and not public: the emulator adds them in
-//   ascending k (cuda_emu.h mma_m16n8k32_e4m3), so emulated bits match a host model of that
-//   order, while the GPU is held only to the tolerance against the dequantized product.
+//   GPU computes every element of every mma the same way (the emulator by construction; on
+//   hardware unconfirmed: no GPU has run this file, gpu/tune.sh's `quant_tc w8a8` steps are the
+//   first to). The order of the 32 products inside one mma is the hardware's and not public.
+//   As cuda_emu.h's bf16 mma does (mma_m16n8k16: 16 exact products added to the accumulator
+//   one at a time in ascending k, each add rounded to f32), its e4m3 mma (mma_m16n8k32_e4m3)
+//   adds the 32 exact products in ascending k: emulated bits match a host model of that order,
+//   while a GPU is held only to the tolerance against the dequantized product.
 //
 // Launch (crates/cuda/src/quant_mma_w8a8.rs): quant_mma_w8a8_fp8_m<BM>, grid (ceil(n / 64),
 // ceil(m / BM)), block 128 (4 warps), the GEMV's argument list. First each warp takes rows
