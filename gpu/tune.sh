@@ -211,6 +211,10 @@ if [ "${TANDEM_TUNE_QUANT_TC:-1}" = 1 ]; then
         NEED=15 PICK='^\| gemm' step "quant lab [quant_tc $Q]" 90 env TANDEM_CUDA_QUANT_TC=$Q "$BIN" bench kernels --backend cuda --no-cublaslt --shape "$SHAPE_8B" --dtype "$QDT" --m "$QM" --attn-batch 1 --attn-context 1024 --attn-prefill 512 --verify-batch 1 --verify-k 2 --sample-batch 1 --min-ms "$MIN_MS" --output-dir "$WORK/raw" --name "lab-quant-tc-$Q"
         grep -E '^\| gemm' "$WORK/logs/quant_lab__quant_tc_${Q}_.log" 2>/dev/null | awk -F'|' -v v="quant_tc $Q $QDT" '{gsub(/^ +| +$/, "", $2); gsub(/^ +| +$/, "", $3); gsub(/^ +| +$/, "", $4); print v "\t" $2 " " $3 "\t" $4}' >>"$OUT/tune.tsv"
     done
+    # FP8 as W8A8 (TANDEM_CUDA_QUANT_TC=w8a8: kernels/quant_mma_w8a8.cu, sm_89+): the op suite's
+    # quant_matmul cases, FP8 judged by the W8A8 limit, and the FP8 golden (crates/cuda fp8_w8a8::).
+    NEED=10 step "test-ops [quant_tc w8a8]" 60 env TANDEM_CUDA_QUANT_TC=w8a8 "$BIN" test-ops --backend cuda --seed "$OPS_SEED" --op quant_matmul
+    [ -x "$HERE/cuda-tests" ] && NEED=20 PICK='test result|panicked|FAILED|flipped|worst' step "cuda tests [quant_tc w8a8]" 90 env TANDEM_CUDA_QUANT_TC=w8a8 TANDEM_REQUIRE_CUDA=1 "$HERE/cuda-tests" --test-threads 1 --nocapture fp8_w8a8::
 fi
 
 # 2e. Prefill attention, each variant beside the others and beside torch SDPA on this GPU: one

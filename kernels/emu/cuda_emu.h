@@ -30,6 +30,8 @@
 //     to f32 (round to nearest). The hardware's internal order is not documented; the GPU op
 //     suite must confirm the kernels' contract (row bits independent of m), which relies only on
 //     the hardware computing every element of every mma the same way, not on this order.
+//   - mma.sync m16n8k32 .row.col f32 += e4m3 x e4m3 (mma_m16n8k32_e4m3 below): the 8-bit
+//     fragment layout, the same accumulation ASSUMPTION (32 exact products, ascending k).
 //   - cp.async (16 bytes, .ca/.cg, src-size zero fill) with commit_group / wait_group: the copy
 //     is deferred to the wait that covers its group, and the destination holds 0xFF bytes (NaN
 //     as f32, bf16 and f16) until then, so a missing or too-weak wait reads NaN and fails a test.
@@ -284,6 +286,50 @@ inline void mma_m16n8k16(float* d, const uint32_t* a, const uint32_t* b, const f
         float acc = c[i];
         for (int kk = 0; kk < 16; ++kk) {
             const float p = A(r, kk) * B(kk, col);  // exact: 8- or 11-bit significands
+            acc = acc + p;
+        }
+        d[i] = acc;
+    }
+}
+
+// The OCP e4m3fn byte b as f32, from the format (sign, 4 exponent bits of bias 7, 3 mantissa
+// bits; exponent 0 subnormal, S.1111.111 NaN, no infinities): crates/core fp8.rs's decode.
+inline float e4m3_to_f32(uint8_t b) {
+    const uint32_t e = (b >> 3) & 15u, m = b & 7u;
+    if (e == 15 && m == 7) return of_bits<float>(0x7fc00000u | ((uint32_t)(b & 0x80u) << 24));
+    const float mag = e == 0 ? (float)m * 0.001953125f : of_bits<float>(((e + 120u) << 23) | (m << 20));
+    return (b & 0x80u) ? -mag : mag;
+}
+
+// d = a * b + c for one m16n8k32 tile of e4m3 operands (mma.sync.aligned.m16n8k32.row.col.f32.
+// e4m3.e4m3.f32). Fragments, PTX ISA "Matrix Fragments for mma.m16n8k32" (8-bit types):
+// A a0..a15 in 4 registers of 4 bytes (byte i%4 of register i/4): row g for registers 0 and 2,
+// g + 8 for 1 and 3; col 4t + i%4 (+16 for registers 2, 3). B b0..b7 in 2 registers: row (k)
+// 4t + i%4 (+16 for register 1), col (n) g. C/D as m16n8k16. Each product of two e4m3 values
+// is exact in f32 (4-bit significands); ASSUMPTION, as for m16n8k16: the 32 products of one
+// element are added to the accumulator one after another in ascending k, each add rounded to
+// f32. The hardware's fp8 accumulation is not documented (and reported to keep fewer bits than
+// f32 inside one instruction): kernels may rely on every element computed the same way, never
+// on this order.
+inline void mma_m16n8k32_e4m3(float* d, const uint32_t* a, const uint32_t* b, const float* c) {
+    uint32_t mine[SLOT_WORDS];
+    std::memcpy(mine, a, 16);
+    std::memcpy(mine + 4, b, 8);
+    std::memcpy(mine + 6, c, 16);
+    auto set = exchange(mine, SLOT_WORDS);
+    auto byte = [](uint32_t word, int i) { return (uint8_t)(word >> (8 * i)); };
+    // A[r][kk] lives in lane 4(r%8) + (kk%16)/4, register (r>=8) + 2(kk>=16), byte kk%4.
+    auto A = [&](int r, int kk) {
+        return e4m3_to_f32(byte(set[4 * (r & 7) + ((kk & 15) >> 2)][(r >> 3) + 2 * (kk >> 4)], kk & 3));
+    };
+    // B[kk][col] lives in lane 4 col + (kk%16)/4, register 4 + (kk>=16), byte kk%4.
+    auto B = [&](int kk, int col) { return e4m3_to_f32(byte(set[4 * col + ((kk & 15) >> 2)][4 + (kk >> 4)], kk & 3)); };
+    const int g = (int)lane() >> 2, t = (int)lane() & 3;
+    for (int i = 0; i < 4; ++i) {
+        const int r = g + 8 * (i >> 1), col = 2 * t + (i & 1);
+        float acc = c[i];
+        for (int kk = 0; kk < 32; ++kk) {
+            const float p = A(r, kk) * B(kk, col);  // exact: 4-bit significands
             acc = acc + p;
         }
         d[i] = acc;

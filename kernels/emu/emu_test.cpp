@@ -16,6 +16,7 @@
 #include "../paged_attention.cu"
 #include "../quant_matmul.cu"
 #include "../quant_mma.cu"
+#include "../quant_mma_w8a8.cu"
 #include "../rms_norm.cu"
 #include "../rope.cu"
 #include "../sampling.cu"
@@ -35,6 +36,7 @@
 #include "primitives_test.h"
 #include "quant_test.h"
 #include "quant_mma_test.h"
+#include "quant_mma_w8a8_test.h"
 
 static int failures = 0, checks = 0;
 static uint64_t rng_state = 12345;
@@ -916,6 +918,7 @@ int main() {
     test_sampling();
     quanttest::run_all(expect_true);
     quantmmatest::run_all(expect_true);
+    w8a8test::run_all(expect_true);
     std::printf("%d checks, %d failed\n", checks, failures);
     return failures == 0 ? 0 : 1;
 }

@@ -217,6 +217,11 @@ pub fn cuda_tests(root: &Path, env: &FakeEnv) -> Result<Tally> {
         }
         total.add(run_counted(cmd, what)?);
     }
+    // FP8 as W8A8 (TANDEM_CUDA_QUANT_TC=w8a8, process-wide): the FP8 goldens' greedy ids.
+    let mut cmd = env.command(env!("CARGO"));
+    cmd.current_dir(root).env("TANDEM_CUDA_QUANT_TC", "w8a8");
+    cmd.args(["test", "-p", "tandem-cuda", "--test", "cuda", "--", "fp8_w8a8::", "--test-threads", "1"]);
+    total.add(run_counted(cmd, "crates/cuda FP8 goldens with TANDEM_CUDA_QUANT_TC=w8a8")?);
     // The sampling and argmax variants (a process-wide switch each): the same ids as the host.
     for (sampler, argmax) in [("radix", "multi"), ("multi", "one")] {
         let mut cmd = env.command(env!("CARGO"));
@@ -347,6 +352,14 @@ pub fn group(root: &Path, tandem: Option<PathBuf>) -> Result<Tally> {
     commands.push((
         "quant_matmul on cuda, TANDEM_CUDA_QUANT_TC=1".into(),
         ["TANDEM_CUDA_QUANT_TC=1", "test-ops", "--backend", "cuda", "--op", "quant_matmul", "--seed", &seed]
+            .map(String::from)
+            .to_vec(),
+    ));
+    // FP8 weights as W8A8 (kernels/quant_mma_w8a8.cu, off by default): the suite's quantized
+    // matmul cases, the FP8 ones judged by the W8A8 limit.
+    commands.push((
+        "quant_matmul on cuda, TANDEM_CUDA_QUANT_TC=w8a8".into(),
+        ["TANDEM_CUDA_QUANT_TC=w8a8", "test-ops", "--backend", "cuda", "--op", "quant_matmul", "--seed", &seed]
             .map(String::from)
             .to_vec(),
     ));

@@ -399,20 +399,25 @@ pub fn cases() -> Vec<Case> {
     // k a few 256-value super-blocks (SmolLM2's 576 is not one, so 512 and 1536).
     for layout in QuantLayout::GGUF {
         for (m, n, k) in [(1, 77, 512), (3, 33, 1536), (37, 77, 512)] {
-            v.push(Case::new(QuantMatmul { layout, m, n, k }, Spec::QuantMatmul));
+            v.push(Case::new(QuantMatmul { layout, m, n, k, w8a8: false }, Spec::QuantMatmul));
         }
     }
     // Int4 weights (AWQ, GPTQ, compressed-tensors, converted at load): groups of 32 and 128.
     for group in [32, 128] {
         for (m, n, k) in [(1, 77, 512), (3, 33, 1536), (37, 77, 512)] {
-            v.push(Case::new(QuantMatmul { layout: QuantLayout::Int4Group { group }, m, n, k }, Spec::QuantMatmul));
+            v.push(Case::new(
+                QuantMatmul { layout: QuantLayout::Int4Group { group }, m, n, k, w8a8: false },
+                Spec::QuantMatmul,
+            ));
         }
     }
     // FP8 e4m3 kept in 8 bits, with each scale layout checkpoints ship (SmolLM2's 576 is whole
     // runs of 32; 128 x 128 blocks leave a ragged last block column).
+    // W8A8 (x quantized to e4m3 per token) is judged by its own, derived limit where asked for.
+    let w8a8 = crate::ops::w8a8_asked();
     for scales in [Fp8Scales::Tensor, Fp8Scales::Channel, Fp8Scales::Block] {
         for (m, n, k) in [(1, 77, 576), (3, 33, 1536), (37, 77, 576)] {
-            v.push(Case::new(QuantMatmul { layout: QuantLayout::Fp8E4m3(scales), m, n, k }, Spec::QuantMatmul));
+            v.push(Case::new(QuantMatmul { layout: QuantLayout::Fp8E4m3(scales), m, n, k, w8a8 }, Spec::QuantMatmul));
         }
     }
     // The LM head: a wide n.

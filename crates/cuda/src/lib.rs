@@ -10,7 +10,7 @@
 //! - `kernels`: the kernel table, every handle resolved once at load.
 //! - `workspace`: the step scratch, reserved at load.
 //! - `ops`: the `Ops`, `FusedOps` and `Sampling` of the backend, delegating to the launchers of
-//!   `attention`, `matmul`, `moe`, `quant`, `quant_mma` and `sampling`; `launch` and `graph` under them.
+//!   `attention`, `matmul`, `moe`, `quant`, `quant_mma`, `quant_mma_w8a8` and `sampling`; `launch` and `graph` under them.
 //! - `error`: the driver's errors, and which of them lose the device.
 //! - [`cublaslt`]: NVIDIA's cuBLASLt as an opt-in GEMM (`TANDEM_CUDA_GEMM=cublaslt`) and the
 //!   peer the kernel lab times against; not batch-invariant.
@@ -37,6 +37,7 @@ mod moe;
 mod ops;
 mod quant;
 mod quant_mma;
+mod quant_mma_w8a8;
 mod sampling;
 pub mod sources;
 mod switches;

@@ -69,6 +69,9 @@ impl CudaBackend {
         if !self.switches.quant_tc {
             return Ok(None);
         }
+        if let Some(plan) = self.quant_mma_w8a8_plan(op, layout, m, n)? {
+            return Ok(Some(plan));
+        }
         let Some(ki) = mma_index(layout) else { return Ok(None) };
         let ti = tile_index(m);
         let grid = (u32_of(n.div_ceil(QT_BN), op, "blocks")?, u32_of(m.div_ceil(QT_TILES[ti]), op, "blocks")?, 1);

@@ -45,6 +45,7 @@ pub const EMBEDDED: &[(&str, &str)] = embed!(
     "paged_attention_sm90",
     "quant_matmul",
     "quant_mma",
+    "quant_mma_w8a8",
     "rms_norm",
     "rope",
     "sampling",

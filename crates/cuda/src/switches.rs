@@ -6,7 +6,9 @@
 //! their default. Every variant gives the same tokens, bit for bit (the kernels' contract); the
 //! switches choose speed, or a check mode. One exception: `TANDEM_CUDA_QUANT_TC` multiplies
 //! FP8, int4, Q8_0, Q4_0 and Q6_K weights in another order (kernels/quant_mma.cu), so a model
-//! kept in those layouts has other bits with it on; it stays off until a GPU has timed it.
+//! kept in those layouts has other bits with it on; it stays off until a GPU has timed it. Its
+//! value `w8a8` also quantizes the activations of FP8 weights to e4m3 per token on sm_89+
+//! (kernels/quant_mma_w8a8.cu, as vLLM runs FP8 there): other bits again, and a coarser x.
 
 use tandem_core::Result;
 
@@ -107,9 +109,10 @@ pub const SWITCHES: &[Switch] = &[
     },
     Switch {
         name: "TANDEM_CUDA_QUANT_TC",
-        values: "1; anything else: off",
+        values: "1; w8a8 (1, and FP8 weights as W8A8: per-token e4m3 activations, sm_89+); anything else: off",
         default: "off",
-        what: "FP8, int4, Q8_0, Q4_0 and Q6_K weights on the tensor cores (kernels/quant_mma.cu; other bits than the GEMV's)",
+        what: "FP8, int4, Q8_0, Q4_0 and Q6_K weights on the tensor cores (kernels/quant_mma.cu, \
+               quant_mma_w8a8.cu; other bits than the GEMV's)",
     },
 ];
 
@@ -156,6 +159,10 @@ pub struct Switches {
     /// `TANDEM_CUDA_QUANT_TC=1`: FP8, int4-group, Q8_0, Q4_0 and Q6_K weights through kernels/quant_mma.cu's
     /// tensor-core kernels instead of quant_matmul.cu's GEMV (quant_mma.rs).
     pub quant_tc: bool,
+    /// `TANDEM_CUDA_QUANT_TC=w8a8` (quant_tc is then on too): FP8 weights through
+    /// kernels/quant_mma_w8a8.cu, activations quantized to e4m3 per token, where the GPU is
+    /// sm_89 or newer (quant_mma_w8a8.rs; below, quant_mma.cu's W8A16 with a log line).
+    pub quant_w8a8: bool,
 }
 
 impl Default for Switches {
@@ -174,6 +181,7 @@ impl Default for Switches {
             f32_activations: false,
             cubin: true,
             quant_tc: false,
+            quant_w8a8: false,
         }
     }
 }
@@ -198,6 +206,7 @@ impl Switches {
         let attention_d256 = attention::parse_d256(var("TANDEM_CUDA_ATTENTION_D256").as_deref()).map_err(err)?;
         let pdl = launch::parse_pdl(var("TANDEM_CUDA_PDL").as_deref()).map_err(err)?;
         let moe = moe::moe_path(var("TANDEM_CUDA_MOE").as_deref())?;
+        let quant_tc = var("TANDEM_CUDA_QUANT_TC");
         let sampler = match var("TANDEM_CUDA_SAMPLER").as_deref() {
             Some("radix") => Sampler::Radix,
             Some("multi") => Sampler::Multi,
@@ -215,7 +224,8 @@ impl Switches {
             sync: var("TANDEM_CUDA_SYNC").as_deref() == Some("1"),
             f32_activations: var("TANDEM_CUDA_ACTIVATIONS").as_deref() == Some("f32"),
             cubin: var("TANDEM_CUDA_CUBIN").as_deref() != Some("0"),
-            quant_tc: var("TANDEM_CUDA_QUANT_TC").as_deref() == Some("1"),
+            quant_tc: matches!(quant_tc.as_deref(), Some("1" | "w8a8")),
+            quant_w8a8: quant_tc.as_deref() == Some("w8a8"),
         })
     }
 
@@ -256,7 +266,9 @@ impl Switches {
         if self.cubin != d.cubin {
             out.push("TANDEM_CUDA_CUBIN: 0".into());
         }
-        if self.quant_tc != d.quant_tc {
+        if self.quant_w8a8 != d.quant_w8a8 {
+            out.push("TANDEM_CUDA_QUANT_TC: w8a8".into());
+        } else if self.quant_tc != d.quant_tc {
             out.push("TANDEM_CUDA_QUANT_TC: 1".into());
         }
         out
@@ -324,6 +336,7 @@ mod tests {
         assert_eq!(s.attention, AttnVariant::TcShared);
         assert_eq!(s.attention_d256, D256Variant::Tc);
         assert!(s.cublaslt && s.pdl && s.argmax_multi && s.sync && s.f32_activations && !s.cubin && s.quant_tc);
+        assert!(!s.quant_w8a8);
         assert_eq!((s.moe, s.sampler), (MoePath::Dense, Sampler::Multi));
         assert_eq!(s.changed().len(), 12);
         // The on/off switches take anything else as off; the variant switches refuse it.
@@ -336,6 +349,11 @@ mod tests {
         .unwrap();
         assert_eq!(s, Switches::default());
         assert!(!read(&[("TANDEM_CUDA_GEMM", "ours")]).unwrap().cublaslt);
+        // w8a8: the tensor-core kernels, FP8 as W8A8; logged as its own value.
+        let s = read(&[("TANDEM_CUDA_QUANT_TC", "w8a8")]).unwrap();
+        assert!(s.quant_tc && s.quant_w8a8);
+        assert_eq!(s.changed(), vec!["TANDEM_CUDA_QUANT_TC: w8a8".to_string()]);
+        assert!(!read(&[("TANDEM_CUDA_QUANT_TC", "W8A8")]).unwrap().quant_tc);
         for (k, v) in [
             ("TANDEM_CUDA_GEMM", "cublas"),
             ("TANDEM_CUDA_GEMM_LARGE", "m256"),

@@ -31,7 +31,7 @@ pub use kv::KvWrite;
 pub use lora::{lora_rows_alone, Lora};
 pub use matmul::{GateUp, GateUpGelu, GateUpSilu, Matmul, ResidualNormGateUp};
 pub use moe::{MoeAccumulate, MoeRoute, MoeRouted};
-pub use quant_matmul::{random_blocks, QuantMatmul};
+pub use quant_matmul::{random_blocks, w8a8_asked, QuantMatmul};
 pub use rope::Rope;
 
 /// Extra elements after every output: poisoned like the output, and required to stay poisoned,
@@ -104,6 +104,24 @@ pub mod limits {
     /// (2026-12-04) worst 7.3e-5 at 7 keys and head_dim 64 (2.6x the expectation), 1.7e-5 to
     /// 4.4e-5 on the other cases. Real bugs (a missed key, a wrong block) measure 1e-2 and more.
     pub const ATTENTION: f64 = 2.0 * ATTENTION_ROUNDINGS * 1e-5;
+
+    /// The NMSE one rounding to e4m3 adds, as [`rounding`] derives it: 4 significant bits, so
+    /// half an ulp is 2^-4 relative and the NMSE 2^-6 * 0.541 / 12 = 7.0e-4 on normal draws. A
+    /// per-token scale (amax / 448) only moves the values along the exponent range; the ones
+    /// it leaves below e4m3's smallest normal (|x| < 2^-6 * amax / 448: about 1e-4 of normal
+    /// draws) add nothing measurable (tests/conformance/tolerance.rs measures 7e-4).
+    pub fn e4m3_rounding() -> f64 {
+        (-6f64).exp2() * 3.0 / (8.0 * std::f64::consts::LN_2) / 12.0
+    }
+
+    /// A matmul on FP8 weights whose backend quantizes x per token to e4m3 (W8A8, as vLLM runs
+    /// FP8 checkpoints on sm_89+; CUDA with `TANDEM_CUDA_QUANT_TC=w8a8`): each x rounded once to
+    /// e4m3 ([`e4m3_rounding`], carried through by a random matrix), the weight's e4m3 value
+    /// times its scale taken exactly where the reference rounds it to bf16 ([`rounding`] of
+    /// bf16 at most), with the bf16 GEMM's 3.6x headroom over the expectation: 2.5e-3.
+    pub fn w8a8() -> f64 {
+        3.6 * (e4m3_rounding() + rounding(DType::BF16))
+    }
 
     /// Ops whose error is set by the weight dtype (a backend may round activations to it, as
     /// tensor cores do: bf16 activations measure NMSE ≈ 2e-6 to 4e-6, f16 ≈ 3e-8 to 8e-8).

@@ -22,6 +22,16 @@ pub struct QuantMatmul {
     pub m: usize,
     pub n: usize,
     pub k: usize,
+    /// Judged as W8A8 ([`limits::w8a8`]): FP8 weights where the run asked for x quantized to
+    /// e4m3 per token ([`w8a8_asked`]).
+    pub w8a8: bool,
+}
+
+/// Whether this process runs FP8 weights as W8A8 (`TANDEM_CUDA_QUANT_TC=w8a8`, the CUDA
+/// backend's switch): the FP8 cases are then judged by [`limits::w8a8`], and say so in their
+/// parameters. Unset, every backend is held to the bf16 GEMM's limit.
+pub fn w8a8_asked() -> bool {
+    std::env::var("TANDEM_CUDA_QUANT_TC").is_ok_and(|v| v == "w8a8")
 }
 
 pub struct QuantMatmulInputs {
@@ -82,12 +92,17 @@ impl Op for QuantMatmul {
     type Inputs = QuantMatmulInputs;
     const NAME: &'static str = "quant_matmul";
     fn params(&self) -> String {
-        format!("w={} m={} n={} k={}", self.layout.name(), self.m, self.n, self.k)
+        let x = if self.w8a8 { " x=e4m3" } else { "" };
+        format!("w={} m={} n={} k={}{x}", self.layout.name(), self.m, self.n, self.k)
     }
     /// The bf16 GEMM's limit: the weights decode to the same f32 values on both sides, and a
-    /// backend may round x to a 16-bit type as its tensor cores take it.
+    /// backend may round x to a 16-bit type as its tensor cores take it; W8A8 rounds x to e4m3.
     fn limit(&self) -> f64 {
-        limits::weight(DType::BF16)
+        if self.w8a8 {
+            limits::w8a8()
+        } else {
+            limits::weight(DType::BF16)
+        }
     }
     fn cost(&self) -> Cost {
         let (m, n, k) = (self.m as f64, self.n as f64, self.k as f64);
@@ -132,7 +147,7 @@ mod tests {
         let int4 = [QuantLayout::Int4Group { group: 32 }, QuantLayout::Int4Group { group: 128 }];
         for layout in QuantLayout::GGUF.into_iter().chain(fp8).chain(int4) {
             for (m, n, k) in [(1, 7, 512), (5, 3, 256)] {
-                let op = QuantMatmul { layout, m, n, k };
+                let op = QuantMatmul { layout, m, n, k, w8a8: false };
                 let inputs = op.generate(&mut Rng::new(11));
                 let got = op.exec(&b, &inputs, &mut Launch::once()).unwrap();
                 let mut values = vec![0f32; n * k];

@@ -345,6 +345,25 @@ fn the_limits_derivations_hold() {
         println!("{dtype:?}: one rounding's NMSE {got:.3e}, derived {want:.3e}");
         assert!((got / want - 1.0).abs() < 0.03, "{dtype:?}: measured {got:.3e}, derived {want:.3e}");
     }
+    // W8A8's activation rounding: rows of 576 (SmolLM2's hidden) quantized to e4m3 with their
+    // own scale amax / 448 (crates/core fp8_round.rs, the rounding CUDA's kernel does).
+    {
+        use tandem_core::fp8::Fp8Format;
+        use tandem_core::fp8_round::{dequantize, quantize};
+        let (mut num, mut den) = (0f64, 0f64);
+        for row in xs.chunks_exact(576) {
+            let amax = row.iter().fold(0f32, |a, v| a.max(v.abs()));
+            let s = (amax / 448.0).max(1.0 / (448.0 * 512.0));
+            for &v in row {
+                let q = dequantize(Fp8Format::E4M3, quantize(Fp8Format::E4M3, v, s), s);
+                num += (v as f64 - q as f64).powi(2);
+                den += (v as f64).powi(2);
+            }
+        }
+        let (got, want) = (num / den, limits::e4m3_rounding());
+        println!("e4m3 per token: one rounding's NMSE {got:.3e}, derived {want:.3e}");
+        assert!((got / want - 1.0).abs() < 0.05, "e4m3: measured {got:.3e}, derived {want:.3e}");
+    }
     // sigma^2 E[silu'(g)^2] / E[silu(g)^2], g ~ N(0, sigma^2), by the trapezoid rule.
     for var in [1.0f64, 1.09] {
         let (mut a, mut b) = (0.0, 0.0);

@@ -6,6 +6,7 @@
 mod cublaslt;
 mod emulation;
 mod fp8;
+mod fp8_w8a8;
 mod gpu_invariance;
 mod graphs;
 mod int4;
