@@ -30,6 +30,11 @@ pub struct Args {
     /// Run the group `cargo xtask test` runs on it.
     #[arg(long)]
     group: bool,
+    /// With `--group`: the `tandem` binary it runs (e.g. target/debug/tandem after a `cargo test
+    /// --workspace`); by default one is built with `-p tandem-cli`, whose features differ from
+    /// the workspace's and recompile much of it.
+    #[arg(long)]
+    tandem: Option<PathBuf>,
     /// The `tandem` command to run on it.
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
     args: Vec<String>,
@@ -46,7 +51,7 @@ pub fn run(a: Args) -> Result<()> {
         }
     }
     if a.group {
-        let c = group(&root, None)?;
+        let c = group(&root, a.tandem.clone())?;
         println!("{}", c.report());
         if !c.failed.is_empty() {
             bail!("the fake-driver group failed");
@@ -180,6 +185,14 @@ fn run_counted(mut cmd: Command, what: &str) -> Result<Tally> {
     Ok(c)
 }
 
+/// crates/cuda's `cuda` test binary, selected with `--workspace` rather than `-p tandem-cuda`:
+/// `-p` resolves features for tandem-cuda alone (syn, num-traits, hashbrown, smallvec, log,
+/// tracing-core and bytemuck get fewer), so it recompiles 34 units, serde, tokenizers,
+/// tandem-core and tandem-cuda among them, that the workspace's `cargo test` has just built;
+/// `--workspace --test cuda` resolves features as that run did and reuses its build (cargo's
+/// `--unit-graph`: the same units, features and profiles).
+pub(crate) const CUDA_TEST: [&str; 4] = ["test", "--workspace", "--test", "cuda"];
+
 /// crates/cuda's GPU-only test modules, one thread (the driver runs one kernel at a time); then
 /// the batch-invariance module (row bits against other rows: the split-K and attention folds by
 /// the last block) twice more under other block orders (`TANDEM_FAKE_CUDA_SEED`: each launch
@@ -208,10 +221,7 @@ pub fn cuda_tests(root: &Path, env: &FakeEnv) -> Result<Tally> {
     ];
     for (what, seed, filters) in runs {
         let mut cmd = env.command(env!("CARGO"));
-        cmd.current_dir(root)
-            .args(["test", "-p", "tandem-cuda", "--test", "cuda", "--"])
-            .args(filters)
-            .args(["--test-threads", "1"]);
+        cmd.current_dir(root).args(CUDA_TEST).arg("--").args(filters).args(["--test-threads", "1"]);
         if let Some(seed) = seed {
             cmd.env("TANDEM_FAKE_CUDA_SEED", seed);
         }
@@ -226,17 +236,7 @@ pub fn cuda_tests(root: &Path, env: &FakeEnv) -> Result<Tally> {
     for (sampler, argmax) in [("radix", "multi"), ("multi", "one")] {
         let mut cmd = env.command(env!("CARGO"));
         cmd.current_dir(root).env("TANDEM_CUDA_SAMPLER", sampler).env("TANDEM_CUDA_ARGMAX", argmax);
-        cmd.args([
-            "test",
-            "-p",
-            "tandem-cuda",
-            "--test",
-            "cuda",
-            "--",
-            "gpu_invariance::masked_sampling",
-            "--test-threads",
-            "1",
-        ]);
+        cmd.args(CUDA_TEST).args(["--", "gpu_invariance::masked_sampling", "--test-threads", "1"]);
         total.add(run_counted(
             cmd,
             &format!("crates/cuda sampling with TANDEM_CUDA_SAMPLER={sampler} TANDEM_CUDA_ARGMAX={argmax}"),

@@ -171,10 +171,15 @@ pub fn cuda_test_binary(root: &Path, no_build: bool, release: bool) -> Result<Pa
             anyhow::anyhow!("no release build of the cuda tests in {} (run without --no-build)", deps.display())
         });
     }
-    let mut args = vec!["test", "-p", "tandem-cuda", "--test", "cuda", "--no-run", "--message-format=json"];
-    if release {
-        args.insert(1, "--release");
-    }
+    // The debug build (the fake driver's rehearsal) as the fake-driver group runs it, with the
+    // workspace's features (fake_cuda.rs CUDA_TEST: `-p tandem-cuda` would recompile much of
+    // what the workspace's `cargo test` built).
+    let mut args = if release {
+        vec!["test", "--release", "-p", "tandem-cuda", "--test", "cuda"]
+    } else {
+        crate::fake_cuda::CUDA_TEST.to_vec()
+    };
+    args.extend(["--no-run", "--message-format=json"]);
     let o = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .args(&args)
         .current_dir(root)

@@ -15,8 +15,9 @@
 //!    model's answers), and deploy/'s Kubernetes manifests against the bundled schemas
 //!    (tests/routers/validate_deploy.py), and the KV-event contract vllm-router's `kv_aware`
 //!    policy reads (tests/routers/kv_events_contract.py), from the pinned wheels in `.venv-routers`.
-//! 8. The fuzz targets (`cargo xtask fuzz`): regression inputs, then about 20 s of each target
-//!    (`TANDEM_FUZZ_SECONDS`); each target a skip without a nightly toolchain.
+//! 8. The fuzz targets (`cargo xtask fuzz`): regression inputs, then each target's committed
+//!    corpus replayed and a few seconds of fresh mutations (`TANDEM_FUZZ_SECONDS`, default
+//!    [`crate::fuzz::CI_SECONDS`]); each target a skip without a nightly toolchain.
 //! 9. The fake-driver group (xtask/src/fake_cuda.rs): the CUDA backend's host code on the fake
 //!    driver (crates/fake-cuda), where the CUDA toolchain is installed.
 //! 10. `cargo clippy --workspace --all-targets -- -D warnings`.
@@ -160,7 +161,8 @@ pub fn run(a: Args) -> Result<()> {
     let targets = crate::fuzz::TARGETS.len() as u64;
     if whole {
         let t4 = Instant::now();
-        let seconds = std::env::var("TANDEM_FUZZ_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(20);
+        let seconds =
+            std::env::var("TANDEM_FUZZ_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(crate::fuzz::CI_SECONDS);
         match crate::fuzz::fuzz(&root, None, seconds, false, crate::fuzz::CI_SEED) {
             Ok(o) => {
                 tally.pass(o.passed);
