@@ -230,7 +230,7 @@ pub fn cuda_tests(root: &Path, env: &FakeEnv) -> Result<Tally> {
     // FP8 as W8A8 (TANDEM_CUDA_QUANT_TC=w8a8, process-wide): the FP8 goldens' greedy ids.
     let mut cmd = env.command(env!("CARGO"));
     cmd.current_dir(root).env("TANDEM_CUDA_QUANT_TC", "w8a8");
-    cmd.args(["test", "-p", "tandem-cuda", "--test", "cuda", "--", "fp8_w8a8::", "--test-threads", "1"]);
+    cmd.args(CUDA_TEST).args(["--", "fp8_w8a8::", "--test-threads", "1"]);
     total.add(run_counted(cmd, "crates/cuda FP8 goldens with TANDEM_CUDA_QUANT_TC=w8a8")?);
     // The sampling and argmax variants (a process-wide switch each): the same ids as the host.
     for (sampler, argmax) in [("radix", "multi"), ("multi", "one")] {
