@@ -52,15 +52,21 @@
 //
 // Launch (crates/cuda/src/quant_mma.rs): quant_mma_<layout>_m<BM>, grid (ceil(n / 64),
 // ceil(m / BM)), block 128 (4 warps). A block owns BM rows x 64 columns; warp w the columns
-// 16w .. 16w + 15 (two n8 fragments) for all BM rows (BM / 16 m16 fragments). K advances 32 at
-// a time (QT_BK: one FP8 run or GGUF 32-block, a quarter, half or whole int4 group, an eighth
-// of a Q6_K super-block): the block rounds x's BM x 32 tile to bf16 in shared memory (rows >= m
-// as zeros) and decodes the weight's 64 x 32 tile there (two threads a column, 16 values each;
-// columns >= n as zeros), with the scale of each column's two 16-value halves; a barrier; each
-// warp runs its 2 k16 steps of mma into the group partials, folding them into the totals after
-// each k16 step that ends a group. Rows of shared memory are padded to 40 elements (80 bytes)
-// so a fragment load's 8 rows fall in distinct banks. Single-buffered (two barriers a 32-wide
-// step): the simple form, to be tuned once timed.
+// 16w .. 16w + 15 (two n8 fragments) for all BM rows (BM / 16 m16 fragments). K advances a
+// stage at a time: BK = 32 in the m64 tile (QT_BK: one FP8 run or GGUF 32-block, a quarter,
+// half or whole int4 group, an eighth of a K-quant super-block), BK = 128 in the m16 tile
+// (QT_BK_M16: four such 32-wide steps). Each stage the block rounds x's BM x BK tile to bf16 in
+// shared memory (rows >= m and columns >= k as zeros) and decodes the weight's 64 x BK tile
+// there (two threads a column, 16 values of each 32-wide step each; columns >= n and steps
+// past k as zeros), with the scale (and min) of each column's 16-value runs; a barrier; each
+// warp runs its BK / 16 k16 steps of mma (those below k) into the group partials, folding them
+// into the totals after each k16 step that ends a group; a barrier. Rows of shared memory are
+// padded by 8 elements (BK + 8: 80 or 272 bytes) so a fragment load's 8 rows fall in distinct
+// banks. The stage depth changes only how many k16 steps share a barrier, never the sequence
+// of the contract. Single-buffered (two barriers a stage); the m16 tile's deeper stage is for
+// decode, where every stage is a dependent round trip to memory (the perf model,
+// xtask/src/perf_cases.rs quant_mma: m = 1, n = 6144, k = 4096 predicted 171 us at BK 32, the
+// GEMV 19 us; docs/perf-model.md has the figures at BK 128).
 //
 // Check: kernels/emu/quant_mma_test.h (against a double dot of the host-decoded weights with
 // bf16 x, bitwise against a host model of the contract's order, each row alone vs in a batch
@@ -70,7 +76,7 @@
 
 #define QT_BN 64
 #define QT_BK 32
-#define QT_PITCH 40
+#define QT_BK_M16 128
 #define QT_WARPS 4
 
 typedef unsigned char u8;
@@ -246,17 +252,24 @@ __device__ __forceinline__ float qt_add(float a, float b) { return __fadd_rn(a, 
 
 __device__ __forceinline__ u32 qt_pair(const u16* p) { return *reinterpret_cast<const u32*>(p); }
 
+// The k depth of a block's stage: the m64 tile's QT_BK, the m16 tile's QT_BK_M16 (four 32-wide
+// steps a stage, so a decode's block has four times the bytes in flight a round trip).
+template <int BM> struct QtStage {
+    static constexpr int bk = BM == 16 ? QT_BK_M16 : QT_BK;
+    static constexpr int pitch = bk + 8;  // shared-memory row in elements, 16 bytes of padding
+};
+
 template <int KIND, int G, int BM>
 __device__ void quant_mma_impl(const u8* __restrict__ w, const void* __restrict__ x, int x_dtype,
                                const void* __restrict__ bias, int bias_dtype, float* __restrict__ out, int m, int n,
                                int k) {
     using L = QtLayout<KIND, G>;
-    constexpr int MF = BM / 16;
+    constexpr int MF = BM / 16, BK = QtStage<BM>::bk, PITCH = QtStage<BM>::pitch, HALVES = BK / 16;
     // u32 words (fragments are read as 32-bit pairs), used as u16 elements.
-    __shared__ u32 xs_words[BM * QT_PITCH / 2];
-    __shared__ u32 ws_words[QT_BN * QT_PITCH / 2];
-    __shared__ float ss[2 * QT_BN];  // the scale of each column's two 16-value halves
-    __shared__ float ms[L::has_min ? 2 * QT_BN : 1];  // and their min, for the layouts with one
+    __shared__ u32 xs_words[BM * PITCH / 2];
+    __shared__ u32 ws_words[QT_BN * PITCH / 2];
+    __shared__ float ss[HALVES * QT_BN];  // the scale of each column's 16-value runs of the stage
+    __shared__ float ms[L::has_min ? HALVES * QT_BN : 1];  // and their min, for the layouts with one
     u16* xs = reinterpret_cast<u16*>(xs_words);
     u16* ws = reinterpret_cast<u16*>(ws_words);
     PDL_WAIT();
@@ -280,40 +293,46 @@ __device__ void quant_mma_impl(const u8* __restrict__ w, const void* __restrict_
     const u32 ones[2] = {0x3f803f80u, 0x3f803f80u};  // bf16 1.0 pairs
     // The weight column this thread decodes and which half of the step.
     const int wc = tid / 2, wh = tid % 2;
-    for (int k0 = 0; k0 < k; k0 += QT_BK) {
-        for (int i = tid; i < BM * QT_BK; i += 32 * QT_WARPS) {
-            const int r = i / QT_BK, c = i % QT_BK;
-            xs[r * QT_PITCH + c] = row0 + r < m ? qt_x(x, x_dtype, (size_t)(row0 + r) * k + k0 + c) : (u16)0;
+    for (int k0 = 0; k0 < k; k0 += BK) {
+        // Past k (the last stage of a k that is no multiple of BK): zeros, and no mma below. The
+        // m64 tile's stage is one 32-wide step, never past k: its code has no such test.
+        constexpr bool tail = BK != QT_BK;
+        for (int i = tid; i < BM * BK; i += 32 * QT_WARPS) {
+            const int r = i / BK, c = i % BK;
+            xs[r * PITCH + c] = row0 + r < m && (!tail || k0 + c < k) ? qt_x(x, x_dtype, (size_t)(row0 + r) * k + k0 + c) : (u16)0;
         }
-        {
+#pragma unroll
+        for (int st = 0; st < BK / QT_BK; ++st) {
+            const int ks = k0 + st * QT_BK;
             u16 v[16];
             float s = 0.0f, mn = 0.0f;
-            if (col0 + wc < n) {
-                const u8* blk = w + (size_t)(col0 + wc) * row_bytes + (size_t)(k0 / L::elems) * L::bytes;
-                s = qt_decode_half<KIND, G>(blk, k0 % L::elems, wh, v, mn);
+            if (col0 + wc < n && (!tail || ks < k)) {
+                const u8* blk = w + (size_t)(col0 + wc) * row_bytes + (size_t)(ks / L::elems) * L::bytes;
+                s = qt_decode_half<KIND, G>(blk, ks % L::elems, wh, v, mn);
             } else {
 #pragma unroll
                 for (int i = 0; i < 16; ++i) v[i] = 0;
             }
 #pragma unroll
-            for (int i = 0; i < 16; ++i) ws[wc * QT_PITCH + 16 * wh + i] = v[i];
-            ss[wh * QT_BN + wc] = s;
-            if (L::has_min) ms[wh * QT_BN + wc] = mn;
+            for (int i = 0; i < 16; ++i) ws[wc * PITCH + st * QT_BK + 16 * wh + i] = v[i];
+            ss[(2 * st + wh) * QT_BN + wc] = s;
+            if (L::has_min) ms[(2 * st + wh) * QT_BN + wc] = mn;
         }
         __syncthreads();
 #pragma unroll
-        for (int kk = 0; kk < QT_BK; kk += 16) {
+        for (int kk = 0; kk < BK; kk += 16) {
+            if (tail && k0 + kk >= k) break;  // the same for the whole block
             u32 b[2][2];
 #pragma unroll
             for (int j = 0; j < 2; ++j) {
-                const u16* bp = &ws[(warp * 16 + j * 8 + g) * QT_PITCH + kk + 2 * t];
+                const u16* bp = &ws[(warp * 16 + j * 8 + g) * PITCH + kk + 2 * t];
                 b[j][0] = qt_pair(bp);
                 b[j][1] = qt_pair(bp + 8);
             }
 #pragma unroll
             for (int i = 0; i < MF; ++i) {
-                const u16* ap = &xs[(i * 16 + g) * QT_PITCH + kk + 2 * t];
-                const u32 a[4] = {qt_pair(ap), qt_pair(ap + 8 * QT_PITCH), qt_pair(ap + 8), qt_pair(ap + 8 * QT_PITCH + 8)};
+                const u16* ap = &xs[(i * 16 + g) * PITCH + kk + 2 * t];
+                const u32 a[4] = {qt_pair(ap), qt_pair(ap + 8 * PITCH), qt_pair(ap + 8), qt_pair(ap + 8 * PITCH + 8)};
 #pragma unroll
                 for (int j = 0; j < 2; ++j) mma_16816(bf16_t{}, part[i][j], a, b[j]);
                 if (L::has_min) mma_16816(bf16_t{}, xsum[i], a, ones);
