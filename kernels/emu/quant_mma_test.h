@@ -1,9 +1,10 @@
 // quant_mma_test.h — checks kernels/quant_mma.cu, for FP8 e4m3 runs, int4 groups of 32, 64
-// and 128, and GGUF Q8_0, Q4_0 and Q6_K blocks (the blocks quant_test.h draws): the matmul against a double-precision dot of x
-// rounded to bf16 and the host-decoded weights (NMSE), bitwise against a host model of the
-// kernel header's order (each group's k16 partials in ascending k from 0, then
-// total = total + partial * scale in group order, then + bias; the mma's own order as the
-// emulator defines it), and batch invariance: each row of an m-row matmul has the bits of the
+// and 128, and GGUF Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K blocks (the blocks
+// quant_test.h draws): the matmul against a double-precision dot of x rounded to bf16 and the
+// host-decoded weights (NMSE), bitwise against a host model of the kernel header's order (each
+// group's k16 partials in ascending k from 0, then total = total + partial * scale, and for
+// the layouts with a min total = total + xsum * min, in group order, then + bias; the mma's
+// own order as the emulator defines it), and batch invariance: each row of an m-row matmul has the bits of the
 // same row run alone, for m inside the m16 tile, across it and over the m64 tile; bf16 x gives
 // the bits of its f32 widening. Included by emu_test.cpp after quant_test.h; reports through
 // the `check(name, ok)` it is given.
@@ -35,6 +36,11 @@ inline const std::vector<Kind>& kinds() {
         {QL_Q8_0, {quant_mma_q8_0_m16, quant_mma_q8_0_m64}},
         {QL_Q4_0, {quant_mma_q4_0_m16, quant_mma_q4_0_m64}},
         {QL_Q6_K, {quant_mma_q6_k_m16, quant_mma_q6_k_m64}},
+        {QL_Q4_1, {quant_mma_q4_1_m16, quant_mma_q4_1_m64}},
+        {QL_Q5_0, {quant_mma_q5_0_m16, quant_mma_q5_0_m64}},
+        {QL_Q5_1, {quant_mma_q5_1_m16, quant_mma_q5_1_m64}},
+        {QL_Q4_K, {quant_mma_q4_k_m16, quant_mma_q4_k_m64}},
+        {QL_Q5_K, {quant_mma_q5_k_m16, quant_mma_q5_k_m64}},
     };
     return all;
 }
@@ -46,10 +52,41 @@ inline float bits_f32(uint32_t u) {
 }
 inline float bf16_round(float v) { return bf16_bits_to_f32(f32_to_bf16_bits(v)); }
 
-// Element e of a block split as the kernel multiplies it: the integer part (exact in bf16) and
-// the group's scale, written per element from the formats (fp8.rs, int4.rs, ggml-quants.c).
-inline void host_split(const Layout& L, const uint8_t* b, int e, float& q, float& scale) {
+// Element e of a block split as the kernel multiplies it: the integer part (exact in bf16),
+// the group's scale and its min (0 for the layouts without one; the value is q * scale + min),
+// written per element from the formats (fp8.rs, int4.rs, ggml-quants.c).
+inline void host_split(const Layout& L, const uint8_t* b, int e, float& q, float& scale, float& mn) {
     using quanttest::h16;
+    mn = 0.0f;
+    if (L.code == QL_Q4_1) {
+        q = (float)(e < 16 ? b[4 + e] & 15 : b[4 + e - 16] >> 4);
+        scale = h16(b);
+        mn = h16(b + 2);
+        return;
+    }
+    if (L.code == QL_Q5_0 || L.code == QL_Q5_1) {
+        const int off = L.code == QL_Q5_0 ? 2 : 4;
+        const uint32_t qh = (uint32_t)b[off] | ((uint32_t)b[off + 1] << 8) | ((uint32_t)b[off + 2] << 16) |
+                            ((uint32_t)b[off + 3] << 24);
+        const int low = e < 16 ? b[off + 4 + e] & 15 : b[off + 4 + e - 16] >> 4;
+        q = (float)((low | (int)(((qh >> e) & 1) << 4)) - (L.code == QL_Q5_0 ? 16 : 0));
+        scale = h16(b);
+        if (L.code == QL_Q5_1) mn = h16(b + 2);
+        return;
+    }
+    if (L.code == QL_Q4_K || L.code == QL_Q5_K) {
+        const int s = e / 32, l = e % 32;
+        const uint8_t* sc = b + 4;
+        const int sc6 = s < 4 ? sc[s] & 63 : (sc[s + 4] & 15) | ((sc[s - 4] >> 6) << 4);
+        const int mn6 = s < 4 ? sc[s + 4] & 63 : (sc[s + 4] >> 4) | ((sc[s] >> 6) << 4);
+        const uint8_t* qs = b + (L.code == QL_Q5_K ? 48 : 16);
+        int qi = (qs[(s / 2) * 32 + l] >> (4 * (s % 2))) & 15;
+        if (L.code == QL_Q5_K) qi |= ((b[16 + l] >> s) & 1) << 4;
+        q = (float)qi;
+        scale = h16(b) * (float)sc6;
+        mn = -(h16(b + 2) * (float)mn6);
+        return;
+    }
     if (L.code == QL_Q8_0) {
         q = (float)(int8_t)b[2 + e];
         scale = h16(b);
@@ -79,6 +116,10 @@ inline void host_split(const Layout& L, const uint8_t* b, int e, float& q, float
     }
 }
 
+inline bool has_min(const Layout& L) {
+    return L.code == QL_Q4_1 || L.code == QL_Q5_1 || L.code == QL_Q4_K || L.code == QL_Q5_K;
+}
+
 // The contract's order on the host: per group, 16-value steps each added one product at a
 // time in ascending k (the emulator's mma), then the fold.
 inline std::vector<float> host_contract(const Layout& L, const std::vector<uint8_t>& w, const std::vector<float>& x,
@@ -88,17 +129,23 @@ inline std::vector<float> host_contract(const Layout& L, const std::vector<uint8
     for (int r = 0; r < m; ++r)
         for (int c = 0; c < n; ++c) {
             float total = 0.0f;
-            const int group = L.code == QL_Q6_K ? 16 : L.elems;
+            const int group = L.code == QL_Q6_K ? 16 : L.elems == 256 ? 32 : L.elems;  // K-quant sub-blocks
             for (int g0 = 0; g0 < k; g0 += group) {
                 const uint8_t* blk = w.data() + (size_t)c * row_bytes + (size_t)(g0 / L.elems) * L.bytes;
-                float part = 0.0f, scale = 0.0f;
+                float part = 0.0f, xsum = 0.0f, scale = 0.0f, mn = 0.0f;
                 for (int e = 0; e < group; ++e) {
                     float q;
-                    host_split(L, blk, g0 % L.elems + e, q, scale);
-                    part = part + bf16_round(x[(size_t)r * k + g0 + e]) * q;
+                    host_split(L, blk, g0 % L.elems + e, q, scale, mn);
+                    const float xv = bf16_round(x[(size_t)r * k + g0 + e]);
+                    part = part + xv * q;
+                    xsum = xsum + xv;
                 }
                 const float p = part * scale;
                 total = total + p;
+                if (has_min(L)) {
+                    const float pm = xsum * mn;
+                    total = total + pm;
+                }
             }
             out[(size_t)r * n + c] = bias ? total + bias[c] : total;
         }
@@ -125,7 +172,9 @@ inline void run_all(const Check& check) {
         const Layout& L = *Lp;
         const std::string tag = std::string("quant_mma ") + L.name + ": ";
         for (auto [m, n, k] : std::vector<std::tuple<int, int, int>>{
-                 {1, 7, 512}, {13, 70, 768}, {16, 64, 256}, {17, 9, 256}, {70, 130, 512}}) {
+                 {1, 7, 512}, {13, 70, 768}, {16, 64, 256}, {17, 9, 256}, {70, 130, 512}, {1, 33, 832}, {9, 70, 832}}) {
+            // k = 832 (26 steps of 32, a last m16 stage of 64): for the layouts whose blocks divide it.
+            if (k % L.elems != 0) continue;
             auto w = quanttest::random_rows(L, n, k, next(seed));
             std::vector<float> x((size_t)m * k), bias(n);
             for (auto& v : x) v = (float)((int64_t)(next(seed) >> 40) - (1 << 23)) / (float)(1 << 23);
@@ -140,10 +189,10 @@ inline void run_all(const Check& check) {
                 for (int c = 0; c < n; ++c) {
                     double want = bias[c];
                     for (int i = 0; i < k; ++i) {
-                        float q, s;
+                        float q, s, mn;
                         host_split(L, w.data() + (size_t)c * row_bytes + (size_t)(i / L.elems) * L.bytes, i % L.elems, q,
-                                   s);
-                        want += (double)bf16_round(x[(size_t)r * k + i]) * ((double)q * s);
+                                   s, mn);
+                        want += (double)bf16_round(x[(size_t)r * k + i]) * ((double)q * s + (double)mn);
                     }
                     const double g = got[(size_t)r * n + c];
                     finite = finite && std::isfinite(g);

@@ -98,7 +98,7 @@ pub fn untimed(params: &Params) -> Vec<Row> {
     // FP8 and int4 (groups of 128) on the tensor cores (kernels/quant_mma.cu,
     // TANDEM_CUDA_QUANT_TC=1) beside the GEMV the layout takes by default, at the Llama-3.1-8B
     // layer shapes: decode (m = 1, the m16 tile) and prefill (m = 512, 2048, the m64 tile).
-    for q in [INT4_G128, FP8] {
+    for q in [INT4_G128, FP8, Q4_K] {
         for &(op, n, k) in &LAB_GEMMS_8B {
             for m in [1, 512, 2048] {
                 let l = quant_mma(q, m, n, k);
@@ -427,6 +427,7 @@ mod tests {
             "quant_matmul_int4_g128",
             "quant_mma_int4_g128",
             "quant_mma_fp8",
+            "quant_mma_q4_k",
         ] {
             assert!(rows.iter().any(|r| r.variant == v), "{v} has no prediction");
         }

@@ -530,35 +530,43 @@ pub fn quant_gemv(q: QuantBlocks, m: usize, n: usize, k: usize) -> Launch {
 const QT_BN: usize = 64;
 const QT_WARPS: usize = 4;
 
-/// One m x n x k matmul on FP8 or int4 weights through kernels/quant_mma.cu
+/// One m x n x k matmul on quantized weights through kernels/quant_mma.cu
 /// (`TANDEM_CUDA_QUANT_TC=1`): a block owns 64 columns and 16 (m <= 16) or 64 rows; each
-/// 32-wide step of k it rounds x's tile to bf16 and decodes the weight's 64 x 32 tile into
-/// shared memory (two threads a column, 16 values each), a barrier, then each warp's mmas:
-/// (rows / 16) x 2 fragments x 2 k16 steps. Single-buffered: every step is a dependent round
-/// trip (load, barrier, mma, barrier). The weight is read once per row block (L2 above the
-/// first), x once per column block. Instructions per mma are assumed: about 8 a decoded
-/// weight value and 8 an x element staged, 4 a fragment load, over the block's mmas of a
-/// step. Registers: ptxas 13.0 for sm_90 on kernels/quant_mma.cu (2026-12-07, no spills:
-/// int4_g128 56 (m16) and 123 (m64), fp8 40 and 80; shared memory 6912 and 10752 bytes).
+/// stage of k (128 wide in the m16 tile, 32 in the m64 tile) it rounds x's tile to bf16 and
+/// decodes the weight's 64 x BK tile into shared memory (two threads a column, 16 values each
+/// 32-wide step), a barrier, then each warp's mmas: (rows / 16) x 2 fragments x BK / 16 k16
+/// steps, plus one all-ones mma a fragment a k16 step for the x-sums of the layouts with a min
+/// (Q4_1, Q5_1, Q4_K, Q5_K). Single-buffered: every stage is a dependent round trip (load,
+/// barrier, mma, barrier). The weight is read once per row block (L2 above the first), x once
+/// per column block. Instructions per mma are assumed: about 8 a decoded weight value and 8 an
+/// x element staged, 4 a fragment load, over the block's mmas of a stage. Registers: ptxas
+/// 13.0 for sm_90 on kernels/quant_mma.cu (2026-12-07, no spills: m16 int4_g128 56, q4_k 72,
+/// fp8 64; m64 int4_g128 123, q4_k 96, fp8 80; shared memory m16 23808, 25856 with a min, m64
+/// 10752, 11264 with a min).
 pub fn quant_mma(q: QuantBlocks, m: usize, n: usize, k: usize) -> Launch {
     let bm = if m <= 16 { 16 } else { 64 };
+    let bk = if bm == 16 { 128 } else { 32 };
     let frags = bm / 16;
     let row_blocks = m.div_ceil(bm);
     let col_blocks = n.div_ceil(QT_BN);
     let w = quant_weight_bytes(q, n, k);
-    let steps = k.div_ceil(32);
-    let mmas_per_step = (frags * 2 * QT_WARPS * 2) as f64;
-    let warp_instr_per_step = (8 * QT_BN * 32 + 8 * bm * 32) as f64 / 32.0 + (QT_WARPS * 2 * (4 + 4 * frags)) as f64;
+    let steps = k.div_ceil(bk);
+    let min = matches!(q.0, "q4_1" | "q5_1" | "q4_k" | "q5_k");
+    let mmas_per_step = (frags * (2 + min as usize) * QT_WARPS * (bk / 16)) as f64;
+    let warp_instr_per_step =
+        (8 * QT_BN * bk + 8 * bm * bk) as f64 / 32.0 + (QT_WARPS * (bk / 16) * (4 + 4 * frags)) as f64;
     let kernel = Kernel {
         name: if bm == 16 { "quant_mma_m16" } else { "quant_mma_m64" },
         threads: 32 * QT_WARPS,
         regs: match (q.0, bm) {
             ("int4_g128", 16) => 56,
+            ("q4_k", 16) => 72,
             ("int4_g128", _) => 123,
-            (_, 16) => 40,
+            ("q4_k", _) => 96,
+            (_, 16) => 64,
             _ => 80,
         },
-        smem: (bm + QT_BN) * 40 * 2 + 2 * QT_BN * 4,
+        smem: (bm + QT_BN) * (bk + 8) * 2 + (1 + min as usize) * (bk / 16) * QT_BN * 4,
         stages: 1,
         ipm: warp_instr_per_step / mmas_per_step,
         ipm_source: "assumed: 8 instructions a decoded weight value, 8 a staged x element, 4 a fragment load",

@@ -74,7 +74,7 @@ pub(crate) struct Kernels<F> {
     pub(crate) quant_matmul: [Kernel<F>; QUANT_KINDS],
     pub(crate) quant_embedding: [Kernel<F>; QUANT_KINDS],
     /// kernels/quant_mma.cu, by [`crate::quant_mma::mma_index`] (FP8, int4 groups of 32, 64
-    /// and 128, Q8_0, Q4_0, Q6_K) and row tile (m16, m64).
+    /// and 128, Q8_0, Q4_0, Q6_K, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K) and row tile (m16, m64).
     pub(crate) quant_mma: [[Kernel<F>; 2]; QUANT_MMA_KINDS],
     /// kernels/quant_mma_w8a8.cu, by row tile (m16, m64): FP8 weights with e4m3 activations.
     pub(crate) quant_mma_w8a8: [Kernel<F>; 2],
@@ -199,6 +199,11 @@ impl<F> Kernels<F> {
                 [k("quant_mma_q8_0_m16")?, k("quant_mma_q8_0_m64")?],
                 [k("quant_mma_q4_0_m16")?, k("quant_mma_q4_0_m64")?],
                 [k("quant_mma_q6_k_m16")?, k("quant_mma_q6_k_m64")?],
+                [k("quant_mma_q4_1_m16")?, k("quant_mma_q4_1_m64")?],
+                [k("quant_mma_q5_0_m16")?, k("quant_mma_q5_0_m64")?],
+                [k("quant_mma_q5_1_m16")?, k("quant_mma_q5_1_m64")?],
+                [k("quant_mma_q4_k_m16")?, k("quant_mma_q4_k_m64")?],
+                [k("quant_mma_q5_k_m16")?, k("quant_mma_q5_k_m64")?],
             ],
             quant_mma_w8a8: [k("quant_mma_w8a8_fp8_m16")?, k("quant_mma_w8a8_fp8_m64")?],
         })
@@ -366,7 +371,7 @@ mod tests {
         let names = kernel_names();
         let unique: std::collections::BTreeSet<_> = names.iter().collect();
         assert_eq!(unique.len(), names.len(), "{names:?}");
-        assert_eq!(names.len(), 134); // 2 quant_mma_w8a8 (FP8 W8A8 by row tile m16, m64) + 6 fp8 KV cache (kv_write, rope_kv_write, paged_attention_partial by e4m3 / e5m2) + 14 quant_mma (FP8, int4 groups of 32, 64, 128, Q8_0, Q4_0, Q6_K by row tile m16, m64) + 4 segmented LoRA (shrink by x's type, expand) + 24 quant (matmul and embedding, 8 GGUF layouts, FP8 and int4 groups of 32, 64, 128) + 50 + 11 routed-MoE + 6 decode GEMM + 2 m128_w64 + 8 sampler/argmax + 2 tc_deep and 2 tc_shared attention variants + gelu_tanh_mul and scale (Gemma 3) + tc attention at head_dim 256
+        assert_eq!(names.len(), 144); // 2 quant_mma_w8a8 (FP8 W8A8 by row tile m16, m64) + 6 fp8 KV cache (kv_write, rope_kv_write, paged_attention_partial by e4m3 / e5m2) + 24 quant_mma (FP8, int4 groups of 32, 64, 128, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K by row tile m16, m64) + 4 segmented LoRA (shrink by x's type, expand) + 24 quant (matmul and embedding, 8 GGUF layouts, FP8 and int4 groups of 32, 64, 128) + 50 + 11 routed-MoE + 6 decode GEMM + 2 m128_w64 + 8 sampler/argmax + 2 tc_deep and 2 tc_shared attention variants + gelu_tanh_mul and scale (Gemma 3) + tc attention at head_dim 256
         let k = Kernels::<&'static str>::resolve(Ok).unwrap();
         assert_eq!(k.embedding.map(|x| x.f), ["embedding_f32", "embedding_bf16", "embedding_f16"]);
         assert_eq!(

@@ -8,7 +8,7 @@
 //!
 //! Every row of a matmul is computed by the same warp-local sequence whatever m is (the
 //! kernel's header), so batch invariance holds as it does for the bf16 GEMM. With
-//! `TANDEM_CUDA_QUANT_TC=1`, FP8, int4, Q8_0, Q4_0 and Q6_K weights take kernels/quant_mma.cu's
+//! `TANDEM_CUDA_QUANT_TC=1`, FP8, int4 and every GGUF layout take kernels/quant_mma.cu's
 //! tensor-core kernels instead (quant_mma.rs): batch-invariant too, with other bits.
 
 use tandem_core::backend::NormIn;

@@ -1,6 +1,8 @@
-//! The launch plan of kernels/quant_mma.cu: FP8 e4m3, int4-group and GGUF Q8_0, Q4_0 and Q6_K
-//! weights multiplied on the tensor cores (each 32-wide step of the weight decoded to bf16 in shared memory and fed to
-//! mma.sync, the groups' partials folded with their scales in ascending order), picked instead
+//! The launch plan of kernels/quant_mma.cu: FP8 e4m3, int4-group and every GGUF layout (Q8_0,
+//! Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) multiplied on the tensor cores (each 32-wide step
+//! of the weight decoded to bf16 in shared memory and fed to mma.sync, the groups' partials
+//! folded with their scales, and for the layouts with a min the groups' x-sums with their
+//! mins, in ascending order), picked instead
 //! of quant_matmul.cu's GEMV by `TANDEM_CUDA_QUANT_TC=1` ([`crate::switches`]).
 //!
 //! Off by default: the bits differ from the GEMV's (another summation order, and no bf16
@@ -27,8 +29,8 @@ pub(crate) const QT_WARPS: usize = 4;
 pub(crate) const QT_TILES: [usize; 2] = [16, 64];
 
 /// How many layouts kernels/quant_mma.cu runs: FP8 e4m3, int4 groups of 32, 64 and 128, GGUF
-/// Q8_0, Q4_0 and Q6_K.
-pub(crate) const QUANT_MMA_KINDS: usize = 7;
+/// Q8_0, Q4_0, Q6_K, Q4_1, Q5_0, Q5_1, Q4_K and Q5_K.
+pub(crate) const QUANT_MMA_KINDS: usize = 12;
 
 /// Where `layout`'s kernels are in the quant_mma table; None for a layout only the GEMV runs.
 pub(crate) fn mma_index(layout: QuantLayout) -> Option<usize> {
@@ -40,6 +42,11 @@ pub(crate) fn mma_index(layout: QuantLayout) -> Option<usize> {
         QuantLayout::Q8_0 => Some(4),
         QuantLayout::Q4_0 => Some(5),
         QuantLayout::Q6K => Some(6),
+        QuantLayout::Q4_1 => Some(7),
+        QuantLayout::Q5_0 => Some(8),
+        QuantLayout::Q5_1 => Some(9),
+        QuantLayout::Q4K => Some(10),
+        QuantLayout::Q5K => Some(11),
         _ => None,
     }
 }
@@ -105,15 +112,23 @@ mod tests {
             assert_eq!(mma_index(QuantLayout::Int4Group { group: g }), Some(1 + i), "{g}");
         }
         assert_eq!(mma_index(QuantLayout::Int4Group { group: 256 }), None);
-        for (l, i, group) in [(QuantLayout::Q8_0, 4, 32), (QuantLayout::Q4_0, 5, 32), (QuantLayout::Q6K, 6, 16)] {
+        let gguf = [
+            (QuantLayout::Q8_0, 4, 32),
+            (QuantLayout::Q4_0, 5, 32),
+            (QuantLayout::Q6K, 6, 16),
+            (QuantLayout::Q4_1, 7, 32),
+            (QuantLayout::Q5_0, 8, 32),
+            (QuantLayout::Q5_1, 9, 32),
+            (QuantLayout::Q4K, 10, 32),
+            (QuantLayout::Q5K, 11, 32),
+        ];
+        assert_eq!(gguf.len(), QuantLayout::GGUF.len());
+        for (l, i, group) in gguf {
             assert_eq!(mma_index(l), Some(i), "{l:?}");
             let name = l.name().to_lowercase();
             for bm in QT_TILES {
                 assert!(src.contains(&format!("QUANT_MMA_KERNEL({name}, QT_{}, {group}, {bm})", l.name())), "{l:?}");
             }
-        }
-        for l in [QuantLayout::Q4_1, QuantLayout::Q5_0, QuantLayout::Q5_1, QuantLayout::Q4K, QuantLayout::Q5K] {
-            assert_eq!(mma_index(l), None, "{l:?}");
         }
         assert_eq!((tile_index(1), tile_index(16), tile_index(17), tile_index(4096)), (0, 0, 1, 1));
     }

@@ -5,7 +5,7 @@
 //! where its table entry says so (the variant switches); the on/off ones take anything else as
 //! their default. Every variant gives the same tokens, bit for bit (the kernels' contract); the
 //! switches choose speed, or a check mode. One exception: `TANDEM_CUDA_QUANT_TC` multiplies
-//! FP8, int4, Q8_0, Q4_0 and Q6_K weights in another order (kernels/quant_mma.cu), so a model
+//! FP8, int4 and GGUF weights in another order (kernels/quant_mma.cu), so a model
 //! kept in those layouts has other bits with it on; it stays off until a GPU has timed it. Its
 //! value `w8a8` also quantizes the activations of FP8 weights to e4m3 per token on sm_89+
 //! (kernels/quant_mma_w8a8.cu, as vLLM runs FP8 there): other bits again, and a coarser x.
@@ -111,7 +111,7 @@ pub const SWITCHES: &[Switch] = &[
         name: "TANDEM_CUDA_QUANT_TC",
         values: "1; w8a8 (1, and FP8 weights as W8A8: per-token e4m3 activations, sm_89+); anything else: off",
         default: "off",
-        what: "FP8, int4, Q8_0, Q4_0 and Q6_K weights on the tensor cores (kernels/quant_mma.cu, \
+        what: "FP8, int4 and GGUF weights on the tensor cores (kernels/quant_mma.cu, \
                quant_mma_w8a8.cu; other bits than the GEMV's)",
     },
 ];
@@ -156,7 +156,7 @@ pub struct Switches {
     pub f32_activations: bool,
     /// Not `TANDEM_CUDA_CUBIN=0`.
     pub cubin: bool,
-    /// `TANDEM_CUDA_QUANT_TC=1`: FP8, int4-group, Q8_0, Q4_0 and Q6_K weights through kernels/quant_mma.cu's
+    /// `TANDEM_CUDA_QUANT_TC=1`: FP8, int4-group and GGUF weights through kernels/quant_mma.cu's
     /// tensor-core kernels instead of quant_matmul.cu's GEMV (quant_mma.rs).
     pub quant_tc: bool,
     /// `TANDEM_CUDA_QUANT_TC=w8a8` (quant_tc is then on too): FP8 weights through
