@@ -91,7 +91,12 @@ impl EngineClient for EmitEngine {
     fn submit(&self, req: GenerateRequest) -> Result<Submission, SubmitRefusal> {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        self.incoming.lock().unwrap().push(Open { id, tx, left: req.params.max_tokens, stamps: vec![] });
+        self.incoming.lock().unwrap().push(Open {
+            id,
+            tx,
+            left: req.params.sampling.max_tokens.unwrap_or(0),
+            stamps: vec![],
+        });
         Ok(Submission::channel(id, rx))
     }
     fn abort(&self, _id: RequestId) {}

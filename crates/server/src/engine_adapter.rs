@@ -13,7 +13,7 @@ use std::sync::{Arc, OnceLock};
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use tandem_engine::{EngineHandle, Request, RequestOutput, RequestStream, SamplingParams, SubmitError};
+use tandem_engine::{EngineHandle, Request, RequestOutput, RequestStream, SubmitError};
 
 use crate::engine_client::{
     CompletionDelta, EngineClient, EngineStats, EngineUpdate, FinishReason, GenerateRequest, LoraFuture, LoraRefusal,
@@ -50,30 +50,6 @@ impl TandemEngine {
 
 /// The engine's text decoder over our tokenizer (the engine's, shared with the `tandem` library).
 pub use tandem_engine::tokenizer_decode_fn as decode_fn;
-
-pub(crate) fn to_engine_params(p: &crate::engine_client::RequestParams) -> SamplingParams {
-    SamplingParams {
-        n: p.n,
-        temperature: p.temperature,
-        top_k: p.top_k,
-        top_p: p.top_p,
-        min_p: p.min_p,
-        repetition_penalty: p.repetition_penalty,
-        presence_penalty: p.presence_penalty,
-        frequency_penalty: p.frequency_penalty,
-        seed: p.seed,
-        stop: p.stop.clone(),
-        stop_token_ids: p.stop_token_ids.clone(),
-        ignore_eos: p.ignore_eos,
-        max_tokens: Some(p.max_tokens),
-        min_tokens: p.min_tokens,
-        logprobs: p.logprobs,
-        prompt_logprobs: p.prompt_logprobs,
-        logit_bias: p.logit_bias.clone(),
-        include_stop_str_in_output: p.include_stop_str_in_output,
-        guided: p.guided.clone(),
-    }
-}
 
 fn to_logprob(l: tandem_engine::sampler::TokenLogprobs) -> TokenLogprob {
     TokenLogprob { token: l.token, logprob: l.logprob, top: l.top, rank: None }
@@ -158,7 +134,7 @@ impl EngineClient for TandemEngine {
         };
         let stream = h
             .submit_with_adapter(
-                Request { prompt: req.prompt, params: to_engine_params(&req.params), priority: req.priority },
+                Request { prompt: req.prompt, params: req.params.sampling, priority: req.priority },
                 req.params.adapter,
             )
             .map_err(|e| match e {
@@ -250,56 +226,6 @@ impl EngineClient for TandemEngine {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine_client::RequestParams;
-
-    #[test]
-    fn every_sampling_field_reaches_the_engine() {
-        let p = RequestParams {
-            n: 3,
-            temperature: 0.5,
-            top_k: 7,
-            top_p: 0.9,
-            min_p: 0.1,
-            repetition_penalty: 1.2,
-            presence_penalty: 0.3,
-            frequency_penalty: -0.4,
-            seed: Some(42),
-            stop: vec!["x".into()],
-            stop_token_ids: vec![9],
-            ignore_eos: true,
-            max_tokens: 11,
-            min_tokens: 2,
-            logprobs: Some(4),
-            prompt_logprobs: Some(1),
-            logit_bias: vec![(5, -2.0)],
-            include_stop_str_in_output: true,
-            guided: None,
-            adapter: None,
-        };
-        let want = SamplingParams {
-            n: 3,
-            temperature: 0.5,
-            top_k: 7,
-            top_p: 0.9,
-            min_p: 0.1,
-            repetition_penalty: 1.2,
-            presence_penalty: 0.3,
-            frequency_penalty: -0.4,
-            seed: Some(42),
-            stop: vec!["x".into()],
-            stop_token_ids: vec![9],
-            ignore_eos: true,
-            max_tokens: Some(11),
-            min_tokens: 2,
-            logprobs: Some(4),
-            prompt_logprobs: Some(1),
-            logit_bias: vec![(5, -2.0)],
-            include_stop_str_in_output: true,
-            guided: None,
-        };
-        assert_eq!(to_engine_params(&p), want);
-        assert!(want.validate().is_ok(), "what the server accepts, the engine accepts");
-    }
 
     #[test]
     fn outputs_map_to_updates() {

@@ -11,70 +11,19 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use tandem_engine::SamplingParams;
 use tokio::sync::mpsc;
 
 pub type RequestId = u64;
 
-/// Sampling and stopping, already validated by the server (ranges are checked in `params.rs`).
-#[derive(Debug, Clone, PartialEq)]
+/// What the engine is asked for one prompt: sampling and stopping as the engine takes them,
+/// already validated by the server (ranges are checked in `params.rs`, `max_tokens` resolved
+/// in `job.rs`), and the adapter.
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct RequestParams {
-    /// Completions of this prompt; they share its KV blocks.
-    pub n: usize,
-    /// 0 is greedy.
-    pub temperature: f32,
-    /// 0 is no limit.
-    pub top_k: usize,
-    pub top_p: f32,
-    pub min_p: f32,
-    pub repetition_penalty: f32,
-    pub presence_penalty: f32,
-    pub frequency_penalty: f32,
-    pub seed: Option<u64>,
-    pub stop: Vec<String>,
-    pub stop_token_ids: Vec<u32>,
-    pub ignore_eos: bool,
-    /// Resolved by the server: the request's value, or what the context leaves.
-    pub max_tokens: usize,
-    pub min_tokens: usize,
-    /// Top-N log-probabilities per generated token; `Some(0)` is the sampled token's only.
-    pub logprobs: Option<usize>,
-    /// Top-N log-probabilities at each prompt position (the prompt token's own always).
-    pub prompt_logprobs: Option<usize>,
-    /// Added to these tokens' logits before sampling.
-    pub logit_bias: Vec<(u32, f32)>,
-    pub include_stop_str_in_output: bool,
-    /// Structured output: the compiled constraint (an opaque engine object; the server builds
-    /// it from the request's JSON form in `structured.rs`).
-    pub guided: Option<tandem_engine::Guided>,
+    pub sampling: SamplingParams,
     /// The LoRA slot of the adapter the request's `model` names (None: the base model).
     pub adapter: Option<u32>,
-}
-
-impl Default for RequestParams {
-    fn default() -> Self {
-        RequestParams {
-            n: 1,
-            temperature: 1.0,
-            top_k: 0,
-            top_p: 1.0,
-            min_p: 0.0,
-            repetition_penalty: 1.0,
-            presence_penalty: 0.0,
-            frequency_penalty: 0.0,
-            seed: None,
-            stop: Vec::new(),
-            stop_token_ids: Vec::new(),
-            ignore_eos: false,
-            max_tokens: 16,
-            min_tokens: 0,
-            logprobs: None,
-            prompt_logprobs: None,
-            logit_bias: Vec::new(),
-            include_stop_str_in_output: false,
-            guided: None,
-            adapter: None,
-        }
-    }
 }
 
 /// One prompt, tokenized, with its parameters.

@@ -26,7 +26,7 @@ pub struct Job {
     /// Completions with `echo`: each prompt's text, as given (or decoded from its ids).
     pub echo_texts: Vec<String>,
     /// The structured-output form asked for; [`Job::compile_guide`] turns it into
-    /// `p.params.guided`.
+    /// `p.params.sampling.guided`.
     pub guide: Option<GuideRequest>,
     /// Chat with tools: how the answer's text is read for tool calls.
     pub tool_output: Option<ToolOutput>,
@@ -142,7 +142,7 @@ impl Job {
             .structured()
             .map_err(|why| ApiError::invalid(&g.param, format!("structured output is not available: {why}")))?;
         let guided = s.compile(&g.spec).map_err(|e| ApiError::invalid(&g.param, format!("`{}`: {e}", g.param)))?;
-        self.p.params.guided = Some(guided);
+        self.p.params.sampling.guided = Some(guided);
         Ok(())
     }
 
@@ -177,21 +177,21 @@ impl Job {
                         None => state.config.default_max_tokens.min(room),
                     },
                 };
-                if self.p.params.min_tokens > max_tokens {
+                if self.p.params.sampling.min_tokens > max_tokens {
                     return Err(ApiError::invalid(
                         "min_tokens",
                         format!(
                             "`min_tokens` ({}) exceeds the {max_tokens} output tokens the context leaves",
-                            self.p.params.min_tokens
+                            self.p.params.sampling.min_tokens
                         ),
                     ));
                 }
                 let mut params = self.p.params.clone();
-                params.max_tokens = max_tokens;
+                params.sampling.max_tokens = Some(max_tokens);
                 if let Some(b) = self.p.best_of {
                     // Ranked by cumulative logprob: the sampled tokens' logprobs are needed.
-                    params.n = b;
-                    params.logprobs.get_or_insert(0);
+                    params.sampling.n = b;
+                    params.sampling.logprobs.get_or_insert(0);
                 }
                 Ok(GenerateRequest { prompt: prompt.clone(), params, priority: self.p.priority })
             })

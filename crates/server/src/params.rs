@@ -4,6 +4,7 @@
 //! OpenAI's own server does for fields it has dropped.
 
 use serde_json::Value;
+use tandem_engine::SamplingParams;
 
 use crate::config::SamplingDefaults;
 use crate::engine_client::RequestParams;
@@ -49,7 +50,7 @@ pub struct ParsedParams {
 /// Reads the sampling fields shared by every endpoint. `vocab` bounds `stop_token_ids`;
 /// `defaults` fill what the request leaves out.
 pub fn parse_params(f: &Fields, api: Api, vocab: usize, defaults: &SamplingDefaults) -> Result<ParsedParams, ApiError> {
-    let mut p = RequestParams::default();
+    let mut p = SamplingParams::default();
     let d = defaults;
     p.temperature = d.temperature.unwrap_or(p.temperature);
     p.top_p = d.top_p.unwrap_or(p.top_p);
@@ -203,7 +204,7 @@ pub fn parse_params(f: &Fields, api: Api, vocab: usize, defaults: &SamplingDefau
     p.include_stop_str_in_output = f.bool("include_stop_str_in_output")?.unwrap_or(false);
     // The ranges: the engine's own check, so that what the server accepts the engine accepts.
     // `max_tokens` is left out here: the context fills it in later.
-    let mut check = crate::engine_adapter::to_engine_params(&p);
+    let mut check = p.clone();
     check.max_tokens = None;
     check.validate().map_err(|e| ApiError::invalid(e.field, e.message))?;
     let priority = f.int_in("priority", i32::MIN as i64, i32::MAX as i64)?.unwrap_or(0) as i32;
@@ -239,7 +240,7 @@ pub fn parse_params(f: &Fields, api: Api, vocab: usize, defaults: &SamplingDefau
         _ => None,
     };
     Ok(ParsedParams {
-        params: p,
+        params: RequestParams { sampling: p, adapter: None },
         max_tokens,
         priority,
         stream,
@@ -274,12 +275,18 @@ mod tests {
         let f = |v: Value| parse_params(&Fields(v.as_object().unwrap()), Api::Chat, 100, &d).unwrap();
         let p = f(json!({}));
         assert_eq!(
-            (p.params.temperature, p.params.top_p, p.params.top_k, p.params.min_p, p.params.repetition_penalty),
+            (
+                p.params.sampling.temperature,
+                p.params.sampling.top_p,
+                p.params.sampling.top_k,
+                p.params.sampling.min_p,
+                p.params.sampling.repetition_penalty
+            ),
             (0.6, 0.9, 20, 0.0, 1.1)
         );
         let p = f(json!({"temperature": 0, "top_k": -1, "top_p": null}));
         assert_eq!(
-            (p.params.temperature, p.params.top_k, p.params.top_p),
+            (p.params.sampling.temperature, p.params.sampling.top_k, p.params.sampling.top_p),
             (0.0, 0, 0.9),
             "the request's own values win; null is absent"
         );
@@ -296,9 +303,18 @@ mod tests {
             Api::Completions,
         )
         .unwrap();
-        assert_eq!((p.params.n, p.params.temperature, p.params.top_k, p.params.seed), (3, 0.0, 0, Some(u64::MAX)));
-        assert_eq!((p.params.stop.clone(), p.params.stop_token_ids.clone()), (vec!["x".to_string()], vec![5]));
-        assert_eq!((p.max_tokens, p.params.min_tokens, p.params.logprobs, p.priority), (Some(7), 2, Some(4), -5));
+        assert_eq!(
+            (p.params.sampling.n, p.params.sampling.temperature, p.params.sampling.top_k, p.params.sampling.seed),
+            (3, 0.0, 0, Some(u64::MAX))
+        );
+        assert_eq!(
+            (p.params.sampling.stop.clone(), p.params.sampling.stop_token_ids.clone()),
+            (vec!["x".to_string()], vec![5])
+        );
+        assert_eq!(
+            (p.max_tokens, p.params.sampling.min_tokens, p.params.sampling.logprobs, p.priority),
+            (Some(7), 2, Some(4), -5)
+        );
         assert!(p.stream && p.include_usage);
     }
 
@@ -307,9 +323,9 @@ mod tests {
         let p =
             parse(json!({"max_tokens": 3, "max_completion_tokens": 9, "logprobs": true, "top_logprobs": 2}), Api::Chat)
                 .unwrap();
-        assert_eq!((p.max_tokens, p.params.logprobs), (Some(9), Some(2)));
+        assert_eq!((p.max_tokens, p.params.sampling.logprobs), (Some(9), Some(2)));
         let p = parse(json!({"logprobs": true}), Api::Chat).unwrap();
-        assert_eq!(p.params.logprobs, Some(0));
+        assert_eq!(p.params.sampling.logprobs, Some(0));
         assert_eq!(parse(json!({"top_logprobs": 2}), Api::Chat).unwrap_err().param.as_deref(), Some("top_logprobs"));
         assert_eq!(parse(json!({"logprobs": 2}), Api::Chat).unwrap_err().param.as_deref(), Some("logprobs"));
     }
@@ -318,22 +334,22 @@ mod tests {
     fn echo_scoring_and_logit_bias() {
         let p = parse(json!({"echo": true, "max_tokens": 0, "logprobs": 3}), Api::Completions).unwrap();
         assert_eq!(
-            (p.echo, p.max_tokens, p.params.logprobs, p.params.prompt_logprobs),
+            (p.echo, p.max_tokens, p.params.sampling.logprobs, p.params.sampling.prompt_logprobs),
             (true, Some(0), Some(3), Some(3))
         );
         let p = parse(json!({"echo": true, "max_tokens": 0}), Api::Completions).unwrap();
-        assert_eq!(p.params.prompt_logprobs, Some(0));
+        assert_eq!(p.params.sampling.prompt_logprobs, Some(0));
         let p = parse(json!({"echo": true, "max_tokens": 2}), Api::Completions).unwrap();
-        assert_eq!(p.params.prompt_logprobs, None, "echo without logprobs needs no scoring");
+        assert_eq!(p.params.sampling.prompt_logprobs, None, "echo without logprobs needs no scoring");
         let p = parse(
             json!({"prompt_logprobs": 2, "logit_bias": {"7": -100, "3": 2.5}, "include_stop_str_in_output": true}),
             Api::Chat,
         )
         .unwrap();
-        let mut bias = p.params.logit_bias.clone();
+        let mut bias = p.params.sampling.logit_bias.clone();
         bias.sort_by_key(|b| b.0);
         assert_eq!(
-            (p.params.prompt_logprobs, bias, p.params.include_stop_str_in_output),
+            (p.params.sampling.prompt_logprobs, bias, p.params.sampling.include_stop_str_in_output),
             (Some(2), vec![(3, 2.5), (7, -100.0)], true)
         );
         assert_eq!(

@@ -127,7 +127,7 @@ impl Run {
         start: Instant,
     ) -> Result<Run, ApiError> {
         let k = reqs.len();
-        let seqs = k * reqs.first().map_or(1, |r| r.params.n);
+        let seqs = k * reqs.first().map_or(1, |r| r.params.sampling.n);
         let admit = Admission::of(&state.config);
         admit.check_size(seqs, k, prompt_param)?;
         let before = state.in_flight.fetch_add(seqs, Ordering::SeqCst);
@@ -137,7 +137,7 @@ impl Run {
             return Err(ApiError::overloaded(before.saturating_sub(admit.running), 1));
         }
         state.queued.fetch_add(k, Ordering::SeqCst);
-        let n = reqs.first().map_or(1, |r| r.params.n);
+        let n = reqs.first().map_or(1, |r| r.params.sampling.n);
         let mut run = Run {
             state: state.clone(),
             deadline: Deadline::default(),
@@ -150,7 +150,8 @@ impl Run {
             first_token_at: vec![None; k * n],
             choice_tokens: vec![0; k * n],
             prompt_lens: reqs.iter().map(|r| r.prompt.len()).collect(),
-            max_tokens: reqs.iter().map(|r| r.params.max_tokens).collect(),
+            // Resolved before submission (`job.rs`): always set.
+            max_tokens: reqs.iter().map(|r| r.params.sampling.max_tokens.unwrap_or(0)).collect(),
             prompt_queue: vec![None; k],
             preemptions: vec![None; k],
             cached_tokens: vec![None; k],

@@ -25,6 +25,7 @@ use std::time::Duration;
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
 use serde_json::json;
+use tandem_engine::SamplingParams;
 
 use crate::body::ResponseBody;
 use crate::engine_client::{FinishReason, GenerateRequest, RequestParams};
@@ -124,7 +125,8 @@ fn model_info(state: &AppState) -> serde_json::Value {
 async fn health_generate(state: &AppState) -> Result<(), ApiError> {
     crate::pipeline::ready(state)?;
     let prompt = state.tokenizer.encode("ping", false).ok().filter(|t| !t.is_empty()).unwrap_or_else(|| vec![0]);
-    let params = RequestParams { temperature: 0.0, max_tokens: 1, ignore_eos: true, ..RequestParams::default() };
+    let sampling = SamplingParams { temperature: 0.0, max_tokens: Some(1), ignore_eos: true, ..Default::default() };
+    let params = RequestParams { sampling, adapter: None };
     let mut sub = state
         .engine
         .submit(GenerateRequest { prompt, params, priority: 0 })

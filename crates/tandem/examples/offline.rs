@@ -7,9 +7,15 @@
 //! model with the reference backend.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use tandem::{Backend, LlmBuilder, Output, SamplingParams};
+
+// The tests include every example, so there this file is loaded once per example.
+#[allow(clippy::duplicate_mod)]
+#[path = "common/args.rs"]
+mod args;
+pub use args::parse_args;
 
 pub const PROMPTS: [&str; 4] =
     ["The capital of France is", "Write a haiku about the sea:", "def fibonacci(n):", "The three primary colours are"];
@@ -33,41 +39,7 @@ pub fn run(model: &Path, backend: Backend, out: &mut dyn Write) -> Result<Vec<Ou
     Ok(outputs)
 }
 
-/// `--model DIR --backend NAME`.
-pub fn parse_args(args: impl Iterator<Item = String>) -> Result<(PathBuf, Backend), String> {
-    let (mut model, mut backend) = (None, Backend::Auto);
-    let mut args = args.skip(1);
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "--model" => model = args.next().map(PathBuf::from),
-            "--backend" => {
-                backend =
-                    args.next().ok_or("--backend needs a value")?.parse().map_err(|e: tandem::Error| e.to_string())?
-            }
-            other => {
-                return Err(format!(
-                    "unknown argument {other:?}; usage: --model DIR [--backend auto|reference|wgpu|cuda]"
-                ))
-            }
-        }
-    }
-    Ok((model.ok_or("--model DIR is required")?, backend))
-}
-
 #[allow(dead_code)]
 fn main() -> std::process::ExitCode {
-    let (model, backend) = match parse_args(std::env::args()) {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return std::process::ExitCode::from(2);
-        }
-    };
-    match run(&model, backend, &mut std::io::stdout()) {
-        Ok(_) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    args::exit_code(parse_args(std::env::args()).map(|(model, backend)| run(&model, backend, &mut std::io::stdout())))
 }

@@ -7,11 +7,17 @@
 //! model with the reference backend.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use tandem::{AsyncLlm, Backend, LlmBuilder, SamplingParams, Stats};
+
+// The tests include every example, so there this file is loaded once per example.
+#[allow(clippy::duplicate_mod)]
+#[path = "common/args.rs"]
+mod args;
+pub use args::parse_args;
 
 /// What the run saw.
 #[derive(Debug)]
@@ -84,42 +90,12 @@ async fn settled(llm: &AsyncLlm) -> Stats {
     }
 }
 
-/// `--model DIR --backend NAME`.
-pub fn parse_args(args: impl Iterator<Item = String>) -> Result<(PathBuf, Backend), String> {
-    let (mut model, mut backend) = (None, Backend::Auto);
-    let mut args = args.skip(1);
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "--model" => model = args.next().map(PathBuf::from),
-            "--backend" => {
-                backend =
-                    args.next().ok_or("--backend needs a value")?.parse().map_err(|e: tandem::Error| e.to_string())?
-            }
-            other => {
-                return Err(format!(
-                    "unknown argument {other:?}; usage: --model DIR [--backend auto|reference|wgpu|cuda]"
-                ))
-            }
-        }
-    }
-    Ok((model.ok_or("--model DIR is required")?, backend))
-}
-
 #[allow(dead_code)]
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    let (model, backend) = match parse_args(std::env::args()) {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return std::process::ExitCode::from(2);
-        }
+    let outcome = match parse_args(std::env::args()) {
+        Ok((model, backend)) => Ok(run(&model, backend, &mut std::io::stdout()).await),
+        Err(e) => Err(e),
     };
-    match run(&model, backend, &mut std::io::stdout()).await {
-        Ok(_) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    args::exit_code(outcome)
 }

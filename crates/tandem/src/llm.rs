@@ -31,6 +31,54 @@ impl Default for ChatOptions {
     }
 }
 
+/// The accessors [`Llm`] and [`AsyncLlm`] share, written once: each reads the `core` both hold.
+macro_rules! core_accessors {
+    () => {
+        /// Compiles a structured-output spec for [`SamplingParams::guided`]: the outputs of a
+        /// request carrying it are JSON valid against the schema, match the regex, ... (see
+        /// [`tandem_structured`]). A spec that does not compile is [`Error::Guide`] naming the
+        /// problem.
+        pub fn guide(&self, spec: &GuideSpec) -> Result<Guided> {
+            self.core.guide(spec)
+        }
+        pub fn tokenizer(&self) -> &Tokenizer {
+            &self.core.tok
+        }
+        /// The engine's counters and gauges (KV usage, running and waiting requests, ...).
+        pub fn stats(&self) -> Stats {
+            self.core.handle.stats()
+        }
+        /// The backend that runs the model (what [`Backend::Auto`] chose).
+        pub fn backend(&self) -> Backend {
+            self.core.backend
+        }
+        /// The device's name: the GPU's or adapter's, or "CPU".
+        pub fn device(&self) -> &str {
+            &self.core.device
+        }
+        /// What a caller who has no sampling parameters of their own should pass: the defaults
+        /// under the model's generation_config.json (vLLM's `get_default_sampling_params`).
+        /// Calls are never changed behind the caller's back: `generate` uses exactly the
+        /// params given.
+        pub fn default_sampling_params(&self) -> SamplingParams {
+            self.core.defaults.clone()
+        }
+        /// The element type the KV cache stores (bf16 by default on CUDA, f32 elsewhere).
+        pub fn kv_cache_dtype(&self) -> KvDtype {
+            self.core.kv_dtype
+        }
+        /// Blocks in the KV pool.
+        pub fn num_kv_blocks(&self) -> usize {
+            self.core.kv_blocks
+        }
+        /// The engine's handle, for what this API does not cover (token-id requests with a
+        /// priority, aborting by id).
+        pub fn engine(&self) -> &EngineHandle {
+            &self.core.handle
+        }
+    };
+}
+
 /// The loaded engine both faces share; dropping the last of them stops the engine thread.
 pub(crate) struct Core {
     pub handle: EngineHandle,
@@ -215,52 +263,13 @@ impl Llm {
         self.core.run_all(ids, params)
     }
 
-    /// Compiles a structured-output spec for [`SamplingParams::guided`]: the outputs of a request
-    /// carrying it are JSON valid against the schema, match the regex, ... (see
-    /// [`tandem_structured`]). A spec that does not compile is [`Error::Guide`] naming the problem.
-    pub fn guide(&self, spec: &GuideSpec) -> Result<Guided> {
-        self.core.guide(spec)
-    }
-
     /// The same engine, for streaming.
     pub fn to_async(&self) -> AsyncLlm {
         AsyncLlm { core: self.core.clone() }
     }
 
-    pub fn tokenizer(&self) -> &Tokenizer {
-        &self.core.tok
-    }
-    /// The engine's counters and gauges (KV usage, running and waiting requests, ...).
-    pub fn stats(&self) -> Stats {
-        self.core.handle.stats()
-    }
-    /// The backend that runs the model (what [`Backend::Auto`] chose).
-    pub fn backend(&self) -> Backend {
-        self.core.backend
-    }
-    /// The device's name: the GPU's or adapter's, or "CPU".
-    pub fn device(&self) -> &str {
-        &self.core.device
-    }
-    /// Blocks in the KV pool.
-    /// What a caller who has no sampling parameters of their own should pass: the defaults
-    /// under the model's generation_config.json (vLLM's `get_default_sampling_params`). Calls
-    /// are never changed behind the caller's back: `generate` uses exactly the params given.
-    pub fn default_sampling_params(&self) -> SamplingParams {
-        self.core.defaults.clone()
-    }
-    /// The element type the KV cache stores (bf16 by default on CUDA, f32 elsewhere).
-    pub fn kv_cache_dtype(&self) -> KvDtype {
-        self.core.kv_dtype
-    }
-    pub fn num_kv_blocks(&self) -> usize {
-        self.core.kv_blocks
-    }
-    /// The engine's handle, for what this API does not cover (token-id requests with a
-    /// priority, aborting by id).
-    pub fn engine(&self) -> &EngineHandle {
-        &self.core.handle
-    }
+    core_accessors!();
+
     /// The engine's id of the adapter built in under `name` ([`crate::LlmBuilder::lora`]; its
     /// slot at load for the first `max_loras`), for `engine().submit_with_adapter`.
     pub fn lora_slot(&self, name: &str) -> Option<u32> {
@@ -295,11 +304,6 @@ impl AsyncLlm {
     }
 
     /// One conversation through the chat template, streamed.
-    /// As [`Llm::guide`].
-    pub fn guide(&self, spec: &GuideSpec) -> Result<Guided> {
-        self.core.guide(spec)
-    }
-
     pub fn chat(&self, messages: &[Message], params: &SamplingParams) -> Result<OutputStream> {
         self.generate(Prompt::Chat(messages.to_vec()), params)
     }
@@ -322,34 +326,7 @@ impl AsyncLlm {
         })
     }
 
-    pub fn tokenizer(&self) -> &Tokenizer {
-        &self.core.tok
-    }
-    pub fn stats(&self) -> Stats {
-        self.core.handle.stats()
-    }
-    pub fn backend(&self) -> Backend {
-        self.core.backend
-    }
-    pub fn device(&self) -> &str {
-        &self.core.device
-    }
-    /// What a caller who has no sampling parameters of their own should pass: the defaults
-    /// under the model's generation_config.json (vLLM's `get_default_sampling_params`). Calls
-    /// are never changed behind the caller's back: `generate` uses exactly the params given.
-    pub fn default_sampling_params(&self) -> SamplingParams {
-        self.core.defaults.clone()
-    }
-    /// The element type the KV cache stores (bf16 by default on CUDA, f32 elsewhere).
-    pub fn kv_cache_dtype(&self) -> KvDtype {
-        self.core.kv_dtype
-    }
-    pub fn num_kv_blocks(&self) -> usize {
-        self.core.kv_blocks
-    }
-    pub fn engine(&self) -> &EngineHandle {
-        &self.core.handle
-    }
+    core_accessors!();
 }
 
 /// The incremental outputs of one request: each item is what completion `index` produced since

@@ -326,7 +326,7 @@ impl EngineClient for DyingEngine {
             stop_string: None,
         };
         tx.send(EngineUpdate { deltas: vec![d], ..Default::default() }).unwrap();
-        assert_eq!(req.params.n, 2);
+        assert_eq!(req.params.sampling.n, 2);
         Ok(Submission::channel(1, rx))
     }
     fn abort(&self, _id: RequestId) {}

@@ -1,6 +1,7 @@
 //! The `Device` group of `WgpuBackend`: its name, what it can say about memory, waiting for
 //! the device, and the adapter's limits and counters.
 
+use tandem_core::backend::Device;
 use tandem_core::Result;
 
 use super::operand::err;
@@ -8,20 +9,26 @@ use super::WgpuBackend;
 use crate::adapter::{AdapterSummary, NAME};
 use crate::recorder::Stats;
 
-impl WgpuBackend {
-    pub(super) fn name(&self) -> &'static str {
+impl Device for WgpuBackend {
+    fn name(&self) -> &'static str {
         NAME
     }
 
     /// wgpu has no portable query for free device memory, so this says nothing rather than guess.
-    pub(super) fn free_memory(&self) -> Option<u64> {
+    fn free_memory(&self) -> Option<u64> {
         None
     }
 
-    pub(super) fn sync(&self) -> Result<()> {
+    fn sync(&self) -> Result<()> {
         self.rec.finish()
     }
 
+    fn weight_bytes(&self) -> Option<u64> {
+        Some(self.weight_bytes.load(std::sync::atomic::Ordering::Relaxed))
+    }
+}
+
+impl WgpuBackend {
     /// The adapter in use: name, wgpu backend, device type, driver.
     pub fn adapter(&self) -> &AdapterSummary {
         &self.rec.gpu.summary

@@ -2,7 +2,7 @@
 //! norms and residual adds folded into projections, rope and the KV write in an epilogue.
 //! Each falls back to the plain ops where its shapes or knobs rule the fused kernel out.
 
-use tandem_core::backend::{KvDest, KvGeometry, NormIn};
+use tandem_core::backend::{FusedOps, KvDest, KvGeometry, NormIn, Ops, WeightAndBias};
 use tandem_core::config::Activation;
 use tandem_core::weights::TensorView;
 use tandem_core::Result;
@@ -21,12 +21,10 @@ pub(super) fn stack_shape(parts: &[&TensorView]) -> Option<Vec<usize>> {
     ok.then(|| vec![parts.iter().map(|p| p.shape[0]).sum(), cols])
 }
 
-// The ops take the `Backend` trait's signatures, argument for argument.
-#[allow(clippy::too_many_arguments)]
-impl WgpuBackend {
+impl FusedOps for WgpuBackend {
     /// One pass per row on CPU adapters (the lane kernel); elsewhere, or when dim % 8 != 0,
     /// the add and the norm as two ops.
-    pub(super) fn add_rms_norm(
+    fn add_rms_norm(
         &self,
         acc: &mut WgpuBuf,
         x: &WgpuBuf,
@@ -54,13 +52,13 @@ impl WgpuBackend {
         self.rec.dispatch(shaders::ADD_RMS_NORM_LANE, &prelude, &params, &binds, Grid::Linear(groups(rows, 64)))
     }
 
-    pub(super) fn fuse_qkv(
+    fn fuse_qkv(
         &self,
         q: &TensorView,
         k: &TensorView,
         v: &TensorView,
         bias: Option<[&TensorView; 3]>,
-    ) -> Result<Option<tandem_core::backend::WeightAndBias<WgpuBuf>>> {
+    ) -> Result<Option<WeightAndBias<WgpuBuf>>> {
         // Weights kept quantized run apart (the fused kernels read 16-bit rows).
         if !self.fuse || [q, k, v].iter().any(|t| t.quant.is_some()) {
             return Ok(None);
@@ -87,6 +85,7 @@ impl WgpuBackend {
             t.row_of(q.dtype, src.bytes(), i)
         };
         let w = self.tiled_weight(q.dtype, t, Some(&name), self.texel_weights, &row)?;
+        // Counted as held only once the fused weight is taken (a bias that cannot join declines it).
         let b = match bias {
             None => None,
             Some(bs) => {
@@ -105,10 +104,10 @@ impl WgpuBackend {
                 )?)
             }
         };
-        Ok(Some((w, b)))
+        Ok(Some((self.held(w), b.map(|b| self.held(b)))))
     }
 
-    pub(super) fn qkv_proj(
+    fn qkv_proj(
         &self,
         x: &WgpuBuf,
         w: &WgpuBuf,
@@ -140,7 +139,7 @@ impl WgpuBackend {
         )
     }
 
-    pub(super) fn fuse_gate_up(&self, gate: &TensorView, up: &TensorView) -> Result<Option<WgpuBuf>> {
+    fn fuse_gate_up(&self, gate: &TensorView, up: &TensorView) -> Result<Option<WgpuBuf>> {
         // Weights kept quantized run apart (the fused kernels read 16-bit rows).
         if !self.fuse || gate.shape != up.shape || gate.dtype != up.dtype || gate.quant.is_some() || up.quant.is_some()
         {
@@ -164,10 +163,10 @@ impl WgpuBackend {
             }
         };
         let name = gate.name.replace("gate_proj", "gate_up_proj");
-        self.tiled_weight(gate.dtype, t, Some(&name), self.texel_weights, &row).map(Some)
+        self.tiled_weight(gate.dtype, t, Some(&name), self.texel_weights, &row).map(|w| Some(self.held(w)))
     }
 
-    pub(super) fn gate_up_act(
+    fn gate_up_act(
         &self,
         act: Activation,
         x: &WgpuBuf,
@@ -194,14 +193,14 @@ impl WgpuBackend {
         self.matmul_to(op, x, w, None, Out::GateUp(out_b, gelu), norm.map(|n| (n.h, n.eps)), m, inter, hidden)
     }
 
-    pub(super) fn fuses_norm(&self, hidden: usize, tokens: usize) -> bool {
+    fn fuses_norm(&self, hidden: usize, tokens: usize) -> bool {
         // Every block of a projection's columns recomputes the norm of its rows (a workgroup
         // prologue): at one or two tokens that costs less than the add_rms_norm dispatches it
         // saves; at a 128-token prefill it made the prefill about 10% slower (docs/bench-cpu.md).
         self.fuse_norm && hidden.is_multiple_of(4) && tokens <= self.fuse_norm_rows
     }
 
-    pub(super) fn matmul_residual(
+    fn matmul_residual(
         &self,
         x: &WgpuBuf,
         w: &WgpuBuf,
@@ -231,7 +230,7 @@ impl WgpuBackend {
         self.matmul_to(op, x, w, None, Out::Residual { h: h_b, next_norm }, None, m, n, k)
     }
 
-    pub(super) fn qkv_rope_kv_write(
+    fn qkv_rope_kv_write(
         &self,
         x: &WgpuBuf,
         w: &WgpuBuf,
@@ -288,7 +287,7 @@ impl WgpuBackend {
         self.matmul_to(op, x, w, bias, out, norm.map(|n| (n.h, n.eps)), m, nq + 2 * nkv, hidden)
     }
 
-    pub(super) fn rope_kv_write(
+    fn rope_kv_write(
         &self,
         q: &mut WgpuBuf,
         k: &mut WgpuBuf,

@@ -1,4 +1,4 @@
-//! The segmented LoRA update (`Ops::lora`, `shaders/lora.wgsl`): the shrink pass over
+//! The segmented LoRA update behind `Ops::lora` ( `shaders/lora.wgsl`): the shrink pass over
 //! `[rows, max_rank]`, then the expand pass adding each row's update into y, both reading
 //! each row's slot of the stacked factors.
 
@@ -12,7 +12,12 @@ use crate::recorder::{Bind, Grid};
 use crate::shaders::{self, Prelude};
 
 impl WgpuBackend {
-    pub(super) fn lora(&self, args: &LoraArgs<'_, WgpuBuf>, shrink: &mut WgpuBuf, y: &mut WgpuBuf) -> Result<()> {
+    pub(super) fn segmented_lora(
+        &self,
+        args: &LoraArgs<'_, WgpuBuf>,
+        shrink: &mut WgpuBuf,
+        y: &mut WgpuBuf,
+    ) -> Result<()> {
         const OP: &str = "lora";
         check(args, OP)?;
         if args.rows == 0 || args.out == 0 {

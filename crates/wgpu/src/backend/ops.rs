@@ -1,7 +1,8 @@
 //! The `Ops` group of `WgpuBackend`: the op families every backend implements, each a WGSL
 //! kernel dispatched after its buffers are checked on the host.
 
-use tandem_core::backend::{AttnArgs, KvGeometry};
+use tandem_core::backend::{AttnArgs, KvGeometry, Ops};
+use tandem_core::lora::LoraArgs;
 use tandem_core::Result;
 
 use super::matmul::Out;
@@ -11,10 +12,8 @@ use crate::buffer::{BufKind, WgpuBuf};
 use crate::recorder::{Bind, Grid};
 use crate::shaders::{self, Prelude};
 
-// The ops take the `Backend` trait's signatures, argument for argument.
-#[allow(clippy::too_many_arguments)]
-impl WgpuBackend {
-    pub(super) fn embedding(
+impl Ops for WgpuBackend {
+    fn embedding(
         &self,
         table: &WgpuBuf,
         ids: &WgpuBuf,
@@ -44,14 +43,7 @@ impl WgpuBackend {
         Ok(())
     }
 
-    pub(super) fn gather_rows(
-        &self,
-        src: &WgpuBuf,
-        rows: &WgpuBuf,
-        out: &mut WgpuBuf,
-        n: usize,
-        dim: usize,
-    ) -> Result<()> {
+    fn gather_rows(&self, src: &WgpuBuf, rows: &WgpuBuf, out: &mut WgpuBuf, n: usize, dim: usize) -> Result<()> {
         let op = "gather_rows";
         if dim == 0 {
             return Ok(());
@@ -65,15 +57,7 @@ impl WgpuBackend {
         self.rec.dispatch(shaders::GATHER_ROWS, &Prelude::new(), &params, &binds, Grid::Linear(groups(n * dim, 64)))
     }
 
-    pub(super) fn rms_norm(
-        &self,
-        x: &WgpuBuf,
-        w: &WgpuBuf,
-        out: &mut WgpuBuf,
-        rows: usize,
-        dim: usize,
-        eps: f32,
-    ) -> Result<()> {
+    fn rms_norm(&self, x: &WgpuBuf, w: &WgpuBuf, out: &mut WgpuBuf, rows: usize, dim: usize, eps: f32) -> Result<()> {
         let op = "rms_norm";
         let x_b = want_f32(op, "x", x, rows * dim)?;
         let dtype = want_weight(op, "weight", w, dim)?;
@@ -95,7 +79,7 @@ impl WgpuBackend {
         }
     }
 
-    pub(super) fn add(&self, acc: &mut WgpuBuf, x: &WgpuBuf, len: usize) -> Result<()> {
+    fn add(&self, acc: &mut WgpuBuf, x: &WgpuBuf, len: usize) -> Result<()> {
         let op = "add";
         let acc_b = want_f32(op, "acc", acc, len)?;
         let x_b = want_f32(op, "x", x, len)?;
@@ -111,7 +95,7 @@ impl WgpuBackend {
         )
     }
 
-    pub(super) fn matmul(
+    fn matmul(
         &self,
         x: &WgpuBuf,
         w: &WgpuBuf,
@@ -128,7 +112,7 @@ impl WgpuBackend {
         self.matmul_to("matmul", x, w, bias, Out::Plain(out_b), None, m, n, k)
     }
 
-    pub(super) fn rope(
+    fn rope(
         &self,
         q: &mut WgpuBuf,
         k: &mut WgpuBuf,
@@ -157,15 +141,15 @@ impl WgpuBackend {
         self.rec.dispatch(shaders::ROPE, &prelude, &params, &binds, Grid::Linear(groups(items, 64)))
     }
 
-    pub(super) fn silu_mul(&self, gate: &WgpuBuf, up: &WgpuBuf, out: &mut WgpuBuf, len: usize) -> Result<()> {
+    fn silu_mul(&self, gate: &WgpuBuf, up: &WgpuBuf, out: &mut WgpuBuf, len: usize) -> Result<()> {
         self.gated("silu_mul", [shaders::SILU_MUL, shaders::SILU_MUL4], gate, up, out, len)
     }
 
-    pub(super) fn gelu_tanh_mul(&self, gate: &WgpuBuf, up: &WgpuBuf, out: &mut WgpuBuf, len: usize) -> Result<()> {
+    fn gelu_tanh_mul(&self, gate: &WgpuBuf, up: &WgpuBuf, out: &mut WgpuBuf, len: usize) -> Result<()> {
         self.gated("gelu_tanh_mul", [shaders::GELU_TANH_MUL, shaders::GELU_TANH_MUL4], gate, up, out, len)
     }
 
-    pub(super) fn scale(&self, x: &mut WgpuBuf, factor: f32, len: usize) -> Result<()> {
+    fn scale(&self, x: &mut WgpuBuf, factor: f32, len: usize) -> Result<()> {
         let op = "scale";
         let x_b = want_f32(op, "x", x, len)?;
         to_u32(op, "len", len)?;
@@ -180,7 +164,7 @@ impl WgpuBackend {
         )
     }
 
-    pub(super) fn kv_write(
+    fn kv_write(
         &self,
         k: &WgpuBuf,
         v: &WgpuBuf,
@@ -223,7 +207,7 @@ impl WgpuBackend {
         }
     }
 
-    pub(super) fn paged_attention(&self, a: &AttnArgs<'_, Self>, out: &mut WgpuBuf) -> Result<()> {
+    fn paged_attention(&self, a: &AttnArgs<'_, Self>, out: &mut WgpuBuf) -> Result<()> {
         let op = "paged_attention";
         let g = a.geometry;
         let (t, nh, hd) = (a.num_tokens, a.num_heads, g.head_dim);
@@ -306,7 +290,7 @@ impl WgpuBackend {
         }
     }
 
-    pub(super) fn moe_route(
+    fn moe_route(
         &self,
         logits: &WgpuBuf,
         weights: &mut WgpuBuf,
@@ -332,7 +316,7 @@ impl WgpuBackend {
         )
     }
 
-    pub(super) fn moe_accumulate(
+    fn moe_accumulate(
         &self,
         acc: &mut WgpuBuf,
         y: &WgpuBuf,
@@ -364,6 +348,12 @@ impl WgpuBackend {
         )
     }
 
+    fn lora(&self, args: &LoraArgs<'_, WgpuBuf>, shrink: &mut WgpuBuf, y: &mut WgpuBuf) -> Result<()> {
+        self.segmented_lora(args, shrink, y)
+    }
+}
+
+impl WgpuBackend {
     /// A gated activation `out = act(gate) * up` over f32 `[len]` by its scalar and vec4 kernels
     /// (the vec4 one where len is a multiple of 4).
     pub(super) fn gated(

@@ -1,6 +1,7 @@
 //! The `Sampling` group of `WgpuBackend`: greedy argmax on the device, only the token ids read
 //! back; the other samplers are the trait's host defaults.
 
+use tandem_core::backend::Sampling;
 use tandem_core::Result;
 
 use super::operand::{err, to_u32, want_f32};
@@ -9,8 +10,8 @@ use crate::buffer::{BufKind, WgpuBuf};
 use crate::recorder::{Bind, Grid};
 use crate::shaders::{self, Prelude};
 
-impl WgpuBackend {
-    pub(super) fn argmax(&self, logits: &WgpuBuf, rows: usize, vocab: usize) -> Result<Vec<u32>> {
+impl Sampling for WgpuBackend {
+    fn argmax(&self, logits: &WgpuBuf, rows: usize, vocab: usize) -> Result<Vec<u32>> {
         let op = "argmax";
         if rows == 0 {
             return Ok(vec![]);
@@ -34,7 +35,9 @@ impl WgpuBackend {
         let bytes = self.rec.read(&out.buf, rows as u64 * 4)?;
         Ok(bytes.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
     }
+}
 
+impl WgpuBackend {
     pub(super) fn argmax_scratch(&self, rows: usize) -> Result<()> {
         let mut g = self.argmax_out.lock().map_err(|_| err("argmax scratch lock poisoned"))?;
         if g.as_ref().is_none_or(|b| b.len < rows) {

@@ -1,7 +1,7 @@
 //! The `Storage` group of `WgpuBackend`: buffers and textures, weight uploads (tiled, in
 //! buffers or textures), KV cache allocation, writes and read-back.
 
-use tandem_core::backend::{kv_dtype_names, KvDtype, KvGeometry};
+use tandem_core::backend::{kv_dtype_names, KvDtype, KvGeometry, Storage};
 use tandem_core::fp8_round::{self, KV_SCALE};
 use tandem_core::weights::TensorView;
 use tandem_core::{DType, Error, Result};
@@ -10,51 +10,34 @@ use super::operand::{err, want_f32, want_kv, want_u32};
 use super::{WgpuBackend, KV_DTYPES, UNIFORM_WINDOW};
 use crate::buffer::{BufKind, RowSource, Texels, Tiled, WgpuBuf, TEXEL_ROW};
 
-impl WgpuBackend {
-    pub(super) fn upload_weight(&self, t: &TensorView) -> Result<WgpuBuf> {
-        if let Some(layout) = t.quant {
-            return self.upload_quantized(t, layout);
-        }
-        let numel = t.numel();
-        if t.bytes().len() != numel * t.dtype.size() {
-            return Err(Error::tensor(
-                &t.path,
-                &t.name,
-                format!("{} bytes for {numel} {} values", t.bytes().len(), t.dtype.name()),
-            ));
-        }
-        self.weight_from_bytes(t.dtype, numel, t.bytes(), Some(&t.name), Some(&t.shape), self.texel_weights).map_err(
-            |e| match e {
-                Error::Backend { msg, .. } => Error::tensor(&t.path, &t.name, msg),
-                other => other,
-            },
-        )
+impl Storage for WgpuBackend {
+    type Buf = WgpuBuf;
+
+    fn upload_weight(&self, t: &TensorView) -> Result<WgpuBuf> {
+        let w = match t.quant {
+            Some(layout) => self.upload_quantized(t, layout)?,
+            None => self.upload_plain(t)?,
+        };
+        Ok(self.held(w))
     }
 
-    /// Counts a weight uploaded for the model toward `Device::weight_bytes`: its buffer's bytes
-    /// and, for one held in a texture, the texture's.
-    pub(super) fn held(&self, w: WgpuBuf) -> WgpuBuf {
-        let texture = w.texels.as_ref().map_or(0, |t| {
-            let s = t.texture.size();
-            s.width as u64 * s.height as u64 * 16
-        });
-        self.weight_bytes.fetch_add(w.buf.size() + texture, std::sync::atomic::Ordering::Relaxed);
-        w
+    fn kv_dtypes(&self) -> &'static [KvDtype] {
+        KV_DTYPES
     }
 
-    pub(super) fn weight_from_f32(&self, dtype: DType, values: &[f32]) -> Result<WgpuBuf> {
+    fn weight_from_f32(&self, dtype: DType, values: &[f32]) -> Result<WgpuBuf> {
         self.weight_from_bytes(dtype, values.len(), &dtype.from_f32(values), None, None, false)
     }
 
-    pub(super) fn alloc_f32(&self, len: usize) -> Result<WgpuBuf> {
+    fn alloc_f32(&self, len: usize) -> Result<WgpuBuf> {
         self.create(BufKind::F32, len, len as u64 * 4, &format!("f32 buffer of {len} elements"))
     }
 
-    pub(super) fn alloc_u32(&self, len: usize) -> Result<WgpuBuf> {
+    fn alloc_u32(&self, len: usize) -> Result<WgpuBuf> {
         self.create(BufKind::U32, len, len as u64 * 4, &format!("u32 buffer of {len} elements"))
     }
 
-    pub(super) fn alloc_kv(&self, g: KvGeometry) -> Result<WgpuBuf> {
+    fn alloc_kv(&self, g: KvGeometry) -> Result<WgpuBuf> {
         let len = g.layer_elems();
         let what = format!("KV cache {g:?}");
         // In texels when asked and each head is whole vec4s (a texel never spans two heads);
@@ -85,12 +68,12 @@ impl WgpuBackend {
     /// A KV cache in `dtype`: f32 as [`WgpuBackend::alloc_kv`] makes it, or fp8 in a storage
     /// buffer of one byte an element (never a texture: the kernels read it a u32 word at a
     /// time, `Prelude::kv_cache_fp8`).
-    pub(super) fn alloc_kv_as(&self, g: KvGeometry, dtype: KvDtype) -> Result<WgpuBuf> {
+    fn alloc_kv_as(&self, g: KvGeometry, dtype: KvDtype) -> Result<WgpuBuf> {
         self.alloc_kv_scaled(g, dtype, KV_SCALE)
     }
 
     /// [`WgpuBackend::alloc_kv_as`] with an fp8 cache's scale (`Storage::alloc_kv_scaled`).
-    pub(super) fn alloc_kv_scaled(&self, g: KvGeometry, dtype: KvDtype, scale: f32) -> Result<WgpuBuf> {
+    fn alloc_kv_scaled(&self, g: KvGeometry, dtype: KvDtype, scale: f32) -> Result<WgpuBuf> {
         if !(scale.is_normal() && scale > 0.0) {
             return Err(err(format!("alloc_kv: KV scale {scale} is not a positive, finite, normal number")));
         }
@@ -120,7 +103,7 @@ impl WgpuBackend {
         self.create(BufKind::KvFp8(format, scale.to_bits()), len, len as u64, &what)
     }
 
-    pub(super) fn write_f32(&self, buf: &mut WgpuBuf, data: &[f32]) -> Result<()> {
+    fn write_f32(&self, buf: &mut WgpuBuf, data: &[f32]) -> Result<()> {
         if let (BufKind::F32, Some(tx)) = (buf.kind, &buf.texels) {
             // A KV cache in texels: whole texels only.
             if data.len() > buf.len || !data.len().is_multiple_of(4) {
@@ -136,12 +119,12 @@ impl WgpuBackend {
         self.rec.write(b, bytemuck::cast_slice(data))
     }
 
-    pub(super) fn write_u32(&self, buf: &mut WgpuBuf, data: &[u32]) -> Result<()> {
+    fn write_u32(&self, buf: &mut WgpuBuf, data: &[u32]) -> Result<()> {
         let b = want_u32("write_u32", "destination", buf, data.len())?;
         self.rec.write(b, bytemuck::cast_slice(data))
     }
 
-    pub(super) fn read_f32(&self, buf: &WgpuBuf, len: usize) -> Result<Vec<f32>> {
+    fn read_f32(&self, buf: &WgpuBuf, len: usize) -> Result<Vec<f32>> {
         if buf.len < len {
             return Err(err(format!("read_f32: {len} elements asked of {}", buf.label())));
         }
@@ -174,19 +157,50 @@ impl WgpuBackend {
         }
     }
 
-    pub(super) fn read_u32(&self, buf: &WgpuBuf, len: usize) -> Result<Vec<u32>> {
+    fn read_u32(&self, buf: &WgpuBuf, len: usize) -> Result<Vec<u32>> {
         want_u32("read_u32", "source", buf, len)?;
         let bytes = self.rec.read(&buf.buf, len as u64 * 4)?;
         Ok(bytes.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
     }
 
-    pub(super) fn read_kv(&self, buf: &WgpuBuf, g: KvGeometry) -> Result<Vec<f32>> {
+    fn read_kv(&self, buf: &WgpuBuf, g: KvGeometry) -> Result<Vec<f32>> {
         want_kv("read_kv", buf, buf, g)?;
         if let BufKind::KvFp8(f, scale) = buf.kind {
             let bytes = self.rec.read(&buf.buf, g.layer_elems() as u64)?;
             return Ok(bytes.iter().map(|&b| fp8_round::dequantize(f, b, f32::from_bits(scale))).collect());
         }
         self.read_f32(buf, g.layer_elems())
+    }
+}
+
+impl WgpuBackend {
+    /// A weight kept in its file's dtype (tiled, in a buffer or a texture).
+    fn upload_plain(&self, t: &TensorView) -> Result<WgpuBuf> {
+        let numel = t.numel();
+        if t.bytes().len() != numel * t.dtype.size() {
+            return Err(Error::tensor(
+                &t.path,
+                &t.name,
+                format!("{} bytes for {numel} {} values", t.bytes().len(), t.dtype.name()),
+            ));
+        }
+        self.weight_from_bytes(t.dtype, numel, t.bytes(), Some(&t.name), Some(&t.shape), self.texel_weights).map_err(
+            |e| match e {
+                Error::Backend { msg, .. } => Error::tensor(&t.path, &t.name, msg),
+                other => other,
+            },
+        )
+    }
+
+    /// Counts a weight uploaded for the model toward `Device::weight_bytes`: its buffer's bytes
+    /// and, for one held in a texture, the texture's.
+    pub(super) fn held(&self, w: WgpuBuf) -> WgpuBuf {
+        let texture = w.texels.as_ref().map_or(0, |t| {
+            let s = t.texture.size();
+            s.width as u64 * s.height as u64 * 16
+        });
+        self.weight_bytes.fetch_add(w.buf.size() + texture, std::sync::atomic::Ordering::Relaxed);
+        w
     }
 
     /// A `[rows, cols]` weight matrix from host values, laid out as `upload_weight` lays out

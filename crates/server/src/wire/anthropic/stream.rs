@@ -321,6 +321,24 @@ mod tests {
             .collect()
     }
 
+    fn names(ev: &[(String, Value)]) -> Vec<&str> {
+        ev.iter().map(|(n, _)| n.as_str()).collect()
+    }
+
+    /// The events of an answer in two blocks, the first with two deltas, the second with one.
+    const TWO_BLOCKS: [&str; 10] = [
+        "message_start",
+        "content_block_start",
+        "content_block_delta",
+        "content_block_delta",
+        "content_block_stop",
+        "content_block_start",
+        "content_block_delta",
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    ];
+
     fn texts(ev: &[(String, Value)]) -> Vec<String> {
         ev.iter()
             .filter(|(_, d)| d["delta"]["type"] == "text_delta")
@@ -333,22 +351,7 @@ mod tests {
         let pieces =
             ["Sure.", "\n<tool", "_call>{\"name\": \"get\", ", "\"arguments\": {\"city\": \"Oslo\"}}</tool_call>"];
         let ev = stream(Some(ToolOutput::Auto(ToolParser::Hermes)), &pieces, FinishReason::Stop);
-        let names: Vec<&str> = ev.iter().map(|(n, _)| n.as_str()).collect();
-        assert_eq!(
-            names,
-            [
-                "message_start",
-                "content_block_start",
-                "content_block_delta",
-                "content_block_delta",
-                "content_block_stop",
-                "content_block_start",
-                "content_block_delta",
-                "content_block_stop",
-                "message_delta",
-                "message_stop"
-            ]
-        );
+        assert_eq!(names(&ev), TWO_BLOCKS);
         assert_eq!(texts(&ev), ["Sure.", "\n"], "the content streams; the tag's start is held until it is known");
         let tool = &ev[5].1["content_block"];
         assert_eq!(
@@ -383,22 +386,7 @@ mod tests {
             ": \"Oslo\"}}, {\"name\": \"now\", \"parameters\": {}}]",
         ];
         let ev = stream(Some(ToolOutput::Required), &pieces, FinishReason::Stop);
-        let names: Vec<&str> = ev.iter().map(|(n, _)| n.as_str()).collect();
-        assert_eq!(
-            names,
-            [
-                "message_start",
-                "content_block_start",
-                "content_block_delta",
-                "content_block_delta",
-                "content_block_stop",
-                "content_block_start",
-                "content_block_delta",
-                "content_block_stop",
-                "message_delta",
-                "message_stop"
-            ]
-        );
+        assert_eq!(names(&ev), TWO_BLOCKS);
         let input = |i: u64| -> String {
             ev.iter()
                 .filter(|(_, d)| d["index"] == i && d["delta"]["type"] == "input_json_delta")
@@ -449,9 +437,8 @@ mod tests {
         assert_eq!(ev[ev.len() - 2].1["delta"]["stop_reason"], "tool_use");
         // An answer that is all thinking (cut short): one thinking block, closed.
         let ev = stream_with(None, Some(ReasoningParser::DeepSeekR1), &["Hmm, ", "let me"], FinishReason::Length);
-        let names: Vec<&str> = ev.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(
-            names,
+            names(&ev),
             [
                 "message_start",
                 "content_block_start",

@@ -163,7 +163,7 @@ fn generate(state: &AppState, body: &[u8]) -> Result<Job, ApiError> {
     let vocab = state.config.vocab_size;
     let p = parse_params(&f, Api::Generate, vocab, &state.config.sampling_defaults)?;
     let guide = structured::parse_guide(&f)?;
-    if p.params.n != 1 {
+    if p.params.sampling.n != 1 {
         return Err(ApiError::invalid("n", "`/generate` answers one text per prompt; use /v1/completions for n > 1"));
     }
     let (prompts, multi) = match (f.get("prompt"), f.get("prompts")) {

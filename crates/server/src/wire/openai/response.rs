@@ -62,16 +62,16 @@ fn best_of(choices: Vec<ChoiceAcc>, best_of: usize, n: usize) -> Vec<ChoiceAcc> 
 
 /// The whole JSON response of a finished run.
 pub fn response(job: &Job, meta: &ResponseMeta, run: &Run, choices: Vec<ChoiceAcc>, tok: &Tokenizer) -> Value {
-    let want_lp = job.p.params.logprobs.is_some();
+    let want_lp = job.p.params.sampling.logprobs.is_some();
     let finish = |c: &ChoiceAcc| c.finish.as_ref().map_or("stop", FinishReason::as_str);
-    let stop_ids = &job.p.params.stop_token_ids;
+    let stop_ids = &job.p.params.sampling.stop_token_ids;
     let stop_reason = |c: &ChoiceAcc| stop_reason(c.finish.as_ref(), c.stop_string.as_deref(), c.last_token, stop_ids);
     // `best_of`: the best `n` of each prompt's choices, and only theirs counted.
     let (choices, n, usage) = match job.p.best_of {
         Some(b) => {
-            let kept = best_of(choices, b, job.p.params.n);
+            let kept = best_of(choices, b, job.p.params.sampling.n);
             let completion = kept.iter().map(|c| c.tokens).sum();
-            (kept, job.p.params.n, usage_of(run.prompt_tokens, completion))
+            (kept, job.p.params.sampling.n, usage_of(run.prompt_tokens, completion))
         }
         None => (choices, run.n, usage(run)),
     };

@@ -88,7 +88,7 @@ fn push_json_str(out: &mut String, s: &str) {
 
 impl StreamFormatter {
     pub fn new(job: &Job, meta: ResponseMeta, tok: Arc<Tokenizer>) -> Self {
-        let num_choices = job.prompts.len() * job.p.params.n;
+        let num_choices = job.prompts.len() * job.p.params.sampling.n;
         let object = if job.api == Api::Chat { "chat.completion.chunk" } else { "text_completion" };
         let mut envelope = format!(
             "data: {{\"id\":{},\"object\":\"{object}\",\"created\":{},\"model\":",
@@ -105,8 +105,8 @@ impl StreamFormatter {
             include_usage: job.p.include_usage,
             continuous_usage: job.p.continuous_usage,
             usage_now: (job.prompts.iter().map(Vec::len).sum(), 0),
-            stop_ids: job.p.params.stop_token_ids.clone(),
-            want_logprobs: job.p.params.logprobs.is_some(),
+            stop_ids: job.p.params.sampling.stop_token_ids.clone(),
+            want_logprobs: job.p.params.sampling.logprobs.is_some(),
             offsets: vec![0; num_choices],
             envelope,
             error_sent: false,

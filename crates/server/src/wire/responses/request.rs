@@ -441,14 +441,14 @@ pub(super) fn parse(state: &AppState, body: &[u8]) -> Result<Parsed, ApiError> {
         f.get("reasoning").cloned().filter(|v| !v.is_null()).unwrap_or(json!({"effort": null, "summary": null})),
     );
     echo.insert("store".into(), json!(store));
-    echo.insert("temperature".into(), json!(params.temperature));
+    echo.insert("temperature".into(), json!(params.sampling.temperature));
     echo.insert(
         "text".into(),
         f.get("text").cloned().filter(|v| !v.is_null()).unwrap_or(json!({"format": {"type": "text"}})),
     );
     echo.insert("tool_choice".into(), f.get("tool_choice").cloned().filter(|v| !v.is_null()).unwrap_or(json!("auto")));
     echo.insert("tools".into(), f.get("tools").cloned().filter(|v| !v.is_null()).unwrap_or(json!([])));
-    echo.insert("top_p".into(), json!(params.top_p));
+    echo.insert("top_p".into(), json!(params.sampling.top_p));
     echo.insert("truncation".into(), json!("disabled"));
     echo.insert("user".into(), f.get("user").cloned().unwrap_or(Value::Null));
     Ok(Parsed { job, messages, store, echo, namespaces })
