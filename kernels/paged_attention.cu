@@ -326,7 +326,9 @@ paged_attention_combine(const float* __restrict__ part_out, const float* __restr
 // paged_attention_tc_d{64,128,256}: the same attention on the tensor cores, over a bf16 cache
 // (crates/cuda/src/attention.rs takes it for a bf16 cache and head_dim 64 or 128, and 256
 // under TANDEM_CUDA_ATTENTION_D256=tc; the f32 cache, kept for checks, and other head sizes
-// take the kernel above).
+// take the kernel above). Its fp8 form, kernels/paged_attention_fp8.cu, is pat_job with the
+// cache type KV = fp8e4m3_t / fp8e5m2_t: each stage's bytes decoded to bf16 into shared memory
+// (issue / land below), then this code, so bitwise this kernel over the decoded cache.
 //
 // Work is cut into warp jobs, and a warp never shares arithmetic with another warp: its 16
 // mma rows are (token, query head) pairs of one sequence and one KV head, tokens outer, the
