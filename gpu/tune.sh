@@ -134,6 +134,17 @@ for dv in $ATTN_D256_VARIANTS; do
     [ "$dv" = partial ] && continue
     NEED=10 step "test-ops [attn d256 $dv]" 60 env TANDEM_CUDA_ATTENTION_D256="$dv" "$BIN" test-ops --backend cuda --seed "$OPS_SEED" --op head_dim=256
 done
+# tc's fp8 form over an fp8 KV cache (TANDEM_CUDA_ATTENTION_FP8=tc, off by default: the model
+# predicts it slower at decode than the f32 kernel): the op suite's fp8-cache cases, the bitwise
+# check against tc over the decoded cache, and the lab's "attention decode fp8" rows beside the
+# default's. TANDEM_TUNE_ATTN_FP8=0 skips it.
+if [ "${TANDEM_TUNE_ATTN_FP8:-1}" = 1 ]; then
+NEED=10 step "test-ops [attn fp8 tc]" 60 env TANDEM_CUDA_ATTENTION_FP8=tc "$BIN" test-ops --backend cuda --seed "$OPS_SEED" --op kv=fp8
+[ -x "$HERE/cuda-tests" ] && NEED=20 PICK='test result|panicked|FAILED' step "cuda tests [attn fp8 tc]" 90 env TANDEM_CUDA_ATTENTION_FP8=tc TANDEM_REQUIRE_CUDA=1 "$HERE/cuda-tests" --test-threads 1 kv_fp8:: gpu_invariance::long_context
+for FV in partial tc; do
+    NEED=15 PICK='attention decode fp8' step "attention lab [fp8 $FV]" 90 env TANDEM_CUDA_ATTENTION_FP8=$FV "$BIN" bench kernels --backend cuda --no-cublaslt --shape "$SHAPE" --only-attention --attn-batch "$AB" --attn-context "$ACTX" --attn-prefill "${APRE%%,*}" --min-ms "$MIN_MS" --output-dir "$WORK/raw" --name "attn-fp8-$FV"
+done
+fi
 # Programmatic dependent launch (TANDEM_CUDA_PDL=1, sm_90+; kernels/README.md): the GPU-only
 # tests (graphs:: replays captured steps, whose kernel edges become programmatic) and a compare.
 if [ "${TANDEM_TUNE_PDL:-1}" = 1 ]; then

@@ -326,7 +326,9 @@ paged_attention_combine(const float* __restrict__ part_out, const float* __restr
 // paged_attention_tc_d{64,128,256}: the same attention on the tensor cores, over a bf16 cache
 // (crates/cuda/src/attention.rs takes it for a bf16 cache and head_dim 64 or 128, and 256
 // under TANDEM_CUDA_ATTENTION_D256=tc; the f32 cache, kept for checks, and other head sizes
-// take the kernel above).
+// take the kernel above). Its fp8 form, kernels/paged_attention_fp8.cu, is pat_job with the
+// cache type KV = fp8e4m3_t / fp8e5m2_t: each stage's bytes decoded to bf16 into shared memory
+// (issue / land below), then this code, so bitwise this kernel over the decoded cache.
 //
 // Work is cut into warp jobs, and a warp never shares arithmetic with another warp: its 16
 // mma rows are (token, query head) pairs of one sequence and one KV head, tokens outer, the
@@ -413,6 +415,11 @@ struct PatArgs {
     int num_tokens, n_split, num_heads, num_kv_heads, block_size, num_blocks, num_seqs, max_blocks, max_parts, tw;
     float scale_log2;
     int window;  // sliding window in keys, 0: none
+    // The fp8 form (kernels/paged_attention_fp8.cu): the caches as bytes, and the layer's
+    // scales; the bf16 kernels leave them as they are.
+    const unsigned char* k8 = nullptr;
+    const unsigned char* v8 = nullptr;
+    float k_scale = 1.0f, v_scale = 1.0f;
 };
 
 // A chunk job's fold of row rr (of the lane's two, g and g + 8) at the end of a partition: its
@@ -538,7 +545,7 @@ __device__ __forceinline__ void pat_load_q(u32 (&qa)[4], const bf16_t* q_s, int 
 // The warp's rows: `nt` tokens from t0 (one sequence) x `G` heads from h0, of kv head kh.
 // part >= 0: a split job (one token, that partition); part < 0: a chunk job (every partition).
 // The job's output dims: [dv0, dv0 + DV) (all of them, but at d256: PatCfg).
-template <int D, int DV = D>
+template <int D, int DV = D, typename KV = bf16_t>
 __device__ __forceinline__ void pat_job(const PatArgs& a, int t0, int nt, int kh, int h0, int G, int part, int group, int groups, bf16_t* stage,
                                         int dv0 = 0) {
     constexpr int PITCH = D + 8, KS = D / 16, NT = DV / 8, CH = D / 8, CHV = DV / 8, STAGE = PAT_SUB * PITCH;
@@ -614,6 +621,10 @@ __device__ __forceinline__ void pat_job(const PatArgs& a, int t0, int nt, int kh
     const u32* table = a.block_tables + (size_t)(seq_bad ? 0 : seq) * a.max_blocks;
     const size_t slot_stride = (size_t)a.num_kv_heads * D, head_off = (size_t)kh * D;
     unsigned bad_keys[2] = {0u, 0u};
+    // The fp8 form's bytes in flight: 16 keys x the stage's row bytes, 16 a lane a load.
+    constexpr bool FP8 = sizeof(KV) == 1;
+    constexpr int RAW = FP8 ? (PAT_SUB * (CH > CHV ? CH : CHV) / 2 + 31) / 32 : 1;
+    uint4 raw[RAW];
     // Stage st_i (0..7) of tile tile_i: K (st_i < 4) or V, keys 16 (st_i % 4) on in the tile.
     auto issue = [&](int tile_i, int st_i) {
         const int buf = st_i & 1, key0 = k_begin + tile_i * PAT_TILE + (st_i & 3) * PAT_SUB;
@@ -626,17 +637,52 @@ __device__ __forceinline__ void pat_job(const PatArgs& a, int t0, int nt, int kh
             }
         }
         bad_keys[buf] = __ballot_sync(0xffffffffu, slot == -2);
-        const bf16_t* cache = (st_i & 4) ? a.v_cache : a.k_cache;
-        bf16_t* dst = stage + buf * STAGE;
-        const int nch = (st_i & 4) ? CHV : CH;  // V: the job's output dims only
         const size_t off = head_off + ((st_i & 4) ? dv0 : 0);
-        for (int e = lane; e < PAT_SUB * nch; e += 32) {
-            const int key = e / nch, ch = e % nch;
-            const int sl = __shfl_sync(0xffffffffu, slot, key);
-            const bf16_t* src = sl >= 0 ? cache + (size_t)sl * slot_stride + off + ch * 8 : cache;
-            cp_async_cg16(dst + key * PITCH + ch * 8, src, sl >= 0 ? 16 : 0);
+        if constexpr (FP8) {
+            // 16 bytes (16 keys' elements of one row) a load, held in raw until land() decodes
+            // them into the stage after this stage's arithmetic; zeros where cp.async zero-fills.
+            const unsigned char* cache = (st_i & 4) ? a.v8 : a.k8;
+            const int nch = (st_i & 4) ? CHV / 2 : CH / 2;
+            for (int i = 0; i < RAW; ++i) {
+                const int e = lane + 32 * i, key = e / nch, ch = e % nch;
+                const int sl = __shfl_sync(0xffffffffu, slot, key < PAT_SUB ? key : 0);
+                raw[i] = uint4{0u, 0u, 0u, 0u};
+                if (key < PAT_SUB && sl >= 0) raw[i] = *(const uint4*)(cache + (size_t)sl * slot_stride + off + ch * 16);
+            }
+        } else {
+            const bf16_t* cache = (st_i & 4) ? a.v_cache : a.k_cache;
+            bf16_t* dst = stage + buf * STAGE;
+            const int nch = (st_i & 4) ? CHV : CH;  // V: the job's output dims only
+            for (int e = lane; e < PAT_SUB * nch; e += 32) {
+                const int key = e / nch, ch = e % nch;
+                const int sl = __shfl_sync(0xffffffffu, slot, key);
+                const bf16_t* src = sl >= 0 ? cache + (size_t)sl * slot_stride + off + ch * 8 : cache;
+                cp_async_cg16(dst + key * PITCH + ch * 8, src, sl >= 0 ? 16 : 0);
+            }
         }
         cp_async_commit();
+    };
+    // The fp8 form's second half of issue(tile_i, st_i): raw's bytes decoded as kv_load does
+    // (the byte's value times the layer's scale, in f32), rounded to bf16, into the stage.
+    auto land = [&](int st_i) {
+        if constexpr (FP8) {
+            const float sc = (st_i & 4) ? a.v_scale : a.k_scale;
+            const int nch = (st_i & 4) ? CHV / 2 : CH / 2;
+            bf16_t* dst = stage + (st_i & 1) * STAGE;
+            for (int i = 0; i < RAW; ++i) {
+                const int e = lane + 32 * i, key = e / nch, ch = e % nch;
+                if (key >= PAT_SUB) continue;
+                const u32 w[4] = {raw[i].x, raw[i].y, raw[i].z, raw[i].w};
+                u32 h[8];
+                for (int k = 0; k < 8; ++k) {
+                    const u32 word = w[k >> 1], b0 = (word >> (16 * (k & 1))) & 0xffu, b1 = (word >> (16 * (k & 1) + 8)) & 0xffu;
+                    h[k] = pat_pack(kv_load(KV{(unsigned char)b0}, sc), kv_load(KV{(unsigned char)b1}, sc));
+                }
+                uint4* d4 = (uint4*)(dst + key * PITCH + ch * 16);
+                d4[0] = uint4{h[0], h[1], h[2], h[3]};
+                d4[1] = uint4{h[4], h[5], h[6], h[7]};
+            }
+        }
     };
 
     float o[NT][4], S[8][4], m[2], l[2], macc[2], lacc[2];
@@ -646,6 +692,7 @@ __device__ __forceinline__ void pat_job(const PatArgs& a, int t0, int nt, int kh
     l[0] = l[1] = lacc[0] = lacc[1] = 0.0f;
     const int ntiles = (kend - k_begin + PAT_TILE - 1) / PAT_TILE, nstages = ntiles * 8;
     issue(0, 0);
+    land(0);
     // Eight stages a tile, unrolled, so every fragment index below is a constant (registers,
     // not local memory).
     for (int tile = 0; tile < ntiles; ++tile)
@@ -732,6 +779,7 @@ __device__ __forceinline__ void pat_job(const PatArgs& a, int t0, int nt, int kh
                 }
             }
         }
+        if (s + 1 < nstages) land((st + 1) % 8);  // the other buffer: stage s - 1's, done with
         __syncwarp();  // every lane is done with this buffer before stage s + 2 refills it
     }
     if (part < 0) return;
@@ -744,7 +792,7 @@ __device__ __forceinline__ void pat_job(const PatArgs& a, int t0, int nt, int kh
     pat_split_end<DV, TANDEM_PAT_BREAK == 3, D / DV>(a, o, m, l, ctx, orow, c, lane, t, part, parts, h0, G, group, groups, dv0 / DV);
 }
 
-template <int D>
+template <int D, typename KV = bf16_t>
 __device__ __forceinline__ void paged_attention_tc_impl(const PatArgs& a) {
     PDL_WAIT();
     PDL_LAUNCH_DEPENDENTS();
@@ -771,7 +819,7 @@ __device__ __forceinline__ void paged_attention_tc_impl(const PatArgs& a) {
         for (int t0 = t_begin; t0 < t_end;) {
             int t1 = t0 + 1;
             while (t1 < t_end && a.token_seq[t1] == a.token_seq[t0]) ++t1;
-            pat_job<D, DV>(a, t0, t1 - t0, kh, h0, G, -1, vg, vgroups, stage, vg % HALVES * DV);
+            pat_job<D, DV, KV>(a, t0, t1 - t0, kh, h0, G, -1, vg, vgroups, stage, vg % HALVES * DV);
             t0 = t1;
         }
         return;
@@ -780,7 +828,7 @@ __device__ __forceinline__ void paged_attention_tc_impl(const PatArgs& a) {
     if (sj >= split_jobs) return;
     const int part = (int)(sj % a.max_parts), vg = (int)(sj / a.max_parts % vgroups), t = (int)(sj / a.max_parts / vgroups);
     const int grp = vg / HALVES, kh = grp / HG, hg = grp % HG;
-    pat_job<D, DV>(a, t, 1, kh, kh * gqa + hg * 16, min(16, gqa - hg * 16), part, vg, vgroups, stage, vg % HALVES * DV);
+    pat_job<D, DV, KV>(a, t, 1, kh, kh * gqa + hg * 16, min(16, gqa - hg * 16), part, vg, vgroups, stage, vg % HALVES * DV);
 }
 
 #define PAT_KERNEL(D)                                                                                                  \

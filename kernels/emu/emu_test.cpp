@@ -30,6 +30,7 @@
 #include "attention_tc_test.h"
 #include "fused_test.h"
 #include "kv_fp8_test.h"
+#include "attention_tc_fp8_test.h"
 #include "matmul_test.h"
 #include "moe_test.h"
 #include "lora_test.h"
@@ -891,6 +892,7 @@ int main() {
     pattest::run_all(pattest::tc(), expect_true);
     pattest::run_all(pattest::tc_deep(), expect_true);
     pattest::run_all(pattest::tc_shared(), expect_true);
+    pattcfp8test::run_all(expect_true);
     test_matmul();
     fusedtest::run_all(expect_true);
     act16test::run_all(expect_true);

@@ -232,6 +232,12 @@ pub fn cuda_tests(root: &Path, env: &FakeEnv) -> Result<Tally> {
     cmd.current_dir(root).env("TANDEM_CUDA_QUANT_TC", "w8a8");
     cmd.args(CUDA_TEST).args(["--", "fp8_w8a8::", "--test-threads", "1"]);
     total.add(run_counted(cmd, "crates/cuda FP8 goldens with TANDEM_CUDA_QUANT_TC=w8a8")?);
+    // tc's fp8 form over an fp8 KV cache (TANDEM_CUDA_ATTENTION_FP8=tc, off by default): bitwise
+    // tc over the decoded cache, and the long-context check against the reference.
+    let mut cmd = env.command(env!("CARGO"));
+    cmd.current_dir(root).env("TANDEM_CUDA_ATTENTION_FP8", "tc");
+    cmd.args(CUDA_TEST).args(["--", "kv_fp8::", "gpu_invariance::long_context", "--test-threads", "1"]);
+    total.add(run_counted(cmd, "crates/cuda fp8 KV attention with TANDEM_CUDA_ATTENTION_FP8=tc")?);
     // The sampling and argmax variants (a process-wide switch each): the same ids as the host.
     for (sampler, argmax) in [("radix", "multi"), ("multi", "one")] {
         let mut cmd = env.command(env!("CARGO"));
@@ -315,6 +321,13 @@ pub fn group(root: &Path, tandem: Option<PathBuf>) -> Result<Tally> {
             ));
         }
     }
+    // tc's fp8 form (off by default): the suite's attention cases over fp8 caches.
+    commands.push((
+        "attention over fp8 caches on cuda, TANDEM_CUDA_ATTENTION_FP8=tc".into(),
+        ["TANDEM_CUDA_ATTENTION_FP8=tc", "test-ops", "--backend", "cuda", "--op", "kv=fp8", "--seed", &seed]
+            .map(String::from)
+            .to_vec(),
+    ));
     // paged_attention_tc_d256 (off by default): the suite's head_dim-256 attention cases.
     commands.push((
         "attention at head_dim 256 on cuda, TANDEM_CUDA_ATTENTION_D256=tc".into(),

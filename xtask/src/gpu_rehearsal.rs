@@ -56,7 +56,7 @@ const CHECK_ENV: [(&str, &str); 12] = [
     ("TANDEM_CHECK_HF_COMPILE", "0"),
     ("TANDEM_OPS_SEED", "1"),
 ];
-const TUNE_ENV: [(&str, &str); 11] = [
+const TUNE_ENV: [(&str, &str); 12] = [
     ("TANDEM_TUNE_SMALL", "1"),
     ("TANDEM_TUNE_BUDGET_S", "150"),
     ("TANDEM_TUNE_VARIANTS", "m128_occ2:m64_occ4:m16 m128_occ2:m64_occ4:m16_gemv4"),
@@ -64,6 +64,7 @@ const TUNE_ENV: [(&str, &str); 11] = [
     ("TANDEM_TUNE_ATTN_D256_VARIANTS", "partial"),
     ("TANDEM_TUNE_SAMPLERS", "bisect:one"),
     ("TANDEM_TUNE_PDL", "0"),
+    ("TANDEM_TUNE_ATTN_FP8", "0"),
     ("TANDEM_TUNE_OPS", "rms_norm"),
     ("TANDEM_TUNE_CUDA_TESTS", "staging::"),
     ("TANDEM_TUNE_COMPARE_ARGS", "--prompts 2 --steps 3 --chunk 32 --batch 0"),

@@ -137,14 +137,17 @@ pub fn untimed(params: &Params) -> Vec<Row> {
             }
         }
     }
-    // Decode over an fp8 KV cache (the partial kernel, decoding bytes) beside tc over bf16, at
-    // the lab's `attention decode fp8` cases (llama-3.2-1b).
+    // Decode over an fp8 KV cache (tc's fp8 form, the default, and the partial kernel under
+    // TANDEM_CUDA_ATTENTION=f32, both decoding bytes) beside tc over bf16, at the lab's
+    // `attention decode fp8` cases (llama-3.2-1b).
     for b in [1, 8, 64] {
         for ctx in [1024, 4096] {
             let case = format!("decode d64 b={b} ctx={ctx}");
             let tc = attention_decode(AttnVariant::Tc, LLAMA_1B, b, ctx);
-            let fp8 = attention_decode_fp8(LLAMA_1B, b, ctx);
-            rows.push(row("attention", "partial fp8_e4m3", case, &fp8, params, Some(&tc)));
+            let fp8 = attention_decode_fp8(AttnVariant::Tc, LLAMA_1B, b, ctx);
+            rows.push(row("attention", "tc fp8_e4m3", case.clone(), &fp8, params, Some(&tc)));
+            let partial = attention_decode_fp8(AttnVariant::Partial, LLAMA_1B, b, ctx);
+            rows.push(row("attention", "partial fp8_e4m3", case, &partial, params, Some(&tc)));
         }
     }
     for b in [1, 8, 64] {

@@ -351,17 +351,27 @@ pub fn attention_decode(v: AttnVariant, s: AttnShape, batch: usize, ctx: usize) 
     }
 }
 
-/// Decode attention over an fp8 KV cache (`--kv-cache-dtype fp8`): the partial kernel, which
-/// crates/cuda/src/attention.rs takes for every fp8 cache, reading one byte a K/V element (half
-/// the DRAM and L2 bytes of a bf16 cache) and decoding each in registers, times the layer's
-/// scale (assumed: twice the partial kernel's instructions a warp FMA step).
-pub fn attention_decode_fp8(s: AttnShape, batch: usize, ctx: usize) -> Launch {
-    let mut l = attention_decode(AttnVariant::Partial, s, batch, ctx);
+/// Decode attention over an fp8 KV cache (`--kv-cache-dtype fp8`), reading one byte a K/V
+/// element (half the DRAM and L2 bytes of a bf16 cache). `Tc`: tc's fp8 form
+/// (kernels/paged_attention_fp8.cu), which crates/cuda/src/attention.rs takes for an fp8 cache
+/// where tc serves bf16: tc's work plus each byte decoded into its shared-memory stage, 4
+/// elements a lane per mma step (assumed: 15 instructions an element). `Partial`: the f32
+/// kernel (TANDEM_CUDA_ATTENTION=f32), decoding each byte in registers (assumed: twice the
+/// partial kernel's instructions a warp FMA step).
+pub fn attention_decode_fp8(v: AttnVariant, s: AttnShape, batch: usize, ctx: usize) -> Launch {
+    let mut l = attention_decode(v, s, batch, ctx);
     l.dram_bytes /= 2.0;
     l.l2_bytes /= 2.0;
-    l.kernel.name = "partial_fp8";
-    l.kernel.ipm *= 2.0;
-    l.kernel.ipm_source = "assumed: twice partial's 3 instructions a warp FMA step (the byte's decode)";
+    if v == AttnVariant::Partial {
+        l.kernel.name = "partial_fp8";
+        l.kernel.ipm *= 2.0;
+        l.kernel.ipm_source = "assumed: twice partial's 3 instructions a warp FMA step (the byte's decode)";
+    } else {
+        l.kernel.name = "tc_fp8";
+        l.kernel.ipm += 4.0 * 15.0;
+        l.kernel.ipm_source =
+            "assumed: tc's ncu figure plus 4 decoded elements a lane a mma step, 15 instructions each";
+    }
     l
 }
 

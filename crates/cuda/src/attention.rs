@@ -1,7 +1,9 @@
 //! The paged-attention launchers of [`CudaBackend`] (kernels/paged_attention.cu): the
 //! tensor-core kernel (`paged_attention_tc_d64` / `_d128`) over a bf16 cache with head_dim 64
-//! or 128, and the f32 kernel (`paged_attention_partial_f32` / `_bf16`) for everything else
-//! (the f32 cache kept for checks, the fp8 caches, other head sizes). `TANDEM_CUDA_ATTENTION=tc_deep` swaps the
+//! or 128, its fp8 form (kernels/paged_attention_fp8.cu, `paged_attention_tc_fp8e4m3_d*` /
+//! `_fp8e5m2_d*`: bitwise tc over the decoded cache) over an fp8 cache wherever tc serves a
+//! bf16 one under `TANDEM_CUDA_ATTENTION_FP8=tc` (off by default until a GPU times it), and the f32 kernel (`paged_attention_partial_*`) for everything else (the f32
+//! cache kept for checks, other head sizes, `=f32`). `TANDEM_CUDA_ATTENTION=tc_deep` swaps the
 //! tensor-core kernel for its variant `paged_attention_tc_deep_d64` / `_d128` (a deeper K+V
 //! pipeline, one warp a block, up to 32 partitions; the sliding window as tc's);
 //! `=tc_shared` for `paged_attention_tc_shared_d64` / `_d128` (prefill chunks by blocks of 4
@@ -13,14 +15,15 @@
 //! Head_dim 256 (Gemma 2 and 3) runs the f32 kernel unless `TANDEM_CUDA_ATTENTION_D256=tc`
 //! picks `paged_attention_tc_d256` (tc's arithmetic; tc_deep and tc_shared have no d256 and
 //! `f32` above still wins) — the default stays `partial` until a GPU times both.
-//! Which one serves a model depends only on the model, the cache type and those switches,
-//! never on the step, so a token's bits never follow the batch.
+//! An fp8 cache takes tc's fp8 form under tc_deep, tc_shared and wgmma too (they have no fp8
+//! form). Which one serves a model depends only on the model, the cache type and those
+//! switches, never on the step, so a token's bits never follow the batch.
 
 use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig};
 use tandem_core::backend::{AttnArgs, KvDtype, WorkspaceLimits};
 use tandem_core::Result;
 
-use crate::buf::{kv_scales, need, need_kv, CudaBuf, Elem, KV_BF16, KV_FP8_E4M3};
+use crate::buf::{kv_scales, need, need_kv, CudaBuf, Elem, KV_BF16, KV_F32, KV_FP8_E4M3, KV_FP8_E5M2};
 use crate::device::CudaBackend;
 use crate::error::{drv, err};
 use crate::kernels::Kernel;
@@ -149,6 +152,16 @@ pub(super) enum D256Variant {
     Tc,
 }
 
+/// `TANDEM_CUDA_ATTENTION_FP8`: whether an fp8 cache takes tc's fp8 form (a bad value fails the
+/// backend's load, switches.rs).
+pub(crate) fn parse_fp8(v: Option<&str>) -> std::result::Result<bool, String> {
+    match v.unwrap_or("") {
+        "" | "partial" => Ok(false),
+        "tc" => Ok(true),
+        x => Err(format!("TANDEM_CUDA_ATTENTION_FP8={x}: one of partial (the default), tc")),
+    }
+}
+
 pub(crate) fn parse_d256(v: Option<&str>) -> std::result::Result<D256Variant, String> {
     match v.unwrap_or("") {
         "" | "partial" => Ok(D256Variant::Partial),
@@ -157,24 +170,41 @@ pub(crate) fn parse_d256(v: Option<&str>) -> std::result::Result<D256Variant, St
     }
 }
 
-/// Whether a tensor-core kernel serves a cache of this kind (`need_kv`'s index: only bf16; an
-/// fp8 cache takes the f32 kernel, which decodes each byte as it loads it) and head size. `TANDEM_CUDA_ATTENTION=f32` keeps the f32 kernel (the kernel lab compares).
+/// Whether a tensor-core kernel serves a cache of this kind (`need_kv`'s index: bf16, and the
+/// fp8 caches through tc's fp8 form, which decodes each byte into its shared-memory stage; the
+/// f32 cache, kept for checks, takes the f32 kernel) and head size.
+/// `TANDEM_CUDA_ATTENTION=f32` keeps the f32 kernel for every cache (the kernel lab compares).
+/// An fp8 cache takes tc's fp8 form only under `TANDEM_CUDA_ATTENTION_FP8=tc`: the performance
+/// model predicts it slower than the f32 kernel at decode (its software decode of each byte;
+/// docs/gpu/predictions.md, "tc fp8_e4m3"), so the f32 kernel stays the default until a GPU
+/// times both.
 fn uses_tc(kv: usize, head_dim: usize, sw: &Switches) -> bool {
-    uses_tc_with(kv, head_dim, sw.attention, sw.attention_d256)
+    (kv < KV_FP8_E4M3 || sw.attention_fp8_tc) && uses_tc_with(kv, head_dim, sw.attention, sw.attention_d256)
 }
 fn uses_tc_with(kv: usize, head_dim: usize, v: AttnVariant, d256: D256Variant) -> bool {
     let sized = head_dim == 64 || head_dim == 128 || (head_dim == 256 && d256 == D256Variant::Tc);
-    kv == KV_BF16 && sized && v != AttnVariant::F32
+    kv != KV_F32 && sized && v != AttnVariant::F32
 }
 
-/// The tensor-core variant serving `head_dim` under the `TANDEM_CUDA_ATTENTION` value `v`: only
-/// tc has a head_dim-256 kernel, so tc_deep and tc_shared run tc there (a model's kernel is
-/// fixed by its head size, so each token's bits still follow its own context alone).
-fn tc_variant(v: AttnVariant, head_dim: usize) -> AttnVariant {
-    if head_dim == 256 && v != AttnVariant::Wgmma {
+/// The tensor-core variant serving a cache of kind `kv` and `head_dim` under the
+/// `TANDEM_CUDA_ATTENTION` value `v`: only tc has a head_dim-256 kernel and an fp8 form, so
+/// tc_deep and tc_shared run tc there, and wgmma runs tc over an fp8 cache (a model's kernel is
+/// fixed by its head size and cache, so each token's bits still follow its own context alone).
+fn tc_variant(kv: usize, v: AttnVariant, head_dim: usize) -> AttnVariant {
+    if kv >= KV_FP8_E4M3 || (head_dim == 256 && v != AttnVariant::Wgmma) {
         AttnVariant::Tc
     } else {
         v
+    }
+}
+
+/// `need_kv`'s index of a cache of this type.
+fn kv_index(d: KvDtype) -> usize {
+    match d {
+        KvDtype::F32 => KV_F32,
+        KvDtype::Bf16 => KV_BF16,
+        KvDtype::Fp8E4m3 => KV_FP8_E4M3,
+        KvDtype::Fp8E5m2 => KV_FP8_E5M2,
     }
 }
 
@@ -198,8 +228,9 @@ fn tc_max_parts(ctx: usize, v: AttnVariant) -> usize {
 /// into PAT_SPLITS partitions; the f32 kernel may split every token of a step.
 pub(super) fn workspace(l: &WorkspaceLimits, sw: &Switches) -> (usize, usize, usize) {
     let ctx = l.max_context.max(1);
-    if uses_tc(usize::from(l.kv_dtype == KvDtype::Bf16), l.head_dim, sw) {
-        let parts = tc_max_parts(ctx, tc_variant(sw.attention, l.head_dim));
+    let kv = kv_index(l.kv_dtype);
+    if uses_tc(kv, l.head_dim, sw) {
+        let parts = tc_max_parts(ctx, tc_variant(kv, sw.attention, l.head_dim));
         if parts == 1 {
             return (0, 0, 0);
         }
@@ -246,7 +277,7 @@ impl CudaBackend {
         i32_of(a.max_blocks * g.block_size, OP, "max_blocks*block_size")?;
         let kv = need_kv(a.k_cache, a.v_cache, g, OP)?;
         if uses_tc(kv, d, &self.switches) {
-            return self.attention_tc(a, out, usize::from(d == 128) + 2 * usize::from(d == 256));
+            return self.attention_tc(a, out, usize::from(d == 128) + 2 * usize::from(d == 256), kv);
         }
         let partial = &self.kernels.attn_partial[kv];
         let (ks, vs) = kv_scales(a.k_cache, a.v_cache);
@@ -361,11 +392,12 @@ impl CudaBackend {
         self.launched(partial.name, r)
     }
 
-    /// paged_attention_tc_d64 / _d128 / _d256 (`kernel` 0 / 1 / 2), or the tc_deep variant's: the first
-    /// `decode_tokens` tokens as split jobs (as many as the scratch holds: fewer changes no bit,
-    /// only how the work is cut), the rest a chunk of `16 / min(gqa, 16)` tokens a warp. The
-    /// caller has checked the arguments.
-    fn attention_tc(&self, a: &AttnArgs<'_, CudaBackend>, out: &mut CudaBuf, kernel: usize) -> Result<()> {
+    /// paged_attention_tc_d64 / _d128 / _d256 (`kernel` 0 / 1 / 2), or the tc_deep variant's, or
+    /// tc's fp8 form over an fp8 cache (`kv`, `need_kv`'s index): the first `decode_tokens`
+    /// tokens as split jobs (as many as the scratch holds: fewer changes no bit, only how the
+    /// work is cut), the rest a chunk of `16 / min(gqa, 16)` tokens a warp. The caller has
+    /// checked the arguments.
+    fn attention_tc(&self, a: &AttnArgs<'_, CudaBackend>, out: &mut CudaBuf, kernel: usize, kv: usize) -> Result<()> {
         const OP: &str = "paged_attention";
         let g = a.geometry;
         let (t, h, kvh, d) = (a.num_tokens, a.num_heads, g.num_kv_heads, g.head_dim);
@@ -374,7 +406,7 @@ impl CudaBackend {
         // dims, counted as groups of their own.
         let groups = kvh * gqa.div_ceil(16) * tc_halves(d);
         let tw = 16 / gqa.min(16);
-        let var = tc_variant(self.switches.attention, d);
+        let var = tc_variant(kv, self.switches.attention, d);
         let deep = var == AttnVariant::TcDeep;
         let shared = var == AttnVariant::TcShared;
         let wgmma = var == AttnVariant::Wgmma;
@@ -389,8 +421,10 @@ impl CudaBackend {
                 Some(w) => &w[kernel],
                 None => return Err(err(format!("{OP}: TANDEM_CUDA_ATTENTION=wgmma but its kernels were not loaded"))),
             },
+            _ if kv >= KV_FP8_E4M3 => &self.kernels.attn_tc_fp8[kv - KV_FP8_E4M3][kernel],
             _ => &self.kernels.attn_tc[kernel],
         };
+        let (ks, vs) = kv_scales(a.k_cache, a.v_cache);
         let mut s = self.scratch.lock().map_err(|_| err(format!("{OP}: scratch lock poisoned by an earlier panic")))?;
         let (out_b, ml_b, cnt_b) = (h * parts * d * 4, h * tc_halves(d) * parts * 2 * 4, groups * 4);
         if parts > 1 && n_split > 0 {
@@ -495,13 +529,16 @@ impl CudaBackend {
                 l.arg(x);
             }
             l.arg(&a.scale).arg(&window);
+            if kv >= KV_FP8_E4M3 {
+                l.arg(&ks).arg(&vs);
+            }
             let launch = LaunchConfig {
                 grid_dim: (blocks.max(1), 1, 1),
                 block_dim: (threads, 1, 1),
                 shared_mem_bytes: smem as u32,
             };
             // SAFETY: the argument list matches paged_attention_tc's (and the wgmma variant's,
-            // the same); partials sized for [n_split, H, parts, D] and [n_split, H, parts, 2],
+            // the same; the fp8 form's: tc's, then the two scales); partials sized for [n_split, H, parts, D] and [n_split, H, parts, 2],
             // counters for [n_split, groups] (zeroed, and left zero by every launch); `tokens`
             // of the step's arrays; dynamic shared memory as the kernel's blocks use (tc_deep at
             // head_dim 128, tc_shared, wgmma, and tc at 256 past 48 KiB: opted in at load).
@@ -580,6 +617,22 @@ mod partition_tests {
         assert!(parse_variant(Some("deep")).unwrap_err().contains("tc_deep"));
     }
 
+    /// TANDEM_CUDA_ATTENTION_FP8's values, a bad one named; an fp8 cache keeps the f32 kernel by
+    /// default and takes tc's fp8 form with it, a bf16 cache is left alone.
+    #[test]
+    fn fp8_cache_switch() {
+        assert_eq!(parse_fp8(None), Ok(false));
+        assert_eq!(parse_fp8(Some("partial")), Ok(false));
+        assert_eq!(parse_fp8(Some("tc")), Ok(true));
+        assert!(parse_fp8(Some("1")).unwrap_err().contains("TANDEM_CUDA_ATTENTION_FP8=1: one of partial"));
+        let mut sw = Switches::default();
+        assert!(!uses_tc(KV_FP8_E4M3, 64, &sw) && !uses_tc(KV_FP8_E5M2, 128, &sw));
+        assert!(uses_tc(KV_BF16, 64, &sw));
+        sw.attention_fp8_tc = true;
+        assert!(uses_tc(KV_FP8_E4M3, 64, &sw) && uses_tc(KV_FP8_E5M2, 128, &sw));
+        assert!(uses_tc(KV_BF16, 64, &sw) && !uses_tc(KV_F32, 64, &sw));
+    }
+
     /// TANDEM_CUDA_ATTENTION_D256's values, a bad one named; which kernel serves head_dim 256
     /// under each combination (partial by default; tc_deep has no d256 and runs tc; f32 wins).
     #[test]
@@ -597,14 +650,37 @@ mod partition_tests {
         assert!(!uses_tc_with(0, 256, AttnVariant::Tc, D256Variant::Tc), "an f32 cache keeps the f32 kernel");
         assert!(!uses_tc_with(1, 96, AttnVariant::Tc, D256Variant::Tc));
         assert!(uses_tc_with(1, 128, AttnVariant::Tc, D256Variant::Partial), "the switch leaves 64 and 128 alone");
-        for fp8 in [crate::buf::KV_FP8_E4M3, crate::buf::KV_FP8_E5M2] {
-            assert!(!uses_tc_with(fp8, 128, AttnVariant::Tc, D256Variant::Tc), "an fp8 cache takes the f32 kernel");
+        for fp8 in [KV_FP8_E4M3, KV_FP8_E5M2] {
+            // An fp8 cache takes tc's fp8 form where a bf16 cache takes tc, and tc for every variant.
+            for d in [64, 128, 256, 96] {
+                for v in
+                    [AttnVariant::Tc, AttnVariant::TcDeep, AttnVariant::TcShared, AttnVariant::Wgmma, AttnVariant::F32]
+                {
+                    for d256 in [D256Variant::Partial, D256Variant::Tc] {
+                        assert_eq!(
+                            uses_tc_with(fp8, d, v, d256),
+                            uses_tc_with(KV_BF16, d, v, d256),
+                            "{fp8} {d} {v:?} {d256:?}"
+                        );
+                    }
+                    assert_eq!(tc_variant(fp8, v, d), AttnVariant::Tc, "{v:?}: no fp8 form but tc's");
+                }
+            }
+            assert!(!uses_tc_with(fp8, 128, AttnVariant::F32, D256Variant::Tc), "=f32 keeps the f32 kernel for fp8");
         }
-        assert_eq!(tc_variant(AttnVariant::TcDeep, 256), AttnVariant::Tc);
-        assert_eq!(tc_variant(AttnVariant::TcShared, 256), AttnVariant::Tc);
-        assert_eq!(tc_variant(AttnVariant::TcDeep, 128), AttnVariant::TcDeep, "tc_deep takes the window itself now");
-        assert_eq!(tc_variant(AttnVariant::TcShared, 64), AttnVariant::TcShared);
-        assert_eq!(tc_variant(AttnVariant::Wgmma, 256), AttnVariant::Wgmma, "wgmma has its own head_dim-256 kernel");
+        assert_eq!(tc_variant(KV_BF16, AttnVariant::TcDeep, 256), AttnVariant::Tc);
+        assert_eq!(tc_variant(KV_BF16, AttnVariant::TcShared, 256), AttnVariant::Tc);
+        assert_eq!(
+            tc_variant(KV_BF16, AttnVariant::TcDeep, 128),
+            AttnVariant::TcDeep,
+            "tc_deep takes the window itself now"
+        );
+        assert_eq!(tc_variant(KV_BF16, AttnVariant::TcShared, 64), AttnVariant::TcShared);
+        assert_eq!(
+            tc_variant(KV_BF16, AttnVariant::Wgmma, 256),
+            AttnVariant::Wgmma,
+            "wgmma has its own head_dim-256 kernel"
+        );
         // Four warps of (two K/V stages + q) x 16 rows x (256 + 8) bf16: past 48 KiB.
         assert_eq!(PAT_SMEM_D256, 101_376);
         assert_eq!((tc_halves(64), tc_halves(128), tc_halves(256)), (1, 1, 2));
@@ -668,6 +744,16 @@ mod partition_tests {
         assert_eq!(workspace(&WorkspaceLimits { max_context: 64, ..l }, &Switches::default()), (0, 0, 0));
         let f32 = WorkspaceLimits { kv_dtype: KvDtype::F32, ..l };
         assert_eq!(workspace(&f32, &Switches::default()).0, 2048 * 32 * 256 * 64 * 4);
+        // An fp8 cache runs the f32 kernel by default (its scratch), and under
+        // TANDEM_CUDA_ATTENTION_FP8=tc tc's fp8 form: tc's scratch.
+        let fp8_tc = Switches { attention_fp8_tc: true, ..Switches::default() };
+        for kv_dtype in [KvDtype::Fp8E4m3, KvDtype::Fp8E5m2] {
+            assert_eq!(
+                workspace(&WorkspaceLimits { kv_dtype, ..l }, &Switches::default()),
+                workspace(&f32, &Switches::default())
+            );
+            assert_eq!(workspace(&WorkspaceLimits { kv_dtype, ..l }, &fp8_tc), workspace(&l, &Switches::default()));
+        }
         // head_dim 96 has no tensor-core kernel: the f32 kernel's scratch.
         assert_eq!(workspace(&WorkspaceLimits { head_dim: 96, ..l }, &Switches::default()).2, 2048 * 32 * 4);
         // head_dim 256 under the default (TANDEM_CUDA_ATTENTION_D256 unset in tests): the f32

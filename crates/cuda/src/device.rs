@@ -251,14 +251,15 @@ impl CudaBackend {
                     .map_err(drv(&format!("{}: {bytes} bytes of shared memory", kern.name)))?;
             }
         }
-        // So does tc at head_dim 256 (four warps, each with a third buffer for q).
-        let d256 = &kernels.attn_tc[2];
-        d256.f
-            .set_attribute(
-                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                attention::PAT_SMEM_D256 as i32,
-            )
-            .map_err(drv(&format!("{}: {} bytes of shared memory", d256.name, attention::PAT_SMEM_D256)))?;
+        // So does tc at head_dim 256 (four warps, each with a third buffer for q), and its fp8 form.
+        for d256 in [&kernels.attn_tc[2], &kernels.attn_tc_fp8[0][2], &kernels.attn_tc_fp8[1][2]] {
+            d256.f
+                .set_attribute(
+                    cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    attention::PAT_SMEM_D256 as i32,
+                )
+                .map_err(drv(&format!("{}: {} bytes of shared memory", d256.name, attention::PAT_SMEM_D256)))?;
+        }
         let cublaslt = if switches.cublaslt { Some(crate::cublaslt::CublasLt::open(&stream)?) } else { None };
         let sync_each = switches.sync;
         let f32_activations = switches.f32_activations;

@@ -44,6 +44,9 @@ pub(crate) struct Kernels<F> {
     pub(crate) rope_kv_write: [Kernel<F>; 4],
     pub(crate) attn_partial: [Kernel<F>; 4],
     pub(crate) attn_tc: [Kernel<F>; 3],
+    /// paged_attention_tc's fp8 form (kernels/paged_attention_fp8.cu): [e4m3, e5m2][d64, d128,
+    /// d256], taking the layer's k_scale and v_scale as two more arguments.
+    pub(crate) attn_tc_fp8: [[Kernel<F>; 3]; 2],
     pub(crate) attn_tc_deep: [Kernel<F>; 2],
     pub(crate) attn_tc_shared: [Kernel<F>; 2],
     pub(crate) argmax: Kernel<F>,
@@ -156,6 +159,18 @@ impl<F> Kernels<F> {
                 k("paged_attention_partial_fp8e5m2")?,
             ],
             attn_tc: [k("paged_attention_tc_d64")?, k("paged_attention_tc_d128")?, k("paged_attention_tc_d256")?],
+            attn_tc_fp8: [
+                [
+                    k("paged_attention_tc_fp8e4m3_d64")?,
+                    k("paged_attention_tc_fp8e4m3_d128")?,
+                    k("paged_attention_tc_fp8e4m3_d256")?,
+                ],
+                [
+                    k("paged_attention_tc_fp8e5m2_d64")?,
+                    k("paged_attention_tc_fp8e5m2_d128")?,
+                    k("paged_attention_tc_fp8e5m2_d256")?,
+                ],
+            ],
             attn_tc_deep: [k("paged_attention_tc_deep_d64")?, k("paged_attention_tc_deep_d128")?],
             attn_tc_shared: [k("paged_attention_tc_shared_d64")?, k("paged_attention_tc_shared_d128")?],
             argmax: k("argmax")?,
@@ -371,7 +386,7 @@ mod tests {
         let names = kernel_names();
         let unique: std::collections::BTreeSet<_> = names.iter().collect();
         assert_eq!(unique.len(), names.len(), "{names:?}");
-        assert_eq!(names.len(), 144); // 2 quant_mma_w8a8 (FP8 W8A8 by row tile m16, m64) + 6 fp8 KV cache (kv_write, rope_kv_write, paged_attention_partial by e4m3 / e5m2) + 24 quant_mma (FP8, int4 groups of 32, 64, 128, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K by row tile m16, m64) + 4 segmented LoRA (shrink by x's type, expand) + 24 quant (matmul and embedding, 8 GGUF layouts, FP8 and int4 groups of 32, 64, 128) + 50 + 11 routed-MoE + 6 decode GEMM + 2 m128_w64 + 8 sampler/argmax + 2 tc_deep and 2 tc_shared attention variants + gelu_tanh_mul and scale (Gemma 3) + tc attention at head_dim 256
+        assert_eq!(names.len(), 150); // 6 tc attention over an fp8 cache (e4m3 / e5m2 by head_dim 64, 128, 256) + 2 quant_mma_w8a8 (FP8 W8A8 by row tile m16, m64) + 6 fp8 KV cache (kv_write, rope_kv_write, paged_attention_partial by e4m3 / e5m2) + 24 quant_mma (FP8, int4 groups of 32, 64, 128, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K by row tile m16, m64) + 4 segmented LoRA (shrink by x's type, expand) + 24 quant (matmul and embedding, 8 GGUF layouts, FP8 and int4 groups of 32, 64, 128) + 50 + 11 routed-MoE + 6 decode GEMM + 2 m128_w64 + 8 sampler/argmax + 2 tc_deep and 2 tc_shared attention variants + gelu_tanh_mul and scale (Gemma 3) + tc attention at head_dim 256
         let k = Kernels::<&'static str>::resolve(Ok).unwrap();
         assert_eq!(k.embedding.map(|x| x.f), ["embedding_f32", "embedding_bf16", "embedding_f16"]);
         assert_eq!(
@@ -420,6 +435,12 @@ mod tests {
             k.attn_tc.map(|x| x.f),
             ["paged_attention_tc_d64", "paged_attention_tc_d128", "paged_attention_tc_d256"]
         );
+        for (i, s) in [(KV_FP8_E4M3, "fp8e4m3"), (KV_FP8_E5M2, "fp8e5m2")] {
+            assert_eq!(
+                k.attn_tc_fp8[i - KV_FP8_E4M3].each_ref().map(|x| x.f),
+                [64, 128, 256].map(|d| format!("paged_attention_tc_{s}_d{d}"))
+            );
+        }
         // lora.rs indexes the shrink kernels by x's type: f32, bf16, f16.
         assert_eq!(k.lora_shrink.map(|x| x.f), ["lora_shrink_f32", "lora_shrink_bf16", "lora_shrink_f16"]);
         // moe.rs indexes gemm_tc by [bf16, f16][m16, m64].

@@ -42,6 +42,7 @@ pub const EMBEDDED: &[(&str, &str)] = embed!(
     "matmul_sm90",
     "moe",
     "paged_attention",
+    "paged_attention_fp8",
     "paged_attention_sm90",
     "quant_matmul",
     "quant_mma",

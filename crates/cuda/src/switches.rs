@@ -66,6 +66,12 @@ pub const SWITCHES: &[Switch] = &[
         what: "the attention kernel at head_dim 256",
     },
     Switch {
+        name: "TANDEM_CUDA_ATTENTION_FP8",
+        values: "partial, tc",
+        default: "partial",
+        what: "the attention kernel of an fp8 cache (tc: paged_attention_fp8.cu, bitwise tc over the decoded cache)",
+    },
+    Switch {
         name: "TANDEM_CUDA_PDL",
         values: "0, 1",
         default: "0",
@@ -141,6 +147,8 @@ pub struct Switches {
     pub attention: AttnVariant,
     /// `TANDEM_CUDA_ATTENTION_D256`.
     pub attention_d256: D256Variant,
+    /// `TANDEM_CUDA_ATTENTION_FP8=tc`: an fp8 cache on tc's fp8 form where a bf16 cache takes tc.
+    pub attention_fp8_tc: bool,
     /// `TANDEM_CUDA_PDL=1` (whether the GPU can is the backend's to decide).
     pub pdl: bool,
     /// `TANDEM_CUDA_MOE`.
@@ -173,6 +181,7 @@ impl Default for Switches {
             gemm: GEMM_DEFAULT_VARIANTS,
             attention: AttnVariant::Tc,
             attention_d256: D256Variant::Partial,
+            attention_fp8_tc: false,
             pdl: false,
             moe: MOE_DEFAULT,
             sampler: Sampler::Bisect,
@@ -204,6 +213,7 @@ impl Switches {
         .map_err(err)?;
         let attention = attention::parse_variant(var("TANDEM_CUDA_ATTENTION").as_deref()).map_err(err)?;
         let attention_d256 = attention::parse_d256(var("TANDEM_CUDA_ATTENTION_D256").as_deref()).map_err(err)?;
+        let attention_fp8_tc = attention::parse_fp8(var("TANDEM_CUDA_ATTENTION_FP8").as_deref()).map_err(err)?;
         let pdl = launch::parse_pdl(var("TANDEM_CUDA_PDL").as_deref()).map_err(err)?;
         let moe = moe::moe_path(var("TANDEM_CUDA_MOE").as_deref())?;
         let quant_tc = var("TANDEM_CUDA_QUANT_TC");
@@ -217,6 +227,7 @@ impl Switches {
             gemm,
             attention,
             attention_d256,
+            attention_fp8_tc,
             pdl,
             moe,
             sampler,
@@ -244,6 +255,9 @@ impl Switches {
         }
         if self.attention_d256 != d.attention_d256 {
             out.push(format!("TANDEM_CUDA_ATTENTION_D256: {:?}", self.attention_d256));
+        }
+        if self.attention_fp8_tc != d.attention_fp8_tc {
+            out.push("TANDEM_CUDA_ATTENTION_FP8: tc".into());
         }
         if self.pdl != d.pdl {
             out.push("TANDEM_CUDA_PDL: 1".into());
@@ -308,7 +322,7 @@ mod tests {
         assert_eq!(read(&[]).unwrap(), Switches::default());
         assert!(Switches::default().changed().is_empty());
         let names: Vec<_> = SWITCHES.iter().map(|s| s.name).collect();
-        assert_eq!(names.len(), 14);
+        assert_eq!(names.len(), 15);
         let src = include_str!("switches.rs");
         for n in &names {
             assert!(src.matches(&format!("var(\"{n}\")")).count() == 1, "{n} is read once");

@@ -142,15 +142,21 @@ fn long_context_attention_matches_reference() {
         println!("long-context attention, {dtype:?} cache: {} tokens, NMSE {e:.3e}", toks.len());
         assert!(e < limit, "{dtype:?} cache: NMSE {e:.3e}");
     }
-    // An fp8 cache holds the reference's bytes (kv_write) and reads them back as it does, so
-    // against the reference over the same fp8 cache only the f32 arithmetic's order differs.
+    // An fp8 cache holds the reference's bytes (kv_write) and reads them back as it does.
+    // Against the reference over the same fp8 cache, the tensor-core kernel's fp8 form (the
+    // switch TANDEM_CUDA_ATTENTION_FP8=tc) rounds q, p and each decoded element times its scale to bf16, so
+    // the bf16 cache's limit; the f32 kernel (TANDEM_CUDA_ATTENTION=f32) differs only in the f32
+    // arithmetic's order.
+    let f32_kernel = std::env::var("TANDEM_CUDA_ATTENTION").is_ok_and(|v| v == "f32")
+        || !std::env::var("TANDEM_CUDA_ATTENTION_FP8").is_ok_and(|v| v == "tc");
     for dtype in [KvDtype::Fp8E4m3, KvDtype::Fp8E5m2] {
         let want = a.run(&RefBackend::new(), dtype, &q, &toks, 4);
         let got = a.run(&cuda, dtype, &q, &toks, 4);
         assert!(got.iter().all(|x| x.is_finite()), "{dtype:?}: non-finite output");
         let e = nmse(&got, &want);
         println!("long-context attention, {dtype:?} cache against the reference's: NMSE {e:.3e}");
-        assert!(e < 1e-7, "{dtype:?} cache: NMSE {e:.3e}");
+        let limit = if f32_kernel { 1e-7 } else { 5e-5 };
+        assert!(e < limit, "{dtype:?} cache: NMSE {e:.3e}");
     }
 }
 

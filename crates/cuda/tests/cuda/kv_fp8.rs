@@ -1,9 +1,10 @@
 //! An fp8 KV cache on CUDA (`--kv-cache-dtype fp8` / `fp8_e5m2`): kv_write stores the
 //! reference's bytes (ties, saturation and subnormals among the inputs, scales that are not
 //! powers of two), rope_kv_write is rope then kv_write, the fused q/k/v projection writes what
-//! the unfused ops write, and what is no fp8 cache pair is refused by name. Attention over an
-//! fp8 cache is checked against the reference's and for batch invariance in gpu_invariance.rs,
-//! and by the op suite's `kv=fp8` cases (crates/conformance).
+//! the unfused ops write, what is no fp8 cache pair is refused by name, and attention over an
+//! fp8 cache (paged_attention_tc's fp8 form) is bitwise the bf16 cache's over the decoded
+//! cache. Attention over an fp8 cache is also checked against the reference's and for batch
+//! invariance in gpu_invariance.rs, and by the op suite's `kv=fp8` cases (crates/conformance).
 //! Needs a GPU (or the fake driver): SKIPPED without one, a failure under TANDEM_REQUIRE_CUDA=1.
 
 use tandem_core::backend::prelude::*;
@@ -203,6 +204,92 @@ fn fused_qkv_rope_kv_write_on_an_fp8_cache_is_the_unfused_ops() {
             let r = s as usize * nkv..(s as usize + 1) * nkv;
             assert_eq!(bits(got_k[r.clone()].to_vec()), bits(want_k[r.clone()].to_vec()), "{} k slot {s}", kv.name());
             assert_eq!(bits(got_v[r.clone()].to_vec()), bits(want_v[r].to_vec()), "{} v slot {s}", kv.name());
+        }
+    }
+}
+
+/// Attention over an fp8 cache runs paged_attention_tc's fp8 form wherever a bf16 cache runs
+/// tc (kernels/paged_attention_fp8.cu): its output is bitwise the bf16 cache's attention over
+/// the decoded cache (each byte's value times the layer's scale, rounded to bf16: here the fp8
+/// cache read back and kv_write into a bf16 cache), for decodes over one and several
+/// partitions, prefill chunks over a prefix, GQA 3, head_dim 64 and 128 (and 256 under
+/// TANDEM_CUDA_ATTENTION_D256=tc), scales 1 and not 1. Under TANDEM_CUDA_ATTENTION=f32 (the f32
+/// kernel, which keeps the product in f32) only scale 1, whose decoded values are bf16 values,
+/// gives the same bits.
+#[test]
+fn attention_over_an_fp8_cache_is_tc_over_the_decoded_cache() {
+    let test = "kv_fp8::attention_over_an_fp8_cache_is_tc_over_the_decoded_cache";
+    let var = |n: &str| std::env::var(n).unwrap_or_default();
+    if var("TANDEM_CUDA_ATTENTION_FP8") != "tc" {
+        // The default f32 kernel keeps the decoded product in f32: bitwise tc needs the switch
+        // (the fake-driver group and gpu/tune.sh run this file with it).
+        tandem_core::skip::note(format!("{test}: TANDEM_CUDA_ATTENTION_FP8=tc is not set"));
+        return;
+    }
+    let Some(b) = crate::gpu_or_skip(test) else { return };
+    let f32_kernel = var("TANDEM_CUDA_ATTENTION") == "f32";
+    let mut rng = Rng(43);
+    // (sequence, position): decodes at 1, 18 and 301 keys (five 64-key partitions), a prefill
+    // chunk of 13 tokens over a 40-token prefix; every context under 1024 keys, where tc_deep
+    // cuts tc's partitions (the bf16 cache's kernel under TANDEM_CUDA_ATTENTION=tc_deep).
+    let mut toks: Vec<(u32, u32)> = vec![(0, 0), (1, 17), (2, 300)];
+    toks.extend((40..53).map(|p| (3u32, p)));
+    let (num_seqs, max_blocks, heads) = (4usize, 24usize, 6usize);
+    let mut dims = vec![64, 128];
+    if var("TANDEM_CUDA_ATTENTION_D256") == "tc" {
+        dims.push(256);
+    }
+    for head_dim in dims {
+        let g = KvGeometry { num_blocks: num_seqs * max_blocks, block_size: 16, num_kv_heads: 2, head_dim };
+        let n = g.layer_elems();
+        let (k, v) = (rng.vec(n), rng.vec(n));
+        let q: Vec<f32> = rng.vec(toks.len() * heads * head_dim).into_iter().map(|x| 2.0 * x).collect();
+        // Sequence s's blocks scattered over the cache (7 is coprime with its 96 blocks).
+        let tables: Vec<u32> = (0..num_seqs * max_blocks).map(|i| ((i * 7 + 3) % g.num_blocks) as u32).collect();
+        let all: Vec<u32> = (0..g.slots() as u32).collect();
+        let positions: Vec<u32> = toks.iter().map(|t| t.1).collect();
+        let seqs: Vec<u32> = toks.iter().map(|t| t.0).collect();
+        let (qb, pb, sb, tb, ab) =
+            (up(&b, &q), up_u32(&b, &positions), up_u32(&b, &seqs), up_u32(&b, &tables), up_u32(&b, &all));
+        let attend = |kc: &tandem_cuda::CudaBuf, vc: &tandem_cuda::CudaBuf| {
+            let args = tandem_core::backend::AttnArgs {
+                q: &qb,
+                k_cache: kc,
+                v_cache: vc,
+                positions: &pb,
+                token_seq: &sb,
+                block_tables: &tb,
+                num_tokens: toks.len(),
+                num_seqs,
+                max_blocks,
+                max_context: *positions.iter().max().unwrap() as usize + 1,
+                decode_tokens: tandem_core::batch::leading_decodes(&seqs),
+                num_heads: heads,
+                geometry: g,
+                scale: 1.0 / (head_dim as f32).sqrt(),
+                window: 0,
+            };
+            let mut out = up(&b, &vec![f32::NAN; toks.len() * heads * head_dim]);
+            b.paged_attention(&args, &mut out).unwrap();
+            b.read_f32(&out, toks.len() * heads * head_dim).unwrap()
+        };
+        for kv in FP8 {
+            for scales in [[1.0f32, 1.0], [0.37, 3.0]] {
+                if f32_kernel && scales != [1.0, 1.0] {
+                    continue;
+                }
+                let (mut kc, mut vc) =
+                    (b.alloc_kv_scaled(g, kv, scales[0]).unwrap(), b.alloc_kv_scaled(g, kv, scales[1]).unwrap());
+                b.kv_write(&up(&b, &k), &up(&b, &v), &mut kc, &mut vc, &ab, all.len(), g).unwrap();
+                let (kd, vd) = (b.read_kv(&kc, g).unwrap(), b.read_kv(&vc, g).unwrap());
+                let (mut kh, mut vh) =
+                    (b.alloc_kv_as(g, KvDtype::Bf16).unwrap(), b.alloc_kv_as(g, KvDtype::Bf16).unwrap());
+                b.kv_write(&up(&b, &kd), &up(&b, &vd), &mut kh, &mut vh, &ab, all.len(), g).unwrap();
+                let (got, want) = (attend(&kc, &vc), attend(&kh, &vh));
+                assert!(got.iter().all(|x| x.is_finite()), "{} d{head_dim}: non-finite output", kv.name());
+                let bad = bits(got).iter().zip(bits(want)).position(|(a, b)| *a != b);
+                assert_eq!(bad, None, "{} head_dim {head_dim} scales {scales:?}: element {bad:?} differs", kv.name());
+            }
         }
     }
 }
