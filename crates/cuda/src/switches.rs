@@ -9,6 +9,9 @@
 //! kept in those layouts has other bits with it on; it stays off until a GPU has timed it. Its
 //! value `w8a8` also quantizes the activations of FP8 weights to e4m3 per token on sm_89+
 //! (kernels/quant_mma_w8a8.cu, as vLLM runs FP8 there): other bits again, and a coarser x.
+//! Another: `TANDEM_CUDA_ATTENTION_FP8=tc` runs an fp8 KV cache on the tensor-core attention
+//! (kernels/paged_attention_fp8.cu, bitwise tc over the bf16-rounded decoded cache), whose bits
+//! differ from the default f32 kernel's, which keeps each decoded product in f32.
 
 use tandem_core::Result;
 
