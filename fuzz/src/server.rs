@@ -45,9 +45,9 @@ impl EngineClient for ScriptedEngine {
         }
         let vocab = self.tok.vocab_size().max(1) as u32;
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let p = &req.params;
+        let p = &req.params.sampling;
         for index in 0..p.n {
-            let budget = p.max_tokens.min(12);
+            let budget = p.max_tokens.unwrap_or(0).min(12);
             let mut made = 0;
             let mut first = true;
             loop {
