@@ -80,13 +80,26 @@ impl CudaBackend {
             return Ok(Some(plan));
         }
         let Some(ki) = mma_index(layout) else { return Ok(None) };
-        let ti = tile_index(m);
-        let grid = (u32_of(n.div_ceil(QT_BN), op, "blocks")?, u32_of(m.div_ceil(QT_TILES[ti]), op, "blocks")?, 1);
-        if grid.1 > 65535 {
-            return Err(err(format!("{op}: m = {m} needs more than 65535 row blocks")));
-        }
-        Ok(Some((&self.kernels.quant_mma[ki][ti], grid, (32 * QT_WARPS) as u32)))
+        tile_launch(&self.kernels.quant_mma[ki], op, m, n, QT_BN, QT_WARPS).map(Some)
     }
+}
+
+/// The launch of an m x n matmul on a family's row-tile kernels (`kernels` by [`QT_TILES`]):
+/// the tile [`tile_index`] picks, a block of `warps` warps a `bn`-column by tile-row block.
+pub(crate) fn tile_launch<'a>(
+    kernels: &'a [Kernel<CudaFunction>; 2],
+    op: &str,
+    m: usize,
+    n: usize,
+    bn: usize,
+    warps: usize,
+) -> Result<QuantLaunch<'a>> {
+    let ti = tile_index(m);
+    let grid = (u32_of(n.div_ceil(bn), op, "blocks")?, u32_of(m.div_ceil(QT_TILES[ti]), op, "blocks")?, 1);
+    if grid.1 > 65535 {
+        return Err(err(format!("{op}: m = {m} needs more than 65535 row blocks")));
+    }
+    Ok((&kernels[ti], grid, (32 * warps) as u32))
 }
 
 #[cfg(test)]

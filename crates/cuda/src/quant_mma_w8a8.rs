@@ -16,9 +16,7 @@ use tandem_core::quant_layout::QuantLayout;
 use tandem_core::Result;
 
 use crate::device::CudaBackend;
-use crate::error::err;
-use crate::launch::u32_of;
-use crate::quant_mma::{tile_index, QuantLaunch, QT_TILES};
+use crate::quant_mma::{tile_launch, QuantLaunch};
 
 /// Output columns a block and warps a block (kernels/quant_mma_w8a8.cu `W8_BN`, `W8_WARPS`).
 pub(crate) const W8_BN: usize = 64;
@@ -54,18 +52,14 @@ impl CudaBackend {
             });
             return Ok(None);
         }
-        let ti = tile_index(m);
-        let grid = (u32_of(n.div_ceil(W8_BN), op, "blocks")?, u32_of(m.div_ceil(QT_TILES[ti]), op, "blocks")?, 1);
-        if grid.1 > 65535 {
-            return Err(err(format!("{op}: m = {m} needs more than 65535 row blocks")));
-        }
-        Ok(Some((&self.kernels.quant_mma_w8a8[ti], grid, (32 * W8_WARPS) as u32)))
+        tile_launch(&self.kernels.quant_mma_w8a8, op, m, n, W8_BN, W8_WARPS).map(Some)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::quant_mma::QT_TILES;
 
     /// The constants match the kernel file, both row tiles have a kernel, and sm_89 is where
     /// the fp8 mma starts.
